@@ -1,0 +1,53 @@
+"""The backend protocol: prepare an ONNX model once, run it many times.
+
+A backend never imports the DSL: it receives an ``onnx.ModelProto`` (what every runtime
+understands) and returns an ``Executable``. Adding a backend is one module implementing
+``Backend`` plus one entry in ``registry.BACKENDS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import onnx
+from pydantic import BaseModel
+
+
+class BackendInfo(BaseModel):
+    """What ``gc.backends()`` reports for one backend."""
+
+    name: str
+    available: bool
+    device: str
+    reason: str = ""
+
+
+@runtime_checkable
+class Executable(Protocol):
+    """A prepared model. ``run`` takes already-validated feeds."""
+
+    input_names: list[str]
+    output_names: list[str]
+
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]: ...
+
+    @property
+    def placement(self) -> dict[str, str]:
+        """Node name -> device/provider that runs it."""
+        ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    device: str
+
+    def info(self) -> BackendInfo:
+        """Availability here and, when unavailable, why."""
+        ...
+
+    def prepare(self, model: onnx.ModelProto, **options: Any) -> Executable:
+        """Plan the model for execution; an unsupported op fails here, naming op and node."""
+        ...

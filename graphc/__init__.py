@@ -1,0 +1,88 @@
+"""graphc: write a model in a small Python DSL, capture it to ONNX, optimize, differentiate,
+train and deploy it on numpy or onnxruntime backends.
+
+    import graphc as gc
+    model = gc.capture(MyNet(), x=gc.spec("float32", ("N", 784)))
+    out = gc.Session(model, backend="ort-cpu").run({"x": batch})
+
+Names are loaded on first use so ``import graphc`` stays light (onnxruntime, FastAPI and
+the DSL load only when touched).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from graphc.dtypes import (
+    TensorSpec,
+    bfloat16,
+    bool_,
+    float16,
+    float32,
+    float64,
+    int8,
+    int32,
+    int64,
+    spec,
+    uint8,
+)
+from graphc.errors import BackendError, BackendUnavailable, GraphcError, GraphError, InputError, ModelLoadError
+from graphc.model import Model, load
+
+__version__ = "0.1.0"
+
+_OPS = (
+    "relu gelu sigmoid tanh exp log sqrt abs softmax log_softmax matmul concat stack reshape "
+    "transpose where maximum minimum clip sum mean max min conv2d max_pool2d avg_pool2d "
+    "batch_norm layer_norm dropout embedding cast"
+).split()
+
+# public name -> (module, attribute); attribute None means the module itself.
+_LAZY: dict[str, tuple[str, str | None]] = {
+    **{op: ("graphc.ops", op) for op in _OPS},
+    "Tensor": ("graphc.tensor", "Tensor"),
+    "capture": ("graphc.tracing", "capture"),
+    "cond": ("graphc.control", "cond"),
+    "fori_loop": ("graphc.control", "fori_loop"),
+    "scan": ("graphc.control", "scan"),
+    "nn": ("graphc.nn", None),
+    "losses": ("graphc.losses", None),
+    "optim": ("graphc.optim", None),
+    "training": ("graphc.training", None),
+    "data": ("graphc.data", None),
+    "parity": ("graphc.parity", None),
+    "deploy": ("graphc.deploy", None),
+    "optimize": ("graphc.optimization", "optimize"),
+    "grad": ("graphc.gradients", "grad"),
+    "Session": ("graphc.session", "Session"),
+    "BackendInfo": ("graphc.backends.base", "BackendInfo"),
+    "Trainer": ("graphc.trainer", "Trainer"),
+    "History": ("graphc.trainer", "History"),
+    "TrainingArtifacts": ("graphc.training", "TrainingArtifacts"),
+    "ParityReport": ("graphc.parity", "ParityReport"),
+    "serve": ("graphc.serving", "serve"),
+}
+
+
+def __getattr__(name: str):
+    if name == "backends":
+        # `gc.backends()` lists backends; the sub-package `graphc.backends` is callable for it.
+        return importlib.import_module("graphc.backends")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'graphc' has no attribute {name!r}")
+    module_name, attr = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "BackendError", "BackendUnavailable", "GraphError", "GraphcError", "InputError", "Model",
+    "ModelLoadError", "TensorSpec", "backends", "bfloat16", "bool_", "float16", "float32",
+    "float64", "int8", "int32", "int64", "load", "spec", "uint8", *_LAZY,
+]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,155 @@
+"""Dtypes and tensor specs: one table maps graphc names to numpy and ONNX types."""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import numpy as np
+import onnx
+from pydantic import BaseModel, ConfigDict, field_validator
+
+# name -> (numpy dtype, onnx TensorProto elem type). bfloat16 has no numpy dtype; ml_dtypes
+# (an onnx dependency) provides one.
+try:
+    import ml_dtypes
+
+    _BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - onnx pulls ml_dtypes in
+    _BF16 = None
+
+_TABLE: dict[str, tuple[Any, int]] = {
+    "float32": (np.dtype(np.float32), onnx.TensorProto.FLOAT),
+    "float16": (np.dtype(np.float16), onnx.TensorProto.FLOAT16),
+    "bfloat16": (_BF16, onnx.TensorProto.BFLOAT16),
+    "float64": (np.dtype(np.float64), onnx.TensorProto.DOUBLE),
+    "int64": (np.dtype(np.int64), onnx.TensorProto.INT64),
+    "int32": (np.dtype(np.int32), onnx.TensorProto.INT32),
+    "int16": (np.dtype(np.int16), onnx.TensorProto.INT16),
+    "int8": (np.dtype(np.int8), onnx.TensorProto.INT8),
+    "uint8": (np.dtype(np.uint8), onnx.TensorProto.UINT8),
+    "bool": (np.dtype(np.bool_), onnx.TensorProto.BOOL),
+}
+_ALIASES = {"bool_": "bool", "float": "float32", "double": "float64", "half": "float16"}
+_BY_ONNX = {code: name for name, (_, code) in _TABLE.items()}
+
+FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+INT_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8"})
+
+
+class DType(str):
+    """A dtype name (a ``str`` subclass, so ``gc.float32 == "float32"``)."""
+
+    @property
+    def numpy(self) -> np.dtype:
+        return to_numpy(self)
+
+    @property
+    def onnx(self) -> int:
+        return to_onnx(self)
+
+    @property
+    def is_floating(self) -> bool:
+        return str(self) in FLOAT_DTYPES
+
+    def __repr__(self) -> str:
+        return f"gc.{self}"
+
+
+float32, float16, bfloat16, float64 = (DType(n) for n in ("float32", "float16", "bfloat16", "float64"))
+int64, int32, int8, uint8 = (DType(n) for n in ("int64", "int32", "int8", "uint8"))
+bool_ = DType("bool")
+
+DTypeLike = Union[str, np.dtype, type, int]
+
+
+def as_dtype(dtype: DTypeLike) -> DType:
+    """Normalise a dtype name, numpy dtype/type or ONNX elem-type code to a ``DType``."""
+    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
+        if int(dtype) in _BY_ONNX:
+            return DType(_BY_ONNX[int(dtype)])
+        raise TypeError(f"unsupported ONNX element type {dtype}")
+    if isinstance(dtype, str):
+        name = _ALIASES.get(dtype, dtype)
+        if name in _TABLE:
+            return DType(name)
+        raise TypeError(f"unknown dtype {dtype!r}; expected one of {sorted(_TABLE)}")
+    try:
+        npd = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"unknown dtype {dtype!r}") from exc
+    for name, (candidate, _) in _TABLE.items():
+        if candidate is not None and candidate == npd:
+            return DType(name)
+    raise TypeError(f"unsupported numpy dtype {npd}")
+
+
+def to_numpy(dtype: DTypeLike) -> np.dtype:
+    npd = _TABLE[as_dtype(dtype)][0]
+    if npd is None:  # pragma: no cover
+        raise TypeError("bfloat16 needs the ml_dtypes package")
+    return npd
+
+
+def to_onnx(dtype: DTypeLike) -> int:
+    return _TABLE[as_dtype(dtype)][1]
+
+
+Dim = Union[int, str, None]
+
+
+class TensorSpec(BaseModel):
+    """Name, dtype and shape of a graph input or output. Dims are ints, names or None."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = ""
+    dtype: str
+    shape: tuple[Dim, ...] | None = ()
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype(cls, value: Any) -> str:
+        return str(as_dtype(value))
+
+    @field_validator("shape", mode="before")
+    @classmethod
+    def _shape(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        dims = tuple(value)
+        for d in dims:
+            if not (d is None or isinstance(d, (str, int, np.integer))) or isinstance(d, bool):
+                raise ValueError(f"dim {d!r} must be an int, a name or None")
+            if isinstance(d, (int, np.integer)) and d < 0:
+                raise ValueError(f"dim {d} must be >= 0")
+        return tuple(int(d) if isinstance(d, (int, np.integer)) else d for d in dims)
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    def __str__(self) -> str:
+        dims = "?" if self.shape is None else ",".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name + ': ' if self.name else ''}{self.dtype}[{dims}]"
+
+
+def spec(dtype: DTypeLike, shape: Any = (), name: str = "") -> TensorSpec:
+    """``gc.spec("float32", ("N", 784))`` — a TensorSpec for capture or validation."""
+    return TensorSpec(name=name, dtype=as_dtype(dtype), shape=shape)
+
+
+def parse_spec(text: str) -> TensorSpec:
+    """Parse the CLI form ``NAME:DTYPE[DIM,...]``, e.g. ``x:float32[N,784]``."""
+    import re
+
+    m = re.fullmatch(r"\s*([^:\s]+)\s*:\s*(\w+)\s*(?:\[([^\]]*)\])?\s*", text)
+    if not m:
+        raise ValueError(f"bad input spec {text!r}; expected NAME:DTYPE[DIM,...], e.g. x:float32[N,784]")
+    name, dtype, dims = m.groups()
+    shape: list[Dim] = []
+    for d in (dims or "").split(","):
+        d = d.strip()
+        if not d:
+            continue
+        shape.append(int(d) if d.lstrip("-").isdigit() else (None if d == "?" else d))
+    return spec(dtype, shape, name=name)

@@ -1,0 +1,25 @@
+"""The exceptions graphc raises. Each names the thing at fault and, where known, the source line."""
+
+
+class GraphcError(Exception):
+    """Base class of every graphc error."""
+
+
+class GraphError(GraphcError, ValueError):
+    """A graph cannot be built or used: shape/dtype mismatch, unknown op, no gradient rule."""
+
+
+class ModelLoadError(GraphcError, ValueError):
+    """A file or buffer is not a usable ONNX model (corrupt, truncated, unsafe external data)."""
+
+
+class InputError(GraphcError, ValueError):
+    """Feeds do not match a graph's inputs (missing, unknown, dtype, rank or fixed-dim mismatch)."""
+
+
+class BackendUnavailable(GraphcError, RuntimeError):
+    """The requested backend cannot run here; the message says why."""
+
+
+class BackendError(GraphcError, RuntimeError):
+    """A backend failed while running a node; the message names node, op and source line."""

@@ -1,0 +1,207 @@
+"""`gc.Model`: an onnx-ir model with graphc's conveniences, and `gc.load` for any ONNX file."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from graphc.dtypes import FLOAT_DTYPES, TensorSpec, as_dtype
+from graphc.errors import ModelLoadError
+
+SOURCE_KEY = "graphc.source"
+# Models with more initializer bytes than this are saved with external data (protobuf caps a
+# single message at 2 GiB; staying well below keeps onnxruntime and the checker happy).
+EXTERNAL_DATA_THRESHOLD = 1 << 30
+
+
+def ir_version_for(opset_imports: dict[str, int]) -> int:
+    """The lowest IR version that supports these opsets (what older runtimes accept)."""
+    ids = [onnx.helper.make_opsetid(domain, version) for domain, version in opset_imports.items()]
+    return max(7, onnx.helper.find_min_ir_version_for(ids, ignore_unknown=True))
+
+
+def value_spec(value: ir.Value) -> TensorSpec:
+    shape = None
+    if value.shape is not None:
+        shape = tuple(d if isinstance(d, int) else d.value for d in value.shape)
+    dtype = value.dtype
+    name = as_dtype(int(dtype)) if dtype is not None else "float32"
+    return TensorSpec(name=value.name or "", dtype=name, shape=shape)
+
+
+def node_source(node: ir.Node | onnx.NodeProto) -> str | None:
+    """The user's ``file.py:LINE`` recorded for a node at capture, if any."""
+    if isinstance(node, onnx.NodeProto):
+        return next((p.value for p in node.metadata_props if p.key == SOURCE_KEY), None)
+    return node.metadata_props.get(SOURCE_KEY)
+
+
+class Model:
+    """A graph with its parameters. Wraps an ``onnx_ir.Model``; nothing is copied on access."""
+
+    def __init__(self, model: ir.Model):
+        if not isinstance(model, ir.Model):
+            raise TypeError(f"gc.Model wraps an onnx_ir.Model, got {type(model).__name__}")
+        self._ir = model
+
+    # -- views -------------------------------------------------------------------------------
+    @property
+    def ir(self) -> ir.Model:
+        return self._ir
+
+    @property
+    def graph(self) -> ir.Graph:
+        return self._ir.graph
+
+    @property
+    def name(self) -> str:
+        return self._ir.graph.name or "model"
+
+    @property
+    def opset(self) -> int:
+        return self._ir.opset_imports.get("", 0)
+
+    @property
+    def proto(self) -> onnx.ModelProto:
+        """The model as protobuf, stamped with the lowest IR version its opsets need."""
+        proto = ir.serde.serialize_model(self._ir)
+        proto.ir_version = ir_version_for(dict(self._ir.opset_imports))
+        return proto
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """Graph inputs a caller feeds (initializer-backed inputs included: they have defaults)."""
+        return [value_spec(v) for v in self._ir.graph.inputs]
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return [value_spec(v) for v in self._ir.graph.outputs]
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """Floating-point initializers by name, as numpy arrays."""
+        out = {}
+        for name, value in self._ir.graph.initializers.items():
+            if value.const_value is None or value.dtype is None:
+                continue
+            if as_dtype(int(value.dtype)) in FLOAT_DTYPES:
+                out[name] = value.const_value.numpy()
+        return out
+
+    def __repr__(self) -> str:
+        ins = ", ".join(str(s) for s in self.inputs)
+        outs = ", ".join(str(s) for s in self.outputs)
+        return f"<gc.Model {self.name!r} ({ins}) -> ({outs}), {len(self._ir.graph)} nodes, opset {self.opset}>"
+
+    def summary(self) -> str:
+        from graphc.inspect import summary
+
+        return summary(self)
+
+    # -- persistence ---------------------------------------------------------------------------
+    def save(self, path: Union[str, os.PathLike], external_data: bool | None = None,
+             size_threshold_bytes: int = 1024) -> Path:
+        """Write ``path`` atomically. Large models (or ``external_data=True``) keep tensors of
+        ``size_threshold_bytes`` or more in ``<file>.data`` beside the model."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if external_data is None:
+            external_data = _initializer_bytes(self._ir) > EXTERNAL_DATA_THRESHOLD
+        saved_ir_version = self._ir.ir_version
+        self._ir.ir_version = ir_version_for(dict(self._ir.opset_imports))
+        try:
+            # Write into a scratch folder beside the target, then move each file into place:
+            # a crash leaves the previous file intact, never a half-written one.
+            with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+                tmp_model = Path(tmp) / path.name
+                data_name = f"{path.name}.data" if external_data else None
+                ir.save(self._ir, tmp_model, external_data=data_name,
+                        size_threshold_bytes=size_threshold_bytes)
+                if data_name and (Path(tmp) / data_name).exists():
+                    os.chmod(Path(tmp) / data_name, 0o644)
+                    os.replace(Path(tmp) / data_name, path.parent / data_name)
+                os.chmod(tmp_model, 0o644)
+                os.replace(tmp_model, path)
+        finally:
+            self._ir.ir_version = saved_ir_version
+        return path
+
+
+def _initializer_bytes(model: ir.Model) -> int:
+    return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
+
+
+def _all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _all_tensors(attr.g)
+            for g in attr.graphs:
+                yield from _all_tensors(g)
+
+
+def _check_external_locations(proto: onnx.ModelProto, base_dir: Path | None) -> None:
+    """Refuse external data outside the model's folder (absolute, ``..``, symlinks out)."""
+    for tensor in _all_tensors(proto.graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if base_dir is None:
+            raise ModelLoadError(
+                f"tensor {tensor.name!r} keeps its data in external file {location!r}, "
+                "but the model was given as bytes; load it from its file path instead")
+        root = base_dir.resolve()
+        target = (base_dir / location).resolve()
+        if os.path.isabs(location) or not target.is_relative_to(root):
+            raise ModelLoadError(
+                f"tensor {tensor.name!r}: external data location {location!r} resolves to "
+                f"{target}, outside the model's folder {root}; refusing to read it")
+        if not target.is_file():
+            raise ModelLoadError(f"tensor {tensor.name!r}: external data file {target} is missing")
+
+
+def load(source: Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model, Model]) -> Model:
+    """Import any valid ONNX model: a path, serialized bytes, a ``ModelProto`` or an IR model."""
+    if isinstance(source, Model):
+        return source
+    if isinstance(source, ir.Model):
+        return Model(source)
+    base_dir: Path | None = None
+    if isinstance(source, onnx.ModelProto):
+        proto = source
+    else:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            data, where = bytes(source), "<bytes>"
+        else:
+            path = Path(source)
+            if not path.is_file():
+                raise ModelLoadError(f"{path}: no such model file")
+            data, where, base_dir = path.read_bytes(), str(path), path.parent
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(data)
+        except (DecodeError, RuntimeError, ValueError) as exc:
+            raise ModelLoadError(f"{where}: not a valid ONNX model (corrupt or truncated protobuf: {exc})") from None
+        if not proto.HasField("graph") or (not proto.graph.node and not proto.graph.output):
+            raise ModelLoadError(f"{where}: not an ONNX model (no graph found; truncated or another file type?)")
+    _check_external_locations(proto, base_dir)
+    if base_dir is not None and any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(proto.graph)):
+        onnx.load_external_data_for_model(proto, str(base_dir))
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
+        raise ModelLoadError(f"invalid ONNX model: {first}") from None
+    return Model(ir.serde.deserialize_model(proto))

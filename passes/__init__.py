@@ -1,0 +1,1 @@
+"""graphc.passes: graph-to-graph transforms on onnx-ir models (no DSL, no backends)."""
