@@ -38,6 +38,23 @@ class Executable(Protocol):
         """Node name -> device/provider that runs it."""
         ...
 
+    # Device residency (the Trainer keeps params and optimizer state on the device between
+    # steps). A "handle" is the backend's own on-device value: an ``OrtValue`` for onnxruntime,
+    # the ``np.ndarray`` itself for numpy.
+    def to_device(self, array: np.ndarray) -> Any:
+        """Copy a host array to the executable's device; returns a handle."""
+        ...
+
+    def to_host(self, handle: Any) -> np.ndarray:
+        """Copy a handle back to a host array."""
+        ...
+
+    def run_bound(self, feeds: Mapping[str, Any], host_outputs: Sequence[str],
+                  device_outputs: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Run with feeds given as host arrays or handles; return (host arrays of
+        ``host_outputs``, handles of ``device_outputs`` left on the device)."""
+        ...
+
 
 @runtime_checkable
 class Backend(Protocol):
