@@ -1,0 +1,91 @@
+"""Optimizer specs: ``gc.optim.SGD / Adam / AdamW``, pydantic models that describe an update.
+
+A spec holds hyper-parameters only; ``gc.training.generate`` turns it into ONNX update nodes
+(``graphc.passes.training.optimizers``) whose formulas match ``torch.optim`` step for step.
+
+    >>> import graphc as gc
+    >>> gc.optim.SGD(lr=0.1, momentum=0.9).model_dump()
+    {'kind': 'sgd', 'lr': 0.1, 'momentum': 0.9, 'nesterov': False, 'weight_decay': 0.0}
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def __init__(self, lr: float | None = None, /, **kwargs):
+        # ``SGD(0.1)`` like ``torch.optim.SGD(params, 0.1)``: lr may be positional.
+        if lr is not None:
+            kwargs["lr"] = lr
+        super().__init__(**kwargs)
+
+    @property
+    def state_slots(self) -> tuple[str, ...]:
+        """Per-parameter state names: ``<param>.<slot>`` (PyTorch's ``optimizer.state`` keys)."""
+        return ()
+
+
+class SGD(_Spec):
+    """``torch.optim.SGD`` with dampening 0: ``g = grad + wd*p; buf = m*buf + g;
+    g = g + m*buf if nesterov else buf; p -= lr*g``."""
+
+    kind: Literal["sgd"] = "sgd"
+    lr: float = Field(gt=0)
+    momentum: float = Field(0.0, ge=0)
+    nesterov: bool = False
+    weight_decay: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _nesterov_needs_momentum(self):
+        if self.nesterov and self.momentum <= 0:
+            raise ValueError("SGD(nesterov=True) needs momentum > 0 (as in torch.optim.SGD)")
+        return self
+
+    @property
+    def state_slots(self) -> tuple[str, ...]:
+        return ("momentum_buffer",) if self.momentum else ()
+
+
+class Adam(_Spec):
+    """``torch.optim.Adam`` (amsgrad=False): L2 weight decay added to the gradient, bias
+    correction from the step counter."""
+
+    kind: Literal["adam"] = "adam"
+    lr: float = Field(1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _betas_in_range(self):
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
+        return self
+
+    @property
+    def state_slots(self) -> tuple[str, ...]:
+        return ("exp_avg", "exp_avg_sq")
+
+
+class AdamW(Adam):
+    """``torch.optim.AdamW``: decoupled weight decay ``p *= 1 - lr*wd`` before the Adam step."""
+
+    kind: Literal["adamw"] = "adamw"  # type: ignore[assignment]
+    weight_decay: float = Field(0.01, ge=0)
+
+
+OptimizerSpec = Annotated[Union[SGD, Adam, AdamW], Field(discriminator="kind")]
+_ADAPTER = TypeAdapter(OptimizerSpec)
+
+
+def from_dict(data: dict) -> SGD | Adam | AdamW:
+    """The spec ``model_dump()`` wrote (``{"kind": "adam", ...}``) back as a spec object."""
+    return _ADAPTER.validate_python(data)
+
+
+__all__ = ["SGD", "Adam", "AdamW", "OptimizerSpec", "from_dict"]

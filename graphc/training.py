@@ -1,0 +1,184 @@
+"""``gc.training.generate``: a model plus a loss and an optimizer become four ONNX graphs.
+
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"),
+                                gc.optim.SGD(lr=0.1, momentum=0.9))
+    arts.save("artifacts/")            # train_step.onnx gradients.onnx eval.onnx inference.onnx
+    arts = gc.training.load("artifacts/")   #   state.safetensors manifest.json
+
+Graph interfaces (``manifest.json`` lists every input and output with its role, so tools never
+guess from names):
+
+* ``train_step``: data inputs, the label input, every trainable param (initializer as default),
+  optimizer state ``<param>.momentum_buffer`` (SGD with momentum) or ``<param>.exp_avg`` and
+  ``<param>.exp_avg_sq`` (Adam/AdamW), the step counter ``step`` (int64 scalar), BatchNorm
+  running statistics (role state) and ``lr`` (float scalar, role hyper, default the spec's lr).
+  Outputs ``loss`` and ``X.next`` for every param/state input ``X``; ``manifest.feeds`` maps
+  ``X.next -> X``. Frozen params stay initializers.
+* ``gradients``: the train_step inputs without optimizer state, step and lr; outputs ``loss`` and
+  ``<param>_grad``. Dropout/BatchNorm run in training mode (batch statistics, as train_step);
+  the running-statistics updates are not output (feed the BN stats in, they are not changed).
+* ``eval``: inference-mode forward (BatchNorm uses the running statistics fed in, Dropout is the
+  identity); inputs data, label, params and BN stats (with defaults); outputs ``loss`` and the
+  model's outputs.
+* ``inference``: the forward graph in inference mode with params as initializers; the model's
+  own inputs and outputs.
+
+Every graph is ``ai.onnx`` only and keeps symbolic dims symbolic (any batch size).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Literal, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from graphc.losses import LossSpec
+from graphc.model import Model
+
+FORMAT = "graphc.training/1"
+GRAPH_FILES = {
+    "train_step": "train_step.onnx",
+    "gradients": "gradients.onnx",
+    "eval": "eval.onnx",
+    "inference": "inference.onnx",
+}
+STATE_FILE = "state.safetensors"
+MANIFEST_FILE = "manifest.json"
+
+Role = Literal["data", "label", "param", "state", "hyper", "loss", "grad", "output"]
+
+
+class TensorEntry(BaseModel):
+    """One graph input or output: its name, role, dtype name and shape (dims int/str/None)."""
+
+    name: str
+    role: Role
+    dtype: str
+    shape: list[Union[int, str, None]] | None
+
+
+class GraphEntry(BaseModel):
+    file: str
+    inputs: list[TensorEntry]
+    outputs: list[TensorEntry]
+
+
+class Manifest(BaseModel):
+    """``manifest.json``: what each artifact graph takes and gives, and how steps chain."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["graphc.training/1"] = FORMAT
+    opset: int
+    graphs: dict[str, GraphEntry]  # keys: train_step, gradients, eval, inference
+    feeds: dict[str, str]  # train_step output -> the train_step input it feeds next step
+    trainable: list[str]
+    frozen: list[str]
+    state: list[str]  # names stored in state.safetensors (params, opt state, step, BN stats, lr)
+    optimizer: dict  # the optimizer spec as JSON ({"kind": "sgd", "lr": ..., ...})
+    loss: dict  # the loss spec as JSON (kind, output, label, options); {"kind": "output", ...}
+    model_outputs: list[str]
+
+    def inputs_with_role(self, graph: str, *roles: str) -> list[str]:
+        return [e.name for e in self.graphs[graph].inputs if e.role in roles]
+
+    def outputs_with_role(self, graph: str, *roles: str) -> list[str]:
+        return [e.name for e in self.graphs[graph].outputs if e.role in roles]
+
+
+class TrainingArtifacts:
+    """The four graphs, the initial state and the manifest that ties them together."""
+
+    def __init__(self, train_step: Model, gradients: Model, eval: Model, inference: Model,
+                 state: Mapping[str, np.ndarray], manifest: Manifest):
+        self.train_step = train_step
+        self.gradients = gradients
+        self.eval = eval
+        self.inference = inference
+        self.state = dict(state)
+        self.manifest = manifest
+
+    @property
+    def graphs(self) -> dict[str, Model]:
+        return {"train_step": self.train_step, "gradients": self.gradients,
+                "eval": self.eval, "inference": self.inference}
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return (f"<gc.TrainingArtifacts {len(m.trainable)} trainable, {len(m.frozen)} frozen, "
+                f"optimizer {m.optimizer.get('kind')}, loss {m.loss.get('kind')}>")
+
+    def save(self, directory: Union[str, os.PathLike]) -> Path:
+        """Write the six files into ``directory``; each file is replaced atomically."""
+        from safetensors.numpy import save as st_save
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for key, model in self.graphs.items():
+            model.save(directory / GRAPH_FILES[key])
+        state = {k: np.ascontiguousarray(v) for k, v in self.state.items()}
+        _atomic_write(directory / STATE_FILE, st_save(state))
+        _atomic_write(directory / MANIFEST_FILE, self.manifest.model_dump_json(indent=2).encode())
+        return directory
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:
+    """Read what ``TrainingArtifacts.save`` wrote."""
+    from safetensors.numpy import load as st_load
+
+    from graphc.model import load as load_model
+
+    directory = Path(directory)
+    manifest = Manifest.model_validate(json.loads((directory / MANIFEST_FILE).read_text()))
+    graphs = {key: load_model(directory / entry.file) for key, entry in manifest.graphs.items()}
+    state = st_load((directory / STATE_FILE).read_bytes())
+    return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
+                             graphs["inference"], state, manifest)
+
+
+def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Iterable[str] | None = None,
+             frozen: Iterable[str] = ()) -> TrainingArtifacts:
+    """Training artifacts for ``model``.
+
+    Args:
+        model: a ``gc.Model`` (captured or imported with ``gc.load``).
+        loss: a ``gc.losses`` spec such as ``gc.losses.mse("out", label="y")``, or the name of a
+            scalar float output that already is the loss.
+        optimizer: ``gc.optim.SGD``, ``Adam`` or ``AdamW``.
+        trainable: param names to train; default every float initializer that reaches the loss
+            (BatchNorm running statistics are state, never trainable).
+        frozen: names excluded from ``trainable`` (they stay initializers).
+
+    Raises:
+        gc.GraphError: unknown output/param names, a loss that is not a float scalar, an op
+            without a gradient rule on the way to a trainable param.
+    """
+    from graphc.passes.training import artifacts
+
+    if not isinstance(model, Model):
+        raise TypeError(f"generate() takes a gc.Model, got {type(model).__name__}")
+    return artifacts.build(model, loss, optimizer, trainable=trainable, frozen=frozen)
+
+
+__all__ = ["GraphEntry", "Manifest", "TensorEntry", "TrainingArtifacts", "generate", "load"]
