@@ -20,23 +20,33 @@ def _load(name: str) -> Backend:
     return getattr(importlib.import_module(module_name), cls_name)()
 
 
+def _info(name: str) -> BackendInfo:
+    try:
+        backend = _load(name)
+    except (ImportError, AttributeError) as exc:
+        module_name = BACKENDS[name].split(":")[0]
+        return BackendInfo(name=name, available=False, device="?",
+                           reason=f"cannot load {module_name}: {exc}")
+    return backend.info()
+
+
 def list_backends() -> list[BackendInfo]:
     """Every registered backend with its availability on this machine."""
-    return [_load(name).info() for name in BACKENDS]
+    return [_info(name) for name in BACKENDS]
 
 
 def get_backend(name: str = "auto") -> Backend:
     """The backend called ``name`` ("auto": the best available). Never falls back silently."""
     if name == "auto":
-        for candidate in BACKENDS:
-            backend = _load(candidate)
-            if backend.info().available:
-                return backend
-        raise BackendUnavailable("no backend is available")  # pragma: no cover - numpy always is
+        infos = [_info(candidate) for candidate in BACKENDS]
+        for info in infos:
+            if info.available:
+                return _load(info.name)
+        reasons = "; ".join(f"{i.name}: {i.reason}" for i in infos)  # pragma: no cover - numpy always is
+        raise BackendUnavailable(f"no backend is available ({reasons})")  # pragma: no cover
     if name not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {name!r}; choose one of {', '.join(['auto', *BACKENDS])}")
-    backend = _load(name)
-    info = backend.info()
+    info = _info(name)
     if not info.available:
         raise BackendUnavailable(f"backend {name!r} is not available here: {info.reason}")
-    return backend
+    return _load(name)

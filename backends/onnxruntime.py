@@ -1,0 +1,305 @@
+"""onnxruntime backends: "ort-cpu" (CPUExecutionProvider) and "ort-cuda" (CUDAExecutionProvider).
+
+Sessions are built from the model's bytes, stamped with the lowest IR version its opsets need
+(onnxruntime 1.31 refuses IR 14). Each session records which execution provider runs each node
+(``session.record_ep_graph_assignment_info``) and, on a device, how many host/device copy nodes
+onnxruntime inserted. Values that should stay on the device (the Trainer's params and optimizer
+state) go through ``to_device`` / ``run_bound`` (IOBinding).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from graphc.backends.base import BackendInfo
+from graphc.errors import BackendError, BackendUnavailable
+from graphc.model import ir_version_for, node_source
+
+_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
+           "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+# Domains onnxruntime has kernels for; a node in any other domain cannot run.
+_KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc", "ai.onnx.training"}
+_COPY_OPS = {"MemcpyToHost", "MemcpyFromHost"}
+# Session log severity: fatal only. Run-time errors reach the caller as BackendError, so
+# onnxruntime's own copy of them (and its "nodes placed on CPU" warnings) would be noise.
+_ORT_QUIET = 4
+
+
+def _ort():
+    import onnxruntime
+
+    return onnxruntime
+
+
+# -- availability ----------------------------------------------------------------------------------
+
+class _CaptureOutput:
+    """Capture what onnxruntime prints while probing: its C++ logger writes to file descriptor
+    2, ``preload_dlls`` prints to ``sys.stdout``."""
+
+    def __enter__(self) -> _CaptureOutput:
+        self._tmp = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._tmp.fileno(), 2)
+        self._stdout = contextlib.redirect_stdout(io.StringIO())
+        self._printed = self._stdout.__enter__()
+        self.text = ""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stdout.__exit__(None, None, None)
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._tmp.seek(0)
+        self.text = self._printed.getvalue() + self._tmp.read().decode("utf-8", "replace")
+        self._tmp.close()
+
+
+def _tiny_model() -> bytes:
+    h = onnx.helper
+    graph = h.make_graph([h.make_node("Add", ["x", "x"], ["y"], name="probe")], "probe",
+                         [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def _load_failure(log: str) -> str:
+    """The useful part of onnxruntime's provider-load error log."""
+    for pattern in (r"with error: ([^\n\x1b]+)", r"(Failed to load lib[^:\n]+)", r"(Failed to create CUDAExecutionProvider[^\n\x1b]*?\.)",
+                    r"\] ([^\n\x1b]+)"):
+        m = re.search(pattern, log)
+        if m:
+            return m.group(1).strip()
+    return "the session fell back to CPUExecutionProvider"
+
+
+@functools.cache
+def probe_cuda(device_id: int = 0) -> tuple[bool, str]:
+    """Can a real session get CUDAExecutionProvider? (available, reason). Cached per device.
+
+    onnxruntime-gpu without CUDA/cuDNN libraries logs an error and silently runs on CPU, so
+    asking for the provider proves nothing: build a tiny session and look at what it got.
+    """
+    ort = _ort()
+    providers = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in providers:
+        return False, (f"no CUDA provider in this onnxruntime build (providers: {', '.join(providers)}); "
+                       "install onnxruntime-gpu")
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    with _CaptureOutput() as captured:
+        try:
+            if hasattr(ort, "preload_dlls"):  # finds NVIDIA's pip wheels (the `cuda` extra)
+                ort.preload_dlls(directory="")
+            session = ort.InferenceSession(_tiny_model(), options, providers=[
+                ("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"])
+            got = session.get_providers()
+        except Exception as exc:  # noqa: BLE001 - any failure means "not available", with why
+            return False, f"CUDA provider failed to load: {str(exc).strip().splitlines()[0]}"
+    if "CUDAExecutionProvider" not in got:
+        return False, f"CUDA provider failed to load: {_load_failure(captured.text)}"
+    return True, ""
+
+
+# -- backends ----------------------------------------------------------------------------------------
+
+class _OrtBackend:
+    name = ""
+    device = ""
+    provider = ""
+
+    def info(self) -> BackendInfo:
+        available, reason = self._availability()
+        return BackendInfo(name=self.name, available=available, device=self.device, reason=reason)
+
+    def _availability(self) -> tuple[bool, str]:
+        raise NotImplementedError
+
+    def prepare(self, model: onnx.ModelProto, *, threads: int | None = None,
+                graph_optimization_level: str | int = "all", device_id: int = 0,
+                providers_options: Mapping[str, Any] | None = None) -> OrtExecutable:
+        """Build an onnxruntime session. An op onnxruntime cannot run fails here."""
+        _check_domains(model, self.name)
+        ort = _ort()
+        options = ort.SessionOptions()
+        options.log_severity_level = _ORT_QUIET
+        options.graph_optimization_level = _optimization_level(graph_optimization_level)
+        if threads is not None:
+            if int(threads) < 0:
+                raise ValueError(f"threads must be >= 0 (0: onnxruntime's default), got {threads}")
+            options.intra_op_num_threads = int(threads)
+        options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        provider_options = {**({"device_id": int(device_id)} if self.device == "cuda" else {}),
+                            **dict(providers_options or {})}
+        return OrtExecutable(self, model, options, provider_options, int(device_id))
+
+
+class CpuBackend(_OrtBackend):
+    """onnxruntime's CPU execution provider (any onnxruntime build has it)."""
+
+    name = "ort-cpu"
+    device = "cpu"
+    provider = "CPUExecutionProvider"
+
+    def _availability(self) -> tuple[bool, str]:
+        try:
+            _ort()
+        except ImportError as exc:
+            return False, f"onnxruntime is not installed ({exc})"
+        return True, ""
+
+
+class CudaBackend(_OrtBackend):
+    """onnxruntime's CUDA execution provider, available only when a real session gets it."""
+
+    name = "ort-cuda"
+    device = "cuda"
+    provider = "CUDAExecutionProvider"
+
+    def _availability(self) -> tuple[bool, str]:
+        try:
+            _ort()
+        except ImportError as exc:
+            return False, f"onnxruntime is not installed ({exc})"
+        return probe_cuda(0)
+
+
+def _optimization_level(level: str | int):
+    ort = _ort()
+    if isinstance(level, int) and not isinstance(level, bool) and 0 <= level < len(_LEVELS):
+        level = list(_LEVELS)[level]
+    if level not in _LEVELS:
+        raise ValueError(f"graph_optimization_level must be one of {', '.join(_LEVELS)}, got {level!r}")
+    return getattr(ort.GraphOptimizationLevel, _LEVELS[level])
+
+
+def _check_domains(model: onnx.ModelProto, backend: str) -> None:
+    local_functions = {(f.domain, f.name) for f in model.functions}
+    for node in model.graph.node:
+        if node.domain not in _KNOWN_DOMAINS and (node.domain, node.op_type) not in local_functions:
+            raise BackendError(f"{backend} cannot run op '{node.domain}::{node.op_type}' "
+                               f"(node {node.name!r}{_at(node)}): onnxruntime has no kernels for "
+                               f"domain {node.domain!r}")
+
+
+def _at(node: onnx.NodeProto | None) -> str:
+    source = node_source(node) if node is not None else None
+    return f", at {source}" if source else ""
+
+
+# -- executable ---------------------------------------------------------------------------------------
+
+class OrtExecutable:
+    """One onnxruntime InferenceSession plus its placement and IOBinding helpers."""
+
+    def __init__(self, backend: _OrtBackend, model: onnx.ModelProto, options: Any,
+                 provider_options: dict[str, Any], device_id: int):
+        ort = _ort()
+        self.backend_name = backend.name
+        self.device = backend.device
+        self.device_id = device_id
+        self._nodes = {n.name: n for n in model.graph.node if n.name}
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+        proto.ir_version = ir_version_for({o.domain: o.version for o in proto.opset_import})
+        providers: list[Any] = [(backend.provider, provider_options)]
+        if backend.provider != "CPUExecutionProvider":
+            providers.append("CPUExecutionProvider")  # ops without a CUDA kernel run on CPU
+        with tempfile.TemporaryDirectory(prefix="graphc-ort-") as tmp:
+            optimized = Path(tmp) / "optimized.onnx"
+            if backend.device != "cpu":  # to count the copy nodes onnxruntime inserts
+                options.optimized_model_filepath = str(optimized)
+            try:
+                self.session = ort.InferenceSession(proto.SerializeToString(), options, providers=providers)
+            except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+                raise self._error(exc, "cannot load the model") from None
+            self.copy_nodes = _count_copy_nodes(optimized) if optimized.is_file() else 0
+        if backend.provider not in self.session.get_providers():
+            raise BackendUnavailable(f"{backend.name}: onnxruntime did not give the session "
+                                     f"{backend.provider} (it got {self.session.get_providers()})")
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self._placement = {node.name: sub.ep_name for sub in self.session.get_provider_graph_assignment_info()
+                           for node in sub.get_nodes()}
+
+    @property
+    def placement(self) -> dict[str, str]:
+        """Node name (in onnxruntime's optimized graph) -> execution provider that runs it."""
+        return dict(self._placement)
+
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        names = list(outputs) if outputs is not None else self.output_names
+        contiguous = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
+        try:
+            values = self.session.run(names, contiguous)
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, "failed while running") from None
+        return dict(zip(names, values))
+
+    # -- device residency ---------------------------------------------------------------------
+    def to_device(self, array: np.ndarray) -> Any:
+        """An OrtValue on this session's device (a private copy, also on CPU)."""
+        return _ort().OrtValue.ortvalue_from_numpy(np.array(array, copy=True, order="C"),
+                                                   self.device, self.device_id)
+
+    def to_host(self, handle: Any) -> np.ndarray:
+        return handle.numpy() if hasattr(handle, "numpy") else np.asarray(handle)
+
+    def run_bound(self, feeds: Mapping[str, Any], host_outputs: Sequence[str],
+                  device_outputs: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Run with IOBinding: handles are bound as they are, host arrays are copied in; device
+        outputs stay on the device as OrtValues, host outputs come back as numpy arrays."""
+        ort = _ort()
+        binding = self.session.io_binding()
+        keep_alive = []
+        for name, value in feeds.items():
+            if isinstance(value, ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:
+                array = np.ascontiguousarray(value)
+                keep_alive.append(array)
+                binding.bind_cpu_input(name, array)
+        for name in host_outputs:
+            binding.bind_output(name, "cpu")
+        for name in device_outputs:
+            binding.bind_output(name, self.device, self.device_id)
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, "failed while running") from None
+        values = binding.get_outputs()
+        n_host = len(host_outputs)
+        host = {name: values[i].numpy() for i, name in enumerate(host_outputs)}
+        device = {name: values[n_host + i] for i, name in enumerate(device_outputs)}
+        return host, device
+
+    def _error(self, exc: Exception, what: str) -> BackendError:
+        """Map an onnxruntime error to BackendError naming node, op and source line."""
+        message = str(exc).strip()
+        m = re.search(r"[Nn]ode(?:\. Name)?[:\s]*[\(']([^'\)]+)['\)]", message) or \
+            re.search(r"node with name '([^']+)'", message)
+        node = self._nodes.get(m.group(1)) if m else None
+        if node is None:
+            return BackendError(f"{self.backend_name} {what} the model: {message}")
+        detail = re.split(r"Status Message:\s*", message)[-1]
+        # drop onnxruntime's "/onnxruntime_src/...cc:91 ns::Function(args) " prefix
+        detail = re.sub(r"^/\S+:\d+ .*?\) (?=\w)", "", detail)
+        return BackendError(f"{self.backend_name} {what} node {node.name!r} ({node.op_type}{_at(node)}): {detail}")
+
+
+def _count_copy_nodes(path: Path) -> int:
+    model = onnx.load(str(path), load_external_data=False)
+    return sum(1 for node in model.graph.node if node.op_type in _COPY_OPS)

@@ -1,0 +1,102 @@
+"""Feed validation: every check a Session makes before any backend runs.
+
+A feed must name a graph input, have the input's dtype and rank, match every fixed dim, and
+agree with the other feeds on the size of each symbolic dim (all ``"N"`` dims are one size).
+Every failure raises ``InputError`` naming the input, the expected spec and what was given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from graphc.dtypes import TensorSpec, as_dtype, to_numpy
+from graphc.errors import InputError
+
+
+def describe(shape: Sequence[Any], dtype: Any) -> str:
+    return f"{dtype}[{','.join(str(d) for d in shape)}]"
+
+
+def _as_array(spec: TensorSpec, value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    try:  # Python scalars and lists take the input's dtype, as a convenience
+        return np.asarray(value, dtype=to_numpy(spec.dtype))
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"input {spec.name!r}: expected {spec}, got a {type(value).__name__} "
+                         f"that does not convert to an array ({exc})") from None
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    try:
+        return str(as_dtype(dtype))
+    except TypeError:
+        return str(dtype)
+
+
+def check_one(spec: TensorSpec, shape: Sequence[int], dtype_name: str, dims: dict[str, tuple[int, str, int]]) -> None:
+    """Check one value's dtype/shape against ``spec``; ``dims`` collects symbolic dim sizes."""
+    got = describe(shape, dtype_name)
+    if dtype_name != spec.dtype:
+        raise InputError(f"input {spec.name!r}: expected {spec}, got {got} "
+                         f"(dtype {dtype_name} is not {spec.dtype}; cast it with .astype)")
+    if spec.shape is None:
+        return
+    if len(shape) != len(spec.shape):
+        raise InputError(f"input {spec.name!r}: expected {spec}, got {got} "
+                         f"(rank {len(shape)}, expected rank {len(spec.shape)})")
+    for axis, (want, size) in enumerate(zip(spec.shape, shape)):
+        if isinstance(want, int) and want != size:
+            raise InputError(f"input {spec.name!r}: expected {spec}, got {got} "
+                             f"(axis {axis} has size {size}, the model fixes it at {want})")
+        if isinstance(want, str):
+            seen = dims.setdefault(want, (size, spec.name, axis))
+            if seen[0] != size:
+                raise InputError(
+                    f"input {spec.name!r}: expected {spec}, got {got}: dim {want!r} is {size} "
+                    f"here (axis {axis}) but {seen[0]} in input {seen[1]!r} (axis {seen[2]})")
+
+
+def validate_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, Any],
+                   optional: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Check ``feeds`` against the graph's input ``specs``; return them as numpy arrays
+    (device handles such as ``OrtValue``s are checked by their shape and dtype and kept).
+
+    ``optional`` names inputs that have a default (initializer-backed) and may be left out.
+    """
+    if not isinstance(feeds, Mapping):
+        raise InputError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
+    by_name = {s.name: s for s in specs}
+    listing = ", ".join(str(s) for s in specs) or "(none)"
+    for name in feeds:
+        if name not in by_name:
+            raise InputError(f"unknown input {name!r}; the model's inputs are: {listing}")
+    missing = [s for s in specs if s.name not in feeds and s.name not in optional]
+    if missing:
+        raise InputError(f"missing input {missing[0].name!r} (expected {missing[0]}); "
+                         f"the model's inputs are: {listing}")
+    dims: dict[str, tuple[int, str, int]] = {}
+    values: dict[str, Any] = {}
+    for spec in specs:
+        if spec.name not in feeds:
+            continue
+        value = feeds[spec.name]
+        meta = handle_meta(value)
+        if meta is None:
+            value = _as_array(spec, value)
+            meta = (value.shape, _dtype_name(value.dtype))
+        check_one(spec, meta[0], meta[1], dims)
+        values[spec.name] = value
+    return values
+
+
+def handle_meta(value: Any) -> tuple[tuple[int, ...], str] | None:
+    """(shape, dtype name) of a device handle such as an ``OrtValue``; None for anything else."""
+    if isinstance(value, np.ndarray) or not callable(getattr(value, "element_type", None)):
+        return None
+    return tuple(value.shape()), str(as_dtype(int(value.element_type())))

@@ -1,0 +1,120 @@
+"""`gc.Session`: a model prepared on one backend, chosen by name when the session is created.
+
+    sess = gc.Session("model.onnx", backend="ort-cpu", threads=2)
+    out = sess.run({"x": batch})            # dict output name -> np.ndarray
+
+Feeds are checked before the backend runs (``gc.InputError``); an unavailable backend raises
+``gc.BackendUnavailable`` with the reason, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
+
+import numpy as np
+import onnx
+
+from graphc.backends.registry import get_backend
+from graphc.dtypes import TensorSpec
+from graphc.errors import InputError
+from graphc.feeds import validate_feeds
+from graphc.model import Model, load
+
+# Options every backend accepts (a backend ignores those that mean nothing to it).
+SESSION_OPTIONS = frozenset({"threads", "graph_optimization_level", "device_id", "providers_options"})
+
+ModelLike = Union[Model, str, os.PathLike, bytes, onnx.ModelProto]
+
+
+class Session:
+    """A model prepared for repeated runs on one backend.
+
+    Args:
+        model_or_path: a ``gc.Model``, a path to an ``.onnx`` file, its bytes or a ``ModelProto``.
+        backend: ``"numpy"``, ``"ort-cpu"``, ``"ort-cuda"`` or ``"auto"`` (best available).
+        **options: ``threads``, ``graph_optimization_level`` (``"disable"``, ``"basic"``,
+            ``"extended"``, ``"all"``), ``device_id``, ``providers_options`` (a dict given to
+            the execution provider).
+
+    Raises:
+        BackendUnavailable: the backend cannot run here (the message says why).
+        BackendError / GraphError: the backend cannot run an op of the model.
+    """
+
+    def __init__(self, model_or_path: ModelLike, backend: str = "auto", **options: Any):
+        unknown = sorted(set(options) - SESSION_OPTIONS)
+        if unknown:
+            raise TypeError(f"unknown Session option {unknown[0]!r}; options are: {', '.join(sorted(SESSION_OPTIONS))}")
+        self.model = load(model_or_path)
+        self._backend = get_backend(backend)
+        self._executable = self._backend.prepare(self.model.proto, **options)
+        self.inputs: list[TensorSpec] = self.model.inputs
+        self.outputs: list[TensorSpec] = self.model.outputs
+        graph = self.model.graph
+        self.optional_inputs = frozenset(v.name for v in graph.inputs if v.name in graph.initializers)
+        self._output_names = [s.name for s in self.outputs]
+
+    # -- what the session is -------------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        """The backend's name (``"ort-cpu"``, ...), after ``"auto"`` was resolved."""
+        return self._backend.name
+
+    @property
+    def device(self) -> str:
+        return self._backend.device
+
+    @property
+    def placement(self) -> dict[str, str]:
+        """Node name -> the device or execution provider that runs it."""
+        return self._executable.placement
+
+    @property
+    def copy_nodes(self) -> int:
+        """How many host<->device copy nodes the backend inserted (0 on a CPU)."""
+        return int(getattr(self._executable, "copy_nodes", 0))
+
+    @property
+    def executable(self) -> Any:
+        """The backend's prepared model (for tools that need backend-specific access)."""
+        return self._executable
+
+    def __repr__(self) -> str:
+        return f"<gc.Session {self.model.name!r} on {self.backend}>"
+
+    # -- running ----------------------------------------------------------------------------------
+    def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Run the model; returns ``{output name: array}`` for ``outputs`` (default: all)."""
+        values = validate_feeds(self.inputs, feeds, self.optional_inputs)
+        arrays = {k: v if isinstance(v, np.ndarray) else self._executable.to_host(v) for k, v in values.items()}
+        names = self._check_outputs(outputs)
+        return self._executable.run(arrays, names)
+
+    def _check_outputs(self, outputs: Sequence[str] | None) -> list[str]:
+        if outputs is None:
+            return list(self._output_names)
+        if isinstance(outputs, str):
+            outputs = [outputs]
+        for name in outputs:
+            if name not in self._output_names:
+                raise InputError(f"unknown output {name!r}; the model's outputs are: "
+                                 f"{', '.join(str(s) for s in self.outputs)}")
+        return list(outputs)
+
+    # -- device residency (the Trainer keeps params and optimizer state on the device) -----------
+    def to_device(self, array: np.ndarray) -> Any:
+        """Copy a host array to the session's device; returns the backend's handle."""
+        return self._executable.to_device(np.asarray(array))
+
+    def to_host(self, handle: Any) -> np.ndarray:
+        return self._executable.to_host(handle)
+
+    def run_bound(self, feeds: Mapping[str, Any], host_outputs: Sequence[str],
+                  device_outputs: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Run with feeds given as host arrays or device handles. Returns (host arrays of
+        ``host_outputs``, handles of ``device_outputs``, which stay on the device)."""
+        values = validate_feeds(self.inputs, feeds, self.optional_inputs)
+        self._check_outputs([*host_outputs, *device_outputs])
+        return self._executable.run_bound(values, list(host_outputs), list(device_outputs))
