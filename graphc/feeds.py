@@ -32,19 +32,19 @@ def _as_array(spec: TensorSpec, value: Any) -> np.ndarray:
                          f"that does not convert to an array ({exc})") from None
 
 
-def _dtype_name(dtype: np.dtype) -> str:
+def dtype_name(dtype: np.dtype) -> str:
     try:
         return str(as_dtype(dtype))
     except TypeError:
         return str(dtype)
 
 
-def check_one(spec: TensorSpec, shape: Sequence[int], dtype_name: str, dims: dict[str, tuple[int, str, int]]) -> None:
+def check_one(spec: TensorSpec, shape: Sequence[int], dtype: str, dims: dict[str, tuple[int, str, int]]) -> None:
     """Check one value's dtype/shape against ``spec``; ``dims`` collects symbolic dim sizes."""
-    got = describe(shape, dtype_name)
-    if dtype_name != spec.dtype:
+    got = describe(shape, dtype)
+    if dtype != spec.dtype:
         raise InputError(f"input {spec.name!r}: expected {spec}, got {got} "
-                         f"(dtype {dtype_name} is not {spec.dtype}; cast it with .astype)")
+                         f"(dtype {dtype} is not {spec.dtype}; cast it with .astype)")
     if spec.shape is None:
         return
     if len(shape) != len(spec.shape):
@@ -60,6 +60,12 @@ def check_one(spec: TensorSpec, shape: Sequence[int], dtype_name: str, dims: dic
                 raise InputError(
                     f"input {spec.name!r}: expected {spec}, got {got}: dim {want!r} is {size} "
                     f"here (axis {axis}) but {seen[0]} in input {seen[1]!r} (axis {seen[2]})")
+
+
+def optional_inputs(model: Any) -> frozenset[str]:
+    """Names of a ``gc.Model``'s inputs backed by an initializer (feeding them is optional)."""
+    graph = model.graph
+    return frozenset(v.name for v in graph.inputs if v.name in graph.initializers)
 
 
 def validate_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, Any],
@@ -89,7 +95,7 @@ def validate_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, Any],
         meta = handle_meta(value)
         if meta is None:
             value = _as_array(spec, value)
-            meta = (value.shape, _dtype_name(value.dtype))
+            meta = (value.shape, dtype_name(value.dtype))
         check_one(spec, meta[0], meta[1], dims)
         values[spec.name] = value
     return values

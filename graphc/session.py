@@ -19,7 +19,7 @@ import onnx
 from graphc.backends.registry import get_backend
 from graphc.dtypes import TensorSpec
 from graphc.errors import InputError
-from graphc.feeds import validate_feeds
+from graphc.feeds import optional_inputs, validate_feeds
 from graphc.model import Model, load
 
 # Options every backend accepts (a backend ignores those that mean nothing to it).
@@ -52,8 +52,7 @@ class Session:
         self._executable = self._backend.prepare(self.model.proto, **options)
         self.inputs: list[TensorSpec] = self.model.inputs
         self.outputs: list[TensorSpec] = self.model.outputs
-        graph = self.model.graph
-        self.optional_inputs = frozenset(v.name for v in graph.inputs if v.name in graph.initializers)
+        self.optional_inputs = optional_inputs(self.model)
         self._output_names = [s.name for s in self.outputs]
 
     # -- what the session is -------------------------------------------------------------------

@@ -1,3 +1,150 @@
-"""graphc CLI commands (filled in by its owner)."""
+"""`graphc backends`, `graphc run` and `graphc parity`."""
 
-from graphc.cli.app import app  # noqa: F401
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from graphc.cli.app import app, console
+from graphc.dtypes import TensorSpec, to_numpy
+
+
+def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
+    """``NAME=FILE.npy`` items -> arrays (loaded without pickle)."""
+    feeds = {}
+    for item in items:
+        name, sep, file = item.partition("=")
+        if not sep or not name or not file:
+            raise ValueError(f"bad --input {item!r}; expected NAME=FILE.npy")
+        if not Path(file).is_file():
+            raise FileNotFoundError(f"--input {name}: no such file {file}")
+        feeds[name] = np.load(file, allow_pickle=False)
+    return feeds
+
+
+def parse_dims(items: list[str]) -> dict[str, int]:
+    """``N=8`` items -> sizes for symbolic dims."""
+    dims = {}
+    for item in items:
+        name, sep, size = item.partition("=")
+        if not sep or not size.strip().isdigit():
+            raise ValueError(f"bad --dim {item!r}; expected NAME=SIZE, e.g. N=8")
+        dims[name.strip()] = int(size)
+    return dims
+
+
+def random_feeds(specs: list[TensorSpec], dims: dict[str, int], seed: int = 0,
+                 default_dim: int = 2) -> dict[str, np.ndarray]:
+    """Seeded random arrays for ``specs``: floats ~ N(0, 1), integers in [0, 4), random bools.
+    Symbolic dims take their size from ``dims`` (else ``default_dim``)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in specs:
+        shape = tuple(d if isinstance(d, int) else dims.get(d or "", default_dim) for d in (spec.shape or ()))
+        dtype = to_numpy(spec.dtype)
+        if spec.dtype == "bool":
+            feeds[spec.name] = rng.random(shape) < 0.5
+        elif np.issubdtype(dtype, np.integer):
+            feeds[spec.name] = rng.integers(0, 4, size=shape).astype(dtype)
+        else:
+            feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write ``arrays`` to ``path`` atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@app.command("backends")
+def backends_cmd() -> None:
+    """List the backends and whether each can run here (and if not, why)."""
+    import graphc as gc
+
+    table = Table(title="graphc backends")
+    for column in ("backend", "available", "device", "reason"):
+        table.add_column(column)
+    for info in gc.backends():
+        table.add_row(info.name, "[green]yes[/]" if info.available else "[red]no[/]", info.device, info.reason)
+    console.print(table)
+
+
+@app.command("run")
+def run_cmd(
+    model: Path = typer.Argument(..., help="The .onnx model."),
+    backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
+    inputs: list[str] = typer.Option([], "--input", "-i", help="NAME=FILE.npy, one per input."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the outputs to this .npz."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads (onnxruntime)."),
+) -> None:
+    """Run MODEL on BACKEND with inputs from .npy files; print or save (.npz) the outputs."""
+    from graphc.session import Session
+
+    options = {} if threads is None else {"threads": threads}
+    session = Session(model, backend=backend, **options)
+    results = session.run(parse_feeds(inputs))
+    if output is not None:
+        _save_npz(output, results)
+        console.print(f"wrote {len(results)} output(s) to {output} (backend {session.backend})")
+        return
+    table = Table(title=f"{model.name} on {session.backend}")
+    for column in ("output", "dtype", "shape", "values"):
+        table.add_column(column)
+    for name, value in results.items():
+        table.add_row(name, str(value.dtype), str(list(value.shape)),
+                      np.array2string(value, threshold=8, edgeitems=2, precision=4).replace("\n", " "))
+    console.print(table)
+
+
+@app.command("parity")
+def parity_cmd(
+    model: Path = typer.Argument(..., help="The .onnx model."),
+    backends: str = typer.Option("numpy,ort-cpu", "--backends", help="Comma-separated; the first is the reference."),
+    inputs: list[str] = typer.Option([], "--input", "-i", help="NAME=FILE.npy (default: seeded random feeds)."),
+    dims: list[str] = typer.Option([], "--dim", help="Size of a symbolic dim for random feeds, e.g. N=8."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random feeds."),
+    rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (default: by dtype)."),
+    atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance (default: by dtype)."),
+    bisect: bool = typer.Option(False, "--bisect", help="Find the first node whose output diverges."),
+) -> None:
+    """Compare MODEL's outputs across backends; exit 1 on a mismatch."""
+    from graphc import parity
+    from graphc.feeds import optional_inputs
+    from graphc.model import load
+
+    loaded = load(model)
+    if inputs:
+        feeds = parse_feeds(inputs)
+    else:
+        optional = optional_inputs(loaded)
+        feeds = random_feeds([s for s in loaded.inputs if s.name not in optional], parse_dims(dims), seed)
+    names = [b.strip() for b in backends.split(",") if b.strip()]
+    report = parity.compare(loaded, feeds, backends=names, rtol=rtol, atol=atol, bisect=bisect)
+    table = Table(title=f"parity: {' vs '.join(names)} (reference {names[0]})")
+    for column in ("output", "backend", "dtype", "shape", "max abs err", "max rel err", "tolerance", "ok"):
+        table.add_column(column)
+    for d in report.details:
+        table.add_row(d.name, d.backend, d.dtype, str(list(d.shape)), f"{d.max_abs_err:.3g}", f"{d.max_rel_err:.3g}",
+                      f"rtol {d.rtol:g} atol {d.atol:g}", "[green]ok[/]" if d.ok else f"[red]MISMATCH[/] {d.note}")
+    console.print(table)
+    if bisect:
+        found = report.first_divergence
+        console.print(f"first divergence ({report.compared_values} values compared): "
+                      f"{found if found else 'none, every intermediate value agrees'}", highlight=False)
+    console.print("[green]parity OK[/]" if report.ok else "[red]parity MISMATCH[/]")
+    if not report.ok:
+        raise typer.Exit(1)

@@ -1,0 +1,208 @@
+"""`gc.parity.compare`: run one model on several backends and compare every output.
+
+    report = gc.parity.compare(model, {"x": x}, backends=("numpy", "ort-cpu"), bisect=True)
+    report.ok, report.outputs["logits"].max_abs_err, report.first_divergence
+
+The first backend is the reference. An element agrees when ``|got - ref| <= atol + rtol * |ref|``
+(NaNs agree with NaNs); integers and booleans must be equal. With ``bisect=True`` every
+intermediate value becomes a graph output, all backends run that copy, and the values are
+compared in topological order: the first node whose output disagrees is where the backends part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from pydantic import BaseModel, computed_field
+
+from graphc.dtypes import FLOAT_DTYPES
+from graphc.feeds import dtype_name
+from graphc.model import Model, load, node_source
+
+# dtype -> (rtol, atol). Integers and booleans compare exactly.
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-7, 1e-9),
+    "float32": (1e-4, 1e-5),
+    "float16": (1e-2, 1e-3),
+    "bfloat16": (5e-2, 1e-2),
+}
+
+
+def tolerances(dtype: str, rtol: float | None = None, atol: float | None = None) -> tuple[float, float]:
+    """The (rtol, atol) used for ``dtype``; explicit values win over the defaults."""
+    default_rtol, default_atol = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
+    return (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
+
+
+class OutputDiff(BaseModel):
+    """One value of one backend compared with the reference backend."""
+
+    name: str
+    backend: str
+    dtype: str
+    shape: tuple[int, ...]
+    max_abs_err: float
+    max_rel_err: float  # |got - ref| / max(|ref|, atol): values near zero do not blow it up
+    mismatched: int  # elements outside the tolerance
+    rtol: float
+    atol: float
+    ok: bool
+    note: str = ""
+
+
+class Divergence(BaseModel):
+    """The first node (in topological order) whose output differs between backends."""
+
+    node: str
+    op_type: str
+    source: str | None
+    output: str
+    backend: str
+    max_abs_err: float
+    max_rel_err: float
+    mismatched: int
+
+    def __str__(self) -> str:
+        where = f" at {self.source}" if self.source else ""
+        return (f"node {self.node!r} ({self.op_type}){where}: output {self.output!r} differs on {self.backend} "
+                f"(max abs err {self.max_abs_err:.3g}, max rel err {self.max_rel_err:.3g}, "
+                f"{self.mismatched} elements outside tolerance)")
+
+
+class ParityReport(BaseModel):
+    """Outputs of ``backends[1:]`` compared with ``backends[0]``."""
+
+    backends: list[str]
+    outputs: dict[str, OutputDiff]  # per output: the worst backend
+    details: list[OutputDiff]  # every (output, backend) pair
+    bisected: bool = False
+    compared_values: int = 0  # with bisect: intermediate values compared
+    first_divergence: Divergence | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def ok(self) -> bool:
+        return all(d.ok for d in self.details)
+
+    @property
+    def reference(self) -> str:
+        return self.backends[0]
+
+    def __str__(self) -> str:
+        lines = [f"parity {' vs '.join(self.backends)}: {'OK' if self.ok else 'MISMATCH'}"]
+        for d in self.details:
+            lines.append(f"  {d.name} [{d.backend}] {d.dtype}{list(d.shape)}: max abs {d.max_abs_err:.3g}, "
+                         f"max rel {d.max_rel_err:.3g} (rtol {d.rtol:g}, atol {d.atol:g}) "
+                         f"{'ok' if d.ok else 'MISMATCH'}{' ' + d.note if d.note else ''}")
+        if self.bisected:
+            found = str(self.first_divergence) if self.first_divergence else "no intermediate value differs"
+            lines.append(f"  first divergence ({self.compared_values} values compared): {found}")
+        return "\n".join(lines)
+
+
+def diff(name: str, backend: str, ref: np.ndarray, got: np.ndarray,
+         rtol: float | None = None, atol: float | None = None) -> OutputDiff:
+    """Compare ``got`` with the reference ``ref`` under the tolerances of ``ref``'s dtype."""
+    ref, got = np.asarray(ref), np.asarray(got)
+    dtype = dtype_name(ref.dtype)
+    rt, at = tolerances(dtype, rtol, atol)
+    base = {"name": name, "backend": backend, "dtype": dtype, "shape": ref.shape, "rtol": rt, "atol": at}
+    if ref.shape != got.shape or ref.dtype != got.dtype:
+        note = f"got {dtype_name(got.dtype)}{list(got.shape)}, reference {dtype}{list(ref.shape)}"
+        return OutputDiff(**base, max_abs_err=float("inf"), max_rel_err=float("inf"),
+                          mismatched=max(ref.size, got.size), ok=False, note=note)
+    if dtype not in FLOAT_DTYPES:
+        bad = int(np.count_nonzero(ref != got))
+        err = float(np.max(np.abs(ref.astype(np.float64) - got.astype(np.float64)))) if bad else 0.0
+        return OutputDiff(**base, max_abs_err=err, max_rel_err=0.0 if not bad else float("inf"),
+                          mismatched=bad, ok=bad == 0)
+    r, g = ref.astype(np.float64), got.astype(np.float64)
+    both_nan = np.isnan(r) & np.isnan(g)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.where(both_nan | (r == g), 0.0, np.abs(g - r))  # r == g: equal infinities
+        err = np.where(np.isnan(err), np.inf, err)
+        rel = err / np.maximum(np.abs(r), at if at > 0 else np.finfo(np.float64).tiny)
+        bad = int(np.count_nonzero(err > at + rt * np.abs(r)))
+    return OutputDiff(**base, max_abs_err=float(err.max(initial=0.0)), max_rel_err=float(rel.max(initial=0.0)),
+                      mismatched=bad, ok=bad == 0)
+
+
+def compare(model: Any, feeds: Mapping[str, Any], backends: Sequence[str] = ("numpy", "ort-cpu"),
+            rtol: float | None = None, atol: float | None = None, bisect: bool = False,
+            **options: Any) -> ParityReport:
+    """Run ``model`` on every backend in ``backends`` and compare with the first.
+
+    Args:
+        model: a ``gc.Model``, a path, bytes or ``ModelProto``.
+        feeds: input name -> array (checked like ``Session.run`` does).
+        rtol, atol: override the per-dtype defaults of ``DEFAULT_TOLERANCES``.
+        bisect: also find the first node whose output diverges (``report.first_divergence``).
+        **options: Session options for every backend (e.g. ``graph_optimization_level``).
+
+    Raises:
+        BackendUnavailable: a backend in ``backends`` cannot run here.
+        InputError: the feeds do not match the model's inputs.
+    """
+    from graphc.session import Session
+
+    backends = list(backends)
+    if len(backends) < 2:
+        raise ValueError(f"parity needs at least two backends, got {backends}")
+    model = load(model)
+    results = {b: Session(model, backend=b, **options).run(feeds) for b in backends}
+    details = [diff(name, b, results[backends[0]][name], results[b][name], rtol, atol)
+               for b in backends[1:] for name in results[backends[0]]]
+    worst: dict[str, OutputDiff] = {}
+    for d in details:
+        current = worst.get(d.name)
+        if current is None or (current.ok, -current.max_abs_err) > (d.ok, -d.max_abs_err):
+            worst[d.name] = d
+    report = ParityReport(backends=backends, outputs=worst, details=details)
+    if bisect:
+        report.bisected = True
+        report.compared_values, report.first_divergence = _bisect(model, feeds, backends, rtol, atol, options)
+    return report
+
+
+def expose_intermediates(model: Model) -> tuple[Model, list[tuple[onnx.NodeProto, list[str]]]]:
+    """A copy of ``model`` whose every typed intermediate value is also a graph output, and the
+    nodes in topological order with the values of each that can be compared."""
+    proto = model.proto
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        inferred = proto
+    graph = inferred.graph
+    typed = {vi.name: vi for vi in [*graph.value_info, *graph.output]
+             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type != 0}
+    exposed = {o.name for o in proto.graph.output}
+    for node in proto.graph.node:
+        for name in node.output:
+            if name and name not in exposed and name in typed:
+                proto.graph.output.append(typed[name])
+                exposed.add(name)
+    steps = [(node, [o for o in node.output if o in exposed]) for node in proto.graph.node]
+    return load(proto), [(node, names) for node, names in steps if names]
+
+
+def _bisect(model: Model, feeds: Mapping[str, Any], backends: list[str], rtol: float | None,
+            atol: float | None, options: dict[str, Any]) -> tuple[int, Divergence | None]:
+    from graphc.session import Session
+
+    instrumented, steps = expose_intermediates(model)
+    results = {b: Session(instrumented, backend=b, **options).run(feeds) for b in backends}
+    ref = results[backends[0]]
+    compared = 0
+    for node, names in steps:
+        for name in names:
+            compared += 1
+            for b in backends[1:]:
+                d = diff(name, b, ref[name], results[b][name], rtol, atol)
+                if not d.ok:
+                    return compared, Divergence(node=node.name, op_type=node.op_type, source=node_source(node),
+                                                output=name, backend=b, max_abs_err=d.max_abs_err,
+                                                max_rel_err=d.max_rel_err, mismatched=d.mismatched)
+    return compared, None
