@@ -1,0 +1,193 @@
+"""`gc.data.DataLoader`: batches of named arrays, shuffled per epoch, prefetched on a thread.
+
+    loader = gc.data.DataLoader({"x": x, "y": y}, batch_size=64, seed=0)
+    for batch in loader:          # one epoch per iteration; batch == {"x": ..., "y": ...}
+        trainer.step(batch)
+
+Shuffling is deterministic: epoch ``e`` uses the permutation drawn from
+``numpy.random.default_rng((seed, e))``, so any epoch (and any batch inside it) can be replayed
+without replaying the ones before it; this is what lets a checkpoint resume mid-epoch exactly.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from graphc.dtypes import TensorSpec, as_dtype
+from graphc.errors import InputError
+
+__all__ = ["DataLoader"]
+
+_DONE = object()
+
+
+class _Failure:
+    """A producer-side exception, carried through the queue to be re-raised by the consumer."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class DataLoader:
+    """Iterate dicts of batches from ``arrays`` (all sharing their first dimension).
+
+    Args:
+        arrays: name -> array; every array has the same length along axis 0.
+        batch_size: samples per batch (the last batch may be smaller unless ``drop_last``).
+        shuffle: draw a fresh permutation each epoch (deterministic from ``seed`` and the epoch).
+        drop_last: skip the final partial batch.
+        seed: seed of the per-epoch permutations.
+        prefetch: batches assembled ahead on a background thread (0: no thread).
+    """
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], batch_size: int, shuffle: bool = True,
+                 drop_last: bool = False, seed: int = 0, prefetch: int = 2):
+        if not arrays:
+            raise ValueError("DataLoader needs at least one array")
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if int(prefetch) < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        self.arrays = {name: np.asarray(a) for name, a in arrays.items()}
+        lengths = {name: (a.shape[0] if a.ndim else None) for name, a in self.arrays.items()}
+        if None in lengths.values() or len(set(lengths.values())) != 1:
+            raise ValueError(f"every array needs the same length along axis 0; got {lengths}")
+        self.num_samples = next(iter(lengths.values()))
+        self.batch_size = int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.seed = int(seed)
+        self.prefetch = int(prefetch)
+        self.epoch = 0  # the epoch the next plain ``iter(loader)`` runs
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        if self.drop_last:
+            return self.num_samples // self.batch_size
+        return -(-self.num_samples // self.batch_size)
+
+    # -- order ---------------------------------------------------------------------------------
+    def order(self, epoch: int) -> np.ndarray:
+        """Sample indices of ``epoch`` in the order they are served."""
+        if not self.shuffle:
+            return np.arange(self.num_samples)
+        return np.random.default_rng((self.seed, int(epoch))).permutation(self.num_samples)
+
+    def batch(self, epoch: int, index: int) -> dict[str, np.ndarray]:
+        """Batch ``index`` of ``epoch`` (what iteration yields at that position)."""
+        return self._gather(self.order(epoch), index)
+
+    def _gather(self, order: np.ndarray, index: int) -> dict[str, np.ndarray]:
+        start = index * self.batch_size
+        if not self.shuffle:
+            stop = min(start + self.batch_size, self.num_samples)
+            return {name: np.ascontiguousarray(a[start:stop]) for name, a in self.arrays.items()}
+        idx = order[start:start + self.batch_size]
+        return {name: a[idx] for name, a in self.arrays.items()}
+
+    # -- iteration -----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        epoch = self.epoch
+        self.epoch += 1
+        return self.iter_epoch(epoch)
+
+    def iter_epoch(self, epoch: int, start: int = 0) -> Iterator[dict[str, np.ndarray]]:
+        """Batches ``start, start+1, ...`` of ``epoch`` (a resumed epoch starts mid-way)."""
+        if not 0 <= start <= len(self):
+            raise ValueError(f"start batch {start} is outside epoch of {len(self)} batches")
+        indices = range(start, len(self))
+        if self.prefetch == 0:
+            order = self.order(epoch)
+            return (self._gather(order, i) for i in indices)
+        return self._prefetched(epoch, indices)
+
+    def _prefetched(self, epoch: int, indices: Sequence[int]) -> Iterator[dict[str, np.ndarray]]:
+        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+
+        def put(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            try:
+                order = self.order(epoch)
+                for i in indices:
+                    if not put(self._gather(order, i)):
+                        return
+                put(_DONE)
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+                put(_Failure(exc))
+
+        thread = threading.Thread(target=produce, name="graphc-dataloader", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = q.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, _Failure):
+                    raise item.exc
+                yield item
+        finally:
+            # Consumer finished, broke out early or raised: stop the producer and reap it.
+            stop.set()
+            while thread.is_alive():
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    pass
+                thread.join(timeout=0.05)
+
+    # -- checks --------------------------------------------------------------------------------
+    def check_against(self, specs: Sequence[TensorSpec]) -> None:
+        """Raise ``gc.InputError`` unless every spec has an array with its dtype and shape.
+
+        ``specs`` are a model's batched inputs: dim 0 is the batch dim (any size when symbolic;
+        a fixed batch dim must equal ``batch_size`` and every batch must be full).
+        """
+        for spec in specs:
+            if spec.name not in self.arrays:
+                raise InputError(
+                    f"the data has no array {spec.name!r} for the model input {spec}; "
+                    f"arrays given: {', '.join(sorted(self.arrays))}")
+            _check_array(spec, self.arrays[spec.name], self)
+
+
+def _check_array(spec: TensorSpec, array: np.ndarray, loader: DataLoader) -> None:
+    got = f"{array.dtype}[{','.join(str(d) for d in array.shape)}]"
+    try:
+        dtype = as_dtype(array.dtype)
+    except TypeError:
+        dtype = None
+    if dtype != spec.dtype:
+        raise InputError(f"array {spec.name!r}: expected dtype {spec.dtype} (model input {spec}), "
+                         f"got {got}")
+    if spec.shape is None:
+        return
+    if array.ndim != len(spec.shape):
+        raise InputError(f"array {spec.name!r}: expected rank {len(spec.shape)} (model input {spec}; "
+                         f"axis 0 is the batch), got {got}")
+    for axis, (want, have) in enumerate(zip(spec.shape, array.shape)):
+        if not isinstance(want, int):
+            continue
+        if axis == 0:
+            ragged = not loader.drop_last and loader.num_samples % loader.batch_size
+            if want != loader.batch_size or ragged:
+                raise InputError(
+                    f"array {spec.name!r}: the model input {spec} has a fixed batch size {want}; "
+                    f"the loader gives batches of {loader.batch_size}"
+                    f"{' with a smaller last batch (use drop_last=True)' if ragged else ''}")
+        elif want != have:
+            raise InputError(f"array {spec.name!r}: expected size {want} on axis {axis} "
+                             f"(model input {spec}), got {got}")
