@@ -1,0 +1,70 @@
+"""Eager evaluation of one node during capture (``print(t)`` inside ``forward`` shows values).
+
+Uses the numpy backend's ``run_node`` when it is there; otherwise onnx's reference evaluator on a
+one-node model. Control-flow nodes never come here: ``graphc.control`` evaluates them itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+_RUN_NODE: Any = None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, ir.TensorProtocol):
+        return value.numpy()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _backend_run_node():
+    global _RUN_NODE
+    if _RUN_NODE is None:
+        try:
+            from graphc.backends.numpy import run_node  # type: ignore[attr-defined]
+        except Exception:  # the numpy backend is not there (yet): use onnx.reference
+            run_node = False
+        _RUN_NODE = run_node
+    return _RUN_NODE
+
+
+def run(op_type: str, inputs: list[np.ndarray | None], attrs: dict[str, Any], opset: int,
+        node_outputs: int = 1) -> list[np.ndarray]:
+    attrs = {k: _plain(v) for k, v in attrs.items()}
+    if op_type == "Constant":
+        return [np.asarray(attrs["value"])]
+    run_node = _backend_run_node()
+    if run_node:
+        try:
+            outs = list(run_node(op_type, list(inputs), attrs, opset))
+        except Exception as exc:  # a kernel the numpy backend lacks: the reference evaluator decides
+            try:
+                outs = _reference(op_type, inputs, attrs, opset, node_outputs)
+            except Exception:
+                raise exc from None
+    else:
+        outs = _reference(op_type, inputs, attrs, opset, node_outputs)
+    return [None if o is None else np.asarray(o) for o in outs]
+
+
+def _reference(op_type: str, inputs: list[np.ndarray | None], attrs: dict[str, Any], opset: int,
+               node_outputs: int) -> list[np.ndarray]:
+    from onnx.reference import ReferenceEvaluator
+
+    in_names = ["" if a is None else f"i{k}" for k, a in enumerate(inputs)]
+    out_names = [f"o{k}" for k in range(node_outputs)]
+    node = onnx.helper.make_node(op_type, in_names, out_names, **attrs)
+    feeds = {n: a for n, a in zip(in_names, inputs) if n}
+    graph = onnx.helper.make_graph(
+        [node], "eager",
+        [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+         for n, a in feeds.items()],
+        [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in out_names])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    return list(ReferenceEvaluator(model).run(None, feeds))

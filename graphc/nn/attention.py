@@ -1,0 +1,99 @@
+"""`gc.nn.MultiheadAttention`, with ``torch.nn.MultiheadAttention``'s parameters and semantics."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from graphc import ops
+from graphc.errors import GraphError
+from graphc.nn import init
+from graphc.nn.layers import Linear
+from graphc.nn.module import Module, Parameter
+from graphc.ops_nn import linear
+from graphc.tensor import Tensor
+from graphc.tracing import op_error, user_source
+
+
+class MultiheadAttention(Module):
+    """Scaled dot-product attention over ``num_heads`` heads.
+
+    Parameters as PyTorch: ``in_proj_weight [3E, E]`` (xavier-uniform), ``in_proj_bias [3E]``
+    (zeros), ``out_proj.weight [E, E]`` (Linear init), ``out_proj.bias`` (zeros).
+    ``forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+    average_attn_weights=True) -> (output, weights or None)``; inputs are ``[L, N, E]`` or, with
+    ``batch_first=True``, ``[N, L, E]``.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 batch_first: bool = False, dtype: Any = "float32"):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise GraphError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
+        self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
+        self.head_dim = embed_dim // num_heads
+        self.in_proj_weight = Parameter(shape=(3 * embed_dim, embed_dim), init=init.xavier_uniform(), dtype=dtype)
+        self.in_proj_bias = Parameter(shape=(3 * embed_dim,), init=init.zeros, dtype=dtype) if bias else None
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
+        if bias:
+            self.out_proj.bias.init = init.zeros
+
+    def _project(self, x: Tensor, i: int) -> Tensor:
+        e = self.embed_dim
+        w = self.in_proj_weight[i * e:(i + 1) * e]
+        b = self.in_proj_bias[i * e:(i + 1) * e] if self.in_proj_bias is not None else None
+        return linear(x, w, b)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """[N, L, E] -> [N, H, L, D] (Reshape with 0 = copy dim, so N and L stay symbolic)."""
+        n, length = x.shape[0], x.shape[1]
+        y = ops.emit("Reshape", [x, ops.const_i64([0, 0, self.num_heads, self.head_dim])],
+                     out_types=[(x.dtype, [n, length, self.num_heads, self.head_dim])])
+        return ops.transpose(y, [0, 2, 1, 3])
+
+    def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
+                key_padding_mask: Tensor | None = None, need_weights: bool = True,
+                attn_mask: Tensor | None = None, average_attn_weights: bool = True):
+        key = query if key is None else key
+        value = key if value is None else value
+        for t in (query, key, value):
+            if t.shape is not None and (len(t.shape) != 3 or t.shape[2] != self.embed_dim):
+                raise op_error("MultiheadAttention", [t], f"expects rank-3 input with {self.embed_dim} features",
+                               user_source())
+        if not self.batch_first:
+            query, key, value = (ops.transpose(t, [1, 0, 2]) for t in (query, key, value))
+        q = self._split_heads(self._project(query, 0))
+        k = self._split_heads(self._project(key, 1))
+        v = self._split_heads(self._project(value, 2))
+        scores = ops.matmul(q * (1.0 / math.sqrt(self.head_dim)), ops.transpose(k, [0, 1, 3, 2]))
+        scores = self._mask(scores, attn_mask, key_padding_mask)
+        weights = ops.softmax(scores, axis=-1)
+        if self.dropout > 0.0:
+            weights = ops.dropout(weights, self.dropout, training=self.training)
+        out = ops.transpose(ops.matmul(weights, v), [0, 2, 1, 3])
+        n, length = out.shape[0], out.shape[1]
+        out = ops.emit("Reshape", [out, ops.const_i64([0, 0, self.embed_dim])],
+                       out_types=[(out.dtype, [n, length, self.embed_dim])])
+        out = self.out_proj(out)
+        if not self.batch_first:
+            out = ops.transpose(out, [1, 0, 2])
+        if not need_weights:
+            return out, None
+        return out, (ops.mean(weights, axis=1) if average_attn_weights else weights)
+
+    def _mask(self, scores: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None) -> Tensor:
+        neg_inf = ops.scalar(-np.inf, scores)
+        if attn_mask is not None:
+            if attn_mask.dtype == "bool":
+                scores = ops.where(attn_mask, neg_inf, scores)
+            else:
+                scores = scores + attn_mask
+        if key_padding_mask is not None:
+            mask = ops.unsqueeze(key_padding_mask, [1, 2])  # [N, S] -> [N, 1, 1, S]
+            scores = ops.where(mask, neg_inf, scores)
+        return scores
+
+    def extra_repr(self) -> str:
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"

@@ -1,0 +1,238 @@
+"""Standard layers with PyTorch's constructor arguments, parameter names, layouts and init."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphc import ops
+from graphc.errors import GraphError
+from graphc.nn import init
+from graphc.nn.module import Module, Parameter
+from graphc.ops_nn import linear
+from graphc.tensor import Tensor
+from graphc.tracing import user_source
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+class Linear(Module):
+    """``y = x @ weight.T + bias``; ``weight`` is ``[out_features, in_features]``."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: Any = "float32"):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = Parameter(shape=(out_features, in_features), init=init.kaiming_uniform(), dtype=dtype)
+        if bias:
+            self.bias = Parameter(shape=(out_features,), init=init.bias_uniform(in_features), dtype=dtype)
+        else:
+            self.bias = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+class Conv2d(Module):
+    """NCHW convolution; ``weight`` is ``[out, in/groups, kh, kw]``."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
+                 padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True, dtype: Any = "float32"):
+        super().__init__()
+        if in_channels % groups or out_channels % groups:
+            raise GraphError(f"Conv2d channels ({in_channels}, {out_channels}) must divide by groups={groups}")
+        kh, kw = _pair(kernel_size)
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, (kh, kw)
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        self.weight = Parameter(shape=(out_channels, in_channels // groups, kh, kw), init=init.kaiming_uniform(),
+                                dtype=dtype)
+        fan_in = in_channels // groups * kh * kw
+        self.bias = Parameter(shape=(out_channels,), init=init.bias_uniform(fan_in), dtype=dtype) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                 ceil_mode: bool = False):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.dilation, self.ceil_mode = dilation, ceil_mode
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+
+
+class AvgPool2d(Module):
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+                 count_include_pad: bool = True):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+
+
+class AdaptiveAvgPool2d(Module):
+    """Output size 1 -> ``GlobalAveragePool``; otherwise an ``AveragePool`` when the input size
+    divides evenly (static H, W), as PyTorch computes it in that case."""
+
+    def __init__(self, output_size: Any):
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        from graphc.ops_nn import global_avg_pool2d
+
+        oh, ow = _pair(self.output_size)
+        if (oh, ow) == (1, 1):
+            return global_avg_pool2d(x)
+        h, w = x.shape[2], x.shape[3]
+        if not (isinstance(h, int) and isinstance(w, int) and h % oh == 0 and w % ow == 0):
+            raise GraphError(f"AdaptiveAvgPool2d({self.output_size}) needs static H, W divisible by the output "
+                             f"size; input is {x.type_str()} (at {user_source()})")
+        return ops.avg_pool2d(x, (h // oh, w // ow))
+
+
+class _BatchNorm(Module):
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, dtype: Any = "float32"):
+        super().__init__()
+        if not track_running_stats:
+            raise GraphError("BatchNorm with track_running_stats=False is not supported")
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.weight = Parameter(shape=(num_features,), init=init.ones, dtype=dtype) if affine else None
+        self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine else None
+        self.running_mean = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype, buffer=True)
+        self.running_var = Parameter(shape=(num_features,), init=init.ones, dtype=dtype, buffer=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                              training=self.training, momentum=self.momentum, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+class BatchNorm1d(_BatchNorm):
+    """Input ``(N, C)`` or ``(N, C, L)``."""
+
+
+class BatchNorm2d(_BatchNorm):
+    """Input ``(N, C, H, W)``."""
+
+
+class LayerNorm(Module):
+    def __init__(self, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, dtype: Any = "float32"):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.normalized_shape, self.eps = shape, eps
+        self.weight = Parameter(shape=shape, init=init.ones, dtype=dtype) if elementwise_affine else None
+        self.bias = Parameter(shape=shape, init=init.zeros, dtype=dtype) if elementwise_affine and bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class Dropout(Module):
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.dropout(x, self.p, training=self.training)
+
+
+class Embedding(Module):
+    """``weight`` is ``[num_embeddings, embedding_dim]``, drawn from N(0, 1)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
+                 dtype: Any = "float32"):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+        draw = init.normal()
+        if padding_idx is not None:
+            def draw(rng, shape, dt, _n=init.normal(), _p=padding_idx):  # noqa: E306
+                w = _n(rng, shape, dt)
+                w[_p] = 0
+                return w
+        self.weight = Parameter(shape=(num_embeddings, embedding_dim), init=draw, dtype=dtype)
+
+    def forward(self, indices: Tensor) -> Tensor:
+        return ops.embedding(indices, self.weight)
+
+
+class ReLU(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.relu(x)
+
+
+class GELU(Module):
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.gelu(x, self.approximate)
+
+
+class Sigmoid(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.sigmoid(x)
+
+
+class Tanh(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.tanh(x)
+
+
+class Softmax(Module):
+    def __init__(self, dim: int = -1):
+        super().__init__()
+        self.dim = -1 if dim is None else dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.softmax(x, self.dim)
+
+
+class Flatten(Module):
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.flatten(x, self.start_dim, self.end_dim)
+
+
+class Sequential(Module):
+    """Sub-modules named ``"0"``, ``"1"``, ... applied in order."""
+
+    def __init__(self, *modules: Module):
+        super().__init__()
+        for i, m in enumerate(modules):
+            self.add_module(str(i), m)
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self._modules.values())[i]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def forward(self, x: Any) -> Any:
+        for m in self._modules.values():
+            x = m(x)
+        return x
+
+

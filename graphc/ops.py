@@ -1,0 +1,364 @@
+"""DSL functions on Tensors (`gc.relu`, `gc.matmul`, ...). Each records ONNX nodes.
+
+Composite ops (gelu before opset 20, stack) are lowered to primitive ONNX ops here, so
+autodiff and backends only need primitives. Neural-network ops live in ``ops_nn``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from graphc.dtypes import as_dtype, to_numpy
+from graphc.errors import GraphError
+from graphc.tensor import Tensor
+from graphc.tracing import current, op_error, user_source
+
+# -- operands ---------------------------------------------------------------------------------
+
+
+def lift(x: Any, like: Tensor | None = None) -> Tensor:
+    """A Tensor for ``x``: Python/numpy scalars and arrays become constants of ``like``'s dtype."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (bool, int, float, np.number, np.bool_, np.ndarray, list, tuple)):
+        dtype = like.dtype if like is not None else None
+        arr = np.asarray(x)
+        if dtype is not None and not (arr.dtype == np.bool_ and dtype != "bool" and isinstance(x, (bool, np.bool_))):
+            arr = arr.astype(to_numpy(dtype))
+        elif dtype is None and arr.dtype == np.float64:
+            arr = arr.astype(np.float32)
+        return current().constant(arr)
+    raise GraphError(f"cannot use {type(x).__name__} {x!r} as a tensor (at {user_source()})")
+
+
+def _pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
+    if isinstance(a, Tensor):
+        return a, lift(b, a)
+    if isinstance(b, Tensor):
+        return lift(a, b), b
+    return lift(a), lift(b)
+
+
+def broadcast_shape(op: str, a: Tensor, b: Tensor) -> None:
+    """Raise GraphError when static dims cannot broadcast (symbolic dims are trusted)."""
+    sa, sb = a.shape, b.shape
+    if sa is None or sb is None:
+        return
+    for da, db in zip(reversed(sa), reversed(sb)):
+        if isinstance(da, int) and isinstance(db, int) and da != db and da != 1 and db != 1:
+            raise op_error(op, [a, b], f"shapes do not broadcast (dim {da} vs {db})", user_source())
+
+
+def _same_dtype(op: str, a: Tensor, b: Tensor) -> None:
+    if a.dtype != b.dtype:
+        raise op_error(op, [a, b], f"dtype mismatch {a.dtype} vs {b.dtype}; cast one with .astype()",
+                       user_source())
+
+
+def emit(op: str, inputs: Sequence[Tensor | None], attrs: dict | None = None, num_outputs: int = 1, **kw):
+    outs = current().emit(op, inputs, attrs, num_outputs, **kw)
+    return outs[0] if num_outputs == 1 else outs
+
+
+def const_i64(values: Sequence[int]) -> Tensor:
+    return current().constant(np.asarray(list(values), dtype=np.int64))
+
+
+def scalar(value: float, like: Tensor) -> Tensor:
+    return current().constant(np.asarray(value, dtype=to_numpy(like.dtype)))
+
+
+# -- elementwise ------------------------------------------------------------------------------
+
+
+def unary(op: str, x: Tensor, **attrs: Any) -> Tensor:
+    return emit(op, [lift(x)], attrs)
+
+
+def binary(op: str, a: Any, b: Any) -> Tensor:
+    a, b = _pair(a, b)
+    if op != "Pow":
+        _same_dtype(op, a, b)
+    broadcast_shape(op, a, b)
+    return emit(op, [a, b])
+
+
+def relu(x: Tensor) -> Tensor:
+    """max(x, 0). Signature: ai.onnx@14::Relu"""
+    return unary("Relu", x)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    return unary("Sigmoid", x)
+
+
+def tanh(x: Tensor) -> Tensor:
+    return unary("Tanh", x)
+
+
+def exp(x: Tensor) -> Tensor:
+    return unary("Exp", x)
+
+
+def log(x: Tensor) -> Tensor:
+    return unary("Log", x)
+
+
+def sqrt(x: Tensor) -> Tensor:
+    return unary("Sqrt", x)
+
+
+def abs(x: Tensor) -> Tensor:  # noqa: A001 - public DSL name
+    return unary("Abs", x)
+
+
+def erf(x: Tensor) -> Tensor:
+    return unary("Erf", x)
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """GELU; ``Gelu`` from opset 20, lowered to Erf (or Tanh) arithmetic before."""
+    if approximate not in ("none", "tanh"):
+        raise GraphError(f"gelu approximate={approximate!r}; expected 'none' or 'tanh' (at {user_source()})")
+    x = lift(x)
+    if current().opset >= 20:
+        return emit("Gelu", [x], {"approximate": approximate})
+    if approximate == "tanh":
+        inner = scalar(math.sqrt(2.0 / math.pi), x) * (x + scalar(0.044715, x) * x * x * x)
+        return scalar(0.5, x) * x * (scalar(1.0, x) + tanh(inner))
+    return scalar(0.5, x) * x * (scalar(1.0, x) + erf(x * scalar(1.0 / math.sqrt(2.0), x)))
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    return emit("Softmax", [x], {"axis": axis})
+
+
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    return emit("LogSoftmax", [x], {"axis": axis})
+
+
+def maximum(a: Any, b: Any) -> Tensor:
+    return binary("Max", a, b)
+
+
+def minimum(a: Any, b: Any) -> Tensor:
+    return binary("Min", a, b)
+
+
+def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+    x = lift(x)
+    lo = None if min is None else lift(min, x)
+    hi = None if max is None else lift(max, x)
+    return emit("Clip", [x, lo, hi])
+
+
+def where(cond: Any, a: Any, b: Any) -> Tensor:
+    a, b = _pair(a, b)
+    cond = lift(cond)
+    if cond.dtype != "bool":
+        raise op_error("Where", [cond, a, b], f"condition must be bool, got {cond.dtype}", user_source())
+    _same_dtype("Where", a, b)
+    broadcast_shape("Where", a, b)
+    broadcast_shape("Where", cond, a)
+    return emit("Where", [cond, a, b])
+
+
+def cast(x: Tensor, dtype: Any) -> Tensor:
+    return emit("Cast", [lift(x)], {"to": as_dtype(dtype).onnx})
+
+
+# -- linear algebra ---------------------------------------------------------------------------
+
+
+def matmul(a: Any, b: Any) -> Tensor:
+    """numpy-style matmul (batched, broadcast). Signature: ai.onnx@13::MatMul"""
+    a, b = _pair(a, b)
+    _same_dtype("MatMul", a, b)
+    sa, sb = a.shape, b.shape
+    if sa is not None and sb is not None:
+        if len(sa) == 0 or len(sb) == 0:
+            raise op_error("MatMul", [a, b], "operands must have rank >= 1", user_source())
+        k_a, k_b = sa[-1], (sb[0] if len(sb) == 1 else sb[-2])
+        if isinstance(k_a, int) and isinstance(k_b, int) and k_a != k_b:
+            raise op_error("MatMul", [a, b], f"inner dimensions differ ({k_a} vs {k_b})", user_source())
+        if len(sa) > 2 and len(sb) > 2:
+            for da, db in zip(reversed(sa[:-2]), reversed(sb[:-2])):
+                if isinstance(da, int) and isinstance(db, int) and da != db and 1 not in (da, db):
+                    raise op_error("MatMul", [a, b], f"batch dims do not broadcast ({da} vs {db})", user_source())
+    return emit("MatMul", [a, b])
+
+
+# -- shapes -----------------------------------------------------------------------------------
+
+
+def _axis(axis: int, rank: int, op: str, x: Tensor) -> int:
+    if not -rank <= axis < rank:
+        raise op_error(op, [x], f"axis {axis} out of range for rank {rank}", user_source())
+    return axis % rank
+
+
+def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    tensors = list(tensors)
+    if not tensors:
+        raise GraphError(f"concat of no tensors (at {user_source()})")
+    first = lift(tensors[0])
+    tensors = [lift(t, first) for t in tensors]
+    for t in tensors[1:]:
+        _same_dtype("Concat", first, t)
+    return emit("Concat", tensors, {"axis": axis})
+
+
+def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    tensors = [lift(t) for t in tensors]
+    rank = tensors[0].ndim + 1
+    axis = axis % rank
+    return concat([unsqueeze(t, [axis]) for t in tensors], axis=axis)
+
+
+def unsqueeze(x: Tensor, axes: Sequence[int]) -> Tensor:
+    return emit("Unsqueeze", [x, const_i64(axes)])
+
+
+def squeeze(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
+    return emit("Squeeze", [x] + ([] if axes is None else [const_i64(axes)]))
+
+
+def transpose(x: Tensor, perm: Sequence[int] | None = None) -> Tensor:
+    x = lift(x)
+    rank = x.ndim
+    perm = list(range(rank))[::-1] if perm is None else [p % rank if rank else p for p in perm]
+    if sorted(perm) != list(range(rank)):
+        raise op_error("Transpose", [x], f"perm {perm} is not a permutation of {rank} axes", user_source())
+    return emit("Transpose", [x], {"perm": perm})
+
+
+def reshape(x: Tensor, shape: Sequence[Any]) -> Tensor:
+    """Reshape; dims are ints, -1, or dim names of ``x`` (kept symbolic)."""
+    x = lift(x)
+    in_shape = x.shape
+    dims, out_shape, dynamic = [], [], []
+    for i, d in enumerate(shape):
+        if isinstance(d, Tensor):
+            raise GraphError(f"reshape takes ints and dim names, not a Tensor (at {user_source()})")
+        if isinstance(d, (int, np.integer)):
+            dims.append(int(d))
+            out_shape.append(int(d) if d != -1 else None)
+        elif isinstance(d, str) and in_shape is not None and i < len(in_shape) and in_shape[i] == d:
+            dims.append(0)  # copy the dim from the input (allowzero=0)
+            out_shape.append(d)
+        elif isinstance(d, str) and in_shape is not None and d in in_shape:
+            dynamic.append((i, in_shape.index(d)))
+            dims.append(1)
+            out_shape.append(d)
+        else:
+            raise op_error("Reshape", [x], f"dim {d!r} is neither an int nor a dim name of the input",
+                           user_source())
+    if dims.count(-1) > 1:
+        raise op_error("Reshape", [x], f"shape {tuple(shape)} has more than one -1", user_source())
+    _check_reshape(x, out_shape, shape)
+    if dynamic:
+        parts = [const_i64([d]) for d in dims]
+        shp = emit("Shape", [x])
+        for i, src in dynamic:
+            parts[i] = emit("Slice", [shp, const_i64([src]), const_i64([src + 1])])
+        target = emit("Concat", parts, {"axis": 0})
+    else:
+        target = const_i64(dims)
+    return emit("Reshape", [x, target], out_types=[(x.dtype, out_shape)])
+
+
+def _check_reshape(x: Tensor, out_shape: list, requested: Sequence[Any]) -> None:
+    """Fill in a -1 and check element counts where they are static (symbols cancel)."""
+    in_shape = x.shape
+    if in_shape is None or None in in_shape:
+        return
+    in_syms = sorted(d for d in in_shape if isinstance(d, str))
+    out_syms = sorted(d for d in out_shape if isinstance(d, str))
+    in_n = math.prod(d for d in in_shape if isinstance(d, int))
+    out_n = math.prod(d for d in out_shape if isinstance(d, int))
+    if None in out_shape:
+        leftover = list(in_syms)
+        for s in out_syms:
+            if s in leftover:
+                leftover.remove(s)
+            else:
+                return
+        if leftover or out_n == 0 or in_n % out_n:
+            if not leftover:
+                raise op_error("Reshape", [x], f"cannot reshape to {tuple(requested)}", user_source())
+            return
+        out_shape[out_shape.index(None)] = in_n // out_n
+    elif in_syms == out_syms and in_n != out_n:
+        raise op_error("Reshape", [x], f"cannot reshape {in_n} elements to {tuple(requested)}", user_source())
+
+
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    x = lift(x)
+    rank = x.ndim
+    start, end = start_dim % rank, end_dim % rank
+    if end == rank - 1:
+        if start == 0:
+            return reshape(x, [-1])
+        out = emit("Flatten", [x], {"axis": start})
+        if start == 1:
+            return out
+        # Flatten gives 2-D [prod(:start), prod(start:)]; restore the leading dims
+        return reshape(out, list(x.shape[:start]) + [-1])
+    return reshape(x, list(x.shape[:start]) + [-1] + list(x.shape[end + 1:]))
+
+
+# -- reductions -------------------------------------------------------------------------------
+
+
+def _reduce(op: str, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
+    x = lift(x)
+    attrs: dict[str, Any] = {"keepdims": int(bool(keepdims))}
+    axes = None if axis is None else ([axis] if isinstance(axis, int) else list(axis))
+    if axes is not None and x.shape is not None:
+        axes = [_axis(a, len(x.shape), op, x) for a in axes]
+    inputs = [x]
+    # NOTE: ReduceSum takes axes as an input from opset 13, the other reductions from opset 18.
+    if axes is not None:
+        if op == "ReduceSum" or current().opset >= 18:
+            inputs.append(const_i64(axes))
+        else:
+            attrs["axes"] = axes
+    return emit(op, inputs, attrs)
+
+
+def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _reduce("ReduceSum", x, axis, keepdims)
+
+
+def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    return _reduce("ReduceMean", x, axis, keepdims)
+
+
+def max(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _reduce("ReduceMax", x, axis, keepdims)
+
+
+def min(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _reduce("ReduceMin", x, axis, keepdims)
+
+
+from graphc.ops_nn import (  # noqa: E402  (re-exported DSL names)
+    avg_pool2d,
+    batch_norm,
+    conv2d,
+    dropout,
+    embedding,
+    layer_norm,
+    max_pool2d,
+)
+
+__all__ = [
+    "abs", "avg_pool2d", "batch_norm", "cast", "clip", "concat", "conv2d", "dropout", "embedding",
+    "exp", "gelu", "layer_norm", "log", "log_softmax", "matmul", "max", "max_pool2d", "maximum",
+    "mean", "min", "minimum", "relu", "reshape", "sigmoid", "softmax", "sqrt", "stack", "sum",
+    "tanh", "transpose", "where", "flatten", "squeeze", "unsqueeze", "erf",
+]

@@ -1,0 +1,180 @@
+"""Neural-network DSL ops: conv, pooling, normalisation, dropout, embedding (PyTorch signatures)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from graphc.errors import GraphError
+from graphc.tensor import Tensor
+from graphc.tracing import current, op_error, user_source
+
+
+def _ops():
+    from graphc import ops
+
+    return ops
+
+
+def _tuple2(v: Any, name: str) -> list[int]:
+    if isinstance(v, (int, np.integer)):
+        return [int(v), int(v)]
+    v = [int(i) for i in v]
+    if len(v) != 2:
+        raise GraphError(f"{name} must be an int or a pair, got {v} (at {user_source()})")
+    return v
+
+
+def _check_rank(op: str, x: Tensor, rank: int) -> None:
+    if x.shape is not None and len(x.shape) != rank:
+        raise op_error(op, [x], f"expects a rank-{rank} input (N, C, H, W), got rank {len(x.shape)}", user_source())
+
+
+def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
+           dilation: Any = 1, groups: int = 1) -> Tensor:
+    """2-D convolution, NCHW, weight ``[out, in/groups, kh, kw]``. Signature: ai.onnx@11::Conv"""
+    ops = _ops()
+    x = ops.lift(x)
+    _check_rank("Conv", x, 4)
+    ws = weight.shape
+    if x.shape is not None and ws is not None and isinstance(x.shape[1], int):
+        if x.shape[1] != ws[1] * groups:
+            raise op_error("Conv", [x, weight], f"input has {x.shape[1]} channels, weight expects "
+                           f"{ws[1] * groups} (groups={groups})", user_source())
+    attrs: dict[str, Any] = {"strides": _tuple2(stride, "stride"), "dilations": _tuple2(dilation, "dilation"),
+                             "group": int(groups), "kernel_shape": list(ws[2:]) if ws is not None else None}
+    if isinstance(padding, str):
+        if padding == "valid":
+            attrs["pads"] = [0, 0, 0, 0]
+        elif padding == "same":
+            attrs["auto_pad"] = "SAME_UPPER"
+        else:
+            raise GraphError(f"padding={padding!r}; expected an int, a pair, 'same' or 'valid' (at {user_source()})")
+    else:
+        ph, pw = _tuple2(padding, "padding")
+        attrs["pads"] = [ph, pw, ph, pw]
+    inputs = [x, weight] + ([bias] if bias is not None else [])
+    for t in inputs[1:]:
+        ops._same_dtype("Conv", x, t)
+    return ops.emit("Conv", inputs, attrs)
+
+
+def _pool_attrs(kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool) -> dict[str, Any]:
+    k = _tuple2(kernel_size, "kernel_size")
+    s = k if stride is None else _tuple2(stride, "stride")
+    ph, pw = _tuple2(padding, "padding")
+    return {"kernel_shape": k, "strides": s, "pads": [ph, pw, ph, pw], "ceil_mode": int(bool(ceil_mode))}
+
+
+def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False) -> Tensor:
+    """Signature: ai.onnx@12::MaxPool (one output)."""
+    ops = _ops()
+    x = ops.lift(x)
+    _check_rank("MaxPool", x, 4)
+    attrs = _pool_attrs(kernel_size, stride, padding, ceil_mode)
+    attrs["dilations"] = _tuple2(dilation, "dilation")
+    return ops.emit("MaxPool", [x], attrs)
+
+
+def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Tensor:
+    """Signature: ai.onnx@19::AveragePool"""
+    ops = _ops()
+    x = ops.lift(x)
+    _check_rank("AveragePool", x, 4)
+    attrs = _pool_attrs(kernel_size, stride, padding, ceil_mode)
+    attrs["count_include_pad"] = int(bool(count_include_pad))
+    return ops.emit("AveragePool", [x], attrs)
+
+
+def global_avg_pool2d(x: Tensor) -> Tensor:
+    return _ops().emit("GlobalAveragePool", [x])
+
+
+def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor, weight: Tensor | None = None,
+               bias: Tensor | None = None, training: bool = False, momentum: float = 0.1,
+               eps: float = 1e-5) -> Tensor:
+    """``torch.nn.functional.batch_norm``. ONNX momentum is PyTorch's ``1 - momentum``.
+
+    With ``training=True`` the node has ``training_mode=1`` and three outputs (Y and the
+    updated running mean/var); Y is returned. Signature: ai.onnx@15::BatchNormalization
+    """
+    ops = _ops()
+    x = ops.lift(x)
+    channels = running_mean.shape[0] if running_mean.shape else None
+    if weight is None or bias is None:
+        if not isinstance(channels, int):
+            raise GraphError(f"batch_norm without weight/bias needs a static channel count (at {user_source()})")
+        one = np.ones(channels, dtype=x.dtype.numpy)
+        weight = weight if weight is not None else current().constant(one)
+        bias = bias if bias is not None else current().constant(np.zeros_like(one))
+    if x.shape is not None and len(x.shape) >= 2 and isinstance(x.shape[1], int) and isinstance(channels, int):
+        if x.shape[1] != channels:
+            raise op_error("BatchNormalization", [x, running_mean], f"input has {x.shape[1]} channels, "
+                           f"the norm {channels}", user_source())
+    attrs = {"epsilon": float(eps), "momentum": float(1.0 - momentum), "training_mode": int(bool(training))}
+    inputs = [x, weight, bias, running_mean, running_var]
+    if training:
+        y, _, _ = ops.emit("BatchNormalization", inputs, attrs, 3)
+        return y
+    return ops.emit("BatchNormalization", inputs, attrs)
+
+
+def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """``torch.nn.functional.layer_norm``. Signature: ai.onnx@17::LayerNormalization"""
+    ops = _ops()
+    x = ops.lift(x)
+    shape = [int(normalized_shape)] if isinstance(normalized_shape, (int, np.integer)) else list(normalized_shape)
+    if x.shape is not None and tuple(x.shape[-len(shape):]) != tuple(shape):
+        raise op_error("LayerNormalization", [x], f"trailing dims must be {tuple(shape)}", user_source())
+    if weight is None:
+        weight = current().constant(np.ones(shape, dtype=x.dtype.numpy))
+    inputs = [x, weight] + ([bias] if bias is not None else [])
+    return ops.emit("LayerNormalization", inputs, {"axis": -len(shape), "epsilon": float(eps)})
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = False) -> Tensor:
+    """ONNX ``Dropout`` with ``ratio`` and ``training_mode`` inputs; the node stays in the graph in
+    inference capture too (the training generator flips ``training_mode``)."""
+    ops = _ops()
+    if not 0.0 <= p < 1.0:
+        raise GraphError(f"dropout probability {p} must be in [0, 1) (at {user_source()})")
+    x = ops.lift(x)
+    ratio = ops.scalar(p, x)
+    mode = current().constant(np.asarray(bool(training)))
+    return ops.emit("Dropout", [x, ratio, mode], name_hint="dropout")
+
+
+def embedding(indices: Tensor, weight: Tensor) -> Tensor:
+    """``torch.nn.functional.embedding(indices, weight)``: rows of ``weight``. Signature: ai.onnx@13::Gather"""
+    ops = _ops()
+    indices = ops.lift(indices)
+    if indices.dtype not in ("int64", "int32"):
+        raise op_error("Gather", [weight, indices], f"indices must be int64 or int32, got {indices.dtype}",
+                       user_source())
+    return ops.emit("Gather", [weight, indices], {"axis": 0})
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` with PyTorch's ``[out, in]`` weight: ``Gemm(transB=1)`` for 2-D input,
+    ``MatMul(x, Transpose(weight)) + bias`` for higher ranks."""
+    ops = _ops()
+    x = ops.lift(x)
+    ops._same_dtype("Linear", x, weight)
+    if x.shape is not None and weight.shape is not None:
+        k = x.shape[-1] if x.shape else None
+        if isinstance(k, int) and k != weight.shape[1]:
+            raise op_error("Linear", [x, weight], f"input has {k} features, weight expects {weight.shape[1]}",
+                           user_source())
+    if x.shape is not None and len(x.shape) == 2:
+        return ops.emit("Gemm", [x, weight] + ([bias] if bias is not None else []), {"transB": 1})
+    y = ops.matmul(x, ops.transpose(weight, [1, 0]))
+    return y + bias if bias is not None else y
+
+
+__all__ = ["avg_pool2d", "batch_norm", "conv2d", "dropout", "embedding", "layer_norm", "linear", "max_pool2d",
+           "global_avg_pool2d"]

@@ -1,0 +1,371 @@
+"""Capture: trace DSL code into an onnx-ir graph.
+
+A ``Builder`` is active while ``gc.capture`` runs. Every DSL op calls ``emit(op_type, inputs,
+attrs)``, which records one ``ir.Node`` in the current scope (the main graph, or a control-flow
+body), infers its output dtype/shape with ONNX's own inference (symbolic dims kept), stamps the
+user's ``file.py:LINE`` and, when example arrays were given, evaluates the node eagerly.
+"""
+
+from __future__ import annotations
+
+import inspect as _inspect
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from graphc.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
+from graphc.errors import GraphError
+from graphc.model import SOURCE_KEY, Model
+from graphc import eager as _eager
+
+_PKG_DIR = str(Path(__file__).resolve().parent) + os.sep
+_CURRENT: list["Builder"] = []
+
+
+def user_source() -> str:
+    """``file.py:LINE`` of the innermost frame outside the graphc package (the user's code)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PKG_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return "<unknown>:0"
+    filename = frame.f_code.co_filename
+    try:
+        rel = os.path.relpath(filename)
+        if not rel.startswith(".."):
+            filename = rel
+    except ValueError:  # other drive on Windows
+        pass
+    return f"{filename}:{frame.f_lineno}"
+
+
+def current() -> "Builder":
+    if not _CURRENT:
+        raise GraphError(f"graphc ops work only inside gc.capture(...) (called at {user_source()})")
+    return _CURRENT[-1]
+
+
+def describe(value: Any) -> str:
+    """``float32[N,4]`` for a Tensor, the repr of anything else."""
+    from graphc.tensor import Tensor
+
+    if isinstance(value, Tensor):
+        return value.type_str()
+    if value is None:
+        return "None"
+    return repr(value)
+
+
+class Scope:
+    """Nodes of one graph being built (the main graph or a subgraph body)."""
+
+    _serial = 0
+
+    def __init__(self, eager: bool):
+        self.nodes: list[ir.Node] = []
+        self.eager = eager
+        Scope._serial += 1
+        self.id = Scope._serial
+
+
+class Builder:
+    """State of one capture: scopes, name counters, initializers, opset, eager values."""
+
+    def __init__(self, opset: int, training: bool, eager: bool, seed: int = 0):
+        if not 17 <= opset <= 23:
+            raise GraphError(f"opset {opset} is not supported; graphc emits ai.onnx opsets 17..23")
+        self.opset = opset
+        self.training = training
+        self.scopes = [Scope(eager)]
+        self.initializers: list[ir.Value] = []
+        self.param_tensors: dict[int, Any] = {}  # id(Parameter) -> Tensor
+        self.buffers: list[str] = []
+        self.module_path: list[str] = []
+        self.rng = np.random.default_rng(seed)
+        self._const_cache: dict[tuple, Any] = {}
+        self._counters: dict[str, int] = {}
+        self._names: set[str] = set()
+        self.opset_protos = [onnx.helper.make_opsetid("", opset)]
+
+    # -- naming ---------------------------------------------------------------------------------
+    def unique(self, base: str) -> str:
+        base = base.replace("/", ".") if base else "v"
+        n = self._counters.get(base, 0)
+        name = base if n == 0 and base not in self._names else f"{base}_{n}"
+        while name in self._names:
+            n += 1
+            name = f"{base}_{n}"
+        self._counters[base] = n + 1
+        self._names.add(name)
+        return name
+
+    def reserve(self, name: str) -> str:
+        if name in self._names:
+            raise GraphError(f"duplicate graph name {name!r}")
+        self._names.add(name)
+        return name
+
+    def initializer_names(self) -> set[str]:
+        return {v.name for v in self.initializers}
+
+    @property
+    def scope(self) -> Scope:
+        return self.scopes[-1]
+
+    @property
+    def eager(self) -> bool:
+        return self.scope.eager
+
+    # -- values ---------------------------------------------------------------------------------
+    def new_value(self, name: str, dtype: str, shape: Sequence | None) -> ir.Value:
+        return ir.Value(name=name, type=ir.TensorType(ir.DataType(to_onnx(dtype))),
+                        shape=None if shape is None else ir.Shape(list(shape)))
+
+    def add_initializer(self, name: str, array: np.ndarray):
+        from graphc.tensor import Tensor
+
+        value = ir.Value(name=self.reserve(name), type=ir.TensorType(ir.DataType(to_onnx(as_dtype(array.dtype)))),
+                         shape=ir.Shape(list(array.shape)), const_value=ir.tensor(array, name=name))
+        self.initializers.append(value)
+        return Tensor(value, self, eager_value=array if self.scopes[0].eager else None)
+
+    def constant(self, array: np.ndarray):
+        """A ``Constant`` node (not an initializer: constants are not parameters)."""
+        array = np.asarray(array)
+        key = (self.scope.id, array.dtype.str, array.shape, array.tobytes()) if array.size <= 16 else None
+        if key is not None and key in self._const_cache:
+            return self._const_cache[key]
+        (out,) = self.emit("Constant", [], {"value": ir.tensor(array)}, name_hint="const")
+        out._const = array
+        out._value = array if self.eager else None
+        if key is not None:
+            self._const_cache[key] = out
+        return out
+
+    # -- emitting nodes -------------------------------------------------------------------------
+    def emit(self, op_type: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None,
+             num_outputs: int = 1, *, out_types: Sequence[tuple[str, Sequence | None]] | None = None,
+             name_hint: str | None = None, source: str | None = None):
+        """Record one node; return its outputs as Tensors."""
+        from graphc.tensor import Tensor
+
+        source = source or user_source()
+        attrs = {k: v for k, v in (attrs or {}).items() if v is not None}
+        in_values = [None if t is None else t.value for t in inputs]
+        prefix = self.module_path[-1] if self.module_path else ""
+        node_name = self.unique(f"{prefix}/{op_type}" if prefix else op_type)
+        base = name_hint or op_type.lower()
+        out_values = [ir.Value(name=self.unique(f"{prefix}.{base}" if prefix else base)) for _ in range(num_outputs)]
+        node = ir.Node("", op_type, in_values, attributes=_to_attrs(attrs), outputs=out_values,
+                       name=node_name, metadata_props={SOURCE_KEY: source})
+        if out_types is None:
+            out_types = self._infer(node, inputs, source)
+        for value, (dtype, shape) in zip(out_values, out_types):
+            if dtype is not None:
+                value.type = ir.TensorType(ir.DataType(to_onnx(dtype)))
+            value.shape = None if shape is None else ir.Shape(list(shape))
+        self.scope.nodes.append(node)
+        outs = [Tensor(v, self) for v in out_values]
+        if self.eager and all(t is None or t._value is not None for t in inputs):
+            results = self._evaluate(node, inputs, attrs, source)
+            for t, r in zip(outs, results):
+                t._value = r
+        return outs
+
+    def _infer(self, node: ir.Node, inputs: Sequence[Any], source: str) -> list[tuple[str | None, Any]]:
+        proto = ir.serde.serialize_node(node)
+        types, data = {}, {}
+        for t in inputs:
+            if t is None:
+                continue
+            types[t.value.name] = onnx.helper.make_tensor_type_proto(to_onnx(t.dtype), _proto_dims(t.shape))
+            if t._const is not None:
+                data[t.value.name] = onnx.numpy_helper.from_array(t._const, t.value.name)
+        try:
+            schema = onnx.defs.get_schema(node.op_type, self.opset, "")
+            result = onnx.shape_inference.infer_node_outputs(schema, proto, types, data,
+                                                             opset_imports=self.opset_protos)
+        except Exception as exc:  # onnx raises InferenceError, ValidationError, SchemaError
+            msg = str(exc).replace("[ShapeInferenceError] ", "").replace("[TypeInferenceError] ", "").strip()
+            raise op_error(node.op_type, inputs, msg, source) from None
+        out = []
+        for value in node.outputs:
+            tp = result.get(value.name)
+            if tp is None or not tp.HasField("tensor_type"):
+                out.append((None, None))
+                continue
+            tt = tp.tensor_type
+            dtype = as_dtype(tt.elem_type) if tt.elem_type else None
+            shape = None
+            if tt.HasField("shape"):
+                shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+            out.append((dtype, shape))
+        return out
+
+    def _evaluate(self, node: ir.Node, inputs: Sequence[Any], attrs: dict, source: str) -> list[np.ndarray]:
+        arrays = [None if t is None else t._value for t in inputs]
+        try:
+            return _eager.run(node.op_type, arrays, attrs, self.opset, node_outputs=len(node.outputs))
+        except GraphError:
+            raise
+        except Exception as exc:
+            vals = ", ".join(f"{describe(t)}" for t in inputs)
+            raise GraphError(f"{node.op_type} failed on example values ({vals}) at {source}: {exc}") from None
+
+
+def op_error(op: str, operands: Sequence[Any], msg: str, source: str) -> GraphError:
+    """The one GraphError template: op, operand types, what is wrong, user's line."""
+    parts = [describe(t) for t in operands]
+    vals = [f"{describe(t)}={_short(t._value)}" for t in operands
+            if t is not None and hasattr(t, "_value") and t._value is not None]
+    extra = f"; values {', '.join(vals)}" if vals else ""
+    return GraphError(f"{op}({', '.join(parts)}): {msg} at {source}{extra}")
+
+
+def _short(array: np.ndarray) -> str:
+    return np.array2string(np.asarray(array), threshold=6, edgeitems=2, precision=4).replace("\n", "")
+
+
+def _proto_dims(shape):
+    if shape is None:
+        return None
+    return [d if isinstance(d, (int, str)) else None for d in shape]
+
+
+def _to_attrs(attrs: dict[str, Any]) -> list[ir.Attr]:
+    out = []
+    for key, value in attrs.items():
+        if isinstance(value, ir.Attr):
+            out.append(value)
+        elif isinstance(value, ir.Graph):
+            out.append(ir.AttrGraph(key, value))
+        elif isinstance(value, bool):
+            out.append(ir.AttrInt64(key, int(value)))
+        elif isinstance(value, (ir.TensorProtocol, np.ndarray)):
+            out.append(ir.AttrTensor(key, value if not isinstance(value, np.ndarray) else ir.tensor(value)))
+        else:
+            out.append(ir.convenience.convert_attribute(key, value))
+    return out
+
+
+# -- capture --------------------------------------------------------------------------------------
+
+def _as_spec(name: str, value: Any) -> tuple[TensorSpec, np.ndarray | None]:
+    if isinstance(value, TensorSpec):
+        return value.model_copy(update={"name": name}), None
+    if isinstance(value, np.ndarray) or np.isscalar(value):
+        arr = np.asarray(value)
+        return TensorSpec(name=name, dtype=as_dtype(arr.dtype), shape=arr.shape), arr
+    raise GraphError(f"capture input {name!r} must be a gc.TensorSpec or an np.ndarray, got {type(value).__name__}")
+
+
+def _call(fn: Callable, tensors: dict[str, Any]):
+    try:
+        sig = _inspect.signature(fn)
+    except (TypeError, ValueError):
+        return fn(**tensors)
+    params = sig.parameters
+    accepts_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    if accepts_kwargs or all(n in params for n in tensors):
+        return fn(**tensors)
+    return fn(*tensors.values())
+
+
+def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed: int = 0,
+            training: bool = False, **inputs: Any) -> Model:
+    """Trace ``fn_or_module`` on the given inputs into a ``gc.Model``.
+
+    Each keyword names a graph input: a ``gc.TensorSpec`` (symbolic capture) or an example
+    ``np.ndarray`` (eager capture: ops are evaluated as traced). Returned dict keys name the
+    outputs; a single Tensor is ``"output"``; a tuple gives ``"output_0"``, ``"output_1"``, ...
+
+        >>> import graphc as gc
+        >>> m = gc.capture(lambda x: gc.relu(x) * 2, x=gc.spec("float32", ("N", 4)))
+        >>> [o.name for o in m.outputs]
+        ['output']
+    """
+    from graphc.nn.module import Module
+    from graphc.tensor import Tensor
+
+    if not inputs:
+        raise GraphError("gc.capture needs at least one input, e.g. x=gc.spec('float32', ('N', 784))")
+    specs = {k: _as_spec(k, v) for k, v in inputs.items()}
+    eager = all(arr is not None for _, arr in specs.values())
+    if isinstance(fn_or_module, type) and issubclass(fn_or_module, Module):
+        fn_or_module = fn_or_module()
+    builder = Builder(opset, training, eager, seed)
+    graph_inputs, tensors = [], {}
+    for key, (sp, arr) in specs.items():
+        value = builder.new_value(builder.reserve(key), sp.dtype, sp.shape)
+        graph_inputs.append(value)
+        tensors[key] = Tensor(value, builder, eager_value=arr)
+    if isinstance(fn_or_module, Module):
+        fn_or_module.init_parameters(seed)
+        fn_or_module.train(training)
+        graph_name = name or type(fn_or_module).__name__
+    else:
+        graph_name = name or getattr(fn_or_module, "__name__", "model").replace("<lambda>", "lambda")
+    _CURRENT.append(builder)
+    try:
+        result = _call(fn_or_module, tensors)
+        outputs = _collect_outputs(builder, result, set(id(v) for v in graph_inputs))
+    finally:
+        _CURRENT.pop()
+    graph = ir.Graph(graph_inputs, outputs, nodes=builder.scopes[0].nodes,
+                     initializers=builder.initializers, opset_imports={"": opset}, name=graph_name)
+    model = ir.Model(graph, ir_version=10, producer_name="graphc", producer_version=_version())
+    model.metadata_props["graphc.training"] = str(bool(training)).lower()
+    if builder.buffers:
+        model.metadata_props["graphc.buffers"] = ",".join(builder.buffers)
+    return Model(model)
+
+
+def _version() -> str:
+    import graphc
+
+    return graphc.__version__
+
+
+def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list[ir.Value]:
+    from graphc.tensor import Tensor
+
+    if isinstance(result, Tensor):
+        named = {"output": result}
+    elif isinstance(result, dict):
+        named = dict(result)
+    elif isinstance(result, (tuple, list)):
+        named = {f"output_{i}": t for i, t in enumerate(result)}
+    else:
+        raise GraphError(f"the captured function must return a Tensor, a tuple or a dict of Tensors, "
+                         f"got {type(result).__name__}")
+    values, seen = [], set()
+    for key, t in named.items():
+        if not isinstance(t, Tensor):
+            raise GraphError(f"output {key!r} is {type(t).__name__}, not a gc.Tensor")
+        value = t.value
+        if (id(value) in seen or id(value) in input_ids or value.const_value is not None
+                or value.producer() is None or value.name in builder.initializer_names()):
+            (t,) = builder.emit("Identity", [t], source=f"<output {key}>")
+            value = t.value
+        seen.add(id(value))
+        builder._names.discard(value.name)
+        value.name = builder.reserve(str(key))
+        values.append(value)
+    return values
+
+
+def timed_capture(*args: Any, **kwargs: Any) -> tuple[Model, float]:
+    """``capture`` and the seconds it took (for benchmarks)."""
+    start = time.perf_counter()
+    model = capture(*args, **kwargs)
+    return model, time.perf_counter() - start
+
+
+__all__ = ["Builder", "capture", "current", "op_error", "user_source"]
