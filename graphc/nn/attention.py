@@ -84,15 +84,14 @@ class MultiheadAttention(Module):
         return out, (ops.mean(weights, axis=1) if average_attn_weights else weights)
 
     def _mask(self, scores: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None) -> Tensor:
-        neg_inf = ops.scalar(-np.inf, scores)
         if attn_mask is not None:
             if attn_mask.dtype == "bool":
-                scores = ops.where(attn_mask, neg_inf, scores)
+                scores = ops.where(attn_mask, ops.scalar(-np.inf, scores), scores)
             else:
                 scores = scores + attn_mask
         if key_padding_mask is not None:
             mask = ops.unsqueeze(key_padding_mask, [1, 2])  # [N, S] -> [N, 1, 1, S]
-            scores = ops.where(mask, neg_inf, scores)
+            scores = ops.where(mask, ops.scalar(-np.inf, scores), scores)
         return scores
 
     def extra_repr(self) -> str:
