@@ -174,11 +174,51 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         gc.GraphError: unknown output/param names, a loss that is not a float scalar, an op
             without a gradient rule on the way to a trainable param.
     """
+    from graphc.losses import LossSpec as _LossSpec
     from graphc.passes.training import artifacts
 
     if not isinstance(model, Model):
         raise TypeError(f"generate() takes a gc.Model, got {type(model).__name__}")
-    return artifacts.build(model, loss, optimizer, trainable=trainable, frozen=frozen)
+    if isinstance(loss, str):
+        loss_args = artifacts.LossArgs(kind=None, output=loss)
+        loss_json = {"kind": "output", "output": loss, "label": None, "options": {}}
+    elif isinstance(loss, _LossSpec):
+        loss_args = artifacts.LossArgs(loss.kind, loss.output, loss.label, loss.resolved_options())
+        loss_json = {**loss.model_dump(), "options": loss.resolved_options()}
+    else:
+        raise TypeError("loss must be a gc.losses spec (e.g. gc.losses.mse('out', label='y')) or the "
+                        f"name of a scalar output, got {type(loss).__name__}")
+    opt_json = _optimizer_json(optimizer)
+    built = artifacts.build(model.ir, loss_args, opt_json["kind"], opt_json,
+                            trainable=None if trainable is None else list(trainable), frozen=list(frozen))
+    graphs = {key: Model(m) for key, m in built.graphs.items()}
+    manifest = Manifest(
+        opset=built.opset,
+        graphs={key: _graph_entry(key, m, built.roles[key]) for key, m in graphs.items()},
+        feeds=built.feeds, trainable=built.trainable, frozen=built.frozen, state=list(built.state),
+        optimizer=opt_json, loss=loss_json, model_outputs=built.model_outputs)
+    return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
+                             graphs["inference"], built.state, manifest)
+
+
+def _optimizer_json(optimizer) -> dict:
+    from graphc import optim
+
+    if isinstance(optimizer, dict):
+        optimizer = optim.from_dict(optimizer)
+    if not isinstance(optimizer, (optim.SGD, optim.Adam)):
+        raise TypeError("optimizer must be gc.optim.SGD, Adam or AdamW, got "
+                        f"{type(optimizer).__name__}")
+    return optimizer.model_dump(mode="json")
+
+
+def _graph_entry(key: str, model: Model, roles: dict[str, str]) -> GraphEntry:
+    def entry(spec) -> TensorEntry:
+        shape = None if spec.shape is None else list(spec.shape)
+        return TensorEntry(name=spec.name, role=roles[spec.name], dtype=str(spec.dtype), shape=shape)
+
+    return GraphEntry(file=GRAPH_FILES[key], inputs=[entry(s) for s in model.inputs],
+                      outputs=[entry(s) for s in model.outputs])
 
 
 __all__ = ["GraphEntry", "Manifest", "TensorEntry", "TrainingArtifacts", "generate", "load"]

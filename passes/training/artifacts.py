@@ -1,0 +1,289 @@
+"""Build the four training graphs (train_step, gradients, eval, inference) from a model.
+
+``build(model, loss, optimizer, ...)`` works on a copy of the model:
+
+1. weights kept in ``Constant`` nodes become initializers (``imports``); shapes are inferred;
+2. ``inference``: the forward graph in inference mode (``modes``);
+3. the loss is appended (``losses``) on a model output, with a new label input, or a scalar
+   output is taken as the loss; it is named ``loss``;
+4. ``eval``: loss graph in inference mode, trainable params and BN statistics as inputs;
+5. ``gradients``: loss graph in training mode, ``autodiff.backward`` to the trainable params,
+   outputs ``loss`` and ``<param>_grad``;
+6. ``train_step``: the gradients graph plus optimizer state inputs, ``step``, ``lr`` and the
+   update nodes (``optimizers``); outputs ``loss`` and ``X.next`` for each param/state ``X``.
+
+No DSL here: the caller (``graphc.training``) turns specs into the plain arguments below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass
+
+from graphc.errors import GraphError
+from graphc.passes.autodiff.core import backward, node_inputs
+from graphc.passes.training import imports, losses, modes, optimizers
+from graphc.passes.training.builder import Builder
+
+LOSS = "loss"
+STEP = "step"
+LR = "lr"
+
+
+@dataclass
+class LossArgs:
+    kind: str | None  # None: ``output`` already is the scalar loss
+    output: str
+    label: str | None = None
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class Built:
+    graphs: dict[str, ir.Model]  # train_step, gradients, eval, inference
+    roles: dict[str, dict[str, str]]  # graph -> value name -> role
+    feeds: dict[str, str]
+    trainable: list[str]
+    frozen: list[str]
+    state: dict[str, np.ndarray]
+    model_outputs: list[str]
+    opset: int
+
+
+def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
+          trainable: Iterable[str] | None = None, frozen: Iterable[str] = ()) -> Built:
+    base = _prepare(model)
+    opset = base.opset_imports.get("", 0)
+    bn_stats = modes.batchnorm_stats(base.graph)
+    data = [v.name for v in base.graph.inputs if not v.is_initializer()]
+    model_outputs = [v.name for v in base.graph.outputs]
+
+    inference = base.clone()
+    modes.set_inference_mode(inference.graph)
+
+    with_loss = base  # base is ours (a copy); the loss goes straight into it
+    label = _append_loss(with_loss.graph, opset, loss)
+    params, frozen_all = _select_params(with_loss.graph, bn_stats, trainable, frozen)
+
+    evaluation = with_loss.clone()
+    modes.set_inference_mode(evaluation.graph)
+    _expose_inputs(evaluation.graph, [*params, *bn_stats])
+    _set_outputs(evaluation.graph, [LOSS, *[o for o in model_outputs if o != LOSS]])
+
+    step = with_loss
+    bn_next = modes.set_training_mode(Builder(step.graph, opset, "bn/"), step.graph)
+    _expose_inputs(step.graph, [*params, *bn_stats])
+    step.graph.sort()
+    _infer_shapes(step)
+    grads = _gradients(step.graph, params)
+
+    gradients = step.clone()
+    _set_outputs(gradients.graph, [LOSS, *(_expose(gradients.graph, _by_name(gradients.graph, g.name),
+                                                   f"{p}_grad", like=gradients.graph.initializers[p])
+                                          for p, g in grads.items())])
+
+    slots = optimizers.state_slots(opt_kind, opt_hyper)
+    next_names = _append_optimizer(step.graph, opset, opt_kind, opt_hyper, params, grads, slots)
+    for stat, value in bn_next.items():
+        next_names.append(_expose(step.graph, value, f"{stat}.next"))
+    _set_outputs(step.graph, [LOSS, *next_names])
+
+    graphs = {"train_step": step, "gradients": gradients, "eval": evaluation, "inference": inference}
+    for key, m in graphs.items():
+        m.graph.name = f"{model.graph.name or 'model'}_{key}"
+        _tidy(m)
+
+    role_of_input = {**{n: "data" for n in data}, **{n: "param" for n in params},
+                     **{n: "state" for n in bn_stats}, STEP: "state", LR: "hyper"}
+    if label:
+        role_of_input[label] = "label"
+    for p in params:
+        role_of_input.update({f"{p}.{s}": "state" for s in slots})
+    roles = {}
+    for key, m in graphs.items():
+        r = {v.name: role_of_input[v.name] for v in m.graph.inputs}
+        for v in m.graph.outputs:
+            r[v.name] = _output_role(v.name, key, role_of_input, params)
+        roles[key] = r
+    feeds = {n: n[: -len(".next")] for n in next_names}
+    state = _initial_state(with_loss.graph, params, bn_stats, slots, opt_hyper)
+    return Built(graphs, roles, feeds, params, frozen_all, state, model_outputs, opset)
+
+
+def _prepare(model: ir.Model) -> ir.Model:
+    base = model.clone()
+    opset = base.opset_imports.get("", base.opset_imports.get("ai.onnx", 0))
+    if opset < 13:
+        raise GraphError(f"training graphs need ai.onnx opset >= 13; the model uses opset {opset} "
+                         "(convert it with onnx.version_converter first)")
+    imports.promote_constant_weights(base.graph)
+    _infer_shapes(base)
+    return base
+
+
+def _infer_shapes(model: ir.Model) -> None:
+    """ONNX shape inference, in place (autodiff needs ranks; the loss needs the logits' shape)."""
+    try:
+        ShapeInferencePass(check_type=False, strict_mode=False)(model)
+    except Exception:  # noqa: BLE001 - inference is a help: values it cannot type stay untyped
+        pass
+
+
+def _append_loss(graph: ir.Graph, opset: int, loss: LossArgs) -> str | None:
+    """Append the loss named ``loss``; returns the label input's name (None for a given loss)."""
+    outputs = {v.name: v for v in graph.outputs}
+    if loss.output not in outputs:
+        raise GraphError(f"loss output {loss.output!r} is not an output of the model; outputs: {sorted(outputs)}")
+    out = outputs[loss.output]
+    if loss.kind is None:
+        dims = list(out.shape) if out.shape is not None else []
+        if not imports.is_float(out) or int(np.prod([d for d in dims if isinstance(d, int)])) != 1:
+            raise GraphError(f"loss {loss.output!r} must be a float scalar, got {out.dtype} {out.shape}")
+        if out.name != LOSS:
+            Builder(graph, opset, "loss/").op("Identity", out, name=LOSS)
+        return None
+    taken = {v.name for v in graph.inputs} | set(graph.initializers)
+    for name in (LOSS, loss.label):
+        if name in taken or name in outputs:
+            raise GraphError(f"the name {name!r} is already used in the model; choose another label name")
+    dtype, shape = losses.label_type(loss.kind, out)
+    label = ir.Value(name=loss.label, type=ir.TensorType(dtype), shape=shape)
+    graph.inputs.append(label)
+    losses.append_loss(Builder(graph, opset, "loss/"), loss.kind, loss.options, out, label)
+    return loss.label
+
+
+def _select_params(graph: ir.Graph, bn_stats: Sequence[str], trainable, frozen) -> tuple[list[str], list[str]]:
+    candidates = [n for n, v in graph.initializers.items() if imports.is_float(v) and n not in bn_stats]
+    frozen = list(frozen)
+    unknown = [n for n in [*(trainable or ()), *frozen] if n not in candidates]
+    if unknown:
+        raise GraphError(f"unknown parameter(s) {unknown}; float parameters of the model: {candidates}")
+    if trainable is None:
+        used = _loss_inputs(graph)
+        trainable = [n for n in candidates if graph.initializers[n] in used and n not in frozen]
+    else:
+        trainable = [n for n in candidates if n in set(trainable) and n not in frozen]
+    if not trainable:
+        raise GraphError("no trainable parameters: every float initializer is frozen or does not reach the loss")
+    return trainable, [n for n in candidates if n not in trainable]
+
+
+def _loss_inputs(graph: ir.Graph) -> set[ir.Value]:
+    needed = {_by_name(graph, LOSS)}
+    for node in reversed(list(graph)):
+        if any(v in needed for v in node.outputs):
+            needed.update(node_inputs(node))
+    return needed
+
+
+def _gradients(graph: ir.Graph, params: Sequence[str]) -> dict[str, ir.Value]:
+    values = [graph.initializers[p] for p in params]
+    return backward(graph, _by_name(graph, LOSS), values)
+
+
+def _append_optimizer(graph, opset, kind, hyper, params, grads, slots) -> list[str]:
+    """Optimizer inputs (state, step, lr) and update nodes; returns the ``.next`` output names."""
+    b = Builder(graph, opset, "optim/")
+    step = _input_with_default(graph, STEP, np.array(0, dtype=np.int64))
+    lr = _input_with_default(graph, LR, np.array(hyper["lr"], dtype=np.float32))
+    t = b.op("Add", step, b.const(1, np.int64))
+    ctx = optimizers.StepContext(b, lr, t)
+    param_next, state_next = [], []
+    for p in params:
+        param = graph.initializers[p]
+        state = {}
+        for s in slots:
+            state[s] = ir.Value(name=f"{p}.{s}", type=ir.TensorType(param.dtype), shape=param.shape)
+            graph.inputs.append(state[s])
+        new_param, new_state = optimizers.update(ctx, kind, hyper, param, grads[p], state)
+        param_next.append(_expose(graph, new_param, f"{p}.next", like=param))
+        state_next += [_expose(graph, new_state[s], f"{p}.{s}.next", like=param) for s in slots]
+    return [*param_next, *state_next, _expose(graph, t, f"{STEP}.next", like=step)]
+
+
+def _input_with_default(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    value = ir.Value(name=name, const_value=ir.tensor(array, name=name),
+                     type=ir.TensorType(ir.DataType.from_numpy(array.dtype)), shape=ir.Shape(array.shape))
+    graph.register_initializer(value)
+    graph.inputs.append(value)
+    return value
+
+
+def _expose_inputs(graph: ir.Graph, names: Sequence[str]) -> None:
+    """Make these initializers graph inputs (the initializer stays as the default)."""
+    current = set(graph.inputs)
+    for n in names:
+        value = graph.initializers[n]
+        if value not in current:
+            graph.inputs.append(value)
+
+
+def _expose(graph: ir.Graph, value: ir.Value, name: str, like: ir.Value | None = None) -> str:
+    """Give ``value`` the output name ``name``: rename it when it is a plain intermediate, else
+    route it through an ``Identity``."""
+    if value.producer() is not None and not value.is_graph_output() and not value.is_graph_input() \
+            and value.name not in graph.initializers and not _is_exposed_name(value.name):
+        value.name = name
+    else:
+        value = Builder(graph, graph.opset_imports.get("", 0), "out/").op("Identity", value, name=name)
+    if like is not None:
+        value.dtype, value.shape = like.dtype, like.shape
+    graph.outputs.append(value)
+    return name
+
+
+def _is_exposed_name(name: str | None) -> bool:
+    return bool(name) and (name == LOSS or name.endswith(".next") or name.endswith("_grad"))
+
+
+def _set_outputs(graph: ir.Graph, names: Sequence[str]) -> None:
+    by_name = {v.name: v for v in graph.outputs}
+    chosen = [by_name.get(n) or _by_name(graph, n) for n in names]
+    graph.outputs.clear()
+    graph.outputs.extend(chosen)
+
+
+def _by_name(graph: ir.Graph, name: str) -> ir.Value:
+    for v in graph.inputs:
+        if v.name == name:
+            return v
+    if name in graph.initializers:
+        return graph.initializers[name]
+    for node in graph:
+        for v in node.outputs:
+            if v.name == name:
+                return v
+    raise KeyError(name)
+
+
+def _output_role(name: str, graph: str, role_of_input: dict, params: Sequence[str]) -> str:
+    if name == LOSS:
+        return "loss"
+    if graph == "gradients" and name.endswith("_grad"):
+        return "grad"
+    if graph == "train_step" and name.endswith(".next"):
+        return "param" if name[: -len(".next")] in params else "state"
+    return "output"
+
+
+def _initial_state(graph, params, bn_stats, slots, hyper) -> dict[str, np.ndarray]:
+    state = {}
+    for n in [*params, *bn_stats]:
+        state[n] = np.array(graph.initializers[n].const_value.numpy())
+    for p in params:
+        for s in slots:
+            state[f"{p}.{s}"] = np.zeros_like(state[p])
+    state[STEP] = np.array(0, dtype=np.int64)
+    state[LR] = np.array(hyper["lr"], dtype=np.float32)
+    return state
+
+
+def _tidy(model: ir.Model) -> None:
+    model.graph.sort()
+    RemoveUnusedNodesPass()(model)
+    _infer_shapes(model)

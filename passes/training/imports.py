@@ -1,0 +1,46 @@
+"""Make imported models trainable.
+
+Exporters keep weights in odd places. This pass handles:
+
+1. weights stored in ``Constant`` nodes: a floating-point ``Constant`` of rank >= 1 with at
+   least 2 elements becomes an initializer named after its output (scalars and 1-element
+   constants such as epsilons, scales and exponents stay constants);
+2. an initializer aliased through ``Identity`` or read by several nodes: nothing to rewrite;
+   the initializer is the param and autodiff sums the gradients of every use;
+3. shape arithmetic built from ``Shape``/``Gather``/``Concat``: integer paths, which autodiff
+   never differentiates.
+
+Initializers listed as graph inputs (IR < 4 exports) keep working: they already are inputs.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+_FLOAT = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
+
+
+def promote_constant_weights(graph: ir.Graph) -> list[str]:
+    """Turn weight-like ``Constant`` nodes of the main graph into initializers; return names."""
+    promoted = []
+    for node in list(graph):
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or "value" not in node.attributes:
+            continue
+        tensor = node.attributes["value"].as_tensor()
+        if tensor.dtype not in _FLOAT or len(tensor.shape) == 0 or tensor.size < 2:
+            continue
+        out = node.outputs[0]
+        if out.is_graph_output() or out.name in graph.initializers:
+            continue
+        name, out.name = out.name, f"{out.name}/constant"
+        value = ir.Value(name=name, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype),
+                         const_value=tensor)
+        out.replace_all_uses_with(value)
+        graph.remove(node, safe=True)
+        graph.register_initializer(value)
+        promoted.append(value.name)
+    return promoted
+
+
+def is_float(value: ir.Value) -> bool:
+    return value.dtype in _FLOAT

@@ -1,0 +1,118 @@
+"""Training vs inference mode for Dropout and BatchNormalization.
+
+* ``set_inference_mode``: Dropout loses its ``training_mode`` input (ONNX's default is
+  inference, the identity); BatchNormalization gets ``training_mode=0`` and one output (it
+  normalises with the running statistics).
+* ``set_training_mode``: Dropout gets ``training_mode=True``; BatchNormalization is written
+  out in primitive ops (ReduceMean/Sub/Mul/Sqrt/...) that every backend runs (onnxruntime's
+  inference build has no training-mode BatchNormalization) and autodiff differentiates.
+  Batch statistics normalise the input (biased variance, as PyTorch); the running
+  statistics are updated as PyTorch does: ``running = m*running + (1-m)*batch`` with ONNX's
+  momentum ``m`` (PyTorch's 1 - momentum) and the *unbiased* batch variance for
+  ``running_var``. The function returns ``{stat name: updated value}`` for the step to output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc.passes.training.builder import Builder
+
+
+def batchnorm_stats(graph: ir.Graph) -> list[str]:
+    """Names of the running mean/var initializers of every BatchNormalization node."""
+    names: list[str] = []
+    for node in graph:
+        if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
+            for value in node.inputs[3:5]:
+                if value is not None and value.is_initializer() and value.name not in names:
+                    names.append(value.name)
+    return names
+
+
+def set_inference_mode(graph: ir.Graph) -> None:
+    for node in list(graph):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type == "Dropout" and len(node.inputs) > 2:
+            node.resize_inputs(2)
+        elif node.op_type == "BatchNormalization":
+            if "training_mode" in node.attributes:
+                node.attributes.pop("training_mode")
+            for out in node.outputs[1:]:
+                if out.uses() or out.is_graph_output():
+                    raise ValueError(f"BatchNormalization {node.name!r}: output {out.name!r} (a "
+                                     f"training-mode statistic) is used; cannot switch to inference")
+            node.resize_outputs(1)
+
+
+def set_training_mode(b: Builder, graph: ir.Graph) -> dict[str, ir.Value]:
+    updated: dict[str, ir.Value] = {}
+    for node in list(graph):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type == "Dropout":
+            _dropout_training(b, node)
+        elif node.op_type == "BatchNormalization":
+            updated.update(_batchnorm_training(b, graph, node))
+    return updated
+
+
+def _dropout_training(b: Builder, node: ir.Node) -> None:
+    if b.opset < 12:
+        raise ValueError(f"Dropout {node.name!r}: training mode needs opset >= 12, model has {b.opset}")
+    ratio = node.inputs[1] if len(node.inputs) > 1 else None
+    if ratio is None:
+        x = node.inputs[0]
+        ratio = b.const(node.attributes.get_float("ratio", 0.5),
+                        x.dtype, "dropout_ratio")
+    node.resize_inputs(3)
+    node.replace_input_with(1, ratio)
+    node.replace_input_with(2, b.const(True, np.bool_, "training_mode"))
+
+
+def _batchnorm_training(b: Builder, graph: ir.Graph, node: ir.Node) -> dict[str, ir.Value]:
+    x, scale, bias, mean_in, var_in = node.inputs[:5]
+    if x.shape is None:
+        raise ValueError(f"BatchNormalization {node.name!r}: rank of input {x.name!r} is unknown")
+    rank = len(x.shape)
+    eps = node.attributes.get_float("epsilon", 1e-5)
+    momentum = node.attributes.get_float("momentum", 0.9)
+    axes = [0, *range(2, rank)]
+    bshape = [a for a in range(rank) if a != 1]  # axes to unsqueeze a [C] vector to [1, C, 1...]
+
+    mean = b.axes_op("ReduceMean", x, axes, keepdims=1)
+    centred = b.op("Sub", x, mean)
+    var = b.axes_op("ReduceMean", b.op("Mul", centred, centred), axes, keepdims=1)
+    inv_std = b.op("Reciprocal", b.op("Sqrt", b.op("Add", var, b.scalar_like(eps, x))))
+    y = b.op("Mul", b.op("Mul", centred, inv_std), b.axes_op("Unsqueeze", scale, bshape))
+    y = b.op("Add", y, b.axes_op("Unsqueeze", bias, bshape))
+
+    # Running statistics (off the loss path, so autodiff never visits them).
+    count = b.op("Div", b.op("Cast", b.op("Size", x, dtype=ir.DataType.INT64), to=x.dtype),
+                 b.op("Cast", b.op("Shape", x, start=1, end=2, dtype=ir.DataType.INT64), to=x.dtype))
+    unbias = b.op("Div", count, b.op("Sub", count, b.scalar_like(1.0, x)))
+    batch_mean = b.axes_op("Squeeze", mean, bshape)
+    batch_var = b.op("Mul", b.axes_op("Squeeze", var, bshape), unbias)
+    m, one_m = b.scalar_like(momentum, x), b.scalar_like(1.0 - momentum, x)
+    new_mean = b.op("Add", b.op("Mul", mean_in, m), b.op("Mul", batch_mean, one_m))
+    new_var = b.op("Add", b.op("Mul", var_in, m), b.op("Mul", batch_var, one_m))
+
+    outs = list(node.outputs) + [None] * (3 - len(node.outputs))
+    for old, new in zip(outs, (y, new_mean, new_var)):
+        if old is not None:
+            _replace_everywhere(graph, old, new)
+    graph.remove(node, safe=True)
+    return {v.name: new for v, new in ((mean_in, new_mean), (var_in, new_var)) if v.is_initializer()}
+
+
+def _replace_everywhere(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
+    """Uses of ``old`` read ``new``; a graph output ``old`` becomes ``new`` under the old name."""
+    old.replace_all_uses_with(new)
+    for i, out in enumerate(graph.outputs):
+        if out is old:
+            name = old.name
+            old.name = None
+            new.name = name
+            graph.outputs[i] = new
