@@ -42,8 +42,8 @@ def get_backend(name: str = "auto") -> Backend:
         for info in infos:
             if info.available:
                 return _load(info.name)
-        reasons = "; ".join(f"{i.name}: {i.reason}" for i in infos)  # pragma: no cover - numpy always is
-        raise BackendUnavailable(f"no backend is available ({reasons})")  # pragma: no cover
+        reasons = "; ".join(f"{i.name}: {i.reason}" for i in infos)
+        raise BackendUnavailable(f"no backend is available ({reasons})")
     if name not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {name!r}; choose one of {', '.join(['auto', *BACKENDS])}")
     info = _info(name)

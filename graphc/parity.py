@@ -122,10 +122,13 @@ def diff(name: str, backend: str, ref: np.ndarray, got: np.ndarray,
     r, g = ref.astype(np.float64), got.astype(np.float64)
     both_nan = np.isnan(r) & np.isnan(g)
     with np.errstate(invalid="ignore", over="ignore"):
-        err = np.where(both_nan | (r == g), 0.0, np.abs(g - r))  # r == g: equal infinities
+        same = both_nan | (r == g)  # r == g also holds for equal infinities
+        err = np.where(same, 0.0, np.abs(g - r))
         err = np.where(np.isnan(err), np.inf, err)
         rel = err / np.maximum(np.abs(r), at if at > 0 else np.finfo(np.float64).tiny)
-        bad = int(np.count_nonzero(err > at + rt * np.abs(r)))
+        rel = np.where(np.isnan(rel), np.inf, rel)
+        # a NaN or an infinity only agrees with itself
+        bad = int(np.count_nonzero(~same & (~np.isfinite(r) | ~np.isfinite(g) | (err > at + rt * np.abs(r)))))
     return OutputDiff(**base, max_abs_err=float(err.max(initial=0.0)), max_rel_err=float(rel.max(initial=0.0)),
                       mismatched=bad, ok=bad == 0)
 

@@ -1,0 +1,107 @@
+"""`graphc backends`, `graphc run`, `graphc parity`: output, files and exit codes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+
+from graphc.cli import main
+from graphc.cli.run_cmds import random_feeds
+from graphc.dtypes import spec
+from onnx_graphs import linear_relu
+
+X = np.random.default_rng(4).standard_normal((3, 3)).astype(np.float32)
+B = np.zeros((3, 2), np.float32)
+
+
+def graphc(*args: str) -> int:
+    with pytest.raises(SystemExit) as done:
+        main([str(a) for a in args])
+    return done.value.code or 0
+
+
+@pytest.fixture
+def files(tmp_path):
+    onnx.save(linear_relu(), str(tmp_path / "net.onnx"))
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "b.npy", B)
+    return tmp_path
+
+
+def test_backends_prints_the_table(capsys):
+    assert graphc("backends") == 0
+    out = capsys.readouterr().out
+    for name in ("ort-cuda", "ort-cpu", "numpy", "available", "reason"):
+        assert name in out
+
+
+def test_run_prints_outputs(files, capsys):
+    assert graphc("run", files / "net.onnx", "--backend", "ort-cpu",
+                  "--input", f"x={files / 'x.npy'}", "--input", f"b={files / 'b.npy'}") == 0
+    out = capsys.readouterr().out
+    assert "net.onnx on ort-cpu" in out and "float32" in out and "[3, 2]" in out
+
+
+def test_run_writes_npz(files):
+    target = files / "out" / "y.npz"
+    assert graphc("run", files / "net.onnx", "-b", "ort-cpu", "-i", f"x={files / 'x.npy'}",
+                  "-i", f"b={files / 'b.npy'}", "-o", target) == 0
+    with np.load(target, allow_pickle=False) as saved:
+        w = np.arange(6, dtype=np.float32).reshape(3, 2) / 6
+        np.testing.assert_allclose(saved["y"], np.maximum(X @ w + B, 0), rtol=1e-6)
+    assert [p.name for p in target.parent.iterdir()] == ["y.npz"]  # no temp file left behind
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--input", "x"], "bad --input 'x'; expected NAME=FILE.npy"),
+    (["--input", "x=missing.npy"], "no such file missing.npy"),
+    (["--input", "x={x}"], "missing input 'b'"),
+    (["--input", "x={x}", "--input", "b={x}"], "input 'b': expected b: float32[N,2]"),
+    (["--input", "x={x}", "--input", "b={b}", "--backend", "tpu"], "unknown backend 'tpu'"),
+])
+def test_run_bad_input_exits_2_with_one_line(files, capsys, args, message):
+    args = [a.format(x=files / "x.npy", b=files / "b.npy") for a in args]
+    assert graphc("run", files / "net.onnx", *args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert message in err and "Traceback" not in err
+
+
+def test_parity_with_random_feeds_passes(files, capsys):
+    assert graphc("parity", files / "net.onnx", "--dim", "N=7", "--bisect") == 0
+    out = capsys.readouterr().out
+    assert "parity OK" in out and "[7, 2]" in out and "every intermediate value agrees" in out
+
+
+def test_parity_with_given_feeds(files, capsys):
+    assert graphc("parity", files / "net.onnx", "--backends", "ort-cpu,numpy",
+                  "-i", f"x={files / 'x.npy'}", "-i", f"b={files / 'b.npy'}") == 0
+    assert "reference ort-cpu" in capsys.readouterr().out
+
+
+def test_parity_mismatch_exits_1_and_bisect_names_the_node(files, capsys, monkeypatch):
+    from graphc.backends.numpy import kernels
+
+    kernels.lookup("Add", 21)
+    faulty = [dataclasses.replace(k, fn=lambda a, b: (a + b + np.float32(1),)) for k in kernels.KERNELS[("", "Add")]]
+    monkeypatch.setitem(kernels.KERNELS, ("", "Add"), faulty)
+    assert graphc("parity", files / "net.onnx", "--bisect") == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "parity MISMATCH" in out and "node 'add_0' (Add) at net.py:11" in out
+
+
+def test_parity_bad_dim_exits_2(files, capsys):
+    assert graphc("parity", files / "net.onnx", "--dim", "N") == 2
+    assert "bad --dim 'N'" in capsys.readouterr().err
+
+
+def test_random_feeds_follow_the_specs():
+    feeds = random_feeds([spec("float32", ("N", 3), name="x"), spec("int64", ("N",), name="ids"),
+                          spec("bool", (None, 2), name="mask")], {"N": 5}, seed=1)
+    assert feeds["x"].shape == (5, 3) and feeds["x"].dtype == np.float32
+    assert feeds["ids"].shape == (5,) and feeds["ids"].dtype == np.int64 and feeds["ids"].max() < 4
+    assert feeds["mask"].shape == (2, 2) and feeds["mask"].dtype == np.bool_
+    again = random_feeds([spec("float32", ("N", 3), name="x")], {"N": 5}, seed=1)
+    np.testing.assert_array_equal(again["x"], feeds["x"])

@@ -1,0 +1,186 @@
+"""The onnxruntime backends: options, placement, IOBinding residency, the CUDA probe."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import graphc as gc
+from graphc.backends import onnxruntime as ort_backend
+from onnx_graphs import linear_relu
+
+X = np.random.default_rng(1).standard_normal((5, 3)).astype(np.float32)
+B = np.zeros((5, 2), np.float32)
+W = np.arange(6, dtype=np.float32).reshape(3, 2) / 6
+
+
+def _cuda_reason() -> str:
+    return next(b for b in gc.backends() if b.name == "ort-cuda").reason
+
+
+cuda = pytest.mark.cuda
+needs_cuda = pytest.mark.skipif(not ort_backend.probe_cuda(0)[0],
+                                reason=f"no usable CUDA device: {ort_backend.probe_cuda(0)[1]}")
+
+
+# -- options and placement -------------------------------------------------------------------------
+
+def test_cpu_placement_names_the_provider_of_every_node():
+    sess = gc.Session(linear_relu(), backend="ort-cpu", graph_optimization_level="disable")
+    assert sess.placement == {"matmul_0": "CPUExecutionProvider", "add_0": "CPUExecutionProvider",
+                              "relu_0": "CPUExecutionProvider"}
+    assert sess.copy_nodes == 0
+
+
+def test_optimization_level_shows_in_placement():
+    fused = gc.Session(linear_relu(), backend="ort-cpu", graph_optimization_level="all").placement
+    assert set(fused.values()) == {"CPUExecutionProvider"}
+    assert "matmul_0" not in fused  # MatMul + Add fused into one node by onnxruntime
+
+
+@pytest.mark.parametrize("level", ["disable", "basic", "extended", "all", 0, 3])
+def test_every_optimization_level_gives_the_same_answer(level):
+    out = gc.Session(linear_relu(), backend="ort-cpu", graph_optimization_level=level, threads=1).run({"x": X, "b": B})
+    np.testing.assert_allclose(out["y"], np.maximum(X @ W + B, 0), rtol=1e-6)
+
+
+def test_bad_options_are_rejected():
+    with pytest.raises(ValueError, match="graph_optimization_level must be one of disable, basic, extended, all"):
+        gc.Session(linear_relu(), backend="ort-cpu", graph_optimization_level="max")
+    with pytest.raises(ValueError, match="threads must be >= 0"):
+        gc.Session(linear_relu(), backend="ort-cpu", threads=-1)
+
+
+def test_threads_and_provider_options_reach_onnxruntime(monkeypatch):
+    seen = {}
+    real_session = ort.InferenceSession
+
+    def spy(model, options=None, providers=None, **kwargs):
+        seen["providers"] = providers
+        return real_session(model, options, providers=providers, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", spy)
+    sess = gc.Session(linear_relu(), backend="ort-cpu", threads=2, providers_options={"use_arena": "0"})
+    assert sess.executable.session.get_session_options().intra_op_num_threads == 2
+    assert seen["providers"] == [("CPUExecutionProvider", {"use_arena": "0"})]
+
+
+def test_session_is_built_with_an_ir_version_onnxruntime_accepts():
+    proto = linear_relu()
+    proto.ir_version = 14  # what onnx.helper.make_model stamps; onnxruntime 1.31 refuses it
+    backend = ort_backend.CpuBackend()
+    assert backend.prepare(proto).run({"x": X, "b": B})["y"].shape == (5, 2)
+
+
+# -- device residency (IOBinding) ---------------------------------------------------------------
+
+def test_run_bound_keeps_device_outputs_as_handles_on_cpu():
+    sess = gc.Session(linear_relu(), backend="ort-cpu")
+    x_dev = sess.to_device(X)
+    assert isinstance(x_dev, ort.OrtValue) and x_dev.device_name() == "cpu"
+    host, dev = sess.run_bound({"x": x_dev, "b": B}, host_outputs=[], device_outputs=["y"])
+    assert host == {} and isinstance(dev["y"], ort.OrtValue)
+    expected = np.maximum(X @ W + B, 0)
+    np.testing.assert_allclose(sess.to_host(dev["y"]), expected, rtol=1e-6)
+    host, dev = sess.run_bound({"x": x_dev, "b": B}, host_outputs=["y"])
+    assert dev == {} and isinstance(host["y"], np.ndarray)
+    np.testing.assert_allclose(host["y"], expected, rtol=1e-6)
+
+
+def test_to_device_copies_so_later_host_writes_do_not_leak():
+    sess = gc.Session(linear_relu(), backend="ort-cpu")
+    x = X.copy()
+    handle = sess.to_device(x)
+    x[:] = 0
+    np.testing.assert_array_equal(sess.to_host(handle), X)
+
+
+def test_a_device_output_feeds_the_next_run():
+    # y has shape [N,2]; feed it back as b (same shape) and w stays an initializer.
+    sess = gc.Session(linear_relu(), backend="ort-cpu")
+    _, dev = sess.run_bound({"x": X, "b": B}, host_outputs=[], device_outputs=["y"])
+    host, _ = sess.run_bound({"x": X, "b": dev["y"]}, host_outputs=["y"])
+    y1 = np.maximum(X @ W + B, 0)
+    np.testing.assert_allclose(host["y"], np.maximum(X @ W + y1, 0), rtol=1e-6)
+
+
+def test_run_bound_checks_handles_like_arrays():
+    sess = gc.Session(linear_relu(), backend="ort-cpu")
+    wrong_dtype = ort.OrtValue.ortvalue_from_numpy(X.astype(np.float64))
+    with pytest.raises(gc.InputError, match=r"input 'x': expected x: float32\[N,3\], got float64\[5,3\]"):
+        sess.run_bound({"x": wrong_dtype, "b": B}, host_outputs=["y"])
+    with pytest.raises(gc.InputError, match=r"dim 'N' is 4 here"):
+        sess.run_bound({"x": sess.to_device(X), "b": B[:4]}, host_outputs=["y"])
+    with pytest.raises(gc.InputError, match="unknown output 'z'"):
+        sess.run_bound({"x": X, "b": B}, host_outputs=["z"])
+
+
+def test_run_accepts_handles_too():
+    sess = gc.Session(linear_relu(), backend="ort-cpu")
+    out = sess.run({"x": sess.to_device(X), "b": B})
+    np.testing.assert_allclose(out["y"], np.maximum(X @ W + B, 0), rtol=1e-6)
+
+
+# -- the CUDA probe --------------------------------------------------------------------------------
+
+@pytest.fixture
+def fresh_probe():
+    ort_backend.probe_cuda.cache_clear()
+    yield
+    ort_backend.probe_cuda.cache_clear()
+
+
+def test_probe_reports_a_build_without_the_cuda_provider(monkeypatch, fresh_probe):
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    info = ort_backend.CudaBackend().info()
+    assert not info.available and info.device == "cuda"
+    assert info.reason.startswith("no CUDA provider in this onnxruntime build")
+
+
+def test_probe_does_not_trust_the_provider_list(monkeypatch, fresh_probe):
+    """A session that silently fell back to CPU means CUDA is not available."""
+    real_session = ort.InferenceSession
+
+    def cpu_only(model, options=None, providers=None, **kwargs):
+        return real_session(model, options, providers=["CPUExecutionProvider"])
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "InferenceSession", cpu_only)
+    available, reason = ort_backend.probe_cuda(0)
+    assert not available and reason.startswith("CUDA provider failed to load")
+
+
+def test_probe_is_quiet_and_cached(capfd, fresh_probe):
+    first = ort_backend.probe_cuda(0)
+    captured = capfd.readouterr()
+    assert "onnxruntime" not in captured.err and "Failed to load" not in captured.out
+    assert ort_backend.probe_cuda(0) is first
+    if not first[0]:
+        assert first[1].startswith(("no CUDA provider", "CUDA provider failed to load"))
+
+
+# -- on a GPU ------------------------------------------------------------------------------------------
+
+@cuda
+@needs_cuda
+def test_cuda_placement_and_answer():
+    sess = gc.Session(linear_relu(), backend="ort-cuda", graph_optimization_level="disable")
+    assert sess.backend == "ort-cuda" and sess.device == "cuda"
+    assert set(sess.placement.values()) == {"CUDAExecutionProvider"}
+    out = sess.run({"x": X, "b": B})
+    np.testing.assert_allclose(out["y"], np.maximum(X @ W + B, 0), rtol=1e-5, atol=1e-6)
+    assert sess.copy_nodes >= 0
+
+
+@cuda
+@needs_cuda
+def test_cuda_run_bound_keeps_outputs_on_the_device():
+    sess = gc.Session(linear_relu(), backend="ort-cuda", device_id=0)
+    x_dev = sess.to_device(X)
+    assert x_dev.device_name().lower() == "cuda"
+    host, dev = sess.run_bound({"x": x_dev, "b": B}, host_outputs=[], device_outputs=["y"])
+    assert dev["y"].device_name().lower() == "cuda"
+    host, _ = sess.run_bound({"x": x_dev, "b": dev["y"]}, host_outputs=["y"])
+    y1 = np.maximum(X @ W + B, 0)
+    np.testing.assert_allclose(host["y"], np.maximum(X @ W + y1, 0), rtol=1e-5, atol=1e-6)
