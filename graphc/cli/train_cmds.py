@@ -1,3 +1,156 @@
-"""graphc CLI commands (filled in by its owner)."""
+"""`graphc grad`, `graphc train`, `graphc export` and `graphc demo`."""
 
-from graphc.cli.app import app  # noqa: F401
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+
+from graphc.cli.app import app, console, err_console
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def parse_loss(text: str):
+    """``KIND:OUTPUT[:LABEL]`` -> a loss spec, e.g. ``cross_entropy:logits:y``."""
+    from graphc import losses
+
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise ValueError(f"bad --loss {text!r}; expected KIND:OUTPUT[:LABEL], e.g. cross_entropy:logits:y")
+    kind, output = parts[0], parts[1]
+    if kind not in losses.KINDS:
+        raise ValueError(f"unknown loss kind {kind!r}; choose one of {', '.join(losses.KINDS)}")
+    return getattr(losses, kind)(output, label=parts[2] if len(parts) == 3 else None)
+
+
+def make_optimizer(kind: str, lr: float, momentum: float, weight_decay: float):
+    from graphc import optim
+
+    if kind == "sgd":
+        return optim.SGD(lr, momentum=momentum, weight_decay=weight_decay)
+    if kind == "adam":
+        return optim.Adam(lr, weight_decay=weight_decay)
+    if kind == "adamw":
+        return optim.AdamW(lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown --optimizer {kind!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
+@app.command("grad")
+def grad_cmd(
+    model: Path = typer.Argument(..., help="The ONNX model to train."),
+    loss: str = typer.Option(..., "--loss", help="KIND:OUTPUT[:LABEL], e.g. cross_entropy:logits:y"),
+    optimizer: str = typer.Option("sgd", "--optimizer", help="sgd, adam or adamw."),
+    lr: float = typer.Option(0.01, "--lr", help="Learning rate."),
+    momentum: float = typer.Option(0.0, "--momentum", help="SGD momentum."),
+    weight_decay: float = typer.Option(0.0, "--weight-decay"),
+    freeze: list[str] = typer.Option([], "--freeze", help="A param to keep fixed (repeatable)."),
+    out: Path = typer.Option(..., "-o", "--out", help="Artifact directory to write."),
+) -> None:
+    """Generate training artifacts (train_step, gradients, eval, inference graphs) for MODEL."""
+    import graphc as gc
+
+    spec = parse_loss(loss)
+    opt = make_optimizer(optimizer, lr, momentum, weight_decay)
+    arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze)
+    arts.save(out)
+    m = arts.manifest
+    console.print(f"wrote training artifacts to {out}: {len(m.trainable)} trainable, "
+                  f"{len(m.frozen)} frozen params; loss {spec.kind} on {spec.output!r} "
+                  f"(label input {spec.label!r}); optimizer {optimizer} lr={lr}", highlight=False)
+
+
+def load_data(path: Path, names: list[str]) -> tuple[dict[str, np.ndarray], Optional[dict[str, np.ndarray]]]:
+    """Train (and optional eval) arrays from an .npz: each input NAME as ``NAME`` or
+    ``NAME_train``; ``NAME_test`` arrays, when all present, are the evaluation set."""
+    if not path.is_file():
+        raise FileNotFoundError(f"--data: no such file {path}")
+    with np.load(path, allow_pickle=False) as npz:
+        files = set(npz.files)
+        train, test = {}, {}
+        for name in names:
+            key = name if name in files else f"{name}_train"
+            if key not in files:
+                raise ValueError(f"--data {path}: no array {name!r} (or {name}_train) for the model input "
+                                 f"{name!r}; arrays in the file: {', '.join(sorted(files))}")
+            train[name] = npz[key]
+            if f"{name}_test" in files:
+                test[name] = npz[f"{name}_test"]
+    return train, (test if len(test) == len(names) else None)
+
+
+@app.command("train")
+def train_cmd(
+    artifacts: Path = typer.Argument(..., help="Artifact directory written by `graphc grad`."),
+    data: Path = typer.Option(..., "--data", help=".npz with an array per data/label input."),
+    epochs: int = typer.Option(..., "--epochs", min=1),
+    batch_size: int = typer.Option(..., "--batch-size", min=1),
+    backend: str = typer.Option("auto", "--backend", help="numpy, ort-cpu, ort-cuda or auto."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint directory (saved each epoch)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from --checkpoint when it exists."),
+    seed: int = typer.Option(0, "--seed", help="Shuffling seed."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a loss-curve PNG here."),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """Train the artifacts on DATA; exit 1 when training fails (e.g. the loss becomes NaN)."""
+    import graphc as gc
+    from graphc.trainer import TrainingFailed
+
+    if resume and checkpoint is None:
+        raise ValueError("--resume needs --checkpoint DIR")
+    trainer = gc.Trainer(artifacts, backend=backend, seed=seed)
+    if resume and (checkpoint / "checkpoint.safetensors").is_file():
+        trainer.load_checkpoint(checkpoint)
+        console.print(f"resumed from {checkpoint}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False)
+    train, test = load_data(data, [s.name for s in trainer.batch_specs])
+    loader = gc.data.DataLoader(train, batch_size=batch_size, seed=seed)
+    eval_loader = gc.data.DataLoader(test, batch_size=max(batch_size, 256), shuffle=False) if test else None
+    console.print(f"training on {trainer.backend}: {loader.num_samples} samples, batch {batch_size}, "
+                  f"{epochs} epochs", highlight=False)
+    try:
+        history = trainer.fit(loader, epochs, eval_loader=eval_loader, progress=progress, plot=plot,
+                              checkpoint=checkpoint)
+    except TrainingFailed as exc:
+        if checkpoint is not None and (checkpoint / "checkpoint.safetensors").is_file():
+            exc = TrainingFailed(f"{exc} (last good checkpoint: {checkpoint})")
+        err_console.print(f"[bold red]training failed:[/] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    last = history.epochs[-1] if history.epochs else None
+    if last is not None:
+        console.print(f"done: loss {last.loss:.4f}"
+                      + "".join(f", eval {k} {v:.4f}" for k, v in last.eval.items())
+                      + f", {history.throughput:,.0f} samples/s", highlight=False)
+    if checkpoint is not None:
+        console.print(f"checkpoint: {checkpoint}", highlight=False)
+    else:
+        console.print("no --checkpoint given: the trained params were not saved", highlight=False)
+
+
+@app.command("export")
+def export_cmd(
+    source: Path = typer.Argument(..., help="Artifact directory or checkpoint."),
+    out: Path = typer.Option(..., "-o", "--out", help="Inference .onnx to write."),
+    opset: Optional[int] = typer.Option(None, "--opset", help="Convert to this opset."),
+) -> None:
+    """Write one self-contained, optimized inference .onnx with the trained params."""
+    from graphc.export import export_inference
+
+    path = export_inference(source, out, opset=opset)
+    console.print(f"wrote {path}", highlight=False)
+
+
+@app.command("demo")
+def demo_cmd(
+    out: Path = typer.Option(Path("demo_out"), "--out", help="Where to write artifacts and models."),
+    backend: str = typer.Option("auto", "--backend"),
+    epochs: int = typer.Option(30, "--epochs", min=1),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """Capture, train and export the two-layer net on handwritten digits, end to end."""
+    from graphc.demo import run_demo
+
+    result = run_demo(out, backend=backend, epochs=epochs, progress=progress, console=console)
+    if not result.ok:
+        raise typer.Exit(1)

@@ -1,0 +1,320 @@
+"""`gc.Trainer`: run training artifacts on a backend, keeping params and state on its device.
+
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
+    trainer = gc.Trainer(arts, backend="auto")
+    history = trainer.fit(gc.data.DataLoader({"x": x, "y": y}, batch_size=64), epochs=5)
+    trainer.save_checkpoint("ckpt/")       # resume later with trainer.load_checkpoint("ckpt/")
+    trainer.export_inference("model.onnx")
+
+Every train_step input whose manifest role is param, state or hyper is *carried*: it lives on
+the backend's device as a handle (an ``OrtValue`` on onnxruntime, the array itself on numpy)
+and each step's ``X.next`` output replaces it (``manifest.feeds``). Per step only the batch
+goes in and only the loss comes out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+import onnx
+
+from graphc import checkpoint as ckpt
+from graphc.dtypes import TensorSpec, to_numpy
+from graphc.errors import GraphcError, InputError
+from graphc.history import EpochRecord, History
+
+__all__ = ["History", "Trainer", "TrainingFailed"]
+
+CARRIED_ROLES = ("param", "state", "hyper")
+BATCH_ROLES = ("data", "label")
+
+
+class TrainingFailed(GraphcError, RuntimeError):
+    """Training cannot go on: the loss became NaN or infinite."""
+
+
+def _specs(entries, roles) -> list[TensorSpec]:
+    return [TensorSpec(name=e.name, dtype=e.dtype, shape=e.shape) for e in entries if e.role in roles]
+
+
+def _without_initializers(proto: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
+    """A copy of ``proto`` whose initializers named in ``names`` are gone (they are fed)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    keep = [t for t in out.graph.initializer if t.name not in names]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(keep)
+    return out
+
+
+class Trainer:
+    """Train ``artifacts_or_dir`` (``TrainingArtifacts``, an artifact dir or a checkpoint dir
+    written by a Trainer) on ``backend``; ``options`` go to the backend's ``prepare`` (for
+    onnxruntime e.g. ``threads=2``)."""
+
+    def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, **options: Any):
+        from graphc import training
+        from graphc.backends import get_backend
+
+        resume_from = None
+        self.artifacts_path: Optional[Path] = None
+        if isinstance(artifacts_or_dir, (str, os.PathLike)):
+            path = Path(artifacts_or_dir)
+            if not (path / training.MANIFEST_FILE).is_file() and ckpt.resolve(path).is_file():
+                resume_from, path = path, ckpt.artifacts_dir(path) or path
+            if not (path / training.MANIFEST_FILE).is_file():
+                raise FileNotFoundError(f"{artifacts_or_dir}: no training artifacts here "
+                                        f"(no {training.MANIFEST_FILE}); write them with "
+                                        "gc.training.generate(...).save(dir) or `graphc grad`")
+            self.artifacts = training.load(path)
+            self.artifacts_path = path.resolve()
+        else:
+            self.artifacts = artifacts_or_dir
+        self.manifest = m = self.artifacts.manifest
+        self._backend = get_backend(backend)
+        self.backend = self._backend.name
+        self._options = options
+        step_graph = m.graphs["train_step"]
+        self.batch_specs = _specs(step_graph.inputs, BATCH_ROLES)
+        self._batch_names = [s.name for s in self.batch_specs]
+        self._roles = {e.name: e.role for e in step_graph.inputs if e.role in CARRIED_ROLES}
+        self._entries = {e.name: e for e in step_graph.inputs if e.role in CARRIED_ROLES}
+        self._feeds = dict(m.feeds)  # train_step output -> carried input
+        self._device_outputs = list(self._feeds)
+        self._train = self._backend.prepare(
+            _without_initializers(self.artifacts.train_step.proto, set(self._roles)), **options)
+        self._eval = None
+        self._state: dict[str, Any] = {}
+        self._reset_state(self.artifacts.state)
+        self._checked: set[tuple] = set()
+        self.step_count = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.rng = np.random.default_rng(seed)
+        self._loader_state: Optional[ckpt.LoaderState] = None
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
+
+    def _reset_state(self, tensors: Mapping[str, np.ndarray]) -> None:
+        missing = [n for n in self._roles if n not in tensors]
+        if missing:
+            raise ValueError(f"no initial value for train_step input(s) {missing} in the artifacts' state")
+        self._state = {n: self._train.to_device(np.asarray(tensors[n])) for n in self._roles}
+
+    # -- running -----------------------------------------------------------------------------------
+    def _batch_feeds(self, batch: Mapping[str, np.ndarray], specs: list[TensorSpec]) -> dict[str, Any]:
+        feeds = {}
+        for spec in specs:
+            try:
+                array = batch[spec.name]
+            except KeyError:
+                raise InputError(f"the batch has no {spec.name!r} for the model input {spec}; "
+                                 f"batch keys: {', '.join(sorted(batch))}") from None
+            key = (spec.name, array.dtype.str, array.shape[1:])
+            if key not in self._checked:
+                self._check_input(spec, array)
+                self._checked.add(key)
+            feeds[spec.name] = array
+        return feeds
+
+    @staticmethod
+    def _check_input(spec: TensorSpec, array: np.ndarray) -> None:
+        got = f"{array.dtype}[{','.join(str(d) for d in array.shape)}]"
+        if array.dtype != to_numpy(spec.dtype):
+            raise InputError(f"input {spec.name!r}: expected dtype {spec.dtype} ({spec}), got {got}")
+        if spec.shape is not None:
+            ok = array.ndim == len(spec.shape) and all(
+                not isinstance(w, int) or w == h for w, h in zip(spec.shape, array.shape))
+            if not ok:
+                raise InputError(f"input {spec.name!r}: expected shape {spec}, got {got}")
+
+    def step(self, batch: Mapping[str, np.ndarray]) -> float:
+        """One train step on ``batch`` (data and label arrays by name); returns the loss."""
+        feeds = self._batch_feeds(batch, self.batch_specs)
+        feeds.update(self._state)
+        host, device = self._train.run_bound(feeds, ("loss",), self._device_outputs)
+        state = self._state
+        for out, name in self._feeds.items():
+            state[name] = device[out]
+        self.step_count += 1
+        return float(host["loss"])
+
+    def _eval_exe(self):
+        if self._eval is None:
+            entries = self.manifest.graphs["eval"].inputs
+            self._eval_specs = _specs(entries, BATCH_ROLES)
+            self._eval_carried = [e.name for e in entries if e.name in self._state]
+            self._eval_outputs = [e.name for e in self.manifest.graphs["eval"].outputs]
+            self._eval = self._backend.prepare(
+                _without_initializers(self.artifacts.eval.proto, set(self._eval_carried)), **self._options)
+        return self._eval
+
+    def predict(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The ``eval`` graph on ``batch`` with the current params: loss and model outputs."""
+        exe = self._eval_exe()
+        feeds = self._batch_feeds(batch, self._eval_specs)
+        feeds.update({n: self._state[n] for n in self._eval_carried})
+        host, _ = exe.run_bound(feeds, self._eval_outputs)
+        return host
+
+    def evaluate(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """Loss on ``batch`` (inference mode) and, for cross-entropy, the accuracy."""
+        out = self.predict(batch)
+        metrics = {"loss": float(out["loss"])}
+        loss = self.manifest.loss
+        if loss.get("kind") == "cross_entropy" and loss.get("output") in out:
+            labels = np.asarray(batch[loss["label"]])
+            keep = labels != loss.get("options", {}).get("ignore_index", -100)
+            hits = np.argmax(out[loss["output"]], axis=1) == labels
+            metrics["accuracy"] = float(hits[keep].mean()) if keep.any() else float("nan")
+        return metrics
+
+    def evaluate_loader(self, loader) -> dict[str, float]:
+        """``evaluate`` over every batch of ``loader``, averaged by batch size."""
+        totals: dict[str, float] = {}
+        count = 0
+        for batch in loader.iter_epoch(0):
+            n = len(next(iter(batch.values())))
+            for key, value in self.evaluate(batch).items():
+                totals[key] = totals.get(key, 0.0) + value * n
+            count += n
+        return {key: value / max(count, 1) for key, value in totals.items()}
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def fit(self, loader, epochs: int, eval_loader=None, progress: bool = True,
+            plot: Union[str, os.PathLike, None] = None,
+            checkpoint: Union[str, os.PathLike, None] = None) -> History:
+        """Train until ``epochs`` epochs are done (counted from the first, so a resumed trainer
+        continues where its checkpoint stopped). Saves ``checkpoint`` after each epoch and a
+        loss-curve PNG to ``plot`` when given. Raises ``TrainingFailed`` on a NaN/inf loss."""
+        from graphc.progress import TrainProgress
+
+        loader.check_against(self.batch_specs)
+        if eval_loader is not None:
+            self._eval_exe()
+            eval_loader.check_against(self._eval_specs)
+        self._use_loader(loader)
+        history = History(backend=self.backend)
+        total = max(0, (epochs - self.epoch) * len(loader) - self.batch_in_epoch)
+        with TrainProgress(total, enabled=progress) as bar:
+            for epoch in range(self.epoch, epochs):
+                record = self._fit_epoch(loader, epoch, history, bar)
+                if eval_loader is not None:
+                    record.eval = self.evaluate_loader(eval_loader)
+                history.epochs.append(record)
+                bar.epoch_done(record, epochs)
+                if checkpoint is not None:
+                    self.save_checkpoint(checkpoint)
+        loader.epoch = self.epoch
+        if plot is not None:
+            history.plot(plot)
+        return history
+
+    def _fit_epoch(self, loader, epoch: int, history: History, bar) -> EpochRecord:
+        start = time.perf_counter()
+        losses: list[float] = []
+        samples = 0
+        for batch in loader.iter_epoch(epoch, self.batch_in_epoch):
+            loss = self.step(batch)
+            if not math.isfinite(loss):
+                raise TrainingFailed(f"the loss became {loss} at step {self.step_count} (epoch {epoch + 1}, "
+                                     f"batch {self.batch_in_epoch + 1}); lower the learning rate or check the data")
+            self.batch_in_epoch += 1
+            samples += len(batch[self._batch_names[0]]) if self._batch_names else 0
+            losses.append(loss)
+            history.step_losses.append(loss)
+            bar.step(loss, samples / max(time.perf_counter() - start, 1e-9), epoch)
+        seconds = time.perf_counter() - start
+        self.epoch, self.batch_in_epoch = epoch + 1, 0
+        return EpochRecord(epoch=epoch + 1, loss=float(np.mean(losses)) if losses else float("nan"),
+                           steps=len(losses), samples=samples, seconds=seconds,
+                           samples_per_s=samples / seconds if seconds > 0 else 0.0)
+
+    def _use_loader(self, loader) -> None:
+        state = ckpt.LoaderState(seed=loader.seed, batch_size=loader.batch_size, shuffle=loader.shuffle,
+                                 drop_last=loader.drop_last, num_samples=loader.num_samples)
+        if self._loader_state is not None and self._loader_state != state and (self.epoch or self.batch_in_epoch):
+            import warnings
+
+            warnings.warn(f"resuming with a different data loader than the checkpoint's "
+                          f"({state} vs {self._loader_state}); the run will not replay exactly", stacklevel=3)
+        self._loader_state = state
+
+    # -- state ----------------------------------------------------------------------------------------
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """Host copies of every model param: trained ones from the device, frozen ones as given."""
+        out = {n: self._host(self._state[n]) for n, r in self._roles.items() if r == "param"}
+        frozen = self.artifacts.inference.params
+        out.update({n: frozen[n] for n in self.manifest.frozen if n in frozen})
+        return out
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Host copies of everything carried from step to step (params, optimizer state, step, lr)."""
+        return {n: self._host(h) for n, h in self._state.items()}
+
+    def _host(self, handle: Any) -> np.ndarray:
+        # A private copy: on numpy the handle *is* the live array the next step reads.
+        return np.array(self._train.to_host(handle), copy=True)
+
+    @property
+    def lr(self) -> float:
+        return float(self._host(self._state["lr"]))
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        entry = self._entries["lr"]
+        self._state["lr"] = self._train.to_device(np.asarray(value, dtype=to_numpy(entry.dtype)))
+
+    def _interface(self) -> str:
+        described = sorted((e.name, e.role, e.dtype, str(e.shape)) for e in self._entries.values())
+        return hashlib.sha256(repr(described).encode()).hexdigest()[:16]
+
+    def save_checkpoint(self, path: Union[str, os.PathLike]) -> Path:
+        """Write params, optimizer state, step, loop position and RNG state to ``path`` (a
+        ``.safetensors`` file, or a directory that also gets the training graphs) atomically."""
+        target = ckpt.resolve(path)
+        if target.name == ckpt.FILE_NAME and ckpt.artifacts_dir(target) is None:
+            self.artifacts.save(target.parent / ckpt.ARTIFACTS_DIR)
+        meta = ckpt.CheckpointMeta(
+            step=self.step_count, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch,
+            loader=self._loader_state, rng=self.rng.bit_generator.state, roles=dict(self._roles),
+            backend=self.backend, artifacts=str(self.artifacts_path or ""), interface=self._interface())
+        return ckpt.save(target, self.state_dict(), meta)
+
+    def load_checkpoint(self, path: Union[str, os.PathLike]) -> None:
+        """Restore what ``save_checkpoint`` wrote; the next steps replay the original run."""
+        tensors, meta = ckpt.load(path)
+        for name, entry in self._entries.items():
+            if name not in tensors:
+                raise ckpt.CheckpointError(f"{path}: the checkpoint has no {entry.role} {name!r}; it was "
+                                           "saved from different training graphs")
+            have = tensors[name]
+            want_dtype = to_numpy(entry.dtype)
+            fixed = entry.shape is None or all(isinstance(d, int) for d in entry.shape)
+            if have.dtype != want_dtype or (fixed and list(have.shape) != list(entry.shape or have.shape)):
+                raise ckpt.CheckpointError(
+                    f"{path}: {entry.role} {name!r} is {have.dtype}{list(have.shape)} in the checkpoint, "
+                    f"the training graphs expect {entry.dtype}{entry.shape}")
+        self._reset_state(tensors)
+        self.step_count, self.epoch, self.batch_in_epoch = meta.step, meta.epoch, meta.batch_in_epoch
+        self._loader_state = meta.loader
+        if meta.rng:
+            self.rng.bit_generator.state = meta.rng
+
+    def export_inference(self, path: Union[str, os.PathLike], opset: Optional[int] = None) -> Path:
+        """Write the inference model with the trained params folded in, optimized (level 3)."""
+        from graphc.export import inference_model
+
+        return inference_model(self.artifacts, self.state_dict(), opset=opset).save(path)
+
+    def __repr__(self) -> str:
+        return (f"<gc.Trainer backend={self.backend!r} step={self.step_count} epoch={self.epoch} "
+                f"{len(self.manifest.trainable)} trainable>")
