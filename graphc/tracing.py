@@ -89,6 +89,7 @@ class Builder:
         self.buffers: list[str] = []
         self.module_path: list[str] = []
         self.rng = np.random.default_rng(seed)
+        self.values: dict[int, np.ndarray] = {}  # id(ir.Value) -> eager value (for control flow)
         self._const_cache: dict[tuple, Any] = {}
         self._counters: dict[str, int] = {}
         self._names: set[str] = set()
@@ -134,6 +135,7 @@ class Builder:
         value = ir.Value(name=self.reserve(name), type=ir.TensorType(ir.DataType(to_onnx(as_dtype(array.dtype)))),
                          shape=ir.Shape(list(array.shape)), const_value=ir.tensor(array, name=name))
         self.initializers.append(value)
+        self.values[id(value)] = array
         return Tensor(value, self, eager_value=array if self.scopes[0].eager else None)
 
     def constant(self, array: np.ndarray):
@@ -145,6 +147,7 @@ class Builder:
         (out,) = self.emit("Constant", [], {"value": ir.tensor(array)}, name_hint="const")
         out._const = array
         out._value = array if self.eager else None
+        self.values[id(out.value)] = array
         if key is not None:
             self._const_cache[key] = out
         return out
@@ -152,7 +155,8 @@ class Builder:
     # -- emitting nodes -------------------------------------------------------------------------
     def emit(self, op_type: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None,
              num_outputs: int = 1, *, out_types: Sequence[tuple[str, Sequence | None]] | None = None,
-             name_hint: str | None = None, source: str | None = None):
+             name_hint: str | None = None, source: str | None = None,
+             evaluator: Callable[[list[np.ndarray | None]], list[np.ndarray]] | None = None):
         """Record one node; return its outputs as Tensors."""
         from graphc.tensor import Tensor
 
@@ -174,10 +178,43 @@ class Builder:
         self.scope.nodes.append(node)
         outs = [Tensor(v, self) for v in out_values]
         if self.eager and all(t is None or t._value is not None for t in inputs):
-            results = self._evaluate(node, inputs, attrs, source)
+            if evaluator is not None:
+                results = evaluator([None if t is None else t._value for t in inputs])
+            else:
+                results = self._evaluate(node, inputs, attrs, source)
             for t, r in zip(outs, results):
                 t._value = r
+                self.values[id(t.value)] = r
         return outs
+
+    def trace_subgraph(self, fn: Callable, args: Sequence[Any], in_types: Sequence[tuple[str, str, Any]],
+                       name: str) -> tuple[ir.Graph, list[Any], bool]:
+        """Trace ``fn(*args, *inputs)`` into a body graph whose inputs have ``in_types``
+        (name hint, dtype, shape). Returns (graph, output Tensors, whether fn returned a sequence)."""
+        from graphc.tensor import Tensor
+
+        scope = Scope(eager=False)
+        self.scopes.append(scope)
+        try:
+            values = [self.new_value(self.unique(hint), dtype, shape) for hint, dtype, shape in in_types]
+            result = fn(*args, *[Tensor(v, self) for v in values])
+            is_seq = isinstance(result, (tuple, list))
+            items = list(result) if is_seq else [result]
+            produced = {id(v) for node in scope.nodes for v in node.outputs}
+            outs = []
+            for item in items:
+                if not isinstance(item, Tensor):
+                    from graphc.ops import lift
+
+                    item = lift(item)
+                if id(item.value) not in produced:
+                    (item,) = self.emit("Identity", [item])
+                    produced.add(id(item.value))
+                outs.append(item)
+        finally:
+            self.scopes.pop()
+        graph = ir.Graph(values, [t.value for t in outs], nodes=scope.nodes, name=self.unique(name))
+        return graph, outs, is_seq
 
     def _infer(self, node: ir.Node, inputs: Sequence[Any], source: str) -> list[tuple[str | None, Any]]:
         proto = ir.serde.serialize_node(node)
@@ -306,6 +343,8 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
         value = builder.new_value(builder.reserve(key), sp.dtype, sp.shape)
         graph_inputs.append(value)
         tensors[key] = Tensor(value, builder, eager_value=arr)
+        if arr is not None:
+            builder.values[id(value)] = arr
     if isinstance(fn_or_module, Module):
         fn_or_module.init_parameters(seed)
         fn_or_module.train(training)

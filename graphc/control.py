@@ -1,0 +1,228 @@
+"""Control flow with captured subgraphs: ``gc.cond`` -> If, ``gc.fori_loop`` -> Loop,
+``gc.scan`` -> Scan (JAX semantics). Bodies are traced once into ONNX subgraphs; outer values
+they use are captured by name, as ONNX allows. In eager capture the node is evaluated by
+interpreting its body graphs node by node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc import eager as _eager
+from graphc.errors import GraphError
+from graphc.tensor import Tensor
+from graphc.tracing import Builder, current, op_error, user_source
+
+
+def _lift(x: Any) -> Tensor:
+    from graphc.ops import lift
+
+    return lift(x)
+
+
+def _flatten(tree: Any) -> tuple[list[Tensor], bool]:
+    if isinstance(tree, (tuple, list)):
+        return [_lift(t) for t in tree], True
+    return [_lift(tree)], False
+
+
+def _rebuild(items: list[Tensor], is_seq: bool) -> Any:
+    return tuple(items) if is_seq else items[0]
+
+
+def _merge_shape(a: Any, b: Any) -> Any:
+    if a is None or b is None or len(a) != len(b):
+        return None
+    return [x if x == y else None for x, y in zip(a, b)]
+
+
+def _check_carry(op: str, init: list[Tensor], outs: list[Tensor], source: str) -> None:
+    if len(init) != len(outs):
+        raise GraphError(f"{op}: body returns {len(outs)} carried values, init has {len(init)} (at {source})")
+    for i, (a, b) in enumerate(zip(init, outs)):
+        if a.dtype != b.dtype:
+            raise op_error(op, [a, b], f"carried value {i} changes dtype from {a.dtype} to {b.dtype}", source)
+        if a.shape is not None and b.shape is not None:
+            if len(a.shape) != len(b.shape) or any(isinstance(x, int) and isinstance(y, int) and x != y
+                                                   for x, y in zip(a.shape, b.shape)):
+                raise op_error(op, [a, b], f"carried value {i} changes shape", source)
+
+
+# -- public -------------------------------------------------------------------------------------
+
+
+def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> Any:
+    """``true_fn(*operands) if pred else false_fn(*operands)`` as an ONNX ``If``.
+
+    A Python bool simply picks a branch at capture. Both branches must return the same number
+    of values with the same dtypes. Signature: ai.onnx@21::If
+    """
+    if isinstance(pred, (bool, np.bool_)):
+        return true_fn(*operands) if pred else false_fn(*operands)
+    builder, source = current(), user_source()
+    pred = _lift(pred)
+    if pred.dtype != "bool":
+        raise op_error("If", [pred], f"predicate must be bool, got {pred.dtype}", source)
+    then_g, then_outs, seq = builder.trace_subgraph(true_fn, operands, [], "then_branch")
+    else_g, else_outs, seq2 = builder.trace_subgraph(false_fn, operands, [], "else_branch")
+    if len(then_outs) != len(else_outs) or seq != seq2:
+        raise GraphError(f"gc.cond: branches return {len(then_outs)} and {len(else_outs)} values (at {source})")
+    out_types = []
+    for i, (a, b) in enumerate(zip(then_outs, else_outs)):
+        if a.dtype != b.dtype:
+            raise op_error("If", [a, b], f"branch output {i} has dtype {a.dtype} vs {b.dtype}", source)
+        out_types.append((a.dtype, _merge_shape(a.shape, b.shape)))
+
+    def evaluate(arrays: list) -> list:
+        graph = then_g if bool(np.asarray(arrays[0]).reshape(-1)[0]) else else_g
+        return run_graph(builder, graph, [])
+
+    outs = builder.emit("If", [pred], {"then_branch": then_g, "else_branch": else_g}, len(out_types),
+                        out_types=out_types, source=source, evaluator=evaluate)
+    return _rebuild(outs, seq)
+
+
+def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
+    """``for i in range(lower, upper): carry = body_fn(i, carry)`` as an ONNX ``Loop``;
+    ``i`` is an int64 scalar Tensor. Signature: ai.onnx@21::Loop"""
+    from graphc import ops
+
+    builder, source = current(), user_source()
+    carry, is_seq = _flatten(init)
+    lo = lower if isinstance(lower, Tensor) else int(lower)
+    hi = upper if isinstance(upper, Tensor) else int(upper)
+    if isinstance(lo, int) and isinstance(hi, int):
+        trip = builder.constant(np.asarray(max(hi - lo, 0), dtype=np.int64))
+    else:
+        lo_t = ops.cast(_lift(lo), "int64") if isinstance(lo, Tensor) else lo
+        hi_t = ops.cast(hi, "int64") if isinstance(hi, Tensor) else hi
+        trip = ops.maximum(ops.binary("Sub", hi_t, lo_t), 0)
+
+    def body(iter_num: Tensor, cond_in: Tensor, *state: Tensor):
+        i = iter_num if isinstance(lo, int) and lo == 0 else iter_num + (lo if isinstance(lo, int) else lo_t)
+        new = body_fn(i, _rebuild(list(state), is_seq))
+        new_items, new_seq = _flatten(new)
+        if new_seq != is_seq:
+            raise GraphError(f"gc.fori_loop: body must return the same structure as init (at {source})")
+        return [ops.emit("Identity", [cond_in])] + new_items
+
+    in_types = [("iter", "int64", []), ("cond", "bool", [])] + [
+        (f"carry{k}", t.dtype, t.shape) for k, t in enumerate(carry)]
+    graph, outs, _ = builder.trace_subgraph(body, [], in_types, "loop_body")
+    _check_carry("Loop", carry, outs[1:], source)
+    out_types = [(t.dtype, _merge_shape(t.shape, o.shape)) for t, o in zip(carry, outs[1:])]
+
+    def evaluate(arrays: list) -> list:
+        state = list(arrays[2:])
+        for it in range(int(arrays[0])):
+            res = run_graph(builder, graph, [np.asarray(it, dtype=np.int64), np.asarray(True)] + state)
+            state = res[1:]
+        return state
+
+    results = builder.emit("Loop", [trip, None, *carry], {"body": graph}, len(carry), out_types=out_types,
+                           source=source, evaluator=evaluate)
+    return _rebuild(results, is_seq)
+
+
+def scan(fn: Callable, init: Any, xs: Any) -> tuple[Any, Any]:
+    """JAX ``lax.scan``: ``fn(carry, x) -> (carry, y)`` over axis 0 of ``xs``; returns
+    ``(carry, ys)`` with the ``y``s stacked. Signature: ai.onnx@21::Scan"""
+    builder, source = current(), user_source()
+    carry, carry_seq = _flatten(init)
+    x_items, xs_seq = _flatten(xs)
+    length = None
+    for x in x_items:
+        if x.shape is None or len(x.shape) == 0:
+            raise op_error("Scan", [x], "scanned inputs need rank >= 1", source)
+        length = x.shape[0] if length is None else length
+    n_carry = len(carry)
+    y_seq_box: list[bool] = []
+
+    def body(*vals: Tensor):
+        state, elems = list(vals[:n_carry]), list(vals[n_carry:])
+        result = fn(_rebuild(state, carry_seq), _rebuild(elems, xs_seq))
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise GraphError(f"gc.scan: fn must return (carry, y) (at {source})")
+        new_carry, ys = result
+        new_items, new_seq = _flatten(new_carry)
+        if new_seq != carry_seq:
+            raise GraphError(f"gc.scan: fn must return a carry with the structure of init (at {source})")
+        y_items, y_seq = _flatten(ys)
+        y_seq_box.append(y_seq)
+        return new_items + y_items
+
+    in_types = [(f"carry{k}", t.dtype, t.shape) for k, t in enumerate(carry)] + [
+        (f"x{k}", x.dtype, x.shape[1:]) for k, x in enumerate(x_items)]
+    graph, outs, _ = builder.trace_subgraph(body, [], in_types, "scan_body")
+    _check_carry("Scan", carry, outs[:n_carry], source)
+    out_types = [(t.dtype, _merge_shape(t.shape, o.shape)) for t, o in zip(carry, outs[:n_carry])]
+    out_types += [(y.dtype, None if y.shape is None else [length, *y.shape]) for y in outs[n_carry:]]
+
+    def evaluate(arrays: list) -> list:
+        state, seqs = list(arrays[:n_carry]), arrays[n_carry:]
+        ys: list[list[np.ndarray]] = [[] for _ in outs[n_carry:]]
+        for t in range(seqs[0].shape[0]):
+            res = run_graph(builder, graph, state + [s[t] for s in seqs])
+            state = res[:n_carry]
+            for k, y in enumerate(res[n_carry:]):
+                ys[k].append(y)
+        stacked = [np.stack(y) if y else np.zeros((0,), o.dtype.numpy) for y, o in zip(ys, outs[n_carry:])]
+        return state + stacked
+
+    results = builder.emit("Scan", [*carry, *x_items], {"body": graph, "num_scan_inputs": len(x_items)},
+                           len(out_types), out_types=out_types, source=source, evaluator=evaluate)
+    final = _rebuild(results[:n_carry], carry_seq)
+    return final, _rebuild(results[n_carry:], y_seq_box[0])
+
+
+# -- eager interpretation of body graphs ----------------------------------------------------------
+
+
+def run_graph(builder: Builder, graph: ir.Graph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Evaluate ``graph`` on ``inputs``; outer-scope values come from the capture's eager values."""
+    env: dict[int, np.ndarray] = {id(v): np.asarray(a) for v, a in zip(graph.inputs, inputs)}
+
+    def get(value: ir.Value | None) -> np.ndarray | None:
+        if value is None:
+            return None
+        if id(value) in env:
+            return env[id(value)]
+        if id(value) in builder.values:
+            return builder.values[id(value)]
+        raise GraphError(f"no eager value for {value.name!r} while evaluating {graph.name}")
+
+    for node in graph:
+        args = [get(v) for v in node.inputs]
+        attrs = {a.name: a.value for a in node.attributes.values()}
+        if node.op_type == "If":
+            branch = attrs["then_branch"] if bool(np.asarray(args[0]).reshape(-1)[0]) else attrs["else_branch"]
+            outs = run_graph(builder, branch, [])
+        elif node.op_type == "Loop":
+            state = list(args[2:])
+            for it in range(int(args[0])):
+                state = run_graph(builder, attrs["body"], [np.asarray(it, np.int64), np.asarray(True)] + state)[1:]
+            outs = state
+        elif node.op_type == "Scan":
+            outs = _scan_eval(builder, attrs, args)
+        else:
+            outs = _eager.run(node.op_type, args, attrs, builder.opset, node_outputs=len(node.outputs))
+        for v, o in zip(node.outputs, outs):
+            env[id(v)] = o
+    return [get(v) for v in graph.outputs]
+
+
+def _scan_eval(builder: Builder, attrs: dict, args: list) -> list:
+    n_scan = attrs["num_scan_inputs"]
+    n_carry = len(args) - n_scan
+    state, seqs, ys = list(args[:n_carry]), args[n_carry:], None
+    for t in range(seqs[0].shape[0]):
+        res = run_graph(builder, attrs["body"], state + [s[t] for s in seqs])
+        state = res[:n_carry]
+        ys = [[] for _ in res[n_carry:]] if ys is None else ys
+        for k, y in enumerate(res[n_carry:]):
+            ys[k].append(y)
+    return state + [np.stack(y) for y in (ys or [])]
