@@ -1,3 +1,55 @@
-"""graphc CLI commands (filled in by its owner)."""
+"""`graphc optimize`: run the optimization pipeline on an ONNX file."""
 
-from graphc.cli.app import app  # noqa: F401
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import typer
+from rich.table import Table
+
+from graphc.cli.app import app, console
+from graphc.errors import GraphError
+from graphc.model import load
+from graphc.passes.optimize import LEVELS, OptimizeReport
+
+_LEVEL_HELP = "Optimization level. " + " ".join(f"{k}: {v}." for k, v in LEVELS.items())
+
+
+def report_table(report: OptimizeReport) -> Table:
+    """The per-pass report as a rich table (one row per pass, summed over fixed-point rounds)."""
+    table = Table(title=f"level {report.level}: {report.nodes_before} -> {report.nodes_after} nodes, "
+                        f"{report.seconds * 1e3:.1f} ms, {report.rounds} round(s)")
+    for column in ("pass", "runs", "changed", "nodes removed", "ms"):
+        table.add_column(column, justify="left" if column == "pass" else "right")
+    for row in report.by_pass():
+        table.add_row(row["pass"], str(row["runs"]), str(row["modified"]), str(row["nodes_removed"]),
+                      f"{row['seconds'] * 1e3:.1f}")
+    return table
+
+
+@app.command("optimize")
+def optimize_cmd(
+    model: Path = typer.Argument(..., help="The ONNX model to optimize (never modified unless -o names it)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Where to write the optimized model."),
+    level: int = typer.Option(2, "-O", "--level", min=0, max=3, help=_LEVEL_HELP),
+    report: bool = typer.Option(False, "--report", help="Print what each pass did."),
+) -> None:
+    """Optimize MODEL.onnx and write OUT.onnx atomically.
+
+    Example: ``graphc optimize net.onnx -o net.opt.onnx -O 3 --report``. An invalid or
+    unsupported model exits with status 2 and writes nothing.
+    """
+    from graphc.optimization import optimize
+
+    original = load(model)
+    optimized, rep = optimize(original, level, report=True)
+    try:  # never write a model onnx itself would reject
+        onnx.checker.check_model(optimized.proto)
+    except onnx.checker.ValidationError as exc:
+        raise GraphError(f"optimize level {level} produced an invalid model; nothing written: "
+                         f"{str(exc).strip().splitlines()[0]}") from None
+    optimized.save(output)
+    if report:
+        console.print(report_table(rep))
+    console.print(f"{model} -> {output}: {rep.nodes_before} -> {rep.nodes_after} nodes (level {level})")

@@ -1,1 +1,27 @@
-"""(filled in by its owner)"""
+"""graphc's optimization pipeline on onnx-ir: generic cleanups from onnx-ir/onnxscript plus
+graphc's rewrites, grouped into levels 0-3 (``LEVELS``) and run to a fixed point.
+
+    report = optimize_in_place(ir_model, level=2)   # mutates ir_model; gc.optimize copies first
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from graphc.passes.optimize.interface import restore_interface, snapshot_interface
+from graphc.passes.optimize.levels import LEVELS, MAX_LEVEL, build_pipeline
+from graphc.passes.optimize.pipeline import OptimizeReport, PassRecord, Pipeline, PipelineError, count_nodes
+
+__all__ = ["LEVELS", "MAX_LEVEL", "OptimizeReport", "PassRecord", "Pipeline", "PipelineError",
+           "build_pipeline", "count_nodes", "optimize_in_place"]
+
+
+def optimize_in_place(model: ir.Model, level: int = 2) -> OptimizeReport:
+    """Optimize ``model`` in place at ``level``; graph inputs and outputs keep their names,
+    dtypes and shapes (symbolic dims included) exactly. Returns what each pass did."""
+    report = OptimizeReport(level=level)
+    pipeline = build_pipeline(level, model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1)))
+    interface = snapshot_interface(model)
+    pipeline.run(model, report)
+    restore_interface(model, interface)
+    return report

@@ -1,0 +1,148 @@
+"""Level 2's algebraic simplifications and MatMul/Transpose -> Gemm rewrites."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript.rewriter import _basics
+from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
+from onnxscript.rewriter.rules.common import (
+    _basic_rules,
+    _broadcast_to_matmul,
+    _collapse_slices,
+    _matmul_add_to_gemm,
+    _no_op,
+)
+
+from graphc.passes.optimize.rules import RulePass
+
+__all__ = ["algebraic_pass", "gemm_pass"]
+
+DT = ir.DataType
+# Casts that every value of the source type survives exactly (so casting back recovers it).
+_LOSSLESS = {
+    DT.BOOL: {DT.INT8, DT.UINT8, DT.INT16, DT.INT32, DT.INT64, DT.FLOAT16, DT.FLOAT, DT.DOUBLE},
+    DT.FLOAT16: {DT.FLOAT, DT.DOUBLE},
+    DT.BFLOAT16: {DT.FLOAT, DT.DOUBLE},
+    DT.FLOAT: {DT.DOUBLE},
+    DT.INT8: {DT.INT16, DT.INT32, DT.INT64, DT.FLOAT16, DT.FLOAT, DT.DOUBLE},
+    DT.UINT8: {DT.INT16, DT.INT32, DT.INT64, DT.FLOAT16, DT.FLOAT, DT.DOUBLE},
+    DT.INT16: {DT.INT32, DT.INT64, DT.FLOAT, DT.DOUBLE},
+    DT.INT32: {DT.INT64, DT.DOUBLE},
+}
+_GEMM_TYPES = {DT.FLOAT, DT.DOUBLE, DT.FLOAT16, DT.BFLOAT16, DT.INT32, DT.INT64, DT.UINT32, DT.UINT64}
+
+
+class LosslessCastCast(RewriteRuleClassBase):
+    """``Cast(Cast(x: T, to=U), to=V)`` -> ``Cast(x, to=V)``, or -> ``x`` when V == T.
+
+    Sound only when T -> U is exact (``_LOSSLESS``): then the middle value holds x unchanged.
+    float32 -> float16 -> float32 is *not* rewritten (it rounds)."""
+
+    def pattern(self, op, x, mid, to):
+        return op.Cast(op.Cast(x, to=mid), to=to)
+
+    def check(self, context, x, mid, to) -> _basics.MatchResult:
+        result = _basics.MatchResult()
+        if x.dtype is None or DT(mid.as_int()) not in _LOSSLESS.get(x.dtype, ()):
+            return result.fail(f"cast {x.dtype} -> {DT(mid.as_int())} may round")
+        return result
+
+    def rewrite(self, op, x, mid, to):
+        if DT(to.as_int()) == x.dtype:
+            return op.Identity(x)
+        return op.Cast(x, to=to.as_int())
+
+
+def _c_fits_gemm(c: ir.Value, a: ir.Value, b: ir.Value, trans_a: bool, trans_b: bool) -> bool:
+    """Gemm's C must broadcast (unidirectionally) to the [M, N] product without growing it."""
+    if c.shape is None or len(c.shape) > 2:
+        return False
+    product = [a.shape[1 if trans_a else 0], b.shape[0 if trans_b else 1]]
+    return all(c_dim == 1 or _same_dim(c_dim, o_dim)
+               for c_dim, o_dim in zip(reversed(list(c.shape)), reversed(product)))
+
+
+def _same_dim(a, b) -> bool:
+    """Dims known to be equal: equal ints, or the same named symbol (two unknowns may differ)."""
+    if isinstance(a, int) or isinstance(b, int):
+        return a == b
+    return a.value is not None and a.value == b.value
+
+
+def _gemm_check(base):
+    """Strengthens onnxscript's MatMul+Add -> Gemm check (it tests only the ranks of A and B):
+    the bias must not broadcast the product to a bigger or higher-rank result, and the dtype
+    must be one Gemm takes. Under those conditions ``Gemm(A, B, C) == A @ B + C`` exactly."""
+
+    class Checked(base):
+        def check(self, context, input_a, input_b, input_c, **_) -> _basics.MatchResult:
+            result = super().check(context, input_a, input_b)
+            if not result:
+                return result
+            if input_a.dtype not in _GEMM_TYPES:
+                return result.fail(f"Gemm does not take {input_a.dtype}")
+            if not _c_fits_gemm(input_c, input_a, input_b, self.trans_a, self.trans_b):
+                return result.fail("bias shape would broadcast the product")
+            return result
+
+    Checked.__name__ = Checked.__qualname__ = base.__name__
+    return Checked
+
+
+class TransposeIntoGemm(RewriteRuleClassBase):
+    """``Gemm(Transpose(a, perm=[1,0]), b, ...)`` -> ``Gemm(a, b, transA=!transA, ...)`` and the
+    same for ``b``: Gemm transposes its operands itself, for free (Gemm's inputs are 2-D)."""
+
+    def __init__(self, operand: int):
+        super().__init__(f"TransposeIntoGemm{'AB'[operand]}")
+        self.operand = operand
+
+    def pattern(self, op, a, b):
+        if self.operand == 0:
+            return op.Gemm(op.Transpose(a, perm=[1, 0]), b, _allow_other_inputs=True, _outputs=["out"])
+        return op.Gemm(a, op.Transpose(b, perm=[1, 0]), _allow_other_inputs=True, _outputs=["out"])
+
+    def rewrite(self, op, a, b, out):
+        node = out.producer()
+        attrs = {k: v for k, v in node.attributes.items()}
+        key = "transA" if self.operand == 0 else "transB"
+        attrs[key] = ir.AttrInt64(key, 1 - node.attributes.get_int(key, 0))
+        return op.Gemm(a, b, *node.inputs[2:], **{k: v.value for k, v in attrs.items()})
+
+
+def algebraic_pass() -> RulePass:
+    """Identities that hold for every input value:
+    1. ``x*1, 1*x, x+0, 0+x, x-0, x/1`` -> x (scalar constants only, so no broadcast is lost);
+    2. ``Cast(x, to=dtype(x))`` -> x; lossless ``Cast`` chains collapse (``LosslessCastCast``);
+    3. ``Transpose(Transpose(x, p), q)`` -> one Transpose (or x when q∘p is the identity);
+       ``Transpose`` with the identity perm -> x;
+    4. ``Reshape(Reshape(x, s1), s2)`` -> ``Reshape(x, s2)`` for a constant s2;
+       ``Unsqueeze(Unsqueeze(x))`` -> one Unsqueeze; ``Expand`` to x's own shape -> x;
+       ``Slice`` covering the whole axis -> x; Reshapes around a 2-D MatMul that only
+       add/remove broadcast dims are dropped (onnxscript's rules, each checks shapes);
+    5. ``Gemm(Transpose(a), b)`` -> ``Gemm(a, b, transA=1)`` (``TransposeIntoGemm``)."""
+    rules = [
+        *_no_op.mul_by_1_rule.commute(), *_no_op.add_0_rule.commute(),
+        _no_op.sub_0_rule, _no_op.div_by_1_rule,
+        LosslessCastCast().rule(),
+        _basic_rules.no_op_cast_rule, _basic_rules.no_op_expand_rule,
+        _basic_rules.reshape_reshape_rule, _basic_rules.no_op_transpose_rule,
+        _basic_rules.transpose_transpose_rule, _basic_rules.unsqueeze_unsqueeze_rule,
+        _basic_rules.squeeze_reshape_1d_rule,
+        *_collapse_slices.rules.rules,
+        *_broadcast_to_matmul.rules.rules,
+        TransposeIntoGemm.rule(0), TransposeIntoGemm.rule(1),
+    ]
+    return RulePass("AlgebraicSimplification", rules)
+
+
+def gemm_pass() -> RulePass:
+    """``Add(MatMul(a, b), c)`` -> ``Gemm(a, b, c)`` for 2-D a, b (a Transpose([1,0]) on either
+    operand becomes transA/transB), when c broadcasts to the product's shape. One fused kernel
+    instead of two, and the bias add happens in the GEMM epilogue."""
+    rules = [
+        _gemm_check(cls)().rule() for cls in (
+            _matmul_add_to_gemm.TransABMatMulAddToGemm, _matmul_add_to_gemm.TransAMatMulAddToGemm,
+            _matmul_add_to_gemm.TransBMatMulAddToGemm, _matmul_add_to_gemm.MatMulAddToGemm)
+    ]
+    return RulePass("MatMulAddToGemm", [r for rule in rules for r in rule.commute()])

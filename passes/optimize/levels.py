@@ -1,0 +1,45 @@
+"""The levels table: which passes each ``gc.optimize`` level runs, in order."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from graphc.passes.optimize.algebraic import algebraic_pass, gemm_pass
+from graphc.passes.optimize.fusions import fusion_pass
+from graphc.passes.optimize.inference import inference_pass, pre_apply_transposes_pass
+from graphc.passes.optimize.library import cleanup_passes, finish_passes
+from graphc.passes.optimize.pipeline import Pipeline
+from graphc.passes.optimize.shape_folding import ShapeFolding
+
+__all__ = ["LEVELS", "MAX_LEVEL", "build_pipeline"]
+
+# level -> what it adds to the level below (the report and `graphc optimize --help` show these)
+LEVELS: dict[int, str] = {
+    0: "nothing: the model is copied unchanged",
+    1: "library cleanups: constant folding (onnxscript), identity elimination, CSE, dead-node "
+       "removal, initializer dedup, constants lifted to initializers, topological sort, shape "
+       "inference (onnx-ir)",
+    2: "algebraic simplification (x*1, x+0, Transpose/Reshape/Cast chains), MatMul+Add -> Gemm, "
+       "Transpose into Gemm attributes, shape-subgraph folding (symbolic dims kept), Gelu (opset >= 20) and LayerNormalization (>= 17) "
+       "fusions; safe for training graphs",
+    3: "inference only: Conv/Gemm+BatchNormalization folding, Dropout removal, constant weight "
+       "transposes pre-applied",
+}
+MAX_LEVEL = max(LEVELS)
+
+
+def build_pipeline(level: int, opset: int) -> Pipeline:
+    """The pipeline of ``level`` for a model importing ai.onnx ``opset``. Level 2 and up run
+    the rewrites inside the cleanup loop so each rewrite's leftovers are folded and removed
+    before the next round; the loop stops at the first round that changes nothing."""
+    if level not in LEVELS:
+        raise ValueError(f"optimization level must be one of {sorted(LEVELS)}, got {level!r}")
+    if level == 0:
+        return Pipeline([])
+    loop: list[ir.passes.PassBase] = cleanup_passes()
+    if level >= 2:
+        fusions = fusion_pass(opset)
+        loop += [ShapeFolding(), algebraic_pass(), gemm_pass(), *([fusions] if fusions else [])]
+    if level >= 3:
+        loop += [inference_pass(), pre_apply_transposes_pass()]
+    return Pipeline(loop, finish_passes())

@@ -1,0 +1,148 @@
+"""The pass runner: run a level's passes to a fixed point and record what each one did."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+
+import onnx_ir as ir
+
+__all__ = ["OptimizeReport", "PassRecord", "Pipeline", "PipelineError", "count_nodes"]
+
+
+class PipelineError(RuntimeError):
+    """A pass broke an invariant the pipeline guarantees (graph interface, validity)."""
+
+
+def count_nodes(model: ir.Model) -> int:
+    """Nodes in the main graph and every subgraph (If/Loop/Scan bodies)."""
+    return sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
+
+
+def pass_name(p: ir.passes.PassBase) -> str:
+    return getattr(p, "name", None) or type(p).__name__
+
+
+@dataclasses.dataclass(frozen=True)
+class PassRecord:
+    """One run of one pass: which round of the fixed-point loop, node counts, seconds."""
+
+    name: str
+    round: int
+    nodes_before: int
+    nodes_after: int
+    seconds: float
+    modified: bool
+
+
+@dataclasses.dataclass
+class OptimizeReport:
+    """What an optimization run did; ``gc.optimize(..., report=True)`` returns one."""
+
+    level: int
+    nodes_before: int = 0
+    nodes_after: int = 0
+    seconds: float = 0.0
+    rounds: int = 0
+    records: list[PassRecord] = dataclasses.field(default_factory=list)
+
+    def by_pass(self) -> list[dict]:
+        """One row per pass name, in first-run order: runs, nodes removed, total seconds."""
+        rows: dict[str, dict] = {}
+        for r in self.records:
+            row = rows.setdefault(r.name, {"pass": r.name, "runs": 0, "modified": 0,
+                                           "nodes_removed": 0, "seconds": 0.0})
+            row["runs"] += 1
+            row["modified"] += int(r.modified)
+            row["nodes_removed"] += r.nodes_before - r.nodes_after
+            row["seconds"] += r.seconds
+        return list(rows.values())
+
+    def __str__(self) -> str:
+        lines = [f"level {self.level}: {self.nodes_before} -> {self.nodes_after} nodes in "
+                 f"{self.seconds * 1e3:.1f} ms ({self.rounds} rounds)"]
+        for row in self.by_pass():
+            lines.append(f"  {row['pass']:<36} runs {row['runs']:>2}  nodes -{row['nodes_removed']:<5}"
+                         f" {row['seconds'] * 1e3:8.1f} ms")
+        return "\n".join(lines)
+
+
+def _interface(model: ir.Model) -> tuple[list[str], list[str]]:
+    return [v.name for v in model.graph.inputs], [v.name for v in model.graph.outputs]
+
+
+@contextlib.contextmanager
+def _quiet_libraries():
+    """onnx-ir/onnxscript log a warning for every initializer a pass leaves alone on purpose
+    (graph inputs are never deduplicated or folded); with no logging configured Python prints
+    each to stderr. The report says what happened, so they are muted while a pipeline runs."""
+    loggers = [logging.getLogger(name) for name in ("onnx_ir", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+class Pipeline:
+    """Runs ``loop`` passes repeatedly until a whole round changes nothing (at most
+    ``max_rounds``), then ``finish`` passes once. Every in-place pass runs on the same model.
+
+    After each pass the graph's input and output names are checked against the start: a pass
+    that renames or drops one is a bug in that pass and raises ``PipelineError`` naming it.
+    """
+
+    def __init__(self, loop: Sequence[ir.passes.PassBase], finish: Sequence[ir.passes.PassBase] = (),
+                 max_rounds: int = 8):
+        self.loop = list(loop)
+        self.finish = list(finish)
+        self.max_rounds = max_rounds
+
+    @property
+    def pass_names(self) -> list[str]:
+        return [pass_name(p) for p in [*self.loop, *self.finish]]
+
+    def run(self, model: ir.Model, report: OptimizeReport) -> ir.Model:
+        with _quiet_libraries():
+            return self._run(model, report)
+
+    def _run(self, model: ir.Model, report: OptimizeReport) -> ir.Model:
+        start = time.perf_counter()
+        report.nodes_before = count_nodes(model)
+        interface = _interface(model)
+        for round_ in range(1, self.max_rounds + 1 if self.loop else 1):
+            report.rounds = round_
+            changed = False
+            for p in self.loop:
+                model, modified = self._run_one(p, model, round_, interface, report)
+                changed |= modified
+            if not changed:
+                break
+        for p in self.finish:
+            model, _ = self._run_one(p, model, report.rounds + 1, interface, report)
+        report.nodes_after = count_nodes(model)
+        report.seconds = time.perf_counter() - start
+        return model
+
+    @staticmethod
+    def _run_one(p, model, round_, interface, report):
+        before = count_nodes(model)
+        t0 = time.perf_counter()
+        result = p(model)
+        seconds = time.perf_counter() - t0
+        model = result.model
+        if _interface(model) != interface:
+            raise PipelineError(
+                f"pass {pass_name(p)} changed the graph interface from {interface} to "
+                f"{_interface(model)}; pass developer: graph inputs/outputs must keep their names")
+        after = count_nodes(model)
+        # Some library passes report modified=True when they only re-ran; count nodes too.
+        modified = bool(result.modified) and (after != before or getattr(p, "structural", True))
+        report.records.append(PassRecord(pass_name(p), round_, before, after, seconds, modified))
+        return model, modified

@@ -1,0 +1,49 @@
+"""Running onnxscript rewrite rules as one named pass, and graph helpers the rules share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import RULE_NAME_TAG, RewriteRuleSet
+
+__all__ = ["RulePass", "const_array", "is_constant"]
+
+
+class RulePass(ir.passes.InPlacePass):
+    """Applies a set of onnxscript pattern rules (pattern, check, rewrite) everywhere they
+    match, subgraphs included. Soundness is each rule's own (see the rule's docstring). The
+    rewriter copies the matched nodes' metadata onto the replacement, first match first, and the
+    first matched node is the pattern's root, so a fused node keeps its anchor's
+    ``graphc.source``. The rewriter's own rule-name tag is dropped again: it is not ours."""
+
+    def __init__(self, name: str, rules: Sequence):
+        super().__init__()
+        self.name = name
+        self.rules = RewriteRuleSet(list(rules))
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        count = self.rules.apply_to_model(model)
+        if count:
+            for node in ir.traversal.RecursiveGraphIterator(model.graph):
+                node.metadata_props.pop(RULE_NAME_TAG, None)
+        return ir.passes.PassResult(model, bool(count))
+
+
+def is_constant(value: ir.Value | None) -> bool:
+    """A value known at optimization time that no caller can override: a Constant node's output
+    or an initializer that is not also a graph input."""
+    if value is None or value.const_value is None:
+        return False
+    return not value.is_graph_input()
+
+
+def const_array(value: ir.Value | None) -> np.ndarray | None:
+    """The numpy value of a true constant (see ``is_constant``), else None."""
+    if not is_constant(value):
+        return None
+    try:
+        return value.const_value.numpy()
+    except FileNotFoundError:  # external data that is not available
+        return None

@@ -1,0 +1,143 @@
+"""Level 2's shape-subgraph folding: ``Shape -> Gather/Slice/Concat/... -> Reshape`` chains
+evaluated from the static dims they read, with symbolic dims kept symbolic."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc.passes.optimize.rules import const_array
+
+__all__ = ["ShapeFolding"]
+
+# A dim of a shape tensor: an int, or a key for a dim unknown until run time. Two keys are equal
+# only when the dims are equal for every input: the same named symbol, or the same (value, axis).
+Dim = object
+
+
+def _dim_key(value: ir.Value, axis: int) -> Dim:
+    dim = value.shape[axis]
+    if isinstance(dim, int):
+        return dim
+    return ("sym", dim.value) if dim.value is not None else ("dim", id(value), axis)
+
+
+def _ints(value: ir.Value | None) -> list[int] | None:
+    array = const_array(value)
+    if array is None or array.dtype.kind not in "iu" or array.ndim > 1:
+        return None
+    return [int(a) for a in array.reshape(-1)]
+
+
+def shape_value(value: ir.Value | None, depth: int = 0) -> list[Dim] | None:
+    """The elements of a 0/1-D int tensor that carries (part of) a shape, else None."""
+    if value is None or depth > 32:
+        return None
+    known = _ints(value)
+    if known is not None:
+        return known
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    op, ins = node.op_type, node.inputs
+    if op == "Shape":
+        x = ins[0]
+        if x.shape is None:
+            return None
+        rank = len(x.shape)
+        start = node.attributes.get_int("start", 0)
+        end = node.attributes.get_int("end", rank)
+        return [_dim_key(x, i) for i in range(rank)[slice(start, end)]]
+    if op in ("Cast", "Squeeze", "Unsqueeze", "Identity") and ins[0] is not None:
+        if op == "Cast" and node.attributes.get_int("to") != ir.DataType.INT64:
+            return None
+        return shape_value(ins[0], depth + 1)
+    if op == "Concat" and node.attributes.get_int("axis", 0) == 0:
+        parts = [shape_value(v, depth + 1) for v in ins]
+        return None if any(p is None for p in parts) else [d for p in parts for d in p]
+    if op == "Gather" and node.attributes.get_int("axis", 0) == 0:
+        source, index = shape_value(ins[0], depth + 1), _ints(ins[1])
+        if source is None or index is None or not all(-len(source) <= i < len(source) for i in index):
+            return None
+        return [source[i] for i in index]
+    if op == "Slice" and len(ins) >= 3:
+        source = shape_value(ins[0], depth + 1)
+        starts, ends = _ints(ins[1]), _ints(ins[2])
+        axes = _ints(ins[3]) if len(ins) > 3 and ins[3] is not None else [0]
+        steps = _ints(ins[4]) if len(ins) > 4 and ins[4] is not None else [1]
+        if source is None or starts is None or ends is None or axes not in ([0], [-1]) or steps != [1]:
+            return None
+        return source[slice(starts[0], ends[0])]
+    if op == "Mul":
+        a, b = shape_value(ins[0], depth + 1), shape_value(ins[1], depth + 1)
+        if a and b and len(a) == len(b) and all(isinstance(d, int) for d in a + b):
+            return [x * y for x, y in zip(a, b)]
+    return None
+
+
+def _reshape_target(node: ir.Node, dims: list[Dim]) -> list[int] | None:
+    """A constant shape for ``Reshape(data, dims)`` with the same meaning, if one exists: a
+    run-time dim equal to data's dim at the same axis becomes 0 ("copy", allowzero=0 only); one
+    remaining run-time dim becomes -1 (inferred). Otherwise None."""
+    data = node.inputs[0]
+    allowzero = node.attributes.get_int("allowzero", 0)
+    target: list[int | None] = []
+    for i, d in enumerate(dims):
+        if isinstance(d, int):
+            target.append(d)
+        elif not allowzero and data.shape is not None and i < len(data.shape) and _dim_key(data, i) == d:
+            target.append(0)
+        else:
+            target.append(None)
+    unknown = target.count(None)
+    if unknown > 1 or (unknown == 1 and -1 in target) or (allowzero and 0 in target and unknown):
+        return None
+    return [-1 if t is None else t for t in target]
+
+
+class ShapeFolding(ir.passes.InPlacePass):
+    """1. A shape-carrying value (``Shape``, then ``Gather``/``Slice``/``Concat``/``Cast``/
+    ``Unsqueeze``/``Squeeze``/``Mul`` of them) whose elements are all static dims becomes a
+    constant; onnxscript's folder misses e.g. a ``Gather`` without an explicit ``axis``.
+    2. ``Reshape(x, s)`` with a computed s becomes ``Reshape(x, const)`` when s's run-time
+    dims can be written as 0 (copy x's dim at that axis) or one -1 (inferred from the size), so
+    the shape subgraph dies. Sound because the constant denotes the same shape for every input
+    that satisfies the declared static and symbolic dims; symbolic dims are never fixed."""
+
+    name = "ShapeFolding"
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            if node.op_type == "Reshape" and _ints(node.inputs[1]) is None:
+                dims = shape_value(node.inputs[1])
+                target = None if dims is None else _reshape_target(node, dims)
+                if target is not None:
+                    node.replace_input_with(1, self._constant(node, target, "shape"))
+                    modified = True
+            elif node.op_type in ("Gather", "Concat", "Slice", "Shape") and len(node.outputs) == 1:
+                out = node.outputs[0]
+                if out.is_graph_output() or _ints(out) is not None or not out.uses():
+                    continue
+                dims = shape_value(out)
+                if dims is not None and all(isinstance(d, int) for d in dims):
+                    scalar = node.op_type == "Gather" and const_array(node.inputs[1]).ndim == 0
+                    ir.convenience.replace_all_uses_with(out, self._constant(node, dims, "value", scalar))
+                    modified = True
+        return ir.passes.PassResult(model, modified)
+
+    @staticmethod
+    def _constant(node: ir.Node, dims: list[int], what: str, scalar: bool = False) -> ir.Value:
+        array = np.array(dims, dtype=np.int64)
+        if scalar:
+            array = array.reshape(())
+        name = f"{node.name or node.op_type}/{what}_folded"
+        graph = node.graph
+        while name in graph.initializers:
+            name += "_"
+        value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.INT64),
+                         const_value=ir.tensor(array, name=name))
+        graph.register_initializer(value)
+        return value

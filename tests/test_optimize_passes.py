@@ -1,0 +1,248 @@
+"""Each optimization rewrite on a tiny model: it fires (op types), outputs match, and a second
+run changes nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import graphc as gc
+from optimize_util import F, assert_same_outputs, interface, make_model, op_types
+
+rng = np.random.default_rng(0)
+
+
+def w(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def const(name, value):
+    return helper.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(np.asarray(value), name))
+
+
+def check(model, level, expected_ops, batches=(1, 3), **tol):
+    out, report = gc.optimize(model, level, report=True)
+    assert op_types(out) == expected_ops, str(report)
+    assert interface(out) == interface(model)
+    assert_same_outputs(model, out, batches=batches, **tol)
+    again = gc.optimize(out, level)
+    assert op_types(again) == expected_ops  # fixed point: nothing left to do
+    return out
+
+
+def test_level0_copies_unchanged():
+    m = make_model([helper.make_node("Identity", ["x"], ["y"])], [("x", F, ["N", 4])], [("y", F, ["N", 4])])
+    out = gc.optimize(m, 0)
+    assert out is not m and out.ir is not m.ir
+    assert op_types(out) == ["Identity"]
+
+
+def test_fold_constants_identity_cse_dead_nodes():
+    nodes = [
+        const("a", np.float32(2.0)), const("b", np.float32(3.0)),
+        helper.make_node("Mul", ["a", "b"], ["ab"]),            # folds to 6
+        helper.make_node("Identity", ["x"], ["xi"]),             # identity elimination
+        helper.make_node("Relu", ["xi"], ["r1"]),
+        helper.make_node("Relu", ["x"], ["r2"]),                 # CSE with r1
+        helper.make_node("Exp", ["x"], ["dead"]),                # unused
+        helper.make_node("Add", ["r1", "r2"], ["s"]),
+        helper.make_node("Mul", ["s", "ab"], ["y"]),
+    ]
+    m = make_model(nodes, [("x", F, ["N", 4])], [("y", F, ["N", 4])])
+    check(m, 1, ["Relu", "Add", "Mul"])
+
+
+def test_algebraic_identities_removed():
+    nodes = [
+        const("one", np.float32(1.0)), const("zero", np.float32(0.0)),
+        helper.make_node("Mul", ["x", "one"], ["a"]),
+        helper.make_node("Add", ["zero", "a"], ["b"]),
+        helper.make_node("Sub", ["b", "zero"], ["c"]),
+        helper.make_node("Div", ["c", "one"], ["d"]),
+        helper.make_node("Relu", ["d"], ["y"]),
+    ]
+    m = make_model(nodes, [("x", F, ["N", 4])], [("y", F, ["N", 4])])
+    check(m, 2, ["Relu"])
+    assert op_types(gc.optimize(m, 1)) == ["Mul", "Add", "Sub", "Div", "Relu"]  # level 1 keeps them
+
+
+def test_transpose_reshape_chains():
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t1"], perm=[0, 2, 1]),
+        helper.make_node("Transpose", ["t1"], ["t2"], perm=[0, 2, 1]),
+        const("s1", np.array([-1, 12], np.int64)), const("s2", np.array([-1, 3, 4], np.int64)),
+        helper.make_node("Reshape", ["t2", "s1"], ["r1"]),
+        helper.make_node("Reshape", ["r1", "s2"], ["r2"]),
+        helper.make_node("Relu", ["r2"], ["y"]),
+    ]
+    m = make_model(nodes, [("x", F, ["N", 3, 4])], [("y", F, ["N", 3, 4])])
+    out = check(m, 2, ["Reshape", "Relu"])
+    assert interface(out)[0][2] == ("N", 3, 4)
+
+
+@pytest.mark.parametrize("mid, removed", [(TensorProto.DOUBLE, True), (TensorProto.FLOAT16, False)])
+def test_cast_chain_only_when_lossless(mid, removed):
+    nodes = [helper.make_node("Cast", ["x"], ["c1"], to=mid), helper.make_node("Cast", ["c1"], ["c2"], to=F),
+             helper.make_node("Relu", ["c2"], ["y"])]
+    m = make_model(nodes, [("x", F, ["N", 4])], [("y", F, ["N", 4])])
+    check(m, 2, ["Relu"] if removed else ["Cast", "Cast", "Relu"], rtol=0, atol=0)
+
+
+def test_matmul_add_to_gemm_with_transposed_weight():
+    nodes = [helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "Wt"], ["h"]),
+             helper.make_node("Add", ["h", "b"], ["y"])]
+    # W is a graph input with a default (a training graph's parameter): nothing may fold it.
+    m = make_model(nodes, [("x", F, ["N", 8]), ("W", F, [5, 8])], [("y", F, ["N", 5])],
+                   [("W", w(5, 8)), ("b", w(5))])
+    out = check(m, 2, ["Gemm"])
+    gemm = next(iter(out.ir.graph))
+    assert gemm.attributes.get_int("transB", 0) == 1 and gemm.inputs[1].name == "W"
+
+
+def test_gemm_not_formed_when_bias_broadcasts_or_rank3():
+    broadcast = make_model([helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
+                           [("x", F, [1, 8])], [("y", F, [4, 5])], [("W", w(8, 5)), ("b", w(4, 5))])
+    check(broadcast, 2, ["MatMul", "Add"], batches=(1,))
+    rank3 = make_model([helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
+                       [("x", F, ["N", 2, 8])], [("y", F, ["N", 2, 5])], [("W", w(8, 5)), ("b", w(5))])
+    check(rank3, 2, ["MatMul", "Add"])
+
+
+def test_transpose_folded_into_gemm_attribute():
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+             helper.make_node("Gemm", ["xt", "W", "b"], ["y"])]
+    m = make_model(nodes, [("x", F, [8, "N"])], [("y", F, ["N", 5])], [("W", w(8, 5)), ("b", w(5))])
+    out = check(m, 2, ["Gemm"])
+    assert next(iter(out.ir.graph)).attributes.get_int("transA", 0) == 1
+
+
+def test_shape_subgraph_folded_under_symbolic_batch():
+    # y = reshape(x, [shape(x)[0], shape(x)[1] * shape(x)[2]]): dims 1 and 2 are static.
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        const("i0", np.array([0], np.int64)), const("i1", np.array([1], np.int64)), const("i2", np.array([2], np.int64)),
+        helper.make_node("Gather", ["s", "i0"], ["d0"]), helper.make_node("Gather", ["s", "i1"], ["d1"]),
+        helper.make_node("Gather", ["s", "i2"], ["d2"]), helper.make_node("Mul", ["d1", "d2"], ["d12"]),
+        helper.make_node("Concat", ["d0", "d12"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"]),
+    ]
+    m = make_model(nodes, [("x", F, ["N", 3, 4])], [("y", F, ["N", 12])])
+    out = check(m, 2, ["Reshape"])
+    shape = out.ir.graph.node(0).inputs[1].const_value.numpy()
+    assert list(shape) in ([-1, 12], [0, 12])  # the batch dim stays symbolic
+    assert interface(out) == [("x", F, ("N", 3, 4)), ("y", F, ("N", 12))]
+
+
+def _gelu_nodes(x="x"):
+    return [const("s2", np.float32(np.sqrt(2.0))), const("half", np.float32(0.5)), const("one", np.float32(1.0)),
+            helper.make_node("Div", [x, "s2"], ["xd"]), helper.make_node("Erf", ["xd"], ["e"]),
+            helper.make_node("Add", ["e", "one"], ["cdf"]), helper.make_node("Mul", [x, "half"], ["xh"]),
+            helper.make_node("Mul", ["xh", "cdf"], ["y"])]
+
+
+@pytest.mark.parametrize("opset, fused", [(20, True), (19, False)])
+def test_gelu_fusion_needs_opset_20(opset, fused):
+    m = make_model(_gelu_nodes(), [("x", F, ["N", 6])], [("y", F, ["N", 6])], opset=opset)
+    check(m, 2, ["Gelu"] if fused else ["Div", "Erf", "Add", "Mul", "Mul"])
+
+
+def _layer_norm_nodes(opset):
+    def mean(src, dst):
+        if opset >= 18:
+            return helper.make_node("ReduceMean", [src, "axes"], [dst])
+        return helper.make_node("ReduceMean", [src], [dst], axes=[-1])
+
+    return [const("axes", np.array([-1], np.int64)), const("two", np.float32(2.0)), const("eps", np.float32(1e-5)),
+            mean("x", "m"), helper.make_node("Sub", ["x", "m"], ["d"]), helper.make_node("Pow", ["d", "two"], ["d2"]),
+            mean("d2", "v"), helper.make_node("Add", ["v", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"]),
+            helper.make_node("Div", ["d", "sd"], ["n"]), helper.make_node("Mul", ["n", "gamma"], ["ns"]),
+            helper.make_node("Add", ["ns", "beta"], ["y"])]
+
+
+@pytest.mark.parametrize("opset, fused", [(17, True), (21, True), (16, False)])
+def test_layer_norm_fusion(opset, fused):
+    m = make_model(_layer_norm_nodes(opset), [("x", F, ["N", 3, 8])], [("y", F, ["N", 3, 8])],
+                   [("gamma", w(8)), ("beta", w(8))], opset=opset)
+    out = gc.optimize(m, 2)
+    if fused:
+        assert op_types(out) == ["LayerNormalization"]
+        ln = next(iter(out.ir.graph))
+        assert [v.name for v in ln.inputs] == ["x", "gamma", "beta"]
+    else:
+        assert "LayerNormalization" not in op_types(out)
+    assert_same_outputs(m, out)
+
+
+def _conv_bn(training_mode: int = 0):
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "g", "b", "mu", "var"], ["y"], epsilon=1e-5,
+                              training_mode=training_mode),
+             ]
+    inits = [("W", w(4, 3, 3, 3)), ("B", w(4)), ("g", w(4)), ("b", w(4)), ("mu", w(4)),
+             ("var", np.abs(w(4)) + 0.5)]
+    return make_model(nodes, [("x", F, ["N", 3, 6, 6])], [("y", F, ["N", 4, 6, 6])], inits)
+
+
+def test_conv_batchnorm_folded_at_level3_only():
+    m = _conv_bn()
+    assert op_types(gc.optimize(m, 2)) == ["Conv", "BatchNormalization"]
+    check(m, 3, ["Conv"])
+
+
+def test_training_mode_batchnorm_never_folded():
+    m = _conv_bn(training_mode=1)
+    for level in (2, 3):
+        assert op_types(gc.optimize(m, level)) == ["Conv", "BatchNormalization"]
+
+
+def test_dropout_removed_at_level3_only_in_inference_mode():
+    old = make_model([helper.make_node("Dropout", ["x"], ["d"], ratio=0.3), helper.make_node("Relu", ["d"], ["y"])],
+                     [("x", F, ["N", 4])], [("y", F, ["N", 4])], opset=10)
+    assert op_types(gc.optimize(old, 2)) == ["Dropout", "Relu"]
+    check(old, 3, ["Relu"])
+    nodes = [const("ratio", np.float32(0.3)), const("train", np.array(True)),
+             helper.make_node("Dropout", ["x", "ratio", "train"], ["d"], seed=0), helper.make_node("Relu", ["d"], ["y"])]
+    training = make_model(nodes, [("x", F, ["N", 4])], [("y", F, ["N", 4])])
+    for level in (1, 2, 3):
+        assert op_types(gc.optimize(training, level)) == ["Dropout", "Relu"]
+
+
+def test_shared_constant_weight_transpose_preapplied_at_level3():
+    nodes = [helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "Wt"], ["h"]), helper.make_node("MatMul", ["h", "W"], ["y"])]
+    big = w(128, 96)  # over the level-1 folding limit, and shared: only level 3 pre-applies it
+    m = make_model(nodes, [("x", F, ["N", 96])], [("y", F, ["N", 96])], [("W", big)])
+    assert op_types(gc.optimize(m, 2)) == ["Transpose", "MatMul", "MatMul"]
+    check(m, 3, ["MatMul", "MatMul"], rtol=1e-4, atol=1e-3)
+
+
+def test_source_metadata_kept_on_fused_node():
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])]
+    m = make_model(nodes, [("x", F, ["N", 8])], [("y", F, ["N", 5])], [("W", w(8, 5)), ("b", w(5))])
+    for node, line in zip(m.ir.graph, ("net.py:3", "net.py:4")):
+        node.metadata_props["graphc.source"] = line
+    out = gc.optimize(m, 2)
+    (gemm,) = list(out.ir.graph)
+    assert gemm.op_type == "Gemm" and gemm.metadata_props.get("graphc.source") in ("net.py:3", "net.py:4")
+    assert set(gemm.metadata_props) == {"graphc.source"}
+
+
+def test_caller_model_untouched_and_report():
+    m = make_model(_gelu_nodes(), [("x", F, ["N", 6])], [("y", F, ["N", 6])])
+    before = m.proto.SerializeToString()
+    out, report = gc.optimize(m, 2, report=True)
+    assert m.proto.SerializeToString() == before
+    assert report.nodes_before == 8 and report.nodes_after == 1 == len(out.ir.graph)
+    names = [row["pass"] for row in report.by_pass()]
+    assert names[0] == "FoldConstants" and "Fusions" in names
+    assert all(r.seconds >= 0 for r in report.records)
+
+
+@pytest.mark.parametrize("level", [-1, 4, "2", True])
+def test_bad_level_rejected(level):
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, ["N"])], [("y", F, ["N"])])
+    with pytest.raises(gc.GraphError, match="level must be one of"):
+        gc.optimize(m, level)
