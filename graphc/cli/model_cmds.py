@@ -1,3 +1,141 @@
-"""graphc CLI commands (filled in by its owner)."""
+"""`graphc capture` and `graphc inspect`."""
 
-from graphc.cli.app import app  # noqa: F401
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from graphc.cli.app import app, console
+from graphc.errors import GraphcError
+
+
+def load_object(target: str) -> Any:
+    """``FILE.py:OBJECT`` -> the object (a Module class, a Module instance or a function)."""
+    file, sep, obj_name = target.rpartition(":")
+    if not sep or not file or not obj_name:
+        raise ValueError(f"bad target {target!r}; expected FILE.py:OBJECT, e.g. models/cnn.py:LeNet")
+    path = Path(file)
+    if not path.is_file():
+        raise FileNotFoundError(f"{file}: no such file")
+    module_name = f"_graphc_user_{path.stem}_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{file}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.resolve().parent))
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except GraphcError:
+        raise
+    except Exception as exc:  # the user's file failed to import: report it as bad input
+        raise GraphcError(f"cannot import {file}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        sys.path.remove(str(path.resolve().parent))
+    obj: Any = module
+    for part in obj_name.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{file} has no object {obj_name!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def resolve_capturable(obj: Any, name: str) -> Any:
+    from graphc.nn import Module
+
+    if isinstance(obj, type) and issubclass(obj, Module):
+        try:
+            return obj()
+        except TypeError as exc:
+            raise ValueError(f"{name}: cannot build the Module with no arguments ({exc}); "
+                             "export an instance or a function instead") from exc
+    if isinstance(obj, Module) or callable(obj):
+        return obj
+    raise ValueError(f"{name} is a {type(obj).__name__}; expected a Module class, a Module instance or a function")
+
+
+@app.command("capture")
+def capture_cmd(
+    target: str = typer.Argument(..., help="FILE.py:OBJECT — a Module class, a Module instance or a function"),
+    inputs: list[str] = typer.Option(..., "--input", "-i", help="input spec NAME:DTYPE[DIM,...], e.g. x:float32[N,784]"),
+    output: Path = typer.Option(..., "-o", "--output", help="where to write the .onnx file"),
+    opset: int = typer.Option(21, "--opset", help="ai.onnx opset (17..23)"),
+    seed: int = typer.Option(0, "--seed", help="seed of the parameter initialisation"),
+    training: bool = typer.Option(False, "--training", help="capture training-mode Dropout/BatchNorm"),
+    name: Optional[str] = typer.Option(None, "--name", help="graph name"),
+) -> None:
+    """Capture a DSL model into an ONNX file.
+
+    Example: graphc capture models/cnn.py:LeNet --input x:float32[N,1,28,28] -o cnn.onnx
+    """
+    import graphc as gc
+    from graphc.dtypes import parse_spec
+
+    specs = {}
+    for text in inputs:
+        sp = parse_spec(text)
+        if sp.name in specs:
+            raise ValueError(f"input {sp.name!r} given twice")
+        specs[sp.name] = sp
+    fn = resolve_capturable(load_object(target), target)
+    start = time.perf_counter()
+    model = gc.capture(fn, name=name, opset=opset, seed=seed, training=training, **specs)
+    elapsed = time.perf_counter() - start
+    model.save(output)
+    console.print(f"captured [bold]{model.name}[/] in {elapsed * 1000:.0f} ms: {len(model.ir.graph)} nodes, "
+                  f"opset {opset} -> {output}", highlight=False)
+
+
+def _spec_table(title: str, specs: list) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("name", "dtype", "shape"):
+        table.add_column(column)
+    for s in specs:
+        shape = "?" if s.shape is None else "[" + ", ".join("?" if d is None else str(d) for d in s.shape) + "]"
+        table.add_row(s.name, s.dtype, shape)
+    return table
+
+
+@app.command("inspect")
+def inspect_cmd(
+    model_path: Path = typer.Argument(..., help="an .onnx file"),
+    dims: list[str] = typer.Option([], "--dim", help="size of a symbolic dim for the FLOPs estimate, e.g. N=64"),
+) -> None:
+    """Show a model's inputs, outputs, opset, op histogram, parameters and estimated FLOPs."""
+    import graphc as gc
+    from graphc.cli.run_cmds import parse_dims
+    from graphc.inspect import estimate_flops, op_histogram, param_stats
+
+    sizes = parse_dims(dims)
+    model = gc.load(model_path)
+    proto_ir = model.proto.ir_version
+    opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in model.ir.opset_imports.items())
+    console.print(f"[bold]{model.name}[/]  ({model_path})  opset: {opsets}  ir_version {proto_ir}  "
+                  f"producer: {model.ir.producer_name or '?'}", highlight=False)
+    console.print(_spec_table("inputs", model.inputs))
+    console.print(_spec_table("outputs", model.outputs))
+    hist = op_histogram(model.ir.graph)
+    ops_table = Table(title=f"ops ({sum(hist.values())} nodes)", title_justify="left")
+    ops_table.add_column("op")
+    ops_table.add_column("count", justify="right")
+    for op, n in hist.most_common():
+        ops_table.add_row(op, str(n))
+    console.print(ops_table)
+    elems, nbytes = param_stats(model)
+    console.print(f"parameters: {elems:,} elements, {nbytes:,} bytes in "
+                  f"{len(model.ir.graph.initializers)} initializers", highlight=False)
+    flops = estimate_flops(model, sizes)
+    used = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "symbolic dims = 1"
+    flops_table = Table(title=f"estimated FLOPs ({used})", title_justify="left")
+    flops_table.add_column("op")
+    flops_table.add_column("FLOPs", justify="right")
+    for op, n in sorted(flops.items()):
+        flops_table.add_row(op, f"{n:,}")
+    flops_table.add_row("[bold]total[/]", f"[bold]{sum(flops.values()):,}[/]")
+    console.print(flops_table)
