@@ -1,0 +1,168 @@
+"""Any graphc backend as an ``onnx.backend.base.Backend``, and a runner for onnx's node cases.
+
+``backend_class("numpy")`` (or ``"ort-cpu"``, ``"ort-cuda"``) returns a class that
+``onnx.backend.test.BackendTest`` accepts. ``run_case`` runs one of onnx's generated node
+cases (``onnx.backend.test.loader.load_model_tests(kind="node")``) and says how it went.
+Models are handed over with the lowest IR version their opsets need: onnx's ``make_model``
+stamps the newest IR version, which released runtimes may refuse.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx.backend.base import Backend, BackendRep
+
+from graphc.backends.registry import get_backend
+from graphc.model import ir_version_for
+
+
+def runtime_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` stamped with the lowest IR version its opsets need."""
+    lowered = onnx.ModelProto()
+    lowered.CopyFrom(model)
+    opsets = {o.domain: o.version for o in model.opset_import}
+    lowered.ir_version = min(model.ir_version, ir_version_for(opsets)) if model.ir_version else ir_version_for(opsets)
+    return lowered
+
+
+class GraphcBackendRep(BackendRep):
+    def __init__(self, executable, feed_names: list[str]):
+        self.executable = executable
+        self.feed_names = feed_names
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
+        if isinstance(inputs, dict):
+            feeds = dict(inputs)
+        else:
+            if not isinstance(inputs, (list, tuple)):
+                inputs = [inputs]
+            feeds = dict(zip(self.feed_names, inputs))
+        out = self.executable.run(feeds)
+        return tuple(out[n] for n in self.executable.output_names)
+
+
+def backend_class(name: str, **options: Any) -> type[Backend]:
+    """An ``onnx.backend.base.Backend`` subclass running graphc's backend ``name``."""
+
+    class GraphcBackend(Backend):
+        backend_name = name
+
+        @classmethod
+        def supports_device(cls, device: str) -> bool:
+            return device.upper().startswith("CUDA") if name.endswith("cuda") else device.upper() == "CPU"
+
+        @classmethod
+        def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> GraphcBackendRep:
+            super().prepare(model, device, **kwargs)
+            executable = get_backend(name).prepare(runtime_model(model), **{**options, **kwargs})
+            inits = {t.name for t in model.graph.initializer}
+            feeds = [v.name for v in model.graph.input if v.name not in inits]
+            return GraphcBackendRep(executable, feeds)
+
+        @classmethod
+        def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any):
+            return cls.prepare(model, device, **kwargs).run(inputs)
+
+    GraphcBackend.__name__ = f"GraphcBackend[{name}]"
+    return GraphcBackend
+
+
+# -- onnx's node cases --------------------------------------------------------------------------
+@dataclass
+class CaseResult:
+    name: str
+    op_type: str
+    status: str  # "pass" | "fail" (wrong values) | "error" (raised)
+    message: str = ""
+
+
+def load_node_cases():
+    """onnx's node test cases (generated in memory; nothing is read from disk)."""
+    import warnings
+
+    from onnx.backend.test.loader import load_model_tests
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return load_model_tests(kind="node")
+
+
+def case_op_type(case) -> str:
+    """The op a case tests: its single node's op type (``_expanded`` cases: the op they expand)."""
+    nodes = case.model.graph.node
+    if "_expanded" not in case.name and nodes:
+        return nodes[-1].op_type if len(nodes) > 1 else nodes[0].op_type
+    return "expanded:" + re.sub(r"^test_", "", case.name.split("_expanded")[0])
+
+
+def graph_op_types(graph: onnx.GraphProto) -> set[str]:
+    """Every op type in ``graph`` and its subgraphs."""
+    ops = set()
+    for node in graph.node:
+        ops.add(node.op_type)
+        for attr in node.attribute:
+            for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                ops |= graph_op_types(g)
+    return ops
+
+
+def _compare(expected, got, rtol: float, atol: float) -> None:
+    if isinstance(expected, (list, tuple)):
+        if len(expected) != len(got):
+            raise AssertionError(f"sequence length {len(got)} != expected {len(expected)}")
+        for e, g in zip(expected, got):
+            _compare(e, g, rtol, atol)
+        return
+    if expected is None:
+        if got is not None:
+            raise AssertionError("expected an empty optional")
+        return
+    expected = np.asarray(expected)
+    got = np.asarray(got)
+    if expected.dtype != got.dtype and not (expected.dtype == object or got.dtype == object):
+        raise AssertionError(f"dtype {got.dtype} != expected {expected.dtype}")
+    if expected.dtype == object:
+        np.testing.assert_array_equal(got, expected)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def _as_value(value):
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, onnx.SequenceProto):
+        return onnx.numpy_helper.to_list(value)
+    if isinstance(value, onnx.OptionalProto):
+        return onnx.numpy_helper.to_optional(value)
+    return value
+
+
+def run_case(backend: type[Backend], case) -> CaseResult:
+    op_type = case_op_type(case)
+    try:
+        rep = backend.prepare(case.model, "CPU")
+        for inputs, expected in case.data_sets:
+            inputs = [_as_value(v) for v in inputs]
+            expected = [_as_value(v) for v in expected]
+            with np.errstate(all="ignore"):
+                outputs = rep.run(inputs)
+            if len(outputs) < len(expected):
+                raise AssertionError(f"{len(outputs)} outputs, expected {len(expected)}")
+            for e, g in zip(expected, outputs):
+                _compare(e, g, case.rtol, case.atol)
+    except AssertionError as exc:
+        return CaseResult(case.name, op_type, "fail", str(exc).strip().splitlines()[0] if str(exc).strip() else "mismatch")
+    except Exception as exc:  # noqa: BLE001 - a conformance runner reports every failure
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return CaseResult(case.name, op_type, "error", f"{type(exc).__name__}: {first}"[:300])
+    return CaseResult(case.name, op_type, "pass")
+
+
+def run_cases(backend: type[Backend], cases: Iterable) -> list[CaseResult]:
+    return [run_case(backend, case) for case in cases]

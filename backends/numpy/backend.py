@@ -1,0 +1,122 @@
+"""``NumpyBackend``: the Backend protocol over the numpy interpreter, and ``run_node``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+
+from graphc.backends.base import BackendInfo
+from graphc.backends.numpy.interpreter import Context, Plan
+from graphc.backends.numpy.kernels import lookup, normalize_domain
+from graphc.errors import BackendError, GraphcError, GraphError
+
+
+class NumpyExecutable:
+    """A model planned for the numpy kernels. Handles are the arrays themselves.
+
+    ``run(feeds, outputs=[...])`` accepts any value name of the graph, intermediates included,
+    and runs only the nodes those values need.
+    """
+
+    def __init__(self, model: onnx.ModelProto, seed: int = 0):
+        opsets = {normalize_domain(o.domain): o.version for o in model.opset_import}
+        opsets.setdefault("", 1)
+        self.opsets = opsets
+        self.plan = Plan(model.graph, opsets)
+        self.input_names = list(self.plan.input_names)
+        self.output_names = list(self.plan.output_names)
+        # Random ops (Dropout in training mode, RandomNormal, ...) draw from this generator, so
+        # a session prepared with the same seed reproduces the same masks run after run.
+        self.rng = np.random.default_rng(seed)
+        self._const_ids = {id(a) for a in self.plan.consts.values()}
+
+    @property
+    def placement(self) -> dict[str, str]:
+        return {step.label: "numpy:cpu" for step in self.plan.steps}
+
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        self.plan.check_feeds(feeds)
+        wanted = self.output_names if outputs is None else list(outputs)
+        result = self.plan.run(feeds, wanted, self.rng)
+        for name, value in result.items():
+            # never hand out the plan's own initializers or read-only views (callers may write)
+            if id(value) in self._const_ids or not value.flags.writeable:
+                result[name] = value.copy()
+        return result
+
+    # -- device residency: the host is the device --------------------------------------------
+    def to_device(self, array: np.ndarray) -> np.ndarray:
+        return np.asarray(array)
+
+    def to_host(self, handle: np.ndarray) -> np.ndarray:
+        return handle
+
+    def run_bound(self, feeds: Mapping[str, Any], host_outputs: Sequence[str],
+                  device_outputs: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        result = self.run(feeds, [*host_outputs, *device_outputs])
+        return ({n: result[n] for n in host_outputs}, {n: result[n] for n in device_outputs})
+
+
+class NumpyBackend:
+    """The reference interpreter: pure numpy, always available, runs every graph graphc emits."""
+
+    name = "numpy"
+    device = "cpu"
+
+    def info(self) -> BackendInfo:
+        return BackendInfo(name=self.name, available=True, device=self.device)
+
+    def prepare(self, model: onnx.ModelProto, seed: int = 0, **options: Any) -> NumpyExecutable:
+        """Plan ``model``. ``seed`` seeds the RNG of random ops; other options (meant for other
+        backends, e.g. thread counts) are accepted and ignored."""
+        return NumpyExecutable(model, seed=seed)
+
+
+def _convert_attribute(value: Any, opsets: dict[str, int]) -> Any:
+    if isinstance(value, onnx.GraphProto):
+        return Plan(value, opsets, subgraph=True)
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (onnx.GraphProto, bytes, onnx.TensorProto)):
+        return [_convert_attribute(v, opsets) for v in value]
+    return value
+
+
+def run_node(op_type: str, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], opset: int,
+             domain: str = "", *, num_outputs: int | None = None, scope: Mapping[str, np.ndarray] | None = None,
+             rng: np.random.Generator | None = None) -> list[np.ndarray]:
+    """Evaluate one node eagerly.
+
+    ``attrs`` are plain Python values (graph attributes may be ``onnx.GraphProto``s, whose
+    outer-scope names are read from ``scope``). ``num_outputs`` tells kernels with optional
+    outputs (MaxPool indices, Dropout mask) how many the node has.
+    """
+    domain = normalize_domain(domain)
+    found = lookup(op_type, opset, domain)
+    if found is None:
+        raise GraphError(f"the numpy backend has no kernel for op {op_type!r} (domain "
+                         f"{domain or 'ai.onnx'!r}, opset {opset})")
+    unknown = found.check_attributes(attrs)
+    if unknown:
+        raise GraphError(f"the numpy kernel of {op_type!r} does not support attribute(s) {', '.join(unknown)}")
+    opsets = {"": opset} if not domain else {"": opset, domain: opset}
+    kwargs = {k: _convert_attribute(v, opsets) for k, v in attrs.items()}
+    if found.attributes is not None and "_outputs" in found.attributes:
+        kwargs["_outputs"] = num_outputs or 1
+    args = [None if x is None else np.asarray(x) for x in inputs]
+    try:
+        if found.context:
+            res = found.fn(Context(rng or np.random.default_rng(0), scope), *args, **kwargs)
+        else:
+            res = found.fn(*args, **kwargs)
+    except GraphcError:
+        raise
+    except Exception as exc:
+        raise BackendError(f"op {op_type!r} failed: {type(exc).__name__}: {exc}") from exc
+    res = [np.asarray(r) for r in res]
+    return res[:num_outputs] if num_outputs else res

@@ -1,0 +1,92 @@
+"""Indexing kernels: Gather*, Scatter*, NonZero, Compress, Unique.
+
+ONNX indices may be negative (counted from the end); numpy fancy indexing agrees.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc.backends.numpy.kernels import kernel
+
+_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+@kernel("Gather", since=1)
+def gather(data, indices, *, axis=0):
+    return (np.take(data, indices.astype(np.int64, copy=False), axis=axis),)
+
+
+@kernel("GatherElements", since=11)
+def gather_elements(data, indices, *, axis=0):
+    return (np.take_along_axis(data, indices.astype(np.int64, copy=False), axis=axis),)
+
+
+@kernel("GatherND", since=11)
+def gather_nd(data, indices, *, batch_dims=0):
+    batch = data.shape[:batch_dims]
+    nb = int(np.prod(batch, dtype=np.int64))
+    d = data.reshape(nb, *data.shape[batch_dims:])
+    idx = indices.reshape(nb, *indices.shape[batch_dims:]).astype(np.int64)
+    k = idx.shape[-1]
+    b = np.arange(nb).reshape(nb, *([1] * (idx.ndim - 2)))
+    out = d[(b, *np.moveaxis(idx, -1, 0))] if k else d[:, None].repeat(1, 1)
+    return (out.reshape(*batch, *indices.shape[batch_dims:-1], *data.shape[batch_dims + k:]),)
+
+
+def _element_index(indices, axis, data_shape):
+    axis = axis % indices.ndim
+    idx = indices.astype(np.int64)
+    idx = np.where(idx < 0, idx + data_shape[axis], idx)
+    grid = list(np.indices(indices.shape, sparse=True))
+    grid[axis] = idx
+    return tuple(grid)
+
+
+def _scatter(data, where, updates, reduction):
+    out = data.copy()
+    if reduction == "none":
+        out[where] = updates
+    else:
+        _REDUCE[reduction].at(out, where, updates)
+    return (out,)
+
+
+@kernel("ScatterElements", since=11)
+def scatter_elements(data, indices, updates, *, axis=0, reduction="none"):
+    return _scatter(data, _element_index(indices, axis, data.shape), updates, reduction)
+
+
+@kernel("Scatter", since=9)
+def scatter(data, indices, updates, *, axis=0):
+    return _scatter(data, _element_index(indices, axis, data.shape), updates, "none")
+
+
+@kernel("ScatterND", since=11)
+def scatter_nd(data, indices, updates, *, reduction="none"):
+    where = tuple(np.moveaxis(indices.astype(np.int64), -1, 0))
+    return _scatter(data, where, updates, reduction)
+
+
+@kernel("NonZero", since=9)
+def nonzero(x):
+    return (np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1),)
+
+
+@kernel("Compress", since=11)
+def compress(x, condition, *, axis=None):
+    return (np.compress(condition.astype(bool), x, axis=axis),)
+
+
+@kernel("Unique", since=11)
+def unique(x, *, axis=None, sorted=1):  # noqa: A002 - spec name
+    values, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True,
+                                               return_counts=True, axis=axis)
+    if not sorted:  # order of first occurrence
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        values = np.take(values, order, axis=axis or 0) if axis is not None else values[order]
+        first, counts, inverse = first[order], counts[order], rank[inverse]
+    return (values, first.astype(np.int64), inverse.reshape(-1).astype(np.int64),
+            counts.astype(np.int64))
