@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from rich.markup import escape
+
 from graphc.cli import model_cmds, run_cmds, optimize_cmds, train_cmds, deploy_cmds  # noqa: F401  (register)
 from graphc.cli.app import app, err_console, state
 from graphc.errors import GraphcError
@@ -21,5 +23,6 @@ def main(argv: list[str] | None = None) -> None:
         if state["debug"]:
             raise
         message = str(exc) if not isinstance(exc, KeyError) else str(exc.args[0])
-        err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {message}", highlight=False, markup=True)
+        err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {escape(message)}", highlight=False, markup=True,
+                          soft_wrap=True)
         sys.exit(2)
