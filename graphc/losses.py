@@ -16,7 +16,8 @@ Definitions follow ``torch.nn.functional`` (reduction "mean" by default):
   axis 1; ``label_smoothing`` eps mixes (1-eps)*nll with eps/C * (-sum_c log_softmax);
   labels equal to ``ignore_index`` count for nothing, and "mean" divides by the number of
   labels that are not ignored.
-* ``bce_with_logits``: max(x, 0) - x*y + log(1 + exp(-|x|)) (stable at any |x|).
+* ``bce_with_logits``: max(x, 0) - x*y + log(1 + exp(-|x|)) (stable at any |x|; max(x, 0) is
+  written (x + |x|)/2 so the gradient at x = 0 is PyTorch's sigmoid(0) - y).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Reduction = Literal["mean", "sum"]
+Reduction = Literal["mean", "sum", "none"]  # "none": Tensors only
 LossKind = Literal["mse", "l1", "huber", "cross_entropy", "bce_with_logits"]
 KINDS: tuple[str, ...] = ("mse", "l1", "huber", "cross_entropy", "bce_with_logits")
 

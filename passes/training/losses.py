@@ -65,10 +65,13 @@ def huber(b: Builder, pred: ir.Value, target: ir.Value, reduction: str = "mean",
 
 
 def bce_with_logits(b: Builder, x: ir.Value, y: ir.Value, reduction: str = "mean") -> ir.Value:
-    # max(x, 0) - x*y + log(1 + exp(-|x|)): exp never overflows, whatever |x|.
-    softplus_tail = b.op("Log", b.op("Add", b.scalar_like(1.0, x), b.op("Exp", b.op("Neg", b.op("Abs", x)))))
-    elem = b.op("Add", b.op("Sub", b.op("Relu", x), b.op("Mul", x, y)), softplus_tail)
-    return _reduce(b, elem, reduction)
+    # max(x, 0) - x*y + log(1 + exp(-|x|)), with max(x, 0) written (x + |x|)/2: exp never
+    # overflows, and the gradient is sigmoid(x) - y at x = 0 too (the Relu form gives -y there).
+    abs_x = b.op("Abs", x)
+    tail = b.op("Log", b.op("Add", b.scalar_like(1.0, x), b.op("Exp", b.op("Neg", abs_x))))
+    linear = b.op("Add", b.op("Mul", x, b.op("Sub", b.scalar_like(0.5, x), y)),
+                  b.op("Mul", abs_x, b.scalar_like(0.5, x)))
+    return _reduce(b, b.op("Add", linear, tail), reduction)
 
 
 def cross_entropy(b: Builder, logits: ir.Value, labels: ir.Value, reduction: str = "mean",

@@ -1,0 +1,198 @@
+"""Losses vs closed numpy forms and torch.nn.functional: as loss graphs (passes/training/losses)
+appended to a graph, and as DSL functions on Tensors (gc.losses.* inside gc.capture)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+import graphc as gc
+from graphc.passes.training import losses as loss_graphs
+from graphc.passes.training.builder import Builder
+
+RNG = np.random.default_rng(0)
+
+
+# -- references (closed forms, PyTorch's definitions) ------------------------------------------
+def _reduce(x, reduction):
+    return x.mean() if reduction == "mean" else x.sum()
+
+
+def ref_mse(p, t, reduction="mean"):
+    return _reduce((p - t) ** 2, reduction)
+
+
+def ref_l1(p, t, reduction="mean"):
+    return _reduce(np.abs(p - t), reduction)
+
+
+def ref_huber(p, t, reduction="mean", delta=1.0):
+    d = np.abs(p - t)
+    return _reduce(np.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta)), reduction)
+
+
+def ref_bce_with_logits(x, y, reduction="mean"):
+    return _reduce(np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x))), reduction)
+
+
+def ref_cross_entropy(logits, labels, reduction="mean", label_smoothing=0.0, ignore_index=-100):
+    x = logits.astype(np.float64)
+    lsm = x - x.max(axis=1, keepdims=True)
+    lsm = lsm - np.log(np.exp(lsm).sum(axis=1, keepdims=True))
+    keep = labels != ignore_index
+    safe = np.where(keep, labels, 0)
+    nll = -np.take_along_axis(lsm, np.expand_dims(safe, 1), axis=1).squeeze(1)
+    smooth = -lsm.mean(axis=1)
+    elem = ((1 - label_smoothing) * nll + label_smoothing * smooth) * keep
+    return elem.sum() / keep.sum() if reduction == "mean" else elem.sum()
+
+
+REFS = {"mse": ref_mse, "l1": ref_l1, "huber": ref_huber, "bce_with_logits": ref_bce_with_logits,
+        "cross_entropy": ref_cross_entropy}
+
+
+def _torch_loss(kind, a, b, **opts):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    ta = torch.from_numpy(a.astype(np.float64))
+    tb = torch.from_numpy(b) if kind == "cross_entropy" else torch.from_numpy(b.astype(np.float64))
+    fn = {"mse": F.mse_loss, "l1": F.l1_loss, "huber": F.huber_loss,
+          "bce_with_logits": F.binary_cross_entropy_with_logits, "cross_entropy": F.cross_entropy}[kind]
+    return float(fn(ta, tb, **opts))
+
+
+# -- cases -------------------------------------------------------------------------------------
+def _regression(shape=(6, 5)):
+    return RNG.normal(size=shape).astype(np.float32), RNG.normal(size=shape).astype(np.float32)
+
+
+def _classes(shape=(8, 5), extra=()):
+    logits = RNG.normal(scale=3, size=(shape[0], shape[1], *extra)).astype(np.float32)
+    labels = RNG.integers(0, shape[1], size=(shape[0], *extra)).astype(np.int64)
+    return logits, labels
+
+
+def _ignored():
+    logits, labels = _classes()
+    labels[[1, 4]] = -100
+    return logits, labels
+
+
+def _ignore_class_zero():
+    logits, labels = _classes()
+    labels[:3] = 0
+    return logits, labels
+
+
+def _bce_extreme():
+    x = np.array([[100.0, -100.0, 0.0, 3.0], [-100.0, 100.0, -2.0, 50.0]], np.float32)
+    y = np.array([[1.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.5, 1.0]], np.float32)
+    return x, y
+
+
+CASES = [
+    ("mse", _regression, {}),
+    ("mse", _regression, {"reduction": "sum"}),
+    ("l1", _regression, {}),
+    ("huber", _regression, {}),
+    ("huber", _regression, {"delta": 0.5}),
+    ("huber", _regression, {"delta": 2.0, "reduction": "sum"}),
+    ("bce_with_logits", lambda: (RNG.normal(size=(6, 3)).astype(np.float32),
+                                 RNG.integers(0, 2, (6, 3)).astype(np.float32)), {}),
+    ("bce_with_logits", _bce_extreme, {}),
+    ("cross_entropy", _classes, {}),
+    ("cross_entropy", _classes, {"reduction": "sum"}),
+    ("cross_entropy", _classes, {"label_smoothing": 0.1}),
+    ("cross_entropy", _ignored, {}),
+    ("cross_entropy", _ignored, {"label_smoothing": 0.2}),
+    ("cross_entropy", _ignore_class_zero, {"ignore_index": 0}),
+    ("cross_entropy", lambda: _classes((3, 4), extra=(2, 3)), {}),
+    ("cross_entropy", lambda: _classes((3, 4), extra=(2, 3)), {"label_smoothing": 0.1}),
+]
+IDS = [f"{kind}-{i}" for i, (kind, _, _) in enumerate(CASES)]
+
+
+def _loss_graph_model(kind, a, b, options) -> onnx.ModelProto:
+    """pred/logits and target/label as inputs (first dim symbolic), the loss appended."""
+    dims = ["N", *a.shape[1:]]
+    pred = ir.Value(name="pred", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(dims))
+    dtype, shape = loss_graphs.label_type(kind, pred)
+    label = ir.Value(name="label", type=ir.TensorType(dtype), shape=shape)
+    graph = ir.Graph([pred, label], [], nodes=[], opset_imports={"": 21}, name="loss")
+    loss = loss_graphs.append_loss(Builder(graph, 21), kind, {"reduction": "mean", **options}, pred, label)
+    loss.dtype = ir.DataType.FLOAT
+    loss.shape = ir.Shape([])
+    graph.outputs.append(loss)
+    proto = ir.serde.serialize_model(ir.Model(graph, ir_version=10))
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+@pytest.mark.parametrize("kind,make,options", CASES, ids=IDS)
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_loss_graph_matches_closed_form(kind, make, options, backend):
+    a, b = make()
+    model = gc.load(_loss_graph_model(kind, a, b, options))
+    got = gc.Session(model, backend=backend).run({"pred": a, "label": b})["loss"]
+    expected = REFS[kind](a.astype(np.float64), b if kind == "cross_entropy" else b.astype(np.float64), **options)
+    assert np.isfinite(got)
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind,make,options", CASES, ids=IDS)
+def test_closed_forms_match_torch(kind, make, options):
+    a, b = make()
+    torch_opts = dict(options)
+    if kind == "huber":
+        torch_opts.setdefault("delta", 1.0)
+    expected = _torch_loss(kind, a, b, **torch_opts)
+    got = REFS[kind](a.astype(np.float64), b if kind == "cross_entropy" else b.astype(np.float64), **options)
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind,make,options", CASES, ids=IDS)
+def test_dsl_loss_on_tensors(kind, make, options):
+    a, b = make()
+    fn = getattr(gc.losses, kind)
+    model = gc.capture(lambda p, t: fn(p, t, **options), p=gc.spec("float32", ("N", *a.shape[1:])),
+                       t=gc.spec(b.dtype.name, ("N", *b.shape[1:])))
+    got = gc.Session(model, backend="numpy").run({"p": a, "t": b})["output"]
+    expected = REFS[kind](a.astype(np.float64), b if kind == "cross_entropy" else b.astype(np.float64), **options)
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=1e-6)
+
+
+def test_bce_with_logits_gradient_is_finite_at_100():
+    """The stable form keeps d(loss)/dx finite and equal to (sigmoid(x) - y)/n at |x| = 100 and
+    at the kink x = 0."""
+    x, y = _bce_extreme()
+    model = gc.capture(lambda p, t: gc.losses.bce_with_logits(p, t), p=x, t=y)
+    from graphc.passes.autodiff.core import backward
+
+    g = model.ir.graph
+    result = backward(g, g.outputs[0], [g.inputs[0]])
+    dx = result["p"]
+    dx.dtype, dx.shape = ir.DataType.FLOAT, ir.Shape(x.shape)
+    g.outputs.append(dx)
+    out = gc.Session(gc.Model(model.ir), backend="numpy").run({"p": x, "t": y})
+    expected = (1 / (1 + np.exp(-x.astype(np.float64))) - y) / x.size
+    np.testing.assert_allclose(out[dx.name], expected, rtol=1e-5, atol=1e-7)
+
+
+def test_loss_spec_binds_output_to_label():
+    spec = gc.losses.cross_entropy("logits", label="y", label_smoothing=0.1)
+    assert isinstance(spec, gc.losses.LossSpec)
+    assert (spec.kind, spec.output, spec.label) == ("cross_entropy", "logits", "y")
+    assert spec.resolved_options() == {"reduction": "mean", "label_smoothing": 0.1, "ignore_index": -100}
+    assert gc.losses.LossSpec.model_validate_json(spec.model_dump_json()) == spec
+    assert gc.losses.huber("out", label="t", delta=2.0).resolved_options()["delta"] == 2.0
+
+
+def test_loss_spec_errors():
+    with pytest.raises(ValueError, match="no option"):
+        gc.losses.LossSpec(kind="mse", output="o", options={"delta": 1.0}).resolved_options()
+    with pytest.raises(ValueError, match="reduction"):
+        gc.losses.mse("out", label="y", reduction="none")
+    with pytest.raises(TypeError, match="label="):
+        gc.losses.mse("out", "y")
