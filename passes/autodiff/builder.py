@@ -1,0 +1,283 @@
+"""GradBuilder: what gradient rules use to append ``ai.onnx`` nodes to the graph being differentiated.
+
+It knows the graph's opset (so ``reduce``/``squeeze``/``unsqueeze``/``split`` emit the right
+form), caches constants, names every new value, stamps each new node with the forward node's
+``graphc.source``, and undoes broadcasting (``sum_to``) statically or with ``Shape``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc.errors import GraphError
+
+SOURCE_KEY = "graphc.source"
+FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+
+# Opset from which an op takes its axes (or split sizes) as an input instead of an attribute.
+_AXES_AS_INPUT = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "Split": 13}
+_REDUCE_AXES_AS_INPUT = 18
+
+
+Dim = int | str | None
+StaticShape = tuple[Dim, ...]
+
+
+def static_shape(value: ir.Value) -> StaticShape | None:
+    """The value's shape as ints (known), strs (symbolic) and None (unknown); None if rank unknown."""
+    if value.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
+
+
+def is_static(shape: StaticShape | None) -> bool:
+    return shape is not None and all(isinstance(d, int) for d in shape)
+
+
+def same_dim(a: Dim, b: Dim) -> bool:
+    """True when two dims are known to be equal (same int, or the same symbol)."""
+    return a is not None and a == b
+
+
+def is_float(value: ir.Value) -> bool:
+    """Floating-point (or of unknown type, which we treat as differentiable)."""
+    return value.dtype is None or value.dtype in FLOAT_TYPES
+
+
+def attr(node: ir.Node, name: str, default=None):
+    a = node.attributes.get(name)
+    return default if a is None else a.value
+
+
+def const_array(value: ir.Value | None) -> np.ndarray | None:
+    """The value as numpy if it is an initializer or a Constant's output, else None."""
+    if value is None:
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    return None if tensor is None else tensor.numpy()
+
+
+class GradBuilder:
+    def __init__(self, graph: ir.Graph, opset: int):
+        self.graph = graph
+        self.opset = opset
+        self.source: str | None = None  # graphc.source of the forward node being differentiated
+        self.node_name = "grad"
+        self._consts: dict[tuple, ir.Value] = {}
+        self._taken = {v.name for v in _all_values(graph) if v.name}
+        self._counter = 0
+        self.needed: set[ir.Value] | None = None  # values whose gradient the walk wants
+
+    def wants(self, value: ir.Value | None) -> bool:
+        """Whether a rule should compute the gradient of ``value`` (skip frozen/int inputs)."""
+        if value is None or not is_float(value):
+            return False
+        return self.needed is None or value in self.needed
+
+    def with_outputs(self, node: ir.Node, count: int) -> ir.Node:
+        """``node`` with at least ``count`` outputs (MaxPool Indices, Dropout mask), all named.
+
+        When the node lacks them, it is replaced in the graph by a copy that has them.
+        """
+        if len(node.outputs) < count:
+            new = ir.Node(node.domain, node.op_type, list(node.inputs), list(node.attributes.values()),
+                          num_outputs=count, name=node.name, version=node.version,
+                          metadata_props=dict(node.metadata_props))
+            for old, out in zip(node.outputs, new.outputs):
+                name, old.name = old.name, None
+                out.shape, out.type = old.shape, old.type
+                old.replace_all_uses_with(out, replace_graph_outputs=True)
+                out.name = name
+            node.graph.insert_before(node, new)
+            node.graph.remove(node, safe=True)
+            node = new
+        for out in node.outputs:
+            self.name_value(out)
+        return node
+
+    # -- emitting nodes ----------------------------------------------------------------------
+    def _fresh(self, stem: str) -> str:
+        while True:
+            self._counter += 1
+            name = f"{self.node_name}/{stem}_{self._counter}"
+            if name not in self._taken:
+                self._taken.add(name)
+                return name
+
+    def name_value(self, value: ir.Value) -> ir.Value:
+        if not value.name:
+            value.name = self._fresh("v")
+        return value
+
+    def op(self, op_type: str, *inputs: ir.Value | None, num_outputs: int = 1, **attrs):
+        """Append one node; returns its output (or the tuple of outputs when num_outputs > 1)."""
+        for v in inputs:
+            if v is not None:
+                self.name_value(v)
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        node = ir.node(op_type, list(inputs), attrs or None, num_outputs=num_outputs,
+                       name=self._fresh(op_type))
+        if self.source:
+            node.metadata_props[SOURCE_KEY] = self.source
+        for out in node.outputs:
+            out.name = self._fresh(op_type)
+        self.graph.append(node)
+        return node.outputs[0] if num_outputs == 1 else tuple(node.outputs)
+
+    # -- constants ---------------------------------------------------------------------------
+    def const(self, array, dtype: ir.DataType | np.dtype | None = None) -> ir.Value:
+        np_dtype = dtype.numpy() if isinstance(dtype, ir.DataType) else dtype
+        arr = np.asarray(array, dtype=np_dtype)
+        key = (arr.dtype.str, arr.shape, arr.tobytes())
+        if key not in self._consts:
+            self._consts[key] = self.op("Constant", value=ir.tensor(arr))
+        return self._consts[key]
+
+    def ints(self, values: Sequence[int]) -> ir.Value:
+        return self.const(np.asarray(list(values), dtype=np.int64))
+
+    def scalar(self, x: float, like: ir.Value) -> ir.Value:
+        """A 0-d constant of ``like``'s dtype (CastLike when the dtype is not recorded)."""
+        if like.dtype is not None:
+            return self.const(x, like.dtype)
+        return self.op("CastLike", self.const(x, np.float32), like)
+
+    # -- shapes ------------------------------------------------------------------------------
+    def rank(self, value: ir.Value) -> int:
+        shape = static_shape(value)
+        if shape is None:
+            raise GraphError(
+                f"gradient of node {self.node_name!r} needs the rank of {value.name!r}, which is "
+                "unknown; run shape inference on the model first")
+        return len(shape)
+
+    def shape_of(self, value: ir.Value) -> ir.Value:
+        """The shape as an int64 1-D value: a constant when static, else a ``Shape`` node."""
+        shape = static_shape(value)
+        if is_static(shape):
+            return self.ints(shape)
+        return self.op("Shape", value)
+
+    def zeros_like(self, value: ir.Value) -> ir.Value:
+        zero = ir.tensor(np.zeros(1, dtype=(value.dtype or ir.DataType.FLOAT).numpy()))
+        return self.op("ConstantOfShape", self.shape_of(value), value=zero)
+
+    def reshape_like(self, dy: ir.Value, like: ir.Value) -> ir.Value:
+        return self.op("Reshape", dy, self.shape_of(like))
+
+    # -- opset-dependent forms ---------------------------------------------------------------
+    def reduce(self, op_type: str, x: ir.Value, axes: Sequence[int] | ir.Value | None,
+               keepdims: bool = True) -> ir.Value:
+        """``op_type`` (ReduceSum, ReduceMean, ...) over ``axes`` (None: all axes)."""
+        as_input = self.opset >= _AXES_AS_INPUT.get(op_type, _REDUCE_AXES_AS_INPUT)
+        keep = int(keepdims)
+        if axes is None:
+            return self.op(op_type, x, keepdims=keep)
+        if isinstance(axes, ir.Value):
+            if not as_input:
+                raise GraphError(f"{op_type} with dynamic axes needs opset >= 13/18 (graph has {self.opset})")
+            return self.op(op_type, x, axes, keepdims=keep)
+        axes = [int(a) for a in axes]
+        if not axes:
+            return x
+        if as_input:
+            return self.op(op_type, x, self.ints(axes), keepdims=keep)
+        return self.op(op_type, x, keepdims=keep, axes=axes)
+
+    def unsqueeze(self, x: ir.Value, axes: Sequence[int]) -> ir.Value:
+        if not axes:
+            return x
+        if self.opset >= 13:
+            return self.op("Unsqueeze", x, self.ints(axes))
+        return self.op("Unsqueeze", x, axes=list(axes))
+
+    def squeeze(self, x: ir.Value, axes: Sequence[int]) -> ir.Value:
+        if not axes:
+            return x
+        if self.opset >= 13:
+            return self.op("Squeeze", x, self.ints(axes))
+        return self.op("Squeeze", x, axes=list(axes))
+
+    # -- arithmetic shorthands -----------------------------------------------------------------
+    def add(self, a, b): return self.op("Add", a, b)
+    def sub(self, a, b): return self.op("Sub", a, b)
+    def mul(self, a, b): return self.op("Mul", a, b)
+    def div(self, a, b): return self.op("Div", a, b)
+    def neg(self, a): return self.op("Neg", a)
+
+    def cast_like(self, x: ir.Value, like: ir.Value) -> ir.Value:
+        if like.dtype is not None:
+            return self.op("Cast", x, to=int(like.dtype))
+        return self.op("CastLike", x, like)
+
+    def transpose(self, x: ir.Value, perm: Sequence[int]) -> ir.Value:
+        if list(perm) == list(range(len(perm))):
+            return x
+        return self.op("Transpose", x, perm=[int(p) for p in perm])
+
+    def sum_values(self, values: Sequence[ir.Value]) -> ir.Value:
+        total = values[0]
+        for v in values[1:]:
+            total = self.add(total, v)
+        return total
+
+    # -- undoing broadcasting ----------------------------------------------------------------
+    def sum_to(self, dx: ir.Value, dx_shape: StaticShape | None, target: ir.Value,
+               target_shape: StaticShape | None = None) -> ir.Value:
+        """Sum ``dx`` (a gradient of broadcast shape ``dx_shape``) down to ``target``'s shape.
+
+        Static when the axes to reduce are known from the shapes (a target dim of 1 is always
+        safe to sum over); otherwise the axes come from comparing ``Shape`` values at run time.
+        """
+        ts = static_shape(target) if target_shape is None else target_shape
+        if dx_shape is not None and ts is not None:
+            axes = self._broadcast_axes(dx_shape, ts)
+            if axes is not None:
+                lead = len(dx_shape) - len(ts)
+                if not axes:
+                    return dx
+                if axes == list(range(lead)):
+                    return self.reduce("ReduceSum", dx, axes, keepdims=False)
+                summed = self.reduce("ReduceSum", dx, axes, keepdims=True)
+                if lead == 0:
+                    return summed
+                return self.op("Reshape", summed, self.ints(ts) if is_static(ts) else self.op("Shape", target))
+        return self._sum_to_dynamic(dx, target)
+
+    @staticmethod
+    def _broadcast_axes(dx_shape: StaticShape, ts: StaticShape) -> list[int] | None:
+        lead = len(dx_shape) - len(ts)
+        if lead < 0:
+            return None
+        axes = list(range(lead))
+        for i, (a, b) in enumerate(zip(dx_shape[lead:], ts)):
+            if b == 1:
+                if a != 1:
+                    axes.append(lead + i)
+            elif not same_dim(a, b):
+                if isinstance(b, int) and isinstance(a, (str, type(None))):
+                    continue  # a fixed target dim > 1: the broadcast dim must equal it
+                return None
+        return axes
+
+    def _sum_to_dynamic(self, dx: ir.Value, target: ir.Value) -> ir.Value:
+        sy = self.op("Shape", dx)
+        sx = self.op("Shape", target)
+        diff = self.op("Sub", self.op("Size", sy), self.op("Size", sx))
+        ones = self.op("ConstantOfShape", self.op("Reshape", diff, self.ints([1])),
+                       value=ir.tensor(np.ones(1, dtype=np.int64)))
+        sx_padded = self.op("Concat", ones, sx, axis=0)
+        mask = self.op("Not", self.op("Equal", sx_padded, sy))
+        axes = self.op("Reshape", self.op("NonZero", mask), self.ints([-1]))
+        summed = self.op("ReduceSum", dx, axes, keepdims=1, noop_with_empty_axes=1)
+        return self.op("Reshape", summed, sx)
+
+
+def _all_values(graph: ir.Graph):
+    yield from graph.inputs
+    yield from graph.initializers.values()
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        yield from node.outputs

@@ -1,0 +1,1 @@
+"""VJP rule of If (both branches differentiated as subgraphs)."""

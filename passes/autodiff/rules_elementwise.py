@@ -1,0 +1,226 @@
+"""VJP rules of elementwise ops (arithmetic, activations, comparisons-free selections).
+
+Broadcast inputs get their gradient summed back to their own shape (``GradBuilder.sum_to``).
+Subgradients at kinks follow PyTorch; each rule says which value it picks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx_ir as ir
+
+from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, is_float, static_shape
+from graphc.passes.autodiff.registry import grad_rule
+
+
+def _to(g: GradBuilder, node: ir.Node, dx: ir.Value | None, i: int) -> ir.Value | None:
+    """Sum a gradient of the output's (broadcast) shape down to input ``i``'s shape."""
+    if dx is None or node.inputs[i] is None:
+        return None
+    return g.sum_to(dx, static_shape(node.outputs[0]), node.inputs[i])
+
+
+@grad_rule("Add")
+def grad_add(g, node, dy):
+    return _to(g, node, dy, 0), _to(g, node, dy, 1)
+
+
+@grad_rule("Sub")
+def grad_sub(g, node, dy):
+    return _to(g, node, dy, 0), _to(g, node, g.neg(dy), 1)
+
+
+@grad_rule("Mul")
+def grad_mul(g, node, dy):
+    a, b = node.inputs
+    return _to(g, node, g.mul(dy, b), 0), _to(g, node, g.mul(dy, a), 1)
+
+
+@grad_rule("Div")
+def grad_div(g, node, dy):
+    # y = a / b: da = dy / b, db = -dy * y / b
+    a, b = node.inputs
+    y = node.outputs[0]
+    da = g.div(dy, b)
+    db = g.neg(g.mul(da, y))
+    return _to(g, node, da, 0), _to(g, node, db, 1)
+
+
+@grad_rule("Neg")
+def grad_neg(g, node, dy):
+    return (g.neg(dy),)
+
+
+@grad_rule("Pow")
+def grad_pow(g, node, dy):
+    # y = a ** b: da = dy * b * a**(b-1); db = dy * y * log(a), and 0 where a == 0 and b >= 0
+    # (PyTorch's pow_backward_exponent convention, so 0**b does not give nan).
+    a, b = node.inputs
+    y = node.outputs[0]
+    bf = b if b.dtype == a.dtype else g.cast_like(b, a)
+    b_const = None if g.wants(b) or b.is_graph_input() else const_array(b)
+    if b_const is not None and b_const.size == 1 and float(b_const.reshape(())) == 2.0:
+        da = g.mul(dy, g.mul(a, g.scalar(2.0, a)))  # the common square: no Pow in the backward
+    else:
+        da = g.mul(dy, g.mul(bf, g.op("Pow", a, g.sub(bf, g.scalar(1.0, a)))))
+    db = None
+    if g.wants(b):
+        zero = g.scalar(0.0, a)
+        safe = g.op("And", g.op("Equal", a, zero), g.op("GreaterOrEqual", bf, zero))
+        db = g.op("Where", safe, zero, g.mul(dy, g.mul(y, g.op("Log", a))))
+        db = _to(g, node, db, 1)
+    return _to(g, node, da, 0), db
+
+
+@grad_rule("Sqrt")
+def grad_sqrt(g, node, dy):
+    # dy / (2 sqrt(x)); inf at x == 0 like PyTorch
+    return (g.div(dy, g.mul(node.outputs[0], g.scalar(2.0, dy))),)
+
+
+@grad_rule("Exp")
+def grad_exp(g, node, dy):
+    return (g.mul(dy, node.outputs[0]),)
+
+
+@grad_rule("Log")
+def grad_log(g, node, dy):
+    return (g.div(dy, node.inputs[0]),)
+
+
+@grad_rule("Abs")
+def grad_abs(g, node, dy):
+    # dy * sign(x); at x == 0 the gradient is 0 (PyTorch: sgn(0) = 0)
+    return (g.mul(dy, g.op("Sign", node.inputs[0])),)
+
+
+@grad_rule("Reciprocal")
+def grad_reciprocal(g, node, dy):
+    y = node.outputs[0]
+    return (g.neg(g.mul(dy, g.mul(y, y))),)
+
+
+@grad_rule("Relu")
+def grad_relu(g, node, dy):
+    # dy where x > 0, else 0; at x == 0 the gradient is 0 (PyTorch's threshold_backward)
+    x = node.inputs[0]
+    return (g.op("Where", g.op("Greater", x, g.scalar(0.0, x)), dy, g.scalar(0.0, dy)),)
+
+
+@grad_rule("LeakyRelu")
+def grad_leaky_relu(g, node, dy):
+    # dy where x > 0, else alpha * dy; at x == 0 the slope is alpha (PyTorch's leaky_relu_backward)
+    x = node.inputs[0]
+    alpha = attr(node, "alpha", 0.01)
+    return (g.op("Where", g.op("Greater", x, g.scalar(0.0, x)), dy, g.mul(dy, g.scalar(alpha, dy))),)
+
+
+@grad_rule("Sigmoid")
+def grad_sigmoid(g, node, dy):
+    y = node.outputs[0]
+    return (g.mul(dy, g.mul(y, g.sub(g.scalar(1.0, y), y))),)
+
+
+@grad_rule("Tanh")
+def grad_tanh(g, node, dy):
+    y = node.outputs[0]
+    return (g.mul(dy, g.sub(g.scalar(1.0, y), g.mul(y, y))),)
+
+
+@grad_rule("Erf")
+def grad_erf(g, node, dy):
+    x = node.inputs[0]
+    e = g.op("Exp", g.neg(g.mul(x, x)))
+    return (g.mul(dy, g.mul(e, g.scalar(2.0 / math.sqrt(math.pi), x))),)
+
+
+def _gelu_tanh_derivative(g: GradBuilder, x: ir.Value) -> ir.Value:
+    # y = 0.5 x (1 + tanh(u)), u = k (x + c x^3): y' = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2)
+    k, c = math.sqrt(2.0 / math.pi), 0.044715
+    x2 = g.mul(x, x)
+    u = g.mul(g.scalar(k, x), g.add(x, g.mul(g.scalar(c, x), g.mul(x2, x))))
+    t = g.op("Tanh", u)
+    half = g.scalar(0.5, x)
+    left = g.mul(half, g.add(g.scalar(1.0, x), t))
+    du = g.mul(g.scalar(k, x), g.add(g.scalar(1.0, x), g.mul(g.scalar(3 * c, x), x2)))
+    right = g.mul(g.mul(half, x), g.mul(g.sub(g.scalar(1.0, x), g.mul(t, t)), du))
+    return g.add(left, right)
+
+
+@grad_rule("Gelu")
+def grad_gelu(g, node, dy):
+    # exact: y' = Phi(x) + x phi(x); "tanh": derivative of the tanh approximation
+    x = node.inputs[0]
+    if attr(node, "approximate", "none") == "tanh":
+        return (g.mul(dy, _gelu_tanh_derivative(g, x)),)
+    cdf = g.mul(g.scalar(0.5, x), g.add(g.scalar(1.0, x), g.op("Erf", g.mul(x, g.scalar(1 / math.sqrt(2), x)))))
+    pdf = g.mul(g.op("Exp", g.mul(g.mul(x, x), g.scalar(-0.5, x))), g.scalar(1 / math.sqrt(2 * math.pi), x))
+    return (g.mul(dy, g.add(cdf, g.mul(x, pdf))),)
+
+
+@grad_rule("Identity")
+def grad_identity(g, node, dy):
+    return (dy,)
+
+
+@grad_rule("Cast")
+def grad_cast(g, node, dy):
+    x = node.inputs[0]
+    if not is_float(x):
+        return (None,)
+    return (g.cast_like(dy, x),)
+
+
+@grad_rule("Where")
+def grad_where(g, node, dy):
+    cond = node.inputs[0]
+    zero = g.scalar(0.0, dy)
+    return None, _to(g, node, g.op("Where", cond, dy, zero), 1), _to(g, node, g.op("Where", cond, zero, dy), 2)
+
+
+@grad_rule("Clip")
+def grad_clip(g, node, dy):
+    # PyTorch's clamp_backward: the gradient passes where min <= x <= max (boundaries included);
+    # min/max get the gradient of the elements clipped to them (summed: they are scalars).
+    x = node.inputs[0]
+    lo = node.inputs[1] if len(node.inputs) > 1 else None
+    hi = node.inputs[2] if len(node.inputs) > 2 else None
+    zero = g.scalar(0.0, dy)
+    keep, dlo, dhi = None, None, None
+    if lo is not None:
+        keep = g.op("GreaterOrEqual", x, lo)
+        dlo = g.reduce("ReduceSum", g.op("Where", g.op("Less", x, lo), dy, zero), None, keepdims=False)
+    if hi is not None:
+        below = g.op("LessOrEqual", x, hi)
+        keep = below if keep is None else g.op("And", keep, below)
+        dhi = g.reduce("ReduceSum", g.op("Where", g.op("Greater", x, hi), dy, zero), None, keepdims=False)
+    dx = dy if keep is None else g.op("Where", keep, dy, zero)
+    return dx, dlo, dhi
+
+
+@grad_rule("Sum")
+def grad_sum(g, node, dy):
+    return tuple(_to(g, node, dy, i) for i in range(len(node.inputs)))
+
+
+def _select_extreme(g: GradBuilder, node: ir.Node, dy: ir.Value):
+    # Ties share the gradient evenly (torch.maximum/minimum give 0.5/0.5 between two equal
+    # inputs; with n tied inputs each gets dy / n).
+    y = node.outputs[0]
+    masks = [g.cast_like(g.op("Equal", x, y), dy) for x in node.inputs]
+    if len(masks) == 1:
+        return (dy,)
+    count = g.sum_values(masks)
+    share = g.div(dy, count)
+    return tuple(_to(g, node, g.mul(share, m), i) for i, m in enumerate(masks))
+
+
+@grad_rule("Max")
+def grad_max(g, node, dy):
+    return _select_extreme(g, node, dy)
+
+
+@grad_rule("Min")
+def grad_min(g, node, dy):
+    return _select_extreme(g, node, dy)

@@ -1,0 +1,85 @@
+"""VJP rules of MatMul (batched, broadcast, 1-D operands) and Gemm (transA/transB/alpha/beta)."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from graphc.passes.autodiff.builder import GradBuilder, attr, static_shape
+from graphc.passes.autodiff.registry import grad_rule
+
+
+def _swap_last(g: GradBuilder, x: ir.Value, rank: int) -> ir.Value:
+    perm = list(range(rank))
+    perm[-2], perm[-1] = perm[-1], perm[-2]
+    return g.transpose(x, perm)
+
+
+def _flatten_rows(g: GradBuilder, x: ir.Value, shape, like_last: ir.Value) -> ir.Value:
+    """Reshape ``x`` (rank >= 2) to ``[-1, last]``."""
+    last = shape[-1]
+    if isinstance(last, int):
+        return g.op("Reshape", x, g.ints([-1, last]))
+    tail = g.op("Slice", g.op("Shape", like_last), g.ints([-1]), g.ints([2**62]))
+    return g.op("Reshape", x, g.op("Concat", g.ints([-1]), tail, axis=0))
+
+
+@grad_rule("MatMul")
+def grad_matmul(g, node, dy):
+    # y = a @ b (numpy semantics): da = dy @ b^T, db = a^T @ dy, each summed over broadcast
+    # batch dims. 1-D operands are lifted to matrices ([k] -> [1,k] / [k,1]) and dropped again.
+    a, b = node.inputs
+    sa, sb, sy = static_shape(a), static_shape(b), static_shape(node.outputs[0])
+    ra, rb = g.rank(a), g.rank(b)
+    g.rank(node.outputs[0])
+    if ra == 1 and rb == 1:
+        return (g.mul(dy, b) if g.wants(a) else None), (g.mul(dy, a) if g.wants(b) else None)
+    a2, sa2, b2, sb2, dy2, sy2 = a, sa, b, sb, dy, sy
+    if ra == 1:
+        a2, sa2 = g.unsqueeze(a, [0]), (1, *sa)
+        dy2, sy2 = g.unsqueeze(dy, [len(sy) - 1]), (*sy[:-1], 1, sy[-1])
+    if rb == 1:
+        b2, sb2 = g.unsqueeze(b, [1]), (*sb, 1)
+        dy2, sy2 = g.unsqueeze(dy, [len(sy)]), (*sy, 1)
+    da = db = None
+    if g.wants(a):
+        da = g.op("MatMul", dy2, _swap_last(g, b2, len(sb2)))
+        da_shape = (*sy2[:-2], sy2[-2], sb2[-2])
+        da = g.sum_to(da, da_shape, a2, sa2)
+        if ra == 1:
+            da = g.reshape_like(da, a)
+    if g.wants(b):
+        if rb == 2 and ra > 2:
+            # b is a weight shared over a's batch: one [k, rows] @ [rows, m] product
+            db = g.op("Gemm", _flatten_rows(g, a2, sa2, a2), _flatten_rows(g, dy2, sy2, dy2), transA=1)
+        else:
+            db = g.op("MatMul", _swap_last(g, a2, len(sa2)), dy2)
+            db_shape = (*sy2[:-2], sa2[-1], sy2[-1])
+            db = g.sum_to(db, db_shape, b2, sb2)
+        if rb == 1:
+            db = g.reshape_like(db, b)
+    return da, db
+
+
+@grad_rule("Gemm")
+def grad_gemm(g, node, dy):
+    # y = alpha * A' @ B' + beta * C with A' = A^T if transA, B' = B^T if transB.
+    a, b = node.inputs[0], node.inputs[1]
+    c = node.inputs[2] if len(node.inputs) > 2 else None
+    alpha, beta = attr(node, "alpha", 1.0), attr(node, "beta", 1.0)
+    ta, tb = attr(node, "transA", 0), attr(node, "transB", 0)
+    scale = {} if alpha == 1.0 else {"alpha": alpha}
+    da = db = dc = None
+    if g.wants(a):
+        if ta:  # dA = alpha * B' dy^T
+            da = g.op("Gemm", b, dy, transA=int(bool(tb)), transB=1, **scale)
+        else:  # dA = alpha * dy B'^T
+            da = g.op("Gemm", dy, b, transB=int(not tb), **scale)
+    if g.wants(b):
+        if tb:  # dB = alpha * dy^T A'
+            db = g.op("Gemm", dy, a, transA=1, transB=int(bool(ta)), **scale)
+        else:  # dB = alpha * A'^T dy
+            db = g.op("Gemm", a, dy, transA=int(not ta), **scale)
+    if g.wants(c):
+        dc = dy if beta == 1.0 else g.mul(dy, g.scalar(beta, dy))
+        dc = g.sum_to(dc, static_shape(node.outputs[0]), c)
+    return da, db, dc

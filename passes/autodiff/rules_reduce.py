@@ -1,0 +1,140 @@
+"""VJP rules of reductions (ReduceSum/Mean/Max/Min, global pools) and Softmax/LogSoftmax.
+
+Axes come from the attribute (ReduceSum before opset 13, the others before 18) or from the
+second input; ``keepdims=0`` outputs are unsqueezed back before broadcasting to the input.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from graphc.errors import GraphError
+from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, is_static, static_shape
+from graphc.passes.autodiff.registry import grad_rule
+
+
+def _reduce_axes(g: GradBuilder, node: ir.Node):
+    """(axes, noop): axes as sorted non-negative ints, None for all axes, or a Value if dynamic."""
+    axes = attr(node, "axes")
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = const_array(node.inputs[1])
+        if axes is None:
+            return node.inputs[1], False
+    noop = bool(attr(node, "noop_with_empty_axes", 0))
+    if axes is None or len(axes) == 0:
+        return None, noop
+    rank = g.rank(node.inputs[0])
+    return sorted(int(a) % rank for a in axes), False
+
+
+def _expand_back(g: GradBuilder, node: ir.Node, dy: ir.Value, axes) -> ir.Value:
+    """dy with the reduced axes restored (size 1), ready to broadcast against the input."""
+    if attr(node, "keepdims", 1):
+        return dy
+    if isinstance(axes, ir.Value):
+        raise GraphError(f"{node.op_type} {node.name!r}: keepdims=0 with axes computed at run time "
+                         "has no gradient rule; make the axes a constant")
+    if axes is None:  # reduced to a scalar, which broadcasts as it is
+        return dy
+    return g.unsqueeze(dy, axes)
+
+
+def _count_ratio(g: GradBuilder, x: ir.Value, y: ir.Value, like: ir.Value) -> ir.Value:
+    """size(x) / size(y): how many inputs each output of a mean averages."""
+    sx, sy = static_shape(x), static_shape(y)
+    if is_static(sx) and is_static(sy):
+        nx = 1
+        for d in sx:
+            nx *= d
+        ny = 1
+        for d in sy:
+            ny *= d
+        return g.scalar(nx / max(ny, 1), like)
+    ratio = g.div(g.cast_like(g.op("Size", x), like), g.cast_like(g.op("Size", y), like))
+    return ratio
+
+
+@grad_rule("ReduceSum")
+def grad_reduce_sum(g, node, dy):
+    axes, noop = _reduce_axes(g, node)
+    if noop:
+        return dy, None
+    x = node.inputs[0]
+    return g.op("Expand", _expand_back(g, node, dy, axes), g.shape_of(x)), None
+
+
+@grad_rule("ReduceMean")
+def grad_reduce_mean(g, node, dy):
+    axes, noop = _reduce_axes(g, node)
+    if noop:
+        return dy, None
+    x = node.inputs[0]
+    dy = g.div(dy, _count_ratio(g, x, node.outputs[0], dy))
+    return g.op("Expand", _expand_back(g, node, dy, axes), g.shape_of(x)), None
+
+
+def _select_reduced(g: GradBuilder, node: ir.Node, dy: ir.Value, axes) -> ir.Value:
+    # Ties share the gradient evenly, like torch.amax/amin (and torch.max() without dim).
+    x = node.inputs[0]
+    y = _expand_back(g, node, node.outputs[0], axes)
+    mask = g.cast_like(g.op("Equal", x, y), dy)
+    count = g.reduce("ReduceSum", mask, axes, keepdims=True)
+    return g.mul(mask, g.div(_expand_back(g, node, dy, axes), count))
+
+
+@grad_rule("ReduceMax", "ReduceMin")
+def grad_reduce_extreme(g, node, dy):
+    axes, noop = _reduce_axes(g, node)
+    if noop:
+        return dy, None
+    return _select_reduced(g, node, dy, axes), None
+
+
+@grad_rule("ReduceSumSquare")
+def grad_reduce_sum_square(g, node, dy):
+    axes, noop = _reduce_axes(g, node)
+    x = node.inputs[0]
+    two_x = g.mul(x, g.scalar(2.0, x))
+    if noop:
+        return g.mul(dy, two_x), None
+    return g.mul(_expand_back(g, node, dy, axes), two_x), None
+
+
+@grad_rule("GlobalAveragePool")
+def grad_global_average_pool(g, node, dy):
+    x = node.inputs[0]
+    dy = g.div(dy, _count_ratio(g, x, node.outputs[0], dy))
+    return (g.op("Expand", dy, g.shape_of(x)),)
+
+
+@grad_rule("GlobalMaxPool")
+def grad_global_max_pool(g, node, dy):
+    x = node.inputs[0]
+    y = node.outputs[0]
+    mask = g.cast_like(g.op("Equal", x, y), dy)
+    count = g.reduce("ReduceSum", mask, list(range(2, g.rank(x))), keepdims=True)
+    return (g.mul(mask, g.div(dy, count)),)
+
+
+def _softmax_axes(g: GradBuilder, node: ir.Node) -> list[int]:
+    rank = g.rank(node.inputs[0])
+    if g.opset >= 13:
+        return [attr(node, "axis", -1) % rank]
+    # Before opset 13 (Log)Softmax works on the input coerced to 2-D at `axis` (default 1).
+    return list(range(attr(node, "axis", 1) % rank, rank))
+
+
+@grad_rule("Softmax")
+def grad_softmax(g, node, dy):
+    # dx = y * (dy - sum(dy * y, axis))
+    y = node.outputs[0]
+    s = g.reduce("ReduceSum", g.mul(dy, y), _softmax_axes(g, node), keepdims=True)
+    return (g.mul(y, g.sub(dy, s)),)
+
+
+@grad_rule("LogSoftmax")
+def grad_log_softmax(g, node, dy):
+    # dx = dy - exp(y) * sum(dy, axis)
+    y = node.outputs[0]
+    s = g.reduce("ReduceSum", dy, _softmax_axes(g, node), keepdims=True)
+    return (g.sub(dy, g.mul(g.op("Exp", y), s)),)

@@ -1,0 +1,131 @@
+"""VJP rules of data-movement ops: Reshape-likes, Transpose, Expand, Concat, Split, Slice, Gather."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, is_static, static_shape
+from graphc.passes.autodiff.registry import grad_rule
+
+
+@grad_rule("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+def grad_reshape(g, node, dy):
+    x = node.inputs[0]
+    return (g.reshape_like(dy, x),) + (None,) * (len(node.inputs) - 1)
+
+
+@grad_rule("Transpose")
+def grad_transpose(g, node, dy):
+    perm = attr(node, "perm")
+    if perm is None:
+        perm = list(reversed(range(g.rank(node.inputs[0]))))
+    return (g.transpose(dy, list(np.argsort(perm))),)
+
+
+@grad_rule("Expand")
+def grad_expand(g, node, dy):
+    return g.sum_to(dy, static_shape(node.outputs[0]), node.inputs[0]), None
+
+
+def _dim(g: GradBuilder, x: ir.Value, axis: int) -> ir.Value | int:
+    shape = static_shape(x)
+    if shape is not None and isinstance(shape[axis], int):
+        return shape[axis]
+    return g.op("Gather", g.op("Shape", x), g.ints([axis]))
+
+
+@grad_rule("Concat")
+def grad_concat(g, node, dy):
+    rank = g.rank(node.outputs[0])
+    axis = attr(node, "axis") % rank
+    sizes = [_dim(g, x, axis) for x in node.inputs]
+    if all(isinstance(s, int) for s in sizes):
+        split = g.ints(sizes)
+    else:
+        split = g.op("Concat", *[g.ints([s]) if isinstance(s, int) else s for s in sizes], axis=0)
+    parts = g.op("Split", dy, split, axis=axis, num_outputs=len(sizes))
+    if len(sizes) == 1:
+        parts = (parts,)
+    return tuple(p if g.wants(x) else None for p, x in zip(parts, node.inputs))
+
+
+@grad_rule("Split", multi_output=True)
+def grad_split(g, node, dys):
+    rank = g.rank(node.inputs[0])
+    parts = [d if d is not None else g.zeros_like(y) for d, y in zip(dys, node.outputs)]
+    return (g.op("Concat", *parts, axis=attr(node, "axis", 0) % rank),) + (None,) * (len(node.inputs) - 1)
+
+
+def _static_slice_pads(node: ir.Node) -> list[int] | None:
+    """Pads for Pad(dy) that undo a Slice whose bounds are constants and steps are 1, else None."""
+    x = node.inputs[0]
+    shape = static_shape(x)
+    if not is_static(shape) or len(node.inputs) < 3:
+        return None
+    starts, ends = const_array(node.inputs[1]), const_array(node.inputs[2])
+    axes = const_array(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+    steps = const_array(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
+    if starts is None or ends is None or (len(node.inputs) > 3 and node.inputs[3] is not None and axes is None):
+        return None
+    if len(node.inputs) > 4 and node.inputs[4] is not None and (steps is None or np.any(steps != 1)):
+        return None
+    rank = len(shape)
+    axes = range(len(starts)) if axes is None else [int(a) % rank for a in axes]
+    before, after = [0] * rank, [0] * rank
+    for axis, s, e in zip(axes, starts, ends):
+        dim = shape[axis]
+        s = int(np.clip(s + dim if s < 0 else s, 0, dim))
+        e = int(np.clip(e + dim if e < 0 else e, 0, dim))
+        length = max(0, e - s)
+        before[axis], after[axis] = s, dim - s - length
+    return before + after
+
+
+@grad_rule("Slice")
+def grad_slice(g, node, dy):
+    # Scatter dy into zeros at the sliced positions: Pad when bounds are static with unit
+    # steps, else slice a tensor of flat indices the same way and ScatterElements into it.
+    x = node.inputs[0]
+    rest = (None,) * (len(node.inputs) - 1)
+    pads = _static_slice_pads(node)
+    if pads is not None:
+        return (g.op("Pad", dy, g.ints(pads)),) + rest
+    size = g.op("Size", x)
+    shape = g.shape_of(x)
+    flat_index = g.op("Reshape", g.op("Range", g.const(0, np.int64), size, g.const(1, np.int64)), shape)
+    picked = g.op("Slice", flat_index, *node.inputs[1:])
+    zeros = g.op("ConstantOfShape", g.op("Reshape", size, g.ints([1])),
+                 value=ir.tensor(np.zeros(1, dtype=(dy.dtype or ir.DataType.FLOAT).numpy())))
+    flat = g.op("ScatterElements", zeros, g.op("Reshape", picked, g.ints([-1])),
+                g.op("Reshape", dy, g.ints([-1])), axis=0)
+    return (g.op("Reshape", flat, shape),) + rest
+
+
+@grad_rule("Gather")
+def grad_gather(g, node, dy):
+    # y = data[..., idx, ...] along `axis`: ScatterND with reduction="add" (repeated indices
+    # accumulate, as in an embedding) into zeros laid out with `axis` first.
+    data, idx = node.inputs
+    r = g.rank(data)
+    q = g.rank(idx)
+    axis = attr(node, "axis", 0) % r
+    known = const_array(idx)
+    if known is None or np.any(known < 0):  # negative indices count from the end
+        dim = _dim(g, data, axis)
+        dim = g.const(dim, np.int64) if isinstance(dim, int) else g.op("Reshape", dim, g.ints([]))
+        idx = g.op("Where", g.op("Less", idx, g.const(0, idx.dtype or np.int64)),
+                   g.add(idx, g.cast_like(dim, idx)), idx)
+    data_perm = [axis] + [i for i in range(r) if i != axis]
+    dy_perm = list(range(axis, axis + q)) + list(range(axis)) + list(range(axis + q, r - 1 + q))
+    dy_t = g.transpose(dy, dy_perm)
+    sd = static_shape(data)
+    if is_static(sd):
+        zshape = g.ints([sd[i] for i in data_perm])
+    else:
+        zshape = g.op("Gather", g.op("Shape", data), g.ints(data_perm))
+    zeros = g.op("ConstantOfShape", zshape,
+                 value=ir.tensor(np.zeros(1, dtype=(dy.dtype or ir.DataType.FLOAT).numpy())))
+    idx = g.op("Cast", g.unsqueeze(idx, [q]), to=int(ir.DataType.INT64))
+    scattered = g.op("ScatterND", zeros, idx, dy_t, reduction="add")
+    return g.transpose(scattered, list(np.argsort(data_perm))), None

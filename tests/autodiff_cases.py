@@ -1,0 +1,174 @@
+"""The gradient-check case table: one or more one-node models per rule in ``RULES``.
+
+Each case builds a model whose float tensors are initializers (so ``gradient_model`` with its
+default ``wrt`` differentiates all of them) and whose loss is ``sum(Y_i * C_i)`` over the
+node's outputs with fixed random ``C_i`` (the dot-product test of a VJP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper
+
+# domains of random float inputs
+NORMAL, POSITIVE, AWAY = "normal", "positive", "away"  # AWAY: |x| in [0.5, 1.5], random sign
+
+
+@dataclass
+class T:
+    """A float tensor input (differentiated), drawn from ``domain``."""
+    shape: tuple
+    domain: str = NORMAL
+
+
+@dataclass
+class GradCase:
+    op: str
+    inputs: list  # T (float, differentiated), np.ndarray (constant, e.g. indices/axes), None (omitted)
+    attrs: dict = field(default_factory=dict)
+    n_out: int = 1
+    opset: int = 21
+    tag: str = ""
+    use_outputs: tuple | None = None  # which outputs feed the loss (default: all)
+    rtol: float = 1e-6
+    ort: bool = True  # also check numpy vs onnxruntime (float32)
+
+    @property
+    def id(self) -> str:
+        return f"{self.op}-{self.tag}" if self.tag else self.op
+
+
+def draw(t: T, rng: np.random.Generator, dtype) -> np.ndarray:
+    x = rng.standard_normal(t.shape)
+    if t.domain == POSITIVE:
+        x = rng.uniform(0.5, 2.0, t.shape)
+    elif t.domain == AWAY:
+        x = rng.uniform(0.5, 1.5, t.shape) * rng.choice([-1.0, 1.0], t.shape)
+    return np.asarray(x, dtype=dtype)
+
+
+def build(case: GradCase, dtype=np.float64, seed: int = 0) -> onnx.ModelProto:
+    """The one-node model (no loss yet): inputs are initializers named in0, in1, ..."""
+    rng = np.random.default_rng(seed)
+    inits, names = [], []
+    for i, spec in enumerate(case.inputs):
+        if spec is None:
+            names.append("")
+            continue
+        arr = draw(spec, rng, dtype) if isinstance(spec, T) else np.asarray(spec)
+        if isinstance(spec, np.ndarray) and spec.dtype.kind == "f":
+            arr = spec.astype(dtype)
+        inits.append(onnx.numpy_helper.from_array(arr, f"in{i}"))
+        names.append(f"in{i}")
+    outs = [f"y{i}" for i in range(case.n_out)]
+    node = helper.make_node(case.op, names, outs, name=f"{case.op}_0", **case.attrs)
+    graph = helper.make_graph([node], case.id, [], [helper.make_value_info(o, onnx.TypeProto()) for o in outs],
+                              initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", case.opset)])
+
+
+def with_loss(model: onnx.ModelProto, shapes: dict, case: GradCase, dtype, seed: int = 1) -> onnx.ModelProto:
+    """Append loss = sum_i ReduceSum(y_i * c_i) for the used outputs; ``shapes`` gives y_i shapes."""
+    rng = np.random.default_rng(seed)
+    g = model.graph
+    used = case.use_outputs if case.use_outputs is not None else range(case.n_out)
+    terms = []
+    for i in used:
+        c = onnx.numpy_helper.from_array(rng.standard_normal(shapes[f"y{i}"]).astype(dtype), f"c{i}")
+        g.initializer.append(c)
+        g.node.append(helper.make_node("Mul", [f"y{i}", f"c{i}"], [f"p{i}"]))
+        g.node.append(helper.make_node("ReduceSum", [f"p{i}"], [f"s{i}"], keepdims=0))
+        terms.append(f"s{i}")
+    g.node.append(helper.make_node("Sum", terms, ["loss"]))
+    del g.output[:]
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    g.output.append(helper.make_tensor_value_info("loss", elem, []))
+    return model
+
+
+def i64(*values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+def _cases() -> list[GradCase]:
+    c = GradCase
+    cases = [
+        # elementwise, with broadcasting
+        c("Add", [T((3, 4)), T((4,))], tag="bcast"),
+        c("Add", [T((2, 1, 4)), T((3, 1))], tag="bcast2"),
+        c("Sub", [T((3, 4)), T((3, 1))]),
+        c("Mul", [T((2, 3, 4)), T((1, 3, 1))]),
+        c("Div", [T((3, 4)), T((4,), AWAY)]),
+        c("Neg", [T((3, 4))]),
+        c("Pow", [T((3, 4), POSITIVE), T((4,))]),
+        c("Pow", [T((3, 4), POSITIVE), np.array(2.0)], tag="square"),
+        c("Sqrt", [T((3, 4), POSITIVE)]),
+        c("Exp", [T((3, 4))]),
+        c("Log", [T((3, 4), POSITIVE)]),
+        c("Abs", [T((3, 4), AWAY)]),
+        c("Reciprocal", [T((3, 4), AWAY)]),
+        c("Relu", [T((3, 4), AWAY)]),
+        c("LeakyRelu", [T((3, 4), AWAY)], {"alpha": 0.1}),
+        c("Sigmoid", [T((3, 4))]),
+        c("Tanh", [T((3, 4))]),
+        c("Erf", [T((3, 4))]),
+        c("Gelu", [T((3, 4))], opset=20),
+        c("Gelu", [T((3, 4))], {"approximate": "tanh"}, opset=20, tag="tanh"),
+        c("Identity", [T((3, 4))]),
+        c("Cast", [T((3, 4))], {"to": onnx.TensorProto.DOUBLE}, ort=False),
+        c("Where", [np.array([[True, False, True, False]]), T((3, 4)), T((3, 1))]),
+        c("Clip", [T((3, 4)), np.array(-0.5), np.array(0.5)], tag="const_bounds"),
+        c("Clip", [T((3, 4)), T((), AWAY), None], tag="min_only"),
+        c("Sum", [T((3, 4)), T((4,)), T((3, 1))]),
+        c("Max", [T((3, 4)), T((4,))]),
+        c("Min", [T((3, 4)), T((3, 1)), T((3, 4))]),
+        # linear algebra
+        c("MatMul", [T((3, 4)), T((4, 5))]),
+        c("MatMul", [T((2, 3, 4)), T((4, 5))], tag="batched_weight"),
+        c("MatMul", [T((2, 1, 3, 4)), T((3, 4, 2))], tag="broadcast"),
+        c("MatMul", [T((4,)), T((2, 4, 3))], tag="vec_left"),
+        c("MatMul", [T((2, 3, 4)), T((4,))], tag="vec_right"),
+        c("MatMul", [T((4,)), T((4,))], tag="dot"),
+        c("Gemm", [T((3, 4)), T((4, 5)), T((5,))]),
+        c("Gemm", [T((4, 3)), T((5, 4)), T((3, 1))], {"transA": 1, "transB": 1, "alpha": 0.7, "beta": 1.3}, tag="tt"),
+        c("Gemm", [T((4, 3)), T((4, 5))], {"transA": 1}, tag="ta"),
+        c("Gemm", [T((3, 4)), T((5, 4)), T(())], {"transB": 1, "alpha": 2.0}, tag="tb"),
+        # reductions and softmax
+        c("ReduceSum", [T((2, 3, 4)), i64(1)], {"keepdims": 0}),
+        c("ReduceSum", [T((2, 3, 4))], {"keepdims": 1}, tag="all"),
+        c("ReduceSum", [T((2, 3, 4))], {"axes": [0, 2], "keepdims": 0}, opset=11, tag="opset11"),
+        c("ReduceMean", [T((2, 3, 4)), i64(-1, 0)], {"keepdims": 0}),
+        c("ReduceMean", [T((2, 3, 4))], {"axes": [1], "keepdims": 1}, opset=17, tag="opset17"),
+        c("ReduceMax", [T((2, 3, 4)), i64(1)], {"keepdims": 0}),
+        c("ReduceMin", [T((2, 3, 4))], {"keepdims": 1}),
+        c("ReduceSumSquare", [T((2, 3, 4)), i64(2)], {"keepdims": 0}),
+        c("Softmax", [T((2, 3, 4))], {"axis": 1}),
+        c("Softmax", [T((2, 3, 4))], {"axis": 1}, opset=11, tag="opset11"),
+        c("LogSoftmax", [T((3, 5))]),
+        c("GlobalAveragePool", [T((2, 3, 4, 5))]),
+        c("GlobalMaxPool", [T((2, 3, 4, 5))]),
+        # shapes
+        c("Reshape", [T((2, 3, 4)), i64(6, -1)]),
+        c("Flatten", [T((2, 3, 4))], {"axis": 2}),
+        c("Transpose", [T((2, 3, 4))], {"perm": [1, 2, 0]}),
+        c("Transpose", [T((2, 3, 4))], tag="default"),
+        c("Squeeze", [T((2, 1, 4)), i64(1)]),
+        c("Squeeze", [T((2, 1, 4))], {"axes": [1]}, opset=11, tag="opset11"),
+        c("Unsqueeze", [T((2, 4)), i64(0, 3)]),
+        c("Expand", [T((3, 1)), i64(2, 3, 4)]),
+        c("Concat", [T((2, 3)), T((2, 1)), T((2, 2))], {"axis": 1}),
+        c("Split", [T((5, 3)), i64(2, 3)], {"axis": 0}, n_out=2),
+        c("Split", [T((4, 6))], {"axis": 1, "num_outputs": 3}, n_out=3, opset=18, use_outputs=(0, 2), tag="unused"),
+        c("Slice", [T((4, 5)), i64(1, -4), i64(3, 100), i64(0, 1)]),
+        c("Slice", [T((4, 6)), i64(3, 0), i64(0, 6), i64(0, 1), i64(-2, 2)], tag="steps"),
+        c("Gather", [T((5, 3)), i64(0, 2, 2, -1)], {"axis": 0}, tag="embedding"),
+        c("Gather", [T((2, 4, 3)), np.array([[1, 3], [0, 1]], dtype=np.int64)], {"axis": 1}, tag="axis1"),
+        c("Gather", [T((2, 4)), np.array(2, dtype=np.int64)], {"axis": 1}, tag="scalar"),
+    ]
+    return cases
+
+
+CASES: list[GradCase] = _cases()

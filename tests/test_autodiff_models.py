@@ -1,0 +1,177 @@
+"""Whole-model gradients: a symbolic batch dim, fan-out, frozen params, missing rules, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphc
+from graphc.passes.autodiff import backward, gradient_model
+from test_autodiff_rules import run_numpy, run_ort
+
+
+def mlp_model(dtype=np.float64, batch="N") -> onnx.ModelProto:
+    """x[N,4] -> MatMul W1 + b1 -> Relu -> Gemm(W2^T, b2) -> LogSoftmax -> mean(-picked) (+ W1 reused)."""
+    rng = np.random.default_rng(0)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((4, 8)).astype(dtype), "fc1.weight"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(dtype), "fc1.bias"),
+        numpy_helper.from_array(rng.standard_normal((3, 8)).astype(dtype), "fc2.weight"),
+        numpy_helper.from_array(rng.standard_normal(3).astype(dtype), "fc2.bias"),
+        numpy_helper.from_array(np.array([-1, 3], dtype=np.int64), "flat"),
+        numpy_helper.from_array(np.array(0.01, dtype=dtype), "l2"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "fc1.weight"], ["h0"], name="fc1"),
+        helper.make_node("Add", ["h0", "fc1.bias"], ["h1"], name="fc1_bias"),
+        helper.make_node("Relu", ["h1"], ["h2"], name="relu"),
+        helper.make_node("Gemm", ["h2", "fc2.weight", "fc2.bias"], ["logits"], transB=1, name="fc2"),
+        helper.make_node("LogSoftmax", ["logits"], ["logp"], axis=1, name="logsoftmax"),
+        # shape arithmetic on the batch: no gradient flows through it
+        helper.make_node("Shape", ["logp"], ["shape"], name="shape"),
+        helper.make_node("Reshape", ["logp", "flat"], ["logp2"], name="reshape"),
+        helper.make_node("Mul", ["logp2", "onehot"], ["picked"], name="pick"),
+        helper.make_node("ReduceSum", ["picked"], ["total"], keepdims=0, name="sum"),
+        helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0, name="batch"),
+        helper.make_node("Cast", ["n"], ["nf"], to=elem, name="nf"),
+        helper.make_node("Div", ["total", "nf"], ["nll"], name="mean"),
+        helper.make_node("Neg", ["nll"], ["ce"], name="neg"),
+        # fan-out: fc1.weight also feeds an L2 penalty
+        helper.make_node("Mul", ["fc1.weight", "fc1.weight"], ["w2"], name="sq"),
+        helper.make_node("ReduceSum", ["w2"], ["wsum"], keepdims=0, name="wsum"),
+        helper.make_node("Mul", ["wsum", "l2"], ["pen"], name="pen"),
+        helper.make_node("Add", ["ce", "pen"], ["loss"], name="loss"),
+    ]
+    inits.append(numpy_helper.from_array(np.array(0, dtype=np.int64), "zero"))
+    graph = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info("x", elem, [batch, 4]),
+         helper.make_tensor_value_info("onehot", elem, [batch, 3])],
+        [helper.make_tensor_value_info("loss", elem, []),
+         helper.make_tensor_value_info("logits", elem, [batch, 3])],
+        initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def feeds_for(n: int, dtype=np.float64) -> dict:
+    rng = np.random.default_rng(n)
+    labels = rng.integers(0, 3, n)
+    return {"x": rng.standard_normal((n, 4)).astype(dtype), "onehot": np.eye(3, dtype=dtype)[labels]}
+
+
+def numeric_grad(proto, feeds, name, p, eps=1e-6):
+    out = np.zeros_like(p)
+    for i in np.ndindex(p.shape):
+        d = np.zeros_like(p)
+        d[i] = eps
+        plus = run_numpy(proto, {**feeds, name: p + d})["loss"]
+        minus = run_numpy(proto, {**feeds, name: p - d})["loss"]
+        out[i] = (plus - minus) / (2 * eps)
+    return out
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_symbolic_batch_gradient_at_any_batch_size(batch):
+    model = graphc.grad(graphc.load(mlp_model()), "loss")
+    proto = model.proto
+    assert [o.name for o in proto.graph.output] == [
+        "loss", "logits", "fc1.weight_grad", "fc1.bias_grad", "fc2.weight_grad", "fc2.bias_grad", "l2_grad"]
+    feeds = feeds_for(batch)
+    out = run_numpy(proto, feeds)
+    params = graphc.load(mlp_model()).params
+    for name in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "l2"):
+        np.testing.assert_allclose(out[f"{name}_grad"], numeric_grad(proto, feeds, name, params[name]),
+                                   rtol=1e-5, atol=1e-7, err_msg=name)
+    ort_out = run_ort(proto, feeds)
+    for name, value in out.items():
+        np.testing.assert_allclose(ort_out[name], value, rtol=1e-9, atol=1e-10, err_msg=name)
+
+
+def test_grad_api_inputs_outputs_and_defaults():
+    base = graphc.load(mlp_model())
+    model = graphc.grad(base, "loss", wrt=["fc2.weight"])
+    assert isinstance(model, graphc.Model)
+    assert [i.name for i in model.inputs] == ["x", "onehot", "fc2.weight"]
+    assert [o.name for o in model.outputs] == ["loss", "logits", "fc2.weight_grad"]
+    assert model.outputs[-1].shape == (3, 8)
+    # the param's initializer is the input's default: leaving it out uses the stored weights
+    feeds = feeds_for(3)
+    a = run_numpy(model.proto, feeds)
+    b = run_numpy(model.proto, {**feeds, "fc2.weight": base.params["fc2.weight"]})
+    np.testing.assert_array_equal(a["fc2.weight_grad"], b["fc2.weight_grad"])
+    c = run_numpy(model.proto, {**feeds, "fc2.weight": 2 * base.params["fc2.weight"]})
+    assert not np.allclose(a["loss"], c["loss"])
+    # the input model is untouched
+    assert [o.name for o in base.outputs] == ["loss", "logits"]
+    onnx.checker.check_model(model.proto, full_check=True)
+
+
+def test_grad_default_wrt_is_every_float_initializer():
+    model = graphc.grad(graphc.load(mlp_model()), "loss")
+    grads = [o.name for o in model.outputs if o.name.endswith("_grad")]
+    assert grads == ["fc1.weight_grad", "fc1.bias_grad", "fc2.weight_grad", "fc2.bias_grad", "l2_grad"]
+
+
+def test_unconnected_param_gets_zeros():
+    proto = mlp_model()
+    proto.graph.initializer.append(numpy_helper.from_array(np.ones((2, 2)), "unused"))
+    out = run_numpy(graphc.grad(graphc.load(proto), "loss", wrt=["unused"]).proto, feeds_for(2))
+    np.testing.assert_array_equal(out["unused_grad"], np.zeros((2, 2)))
+
+
+def test_bad_loss_and_wrt_raise_graph_error():
+    base = graphc.load(mlp_model())
+    with pytest.raises(graphc.GraphError, match="not an output"):
+        graphc.grad(base, "nope")
+    with pytest.raises(graphc.GraphError, match="must be a scalar"):
+        graphc.grad(base, "logits")
+    with pytest.raises(graphc.GraphError, match="no initializer or input"):
+        graphc.grad(base, "loss", wrt=["fc9.weight"])
+    with pytest.raises(graphc.GraphError, match="not floating-point"):
+        graphc.grad(base, "loss", wrt=["flat"])
+
+
+def test_missing_rule_names_op_node_and_source_line():
+    proto = mlp_model()
+    relu = next(n for n in proto.graph.node if n.name == "relu")
+    relu.op_type = "Softplus"
+    relu.metadata_props.add(key="graphc.source", value="models/mlp.py:12")
+    with pytest.raises(graphc.GraphError, match=r"'Softplus' \(node 'relu' \(defined at models/mlp.py:12\)"):
+        graphc.grad(graphc.load(proto), "loss")
+    # a frozen path through the op is fine
+    graphc.grad(graphc.load(proto), "loss", wrt=["fc2.bias"])
+
+
+def test_backward_in_place_returns_values_by_name():
+    model = ir.serde.deserialize_model(mlp_model())
+    from graphc.passes.autodiff.model import infer_shapes
+
+    model = infer_shapes(model)
+    graph = model.graph
+    loss = next(v for v in graph.outputs if v.name == "loss")
+    w = graph.initializers["fc1.weight"]
+    n_before = len(graph)
+    grads = backward(graph, loss, [w])
+    assert set(grads) == {"fc1.weight"} and len(graph) > n_before
+    assert all(n.domain in ("", "ai.onnx") for n in graph)
+
+
+def test_gradient_graph_is_deterministic():
+    a = gradient_model(graphc.load(mlp_model()).ir, "loss")
+    b = gradient_model(graphc.load(mlp_model()).ir, "loss")
+    assert ir.serde.serialize_model(a).SerializeToString() == ir.serde.serialize_model(b).SerializeToString()
+
+
+def test_float32_model_trains_on_onnxruntime():
+    proto = graphc.grad(graphc.load(mlp_model(np.float32)), "loss").proto
+    feeds = feeds_for(5, np.float32)
+    got = run_ort(proto, feeds)
+    ref = run_numpy(proto, feeds)
+    for name in ref:
+        np.testing.assert_allclose(got[name], ref[name], rtol=1e-4, atol=1e-5)
+    assert got["fc1.weight_grad"].dtype == np.float32
+    _ = TensorProto
