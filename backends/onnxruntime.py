@@ -242,7 +242,7 @@ class OrtExecutable:
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         names = list(outputs) if outputs is not None else self.output_names
-        contiguous = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
+        contiguous = {k: np.asarray(v, order="C") for k, v in feeds.items()}
         try:
             values = self.session.run(names, contiguous)
         except Exception as exc:  # noqa: BLE001
@@ -269,7 +269,7 @@ class OrtExecutable:
             if isinstance(value, ort.OrtValue):
                 binding.bind_ortvalue_input(name, value)
             else:
-                array = np.ascontiguousarray(value)
+                array = np.asarray(value, order="C")
                 keep_alive.append(array)
                 binding.bind_cpu_input(name, array)
         for name in host_outputs:
