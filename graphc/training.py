@@ -122,7 +122,7 @@ class TrainingArtifacts:
         directory.mkdir(parents=True, exist_ok=True)
         for key, model in self.graphs.items():
             model.save(directory / GRAPH_FILES[key])
-        state = {k: np.ascontiguousarray(v) for k, v in self.state.items()}
+        state = {k: np.asarray(v, order="C") for k, v in self.state.items()}  # keeps 0-d step/lr 0-d
         _atomic_write(directory / STATE_FILE, st_save(state))
         _atomic_write(directory / MANIFEST_FILE, self.manifest.model_dump_json(indent=2).encode())
         return directory

@@ -1,0 +1,138 @@
+"""Optimizer update graphs (passes/training/optimizers) vs a numpy re-implementation of the
+torch.optim formulas, and vs torch.optim itself when importable, over several steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+import graphc as gc
+from graphc.passes.training import optimizers
+from graphc.passes.training.builder import Builder
+
+SHAPE = (3, 4)
+STEPS = 6
+SPECS = [
+    gc.optim.SGD(0.1),
+    gc.optim.SGD(0.1, weight_decay=0.01),
+    gc.optim.SGD(0.05, momentum=0.9),
+    gc.optim.SGD(0.05, momentum=0.9, nesterov=True, weight_decay=0.1),
+    gc.optim.Adam(0.01),
+    gc.optim.Adam(0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05),
+    gc.optim.AdamW(0.01),
+    gc.optim.AdamW(0.02, weight_decay=0.1, betas=(0.5, 0.9)),
+]
+IDS = [f"{s.kind}-{i}" for i, s in enumerate(SPECS)]
+
+
+def numpy_step(spec, p, g, state, t):
+    """torch.optim's single-tensor update in float64; ``t`` is the step number after it."""
+    state = dict(state)
+    if spec.kind == "sgd":
+        if spec.weight_decay:
+            g = g + spec.weight_decay * p
+        if spec.momentum:
+            buf = g.copy() if t == 1 else spec.momentum * state["momentum_buffer"] + g
+            state["momentum_buffer"] = buf
+            g = g + spec.momentum * buf if spec.nesterov else buf
+        return p - spec.lr * g, state
+    b1, b2 = spec.betas
+    if spec.kind == "adamw":
+        p = p * (1 - spec.lr * spec.weight_decay)
+    elif spec.weight_decay:
+        g = g + spec.weight_decay * p
+    m = state["exp_avg"] + (1 - b1) * (g - state["exp_avg"])
+    v = b2 * state["exp_avg_sq"] + (1 - b2) * g * g
+    denom = np.sqrt(v) / np.sqrt(1 - b2**t) + spec.eps
+    return p - spec.lr / (1 - b1**t) * m / denom, {"exp_avg": m, "exp_avg_sq": v}
+
+
+def update_model(spec, dtype=ir.DataType.FLOAT) -> gc.Model:
+    """Inputs p, g, state slots, step (int64), lr (float32); outputs p.next, <slot>.next, step.next."""
+    hyper = spec.model_dump()
+    slots = optimizers.state_slots(spec.kind, hyper)
+
+    def value(name, dt=dtype, shape=SHAPE):
+        return ir.Value(name=name, type=ir.TensorType(dt), shape=ir.Shape(shape))
+
+    p, g = value("p"), value("g")
+    state = {s: value(s) for s in slots}
+    step, lr = value("step", ir.DataType.INT64, ()), value("lr", ir.DataType.FLOAT, ())
+    graph = ir.Graph([p, g, *state.values(), step, lr], [], nodes=[], opset_imports={"": 21}, name="upd")
+    b = Builder(graph, 21)
+    t = b.op("Add", step, b.const(1, np.int64), name="step.next")
+    new_p, new_state = optimizers.update(optimizers.StepContext(b, lr, t), spec.kind, hyper, p, g, state)
+    outs = [new_p, *(new_state[s] for s in slots), t]
+    for out, name in zip(outs, ["p.next", *(f"{s}.next" for s in slots), "step.next"]):
+        out.name = name
+        out.shape = ir.Shape(()) if name == "step.next" else ir.Shape(SHAPE)
+    graph.outputs.extend(outs)
+    proto = ir.serde.serialize_model(ir.Model(graph, ir_version=10))
+    onnx.checker.check_model(proto, full_check=True)
+    return gc.load(proto)
+
+
+def run_steps(spec, backend, grads, p0, dtype=np.float32):
+    session = gc.Session(update_model(spec, ir.DataType.from_numpy(np.dtype(dtype))), backend=backend)
+    slots = optimizers.state_slots(spec.kind, spec.model_dump())
+    p, state, step = p0.astype(dtype), {s: np.zeros(SHAPE, dtype) for s in slots}, np.array(0, np.int64)
+    history = []
+    for g in grads:
+        out = session.run({"p": p, "g": g.astype(dtype), **state, "step": step, "lr": np.array(spec.lr, np.float32)})
+        p, step = out["p.next"], out["step.next"]
+        state = {s: out[f"{s}.next"] for s in slots}
+        history.append(p)
+    return history
+
+
+def _data(seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=SHAPE), [rng.normal(size=SHAPE) for _ in range(STEPS)]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_update_matches_torch_formulas(spec, backend):
+    p0, grads = _data()
+    got = run_steps(spec, backend, grads, p0)
+    p, state = p0, {s: np.zeros(SHAPE) for s in optimizers.state_slots(spec.kind, spec.model_dump())}
+    for t, (g, p_graph) in enumerate(zip(grads, got), start=1):
+        p, state = numpy_step(spec, p, g, state, t)
+        np.testing.assert_allclose(p_graph, p, rtol=1e-5, atol=1e-6, err_msg=f"step {t}")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_update_matches_torch_optim(spec):
+    torch = pytest.importorskip("torch")
+    p0, grads = _data(1)
+    got = run_steps(spec, "numpy", grads, p0, dtype=np.float64)
+    param = torch.nn.Parameter(torch.from_numpy(p0.copy()))
+    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[spec.kind]
+    kwargs = {k: v for k, v in spec.model_dump().items() if k != "kind"}
+    opt = cls([param], foreach=False, **kwargs)
+    for t, (g, p_graph) in enumerate(zip(grads, got), start=1):
+        param.grad = torch.from_numpy(g.copy())
+        opt.step()
+        # lr travels as a float32 input, so float64 updates agree to float32 precision of lr.
+        np.testing.assert_allclose(p_graph, param.detach().numpy(), rtol=1e-6, atol=1e-7, err_msg=f"step {t}")
+
+
+def test_float64_params_stay_float64():
+    model = update_model(gc.optim.Adam(0.01), ir.DataType.DOUBLE)
+    assert {o.dtype for o in model.outputs if o.name != "step.next"} == {"float64"}
+
+
+def test_spec_validation_and_json_round_trip():
+    for spec in SPECS:
+        assert gc.optim.from_dict(spec.model_dump(mode="json")) == spec
+    assert gc.optim.SGD(0.1, momentum=0.9).state_slots == ("momentum_buffer",)
+    assert gc.optim.SGD(0.1).state_slots == ()
+    assert gc.optim.AdamW(1e-3).weight_decay == 0.01
+    with pytest.raises(ValueError, match="nesterov"):
+        gc.optim.SGD(0.1, nesterov=True)
+    with pytest.raises(ValueError):
+        gc.optim.Adam(0.1, betas=(1.0, 0.9))
+    with pytest.raises(ValueError):
+        gc.optim.SGD(-1.0)
