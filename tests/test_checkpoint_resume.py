@@ -1,0 +1,87 @@
+"""Trainer checkpoints: resuming reproduces the uninterrupted run's losses bit for bit."""
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc.checkpoint import CheckpointError
+from trainer_models import blobs, bn_artifacts
+
+
+def batches(n=12, size=16):
+    return [blobs(size, seed=i) for i in range(n)]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_step_level_resume_is_bit_exact(tmp_path, backend):
+    arts = bn_artifacts(gc.optim.Adam(1e-2))  # Adam: optimizer state + step count matter
+    data = batches()
+    straight = gc.Trainer(arts, backend=backend)
+    expected = [straight.step(b) for b in data]
+
+    first = gc.Trainer(arts, backend=backend)
+    got = [first.step(b) for b in data[:5]]
+    first.save_checkpoint(tmp_path / "ck")
+    del first
+    second = gc.Trainer(arts, backend=backend)
+    second.load_checkpoint(tmp_path / "ck")
+    assert second.step_count == 5
+    got += [second.step(b) for b in data[5:]]
+    assert got == expected  # exact float equality, not a tolerance
+    for name, value in straight.state_dict().items():
+        assert second.state_dict()[name].tobytes() == value.tobytes(), name
+
+
+def test_fit_resume_mid_epoch_replays_the_same_batches(tmp_path):
+    arts = bn_artifacts(gc.optim.SGD(0.05, momentum=0.9))
+    data = blobs(100)
+    make_loader = lambda: gc.data.DataLoader(data, batch_size=16, seed=3)  # noqa: E731
+    expected = gc.Trainer(arts, backend="ort-cpu").fit(make_loader(), 3, progress=False).step_losses
+
+    interrupted = gc.Trainer(arts, backend="ort-cpu")
+    real_step, calls = interrupted.step, []
+
+    def step(batch):  # the 10th step of the run never happens: "killed" mid-epoch 2
+        if len(calls) == 9:
+            raise KeyboardInterrupt
+        calls.append(real_step(batch))
+        return calls[-1]
+
+    interrupted.step = step
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.fit(make_loader(), 3, progress=False, checkpoint=tmp_path / "ck")  # saves after epoch 1
+    assert (interrupted.epoch, interrupted.batch_in_epoch) == (1, 2)
+    interrupted.save_checkpoint(tmp_path / "ck")  # what an interrupt handler does
+
+    resumed = gc.Trainer(tmp_path / "ck", backend="ort-cpu")  # a checkpoint dir holds its graphs
+    assert (resumed.epoch, resumed.batch_in_epoch, resumed.step_count) == (1, 2, 9)
+    rest = resumed.fit(make_loader(), 3, progress=False).step_losses
+    assert calls + rest == expected
+
+
+def test_checkpoint_from_other_graphs_or_corrupted_is_refused(tmp_path):
+    trainer = gc.Trainer(bn_artifacts(gc.optim.Adam(1e-2)), backend="ort-cpu")
+    trainer.step(blobs(16))
+    path = trainer.save_checkpoint(tmp_path / "adam.safetensors")
+    other = gc.Trainer(bn_artifacts(gc.optim.SGD(0.1)), backend="ort-cpu")
+    other.save_checkpoint(tmp_path / "sgd.safetensors")
+    with pytest.raises(CheckpointError, match="has no state 'fc1.weight.exp_avg'"):
+        gc.Trainer(bn_artifacts(gc.optim.Adam(1e-2)), backend="ort-cpu").load_checkpoint(tmp_path / "sgd.safetensors")
+    data = bytearray(path.read_bytes())
+    data[-7] ^= 0x55
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="corrupted"):
+        other.load_checkpoint(path)
+
+
+def test_checkpoint_holds_rng_and_loop_position(tmp_path):
+    trainer = gc.Trainer(bn_artifacts(), backend="numpy", seed=5)
+    trainer.rng.random(3)
+    trainer.fit(gc.data.DataLoader(blobs(40), batch_size=16), 1, progress=False)
+    trainer.save_checkpoint(tmp_path / "ck")
+    expected = trainer.rng.random(4)
+    restored = gc.Trainer(bn_artifacts(), backend="numpy", seed=99)
+    restored.load_checkpoint(tmp_path / "ck")
+    np.testing.assert_array_equal(restored.rng.random(4), expected)
+    assert (restored.step_count, restored.epoch, restored.batch_in_epoch) == (3, 1, 0)
+    assert (tmp_path / "ck" / "artifacts" / "manifest.json").is_file()

@@ -1,0 +1,109 @@
+"""gc.Trainer: cross-backend agreement, imported models with frozen params, NaN handling,
+fit/History/plot, input checks, params on the device."""
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc.models import cnn
+from graphc.trainer import TrainingFailed
+from trainer_models import blobs, bn_artifacts, imported_mlp
+
+
+def test_cnn_losses_agree_on_numpy_and_onnxruntime_for_20_steps():
+    model = gc.capture(cnn.LeNet(), seed=0, **cnn.example_inputs())
+    arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"),
+                                gc.optim.SGD(0.05, momentum=0.9))
+    rng = np.random.default_rng(0)
+    batches = [{"x": rng.standard_normal((8, 1, 28, 28)).astype(np.float32),
+                "y": rng.integers(0, 10, 8).astype(np.int64)} for _ in range(4)]
+    losses = {}
+    for backend in ("numpy", "ort-cpu"):
+        trainer = gc.Trainer(arts, backend=backend)
+        losses[backend] = [trainer.step(batches[i % 4]) for i in range(20)]
+    np.testing.assert_allclose(losses["ort-cpu"], losses["numpy"], rtol=2e-4, atol=2e-5)
+    assert losses["numpy"][-1] < losses["numpy"][0]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_imported_model_trains_with_frozen_params_unchanged(backend):
+    model = gc.load(imported_mlp())
+    frozen = ["enc.weight", "enc.bias"]
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"),
+                                gc.optim.SGD(0.2, momentum=0.9), frozen=frozen)
+    assert set(arts.manifest.frozen) >= set(frozen)
+    assert "head.weight" in arts.manifest.trainable  # promoted from a Constant node
+    trainer = gc.Trainer(arts, backend=backend)
+    before = trainer.params
+    data = blobs()
+    losses = [trainer.step(data) for _ in range(30)]
+    after = trainer.params
+    for name in frozen:
+        assert after[name].tobytes() == before[name].tobytes(), f"frozen {name} changed"
+    assert not np.array_equal(after["head.weight"], before["head.weight"])
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_nan_loss_stops_fit_with_training_failed():
+    arts = gc.training.generate(gc.load(imported_mlp()), gc.losses.mse("logits", label="t"), gc.optim.SGD(1e6))
+    rng = np.random.default_rng(0)
+    data = {"x": rng.standard_normal((64, 8)).astype(np.float32) * 100,
+            "t": rng.standard_normal((64, 3)).astype(np.float32)}
+    trainer = gc.Trainer(arts, backend="ort-cpu")
+    with pytest.raises(TrainingFailed, match=r"loss became (nan|inf).*step \d+"):
+        trainer.fit(gc.data.DataLoader(data, batch_size=8), epochs=20, progress=False)
+
+
+def test_fit_history_eval_and_loss_curve(tmp_path):
+    pytest.importorskip("matplotlib")
+    data = blobs(200)
+    trainer = gc.Trainer(bn_artifacts(), backend="ort-cpu")
+    loader = gc.data.DataLoader(data, batch_size=32, seed=1)
+    history = trainer.fit(loader, epochs=3, eval_loader=gc.data.DataLoader(blobs(64, seed=1), 64, shuffle=False),
+                          progress=True, plot=tmp_path / "curve.png")
+    assert len(history.step_losses) == 3 * len(loader) and len(history.epochs) == 3
+    assert [e.epoch for e in history.epochs] == [1, 2, 3]
+    assert history.epochs[-1].loss < history.epochs[0].loss
+    assert history.epochs[-1].eval["accuracy"] > 0.8 and "loss" in history.epochs[-1].eval
+    assert history.throughput > 0 and history.epochs[0].samples == 200
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert trainer.step_count == 3 * len(loader) and trainer.epoch == 3
+    # BatchNorm running statistics are carried state and moved away from their defaults.
+    state = trainer.state_dict()
+    stats = [n for n, r in trainer._roles.items() if r == "state" and "running_mean" in n]
+    assert stats and not np.allclose(state[stats[0]], 0)
+    assert int(state["step"]) == trainer.step_count
+
+
+def test_bad_batches_are_named():
+    trainer = gc.Trainer(bn_artifacts(), backend="ort-cpu")
+    data = blobs(16)
+    with pytest.raises(gc.InputError, match=r"batch has no 'y'"):
+        trainer.step({"x": data["x"]})
+    with pytest.raises(gc.InputError, match=r"input 'x': expected dtype float32.*got float64"):
+        trainer.step({"x": data["x"].astype(np.float64), "y": data["y"]})
+    with pytest.raises(gc.InputError, match=r"input 'x': expected shape.*got float32\[16,5\]"):
+        trainer.step({"x": data["x"][:, :5], "y": data["y"]})
+    with pytest.raises(gc.InputError, match=r"array 'x'.*size 8 on axis 1"):
+        trainer.fit(gc.data.DataLoader({"x": data["x"][:, :4], "y": data["y"]}, 4), 1, progress=False)
+
+
+def test_params_and_lr_are_host_copies():
+    trainer = gc.Trainer(bn_artifacts(gc.optim.SGD(0.1)), backend="numpy")
+    params = trainer.params
+    assert set(params) >= {"fc1.weight", "fc1.bias", "bn.weight", "fc2.weight"}
+    params["fc1.weight"][...] = 0  # mutating a copy does not touch the trainer
+    assert not np.all(trainer.params["fc1.weight"] == 0)
+    assert trainer.lr == pytest.approx(0.1)
+    trainer.lr = 0.0
+    before = trainer.params
+    trainer.step(blobs(16))
+    np.testing.assert_array_equal(trainer.params["fc1.weight"], before["fc1.weight"])
+
+
+def test_trainer_reads_an_artifact_directory(tmp_path):
+    bn_artifacts().save(tmp_path / "arts")
+    trainer = gc.Trainer(tmp_path / "arts", backend="ort-cpu")
+    assert np.isfinite(trainer.step(blobs(16)))
+    with pytest.raises(FileNotFoundError, match="no training artifacts"):
+        gc.Trainer(tmp_path, backend="ort-cpu")

@@ -1,0 +1,61 @@
+"""Small models and data shared by the Trainer, CLI and export tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import graphc as gc
+from graphc import nn
+
+
+class BNNet(nn.Module):
+    """Linear -> BatchNorm1d -> ReLU -> Linear: exercises BatchNorm running stats as state."""
+
+    def __init__(self, d_in: int = 8, hidden: int = 16, classes: int = 3):
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, hidden)
+        self.bn = nn.BatchNorm1d(hidden)
+        self.fc2 = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        return {"logits": self.fc2(gc.relu(self.bn(self.fc1(x))))}
+
+
+def bn_artifacts(optimizer=None):
+    model = gc.capture(BNNet(), seed=0, x=gc.spec("float32", ("N", 8)))
+    return gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"),
+                                optimizer or gc.optim.Adam(1e-2))
+
+
+def blobs(n: int = 96, d: int = 8, classes: int = 3, seed: int = 0) -> dict[str, np.ndarray]:
+    """Separable Gaussian blobs (fixed centers, ``seed`` draws the samples): x float32[n, d], y int64[n]."""
+    centers = np.random.default_rng(1234).standard_normal((classes, d)).astype(np.float32) * 2
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, size=n).astype(np.int64)
+    x = (centers[y] + rng.standard_normal((n, d)).astype(np.float32) * 0.5).astype(np.float32)
+    return {"x": x, "y": y}
+
+
+def imported_mlp(seed: int = 0) -> onnx.ModelProto:
+    """An MLP written directly with onnx.helper (never captured by graphc): Gemm/Relu/MatMul/Add,
+    one weight kept in a Constant node and one initializer passed through Identity."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((16, 8)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((16, 3)) * 0.3).astype(np.float32)
+    inits = [numpy_helper.from_array(w1, "enc.weight"), numpy_helper.from_array(np.zeros(16, np.float32), "enc.bias"),
+             numpy_helper.from_array(np.zeros(3, np.float32), "head.bias")]
+    nodes = [
+        helper.make_node("Gemm", ["x", "enc.weight", "enc.bias"], ["h"], transB=1, name="enc"),
+        helper.make_node("Relu", ["h"], ["r"], name="act"),
+        helper.make_node("Constant", [], ["head.weight"], value=numpy_helper.from_array(w2, "head.weight"), name="w2"),
+        helper.make_node("MatMul", ["r", "head.weight"], ["z"], name="head"),
+        helper.make_node("Identity", ["head.bias"], ["hb"], name="alias"),
+        helper.make_node("Add", ["z", "hb"], ["logits"], name="add_bias"),
+    ]
+    graph = helper.make_graph(nodes, "imported_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="not-graphc")
+    model.ir_version = 8
+    return model
