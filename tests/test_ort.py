@@ -184,3 +184,16 @@ def test_cuda_run_bound_keeps_outputs_on_the_device():
     host, _ = sess.run_bound({"x": x_dev, "b": dev["y"]}, host_outputs=["y"])
     y1 = np.maximum(X @ W + B, 0)
     np.testing.assert_allclose(host["y"], np.maximum(X @ W + y1, 0), rtol=1e-5, atol=1e-6)
+
+
+def test_scalar_feeds_and_outputs_stay_0d():
+    from onnx_graphs import model, node, vi
+
+    proto = model([node("Add", ["step", "one"], ["next"], "inc")], [vi("step", shape=[])],
+                  [vi("next", shape=[])], {"one": np.float32(1)})
+    sess = gc.Session(proto, backend="ort-cpu")
+    assert sess.run({"step": np.float32(3)})["next"].shape == ()
+    host, dev = sess.run_bound({"step": sess.to_device(np.float32(3))}, host_outputs=["next"])
+    assert host["next"].shape == () and host["next"] == 4
+    with pytest.raises(gc.InputError, match=r"rank 1, expected rank 0"):
+        sess.run({"step": np.array([3], np.float32)})
