@@ -37,6 +37,8 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
     """2-D convolution, NCHW, weight ``[out, in/groups, kh, kw]``. Signature: ai.onnx@11::Conv"""
     ops = _ops()
     x = ops.lift(x)
+    weight = ops.lift(weight, x)
+    bias = None if bias is None else ops.lift(bias, x)
     _check_rank("Conv", x, 4)
     ws = weight.shape
     if x.shape is not None and ws is not None and isinstance(x.shape[1], int):
@@ -104,6 +106,9 @@ def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor, weight: Ten
     """
     ops = _ops()
     x = ops.lift(x)
+    running_mean, running_var = ops.lift(running_mean, x), ops.lift(running_var, x)
+    weight = None if weight is None else ops.lift(weight, x)
+    bias = None if bias is None else ops.lift(bias, x)
     channels = running_mean.shape[0] if running_mean.shape else None
     if weight is None or bias is None:
         if not isinstance(channels, int):
@@ -128,6 +133,8 @@ def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, b
     """``torch.nn.functional.layer_norm``. Signature: ai.onnx@17::LayerNormalization"""
     ops = _ops()
     x = ops.lift(x)
+    weight = None if weight is None else ops.lift(weight, x)
+    bias = None if bias is None else ops.lift(bias, x)
     shape = [int(normalized_shape)] if isinstance(normalized_shape, (int, np.integer)) else list(normalized_shape)
     if x.shape is not None and tuple(x.shape[-len(shape):]) != tuple(shape):
         raise op_error("LayerNormalization", [x], f"trailing dims must be {tuple(shape)}", user_source())
@@ -153,6 +160,7 @@ def embedding(indices: Tensor, weight: Tensor) -> Tensor:
     """``torch.nn.functional.embedding(indices, weight)``: rows of ``weight``. Signature: ai.onnx@13::Gather"""
     ops = _ops()
     indices = ops.lift(indices)
+    weight = ops.lift(weight)
     if indices.dtype not in ("int64", "int32"):
         raise op_error("Gather", [weight, indices], f"indices must be int64 or int32, got {indices.dtype}",
                        user_source())
@@ -164,6 +172,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     ``MatMul(x, Transpose(weight)) + bias`` for higher ranks."""
     ops = _ops()
     x = ops.lift(x)
+    weight = ops.lift(weight, x)
+    bias = None if bias is None else ops.lift(bias, x)
     ops._same_dtype("Linear", x, weight)
     if x.shape is not None and weight.shape is not None:
         k = x.shape[-1] if x.shape else None

@@ -97,7 +97,7 @@ class Builder:
 
     # -- naming ---------------------------------------------------------------------------------
     def unique(self, base: str) -> str:
-        base = base.replace("/", ".") if base else "v"
+        base = base or "v"
         n = self._counters.get(base, 0)
         name = base if n == 0 and base not in self._names else f"{base}_{n}"
         while name in self._names:
@@ -304,8 +304,10 @@ def _as_spec(name: str, value: Any) -> tuple[TensorSpec, np.ndarray | None]:
 
 
 def _call(fn: Callable, tensors: dict[str, Any]):
+    from graphc.nn.module import Module
+
     try:
-        sig = _inspect.signature(fn)
+        sig = _inspect.signature(fn.forward if isinstance(fn, Module) else fn)
     except (TypeError, ValueError):
         return fn(**tensors)
     params = sig.parameters

@@ -1,0 +1,232 @@
+"""Every gc.nn layer: captured, full ONNX check, onnxruntime CPU vs a numpy formula with the
+captured weights, and vs torch.nn with the same weights where torch is installed."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc import nn
+from dsl_util import check, rng, run_ort
+
+R = rng(3)
+X2 = R.standard_normal((4, 6)).astype(np.float32)
+X3 = R.standard_normal((2, 5, 8)).astype(np.float32)
+IMG = R.standard_normal((2, 3, 8, 8)).astype(np.float32)
+TOK = np.array([[1, 4, 0], [9, 2, 2]], np.int64)
+
+
+def _softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _erf(x):
+    return np.vectorize(math.erf)(x)
+
+
+def _mha(x, p, heads):
+    n, length, e = x.shape
+    d = e // heads
+    w, b = p["in_proj_weight"], p["in_proj_bias"]
+    q, k, v = (x @ w[i * e:(i + 1) * e].T + b[i * e:(i + 1) * e] for i in range(3))
+    split = lambda t: t.reshape(n, length, heads, d).transpose(0, 2, 1, 3)  # noqa: E731
+    att = _softmax(split(q) @ split(k).transpose(0, 1, 3, 2) / math.sqrt(d))
+    out = (att @ split(v)).transpose(0, 2, 1, 3).reshape(n, length, e)
+    return out @ p["out_proj.weight"].T + p["out_proj.bias"], att.mean(1)
+
+
+def _bn(x, p):
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    return ((x - p["running_mean"].reshape(shape)) / np.sqrt(p["running_var"].reshape(shape) + 1e-5)
+            * p["weight"].reshape(shape) + p["bias"].reshape(shape))
+
+
+# (id, layer factory, input, numpy reference f(x, params), torch factory)
+CASES = [
+    ("Linear", lambda: nn.Linear(6, 3), X2, lambda x, p: x @ p["weight"].T + p["bias"], "Linear(6, 3)"),
+    ("Linear3d", lambda: nn.Linear(8, 2, bias=False), X3, lambda x, p: x @ p["weight"].T, "Linear(8, 2, bias=False)"),
+    ("Conv2d", lambda: nn.Conv2d(3, 4, 3, stride=2, padding=1), IMG, None, "Conv2d(3, 4, 3, stride=2, padding=1)"),
+    ("Conv2dGroups", lambda: nn.Conv2d(3, 6, (3, 1), groups=3, bias=False), IMG, None,
+     "Conv2d(3, 6, (3, 1), groups=3, bias=False)"),
+    ("MaxPool2d", lambda: nn.MaxPool2d(2), IMG,
+     lambda x, p: x.reshape(2, 3, 4, 2, 4, 2).max((3, 5)), "MaxPool2d(2)"),
+    ("AvgPool2d", lambda: nn.AvgPool2d(2), IMG, lambda x, p: x.reshape(2, 3, 4, 2, 4, 2).mean((3, 5)), "AvgPool2d(2)"),
+    ("AdaptiveAvgPool2d1", lambda: nn.AdaptiveAvgPool2d(1), IMG, lambda x, p: x.mean((2, 3), keepdims=True),
+     "AdaptiveAvgPool2d(1)"),
+    ("AdaptiveAvgPool2d2", lambda: nn.AdaptiveAvgPool2d((2, 4)), IMG,
+     lambda x, p: x.reshape(2, 3, 2, 4, 4, 2).mean((3, 5)), "AdaptiveAvgPool2d((2, 4))"),
+    ("BatchNorm1d", lambda: nn.BatchNorm1d(6), X2, _bn, "BatchNorm1d(6)"),
+    ("BatchNorm2d", lambda: nn.BatchNorm2d(3), IMG, _bn, "BatchNorm2d(3)"),
+    ("LayerNorm", lambda: nn.LayerNorm(8), X3,
+     lambda x, p: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * p["weight"] + p["bias"],
+     "LayerNorm(8)"),
+    ("Dropout", lambda: nn.Dropout(0.5), X2, lambda x, p: x, "Dropout(0.5)"),
+    ("Embedding", lambda: nn.Embedding(10, 4), TOK, lambda x, p: p["weight"][x], "Embedding(10, 4)"),
+    ("ReLU", nn.ReLU, X2, lambda x, p: np.maximum(x, 0), "ReLU()"),
+    ("GELU", nn.GELU, X2, lambda x, p: 0.5 * x * (1 + _erf(x / math.sqrt(2))), "GELU()"),
+    ("Sigmoid", nn.Sigmoid, X2, lambda x, p: 1 / (1 + np.exp(-x)), "Sigmoid()"),
+    ("Tanh", nn.Tanh, X2, lambda x, p: np.tanh(x), "Tanh()"),
+    ("Softmax", lambda: nn.Softmax(dim=1), X2, lambda x, p: _softmax(x, 1), "Softmax(dim=1)"),
+    ("Flatten", nn.Flatten, IMG, lambda x, p: x.reshape(2, -1), "Flatten()"),
+    ("Sequential", lambda: nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2)), X2,
+     lambda x, p: np.maximum(x @ p["0.weight"].T + p["0.bias"], 0) @ p["2.weight"].T + p["2.bias"],
+     "Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))"),
+    ("MultiheadAttention", lambda: _First(nn.MultiheadAttention(8, 2, batch_first=True)), X3,
+     lambda x, p: _mha(x, {k.removeprefix("m."): v for k, v in p.items()}, 2)[0], None),
+]
+
+
+class _First(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, x):
+        return self.m(x, x, x)[0]
+
+
+def _capture(layer, x, **kw):
+    spec = gc.spec(x.dtype, ("N", *x.shape[1:]))
+    model = gc.capture(layer, x=spec, **kw)
+    check(model)
+    return model
+
+
+@pytest.mark.parametrize("name,factory,x,ref,torch_ctor", CASES, ids=[c[0] for c in CASES])
+def test_layer_matches_numpy(name, factory, x, ref, torch_ctor):
+    layer = factory()
+    if name.startswith("BatchNorm"):
+        layer.running_mean.data = R.standard_normal(layer.num_features)
+        layer.running_var.data = R.random(layer.num_features) + 0.5
+        layer.weight.data = R.standard_normal(layer.num_features)
+    model = _capture(layer, x, seed=7)
+    out = run_ort(model, {"x": x})["output"]
+    if ref is None:
+        torch = pytest.importorskip("torch")
+        ref = lambda x, p: _torch_layer(torch, torch_ctor, p)(torch.from_numpy(x)).detach().numpy()  # noqa: E731
+    np.testing.assert_allclose(out, ref(x, model.params), rtol=1e-4, atol=1e-5)
+
+
+def _torch_layer(torch, ctor, params):
+    layer = eval(f"torch.nn.{ctor}" if not ctor.startswith("Sequential") else f"torch.nn.{ctor}")  # noqa: S307
+    state = {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}
+    layer.load_state_dict(state, strict=False)
+    return layer.eval()
+
+
+@pytest.mark.parametrize("name,factory,x,ref,torch_ctor", [c for c in CASES if c[4]], ids=[c[0] for c in CASES if c[4]])
+def test_layer_matches_torch(name, factory, x, ref, torch_ctor):
+    torch = pytest.importorskip("torch")
+    model = _capture(factory(), x, seed=1)
+    layer = _torch_layer(torch, torch_ctor, model.params)
+    # parameter names and layouts are PyTorch's
+    torch_names = {k for k in layer.state_dict() if not k.endswith("num_batches_tracked")}
+    assert set(model.ir.graph.initializers) == torch_names
+    for k, v in layer.state_dict().items():
+        if k in model.params:
+            assert tuple(v.shape) == model.params[k].shape
+    with torch.no_grad():
+        expected = layer(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(run_ort(model, {"x": x})["output"], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_multihead_attention_matches_torch():
+    torch = pytest.importorskip("torch")
+    for batch_first in (True, False):
+        layer = nn.MultiheadAttention(8, 2, batch_first=batch_first)
+
+        class Both(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.attn = layer
+
+            def forward(self, q, k):
+                return self.attn(q, k, k)
+
+        q = X3 if batch_first else X3.transpose(1, 0, 2).copy()
+        k = (X3[:, :3] * 2 if batch_first else (X3[:, :3] * 2).transpose(1, 0, 2)).copy()
+        model = gc.capture(Both(), q=q, k=k, seed=3)
+        check(model)
+        out = run_ort(model, {"q": q, "k": k})
+        tl = torch.nn.MultiheadAttention(8, 2, batch_first=batch_first)
+        tl.load_state_dict({n.removeprefix("attn."): torch.from_numpy(v) for n, v in model.params.items()})
+        with torch.no_grad():
+            ref_out, ref_w = tl(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(k))
+        np.testing.assert_allclose(out["output_0"], ref_out.numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(out["output_1"], ref_w.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_batchnorm_training_mode_node():
+    for training in (False, True):
+        model = _capture(nn.Sequential(nn.BatchNorm2d(3), nn.Dropout(0.2)), IMG, training=training)
+        bn = next(n for n in model.ir.graph if n.op_type == "BatchNormalization")
+        assert bn.attributes["training_mode"].value == int(training)
+        assert len(bn.outputs) == (3 if training else 1)
+        drop = next(n for n in model.ir.graph if n.op_type == "Dropout")
+        assert drop.inputs[2].const_value is None  # a Constant node, not an initializer
+        assert "graphc.buffers" in model.ir.metadata_props
+        assert set(model.ir.metadata_props["graphc.buffers"].split(",")) == {"0.running_mean", "0.running_var"}
+
+
+def test_default_initialisation_follows_pytorch():
+    net = nn.Sequential(nn.Linear(100, 50), nn.Conv2d(4, 8, 3), nn.Embedding(20, 6), nn.LayerNorm(5),
+                        nn.BatchNorm2d(8))
+    net.init_parameters(seed=0)
+    sd = net.state_dict()
+    assert list(sd) == ["0.weight", "0.bias", "1.weight", "1.bias", "2.weight", "3.weight", "3.bias",
+                        "4.weight", "4.bias", "4.running_mean", "4.running_var"]
+    assert np.abs(sd["0.weight"]).max() <= 1 / math.sqrt(100) and np.abs(sd["0.weight"]).max() > 0.09
+    assert np.abs(sd["0.bias"]).max() <= 1 / math.sqrt(100)
+    assert np.abs(sd["1.weight"]).max() <= 1 / math.sqrt(36)
+    assert 0.8 < sd["2.weight"].std() < 1.2
+    assert (sd["3.weight"] == 1).all() and (sd["3.bias"] == 0).all()
+    assert (sd["4.running_var"] == 1).all() and (sd["4.running_mean"] == 0).all()
+    # the draws come from numpy.random.default_rng(seed) in definition order
+    expected = np.random.default_rng(0).uniform(-0.1, 0.1, size=(50, 100)).astype(np.float32)
+    np.testing.assert_array_equal(sd["0.weight"], expected)
+    assert all(v.dtype == np.float32 for v in sd.values())
+
+
+def test_seed_controls_params_and_user_values_are_kept():
+    layer = nn.Linear(4, 3)
+    a = gc.capture(layer, x=gc.spec("float32", ("N", 4)), seed=1).params
+    b = gc.capture(layer, x=gc.spec("float32", ("N", 4)), seed=1).params
+    c = gc.capture(layer, x=gc.spec("float32", ("N", 4)), seed=2).params
+    np.testing.assert_array_equal(a["weight"], b["weight"])
+    assert not np.array_equal(a["weight"], c["weight"])
+    layer.weight.data = np.ones((3, 4))
+    d = gc.capture(layer, x=gc.spec("float32", ("N", 4)), seed=3).params
+    np.testing.assert_array_equal(d["weight"], np.ones((3, 4), np.float32))
+
+
+def test_module_registration_and_names():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(np.full(3, 2.0, np.float32))
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.fc(x) * self.scale
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+            self.head = nn.Linear(3, 1)
+
+        def forward(self, x):
+            return self.head(self.block(x))
+
+    net = Net()
+    model = gc.capture(net, x=gc.spec("float32", ("N", 3)))
+    check(model)
+    assert set(model.ir.graph.initializers) == {"block.scale", "block.fc.weight", "block.fc.bias", "head.weight",
+                                                "head.bias"}
+    assert [n for n, _ in net.named_parameters()] == ["block.scale", "block.fc.weight", "block.fc.bias",
+                                                      "head.weight", "head.bias"]
+    assert [n.name for n in model.ir.graph][0].startswith("block.fc/")
