@@ -225,7 +225,7 @@ class OrtExecutable:
             try:
                 self.session = ort.InferenceSession(proto.SerializeToString(), options, providers=providers)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
-                raise self._error(exc, "cannot load the model") from None
+                raise self._error(exc, "cannot load") from None
             self.copy_nodes = _count_copy_nodes(optimized) if optimized.is_file() else 0
         if backend.provider not in self.session.get_providers():
             raise BackendUnavailable(f"{backend.name}: onnxruntime did not give the session "
@@ -288,7 +288,7 @@ class OrtExecutable:
 
     def _error(self, exc: Exception, what: str) -> BackendError:
         """Map an onnxruntime error to BackendError naming node, op and source line."""
-        message = str(exc).strip()
+        message = re.sub(r"^\[ONNXRuntimeError\] : \d+ : ", "", str(exc).strip())
         m = re.search(r"[Nn]ode(?:\. Name)?[:\s]*[\(']([^'\)]+)['\)]", message) or \
             re.search(r"node with name '([^']+)'", message)
         node = self._nodes.get(m.group(1)) if m else None

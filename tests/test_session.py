@@ -140,3 +140,15 @@ def test_runtime_error_names_node_op_and_source_line():
     assert sess.run({"x": x, "s": np.array([4, 2])})["y"].shape == (4, 2)
     with pytest.raises(gc.BackendError, match=r"node 'reshape_7' \(Reshape, at net.py:42\)"):
         sess.run({"x": x, "s": np.array([3, 5])})
+
+
+def test_a_kernel_onnxruntime_lacks_is_named_at_creation():
+    from onnx import TensorProto
+
+    from onnx_graphs import model, node, vi
+
+    proto = model([node("Acos", ["x"], ["y"], "acos_3", "net.py:3")],
+                  [vi("x", TensorProto.DOUBLE, [2])], [vi("y", TensorProto.DOUBLE, [2])])
+    with pytest.raises(gc.BackendError, match=r"ort-cpu cannot load node 'acos_3' \(Acos, at net.py:3\): "
+                                              r"NOT_IMPLEMENTED : Could not find an implementation"):
+        gc.Session(proto, backend="ort-cpu")
