@@ -10,7 +10,7 @@ import pytest
 
 import graphc
 
-from autodiff_cases import CASES, GradCase, build, with_loss
+from autodiff_cases import CASES, GradCase, T, build, with_loss
 from graphc.passes.autodiff import RULES, gradient_model
 
 
@@ -38,11 +38,11 @@ def grad_proto(case: GradCase, dtype) -> tuple[onnx.ModelProto, dict[str, np.nda
     fwd = build(case, dtype)
     outs = run_numpy(_with_outputs(fwd, case), {})
     model = with_loss(fwd, {k: v.shape for k, v in outs.items()}, case, dtype)
-    gm = gradient_model(ir.serde.deserialize_model(model), "loss")
+    wrt = [f"in{i}" for i, spec in enumerate(case.inputs) if isinstance(spec, T)]
+    gm = gradient_model(ir.serde.deserialize_model(model), "loss", wrt)
     proto = graphc.Model(gm).proto
     onnx.checker.check_model(proto, full_check=True)
-    params = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer
-              if t.name.startswith("in") and t.data_type in (onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT)}
+    params = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name in wrt}
     return proto, params
 
 

@@ -131,8 +131,9 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
             continue  # only non-differentiable outputs (Indices, masks, running stats) are used
         g.source = node.metadata_props.get(SOURCE_KEY)
         g.node_name = f"{node.name or node.op_type}/grad"
+        inputs = list(node.inputs)  # a rule may replace the node (to expose Indices or a mask)
         result = rule.fn(g, node, dys if rule.multi_output else dys[0])
-        pairs = result.items() if isinstance(result, dict) else zip(node.inputs, result)
+        pairs = result.items() if isinstance(result, dict) else zip(inputs, result)
         for value, dx in pairs:
             if dx is not None and value is not None and value in needed:
                 _type_like(dx, value)

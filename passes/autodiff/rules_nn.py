@@ -1,1 +1,253 @@
-"""VJP rules of neural-network ops."""
+"""VJP rules of neural-network ops: Dropout, Conv, pooling, BatchNormalization, LayerNormalization.
+
+Convolutions and pools need static spatial dims and channel counts (the batch may be symbolic).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc.errors import GraphError
+from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, static_shape
+from graphc.passes.autodiff.registry import grad_rule
+
+
+# -- Dropout ----------------------------------------------------------------------------------
+def _static_input(node: ir.Node, i: int):
+    """Input ``i`` as numpy when it is absent (None returned as "absent") or a fixed constant."""
+    v = node.inputs[i] if len(node.inputs) > i else None
+    if v is None:
+        return "absent"
+    return None if v.is_graph_input() else const_array(v)
+
+
+@grad_rule("Dropout")
+def grad_dropout(g, node, dy):
+    # training: dx = dy * mask / (1 - ratio) through the node's mask output (added to the node
+    # when it lacks one, so forward and backward share one random draw); inference: dx = dy.
+    # Before opset 12 Dropout has no training mode and is the identity.
+    rest = (None,) * (len(node.inputs) - 1)
+    training = _static_input(node, 2)
+    if g.opset < 12 or (isinstance(training, str) or (training is not None and not bool(training))):
+        return (dy,) + rest
+    ratio = _static_input(node, 1)
+    node = g.with_outputs(node, 2)
+    if ratio is None:
+        scale = g.div(g.scalar(1.0, dy), g.sub(g.scalar(1.0, dy), g.cast_like(node.inputs[1], dy)))
+    else:
+        r = 0.5 if isinstance(ratio, str) else float(ratio)
+        scale = g.scalar(1.0 / (1.0 - r) if r < 1 else 0.0, dy)
+    if training is None:  # a run-time flag: the mask is all ones in inference, only the scale differs
+        scale = g.op("Where", node.inputs[2], scale, g.scalar(1.0, dy))
+    return (g.mul(dy, g.mul(g.cast_like(node.outputs[1], dy), scale)),) + rest
+
+
+# -- shared window geometry -------------------------------------------------------------------
+def _window(g: GradBuilder, node: ir.Node, x: ir.Value, kernel: list[int]):
+    """(spatial input dims, strides, dilations, pads begin, pads end) with auto_pad resolved."""
+    sx = static_shape(x)
+    if sx is None or not all(isinstance(d, int) for d in sx[2:]):
+        raise GraphError(f"gradient of {node.op_type} {node.name!r} needs static spatial dims, "
+                         f"got input shape {sx}")
+    spatial = list(sx[2:])
+    n = len(spatial)
+    strides = list(attr(node, "strides", None) or [1] * n)
+    dilations = list(attr(node, "dilations", None) or [1] * n)
+    pads = list(attr(node, "pads", None) or [0] * (2 * n))
+    auto_pad = attr(node, "auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0] * (2 * n)
+        for i in range(n):
+            out = -(-spatial[i] // strides[i])
+            total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - spatial[i])
+            small = total // 2
+            pads[i], pads[i + n] = (small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small)
+    elif auto_pad == "VALID":
+        pads = [0] * (2 * n)
+    return spatial, strides, dilations, pads[:n], pads[n:]
+
+
+def _out_dims(spatial, kernel, strides, dilations, begin, end, ceil=False):
+    out = []
+    for i, d in enumerate(spatial):
+        span = d + begin[i] + end[i] - ((kernel[i] - 1) * dilations[i] + 1)
+        out.append((-(-span // strides[i]) if ceil else span // strides[i]) + 1)
+    return out
+
+
+def _transposed(g: GradBuilder, dy: ir.Value, w: ir.Value, spatial, kernel, strides, dilations,
+                begin, end, group: int) -> ir.Value:
+    """ConvTranspose(dy, w) sized back to the input's spatial dims (the input gradient)."""
+    out = _out_dims(spatial, kernel, strides, dilations, begin, end)
+    extra = [spatial[i] - (strides[i] * (out[i] - 1) + (kernel[i] - 1) * dilations[i] + 1 - begin[i] - end[i])
+             for i in range(len(spatial))]
+    return g.op("ConvTranspose", dy, w, strides=strides, dilations=dilations, pads=begin + end,
+                output_padding=extra if any(extra) else None, group=group if group != 1 else None)
+
+
+# -- Conv -------------------------------------------------------------------------------------
+def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end, group):
+    # dW[m, c, k] = sum_{n, o} dy[n, m, o] * xpad[n, c, o*stride + k*dilation]: a Conv over x with
+    # batch and channels swapped, dy as the kernel, strides and dilations exchanged.
+    n_sp = len(spatial)
+    cg, kernel = w_shape[1], list(w_shape[2:])
+    if group == 1:
+        xt = g.transpose(x, [1, 0] + list(range(2, 2 + n_sp)))
+    else:  # [N, g*Cg, S] -> [Cg, g*N, S]: the groups become Conv groups over the batch
+        xr = g.op("Reshape", x, g.ints([0, group, cg] + spatial))
+        xt = g.op("Reshape", g.transpose(xr, [2, 1, 0] + list(range(3, 3 + n_sp))), g.ints([cg, -1] + spatial))
+    dyt = g.transpose(dy, [1, 0] + list(range(2, 2 + n_sp)))
+    out = _out_dims(spatial, kernel, strides, dilations, begin, end)
+    full = [(spatial[i] + begin[i] + end[i] - (out[i] - 1) * strides[i] - 1) // dilations[i] + 1 for i in range(n_sp)]
+    dw = g.op("Conv", xt, dyt, strides=dilations, dilations=strides, pads=begin + end,
+              group=group if group != 1 else None)
+    dw = g.transpose(dw, [1, 0] + list(range(2, 2 + n_sp)))
+    if full != kernel:  # windows that the forward never reached when strides do not divide evenly
+        dw = g.op("Slice", dw, g.ints([0] * n_sp), g.ints(kernel), g.ints(list(range(2, 2 + n_sp))))
+    return dw
+
+
+@grad_rule("Conv")
+def grad_conv(g, node, dy):
+    x, w = node.inputs[0], node.inputs[1]
+    b = node.inputs[2] if len(node.inputs) > 2 else None
+    w_shape = static_shape(w)
+    if w_shape is None or not all(isinstance(d, int) for d in w_shape):
+        raise GraphError(f"gradient of Conv {node.name!r} needs a static weight shape, got {w_shape}")
+    kernel = list(w_shape[2:])
+    spatial, strides, dilations, begin, end = _window(g, node, x, kernel)
+    group = attr(node, "group", 1)
+    dx = dw = db = None
+    if g.wants(x):
+        dx = _transposed(g, dy, w, spatial, kernel, strides, dilations, begin, end, group)
+    if g.wants(w):
+        dw = _conv_weight_grad(g, x, dy, w_shape, spatial, strides, dilations, begin, end, group)
+    if g.wants(b):
+        db = g.reduce("ReduceSum", dy, [0] + list(range(2, 2 + len(spatial))), keepdims=False)
+    return dx, dw, db
+
+
+# -- pooling ----------------------------------------------------------------------------------
+@grad_rule("MaxPool")
+def grad_max_pool(g, node, dy):
+    # Each output's gradient goes to the input element its Indices output names (the first
+    # maximum of the window, like PyTorch), accumulated where windows overlap: ScatterElements
+    # with reduction="add" over the flattened input.
+    if attr(node, "storage_order", 0):
+        raise GraphError(f"gradient of MaxPool {node.name!r} with storage_order=1 is not supported")
+    x = node.inputs[0]
+    node = g.with_outputs(node, 2)
+    size = g.op("Size", x)
+    zeros = g.op("ConstantOfShape", g.op("Reshape", size, g.ints([1])),
+                 value=ir.tensor(np.zeros(1, dtype=(dy.dtype or ir.DataType.FLOAT).numpy())))
+    flat = g.op("ScatterElements", zeros, g.op("Reshape", node.outputs[1], g.ints([-1])),
+                g.op("Reshape", dy, g.ints([-1])), axis=0, reduction="add")
+    return (g.reshape_like(flat, x),)
+
+
+@grad_rule("AveragePool")
+def grad_average_pool(g, node, dy):
+    # dx = ConvTranspose(dy / divisor, ones) per channel. The divisor is the window size, or with
+    # count_include_pad=0 the number of non-pad elements in each window (a Conv of ones).
+    x = node.inputs[0]
+    kernel = list(attr(node, "kernel_shape"))
+    spatial, strides, dilations, begin, end = _window(g, node, x, kernel)
+    channels = static_shape(x)[1]
+    if not isinstance(channels, int):
+        raise GraphError(f"gradient of AveragePool {node.name!r} needs a static channel count")
+    if attr(node, "ceil_mode", 0) and _out_dims(spatial, kernel, strides, dilations, begin, end, ceil=True) != \
+            _out_dims(spatial, kernel, strides, dilations, begin, end):
+        raise GraphError(f"gradient of AveragePool {node.name!r}: ceil_mode=1 that changes the output size "
+                         "is not supported")
+    dtype = (dy.dtype or ir.DataType.FLOAT).numpy()
+    if attr(node, "count_include_pad", 0) or not any(begin + end):
+        scaled = g.div(dy, g.scalar(float(math.prod(kernel)), dy))
+    else:
+        ones_x = g.const(np.ones([1, 1] + spatial, dtype=dtype))
+        ones_k = g.const(np.ones([1, 1] + kernel, dtype=dtype))
+        counts = g.op("Conv", ones_x, ones_k, strides=strides, dilations=dilations, pads=begin + end)
+        scaled = g.div(dy, counts)
+    ones = g.const(np.ones([channels, 1] + kernel, dtype=dtype))
+    return (_transposed(g, scaled, ones, spatial, kernel, strides, dilations, begin, end, channels),)
+
+
+# -- normalization ----------------------------------------------------------------------------
+def _per_channel(g: GradBuilder, v: ir.Value, rank: int) -> ir.Value:
+    """A [C] tensor shaped [C, 1, ..., 1] to broadcast against [N, C, *spatial]."""
+    return g.unsqueeze(v, list(range(1, rank - 1)))
+
+
+@grad_rule("BatchNormalization")
+def grad_batch_norm(g, node, dy):
+    # training_mode=1 (opset >= 14): batch statistics, the full gradient through mean and var;
+    # running-mean/var outputs carry no gradient (as in PyTorch).
+    # inference: y = (x - mean) * scale / sqrt(var + eps) + b with mean/var as inputs.
+    x, scale, bias, mean, var = node.inputs[:5]
+    rank = g.rank(x)
+    axes = [0] + list(range(2, rank))
+    eps = g.scalar(attr(node, "epsilon", 1e-5), dy)
+    scale_c = _per_channel(g, scale, rank)
+    training = g.opset >= 14 and attr(node, "training_mode", 0)
+    if training:
+        mu = g.reduce("ReduceMean", x, axes, keepdims=True)
+        xc = g.sub(x, mu)
+        var_b = g.reduce("ReduceMean", g.mul(xc, xc), axes, keepdims=True)
+    else:
+        xc = g.sub(x, _per_channel(g, mean, rank))
+        var_b = _per_channel(g, var, rank)
+    invstd = g.op("Reciprocal", g.op("Sqrt", g.add(var_b, eps)))
+    xhat = g.mul(xc, invstd)
+    dx = dscale = dbias = dmean = dvar = None
+    sum_dy = g.reduce("ReduceSum", dy, axes, keepdims=False) if g.wants(bias) or g.wants(mean) else None
+    sum_dy_xhat = g.reduce("ReduceSum", g.mul(dy, xhat), axes, keepdims=False) if g.wants(scale) else None
+    if g.wants(x):
+        if training:
+            mean_dy = g.reduce("ReduceMean", dy, axes, keepdims=True)
+            mean_dy_xhat = g.reduce("ReduceMean", g.mul(dy, xhat), axes, keepdims=True)
+            inner = g.sub(g.sub(dy, mean_dy), g.mul(xhat, mean_dy_xhat))
+            dx = g.mul(g.mul(scale_c, invstd), inner)
+        else:
+            dx = g.mul(dy, g.mul(scale_c, invstd))
+    if g.wants(scale):
+        dscale = sum_dy_xhat
+    if g.wants(bias):
+        dbias = sum_dy
+    if not training and (g.wants(mean) or g.wants(var)):
+        inv = g.reshape_like(invstd, scale)
+        if g.wants(mean):
+            dmean = g.neg(g.mul(sum_dy, g.mul(scale, inv)))
+        if g.wants(var):
+            sum_dy_xc = g.reduce("ReduceSum", g.mul(dy, xc), axes, keepdims=False)
+            half_inv3 = g.mul(g.scalar(-0.5, dy), g.mul(inv, g.mul(inv, inv)))
+            dvar = g.mul(sum_dy_xc, g.mul(scale, half_inv3))
+    return dx, dscale, dbias, dmean, dvar
+
+
+@grad_rule("LayerNormalization")
+def grad_layer_norm(g, node, dy):
+    # Normalized over axes [axis, rank): dx = invstd * (d - mean(d) - xhat * mean(d * xhat)),
+    # d = dy * scale; dscale/dbias summed over the leading (broadcast) axes.
+    x, scale = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    rank = g.rank(x)
+    axes = list(range(attr(node, "axis", -1) % rank, rank))
+    mu = g.reduce("ReduceMean", x, axes, keepdims=True)
+    xc = g.sub(x, mu)
+    var = g.reduce("ReduceMean", g.mul(xc, xc), axes, keepdims=True)
+    invstd = g.op("Reciprocal", g.op("Sqrt", g.add(var, g.scalar(attr(node, "epsilon", 1e-5), dy))))
+    xhat = g.mul(xc, invstd)
+    dx = dscale = dbias = None
+    y_shape = static_shape(node.outputs[0]) or static_shape(x)
+    if g.wants(x):
+        d = g.mul(dy, scale)
+        mean_d = g.reduce("ReduceMean", d, axes, keepdims=True)
+        mean_dx = g.reduce("ReduceMean", g.mul(d, xhat), axes, keepdims=True)
+        dx = g.mul(invstd, g.sub(g.sub(d, mean_d), g.mul(xhat, mean_dx)))
+    if g.wants(scale):
+        dscale = g.sum_to(g.mul(dy, xhat), y_shape, scale)
+    if g.wants(bias):
+        dbias = g.sum_to(dy, y_shape, bias)
+    return dx, dscale, dbias
