@@ -1,0 +1,213 @@
+"""gc.training.generate: graph interfaces, manifest, training behaviour, save/load."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+import graphc as gc
+from graphc.models import EXAMPLES
+from tests import training_models
+
+RNG = np.random.default_rng(0)
+
+
+def _classification_batch(n, din=8, classes=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"x": rng.normal(size=(n, din)).astype(np.float32), "y": rng.integers(0, classes, n).astype(np.int64)}
+
+
+def train(arts, batch, steps, backend="ort-cpu"):
+    """Run train_step ``steps`` times on one batch; returns (losses, final state)."""
+    session = gc.Session(arts.train_step, backend=backend)
+    carried = [e.name for e in arts.manifest.graphs["train_step"].inputs if e.role in ("param", "state", "hyper")]
+    state = {n: arts.state[n] for n in carried}
+    losses = []
+    for _ in range(steps):
+        out = session.run({**batch, **state})
+        losses.append(float(out["loss"]))
+        for produced, consumed in arts.manifest.feeds.items():
+            state[consumed] = out[produced]
+    return losses, state
+
+
+def check_graph(model: gc.Model) -> onnx.ModelProto:
+    proto = model.proto
+    onnx.checker.check_model(proto, full_check=True)
+    domains = {n.domain for n in proto.graph.node} | {o.domain for o in proto.opset_import}
+    assert domains <= {"", "ai.onnx"}, domains
+    return proto
+
+
+# -- every example model ---------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_examples_generate_clean_graphs(name):
+    factory, inputs = EXAMPLES[name]
+    model = gc.capture(factory(), **inputs())
+    out = model.outputs[0].name
+    arts = gc.training.generate(model, gc.losses.cross_entropy(out, label="y"), gc.optim.AdamW(1e-3))
+    for key, graph in arts.graphs.items():
+        proto = check_graph(graph)
+        entry = arts.manifest.graphs[key]
+        assert [i.name for i in proto.graph.input] == [e.name for e in entry.inputs]
+        assert [o.name for o in proto.graph.output] == [e.name for e in entry.outputs]
+    # the batch dim stays symbolic everywhere
+    data = [e for e in arts.manifest.graphs["train_step"].inputs if e.role in ("data", "label")]
+    assert all(isinstance(e.shape[0], str) for e in data), data
+    bn_stats = {e.name for e in arts.manifest.graphs["train_step"].inputs if e.role == "state" and e.name in model.params}
+    assert arts.manifest.trainable
+    assert set(arts.manifest.trainable) == set(model.params) - set(arts.manifest.frozen) - bn_stats
+
+
+# -- interfaces ------------------------------------------------------------------------------
+def test_train_step_interface_and_manifest():
+    model = training_models.mlp()
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.Adam(0.01))
+    m = arts.manifest
+    params = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert m.trainable == params and m.frozen == []
+    step_in = {e.name: e.role for e in m.graphs["train_step"].inputs}
+    assert step_in == {"x": "data", "y": "label", **{p: "param" for p in params},
+                       **{f"{p}.{s}": "state" for p in params for s in ("exp_avg", "exp_avg_sq")},
+                       "step": "state", "lr": "hyper"}
+    step_out = {e.name: e.role for e in m.graphs["train_step"].outputs}
+    assert step_out["loss"] == "loss" and step_out["fc1.weight.next"] == "param"
+    assert step_out["fc1.weight.exp_avg.next"] == "state" and step_out["step.next"] == "state"
+    assert m.feeds == {f"{n}.next": n for n, r in step_in.items() if r in ("param", "state")}
+    assert set(m.state) == {n for n, r in step_in.items() if r in ("param", "state", "hyper")}
+    assert arts.state["step"].shape == () and arts.state["step"].dtype == np.int64
+    assert arts.state["lr"].dtype == np.float32 and float(arts.state["lr"]) == pytest.approx(0.01)
+    grads = {e.name: e.role for e in m.graphs["gradients"].outputs}
+    assert grads == {"loss": "loss", **{f"{p}_grad": "grad" for p in params}}
+    assert {e.name for e in m.graphs["gradients"].inputs} == {"x", "y", *params}
+    assert [e.name for e in m.graphs["eval"].outputs] == ["loss", "logits"]
+    assert [e.name for e in m.graphs["inference"].inputs] == ["x"]
+    assert m.optimizer == {"kind": "adam", "lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
+    assert m.loss["kind"] == "cross_entropy" and m.loss["label"] == "y" and m.model_outputs == ["logits"]
+    label = next(e for e in m.graphs["train_step"].inputs if e.name == "y")
+    assert (label.dtype, label.shape) == ("int64", ["batch"])
+    # params keep their initializers as defaults; optimizer state has none
+    init = {i.name for i in arts.train_step.proto.graph.initializer}
+    assert set(params) <= init and not any(".exp_avg" in n for n in init)
+
+
+def test_sgd_without_momentum_has_no_state_and_lr_is_an_input():
+    arts = gc.training.generate(training_models.mlp(), gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.5))
+    roles = {e.name: e.role for e in arts.manifest.graphs["train_step"].inputs}
+    assert "state" not in {r for n, r in roles.items() if n != "step"}
+    batch = _classification_batch(16)
+    session = gc.Session(arts.train_step, backend="numpy")
+    base = {**batch, **{n: arts.state[n] for n in roles if roles[n] != "data" and roles[n] != "label"}}
+    full = session.run(base)
+    zero = session.run({**base, "lr": np.array(0.0, np.float32)})
+    np.testing.assert_array_equal(zero["fc1.weight.next"], arts.state["fc1.weight"])
+    grads = gc.Session(arts.gradients, backend="numpy").run(batch)
+    np.testing.assert_allclose(full["fc1.weight.next"], arts.state["fc1.weight"] - 0.5 * grads["fc1.weight_grad"],
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(full["loss"], grads["loss"], rtol=1e-6)
+
+
+def test_eval_and_inference_agree():
+    arts = gc.training.generate(training_models.mlp(), gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
+    batch = _classification_batch(10)
+    ev = gc.Session(arts.eval, backend="numpy").run(batch)
+    inf = gc.Session(arts.inference, backend="numpy").run({"x": batch["x"]})
+    np.testing.assert_allclose(ev["logits"], inf["logits"], rtol=1e-6)
+    logits = inf["logits"].astype(np.float64)
+    lsm = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    np.testing.assert_allclose(ev["loss"], -lsm[np.arange(10), batch["y"]].mean(), rtol=1e-5)
+
+
+def test_loss_given_as_a_scalar_output():
+    def net(x, y):
+        return {"loss_out": gc.losses.mse(x * 2.0, y)}
+
+    model = gc.capture(net, x=gc.spec("float32", ("N", 3)), y=gc.spec("float32", ("N", 3)))
+    with pytest.raises(gc.GraphError, match="no trainable"):
+        gc.training.generate(model, "loss_out", gc.optim.SGD(0.1))
+
+
+# -- training behaviour ----------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("optimizer", [gc.optim.SGD(0.2, momentum=0.9), gc.optim.Adam(0.02)], ids=["sgd", "adam"])
+def test_two_layer_net_loss_decreases(backend, optimizer):
+    factory, inputs = EXAMPLES["two_layer_net"]
+    model = gc.capture(factory(in_features=16, hidden=32), **inputs(in_features=16))
+    arts = gc.training.generate(model, gc.losses.cross_entropy(model.outputs[0].name, label="y"), optimizer)
+    batch = _classification_batch(32, din=16, classes=10)
+    losses, _ = train(arts, batch, 15, backend)
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_adam_matches_torch_end_to_end():
+    torch = pytest.importorskip("torch")
+    model = training_models.mlp()
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y", label_smoothing=0.1),
+                                gc.optim.Adam(0.01, weight_decay=0.01))
+    batch = _classification_batch(12)
+    losses, state = train(arts, batch, 5, "ort-cpu")
+
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            key = name.replace("0.", "fc1.").replace("2.", "fc2.")
+            p.copy_(torch.from_numpy(np.array(model.params[key])))
+    opt = torch.optim.Adam(net.parameters(), lr=0.01, weight_decay=0.01, foreach=False)
+    x, y = torch.from_numpy(batch["x"]), torch.from_numpy(batch["y"])
+    torch_losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), y, label_smoothing=0.1)
+        loss.backward()
+        opt.step()
+        torch_losses.append(loss.item())
+    np.testing.assert_allclose(losses, torch_losses, rtol=1e-5)
+    np.testing.assert_allclose(state["fc2.weight"], net[2].weight.detach().numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_symbolic_batch_full_and_partial():
+    arts = gc.training.generate(training_models.mlp(), gc.losses.cross_entropy("logits", label="y"),
+                                gc.optim.SGD(0.1, momentum=0.9))
+    session = gc.Session(arts.train_step, backend="ort-cpu")
+    state = {n: arts.state[n] for n in arts.manifest.state}
+    for n in (32, 5):
+        out = session.run({**_classification_batch(n), **state})
+        assert np.isfinite(out["loss"]) and out["fc1.weight.next"].shape == (16, 8)
+        state = {arts.manifest.feeds[k]: v for k, v in out.items() if k in arts.manifest.feeds} | {"lr": state["lr"]}
+    assert int(state["step"]) == 2
+
+
+# -- save / load -----------------------------------------------------------------------------
+def test_save_load_round_trip(tmp_path):
+    arts = gc.training.generate(training_models.batchnorm(), gc.losses.cross_entropy("logits", label="y"),
+                                gc.optim.AdamW(0.01))
+    arts.save(tmp_path / "arts")
+    files = sorted(p.name for p in (tmp_path / "arts").iterdir())
+    assert files == ["eval.onnx", "gradients.onnx", "inference.onnx", "manifest.json", "state.safetensors",
+                     "train_step.onnx"]
+    assert json.loads((tmp_path / "arts" / "manifest.json").read_text())["format"] == "graphc.training/1"
+    loaded = gc.training.load(tmp_path / "arts")
+    assert loaded.manifest == arts.manifest
+    assert set(loaded.state) == set(arts.state)
+    for k, v in arts.state.items():
+        assert loaded.state[k].dtype == v.dtype and loaded.state[k].shape == v.shape
+        np.testing.assert_array_equal(loaded.state[k], v)
+    batch = {"x": RNG.normal(size=(6, 3, 5)).astype(np.float32), "y": RNG.integers(0, 4, 6)}
+    for key in ("train_step", "eval"):
+        a = gc.Session(arts.graphs[key], backend="numpy").run({**batch, **arts.state} if key == "train_step" else batch)
+        b = gc.Session(loaded.graphs[key], backend="numpy").run({**batch, **loaded.state} if key == "train_step" else batch)
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_unknown_names_are_reported():
+    model = training_models.mlp()
+    with pytest.raises(gc.GraphError, match="nope"):
+        gc.training.generate(model, gc.losses.mse("logits", label="y"), gc.optim.SGD(0.1), frozen=["nope"])
+    with pytest.raises(gc.GraphError, match="not an output"):
+        gc.training.generate(model, gc.losses.mse("hidden", label="y"), gc.optim.SGD(0.1))
+    with pytest.raises(gc.GraphError, match="already used"):
+        gc.training.generate(model, gc.losses.mse("logits", label="x"), gc.optim.SGD(0.1))
