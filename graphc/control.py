@@ -182,8 +182,10 @@ def scan(fn: Callable, init: Any, xs: Any) -> tuple[Any, Any]:
 # -- eager interpretation of body graphs ----------------------------------------------------------
 
 
-def run_graph(builder: Builder, graph: ir.Graph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Evaluate ``graph`` on ``inputs``; outer-scope values come from the capture's eager values."""
+def run_graph(builder: Builder, graph: ir.Graph, inputs: Sequence[np.ndarray],
+              outer: Callable[[ir.Value], np.ndarray | None] | None = None) -> list[np.ndarray]:
+    """Evaluate ``graph`` on ``inputs``. Outer-scope values come from the enclosing body being
+    evaluated (``outer``), else from the capture's eager values."""
     env: dict[int, np.ndarray] = {id(v): np.asarray(a) for v, a in zip(graph.inputs, inputs)}
 
     def get(value: ir.Value | None) -> np.ndarray | None:
@@ -191,8 +193,14 @@ def run_graph(builder: Builder, graph: ir.Graph, inputs: Sequence[np.ndarray]) -
             return None
         if id(value) in env:
             return env[id(value)]
+        if outer is not None:
+            found = outer(value)
+            if found is not None:
+                return found
         if id(value) in builder.values:
             return builder.values[id(value)]
+        if outer is not None:
+            return None
         raise GraphError(f"no eager value for {value.name!r} while evaluating {graph.name}")
 
     for node in graph:
@@ -200,14 +208,15 @@ def run_graph(builder: Builder, graph: ir.Graph, inputs: Sequence[np.ndarray]) -
         attrs = {a.name: a.value for a in node.attributes.values()}
         if node.op_type == "If":
             branch = attrs["then_branch"] if bool(np.asarray(args[0]).reshape(-1)[0]) else attrs["else_branch"]
-            outs = run_graph(builder, branch, [])
+            outs = run_graph(builder, branch, [], get)
         elif node.op_type == "Loop":
             state = list(args[2:])
             for it in range(int(args[0])):
-                state = run_graph(builder, attrs["body"], [np.asarray(it, np.int64), np.asarray(True)] + state)[1:]
+                state = run_graph(builder, attrs["body"], [np.asarray(it, np.int64), np.asarray(True)] + state,
+                                  get)[1:]
             outs = state
         elif node.op_type == "Scan":
-            outs = _scan_eval(builder, attrs, args)
+            outs = _scan_eval(builder, attrs, args, get)
         else:
             outs = _eager.run(node.op_type, args, attrs, builder.opset, node_outputs=len(node.outputs))
         for v, o in zip(node.outputs, outs):
@@ -215,12 +224,12 @@ def run_graph(builder: Builder, graph: ir.Graph, inputs: Sequence[np.ndarray]) -
     return [get(v) for v in graph.outputs]
 
 
-def _scan_eval(builder: Builder, attrs: dict, args: list) -> list:
+def _scan_eval(builder: Builder, attrs: dict, args: list, outer: Callable) -> list:
     n_scan = attrs["num_scan_inputs"]
     n_carry = len(args) - n_scan
     state, seqs, ys = list(args[:n_carry]), args[n_carry:], None
     for t in range(seqs[0].shape[0]):
-        res = run_graph(builder, attrs["body"], state + [s[t] for s in seqs])
+        res = run_graph(builder, attrs["body"], state + [s[t] for s in seqs], outer)
         state = res[:n_carry]
         ys = [[] for _ in res[n_carry:]] if ys is None else ys
         for k, y in enumerate(res[n_carry:]):

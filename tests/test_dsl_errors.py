@@ -1,0 +1,131 @@
+"""Build-time errors raise gc.GraphError naming the op, the operands and the user's line."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc import nn
+
+HERE = "test_dsl_errors.py"
+
+
+def _line_of(marker: str) -> int:
+    """Line number in this file of the line ending with ``# <marker>``."""
+    src = inspect.getsource(inspect.getmodule(_line_of)).splitlines()
+    return next(i + 1 for i, line in enumerate(src) if line.rstrip().endswith(f"# {marker}"))
+
+
+def test_mismatched_matmul_names_the_line():
+    def f(x, w):
+        return x @ w  # MATMUL
+
+    with pytest.raises(gc.GraphError) as err:
+        gc.capture(f, x=gc.spec("float32", ("N", 3)), w=gc.spec("float32", (4, 5)))
+    msg = str(err.value)
+    assert f"{HERE}:{_line_of('MATMUL')}" in msg
+    assert "MatMul" in msg and "float32[N,3]" in msg and "float32[4,5]" in msg and "3 vs 4" in msg
+
+
+def test_bad_broadcast_names_the_line():
+    def f(x, y):
+        return x + y  # BROADCAST
+
+    with pytest.raises(gc.GraphError) as err:
+        gc.capture(f, x=gc.spec("float32", ("N", 3)), y=gc.spec("float32", (4,)))
+    msg = str(err.value)
+    assert f"{HERE}:{_line_of('BROADCAST')}" in msg
+    assert "Add" in msg and "float32[N,3]" in msg and "float32[4]" in msg and "broadcast" in msg
+
+
+def test_wrong_dtype_mix_names_the_line():
+    def f(x, i):
+        return x * i  # DTYPE
+
+    with pytest.raises(gc.GraphError) as err:
+        gc.capture(f, x=gc.spec("float32", ("N", 3)), i=gc.spec("int64", ("N", 3)))
+    msg = str(err.value)
+    assert f"{HERE}:{_line_of('DTYPE')}" in msg
+    assert "Mul" in msg and "float32" in msg and "int64" in msg and "dtype" in msg
+
+
+def test_error_inside_a_module_points_at_the_users_line():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(10, 2)
+
+        def forward(self, x):
+            return self.fc(x)  # MODULE
+
+    with pytest.raises(gc.GraphError) as err:
+        gc.capture(Net(), x=gc.spec("float32", ("N", 7)))
+    assert f"{HERE}:{_line_of('MODULE')}" in str(err.value)
+    assert "7" in str(err.value) and "10" in str(err.value)
+
+
+def test_onnx_inference_errors_are_wrapped():
+    def f(x):
+        return gc.softmax(x, axis=5)  # INFER
+
+    with pytest.raises(gc.GraphError) as err:
+        gc.capture(f, x=gc.spec("float32", ("N", 3)))
+    assert f"{HERE}:{_line_of('INFER')}" in str(err.value) and "Softmax" in str(err.value)
+
+
+def test_eager_errors_carry_values():
+    def f(x, y):
+        return x + y  # EAGER
+
+    with pytest.raises(gc.GraphError) as err:
+        gc.capture(f, x=np.ones((2, 3), np.float32), y=np.zeros((2, 4), np.float32))
+    msg = str(err.value)
+    assert f"{HERE}:{_line_of('EAGER')}" in msg and "values" in msg and "1." in msg
+
+
+def test_python_if_on_a_tensor_is_refused():
+    def f(x):
+        if x.sum() > 0:  # BOOL
+            return x
+        return -x
+
+    with pytest.raises(gc.GraphError, match="gc.where|gc.cond") as err:
+        gc.capture(f, x=gc.spec("float32", (3,)))
+    assert f"{HERE}:{_line_of('BOOL')}" in str(err.value)
+
+
+@pytest.mark.parametrize("fn,match", [
+    (lambda x: x.reshape(5, -1), "reshape"),
+    (lambda x: x[7], "out of range"),
+    (lambda x: gc.where(x, x, x), "bool"),
+    (lambda x: gc.conv2d(x, np.ones((2, 3, 1, 1), np.float32)), "rank-4"),
+    (lambda x: gc.transpose(x, [0, 0]), "permutation"),
+    (lambda x: gc.embedding(x, np.ones((3, 3), np.float32)), "int64"),
+    (lambda x: gc.dropout(x, 1.5), "probability"),
+], ids=["reshape", "index", "where", "conv_rank", "perm", "embedding", "dropout"])
+def test_other_mistakes_raise_graph_error(fn, match):
+    with pytest.raises(gc.GraphError, match=match):
+        gc.capture(fn, x=gc.spec("float32", (4, 3)))
+
+
+def test_ops_outside_capture_and_bad_outputs():
+    with pytest.raises(gc.GraphError, match="inside gc.capture"):
+        gc.relu(np.ones(3))
+    with pytest.raises(gc.GraphError, match="must return"):
+        gc.capture(lambda x: 3, x=gc.spec("float32", (3,)))
+    with pytest.raises(gc.GraphError, match="opset"):
+        gc.capture(lambda x: x, x=gc.spec("float32", (3,)), opset=12)
+    with pytest.raises(gc.GraphError, match="at least one input"):
+        gc.capture(lambda: None)
+
+
+def test_control_flow_errors():
+    with pytest.raises(gc.GraphError, match="dtype"):
+        gc.capture(lambda x: gc.cond(x.sum() > 0, lambda: x, lambda: x.astype("int64")), x=gc.spec("float32", (3,)))
+    with pytest.raises(gc.GraphError, match="changes"):
+        gc.capture(lambda x: gc.fori_loop(0, 3, lambda i, c: c.astype("int64"), x), x=gc.spec("float32", (3,)))
+    with pytest.raises(gc.GraphError, match="predicate"):
+        gc.capture(lambda x: gc.cond(x.sum(), lambda: x, lambda: x), x=gc.spec("float32", (3,)))
