@@ -10,7 +10,7 @@ import pytest
 
 import graphc as gc
 from graphc.models import EXAMPLES
-from tests import training_models
+import training_models
 
 RNG = np.random.default_rng(0)
 
