@@ -74,6 +74,26 @@ def backend_class(name: str, **options: Any) -> type[Backend]:
 
 
 # -- onnx's node cases --------------------------------------------------------------------------
+# Cases graphc deliberately does not run, as (regex on the case name, reason). The ONE list:
+# the node suite reports them as "skip" and the conformance tests leave them out.
+EXCLUDED: list[tuple[str, str]] = [
+    (r"FLOAT8|FLOAT4|E8M0|INT4|UINT4|INT2|UINT2|_fp8|_int4|_uint4",
+     "exotic dtypes (float8/float4/int4/int2): numpy has no arithmetic for them and graphc never emits them"),
+    (r"^test_training_dropout",
+     "random op: training-mode Dropout draws its mask from graphc's seeded numpy Generator, "
+     "so the mask cannot equal the one onnx generated"),
+    (r"^test_(bernoulli|random_)", "random op: values depend on the generator"),
+    (r"string|_STRING|regex|tfidf", "string tensors: outside graphc's numeric dtypes"),
+]
+
+
+def excluded(name: str) -> str | None:
+    """The reason a case is deliberately skipped, or None."""
+    for pattern, reason in EXCLUDED:
+        if re.search(pattern, name, flags=re.IGNORECASE):
+            return reason
+    return None
+
 @dataclass
 class CaseResult:
     name: str
@@ -93,12 +113,16 @@ def load_node_cases():
         return load_model_tests(kind="node")
 
 
-def case_op_type(case) -> str:
-    """The op a case tests: its single node's op type (``_expanded`` cases: the op they expand)."""
-    nodes = case.model.graph.node
-    if "_expanded" not in case.name and nodes:
-        return nodes[-1].op_type if len(nodes) > 1 else nodes[0].op_type
-    return "expanded:" + re.sub(r"^test_", "", case.name.split("_expanded")[0])
+def case_op_types(cases) -> dict[str, str]:
+    """Case name -> the op it tests: its node's op type; an ``_expanded`` case (the op's
+    function body in primitive ops) counts for the op it expands."""
+    ops = {c.name: c.model.graph.node[0].op_type for c in cases
+           if "_expanded" not in c.name and len(c.model.graph.node) == 1}
+    for c in cases:
+        if c.name not in ops:
+            base = c.name.split("_expanded")[0]
+            ops[c.name] = ops.get(base, c.model.graph.node[-1].op_type if c.model.graph.node else "?")
+    return ops
 
 
 def graph_op_types(graph: onnx.GraphProto) -> set[str]:
@@ -143,8 +167,7 @@ def _as_value(value):
     return value
 
 
-def run_case(backend: type[Backend], case) -> CaseResult:
-    op_type = case_op_type(case)
+def run_case(backend: type[Backend], case, op_type: str = "") -> CaseResult:
     try:
         rep = backend.prepare(case.model, "CPU")
         for inputs, expected in case.data_sets:
@@ -165,4 +188,6 @@ def run_case(backend: type[Backend], case) -> CaseResult:
 
 
 def run_cases(backend: type[Backend], cases: Iterable) -> list[CaseResult]:
-    return [run_case(backend, case) for case in cases]
+    cases = list(cases)
+    ops = case_op_types(cases)
+    return [run_case(backend, case, ops[case.name]) for case in cases]

@@ -43,7 +43,7 @@ class NumpyExecutable:
         result = self.plan.run(feeds, wanted, self.rng)
         for name, value in result.items():
             # never hand out the plan's own initializers or read-only views (callers may write)
-            if id(value) in self._const_ids or not value.flags.writeable:
+            if isinstance(value, np.ndarray) and (id(value) in self._const_ids or not value.flags.writeable):
                 result[name] = value.copy()
         return result
 
@@ -118,5 +118,5 @@ def run_node(op_type: str, inputs: Sequence[np.ndarray | None], attrs: Mapping[s
         raise
     except Exception as exc:
         raise BackendError(f"op {op_type!r} failed: {type(exc).__name__}: {exc}") from exc
-    res = [np.asarray(r) for r in res]
+    res = [np.asarray(r) if isinstance(r, np.generic) else r for r in res]
     return res[:num_outputs] if num_outputs else res

@@ -1,1 +1,85 @@
-"""(placeholder)"""
+"""Control flow: If, Loop, Scan. Subgraphs are ``Plan``s; they read outer-scope values from
+the running graph (``ctx.scope``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc.backends.numpy.kernels import kernel
+
+
+@kernel("If", since=1, context=True)
+def if_(ctx, cond, *, then_branch, else_branch):
+    branch = then_branch if bool(np.asarray(cond).ravel()[0]) else else_branch
+    return tuple(branch.call(ctx, []))
+
+
+def _stack(items, dtype):
+    if not items:
+        return np.zeros((0,), dtype or np.float32)
+    if isinstance(items[0], list):  # a sequence scanned out stays a list of sequences
+        return items
+    return np.stack(items)
+
+
+@kernel("Loop", since=1, context=True)
+def loop(ctx, max_trip_count=None, cond=None, *initial, body):
+    """Runs ``body(i, cond, *carried) -> (cond, *carried, *scan_slices)``."""
+    trips = int(np.asarray(max_trip_count).ravel()[0]) if max_trip_count is not None else None
+    keep = bool(np.asarray(cond).ravel()[0]) if cond is not None else True
+    carried = list(initial)
+    n_carried = len(carried)
+    scanned: list[list] = [[] for _ in range(len(body.output_names) - 1 - n_carried)]
+    i = 0
+    while keep and (trips is None or i < trips):
+        outs = body.call(ctx, [np.array(i, np.int64), np.array(keep), *carried])
+        keep = bool(np.asarray(outs[0]).ravel()[0])
+        carried = outs[1:1 + n_carried]
+        for acc, value in zip(scanned, outs[1 + n_carried:]):
+            acc.append(value)
+        i += 1
+    dtypes = body.output_dtypes[1 + n_carried:]
+    return (*carried, *(_stack(acc, dt) for acc, dt in zip(scanned, dtypes)))
+
+
+def _scan(ctx, states, xs, body, in_axes, in_dirs, out_axes, out_dirs):
+    n_state = len(states)
+    length = xs[0].shape[in_axes[0]] if xs else 0
+    collected: list[list] = [[] for _ in range(len(body.output_names) - n_state)]
+    for t in range(length):
+        slices = [np.take(x, length - 1 - t if d else t, axis=a) for x, a, d in zip(xs, in_axes, in_dirs)]
+        outs = body.call(ctx, [*states, *slices])
+        states = outs[:n_state]
+        for acc, value in zip(collected, outs[n_state:]):
+            acc.append(value)
+    results = []
+    for acc, axis, backward in zip(collected, out_axes, out_dirs):
+        if backward:
+            acc = acc[::-1]
+        stacked = np.stack(acc)
+        results.append(np.moveaxis(stacked, 0, axis % stacked.ndim))
+    return (*states, *results)
+
+
+@kernel("Scan", since=8, context=True)
+def scan_v8(ctx, sequence_lens, *args, body, num_scan_inputs, directions=None):
+    """Opset 8: every input has a leading batch axis; the scan axis is 1."""
+    n_state = len(args) - num_scan_inputs
+    dirs = list(directions or [0] * num_scan_inputs)
+    n_out = len(body.output_names) - n_state
+    per_batch = [
+        _scan(ctx, [s[b] for s in args[:n_state]], [x[b] for x in args[n_state:]], body,
+              [0] * num_scan_inputs, dirs, [0] * n_out, [0] * n_out)
+        for b in range(args[0].shape[0])]
+    return tuple(np.stack([r[i] for r in per_batch]) for i in range(len(per_batch[0])))
+
+
+@kernel("Scan", since=9, context=True)
+def scan(ctx, *args, body, num_scan_inputs, scan_input_axes=None, scan_input_directions=None,
+         scan_output_axes=None, scan_output_directions=None):
+    n_state = len(args) - num_scan_inputs
+    n_out = len(body.output_names) - n_state
+    return _scan(ctx, list(args[:n_state]), list(args[n_state:]), body,
+                 list(scan_input_axes or [0] * num_scan_inputs),
+                 list(scan_input_directions or [0] * num_scan_inputs),
+                 list(scan_output_axes or [0] * n_out), list(scan_output_directions or [0] * n_out))

@@ -65,6 +65,11 @@ def _dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
     return out
 
 
+def _value_dtype(value: onnx.ValueInfoProto) -> np.dtype | None:
+    elem = value.type.tensor_type.elem_type if value.type.HasField("tensor_type") else 0
+    return onnx.helper.tensor_dtype_to_np_dtype(elem) if elem else None
+
+
 def _label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
@@ -126,6 +131,7 @@ class Plan:
             self.consts[sparse.values.name] = _dense(sparse)
         self.input_names = [v.name for v in graph.input]
         self.output_names = [v.name for v in graph.output]
+        self.output_dtypes = [_value_dtype(v) for v in graph.output]
         self.required = frozenset(n for n in self.input_names if n not in self.consts)
         steps = [Step(node, i, opsets) for i, node in enumerate(graph.node)]
         defined = set(self.consts) | set(self.input_names)
@@ -194,8 +200,8 @@ class Plan:
             except Exception as exc:
                 raise step.fail(exc) from exc
             for name, value in zip(outs, res):
-                if name:
-                    env[name] = value if type(value) is np.ndarray else np.asarray(value)
+                if name:  # numpy returns scalars for 0-d results; sequences stay lists
+                    env[name] = np.asarray(value) if isinstance(value, np.generic) else value
             for name in frees:
                 del env[name]
         return {n: env[n] for n in wanted}

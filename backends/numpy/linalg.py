@@ -9,7 +9,8 @@ from graphc.backends.numpy.kernels import kernel
 
 @kernel("MatMul", since=1)
 def matmul(a, b):
-    return (np.matmul(a, b),)
+    y = np.matmul(a, b)
+    return (y if y.dtype == a.dtype else y.astype(a.dtype),)  # ml_dtypes' bfloat16 gives float32
 
 
 @kernel("Gemm", since=1)

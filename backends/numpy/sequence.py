@@ -1,1 +1,85 @@
-"""(placeholder)"""
+"""Sequence and optional kernels. A sequence is a Python list of arrays (never mutated: every
+kernel returns a new list); an empty optional is ``None``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc.backends.numpy.kernels import kernel
+
+
+def _pos(p, length, insert=False):
+    p = int(np.asarray(p).ravel()[0])
+    return p + length + (1 if insert else 0) if p < 0 else p
+
+
+@kernel("SequenceEmpty", since=11)
+def sequence_empty(*, dtype=None):
+    return ([],)
+
+
+@kernel("SequenceConstruct", since=11)
+def sequence_construct(*xs):
+    return (list(xs),)
+
+
+@kernel("SequenceInsert", since=11)
+def sequence_insert(seq, x, position=None):
+    out = list(seq)
+    out.insert(len(out) if position is None else _pos(position, len(out)), x)
+    return (out,)
+
+
+@kernel("SequenceAt", since=11)
+def sequence_at(seq, position):
+    return (seq[_pos(position, len(seq))],)
+
+
+@kernel("SequenceErase", since=11)
+def sequence_erase(seq, position=None):
+    out = list(seq)
+    del out[len(out) - 1 if position is None else _pos(position, len(out))]
+    return (out,)
+
+
+@kernel("SequenceLength", since=11)
+def sequence_length(seq):
+    return (np.array(len(seq), np.int64),)
+
+
+@kernel("SplitToSequence", since=11)
+def split_to_sequence(x, split=None, *, axis=0, keepdims=1):
+    if split is None:
+        parts = np.split(x, x.shape[axis], axis=axis)
+        return ([p if keepdims else np.squeeze(p, axis) for p in parts],)
+    sizes = np.asarray(split).ravel()
+    if sizes.size == 1 and np.asarray(split).ndim == 0:
+        n = int(sizes[0])
+        cuts = list(range(n, x.shape[axis], n))
+    else:
+        cuts = np.cumsum(sizes)[:-1]
+    return (list(np.split(x, cuts, axis=axis)),)
+
+
+@kernel("ConcatFromSequence", since=11)
+def concat_from_sequence(seq, *, axis, new_axis=0):
+    return (np.stack(seq, axis=axis) if new_axis else np.concatenate(seq, axis=axis),)
+
+
+@kernel("Optional", since=15)
+def optional(x=None, *, type=None):  # noqa: A002 - spec name
+    return (x,)
+
+
+@kernel("OptionalHasElement", since=15)
+def optional_has_element(x=None):
+    return (np.array(x is not None),)
+
+
+@kernel("OptionalGetElement", since=15)
+def optional_get_element(x):
+    return (x,)
+
+
+
+

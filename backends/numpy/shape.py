@@ -203,7 +203,8 @@ def constant_of_shape(shape, *, value=None):
 
 @kernel("Range", since=11)
 def range_(start, limit, delta):
-    return (np.arange(start, limit, delta).astype(start.dtype, copy=False),)
+    first, last, step = (np.asarray(v).ravel()[0] for v in (start, limit, delta))
+    return (np.arange(first, last, step).astype(start.dtype, copy=False),)
 
 
 @kernel("EyeLike", since=9)

@@ -1,0 +1,60 @@
+"""onnx's own node test cases on the numpy backend: every op it claims passes all its cases.
+
+Deliberate exclusions live in ONE list, ``graphc.backends.conformance.EXCLUDED``, each with
+its reason. ``_expanded`` cases (an op's function body in primitive ops) run whenever every op
+in them is claimed.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from graphc.backends.conformance import (
+    EXCLUDED,
+    backend_class,
+    case_op_types,
+    excluded,
+    graph_op_types,
+    load_node_cases,
+    run_case,
+)
+from graphc.backends.numpy import claimed_ops
+
+CLAIMED = claimed_ops()
+
+
+@functools.lru_cache(maxsize=1)
+def _cases_by_op() -> dict[str, list]:
+    cases = load_node_cases()
+    ops = case_op_types(cases)
+    claimed = set(CLAIMED)
+    by_op: dict[str, list] = {}
+    for case in cases:
+        op = ops[case.name]
+        if op not in claimed or excluded(case.name):
+            continue
+        if "_expanded" in case.name and not graph_op_types(case.model.graph) <= claimed:
+            continue  # the expansion uses an op the numpy backend does not claim
+        by_op.setdefault(op, []).append(case)
+    return by_op
+
+
+@pytest.mark.parametrize("op_type", CLAIMED)
+def test_node_cases_pass(op_type):
+    cases = _cases_by_op().get(op_type, [])
+    if not cases:
+        pytest.skip(f"onnx ships no runnable node case for {op_type}")
+    backend = backend_class("numpy")
+    bad = [r for r in (run_case(backend, c, op_type) for c in cases) if r.status != "pass"]
+    assert not bad, "\n".join(f"{r.status} {r.name}: {r.message}" for r in bad)
+
+
+def test_exclusions_have_reasons():
+    assert EXCLUDED and all(pattern and len(reason) > 20 for pattern, reason in EXCLUDED)
+
+
+def test_most_claimed_ops_are_covered_by_onnx_cases():
+    covered = set(_cases_by_op())
+    assert len(covered) >= 0.9 * len(CLAIMED), sorted(set(CLAIMED) - covered)
