@@ -21,6 +21,7 @@ class Builder:
         self.opset = opset
         self.prefix = prefix
         self._count = 0
+        self._consts: dict[tuple, ir.Value] = {}
         self._taken = {v.name for v in _all_values(graph)}
 
     def fresh(self, hint: str) -> str:
@@ -53,9 +54,12 @@ class Builder:
         return outputs
 
     def const(self, value, dtype: ir.DataType | np.dtype | None = None, hint: str = "const") -> ir.Value:
-        """A ``Constant`` node holding ``value`` (cast to ``dtype``)."""
+        """A ``Constant`` node holding ``value`` (cast to ``dtype``); equal constants are shared."""
         np_dtype = dtype.numpy() if isinstance(dtype, ir.DataType) else dtype
         array = np.asarray(value, dtype=np_dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key in self._consts:
+            return self._consts[key]
         name = self.fresh(hint)
         out = ir.Value(name=name)
         self._taken.add(name)
@@ -64,6 +68,7 @@ class Builder:
         out.dtype = tensor.dtype
         out.shape = ir.Shape(array.shape)
         self.graph.append(node)
+        self._consts[key] = out
         return out
 
     def scalar_like(self, value: float, like: ir.Value, hint: str = "c") -> ir.Value:
