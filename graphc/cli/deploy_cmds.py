@@ -1,3 +1,49 @@
-"""graphc CLI commands (filled in by its owner)."""
+"""`graphc deploy triton` and `graphc serve`."""
 
-from graphc.cli.app import app  # noqa: F401
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from graphc.cli.app import app, console, deploy_app
+
+
+@deploy_app.command("triton")
+def triton_cmd(
+    model: Path = typer.Argument(..., help="The .onnx model."),
+    repo: Path = typer.Option(..., "--repo", help="The Triton model repository folder."),
+    name: str = typer.Option(..., "--name", help="The model's name (its folder in the repository)."),
+    max_batch_size: int = typer.Option(0, "--max-batch-size", help="> 0: Triton batches along dim 0 (must be symbolic)."),
+    gpu: bool = typer.Option(False, "--gpu", help="Run instances on the GPU (KIND_GPU) instead of the CPU."),
+    dynamic_batching: bool = typer.Option(False, "--dynamic-batching", help="Let Triton merge requests (needs --max-batch-size)."),
+    opset: Optional[int] = typer.Option(None, "--opset", help="Opset to write (default: the model's, at most 17)."),
+) -> None:
+    """Write MODEL into a Triton repository: REPO/NAME/config.pbtxt and REPO/NAME/1/model.onnx."""
+    from graphc import deploy
+
+    folder = deploy.triton(model, repo, name, max_batch_size=max_batch_size, instance="gpu" if gpu else "cpu",
+                           dynamic_batching=dynamic_batching, opset=opset)
+    console.print(f"wrote {folder / 'config.pbtxt'} and {folder / '1' / 'model.onnx'}", highlight=False)
+
+
+@app.command("serve")
+def serve_cmd(
+    source: Path = typer.Argument(..., help="An .onnx model or a Triton repository folder."),
+    name: Optional[str] = typer.Option(None, "--name", help="Serve the model under this name (a repository: serve only it)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
+    port: int = typer.Option(8000, "--port", help="TCP port."),
+    backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads per model (onnxruntime)."),
+    max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help="Largest request body accepted (413 above)."),
+) -> None:
+    """Serve SOURCE over KServe v2 / Open Inference Protocol HTTP until SIGINT or SIGTERM."""
+    from graphc.serving import DEFAULT_MAX_BODY_BYTES, serve
+
+    if not source.exists():
+        raise FileNotFoundError(f"{source}: no such model file or repository folder")
+    options = {} if threads is None else {"threads": threads}
+    console.print(f"serving {source} on http://{host}:{port}/v2 (backend {backend}); Ctrl-C stops", highlight=False)
+    serve(source, host=host, port=port, backend=backend, name=name,
+          max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES, **options)

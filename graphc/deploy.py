@@ -1,0 +1,173 @@
+"""Deployment targets: a Triton Inference Server model repository (onnxruntime backend).
+
+    gc.deploy.triton("model.onnx", "repo", "mnist", max_batch_size=64)
+    # repo/mnist/config.pbtxt and repo/mnist/1/model.onnx
+
+Triton's bundled onnxruntime can be older than ours, so models go out at a conservative opset
+(17, IR version 8) unless ``opset=`` asks otherwise; newer models are converted down with
+``onnx.version_converter``. The config is text protobuf written here (no Triton packages needed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Union
+
+import onnx
+
+from graphc.dtypes import TensorSpec
+from graphc.errors import GraphError
+from graphc.model import Model, load
+
+__all__ = ["SERVER_OPSET", "triton", "triton_config"]
+
+SERVER_OPSET = 17  # default opset of models written for servers (IR version 8)
+_TRITON_TYPES = {
+    "bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "int8": "TYPE_INT8", "int16": "TYPE_INT16",
+    "int32": "TYPE_INT32", "int64": "TYPE_INT64", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16",
+    "float32": "TYPE_FP32", "float64": "TYPE_FP64",
+}
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+def _quote(text: str) -> str:
+    """A text-protobuf string literal (non-ASCII and control bytes as octal escapes)."""
+    out = []
+    for byte in text.encode("utf-8"):
+        char = chr(byte)
+        if char in '"\\':
+            out.append("\\" + char)
+        elif 32 <= byte < 127:
+            out.append(char)
+        else:
+            out.append(f"\\{byte:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def _tensor_block(spec: TensorSpec, batched: bool, kind: str) -> list[str]:
+    if spec.shape is None:
+        raise GraphError(f"{kind} {spec.name!r} has an unknown rank; Triton needs the dims of every {kind}")
+    if spec.dtype not in _TRITON_TYPES:
+        raise GraphError(f"{kind} {spec.name!r} has dtype {spec.dtype}, which Triton cannot serve")
+    dims = list(spec.shape)
+    if batched:
+        if not dims or isinstance(dims[0], int):
+            raise GraphError(f"{kind} {spec} needs a symbolic leading (batch) dim for max_batch_size > 0; "
+                             "capture it with a named dim such as 'N', or deploy with max_batch_size=0")
+        dims = dims[1:]
+    values = [d if isinstance(d, int) else -1 for d in dims]
+    lines = ["  {", f"    name: {_quote(spec.name)}", f"    data_type: {_TRITON_TYPES[spec.dtype]}"]
+    if values:
+        lines.append(f"    dims: [ {', '.join(str(v) for v in values)} ]")
+    else:  # Triton wants at least one dim: a scalar (per batch item) is [1] reshaped to []
+        lines += ["    dims: [ 1 ]", "    reshape: { shape: [ ] }"]
+    lines.append("  }")
+    return lines
+
+
+def _list(field: str, blocks: list[list[str]]) -> list[str]:
+    body: list[str] = []
+    for i, block in enumerate(blocks):
+        body += block[:-1] + [block[-1] + ("," if i < len(blocks) - 1 else "")]
+    return [f"{field} [", *body, "]"]
+
+
+def feedable_inputs(model: Model) -> list[TensorSpec]:
+    """The inputs a caller must feed (inputs backed by an initializer have defaults)."""
+    return [s for s in model.inputs if s.name not in model.graph.initializers]
+
+
+def triton_config(model: Model, name: str, max_batch_size: int = 0, instance: str = "cpu",
+                  dynamic_batching: bool = False) -> str:
+    """``config.pbtxt`` text for ``model`` on Triton's onnxruntime backend."""
+    if max_batch_size < 0:
+        raise ValueError(f"max_batch_size must be >= 0, got {max_batch_size}")
+    if instance not in ("cpu", "gpu"):
+        raise ValueError(f"instance must be 'cpu' or 'gpu', got {instance!r}")
+    if dynamic_batching and max_batch_size == 0:
+        raise ValueError("dynamic_batching needs max_batch_size > 0 (Triton batches along dim 0)")
+    batched = max_batch_size > 0
+    lines = [f"name: {_quote(name)}", 'backend: "onnxruntime"', f"max_batch_size: {max_batch_size}"]
+    lines += _list("input", [_tensor_block(s, batched, "input") for s in feedable_inputs(model)])
+    lines += _list("output", [_tensor_block(s, batched, "output") for s in model.outputs])
+    lines += ["instance_group [", "  {", "    count: 1", f"    kind: KIND_{instance.upper()}", "  }", "]"]
+    if dynamic_batching:
+        lines.append("dynamic_batching { }")
+    return "\n".join(lines) + "\n"
+
+
+def for_server(model: Model, opset: int | None = None) -> Model:
+    """``model`` at the opset a server should get: ``opset`` if given, else at most 17."""
+    current = model.opset
+    target = opset if opset is not None else min(current, SERVER_OPSET)
+    if target == current:
+        return model
+    try:
+        converted = onnx.version_converter.convert_version(model.proto, target)
+    except Exception as exc:  # the converter raises bare RuntimeErrors from C++
+        raise GraphError(f"cannot convert model {model.name!r} from opset {current} to {target}: {exc}; "
+                         f"pass opset={current} if the server's onnxruntime supports it") from None
+    return load(converted)
+
+
+def _write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _swap_in(staged: Path, target: Path) -> None:
+    """Put the ``staged`` folder at ``target``, replacing an existing one."""
+    if not target.exists():
+        os.replace(staged, target)
+        return
+    old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old."))
+    os.replace(target, old / target.name)
+    os.replace(staged, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[str, os.PathLike], name: str,
+           max_batch_size: int = 0, instance: str = "cpu", dynamic_batching: bool = False,
+           opset: int | None = None, external_data: bool | None = None) -> Path:
+    """Write ``repo_dir/name/config.pbtxt`` and ``repo_dir/name/1/model.onnx``; returns the model folder.
+
+    Args:
+        model_or_path: a ``gc.Model`` or anything ``gc.load`` takes.
+        max_batch_size: > 0 lets Triton batch along dim 0, which must then be symbolic in every
+            input and output; ``dims`` in the config leave it out.
+        instance: ``"cpu"`` (KIND_CPU) or ``"gpu"`` (KIND_GPU).
+        dynamic_batching: add ``dynamic_batching { }`` (needs ``max_batch_size > 0``).
+        opset: the opset to write (default: the model's, at most 17).
+        external_data: keep large tensors in ``model.onnx.data`` in the version folder (default:
+            only when the model is too large for one protobuf).
+
+    Raises:
+        GraphError: a dim 0 is fixed while ``max_batch_size > 0``, a dtype Triton lacks, or an
+            opset conversion that cannot be done.
+    """
+    if not _NAME.match(name):
+        raise ValueError(f"model name {name!r} must be a plain folder name (letters, digits, '_', '-', '.')")
+    model = for_server(load(model_or_path), opset)
+    config = triton_config(model, name, max_batch_size, instance, dynamic_batching)
+    model_dir = Path(repo_dir) / name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(dir=model_dir, prefix=".1."))
+    try:
+        model.save(staged / "model.onnx", external_data=external_data)
+        os.chmod(staged, 0o755)
+        _swap_in(staged, model_dir / "1")
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    _write_text(model_dir / "config.pbtxt", config)
+    return model_dir

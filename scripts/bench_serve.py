@@ -1,0 +1,193 @@
+"""Benchmark the built-in KServe v2 server against onnxruntime called in-process.
+
+    python scripts/bench_serve.py [--requests 2000] [--batches 1,64] [--clients 1,8]
+
+Starts ``gc.serve`` on the two-layer net in a separate process on a free 127.0.0.1 port, drives
+it with the stock ``tritonclient.http`` client (binary tensors, its default) from client
+processes, each sending a fixed number of requests, then runs the same model with
+``onnxruntime.InferenceSession.run`` in this process with as many threads. Prints p50/p99
+latency and throughput of both, and the server's share of the in-process rate. Every loop is
+bounded; the server is stopped with SIGTERM at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+HIDDEN, FEATURES, CLASSES = 256, 784, 10
+
+
+def two_layer_net(path: Path) -> str:
+    """The two-layer net from models/ when it is there, else an ONNX graph of the same shape."""
+    try:
+        from graphc.models.mlp import two_layer_net as build  # the DSL example, when present
+        import graphc as gc
+
+        model = gc.capture(build(), x=gc.spec("float32", ("N", FEATURES)))
+        model.save(path)
+        return f"models/ two-layer net ({model.inputs[0]})"
+    except ImportError:
+        pass
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.05).astype(np.float32), n)
+             for n, s in (("fc1.weight", (HIDDEN, FEATURES)), ("fc1.bias", (HIDDEN,)),
+                          ("fc2.weight", (CLASSES, HIDDEN)), ("fc2.bias", (CLASSES,)))]
+    nodes = [helper.make_node("Gemm", ["x", "fc1.weight", "fc1.bias"], ["h"], transB=1),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "fc2.weight", "fc2.bias"], ["output"], transB=1)]
+    graph = helper.make_graph(nodes, "two_layer_net",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", CLASSES])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return f"ONNX two-layer net built with onnx.helper (x: float32[N,{FEATURES}] -> {HIDDEN} -> {CLASSES})"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: Path, port: int, backend: str, threads: int) -> subprocess.Popen:
+    code = ("import graphc as gc, sys; gc.serve(sys.argv[1], port=int(sys.argv[2]), backend=sys.argv[3], "
+            "name='net', log_level='warning', threads=int(sys.argv[4]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(model), str(port), backend, str(threads)])
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with status {proc.returncode}")
+        try:
+            if client.is_model_ready("net"):
+                return proc
+        except Exception:  # noqa: BLE001 - not listening yet
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("server did not become ready within 60 s")
+
+
+def _client_worker(port: int, batch: int, count: int, start: mp.Barrier, out: mp.Queue) -> None:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+    x = np.random.default_rng(os.getpid()).random((batch, FEATURES), dtype=np.float32)
+    inp = httpclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    for _ in range(5):  # warm the connection
+        client.infer("net", [inp])
+    start.wait()
+    times = np.empty(count)
+    for i in range(count):
+        t0 = time.perf_counter()
+        client.infer("net", [inp]).as_numpy("output")
+        times[i] = time.perf_counter() - t0
+    out.put(times)
+    client.close()
+
+
+def bench_server(port: int, batch: int, clients: int, total: int) -> tuple[np.ndarray, float]:
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Barrier(clients + 1), ctx.Queue()
+    per = max(1, total // clients)
+    procs = [ctx.Process(target=_client_worker, args=(port, batch, per, start, out)) for _ in range(clients)]
+    for p in procs:
+        p.start()
+    start.wait(timeout=120)
+    t0 = time.perf_counter()
+    lats = np.concatenate([out.get(timeout=300) for _ in procs])
+    wall = time.perf_counter() - t0
+    for p in procs:
+        p.join(timeout=30)
+    return lats, wall
+
+
+def bench_inprocess(model: Path, batch: int, clients: int, total: int, threads: int) -> tuple[np.ndarray, float]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).random((batch, FEATURES), dtype=np.float32)
+    per = max(1, total // clients)
+    lats = np.empty((clients, per))
+    barrier = threading.Barrier(clients + 1)
+
+    def worker(row: int) -> None:
+        for _ in range(5):
+            session.run(None, {"x": x})
+        barrier.wait()
+        for i in range(per):
+            t0 = time.perf_counter()
+            session.run(None, {"x": x})
+            lats[row, i] = time.perf_counter() - t0
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return lats.ravel(), time.perf_counter() - t0
+
+
+def row(label: str, lats: np.ndarray, wall: float, batch: int) -> tuple[str, float]:
+    rps = len(lats) / wall
+    text = (f"{label:<12} {np.percentile(lats, 50) * 1e3:8.3f} {np.percentile(lats, 99) * 1e3:8.3f} "
+            f"{rps:10.0f} {rps * batch:12.0f}")
+    return text, rps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000, help="requests per configuration")
+    parser.add_argument("--batches", default="1,64")
+    parser.add_argument("--clients", default="1,8")
+    parser.add_argument("--backend", default="ort-cpu")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="onnxruntime intra-op threads, server and in-process alike (0: its default)")
+    parser.add_argument("--model", type=Path, help="an .onnx file with input x: float32[N,784] (default: two-layer net)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model or Path(tmp) / "net.onnx"
+        what = f"model {model}" if args.model else two_layer_net(model)
+        port = free_port()
+        server = start_server(model, port, args.backend, args.threads)
+        print(f"{what}; server backend {args.backend} on 127.0.0.1:{port}; {os.cpu_count()} CPUs; "
+              f"onnxruntime threads {args.threads or 'default'}; {args.requests} requests per row\n")
+        print(f"{'batch':>5} {'clients':>7}  {'where':<12} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>10} {'samples/s':>12}  server/in-process")
+        try:
+            for batch in (int(b) for b in args.batches.split(",")):
+                for clients in (int(c) for c in args.clients.split(",")):
+                    s_text, s_rps = row("server", *bench_server(port, batch, clients, args.requests), batch)
+                    i_text, i_rps = row("in-process", *bench_inprocess(model, batch, clients, args.requests, args.threads), batch)
+                    print(f"{batch:>5} {clients:>7}  {s_text}  {s_rps / i_rps:6.1%}")
+                    print(f"{'':>5} {'':>7}  {i_text}", flush=True)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
+        print(f"\nserver exited with status {server.returncode} after SIGTERM")
+
+
+if __name__ == "__main__":
+    main()
