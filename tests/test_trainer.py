@@ -1,6 +1,8 @@
 """gc.Trainer: cross-backend agreement, imported models with frozen params, NaN handling,
 fit/History/plot, input checks, params on the device."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -107,3 +109,25 @@ def test_trainer_reads_an_artifact_directory(tmp_path):
     assert np.isfinite(trainer.step(blobs(16)))
     with pytest.raises(FileNotFoundError, match="no training artifacts"):
         gc.Trainer(tmp_path, backend="ort-cpu")
+
+
+TORCH_CNN = Path(__file__).parent / "data" / "torch_cnn_bn.onnx"
+
+
+@pytest.mark.skipif(not TORCH_CNN.is_file(), reason="tests/data/torch_cnn_bn.onnx (exported from PyTorch) is absent")
+def test_pytorch_exported_cnn_trains_with_frozen_conv():
+    model = gc.load(TORCH_CNN)
+    frozen = ["conv.weight", "conv.bias"]
+    arts = gc.training.generate(model, gc.losses.cross_entropy("y", label="label"), gc.optim.Adam(1e-2),
+                                frozen=frozen)
+    trainer = gc.Trainer(arts, backend="ort-cpu")
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 4, 32).astype(np.int64)
+    images = (rng.standard_normal((32, 1, 12, 12)) * 0.3 + labels[:, None, None, None]).astype(np.float32)
+    before = trainer.params
+    losses = [trainer.step({"x": images, "label": labels}) for _ in range(25)]
+    after = trainer.params
+    for name in frozen:
+        assert after[name].tobytes() == before[name].tobytes(), f"frozen {name} changed"
+    assert not np.array_equal(after["fc.weight"], before["fc.weight"])
+    assert losses[-1] < 0.5 * losses[0]
