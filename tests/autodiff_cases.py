@@ -7,6 +7,7 @@ node's outputs with fixed random ``C_i`` (the dot-product test of a VJP).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,13 +29,14 @@ class T:
 class GradCase:
     op: str
     inputs: list  # T (float, differentiated), np.ndarray (constant, e.g. indices/axes), None (omitted)
-    attrs: dict = field(default_factory=dict)
+    attrs: dict | Callable = field(default_factory=dict)  # or dtype -> dict
     n_out: int = 1
     opset: int = 21
     tag: str = ""
     use_outputs: tuple | None = None  # which outputs feed the loss (default: all)
     rtol: float = 1e-6
     ort: bool = True  # also check numpy vs onnxruntime (float32)
+    captures: tuple = ()  # T inputs read by subgraphs only (named after the node inputs)
 
     @property
     def id(self) -> str:
@@ -64,7 +66,10 @@ def build(case: GradCase, dtype=np.float64, seed: int = 0) -> onnx.ModelProto:
         inits.append(onnx.numpy_helper.from_array(arr, f"in{i}"))
         names.append(f"in{i}")
     outs = [f"y{i}" for i in range(case.n_out)]
-    node = helper.make_node(case.op, names, outs, name=f"{case.op}_0", **case.attrs)
+    for j, spec in enumerate(case.captures):  # read by subgraphs, not node inputs
+        inits.append(onnx.numpy_helper.from_array(draw(spec, rng, dtype), f"in{len(case.inputs) + j}"))
+    attrs = case.attrs(dtype) if callable(case.attrs) else case.attrs
+    node = helper.make_node(case.op, names, outs, name=f"{case.op}_0", **attrs)
     graph = helper.make_graph([node], case.id, [], [helper.make_value_info(o, onnx.TypeProto()) for o in outs],
                               initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", case.opset)])
@@ -91,6 +96,24 @@ def with_loss(model: onnx.ModelProto, shapes: dict, case: GradCase, dtype, seed:
 
 def i64(*values) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
+
+
+def if_branches(dtype):
+    """then: (tanh(in1 * in2), in1); else: (in1 + in2 * in1, in1 * 3); in1, in2 are outer values."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    three = onnx.numpy_helper.from_array(np.array(3.0, dtype=dtype), "three")
+
+    def out(name):
+        return helper.make_tensor_value_info(name, elem, None)
+
+    then = helper.make_graph(
+        [helper.make_node("Mul", ["in1", "in2"], ["t0"]), helper.make_node("Tanh", ["t0"], ["t1"])],
+        "then", [], [out("t1"), out("in1")])
+    other = helper.make_graph(
+        [helper.make_node("Mul", ["in2", "in1"], ["e0"]), helper.make_node("Add", ["in1", "e0"], ["e1"]),
+         helper.make_node("Mul", ["in1", "three"], ["e2"])],
+        "else", [], [out("e1"), out("e2")], initializer=[three])
+    return {"then_branch": then, "else_branch": other}
 
 
 def _cases() -> list[GradCase]:
@@ -191,6 +214,9 @@ def _cases() -> list[GradCase]:
         c("BatchNormalization", [T((4, 3)), T((3,)), T((3,)), T((3,)), T((3,), POSITIVE)], tag="inference"),
         c("LayerNormalization", [T((2, 3, 4)), T((4,)), T((4,))]),
         c("LayerNormalization", [T((2, 3, 4)), T((3, 4))], {"axis": 1, "epsilon": 1e-3}, tag="axis1"),
+        # control flow: the branches read in1 and in2 from the outer graph
+        c("If", [np.array(True)], if_branches, n_out=2, captures=(T((3, 4)), T((4,))), tag="then"),
+        c("If", [np.array(False)], if_branches, n_out=2, captures=(T((3, 4)), T((4,))), tag="else"),
     ]
     return cases
 

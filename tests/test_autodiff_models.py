@@ -10,7 +10,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphc
 from graphc.passes.autodiff import backward, gradient_model
-from test_autodiff_rules import run_numpy, run_ort
+try:
+    from test_autodiff_rules import run_numpy, run_ort
+except ImportError:  # tests/ collected as a package
+    from tests.test_autodiff_rules import run_numpy, run_ort
 
 
 def mlp_model(dtype=np.float64, batch="N") -> onnx.ModelProto:

@@ -10,7 +10,10 @@ import pytest
 
 import graphc
 
-from autodiff_cases import CASES, GradCase, T, build, with_loss
+try:
+    from autodiff_cases import CASES, GradCase, T, build, with_loss
+except ImportError:  # tests/ collected as a package
+    from tests.autodiff_cases import CASES, GradCase, T, build, with_loss
 from graphc.passes.autodiff import RULES, gradient_model
 
 
@@ -38,7 +41,7 @@ def grad_proto(case: GradCase, dtype) -> tuple[onnx.ModelProto, dict[str, np.nda
     fwd = build(case, dtype)
     outs = run_numpy(_with_outputs(fwd, case), {})
     model = with_loss(fwd, {k: v.shape for k, v in outs.items()}, case, dtype)
-    wrt = [f"in{i}" for i, spec in enumerate(case.inputs) if isinstance(spec, T)]
+    wrt = [f"in{i}" for i, spec in enumerate([*case.inputs, *case.captures]) if isinstance(spec, T)]
     gm = gradient_model(ir.serde.deserialize_model(model), "loss", wrt)
     proto = graphc.Model(gm).proto
     onnx.checker.check_model(proto, full_check=True)

@@ -61,14 +61,14 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
 
 
 class GradBuilder:
-    def __init__(self, graph: ir.Graph, opset: int):
+    def __init__(self, graph: ir.Graph, opset: int, parent: GradBuilder | None = None):
         self.graph = graph
         self.opset = opset
         self.source: str | None = None  # graphc.source of the forward node being differentiated
         self.node_name = "grad"
         self._consts: dict[tuple, ir.Value] = {}
-        self._taken = {v.name for v in _all_values(graph) if v.name}
-        self._counter = 0
+        # names are unique across the whole model, subgraphs included: a child shares its parent's
+        self._names = parent._names if parent else _Names({v.name for v in _all_values(graph) if v.name})
         self.needed: set[ir.Value] | None = None  # values whose gradient the walk wants
 
     def wants(self, value: ir.Value | None) -> bool:
@@ -100,12 +100,13 @@ class GradBuilder:
 
     # -- emitting nodes ----------------------------------------------------------------------
     def _fresh(self, stem: str) -> str:
-        while True:
-            self._counter += 1
-            name = f"{self.node_name}/{stem}_{self._counter}"
-            if name not in self._taken:
-                self._taken.add(name)
-                return name
+        return self._names.fresh(f"{self.node_name}/{stem}")
+
+    def subgraph_builder(self, graph: ir.Graph) -> GradBuilder:
+        """A builder appending to ``graph`` (an If branch) whose names cannot clash with ours."""
+        child = GradBuilder(graph, self.opset, parent=self)
+        child.needed = None
+        return child
 
     def name_value(self, value: ir.Value) -> ir.Value:
         if not value.name:
@@ -274,6 +275,20 @@ class GradBuilder:
         axes = self.op("Reshape", self.op("NonZero", mask), self.ints([-1]))
         summed = self.op("ReduceSum", dx, axes, keepdims=1, noop_with_empty_axes=1)
         return self.op("Reshape", summed, sx)
+
+
+class _Names:
+    def __init__(self, taken: set[str]):
+        self.taken = taken
+        self.counter = 0
+
+    def fresh(self, stem: str) -> str:
+        while True:
+            self.counter += 1
+            name = f"{stem}_{self.counter}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
 
 
 def _all_values(graph: ir.Graph):

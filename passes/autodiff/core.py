@@ -58,6 +58,33 @@ def captured_values(graph: ir.Graph) -> list[ir.Value]:
     return list(seen)
 
 
+def _outer_values(graph: ir.Graph) -> dict[str, ir.Value]:
+    values = {v.name: v for v in graph.inputs}
+    values.update(graph.initializers)
+    for node in graph:
+        values.update((v.name, v) for v in node.outputs if v.name)
+    return values
+
+
+def own_subgraph_outputs(g: GradBuilder, branch: ir.Graph, outer: ir.Graph) -> None:
+    """Route branch outputs that are outer values through an Identity inside the branch
+    (same semantics; onnx_ir can clone a subgraph only when it produces its own outputs).
+    Such an output may be a stand-in Value that only shares the outer value's name: the
+    Identity reads the outer value itself, so the gradient reaches it."""
+    outer_values = None
+    for i, out in enumerate(list(branch.outputs)):
+        producer = out.producer()
+        if producer is None or producer.graph is not branch:
+            if out not in branch.inputs and out.name not in branch.initializers:
+                outer_values = outer_values or _outer_values(outer)
+                out = outer_values.get(out.name, out)
+            node = ir.node("Identity", [out], name=g._fresh("Identity"))
+            node.outputs[0].name = g._fresh("Identity")
+            node.outputs[0].type, node.outputs[0].shape = out.type, out.shape
+            branch.append(node)
+            branch.outputs[i] = node.outputs[0]
+
+
 def _on_path(nodes: Sequence[ir.Node], sources: Sequence[ir.Value], sinks: Sequence[ir.Value]):
     """Nodes on a float path from ``sources`` to ``sinks``, and the values on such paths."""
     forward = {v for v in sources if is_float(v)}
@@ -102,6 +129,11 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
 
     Returns the summed gradient of each ``wrt`` value that has a path (others are absent).
     """
+    for node in nodes:
+        for attr in node.attributes.values():
+            for sub in ([attr.value] if attr.type == ir.AttributeType.GRAPH else
+                        attr.value if attr.type == ir.AttributeType.GRAPHS else []):
+                own_subgraph_outputs(g, sub, node.graph)
     path, needed = _on_path(list(nodes), wrt, list(seeds))
     pending: dict[ir.Value, list[ir.Value]] = {v: [dv] for v, dv in seeds.items()}
     for v, dv in seeds.items():
