@@ -131,3 +131,13 @@ def test_pytorch_exported_cnn_trains_with_frozen_conv():
         assert after[name].tobytes() == before[name].tobytes(), f"frozen {name} changed"
     assert not np.array_equal(after["fc.weight"], before["fc.weight"])
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_onnxruntime_keeps_params_and_state_on_the_device():
+    import onnxruntime as ort
+
+    trainer = gc.Trainer(bn_artifacts(gc.optim.Adam(1e-2)), backend="ort-cpu")
+    trainer.step(blobs(16))
+    assert trainer._state and all(isinstance(v, ort.OrtValue) for v in trainer._state.values())
+    assert set(trainer._state) == {e.name for e in trainer.manifest.graphs["train_step"].inputs
+                                   if e.role in ("param", "state", "hyper")}

@@ -112,6 +112,12 @@ def train_cmd(
     try:
         history = trainer.fit(loader, epochs, eval_loader=eval_loader, progress=progress, plot=plot,
                               checkpoint=checkpoint)
+    except KeyboardInterrupt:
+        if checkpoint is not None:
+            trainer.save_checkpoint(checkpoint)  # mid-epoch: --resume continues with the next batch
+            err_console.print(f"interrupted at step {trainer.step_count}; saved {checkpoint} "
+                              "(continue with --resume)", highlight=False)
+        raise typer.Exit(130) from None
     except TrainingFailed as exc:
         if checkpoint is not None and (checkpoint / "checkpoint.safetensors").is_file():
             exc = TrainingFailed(f"{exc} (last good checkpoint: {checkpoint})")
