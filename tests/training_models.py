@@ -33,7 +33,7 @@ def mlp(din=8, hidden=16, classes=4, seed=0) -> gc.Model:
                   [oh.make_tensor_value_info("logits", F, ["batch", classes])], inits)
 
 
-def awkward(seed=0) -> gc.Model:
+def awkward(seed=0, dropout=0.1) -> gc.Model:
     """An export with the usual oddities:
 
     * ``proj.weight`` lives in a ``Constant`` node (not an initializer);
@@ -41,7 +41,7 @@ def awkward(seed=0) -> gc.Model:
       tied weights come out of torch.onnx;
     * a Reshape whose target shape is computed with Shape/Gather/Unsqueeze/Concat;
     * ``scale`` is a float scalar Constant (stays a constant);
-    * Dropout (training mode in train_step, identity in eval/inference).
+    * Dropout with ratio ``dropout`` (training mode in train_step, identity in eval/inference).
     x [B, 6] -> x @ proj.weight^T [B, 8] -> Reshape [B, 2, 4] -> Reshape [B, 8] -> Dropout
     -> MatMul emb.weight [8, 8] -> Relu -> MatMul head.weight (= emb.weight) -> * scale + head.bias.
     """
@@ -63,7 +63,8 @@ def awkward(seed=0) -> gc.Model:
         oh.make_node("Reshape", ["p", "shape3"], ["p3"]),
         oh.make_node("Constant", [], ["flat"], value=nh.from_array(np.array([-1, 8], np.int64))),
         oh.make_node("Reshape", ["p3", "flat"], ["p2"]),
-        oh.make_node("Dropout", ["p2"], ["pd"]),
+        oh.make_node("Constant", [], ["ratio"], value=nh.from_array(np.array(dropout, np.float32))),
+        oh.make_node("Dropout", ["p2", "ratio"], ["pd"]),
         oh.make_node("MatMul", ["pd", "emb.weight"], ["h"]),
         oh.make_node("Relu", ["h"], ["hr"]),
         oh.make_node("Identity", ["emb.weight"], ["head.weight"]),

@@ -1,0 +1,188 @@
+"""Imported (not captured) models become trainable: Constant weights, aliased and shared
+initializers, shape arithmetic, frozen params, BatchNorm statistics and Dropout modes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx.numpy_helper as nh
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+import graphc as gc
+import training_models
+from test_training_artifacts import check_graph, train
+
+RNG = np.random.default_rng(0)
+
+
+def _regression_batch(n=16):
+    return {"x": RNG.normal(size=(n, 6)).astype(np.float32), "y": RNG.normal(size=(n, 8)).astype(np.float32)}
+
+
+def _awkward_arts(dropout=0.1, **kwargs):
+    return gc.training.generate(training_models.awkward(dropout=dropout), gc.losses.mse("out", label="y"),
+                                gc.optim.SGD(0.05, momentum=0.9), **kwargs)
+
+
+def test_constant_weights_become_trainable_and_scalars_stay_constants():
+    arts = _awkward_arts()
+    assert set(arts.manifest.trainable) == {"emb.weight", "head.bias", "proj.weight"}
+    assert "scale" not in arts.state
+    for graph in arts.graphs.values():
+        check_graph(graph)
+    # the inference graph names the promoted weight as the state does, so trained values fold in
+    assert "proj.weight" in {i.name for i in arts.inference.proto.graph.initializer}
+    np.testing.assert_array_equal(arts.state["proj.weight"], arts.inference.params["proj.weight"])
+    batch = _regression_batch()
+    grads = gc.Session(arts.gradients, backend="numpy").run(batch)
+    assert np.abs(grads["proj.weight_grad"]).max() > 0
+
+
+def test_aliased_and_shared_weight_gradients_are_summed():
+    """emb.weight is read directly and as head.weight through Identity: its gradient is the sum
+    of both uses, checked against central differences (Dropout ratio 0: deterministic)."""
+    arts = _awkward_arts(dropout=0.0)
+    batch = _regression_batch(5)
+    grads = gc.Session(arts.gradients, backend="numpy").run(batch)["emb.weight_grad"]
+
+    ev = gc.Session(arts.eval, backend="numpy")
+    w = arts.state["emb.weight"].astype(np.float64)
+    eps = 1e-2
+    numeric = np.zeros_like(w)
+    for idx in [(0, 0), (3, 5), (7, 2), (4, 4)]:
+        plus, minus = w.copy(), w.copy()
+        plus[idx] += eps
+        minus[idx] -= eps
+        lp = ev.run({**batch, "emb.weight": plus.astype(np.float32)})["loss"]
+        lm = ev.run({**batch, "emb.weight": minus.astype(np.float32)})["loss"]
+        numeric[idx] = (float(lp) - float(lm)) / (2 * eps)
+        np.testing.assert_allclose(grads[idx], numeric[idx], rtol=2e-2, atol=2e-4)
+
+
+def test_frozen_params_unchanged_bit_for_bit_while_loss_falls():
+    arts = _awkward_arts(dropout=0.0, frozen=["emb.weight"])  # ratio 0: a deterministic loss curve
+    assert arts.manifest.frozen == ["emb.weight"]
+    assert "emb.weight" not in {e.name for e in arts.manifest.graphs["train_step"].inputs}
+    assert "emb.weight" not in arts.state
+    before = nh.to_array(next(i for i in training_models.awkward().proto.graph.initializer if i.name == "emb.weight"))
+    batch = {"x": _regression_batch()["x"], "y": np.full((16, 8), 0.5, np.float32)}  # reachable target
+    losses, state = train(arts, batch, 20, backend="ort-cpu")
+    assert max(losses[-3:]) < 0.5 * losses[0], losses
+    for key, graph in arts.graphs.items():
+        frozen = graph.params["emb.weight"]
+        assert frozen.tobytes() == before.tobytes(), key
+    assert not np.array_equal(state["proj.weight"], arts.state["proj.weight"])
+
+
+def test_explicit_trainable_subset():
+    arts = _awkward_arts(trainable=["head.bias"])
+    assert arts.manifest.trainable == ["head.bias"]
+    assert set(arts.manifest.frozen) == {"emb.weight", "proj.weight"}
+    assert [e.name for e in arts.manifest.graphs["gradients"].outputs] == ["loss", "head.bias_grad"]
+
+
+def test_dropout_is_training_mode_in_train_step_and_identity_in_eval():
+    arts = _awkward_arts()
+    ops = {g: [n.op_type for n in arts.graphs[g].proto.graph.node] for g in arts.graphs}
+    step_dropout = next(n for n in arts.train_step.proto.graph.node if n.op_type == "Dropout")
+    assert len(step_dropout.input) == 3  # ratio, training_mode = True
+    for key in ("eval", "inference"):
+        dropouts = [n for n in arts.graphs[key].proto.graph.node if n.op_type == "Dropout"]
+        assert all(len(n.input) <= 2 for n in dropouts), ops[key]
+    batch = _regression_batch(4)
+    a = gc.Session(arts.eval, backend="numpy").run(batch)
+    b = gc.Session(arts.eval, backend="ort-cpu").run(batch)
+    np.testing.assert_allclose(a["out"], b["out"], rtol=1e-5)
+
+
+# -- BatchNorm --------------------------------------------------------------------------------
+def _bn_arts():
+    return gc.training.generate(training_models.batchnorm(), gc.losses.cross_entropy("logits", label="y"),
+                                gc.optim.SGD(0.1))
+
+
+def test_batchnorm_stats_are_state_updated_like_pytorch():
+    arts = _bn_arts()
+    roles = {e.name: e.role for e in arts.manifest.graphs["train_step"].inputs}
+    assert roles["bn.running_mean"] == roles["bn.running_var"] == "state"
+    assert "bn.running_mean" not in arts.manifest.trainable and "bn.weight" in arts.manifest.trainable
+    assert arts.manifest.feeds["bn.running_var.next"] == "bn.running_var"
+    assert "BatchNormalization" not in [n.op_type for n in arts.train_step.proto.graph.node]
+    x = RNG.normal(1.0, 2.0, size=(6, 3, 5)).astype(np.float32)
+    y = RNG.integers(0, 4, 6)
+    out = gc.Session(arts.train_step, backend="ort-cpu").run({"x": x, "y": y, **arts.state})
+    mean = x.astype(np.float64).mean(axis=(0, 2))
+    var = x.astype(np.float64).var(axis=(0, 2), ddof=1)  # PyTorch's running_var uses the unbiased variance
+    np.testing.assert_allclose(out["bn.running_mean.next"], 0.9 * arts.state["bn.running_mean"] + 0.1 * mean, rtol=1e-5)
+    np.testing.assert_allclose(out["bn.running_var.next"], 0.9 * arts.state["bn.running_var"] + 0.1 * var, rtol=1e-5)
+
+    torch = pytest.importorskip("torch")
+    bn = torch.nn.BatchNorm1d(3, momentum=0.1)
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.from_numpy(arts.state["bn.running_mean"].copy()))
+        bn.running_var.copy_(torch.from_numpy(arts.state["bn.running_var"].copy()))
+    bn.train()(torch.from_numpy(x))
+    np.testing.assert_allclose(out["bn.running_mean.next"], bn.running_mean.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(out["bn.running_var.next"], bn.running_var.numpy(), rtol=1e-5)
+
+
+def test_eval_uses_the_running_stats_fed_in():
+    arts = _bn_arts()
+    x = RNG.normal(size=(4, 3, 5)).astype(np.float32)
+    y = RNG.integers(0, 4, 4)
+    ev = gc.Session(arts.eval, backend="numpy")
+    default = ev.run({"x": x, "y": y})
+    mean, var = np.full(3, 0.5, np.float32), np.full(3, 2.0, np.float32)
+    fed = ev.run({"x": x, "y": y, "bn.running_mean": mean, "bn.running_var": var})
+    assert not np.allclose(default["logits"], fed["logits"])
+    w, b = arts.state["bn.weight"], arts.state["bn.bias"]
+    xn = (x - mean[None, :, None]) / np.sqrt(var[None, :, None] + 1e-5) * w[None, :, None] + b[None, :, None]
+    logits = xn.reshape(4, -1) @ arts.state["fc.weight"].T + arts.state["fc.bias"]
+    np.testing.assert_allclose(fed["logits"], logits, rtol=1e-5, atol=1e-6)
+    inf = gc.Session(arts.inference, backend="numpy").run({"x": x})
+    np.testing.assert_allclose(inf["logits"], default["logits"], rtol=1e-6)
+
+
+def test_batchnorm_training_gradients_match_torch():
+    torch = pytest.importorskip("torch")
+    arts = _bn_arts()
+    x = RNG.normal(size=(6, 3, 5)).astype(np.float32)
+    y = RNG.integers(0, 4, 6)
+    grads = gc.Session(arts.gradients, backend="ort-cpu").run({"x": x, "y": y})
+    bn = torch.nn.BatchNorm1d(3)
+    fc = torch.nn.Linear(15, 4)
+    with torch.no_grad():
+        bn.weight.copy_(torch.from_numpy(arts.state["bn.weight"].copy()))
+        bn.bias.copy_(torch.from_numpy(arts.state["bn.bias"].copy()))
+        fc.weight.copy_(torch.from_numpy(arts.state["fc.weight"].copy()))
+        fc.bias.copy_(torch.from_numpy(arts.state["fc.bias"].copy()))
+    loss = torch.nn.functional.cross_entropy(fc(bn.train()(torch.from_numpy(x)).flatten(1)), torch.from_numpy(y))
+    loss.backward()
+    np.testing.assert_allclose(grads["loss"], loss.item(), rtol=1e-5)
+    np.testing.assert_allclose(grads["bn.weight_grad"], bn.weight.grad.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grads["fc.weight_grad"], fc.weight.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_torch_exported_model_trains_with_frozen_layer(tmp_path):
+    """A model exported by torch.onnx (when torch can export here) trains with its first layer frozen."""
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
+    path = tmp_path / "net.onnx"
+    try:
+        torch.onnx.export(net, (torch.zeros(2, 6),), str(path), input_names=["x"], output_names=["logits"],
+                          dynamic_axes={"x": {0: "N"}, "logits": {0: "N"}}, opset_version=17, dynamo=False)
+    except Exception as exc:  # noqa: BLE001 - exporter availability varies by torch build
+        pytest.skip(f"torch.onnx.export unavailable here: {exc}")
+    model = gc.load(path)
+    first = [n for n in model.params if n.startswith("0.")]
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.Adam(0.05),
+                                frozen=first)
+    for graph in arts.graphs.values():
+        check_graph(graph)
+    batch = {"x": RNG.normal(size=(20, 6)).astype(np.float32), "y": RNG.integers(0, 3, 20)}
+    losses, state = train(arts, batch, 10)
+    assert losses[-1] < losses[0]
+    for name in first:
+        assert arts.train_step.params[name].tobytes() == model.params[name].tobytes()
+        assert name not in state
