@@ -65,53 +65,61 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
     inference = base.clone()
     modes.set_inference_mode(inference.graph)
 
-    with_loss = base  # base is ours (a copy); the loss goes straight into it
-    label = _append_loss(with_loss.graph, opset, loss)
-    params, frozen_all = _select_params(with_loss.graph, bn_stats, trainable, frozen)
+    label = _append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
+    params, frozen_all = _select_params(base.graph, bn_stats, trainable, frozen)
 
-    evaluation = with_loss.clone()
+    evaluation = base.clone()
     modes.set_inference_mode(evaluation.graph)
     _expose_inputs(evaluation.graph, [*params, *bn_stats])
     _set_outputs(evaluation.graph, [LOSS, *[o for o in model_outputs if o != LOSS]])
 
-    step = with_loss
+    step = base  # training mode + backward; cloned into ``gradients`` before the update
     bn_next = modes.set_training_mode(Builder(step.graph, opset, "bn/"), step.graph)
     _expose_inputs(step.graph, [*params, *bn_stats])
     step.graph.sort()
     _infer_shapes(step)
-    grads = _gradients(step.graph, params)
+    grads = backward(step.graph, _by_name(step.graph, LOSS), [step.graph.initializers[p] for p in params])
 
     gradients = step.clone()
-    _set_outputs(gradients.graph, [LOSS, *(_expose(gradients.graph, _by_name(gradients.graph, g.name),
-                                                   f"{p}_grad", like=gradients.graph.initializers[p])
-                                          for p, g in grads.items())])
+    g_graph = gradients.graph
+    _set_outputs(g_graph, [LOSS, *(_expose(g_graph, _by_name(g_graph, g.name), f"{p}_grad", like=g_graph.initializers[p])
+                                   for p, g in grads.items())])
 
     slots = optimizers.state_slots(opt_kind, opt_hyper)
     next_names = _append_optimizer(step.graph, opset, opt_kind, opt_hyper, params, grads, slots)
-    for stat, value in bn_next.items():
-        next_names.append(_expose(step.graph, value, f"{stat}.next"))
+    next_names += [_expose(step.graph, value, f"{stat}.next", like=step.graph.initializers[stat])
+                   for stat, value in bn_next.items()]
     _set_outputs(step.graph, [LOSS, *next_names])
 
+    role_of_input = {**{n: "data" for n in data}, **({label: "label"} if label else {}),
+                     **{n: "param" for n in params},
+                     **{f"{p}.{s}": "state" for p in params for s in slots},
+                     STEP: "state", **{n: "state" for n in bn_stats}, LR: "hyper"}
     graphs = {"train_step": step, "gradients": gradients, "eval": evaluation, "inference": inference}
     for key, m in graphs.items():
         m.graph.name = f"{model.graph.name or 'model'}_{key}"
+        _order_inputs(m.graph, list(role_of_input))
         _tidy(m)
-
-    role_of_input = {**{n: "data" for n in data}, **{n: "param" for n in params},
-                     **{n: "state" for n in bn_stats}, STEP: "state", LR: "hyper"}
-    if label:
-        role_of_input[label] = "label"
-    for p in params:
-        role_of_input.update({f"{p}.{s}": "state" for s in slots})
-    roles = {}
-    for key, m in graphs.items():
-        r = {v.name: role_of_input[v.name] for v in m.graph.inputs}
-        for v in m.graph.outputs:
-            r[v.name] = _output_role(v.name, key, role_of_input, params)
-        roles[key] = r
+    roles = {key: _roles(key, m.graph, role_of_input, params) for key, m in graphs.items()}
     feeds = {n: n[: -len(".next")] for n in next_names}
-    state = _initial_state(with_loss.graph, params, bn_stats, slots, opt_hyper)
+    state = _initial_state(step.graph, params, bn_stats, slots, opt_hyper)
     return Built(graphs, roles, feeds, params, frozen_all, state, model_outputs, opset)
+
+
+def _roles(key: str, graph: ir.Graph, role_of_input: dict[str, str], params: Sequence[str]) -> dict[str, str]:
+    roles = {v.name: role_of_input[v.name] for v in graph.inputs}
+    for v in graph.outputs:
+        roles[v.name] = _output_role(v.name, key, params)
+    return roles
+
+
+def _order_inputs(graph: ir.Graph, order: Sequence[str]) -> None:
+    """Inputs in the manifest's reading order: data, label, params, optimizer state, step, BN
+    statistics, lr."""
+    rank = {name: i for i, name in enumerate(order)}
+    ordered = sorted(graph.inputs, key=lambda v: rank.get(v.name, -1))
+    graph.inputs.clear()
+    graph.inputs.extend(ordered)
 
 
 def _prepare(model: ir.Model) -> ir.Model:
@@ -179,11 +187,6 @@ def _loss_inputs(graph: ir.Graph) -> set[ir.Value]:
         if any(v in needed for v in node.outputs):
             needed.update(node_inputs(node))
     return needed
-
-
-def _gradients(graph: ir.Graph, params: Sequence[str]) -> dict[str, ir.Value]:
-    values = [graph.initializers[p] for p in params]
-    return backward(graph, _by_name(graph, LOSS), values)
 
 
 def _append_optimizer(graph, opset, kind, hyper, params, grads, slots) -> list[str]:
@@ -261,7 +264,7 @@ def _by_name(graph: ir.Graph, name: str) -> ir.Value:
     raise KeyError(name)
 
 
-def _output_role(name: str, graph: str, role_of_input: dict, params: Sequence[str]) -> str:
+def _output_role(name: str, graph: str, params: Sequence[str]) -> str:
     if name == LOSS:
         return "loss"
     if graph == "gradients" and name.endswith("_grad"):
