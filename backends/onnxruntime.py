@@ -122,10 +122,16 @@ class _OrtBackend:
     provider = ""
 
     def info(self) -> BackendInfo:
-        available, reason = self._availability()
+        try:
+            _ort()
+        except ImportError as exc:
+            available, reason = False, f"onnxruntime is not installed ({exc})"
+        else:
+            available, reason = self._availability()
         return BackendInfo(name=self.name, available=available, device=self.device, reason=reason)
 
     def _availability(self) -> tuple[bool, str]:
+        """(available, reason) once onnxruntime imports."""
         raise NotImplementedError
 
     def prepare(self, model: onnx.ModelProto, *, threads: int | None = None,
@@ -155,10 +161,6 @@ class CpuBackend(_OrtBackend):
     provider = "CPUExecutionProvider"
 
     def _availability(self) -> tuple[bool, str]:
-        try:
-            _ort()
-        except ImportError as exc:
-            return False, f"onnxruntime is not installed ({exc})"
         return True, ""
 
 
@@ -170,10 +172,6 @@ class CudaBackend(_OrtBackend):
     provider = "CUDAExecutionProvider"
 
     def _availability(self) -> tuple[bool, str]:
-        try:
-            _ort()
-        except ImportError as exc:
-            return False, f"onnxruntime is not installed ({exc})"
         return probe_cuda(0)
 
 
@@ -212,9 +210,7 @@ class OrtExecutable:
         self.device = backend.device
         self.device_id = device_id
         self._nodes = {n.name: n for n in model.graph.node if n.name}
-        proto = onnx.ModelProto()
-        proto.CopyFrom(model)
-        proto.ir_version = ir_version_for({o.domain: o.version for o in proto.opset_import})
+        data = _serialize_for_ort(model)
         providers: list[Any] = [(backend.provider, provider_options)]
         if backend.provider != "CPUExecutionProvider":
             providers.append("CPUExecutionProvider")  # ops without a CUDA kernel run on CPU
@@ -223,7 +219,7 @@ class OrtExecutable:
             if backend.device != "cpu":  # to count the copy nodes onnxruntime inserts
                 options.optimized_model_filepath = str(optimized)
             try:
-                self.session = ort.InferenceSession(proto.SerializeToString(), options, providers=providers)
+                self.session = ort.InferenceSession(data, options, providers=providers)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
                 raise self._error(exc, "cannot load") from None
             self.copy_nodes = _count_copy_nodes(optimized) if optimized.is_file() else 0
@@ -298,6 +294,16 @@ class OrtExecutable:
         # drop onnxruntime's "/onnxruntime_src/...cc:91 ns::Function(args) " prefix
         detail = re.sub(r"^/\S+:\d+ .*?\) (?=\w)", "", detail)
         return BackendError(f"{self.backend_name} {what} node {node.name!r} ({node.op_type}{_at(node)}): {detail}")
+
+
+def _serialize_for_ort(model: onnx.ModelProto) -> bytes:
+    """The model's bytes, stamped with the lowest IR version its opsets need (no copy of it)."""
+    saved = model.ir_version
+    model.ir_version = ir_version_for({o.domain: o.version for o in model.opset_import})
+    try:
+        return model.SerializeToString()
+    finally:
+        model.ir_version = saved
 
 
 def _count_copy_nodes(path: Path) -> int:

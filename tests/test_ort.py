@@ -71,6 +71,7 @@ def test_session_is_built_with_an_ir_version_onnxruntime_accepts():
     proto.ir_version = 14  # what onnx.helper.make_model stamps; onnxruntime 1.31 refuses it
     backend = ort_backend.CpuBackend()
     assert backend.prepare(proto).run({"x": X, "b": B})["y"].shape == (5, 2)
+    assert proto.ir_version == 14  # the caller's proto is left as it was
 
 
 # -- device residency (IOBinding) ---------------------------------------------------------------
