@@ -8,6 +8,7 @@ user's ``file.py:LINE`` and, when example arrays were given, evaluates the node 
 
 from __future__ import annotations
 
+import functools
 import inspect as _inspect
 import os
 import sys
@@ -36,14 +37,17 @@ def user_source() -> str:
         frame = frame.f_back
     if frame is None:
         return "<unknown>:0"
-    filename = frame.f_code.co_filename
+    return f"{_display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _display_path(filename: str) -> str:
+    """Relative to the working directory when below it, else as given."""
     try:
         rel = os.path.relpath(filename)
-        if not rel.startswith(".."):
-            filename = rel
     except ValueError:  # other drive on Windows
-        pass
-    return f"{filename}:{frame.f_lineno}"
+        return filename
+    return filename if rel.startswith("..") else rel
 
 
 def current() -> "Builder":
@@ -133,7 +137,7 @@ class Builder:
         from graphc.tensor import Tensor
 
         value = ir.Value(name=self.reserve(name), type=ir.TensorType(ir.DataType(to_onnx(as_dtype(array.dtype)))),
-                         shape=ir.Shape(list(array.shape)), const_value=ir.tensor(array, name=name))
+                         shape=ir.Shape(list(array.shape)), const_value=ir.Tensor(array, name=name))
         self.initializers.append(value)
         self.values[id(value)] = array
         return Tensor(value, self, eager_value=array if self.scopes[0].eager else None)
@@ -144,7 +148,7 @@ class Builder:
         key = (self.scope.id, array.dtype.str, array.shape, array.tobytes()) if array.size <= 16 else None
         if key is not None and key in self._const_cache:
             return self._const_cache[key]
-        (out,) = self.emit("Constant", [], {"value": ir.tensor(array)}, name_hint="const")
+        (out,) = self.emit("Constant", [], {"value": ir.Tensor(array)}, name_hint="const")
         out._const = array
         out._value = array if self.eager else None
         self.values[id(out.value)] = array
@@ -279,7 +283,19 @@ def _proto_dims(shape):
 def _to_attrs(attrs: dict[str, Any]) -> list[ir.Attr]:
     out = []
     for key, value in attrs.items():
-        if isinstance(value, ir.Attr):
+        if isinstance(value, bool):
+            out.append(ir.AttrInt64(key, int(value)))
+        elif isinstance(value, int):
+            out.append(ir.AttrInt64(key, value))
+        elif isinstance(value, float):
+            out.append(ir.AttrFloat32(key, value))
+        elif isinstance(value, str):
+            out.append(ir.AttrString(key, value))
+        elif isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+            out.append(ir.AttrInt64s(key, value))
+        elif isinstance(value, ir.Tensor):
+            out.append(ir.AttrTensor(key, value))
+        elif isinstance(value, ir.Attr):
             out.append(value)
         elif isinstance(value, ir.Graph):
             out.append(ir.AttrGraph(key, value))
