@@ -214,6 +214,15 @@ def _cases() -> list[GradCase]:
         c("BatchNormalization", [T((4, 3)), T((3,)), T((3,)), T((3,)), T((3,), POSITIVE)], tag="inference"),
         c("LayerNormalization", [T((2, 3, 4)), T((4,)), T((4,))]),
         c("LayerNormalization", [T((2, 3, 4)), T((3, 4))], {"axis": 1, "epsilon": 1e-3}, tag="axis1"),
+        # fused losses
+        c("SoftmaxCrossEntropyLoss", [T((4, 3)), i64(0, 2, 1, 2)]),
+        c("SoftmaxCrossEntropyLoss", [T((4, 3, 2)), np.array([[0, 2], [1, -1], [2, 2], [0, 1]]),
+                                     np.array([0.5, 1.0, 2.0])],
+          {"ignore_index": -1}, n_out=2, tag="weights_ignore_logprob"),
+        c("SoftmaxCrossEntropyLoss", [T((4, 3)), i64(0, 2, 1, 2)], {"reduction": "none"}, tag="none"),
+        c("NegativeLogLikelihoodLoss", [T((4, 3)), i64(0, 2, 1, 2)], {"reduction": "sum"}),
+        c("NegativeLogLikelihoodLoss", [T((4, 3)), i64(0, 2, 1, -1), np.array([0.5, 1.0, 2.0])],
+          {"ignore_index": -1}, tag="weights_ignore"),
         # control flow: the branches read in1 and in2 from the outer graph
         c("If", [np.array(True)], if_branches, n_out=2, captures=(T((3, 4)), T((4,))), tag="then"),
         c("If", [np.array(False)], if_branches, n_out=2, captures=(T((3, 4)), T((4,))), tag="else"),

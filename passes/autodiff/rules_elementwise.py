@@ -16,7 +16,7 @@ from graphc.passes.autodiff.registry import grad_rule
 
 def _to(g: GradBuilder, node: ir.Node, dx: ir.Value | None, i: int) -> ir.Value | None:
     """Sum a gradient of the output's (broadcast) shape down to input ``i``'s shape."""
-    if dx is None or node.inputs[i] is None:
+    if dx is None or not g.wants(node.inputs[i]):
         return None
     return g.sum_to(dx, static_shape(node.outputs[0]), node.inputs[i])
 
@@ -28,13 +28,15 @@ def grad_add(g, node, dy):
 
 @grad_rule("Sub")
 def grad_sub(g, node, dy):
-    return _to(g, node, dy, 0), _to(g, node, g.neg(dy), 1)
+    return _to(g, node, dy, 0), _to(g, node, g.neg(dy) if g.wants(node.inputs[1]) else None, 1)
 
 
 @grad_rule("Mul")
 def grad_mul(g, node, dy):
     a, b = node.inputs
-    return _to(g, node, g.mul(dy, b), 0), _to(g, node, g.mul(dy, a), 1)
+    da = g.mul(dy, b) if g.wants(a) else None
+    db = g.mul(dy, a) if g.wants(b) else None
+    return _to(g, node, da, 0), _to(g, node, db, 1)
 
 
 @grad_rule("Div")
@@ -42,8 +44,9 @@ def grad_div(g, node, dy):
     # y = a / b: da = dy / b, db = -dy * y / b
     a, b = node.inputs
     y = node.outputs[0]
-    da = g.div(dy, b)
-    db = g.neg(g.mul(da, y))
+    dy_b = g.div(dy, b)
+    da = dy_b if g.wants(a) else None
+    db = g.neg(g.mul(dy_b, y)) if g.wants(b) else None
     return _to(g, node, da, 0), _to(g, node, db, 1)
 
 
@@ -174,9 +177,11 @@ def grad_cast(g, node, dy):
 
 @grad_rule("Where")
 def grad_where(g, node, dy):
-    cond = node.inputs[0]
+    cond, a, b = node.inputs
     zero = g.scalar(0.0, dy)
-    return None, _to(g, node, g.op("Where", cond, dy, zero), 1), _to(g, node, g.op("Where", cond, zero, dy), 2)
+    da = g.op("Where", cond, dy, zero) if g.wants(a) else None
+    db = g.op("Where", cond, zero, dy) if g.wants(b) else None
+    return None, _to(g, node, da, 1), _to(g, node, db, 2)
 
 
 @grad_rule("Clip")
@@ -190,11 +195,13 @@ def grad_clip(g, node, dy):
     keep, dlo, dhi = None, None, None
     if lo is not None:
         keep = g.op("GreaterOrEqual", x, lo)
-        dlo = g.reduce("ReduceSum", g.op("Where", g.op("Less", x, lo), dy, zero), None, keepdims=False)
+        if g.wants(lo):
+            dlo = g.reduce("ReduceSum", g.op("Where", g.op("Less", x, lo), dy, zero), None, keepdims=False)
     if hi is not None:
         below = g.op("LessOrEqual", x, hi)
         keep = below if keep is None else g.op("And", keep, below)
-        dhi = g.reduce("ReduceSum", g.op("Where", g.op("Greater", x, hi), dy, zero), None, keepdims=False)
+        if g.wants(hi):
+            dhi = g.reduce("ReduceSum", g.op("Where", g.op("Greater", x, hi), dy, zero), None, keepdims=False)
     dx = dy if keep is None else g.op("Where", keep, dy, zero)
     return dx, dlo, dhi
 
