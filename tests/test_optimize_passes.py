@@ -246,3 +246,21 @@ def test_bad_level_rejected(level):
     m = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, ["N"])], [("y", F, ["N"])])
     with pytest.raises(gc.GraphError, match="level must be one of"):
         gc.optimize(m, level)
+
+
+def test_equal_parameters_stay_distinct_below_level3():
+    nodes = [helper.make_node("Gemm", ["x", "W1", "b1"], ["h"]), helper.make_node("Gemm", ["h", "W2", "b2"], ["y"])]
+    zeros = np.zeros(4, np.float32)
+    m = make_model(nodes, [("x", F, ["N", 4])], [("y", F, ["N", 4])],
+                   [("W1", w(4, 4)), ("b1", zeros), ("W2", w(4, 4)), ("b2", zeros)])
+    for level in (1, 2):
+        assert set(gc.optimize(m, level).params) == {"W1", "b1", "W2", "b2"}  # names a state dict uses
+    assert set(gc.optimize(m, 3).params) == {"W1", "b1", "W2"}  # inference export: merged
+
+
+def test_two_outputs_identity_of_one_value_keep_both_names():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["a"]),
+             helper.make_node("Identity", ["r"], ["b"])]
+    m = make_model(nodes, [("x", F, ["N", 4])], [("a", F, ["N", 4]), ("b", F, ["N", 4])])
+    out = check(m, 2, ["Relu", "Identity"])
+    assert [v.name for v in out.ir.graph.outputs] == ["a", "b"]

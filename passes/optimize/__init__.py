@@ -9,6 +9,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from graphc.passes.optimize.interface import restore_interface, snapshot_interface
+from graphc.passes.optimize.library import parameter_names
 from graphc.passes.optimize.levels import LEVELS, MAX_LEVEL, build_pipeline
 from graphc.passes.optimize.pipeline import OptimizeReport, PassRecord, Pipeline, PipelineError, count_nodes
 
@@ -20,7 +21,8 @@ def optimize_in_place(model: ir.Model, level: int = 2) -> OptimizeReport:
     """Optimize ``model`` in place at ``level``; graph inputs and outputs keep their names,
     dtypes and shapes (symbolic dims included) exactly. Returns what each pass did."""
     report = OptimizeReport(level=level)
-    pipeline = build_pipeline(level, model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1)))
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    pipeline = build_pipeline(level, opset, parameter_names(model))
     interface = snapshot_interface(model)
     pipeline.run(model, report)
     restore_interface(model, interface)

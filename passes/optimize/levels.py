@@ -28,18 +28,19 @@ LEVELS: dict[int, str] = {
 MAX_LEVEL = max(LEVELS)
 
 
-def build_pipeline(level: int, opset: int) -> Pipeline:
+def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset()) -> Pipeline:
     """The pipeline of ``level`` for a model importing ai.onnx ``opset``. Level 2 and up run
     the rewrites inside the cleanup loop so each rewrite's leftovers are folded and removed
-    before the next round; the loop stops at the first round that changes nothing."""
+    before the next round; the loop stops at the first round that changes nothing.
+    ``protected`` initializers (the model's parameters) are never merged below level 3."""
     if level not in LEVELS:
         raise ValueError(f"optimization level must be one of {sorted(LEVELS)}, got {level!r}")
     if level == 0:
         return Pipeline([])
-    loop: list[ir.passes.PassBase] = cleanup_passes()
+    loop: list[ir.passes.PassBase] = cleanup_passes(protected, level)
     if level >= 2:
         fusions = fusion_pass(opset)
         loop += [ShapeFolding(), algebraic_pass(), gemm_pass(), *([fusions] if fusions else [])]
     if level >= 3:
         loop += [inference_pass(), pre_apply_transposes_pass()]
-    return Pipeline(loop, finish_passes())
+    return Pipeline(loop, finish_passes(protected, level))

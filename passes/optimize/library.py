@@ -6,7 +6,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common
 from onnxscript.optimizer import _constant_folding
 
-__all__ = ["cleanup_passes", "finish_passes", "fold_constants_pass"]
+__all__ = ["DeduplicateConstants", "cleanup_passes", "finish_passes", "fold_constants_pass", "parameter_names"]
 
 # Folding is bounded so the model never balloons: a node whose constant input has more
 # elements than this is left for level 3's weight pre-application, and no folded result larger
@@ -35,21 +35,88 @@ def fold_constants_pass() -> ir.passes.PassBase:
         "FoldConstants")
 
 
-def cleanup_passes() -> list[ir.passes.PassBase]:
+def parameter_names(model: ir.Model) -> frozenset[str]:
+    """The model's floating-point initializers: its parameters and BatchNorm statistics."""
+    return frozenset(name for name, v in model.graph.initializers.items()
+                     if v.dtype is not None and v.dtype.is_floating_point())
+
+
+class DeduplicateConstants(ir.passes.InPlacePass):
+    """Merges byte-identical initializers (same dtype, shape and bytes) of one graph into the
+    first, except graph inputs/outputs and the ``protected`` names. Sound for constants: every
+    use reads the same values. Parameters are protected below level 3: two zero-initialised
+    biases are distinct parameters that a later ``gc.training.generate`` trains apart and a state
+    dict addresses by name, and onnxruntime's training-mode BatchNormalization may update its
+    running statistics in place, so a scale merged with a running variance would be overwritten.
+    (onnx-ir's DeduplicateInitializersPass has no such exception; level 3 uses it.)"""
+
+    name = "DeduplicateInitializers"
+
+    def __init__(self, protected: frozenset[str] = frozenset()):
+        super().__init__()
+        self.protected = protected
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        graphs = {id(model.graph): model.graph}
+        for node in ir.traversal.RecursiveGraphIterator(model.graph):
+            graphs.setdefault(id(node.graph), node.graph)
+        for graph in graphs.values():
+            modified |= self._dedup(graph)
+        return ir.passes.PassResult(model, modified)
+
+    def _dedup(self, graph: ir.Graph) -> bool:
+        seen: dict[tuple, ir.Value] = {}
+        modified = False
+        for name, value in list(graph.initializers.items()):
+            tensor = value.const_value
+            if (tensor is None or name in self.protected or value.is_graph_input()
+                    or value.is_graph_output() or value.dtype is None or value.dtype.is_string()):
+                continue
+            key = (value.dtype, tuple(tensor.shape), tensor.tobytes())
+            first = seen.setdefault(key, value)
+            if first is not value:
+                ir.convenience.replace_all_uses_with(value, first)
+                graph.initializers.pop(name)
+                modified = True
+        return modified
+
+
+class IdentityElimination(common.IdentityEliminationPass):
+    """onnx-ir's identity elimination (``y = Identity(x)``: uses of y read x; a graph-output y
+    renames x), plus one case it gets wrong: when x is itself a graph output (or feeds two
+    output Identities), renaming x would merge two outputs into one name. Such a node stays."""
+
+    name = "IdentityElimination"
+
+    def _try_eliminate_identity_node(self, node: ir.Node) -> bool:
+        if (node.op_type == "Identity" and node.domain == "" and node.outputs[0].is_graph_output()
+                and node.inputs and node.inputs[0] is not None and node.inputs[0].is_graph_output()):
+            return False
+        return super()._try_eliminate_identity_node(node)
+
+
+def cleanup_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> list[ir.passes.PassBase]:
     """Level 1's loop: fold, then drop what folding left behind. Each is sound by construction:
     identity elimination and CSE only redirect uses to an equal value (graph outputs keep their
     names), unused-node removal deletes nodes no output depends on, and initializer dedup merges
-    byte-identical non-input initializers."""
+    byte-identical constants (``DeduplicateConstants``; parameters too at level 3)."""
     return [
         fold_constants_pass(),
-        _named(common.IdentityEliminationPass(), "IdentityElimination"),
+        IdentityElimination(),
         _named(common.CommonSubexpressionEliminationPass(), "CommonSubexpressionElimination"),
         _named(common.RemoveUnusedNodesPass(), "RemoveUnusedNodes"),
-        _named(common.DeduplicateInitializersPass(), "DeduplicateInitializers"),
+        dedup_pass(protected, level),
     ]
 
 
-def finish_passes() -> list[ir.passes.PassBase]:
+def dedup_pass(protected: frozenset[str], level: int) -> ir.passes.PassBase:
+    if level >= 3:
+        return _named(common.DeduplicateInitializersPass(), "DeduplicateInitializers")
+    return DeduplicateConstants(protected)
+
+
+def finish_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> list[ir.passes.PassBase]:
     """Run once after the loop: constants become initializers (a ``Constant`` node costs a kernel
     launch in some runtimes; an initializer costs nothing), graph outputs that became an input or
     initializer get an Identity back (ONNX needs an output produced by a node), then a stable
@@ -57,7 +124,7 @@ def finish_passes() -> list[ir.passes.PassBase]:
     return [
         _named(common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
                "LiftConstantsToInitializers"),
-        _named(common.DeduplicateInitializersPass(), "DeduplicateInitializers"),
+        dedup_pass(protected, level),
         _named(common.RemoveUnusedNodesPass(), "RemoveUnusedNodes"),
         _named(common.OutputFixPass(), "OutputFix"),
         _named(common.TopologicalSortPass(), "TopologicalSort", structural=False),
