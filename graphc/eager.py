@@ -42,7 +42,7 @@ def run(op_type: str, inputs: list[np.ndarray | None], attrs: dict[str, Any], op
     run_node = _backend_run_node()
     if run_node:
         try:
-            outs = list(run_node(op_type, list(inputs), attrs, opset))
+            outs = list(run_node(op_type, list(inputs), attrs, opset, num_outputs=node_outputs))
         except Exception as exc:  # a kernel the numpy backend lacks: the reference evaluator decides
             try:
                 outs = _reference(op_type, inputs, attrs, opset, node_outputs)
