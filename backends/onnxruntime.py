@@ -50,8 +50,11 @@ class _CaptureOutput:
 
     def __enter__(self) -> _CaptureOutput:
         self._tmp = tempfile.TemporaryFile()
-        self._saved = os.dup(2)
-        os.dup2(self._tmp.fileno(), 2)
+        try:
+            self._saved: int | None = os.dup(2)
+            os.dup2(self._tmp.fileno(), 2)
+        except OSError:  # no usable fd 2 (a detached daemon): nothing to capture there
+            self._saved = None
         self._stdout = contextlib.redirect_stdout(io.StringIO())
         self._printed = self._stdout.__enter__()
         self.text = ""
@@ -59,8 +62,9 @@ class _CaptureOutput:
 
     def __exit__(self, *exc: object) -> None:
         self._stdout.__exit__(None, None, None)
-        os.dup2(self._saved, 2)
-        os.close(self._saved)
+        if self._saved is not None:
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
         self._tmp.seek(0)
         self.text = self._printed.getvalue() + self._tmp.read().decode("utf-8", "replace")
         self._tmp.close()
