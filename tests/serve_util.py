@@ -1,0 +1,145 @@
+"""Shared by the deploy and serve tests: small ONNX models with FP32/INT64/BOOL tensors, a
+text-protobuf parser for Triton's config.pbtxt, and a server on a free loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def mixed_model(opset: int = 17) -> onnx.ModelProto:
+    """x float32[N,4], idx int64[N,3], mask bool[N,4] -> y float32[N,4], s int64[N,3], m bool[N,4]."""
+    w = numpy_helper.from_array(np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4), "w")
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("Where", ["mask", "xw", "x"], ["y"]),
+        helper.make_node("Add", ["idx", "one"], ["s"]),
+        helper.make_node("Not", ["mask"], ["m"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "mixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+         helper.make_tensor_value_info("idx", TensorProto.INT64, ["N", 3]),
+         helper.make_tensor_value_info("mask", TensorProto.BOOL, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4]),
+         helper.make_tensor_value_info("s", TensorProto.INT64, ["N", 3]),
+         helper.make_tensor_value_info("m", TensorProto.BOOL, ["N", 4])],
+        [w, one])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8 if opset <= 17 else 10
+    return model
+
+
+def mixed_feeds(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((n, 4)).astype(np.float32),
+            "idx": rng.integers(-100, 100, size=(n, 3)).astype(np.int64),
+            "mask": rng.random((n, 4)) < 0.5}
+
+
+def fixed_model() -> onnx.ModelProto:
+    """A model whose batch dim is fixed (x float32[2,3] -> y), for max_batch_size errors."""
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "fixed",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+# -- text protobuf ------------------------------------------------------------------------------
+
+_TOKEN = re.compile(r'\s*(?:(#[^\n]*)|("(?:[^"\\]|\\.)*")|([A-Za-z_][\w.]*)|(-?\d+(?:\.\d+)?)|([:{}\[\],]))')
+
+
+def _tokens(text: str) -> list[str]:
+    out, pos = [], 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m:
+            if text[pos:].strip():
+                raise ValueError(f"bad text protobuf at {text[pos:pos + 20]!r}")
+            break
+        pos = m.end()
+        if m.group(1) is None:
+            out.append(m.group(0).strip())
+    return out
+
+
+def _value(tokens: list[str], i: int) -> tuple[Any, int]:
+    tok = tokens[i]
+    if tok == "{":
+        return _message(tokens, i + 1, "}")
+    if tok.startswith('"'):
+        return bytes(tok[1:-1], "utf-8").decode("unicode_escape"), i + 1
+    if re.fullmatch(r"-?\d+", tok):
+        return int(tok), i + 1
+    return tok, i + 1  # an enum such as TYPE_FP32
+
+
+def _message(tokens: list[str], i: int, end: str | None) -> tuple[dict[str, list[Any]], int]:
+    """Fields as name -> list of values (repeated fields and ``[...]`` lists both append)."""
+    fields: dict[str, list[Any]] = {}
+    while i < len(tokens) and tokens[i] != end:
+        name = tokens[i]
+        i += 1
+        if tokens[i] == ":":
+            i += 1
+        values = fields.setdefault(name, [])
+        if tokens[i] == "[":
+            i += 1
+            while tokens[i] != "]":
+                value, i = _value(tokens, i)
+                values.append(value)
+                if tokens[i] == ",":
+                    i += 1
+            i += 1
+        else:
+            value, i = _value(tokens, i)
+            values.append(value)
+    return fields, i + 1
+
+
+def parse_pbtxt(text: str) -> dict[str, list[Any]]:
+    """A small parser for the text protobuf subset Triton configs use."""
+    fields, _ = _message(_tokens(text), 0, None)
+    return fields
+
+
+# -- a server on a free loopback port -------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(app: Any) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on a thread; yields ``"127.0.0.1:PORT"``."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

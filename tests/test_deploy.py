@@ -1,0 +1,155 @@
+"""gc.deploy.triton / `graphc deploy triton`: config.pbtxt checked field by field against the
+model, batch dims, opset/IR for servers, external data, atomic re-deploys."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import graphc as gc
+from graphc.cli import main
+from serve_util import fixed_model, mixed_feeds, mixed_model, parse_pbtxt
+
+TRITON_TYPES = {onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.INT64: "TYPE_INT64",
+                onnx.TensorProto.BOOL: "TYPE_BOOL"}
+
+
+def model_tensors(values) -> list[tuple[str, str, list[int]]]:
+    """(name, Triton type, dims with -1 for symbolic) of ONNX graph inputs/outputs."""
+    out = []
+    for v in values:
+        t = v.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+        out.append((v.name, TRITON_TYPES[t.elem_type], dims))
+    return out
+
+
+def config_tensors(entries) -> list[tuple[str, str, list[int]]]:
+    return [(e["name"][0], e["data_type"][0], e["dims"]) for e in entries]
+
+
+def check_against_model(folder, name, max_batch_size):
+    config = parse_pbtxt((folder / "config.pbtxt").read_text())
+    proto = onnx.load(str(folder / "1" / "model.onnx"))
+    assert config["name"] == [name]
+    assert config["backend"] == ["onnxruntime"]
+    assert config["max_batch_size"] == [max_batch_size]
+    strip = (lambda dims: dims[1:]) if max_batch_size else (lambda dims: dims)
+    for entries, values in ((config["input"], proto.graph.input), (config["output"], proto.graph.output)):
+        assert config_tensors(entries) == [(n, t, strip(d)) for n, t, d in model_tensors(values)]
+    return config, proto
+
+
+@pytest.mark.parametrize("max_batch_size", [0, 16])
+def test_config_matches_every_input_and_output(tmp_path, max_batch_size):
+    folder = gc.deploy.triton(mixed_model(), tmp_path / "repo", "mixed", max_batch_size=max_batch_size)
+    assert folder == tmp_path / "repo" / "mixed"
+    config, _ = check_against_model(folder, "mixed", max_batch_size)
+    assert config["instance_group"] == [{"count": [1], "kind": ["KIND_CPU"]}]
+    assert "dynamic_batching" not in config
+    if max_batch_size == 0:  # full shapes, the symbolic batch dim as -1
+        assert config_tensors(config["input"])[0] == ("x", "TYPE_FP32", [-1, 4])
+
+
+def test_gpu_instances_and_dynamic_batching(tmp_path):
+    folder = gc.deploy.triton(mixed_model(), tmp_path, "m", max_batch_size=8, instance="gpu", dynamic_batching=True)
+    config = parse_pbtxt((folder / "config.pbtxt").read_text())
+    assert config["instance_group"] == [{"count": [1], "kind": ["KIND_GPU"]}]
+    assert config["dynamic_batching"] == [{}]
+
+
+def test_rank1_tensor_with_batching_becomes_dims_1_reshaped(tmp_path):
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Neg", ["v"], ["w"])], "vec",
+        [onnx.helper.make_tensor_value_info("v", onnx.TensorProto.FLOAT, ["N"])],
+        [onnx.helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, ["N"])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    folder = gc.deploy.triton(model, tmp_path, "vec", max_batch_size=4)
+    config = parse_pbtxt((folder / "config.pbtxt").read_text())
+    assert config["input"][0]["dims"] == [1] and config["input"][0]["reshape"] == [{"shape": []}]
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    with pytest.raises(gc.GraphError, match=r"input x: float32\[2,3\] needs a symbolic leading \(batch\) dim.*max_batch_size=0"):
+        gc.deploy.triton(fixed_model(), tmp_path, "fixed", max_batch_size=4)
+    folder = gc.deploy.triton(fixed_model(), tmp_path, "fixed")  # no batching: fixed dims are fine
+    assert parse_pbtxt((folder / "config.pbtxt").read_text())["input"][0]["dims"] == [2, 3]
+    with pytest.raises(ValueError, match="dynamic_batching needs max_batch_size > 0"):
+        gc.deploy.triton(mixed_model(), tmp_path, "m", dynamic_batching=True)
+    with pytest.raises(ValueError, match="instance must be 'cpu' or 'gpu'"):
+        gc.deploy.triton(mixed_model(), tmp_path, "m", instance="tpu")
+    for bad in ("../escape", "a/b", ".hidden", ""):
+        with pytest.raises(ValueError, match="plain folder name"):
+            gc.deploy.triton(mixed_model(), tmp_path, bad)
+    assert not (tmp_path / "m").exists()
+
+
+def ort_outputs(path, feeds):
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize("opset, written", [(None, 17), (21, 21)])
+def test_servers_get_opset_17_ir_8_unless_asked(tmp_path, opset, written):
+    folder = gc.deploy.triton(mixed_model(opset=21), tmp_path, "m", max_batch_size=8, opset=opset)
+    proto = onnx.load(str(folder / "1" / "model.onnx"))
+    onnx.checker.check_model(proto, full_check=True)
+    assert {o.domain: o.version for o in proto.opset_import}[""] == written
+    assert proto.ir_version == onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", written)])
+    if written == 17:
+        assert proto.ir_version == 8
+    dim0 = proto.graph.input[0].type.tensor_type.shape.dim[0]
+    assert dim0.dim_param == "N"  # batch dim stays symbolic
+    feeds = mixed_feeds(5)
+    for got, want in zip(ort_outputs(folder / "1" / "model.onnx", feeds), gc.Session(mixed_model(21)).run(feeds).values()):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_lower_opset_models_are_not_upgraded(tmp_path):
+    model = mixed_model(opset=13)
+    folder = gc.deploy.triton(model, tmp_path, "m")
+    assert onnx.load(str(folder / "1" / "model.onnx")).opset_import[0].version == 13
+
+
+def test_external_data_lies_in_the_version_folder_readable_by_all(tmp_path):
+    folder = gc.deploy.triton(mixed_model(), tmp_path, "m", external_data=True)
+    data = folder / "1" / "model.onnx.data"
+    assert data.is_file()
+    for path in (data, folder / "1" / "model.onnx", folder / "config.pbtxt"):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    feeds = mixed_feeds(3)
+    got = gc.Session(folder / "1" / "model.onnx", backend="ort-cpu").run(feeds)
+    np.testing.assert_array_equal(got["y"], gc.Session(mixed_model(), backend="ort-cpu").run(feeds)["y"])
+
+
+def test_redeploy_replaces_the_version_folder_and_leaves_no_temporaries(tmp_path):
+    gc.deploy.triton(mixed_model(), tmp_path, "m", external_data=True)
+    folder = gc.deploy.triton(fixed_model(), tmp_path, "m")
+    assert sorted(p.name for p in (folder / "1").iterdir()) == ["model.onnx"]  # old .data gone
+    assert sorted(p.name for p in folder.iterdir()) == ["1", "config.pbtxt"]
+    assert parse_pbtxt((folder / "config.pbtxt").read_text())["input"][0]["name"] == ["x"]
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]
+
+
+def graphc(*args) -> int:
+    with pytest.raises(SystemExit) as done:
+        main([str(a) for a in args])
+    return done.value.code or 0
+
+
+def test_cli_deploy_triton(tmp_path, capsys):
+    onnx.save(mixed_model(), str(tmp_path / "mixed.onnx"))
+    assert graphc("deploy", "triton", tmp_path / "mixed.onnx", "--repo", tmp_path / "repo", "--name", "mixed",
+                  "--max-batch-size", 32, "--gpu", "--dynamic-batching") == 0
+    assert "config.pbtxt" in capsys.readouterr().out
+    config, _ = check_against_model(tmp_path / "repo" / "mixed", "mixed", 32)
+    assert config["instance_group"][0]["kind"] == ["KIND_GPU"] and "dynamic_batching" in config
+    onnx.save(fixed_model(), str(tmp_path / "fixed.onnx"))
+    assert graphc("deploy", "triton", tmp_path / "fixed.onnx", "--repo", tmp_path / "repo", "--name", "f",
+                  "--max-batch-size", 4) == 2
+    assert "symbolic leading" in capsys.readouterr().err

@@ -1,0 +1,166 @@
+"""The KServe v2 server with the stock tritonclient.http client: health, metadata, JSON and
+binary tensors, FP32/INT64/BOOL, batch 1 and 64, concurrency; outputs equal gc.Session's."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+
+import graphc as gc
+from graphc.serving import create_app
+from serve_util import mixed_feeds, mixed_model, running_server
+
+httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+DATATYPES = {"x": "FP32", "idx": "INT64", "mask": "BOOL"}
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """A Triton repository written by gc.deploy.triton: "mixed" (batched) and "plain"."""
+    root = tmp_path_factory.mktemp("repo")
+    gc.deploy.triton(mixed_model(), root, "mixed", max_batch_size=64)
+    gc.deploy.triton(mixed_model(), root, "plain")
+    return root
+
+
+@pytest.fixture(scope="module")
+def url(repo):
+    with running_server(create_app(repo, backend="ort-cpu")) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    client = httpclient.InferenceServerClient(url)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return gc.Session(mixed_model(), backend="ort-cpu")
+
+
+def test_health_and_server_metadata(client):
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("mixed") and client.is_model_ready("plain", "1")
+    assert not client.is_model_ready("nope")
+    meta = client.get_server_metadata()
+    assert meta["name"] == "graphc" and "binary_tensor_data" in meta["extensions"]
+    assert {m["name"] for m in client.get_model_repository_index()} == {"mixed", "plain"}
+
+
+def test_model_metadata_lists_names_datatypes_and_shapes(client):
+    meta = client.get_model_metadata("mixed")
+    assert meta["name"] == "mixed" and meta["versions"] == ["1"]
+    assert meta["inputs"] == [{"name": n, "datatype": DATATYPES[n], "shape": [-1, 3 if n == "idx" else 4]}
+                              for n in ("x", "idx", "mask")]
+    assert [(o["name"], o["datatype"], o["shape"]) for o in meta["outputs"]] == [
+        ("y", "FP32", [-1, 4]), ("s", "INT64", [-1, 3]), ("m", "BOOL", [-1, 4])]
+    assert client.get_model_metadata("mixed", model_version="1") == meta
+
+
+def make_inputs(feeds, binary):
+    inputs = []
+    for name, array in feeds.items():
+        item = httpclient.InferInput(name, list(array.shape), DATATYPES[name])
+        item.set_data_from_numpy(array, binary_data=binary)
+        inputs.append(item)
+    return inputs
+
+
+@pytest.mark.parametrize("batch", [1, 64])
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_infer_equals_session(client, reference, batch, binary):
+    feeds = mixed_feeds(batch, seed=batch)
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("y", "s", "m")]
+    result = client.infer("mixed", make_inputs(feeds, binary), outputs=outputs, request_id="r1")
+    assert result.get_response()["id"] == "r1"
+    for name, want in reference.run(feeds).items():
+        got = result.as_numpy(name)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+def test_default_outputs_are_all_binary_and_a_subset_can_be_asked(client, reference):
+    feeds = mixed_feeds(3)
+    want = reference.run(feeds)
+    result = client.infer("plain", make_inputs(feeds, True), model_version="1")
+    for name in ("y", "s", "m"):
+        assert "binary_data_size" in result.get_output(name)["parameters"]
+        np.testing.assert_array_equal(result.as_numpy(name), want[name])
+    result = client.infer("mixed", make_inputs(feeds, False), outputs=[httpclient.InferRequestedOutput("s")])
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["s"]
+    np.testing.assert_array_equal(result.as_numpy("s"), want["s"])
+
+
+def test_client_sees_errors_as_exceptions(client):
+    with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+        client.infer("nope", make_inputs(mixed_feeds(1), True))
+    with pytest.raises(InferenceServerException, match="no version '2'"):
+        client.infer("mixed", make_inputs(mixed_feeds(1), True), model_version="2")
+    assert client.infer("mixed", make_inputs(mixed_feeds(1), True)).as_numpy("y").shape == (1, 4)
+
+
+def test_concurrent_clients_get_their_own_answers(url, reference):
+    errors, results = [], {}
+
+    def worker(k: int) -> None:
+        try:
+            client = httpclient.InferenceServerClient(url)
+            for i in range(5):
+                feeds = mixed_feeds(1 + (k + i) % 7, seed=100 * k + i)
+                got = client.infer("mixed", make_inputs(feeds, k % 2 == 0)).as_numpy("y")
+                np.testing.assert_array_equal(got, reference.run(feeds)["y"])
+            results[k] = True
+            client.close()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and len(results) == 8
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_single_file_is_served_under_its_stem_on_any_backend(tmp_path, backend):
+    onnx.save(mixed_model(), str(tmp_path / "classifier.onnx"))
+    feeds = mixed_feeds(4)
+    with running_server(create_app(tmp_path / "classifier.onnx", backend=backend)) as address:
+        client = httpclient.InferenceServerClient(address)
+        assert client.get_model_metadata("classifier")["name"] == "classifier"
+        result = client.infer("classifier", make_inputs(feeds, True))
+        np.testing.assert_allclose(result.as_numpy("y"), gc.Session(mixed_model(), backend=backend).run(feeds)["y"],
+                                   rtol=1e-6, atol=1e-6)
+        client.close()
+    with running_server(create_app(tmp_path / "classifier.onnx", name="renamed")) as address:
+        assert httpx.get(f"http://{address}/v2/models/renamed").json()["name"] == "renamed"
+
+
+def post_body(url, inputs, outputs=None):
+    body, json_size = httpclient.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
+    headers = {} if json_size is None else {"Inference-Header-Content-Length": str(json_size)}
+    return httpx.post(f"http://{url}/v2/models/mixed/infer", content=body, headers=headers)
+
+
+def test_responses_carry_content_length_and_binary_headers(url):
+    feeds = mixed_feeds(2)
+    reply = post_body(url, make_inputs(feeds, True))  # no outputs listed: all binary
+    assert reply.status_code == 200 and reply.headers["content-length"] == str(len(reply.content))
+    assert reply.headers["content-type"] == "application/octet-stream"
+    header_length = int(reply.headers["inference-header-content-length"])
+    result = httpclient.InferenceServerClient.parse_response_body(reply.content, header_length=header_length)
+    np.testing.assert_array_equal(result.as_numpy("s"), feeds["idx"] + 1)
+    reply = post_body(url, make_inputs(feeds, True), [httpclient.InferRequestedOutput("m", binary_data=False)])
+    assert reply.headers["content-type"] == "application/json"
+    assert "inference-header-content-length" not in reply.headers
+    assert reply.json()["outputs"][0]["data"] == (~feeds["mask"]).ravel().tolist()

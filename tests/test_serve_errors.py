@@ -1,0 +1,159 @@
+"""Bad requests never hurt the server: each gets a 4xx with {"error": ...} naming the problem,
+and the good request sent right after it still succeeds."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+from graphc.serving import create_app
+from serve_util import mixed_model, running_server
+
+LIMIT = 64 << 10
+X = np.arange(8, dtype=np.float32).reshape(2, 4)
+IDX = np.array([[1, 2, 3], [4, 5, 6]], np.int64)
+MASK = np.array([[True, False, True, False]] * 2)
+
+
+def tensor(name, array, datatype, data=None, shape=None):
+    return {"name": name, "shape": list(array.shape) if shape is None else shape, "datatype": datatype,
+            "data": array.ravel().tolist() if data is None else data}
+
+
+def good_inputs():
+    return [tensor("x", X, "FP32"), tensor("idx", IDX, "INT64"), tensor("mask", MASK, "BOOL")]
+
+
+def binary_request(arrays, sizes=None, extra=b""):
+    """(body, header length) of a binary-extension request; ``sizes`` overrides binary_data_size."""
+    names = {"x": "FP32", "idx": "INT64", "mask": "BOOL"}
+    inputs = [{"name": n, "shape": list(a.shape), "datatype": names[n],
+               "parameters": {"binary_data_size": (sizes or {}).get(n, a.nbytes)}} for n, a in arrays.items()]
+    header = json.dumps({"inputs": inputs}).encode()
+    return header + b"".join(a.tobytes() for a in arrays.values()) + extra, len(header)
+
+
+@pytest.fixture(scope="module")
+def http():
+    with running_server(create_app(mixed_model(), name="mixed", backend="ort-cpu", max_body_bytes=LIMIT)) as address:
+        with httpx.Client(base_url=f"http://{address}", timeout=30) as client:
+            yield client
+
+
+def check(http, reply, status, match):
+    """``reply`` is the expected error; then a good JSON and a good binary request both work."""
+    assert reply.status_code == status, reply.text
+    message = reply.json()["error"]
+    assert match in message, message
+    ok = http.post("/v2/models/mixed/infer", json={"inputs": good_inputs()})
+    assert ok.status_code == 200, ok.text
+    np.testing.assert_array_equal(ok.json()["outputs"][1]["data"], (IDX + 1).ravel().tolist())
+    body, length = binary_request({"x": X, "idx": IDX, "mask": MASK})
+    ok = http.post("/v2/models/mixed/infer", content=body, headers={"Inference-Header-Content-Length": str(length)})
+    assert ok.status_code == 200, ok.text
+
+
+def infer(http, payload, path="/v2/models/mixed/infer", **kwargs):
+    return http.post(path, json=payload, **kwargs) if not isinstance(payload, bytes) else \
+        http.post(path, content=payload, **kwargs)
+
+
+CASES = {
+    "unknown model": ("/v2/models/nope/infer", {"inputs": []}, 404, "unknown model 'nope'; this server has mixed"),
+    "unknown version": ("/v2/models/mixed/versions/7/infer", {"inputs": []}, 404, "no version '7'"),
+    "unknown input": (None, {"inputs": good_inputs() + [tensor("z", X, "FP32")]}, 400, "unknown input 'z'"),
+    "missing input": (None, {"inputs": good_inputs()[:2]}, 400, "missing input 'mask'"),
+    "wrong datatype": (None, {"inputs": [tensor("x", X, "FP64")] + good_inputs()[1:]}, 400,
+                       "input 'x': datatype FP64, model 'mixed' expects FP32"),
+    "unknown datatype": (None, {"inputs": [tensor("x", X, "FLOAT")] + good_inputs()[1:]}, 400,
+                         "unknown datatype 'FLOAT'"),
+    "BYTES datatype": (None, {"inputs": [tensor("x", X, "BYTES", data=["a"] * 8)] + good_inputs()[1:]}, 400,
+                       "BYTES (strings) is not supported"),
+    "shape vs data length": (None, {"inputs": [tensor("x", X, "FP32", shape=[3, 4])] + good_inputs()[1:]}, 400,
+                             "shape [3, 4] needs 12 elements, data has 8"),
+    "wrong rank": (None, {"inputs": [tensor("x", X, "FP32", shape=[8])] + good_inputs()[1:]}, 400, "input 'x'"),
+    "fixed dim": (None, {"inputs": [tensor("x", np.zeros((2, 2), np.float32), "FP32")] + good_inputs()[1:]}, 400,
+                  "input 'x'"),
+    "floats for INT64": (None, {"inputs": good_inputs()[:1] + [tensor("idx", IDX, "INT64", data=[1.5] * 6),
+                                                              good_inputs()[2]]}, 400, "non-integer numbers"),
+    "ragged data": (None, {"inputs": [tensor("x", X, "FP32", data=[[1, 2, 3, 4], [5]])] + good_inputs()[1:]}, 400,
+                    "input 'x'"),
+    "negative dim": (None, {"inputs": [tensor("x", X, "FP32", shape=[-2, -4])] + good_inputs()[1:]}, 400,
+                     "negative dim"),
+    "no data": (None, {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32"}] + good_inputs()[1:]}, 400,
+                "neither 'data' nor parameters.binary_data_size"),
+    "unknown output": (None, {"inputs": good_inputs(), "outputs": [{"name": "zz"}]}, 400, "no output 'zz'"),
+    "not an object": (None, [1, 2, 3], 400, "invalid infer request"),
+    "inputs missing": (None, {"outputs": []}, 400, "inputs"),
+    "malformed JSON": (None, b'{"inputs": [', 400, "malformed JSON"),
+    "not JSON at all": (None, b"\x00\xff garbage", 400, "malformed JSON"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_json_request(http, case):
+    path, payload, status, match = CASES[case]
+    check(http, infer(http, payload, path or "/v2/models/mixed/infer"), status, match)
+
+
+def test_duplicate_input(http):
+    check(http, infer(http, {"inputs": good_inputs() + good_inputs()[:1]}), 400, "input 'x' is given twice")
+
+
+def binary_post(http, body, length):
+    return http.post("/v2/models/mixed/infer", content=body, headers={"Inference-Header-Content-Length": str(length)})
+
+
+def test_truncated_binary_payload(http):
+    body, length = binary_request({"x": X, "idx": IDX, "mask": MASK})
+    check(http, binary_post(http, body[:-5], length), 400, "input 'mask': binary data truncated")
+
+
+def test_binary_size_not_matching_shape(http):
+    body, length = binary_request({"x": X, "idx": IDX, "mask": MASK}, sizes={"x": 16})
+    check(http, binary_post(http, body, length), 400, "input 'x': shape [2, 4] of FP32 needs 32 bytes")
+
+
+def test_extra_binary_bytes(http):
+    body, length = binary_request({"x": X, "idx": IDX, "mask": MASK}, extra=b"tail")
+    check(http, binary_post(http, body, length), 400, "4 bytes of binary data that no input claims")
+
+
+@pytest.mark.parametrize("value, match", [("99999", "but the body has only"), ("ten", "bad Inference-Header")])
+def test_bad_header_length(http, value, match):
+    body, _ = binary_request({"x": X, "idx": IDX, "mask": MASK})
+    check(http, binary_post(http, body, value), 400, match)
+
+
+def test_oversized_body_by_content_length(http):
+    big = {"inputs": [tensor("x", np.zeros((1, LIMIT // 4), np.float32), "FP32")]}
+    check(http, infer(http, big), 413, f"exceeds the server's limit of {LIMIT} bytes")
+
+
+def test_oversized_body_while_streaming(http):
+    chunks = (b"x" * 4096 for _ in range(LIMIT // 4096 + 4))  # chunked: no Content-Length to check
+    check(http, http.post("/v2/models/mixed/infer", content=chunks), 413, "exceeds the server's limit")
+
+
+def test_gzip_bodies_are_read_and_bombs_refused(http):
+    body = gzip.compress(json.dumps({"inputs": good_inputs()}).encode())
+    reply = http.post("/v2/models/mixed/infer", content=body, headers={"Content-Encoding": "gzip"})
+    assert reply.status_code == 200, reply.text
+    bomb = gzip.compress(b" " * (LIMIT * 4))
+    check(http, http.post("/v2/models/mixed/infer", content=bomb, headers={"Content-Encoding": "gzip"}),
+          413, "decompressed request body exceeds")
+    check(http, http.post("/v2/models/mixed/infer", content=b"nope", headers={"Content-Encoding": "gzip"}),
+          400, "not valid gzip data")
+    check(http, http.post("/v2/models/mixed/infer", content=b"{}", headers={"Content-Encoding": "br"}),
+          415, "unsupported Content-Encoding 'br'")
+
+
+def test_unknown_routes_and_methods(http):
+    check(http, http.get("/v2/models/nope"), 404, "unknown model 'nope'")
+    check(http, http.get("/v2/models/mixed/versions/3/ready"), 404, "no version '3'")
+    check(http, http.get("/v3/anything"), 404, "Not Found")
+    check(http, http.get("/v2/models/mixed/infer"), 405, "Method Not Allowed")
