@@ -198,3 +198,16 @@ def test_scalar_feeds_and_outputs_stay_0d():
     assert host["next"].shape == () and host["next"] == 4
     with pytest.raises(gc.InputError, match=r"rank 1, expected rank 0"):
         sess.run({"step": np.array([3], np.float32)})
+
+
+def test_a_cuda_session_that_lands_on_cpu_is_refused(monkeypatch):
+    """Even past the probe, a session without CUDAExecutionProvider is never returned."""
+    real_session = ort.InferenceSession
+
+    def cpu_only(model, options=None, providers=None, **kwargs):
+        return real_session(model, options, providers=["CPUExecutionProvider"])
+
+    monkeypatch.setattr(ort_backend.CudaBackend, "_availability", lambda self: (True, ""))
+    monkeypatch.setattr(ort, "InferenceSession", cpu_only)
+    with pytest.raises(gc.BackendUnavailable, match="ort-cuda: onnxruntime did not give the session CUDAExecutionProvider"):
+        gc.Session(linear_relu(), backend="ort-cuda")
