@@ -178,3 +178,45 @@ def test_float32_model_trains_on_onnxruntime():
         np.testing.assert_allclose(got[name], ref[name], rtol=1e-4, atol=1e-5)
     assert got["fc1.weight_grad"].dtype == np.float32
     _ = TensorProto
+
+
+def dynamic_broadcast_model() -> onnx.ModelProto:
+    """loss = sum((a[N,3] * b[K,3] + w[3]) * reshape(x, s)) with K = 1 at run time: which axes
+    were broadcast is only known when the graph runs (Shape-based sum_to)."""
+    rng = np.random.default_rng(5)
+    nodes = [
+        helper.make_node("Mul", ["a", "b"], ["ab"]),
+        helper.make_node("Add", ["ab", "w"], ["abw"]),
+        helper.make_node("Reshape", ["x", "s"], ["xr"]),  # shape only known at run time
+        helper.make_node("Mul", ["abw", "xr"], ["p"]),
+        helper.make_node("ReduceSum", ["p"], ["loss"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes, "dyn",
+        [helper.make_tensor_value_info("a", TensorProto.DOUBLE, ["N", 3]),
+         helper.make_tensor_value_info("b", TensorProto.DOUBLE, ["K", 3]),
+         helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["M"]),
+         helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])],
+        initializer=[numpy_helper.from_array(rng.standard_normal(3), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("n,k", [(4, 1), (1, 4), (3, 3)])
+def test_symbolic_broadcast_is_undone_at_run_time(n, k):
+    model = graphc.grad(graphc.load(dynamic_broadcast_model()), "loss", wrt=["a", "b", "w"])
+    rng = np.random.default_rng(n * 10 + k)
+    m = max(n, k)
+    feeds = {"a": rng.standard_normal((n, 3)), "b": rng.standard_normal((k, 3)),
+             "x": rng.standard_normal(3 * m), "s": np.array([m, 3])}
+    out = run_numpy(model.proto, feeds)
+    x = feeds["x"].reshape(m, 3)
+    a, b = feeds["a"], feeds["b"]
+    np.testing.assert_allclose(out["a_grad"], np.broadcast_to(b * x, (m, 3)).sum(0, keepdims=True)
+                               if n == 1 else b * x)
+    np.testing.assert_allclose(out["b_grad"], np.broadcast_to(a * x, (m, 3)).sum(0, keepdims=True)
+                               if k == 1 else a * x)
+    np.testing.assert_allclose(out["w_grad"], x.sum(0))
+    ort_out = run_ort(model.proto, feeds)
+    for name in ("a_grad", "b_grad", "w_grad"):
+        np.testing.assert_allclose(ort_out[name], out[name], rtol=1e-12)

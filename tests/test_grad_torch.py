@@ -1,0 +1,119 @@
+"""gc.grad on models exported by torch.onnx.export matches torch.autograd (float64)."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+
+import graphc
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+try:
+    from test_autodiff_rules import run_numpy
+except ImportError:  # tests/ collected as a package
+    from tests.test_autodiff_rules import run_numpy
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.fc2(F.relu(self.fc1(x))), y, label_smoothing=0.0)
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 4, 3, stride=1, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.conv2 = nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2)
+        self.fc = nn.Linear(6 * 2 * 2, 3)
+
+    def forward(self, x, t):
+        h = F.max_pool2d(F.relu(self.bn(self.conv1(x))), 2)
+        h = F.avg_pool2d(torch.tanh(self.conv2(h)), 1)
+        out = self.fc(torch.flatten(h, 1))
+        return F.mse_loss(out, t)
+
+
+class TinyEncoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.norm = nn.LayerNorm(8)
+        self.qkv = nn.Linear(8, 24)
+        self.ff = nn.Linear(8, 8)
+
+    def forward(self, tokens, target):
+        h = self.norm(self.emb(tokens))
+        q, k, v = self.qkv(h).split(8, dim=-1)
+        att = torch.softmax(q @ k.transpose(-2, -1) / 8 ** 0.5, dim=-1)
+        h = h + F.gelu(self.ff(att @ v))
+        return ((h.mean(dim=1) - target) ** 2).sum()
+
+
+def export(module, args, names, dynamic):
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, buf, input_names=names, output_names=["loss"],
+                          dynamic_axes=dynamic, opset_version=18, dynamo=False, do_constant_folding=False,
+                          training=torch.onnx.TrainingMode.TRAINING)
+    return graphc.load(buf.getvalue())
+
+
+def torch_grads(module, args) -> dict[str, np.ndarray]:
+    module.zero_grad()
+    module(*args).backward()
+    return {name: p.grad.numpy() for name, p in module.named_parameters()}
+
+
+def check(module, make_args, names, dynamic, batches=(3,)):
+    torch.manual_seed(0)
+    module = module.double().train()
+    model = export(module, make_args(2), names, dynamic)
+    grad_model = graphc.grad(model, "loss", wrt=[n for n, _ in module.named_parameters()])
+    for batch in batches:
+        args = make_args(batch)
+        expected = torch_grads(module, args)
+        feeds = {name: a.numpy() for name, a in zip(names, args)}
+        out = run_numpy(grad_model.proto, feeds)
+        for name, value in expected.items():
+            np.testing.assert_allclose(out[f"{name}_grad"], value, rtol=1e-7, atol=1e-9, err_msg=name)
+
+
+def test_mlp_cross_entropy_matches_torch_at_any_batch():
+    gen = torch.Generator().manual_seed(1)
+
+    def args(n):
+        return torch.randn(n, 6, generator=gen, dtype=torch.float64), torch.randint(0, 4, (n,), generator=gen)
+
+    check(MLP(), args, ["x", "y"], {"x": {0: "N"}, "y": {0: "N"}}, batches=(1, 3, 8))
+
+
+def test_cnn_with_batchnorm_training_matches_torch():
+    gen = torch.Generator().manual_seed(2)
+
+    def args(n):
+        return torch.randn(n, 2, 8, 8, generator=gen, dtype=torch.float64), \
+            torch.randn(n, 3, generator=gen, dtype=torch.float64)
+
+    check(CNN(), args, ["x", "t"], {"x": {0: "N"}, "t": {0: "N"}}, batches=(2, 5))
+
+
+def test_tiny_encoder_matches_torch():
+    gen = torch.Generator().manual_seed(3)
+
+    def args(n):
+        return torch.randint(0, 10, (n, 5), generator=gen), torch.randn(n, 8, generator=gen, dtype=torch.float64)
+
+    check(TinyEncoder(), args, ["tokens", "target"], {"tokens": {0: "N"}, "target": {0: "N"}}, batches=(1, 4))
