@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from dsl_util import check, rng, run_ort
+try:
+    from dsl_util import check, rng, run_ort
+except ImportError:  # tests/ collected as a package
+    from tests.dsl_util import check, rng, run_ort
 
 X = rng(0).standard_normal((4, 3)).astype(np.float32)
 

@@ -9,7 +9,10 @@ import pytest
 import graphc as gc
 from graphc.model import SOURCE_KEY
 from graphc.models import EXAMPLES
-from dsl_util import check, rng, run_ort
+try:
+    from dsl_util import check, rng, run_ort
+except ImportError:  # tests/ collected as a package
+    from tests.dsl_util import check, rng, run_ort
 
 
 def _feeds(model: gc.Model, batch: int) -> dict[str, np.ndarray]:

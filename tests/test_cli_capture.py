@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from dsl_util import check, run_ort
+try:
+    from dsl_util import check, run_ort
+except ImportError:  # tests/ collected as a package
+    from tests.dsl_util import check, run_ort
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAPHC = Path(sys.executable).parent / "graphc"

@@ -10,7 +10,10 @@ import pytest
 
 import graphc as gc
 from graphc import nn
-from dsl_util import check, rng, run_ort
+try:
+    from dsl_util import check, rng, run_ort
+except ImportError:  # tests/ collected as a package
+    from tests.dsl_util import check, rng, run_ort
 
 R = rng(3)
 X2 = R.standard_normal((4, 6)).astype(np.float32)

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from dsl_util import capture_run, check, rng, run_ort
+try:
+    from dsl_util import capture_run, check, rng, run_ort
+except ImportError:  # tests/ collected as a package
+    from tests.dsl_util import capture_run, check, rng, run_ort
 
 R = rng(0)
 X = R.standard_normal((3, 4)).astype(np.float32)

@@ -12,7 +12,10 @@ import pytest
 
 import graphc as gc
 from graphc.models import EXAMPLES
-from dsl_util import check, rng, run_ort
+try:
+    from dsl_util import check, rng, run_ort
+except ImportError:  # tests/ collected as a package
+    from tests.dsl_util import check, rng, run_ort
 
 DATA = Path(__file__).parent / "data"
 ONNX_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"

@@ -1,0 +1,131 @@
+"""``gc.capture``: run a function or Module on symbolic (or example) inputs under a Builder and
+wrap the traced graph as a ``gc.Model``."""
+
+from __future__ import annotations
+
+import inspect as _inspect
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc.dtypes import TensorSpec, as_dtype
+from graphc.errors import GraphError
+from graphc.model import Model
+from graphc.tracing import _CURRENT, Builder
+
+def _as_spec(name: str, value: Any) -> tuple[TensorSpec, np.ndarray | None]:
+    if isinstance(value, TensorSpec):
+        return value.model_copy(update={"name": name}), None
+    if isinstance(value, np.ndarray) or np.isscalar(value):
+        arr = np.asarray(value)
+        return TensorSpec(name=name, dtype=as_dtype(arr.dtype), shape=arr.shape), arr
+    raise GraphError(f"capture input {name!r} must be a gc.TensorSpec or an np.ndarray, got {type(value).__name__}")
+
+
+def _call(fn: Callable, tensors: dict[str, Any]):
+    from graphc.nn.module import Module
+
+    try:
+        sig = _inspect.signature(fn.forward if isinstance(fn, Module) else fn)
+    except (TypeError, ValueError):
+        return fn(**tensors)
+    params = sig.parameters
+    accepts_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    if accepts_kwargs or all(n in params for n in tensors):
+        return fn(**tensors)
+    return fn(*tensors.values())
+
+
+def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed: int = 0,
+            training: bool = False, **inputs: Any) -> Model:
+    """Trace ``fn_or_module`` on the given inputs into a ``gc.Model``.
+
+    Each keyword names a graph input: a ``gc.TensorSpec`` (symbolic capture) or an example
+    ``np.ndarray`` (eager capture: ops are evaluated as traced). Returned dict keys name the
+    outputs; a single Tensor is ``"output"``; a tuple gives ``"output_0"``, ``"output_1"``, ...
+
+        >>> import graphc as gc
+        >>> m = gc.capture(lambda x: gc.relu(x) * 2, x=gc.spec("float32", ("N", 4)))
+        >>> [o.name for o in m.outputs]
+        ['output']
+    """
+    from graphc.nn.module import Module
+    from graphc.tensor import Tensor
+
+    if not inputs:
+        raise GraphError("gc.capture needs at least one input, e.g. x=gc.spec('float32', ('N', 784))")
+    specs = {k: _as_spec(k, v) for k, v in inputs.items()}
+    eager = all(arr is not None for _, arr in specs.values())
+    if isinstance(fn_or_module, type) and issubclass(fn_or_module, Module):
+        fn_or_module = fn_or_module()
+    builder = Builder(opset, training, eager, seed)
+    graph_inputs, tensors = [], {}
+    for key, (sp, arr) in specs.items():
+        value = builder.new_value(builder.reserve(key), sp.dtype, sp.shape)
+        graph_inputs.append(value)
+        tensors[key] = Tensor(value, builder, eager_value=arr)
+        if arr is not None:
+            builder.values[id(value)] = arr
+    if isinstance(fn_or_module, Module):
+        fn_or_module.init_parameters(seed)
+        fn_or_module.train(training)
+        graph_name = name or type(fn_or_module).__name__
+    else:
+        graph_name = name or getattr(fn_or_module, "__name__", "model").replace("<lambda>", "lambda")
+    _CURRENT.append(builder)
+    try:
+        result = _call(fn_or_module, tensors)
+        outputs = _collect_outputs(builder, result, set(id(v) for v in graph_inputs))
+    finally:
+        _CURRENT.pop()
+    graph = ir.Graph(graph_inputs, outputs, nodes=builder.scopes[0].nodes,
+                     initializers=builder.initializers, opset_imports={"": opset}, name=graph_name)
+    model = ir.Model(graph, ir_version=10, producer_name="graphc", producer_version=_version())
+    model.metadata_props["graphc.training"] = str(bool(training)).lower()
+    if builder.buffers:
+        model.metadata_props["graphc.buffers"] = ",".join(builder.buffers)
+    return Model(model)
+
+
+def _version() -> str:
+    import graphc
+
+    return graphc.__version__
+
+
+def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list[ir.Value]:
+    from graphc.tensor import Tensor
+
+    if isinstance(result, Tensor):
+        named = {"output": result}
+    elif isinstance(result, dict):
+        named = dict(result)
+    elif isinstance(result, (tuple, list)):
+        named = {f"output_{i}": t for i, t in enumerate(result)}
+    else:
+        raise GraphError(f"the captured function must return a Tensor, a tuple or a dict of Tensors, "
+                         f"got {type(result).__name__}")
+    values, seen = [], set()
+    for key, t in named.items():
+        if not isinstance(t, Tensor):
+            raise GraphError(f"output {key!r} is {type(t).__name__}, not a gc.Tensor")
+        value = t.value
+        if (id(value) in seen or id(value) in input_ids or value.const_value is not None
+                or value.producer() is None or value.name in builder.initializer_names()):
+            (t,) = builder.emit("Identity", [t], source=f"<output {key}>")
+            value = t.value
+        seen.add(id(value))
+        builder._names.discard(value.name)
+        value.name = builder.reserve(str(key))
+        values.append(value)
+    return values
+
+
+def timed_capture(*args: Any, **kwargs: Any) -> tuple[Model, float]:
+    """``capture`` and the seconds it took (for benchmarks)."""
+    start = time.perf_counter()
+    model = capture(*args, **kwargs)
+    return model, time.perf_counter() - start
