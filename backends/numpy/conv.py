@@ -48,6 +48,7 @@ def _geometry(spatial, kernel_shape, strides, dilations, pads, auto_pad, ceil_mo
 
 
 def _pad_spatial(x, begin, end, value=0.0):
+    """Pad the spatial axes of [N, C, *S] with ``value``."""
     if not any(begin) and not any(end):
         return x
     width = [(0, 0), (0, 0)] + list(zip(begin, end))
@@ -62,16 +63,28 @@ def _window_slices(kpos, strides, dilations, out_shape):
 
 
 # -- convolution --------------------------------------------------------------------------------
-def _im2col(xp, group, kshape, strides, dilations, out_shape):
-    """Windows of ``xp`` [N, C, *S] as a (group, N*prod(out), C/group*prod(k)) matrix."""
-    n, c = xp.shape[:2]
+def _channels_first(x, begin, end):
+    """``x`` [N, C, *S] as a [C, N, *S_padded] array: im2col then reads whole rows of output
+    positions (contiguous memory), which is several times faster than gathering per window."""
+    xc = x.swapaxes(0, 1)
+    if not any(begin) and not any(end):
+        return xc
+    shape = xc.shape[:2] + tuple(n + b + e for n, b, e in zip(xc.shape[2:], begin, end))
+    padded = np.zeros(shape, dtype=x.dtype)
+    padded[(slice(None), slice(None)) + tuple(slice(b, b + n) for b, n in zip(begin, xc.shape[2:]))] = xc
+    return padded
+
+
+def _im2col(xc, group, kshape, strides, dilations, out_shape):
+    """Windows of ``xc`` [C, N, *S] as a (group, C/group*prod(k), N*prod(out)) matrix."""
+    c, n = xc.shape[:2]
     d = len(kshape)
-    s = xp.strides
-    shape = (group, n, *out_shape, c // group, *kshape)
-    st = (s[1] * (c // group), s[0], *(s[2 + i] * strides[i] for i in range(d)), s[1],
-          *(s[2 + i] * dilations[i] for i in range(d)))
-    view = as_strided(xp, shape, st, writeable=False)
-    return view.reshape(group, n * math.prod(out_shape), -1)
+    s = xc.strides
+    shape = (group, c // group, *kshape, n, *out_shape)
+    st = (s[0] * (c // group), s[0], *(s[2 + i] * dilations[i] for i in range(d)), s[1],
+          *(s[2 + i] * strides[i] for i in range(d)))
+    view = as_strided(xc, shape, st, writeable=False)
+    return view.reshape(group, (c // group) * math.prod(kshape), n * math.prod(out_shape))
 
 
 @kernel("Conv", since=1)
@@ -80,15 +93,13 @@ def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     kshape = list(kernel_shape or w.shape[2:])
     begin, end, out_shape, strides, dilations = _geometry(
         x.shape[2:], kshape, strides, dilations, pads, auto_pad)
-    cols = _im2col(_pad_spatial(x, begin, end), group, kshape, strides, dilations, out_shape)
-    m = w.shape[0]
-    wg = w.reshape(group, m // group, -1).transpose(0, 2, 1)  # (g, C/g*k, M/g)
-    y = np.matmul(cols, wg)  # (g, N*out, M/g)
-    n = x.shape[0]
-    y = y.reshape(group, n, -1, m // group).transpose(1, 0, 3, 2).reshape(n, m, *out_shape)
+    cols = _im2col(_channels_first(x, begin, end), group, kshape, strides, dilations, out_shape)
+    m, n = w.shape[0], x.shape[0]
+    y = np.matmul(w.reshape(group, m // group, -1), cols)  # (g, M/g, N*out)
+    y = y.reshape(m, n, *out_shape)
     if b is not None:
-        y += b.reshape(m, *([1] * len(out_shape)))
-    return (y,)
+        y += b.reshape(m, 1, *([1] * len(out_shape)))
+    return (y.swapaxes(0, 1),)  # [N, M, *out], channel-major in memory like the next im2col wants
 
 
 @kernel("ConvTranspose", since=1)

@@ -22,8 +22,10 @@ def _channel_shape(x, spatial=1):
 
 def _bn_infer(x, scale, bias, mean, var, epsilon, spatial=1):
     shape = _channel_shape(x, spatial)
-    inv = scale.reshape(shape) / np.sqrt(var.reshape(shape) + epsilon)
-    return (x - mean.reshape(shape)) * inv + bias.reshape(shape)
+    a = scale / np.sqrt(var + epsilon)  # y = x * a + (bias - mean * a): two passes over x
+    y = x * a.astype(x.dtype, copy=False).reshape(shape)
+    y += (bias - mean * a).astype(x.dtype, copy=False).reshape(shape)
+    return y
 
 
 def _bn_train(x, scale, bias, mean, var, epsilon, momentum, spatial=1):
@@ -68,6 +70,8 @@ def batch_norm(x, scale, bias, mean, var, *, epsilon=1e-5, momentum=0.9, trainin
 
 @kernel("LayerNormalization", since=17)
 def layer_norm(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1):
+    """Statistics in at least float32 (``stash_type=1``: Mean and InvStdDev come out float32;
+    a float64 input keeps float64 for Y, as onnxruntime does)."""
     axis = axis % x.ndim
     axes = tuple(range(axis, x.ndim))
     xs = x.astype(np.float32) if stash_type == 1 and x.dtype.itemsize < 4 else x
@@ -77,6 +81,8 @@ def layer_norm(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1):
     y = (centered * inv_std).astype(x.dtype, copy=False) * scale
     if bias is not None:
         y = y + bias
+    if stash_type == 1:
+        mean, inv_std = mean.astype(np.float32, copy=False), inv_std.astype(np.float32, copy=False)
     return y, mean, inv_std
 
 

@@ -126,8 +126,20 @@ def _slice(x, starts, ends, axes=None, steps=None):
     steps = _ints(steps) if steps is not None else [1] * len(starts)
     index = [slice(None)] * x.ndim
     for s, e, a, st in zip(starts, ends, axes, steps):
-        index[a] = slice(*slice(s, e, st).indices(x.shape[a]))
+        index[a] = _onnx_slice(s, e, st, x.shape[a])
     return (x[tuple(index)],)
+
+
+def _onnx_slice(start, end, step, dim):
+    """ONNX clamps like Python, except that an end of -1 after clamping means "before index 0"
+    for negative steps (a Python slice would read -1 as the last element)."""
+    start = start + dim if start < 0 else start
+    end = end + dim if end < 0 else end
+    if step > 0:
+        return slice(min(max(start, 0), dim), min(max(end, 0), dim), step)
+    start = min(max(start, 0), dim - 1)
+    end = min(max(end, -1), dim - 1)
+    return slice(start, end if end >= 0 else None, step)
 
 
 @kernel("Slice", since=1)

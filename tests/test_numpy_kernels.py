@@ -1,0 +1,176 @@
+"""numpy kernels against onnxruntime on random inputs, by op family, float32 and float64.
+
+float64 runs wherever onnxruntime's CPU provider has a double kernel (it has none for Conv,
+Gelu, Elu, Selu, Softplus, PRelu, LeakyRelu, HardSigmoid, Mean, global pools, InstanceNorm).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from numpy_backend_util import numpy_vs_ort
+
+F32, F64 = np.float32, np.float64
+rng = np.random.default_rng(0)
+
+
+def r(*shape, lo=-2.0, hi=2.0):
+    return lambda dt: rng.uniform(lo, hi, shape).astype(dt)
+
+
+def pos(*shape):
+    return r(*shape, lo=0.1, hi=3.0)
+
+
+def ints(values, dt=np.int64):
+    return lambda _: np.array(values, dtype=dt)
+
+
+def boolean(*shape):
+    return lambda _: rng.random(shape) > 0.5
+
+
+# (id, op, input makers, attrs, opset, dtypes, n_outputs)
+CASES = [
+    # elementwise
+    ("add_bcast", "Add", [r(3, 4), r(4)], {}, 21, (F32, F64), 1),
+    ("sub", "Sub", [r(2, 3, 4), r(3, 1)], {}, 21, (F32, F64), 1),
+    ("mul", "Mul", [r(3, 4), r(3, 4)], {}, 21, (F32, F64), 1),
+    ("div", "Div", [r(3, 4), pos(3, 4)], {}, 21, (F32, F64), 1),
+    ("div_int", "Div", [ints([[7, -7, 9]]), ints([2, 2, -4])], {}, 21, (F32,), 1),
+    ("pow", "Pow", [pos(3, 4), r(3, 4)], {}, 21, (F32, F64), 1),
+    ("neg", "Neg", [r(5)], {}, 21, (F32, F64), 1),
+    ("abs", "Abs", [r(5)], {}, 21, (F32, F64), 1),
+    ("sqrt", "Sqrt", [pos(5)], {}, 21, (F32, F64), 1),
+    ("exp", "Exp", [r(5)], {}, 21, (F32, F64), 1),
+    ("log", "Log", [pos(5)], {}, 21, (F32, F64), 1),
+    ("reciprocal", "Reciprocal", [pos(5)], {}, 21, (F32, F64), 1),
+    ("sign", "Sign", [r(7)], {}, 21, (F32, F64), 1),
+    ("floor", "Floor", [r(7)], {}, 21, (F32, F64), 1),
+    ("ceil", "Ceil", [r(7)], {}, 21, (F32, F64), 1),
+    ("round", "Round", [lambda dt: np.array([0.5, 1.5, 2.5, -0.5, 1.2], dt)], {}, 21, (F32, F64), 1),
+    ("relu", "Relu", [r(3, 4)], {}, 21, (F32, F64), 1),
+    ("sigmoid", "Sigmoid", [r(50, lo=-30, hi=30)], {}, 21, (F32, F64), 1),
+    ("tanh", "Tanh", [r(50, lo=-5, hi=5)], {}, 21, (F32, F64), 1),
+    ("erf", "Erf", [r(200, lo=-4, hi=4)], {}, 21, (F32,), 1),
+    ("gelu", "Gelu", [r(100, lo=-5, hi=5)], {}, 20, (F32,), 1),
+    ("gelu_tanh", "Gelu", [r(100, lo=-5, hi=5)], {"approximate": "tanh"}, 20, (F32,), 1),
+    ("leaky_relu", "LeakyRelu", [r(20)], {"alpha": 0.2}, 21, (F32,), 1),
+    ("elu", "Elu", [r(20)], {"alpha": 0.7}, 21, (F32,), 1),
+    ("selu", "Selu", [r(20)], {}, 21, (F32,), 1),
+    ("hard_sigmoid", "HardSigmoid", [r(20, lo=-5, hi=5)], {}, 21, (F32,), 1),
+    ("hard_swish", "HardSwish", [r(20, lo=-5, hi=5)], {}, 21, (F32,), 1),
+    ("softplus", "Softplus", [r(20, lo=-30, hi=30)], {}, 21, (F32,), 1),
+    ("prelu", "PRelu", [r(2, 3, 4), r(3, 1)], {}, 21, (F32,), 1),
+    ("clip_inputs", "Clip", [r(20), lambda dt: np.array(-0.5, dt), lambda dt: np.array(0.7, dt)], {}, 13, (F32, F64), 1),
+    ("clip_attrs_v6", "Clip", [r(20)], {"min": -0.5, "max": 0.7}, 6, (F32,), 1),
+    ("where", "Where", [boolean(3, 4), r(3, 4), r(4)], {}, 21, (F32, F64), 1),
+    ("max", "Max", [r(3, 4), r(4), r(3, 1)], {}, 21, (F32, F64), 1),
+    ("min", "Min", [r(3, 4), r(4)], {}, 21, (F32, F64), 1),
+    ("sum", "Sum", [r(3, 4), r(4), r(3, 4)], {}, 21, (F32, F64), 1),
+    ("mean", "Mean", [r(3, 4), r(3, 4)], {}, 21, (F32,), 1),
+    ("equal", "Equal", [ints([1, 2, 3]), ints([1, 0, 3])], {}, 21, (F32,), 1),
+    ("less", "Less", [r(3, 4), r(4)], {}, 21, (F32, F64), 1),
+    ("greater", "Greater", [r(3, 4), r(4)], {}, 21, (F32, F64), 1),
+    ("not", "Not", [boolean(5)], {}, 21, (F32,), 1),
+    ("and", "And", [boolean(3, 4), boolean(4)], {}, 21, (F32,), 1),
+    ("or", "Or", [boolean(3, 4), boolean(4)], {}, 21, (F32,), 1),
+    ("mod_int", "Mod", [ints([5, -5, 7, -7]), ints([3, 3, -2, -2])], {}, 21, (F32,), 1),
+    ("mod_fmod", "Mod", [r(6), pos(6)], {"fmod": 1}, 21, (F32, F64), 1),
+    ("cast_int", "Cast", [r(6, lo=-9, hi=9)], {"to": 6}, 21, (F32, F64), 1),
+    ("cast_double", "Cast", [r(6)], {"to": 11}, 21, (F32,), 1),
+    # reductions
+    ("reduce_sum_13", "ReduceSum", [r(3, 4, 5), ints([0, 2])], {"keepdims": 0}, 13, (F32, F64), 1),
+    ("reduce_sum_11", "ReduceSum", [r(3, 4, 5)], {"axes": [1]}, 11, (F32, F64), 1),
+    ("reduce_mean_18", "ReduceMean", [r(3, 4, 5), ints([-1])], {}, 18, (F32, F64), 1),
+    ("reduce_mean_13", "ReduceMean", [r(3, 4, 5)], {"axes": [0, 1], "keepdims": 0}, 13, (F32, F64), 1),
+    ("reduce_max", "ReduceMax", [r(3, 4, 5), ints([1])], {}, 18, (F32, F64), 1),
+    ("reduce_min_all", "ReduceMin", [r(3, 4, 5)], {"keepdims": 0}, 18, (F32, F64), 1),
+    ("reduce_prod", "ReduceProd", [r(3, 4), ints([1])], {}, 18, (F32, F64), 1),
+    ("reduce_l2", "ReduceL2", [r(3, 4), ints([1])], {}, 18, (F32, F64), 1),
+    ("reduce_lse", "ReduceLogSumExp", [r(3, 4, lo=-50, hi=50), ints([1])], {}, 18, (F32, F64), 1),
+    ("argmax_last", "ArgMax", [ints([[1, 3, 3], [2, 2, 0]], np.float32)], {"axis": 1, "select_last_index": 1}, 21, (F32,), 1),
+    ("argmin", "ArgMin", [r(3, 4)], {"axis": 0, "keepdims": 0}, 21, (F32, F64), 1),
+    ("softmax", "Softmax", [r(2, 3, 4, lo=-20, hi=20)], {"axis": 1}, 21, (F32, F64), 1),
+    ("log_softmax", "LogSoftmax", [r(2, 3, 4)], {"axis": -1}, 21, (F32, F64), 1),
+    ("cumsum", "CumSum", [r(3, 4), ints(1)], {"exclusive": 1, "reverse": 1}, 21, (F32, F64), 1),
+    ("topk", "TopK", [r(3, 6), ints([2])], {"axis": 1}, 21, (F32, F64), 2),
+    ("topk_smallest", "TopK", [r(3, 6), ints([3])], {"axis": 0 and 1, "largest": 0}, 21, (F32,), 2),
+    # linear algebra
+    ("matmul_batched", "MatMul", [r(2, 3, 4, 5), r(5, 6)], {}, 21, (F32, F64), 1),
+    ("matmul_vec", "MatMul", [r(5), r(2, 5, 3)], {}, 21, (F32, F64), 1),
+    ("gemm", "Gemm", [r(4, 3), r(5, 4), r(5)], {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0}, 21, (F32, F64), 1),
+    ("einsum", "Einsum", [r(2, 3, 4), r(2, 4, 5)], {"equation": "bij,bjk->bik"}, 21, (F32, F64), 1),
+    # conv and pooling
+    ("conv_pads_strides", "Conv", [r(2, 3, 9, 8), r(4, 3, 3, 2), r(4)], {"pads": [1, 0, 2, 1], "strides": [2, 1]}, 21, (F32,), 1),
+    ("conv_dilated_groups", "Conv", [r(1, 4, 10, 10), r(6, 2, 3, 3)], {"group": 2, "dilations": [2, 1]}, 21, (F32,), 1),
+    ("conv_depthwise", "Conv", [r(2, 4, 7, 7), r(4, 1, 3, 3)], {"group": 4, "pads": [1, 1, 1, 1]}, 21, (F32,), 1),
+    ("conv_same_upper", "Conv", [r(1, 2, 7, 6), r(3, 2, 3, 3)], {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, 21, (F32,), 1),
+    ("conv_1d", "Conv", [r(2, 3, 11), r(5, 3, 4), r(5)], {"pads": [1, 2], "strides": [2]}, 21, (F32,), 1),
+    ("conv_3d", "Conv", [r(1, 2, 5, 5, 5), r(3, 2, 2, 3, 2)], {}, 21, (F32,), 1),
+    ("conv_transpose", "ConvTranspose", [r(2, 3, 4, 5), r(3, 2, 3, 3), r(2)], {"strides": [2, 2], "pads": [1, 0, 0, 1], "output_padding": [1, 0]}, 21, (F32,), 1),
+    ("conv_transpose_group", "ConvTranspose", [r(1, 4, 3, 3), r(4, 1, 2, 2)], {"group": 2, "dilations": [2, 1]}, 21, (F32,), 1),
+    ("conv_transpose_shape", "ConvTranspose", [r(1, 1, 3, 3), r(1, 2, 3, 3)], {"strides": [3, 2], "output_shape": [10, 8]}, 21, (F32,), 1),
+    ("maxpool_ceil", "MaxPool", [r(2, 3, 7, 7)], {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, 21, (F32, F64), 1),
+    ("maxpool_pads_dil", "MaxPool", [r(1, 2, 8, 8)], {"kernel_shape": [2, 3], "pads": [1, 1, 0, 1], "dilations": [2, 1]}, 21, (F32,), 1),
+    ("maxpool_indices", "MaxPool", [r(2, 2, 6, 5)], {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 0, 1]}, 21, (F32,), 2),
+    ("avgpool_exclude_pad", "AveragePool", [r(2, 3, 7, 6)], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}, 21, (F32,), 1),
+    ("avgpool_include_pad", "AveragePool", [r(2, 3, 7, 6)], {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1], "count_include_pad": 1}, 21, (F32,), 1),
+    ("avgpool_ceil", "AveragePool", [r(1, 1, 6, 6)], {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, 21, (F32,), 1),
+    ("global_avg", "GlobalAveragePool", [r(2, 3, 5, 4)], {}, 21, (F32,), 1),
+    ("global_max", "GlobalMaxPool", [r(2, 3, 5, 4)], {}, 21, (F32,), 1),
+    # normalization
+    ("batchnorm_15", "BatchNormalization", [r(2, 3, 4, 4), r(3), r(3), r(3), pos(3)], {"epsilon": 1e-3}, 15, (F32, F64), 1),
+    ("layernorm", "LayerNormalization", [r(2, 5, 8), r(8), r(8)], {"axis": -1}, 17, (F32, F64), 3),
+    ("layernorm_axis1", "LayerNormalization", [r(2, 5, 8), r(5, 8)], {"axis": 1, "epsilon": 1e-3}, 17, (F32,), 1),
+    ("instancenorm", "InstanceNormalization", [r(2, 3, 5, 4), r(3), r(3)], {}, 21, (F32,), 1),
+    ("lrn", "LRN", [r(2, 5, 3, 3)], {"size": 3, "alpha": 0.01}, 21, (F32,), 1),
+    # shape and indexing
+    ("reshape", "Reshape", [r(2, 3, 4), ints([0, -1])], {}, 21, (F32,), 1),
+    ("transpose", "Transpose", [r(2, 3, 4)], {"perm": [2, 0, 1]}, 21, (F32, F64), 1),
+    ("concat", "Concat", [r(2, 3), r(2, 1), r(2, 2)], {"axis": -1}, 21, (F32,), 1),
+    ("split_18", "Split", [r(6, 4)], {"axis": 0, "num_outputs": 3}, 18, (F32,), 3),
+    ("split_13", "Split", [r(6, 4), ints([1, 3])], {"axis": 1}, 13, (F32,), 2),
+    ("slice_neg_step", "Slice", [r(5, 6), ints([4, -1]), ints([0, -7]), ints([0, 1]), ints([-2, -2])], {}, 21, (F32,), 1),
+    ("squeeze", "Squeeze", [r(1, 3, 1, 2), ints([0, 2])], {}, 21, (F32,), 1),
+    ("unsqueeze", "Unsqueeze", [r(3, 2), ints([-1, 0])], {}, 21, (F32,), 1),
+    ("expand", "Expand", [r(3, 1), ints([2, 1, 4])], {}, 21, (F32,), 1),
+    ("tile", "Tile", [r(2, 3), ints([2, 2])], {}, 21, (F32,), 1),
+    ("pad_reflect", "Pad", [r(3, 4), ints([1, 2, 1, 0])], {"mode": "reflect"}, 21, (F32,), 1),
+    ("pad_edge_axes", "Pad", [r(2, 3, 4), ints([2, 1]), None, ints([1])], {"mode": "edge"}, 21, (F32,), 1),
+    ("pad_constant", "Pad", [r(3, 4), ints([0, 1, 2, -1]), lambda dt: np.array(1.5, dt)], {}, 21, (F32,), 1),
+    ("gather_neg", "Gather", [r(5, 3), ints([[0, -1], [2, 4]])], {"axis": 0}, 21, (F32,), 1),
+    ("gather_elements", "GatherElements", [r(3, 4), ints([[0, 3], [1, -1], [2, 2]])], {"axis": 1}, 21, (F32,), 1),
+    ("gather_nd_batch", "GatherND", [r(2, 3, 4), ints([[[1], [0]], [[2], [1]]])], {"batch_dims": 1}, 21, (F32,), 1),
+    ("scatter_elements_add", "ScatterElements", [r(3, 4), ints([[0, 1], [0, 3]]), r(2, 2)], {"axis": 1, "reduction": "add"}, 21, (F32,), 1),
+    ("scatter_nd", "ScatterND", [r(4, 3), ints([[1], [3]]), r(2, 3)], {}, 21, (F32,), 1),
+    ("one_hot", "OneHot", [ints([1, 0, -1]), ints(4), lambda dt: np.array([0, 5], dt)], {"axis": 0}, 21, (F32,), 1),
+    ("range", "Range", [lambda dt: np.array(1, dt), lambda dt: np.array(7.5, dt), lambda dt: np.array(1.5, dt)], {}, 21, (F32, F64), 1),
+    ("depth_to_space", "DepthToSpace", [r(1, 8, 2, 3)], {"blocksize": 2, "mode": "CRD"}, 21, (F32,), 1),
+    ("nonzero", "NonZero", [ints([[1, 0, 2], [0, 3, 0]])], {}, 21, (F32,), 1),
+    ("trilu", "Trilu", [r(4, 5), ints(1)], {"upper": 0}, 21, (F32,), 1),
+    ("resize_linear", "Resize", [r(1, 2, 4, 5), None, ints([1, 1, 1.5, 0.6], np.float32)], {"mode": "linear"}, 21, (F32,), 1),
+    ("resize_nearest_sizes", "Resize", [r(1, 1, 3, 4), None, None, ints([1, 1, 7, 5])], {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, 21, (F32,), 1),
+    ("resize_cubic_align", "Resize", [r(1, 1, 4, 4), None, ints([1, 1, 2, 2], np.float32)], {"mode": "cubic", "coordinate_transformation_mode": "align_corners"}, 21, (F32,), 1),
+    # recurrent
+    ("lstm_bidirectional", "LSTM", [r(5, 2, 3), r(2, 16, 3), r(2, 16, 4), r(2, 32), None, r(2, 2, 4), r(2, 2, 4)], {"hidden_size": 4, "direction": "bidirectional"}, 21, (F32,), 3),
+    ("lstm_seq_lens", "LSTM", [r(4, 3, 2), r(1, 12, 2), r(1, 12, 3), None, ints([4, 2, 3], np.int32)], {"hidden_size": 3}, 21, (F32,), 3),
+    ("gru_lbr", "GRU", [r(5, 2, 3), r(1, 12, 3), r(1, 12, 4), r(1, 24)], {"hidden_size": 4, "linear_before_reset": 1}, 21, (F32,), 2),
+    ("gru_reverse", "GRU", [r(4, 2, 3), r(1, 9, 3), r(1, 9, 3)], {"hidden_size": 3, "direction": "reverse"}, 21, (F32,), 2),
+    ("rnn", "RNN", [r(4, 2, 3), r(1, 5, 3), r(1, 5, 5)], {"hidden_size": 5}, 21, (F32,), 2),
+]
+
+PARAMS = [pytest.param(op, makers, attrs, opset, dt, n, id=f"{cid}-{np.dtype(dt).name}")
+          for cid, op, makers, attrs, opset, dtypes, n in CASES for dt in dtypes]
+
+
+@pytest.mark.parametrize(("op_type", "makers", "attrs", "opset", "dtype", "n_outputs"), PARAMS)
+def test_kernel_matches_onnxruntime(op_type, makers, attrs, opset, dtype, n_outputs):
+    inputs = [None if m is None else m(dtype) for m in makers]
+    got, want = numpy_vs_ort(op_type, inputs, attrs, opset, n_outputs)
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == F32 else {"rtol": 1e-9, "atol": 1e-11}
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, **tol)
