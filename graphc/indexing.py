@@ -23,8 +23,8 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
     if consumed > rank:
         raise op_error("Slice", [x], f"too many indices ({consumed}) for rank {rank}", user_source())
-    if Ellipsis in items:
-        pos = items.index(Ellipsis)
+    if any(i is Ellipsis for i in items):  # not `in`: Tensor.__eq__ builds a node
+        pos = next(k for k, i in enumerate(items) if i is Ellipsis)
         items[pos:pos + 1] = [slice(None)] * (rank - consumed)
     else:
         items += [slice(None)] * (rank - consumed)
