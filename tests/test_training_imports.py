@@ -186,3 +186,80 @@ def test_torch_exported_model_trains_with_frozen_layer(tmp_path):
     for name in first:
         assert arts.train_step.params[name].tobytes() == model.params[name].tobytes()
         assert name not in state
+
+
+# -- PyTorch exports (tests/data, written by torch.onnx) ---------------------------------------
+def _torch_cnn_bn():
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(1, 8, 3, padding=1)
+            self.bn = torch.nn.BatchNorm2d(8)
+            self.fc = torch.nn.Linear(288, 4)
+
+        def forward(self, x):
+            x = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+            return self.fc(torch.flatten(x, 1))
+
+    return torch, Net()
+
+
+def test_torch_export_with_batchnorm_trains_like_torch():
+    """tests/data/torch_cnn_bn.onnx (Conv-BN-Relu-MaxPool-Gemm): 5 SGD steps in train_step give
+    PyTorch's losses, params and BatchNorm running statistics. (Not Adam: conv.bias, right
+    before BatchNorm, has a gradient of rounding noise that Adam normalises to full steps, so its
+    value -- and the running mean -- would follow the noise of each implementation.)"""
+    torch, net = _torch_cnn_bn()
+    model = gc.load("tests/data/torch_cnn_bn.onnx")
+    with torch.no_grad():
+        for name, t in [*net.named_parameters(), *net.named_buffers()]:
+            if name in model.params:
+                t.copy_(torch.from_numpy(np.array(model.params[name])))
+    arts = gc.training.generate(model, gc.losses.mse("y", label="target"), gc.optim.SGD(0.01, momentum=0.9))
+    assert arts.manifest.trainable == ["conv.weight", "conv.bias", "bn.weight", "bn.bias", "fc.weight", "fc.bias"]
+    x = RNG.normal(size=(8, 1, 12, 12)).astype(np.float32)
+    target = RNG.normal(size=(8, 4)).astype(np.float32)
+    losses, state = train(arts, {"x": x, "target": target}, 5)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, foreach=False)
+    torch_losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(net.train()(torch.from_numpy(x)), torch.from_numpy(target))
+        loss.backward()
+        opt.step()
+        torch_losses.append(loss.item())
+    np.testing.assert_allclose(losses, torch_losses, rtol=1e-4)
+    np.testing.assert_allclose(state["fc.weight"], net.fc.weight.detach().numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(state["bn.running_mean"], net.bn.running_mean.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state["bn.running_var"], net.bn.running_var.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_torch_export_with_frozen_conv():
+    model = gc.load("tests/data/torch_cnn_bn.onnx")
+    arts = gc.training.generate(model, gc.losses.mse("y", label="target"), gc.optim.SGD(0.01, momentum=0.9),
+                                frozen=["conv.weight", "conv.bias"])
+    batch = {"x": RNG.normal(size=(8, 1, 12, 12)).astype(np.float32), "target": np.zeros((8, 4), np.float32)}
+    losses, state = train(arts, batch, 10)
+    assert losses[-1] < 0.5 * losses[0], losses
+    for name in ("conv.weight", "conv.bias"):
+        assert name not in state
+        for graph in arts.graphs.values():
+            assert graph.params[name].tobytes() == model.params[name].tobytes()
+
+
+def test_torch_attention_export_with_shape_arithmetic_trains():
+    """tests/data/torch_attention.onnx: MultiheadAttention as torch.onnx writes it (Reshape to
+    shapes built from Shape/Gather/Slice/Concat, MatMul weights under onnx:: names)."""
+    model = gc.load("tests/data/torch_attention.onnx")
+    arts = gc.training.generate(model, gc.losses.mse("y", label="target"), gc.optim.Adam(0.01))
+    for graph in arts.graphs.values():
+        check_graph(graph)
+    assert {"attn.in_proj_bias", "norm1.weight", "attn.out_proj.weight"} <= set(arts.manifest.trainable)
+    batch = {"x": RNG.normal(size=(3, 5, 16)).astype(np.float32), "target": np.zeros((3, 5, 16), np.float32)}
+    losses, _ = train(arts, batch, 8)
+    assert losses[-1] < 0.7 * losses[0], losses
+    partial = gc.Session(arts.train_step, backend="numpy").run({**batch, "x": batch["x"][:1], "target": batch["target"][:1],
+                                                                 **arts.state})
+    assert np.isfinite(partial["loss"])

@@ -57,6 +57,7 @@ class Built:
 def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
           trainable: Iterable[str] | None = None, frozen: Iterable[str] = ()) -> Built:
     base = _prepare(model)
+    order = {name: i for i, name in enumerate(model.graph.initializers)}  # promoted constants last
     opset = base.opset_imports.get("", 0)
     bn_stats = modes.batchnorm_stats(base.graph)
     data = [v.name for v in base.graph.inputs if not v.is_initializer()]
@@ -66,7 +67,7 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
     modes.set_inference_mode(inference.graph)
 
     label = _append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
-    params, frozen_all = _select_params(base.graph, bn_stats, trainable, frozen)
+    params, frozen_all = _select_params(base.graph, bn_stats, trainable, frozen, order)
 
     evaluation = base.clone()
     modes.set_inference_mode(evaluation.graph)
@@ -130,6 +131,8 @@ def _prepare(model: ir.Model) -> ir.Model:
                          "(convert it with onnx.version_converter first)")
     imports.promote_constant_weights(base.graph)
     _infer_shapes(base)
+    if imports.fill_unknown_ranks(base):
+        _infer_shapes(base)
     return base
 
 
@@ -165,8 +168,11 @@ def _append_loss(graph: ir.Graph, opset: int, loss: LossArgs) -> str | None:
     return loss.label
 
 
-def _select_params(graph: ir.Graph, bn_stats: Sequence[str], trainable, frozen) -> tuple[list[str], list[str]]:
+def _select_params(graph: ir.Graph, bn_stats: Sequence[str], trainable, frozen,
+                   order: dict[str, int]) -> tuple[list[str], list[str]]:
+    """(trainable, frozen) float initializers, in the original model's initializer order."""
     candidates = [n for n, v in graph.initializers.items() if imports.is_float(v) and n not in bn_stats]
+    candidates.sort(key=lambda n: order.get(n, len(order)))
     frozen = list(frozen)
     unknown = [n for n in [*(trainable or ()), *frozen] if n not in candidates]
     if unknown:
