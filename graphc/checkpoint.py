@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from graphc.errors import GraphcError
 
-__all__ = ["CheckpointError", "CheckpointMeta", "FILE_NAME", "load", "resolve", "save"]
+__all__ = ["CheckpointError", "CheckpointMeta", "FILE_NAME", "artifacts_dir", "find_artifacts", "load", "resolve", "save"]
 
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
@@ -136,6 +136,15 @@ def artifacts_dir(path: PathLike) -> Optional[Path]:
     folder = resolve(path).parent
     candidate = folder / ARTIFACTS_DIR
     return candidate if (candidate / "manifest.json").is_file() else None
+
+
+def find_artifacts(path: PathLike) -> Optional[Path]:
+    """Where a checkpoint's training graphs are: beside it, else where its header says."""
+    beside = artifacts_dir(path)
+    if beside is not None:
+        return beside
+    recorded = load(path)[1].artifacts
+    return Path(recorded) if recorded and (Path(recorded) / "manifest.json").is_file() else None
 
 
 def _remove_stale_temps(target: Path) -> None:

@@ -62,11 +62,11 @@ def load_source(source: Union[str, os.PathLike]):
         raise FileNotFoundError(f"{source}: neither an artifact directory (no {training.MANIFEST_FILE}) "
                                 f"nor a checkpoint (no {target.name})")
     tensors, meta = checkpoint.load(target)
-    where = checkpoint.artifacts_dir(target) or (Path(meta.artifacts) if meta.artifacts else None)
-    if where is None or not (where / training.MANIFEST_FILE).is_file():
-        raise FileNotFoundError(f"{source}: the checkpoint does not say where its training graphs are "
-                                f"(recorded: {meta.artifacts or 'nothing'}); export from the artifact "
-                                "directory with a checkpoint saved as a directory")
+    where = checkpoint.find_artifacts(target)
+    if where is None:
+        raise FileNotFoundError(f"{source}: the checkpoint's training graphs are not beside it nor where it "
+                                f"recorded them ({meta.artifacts or 'nothing recorded'}); save checkpoints "
+                                "as directories to keep the graphs with them")
     artifacts = training.load(where)
     return artifacts, {**artifacts.state, **tensors}
 

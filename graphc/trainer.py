@@ -28,6 +28,7 @@ import onnx
 from graphc import checkpoint as ckpt
 from graphc.dtypes import TensorSpec, to_numpy
 from graphc.errors import GraphcError, InputError
+from graphc.feeds import check_one, dtype_name
 from graphc.history import EpochRecord, History
 
 __all__ = ["History", "Trainer", "TrainingFailed"]
@@ -68,7 +69,7 @@ class Trainer:
         if isinstance(artifacts_or_dir, (str, os.PathLike)):
             path = Path(artifacts_or_dir)
             if not (path / training.MANIFEST_FILE).is_file() and ckpt.resolve(path).is_file():
-                resume_from, path = path, ckpt.artifacts_dir(path) or path
+                resume_from, path = path, ckpt.find_artifacts(path) or path
             if not (path / training.MANIFEST_FILE).is_file():
                 raise FileNotFoundError(f"{artifacts_or_dir}: no training artifacts here "
                                         f"(no {training.MANIFEST_FILE}); write them with "
@@ -84,8 +85,8 @@ class Trainer:
         step_graph = m.graphs["train_step"]
         self.batch_specs = _specs(step_graph.inputs, BATCH_ROLES)
         self._batch_names = [s.name for s in self.batch_specs]
-        self._roles = {e.name: e.role for e in step_graph.inputs if e.role in CARRIED_ROLES}
         self._entries = {e.name: e for e in step_graph.inputs if e.role in CARRIED_ROLES}
+        self._roles = {name: e.role for name, e in self._entries.items()}
         self._feeds = dict(m.feeds)  # train_step output -> carried input
         self._device_outputs = list(self._feeds)
         self._train = self._backend.prepare(
@@ -110,30 +111,19 @@ class Trainer:
 
     # -- running -----------------------------------------------------------------------------------
     def _batch_feeds(self, batch: Mapping[str, np.ndarray], specs: list[TensorSpec]) -> dict[str, Any]:
-        feeds = {}
-        for spec in specs:
-            try:
-                array = batch[spec.name]
-            except KeyError:
-                raise InputError(f"the batch has no {spec.name!r} for the model input {spec}; "
-                                 f"batch keys: {', '.join(sorted(batch))}") from None
-            key = (spec.name, array.dtype.str, array.shape[1:])
-            if key not in self._checked:
-                self._check_input(spec, array)
-                self._checked.add(key)
-            feeds[spec.name] = array
+        try:
+            feeds = {spec.name: np.asarray(batch[spec.name]) for spec in specs}
+        except KeyError as exc:
+            spec = next(s for s in specs if s.name == exc.args[0])
+            raise InputError(f"the batch has no {spec.name!r} for the model input {spec}; "
+                             f"batch keys: {', '.join(sorted(batch))}") from None
+        key = tuple((name, a.dtype.str, a.shape) for name, a in feeds.items())
+        if key not in self._checked:  # a loader gives few distinct shapes: check each once
+            dims: dict = {}
+            for spec in specs:
+                check_one(spec, feeds[spec.name].shape, dtype_name(feeds[spec.name].dtype), dims)
+            self._checked.add(key)
         return feeds
-
-    @staticmethod
-    def _check_input(spec: TensorSpec, array: np.ndarray) -> None:
-        got = f"{array.dtype}[{','.join(str(d) for d in array.shape)}]"
-        if array.dtype != to_numpy(spec.dtype):
-            raise InputError(f"input {spec.name!r}: expected dtype {spec.dtype} ({spec}), got {got}")
-        if spec.shape is not None:
-            ok = array.ndim == len(spec.shape) and all(
-                not isinstance(w, int) or w == h for w, h in zip(spec.shape, array.shape))
-            if not ok:
-                raise InputError(f"input {spec.name!r}: expected shape {spec}, got {got}")
 
     def step(self, batch: Mapping[str, np.ndarray]) -> float:
         """One train step on ``batch`` (data and label arrays by name); returns the loss."""

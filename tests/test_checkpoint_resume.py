@@ -85,3 +85,14 @@ def test_checkpoint_holds_rng_and_loop_position(tmp_path):
     np.testing.assert_array_equal(restored.rng.random(4), expected)
     assert (restored.step_count, restored.epoch, restored.batch_in_epoch) == (3, 1, 0)
     assert (tmp_path / "ck" / "artifacts" / "manifest.json").is_file()
+
+
+def test_trainer_from_a_checkpoint_file_finds_the_recorded_artifacts(tmp_path):
+    bn_artifacts().save(tmp_path / "arts")
+    trainer = gc.Trainer(tmp_path / "arts", backend="ort-cpu")
+    trainer.step(blobs(16))
+    trainer.save_checkpoint(tmp_path / "one.safetensors")
+    resumed = gc.Trainer(tmp_path / "one.safetensors", backend="ort-cpu")
+    assert resumed.step_count == 1 and resumed.artifacts_path == (tmp_path / "arts").resolve()
+    for name, value in trainer.state_dict().items():
+        np.testing.assert_array_equal(resumed.state_dict()[name], value)

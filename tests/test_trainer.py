@@ -82,10 +82,12 @@ def test_bad_batches_are_named():
     data = blobs(16)
     with pytest.raises(gc.InputError, match=r"batch has no 'y'"):
         trainer.step({"x": data["x"]})
-    with pytest.raises(gc.InputError, match=r"input 'x': expected dtype float32.*got float64"):
+    with pytest.raises(gc.InputError, match=r"input 'x': expected x: float32\[N,8\], got float64\[16,8\]"):
         trainer.step({"x": data["x"].astype(np.float64), "y": data["y"]})
-    with pytest.raises(gc.InputError, match=r"input 'x': expected shape.*got float32\[16,5\]"):
+    with pytest.raises(gc.InputError, match=r"input 'x': expected x: float32\[N,8\], got float32\[16,5\]"):
         trainer.step({"x": data["x"][:, :5], "y": data["y"]})
+    with pytest.raises(gc.InputError, match=r"dim 'N' is 15 here"):
+        trainer.step({"x": data["x"], "y": data["y"][:15]})
     with pytest.raises(gc.InputError, match=r"array 'x'.*size 8 on axis 1"):
         trainer.fit(gc.data.DataLoader({"x": data["x"][:, :4], "y": data["y"]}, 4), 1, progress=False)
 
