@@ -225,3 +225,19 @@ def test_claims_the_ops_graphc_emits():
                "ArgMax ArgMin LeakyRelu HardSigmoid HardSwish PRelu Elu Selu Softplus LRN "
                "InstanceNormalization LSTM GRU CumSum Einsum Mod Floor Ceil Round Sin Cos If Loop Scan").split()
     assert set(emitted) <= set(claimed_ops())
+
+
+def test_model_local_functions_run_with_bound_attributes():
+    body = [helper.make_node("Mul", ["a", "a"], ["sq"]),
+            helper.make_node("Neg", ["sq"], ["neg"]),
+            helper.make_node("LeakyRelu", ["neg"], ["out"], alpha=0.0)]
+    body[2].attribute[0].ref_attr_name = "slope"  # alpha comes from the call's "slope"
+    function = helper.make_function("local", "SquareAct", ["a"], ["out"], body,
+                                    [helper.make_opsetid("", 21)], attributes=["slope"])
+    call = helper.make_node("SquareAct", ["x"], ["y"], domain="local", slope=0.5)
+    neg = helper.make_node("Neg", ["y"], ["z"])
+    model = _model([call, neg], [_vi("x")], [_vi("z")])
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    model.functions.append(function)
+    x = np.array([-2.0, 3.0], np.float32)
+    np.testing.assert_allclose(NumpyBackend().prepare(model).run({"x": x})["z"], 0.5 * x * x)

@@ -25,7 +25,8 @@ class NumpyExecutable:
         opsets = {normalize_domain(o.domain): o.version for o in model.opset_import}
         opsets.setdefault("", 1)
         self.opsets = opsets
-        self.plan = Plan(model.graph, opsets)
+        functions = {(normalize_domain(f.domain), f.name): f for f in model.functions}
+        self.plan = Plan(model.graph, opsets, functions=functions)
         self.input_names = list(self.plan.input_names)
         self.output_names = list(self.plan.output_names)
         # Random ops (Dropout in training mode, RandomNormal, ...) draw from this generator, so

@@ -32,14 +32,14 @@ class Context:
         self.scope = scope if scope is not None else {}
 
 
-def decode_attribute(attr: onnx.AttributeProto, opsets: dict[str, int]):
+def decode_attribute(attr: onnx.AttributeProto, opsets: dict[str, int], functions: dict | None = None):
     """An attribute as a plain Python value; graphs become ``Plan``s."""
     kind = attr.type
     A = onnx.AttributeProto
     if kind == A.GRAPH:
-        return Plan(attr.g, opsets, subgraph=True)
+        return Plan(attr.g, opsets, subgraph=True, functions=functions)
     if kind == A.GRAPHS:
-        return [Plan(g, opsets, subgraph=True) for g in attr.graphs]
+        return [Plan(g, opsets, subgraph=True, functions=functions) for g in attr.graphs]
     if kind == A.TENSOR:
         return numpy_helper.to_array(attr.t)
     if kind == A.TENSORS:
@@ -79,7 +79,7 @@ class Step:
 
     __slots__ = ("node", "label", "op", "fn", "context", "inputs", "outputs", "attrs", "uses")
 
-    def __init__(self, node: onnx.NodeProto, index: int, opsets: dict[str, int]):
+    def __init__(self, node: onnx.NodeProto, index: int, opsets: dict[str, int], functions: dict):
         self.node = node
         self.label = _label(node, index)
         domain = normalize_domain(node.domain)
@@ -88,6 +88,9 @@ class Step:
             raise GraphError(f"node {self.label!r} ({node.op_type}) uses domain {domain or 'ai.onnx'!r}, "
                              "which the model does not import")
         found = lookup(node.op_type, opsets[domain], domain)
+        if found is None and (domain, node.op_type) in functions:
+            self._call_function(functions[domain, node.op_type], opsets, functions)
+            return
         if found is None:
             raise GraphError(
                 f"the numpy backend has no kernel for op {node.op_type!r} (domain "
@@ -99,7 +102,7 @@ class Step:
             raise GraphError(f"the numpy kernel of {node.op_type!r} (node {self.label!r}) does not "
                              f"support attribute(s) {', '.join(unknown)}" + _where(node))
         self.fn, self.context = found.fn, found.context
-        self.attrs = {a.name: decode_attribute(a, opsets) for a in node.attribute}
+        self.attrs = {a.name: decode_attribute(a, opsets, functions) for a in node.attribute}
         if found.attributes is not None and "_outputs" in found.attributes:
             self.attrs["_outputs"] = len([o for o in node.output if o])
         self.inputs = tuple(node.input)
@@ -111,9 +114,43 @@ class Step:
                     outer |= plan.free_names
         self.uses = tuple(n for n in self.inputs if n) + tuple(sorted(outer - set(self.inputs)))
 
+    def _call_function(self, function: onnx.FunctionProto, opsets: dict[str, int], functions: dict) -> None:
+        """A call of a model-local function: its body, with the call's attributes bound, runs
+        as a plan of its own (function bodies see no outer scope)."""
+        body_opsets = {**opsets, **{normalize_domain(o.domain): o.version for o in function.opset_import}}
+        plan = Plan(_function_body(function, self.node), body_opsets, functions=functions)
+        self.fn = lambda ctx, *args: tuple(plan.call(Context(ctx.rng), args))
+        self.context, self.attrs = True, {}
+        self.inputs, self.outputs = tuple(self.node.input), tuple(self.node.output)
+        self.uses = tuple(n for n in self.inputs if n)
+
     def fail(self, exc: Exception) -> BackendError:
         return BackendError(f"node {self.label!r} ({self.op}) failed{_where(self.node)}: "
                             f"{type(exc).__name__}: {exc}")
+
+
+def _function_body(function: onnx.FunctionProto, call: onnx.NodeProto) -> onnx.GraphProto:
+    """The function's nodes as a graph, attribute references replaced by the call's values
+    (or the function's defaults; an unset reference drops the attribute)."""
+    given = {a.name: a for a in call.attribute}
+    given.update({a.name: a for a in function.attribute_proto if a.name not in given})
+    nodes = []
+    for node in function.node:
+        bound = onnx.NodeProto()
+        bound.CopyFrom(node)
+        del bound.attribute[:]
+        for attr in node.attribute:
+            if not attr.ref_attr_name:
+                bound.attribute.append(attr)
+            elif attr.ref_attr_name in given:
+                value = onnx.AttributeProto()
+                value.CopyFrom(given[attr.ref_attr_name])
+                value.name = attr.name
+                bound.attribute.append(value)
+        nodes.append(bound)
+    inputs = [onnx.helper.make_value_info(n, onnx.TypeProto()) for n in function.input]
+    outputs = [onnx.helper.make_value_info(n, onnx.TypeProto()) for n in function.output]
+    return onnx.helper.make_graph(nodes, function.name, inputs, outputs)
 
 
 def _where(node: onnx.NodeProto) -> str:
@@ -124,7 +161,11 @@ def _where(node: onnx.NodeProto) -> str:
 class Plan:
     """A graph compiled for the numpy kernels."""
 
-    def __init__(self, graph: onnx.GraphProto, opsets: dict[str, int], subgraph: bool = False):
+    def __init__(self, graph: onnx.GraphProto, opsets: dict[str, int], subgraph: bool = False,
+                 functions: dict[tuple[str, str], onnx.FunctionProto] | None = None):
+        """``functions``: the model's local functions by (domain, name); a node calling one
+        runs its body."""
+        functions = functions or {}
         self.name = graph.name
         self.consts: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         for sparse in graph.sparse_initializer:
@@ -133,7 +174,7 @@ class Plan:
         self.output_names = [v.name for v in graph.output]
         self.output_dtypes = [_value_dtype(v) for v in graph.output]
         self.required = frozenset(n for n in self.input_names if n not in self.consts)
-        steps = [Step(node, i, opsets) for i, node in enumerate(graph.node)]
+        steps = [Step(node, i, opsets, functions) for i, node in enumerate(graph.node)]
         defined = set(self.consts) | set(self.input_names)
         self.steps = _toposort(steps, defined, subgraph)
         produced = defined | {o for s in self.steps for o in s.outputs}
