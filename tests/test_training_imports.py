@@ -3,7 +3,10 @@ initializers, shape arithmetic, frozen params, BatchNorm statistics and Dropout 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 import onnx.numpy_helper as nh
 import pytest
 
@@ -263,3 +266,27 @@ def test_torch_attention_export_with_shape_arithmetic_trains():
     partial = gc.Session(arts.train_step, backend="numpy").run({**batch, "x": batch["x"][:1], "target": batch["target"][:1],
                                                                  **arts.state})
     assert np.isfinite(partial["loss"])
+
+
+PYTORCH_CONVERTED = Path(onnx.__file__).parent / "backend" / "test" / "data" / "pytorch-converted"
+
+
+@pytest.mark.parametrize("case", ["test_Linear", "test_Conv2d", "test_BatchNorm2d_eval", "test_Embedding"])
+def test_onnx_pytorch_converted_models_train(case):
+    """onnx's own PyTorch-converted test models (opset 6, IR 3: initializers listed as inputs)
+    are upgraded to opset 17 and train."""
+    path = PYTORCH_CONVERTED / case / "model.onnx"
+    if not path.is_file():
+        pytest.skip(f"onnx ships no {path}")
+    model = gc.load(path)
+    out = model.outputs[0]
+    arts = gc.training.generate(model, gc.losses.mse(out.name, label="target"), gc.optim.SGD(0.05))
+    assert arts.manifest.opset == 17
+    for graph in arts.graphs.values():
+        check_graph(graph)
+    data = [e for e in arts.manifest.graphs["train_step"].inputs if e.role == "data"]
+    batch = {e.name: (RNG.integers(0, 3, e.shape) if e.dtype == "int64" else RNG.normal(size=e.shape)).astype(e.dtype)
+             for e in data}
+    batch["target"] = np.zeros(out.shape, np.float32)
+    losses, _ = train(arts, batch, 5)
+    assert losses[-1] < losses[0], losses

@@ -29,6 +29,7 @@ from graphc.passes.autodiff.core import backward, node_inputs
 from graphc.passes.training import imports, losses, modes, optimizers
 from graphc.passes.training.builder import Builder
 
+MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
 LOSS = "loss"
 STEP = "step"
 LR = "lr"
@@ -124,16 +125,31 @@ def _order_inputs(graph: ir.Graph, order: Sequence[str]) -> None:
 
 
 def _prepare(model: ir.Model) -> ir.Model:
-    base = model.clone()
-    opset = base.opset_imports.get("", base.opset_imports.get("ai.onnx", 0))
-    if opset < 13:
-        raise GraphError(f"training graphs need ai.onnx opset >= 13; the model uses opset {opset} "
-                         "(convert it with onnx.version_converter first)")
+    """A copy of ``model`` at opset >= 17, weights in initializers, shapes inferred."""
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
+    if opset < MIN_OPSET:
+        base = _upgrade(model, opset)
+    else:
+        base = model.clone()
     imports.promote_constant_weights(base.graph)
     _infer_shapes(base)
     if imports.fill_unknown_ranks(base):
         _infer_shapes(base)
     return base
+
+
+def _upgrade(model: ir.Model, opset: int) -> ir.Model:
+    """Old exports (opset 6 to 16) go through onnx's version converter to opset 17, graphc's
+    lowest (gradient rules and update graphs use ops as opset 17 defines them, e.g. ScatterND
+    with ``reduction``, Dropout with a ``training_mode`` input)."""
+    import onnx
+
+    try:
+        proto = onnx.version_converter.convert_version(ir.serde.serialize_model(model), MIN_OPSET)
+    except Exception as exc:  # noqa: BLE001 - the converter raises RuntimeError/ConvertError
+        raise GraphError(f"training graphs need ai.onnx opset >= {MIN_OPSET}; the model uses opset {opset} "
+                         f"and onnx's version converter could not upgrade it: {exc}") from exc
+    return ir.serde.deserialize_model(proto)
 
 
 def _infer_shapes(model: ir.Model) -> None:

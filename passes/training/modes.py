@@ -109,10 +109,8 @@ def _batchnorm_training(b: Builder, graph: ir.Graph, node: ir.Node) -> dict[str,
 
 def _replace_everywhere(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
     """Uses of ``old`` read ``new``; a graph output ``old`` becomes ``new`` under the old name."""
-    old.replace_all_uses_with(new)
-    for i, out in enumerate(graph.outputs):
-        if out is old:
-            name = old.name
-            old.name = None
-            new.name = name
-            graph.outputs[i] = new
+    name = old.name if old.is_graph_output() else None
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    if name is not None:
+        old.name = f"{name}/replaced"
+        new.name = name
