@@ -5,7 +5,7 @@
 
 for the MLP 784-512-512-10 (batch 128, SGD) and the LeNet CNN (1x28x28, batch 64, SGD).
 
-    .venv/bin/python scripts/bench_train.py [--steps 50] [--numpy-steps 10]
+    .venv/bin/python scripts/bench_train.py [--rounds 10] [--per-round 5] [--numpy-per-round 1]
 
 Every row runs the same architecture, loss (softmax cross-entropy, mean) and update rule
 (plain SGD; onnxsim has no plain SGD, so it runs its "sgd_momentum"). The timed region of a step
@@ -52,15 +52,21 @@ CASES = {
 }
 
 
-def median_ms(step: Callable[[int], float], steps: int, warmup: int = 3) -> float:
-    for i in range(warmup):
-        step(i)
-    times = []
-    for i in range(steps):
-        t0 = time.perf_counter()
-        step(i)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+def interleaved_medians(steps: dict[str, tuple[Callable[[int], float], int]], rounds: int,
+                        warmup: int = 3) -> dict[str, float]:
+    """Median ms per step of each stepper. The steppers take turns (``per_round`` steps each,
+    ``rounds`` times), so a busy machine slows every row alike instead of whichever ran last."""
+    for step, _ in steps.values():
+        for i in range(warmup):
+            step(i)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, (step, per_round) in steps.items():
+            for i in range(per_round):
+                t0 = time.perf_counter()
+                step(i)
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
 
 
 def make_batches(shape, batch, n=4, seed=0):
@@ -82,9 +88,11 @@ def graphc_step(case, backend: str):
 
 def graphc_generate_seconds(factory, inputs) -> float:
     model = gc.capture(factory(), seed=0, **inputs)
-    output = model.outputs[0].name
+    out = model.outputs[0]
+    # class logits [N, C] -> cross-entropy; anything else (e.g. per-token features) -> mse
+    loss = gc.losses.cross_entropy(out.name, label="y") if out.rank == 2 else gc.losses.mse(out.name, label="y")
     t0 = time.perf_counter()
-    gc.training.generate(model, gc.losses.cross_entropy(output, label="y"), gc.optim.AdamW(1e-3))
+    gc.training.generate(model, loss, gc.optim.AdamW(1e-3))
     return time.perf_counter() - t0
 
 
@@ -323,61 +331,64 @@ def threadpool_limit():
     return threadpool_limits(limits=THREADS)
 
 
-def run_row(name, make, case, steps):
+def build(make, case):
+    """(step function, None) or (None, why it is missing)."""
+    if make is None:
+        return None, "not available"
     try:
-        step = make(case)
+        return make(case), ""
     except ImportError as exc:
-        return name, None, f"not available ({exc.name or exc})"
+        return None, f"not available ({exc.name or exc})"
     except Exception as exc:  # noqa: BLE001 - a failing competitor is reported, not fatal
-        return name, None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-    return name, median_ms(step, steps), ""
+        return None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=50, help="timed steps per row (fast rows)")
-    parser.add_argument("--numpy-steps", type=int, default=10, help="timed steps for the numpy-backend rows")
+    parser.add_argument("--rounds", type=int, default=10, help="turns each row takes")
+    parser.add_argument("--per-round", type=int, default=5, help="timed steps per turn (fast rows)")
+    parser.add_argument("--numpy-per-round", type=int, default=1, help="timed steps per turn (numpy-backend rows)")
     args = parser.parse_args()
     limiter = threadpool_limit()
-    import onnxsim  # noqa: F401  (presence check below)
+    has_onnxsim_loop = False
+    try:
+        import onnxsim
 
-    has_onnxsim_loop = hasattr(__import__("onnxsim"), "compile_training_loop")
+        has_onnxsim_loop = hasattr(onnxsim, "compile_training_loop")
+    except ImportError:
+        pass
     rows = [
-        ("graphc ort-cpu", lambda c: graphc_step(c, "ort-cpu"), args.steps),
-        ("graphc numpy", lambda c: graphc_step(c, "numpy"), args.numpy_steps),
-        ("hand-written numpy", lambda c: (numpy_mlp_step if c["factory"] is MLP else numpy_cnn_step)(c), args.steps),
-        ("pytorch eager", torch_step, args.steps),
-        ("onnxsim compile_training_loop", onnxsim_step if has_onnxsim_loop else None, args.steps),
+        ("graphc ort-cpu", lambda c: graphc_step(c, "ort-cpu"), args.per_round),
+        ("graphc numpy", lambda c: graphc_step(c, "numpy"), args.numpy_per_round),
+        ("hand-written numpy", lambda c: (numpy_mlp_step if c["factory"] is MLP else numpy_cnn_step)(c),
+         args.numpy_per_round),
+        ("pytorch eager", torch_step, args.per_round),
+        ("onnxsim compile_training_loop", onnxsim_step if has_onnxsim_loop else None, args.per_round),
     ]
     print(f"median ms per training step, {THREADS} threads "
-          f"(numpy threads {'limited by threadpoolctl' if limiter else 'from *_NUM_THREADS'})")
-    results: dict[str, dict[str, float | None]] = {}
+          f"(numpy threads {'limited by threadpoolctl' if limiter else 'from *_NUM_THREADS'}); "
+          f"rows take turns, {args.rounds} rounds")
     for case_name, case in CASES.items():
         print(f"\n{case_name}")
-        for name, make, steps in rows:
-            if make is None:
-                print(f"  {name:32s} not available")
-                continue
-            name, ms, note = run_row(name, make, case, steps)
-            results.setdefault(case_name, {})[name] = ms
-            print(f"  {name:32s} {f'{ms:9.3f} ms' if ms is not None else note}", flush=True)
-        ref = results[case_name].get("pytorch eager")
-        ours = results[case_name].get("graphc ort-cpu")
+        built = {name: (build(make, case), per_round) for name, make, per_round in rows}
+        ready = {name: (step, per_round) for name, ((step, _), per_round) in built.items() if step is not None}
+        medians = interleaved_medians(ready, args.rounds)
+        for name, ((step, why), _) in built.items():
+            print(f"  {name:32s} {f'{medians[name]:9.3f} ms' if step is not None else why}", flush=True)
+        ref, ours = medians.get("pytorch eager"), medians.get("graphc ort-cpu")
         if ref and ours:
             print(f"  graphc ort-cpu vs pytorch eager: {ref / ours:.2f}x "
                   f"({'as fast or faster' if ours <= ref else 'slower'})")
 
-    from graphc.models import resnet, transformer
+    from graphc.models import EXAMPLES
 
     print("\ngc.training.generate time (AdamW)")
-    for label, module in (("resnet", resnet), ("transformer", transformer)):
-        factory, inputs = {"resnet": (resnet.ResNet, resnet.example_inputs),
-                           "transformer": (transformer.TransformerEncoder, transformer.example_inputs)}[label]
+    for label in ("resnet", "transformer"):
+        factory, inputs = EXAMPLES[label]
         try:
             print(f"  {label:12s} {graphc_generate_seconds(factory, inputs()):.2f} s")
         except Exception as exc:  # noqa: BLE001
             print(f"  {label:12s} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
-
 
 if __name__ == "__main__":
     main()
