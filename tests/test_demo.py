@@ -1,5 +1,6 @@
 """`graphc demo` end to end: >= 95% test accuracy on digits, export, parity, files written."""
 
+import os
 import re
 import subprocess
 import sys
@@ -13,7 +14,7 @@ GRAPHC = str(Path(sys.executable).parent / "graphc")
 def test_demo_reaches_95_percent_and_writes_everything(tmp_path):
     out = tmp_path / "demo"
     r = subprocess.run([GRAPHC, "demo", "--out", str(out)], capture_output=True, text=True, timeout=120,
-                       env={"COLUMNS": "200", "PATH": ""})
+                       env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0, r.stdout + r.stderr
     accuracy = float(re.search(r"test accuracy ([\d.]+)%", r.stdout).group(1))
     assert accuracy >= 95.0
