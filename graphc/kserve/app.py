@@ -7,6 +7,7 @@ Routes: ``GET /v2/health/live``, ``/v2/health/ready``, ``GET /v2``,
 
 from __future__ import annotations
 
+import time
 import zlib
 from typing import Any
 
@@ -22,6 +23,11 @@ from graphc.kserve.repository import ServedModel
 
 DEFAULT_MAX_BODY_BYTES = 256 << 20
 HEADER_LENGTH = "inference-header-content-length"
+# Requests that a model answers faster than this, with bodies up to INLINE_BYTES, run on the
+# event loop: the hop to a worker thread would cost more than the work (measured with
+# scripts/bench_serve.py). Slower or larger ones go to the thread pool so the loop stays free.
+INLINE_SECONDS = 0.002
+INLINE_BYTES = 1 << 20
 
 
 class ModelRegistry:
@@ -81,10 +87,12 @@ def _header_length(request: Request) -> int | None:
 
 
 def _infer(model: ServedModel, body: bytes | bytearray, header_length: int | None) -> Response:
-    """Decode, run and encode one request (runs on a worker thread)."""
+    """Decode, run and encode one request; remembers how long the model took."""
+    start = time.perf_counter()
     request = decode_request(body, header_length)
     results = model.infer(request)
     payload, json_length = encode_response(model.name, model.version, request, results)
+    model.recent_seconds = 0.8 * model.recent_seconds + 0.2 * (time.perf_counter() - start)
     if json_length is None:
         return Response(payload, media_type="application/json")
     return Response(payload, media_type="application/octet-stream",
@@ -153,12 +161,17 @@ def create_app(models: dict[str, ServedModel], max_body_bytes: int = DEFAULT_MAX
     async def model_ready(name: str, version: str | None = None) -> dict[str, Any]:
         return {"name": registry.get(name, version).name, "ready": True}
 
-    @app.post("/v2/models/{name}/infer")
-    @app.post("/v2/models/{name}/versions/{version}/infer")
-    async def infer(request: Request, name: str, version: str | None = None) -> Response:
-        model = registry.get(name, version)
+    async def infer(request: Request) -> Response:
+        # A plain Starlette route: the hot path skips FastAPI's per-request dependency solving.
+        model = registry.get(request.path_params["name"], request.path_params.get("version"))
         header_length = _header_length(request)
         body = await _read_body(request, max_body_bytes)
+        if model.recent_seconds < INLINE_SECONDS and len(body) <= INLINE_BYTES:
+            return _infer(model, body, header_length)
         return await to_thread.run_sync(_infer, model, body, header_length)
+
+    for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
+        app.router.add_route(path, infer, methods=["POST"])
+    app.router.routes[:] = sorted(app.router.routes, key=lambda r: not getattr(r, "path", "").endswith("/infer"))
 
     return app
