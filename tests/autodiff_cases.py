@@ -15,7 +15,7 @@ import onnx
 from onnx import helper
 
 # domains of random float inputs
-NORMAL, POSITIVE, AWAY = "normal", "positive", "away"  # AWAY: |x| in [0.5, 1.5], random sign
+NORMAL, POSITIVE, AWAY, WIDE = "normal", "positive", "away", "wide"  # AWAY: |x| in [0.5, 1.5]; WIDE: 4 x NORMAL
 
 
 @dataclass
@@ -47,6 +47,8 @@ def draw(t: T, rng: np.random.Generator, dtype) -> np.ndarray:
     x = rng.standard_normal(t.shape)
     if t.domain == POSITIVE:
         x = rng.uniform(0.5, 2.0, t.shape)
+    elif t.domain == WIDE:
+        x = 4 * x
     elif t.domain == AWAY:
         x = rng.uniform(0.5, 1.5, t.shape) * rng.choice([-1.0, 1.0], t.shape)
     return np.asarray(x, dtype=dtype)
@@ -148,6 +150,19 @@ def _cases() -> list[GradCase]:
         c("Sum", [T((3, 4)), T((4,)), T((3, 1))]),
         c("Max", [T((3, 4)), T((4,))]),
         c("Min", [T((3, 4)), T((3, 1)), T((3, 4))]),
+        c("Mean", [T((3, 4)), T((4,))]),
+        c("Softplus", [T((3, 4))]),
+        c("Elu", [T((3, 4), AWAY)], {"alpha": 0.7}),
+        c("Selu", [T((3, 4), AWAY)]),
+        c("HardSigmoid", [T((3, 4))], {"alpha": 0.3}),
+        c("HardSwish", [T((4, 5), WIDE)]),
+        c("PRelu", [T((3, 4), AWAY), T((4,))]),
+        c("Sin", [T((3, 4))]),
+        c("Cos", [T((3, 4))]),
+        c("Floor", [T((3, 4))]),
+        c("Ceil", [T((3, 4))]),
+        c("Round", [T((3, 4))]),
+        c("Sign", [T((3, 4))]),
         # linear algebra
         c("MatMul", [T((3, 4)), T((4, 5))]),
         c("MatMul", [T((2, 3, 4)), T((4, 5))], tag="batched_weight"),
@@ -168,6 +183,8 @@ def _cases() -> list[GradCase]:
         c("ReduceMax", [T((2, 3, 4)), i64(1)], {"keepdims": 0}),
         c("ReduceMin", [T((2, 3, 4))], {"keepdims": 1}),
         c("ReduceSumSquare", [T((2, 3, 4)), i64(2)], {"keepdims": 0}),
+        c("ReduceL2", [T((2, 3, 4)), i64(1)], {"keepdims": 0}),
+        c("ReduceLogSumExp", [T((2, 3, 4)), i64(0, 2)], {"keepdims": 1}),
         c("Softmax", [T((2, 3, 4))], {"axis": 1}),
         c("Softmax", [T((2, 3, 4))], {"axis": 1}, opset=11, tag="opset11"),
         c("LogSoftmax", [T((3, 5))]),
@@ -190,6 +207,12 @@ def _cases() -> list[GradCase]:
         c("Gather", [T((5, 3)), i64(0, 2, 2, -1)], {"axis": 0}, tag="embedding"),
         c("Gather", [T((2, 4, 3)), np.array([[1, 3], [0, 1]], dtype=np.int64)], {"axis": 1}, tag="axis1"),
         c("Gather", [T((2, 4)), np.array(2, dtype=np.int64)], {"axis": 1}, tag="scalar"),
+        c("GatherElements", [T((3, 4)), np.array([[0, 2], [1, 1], [3, 0]], dtype=np.int64)], {"axis": 1}),
+        c("CumSum", [T((3, 4)), np.array(1, dtype=np.int64)]),
+        c("CumSum", [T((3, 4)), np.array(0, dtype=np.int64)], {"reverse": 1, "exclusive": 1}, tag="reverse_exclusive"),
+        c("Pad", [T((2, 3)), i64(1, 0, 2, 3)]),
+        c("Pad", [T((2, 3, 4)), i64(1, 2, 0, 3), np.array(0.5), i64(0, -1)], opset=18, tag="axes"),
+        c("Tile", [T((2, 3)), i64(2, 1)]),
         # neural-network ops
         c("Dropout", [T((3, 4))], tag="inference"),
         c("Dropout", [T((3, 4)), np.array(0.3), np.array(True)], {"seed": 7}, ort=False, tag="training"),

@@ -231,3 +231,78 @@ def grad_max(g, node, dy):
 @grad_rule("Min")
 def grad_min(g, node, dy):
     return _select_extreme(g, node, dy)
+
+
+@grad_rule("Mean")
+def grad_mean(g, node, dy):
+    share = g.div(dy, g.scalar(float(len(node.inputs)), dy))
+    return tuple(_to(g, node, share, i) for i in range(len(node.inputs)))
+
+
+@grad_rule("Softplus")
+def grad_softplus(g, node, dy):
+    return (g.mul(dy, g.op("Sigmoid", node.inputs[0])),)
+
+
+@grad_rule("Elu")
+def grad_elu(g, node, dy):
+    # dy where x > 0, else dy * alpha * exp(x); at x == 0 the slope is alpha (PyTorch's elu_backward)
+    x = node.inputs[0]
+    neg = g.mul(dy, g.mul(g.op("Exp", x), g.scalar(attr(node, "alpha", 1.0), dy)))
+    return (g.op("Where", g.op("Greater", x, g.scalar(0.0, x)), dy, neg),)
+
+
+@grad_rule("Selu")
+def grad_selu(g, node, dy):
+    # scale * (x > 0 ? 1 : alpha * exp(x)); at x == 0 the negative branch, like PyTorch
+    x = node.inputs[0]
+    alpha, gamma = attr(node, "alpha", 1.67326319217681884765625), attr(node, "gamma", 1.05070102214813232421875)
+    pos = g.mul(dy, g.scalar(gamma, dy))
+    neg = g.mul(dy, g.mul(g.op("Exp", x), g.scalar(alpha * gamma, dy)))
+    return (g.op("Where", g.op("Greater", x, g.scalar(0.0, x)), pos, neg),)
+
+
+@grad_rule("HardSigmoid")
+def grad_hard_sigmoid(g, node, dy):
+    # alpha where 0 < alpha*x + beta < 1 (strict, as PyTorch's hardsigmoid_backward), else 0
+    x = node.inputs[0]
+    alpha, beta = attr(node, "alpha", 0.2), attr(node, "beta", 0.5)
+    z = g.add(g.mul(x, g.scalar(alpha, x)), g.scalar(beta, x))
+    inside = g.op("And", g.op("Greater", z, g.scalar(0.0, x)), g.op("Less", z, g.scalar(1.0, x)))
+    return (g.op("Where", inside, g.mul(dy, g.scalar(alpha, dy)), g.scalar(0.0, dy)),)
+
+
+@grad_rule("HardSwish")
+def grad_hard_swish(g, node, dy):
+    # PyTorch's hardswish_backward: 0 for x < -3, dy * (x/3 + 0.5) for -3 <= x <= 3, dy above
+    x = node.inputs[0]
+    mid = g.mul(dy, g.add(g.div(x, g.scalar(3.0, x)), g.scalar(0.5, x)))
+    upper = g.op("Where", g.op("LessOrEqual", x, g.scalar(3.0, x)), mid, dy)
+    return (g.op("Where", g.op("Less", x, g.scalar(-3.0, x)), g.scalar(0.0, dy), upper),)
+
+
+@grad_rule("PRelu")
+def grad_prelu(g, node, dy):
+    # dy where x > 0, else slope * dy; the slope gets dy * x where x <= 0 (PyTorch: at 0, slope)
+    x, slope = node.inputs
+    positive = g.op("Greater", x, g.scalar(0.0, x))
+    zero = g.scalar(0.0, dy)
+    dx = g.op("Where", positive, dy, g.mul(dy, slope)) if g.wants(x) else None
+    dslope = g.op("Where", positive, zero, g.mul(dy, x)) if g.wants(slope) else None
+    return _to(g, node, dx, 0), _to(g, node, dslope, 1)
+
+
+@grad_rule("Sin")
+def grad_sin(g, node, dy):
+    return (g.mul(dy, g.op("Cos", node.inputs[0])),)
+
+
+@grad_rule("Cos")
+def grad_cos(g, node, dy):
+    return (g.neg(g.mul(dy, g.op("Sin", node.inputs[0]))),)
+
+
+@grad_rule("Floor", "Ceil", "Round", "Sign")
+def grad_piecewise_constant(g, node, dy):
+    # zero almost everywhere (PyTorch returns zeros): no gradient flows back
+    return (None,)

@@ -138,3 +138,26 @@ def grad_log_softmax(g, node, dy):
     y = node.outputs[0]
     s = g.reduce("ReduceSum", dy, _softmax_axes(g, node), keepdims=True)
     return (g.sub(dy, g.mul(g.op("Exp", y), s)),)
+
+
+@grad_rule("ReduceL2")
+def grad_reduce_l2(g, node, dy):
+    # dx = dy * x / y (inf/nan where y == 0, like PyTorch's norm backward at 0 gives 0: guard)
+    axes, noop = _reduce_axes(g, node)
+    x = node.inputs[0]
+    y = _expand_back(g, node, node.outputs[0], axes) if not noop else node.outputs[0]
+    dyk = _expand_back(g, node, dy, axes) if not noop else dy
+    zero = g.scalar(0.0, y)
+    safe = g.op("Where", g.op("Equal", y, zero), g.scalar(1.0, y), y)
+    return g.op("Where", g.op("Equal", y, zero), zero, g.mul(dyk, g.div(x, safe))), None
+
+
+@grad_rule("ReduceLogSumExp")
+def grad_reduce_log_sum_exp(g, node, dy):
+    # dx = dy * exp(x - y): the softmax over the reduced axes
+    axes, noop = _reduce_axes(g, node)
+    x = node.inputs[0]
+    if noop:
+        return dy, None
+    y = _expand_back(g, node, node.outputs[0], axes)
+    return g.mul(_expand_back(g, node, dy, axes), g.op("Exp", g.sub(x, y))), None

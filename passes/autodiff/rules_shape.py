@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, is_static, static_shape
 from graphc.passes.autodiff.registry import grad_rule
 
@@ -129,3 +130,48 @@ def grad_gather(g, node, dy):
     idx = g.op("Cast", g.unsqueeze(idx, [q]), to=int(ir.DataType.INT64))
     scattered = g.op("ScatterND", zeros, idx, dy_t, reduction="add")
     return g.transpose(scattered, list(np.argsort(data_perm))), None
+
+
+@grad_rule("GatherElements")
+def grad_gather_elements(g, node, dy):
+    data, idx = node.inputs
+    zeros = g.zeros_like(data)
+    return g.op("ScatterElements", zeros, idx, dy, axis=attr(node, "axis", 0), reduction="add"), None
+
+
+@grad_rule("CumSum")
+def grad_cumsum(g, node, dy):
+    # the adjoint of a running sum is the running sum in the other direction
+    reverse = 0 if attr(node, "reverse", 0) else 1
+    return g.op("CumSum", dy, node.inputs[1], exclusive=attr(node, "exclusive", 0), reverse=reverse), None
+
+
+@grad_rule("Pad")
+def grad_pad(g, node, dy):
+    # constant mode with constant, non-negative pads: slice the padding back off
+    x = node.inputs[0]
+    pads = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    axes = const_array(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+    mode = attr(node, "mode", "constant")
+    if mode != "constant" or pads is None or np.any(pads < 0) or (len(node.inputs) > 3 and node.inputs[3]
+                                                                  is not None and axes is None):
+        raise GraphError(f"gradient of Pad {node.name!r} needs mode='constant' and constant, non-negative pads")
+    rank = g.rank(x)
+    axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
+    n = len(axes)
+    begin = [int(p) for p in pads[:n]]
+    ends = g.add(g.op("Gather", g.shape_of(x), g.ints(axes)), g.ints(begin))
+    return (g.op("Slice", dy, g.ints(begin), ends, g.ints(axes)),) + (None,) * (len(node.inputs) - 1)
+
+
+@grad_rule("Tile")
+def grad_tile(g, node, dy):
+    # dy viewed as [r0, d0, r1, d1, ...] summed over the repeat axes (static shape and repeats)
+    x = node.inputs[0]
+    shape, repeats = static_shape(x), const_array(node.inputs[1])
+    if not is_static(shape) or repeats is None:
+        raise GraphError(f"gradient of Tile {node.name!r} needs a static input shape and constant repeats")
+    split = [v for r, d in zip(repeats, shape) for v in (int(r), d)]
+    summed = g.reduce("ReduceSum", g.op("Reshape", dy, g.ints(split)), list(range(0, 2 * len(shape), 2)),
+                      keepdims=False)
+    return summed, None
