@@ -264,3 +264,26 @@ def test_two_outputs_identity_of_one_value_keep_both_names():
     m = make_model(nodes, [("x", F, ["N", 4])], [("a", F, ["N", 4]), ("b", F, ["N", 4])])
     out = check(m, 2, ["Relu", "Identity"])
     assert [v.name for v in out.ir.graph.outputs] == ["a", "b"]
+
+
+def test_neutral_tensor_operands_and_parameters():
+    nodes = [const("zeros", np.zeros((1, 4), np.float32)), helper.make_node("Add", ["x", "zeros"], ["a"]),
+             helper.make_node("Mul", ["ones", "a"], ["m"]), helper.make_node("Add", ["m", "bias"], ["y"])]
+    m = make_model(nodes, [("x", F, ["N", 4])], [("y", F, ["N", 4])],
+                   [("ones", np.ones(4, np.float32)), ("bias", np.zeros(4, np.float32))])
+    # level 2: the Constant zeros go; `ones` and `bias` are parameters (initializers) and stay
+    assert op_types(gc.optimize(m, 2)) == ["Mul", "Add"]
+    check(m, 3, ["Identity"])  # inference: parameters are constants; y = x
+
+
+def test_neutral_operand_that_broadcasts_is_kept():
+    nodes = [const("zeros", np.zeros((3, 1), np.float32)), helper.make_node("Add", ["x", "zeros"], ["y"])]
+    m = make_model(nodes, [("x", F, [1, 4])], [("y", F, [3, 4])])
+    check(m, 3, ["Add"], batches=(1,))
+
+
+def test_parameters_not_folded_below_level3():
+    nodes = [helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]), helper.make_node("MatMul", ["x", "Wt"], ["y"])]
+    m = make_model(nodes, [("x", F, ["N", 3, 8])], [("y", F, ["N", 3, 5])], [("W", w(5, 8))])
+    assert op_types(gc.optimize(m, 2)) == ["Transpose", "MatMul"] and "W" in gc.optimize(m, 2).params
+    check(m, 3, ["MatMul"])

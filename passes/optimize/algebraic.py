@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import _basics
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
@@ -10,12 +11,11 @@ from onnxscript.rewriter.rules.common import (
     _broadcast_to_matmul,
     _collapse_slices,
     _matmul_add_to_gemm,
-    _no_op,
 )
 
-from graphc.passes.optimize.rules import RulePass
+from graphc.passes.optimize.rules import RulePass, const_array
 
-__all__ = ["algebraic_pass", "gemm_pass"]
+__all__ = ["NeutralOperandElimination", "algebraic_pass", "gemm_pass"]
 
 DT = ir.DataType
 # Casts that every value of the source type survives exactly (so casting back recovers it).
@@ -110,20 +110,63 @@ class TransposeIntoGemm(RewriteRuleClassBase):
         return op.Gemm(a, b, *node.inputs[2:], **{k: v.value for k, v in attrs.items()})
 
 
+# op -> (neutral element, operand positions that may hold it)
+_NEUTRAL = {"Add": (0, (0, 1)), "Sub": (0, (1,)), "Mul": (1, (0, 1)), "Div": (1, (1,))}
+
+
+class NeutralOperandElimination(ir.passes.InPlacePass):
+    """``x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1`` -> x, where the 0/1 is a constant tensor of
+    any shape whose elements all equal the neutral element, as long as broadcasting it does not
+    change x's shape or dtype (each of its dims, right-aligned, is 1 or x's static dim). Exact
+    for every x (NaN and inf included; only the sign of a zero may flip in ``-0 + 0``).
+    ``protected`` initializers (parameters, below level 3) are never taken for constants: a
+    zero-initialised bias is still a bias that training will move."""
+
+    name = "NeutralOperandElimination"
+
+    def __init__(self, protected: frozenset[str] = frozenset()):
+        super().__init__()
+        self.protected = protected
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+            rule = _NEUTRAL.get(node.op_type)
+            if rule is None or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+                continue
+            for pos in rule[1]:
+                x, c = node.inputs[1 - pos], node.inputs[pos]
+                if self._is_neutral(c, rule[0], x):
+                    # An Identity keeps a graph output's name; identity elimination removes it.
+                    identity = ir.Node("", "Identity", [x], metadata_props=dict(node.metadata_props))
+                    ir.convenience.replace_nodes_and_values(
+                        node.graph, node, [node], [identity], node.outputs, identity.outputs)
+                    modified = True
+                    break
+        return ir.passes.PassResult(model, modified)
+
+    def _is_neutral(self, c: ir.Value | None, neutral: int, x: ir.Value | None) -> bool:
+        if c is None or x is None or c.name in self.protected or x.shape is None or x.dtype != c.dtype:
+            return False
+        array = const_array(c)
+        if array is None or array.ndim > len(x.shape) or not np.all(array == neutral):
+            return False
+        return all(c_dim == 1 or c_dim == x_dim
+                   for c_dim, x_dim in zip(reversed(array.shape), reversed(list(x.shape))))
+
+
 def algebraic_pass() -> RulePass:
-    """Identities that hold for every input value:
-    1. ``x*1, 1*x, x+0, 0+x, x-0, x/1`` -> x (scalar constants only, so no broadcast is lost);
-    2. ``Cast(x, to=dtype(x))`` -> x; lossless ``Cast`` chains collapse (``LosslessCastCast``);
-    3. ``Transpose(Transpose(x, p), q)`` -> one Transpose (or x when q∘p is the identity);
+    """Identities that hold for every input value (``x*1, x+0`` ... are
+    ``NeutralOperandElimination``'s):
+    1. ``Cast(x, to=dtype(x))`` -> x; lossless ``Cast`` chains collapse (``LosslessCastCast``);
+    2. ``Transpose(Transpose(x, p), q)`` -> one Transpose (or x when q∘p is the identity);
        ``Transpose`` with the identity perm -> x;
-    4. ``Reshape(Reshape(x, s1), s2)`` -> ``Reshape(x, s2)`` for a constant s2;
+    3. ``Reshape(Reshape(x, s1), s2)`` -> ``Reshape(x, s2)`` for a constant s2;
        ``Unsqueeze(Unsqueeze(x))`` -> one Unsqueeze; ``Expand`` to x's own shape -> x;
        ``Slice`` covering the whole axis -> x; Reshapes around a 2-D MatMul that only
        add/remove broadcast dims are dropped (onnxscript's rules, each checks shapes);
-    5. ``Gemm(Transpose(a), b)`` -> ``Gemm(a, b, transA=1)`` (``TransposeIntoGemm``)."""
+    4. ``Gemm(Transpose(a), b)`` -> ``Gemm(a, b, transA=1)`` (``TransposeIntoGemm``)."""
     rules = [
-        *_no_op.mul_by_1_rule.commute(), *_no_op.add_0_rule.commute(),
-        _no_op.sub_0_rule, _no_op.div_by_1_rule,
         LosslessCastCast().rule(),
         _basic_rules.no_op_cast_rule, _basic_rules.no_op_expand_rule,
         _basic_rules.reshape_reshape_rule, _basic_rules.no_op_transpose_rule,

@@ -11,7 +11,7 @@ from onnxscript.rewriter.rules.common import _fuse_batchnorm
 from graphc.passes.optimize.library import INPUT_LIMIT
 from graphc.passes.optimize.rules import RulePass, const_array
 
-__all__ = ["inference_pass", "pre_apply_transposes_pass"]
+__all__ = ["fold_weights_pass", "inference_pass"]
 
 
 def _inference_bn(check):
@@ -58,15 +58,18 @@ class DropoutInference(RewriteRuleClassBase):
         return op.Identity(x)
 
 
-def pre_apply_transposes_pass() -> ir.passes.PassBase:
-    """``Transpose(W)`` of a constant W -> a constant holding W transposed, whatever its size or
-    number of users. Level 1's folder already does this for single-use weights; it skips a shared
-    W (folding would keep both copies), which at inference export is worth it: the runtime then
-    never transposes at load or run time. Exact: a transpose only moves elements."""
+def fold_weights_pass() -> ir.passes.PassBase:
+    """Every node computed from constants only (``Transpose``/``Slice``/``Reshape``/``Cast``...
+    of a weight) is evaluated now, whatever its size or number of users. Level 1's folder stops
+    at ``INPUT_LIMIT`` elements and skips shared weights so a trainable model never stores a
+    weight twice; at inference export the weights are final, the original usually dies, and
+    the runtime no longer transposes or slices weights at load or run time. Exact: the folder
+    runs the op's reference implementation. ``ConstantOfShape`` stays (it would only grow the
+    file), as do graph inputs with defaults (a caller may override them)."""
     p = _constant_folding.FoldConstantsPass(
         shape_inference=False, input_size_limit=INPUT_LIMIT, output_size_limit=2**62,
-        should_fold=lambda node: True if node.op_type == "Transpose" and node.domain in ("", "ai.onnx") else False)
-    p.name = "PreApplyWeightTransposes"
+        should_fold=lambda node: node.op_type != "ConstantOfShape")
+    p.name = "FoldConstantWeights"
     p.structural = False  # the folder reports modified even when it folded nothing
     return p
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from graphc.passes.optimize.algebraic import algebraic_pass, gemm_pass
+from graphc.passes.optimize.algebraic import NeutralOperandElimination, algebraic_pass, gemm_pass
 from graphc.passes.optimize.fusions import fusion_pass
-from graphc.passes.optimize.inference import inference_pass, pre_apply_transposes_pass
+from graphc.passes.optimize.inference import fold_weights_pass, inference_pass
 from graphc.passes.optimize.library import cleanup_passes, finish_passes
 from graphc.passes.optimize.pipeline import Pipeline
 from graphc.passes.optimize.shape_folding import ShapeFolding
@@ -23,7 +23,8 @@ LEVELS: dict[int, str] = {
        "Transpose into Gemm attributes, shape-subgraph folding (symbolic dims kept), Gelu (opset >= 20) and LayerNormalization (>= 17) "
        "fusions; safe for training graphs",
     3: "inference only: Conv/Gemm+BatchNormalization folding, Dropout removal, constant weight "
-       "transposes pre-applied",
+       "transposes (and every other constant subgraph, any size) pre-applied; equal parameters "
+       "merged",
 }
 MAX_LEVEL = max(LEVELS)
 
@@ -40,7 +41,8 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
     loop: list[ir.passes.PassBase] = cleanup_passes(protected, level)
     if level >= 2:
         fusions = fusion_pass(opset)
-        loop += [ShapeFolding(), algebraic_pass(), gemm_pass(), *([fusions] if fusions else [])]
+        loop += [ShapeFolding(), NeutralOperandElimination(protected if level < 3 else frozenset()),
+                 algebraic_pass(), gemm_pass(), *([fusions] if fusions else [])]
     if level >= 3:
-        loop += [inference_pass(), pre_apply_transposes_pass()]
+        loop += [inference_pass(), fold_weights_pass()]
     return Pipeline(loop, finish_passes(protected, level))

@@ -23,16 +23,24 @@ def _named(p: ir.passes.PassBase, name: str, structural: bool = True) -> ir.pass
     return p
 
 
-def fold_constants_pass() -> ir.passes.PassBase:
+def fold_constants_pass(protected: frozenset[str] = frozenset()) -> ir.passes.PassBase:
     """onnxscript's constant folder: evaluates nodes whose inputs are all constants (never graph
     inputs, so initializers a caller may override stay live) with the ONNX reference evaluator,
     and partially evaluates shape ops (``Shape``, ``Gather``/``Concat`` of shapes, ``Size``)
     from the static dims it knows, keeping symbolic dims symbolic. It also turns a ``Dropout``
     that the ONNX spec defines as identity (opset >= 12, no or false ``training_mode``, or ratio
-    0) into Identity; training-mode Dropout is left as is."""
+    0) into Identity; training-mode Dropout is left as is. Nodes reading a ``protected``
+    initializer (a parameter, below level 3) are not folded: the parameter keeps its name and
+    layout, so state dicts and a later ``gc.training.generate`` still find it."""
+
+    def should_fold(node: ir.Node) -> bool | None:
+        if protected and any(v is not None and v.name in protected and v.is_initializer() for v in node.inputs):
+            return False
+        return None
+
     return _named(_constant_folding.FoldConstantsPass(
-        shape_inference=True, input_size_limit=INPUT_LIMIT, output_size_limit=OUTPUT_LIMIT),
-        "FoldConstants")
+        shape_inference=True, input_size_limit=INPUT_LIMIT, output_size_limit=OUTPUT_LIMIT,
+        should_fold=should_fold), "FoldConstants")
 
 
 def parameter_names(model: ir.Model) -> frozenset[str]:
@@ -100,9 +108,10 @@ def cleanup_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> l
     """Level 1's loop: fold, then drop what folding left behind. Each is sound by construction:
     identity elimination and CSE only redirect uses to an equal value (graph outputs keep their
     names), unused-node removal deletes nodes no output depends on, and initializer dedup merges
-    byte-identical constants (``DeduplicateConstants``; parameters too at level 3)."""
+    byte-identical constants (``DeduplicateConstants``). Below level 3 the ``protected``
+    parameters are neither folded nor merged; level 3 (inference) treats them as constants."""
     return [
-        fold_constants_pass(),
+        fold_constants_pass(protected if level < 3 else frozenset()),
         IdentityElimination(),
         _named(common.CommonSubexpressionEliminationPass(), "CommonSubexpressionElimination"),
         _named(common.RemoveUnusedNodesPass(), "RemoveUnusedNodes"),

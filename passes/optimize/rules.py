@@ -22,9 +22,16 @@ class RulePass(ir.passes.InPlacePass):
         super().__init__()
         self.name = name
         self.rules = RewriteRuleSet(list(rules))
+        # The op types each rule's pattern needs: a rule whose ops are not all in the graph
+        # cannot match, and skipping it keeps the pass cheap (commuted rule sets run to 100+).
+        self._needs = [frozenset(n.op_type for n in rule._target_pattern._nodes) for rule in self.rules.rules]
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        count = self.rules.apply_to_model(model)
+        present = {n.op_type for n in ir.traversal.RecursiveGraphIterator(model.graph)}
+        rules = [r for r, needs in zip(self.rules.rules, self._needs) if needs <= present]
+        if not rules:
+            return ir.passes.PassResult(model, False)
+        count = RewriteRuleSet(rules).apply_to_model(model)
         if count:
             for node in ir.traversal.RecursiveGraphIterator(model.graph):
                 node.metadata_props.pop(RULE_NAME_TAG, None)

@@ -1,0 +1,217 @@
+"""Benchmark gc.optimize (levels 2 and 3) against onnxsim and onnxslim.
+
+For every models/ example (inference capture), its training ``train_step`` graph (when
+gc.training.generate can differentiate it) and a few imported ONNX files, prints: node count,
+onnxruntime CPU latency (ORT's own graph optimizations ON, as users run it; 2 threads; median of
+repeated runs) and the optimize time of each tool, and whether each result still computes the
+original's outputs. Then the targets: nodes <= the best of onnxsim/onnxslim, latency no worse
+(within 5% run-to-run noise), optimize time <= theirs.
+
+    python scripts/bench_optimize.py [--runs 50] [--batch 8] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from rich.console import Console
+from rich.table import Table
+
+import graphc as gc
+
+ROOT = Path(__file__).resolve().parent.parent
+ONNX_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
+IMPORTED = [ONNX_DATA / "light" / f"light_{n}.onnx" for n in ("squeezenet", "shufflenet", "inception_v1", "resnet50")]
+IMPORTED += [ONNX_DATA / "pytorch-converted" / n / "model.onnx" for n in ("test_PixelShuffle", "test_ConvTranspose2d")]
+TOOLS = ("original", "gc -O2", "gc -O3", "onnxsim", "onnxslim")
+NOISE = 1.05  # latency within 5% counts as "no worse"
+
+
+def collect_models(only: set[str]) -> list[tuple[str, onnx.ModelProto]]:
+    from graphc.models import EXAMPLES
+
+    models = []
+    for name, (factory, inputs) in EXAMPLES.items():
+        models.append((name, gc.capture(factory(), **inputs()).proto))
+        trained = gc.capture(factory(), **inputs(), training=True)
+        try:
+            arts = gc.training.generate(trained, gc.losses.cross_entropy("output", label="y"), gc.optim.Adam(1e-3))
+            models.append((f"{name}.train_step", arts.train_step.proto))
+        except gc.GraphError as exc:
+            print(f"[skip] {name}.train_step: {str(exc).splitlines()[0][:110]}")
+    for path in [*IMPORTED, *sorted((ROOT / "tests" / "data").glob("*.onnx"))]:
+        if path.is_file():
+            name = path.stem if path.stem != "model" else path.parent.name
+            models.append((name, gc.load(path).proto))
+    return [(n, m) for n, m in models if not only or n in only]
+
+
+def feeds_for(proto: onnx.ModelProto, batch: int) -> dict[str, np.ndarray]:
+    """Seeded inputs for everything without a default; symbolic dims get ``batch``."""
+    rng = np.random.default_rng(0)
+    defaults = {i.name for i in proto.graph.initializer}
+    feeds = {}
+    for value in proto.graph.input:
+        if value.name in defaults:
+            continue
+        t = value.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else batch for d in t.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
+        if np.issubdtype(dtype, np.floating):
+            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[value.name] = rng.random(shape) < 0.5
+        else:
+            feeds[value.name] = rng.integers(0, 2, shape).astype(dtype)
+    return feeds
+
+
+def ort_session(proto: onnx.ModelProto) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = 2
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def latency_ms(sess: ort.InferenceSession, feeds, runs: int, budget_s: float = 4.0) -> float:
+    names = {i.name for i in sess.get_inputs()}
+    feeds = {k: v for k, v in feeds.items() if k in names}
+    for _ in range(3):
+        sess.run(None, feeds)
+    times = []
+    deadline = time.perf_counter() + budget_s
+    while len(times) < runs and (len(times) < 5 or time.perf_counter() < deadline):
+        t0 = time.perf_counter()
+        sess.run(None, feeds)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def run_tool(tool: str, proto: onnx.ModelProto) -> tuple[onnx.ModelProto | None, float, str]:
+    """(optimized model, seconds, note). The copy/serialization each tool needs is timed too."""
+    t0 = time.perf_counter()
+    try:
+        if tool == "original":
+            return proto, 0.0, ""
+        if tool.startswith("gc"):
+            out = gc.optimize(proto, int(tool[-1])).proto
+        elif tool == "onnxsim":
+            import onnxsim
+
+            out, ok = onnxsim.simplify(proto)
+            if not ok:
+                return out, time.perf_counter() - t0, "check failed"
+        else:
+            import onnxslim
+
+            out = onnxslim.slim(proto)
+    except Exception as exc:  # a tool failing on a model is a result, not a crash
+        return None, time.perf_counter() - t0, f"failed: {type(exc).__name__}: {str(exc)[:60]}"
+    return out, time.perf_counter() - t0, ""
+
+
+def same_outputs(ref: dict, got: dict) -> bool:
+    for name, expected in ref.items():
+        actual = got.get(name)
+        if actual is None or actual.shape != expected.shape:
+            return False
+        if not np.allclose(actual, expected, rtol=1e-3, atol=1e-4, equal_nan=True):
+            return False
+    return True
+
+
+def bench_model(name: str, proto: onnx.ModelProto, runs: int, batch: int) -> dict[str, dict]:
+    feeds = feeds_for(proto, batch)
+    ref = None
+    rows = {}
+    input_names = [i.name for i in proto.graph.input]
+    for tool in TOOLS:
+        out, seconds, note = run_tool(tool, proto)
+        row = {"nodes": None, "ms": None, "opt_s": seconds, "note": note}
+        if out is not None:
+            row["nodes"] = len(out.graph.node)
+            try:
+                sess = ort_session(out)
+                got = dict(zip([o.name for o in sess.get_outputs()],
+                               sess.run(None, {k: v for k, v in feeds.items()
+                                               if k in {i.name for i in sess.get_inputs()}})))
+                if ref is None:
+                    ref = got
+                elif not same_outputs(ref, got):
+                    row["note"] = (row["note"] + " OUTPUTS DIFFER").strip()
+                if [i.name for i in out.graph.input] != input_names:
+                    row["note"] = (row["note"] + " inputs changed").strip()
+                row["ms"] = latency_ms(sess, feeds, runs)
+            except Exception as exc:
+                row["note"] = f"ort: {type(exc).__name__}: {str(exc)[:50]}"
+        rows[tool] = row
+    return rows
+
+
+def targets(rows: dict[str, dict]) -> list[str]:
+    """Which of the three targets gc -O3 (inference) / -O2 misses on this model."""
+    others = [rows[t] for t in ("onnxsim", "onnxslim") if rows[t]["nodes"] is not None and "DIFFER" not in rows[t]["note"]]
+    if not others:
+        return []
+    misses = []
+    ours = rows["gc -O3"]
+    best_nodes = min(r["nodes"] for r in others)
+    if ours["nodes"] is not None and ours["nodes"] > best_nodes:
+        misses.append(f"nodes {ours['nodes']}>{best_nodes}")
+    lat = [r["ms"] for r in others if r["ms"] is not None]
+    if lat and ours["ms"] is not None and ours["ms"] > min(lat) * NOISE:
+        misses.append(f"latency {ours['ms']:.3f}>{min(lat):.3f}ms")
+    fastest = min(r["opt_s"] for r in others)
+    slowest_ours = max(rows["gc -O2"]["opt_s"], ours["opt_s"])
+    if slowest_ours > fastest:
+        misses.append(f"time {slowest_ours:.3f}>{fastest:.3f}s")
+    return misses
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=50, help="latency runs per model and tool (median)")
+    parser.add_argument("--batch", type=int, default=8, help="size of symbolic (batch) dims")
+    parser.add_argument("--only", nargs="*", default=[], help="model names to run")
+    args = parser.parse_args()
+    console = Console(width=200)
+    console.print(f"onnxruntime {ort.__version__}, CPU, ORT_ENABLE_ALL, 2 threads, batch {args.batch}, "
+                  f"median of up to {args.runs} runs")
+    table = Table(title="gc.optimize vs onnxsim / onnxslim: nodes | ORT latency ms | optimize s")
+    table.add_column("model")
+    for tool in TOOLS:
+        table.add_column(tool, justify="right")
+    table.add_column("gc misses (vs best of onnxsim/onnxslim)")
+    summary = []
+    models = collect_models(set(args.only))
+    for tool in TOOLS:  # imports and first-call set-up are not part of any model's time
+        run_tool(tool, models[0][1])
+    for name, proto in models:
+        rows = bench_model(name, proto, args.runs, args.batch)
+        cells = []
+        for tool in TOOLS:
+            r = rows[tool]
+            nodes = "-" if r["nodes"] is None else str(r["nodes"])
+            ms = "-" if r["ms"] is None else f"{r['ms']:.3f}"
+            cell = f"{nodes} | {ms} | {r['opt_s']:.3f}"
+            if r["note"]:
+                cell += f"\n[red]{r['note']}[/]"
+            cells.append(cell)
+        misses = targets(rows)
+        summary.append((name, misses))
+        table.add_row(name, *cells, ", ".join(misses) or "[green]none[/]")
+    console.print(table)
+    met = sum(1 for _, m in summary if not m)
+    console.print(f"targets met on {met}/{len(summary)} models")
+
+
+if __name__ == "__main__":
+    main()
