@@ -282,6 +282,11 @@ def test_onnx_pytorch_converted_models_train(case):
     out = model.outputs[0]
     arts = gc.training.generate(model, gc.losses.mse(out.name, label="target"), gc.optim.SGD(0.05))
     assert arts.manifest.opset == 17
+    assert [e.role for e in arts.manifest.graphs["inference"].inputs] == ["data"]
+    if len(arts.manifest.trainable) > 1:  # IR 3 lists initializers as inputs: a frozen one is not
+        frozen = gc.training.generate(model, gc.losses.mse(out.name, label="target"), gc.optim.SGD(0.05),
+                                      frozen=arts.manifest.trainable[:1])
+        assert arts.manifest.trainable[0] not in {e.name for e in frozen.manifest.graphs["train_step"].inputs}
     for graph in arts.graphs.values():
         check_graph(graph)
     data = [e for e in arts.manifest.graphs["train_step"].inputs if e.role == "data"]

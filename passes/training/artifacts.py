@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
-from onnx_ir.passes.common import RemoveUnusedNodesPass, ShapeInferencePass
+from onnx_ir.passes.common import RemoveInitializersFromInputsPass, RemoveUnusedNodesPass, ShapeInferencePass
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.core import backward, node_inputs
@@ -125,12 +125,14 @@ def _order_inputs(graph: ir.Graph, order: Sequence[str]) -> None:
 
 
 def _prepare(model: ir.Model) -> ir.Model:
-    """A copy of ``model`` at opset >= 17, weights in initializers, shapes inferred."""
+    """A copy of ``model`` at opset >= 17, weights in initializers (and not graph inputs, as
+    IR < 4 exports list them: training graphs re-expose the trainable ones), shapes inferred."""
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
     if opset < MIN_OPSET:
         base = _upgrade(model, opset)
     else:
         base = model.clone()
+    RemoveInitializersFromInputsPass()(base)
     imports.promote_constant_weights(base.graph)
     _infer_shapes(base)
     if imports.fill_unknown_ranks(base):
