@@ -185,6 +185,11 @@ def mish(x):
     return ((x * np.tanh(np.logaddexp(0, x))).astype(x.dtype, copy=False),)
 
 
+@kernel("Swish", since=24)
+def swish(x, *, alpha=1.0):
+    return ((x * sigmoid(x * alpha)[0]).astype(x.dtype, copy=False),)
+
+
 @kernel("Gelu", since=20)
 def gelu(x, *, approximate="none"):
     if approximate == "tanh":

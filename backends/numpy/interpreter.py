@@ -104,7 +104,8 @@ class Step:
         self.fn, self.context = found.fn, found.context
         self.attrs = {a.name: decode_attribute(a, opsets, functions) for a in node.attribute}
         if found.attributes is not None and "_outputs" in found.attributes:
-            self.attrs["_outputs"] = len([o for o in node.output if o])
+            # outputs asked for: up to the last named one (an empty name skips a position)
+            self.attrs["_outputs"] = max((i + 1 for i, o in enumerate(node.output) if o), default=0)
         self.inputs = tuple(node.input)
         self.outputs = tuple(node.output)
         outer = set()

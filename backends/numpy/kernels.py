@@ -18,7 +18,7 @@ from dataclasses import dataclass
 # Op families, imported on first lookup (each registers its kernels with @kernel).
 FAMILIES = (
     "elementwise", "reduction", "linalg", "conv", "norm", "resize",
-    "shape", "indexing", "control", "rnn", "sequence",
+    "shape", "indexing", "control", "rnn", "sequence", "losses", "attention", "quantize",
 )
 
 

@@ -86,6 +86,14 @@ def layer_norm(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1):
     return y, mean, inv_std
 
 
+@kernel("RMSNormalization", since=23)
+def rms_norm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    xs = x.astype(np.float32) if stash_type == 1 and x.dtype.itemsize < 4 else x
+    inv_rms = 1 / np.sqrt(np.mean(xs * xs, axis=axes, keepdims=True) + epsilon)
+    return ((xs * inv_rms).astype(x.dtype, copy=False) * scale,)
+
+
 @kernel("InstanceNormalization", since=6)
 def instance_norm(x, scale, bias, *, epsilon=1e-5):
     axes = tuple(range(2, x.ndim))

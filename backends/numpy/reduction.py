@@ -126,16 +126,25 @@ for _op, _fn in (("Softmax", _softmax), ("LogSoftmax", _log_softmax), ("Hardmax"
 
 
 # -- scans and selection ------------------------------------------------------------------------
-@kernel("CumSum", since=11)
-def cumsum(x, axis, *, exclusive=0, reverse=0):
+def _cumulative(fn, identity, x, axis, exclusive, reverse):
     axis = int(np.asarray(axis).ravel()[0])
     if reverse:
         x = np.flip(x, axis)
-    out = np.cumsum(x, axis=axis, dtype=x.dtype)
-    if exclusive:
-        out = np.concatenate([np.zeros_like(np.take(out, [0], axis=axis)),
-                              np.take(out, range(out.shape[axis] - 1), axis=axis)], axis=axis)
+    out = fn(x, axis=axis, dtype=x.dtype)
+    if exclusive:  # shift by one along the axis, the identity first
+        first = np.full_like(np.take(out, [0], axis=axis), identity)
+        out = np.concatenate([first, np.take(out, range(out.shape[axis] - 1), axis=axis)], axis=axis)
     return (np.flip(out, axis) if reverse else out,)
+
+
+@kernel("CumSum", since=11)
+def cumsum(x, axis, *, exclusive=0, reverse=0):
+    return _cumulative(np.cumsum, 0, x, axis, exclusive, reverse)
+
+
+@kernel("CumProd", since=26)
+def cumprod(x, axis, *, exclusive=0, reverse=0):
+    return _cumulative(np.cumprod, 1, x, axis, exclusive, reverse)
 
 
 def _topk(x, k, axis, largest, sorted_):

@@ -1,0 +1,67 @@
+"""Quantization kernels for 8/16-bit integer types: QuantizeLinear, DequantizeLinear (per
+tensor, per axis and blocked), DynamicQuantizeLinear, MatMulInteger. float8/int4 variants are
+out of scope (see the conformance exclusions)."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx.helper import tensor_dtype_to_np_dtype
+
+from graphc.backends.numpy.kernels import kernel
+
+
+def _broadcast_param(p, x, axis, block_size):
+    """A scale or zero point shaped to broadcast against ``x``."""
+    if p.ndim == 0 or p.size == 1 and not block_size:
+        return p.reshape(())
+    axis = axis % x.ndim
+    if block_size:
+        p = np.repeat(p, block_size, axis=axis)
+        return np.take(p, range(x.shape[axis]), axis=axis)
+    shape = [1] * x.ndim
+    shape[axis] = p.size
+    return p.reshape(shape)
+
+
+@kernel("DequantizeLinear", since=10)
+def dequantize_linear(x, scale, zero_point=None, *, axis=1, block_size=0, output_dtype=0):
+    s = _broadcast_param(scale, x, axis, block_size)
+    xi = x.astype(np.float32) if scale.dtype.itemsize < 4 else x.astype(scale.dtype)
+    if zero_point is not None:
+        xi = xi - _broadcast_param(zero_point, x, axis, block_size).astype(xi.dtype)
+    out = xi * s
+    dtype = tensor_dtype_to_np_dtype(output_dtype) if output_dtype else scale.dtype
+    return (out.astype(dtype),)
+
+
+@kernel("QuantizeLinear", since=10)
+def quantize_linear(x, scale, zero_point=None, *, axis=1, block_size=0, output_dtype=0, saturate=1,
+                    precision=0):
+    if zero_point is not None:
+        dtype = zero_point.dtype
+    else:
+        dtype = np.dtype(tensor_dtype_to_np_dtype(output_dtype)) if output_dtype else np.dtype(np.uint8)
+    s = _broadcast_param(scale, x, axis, block_size).astype(np.float32)
+    q = np.rint(x.astype(np.float32) / s)  # round half to even
+    if zero_point is not None:
+        q = q + _broadcast_param(zero_point, x, axis, block_size).astype(np.float32)
+    info = np.iinfo(dtype)
+    return (np.clip(q, info.min, info.max).astype(dtype),)
+
+
+@kernel("DynamicQuantizeLinear", since=11)
+def dynamic_quantize_linear(x):
+    lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+    scale = np.float32((hi - lo) / 255)
+    zero_point = np.uint8(np.clip(np.rint(-lo / scale), 0, 255)) if scale else np.uint8(0)
+    y = np.clip(np.rint(x / scale) + zero_point, 0, 255).astype(np.uint8) if scale else np.zeros(x.shape, np.uint8)
+    return y, np.array(scale, np.float32), np.array(zero_point, np.uint8)
+
+
+@kernel("MatMulInteger", since=10)
+def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
+    ai = a.astype(np.int32) - (a_zero_point.astype(np.int32) if a_zero_point is not None else 0)
+    bz = b_zero_point.astype(np.int32) if b_zero_point is not None else 0
+    if np.ndim(bz) == 1:
+        bz = bz.reshape(1, -1)
+    return (np.matmul(ai, b.astype(np.int32) - bz).astype(np.int32),)
