@@ -153,6 +153,16 @@ CASES = [
     ("resize_linear", "Resize", [r(1, 2, 4, 5), None, ints([1, 1, 1.5, 0.6], np.float32)], {"mode": "linear"}, 21, (F32,), 1),
     ("resize_nearest_sizes", "Resize", [r(1, 1, 3, 4), None, None, ints([1, 1, 7, 5])], {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, 21, (F32,), 1),
     ("resize_cubic_align", "Resize", [r(1, 1, 4, 4), None, ints([1, 1, 2, 2], np.float32)], {"mode": "cubic", "coordinate_transformation_mode": "align_corners"}, 21, (F32,), 1),
+    # losses, attention, quantization
+    ("nll_loss_weighted", "NegativeLogLikelihoodLoss", [r(4, 5, 3), ints([[0, 4, 1], [2, 2, -1], [3, 1, 0], [4, 0, 2]]), pos(5)], {"ignore_index": -1}, 21, (F32, F64), 1),
+    ("softmax_ce", "SoftmaxCrossEntropyLoss", [r(6, 4), ints([0, 3, 1, 2, 2, 0])], {"reduction": "sum"}, 21, (F32, F64), 2),
+    ("softmax_ce_none", "SoftmaxCrossEntropyLoss", [r(3, 4, 2), ints([[0, 3], [1, 1], [2, 0]])], {"reduction": "none"}, 21, (F32,), 1),
+    ("rms_norm", "RMSNormalization", [r(2, 3, 8), r(8)], {}, 23, (F32,), 1),
+    ("attention_causal_gqa", "Attention", [r(2, 4, 3, 8), r(2, 2, 5, 8), r(2, 2, 5, 8)], {"is_causal": 1}, 23, (F32,), 1),
+    ("attention_3d_mask", "Attention", [r(2, 3, 16), r(2, 5, 16), r(2, 5, 8), boolean(3, 5)], {"q_num_heads": 4, "kv_num_heads": 4}, 23, (F32,), 1),
+    ("attention_past", "Attention", [r(1, 2, 2, 4), r(1, 2, 2, 4), r(1, 2, 2, 4), None, r(1, 2, 3, 4), r(1, 2, 3, 4)], {"is_causal": 1}, 23, (F32,), 3),
+    ("dequantize_axis", "DequantizeLinear", [ints([[1, 200], [3, 40]], np.uint8), lambda dt: np.array([0.5, 2.0], np.float32), ints([1, 128], np.uint8)], {"axis": 1}, 21, (F32,), 1),
+    ("quantize", "QuantizeLinear", [r(3, 4, lo=-5, hi=5), lambda dt: np.array(0.05, np.float32), ints(3, np.int8)], {}, 21, (F32,), 1),
     # recurrent
     ("lstm_bidirectional", "LSTM", [r(5, 2, 3), r(2, 16, 3), r(2, 16, 4), r(2, 32), None, r(2, 2, 4), r(2, 2, 4)], {"hidden_size": 4, "direction": "bidirectional"}, 21, (F32,), 3),
     ("lstm_seq_lens", "LSTM", [r(4, 3, 2), r(1, 12, 2), r(1, 12, 3), None, ints([4, 2, 3], np.int32)], {"hidden_size": 3}, 21, (F32,), 3),
