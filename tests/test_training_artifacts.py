@@ -60,6 +60,37 @@ def test_examples_generate_clean_graphs(name):
     bn_stats = {e.name for e in arts.manifest.graphs["train_step"].inputs if e.role == "state" and e.name in model.params}
     assert arts.manifest.trainable
     assert set(arts.manifest.trainable) == set(model.params) - set(arts.manifest.frozen) - bn_stats
+    # and it trains: a few Adam steps on one small batch lower the loss
+    batch = {"y": RNG.integers(0, 10, 4)}
+    for e in arts.manifest.graphs["inference"].inputs:
+        shape = [4 if isinstance(d, str) else d for d in e.shape]
+        batch[e.name] = RNG.integers(0, 10, shape) if e.dtype == "int64" else RNG.normal(size=shape).astype(np.float32)
+    losses, _ = train(arts, batch, 4)
+    assert losses[-1] < losses[0], losses
+
+
+def test_generate_is_deterministic():
+    factory, inputs = EXAMPLES["cnn"]
+    model = gc.capture(factory(), **inputs())
+    spec, opt = gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(0.1, momentum=0.9)
+    a, b = gc.training.generate(model, spec, opt), gc.training.generate(model, spec, opt)
+    for key in a.graphs:
+        assert a.graphs[key].proto.SerializeToString() == b.graphs[key].proto.SerializeToString(), key
+
+
+def test_capture_in_training_mode_gives_the_same_artifacts():
+    """A model captured with training=True (training-mode BatchNorm) trains and evaluates as the
+    inference-mode capture does: generate sets the modes of each graph itself."""
+    factory, inputs = EXAMPLES["resnet"]
+    spec, opt = gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(0.1)
+    arts = [gc.training.generate(gc.capture(factory(), training=t, **inputs()), spec, opt) for t in (False, True)]
+    assert arts[0].manifest == arts[1].manifest
+    batch = {"x": RNG.normal(size=(3, 3, 32, 32)).astype(np.float32), "y": RNG.integers(0, 10, 3)}
+    for key in ("train_step", "eval"):
+        feeds = {**batch, **arts[0].state} if key == "train_step" else batch
+        out = [gc.Session(a.graphs[key], backend="ort-cpu").run(feeds) for a in arts]
+        for name in out[0]:
+            np.testing.assert_allclose(out[0][name], out[1][name], rtol=1e-5, atol=1e-6, err_msg=f"{key}:{name}")
 
 
 # -- interfaces ------------------------------------------------------------------------------
@@ -121,13 +152,34 @@ def test_eval_and_inference_agree():
     np.testing.assert_allclose(ev["loss"], -lsm[np.arange(10), batch["y"]].mean(), rtol=1e-5)
 
 
-def test_loss_given_as_a_scalar_output():
-    def net(x, y):
-        return {"loss_out": gc.losses.mse(x * 2.0, y)}
+class _Regression(gc.nn.Module):
+    """A model that computes its own loss with gc.losses inside forward."""
 
-    model = gc.capture(net, x=gc.spec("float32", ("N", 3)), y=gc.spec("float32", ("N", 3)))
+    def __init__(self):
+        super().__init__()
+        self.fc = gc.nn.Linear(3, 2)
+
+    def forward(self, x, target):
+        pred = self.fc(x)
+        return {"pred": pred, "total": gc.losses.huber(pred, target, delta=0.5)}
+
+
+def test_loss_given_as_a_scalar_output():
+    model = gc.capture(_Regression(), x=gc.spec("float32", ("N", 3)), target=gc.spec("float32", ("N", 2)))
+    arts = gc.training.generate(model, "total", gc.optim.SGD(0.1))
+    assert arts.manifest.loss == {"kind": "output", "output": "total", "label": None, "options": {}}
+    roles = {e.name: e.role for e in arts.manifest.graphs["train_step"].inputs}
+    assert roles["x"] == roles["target"] == "data" and roles["fc.weight"] == "param"
+    assert [e.name for e in arts.manifest.graphs["eval"].outputs] == ["loss", "pred", "total"]
+    batch = {"x": RNG.normal(size=(8, 3)).astype(np.float32), "target": RNG.normal(size=(8, 2)).astype(np.float32)}
+    losses, _ = train(arts, batch, 10, backend="numpy")
+    assert losses[-1] < losses[0]
+    params_only = gc.capture(lambda x, y: {"l": gc.losses.mse(x * 2.0, y)},
+                             x=gc.spec("float32", ("N", 3)), y=gc.spec("float32", ("N", 3)))
     with pytest.raises(gc.GraphError, match="no trainable"):
-        gc.training.generate(model, "loss_out", gc.optim.SGD(0.1))
+        gc.training.generate(params_only, "l", gc.optim.SGD(0.1))
+    with pytest.raises(gc.GraphError, match="float scalar"):
+        gc.training.generate(model, "pred", gc.optim.SGD(0.1))
 
 
 # -- training behaviour ----------------------------------------------------------------------

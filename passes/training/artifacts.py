@@ -170,7 +170,7 @@ def _append_loss(graph: ir.Graph, opset: int, loss: LossArgs) -> str | None:
     out = outputs[loss.output]
     if loss.kind is None:
         dims = list(out.shape) if out.shape is not None else []
-        if not imports.is_float(out) or int(np.prod([d for d in dims if isinstance(d, int)])) != 1:
+        if not imports.is_float(out) or not all(d == 1 for d in dims):  # [] or [1, ...]
             raise GraphError(f"loss {loss.output!r} must be a float scalar, got {out.dtype} {out.shape}")
         if out.name != LOSS:
             Builder(graph, opset, "loss/").op("Identity", out, name=LOSS)
