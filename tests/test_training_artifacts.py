@@ -263,3 +263,33 @@ def test_unknown_names_are_reported():
         gc.training.generate(model, gc.losses.mse("hidden", label="y"), gc.optim.SGD(0.1))
     with pytest.raises(gc.GraphError, match="already used"):
         gc.training.generate(model, gc.losses.mse("logits", label="x"), gc.optim.SGD(0.1))
+
+
+@pytest.mark.parametrize("opset", [17, 18, 23])
+def test_opsets(opset):
+    """Reduce* axes moved from attribute to input at 18: the graphs follow the model's opset."""
+    factory, inputs = EXAMPLES["cnn"]
+    model = gc.capture(factory(), opset=opset, **inputs())
+    arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y", label_smoothing=0.1),
+                                gc.optim.Adam(1e-3))
+    assert arts.manifest.opset == opset
+    for graph in arts.graphs.values():
+        check_graph(graph)
+    batch = {"x": RNG.normal(size=(2, 1, 28, 28)).astype(np.float32), "y": RNG.integers(0, 10, 2)}
+    first = [train(arts, batch, 1, backend)[0][0] for backend in ("numpy", "ort-cpu")]
+    np.testing.assert_allclose(first[0], first[1], rtol=1e-5)
+
+
+def test_float64_model():
+    proto = training_models.mlp().proto
+    for init in proto.graph.initializer:
+        init.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(init).astype(np.float64), init.name))
+    for v in [*proto.graph.input, *proto.graph.output]:
+        v.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    del proto.graph.value_info[:]
+    arts = gc.training.generate(gc.load(proto), gc.losses.cross_entropy("logits", label="y"), gc.optim.AdamW(0.01))
+    assert arts.state["fc1.weight"].dtype == np.float64 and arts.state["lr"].dtype == np.float32
+    batch = _classification_batch(8)
+    batch["x"] = batch["x"].astype(np.float64)
+    losses, state = train(arts, batch, 5, backend="numpy")
+    assert state["fc1.weight"].dtype == np.float64 and losses[-1] < losses[0]
