@@ -70,17 +70,17 @@ def run_demo(out: Union[str, os.PathLike] = "demo_out", backend: str = "auto", e
     model = _capture(seed)
     paths = {"captured model": model.save(out / "two_layer_net.onnx")}
     output = model.outputs[0].name
-    console.print(f"1. captured {model!r}", highlight=False)
+    console.print(f"1. captured {model!r}", highlight=False, soft_wrap=True)
 
     t0 = time.perf_counter()
     arts = gc.training.generate(model, gc.losses.cross_entropy(output, label="y"),
                                 gc.optim.SGD(LR, momentum=MOMENTUM))
     paths["training artifacts"] = arts.save(out / "artifacts")
     console.print(f"2. generated training artifacts ({len(arts.manifest.trainable)} trainable params, "
-                  f"SGD lr={LR} momentum={MOMENTUM}) in {time.perf_counter() - t0:.2f} s", highlight=False)
+                  f"SGD lr={LR} momentum={MOMENTUM}) in {time.perf_counter() - t0:.2f} s", highlight=False, soft_wrap=True)
 
     trainer = gc.Trainer(arts, backend=backend, seed=seed)
-    console.print(f"3. training on [bold]{trainer.backend}[/] for {epochs} epochs, batch {BATCH_SIZE}")
+    console.print(f"3. training on [bold]{trainer.backend}[/] for {epochs} epochs, batch {BATCH_SIZE}", soft_wrap=True)
     train = gc.data.DataLoader({"x": digits["x_train"], "y": digits["y_train"]}, BATCH_SIZE, seed=seed)
     test = gc.data.DataLoader({"x": digits["x_test"], "y": digits["y_test"]}, 512, shuffle=False)
     plot = out / "loss_curve.png" if _has_matplotlib() else None
@@ -93,15 +93,15 @@ def run_demo(out: Union[str, os.PathLike] = "demo_out", backend: str = "auto", e
     verdict = "[green]ok" if accuracy >= TARGET_ACCURACY else "[red]below target"
     console.print(f"4. test accuracy [bold]{accuracy:.2%}[/] on {len(digits['y_test'])} held-out images "
                   f"(target >= {TARGET_ACCURACY:.0%}: {verdict}[/]); test loss {metrics['loss']:.4f}; "
-                  f"{history.throughput:,.0f} train samples/s")
+                  f"{history.throughput:,.0f} train samples/s", soft_wrap=True)
 
     paths["inference model"] = trainer.export_inference(out / "inference.onnx")
     exported = gc.load(paths["inference model"])
     console.print(f"5. exported {paths['inference model']} ({len(exported.graph)} nodes, "
-                  f"opset {exported.opset}, inputs {', '.join(str(s) for s in exported.inputs)})", highlight=False)
+                  f"opset {exported.opset}, inputs {', '.join(str(s) for s in exported.inputs)})", highlight=False, soft_wrap=True)
 
     report = gc.parity.compare(exported, {"x": digits["x_test"]}, backends=("numpy", "ort-cpu"))
-    console.print(f"6. {report}", highlight=False)
+    console.print(f"6. {report}", highlight=False, soft_wrap=True)
 
     seconds = time.perf_counter() - start
     table = Table(title=f"written to {out.resolve()}")
@@ -111,7 +111,8 @@ def run_demo(out: Union[str, os.PathLike] = "demo_out", backend: str = "auto", e
         table.add_row(what, str(where))
     console.print(table)
     ok = accuracy >= TARGET_ACCURACY and report.ok
-    console.print(f"{'[bold green]demo passed' if ok else '[bold red]demo failed'}[/] in {seconds:.1f} s")
+    console.print(f"{'[bold green]demo passed' if ok else '[bold red]demo failed'}[/] in {seconds:.1f} s; "
+                  f"everything is in {out.resolve()}", soft_wrap=True)
     return DemoResult(accuracy=accuracy, parity_ok=report.ok, backend=trainer.backend, seconds=seconds, paths=paths)
 
 

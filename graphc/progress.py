@@ -62,4 +62,4 @@ class TrainProgress:
         evals = "".join(f"  eval {k} {v:.4f}" for k, v in record.eval.items())
         self._progress.console.print(
             f"epoch {record.epoch}/{epochs}  loss {record.loss:.4f}{evals}  "
-            f"{record.samples_per_s:,.0f} samples/s  ({record.seconds:.2f} s)", highlight=False)
+            f"{record.samples_per_s:,.0f} samples/s  ({record.seconds:.2f} s)", highlight=False, soft_wrap=True)

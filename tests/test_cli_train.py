@@ -1,5 +1,6 @@
 """`graphc grad | train | export` through the installed console script, in subprocesses."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,8 @@ GRAPHC = str(Path(sys.executable).parent / "graphc")
 
 
 def graphc(*args, cwd=None):
-    return subprocess.run([GRAPHC, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run([GRAPHC, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,7 @@ def grad_cmd(
     m = arts.manifest
     console.print(f"wrote training artifacts to {out}: {len(m.trainable)} trainable, "
                   f"{len(m.frozen)} frozen params; loss {spec.kind} on {spec.output!r} "
-                  f"(label input {spec.label!r}); optimizer {optimizer} lr={lr}", highlight=False)
+                  f"(label input {spec.label!r}); optimizer {optimizer} lr={lr}", highlight=False, soft_wrap=True)
 
 
 def load_data(path: Path, names: list[str]) -> tuple[dict[str, np.ndarray], Optional[dict[str, np.ndarray]]]:
@@ -103,12 +103,12 @@ def train_cmd(
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed)
     if resume and (checkpoint / "checkpoint.safetensors").is_file():
         trainer.load_checkpoint(checkpoint)
-        console.print(f"resumed from {checkpoint}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False)
+        console.print(f"resumed from {checkpoint}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False, soft_wrap=True)
     train, test = load_data(data, [s.name for s in trainer.batch_specs])
     loader = gc.data.DataLoader(train, batch_size=batch_size, seed=seed)
     eval_loader = gc.data.DataLoader(test, batch_size=max(batch_size, 256), shuffle=False) if test else None
     console.print(f"training on {trainer.backend}: {loader.num_samples} samples, batch {batch_size}, "
-                  f"{epochs} epochs", highlight=False)
+                  f"{epochs} epochs", highlight=False, soft_wrap=True)
     try:
         history = trainer.fit(loader, epochs, eval_loader=eval_loader, progress=progress, plot=plot,
                               checkpoint=checkpoint)
@@ -116,22 +116,22 @@ def train_cmd(
         if checkpoint is not None:
             trainer.save_checkpoint(checkpoint)  # mid-epoch: --resume continues with the next batch
             err_console.print(f"interrupted at step {trainer.step_count}; saved {checkpoint} "
-                              "(continue with --resume)", highlight=False)
+                              "(continue with --resume)", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
     except TrainingFailed as exc:
         if checkpoint is not None and (checkpoint / "checkpoint.safetensors").is_file():
             exc = TrainingFailed(f"{exc} (last good checkpoint: {checkpoint})")
-        err_console.print(f"[bold red]training failed:[/] {exc}", highlight=False)
+        err_console.print(f"[bold red]training failed:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     last = history.epochs[-1] if history.epochs else None
     if last is not None:
         console.print(f"done: loss {last.loss:.4f}"
                       + "".join(f", eval {k} {v:.4f}" for k, v in last.eval.items())
-                      + f", {history.throughput:,.0f} samples/s", highlight=False)
+                      + f", {history.throughput:,.0f} samples/s", highlight=False, soft_wrap=True)
     if checkpoint is not None:
-        console.print(f"checkpoint: {checkpoint}", highlight=False)
+        console.print(f"checkpoint: {checkpoint}", highlight=False, soft_wrap=True)
     else:
-        console.print("no --checkpoint given: the trained params were not saved", highlight=False)
+        console.print("no --checkpoint given: the trained params were not saved", highlight=False, soft_wrap=True)
 
 
 @app.command("export")
@@ -144,7 +144,7 @@ def export_cmd(
     from graphc.export import export_inference
 
     path = export_inference(source, out, opset=opset)
-    console.print(f"wrote {path}", highlight=False)
+    console.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
 @app.command("demo")
