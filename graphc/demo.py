@@ -25,6 +25,7 @@ HIDDEN = 256
 BATCH_SIZE = 64
 LR = 0.1
 MOMENTUM = 0.9
+PARITY_RTOL, PARITY_ATOL = 1e-4, 1e-4
 
 
 @dataclass
@@ -100,7 +101,10 @@ def run_demo(out: Union[str, os.PathLike] = "demo_out", backend: str = "auto", e
     console.print(f"5. exported {paths['inference model']} ({len(exported.graph)} nodes, "
                   f"opset {exported.opset}, inputs {', '.join(str(s) for s in exported.inputs)})", highlight=False, soft_wrap=True)
 
-    report = gc.parity.compare(exported, {"x": digits["x_test"]}, backends=("numpy", "ort-cpu"))
+    # float32 sums in a different order differ by ~1e-6 of the partial sums; trained logits reach
+    # ~20, so near-zero logits get an absolute tolerance of that scale rather than the default 1e-5.
+    report = gc.parity.compare(exported, {"x": digits["x_test"]}, backends=("numpy", "ort-cpu"),
+                               rtol=PARITY_RTOL, atol=PARITY_ATOL)
     console.print(f"6. {report}", highlight=False, soft_wrap=True)
 
     seconds = time.perf_counter() - start
