@@ -26,37 +26,17 @@ from pathlib import Path
 
 import numpy as np
 
-HIDDEN, FEATURES, CLASSES = 256, 784, 10
+FEATURES = 784
 
 
-def two_layer_net(path: Path) -> str:
-    """The two-layer net from models/ when it is there, else an ONNX graph of the same shape."""
-    try:
-        from graphc.models.mlp import two_layer_net as build  # the DSL example, when present
-        import graphc as gc
+def two_layer_net(path: Path, hidden: int) -> str:
+    """models/two_layer_net.py captured with a symbolic batch dim, saved to ``path``."""
+    import graphc as gc
+    from graphc.models.two_layer_net import TwoLayerNet, example_inputs
 
-        model = gc.capture(build(), x=gc.spec("float32", ("N", FEATURES)))
-        model.save(path)
-        return f"models/ two-layer net ({model.inputs[0]})"
-    except ImportError:
-        pass
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.05).astype(np.float32), n)
-             for n, s in (("fc1.weight", (HIDDEN, FEATURES)), ("fc1.bias", (HIDDEN,)),
-                          ("fc2.weight", (CLASSES, HIDDEN)), ("fc2.bias", (CLASSES,)))]
-    nodes = [helper.make_node("Gemm", ["x", "fc1.weight", "fc1.bias"], ["h"], transB=1),
-             helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("Gemm", ["r", "fc2.weight", "fc2.bias"], ["output"], transB=1)]
-    graph = helper.make_graph(nodes, "two_layer_net",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
-                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", CLASSES])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return f"ONNX two-layer net built with onnx.helper (x: float32[N,{FEATURES}] -> {HIDDEN} -> {CLASSES})"
+    model = gc.capture(TwoLayerNet(FEATURES, hidden, 10), **example_inputs())
+    model.save(path)
+    return f"models/two_layer_net.py {FEATURES}->{hidden}->10 ({model.inputs[0]}, opset {model.opset})"
 
 
 def free_port() -> int:
@@ -166,15 +146,17 @@ def main() -> None:
     parser.add_argument("--backend", default="ort-cpu")
     parser.add_argument("--threads", type=int, default=1,
                         help="onnxruntime intra-op threads, server and in-process alike (0: its default)")
-    parser.add_argument("--model", type=Path, help="an .onnx file with input x: float32[N,784] (default: two-layer net)")
+    parser.add_argument("--hidden", type=int, default=128, help="hidden width of the two-layer net")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model or Path(tmp) / "net.onnx"
-        what = f"model {model}" if args.model else two_layer_net(model)
+        model = Path(tmp) / "net.onnx"
+        what = two_layer_net(model, args.hidden)
         port = free_port()
         server = start_server(model, port, args.backend, args.threads)
-        print(f"{what}; server backend {args.backend} on 127.0.0.1:{port}; {os.cpu_count()} CPUs; "
-              f"onnxruntime threads {args.threads or 'default'}; {args.requests} requests per row\n")
+        print(f"{what}\nserver: gc.serve, backend {args.backend}, 127.0.0.1:{port}; clients: tritonclient.http "
+              f"(binary tensors) in separate processes; {os.cpu_count()} CPUs, load average "
+              f"{os.getloadavg()[0]:.1f}; onnxruntime threads {args.threads or 'default'}; "
+              f"{args.requests} requests per row\n")
         print(f"{'batch':>5} {'clients':>7}  {'where':<12} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>10} {'samples/s':>12}  server/in-process")
         try:
             for batch in (int(b) for b in args.batches.split(",")):

@@ -164,3 +164,18 @@ def test_responses_carry_content_length_and_binary_headers(url):
     assert reply.headers["content-type"] == "application/json"
     assert "inference-header-content-length" not in reply.headers
     assert reply.json()["outputs"][0]["data"] == (~feeds["mask"]).ravel().tolist()
+
+
+def test_app_mounted_under_a_prefix_still_infers(reference):
+    from fastapi import FastAPI
+
+    outer = FastAPI()
+    outer.mount("/inner", create_app(mixed_model(), backend="ort-cpu"))
+    feeds = mixed_feeds(2)
+    payload = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": DATATYPES[k], "data": v.ravel().tolist()}
+                          for k, v in feeds.items()]}
+    with running_server(outer) as address, httpx.Client(base_url=f"http://{address}") as http:
+        reply = http.post("/inner/v2/models/mixed/infer", json=payload)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["outputs"][1]["data"] == reference.run(feeds)["s"].ravel().tolist()
+        assert http.get("/inner/v2/models/mixed/infer").status_code == 405

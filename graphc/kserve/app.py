@@ -2,32 +2,25 @@
 
 Routes: ``GET /v2/health/live``, ``/v2/health/ready``, ``GET /v2``,
 ``GET /v2/models/{name}[/versions/{v}]``, ``.../ready``, ``POST .../infer`` and Triton's
-``POST /v2/repository/index``. Every error is a 4xx/5xx with ``{"error": "..."}``.
+``POST /v2/repository/index``. Every error is a 4xx/5xx with ``{"error": "..."}``. Infer
+requests take a fast path (``graphc.kserve.infer``) in front of FastAPI's router.
 """
 
 from __future__ import annotations
 
-import time
-import zlib
 from typing import Any
 
-from anyio import to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from graphc.errors import BackendUnavailable, GraphcError
-from graphc.kserve.protocol import ProtocolError, decode_request, encode_response
+from graphc.errors import GraphcError
+from graphc.kserve.infer import INFER_PATH, error_reply, handle_infer
+from graphc.kserve.protocol import ProtocolError
 from graphc.kserve.repository import ServedModel
 
 DEFAULT_MAX_BODY_BYTES = 256 << 20
-HEADER_LENGTH = "inference-header-content-length"
-# Requests that a model answers faster than this, with bodies up to INLINE_BYTES, run on the
-# event loop: the hop to a worker thread would cost more than the work (measured with
-# scripts/bench_serve.py). Slower or larger ones go to the thread pool so the loop stays free.
-INLINE_SECONDS = 0.002
-INLINE_BYTES = 1 << 20
 
 
 class ModelRegistry:
@@ -45,58 +38,37 @@ class ModelRegistry:
         return model
 
 
-async def _read_body(request: Request, limit: int) -> bytes | bytearray:
-    """The body, refused with 413 as soon as Content-Length or the bytes read pass ``limit``."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise ProtocolError(f"bad Content-Length header {declared!r}")
-        if int(declared) > limit:
-            raise ProtocolError(f"request body of {declared} bytes exceeds the server's limit of {limit} bytes", 413)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ProtocolError(f"request body exceeds the server's limit of {limit} bytes", 413)
-    encoding = request.headers.get("content-encoding", "identity").lower()
-    if encoding in ("gzip", "deflate"):
-        return _decompress(body, encoding, limit)
-    if encoding != "identity":
-        raise ProtocolError(f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none", 415)
-    return body
+class KServeApp(FastAPI):
+    """A FastAPI app whose ``POST .../infer`` requests skip the router (see ``infer.py``)."""
+
+    def __init__(self, registry: ModelRegistry, max_body_bytes: int, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.registry, self.max_body_bytes = registry, max_body_bytes
+
+        # The same handler as routes too (an ASGI callable, not a request function), so the
+        # router answers other methods on these paths with 405, and a mounted app still infers.
+        for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
+            self.router.add_route(path, _AsgiEndpoint(self._infer), methods=["POST"])
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and await self._infer(scope, receive, send):
+            return
+        await super().__call__(scope, receive, send)
+
+    async def _infer(self, scope: Any, receive: Any, send: Any) -> bool:
+        path, root = scope["path"], scope.get("root_path", "")
+        match = INFER_PATH.fullmatch(path[len(root):] if root and path.startswith(root) else path)
+        if match:
+            await handle_infer(self.registry.get, self.max_body_bytes, match, scope, receive, send)
+        return match is not None
 
 
-def _decompress(body: bytearray, encoding: str, limit: int) -> bytes:
-    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise ProtocolError(f"request body is not valid {encoding} data: {exc}") from None
-    if len(out) > limit:
-        raise ProtocolError(f"decompressed request body exceeds the server's limit of {limit} bytes", 413)
-    return out
+class _AsgiEndpoint:
+    def __init__(self, handler: Any):
+        self.handler = handler
 
-
-def _header_length(request: Request) -> int | None:
-    value = request.headers.get(HEADER_LENGTH)
-    if value is None:
-        return None
-    if not value.strip().isdigit():
-        raise ProtocolError(f"bad Inference-Header-Content-Length header {value!r}")
-    return int(value)
-
-
-def _infer(model: ServedModel, body: bytes | bytearray, header_length: int | None) -> Response:
-    """Decode, run and encode one request; remembers how long the model took."""
-    start = time.perf_counter()
-    request = decode_request(body, header_length)
-    results = model.infer(request)
-    payload, json_length = encode_response(model.name, model.version, request, results)
-    model.recent_seconds = 0.8 * model.recent_seconds + 0.2 * (time.perf_counter() - start)
-    if json_length is None:
-        return Response(payload, media_type="application/json")
-    return Response(payload, media_type="application/octet-stream",
-                    headers={"Inference-Header-Content-Length": str(json_length)})
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.handler(scope, receive, send)
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -104,10 +76,6 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ProtocolError)
-    async def _protocol(_: Request, exc: ProtocolError) -> JSONResponse:
-        return _error(exc.status, str(exc))
-
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
         return _error(exc.status_code, str(exc.detail))
@@ -116,23 +84,19 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         return _error(400, f"invalid request: {exc.errors()}")
 
-    @app.exception_handler(GraphcError)
-    async def _graphc(_: Request, exc: GraphcError) -> JSONResponse:
-        return _error(503 if isinstance(exc, BackendUnavailable) else 400, f"{type(exc).__name__}: {exc}")
-
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+    # Handlers for these two run inside the app; the one for Exception (a 500) runs in
+    # Starlette's outermost middleware, which re-raises after replying.
+    for kind in (ProtocolError, GraphcError, Exception):
+        app.add_exception_handler(kind, lambda _, exc: _error(*error_reply(exc)))
 
 
-def create_app(models: dict[str, ServedModel], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+def create_app(models: dict[str, ServedModel], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> KServeApp:
     """The KServe v2 app for already-loaded models (see ``graphc.serving.create_app`` to load)."""
     from graphc import __version__
 
     registry = ModelRegistry(models)
-    app = FastAPI(title="graphc KServe v2 server", version=__version__, docs_url=None, redoc_url=None,
-                  openapi_url=None)
-    app.state.registry = registry
+    app = KServeApp(registry, max_body_bytes, title="graphc KServe v2 server", version=__version__,
+                    docs_url=None, redoc_url=None, openapi_url=None)
     _install_error_handlers(app)
 
     @app.get("/v2/health/live")
@@ -160,18 +124,5 @@ def create_app(models: dict[str, ServedModel], max_body_bytes: int = DEFAULT_MAX
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str | None = None) -> dict[str, Any]:
         return {"name": registry.get(name, version).name, "ready": True}
-
-    async def infer(request: Request) -> Response:
-        # A plain Starlette route: the hot path skips FastAPI's per-request dependency solving.
-        model = registry.get(request.path_params["name"], request.path_params.get("version"))
-        header_length = _header_length(request)
-        body = await _read_body(request, max_body_bytes)
-        if model.recent_seconds < INLINE_SECONDS and len(body) <= INLINE_BYTES:
-            return _infer(model, body, header_length)
-        return await to_thread.run_sync(_infer, model, body, header_length)
-
-    for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
-        app.router.add_route(path, infer, methods=["POST"])
-    app.router.routes[:] = sorted(app.router.routes, key=lambda r: not getattr(r, "path", "").endswith("/infer"))
 
     return app
