@@ -264,3 +264,13 @@ def cast_like(x, like, *, saturate=1):
 @kernel("Identity")
 def identity(x):
     return (x,)
+
+
+@kernel("BitCast", since=26)
+def bit_cast(x, *, to):
+    return (x.view(np.dtype(tensor_dtype_to_np_dtype(to))),)
+
+
+@kernel("SwiGLU", since=28)
+def swiglu(a, b, *, alpha=1.0):
+    return ((a * sigmoid(a * alpha)[0] * b).astype(a.dtype, copy=False),)

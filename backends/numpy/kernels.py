@@ -19,7 +19,7 @@ from dataclasses import dataclass
 FAMILIES = (
     "elementwise", "reduction", "linalg", "conv", "norm", "resize",
     "shape", "indexing", "control", "rnn", "sequence", "losses", "attention", "quantize",
-    "random", "image",
+    "random", "image", "signal",
 )
 
 

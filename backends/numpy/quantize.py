@@ -65,3 +65,54 @@ def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
     if np.ndim(bz) == 1:
         bz = bz.reshape(1, -1)
     return (np.matmul(ai, b.astype(np.int32) - bz).astype(np.int32),)
+
+
+def _requantize(real, y_scale, y_zero_point):
+    q = np.rint(real / y_scale.astype(np.float64)) + y_zero_point.astype(np.float64)
+    info = np.iinfo(y_zero_point.dtype)
+    return np.clip(q, info.min, info.max).astype(y_zero_point.dtype)
+
+
+def _real(x, scale, zero_point, axis=None):
+    zp, s = zero_point.astype(np.float64), scale.astype(np.float64)
+    if axis is not None and s.ndim == 1 and s.size > 1:
+        shape = [1] * x.ndim
+        shape[axis] = s.size
+        zp, s = zp.reshape(shape), s.reshape(shape)
+    return (x.astype(np.float64) - zp) * s
+
+
+@kernel("QLinearMatMul", since=10)
+def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+    real = np.matmul(_real(a, a_scale, a_zero_point, axis=-2), _real(b, b_scale, b_zero_point, axis=-1))
+    return (_requantize(real, y_scale, y_zero_point),)
+
+
+def _float_conv(x, w, **attrs):
+    from graphc.backends.numpy.conv import conv
+
+    return conv(x, w, **attrs)[0]
+
+
+@kernel("ConvInteger", since=10)
+def conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET", dilations=None,
+                 group=1, kernel_shape=None, pads=None, strides=None):
+    xf = x.astype(np.float64) - (x_zero_point.astype(np.float64) if x_zero_point is not None else 0)
+    wz = w_zero_point.astype(np.float64) if w_zero_point is not None else np.zeros(1)
+    wf = w.astype(np.float64) - (wz.reshape(-1, *([1] * (w.ndim - 1))) if wz.size > 1 else wz.ravel()[0])
+    y = _float_conv(xf, wf, auto_pad=auto_pad, dilations=dilations, group=group,
+                    kernel_shape=kernel_shape, pads=pads, strides=strides)
+    return (np.rint(y).astype(np.int32),)
+
+
+@kernel("QLinearConv", since=10)
+def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *,
+                 auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    xf = _real(x, x_scale, x_zero_point)
+    wf = _real(w, w_scale, w_zero_point, axis=0)
+    y = _float_conv(xf, wf, auto_pad=auto_pad, dilations=dilations, group=group,
+                    kernel_shape=kernel_shape, pads=pads, strides=strides)
+    if b is not None:  # int32 bias in units of x_scale * w_scale
+        scale = (x_scale.astype(np.float64) * w_scale.astype(np.float64)).reshape(-1)
+        y = y + (b.astype(np.float64) * scale).reshape(1, -1, *([1] * (y.ndim - 2)))
+    return (_requantize(y, y_scale, y_zero_point),)

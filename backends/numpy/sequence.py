@@ -83,3 +83,14 @@ def optional_get_element(x):
 
 
 
+
+
+@kernel("SequenceMap", since=17, context=True)
+def sequence_map(ctx, seq, *additional, body):
+    """Runs ``body`` on each position: sequences are indexed, tensors passed whole."""
+    outputs: list[list] = [[] for _ in body.output_names]
+    for i in range(len(seq)):
+        extra = [a[i] if isinstance(a, list) else a for a in additional]
+        for acc, value in zip(outputs, body.call(ctx, [seq[i], *extra])):
+            acc.append(value)
+    return tuple(outputs)
