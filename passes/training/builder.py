@@ -13,8 +13,9 @@ _AXES_AS_INPUT_SINCE = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "Reduce
 
 
 class Builder:
-    """Emits nodes at the end of ``graph`` (or before ``insert_before``), naming every value
-    ``<prefix><op>_<n>`` so training graphs read well and names never collide."""
+    """Appends nodes at the end of ``graph`` (callers sort the graph afterwards), naming every
+    value ``<prefix><op>_<n>`` so training graphs read well and names never collide, and
+    recording each output's dtype (the loss and update code reads it back)."""
 
     def __init__(self, graph: ir.Graph, opset: int, prefix: str = "train/"):
         self.graph = graph
@@ -34,24 +35,16 @@ class Builder:
 
     def op(self, op_type: str, *inputs: ir.Value | None, dtype: ir.DataType | None = None,
            name: str | None = None, **attrs) -> ir.Value:
-        """One node with one output; ``dtype`` (default: the first input's) is recorded on it."""
-        return self.op_multi(op_type, inputs, 1, dtype=dtype, names=[name] if name else None, **attrs)[0]
-
-    def op_multi(self, op_type: str, inputs: Sequence[ir.Value | None], num_outputs: int,
-                 dtype: ir.DataType | None = None, names: Sequence[str] | None = None,
-                 **attrs) -> list[ir.Value]:
+        """One node with one output named ``name`` (default: the node's name); the output's
+        dtype is ``dtype`` or follows from the op (Cast's ``to``, bool for comparisons, ...)."""
         attributes = {k: v for k, v in attrs.items() if v is not None}
         node_name = self.fresh(op_type)
-        outputs = [ir.Value(name=names[i] if names else f"{node_name}_{i}" if num_outputs > 1 else node_name)
-                   for i in range(num_outputs)]
-        for out in outputs:
-            self._taken.add(out.name)
-        node = ir.node(op_type, list(inputs), attributes, outputs=outputs, name=node_name)
-        out_dtype = dtype if dtype is not None else _infer_dtype(op_type, inputs, attributes)
-        if out_dtype is not None:
-            outputs[0].dtype = out_dtype
+        out = ir.Value(name=name or node_name)
+        self._taken.add(out.name)
+        node = ir.node(op_type, list(inputs), attributes, outputs=[out], name=node_name)
+        out.dtype = dtype if dtype is not None else _infer_dtype(op_type, inputs, attributes)
         self.graph.append(node)
-        return outputs
+        return out
 
     def const(self, value, dtype: ir.DataType | np.dtype | None = None, hint: str = "const") -> ir.Value:
         """A ``Constant`` node holding ``value`` (cast to ``dtype``); equal constants are shared."""
