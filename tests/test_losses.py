@@ -114,9 +114,9 @@ CASES = [
 IDS = [f"{kind}-{i}" for i, (kind, _, _) in enumerate(CASES)]
 
 
-def _loss_graph_model(kind, a, b, options) -> onnx.ModelProto:
+def _loss_graph_model(kind, a, b, options, symbolic_classes=False) -> onnx.ModelProto:
     """pred/logits and target/label as inputs (first dim symbolic), the loss appended."""
-    dims = ["N", *a.shape[1:]]
+    dims = ["N", "C" if symbolic_classes else a.shape[1], *a.shape[2:]]
     pred = ir.Value(name="pred", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(dims))
     dtype, shape = loss_graphs.label_type(kind, pred)
     label = ir.Value(name="label", type=ir.TensorType(dtype), shape=shape)
@@ -139,6 +139,16 @@ def test_loss_graph_matches_closed_form(kind, make, options, backend):
     expected = REFS[kind](a.astype(np.float64), b if kind == "cross_entropy" else b.astype(np.float64), **options)
     assert np.isfinite(got)
     np.testing.assert_allclose(got, expected, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("make,options", [(_classes, {"label_smoothing": 0.1}),
+                                          (lambda: _classes((3, 4), extra=(2, 3)), {}),
+                                          (_ignored, {"label_smoothing": 0.2})])
+def test_cross_entropy_with_symbolic_class_count(make, options):
+    logits, labels = make()
+    model = gc.load(_loss_graph_model("cross_entropy", logits, labels, options, symbolic_classes=True))
+    got = gc.Session(model, backend="numpy").run({"pred": logits, "label": labels})["loss"]
+    np.testing.assert_allclose(got, ref_cross_entropy(logits, labels, **options), rtol=2e-5)
 
 
 @pytest.mark.parametrize("kind,make,options", CASES, ids=IDS)
