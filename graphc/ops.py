@@ -25,12 +25,11 @@ def lift(x: Any, like: Tensor | None = None) -> Tensor:
     if isinstance(x, Tensor):
         return x
     if isinstance(x, (bool, int, float, np.number, np.bool_, np.ndarray, list, tuple)):
-        dtype = like.dtype if like is not None else None
         arr = np.asarray(x)
-        if dtype is not None and not (arr.dtype == np.bool_ and dtype != "bool" and isinstance(x, (bool, np.bool_))):
-            arr = arr.astype(to_numpy(dtype))
-        elif dtype is None and arr.dtype == np.float64:
-            arr = arr.astype(np.float32)
+        if like is not None and not isinstance(x, (bool, np.bool_)):
+            arr = arr.astype(to_numpy(like.dtype))  # scalars and arrays take the tensor's dtype
+        elif arr.dtype == np.float64:
+            arr = arr.astype(np.float32)  # a bare Python float is float32, as in PyTorch
         return current().constant(arr)
     raise GraphError(f"cannot use {type(x).__name__} {x!r} as a tensor (at {user_source()})")
 
