@@ -90,3 +90,22 @@ def unique(x, *, axis=None, sorted=1):  # noqa: A002 - spec name
         first, counts, inverse = first[order], counts[order], rank[inverse]
     return (values, first.astype(np.int64), inverse.reshape(-1).astype(np.int64),
             counts.astype(np.int64))
+
+
+@kernel("TensorScatter", since=24)
+def tensor_scatter(past_cache, update, write_indices=None, *, axis=-2, mode="linear"):
+    """Writes ``update`` into a KV cache at each batch row's write index along ``axis``
+    (``circular`` wraps around the cache length)."""
+    axis = axis % past_cache.ndim
+    batch, length, steps = past_cache.shape[0], past_cache.shape[axis], update.shape[axis]
+    starts = np.zeros(batch, np.int64) if write_indices is None else write_indices.astype(np.int64)
+    pos = starts[:, None] + np.arange(steps)[None, :]  # (batch, steps)
+    if mode == "circular":
+        pos %= length
+    shape = [1] * past_cache.ndim
+    shape[0], shape[axis] = batch, steps
+    index = list(np.indices(update.shape, sparse=True))
+    index[axis] = pos.reshape(shape)
+    out = past_cache.copy()
+    out[tuple(index)] = update
+    return (out,)
