@@ -71,6 +71,7 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
             builder.values[id(value)] = arr
     if isinstance(fn_or_module, Module):
         fn_or_module.init_parameters(seed)
+        builder.rooted = {id(p) for _, p in fn_or_module.named_parameters()}
         fn_or_module.train(training)
         graph_name = name or type(fn_or_module).__name__
     else:

@@ -88,6 +88,7 @@ class Builder:
         self.scopes = [Scope(eager)]
         self.initializers: list[ir.Value] = []
         self.param_tensors: dict[int, Any] = {}  # id(Parameter) -> Tensor
+        self.rooted: set[int] = set()  # ids of the captured Module's own parameters
         self.buffers: list[str] = []
         self.module_path: list[str] = []
         self.rng = np.random.default_rng(seed)
@@ -131,10 +132,12 @@ class Builder:
         return ir.Value(name=name, type=ir.TensorType(ir.DataType(to_onnx(dtype))),
                         shape=None if shape is None else ir.Shape(list(shape)))
 
-    def add_initializer(self, name: str, array: np.ndarray):
+    def add_initializer(self, name: str, array: np.ndarray, exact: bool = True):
+        """An initializer named ``name`` (``exact=False``: suffixed ``_1``, ... if taken)."""
         from graphc.tensor import Tensor
 
-        value = ir.Value(name=self.reserve(name), type=ir.TensorType(ir.DataType(to_onnx(as_dtype(array.dtype)))),
+        name = self.reserve(name) if exact else self.unique(name)
+        value = ir.Value(name=name, type=ir.TensorType(ir.DataType(to_onnx(as_dtype(array.dtype)))),
                          shape=ir.Shape(list(array.shape)), const_value=ir.Tensor(array, name=name))
         self.initializers.append(value)
         self.values[id(value)] = array

@@ -233,3 +233,14 @@ def test_module_registration_and_names():
     assert [n for n, _ in net.named_parameters()] == ["block.scale", "block.fc.weight", "block.fc.bias",
                                                       "head.weight", "head.bias"]
     assert [n.name for n in model.ir.graph][0].startswith("block.fc/")
+
+
+def test_modules_a_function_closes_over_get_unique_names():
+    fc1, fc2 = nn.Linear(4, 3), nn.Linear(3, 2)
+    model = gc.capture(lambda x: fc2(gc.relu(fc1(x))), x=gc.spec("float32", ("N", 4)), seed=0)
+    check(model)
+    assert list(model.ir.graph.initializers) == ["linear.weight", "linear.bias", "linear.weight_1", "linear.bias_1"]
+    p = model.params
+    out = run_ort(model, {"x": X2[:, :4]})["output"]
+    ref = np.maximum(X2[:, :4] @ p["linear.weight"].T + p["linear.bias"], 0) @ p["linear.weight_1"].T + p["linear.bias_1"]
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)

@@ -206,8 +206,10 @@ def _param_tensor(builder: Any, owner: Module, attr: str, param: Parameter):
         return tensor
     if param.data is None:  # a module not reached from the captured root: draw in use order
         param.draw(builder.rng)
-    name = param.qualname or (f"{owner.__dict__.get('_path') or type(owner).__name__.lower()}.{attr}")
-    tensor = builder.add_initializer(name, param.numpy())
+    if id(param) in builder.rooted:
+        tensor = builder.add_initializer(param.qualname, param.numpy())
+    else:  # a module the captured function closes over: name it by its class, made unique
+        tensor = builder.add_initializer(f"{type(owner).__name__.lower()}.{attr}", param.numpy(), exact=False)
     builder.param_tensors[id(param)] = tensor
     if param.buffer:
         builder.buffers.append(tensor.value.name)
