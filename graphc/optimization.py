@@ -40,8 +40,11 @@ def optimize(model, level: int = 2, report: bool = False):
     if isinstance(level, bool) or level not in LEVELS:
         raise GraphError(f"optimize: level must be one of {sorted(LEVELS)}, got {level!r}")
     source = load(model)
-    # serialize -> deserialize is a deep copy that shares nothing with the caller's model.
-    copy = ir.serde.deserialize_model(ir.serde.serialize_model(source.ir))
+    copy = source.ir
+    if isinstance(model, (Model, ir.Model)):
+        # serialize -> deserialize is a deep copy that shares nothing with the caller's model;
+        # a path, bytes or ModelProto was just deserialized by load() into a fresh IR already.
+        copy = ir.serde.deserialize_model(ir.serde.serialize_model(source.ir))
     try:
         result: OptimizeReport = optimize_in_place(copy, level)
     except Exception as exc:  # a pass bug or a model a library pass cannot handle

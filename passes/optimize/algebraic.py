@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import _basics
@@ -155,6 +157,7 @@ class NeutralOperandElimination(ir.passes.InPlacePass):
                    for c_dim, x_dim in zip(reversed(array.shape), reversed(list(x.shape))))
 
 
+@functools.cache  # rule sets are stateless between runs; building them costs ~10 ms
 def algebraic_pass() -> RulePass:
     """Identities that hold for every input value (``x*1, x+0`` ... are
     ``NeutralOperandElimination``'s):
@@ -179,6 +182,7 @@ def algebraic_pass() -> RulePass:
     return RulePass("AlgebraicSimplification", rules)
 
 
+@functools.cache  # rule sets are stateless between runs; building them costs ~10 ms
 def gemm_pass() -> RulePass:
     """``Add(MatMul(a, b), c)`` -> ``Gemm(a, b, c)`` for 2-D a, b (a Transpose([1,0]) on either
     operand becomes transA/transB), when c broadcasts to the product's shape. One fused kernel

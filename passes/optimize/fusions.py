@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import math
 
 import numpy as np
@@ -11,7 +13,7 @@ from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
 
 from graphc.passes.optimize.rules import RulePass, const_array
 
-__all__ = ["fusion_pass"]
+__all__ = ["GeluFusion", "fusion_passes"]
 
 _FLOATS = {ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 SQRT2 = math.sqrt(2.0)
@@ -23,41 +25,84 @@ def _scalar_near(value: ir.Value | None, expected: float, rtol: float = 1e-4) ->
                                                                    rel_tol=rtol)
 
 
-class GeluErf(RewriteRuleClassBase):
-    """``0.5 * x * (1 + erf(x / sqrt(2)))`` -> ``Gelu(x)`` (opset 20). ``form`` picks how the
-    halving associates (``(x*0.5)*(1+erf)``, ``(x*(1+erf))*0.5``, ``x*(0.5*(1+erf))``,
-    ``(x*(1+erf))/2``) and ``scale_op`` how erf's argument is scaled (``x/sqrt2`` or
-    ``x*(1/sqrt2)``); Mul/Add operand order is covered by ``commute``. It is the definition of
-    Gelu's default (exact, ``approximate="none"``) form, so the rewrite is exact up to rounding."""
+def _single_user(value: ir.Value) -> ir.Node | None:
+    uses = value.uses()
+    if len(uses) != 1 or value.is_graph_output():
+        return None
+    return uses[0].node
 
-    def __init__(self, form: int, scale_op: str):
-        super().__init__(f"GeluErf{form}{scale_op}")
-        self.form, self.scale_op = form, scale_op
 
-    def pattern(self, op, x, c, half, one):
-        erf_in = op.Div(x, c) if self.scale_op == "Div" else op.Mul(x, c)
-        cdf = op.Add(op.Erf(erf_in), one)
-        if self.form == 0:
-            return op.Mul(op.Mul(x, half), cdf)
-        if self.form == 1:
-            return op.Mul(op.Mul(x, cdf), half)
-        if self.form == 2:
-            return op.Mul(x, op.Mul(half, cdf))
-        return op.Div(op.Mul(x, cdf), half)
+def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
+    """The other operand of a binary node that reads ``value``."""
+    a, b = node.inputs[0], node.inputs[1]
+    return b if a is value else a if b is value else None
 
-    def check(self, context, x, c, half, one) -> _basics.MatchResult:
-        result = _basics.MatchResult()
-        if x.dtype not in _FLOATS:
-            return result.fail("Gelu takes floating-point inputs only")
-        c_expected = SQRT2 if self.scale_op == "Div" else 1 / SQRT2
-        half_expected = 2.0 if self.form == 3 else 0.5
-        if not (_scalar_near(c, c_expected) and _scalar_near(half, half_expected)
-                and _scalar_near(one, 1.0)):
-            return result.fail("constants are not those of the erf Gelu")
-        return result
 
-    def rewrite(self, op, x, **_):
-        return op.Gelu(x)
+def _is_op(node: ir.Node | None, *ops: str) -> bool:
+    return node is not None and node.op_type in ops and node.domain in ("", "ai.onnx") and len(node.inputs) == 2
+
+
+class GeluFusion(ir.passes.InPlacePass):
+    """``0.5 * x * (1 + erf(x / sqrt(2)))`` -> ``Gelu(x)`` (opset 20), which is that formula's
+    definition (``approximate="none"``): exact up to rounding. Matched from each ``Erf`` node
+    outwards, so every association and operand order is covered without enumerating patterns:
+    erf's argument is ``x/sqrt2`` or ``x*(1/sqrt2)``; then ``(x*0.5)*cdf``, ``(x*cdf)*0.5``,
+    ``(x*cdf)/2`` or ``x*(0.5*cdf)`` with ``cdf = 1 + erf(...)``. Every intermediate must have
+    no other user. The Gelu node takes the root node's metadata (its ``graphc.source``)."""
+
+    name = "GeluFusion"
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+            if node.op_type == "Erf" and node.domain in ("", "ai.onnx") and node.graph is not None:
+                match = self._match(node)
+                if match is not None:
+                    x, root = match
+                    gelu = ir.Node("", "Gelu", [x], metadata_props=dict(root.metadata_props))
+                    ir.convenience.replace_nodes_and_values(root.graph, root, [root], [gelu],
+                                                            root.outputs, gelu.outputs)
+                    modified = True
+        return ir.passes.PassResult(model, modified)
+
+    @staticmethod
+    def _match(erf: ir.Node) -> tuple[ir.Value, ir.Node] | None:
+        scale = erf.inputs[0].producer()
+        if not _is_op(scale, "Div", "Mul"):
+            return None
+        x, c = scale.inputs
+        if scale.op_type == "Div" and not _scalar_near(c, SQRT2):
+            return None
+        if scale.op_type == "Mul" and not _scalar_near(c, 1 / SQRT2):
+            x, c = c, x
+            if not _scalar_near(c, 1 / SQRT2):
+                return None
+        if x.dtype not in _FLOATS or _single_user(scale.outputs[0]) is not erf:
+            return None
+        add = _single_user(erf.outputs[0])
+        if not _is_op(add, "Add") or not _scalar_near(_other(add, erf.outputs[0]), 1.0):
+            return None
+        cdf = add.outputs[0]
+        m1 = _single_user(cdf)
+        if not _is_op(m1, "Mul"):
+            return None
+        other = _other(m1, cdf)
+        half = other.producer()
+        if other is x:  # (x * cdf) * 0.5  or  (x * cdf) / 2
+            m2 = _single_user(m1.outputs[0])
+            if _is_op(m2, "Mul") and _scalar_near(_other(m2, m1.outputs[0]), 0.5):
+                return x, m2
+            if _is_op(m2, "Div") and m2.inputs[0] is m1.outputs[0] and _scalar_near(m2.inputs[1], 2.0):
+                return x, m2
+            return None
+        if _is_op(half, "Mul") and _single_user(other) is m1 and x in half.inputs \
+                and _scalar_near(_other(half, x), 0.5):  # (x * 0.5) * cdf
+            return x, m1
+        if _scalar_near(other, 0.5):  # x * (0.5 * cdf)
+            m2 = _single_user(m1.outputs[0])
+            if _is_op(m2, "Mul") and _other(m2, m1.outputs[0]) is x:
+                return x, m2
+        return None
 
 
 def _reduce_axes(node: ir.Node) -> list[int] | None:
@@ -170,14 +215,19 @@ class LayerNormBias(RewriteRuleClassBase):
         return op.LayerNormalization(x, scale, beta, **{k: v.value for k, v in ln.producer().attributes.items()})
 
 
-def fusion_pass(opset: int) -> RulePass | None:
+def fusion_passes(opset: int) -> list[ir.passes.PassBase]:
     """The fusions the target opset has ops for: Gelu from 20, LayerNormalization from 17."""
+    passes: list[ir.passes.PassBase] = [GeluFusion()] if opset >= 20 else []
+    layer_norm = _layer_norm_pass(opset)
+    return passes + ([layer_norm] if layer_norm else [])
+
+
+@functools.cache  # rule sets are stateless between runs; building them costs ~10 ms
+def _layer_norm_pass(opset: int) -> RulePass | None:
     rules = []
-    if opset >= 20:
-        rules += [GeluErf.rule(form, scale_op) for form in range(4) for scale_op in ("Div", "Mul")]
     if opset >= 17:
         rules += [LayerNormCore.rule(sq, dv) for sq in ("Pow", "Mul") for dv in ("Div", "Recip")]
         rules += [LayerNormScale.rule(), LayerNormBias.rule()]
     if not rules:
         return None
-    return RulePass("Fusions", [r for rule in rules for r in rule.commute()])
+    return RulePass("LayerNormFusion", [r for rule in rules for r in rule.commute()])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import onnx_ir as ir
 from onnxscript.optimizer import _constant_folding
 from onnxscript.rewriter import _basics
@@ -74,6 +76,7 @@ def fold_weights_pass() -> ir.passes.PassBase:
     return p
 
 
+@functools.cache  # rule sets are stateless between runs; building them costs ~10 ms
 def inference_pass() -> RulePass:
     """Conv/Gemm + inference-mode BatchNormalization folded into the Conv/Gemm weights and bias
     (W' = W * gamma/std, B' = (B - mean) * gamma/std + beta), and inference Dropout removed."""

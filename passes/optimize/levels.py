@@ -5,9 +5,9 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from graphc.passes.optimize.algebraic import NeutralOperandElimination, algebraic_pass, gemm_pass
-from graphc.passes.optimize.fusions import fusion_pass
+from graphc.passes.optimize.fusions import fusion_passes
 from graphc.passes.optimize.inference import fold_weights_pass, inference_pass
-from graphc.passes.optimize.library import cleanup_passes, finish_passes
+from graphc.passes.optimize.library import cleanup_passes, finish_passes, prelude_passes
 from graphc.passes.optimize.pipeline import Pipeline
 from graphc.passes.optimize.shape_folding import ShapeFolding
 
@@ -16,9 +16,9 @@ __all__ = ["LEVELS", "MAX_LEVEL", "build_pipeline"]
 # level -> what it adds to the level below (the report and `graphc optimize --help` show these)
 LEVELS: dict[int, str] = {
     0: "nothing: the model is copied unchanged",
-    1: "library cleanups: constant folding (onnxscript), identity elimination, CSE, dead-node "
-       "removal, initializer dedup, constants lifted to initializers, topological sort, shape "
-       "inference (onnx-ir)",
+    1: "library cleanups: shape inference, constant folding (onnxscript), identity elimination, "
+       "CSE, dead-node removal, initializer dedup (never parameters below level 3), constants "
+       "lifted to initializers, topological sort (onnx-ir)",
     2: "algebraic simplification (x*1, x+0, Transpose/Reshape/Cast chains), MatMul+Add -> Gemm, "
        "Transpose into Gemm attributes, shape-subgraph folding (symbolic dims kept), Gelu (opset >= 20) and LayerNormalization (>= 17) "
        "fusions; safe for training graphs",
@@ -40,9 +40,8 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
         return Pipeline([])
     loop: list[ir.passes.PassBase] = cleanup_passes(protected, level)
     if level >= 2:
-        fusions = fusion_pass(opset)
         loop += [ShapeFolding(), NeutralOperandElimination(protected if level < 3 else frozenset()),
-                 algebraic_pass(), gemm_pass(), *([fusions] if fusions else [])]
+                 algebraic_pass(), gemm_pass(), *fusion_passes(opset)]
     if level >= 3:
         loop += [inference_pass(), fold_weights_pass()]
-    return Pipeline(loop, finish_passes(protected, level))
+    return Pipeline(loop, finish_passes(protected, level), prelude=prelude_passes())

@@ -6,7 +6,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common
 from onnxscript.optimizer import _constant_folding
 
-__all__ = ["DeduplicateConstants", "cleanup_passes", "finish_passes", "fold_constants_pass", "parameter_names"]
+__all__ = ["DeduplicateConstants", "prelude_passes", "cleanup_passes", "finish_passes", "fold_constants_pass", "parameter_names"]
 
 # Folding is bounded so the model never balloons: a node whose constant input has more
 # elements than this is left for level 3's weight pre-application, and no folded result larger
@@ -39,7 +39,7 @@ def fold_constants_pass(protected: frozenset[str] = frozenset()) -> ir.passes.Pa
         return None
 
     return _named(_constant_folding.FoldConstantsPass(
-        shape_inference=True, input_size_limit=INPUT_LIMIT, output_size_limit=OUTPUT_LIMIT,
+        shape_inference=False, input_size_limit=INPUT_LIMIT, output_size_limit=OUTPUT_LIMIT,
         should_fold=should_fold), "FoldConstants")
 
 
@@ -104,6 +104,13 @@ class IdentityElimination(common.IdentityEliminationPass):
         return super()._try_eliminate_identity_node(node)
 
 
+def prelude_passes() -> list[ir.passes.PassBase]:
+    """Once before the loop: ONNX shape inference over the whole model (one C++ call) gives the
+    rewrites the ranks and dims their checks need. The folder's own per-node inference would
+    redo this for every node on every round, at many times the cost."""
+    return [_named(common.ShapeInferencePass(), "ShapeInference", structural=False)]
+
+
 def cleanup_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> list[ir.passes.PassBase]:
     """Level 1's loop: fold, then drop what folding left behind. Each is sound by construction:
     identity elimination and CSE only redirect uses to an equal value (graph outputs keep their
@@ -129,7 +136,8 @@ def finish_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> li
     """Run once after the loop: constants become initializers (a ``Constant`` node costs a kernel
     launch in some runtimes; an initializer costs nothing), graph outputs that became an input or
     initializer get an Identity back (ONNX needs an output produced by a node), then a stable
-    topological sort and ONNX shape inference annotate the result."""
+    topological sort. (No second shape inference: values the rewrites created may lack a
+    shape annotation, which no runtime needs; the graph's inputs/outputs keep theirs.)"""
     return [
         _named(common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
                "LiftConstantsToInitializers"),
@@ -137,5 +145,4 @@ def finish_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> li
         _named(common.RemoveUnusedNodesPass(), "RemoveUnusedNodes"),
         _named(common.OutputFixPass(), "OutputFix"),
         _named(common.TopologicalSortPass(), "TopologicalSort", structural=False),
-        _named(common.ShapeInferencePass(), "ShapeInference", structural=False),
     ]

@@ -91,22 +91,23 @@ def _quiet_libraries():
 
 
 class Pipeline:
-    """Runs ``loop`` passes repeatedly until a whole round changes nothing (at most
-    ``max_rounds``), then ``finish`` passes once. Every in-place pass runs on the same model.
+    """Runs ``prelude`` passes once, then ``loop`` passes repeatedly until a whole round changes
+    nothing (at most ``max_rounds``), then ``finish`` passes once. Every in-place pass runs on the same model.
 
     After each pass the graph's input and output names are checked against the start: a pass
     that renames or drops one is a bug in that pass and raises ``PipelineError`` naming it.
     """
 
     def __init__(self, loop: Sequence[ir.passes.PassBase], finish: Sequence[ir.passes.PassBase] = (),
-                 max_rounds: int = 8):
+                 max_rounds: int = 8, prelude: Sequence[ir.passes.PassBase] = ()):
+        self.prelude = list(prelude)
         self.loop = list(loop)
         self.finish = list(finish)
         self.max_rounds = max_rounds
 
     @property
     def pass_names(self) -> list[str]:
-        return [pass_name(p) for p in [*self.loop, *self.finish]]
+        return [pass_name(p) for p in [*self.prelude, *self.loop, *self.finish]]
 
     def run(self, model: ir.Model, report: OptimizeReport) -> ir.Model:
         with _quiet_libraries():
@@ -116,6 +117,8 @@ class Pipeline:
         start = time.perf_counter()
         report.nodes_before = count_nodes(model)
         interface = _interface(model)
+        for p in self.prelude:
+            model, _ = self._run_one(p, model, 0, interface, report)
         for round_ in range(1, self.max_rounds + 1 if self.loop else 1):
             report.rounds = round_
             changed = False

@@ -6,9 +6,31 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import RULE_NAME_TAG, RewriteRuleSet
+from onnxscript.rewriter import RULE_NAME_TAG, RewriteRule, RewriteRuleSet
 
 __all__ = ["RulePass", "const_array", "is_constant"]
+
+
+class _AnchoredRule(RewriteRule):
+    """A rule that is tried only on nodes of its pattern's root op type. onnxscript tries every
+    rule on every node and pays ~30 us per failed attempt; commuted rule sets run to 100+ rules,
+    so on a 1000-node training graph this check alone saves seconds."""
+
+    def __init__(self, rule: RewriteRule, root_op: str):  # noqa: D107 - a copy with one more field
+        self.__dict__.update(rule.__dict__)
+        self._root_op = root_op
+
+    def try_rewrite(self, model, graph_or_function, node, **kwargs):
+        if node.op_type != self._root_op:
+            return None
+        return super().try_rewrite(model, graph_or_function, node, **kwargs)
+
+
+def _anchored(rule: RewriteRule) -> RewriteRule:
+    pattern = rule._target_pattern
+    if pattern.num_outputs != 1 or not pattern.has_single_output_node:
+        return rule
+    return _AnchoredRule(rule, pattern.output_nodes[0].op_type)
 
 
 class RulePass(ir.passes.InPlacePass):
@@ -21,7 +43,7 @@ class RulePass(ir.passes.InPlacePass):
     def __init__(self, name: str, rules: Sequence):
         super().__init__()
         self.name = name
-        self.rules = RewriteRuleSet(list(rules))
+        self.rules = RewriteRuleSet([_anchored(r) for r in rules])
         # The op types each rule's pattern needs: a rule whose ops are not all in the graph
         # cannot match, and skipping it keeps the pass cheap (commuted rule sets run to 100+).
         self._needs = [frozenset(n.op_type for n in rule._target_pattern._nodes) for rule in self.rules.rules]
