@@ -213,3 +213,35 @@ def test_torch_functional_parity():
     for fn, tfn in pairs:
         model, out = capture_run(fn, {"x": IMG})
         np.testing.assert_allclose(out["output"], tfn(torch.from_numpy(IMG)).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def _torch_refs(torch):
+    F = torch.nn.functional
+    t = torch.from_numpy
+    return {
+        "relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+        "sigmoid": torch.sigmoid, "tanh": torch.tanh, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
+        "abs": torch.abs, "softmax": lambda x: torch.softmax(x, -1), "log_softmax": lambda x: F.log_softmax(x, 1),
+        "matmul": torch.matmul, "matmul_op": lambda x: x @ t(M), "concat": lambda x, y: torch.cat([x, y], 1),
+        "stack": lambda x, y: torch.stack([x, y], 1), "reshape": lambda x: x.reshape(-1, 2, 2),
+        "reshape_flat": lambda x: x.reshape(-1), "transpose": lambda x: x.T, "T": lambda x: x.T,
+        "where": torch.where, "maximum": torch.maximum, "minimum": torch.minimum,
+        "clip": lambda x: torch.clamp(x, -0.5, 0.5), "sum_all": torch.sum,
+        "sum_axis": lambda x: x.sum(1, keepdim=True), "mean": lambda x: x.mean(0),
+        "max": lambda x: x.max(-1).values, "min": lambda x: x.amin((0, 1)),
+        "conv2d": lambda x: F.conv2d(x, t(W), t(B4), padding=1), "conv2d_stride": lambda x: F.conv2d(x, t(W), t(B4), stride=2),
+        "max_pool2d": lambda x: F.max_pool2d(x, 2), "avg_pool2d": lambda x: F.avg_pool2d(x, 2),
+        "batch_norm": lambda x: F.batch_norm(x, t(B4[:3] ** 2), t(P[0, :3]), t(P[1, :3]), t(B4[1:])),
+        "layer_norm": lambda x: F.layer_norm(x, (4,), t(P[0]), t(B4)),
+        "dropout_eval": lambda x: F.dropout(x, 0.3, training=False), "embedding": lambda i: F.embedding(i, t(M)),
+        "cast": lambda x: x.to(torch.int64), "astype": lambda x: (x > 0).to(torch.float32),
+    }
+
+
+@pytest.mark.parametrize("name,fn,feeds,ref", CASES, ids=[c[0] for c in CASES])
+def test_op_matches_torch(name, fn, feeds, ref):
+    torch = pytest.importorskip("torch")
+    model, out = capture_run(fn, feeds)
+    with torch.no_grad():
+        expected = _torch_refs(torch)[name](*(torch.from_numpy(v) for v in feeds.values()))
+    np.testing.assert_allclose(out["output"], expected.numpy(), rtol=1e-4, atol=1e-5)
