@@ -182,6 +182,8 @@ def _cases() -> list[GradCase]:
         c("ReduceMean", [T((2, 3, 4))], {"axes": [1], "keepdims": 1}, opset=17, tag="opset17"),
         c("ReduceMax", [T((2, 3, 4)), i64(1)], {"keepdims": 0}),
         c("ReduceMin", [T((2, 3, 4))], {"keepdims": 1}),
+        c("ReduceMax", [T((2, 3, 4))], {"axes": [-1], "keepdims": 0}, opset=17, tag="opset17"),
+        c("ReduceL2", [T((2, 3, 4))], {"axes": [0, 1], "keepdims": 1}, opset=13, tag="opset13"),
         c("ReduceSumSquare", [T((2, 3, 4)), i64(2)], {"keepdims": 0}),
         c("ReduceL2", [T((2, 3, 4)), i64(1)], {"keepdims": 0}),
         c("ReduceLogSumExp", [T((2, 3, 4)), i64(0, 2)], {"keepdims": 1}),
