@@ -119,10 +119,33 @@ def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list
             (t,) = builder.emit("Identity", [t], source=f"<output {key}>")
             value = t.value
         seen.add(id(value))
+        key = str(key)
+        if key in builder._names and key != value.name:
+            _free_name(builder, key, input_ids)
         builder._names.discard(value.name)
-        value.name = builder.reserve(str(key))
+        value.name = builder.reserve(key)
         values.append(value)
     return values
+
+
+def _free_name(builder: Builder, name: str, input_ids: set[int]) -> None:
+    """An output key equal to an automatic value name (``relu``, ``add_3``) renames that value."""
+    if name in builder.initializer_names():
+        raise GraphError(f"output name {name!r} is already a parameter's name; pick another key")
+
+    def nodes(node_list):
+        for node in node_list:
+            yield node
+            for attr in node.attributes.values():
+                if isinstance(attr.value, ir.Graph):
+                    yield from nodes(attr.value)
+
+    for node in nodes(builder.scopes[0].nodes):
+        for v in node.outputs:
+            if v.name == name:
+                v.name = builder.unique(name)
+                return
+    raise GraphError(f"output name {name!r} is already an input's name; pick another key")
 
 
 def timed_capture(*args: Any, **kwargs: Any) -> tuple[Model, float]:

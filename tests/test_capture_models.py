@@ -153,3 +153,13 @@ def test_mlp_capture_scales():
     assert time.perf_counter() - start < 5.0
     assert len(model.ir.graph) == 400
     check(model)
+
+
+def test_output_keys_may_reuse_automatic_value_names():
+    model = gc.capture(lambda x: {"relu": gc.relu(x) * 2, "mul": gc.relu(x)}, x=gc.spec("float32", ("N", 3)))
+    check(model)
+    assert [o.name for o in model.outputs] == ["relu", "mul"]
+    out = run_ort(model, {"x": np.array([[-1, 0, 2]], np.float32)})
+    np.testing.assert_array_equal(out["relu"], [[0, 0, 4]])
+    with pytest.raises(gc.GraphError, match="input"):
+        gc.capture(lambda x: {"x": x * 2}, x=gc.spec("float32", (3,)))
