@@ -66,6 +66,15 @@ def start_server(model: Path, port: int, backend: str, threads: int) -> subproce
     raise SystemExit("server did not become ready within 60 s")
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _client_worker(port: int, batch: int, count: int, start: mp.Barrier, out: mp.Queue) -> None:
     import tritonclient.http as httpclient
 
@@ -77,15 +86,17 @@ def _client_worker(port: int, batch: int, count: int, start: mp.Barrier, out: mp
         client.infer("net", [inp])
     start.wait()
     times = np.empty(count)
+    cpu0 = time.process_time()
     for i in range(count):
         t0 = time.perf_counter()
         client.infer("net", [inp]).as_numpy("output")
         times[i] = time.perf_counter() - t0
-    out.put(times)
+    out.put((times, time.process_time() - cpu0))
     client.close()
 
 
-def bench_server(port: int, batch: int, clients: int, total: int) -> tuple[np.ndarray, float]:
+def bench_server(server_pid: int, port: int, batch: int, clients: int, total: int) -> tuple[np.ndarray, float, float, float]:
+    """Latencies, wall seconds, server CPU seconds and client CPU seconds of ``total`` requests."""
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(clients + 1), ctx.Queue()
     per = max(1, total // clients)
@@ -93,15 +104,16 @@ def bench_server(port: int, batch: int, clients: int, total: int) -> tuple[np.nd
     for p in procs:
         p.start()
     start.wait(timeout=120)
-    t0 = time.perf_counter()
-    lats = np.concatenate([out.get(timeout=300) for _ in procs])
-    wall = time.perf_counter() - t0
+    t0, cpu0 = time.perf_counter(), process_cpu(server_pid)
+    results = [out.get(timeout=300) for _ in procs]
+    wall, server_cpu = time.perf_counter() - t0, process_cpu(server_pid) - cpu0
     for p in procs:
         p.join(timeout=30)
-    return lats, wall
+    return np.concatenate([r[0] for r in results]), wall, server_cpu, sum(r[1] for r in results)
 
 
-def bench_inprocess(model: Path, batch: int, clients: int, total: int, threads: int) -> tuple[np.ndarray, float]:
+def bench_inprocess(model: Path, batch: int, clients: int, total: int, threads: int) -> tuple[np.ndarray, float, float]:
+    """Latencies, wall seconds and CPU seconds of ``total`` session.run calls from ``clients`` threads."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -125,17 +137,17 @@ def bench_inprocess(model: Path, batch: int, clients: int, total: int, threads: 
     for t in threads:
         t.start()
     barrier.wait()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for t in threads:
         t.join()
-    return lats.ravel(), time.perf_counter() - t0
+    return lats.ravel(), time.perf_counter() - t0, time.process_time() - cpu0
 
 
-def row(label: str, lats: np.ndarray, wall: float, batch: int) -> tuple[str, float]:
-    rps = len(lats) / wall
-    text = (f"{label:<12} {np.percentile(lats, 50) * 1e3:8.3f} {np.percentile(lats, 99) * 1e3:8.3f} "
-            f"{rps:10.0f} {rps * batch:12.0f}")
-    return text, rps
+def row(label: str, lats: np.ndarray, wall: float, cpu: float, batch: int) -> tuple[str, float, float]:
+    rps, cpu_us = len(lats) / wall, cpu / len(lats) * 1e6
+    text = (f"{label:<10} {np.percentile(lats, 50) * 1e3:8.3f} {np.percentile(lats, 99) * 1e3:8.3f} "
+            f"{rps:8.0f} {rps * batch:10.0f} {cpu_us:9.0f}")
+    return text, rps, cpu_us
 
 
 def main() -> None:
@@ -157,13 +169,20 @@ def main() -> None:
               f"(binary tensors) in separate processes; {os.cpu_count()} CPUs, load average "
               f"{os.getloadavg()[0]:.1f}; onnxruntime threads {args.threads or 'default'}; "
               f"{args.requests} requests per row\n")
-        print(f"{'batch':>5} {'clients':>7}  {'where':<12} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>10} {'samples/s':>12}  server/in-process")
+        print("cpu us/req: CPU time per request of the server process (in-process: of session.run); "
+              "rate: server req/s as a share of in-process req/s, measured; cpu: in-process CPU per run "
+              "as a share of the server's CPU per request (the rate share on cores of its own)\n")
+        print(f"{'batch':>5} {'clients':>7}  {'where':<10} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} "
+              f"{'samples/s':>10} {'cpu us/req':>9}  {'rate':>6} {'cpu':>6}  client cpu us/req")
         try:
             for batch in (int(b) for b in args.batches.split(",")):
                 for clients in (int(c) for c in args.clients.split(",")):
-                    s_text, s_rps = row("server", *bench_server(port, batch, clients, args.requests), batch)
-                    i_text, i_rps = row("in-process", *bench_inprocess(model, batch, clients, args.requests, args.threads), batch)
-                    print(f"{batch:>5} {clients:>7}  {s_text}  {s_rps / i_rps:6.1%}")
+                    lats, wall, server_cpu, client_cpu = bench_server(server.pid, port, batch, clients, args.requests)
+                    s_text, s_rps, s_cpu = row("server", lats, wall, server_cpu, batch)
+                    i_text, i_rps, i_cpu = row("in-process", *bench_inprocess(model, batch, clients, args.requests,
+                                                                             args.threads), batch)
+                    print(f"{batch:>5} {clients:>7}  {s_text}  {s_rps / i_rps:6.1%} {i_cpu / s_cpu:6.1%}  "
+                          f"{client_cpu / len(lats) * 1e6:.0f}")
                     print(f"{'':>5} {'':>7}  {i_text}", flush=True)
         finally:
             server.send_signal(signal.SIGTERM)

@@ -24,7 +24,7 @@ INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/
 # Requests that a model answers faster than this, with bodies up to INLINE_BYTES, run on the
 # event loop: the hop to a worker thread would cost more than the work. Slower or larger ones
 # go to the thread pool so the loop stays free for other connections.
-INLINE_SECONDS = 0.002
+INLINE_SECONDS = 0.0005
 INLINE_BYTES = 1 << 20
 _log = logging.getLogger("graphc.serve")
 
