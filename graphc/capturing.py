@@ -144,6 +144,7 @@ def _free_name(builder: Builder, name: str, input_ids: set[int]) -> None:
         for v in node.outputs:
             if v.name == name:
                 v.name = builder.unique(name)
+                builder._names.discard(name)
                 return
     raise GraphError(f"output name {name!r} is already an input's name; pick another key")
 
