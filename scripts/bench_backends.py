@@ -12,15 +12,17 @@ at batch 64, and within 2x of the hand-written numpy forward.
 from __future__ import annotations
 
 import os
+import sys
 
-# BLAS on one thread, set before numpy loads: with more BLAS threads than free cores OpenBLAS's
-# spin-waiting makes timings erratic (a 3 MFLOP Gemm was seen taking 70 ms on a busy 2-core box).
-# Both numpy columns (the backend and the hand-written forward) and ReferenceEvaluator share it.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# BLAS threads are set before numpy loads (``--blas-threads N``, default 1): with more BLAS
+# threads than free cores OpenBLAS's spin-waiting makes timings erratic (a 3 MFLOP Gemm was
+# seen taking 70 ms on a busy 2-core box). The numpy backend, the hand-written forward and
+# ReferenceEvaluator all share the setting; onnxruntime always gets 2 intra-op threads.
+_BLAS = sys.argv[sys.argv.index("--blas-threads") + 1] if "--blas-threads" in sys.argv else "1"
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = _BLAS
 
 import argparse  # noqa: E402
-import sys
 import time
 import warnings
 
@@ -145,6 +147,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, action="append", help="default: 1 and 64")
     parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per cell")
     parser.add_argument("--no-reference", action="store_true", help="skip ReferenceEvaluator")
+    parser.add_argument("--blas-threads", type=int, default=1, help="BLAS threads for the numpy columns")
     args = parser.parse_args(argv)
 
     rows = []
@@ -152,7 +155,7 @@ def main(argv=None) -> int:
         for batch in args.batch or [1, 64]:
             rows.append(bench_model(name, batch, args.budget, not args.no_reference))
 
-    table = Table(title="time per run (ms), ratios from the same run")
+    table = Table(title=f"time per run (ms), ratios from the same run; numpy BLAS threads: {args.blas_threads}")
     for col in ("model", "batch", "numpy", "reference", "ort-cpu (2 thr)", "hand numpy",
                 "reference / numpy", "numpy / hand", "numpy / ort", "max |numpy - ort|"):
         table.add_column(col, justify="right")

@@ -87,14 +87,32 @@ def isinf(x, *, detect_negative=1, detect_positive=1):
     return (np.isposinf(x),) if detect_positive else (np.zeros(x.shape, bool),)
 
 
-# erf: numpy has none (and scipy is not a dependency). Maclaurin series for |x| < 2.5 and a
-# continued fraction for erfc beyond; both to ~1e-15 in float64.
+# erf: numpy has none (and scipy is not a dependency).
+# float64: Maclaurin series for |x| < 2.5 and a continued fraction for erfc beyond, both to
+# ~1e-15. Narrower floats: the rational approximation Eigen and XLA use for float32 (relative
+# error < 5e-7 everywhere), computed in float32 and about ten times faster.
 _ERF_TERMS = np.array([(-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(60)])
+_ERF32_P = [-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+            -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+            -1.60960333262415e-02]
+_ERF32_Q = [-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+            -7.37332916720468e-03, -1.42647390514189e-02]
 
 
-def erf(x: np.ndarray) -> np.ndarray:
-    x64 = np.asarray(x, dtype=np.float64)
-    ax = np.abs(x64)
+def _erf32(x: np.ndarray) -> np.ndarray:
+    x = np.clip(x, -4, 4).astype(np.float32)  # erf(4) is 1 in float32
+    x2 = x * x
+    p = np.full_like(x2, _ERF32_P[0])
+    for c in _ERF32_P[1:]:
+        p = p * x2 + np.float32(c)
+    q = np.full_like(x2, _ERF32_Q[0])
+    for c in _ERF32_Q[1:]:
+        q = q * x2 + np.float32(c)
+    return x * p / q
+
+
+def _erf64(x: np.ndarray) -> np.ndarray:
+    ax = np.abs(x)
     small = np.minimum(ax, 2.5)
     z2 = small * small
     series = np.full_like(z2, _ERF_TERMS[-1])
@@ -108,7 +126,14 @@ def erf(x: np.ndarray) -> np.ndarray:
         for k in range(60, 0, -1):  # erfc(x) = exp(-x^2)/sqrt(pi) / (x + 1/2/(x + 1/(x + 3/2/...)))
             frac = xb + (k / 2) / frac
         out[big] = 1 - np.exp(-xb * xb) / math.sqrt(math.pi) / frac
-    return np.copysign(out, x64).astype(np.asarray(x).dtype, copy=False)
+    return np.copysign(out, x)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype == np.float64:
+        return _erf64(x)
+    return _erf32(x).astype(x.dtype, copy=False)
 
 
 @kernel("Erf", since=9)
