@@ -92,26 +92,32 @@ def relu(x: Tensor) -> Tensor:
 
 
 def sigmoid(x: Tensor) -> Tensor:
+    """1 / (1 + exp(-x)). Signature: ai.onnx@13::Sigmoid"""
     return unary("Sigmoid", x)
 
 
 def tanh(x: Tensor) -> Tensor:
+    """Signature: ai.onnx@13::Tanh"""
     return unary("Tanh", x)
 
 
 def exp(x: Tensor) -> Tensor:
+    """Signature: ai.onnx@13::Exp"""
     return unary("Exp", x)
 
 
 def log(x: Tensor) -> Tensor:
+    """Natural log. Signature: ai.onnx@13::Log"""
     return unary("Log", x)
 
 
 def sqrt(x: Tensor) -> Tensor:
+    """Signature: ai.onnx@13::Sqrt"""
     return unary("Sqrt", x)
 
 
 def abs(x: Tensor) -> Tensor:  # noqa: A001 - public DSL name
+    """Signature: ai.onnx@13::Abs"""
     return unary("Abs", x)
 
 
@@ -133,22 +139,27 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """Softmax along ``axis``. Signature: ai.onnx@13::Softmax"""
     return emit("Softmax", [x], {"axis": axis})
 
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """Signature: ai.onnx@13::LogSoftmax"""
     return emit("LogSoftmax", [x], {"axis": axis})
 
 
 def maximum(a: Any, b: Any) -> Tensor:
+    """Elementwise max with broadcasting. Signature: ai.onnx@13::Max"""
     return binary("Max", a, b)
 
 
 def minimum(a: Any, b: Any) -> Tensor:
+    """Elementwise min with broadcasting. Signature: ai.onnx@13::Min"""
     return binary("Min", a, b)
 
 
 def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+    """Clamp to [min, max] (either may be None). Signature: ai.onnx@13::Clip"""
     x = lift(x)
     lo = None if min is None else lift(min, x)
     hi = None if max is None else lift(max, x)
@@ -156,6 +167,7 @@ def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
 
 
 def where(cond: Any, a: Any, b: Any) -> Tensor:
+    """``a`` where ``cond`` else ``b``. Signature: ai.onnx@16::Where"""
     a, b = _pair(a, b)
     cond = lift(cond)
     if cond.dtype != "bool":
@@ -167,6 +179,7 @@ def where(cond: Any, a: Any, b: Any) -> Tensor:
 
 
 def cast(x: Tensor, dtype: Any) -> Tensor:
+    """Signature: ai.onnx@21::Cast"""
     return emit("Cast", [lift(x)], {"to": as_dtype(dtype).onnx})
 
 
@@ -201,6 +214,7 @@ def _axis(axis: int, rank: int, op: str, x: Tensor) -> int:
 
 
 def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Join along ``axis``. Signature: ai.onnx@13::Concat"""
     tensors = list(tensors)
     if not tensors:
         raise GraphError(f"concat of no tensors (at {user_source()})")
@@ -212,6 +226,7 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
 
 
 def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Join along a new ``axis`` (Unsqueeze + Concat)."""
     tensors = [lift(t) for t in tensors]
     rank = tensors[0].ndim + 1
     axis = axis % rank
@@ -227,6 +242,7 @@ def squeeze(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
 
 
 def transpose(x: Tensor, perm: Sequence[int] | None = None) -> Tensor:
+    """Permute axes (``perm=None`` reverses them). Signature: ai.onnx@21::Transpose"""
     x = lift(x)
     rank = x.ndim
     perm = list(range(rank))[::-1] if perm is None else [p % rank if rank else p for p in perm]
@@ -330,18 +346,22 @@ def _reduce(op: str, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
 
 
 def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """ReduceSum over ``axis`` (None: all). Signature: ai.onnx@13::ReduceSum"""
     return _reduce("ReduceSum", x, axis, keepdims)
 
 
 def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """ReduceMean over ``axis`` (None: all); axes are an input from opset 18, an attribute before."""
     return _reduce("ReduceMean", x, axis, keepdims)
 
 
 def max(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """ReduceMax over ``axis`` (None: all). For the elementwise max use ``gc.maximum``."""
     return _reduce("ReduceMax", x, axis, keepdims)
 
 
 def min(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """ReduceMin over ``axis`` (None: all). For the elementwise min use ``gc.minimum``."""
     return _reduce("ReduceMin", x, axis, keepdims)
 
 
