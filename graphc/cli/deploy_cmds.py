@@ -25,7 +25,7 @@ def triton_cmd(
 
     folder = deploy.triton(model, repo, name, max_batch_size=max_batch_size, instance="gpu" if gpu else "cpu",
                            dynamic_batching=dynamic_batching, opset=opset)
-    console.print(f"wrote {folder / 'config.pbtxt'} and {folder / '1' / 'model.onnx'}", highlight=False)
+    console.print(f"wrote {folder / 'config.pbtxt'} and {folder / '1' / 'model.onnx'}", highlight=False, soft_wrap=True)
 
 
 @app.command("serve")
@@ -44,6 +44,6 @@ def serve_cmd(
     if not source.exists():
         raise FileNotFoundError(f"{source}: no such model file or repository folder")
     options = {} if threads is None else {"threads": threads}
-    console.print(f"serving {source} on http://{host}:{port}/v2 (backend {backend}); Ctrl-C stops", highlight=False)
+    console.print(f"serving {source} on http://{host}:{port}/v2 (backend {backend}); Ctrl-C stops", highlight=False, soft_wrap=True)
     serve(source, host=host, port=port, backend=backend, name=name,
           max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES, **options)
