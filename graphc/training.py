@@ -32,14 +32,18 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Literal, Union
 
 import numpy as np
+import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict
 
+from graphc.dtypes import TensorSpec
+from graphc.errors import GraphError
 from graphc.losses import LossSpec
-from graphc.model import Model
+from graphc.model import Model, value_spec
 
 FORMAT = "graphc.training/1"
 GRAPH_FILES = {
@@ -180,10 +184,10 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
     if not isinstance(model, Model):
         raise TypeError(f"generate() takes a gc.Model, got {type(model).__name__}")
     if isinstance(loss, str):
-        loss_args = artifacts.LossArgs(kind=None, output=loss)
+        loss_args = artifacts.LossArgs(output=loss)
         loss_json = {"kind": "output", "output": loss, "label": None, "options": {}}
     elif isinstance(loss, _LossSpec):
-        loss_args = artifacts.LossArgs(loss.kind, loss.output, loss.label, loss.resolved_options())
+        loss_args = artifacts.LossArgs(loss.output, loss.label, build=partial(_capture_loss, loss))
         loss_json = {**loss.model_dump(), "options": loss.resolved_options()}
     else:
         raise TypeError("loss must be a gc.losses spec (e.g. gc.losses.mse('out', label='y')) or the "
@@ -199,6 +203,28 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         optimizer=opt_json, loss=loss_json, model_outputs=built.model_outputs)
     return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
                              graphs["inference"], built.state, manifest)
+
+
+def _capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:
+    """The loss as a graph of its own, captured from ``gc.losses``: inputs ``pred`` (the model
+    output's type) and ``label`` (int64 class indices [N, d1...] for cross-entropy on
+    [N, C, d1...], else the output's type); one scalar output."""
+    from graphc import _dsl_losses
+    from graphc.capturing import capture
+
+    pred = value_spec(output)
+    if pred.shape is None:
+        raise GraphError(f"loss {spec.kind!r}: the rank of model output {output.name!r} is unknown")
+    label = pred
+    if spec.kind == "cross_entropy":
+        if len(pred.shape) < 2:
+            raise GraphError(f"cross_entropy needs logits [N, C, ...]; output {output.name!r} has shape {pred.shape}")
+        label = TensorSpec(name="label", dtype="int64", shape=(pred.shape[0], *pred.shape[2:]))
+    fn = getattr(_dsl_losses, spec.kind)
+    options = spec.resolved_options()
+    model = capture(lambda pred, label: fn(pred, label, **options), name=f"{spec.kind}_loss", opset=opset,
+                    pred=pred.model_copy(update={"name": "pred"}), label=label.model_copy(update={"name": "label"}))
+    return model.ir
 
 
 def _optimizer_json(optimizer) -> dict:

@@ -1,16 +1,15 @@
-"""Losses vs closed numpy forms and torch.nn.functional: as loss graphs (passes/training/losses)
-appended to a graph, and as DSL functions on Tensors (gc.losses.* inside gc.capture)."""
+"""Losses vs closed numpy forms and torch.nn.functional: as DSL functions on Tensors
+(gc.losses.* inside gc.capture) and as loss specs spliced into a model by gc.training.generate."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx.helper as oh
 import onnx_ir as ir
 import pytest
 
 import graphc as gc
-from graphc.passes.training import losses as loss_graphs
-from graphc.passes.training.builder import Builder
 
 RNG = np.random.default_rng(0)
 
@@ -114,28 +113,26 @@ CASES = [
 IDS = [f"{kind}-{i}" for i, (kind, _, _) in enumerate(CASES)]
 
 
-def _loss_graph_model(kind, a, b, options, symbolic_classes=False) -> onnx.ModelProto:
-    """pred/logits and target/label as inputs (first dim symbolic), the loss appended."""
+def _loss_eval_graph(kind, a, b, options, symbolic_classes=False) -> gc.Model:
+    """The eval graph of ``out = pred * w`` (w = [1.0], a param) with the loss spec on ``out``:
+    it computes the loss of ``pred`` against the new ``label`` input."""
     dims = ["N", "C" if symbolic_classes else a.shape[1], *a.shape[2:]]
-    pred = ir.Value(name="pred", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(dims))
-    dtype, shape = loss_graphs.label_type(kind, pred)
-    label = ir.Value(name="label", type=ir.TensorType(dtype), shape=shape)
-    graph = ir.Graph([pred, label], [], nodes=[], opset_imports={"": 21}, name="loss")
-    loss = loss_graphs.append_loss(Builder(graph, 21), kind, {"reduction": "mean", **options}, pred, label)
-    loss.dtype = ir.DataType.FLOAT
-    loss.shape = ir.Shape([])
-    graph.outputs.append(loss)
-    proto = ir.serde.serialize_model(ir.Model(graph, ir_version=10))
-    onnx.checker.check_model(proto, full_check=True)
-    return proto
+    graph = oh.make_graph([oh.make_node("Mul", ["pred", "w"], ["out"])], "identity",
+                          [oh.make_tensor_value_info("pred", onnx.TensorProto.FLOAT, dims)],
+                          [oh.make_tensor_value_info("out", onnx.TensorProto.FLOAT, dims)],
+                          [onnx.numpy_helper.from_array(np.ones(1, np.float32), "w")])
+    model = gc.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21)]))
+    spec = getattr(gc.losses, kind)("out", label="label", **options)
+    arts = gc.training.generate(model, spec, gc.optim.SGD(0.1))
+    onnx.checker.check_model(arts.eval.proto, full_check=True)
+    return arts.eval
 
 
 @pytest.mark.parametrize("kind,make,options", CASES, ids=IDS)
 @pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
-def test_loss_graph_matches_closed_form(kind, make, options, backend):
+def test_loss_spec_matches_closed_form(kind, make, options, backend):
     a, b = make()
-    model = gc.load(_loss_graph_model(kind, a, b, options))
-    got = gc.Session(model, backend=backend).run({"pred": a, "label": b})["loss"]
+    got = gc.Session(_loss_eval_graph(kind, a, b, options), backend=backend).run({"pred": a, "label": b})["loss"]
     expected = REFS[kind](a.astype(np.float64), b if kind == "cross_entropy" else b.astype(np.float64), **options)
     assert np.isfinite(got)
     np.testing.assert_allclose(got, expected, rtol=2e-5, atol=1e-6)
@@ -146,7 +143,7 @@ def test_loss_graph_matches_closed_form(kind, make, options, backend):
                                           (_ignored, {"label_smoothing": 0.2})])
 def test_cross_entropy_with_symbolic_class_count(make, options):
     logits, labels = make()
-    model = gc.load(_loss_graph_model("cross_entropy", logits, labels, options, symbolic_classes=True))
+    model = _loss_eval_graph("cross_entropy", logits, labels, options, symbolic_classes=True)
     got = gc.Session(model, backend="numpy").run({"pred": logits, "label": labels})["loss"]
     np.testing.assert_allclose(got, ref_cross_entropy(logits, labels, **options), rtol=2e-5)
 

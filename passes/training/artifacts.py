@@ -4,8 +4,9 @@
 
 1. weights kept in ``Constant`` nodes become initializers (``imports``); shapes are inferred;
 2. ``inference``: the forward graph in inference mode (``modes``);
-3. the loss is appended (``losses``) on a model output, with a new label input, or a scalar
-   output is taken as the loss; it is named ``loss``;
+3. the loss graph (captured by ``graphc.training`` from ``gc.losses``) is spliced after a
+   model output, with a new label input, or a scalar output is taken as the loss; either way
+   the loss value is named ``loss``;
 4. ``eval``: loss graph in inference mode, trainable params and BN statistics as inputs;
 5. ``gradients``: loss graph in training mode, ``autodiff.backward`` to the trainable params,
    outputs ``loss`` and ``<param>_grad``;
@@ -17,8 +18,8 @@ No DSL here: the caller (``graphc.training``) turns specs into the plain argumen
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
@@ -26,7 +27,7 @@ from onnx_ir.passes.common import RemoveInitializersFromInputsPass, RemoveUnused
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.core import backward, node_inputs
-from graphc.passes.training import imports, losses, modes, optimizers
+from graphc.passes.training import imports, modes, optimizers
 from graphc.passes.training.builder import Builder
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
@@ -37,10 +38,14 @@ LR = "lr"
 
 @dataclass
 class LossArgs:
-    kind: str | None  # None: ``output`` already is the scalar loss
+    """``output``: the model output the loss reads (or, with no ``build``, the scalar loss
+    itself). ``build(output_value, opset)`` returns a model with two inputs (prediction,
+    label) and one scalar output: the loss graph, spliced after ``output`` with its label input
+    renamed ``label`` (``graphc.training`` captures it from the DSL's ``gc.losses``)."""
+
     output: str
     label: str | None = None
-    options: dict = field(default_factory=dict)
+    build: Callable[[ir.Value, int], ir.Model] | None = None
 
 
 @dataclass
@@ -168,7 +173,7 @@ def _append_loss(graph: ir.Graph, opset: int, loss: LossArgs) -> str | None:
     if loss.output not in outputs:
         raise GraphError(f"loss output {loss.output!r} is not an output of the model; outputs: {sorted(outputs)}")
     out = outputs[loss.output]
-    if loss.kind is None:
+    if loss.build is None:
         dims = list(out.shape) if out.shape is not None else []
         if not imports.is_float(out) or not all(d == 1 for d in dims):  # [] or [1, ...]
             raise GraphError(f"loss {loss.output!r} must be a float scalar, got {out.dtype} {out.shape}")
@@ -179,11 +184,31 @@ def _append_loss(graph: ir.Graph, opset: int, loss: LossArgs) -> str | None:
     for name in (LOSS, loss.label):
         if name in taken or name in outputs:
             raise GraphError(f"the name {name!r} is already used in the model; choose another label name")
-    dtype, shape = losses.label_type(loss.kind, out)
-    label = ir.Value(name=loss.label, type=ir.TensorType(dtype), shape=shape)
-    graph.inputs.append(label)
-    losses.append_loss(Builder(graph, opset, "loss/"), loss.kind, loss.options, out, label)
+    _splice_loss(graph, loss.build(out, opset).graph, out, loss.label)
     return loss.label
+
+
+def _splice_loss(graph: ir.Graph, loss_graph: ir.Graph, out: ir.Value, label_name: str) -> None:
+    """Move the nodes of ``loss_graph`` (inputs: prediction, label) into ``graph``: the
+    prediction becomes ``out``, the label a new input, the output ``loss``; the moved nodes and
+    values are prefixed ``loss/`` so no name collides with the model's."""
+    pred, label = loss_graph.inputs
+    result = loss_graph.outputs[0]
+    if loss_graph.initializers or result.producer() is None:
+        raise GraphError("a loss graph must compute its output with nodes and hold no initializers")
+    nodes = list(loss_graph)
+    loss_graph.inputs.clear()
+    loss_graph.outputs.clear()
+    loss_graph.remove(nodes)
+    for node in nodes:
+        node.name = f"loss/{node.name}"
+        for value in node.outputs:
+            value.name = f"loss/{value.name}"
+        graph.append(node)
+    pred.replace_all_uses_with(out)
+    label.name = label_name
+    graph.inputs.append(label)
+    result.name = LOSS
 
 
 def _select_params(graph: ir.Graph, bn_stats: Sequence[str], trainable, frozen,
