@@ -179,3 +179,17 @@ def test_app_mounted_under_a_prefix_still_infers(reference):
         assert reply.status_code == 200, reply.text
         assert reply.json()["outputs"][1]["data"] == reference.run(feeds)["s"].ravel().tolist()
         assert http.get("/inner/v2/models/mixed/infer").status_code == 405
+
+
+def test_no_nagle_stalls_between_sequential_requests(client):
+    """Nagle's algorithm with delayed ACKs would hold each reply ~40 ms; TCP_NODELAY (set by
+    asyncio and uvloop on accepted connections) keeps sequential requests far below that."""
+    import time
+
+    inputs = make_inputs(mixed_feeds(1), True)
+    times = []
+    for _ in range(30):
+        start = time.perf_counter()
+        client.infer("mixed", inputs)
+        times.append(time.perf_counter() - start)
+    assert float(np.median(times)) < 0.02, times
