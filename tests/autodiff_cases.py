@@ -118,6 +118,40 @@ def if_branches(dtype):
     return {"then_branch": then, "else_branch": other}
 
 
+def loop_body(dtype):
+    """carry c: c <- tanh(c * in3 + iter); scan output c * c (in3 is an outer value)."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond"], ["cond_out"]),
+         helper.make_node("Cast", ["iter"], ["iter_f"], to=elem),
+         helper.make_node("Mul", ["c", "in3"], ["m"]),
+         helper.make_node("Add", ["m", "iter_f"], ["a"]),
+         helper.make_node("Tanh", ["a"], ["c_next"]),
+         helper.make_node("Mul", ["c_next", "c_next"], ["sq"])],
+        "loop_body",
+        [helper.make_tensor_value_info("iter", onnx.TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, []),
+         helper.make_tensor_value_info("c", elem, [3, 4])],
+        [helper.make_tensor_value_info("cond_out", onnx.TensorProto.BOOL, []),
+         helper.make_tensor_value_info("c_next", elem, [3, 4]),
+         helper.make_tensor_value_info("sq", elem, [3, 4])])
+    return {"body": body}
+
+
+def scan_body(dtype, **attrs):
+    """state s, element x: s <- tanh(s + x * in2); output s * x (in2 is an outer value)."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["x", "in2"], ["xw"]),
+         helper.make_node("Add", ["s", "xw"], ["a"]),
+         helper.make_node("Tanh", ["a"], ["s_next"]),
+         helper.make_node("Mul", ["s_next", "x"], ["y"])],
+        "scan_body",
+        [helper.make_tensor_value_info("s", elem, [4]), helper.make_tensor_value_info("x", elem, [4])],
+        [helper.make_tensor_value_info("s_next", elem, [4]), helper.make_tensor_value_info("y", elem, [4])])
+    return {"body": body, "num_scan_inputs": 1, **attrs}
+
+
 def _cases() -> list[GradCase]:
     c = GradCase
     cases = [
@@ -251,6 +285,11 @@ def _cases() -> list[GradCase]:
         # control flow: the branches read in1 and in2 from the outer graph
         c("If", [np.array(True)], if_branches, n_out=2, captures=(T((3, 4)), T((4,))), tag="then"),
         c("If", [np.array(False)], if_branches, n_out=2, captures=(T((3, 4)), T((4,))), tag="else"),
+        c("Loop", [np.array(3, dtype=np.int64), None, T((3, 4))], loop_body, n_out=2, captures=(T((4,)),)),
+        c("Scan", [T((4,)), T((5, 4))], scan_body, n_out=2, captures=(T((4,)),)),
+        c("Scan", [T((4,)), T((4, 5))], lambda dt: scan_body(
+            dt, scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[1], scan_output_directions=[1]),
+          n_out=2, captures=(T((4,)),), tag="axes_reverse"),
     ]
     return cases
 

@@ -141,9 +141,9 @@ def test_bad_loss_and_wrt_raise_graph_error():
 def test_missing_rule_names_op_node_and_source_line():
     proto = mlp_model()
     relu = next(n for n in proto.graph.node if n.name == "relu")
-    relu.op_type = "Softplus"
+    relu.op_type = "Softsign"
     relu.metadata_props.add(key="graphc.source", value="models/mlp.py:12")
-    with pytest.raises(graphc.GraphError, match=r"'Softplus' \(node 'relu' \(defined at models/mlp.py:12\)"):
+    with pytest.raises(graphc.GraphError, match=r"'Softsign' \(node 'relu' \(defined at models/mlp.py:12\)"):
         graphc.grad(graphc.load(proto), "loss")
     # a frozen path through the op is fine
     graphc.grad(graphc.load(proto), "loss", wrt=["fc2.bias"])
@@ -220,3 +220,35 @@ def test_symbolic_broadcast_is_undone_at_run_time(n, k):
     ort_out = run_ort(model.proto, feeds)
     for name in ("a_grad", "b_grad", "w_grad"):
         np.testing.assert_allclose(ort_out[name], out[name], rtol=1e-12)
+
+
+class _Recurrent(graphc.nn.Module):
+    """A DSL model with gc.scan (an RNN over time), gc.fori_loop and gc.cond on a parameter path."""
+
+    def __init__(self):
+        super().__init__()
+        rng = np.random.default_rng(0)
+        self.w = graphc.nn.Parameter(rng.standard_normal((3, 3)) * 0.5, dtype="float64")
+        self.u = graphc.nn.Parameter(rng.standard_normal((2, 3)) * 0.5, dtype="float64")
+
+    def forward(self, x, flag):
+        def step(h, xt):
+            h2 = graphc.tanh(h @ self.w + xt @ self.u)
+            return h2, h2 * h2
+
+        h, ys = graphc.scan(step, graphc.sum(x, axis=0) @ self.u * 0.0, x)
+        h = graphc.fori_loop(0, 3, lambda i, c: graphc.tanh(c @ self.w), h)
+        h = graphc.cond(flag, lambda a: a * 2.0, lambda a: graphc.exp(a), h)
+        return {"loss": graphc.sum(h) + graphc.sum(ys)}
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_dsl_control_flow_gradient(flag):
+    model = graphc.capture(_Recurrent(), x=graphc.spec("float64", (5, 4, 2)), flag=graphc.spec("bool", ()))
+    grad_model = graphc.grad(model, "loss")
+    x = np.random.default_rng(1).standard_normal((5, 4, 2))
+    feeds = {"x": x, "flag": np.array(flag)}
+    out = run_numpy(grad_model.proto, feeds)
+    for name, p in model.params.items():
+        np.testing.assert_allclose(out[f"{name}_grad"], numeric_grad(grad_model.proto, feeds, name, p),
+                                   rtol=1e-6, atol=1e-8, err_msg=name)

@@ -134,7 +134,9 @@ class GradBuilder:
         arr = np.asarray(array, dtype=np_dtype)
         key = (arr.dtype.str, arr.shape, arr.tobytes())
         if key not in self._consts:
-            self._consts[key] = self.op("Constant", value=ir.tensor(arr))
+            value = self.op("Constant", value=ir.tensor(arr))
+            value.dtype, value.shape = ir.DataType.from_numpy(arr.dtype), ir.Shape(arr.shape)
+            self._consts[key] = value
         return self._consts[key]
 
     def ints(self, values: Sequence[int]) -> ir.Value:
