@@ -33,10 +33,11 @@ def create_app(model_or_path_or_repo: Any, backend: str = "auto", name: str | No
 def _config(app: Any, host: str, port: int, log_level: str, access_log: bool):
     import uvicorn
 
-    # asyncio sets TCP_NODELAY on every accepted TCP connection, so replies are not held back
-    # by Nagle's algorithm; uvicorn's defaults keep the connection alive between requests.
+    # uvloop (and asyncio) set TCP_NODELAY on every accepted connection, so replies are not held
+    # back by Nagle's algorithm (tests/test_serve.py checks); connections stay alive between
+    # requests. No proxy-header rewriting: the server is not meant to sit behind a proxy it trusts.
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
-                          timeout_graceful_shutdown=30, server_header=False)
+                          timeout_graceful_shutdown=30, server_header=False, proxy_headers=False)
 
 
 def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000, backend: str = "auto",

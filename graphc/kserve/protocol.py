@@ -36,8 +36,13 @@ class ProtocolError(Exception):
         self.status = status
 
 
+_BY_NUMPY = {np.dtype(to_numpy(dtype)): datatype for datatype, dtype in DATATYPES.items()}
+
+
 def datatype_of(dtype: Any) -> str:
     """KServe datatype of a graphc/numpy dtype: ``"float32"`` -> ``"FP32"``."""
+    if isinstance(dtype, np.dtype) and dtype in _BY_NUMPY:  # the per-output fast path
+        return _BY_NUMPY[dtype]
     return _BY_DTYPE[str(as_dtype(dtype))]
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from graphc.deploy import feedable_inputs
-from graphc.dtypes import TensorSpec
+from graphc.dtypes import TensorSpec, to_numpy
 from graphc.errors import InputError, ModelLoadError
 from graphc.kserve.protocol import DecodedRequest, ProtocolError, datatype_of
 from graphc.model import Model, load
@@ -43,7 +43,7 @@ class ServedModel:
         self.session = Session(model, backend=backend, **options)
         self.inputs, self.outputs = feedable_inputs(model), model.outputs
         self._output_names = {spec.name for spec in self.outputs}
-        self._datatypes = {spec.name: datatype_of(spec.dtype) for spec in self.inputs}
+        self._dtypes = {spec.name: to_numpy(spec.dtype) for spec in self.inputs}
         # onnxruntime's InferenceSession.run is thread-safe; other backends are serialised.
         self._lock = None if self.session.backend.startswith("ort") else threading.Lock()
         self.recent_seconds = 0.0  # moving average of a request's time, kept by the app
@@ -55,10 +55,10 @@ class ServedModel:
 
     def infer(self, request: DecodedRequest) -> dict[str, np.ndarray]:
         for name, array in request.inputs.items():  # in the protocol's terms; the rest is Session's
-            want = self._datatypes.get(name)
-            if want is not None and datatype_of(array.dtype) != want:
+            want = self._dtypes.get(name)
+            if want is not None and array.dtype != want:
                 raise ProtocolError(f"input {name!r}: datatype {datatype_of(array.dtype)}, "
-                                    f"model {self.name!r} expects {want}")
+                                    f"model {self.name!r} expects {datatype_of(want)}")
         wanted = None if not request.outputs else list(request.outputs)
         for out in wanted or ():
             if out not in self._output_names:
