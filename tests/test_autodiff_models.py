@@ -252,3 +252,30 @@ def test_dsl_control_flow_gradient(flag):
     for name, p in model.params.items():
         np.testing.assert_allclose(out[f"{name}_grad"], numeric_grad(grad_model.proto, feeds, name, p),
                                    rtol=1e-6, atol=1e-8, err_msg=name)
+
+
+@pytest.mark.parametrize("training,ratio", [(False, 0.5), (True, 0.0), (True, 0.25)])
+def test_dropout_with_run_time_flag_and_ratio(training, ratio):
+    """Dropout(x, ratio, training_mode) with both fed at run time: the gradient is the mask
+    (the node's own mask output, added to it) scaled by 1 / (1 - ratio) in training, else 1."""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["xw"]),
+             helper.make_node("Dropout", ["xw", "ratio", "training"], ["y"], seed=3),
+             helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(
+        nodes, "drop",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 4]),
+         helper.make_tensor_value_info("ratio", TensorProto.DOUBLE, []),
+         helper.make_tensor_value_info("training", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, []),
+         helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", 4])],
+        initializer=[numpy_helper.from_array(np.full(4, 2.0), "w")])
+    model = graphc.grad(graphc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])),
+                        "loss", wrt=["w"])
+    assert sum(n.op_type == "Dropout" for n in model.proto.graph.node) == 1
+    x = np.random.default_rng(0).standard_normal((64, 4))
+    out = run_numpy(model.proto, {"x": x, "ratio": np.array(ratio), "training": np.array(training)})
+    kept = out["y"] != 0  # x * w is never exactly 0 here, so the mask is where y survives
+    scale = 1 / (1 - ratio) if training else 1.0
+    np.testing.assert_allclose(out["w_grad"], (x * kept * scale).sum(0))
+    if not training or ratio == 0.0:
+        assert kept.all()

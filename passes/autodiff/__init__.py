@@ -2,9 +2,26 @@
 
     from graphc.passes.autodiff import backward, gradient_model, RULES
 
-``backward(graph, loss, wrt)`` appends gradient nodes to an ``onnx_ir`` graph in place;
-``gradient_model(model, loss, wrt)`` returns a new model whose outputs add ``<param>_grad``;
-``RULES`` maps each differentiable ONNX op type to its VJP rule.
+``backward(graph, loss, wrt)`` appends gradient nodes to an ``onnx_ir`` graph in place and
+returns ``{param name: gradient value}``; ``gradient_model(model, loss, wrt)`` returns a new
+model whose inputs add the params and whose outputs add ``<param>_grad`` (what ``gc.grad``
+returns); ``RULES`` maps each differentiable ONNX op type to its VJP rule (``registry.py``).
+
+Conventions (each written next to its rule too):
+
+- kinks follow PyTorch: Relu/LeakyRelu/Elu/Selu/PRelu take the x <= 0 branch at 0; Abs and
+  Sign-like ops give 0 at 0; Clip passes the gradient at the boundaries (min <= x <= max);
+  Max/Min/ReduceMax/ReduceMin/GlobalMaxPool split ties evenly (torch.maximum gives 0.5/0.5,
+  torch.amax shares among ties); MaxPool sends each window's gradient to its Indices output
+  (the first maximum, as PyTorch); Pow's exponent gradient is 0 where base == 0.
+- no gradient (``None``): integer/bool inputs, shape and index inputs, Dropout's ratio,
+  BatchNormalization's running statistics in training mode, class weights of the fused losses.
+- a ``wrt`` value with no path to the loss gets zeros of its shape; an op without a rule on a
+  path raises ``GraphError`` naming op, node and ``graphc.source`` line.
+- limits: Conv/pooling need static spatial dims and channels (the batch may be symbolic);
+  Loop needs a constant trip count and no exit condition, Scan a static length (both are
+  unrolled); MaxPool storage_order=1 and AveragePool ceil_mode that changes the output size
+  raise ``GraphError``.
 """
 
 from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rules)

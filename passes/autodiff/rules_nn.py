@@ -16,11 +16,11 @@ from graphc.passes.autodiff.registry import grad_rule
 
 
 # -- Dropout ----------------------------------------------------------------------------------
-def _static_input(node: ir.Node, i: int):
-    """Input ``i`` as numpy when it is absent (None returned as "absent") or a fixed constant."""
+def _fixed_input(node: ir.Node, i: int, default) -> np.ndarray | None:
+    """Input ``i`` as numpy: ``default`` when absent, None when it can change at run time."""
     v = node.inputs[i] if len(node.inputs) > i else None
     if v is None:
-        return "absent"
+        return np.asarray(default)
     return None if v.is_graph_input() else const_array(v)
 
 
@@ -28,18 +28,17 @@ def _static_input(node: ir.Node, i: int):
 def grad_dropout(g, node, dy):
     # training: dx = dy * mask / (1 - ratio) through the node's mask output (added to the node
     # when it lacks one, so forward and backward share one random draw); inference: dx = dy.
-    # Before opset 12 Dropout has no training mode and is the identity.
+    # Before opset 12 Dropout has no training mode and is the identity. The ratio gets no gradient.
     rest = (None,) * (len(node.inputs) - 1)
-    training = _static_input(node, 2)
-    if g.opset < 12 or (isinstance(training, str) or (training is not None and not bool(training))):
+    training = _fixed_input(node, 2, False)
+    if g.opset < 12 or (training is not None and not bool(training)):
         return (dy,) + rest
-    ratio = _static_input(node, 1)
+    ratio = _fixed_input(node, 1, 0.5)
     node = g.with_outputs(node, 2)
     if ratio is None:
         scale = g.div(g.scalar(1.0, dy), g.sub(g.scalar(1.0, dy), g.cast_like(node.inputs[1], dy)))
     else:
-        r = 0.5 if isinstance(ratio, str) else float(ratio)
-        scale = g.scalar(1.0 / (1.0 - r) if r < 1 else 0.0, dy)
+        scale = g.scalar(1.0 / (1.0 - float(ratio)) if float(ratio) < 1 else 0.0, dy)
     if training is None:  # a run-time flag: the mask is all ones in inference, only the scale differs
         scale = g.op("Where", node.inputs[2], scale, g.scalar(1.0, dy))
     return (g.mul(dy, g.mul(g.cast_like(node.outputs[1], dy), scale)),) + rest
