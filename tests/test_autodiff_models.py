@@ -279,3 +279,15 @@ def test_dropout_with_run_time_flag_and_ratio(training, ratio):
     np.testing.assert_allclose(out["w_grad"], (x * kept * scale).sum(0))
     if not training or ratio == 0.0:
         assert kept.all()
+
+
+def test_old_opset_without_scatter_reduction_says_so():
+    node = helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)
+    tail = helper.make_node("ReduceSum", ["rows"], ["loss"], keepdims=0)
+    graph = helper.make_graph(
+        [node, tail], "emb", [helper.make_tensor_value_info("idx", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+        initializer=[numpy_helper.from_array(np.ones((5, 2), np.float32), "table")])
+    model = graphc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    with pytest.raises(graphc.GraphError, match="from opset 16; the model has opset 13"):
+        graphc.grad(model, "loss")

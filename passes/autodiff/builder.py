@@ -148,6 +148,12 @@ class GradBuilder:
             return self.const(x, like.dtype)
         return self.op("CastLike", self.const(x, np.float32), like)
 
+    def require_opset(self, opset: int, what: str) -> None:
+        if self.opset < opset:
+            raise GraphError(f"gradient of node {self.node_name.removesuffix('/grad')!r} needs {what}, "
+                             f"which ONNX has from opset {opset}; the model has opset {self.opset} "
+                             "(onnx.version_converter can upgrade it)")
+
     # -- shapes ------------------------------------------------------------------------------
     def rank(self, value: ir.Value) -> int:
         shape = static_shape(value)
@@ -267,6 +273,7 @@ class GradBuilder:
         return axes
 
     def _sum_to_dynamic(self, dx: ir.Value, target: ir.Value) -> ir.Value:
+        self.require_opset(13, "ReduceSum with run-time axes (to undo broadcasting over symbolic dims)")
         sy = self.op("Shape", dx)
         sx = self.op("Shape", target)
         diff = self.op("Sub", self.op("Size", sy), self.op("Size", sx))

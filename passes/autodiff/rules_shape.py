@@ -108,6 +108,7 @@ def grad_gather(g, node, dy):
     # y = data[..., idx, ...] along `axis`: ScatterND with reduction="add" (repeated indices
     # accumulate, as in an embedding) into zeros laid out with `axis` first.
     data, idx = node.inputs
+    g.require_opset(16, "ScatterND with reduction='add'")
     r = g.rank(data)
     q = g.rank(idx)
     axis = attr(node, "axis", 0) % r
@@ -135,6 +136,7 @@ def grad_gather(g, node, dy):
 @grad_rule("GatherElements")
 def grad_gather_elements(g, node, dy):
     data, idx = node.inputs
+    g.require_opset(16, "ScatterElements with reduction='add'")
     zeros = g.zeros_like(data)
     return g.op("ScatterElements", zeros, idx, dy, axis=attr(node, "axis", 0), reduction="add"), None
 
