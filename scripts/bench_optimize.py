@@ -5,7 +5,9 @@ gc.training.generate can differentiate it) and a few imported ONNX files, prints
 onnxruntime CPU latency (ORT's own graph optimizations ON, as users run it; 2 threads; median of
 repeated runs) and the optimize time of each tool, and whether each result still computes the
 original's outputs. Then the targets: nodes <= the best of onnxsim/onnxslim, latency no worse
-(within 5% run-to-run noise), optimize time <= theirs.
+(within 5% + 2 us of run-to-run noise), optimize time <= theirs (best of 3 runs each).
+A tool result that changed the graph's inputs or outputs, or that onnxruntime cannot run, sets
+no target.
 
     python scripts/bench_optimize.py [--runs 50] [--batch 8] [--only NAME ...]
 """
@@ -30,7 +32,7 @@ ONNX_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
 IMPORTED = [ONNX_DATA / "light" / f"light_{n}.onnx" for n in ("squeezenet", "shufflenet", "inception_v1", "resnet50")]
 IMPORTED += [ONNX_DATA / "pytorch-converted" / n / "model.onnx" for n in ("test_PixelShuffle", "test_ConvTranspose2d")]
 TOOLS = ("original", "gc -O2", "gc -O3", "onnxsim", "onnxslim")
-NOISE = 1.05  # latency within 5% counts as "no worse"
+NOISE, NOISE_MS = 1.05, 0.002  # latency within 5% + 2 us counts as "no worse"
 
 
 def collect_models(only: set[str]) -> list[tuple[str, onnx.ModelProto]]:
@@ -95,8 +97,24 @@ def latency_ms(sess: ort.InferenceSession, feeds, runs: int, budget_s: float = 4
     return statistics.median(times) * 1e3
 
 
-def run_tool(tool: str, proto: onnx.ModelProto) -> tuple[onnx.ModelProto | None, float, str]:
-    """(optimized model, seconds, note). The copy/serialization each tool needs is timed too."""
+def run_tool(tool: str, proto: onnx.ModelProto, repeats: int = 3) -> tuple[onnx.ModelProto | None, float, str]:
+    """(optimized model, seconds, note): the best of ``repeats`` runs, each on its own copy
+    (onnxsim and onnxslim modify the proto they are given). A tool's own work, conversions
+    included, is timed."""
+    best = None
+    for _ in range(repeats):
+        out, seconds, note = _run_tool_once(tool, proto)
+        if best is None or seconds < best[1]:
+            best = (out, seconds, note)
+        if out is None:
+            break
+    return best
+
+
+def _run_tool_once(tool: str, proto: onnx.ModelProto) -> tuple[onnx.ModelProto | None, float, str]:
+    fresh = onnx.ModelProto()
+    fresh.CopyFrom(proto)
+    proto = fresh
     t0 = time.perf_counter()
     try:
         if tool == "original":
@@ -128,8 +146,27 @@ def same_outputs(ref: dict, got: dict) -> bool:
     return True
 
 
+def has_random_dropout(proto: onnx.ModelProto) -> bool:
+    """A training-mode Dropout draws a new mask per run: outputs cannot be compared."""
+    consts = {t.name for t in proto.graph.initializer} | {o for n in proto.graph.node if n.op_type == "Constant" for o in n.output}
+    return any(n.op_type == "Dropout" and len(n.input) > 2 and n.input[2]
+               and not (n.input[2] in consts and _false_constant(proto, n.input[2]))
+               for n in proto.graph.node)
+
+
+def _false_constant(proto: onnx.ModelProto, name: str) -> bool:
+    for t in proto.graph.initializer:
+        if t.name == name:
+            return not bool(onnx.numpy_helper.to_array(t).any())
+    for n in proto.graph.node:
+        if n.op_type == "Constant" and n.output[0] == name:
+            return not bool(onnx.numpy_helper.to_array(n.attribute[0].t).any())
+    return False
+
+
 def bench_model(name: str, proto: onnx.ModelProto, runs: int, batch: int) -> dict[str, dict]:
     feeds = feeds_for(proto, batch)
+    random = has_random_dropout(proto)
     ref = None
     rows = {}
     input_names = [i.name for i in proto.graph.input]
@@ -145,7 +182,7 @@ def bench_model(name: str, proto: onnx.ModelProto, runs: int, batch: int) -> dic
                                                if k in {i.name for i in sess.get_inputs()}})))
                 if ref is None:
                     ref = got
-                elif not same_outputs(ref, got):
+                elif not random and not same_outputs(ref, got):
                     row["note"] = (row["note"] + " OUTPUTS DIFFER").strip()
                 if [i.name for i in out.graph.input] != input_names:
                     row["note"] = (row["note"] + " inputs changed").strip()
@@ -158,7 +195,12 @@ def bench_model(name: str, proto: onnx.ModelProto, runs: int, batch: int) -> dic
 
 def targets(rows: dict[str, dict]) -> list[str]:
     """Which of the three targets gc -O3 (inference) / -O2 misses on this model."""
-    others = [rows[t] for t in ("onnxsim", "onnxslim") if rows[t]["nodes"] is not None and "DIFFER" not in rows[t]["note"]]
+    # A result that computes other outputs or dropped graph inputs (onnxsim/onnxslim turn
+    # initializer-backed inputs such as a train step's params and lr into constants) is not a
+    # valid optimization of that graph, so it sets no target.
+    others = [rows[t] for t in ("onnxsim", "onnxslim")
+              if rows[t]["ms"] is not None and "DIFFER" not in rows[t]["note"]
+              and "inputs changed" not in rows[t]["note"]]
     if not others:
         return []
     misses = []
@@ -167,7 +209,7 @@ def targets(rows: dict[str, dict]) -> list[str]:
     if ours["nodes"] is not None and ours["nodes"] > best_nodes:
         misses.append(f"nodes {ours['nodes']}>{best_nodes}")
     lat = [r["ms"] for r in others if r["ms"] is not None]
-    if lat and ours["ms"] is not None and ours["ms"] > min(lat) * NOISE:
+    if lat and ours["ms"] is not None and ours["ms"] > min(lat) * NOISE + NOISE_MS:
         misses.append(f"latency {ours['ms']:.3f}>{min(lat):.3f}ms")
     fastest = min(r["opt_s"] for r in others)
     slowest_ours = max(rows["gc -O2"]["opt_s"], ours["opt_s"])
@@ -196,6 +238,7 @@ def main() -> None:
         run_tool(tool, models[0][1])
     for name, proto in models:
         rows = bench_model(name, proto, args.runs, args.batch)
+        random = has_random_dropout(proto)
         cells = []
         for tool in TOOLS:
             r = rows[tool]
@@ -206,6 +249,8 @@ def main() -> None:
                 cell += f"\n[red]{r['note']}[/]"
             cells.append(cell)
         misses = targets(rows)
+        if random:
+            cells[0] += "\n(random Dropout: outputs not compared)"
         summary.append((name, misses))
         table.add_row(name, *cells, ", ".join(misses) or "[green]none[/]")
     console.print(table)

@@ -313,3 +313,21 @@ def test_parameters_not_folded_below_level3():
     m = make_model(nodes, [("x", F, ["N", 3, 8])], [("y", F, ["N", 3, 5])], [("W", w(5, 8))])
     assert op_types(gc.optimize(m, 2)) == ["Transpose", "MatMul"] and "W" in gc.optimize(m, 2).params
     check(m, 3, ["MatMul"])
+
+
+def test_reshape_with_one_computed_dim_becomes_minus_one():
+    # y = reshape(x, [shape(x)[0] * shape(x)[1], 4]): N*3 is only known at run time -> -1
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        const("i0", np.array(0, np.int64)), const("i1", np.array(1, np.int64)), const("ax", np.array([0], np.int64)),
+        const("four", np.array([4], np.int64)),
+        helper.make_node("Gather", ["s", "i0"], ["d0"], axis=0), helper.make_node("Gather", ["s", "i1"], ["d1"], axis=0),
+        helper.make_node("Mul", ["d0", "d1"], ["d01"]), helper.make_node("Unsqueeze", ["d01", "ax"], ["d01u"]),
+        helper.make_node("Concat", ["d01u", "four"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["r"]),
+        helper.make_node("Shape", ["r"], ["rs"], start=-1), helper.make_node("Cast", ["rs"], ["rsf"], to=F),
+        helper.make_node("Mul", ["r", "rsf"], ["y"]),  # the static last dim of r folds too
+    ]
+    m = make_model(nodes, [("x", F, ["N", 3, 4])], [("y", F, ["N3", 4])])
+    out = check(m, 2, ["Reshape", "Mul"])
+    assert list(out.ir.graph.node(0).inputs[1].const_value.numpy()) == [-1, 4]

@@ -33,6 +33,11 @@ def shape_value(value: ir.Value | None, depth: int = 0) -> list[Dim] | None:
     """The elements of a 0/1-D int tensor that carries (part of) a shape, else None."""
     if value is None or depth > 32:
         return None
+    traced = _traced(value, depth)
+    return traced if traced is not None else _opaque(value)
+
+
+def _traced(value: ir.Value, depth: int) -> list[Dim] | None:
     known = _ints(value)
     if known is not None:
         return known
@@ -75,6 +80,18 @@ def shape_value(value: ir.Value | None, depth: int = 0) -> list[Dim] | None:
     return None
 
 
+def _opaque(value: ir.Value) -> list[Dim] | None:
+    """Elements computed in a way not followed here: their count is known from the value's
+    static shape, each is a run-time dim equal to nothing else (it can still become the one -1
+    of a Reshape)."""
+    shape = value.shape
+    if value.dtype != ir.DataType.INT64 or shape is None or len(shape) > 1:
+        return None
+    if len(shape) == 1 and not isinstance(shape[0], int):
+        return None
+    return [("opaque", id(value), i) for i in range(shape[0] if len(shape) else 1)]
+
+
 def _reshape_target(node: ir.Node, dims: list[Dim]) -> list[int] | None:
     """A constant shape for ``Reshape(data, dims)`` with the same meaning, if one exists: a
     run-time dim equal to data's dim at the same axis becomes 0 ("copy", allowzero=0 only); one
@@ -93,6 +110,22 @@ def _reshape_target(node: ir.Node, dims: list[Dim]) -> list[int] | None:
     if unknown > 1 or (unknown == 1 and -1 in target) or (allowzero and 0 in target and unknown):
         return None
     return [-1 if t is None else t for t in target]
+
+
+def _annotate_reshape(node: ir.Node, target: list[int]) -> None:
+    """Record the output dims the constant shape now makes static (so a later ``Shape`` of this
+    output folds too); the -1 dim keeps what was known about it."""
+    out, data = node.outputs[0], node.inputs[0]
+    old = list(out.shape) if out.shape is not None and len(out.shape) == len(target) else None
+    dims = []
+    for i, t in enumerate(target):
+        if t > 0:
+            dims.append(t)
+        elif t == 0 and data.shape is not None and i < len(data.shape):
+            dims.append(data.shape[i])
+        else:
+            dims.append(old[i] if old is not None else ir.SymbolicDim(None))
+    out.shape = ir.Shape(dims)
 
 
 class ShapeFolding(ir.passes.InPlacePass):
@@ -116,6 +149,7 @@ class ShapeFolding(ir.passes.InPlacePass):
                 target = None if dims is None else _reshape_target(node, dims)
                 if target is not None:
                     node.replace_input_with(1, self._constant(node, target, "shape"))
+                    _annotate_reshape(node, target)
                     modified = True
             elif node.op_type in ("Gather", "Concat", "Slice", "Shape") and len(node.outputs) == 1:
                 out = node.outputs[0]
