@@ -71,7 +71,8 @@ def grad_pow(g, node, dy):
     if g.wants(b):
         zero = g.scalar(0.0, a)
         safe = g.op("And", g.op("Equal", a, zero), g.op("GreaterOrEqual", bf, zero))
-        db = g.op("Where", safe, zero, g.mul(dy, g.mul(y, g.op("Log", a))))
+        log_a = g.op("Log", g.op("Where", safe, g.scalar(1.0, a), a))  # no log(0) where it is masked
+        db = g.op("Where", safe, zero, g.mul(dy, g.mul(y, log_a)))
         db = _to(g, node, db, 1)
     return _to(g, node, da, 0), db
 
