@@ -75,22 +75,8 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
     label = _append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
     params, frozen_all = _select_params(base.graph, bn_stats, trainable, frozen, order)
 
-    evaluation = base.clone()
-    modes.set_inference_mode(evaluation.graph)
-    _expose_inputs(evaluation.graph, [*params, *bn_stats])
-    _set_outputs(evaluation.graph, [LOSS, *[o for o in model_outputs if o != LOSS]])
-
-    step = base  # training mode + backward; cloned into ``gradients`` before the update
-    bn_next = modes.set_training_mode(Builder(step.graph, opset, "bn/"), step.graph)
-    _expose_inputs(step.graph, [*params, *bn_stats])
-    step.graph.sort()
-    _infer_shapes(step)
-    grads = backward(step.graph, _by_name(step.graph, LOSS), [step.graph.initializers[p] for p in params])
-
-    gradients = step.clone()
-    g_graph = gradients.graph
-    _set_outputs(g_graph, [LOSS, *(_expose(g_graph, _by_name(g_graph, g.name), f"{p}_grad", like=g_graph.initializers[p])
-                                   for p, g in grads.items())])
+    evaluation = _eval_graph(base, params, bn_stats, model_outputs)
+    step, gradients, grads, bn_next = _backward_graphs(base, opset, params, bn_stats)
 
     slots = optimizers.state_slots(opt_kind, opt_hyper)
     next_names = _append_optimizer(step.graph, opset, opt_kind, opt_hyper, params, grads, slots)
@@ -111,6 +97,31 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
     feeds = {n: n[: -len(".next")] for n in next_names}
     state = _initial_state(step.graph, params, bn_stats, slots, opt_hyper)
     return Built(graphs, roles, feeds, params, frozen_all, state, model_outputs, opset)
+
+
+def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
+                model_outputs: Sequence[str]) -> ir.Model:
+    """Inference-mode forward and loss; params and BN statistics are inputs with defaults."""
+    evaluation = base.clone()
+    modes.set_inference_mode(evaluation.graph)
+    _expose_inputs(evaluation.graph, [*params, *bn_stats])
+    _set_outputs(evaluation.graph, [LOSS, *[o for o in model_outputs if o != LOSS]])
+    return evaluation
+
+
+def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats: Sequence[str]):
+    """Training mode and the backward pass, in ``step`` itself; returns (step, the gradients
+    graph cloned from it, {param: gradient value in step}, {BN stat: its updated value})."""
+    bn_next = modes.set_training_mode(Builder(step.graph, opset, "bn/"), step.graph)
+    _expose_inputs(step.graph, [*params, *bn_stats])
+    step.graph.sort()
+    _infer_shapes(step)
+    grads = backward(step.graph, _by_name(step.graph, LOSS), [step.graph.initializers[p] for p in params])
+    gradients = step.clone()
+    graph = gradients.graph
+    _set_outputs(graph, [LOSS, *(_expose(graph, _by_name(graph, g.name), f"{p}_grad", like=graph.initializers[p])
+                                 for p, g in grads.items())])
+    return step, gradients, grads, bn_next
 
 
 def _roles(key: str, graph: ir.Graph, role_of_input: dict[str, str], params: Sequence[str]) -> dict[str, str]:
