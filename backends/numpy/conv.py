@@ -1,8 +1,9 @@
 """Convolution and pooling kernels, N-d, vectorized.
 
-Conv is im2col: ``as_strided`` exposes every window of the padded input as a view, one
-reshape copies the windows into a (groups, N*out, C/g*k) matrix and one batched matmul with
-the weights produces the output. ConvTranspose is the adjoint: one matmul, then a col2im
+Conv is im2col: the padded input is laid out channel-major ([C, N, *S]), ``as_strided``
+exposes every window as a view, one reshape copies the windows into a (groups, C/g*k, N*out)
+matrix and one batched matmul with the weights produces the output (done on cache-sized slices
+of the batch). ConvTranspose is the adjoint: one matmul, then a col2im
 scatter-add with one strided slice per kernel position. Pools reduce one strided slice per
 kernel position (a 3x3 pool is 9 vectorized maximum/add calls). No loop ever visits pixels.
 """
@@ -216,13 +217,8 @@ def _flat_index(kpos, like, shape, begin, strides, dilations, storage_order):
               for o, s, b, k, dl in zip(out_shape, strides, begin, kpos, dilations)]
     grids = np.meshgrid(*coords, indexing="ij")
     nc = np.arange(n * c).reshape(n, c, *([1] * d))
-    if storage_order:  # column-major over the spatial dims
-        flat = np.zeros_like(grids[0])
-        for i in reversed(range(d)):
-            flat = flat * spatial[i] + grids[i]
-        return nc * math.prod(spatial) + flat
     flat = np.zeros_like(grids[0])
-    for i in range(d):
+    for i in reversed(range(d)) if storage_order else range(d):  # storage_order 1: column-major
         flat = flat * spatial[i] + grids[i]
     return nc * math.prod(spatial) + flat
 
