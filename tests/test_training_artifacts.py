@@ -293,3 +293,30 @@ def test_float64_model():
     batch["x"] = batch["x"].astype(np.float64)
     losses, state = train(arts, batch, 5, backend="numpy")
     assert state["fc1.weight"].dtype == np.float64 and losses[-1] < losses[0]
+
+
+class _Branchy(gc.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = gc.nn.Linear(4, 3)
+        self.alt = gc.nn.Linear(4, 3)
+
+    def forward(self, x, flag):
+        return gc.cond(flag, lambda x: self.fc(x), lambda x: gc.relu(self.alt(x)), x)
+
+
+def test_params_used_inside_control_flow():
+    """Params read inside If branches are trainable; the branch not taken leaves its params as
+    they were (zero gradient), on both backends alike."""
+    model = gc.capture(_Branchy(), x=gc.spec("float32", ("N", 4)), flag=gc.spec("bool", ()))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(0.1))
+    assert arts.manifest.trainable == ["fc.weight", "fc.bias", "alt.weight", "alt.bias"]
+    for graph in arts.graphs.values():
+        check_graph(graph)
+    batch = {"x": RNG.normal(size=(8, 4)).astype(np.float32), "y": RNG.integers(0, 3, 8), "flag": np.array(True)}
+    runs = [train(arts, batch, 4, backend) for backend in ("numpy", "ort-cpu")]
+    np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=1e-5)
+    losses, state = runs[1]
+    assert losses[-1] < losses[0]
+    assert np.array_equal(state["alt.weight"], arts.state["alt.weight"])
+    assert not np.array_equal(state["fc.weight"], arts.state["fc.weight"])
