@@ -18,7 +18,7 @@ Conventions (each written next to its rule too):
   BatchNormalization's running statistics in training mode, class weights of the fused losses.
 - a ``wrt`` value with no path to the loss gets zeros of its shape; an op without a rule on a
   path raises ``GraphError`` naming op, node and ``graphc.source`` line.
-- limits: Conv/pooling need static spatial dims and channels (the batch may be symbolic);
+- limits: Conv/ConvTranspose/pooling need static spatial dims and channels (the batch may be symbolic);
   Loop needs a constant trip count and no exit condition, Scan a static length (both are
   unrolled); MaxPool storage_order=1 and AveragePool ceil_mode that changes the output size
   raise ``GraphError``.

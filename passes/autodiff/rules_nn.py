@@ -88,16 +88,22 @@ def _transposed(g: GradBuilder, dy: ir.Value, w: ir.Value, spatial, kernel, stri
 
 
 # -- Conv -------------------------------------------------------------------------------------
+def _groups_over_batch(g: GradBuilder, t: ir.Value, group: int, per_group: int, spatial: list[int]) -> ir.Value:
+    """[N, group*per_group, *S] -> [per_group, group*N, *S]: channel groups become Conv groups
+    over the batch (for group 1 just the batch/channel swap)."""
+    n_sp = len(spatial)
+    if group == 1:
+        return g.transpose(t, [1, 0] + list(range(2, 2 + n_sp)))
+    r = g.op("Reshape", t, g.ints([0, group, per_group] + spatial))
+    return g.op("Reshape", g.transpose(r, [2, 1, 0] + list(range(3, 3 + n_sp))), g.ints([per_group, -1] + spatial))
+
+
 def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end, group):
     # dW[m, c, k] = sum_{n, o} dy[n, m, o] * xpad[n, c, o*stride + k*dilation]: a Conv over x with
     # batch and channels swapped, dy as the kernel, strides and dilations exchanged.
     n_sp = len(spatial)
     cg, kernel = w_shape[1], list(w_shape[2:])
-    if group == 1:
-        xt = g.transpose(x, [1, 0] + list(range(2, 2 + n_sp)))
-    else:  # [N, g*Cg, S] -> [Cg, g*N, S]: the groups become Conv groups over the batch
-        xr = g.op("Reshape", x, g.ints([0, group, cg] + spatial))
-        xt = g.op("Reshape", g.transpose(xr, [2, 1, 0] + list(range(3, 3 + n_sp))), g.ints([cg, -1] + spatial))
+    xt = _groups_over_batch(g, x, group, cg, spatial)
     dyt = g.transpose(dy, [1, 0] + list(range(2, 2 + n_sp)))
     out = _out_dims(spatial, kernel, strides, dilations, begin, end)
     full = [(spatial[i] + begin[i] + end[i] - (out[i] - 1) * strides[i] - 1) // dilations[i] + 1 for i in range(n_sp)]
@@ -126,6 +132,43 @@ def grad_conv(g, node, dy):
         dw = _conv_weight_grad(g, x, dy, w_shape, spatial, strides, dilations, begin, end, group)
     if g.wants(b):
         db = g.reduce("ReduceSum", dy, [0] + list(range(2, 2 + len(spatial))), keepdims=False)
+    return dx, dw, db
+
+
+@grad_rule("ConvTranspose")
+def grad_conv_transpose(g, node, dy):
+    # ConvTranspose is the adjoint of Conv: dx = Conv(dy, w) with the same geometry; dw is a Conv
+    # over dy with batch and channels swapped (groups over the batch) and x as the kernel.
+    x, w = node.inputs[0], node.inputs[1]
+    b = node.inputs[2] if len(node.inputs) > 2 else None
+    w_shape, sx = static_shape(w), static_shape(x)
+    if (w_shape is None or not all(isinstance(d, int) for d in w_shape) or sx is None
+            or attr(node, "output_shape") is not None or attr(node, "auto_pad", "NOTSET") != "NOTSET"):
+        raise GraphError(f"gradient of ConvTranspose {node.name!r} needs a static weight shape, explicit "
+                         "pads and no output_shape")
+    n_sp = len(w_shape) - 2
+    kernel = list(w_shape[2:])
+    strides = list(attr(node, "strides", None) or [1] * n_sp)
+    dilations = list(attr(node, "dilations", None) or [1] * n_sp)
+    pads = list(attr(node, "pads", None) or [0] * (2 * n_sp))
+    group = attr(node, "group", 1)
+    dx = dw = db = None
+    if g.wants(x):
+        dx = g.op("Conv", dy, w, strides=strides, dilations=dilations, pads=pads, group=group if group != 1 else None)
+    if g.wants(w):
+        if not all(isinstance(d, int) for d in sx[2:]):
+            raise GraphError(f"gradient of ConvTranspose {node.name!r} needs static spatial dims, got {sx}")
+        out_pad = list(attr(node, "output_padding", None) or [0] * n_sp)
+        spatial_y = [strides[i] * (sx[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1
+                     - pads[i] - pads[n_sp + i] for i in range(n_sp)]
+        perm = [1, 0] + list(range(2, 2 + n_sp))
+        dyt = _groups_over_batch(g, dy, group, w_shape[1], spatial_y)
+        full = g.op("Conv", dyt, g.transpose(x, perm), strides=dilations, dilations=strides, pads=pads,
+                    group=group if group != 1 else None)
+        dw = g.op("Slice", g.transpose(full, perm), g.ints([0] * n_sp), g.ints(kernel),
+                  g.ints(list(range(2, 2 + n_sp))))
+    if g.wants(b):
+        db = g.reduce("ReduceSum", dy, [0] + list(range(2, 2 + n_sp)), keepdims=False)
     return dx, dw, db
 
 
