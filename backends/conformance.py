@@ -184,7 +184,9 @@ def run_case(backend: type[Backend], case, op_type: str = "") -> CaseResult:
             for e, g in zip(expected, outputs):
                 _compare(e, g, case.rtol, case.atol)
     except AssertionError as exc:
-        return CaseResult(case.name, op_type, "fail", str(exc).strip().splitlines()[0] if str(exc).strip() else "mismatch")
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        keep = [ln for ln in lines if ln.startswith(("Not equal", "Max abs", "Max rel", "(shapes"))]
+        return CaseResult(case.name, op_type, "fail", "; ".join(keep or lines[:1] or ["mismatch"])[:300])
     except Exception as exc:  # noqa: BLE001 - a conformance runner reports every failure
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return CaseResult(case.name, op_type, "error", f"{type(exc).__name__}: {first}"[:300])

@@ -115,12 +115,19 @@ def _iou(box, boxes):
     return np.where(union > 0, inter / np.where(union > 0, union, 1), 0)
 
 
+def _scalar(value, default):
+    """An optional scalar input's value (absent or empty: ``default``)."""
+    if value is None or not np.size(value):
+        return default
+    return np.asarray(value).ravel()[0]
+
+
 @kernel("NonMaxSuppression", since=11)
 def non_max_suppression(boxes, scores, max_output_boxes_per_class=None, iou_threshold=None,
                         score_threshold=None, *, center_point_box=0):
-    limit = int(np.asarray(max_output_boxes_per_class).ravel()[0]) if max_output_boxes_per_class is not None and np.size(max_output_boxes_per_class) else 0
-    iou_t = float(np.asarray(iou_threshold).ravel()[0]) if iou_threshold is not None and np.size(iou_threshold) else 0.0
-    score_t = float(np.asarray(score_threshold).ravel()[0]) if score_threshold is not None and np.size(score_threshold) else None
+    limit = int(_scalar(max_output_boxes_per_class, 0))
+    iou_t = float(_scalar(iou_threshold, 0.0))
+    score_t = _scalar(score_threshold, None)
     selected = []
     for b in range(boxes.shape[0]):
         bx = boxes[b].astype(np.float64)
