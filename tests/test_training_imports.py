@@ -295,3 +295,20 @@ def test_onnx_pytorch_converted_models_train(case):
     batch["target"] = np.zeros(out.shape, np.float32)
     losses, _ = train(arts, batch, 5)
     assert losses[-1] < losses[0], losses
+
+
+def test_dsl_constants_stay_constants():
+    """A float table the user wrote as a constant in DSL code is not made trainable."""
+    table = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+
+    class Net(gc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = gc.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.fc(x + table)
+
+    model = gc.capture(Net(), x=gc.spec("float32", ("N", 3, 4)))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.1))
+    assert arts.manifest.trainable == ["fc.weight", "fc.bias"]

@@ -4,7 +4,9 @@ Exporters keep weights in odd places. This pass handles:
 
 1. weights stored in ``Constant`` nodes: a floating-point ``Constant`` of rank >= 1 with at
    least 2 elements becomes an initializer named after its output (scalars and 1-element
-   constants such as epsilons, scales and exponents stay constants);
+   constants such as epsilons, scales and exponents stay constants). Constants captured from
+   the DSL (they carry ``graphc.source``) stay constants: there the user chose between
+   ``gc.nn.Parameter`` and a constant;
 2. an initializer aliased through ``Identity`` or read by several nodes: nothing to rewrite;
    the initializer is the param and autodiff sums the gradients of every use;
 3. shape arithmetic built from ``Shape``/``Gather``/``Concat``: integer paths, which autodiff
@@ -18,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from graphc.model import SOURCE_KEY
+
 _FLOAT = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 
 
@@ -26,6 +30,8 @@ def promote_constant_weights(graph: ir.Graph) -> list[str]:
     promoted = []
     for node in list(graph):
         if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or "value" not in node.attributes:
+            continue
+        if SOURCE_KEY in node.metadata_props:
             continue
         tensor = node.attributes["value"].as_tensor()
         if tensor.dtype not in _FLOAT or len(tensor.shape) == 0 or tensor.size < 2:
