@@ -241,3 +241,13 @@ def test_model_local_functions_run_with_bound_attributes():
     model.functions.append(function)
     x = np.array([-2.0, 3.0], np.float32)
     np.testing.assert_allclose(NumpyBackend().prepare(model).run({"x": x})["z"], 0.5 * x * x)
+
+
+def test_random_ops_draw_from_the_seeded_generator():
+    nodes = [helper.make_node("RandomNormal", [], ["n"], shape=[2000], mean=1.0, scale=2.0),
+             helper.make_node("RandomUniformLike", ["n"], ["u"], low=-1.0, high=1.0)]
+    model = _model(nodes, [], [_vi("n"), _vi("u")])
+    first = NumpyBackend().prepare(model, seed=7).run({})
+    np.testing.assert_array_equal(first["n"], NumpyBackend().prepare(model, seed=7).run({})["n"])
+    assert abs(first["n"].mean() - 1.0) < 0.2 and abs(first["n"].std() - 2.0) < 0.2
+    assert first["u"].min() >= -1 and first["u"].max() <= 1 and first["u"].dtype == np.float32
