@@ -7,7 +7,6 @@ gives (written down here, and checked against torch.autograd where torch is inst
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 import pytest
 from onnx import helper, numpy_helper
@@ -96,4 +95,3 @@ def test_unused_output_of_multi_output_op():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     out = run_numpy(graphc.grad(graphc.load(model), "loss").proto, {})
     np.testing.assert_array_equal(out["x_grad"], [0.0, 0.0, 1.0, 1.0])
-    _ = onnx

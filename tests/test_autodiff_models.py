@@ -177,7 +177,6 @@ def test_float32_model_trains_on_onnxruntime():
     for name in ref:
         np.testing.assert_allclose(got[name], ref[name], rtol=1e-4, atol=1e-5)
     assert got["fc1.weight_grad"].dtype == np.float32
-    _ = TensorProto
 
 
 def dynamic_broadcast_model() -> onnx.ModelProto:

@@ -28,7 +28,9 @@ from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rul
     rules_control,
     rules_elementwise,
     rules_linalg,
+    rules_loss,
     rules_nn,
+    rules_norm,
     rules_reduce,
     rules_shape,
 )

@@ -1,0 +1,87 @@
+"""VJP rules of BatchNormalization (training and inference mode) and LayerNormalization."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from graphc.passes.autodiff.builder import GradBuilder, attr, static_shape
+from graphc.passes.autodiff.registry import grad_rule
+
+
+# -- normalization ----------------------------------------------------------------------------
+def _per_channel(g: GradBuilder, v: ir.Value, rank: int) -> ir.Value:
+    """A [C] tensor shaped [C, 1, ..., 1] to broadcast against [N, C, *spatial]."""
+    return g.unsqueeze(v, list(range(1, rank - 1)))
+
+
+@grad_rule("BatchNormalization")
+def grad_batch_norm(g, node, dy):
+    # training_mode=1 (opset >= 14): batch statistics, the full gradient through mean and var;
+    # running-mean/var outputs carry no gradient (as in PyTorch).
+    # inference: y = (x - mean) * scale / sqrt(var + eps) + b with mean/var as inputs.
+    x, scale, bias, mean, var = node.inputs[:5]
+    rank = g.rank(x)
+    axes = [0] + list(range(2, rank))
+    eps = g.scalar(attr(node, "epsilon", 1e-5), dy)
+    scale_c = _per_channel(g, scale, rank)
+    training = g.opset >= 14 and attr(node, "training_mode", 0)
+    if training:
+        mu = g.reduce("ReduceMean", x, axes, keepdims=True)
+        xc = g.sub(x, mu)
+        var_b = g.reduce("ReduceMean", g.mul(xc, xc), axes, keepdims=True)
+    else:
+        xc = g.sub(x, _per_channel(g, mean, rank))
+        var_b = _per_channel(g, var, rank)
+    invstd = g.op("Reciprocal", g.op("Sqrt", g.add(var_b, eps)))
+    xhat = g.mul(xc, invstd)
+    dx = dscale = dbias = dmean = dvar = None
+    sum_dy = g.reduce("ReduceSum", dy, axes, keepdims=False) if g.wants(bias) or g.wants(mean) else None
+    sum_dy_xhat = g.reduce("ReduceSum", g.mul(dy, xhat), axes, keepdims=False) if g.wants(scale) else None
+    if g.wants(x):
+        if training:
+            mean_dy = g.reduce("ReduceMean", dy, axes, keepdims=True)
+            mean_dy_xhat = g.reduce("ReduceMean", g.mul(dy, xhat), axes, keepdims=True)
+            inner = g.sub(g.sub(dy, mean_dy), g.mul(xhat, mean_dy_xhat))
+            dx = g.mul(g.mul(scale_c, invstd), inner)
+        else:
+            dx = g.mul(dy, g.mul(scale_c, invstd))
+    if g.wants(scale):
+        dscale = sum_dy_xhat
+    if g.wants(bias):
+        dbias = sum_dy
+    if not training and (g.wants(mean) or g.wants(var)):
+        inv = g.reshape_like(invstd, scale)
+        if g.wants(mean):
+            dmean = g.neg(g.mul(sum_dy, g.mul(scale, inv)))
+        if g.wants(var):
+            sum_dy_xc = g.reduce("ReduceSum", g.mul(dy, xc), axes, keepdims=False)
+            half_inv3 = g.mul(g.scalar(-0.5, dy), g.mul(inv, g.mul(inv, inv)))
+            dvar = g.mul(sum_dy_xc, g.mul(scale, half_inv3))
+    return dx, dscale, dbias, dmean, dvar
+
+
+@grad_rule("LayerNormalization")
+def grad_layer_norm(g, node, dy):
+    # Normalized over axes [axis, rank): dx = invstd * (d - mean(d) - xhat * mean(d * xhat)),
+    # d = dy * scale; dscale/dbias summed over the leading (broadcast) axes.
+    x, scale = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    rank = g.rank(x)
+    axes = list(range(attr(node, "axis", -1) % rank, rank))
+    mu = g.reduce("ReduceMean", x, axes, keepdims=True)
+    xc = g.sub(x, mu)
+    var = g.reduce("ReduceMean", g.mul(xc, xc), axes, keepdims=True)
+    invstd = g.op("Reciprocal", g.op("Sqrt", g.add(var, g.scalar(attr(node, "epsilon", 1e-5), dy))))
+    xhat = g.mul(xc, invstd)
+    dx = dscale = dbias = None
+    y_shape = static_shape(node.outputs[0]) or static_shape(x)
+    if g.wants(x):
+        d = g.mul(dy, scale)
+        mean_d = g.reduce("ReduceMean", d, axes, keepdims=True)
+        mean_dx = g.reduce("ReduceMean", g.mul(d, xhat), axes, keepdims=True)
+        dx = g.mul(invstd, g.sub(g.sub(d, mean_d), g.mul(xhat, mean_dx)))
+    if g.wants(scale):
+        dscale = g.sum_to(g.mul(dy, xhat), y_shape, scale)
+    if g.wants(bias):
+        dbias = g.sum_to(dy, y_shape, bias)
+    return dx, dscale, dbias
