@@ -178,7 +178,6 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         gc.GraphError: unknown output/param names, a loss that is not a float scalar, an op
             without a gradient rule on the way to a trainable param.
     """
-    from graphc.losses import LossSpec as _LossSpec
     from graphc.passes.training import artifacts
 
     if not isinstance(model, Model):
@@ -186,7 +185,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
     if isinstance(loss, str):
         loss_args = artifacts.LossArgs(output=loss)
         loss_json = {"kind": "output", "output": loss, "label": None, "options": {}}
-    elif isinstance(loss, _LossSpec):
+    elif isinstance(loss, LossSpec):
         loss_args = artifacts.LossArgs(loss.output, loss.label, build=partial(_capture_loss, loss))
         loss_json = {**loss.model_dump(), "options": loss.resolved_options()}
     else:
