@@ -284,6 +284,9 @@ def _cases() -> list[GradCase]:
         c("BatchNormalization", [T((4, 3)), T((3,)), T((3,)), T((3,)), T((3,), POSITIVE)], tag="inference"),
         c("LayerNormalization", [T((2, 3, 4)), T((4,)), T((4,))]),
         c("LayerNormalization", [T((2, 3, 4)), T((3, 4))], {"axis": 1, "epsilon": 1e-3}, tag="axis1"),
+        c("InstanceNormalization", [T((2, 3, 4, 2)), T((3,)), T((3,))], {"epsilon": 1e-3}),
+        c("GroupNormalization", [T((2, 4, 3)), T((4,)), T((4,))], {"num_groups": 2}),
+        c("GroupNormalization", [T((2, 6, 2, 2)), T((6,)), T((6,))], {"num_groups": 3, "epsilon": 1e-2}, tag="4d"),
         # fused losses
         c("SoftmaxCrossEntropyLoss", [T((4, 3)), i64(0, 2, 1, 2)]),
         c("SoftmaxCrossEntropyLoss", [T((4, 3, 2)), np.array([[0, 2], [1, -1], [2, 2], [0, 1]]),

@@ -1,9 +1,10 @@
-"""VJP rules of BatchNormalization (training and inference mode) and LayerNormalization."""
+"""VJP rules of BatchNormalization (training and inference mode), Layer-, Instance- and GroupNormalization."""
 
 from __future__ import annotations
 
 import onnx_ir as ir
 
+from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, static_shape
 from graphc.passes.autodiff.registry import grad_rule
 
@@ -85,3 +86,45 @@ def grad_layer_norm(g, node, dy):
     if g.wants(bias):
         dbias = g.sum_to(dy, y_shape, bias)
     return dx, dscale, dbias
+
+
+def _group_norm(g: GradBuilder, node: ir.Node, dy: ir.Value, groups: int):
+    # x viewed as [N, G, M] (M = C/G * spatial), normalized over M; scale/bias per channel.
+    # dx as in LayerNormalization on that view.
+    x, scale, bias = node.inputs[:3]
+    rank = g.rank(x)
+    eps = g.scalar(attr(node, "epsilon", 1e-5), dy)
+    view = g.ints([0, groups, -1])
+    xg = g.op("Reshape", x, view)
+    mu = g.reduce("ReduceMean", xg, [2], keepdims=True)
+    xc = g.sub(xg, mu)
+    invstd = g.op("Reciprocal", g.op("Sqrt", g.add(g.reduce("ReduceMean", g.mul(xc, xc), [2], keepdims=True), eps)))
+    xhat_g = g.mul(xc, invstd)
+    scale_b = g.unsqueeze(scale, list(range(1, rank - 1)))  # [C, 1, ...] against [N, C, *S]
+    sum_axes = [0] + list(range(2, rank))
+    d_g = g.op("Reshape", g.mul(dy, scale_b), view)
+    dscale = dbias = dx = None
+    if g.wants(scale):
+        dscale = g.reduce("ReduceSum", g.mul(dy, g.reshape_like(xhat_g, x)), sum_axes, keepdims=False)
+    if g.wants(bias):
+        dbias = g.reduce("ReduceSum", dy, sum_axes, keepdims=False)
+    if g.wants(x):
+        mean_d = g.reduce("ReduceMean", d_g, [2], keepdims=True)
+        mean_dx = g.reduce("ReduceMean", g.mul(d_g, xhat_g), [2], keepdims=True)
+        dx = g.reshape_like(g.mul(invstd, g.sub(g.sub(d_g, mean_d), g.mul(xhat_g, mean_dx))), x)
+    return dx, dscale, dbias
+
+
+@grad_rule("InstanceNormalization")
+def grad_instance_norm(g, node, dy):
+    channels = static_shape(node.inputs[0])[1]
+    if not isinstance(channels, int):
+        raise GraphError(f"gradient of InstanceNormalization {node.name!r} needs a static channel count")
+    return _group_norm(g, node, dy, channels)
+
+
+@grad_rule("GroupNormalization")
+def grad_group_norm(g, node, dy):
+    # opset 21 semantics (scale and bias per channel); the opset-18 form is deprecated by ONNX
+    g.require_opset(21, "GroupNormalization with per-channel scale")
+    return _group_norm(g, node, dy, attr(node, "num_groups"))
