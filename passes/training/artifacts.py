@@ -112,7 +112,7 @@ def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
 def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats: Sequence[str]):
     """Training mode and the backward pass, in ``step`` itself; returns (step, the gradients
     graph cloned from it, {param: gradient value in step}, {BN stat: its updated value})."""
-    bn_next = modes.set_training_mode(Builder(step.graph, opset, "bn/"), step.graph)
+    bn_next = modes.set_training_mode(Builder(step.graph, opset, "mode/"), step.graph)
     _expose_inputs(step.graph, [*params, *bn_stats])
     step.graph.sort()
     _infer_shapes(step)

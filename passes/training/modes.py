@@ -60,15 +60,11 @@ def set_training_mode(b: Builder, graph: ir.Graph) -> dict[str, ir.Value]:
 
 
 def _dropout_training(b: Builder, node: ir.Node) -> None:
-    if b.opset < 12:
-        raise ValueError(f"Dropout {node.name!r}: training mode needs opset >= 12, model has {b.opset}")
-    ratio = node.inputs[1] if len(node.inputs) > 1 else None
-    if ratio is None:
-        x = node.inputs[0]
-        ratio = b.const(node.attributes.get_float("ratio", 0.5),
-                        x.dtype, "dropout_ratio")
+    """``training_mode`` = True; an absent ``ratio`` becomes ONNX's default 0.5 explicitly."""
+    x = node.inputs[0]
+    ratio = node.inputs[1] if len(node.inputs) > 1 and node.inputs[1] is not None else None
     node.resize_inputs(3)
-    node.replace_input_with(1, ratio)
+    node.replace_input_with(1, ratio if ratio is not None else b.const(0.5, x.dtype, "dropout_ratio"))
     node.replace_input_with(2, b.const(True, np.bool_, "training_mode"))
 
 
