@@ -119,12 +119,21 @@ class Pipeline:
         interface = _interface(model)
         for p in self.prelude:
             model, _ = self._run_one(p, model, 0, interface, report)
+        # A pass that changed nothing at graph version v changes nothing at v again: the graph
+        # version counts modifications, and a pass is skipped while it is still at its no-op one.
+        version, idle_at = 0, {}
         for round_ in range(1, self.max_rounds + 1 if self.loop else 1):
             report.rounds = round_
             changed = False
-            for p in self.loop:
+            for i, p in enumerate(self.loop):
+                if idle_at.get(i) == version:
+                    continue
                 model, modified = self._run_one(p, model, round_, interface, report)
-                changed |= modified
+                if modified:
+                    version += 1
+                    changed = True
+                else:
+                    idle_at[i] = version
             if not changed:
                 break
         for p in self.finish:
