@@ -208,6 +208,12 @@ def _cases() -> list[GradCase]:
         c("Gemm", [T((4, 3)), T((5, 4)), T((3, 1))], {"transA": 1, "transB": 1, "alpha": 0.7, "beta": 1.3}, tag="tt"),
         c("Gemm", [T((4, 3)), T((4, 5))], {"transA": 1}, tag="ta"),
         c("Gemm", [T((3, 4)), T((5, 4)), T(())], {"transB": 1, "alpha": 2.0}, tag="tb"),
+        c("Einsum", [T((3, 4)), T((4, 5))], {"equation": "ij,jk->ik"}),
+        c("Einsum", [T((2, 3, 4)), T((2, 4, 5))], {"equation": "bij,bjk->bik"}, tag="batched"),
+        c("Einsum", [T((3, 4))], {"equation": "ij->ji"}, tag="transpose"),
+        c("Einsum", [T((3, 4)), T((3, 4))], {"equation": "ij,ij->i"}, tag="rowdot"),
+        c("Einsum", [T((3,)), T((4,))], {"equation": "i,j->ij"}, tag="outer"),
+        c("Einsum", [T((3, 4)), T((5,))], {"equation": "ij,k->i"}, tag="summed_away"),
         # reductions and softmax
         c("ReduceSum", [T((2, 3, 4)), i64(1)], {"keepdims": 0}),
         c("ReduceSum", [T((2, 3, 4))], {"keepdims": 1}, tag="all"),

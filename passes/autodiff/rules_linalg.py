@@ -1,9 +1,11 @@
-"""VJP rules of MatMul (batched, broadcast, 1-D operands) and Gemm (transA/transB/alpha/beta)."""
+"""VJP rules of MatMul (batched, broadcast, 1-D operands), Gemm (transA/transB/alpha/beta) and Einsum."""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
+from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, static_shape
 from graphc.passes.autodiff.registry import grad_rule
 
@@ -83,3 +85,45 @@ def grad_gemm(g, node, dy):
         dc = dy if beta == 1.0 else g.mul(dy, g.scalar(beta, dy))
         dc = g.sum_to(dc, static_shape(node.outputs[0]), c)
     return da, db, dc
+
+
+def _parse_einsum(equation: str, n_inputs: int) -> tuple[list[str], str] | None:
+    """Operand subscripts and output subscripts, or None for forms without a simple adjoint
+    (ellipsis, a letter repeated within one operand)."""
+    eq = equation.replace(" ", "")
+    if "..." in eq or "->" not in eq:
+        return None
+    lhs, out = eq.split("->")
+    terms = lhs.split(",")
+    if len(terms) != n_inputs or any(len(set(t)) != len(t) for t in [*terms, out]):
+        return None
+    return terms, out
+
+
+@grad_rule("Einsum")
+def grad_einsum(g, node, dy):
+    # d term_i = einsum(out, other terms -> term_i); a letter that only term_i has (summed away
+    # in the forward) is broadcast back by multiplying with ones of that operand's shape.
+    equation = attr(node, "equation")
+    parsed = _parse_einsum(equation, len(node.inputs))
+    if parsed is None:
+        raise GraphError(f"gradient of Einsum {node.name!r} with equation {equation!r} is not supported "
+                         "(explicit '->', no '...', no letter repeated within an operand)")
+    terms, out = parsed
+    grads = []
+    for i, (x, term) in enumerate(zip(node.inputs, terms)):
+        if not g.wants(x):
+            grads.append(None)
+            continue
+        others = [(t, v) for j, (t, v) in enumerate(zip(terms, node.inputs)) if j != i]
+        seen = set(out) | {c for t, _ in others for c in t}
+        operands, subs = [dy], [out]
+        for t, v in others:
+            operands.append(v)
+            subs.append(t)
+        if not set(term) <= seen:  # letters only this operand has
+            operands.append(g.op("ConstantOfShape", g.shape_of(x),
+                                 value=ir.tensor(np.ones(1, dtype=(x.dtype or ir.DataType.FLOAT).numpy()))))
+            subs.append(term)
+        grads.append(g.op("Einsum", *operands, equation=",".join(subs) + "->" + term))
+    return tuple(grads)
