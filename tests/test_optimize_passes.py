@@ -252,8 +252,17 @@ def test_source_metadata_kept_on_fused_node():
         node.metadata_props["graphc.source"] = line
     out = gc.optimize(m, 2)
     (gemm,) = list(out.ir.graph)
-    assert gemm.op_type == "Gemm" and gemm.metadata_props.get("graphc.source") in ("net.py:3", "net.py:4")
+    # the anchor is the pattern's root: the node whose output the fused node now produces
+    assert gemm.op_type == "Gemm" and gemm.metadata_props.get("graphc.source") == "net.py:4"
     assert set(gemm.metadata_props) == {"graphc.source"}
+    conv_bn = _conv_bn()
+    for node, line in zip(conv_bn.ir.graph, ("net.py:7", "net.py:8")):
+        node.metadata_props["graphc.source"] = line
+    assert [dict(n.metadata_props) for n in gc.optimize(conv_bn, 3).ir.graph] == [{"graphc.source": "net.py:8"}]
+    gelu = make_model(_gelu_nodes(), [("x", F, ["N", 6])], [("y", F, ["N", 6])])
+    for k, node in enumerate(gelu.ir.graph):
+        node.metadata_props["graphc.source"] = f"act.py:{k}"
+    assert [dict(n.metadata_props) for n in gc.optimize(gelu, 2).ir.graph] == [{"graphc.source": "act.py:7"}]
 
 
 def test_caller_model_untouched_and_report():
