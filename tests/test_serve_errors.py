@@ -86,7 +86,7 @@ CASES = {
                      "negative dim"),
     "no data": (None, {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32"}] + good_inputs()[1:]}, 400,
                 "neither 'data' nor parameters.binary_data_size"),
-    "unknown output": (None, {"inputs": good_inputs(), "outputs": [{"name": "zz"}]}, 400, "no output 'zz'"),
+    "unknown output": (None, {"inputs": good_inputs(), "outputs": [{"name": "zz"}]}, 400, "unknown output 'zz'"),
     "not an object": (None, [1, 2, 3], 400, "invalid infer request"),
     "inputs missing": (None, {"outputs": []}, 400, "inputs"),
     "malformed JSON": (None, b'{"inputs": [', 400, "malformed JSON"),
@@ -157,3 +157,8 @@ def test_unknown_routes_and_methods(http):
     check(http, http.get("/v2/models/mixed/versions/3/ready"), 404, "no version '3'")
     check(http, http.get("/v3/anything"), 404, "Not Found")
     check(http, http.get("/v2/models/mixed/infer"), 405, "Method Not Allowed")
+
+
+def test_empty_outputs_list_means_every_output(http):
+    reply = http.post("/v2/models/mixed/infer", json={"inputs": good_inputs(), "outputs": []})
+    assert [o["name"] for o in reply.json()["outputs"]] == ["y", "s", "m"]

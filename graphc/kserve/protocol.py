@@ -174,7 +174,7 @@ def _json_array(item: RequestInput, dtype: np.dtype, count: int) -> np.ndarray:
 def _requested_outputs(request: InferRequest) -> tuple[dict[str, bool] | None, bool]:
     """(each listed output -> binary or not, or None for all outputs; the default format)."""
     default = bool((request.parameters or {}).get("binary_data_output", False))
-    if request.outputs is None:
+    if not request.outputs:  # absent or empty: every output
         return None, default
     return {out.name: bool((out.parameters or {}).get("binary_data", default)) for out in request.outputs}, default
 
