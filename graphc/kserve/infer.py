@@ -52,20 +52,22 @@ def _int_header(headers: dict[bytes, bytes], name: bytes, label: str) -> int | N
     return int(value)
 
 
-async def _read_body(headers: dict[bytes, bytes], receive: Callable, limit: int) -> bytes | bytearray:
+async def _read_body(headers: dict[bytes, bytes], receive: Callable, limit: int) -> bytes:
     """The body, refused with 413 as soon as Content-Length or the bytes read pass ``limit``."""
     declared = _int_header(headers, b"content-length", "Content-Length")
     if declared is not None and declared > limit:
         raise ProtocolError(f"request body of {declared} bytes exceeds the server's limit of {limit} bytes", 413)
-    body, more = bytearray(), True
+    chunks, size, more = [], 0, True
     while more:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ProtocolError("the client disconnected before sending the whole body")
-        body += message.get("body", b"")
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
         more = message.get("more_body", False)
-        if len(body) > limit:
+        if size > limit:
             raise ProtocolError(f"request body exceeds the server's limit of {limit} bytes", 413)
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one chunk: no copy at all
     encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
     if encoding in ("gzip", "deflate"):
         return _decompress(body, encoding, limit)
@@ -74,7 +76,7 @@ async def _read_body(headers: dict[bytes, bytes], receive: Callable, limit: int)
     return body
 
 
-def _decompress(body: bytearray, encoding: str, limit: int) -> bytes:
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
     inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
     try:
         out = inflater.decompress(body, limit + 1)
@@ -85,7 +87,7 @@ def _decompress(body: bytearray, encoding: str, limit: int) -> bytes:
     return out
 
 
-def run_request(model: ServedModel, body: bytes | bytearray, header_length: int | None) -> tuple[bytes, int | None]:
+def run_request(model: ServedModel, body: bytes, header_length: int | None) -> tuple[bytes, int | None]:
     """Decode, run and encode one request; remembers how long the model took."""
     start = time.perf_counter()
     request = decode_request(body, header_length)
