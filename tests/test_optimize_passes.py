@@ -340,3 +340,26 @@ def test_reshape_with_one_computed_dim_becomes_minus_one():
     m = make_model(nodes, [("x", F, ["N", 3, 4])], [("y", F, ["N3", 4])])
     out = check(m, 2, ["Reshape", "Mul"])
     assert list(out.ir.graph.node(0).inputs[1].const_value.numpy()) == [-1, 4]
+
+
+def test_expand_to_operand_shape_dropped_before_broadcasting_op():
+    # g = Expand(scale, Shape(x)) * x  ->  scale * x (a reduction's gradient times its input)
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=1), helper.make_node("Shape", ["x"], ["sx"]),
+             helper.make_node("Expand", ["s", "sx"], ["e"]), helper.make_node("Mul", ["e", "x"], ["y"])]
+    m = make_model(nodes, [("x", F, ["N", 4])], [("y", F, ["N", 4])])
+    check(m, 2, ["ReduceSum", "Mul"])
+
+
+def test_expand_kept_when_operand_shape_differs():
+    nodes = [helper.make_node("Shape", ["x"], ["sx"]), helper.make_node("Expand", ["b", "sx"], ["e"]),
+             helper.make_node("Mul", ["e", "c"], ["y"])]
+    m = make_model(nodes, [("x", F, ["N", 4]), ("b", F, [1, 4]), ("c", F, [1, 4])], [("y", F, ["N", 4])])
+    check(m, 2, ["Shape", "Expand", "Mul"])
+
+
+def test_small_constant_of_shape_folded():
+    nodes = [const("shape", np.array([3], np.int64)),
+             helper.make_node("ConstantOfShape", ["shape"], ["ones"], value=onnx.numpy_helper.from_array(np.ones(1, np.float32))),
+             helper.make_node("Add", ["x", "ones"], ["y"])]
+    m = make_model(nodes, [("x", F, ["N", 3])], [("y", F, ["N", 3])])
+    check(m, 1, ["Add"])

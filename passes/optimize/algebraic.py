@@ -16,8 +16,9 @@ from onnxscript.rewriter.rules.common import (
 )
 
 from graphc.passes.optimize.rules import RulePass, const_array
+from graphc.passes.optimize.shape_folding import same_shape
 
-__all__ = ["NeutralOperandElimination", "algebraic_pass", "gemm_pass"]
+__all__ = ["ExpandIntoBroadcast", "NeutralOperandElimination", "algebraic_pass", "gemm_pass"]
 
 DT = ir.DataType
 # Casts that every value of the source type survives exactly (so casting back recovers it).
@@ -155,6 +156,38 @@ class NeutralOperandElimination(ir.passes.InPlacePass):
             return False
         return all(c_dim == 1 or c_dim == x_dim
                    for c_dim, x_dim in zip(reversed(array.shape), reversed(list(x.shape))))
+
+
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Equal", "Greater", "GreaterOrEqual",
+                           "Less", "LessOrEqual", "And", "Or", "Xor"})
+
+
+class ExpandIntoBroadcast(ir.passes.InPlacePass):
+    """``op(Expand(a, Shape(v)), c)`` -> ``op(a, c)`` for a broadcasting binary op when v and c
+    have the same shape (``same_shape``): broadcasting is associative, so the result's shape is
+    broadcast(a, shape(v), c) = broadcast(a, c) either way, and each element reads the same a
+    and c elements. Gradient graphs are full of these (a reduction's gradient is expanded back
+    to the input's shape, then multiplied by a tensor of that very shape). The Expand stays for
+    any other user."""
+
+    name = "ExpandIntoBroadcast"
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+            if node.op_type not in _BROADCASTING or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+                continue
+            for pos in (0, 1):
+                expand, other = node.inputs[pos].producer() if node.inputs[pos] else None, node.inputs[1 - pos]
+                if expand is None or expand.op_type != "Expand" or other is None:
+                    continue
+                shape_of = expand.inputs[1].producer()
+                if (shape_of is not None and shape_of.op_type == "Shape" and not shape_of.attributes
+                        and same_shape(shape_of.inputs[0], other)):
+                    node.replace_input_with(pos, expand.inputs[0])
+                    modified = True
+                    break
+        return ir.passes.PassResult(model, modified)
 
 
 @functools.cache  # rule sets are stateless between runs; building them costs ~10 ms

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from graphc.passes.optimize.algebraic import NeutralOperandElimination, algebraic_pass, gemm_pass
+from graphc.passes.optimize.algebraic import (
+    ExpandIntoBroadcast,
+    NeutralOperandElimination,
+    algebraic_pass,
+    gemm_pass,
+)
 from graphc.passes.optimize.fusions import fusion_passes
 from graphc.passes.optimize.inference import fold_weights_pass, inference_pass
 from graphc.passes.optimize.library import cleanup_passes, finish_passes, prelude_passes
@@ -19,7 +24,8 @@ LEVELS: dict[int, str] = {
     1: "library cleanups: shape inference, constant folding (onnxscript), identity elimination, "
        "CSE, dead-node removal, initializer dedup (never parameters below level 3), constants "
        "lifted to initializers, topological sort (onnx-ir)",
-    2: "algebraic simplification (x*1, x+0, Transpose/Reshape/Cast chains), MatMul+Add -> Gemm, "
+    2: "algebraic simplification (x*1, x+0, Transpose/Reshape/Cast chains, Expand before a "
+       "broadcasting op), MatMul+Add -> Gemm, "
        "Transpose into Gemm attributes, shape-subgraph folding (symbolic dims kept), Gelu (opset >= 20) and LayerNormalization (>= 17) "
        "fusions; safe for training graphs",
     3: "inference only: Conv/Gemm+BatchNormalization folding, Dropout removal, constant weight "
@@ -41,7 +47,7 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
     loop: list[ir.passes.PassBase] = cleanup_passes(protected, level)
     if level >= 2:
         loop += [ShapeFolding(), NeutralOperandElimination(protected if level < 3 else frozenset()),
-                 algebraic_pass(), gemm_pass(), *fusion_passes(opset)]
+                 ExpandIntoBroadcast(), algebraic_pass(), gemm_pass(), *fusion_passes(opset)]
     if level >= 3:
         loop += [inference_pass(), fold_weights_pass()]
     return Pipeline(loop, finish_passes(protected, level), prelude=prelude_passes())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 from onnxscript.optimizer import _constant_folding
@@ -13,6 +14,7 @@ __all__ = ["DeduplicateConstants", "prelude_passes", "cleanup_passes", "finish_p
 # than OUTPUT_LIMIT elements is stored (onnxscript's own defaults, named here).
 INPUT_LIMIT = _constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT
 OUTPUT_LIMIT = _constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT
+SMALL_CONSTANT = 1024  # elements: a ConstantOfShape up to this size is folded
 
 
 def _named(p: ir.passes.PassBase, name: str, structural: bool = True) -> ir.passes.PassBase:
@@ -36,6 +38,11 @@ def fold_constants_pass(protected: frozenset[str] = frozenset()) -> ir.passes.Pa
     def should_fold(node: ir.Node) -> bool | None:
         if protected and any(v is not None and v.name in protected and v.is_initializer() for v in node.inputs):
             return False
+        if node.op_type == "ConstantOfShape" and node.inputs and node.inputs[0] is not None:
+            # onnxscript never folds these (a big one would bloat the file); a small one is
+            # just a constant, e.g. the seed gradient of a scalar loss
+            dims = node.inputs[0].const_value
+            return dims is not None and int(np.prod(dims.numpy())) <= SMALL_CONSTANT or None
         return None
 
     return _named(_constant_folding.FoldConstantsPass(

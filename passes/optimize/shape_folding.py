@@ -8,7 +8,7 @@ import onnx_ir as ir
 
 from graphc.passes.optimize.rules import const_array
 
-__all__ = ["ShapeFolding"]
+__all__ = ["ShapeFolding", "same_shape", "shape_value"]
 
 # A dim of a shape tensor: an int, or a key for a dim unknown until run time. Two keys are equal
 # only when the dims are equal for every input: the same named symbol, or the same (value, axis).
@@ -20,6 +20,16 @@ def _dim_key(value: ir.Value, axis: int) -> Dim:
     if isinstance(dim, int):
         return dim
     return ("sym", dim.value) if dim.value is not None else ("dim", id(value), axis)
+
+
+def same_shape(a: ir.Value, b: ir.Value) -> bool:
+    """Shapes known to be equal for every input: same value, or same rank with each dim the same
+    int or the same named symbol."""
+    if a is b:
+        return True
+    if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
+        return False
+    return all(_dim_key(a, i) == _dim_key(b, i) for i in range(len(a.shape)))
 
 
 def _ints(value: ir.Value | None) -> list[int] | None:
