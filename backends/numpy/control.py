@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.backends.numpy.kernels import kernel
+from graphc.backends.numpy.kernels import kernel, scalar
 
 
 @kernel("If", since=1, context=True)
 def if_(ctx, cond, *, then_branch, else_branch):
-    branch = then_branch if bool(np.asarray(cond).ravel()[0]) else else_branch
+    branch = then_branch if bool(scalar(cond)) else else_branch
     return tuple(branch.call(ctx, []))
 
 
@@ -25,15 +25,15 @@ def _stack(items, dtype):
 @kernel("Loop", since=1, context=True)
 def loop(ctx, max_trip_count=None, cond=None, *initial, body):
     """Runs ``body(i, cond, *carried) -> (cond, *carried, *scan_slices)``."""
-    trips = int(np.asarray(max_trip_count).ravel()[0]) if max_trip_count is not None else None
-    keep = bool(np.asarray(cond).ravel()[0]) if cond is not None else True
+    trips = scalar(max_trip_count)
+    keep = bool(scalar(cond, True))
     carried = list(initial)
     n_carried = len(carried)
     scanned: list[list] = [[] for _ in range(len(body.output_names) - 1 - n_carried)]
     i = 0
     while keep and (trips is None or i < trips):
         outs = body.call(ctx, [np.array(i, np.int64), np.array(keep), *carried])
-        keep = bool(np.asarray(outs[0]).ravel()[0])
+        keep = bool(scalar(outs[0]))
         carried = outs[1:1 + n_carried]
         for acc, value in zip(scanned, outs[1 + n_carried:]):
             acc.append(value)

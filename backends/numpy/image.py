@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from graphc.backends.numpy.kernels import kernel
+from graphc.backends.numpy.kernels import kernel, scalar
 
 
 # -- affine grids and grid sampling -------------------------------------------------------------
@@ -115,19 +115,12 @@ def _iou(box, boxes):
     return np.where(union > 0, inter / np.where(union > 0, union, 1), 0)
 
 
-def _scalar(value, default):
-    """An optional scalar input's value (absent or empty: ``default``)."""
-    if value is None or not np.size(value):
-        return default
-    return np.asarray(value).ravel()[0]
-
-
 @kernel("NonMaxSuppression", since=11)
 def non_max_suppression(boxes, scores, max_output_boxes_per_class=None, iou_threshold=None,
                         score_threshold=None, *, center_point_box=0):
-    limit = int(_scalar(max_output_boxes_per_class, 0))
-    iou_t = float(_scalar(iou_threshold, 0.0))
-    score_t = _scalar(score_threshold, None)
+    limit = int(scalar(max_output_boxes_per_class, 0))
+    iou_t = float(scalar(iou_threshold, 0.0))
+    score_t = scalar(score_threshold, None)
     selected = []
     for b in range(boxes.shape[0]):
         bx = boxes[b].astype(np.float64)

@@ -15,6 +15,8 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 # Op families, imported on first lookup (each registers its kernels with @kernel).
 FAMILIES = (
     "elementwise", "reduction", "linalg", "conv", "norm", "resize",
@@ -67,6 +69,14 @@ def _ensure_loaded() -> None:
         _loaded = True
         for family in FAMILIES:
             importlib.import_module(f"graphc.backends.numpy.{family}")
+
+
+def scalar(value, default=None):
+    """The one value of a scalar (or one-element) input as a Python number; ``default`` when
+    the optional input is absent or empty."""
+    if value is None or not np.size(value):
+        return default
+    return np.asarray(value).ravel()[0].item()
 
 
 def normalize_domain(domain: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.backends.numpy.kernels import kernel
+from graphc.backends.numpy.kernels import kernel, scalar
 
 
 def _axes_tuple(axes) -> tuple[int, ...] | None:
@@ -127,7 +127,7 @@ for _op, _fn in (("Softmax", _softmax), ("LogSoftmax", _log_softmax), ("Hardmax"
 
 # -- scans and selection ------------------------------------------------------------------------
 def _cumulative(fn, identity, x, axis, exclusive, reverse):
-    axis = int(np.asarray(axis).ravel()[0])
+    axis = int(scalar(axis))
     if reverse:
         x = np.flip(x, axis)
     out = fn(x, axis=axis, dtype=x.dtype)
@@ -148,7 +148,7 @@ def cumprod(x, axis, *, exclusive=0, reverse=0):
 
 
 def _topk(x, k, axis, largest, sorted_):
-    k = int(np.asarray(k).ravel()[0])
+    k = int(scalar(k))
     keys = x.astype(np.int64) if x.dtype.kind == "u" else x
     order = np.argsort(-keys if largest else keys, axis=axis, kind="stable")  # ties: lower index first
     idx = np.take(order, np.arange(k), axis=axis)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.backends.numpy.kernels import kernel
+from graphc.backends.numpy.kernels import kernel, scalar
 
 
 def _pos(p, length, insert=False):
-    p = int(np.asarray(p).ravel()[0])
+    p = int(scalar(p))
     return p + length + (1 if insert else 0) if p < 0 else p
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from onnx.helper import tensor_dtype_to_np_dtype
 
-from graphc.backends.numpy.kernels import kernel
+from graphc.backends.numpy.kernels import kernel, scalar
 
 
 def _ints(values) -> list[int]:
@@ -215,7 +215,7 @@ def constant_of_shape(shape, *, value=None):
 
 @kernel("Range", since=11)
 def range_(start, limit, delta):
-    first, last, step = (np.asarray(v).ravel()[0] for v in (start, limit, delta))
+    first, last, step = (scalar(v) for v in (start, limit, delta))
     return (np.arange(first, last, step).astype(start.dtype, copy=False),)
 
 
@@ -227,13 +227,13 @@ def eye_like(x, *, dtype=None, k=0):
 
 @kernel("Trilu", since=14)
 def trilu(x, k=None, *, upper=1):
-    k = int(np.asarray(k).ravel()[0]) if k is not None else 0
+    k = int(scalar(k, 0))
     return ((np.triu if upper else np.tril)(x, k),)
 
 
 @kernel("OneHot", since=9)
 def one_hot(indices, depth, values, *, axis=-1):
-    depth = int(np.asarray(depth).ravel()[0])
+    depth = int(scalar(depth))
     idx = np.asarray(indices).astype(np.int64)
     idx = np.where(idx < 0, idx + depth, idx)
     hot = idx[..., None] == np.arange(depth)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from onnx.helper import tensor_dtype_to_np_dtype
 
-from graphc.backends.numpy.kernels import kernel
+from graphc.backends.numpy.kernels import kernel, scalar
 
 
 def _complex(x):
@@ -25,9 +25,9 @@ def _dft(x, n, axis, inverse, onesided):
     z = _complex(x)
     axis = axis % x.ndim
     if inverse and onesided:  # a half spectrum back to a real signal
-        n = int(np.asarray(n).ravel()[0]) if n is not None and np.size(n) else 2 * (z.shape[axis] - 1)
+        n = int(scalar(n, 2 * (z.shape[axis] - 1)))
         return (np.fft.irfft(z, n, axis=axis)[..., None].astype(x.dtype),)
-    n = int(np.asarray(n).ravel()[0]) if n is not None and np.size(n) else z.shape[axis]
+    n = int(scalar(n, z.shape[axis]))
     out = np.fft.ifft(z, n, axis=axis) if inverse else np.fft.fft(z, n, axis=axis)
     if onesided:
         out = np.take(out, range(n // 2 + 1), axis=axis)
@@ -41,14 +41,14 @@ def dft_v17(x, dft_length=None, *, axis=1, inverse=0, onesided=0):
 
 @kernel("DFT", since=20)
 def dft(x, dft_length=None, axis=None, *, inverse=0, onesided=0):
-    axis = int(np.asarray(axis).ravel()[0]) if axis is not None else -2
+    axis = int(scalar(axis, -2))
     return _dft(x, dft_length, axis, inverse, onesided)
 
 
 @kernel("STFT", since=17)
 def stft(signal, frame_step, window=None, frame_length=None, *, onesided=1):
-    step = int(np.asarray(frame_step).ravel()[0])
-    length = int(np.asarray(frame_length).ravel()[0]) if frame_length is not None else window.shape[0]
+    step = int(scalar(frame_step))
+    length = int(scalar(frame_length, window.shape[0] if window is not None else 0))
     z = _complex(signal)  # (batch, samples)
     n_frames = 1 + (z.shape[1] - length) // step
     idx = np.arange(n_frames)[:, None] * step + np.arange(length)[None, :]
@@ -62,7 +62,7 @@ def stft(signal, frame_step, window=None, frame_length=None, *, onesided=1):
 
 
 def _window(size, periodic, dtype, coefficients):
-    size = int(np.asarray(size).ravel()[0])
+    size = int(scalar(size))
     denom = size if periodic else size - 1
     n = np.arange(size)
     w = sum(c * np.cos(2 * np.pi * k * n / denom) for k, c in enumerate(coefficients))
@@ -88,8 +88,8 @@ def blackman_window(size, *, output_datatype=1, periodic=1):
 def mel_weight_matrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz, *,
                       output_datatype=1):
     """Triangular filters between mel-spaced points (the formula of onnx's reference)."""
-    n_mel, n_dft, rate = (int(np.asarray(v).ravel()[0]) for v in (num_mel_bins, dft_length, sample_rate))
-    lo, hi = (float(np.asarray(v).ravel()[0]) for v in (lower_edge_hertz, upper_edge_hertz))
+    n_mel, n_dft, rate = (int(scalar(v)) for v in (num_mel_bins, dft_length, sample_rate))
+    lo, hi = (float(scalar(v)) for v in (lower_edge_hertz, upper_edge_hertz))
     to_mel = lambda f: 2595 * np.log1p(f / 700) / np.log(10)  # noqa: E731
     points = np.arange(n_mel + 2) * (to_mel(hi) - to_mel(lo)) / (n_mel + 2) + to_mel(lo)
     hertz = 700 * np.expm1(points / 2595 * np.log(10))
