@@ -162,3 +162,34 @@ def test_unknown_routes_and_methods(http):
 def test_empty_outputs_list_means_every_output(http):
     reply = http.post("/v2/models/mixed/infer", json={"inputs": good_inputs(), "outputs": []})
     assert [o["name"] for o in reply.json()["outputs"]] == ["y", "s", "m"]
+
+
+def _cast_model(datatype: str):
+    """y = Cast(x, float32) for an x of ``datatype``: every wire dtype decodes the same values."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from graphc.dtypes import to_onnx
+    from graphc.kserve.protocol import DATATYPES
+
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], "cast",
+                              [helper.make_tensor_value_info("x", to_onnx(DATATYPES[datatype]), [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("datatype", ["UINT8", "INT8", "INT16", "INT32", "FP16", "BF16", "FP64"])
+def test_other_datatypes_in_json_and_binary(datatype):
+    from graphc.dtypes import to_numpy
+    from graphc.kserve.protocol import DATATYPES
+
+    values = np.array([1, 2], dtype=to_numpy(DATATYPES[datatype]))
+    with running_server(create_app(_cast_model(datatype), name="cast", backend="numpy")) as address:
+        with httpx.Client(base_url=f"http://{address}") as http:
+            item = {"name": "x", "shape": [2], "datatype": datatype}
+            reply = http.post("/v2/models/cast/infer", json={"inputs": [{**item, "data": [1, 2]}]})
+            assert reply.json()["outputs"][0]["data"] == [1.0, 2.0], reply.text
+            header = json.dumps({"inputs": [{**item, "parameters": {"binary_data_size": values.nbytes}}]}).encode()
+            reply = http.post("/v2/models/cast/infer", content=header + values.tobytes(),
+                              headers={"Inference-Header-Content-Length": str(len(header))})
+            assert reply.json()["outputs"][0]["data"] == [1.0, 2.0], reply.text

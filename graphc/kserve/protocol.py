@@ -150,7 +150,8 @@ def _decode_input(item: RequestInput, binary: memoryview, offset: int) -> tuple[
     return _json_array(item, dtype, count), offset
 
 
-_JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}  # target kind -> JSON kinds it accepts
+# target kind -> the kinds of JSON data it accepts (bfloat16, from ml_dtypes, is kind "V")
+_JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf", "V": "iuf"}
 
 
 def _json_array(item: RequestInput, dtype: np.dtype, count: int) -> np.ndarray:
