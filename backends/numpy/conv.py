@@ -104,10 +104,11 @@ def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     wg = w.reshape(group, m // group, -1)
     per_image = wg.shape[2] * group * math.prod(out_shape) * x.dtype.itemsize
     step = max(1, _IM2COL_BYTES // max(per_image, 1))
-    y = np.empty((group, m // group, n, math.prod(out_shape)), dtype=np.result_type(x, w))
+    positions = math.prod(out_shape)
+    y = np.empty((group, m // group, n * positions), dtype=np.result_type(x, w))
     for first in range(0, n, step):
         cols = _im2col(xc[:, first:first + step], group, kshape, strides, dilations, out_shape)
-        np.matmul(wg, cols, out=y[:, :, first:first + step].reshape(group, m // group, -1, copy=False))
+        np.matmul(wg, cols, out=y[:, :, first * positions:(first + step) * positions])
     y = y.reshape(m, n, *out_shape)
     if b is not None:
         y += b.reshape(m, 1, *([1] * len(out_shape)))
