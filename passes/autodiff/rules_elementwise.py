@@ -307,3 +307,19 @@ def grad_cos(g, node, dy):
 def grad_piecewise_constant(g, node, dy):
     # zero almost everywhere (PyTorch returns zeros): no gradient flows back
     return (None,)
+
+
+@grad_rule("Softsign")
+def grad_softsign(g, node, dy):
+    # y = x / (1 + |x|): dx = dy / (1 + |x|)^2
+    x = node.inputs[0]
+    d = g.add(g.scalar(1.0, x), g.op("Abs", x))
+    return (g.div(dy, g.mul(d, d)),)
+
+
+@grad_rule("ThresholdedRelu")
+def grad_thresholded_relu(g, node, dy):
+    # dy where x > alpha, else 0 (0 at x == alpha, like PyTorch's threshold)
+    x = node.inputs[0]
+    keep = g.op("Greater", x, g.scalar(attr(node, "alpha", 1.0), x))
+    return (g.op("Where", keep, dy, g.scalar(0.0, dy)),)

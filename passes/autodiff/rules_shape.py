@@ -177,3 +177,21 @@ def grad_tile(g, node, dy):
     summed = g.reduce("ReduceSum", g.op("Reshape", dy, g.ints(split)), list(range(0, 2 * len(shape), 2)),
                       keepdims=False)
     return summed, None
+
+
+@grad_rule("TopK", multi_output=True)
+def grad_top_k(g, node, dys):
+    # the values' gradient goes back to the positions the Indices output names
+    dy = dys[0]
+    if dy is None:
+        return (None,) * len(node.inputs)
+    x = node.inputs[0]
+    scattered = g.op("ScatterElements", g.zeros_like(x), node.outputs[1], dy, axis=attr(node, "axis", -1))
+    return (scattered,) + (None,) * (len(node.inputs) - 1)
+
+
+@grad_rule("Trilu")
+def grad_trilu(g, node, dy):
+    # the same triangle of dy (the op is a fixed mask)
+    k = node.inputs[1] if len(node.inputs) > 1 else None
+    return (g.op("Trilu", dy, k, upper=attr(node, "upper", 1)),) + (None,) * (len(node.inputs) - 1)
