@@ -83,18 +83,24 @@ def ort_session(proto: onnx.ModelProto) -> ort.InferenceSession:
     return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def latency_ms(sess: ort.InferenceSession, feeds, runs: int, budget_s: float = 4.0) -> float:
-    names = {i.name for i in sess.get_inputs()}
-    feeds = {k: v for k, v in feeds.items() if k in names}
-    for _ in range(3):
-        sess.run(None, feeds)
-    times = []
+def latencies_ms(sessions: dict[str, ort.InferenceSession], feeds, runs: int, budget_s: float = 6.0) -> dict[str, float]:
+    """Median latency per session. The sessions take turns run by run, so load from other
+    processes on the machine hits every tool alike instead of whichever ran at a busy moment."""
+    inputs = {tool: {k: v for k, v in feeds.items() if k in {i.name for i in sess.get_inputs()}}
+              for tool, sess in sessions.items()}
+    for tool, sess in sessions.items():
+        for _ in range(3):
+            sess.run(None, inputs[tool])
+    times: dict[str, list[float]] = {tool: [] for tool in sessions}
     deadline = time.perf_counter() + budget_s
-    while len(times) < runs and (len(times) < 5 or time.perf_counter() < deadline):
-        t0 = time.perf_counter()
-        sess.run(None, feeds)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    for i in range(runs):
+        if i >= 5 and time.perf_counter() > deadline:
+            break
+        for tool, sess in sessions.items():
+            t0 = time.perf_counter()
+            sess.run(None, inputs[tool])
+            times[tool].append(time.perf_counter() - t0)
+    return {tool: statistics.median(ts) * 1e3 for tool, ts in times.items()}
 
 
 def run_tool(tool: str, proto: onnx.ModelProto, repeats: int = 3) -> tuple[onnx.ModelProto | None, float, str]:
@@ -168,7 +174,7 @@ def bench_model(name: str, proto: onnx.ModelProto, runs: int, batch: int) -> dic
     feeds = feeds_for(proto, batch)
     random = has_random_dropout(proto)
     ref = None
-    rows = {}
+    rows, sessions = {}, {}
     input_names = [i.name for i in proto.graph.input]
     for tool in TOOLS:
         out, seconds, note = run_tool(tool, proto)
@@ -186,10 +192,12 @@ def bench_model(name: str, proto: onnx.ModelProto, runs: int, batch: int) -> dic
                     row["note"] = (row["note"] + " OUTPUTS DIFFER").strip()
                 if [i.name for i in out.graph.input] != input_names:
                     row["note"] = (row["note"] + " inputs changed").strip()
-                row["ms"] = latency_ms(sess, feeds, runs)
+                sessions[tool] = sess
             except Exception as exc:
                 row["note"] = f"ort: {type(exc).__name__}: {str(exc)[:50]}"
         rows[tool] = row
+    for tool, ms in latencies_ms(sessions, feeds, runs).items():
+        rows[tool]["ms"] = ms
     return rows
 
 

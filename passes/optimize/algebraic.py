@@ -17,6 +17,7 @@ from onnxscript.rewriter.rules.common import (
 
 from graphc.passes.optimize.rules import RulePass, const_array
 from graphc.passes.optimize.shape_folding import same_shape
+from graphc.passes.optimize.pipeline import all_nodes
 
 __all__ = ["ExpandIntoBroadcast", "NeutralOperandElimination", "algebraic_pass", "gemm_pass"]
 
@@ -133,7 +134,7 @@ class NeutralOperandElimination(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
-        for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+        for node in all_nodes(model.graph):
             rule = _NEUTRAL.get(node.op_type)
             if rule is None or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
                 continue
@@ -174,7 +175,7 @@ class ExpandIntoBroadcast(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
-        for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+        for node in all_nodes(model.graph):
             if node.op_type not in _BROADCASTING or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
                 continue
             for pos in (0, 1):

@@ -12,6 +12,7 @@ from onnxscript.rewriter import _basics, pattern
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
 
 from graphc.passes.optimize.rules import RulePass, const_array
+from graphc.passes.optimize.pipeline import all_nodes
 
 __all__ = ["GeluFusion", "fusion_passes"]
 
@@ -54,7 +55,7 @@ class GeluFusion(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
-        for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+        for node in all_nodes(model.graph):
             if node.op_type == "Erf" and node.domain in ("", "ai.onnx") and node.graph is not None:
                 match = self._match(node)
                 if match is not None:

@@ -6,6 +6,7 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 from onnxscript.optimizer import _constant_folding
+from graphc.passes.optimize.pipeline import all_nodes
 
 __all__ = ["DeduplicateConstants", "prelude_passes", "cleanup_passes", "finish_passes", "fold_constants_pass", "parameter_names"]
 
@@ -74,7 +75,7 @@ class DeduplicateConstants(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
         graphs = {id(model.graph): model.graph}
-        for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for node in all_nodes(model.graph):
             graphs.setdefault(id(node.graph), node.graph)
         for graph in graphs.values():
             modified |= self._dedup(graph)

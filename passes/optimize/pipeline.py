@@ -10,16 +10,34 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
-__all__ = ["OptimizeReport", "PassRecord", "Pipeline", "PipelineError", "count_nodes"]
+__all__ = ["OptimizeReport", "PassRecord", "Pipeline", "PipelineError", "all_nodes", "count_nodes"]
 
 
 class PipelineError(RuntimeError):
     """A pass broke an invariant the pipeline guarantees (graph interface, validity)."""
 
 
+def all_nodes(graph: ir.Graph) -> list[ir.Node]:
+    """Every node of ``graph`` and of its subgraphs (If/Loop/Scan bodies), parents first. Like
+    onnx-ir's RecursiveGraphIterator, but it only looks for subgraphs in nodes that have
+    attributes, which makes it several times faster (it runs before and after every pass)."""
+    nodes: list[ir.Node] = []
+    stack = [graph]
+    while stack:
+        for node in stack.pop():
+            nodes.append(node)
+            if node.attributes:
+                for attr in node.attributes.values():
+                    if attr.type == ir.AttributeType.GRAPH:
+                        stack.append(attr.value)
+                    elif attr.type == ir.AttributeType.GRAPHS:
+                        stack.extend(attr.value)
+    return nodes
+
+
 def count_nodes(model: ir.Model) -> int:
     """Nodes in the main graph and every subgraph (If/Loop/Scan bodies)."""
-    return sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
+    return len(all_nodes(model.graph))
 
 
 def pass_name(p: ir.passes.PassBase) -> str:

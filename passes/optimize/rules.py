@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import RULE_NAME_TAG, RewriteRule, RewriteRuleSet
+from graphc.passes.optimize.pipeline import all_nodes
 
 __all__ = ["RulePass", "const_array", "is_constant"]
 
@@ -49,13 +50,13 @@ class RulePass(ir.passes.InPlacePass):
         self._needs = [frozenset(n.op_type for n in rule._target_pattern._nodes) for rule in self.rules.rules]
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        present = {n.op_type for n in ir.traversal.RecursiveGraphIterator(model.graph)}
+        present = {n.op_type for n in all_nodes(model.graph)}
         rules = [r for r, needs in zip(self.rules.rules, self._needs) if needs <= present]
         if not rules:
             return ir.passes.PassResult(model, False)
         count = RewriteRuleSet(rules).apply_to_model(model)
         if count:
-            for node in ir.traversal.RecursiveGraphIterator(model.graph):
+            for node in all_nodes(model.graph):
                 node.metadata_props.pop(RULE_NAME_TAG, None)
         return ir.passes.PassResult(model, bool(count))
 

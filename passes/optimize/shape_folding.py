@@ -7,6 +7,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.optimize.rules import const_array
+from graphc.passes.optimize.pipeline import all_nodes
 
 __all__ = ["ShapeFolding", "same_shape", "shape_value"]
 
@@ -151,7 +152,7 @@ class ShapeFolding(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
-        for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+        for node in all_nodes(model.graph):
             if node.domain not in ("", "ai.onnx"):
                 continue
             if node.op_type == "Reshape" and _ints(node.inputs[1]) is None:
