@@ -244,6 +244,7 @@ def _cases() -> list[GradCase]:
         c("Unsqueeze", [T((2, 4)), i64(0, 3)]),
         c("Expand", [T((3, 1)), i64(2, 3, 4)]),
         c("Concat", [T((2, 3)), T((2, 1)), T((2, 2))], {"axis": 1}),
+        c("Concat", [T((2, 3)), T((1, 3))], {"axis": 0}, opset=11, tag="opset11"),
         c("Split", [T((5, 3)), i64(2, 3)], {"axis": 0}, n_out=2),
         c("Split", [T((4, 6))], {"axis": 1, "num_outputs": 3}, n_out=3, opset=18, use_outputs=(0, 2), tag="unused"),
         c("Slice", [T((4, 5)), i64(1, -4), i64(3, 100), i64(0, 1)]),

@@ -290,3 +290,22 @@ def test_old_opset_without_scatter_reduction_says_so():
     model = graphc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
     with pytest.raises(graphc.GraphError, match="from opset 16; the model has opset 13"):
         graphc.grad(model, "loss")
+
+
+def test_concat_of_symbolic_parts_splits_at_run_time():
+    nodes = [helper.make_node("Concat", ["a", "b"], ["ab"], axis=0),
+             helper.make_node("Mul", ["ab", "ab"], ["sq"]),
+             helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(
+        nodes, "cat",
+        [helper.make_tensor_value_info("a", TensorProto.DOUBLE, ["N", 3]),
+         helper.make_tensor_value_info("b", TensorProto.DOUBLE, ["M", 3])],
+        [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])])
+    model = graphc.grad(graphc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])),
+                        "loss", wrt=["a", "b"])
+    rng = np.random.default_rng(0)
+    for n, m in [(1, 4), (3, 2)]:
+        a, b = rng.standard_normal((n, 3)), rng.standard_normal((m, 3))
+        out = run_numpy(model.proto, {"a": a, "b": b})
+        np.testing.assert_allclose(out["a_grad"], 2 * a)
+        np.testing.assert_allclose(out["b_grad"], 2 * b)

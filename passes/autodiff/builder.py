@@ -210,6 +210,17 @@ class GradBuilder:
             return self.op("Squeeze", x, self.ints(axes))
         return self.op("Squeeze", x, axes=list(axes))
 
+    def split(self, x: ir.Value, sizes: Sequence[int] | ir.Value, axis: int, count: int) -> tuple[ir.Value, ...]:
+        """``x`` split along ``axis`` into ``count`` parts of ``sizes`` (ints, or an int64 Value)."""
+        if isinstance(sizes, ir.Value):
+            self.require_opset(13, "Split with run-time sizes")
+            parts = self.op("Split", x, sizes, axis=axis, num_outputs=count)
+        elif self.opset >= 13:
+            parts = self.op("Split", x, self.ints(sizes), axis=axis, num_outputs=count)
+        else:
+            parts = self.op("Split", x, axis=axis, split=[int(v) for v in sizes], num_outputs=count)
+        return parts if count > 1 else (parts,)
+
     # -- arithmetic shorthands -----------------------------------------------------------------
     def add(self, a, b): return self.op("Add", a, b)
     def sub(self, a, b): return self.op("Sub", a, b)

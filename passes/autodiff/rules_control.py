@@ -162,8 +162,7 @@ def _seeds(sub: GradBuilder, result, dys, n_carry: int, length: int, out_axes, r
             continue
         axis = out_axes[j] if isinstance(out_axes, list) else out_axes
         flip = reverse[j] if isinstance(reverse, list) else reverse
-        parts = sub.op("Split", dy, sub.ints([1] * length), axis=axis, num_outputs=length)
-        parts = (parts,) if length == 1 else parts
+        parts = sub.split(dy, [1] * length, axis, length)
         for step in range(length):
             part = parts[length - 1 - step if flip else step]
             add(scans[step][j], sub.squeeze(part, [axis]))

@@ -41,13 +41,9 @@ def grad_concat(g, node, dy):
     rank = g.rank(node.outputs[0])
     axis = attr(node, "axis") % rank
     sizes = [_dim(g, x, axis) for x in node.inputs]
-    if all(isinstance(s, int) for s in sizes):
-        split = g.ints(sizes)
-    else:
-        split = g.op("Concat", *[g.ints([s]) if isinstance(s, int) else s for s in sizes], axis=0)
-    parts = g.op("Split", dy, split, axis=axis, num_outputs=len(sizes))
-    if len(sizes) == 1:
-        parts = (parts,)
+    if not all(isinstance(s, int) for s in sizes):
+        sizes = g.op("Concat", *[g.ints([s]) if isinstance(s, int) else s for s in sizes], axis=0)
+    parts = g.split(dy, sizes, axis, len(node.inputs))
     return tuple(p if g.wants(x) else None for p, x in zip(parts, node.inputs))
 
 
