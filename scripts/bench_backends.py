@@ -18,9 +18,10 @@ import sys
 # threads than free cores OpenBLAS's spin-waiting makes timings erratic (a 3 MFLOP Gemm was
 # seen taking 70 ms on a busy 2-core box). The numpy backend, the hand-written forward and
 # ReferenceEvaluator all share the setting; onnxruntime always gets 2 intra-op threads.
-_BLAS = sys.argv[sys.argv.index("--blas-threads") + 1] if "--blas-threads" in sys.argv else "1"
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = _BLAS
+if __name__ == "__main__":  # imported (by a test), the process keeps its own settings
+    _BLAS = sys.argv[sys.argv.index("--blas-threads") + 1] if "--blas-threads" in sys.argv else "1"
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = _BLAS
 
 import argparse  # noqa: E402
 import time
