@@ -1,5 +1,7 @@
 """Inference export: trained params folded in, optimized, symbolic batch, equal to eval outputs."""
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -56,3 +58,21 @@ def test_export_from_artifact_dir_and_checkpoint(trained, tmp_path):
                                rtol=1e-4, atol=1e-5)
     with pytest.raises(FileNotFoundError, match="neither an artifact directory"):
         export_inference(tmp_path / "nothing", tmp_path / "x.onnx")
+
+
+TORCH_CNN = Path(__file__).parent / "data" / "torch_cnn_bn.onnx"
+
+
+@pytest.mark.skipif(not TORCH_CNN.is_file(), reason="tests/data/torch_cnn_bn.onnx is absent")
+def test_export_folds_trained_batchnorm_into_the_conv(tmp_path):
+    arts = gc.training.generate(gc.load(TORCH_CNN), gc.losses.cross_entropy("y", label="label"), gc.optim.Adam(1e-2))
+    trainer = gc.Trainer(arts, backend="ort-cpu")
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.standard_normal((16, 1, 12, 12)).astype(np.float32),
+             "label": rng.integers(0, 4, 16).astype(np.int64)}
+    for _ in range(5):
+        trainer.step(batch)  # moves the BatchNorm running statistics
+    path = trainer.export_inference(tmp_path / "cnn.onnx")
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert "BatchNormalization" not in ops and "Conv" in ops
+    np.testing.assert_allclose(ort_run(path, batch["x"]), trainer.predict(batch)["y"], rtol=1e-4, atol=1e-5)
