@@ -170,9 +170,17 @@ class GradBuilder:
             return self.ints(shape)
         return self.op("Shape", value)
 
+    def full(self, shape: ir.Value, fill: float, like: ir.Value) -> ir.Value:
+        """A tensor of ``shape`` (an int64 1-D value) filled with ``fill`` in ``like``'s dtype."""
+        dtype = (like.dtype or ir.DataType.FLOAT).numpy()
+        return self.op("ConstantOfShape", shape, value=ir.tensor(np.full(1, fill, dtype=dtype)))
+
     def zeros_like(self, value: ir.Value) -> ir.Value:
-        zero = ir.tensor(np.zeros(1, dtype=(value.dtype or ir.DataType.FLOAT).numpy()))
-        return self.op("ConstantOfShape", self.shape_of(value), value=zero)
+        return self.full(self.shape_of(value), 0.0, value)
+
+    def flat_zeros_like(self, value: ir.Value, like: ir.Value) -> ir.Value:
+        """Zeros with as many elements as ``value`` has, 1-D, in ``like``'s dtype."""
+        return self.full(self.op("Reshape", self.op("Size", value), self.ints([1])), 0.0, like)
 
     def reshape_like(self, dy: ir.Value, like: ir.Value) -> ir.Value:
         return self.op("Reshape", dy, self.shape_of(like))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
@@ -195,8 +194,7 @@ def backward(graph: ir.Graph, loss: ir.Value, wrt: Sequence[ir.Value]) -> dict[s
         raise GraphError(f"loss {loss.name!r} must be a scalar, got shape {loss.shape}")
     g = GradBuilder(graph, graph_opset(graph))
     nodes = list(graph)
-    one = np.ones(1, dtype=(loss.dtype or ir.DataType.FLOAT).numpy())
-    seed = g.op("ConstantOfShape", g.shape_of(loss), value=ir.tensor(one))
+    seed = g.full(g.shape_of(loss), 1.0, loss)
     grads = backprop(g, nodes, {loss: seed}, list(wrt))
     result = {}
     for w in wrt:

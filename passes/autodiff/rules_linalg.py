@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
@@ -122,8 +121,7 @@ def grad_einsum(g, node, dy):
             operands.append(v)
             subs.append(t)
         if not set(term) <= seen:  # letters only this operand has
-            operands.append(g.op("ConstantOfShape", g.shape_of(x),
-                                 value=ir.tensor(np.ones(1, dtype=(x.dtype or ir.DataType.FLOAT).numpy()))))
+            operands.append(g.full(g.shape_of(x), 1.0, x))
             subs.append(term)
         grads.append(g.op("Einsum", *operands, equation=",".join(subs) + "->" + term))
     return tuple(grads)

@@ -25,8 +25,7 @@ def _loss_weights(g: GradBuilder, node: ir.Node, dy: ir.Value, like: ir.Value):
         w = g.op("Gather", weights, labels, axis=0)
         factor = w if factor is None else g.mul(factor, w)
     if factor is None:
-        factor = g.op("ConstantOfShape", g.op("Shape", labels),
-                      value=ir.tensor(np.ones(1, dtype=(like.dtype or ir.DataType.FLOAT).numpy())))
+        factor = g.full(g.op("Shape", labels), 1.0, like)
     reduction = attr(node, "reduction", "mean")
     if reduction == "mean":
         per = g.mul(factor, g.div(dy, g.reduce("ReduceSum", factor, None, keepdims=False)))

@@ -214,10 +214,7 @@ def grad_max_pool(g, node, dy):
     if tiled is not None:
         return (tiled,)
     node = g.with_outputs(node, 2)
-    size = g.op("Size", x)
-    zeros = g.op("ConstantOfShape", g.op("Reshape", size, g.ints([1])),
-                 value=ir.tensor(np.zeros(1, dtype=(dy.dtype or ir.DataType.FLOAT).numpy())))
-    flat = g.op("ScatterElements", zeros, g.op("Reshape", node.outputs[1], g.ints([-1])),
+    flat = g.op("ScatterElements", g.flat_zeros_like(x, dy), g.op("Reshape", node.outputs[1], g.ints([-1])),
                 g.op("Reshape", dy, g.ints([-1])), axis=0, reduction="add")
     return (g.reshape_like(flat, x),)
 

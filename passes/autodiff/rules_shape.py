@@ -92,9 +92,7 @@ def grad_slice(g, node, dy):
     shape = g.shape_of(x)
     flat_index = g.op("Reshape", g.op("Range", g.const(0, np.int64), size, g.const(1, np.int64)), shape)
     picked = g.op("Slice", flat_index, *node.inputs[1:])
-    zeros = g.op("ConstantOfShape", g.op("Reshape", size, g.ints([1])),
-                 value=ir.tensor(np.zeros(1, dtype=(dy.dtype or ir.DataType.FLOAT).numpy())))
-    flat = g.op("ScatterElements", zeros, g.op("Reshape", picked, g.ints([-1])),
+    flat = g.op("ScatterElements", g.flat_zeros_like(x, dy), g.op("Reshape", picked, g.ints([-1])),
                 g.op("Reshape", dy, g.ints([-1])), axis=0)
     return (g.op("Reshape", flat, shape),) + rest
 
@@ -122,8 +120,7 @@ def grad_gather(g, node, dy):
         zshape = g.ints([sd[i] for i in data_perm])
     else:
         zshape = g.op("Gather", g.op("Shape", data), g.ints(data_perm))
-    zeros = g.op("ConstantOfShape", zshape,
-                 value=ir.tensor(np.zeros(1, dtype=(dy.dtype or ir.DataType.FLOAT).numpy())))
+    zeros = g.full(zshape, 0.0, dy)
     idx = g.op("Cast", g.unsqueeze(idx, [q]), to=int(ir.DataType.INT64))
     scattered = g.op("ScatterND", zeros, idx, dy_t, reduction="add")
     return g.transpose(scattered, list(np.argsort(data_perm))), None
