@@ -6,6 +6,8 @@ second input; ``keepdims=0`` outputs are unsqueezed back before broadcasting to 
 
 from __future__ import annotations
 
+import math
+
 import onnx_ir as ir
 
 from graphc.errors import GraphError
@@ -43,15 +45,8 @@ def _count_ratio(g: GradBuilder, x: ir.Value, y: ir.Value, like: ir.Value) -> ir
     """size(x) / size(y): how many inputs each output of a mean averages."""
     sx, sy = static_shape(x), static_shape(y)
     if is_static(sx) and is_static(sy):
-        nx = 1
-        for d in sx:
-            nx *= d
-        ny = 1
-        for d in sy:
-            ny *= d
-        return g.scalar(nx / max(ny, 1), like)
-    ratio = g.div(g.cast_like(g.op("Size", x), like), g.cast_like(g.op("Size", y), like))
-    return ratio
+        return g.scalar(math.prod(sx) / max(math.prod(sy), 1), like)
+    return g.div(g.cast_like(g.op("Size", x), like), g.cast_like(g.op("Size", y), like))
 
 
 @grad_rule("ReduceSum")
