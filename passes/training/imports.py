@@ -69,8 +69,8 @@ def fill_unknown_ranks(model: ir.Model) -> bool:
     proto = ir.serde.serialize_model(model)
     del proto.graph.output[:]
     proto.graph.output.extend(onnx.helper.make_empty_tensor_value_info(v.name) for v in unknown)
-    feeds = {v.name: _dummy(v) for v in graph.inputs if not v.is_initializer()}
     try:
+        feeds = {v.name: _dummy(v) for v in graph.inputs if not v.is_initializer()}
         values = ReferenceEvaluator(proto).run(None, feeds)
     except Exception:  # noqa: BLE001 - a probe that fails leaves the ranks unknown
         return False
