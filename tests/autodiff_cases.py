@@ -34,7 +34,7 @@ class GradCase:
     opset: int = 21
     tag: str = ""
     use_outputs: tuple | None = None  # which outputs feed the loss (default: all)
-    rtol: float = 1e-6
+    rtol: float = 1e-5  # finite-difference check tolerance
     ort: bool = True  # also check numpy vs onnxruntime (float32)
     captures: tuple = ()  # T inputs read by subgraphs only (named after the node inputs)
 
@@ -178,6 +178,7 @@ def _cases() -> list[GradCase]:
         c("Gelu", [T((3, 4))], {"approximate": "tanh"}, opset=20, tag="tanh"),
         c("Identity", [T((3, 4))]),
         c("Cast", [T((3, 4))], {"to": onnx.TensorProto.DOUBLE}, ort=False),
+        c("CastLike", [T((3, 4)), np.zeros(2)], ort=False),
         c("Where", [np.array([[True, False, True, False]]), T((3, 4)), T((3, 1))]),
         c("Clip", [T((3, 4)), np.array(-0.5), np.array(0.5)], tag="const_bounds"),
         c("Clip", [T((3, 4)), T((), AWAY), None], tag="min_only"),

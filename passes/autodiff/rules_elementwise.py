@@ -168,12 +168,14 @@ def grad_identity(g, node, dy):
     return (dy,)
 
 
-@grad_rule("Cast")
+@grad_rule("Cast", "CastLike")
 def grad_cast(g, node, dy):
+    # the gradient comes back in the input's dtype (CastLike's target gets none)
     x = node.inputs[0]
+    rest = (None,) * (len(node.inputs) - 1)
     if not is_float(x):
-        return (None,)
-    return (g.cast_like(dy, x),)
+        return (None,) + rest
+    return (g.cast_like(dy, x),) + rest
 
 
 @grad_rule("Where")
