@@ -63,7 +63,7 @@ def build(case: GradCase, dtype=np.float64, seed: int = 0) -> onnx.ModelProto:
             names.append("")
             continue
         arr = draw(spec, rng, dtype) if isinstance(spec, T) else np.asarray(spec)
-        if isinstance(spec, np.ndarray) and spec.dtype.kind == "f":
+        if isinstance(spec, np.ndarray) and spec.dtype == np.float64:  # float32 stays (Resize scales)
             arr = spec.astype(dtype)
         inits.append(onnx.numpy_helper.from_array(arr, f"in{i}"))
         names.append(f"in{i}")
@@ -262,6 +262,9 @@ def _cases() -> list[GradCase]:
         c("Pad", [T((2, 3)), i64(1, 0, 2, 3)]),
         c("Pad", [T((2, 3, 4)), i64(1, 2, 0, 3), np.array(0.5), i64(0, -1)], opset=18, tag="axes"),
         c("Tile", [T((2, 3)), i64(2, 1)]),
+        c("Resize", [T((1, 2, 2, 3)), None, np.array([1.0, 1.0, 2.0, 3.0], dtype=np.float32)],
+          {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}),
+        c("Resize", [T((1, 2, 3, 2)), None, None, i64(1, 2, 6, 6)], {"mode": "nearest"}, tag="sizes_half_pixel"),
         # neural-network ops
         c("Dropout", [T((3, 4))], tag="inference"),
         c("Dropout", [T((3, 4)), np.array(0.3), np.array(True)], {"seed": 7}, ort=False, tag="training"),

@@ -1,4 +1,5 @@
-"""VJP rules of data-movement ops: Reshape-likes, Transpose, Expand, Concat, Split, Slice, Gather."""
+"""VJP rules of data-movement ops: Reshape-likes, Transpose, Expand, Concat, Split, Slice, Gather(Elements),
+TopK, Trilu, CumSum, Pad, Tile and nearest Resize."""
 
 from __future__ import annotations
 
@@ -188,3 +189,22 @@ def grad_trilu(g, node, dy):
     # the same triangle of dy (the op is a fixed mask)
     k = node.inputs[1] if len(node.inputs) > 1 else None
     return (g.op("Trilu", dy, k, upper=attr(node, "upper", 1)),) + (None,) * (len(node.inputs) - 1)
+
+
+@grad_rule("Resize")
+def grad_resize(g, node, dy):
+    # nearest-neighbour upsampling by whole factors (what F.interpolate(scale_factor=k) exports):
+    # each input element feeds a k1 x k2 x ... block, so dx sums dy over those blocks.
+    x = node.inputs[0]
+    sx, sy = static_shape(x), static_shape(node.outputs[0])
+    if attr(node, "mode", "nearest") != "nearest" or not is_static(sx) or not is_static(sy) or any(
+            b % a for a, b in zip(sx, sy)) or attr(node, "coordinate_transformation_mode", "half_pixel") not in (
+            "half_pixel", "asymmetric", "pytorch_half_pixel") or attr(node, "nearest_mode", "round_prefer_floor") not in (
+            "floor", "round_prefer_floor"):
+        raise GraphError(f"gradient of {node.op_type} {node.name!r} is supported for nearest upsampling by whole "
+                         f"factors with static shapes (got {sx} -> {sy}, mode {attr(node, 'mode', 'nearest')!r})")
+    factors = [b // a for a, b in zip(sx, sy)]
+    blocks = [v for d, k in zip(sx, factors) for v in (d, k)]
+    summed = g.reduce("ReduceSum", g.op("Reshape", dy, g.ints(blocks)), list(range(1, 2 * len(sx), 2)),
+                      keepdims=False)
+    return (summed,) + (None,) * (len(node.inputs) - 1)
