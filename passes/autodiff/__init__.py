@@ -20,8 +20,10 @@ Conventions (each written next to its rule too):
   path raises ``GraphError`` naming op, node and ``graphc.source`` line.
 - limits: Conv/ConvTranspose/pooling need static spatial dims and channels (the batch may be symbolic);
   Loop needs a constant trip count and no exit condition, Scan a static length (both are
-  unrolled); MaxPool storage_order=1 and AveragePool ceil_mode that changes the output size
-  raise ``GraphError``.
+  unrolled); Resize only for nearest upsampling by whole factors; Einsum only with an explicit
+  output, no ``...`` and no letter repeated in one operand; MaxPool storage_order=1 and
+  AveragePool ceil_mode that changes the output size raise ``GraphError``; ScatterND/
+  ScatterElements reductions (Gather, MaxPool, TopK-free paths) need opset >= 16.
 """
 
 from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rules)
