@@ -18,12 +18,12 @@ Conventions (each written next to its rule too):
   BatchNormalization's running statistics in training mode, class weights of the fused losses.
 - a ``wrt`` value with no path to the loss gets zeros of its shape; an op without a rule on a
   path raises ``GraphError`` naming op, node and ``graphc.source`` line.
-- limits: Conv/ConvTranspose/pooling need static spatial dims and channels (the batch may be symbolic);
-  Loop needs a constant trip count and no exit condition, Scan a static length (both are
-  unrolled); Resize only for nearest upsampling by whole factors; Einsum only with an explicit
-  output, no ``...`` and no letter repeated in one operand; MaxPool storage_order=1 and
-  AveragePool ceil_mode that changes the output size raise ``GraphError``; ScatterND/
-  ScatterElements reductions (Gather, MaxPool, TopK-free paths) need opset >= 16.
+- limits: Conv/ConvTranspose/pooling need static spatial dims and channels (the batch may be
+  symbolic); Loop needs a constant trip count and no exit condition, Scan a static length
+  (both are unrolled); Resize only for nearest upsampling by whole factors; Einsum only with
+  an explicit output, no ``...`` and no letter repeated in one operand; Gather,
+  GatherElements and MaxPool need opset >= 16 (ScatterND/ScatterElements with reduction);
+  MaxPool storage_order=1 and AveragePool ceil_mode that changes the output size raise.
 """
 
 from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rules)
