@@ -5,7 +5,7 @@ gc.training.generate can differentiate it) and a few imported ONNX files, prints
 onnxruntime CPU latency (ORT's own graph optimizations ON, as users run it; 2 threads; median of
 repeated runs) and the optimize time of each tool, and whether each result still computes the
 original's outputs. Then the targets: nodes <= the best of onnxsim/onnxslim, latency no worse
-(within 5% + 2 us of run-to-run noise), optimize time <= theirs (best of 3 runs each).
+(within 5% + 2 us of run-to-run noise), optimize time <= theirs (best of 5 runs each).
 A tool result that changed the graph's inputs or outputs, or that onnxruntime cannot run, sets
 no target.
 
@@ -103,7 +103,7 @@ def latencies_ms(sessions: dict[str, ort.InferenceSession], feeds, runs: int, bu
     return {tool: statistics.median(ts) * 1e3 for tool, ts in times.items()}
 
 
-def run_tool(tool: str, proto: onnx.ModelProto, repeats: int = 3) -> tuple[onnx.ModelProto | None, float, str]:
+def run_tool(tool: str, proto: onnx.ModelProto, repeats: int = 5) -> tuple[onnx.ModelProto | None, float, str]:
     """(optimized model, seconds, note): the best of ``repeats`` runs, each on its own copy
     (onnxsim and onnxslim modify the proto they are given). A tool's own work, conversions
     included, is timed."""

@@ -112,11 +112,26 @@ class IdentityElimination(common.IdentityEliminationPass):
         return super()._try_eliminate_identity_node(node)
 
 
+class ShapeInference(common.ShapeInferencePass):
+    """onnx-ir's ONNX shape inference, skipped when every value already has a type and shape
+    (graphc's captures and training graphs are fully annotated; the full inference costs a
+    serialization round trip of the whole model)."""
+
+    name = "ShapeInference"
+    structural = False
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if all(v.type is not None and v.shape is not None
+               for node in all_nodes(model.graph) for v in node.outputs):
+            return ir.passes.PassResult(model, False)
+        return super().call(model)
+
+
 def prelude_passes() -> list[ir.passes.PassBase]:
     """Once before the loop: ONNX shape inference over the whole model (one C++ call) gives the
     rewrites the ranks and dims their checks need. The folder's own per-node inference would
     redo this for every node on every round, at many times the cost."""
-    return [_named(common.ShapeInferencePass(), "ShapeInference", structural=False)]
+    return [ShapeInference()]
 
 
 def cleanup_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> list[ir.passes.PassBase]:
