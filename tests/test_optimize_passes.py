@@ -363,3 +363,19 @@ def test_small_constant_of_shape_folded():
              helper.make_node("Add", ["x", "ones"], ["y"])]
     m = make_model(nodes, [("x", F, ["N", 3])], [("y", F, ["N", 3])])
     check(m, 1, ["Add"])
+
+
+def test_subgraphs_are_optimized_and_outputs_match():
+    def branch(name, op):
+        one = helper.make_node("Constant", [], [f"{name}_one"], value=onnx.numpy_helper.from_array(np.float32(1.0)))
+        nodes = [one, helper.make_node("Mul", ["x", f"{name}_one"], [f"{name}_m"]),  # x*1 inside the body
+                 helper.make_node(op, [f"{name}_m"], [f"{name}_out"])]
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_out", F, ["N", 4])])
+
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0), const("zero", np.float32(0.0)),
+             helper.make_node("Greater", ["s", "zero"], ["pred"]),
+             helper.make_node("If", ["pred"], ["y"], then_branch=branch("then", "Relu"), else_branch=branch("else", "Neg"))]
+    m = make_model(nodes, [("x", F, ["N", 4])], [("y", F, ["N", 4])])
+    out = check(m, 2, ["ReduceSum", "Greater", "If"])
+    then_ops = [n.op_type for n in out.ir.graph.node(2).attributes["then_branch"].value]
+    assert then_ops == ["Relu"]
