@@ -26,6 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from graphc.errors import GraphcError
+from graphc.fileio import atomic_write
 
 __all__ = ["CheckpointError", "CheckpointMeta", "FILE_NAME", "artifacts_dir", "find_artifacts", "load", "resolve", "save"]
 
@@ -91,19 +92,7 @@ def save(path: PathLike, tensors: dict[str, np.ndarray], meta: CheckpointMeta) -
     arrays = {name: np.asarray(a, order="C") for name, a in tensors.items()}
     meta = meta.model_copy(update={"digest": _digest(arrays)})
     blob = st_save(arrays, metadata={_META_KEY: meta.model_dump_json()})
-    _remove_stale_temps(target)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(target.parent)
-    return target
+    return atomic_write(target, blob)
 
 
 def load(path: PathLike) -> tuple[dict[str, np.ndarray], CheckpointMeta]:
@@ -145,34 +134,3 @@ def find_artifacts(path: PathLike) -> Optional[Path]:
         return beside
     recorded = load(path)[1].artifacts
     return Path(recorded) if recorded and (Path(recorded) / "manifest.json").is_file() else None
-
-
-def _remove_stale_temps(target: Path) -> None:
-    """Delete temp files left by writers that were killed mid-save (their pid is gone)."""
-    for tmp in target.parent.glob(f".{target.name}.tmp-*"):
-        pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            tmp.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # pragma: no cover - e.g. Windows cannot open folders
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)

@@ -21,6 +21,7 @@ import onnx
 
 from graphc.dtypes import TensorSpec
 from graphc.errors import GraphError
+from graphc.fileio import atomic_write
 from graphc.model import Model, load
 
 __all__ = ["SERVER_OPSET", "triton", "triton_config"]
@@ -114,18 +115,6 @@ def for_server(model: Model, opset: int | None = None) -> Model:
     return load(converted)
 
 
-def _write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _swap_in(staged: Path, target: Path) -> None:
     """Put the ``staged`` folder at ``target``, replacing an existing one."""
     if not target.exists():
@@ -169,5 +158,5 @@ def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[s
         _swap_in(staged, model_dir / "1")
     finally:
         shutil.rmtree(staged, ignore_errors=True)
-    _write_text(model_dir / "config.pbtxt", config)
+    atomic_write(model_dir / "config.pbtxt", config.encode())
     return model_dir

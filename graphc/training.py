@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from functools import partial
 from pathlib import Path
@@ -42,6 +41,7 @@ from pydantic import BaseModel, ConfigDict
 
 from graphc.dtypes import TensorSpec
 from graphc.errors import GraphError
+from graphc.fileio import atomic_write
 from graphc.losses import LossSpec
 from graphc.model import Model, value_spec
 
@@ -127,24 +127,9 @@ class TrainingArtifacts:
         for key, model in self.graphs.items():
             model.save(directory / GRAPH_FILES[key])
         state = {k: np.asarray(v, order="C") for k, v in self.state.items()}  # keeps 0-d step/lr 0-d
-        _atomic_write(directory / STATE_FILE, st_save(state))
-        _atomic_write(directory / MANIFEST_FILE, self.manifest.model_dump_json(indent=2).encode())
+        atomic_write(directory / STATE_FILE, st_save(state))
+        atomic_write(directory / MANIFEST_FILE, self.manifest.model_dump_json(indent=2).encode())
         return directory
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 from typing import Optional
 
@@ -13,6 +12,7 @@ from rich.table import Table
 
 from graphc.cli.app import app, console
 from graphc.dtypes import TensorSpec, to_numpy
+from graphc.fileio import atomic_write
 
 
 def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
@@ -57,19 +57,6 @@ def random_feeds(specs: list[TensorSpec], dims: dict[str, int], seed: int = 0,
     return feeds
 
 
-def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write ``arrays`` to ``path`` atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 @app.command("backends")
 def backends_cmd() -> None:
     """List the backends and whether each can run here (and if not, why)."""
@@ -98,7 +85,9 @@ def run_cmd(
     session = Session(model, backend=backend, **options)
     results = session.run(parse_feeds(inputs))
     if output is not None:
-        _save_npz(output, results)
+        buffer = io.BytesIO()
+        np.savez(buffer, **results)
+        atomic_write(output, buffer.getvalue())
         console.print(f"wrote {len(results)} output(s) to {output} (backend {session.backend})")
         return
     table = Table(title=f"{model.name} on {session.backend}")
