@@ -136,3 +136,39 @@ def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved=
     if three_d:
         return (y.reshape(y.shape[0], y.shape[1], -1),)
     return (y.transpose(0, 2, 1, 3),)
+
+
+@kernel("LinearAttention", since=27)
+def linear_attention(query, key, value, past_state=None, decay=None, beta=None, *, chunk_size=None,
+                     kv_num_heads, q_num_heads, scale=None, update_rule="gated_delta"):
+    """Recurrent linear attention: a per-head (d_k, d_v) state decays (gated rules), is
+    corrected toward the value (delta rules) and accumulates k v^T; each step reads q @ state.
+    Computed in float32; ``chunk_size`` is a tuning hint with no effect on the result."""
+    b, t, _ = query.shape
+    q4 = _heads(query, q_num_heads).astype(np.float32)
+    k4 = _heads(key, kv_num_heads).astype(np.float32)
+    v4 = _heads(value, kv_num_heads).astype(np.float32)
+    d_k, d_v = q4.shape[-1], v4.shape[-1]
+    if decay is not None:  # one gate per head, or one per head and key dim
+        per_key = decay.shape[-1] != kv_num_heads
+        decay4 = _heads(decay, kv_num_heads) if per_key else decay.reshape(b, t, kv_num_heads, 1).transpose(0, 2, 1, 3)
+        decay4 = decay4.astype(np.float32)
+    if beta is not None:
+        beta4 = beta.reshape(b, t, beta.shape[-1], 1).transpose(0, 2, 1, 3).astype(np.float32)
+    state = (past_state.astype(np.float32) if past_state is not None
+             else np.zeros((b, kv_num_heads, d_k, d_v), np.float32))
+    scale = scale if scale else 1 / math.sqrt(d_k)
+    group = q_num_heads // kv_num_heads
+    out = np.zeros((b, q_num_heads, t, d_v), np.float32)
+    for i in range(t):
+        k_t, v_t = k4[:, :, i], v4[:, :, i]
+        if decay is not None:
+            state = state * np.exp(decay4[:, :, i])[..., None]
+        if beta is not None:
+            v_t = beta4[:, :, i] * (v_t - np.einsum("bhdm,bhd->bhm", state, k_t))
+        state = state + k_t[..., :, None] * v_t[..., None, :]
+        read = np.repeat(state, group, axis=1) if group > 1 else state
+        out[:, :, i] = scale * np.einsum("bhd,bhdm->bhm", q4[:, :, i], read)
+    y = out.transpose(0, 2, 1, 3).reshape(b, t, q_num_heads * d_v).astype(query.dtype)
+    state_dtype = past_state.dtype if past_state is not None else query.dtype
+    return y, state.astype(state_dtype)

@@ -279,3 +279,66 @@ def global_max_pool(x):
 def global_lp_pool(x, *, p=2):
     total = np.sum(np.abs(x) ** p, axis=_spatial_axes(x), keepdims=True)
     return ((total ** (1.0 / p)).astype(x.dtype, copy=False),)
+
+
+@kernel("CausalConvWithState", since=27)
+def causal_conv_with_state(x, w, b=None, past_state=None, *, activation="none"):
+    """Depthwise causal 1-D conv over [B, C, T] continuing from ``past_state`` (the previous
+    k-1 inputs); also returns the last k-1 inputs as the next state."""
+    batch, channels, _ = x.shape
+    k = w.shape[2]
+    past = past_state if past_state is not None else np.zeros((batch, channels, k - 1), x.dtype)
+    padded = np.concatenate([past, x], axis=2)
+    (y,) = conv(padded, w, b, group=channels)
+    y = y.astype(x.dtype, copy=False)
+    if activation in ("silu", "swish"):
+        y32 = y.astype(np.float32)
+        y = (y32 / (1 + np.exp(-y32))).astype(x.dtype)
+    return y, padded[:, :, padded.shape[2] - (k - 1):]
+
+
+def _bilinear_zero_padded(x, py, px):
+    """x [N, G, Cg, H, W] sampled at float positions py, px [N, G, *pts]: bilinear, every
+    corner outside the image counting as 0. Returns [N, G, *pts, Cg]."""
+    n, g, _, h, w = x.shape
+    y0, x0 = np.floor(py).astype(np.int64), np.floor(px).astype(np.int64)
+    fy, fx = py - y0, px - x0
+    lead = (np.arange(n).reshape(n, 1, *([1] * (py.ndim - 2))),
+            np.arange(g).reshape(1, g, *([1] * (py.ndim - 2))))
+    out = 0
+    for dy, wy in ((0, 1 - fy), (1, fy)):
+        for dx, wx in ((0, 1 - fx), (1, fx)):
+            yi, xi = y0 + dy, x0 + dx
+            inside = (yi >= 0) & (yi < h) & (xi >= 0) & (xi < w)
+            vals = x[lead[0], lead[1], :, np.clip(yi, 0, h - 1), np.clip(xi, 0, w - 1)]
+            out = out + vals * (wy * wx * inside)[..., None]
+    return out
+
+
+@kernel("DeformConv", since=19)
+def deform_conv(x, w, offset, b=None, mask=None, *, dilations=None, group=1, kernel_shape=None,
+                offset_group=1, pads=None, strides=None):
+    """2-D deformable convolution: each kernel tap samples the input at its position plus a
+    learned offset (bilinear, zero outside), scaled by ``mask``; then a grouped matmul."""
+    n, c, h, wd = x.shape
+    m = w.shape[0]
+    kh, kw = kernel_shape or w.shape[2:]
+    sh, sw = strides or [1, 1]
+    dh, dw = dilations or [1, 1]
+    pt, pl = (pads or [0, 0, 0, 0])[:2]
+    oh, ow = offset.shape[2:]
+    k = kh * kw
+    off = offset.reshape(n, offset_group, k, 2, oh, ow).astype(np.float64)
+    ky, kx = (a.ravel() for a in np.meshgrid(np.arange(kh) * dh, np.arange(kw) * dw, indexing="ij"))
+    py = (np.arange(oh) * sh - pt)[None, None, None, :, None] + ky[None, None, :, None, None] + off[:, :, :, 0]
+    px = (np.arange(ow) * sw - pl)[None, None, None, None, :] + kx[None, None, :, None, None] + off[:, :, :, 1]
+    xg = x.reshape(n, offset_group, c // offset_group, h, wd)
+    sampled = _bilinear_zero_padded(xg, py, px)  # (N, og, K, oh, ow, C/og)
+    if mask is not None:
+        sampled = sampled * mask.reshape(n, offset_group, k, oh, ow)[..., None]
+    cols = sampled.transpose(0, 1, 5, 2, 3, 4).reshape(n, group, (c // group) * k, oh * ow)
+    y = np.einsum("gmk,ngkl->ngml", w.reshape(group, m // group, -1).astype(np.float64), cols)
+    y = y.reshape(n, m, oh, ow)
+    if b is not None:
+        y = y + b.reshape(1, m, 1, 1)
+    return (y.astype(x.dtype),)
