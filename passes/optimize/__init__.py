@@ -9,8 +9,8 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from graphc.passes.optimize.interface import restore_interface, snapshot_interface
-from graphc.passes.optimize.library import parameter_names
 from graphc.passes.optimize.levels import LEVELS, MAX_LEVEL, build_pipeline
+from graphc.passes.optimize.library import parameter_names
 from graphc.passes.optimize.pipeline import OptimizeReport, PassRecord, Pipeline, PipelineError, count_nodes
 
 __all__ = ["LEVELS", "MAX_LEVEL", "OptimizeReport", "PassRecord", "Pipeline", "PipelineError",

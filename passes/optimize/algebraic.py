@@ -15,9 +15,9 @@ from onnxscript.rewriter.rules.common import (
     _matmul_add_to_gemm,
 )
 
+from graphc.passes.optimize.pipeline import all_nodes
 from graphc.passes.optimize.rules import RulePass, const_array
 from graphc.passes.optimize.shape_folding import same_shape
-from graphc.passes.optimize.pipeline import all_nodes
 
 __all__ = ["ExpandIntoBroadcast", "NeutralOperandElimination", "algebraic_pass", "gemm_pass"]
 

@@ -8,11 +8,11 @@ import math
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import _basics, pattern
+from onnxscript.rewriter import _basics
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
 
-from graphc.passes.optimize.rules import RulePass, const_array
 from graphc.passes.optimize.pipeline import all_nodes
+from graphc.passes.optimize.rules import RulePass, const_array
 
 __all__ = ["GeluFusion", "fusion_passes"]
 

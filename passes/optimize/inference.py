@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import functools
 
-import onnx_ir as ir
-from onnxscript.optimizer import _constant_folding
 from onnxscript.rewriter import _basics
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
 from onnxscript.rewriter.rules.common import _fuse_batchnorm
 
-from graphc.passes.optimize.library import INPUT_LIMIT
 from graphc.passes.optimize.rules import RulePass, const_array
 
-__all__ = ["fold_weights_pass", "inference_pass"]
+__all__ = ["inference_pass"]
 
 
 def _inference_bn(check):
@@ -58,22 +55,6 @@ class DropoutInference(RewriteRuleClassBase):
 
     def rewrite(self, op, x, **_):
         return op.Identity(x)
-
-
-def fold_weights_pass() -> ir.passes.PassBase:
-    """Every node computed from constants only (``Transpose``/``Slice``/``Reshape``/``Cast``...
-    of a weight) is evaluated now, whatever its size or number of users. Level 1's folder stops
-    at ``INPUT_LIMIT`` elements and skips shared weights so a trainable model never stores a
-    weight twice; at inference export the weights are final, the original usually dies, and
-    the runtime no longer transposes or slices weights at load or run time. Exact: the folder
-    runs the op's reference implementation. ``ConstantOfShape`` stays (it would only grow the
-    file), as do graph inputs with defaults (a caller may override them)."""
-    p = _constant_folding.FoldConstantsPass(
-        shape_inference=False, input_size_limit=INPUT_LIMIT, output_size_limit=2**62,
-        should_fold=lambda node: node.op_type != "ConstantOfShape")
-    p.name = "FoldConstantWeights"
-    p.structural = False  # the folder reports modified even when it folded nothing
-    return p
 
 
 @functools.cache  # rule sets are stateless between runs; building them costs ~10 ms

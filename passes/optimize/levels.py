@@ -11,7 +11,7 @@ from graphc.passes.optimize.algebraic import (
     gemm_pass,
 )
 from graphc.passes.optimize.fusions import fusion_passes
-from graphc.passes.optimize.inference import fold_weights_pass, inference_pass
+from graphc.passes.optimize.inference import inference_pass
 from graphc.passes.optimize.library import cleanup_passes, finish_passes, prelude_passes
 from graphc.passes.optimize.pipeline import Pipeline
 from graphc.passes.optimize.shape_folding import ShapeFolding
@@ -49,5 +49,5 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
         loop += [ShapeFolding(), NeutralOperandElimination(protected if level < 3 else frozenset()),
                  ExpandIntoBroadcast(), algebraic_pass(), gemm_pass(), *fusion_passes(opset)]
     if level >= 3:
-        loop += [inference_pass(), fold_weights_pass()]
+        loop += [inference_pass()]
     return Pipeline(loop, finish_passes(protected, level), prelude=prelude_passes())

@@ -26,15 +26,20 @@ def _named(p: ir.passes.PassBase, name: str, structural: bool = True) -> ir.pass
     return p
 
 
-def fold_constants_pass(protected: frozenset[str] = frozenset()) -> ir.passes.PassBase:
+def fold_constants_pass(protected: frozenset[str] = frozenset(), level: int = 1) -> ir.passes.PassBase:
     """onnxscript's constant folder: evaluates nodes whose inputs are all constants (never graph
     inputs, so initializers a caller may override stay live) with the ONNX reference evaluator,
     and partially evaluates shape ops (``Shape``, ``Gather``/``Concat`` of shapes, ``Size``)
     from the static dims it knows, keeping symbolic dims symbolic. It also turns a ``Dropout``
     that the ONNX spec defines as identity (opset >= 12, no or false ``training_mode``, or ratio
-    0) into Identity; training-mode Dropout is left as is. Nodes reading a ``protected``
-    initializer (a parameter, below level 3) are not folded: the parameter keeps its name and
-    layout, so state dicts and a later ``gc.training.generate`` still find it."""
+    0) into Identity; training-mode Dropout is left as is.
+
+    Below level 3, nodes reading a ``protected`` initializer (a parameter) are not folded, so
+    the parameter keeps its name and layout for state dicts and a later
+    ``gc.training.generate``, and folding stops at ``INPUT_LIMIT``/``OUTPUT_LIMIT`` elements
+    (a shared weight is never stored twice). At level 3 (inference export) weights are final:
+    every constant subgraph is folded whatever its size -- constant weight transposes, slices
+    and reshapes are pre-applied, so the runtime never does them at load or run time."""
 
     def should_fold(node: ir.Node) -> bool | None:
         if protected and any(v is not None and v.name in protected and v.is_initializer() for v in node.inputs):
@@ -44,11 +49,12 @@ def fold_constants_pass(protected: frozenset[str] = frozenset()) -> ir.passes.Pa
             # just a constant, e.g. the seed gradient of a scalar loss
             dims = node.inputs[0].const_value
             return dims is not None and int(np.prod(dims.numpy())) <= SMALL_CONSTANT or None
-        return None
+        return True if level >= 3 else None
 
     return _named(_constant_folding.FoldConstantsPass(
-        shape_inference=False, input_size_limit=INPUT_LIMIT, output_size_limit=OUTPUT_LIMIT,
-        should_fold=should_fold), "FoldConstants")
+        shape_inference=False, input_size_limit=INPUT_LIMIT,
+        output_size_limit=2**62 if level >= 3 else OUTPUT_LIMIT, should_fold=should_fold),
+        "FoldConstants", structural=level < 3)  # unlimited, it reports modified spuriously
 
 
 def parameter_names(model: ir.Model) -> frozenset[str]:
@@ -141,7 +147,7 @@ def cleanup_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> l
     byte-identical constants (``DeduplicateConstants``). Below level 3 the ``protected``
     parameters are neither folded nor merged; level 3 (inference) treats them as constants."""
     return [
-        fold_constants_pass(protected if level < 3 else frozenset()),
+        fold_constants_pass(protected if level < 3 else frozenset(), level),
         IdentityElimination(),
         _named(common.CommonSubexpressionEliminationPass(), "CommonSubexpressionElimination"),
         _named(common.RemoveUnusedNodesPass(), "RemoveUnusedNodes"),

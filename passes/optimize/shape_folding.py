@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from graphc.passes.optimize.rules import const_array
 from graphc.passes.optimize.pipeline import all_nodes
+from graphc.passes.optimize.rules import const_array
 
 __all__ = ["ShapeFolding", "same_shape", "shape_value"]
 
