@@ -57,6 +57,12 @@ def test_batchnorm_14_training_mode_updates_running_stats():
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_batchnorm_15_training_mode_matches_onnxruntime():
+    got, want = numpy_vs_ort("BatchNormalization", _bn_inputs(), {"training_mode": 1, "momentum": 0.8}, 15, 3)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
 def test_batchnorm_9_five_outputs_is_training_mode():
     x, scale, bias, mean, var = _bn_inputs()
     model = node_model("BatchNormalization", [x, scale, bias, mean, var], {"momentum": 0.5}, 9, n_outputs=5)
