@@ -226,4 +226,9 @@ def gemm_pass() -> RulePass:
             _matmul_add_to_gemm.TransABMatMulAddToGemm, _matmul_add_to_gemm.TransAMatMulAddToGemm,
             _matmul_add_to_gemm.TransBMatMulAddToGemm, _matmul_add_to_gemm.MatMulAddToGemm)
     ]
-    return RulePass("MatMulAddToGemm", [r for rule in rules for r in rule.commute()])
+    return RulePass("MatMulAddToGemm", [r for rule in rules for r in rule.commute()], guard=_reads_matmul)
+
+
+def _reads_matmul(node: ir.Node) -> bool:
+    return any(v is not None and v.producer() is not None and v.producer().op_type == "MatMul"
+               for v in node.inputs)

@@ -231,4 +231,11 @@ def _layer_norm_pass(opset: int) -> RulePass | None:
         rules += [LayerNormScale.rule(), LayerNormBias.rule()]
     if not rules:
         return None
-    return RulePass("LayerNormFusion", [r for rule in rules for r in rule.commute()])
+    return RulePass("LayerNormFusion", [r for rule in rules for r in rule.commute()], guard=_after_std_or_ln)
+
+
+def _after_std_or_ln(node: ir.Node) -> bool:
+    """Every LayerNorm rule's root reads a Sqrt/Reciprocal (the core) or a LayerNormalization
+    (scale/bias folding): a quick filter over the many Mul/Div/Add nodes of training graphs."""
+    return any(v is not None and v.producer() is not None
+               and v.producer().op_type in ("Sqrt", "Reciprocal", "LayerNormalization") for v in node.inputs)
