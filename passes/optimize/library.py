@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
+from onnx_ir.passes.common import _c_api_utils
 from onnxscript.optimizer import _constant_folding
 from graphc.passes.optimize.pipeline import all_nodes
 
@@ -118,19 +120,36 @@ class IdentityElimination(common.IdentityEliminationPass):
         return super()._try_eliminate_identity_node(node)
 
 
-class ShapeInference(common.ShapeInferencePass):
-    """onnx-ir's ONNX shape inference, skipped when every value already has a type and shape
-    (graphc's captures and training graphs are fully annotated; the full inference costs a
-    serialization round trip of the whole model)."""
+class ShapeInference(ir.passes.InPlacePass):
+    """ONNX shape inference (one C++ call, through onnx-ir's helper that leaves big initializer
+    data out) for the values that lack a type or shape; skipped when none does (graphc's
+    captures are fully annotated). Only those values are read back from the result, not the
+    whole model as onnx-ir's ShapeInferencePass does, which costs several times the inference."""
 
     name = "ShapeInference"
     structural = False
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        if all(v.type is not None and v.shape is not None
-               for node in all_nodes(model.graph) for v in node.outputs):
+        missing = {v.name: v for node in all_nodes(model.graph) for v in node.outputs
+                   if v.name and (v.type is None or v.shape is None)}
+        if not missing:
             return ir.passes.PassResult(model, False)
-        return super().call(model)
+        try:
+            inferred = _c_api_utils.call_onnx_api(
+                lambda proto: onnx.shape_inference.infer_shapes(proto, data_prop=True), model)
+        except Exception:  # noqa: BLE001 - inference is an aid; without it rewrites just fire less
+            return ir.passes.PassResult(model, False)
+        modified = False
+        for info in inferred.graph.value_info:
+            value = missing.get(info.name)
+            if value is not None and info.type.HasField("tensor_type"):
+                found = ir.serde.deserialize_value_info_proto(info, None)
+                if value.type is None:
+                    value.type = found.type
+                if value.shape is None and found.shape is not None:
+                    value.shape = found.shape
+                modified = True
+        return ir.passes.PassResult(model, modified)
 
 
 def prelude_passes() -> list[ir.passes.PassBase]:
