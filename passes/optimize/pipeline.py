@@ -176,7 +176,9 @@ class Pipeline:
                 f"pass {pass_name(p)} changed the graph interface from {interface} to "
                 f"{_interface(model)}; pass developer: graph inputs/outputs must keep their names")
         after = count_nodes(model)
-        # Some library passes report modified=True when they only re-ran; count nodes too.
-        modified = bool(result.modified) and (after != before or getattr(p, "structural", True))
+        # Some library passes report modified=True when they only re-ran (``structural=False``
+        # marks them: for those only the node count tells), and onnxscript's rewriter removes
+        # dead nodes on the side without reporting it: a changed node count always counts.
+        modified = (bool(result.modified) and getattr(p, "structural", True)) or after != before
         report.records.append(PassRecord(pass_name(p), round_, before, after, seconds, modified))
         return model, modified
