@@ -9,8 +9,8 @@ import onnx_ir as ir
 import pytest
 
 import graphc as gc
+from graphc.passes.emit import Emitter
 from graphc.passes.training import optimizers
-from graphc.passes.training.builder import Builder
 
 SHAPE = (3, 4)
 STEPS = 6
@@ -61,7 +61,7 @@ def update_model(spec, dtype=ir.DataType.FLOAT) -> gc.Model:
     state = {s: value(s) for s in slots}
     step, lr = value("step", ir.DataType.INT64, ()), value("lr", ir.DataType.FLOAT, ())
     graph = ir.Graph([p, g, *state.values(), step, lr], [], nodes=[], opset_imports={"": 21}, name="upd")
-    b = Builder(graph, 21)
+    b = Emitter(graph, 21)
     t = b.op("Add", step, b.const(1, np.int64), name="step.next")
     new_p, new_state = optimizers.update(optimizers.StepContext(b, lr, t), spec.kind, hyper, p, g, state)
     outs = [new_p, *(new_state[s] for s in slots), t]

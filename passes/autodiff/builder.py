@@ -1,8 +1,8 @@
 """GradBuilder: what gradient rules use to append ``ai.onnx`` nodes to the graph being differentiated.
 
-It knows the graph's opset (so ``reduce``/``squeeze``/``unsqueeze``/``split`` emit the right
-form), caches constants, names every new value, stamps each new node with the forward node's
-``graphc.source``, and undoes broadcasting (``sum_to``) statically or with ``Shape``.
+An ``Emitter`` (naming, shared constants, opset-aware ``reduce``/``squeeze``/``unsqueeze``) that
+also emits ``split`` by opset, stamps each new node with the forward node's ``graphc.source``,
+and undoes broadcasting (``sum_to``) statically or with ``Shape``.
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
+from graphc.passes.emit import SOURCE_KEY, Emitter
 
-SOURCE_KEY = "graphc.source"
+__all__ = ["SOURCE_KEY", "FLOAT_TYPES", "GradBuilder", "attr", "const_array", "is_float", "is_static",
+           "same_dim", "static_shape"]
+
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
-
-# Opset from which an op takes its axes (or split sizes) as an input instead of an attribute.
-_AXES_AS_INPUT = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "Split": 13}
-_REDUCE_AXES_AS_INPUT = 18
 
 
 Dim = int | str | None
@@ -60,15 +59,16 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
     return None if tensor is None else tensor.numpy()
 
 
-class GradBuilder:
-    def __init__(self, graph: ir.Graph, opset: int, parent: GradBuilder | None = None):
-        self.graph = graph
-        self.opset = opset
-        self.source: str | None = None  # graphc.source of the forward node being differentiated
-        self.node_name = "grad"
-        self._consts: dict[tuple, ir.Value] = {}
-        # names are unique across the whole model, subgraphs included: a child shares its parent's
-        self._names = parent._names if parent else _Names({v.name for v in _all_values(graph) if v.name})
+class GradBuilder(Emitter):
+    """Values are named ``<forward node>/grad/<op>_<n>`` while ``scope`` is set to that node.
+
+    It records no guessed dtypes: rules read dtypes off the primal values (``core`` types each
+    gradient like its primal once the rule returns)."""
+
+    guess_dtypes = False
+
+    def __init__(self, graph: ir.Graph, opset: int, names=None):
+        super().__init__(graph, opset, scope="grad", names=names)
         self.needed: set[ir.Value] | None = None  # values whose gradient the walk wants
 
     def wants(self, value: ir.Value | None) -> bool:
@@ -98,59 +98,15 @@ class GradBuilder:
             self.name_value(out)
         return node
 
-    # -- emitting nodes ----------------------------------------------------------------------
-    def _fresh(self, stem: str) -> str:
-        return self._names.fresh(f"{self.node_name}/{stem}")
-
     def subgraph_builder(self, graph: ir.Graph) -> GradBuilder:
         """A builder appending to ``graph`` (an If branch) whose names cannot clash with ours."""
-        child = GradBuilder(graph, self.opset, parent=self)
-        child.needed = None
+        child = GradBuilder(graph, self.opset, names=self._names)
+        child.scope = self.scope
         return child
-
-    def name_value(self, value: ir.Value) -> ir.Value:
-        if not value.name:
-            value.name = self._fresh("v")
-        return value
-
-    def op(self, op_type: str, *inputs: ir.Value | None, num_outputs: int = 1, **attrs):
-        """Append one node; returns its output (or the tuple of outputs when num_outputs > 1)."""
-        for v in inputs:
-            if v is not None:
-                self.name_value(v)
-        attrs = {k: v for k, v in attrs.items() if v is not None}
-        node = ir.node(op_type, list(inputs), attrs or None, num_outputs=num_outputs,
-                       name=self._fresh(op_type))
-        if self.source:
-            node.metadata_props[SOURCE_KEY] = self.source
-        for out in node.outputs:
-            out.name = self._fresh(op_type)
-        self.graph.append(node)
-        return node.outputs[0] if num_outputs == 1 else tuple(node.outputs)
-
-    # -- constants ---------------------------------------------------------------------------
-    def const(self, array, dtype: ir.DataType | np.dtype | None = None) -> ir.Value:
-        np_dtype = dtype.numpy() if isinstance(dtype, ir.DataType) else dtype
-        arr = np.asarray(array, dtype=np_dtype)
-        key = (arr.dtype.str, arr.shape, arr.tobytes())
-        if key not in self._consts:
-            value = self.op("Constant", value=ir.tensor(arr))
-            value.dtype, value.shape = ir.DataType.from_numpy(arr.dtype), ir.Shape(arr.shape)
-            self._consts[key] = value
-        return self._consts[key]
-
-    def ints(self, values: Sequence[int]) -> ir.Value:
-        return self.const(np.asarray(list(values), dtype=np.int64))
-
-    def scalar(self, x: float, like: ir.Value) -> ir.Value:
-        """A 0-d constant of ``like``'s dtype (CastLike when the dtype is not recorded)."""
-        if like.dtype is not None:
-            return self.const(x, like.dtype)
-        return self.op("CastLike", self.const(x, np.float32), like)
 
     def require_opset(self, opset: int, what: str) -> None:
         if self.opset < opset:
-            raise GraphError(f"gradient of node {self.node_name.removesuffix('/grad')!r} needs {what}, "
+            raise GraphError(f"gradient of node {self.scope.removesuffix('/grad')!r} needs {what}, "
                              f"which ONNX has from opset {opset}; the model has opset {self.opset} "
                              "(onnx.version_converter can upgrade it)")
 
@@ -159,7 +115,7 @@ class GradBuilder:
         shape = static_shape(value)
         if shape is None:
             raise GraphError(
-                f"gradient of node {self.node_name!r} needs the rank of {value.name!r}, which is "
+                f"gradient of node {self.scope!r} needs the rank of {value.name!r}, which is "
                 "unknown; run shape inference on the model first")
         return len(shape)
 
@@ -186,44 +142,12 @@ class GradBuilder:
         return self.op("Reshape", dy, self.shape_of(like))
 
     # -- opset-dependent forms ---------------------------------------------------------------
-    def reduce(self, op_type: str, x: ir.Value, axes: Sequence[int] | ir.Value | None,
-               keepdims: bool = True) -> ir.Value:
-        """``op_type`` (ReduceSum, ReduceMean, ...) over ``axes`` (None: all axes)."""
-        as_input = self.opset >= _AXES_AS_INPUT.get(op_type, _REDUCE_AXES_AS_INPUT)
-        keep = int(keepdims)
-        if axes is None:
-            return self.op(op_type, x, keepdims=keep)
-        if isinstance(axes, ir.Value):
-            if not as_input:
-                raise GraphError(f"{op_type} with dynamic axes needs opset >= 13/18 (graph has {self.opset})")
-            return self.op(op_type, x, axes, keepdims=keep)
-        axes = [int(a) for a in axes]
-        if not axes:
-            return x
-        if as_input:
-            return self.op(op_type, x, self.ints(axes), keepdims=keep)
-        return self.op(op_type, x, keepdims=keep, axes=axes)
-
-    def unsqueeze(self, x: ir.Value, axes: Sequence[int]) -> ir.Value:
-        if not axes:
-            return x
-        if self.opset >= 13:
-            return self.op("Unsqueeze", x, self.ints(axes))
-        return self.op("Unsqueeze", x, axes=list(axes))
-
-    def squeeze(self, x: ir.Value, axes: Sequence[int]) -> ir.Value:
-        if not axes:
-            return x
-        if self.opset >= 13:
-            return self.op("Squeeze", x, self.ints(axes))
-        return self.op("Squeeze", x, axes=list(axes))
-
     def split(self, x: ir.Value, sizes: Sequence[int] | ir.Value, axis: int, count: int) -> tuple[ir.Value, ...]:
         """``x`` split along ``axis`` into ``count`` parts of ``sizes`` (ints, or an int64 Value)."""
         if isinstance(sizes, ir.Value):
             self.require_opset(13, "Split with run-time sizes")
             parts = self.op("Split", x, sizes, axis=axis, num_outputs=count)
-        elif self.opset >= 13:
+        elif self.axes_as_input("Split"):
             parts = self.op("Split", x, self.ints(sizes), axis=axis, num_outputs=count)
         else:
             parts = self.op("Split", x, axis=axis, split=[int(v) for v in sizes], num_outputs=count)
@@ -304,23 +228,3 @@ class GradBuilder:
         summed = self.op("ReduceSum", dx, axes, keepdims=1, noop_with_empty_axes=1)
         return self.op("Reshape", summed, sx)
 
-
-class _Names:
-    def __init__(self, taken: set[str]):
-        self.taken = taken
-        self.counter = 0
-
-    def fresh(self, stem: str) -> str:
-        while True:
-            self.counter += 1
-            name = f"{stem}_{self.counter}"
-            if name not in self.taken:
-                self.taken.add(name)
-                return name
-
-
-def _all_values(graph: ir.Graph):
-    yield from graph.inputs
-    yield from graph.initializers.values()
-    for node in ir.traversal.RecursiveGraphIterator(graph):
-        yield from node.outputs

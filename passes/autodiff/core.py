@@ -77,8 +77,8 @@ def own_subgraph_outputs(g: GradBuilder, branch: ir.Graph, outer: ir.Graph) -> N
             if out not in branch.inputs and out.name not in branch.initializers:
                 outer_values = outer_values or _outer_values(outer)
                 out = outer_values.get(out.name, out)
-            node = ir.node("Identity", [out], name=g._fresh("Identity"))
-            node.outputs[0].name = g._fresh("Identity")
+            node = ir.node("Identity", [out], name=g.fresh("Identity"))
+            node.outputs[0].name = g.fresh("Identity")
             node.outputs[0].type, node.outputs[0].shape = out.type, out.shape
             branch.append(node)
             branch.outputs[i] = node.outputs[0]
@@ -161,7 +161,7 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
         if all(d is None for d in dys) or (not rule.multi_output and dys[0] is None):
             continue  # only non-differentiable outputs (Indices, masks, running stats) are used
         g.source = node.metadata_props.get(SOURCE_KEY)
-        g.node_name = f"{node.name or node.op_type}/grad"
+        g.scope = f"{node.name or node.op_type}/grad"
         inputs = list(node.inputs)  # a rule may replace the node (to expose Indices or a mask)
         result = rule.fn(g, node, dys if rule.multi_output else dys[0])
         pairs = result.items() if isinstance(result, dict) else zip(inputs, result)
@@ -169,7 +169,7 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
             if dx is not None and value is not None and value in needed:
                 _type_like(dx, value)
                 pending.setdefault(value, []).append(dx)
-    g.source, g.node_name = None, "grad"
+    g.source, g.scope = None, "grad"
     out = {}
     for w in wrt:
         dw = take(w)

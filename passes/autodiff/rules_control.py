@@ -22,10 +22,9 @@ def _branch_gradients(g: GradBuilder, branch: ir.Graph, dys, targets: list[ir.Va
 
     clone = branch.clone(allow_outer_scope_values=True)
     sub = g.subgraph_builder(clone)
-    sub.node_name = g.node_name
     for node in clone:  # fresh names: the clone must not repeat the forward branch's names
         for out in node.outputs:
-            out.name = sub._fresh("fwd")
+            out.name = sub.fresh("fwd")
     seeds: dict[ir.Value, ir.Value] = {}
     for out, dy in zip(clone.outputs, dys):
         if dy is not None:
@@ -40,7 +39,7 @@ def _branch_gradients(g: GradBuilder, branch: ir.Graph, dys, targets: list[ir.Va
         outputs.append(value)
     clone.outputs.clear()
     clone.outputs.extend(outputs)
-    clone.name = sub._fresh("branch")
+    clone.name = sub.fresh("branch")
     return clone
 
 
@@ -80,9 +79,9 @@ def _clone_body(g: GradBuilder, body: ir.Graph, mapping: dict[ir.Value, ir.Value
         attrs = [ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()]
         copy = ir.Node(node.domain, node.op_type, [mapping.get(v, v) if v is not None else None for v in node.inputs],
                        attrs, num_outputs=len(node.outputs), metadata_props=dict(node.metadata_props),
-                       name=g._fresh(node.op_type))
+                       name=g.fresh(node.op_type))
         for old, new in zip(node.outputs, copy.outputs):
-            new.name = g._fresh("unrolled")
+            new.name = g.fresh("unrolled")
             new.type, new.shape = old.type, old.shape
             mapping[old] = new
         g.graph.append(copy)
@@ -95,7 +94,6 @@ def _unrolled_gradients(g: GradBuilder, node: ir.Node, steps, seeds_fn):
     from graphc.passes.autodiff.core import backprop, captured_values
 
     sub = g.subgraph_builder(g.graph)
-    sub.node_name = g.node_name
     start = len(g.graph)
     seeds = seeds_fn(sub, steps(sub))
     nodes = list(g.graph)[start:]

@@ -27,8 +27,8 @@ from onnx_ir.passes.common import RemoveInitializersFromInputsPass, RemoveUnused
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.core import backward, node_inputs
+from graphc.passes.emit import Emitter
 from graphc.passes.training import imports, modes, optimizers
-from graphc.passes.training.builder import Builder
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
 LOSS = "loss"
@@ -112,7 +112,7 @@ def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
 def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats: Sequence[str]):
     """Training mode and the backward pass, in ``step`` itself; returns (step, the gradients
     graph cloned from it, {param: gradient value in step}, {BN stat: its updated value})."""
-    bn_next = modes.set_training_mode(Builder(step.graph, opset, "mode/"), step.graph)
+    bn_next = modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph)
     _expose_inputs(step.graph, [*params, *bn_stats])
     step.graph.sort()
     _infer_shapes(step)
@@ -189,7 +189,7 @@ def _append_loss(graph: ir.Graph, opset: int, loss: LossArgs) -> str | None:
         if not imports.is_float(out) or not all(d == 1 for d in dims):  # [] or [1, ...]
             raise GraphError(f"loss {loss.output!r} must be a float scalar, got {out.dtype} {out.shape}")
         if out.name != LOSS:
-            Builder(graph, opset, "loss/").op("Identity", out, name=LOSS)
+            Emitter(graph, opset, "loss").op("Identity", out, name=LOSS)
         return None
     taken = {v.name for v in graph.inputs} | set(graph.initializers)
     for name in (LOSS, loss.label):
@@ -251,7 +251,7 @@ def _loss_inputs(graph: ir.Graph) -> set[ir.Value]:
 
 def _append_optimizer(graph, opset, kind, hyper, params, grads, slots) -> list[str]:
     """Optimizer inputs (state, step, lr) and update nodes; returns the ``.next`` output names."""
-    b = Builder(graph, opset, "optim/")
+    b = Emitter(graph, opset, "optim")
     step = _input_with_default(graph, STEP, np.array(0, dtype=np.int64))
     lr = _input_with_default(graph, LR, np.array(hyper["lr"], dtype=np.float32))
     t = b.op("Add", step, b.const(1, np.int64))
@@ -293,7 +293,7 @@ def _expose(graph: ir.Graph, value: ir.Value, name: str, like: ir.Value | None =
             and value.name not in graph.initializers and not _is_exposed_name(value.name):
         value.name = name
     else:
-        value = Builder(graph, graph.opset_imports.get("", 0), "out/").op("Identity", value, name=name)
+        value = Emitter(graph, graph.opset_imports.get("", 0), "out").op("Identity", value, name=name)
     if like is not None:
         value.dtype, value.shape = like.dtype, like.shape
     graph.outputs.append(value)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from graphc.passes.training.builder import Builder
+from graphc.passes.emit import Emitter
 
 
 def batchnorm_stats(graph: ir.Graph) -> list[str]:
@@ -47,7 +47,7 @@ def set_inference_mode(graph: ir.Graph) -> None:
             node.resize_outputs(1)
 
 
-def set_training_mode(b: Builder, graph: ir.Graph) -> dict[str, ir.Value]:
+def set_training_mode(b: Emitter, graph: ir.Graph) -> dict[str, ir.Value]:
     updated: dict[str, ir.Value] = {}
     for node in list(graph):
         if node.domain not in ("", "ai.onnx"):
@@ -59,7 +59,7 @@ def set_training_mode(b: Builder, graph: ir.Graph) -> dict[str, ir.Value]:
     return updated
 
 
-def _dropout_training(b: Builder, node: ir.Node) -> None:
+def _dropout_training(b: Emitter, node: ir.Node) -> None:
     """``training_mode`` = True; an absent ``ratio`` becomes ONNX's default 0.5 explicitly."""
     x = node.inputs[0]
     ratio = node.inputs[1] if len(node.inputs) > 1 and node.inputs[1] is not None else None
@@ -68,7 +68,7 @@ def _dropout_training(b: Builder, node: ir.Node) -> None:
     node.replace_input_with(2, b.const(True, np.bool_, "training_mode"))
 
 
-def _batchnorm_training(b: Builder, graph: ir.Graph, node: ir.Node) -> dict[str, ir.Value]:
+def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str, ir.Value]:
     x, scale, bias, mean_in, var_in = node.inputs[:5]
     if x.shape is None:
         raise ValueError(f"BatchNormalization {node.name!r}: rank of input {x.name!r} is unknown")
@@ -78,20 +78,20 @@ def _batchnorm_training(b: Builder, graph: ir.Graph, node: ir.Node) -> dict[str,
     axes = [0, *range(2, rank)]
     bshape = [a for a in range(rank) if a != 1]  # axes to unsqueeze a [C] vector to [1, C, 1...]
 
-    mean = b.axes_op("ReduceMean", x, axes, keepdims=1)
+    mean = b.reduce("ReduceMean", x, axes)
     centred = b.op("Sub", x, mean)
-    var = b.axes_op("ReduceMean", b.op("Mul", centred, centred), axes, keepdims=1)
-    inv_std = b.op("Reciprocal", b.op("Sqrt", b.op("Add", var, b.scalar_like(eps, x))))
-    y = b.op("Mul", b.op("Mul", centred, inv_std), b.axes_op("Unsqueeze", scale, bshape))
-    y = b.op("Add", y, b.axes_op("Unsqueeze", bias, bshape))
+    var = b.reduce("ReduceMean", b.op("Mul", centred, centred), axes)
+    inv_std = b.op("Reciprocal", b.op("Sqrt", b.op("Add", var, b.scalar(eps, x))))
+    y = b.op("Mul", b.op("Mul", centred, inv_std), b.unsqueeze(scale, bshape))
+    y = b.op("Add", y, b.unsqueeze(bias, bshape))
 
     # Running statistics (off the loss path, so autodiff never visits them).
     count = b.op("Div", b.op("Cast", b.op("Size", x, dtype=ir.DataType.INT64), to=x.dtype),
                  b.op("Cast", b.op("Shape", x, start=1, end=2, dtype=ir.DataType.INT64), to=x.dtype))
-    unbias = b.op("Div", count, b.op("Sub", count, b.scalar_like(1.0, x)))
-    batch_mean = b.axes_op("Squeeze", mean, bshape)
-    batch_var = b.op("Mul", b.axes_op("Squeeze", var, bshape), unbias)
-    m, one_m = b.scalar_like(momentum, x), b.scalar_like(1.0 - momentum, x)
+    unbias = b.op("Div", count, b.op("Sub", count, b.scalar(1.0, x)))
+    batch_mean = b.squeeze(mean, bshape)
+    batch_var = b.op("Mul", b.squeeze(var, bshape), unbias)
+    m, one_m = b.scalar(momentum, x), b.scalar(1.0 - momentum, x)
     new_mean = b.op("Add", b.op("Mul", mean_in, m), b.op("Mul", batch_mean, one_m))
     new_var = b.op("Add", b.op("Mul", var_in, m), b.op("Mul", batch_var, one_m))
 

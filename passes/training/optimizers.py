@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from graphc.passes.training.builder import Builder
+from graphc.passes.emit import Emitter
 
 STATE_SLOTS = {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq"),
                "adamw": ("exp_avg", "exp_avg_sq")}
@@ -36,7 +36,7 @@ class StepContext:
     """Values shared by every param's update: lr (float32 scalar), the step number ``t`` after
     this step (int64 scalar), and per-dtype casts of both, computed once."""
 
-    b: Builder
+    b: Emitter
     lr: ir.Value
     t: ir.Value
     _cache: dict = field(default_factory=dict)
@@ -76,7 +76,7 @@ def _only(hyper: dict, *keys: str) -> dict:
 
 
 def sgd(ctx: StepContext, param, grad, state, momentum=0.0, nesterov=False, weight_decay=0.0):
-    b, c = ctx.b, lambda v: b.scalar_like(v, param)
+    b, c = ctx.b, lambda v: b.scalar(v, param)
     if weight_decay:
         grad = b.op("Add", grad, b.op("Mul", param, c(weight_decay)))
     new_state = {}
@@ -90,7 +90,7 @@ def sgd(ctx: StepContext, param, grad, state, momentum=0.0, nesterov=False, weig
 
 def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
          decoupled=False):
-    b, c = ctx.b, lambda v: b.scalar_like(v, param)
+    b, c = ctx.b, lambda v: b.scalar(v, param)
     beta1, beta2 = betas
     lr = ctx.lr_as(param)
     if weight_decay and decoupled:

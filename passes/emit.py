@@ -1,0 +1,169 @@
+"""Emitter: appends ``ai.onnx`` nodes to an ``ir.Graph``; the autodiff and training passes build on it.
+
+It names every new value and node ``<scope>/<stem>_<n>`` (never a name the graph already has),
+shares equal constants, records output dtypes, and emits ``Reduce*``/``Squeeze``/``Unsqueeze``
+with their axes as an input or an attribute, as the graph's opset wants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc.errors import GraphError
+
+__all__ = ["AXES_AS_INPUT", "Emitter", "SOURCE_KEY"]
+
+SOURCE_KEY = "graphc.source"
+
+# Opset from which an op takes its axes (or split sizes) as an input instead of an attribute;
+# the other Reduce* ops moved at opset 18.
+AXES_AS_INPUT = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "Split": 13}
+_REDUCE_AXES_AS_INPUT = 18
+
+_BOOL_OPS = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor",
+                       "IsNaN", "IsInf"})
+
+
+class Emitter:
+    """Appends nodes at the end of ``graph`` (callers sort the graph afterwards).
+
+    ``source``, when set, is stamped on each new node as ``graphc.source``. Output dtypes are
+    recorded when given (``dtype=``) and, if ``guess_dtypes``, guessed from the op (Cast's
+    ``to``, bool for comparisons, int64 for Shape/Size, else the first input's dtype).
+    """
+
+    guess_dtypes = True
+
+    def __init__(self, graph: ir.Graph, opset: int, scope: str = "", names: _Names | None = None):
+        self.graph = graph
+        self.opset = opset
+        self.scope = scope
+        self.source: str | None = None
+        self._consts: dict[tuple, ir.Value] = {}
+        # names are unique across the whole model, subgraphs included: pass a parent's ``names``
+        self._names = names or _Names({v.name for v in _all_values(graph) if v.name})
+
+    def fresh(self, stem: str) -> str:
+        return self._names.fresh(f"{self.scope}/{stem}" if self.scope else stem)
+
+    def name_value(self, value: ir.Value) -> ir.Value:
+        if not value.name:
+            value.name = self.fresh("v")
+        return value
+
+    def op(self, op_type: str, *inputs: ir.Value | None, num_outputs: int = 1,
+           dtype: ir.DataType | None = None, name: str | None = None, **attrs):
+        """Append one node; returns its output (or the tuple of outputs when num_outputs > 1).
+        A single output may be given its ``name`` and ``dtype``; attributes that are None are left out."""
+        assert num_outputs == 1 or (name is None and dtype is None), "name/dtype are for one-output nodes"
+        for v in inputs:
+            if v is not None:
+                self.name_value(v)
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        node = ir.node(op_type, list(inputs), attrs or None, num_outputs=num_outputs, name=self.fresh(op_type))
+        if self.source:
+            node.metadata_props[SOURCE_KEY] = self.source
+        for out in node.outputs:
+            out.name = self._names.claim(name) if name is not None else self.fresh(op_type)
+        self.graph.append(node)
+        if num_outputs > 1:
+            return tuple(node.outputs)
+        out = node.outputs[0]
+        if dtype is None and self.guess_dtypes:
+            dtype = _guess_dtype(op_type, inputs, attrs)
+        if dtype is not None:
+            out.dtype = dtype
+        return out
+
+    # -- constants ---------------------------------------------------------------------------
+    def const(self, array, dtype: ir.DataType | np.dtype | None = None, hint: str = "const") -> ir.Value:
+        """A ``Constant`` holding ``array`` (cast to ``dtype``); equal constants are shared."""
+        np_dtype = dtype.numpy() if isinstance(dtype, ir.DataType) else dtype
+        arr = np.asarray(array, dtype=np_dtype)
+        key = (arr.dtype.str, arr.shape, arr.tobytes())
+        if key not in self._consts:
+            value = self.op("Constant", value=ir.tensor(arr), dtype=ir.DataType.from_numpy(arr.dtype),
+                            name=self.fresh(hint))
+            value.shape = ir.Shape(arr.shape)
+            self._consts[key] = value
+        return self._consts[key]
+
+    def ints(self, values: Sequence[int]) -> ir.Value:
+        return self.const(np.asarray(list(values), dtype=np.int64))
+
+    def scalar(self, x: float, like: ir.Value) -> ir.Value:
+        """A 0-d constant of ``like``'s dtype (CastLike when the dtype is not recorded)."""
+        if like.dtype is not None:
+            return self.const(x, like.dtype)
+        return self.op("CastLike", self.const(x, np.float32), like)
+
+    # -- opset-dependent forms ---------------------------------------------------------------
+    def axes_as_input(self, op_type: str) -> bool:
+        return self.opset >= AXES_AS_INPUT.get(op_type, _REDUCE_AXES_AS_INPUT)
+
+    def reduce(self, op_type: str, x: ir.Value, axes: Sequence[int] | ir.Value | None,
+               keepdims: bool = True) -> ir.Value:
+        """``op_type`` (ReduceSum, ReduceMean, ...) over ``axes`` (None: all axes; []: ``x`` itself)."""
+        keep = int(keepdims)
+        if axes is None:
+            return self.op(op_type, x, keepdims=keep)
+        if isinstance(axes, ir.Value):
+            if not self.axes_as_input(op_type):
+                raise GraphError(f"{op_type} with dynamic axes needs opset >= 13/18 (graph has {self.opset})")
+            return self.op(op_type, x, axes, keepdims=keep)
+        return self._axes_op(op_type, x, axes, keepdims=keep)
+
+    def unsqueeze(self, x: ir.Value, axes: Sequence[int]) -> ir.Value:
+        return self._axes_op("Unsqueeze", x, axes)
+
+    def squeeze(self, x: ir.Value, axes: Sequence[int]) -> ir.Value:
+        return self._axes_op("Squeeze", x, axes)
+
+    def _axes_op(self, op_type: str, x: ir.Value, axes: Sequence[int], **attrs) -> ir.Value:
+        axes = [int(a) for a in axes]
+        if not axes:
+            return x
+        if self.axes_as_input(op_type):
+            return self.op(op_type, x, self.ints(axes), **attrs)
+        return self.op(op_type, x, axes=axes, **attrs)
+
+
+def _guess_dtype(op_type: str, inputs, attributes) -> ir.DataType | None:
+    if op_type == "Cast":
+        return ir.DataType(attributes["to"])
+    if op_type in _BOOL_OPS:
+        return ir.DataType.BOOL
+    if op_type in ("Shape", "Size"):
+        return ir.DataType.INT64
+    if op_type == "Where":
+        inputs = inputs[1:]
+    first = next((v for v in inputs if v is not None), None)
+    return first.dtype if first is not None else None
+
+
+class _Names:
+    def __init__(self, taken: set[str]):
+        self.taken = taken
+        self.counter = 0
+
+    def claim(self, name: str) -> str:
+        self.taken.add(name)
+        return name
+
+    def fresh(self, stem: str) -> str:
+        while True:
+            self.counter += 1
+            name = f"{stem}_{self.counter}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+
+
+def _all_values(graph: ir.Graph):
+    yield from graph.inputs
+    yield from graph.initializers.values()
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        yield from node.outputs
