@@ -39,7 +39,8 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
     """The pipeline of ``level`` for a model importing ai.onnx ``opset``. Level 2 and up run
     the rewrites inside the cleanup loop so each rewrite's leftovers are folded and removed
     before the next round; the loop stops at the first round that changes nothing.
-    ``protected`` initializers (the model's parameters) are never merged below level 3."""
+    ``protected`` initializers (the model's parameters) are never folded, merged or dropped
+    below level 3."""
     if level not in LEVELS:
         raise ValueError(f"optimization level must be one of {sorted(LEVELS)}, got {level!r}")
     if level == 0:

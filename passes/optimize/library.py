@@ -8,13 +8,15 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common
 from onnx_ir.passes.common import _c_api_utils
 from onnxscript.optimizer import _constant_folding
+
 from graphc.passes.optimize.pipeline import all_nodes
 
-__all__ = ["DeduplicateConstants", "prelude_passes", "cleanup_passes", "finish_passes", "fold_constants_pass", "parameter_names"]
+__all__ = ["DeduplicateConstants", "IdentityElimination", "ShapeInference", "cleanup_passes",
+           "finish_passes", "fold_constants_pass", "parameter_names", "prelude_passes"]
 
-# Folding is bounded so the model never balloons: a node whose constant input has more
-# elements than this is left for level 3's weight pre-application, and no folded result larger
-# than OUTPUT_LIMIT elements is stored (onnxscript's own defaults, named here).
+# Below level 3 folding is bounded so the model never balloons: a node whose constant input
+# has more elements than INPUT_LIMIT is left alone (level 3 folds it), and no folded result
+# larger than OUTPUT_LIMIT elements is stored (onnxscript's own defaults, named here).
 INPUT_LIMIT = _constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT
 OUTPUT_LIMIT = _constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT
 SMALL_CONSTANT = 1024  # elements: a ConstantOfShape up to this size is folded

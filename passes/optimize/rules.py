@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import RULE_NAME_TAG, RewriteRule, RewriteRuleSet
+
 from graphc.passes.optimize.pipeline import all_nodes
 
 __all__ = ["RulePass", "const_array", "is_constant"]
