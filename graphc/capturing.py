@@ -4,7 +4,6 @@ wrap the traced graph as a ``gc.Model``."""
 from __future__ import annotations
 
 import inspect as _inspect
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -149,8 +148,3 @@ def _free_name(builder: Builder, name: str, input_ids: set[int]) -> None:
     raise GraphError(f"output name {name!r} is already an input's name; pick another key")
 
 
-def timed_capture(*args: Any, **kwargs: Any) -> tuple[Model, float]:
-    """``capture`` and the seconds it took (for benchmarks)."""
-    start = time.perf_counter()
-    model = capture(*args, **kwargs)
-    return model, time.perf_counter() - start

@@ -162,12 +162,13 @@ class Embedding(Module):
                  dtype: Any = "float32"):
         super().__init__()
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
-        draw = init.normal()
-        if padding_idx is not None:
-            def draw(rng, shape, dt, _n=init.normal(), _p=padding_idx):  # noqa: E306
-                w = _n(rng, shape, dt)
-                w[_p] = 0
-                return w
+        normal = init.normal()
+
+        def draw(rng, shape, dt):
+            w = normal(rng, shape, dt)
+            if padding_idx is not None:
+                w[padding_idx] = 0  # PyTorch zeroes the padding row
+            return w
         self.weight = Parameter(shape=(num_embeddings, embedding_dim), init=draw, dtype=dtype)
 
     def forward(self, indices: Tensor) -> Tensor:
