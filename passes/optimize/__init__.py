@@ -10,7 +10,6 @@ import onnx_ir as ir
 
 from graphc.passes.optimize.interface import restore_interface, snapshot_interface
 from graphc.passes.optimize.levels import LEVELS, MAX_LEVEL, build_pipeline
-from graphc.passes.optimize.library import parameter_names
 from graphc.passes.optimize.pipeline import OptimizeReport, PassRecord, Pipeline, PipelineError, count_nodes
 
 __all__ = ["LEVELS", "MAX_LEVEL", "OptimizeReport", "PassRecord", "Pipeline", "PipelineError",
@@ -20,6 +19,8 @@ __all__ = ["LEVELS", "MAX_LEVEL", "OptimizeReport", "PassRecord", "Pipeline", "P
 def optimize_in_place(model: ir.Model, level: int = 2) -> OptimizeReport:
     """Optimize ``model`` in place at ``level``; graph inputs and outputs keep their names,
     dtypes and shapes (symbolic dims included) exactly. Returns what each pass did."""
+    from graphc.passes.optimize.library import parameter_names  # loads onnxscript: only when used
+
     report = OptimizeReport(level=level)
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
     pipeline = build_pipeline(level, opset, parameter_names(model))

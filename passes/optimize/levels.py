@@ -4,17 +4,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from graphc.passes.optimize.algebraic import (
-    ExpandIntoBroadcast,
-    NeutralOperandElimination,
-    algebraic_pass,
-    gemm_pass,
-)
-from graphc.passes.optimize.fusions import fusion_passes
-from graphc.passes.optimize.inference import inference_pass
-from graphc.passes.optimize.library import cleanup_passes, finish_passes, prelude_passes
 from graphc.passes.optimize.pipeline import Pipeline
-from graphc.passes.optimize.shape_folding import ShapeFolding
 
 __all__ = ["LEVELS", "MAX_LEVEL", "build_pipeline"]
 
@@ -45,6 +35,19 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
         raise ValueError(f"optimization level must be one of {sorted(LEVELS)}, got {level!r}")
     if level == 0:
         return Pipeline([])
+    # The passes load onnxscript (~150 ms): imported here so `graphc --help` and every other
+    # command start without it.
+    from graphc.passes.optimize.algebraic import (
+        ExpandIntoBroadcast,
+        NeutralOperandElimination,
+        algebraic_pass,
+        gemm_pass,
+    )
+    from graphc.passes.optimize.fusions import fusion_passes
+    from graphc.passes.optimize.inference import inference_pass
+    from graphc.passes.optimize.library import cleanup_passes, finish_passes, prelude_passes
+    from graphc.passes.optimize.shape_folding import ShapeFolding
+
     loop: list[ir.passes.PassBase] = cleanup_passes(protected, level)
     if level >= 2:
         loop += [ShapeFolding(), NeutralOperandElimination(protected if level < 3 else frozenset()),
