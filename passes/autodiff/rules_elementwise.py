@@ -107,9 +107,12 @@ def grad_reciprocal(g, node, dy):
 
 @grad_rule("Relu")
 def grad_relu(g, node, dy):
-    # dy where x > 0, else 0; at x == 0 the gradient is 0 (PyTorch's threshold_backward)
+    # dy where x > 0, else 0; at x == 0 the gradient is 0 (PyTorch's threshold_backward).
+    # As dy * Cast(x > 0) rather than Where: onnxruntime's Where is slower (LeNet conv1's
+    # activation, [64,6,28,28]: 123 us vs 94 us). Unlike Where, an inf/NaN dy where x <= 0
+    # gives NaN (0 * inf), not 0.
     x = node.inputs[0]
-    return (g.op("Where", g.op("Greater", x, g.scalar(0.0, x)), dy, g.scalar(0.0, dy)),)
+    return (g.mul(dy, g.cast_like(g.op("Greater", x, g.scalar(0.0, x)), dy)),)
 
 
 @grad_rule("LeakyRelu")
