@@ -56,3 +56,18 @@ def test_tiled_max_pool_matches_torch():
     (torch.nn.functional.max_pool2d(xt, 2) * torch.tensor(w)).sum().backward()
     got = gc.Session(gc.grad(pooled_loss_model(x, [2, 2]), "loss", wrt=["x"]), backend="ort-cpu").run({"w": w})
     np.testing.assert_array_equal(got["x_grad"], xt.grad.numpy())
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_tiled_max_pool_window_with_nan_follows_the_forward_max(backend):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    x[0, 1, 2, 3] = np.nan
+    w = rng.standard_normal((1, 2, 2, 2)).astype(np.float32)
+    got = gc.Session(gc.grad(pooled_loss_model(x, [2, 2]), "loss", wrt=["x"]), backend=backend).run({"w": w})["x_grad"]
+    if backend == "numpy":  # the forward's max is NaN there: no element matches it
+        want = first_max_grad(x, w, [2, 2])
+        want[0, 1, 2:, 2:] = 0
+    else:  # onnxruntime's MaxPool skips NaN: the window's largest other value gets the gradient
+        want = first_max_grad(np.nan_to_num(x, nan=-np.inf), w, [2, 2])
+    np.testing.assert_array_equal(got, want)
