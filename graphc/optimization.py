@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import onnx
 import onnx_ir as ir
 
 from graphc.errors import GraphError
@@ -41,12 +42,16 @@ def optimize(model, level: int = 2, report: bool = False):
         raise GraphError(f"optimize: level must be one of {sorted(LEVELS)}, got {level!r}")
     source = load(model)
     copy = source.ir
+    # the model as a proto where one is at hand: shape inference reads it instead of
+    # serializing the copy again
+    proto = model if isinstance(model, onnx.ModelProto) else None
     if isinstance(model, (Model, ir.Model)):
         # serialize -> deserialize is a deep copy that shares nothing with the caller's model;
         # a path, bytes or ModelProto was just deserialized by load() into a fresh IR already.
-        copy = ir.serde.deserialize_model(ir.serde.serialize_model(source.ir))
+        proto = ir.serde.serialize_model(source.ir)
+        copy = ir.serde.deserialize_model(proto)
     try:
-        result: OptimizeReport = optimize_in_place(copy, level)
+        result: OptimizeReport = optimize_in_place(copy, level, source=proto)
     except Exception as exc:  # a pass bug or a model a library pass cannot handle
         raise GraphError(f"optimize level {level} failed on model {source.name!r}: "
                          f"{type(exc).__name__}: {exc}") from exc

@@ -6,6 +6,7 @@ graphc's rewrites, grouped into levels 0-3 (``LEVELS``) and run to a fixed point
 
 from __future__ import annotations
 
+import onnx
 import onnx_ir as ir
 
 from graphc.passes.optimize.interface import restore_interface, snapshot_interface
@@ -16,14 +17,16 @@ __all__ = ["LEVELS", "MAX_LEVEL", "OptimizeReport", "PassRecord", "Pipeline", "P
            "build_pipeline", "count_nodes", "optimize_in_place"]
 
 
-def optimize_in_place(model: ir.Model, level: int = 2) -> OptimizeReport:
+def optimize_in_place(model: ir.Model, level: int = 2, source: onnx.ModelProto | None = None) -> OptimizeReport:
     """Optimize ``model`` in place at ``level``; graph inputs and outputs keep their names,
-    dtypes and shapes (symbolic dims included) exactly. Returns what each pass did."""
+    dtypes and shapes (symbolic dims included) exactly. Returns what each pass did.
+    ``source``: ``model`` as a ``ModelProto`` (read, never changed), if the caller has one:
+    shape inference runs on it instead of serializing ``model`` again."""
     from graphc.passes.optimize.library import parameter_names  # loads onnxscript: only when used
 
     report = OptimizeReport(level=level)
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
-    pipeline = build_pipeline(level, opset, parameter_names(model))
+    pipeline = build_pipeline(level, opset, parameter_names(model), source)
     interface = snapshot_interface(model)
     pipeline.run(model, report)
     restore_interface(model, interface)

@@ -230,5 +230,17 @@ def gemm_pass() -> RulePass:
 
 
 def _reads_matmul(node: ir.Node) -> bool:
+    """An input is a MatMul of two 2-D operands (the rules' check; an operand may be the
+    Transpose a rule folds into transA/transB, whose input is then the 2-D one)."""
     return any(v is not None and v.producer() is not None and v.producer().op_type == "MatMul"
-               for v in node.inputs)
+               and all(_rank2(m) for m in v.producer().inputs) for v in node.inputs)
+
+
+def _rank2(value: ir.Value | None) -> bool:
+    if value is None:
+        return False
+    if value.shape is not None and len(value.shape) == 2:
+        return True
+    producer = value.producer()
+    return (producer is not None and producer.op_type == "Transpose" and producer.inputs[0] is not None
+            and producer.inputs[0].shape is not None and len(producer.inputs[0].shape) == 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import onnx
 import onnx_ir as ir
 
 from graphc.passes.optimize.pipeline import Pipeline
@@ -25,12 +26,14 @@ LEVELS: dict[int, str] = {
 MAX_LEVEL = max(LEVELS)
 
 
-def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset()) -> Pipeline:
+def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset(),
+                   source: onnx.ModelProto | None = None) -> Pipeline:
     """The pipeline of ``level`` for a model importing ai.onnx ``opset``. Level 2 and up run
     the rewrites inside the cleanup loop so each rewrite's leftovers are folded and removed
     before the next round; the loop stops at the first round that changes nothing.
     ``protected`` initializers (the model's parameters) are never folded, merged or dropped
-    below level 3."""
+    below level 3. ``source``: the model as a ``ModelProto``, if the caller has one (shape
+    inference then reads it instead of serializing the model again)."""
     if level not in LEVELS:
         raise ValueError(f"optimization level must be one of {sorted(LEVELS)}, got {level!r}")
     if level == 0:
@@ -54,4 +57,4 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
                  ExpandIntoBroadcast(), algebraic_pass(), gemm_pass(), *fusion_passes(opset)]
     if level >= 3:
         loop += [inference_pass()]
-    return Pipeline(loop, finish_passes(protected, level), prelude=prelude_passes())
+    return Pipeline(loop, finish_passes(protected, level), prelude=prelude_passes(source))

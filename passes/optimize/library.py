@@ -115,6 +115,12 @@ class IdentityElimination(common.IdentityEliminationPass):
 
     name = "IdentityElimination"
 
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        # the base pass walks every graph and function but acts on Identity nodes only
+        if not model.functions and not any(n.op_type == "Identity" for n in all_nodes(model.graph)):
+            return ir.passes.PassResult(model, False)
+        return super().call(model)
+
     def _try_eliminate_identity_node(self, node: ir.Node) -> bool:
         if (node.op_type == "Identity" and node.domain == "" and node.outputs[0].is_graph_output()
                 and node.inputs and node.inputs[0] is not None and node.inputs[0].is_graph_output()):
@@ -126,19 +132,33 @@ class ShapeInference(ir.passes.InPlacePass):
     """ONNX shape inference (one C++ call, through onnx-ir's helper that leaves big initializer
     data out) for the values that lack a type or shape; skipped when none does (graphc's
     captures are fully annotated). Only those values are read back from the result, not the
-    whole model as onnx-ir's ShapeInferencePass does, which costs several times the inference."""
+    whole model as onnx-ir's ShapeInferencePass does, which costs several times the inference.
+
+    ``source``: a ``ModelProto`` of the very model this pass will see (``gc.optimize`` has one
+    at hand: the caller's proto, or the serialized copy it deserializes). Inference then runs on
+    it directly instead of serializing the IR model again, when it is small enough
+    (``SOURCE_BYTES``) that the C++ call's own copy of it costs less than that serialization."""
 
     name = "ShapeInference"
     structural = False
+    SOURCE_BYTES = 1 << 20
+
+    def __init__(self, source: onnx.ModelProto | None = None):
+        super().__init__()
+        self.source = source
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         missing = {v.name: v for node in all_nodes(model.graph) for v in node.outputs
                    if v.name and (v.type is None or v.shape is None)}
+        source, self.source = self.source, None  # one use: the model changes after this pass
         if not missing:
             return ir.passes.PassResult(model, False)
+        infer = lambda proto: onnx.shape_inference.infer_shapes(proto, data_prop=True)  # noqa: E731
         try:
-            inferred = _c_api_utils.call_onnx_api(
-                lambda proto: onnx.shape_inference.infer_shapes(proto, data_prop=True), model)
+            if source is not None and source.ByteSize() <= self.SOURCE_BYTES:
+                inferred = infer(source)
+            else:
+                inferred = _c_api_utils.call_onnx_api(infer, model)
         except Exception:  # noqa: BLE001 - inference is an aid; without it rewrites just fire less
             return ir.passes.PassResult(model, False)
         modified = False
@@ -154,11 +174,12 @@ class ShapeInference(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified)
 
 
-def prelude_passes() -> list[ir.passes.PassBase]:
+def prelude_passes(source: onnx.ModelProto | None = None) -> list[ir.passes.PassBase]:
     """Once before the loop: ONNX shape inference over the whole model (one C++ call) gives the
     rewrites the ranks and dims their checks need. The folder's own per-node inference would
-    redo this for every node on every round, at many times the cost."""
-    return [ShapeInference()]
+    redo this for every node on every round, at many times the cost. ``source``: the model as
+    a proto, if the caller has one (see ``ShapeInference``)."""
+    return [ShapeInference(source)]
 
 
 def cleanup_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> list[ir.passes.PassBase]:

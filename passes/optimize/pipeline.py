@@ -137,10 +137,15 @@ class Pipeline:
 
     def _run(self, model: ir.Model, report: OptimizeReport) -> ir.Model:
         start = time.perf_counter()
-        report.nodes_before = count_nodes(model)
+        nodes = all_nodes(model.graph)
+        report.nodes_before = len(nodes)
+        # The node count after every pass: with no subgraph in the model it is the main graph's
+        # length (O(1)); no pass creates an If/Loop/Scan body (folding may only inline one).
+        flat = len(nodes) == len(model.graph)
+        count = (lambda m: len(m.graph)) if flat else count_nodes
         interface = _interface(model)
         for p in self.prelude:
-            model, _ = self._run_one(p, model, 0, interface, report)
+            model, _ = self._run_one(p, model, 0, interface, report, count)
         # A pass that changed nothing at graph version v changes nothing at v again: the graph
         # version counts modifications, and a pass is skipped while it is still at its no-op one.
         version, idle_at = 0, {}
@@ -150,7 +155,7 @@ class Pipeline:
             for i, p in enumerate(self.loop):
                 if idle_at.get(i) == version:
                     continue
-                model, modified = self._run_one(p, model, round_, interface, report)
+                model, modified = self._run_one(p, model, round_, interface, report, count)
                 if modified:
                     version += 1
                     changed = True
@@ -159,13 +164,13 @@ class Pipeline:
             if not changed:
                 break
         for p in self.finish:
-            model, _ = self._run_one(p, model, report.rounds + 1, interface, report)
-        report.nodes_after = count_nodes(model)
+            model, _ = self._run_one(p, model, report.rounds + 1, interface, report, count)
+        report.nodes_after = count(model)
         report.seconds = time.perf_counter() - start
         return model
 
     @staticmethod
-    def _run_one(p, model, round_, interface, report):
+    def _run_one(p, model, round_, interface, report, count=count_nodes):
         before = report.records[-1].nodes_after if report.records else report.nodes_before
         t0 = time.perf_counter()
         result = p(model)
@@ -175,7 +180,7 @@ class Pipeline:
             raise PipelineError(
                 f"pass {pass_name(p)} changed the graph interface from {interface} to "
                 f"{_interface(model)}; pass developer: graph inputs/outputs must keep their names")
-        after = count_nodes(model)
+        after = count(model)
         # Some library passes report modified=True when they only re-ran (``structural=False``
         # marks them: for those only the node count tells), and onnxscript's rewriter removes
         # dead nodes on the side without reporting it: a changed node count always counts.

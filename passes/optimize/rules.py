@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import RULE_NAME_TAG, RewriteRule, RewriteRuleSet
+from onnxscript.rewriter._pattern_ir import NodeOutputPattern, StringConstantPattern
 
 from graphc.passes.optimize.pipeline import all_nodes
 
@@ -18,20 +19,81 @@ class _AnchoredRule(RewriteRule):
     rule on every node and pays ~30 us per failed attempt; commuted rule sets run to 100+ rules,
     so on a 1000-node training graph this check alone saves seconds."""
 
-    def __init__(self, rule: RewriteRule, root_op: str | None, guard):  # noqa: D107 - a copy
+    def __init__(self, rule: RewriteRule, root_op: str | None, guard, producers=()):  # noqa: D107 - a copy
         self.__dict__.update(rule.__dict__)
-        self._root_op, self._guard = root_op, guard
+        self._root_op, self._guard, self._producers = root_op, guard, producers
 
     def try_rewrite(self, model, graph_or_function, node, **kwargs):
         if (self._root_op is not None and node.op_type != self._root_op) or not self._guard(node):
             return None
+        inputs = node.inputs
+        for i, op in self._producers:  # the pattern's first level: input i comes from an `op`
+            value = inputs[i] if i < len(inputs) else None
+            producer = value.producer() if value is not None else None
+            if producer is None or producer.op_type != op:
+                return None
         return super().try_rewrite(model, graph_or_function, node, **kwargs)
 
 
 def _anchored(rule: RewriteRule, guard) -> RewriteRule:
     pattern = rule._target_pattern
-    single = pattern.num_outputs == 1 and pattern.has_single_output_node
-    return _AnchoredRule(rule, pattern.output_nodes[0].op_type if single else None, guard)
+    if not (pattern.num_outputs == 1 and pattern.has_single_output_node):
+        return _AnchoredRule(rule, None, guard)
+    root = pattern.output_nodes[0]
+    # The matcher matches root input i against a node pattern's output only if the graph
+    # node's input i is that output of a node whose op_type equals the pattern's op name
+    # (a missing or None input fails): a necessary condition checked before matching.
+    producers = tuple((i, p.producer().op.value()) for i, p in enumerate(root.inputs)
+                      if isinstance(p, NodeOutputPattern) and isinstance(p.producer().op, StringConstantPattern))
+    return _AnchoredRule(rule, root.op_type, guard, producers)
+
+
+class _Dispatch:
+    """Stands in for a list of rules inside a ``RewriteRuleSet``: the rewriter tries every rule
+    on every node, this tries only the rules rooted at the node's op type (and the unanchored
+    ones), in the list's order, first match wins, as the rewriter's own loop does. What the
+    rewriter reads off the rule that matched (name, remove_nodes, as_function) is that rule's."""
+
+    def __init__(self, rules: Sequence[RewriteRule]):
+        self.rules = list(rules)
+        self._by_op: dict[str, list[RewriteRule]] = {}
+        self._last: RewriteRule | None = None
+
+    def _for(self, op_type: str) -> list[RewriteRule]:
+        rules = self._by_op.get(op_type)
+        if rules is None:
+            rules = self._by_op[op_type] = [r for r in self.rules if r._root_op in (op_type, None)]
+        return rules
+
+    def try_rewrite(self, model, graph_or_function, node, **kwargs):
+        for rule in self._for(node.op_type):
+            delta = rule.try_rewrite(model, graph_or_function, node, **kwargs)
+            if delta is not None:
+                self._last = rule
+                return delta
+        return None
+
+    def graph_pre_visitor(self):
+        for rule in self.rules:
+            if rule.graph_pre_visitor:
+                rule.graph_pre_visitor()
+
+    def graph_post_visitor(self):
+        for rule in self.rules:
+            if rule.graph_post_visitor:
+                rule.graph_post_visitor()
+
+    @property
+    def name(self):
+        return self._last.name if self._last is not None else None
+
+    @property
+    def remove_nodes(self) -> bool:
+        return self._last.remove_nodes if self._last is not None else all(r.remove_nodes for r in self.rules)
+
+    @property
+    def as_function(self) -> bool:
+        return self._last.as_function if self._last is not None else False
 
 
 def _always(node: ir.Node) -> bool:
@@ -50,17 +112,27 @@ class RulePass(ir.passes.InPlacePass):
         rules' pattern matching (which costs ~30 us per node and rule)."""
         super().__init__()
         self.name = name
+        self.guard = guard
         self.rules = RewriteRuleSet([_anchored(r, guard) for r in rules])
         # The op types each rule's pattern needs: a rule whose ops are not all in the graph
         # cannot match, and skipping it keeps the pass cheap (commuted rule sets run to 100+).
         self._needs = [frozenset(n.op_type for n in rule._target_pattern._nodes) for rule in self.rules.rules]
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        present = {n.op_type for n in all_nodes(model.graph)}
+        nodes = all_nodes(model.graph)
+        present = {n.op_type for n in nodes}
         rules = [r for r, needs in zip(self.rules.rules, self._needs) if needs <= present]
         if not rules:
             return ir.passes.PassResult(model, False)
-        count = RewriteRuleSet(rules).apply_to_model(model)
+        ruleset = RewriteRuleSet([_Dispatch(rules)])
+        ruleset.remove_unused_nodes = any(not r.remove_nodes for r in rules)
+        roots = {r._root_op for r in rules}
+        if (None not in roots and not ruleset.remove_unused_nodes and not model.functions
+                and not any(n.op_type in roots and self.guard(n) for n in nodes)):
+            # No node any rule may be rooted at (``_AnchoredRule``): nothing can match, and the
+            # rewriter would only walk the graph (it has no dead-node sweep to run either).
+            return ir.passes.PassResult(model, False)
+        count = ruleset.apply_to_model(model)
         if count:
             for node in all_nodes(model.graph):
                 node.metadata_props.pop(RULE_NAME_TAG, None)

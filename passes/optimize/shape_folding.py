@@ -183,6 +183,6 @@ class ShapeFolding(ir.passes.InPlacePass):
         while name in graph.initializers:
             name += "_"
         value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.INT64),
-                         const_value=ir.tensor(array, name=name))
+                         const_value=ir.Tensor(array, name=name))  # ir.tensor(): same, slower
         graph.register_initializer(value)
         return value
