@@ -52,9 +52,11 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
     from graphc.passes.optimize.shape_folding import ShapeFolding
 
     loop: list[ir.passes.PassBase] = cleanup_passes(protected, level)
+    if level >= 3:
+        # first: what BatchNormalization/Dropout folding leaves (dead statistics, duplicate
+        # weights) is cleaned up in the same round, not one round later
+        loop = [inference_pass(), *loop]
     if level >= 2:
         loop += [ShapeFolding(), NeutralOperandElimination(protected if level < 3 else frozenset()),
                  ExpandIntoBroadcast(), algebraic_pass(), gemm_pass(), *fusion_passes(opset)]
-    if level >= 3:
-        loop += [inference_pass()]
     return Pipeline(loop, finish_passes(protected, level), prelude=prelude_passes(source))
