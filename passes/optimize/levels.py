@@ -59,4 +59,8 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
     if level >= 2:
         loop += [ShapeFolding(), NeutralOperandElimination(protected if level < 3 else frozenset()),
                  ExpandIntoBroadcast(), algebraic_pass(), gemm_pass(), *fusion_passes(opset)]
-    return Pipeline(loop, finish_passes(protected, level), prelude=prelude_passes(source))
+    # The finish's dead-node sweep and dedup are the loop's own instances, so the pipeline skips
+    # them when nothing changed after the loop left them idle (LiftConstants found nothing).
+    same = {p.name: p for p in loop if p.name in ("RemoveUnusedNodes", "DeduplicateInitializers")}
+    finish = [same.get(p.name, p) for p in finish_passes(protected, level)]
+    return Pipeline(loop, finish, prelude=prelude_passes(source))

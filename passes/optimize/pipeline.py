@@ -114,7 +114,9 @@ def _quiet_libraries():
 
 class Pipeline:
     """Runs ``prelude`` passes once, then ``loop`` passes repeatedly until a whole round changes
-    nothing (at most ``max_rounds``), then ``finish`` passes once. Every in-place pass runs on the same model.
+    nothing (at most ``max_rounds``), then ``finish`` passes once (one that is also in ``loop``,
+    the same instance, only if something changed since it last ran idle). Every in-place pass
+    runs on the same model.
 
     After each pass the graph's input and output names are checked against the start: a pass
     that renames or drops one is a bug in that pass and raises ``PipelineError`` naming it.
@@ -163,8 +165,18 @@ class Pipeline:
                     idle_at[i] = version
             if not changed:
                 break
+        # A finish pass that is also a loop pass (the same instance) is skipped while the loop
+        # left it idle at the current version: it would change nothing.
+        in_loop = {id(p): i for i, p in enumerate(self.loop)}
         for p in self.finish:
-            model, _ = self._run_one(p, model, report.rounds + 1, interface, report, count)
+            i = in_loop.get(id(p))
+            if i is not None and idle_at.get(i) == version:
+                continue
+            model, modified = self._run_one(p, model, report.rounds + 1, interface, report, count)
+            if modified:
+                version += 1
+            elif i is not None:
+                idle_at[i] = version
         report.nodes_after = count(model)
         report.seconds = time.perf_counter() - start
         return model
