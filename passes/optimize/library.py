@@ -21,6 +21,10 @@ INPUT_LIMIT = _constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT
 OUTPUT_LIMIT = _constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT
 SMALL_CONSTANT = 1024  # elements: a ConstantOfShape up to this size is folded
 
+# Effects (``Pipeline``): the only change a pass with that ``effect`` makes.
+DEAD = "dead"    # removes nodes no output depends on, unused initializers and optional outputs
+DEDUP = "dedup"  # points the uses of an initializer at a byte-identical one and drops it
+
 
 def _named(p: ir.passes.PassBase, name: str, structural: bool = True) -> ir.passes.PassBase:
     """Give a library pass the name the report shows; ``structural=False`` marks passes whose
@@ -114,6 +118,9 @@ class IdentityElimination(common.IdentityEliminationPass):
     output Identities), renaming x would merge two outputs into one name. Such a node stays."""
 
     name = "IdentityElimination"
+    # it acts on Identity nodes by whether their input/output is a graph input, output or
+    # initializer: neither dead-node removal nor initializer merging changes that
+    ignores = frozenset({DEAD, DEDUP})
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         # the base pass walks every graph and function but acts on Identity nodes only
@@ -188,19 +195,33 @@ def cleanup_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> l
     names), unused-node removal deletes nodes no output depends on, and initializer dedup merges
     byte-identical constants (``DeduplicateConstants``). Below level 3 the ``protected``
     parameters are neither folded nor merged; level 3 (inference) treats them as constants."""
-    return [
-        fold_constants_pass(protected if level < 3 else frozenset(), level),
-        IdentityElimination(),
-        _named(common.CommonSubexpressionEliminationPass(), "CommonSubexpressionElimination"),
-        _named(common.RemoveUnusedNodesPass(), "RemoveUnusedNodes"),
-        dedup_pass(protected, level),
-    ]
+    fold = fold_constants_pass(protected if level < 3 else frozenset(), level)
+    # What can enable each (see Pipeline): merging equal initializers can only make the folder's
+    # use-count size gates stricter; at level 3 it has none, so dead-node removal cannot
+    # enable it either.
+    fold.ignores = frozenset({DEDUP, DEAD} if level >= 3 else {DEDUP})
+    fold.idempotent = True  # it folds in node order: what a fold makes constant folds in the same run
+    cse = _named(common.CommonSubexpressionEliminationPass(), "CommonSubexpressionElimination")
+    cse.ignores = frozenset({DEAD})  # two live nodes equal now were equal before
+    return [fold, IdentityElimination(), cse, remove_unused_pass(), dedup_pass(protected, level)]
+
+
+def remove_unused_pass() -> ir.passes.PassBase:
+    p = _named(common.RemoveUnusedNodesPass(), "RemoveUnusedNodes")
+    # one sweep removes every dead node (it walks the graph backwards); merging initializers
+    # leaves no output unused
+    p.effect, p.idempotent, p.ignores = DEAD, True, frozenset({DEDUP})
+    return p
 
 
 def dedup_pass(protected: frozenset[str], level: int) -> ir.passes.PassBase:
     if level >= 3:
-        return _named(common.DeduplicateInitializersPass(), "DeduplicateInitializers")
-    return DeduplicateConstants(protected)
+        p = _named(common.DeduplicateInitializersPass(), "DeduplicateInitializers")
+    else:
+        p = DeduplicateConstants(protected)
+    # one run merges every duplicate; removing dead nodes creates no new one
+    p.effect, p.idempotent, p.ignores = DEDUP, True, frozenset({DEAD})
+    return p
 
 
 def finish_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> list[ir.passes.PassBase]:
@@ -213,7 +234,7 @@ def finish_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> li
         _named(common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
                "LiftConstantsToInitializers"),
         dedup_pass(protected, level),
-        _named(common.RemoveUnusedNodesPass(), "RemoveUnusedNodes"),
+        remove_unused_pass(),
         _named(common.OutputFixPass(), "OutputFix"),
         _named(common.TopologicalSortPass(), "TopologicalSort", structural=False),
     ]

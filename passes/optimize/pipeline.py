@@ -113,10 +113,16 @@ def _quiet_libraries():
 
 
 class Pipeline:
-    """Runs ``prelude`` passes once, then ``loop`` passes repeatedly until a whole round changes
-    nothing (at most ``max_rounds``), then ``finish`` passes once (one that is also in ``loop``,
-    the same instance, only if something changed since it last ran idle). Every in-place pass
-    runs on the same model.
+    """Runs ``prelude`` passes once, then ``loop`` passes in rounds until none can change
+    anything more (at most ``max_rounds``), then ``finish`` passes once (one that is also in
+    ``loop``, the same instance, only if something changed since it last ran idle). Every
+    in-place pass runs on the same model.
+
+    A loop pass is skipped while nothing that could enable it changed since it last ran idle.
+    By default any change by any pass counts; a pass may narrow that with three attributes:
+    ``effect`` (a name for the only kind of change it makes), ``ignores`` (effects that cannot
+    enable it) and ``idempotent`` (a second run right after itself changes nothing). Skipping a
+    pass is always sound; a wrong declaration can only leave a rewrite undone.
 
     After each pass the graph's input and output names are checked against the start: a pass
     that renames or drops one is a bug in that pass and raises ``PipelineError`` naming it.
@@ -148,35 +154,43 @@ class Pipeline:
         interface = _interface(model)
         for p in self.prelude:
             model, _ = self._run_one(p, model, 0, interface, report, count)
-        # A pass that changed nothing at graph version v changes nothing at v again: the graph
-        # version counts modifications, and a pass is skipped while it is still at its no-op one.
-        version, idle_at = 0, {}
+        # A pass runs only while "dirty": something changed since it last ran idle that can
+        # enable it. A pass that modifies the model dirties every other pass, except those
+        # that declare its ``effect`` in their ``ignores`` (e.g. CSE cannot be enabled by dead
+        # nodes going away), and itself unless it is ``idempotent``. With no declarations this
+        # is "rerun everything after any change"; the loop ends when no pass is dirty.
+        dirty = [True] * len(self.loop)
+        in_loop = {id(p): i for i, p in enumerate(self.loop)}
+
+        def changed_by(i: int | None, p) -> None:
+            effect = getattr(p, "effect", None)
+            for j, q in enumerate(self.loop):
+                if j != i and (effect is None or effect not in getattr(q, "ignores", ())):
+                    dirty[j] = True
+            if i is not None and not getattr(p, "idempotent", False):
+                dirty[i] = True
+
         for round_ in range(1, self.max_rounds + 1 if self.loop else 1):
             report.rounds = round_
-            changed = False
             for i, p in enumerate(self.loop):
-                if idle_at.get(i) == version:
+                if not dirty[i]:
                     continue
+                dirty[i] = False
                 model, modified = self._run_one(p, model, round_, interface, report, count)
                 if modified:
-                    version += 1
-                    changed = True
-                else:
-                    idle_at[i] = version
-            if not changed:
+                    changed_by(i, p)
+            if not any(dirty):
                 break
-        # A finish pass that is also a loop pass (the same instance) is skipped while the loop
-        # left it idle at the current version: it would change nothing.
-        in_loop = {id(p): i for i, p in enumerate(self.loop)}
+        # A finish pass that is also a loop pass (the same instance) is skipped unless dirty.
         for p in self.finish:
             i = in_loop.get(id(p))
-            if i is not None and idle_at.get(i) == version:
+            if i is not None and not dirty[i]:
                 continue
             model, modified = self._run_one(p, model, report.rounds + 1, interface, report, count)
+            if i is not None:
+                dirty[i] = False
             if modified:
-                version += 1
-            elif i is not None:
-                idle_at[i] = version
+                changed_by(i, p)
         report.nodes_after = count(model)
         report.seconds = time.perf_counter() - start
         return model
