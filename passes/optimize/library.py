@@ -172,11 +172,13 @@ class ShapeInference(ir.passes.InPlacePass):
         for info in inferred.graph.value_info:
             value = missing.get(info.name)
             if value is not None and info.type.HasField("tensor_type"):
-                found = ir.serde.deserialize_value_info_proto(info, None)
+                # what deserialize_value_info_proto reads, without building a Value
                 if value.type is None:
-                    value.type = found.type
-                if value.shape is None and found.shape is not None:
-                    value.shape = found.shape
+                    value.type = ir.serde.deserialize_type_proto_for_type(info.type)
+                if value.shape is None:
+                    shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+                    if shape is not None:
+                        value.shape = shape
                 modified = True
         return ir.passes.PassResult(model, modified)
 
