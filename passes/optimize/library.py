@@ -9,7 +9,7 @@ import onnx_ir.passes.common as common
 from onnx_ir.passes.common import _c_api_utils
 from onnxscript.optimizer import _constant_folding
 
-from graphc.passes.optimize.pipeline import all_nodes
+from graphc.passes.optimize.pipeline import _SUBGRAPH_OPS, all_nodes
 
 __all__ = ["DeduplicateConstants", "IdentityElimination", "ShapeInference", "cleanup_passes",
            "finish_passes", "fold_constants_pass", "parameter_names", "prelude_passes"]
@@ -183,6 +183,29 @@ class ShapeInference(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified)
 
 
+class TopologicalSort(common.TopologicalSortPass):
+    """onnx-ir's stable topological sort, skipped when the main graph is already in order and
+    holds no subgraph (the sort would keep every node where it is)."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if not model.functions and _in_order(model.graph):
+            return ir.passes.PassResult(model, False)
+        return super().call(model)
+
+
+def _in_order(graph: ir.Graph) -> bool:
+    seen: set[int] = set()
+    for node in graph:
+        if node.op_type in _SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
+            return False  # a body reads outer values: leave it to the sort
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if producer is not None and id(producer) not in seen:
+                return False
+        seen.add(id(node))
+    return True
+
+
 def prelude_passes(source: onnx.ModelProto | None = None) -> list[ir.passes.PassBase]:
     """Once before the loop: ONNX shape inference over the whole model (one C++ call) gives the
     rewrites the ranks and dims their checks need. The folder's own per-node inference would
@@ -238,5 +261,5 @@ def finish_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> li
         dedup_pass(protected, level),
         remove_unused_pass(),
         _named(common.OutputFixPass(), "OutputFix"),
-        _named(common.TopologicalSortPass(), "TopologicalSort", structural=False),
+        _named(TopologicalSort(), "TopologicalSort", structural=False),
     ]
