@@ -126,10 +126,13 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     # batch is Ci, and onnxruntime's CPU Conv spreads its work over the batch: with one input
     # channel it runs on one thread (LeNet conv1, x [64,1,28,28], 5x5, pad 2: 540 us at 2 threads).
     # There an explicit im2col + batched MatMul (threaded over N) is faster (370 us); with six
-    # input channels (conv2, x [64,6,14,14]) the Conv wins (350 vs 470 us).
+    # input channels (conv2, x [64,6,14,14]) the Conv wins (350 vs 470 us). The im2col tensor
+    # holds prod(kernel) * prod(out) values per sample (LeNet conv1: 19,600); past 2**18 it is
+    # left to the Conv, so the graph holds no such large intermediate.
     n_sp = len(spatial)
     cg, kernel = w_shape[1], list(w_shape[2:])
-    if cg == 1 and group == 1 and g.opset >= 11:
+    if (cg == 1 and group == 1 and g.opset >= 11
+            and math.prod(kernel) * math.prod(_out_dims(spatial, kernel, strides, dilations, begin, end)) <= 1 << 18):
         return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     xt = _groups_over_batch(g, x, group, cg, spatial)
     dyt = g.transpose(dy, [1, 0] + list(range(2, 2 + n_sp)))
