@@ -68,6 +68,31 @@ def optional_inputs(model: Any) -> frozenset[str]:
     return frozenset(v.name for v in graph.inputs if v.name in graph.initializers)
 
 
+def random_feeds(specs: Sequence[TensorSpec], dims: Mapping[str, int] | None = None, seed: int = 0,
+                 default_dim: int = 2, int_high: int = 4) -> dict[str, np.ndarray]:
+    """Seeded random arrays for ``specs``: floats ~ N(0, 1), integers in [0, ``int_high``),
+    random bools. Symbolic dims take their size from ``dims``, unknown ones ``default_dim``."""
+    rng = np.random.default_rng(seed)
+    dims = dims or {}
+    feeds = {}
+    for spec in specs:
+        shape = tuple(d if isinstance(d, int) else dims.get(d or "", default_dim) for d in (spec.shape or ()))
+        dtype = to_numpy(spec.dtype)
+        if spec.dtype == "bool":
+            feeds[spec.name] = rng.random(shape) < 0.5
+        elif np.issubdtype(dtype, np.integer):
+            feeds[spec.name] = rng.integers(0, int_high, size=shape).astype(dtype)
+        else:
+            feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def required_specs(model: Any) -> list[TensorSpec]:
+    """The input specs of a ``gc.Model`` a caller must feed (those without an initializer)."""
+    optional = optional_inputs(model)
+    return [s for s in model.inputs if s.name not in optional]
+
+
 def validate_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, Any],
                    optional: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
     """Check ``feeds`` against the graph's input ``specs``; return them as numpy arrays

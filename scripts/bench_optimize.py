@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 import graphc as gc
+from graphc.feeds import random_feeds, required_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 ONNX_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
@@ -56,22 +57,7 @@ def collect_models(only: set[str]) -> list[tuple[str, onnx.ModelProto]]:
 
 def feeds_for(proto: onnx.ModelProto, batch: int) -> dict[str, np.ndarray]:
     """Seeded inputs for everything without a default; symbolic dims get ``batch``."""
-    rng = np.random.default_rng(0)
-    defaults = {i.name for i in proto.graph.initializer}
-    feeds = {}
-    for value in proto.graph.input:
-        if value.name in defaults:
-            continue
-        t = value.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else batch for d in t.shape.dim]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
-        if np.issubdtype(dtype, np.floating):
-            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype == np.bool_:
-            feeds[value.name] = rng.random(shape) < 0.5
-        else:
-            feeds[value.name] = rng.integers(0, 2, shape).astype(dtype)
-    return feeds
+    return random_feeds(required_specs(gc.load(proto)), default_dim=batch, int_high=2)
 
 
 def ort_session(proto: onnx.ModelProto) -> ort.InferenceSession:

@@ -8,6 +8,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 import graphc as gc
+from graphc import feeds
 
 F = TensorProto.FLOAT
 
@@ -30,23 +31,7 @@ def op_types(model: gc.Model) -> list[str]:
 
 def random_feeds(model: gc.Model, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded feeds for the inputs without a default; symbolic/unknown dims get ``batch``."""
-    rng = np.random.default_rng(seed)
-    proto = model.proto
-    defaults = {i.name for i in proto.graph.initializer}
-    feeds = {}
-    for value in proto.graph.input:
-        if value.name in defaults:
-            continue
-        ttype = value.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else batch for d in ttype.shape.dim]
-        dtype = helper.tensor_dtype_to_np_dtype(ttype.elem_type)
-        if np.issubdtype(dtype, np.floating):
-            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype == np.bool_:
-            feeds[value.name] = rng.random(shape) > 0.5
-        else:
-            feeds[value.name] = rng.integers(0, 2, shape).astype(dtype)
-    return feeds
+    return feeds.random_feeds(feeds.required_specs(model), seed=seed, default_dim=batch, int_high=2)
 
 
 def run_ort(model: gc.Model, feeds) -> dict[str, np.ndarray]:

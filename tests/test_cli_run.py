@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from graphc.cli import main
-from graphc.cli.run_cmds import random_feeds
+from graphc.feeds import random_feeds
 from graphc.dtypes import spec
 from onnx_graphs import linear_relu
 

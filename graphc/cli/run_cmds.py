@@ -11,7 +11,6 @@ import typer
 from rich.table import Table
 
 from graphc.cli.app import app, console
-from graphc.dtypes import TensorSpec, to_numpy
 from graphc.fileio import atomic_write
 
 
@@ -37,24 +36,6 @@ def parse_dims(items: list[str]) -> dict[str, int]:
             raise ValueError(f"bad --dim {item!r}; expected NAME=SIZE, e.g. N=8")
         dims[name.strip()] = int(size)
     return dims
-
-
-def random_feeds(specs: list[TensorSpec], dims: dict[str, int], seed: int = 0,
-                 default_dim: int = 2) -> dict[str, np.ndarray]:
-    """Seeded random arrays for ``specs``: floats ~ N(0, 1), integers in [0, 4), random bools.
-    Symbolic dims take their size from ``dims`` (else ``default_dim``)."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for spec in specs:
-        shape = tuple(d if isinstance(d, int) else dims.get(d or "", default_dim) for d in (spec.shape or ()))
-        dtype = to_numpy(spec.dtype)
-        if spec.dtype == "bool":
-            feeds[spec.name] = rng.random(shape) < 0.5
-        elif np.issubdtype(dtype, np.integer):
-            feeds[spec.name] = rng.integers(0, 4, size=shape).astype(dtype)
-        else:
-            feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
-    return feeds
 
 
 @app.command("backends")
@@ -112,15 +93,14 @@ def parity_cmd(
 ) -> None:
     """Compare MODEL's outputs across backends; exit 1 on a mismatch."""
     from graphc import parity
-    from graphc.feeds import optional_inputs
+    from graphc.feeds import random_feeds, required_specs
     from graphc.model import load
 
     loaded = load(model)
     if inputs:
         feeds = parse_feeds(inputs)
     else:
-        optional = optional_inputs(loaded)
-        feeds = random_feeds([s for s in loaded.inputs if s.name not in optional], parse_dims(dims), seed)
+        feeds = random_feeds(required_specs(loaded), parse_dims(dims), seed)
     names = [b.strip() for b in backends.split(",") if b.strip()]
     report = parity.compare(loaded, feeds, backends=names, rtol=rtol, atol=atol, bisect=bisect)
     table = Table(title=f"parity: {' vs '.join(names)} (reference {names[0]})")
