@@ -10,6 +10,13 @@ Every train_step input whose manifest role is param, state or hyper is *carried*
 the backend's device as a handle (an ``OrtValue`` on onnxruntime, the array itself on numpy)
 and each step's ``X.next`` output replaces it (``manifest.feeds``). Per step only the batch
 goes in and only the loss comes out.
+
+Training-mode Dropout reads its randomness from ``noise`` inputs (``dropout_noise.<k>``): each
+step the Trainer draws them, in manifest order, with ``self.rng.random(shape, dtype=float32)``
+from its ``numpy.random.Generator`` (PCG64, ``seed`` option, default 0), the shape's symbolic
+dims bound by the batch. The generator's state is saved in checkpoints, so a resumed run draws
+the same masks, and the draws are the same on every backend. A batch that holds an array under a
+noise input's name feeds it instead (no draw).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ __all__ = ["History", "Trainer", "TrainingFailed"]
 
 CARRIED_ROLES = ("param", "state", "hyper")
 BATCH_ROLES = ("data", "label")
+NOISE_ROLE = "noise"
 
 
 class TrainingFailed(GraphcError, RuntimeError):
@@ -85,6 +93,7 @@ class Trainer:
         step_graph = m.graphs["train_step"]
         self.batch_specs = _specs(step_graph.inputs, BATCH_ROLES)
         self._batch_names = [s.name for s in self.batch_specs]
+        self.noise_specs = _specs(step_graph.inputs, (NOISE_ROLE,))
         self._entries = {e.name: e for e in step_graph.inputs if e.role in CARRIED_ROLES}
         self._roles = {name: e.role for name, e in self._entries.items()}
         self._feeds = dict(m.feeds)  # train_step output -> carried input
@@ -128,6 +137,8 @@ class Trainer:
     def step(self, batch: Mapping[str, np.ndarray]) -> float:
         """One train step on ``batch`` (data and label arrays by name); returns the loss."""
         feeds = self._batch_feeds(batch, self.batch_specs)
+        if self.noise_specs:
+            feeds.update(self._noise_feeds(batch, feeds))
         feeds.update(self._state)
         host, device = self._train.run_bound(feeds, ("loss",), self._device_outputs)
         state = self._state
@@ -135,6 +146,80 @@ class Trainer:
             state[name] = device[out]
         self.step_count += 1
         return float(host["loss"])
+
+    def _noise_feeds(self, batch: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """This step's Dropout noise: drawn from ``self.rng`` in manifest order (or taken from
+        ``batch``), each shaped as its spec with symbolic dims bound by the batch's arrays."""
+        dims: dict[str, int] = {}
+        for spec in self.batch_specs:
+            for d, size in zip(spec.shape or (), feeds[spec.name].shape):
+                if isinstance(d, str):
+                    dims.setdefault(d, int(size))
+        out = {}
+        probed = None
+        for spec in self.noise_specs:
+            if spec.name in batch:
+                out[spec.name] = np.asarray(batch[spec.name], dtype=np.float32)
+                continue
+            if spec.shape is not None and all(isinstance(d, int) or d in dims for d in spec.shape):
+                shape = tuple(d if isinstance(d, int) else dims[d] for d in spec.shape)
+            else:  # a dim the batch does not name (an imported model's computed shape): measure it
+                if probed is None:
+                    probed = self._probe_noise_shapes(feeds)
+                shape = probed[spec.name]
+            out[spec.name] = self.rng.random(shape, dtype=np.float32)
+        return out
+
+    def _probe_noise_shapes(self, feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+        """The shapes of the values the Dropout noise inputs stand beside, for this batch's
+        shapes: the train_step graph run on the numpy backend up to those values, each noise
+        input replaced by a constant of its value's shape (cached per batch shape)."""
+        from onnx import helper
+
+        from graphc.backends import get_backend
+        from graphc.passes.training.modes import DROPOUT_INPUT_KEY
+
+        key = tuple((n, a.shape) for n, a in feeds.items())
+        cache = self.__dict__.setdefault("_noise_shape_cache", {})
+        if key in cache:
+            return cache[key]
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self.artifacts.train_step.proto)
+        graph = proto.graph
+        noise = {s.name for s in self.noise_specs}
+        partner = {}
+        for node in graph.node:
+            for prop in node.metadata_props:
+                if prop.key == DROPOUT_INPUT_KEY and node.input and node.input[0] in noise:
+                    partner[node.input[0]] = prop.value
+        if set(partner) != noise:
+            raise InputError(f"cannot size the Dropout noise input(s) {sorted(noise - set(partner))} from the "
+                             "batch; feed them in the batch under their names")
+        nodes = list(graph.node)
+        made = {n: [helper.make_node("Shape", [x], [f"{n}/probe_shape"]),
+                    helper.make_node("ConstantOfShape", [f"{n}/probe_shape"], [n],
+                                     value=helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [0.5]))]
+                for n, x in partner.items()}
+        produced_by = {out: i for i, node in enumerate(nodes) for out in node.output}
+        ordered = [pair for n, x in partner.items() if x not in produced_by for pair in made[n]]
+        for i, node in enumerate(nodes):
+            ordered.append(node)
+            ordered += [pair for n, x in partner.items() if produced_by.get(x) == i for pair in made[n]]
+        del graph.node[:]
+        graph.node.extend(ordered)
+        kept = [v for v in graph.input if v.name not in noise]
+        del graph.input[:]
+        graph.input.extend(kept)
+        del graph.output[:]
+        graph.output.extend(helper.make_tensor_value_info(f"{n}/probe_shape", onnx.TensorProto.INT64, None)
+                            for n in partner)
+        names = {v.name for v in kept}
+        run_feeds = {n: a for n, a in feeds.items() if n in names}
+        run_feeds.update({n: a for n, a in self.state_dict().items() if n in names})
+        exe = get_backend("numpy").prepare(proto)
+        host, _ = exe.run_bound(run_feeds, [f"{n}/probe_shape" for n in partner])
+        cache[key] = {n: tuple(int(d) for d in host[f"{n}/probe_shape"]) for n in partner}
+        return cache[key]
 
     def _eval_exe(self):
         if self._eval is None:

@@ -17,6 +17,10 @@ guess from names):
 * ``gradients``: the train_step inputs without optimizer state, step and lr; outputs ``loss`` and
   ``<param>_grad``. Dropout/BatchNorm run in training mode (batch statistics, as train_step);
   the running-statistics updates are not output (feed the BN stats in, they are not changed).
+* Dropout randomness is an input of ``train_step`` and ``gradients``: one ``dropout_noise.<k>``
+  (role ``noise``, float32 uniform in [0, 1), the Dropout input's shape) per training-mode
+  Dropout; an element is kept where ``noise >= ratio``. ``gc.Trainer`` draws it each step from
+  its seeded numpy Generator (saved in checkpoints), so runs replay exactly on every backend.
 * ``eval``: inference-mode forward (BatchNorm uses the running statistics fed in, Dropout is the
   identity); inputs data, label, params and BN stats (with defaults); outputs ``loss`` and the
   model's outputs.
@@ -55,7 +59,7 @@ GRAPH_FILES = {
 STATE_FILE = "state.safetensors"
 MANIFEST_FILE = "manifest.json"
 
-Role = Literal["data", "label", "param", "state", "hyper", "loss", "grad", "output"]
+Role = Literal["data", "label", "param", "state", "hyper", "loss", "grad", "output", "noise"]
 
 
 class TensorEntry(BaseModel):

@@ -25,13 +25,23 @@ def train(arts, batch, steps, backend="ort-cpu"):
     session = gc.Session(arts.train_step, backend=backend)
     carried = [e.name for e in arts.manifest.graphs["train_step"].inputs if e.role in ("param", "state", "hyper")]
     state = {n: arts.state[n] for n in carried}
+    noise = _noise_drawer(arts, batch)
     losses = []
     for _ in range(steps):
-        out = session.run({**batch, **state})
+        out = session.run({**batch, **state, **noise()})
         losses.append(float(out["loss"]))
         for produced, consumed in arts.manifest.feeds.items():
             state[consumed] = out[produced]
     return losses, state
+
+
+def _noise_drawer(arts, batch, seed=0):
+    """Draws for the train_step's Dropout noise inputs, symbolic dims bound by ``batch``."""
+    entries = arts.manifest.graphs["train_step"].inputs
+    dims = {d: n for e in entries if e.name in batch for d, n in zip(e.shape, np.shape(batch[e.name]))}
+    shapes = {e.name: [dims[d] if isinstance(d, str) else d for d in e.shape] for e in entries if e.role == "noise"}
+    rng = np.random.default_rng(seed)
+    return lambda: {n: rng.random(shape, dtype=np.float32) for n, shape in shapes.items()}
 
 
 def check_graph(model: gc.Model) -> onnx.ModelProto:

@@ -38,7 +38,8 @@ def test_constant_weights_become_trainable_and_scalars_stay_constants():
     assert "proj.weight" in {i.name for i in arts.inference.proto.graph.initializer}
     np.testing.assert_array_equal(arts.state["proj.weight"], arts.inference.params["proj.weight"])
     batch = _regression_batch()
-    grads = gc.Session(arts.gradients, backend="numpy").run(batch)
+    noise = {"dropout_noise.0": np.random.default_rng(1).random((16, 8), dtype=np.float32)}  # Dropout input: [B, 8]
+    grads = gc.Session(arts.gradients, backend="numpy").run({**batch, **noise})
     assert np.abs(grads["proj.weight_grad"]).max() > 0
 
 
@@ -88,12 +89,26 @@ def test_explicit_trainable_subset():
 def test_dropout_is_training_mode_in_train_step_and_identity_in_eval():
     arts = _awkward_arts()
     ops = {g: [n.op_type for n in arts.graphs[g].proto.graph.node] for g in arts.graphs}
-    step_dropout = next(n for n in arts.train_step.proto.graph.node if n.op_type == "Dropout")
-    assert len(step_dropout.input) == 3  # ratio, training_mode = True
+    # training mode: the Dropout is written out in standard ops on an explicit noise input
+    for key in ("train_step", "gradients"):
+        assert "Dropout" not in ops[key] and "GreaterOrEqual" in ops[key], ops[key]
+        noise = [e for e in arts.manifest.graphs[key].inputs if e.role == "noise"]
+        assert [(e.name, e.dtype, e.shape[1:]) for e in noise] == [("dropout_noise.0", "float32", [8])]
+    # kept where noise >= ratio (0.1), scaled by 1/(1-ratio): the loss follows the mask
+    batch = _regression_batch(4)
+    noise = np.random.default_rng(1).random((4, 8), dtype=np.float32)
+    step = gc.Session(arts.gradients, backend="numpy")
+    keep_all = step.run({**batch, "dropout_noise.0": np.ones((4, 8), np.float32)})["loss"]
+    drop_all = step.run({**batch, "dropout_noise.0": np.zeros((4, 8), np.float32)})["loss"]
+    assert keep_all != drop_all
+    c = gc.Session(arts.eval, backend="numpy").run({**batch})  # the identity in eval
+    assert c["loss"] != keep_all  # the 1/(1-ratio) scale
+    np.testing.assert_allclose(step.run({**batch, "dropout_noise.0": noise})["loss"],
+                               gc.Session(arts.gradients, backend="ort-cpu").run({**batch, "dropout_noise.0": noise})["loss"],
+                               rtol=1e-6)
     for key in ("eval", "inference"):
         dropouts = [n for n in arts.graphs[key].proto.graph.node if n.op_type == "Dropout"]
         assert all(len(n.input) <= 2 for n in dropouts), ops[key]
-    batch = _regression_batch(4)
     a = gc.Session(arts.eval, backend="numpy").run(batch)
     b = gc.Session(arts.eval, backend="ort-cpu").run(batch)
     np.testing.assert_allclose(a["out"], b["out"], rtol=1e-5)

@@ -9,7 +9,8 @@
    the loss value is named ``loss``;
 4. ``eval``: loss graph in inference mode, trainable params and BN statistics as inputs;
 5. ``gradients``: loss graph in training mode, ``autodiff.backward`` to the trainable params,
-   outputs ``loss`` and ``<param>_grad``;
+   outputs ``loss`` and ``<param>_grad`` (training-mode Dropout becomes standard ops on one
+   ``dropout_noise.<k>`` input per node, drawn by the caller);
 6. ``train_step``: the gradients graph plus optimizer state inputs, ``step``, ``lr`` and the
    update nodes (``optimizers``); outputs ``loss`` and ``X.next`` for each param/state ``X``.
 
@@ -76,7 +77,8 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
     params, frozen_all = _select_params(base.graph, bn_stats, trainable, frozen, order)
 
     evaluation = _eval_graph(base, params, bn_stats, model_outputs)
-    step, gradients, grads, bn_next = _backward_graphs(base, opset, params, bn_stats)
+    noise: list[str] = []
+    step, gradients, grads, bn_next = _backward_graphs(base, opset, params, bn_stats, noise)
 
     slots = optimizers.state_slots(opt_kind, opt_hyper)
     next_names = _append_optimizer(step.graph, opset, opt_kind, opt_hyper, params, grads, slots)
@@ -87,7 +89,8 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
     role_of_input = {**{n: "data" for n in data}, **({label: "label"} if label else {}),
                      **{n: "param" for n in params},
                      **{f"{p}.{s}": "state" for p in params for s in slots},
-                     STEP: "state", **{n: "state" for n in bn_stats}, LR: "hyper"}
+                     STEP: "state", **{n: "state" for n in bn_stats}, LR: "hyper",
+                     **{n: "noise" for n in noise}}
     graphs = {"train_step": step, "gradients": gradients, "eval": evaluation, "inference": inference}
     for key, m in graphs.items():
         m.graph.name = f"{model.graph.name or 'model'}_{key}"
@@ -109,10 +112,13 @@ def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
     return evaluation
 
 
-def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats: Sequence[str]):
+def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats: Sequence[str],
+                     noise: list[str]):
     """Training mode and the backward pass, in ``step`` itself; returns (step, the gradients
-    graph cloned from it, {param: gradient value in step}, {BN stat: its updated value})."""
-    bn_next = modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph)
+    graph cloned from it, {param: gradient value in step}, {BN stat: its updated value}).
+    Dropout becomes ops on new noise inputs (their names are appended to ``noise``) before
+    autodiff, so the gradient flows through plain Mul/Cast."""
+    bn_next = modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise)
     _expose_inputs(step.graph, [*params, *bn_stats])
     step.graph.sort()
     _infer_shapes(step)
@@ -133,7 +139,7 @@ def _roles(key: str, graph: ir.Graph, role_of_input: dict[str, str], params: Seq
 
 def _order_inputs(graph: ir.Graph, order: Sequence[str]) -> None:
     """Inputs in the manifest's reading order: data, label, params, optimizer state, step, BN
-    statistics, lr."""
+    statistics, lr, Dropout noise."""
     rank = {name: i for i, name in enumerate(order)}
     ordered = sorted(graph.inputs, key=lambda v: rank.get(v.name, -1))
     graph.inputs.clear()

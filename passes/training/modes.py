@@ -3,7 +3,12 @@
 * ``set_inference_mode``: Dropout loses its ``training_mode`` input (ONNX's default is
   inference, the identity); BatchNormalization gets ``training_mode=0`` and one output (it
   normalises with the running statistics).
-* ``set_training_mode``: Dropout gets ``training_mode=True``; BatchNormalization is written
+* ``set_training_mode``: each top-level Dropout is written out in standard ops fed by an explicit
+  noise input (``dropout_noise.<k>``: uniform [0, 1) float32 of the Dropout input's shape, drawn
+  by the caller each step): ``keep = noise >= ratio``, ``y = x * Cast(keep) * 1/(1-ratio)``,
+  ``mask = keep``. The randomness is thus the caller's (the Trainer draws it from a seeded numpy
+  Generator saved in checkpoints), identical on every backend. A Dropout inside a subgraph
+  (If/Loop body) is left as it is. BatchNormalization is written
   out in primitive ops (ReduceMean/Sub/Mul/Sqrt/...) that every backend runs (onnxruntime's
   inference build has no training-mode BatchNormalization) and autodiff differentiates.
   Batch statistics normalise the input (biased variance, as PyTorch); the running
@@ -47,25 +52,74 @@ def set_inference_mode(graph: ir.Graph) -> None:
             node.resize_outputs(1)
 
 
-def set_training_mode(b: Emitter, graph: ir.Graph) -> dict[str, ir.Value]:
+NOISE_PREFIX = "dropout_noise."
+DROPOUT_INPUT_KEY = "graphc.dropout_input"
+
+
+def set_training_mode(b: Emitter, graph: ir.Graph, noise: list[str] | None = None) -> dict[str, ir.Value]:
+    """Training mode in place; returns the BN statistics' updated values. The names of the
+    noise inputs added for Dropout are appended to ``noise``."""
     updated: dict[str, ir.Value] = {}
+    noise = [] if noise is None else noise
     for node in list(graph):
         if node.domain not in ("", "ai.onnx"):
             continue
         if node.op_type == "Dropout":
-            _dropout_training(b, node)
+            _dropout_with_noise(b, graph, node, noise)
         elif node.op_type == "BatchNormalization":
             updated.update(_batchnorm_training(b, graph, node))
     return updated
 
 
-def _dropout_training(b: Emitter, node: ir.Node) -> None:
-    """``training_mode`` = True; an absent ``ratio`` becomes ONNX's default 0.5 explicitly."""
+def _dropout_with_noise(b: Emitter, graph: ir.Graph, node: ir.Node, noise: list[str]) -> None:
+    """Replace a Dropout by ops driven by a new float32 noise input (see the module docstring)."""
     x = node.inputs[0]
     ratio = node.inputs[1] if len(node.inputs) > 1 and node.inputs[1] is not None else None
-    node.resize_inputs(3)
-    node.replace_input_with(1, ratio if ratio is not None else b.const(0.5, x.dtype, "dropout_ratio"))
-    node.replace_input_with(2, b.const(True, np.bool_, "training_mode"))
+    fixed = 0.5 if ratio is None else _const_float(ratio)
+    y_old = node.outputs[0]
+    mask_old = node.outputs[1] if len(node.outputs) > 1 else None
+    mask_used = mask_old is not None and (mask_old.uses() or mask_old.is_graph_output())
+    if fixed == 0.0 and not mask_used:  # ratio 0: the identity, no draw
+        _replace_everywhere(graph, y_old, b.op("Identity", x))
+        graph.remove(node, safe=True)
+        return
+    name = f"{NOISE_PREFIX}{len(noise)}"
+    while name in b._names.taken:  # noqa: SLF001 - the emitter's name registry
+        name += "_"
+    b._names.claim(name)  # noqa: SLF001
+    # the Dropout input's dims: ints stay, symbolic ones keep their names, unknown ones stay unknown
+    dims = None if x.shape is None else [d if isinstance(d, int) else d.value for d in x.shape]
+    value = ir.Value(name=name, type=ir.TensorType(ir.DataType.FLOAT), shape=None if dims is None else ir.Shape(dims))
+    graph.inputs.append(value)
+    noise.append(name)
+    if fixed is not None:
+        ratio32 = b.const(fixed, np.float32, "dropout_ratio")
+    else:
+        ratio32 = b.op("Cast", ratio, to=ir.DataType.FLOAT)
+    keep = b.op("GreaterOrEqual", value, ratio32)
+    # which value the noise must match in shape, for a caller that cannot bind its dims
+    keep.producer().metadata_props[DROPOUT_INPUT_KEY] = b.name_value(x).name
+    keep_x = b.op("Cast", keep, to=x.dtype) if x.dtype is not None else b.op("CastLike", keep, x)
+    if fixed is not None:
+        scale = b.scalar(1.0 / (1.0 - fixed), x)
+    else:
+        one = b.scalar(1.0, x)
+        scale = b.op("Div", one, b.op("Sub", one, b.op("CastLike", ratio, x)))
+    y = b.op("Mul", x, b.op("Mul", keep_x, scale))
+    y.shape = None if dims is None else ir.Shape(dims)
+    _replace_everywhere(graph, y_old, y)
+    if mask_old is not None:
+        _replace_everywhere(graph, mask_old, keep)
+    graph.remove(node, safe=True)
+
+
+def _const_float(value: ir.Value) -> float | None:
+    from onnx_ir.convenience import get_const_tensor
+
+    if value.is_graph_input():
+        return None
+    tensor = get_const_tensor(value)
+    return None if tensor is None else float(np.asarray(tensor.numpy()).reshape(-1)[0])
 
 
 def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str, ir.Value]:
