@@ -78,14 +78,15 @@ def assert_same_outputs(original: gc.Model, optimized: gc.Model, batches=(1, 3),
                          f"numpy batch {batch}")
 
 
-def assert_levels_sound(model: gc.Model, levels, batches) -> None:
+def assert_levels_sound(model: gc.Model, levels, batches, fixed: dict[str, np.ndarray] | None = None) -> None:
     """Optimize at each level: a valid model with the same interface, no more nodes, and the same
     outputs as the original at each batch size on onnxruntime and (where it runs the original)
-    on the numpy backend. The original's outputs are computed once."""
+    on the numpy backend. The original's outputs are computed once. ``fixed`` feeds replace the
+    random ones (e.g. variances that must not be negative)."""
     use_numpy = numpy_available()
     refs = []
     for batch in batches:
-        feeds = random_feeds(model, batch, seed=batch)
+        feeds = {**random_feeds(model, batch, seed=batch), **(fixed or {})}
         expected_np = None
         if use_numpy:
             try:
