@@ -10,7 +10,6 @@ stamps the newest IR version, which released runtimes may refuse.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,9 +191,3 @@ def run_case(backend: type[Backend], case, op_type: str = "") -> CaseResult:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return CaseResult(case.name, op_type, "error", f"{type(exc).__name__}: {first}"[:300])
     return CaseResult(case.name, op_type, "pass")
-
-
-def run_cases(backend: type[Backend], cases: Iterable) -> list[CaseResult]:
-    cases = list(cases)
-    ops = case_op_types(cases)
-    return [run_case(backend, case, ops[case.name]) for case in cases]

@@ -65,7 +65,7 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     for key, (sp, arr) in specs.items():
         value = builder.new_value(builder.reserve(key), sp.dtype, sp.shape)
         graph_inputs.append(value)
-        tensors[key] = Tensor(value, builder, eager_value=arr)
+        tensors[key] = Tensor(value, eager_value=arr)
         if arr is not None:
             builder.values[id(value)] = arr
     if isinstance(fn_or_module, Module):

@@ -33,7 +33,6 @@ _ALIASES = {"bool_": "bool", "float": "float32", "double": "float64", "half": "f
 _BY_ONNX = {code: name for name, (_, code) in _TABLE.items()}
 
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
-INT_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8"})
 
 
 class DType(str):
@@ -46,10 +45,6 @@ class DType(str):
     @property
     def onnx(self) -> int:
         return to_onnx(self)
-
-    @property
-    def is_floating(self) -> bool:
-        return str(self) in FLOAT_DTYPES
 
     def __repr__(self) -> str:
         return f"gc.{self}"

@@ -18,12 +18,11 @@ class Tensor:
     In eager capture (``gc.capture`` given example arrays) ``.numpy()`` returns the value.
     """
 
-    __slots__ = ("value", "_builder", "_value", "_const")
+    __slots__ = ("value", "_value", "_const")
     __array_priority__ = 1000  # numpy scalars/arrays on the left defer to our reflected ops
 
-    def __init__(self, value: ir.Value, builder: Any, eager_value: np.ndarray | None = None):
+    def __init__(self, value: ir.Value, eager_value: np.ndarray | None = None):
         self.value = value
-        self._builder = builder
         self._value = eager_value
         self._const = None
 

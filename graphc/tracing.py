@@ -141,7 +141,7 @@ class Builder:
                          shape=ir.Shape(list(array.shape)), const_value=ir.Tensor(array, name=name))
         self.initializers.append(value)
         self.values[id(value)] = array
-        return Tensor(value, self, eager_value=array if self.scopes[0].eager else None)
+        return Tensor(value, eager_value=array if self.scopes[0].eager else None)
 
     def constant(self, array: np.ndarray):
         """A ``Constant`` node (not an initializer: constants are not parameters)."""
@@ -181,7 +181,7 @@ class Builder:
                 value.type = ir.TensorType(ir.DataType(to_onnx(dtype)))
             value.shape = None if shape is None else ir.Shape(list(shape))
         self.scope.nodes.append(node)
-        outs = [Tensor(v, self) for v in out_values]
+        outs = [Tensor(v) for v in out_values]
         if self.eager and all(t is None or t._value is not None for t in inputs):
             if evaluator is not None:
                 results = evaluator([None if t is None else t._value for t in inputs])
@@ -202,7 +202,7 @@ class Builder:
         self.scopes.append(scope)
         try:
             values = [self.new_value(self.unique(hint), dtype, shape) for hint, dtype, shape in in_types]
-            result = fn(*args, *[Tensor(v, self) for v in values])
+            result = fn(*args, *[Tensor(v) for v in values])
             is_seq = isinstance(result, (tuple, list))
             items = list(result) if is_seq else [result]
             produced = {id(v) for node in scope.nodes for v in node.outputs}

@@ -93,12 +93,6 @@ class Manifest(BaseModel):
     loss: dict  # the loss spec as JSON (kind, output, label, options); {"kind": "output", ...}
     model_outputs: list[str]
 
-    def inputs_with_role(self, graph: str, *roles: str) -> list[str]:
-        return [e.name for e in self.graphs[graph].inputs if e.role in roles]
-
-    def outputs_with_role(self, graph: str, *roles: str) -> list[str]:
-        return [e.name for e in self.graphs[graph].outputs if e.role in roles]
-
 
 class TrainingArtifacts:
     """The four graphs, the initial state and the manifest that ties them together."""

@@ -6,7 +6,6 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 from onnx import helper
 

@@ -2,7 +2,6 @@
 Indices output, first maximum of each window in row-major order, like PyTorch."""
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 

@@ -44,9 +44,6 @@ class StepContext:
     def lr_as(self, like: ir.Value) -> ir.Value:
         return self._cast("lr", self.lr, like.dtype)
 
-    def t_as(self, like: ir.Value) -> ir.Value:
-        return self._cast("t", self.t, like.dtype)
-
     def _cast(self, key: str, value: ir.Value, dtype: ir.DataType) -> ir.Value:
         if value.dtype == dtype:
             return value
