@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dtypes import TensorSpec, as_dtype
+from graphc.dtypes import TensorSpec
 from graphc.errors import InputError
+from graphc.feeds import describe, dtype_name
 
 __all__ = ["DataLoader"]
 
@@ -165,12 +166,8 @@ class DataLoader:
 
 
 def _check_array(spec: TensorSpec, array: np.ndarray, loader: DataLoader) -> None:
-    got = f"{array.dtype}[{','.join(str(d) for d in array.shape)}]"
-    try:
-        dtype = as_dtype(array.dtype)
-    except TypeError:
-        dtype = None
-    if dtype != spec.dtype:
+    got = describe(array.shape, array.dtype)
+    if dtype_name(array.dtype) != spec.dtype:
         raise InputError(f"array {spec.name!r}: expected dtype {spec.dtype} (model input {spec}), "
                          f"got {got}")
     if spec.shape is None:

@@ -49,13 +49,17 @@ def _count_ratio(g: GradBuilder, x: ir.Value, y: ir.Value, like: ir.Value) -> ir
     return g.div(g.cast_like(g.op("Size", x), like), g.cast_like(g.op("Size", y), like))
 
 
+def _broadcast_back(g: GradBuilder, node: ir.Node, dy: ir.Value, axes) -> ir.Value:
+    """dy spread over the input's shape: the gradient of a sum over ``axes``."""
+    return g.op("Expand", _expand_back(g, node, dy, axes), g.shape_of(node.inputs[0]))
+
+
 @grad_rule("ReduceSum")
 def grad_reduce_sum(g, node, dy):
     axes, noop = _reduce_axes(g, node)
     if noop:
         return dy, None
-    x = node.inputs[0]
-    return g.op("Expand", _expand_back(g, node, dy, axes), g.shape_of(x)), None
+    return _broadcast_back(g, node, dy, axes), None
 
 
 @grad_rule("ReduceMean")
@@ -63,9 +67,8 @@ def grad_reduce_mean(g, node, dy):
     axes, noop = _reduce_axes(g, node)
     if noop:
         return dy, None
-    x = node.inputs[0]
-    dy = g.div(dy, _count_ratio(g, x, node.outputs[0], dy))
-    return g.op("Expand", _expand_back(g, node, dy, axes), g.shape_of(x)), None
+    dy = g.div(dy, _count_ratio(g, node.inputs[0], node.outputs[0], dy))
+    return _broadcast_back(g, node, dy, axes), None
 
 
 def _select_reduced(g: GradBuilder, node: ir.Node, dy: ir.Value, axes) -> ir.Value:
