@@ -15,10 +15,6 @@ B = np.zeros((5, 2), np.float32)
 W = np.arange(6, dtype=np.float32).reshape(3, 2) / 6
 
 
-def _cuda_reason() -> str:
-    return next(b for b in gc.backends() if b.name == "ort-cuda").reason
-
-
 cuda = pytest.mark.cuda
 needs_cuda = pytest.mark.skipif(not ort_backend.probe_cuda(0)[0],
                                 reason=f"no usable CUDA device: {ort_backend.probe_cuda(0)[1]}")
