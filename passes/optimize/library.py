@@ -7,11 +7,12 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 from onnx_ir.passes.common import _c_api_utils
+from onnx_ir.passes.common import unused_removal as _unused_removal
 from onnxscript.optimizer import _constant_folding
 
 from graphc.passes.optimize.pipeline import _SUBGRAPH_OPS, all_nodes
 
-__all__ = ["DeduplicateConstants", "IdentityElimination", "ShapeInference", "cleanup_passes",
+__all__ = ["DeduplicateConstants", "IdentityElimination", "RemoveUnusedNodes", "ShapeInference", "cleanup_passes",
            "finish_passes", "fold_constants_pass", "parameter_names", "prelude_passes"]
 
 # Below level 3 folding is bounded so the model never balloons: a node whose constant input
@@ -174,13 +175,39 @@ class ShapeInference(ir.passes.InPlacePass):
             if value is not None and info.type.HasField("tensor_type"):
                 # what deserialize_value_info_proto reads, without building a Value
                 if value.type is None:
-                    value.type = ir.serde.deserialize_type_proto_for_type(info.type)
+                    value.type = _tensor_type(info.type)
                 if value.shape is None:
-                    shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+                    shape = _tensor_shape(info.type)
                     if shape is not None:
                         value.shape = shape
                 modified = True
         return ir.passes.PassResult(model, modified)
+
+
+def _tensor_type(proto: onnx.TypeProto) -> ir.TypeProtocol | None:
+    """``ir.serde.deserialize_type_proto_for_type`` of a ``tensor_type`` proto, without the
+    serde layer's generic dispatch and error wrapping (it runs for every inferred value)."""
+    tensor = proto.tensor_type
+    if not tensor.HasField("elem_type"):
+        return None
+    return ir.TensorType(ir.DataType(tensor.elem_type),
+                         denotation=proto.denotation if proto.HasField("denotation") else None)
+
+
+def _tensor_shape(proto: onnx.TypeProto) -> ir.Shape | None:
+    """``ir.serde.deserialize_type_proto_for_shape`` of a ``tensor_type`` proto, the same
+    frozen ``Shape`` (int, named or unknown dims, dim denotations), built directly."""
+    tensor = proto.tensor_type
+    if not tensor.HasField("shape"):
+        return None
+    dims: list = []
+    denotations: list = []
+    for dim in tensor.shape.dim:
+        which = dim.WhichOneof("value")
+        dims.append(dim.dim_value if which == "dim_value"
+                    else ir.SymbolicDim(dim.dim_param if which == "dim_param" else None))
+        denotations.append(dim.denotation if dim.HasField("denotation") else None)
+    return ir.Shape(dims, denotations=denotations, frozen=True)
 
 
 class TopologicalSort(common.TopologicalSortPass):
@@ -231,8 +258,103 @@ def cleanup_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> l
     return [fold, IdentityElimination(), cse, remove_unused_pass(), dedup_pass(protected, level)]
 
 
+# (domain, op_type, opset) -> which outputs the op's schema marks optional, or None when the
+# schema is unknown, variadic in its outputs or has no optional output (nothing to trim)
+_OPTIONAL_OUTPUTS: dict[tuple[str, str, int], tuple[bool, ...] | None] = {}
+
+
+def _optional_outputs(node: ir.Node, opset: int) -> tuple[bool, ...] | None:
+    key = (node.domain, node.op_type, opset)
+    if key not in _OPTIONAL_OUTPUTS:
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset, domain=node.domain)
+        except Exception:  # noqa: BLE001 - no schema: onnx-ir skips the node too
+            info = None
+        else:
+            options = [o.option for o in schema.outputs]
+            variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
+            optional = onnx.defs.OpSchema.FormalParameterOption.Optional
+            info = (None if variadic in options or optional not in options
+                    else tuple(o == optional for o in options))
+        _OPTIONAL_OUTPUTS[key] = info
+    return _OPTIONAL_OUTPUTS[key]
+
+
+def _trim_optional_outputs(node: ir.Node, graph_outputs: frozenset[ir.Value], opset: int) -> None:
+    """onnx-ir's ``_remove_unused_optional_outputs`` with the schema lookup cached per op and
+    opset (the lookup is most of its cost; it runs for every live node on every sweep)."""
+    if node.domain not in ("", "onnx.ai"):
+        return
+    if node.op_type == "BatchNormalization":  # depends on the node's attributes: onnx-ir's own
+        _unused_removal._remove_unused_optional_outputs(node, graph_outputs, opset)
+        return
+    optional = _optional_outputs(node, opset)
+    if optional is None:
+        return
+    outputs = node.outputs
+    for i, out in enumerate(outputs):
+        if i < len(optional) and optional[i] and out not in graph_outputs and not out.uses():
+            out.name = ""
+    count = len(outputs)
+    while count and not outputs[count - 1].name:
+        count -= 1
+    if count != len(outputs):
+        node.resize_outputs(count)
+
+
+def _sweep(graph: ir.Graph | ir.Function, opset: int | None, subgraph: bool = False) -> int:
+    """onnx-ir's ``_remove_unused_nodes_in_graph_like``, same order and effects."""
+    graph_outputs = frozenset(graph.outputs)
+    if not subgraph:
+        opset = graph.opset_imports.get("", opset)
+    count = 0
+    for node in reversed(graph):
+        if not any(out in graph_outputs or out.uses() for out in node.outputs):
+            graph.remove(node, safe=True)
+            count += 1
+            continue
+        inputs = node.inputs
+        if inputs and inputs[-1] is None:
+            _unused_removal._remove_trailing_empty_inputs(node)
+        if opset is not None:
+            _trim_optional_outputs(node, graph_outputs, opset)
+        if node.op_type in _SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.GRAPH:
+                    count += _sweep(attr.as_graph(), opset, subgraph=True)
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    for body in attr.as_graphs():
+                        count += _sweep(body, opset, subgraph=True)
+    return count
+
+
+class RemoveUnusedNodes(common.RemoveUnusedNodesPass):
+    """onnx-ir's dead-code elimination with the same effects, only cheaper: nodes none of whose
+    outputs is used or a graph output are removed, walking each graph backwards so a dead chain
+    goes in one sweep (subgraphs and functions included); on live nodes trailing ``None`` inputs
+    are dropped and unused optional outputs (per the op's schema) are unnamed and trailing ones
+    trimmed; initializers nothing uses that are not graph inputs/outputs are dropped. Sound: no
+    output depends on anything removed, and an optional output may be omitted by the spec.
+    The schema lookup per op and opset is cached (onnx-ir looks it up for every live node on
+    every sweep, which is most of its cost); subgraphs are looked for only in ops that can
+    have them (``all_nodes``)."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        count = _sweep(model.graph, None)
+        graph = model.graph
+        keep = frozenset(graph.outputs) | frozenset(graph.inputs)
+        initializers = graph.initializers
+        for init in list(initializers.values()):
+            if not (init.uses() or init in keep):
+                del initializers[init.name]
+                count += 1
+        for function in model.functions.values():
+            count += _sweep(function, None)
+        return ir.passes.PassResult(model, modified=bool(count))
+
+
 def remove_unused_pass() -> ir.passes.PassBase:
-    p = _named(common.RemoveUnusedNodesPass(), "RemoveUnusedNodes")
+    p = _named(RemoveUnusedNodes(), "RemoveUnusedNodes")
     # one sweep removes every dead node (it walks the graph backwards); merging initializers
     # leaves no output unused
     p.effect, p.idempotent, p.ignores = DEAD, True, frozenset({DEDUP})

@@ -1,0 +1,76 @@
+"""graphc's cheaper stand-ins for onnx-ir library code (dead-node removal, reading back shape
+inference) do exactly what the library code does: same model, byte for byte."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as common
+from onnx import TensorProto, helper
+
+from graphc.passes.optimize.library import RemoveUnusedNodes, _tensor_shape, _tensor_type
+
+
+def _dead_code_model() -> onnx.ModelProto:
+    """Dead chains, an unused initializer, unused optional outputs (Dropout's mask, MaxPool's
+    indices, BatchNormalization's training outputs), a trailing empty input, a dead node inside
+    an If branch, and an op without a schema."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])
+    cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, None)
+    inits = [onnx.numpy_helper.from_array(np.ones(2, np.float32), n) for n in ("s", "b", "m", "v")]
+    inits.append(onnx.numpy_helper.from_array(np.ones(3, np.float32), "unused"))
+    branch = lambda tag: helper.make_graph(  # noqa: E731
+        [helper.make_node("Neg", ["x"], [f"dead_{tag}"]), helper.make_node("Abs", ["x"], [f"out_{tag}"])],
+        f"branch_{tag}", [], [helper.make_tensor_value_info(f"out_{tag}", TensorProto.FLOAT, None)])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Exp", ["r"], ["dead1"]),
+        helper.make_node("Log", ["dead1"], ["dead2"]),  # a dead chain: both go in one sweep
+        helper.make_node("Dropout", ["r"], ["d", "mask"]),
+        helper.make_node("MaxPool", ["d"], ["p", "idx"], kernel_shape=[2, 2]),
+        helper.make_node("Clip", ["p", "", ""], ["c"]),  # trailing empty inputs
+        helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"]),
+        helper.make_node("Custom", ["bn"], ["custom"], domain="my.domain"),
+        helper.make_node("If", ["cond"], ["branched"], then_branch=branch("t"), else_branch=branch("e")),
+        helper.make_node("Add", ["custom", "branched"], ["y"]),
+        helper.make_node("Sigmoid", ["x"], ["z"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [x, cond], [y, z], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.domain", 1)])
+
+
+def test_remove_unused_nodes_matches_onnx_ir():
+    proto = _dead_code_model()
+    ours, theirs = ir.serde.deserialize_model(proto), ir.serde.deserialize_model(proto)
+    assert RemoveUnusedNodes()(ours).modified
+    assert common.RemoveUnusedNodesPass()(theirs).modified
+    ours_proto, theirs_proto = ir.serde.serialize_model(ours), ir.serde.serialize_model(theirs)
+    assert ours_proto.SerializeToString(deterministic=True) == theirs_proto.SerializeToString(deterministic=True)
+    ops = [n.op_type for n in ours_proto.graph.node]
+    assert "Exp" not in ops and "Log" not in ops
+    assert [i.name for i in ours_proto.graph.initializer] == ["s", "b", "m", "v"]
+    assert len(ours.graph.node(2).outputs) == 1  # MaxPool's indices trimmed (node order: Relu, Dropout, MaxPool)
+    # a second sweep finds nothing, as onnx-ir's
+    assert not RemoveUnusedNodes()(ours).modified
+
+
+def test_tensor_type_and_shape_read_back_like_serde():
+    dims = [3, "batch", None]
+    info = helper.make_tensor_value_info("v", TensorProto.FLOAT16, dims)
+    info.type.tensor_type.shape.dim[0].denotation = "DATA_BATCH"
+    info.type.denotation = "TENSOR"
+    no_shape = helper.make_tensor_value_info("w", TensorProto.INT64, None)
+    scalar = helper.make_tensor_value_info("s", TensorProto.BOOL, [])
+    for vi in (info, no_shape, scalar):
+        expected_type = ir.serde.deserialize_type_proto_for_type(vi.type)
+        assert _tensor_type(vi.type) == expected_type
+        assert _tensor_type(vi.type).denotation == expected_type.denotation
+        expected, got = ir.serde.deserialize_type_proto_for_shape(vi.type), _tensor_shape(vi.type)
+        if expected is None:
+            assert got is None
+            continue
+        assert got.dims == expected.dims and got.frozen == expected.frozen
+        assert [got.get_denotation(i) for i in range(len(got))] == [expected.get_denotation(i) for i in range(len(expected))]
