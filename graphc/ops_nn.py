@@ -17,7 +17,8 @@ def _ops():
     return ops
 
 
-def _tuple2(v: Any, name: str) -> list[int]:
+def int_pair(v: Any, name: str) -> list[int]:
+    """``v`` as ``[int, int]`` (an int is repeated); ``name`` is the argument in the error."""
     if isinstance(v, (int, np.integer)):
         return [int(v), int(v)]
     v = [int(i) for i in v]
@@ -44,7 +45,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
         if x.shape[1] != ws[1] * groups:
             raise op_error("Conv", [x, weight], f"input has {x.shape[1]} channels, weight expects "
                            f"{ws[1] * groups} (groups={groups})", user_source())
-    attrs: dict[str, Any] = {"strides": _tuple2(stride, "stride"), "dilations": _tuple2(dilation, "dilation"),
+    attrs: dict[str, Any] = {"strides": int_pair(stride, "stride"), "dilations": int_pair(dilation, "dilation"),
                              "group": int(groups), "kernel_shape": list(ws[2:]) if ws is not None else None}
     if isinstance(padding, str):
         if padding == "valid":
@@ -54,7 +55,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
         else:
             raise GraphError(f"padding={padding!r}; expected an int, a pair, 'same' or 'valid' (at {user_source()})")
     else:
-        ph, pw = _tuple2(padding, "padding")
+        ph, pw = int_pair(padding, "padding")
         attrs["pads"] = [ph, pw, ph, pw]
     inputs = [x, weight] + ([bias] if bias is not None else [])
     for t in inputs[1:]:
@@ -63,9 +64,9 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
 
 
 def _pool_attrs(kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool) -> dict[str, Any]:
-    k = _tuple2(kernel_size, "kernel_size")
-    s = k if stride is None else _tuple2(stride, "stride")
-    ph, pw = _tuple2(padding, "padding")
+    k = int_pair(kernel_size, "kernel_size")
+    s = k if stride is None else int_pair(stride, "stride")
+    ph, pw = int_pair(padding, "padding")
     return {"kernel_shape": k, "strides": s, "pads": [ph, pw, ph, pw], "ceil_mode": int(bool(ceil_mode))}
 
 
@@ -76,7 +77,7 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
     x = ops.lift(x)
     _check_rank("MaxPool", x, 4)
     attrs = _pool_attrs(kernel_size, stride, padding, ceil_mode)
-    attrs["dilations"] = _tuple2(dilation, "dilation")
+    attrs["dilations"] = int_pair(dilation, "dilation")
     return ops.emit("MaxPool", [x], attrs)
 
 

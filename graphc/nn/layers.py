@@ -8,13 +8,9 @@ from graphc import ops
 from graphc.errors import GraphError
 from graphc.nn import init
 from graphc.nn.module import Module, Parameter
-from graphc.ops_nn import linear
+from graphc.ops_nn import global_avg_pool2d, int_pair, linear
 from graphc.tensor import Tensor
 from graphc.tracing import user_source
-
-
-def _pair(v: Any) -> tuple[int, int]:
-    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
 class Linear(Module):
@@ -44,7 +40,7 @@ class Conv2d(Module):
         super().__init__()
         if in_channels % groups or out_channels % groups:
             raise GraphError(f"Conv2d channels ({in_channels}, {out_channels}) must divide by groups={groups}")
-        kh, kw = _pair(kernel_size)
+        kh, kw = int_pair(kernel_size, "kernel_size")
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, (kh, kw)
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.weight = Parameter(shape=(out_channels, in_channels // groups, kh, kw), init=init.kaiming_uniform(),
@@ -90,9 +86,7 @@ class AdaptiveAvgPool2d(Module):
         self.output_size = output_size
 
     def forward(self, x: Tensor) -> Tensor:
-        from graphc.ops_nn import global_avg_pool2d
-
-        oh, ow = _pair(self.output_size)
+        oh, ow = int_pair(self.output_size, "output_size")
         if (oh, ow) == (1, 1):
             return global_avg_pool2d(x)
         h, w = x.shape[2], x.shape[3]

@@ -140,7 +140,7 @@ def grad_log_softmax(g, node, dy):
 
 @grad_rule("ReduceL2")
 def grad_reduce_l2(g, node, dy):
-    # dx = dy * x / y (inf/nan where y == 0, like PyTorch's norm backward at 0 gives 0: guard)
+    # dx = dy * x / y; 0 where y == 0 (PyTorch's norm backward gives 0 there rather than nan)
     axes, noop = _reduce_axes(g, node)
     x = node.inputs[0]
     y = _expand_back(g, node, node.outputs[0], axes) if not noop else node.outputs[0]
