@@ -74,3 +74,53 @@ def test_tensor_type_and_shape_read_back_like_serde():
             continue
         assert got.dims == expected.dims and got.frozen == expected.frozen
         assert [got.get_denotation(i) for i in range(len(got))] == [expected.get_denotation(i) for i in range(len(expected))]
+
+
+def _named_model(duplicate: bool, unnamed: bool) -> ir.Model:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="n0"),
+             helper.make_node("Neg", ["a"], ["b"], name="" if unnamed else "n1"),
+             helper.make_node("Abs", ["b"], ["y"], name="n2")]
+    model = ir.serde.deserialize_model(helper.make_model(helper.make_graph(nodes, "g", [x], [y])))
+    if duplicate:
+        model.graph.node(1).outputs[0].name = "a"  # two values named "a"
+    return model
+
+
+def test_name_fix_same_as_onnx_ir_and_idle_when_names_are_unique():
+    from graphc.passes.optimize.library import NameFix, _names_unique
+
+    clean = _named_model(duplicate=False, unnamed=False)
+    assert _names_unique(clean)
+    before = ir.serde.serialize_model(clean).SerializeToString(deterministic=True)
+    assert not NameFix()(clean).modified
+    assert ir.serde.serialize_model(clean).SerializeToString(deterministic=True) == before
+    for duplicate, unnamed in ((True, False), (False, True)):
+        ours, theirs = _named_model(duplicate, unnamed), _named_model(duplicate, unnamed)
+        assert not _names_unique(ours)
+        assert NameFix()(ours).modified and common.NameFixPass()(theirs).modified
+        assert (ir.serde.serialize_model(ours).SerializeToString(deterministic=True)
+                == ir.serde.serialize_model(theirs).SerializeToString(deterministic=True))
+
+
+def test_fold_constants_same_as_onnxscript():
+    from onnxscript.optimizer import _constant_folding
+
+    from graphc.passes.optimize.library import FoldConstants
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Constant", [], ["c"], value=onnx.numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(3, 2), "c")),
+             helper.make_node("Transpose", ["c"], ["ct"]),
+             helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Reshape", ["ct", "s"], ["r"]),
+             helper.make_node("Add", ["x", "r"], ["y"])]
+    proto = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    ours, theirs = ir.serde.deserialize_model(proto), ir.serde.deserialize_model(proto)
+    limits = dict(shape_inference=False, input_size_limit=1024, output_size_limit=1024)
+    assert FoldConstants(**limits)(ours).modified
+    assert _constant_folding.FoldConstantsPass(**limits)(theirs).modified
+    assert (ir.serde.serialize_model(ours).SerializeToString(deterministic=True)
+            == ir.serde.serialize_model(theirs).SerializeToString(deterministic=True))
+    assert "Transpose" not in [n.op_type for n in ours.graph]
