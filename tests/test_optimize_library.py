@@ -124,3 +124,38 @@ def test_fold_constants_same_as_onnxscript():
     assert (ir.serde.serialize_model(ours).SerializeToString(deterministic=True)
             == ir.serde.serialize_model(theirs).SerializeToString(deterministic=True))
     assert "Transpose" not in [n.op_type for n in ours.graph]
+
+
+def _transpose_model(dead_use: bool) -> onnx.ModelProto:
+    """A big constant (over the folder's input limit) transposed; with ``dead_use`` a dead Neg
+    also reads it, which keeps the folder's size gate from folding the Transpose until the Neg
+    is removed."""
+    big = np.arange(100 * 100, dtype=np.float32).reshape(100, 100)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [100, 100])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [100, 100])
+    nodes = [helper.make_node("Constant", [], ["w"], value=onnx.numpy_helper.from_array(big, "w")),
+             helper.make_node("Transpose", ["w"], ["wt"]),
+             helper.make_node("Add", ["x", "wt"], ["y"])]
+    if dead_use:
+        nodes.insert(1, helper.make_node("Neg", ["w"], ["unused"]))
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_fold_ignores_dead_node_removal_only_when_no_node_waits_on_its_size_gate():
+    from graphc.passes.optimize.library import DEAD, DEDUP, fold_constants_pass
+
+    for dead_use, expect_blocked in ((True, True), (False, False)):
+        model = ir.serde.deserialize_model(_transpose_model(dead_use))
+        fold = fold_constants_pass(level=2)
+        fold(model)
+        # blocked: the Transpose (all inputs constant) is left for a later round
+        assert ("Transpose" in [n.op_type for n in model.graph]) == expect_blocked
+        assert DEDUP in fold.ignores and (DEAD in fold.ignores) == (not expect_blocked)
+    assert DEAD in fold_constants_pass(level=3).ignores  # no size gate at level 3
+
+
+def test_dead_use_removed_then_transpose_folded_at_level_2():
+    import graphc as gc
+
+    out = gc.optimize(_transpose_model(dead_use=True), 2)
+    assert [n.op_type for n in out.proto.graph.node] == ["Add"]

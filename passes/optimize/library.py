@@ -72,7 +72,22 @@ class NameFix(common.NameFixPass):
 
 class FoldConstants(_constant_folding.FoldConstantsPass):
     """onnxscript's ``FoldConstantsPass.call`` step for step, with ``NameFix`` for its closing
-    ``NameFixPass`` (the same renaming, skipped when every name is already unique)."""
+    ``NameFixPass`` (the same renaming, skipped when every name is already unique).
+
+    What can enable it again (``Pipeline``): merging equal initializers (``DEDUP``) never can.
+    Dead-node removal (``DEAD``) can only through the folder's size gates, which count the
+    uses of a node's constant inputs (with ``size_gated``: below level 3): a node whose inputs
+    are all constant may fold once a dead use of a big input is gone. So after each run the
+    pass notes whether any such node is left (``_blocked``; checked in flat graphs, assumed
+    with functions or subgraphs); with none, removing nodes cannot make one (it creates no
+    constant), and dead-node removal is ignored until the folder runs again."""
+
+    size_gated = True
+    _blocked = True
+
+    @property
+    def ignores(self) -> frozenset[str]:
+        return frozenset({DEDUP} if self.size_gated and self._blocked else {DEDUP, DEAD})
 
     def call(self, model: ir.Model) -> _constant_folding.FoldConstantsResult:
         self._reset()
@@ -82,7 +97,25 @@ class FoldConstants(_constant_folding.FoldConstantsPass):
             self.visit_function(function)
         if self._modified:
             NameFix()(model)
+        if self.size_gated:
+            self._blocked = _has_constant_node(model)
         return _constant_folding.FoldConstantsResult(model, self._modified, self._state.symbolic_value_map)
+
+
+def _has_constant_node(model: ir.Model) -> bool:
+    """Whether a node other than ``Constant`` reads only constants (initializers included),
+    or the model has functions or subgraphs (not searched: assumed so)."""
+    if model.functions:
+        return True
+    for node in model.graph:
+        if node.op_type in _SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
+            return True
+        if node.op_type == "Constant":
+            continue
+        inputs = [v for v in node.inputs if v is not None]
+        if inputs and all(v.const_value is not None for v in inputs):
+            return True
+    return False
 
 
 def fold_constants_pass(protected: frozenset[str] = frozenset(), level: int = 1) -> ir.passes.PassBase:
@@ -110,10 +143,10 @@ def fold_constants_pass(protected: frozenset[str] = frozenset(), level: int = 1)
             return dims is not None and int(np.prod(dims.numpy())) <= SMALL_CONSTANT or None
         return True if level >= 3 else None
 
-    return _named(FoldConstants(
-        shape_inference=False, input_size_limit=INPUT_LIMIT,
-        output_size_limit=2**62 if level >= 3 else OUTPUT_LIMIT, should_fold=should_fold),
-        "FoldConstants", structural=level < 3)  # unlimited, it reports modified spuriously
+    fold = FoldConstants(shape_inference=False, input_size_limit=INPUT_LIMIT,
+                         output_size_limit=2**62 if level >= 3 else OUTPUT_LIMIT, should_fold=should_fold)
+    fold.size_gated = level < 3  # level 3: every node reading only constants folds, whatever its uses
+    return _named(fold, "FoldConstants", structural=level < 3)  # unlimited, it reports modified spuriously
 
 
 def parameter_names(model: ir.Model) -> frozenset[str]:
@@ -303,8 +336,7 @@ def cleanup_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> l
     fold = fold_constants_pass(protected if level < 3 else frozenset(), level)
     # What can enable each (see Pipeline): merging equal initializers can only make the folder's
     # use-count size gates stricter; at level 3 it has none, so dead-node removal cannot
-    # enable it either.
-    fold.ignores = frozenset({DEDUP, DEAD} if level >= 3 else {DEDUP})
+    # enable it either (see FoldConstants).
     fold.idempotent = True  # it folds in node order: what a fold makes constant folds in the same run
     cse = _named(common.CommonSubexpressionEliminationPass(), "CommonSubexpressionElimination")
     cse.ignores = frozenset({DEAD})  # two live nodes equal now were equal before
