@@ -1,7 +1,8 @@
 """Eager evaluation of one node during capture (``print(t)`` inside ``forward`` shows values).
 
-Uses the numpy backend's ``run_node`` when it is there; otherwise onnx's reference evaluator on a
-one-node model. Control-flow nodes never come here: ``graphc.control`` evaluates them itself.
+Uses the numpy backend's ``run_node``; an op it has no kernel for goes to onnx's reference
+evaluator on a one-node model. Control-flow nodes never come here: ``graphc.control`` evaluates
+them itself.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-_RUN_NODE: Any = None
-
 
 def _plain(value: Any) -> Any:
     if isinstance(value, ir.TensorProtocol):
@@ -23,33 +22,20 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _backend_run_node():
-    global _RUN_NODE
-    if _RUN_NODE is None:
-        try:
-            from graphc.backends.numpy import run_node  # type: ignore[attr-defined]
-        except Exception:  # the numpy backend is not there (yet): use onnx.reference
-            run_node = False
-        _RUN_NODE = run_node
-    return _RUN_NODE
-
-
 def run(op_type: str, inputs: list[np.ndarray | None], attrs: dict[str, Any], opset: int,
         node_outputs: int = 1) -> list[np.ndarray]:
     attrs = {k: _plain(v) for k, v in attrs.items()}
     if op_type == "Constant":
         return [np.asarray(attrs["value"])]
-    run_node = _backend_run_node()
-    if run_node:
+    from graphc.backends.numpy import run_node
+
+    try:
+        outs = list(run_node(op_type, list(inputs), attrs, opset, num_outputs=node_outputs))
+    except Exception as exc:  # a kernel the numpy backend lacks: the reference evaluator decides
         try:
-            outs = list(run_node(op_type, list(inputs), attrs, opset, num_outputs=node_outputs))
-        except Exception as exc:  # a kernel the numpy backend lacks: the reference evaluator decides
-            try:
-                outs = _reference(op_type, inputs, attrs, opset, node_outputs)
-            except Exception:
-                raise exc from None
-    else:
-        outs = _reference(op_type, inputs, attrs, opset, node_outputs)
+            outs = _reference(op_type, inputs, attrs, opset, node_outputs)
+        except Exception:
+            raise exc from None
     return [None if o is None else np.asarray(o) for o in outs]
 
 
