@@ -114,6 +114,17 @@ def _init_linear(rng, fan_in, fan_out):
             rng.uniform(-bound, bound, fan_out).astype(np.float32)]
 
 
+def _mlp_fwd_bwd(x, y, w1, b1, w2, b2, w3, b3):
+    """Cross-entropy of Linear-ReLU-Linear-ReLU-Linear on ``x``: (loss, d loss/d first-layer
+    pre-activation, the six parameter gradients)."""
+    h1 = np.maximum(x @ w1.T + b1, 0)
+    h2 = np.maximum(h1 @ w2.T + b2, 0)
+    loss, d3 = _xent_grad(h2 @ w3.T + b3, y)
+    d2 = (d3 @ w3) * (h2 > 0)
+    d1 = (d2 @ w2) * (h1 > 0)
+    return loss, d1, [d1.T @ x, d1.sum(0), d2.T @ h1, d2.sum(0), d3.T @ h2, d3.sum(0)]
+
+
 def numpy_mlp_step(case):
     rng = np.random.default_rng(0)
     params = _init_linear(rng, 784, 512) + _init_linear(rng, 512, 512) + _init_linear(rng, 512, 10)
@@ -121,13 +132,7 @@ def numpy_mlp_step(case):
 
     def step(i):
         x, y = batches[i % len(batches)]["x"], batches[i % len(batches)]["y"]
-        w1, b1, w2, b2, w3, b3 = params
-        h1 = np.maximum(x @ w1.T + b1, 0)
-        h2 = np.maximum(h1 @ w2.T + b2, 0)
-        loss, d3 = _xent_grad(h2 @ w3.T + b3, y)
-        d2 = (d3 @ w3) * (h2 > 0)
-        d1 = (d2 @ w2) * (h1 > 0)
-        grads = [d1.T @ x, d1.sum(0), d2.T @ h1, d2.sum(0), d3.T @ h2, d3.sum(0)]
+        loss, _, grads = _mlp_fwd_bwd(x, y, *params)
         for p, g in zip(params, grads):
             p -= LR * g
         return loss
@@ -200,25 +205,20 @@ def numpy_cnn_step(case):
 
     def step(i):
         x, y = batches[i % len(batches)]["x"], batches[i % len(batches)]["y"]
-        cw1, cb1, cw2, cb2, w1, b1, w2, b2, w3, b3 = params
+        cw1, cb1, cw2, cb2, w1 = params[:5]
         c1, cache1 = _conv_fwd(x, cw1, cb1, 2)
         r1 = np.maximum(c1, 0)
         p1, m1 = _pool_fwd(r1)
         c2, cache2 = _conv_fwd(p1, cw2, cb2, 0)
         r2 = np.maximum(c2, 0)
         p2, m2 = _pool_fwd(r2)
-        f = p2.reshape(len(x), -1)
-        h1 = np.maximum(f @ w1.T + b1, 0)
-        h2 = np.maximum(h1 @ w2.T + b2, 0)
-        loss, d3 = _xent_grad(h2 @ w3.T + b3, y)
-        dh2 = (d3 @ w3) * (h2 > 0)
-        dh1 = (dh2 @ w2) * (h1 > 0)
+        loss, dh1, head_grads = _mlp_fwd_bwd(p2.reshape(len(x), -1), y, *params[4:])
         df = (dh1 @ w1).reshape(p2.shape)
         dc2 = _pool_bwd(df, m2) * (c2 > 0)
         dp1, dcw2, dcb2 = _conv_bwd(dc2, cache2, cw2, 0)
         dc1 = _pool_bwd(dp1, m1) * (c1 > 0)
         _, dcw1, dcb1 = _conv_bwd(dc1, cache1, cw1, 2)
-        grads = [dcw1, dcb1, dcw2, dcb2, dh1.T @ f, dh1.sum(0), dh2.T @ h1, dh2.sum(0), d3.T @ h2, d3.sum(0)]
+        grads = [dcw1, dcb1, dcw2, dcb2, *head_grads]
         for p, g in zip(params, grads):
             p -= LR * g
         return loss
