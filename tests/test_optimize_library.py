@@ -9,7 +9,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common
 from onnx import TensorProto, helper
 
-from graphc.passes.optimize.library import RemoveUnusedNodes, _tensor_shape, _tensor_type
+from graphc.passes.optimize.library import RemoveUnusedNodes, _read_back, _tensor_shape, _tensor_type
 
 
 def _dead_code_model() -> onnx.ModelProto:
@@ -74,6 +74,28 @@ def test_tensor_type_and_shape_read_back_like_serde():
             continue
         assert got.dims == expected.dims and got.frozen == expected.frozen
         assert [got.get_denotation(i) for i in range(len(got))] == [expected.get_denotation(i) for i in range(len(expected))]
+
+
+def test_read_back_shares_only_frozen_undenoted_shapes():
+    plain = helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, "n"]).type
+    plain.denotation = "TENSOR"
+    denoted = helper.make_tensor_value_info("b", TensorProto.INT64, [3]).type
+    denoted.tensor_type.shape.dim[0].denotation = "DATA_BATCH"
+    untyped = onnx.TypeProto()
+    untyped.tensor_type.SetInParent()
+    seen: dict = {}
+    for proto in (plain, denoted, untyped):
+        first, second = _read_back(proto, seen), _read_back(proto, seen)  # a miss, then a hit
+        for type_, shape in (first, second):
+            assert type_ == _tensor_type(proto) and getattr(type_, "denotation", None) == getattr(_tensor_type(proto), "denotation", None)
+            expected = _tensor_shape(proto)
+            assert shape == expected and (shape is None or shape.frozen)
+        if first[0] is not None:
+            assert first[0] is not second[0]  # Value.dtype's setter mutates a type in place
+        if proto is plain:
+            assert first[1] is second[1]  # frozen, no dim denotation: shared
+        if proto is denoted:
+            assert first[1] is not second[1] and second[1].get_denotation(0) == "DATA_BATCH"
 
 
 def _named_model(duplicate: bool, unnamed: bool) -> ir.Model:

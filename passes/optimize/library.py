@@ -253,16 +253,16 @@ class ShapeInference(ir.passes.InPlacePass):
         except Exception:  # noqa: BLE001 - inference is an aid; without it rewrites just fire less
             return ir.passes.PassResult(model, False)
         modified = False
+        seen: dict[bytes, tuple] = {}
         for info in inferred.graph.value_info:
             value = missing.get(info.name)
             if value is not None and info.type.HasField("tensor_type"):
                 # what deserialize_value_info_proto reads, without building a Value
+                type_, shape = _read_back(info.type, seen)
                 if value.type is None:
-                    value.type = _tensor_type(info.type)
-                if value.shape is None:
-                    shape = _tensor_shape(info.type)
-                    if shape is not None:
-                        value.shape = shape
+                    value.type = type_
+                if value.shape is None and shape is not None:
+                    value.shape = shape
                 modified = True
         return ir.passes.PassResult(model, modified)
 
@@ -291,6 +291,25 @@ def _tensor_shape(proto: onnx.TypeProto) -> ir.Shape | None:
                     else ir.SymbolicDim(dim.dim_param if which == "dim_param" else None))
         denotations.append(dim.denotation if dim.HasField("denotation") else None)
     return ir.Shape(dims, denotations=denotations, frozen=True)
+
+
+def _read_back(proto: onnx.TypeProto, seen: dict[bytes, tuple]) -> tuple[ir.TypeProtocol | None, ir.Shape | None]:
+    """``(_tensor_type(proto), _tensor_shape(proto))``, with the proto read once per distinct
+    ``TypeProto`` (``seen``: serialized proto -> what it holds): a model's values share a few
+    dozen types and shapes, and reading one back costs several times the lookup. Each value
+    still gets its own ``TensorType`` (``Value.dtype``'s setter changes it in place); the shape,
+    frozen, is shared, which onnx-ir documents as safe -- except one with a dim denotation
+    (``Shape.set_denotation`` ignores freezing), read anew each time."""
+    key = proto.SerializeToString()
+    known = seen.get(key)
+    if known is None:
+        type_, shape = _tensor_type(proto), _tensor_shape(proto)
+        shared = not any(dim.HasField("denotation") for dim in proto.tensor_type.shape.dim)
+        seen[key] = (None if type_ is None else (type_.dtype, type_.denotation), shape if shared else None, shared)
+        return type_, shape
+    dtype, shape, shared = known
+    type_ = None if dtype is None else ir.TensorType(dtype[0], denotation=dtype[1])
+    return type_, shape if shared else _tensor_shape(proto)
 
 
 class TopologicalSort(common.TopologicalSortPass):
