@@ -30,7 +30,7 @@ def param_stats(model: "Model") -> tuple[int, int]:
 
 
 def summary(model: "Model") -> str:
-    lines = [f"model {model.name!r}  opset {model.opset}  ir_version {model.proto.ir_version}"]
+    lines = [f"model {model.name!r}  opset {model.opset}  ir_version {model.ir_version}"]
     lines += [f"  input  {s}" for s in model.inputs]
     lines += [f"  output {s}" for s in model.outputs]
     elems, nbytes = param_stats(model)

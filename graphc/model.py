@@ -70,10 +70,15 @@ class Model:
         return self._ir.opset_imports.get("", 0)
 
     @property
+    def ir_version(self) -> int:
+        """The IR version ``proto`` and ``save`` stamp: the lowest its opsets need."""
+        return ir_version_for(dict(self._ir.opset_imports))
+
+    @property
     def proto(self) -> onnx.ModelProto:
         """The model as protobuf, stamped with the lowest IR version its opsets need."""
         proto = ir.serde.serialize_model(self._ir)
-        proto.ir_version = ir_version_for(dict(self._ir.opset_imports))
+        proto.ir_version = self.ir_version
         return proto
 
     @property
@@ -116,7 +121,7 @@ class Model:
         if external_data is None:
             external_data = _initializer_bytes(self._ir) > EXTERNAL_DATA_THRESHOLD
         saved_ir_version = self._ir.ir_version
-        self._ir.ir_version = ir_version_for(dict(self._ir.opset_imports))
+        self._ir.ir_version = self.ir_version
         try:
             # Write into a scratch folder beside the target, then move each file into place:
             # a crash leaves the previous file intact, never a half-written one.

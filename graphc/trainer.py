@@ -183,8 +183,7 @@ class Trainer:
         cache = self.__dict__.setdefault("_noise_shape_cache", {})
         if key in cache:
             return cache[key]
-        proto = onnx.ModelProto()
-        proto.CopyFrom(self.artifacts.train_step.proto)
+        proto = self.artifacts.train_step.proto  # a fresh copy: `.proto` serializes anew
         graph = proto.graph
         noise = {s.name for s in self.noise_specs}
         partner = {}

@@ -114,9 +114,8 @@ def inspect_cmd(
 
     sizes = parse_dims(dims)
     model = gc.load(model_path)
-    proto_ir = model.proto.ir_version
     opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in model.ir.opset_imports.items())
-    console.print(f"[bold]{model.name}[/]  ({model_path})  opset: {opsets}  ir_version {proto_ir}  "
+    console.print(f"[bold]{model.name}[/]  ({model_path})  opset: {opsets}  ir_version {model.ir_version}  "
                   f"producer: {model.ir.producer_name or '?'}", highlight=False)
     console.print(_spec_table("inputs", model.inputs))
     console.print(_spec_table("outputs", model.outputs))
