@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import graphc as gc
-from optimize_util import F, assert_same_outputs, interface, make_model, op_types
+from optimize_util import F, assert_same_outputs, interface, make_model, op_types, run_ort
 
 rng = np.random.default_rng(0)
 
@@ -117,6 +117,42 @@ def test_transpose_folded_into_gemm_attribute():
     m = make_model(nodes, [("x", F, [8, "N"])], [("y", F, ["N", 5])], [("W", w(8, 5)), ("b", w(5))])
     out = check(m, 2, ["Gemm"])
     assert next(iter(out.ir.graph)).attributes.get_int("transA", 0) == 1
+
+
+def test_shape_arithmetic_folded_by_shape_folding():
+    # attention-style head split: y = reshape(x, [shape(x)[0], heads, shape(x)[1] * shape(x)[2] //
+    # heads]) with heads = shape(x)[1] - 1: ShapeFolding evaluates the Sub, Mul and Div of static
+    # dims itself, so the Reshape gets its constant shape in the same walk (without waiting for a
+    # constant-folder round to turn them into constants first).
+    from graphc.passes.optimize.shape_folding import ShapeFolding
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "i0"], ["d0"]), helper.make_node("Gather", ["s", "i1"], ["d1"]),
+        helper.make_node("Gather", ["s", "i2"], ["d2"]), helper.make_node("Sub", ["d1", "one"], ["heads"]),
+        helper.make_node("Mul", ["d1", "d2"], ["d12"]), helper.make_node("Div", ["d12", "heads"], ["head_dim"]),
+        helper.make_node("Concat", ["d0", "heads", "head_dim"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"]),
+    ]
+    indices = [(f"i{i}", np.array([i], np.int64)) for i in range(3)] + [("one", np.array([1], np.int64))]
+    m = make_model(nodes, [("x", F, ["N", 3, 8])], [("y", F, ["N", 2, 12])], indices)
+    copy = gc.load(m.proto).ir
+    assert ShapeFolding()(copy).modified
+    reshape = next(n for n in copy.graph if n.op_type == "Reshape")
+    assert reshape.inputs[1].const_value.numpy().tolist() in ([-1, 2, 12], [0, 2, 12])
+    check(m, 2, ["Reshape"])
+
+
+@pytest.mark.parametrize(("a", "b"), [(7, 2), (-7, 2), (7, -2), (-7, -2), (6, 3), (0, 5)])
+def test_shape_arithmetic_division_truncates_like_onnx(a, b):
+    # ONNX integer Div truncates toward zero (onnxruntime: -7 / 2 == -3), not Python's floor
+    from graphc.passes.optimize.shape_folding import shape_value
+
+    nodes = [helper.make_node("Div", ["a", "b"], ["q"])]
+    m = make_model(nodes, [], [("q", TensorProto.INT64, [1])],
+                   [("a", np.array([a], np.int64)), ("b", np.array([b], np.int64))])
+    expected = run_ort(m, {})["q"].tolist()
+    assert shape_value(m.ir.graph.outputs[0]) == expected
 
 
 def test_shape_subgraph_folded_under_symbolic_batch():

@@ -7,12 +7,14 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 from onnx_ir.passes.common import _c_api_utils
+from onnx_ir.passes.common import common_subexpression_elimination as _cse
 from onnx_ir.passes.common import unused_removal as _unused_removal
 from onnxscript.optimizer import _constant_folding
 
 from graphc.passes.optimize.pipeline import _SUBGRAPH_OPS, all_nodes
 
-__all__ = ["DeduplicateConstants", "IdentityElimination", "RemoveUnusedNodes", "ShapeInference", "cleanup_passes",
+__all__ = ["CommonSubexpressionElimination", "DeduplicateConstants", "IdentityElimination",
+           "LiftConstantsToInitializers", "RemoveUnusedNodes", "ShapeInference", "cleanup_passes",
            "finish_passes", "fold_constants_pass", "parameter_names", "prelude_passes"]
 
 # Below level 3 folding is bounded so the model never balloons: a node whose constant input
@@ -25,6 +27,7 @@ SMALL_CONSTANT = 1024  # elements: a ConstantOfShape up to this size is folded
 # Effects (``Pipeline``): the only change a pass with that ``effect`` makes.
 DEAD = "dead"    # removes nodes no output depends on, unused initializers and optional outputs
 DEDUP = "dedup"  # points the uses of an initializer at a byte-identical one and drops it
+IDENTITY = "identity"  # points the uses of an Identity's output at its input and drops the node
 
 
 def _named(p: ir.passes.PassBase, name: str, structural: bool = True) -> ir.passes.PassBase:
@@ -74,7 +77,10 @@ class FoldConstants(_constant_folding.FoldConstantsPass):
     """onnxscript's ``FoldConstantsPass.call`` step for step, with ``NameFix`` for its closing
     ``NameFixPass`` (the same renaming, skipped when every name is already unique).
 
-    What can enable it again (``Pipeline``): merging equal initializers (``DEDUP``) never can.
+    What can enable it again (``Pipeline``): merging equal initializers (``DEDUP``) never can,
+    nor can identity elimination (``IDENTITY``): the folder itself points every use of an
+    Identity's output at its input as it visits (onnxscript's Identity evaluator), so removing
+    the Identity shows it no constant input it has not already seen.
     Dead-node removal (``DEAD``) can only through the folder's size gates, which count the
     uses of a node's constant inputs (with ``size_gated``: below level 3): a node whose inputs
     are all constant may fold once a dead use of a big input is gone. So after each run the
@@ -87,7 +93,46 @@ class FoldConstants(_constant_folding.FoldConstantsPass):
 
     @property
     def ignores(self) -> frozenset[str]:
-        return frozenset({DEDUP} if self.size_gated and self._blocked else {DEDUP, DEAD})
+        return frozenset({DEDUP, IDENTITY} if self.size_gated and self._blocked else {DEDUP, IDENTITY, DEAD})
+
+    def process_node(self, node: ir.Node, is_function: bool):
+        """onnxscript's ``process_node``, answered early for a node it would leave alone: one
+        with a non-constant input, no input it would redirect (a symbolic value that is an
+        ``ir.Value``), not a ``Constant`` and no partial evaluator for its op. Such a node
+        reaches none of the folder's rewrites; skipping its checks (attribute scans, evaluator
+        lookup) saves about a tenth of the pass on an exported attention block."""
+        if node.op_type != "Constant" and (node.domain, node.op_type) not in _EVALUATED:
+            get = self._state.get_sym_value
+            some_variable = False
+            for value in node.inputs:
+                if value is None:
+                    continue
+                sym = get(value)
+                if sym is not None and isinstance(sym, ir.Value):
+                    break
+                some_variable = some_variable or value.const_value is None
+            else:
+                if some_variable:
+                    return None
+        return super().process_node(node, is_function)
+
+    def _prepare_folded_tensor(self, node: ir.Node, output_name: str, output_array):
+        """onnxscript's helper step for step (wrap, name, size gate), except that it builds the
+        ``ir.Tensor`` directly: ``ir.tensor`` gets there too, after three runtime protocol
+        checks that cost ten times the wrapping."""
+        if not isinstance(output_array, np.ndarray):
+            return None
+        tensor = ir.Tensor(output_array, name=output_name)
+        if output_array.size > self.output_size_limit:
+            removed = 0
+            for value in node.inputs:
+                if value is not None and len(value.uses()) == 1:
+                    array = _constant_folding._get_numpy_value(value)
+                    if array is not None:
+                        removed += array.size
+            if output_array.size - removed > 0:
+                return None
+        return tensor
 
     def call(self, model: ir.Model) -> _constant_folding.FoldConstantsResult:
         self._reset()
@@ -100,6 +145,10 @@ class FoldConstants(_constant_folding.FoldConstantsPass):
         if self.size_gated:
             self._blocked = _has_constant_node(model)
         return _constant_folding.FoldConstantsResult(model, self._modified, self._state.symbolic_value_map)
+
+
+# ops with a partial evaluator in onnxscript's folder (Shape, Reshape, Gather, Cast, ...)
+_EVALUATED = frozenset(_constant_folding.registry.op_evaluators)
 
 
 def _has_constant_node(model: ir.Model) -> bool:
@@ -196,12 +245,67 @@ class DeduplicateConstants(ir.passes.InPlacePass):
         return modified
 
 
+_ATTR_SEQUENCES = (ir.AttributeType.INTS, ir.AttributeType.FLOATS, ir.AttributeType.STRINGS)
+_ATTR_GRAPHS = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+
+
+class CommonSubexpressionElimination(_cse.CommonSubexpressionEliminationPass):
+    """onnx-ir's CSE (main graph: two nodes with the same op, inputs and attributes compute the
+    same values, so the second's uses read the first's outputs; control flow, random ops and
+    tensor attributes over ``size_limit`` elements are left alone), with the same keys and
+    effects, only cheaper: a small tensor attribute (an exported graph's many ``Constant``
+    nodes) is keyed by its dtype, shape and serialized bytes instead of a numpy copy, and the
+    per-node key is built in one pass over the attributes. Sound: the redirected uses read
+    values equal to the ones they read before."""
+
+    name = "CommonSubexpressionElimination"
+    ignores = frozenset({DEAD})  # two live nodes equal now were equal before
+
+    def _eliminate_common_subexpression(self, graph: ir.Graph) -> bool:
+        modified = False
+        seen: dict[tuple, ir.Node] = {}
+        for node in graph:
+            key = self._key(node)
+            if key is None:
+                continue
+            first = seen.setdefault(key, node)
+            if first is not node:
+                _cse._remove_node_and_replace_values(graph, remove_node=node, remove_values=node.outputs,
+                                                     new_values=first.outputs)
+                modified = True
+        return modified
+
+    def _key(self, node: ir.Node) -> tuple | None:
+        if node.op_type in _NON_DETERMINISTIC:  # any domain, as onnx-ir's pass
+            return None
+        attributes = []
+        for name, attr in node.attributes.items():
+            kind, value = attr.type, attr.value
+            if kind in _ATTR_GRAPHS:
+                return None
+            if kind in _ATTR_SEQUENCES:
+                value = tuple(value)
+            elif kind is ir.AttributeType.TENSOR:
+                if value.size > self.size_limit:
+                    return None
+                value = (tuple(value.shape), value.dtype,
+                         value.numpy().tobytes() if value.dtype == ir.DataType.STRING else value.tobytes())
+            attributes.append((name, value))
+        attributes.sort()
+        return (node.op_identifier(), len(node.outputs), tuple(map(id, node.inputs)), tuple(attributes))
+
+
+_NON_DETERMINISTIC = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike",
+                                "Multinomial"})
+
+
 class IdentityElimination(common.IdentityEliminationPass):
     """onnx-ir's identity elimination (``y = Identity(x)``: uses of y read x; a graph-output y
     renames x), plus one case it gets wrong: when x is itself a graph output (or feeds two
     output Identities), renaming x would merge two outputs into one name. Such a node stays."""
 
     name = "IdentityElimination"
+    effect = IDENTITY
     # it acts on Identity nodes by whether their input/output is a graph input, output or
     # initializer: neither dead-node removal nor initializer merging changes that
     ignores = frozenset({DEAD, DEDUP})
@@ -357,9 +461,7 @@ def cleanup_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> l
     # use-count size gates stricter; at level 3 it has none, so dead-node removal cannot
     # enable it either (see FoldConstants).
     fold.idempotent = True  # it folds in node order: what a fold makes constant folds in the same run
-    cse = _named(common.CommonSubexpressionEliminationPass(), "CommonSubexpressionElimination")
-    cse.ignores = frozenset({DEAD})  # two live nodes equal now were equal before
-    return [cse, fold, IdentityElimination(), remove_unused_pass(), dedup_pass(protected, level)]
+    return [CommonSubexpressionElimination(), fold, IdentityElimination(), remove_unused_pass(), dedup_pass(protected, level)]
 
 
 # (domain, op_type, opset) -> which outputs the op's schema marks optional, or None when the
@@ -475,6 +577,23 @@ def dedup_pass(protected: frozenset[str], level: int) -> ir.passes.PassBase:
     return p
 
 
+class LiftConstantsToInitializers(common.LiftConstantsToInitializersPass):
+    """onnx-ir's pass (every ``Constant`` node that is not a graph output becomes an
+    initializer of its graph, same name), reading a ``value`` tensor attribute directly: the
+    library's ``Attr.as_tensor`` first runs a runtime protocol check that costs most of the pass.
+    Sound: the initializer holds the very tensor the node produced."""
+
+    name = "LiftConstantsToInitializers"
+
+    def __init__(self):
+        super().__init__(lift_all_constants=True, size_limit=0)
+
+    def _constant_node_attribute_to_tensor(self, node, attr_name, attr_value, initializer_name):
+        if attr_name == "value" and attr_value.type == ir.AttributeType.TENSOR:
+            return attr_value.value
+        return super()._constant_node_attribute_to_tensor(node, attr_name, attr_value, initializer_name)
+
+
 def finish_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> list[ir.passes.PassBase]:
     """Run once after the loop: constants become initializers (a ``Constant`` node costs a kernel
     launch in some runtimes; an initializer costs nothing), graph outputs that became an input or
@@ -482,8 +601,7 @@ def finish_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> li
     topological sort. (No second shape inference: values the rewrites created may lack a
     shape annotation, which no runtime needs; the graph's inputs/outputs keep theirs.)"""
     return [
-        _named(common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
-               "LiftConstantsToInitializers"),
+        LiftConstantsToInitializers(),
         dedup_pass(protected, level),
         remove_unused_pass(),
         _named(common.OutputFixPass(), "OutputFix"),

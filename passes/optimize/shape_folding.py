@@ -40,15 +40,22 @@ def _ints(value: ir.Value | None) -> list[int] | None:
     return [int(a) for a in array.reshape(-1)]
 
 
-def shape_value(value: ir.Value | None, depth: int = 0) -> list[Dim] | None:
-    """The elements of a 0/1-D int tensor that carries (part of) a shape, else None."""
+def shape_value(value: ir.Value | None, depth: int = 0, memo: dict | None = None) -> list[Dim] | None:
+    """The elements of a 0/1-D int tensor that carries (part of) a shape, else None. ``memo``
+    (value id -> result) spares re-tracing a chain that several shapes share; it stays valid
+    while nodes are visited in order, as only values upstream of the visited node are traced."""
     if value is None or depth > 32:
         return None
-    traced = _traced(value, depth)
-    return traced if traced is not None else _opaque(value)
+    if memo is not None and id(value) in memo:
+        return memo[id(value)]
+    traced = _traced(value, depth, memo)
+    result = traced if traced is not None else _opaque(value)
+    if memo is not None:
+        memo[id(value)] = result
+    return result
 
 
-def _traced(value: ir.Value, depth: int) -> list[Dim] | None:
+def _traced(value: ir.Value, depth: int, memo: dict | None) -> list[Dim] | None:
     known = _ints(value)
     if known is not None:
         return known
@@ -67,28 +74,46 @@ def _traced(value: ir.Value, depth: int) -> list[Dim] | None:
     if op in ("Cast", "Squeeze", "Unsqueeze", "Identity") and ins[0] is not None:
         if op == "Cast" and node.attributes.get_int("to") != ir.DataType.INT64:
             return None
-        return shape_value(ins[0], depth + 1)
+        return shape_value(ins[0], depth + 1, memo)
     if op == "Concat" and node.attributes.get_int("axis", 0) == 0:
-        parts = [shape_value(v, depth + 1) for v in ins]
+        parts = [shape_value(v, depth + 1, memo) for v in ins]
         return None if any(p is None for p in parts) else [d for p in parts for d in p]
     if op == "Gather" and node.attributes.get_int("axis", 0) == 0:
-        source, index = shape_value(ins[0], depth + 1), _ints(ins[1])
+        source, index = shape_value(ins[0], depth + 1, memo), _ints(ins[1])
         if source is None or index is None or not all(-len(source) <= i < len(source) for i in index):
             return None
         return [source[i] for i in index]
     if op == "Slice" and len(ins) >= 3:
-        source = shape_value(ins[0], depth + 1)
+        source = shape_value(ins[0], depth + 1, memo)
         starts, ends = _ints(ins[1]), _ints(ins[2])
         axes = _ints(ins[3]) if len(ins) > 3 and ins[3] is not None else [0]
         steps = _ints(ins[4]) if len(ins) > 4 and ins[4] is not None else [1]
         if source is None or starts is None or ends is None or axes not in ([0], [-1]) or steps != [1]:
             return None
         return source[slice(starts[0], ends[0])]
-    if op == "Mul":
-        a, b = shape_value(ins[0], depth + 1), shape_value(ins[1], depth + 1)
-        if a and b and len(a) == len(b) and all(isinstance(d, int) for d in a + b):
-            return [x * y for x, y in zip(a, b)]
+    if op in _ARITHMETIC:
+        a, b = shape_value(ins[0], depth + 1, memo), shape_value(ins[1], depth + 1, memo)
+        if a is None or b is None or not all(isinstance(d, int) for d in a + b):
+            return None
+        if len(a) != len(b):  # a scalar or a 1-element operand broadcasts
+            if min(len(a), len(b)) != 1:
+                return None
+            a, b = (a * len(b), b) if len(a) == 1 else (a, b * len(a))
+        if op == "Div" and 0 in b:
+            return None
+        return [_ARITHMETIC[op](x, y) for x, y in zip(a, b)]
     return None
+
+
+def _trunc_div(a: int, b: int) -> int:
+    """ONNX integer Div: the quotient truncated toward zero (C semantics), not Python's floor."""
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+# int64 elementwise ops on static dims (e.g. head_dim = embed // heads in attention exports)
+_ARITHMETIC = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
+               "Div": _trunc_div}
 
 
 def _opaque(value: ir.Value) -> list[Dim] | None:
@@ -152,11 +177,12 @@ class ShapeFolding(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
+        memo: dict = {}
         for node in all_nodes(model.graph):
             if node.domain not in ("", "ai.onnx"):
                 continue
             if node.op_type == "Reshape" and _ints(node.inputs[1]) is None:
-                dims = shape_value(node.inputs[1])
+                dims = shape_value(node.inputs[1], memo=memo)
                 target = None if dims is None else _reshape_target(node, dims)
                 if target is not None:
                     node.replace_input_with(1, self._constant(node, target, "shape"))
@@ -166,7 +192,7 @@ class ShapeFolding(ir.passes.InPlacePass):
                 out = node.outputs[0]
                 if out.is_graph_output() or _ints(out) is not None or not out.uses():
                     continue
-                dims = shape_value(out)
+                dims = shape_value(out, memo=memo)
                 if dims is not None and all(isinstance(d, int) for d in dims):
                     scalar = node.op_type == "Gather" and const_array(node.inputs[1]).ndim == 0
                     ir.convenience.replace_all_uses_with(out, self._constant(node, dims, "value", scalar))
