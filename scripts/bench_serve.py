@@ -171,9 +171,11 @@ def main() -> None:
               f"{args.requests} requests per row\n")
         print("cpu us/req: CPU time per request of the server process (in-process: of session.run); "
               "rate: server req/s as a share of in-process req/s, measured; cpu: in-process CPU per run "
-              "as a share of the server's CPU per request (the rate share on cores of its own)\n")
+              "as a share of the server's CPU per request (the rate share on cores of its own); "
+              "client cap: the highest rate share the clients' own CPU per request allows even with a "
+              "server that costs nothing (each client is serial; all of them share the CPUs)\n")
         print(f"{'batch':>5} {'clients':>7}  {'where':<10} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} "
-              f"{'samples/s':>10} {'cpu us/req':>9}  {'rate':>6} {'cpu':>6}  client cpu us/req")
+              f"{'samples/s':>10} {'cpu us/req':>9}  {'rate':>6} {'cpu':>6}  client cpu us/req  client cap")
         try:
             for batch in (int(b) for b in args.batches.split(",")):
                 for clients in (int(c) for c in args.clients.split(",")):
@@ -181,8 +183,10 @@ def main() -> None:
                     s_text, s_rps, s_cpu = row("server", lats, wall, server_cpu, batch)
                     i_text, i_rps, i_cpu = row("in-process", *bench_inprocess(model, batch, clients, args.requests,
                                                                              args.threads), batch)
+                    client_s = client_cpu / len(lats)
+                    cap = min(clients, os.cpu_count() or 1) / client_s / i_rps
                     print(f"{batch:>5} {clients:>7}  {s_text}  {s_rps / i_rps:6.1%} {i_cpu / s_cpu:6.1%}  "
-                          f"{client_cpu / len(lats) * 1e6:.0f}")
+                          f"{client_s * 1e6:17.0f}  {cap:10.1%}")
                     print(f"{'':>5} {'':>7}  {i_text}", flush=True)
         finally:
             server.send_signal(signal.SIGTERM)
