@@ -129,6 +129,22 @@ def case_op_types(cases) -> dict[str, str]:
     return ops
 
 
+def cases_by_op(claimed: set[str]) -> dict[str, list]:
+    """The node cases a backend that implements the ops ``claimed`` can run, by the op each
+    tests: excluded cases left out, and ``_expanded`` ones only when every op in them is claimed."""
+    cases = load_node_cases()
+    ops = case_op_types(cases)
+    by_op: dict[str, list] = {}
+    for case in cases:
+        op = ops[case.name]
+        if op not in claimed or excluded(case.name):
+            continue
+        if "_expanded" in case.name and not graph_op_types(case.model.graph) <= claimed:
+            continue  # the expansion uses an op outside the claimed set
+        by_op.setdefault(op, []).append(case)
+    return by_op
+
+
 def graph_op_types(graph: onnx.GraphProto) -> set[str]:
     """Every op type in ``graph`` and its subgraphs."""
     ops = set()

@@ -11,15 +11,7 @@ import functools
 
 import pytest
 
-from graphc.backends.conformance import (
-    EXCLUDED,
-    backend_class,
-    case_op_types,
-    excluded,
-    graph_op_types,
-    load_node_cases,
-    run_case,
-)
+from graphc.backends.conformance import EXCLUDED, backend_class, cases_by_op, run_case
 from graphc.backends.numpy import claimed_ops
 
 CLAIMED = claimed_ops()
@@ -27,18 +19,7 @@ CLAIMED = claimed_ops()
 
 @functools.lru_cache(maxsize=1)
 def _cases_by_op() -> dict[str, list]:
-    cases = load_node_cases()
-    ops = case_op_types(cases)
-    claimed = set(CLAIMED)
-    by_op: dict[str, list] = {}
-    for case in cases:
-        op = ops[case.name]
-        if op not in claimed or excluded(case.name):
-            continue
-        if "_expanded" in case.name and not graph_op_types(case.model.graph) <= claimed:
-            continue  # the expansion uses an op the numpy backend does not claim
-        by_op.setdefault(op, []).append(case)
-    return by_op
+    return cases_by_op(set(CLAIMED))
 
 
 @pytest.mark.parametrize("op_type", CLAIMED)

@@ -114,7 +114,14 @@ class FoldConstants(_constant_folding.FoldConstantsPass):
             else:
                 if some_variable:
                     return None
-        return super().process_node(node, is_function)
+        try:
+            return super().process_node(node, is_function)
+        except RuntimeError as exc:
+            # One of onnxscript's partial evaluators failed on a node it misreads (e.g.
+            # SplitToSequence whose split is a graph input): the node is left as it is.
+            if str(exc).startswith("Error during constant folding"):
+                return None
+            raise
 
     def _prepare_folded_tensor(self, node: ir.Node, output_name: str, output_array):
         """onnxscript's helper step for step (wrap, name, size gate), except that it builds the
