@@ -139,7 +139,15 @@ class GradBuilder(Emitter):
         return self.full(self.op("Reshape", self.op("Size", value), self.ints([1])), 0.0, like)
 
     def reshape_like(self, dy: ir.Value, like: ir.Value) -> ir.Value:
-        return self.op("Reshape", dy, self.shape_of(like))
+        return self.reshape_to(dy, self.shape_of(like), static_shape(like))
+
+    def reshape_to(self, x: ir.Value, shape: ir.Value, known: StaticShape | None = None) -> ir.Value:
+        """``Reshape(x, shape)`` where ``shape`` is an actual shape (no -1), ``known`` its static
+        form if any. A 0 in it is a zero-size dim, not Reshape's "copy this dim" (``allowzero``,
+        opset >= 14); the attribute is left out where no dim can be 0."""
+        if self.opset >= 14 and not (is_static(known) and 0 not in known):
+            return self.op("Reshape", x, shape, allowzero=1)
+        return self.op("Reshape", x, shape)
 
     # -- opset-dependent forms ---------------------------------------------------------------
     def split(self, x: ir.Value, sizes: Sequence[int] | ir.Value, axis: int, count: int) -> tuple[ir.Value, ...]:
@@ -196,7 +204,7 @@ class GradBuilder(Emitter):
                 summed = self.reduce("ReduceSum", dx, axes, keepdims=True)
                 if lead == 0:
                     return summed
-                return self.op("Reshape", summed, self.ints(ts) if is_static(ts) else self.op("Shape", target))
+                return self.reshape_to(summed, self.ints(ts) if is_static(ts) else self.op("Shape", target), ts)
         return self._sum_to_dynamic(dx, target)
 
     @staticmethod
@@ -226,5 +234,5 @@ class GradBuilder(Emitter):
         mask = self.op("Not", self.op("Equal", sx_padded, sy))
         axes = self.op("Reshape", self.op("NonZero", mask), self.ints([-1]))
         summed = self.op("ReduceSum", dx, axes, keepdims=1, noop_with_empty_axes=1)
-        return self.op("Reshape", summed, sx)
+        return self.reshape_to(summed, sx)
 

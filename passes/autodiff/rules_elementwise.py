@@ -192,24 +192,27 @@ def grad_where(g, node, dy):
 
 @grad_rule("Clip")
 def grad_clip(g, node, dy):
-    # PyTorch's clamp_backward: the gradient passes where min <= x <= max (boundaries included);
-    # min/max get the gradient of the elements clipped to them (summed: they are scalars).
+    # Clip is min(max(x, lo), hi), differentiated as that composition with PyTorch's
+    # clamp_backward ties: x gets the gradient where lo <= x <= hi (boundaries included), lo where
+    # x < lo, hi where max(x, lo) > hi (all of it when lo > hi: every output is then hi); the
+    # bounds are scalars, so theirs is summed.
     x = node.inputs[0]
     lo = node.inputs[1] if len(node.inputs) > 1 else None
     hi = node.inputs[2] if len(node.inputs) > 2 else None
     zero = g.scalar(0.0, dy)
-    keep, dlo, dhi = None, None, None
-    if lo is not None:
-        keep = g.op("GreaterOrEqual", x, lo)
-        if g.wants(lo):
-            dlo = g.reduce("ReduceSum", g.op("Where", g.op("Less", x, lo), dy, zero), None, keepdims=False)
+    dlo = dhi = None
     if hi is not None:
-        below = g.op("LessOrEqual", x, hi)
-        keep = below if keep is None else g.op("And", keep, below)
+        raised = x if lo is None else g.op("Max", x, lo)
+        above = g.op("Greater", raised, hi)
         if g.wants(hi):
-            dhi = g.reduce("ReduceSum", g.op("Where", g.op("Greater", x, hi), dy, zero), None, keepdims=False)
-    dx = dy if keep is None else g.op("Where", keep, dy, zero)
-    return dx, dlo, dhi
+            dhi = g.reduce("ReduceSum", g.op("Where", above, dy, zero), None, keepdims=False)
+        dy = g.op("Where", above, zero, dy)
+    if lo is not None:
+        below = g.op("Less", x, lo)
+        if g.wants(lo):
+            dlo = g.reduce("ReduceSum", g.op("Where", below, dy, zero), None, keepdims=False)
+        dy = g.op("Where", below, zero, dy)
+    return dy, dlo, dhi
 
 
 @grad_rule("Sum")

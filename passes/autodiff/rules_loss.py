@@ -10,17 +10,18 @@ from graphc.passes.autodiff.registry import grad_rule
 
 
 def _loss_weights(g: GradBuilder, node: ir.Node, dy: ir.Value, like: ir.Value):
-    """Per-element factor d loss_total / d loss_i (ignored labels 0, class weights applied) and
-    the labels with ignored entries replaced by 0 (so OneHot/Gather stay in range).
-    Class weights get no gradient (as in PyTorch, where nll_loss's weight is not differentiable)."""
+    """Per-element factor d loss_total / d loss_i (ignored labels 0, class weights applied), the
+    labels with ignored entries replaced by 0 (so OneHot/Gather stay in range), and the per-element
+    factor without the class weights (for the weights' own gradient, ``_class_weights_grad``)."""
     labels = node.inputs[1]
     weights = node.inputs[2] if len(node.inputs) > 2 else None
     ignore = attr(node, "ignore_index")
-    factor = None
+    keep = None
     if ignore is not None:
-        keep = g.op("Not", g.op("Equal", labels, g.const(ignore, labels.dtype or np.int64)))
-        labels = g.op("Where", keep, labels, g.const(0, labels.dtype or np.int64))
-        factor = g.cast_like(keep, like)
+        mask = g.op("Not", g.op("Equal", labels, g.const(ignore, labels.dtype or np.int64)))
+        labels = g.op("Where", mask, labels, g.const(0, labels.dtype or np.int64))
+        keep = g.cast_like(mask, like)
+    factor = keep
     if weights is not None:
         w = g.op("Gather", weights, labels, axis=0)
         factor = w if factor is None else g.mul(factor, w)
@@ -28,10 +29,26 @@ def _loss_weights(g: GradBuilder, node: ir.Node, dy: ir.Value, like: ir.Value):
         factor = g.full(g.op("Shape", labels), 1.0, like)
     reduction = attr(node, "reduction", "mean")
     if reduction == "mean":
-        per = g.mul(factor, g.div(dy, g.reduce("ReduceSum", factor, None, keepdims=False)))
+        scale = g.div(dy, g.reduce("ReduceSum", factor, None, keepdims=False))
     else:  # "sum" (dy is a scalar) or "none" (dy has the labels' shape)
-        per = g.mul(factor, dy)
-    return per, labels
+        scale = dy
+    unweighted = scale if keep is None else g.mul(keep, scale)
+    return g.mul(factor, scale), labels, unweighted
+
+
+def _class_weights_grad(g: GradBuilder, node: ir.Node, unweighted: ir.Value, onehot: ir.Value,
+                        logp: ir.Value) -> ir.Value:
+    """d loss / d weights[c]: the loss is sum_i w[y_i] * l_i (/ sum_i w[y_i] for "mean"), with
+    l_i = -logp[i, y_i]; so weights[c] gets sum over {i: y_i = c} of scale_i * l_i ("mean":
+    scale_i * (l_i - loss)), ignored labels excluded. (PyTorch does not differentiate nll_loss's
+    weight at all; graphc gives the exact gradient, checked against finite differences.)"""
+    per_class_logp = g.reduce("ReduceSum", g.mul(onehot, logp), [1], keepdims=False)
+    l = g.neg(per_class_logp)
+    if attr(node, "reduction", "mean") == "mean":
+        l = g.sub(l, node.outputs[0])
+    spread = g.mul(onehot, g.unsqueeze(g.mul(unweighted, l), [1]))
+    rank = g.rank(node.inputs[0])  # onehot and logp have the scores' rank
+    return g.reduce("ReduceSum", spread, [0, *range(2, rank)], keepdims=False)
 
 
 def _one_hot(g: GradBuilder, labels: ir.Value, scores: ir.Value, like: ir.Value) -> ir.Value:
@@ -47,21 +64,29 @@ def grad_softmax_cross_entropy(g, node, dys):
     scores = node.inputs[0]
     dy, dlogp = dys[0], dys[1] if len(dys) > 1 else None
     prob = g.op("Softmax", scores, axis=1)
-    dx = None
+    dx = dw = None
     if dy is not None:
-        per, labels = _loss_weights(g, node, dy, scores)
-        dx = g.mul(g.unsqueeze(per, [1]), g.sub(prob, _one_hot(g, labels, scores, scores)))
+        per, labels, unweighted = _loss_weights(g, node, dy, scores)
+        onehot = _one_hot(g, labels, scores, scores)
+        dx = g.mul(g.unsqueeze(per, [1]), g.sub(prob, onehot))
+        if len(node.inputs) > 2 and g.wants(node.inputs[2]):
+            logp = g.op("LogSoftmax", scores, axis=1)
+            dw = _class_weights_grad(g, node, unweighted, onehot, logp)
     if dlogp is not None:
         s = g.reduce("ReduceSum", dlogp, [1], keepdims=True)
         extra = g.sub(dlogp, g.mul(prob, s))
         dx = extra if dx is None else g.add(dx, extra)
-    return (dx,) + (None,) * (len(node.inputs) - 1)
+    return (dx, None, dw)[:len(node.inputs)]
 
 
 @grad_rule("NegativeLogLikelihoodLoss")
 def grad_nll_loss(g, node, dy):
     # d input = -per_sample * onehot(label)
     x = node.inputs[0]
-    per, labels = _loss_weights(g, node, dy, x)
-    dx = g.neg(g.mul(g.unsqueeze(per, [1]), _one_hot(g, labels, x, x)))
-    return (dx,) + (None,) * (len(node.inputs) - 1)
+    per, labels, unweighted = _loss_weights(g, node, dy, x)
+    onehot = _one_hot(g, labels, x, x)
+    dx = g.neg(g.mul(g.unsqueeze(per, [1]), onehot)) if g.wants(x) else None
+    dw = None
+    if len(node.inputs) > 2 and g.wants(node.inputs[2]):
+        dw = _class_weights_grad(g, node, unweighted, onehot, x)
+    return (dx, None, dw)[:len(node.inputs)]

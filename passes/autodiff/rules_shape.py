@@ -91,11 +91,12 @@ def grad_slice(g, node, dy):
         return (g.op("Pad", dy, g.ints(pads)),) + rest
     size = g.op("Size", x)
     shape = g.shape_of(x)
-    flat_index = g.op("Reshape", g.op("Range", g.const(0, np.int64), size, g.const(1, np.int64)), shape)
+    flat_index = g.reshape_to(g.op("Range", g.const(0, np.int64), size, g.const(1, np.int64)), shape,
+                              static_shape(x))
     picked = g.op("Slice", flat_index, *node.inputs[1:])
     flat = g.op("ScatterElements", g.flat_zeros_like(x, dy), g.op("Reshape", picked, g.ints([-1])),
                 g.op("Reshape", dy, g.ints([-1])), axis=0)
-    return (g.op("Reshape", flat, shape),) + rest
+    return (g.reshape_to(flat, shape, static_shape(x)),) + rest
 
 
 @grad_rule("Gather")
@@ -144,7 +145,8 @@ def grad_cumsum(g, node, dy):
 
 @grad_rule("Pad")
 def grad_pad(g, node, dy):
-    # constant mode with constant, non-negative pads: slice the padding back off
+    # constant mode with constant, non-negative pads: slice the padding back off; the constant
+    # value gets the summed gradient of the padded elements
     x = node.inputs[0]
     pads = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
     axes = const_array(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
@@ -157,7 +159,13 @@ def grad_pad(g, node, dy):
     n = len(axes)
     begin = [int(p) for p in pads[:n]]
     ends = g.add(g.op("Gather", g.shape_of(x), g.ints(axes)), g.ints(begin))
-    return (g.op("Slice", dy, g.ints(begin), ends, g.ints(axes)),) + (None,) * (len(node.inputs) - 1)
+    dx = g.op("Slice", dy, g.ints(begin), ends, g.ints(axes))
+    grads = [dx, None, None, None][:len(node.inputs)]
+    if len(node.inputs) > 2 and g.wants(node.inputs[2]):
+        # every padded element is the constant value: it gets the gradient of all of them
+        total = g.reduce("ReduceSum", dy, None, keepdims=False)
+        grads[2] = g.sub(total, g.reduce("ReduceSum", dx, None, keepdims=False))
+    return tuple(grads)
 
 
 @grad_rule("Tile")
