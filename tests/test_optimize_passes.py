@@ -338,6 +338,23 @@ def test_two_outputs_identity_of_one_value_keep_both_names():
     assert [v.name for v in out.ir.graph.outputs] == ["a", "b"]
 
 
+def test_branch_returning_an_outer_value_keeps_its_identity():
+    # else: y = Identity(r) with r computed outside the If. Eliminating the Identity would make
+    # the branch return a value it does not compute (invalid ONNX) and rename the outer r.
+    def branch(name, body):
+        return helper.make_graph(body, name, [], [helper.make_tensor_value_info(f"{name}_out", F, ["N", 4])])
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             const("zero", np.float32(0.0)), helper.make_node("Greater", ["s", "zero"], ["pred"]),
+             helper.make_node("If", ["pred"], ["y"],
+                              then_branch=branch("then", [helper.make_node("Neg", ["r"], ["then_out"])]),
+                              else_branch=branch("else", [helper.make_node("Identity", ["r"], ["else_out"])]))]
+    m = make_model(nodes, [("x", F, ["N", 4])], [("y", F, ["N", 4])])
+    out = check(m, 2, ["Relu", "ReduceSum", "Greater", "If"])
+    onnx.checker.check_model(out.proto, full_check=True)
+    assert [n.op_type for n in out.ir.graph.node(3).attributes["else_branch"].value] == ["Identity"]
+
+
 def test_neutral_tensor_operands_and_parameters():
     nodes = [const("zeros", np.zeros((1, 4), np.float32)), helper.make_node("Add", ["x", "zeros"], ["a"]),
              helper.make_node("Mul", ["ones", "a"], ["m"]), helper.make_node("Add", ["m", "bias"], ["y"])]

@@ -70,11 +70,21 @@ def test_trained_model_exported_deployed_served(tmp_path):
 
 
 def _raw_request(port: int, body: bytes) -> tuple[socket.socket, bytes]:
-    """Open a connection and send an infer request's head plus all of its body but 10 bytes."""
+    """Open a connection, send an infer request's head and all of its body but 10 bytes, and
+    return once the app is reading the body: the head asks ``Expect: 100-continue``, which the
+    server answers when the app first waits for body bytes (no sleep that a loaded machine
+    could outlast)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     head = (f"POST /v2/models/mixed/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
-    sock.sendall(head + body[:-10])
+            f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n").encode()
+    sock.sendall(head)
+    interim = b""
+    while b"\r\n\r\n" not in interim:
+        chunk = sock.recv(1024)
+        assert chunk, "the server closed the connection before reading the request"
+        interim += chunk
+    assert interim.startswith(b"HTTP/1.1 100"), interim
+    sock.sendall(body[:-10])
     return sock, body[-10:]
 
 
@@ -88,7 +98,6 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(tmp_path):
                                   for (k, v), d in zip(feeds.items(), ("FP32", "INT64", "BOOL"))]}).encode()
     sock, rest = _raw_request(port, body)
     try:
-        time.sleep(0.3)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         assert proc.poll() is None, "the server quit with a request in flight"

@@ -308,8 +308,11 @@ _NON_DETERMINISTIC = frozenset({"RandomUniform", "RandomNormal", "RandomUniformL
 
 class IdentityElimination(common.IdentityEliminationPass):
     """onnx-ir's identity elimination (``y = Identity(x)``: uses of y read x; a graph-output y
-    renames x), plus one case it gets wrong: when x is itself a graph output (or feeds two
-    output Identities), renaming x would merge two outputs into one name. Such a node stays."""
+    renames x), except where that is wrong, when y is an output of its graph: if x is itself a
+    graph output (or feeds two output Identities), renaming x would merge two outputs into one
+    name; if no node of y's own graph produces x (x is an outer-scope value in an If/Loop body,
+    or an initializer), the body would return a value it does not compute, which ONNX forbids,
+    and the renaming would rename the outer value. Such a node stays."""
 
     name = "IdentityElimination"
     effect = IDENTITY
@@ -325,8 +328,11 @@ class IdentityElimination(common.IdentityEliminationPass):
 
     def _try_eliminate_identity_node(self, node: ir.Node) -> bool:
         if (node.op_type == "Identity" and node.domain == "" and node.outputs[0].is_graph_output()
-                and node.inputs and node.inputs[0] is not None and node.inputs[0].is_graph_output()):
-            return False
+                and node.inputs and node.inputs[0] is not None):
+            x = node.inputs[0]
+            producer = x.producer()
+            if x.is_graph_output() or producer is None or producer.graph is not node.graph:
+                return False
         return super()._try_eliminate_identity_node(node)
 
 
