@@ -28,9 +28,10 @@ __all__ = ["SERVER_OPSET", "triton", "triton_config"]
 
 SERVER_OPSET = 17  # default opset of models written for servers (IR version 8)
 _TRITON_TYPES = {
-    "bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "int8": "TYPE_INT8", "int16": "TYPE_INT16",
+    "bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16", "uint32": "TYPE_UINT32",
+    "uint64": "TYPE_UINT64", "int8": "TYPE_INT8", "int16": "TYPE_INT16",
     "int32": "TYPE_INT32", "int64": "TYPE_INT64", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16",
-    "float32": "TYPE_FP32", "float64": "TYPE_FP64",
+    "float32": "TYPE_FP32", "float64": "TYPE_FP64", "string": "TYPE_STRING",
 }
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 

@@ -29,6 +29,15 @@ _TABLE: dict[str, tuple[Any, int]] = {
     "uint8": (np.dtype(np.uint8), onnx.TensorProto.UINT8),
     "bool": (np.dtype(np.bool_), onnx.TensorProto.BOOL),
 }
+# Every other ONNX element type an imported model may use, named as ONNX names it in lower case
+# ("uint32", "string", "complex64", "float8e4m3fn", "int4", ...), with the numpy dtype onnx maps
+# it to (ml_dtypes for the small floats and ints; object for strings).
+for _name, _code in onnx.TensorProto.DataType.items():
+    if _code != onnx.TensorProto.UNDEFINED and _code not in {code for _, code in _TABLE.values()}:
+        try:
+            _TABLE[_name.lower()] = (np.dtype(onnx.helper.tensor_dtype_to_np_dtype(_code)), _code)
+        except (KeyError, TypeError, ValueError):  # pragma: no cover - an onnx without ml_dtypes
+            pass
 _ALIASES = {"bool_": "bool", "float": "float32", "double": "float64", "half": "float16"}
 _BY_ONNX = {code: name for name, (_, code) in _TABLE.items()}
 

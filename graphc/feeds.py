@@ -71,7 +71,7 @@ def optional_inputs(model: Any) -> frozenset[str]:
 def random_feeds(specs: Sequence[TensorSpec], dims: Mapping[str, int] | None = None, seed: int = 0,
                  default_dim: int = 2, int_high: int = 4) -> dict[str, np.ndarray]:
     """Seeded random arrays for ``specs``: floats ~ N(0, 1), integers in [0, ``int_high``),
-    random bools. Symbolic dims take their size from ``dims``, unknown ones ``default_dim``."""
+    random bools, strings "s0".."s{int_high - 1}". Symbolic dims take their size from ``dims``, unknown ones ``default_dim``."""
     rng = np.random.default_rng(seed)
     dims = dims or {}
     feeds = {}
@@ -80,6 +80,9 @@ def random_feeds(specs: Sequence[TensorSpec], dims: Mapping[str, int] | None = N
         dtype = to_numpy(spec.dtype)
         if spec.dtype == "bool":
             feeds[spec.name] = rng.random(shape) < 0.5
+        elif spec.dtype == "string":
+            feeds[spec.name] = np.array([f"s{v}" for v in rng.integers(0, int_high, size=shape).ravel()],
+                                        dtype=object).reshape(shape)
         elif np.issubdtype(dtype, np.integer):
             feeds[spec.name] = rng.integers(0, int_high, size=shape).astype(dtype)
         else:

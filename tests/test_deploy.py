@@ -16,7 +16,9 @@ from graphc.cli import main
 from serve_util import fixed_model, mixed_feeds, mixed_model, parse_pbtxt
 
 TRITON_TYPES = {onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.INT64: "TYPE_INT64",
-                onnx.TensorProto.BOOL: "TYPE_BOOL"}
+                onnx.TensorProto.BOOL: "TYPE_BOOL", onnx.TensorProto.UINT16: "TYPE_UINT16",
+                onnx.TensorProto.UINT32: "TYPE_UINT32", onnx.TensorProto.UINT64: "TYPE_UINT64",
+                onnx.TensorProto.STRING: "TYPE_STRING"}
 
 
 def model_tensors(values) -> list[tuple[str, str, list[int]]]:
@@ -54,6 +56,22 @@ def test_config_matches_every_input_and_output(tmp_path, max_batch_size):
     assert "dynamic_batching" not in config
     if max_batch_size == 0:  # full shapes, the symbolic batch dim as -1
         assert config_tensors(config["input"])[0] == ("x", "TYPE_FP32", [-1, 4])
+
+
+def test_unsigned_and_string_tensors_get_their_triton_types(tmp_path):
+    from onnx import TensorProto, helper
+
+    kinds = {"u16": TensorProto.UINT16, "u32": TensorProto.UINT32, "u64": TensorProto.UINT64,
+             "text": TensorProto.STRING}
+    graph = helper.make_graph([helper.make_node("Identity", [k], [f"{k}_out"]) for k in kinds], "kinds",
+                              [helper.make_tensor_value_info(k, t, ["N", 2]) for k, t in kinds.items()],
+                              [helper.make_tensor_value_info(f"{k}_out", t, ["N", 2]) for k, t in kinds.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    folder = gc.deploy.triton(model, tmp_path, "kinds", max_batch_size=4)
+    config, _ = check_against_model(folder, "kinds", 4)
+    assert [t for _, t, _ in config_tensors(config["input"])] == ["TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64",
+                                                                  "TYPE_STRING"]
 
 
 def test_gpu_instances_and_dynamic_batching(tmp_path):

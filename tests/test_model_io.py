@@ -189,3 +189,26 @@ def test_load_pytorch_exports(tmp_path, name):
 
 def test_tests_data_stays_small():
     assert sum(p.stat().st_size for p in DATA.iterdir()) < 300_000
+
+
+def test_every_onnx_element_type_has_a_spec():
+    """A model may use any ONNX element type: each maps to a dtype name and numpy dtype, so specs,
+    inspect and feed validation work (uint32 once raised a bare TypeError from ``model.inputs``)."""
+    from graphc.dtypes import as_dtype, to_numpy, to_onnx
+
+    for name, code in onnx.TensorProto.DataType.items():
+        if code == onnx.TensorProto.UNDEFINED:
+            continue
+        dtype = as_dtype(code)
+        assert to_onnx(dtype) == code and dtype == as_dtype(to_numpy(dtype)), name
+    assert as_dtype(onnx.TensorProto.UINT32) == "uint32" and as_dtype(onnx.TensorProto.STRING) == "string"
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("BitShift", ["a", "b"], ["c"], direction="RIGHT")], "shift",
+        [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.UINT32, ["N"]) for n in "ab"],
+        [onnx.helper.make_tensor_value_info("c", onnx.TensorProto.UINT32, ["N"])])
+    model = gc.load(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]))
+    assert str(model.inputs[0]) == "a: uint32[N]"
+    got = gc.Session(model, backend="numpy").run({"a": np.array([16, 7], np.uint32), "b": np.array([2, 1], np.uint32)})
+    assert got["c"].dtype == np.uint32 and got["c"].tolist() == [4, 3]
+    with pytest.raises(gc.InputError, match="input 'a'"):
+        gc.Session(model, backend="numpy").run({"a": np.array([1], np.int64), "b": np.array([1], np.uint32)})

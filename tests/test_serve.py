@@ -193,3 +193,51 @@ def test_no_nagle_stalls_between_sequential_requests(client):
         client.infer("mixed", inputs)
         times.append(time.perf_counter() - start)
     assert float(np.median(times)) < 0.02, times
+
+
+def _unsigned_model() -> onnx.ModelProto:
+    """u16 uint16[N,2], u32 uint32[N,2], u64 uint64[N,2] -> each passed through (Identity)."""
+    from onnx import TensorProto, helper
+
+    kinds = {"u16": TensorProto.UINT16, "u32": TensorProto.UINT32, "u64": TensorProto.UINT64}
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [k], [f"{k}_out"]) for k in kinds], "unsigned",
+        [helper.make_tensor_value_info(k, t, ["N", 2]) for k, t in kinds.items()],
+        [helper.make_tensor_value_info(f"{k}_out", t, ["N", 2]) for k, t in kinds.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_unsigned_datatypes_round_trip(tmp_path, binary):
+    onnx.save(_unsigned_model(), str(tmp_path / "unsigned.onnx"))
+    top = {"u16": 2**16 - 1, "u32": 2**32 - 1, "u64": 2**64 - 1}  # the extremes survive the wire
+    feeds = {k: np.array([[0, v], [v // 3, 7]], dtype=f"uint{k[1:]}") for k, v in top.items()}
+    with running_server(create_app(tmp_path / "unsigned.onnx", backend="ort-cpu")) as address:
+        client = httpclient.InferenceServerClient(address)
+        meta = client.get_model_metadata("unsigned")
+        assert [i["datatype"] for i in meta["inputs"]] == ["UINT16", "UINT32", "UINT64"]
+        inputs = []
+        for name, array in feeds.items():
+            inputs.append(httpclient.InferInput(name, list(array.shape), f"UINT{name[1:]}"))
+            inputs[-1].set_data_from_numpy(array, binary_data=binary)
+        outputs = [httpclient.InferRequestedOutput(f"{k}_out", binary_data=binary) for k in feeds]
+        result = client.infer("unsigned", inputs, outputs=outputs)
+        for name, array in feeds.items():
+            got = result.as_numpy(f"{name}_out")
+            assert got.dtype == array.dtype and np.array_equal(got, array), name
+        client.close()
+
+
+def test_a_string_model_is_refused_at_load_naming_the_tensor(tmp_path):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["text"], ["same"])], "strings",
+                              [helper.make_tensor_value_info("text", TensorProto.STRING, ["N"])],
+                              [helper.make_tensor_value_info("same", TensorProto.STRING, ["N"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "strings.onnx"))
+    with pytest.raises(gc.ModelLoadError, match="input 'text' has dtype string"):
+        create_app(tmp_path / "strings.onnx", backend="ort-cpu")

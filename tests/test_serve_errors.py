@@ -80,6 +80,9 @@ CASES = {
                   "input 'x'"),
     "floats for INT64": (None, {"inputs": good_inputs()[:1] + [tensor("idx", IDX, "INT64", data=[1.5] * 6),
                                                               good_inputs()[2]]}, 400, "non-integer numbers"),
+    "INT64 overflow": (None, {"inputs": good_inputs()[:1] + [tensor("idx", IDX, "INT64", data=[2**63] + [1] * 5),
+                                                            good_inputs()[2]]}, 400,
+                       "data does not fit INT64: 9223372036854775808 is outside"),
     "ragged data": (None, {"inputs": [tensor("x", X, "FP32", data=[[1, 2, 3, 4], [5]])] + good_inputs()[1:]}, 400,
                     "input 'x'"),
     "negative dim": (None, {"inputs": [tensor("x", X, "FP32", shape=[-2, -4])] + good_inputs()[1:]}, 400,
@@ -178,7 +181,8 @@ def _cast_model(datatype: str):
     return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("datatype", ["UINT8", "INT8", "INT16", "INT32", "FP16", "BF16", "FP64"])
+@pytest.mark.parametrize("datatype", ["UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "FP16", "BF16",
+                                      "FP64"])
 def test_other_datatypes_in_json_and_binary(datatype):
     from graphc.dtypes import to_numpy
     from graphc.kserve.protocol import DATATYPES
@@ -192,4 +196,16 @@ def test_other_datatypes_in_json_and_binary(datatype):
             header = json.dumps({"inputs": [{**item, "parameters": {"binary_data_size": values.nbytes}}]}).encode()
             reply = http.post("/v2/models/cast/infer", content=header + values.tobytes(),
                               headers={"Inference-Header-Content-Length": str(len(header))})
+            assert reply.json()["outputs"][0]["data"] == [1.0, 2.0], reply.text
+
+
+@pytest.mark.parametrize(("datatype", "data", "bad"), [("UINT8", [300, 1], "300"), ("UINT8", [-1, 1], "-1"),
+                                                       ("INT8", [1, -129], "-129")])
+def test_json_integers_out_of_range_are_refused_not_wrapped(datatype, data, bad):
+    with running_server(create_app(_cast_model(datatype), name="cast", backend="numpy")) as address:
+        with httpx.Client(base_url=f"http://{address}") as http:
+            item = {"name": "x", "shape": [2], "datatype": datatype, "data": data}
+            reply = http.post("/v2/models/cast/infer", json={"inputs": [item]})
+            assert reply.status_code == 400 and f"does not fit {datatype}: {bad} is outside" in reply.json()["error"]
+            reply = http.post("/v2/models/cast/infer", json={"inputs": [{**item, "data": [1, 2]}]})
             assert reply.json()["outputs"][0]["data"] == [1.0, 2.0], reply.text

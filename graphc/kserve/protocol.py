@@ -17,10 +17,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from graphc.dtypes import as_dtype, to_numpy
 
-# KServe datatype <-> graphc dtype name. BYTES (strings) is not supported by graphc's backends.
+# KServe datatype <-> graphc dtype name: every numeric type the protocol has. BYTES (strings)
+# is not served (a model with a string input or output is refused when the server loads it).
 DATATYPES: dict[str, str] = {
-    "BOOL": "bool", "UINT8": "uint8", "INT8": "int8", "INT16": "int16", "INT32": "int32",
-    "INT64": "int64", "FP16": "float16", "BF16": "bfloat16", "FP32": "float32", "FP64": "float64",
+    "BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
+    "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
+    "FP16": "float16", "BF16": "bfloat16", "FP32": "float32", "FP64": "float64",
 }
 _BY_DTYPE = {dtype: datatype for datatype, dtype in DATATYPES.items()}
 # Wire dtypes are little-endian whatever the host is.
@@ -157,19 +159,28 @@ _JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf", "V": "iuf"}
 def _json_array(item: RequestInput, dtype: np.dtype, count: int) -> np.ndarray:
     try:
         array = np.asarray(item.data)
+        if dtype.kind in "iu" and array.dtype.kind in "fO":
+            # integers past int64 (numpy reads them as floats, losing digits): keep the exact ints
+            exact = np.asarray(item.data, dtype=object)
+            if all(isinstance(v, int) and not isinstance(v, bool) for v in exact.flat):
+                array = exact
     except (ValueError, TypeError, OverflowError) as exc:
         raise ProtocolError(f"input {item.name!r}: data is not a rectangular list of numbers: {exc}") from None
     if array.size != count:
         raise ProtocolError(f"input {item.name!r}: shape {item.shape} needs {count} elements, "
                             f"data has {array.size}")
-    if array.size and array.dtype.kind not in _JSON_KINDS[dtype.kind]:
+    kind = "i" if array.dtype == object else array.dtype.kind  # object: the exact ints above
+    if array.size and kind not in _JSON_KINDS[dtype.kind]:
         found = {"b": "booleans", "i": "integers", "u": "integers", "f": "non-integer numbers"}.get(
-            array.dtype.kind, "non-numbers")
+            kind, "non-numbers")
         raise ProtocolError(f"input {item.name!r}: datatype {item.datatype} but the data holds {found}")
-    try:
-        return array.astype(dtype, copy=False).reshape(item.shape)
-    except OverflowError as exc:
-        raise ProtocolError(f"input {item.name!r}: data does not fit {item.datatype}: {exc}") from None
+    if array.size and dtype.kind in "iu":  # numpy would wrap an out-of-range integer silently
+        info, low, high = np.iinfo(dtype), array.min(), array.max()
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise ProtocolError(f"input {item.name!r}: data does not fit {item.datatype}: {bad} is outside "
+                                f"[{info.min}, {info.max}]")
+    return array.astype(dtype, copy=False).reshape(item.shape)
 
 
 def _requested_outputs(request: InferRequest) -> tuple[dict[str, bool] | None, bool]:

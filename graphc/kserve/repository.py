@@ -19,14 +19,17 @@ import numpy as np
 from graphc.deploy import feedable_inputs
 from graphc.dtypes import TensorSpec, to_numpy
 from graphc.errors import InputError, ModelLoadError
-from graphc.kserve.protocol import DecodedRequest, ProtocolError, datatype_of
+from graphc.kserve.protocol import DATATYPES, DecodedRequest, ProtocolError, datatype_of
 from graphc.model import Model, load
 
 _CONFIG_LIMIT = 1 << 20  # bytes of config.pbtxt read at most
 _FILENAME = re.compile(r'^\s*default_model_filename\s*:\s*"([^"]*)"', re.MULTILINE)
 
 
-def _tensor_metadata(spec: TensorSpec) -> dict[str, Any]:
+def _tensor_metadata(spec: TensorSpec, model: str, kind: str) -> dict[str, Any]:
+    if spec.dtype not in DATATYPES.values():
+        raise ModelLoadError(f"model {model!r}: {kind} {spec.name!r} has dtype {spec.dtype}, which the KServe "
+                             f"v2 protocol cannot carry here (served dtypes: {', '.join(DATATYPES.values())})")
     shape = [-1] if spec.shape is None else [d if isinstance(d, int) else -1 for d in spec.shape]
     return {"name": spec.name, "datatype": datatype_of(spec.dtype), "shape": shape}
 
@@ -48,8 +51,8 @@ class ServedModel:
         self.recent_seconds = 0.0  # moving average of a request's time, kept by the app
         self.metadata = {
             "name": name, "versions": [version], "platform": self.platform,
-            "inputs": [_tensor_metadata(s) for s in self.inputs],
-            "outputs": [_tensor_metadata(s) for s in self.outputs],
+            "inputs": [_tensor_metadata(s, name, "input") for s in self.inputs],
+            "outputs": [_tensor_metadata(s, name, "output") for s in self.outputs],
         }
 
     def infer(self, request: DecodedRequest) -> dict[str, np.ndarray]:
