@@ -24,7 +24,7 @@ from onnx import helper, numpy_helper
 
 import graphc as gc
 from graphc.backends.conformance import case_op_types, excluded, load_node_cases
-from graphc.passes.autodiff import RULES, gradient_model
+from graphc.passes.autodiff import RULES, SETTING_INPUTS, gradient_model
 
 try:
     from test_autodiff_rules import run_numpy
@@ -77,14 +77,25 @@ def _cases_by_op() -> dict[str, list]:
     return by_op
 
 
+def _takes_double(node: onnx.NodeProto, opset: int, index: int) -> bool:
+    """Whether the op's schema lets input ``index`` be a double (Resize's scales must be float)."""
+    schema = onnx.defs.get_schema(node.op_type, opset)
+    formal = schema.inputs[min(index, len(schema.inputs) - 1)]
+    allowed = next((c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == formal.type_str),
+                   [formal.type_str])
+    return "tensor(double)" in allowed
+
+
 def _float64_model(case) -> tuple[onnx.ModelProto, list[str], list[str]]:
-    """The case's node over initializers: float inputs in float64 (the params), others as given;
-    outputs are the node's float ones."""
+    """The case's node over initializers: float inputs in float64 (the params) where the op
+    allows, others as given; outputs are the node's float ones."""
     graph = case.model.graph
+    opset = next(o.version for o in case.model.opset_import if o.domain in ("", "ai.onnx"))
     inits, params = [], []
+    node = graph.node[0]
     for info, value in zip(graph.input, case.data_sets[0][0]):
         value = np.asarray(value)
-        if value.dtype in FLOATS:
+        if value.dtype in FLOATS and _takes_double(node, opset, list(node.input).index(info.name)):
             value = value.astype(np.float64)
             params.append(info.name)
         inits.append(numpy_helper.from_array(value, info.name))
@@ -114,11 +125,17 @@ def _check(case) -> str | None:
     model, params, floats = _float64_model(case)
     if not params or not floats:
         return None  # nothing differentiable: integer inputs or outputs only
-    try:
-        proto = gc.Model(gradient_model(ir.serde.deserialize_model(model), "sum_of_outputs", params)).proto
-    except gc.GraphError as exc:
-        op = case.model.graph.node[0].op_type
-        return None if op in str(exc) else f"refused without naming {op}: {exc}"
+    node = case.model.graph.node[0]
+    data = [p for p in params if list(node.input).index(p) not in SETTING_INPUTS.get(node.op_type, ())]
+    for wrt in (params, data):  # a rule may refuse a setting input (Resize's roi): check the data
+        try:
+            proto = gc.Model(gradient_model(ir.serde.deserialize_model(model), "sum_of_outputs", wrt)).proto
+            break
+        except gc.GraphError as exc:
+            error = exc
+    else:
+        return None if node.op_type in str(error) else f"refused without naming {node.op_type}: {error}"
+    params = wrt
     grads = run_numpy(proto, {})
     base = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     rng, eps, bad = np.random.default_rng(2), 1e-6, []

@@ -117,3 +117,52 @@ def test_tiny_encoder_matches_torch():
         return torch.randint(0, 10, (n, 5), generator=gen), torch.randn(n, 8, generator=gen, dtype=torch.float64)
 
     check(TinyEncoder(), args, ["tokens", "target"], {"tokens": {0: "N"}, "target": {0: "N"}}, batches=(1, 4))
+
+
+class Decoder(nn.Module):
+    """Upsampling the way segmentation decoders do: bilinear (both corner conventions), bicubic
+    and nearest by a whole factor, each feeding a conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Conv2d(4, 2, 1)
+
+    def forward(self, x, t):
+        h = torch.tanh(self.conv(x))
+        up = F.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False)
+        up = up + F.interpolate(h, size=(10, 10), mode="bilinear", align_corners=True)
+        up = up + F.interpolate(h, scale_factor=2, mode="bicubic", align_corners=False)
+        up = up + F.interpolate(h, scale_factor=2, mode="nearest")
+        return ((self.head(up) - t) ** 2).mean()
+
+
+def test_interpolating_decoder_matches_torch():
+    gen = torch.Generator().manual_seed(4)
+
+    def args(n):
+        return torch.randn(n, 3, 5, 5, generator=gen, dtype=torch.float64), \
+            torch.randn(n, 2, 10, 10, generator=gen, dtype=torch.float64)
+
+    check(Decoder(), args, ["x", "t"], {"x": {0: "N"}, "t": {0: "N"}}, batches=(1, 3))
+
+
+def test_interpolating_decoder_trains_and_backends_agree():
+    """The exported decoder (Resize scales written as Concat of Constants) trains: its
+    parameters are the convs' only (scales stay settings), numpy and onnxruntime give the same
+    gradients, and the loss falls."""
+    torch.manual_seed(5)
+    module = Decoder()
+    model = export(module, (torch.randn(2, 3, 5, 5), torch.randn(2, 2, 10, 10)), ["x", "t"],
+                   {"x": {0: "N"}, "t": {0: "N"}})
+    arts = graphc.training.generate(model, "loss", graphc.optim.Adam(1e-2))
+    assert arts.manifest.trainable == [n for n, _ in module.named_parameters()] and arts.manifest.frozen == []
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.random((4, 3, 5, 5), dtype=np.float32), "t": rng.random((4, 2, 10, 10), dtype=np.float32)}
+    on_numpy = graphc.Session(arts.gradients, backend="numpy").run(feeds)
+    on_ort = graphc.Session(arts.gradients, backend="ort-cpu").run(feeds)
+    for name, value in on_numpy.items():
+        np.testing.assert_allclose(on_ort[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+    trainer = graphc.Trainer(arts, backend="ort-cpu")
+    losses = [float(trainer.step(feeds)) for _ in range(8)]
+    assert losses[-1] < 0.5 * losses[0], losses

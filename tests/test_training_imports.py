@@ -327,3 +327,40 @@ def test_dsl_constants_stay_constants():
     model = gc.capture(Net(), x=gc.spec("float32", ("N", 3, 4)))
     arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.1))
     assert arts.manifest.trainable == ["fc.weight", "fc.bias"]
+
+
+def _settings_model() -> gc.Model:
+    """y = Clip(x @ W, lo, hi) -> class-weighted cross-entropy; lo, hi and the class weights are
+    float initializers (as exporters that keep constants as initializers write them)."""
+    from onnx import TensorProto, helper
+
+    inits = [nh.from_array(RNG.normal(size=(6, 3)).astype(np.float32), "W"),
+             nh.from_array(np.array(-1.0, np.float32), "lo"), nh.from_array(np.array(1.5, np.float32), "hi"),
+             nh.from_array(np.array([1.0, 2.0, 0.5], np.float32), "class_w")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Clip", ["xw", "lo", "hi"], ["logits"]),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "y", "class_w"], ["out"])]
+    graph = helper.make_graph(nodes, "settings", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6]),
+                                                  helper.make_tensor_value_info("y", TensorProto.INT64, ["N"])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [])], inits)
+    return gc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_initializers_read_only_as_op_settings_are_not_trained_by_default():
+    # PyTorch keeps clamp bounds and a loss's class weights as constants/buffers: so does graphc
+    # unless they are named in ``trainable``; then their gradient is exact (finite differences)
+    loss = gc.losses.mse("out", label="target")
+    arts = gc.training.generate(_settings_model(), loss, gc.optim.AdamW(1e-2))
+    assert arts.manifest.trainable == ["W"] and set(arts.manifest.frozen) == {"lo", "hi", "class_w"}
+    arts = gc.training.generate(_settings_model(), loss, gc.optim.SGD(0.1), trainable=["W", "hi", "class_w"])
+    batch = {"x": RNG.normal(size=(8, 6)).astype(np.float32), "y": RNG.integers(0, 3, 8).astype(np.int64),
+             "target": np.zeros((), np.float32)}
+    grads = gc.Session(arts.gradients, backend="numpy").run(batch)
+    ev = gc.Session(arts.eval, backend="numpy")
+    for name in ("hi", "class_w"):
+        value = arts.state[name].astype(np.float64)
+        direction = RNG.normal(size=value.shape)
+        eps = 1e-3
+        plus = ev.run({**batch, name: (value + eps * direction).astype(np.float32)})["loss"]
+        minus = ev.run({**batch, name: (value - eps * direction).astype(np.float32)})["loss"]
+        numeric = (float(plus) - float(minus)) / (2 * eps)
+        np.testing.assert_allclose(float(np.sum(grads[f"{name}_grad"] * direction)), numeric, rtol=2e-2, atol=1e-4)

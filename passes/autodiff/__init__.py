@@ -38,6 +38,6 @@ from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rul
 )
 from graphc.passes.autodiff.core import backprop, backward
 from graphc.passes.autodiff.model import gradient_model
-from graphc.passes.autodiff.registry import RULES, GradRule, get_grad_rule, grad_rule
+from graphc.passes.autodiff.registry import RULES, SETTING_INPUTS, GradRule, get_grad_rule, grad_rule
 
-__all__ = ["RULES", "GradRule", "backprop", "backward", "get_grad_rule", "grad_rule", "gradient_model"]
+__all__ = ["RULES", "SETTING_INPUTS", "GradRule", "backprop", "backward", "get_grad_rule", "grad_rule", "gradient_model"]

@@ -10,6 +10,7 @@ import onnx_ir as ir
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import FLOAT_TYPES
 from graphc.passes.autodiff.core import backward
+from graphc.passes.autodiff.registry import settings_only
 
 
 def infer_shapes(model: ir.Model) -> ir.Model:
@@ -27,7 +28,9 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     is the default), and ``model``'s outputs plus ``"<param>_grad"`` for each.
 
     ``loss`` names a scalar float output. ``wrt`` names initializers (or float graph inputs);
-    by default every floating-point initializer. The input model is not modified.
+    by default every floating-point initializer except those read only as op settings
+    (``registry.SETTING_INPUTS``: clamp bounds, Resize scales, ...). The input model is not
+    modified.
     """
     new = infer_shapes(model)
     graph = new.graph
@@ -35,7 +38,7 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     if loss not in outputs:
         raise GraphError(f"loss {loss!r} is not an output of the model; outputs: {sorted(outputs)}")
     if wrt is None:
-        wrt = [name for name, v in graph.initializers.items() if v.dtype in FLOAT_TYPES]
+        wrt = [name for name, v in graph.initializers.items() if v.dtype in FLOAT_TYPES and not settings_only(v)]
     inputs = {v.name: v for v in graph.inputs}
     params = []
     for name in wrt:

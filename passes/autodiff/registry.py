@@ -47,3 +47,36 @@ def grad_rule(*op_types: str, multi_output: bool = False) -> Callable[[GradRuleF
 
 def get_grad_rule(op_type: str) -> GradRule | None:
     return RULES.get(op_type)
+
+
+# Float inputs that set how an op behaves rather than carry learned values: PyTorch keeps these
+# as constants or buffers (clamp bounds, interpolation roi/scales, a pad value, class weights of
+# a loss, a dropout rate). An initializer read only through them is not differentiated by
+# default (``gradient_model`` with no ``wrt``, ``gc.training.generate`` with no ``trainable``);
+# naming it explicitly still works where the rule has its gradient.
+SETTING_INPUTS: dict[str, frozenset[int]] = {
+    "Clip": frozenset({1, 2}), "Resize": frozenset({1, 2}), "Upsample": frozenset({1}), "Pad": frozenset({2}),
+    "SoftmaxCrossEntropyLoss": frozenset({2}), "NegativeLogLikelihoodLoss": frozenset({2}),
+    "Dropout": frozenset({1}),
+}
+
+
+# ops that only move or retype values: a setting built with them (Resize scales as
+# Concat(Constant, Constant), as torch.onnx writes them) is still a setting
+_PASS_THROUGH = frozenset({"Identity", "Cast", "Concat", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Slice",
+                           "Gather"})
+
+
+def settings_only(value: ir.Value, depth: int = 0) -> bool:
+    """Whether ``value`` only ever reaches ``SETTING_INPUTS`` (directly, or through ops that
+    merely move values, ``_PASS_THROUGH``), never an input an op computes with."""
+    uses = value.uses()
+    if not uses or depth > 8 or value.is_graph_output():
+        return False
+    for use in uses:
+        op = use.node.op_type
+        if use.idx in SETTING_INPUTS.get(op, ()):
+            continue
+        if op not in _PASS_THROUGH or not all(settings_only(out, depth + 1) for out in use.node.outputs):
+            return False
+    return True

@@ -1,13 +1,14 @@
 """VJP rules of data-movement ops: Reshape-likes, Transpose, Expand, Concat, Split, Slice, Gather(Elements),
-TopK, Trilu, CumSum, Pad, Tile and nearest Resize."""
+TopK, Trilu, CumSum, Pad, Tile and Resize."""
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
 from graphc.errors import GraphError
-from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, is_static, static_shape
+from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, folded_array, is_static, static_shape
 from graphc.passes.autodiff.registry import grad_rule
 
 
@@ -201,18 +202,134 @@ def grad_trilu(g, node, dy):
 
 @grad_rule("Resize")
 def grad_resize(g, node, dy):
-    # nearest-neighbour upsampling by whole factors (what F.interpolate(scale_factor=k) exports):
-    # each input element feeds a k1 x k2 x ... block, so dx sums dy over those blocks.
+    # Resize is linear in x and separable: along each resized axis a, y = M_a x for a fixed
+    # [out_a, in_a] interpolation matrix (nearest, linear, cubic, antialias, any coordinate mode),
+    # so dx is dy contracted with every M_a. Nearest upsampling by whole factors (what
+    # F.interpolate(scale_factor=k) exports) with static shapes is a block sum; anything else
+    # uses the matrices, which need only the resized axes static (a symbolic batch is fine).
     x = node.inputs[0]
-    sx, sy = static_shape(x), static_shape(node.outputs[0])
-    if attr(node, "mode", "nearest") != "nearest" or not is_static(sx) or not is_static(sy) or any(
-            b % a for a, b in zip(sx, sy)) or attr(node, "coordinate_transformation_mode", "half_pixel") not in (
-            "half_pixel", "asymmetric", "pytorch_half_pixel") or attr(node, "nearest_mode", "round_prefer_floor") not in (
-            "floor", "round_prefer_floor"):
-        raise GraphError(f"gradient of {node.op_type} {node.name!r} is supported for nearest upsampling by whole "
-                         f"factors with static shapes (got {sx} -> {sy}, mode {attr(node, 'mode', 'nearest')!r})")
-    factors = [b // a for a, b in zip(sx, sy)]
-    blocks = [v for d, k in zip(sx, factors) for v in (d, k)]
-    summed = g.reduce("ReduceSum", g.op("Reshape", dy, g.ints(blocks)), list(range(1, 2 * len(sx), 2)),
-                      keepdims=False)
-    return (summed,) + (None,) * (len(node.inputs) - 1)
+    rest = (None,) * (len(node.inputs) - 1)
+    if any(g.wants(v) for v in node.inputs[1:3]):
+        raise GraphError(f"gradient of {node.op_type} {node.name!r} with respect to its roi or scales is not "
+                         "implemented (they are settings, not parameters: leave them out of wrt/trainable)")
+    plan = _ResizePlan(g, node)
+    sx, sy = plan.sx, plan.sy
+    if is_static(sx) and is_static(sy) and _whole_factor_nearest(node, sx, sy):
+        factors = [b // a for a, b in zip(sx, sy)]
+        blocks = [v for d, k in zip(sx, factors) for v in (d, k)]
+        summed = g.reduce("ReduceSum", g.op("Reshape", dy, g.ints(blocks)), list(range(1, 2 * len(sx), 2)),
+                          keepdims=False)
+        return (summed,) + rest
+    dx, rank = dy, len(sx)
+    dtype = dy.dtype or x.dtype or ir.DataType.FLOAT
+    for axis in plan.axes:
+        matrix = plan.matrix(axis)
+        if axis == rank - 1:
+            dx = g.op("MatMul", dx, g.const(matrix, dtype, hint="resize_matrix"))  # [..., out] @ [out, in]
+        elif axis == rank - 2:
+            dx = g.op("MatMul", g.const(matrix.T, dtype, hint="resize_matrix"), dx)  # [in, out] @ [..., out, W]
+        else:
+            perm = [i for i in range(rank) if i != axis] + [axis]
+            moved = g.op("MatMul", g.transpose(dx, perm), g.const(matrix, dtype, hint="resize_matrix"))
+            dx = g.transpose(moved, [perm.index(i) for i in range(rank)])
+    return (dx,) + rest
+
+
+def _whole_factor_nearest(node: ir.Node, sx, sy) -> bool:
+    return (attr(node, "mode", "nearest") == "nearest" and all(b % a == 0 for a, b in zip(sx, sy))
+            and attr(node, "coordinate_transformation_mode", "half_pixel") in (
+                "half_pixel", "asymmetric", "pytorch_half_pixel")
+            and attr(node, "nearest_mode", "round_prefer_floor") in ("floor", "round_prefer_floor")
+            and not attr(node, "antialias", 0))
+
+
+class _ResizePlan:
+    """What a Resize node does per axis, from its roi/scales/sizes (constants, or values an
+    exporter computes from constants and static shapes: ``folded_array``): the output shape,
+    the per-axis scale and roi, and which axes it changes (each must be static)."""
+
+    def __init__(self, g: GradBuilder, node: ir.Node):
+        self.g, self.node = g, node
+        self.sx, sy = static_shape(node.inputs[0]), static_shape(node.outputs[0])
+        rank = self.rank = len(self.sx) if self.sx is not None else None
+        extra = list(node.inputs[1:4])
+        if g.opset < 11:  # Resize-10: (X, scales)
+            extra = [None, *extra[:1]]
+        extra += [None] * (3 - len(extra))
+        roi, scales, sizes = (folded_array(v) for v in extra)
+        if sizes is None and extra[2] is not None and sy is not None and len(sy) == rank:
+            # sizes computed at run time (Concat of Shape(x)[:2] and constants, as torch.onnx
+            # writes F.interpolate(size=...) with a dynamic batch): shape inference has them
+            sizes = np.array([d if isinstance(d, int) else -1 for d in sy], np.int64)
+        if rank is None or rank < 2 or any(v is not None and a is None for v, a in zip(extra, (roi, scales, sizes))) \
+                or attr(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
+            raise GraphError(f"gradient of {node.op_type} {node.name!r} needs a known rank >= 2, roi/scales/sizes "
+                             "known before run time and the 'stretch' aspect-ratio policy")
+        self.sizes = sizes if sizes is not None and sizes.size else None
+        axes = attr(node, "axes")
+        axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
+        self.scales, self.roi, out = [1.0] * rank, [0.0] * rank + [1.0] * rank, list(self.sx)
+        for i, a in enumerate(axes):
+            if self.sizes is not None:
+                size = int(self.sizes.ravel()[i])
+                out[a] = size if size >= 0 else self.sx[a]  # -1: a run-time dim, left as it is
+                self.scales[a] = out[a] / self.sx[a] if isinstance(self.sx[a], int) else 1.0
+            elif scales is not None and scales.size:
+                self.scales[a] = float(scales.ravel()[i])
+                if self.scales[a] != 1.0:  # scale 1 keeps the dim, symbolic or not
+                    out[a] = int(np.floor(self.sx[a] * self.scales[a])) if isinstance(self.sx[a], int) else None
+            if roi is not None and roi.size:
+                self.roi[a], self.roi[a + rank] = float(roi.ravel()[i]), float(roi.ravel()[i + len(axes)])
+        self.sy = tuple(d if d is not None else (sy[i] if sy is not None else None) for i, d in enumerate(out))
+        crop = attr(node, "coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize"
+        self.axes = [a for a in range(rank) if self.scales[a] != 1.0 or self.sx[a] != self.sy[a]
+                     or (crop and (self.roi[a], self.roi[a + rank]) != (0.0, 1.0))]
+        for a in self.axes:
+            if not (isinstance(self.sx[a], int) and isinstance(self.sy[a], int)):
+                raise GraphError(f"gradient of {node.op_type} {node.name!r} needs a static size on resized axis {a} "
+                                 f"(got {self.sx} -> {self.sy})")
+
+    def matrix(self, a: int) -> np.ndarray:
+        """M_a, the [out_a, in_a] float64 interpolation matrix of axis ``a``, read off the op
+        itself: onnx's reference Resize (the spec's own implementation) on one-hot inputs, laid
+        along a second axis that the run leaves unscaled (an identity map in every mode), with
+        extrapolation 0 (outside a tf_crop_and_resize box the output is a constant)."""
+        from onnx import helper, numpy_helper
+        from onnx.reference import ReferenceEvaluator
+
+        node, rank, n, out = self.node, self.rank, self.sx[a], self.sy[a]
+        b = rank - 1 if a != rank - 1 else rank - 2  # the axis that carries the basis vectors
+        shape = [1] * rank
+        shape[a] = shape[b] = n
+        basis = np.moveaxis(np.eye(n).reshape([n, n] + [1] * (rank - 2)), [0, 1], [b, a])
+        scales = [1.0] * rank
+        scales[a] = self.scales[a]
+        roi = [0.0] * rank + [1.0] * rank
+        roi[a], roi[a + rank] = self.roi[a], self.roi[a + rank]
+        if self.g.opset < 11:
+            inputs = [None, numpy_helper.from_array(np.array(scales, np.float32), "scales"), None]
+        elif self.sizes is not None:
+            sizes = list(shape)
+            sizes[a] = out
+            inputs = [numpy_helper.from_array(np.array(roi), "roi"), None,
+                      numpy_helper.from_array(np.array(sizes, np.int64), "sizes")]
+        else:
+            inputs = [numpy_helper.from_array(np.array(roi), "roi"),
+                      numpy_helper.from_array(np.array(scales, np.float32), "scales"), None]
+        if self.g.opset < 11:
+            inputs = inputs[1:2]
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        attrs = {k: helper.get_attribute_value(ir.serde.serialize_attribute(v)) for k, v in node.attributes.items()
+                 if k not in ("axes", "keep_aspect_ratio_policy", "extrapolation_value")}
+        model = helper.make_model(
+            helper.make_graph([helper.make_node("Resize", ["x"] + [t.name if t else "" for t in inputs], ["y"], **attrs)],
+                              "basis", [helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, shape)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, None)],
+                              [t for t in inputs if t is not None]),
+            opset_imports=[helper.make_opsetid("", self.g.opset)])
+        (y,) = ReferenceEvaluator(model).run(None, {"x": basis})
+        if y.shape[a] != out:
+            raise GraphError(f"gradient of {node.op_type} {node.name!r}: the interpolation along axis {a} "
+                             f"gives {y.shape[a]} elements, the model says {out}")
+        return np.moveaxis(y, [b, a], [0, 1]).reshape(n, out).T  # rows: outputs, columns: inputs

@@ -28,6 +28,7 @@ from onnx_ir.passes.common import RemoveInitializersFromInputsPass, RemoveUnused
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.core import backward, node_inputs
+from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
 from graphc.passes.training import imports, modes, optimizers
 
@@ -239,7 +240,8 @@ def _select_params(graph: ir.Graph, bn_stats: Sequence[str], trainable, frozen,
         raise GraphError(f"unknown parameter(s) {unknown}; float parameters of the model: {candidates}")
     if trainable is None:
         used = _loss_inputs(graph)
-        trainable = [n for n in candidates if graph.initializers[n] in used and n not in frozen]
+        trainable = [n for n in candidates if graph.initializers[n] in used and n not in frozen
+                     and not settings_only(graph.initializers[n])]
     else:
         trainable = [n for n in candidates if n in set(trainable) and n not in frozen]
     if not trainable:

@@ -4,7 +4,8 @@ Exporters keep weights in odd places. This pass handles:
 
 1. weights stored in ``Constant`` nodes: a floating-point ``Constant`` of rank >= 1 with at
    least 2 elements becomes an initializer named after its output (scalars and 1-element
-   constants such as epsilons, scales and exponents stay constants). Constants captured from
+   constants such as epsilons, scales and exponents stay constants, and so do constants that
+   only set how an op behaves, such as Resize scales: ``settings_only``). Constants captured from
    the DSL (they carry ``graphc.source``) stay constants: there the user chose between
    ``gc.nn.Parameter`` and a constant;
 2. an initializer aliased through ``Identity`` or read by several nodes: nothing to rewrite;
@@ -21,6 +22,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.model import SOURCE_KEY
+from graphc.passes.autodiff.registry import settings_only
 
 _FLOAT = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 
@@ -37,7 +39,7 @@ def promote_constant_weights(graph: ir.Graph) -> list[str]:
         if tensor.dtype not in _FLOAT or len(tensor.shape) == 0 or tensor.size < 2:
             continue
         out = node.outputs[0]
-        if out.is_graph_output() or out.name in graph.initializers:
+        if out.is_graph_output() or out.name in graph.initializers or settings_only(out):
             continue
         name, out.name = out.name, f"{out.name}/constant"
         value = ir.Value(name=name, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype),
