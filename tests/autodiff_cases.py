@@ -217,6 +217,11 @@ def _cases() -> list[GradCase]:
         c("Einsum", [T((3, 4)), T((3, 4))], {"equation": "ij,ij->i"}, tag="rowdot"),
         c("Einsum", [T((3,)), T((4,))], {"equation": "i,j->ij"}, tag="outer"),
         c("Einsum", [T((3, 4)), T((5,))], {"equation": "ij,k->i"}, tag="summed_away"),
+        c("Einsum", [T((3, 4)), T((4, 5))], {"equation": "ij,jk"}, tag="implicit"),
+        c("Einsum", [T((2, 3, 4)), T((4, 5))], {"equation": "...ij,jk->...ik"}, tag="ellipsis"),
+        c("Einsum", [T((1, 3, 4)), T((2, 4, 5))], {"equation": "...ij,...jk->...ik"}, tag="ellipsis_broadcast"),
+        c("Einsum", [T((2, 3, 4)), T((2, 4, 5))], {"equation": "...ij,...jk"}, tag="ellipsis_implicit"),
+        c("Einsum", [T((2, 3, 4)), T((2, 4))], {"equation": "...ij,...j->...i"}, tag="ellipsis_matvec"),
         # reductions and softmax
         c("ReduceSum", [T((2, 3, 4)), i64(1)], {"keepdims": 0}),
         c("ReduceSum", [T((2, 3, 4))], {"keepdims": 1}, tag="all"),

@@ -15,13 +15,17 @@ Conventions (each written next to its rule too):
   torch.amax shares among ties); MaxPool sends each window's gradient to its Indices output
   (the first maximum, as PyTorch); Pow's exponent gradient is 0 where base == 0.
 - no gradient (``None``): integer/bool inputs, shape and index inputs, Dropout's ratio,
-  BatchNormalization's running statistics in training mode, class weights of the fused losses.
+  BatchNormalization's running statistics in training mode. Op settings (``SETTING_INPUTS``:
+  Clip bounds, Resize roi/scales, Pad's value, class weights of the fused losses) are left out
+  of the default ``wrt``; named explicitly they get their exact gradient (Resize's roi/scales:
+  an error).
 - a ``wrt`` value with no path to the loss gets zeros of its shape; an op without a rule on a
   path raises ``GraphError`` naming op, node and ``graphc.source`` line.
 - limits: Conv/ConvTranspose/pooling need static spatial dims and channels (the batch may be
   symbolic); Loop needs a constant trip count and no exit condition, Scan a static length
-  (both are unrolled); Resize only for nearest upsampling by whole factors; Einsum only with
-  an explicit output, no ``...`` and no letter repeated in one operand; Gather,
+  (both are unrolled); Resize needs static sizes on the axes it resizes, scales/sizes known
+  before run time and the 'stretch' aspect-ratio policy; Einsum no letter repeated in one
+  operand (a diagonal); Gather,
   GatherElements and MaxPool need opset >= 16 (ScatterND/ScatterElements with reduction);
   MaxPool storage_order=1 and AveragePool ceil_mode that changes the output size raise.
 """

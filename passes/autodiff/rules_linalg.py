@@ -87,14 +87,17 @@ def grad_gemm(g, node, dy):
 
 
 def _parse_einsum(equation: str, n_inputs: int) -> tuple[list[str], str] | None:
-    """Operand subscripts and output subscripts, or None for forms without a simple adjoint
-    (ellipsis, a letter repeated within one operand)."""
+    """Operand subscripts and output subscripts (the implicit output made explicit: the letters
+    used once, in alphabetical order, after the ellipsis if any, as numpy and ONNX define it),
+    or None for a letter repeated within one operand (a diagonal: no simple adjoint)."""
     eq = equation.replace(" ", "")
-    if "..." in eq or "->" not in eq:
-        return None
-    lhs, out = eq.split("->")
+    lhs, out = eq.split("->") if "->" in eq else (eq, None)
     terms = lhs.split(",")
-    if len(terms) != n_inputs or any(len(set(t)) != len(t) for t in [*terms, out]):
+    letters = [c for t in terms for c in t.replace("...", "")]
+    if out is None:
+        once = sorted(c for c in set(letters) if letters.count(c) == 1)
+        out = ("..." if "..." in lhs else "") + "".join(once)
+    if len(terms) != n_inputs or any(len(set(t.replace("...", ""))) != len(t.replace("...", "")) for t in [*terms, out]):
         return None
     return terms, out
 
@@ -102,12 +105,14 @@ def _parse_einsum(equation: str, n_inputs: int) -> tuple[list[str], str] | None:
 @grad_rule("Einsum")
 def grad_einsum(g, node, dy):
     # d term_i = einsum(out, other terms -> term_i); a letter that only term_i has (summed away
-    # in the forward) is broadcast back by multiplying with ones of that operand's shape.
+    # in the forward) is broadcast back by multiplying with ones of that operand's shape. With
+    # "...", the operands' ellipsis dims broadcast: each gradient keeps them ("..." added to an
+    # operand that has none) and is summed back to its operand's shape.
     equation = attr(node, "equation")
     parsed = _parse_einsum(equation, len(node.inputs))
     if parsed is None:
         raise GraphError(f"gradient of Einsum {node.name!r} with equation {equation!r} is not supported "
-                         "(explicit '->', no '...', no letter repeated within an operand)")
+                         "(a letter repeated within one operand)")
     terms, out = parsed
     grads = []
     for i, (x, term) in enumerate(zip(node.inputs, terms)):
@@ -123,5 +128,7 @@ def grad_einsum(g, node, dy):
         if not set(term) <= seen:  # letters only this operand has
             operands.append(g.full(g.shape_of(x), 1.0, x))
             subs.append(term)
-        grads.append(g.op("Einsum", *operands, equation=",".join(subs) + "->" + term))
+        target = term if "..." in term or not any("..." in t for t in subs) else "..." + term
+        dx = g.op("Einsum", *operands, equation=",".join(subs) + "->" + target)
+        grads.append(g.sum_to(dx, None, x) if "..." in target else dx)
     return tuple(grads)
