@@ -27,7 +27,7 @@ Conventions (each written next to its rule too):
   before run time and the 'stretch' aspect-ratio policy; Einsum no letter repeated in one
   operand (a diagonal); Gather,
   GatherElements and MaxPool need opset >= 16 (ScatterND/ScatterElements with reduction);
-  MaxPool storage_order=1 and AveragePool ceil_mode that changes the output size raise.
+  MaxPool storage_order=1 raises.
 """
 
 from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rules)

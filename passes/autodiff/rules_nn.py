@@ -13,6 +13,7 @@ import onnx_ir as ir
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, static_shape
 from graphc.passes.autodiff.registry import grad_rule
+from graphc.passes.autodiff.separable import axis_matrix, contract, node_attrs
 
 
 # -- Dropout ----------------------------------------------------------------------------------
@@ -254,6 +255,23 @@ def grad_max_pool(g, node, dy):
     return (g.reshape_like(flat, x),)
 
 
+def _pool_matrices(g: GradBuilder, node: ir.Node, spatial, kernel, strides, dilations, begin, end):
+    """{axis: [out, in] matrix} of an AveragePool, one spatial axis at a time (``axis_matrix``,
+    the basis vectors on the batch axis), with the node's own ceil_mode and count_include_pad."""
+    n, rank = len(spatial), 2 + len(spatial)
+    matrices = {}
+    for i in range(n):
+        one = [1] * n
+        attrs = node_attrs(node, drop=("auto_pad", "kernel_shape", "strides", "dilations", "pads"))
+        attrs.update(kernel_shape=[kernel[i] if j == i else 1 for j in range(n)],
+                     strides=[strides[i] if j == i else 1 for j in range(n)],
+                     pads=[begin[i] if j == i else 0 for j in range(n)] + [end[i] if j == i else 0 for j in range(n)])
+        if dilations != one:
+            attrs["dilations"] = [dilations[i] if j == i else 1 for j in range(n)]
+        matrices[2 + i] = axis_matrix("AveragePool", attrs, rank, 2 + i, 0, spatial[i], [], g.opset)
+    return matrices
+
+
 @grad_rule("AveragePool")
 def grad_average_pool(g, node, dy):
     # dx = ConvTranspose(dy / divisor, ones) per channel. The divisor is the window size, or with
@@ -266,8 +284,10 @@ def grad_average_pool(g, node, dy):
         raise GraphError(f"gradient of AveragePool {node.name!r} needs a static channel count")
     if attr(node, "ceil_mode", 0) and _out_dims(spatial, kernel, strides, dilations, begin, end, ceil=True) != \
             _out_dims(spatial, kernel, strides, dilations, begin, end):
-        raise GraphError(f"gradient of AveragePool {node.name!r}: ceil_mode=1 that changes the output size "
-                         "is not supported")
+        # the last windows hang over the end and average fewer elements: average pooling is
+        # separable (window and divisor per axis), so dx contracts dy with each axis' matrix
+        return (contract(g, dy, _pool_matrices(g, node, spatial, kernel, strides, dilations, begin, end),
+                         2 + len(spatial)),)
     dtype = (dy.dtype or ir.DataType.FLOAT).numpy()
     if attr(node, "count_include_pad", 0) or not any(begin + end):
         scaled = g.div(dy, g.scalar(float(math.prod(kernel)), dy))

@@ -4,12 +4,12 @@ TopK, Trilu, CumSum, Pad, Tile and Resize."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, folded_array, is_static, static_shape
 from graphc.passes.autodiff.registry import grad_rule
+from graphc.passes.autodiff.separable import axis_matrix, contract, node_attrs
 
 
 @grad_rule("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -220,19 +220,7 @@ def grad_resize(g, node, dy):
         summed = g.reduce("ReduceSum", g.op("Reshape", dy, g.ints(blocks)), list(range(1, 2 * len(sx), 2)),
                           keepdims=False)
         return (summed,) + rest
-    dx, rank = dy, len(sx)
-    dtype = dy.dtype or x.dtype or ir.DataType.FLOAT
-    for axis in plan.axes:
-        matrix = plan.matrix(axis)
-        if axis == rank - 1:
-            dx = g.op("MatMul", dx, g.const(matrix, dtype, hint="resize_matrix"))  # [..., out] @ [out, in]
-        elif axis == rank - 2:
-            dx = g.op("MatMul", g.const(matrix.T, dtype, hint="resize_matrix"), dx)  # [in, out] @ [..., out, W]
-        else:
-            perm = [i for i in range(rank) if i != axis] + [axis]
-            moved = g.op("MatMul", g.transpose(dx, perm), g.const(matrix, dtype, hint="resize_matrix"))
-            dx = g.transpose(moved, [perm.index(i) for i in range(rank)])
-    return (dx,) + rest
+    return (contract(g, dy, {a: plan.matrix(a) for a in plan.axes}, len(sx)),) + rest
 
 
 def _whole_factor_nearest(node: ir.Node, sx, sy) -> bool:
@@ -290,46 +278,26 @@ class _ResizePlan:
                                  f"(got {self.sx} -> {self.sy})")
 
     def matrix(self, a: int) -> np.ndarray:
-        """M_a, the [out_a, in_a] float64 interpolation matrix of axis ``a``, read off the op
-        itself: onnx's reference Resize (the spec's own implementation) on one-hot inputs, laid
-        along a second axis that the run leaves unscaled (an identity map in every mode), with
-        extrapolation 0 (outside a tf_crop_and_resize box the output is a constant)."""
-        from onnx import helper, numpy_helper
-        from onnx.reference import ReferenceEvaluator
-
-        node, rank, n, out = self.node, self.rank, self.sx[a], self.sy[a]
-        b = rank - 1 if a != rank - 1 else rank - 2  # the axis that carries the basis vectors
-        shape = [1] * rank
-        shape[a] = shape[b] = n
-        basis = np.moveaxis(np.eye(n).reshape([n, n] + [1] * (rank - 2)), [0, 1], [b, a])
+        """M_a, the [out_a, in_a] interpolation matrix of axis ``a`` (``axis_matrix``: the basis
+        vectors ride on another axis, which a run with scale 1 there leaves unchanged in every
+        mode), with extrapolation 0 (outside a tf_crop_and_resize box the output is a constant)."""
+        rank, n, out = self.rank, self.sx[a], self.sy[a]
+        carrier = rank - 1 if a != rank - 1 else rank - 2
         scales = [1.0] * rank
         scales[a] = self.scales[a]
         roi = [0.0] * rank + [1.0] * rank
         roi[a], roi[a + rank] = self.roi[a], self.roi[a + rank]
         if self.g.opset < 11:
-            inputs = [None, numpy_helper.from_array(np.array(scales, np.float32), "scales"), None]
+            extra = [np.array(scales, np.float32)]
         elif self.sizes is not None:
-            sizes = list(shape)
-            sizes[a] = out
-            inputs = [numpy_helper.from_array(np.array(roi), "roi"), None,
-                      numpy_helper.from_array(np.array(sizes, np.int64), "sizes")]
+            sizes = [1] * rank
+            sizes[a], sizes[carrier] = out, n
+            extra = [np.array(roi), None, np.array(sizes, np.int64)]
         else:
-            inputs = [numpy_helper.from_array(np.array(roi), "roi"),
-                      numpy_helper.from_array(np.array(scales, np.float32), "scales"), None]
-        if self.g.opset < 11:
-            inputs = inputs[1:2]
-        while inputs and inputs[-1] is None:
-            inputs.pop()
-        attrs = {k: helper.get_attribute_value(ir.serde.serialize_attribute(v)) for k, v in node.attributes.items()
-                 if k not in ("axes", "keep_aspect_ratio_policy", "extrapolation_value")}
-        model = helper.make_model(
-            helper.make_graph([helper.make_node("Resize", ["x"] + [t.name if t else "" for t in inputs], ["y"], **attrs)],
-                              "basis", [helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, shape)],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, None)],
-                              [t for t in inputs if t is not None]),
-            opset_imports=[helper.make_opsetid("", self.g.opset)])
-        (y,) = ReferenceEvaluator(model).run(None, {"x": basis})
-        if y.shape[a] != out:
-            raise GraphError(f"gradient of {node.op_type} {node.name!r}: the interpolation along axis {a} "
-                             f"gives {y.shape[a]} elements, the model says {out}")
-        return np.moveaxis(y, [b, a], [0, 1]).reshape(n, out).T  # rows: outputs, columns: inputs
+            extra = [np.array(roi), np.array(scales, np.float32)]
+        attrs = node_attrs(self.node, drop=("axes", "keep_aspect_ratio_policy", "extrapolation_value"))
+        matrix = axis_matrix("Resize", attrs, rank, a, carrier, n, extra, self.g.opset)
+        if matrix.shape[0] != out:
+            raise GraphError(f"gradient of {self.node.op_type} {self.node.name!r}: the interpolation along axis "
+                             f"{a} gives {matrix.shape[0]} elements, the model says {out}")
+        return matrix

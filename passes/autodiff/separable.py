@@ -1,0 +1,67 @@
+"""Gradients of separable linear ops (Resize, AveragePool): y = x contracted with one fixed
+[out_a, in_a] matrix per axis, so dx = dy contracted with the same matrices.
+
+Each matrix is read off the op itself: onnx's reference implementation (the one its node tests
+are generated from) run once on the in_a one-hot vectors, laid along a ``carrier`` axis that
+the op leaves unchanged. Reading the op instead of re-deriving its arithmetic keeps every mode,
+coordinate transform, padding and rounding rule exactly as the spec has it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx import helper, numpy_helper
+
+from graphc.passes.autodiff.builder import GradBuilder
+
+__all__ = ["axis_matrix", "contract", "node_attrs"]
+
+
+def axis_matrix(op_type: str, attrs: Mapping, rank: int, axis: int, carrier: int, size: int,
+                extra: Sequence[np.ndarray | None], opset: int) -> np.ndarray:
+    """The float64 [out, in] matrix of ``op_type`` (with ``attrs`` and the constant inputs
+    ``extra`` after x; None for an omitted one) along ``axis``, for an input of ``size`` there
+    and 1 on every axis but ``carrier``, which the op must map to itself."""
+    shape = [1] * rank
+    shape[axis] = shape[carrier] = size
+    basis = np.moveaxis(np.eye(size).reshape([size, size] + [1] * (rank - 2)), [0, 1], [carrier, axis])
+    inits = [numpy_helper.from_array(np.asarray(v), f"in{i}") for i, v in enumerate(extra) if v is not None]
+    names = ["x"] + [f"in{i}" if v is not None else "" for i, v in enumerate(extra)]
+    while names[-1] == "":
+        names.pop()
+    model = helper.make_model(
+        helper.make_graph([helper.make_node(op_type, names, ["y"], **attrs)], "basis",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, shape)],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, None)], inits),
+        opset_imports=[helper.make_opsetid("", opset)])
+    from onnx.reference import ReferenceEvaluator
+
+    (y,) = ReferenceEvaluator(model).run(None, {"x": basis})
+    return np.moveaxis(y, [carrier, axis], [0, 1]).reshape(size, y.shape[axis]).T
+
+
+def contract(g: GradBuilder, dy: ir.Value, matrices: Mapping[int, np.ndarray], rank: int) -> ir.Value:
+    """``dy`` contracted with each [out, in] matrix along its axis (MatMul; a transpose pair for
+    axes before the last two), in ``dy``'s dtype."""
+    dtype = dy.dtype or ir.DataType.FLOAT
+    dx = dy
+    for axis, matrix in matrices.items():
+        if axis == rank - 1:
+            dx = g.op("MatMul", dx, g.const(matrix, dtype, hint="axis_matrix"))  # [..., out] @ [out, in]
+        elif axis == rank - 2:
+            dx = g.op("MatMul", g.const(matrix.T, dtype, hint="axis_matrix"), dx)  # [in, out] @ [..., out, W]
+        else:
+            perm = [i for i in range(rank) if i != axis] + [axis]
+            moved = g.op("MatMul", g.transpose(dx, perm), g.const(matrix, dtype, hint="axis_matrix"))
+            dx = g.transpose(moved, [perm.index(i) for i in range(rank)])
+    return dx
+
+
+def node_attrs(node: ir.Node, drop: Sequence[str] = ()) -> dict:
+    """The node's attributes as ``helper.make_node`` keywords, less ``drop``."""
+    return {k: helper.get_attribute_value(ir.serde.serialize_attribute(a)) for k, a in node.attributes.items()
+            if k not in drop}
