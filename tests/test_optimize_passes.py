@@ -355,6 +355,28 @@ def test_branch_returning_an_outer_value_keeps_its_identity():
     assert [n.op_type for n in out.ir.graph.node(3).attributes["else_branch"].value] == ["Identity"]
 
 
+def test_unsqueeze_and_squeeze_of_a_reshape_become_one_reshape():
+    # x [N, 12] -> Reshape [0, 3, 4] -> Unsqueeze(0) -> [1, N, 3, 4]: one Reshape to [1, -1, 3, 4]
+    # (the copied symbolic dim becomes the -1); then Squeeze(0) of a Reshape to [1, -1, 12]
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["r1"]), helper.make_node("Unsqueeze", ["r1", "a0"], ["u"]),
+             helper.make_node("Relu", ["u"], ["y"]),
+             helper.make_node("Reshape", ["x", "s2"], ["r2"]), helper.make_node("Squeeze", ["r2", "a0"], ["z"])]
+    inits = [("s1", np.array([0, 3, 4], np.int64)), ("s2", np.array([1, -1, 12], np.int64)),
+             ("a0", np.array([0], np.int64))]
+    m = make_model(nodes, [("x", F, ["N", 12])], [("y", F, [1, "N", 3, 4]), ("z", F, ["N", 12])], inits)
+    out = check(m, 2, ["Reshape", "Relu", "Reshape"])
+    shapes = sorted(n.inputs[1].const_value.numpy().tolist() for n in out.ir.graph if n.op_type == "Reshape")
+    assert shapes == [[-1, 12], [1, -1, 3, 4]]
+
+
+def test_reshape_with_other_uses_or_two_copied_dims_keeps_its_unsqueeze():
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("Unsqueeze", ["r", "a0"], ["y"]),
+             helper.make_node("Relu", ["r"], ["z"])]
+    inits = [("s", np.array([0, 0, 4], np.int64)), ("a0", np.array([0], np.int64))]
+    m = make_model(nodes, [("x", F, ["N", "M", 4])], [("y", F, [1, "N", "M", 4]), ("z", F, ["N", "M", 4])], inits)
+    assert op_types(gc.optimize(m, 2)).count("Unsqueeze") == 1
+
+
 def test_neutral_tensor_operands_and_parameters():
     nodes = [const("zeros", np.zeros((1, 4), np.float32)), helper.make_node("Add", ["x", "zeros"], ["a"]),
              helper.make_node("Mul", ["ones", "a"], ["m"]), helper.make_node("Add", ["m", "bias"], ["y"])]

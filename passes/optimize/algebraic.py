@@ -19,7 +19,8 @@ from graphc.passes.optimize.pipeline import all_nodes
 from graphc.passes.optimize.rules import RulePass, const_array
 from graphc.passes.optimize.shape_folding import same_shape
 
-__all__ = ["ExpandIntoBroadcast", "NeutralOperandElimination", "algebraic_pass", "gemm_pass"]
+__all__ = ["ExpandIntoBroadcast", "NeutralOperandElimination", "ReshapeAbsorbsUnsqueeze", "algebraic_pass",
+           "gemm_pass"]
 
 DT = ir.DataType
 # Casts that every value of the source type survives exactly (so casting back recovers it).
@@ -189,6 +190,96 @@ class ExpandIntoBroadcast(ir.passes.InPlacePass):
                     modified = True
                     break
         return ir.passes.PassResult(model, modified)
+
+
+class ReshapeAbsorbsUnsqueeze(ir.passes.InPlacePass):
+    """``Unsqueeze(Reshape(x, s), axes)`` and ``Squeeze(Reshape(x, s), axes)`` -> one
+    ``Reshape(x, s')``, s' the constant s with 1s inserted at / removed from ``axes``, when the
+    Reshape has no other use. Sound when s holds no 0 (a 0 copies x's dim at its own index,
+    which inserting or removing would shift) and every squeezed entry is a literal 1: adding or
+    dropping 1-dims re-views the same row-major data, as the single Reshape does. A 0 in s ("copy
+    x's dim", whose index the insertion would shift) is first spelled out: x's static dim, or the
+    one -1. (An exported attention block splits q/k/v this way; onnxruntime keeps both nodes.)"""
+
+    name = "ReshapeAbsorbsUnsqueeze"
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        for node in all_nodes(model.graph):
+            if node.op_type not in ("Unsqueeze", "Squeeze") or node.domain not in ("", "ai.onnx"):
+                continue
+            reshape = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+            if reshape is None or reshape.op_type != "Reshape" or len(node.inputs[0].uses()) != 1 \
+                    or node.inputs[0].is_graph_output() or reshape.graph is not node.graph:
+                continue
+            shape = const_array(reshape.inputs[1])
+            if shape is None or shape.ndim != 1 or reshape.attributes.get_int("allowzero", 0):
+                continue
+            shape = _without_copies(list(shape), reshape.inputs[0])
+            target = None if shape is None else _squeezed(shape, _axes(node), node.op_type)
+            if target is None:
+                continue
+            value = _int64_initializer(node.graph, f"{node.name or node.op_type}/reshape_shape", target)
+            new = ir.Node("", "Reshape", [reshape.inputs[0], value], metadata_props=dict(node.metadata_props))
+            ir.convenience.replace_nodes_and_values(node.graph, node, [node], [new], node.outputs, new.outputs)
+            modified = True
+        return ir.passes.PassResult(model, modified)
+
+
+def _without_copies(shape: list[int], x: ir.Value) -> list[int] | None:
+    """``shape`` with each 0 ("copy x's dim here") spelled out: x's static dim, or -1 for one
+    symbolic dim when the shape has no -1 yet; None when that is not possible."""
+    out = []
+    for i, d in enumerate(shape):
+        if d == 0:
+            dim = x.shape[i] if x.shape is not None and i < len(x.shape) else None
+            if isinstance(dim, int):
+                d = dim
+            elif -1 in shape or -1 in out:
+                return None
+            else:
+                d = -1
+        out.append(int(d))
+    return out
+
+
+def _axes(node: ir.Node) -> list[int] | None:
+    """The node's constant axes (input from opset 13, attribute before), [] for none, None if unknown."""
+    if len(node.inputs) > 1:
+        if node.inputs[1] is None:
+            return []
+        array = const_array(node.inputs[1])
+        return None if array is None else [int(a) for a in np.asarray(array).ravel()]
+    attr = node.attributes.get("axes")
+    return [] if attr is None else [int(a) for a in attr.value]
+
+
+def _squeezed(shape: list[int], axes: list[int] | None, op_type: str) -> list[int] | None:
+    if axes is None or (op_type == "Unsqueeze" and not axes):
+        return None
+    if op_type == "Unsqueeze":
+        rank = len(shape) + len(axes)
+        positions = sorted(a % rank for a in axes)
+        out = list(shape)
+        for a in positions:
+            out.insert(a, 1)
+        return out
+    if not axes:  # Squeeze of every 1-dim: only when none is inferred (-1)
+        return None if -1 in shape else [d for d in shape if d != 1]
+    drop = {a % len(shape) for a in axes}
+    if any(shape[a] != 1 for a in drop):
+        return None
+    return [d for i, d in enumerate(shape) if i not in drop]
+
+
+def _int64_initializer(graph: ir.Graph, name: str, values: list[int]) -> ir.Value:
+    array = np.array(values, dtype=np.int64)
+    while name in graph.initializers:
+        name += "_"
+    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.INT64),
+                     const_value=ir.Tensor(array, name=name))
+    graph.register_initializer(value)
+    return value
 
 
 @functools.cache  # rule sets are stateless between runs; building them costs ~10 ms

@@ -43,6 +43,7 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
     from graphc.passes.optimize.algebraic import (
         ExpandIntoBroadcast,
         NeutralOperandElimination,
+        ReshapeAbsorbsUnsqueeze,
         algebraic_pass,
         gemm_pass,
     )
@@ -58,7 +59,8 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
         loop = [inference_pass(), *loop]
     if level >= 2:
         loop += [ShapeFolding(), NeutralOperandElimination(protected if level < 3 else frozenset()),
-                 ExpandIntoBroadcast(), algebraic_pass(), gemm_pass(), *fusion_passes(opset)]
+                 ExpandIntoBroadcast(), algebraic_pass(), ReshapeAbsorbsUnsqueeze(), gemm_pass(),
+                 *fusion_passes(opset)]
     # The finish's dead-node sweep and dedup are the loop's own instances, so the pipeline skips
     # them when nothing changed after the loop left them idle (LiftConstants found nothing).
     same = {p.name: p for p in loop if p.name in ("RemoveUnusedNodes", "DeduplicateInitializers")}

@@ -192,6 +192,10 @@ def fold_constants_pass(protected: frozenset[str] = frozenset(), level: int = 1)
     def should_fold(node: ir.Node) -> bool | None:
         if protected and any(v is not None and v.name in protected and v.is_initializer() for v in node.inputs):
             return False
+        if node.op_type == "Identity":
+            # the folder's Identity evaluator already points every use at the input; folding it
+            # too would copy a constant input (a whole weight, at level 3) for dedup to merge back
+            return False
         if node.op_type == "ConstantOfShape" and node.inputs and node.inputs[0] is not None:
             # onnxscript never folds these (a big one would bloat the file); a small one is
             # just a constant, e.g. the seed gradient of a scalar loss
@@ -356,7 +360,8 @@ class ShapeInference(ir.passes.InPlacePass):
         self.source = source
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        missing = {v.name: v for node in all_nodes(model.graph) for v in node.outputs
+        # a Constant's output is typed by the folder from its tensor, before any pass reads it
+        missing = {v.name: v for node in all_nodes(model.graph) if node.op_type != "Constant" for v in node.outputs
                    if v.name and (v.type is None or v.shape is None)}
         source, self.source = self.source, None  # one use: the model changes after this pass
         if not missing:
