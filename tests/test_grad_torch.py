@@ -166,3 +166,64 @@ def test_interpolating_decoder_trains_and_backends_agree():
     trainer = graphc.Trainer(arts, backend="ort-cpu")
     losses = [float(trainer.step(feeds)) for _ in range(8)]
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+class UNet(nn.Module):
+    """A small segmentation net: strided and dilated convs, BatchNorm, ReLU6 (Clip), GELU,
+    ConvTranspose and bilinear upsampling, a skip concat, SiLU, per-pixel cross-entropy and a
+    ceil-mode average pool in the loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.e1 = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.e2 = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1, stride=2), nn.BatchNorm2d(16), nn.ReLU6())
+        self.mid = nn.Sequential(nn.Conv2d(16, 16, 3, padding=2, dilation=2), nn.GELU())
+        self.up = nn.ConvTranspose2d(16, 8, 2, stride=2)
+        self.dec = nn.Conv2d(16, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x, t):
+        a = self.e1(x)
+        m = self.mid(self.e2(a))
+        u = self.up(m) + F.interpolate(m, scale_factor=2, mode="bilinear", align_corners=False).mean(1, keepdim=True)
+        logits = self.head(F.silu(self.dec(torch.cat([a, u], 1))))
+        pooled = F.avg_pool2d(logits, 3, stride=2, ceil_mode=True, count_include_pad=False)
+        return F.cross_entropy(logits, t) + 0.1 * pooled.abs().mean()
+
+
+def test_unet_matches_torch():
+    gen = torch.Generator().manual_seed(6)
+
+    def args(n):
+        return torch.randn(n, 3, 12, 12, generator=gen, dtype=torch.float64), torch.randint(0, 2, (n, 12, 12), generator=gen)
+
+    check(UNet(), args, ["x", "t"], {"x": {0: "N"}, "t": {0: "N"}}, batches=(2,))
+
+
+class Mixer(nn.Module):
+    """Ops exporters emit outside the usual layers: einsum with '...', F.pad with a value, clamp
+    with float bounds, cumsum, index_select, masked where, softplus, LayerNorm, and a max."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(6, 6)
+        self.k = nn.Linear(6, 6)
+        self.norm = nn.LayerNorm(6)
+
+    def forward(self, x, target):
+        q, k = self.q(x), self.k(x)
+        att = torch.softmax(torch.einsum("...qd,...kd->...qk", q, k) / 6 ** 0.5, dim=-1)
+        h = self.norm(torch.einsum("...qk,...kd->...qd", att, x) + x)
+        h = F.pad(h, (1, 2), value=0.5).clamp(-1.5, 2.0)
+        h = torch.cumsum(h, dim=1).index_select(2, torch.tensor([0, 2, 3, 5]))
+        h = torch.where(h > 0, F.softplus(h), h * 0.1)
+        return ((h.amax(dim=1) - target) ** 2).mean()
+
+
+def test_mixer_ops_match_torch():
+    gen = torch.Generator().manual_seed(7)
+
+    def args(n):
+        return torch.randn(n, 5, 6, generator=gen, dtype=torch.float64), torch.randn(n, 4, generator=gen, dtype=torch.float64)
+
+    check(Mixer(), args, ["x", "target"], {"x": {0: "N"}, "target": {0: "N"}}, batches=(1, 3))

@@ -13,7 +13,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
-from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, static_shape
+from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, folded_array, static_shape
 from graphc.passes.autodiff.registry import grad_rule
 
 
@@ -104,8 +104,8 @@ def _unrolled_gradients(g: GradBuilder, node: ir.Node, steps, seeds_fn):
 
 
 def _static_trip_count(node: ir.Node) -> int:
-    trip = const_array(node.inputs[0]) if node.inputs and node.inputs[0] is not None else None
-    cond = const_array(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else np.array(True)
+    trip = folded_array(node.inputs[0]) if node.inputs and node.inputs[0] is not None else None
+    cond = folded_array(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else np.array(True)
     if trip is None or cond is None or not bool(cond) or int(trip) > MAX_UNROLL:
         raise GraphError(f"gradient of Loop {node.name!r} needs a constant trip count (<= {MAX_UNROLL}) and "
                          "no loop condition; gc.fori_loop with int bounds gives one")

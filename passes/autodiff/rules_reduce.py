@@ -11,7 +11,7 @@ import math
 import onnx_ir as ir
 
 from graphc.errors import GraphError
-from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, is_static, static_shape
+from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, is_static, static_shape
 from graphc.passes.autodiff.registry import grad_rule
 
 
@@ -19,7 +19,7 @@ def _reduce_axes(g: GradBuilder, node: ir.Node):
     """(axes, noop): axes as sorted non-negative ints, None for all axes, or a Value if dynamic."""
     axes = attr(node, "axes")
     if len(node.inputs) > 1 and node.inputs[1] is not None:
-        axes = const_array(node.inputs[1])
+        axes = folded_array(node.inputs[1])
         if axes is None:
             return node.inputs[1], False
     noop = bool(attr(node, "noop_with_empty_axes", 0))

@@ -62,9 +62,9 @@ def _static_slice_pads(node: ir.Node) -> list[int] | None:
     shape = static_shape(x)
     if not is_static(shape) or len(node.inputs) < 3:
         return None
-    starts, ends = const_array(node.inputs[1]), const_array(node.inputs[2])
-    axes = const_array(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
-    steps = const_array(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
+    starts, ends = folded_array(node.inputs[1]), folded_array(node.inputs[2])
+    axes = folded_array(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+    steps = folded_array(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
     if starts is None or ends is None or (len(node.inputs) > 3 and node.inputs[3] is not None and axes is None):
         return None
     if len(node.inputs) > 4 and node.inputs[4] is not None and (steps is None or np.any(steps != 1)):
@@ -149,8 +149,8 @@ def grad_pad(g, node, dy):
     # constant mode with constant, non-negative pads: slice the padding back off; the constant
     # value gets the summed gradient of the padded elements
     x = node.inputs[0]
-    pads = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
-    axes = const_array(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+    pads = folded_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    axes = folded_array(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
     mode = attr(node, "mode", "constant")
     if mode != "constant" or pads is None or np.any(pads < 0) or (len(node.inputs) > 3 and node.inputs[3]
                                                                   is not None and axes is None):
@@ -173,7 +173,7 @@ def grad_pad(g, node, dy):
 def grad_tile(g, node, dy):
     # dy viewed as [r0, d0, r1, d1, ...] summed over the repeat axes (static shape and repeats)
     x = node.inputs[0]
-    shape, repeats = static_shape(x), const_array(node.inputs[1])
+    shape, repeats = static_shape(x), folded_array(node.inputs[1])
     if not is_static(shape) or repeats is None:
         raise GraphError(f"gradient of Tile {node.name!r} needs a static input shape and constant repeats")
     split = [v for r, d in zip(repeats, shape) for v in (int(r), d)]
