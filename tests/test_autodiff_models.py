@@ -309,3 +309,35 @@ def test_concat_of_symbolic_parts_splits_at_run_time():
         out = run_numpy(model.proto, {"a": a, "b": b})
         np.testing.assert_allclose(out["a_grad"], 2 * a)
         np.testing.assert_allclose(out["b_grad"], 2 * b)
+
+
+def test_settings_computed_from_constants_and_static_shapes_are_folded():
+    """Pad's pads built the way torch.onnx builds them (Shape of a constant, Sub, ConstantOfShape,
+    Concat: no initializer holds them) and Resize scales from Concat of constants: the rules see
+    through the chains (``folded_array``), with a symbolic batch, and the gradient matches
+    central differences."""
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((2, 2, 1, 1)), "w")
+    consts = [numpy_helper.from_array(np.array([1, 2], np.int64), "given"),
+              numpy_helper.from_array(np.array([4], np.int64), "rank2"),
+              numpy_helper.from_array(np.array([1.0, 1.0], np.float32), "ones"),
+              numpy_helper.from_array(np.array([2.0, 2.0], np.float32), "twos")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Shape", ["given"], ["n"]), helper.make_node("Sub", ["rank2", "n"], ["rest"]),
+             helper.make_node("ConstantOfShape", ["rest"], ["zeros"], value=numpy_helper.from_array(np.array([0], np.int64))),
+             helper.make_node("Concat", ["zeros", "given", "zeros", "given"], ["pads8"], axis=0),
+             helper.make_node("Concat", ["ones", "twos"], ["scales"], axis=0),
+             helper.make_node("Resize", ["c", "", "scales"], ["r"], mode="linear"),
+             helper.make_node("Pad", ["r", "pads8"], ["p"], mode="constant"),
+             helper.make_node("ReduceSumSquare", ["p"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "settings", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 2, 3, 3])],
+                              [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])], [w, *consts])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    grads = graphc.grad(model, "loss", wrt=["w"])
+    x = rng.standard_normal((2, 2, 3, 3))
+    analytic = run_numpy(grads.proto, {"x": x})["w_grad"]
+    direction, eps = rng.standard_normal((2, 2, 1, 1)), 1e-6
+    base = numpy_helper.to_array(w)
+    plus = run_numpy(grads.proto, {"x": x, "w": base + eps * direction})["loss"]
+    minus = run_numpy(grads.proto, {"x": x, "w": base - eps * direction})["loss"]
+    np.testing.assert_allclose(np.sum(analytic * direction), (plus - minus) / (2 * eps), rtol=1e-6)
