@@ -17,12 +17,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Union
 
-import onnx
 
 from graphc.dtypes import TensorSpec
 from graphc.errors import GraphError
 from graphc.fileio import atomic_write
 from graphc.model import Model, load
+from graphc.opsets import convert_opset
 
 __all__ = ["SERVER_OPSET", "triton", "triton_config"]
 
@@ -106,14 +106,7 @@ def for_server(model: Model, opset: int | None = None) -> Model:
     """``model`` at the opset a server should get: ``opset`` if given, else at most 17."""
     current = model.opset
     target = opset if opset is not None else min(current, SERVER_OPSET)
-    if target == current:
-        return model
-    try:
-        converted = onnx.version_converter.convert_version(model.proto, target)
-    except Exception as exc:  # the converter raises bare RuntimeErrors from C++
-        raise GraphError(f"cannot convert model {model.name!r} from opset {current} to {target}: {exc}; "
-                         f"pass opset={current} if the server's onnxruntime supports it") from None
-    return load(converted)
+    return convert_opset(model, target, hint=f"pass opset={current} if the server's onnxruntime supports it")
 
 
 def _swap_in(staged: Path, target: Path) -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Optional, Union
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from graphc.model import Model
@@ -43,9 +42,10 @@ def inference_model(artifacts, tensors: Mapping[str, np.ndarray], opset: Optiona
         from graphc.optimization import optimize
 
         result = optimize(result, level=level)
-    if opset is not None and opset != result.opset:
-        converted = onnx.version_converter.convert_version(result.proto, int(opset))
-        result = Model(ir.serde.deserialize_model(converted))
+    if opset is not None:
+        from graphc.opsets import convert_opset
+
+        result = convert_opset(result, int(opset))
     return result
 
 

@@ -171,3 +171,32 @@ def test_cli_deploy_triton(tmp_path, capsys):
     assert graphc("deploy", "triton", tmp_path / "fixed.onnx", "--repo", tmp_path / "repo", "--name", "f",
                   "--max-batch-size", 4) == 2
     assert "symbolic leading" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_models_go_to_opset_17_through_gelus_function_body(tmp_path, approximate):
+    """Gelu exists from opset 20 only and the version converter cannot bring it down: it is
+    replaced by onnx's own function body first, so a captured transformer deploys at 17."""
+    def net(x):
+        return gc.gelu(x, approximate=approximate) * 2.0
+
+    model = gc.capture(net, x=gc.spec("float32", ("N", 5)), opset=21)
+    assert "Gelu" in [n.op_type for n in model.proto.graph.node]
+    folder = gc.deploy.triton(model, tmp_path, "gelu", max_batch_size=8)
+    served = onnx.load(str(folder / "1" / "model.onnx"))
+    assert served.opset_import[0].version == 17 and served.ir_version == 8
+    assert "Gelu" not in [n.op_type for n in served.graph.node] and not served.functions
+    onnx.checker.check_model(served, full_check=True)
+    x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    expected = gc.Session(model, backend="ort-cpu").run({"x": x})
+    got = ort.InferenceSession(served.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(got[0], next(iter(expected.values())), rtol=1e-5, atol=1e-6)
+
+
+def test_transformer_example_deploys_with_default_settings(tmp_path):
+    from graphc.models import EXAMPLES
+
+    factory, inputs = EXAMPLES["transformer"]
+    model = gc.capture(factory(), **inputs())
+    folder = gc.deploy.triton(model, tmp_path, "encoder", max_batch_size=8)
+    check_against_model(folder, "encoder", 8)

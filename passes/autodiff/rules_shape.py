@@ -207,7 +207,6 @@ def grad_resize(g, node, dy):
     # so dx is dy contracted with every M_a. Nearest upsampling by whole factors (what
     # F.interpolate(scale_factor=k) exports) with static shapes is a block sum; anything else
     # uses the matrices, which need only the resized axes static (a symbolic batch is fine).
-    x = node.inputs[0]
     rest = (None,) * (len(node.inputs) - 1)
     if any(g.wants(v) for v in node.inputs[1:3]):
         raise GraphError(f"gradient of {node.op_type} {node.name!r} with respect to its roi or scales is not "
