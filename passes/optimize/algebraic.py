@@ -16,7 +16,7 @@ from onnxscript.rewriter.rules.common import (
 )
 
 from graphc.passes.optimize.pipeline import all_nodes
-from graphc.passes.optimize.rules import RulePass, const_array
+from graphc.passes.optimize.rules import RulePass, const_array, int64_initializer
 from graphc.passes.optimize.shape_folding import same_shape
 
 __all__ = ["ExpandIntoBroadcast", "NeutralOperandElimination", "ReshapeAbsorbsUnsqueeze", "algebraic_pass",
@@ -219,7 +219,7 @@ class ReshapeAbsorbsUnsqueeze(ir.passes.InPlacePass):
             target = None if shape is None else _squeezed(shape, _axes(node), node.op_type)
             if target is None:
                 continue
-            value = _int64_initializer(node.graph, f"{node.name or node.op_type}/reshape_shape", target)
+            value = int64_initializer(node.graph, f"{node.name or node.op_type}/reshape_shape", np.array(target))
             new = ir.Node("", "Reshape", [reshape.inputs[0], value], metadata_props=dict(node.metadata_props))
             ir.convenience.replace_nodes_and_values(node.graph, node, [node], [new], node.outputs, new.outputs)
             modified = True
@@ -270,16 +270,6 @@ def _squeezed(shape: list[int], axes: list[int] | None, op_type: str) -> list[in
     if any(shape[a] != 1 for a in drop):
         return None
     return [d for i, d in enumerate(shape) if i not in drop]
-
-
-def _int64_initializer(graph: ir.Graph, name: str, values: list[int]) -> ir.Value:
-    array = np.array(values, dtype=np.int64)
-    while name in graph.initializers:
-        name += "_"
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.INT64),
-                     const_value=ir.Tensor(array, name=name))
-    graph.register_initializer(value)
-    return value
 
 
 @functools.cache  # rule sets are stateless between runs; building them costs ~10 ms

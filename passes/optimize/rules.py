@@ -13,7 +13,7 @@ from onnxscript.rewriter._pattern_ir import NodeOutputPattern, StringConstantPat
 from graphc.passes.optimize.library import NameFix, RemoveUnusedNodes
 from graphc.passes.optimize.pipeline import all_nodes
 
-__all__ = ["RulePass", "const_array", "is_constant"]
+__all__ = ["RulePass", "const_array", "int64_initializer", "is_constant"]
 
 
 class _AnchoredRule(RewriteRule):
@@ -178,3 +178,15 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
         return value.const_value.numpy()
     except FileNotFoundError:  # external data that is not available
         return None
+
+
+def int64_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    """A new int64 initializer of ``graph`` holding ``array``, named ``name`` (with ``_``
+    appended until no initializer has that name)."""
+    array = np.asarray(array, dtype=np.int64)
+    while name in graph.initializers:
+        name += "_"
+    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.INT64),
+                     const_value=ir.Tensor(array, name=name))  # ir.tensor(): the same, slower
+    graph.register_initializer(value)
+    return value

@@ -7,7 +7,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.optimize.pipeline import all_nodes
-from graphc.passes.optimize.rules import const_array
+from graphc.passes.optimize.rules import const_array, int64_initializer
 
 __all__ = ["ShapeFolding", "same_shape", "shape_value"]
 
@@ -202,13 +202,5 @@ class ShapeFolding(ir.passes.InPlacePass):
     @staticmethod
     def _constant(node: ir.Node, dims: list[int], what: str, scalar: bool = False) -> ir.Value:
         array = np.array(dims, dtype=np.int64)
-        if scalar:
-            array = array.reshape(())
-        name = f"{node.name or node.op_type}/{what}_folded"
-        graph = node.graph
-        while name in graph.initializers:
-            name += "_"
-        value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.INT64),
-                         const_value=ir.Tensor(array, name=name))  # ir.tensor(): same, slower
-        graph.register_initializer(value)
-        return value
+        return int64_initializer(node.graph, f"{node.name or node.op_type}/{what}_folded",
+                                 array.reshape(()) if scalar else array)
