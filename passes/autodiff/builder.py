@@ -17,7 +17,7 @@ from graphc.errors import GraphError
 from graphc.passes.emit import SOURCE_KEY, Emitter
 
 __all__ = ["SOURCE_KEY", "FLOAT_TYPES", "GradBuilder", "attr", "const_array", "folded_array", "is_float",
-           "is_static", "same_dim", "static_shape"]
+           "is_static", "node_attrs", "same_dim", "static_shape"]
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
@@ -88,9 +88,7 @@ def folded_array(value: ir.Value | None, depth: int = 0) -> np.ndarray | None:
 
     names = [f"in{i}" if v is not None else "" for i, v in enumerate(node.inputs)]
     outs = [f"out{i}" for i in range(len(node.outputs))]
-    proto = helper.make_node(node.op_type, names, outs,
-                             **{k: helper.get_attribute_value(ir.serde.serialize_attribute(a))
-                                for k, a in node.attributes.items()})
+    proto = helper.make_node(node.op_type, names, outs, **node_attrs(node))
     opset = node.graph.opset_imports.get("", 17) if node.graph is not None else 17
     model = helper.make_model(helper.make_graph(
         [proto], "fold", [], [helper.make_value_info(o, onnx.TypeProto()) for o in outs],
@@ -102,6 +100,13 @@ def folded_array(value: ir.Value | None, depth: int = 0) -> np.ndarray | None:
         return None
     return np.asarray(results[list(node.outputs).index(value)])
 
+
+def node_attrs(node: ir.Node, drop: Sequence[str] = ()) -> dict:
+    """The node's attributes as ``onnx.helper.make_node`` keywords, less ``drop``."""
+    from onnx import helper
+
+    return {k: helper.get_attribute_value(ir.serde.serialize_attribute(a)) for k, a in node.attributes.items()
+            if k not in drop}
 
 
 class GradBuilder(Emitter):

@@ -11,9 +11,9 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
-from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, static_shape
+from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, node_attrs, static_shape
 from graphc.passes.autodiff.registry import grad_rule
-from graphc.passes.autodiff.separable import axis_matrix, contract, node_attrs
+from graphc.passes.autodiff.separable import axis_matrix, contract
 
 
 # -- Dropout ----------------------------------------------------------------------------------

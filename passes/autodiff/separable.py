@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 
 from graphc.passes.autodiff.builder import GradBuilder
 
-__all__ = ["axis_matrix", "contract", "node_attrs"]
+__all__ = ["axis_matrix", "contract"]
 
 
 def axis_matrix(op_type: str, attrs: Mapping, rank: int, axis: int, carrier: int, size: int,
@@ -59,9 +59,3 @@ def contract(g: GradBuilder, dy: ir.Value, matrices: Mapping[int, np.ndarray], r
             moved = g.op("MatMul", g.transpose(dx, perm), g.const(matrix, dtype, hint="axis_matrix"))
             dx = g.transpose(moved, [perm.index(i) for i in range(rank)])
     return dx
-
-
-def node_attrs(node: ir.Node, drop: Sequence[str] = ()) -> dict:
-    """The node's attributes as ``helper.make_node`` keywords, less ``drop``."""
-    return {k: helper.get_attribute_value(ir.serde.serialize_attribute(a)) for k, a in node.attributes.items()
-            if k not in drop}
