@@ -71,7 +71,8 @@ def optional_inputs(model: Any) -> frozenset[str]:
 def random_feeds(specs: Sequence[TensorSpec], dims: Mapping[str, int] | None = None, seed: int = 0,
                  default_dim: int = 2, int_high: int = 4) -> dict[str, np.ndarray]:
     """Seeded random arrays for ``specs``: floats ~ N(0, 1), integers in [0, ``int_high``),
-    random bools, strings "s0".."s{int_high - 1}". Symbolic dims take their size from ``dims``, unknown ones ``default_dim``."""
+    random bools, strings "s0".."s{int_high - 1}". Symbolic dims take their size from ``dims``,
+    unknown ones ``default_dim``."""
     rng = np.random.default_rng(seed)
     dims = dims or {}
     feeds = {}
