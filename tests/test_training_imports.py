@@ -364,3 +364,33 @@ def test_initializers_read_only_as_op_settings_are_not_trained_by_default():
         minus = ev.run({**batch, name: (value - eps * direction).astype(np.float32)})["loss"]
         numeric = (float(plus) - float(minus)) / (2 * eps)
         np.testing.assert_allclose(float(np.sum(grads[f"{name}_grad"] * direction)), numeric, rtol=2e-2, atol=1e-4)
+
+
+def test_function_ops_train_through_their_bodies_and_inference_keeps_them():
+    """Mish and RMSNormalization have no gradient rule; ONNX defines both as functions, so the
+    training graphs differentiate their bodies (finite differences agree) while the eval and
+    inference graphs keep the ops themselves."""
+    from onnx import TensorProto, helper
+
+    inits = [nh.from_array(RNG.normal(size=(6, 8)).astype(np.float32), "W"),
+             nh.from_array(RNG.uniform(0.5, 1.5, size=8).astype(np.float32), "gamma")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Mish", ["h"], ["m"]),
+             helper.make_node("RMSNormalization", ["m", "gamma"], ["out"], axis=-1)]
+    graph = helper.make_graph(nodes, "fn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 8])], inits)
+    model = gc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]))
+    arts = gc.training.generate(model, gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
+    ops = {key: {n.op_type for n in g.proto.graph.node} for key, g in arts.graphs.items()}
+    assert {"Mish", "RMSNormalization"} <= ops["inference"] and {"Mish", "RMSNormalization"} <= ops["eval"]
+    assert not {"Mish", "RMSNormalization"} & ops["train_step"]
+    batch = _regression_batch(5)
+    grads = gc.Session(arts.gradients, backend="numpy").run(batch)
+    ev = gc.Session(arts.eval, backend="numpy")
+    for name in ("W", "gamma"):
+        value = arts.state[name].astype(np.float64)
+        direction = RNG.normal(size=value.shape)
+        eps = 1e-3
+        plus = ev.run({**batch, name: (value + eps * direction).astype(np.float32)})["loss"]
+        minus = ev.run({**batch, name: (value - eps * direction).astype(np.float32)})["loss"]
+        np.testing.assert_allclose(float(np.sum(grads[f"{name}_grad"] * direction)),
+                                   (float(plus) - float(minus)) / (2 * eps), rtol=2e-2, atol=1e-4)

@@ -19,8 +19,13 @@ Conventions (each written next to its rule too):
   Clip bounds, Resize roi/scales, Pad's value, class weights of the fused losses) are left out
   of the default ``wrt``; named explicitly they get their exact gradient (Resize's roi/scales:
   an error).
+- an op without a rule that ONNX defines as a function of other ops (Mish, Swish, SwiGLU,
+  RMSNormalization, Attention, RotaryEmbedding, ReduceL1, ...) is differentiated through its
+  body (``graphc.passes.functions``), expanded in the gradient graphs only.
 - a ``wrt`` value with no path to the loss gets zeros of its shape; an op without a rule on a
-  path raises ``GraphError`` naming op, node and ``graphc.source`` line.
+  path raises ``GraphError`` naming op, node and ``graphc.source`` line (and, for a body node,
+  the op it was expanded from); so does a gradient reaching an output its rule does not cover
+  (BatchNormalization's running statistics excepted, as above): it is never dropped.
 - limits: Conv/ConvTranspose/pooling need static spatial dims and channels (the batch may be
   symbolic); Loop needs a constant trip count and no exit condition, Scan a static length
   (both are unrolled); Resize needs static sizes on the axes it resizes, scales/sizes known

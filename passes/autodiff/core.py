@@ -19,6 +19,7 @@ import onnx_ir as ir
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import SOURCE_KEY, GradBuilder, is_float
 from graphc.passes.autodiff.registry import RULES
+from graphc.passes.functions import EXPANDED_FROM
 
 DEFAULT_OPSET = 21
 
@@ -103,9 +104,16 @@ def _on_path(nodes: Sequence[ir.Node], sources: Sequence[ir.Value], sinks: Seque
     return path, needed
 
 
+def _origin(node: ir.Node) -> str:
+    """`` (inside the body of <op> node <name>)`` for a node an ONNX function was expanded into."""
+    origin = node.metadata_props.get(EXPANDED_FROM)
+    return f" (inside the ONNX function body of {origin})" if origin else ""
+
+
 def _missing_rule(node: ir.Node) -> GraphError:
     source = node.metadata_props.get(SOURCE_KEY)
     where = f" (defined at {source})" if source else ""
+    where += _origin(node)
     domain = f"{node.domain}::" if node.domain not in ("", "ai.onnx") else ""
     covered = ", ".join(sorted(RULES))
     return GraphError(
@@ -158,12 +166,23 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
         if rule is None:
             raise _missing_rule(node)
         dys = tuple(take(v) for v in node.outputs)
+        if not rule.multi_output:
+            dropped = [i for i, d in enumerate(dys[1:], 1) if d is not None and i not in rule.no_grad_outputs]
+            if dropped:
+                raise GraphError(f"gradient of {node.op_type} node {node.name!r} through its output "
+                                 f"{node.outputs[dropped[0]].name!r} (output {dropped[0]}) is not supported; "
+                                 f"the loss may depend on output 0 only{_origin(node)}")
         if all(d is None for d in dys) or (not rule.multi_output and dys[0] is None):
             continue  # only non-differentiable outputs (Indices, masks, running stats) are used
         g.source = node.metadata_props.get(SOURCE_KEY)
         g.scope = f"{node.name or node.op_type}/grad"
         inputs = list(node.inputs)  # a rule may replace the node (to expose Indices or a mask)
-        result = rule.fn(g, node, dys if rule.multi_output else dys[0])
+        try:
+            result = rule.fn(g, node, dys if rule.multi_output else dys[0])
+        except GraphError as exc:
+            if not _origin(node):
+                raise
+            raise GraphError(f"{exc}{_origin(node)}") from exc
         pairs = result.items() if isinstance(result, dict) else zip(inputs, result)
         for value, dx in pairs:
             if dx is not None and value is not None and value in needed:

@@ -10,7 +10,8 @@ import onnx_ir as ir
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import FLOAT_TYPES
 from graphc.passes.autodiff.core import backward
-from graphc.passes.autodiff.registry import settings_only
+from graphc.passes.autodiff.registry import RULES, settings_only
+from graphc.passes.functions import expand_functions
 
 
 def infer_shapes(model: ir.Model) -> ir.Model:
@@ -33,6 +34,8 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     modified.
     """
     new = infer_shapes(model)
+    if expand_functions(new, lambda node: node.op_type not in RULES):  # their body's ops have rules
+        new = infer_shapes(new)
     graph = new.graph
     outputs = {v.name: v for v in graph.outputs}
     if loss not in outputs:

@@ -27,19 +27,23 @@ class GradRule:
     op_type: str
     fn: GradRuleFn
     multi_output: bool = False
+    # outputs of a single-output rule's op that carry no gradient by convention (BatchNorm's
+    # running statistics); a gradient reaching any other output is an error, never dropped
+    no_grad_outputs: tuple[int, ...] = ()
 
 
 RULES: dict[str, GradRule] = {}
 
 
-def grad_rule(*op_types: str, multi_output: bool = False) -> Callable[[GradRuleFn], GradRuleFn]:
+def grad_rule(*op_types: str, multi_output: bool = False,
+              no_grad_outputs: tuple[int, ...] = ()) -> Callable[[GradRuleFn], GradRuleFn]:
     """Register ``fn`` as the VJP rule of each ONNX op type in ``op_types``."""
 
     def register(fn: GradRuleFn) -> GradRuleFn:
         for op_type in op_types:
             if op_type in RULES:
                 raise RuntimeError(f"gradient rule for {op_type!r} registered twice")
-            RULES[op_type] = GradRule(op_type, fn, multi_output)
+            RULES[op_type] = GradRule(op_type, fn, multi_output, no_grad_outputs)
         return fn
 
     return register

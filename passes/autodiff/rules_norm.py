@@ -15,7 +15,7 @@ def _per_channel(g: GradBuilder, v: ir.Value, rank: int) -> ir.Value:
     return g.unsqueeze(v, list(range(1, rank - 1)))
 
 
-@grad_rule("BatchNormalization")
+@grad_rule("BatchNormalization", no_grad_outputs=(1, 2))
 def grad_batch_norm(g, node, dy):
     # training_mode=1 (opset >= 14): batch statistics, the full gradient through mean and var;
     # running-mean/var outputs carry no gradient (as in PyTorch).
@@ -61,10 +61,12 @@ def grad_batch_norm(g, node, dy):
     return dx, dscale, dbias, dmean, dvar
 
 
-@grad_rule("LayerNormalization")
-def grad_layer_norm(g, node, dy):
+@grad_rule("LayerNormalization", multi_output=True)
+def grad_layer_norm(g, node, dys):
     # Normalized over axes [axis, rank): dx = invstd * (d - mean(d) - xhat * mean(d * xhat)),
-    # d = dy * scale; dscale/dbias summed over the leading (broadcast) axes.
+    # d = dy * scale; dscale/dbias summed over the leading (broadcast) axes. The Mean and
+    # InvStdDev outputs add dmean / n and dinvstd * -invstd^3 * (x - mean) / n (n: the group size).
+    dy, dmean, dinv = (list(dys) + [None, None])[:3]
     x, scale = node.inputs[0], node.inputs[1]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     rank = g.rank(x)
@@ -72,18 +74,29 @@ def grad_layer_norm(g, node, dy):
     mu = g.reduce("ReduceMean", x, axes, keepdims=True)
     xc = g.sub(x, mu)
     var = g.reduce("ReduceMean", g.mul(xc, xc), axes, keepdims=True)
-    invstd = g.op("Reciprocal", g.op("Sqrt", g.add(var, g.scalar(attr(node, "epsilon", 1e-5), dy))))
+    invstd = g.op("Reciprocal", g.op("Sqrt", g.add(var, g.scalar(attr(node, "epsilon", 1e-5), x))))
     xhat = g.mul(xc, invstd)
     dx = dscale = dbias = None
     y_shape = static_shape(node.outputs[0]) or static_shape(x)
     if g.wants(x):
-        d = g.mul(dy, scale)
-        mean_d = g.reduce("ReduceMean", d, axes, keepdims=True)
-        mean_dx = g.reduce("ReduceMean", g.mul(d, xhat), axes, keepdims=True)
-        dx = g.mul(invstd, g.sub(g.sub(d, mean_d), g.mul(xhat, mean_dx)))
-    if g.wants(scale):
+        parts = []
+        if dy is not None:
+            d = g.mul(dy, scale)
+            mean_d = g.reduce("ReduceMean", d, axes, keepdims=True)
+            mean_dx = g.reduce("ReduceMean", g.mul(d, xhat), axes, keepdims=True)
+            parts.append(g.mul(invstd, g.sub(g.sub(d, mean_d), g.mul(xhat, mean_dx))))
+        if dmean is not None or dinv is not None:
+            # 1/n, n the group size (a count of ones over the normalized axes, in x's dtype)
+            inv_n = g.op("Reciprocal", g.reduce("ReduceSum", g.full(g.shape_of(x), 1.0, x), axes, keepdims=True))
+            if dmean is not None:
+                parts.append(g.mul(g.cast_like(dmean, x), inv_n))
+            if dinv is not None:
+                cubed = g.mul(g.mul(invstd, invstd), invstd)
+                parts.append(g.neg(g.mul(g.mul(g.cast_like(dinv, x), cubed), g.mul(xc, inv_n))))
+        dx = g.sum_values(parts) if parts else None
+    if g.wants(scale) and dy is not None:
         dscale = g.sum_to(g.mul(dy, xhat), y_shape, scale)
-    if g.wants(bias):
+    if g.wants(bias) and dy is not None:
         dbias = g.sum_to(dy, y_shape, bias)
     return dx, dscale, dbias
 

@@ -28,7 +28,8 @@ from onnx_ir.passes.common import RemoveInitializersFromInputsPass, RemoveUnused
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.core import backward, node_inputs
-from graphc.passes.autodiff.registry import settings_only
+from graphc.passes.autodiff.registry import RULES, settings_only
+from graphc.passes.functions import expand_functions
 from graphc.passes.emit import Emitter
 from graphc.passes.training import imports, modes, optimizers
 
@@ -119,6 +120,10 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     graph cloned from it, {param: gradient value in step}, {BN stat: its updated value}).
     Dropout becomes ops on new noise inputs (their names are appended to ``noise``) before
     autodiff, so the gradient flows through plain Mul/Cast."""
+    # ops without a gradient rule that ONNX defines as functions (Mish, RMSNormalization,
+    # Attention, ...) are differentiated through their bodies (the eval and inference graphs,
+    # cloned before, keep the ops themselves)
+    expand_functions(step, lambda node: node.op_type not in RULES)
     bn_next = modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise)
     _expose_inputs(step.graph, [*params, *bn_stats])
     step.graph.sort()
