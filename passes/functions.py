@@ -112,6 +112,9 @@ def _body(node: ir.Node, opset: int) -> onnx.FunctionProto | None:
         return None
     if not body.node:
         return None
+    # outputs the node does not take (Attention's present_key ... without a past) go; a body may
+    # leave them unbound
+    del body.output[len(node.outputs):]
     del body.opset_import[:]
     body.opset_import.append(onnx.helper.make_opsetid("", opset))
     return body
