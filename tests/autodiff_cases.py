@@ -16,6 +16,7 @@ from onnx import helper
 
 # domains of random float inputs
 NORMAL, POSITIVE, AWAY, WIDE = "normal", "positive", "away", "wide"  # AWAY: |x| in [0.5, 1.5]; WIDE: 4 x NORMAL
+UNIT, ABOVE_ONE = "unit", "above_one"  # UNIT: |x| < 0.9 (asin, acos, atanh); ABOVE_ONE: x in [1.2, 3] (acosh)
 
 
 @dataclass
@@ -51,6 +52,10 @@ def draw(t: T, rng: np.random.Generator, dtype) -> np.ndarray:
         x = 4 * x
     elif t.domain == AWAY:
         x = rng.uniform(0.5, 1.5, t.shape) * rng.choice([-1.0, 1.0], t.shape)
+    elif t.domain == UNIT:
+        x = rng.uniform(-0.9, 0.9, t.shape)
+    elif t.domain == ABOVE_ONE:
+        x = rng.uniform(1.2, 3.0, t.shape)
     return np.asarray(x, dtype=dtype)
 
 
@@ -194,6 +199,18 @@ def _cases() -> list[GradCase]:
         c("PRelu", [T((3, 4), AWAY), T((4,))]),
         c("Sin", [T((3, 4))]),
         c("Cos", [T((3, 4))]),
+        c("Tan", [T((3, 4), UNIT)]),
+        c("Sinh", [T((3, 4))]),
+        c("Cosh", [T((3, 4))]),
+        c("Atan", [T((3, 4), WIDE)]),
+        c("Asin", [T((3, 4), UNIT)]),
+        c("Acos", [T((3, 4), UNIT)]),
+        c("Atanh", [T((3, 4), UNIT)]),
+        c("Asinh", [T((3, 4), WIDE)]),
+        c("Acosh", [T((3, 4), ABOVE_ONE)]),
+        c("Mod", [T((3, 4), WIDE), T((3, 4), AWAY)], {"fmod": 1}, tag="fmod"),
+        c("Mod", [T((3, 4), WIDE), T((4,), AWAY)], {"fmod": 0}, tag="floor_broadcast",
+          ort=False),  # onnxruntime runs float Mod only with fmod=1
         c("Softsign", [T((3, 4))]),
         c("ThresholdedRelu", [T((3, 4), AWAY)], {"alpha": 0.2}),
         c("Floor", [T((3, 4))]),

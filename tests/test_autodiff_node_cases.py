@@ -47,6 +47,10 @@ NOT_DIFFERENTIABLE = {
     "test_reduce_max_empty_set": "an empty reduction: the loss is +-inf and its differences NaN",
     "test_reduce_min_empty_set": "an empty reduction: the loss is +-inf and its differences NaN",
     "test_reduce_log_sum_empty_set": "an empty reduction: the loss is -inf and its differences NaN",
+    "test_acosh_example": "x = 1 is the edge of acosh's domain: an infinite slope",
+    "test_mod_float_edge_cases_fmod_0_float16": "inf and NaN operands: the loss is NaN",
+    "test_mod_float_edge_cases_fmod_0_float32": "inf and NaN operands: the loss is NaN",
+    "test_mod_float_edge_cases_fmod_0_float64": "inf and NaN operands: the loss is NaN",
     "test_attention_23_boolmask_fullymasked_row_nan_robustness": "a fully masked row: the softmax of all -inf is "
         "NaN, which Attention's body replaces by 0 with Where; the gradient reaching the softmax there is "
         "NaN * 0 = NaN (torch.autograd gives NaN too)",

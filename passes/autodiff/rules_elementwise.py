@@ -311,6 +311,58 @@ def grad_cos(g, node, dy):
     return (g.neg(g.mul(dy, g.op("Sin", node.inputs[0]))),)
 
 
+@grad_rule("Tan")
+def grad_tan(g, node, dy):
+    # 1 + tan(x)^2
+    y = node.outputs[0]
+    return (g.mul(dy, g.add(g.scalar(1.0, dy), g.mul(y, y))),)
+
+
+@grad_rule("Sinh")
+def grad_sinh(g, node, dy):
+    return (g.mul(dy, g.op("Cosh", node.inputs[0])),)
+
+
+@grad_rule("Cosh")
+def grad_cosh(g, node, dy):
+    return (g.mul(dy, g.op("Sinh", node.inputs[0])),)
+
+
+@grad_rule("Atan")
+def grad_atan(g, node, dy):
+    # 1 / (1 + x^2)
+    x = node.inputs[0]
+    return (g.div(dy, g.add(g.scalar(1.0, dy), g.mul(x, x))),)
+
+
+@grad_rule("Asin", "Acos", "Asinh", "Acosh", "Atanh")
+def grad_inverse_trig(g, node, dy):
+    # asin: 1/sqrt(1 - x^2), acos: -1/sqrt(1 - x^2), asinh: 1/sqrt(x^2 + 1),
+    # acosh: 1/sqrt(x^2 - 1), atanh: 1/(1 - x^2); inf at the domain's edges, like PyTorch
+    x = node.inputs[0]
+    x2, one = g.mul(x, x), g.scalar(1.0, dy)
+    op = node.op_type
+    if op == "Atanh":
+        return (g.div(dy, g.sub(one, x2)),)
+    root = g.op("Sqrt", g.sub(one, x2) if op in ("Asin", "Acos") else g.add(x2, one) if op == "Asinh" else g.sub(x2, one))
+    dx = g.div(dy, root)
+    return (g.neg(dx) if op == "Acos" else dx,)
+
+
+@grad_rule("Mod")
+def grad_mod(g, node, dy):
+    # float Mod: y = a - b * k with k = trunc(a / b) (fmod=1, C's fmod) or floor(a / b) (fmod=0,
+    # Python's %), so da = dy and db = -dy * k away from the jumps where a / b is whole
+    a, b = node.inputs
+    quotient = g.div(a, b)
+    if attr(node, "fmod", 0):
+        k = g.mul(g.op("Sign", quotient), g.op("Floor", g.op("Abs", quotient)))
+    else:
+        k = g.op("Floor", quotient)
+    db = g.neg(g.mul(dy, k)) if g.wants(b) else None
+    return _to(g, node, dy, 0), _to(g, node, db, 1)
+
+
 @grad_rule("Floor", "Ceil", "Round", "Sign")
 def grad_piecewise_constant(g, node, dy):
     # zero almost everywhere (PyTorch returns zeros): no gradient flows back
