@@ -335,6 +335,9 @@ def _cases() -> list[GradCase]:
         c("LayerNormalization", [T((2, 3, 4)), T((4,)), T((4,))]),
         c("LayerNormalization", [T((2, 3, 4)), T((3, 4))], {"axis": 1, "epsilon": 1e-3}, tag="axis1"),
         c("InstanceNormalization", [T((2, 3, 4, 2)), T((3,)), T((3,))], {"epsilon": 1e-3}),
+        c("LRN", [T((2, 5, 3, 3))], {"size": 3, "alpha": 0.5, "beta": 0.75, "bias": 1.5}),
+        c("LRN", [T((1, 4, 5))], {"size": 4, "alpha": 1.0, "beta": 0.5}, tag="even_size_1d",
+          ort=False),  # onnxruntime takes odd sizes only
         c("GroupNormalization", [T((2, 4, 3)), T((4,)), T((4,))], {"num_groups": 2}),
         c("GroupNormalization", [T((2, 6, 2, 2)), T((6,)), T((6,))], {"num_groups": 3, "epsilon": 1e-2}, tag="4d"),
         # fused losses

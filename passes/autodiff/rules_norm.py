@@ -141,3 +141,35 @@ def grad_group_norm(g, node, dy):
     # opset 21 semantics (scale and bias per channel); the opset-18 form is deprecated by ONNX
     g.require_opset(21, "GroupNormalization with per-channel scale")
     return _group_norm(g, node, dy, attr(node, "num_groups"))
+
+
+def _channel_window_sum(g: GradBuilder, x: ir.Value, channels: int, before: int, after: int, rank: int) -> ir.Value:
+    """out[:, c] = sum of x[:, c - before .. c + after] (zeros past the ends): Pad on the channel
+    axis, then the sum of ``before + after + 1`` shifted Slices."""
+    pads = [0] * (2 * rank)
+    pads[1], pads[rank + 1] = before, after
+    padded = g.op("Pad", x, g.ints(pads)) if before or after else x
+    parts = [g.op("Slice", padded, g.ints([k]), g.ints([k + channels]), g.ints([1]))
+             for k in range(before + after + 1)]
+    return g.sum_values(parts)
+
+
+@grad_rule("LRN")
+def grad_lrn(g, node, dy):
+    # y = x * d^-beta, d = bias + alpha/size * S, S the sum of x^2 over a window of channels
+    # [c - floor((size-1)/2), c + ceil((size-1)/2)]: dx = dy * d^-beta + 2x * W^T(u) with
+    # u = -beta * alpha/size * dy * x * d^(-beta-1), W^T the window sum with its ends swapped.
+    x = node.inputs[0]
+    shape = static_shape(x)
+    if shape is None or len(shape) < 3 or not isinstance(shape[1], int):
+        raise GraphError(f"gradient of LRN {node.name!r} needs a known rank and channel count, got {shape}")
+    rank, channels = len(shape), shape[1]
+    size, alpha = attr(node, "size"), attr(node, "alpha", 1e-4)
+    beta, bias = attr(node, "beta", 0.75), attr(node, "bias", 1.0)
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    s = _channel_window_sum(g, g.mul(x, x), channels, before, after, rank)
+    d = g.add(g.scalar(bias, x), g.mul(g.scalar(alpha / size, x), s))
+    d_beta = g.op("Pow", d, g.scalar(-beta, x))
+    u = g.mul(g.mul(dy, x), g.div(d_beta, d))  # dy * x * d^(-beta-1)
+    spread = _channel_window_sum(g, u, channels, after, before, rank)
+    return (g.add(g.mul(dy, d_beta), g.mul(g.mul(g.scalar(-2.0 * beta * alpha / size, x), x), spread)),)
