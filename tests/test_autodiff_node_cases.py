@@ -31,6 +31,8 @@ try:
 except ImportError:  # tests/ collected as a package
     from tests.test_autodiff_rules import run_numpy
 
+_FULLY_MASKED = ("a fully masked row: the softmax of all -inf is NaN, which Attention's body replaces by 0 with "
+                 "Where; the gradient reaching the softmax there is NaN * 0 = NaN (torch.autograd gives NaN too)")
 NOT_DIFFERENTIABLE = {
     "test_elu_example": "input [-1, 0, 1] has an element on the kink at 0",
     "test_leakyrelu_example": "input [-1, 0, 1] has an element on the kink at 0",
@@ -51,9 +53,8 @@ NOT_DIFFERENTIABLE = {
     "test_mod_float_edge_cases_fmod_0_float16": "inf and NaN operands: the loss is NaN",
     "test_mod_float_edge_cases_fmod_0_float32": "inf and NaN operands: the loss is NaN",
     "test_mod_float_edge_cases_fmod_0_float64": "inf and NaN operands: the loss is NaN",
-    "test_attention_23_boolmask_fullymasked_row_nan_robustness": "a fully masked row: the softmax of all -inf is "
-        "NaN, which Attention's body replaces by 0 with Where; the gradient reaching the softmax there is "
-        "NaN * 0 = NaN (torch.autograd gives NaN too)",
+    "test_attention_23_boolmask_fullymasked_row_nan_robustness": _FULLY_MASKED,
+    "test_attention_causal_boolmask_nan_robustness": _FULLY_MASKED,
     "test_batchnorm_example_training_mode": "the running mean/var outputs carry no gradient (PyTorch's "
                                             "convention) and this case's loss uses them",
     "test_batchnorm_epsilon_training_mode": "the running mean/var outputs carry no gradient (PyTorch's "

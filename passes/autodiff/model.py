@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
@@ -24,6 +25,38 @@ def infer_shapes(model: ir.Model) -> ir.Model:
     return ir.serde.deserialize_model(proto)
 
 
+def fill_unknown_ranks(model: ir.Model) -> bool:
+    """Give values whose rank shape inference could not find (a Reshape to a shape computed
+    from Shape/Slice/Concat, as torch.onnx writes attention) the rank they have when the model
+    runs once on a small dummy batch (symbolic dims set to 2) with onnx's reference evaluator.
+    Dims stay unknown: only the rank is recorded, which does not depend on the batch. Returns
+    whether any value changed."""
+    graph = model.graph
+    unknown = [v for node in graph for v in node.outputs if v.shape is None and v.name and v.dtype is not None]
+    if not unknown:
+        return False
+    from onnx.reference import ReferenceEvaluator
+
+    proto = ir.serde.serialize_model(model)
+    del proto.graph.output[:]
+    proto.graph.output.extend(onnx.helper.make_empty_tensor_value_info(v.name) for v in unknown)
+    try:
+        feeds = {v.name: _dummy(v) for v in graph.inputs if not v.is_initializer()}
+        values = ReferenceEvaluator(proto).run(None, feeds)
+    except Exception:  # noqa: BLE001 - a probe that fails leaves the ranks unknown
+        return False
+    for value, array in zip(unknown, values):
+        value.shape = ir.Shape([None] * np.ndim(array))
+    return True
+
+
+def _dummy(value: ir.Value) -> np.ndarray:
+    if value.shape is None:
+        raise ValueError(f"input {value.name!r} has no shape; cannot probe ranks")
+    dims = [d if isinstance(d, int) else 2 for d in value.shape]
+    return np.zeros(dims, dtype=value.dtype.numpy())
+
+
 def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None) -> ir.Model:
     """A new model: ``model``'s inputs plus each ``wrt`` parameter as an input (its initializer
     is the default), and ``model``'s outputs plus ``"<param>_grad"`` for each.
@@ -36,6 +69,7 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     new = infer_shapes(model)
     if expand_functions(new, lambda node: node.op_type not in RULES):  # their body's ops have rules
         new = infer_shapes(new)
+        fill_unknown_ranks(new)
     graph = new.graph
     outputs = {v.name: v for v in graph.outputs}
     if loss not in outputs:

@@ -28,6 +28,7 @@ from onnx_ir.passes.common import RemoveInitializersFromInputsPass, RemoveUnused
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.core import backward, node_inputs
+from graphc.passes.autodiff.model import fill_unknown_ranks
 from graphc.passes.autodiff.registry import RULES, settings_only
 from graphc.passes.functions import expand_functions
 from graphc.passes.emit import Emitter
@@ -123,11 +124,13 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     # ops without a gradient rule that ONNX defines as functions (Mish, RMSNormalization,
     # Attention, ...) are differentiated through their bodies (the eval and inference graphs,
     # cloned before, keep the ops themselves)
-    expand_functions(step, lambda node: node.op_type not in RULES)
+    expanded = expand_functions(step, lambda node: node.op_type not in RULES)
     bn_next = modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise)
     _expose_inputs(step.graph, [*params, *bn_stats])
     step.graph.sort()
     _infer_shapes(step)
+    if expanded:
+        fill_unknown_ranks(step)  # a body's shape arithmetic can hide ranks from inference
     grads = backward(step.graph, _by_name(step.graph, LOSS), [step.graph.initializers[p] for p in params])
     gradients = step.clone()
     graph = gradients.graph
@@ -163,7 +166,7 @@ def _prepare(model: ir.Model) -> ir.Model:
     RemoveInitializersFromInputsPass()(base)
     imports.promote_constant_weights(base.graph)
     _infer_shapes(base)
-    if imports.fill_unknown_ranks(base):
+    if fill_unknown_ranks(base):
         _infer_shapes(base)
     return base
 

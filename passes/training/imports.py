@@ -18,7 +18,6 @@ Initializers listed as graph inputs (IR < 4 exports) keep working: they already 
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
 
 from graphc.model import SOURCE_KEY
@@ -53,36 +52,3 @@ def promote_constant_weights(graph: ir.Graph) -> list[str]:
 
 def is_float(value: ir.Value) -> bool:
     return value.dtype in _FLOAT
-
-
-def fill_unknown_ranks(model: ir.Model) -> bool:
-    """Give values whose rank shape inference could not find (a Reshape to a shape computed
-    from Shape/Slice/Concat, as torch.onnx writes attention) the rank they have when the model
-    runs once on a small dummy batch (symbolic dims set to 2) with onnx's reference evaluator.
-    Dims stay unknown: only the rank is recorded, which does not depend on the batch. Returns
-    whether any value changed."""
-    graph = model.graph
-    unknown = [v for node in graph for v in node.outputs if v.shape is None and v.name and v.dtype is not None]
-    if not unknown:
-        return False
-    import onnx
-    from onnx.reference import ReferenceEvaluator
-
-    proto = ir.serde.serialize_model(model)
-    del proto.graph.output[:]
-    proto.graph.output.extend(onnx.helper.make_empty_tensor_value_info(v.name) for v in unknown)
-    try:
-        feeds = {v.name: _dummy(v) for v in graph.inputs if not v.is_initializer()}
-        values = ReferenceEvaluator(proto).run(None, feeds)
-    except Exception:  # noqa: BLE001 - a probe that fails leaves the ranks unknown
-        return False
-    for value, array in zip(unknown, values):
-        value.shape = ir.Shape([None] * np.ndim(array))
-    return True
-
-
-def _dummy(value: ir.Value) -> np.ndarray:
-    if value.shape is None:
-        raise ValueError(f"input {value.name!r} has no shape; cannot probe ranks")
-    dims = [d if isinstance(d, int) else 2 for d in value.shape]
-    return np.zeros(dims, dtype=value.dtype.numpy())
