@@ -11,7 +11,7 @@ import onnx_ir as ir
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import FLOAT_TYPES
 from graphc.passes.autodiff.core import backward
-from graphc.passes.autodiff.registry import RULES, settings_only
+from graphc.passes.autodiff.registry import RULES
 from graphc.passes.functions import expand_functions
 
 
@@ -62,9 +62,7 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     is the default), and ``model``'s outputs plus ``"<param>_grad"`` for each.
 
     ``loss`` names a scalar float output. ``wrt`` names initializers (or float graph inputs);
-    by default every floating-point initializer except those read only as op settings
-    (``registry.SETTING_INPUTS``: clamp bounds, Resize scales, ...). The input model is not
-    modified.
+    by default every floating-point initializer. The input model is not modified.
     """
     new = infer_shapes(model)
     if expand_functions(new, lambda node: node.op_type not in RULES):  # their body's ops have rules
@@ -75,7 +73,7 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     if loss not in outputs:
         raise GraphError(f"loss {loss!r} is not an output of the model; outputs: {sorted(outputs)}")
     if wrt is None:
-        wrt = [name for name, v in graph.initializers.items() if v.dtype in FLOAT_TYPES and not settings_only(v)]
+        wrt = [name for name, v in graph.initializers.items() if v.dtype in FLOAT_TYPES]
     inputs = {v.name: v for v in graph.inputs}
     params = []
     for name in wrt:

@@ -208,10 +208,7 @@ def grad_resize(g, node, dy):
     # so dx is dy contracted with every M_a. Nearest upsampling by whole factors (what
     # F.interpolate(scale_factor=k) exports) with static shapes is a block sum; anything else
     # uses the matrices, which need only the resized axes static (a symbolic batch is fine).
-    rest = (None,) * (len(node.inputs) - 1)
-    if any(g.wants(v) for v in node.inputs[1:3]):
-        raise GraphError(f"gradient of {node.op_type} {node.name!r} with respect to its roi or scales is not "
-                         "implemented (they are settings, not parameters: leave them out of wrt/trainable)")
+    rest = (None,) * (len(node.inputs) - 1)  # roi, scales, sizes: settings, no gradient (as in PyTorch)
     plan = _ResizePlan(g, node)
     sx, sy = plan.sx, plan.sy
     if is_static(sx) and is_static(sy) and _whole_factor_nearest(node, sx, sy):
