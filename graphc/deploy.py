@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Union
 
+import onnx_ir as ir
+
 
 from graphc.dtypes import TensorSpec
 from graphc.errors import GraphError
@@ -83,6 +85,16 @@ def feedable_inputs(model: Model) -> list[TensorSpec]:
     return [s for s in model.inputs if s.name not in model.graph.initializers]
 
 
+def require_tensor_interface(model: Model, server: str) -> None:
+    """Raise ``GraphError`` when a graph input or output is not a tensor (a sequence, map or
+    optional): inference servers' protocols carry tensors only."""
+    for kind, values in (("input", model.ir.graph.inputs), ("output", model.ir.graph.outputs)):
+        for value in values:
+            if value.type is not None and not isinstance(value.type, ir.TensorType):
+                raise GraphError(f"model {model.name!r}: {kind} {value.name!r} is a {value.type}, not a tensor; "
+                                 f"{server} carries tensors only")
+
+
 def triton_config(model: Model, name: str, max_batch_size: int = 0, instance: str = "cpu",
                   dynamic_batching: bool = False) -> str:
     """``config.pbtxt`` text for ``model`` on Triton's onnxruntime backend."""
@@ -92,6 +104,7 @@ def triton_config(model: Model, name: str, max_batch_size: int = 0, instance: st
         raise ValueError(f"instance must be 'cpu' or 'gpu', got {instance!r}")
     if dynamic_batching and max_batch_size == 0:
         raise ValueError("dynamic_batching needs max_batch_size > 0 (Triton batches along dim 0)")
+    require_tensor_interface(model, "a Triton model configuration")
     batched = max_batch_size > 0
     lines = [f"name: {_quote(name)}", 'backend: "onnxruntime"', f"max_batch_size: {max_batch_size}"]
     lines += _list("input", [_tensor_block(s, batched, "input") for s in feedable_inputs(model)])

@@ -241,3 +241,17 @@ def test_a_string_model_is_refused_at_load_naming_the_tensor(tmp_path):
     onnx.save(model, str(tmp_path / "strings.onnx"))
     with pytest.raises(gc.ModelLoadError, match="input 'text' has dtype string"):
         create_app(tmp_path / "strings.onnx", backend="ort-cpu")
+
+
+def test_a_sequence_output_is_refused_at_load_and_by_deploy(tmp_path):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("SplitToSequence", ["x"], ["parts"], axis=0)], "seq",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2])],
+                              [helper.make_tensor_sequence_value_info("parts", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    with pytest.raises(gc.ModelLoadError, match="output 'parts' is a Sequence"):
+        create_app(gc.load(model), name="seq", backend="numpy")
+    with pytest.raises(gc.GraphError, match="output 'parts' is a Sequence"):
+        gc.deploy.triton(model, tmp_path, "seq")

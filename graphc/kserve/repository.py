@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from graphc.deploy import feedable_inputs
+from graphc.deploy import feedable_inputs, require_tensor_interface
 from graphc.dtypes import TensorSpec, to_numpy
-from graphc.errors import InputError, ModelLoadError
+from graphc.errors import GraphError, InputError, ModelLoadError
 from graphc.kserve.protocol import DATATYPES, DecodedRequest, ProtocolError, datatype_of
 from graphc.model import Model, load
 
@@ -43,6 +43,10 @@ class ServedModel:
         from graphc.session import Session
 
         self.name, self.version = name, version
+        try:
+            require_tensor_interface(model, "the KServe v2 protocol")
+        except GraphError as exc:
+            raise ModelLoadError(str(exc)) from None
         self.session = Session(model, backend=backend, **options)
         self.inputs, self.outputs = feedable_inputs(model), model.outputs
         self._dtypes = {spec.name: to_numpy(spec.dtype) for spec in self.inputs}
