@@ -155,8 +155,8 @@ def compare(model: Any, feeds: Mapping[str, Any], backends: Sequence[str] = ("nu
     if len(backends) < 2:
         raise ValueError(f"parity needs at least two backends, got {backends}")
     model = load(model)
-    results = {b: Session(model, backend=b, **options).run(feeds) for b in backends}
-    details = [diff(name, b, results[backends[0]][name], results[b][name], rtol, atol)
+    results = {b: _tensors(Session(model, backend=b, **options).run(feeds)) for b in backends}
+    details = [diff(name, b, results[backends[0]][name], results[b].get(name, np.array([])), rtol, atol)
                for b in backends[1:] for name in results[backends[0]]]
     worst: dict[str, OutputDiff] = {}
     for d in details:
@@ -168,6 +168,18 @@ def compare(model: Any, feeds: Mapping[str, Any], backends: Sequence[str] = ("nu
         report.bisected = True
         report.compared_values, report.first_divergence = _bisect(model, feeds, backends, rtol, atol, options)
     return report
+
+
+def _tensors(outputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Outputs as tensors: a sequence output ``s`` becomes ``s[0]``, ``s[1]``, ... (a backend whose
+    sequence is shorter then misses the later names, which ``diff`` reports as a shape change)."""
+    flat: dict[str, np.ndarray] = {}
+    for name, value in outputs.items():
+        if isinstance(value, (list, tuple)):
+            flat.update({f"{name}[{i}]": np.asarray(v) for i, v in enumerate(value)})
+        else:
+            flat[name] = value
+    return flat
 
 
 def expose_intermediates(model: Model) -> tuple[Model, list[tuple[onnx.NodeProto, list[str]]]]:
@@ -196,16 +208,16 @@ def _bisect(model: Model, feeds: Mapping[str, Any], backends: list[str], rtol: f
     from graphc.session import Session
 
     instrumented, steps = expose_intermediates(model)
-    results = {b: Session(instrumented, backend=b, **options).run(feeds) for b in backends}
+    results = {b: _tensors(Session(instrumented, backend=b, **options).run(feeds)) for b in backends}
     ref = results[backends[0]]
     compared = 0
     for node, names in steps:
-        for name in names:
+        for name, key in ((n, k) for n in names for k in ref if k == n or k.startswith(f"{n}[")):
             compared += 1
             for b in backends[1:]:
-                d = diff(name, b, ref[name], results[b][name], rtol, atol)
+                d = diff(key, b, ref[key], results[b].get(key, np.array([])), rtol, atol)
                 if not d.ok:
                     return compared, Divergence(node=node.name, op_type=node.op_type, source=node_source(node),
-                                                output=name, backend=b, max_abs_err=d.max_abs_err,
+                                                output=key, backend=b, max_abs_err=d.max_abs_err,
                                                 max_rel_err=d.max_rel_err, mismatched=d.mismatched)
     return compared, None

@@ -136,3 +136,20 @@ def test_infinities_agree_only_with_themselves():
     assert diff("y", "b", ref, ref.copy()).ok
     assert diff("y", "b", ref, np.array([np.inf, 1e30], np.float32)).mismatched == 1
     assert diff("y", "b", np.array([1.0], np.float32), np.array([np.inf], np.float32)).mismatched == 1
+
+
+def test_sequence_outputs_are_compared_element_by_element_and_bisected():
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]),
+                               helper.make_node("SplitToSequence", ["r", "split"], ["parts"], axis=1)], "seq",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+                               helper.make_tensor_value_info("split", TensorProto.INT64, [2])],
+                              [helper.make_tensor_sequence_value_info("parts", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 6)).astype(np.float32),
+             "split": np.array([2, 4], np.int64)}
+    report = gc.parity.compare(model, feeds, bisect=True)
+    assert report.ok and [(d.name, list(d.shape)) for d in report.details] == [("parts[0]", [2, 2]), ("parts[1]", [2, 4])]
+    assert report.first_divergence is None and report.compared_values >= 2
