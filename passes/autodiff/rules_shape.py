@@ -1,5 +1,5 @@
 """VJP rules of data-movement ops: Reshape-likes, Transpose, Expand, Concat, Split, Slice, Gather(Elements),
-TopK, Trilu, CumSum, Pad, Tile and Resize."""
+Scatter(Elements/ND), TopK, Trilu, CumSum, Pad, Tile and Resize."""
 
 from __future__ import annotations
 
@@ -136,6 +136,26 @@ def grad_gather_elements(g, node, dy):
     g.require_opset(16, "ScatterElements with reduction='add'")
     zeros = g.zeros_like(data)
     return g.op("ScatterElements", zeros, idx, dy, axis=attr(node, "axis", 0), reduction="add"), None
+
+
+@grad_rule("ScatterElements", "ScatterND")
+def grad_scatter(g, node, dy):
+    # reduction none: dy passes where data was not overwritten (zeros scattered over it) and the
+    # updates get dy at their positions (a Gather); "add": data gets all of dy. The other
+    # reductions (mul, max, min) have no rule. Duplicate indices without a reduction write in an
+    # unspecified order: each update is then given the gradient of its position.
+    data, idx, updates = node.inputs
+    reduction = attr(node, "reduction", "none")
+    if reduction not in ("none", "add"):
+        raise GraphError(f"gradient of {node.op_type} {node.name!r} with reduction={reduction!r} is not supported")
+    elements = node.op_type == "ScatterElements"
+    axis = {"axis": attr(node, "axis", 0)} if elements else {}
+    ddata = dupdates = None
+    if g.wants(data):
+        ddata = dy if reduction == "add" else g.op(node.op_type, dy, idx, g.zeros_like(updates), **axis)
+    if g.wants(updates):
+        dupdates = g.op("GatherElements" if elements else "GatherND", dy, idx, **axis)
+    return ddata, None, dupdates
 
 
 @grad_rule("CumSum")
