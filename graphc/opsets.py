@@ -41,6 +41,16 @@ def _without_newer_functions(model: Model, target: int) -> onnx.ModelProto:
     with no earlier version. ``model`` itself is not changed."""
     if all(_exists_at(node.op_type, target) for node in model.ir.graph if node.domain in ("", "ai.onnx")):
         return model.proto
-    copy = ir.serde.deserialize_model(model.proto)
-    expand_functions(copy, lambda node: not _exists_at(node.op_type, target))
-    return ir.serde.serialize_model(copy)
+    proto = model.proto
+    try:  # context-dependent bodies (RMSNormalization, Attention, ...) need their inputs' types
+        proto = onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # noqa: BLE001 - without types those nodes just stay (and the converter says so)
+        pass
+    copy = ir.serde.deserialize_model(proto)
+    if not expand_functions(copy, lambda node: not _exists_at(node.op_type, target)):
+        return model.proto
+    # a body computes some inputs at run time from shapes (RMSNormalization's reduce axes from
+    # the rank): folded to constants, they are what the converter's adapters need
+    from graphc.optimization import optimize
+
+    return optimize(Model(copy), level=1).proto

@@ -200,3 +200,27 @@ def test_transformer_example_deploys_with_default_settings(tmp_path):
     model = gc.capture(factory(), **inputs())
     folder = gc.deploy.triton(model, tmp_path, "encoder", max_batch_size=8)
     check_against_model(folder, "encoder", 8)
+
+
+def test_opset_23_function_ops_with_computed_axes_go_to_opset_17(tmp_path):
+    """RMSNormalization (opset 23) and Mish (18): their bodies compute the reduce axes from the
+    input's rank at run time; those are folded before the version converter needs them."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(1)
+    inits = [onnx.numpy_helper.from_array(rng.normal(size=(6, 8)).astype(np.float32), "W"),
+             onnx.numpy_helper.from_array(rng.uniform(0.5, 1.5, size=8).astype(np.float32), "gamma")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Mish", ["h"], ["m"]),
+             helper.make_node("RMSNormalization", ["m", "gamma"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "fn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], inits)
+    model = gc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]))
+    folder = gc.deploy.triton(model, tmp_path, "fn", max_batch_size=8)
+    served = onnx.load(str(folder / "1" / "model.onnx"))
+    assert served.opset_import[0].version == 17
+    assert not {"Mish", "RMSNormalization"} & {n.op_type for n in served.graph.node}
+    onnx.checker.check_model(served, full_check=True)
+    x = rng.normal(size=(3, 6)).astype(np.float32)
+    expected = gc.Session(model, backend="numpy").run({"x": x})["y"]
+    got = ort.InferenceSession(served.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
