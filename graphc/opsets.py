@@ -21,10 +21,35 @@ def convert_opset(model: Model, target: int, hint: str = "") -> Model:
         return model
     try:
         converted = onnx.version_converter.convert_version(_without_newer_functions(model, target), target)
+        _drop_default_attributes_unknown_at(converted, current, target)
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors from C++
         raise GraphError(f"cannot convert model {model.name!r} from opset {current} to {target}: {exc}"
                          + (f"; {hint}" if hint else "")) from None
     return load(converted)
+
+
+def _drop_default_attributes_unknown_at(proto: onnx.ModelProto, current: int, target: int) -> None:
+    """Remove, in place, attributes the converter leaves on a node although its op at ``target``
+    has no such attribute (ReduceMean's ``noop_with_empty_axes`` going from 18 to 17), when
+    they hold the default of the op at ``current`` and so change nothing. Any other such
+    attribute raises: the model cannot mean the same at ``target``."""
+    for node in proto.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        old, new = onnx.defs.get_schema(node.op_type, current), onnx.defs.get_schema(node.op_type, target)
+        kept = []
+        for attribute in node.attribute:
+            if attribute.name in new.attributes:
+                kept.append(attribute)
+                continue
+            default = old.attributes[attribute.name].default_value if attribute.name in old.attributes else None
+            if default is None or not default.HasField("name") or \
+                    onnx.helper.get_attribute_value(default) != onnx.helper.get_attribute_value(attribute):
+                raise ValueError(f"{node.op_type} node {node.name!r}: attribute {attribute.name!r} has no "
+                                 f"equivalent at opset {target}")
+        if len(kept) != len(node.attribute):
+            del node.attribute[:]
+            node.attribute.extend(kept)
 
 
 def _exists_at(op_type: str, opset: int) -> bool:

@@ -224,3 +224,27 @@ def test_opset_23_function_ops_with_computed_axes_go_to_opset_17(tmp_path):
     expected = gc.Session(model, backend="numpy").run({"x": x})["y"]
     got = ort.InferenceSession(served.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("noop", [0, 1])
+def test_attributes_newer_than_the_server_opset_are_dropped_only_when_default(tmp_path, noop):
+    """ReduceMean at 18 takes noop_with_empty_axes; onnx's converter keeps it going to 17, where
+    the op has no such attribute. Its default (0) changes nothing and goes; 1 cannot be kept."""
+    from onnx import TensorProto, helper
+
+    axes = onnx.numpy_helper.from_array(np.array([1], np.int64), "axes")
+    graph = helper.make_graph([helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0,
+                                                noop_with_empty_axes=noop)], "mean",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])], [axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    if noop:
+        with pytest.raises(gc.GraphError, match="noop_with_empty_axes"):
+            gc.deploy.triton(model, tmp_path, "mean")
+        return
+    folder = gc.deploy.triton(model, tmp_path, "mean")
+    served = onnx.load(str(folder / "1" / "model.onnx"))
+    onnx.checker.check_model(served, full_check=True)
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    got = ort.InferenceSession(served.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, x.mean(axis=1), rtol=1e-6)

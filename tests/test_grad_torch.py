@@ -227,3 +227,51 @@ def test_mixer_ops_match_torch():
         return torch.randn(n, 5, 6, generator=gen, dtype=torch.float64), torch.randn(n, 4, generator=gen, dtype=torch.float64)
 
     check(Mixer(), args, ["x", "target"], {"x": {0: "N"}, "target": {0: "N"}}, batches=(1, 3))
+
+
+class SdpaBlock(nn.Module):
+    """A pre-norm attention block with F.scaled_dot_product_attention (causal) and a GELU MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(16, 48), nn.Linear(16, 16)
+        self.norm, self.ff, self.head = nn.LayerNorm(16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm(x)).reshape(b, t, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        h = x + self.out(a)
+        return self.head((h + F.gelu(self.ff(h))).mean(1))
+
+
+def test_dynamo_exported_attention_block_runs_trains_and_deploys(tmp_path):
+    """torch.onnx's current (dynamo) exporter: the block runs like torch on both backends,
+    optimizes, trains (the loss falls), exports and deploys to Triton at opset 17."""
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    module = SdpaBlock()
+    x = torch.randn(2, 5, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(module, (x,), dynamo=True, input_names=["x"], output_names=["logits"],
+                                    dynamic_shapes={"x": {0: torch.export.Dim("N")}}, verbose=False)
+    model = graphc.load(program.model_proto)
+    expected = module(x).detach().numpy()
+    for backend in ("numpy", "ort-cpu"):
+        np.testing.assert_allclose(graphc.Session(model, backend=backend).run({"x": x.numpy()})["logits"], expected,
+                                   rtol=1e-4, atol=1e-5)
+    assert len(graphc.optimize(model, 3).proto.graph.node) < len(model.proto.graph.node)
+    arts = graphc.training.generate(model, graphc.losses.cross_entropy("logits", label="y"), graphc.optim.AdamW(3e-3))
+    trainer = graphc.Trainer(arts, backend="ort-cpu")
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.standard_normal((32, 5, 16)).astype(np.float32), "y": rng.integers(0, 4, 32)}
+    losses = [float(trainer.step(batch)) for _ in range(30)]
+    assert losses[-1] < 0.7 * losses[0], losses
+    trainer.export_inference(tmp_path / "block.onnx")
+    folder = graphc.deploy.triton(tmp_path / "block.onnx", tmp_path / "repo", "block", max_batch_size=8)
+    served = graphc.load(folder / "1" / "model.onnx")
+    assert served.opset == 17
+    trained = graphc.Session(graphc.load(tmp_path / "block.onnx"), backend="ort-cpu").run({"x": x.numpy()})["logits"]
+    np.testing.assert_allclose(graphc.Session(served, backend="ort-cpu").run({"x": x.numpy()})["logits"], trained,
+                               rtol=1e-4, atol=1e-5)
