@@ -198,6 +198,7 @@ def _cases() -> list[GradCase]:
         c("HardSwish", [T((4, 5), WIDE)]),
         c("PRelu", [T((3, 4), AWAY), T((4,))]),
         c("Sin", [T((3, 4))]),
+        c("Hardmax", [T((3, 4))], {"axis": 1}),
         c("Cos", [T((3, 4))]),
         c("Tan", [T((3, 4), UNIT)]),
         c("Sinh", [T((3, 4))]),
@@ -342,6 +343,8 @@ def _cases() -> list[GradCase]:
         c("LayerNormalization", [T((2, 3, 4)), T((3, 4))], {"axis": 1, "epsilon": 1e-3}, tag="axis1"),
         c("InstanceNormalization", [T((2, 3, 4, 2)), T((3,)), T((3,))], {"epsilon": 1e-3}),
         c("LRN", [T((2, 5, 3, 3))], {"size": 3, "alpha": 0.5, "beta": 0.75, "bias": 1.5}),
+        c("LpNormalization", [T((3, 4))], {"p": 2, "axis": 1}),
+        c("LpNormalization", [T((2, 3, 4), AWAY)], {"p": 1, "axis": 0}, tag="p1"),
         c("LRN", [T((1, 4, 5))], {"size": 4, "alpha": 1.0, "beta": 0.5}, tag="even_size_1d",
           ort=False),  # onnxruntime takes odd sizes only
         c("GroupNormalization", [T((2, 4, 3)), T((4,)), T((4,))], {"num_groups": 2}),

@@ -363,9 +363,10 @@ def grad_mod(g, node, dy):
     return _to(g, node, dy, 0), _to(g, node, db, 1)
 
 
-@grad_rule("Floor", "Ceil", "Round", "Sign")
+@grad_rule("Floor", "Ceil", "Round", "Sign", "Hardmax")
 def grad_piecewise_constant(g, node, dy):
-    # zero almost everywhere (PyTorch returns zeros): no gradient flows back
+    # zero almost everywhere (PyTorch returns zeros): no gradient flows back (Hardmax: a one-hot
+    # of the argmax, constant between ties)
     return (None,)
 
 

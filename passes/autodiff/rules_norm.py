@@ -173,3 +173,17 @@ def grad_lrn(g, node, dy):
     u = g.mul(g.mul(dy, x), g.div(d_beta, d))  # dy * x * d^(-beta-1)
     spread = _channel_window_sum(g, u, channels, after, before, rank)
     return (g.add(g.mul(dy, d_beta), g.mul(g.mul(g.scalar(-2.0 * beta * alpha / size, x), x), spread)),)
+
+
+@grad_rule("LpNormalization")
+def grad_lp_normalization(g, node, dy):
+    # y = x / s along axis, s = ||x||_p (p = 1 or 2): dx = (dy - t * sum(dy * y)) / s, with t =
+    # sign(x) for p = 1 and t = y for p = 2 (the derivative of s divided by s)
+    x, y = node.inputs[0], node.outputs[0]
+    p, axis = attr(node, "p", 2), attr(node, "axis", -1)
+    if p not in (1, 2):
+        raise GraphError(f"gradient of LpNormalization {node.name!r} with p={p} (ONNX allows 1 or 2)")
+    norm = g.reduce("ReduceL1" if p == 1 else "ReduceL2", x, [axis], keepdims=True)
+    along = g.reduce("ReduceSum", g.mul(dy, y), [axis], keepdims=True)
+    t = g.op("Sign", x) if p == 1 else y
+    return (g.div(g.sub(dy, g.mul(t, along)), norm),)
