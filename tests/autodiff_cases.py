@@ -17,6 +17,7 @@ from onnx import helper
 # domains of random float inputs
 NORMAL, POSITIVE, AWAY, WIDE = "normal", "positive", "away", "wide"  # AWAY: |x| in [0.5, 1.5]; WIDE: 4 x NORMAL
 UNIT, ABOVE_ONE = "unit", "above_one"  # UNIT: |x| < 0.9 (asin, acos, atanh); ABOVE_ONE: x in [1.2, 3] (acosh)
+SPARSE = "sparse"  # NORMAL with every third element exactly 0 (products with zeros)
 
 
 @dataclass
@@ -52,6 +53,8 @@ def draw(t: T, rng: np.random.Generator, dtype) -> np.ndarray:
         x = 4 * x
     elif t.domain == AWAY:
         x = rng.uniform(0.5, 1.5, t.shape) * rng.choice([-1.0, 1.0], t.shape)
+    elif t.domain == SPARSE:
+        x.reshape(-1)[::3] = 0.0
     elif t.domain == UNIT:
         x = rng.uniform(-0.9, 0.9, t.shape)
     elif t.domain == ABOVE_ONE:
@@ -245,6 +248,10 @@ def _cases() -> list[GradCase]:
         c("ReduceSum", [T((2, 3, 4))], {"keepdims": 1}, tag="all"),
         c("ReduceSum", [T((2, 3, 4))], {"axes": [0, 2], "keepdims": 0}, opset=11, tag="opset11"),
         c("ReduceMean", [T((2, 3, 4)), i64(-1, 0)], {"keepdims": 0}),
+        c("ReduceProd", [T((3, 4)), i64(1)], {"keepdims": 0}, opset=18),
+        c("ReduceProd", [T((3, 4), SPARSE)], {"keepdims": 1}, opset=18, tag="zeros_all_axes"),
+        c("ReduceProd", [T((3, 4), SPARSE), i64(1)], opset=18, tag="one_zero_per_row"),  # rows 1, 2: one zero
+        c("ReduceProd", [T((2, 3, 4), SPARSE), i64(0, 2)], opset=18, tag="zeros_two_axes"),
         c("ReduceMean", [T((2, 3, 4))], {"axes": [1], "keepdims": 1}, opset=17, tag="opset17"),
         c("ReduceMax", [T((2, 3, 4)), i64(1)], {"keepdims": 0}),
         c("ReduceMin", [T((2, 3, 4))], {"keepdims": 1}),

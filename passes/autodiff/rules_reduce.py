@@ -1,4 +1,4 @@
-"""VJP rules of reductions (ReduceSum/Mean/Max/Min, global pools) and Softmax/LogSoftmax.
+"""VJP rules of reductions (ReduceSum/Mean/Max/Min/Prod, global pools) and Softmax/LogSoftmax.
 
 Axes come from the attribute (ReduceSum before opset 13, the others before 18) or from the
 second input; ``keepdims=0`` outputs are unsqueezed back before broadcasting to the input.
@@ -159,3 +159,23 @@ def grad_reduce_log_sum_exp(g, node, dy):
         return dy, None
     y = _expand_back(g, node, node.outputs[0], axes)
     return g.mul(_expand_back(g, node, dy, axes), g.op("Exp", g.sub(x, y))), None
+
+
+@grad_rule("ReduceProd")
+def grad_reduce_prod(g, node, dy):
+    # d x_i = dy * (product of the group's other elements), exact with zeros as well: with no
+    # zero in the group it is prod / x_i; with one zero, the zero gets the product of the
+    # nonzero elements and the rest 0; with two or more, every element gets 0
+    axes, noop = _reduce_axes(g, node)
+    if noop:
+        return dy, None
+    x = node.inputs[0]
+    zero, one = g.scalar(0.0, x), g.scalar(1.0, x)
+    is_zero = g.op("Equal", x, zero)
+    zeros = g.reduce("ReduceSum", g.cast_like(is_zero, x), axes, keepdims=True)
+    safe = g.op("Where", is_zero, one, x)
+    nonzero_product = g.reduce("ReduceProd", safe, axes, keepdims=True)
+    lone_zero = g.op("And", is_zero, g.op("Equal", zeros, one))
+    others = g.op("Where", g.op("Equal", zeros, zero), g.div(nonzero_product, safe),
+                  g.op("Where", lone_zero, g.op("Expand", nonzero_product, g.shape_of(x)), zero))
+    return g.mul(_expand_back(g, node, dy, axes), others), None
