@@ -23,7 +23,7 @@ _PRIVATE = "graphc.expand"  # the domain the bodies live in until they are inlin
 EXPANDED_FROM = "graphc.expanded_from"  # metadata of an inlined body node: the op it came from
 
 
-def has_function(node: ir.Node, opset: int) -> bool:
+def has_function(node: ir.Node | onnx.NodeProto, opset: int) -> bool:
     """Whether ONNX defines ``node``'s op (at ``opset``) as a function of other ops."""
     schema = _schema(node, opset)
     return schema is not None and (schema.has_function or schema.has_context_dependent_function)

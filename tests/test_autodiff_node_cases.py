@@ -25,6 +25,7 @@ from onnx import helper, numpy_helper
 import graphc as gc
 from graphc.backends.conformance import case_op_types, excluded, load_node_cases
 from graphc.passes.autodiff import RULES, SETTING_INPUTS, gradient_model
+from graphc.passes.functions import has_function
 
 try:
     from test_autodiff_rules import run_numpy
@@ -93,13 +94,7 @@ def _is_function(case) -> bool:
     """An op without a rule that ONNX defines as a function: autodiff goes through its body."""
     node = case.model.graph.node[0]
     opset = next((o.version for o in case.model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is None or node.domain not in ("", "ai.onnx"):
-        return False
-    try:
-        schema = onnx.defs.get_schema(node.op_type, opset)
-    except onnx.defs.SchemaError:
-        return False
-    return schema.has_function or schema.has_context_dependent_function
+    return opset is not None and node.domain in ("", "ai.onnx") and has_function(node, opset)
 
 
 FUNCTION_OPS = sorted({"Attention", "RMSNormalization", "RotaryEmbedding", "Mish", "SwiGLU", "ReduceL1", "ReduceLogSum",
