@@ -18,6 +18,7 @@ from onnx import helper
 NORMAL, POSITIVE, AWAY, WIDE = "normal", "positive", "away", "wide"  # AWAY: |x| in [0.5, 1.5]; WIDE: 4 x NORMAL
 UNIT, ABOVE_ONE = "unit", "above_one"  # UNIT: |x| < 0.9 (asin, acos, atanh); ABOVE_ONE: x in [1.2, 3] (acosh)
 SPARSE = "sparse"  # NORMAL with every third element exactly 0 (products with zeros)
+GRID = "grid"  # uniform in [-1.15, 1.15]: GridSample coordinates, a few outside the image
 
 
 @dataclass
@@ -53,6 +54,8 @@ def draw(t: T, rng: np.random.Generator, dtype) -> np.ndarray:
         x = 4 * x
     elif t.domain == AWAY:
         x = rng.uniform(0.5, 1.5, t.shape) * rng.choice([-1.0, 1.0], t.shape)
+    elif t.domain == GRID:
+        x = rng.uniform(-1.15, 1.15, t.shape)
     elif t.domain == SPARSE:
         x.reshape(-1)[::3] = 0.0
     elif t.domain == UNIT:
@@ -351,6 +354,10 @@ def _cases() -> list[GradCase]:
         c("InstanceNormalization", [T((2, 3, 4, 2)), T((3,)), T((3,))], {"epsilon": 1e-3}),
         c("LRN", [T((2, 5, 3, 3))], {"size": 3, "alpha": 0.5, "beta": 0.75, "bias": 1.5}),
         c("LpNormalization", [T((3, 4))], {"p": 2, "axis": 1}),
+        c("GridSample", [T((2, 3, 4, 5)), T((2, 3, 6, 2), GRID)], {"mode": "linear"}, opset=22),
+        c("GridSample", [T((1, 2, 3, 4)), T((1, 5, 2, 2), GRID)], {"mode": "linear", "align_corners": 1,
+                                                                  "padding_mode": "border"}, opset=22, tag="border"),
+        c("GridSample", [T((1, 2, 3, 4)), T((1, 5, 2, 2), GRID)], {"mode": "nearest"}, opset=22, tag="nearest"),
         c("LpNormalization", [T((2, 3, 4), AWAY)], {"p": 1, "axis": 0}, tag="p1"),
         c("LRN", [T((1, 4, 5))], {"size": 4, "alpha": 1.0, "beta": 0.5}, tag="even_size_1d",
           ort=False),  # onnxruntime takes odd sizes only

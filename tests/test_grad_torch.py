@@ -61,12 +61,12 @@ class TinyEncoder(nn.Module):
         return ((h.mean(dim=1) - target) ** 2).sum()
 
 
-def export(module, args, names, dynamic):
+def export(module, args, names, dynamic, opset=18):
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, buf, input_names=names, output_names=["loss"],
-                          dynamic_axes=dynamic, opset_version=18, dynamo=False, do_constant_folding=False,
+                          dynamic_axes=dynamic, opset_version=opset, dynamo=False, do_constant_folding=False,
                           training=torch.onnx.TrainingMode.TRAINING)
     return graphc.load(buf.getvalue())
 
@@ -77,10 +77,10 @@ def torch_grads(module, args) -> dict[str, np.ndarray]:
     return {name: p.grad.numpy() for name, p in module.named_parameters()}
 
 
-def check(module, make_args, names, dynamic, batches=(3,)):
+def check(module, make_args, names, dynamic, batches=(3,), opset=18):
     torch.manual_seed(0)
     module = module.double().train()
-    model = export(module, make_args(2), names, dynamic)
+    model = export(module, make_args(2), names, dynamic, opset)
     grad_model = graphc.grad(model, "loss", wrt=[n for n, _ in module.named_parameters()])
     for batch in batches:
         args = make_args(batch)
@@ -275,3 +275,34 @@ def test_dynamo_exported_attention_block_runs_trains_and_deploys(tmp_path):
     trained = graphc.Session(graphc.load(tmp_path / "block.onnx"), backend="ort-cpu").run({"x": x.numpy()})["logits"]
     np.testing.assert_allclose(graphc.Session(served, backend="ort-cpu").run({"x": x.numpy()})["logits"], trained,
                                rtol=1e-4, atol=1e-5)
+
+
+class SpatialTransformer(nn.Module):
+    """A spatial transformer: a localisation net predicts an affine map, the sampling grid is
+    that map applied to the output pixel centres, and grid_sample (bilinear, zeros and border
+    padding) warps the image."""
+
+    def __init__(self):
+        super().__init__()
+        self.loc = nn.Linear(3 * 6 * 6, 6)
+        self.conv = nn.Conv2d(3, 2, 3, padding=1)
+        ys, xs = torch.meshgrid(torch.linspace(-0.8, 0.8, 5), torch.linspace(-0.8, 0.8, 5), indexing="ij")
+        self.register_buffer("centres", torch.stack([xs, ys, torch.ones_like(xs)], -1).reshape(25, 3))
+
+    def forward(self, x, t):
+        identity = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=x.dtype)
+        theta = self.loc(x.flatten(1)).reshape(-1, 2, 3) * 0.1 + identity
+        grid = (self.centres.to(x.dtype) @ theta.transpose(1, 2)).reshape(-1, 5, 5, 2)
+        warped = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        warped = warped + F.grid_sample(x, grid * 1.1, mode="bilinear", padding_mode="border", align_corners=True)
+        return ((self.conv(warped) - t) ** 2).mean()
+
+
+def test_spatial_transformer_matches_torch():
+    gen = torch.Generator().manual_seed(8)
+
+    def args(n):
+        return torch.randn(n, 3, 6, 6, generator=gen, dtype=torch.float64), \
+            torch.randn(n, 2, 5, 5, generator=gen, dtype=torch.float64)
+
+    check(SpatialTransformer(), args, ["x", "t"], {}, batches=(2,))
