@@ -255,20 +255,25 @@ def grad_max_pool(g, node, dy):
     return (g.reshape_like(flat, x),)
 
 
-def _pool_matrices(g: GradBuilder, node: ir.Node, spatial, kernel, strides, dilations, begin, end):
+def _pool_matrices(g: GradBuilder, node: ir.Node, spatial, kernel, strides, dilations, begin, end,
+                   windows_only: bool = False):
     """{axis: [out, in] matrix} of an AveragePool, one spatial axis at a time (``axis_matrix``,
-    the basis vectors on the batch axis), with the node's own ceil_mode and count_include_pad."""
+    the basis vectors on the batch axis), with the node's own ceil_mode and count_include_pad;
+    ``windows_only``: 1 for each element of a window, 0 elsewhere (the window sums)."""
     n, rank = len(spatial), 2 + len(spatial)
     matrices = {}
     for i in range(n):
         one = [1] * n
-        attrs = node_attrs(node, drop=("auto_pad", "kernel_shape", "strides", "dilations", "pads"))
+        attrs = node_attrs(node, drop=("auto_pad", "kernel_shape", "strides", "dilations", "pads", "p"))
+        if windows_only:
+            attrs["count_include_pad"] = 1  # no empty window: every entry of a window is > 0
         attrs.update(kernel_shape=[kernel[i] if j == i else 1 for j in range(n)],
                      strides=[strides[i] if j == i else 1 for j in range(n)],
                      pads=[begin[i] if j == i else 0 for j in range(n)] + [end[i] if j == i else 0 for j in range(n)])
         if dilations != one:
             attrs["dilations"] = [dilations[i] if j == i else 1 for j in range(n)]
-        matrices[2 + i] = axis_matrix("AveragePool", attrs, rank, 2 + i, 0, spatial[i], [], g.opset)
+        matrix = axis_matrix("AveragePool", attrs, rank, 2 + i, 0, spatial[i], [], g.opset)
+        matrices[2 + i] = (matrix > 0).astype(np.float64) if windows_only else matrix
     return matrices
 
 
@@ -378,3 +383,16 @@ def grad_grid_sample(g, node, dy):
             parts.append(g.unsqueeze(d, [3]))
         dgrid = g.op("Concat", *parts, axis=3)
     return dx, dgrid
+
+
+@grad_rule("LpPool")
+def grad_lp_pool(g, node, dy):
+    # y = (sum over a window of |x|^p)^(1/p): dx = sign(x) |x|^(p-1) * W^T(dy * y^(1-p)), W^T
+    # spreading each window's value back over its elements (the AveragePool windows, summed)
+    x, y = node.inputs[0], node.outputs[0]
+    kernel, p = list(attr(node, "kernel_shape")), attr(node, "p", 2)
+    spatial, strides, dilations, begin, end = _window(g, node, x, kernel)
+    sums = _pool_matrices(g, node, spatial, kernel, strides, dilations, begin, end, windows_only=True)
+    spread = contract(g, g.mul(dy, g.op("Pow", y, g.scalar(1.0 - p, y))), sums, 2 + len(spatial), x.dtype)
+    slope = g.mul(g.op("Sign", x), g.op("Pow", g.op("Abs", x), g.scalar(p - 1.0, x)))
+    return (g.mul(spread, slope),)

@@ -44,10 +44,11 @@ def axis_matrix(op_type: str, attrs: Mapping, rank: int, axis: int, carrier: int
     return np.moveaxis(y, [carrier, axis], [0, 1]).reshape(size, y.shape[axis]).T
 
 
-def contract(g: GradBuilder, dy: ir.Value, matrices: Mapping[int, np.ndarray], rank: int) -> ir.Value:
+def contract(g: GradBuilder, dy: ir.Value, matrices: Mapping[int, np.ndarray], rank: int,
+             dtype: ir.DataType | None = None) -> ir.Value:
     """``dy`` contracted with each [out, in] matrix along its axis (MatMul; a transpose pair for
-    axes before the last two), in ``dy``'s dtype."""
-    dtype = dy.dtype or ir.DataType.FLOAT
+    axes before the last two), the matrices in ``dtype`` (default: ``dy``'s)."""
+    dtype = dtype or dy.dtype or ir.DataType.FLOAT
     dx = dy
     for axis, matrix in matrices.items():
         if axis == rank - 1:
