@@ -32,7 +32,8 @@ class Emitter:
 
     ``source``, when set, is stamped on each new node as ``graphc.source``. Output dtypes are
     recorded when given (``dtype=``) and, if ``guess_dtypes``, guessed from the op (Cast's
-    ``to``, bool for comparisons, int64 for Shape/Size, else the first input's dtype).
+    ``to``, bool for comparisons, int64 for Shape/Size/NonZero/ArgMax/ArgMin, the fill value's for
+    ConstantOfShape, else the first input's dtype).
     """
 
     guess_dtypes = True
@@ -136,8 +137,11 @@ def _guess_dtype(op_type: str, inputs, attributes) -> ir.DataType | None:
         return ir.DataType(attributes["to"])
     if op_type in _BOOL_OPS:
         return ir.DataType.BOOL
-    if op_type in ("Shape", "Size"):
+    if op_type in ("Shape", "Size", "NonZero", "ArgMax", "ArgMin"):
         return ir.DataType.INT64
+    if op_type == "ConstantOfShape":  # the fill value's dtype, float32 by default
+        value = attributes.get("value")
+        return value.dtype if value is not None else ir.DataType.FLOAT
     if op_type == "Where":
         inputs = inputs[1:]
     first = next((v for v in inputs if v is not None), None)

@@ -1,0 +1,36 @@
+"""The dtypes the node emitter records agree with onnx's own type inference.
+
+Autodiff decides what is differentiable from these records, so a wrong one silently drops a
+gradient (a float ConstantOfShape recorded as int64 once cut the gradient of everything added
+to it)."""
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+from graphc.passes.emit import Emitter
+
+
+@pytest.mark.parametrize("dtype", [ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16])
+def test_recorded_dtypes_match_onnx_inference(dtype):
+    x = ir.Value(name="x", type=ir.TensorType(dtype), shape=ir.Shape(["N", 4]))
+    graph = ir.Graph([x], [], nodes=[], name="g", opset_imports={"": 21})
+    e = Emitter(graph, 21)
+    shape = e.op("Shape", x)
+    recorded = [
+        shape, e.op("Size", x), e.op("NonZero", x), e.op("ArgMax", x, axis=1), e.op("ArgMin", x, axis=0),
+        e.op("ConstantOfShape", shape, value=ir.tensor(np.zeros(1, dtype=dtype.numpy()))),
+        e.op("ConstantOfShape", shape), e.op("ConstantOfShape", shape, value=ir.tensor(np.ones(1, np.int32))),
+        e.op("Cast", x, to=ir.DataType.INT8),
+        e.op("Less", x, e.scalar(0.5, x)), e.op("Where", e.op("IsNaN", x), x, x), e.op("Relu", x),
+        e.op("MatMul", x, e.op("Transpose", x, perm=[1, 0])), e.reduce("ReduceSum", x, [1], keepdims=0),
+    ]
+    graph.outputs.extend(recorded)
+    proto = ir.serde.serialize_model(ir.Model(graph, ir_version=10))
+    inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True)
+    types = {o.name: o.type.tensor_type.elem_type for o in inferred.graph.output}
+    for value in recorded:
+        assert value.dtype is not None, value.name
+        assert types[value.name] == value.dtype.value, (value.name, value.dtype, types[value.name])
+
