@@ -25,6 +25,7 @@ from onnx import helper, numpy_helper
 import graphc as gc
 from graphc.backends.conformance import case_op_types, excluded, load_node_cases
 from graphc.passes.autodiff import RULES, SETTING_INPUTS, gradient_model
+from graphc.passes.autodiff.recurrent import UNROLLED
 from graphc.passes.functions import has_function
 
 try:
@@ -88,7 +89,7 @@ def _cases_by_op() -> dict[str, list]:
     ops = case_op_types(cases)
     by_op: dict[str, list] = {}
     for case in cases:
-        if _runnable(case) and (ops[case.name] in RULES or _is_function(case)):
+        if _runnable(case) and (ops[case.name] in RULES or ops[case.name] in UNROLLED or _is_function(case)):
             by_op.setdefault(ops[case.name], []).append(case)
     return by_op
 
@@ -185,7 +186,7 @@ def _check(case) -> str | None:
     return "; ".join(bad) or None
 
 
-@pytest.mark.parametrize("op_type", sorted(RULES) + FUNCTION_OPS)
+@pytest.mark.parametrize("op_type", sorted(RULES) + FUNCTION_OPS + sorted(UNROLLED))
 def test_node_case_gradients_match_finite_differences(op_type):
     cases = [c for c in _cases_by_op().get(op_type, []) if c.name not in NOT_DIFFERENTIABLE]
     if not cases:

@@ -18,6 +18,7 @@ import onnx_ir as ir
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import SOURCE_KEY, GradBuilder, is_float
+from graphc.passes.autodiff.recurrent import UNROLLED, not_unrolled
 from graphc.passes.autodiff.registry import RULES
 from graphc.passes.functions import EXPANDED_FROM
 
@@ -115,6 +116,9 @@ def _missing_rule(node: ir.Node) -> GraphError:
     where = f" (defined at {source})" if source else ""
     where += _origin(node)
     domain = f"{node.domain}::" if node.domain not in ("", "ai.onnx") else ""
+    if node.op_type in UNROLLED and node.domain in ("", "ai.onnx"):
+        reason = not_unrolled(node) or "inside a control-flow body"
+        where += f"; {node.op_type} is unrolled for autodiff, but not with {reason}"
     covered = ", ".join(sorted(RULES))
     return GraphError(
         f"no gradient rule for ONNX op '{domain}{node.op_type}' (node {node.name!r}{where}), which lies "

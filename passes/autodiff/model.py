@@ -11,6 +11,7 @@ import onnx_ir as ir
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import FLOAT_TYPES
 from graphc.passes.autodiff.core import backward
+from graphc.passes.autodiff.recurrent import unroll_recurrent
 from graphc.passes.autodiff.registry import RULES
 from graphc.passes.functions import expand_functions
 
@@ -65,7 +66,8 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     by default every floating-point initializer. The input model is not modified.
     """
     new = infer_shapes(model)
-    if expand_functions(new, lambda node: node.op_type not in RULES):  # their body's ops have rules
+    # ops without a rule that are made of ops with rules: ONNX functions, and the recurrent ops
+    if expand_functions(new, lambda node: node.op_type not in RULES) + unroll_recurrent(new):
         new = infer_shapes(new)
         fill_unknown_ranks(new)
     graph = new.graph

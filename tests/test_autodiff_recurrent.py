@@ -1,0 +1,207 @@
+"""RNN, GRU and LSTM are differentiated by unrolling them over their sequence.
+
+Oracles: onnxruntime's own fused kernels for the unrolled forward, float64 central differences
+for every input's gradient (fixed and symbolic batch, both layouts, all directions, states,
+peepholes, ``linear_before_reset``), and torch.autograd on exported ``nn.LSTM``/``nn.GRU``."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+from onnx import numpy_helper as nh
+
+import graphc as gc
+from graphc.passes.autodiff import gradient_model
+from graphc.passes.autodiff.recurrent import unroll_recurrent
+from graphc.backends.numpy import NumpyBackend
+
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+T, N, I, H = 3, 2, 3, 4
+
+# (op, direction, layout, which optional inputs, extra attributes, symbolic batch, outputs used)
+CONFIGS = [
+    ("RNN", "forward", 0, {"B", "initial_h"}, {}, False, (0, 1)),
+    ("RNN", "bidirectional", 1, set(), {}, True, (0, 1)),
+    ("GRU", "forward", 0, {"B"}, {}, True, (0, 1)),
+    ("GRU", "reverse", 0, {"B", "initial_h"}, {"linear_before_reset": 1}, False, (1,)),
+    ("GRU", "bidirectional", 1, {"B", "initial_h"}, {"linear_before_reset": 1}, True, (0,)),
+    ("LSTM", "forward", 0, {"B", "initial_h", "initial_c", "P"}, {}, True, (0, 1, 2)),
+    ("LSTM", "bidirectional", 1, {"B", "P"}, {}, False, (0, 2)),
+    ("LSTM", "reverse", 0, {"sequence_lens", "initial_c"}, {}, True, (1,)),
+]
+IDS = [f"{c[0]}-{c[1]}-layout{c[2]}-{'-'.join(sorted(c[3])) or 'bare'}{'-lbr' if c[4] else ''}{'-symbolic' if c[5] else ''}"
+       for c in CONFIGS]
+
+
+def recurrent_model(op, direction, layout, optional, attrs, symbolic, used, dtype=np.float64, seed=0):
+    """One recurrent node over parameter initializers; its used outputs are weighted by random
+    constants and summed into the scalar ``loss``. ``x`` is the graph input."""
+    rng = np.random.default_rng(seed)
+    dirs, gates = 2 if direction == "bidirectional" else 1, GATES[op]
+    batch = "N" if symbolic else N
+    values = {"W": rng.normal(0, 0.5, (dirs, gates * H, I)), "R": rng.normal(0, 0.5, (dirs, gates * H, H))}
+    state_shape = (N, dirs, H) if layout else (dirs, N, H)
+    optional_values = {"B": rng.normal(0, 0.5, (dirs, 2 * gates * H)), "sequence_lens": np.full(N, T, np.int32),
+                       "initial_h": rng.normal(0, 0.5, state_shape), "initial_c": rng.normal(0, 0.5, state_shape),
+                       "P": rng.normal(0, 0.5, (dirs, 3 * H))}
+    names = ["x", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"][:8 if op == "LSTM" else 6]
+    inputs = [n if n in ("x", "W", "R") or n in optional else "" for n in names]
+    while inputs[-1] == "":
+        inputs.pop()
+    values.update({k: v for k, v in optional_values.items() if k in optional})
+    outputs = ["Y", "Y_h", "Y_c"][:3 if op == "LSTM" else 2]
+    outputs = [o if i in used else "" for i, o in enumerate(outputs)]
+    nodes = [helper.make_node(op, inputs, outputs, hidden_size=H, direction=direction, layout=layout, **attrs)]
+    full = {"Y": (N, T, dirs, H) if layout else (T, dirs, N, H), "Y_h": state_shape, "Y_c": state_shape}
+    sums = []
+    for o in filter(None, outputs):
+        values[f"{o}_weight"] = rng.normal(size=full[o])
+        nodes += [helper.make_node("Mul", [o, f"{o}_weight"], [f"{o}_weighted"]),
+                  helper.make_node("ReduceSum", [f"{o}_weighted"], [f"{o}_sum"], keepdims=0)]
+        sums.append(f"{o}_sum")
+    nodes.append(helper.make_node("Sum", sums, ["loss"]))
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    x_shape = [batch, T, I] if layout else [T, batch, I]
+    graph = helper.make_graph(
+        nodes, op, [helper.make_tensor_value_info("x", elem, x_shape)], [helper.make_tensor_value_info("loss", elem, [])],
+        [nh.from_array(v.astype(dtype) if v.dtype.kind == "f" else v, k) for k, v in values.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)], ir_version=10)
+    x = rng.normal(size=(N, T, I) if layout else (T, N, I)).astype(dtype)
+    return model, x, [k for k in ("W", "R", "B", "initial_h", "initial_c", "P") if k in values]
+
+
+def _ort(model: onnx.ModelProto, feeds: dict) -> dict:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+
+def run_numpy(model: onnx.ModelProto, feeds: dict) -> dict:
+    return NumpyBackend().prepare(model).run(feeds)
+
+
+def _with_outputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    del new.graph.output[:]
+    new.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names)
+    return new
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_unrolled_forward_matches_the_fused_kernels(config):
+    """Against onnxruntime's fused kernel (it refuses layout 1) and the numpy backend's."""
+    model, x, _ = recurrent_model(*config, dtype=np.float32)
+    outs = [o for o in model.graph.node[0].output if o] + ["loss"]
+    oracles = [run_numpy(_with_outputs(model, outs), {"x": x})]
+    if not config[2]:
+        oracles.append(_ort(_with_outputs(model, outs), {"x": x}))
+    unrolled_ir = ir.serde.deserialize_model(model)
+    assert unroll_recurrent(unrolled_ir) == 1
+    onnx.checker.check_model(ir.serde.serialize_model(unrolled_ir), full_check=True)
+    unrolled = _with_outputs(ir.serde.serialize_model(unrolled_ir), outs)
+    assert config[0] not in {n.op_type for n in unrolled.graph.node}
+    for got in (_ort(unrolled, {"x": x}), run_numpy(unrolled, {"x": x})):
+        for expected in oracles:
+            for name in outs:
+                np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_gradients_match_finite_differences(config):
+    model, x, params = recurrent_model(*config)
+    proto = gc.Model(gradient_model(ir.serde.deserialize_model(model), "loss", [*params, "x"])).proto
+    grads = run_numpy(proto, {"x": x})
+    base = {t.name: nh.to_array(t) for t in model.graph.initializer} | {"x": x}
+    rng, eps = np.random.default_rng(1), 1e-6
+    for name in [*params, "x"]:
+        direction = rng.normal(size=base[name].shape)
+        loss = {s: run_numpy(proto, {"x": x, name: base[name] + s * eps * direction})["loss"] for s in (1, -1)}
+        numeric = (loss[1] - loss[-1]) / (2 * eps)
+        np.testing.assert_allclose(np.sum(grads[f"{name}_grad"] * direction), numeric, rtol=1e-6, atol=1e-8,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ({"clip": 2.0}, "LSTM is unrolled for autodiff, but not with the clip attribute"),
+    ({"activations": ["Sigmoid", "Relu", "Tanh"]}, r"not with activations other than the default \['Sigmoid'"),
+    ({"input_forget": 1}, "not with input_forget=1"),
+])
+def test_forms_it_does_not_unroll_are_refused_by_name(attrs, message):
+    model, _, params = recurrent_model("LSTM", "forward", 0, {"B"}, attrs, False, (1,))
+    with pytest.raises(gc.GraphError, match=message):
+        gradient_model(ir.serde.deserialize_model(model), "loss", params)
+
+
+def test_sequence_lens_that_vary_are_refused():
+    model, _, params = recurrent_model("GRU", "forward", 0, {"sequence_lens"}, {}, False, (0,))
+    lens = next(t for t in model.graph.initializer if t.name == "sequence_lens")
+    lens.CopyFrom(nh.from_array(np.array([T, T - 1], np.int32), "sequence_lens"))
+    with pytest.raises(gc.GraphError, match="GRU is unrolled for autodiff, but not with sequence_lens that are not all"):
+        gradient_model(ir.serde.deserialize_model(model), "loss", params)
+
+
+def test_lstm_model_trains_and_inference_keeps_the_fused_op():
+    """An LSTM classifier trains on onnxruntime and numpy alike (same losses step for step), its
+    loss falls, and the eval/inference graphs keep the LSTM node."""
+    rng = np.random.default_rng(0)
+    classes = 3
+    inits = {"W": rng.normal(0, 0.3, (1, 4 * H, I)), "R": rng.normal(0, 0.3, (1, 4 * H, H)),
+             "B": np.zeros((1, 8 * H)), "head": rng.normal(0, 0.3, (H, classes))}
+    nodes = [helper.make_node("LSTM", ["x", "W", "R", "B"], ["", "h"], hidden_size=H, layout=1),
+             helper.make_node("Squeeze", ["h", "one"], ["last"]),
+             helper.make_node("MatMul", ["last", "head"], ["logits"])]
+    graph = helper.make_graph(nodes, "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", T, I])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])],
+                              [nh.from_array(v.astype(np.float32), k) for k, v in inits.items()]
+                              + [nh.from_array(np.array([1]), "one")])
+    model = gc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.Adam(0.05))
+    ops = {key: {n.op_type for n in g.proto.graph.node} for key, g in arts.graphs.items()}
+    assert "LSTM" in ops["inference"] and "LSTM" in ops["eval"] and "LSTM" not in ops["train_step"]
+    for graph_model in arts.graphs.values():
+        onnx.checker.check_model(graph_model.proto, full_check=True)
+    x = rng.normal(size=(16, T, I)).astype(np.float32)
+    batch = {"x": x, "y": (x[:, :, 0].sum(1) > 0).astype(np.int64) + (x[:, -1, 1] > 1)}
+    from test_training_artifacts import train
+    ort_losses, _ = train(arts, batch, 40)
+    numpy_losses, _ = train(arts, batch, 40, backend="numpy")
+    np.testing.assert_allclose(numpy_losses, ort_losses, rtol=1e-3, atol=1e-4)
+    assert ort_losses[-1] < 0.5 * ort_losses[0], ort_losses
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning",
+                            "ignore:Converting a tensor to a Python boolean")
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_exported_torch_recurrent_layer_gradients_match_torch(kind, tmp_path):
+    """torch's exporter writes nn.LSTM/nn.GRU as the ONNX op (gates reordered, bias split);
+    d loss / d input of the exported graph equals torch.autograd in float64, at the export's
+    batch size and at another one (the batch dim is symbolic)."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = getattr(torch.nn, kind)(I, H, batch_first=True, bidirectional=True)
+            self.register_buffer("weight", torch.randn(T, 2 * H))
+
+        def forward(self, x):
+            return (self.layer(x)[0] * self.weight).sum()
+
+    net = Net().double()
+    x = torch.randn(N, T, I, dtype=torch.float64, requires_grad=True)
+    path = tmp_path / "rnn.onnx"
+    torch.onnx.export(net, (x,), str(path), input_names=["x"], output_names=["loss"], opset_version=17,
+                      dynamo=False, dynamic_axes={"x": {0: "N"}})
+    model = gc.load(path)
+    assert kind in {n.op_type for n in model.proto.graph.node}
+    proto = gc.Model(gradient_model(ir.serde.deserialize_model(model.proto), "loss", ["x"])).proto
+    for batch in (N, 5):
+        x = torch.randn(batch, T, I, dtype=torch.float64, requires_grad=True)
+        net(x).backward()
+        got = run_numpy(proto, {"x": x.detach().numpy()})["x_grad"]
+        np.testing.assert_allclose(got, x.grad.numpy(), rtol=1e-7, atol=1e-10)
