@@ -337,6 +337,8 @@ def _cases() -> list[GradCase]:
         c("AveragePool", [T((2, 2, 7))], {"kernel_shape": [3], "strides": [2]}, tag="1d"),
         c("MaxPool", [T((1, 2, 5, 5))], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, n_out=2,
           use_outputs=(0,), tag="overlap_indices"),
+        c("MaxPool", [T((2, 2, 5, 4))], {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1], "storage_order": 1}, n_out=2,
+          use_outputs=(0,), tag="column_major_indices"),
         c("AveragePool", [T((2, 3, 4, 4))], {"kernel_shape": [2, 2], "strides": [2, 2]}),
         c("LpPool", [T((2, 2, 5, 5), AWAY)], {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "p": 3}),
         c("AveragePool", [T((2, 2, 5, 7))], {"kernel_shape": [2, 3], "strides": [2, 2], "ceil_mode": 1},

@@ -30,8 +30,7 @@ Conventions (each written next to its rule too):
   (both are unrolled); Resize needs static sizes on the axes it resizes, scales/sizes known
   before run time and the 'stretch' aspect-ratio policy; Einsum no letter repeated in one
   operand (a diagonal); Gather,
-  GatherElements and MaxPool need opset >= 16 (ScatterND/ScatterElements with reduction);
-  MaxPool storage_order=1 raises.
+  GatherElements and MaxPool need opset >= 16 (ScatterND/ScatterElements with reduction).
 """
 
 from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rules)

@@ -243,16 +243,33 @@ def grad_max_pool(g, node, dy):
     # Each output's gradient goes to the input element its Indices output names (the first
     # maximum of the window, like PyTorch), accumulated where windows overlap: ScatterElements
     # with reduction="add" over the flattened input. Tiling windows take a faster path.
-    if attr(node, "storage_order", 0):
-        raise GraphError(f"gradient of MaxPool {node.name!r} with storage_order=1 is not supported")
     x = node.inputs[0]
     tiled = _max_pool_tiles(g, node, x, dy)
     if tiled is not None:
         return (tiled,)
     node = g.with_outputs(node, 2)
-    flat = g.op("ScatterElements", g.flat_zeros_like(x, dy), g.op("Reshape", node.outputs[1], g.ints([-1])),
+    indices = node.outputs[1]
+    if attr(node, "storage_order", 0):
+        indices = _row_major_indices(g, node, indices)
+    flat = g.op("ScatterElements", g.flat_zeros_like(x, dy), g.op("Reshape", indices, g.ints([-1])),
                 g.op("Reshape", dy, g.ints([-1])), axis=0, reduction="add")
     return (g.reshape_like(flat, x),)
+
+
+def _row_major_indices(g: GradBuilder, node: ir.Node, indices: ir.Value) -> ir.Value:
+    """MaxPool's storage_order=1 Indices (spatial position in column-major order, after the
+    row-major batch and channel offset) in row-major order, as ScatterElements needs them."""
+    spatial = (static_shape(node.inputs[0]) or [None])[2:]
+    if not spatial or not all(isinstance(d, int) for d in spatial):
+        raise GraphError(f"gradient of MaxPool {node.name!r} with storage_order=1 needs static spatial dims")
+    size = g.ints([math.prod(spatial)])
+    rest = g.op("Mod", indices, size)  # the column-major spatial position
+    row_major = g.op("Sub", indices, rest)
+    for axis, dim in enumerate(spatial):  # the first axis varies fastest
+        coordinate = g.op("Mod", rest, g.ints([dim]))
+        rest = g.op("Div", rest, g.ints([dim]))
+        row_major = g.op("Add", row_major, g.op("Mul", coordinate, g.ints([math.prod(spatial[axis + 1:])])))
+    return row_major
 
 
 def _pool_matrices(g: GradBuilder, node: ir.Node, spatial, kernel, strides, dilations, begin, end,
