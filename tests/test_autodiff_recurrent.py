@@ -173,20 +173,41 @@ def test_lstm_model_trains_and_inference_keeps_the_fused_op():
     assert ort_losses[-1] < 0.5 * ort_losses[0], ort_losses
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning",
+TORCH_GATE_ORDER = {"LSTM": [0, 3, 1, 2], "GRU": [1, 0, 2]}  # ONNX gate k is torch's gate ORDER[k]
+
+
+def _torch_grads_in_onnx_layout(layer, kind: str, num_layers: int) -> list[dict[str, np.ndarray]]:
+    """Per layer, torch's parameter gradients arranged like the exported op's W, R and B."""
+    def reorder(t):
+        chunks = t.detach().chunk(len(TORCH_GATE_ORDER[kind]))
+        return np.concatenate([chunks[k].numpy() for k in TORCH_GATE_ORDER[kind]])
+
+    grads = []
+    for layer_index in range(num_layers):
+        sfx = [f"_l{layer_index}", f"_l{layer_index}_reverse"]
+        get = lambda name: [reorder(getattr(layer, name + s).grad) for s in sfx]  # noqa: E731
+        grads.append({"W": np.stack(get("weight_ih")), "R": np.stack(get("weight_hh")),
+                      "B": np.concatenate([np.stack(get("bias_ih")), np.stack(get("bias_hh"))], axis=1)})
+    return grads
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning",
                             "ignore:Converting a tensor to a Python boolean")
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
-def test_exported_torch_recurrent_layer_gradients_match_torch(kind, tmp_path):
-    """torch's exporter writes nn.LSTM/nn.GRU as the ONNX op (gates reordered, bias split);
-    d loss / d input of the exported graph equals torch.autograd in float64, at the export's
-    batch size and at another one (the batch dim is symbolic)."""
+def test_exported_torch_recurrent_layer_gradients_match_torch(kind, dynamo, tmp_path):
+    """torch's exporters write a 2-layer bidirectional nn.LSTM/nn.GRU as one ONNX op per layer
+    (gates reordered, biases side by side). In float64, the gradients of the input and of each
+    op's W, R and B equal torch.autograd's, at the export's batch size and at another one (the
+    batch dim is symbolic)."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
+    layers = 2
 
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.layer = getattr(torch.nn, kind)(I, H, batch_first=True, bidirectional=True)
+            self.layer = getattr(torch.nn, kind)(I, H, num_layers=layers, batch_first=True, bidirectional=True)
             self.register_buffer("weight", torch.randn(T, 2 * H))
 
         def forward(self, x):
@@ -195,13 +216,22 @@ def test_exported_torch_recurrent_layer_gradients_match_torch(kind, tmp_path):
     net = Net().double()
     x = torch.randn(N, T, I, dtype=torch.float64, requires_grad=True)
     path = tmp_path / "rnn.onnx"
-    torch.onnx.export(net, (x,), str(path), input_names=["x"], output_names=["loss"], opset_version=17,
-                      dynamo=False, dynamic_axes={"x": {0: "N"}})
+    shapes = {"dynamic_shapes": {"x": {0: "N"}}} if dynamo else {"dynamic_axes": {"x": {0: "N"}}, "opset_version": 17}
+    torch.onnx.export(net, (x,), str(path), input_names=["x"], output_names=["loss"], dynamo=dynamo, **shapes)
     model = gc.load(path)
-    assert kind in {n.op_type for n in model.proto.graph.node}
-    proto = gc.Model(gradient_model(ir.serde.deserialize_model(model.proto), "loss", ["x"])).proto
+    nodes = [n for n in model.proto.graph.node if n.op_type == kind]
+    assert len(nodes) == layers
+    params = {t.name for t in model.proto.graph.initializer}
+    wrt = {(i, role): name for i, n in enumerate(nodes) for role, name in zip("WRB", n.input[1:4])}
+    assert set(wrt.values()) <= params, "the exported W, R and B are initializers"
+    proto = gc.Model(gradient_model(ir.serde.deserialize_model(model.proto), "loss", ["x", *wrt.values()])).proto
     for batch in (N, 5):
         x = torch.randn(batch, T, I, dtype=torch.float64, requires_grad=True)
+        net.zero_grad()
         net(x).backward()
-        got = run_numpy(proto, {"x": x.detach().numpy()})["x_grad"]
-        np.testing.assert_allclose(got, x.grad.numpy(), rtol=1e-7, atol=1e-10)
+        got = run_numpy(proto, {"x": x.detach().numpy()})
+        np.testing.assert_allclose(got["x_grad"], x.grad.numpy(), rtol=1e-7, atol=1e-10)
+        for i, expected in enumerate(_torch_grads_in_onnx_layout(net.layer, kind, layers)):
+            for role, value in expected.items():
+                np.testing.assert_allclose(got[f"{wrt[i, role]}_grad"], value, rtol=1e-7, atol=1e-10,
+                                           err_msg=f"layer {i} {role}")
