@@ -117,6 +117,18 @@ class Emitter:
             return self.op(op_type, x, axes, keepdims=keep)
         return self._axes_op(op_type, x, axes, keepdims=keep)
 
+    def split(self, x: ir.Value, sizes: Sequence[int], axis: int, count: int) -> tuple[ir.Value, ...]:
+        """``x`` split along ``axis`` into ``count`` parts of ``sizes``."""
+        if self.axes_as_input("Split"):
+            parts = self.op("Split", x, self.ints(sizes), axis=axis, num_outputs=count)
+        else:
+            parts = self.op("Split", x, axis=axis, split=[int(v) for v in sizes], num_outputs=count)
+        parts = parts if count > 1 else (parts,)
+        if self.guess_dtypes and x.dtype is not None:
+            for part in parts:
+                part.dtype = x.dtype
+        return parts
+
     def unsqueeze(self, x: ir.Value, axes: Sequence[int]) -> ir.Value:
         return self._axes_op("Unsqueeze", x, axes)
 

@@ -202,13 +202,10 @@ class GradBuilder(Emitter):
     # -- opset-dependent forms ---------------------------------------------------------------
     def split(self, x: ir.Value, sizes: Sequence[int] | ir.Value, axis: int, count: int) -> tuple[ir.Value, ...]:
         """``x`` split along ``axis`` into ``count`` parts of ``sizes`` (ints, or an int64 Value)."""
-        if isinstance(sizes, ir.Value):
-            self.require_opset(13, "Split with run-time sizes")
-            parts = self.op("Split", x, sizes, axis=axis, num_outputs=count)
-        elif self.axes_as_input("Split"):
-            parts = self.op("Split", x, self.ints(sizes), axis=axis, num_outputs=count)
-        else:
-            parts = self.op("Split", x, axis=axis, split=[int(v) for v in sizes], num_outputs=count)
+        if not isinstance(sizes, ir.Value):
+            return super().split(x, sizes, axis, count)
+        self.require_opset(13, "Split with run-time sizes")
+        parts = self.op("Split", x, sizes, axis=axis, num_outputs=count)
         return parts if count > 1 else (parts,)
 
     # -- arithmetic shorthands -----------------------------------------------------------------
@@ -229,10 +226,11 @@ class GradBuilder(Emitter):
         return self.op("Transpose", x, perm=[int(p) for p in perm])
 
     def sum_values(self, values: Sequence[ir.Value]) -> ir.Value:
-        total = values[0]
-        for v in values[1:]:
-            total = self.add(total, v)
-        return total
+        """The sum of ``values``: one variadic ``Sum`` past two (a weight read by every step of an
+        unrolled LSTM: one kernel over 32 gradients, not 31 Adds)."""
+        if len(values) == 1:
+            return values[0]
+        return self.add(*values) if len(values) == 2 else self.op("Sum", *values)
 
     # -- undoing broadcasting ----------------------------------------------------------------
     def sum_to(self, dx: ir.Value, dx_shape: StaticShape | None, target: ir.Value,

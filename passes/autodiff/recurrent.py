@@ -32,7 +32,7 @@ def unroll_recurrent(model: ir.Model) -> int:
             emit = Emitter(graph, opset, f"{node.name or node.op_type}/unrolled")
             new_outputs = _unroll(emit, node)
             for old, new in zip(node.outputs, new_outputs):
-                if old.name and (old.uses() or old.is_graph_output()):
+                if new is not None:
                     name = old.name
                     new.type, new.shape = old.type, old.shape
                     ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
@@ -70,14 +70,18 @@ def not_unrolled(node: ir.Node) -> str | None:
     return None
 
 
-def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value]:
+def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
+    """The node's outputs (None where unused) from per-step ops. Per step and direction: one
+    MatMul of the state with every gate's recurrence weights, the input projection of every step
+    (one MatMul, biases folded in) split off once, states kept [1, B, H] so Y is one Concat."""
     op, inputs = node.op_type, list(node.inputs) + [None] * 8
     x, w, r, b = inputs[:4]
     init_h = inputs[5]
     init_c = inputs[6] if op == "LSTM" else None
     peep = inputs[7] if op == "LSTM" else None
-    hidden, gates = attr(node, "hidden_size"), _GATES[op]
+    hidden, gates, lbr = attr(node, "hidden_size"), _GATES[op], attr(node, "linear_before_reset", 0)
     layout, direction = attr(node, "layout", 0), attr(node, "direction", "forward")
+    wanted = [bool(v.name and (v.uses() or v.is_graph_output())) for v in node.outputs] + [False] * 3
     if layout:  # [B, T, I] -> [T, B, I]; states [B, D, H] -> [D, B, H]
         x = e.op("Transpose", x, perm=[1, 0, 2])
         init_h = e.op("Transpose", init_h, perm=[1, 0, 2]) if init_h is not None else None
@@ -87,60 +91,70 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value]:
     dtype = (x.dtype or ir.DataType.FLOAT).numpy()
     batch = static_shape(x)[1] if static_shape(x) is not None else None
     if isinstance(batch, int):  # a constant keeps every shape static for the rules
-        zero_state = e.const(np.zeros((batch, hidden), dtype=dtype), hint="zero_state")
+        zero_state = e.const(np.zeros((1, batch, hidden), dtype=dtype), hint="zero_state")
     else:
-        zero_state = e.op("ConstantOfShape", e.op("Concat", e.op("Slice", e.op("Shape", x), e.ints([1]), e.ints([2])),
-                                                 e.ints([hidden]), axis=0), value=ir.tensor(np.zeros(1, dtype=dtype)))
+        shape = e.op("Concat", e.ints([1]), e.op("Slice", e.op("Shape", x), e.ints([1]), e.ints([2])),
+                     e.ints([hidden]), axis=0)
+        zero_state = e.op("ConstantOfShape", shape, value=ir.tensor(np.zeros(1, dtype=dtype)))
     ys, last_h, last_c = [], [], []
     for d, backwards in enumerate(reverse):
         pick = lambda v: e.op("Gather", v, e.const(d, np.int64), axis=0)  # noqa: E731
-        w_d, r_d = pick(w), pick(r)
-        xw = e.op("MatMul", x, e.op("Transpose", w_d, perm=[1, 0]))  # [T, B, gates*H]
-        r_bias = None
+        xw = e.op("MatMul", x, e.op("Transpose", pick(w), perm=[1, 0]))  # [T, B, gates*H]
+        r_t = e.op("Transpose", pick(r), perm=[1, 0])  # [H, gates*H]
+        r_bias = None  # GRU's linear_before_reset: the h gate's Rb stays inside the reset
         if b is not None:
-            b_d = e.op("Split", pick(b), e.ints([gates * hidden, gates * hidden]), axis=0, num_outputs=2)
-            xw = e.op("Add", xw, b_d[0])
-            r_bias = b_d[1]
-        h = pick(init_h) if init_h is not None else zero_state
-        c = pick(init_c) if init_c is not None else zero_state
-        peeps = e.op("Split", pick(peep), e.ints([hidden] * 3), axis=0, num_outputs=3) if peep is not None else None
-        r_parts = e.op("Split", r_d, e.ints([hidden] * gates), axis=0, num_outputs=gates) if gates > 1 else (r_d,)
-        rb_parts = (e.op("Split", r_bias, e.ints([hidden] * gates), axis=0, num_outputs=gates)
-                    if r_bias is not None and gates > 1 else (r_bias,))
+            w_bias, r_bias = e.split(pick(b), [gates * hidden] * 2, axis=0, count=2)
+            if op == "GRU" and lbr:
+                r_zr, r_bias = e.split(r_bias, [2 * hidden, hidden], axis=0, count=2)
+                w_bias = e.op("Add", w_bias, e.op("Concat", r_zr, e.const(np.zeros(hidden, dtype)), axis=0))
+            else:
+                w_bias, r_bias = e.op("Add", w_bias, r_bias), None
+            xw = e.op("Add", xw, w_bias)
+        x_steps = e.split(xw, [1] * steps, axis=0, count=steps)  # each [1, B, gates*H]
+        h, c = (zero_state if v is None else v if len(reverse) == 1 else e.split(v, [1, 1], axis=0, count=2)[d]
+                for v in (init_h, init_c))  # [1, B, H]
+        peeps = e.split(pick(peep), [hidden] * 3, axis=0, count=3) if peep is not None else None
+        if op == "GRU":
+            r_zr, r_h = e.split(r_t, [2 * hidden, hidden], axis=1, count=2)
         outs: dict[int, ir.Value] = {}
         for t in (range(steps - 1, -1, -1) if backwards else range(steps)):
-            x_t = e.op("Gather", xw, e.const(t, np.int64), axis=0)  # [B, gates*H]
-            x_parts = e.op("Split", x_t, e.ints([hidden] * gates), axis=1, num_outputs=gates) if gates > 1 else (x_t,)
-
-            def recur(k, state):  # state R_k^T + Rb_k
-                value = e.op("MatMul", state, e.op("Transpose", r_parts[k], perm=[1, 0]))
-                return e.op("Add", value, rb_parts[k]) if rb_parts[0] is not None else value
-
+            x_t = x_steps[t]
             if op == "RNN":
-                h = e.op("Tanh", e.op("Add", x_parts[0], recur(0, h)))
+                h = e.op("Tanh", e.op("Add", x_t, e.op("MatMul", h, r_t)))
             elif op == "GRU":  # gates z, r, h
-                z = e.op("Sigmoid", e.op("Add", x_parts[0], recur(0, h)))
-                reset = e.op("Sigmoid", e.op("Add", x_parts[1], recur(1, h)))
-                if attr(node, "linear_before_reset", 0):
-                    cand = e.op("Tanh", e.op("Add", x_parts[2], e.op("Mul", reset, recur(2, h))))
+                x_zr, x_h = e.split(x_t, [2 * hidden, hidden], axis=2, count=2)
+                z, reset = e.split(e.op("Sigmoid", e.op("Add", x_zr, e.op("MatMul", h, r_zr))), [hidden] * 2,
+                                   axis=2, count=2)
+                if lbr:
+                    recur = e.op("MatMul", h, r_h)
+                    recur = e.op("Add", recur, r_bias) if r_bias is not None else recur
+                    cand = e.op("Tanh", e.op("Add", x_h, e.op("Mul", reset, recur)))
                 else:
-                    cand = e.op("Tanh", e.op("Add", x_parts[2], recur(2, e.op("Mul", reset, h))))
-                h = e.op("Add", e.op("Mul", e.op("Sub", e.scalar(1.0, z), z), cand), e.op("Mul", z, h))
+                    cand = e.op("Tanh", e.op("Add", x_h, e.op("MatMul", e.op("Mul", reset, h), r_h)))
+                h = e.op("Add", cand, e.op("Mul", z, e.op("Sub", h, cand)))  # (1 - z) cand + z h
             else:  # LSTM, gates i, o, f, c; peepholes i, o, f
-                pre = [e.op("Add", x_parts[k], recur(k, h)) for k in range(4)]
-                if peeps is not None:
-                    pre[0], pre[2] = e.op("Add", pre[0], e.op("Mul", peeps[0], c)), e.op("Add", pre[2], e.op("Mul", peeps[2], c))
-                i_g, f_g, c_g = e.op("Sigmoid", pre[0]), e.op("Sigmoid", pre[2]), e.op("Tanh", pre[3])
-                c = e.op("Add", e.op("Mul", f_g, c), e.op("Mul", i_g, c_g))
-                o_in = e.op("Add", pre[1], e.op("Mul", peeps[1], c)) if peeps is not None else pre[1]
-                h = e.op("Mul", e.op("Sigmoid", o_in), e.op("Tanh", c))
+                pre = e.op("Add", x_t, e.op("MatMul", h, r_t))
+                if peeps is None:
+                    sig, pre_c = e.split(pre, [3 * hidden, hidden], axis=2, count=2)
+                    i_g, o_g, f_g = e.split(e.op("Sigmoid", sig), [hidden] * 3, axis=2, count=3)
+                    c = e.op("Add", e.op("Mul", f_g, c), e.op("Mul", i_g, e.op("Tanh", pre_c)))
+                else:
+                    pre_i, pre_o, pre_f, pre_c = e.split(pre, [hidden] * 4, axis=2, count=4)
+                    i_g = e.op("Sigmoid", e.op("Add", pre_i, e.op("Mul", peeps[0], c)))
+                    f_g = e.op("Sigmoid", e.op("Add", pre_f, e.op("Mul", peeps[2], c)))
+                    c = e.op("Add", e.op("Mul", f_g, c), e.op("Mul", i_g, e.op("Tanh", pre_c)))
+                    o_g = e.op("Sigmoid", e.op("Add", pre_o, e.op("Mul", peeps[1], c)))
+                h = e.op("Mul", o_g, e.op("Tanh", c))
             outs[t] = h
-        ys.append(e.op("Concat", *[e.unsqueeze(outs[t], [0]) for t in range(steps)], axis=0))  # [T, B, H]
-        last_h.append(e.unsqueeze(h, [0]))
-        last_c.append(e.unsqueeze(c, [0]))
-    y = e.op("Concat", *[e.unsqueeze(v, [1]) for v in ys], axis=1)  # [T, D, B, H]
-    y_h, y_c = e.op("Concat", *last_h, axis=0), e.op("Concat", *last_c, axis=0)  # [D, B, H]
+        if wanted[0]:
+            ys.append(e.unsqueeze(e.op("Concat", *[outs[t] for t in range(steps)], axis=0), [1]))  # [T, 1, B, H]
+        last_h.append(h)
+        last_c.append(c)
+    y = e.op("Concat", *ys, axis=1) if wanted[0] else None  # [T, D, B, H]
+    y_h = e.op("Concat", *last_h, axis=0) if wanted[1] else None  # [D, B, H]
+    y_c = e.op("Concat", *last_c, axis=0) if wanted[2] else None
     if layout:
-        y = e.op("Transpose", y, perm=[2, 0, 1, 3])
-        y_h, y_c = e.op("Transpose", y_h, perm=[1, 0, 2]), e.op("Transpose", y_c, perm=[1, 0, 2])
+        y = e.op("Transpose", y, perm=[2, 0, 1, 3]) if y is not None else None
+        y_h = e.op("Transpose", y_h, perm=[1, 0, 2]) if y_h is not None else None
+        y_c = e.op("Transpose", y_c, perm=[1, 0, 2]) if y_c is not None else None
     return [y, y_h, y_c][:len(node.outputs)]
