@@ -35,6 +35,7 @@ def expand_functions(model: ir.Model, select: Callable[[ir.Node], bool]) -> int:
     A context-dependent body needs the types of the node's inputs: a node whose inputs are
     untyped is left as it is."""
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    taken = {v.name for n in model.graph for v in n.outputs} | {v.name for v in model.graph.inputs}
     count = 0
     for _ in range(8):  # a body may use another function op (SwiGLU uses Swish): expand again
         expanded = 0
@@ -49,6 +50,9 @@ def expand_functions(model: ir.Model, select: Callable[[ir.Node], bool]) -> int:
             if function is None:
                 continue
             function.name, function.domain = f"{node.op_type}_{count + expanded}", _PRIVATE
+            for i, out in enumerate(node.outputs):  # a skipped output the body binds gets a name
+                if not out.name:
+                    out.name = _fresh(taken, f"{function.name}_unused_{i}")
             origin = f"{node.op_type} node {node.name!r}"
             for inner in function:  # errors about a body node then name the op it came from
                 inner.metadata_props.update(node.metadata_props)
@@ -64,6 +68,15 @@ def expand_functions(model: ir.Model, select: Callable[[ir.Node], bool]) -> int:
         model.opset_imports.pop(_PRIVATE, None)
         count += expanded
     return count
+
+
+def _fresh(taken: set[str], stem: str) -> str:
+    name, n = stem, 0
+    while name in taken:
+        n += 1
+        name = f"{stem}_{n}"
+    taken.add(name)
+    return name
 
 
 def _fill_default_attributes(node: ir.Node, opset: int) -> None:
@@ -113,8 +126,14 @@ def _body(node: ir.Node, opset: int) -> onnx.FunctionProto | None:
     if not body.node:
         return None
     # outputs the node does not take (Attention's present_key ... without a past) go; a body may
-    # leave them unbound
+    # leave them unbound: an unbound one the node skips (an empty name) gets a placeholder
     del body.output[len(node.outputs):]
+    bound = {o for n in body.node for o in n.output} | set(body.input)
+    for name, value in zip(body.output, node.outputs):
+        if name not in bound:
+            if value.uses() or value.is_graph_output():
+                return None
+            body.node.append(onnx.helper.make_node("Constant", [], [name], value=onnx.helper.make_tensor(name, 1, [0], [])))
     del body.opset_import[:]
     body.opset_import.append(onnx.helper.make_opsetid("", opset))
     return body

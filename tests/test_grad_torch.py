@@ -277,6 +277,42 @@ def test_dynamo_exported_attention_block_runs_trains_and_deploys(tmp_path):
                                rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the all -inf softmax row
+@pytest.mark.parametrize("causal", [False, True], ids=["bool_mask", "causal_and_bool_mask"])
+def test_opset23_attention_op_gradients_match_torch_sdpa_with_a_fully_masked_row(causal):
+    """At opset 23 torch exports scaled_dot_product_attention as ONNX Attention; it is
+    differentiated through onnx's body. A query row whose mask hides every key gives 0 output
+    and 0 gradient in torch, and here (not NaN from the all -inf softmax row)."""
+    pytest.importorskip("onnxscript")
+    import onnx_ir as ir
+
+    from graphc.passes.autodiff import gradient_model
+
+    class Attend(nn.Module):
+        def forward(self, q, k, v, mask):
+            mask = mask.tril() if causal else mask
+            return (F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * self.weight).sum()
+
+    torch.manual_seed(0)
+    attend = Attend()
+    attend.weight = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+    q, k, v = (torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.tensor([[True, True, False, True], [False, False, False, False],
+                         [True, True, True, True], [False, True, False, False]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(attend, (q, k, v, mask), dynamo=True, opset_version=23, verbose=False,
+                                    input_names=["q", "k", "v", "mask"], output_names=["loss"])
+    assert "Attention" in {n.op_type for n in program.model_proto.graph.node}
+    proto = graphc.Model(gradient_model(ir.serde.deserialize_model(program.model_proto), "loss", ["q", "k", "v"])).proto
+    got = run_numpy(proto, {"q": q.detach().numpy(), "k": k.detach().numpy(), "v": v.detach().numpy(),
+                            "mask": mask.numpy()})
+    attend(q, k, v, mask).backward()
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        np.testing.assert_allclose(got[f"{name}_grad"], tensor.grad.numpy(), rtol=1e-6, atol=1e-7, err_msg=name)
+    assert np.all(got["q_grad"][:, :, 1] == 0), "the fully masked query row has no gradient"
+
+
 class SpatialTransformer(nn.Module):
     """A spatial transformer: a localisation net predicts an affine map, the sampling grid is
     that map applied to the output pixel centres, and grid_sample (bilinear, zeros and border

@@ -58,6 +58,19 @@ def _dummy(value: ir.Value) -> np.ndarray:
     return np.zeros(dims, dtype=value.dtype.numpy())
 
 
+# function ops autodiff leaves alone: integer index builders with no gradient to give (Range's
+# body is a Loop, which would hide the ranks of everything computed from it)
+_KEEP_UNEXPANDED = frozenset({"Range"})
+
+
+def expand_for_autodiff(model: ir.Model) -> int:
+    """Rewrite, in place, ops without a gradient rule into ops with rules: ONNX function ops
+    into their bodies (``expand_functions``), RNN/GRU/LSTM unrolled (``unroll_recurrent``).
+    Returns how many nodes were rewritten."""
+    return (expand_functions(model, lambda node: node.op_type not in RULES and node.op_type not in _KEEP_UNEXPANDED)
+            + unroll_recurrent(model))
+
+
 def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None) -> ir.Model:
     """A new model: ``model``'s inputs plus each ``wrt`` parameter as an input (its initializer
     is the default), and ``model``'s outputs plus ``"<param>_grad"`` for each.
@@ -66,8 +79,7 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     by default every floating-point initializer. The input model is not modified.
     """
     new = infer_shapes(model)
-    # ops without a rule that are made of ops with rules: ONNX functions, and the recurrent ops
-    if expand_functions(new, lambda node: node.op_type not in RULES) + unroll_recurrent(new):
+    if expand_for_autodiff(new):
         new = infer_shapes(new)
         fill_unknown_ranks(new)
     graph = new.graph

@@ -124,10 +124,24 @@ def _softmax_axes(g: GradBuilder, node: ir.Node) -> list[int]:
 
 @grad_rule("Softmax")
 def grad_softmax(g, node, dy):
-    # dx = y * (dy - sum(dy * y, axis))
+    # dx = y * (dy - sum(dy * y, axis)). A row of all -inf (fully masked attention) is NaN; when
+    # a Where selects past the softmax (Attention's body zeroes such rows), NaN entries count as
+    # 0, so the rows the Where discards (dy = 0 there) get 0, like torch's SDPA, not NaN * 0
     y = node.outputs[0]
+    if _feeds_where(y):
+        y = g.op("Where", g.op("IsNaN", y), g.scalar(0.0, y), y)
     s = g.reduce("ReduceSum", g.mul(dy, y), _softmax_axes(g, node), keepdims=True)
     return (g.mul(y, g.sub(dy, s)),)
+
+
+def _feeds_where(value: ir.Value, depth: int = 0) -> bool:
+    """Whether ``value`` reaches a Where's selected inputs, through Cast/Identity only."""
+    for use in value.uses():
+        op = use.node.op_type
+        if (op == "Where" and use.idx > 0) or (op in ("Cast", "Identity") and depth < 4
+                                               and _feeds_where(use.node.outputs[0], depth + 1)):
+            return True
+    return False
 
 
 @grad_rule("LogSoftmax")

@@ -28,10 +28,8 @@ from onnx_ir.passes.common import RemoveInitializersFromInputsPass, RemoveUnused
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.core import backward, node_inputs
-from graphc.passes.autodiff.model import fill_unknown_ranks
-from graphc.passes.autodiff.recurrent import unroll_recurrent
-from graphc.passes.autodiff.registry import RULES, settings_only
-from graphc.passes.functions import expand_functions
+from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks
+from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
 from graphc.passes.training import imports, modes, optimizers
 
@@ -125,7 +123,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     # ops without a gradient rule that ONNX defines as functions (Mish, RMSNormalization,
     # Attention, ...) are differentiated through their bodies, RNN/GRU/LSTM unrolled (the eval
     # and inference graphs, cloned before, keep the ops themselves)
-    expanded = expand_functions(step, lambda node: node.op_type not in RULES) + unroll_recurrent(step)
+    expanded = expand_for_autodiff(step)
     bn_next = modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise)
     _expose_inputs(step.graph, [*params, *bn_stats])
     step.graph.sort()
