@@ -256,6 +256,11 @@ def _cases() -> list[GradCase]:
         c("ReduceProd", [T((3, 4), SPARSE), i64(1)], opset=18, tag="one_zero_per_row"),  # rows 1, 2: one zero
         c("ReduceProd", [T((2, 3, 4), SPARSE), i64(0, 2)], opset=18, tag="zeros_two_axes"),
         c("ReduceMean", [T((2, 3, 4))], {"axes": [1], "keepdims": 1}, opset=17, tag="opset17"),
+        c("CumProd", [T((3, 5), SPARSE), i64(1)], opset=26, tag="zeros"),
+        c("CumProd", [T((4, 3), SPARSE), i64(0)], {"exclusive": 1}, opset=26, tag="exclusive"),
+        c("CumProd", [T((2, 4, 3)), i64(-2)], {"reverse": 1}, opset=26, tag="reverse"),
+        c("CumProd", [T((2, 5, 2), SPARSE), i64(1)], {"reverse": 1, "exclusive": 1}, opset=26,
+          tag="reverse_exclusive"),
         c("ReduceMax", [T((2, 3, 4)), i64(1)], {"keepdims": 0}),
         c("ReduceMin", [T((2, 3, 4))], {"keepdims": 1}),
         c("ReduceMax", [T((2, 3, 4))], {"axes": [-1], "keepdims": 0}, opset=17, tag="opset17"),

@@ -165,6 +165,35 @@ def grad_cumsum(g, node, dy):
     return g.op("CumSum", dy, node.inputs[1], exclusive=attr(node, "exclusive", 0), reverse=reverse), None
 
 
+@grad_rule("CumProd")
+def grad_cumprod(g, node, dy):
+    # Exact with zeros (no division by x): with the axis last, reversed for reverse=1, and dy
+    # moved one step back for exclusive=1 (an exclusive product is the inclusive one shifted),
+    #   dx_j = (prod_{k<j} x_k) * sum_{i>=j} dy_i * Q[j, i],   Q[j, i] = prod_{j<k<=i} x_k,
+    # Q being the running product along i of the [L, L] matrix "x_k where k > j, else 1"
+    x = node.inputs[0]
+    axis, shape = folded_array(node.inputs[1]), static_shape(x)
+    axis = None if axis is None or shape is None else int(axis.reshape(-1)[0]) % len(shape)
+    if axis is None or not isinstance(shape[axis], int):
+        raise GraphError(f"gradient of CumProd {node.name!r} needs a constant axis and a static length along it")
+    rank, length = len(shape), shape[axis]
+    perm = [d for d in range(rank) if d != axis] + [axis]
+    last = (lambda v: v) if axis == rank - 1 else (lambda v: g.transpose(v, perm))
+    flip = ((lambda v: g.op("Slice", v, g.ints([-1]), g.ints([-(2 ** 63)]), g.ints([-1]), g.ints([-1])))
+            if attr(node, "reverse", 0) else (lambda v: v))
+    xs, dys = flip(last(x)), flip(last(dy))
+    if attr(node, "exclusive", 0):
+        dys = g.op("Pad", g.op("Slice", dys, g.ints([1]), g.ints([length]), g.ints([-1])),
+                   g.ints([0] * (rank - 1) + [0] + [0] * (rank - 1) + [1]))
+    j, k = np.indices((length, length))
+    dtype = (dy.dtype or ir.DataType.FLOAT).numpy()
+    masked = g.op("Where", g.const(k > j), g.op("Unsqueeze", xs, g.ints([-2])), g.const(np.ones((), dtype)))
+    running = g.mul(g.op("CumProd", masked, g.ints([-1])), g.const((k >= j).astype(dtype)))
+    summed = g.reduce("ReduceSum", g.mul(running, g.op("Unsqueeze", dys, g.ints([-2]))), [-1], keepdims=False)
+    dx = flip(g.mul(g.op("CumProd", xs, g.ints([-1]), exclusive=1), summed))
+    return (dx if axis == rank - 1 else g.transpose(dx, np.argsort(perm).tolist())), None
+
+
 @grad_rule("Pad")
 def grad_pad(g, node, dy):
     # constant mode with constant, non-negative pads: slice the padding back off; the constant
