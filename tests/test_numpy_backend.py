@@ -3,6 +3,8 @@ outputs, control flow with outer-scope values, seeded dropout, run_node, device 
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import pytest
@@ -253,3 +255,18 @@ def test_random_ops_draw_from_the_seeded_generator():
     np.testing.assert_array_equal(first["n"], NumpyBackend().prepare(model, seed=7).run({})["n"])
     assert abs(first["n"].mean() - 1.0) < 0.2 and abs(first["n"].std() - 2.0) < 0.2
     assert first["u"].min() >= -1 and first["u"].max() <= 1 and first["u"].dtype == np.float32
+
+
+def test_inf_and_nan_results_are_values_not_warnings():
+    """A fully masked softmax row (all -inf) is NaN in ONNX, as onnxruntime computes it; the
+    numpy backend returns the same without numpy's RuntimeWarnings."""
+    model = _model([helper.make_node("Softmax", ["x"], ["y"], axis=-1), helper.make_node("Log", ["x"], ["l"])],
+                   [_vi("x", shape=[2, 3])], [_vi("y", shape=[2, 3]), _vi("l", shape=[2, 3])])
+    x = np.array([[-np.inf] * 3, [0.0, -1.0, -2.0]], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = NumpyBackend().prepare(model).run({"x": x})
+    expected = run_ort(model, {"x": x})
+    np.testing.assert_allclose(got["y"], expected[0], rtol=1e-6)
+    np.testing.assert_allclose(got["l"], expected[1], rtol=1e-6)
+    assert np.isnan(got["y"][0]).all() and np.isnan(got["l"][1, 1:]).all()

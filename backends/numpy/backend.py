@@ -41,7 +41,8 @@ class NumpyExecutable:
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         self.plan.check_feeds(feeds)
         wanted = self.output_names if outputs is None else list(outputs)
-        result = self.plan.run(feeds, wanted, self.rng)
+        with np.errstate(all="ignore"):  # inf/NaN results are ONNX semantics (a masked softmax row), not errors
+            result = self.plan.run(feeds, wanted, self.rng)
         for name, value in result.items():
             # never hand out the plan's own initializers or read-only views (callers may write)
             if isinstance(value, np.ndarray) and (id(value) in self._const_ids or not value.flags.writeable):
