@@ -20,7 +20,10 @@ Conventions (each written next to its rule too):
   get their exact gradient; ``gc.training.generate`` does not train any of them by default.
 - an op without a rule that ONNX defines as a function of other ops (Mish, Swish, SwiGLU,
   RMSNormalization, Attention, RotaryEmbedding, ReduceL1, ...) is differentiated through its
-  body (``graphc.passes.functions``), expanded in the gradient graphs only.
+  body (``graphc.passes.functions``), expanded in the gradient graphs only; RNN, GRU and LSTM
+  are unrolled over their static sequence length (``recurrent.py``) the same way. A Softmax
+  whose output a Where selects from (Attention's fully masked rows) gives 0, not NaN, to the
+  rows it discards, as torch's scaled_dot_product_attention does.
 - a ``wrt`` value with no path to the loss gets zeros of its shape; an op without a rule on a
   path raises ``GraphError`` naming op, node and ``graphc.source`` line (and, for a body node,
   the op it was expanded from); so does a gradient reaching an output its rule does not cover
@@ -29,8 +32,8 @@ Conventions (each written next to its rule too):
   symbolic); Loop needs a constant trip count and no exit condition, Scan a static length
   (both are unrolled); Resize needs static sizes on the axes it resizes, scales/sizes known
   before run time and the 'stretch' aspect-ratio policy; Einsum no letter repeated in one
-  operand (a diagonal); Gather,
-  GatherElements and MaxPool need opset >= 16 (ScatterND/ScatterElements with reduction).
+  operand (a diagonal); CumProd a constant axis with a static length; Gather, GatherElements
+  and MaxPool need opset >= 16 (ScatterND/ScatterElements with reduction).
 """
 
 from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rules)
