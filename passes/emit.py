@@ -33,7 +33,7 @@ class Emitter:
     ``source``, when set, is stamped on each new node as ``graphc.source``. Output dtypes are
     recorded when given (``dtype=``) and, if ``guess_dtypes``, guessed from the op (Cast's
     ``to``, bool for comparisons, int64 for Shape/Size/NonZero/ArgMax/ArgMin, the fill value's for
-    ConstantOfShape, else the first input's dtype).
+    ConstantOfShape, the values' for Where/CastLike/OneHot, else the first input's dtype).
     """
 
     guess_dtypes = True
@@ -154,8 +154,10 @@ def _guess_dtype(op_type: str, inputs, attributes) -> ir.DataType | None:
     if op_type == "ConstantOfShape":  # the fill value's dtype, float32 by default
         value = attributes.get("value")
         return value.dtype if value is not None else ir.DataType.FLOAT
-    if op_type == "Where":
+    if op_type in ("Where", "CastLike"):  # the values chosen from; the dtype taken
         inputs = inputs[1:]
+    elif op_type == "OneHot":  # the on/off values
+        inputs = inputs[2:]
     first = next((v for v in inputs if v is not None), None)
     return first.dtype if first is not None else None
 

@@ -22,7 +22,8 @@ def test_recorded_dtypes_match_onnx_inference(dtype):
         shape, e.op("Size", x), e.op("NonZero", x), e.op("ArgMax", x, axis=1), e.op("ArgMin", x, axis=0),
         e.op("ConstantOfShape", shape, value=ir.tensor(np.zeros(1, dtype=dtype.numpy()))),
         e.op("ConstantOfShape", shape), e.op("ConstantOfShape", shape, value=ir.tensor(np.ones(1, np.int32))),
-        e.op("Cast", x, to=ir.DataType.INT8),
+        e.op("Cast", x, to=ir.DataType.INT8), e.op("CastLike", x, shape),
+        e.op("OneHot", shape, e.ints([3]), e.const(np.array([0.0, 1.0], dtype.numpy()))),
         e.op("Less", x, e.scalar(0.5, x)), e.op("Where", e.op("IsNaN", x), x, x), e.op("Relu", x),
         e.op("MatMul", x, e.op("Transpose", x, perm=[1, 0])), e.reduce("ReduceSum", x, [1], keepdims=0),
     ]
