@@ -72,7 +72,7 @@ def torch_step(torch, length: int):
         loss = torch.nn.functional.cross_entropy(net(b["x"]), b["y"])
         loss.backward()
         opt.step()
-        return float(loss)
+        return float(loss.detach())
 
     return step
 
