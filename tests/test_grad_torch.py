@@ -312,6 +312,73 @@ def test_opset23_attention_op_gradients_match_torch_sdpa_with_a_fully_masked_row
     assert np.all(got["q_grad"][:, :, 1] == 0), "the fully masked query row has no gradient"
 
 
+class TinyGPT(nn.Module):
+    """Token and position embeddings, one pre-norm block with causal SDPA and a GELU MLP, and
+    an LM head; logits as [N, vocab, T] (cross_entropy's class axis is 1, as in torch)."""
+
+    def __init__(self, vocab=11, width=16, heads=2, context=6):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(vocab, width), nn.Parameter(torch.randn(context, width) * 0.1)
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.ff = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.head, self.heads = nn.Linear(width, vocab), heads
+        with torch.no_grad():  # distinct LayerNorm params: the exporter merges equal initializers
+            for norm in (self.ln1, self.ln2):
+                norm.weight.normal_(1.0, 0.2)
+                norm.bias.normal_(0.0, 0.2)
+
+    def forward(self, tokens):
+        b, t = tokens.shape
+        x = self.emb(tokens) + self.pos[:t]
+        q, k, v = self.qkv(self.ln1(x)).reshape(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, -1))
+        x = x + self.ff(self.ln2(x))
+        return self.head(x).transpose(1, 2)
+
+
+def test_opset23_causal_gpt_block_matches_torch_trains_and_deploys(tmp_path):
+    """A tiny GPT exported at opset 23 (causal SDPA as the Attention op): every parameter's
+    gradient from the training artifacts equals torch.autograd's on both backends (the exporter
+    renames and transposes weights: matched by value), it trains, and it deploys at opset 17."""
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    net = TinyGPT()
+    tokens, labels = torch.randint(0, 11, (3, 6)), torch.randint(0, 11, (3, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(net, (tokens,), dynamo=True, opset_version=23, verbose=False,
+                                    input_names=["tokens"], output_names=["logits"],
+                                    dynamic_shapes={"tokens": {0: torch.export.Dim("N")}})
+    model = graphc.load(program.model_proto)
+    assert "Attention" in {n.op_type for n in model.proto.graph.node}
+    arts = graphc.training.generate(model, graphc.losses.cross_entropy("logits", label="y"), graphc.optim.AdamW(1e-2))
+    F.cross_entropy(net(tokens), labels).backward()
+    state = {n: arts.state[n] for n in arts.manifest.trainable}
+    assert len(state) == len(list(net.parameters()))
+    feeds = {"tokens": tokens.numpy(), "y": labels.numpy()}
+    for backend in ("numpy", "ort-cpu"):
+        grads = graphc.Session(arts.gradients, backend=backend).run(feeds)
+        for name, p in net.named_parameters():
+            w = p.detach().numpy()
+            (ours, transposed), = [(n, w.ndim == 2 and v.shape == w.T.shape and np.array_equal(v, w.T))
+                                   for n, v in state.items() if np.array_equal(v, w) or
+                                   (w.ndim == 2 and v.shape == w.T.shape and np.array_equal(v, w.T))]
+            got = grads[f"{ours}_grad"]
+            np.testing.assert_allclose(got.T if transposed else got, p.grad.numpy(), rtol=1e-4, atol=1e-6,
+                                       err_msg=f"{backend}: {name} ({ours})")
+    trainer = graphc.Trainer(arts, backend="ort-cpu")
+    losses = [float(trainer.step(feeds)) for _ in range(40)]
+    assert losses[-1] < 0.3 * losses[0], losses
+    trainer.export_inference(tmp_path / "gpt.onnx")
+    folder = graphc.deploy.triton(tmp_path / "gpt.onnx", tmp_path / "repo", "gpt", max_batch_size=4)
+    served = graphc.load(folder / "1" / "model.onnx")
+    assert served.opset == 17 and "Attention" not in {n.op_type for n in served.proto.graph.node}
+    trained = graphc.Session(graphc.load(tmp_path / "gpt.onnx"), backend="ort-cpu").run({"tokens": tokens.numpy()})
+    np.testing.assert_allclose(graphc.Session(served, backend="ort-cpu").run({"tokens": tokens.numpy()})["logits"],
+                               trained["logits"], rtol=1e-4, atol=1e-5)
+
+
 class SpatialTransformer(nn.Module):
     """A spatial transformer: a localisation net predicts an affine map, the sampling grid is
     that map applied to the output pixel centres, and grid_sample (bilinear, zeros and border
