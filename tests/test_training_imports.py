@@ -3,6 +3,7 @@ initializers, shape arithmetic, frozen params, BatchNorm statistics and Dropout 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -391,3 +392,30 @@ def test_function_ops_train_through_their_bodies_and_inference_keeps_them():
     assert {"Mish", "RMSNormalization"} <= ops["inference"] and {"Mish", "RMSNormalization"} <= ops["eval"]
     assert not {"Mish", "RMSNormalization"} & ops["train_step"]
     _check_directional_derivatives(arts, _regression_batch(5), ["W", "gamma"])
+
+
+def _two_layer_norms(shared: bool) -> gc.Model:
+    from onnx import TensorProto, helper
+
+    names = ["g", "b", "g", "b"] if shared else ["g1", "b1", "g2", "b2"]
+    inits = {n: nh.from_array(np.ones(8, np.float32) if n.startswith("g") else np.zeros(8, np.float32), n)
+             for n in names}
+    inits["W"] = nh.from_array(RNG.normal(size=(8, 8)).astype(np.float32), "W")
+    nodes = [helper.make_node("LayerNormalization", ["x", names[0], names[1]], ["h"], name="ln_a"),
+             helper.make_node("MatMul", ["h", "W"], ["m"]),
+             helper.make_node("LayerNormalization", ["m", names[2], names[3]], ["out"], name="ln_b")]
+    graph = helper.make_graph(nodes, "norms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 8])], list(inits.values()))
+    return gc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_a_normalization_param_shared_by_layers_is_trained_as_one_with_a_warning():
+    """torch.onnx's dynamo exporter merges equal initializers (every fresh LayerNorm's ones and
+    zeros): generate keeps the graph's meaning, one tensor, and says so naming the layers."""
+    with pytest.warns(UserWarning, match=r"several normalization nodes \('g' by 'ln_a', 'ln_b'; 'b' by 'ln_a', 'ln_b'\)"):
+        arts = gc.training.generate(_two_layer_norms(shared=True), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
+    assert {"g", "b"} <= set(arts.manifest.trainable)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        arts = gc.training.generate(_two_layer_norms(shared=False), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
+    assert {"g1", "b1", "g2", "b2"} <= set(arts.manifest.trainable)

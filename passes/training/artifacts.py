@@ -77,6 +77,7 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
 
     label = _append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
     params, frozen_all = _select_params(base.graph, bn_stats, trainable, frozen, order)
+    imports.warn_shared_normalization_params(base.graph, params)
 
     evaluation = _eval_graph(base, params, bn_stats, model_outputs)
     noise: list[str] = []

@@ -11,12 +11,19 @@ Exporters keep weights in odd places. This pass handles:
 2. an initializer aliased through ``Identity`` or read by several nodes: nothing to rewrite;
    the initializer is the param and autodiff sums the gradients of every use;
 3. shape arithmetic built from ``Shape``/``Gather``/``Concat``: integer paths, which autodiff
-   never differentiates.
+   never differentiates;
+4. one initializer feeding the scale or bias of several normalization layers: usually not a
+   tie in the source model but an exporter merging equal values (torch.onnx's dynamo exporter
+   does it to every freshly initialized LayerNorm), so training would tie those layers. It
+   stays as it is (the graph means exactly that) with a warning naming the layers.
 
 Initializers listed as graph inputs (IR < 4 exports) keep working: they already are inputs.
 """
 
 from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
 
 import onnx_ir as ir
 
@@ -52,3 +59,25 @@ def promote_constant_weights(graph: ir.Graph) -> list[str]:
 
 def is_float(value: ir.Value) -> bool:
     return value.dtype in _FLOAT
+
+
+_NORMALIZATIONS = frozenset({"LayerNormalization", "BatchNormalization", "GroupNormalization",
+                             "InstanceNormalization", "RMSNormalization"})
+
+
+def warn_shared_normalization_params(graph: ir.Graph, params: Sequence[str]) -> None:
+    """One warning naming each trainable param that is the scale or bias of several
+    normalization nodes, and those nodes."""
+    shared = {}
+    for name in params:
+        users = [use.node.name for use in graph.initializers[name].uses()
+                 if use.node.op_type in _NORMALIZATIONS and use.idx in (1, 2)]
+        if len(users) > 1:
+            shared[name] = users
+    if shared:
+        listed = "; ".join(f"{name!r} by {', '.join(map(repr, users))}" for name, users in shared.items())
+        warnings.warn(
+            f"one tensor is the scale or bias of several normalization nodes ({listed}): training updates each as "
+            "one tensor. If they are separate layers in the source model, the exporter merged initializers with "
+            "equal values (torch.onnx.export(..., dynamo=True) does unless optimize=False); export without that "
+            "merge to train them apart.", UserWarning, stacklevel=4)
