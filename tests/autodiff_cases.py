@@ -19,6 +19,7 @@ NORMAL, POSITIVE, AWAY, WIDE = "normal", "positive", "away", "wide"  # AWAY: |x|
 UNIT, ABOVE_ONE = "unit", "above_one"  # UNIT: |x| < 0.9 (asin, acos, atanh); ABOVE_ONE: x in [1.2, 3] (acosh)
 SPARSE = "sparse"  # NORMAL with every third element exactly 0 (products with zeros)
 GRID = "grid"  # uniform in [-1.15, 1.15]: GridSample coordinates, a few outside the image
+WIDE_GRID = "wide_grid"  # uniform in [-3.5, 3.5]: coordinates mirrored or clamped several times over
 
 
 @dataclass
@@ -56,6 +57,8 @@ def draw(t: T, rng: np.random.Generator, dtype) -> np.ndarray:
         x = rng.uniform(0.5, 1.5, t.shape) * rng.choice([-1.0, 1.0], t.shape)
     elif t.domain == GRID:
         x = rng.uniform(-1.15, 1.15, t.shape)
+    elif t.domain == WIDE_GRID:
+        x = rng.uniform(-3.5, 3.5, t.shape)
     elif t.domain == SPARSE:
         x.reshape(-1)[::3] = 0.0
     elif t.domain == UNIT:
@@ -366,6 +369,17 @@ def _cases() -> list[GradCase]:
         c("GridSample", [T((1, 2, 3, 4)), T((1, 5, 2, 2), GRID)], {"mode": "linear", "align_corners": 1,
                                                                   "padding_mode": "border"}, opset=22, tag="border"),
         c("GridSample", [T((1, 2, 3, 4)), T((1, 5, 2, 2), GRID)], {"mode": "nearest"}, opset=22, tag="nearest"),
+        c("GridSample", [T((1, 2, 3, 4)), T((1, 5, 2, 2), WIDE_GRID)], {"padding_mode": "reflection"}, opset=22,
+          tag="reflection"),
+        c("GridSample", [T((1, 2, 3, 4)), T((1, 5, 2, 2), WIDE_GRID)], {"padding_mode": "reflection", "align_corners": 1},
+          opset=22, tag="reflection_align_corners"),
+        c("GridSample", [T((2, 2, 3, 4, 3)), T((2, 2, 3, 2, 3), GRID)], opset=22, tag="3d"),
+        c("GridSample", [T((1, 2, 2, 3, 4)), T((1, 3, 2, 2, 3), WIDE_GRID)], {"padding_mode": "border",
+                                                                           "align_corners": 1}, opset=22, tag="3d_border"),
+        c("GridSample", [T((1, 2, 2, 3, 4)), T((1, 3, 2, 2, 3), WIDE_GRID)], {"padding_mode": "reflection"}, opset=22,
+          tag="3d_reflection"),
+        c("GridSample", [T((1, 2, 2, 3, 4)), T((1, 3, 2, 2, 3), GRID)], {"mode": "nearest"}, opset=22,
+          tag="3d_nearest"),
         c("LpNormalization", [T((2, 3, 4), AWAY)], {"p": 1, "axis": 0}, tag="p1"),
         c("LRN", [T((1, 4, 5))], {"size": 4, "alpha": 1.0, "beta": 0.5}, tag="even_size_1d",
           ort=False),  # onnxruntime takes odd sizes only

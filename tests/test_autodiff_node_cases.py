@@ -53,7 +53,9 @@ NOT_DIFFERENTIABLE = {
     "test_hardmax_one_hot": "equal entries in a row: the argmax is a tie, where Hardmax jumps",
     **{f"test_gridsample{suffix}": "grid points on pixel centres: bilinear sampling's kinks (nearest: its jumps)"
        for suffix in ("_bilinear", "_aligncorners_true", "_nearest", "_nearest_align_corners_0_additional_1",
-                      "_nearest_align_corners_1_additional_1", "_bilinear_align_corners_1_additional_1")},
+                      "_nearest_align_corners_1_additional_1", "_bilinear_align_corners_1_additional_1",
+                      "_volumetric_nearest_align_corners_0", "_volumetric_nearest_align_corners_1",
+                      "_volumetric_bilinear_align_corners_0", "_volumetric_bilinear_align_corners_1")},
     "test_l2normalization_axis_0": "an all-zero column: the norm is 0 and its derivative undefined",
     "test_mod_float_edge_cases_fmod_0_float16": "inf and NaN operands: the loss is NaN",
     "test_mod_float_edge_cases_fmod_0_float32": "inf and NaN operands: the loss is NaN",

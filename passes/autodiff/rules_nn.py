@@ -5,6 +5,8 @@ Convolutions and pools need static spatial dims and channel counts (the batch ma
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 
 import numpy as np
@@ -324,82 +326,106 @@ def grad_average_pool(g, node, dy):
 
 @grad_rule("GridSample")
 def grad_grid_sample(g, node, dy):
-    # 2-D, linear (bilinear) or nearest, zeros or border padding. Each output reads up to four
-    # input pixels (corners of its source point) with weights from the grid: dx scatters
-    # dy * weight back to those pixels (ScatterElements, add); the grid gets, through the
-    # weights, dy times the bilinear slope between the corners (nearest: no grid gradient).
+    # 2-D or 3-D, linear or nearest, any padding. Each output reads the 2^D corners around its
+    # source point with weights from the grid: dx scatters dy * weight back to those pixels
+    # (ScatterElements, add); the grid gets, through the weights, dy times the linear slope
+    # along each axis (nearest: no grid gradient). Border and reflection padding move the
+    # source point first (clamp; mirror, then clamp as PyTorch does): their slope is 0 where
+    # clamped and -1 on mirrored stretches.
     x, grid = node.inputs
     sx = static_shape(x)
     mode = attr(node, "mode", "linear")
     padding, align = attr(node, "padding_mode", "zeros"), attr(node, "align_corners", 0)
-    if (sx is None or len(sx) != 4 or not all(isinstance(d, int) for d in sx[1:])
-            or mode not in ("linear", "bilinear", "nearest") or padding not in ("zeros", "border")):
-        raise GraphError(f"gradient of GridSample {node.name!r} is supported for 4-D inputs with static channels "
-                         f"and spatial dims, linear or nearest mode, zeros or border padding (got {sx}, mode "
-                         f"{mode!r}, padding {padding!r})")
-    channels, height, width = sx[1:]
-    coords = []  # (source coordinate, its slope d coord / d grid, mask where the slope holds)
-    for k, size in ((0, width), (1, height)):
-        along = g.op("Gather", grid, g.const(k, np.int64), axis=3)  # [N, Ho, Wo]
-        scale = (size - 1) / 2 if align else size / 2
-        at = g.add(g.mul(along, g.scalar(scale, along)), g.scalar((size - 1) / 2, along))
-        inside = None
-        if padding == "border":
-            low, high = g.scalar(0.0, at), g.scalar(float(size - 1), at)
-            inside = g.op("And", g.op("GreaterOrEqual", at, low), g.op("LessOrEqual", at, high))
-            at = g.op("Clip", at, low, high)
-        coords.append((at, scale, inside))
-    (ix, x_scale, x_inside), (iy, y_scale, y_inside) = coords
-    flat_x = g.op("Reshape", x, g.ints([0, channels, height * width]))
+    if (sx is None or len(sx) not in (4, 5) or not all(isinstance(d, int) for d in sx[1:])
+            or mode not in ("linear", "bilinear", "nearest")):
+        raise GraphError(f"gradient of GridSample {node.name!r} is supported for 4-D and 5-D inputs with static "
+                         f"channels and spatial dims in linear or nearest mode (got {sx}, mode {mode!r})")
+    channels, spatial = sx[1], sx[2:]
+    sizes = spatial[::-1]  # the grid's last axis lists x (width) first
+    points = [_grid_source(g, g.op("Gather", grid, g.const(k, np.int64), axis=-1), size, padding, align)
+              for k, size in enumerate(sizes)]  # (coordinate, d coordinate / d grid) per grid axis
+    strides = [math.prod(sizes[:k]) for k in range(len(sizes))]  # flat pixel index = sum coord_k * stride_k
+    flat_x = g.op("Reshape", x, g.ints([0, channels, math.prod(spatial)]))
     flat_dy = g.op("Reshape", dy, g.ints([0, channels, -1]))
 
-    def row(value):  # [N, Ho, Wo] -> [N, 1, Ho * Wo], broadcast over channels
+    def row(value):  # [N, *out] -> [N, 1, P], broadcast over channels
         return g.op("Reshape", value, g.ints([0, 1, -1]))
 
-    def corner(cx, cy):
-        """(pixel index [N, C, P], in-bounds mask [N, 1, P] as x's dtype) of corner (cx, cy)."""
-        valid = g.op("And", g.op("And", g.op("GreaterOrEqual", cx, g.scalar(0.0, cx)),
-                                 g.op("LessOrEqual", cx, g.scalar(float(width - 1), cx))),
-                     g.op("And", g.op("GreaterOrEqual", cy, g.scalar(0.0, cy)),
-                          g.op("LessOrEqual", cy, g.scalar(float(height - 1), cy))))
-        clamped = [g.op("Cast", g.op("Clip", c, g.scalar(0.0, c), g.scalar(float(size - 1), c)), to=int(ir.DataType.INT64))
-                   for c, size in ((cx, width), (cy, height))]
-        index = g.add(g.mul(clamped[1], g.const(width, np.int64)), clamped[0])
-        index = g.op("Expand", row(index), g.op("Shape", flat_dy))
-        return index, g.cast_like(row(valid), x)
+    def corner(coords):
+        """(pixel index [N, C, P], in-bounds mask [N, 1, P] in x's dtype) of a corner."""
+        valid, index = None, None
+        for c, size, stride in zip(coords, sizes, strides):
+            inside = g.op("And", g.op("GreaterOrEqual", c, g.scalar(0.0, c)),
+                          g.op("LessOrEqual", c, g.scalar(float(size - 1), c)))
+            valid = inside if valid is None else g.op("And", valid, inside)
+            clamped = g.op("Cast", g.op("Clip", c, g.scalar(0.0, c), g.scalar(float(size - 1), c)),
+                           to=int(ir.DataType.INT64))
+            term = g.mul(clamped, g.const(stride, np.int64)) if stride != 1 else clamped
+            index = term if index is None else g.add(index, term)
+        return g.op("Expand", row(index), g.op("Shape", flat_dy)), g.cast_like(row(valid), x)
 
-    zeros = g.full(g.op("Shape", flat_x), 0.0, x)  # [N, C, H * W] in x's dtype
+    zeros = g.full(g.op("Shape", flat_x), 0.0, x)  # [N, C, prod(spatial)] in x's dtype
     if mode == "nearest":
-        index, valid = corner(g.op("Round", ix), g.op("Round", iy))
+        index, valid = corner([g.op("Round", at) for at, _ in points])
         dx = g.op("ScatterElements", zeros, index, g.mul(flat_dy, valid), axis=2, reduction="add")
         return g.reshape_like(dx, x), None
-    x0, y0 = g.op("Floor", ix), g.op("Floor", iy)
-    one = g.scalar(1.0, ix)
-    x1, y1 = g.add(x0, one), g.add(y0, one)
-    wx, wy = g.cast_like(row(g.sub(ix, x0)), x), g.cast_like(row(g.sub(iy, y0)), x)  # weights of x1 / y1
+    low = [g.op("Floor", at) for at, _ in points]
+    frac = [g.cast_like(row(g.sub(at, f)), x) for (at, _), f in zip(points, low)]  # weight of the upper corner
     ones = g.scalar(1.0, x)
-    corners = {(0, 0): corner(x0, y0), (1, 0): corner(x1, y0), (0, 1): corner(x0, y1), (1, 1): corner(x1, y1)}
-    weight = {(0, 0): g.mul(g.sub(ones, wx), g.sub(ones, wy)), (1, 0): g.mul(wx, g.sub(ones, wy)),
-              (0, 1): g.mul(g.sub(ones, wx), wy), (1, 1): g.mul(wx, wy)}
+    rest = [g.sub(ones, w) for w in frac]
+    offsets = list(itertools.product((0, 1), repeat=len(sizes)))
+    corners = {o: corner([g.add(f, g.scalar(1.0, f)) if up else f for f, up in zip(low, o)]) for o in offsets}
+
+    def weight(o, skip=None):  # product over axes of the corner's linear weights, axis ``skip`` left out
+        factors = [frac[k] if up else rest[k] for k, up in enumerate(o) if k != skip]
+        return functools.reduce(g.mul, factors) if factors else None
+
     dx = dgrid = None
     if g.wants(x):
-        indices = g.op("Concat", *[corners[c][0] for c in corners], axis=2)
-        updates = g.op("Concat", *[g.mul(g.mul(flat_dy, weight[c]), corners[c][1]) for c in corners], axis=2)
+        indices = g.op("Concat", *[corners[o][0] for o in offsets], axis=2)
+        updates = g.op("Concat", *[g.mul(g.mul(flat_dy, weight(o)), corners[o][1]) for o in offsets], axis=2)
         dx = g.reshape_like(g.op("ScatterElements", zeros, indices, updates, axis=2, reduction="add"), x)
     if g.wants(grid):
-        value = {c: g.mul(g.op("GatherElements", flat_x, corners[c][0], axis=2), corners[c][1]) for c in corners}
-        slope_x = g.add(g.mul(g.sub(ones, wy), g.sub(value[1, 0], value[0, 0])), g.mul(wy, g.sub(value[1, 1], value[0, 1])))
-        slope_y = g.add(g.mul(g.sub(ones, wx), g.sub(value[0, 1], value[0, 0])), g.mul(wx, g.sub(value[1, 1], value[1, 0])))
+        value = {o: g.mul(g.op("GatherElements", flat_x, corners[o][0], axis=2), corners[o][1]) for o in offsets}
         parts = []
-        for slope, scale, inside in ((slope_x, x_scale, x_inside), (slope_y, y_scale, y_inside)):
+        for k, (at, slope_at) in enumerate(points):
+            # d value / d coordinate k: upper minus lower corner along k, weighted along the others
+            terms = []
+            for o in offsets:
+                if o[k]:
+                    diff = g.sub(value[o], value[o[:k] + (0,) + o[k + 1:]])
+                    other = weight(o, skip=k)
+                    terms.append(diff if other is None else g.mul(other, diff))
+            slope = g.sum_values(terms)
             d = g.reduce("ReduceSum", g.mul(flat_dy, slope), [1], keepdims=False)  # [N, P]
-            d = g.mul(g.cast_like(d, grid), g.scalar(scale, grid))
-            d = g.op("Reshape", d, g.op("Shape", ix))
-            if inside is not None:  # clamped by border padding: the coordinate does not move
-                d = g.mul(d, g.cast_like(inside, grid))
-            parts.append(g.unsqueeze(d, [3]))
-        dgrid = g.op("Concat", *parts, axis=3)
+            d = g.mul(g.op("Reshape", g.cast_like(d, grid), g.op("Shape", at)), slope_at)
+            parts.append(g.unsqueeze(d, [-1]))
+        dgrid = g.op("Concat", *parts, axis=-1)
     return dx, dgrid
+
+
+def _grid_source(g: GradBuilder, along: ir.Value, size: int, padding: str, align: int):
+    """The source coordinate (in pixels) a normalized grid coordinate reads along an axis of
+    ``size`` pixels after padding, and its derivative with respect to the grid coordinate."""
+    scale = (size - 1) / 2 if align else size / 2
+    at = g.add(g.mul(along, g.scalar(scale, along)), g.scalar((size - 1) / 2, along))
+    slope = g.scalar(scale, along)
+    if padding == "reflection":  # mirror into [0, size - 1] (align) or [-0.5, size - 0.5]
+        low, span = (0.0, size - 1.0) if align else (-0.5, float(size))
+        if span == 0:
+            return g.scalar(0.0, at), g.scalar(0.0, at)
+        offset = g.sub(at, g.scalar(low, at))
+        wrapped = g.op("Mod", g.op("Abs", offset), g.scalar(2 * span, at), fmod=1)
+        mirrored = g.op("Greater", wrapped, g.scalar(span, at))
+        at = g.add(g.op("Where", mirrored, g.sub(g.scalar(2 * span, at), wrapped), wrapped), g.scalar(low, at))
+        sign = g.mul(g.op("Sign", offset), g.op("Where", mirrored, g.scalar(-1.0, at), g.scalar(1.0, at)))
+        slope = g.mul(slope, sign)
+    if padding in ("border", "reflection"):
+        low, high = g.scalar(0.0, at), g.scalar(float(size - 1), at)
+        inside = g.op("And", g.op("GreaterOrEqual", at, low), g.op("LessOrEqual", at, high))
+        slope = g.mul(slope, g.cast_like(inside, at))
+        at = g.op("Clip", at, low, high)
+    return at, slope
 
 
 @grad_rule("LpPool")
