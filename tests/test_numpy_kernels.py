@@ -169,6 +169,13 @@ CASES = [
     ("gru_lbr", "GRU", [r(5, 2, 3), r(1, 12, 3), r(1, 12, 4), r(1, 24)], {"hidden_size": 4, "linear_before_reset": 1}, 21, (F32,), 2),
     ("gru_reverse", "GRU", [r(4, 2, 3), r(1, 9, 3), r(1, 9, 3)], {"hidden_size": 3, "direction": "reverse"}, 21, (F32,), 2),
     ("rnn", "RNN", [r(4, 2, 3), r(1, 5, 3), r(1, 5, 5)], {"hidden_size": 5}, 21, (F32,), 2),
+    # sampling: every mode, padding and alignment, grid points far outside the image too
+    *[(f"grid_sample_{mode}_{padding}_align{align}", "GridSample", [r(2, 2, 4, 5), r(2, 3, 4, 2, lo=-3.5, hi=3.5)],
+       {"mode": mode, "padding_mode": padding, "align_corners": align}, 22, (F32,), 1)
+      for mode in ("linear", "nearest", "cubic") for padding in ("zeros", "border", "reflection") for align in (0, 1)],
+    *[(f"grid_sample_3d_{mode}_{padding}", "GridSample", [r(1, 2, 3, 4, 2), r(1, 2, 3, 2, 3, lo=-3.5, hi=3.5)],
+       {"mode": mode, "padding_mode": padding}, 22, (F32,), 1)
+      for mode in ("linear", "nearest") for padding in ("zeros", "border", "reflection")],
 ]
 
 PARAMS = [pytest.param(op, makers, attrs, opset, dt, n, id=f"{cid}-{np.dtype(dt).name}")

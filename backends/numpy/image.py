@@ -44,11 +44,15 @@ def _reflect(x, lo, hi):
     return lo + np.where(d > span, 2 * span - d, d)
 
 
-def _fetch(x, idx, padding_mode, sizes):
-    """x[n, c, *idx] for integer index arrays idx (N, *out); zeros outside unless border/reflect."""
+def _fetch(x, idx, padding_mode, sizes, align_corners=0):
+    """x[n, c, *idx] for integer index arrays idx (N, *out); outside: zeros, the border pixel,
+    or (reflection) the mirrored pixel."""
     n, c = x.shape[:2]
     inside = np.ones(idx[0].shape, bool)
     clipped = []
+    if padding_mode == "reflection":
+        idx = [_reflect(i.astype(np.float64), *((0, s - 1) if align_corners else (-0.5, s - 0.5))).astype(np.int64)
+               for i, s in zip(idx, sizes)]
     for i, s in zip(idx, sizes):
         inside &= (i >= 0) & (i < s)
         clipped.append(np.clip(i, 0, s - 1))
@@ -78,7 +82,9 @@ def grid_sample(x, grid, *, align_corners=0, mode="linear", padding_mode="zeros"
     for axis in range(d):  # grid's last dim lists x (width) first
         g = grid[..., d - 1 - axis].astype(np.float64)
         u = _unnormalize(g, sizes[axis], align_corners)
-        if padding_mode == "border":
+        if mode == "cubic":
+            pass  # the padding maps each tap instead (onnxruntime and PyTorch; onnx's reference clamps the point)
+        elif padding_mode == "border":
             u = np.clip(u, 0, sizes[axis] - 1)
         elif padding_mode == "reflection":
             lo, hi = (0, sizes[axis] - 1) if align_corners else (-0.5, sizes[axis] - 0.5)
@@ -86,7 +92,7 @@ def grid_sample(x, grid, *, align_corners=0, mode="linear", padding_mode="zeros"
             if not align_corners:
                 u = np.clip(u, 0, sizes[axis] - 1) if mode != "nearest" else u
         coords.append(u)
-    pad = "zeros" if padding_mode == "zeros" else "border"
+    pad = padding_mode if mode == "cubic" else "zeros" if padding_mode == "zeros" else "border"
     if mode == "nearest":
         idx = [np.rint(u).astype(np.int64) for u in coords]
         return (_fetch(x, idx, pad, sizes).astype(x.dtype),)
@@ -100,7 +106,7 @@ def grid_sample(x, grid, *, align_corners=0, mode="linear", padding_mode="zeros"
     for combo in itertools.product(range(len(offsets)), repeat=d):
         idx = [b + offsets[k] for b, k in zip(base, combo)]
         w = np.prod([weights[a][k] for a, k in enumerate(combo)], axis=0)
-        out = out + _fetch(x, idx, pad, sizes) * w[:, None]
+        out = out + _fetch(x, idx, pad, sizes, align_corners) * w[:, None]
     return (np.asarray(out).astype(x.dtype),)
 
 
