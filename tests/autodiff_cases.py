@@ -380,6 +380,13 @@ def _cases() -> list[GradCase]:
           tag="3d_reflection"),
         c("GridSample", [T((1, 2, 2, 3, 4)), T((1, 3, 2, 2, 3), GRID)], {"mode": "nearest"}, opset=22,
           tag="3d_nearest"),
+        c("GridSample", [T((2, 2, 4, 5)), T((2, 3, 2, 2), GRID)], {"mode": "cubic"}, opset=22, tag="cubic"),
+        c("GridSample", [T((1, 2, 4, 3)), T((1, 3, 3, 2), WIDE_GRID)], {"mode": "cubic", "padding_mode": "border",
+                                                                     "align_corners": 1}, opset=22, tag="cubic_border"),
+        c("GridSample", [T((1, 2, 4, 3)), T((1, 3, 3, 2), WIDE_GRID)], {"mode": "cubic", "padding_mode": "reflection"},
+          opset=22, tag="cubic_reflection"),
+        c("GridSample", [T((1, 2, 3, 4)), T((1, 5, 2, 2), WIDE_GRID)], {"mode": "bilinear", "padding_mode": "border"},
+          opset=16, tag="opset16_border"),
         c("LpNormalization", [T((2, 3, 4), AWAY)], {"p": 1, "axis": 0}, tag="p1"),
         c("LRN", [T((1, 4, 5))], {"size": 4, "alpha": 1.0, "beta": 0.5}, tag="even_size_1d",
           ort=False),  # onnxruntime takes odd sizes only

@@ -312,6 +312,42 @@ def test_opset23_attention_op_gradients_match_torch_sdpa_with_a_fully_masked_row
     assert np.all(got["q_grad"][:, :, 1] == 0), "the fully masked query row has no gradient"
 
 
+class Samplers(nn.Module):
+    """grid_sample in every mode the ONNX op has: bicubic with reflection and border padding,
+    bilinear with reflection, and trilinear over a volume; grid points also far outside."""
+
+    def forward(self, x, grid, volume, vgrid):
+        a = F.grid_sample(x, grid, mode="bicubic", padding_mode="reflection", align_corners=False)
+        b = F.grid_sample(x, grid * 1.3, mode="bicubic", padding_mode="border", align_corners=True)
+        c = F.grid_sample(x, grid * 0.9, mode="bilinear", padding_mode="reflection", align_corners=True)
+        d = F.grid_sample(volume, vgrid, mode="bilinear", padding_mode="border", align_corners=False)
+        return (a * a).sum() + (b * b.sin()).sum() + (c ** 3).sum() + (d * d).sum()
+
+
+def test_grid_sample_modes_gradients_match_torch():
+    import onnx_ir as ir
+
+    from graphc.passes.autodiff import gradient_model
+
+    torch.manual_seed(0)
+    inputs = {"x": torch.randn(2, 3, 5, 4, dtype=torch.float64), "grid": torch.rand(2, 3, 4, 2, dtype=torch.float64) * 4 - 2,
+              "volume": torch.randn(1, 2, 3, 4, 5, dtype=torch.float64),
+              "vgrid": torch.rand(1, 2, 3, 2, 3, dtype=torch.float64) * 3 - 1.5}
+    for tensor in inputs.values():
+        tensor.requires_grad_()
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Samplers(), tuple(inputs.values()), buffer, dynamo=False, opset_version=20,
+                          input_names=list(inputs), output_names=["loss"])
+    model = graphc.load(buffer.getvalue())
+    proto = graphc.Model(gradient_model(ir.serde.deserialize_model(model.proto), "loss", list(inputs))).proto
+    got = run_numpy(proto, {n: t.detach().numpy() for n, t in inputs.items()})
+    Samplers()(*inputs.values()).backward()
+    for name, tensor in inputs.items():
+        np.testing.assert_allclose(got[f"{name}_grad"], tensor.grad.numpy(), rtol=1e-7, atol=1e-10, err_msg=name)
+
+
 class TinyGPT(nn.Module):
     """Token and position embeddings, one pre-norm block with causal SDPA and a GELU MLP, and
     an LM head; logits as [N, vocab, T] (cross_entropy's class axis is 1, as in torch)."""

@@ -326,106 +326,159 @@ def grad_average_pool(g, node, dy):
 
 @grad_rule("GridSample")
 def grad_grid_sample(g, node, dy):
-    # 2-D or 3-D, linear or nearest, any padding. Each output reads the 2^D corners around its
-    # source point with weights from the grid: dx scatters dy * weight back to those pixels
-    # (ScatterElements, add); the grid gets, through the weights, dy times the linear slope
-    # along each axis (nearest: no grid gradient). Border and reflection padding move the
-    # source point first (clamp; mirror, then clamp as PyTorch does): their slope is 0 where
-    # clamped and -1 on mirrored stretches.
+    # Each output reads the taps around its source point (nearest: 1; linear: 2 per axis; cubic:
+    # 4 per axis, 2-D only) with weights from the grid: dx scatters dy * weight back to those
+    # pixels (ScatterElements, add); the grid gets dy times the weights' slope along each axis
+    # (nearest: none). Border/reflection padding first moves a source point that lies outside
+    # the image (clamp; mirror; not in cubic mode), then maps taps outside it (clamp; mirror),
+    # as onnxruntime and PyTorch do.
     x, grid = node.inputs
     sx = static_shape(x)
-    mode = attr(node, "mode", "linear")
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(attr(node, "mode", "linear"), attr(node, "mode", "linear"))
     padding, align = attr(node, "padding_mode", "zeros"), attr(node, "align_corners", 0)
     if (sx is None or len(sx) not in (4, 5) or not all(isinstance(d, int) for d in sx[1:])
-            or mode not in ("linear", "bilinear", "nearest")):
-        raise GraphError(f"gradient of GridSample {node.name!r} is supported for 4-D and 5-D inputs with static "
-                         f"channels and spatial dims in linear or nearest mode (got {sx}, mode {mode!r})")
+            or (mode == "cubic" and len(sx) != 4)):
+        raise GraphError(f"gradient of GridSample {node.name!r} needs a 4-D (any mode) or 5-D (linear, nearest) input "
+                         f"with static channels and spatial dims (got {sx}, mode {mode!r})")
     channels, spatial = sx[1], sx[2:]
     sizes = spatial[::-1]  # the grid's last axis lists x (width) first
-    points = [_grid_source(g, g.op("Gather", grid, g.const(k, np.int64), axis=-1), size, padding, align)
-              for k, size in enumerate(sizes)]  # (coordinate, d coordinate / d grid) per grid axis
-    strides = [math.prod(sizes[:k]) for k in range(len(sizes))]  # flat pixel index = sum coord_k * stride_k
+    strides = [math.prod(sizes[:k]) for k in range(len(sizes))]  # flat pixel index = sum tap_k * stride_k
     flat_x = g.op("Reshape", x, g.ints([0, channels, math.prod(spatial)]))
     flat_dy = g.op("Reshape", dy, g.ints([0, channels, -1]))
-
-    def row(value):  # [N, *out] -> [N, 1, P], broadcast over channels
-        return g.op("Reshape", value, g.ints([0, 1, -1]))
-
-    def corner(coords):
-        """(pixel index [N, C, P], in-bounds mask [N, 1, P] in x's dtype) of a corner."""
-        valid, index = None, None
-        for c, size, stride in zip(coords, sizes, strides):
-            inside = g.op("And", g.op("GreaterOrEqual", c, g.scalar(0.0, c)),
-                          g.op("LessOrEqual", c, g.scalar(float(size - 1), c)))
-            valid = inside if valid is None else g.op("And", valid, inside)
-            clamped = g.op("Cast", g.op("Clip", c, g.scalar(0.0, c), g.scalar(float(size - 1), c)),
-                           to=int(ir.DataType.INT64))
-            term = g.mul(clamped, g.const(stride, np.int64)) if stride != 1 else clamped
-            index = term if index is None else g.add(index, term)
-        return g.op("Expand", row(index), g.op("Shape", flat_dy)), g.cast_like(row(valid), x)
-
+    axes = []  # per grid axis: (tap weights, their slopes d weight / d grid, (pixel index, valid) per tap)
+    for k, size in enumerate(sizes):
+        # cubic: the padding maps each tap, not the point (onnxruntime and PyTorch)
+        at, scale, moved = _grid_source(g, g.op("Gather", grid, g.const(k, np.int64), axis=-1), size,
+                                        "zeros" if mode == "cubic" else padding, align, grid)
+        if mode == "nearest":
+            taps, weights, slopes = [g.op("Round", at)], [None], [None]
+        else:
+            low = g.op("Floor", at)
+            frac = g.sub(at, low)
+            offsets = (0, 1) if mode == "linear" else (-1, 0, 1, 2)
+            taps = [g.add(low, g.scalar(float(o), grid)) if o else low for o in offsets]
+            weights, slopes = _tap_weights(g, frac, mode, scale, moved, grid)
+        axes.append(([_row(g, w) for w in weights], [_row(g, s) for s in slopes],
+                     [_tap_pixel(g, t, size, padding, align, grid) for t in taps]))
     zeros = g.full(g.op("Shape", flat_x), 0.0, x)  # [N, C, prod(spatial)] in x's dtype
-    if mode == "nearest":
-        index, valid = corner([g.op("Round", at) for at, _ in points])
-        dx = g.op("ScatterElements", zeros, index, g.mul(flat_dy, valid), axis=2, reduction="add")
-        return g.reshape_like(dx, x), None
-    low = [g.op("Floor", at) for at, _ in points]
-    frac = [g.cast_like(row(g.sub(at, f)), x) for (at, _), f in zip(points, low)]  # weight of the upper corner
-    ones = g.scalar(1.0, x)
-    rest = [g.sub(ones, w) for w in frac]
-    offsets = list(itertools.product((0, 1), repeat=len(sizes)))
-    corners = {o: corner([g.add(f, g.scalar(1.0, f)) if up else f for f, up in zip(low, o)]) for o in offsets}
+    combos = list(itertools.product(*[range(len(a[2])) for a in axes]))  # every tap of every axis
 
-    def weight(o, skip=None):  # product over axes of the corner's linear weights, axis ``skip`` left out
-        factors = [frac[k] if up else rest[k] for k, up in enumerate(o) if k != skip]
-        return functools.reduce(g.mul, factors) if factors else None
+    def tap(combo):  # (flat pixel index [N, C, P], weight-and-mask [N, 1, P] or None)
+        index, factors = None, []
+        for (weights, _, pixels), t, stride in zip(axes, combo, strides):
+            pixel, valid = pixels[t]
+            term = g.mul(pixel, g.const(stride, np.int64)) if stride != 1 else pixel
+            index = term if index is None else g.add(index, term)
+            factors += [f for f in (weights[t], valid) if f is not None]
+        index = g.op("Expand", _row(g, index), g.op("Shape", flat_dy))
+        return index, (g.cast_like(functools.reduce(g.mul, factors), x) if factors else None)
 
+    taps = {combo: tap(combo) for combo in combos}
     dx = dgrid = None
     if g.wants(x):
-        indices = g.op("Concat", *[corners[o][0] for o in offsets], axis=2)
-        updates = g.op("Concat", *[g.mul(g.mul(flat_dy, weight(o)), corners[o][1]) for o in offsets], axis=2)
+        indices = g.op("Concat", *[taps[c][0] for c in combos], axis=2)
+        updates = g.op("Concat", *[g.mul(flat_dy, taps[c][1]) if taps[c][1] is not None else flat_dy
+                                   for c in combos], axis=2)
         dx = g.reshape_like(g.op("ScatterElements", zeros, indices, updates, axis=2, reduction="add"), x)
-    if g.wants(grid):
-        value = {o: g.mul(g.op("GatherElements", flat_x, corners[o][0], axis=2), corners[o][1]) for o in offsets}
+    if g.wants(grid) and mode != "nearest":
+        values = {c: g.op("GatherElements", flat_x, taps[c][0], axis=2) for c in combos}
         parts = []
-        for k, (at, slope_at) in enumerate(points):
-            # d value / d coordinate k: upper minus lower corner along k, weighted along the others
+        for k in range(len(axes)):
             terms = []
-            for o in offsets:
-                if o[k]:
-                    diff = g.sub(value[o], value[o[:k] + (0,) + o[k + 1:]])
-                    other = weight(o, skip=k)
-                    terms.append(diff if other is None else g.mul(other, diff))
-            slope = g.sum_values(terms)
-            d = g.reduce("ReduceSum", g.mul(flat_dy, slope), [1], keepdims=False)  # [N, P]
-            d = g.mul(g.op("Reshape", g.cast_like(d, grid), g.op("Shape", at)), slope_at)
-            parts.append(g.unsqueeze(d, [-1]))
+            for c in combos:  # value * slope along k * weights along the others * valid
+                factors = [values[c]]
+                for j, ((weights, slopes, pixels), t) in enumerate(zip(axes, c)):
+                    factors += [slopes[t] if j == k else weights[t]] + ([pixels[t][1]] if pixels[t][1] is not None else [])
+                terms.append(functools.reduce(g.mul, [g.cast_like(f, x) for f in factors]))
+            d = g.reduce("ReduceSum", g.mul(flat_dy, g.sum_values(terms)), [1], keepdims=False)  # [N, P]
+            shape = g.op("Shape", g.op("Gather", grid, g.const(0, np.int64), axis=-1))
+            parts.append(g.unsqueeze(g.op("Reshape", g.cast_like(d, grid), shape), [-1]))
         dgrid = g.op("Concat", *parts, axis=-1)
     return dx, dgrid
 
 
-def _grid_source(g: GradBuilder, along: ir.Value, size: int, padding: str, align: int):
+def _row(g: GradBuilder, value: ir.Value | None) -> ir.Value | None:
+    """[N, *out] -> [N, 1, P]: broadcast over channels (a scalar broadcasts as it is)."""
+    if value is None or static_shape(value) == ():
+        return value
+    return g.op("Reshape", value, g.ints([0, 1, -1]))
+
+
+_CUBIC_A = -0.75  # ONNX's (and PyTorch's) bicubic convolution constant
+
+
+def _tap_weights(g: GradBuilder, frac: ir.Value, mode: str, scale: float, moved: ir.Value | None,
+                 like: ir.Value):
+    """The taps' weights at fraction ``frac`` past the lower tap, and their derivatives with
+    respect to the grid: d weight / d frac times ``scale`` times ``moved`` (``_grid_source``)."""
+    one = g.scalar(1.0, like)
+    if mode == "linear":
+        if moved is None:  # constants: -scale for the lower tap, +scale for the upper
+            return [g.sub(one, frac), frac], [g.scalar(-scale, like), g.scalar(scale, like)]
+        up = g.mul(moved, g.scalar(scale, like))
+        return [g.sub(one, frac), frac], [g.neg(up), up]
+
+    def poly(v, coeffs):  # Horner: coeffs from the highest power
+        out = g.scalar(coeffs[0], like)
+        for c in coeffs[1:]:
+            out = g.add(g.mul(out, v), g.scalar(c, like))
+        return out
+
+    a = _CUBIC_A
+    outer, inner = [a, -5 * a, 8 * a, -4 * a], [a + 2, -(a + 3), 0.0, 1.0]  # |t| in [1, 2] and [0, 1]
+    d_outer, d_inner = [3 * a, -10 * a, 8 * a], [3 * (a + 2), -2 * (a + 3), 0.0]
+    dist = [g.add(frac, one), frac, g.sub(one, frac), g.sub(g.scalar(2.0, like), frac)]  # tap distances
+    weights = [poly(dist[0], outer), poly(dist[1], inner), poly(dist[2], inner), poly(dist[3], outer)]
+    scaled = g.scalar(scale, like) if moved is None else g.mul(moved, g.scalar(scale, like))
+    slopes = [poly(dist[0], d_outer), poly(dist[1], d_inner), g.neg(poly(dist[2], d_inner)),
+              g.neg(poly(dist[3], d_outer))]  # d distance / d frac is +1, +1, -1, -1
+    return weights, [g.mul(s, scaled) for s in slopes]
+
+
+def _reflect(g: GradBuilder, at: ir.Value, low: float, span: float, like: ir.Value):
+    """``at`` mirrored into [low, low + span], and the sign of its slope (+1 or -1)."""
+    offset = g.sub(at, g.scalar(low, like))
+    wrapped = g.op("Mod", g.op("Abs", offset), g.scalar(2 * span, like), fmod=1)
+    mirrored = g.op("Greater", wrapped, g.scalar(span, like))
+    inside = g.op("Where", mirrored, g.sub(g.scalar(2 * span, like), wrapped), wrapped)
+    sign = g.mul(g.op("Sign", offset), g.op("Where", mirrored, g.scalar(-1.0, like), g.scalar(1.0, like)))
+    return g.add(inside, g.scalar(low, like)), sign
+
+
+def _grid_bounds(size: int, align: int) -> tuple[float, float]:
+    return (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+
+
+def _grid_source(g: GradBuilder, along: ir.Value, size: int, padding: str, align: int, like: ir.Value):
     """The source coordinate (in pixels) a normalized grid coordinate reads along an axis of
-    ``size`` pixels after padding, and its derivative with respect to the grid coordinate."""
+    ``size`` pixels, moved by the padding when outside the image bounds; its derivative with
+    respect to the grid coordinate is ``scale`` times ``moved`` (None: 1; else 0 where clamped,
+    -1 where mirrored)."""
     scale = (size - 1) / 2 if align else size / 2
-    at = g.add(g.mul(along, g.scalar(scale, along)), g.scalar((size - 1) / 2, along))
-    slope = g.scalar(scale, along)
-    if padding == "reflection":  # mirror into [0, size - 1] (align) or [-0.5, size - 0.5]
-        low, span = (0.0, size - 1.0) if align else (-0.5, float(size))
-        if span == 0:
-            return g.scalar(0.0, at), g.scalar(0.0, at)
-        offset = g.sub(at, g.scalar(low, at))
-        wrapped = g.op("Mod", g.op("Abs", offset), g.scalar(2 * span, at), fmod=1)
-        mirrored = g.op("Greater", wrapped, g.scalar(span, at))
-        at = g.add(g.op("Where", mirrored, g.sub(g.scalar(2 * span, at), wrapped), wrapped), g.scalar(low, at))
-        sign = g.mul(g.op("Sign", offset), g.op("Where", mirrored, g.scalar(-1.0, at), g.scalar(1.0, at)))
-        slope = g.mul(slope, sign)
-    if padding in ("border", "reflection"):
-        low, high = g.scalar(0.0, at), g.scalar(float(size - 1), at)
-        inside = g.op("And", g.op("GreaterOrEqual", at, low), g.op("LessOrEqual", at, high))
-        slope = g.mul(slope, g.cast_like(inside, at))
-        at = g.op("Clip", at, low, high)
-    return at, slope
+    at = g.add(g.mul(along, g.scalar(scale, like)), g.scalar((size - 1) / 2, like))
+    low, high = _grid_bounds(size, align)
+    if padding == "border":
+        outside = g.op("Or", g.op("Less", at, g.scalar(low, like)), g.op("Greater", at, g.scalar(high, like)))
+        at = g.op("Where", outside, g.op("Clip", at, g.scalar(0.0, like), g.scalar(size - 1.0, like)), at)
+        return at, scale, g.cast_like(g.op("Not", outside), at)
+    if padding == "reflection":
+        if high == low:  # one pixel, align_corners: every point reads it
+            return g.mul(at, g.scalar(0.0, like)), 0.0, None
+        mirrored, sign = _reflect(g, at, low, high - low, like)
+        return mirrored, scale, sign
+    return at, scale, None
+
+
+def _tap_pixel(g: GradBuilder, tap: ir.Value, size: int, padding: str, align: int, like: ir.Value):
+    """(int64 pixel index, validity mask or None) of a tap coordinate after the padding."""
+    if padding == "reflection":
+        low, high = _grid_bounds(size, align)
+        tap = g.op("Floor", _reflect(g, tap, low, high - low, like)[0]) if high > low else tap
+    index = g.op("Cast", g.op("Clip", tap, g.scalar(0.0, like), g.scalar(size - 1.0, like)), to=int(ir.DataType.INT64))
+    if padding != "zeros":
+        return index, None
+    valid = g.op("And", g.op("GreaterOrEqual", tap, g.scalar(0.0, like)), g.op("LessOrEqual", tap, g.scalar(size - 1.0, like)))
+    return index, _row(g, g.cast_like(valid, tap))
 
 
 @grad_rule("LpPool")
