@@ -169,6 +169,15 @@ CASES = [
     ("gru_lbr", "GRU", [r(5, 2, 3), r(1, 12, 3), r(1, 12, 4), r(1, 24)], {"hidden_size": 4, "linear_before_reset": 1}, 21, (F32,), 2),
     ("gru_reverse", "GRU", [r(4, 2, 3), r(1, 9, 3), r(1, 9, 3)], {"hidden_size": 3, "direction": "reverse"}, 21, (F32,), 2),
     ("rnn", "RNN", [r(4, 2, 3), r(1, 5, 3), r(1, 5, 5)], {"hidden_size": 5}, 21, (F32,), 2),
+    ("lstm_clip_peepholes", "LSTM", [r(4, 2, 3), r(1, 16, 3), r(1, 16, 4), r(1, 32), None, r(1, 2, 4), r(1, 2, 4),
+                                      r(1, 12)], {"hidden_size": 4, "clip": 0.6}, 21, (F32,), 3),
+    ("lstm_clip_input_forget", "LSTM", [r(4, 2, 3), r(1, 16, 3), r(1, 16, 4)], {"hidden_size": 4, "clip": 0.8,
+                                                                               "input_forget": 1}, 21, (F32,), 3),
+    ("gru_clip_activations", "GRU", [r(4, 2, 3), r(1, 9, 3), r(1, 9, 3), r(1, 18)],
+     {"hidden_size": 3, "clip": 0.9, "activations": ["HardSigmoid", "ScaledTanh"], "activation_alpha": [0.3, 1.2],
+      "activation_beta": [0.4, 0.7]}, 21, (F32,), 2),
+    ("rnn_clip_lens", "RNN", [r(4, 3, 3), r(1, 5, 3), r(1, 5, 5), None, ints([4, 1, 2], np.int32)],
+     {"hidden_size": 5, "clip": 0.5, "direction": "reverse"}, 21, (F32,), 2),
     # sampling: every mode, padding and alignment, grid points far outside the image too
     *[(f"grid_sample_{mode}_{padding}_align{align}", "GridSample", [r(2, 2, 4, 5), r(2, 3, 4, 2, lo=-3.5, hi=3.5)],
        {"mode": mode, "padding_mode": padding, "align_corners": align}, 22, (F32,), 1)

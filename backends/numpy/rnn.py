@@ -110,13 +110,13 @@ def lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=
     def cell(d, t, st):
         h, c = st
         f_act, g_act, h_act = acts[d]
-        gates = _clip(proj[d][t] + h @ r[d].T, clip)
-        gi, go, gf, gc = np.split(gates, 4, axis=-1)
+        gi, go, gf, gc = np.split(proj[d][t] + h @ r[d].T, 4, axis=-1)
         pi, po, pf = np.split(peep[d], 3)
-        i = f_act(_clip(gi + pi * c, clip) if p is not None else gi)
-        f = 1 - i if input_forget else f_act(_clip(gf + pf * c, clip) if p is not None else gf)
-        c_new = f * c + i * g_act(gc)
-        o = f_act(_clip(go + po * c_new, clip) if p is not None else go)
+        # clip bounds each gate's whole input, peephole term included (onnxruntime)
+        i = f_act(_clip(gi + pi * c, clip))
+        f = 1 - i if input_forget else f_act(_clip(gf + pf * c, clip))
+        c_new = f * c + i * g_act(_clip(gc, clip))
+        o = f_act(_clip(go + po * c_new, clip))
         return o * h_act(c_new), c_new
 
     h0 = _initial(initial_h, num_dir, batch, hsz, x.dtype, layout)
