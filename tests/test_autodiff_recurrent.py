@@ -32,9 +32,19 @@ CONFIGS = [
     ("LSTM", "forward", 0, {"B", "initial_h", "initial_c", "P"}, {}, True, (0, 1, 2)),
     ("LSTM", "bidirectional", 1, {"B", "P"}, {}, False, (0, 2)),
     ("LSTM", "reverse", 0, {"sequence_lens", "initial_c"}, {}, True, (1,)),
+    # clip, other activations (with alpha/beta), input_forget, ragged and run-time sequence_lens
+    ("LSTM", "forward", 0, {"B", "P", "initial_h"}, {"clip": 0.7}, False, (0, 1, 2)),
+    ("LSTM", "bidirectional", 0, {"B"}, {"input_forget": 1, "activations": ["HardSigmoid", "Softsign", "Affine"] * 2,
+                                        "activation_alpha": [0.3, 0.5, 0.25, 1.5], "activation_beta": [0.4, 0.1, 0.6, 0.2]},
+     False, (0, 2)),
+    ("GRU", "forward", 1, {"B", "ragged"}, {"activations": ["Sigmoid", "ScaledTanh"], "activation_alpha": [1.5],
+                                           "activation_beta": [0.8], "clip": 1.2}, False, (0, 1)),
+    ("GRU", "bidirectional", 0, {"ragged"}, {"linear_before_reset": 1}, True, (0, 1)),
+    ("RNN", "reverse", 0, {"B", "fed_lens"}, {"activations": ["Softplus"]}, True, (0, 1)),
+    ("LSTM", "bidirectional", 1, {"B", "P", "ragged", "initial_c"}, {}, False, (0, 1, 2)),
 ]
-IDS = [f"{c[0]}-{c[1]}-layout{c[2]}-{'-'.join(sorted(c[3])) or 'bare'}{'-lbr' if c[4] else ''}{'-symbolic' if c[5] else ''}"
-       for c in CONFIGS]
+IDS = [f"{c[0]}-{c[1]}-layout{c[2]}-{'-'.join(sorted(c[3])) or 'bare'}{''.join('-' + k for k in c[4])}"
+       f"{'-symbolic' if c[5] else ''}" for c in CONFIGS]
 
 
 def recurrent_model(op, direction, layout, optional, attrs, symbolic, used, dtype=np.float64, seed=0):
@@ -45,7 +55,9 @@ def recurrent_model(op, direction, layout, optional, attrs, symbolic, used, dtyp
     batch = "N" if symbolic else N
     values = {"W": rng.normal(0, 0.5, (dirs, gates * H, I)), "R": rng.normal(0, 0.5, (dirs, gates * H, H))}
     state_shape = (N, dirs, H) if layout else (dirs, N, H)
-    optional_values = {"B": rng.normal(0, 0.5, (dirs, 2 * gates * H)), "sequence_lens": np.full(N, T, np.int32),
+    lens = np.array([T, 1], np.int32) if "ragged" in optional or "fed_lens" in optional else np.full(N, T, np.int32)
+    optional = set(optional) | ({"sequence_lens"} if {"ragged", "fed_lens"} & set(optional) else set())
+    optional_values = {"B": rng.normal(0, 0.5, (dirs, 2 * gates * H)), "sequence_lens": lens,
                        "initial_h": rng.normal(0, 0.5, state_shape), "initial_c": rng.normal(0, 0.5, state_shape),
                        "P": rng.normal(0, 0.5, (dirs, 3 * H))}
     names = ["x", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"][:8 if op == "LSTM" else 6]
@@ -71,7 +83,18 @@ def recurrent_model(op, direction, layout, optional, attrs, symbolic, used, dtyp
         [nh.from_array(v.astype(dtype) if v.dtype.kind == "f" else v, k) for k, v in values.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)], ir_version=10)
     x = rng.normal(size=(N, T, I) if layout else (T, N, I)).astype(dtype)
+    if "fed_lens" in optional:  # sequence_lens as a graph input fed at run time, not a constant
+        init = next(t for t in model.graph.initializer if t.name == "sequence_lens")
+        model.graph.initializer.remove(init)
+        model.graph.input.append(helper.make_tensor_value_info("sequence_lens", TensorProto.INT32, [batch]))
     return model, x, [k for k in ("W", "R", "B", "initial_h", "initial_c", "P") if k in values]
+
+
+def feeds_for(model: onnx.ModelProto, x: np.ndarray) -> dict:
+    feeds = {"x": x}
+    if any(i.name == "sequence_lens" for i in model.graph.input):
+        feeds["sequence_lens"] = np.array([T, 1], np.int32)
+    return feeds
 
 
 def _ort(model: onnx.ModelProto, feeds: dict) -> dict:
@@ -95,53 +118,79 @@ def _with_outputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
 def test_unrolled_forward_matches_the_fused_kernels(config):
     """Against onnxruntime's fused kernel (it refuses layout 1) and the numpy backend's."""
     model, x, _ = recurrent_model(*config, dtype=np.float32)
+    _check_forward(model, x, layout=config[2])
+
+
+def _check_forward(model: onnx.ModelProto, x: np.ndarray, layout: int) -> None:
+    x = x.astype(np.float32)
+    if model.graph.initializer[0].data_type != TensorProto.FLOAT:
+        model = _as_float32(model)
     outs = [o for o in model.graph.node[0].output if o] + ["loss"]
-    oracles = [run_numpy(_with_outputs(model, outs), {"x": x})]
-    if not config[2]:
-        oracles.append(_ort(_with_outputs(model, outs), {"x": x}))
+    feeds = feeds_for(model, x)
+    oracles = [run_numpy(_with_outputs(model, outs), feeds)]
+    if not layout:
+        oracles.append(_ort(_with_outputs(model, outs), feeds))
     unrolled_ir = ir.serde.deserialize_model(model)
     assert unroll_recurrent(unrolled_ir) == 1
     onnx.checker.check_model(ir.serde.serialize_model(unrolled_ir), full_check=True)
     unrolled = _with_outputs(ir.serde.serialize_model(unrolled_ir), outs)
-    assert config[0] not in {n.op_type for n in unrolled.graph.node}
-    for got in (_ort(unrolled, {"x": x}), run_numpy(unrolled, {"x": x})):
+    assert model.graph.node[0].op_type not in {n.op_type for n in unrolled.graph.node}
+    for got in (_ort(unrolled, feeds), run_numpy(unrolled, feeds)):
         for expected in oracles:
             for name in outs:
                 np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+def _as_float32(model: onnx.ModelProto) -> onnx.ModelProto:
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    for t in new.graph.initializer:
+        if t.data_type == TensorProto.DOUBLE:
+            t.CopyFrom(nh.from_array(nh.to_array(t).astype(np.float32), t.name))
+    for v in [*new.graph.input, *new.graph.output]:
+        if v.type.tensor_type.elem_type == TensorProto.DOUBLE:
+            v.type.tensor_type.elem_type = TensorProto.FLOAT
+    return new
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
 def test_gradients_match_finite_differences(config):
     model, x, params = recurrent_model(*config)
+    _check_gradients(model, x, params)
+
+
+def _check_gradients(model: onnx.ModelProto, x: np.ndarray, params: list[str]) -> None:
     proto = gc.Model(gradient_model(ir.serde.deserialize_model(model), "loss", [*params, "x"])).proto
-    grads = run_numpy(proto, {"x": x})
+    feeds = feeds_for(model, x)
+    grads = run_numpy(proto, feeds)
     base = {t.name: nh.to_array(t) for t in model.graph.initializer} | {"x": x}
     rng, eps = np.random.default_rng(1), 1e-6
     for name in [*params, "x"]:
         direction = rng.normal(size=base[name].shape)
-        loss = {s: run_numpy(proto, {"x": x, name: base[name] + s * eps * direction})["loss"] for s in (1, -1)}
+        loss = {s: run_numpy(proto, {**feeds, name: base[name] + s * eps * direction})["loss"] for s in (1, -1)}
         numeric = (loss[1] - loss[-1]) / (2 * eps)
         np.testing.assert_allclose(np.sum(grads[f"{name}_grad"] * direction), numeric, rtol=1e-6, atol=1e-8,
                                    err_msg=name)
 
 
-@pytest.mark.parametrize("attrs, message", [
-    ({"clip": 2.0}, "LSTM is unrolled for autodiff, but not with the clip attribute"),
-    ({"activations": ["Sigmoid", "Relu", "Tanh"]}, r"not with activations other than the default \['Sigmoid'"),
-    ({"input_forget": 1}, "not with input_forget=1"),
-])
-def test_forms_it_does_not_unroll_are_refused_by_name(attrs, message):
-    model, _, params = recurrent_model("LSTM", "forward", 0, {"B"}, attrs, False, (1,))
-    with pytest.raises(gc.GraphError, match=message):
+def test_a_sequence_length_known_only_at_run_time_is_refused_by_name():
+    model, _, params = recurrent_model("GRU", "forward", 0, {"B"}, {}, False, (0,))
+    model.graph.node.insert(0, helper.make_node("Identity", ["x_in"], ["x"]))
+    del model.graph.input[:]
+    model.graph.input.append(helper.make_tensor_value_info("x_in", TensorProto.DOUBLE, ["T", N, I]))
+    with pytest.raises(gc.GraphError, match="GRU is unrolled for autodiff, but not with a sequence length that is not "
+                                            "static"):
         gradient_model(ir.serde.deserialize_model(model), "loss", params)
 
 
-def test_sequence_lens_that_vary_are_refused():
-    model, _, params = recurrent_model("GRU", "forward", 0, {"sequence_lens"}, {}, False, (0,))
-    lens = next(t for t in model.graph.initializer if t.name == "sequence_lens")
-    lens.CopyFrom(nh.from_array(np.array([T, T - 1], np.int32), "sequence_lens"))
-    with pytest.raises(gc.GraphError, match="GRU is unrolled for autodiff, but not with sequence_lens that are not all"):
-        gradient_model(ir.serde.deserialize_model(model), "loss", params)
+@pytest.mark.parametrize("activation", ["Relu", "LeakyRelu", "ThresholdedRelu", "Elu", "Affine", "ScaledTanh",
+                                        "HardSigmoid", "Softsign", "Softplus", "Sigmoid"])
+def test_every_activation_unrolls_like_onnxruntime_and_differentiates(activation):
+    model, x, params = recurrent_model("RNN", "forward", 0, {"B"}, {"activations": [activation],
+                                                                  "activation_alpha": [0.4], "activation_beta": [0.3]},
+                                       False, (0, 1))
+    _check_forward(model, x, layout=0)
+    _check_gradients(model, x, params)
 
 
 def test_lstm_model_trains_and_inference_keeps_the_fused_op():

@@ -1,13 +1,17 @@
 """RNN, GRU and LSTM unrolled over their (static) sequence into the ops the ONNX spec defines
-them with (MatMul, Sigmoid, Tanh, Mul, Add), so autodiff differentiates them with the rules
-those ops have. Used for the gradient graphs only; inference graphs keep the fused ops.
+them with (MatMul, Add, Mul, the activations, Clip, Where), so autodiff differentiates them with
+the rules those ops have. Used for the gradient graphs only; inference graphs keep the fused ops.
 
-Supported: default activations, any direction, layout 0 or 1, bias, initial states, LSTM
-peepholes, GRU ``linear_before_reset``, and ``sequence_lens`` only when every length is the full
-sequence. Other forms stay as they are; autodiff then names the op and ``not_unrolled``'s reason.
+Every form the ONNX ops have is covered: any direction and layout, bias, initial states, LSTM
+peepholes and ``input_forget``, GRU ``linear_before_reset``, ``clip``, any activations with their
+alpha/beta, and ``sequence_lens`` (constant or fed at run time): a row whose sequence has ended
+keeps its state and emits zeros, as onnxruntime does. Only the sequence length must be static;
+a node without one stays as it is and autodiff names ``not_unrolled``'s reason.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import onnx_ir as ir
@@ -20,6 +24,12 @@ __all__ = ["UNROLLED", "not_unrolled", "unroll_recurrent"]
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 UNROLLED = frozenset(_GATES)
 _DEFAULT_ACTIVATIONS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
+# activation -> (how many of activation_alpha, activation_beta it takes, their defaults)
+_ACTIVATION_PARAMS = {"affine": (2, (1.0, 0.0)), "leakyrelu": (1, (0.01, 0.0)), "thresholdedrelu": (1, (1.0, 0.0)),
+                      "scaledtanh": (2, (1.0, 1.0)), "hardsigmoid": (2, (0.2, 0.5)), "elu": (1, (1.0, 0.0))}
+_PLAIN = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu", "softsign": "Softsign", "softplus": "Softplus"}
+
+Activation = Callable[[ir.Value], ir.Value]
 
 
 def unroll_recurrent(model: ir.Model) -> int:
@@ -48,26 +58,57 @@ def unroll_recurrent(model: ir.Model) -> int:
 def not_unrolled(node: ir.Node) -> str | None:
     """Why ``unroll_recurrent`` leaves this RNN/GRU/LSTM node as it is (None: it unrolls it,
     when the node is in the main graph)."""
-    op = node.op_type
-    acts = attr(node, "activations")
-    default = _DEFAULT_ACTIVATIONS[op] * (2 if attr(node, "direction", "forward") == "bidirectional" else 1)
-    if acts is not None and [a.decode() if isinstance(a, bytes) else a for a in acts] != default:
-        return f"activations other than the default {default}"
-    for name in ("clip", "activation_alpha", "activation_beta"):
-        if attr(node, name) is not None:
-            return f"the {name} attribute"
-    if attr(node, "input_forget", 0):
-        return "input_forget=1"
+    unknown = [a for a in _activation_names(node) if a.lower() not in _PLAIN and a.lower() not in _ACTIVATION_PARAMS]
+    if unknown:
+        return f"the activations {unknown}"
     shape = static_shape(node.inputs[0])
     steps = None if shape is None or len(shape) != 3 else shape[1] if attr(node, "layout", 0) else shape[0]
     if not isinstance(steps, int):
         return "a sequence length that is not static"
-    lens = node.inputs[4] if len(node.inputs) > 4 else None
-    if lens is not None:
-        known = const_array(lens)
-        if known is None or not np.all(known == steps):
-            return "sequence_lens that are not all the full sequence length"
     return None
+
+
+def _activation_names(node: ir.Node) -> list[str]:
+    names = attr(node, "activations")
+    if names is None:
+        dirs = 2 if attr(node, "direction", "forward") == "bidirectional" else 1
+        return _DEFAULT_ACTIVATIONS[node.op_type] * dirs
+    return [a.decode() if isinstance(a, bytes) else a for a in names]
+
+
+def _activations(e: Emitter, node: ir.Node, clip: float | None) -> list[list[Activation]]:
+    """Per direction, the node's activation functions (f, g[, h]), each emitting ops; alphas and
+    betas are taken in order by the activations that have them, as onnxruntime does."""
+    alphas = list(attr(node, "activation_alpha") or [])
+    betas = list(attr(node, "activation_beta") or [])
+    functions = []
+    for name in _activation_names(node):
+        key = name.lower()
+        count, (alpha, beta) = _ACTIVATION_PARAMS.get(key, (0, (0.0, 0.0)))
+        if count >= 1 and alphas:
+            alpha = float(alphas.pop(0))
+        if count >= 2 and betas:
+            beta = float(betas.pop(0))
+        functions.append(_activation(e, key, alpha, beta))
+    per = len(_DEFAULT_ACTIVATIONS[node.op_type])
+    if clip is not None:  # bounds the gates' inputs (f, g); LSTM's h acts on the cell state unclipped
+        functions = [fn if i % per == 2 else
+                     (lambda v, fn=fn: fn(e.op("Clip", v, e.scalar(-clip, v), e.scalar(clip, v))))
+                     for i, fn in enumerate(functions)]
+    return [functions[d * per:(d + 1) * per] for d in range(len(functions) // per)]
+
+
+def _activation(e: Emitter, key: str, alpha: float, beta: float) -> Activation:
+    if key in _PLAIN:
+        return lambda v: e.op(_PLAIN[key], v)
+    if key == "affine":
+        return lambda v: e.op("Add", e.op("Mul", v, e.scalar(alpha, v)), e.scalar(beta, v))
+    if key == "scaledtanh":
+        return lambda v: e.op("Mul", e.op("Tanh", e.op("Mul", v, e.scalar(beta, v))), e.scalar(alpha, v))
+    if key == "hardsigmoid":
+        return lambda v: e.op("HardSigmoid", v, alpha=alpha, beta=beta)
+    return lambda v: e.op({"leakyrelu": "LeakyRelu", "thresholdedrelu": "ThresholdedRelu", "elu": "Elu"}[key], v,
+                          alpha=alpha)
 
 
 def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
@@ -75,12 +116,13 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
     MatMul of the state with every gate's recurrence weights, the input projection of every step
     (one MatMul, biases folded in) split off once, states kept [1, B, H] so Y is one Concat."""
     op, inputs = node.op_type, list(node.inputs) + [None] * 8
-    x, w, r, b = inputs[:4]
+    x, w, r, b, lens = inputs[:5]
     init_h = inputs[5]
     init_c = inputs[6] if op == "LSTM" else None
     peep = inputs[7] if op == "LSTM" else None
     hidden, gates, lbr = attr(node, "hidden_size"), _GATES[op], attr(node, "linear_before_reset", 0)
     layout, direction = attr(node, "layout", 0), attr(node, "direction", "forward")
+    clip = attr(node, "clip")
     wanted = [bool(v.name and (v.uses() or v.is_graph_output())) for v in node.outputs] + [False] * 3
     if layout:  # [B, T, I] -> [T, B, I]; states [B, D, H] -> [D, B, H]
         x = e.op("Transpose", x, perm=[1, 0, 2])
@@ -88,6 +130,7 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
         init_c = e.op("Transpose", init_c, perm=[1, 0, 2]) if init_c is not None else None
     steps = static_shape(node.inputs[0])[1 if layout else 0]
     reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]
+    acts = _activations(e, node, None if clip is None else float(clip))
     dtype = (x.dtype or ir.DataType.FLOAT).numpy()
     batch = static_shape(x)[1] if static_shape(x) is not None else None
     if isinstance(batch, int):  # a constant keeps every shape static for the rules
@@ -96,8 +139,14 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
         shape = e.op("Concat", e.ints([1]), e.op("Slice", e.op("Shape", x), e.ints([1]), e.ints([2])),
                      e.ints([hidden]), axis=0)
         zero_state = e.op("ConstantOfShape", shape, value=ir.tensor(np.zeros(1, dtype=dtype)))
+    known = const_array(lens) if lens is not None else None
+    if lens is not None and known is not None and np.all(known == steps):
+        lens = None  # every sequence is full: nothing to mask
+    alive_lens = None if lens is None else e.op("Reshape", e.op("Cast", lens, to=int(ir.DataType.INT64)),
+                                                e.ints([1, -1, 1]))
     ys, last_h, last_c = [], [], []
     for d, backwards in enumerate(reverse):
+        f_act, g_act, h_act = (acts[d] + [None, None])[:3]
         pick = lambda v: e.op("Gather", v, e.const(d, np.int64), axis=0)  # noqa: E731
         xw = e.op("MatMul", x, e.op("Transpose", pick(w), perm=[1, 0]))  # [T, B, gates*H]
         r_t = e.op("Transpose", pick(r), perm=[1, 0])  # [H, gates*H]
@@ -120,32 +169,27 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
         for t in (range(steps - 1, -1, -1) if backwards else range(steps)):
             x_t = x_steps[t]
             if op == "RNN":
-                h = e.op("Tanh", e.op("Add", x_t, e.op("MatMul", h, r_t)))
+                new_h, new_c = f_act(e.op("Add", x_t, e.op("MatMul", h, r_t))), None
             elif op == "GRU":  # gates z, r, h
                 x_zr, x_h = e.split(x_t, [2 * hidden, hidden], axis=2, count=2)
-                z, reset = e.split(e.op("Sigmoid", e.op("Add", x_zr, e.op("MatMul", h, r_zr))), [hidden] * 2,
-                                   axis=2, count=2)
+                z, reset = e.split(f_act(e.op("Add", x_zr, e.op("MatMul", h, r_zr))), [hidden] * 2, axis=2, count=2)
                 if lbr:
                     recur = e.op("MatMul", h, r_h)
                     recur = e.op("Add", recur, r_bias) if r_bias is not None else recur
-                    cand = e.op("Tanh", e.op("Add", x_h, e.op("Mul", reset, recur)))
+                    cand = g_act(e.op("Add", x_h, e.op("Mul", reset, recur)))
                 else:
-                    cand = e.op("Tanh", e.op("Add", x_h, e.op("MatMul", e.op("Mul", reset, h), r_h)))
-                h = e.op("Add", cand, e.op("Mul", z, e.op("Sub", h, cand)))  # (1 - z) cand + z h
-            else:  # LSTM, gates i, o, f, c; peepholes i, o, f
-                pre = e.op("Add", x_t, e.op("MatMul", h, r_t))
-                if peeps is None:
-                    sig, pre_c = e.split(pre, [3 * hidden, hidden], axis=2, count=2)
-                    i_g, o_g, f_g = e.split(e.op("Sigmoid", sig), [hidden] * 3, axis=2, count=3)
-                    c = e.op("Add", e.op("Mul", f_g, c), e.op("Mul", i_g, e.op("Tanh", pre_c)))
-                else:
-                    pre_i, pre_o, pre_f, pre_c = e.split(pre, [hidden] * 4, axis=2, count=4)
-                    i_g = e.op("Sigmoid", e.op("Add", pre_i, e.op("Mul", peeps[0], c)))
-                    f_g = e.op("Sigmoid", e.op("Add", pre_f, e.op("Mul", peeps[2], c)))
-                    c = e.op("Add", e.op("Mul", f_g, c), e.op("Mul", i_g, e.op("Tanh", pre_c)))
-                    o_g = e.op("Sigmoid", e.op("Add", pre_o, e.op("Mul", peeps[1], c)))
-                h = e.op("Mul", o_g, e.op("Tanh", c))
-            outs[t] = h
+                    cand = g_act(e.op("Add", x_h, e.op("MatMul", e.op("Mul", reset, h), r_h)))
+                new_h, new_c = e.op("Add", cand, e.op("Mul", z, e.op("Sub", h, cand))), None  # (1 - z) cand + z h
+            else:
+                new_h, new_c = _lstm_step(e, x_t, h, c, r_t, peeps, f_act, g_act, h_act, hidden,
+                                          attr(node, "input_forget", 0))
+            if alive_lens is not None:  # rows whose sequence has ended keep their state, emit zeros
+                alive = e.op("Less", e.const(np.array(t, np.int64)), alive_lens)
+                outs[t] = e.op("Where", alive, new_h, e.const(np.zeros((), dtype)))
+                h = e.op("Where", alive, new_h, h)
+                c = e.op("Where", alive, new_c, c) if new_c is not None else c
+            else:
+                outs[t], h, c = new_h, new_h, new_c if new_c is not None else c
         if wanted[0]:
             ys.append(e.unsqueeze(e.op("Concat", *[outs[t] for t in range(steps)], axis=0), [1]))  # [T, 1, B, H]
         last_h.append(h)
@@ -158,3 +202,22 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
         y_h = e.op("Transpose", y_h, perm=[1, 0, 2]) if y_h is not None else None
         y_c = e.op("Transpose", y_c, perm=[1, 0, 2]) if y_c is not None else None
     return [y, y_h, y_c][:len(node.outputs)]
+
+
+def _lstm_step(e: Emitter, x_t, h, c, r_t, peeps, f_act, g_act, h_act, hidden: int, input_forget: int):
+    """One LSTM step (gates i, o, f, c; peepholes i, o, f): the new (h, c). A clip is inside the
+    activations, so it bounds each gate's whole input, peephole term included (onnxruntime)."""
+    pre = e.op("Add", x_t, e.op("MatMul", h, r_t))
+    if peeps is None and not input_forget:  # one activation over the three sigmoid-like gates
+        sig, pre_c = e.split(pre, [3 * hidden, hidden], axis=2, count=2)
+        i_g, o_g, f_g = e.split(f_act(sig), [hidden] * 3, axis=2, count=3)
+        new_c = e.op("Add", e.op("Mul", f_g, c), e.op("Mul", i_g, g_act(pre_c)))
+    else:
+        pre_i, pre_o, pre_f, pre_c = e.split(pre, [hidden] * 4, axis=2, count=4)
+        peep = (lambda v, k, state: e.op("Add", v, e.op("Mul", peeps[k], state))) if peeps is not None \
+            else (lambda v, k, state: v)
+        i_g = f_act(peep(pre_i, 0, c))
+        f_g = e.op("Sub", e.scalar(1.0, i_g), i_g) if input_forget else f_act(peep(pre_f, 2, c))
+        new_c = e.op("Add", e.op("Mul", f_g, c), e.op("Mul", i_g, g_act(pre_c)))
+        o_g = f_act(peep(pre_o, 1, new_c))
+    return e.op("Mul", o_g, h_act(new_c)), new_c
