@@ -173,14 +173,17 @@ def _check_gradients(model: onnx.ModelProto, x: np.ndarray, params: list[str]) -
                                    err_msg=name)
 
 
-def test_a_sequence_length_known_only_at_run_time_is_refused_by_name():
-    model, _, params = recurrent_model("GRU", "forward", 0, {"B"}, {}, False, (0,))
-    model.graph.node.insert(0, helper.make_node("Identity", ["x_in"], ["x"]))
-    del model.graph.input[:]
-    model.graph.input.append(helper.make_tensor_value_info("x_in", TensorProto.DOUBLE, ["T", N, I]))
-    with pytest.raises(gc.GraphError, match="GRU is unrolled for autodiff, but not with a sequence length that is not "
-                                            "static"):
+def test_a_symbolic_sequence_length_is_refused_with_the_fix_that_works():
+    """The error names the dim and onnxruntime's tool that fixes it; after that fix it trains."""
+    from onnxruntime.tools.onnx_model_utils import make_dim_param_fixed
+
+    model, x, params = recurrent_model("GRU", "forward", 0, {"B"}, {}, False, (0,))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "T"
+    with pytest.raises(gc.GraphError, match="cannot differentiate GRU node .*: autodiff unrolls it over its time "
+                                            "steps, but the sequence length is the symbolic dim 'T'. Fix it first"):
         gradient_model(ir.serde.deserialize_model(model), "loss", params)
+    make_dim_param_fixed(model.graph, "T", T)
+    _check_gradients(model, x, params)
 
 
 @pytest.mark.parametrize("activation", ["Relu", "LeakyRelu", "ThresholdedRelu", "Elu", "Affine", "ScaledTanh",

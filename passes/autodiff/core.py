@@ -117,8 +117,9 @@ def _missing_rule(node: ir.Node) -> GraphError:
     where += _origin(node)
     domain = f"{node.domain}::" if node.domain not in ("", "ai.onnx") else ""
     if node.op_type in UNROLLED and node.domain in ("", "ai.onnx"):
-        reason = not_unrolled(node) or "inside a control-flow body"
-        where += f"; {node.op_type} is unrolled for autodiff, but not with {reason}"
+        reason = not_unrolled(node) or "it is inside a control-flow body"
+        return GraphError(f"cannot differentiate {node.op_type} node {node.name!r}{where}: autodiff unrolls it over "
+                          f"its time steps, but {reason}")
     covered = ", ".join(sorted(RULES))
     return GraphError(
         f"no gradient rule for ONNX op '{domain}{node.op_type}' (node {node.name!r}{where}), which lies "

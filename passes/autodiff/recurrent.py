@@ -60,11 +60,15 @@ def not_unrolled(node: ir.Node) -> str | None:
     when the node is in the main graph)."""
     unknown = [a for a in _activation_names(node) if a.lower() not in _PLAIN and a.lower() not in _ACTIVATION_PARAMS]
     if unknown:
-        return f"the activations {unknown}"
+        return f"it does not know the activations {unknown}"
     shape = static_shape(node.inputs[0])
     steps = None if shape is None or len(shape) != 3 else shape[1] if attr(node, "layout", 0) else shape[0]
+    if isinstance(steps, str):
+        return (f"the sequence length is the symbolic dim {steps!r}. Fix it first, e.g. python -m "
+                f"onnxruntime.tools.make_dynamic_shape_fixed --dim_param {steps} --dim_value 32 in.onnx out.onnx, "
+                "or export the model with a fixed sequence length")
     if not isinstance(steps, int):
-        return "a sequence length that is not static"
+        return "the sequence length is not known before run time; export the model with a fixed one"
     return None
 
 
