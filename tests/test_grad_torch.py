@@ -348,6 +348,55 @@ def test_grid_sample_modes_gradients_match_torch():
         np.testing.assert_allclose(got[f"{name}_grad"], tensor.grad.numpy(), rtol=1e-7, atol=1e-10, err_msg=name)
 
 
+class Paddings(nn.Module):
+    """Every padding mode around a conv: reflect, replicate (edge), a crop with negative pads,
+    circular (wrap), each with pads the exporter computes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3)
+
+    def forward(self, x):
+        a = self.conv(F.pad(x, (2, 1, 1, 2), mode="reflect"))
+        b = F.pad(F.pad(a, (1, 1, 0, 2), mode="replicate"), (-1, 2, 1, -1))
+        c = F.pad(b, (1, 2, 2, 1), mode="circular")
+        return (c * c.sin()).sum()
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_padding_modes_gradients_match_torch(dynamo):
+    """TorchScript computes the pads with ConstantOfShape/Concat/Transpose/Cast chains (folded
+    before autodiff so later shapes are static); dynamo writes Pad's wrap mode for circular."""
+    import onnx_ir as ir
+
+    from graphc.passes.autodiff import gradient_model
+
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    net = Paddings().double()
+    x = torch.randn(2, 2, 5, 6, dtype=torch.float64, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            proto = torch.onnx.export(net, (x,), dynamo=True, verbose=False, input_names=["x"],
+                                      output_names=["loss"]).model_proto
+        else:
+            buffer = io.BytesIO()
+            torch.onnx.export(net, (x,), buffer, dynamo=False, opset_version=19, input_names=["x"], output_names=["loss"])
+            proto = graphc.load(buffer.getvalue()).proto
+    modes = {a.s.decode() for n in proto.graph.node if n.op_type == "Pad" for a in n.attribute if a.name == "mode"}
+    assert {"reflect", "edge", "constant"} <= modes
+    grads = run_numpy(graphc.Model(gradient_model(ir.serde.deserialize_model(proto), "loss", None)).proto,
+                      {"x": x.detach().numpy()})
+    dx = run_numpy(graphc.Model(gradient_model(ir.serde.deserialize_model(proto), "loss", ["x"])).proto,
+                   {"x": x.detach().numpy()})["x_grad"]
+    net(x).backward()
+    np.testing.assert_allclose(dx, x.grad.numpy(), rtol=1e-9, atol=1e-12)
+    for name, p in net.named_parameters():
+        np.testing.assert_allclose(grads[f"{name}_grad"], p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
+
+
 class TinyGPT(nn.Module):
     """Token and position embeddings, one pre-norm block with causal SDPA and a GELU MLP, and
     an LM head; logits as [N, vocab, T] (cross_entropy's class axis is 1, as in torch)."""

@@ -419,3 +419,40 @@ def test_a_normalization_param_shared_by_layers_is_trained_as_one_with_a_warning
         warnings.simplefilter("error")
         arts = gc.training.generate(_two_layer_norms(shared=False), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
     assert {"g1", "b1", "g2", "b2"} <= set(arts.manifest.trainable)
+
+
+def test_pads_computed_from_constants_are_folded_so_later_pads_have_static_shapes():
+    """torch.onnx (TorchScript) writes F.pad's pads as ConstantOfShape/Concat/Reshape/Slice/
+    Transpose/Cast of constants; onnx shape inference knows the pads' shape but not their
+    values, so the padded tensor's dims were unknown and the next edge-mode Pad had no
+    gradient. Integer values computable from constants are folded first."""
+    from onnx import TensorProto, helper
+
+    i64 = lambda name, *values: nh.from_array(np.array(values, np.int64), name)  # noqa: E731
+    inits = [nh.from_array(RNG.normal(size=(6, 6)).astype(np.float32), "W"), i64("two", 2), i64("torch_pads", 1, 2),
+             i64("pairs", -1, 2), i64("last", -1), i64("first", -(2 ** 62)), i64("axis0", 0), i64("flat", -1)]
+    nodes = [helper.make_node("ConstantOfShape", ["two"], ["zeros"], value=nh.from_array(np.array([0], np.int64))),
+             helper.make_node("Concat", ["torch_pads", "zeros"], ["full"], axis=0),  # [1, 2, 0, 0]
+             helper.make_node("Reshape", ["full", "pairs"], ["rows"]),
+             helper.make_node("Slice", ["rows", "last", "first", "axis0", "last"], ["reversed"]),
+             helper.make_node("Transpose", ["reversed"], ["columns"], perm=[1, 0]),
+             helper.make_node("Reshape", ["columns", "flat"], ["pads64"]),
+             helper.make_node("Cast", ["pads64"], ["pads"], to=TensorProto.INT64),  # [0, 1, 0, 2]
+             helper.make_node("MatMul", ["x", "W"], ["h"]),
+             helper.make_node("Pad", ["h", "pads"], ["padded"], mode="reflect"),  # [N, 6] -> [N, 9]
+             helper.make_node("Pad", ["padded", "pads"], ["out"], mode="edge")]  # -> [N, 12]
+    graph = helper.make_graph(nodes, "pads", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 12])], inits)
+    model = gc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    arts = gc.training.generate(model, gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
+    batch = {"x": RNG.normal(size=(4, 6)).astype(np.float32), "y": RNG.normal(size=(4, 12)).astype(np.float32)}
+    _check_directional_derivatives(arts, batch, ["W"])
+
+    from graphc.passes.autodiff.model import fold_integer_values, infer_shapes
+
+    folded = infer_shapes(model.ir)
+    assert fold_integer_values(folded) == 7  # the whole pads chain, ConstantOfShape to Cast
+    pads = next(n for n in folded.graph if n.op_type == "Pad").inputs[1]
+    np.testing.assert_array_equal(pads.const_value.numpy(), [0, 1, 0, 2])
+    padded = next(v for n in infer_shapes(folded).graph for v in n.outputs if v.name == "padded")
+    assert padded.shape[1] == 9

@@ -24,6 +24,9 @@ Conventions (each written next to its rule too):
   are unrolled over their static sequence length (``recurrent.py``) the same way. A Softmax
   whose output a Where selects from (Attention's fully masked rows) gives 0, not NaN, to the
   rows it discards, as torch's scaled_dot_product_attention does.
+- integer values computed from constants only (pads, shapes, axes exporters build with
+  ConstantOfShape/Concat/Transpose/Cast) are folded into initializers first
+  (``model.fold_integer_values``), so shape inference sees the shapes they produce.
 - a ``wrt`` value with no path to the loss gets zeros of its shape; an op without a rule on a
   path raises ``GraphError`` naming op, node and ``graphc.source`` line (and, for a body node,
   the op it was expanded from); so does a gradient reaching an output its rule does not cover
@@ -32,7 +35,8 @@ Conventions (each written next to its rule too):
   symbolic); Loop needs a constant trip count and no exit condition, Scan a static length
   (both are unrolled); Resize needs static sizes on the axes it resizes, scales/sizes known
   before run time and the 'stretch' aspect-ratio policy; Einsum no letter repeated in one
-  operand (a diagonal); CumProd a constant axis with a static length; Gather, GatherElements
+  operand (a diagonal); CumProd a constant axis with a static length; Pad constant pads (and
+  in edge/reflect/wrap mode static sizes on the padded axes); Gather, GatherElements
   and MaxPool need opset >= 16 (ScatterND/ScatterElements with reduction).
 """
 

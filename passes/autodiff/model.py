@@ -9,7 +9,7 @@ import onnx
 import onnx_ir as ir
 
 from graphc.errors import GraphError
-from graphc.passes.autodiff.builder import FLOAT_TYPES
+from graphc.passes.autodiff.builder import FLOAT_TYPES, const_array, folded_array
 from graphc.passes.autodiff.core import backward
 from graphc.passes.autodiff.recurrent import unroll_recurrent
 from graphc.passes.autodiff.registry import RULES
@@ -24,6 +24,41 @@ def infer_shapes(model: ir.Model) -> ir.Model:
     except Exception:  # noqa: BLE001  (inference is best effort: rules fall back to Shape ops)
         pass
     return ir.serde.deserialize_model(proto)
+
+
+_INTEGERS = frozenset({ir.DataType.INT64, ir.DataType.INT32})
+
+
+def fold_integer_values(model: ir.Model) -> int:
+    """Replace integer values the model computes from constants alone (pads, shapes, axes that
+    exporters build with ConstantOfShape/Concat/Transpose/Cast, the Shape of a static value) by
+    initializers, so that shape inference, which cannot evaluate such chains, sees them. Only
+    integers: float subgraphs of weights stay as they are (their initializers are the params).
+    Needs dtypes (run shape inference first); returns how many nodes were folded away."""
+    graph = model.graph
+    taken = {v.name for n in graph for v in n.outputs} | set(graph.initializers) | {v.name for v in graph.inputs}
+    count = 0
+    for node in list(graph):  # in order: a folded producer makes its consumers constant too
+        outputs = [v for v in node.outputs if v.name]
+        if (node.op_type == "Constant" or not outputs or any(v.dtype not in _INTEGERS for v in outputs)
+                or any(v.is_graph_output() for v in outputs)
+                or (node.op_type != "Shape" and any(v is not None and const_array(v) is None for v in node.inputs))):
+            continue
+        arrays = [folded_array(v) for v in outputs]
+        if any(a is None for a in arrays):
+            continue
+        for value, array in zip(outputs, arrays):
+            name, n = f"{value.name}_folded", 0
+            while name in taken:
+                n += 1
+                name = f"{value.name}_folded_{n}"
+            taken.add(name)
+            folded = ir.Value(name=name, type=value.type, shape=ir.Shape(array.shape), const_value=ir.tensor(array))
+            graph.register_initializer(folded)
+            value.replace_all_uses_with(folded)
+        graph.remove(node, safe=True)
+        count += 1
+    return count
 
 
 def fill_unknown_ranks(model: ir.Model) -> bool:
@@ -79,6 +114,8 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     by default every floating-point initializer. The input model is not modified.
     """
     new = infer_shapes(model)
+    if fold_integer_values(new):
+        new = infer_shapes(new)
     if expand_for_autodiff(new):
         new = infer_shapes(new)
         fill_unknown_ranks(new)

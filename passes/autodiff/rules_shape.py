@@ -196,27 +196,71 @@ def grad_cumprod(g, node, dy):
 
 @grad_rule("Pad")
 def grad_pad(g, node, dy):
-    # constant mode with constant, non-negative pads: slice the padding back off; the constant
-    # value gets the summed gradient of the padded elements
+    # Constant pads are needed. Constant mode slices the padding back off (a crop too: dy is
+    # padded by the opposite amounts); edge/reflect/wrap are linear and separable in x, so dx is
+    # dy contracted with each padded axis' [out, in] 0/1 matrix (the border repeated, mirrored
+    # or circular copies summed back). The constant value gets the gradient of every element it
+    # fills.
     x = node.inputs[0]
-    pads = folded_array(node.inputs[1]) if len(node.inputs) > 1 else None
-    axes = folded_array(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+    if g.opset < 11:  # Pad-2: pads is an attribute
+        pads = np.asarray(attr(node, "pads"), np.int64) if attr(node, "pads") is not None else None
+    else:
+        pads = folded_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    has_axes = len(node.inputs) > 3 and node.inputs[3] is not None
+    axes = folded_array(node.inputs[3]) if has_axes else None
     mode = attr(node, "mode", "constant")
-    if mode != "constant" or pads is None or np.any(pads < 0) or (len(node.inputs) > 3 and node.inputs[3]
-                                                                  is not None and axes is None):
-        raise GraphError(f"gradient of Pad {node.name!r} needs mode='constant' and constant, non-negative pads")
+    if pads is None or (has_axes and axes is None):
+        raise GraphError(f"gradient of Pad {node.name!r} needs constant pads (and axes)")
     rank = g.rank(x)
     axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
     n = len(axes)
-    begin = [int(p) for p in pads[:n]]
-    ends = g.add(g.op("Gather", g.shape_of(x), g.ints(axes)), g.ints(begin))
-    dx = g.op("Slice", dy, g.ints(begin), ends, g.ints(axes))
+    begin, end = [int(p) for p in pads[:n]], [int(p) for p in pads[n:]]
+    if mode == "constant" and min(begin + end) >= 0:
+        ends = g.add(g.op("Gather", g.shape_of(x), g.ints(axes)), g.ints(begin))
+        dx = g.op("Slice", dy, g.ints(begin), ends, g.ints(axes))
+    elif mode == "constant":  # a crop too: the adjoint pads dy by the opposite amounts (any shape)
+        g.require_opset(11, "Pad with negative pads")
+        dx = g.op("Pad", dy, g.ints([-p for p in begin + end]), *([None, g.ints(axes)] if has_axes else []))
+    else:
+        dx = contract(g, dy, _pad_matrices(g, node, x, mode, axes, begin, end), rank)
     grads = [dx, None, None, None][:len(node.inputs)]
-    if len(node.inputs) > 2 and g.wants(node.inputs[2]):
+    if mode == "constant" and len(node.inputs) > 2 and g.wants(node.inputs[2]):
         # every padded element is the constant value: it gets the gradient of all of them
         total = g.reduce("ReduceSum", dy, None, keepdims=False)
         grads[2] = g.sub(total, g.reduce("ReduceSum", dx, None, keepdims=False))
     return tuple(grads)
+
+
+def _pad_matrices(g: GradBuilder, node: ir.Node, x: ir.Value, mode: str, axes, begin, end) -> dict[int, np.ndarray]:
+    """{axis: [out, in] 0/1 matrix} of the Pad along each axis it changes."""
+    shape = static_shape(x)
+    matrices = {}
+    for axis, before, after in zip(axes, begin, end):
+        if before == after == 0:
+            continue
+        if shape is None or not isinstance(shape[axis], int):
+            raise GraphError(f"gradient of Pad {node.name!r} in mode {mode!r} needs a static size on padded axis "
+                             f"{axis} (got {shape})")
+        matrices[axis] = _pad_matrix(mode, shape[axis], before, after)
+    return matrices
+
+
+def _pad_matrix(mode: str, size: int, before: int, after: int) -> np.ndarray:
+    """Which input element each output element of a 1-D Pad reads (none: a constant). Built
+    here rather than by running Pad on a basis: onnx's reference Pad refuses negative pads."""
+    matrix = np.zeros((size + before + after, size))
+    for out in range(matrix.shape[0]):
+        i = out - before
+        if mode == "edge":
+            i = min(max(i, 0), size - 1)
+        elif mode == "wrap":
+            i %= size
+        elif mode == "reflect":
+            while not 0 <= i < size:  # mirror about the end elements, which are not repeated
+                i = 0 if size == 1 else -i if i < 0 else 2 * (size - 1) - i
+        if 0 <= i < size:
+            matrix[out, i] = 1.0
+    return matrix
 
 
 @grad_rule("Tile")

@@ -28,7 +28,7 @@ from onnx_ir.passes.common import RemoveInitializersFromInputsPass, RemoveUnused
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.core import backward, node_inputs
-from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks
+from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks, fold_integer_values
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
 from graphc.passes.training import imports, modes, optimizers
@@ -166,6 +166,8 @@ def _prepare(model: ir.Model) -> ir.Model:
     RemoveInitializersFromInputsPass()(base)
     imports.promote_constant_weights(base.graph)
     _infer_shapes(base)
+    if fold_integer_values(base):  # exporters' computed pads/shapes: static shapes downstream
+        _infer_shapes(base)
     if fill_unknown_ranks(base):
         _infer_shapes(base)
     return base
