@@ -397,6 +397,51 @@ def test_padding_modes_gradients_match_torch(dynamo):
         np.testing.assert_allclose(grads[f"{name}_grad"], p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
 
 
+class SubPixel(nn.Module):
+    """A sub-pixel upsampler: conv, PixelShuffle (exported as DepthToSpace, which ONNX defines
+    as a function only from opset 28), then PixelUnshuffle (Reshape/Transpose) and a conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Conv2d(2, 8, 3, padding=1), nn.Conv2d(18, 2, 1)
+
+    def forward(self, x):
+        y = F.pixel_unshuffle(F.pixel_shuffle(self.up(x), 2)[:, :, 1:, :], 3)
+        return (self.down(y) ** 2).sum()
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_pixel_shuffle_gradients_match_torch(dynamo):
+    import onnx_ir as ir
+
+    from graphc.passes.autodiff import gradient_model
+
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    net = SubPixel().double()
+    x = torch.randn(2, 2, 5, 6, dtype=torch.float64, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            proto = torch.onnx.export(net, (x,), dynamo=True, verbose=False, input_names=["x"],
+                                      output_names=["loss"]).model_proto
+        else:
+            buffer = io.BytesIO()
+            torch.onnx.export(net, (x,), buffer, dynamo=False, opset_version=18, input_names=["x"], output_names=["loss"])
+            proto = graphc.load(buffer.getvalue()).proto
+    assert "DepthToSpace" in {n.op_type for n in proto.graph.node}
+    names = ["x", *(n for n, _ in net.named_parameters())]
+    wrt = ["x", *(t.name for t in proto.graph.initializer if t.name in names)]
+    grads = run_numpy(graphc.Model(gradient_model(ir.serde.deserialize_model(proto), "loss", wrt)).proto,
+                      {"x": x.detach().numpy()})
+    net(x).backward()
+    expected = {"x": x.grad, **{n: p.grad for n, p in net.named_parameters()}}
+    assert len(wrt) == len(expected)
+    for name in wrt:
+        np.testing.assert_allclose(grads[f"{name}_grad"], expected[name].numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
+
+
 class TinyGPT(nn.Module):
     """Token and position embeddings, one pre-norm block with causal SDPA and a GELU MLP, and
     an LM head; logits as [N, vocab, T] (cross_entropy's class axis is 1, as in torch)."""

@@ -263,6 +263,28 @@ def _pad_matrix(mode: str, size: int, before: int, after: int) -> np.ndarray:
     return matrix
 
 
+@grad_rule("DepthToSpace", "SpaceToDepth")
+def grad_depth_space(g, node, dy):
+    # Both are a Reshape-Transpose-Reshape permutation of x (ONNX's definition; its function
+    # body exists only from opset 28): dy goes back through the inverse permutation.
+    x = node.inputs[0]
+    shape, b = static_shape(x), attr(node, "blocksize")
+    if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape[1:]):
+        raise GraphError(f"gradient of {node.op_type} {node.name!r} needs a 4-D input with static channels and "
+                         f"spatial dims (got {shape})")
+    _, c, h, w = shape
+    mode = attr(node, "mode", "DCR")
+    if node.op_type == "SpaceToDepth":  # x as [N, C, H/b, b, W/b, b], then DCR or CRD order
+        moved, perm = (([-1, b, b, c, h // b, w // b], [0, 3, 5, 1, 2, 4]) if mode == "DCR" else
+                       ([-1, c, b, b, h // b, w // b], [0, 1, 3, 5, 2, 4]))
+    elif mode == "DCR":  # x as [N, b, b, C/b^2, H, W], perm (0, 3, 4, 1, 5, 2)
+        moved, perm = [-1, c // (b * b), h, b, w, b], [0, 3, 4, 1, 5, 2]
+    else:  # CRD: x as [N, C/b^2, b, b, H, W], perm (0, 1, 4, 2, 5, 3)
+        moved, perm = [-1, c // (b * b), h, b, w, b], [0, 1, 4, 2, 5, 3]
+    back = g.transpose(g.op("Reshape", dy, g.ints(moved)), np.argsort(perm).tolist())
+    return (g.op("Reshape", back, g.ints([-1, c, h, w])),)
+
+
 @grad_rule("Tile")
 def grad_tile(g, node, dy):
     # dy viewed as [r0, d0, r1, d1, ...] summed over the repeat axes (static shape and repeats)
