@@ -103,7 +103,7 @@ def _is_function(case) -> bool:
 
 
 FUNCTION_OPS = sorted({"Attention", "RMSNormalization", "RotaryEmbedding", "Mish", "SwiGLU", "ReduceL1", "ReduceLogSum",
-                       "MeanVarianceNormalization", "Shrink", "CenterCropPad", "SpaceToDepth", "DepthToSpace", "Celu",
+                       "MeanVarianceNormalization", "Shrink", "CenterCropPad", "Celu",
                        "Swish", "LinearAttention", "CausalConvWithState"} - set(RULES))
 
 
