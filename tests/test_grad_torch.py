@@ -442,6 +442,41 @@ def test_pixel_shuffle_gradients_match_torch(dynamo):
         np.testing.assert_allclose(grads[f"{name}_grad"], expected[name].numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
 
 
+class Regather(nn.Module):
+    """Ops torch's dynamo exporter writes with GatherND or Col2Im: adaptive average pooling to
+    a size that does not divide the input, nearest-exact interpolation, and nn.Fold."""
+
+    def __init__(self):
+        super().__init__()
+        self.fold = nn.Fold((4, 5), 2)
+
+    def forward(self, x, columns):
+        a = F.adaptive_avg_pool2d(x, (3, 5))
+        b = F.interpolate(x, size=(7, 5), mode="nearest-exact")
+        return (a * a.cos()).sum() + (b ** 2).sum() + (self.fold(columns) * a.sum()).sum()
+
+
+def test_gather_nd_and_col2im_gradients_match_torch():
+    import onnx_ir as ir
+
+    from graphc.passes.autodiff import gradient_model
+
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    inputs = {"x": torch.randn(1, 2, 7, 8, dtype=torch.float64, requires_grad=True),
+              "columns": torch.randn(1, 8, 12, dtype=torch.float64, requires_grad=True)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        proto = torch.onnx.export(Regather(), tuple(inputs.values()), dynamo=True, verbose=False,
+                                  input_names=list(inputs), output_names=["loss"]).model_proto
+    assert {"GatherND", "Col2Im"} <= {n.op_type for n in proto.graph.node}
+    got = run_numpy(graphc.Model(gradient_model(ir.serde.deserialize_model(proto), "loss", list(inputs))).proto,
+                    {n: t.detach().numpy() for n, t in inputs.items()})
+    Regather()(*inputs.values()).backward()
+    for name, tensor in inputs.items():
+        np.testing.assert_allclose(got[f"{name}_grad"], tensor.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
+
+
 class TinyGPT(nn.Module):
     """Token and position embeddings, one pre-norm block with causal SDPA and a GELU MLP, and
     an LM head; logits as [N, vocab, T] (cross_entropy's class axis is 1, as in torch)."""

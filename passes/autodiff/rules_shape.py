@@ -138,6 +138,54 @@ def grad_gather_elements(g, node, dy):
     return g.op("ScatterElements", zeros, idx, dy, axis=attr(node, "axis", 0), reduction="add"), None
 
 
+@grad_rule("GatherND")
+def grad_gather_nd(g, node, dy):
+    # dy goes back to the slices the index tuples name: ScatterND with reduction="add" into
+    # zeros (repeated tuples accumulate). batch_dims > 0: each tuple gets its batch coordinates
+    # prepended (static index shape), since ScatterND has no batch_dims.
+    data, idx = node.inputs
+    g.require_opset(16, "ScatterND with reduction='add'")
+    batch = attr(node, "batch_dims", 0)
+    if batch:
+        shape = static_shape(idx)
+        if not is_static(shape):
+            raise GraphError(f"gradient of GatherND {node.name!r} with batch_dims={batch} needs a static indices shape")
+        lead = list(shape[:-1])
+        grid = np.stack([np.broadcast_to(np.arange(lead[d]).reshape([-1 if i == d else 1 for i in range(len(lead))]),
+                                          lead) for d in range(batch)], axis=-1).astype(np.int64)
+        idx = g.op("Concat", g.const(grid), g.op("Cast", idx, to=int(ir.DataType.INT64)), axis=-1)
+    return g.op("ScatterND", g.zeros_like(data), idx, dy, reduction="add"), None
+
+
+@grad_rule("Col2Im")
+def grad_col2im(g, node, dy):
+    # Col2Im sums each column entry into an image pixel (or drops it into the padding); its
+    # adjoint reads every entry back from dy: one Gather over the flattened image, with the
+    # static pixel index of each (kernel offset, block) and a zero slot for padded positions.
+    x, image, block = node.inputs
+    sizes, kernel, sx = folded_array(image), folded_array(block), static_shape(x)
+    if sizes is None or kernel is None or sx is None or not isinstance(sx[1], int):
+        raise GraphError(f"gradient of Col2Im {node.name!r} needs constant image and block shapes and static columns")
+    sizes, kernel = [int(v) for v in sizes], [int(v) for v in kernel]
+    n = len(sizes)
+    dilations = list(attr(node, "dilations", [1] * n))
+    strides = list(attr(node, "strides", [1] * n))
+    pads = list(attr(node, "pads", [0] * 2 * n))
+    blocks = [(sizes[i] + pads[i] + pads[i + n] - dilations[i] * (kernel[i] - 1) - 1) // strides[i] + 1 for i in range(n)]
+    pixels = int(np.prod(sizes))
+    index = np.full((int(np.prod(kernel)), int(np.prod(blocks))), pixels, np.int64)  # the zero slot
+    for k, offset in enumerate(np.ndindex(*kernel)):
+        for b, where in enumerate(np.ndindex(*blocks)):
+            at = [where[i] * strides[i] - pads[i] + offset[i] * dilations[i] for i in range(n)]
+            if all(0 <= at[i] < sizes[i] for i in range(n)):
+                index[k, b] = np.ravel_multi_index(at, sizes)
+    channels = sx[1] // index.shape[0]
+    flat = g.op("Reshape", dy, g.ints([0, channels, pixels]))
+    padded = g.op("Pad", flat, g.ints([0, 0, 0, 0, 0, 1]))  # [N, C, pixels + 1]: the last is 0
+    picked = g.op("Gather", padded, g.const(index.reshape(-1)), axis=2)  # [N, C, K * L]
+    return g.op("Reshape", picked, g.ints([0, sx[1], index.shape[1]])), None, None
+
+
 @grad_rule("ScatterElements", "ScatterND")
 def grad_scatter(g, node, dy):
     # reduction none: dy passes where data was not overwritten (zeros scattered over it) and the
