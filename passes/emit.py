@@ -31,12 +31,10 @@ class Emitter:
     """Appends nodes at the end of ``graph`` (callers sort the graph afterwards).
 
     ``source``, when set, is stamped on each new node as ``graphc.source``. Output dtypes are
-    recorded when given (``dtype=``) and, if ``guess_dtypes``, guessed from the op (Cast's
+    recorded when given (``dtype=``), else guessed from the op (Cast's
     ``to``, bool for comparisons, int64 for Shape/Size/NonZero/ArgMax/ArgMin, the fill value's for
     ConstantOfShape, the values' for Where/CastLike/OneHot, else the first input's dtype).
     """
-
-    guess_dtypes = True
 
     def __init__(self, graph: ir.Graph, opset: int, scope: str = "", names: _Names | None = None):
         self.graph = graph
@@ -73,7 +71,7 @@ class Emitter:
         if num_outputs > 1:
             return tuple(node.outputs)
         out = node.outputs[0]
-        if dtype is None and self.guess_dtypes:
+        if dtype is None:
             dtype = _guess_dtype(op_type, inputs, attrs)
         if dtype is not None:
             out.dtype = dtype
@@ -124,7 +122,7 @@ class Emitter:
         else:
             parts = self.op("Split", x, axis=axis, split=[int(v) for v in sizes], num_outputs=count)
         parts = parts if count > 1 else (parts,)
-        if self.guess_dtypes and x.dtype is not None:
+        if x.dtype is not None:
             for part in parts:
                 part.dtype = x.dtype
         return parts
@@ -145,6 +143,8 @@ class Emitter:
 
 
 def _guess_dtype(op_type: str, inputs, attributes) -> ir.DataType | None:
+    if op_type in ("If", "Loop", "Scan"):  # outputs come from the bodies
+        return None
     if op_type == "Cast":
         return ir.DataType(attributes["to"])
     if op_type in _BOOL_OPS:

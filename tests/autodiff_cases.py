@@ -259,6 +259,8 @@ def _cases() -> list[GradCase]:
         c("ReduceProd", [T((3, 4), SPARSE), i64(1)], opset=18, tag="one_zero_per_row"),  # rows 1, 2: one zero
         c("ReduceProd", [T((2, 3, 4), SPARSE), i64(0, 2)], opset=18, tag="zeros_two_axes"),
         c("ReduceMean", [T((2, 3, 4))], {"axes": [1], "keepdims": 1}, opset=17, tag="opset17"),
+        c("ReduceL2", [T((3, 4))], {"axes": [1], "keepdims": 0}, opset=11, tag="opset11"),
+        c("LpNormalization", [T((3, 4))], {"p": 2, "axis": 1}, opset=11, tag="opset11"),
         c("CumProd", [T((3, 5), SPARSE), i64(1)], opset=26, tag="zeros"),
         c("CumProd", [T((4, 3), SPARSE), i64(0)], {"exclusive": 1}, opset=26, tag="exclusive"),
         c("CumProd", [T((2, 4, 3)), i64(-2)], {"reverse": 1}, opset=26, tag="reverse"),

@@ -26,6 +26,7 @@ def test_recorded_dtypes_match_onnx_inference(dtype):
         e.op("OneHot", shape, e.ints([3]), e.const(np.array([0.0, 1.0], dtype.numpy()))),
         e.op("Less", x, e.scalar(0.5, x)), e.op("Where", e.op("IsNaN", x), x, x), e.op("Relu", x),
         e.op("MatMul", x, e.op("Transpose", x, perm=[1, 0])), e.reduce("ReduceSum", x, [1], keepdims=0),
+        *e.split(x, [1, 3], axis=1, count=2),
     ]
     graph.outputs.extend(recorded)
     proto = ir.serde.serialize_model(ir.Model(graph, ir_version=10))

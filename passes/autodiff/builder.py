@@ -112,10 +112,9 @@ def node_attrs(node: ir.Node, drop: Sequence[str] = ()) -> dict:
 class GradBuilder(Emitter):
     """Values are named ``<forward node>/grad/<op>_<n>`` while ``scope`` is set to that node.
 
-    It records no guessed dtypes: rules read dtypes off the primal values (``core`` types each
-    gradient like its primal once the rule returns)."""
-
-    guess_dtypes = False
+    Rules read dtypes off the primal values (``core`` types each gradient like its primal once
+    the rule returns); the dtypes it guesses for intermediates let ``scalar`` emit a typed
+    constant instead of CastLike, which opsets before 15 lack."""
 
     def __init__(self, graph: ir.Graph, opset: int, names=None):
         super().__init__(graph, opset, scope="grad", names=names)
