@@ -280,7 +280,13 @@ def test_dropout_with_run_time_flag_and_ratio(training, ratio):
         assert kept.all()
 
 
-def test_old_opset_without_scatter_reduction_says_so():
+def test_old_opset_is_upgraded_by_grad_and_named_by_the_pass():
+    """Gather's gradient needs ScatterND with reduction (opset 16): the pass says so on an
+    opset-13 model; gc.grad upgrades the model to opset 17 first, as training does."""
+    import onnx_ir as ir
+
+    from graphc.passes.autodiff import gradient_model
+
     node = helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0)
     tail = helper.make_node("ReduceSum", ["rows"], ["loss"], keepdims=0)
     graph = helper.make_graph(
@@ -289,7 +295,11 @@ def test_old_opset_without_scatter_reduction_says_so():
         initializer=[numpy_helper.from_array(np.ones((5, 2), np.float32), "table")])
     model = graphc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
     with pytest.raises(graphc.GraphError, match="from opset 16; the model has opset 13"):
-        graphc.grad(model, "loss")
+        gradient_model(ir.serde.deserialize_model(model.proto), "loss")
+    grads = graphc.grad(model, "loss")
+    assert grads.opset == 17
+    got = graphc.Session(grads, backend="numpy").run({"idx": np.array([4, 1, 4])})["table_grad"]
+    np.testing.assert_array_equal(got, [[0, 0], [1, 1], [0, 0], [0, 0], [2, 2]])
 
 
 def test_concat_of_symbolic_parts_splits_at_run_time():

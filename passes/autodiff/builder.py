@@ -157,7 +157,7 @@ class GradBuilder(Emitter):
         if self.opset < opset:
             raise GraphError(f"gradient of node {self.scope.removesuffix('/grad')!r} needs {what}, "
                              f"which ONNX has from opset {opset}; the model has opset {self.opset} "
-                             "(onnx.version_converter can upgrade it)")
+                             "(gc.grad and gc.training.generate upgrade older models to opset 17)")
 
     # -- shapes ------------------------------------------------------------------------------
     def rank(self, value: ir.Value) -> int:
