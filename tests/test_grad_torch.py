@@ -363,38 +363,49 @@ class Paddings(nn.Module):
         return (c * c.sin()).sum()
 
 
-@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
-def test_padding_modes_gradients_match_torch(dynamo):
-    """TorchScript computes the pads with ConstantOfShape/Concat/Transpose/Cast chains (folded
-    before autodiff so later shapes are static); dynamo writes Pad's wrap mode for circular."""
+def _export(net, inputs: dict, dynamo: bool, opset: int = 18):
+    """``net`` exported by torch.onnx's dynamo or TorchScript exporter; inputs named as given."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            return torch.onnx.export(net, tuple(inputs.values()), dynamo=True, verbose=False,
+                                     input_names=list(inputs), output_names=["loss"]).model_proto
+        buffer = io.BytesIO()
+        torch.onnx.export(net, tuple(inputs.values()), buffer, dynamo=False, opset_version=opset,
+                          input_names=list(inputs), output_names=["loss"])
+        return graphc.load(buffer.getvalue()).proto
+
+
+def _check_against_torch(proto, net, inputs: dict) -> None:
+    """d loss / d every input and every parameter (matched by name) equals torch.autograd's."""
     import onnx_ir as ir
 
     from graphc.passes.autodiff import gradient_model
 
-    if dynamo:
-        pytest.importorskip("onnxscript")
+    params = dict(net.named_parameters())
+    wrt = [*inputs, *(t.name for t in proto.graph.initializer if t.name in params)]
+    assert len(wrt) == len(inputs) + len(params), "every parameter keeps its name in the export"
+    got = run_numpy(graphc.Model(gradient_model(ir.serde.deserialize_model(proto), "loss", wrt)).proto,
+                    {n: t.detach().numpy() for n, t in inputs.items()})
+    net(*inputs.values()).backward()
+    for name in wrt:
+        expected = (inputs.get(name) if name in inputs else params[name]).grad.numpy()
+        np.testing.assert_allclose(got[f"{name}_grad"], expected, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_padding_modes_gradients_match_torch(dynamo):
+    """TorchScript computes the pads with ConstantOfShape/Concat/Transpose/Cast chains (folded
+    before autodiff so later shapes are static); dynamo writes Pad's wrap mode for circular."""
     torch.manual_seed(0)
     net = Paddings().double()
-    x = torch.randn(2, 2, 5, 6, dtype=torch.float64, requires_grad=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if dynamo:
-            proto = torch.onnx.export(net, (x,), dynamo=True, verbose=False, input_names=["x"],
-                                      output_names=["loss"]).model_proto
-        else:
-            buffer = io.BytesIO()
-            torch.onnx.export(net, (x,), buffer, dynamo=False, opset_version=19, input_names=["x"], output_names=["loss"])
-            proto = graphc.load(buffer.getvalue()).proto
+    inputs = {"x": torch.randn(2, 2, 5, 6, dtype=torch.float64, requires_grad=True)}
+    proto = _export(net, inputs, dynamo, opset=19)
     modes = {a.s.decode() for n in proto.graph.node if n.op_type == "Pad" for a in n.attribute if a.name == "mode"}
     assert {"reflect", "edge", "constant"} <= modes
-    grads = run_numpy(graphc.Model(gradient_model(ir.serde.deserialize_model(proto), "loss", None)).proto,
-                      {"x": x.detach().numpy()})
-    dx = run_numpy(graphc.Model(gradient_model(ir.serde.deserialize_model(proto), "loss", ["x"])).proto,
-                   {"x": x.detach().numpy()})["x_grad"]
-    net(x).backward()
-    np.testing.assert_allclose(dx, x.grad.numpy(), rtol=1e-9, atol=1e-12)
-    for name, p in net.named_parameters():
-        np.testing.assert_allclose(grads[f"{name}_grad"], p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
+    _check_against_torch(proto, net, inputs)
 
 
 class SubPixel(nn.Module):
@@ -412,34 +423,12 @@ class SubPixel(nn.Module):
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_pixel_shuffle_gradients_match_torch(dynamo):
-    import onnx_ir as ir
-
-    from graphc.passes.autodiff import gradient_model
-
-    if dynamo:
-        pytest.importorskip("onnxscript")
     torch.manual_seed(0)
     net = SubPixel().double()
-    x = torch.randn(2, 2, 5, 6, dtype=torch.float64, requires_grad=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if dynamo:
-            proto = torch.onnx.export(net, (x,), dynamo=True, verbose=False, input_names=["x"],
-                                      output_names=["loss"]).model_proto
-        else:
-            buffer = io.BytesIO()
-            torch.onnx.export(net, (x,), buffer, dynamo=False, opset_version=18, input_names=["x"], output_names=["loss"])
-            proto = graphc.load(buffer.getvalue()).proto
+    inputs = {"x": torch.randn(2, 2, 5, 6, dtype=torch.float64, requires_grad=True)}
+    proto = _export(net, inputs, dynamo)
     assert "DepthToSpace" in {n.op_type for n in proto.graph.node}
-    names = ["x", *(n for n, _ in net.named_parameters())]
-    wrt = ["x", *(t.name for t in proto.graph.initializer if t.name in names)]
-    grads = run_numpy(graphc.Model(gradient_model(ir.serde.deserialize_model(proto), "loss", wrt)).proto,
-                      {"x": x.detach().numpy()})
-    net(x).backward()
-    expected = {"x": x.grad, **{n: p.grad for n, p in net.named_parameters()}}
-    assert len(wrt) == len(expected)
-    for name in wrt:
-        np.testing.assert_allclose(grads[f"{name}_grad"], expected[name].numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
+    _check_against_torch(proto, net, inputs)
 
 
 class Regather(nn.Module):
@@ -457,24 +446,12 @@ class Regather(nn.Module):
 
 
 def test_gather_nd_and_col2im_gradients_match_torch():
-    import onnx_ir as ir
-
-    from graphc.passes.autodiff import gradient_model
-
-    pytest.importorskip("onnxscript")
     torch.manual_seed(0)
     inputs = {"x": torch.randn(1, 2, 7, 8, dtype=torch.float64, requires_grad=True),
               "columns": torch.randn(1, 8, 12, dtype=torch.float64, requires_grad=True)}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        proto = torch.onnx.export(Regather(), tuple(inputs.values()), dynamo=True, verbose=False,
-                                  input_names=list(inputs), output_names=["loss"]).model_proto
+    proto = _export(Regather(), inputs, dynamo=True)
     assert {"GatherND", "Col2Im"} <= {n.op_type for n in proto.graph.node}
-    got = run_numpy(graphc.Model(gradient_model(ir.serde.deserialize_model(proto), "loss", list(inputs))).proto,
-                    {n: t.detach().numpy() for n, t in inputs.items()})
-    Regather()(*inputs.values()).backward()
-    for name, tensor in inputs.items():
-        np.testing.assert_allclose(got[f"{name}_grad"], tensor.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
+    _check_against_torch(proto, Regather(), inputs)
 
 
 class TinyGPT(nn.Module):
