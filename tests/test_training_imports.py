@@ -331,14 +331,16 @@ def test_dsl_constants_stay_constants():
 
 
 def _settings_model() -> gc.Model:
-    """y = Clip(x @ W, lo, hi) -> class-weighted cross-entropy; lo, hi and the class weights are
-    float initializers (as exporters that keep constants as initializers write them)."""
+    """y = Sigmoid(Clip(x @ W, lo, hi)) ** p -> class-weighted cross-entropy; lo, hi, p and the
+    class weights are float initializers (as exporters that keep constants as initializers, such
+    as torch.onnx's dynamo exporter, write them)."""
     from onnx import TensorProto, helper
 
     inits = [nh.from_array(RNG.normal(size=(6, 3)).astype(np.float32), "W"),
              nh.from_array(np.array(-1.0, np.float32), "lo"), nh.from_array(np.array(1.5, np.float32), "hi"),
-             nh.from_array(np.array([1.0, 2.0, 0.5], np.float32), "class_w")]
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Clip", ["xw", "lo", "hi"], ["logits"]),
+             nh.from_array(np.array([1.0, 2.0, 0.5], np.float32), "class_w"), nh.from_array(np.array(2.0, np.float32), "p")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Clip", ["xw", "lo", "hi"], ["clipped"]),
+             helper.make_node("Sigmoid", ["clipped"], ["s"]), helper.make_node("Pow", ["s", "p"], ["logits"]),
              helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "y", "class_w"], ["out"])]
     graph = helper.make_graph(nodes, "settings", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6]),
                                                   helper.make_tensor_value_info("y", TensorProto.INT64, ["N"])],
@@ -347,15 +349,16 @@ def _settings_model() -> gc.Model:
 
 
 def test_initializers_read_only_as_op_settings_are_not_trained_by_default():
-    # PyTorch keeps clamp bounds and a loss's class weights as constants/buffers: so does graphc
-    # unless they are named in ``trainable``; then their gradient is exact (finite differences)
+    # PyTorch keeps clamp bounds, exponents and a loss's class weights as constants/buffers: so
+    # does graphc unless they are named in ``trainable``; then their gradient is exact (finite
+    # differences)
     loss = gc.losses.mse("out", label="target")
     arts = gc.training.generate(_settings_model(), loss, gc.optim.AdamW(1e-2))
-    assert arts.manifest.trainable == ["W"] and set(arts.manifest.frozen) == {"lo", "hi", "class_w"}
-    arts = gc.training.generate(_settings_model(), loss, gc.optim.SGD(0.1), trainable=["W", "hi", "class_w"])
+    assert arts.manifest.trainable == ["W"] and set(arts.manifest.frozen) == {"lo", "hi", "class_w", "p"}
+    arts = gc.training.generate(_settings_model(), loss, gc.optim.SGD(0.1), trainable=["W", "hi", "class_w", "p"])
     batch = {"x": RNG.normal(size=(8, 6)).astype(np.float32), "y": RNG.integers(0, 3, 8).astype(np.int64),
              "target": np.zeros((), np.float32)}
-    _check_directional_derivatives(arts, batch, ["hi", "class_w"])
+    _check_directional_derivatives(arts, batch, ["hi", "class_w", "p"])
 
 
 def _check_directional_derivatives(arts, batch, names):

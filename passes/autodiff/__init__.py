@@ -16,8 +16,9 @@ Conventions (each written next to its rule too):
   (the first maximum, as PyTorch); Pow's exponent gradient is 0 where base == 0.
 - no gradient (``None``): integer/bool inputs, shape and index inputs, Dropout's ratio,
   Resize's roi/scales/sizes, BatchNormalization's running statistics in training mode. Other op
-  settings (``SETTING_INPUTS``: Clip bounds, Pad's value, class weights of the fused losses)
-  get their exact gradient; ``gc.training.generate`` does not train any of them by default.
+  settings (``SETTING_INPUTS``: Clip bounds, Pad's value, Pow's exponent, class weights of the
+  fused losses) get their exact gradient; ``gc.training.generate`` does not train any of them
+  by default.
 - an op without a rule that ONNX defines as a function of other ops (Mish, Swish, SwiGLU,
   RMSNormalization, Attention, RotaryEmbedding, ReduceL1, ...) is differentiated through its
   body (``graphc.passes.functions``), expanded in the gradient graphs only; RNN, GRU and LSTM
