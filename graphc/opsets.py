@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
@@ -20,12 +21,104 @@ def convert_opset(model: Model, target: int, hint: str = "") -> Model:
     if target == current:
         return model
     try:
-        converted = onnx.version_converter.convert_version(_without_newer_functions(model, target), target)
+        proto = _without_newer_functions(model, target)
+        for node in proto.graph.node:
+            if node.domain in ("", "ai.onnx") and not _exists_at(node.op_type, target):
+                raise ValueError(f"{node.op_type} node {node.name!r}: ONNX has no {node.op_type} before opset "
+                                 f"{onnx.defs.get_schema(node.op_type).since_version} and no function body for it")
+        held = _hold_back(proto, current, target)
+        converted = onnx.version_converter.convert_version(proto, target)
+        _restore(converted, held, target)
         _drop_default_attributes_unknown_at(converted, current, target)
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors from C++
         raise GraphError(f"cannot convert model {model.name!r} from opset {current} to {target}: {exc}"
                          + (f"; {hint}" if hint else "")) from None
     return load(converted)
+
+
+# Downgrades onnx's version converter has no adapter for (it stops with "No Adapter To Version"),
+# each a rewrite of one node into its form at the target opset, or a ValueError when the node
+# uses what the older op lacks. Those nodes sit in a private domain while the converter runs.
+_HELD = "graphc.held_back"
+
+
+def _pad_down(node: onnx.NodeProto, target: int, shapes: dict) -> None:
+    if len(node.input) > 3 and node.input[3]:
+        raise ValueError(f"Pad node {node.name!r} names its axes, which Pad takes only from opset 18")
+    if any(a.name == "mode" and a.s == b"wrap" for a in node.attribute) and target < 19:
+        raise ValueError(f"Pad node {node.name!r} pads in 'wrap' mode, which exists only from opset 19")
+
+
+def _split_down(node: onnx.NodeProto, target: int, shapes: dict) -> None:
+    count = next((a.i for a in node.attribute if a.name == "num_outputs"), None)
+    if count is None:
+        return
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    shape = shapes.get(node.input[0])
+    dim = shape[axis] if shape is not None and -len(shape) <= axis < len(shape) else None
+    if not isinstance(dim, int):
+        raise ValueError(f"Split node {node.name!r} splits into num_outputs={count} parts along a dim that is not "
+                         "static; Split before opset 18 needs the sizes")
+    chunk = -(-dim // count)
+    sizes = [chunk] * (count - 1) + [dim - chunk * (count - 1)]
+    kept = [a for a in node.attribute if a.name != "num_outputs"]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    name = f"{node.output[0]}_split_sizes"
+    shapes["__initializers__"].append(onnx.numpy_helper.from_array(np.array(sizes, np.int64), name))
+    node.input.append(name)
+
+
+def _grid_sample_down(node: onnx.NodeProto, target: int, shapes: dict) -> None:
+    shape = shapes.get(node.input[0])
+    if shape is None or len(shape) != 4:
+        raise ValueError(f"GridSample node {node.name!r} samples a {len(shape) if shape else 'non-4'}-D input, which "
+                         "GridSample takes only from opset 20")
+    for a in node.attribute:
+        if a.name == "mode":
+            a.s = {b"linear": b"bilinear", b"cubic": b"bicubic"}.get(a.s, a.s)
+
+
+_DOWNGRADES = {  # op -> (the opset its form changed, the rewrite to the form before)
+    "Pad": (18, _pad_down), "Split": (18, _split_down), "GridSample": (20, _grid_sample_down),
+    "ConstantOfShape": (20, lambda node, target, shapes: None),  # 20 only adds dtypes
+}
+
+
+def _hold_back(proto: onnx.ModelProto, current: int, target: int) -> list[str]:
+    """Move, in place, the main-graph nodes of ``_DOWNGRADES`` ops whose form changed between
+    ``target`` and ``current`` into a private domain; returns their op types in node order."""
+    held = []
+    for node in proto.graph.node:
+        since = _DOWNGRADES.get(node.op_type, (None,))[0]
+        if node.domain in ("", "ai.onnx") and since is not None and target < since <= current:
+            held.append(node.op_type)
+            node.op_type, node.domain = f"{node.op_type}_{len(held) - 1}", _HELD
+    if held:
+        proto.opset_import.append(onnx.helper.make_opsetid(_HELD, 1))
+    return held
+
+
+def _restore(proto: onnx.ModelProto, held: list[str], target: int) -> None:
+    """Put held-back nodes back into ai.onnx in their form at ``target``."""
+    if not held:
+        return
+    inferred = onnx.shape_inference.infer_shapes(proto)
+    shapes: dict = {"__initializers__": []}
+    for info in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+        dims = info.type.tensor_type.shape.dim
+        shapes[info.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    for t in proto.graph.initializer:
+        shapes[t.name] = list(t.dims)
+    for node in proto.graph.node:
+        if node.domain == _HELD:
+            op = held[int(node.op_type.rsplit("_", 1)[1])]
+            node.op_type, node.domain = op, ""
+            _DOWNGRADES[op][1](node, target, shapes)
+    proto.graph.initializer.extend(shapes["__initializers__"])
+    kept = [o for o in proto.opset_import if o.domain != _HELD]
+    del proto.opset_import[:]
+    proto.opset_import.extend(kept)
 
 
 def _drop_default_attributes_unknown_at(proto: onnx.ModelProto, current: int, target: int) -> None:

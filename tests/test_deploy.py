@@ -248,3 +248,74 @@ def test_attributes_newer_than_the_server_opset_are_dropped_only_when_default(tm
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     got = ort.InferenceSession(served.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, x.mean(axis=1), rtol=1e-6)
+
+
+def _one_node_model(node, inputs, inits=(), opset=20):
+    """``node`` as a model, its float outputs' shapes from onnx's inference."""
+    from onnx import helper
+
+    graph = helper.make_graph([node], "one", inputs, [], list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    model.graph.output.extend(inferred[o] for o in node.output)
+    return model
+
+
+def _run_served(folder, feeds):
+    served = onnx.load(str(folder / "1" / "model.onnx"))
+    assert served.opset_import[0].version == 17
+    onnx.checker.check_model(served, full_check=True)
+    session = ort.InferenceSession(served.SerializeToString(), providers=["CPUExecutionProvider"])
+    return served, session.run(None, feeds)
+
+
+@pytest.mark.parametrize("case", ["pad", "split_num_outputs", "grid_sample_linear", "constant_of_shape"])
+def test_ops_onnx_converter_cannot_bring_down_deploy_at_opset_17(tmp_path, case):
+    """onnx's version converter has no adapter to take Pad (18), Split with num_outputs (18),
+    GridSample (20) or ConstantOfShape (20) below those opsets; graphc rewrites each to its
+    older form (the same outputs on onnxruntime)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    feeds, inits = {"x": x}, []
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5])]
+    if case == "pad":
+        node = helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect")
+        inits = [onnx.numpy_helper.from_array(np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64), "pads")]
+    elif case == "split_num_outputs":
+        node = helper.make_node("Split", ["x"], ["y", "z", "w"], axis=3, num_outputs=3)
+    elif case == "grid_sample_linear":
+        node = helper.make_node("GridSample", ["x", "grid"], ["y"], mode="linear", padding_mode="border")
+        feeds["grid"] = rng.uniform(-1.2, 1.2, (2, 3, 3, 2)).astype(np.float32)
+        inputs.append(helper.make_tensor_value_info("grid", TensorProto.FLOAT, [2, 3, 3, 2]))
+    else:
+        node = helper.make_node("ConstantOfShape", ["shape"], ["y"], value=onnx.numpy_helper.from_array(np.array([1.5], np.float32)))
+        inits = [onnx.numpy_helper.from_array(np.array([2, 3], np.int64), "shape")]
+    model = _one_node_model(node, inputs, inits)
+    expected = gc.Session(gc.load(model), backend="ort-cpu").run(feeds)
+    folder = gc.deploy.triton(model, tmp_path, case)
+    served, got = _run_served(folder, feeds)
+    assert not served.domain and all(n.domain == "" for n in served.graph.node)
+    for name, value in zip(node.output, got):
+        np.testing.assert_allclose(value, expected[name], rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("wrap", "pads in 'wrap' mode, which exists only from opset 19"),
+    ("col2im", "ONNX has no Col2Im before opset 18 and no function body for it"),
+])
+def test_ops_with_no_older_form_are_refused_by_name(tmp_path, case, message):
+    from onnx import TensorProto, helper
+
+    if case == "wrap":
+        node = helper.make_node("Pad", ["x", "pads"], ["y"], mode="wrap")
+        inits = [onnx.numpy_helper.from_array(np.array([0, 1, 0, 1], np.int64), "pads")]
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])]
+    else:
+        node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"])
+        inits = [onnx.numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("image", [3, 3]), ("block", [2, 2]))]
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4])]
+    with pytest.raises(gc.GraphError, match=message):
+        gc.deploy.triton(_one_node_model(node, inputs, inits), tmp_path, case)
+    assert not (tmp_path / case).exists()
