@@ -292,9 +292,11 @@ def test_ops_onnx_converter_cannot_bring_down_deploy_at_opset_17(tmp_path, case)
     else:
         node = helper.make_node("ConstantOfShape", ["shape"], ["y"], value=onnx.numpy_helper.from_array(np.array([1.5], np.float32)))
         inits = [onnx.numpy_helper.from_array(np.array([2, 3], np.int64), "shape")]
-    model = _one_node_model(node, inputs, inits)
-    expected = gc.Session(gc.load(model), backend="ort-cpu").run(feeds)
+    model = gc.load(_one_node_model(node, inputs, inits))
+    before = model.proto.SerializeToString()
+    expected = gc.Session(model, backend="ort-cpu").run(feeds)
     folder = gc.deploy.triton(model, tmp_path, case)
+    assert model.proto.SerializeToString() == before, "the caller's model is left as it was"
     served, got = _run_served(folder, feeds)
     assert not served.domain and all(n.domain == "" for n in served.graph.node)
     for name, value in zip(node.output, got):
