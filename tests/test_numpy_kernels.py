@@ -178,6 +178,14 @@ CASES = [
       "activation_beta": [0.4, 0.7]}, 21, (F32,), 2),
     ("rnn_clip_lens", "RNN", [r(4, 3, 3), r(1, 5, 3), r(1, 5, 5), None, ints([4, 1, 2], np.int32)],
      {"hidden_size": 5, "clip": 0.5, "direction": "reverse"}, 21, (F32,), 2),
+    # align_corners divides by the output's own (floored) length, as onnxruntime and PyTorch do
+    *[(f"resize_align_corners_floored_{mode}", "Resize",
+       [r(1, 2, 3, 4), None, lambda dt: np.array([1, 1, 1.7, 0.6], np.float32)],
+       {"mode": mode, "coordinate_transformation_mode": "align_corners"}, 19, (F32,), 1)
+      for mode in ("linear", "cubic", "nearest")],
+    ("resize_policy_align_corners", "Resize", [r(2, 4, 3), None, None, ints([5, 7])],
+     {"mode": "linear", "axes": [2, 1], "keep_aspect_ratio_policy": "not_larger",
+      "coordinate_transformation_mode": "align_corners"}, 19, (F32,), 1),
     # sampling: every mode, padding and alignment, grid points far outside the image too
     *[(f"grid_sample_{mode}_{padding}_align{align}", "GridSample", [r(2, 2, 4, 5), r(2, 3, 4, 2, lo=-3.5, hi=3.5)],
        {"mode": mode, "padding_mode": padding, "align_corners": align}, 22, (F32,), 1)

@@ -25,8 +25,8 @@ def _source_coords(out_len, in_len, scale, mode, roi_start=0.0, roi_end=1.0):
         return offset + (o + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
         return (o + 0.5) / scale - 0.5 if out_len > 1 else np.zeros(out_len)
-    if mode == "align_corners":  # the resized length is in_len * scale, before flooring
-        return o * (in_len - 1) / (in_len * scale - 1) if out_len > 1 else np.zeros(out_len)
+    if mode == "align_corners":  # the output's own length, as the spec, onnxruntime and PyTorch have
+        return o * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros(out_len)
     if mode == "asymmetric":
         return o / scale
     if mode == "tf_crop_and_resize":
