@@ -330,6 +330,19 @@ def _cases() -> list[GradCase]:
         c("Resize", [T((1, 2, 2, 3)), None, np.array([1.0, 1.0, 2.0, 3.0], dtype=np.float32)],
           {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}),
         c("Resize", [T((1, 2, 3, 2)), None, None, i64(1, 2, 6, 6)], {"mode": "nearest"}, tag="sizes_half_pixel"),
+        c("Resize", [T((1, 2, 3, 5)), None, None, i64(7, 6)], {"mode": "linear", "axes": [2, 3],
+                                                               "keep_aspect_ratio_policy": "not_larger"},
+          opset=18, tag="not_larger"),  # scale 6/5: [3, 5] -> [4, 6]
+        c("Resize", [T((1, 2, 3, 5)), None, None, i64(7, 6)], {"mode": "cubic", "axes": [2, 3],
+                                                               "keep_aspect_ratio_policy": "not_smaller"}, opset=18,
+          tag="not_smaller_cubic"),  # scale 7/3: [3, 5] -> [7, 12]
+        c("Resize", [T((1, 1, 3, 4)), None, np.array([1.0, 1.0, 1.7, 1.3], dtype=np.float32)],
+          {"mode": "linear", "coordinate_transformation_mode": "align_corners"}, opset=19,
+          tag="align_corners_floored"),  # 3 * 1.7 = 5.1 -> 5 rows
+        c("Resize", [T((2, 4, 3)), None, None, i64(5, 7)], {"mode": "nearest", "axes": [2, 1],
+                                                         "keep_aspect_ratio_policy": "not_larger",
+                                                         "coordinate_transformation_mode": "align_corners"},
+          opset=18, tag="not_larger_nearest_align"),  # scale 5/3: [4, 3] -> [7, 5]
         # neural-network ops
         c("Dropout", [T((3, 4))], tag="inference"),
         c("Dropout", [T((3, 4)), np.array(0.3), np.array(True)], {"seed": 7}, ort=False, tag="training"),

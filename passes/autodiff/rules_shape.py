@@ -409,20 +409,22 @@ class _ResizePlan:
             # sizes computed at run time (Concat of Shape(x)[:2] and constants, as torch.onnx
             # writes F.interpolate(size=...) with a dynamic batch): shape inference has them
             sizes = np.array([d if isinstance(d, int) else -1 for d in sy], np.int64)
-        if rank is None or rank < 2 or any(v is not None and a is None for v, a in zip(extra, (roi, scales, sizes))) \
-                or attr(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
-            raise GraphError(f"gradient of {node.op_type} {node.name!r} needs a known rank >= 2, roi/scales/sizes "
-                             "known before run time and the 'stretch' aspect-ratio policy")
+        if rank is None or rank < 2 or any(v is not None and a is None for v, a in zip(extra, (roi, scales, sizes))):
+            raise GraphError(f"gradient of {node.op_type} {node.name!r} needs a known rank >= 2 and roi/scales/sizes "
+                             "known before run time")
         self.sizes = sizes if sizes is not None and sizes.size else None
         axes = attr(node, "axes")
         axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
         self.scales, self.roi, out = [1.0] * rank, [0.0] * rank + [1.0] * rank, list(self.sx)
+        self.policy = attr(node, "keep_aspect_ratio_policy", "stretch") if self.sizes is not None else "stretch"
+        if self.policy != "stretch":
+            self._keep_aspect_ratio(axes, out)
         for i, a in enumerate(axes):
-            if self.sizes is not None:
+            if self.sizes is not None and self.policy == "stretch":
                 size = int(self.sizes.ravel()[i])
                 out[a] = size if size >= 0 else self.sx[a]  # -1: a run-time dim, left as it is
                 self.scales[a] = out[a] / self.sx[a] if isinstance(self.sx[a], int) else 1.0
-            elif scales is not None and scales.size:
+            elif self.sizes is None and scales is not None and scales.size:
                 self.scales[a] = float(scales.ravel()[i])
                 if self.scales[a] != 1.0:  # scale 1 keeps the dim, symbolic or not
                     out[a] = int(np.floor(self.sx[a] * self.scales[a])) if isinstance(self.sx[a], int) else None
@@ -437,11 +439,35 @@ class _ResizePlan:
                 raise GraphError(f"gradient of {node.op_type} {node.name!r} needs a static size on resized axis {a} "
                                  f"(got {self.sx} -> {self.sy})")
 
+    def _keep_aspect_ratio(self, axes: list[int], out: list) -> None:
+        """One scale for every resized axis: the smallest (not_larger) or largest (not_smaller)
+        of the requested sizes over the input's, each axis then rounded half up to its size."""
+        sizes = [int(v) for v in self.sizes.ravel()]
+        if not all(isinstance(self.sx[a], int) for a in axes) or min(sizes) < 0:
+            raise GraphError(f"gradient of Resize {self.node.name!r} with the {self.policy!r} aspect-ratio policy "
+                             f"needs static sizes on the axes {axes} (got {self.sx})")
+        if attr(self.node, "coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize":
+            raise GraphError(f"gradient of Resize {self.node.name!r}: the {self.policy!r} aspect-ratio policy with "
+                             "tf_crop_and_resize is not supported")
+        ratios = [size / self.sx[a] for size, a in zip(sizes, axes)]
+        pick = int(np.argmin(ratios) if self.policy == "not_larger" else np.argmax(ratios))
+        self.requested = dict(zip(axes, sizes))
+        self.deciding = axes[pick]  # the axis whose ratio is the scale
+        for a in axes:
+            self.scales[a] = ratios[pick]
+            out[a] = int(ratios[pick] * self.sx[a] + 0.5)
+
     def matrix(self, a: int) -> np.ndarray:
         """M_a, the [out_a, in_a] interpolation matrix of axis ``a`` (``axis_matrix``: the basis
         vectors ride on another axis, which a run with scale 1 there leaves unchanged in every
         mode), with extrapolation 0 (outside a tf_crop_and_resize box the output is a constant)."""
         rank, n, out = self.rank, self.sx[a], self.sy[a]
+        if self.policy != "stretch":
+            matrix = self._policy_matrix(a)
+            if matrix.shape[0] != out:
+                raise GraphError(f"gradient of Resize {self.node.name!r}: the interpolation along axis {a} gives "
+                                 f"{matrix.shape[0]} elements, the model says {out}")
+            return matrix
         carrier = rank - 1 if a != rank - 1 else rank - 2
         scales = [1.0] * rank
         scales[a] = self.scales[a]
@@ -461,3 +487,16 @@ class _ResizePlan:
             raise GraphError(f"gradient of {self.node.op_type} {self.node.name!r}: the interpolation along axis "
                              f"{a} gives {matrix.shape[0]} elements, the model says {out}")
         return matrix
+
+    def _policy_matrix(self, a: int) -> np.ndarray:
+        """M_a under an aspect-ratio policy: the scale comes from the deciding axis, so the basis
+        run resizes ``a`` together with that axis (held at ones and read at index 0; the
+        interpolation weights of a row sum to 1 outside tf_crop_and_resize)."""
+        c, rank = self.deciding, self.rank
+        axes = [a] if a == c else [a, c]
+        carrier = next(k for k in range(rank - 1, -1, -1) if k not in axes)
+        attrs = node_attrs(self.node, drop=("axes", "extrapolation_value"))
+        attrs["axes"] = axes
+        sizes = np.array([self.requested[k] for k in axes], np.int64)
+        return axis_matrix("Resize", attrs, rank, a, carrier, self.sx[a], [None, None, sizes], self.g.opset,
+                           ones={c: self.sx[c]} if c != a else None)

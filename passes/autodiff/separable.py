@@ -1,10 +1,10 @@
 """Gradients of separable linear ops (Resize, AveragePool): y = x contracted with one fixed
 [out_a, in_a] matrix per axis, so dx = dy contracted with the same matrices.
 
-Each matrix is read off the op itself: onnx's reference implementation (the one its node tests
-are generated from) run once on the in_a one-hot vectors, laid along a ``carrier`` axis that
-the op leaves unchanged. Reading the op instead of re-deriving its arithmetic keeps every mode,
-coordinate transform, padding and rounding rule exactly as the spec has it.
+Each matrix is read off the op itself: graphc's numpy kernel (checked against onnx's node cases
+and onnxruntime) run once on the in_a one-hot vectors, laid along a ``carrier`` axis that the op
+leaves unchanged. Reading the op instead of re-deriving its arithmetic keeps every mode,
+coordinate transform, padding and rounding rule exactly as the forward computes it.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import onnx
 import onnx_ir as ir
-from onnx import helper, numpy_helper
 
 from graphc.passes.autodiff.builder import GradBuilder
 
@@ -22,25 +20,26 @@ __all__ = ["axis_matrix", "contract"]
 
 
 def axis_matrix(op_type: str, attrs: Mapping, rank: int, axis: int, carrier: int, size: int,
-                extra: Sequence[np.ndarray | None], opset: int) -> np.ndarray:
+                extra: Sequence[np.ndarray | None], opset: int, ones: Mapping[int, int] | None = None) -> np.ndarray:
     """The float64 [out, in] matrix of ``op_type`` (with ``attrs`` and the constant inputs
     ``extra`` after x; None for an omitted one) along ``axis``, for an input of ``size`` there
-    and 1 on every axis but ``carrier``, which the op must map to itself."""
+    and 1 on every axis but ``carrier``, which the op must map to itself. ``ones``: other axes
+    given a size (filled with ones; the output is read at index 0 there), for an op whose
+    behaviour along ``axis`` depends on them (Resize's aspect-ratio policy)."""
     shape = [1] * rank
     shape[axis] = shape[carrier] = size
+    for k, n in (ones or {}).items():
+        shape[k] = n
     basis = np.moveaxis(np.eye(size).reshape([size, size] + [1] * (rank - 2)), [0, 1], [carrier, axis])
-    inits = [numpy_helper.from_array(np.asarray(v), f"in{i}") for i, v in enumerate(extra) if v is not None]
-    names = ["x"] + [f"in{i}" if v is not None else "" for i, v in enumerate(extra)]
-    while names[-1] == "":
-        names.pop()
-    model = helper.make_model(
-        helper.make_graph([helper.make_node(op_type, names, ["y"], **attrs)], "basis",
-                          [helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, shape)],
-                          [helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, None)], inits),
-        opset_imports=[helper.make_opsetid("", opset)])
-    from onnx.reference import ReferenceEvaluator
+    basis = np.broadcast_to(basis, shape).copy()
+    from graphc.backends.numpy import run_node
 
-    (y,) = ReferenceEvaluator(model).run(None, {"x": basis})
+    inputs = [basis, *(None if v is None else np.asarray(v) for v in extra)]
+    while inputs[-1] is None:
+        inputs.pop()
+    (y,) = run_node(op_type, inputs, dict(attrs), opset)
+    for k in ones or {}:
+        y = np.take(y, [0], axis=k)
     return np.moveaxis(y, [carrier, axis], [0, 1]).reshape(size, y.shape[axis]).T
 
 
