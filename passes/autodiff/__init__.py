@@ -34,8 +34,8 @@ Conventions (each written next to its rule too):
   (BatchNormalization's running statistics excepted, as above): it is never dropped.
 - limits: Conv/ConvTranspose/pooling need static spatial dims and channels (the batch may be
   symbolic); Loop needs a constant trip count and no exit condition, Scan a static length
-  (both are unrolled); Resize needs static sizes on the axes it resizes, scales/sizes known
-  before run time and the 'stretch' aspect-ratio policy; Einsum no letter repeated in one
+  (both are unrolled); Resize needs static sizes on the axes it resizes and scales/sizes known
+  before run time (an aspect-ratio policy not with tf_crop_and_resize); Einsum no letter repeated in one
   operand (a diagonal); CumProd a constant axis with a static length; Pad constant pads (and
   in edge/reflect/wrap mode static sizes on the padded axes); Gather, GatherElements
   and MaxPool need opset >= 16 (ScatterND/ScatterElements with reduction).
