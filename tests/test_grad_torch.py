@@ -454,6 +454,27 @@ def test_gather_nd_and_col2im_gradients_match_torch():
     _check_against_torch(proto, Regather(), inputs)
 
 
+class Bags(nn.Module):
+    """EmbeddingBag (mean): TorchScript writes a Loop over the bags whose exit condition is a
+    Cast of an outer True."""
+
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(6, 3, mode="mean")
+
+    def forward(self, x):
+        return (self.bag(torch.tensor([[1, 2, 4], [4, 3, 2]])) * x).sum()
+
+
+def test_embedding_bag_loop_gradients_match_torch():
+    torch.manual_seed(0)
+    net = Bags().double()
+    inputs = {"x": torch.randn(2, 3, dtype=torch.float64, requires_grad=True)}
+    proto = _export(net, inputs, dynamo=False)
+    assert "Loop" in {n.op_type for n in proto.graph.node}
+    _check_against_torch(proto, net, inputs)
+
+
 class TinyGPT(nn.Module):
     """Token and position embeddings, one pre-norm block with causal SDPA and a GELU MLP, and
     an LM head; logits as [N, vocab, T] (cross_entropy's class axis is 1, as in torch)."""

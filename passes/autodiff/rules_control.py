@@ -13,7 +13,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
-from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, folded_array, static_shape
+from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, static_shape
 from graphc.passes.autodiff.registry import grad_rule
 
 
@@ -114,7 +114,8 @@ def _static_trip_count(node: ir.Node) -> int:
     producer = cond_out.producer()
     passes_cond = cond_out is body.inputs[1] or (producer is not None and producer.op_type == "Identity"
                                                  and producer.inputs[0] is body.inputs[1])
-    if not passes_cond and not (const_array(cond_out) is not None and bool(const_array(cond_out))):
+    always = folded_array(cond_out)  # a constant true (TorchScript writes Cast of an outer True)
+    if not passes_cond and not (always is not None and bool(always)):
         raise GraphError(f"gradient of Loop {node.name!r}: the body computes its own exit condition")
     return int(trip)
 
