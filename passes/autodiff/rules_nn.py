@@ -349,17 +349,17 @@ def grad_grid_sample(g, node, dy):
     for k, size in enumerate(sizes):
         # cubic: the padding maps each tap, not the point (onnxruntime and PyTorch)
         at, scale, moved = _grid_source(g, g.op("Gather", grid, g.const(k, np.int64), axis=-1), size,
-                                        "zeros" if mode == "cubic" else padding, align, grid)
+                                        "zeros" if mode == "cubic" else padding, align)
         if mode == "nearest":
             taps, weights, slopes = [g.op("Round", at)], [None], [None]
         else:
             low = g.op("Floor", at)
             frac = g.sub(at, low)
             offsets = (0, 1) if mode == "linear" else (-1, 0, 1, 2)
-            taps = [g.add(low, g.scalar(float(o), grid)) if o else low for o in offsets]
-            weights, slopes = _tap_weights(g, frac, mode, scale, moved, grid)
+            taps = [g.add(low, g.scalar(float(o), low)) if o else low for o in offsets]
+            weights, slopes = _tap_weights(g, frac, mode, scale, moved)
         axes.append(([_row(g, w) for w in weights], [_row(g, s) for s in slopes],
-                     [_tap_pixel(g, t, size, padding, align, grid) for t in taps]))
+                     [_tap_pixel(g, t, size, padding, align) for t in taps]))
     zeros = g.full(g.op("Shape", flat_x), 0.0, x)  # [N, C, prod(spatial)] in x's dtype
     combos = list(itertools.product(*[range(len(a[2])) for a in axes]))  # every tap of every axis
 
@@ -407,77 +407,76 @@ def _row(g: GradBuilder, value: ir.Value | None) -> ir.Value | None:
 _CUBIC_A = -0.75  # ONNX's (and PyTorch's) bicubic convolution constant
 
 
-def _tap_weights(g: GradBuilder, frac: ir.Value, mode: str, scale: float, moved: ir.Value | None,
-                 like: ir.Value):
+def _tap_weights(g: GradBuilder, frac: ir.Value, mode: str, scale: float, moved: ir.Value | None):
     """The taps' weights at fraction ``frac`` past the lower tap, and their derivatives with
     respect to the grid: d weight / d frac times ``scale`` times ``moved`` (``_grid_source``)."""
-    one = g.scalar(1.0, like)
+    one = g.scalar(1.0, frac)
     if mode == "linear":
         if moved is None:  # constants: -scale for the lower tap, +scale for the upper
-            return [g.sub(one, frac), frac], [g.scalar(-scale, like), g.scalar(scale, like)]
-        up = g.mul(moved, g.scalar(scale, like))
+            return [g.sub(one, frac), frac], [g.scalar(-scale, frac), g.scalar(scale, frac)]
+        up = g.mul(moved, g.scalar(scale, frac))
         return [g.sub(one, frac), frac], [g.neg(up), up]
 
     def poly(v, coeffs):  # Horner: coeffs from the highest power
-        out = g.scalar(coeffs[0], like)
+        out = g.scalar(coeffs[0], frac)
         for c in coeffs[1:]:
-            out = g.add(g.mul(out, v), g.scalar(c, like))
+            out = g.add(g.mul(out, v), g.scalar(c, frac))
         return out
 
     a = _CUBIC_A
     outer, inner = [a, -5 * a, 8 * a, -4 * a], [a + 2, -(a + 3), 0.0, 1.0]  # |t| in [1, 2] and [0, 1]
     d_outer, d_inner = [3 * a, -10 * a, 8 * a], [3 * (a + 2), -2 * (a + 3), 0.0]
-    dist = [g.add(frac, one), frac, g.sub(one, frac), g.sub(g.scalar(2.0, like), frac)]  # tap distances
+    dist = [g.add(frac, one), frac, g.sub(one, frac), g.sub(g.scalar(2.0, frac), frac)]  # tap distances
     weights = [poly(dist[0], outer), poly(dist[1], inner), poly(dist[2], inner), poly(dist[3], outer)]
-    scaled = g.scalar(scale, like) if moved is None else g.mul(moved, g.scalar(scale, like))
+    scaled = g.scalar(scale, frac) if moved is None else g.mul(moved, g.scalar(scale, frac))
     slopes = [poly(dist[0], d_outer), poly(dist[1], d_inner), g.neg(poly(dist[2], d_inner)),
               g.neg(poly(dist[3], d_outer))]  # d distance / d frac is +1, +1, -1, -1
     return weights, [g.mul(s, scaled) for s in slopes]
 
 
-def _reflect(g: GradBuilder, at: ir.Value, low: float, span: float, like: ir.Value):
+def _reflect(g: GradBuilder, at: ir.Value, low: float, span: float):
     """``at`` mirrored into [low, low + span], and the sign of its slope (+1 or -1)."""
-    offset = g.sub(at, g.scalar(low, like))
-    wrapped = g.op("Mod", g.op("Abs", offset), g.scalar(2 * span, like), fmod=1)
-    mirrored = g.op("Greater", wrapped, g.scalar(span, like))
-    inside = g.op("Where", mirrored, g.sub(g.scalar(2 * span, like), wrapped), wrapped)
-    sign = g.mul(g.op("Sign", offset), g.op("Where", mirrored, g.scalar(-1.0, like), g.scalar(1.0, like)))
-    return g.add(inside, g.scalar(low, like)), sign
+    offset = g.sub(at, g.scalar(low, at))
+    wrapped = g.op("Mod", g.op("Abs", offset), g.scalar(2 * span, at), fmod=1)
+    mirrored = g.op("Greater", wrapped, g.scalar(span, at))
+    inside = g.op("Where", mirrored, g.sub(g.scalar(2 * span, at), wrapped), wrapped)
+    sign = g.mul(g.op("Sign", offset), g.op("Where", mirrored, g.scalar(-1.0, at), g.scalar(1.0, at)))
+    return g.add(inside, g.scalar(low, at)), sign
 
 
 def _grid_bounds(size: int, align: int) -> tuple[float, float]:
     return (0.0, size - 1.0) if align else (-0.5, size - 0.5)
 
 
-def _grid_source(g: GradBuilder, along: ir.Value, size: int, padding: str, align: int, like: ir.Value):
+def _grid_source(g: GradBuilder, along: ir.Value, size: int, padding: str, align: int):
     """The source coordinate (in pixels) a normalized grid coordinate reads along an axis of
     ``size`` pixels, moved by the padding when outside the image bounds; its derivative with
     respect to the grid coordinate is ``scale`` times ``moved`` (None: 1; else 0 where clamped,
     -1 where mirrored)."""
     scale = (size - 1) / 2 if align else size / 2
-    at = g.add(g.mul(along, g.scalar(scale, like)), g.scalar((size - 1) / 2, like))
+    at = g.add(g.mul(along, g.scalar(scale, along)), g.scalar((size - 1) / 2, along))
     low, high = _grid_bounds(size, align)
     if padding == "border":
-        outside = g.op("Or", g.op("Less", at, g.scalar(low, like)), g.op("Greater", at, g.scalar(high, like)))
-        at = g.op("Where", outside, g.op("Clip", at, g.scalar(0.0, like), g.scalar(size - 1.0, like)), at)
+        outside = g.op("Or", g.op("Less", at, g.scalar(low, along)), g.op("Greater", at, g.scalar(high, along)))
+        at = g.op("Where", outside, g.op("Clip", at, g.scalar(0.0, along), g.scalar(size - 1.0, along)), at)
         return at, scale, g.cast_like(g.op("Not", outside), at)
     if padding == "reflection":
         if high == low:  # one pixel, align_corners: every point reads it
-            return g.mul(at, g.scalar(0.0, like)), 0.0, None
-        mirrored, sign = _reflect(g, at, low, high - low, like)
+            return g.mul(at, g.scalar(0.0, along)), 0.0, None
+        mirrored, sign = _reflect(g, at, low, high - low)
         return mirrored, scale, sign
     return at, scale, None
 
 
-def _tap_pixel(g: GradBuilder, tap: ir.Value, size: int, padding: str, align: int, like: ir.Value):
+def _tap_pixel(g: GradBuilder, tap: ir.Value, size: int, padding: str, align: int):
     """(int64 pixel index, validity mask or None) of a tap coordinate after the padding."""
     if padding == "reflection":
         low, high = _grid_bounds(size, align)
-        tap = g.op("Floor", _reflect(g, tap, low, high - low, like)[0]) if high > low else tap
-    index = g.op("Cast", g.op("Clip", tap, g.scalar(0.0, like), g.scalar(size - 1.0, like)), to=int(ir.DataType.INT64))
+        tap = g.op("Floor", _reflect(g, tap, low, high - low)[0]) if high > low else tap
+    index = g.op("Cast", g.op("Clip", tap, g.scalar(0.0, tap), g.scalar(size - 1.0, tap)), to=int(ir.DataType.INT64))
     if padding != "zeros":
         return index, None
-    valid = g.op("And", g.op("GreaterOrEqual", tap, g.scalar(0.0, like)), g.op("LessOrEqual", tap, g.scalar(size - 1.0, like)))
+    valid = g.op("And", g.op("GreaterOrEqual", tap, g.scalar(0.0, tap)), g.op("LessOrEqual", tap, g.scalar(size - 1.0, tap)))
     return index, _row(g, g.cast_like(valid, tap))
 
 
