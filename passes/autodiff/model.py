@@ -26,18 +26,19 @@ def infer_shapes(model: ir.Model) -> ir.Model:
     return ir.serde.deserialize_model(proto)
 
 
-_INTEGERS = frozenset({ir.DataType.INT64, ir.DataType.INT32})
+_INTEGERS = frozenset({ir.DataType.INT64, ir.DataType.INT32, ir.DataType.BOOL})  # and conditions
 
 
 def fold_integer_values(model: ir.Model) -> int:
-    """Replace integer values the model computes from constants alone (pads, shapes, axes that
-    exporters build with ConstantOfShape/Concat/Transpose/Cast, the Shape of a static value) by
-    initializers, so that shape inference, which cannot evaluate such chains, sees them. Only
-    integers: float subgraphs of weights stay as they are (their initializers are the params).
-    Needs dtypes (run shape inference first); returns how many nodes were folded away."""
+    """Replace integer and boolean values the model computes from constants alone (pads, shapes,
+    axes that exporters build with ConstantOfShape/Concat/Transpose/Cast, the Shape of a static
+    value, a rank test) by initializers, so that shape inference, which cannot evaluate such
+    chains, sees them; an If whose condition is then constant is replaced by its branch. Only
+    integers and booleans: float subgraphs of weights stay as they are (their initializers are
+    the params). Needs dtypes (run shape inference first); returns how many nodes went away."""
     graph = model.graph
     taken = {v.name for n in graph for v in n.outputs} | set(graph.initializers) | {v.name for v in graph.inputs}
-    count = 0
+    count, folded_here = 0, set()
     for node in list(graph):  # in order: a folded producer makes its consumers constant too
         outputs = [v for v in node.outputs if v.name]
         if (node.op_type == "Constant" or not outputs or any(v.dtype not in _INTEGERS for v in outputs)
@@ -56,6 +57,29 @@ def fold_integer_values(model: ir.Model) -> int:
             folded = ir.Value(name=name, type=value.type, shape=ir.Shape(array.shape), const_value=ir.tensor(array))
             graph.register_initializer(folded)
             value.replace_all_uses_with(folded)
+            folded_here.add(folded)
+        graph.remove(node, safe=True)
+        count += 1
+    return count + _inline_constant_ifs(graph, folded_here)
+
+
+def _inline_constant_ifs(graph: ir.Graph, conditions: set[ir.Value]) -> int:
+    """Replace each main-graph If whose condition is one of ``conditions`` (values just folded:
+    a test the exporter computed from constants, as TorchScript writes rank tests for
+    torch.tile) by the nodes of the branch it takes; returns how many."""
+    count = 0
+    for node in list(graph):
+        if node.op_type != "If" or node.inputs[0] not in conditions or any(v.is_graph_output() for v in node.outputs):
+            continue
+        branch = node.attributes["then_branch" if bool(node.inputs[0].const_value.numpy()) else "else_branch"].value
+        for name, value in list(branch.initializers.items()):
+            branch.initializers.pop(name)
+            graph.register_initializer(value)
+        for inner in list(branch):
+            branch.remove(inner)
+            graph.insert_before(node, inner)
+        for out, value in zip(node.outputs, list(branch.outputs)):
+            out.replace_all_uses_with(value)
         graph.remove(node, safe=True)
         count += 1
     return count
