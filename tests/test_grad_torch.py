@@ -363,15 +363,6 @@ class Paddings(nn.Module):
         return (c * c.sin()).sum()
 
 
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
-
-
 def _export(net, inputs: dict, dynamo: bool, opset: int = 18):
     """``net`` exported by torch.onnx's dynamo or TorchScript exporter; inputs named as given."""
     if dynamo:
@@ -487,7 +478,11 @@ def test_embedding_bag_loop_gradients_match_torch():
 def test_torchscript_tile_with_rank_tests_gradients_match_torch():
     """TorchScript writes torch.tile with If nodes on the input's rank (constant at export):
     folded and replaced by their taken branch, the Tile's shapes are static and it differentiates."""
-    net = Fn(lambda x: (torch.tile(x, (1, 2)) * torch.repeat_interleave(x, 2, dim=1)).sum())
+    class Tiles(nn.Module):
+        def forward(self, x):
+            return (torch.tile(x, (1, 2)) * torch.repeat_interleave(x, 2, dim=1)).sum()
+
+    net = Tiles()
     inputs = {"x": torch.randn(2, 3, dtype=torch.float64, requires_grad=True)}
     proto = _export(net, inputs, dynamo=False)
     assert "If" in {n.op_type for n in proto.graph.node}
