@@ -10,8 +10,9 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _seed_module_rng(request):
-    """Give a test module's ``RNG`` a fresh seed derived from the test's id, so each test draws
-    the same numbers whatever ran before it on its pytest-xdist worker."""
-    module = request.module
-    if isinstance(getattr(module, "RNG", None), np.random.Generator):
-        module.RNG = np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+    """Give a test module's shared generator (``RNG`` or ``rng``) a fresh seed derived from the
+    test's id, so each test draws the same numbers whatever ran before it on its xdist worker."""
+    seed = zlib.crc32(request.node.nodeid.encode())
+    for name in ("RNG", "rng"):
+        if isinstance(getattr(request.module, name, None), np.random.Generator):
+            setattr(request.module, name, np.random.default_rng(seed))

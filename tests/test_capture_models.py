@@ -142,15 +142,12 @@ def test_symbolic_reshape_keeps_dims():
                                x.reshape(2, 5, 2, 2).transpose(0, 2, 1, 3).reshape(2, -1))
 
 
-def test_mlp_capture_scales():
-    """A deep MLP captures quickly (1,000 layers are in scripts/bench_capture.py)."""
-    import time
-
+def test_deep_mlp_captures():
+    """A 200-layer MLP captures to 400 nodes (its capture time, up to 1,000 layers, is measured in
+    scripts/bench_capture.py)."""
     layers = [gc.nn.Linear(16, 16) for _ in range(200)]
     net = gc.nn.Sequential(*[m for layer in layers for m in (layer, gc.nn.ReLU())])
-    start = time.perf_counter()
     model = gc.capture(net, x=gc.spec("float32", ("N", 16)))
-    assert time.perf_counter() - start < 5.0
     assert len(model.ir.graph) == 400
     check(model)
 
