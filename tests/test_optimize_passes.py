@@ -102,13 +102,60 @@ def test_matmul_add_to_gemm_with_transposed_weight():
     assert gemm.attributes.get_int("transB", 0) == 1 and gemm.inputs[1].name == "W"
 
 
-def test_gemm_not_formed_when_bias_broadcasts_or_rank3():
-    broadcast = make_model([helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
-                           [("x", F, [1, 8])], [("y", F, [4, 5])], [("W", w(8, 5)), ("b", w(4, 5))])
-    check(broadcast, 2, ["MatMul", "Add"], batches=(1,))
-    rank3 = make_model([helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
-                       [("x", F, ["N", 2, 8])], [("y", F, ["N", 2, 5])], [("W", w(8, 5)), ("b", w(5))])
-    check(rank3, 2, ["MatMul", "Add"])
+def _linear(x_shape, w_shape, b_shape, y_shape):
+    return make_model([helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["b", "h"], ["y"])],
+                      [("x", F, x_shape)], [("y", F, y_shape)], [("W", w(*w_shape)), ("b", w(*b_shape))])
+
+
+def test_gemm_not_formed_when_bias_broadcasts():
+    check(_linear([1, 8], [8, 5], [4, 5], [4, 5]), 2, ["MatMul", "Add"], batches=(1,))
+
+
+@pytest.mark.parametrize("x_shape, b_shape", [(["N", 2, 8], [5]), ([3, "N", 8], [1, 5]), (["N", 2, 3, 8], [])])
+def test_batched_linear_becomes_reshape_gemm_reshape(x_shape, b_shape):
+    # one symbolic leading dim becomes the -1 of both Reshapes, so it stays symbolic (``check``
+    # compares the interfaces and runs batch 1 and 3)
+    out = check(_linear(x_shape, [8, 5], b_shape, [*x_shape[:-1], 5]), 2, ["Reshape", "Gemm", "Reshape"])
+    assert out.ir.graph.outputs[0].shape[x_shape.index("N")].value == "N"
+
+
+@pytest.mark.parametrize("x_shape, w_shape, b_shape", [
+    (["N", "S", 8], [8, 5], [5]),     # two symbolic dims: no single -1 spells the rows
+    (["N", 2, 8], [8, 5], [2, 5]),    # the bias varies along a leading axis
+    (["N", 2, 8], [1, 8, 5], [5]),    # a batched right operand
+    ([0, 2, 8], [8, 5], [5]),         # an empty batch: -1 is ambiguous next to a 0
+])
+def test_batched_linear_kept_when_rows_cannot_be_flattened(x_shape, w_shape, b_shape):
+    y_shape = [*x_shape[:-1], 5]
+    check(_linear(x_shape, w_shape, b_shape, y_shape), 2, ["MatMul", "Add"], batches=(1,) if 0 in x_shape else (1, 3))
+
+
+def test_two_linear_layers_around_gelu_share_the_flattened_rows():
+    # x[N,5,8] -> Linear -> Gelu * 0.5 -> Linear: after both become Reshape/Gemm/Reshape, the
+    # Reshapes between the Gemms move through Gelu and the scalar Mul and cancel out
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["h1"]),
+             helper.make_node("Gelu", ["h1"], ["g"]), helper.make_node("Mul", ["half", "g"], ["gh"]),
+             helper.make_node("MatMul", ["gh", "W2"], ["k"]), helper.make_node("Add", ["k", "b2"], ["y"])]
+    m = make_model(nodes, [("x", F, ["N", 5, 8])], [("y", F, ["N", 5, 3])],
+                   [("W1", w(8, 6)), ("b1", w(6)), ("half", np.float32(0.5)), ("W2", w(6, 3)), ("b2", w(3))])
+    out = check(m, 2, ["Reshape", "Gemm", "Gelu", "Mul", "Gemm", "Reshape"], atol=1e-5)
+    assert out.ir.graph.outputs[0].shape[0].value == "N"
+
+
+@pytest.mark.parametrize("middle, keep", [
+    ([helper.make_node("Relu", ["r"], ["e"])], False),
+    ([helper.make_node("Relu", ["r"], ["e"]), helper.make_node("Add", ["e", "bias"], ["e2"])], True),  # [6] operand
+    ([helper.make_node("Softmax", ["r"], ["e"], axis=-1)], True),                                   # an axis op
+])
+def test_reshape_moves_through_elementwise_ops_only(middle, keep):
+    # x[N,6] -> Reshape[-1,2,3] -> middle -> Reshape[-1,6]: the Reshapes cancel when each middle
+    # op maps elements one by one (an operand of more than one element, or an axis, stops it)
+    last = middle[-1].output[0]
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["r"]), *middle, helper.make_node("Reshape", [last, "s2"], ["y"])]
+    m = make_model(nodes, [("x", F, ["N", 6])], [("y", F, ["N", 6])],
+                   [("s1", np.array([-1, 2, 3])), ("s2", np.array([-1, 6])), ("bias", w(3))])
+    expected = [n.op_type for n in nodes] if keep else [n.op_type for n in middle]
+    check(m, 2, expected)
 
 
 def test_transpose_folded_into_gemm_attribute():

@@ -16,7 +16,8 @@ LEVELS: dict[int, str] = {
        "CSE, dead-node removal, initializer dedup (never parameters below level 3), constants "
        "lifted to initializers, topological sort (onnx-ir)",
     2: "algebraic simplification (x*1, x+0, Transpose/Reshape/Cast chains, Expand before a "
-       "broadcasting op), MatMul+Add -> Gemm, "
+       "broadcasting op), MatMul+Add -> Gemm (a batched MatMul "
+       "by a matrix through Reshapes), "
        "Transpose into Gemm attributes, shape-subgraph folding (symbolic dims kept), Gelu (opset >= 20) and LayerNormalization (>= 17) "
        "fusions; safe for training graphs",
     3: "inference only: Conv/Gemm+BatchNormalization folding, Dropout removal, constant weight "
@@ -41,9 +42,11 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
     # The passes load onnxscript (~150 ms): imported here so `graphc --help` and every other
     # command start without it.
     from graphc.passes.optimize.algebraic import (
+        BatchedMatMulAddToGemm,
         ExpandIntoBroadcast,
         NeutralOperandElimination,
         ReshapeAbsorbsUnsqueeze,
+        ReshapeThroughElementwise,
         algebraic_pass,
         gemm_pass,
     )
@@ -59,7 +62,8 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
         loop = [inference_pass(), *loop]
     if level >= 2:
         loop += [ShapeFolding(), NeutralOperandElimination(protected if level < 3 else frozenset()),
-                 ExpandIntoBroadcast(), algebraic_pass(), ReshapeAbsorbsUnsqueeze(), gemm_pass(),
+                 ExpandIntoBroadcast(), BatchedMatMulAddToGemm(), ReshapeThroughElementwise(),
+                 algebraic_pass(), ReshapeAbsorbsUnsqueeze(), gemm_pass(),
                  *fusion_passes(opset)]
     # The finish's dead-node sweep and dedup are the loop's own instances, so the pipeline skips
     # them when nothing changed after the loop left them idle (LiftConstants found nothing).

@@ -87,7 +87,8 @@ class OptimizeReport:
         lines = [f"level {self.level}: {self.nodes_before} -> {self.nodes_after} nodes in "
                  f"{self.seconds * 1e3:.1f} ms ({self.rounds} rounds)"]
         for row in self.by_pass():
-            lines.append(f"  {row['pass']:<36} runs {row['runs']:>2}  nodes -{row['nodes_removed']:<5}"
+            change = f"{-row['nodes_removed']:+d}" if row["nodes_removed"] else "0"  # a rewrite may add nodes
+            lines.append(f"  {row['pass']:<36} runs {row['runs']:>2}  nodes {change:<6}"
                          f" {row['seconds'] * 1e3:8.1f} ms")
         return "\n".join(lines)
 
