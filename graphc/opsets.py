@@ -26,6 +26,7 @@ def convert_opset(model: Model, target: int, hint: str = "") -> Model:
             if node.domain in ("", "ai.onnx") and not _exists_at(node.op_type, target):
                 raise ValueError(f"{node.op_type} node {node.name!r}: ONNX has no {node.op_type} before opset "
                                  f"{onnx.defs.get_schema(node.op_type).since_version} and no function body for it")
+        _localize_constants(proto.graph, {}, _value_names(proto.graph))
         held = _hold_back(proto, current, target)
         converted = onnx.version_converter.convert_version(proto, target)
         _restore(converted, held, target)
@@ -86,10 +87,10 @@ _DOWNGRADES = {  # op -> (the opset its form changed, the rewrite to the form be
 
 
 def _hold_back(proto: onnx.ModelProto, current: int, target: int) -> list[str]:
-    """Move, in place, the main-graph nodes of ``_DOWNGRADES`` ops whose form changed between
+    """Move, in place, the nodes (subgraphs included) of ``_DOWNGRADES`` ops whose form changed between
     ``target`` and ``current`` into a private domain; returns their op types in node order."""
     held = []
-    for node in proto.graph.node:
+    for node in _nodes(proto.graph):
         since = _DOWNGRADES.get(node.op_type, (None,))[0]
         if node.domain in ("", "ai.onnx") and since is not None and target < since <= current:
             held.append(node.op_type)
@@ -99,18 +100,33 @@ def _hold_back(proto: onnx.ModelProto, current: int, target: int) -> list[str]:
     return held
 
 
+def _graphs(graph: onnx.GraphProto):
+    """``graph`` and every subgraph in it (If branches, Loop/Scan bodies), outer first."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs):
+                yield from _graphs(sub)
+
+
+def _nodes(graph: onnx.GraphProto):
+    for g in _graphs(graph):
+        yield from g.node
+
+
 def _restore(proto: onnx.ModelProto, held: list[str], target: int) -> None:
     """Put held-back nodes back into ai.onnx in their form at ``target``."""
     if not held:
         return
     inferred = onnx.shape_inference.infer_shapes(proto)
     shapes: dict = {"__initializers__": []}
-    for info in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
-        dims = info.type.tensor_type.shape.dim
-        shapes[info.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
-    for t in proto.graph.initializer:
-        shapes[t.name] = list(t.dims)
-    for node in proto.graph.node:
+    for graph in _graphs(inferred.graph):
+        for info in [*graph.value_info, *graph.input, *graph.output]:
+            dims = info.type.tensor_type.shape.dim
+            shapes[info.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        for t in graph.initializer:
+            shapes[t.name] = list(t.dims)
+    for node in _nodes(proto.graph):
         if node.domain == _HELD:
             op = held[int(node.op_type.rsplit("_", 1)[1])]
             node.op_type, node.domain = op, ""
@@ -126,7 +142,7 @@ def _drop_default_attributes_unknown_at(proto: onnx.ModelProto, current: int, ta
     has no such attribute (ReduceMean's ``noop_with_empty_axes`` going from 18 to 17), when
     they hold the default of the op at ``current`` and so change nothing. Any other such
     attribute raises: the model cannot mean the same at ``target``."""
-    for node in proto.graph.node:
+    for node in _nodes(proto.graph):
         if node.domain not in ("", "ai.onnx"):
             continue
         old, new = onnx.defs.get_schema(node.op_type, current), onnx.defs.get_schema(node.op_type, target)
@@ -143,6 +159,53 @@ def _drop_default_attributes_unknown_at(proto: onnx.ModelProto, current: int, ta
         if len(kept) != len(node.attribute):
             del node.attribute[:]
             node.attribute.extend(kept)
+
+
+def _localize_constants(graph: onnx.GraphProto, outer: dict[str, onnx.TensorProto], taken: set[str]) -> None:
+    """Give, in place, each subgraph (Loop/Scan body, If branch) a Constant node of its own for
+    every integer constant of an enclosing graph it reads. The converter's adapters that turn
+    an input into an attribute (Reduce* axes, Squeeze/Unsqueeze axes, Split sizes going below
+    opset 13/18) look for the constant in the node's own graph only, and stop with an assertion
+    for an outer one (torch.onnx's dynamo exporter writes EmbeddingBag's ReduceSum that way).
+    ``taken``: every value name in the model (the copies get new ones)."""
+    local = {t.name: t for t in graph.initializer if t.data_type in _INTEGER_TYPES}
+    for node in graph.node:
+        if node.op_type == "Constant" and [a.name for a in node.attribute] == ["value"] \
+                and node.attribute[0].t.data_type in _INTEGER_TYPES:
+            local[node.output[0]] = node.attribute[0].t
+    copies: dict[str, str] = {}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in outer and name not in local:
+                if name not in copies:
+                    copies[name] = _unique(f"{name}_local", taken)
+                node.input[i] = copies[name]
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)):
+                _localize_constants(sub, {**outer, **local}, taken)
+    for name, copy in reversed(copies.items()):
+        graph.node.insert(0, onnx.helper.make_node("Constant", [], [copy], value=outer[name]))
+
+
+def _value_names(graph: onnx.GraphProto) -> set[str]:
+    names: set[str] = set()
+    for g in _graphs(graph):
+        names.update(t.name for t in g.initializer)
+        names.update(i.name for i in g.input)
+        names.update(o for node in g.node for o in node.output)
+    return names
+
+
+def _unique(stem: str, taken: set[str]) -> str:
+    name, n = stem, 0
+    while name in taken:
+        n += 1
+        name = f"{stem}_{n}"
+    taken.add(name)
+    return name
+
+
+_INTEGER_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
 
 
 def _exists_at(op_type: str, opset: int) -> bool:

@@ -33,8 +33,10 @@ Conventions (each written next to its rule too):
   the op it was expanded from); so does a gradient reaching an output its rule does not cover
   (BatchNormalization's running statistics excepted, as above): it is never dropped.
 - limits: Conv/ConvTranspose/pooling need static spatial dims and channels (the batch may be
-  symbolic); Loop needs a constant trip count and no exit condition, Scan a static length
-  (both are unrolled); Resize needs static sizes on the axes it resizes and scales/sizes known
+  symbolic); Loop needs a number of steps known before run time (a constant trip count, or an
+  exit condition computed from constants and integers it carries, as dynamo's EmbeddingBag
+  writes: ``loops.py`` unrolls those and lowers the sequences they build), Scan a static
+  length (both are unrolled); Resize needs static sizes on the axes it resizes and scales/sizes known
   before run time (an aspect-ratio policy not with tf_crop_and_resize); Einsum no letter repeated in one
   operand (a diagonal); CumProd a constant axis with a static length; Pad constant pads (and
   in edge/reflect/wrap mode static sizes on the padded axes); Gather, GatherElements

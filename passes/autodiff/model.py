@@ -11,6 +11,7 @@ import onnx_ir as ir
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import FLOAT_TYPES, const_array, folded_array
 from graphc.passes.autodiff.core import backward
+from graphc.passes.autodiff.loops import lower_sequences, unroll_static_loops
 from graphc.passes.autodiff.recurrent import unroll_recurrent
 from graphc.passes.autodiff.registry import RULES
 from graphc.passes.functions import expand_functions
@@ -80,6 +81,7 @@ def _inline_constant_ifs(graph: ir.Graph, conditions: set[ir.Value]) -> int:
             graph.insert_before(node, inner)
         for out, value in zip(node.outputs, list(branch.outputs)):
             out.replace_all_uses_with(value)
+        branch.outputs.clear()  # the moved values are no longer outputs of a (dead) branch
         graph.remove(node, safe=True)
         count += 1
     return count
@@ -124,10 +126,18 @@ _KEEP_UNEXPANDED = frozenset({"Range"})
 
 def expand_for_autodiff(model: ir.Model) -> int:
     """Rewrite, in place, ops without a gradient rule into ops with rules: ONNX function ops
-    into their bodies (``expand_functions``), RNN/GRU/LSTM unrolled (``unroll_recurrent``).
-    Returns how many nodes were rewritten."""
-    return (expand_functions(model, lambda node: node.op_type not in RULES and node.op_type not in _KEEP_UNEXPANDED)
-            + unroll_recurrent(model))
+    into their bodies (``expand_functions``), RNN/GRU/LSTM unrolled (``unroll_recurrent``),
+    Loops whose step count the constants decide unrolled (``unroll_static_loops``; the Ifs in
+    their copies then fold, and the sequences they build become Concats). Returns how many
+    nodes were rewritten."""
+    count = (expand_functions(model, lambda node: node.op_type not in RULES and node.op_type not in _KEEP_UNEXPANDED)
+             + unroll_recurrent(model))
+    loops = unroll_static_loops(model)
+    if loops:
+        while fold_integer_values(model):  # an inlined If may hold another If that now folds
+            pass
+        loops += lower_sequences(model)
+    return count + loops
 
 
 def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None) -> ir.Model:

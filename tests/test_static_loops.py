@@ -1,0 +1,167 @@
+"""Loops whose step count the constants decide (a bag loop as torch.onnx's dynamo exporter
+writes EmbeddingBag: its own exit condition, Ifs on constant offsets, rows appended to a
+sequence) get gradients (float64 central differences), train on onnxruntime and deploy at
+opset 17; a Loop whose exit depends on data is still refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphc as gc
+
+D = TensorProto.DOUBLE
+I64 = TensorProto.INT64
+OFFSETS = [0, 2, 2, 4, 5]  # bag 1 is empty
+W = np.random.default_rng(0).standard_normal((5, 3))
+
+
+def _const(name, value):
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name))
+
+
+def bags_model(insert_at: int | None = None, new_axis: int = 1, dtype=D, opset: int = 18) -> onnx.ModelProto:
+    """total = sum(tanh(ConcatFromSequence(bags)) * x), one row per bag of W's rows between
+    consecutive OFFSETS: zeros for an empty bag, the sum of its rows for the last bag, their
+    mean otherwise, each chosen by an If inside a Loop that counts bags while ``i < n_bags``.
+    ``insert_at``: SequenceInsert's position (None appends)."""
+    np_dtype = {D: np.float64, TensorProto.FLOAT: np.float32}[dtype]
+    n_bags = len(OFFSETS) - 1
+    reduce_axes = "axes0"  # an outer constant, as the dynamo exporter leaves it
+    last_bag = helper.make_graph([helper.make_node("ReduceSum", ["rows", reduce_axes], ["row_sum"], keepdims=0)],
+                                 "last", [], [helper.make_tensor_value_info("row_sum", dtype, None)])
+    other_bag = helper.make_graph([helper.make_node("ReduceMean", ["rows", reduce_axes], ["row_mean"], keepdims=0)],
+                                  "other", [], [helper.make_tensor_value_info("row_mean", dtype, None)])
+    empty = helper.make_graph([helper.make_node("ConstantOfShape", ["width"], ["zeros"],
+                                                value=numpy_helper.from_array(np.zeros(1, np_dtype)))],
+                              "empty", [], [helper.make_tensor_value_info("zeros", dtype, None)])
+    full = helper.make_graph([
+        helper.make_node("Slice", ["W", "start", "end"], ["rows"]),
+        helper.make_node("Equal", ["i", "last_index"], ["is_last"]),
+        helper.make_node("If", ["is_last"], ["bag"], then_branch=last_bag, else_branch=other_bag),
+    ], "full", [], [helper.make_tensor_value_info("bag", dtype, None)])
+    insert = ["seq_in", "row"] + ([] if insert_at is None else ["position"])
+    body = helper.make_graph([
+        helper.make_node("Reshape", ["i", "one_d"], ["i1"]),
+        helper.make_node("Add", ["i1", "one"], ["i2"]),
+        helper.make_node("Slice", ["offsets", "i1", "i2"], ["start"]),
+        helper.make_node("Add", ["i2", "one"], ["i3"]),
+        helper.make_node("Slice", ["offsets", "i2", "i3"], ["end"]),
+        helper.make_node("Equal", ["start", "end"], ["is_empty"]),
+        helper.make_node("If", ["is_empty"], ["row"], then_branch=empty, else_branch=full),
+        helper.make_node("SequenceInsert", insert, ["seq_out"]),
+        helper.make_node("Add", ["i", "one"], ["i_next"]),
+        helper.make_node("Less", ["i_next", "n_bags"], ["cond_out"]),
+    ], "bags", [helper.make_tensor_value_info("iter", I64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                helper.make_tensor_sequence_value_info("seq_in", dtype, None), helper.make_tensor_value_info("i", I64, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_sequence_value_info("seq_out", dtype, None), helper.make_tensor_value_info("i_next", I64, [])])
+    nodes = [
+        _const("offsets", np.array(OFFSETS, np.int64)), _const("one", np.array(1, np.int64)),
+        _const("one_d", np.array([1], np.int64)), _const("n_bags", np.array(n_bags, np.int64)),
+        _const("last_index", np.array(n_bags - 1, np.int64)), _const("width", np.array([3], np.int64)),
+        _const(reduce_axes, np.array([0], np.int64)), _const("position", np.array(insert_at or 0, np.int64)),
+        _const("true", np.array(True)), _const("zero", np.array(0, np.int64)),
+        helper.make_node("SequenceEmpty", [], ["seq0"], dtype=dtype),
+        helper.make_node("Loop", ["", "true", "seq0", "zero"], ["bags", "count"], body=body),
+        helper.make_node("ConcatFromSequence", ["bags"], ["stacked"], axis=0, new_axis=new_axis),
+        helper.make_node("Tanh", ["stacked"], ["t"]), helper.make_node("Mul", ["t", "x"], ["weighted"]),
+        helper.make_node("ReduceSum", ["weighted"], ["total"], keepdims=0),
+    ]
+    shape = [n_bags, 3] if new_axis else [n_bags * 3]
+    graph = helper.make_graph(nodes, "bags", [helper.make_tensor_value_info("x", dtype, shape)],
+                              [helper.make_tensor_value_info("total", dtype, [])],
+                              [numpy_helper.from_array(W.astype(np_dtype), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _expected_rows(insert_at):
+    rows = []
+    for b, (start, end) in enumerate(zip(OFFSETS, OFFSETS[1:])):
+        row = np.zeros(3) if start == end else W[start:end].sum(0) if b == len(OFFSETS) - 2 else W[start:end].mean(0)
+        if insert_at is None:
+            rows.append(row)
+        else:
+            rows.insert(insert_at + len(rows) if insert_at < 0 else insert_at, row)
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("insert_at, new_axis", [(None, 1), (0, 1), (None, 0)])
+def test_bag_loop_gradient_matches_central_differences(insert_at, new_axis):
+    model = bags_model(insert_at, new_axis)
+    x = np.random.default_rng(1).standard_normal([4, 3] if new_axis else [12])
+    rows = _expected_rows(insert_at)
+    assert np.isclose(gc.Session(model, backend="ort-cpu").run({"x": x})["total"],
+                      np.sum(np.tanh(rows.reshape(x.shape)) * x))  # the model means what it says
+    grads = gc.grad(model, "total", wrt=["W"])
+    assert not {"Loop", "If", "SequenceInsert", "ConcatFromSequence"} & {n.op_type for n in grads.ir.graph}
+    session = gc.Session(grads, backend="numpy")
+    got = session.run({"x": x})
+    np.testing.assert_allclose(got["total"], np.sum(np.tanh(rows.reshape(x.shape)) * x), rtol=1e-12)
+    eps, numeric = 1e-6, np.zeros_like(W)
+    for index in np.ndindex(W.shape):
+        step = np.zeros_like(W)
+        step[index] = eps
+        numeric[index] = (session.run({"x": x, "W": W + step})["total"]
+                          - session.run({"x": x, "W": W - step})["total"]) / (2 * eps)
+    np.testing.assert_allclose(got["W_grad"], numeric, rtol=1e-6, atol=1e-9)
+    on_ort = gc.Session(grads, backend="ort-cpu").run({"x": x})
+    np.testing.assert_allclose(on_ort["W_grad"], got["W_grad"], rtol=1e-12)
+
+
+def test_bag_loop_trains_and_inference_keeps_the_loop():
+    model = gc.load(bags_model(dtype=TensorProto.FLOAT))
+    arts = gc.training.generate(model, gc.losses.mse("total", label="target"), gc.optim.SGD(0.1))
+    assert "Loop" in {n.op_type for n in arts.eval.ir.graph}
+    assert "Loop" not in {n.op_type for n in arts.gradients.ir.graph}
+    batch = {"x": np.ones((4, 3), np.float32), "target": np.zeros((), np.float32)}
+    grads = gc.Session(arts.gradients, backend="ort-cpu").run(batch)
+    np.testing.assert_allclose(grads["W_grad"], gc.Session(arts.gradients, backend="numpy").run(batch)["W_grad"],
+                               rtol=1e-5, atol=1e-6)
+    rows = _expected_rows(None)
+    loss = np.sum(np.tanh(rows))
+    dw = np.zeros_like(W)  # d(loss^2)/dW by hand: each row's tanh' times how each W row enters it
+    for b, (start, end) in enumerate(zip(OFFSETS, OFFSETS[1:])):
+        scale = 1.0 if b == len(OFFSETS) - 2 else 1.0 / max(end - start, 1)
+        dw[start:end] += 2 * loss * (1 - np.tanh(rows[b]) ** 2) * scale
+    np.testing.assert_allclose(grads["W_grad"], dw, rtol=1e-4)
+
+
+def test_loop_whose_exit_depends_on_data_is_refused_by_name():
+    # the carried value is a float the input decides: no number of steps is known before run time
+    body = helper.make_graph([helper.make_node("Mul", ["v", "W_scale"], ["v_next"]),
+                              helper.make_node("ReduceSum", ["v_next"], ["total"], keepdims=0),
+                              helper.make_node("Less", ["total", "limit"], ["cond_out"])],
+                             "grow", [helper.make_tensor_value_info("iter", I64, []),
+                                      helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                                      helper.make_tensor_value_info("v", D, [3])],
+                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v_next", D, [3])])
+    nodes = [_const("trips", np.array(10, np.int64)), _const("true", np.array(True)),
+             _const("limit", np.array(100.0)),
+             helper.make_node("Loop", ["trips", "true", "x"], ["v_final"], body=body),
+             helper.make_node("ReduceSum", ["v_final"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "grow", [helper.make_tensor_value_info("x", D, [3])],
+                              [helper.make_tensor_value_info("loss", D, [])],
+                              [numpy_helper.from_array(np.array(2.0), "W_scale")])
+    with pytest.raises(gc.GraphError, match="computes its own exit condition"):
+        gc.grad(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), "loss", wrt=["W_scale"])
+
+
+def test_bag_loop_deploys_at_opset_17(tmp_path):
+    """The body's ReduceSum reads its axes from the main graph; onnx's converter turns them into
+    an attribute at opset 17 only when the constant is in the body's own graph."""
+    model = gc.load(bags_model(dtype=TensorProto.FLOAT, opset=20))
+    folder = gc.deploy.triton(model, tmp_path, "bags")
+    served = onnx.load(str(folder / "1" / "model.onnx"))
+    assert served.opset_import[0].version == 17
+    onnx.checker.check_model(served, full_check=True)
+    x = np.random.default_rng(2).standard_normal((4, 3)).astype(np.float32)
+    got = ort.InferenceSession(served.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, gc.Session(model, backend="ort-cpu").run({"x": x})["total"], rtol=1e-6)
