@@ -8,7 +8,7 @@ import onnx_ir as ir
 
 from graphc.errors import GraphError
 from graphc.model import Model, load
-from graphc.passes.functions import expand_functions
+from graphc.passes.functions import expand_functions, fresh_name
 
 __all__ = ["convert_opset"]
 
@@ -178,7 +178,7 @@ def _localize_constants(graph: onnx.GraphProto, outer: dict[str, onnx.TensorProt
         for i, name in enumerate(node.input):
             if name in outer and name not in local:
                 if name not in copies:
-                    copies[name] = _unique(f"{name}_local", taken)
+                    copies[name] = fresh_name(taken, f"{name}_local")
                 node.input[i] = copies[name]
         for attribute in node.attribute:
             for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)):
@@ -194,15 +194,6 @@ def _value_names(graph: onnx.GraphProto) -> set[str]:
         names.update(i.name for i in g.input)
         names.update(o for node in g.node for o in node.output)
     return names
-
-
-def _unique(stem: str, taken: set[str]) -> str:
-    name, n = stem, 0
-    while name in taken:
-        n += 1
-        name = f"{stem}_{n}"
-    taken.add(name)
-    return name
 
 
 _INTEGER_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})

@@ -16,7 +16,7 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import InlinePass
 
-__all__ = ["EXPANDED_FROM", "expand_functions", "has_function"]
+__all__ = ["EXPANDED_FROM", "expand_functions", "fresh_name", "has_function"]
 
 _STANDARD = ("", "ai.onnx")
 _PRIVATE = "graphc.expand"  # the domain the bodies live in until they are inlined
@@ -52,7 +52,7 @@ def expand_functions(model: ir.Model, select: Callable[[ir.Node], bool]) -> int:
             function.name, function.domain = f"{node.op_type}_{count + expanded}", _PRIVATE
             for i, out in enumerate(node.outputs):  # a skipped output the body binds gets a name
                 if not out.name:
-                    out.name = _fresh(taken, f"{function.name}_unused_{i}")
+                    out.name = fresh_name(taken, f"{function.name}_unused_{i}")
             origin = f"{node.op_type} node {node.name!r}"
             for inner in function:  # errors about a body node then name the op it came from
                 inner.metadata_props.update(node.metadata_props)
@@ -70,7 +70,8 @@ def expand_functions(model: ir.Model, select: Callable[[ir.Node], bool]) -> int:
     return count
 
 
-def _fresh(taken: set[str], stem: str) -> str:
+def fresh_name(taken: set[str], stem: str) -> str:
+    """``stem``, or ``stem_<n>`` for the first n that makes it new to ``taken`` (which gets it)."""
     name, n = stem, 0
     while name in taken:
         n += 1
