@@ -61,33 +61,39 @@ def _iterations(node: ir.Node, opset: int) -> int | None:
     exit condition (and the carried values that part reads) on the constants; None when that
     part reads anything not known before run time, or more than MAX_STEPS steps."""
     from graphc.backends.numpy import run_node
+    from graphc.errors import GraphcError
 
     body = node.attributes["body"].value
-    trip = folded_array(node.inputs[0]) if node.inputs[0] is not None else None
-    if node.inputs[0] is not None and trip is None:
-        return None
-    limit = min(int(trip), MAX_STEPS + 1) if trip is not None else MAX_STEPS + 1
-    cond = folded_array(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else np.array(True)
     cone = _condition_cone(body)
-    if cond is None or cone is None:
+    if cone is None:
         return None
     nodes, carried = cone
-    env: dict[ir.Value, np.ndarray] = {}
+    env: dict[ir.Value, np.ndarray | None] = {}
+
+    def known(value: ir.Value) -> np.ndarray | None:  # outer constants are folded once
+        if value not in env:
+            env[value] = folded_array(value) if isinstance(value.type, ir.TensorType) else None
+        return env[value]
+
+    trip = known(node.inputs[0]) if node.inputs[0] is not None else np.array(MAX_STEPS + 1)
+    cond = known(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else np.array(True)
     for k in carried:
-        env[body.inputs[2 + k]] = folded_array(node.inputs[2 + k])
-        if env[body.inputs[2 + k]] is None:
-            return None
-    step = 0
+        env[body.inputs[2 + k]] = known(node.inputs[2 + k])
+    if trip is None or cond is None or any(env[body.inputs[2 + k]] is None for k in carried):
+        return None
+    step, limit = 0, min(int(trip), MAX_STEPS + 1)
     while step < limit and bool(cond):
         env[body.inputs[0]], env[body.inputs[1]] = np.array(step, np.int64), np.array(True)
         for inner in nodes:
-            inputs = [None if v is None else env[v] if v in env else folded_array(v) for v in inner.inputs]
+            inputs = [None if v is None else known(v) for v in inner.inputs]
             if any(a is None and v is not None for a, v in zip(inputs, inner.inputs)):
                 return None
-            outs = run_node(inner.op_type, inputs, node_attrs(inner), opset, inner.domain,
-                            num_outputs=len(inner.outputs))
+            try:
+                outs = run_node(inner.op_type, inputs, node_attrs(inner), opset, inner.domain,
+                                num_outputs=len(inner.outputs))
+            except GraphcError:
+                return None
             env.update(zip(inner.outputs, outs))
-        known = lambda v: env[v] if v in env else folded_array(v)  # noqa: E731
         cond = known(body.outputs[0])
         updates = {body.inputs[2 + k]: known(body.outputs[1 + k]) for k in carried}
         if cond is None or any(a is None for a in updates.values()):
