@@ -67,6 +67,9 @@ def ort_session(proto: onnx.ModelProto) -> ort.InferenceSession:
     options.intra_op_num_threads = 2
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    # The tools' sessions take turns run by run: a worker thread left spinning after one
+    # session's run would steal the CPU from the next session's (2 cores, 5 sessions).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 

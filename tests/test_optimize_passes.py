@@ -119,6 +119,20 @@ def test_batched_linear_becomes_reshape_gemm_reshape(x_shape, b_shape):
     assert out.ir.graph.outputs[0].shape[x_shape.index("N")].value == "N"
 
 
+def test_batched_linear_merges_with_the_reshapes_around_it():
+    # x[N,5*8] -> Reshape[0,5,8] -> x @ Transpose(W) + b -> Reshape[0,0,2,3] (a head split, 0s
+    # copying dims): one Reshape in, Gemm(transB=1), one Reshape out
+    nodes = [helper.make_node("Reshape", ["x", "s_in"], ["x3"]), helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x3", "Wt"], ["h"]), helper.make_node("Add", ["h", "b"], ["h1"]),
+             helper.make_node("Reshape", ["h1", "s_out"], ["y"])]
+    m = make_model(nodes, [("x", F, ["N", 40])], [("y", F, ["N", 5, 2, 3])],
+                   [("s_in", np.array([0, 5, 8])), ("W", w(6, 8)), ("b", w(6)), ("s_out", np.array([0, 0, 2, 3]))])
+    out = check(m, 2, ["Reshape", "Gemm", "Reshape"])
+    gemm = list(out.ir.graph)[1]
+    assert gemm.attributes.get_int("transB", 0) == 1 and gemm.inputs[1].name == "W"
+    assert list(out.ir.graph)[0].inputs[0].name == "x"
+
+
 @pytest.mark.parametrize("x_shape, w_shape, b_shape", [
     (["N", "S", 8], [8, 5], [5]),     # two symbolic dims: no single -1 spells the rows
     (["N", 2, 8], [8, 5], [2, 5]),    # the bias varies along a leading axis

@@ -473,7 +473,10 @@ class BatchedMatMulAddToGemm(ir.passes.InPlacePass):
         return [-1 if symbolic else int(np.prod(lead)), k], out
 
     def _rewrite(self, add: ir.Node, matmul: ir.Node, c: ir.Value, rows_shape: list, out_shape: list) -> None:
-        graph, meta, a = add.graph, dict(matmul.metadata_props), matmul.inputs[0]
+        graph, meta = add.graph, dict(matmul.metadata_props)
+        # a Reshape feeding the rows, or reading the result, merges with ours (two Reshapes in a
+        # row are the last one, when the last holds no 0): the attention block's head splits
+        a = _unreshaped(matmul.inputs[0])
         # new nodes are named after the MatMul's output value, unique in the graph
         base = matmul.outputs[0].name or matmul.name
         named = {part: f"{base}/{part}" if base else None for part in ("rows", "gemm", "unrows")}
@@ -485,11 +488,55 @@ class BatchedMatMulAddToGemm(ir.passes.InPlacePass):
             rows = self._rows[key] = reshape.outputs[0]
             rows.shape, rows.dtype = ir.Shape([m, rows_shape[1]]), a.dtype
             new.append(reshape)
-        gemm = ir.Node("", "Gemm", [self._rows[key], matmul.inputs[1], c], name=named["gemm"], metadata_props=meta)
+        b, trans_b = _untransposed(matmul.inputs[1])  # Gemm transposes b itself (TransposeIntoGemm)
+        gemm = ir.Node("", "Gemm", [self._rows[key], b, c], attributes=[ir.AttrInt64("transB", 1)] if trans_b else (),
+                       name=named["gemm"], metadata_props=meta)
         gemm.outputs[0].shape, gemm.outputs[0].dtype = ir.Shape([m, out_shape[-1]]), a.dtype
+        for use in list(add.outputs[0].uses()):
+            target = _reshape_target(use.node, out_shape) if use.idx == 0 else None
+            if target is not None:
+                use.node.replace_input_with(0, gemm.outputs[0])
+                use.node.replace_input_with(1, self._shape(graph, f"{base}/reshaped", target))
         back = ir.Node("", "Reshape", [gemm.outputs[0], self._shape(graph, f"{base}/unrows", out_shape)],
                        name=named["unrows"], metadata_props=meta)
         # a shared rows Reshape goes in at the first linear that reads it, which comes before
         # every later one in the graph's order
         ir.convenience.replace_nodes_and_values(graph, add, [matmul, add], [*new, gemm, back], add.outputs,
                                                 back.outputs)
+        if not back.outputs[0].uses() and not back.outputs[0].is_graph_output():
+            graph.remove(back)
+
+
+def _reshape_target(node: ir.Node, dims: list[int]) -> list[int] | None:
+    """For a Reshape of a value of shape ``dims`` (one -1 at most) to a constant shape: that
+    shape with each 0 ("copy the input's dim") spelled out from ``dims``, which then means the
+    same for any input with that many elements; None if not a Reshape, or two dims would be
+    -1."""
+    if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or node.attributes.get_int("allowzero", 0):
+        return None
+    shape = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    if shape is None or shape.ndim != 1:
+        return None
+    target = [int(dims[i]) if d == 0 and i < len(dims) else int(d) for i, d in enumerate(shape)]
+    return target if target.count(-1) <= 1 and 0 not in target else None
+
+
+def _unreshaped(value: ir.Value) -> ir.Value:
+    """The input of the Reshape producing ``value``, else ``value``: a later Reshape to a full
+    constant shape reads the same elements from either."""
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Reshape" and producer.domain in ("", "ai.onnx") \
+            and producer.inputs[0] is not None:
+        return producer.inputs[0]
+    return value
+
+
+def _untransposed(value: ir.Value) -> tuple[ir.Value, bool]:
+    """(x, True) when ``value`` is ``Transpose(x, perm=[1, 0])``, else (value, False)."""
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Transpose" and producer.domain in ("", "ai.onnx"):
+        perm = producer.attributes.get_ints("perm", None)
+        x = producer.inputs[0]
+        if x is not None and x.shape is not None and len(x.shape) == 2 and list(perm or [1, 0]) == [1, 0]:
+            return x, True
+    return value, False
