@@ -111,6 +111,16 @@ def test_gemm_not_formed_when_bias_broadcasts():
     check(_linear([1, 8], [8, 5], [4, 5], [4, 5]), 2, ["MatMul", "Add"], batches=(1,))
 
 
+@pytest.mark.parametrize("x_shape", [["N", 8], ["N", 2, 8]])
+def test_integer_linear_layers_stay_matmul_add(x_shape):
+    # onnxruntime's CPU provider has no integer Gemm: the rewritten model would not load there
+    ints = lambda *shape: rng.integers(-3, 4, shape).astype(np.int64)  # noqa: E731
+    m = make_model([helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["b", "h"], ["y"])],
+                   [("x", TensorProto.INT64, x_shape)], [("y", TensorProto.INT64, [*x_shape[:-1], 5])],
+                   [("W", ints(8, 5)), ("b", ints(5))])
+    check(m, 2, ["MatMul", "Add"])
+
+
 @pytest.mark.parametrize("x_shape, b_shape", [(["N", 2, 8], [5]), ([3, "N", 8], [1, 5]), (["N", 2, 3, 8], [])])
 def test_batched_linear_becomes_reshape_gemm_reshape(x_shape, b_shape):
     # one symbolic leading dim becomes the -1 of both Reshapes, so it stays symbolic (``check``
