@@ -165,3 +165,42 @@ def test_bag_loop_deploys_at_opset_17(tmp_path):
     x = np.random.default_rng(2).standard_normal((4, 3)).astype(np.float32)
     got = ort.InferenceSession(served.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, gc.Session(model, backend="ort-cpu").run({"x": x})["total"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("x", [[0.3, 0.2, -0.1], [-0.3, 0.2, -0.1]])
+def test_loop_with_an_if_on_data_in_its_body_is_differentiated(x):
+    """A fixed 4-step Loop whose body picks v * W or tanh(v) by the sign of sum(v): unrolled,
+    each step's If stays (its condition is data) and gets the If rule; both inputs' gradients
+    match central differences, for inputs that take either branch first."""
+    then_branch = helper.make_graph([helper.make_node("Mul", ["v", "W"], ["scaled"])], "then", [],
+                                    [helper.make_tensor_value_info("scaled", D, [3])])
+    else_branch = helper.make_graph([helper.make_node("Tanh", ["v"], ["squashed"])], "else", [],
+                                    [helper.make_tensor_value_info("squashed", D, [3])])
+    body = helper.make_graph([helper.make_node("ReduceSum", ["v"], ["s"], keepdims=0),
+                              helper.make_node("Greater", ["s", "zero"], ["positive"]),
+                              helper.make_node("If", ["positive"], ["v_next"], then_branch=then_branch,
+                                               else_branch=else_branch),
+                              helper.make_node("Identity", ["cond_in"], ["cond_out"])], "step",
+                             [helper.make_tensor_value_info("iter", I64, []),
+                              helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v", D, [3])],
+                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v_next", D, [3])])
+    nodes = [_const("trips", np.array(4, np.int64)), _const("zero", np.array(0.0)),
+             helper.make_node("Loop", ["trips", "", "x"], ["v_final"], body=body),
+             helper.make_node("ReduceSumSquare", ["v_final"], ["loss"], keepdims=0)]
+    w = np.array([0.9, -0.4, 1.1])
+    graph = helper.make_graph(nodes, "steps", [helper.make_tensor_value_info("x", D, [3])],
+                              [helper.make_tensor_value_info("loss", D, [])], [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    session = gc.Session(gc.grad(model, "loss", wrt=["W", "x"]), backend="numpy")
+    x = np.array(x)
+    got = session.run({"x": x})
+    assert np.isclose(got["loss"], gc.Session(model, backend="ort-cpu").run({"x": x})["loss"], rtol=1e-12)
+    eps, eye = 1e-6, np.eye(3)
+    numeric_w = [(session.run({"x": x, "W": w + eps * e})["loss"] - session.run({"x": x, "W": w - eps * e})["loss"])
+                 / (2 * eps) for e in eye]
+    numeric_x = [(session.run({"x": x + eps * e})["loss"] - session.run({"x": x - eps * e})["loss"]) / (2 * eps)
+                 for e in eye]
+    np.testing.assert_allclose(got["W_grad"], numeric_w, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(got["x_grad"], numeric_x, rtol=1e-6, atol=1e-9)

@@ -35,7 +35,8 @@ Conventions (each written next to its rule too):
 - limits: Conv/ConvTranspose/pooling need static spatial dims and channels (the batch may be
   symbolic); Loop needs a number of steps known before run time (a constant trip count, or an
   exit condition computed from constants and integers it carries, as dynamo's EmbeddingBag
-  writes: ``loops.py`` unrolls those and lowers the sequences they build), Scan a static
+  writes: ``loops.py`` unrolls those, Ifs in the body included, and lowers the sequences they
+  build), Scan a static
   length (both are unrolled); Resize needs static sizes on the axes it resizes and scales/sizes known
   before run time (an aspect-ratio policy not with tf_crop_and_resize); Einsum no letter repeated in one
   operand (a diagonal); CumProd a constant axis with a static length; Pad constant pads (and
