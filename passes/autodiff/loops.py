@@ -1,8 +1,9 @@
 """Loops whose number of iterations the constants decide, unrolled for autodiff, and the
 sequences they build lowered to plain tensors.
 
-``grad_loop`` differentiates a Loop with a constant trip count and no exit condition of its
-own. Exporters also write loops that do have one, yet only over constants: torch.onnx's dynamo
+``grad_loop`` unrolls a Loop with a constant trip count and no exit condition of its own, and
+takes any other Loop in reverse mode, but neither way through sequences or control flow in the
+body. Exporters write loops with all three, yet decided by constants alone: torch.onnx's dynamo
 exporter writes ``F.embedding_bag`` as a Loop that carries a bag index from 0 while
 ``index < num_bags``, takes each bag's rows under Ifs that test constant offsets, and appends
 each row to a sequence that ``ConcatFromSequence`` joins. Such a Loop is run ahead on its

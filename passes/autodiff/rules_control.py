@@ -1,5 +1,6 @@
 """VJP rules of control flow: If (both branches differentiated as subgraphs of a backward If),
-Loop and Scan (unrolled when the number of iterations is static).
+Loop and Scan (unrolled when the number of iterations is static; any other Loop in reverse mode
+with a recorded tape, ``_reverse_loop``).
 
 The backward If takes the same condition. Each of its branches is a clone of the forward
 branch (recomputing the branch's intermediates, which are invisible outside it) followed by
@@ -13,7 +14,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
-from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, static_shape
+from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, is_float, static_shape
 from graphc.passes.autodiff.registry import grad_rule
 
 
@@ -123,8 +124,12 @@ def _static_trip_count(node: ir.Node) -> int:
 @grad_rule("Loop", multi_output=True)
 def grad_loop(g, node, dys):
     # Loop(M, cond, v...) with a constant trip count and no early exit: the forward is unrolled
-    # (recomputed) step by step and differentiated like straight-line code.
-    trips = _static_trip_count(node)
+    # (recomputed) step by step and differentiated like straight-line code. Any other Loop runs
+    # again recording each step's carried values, and a backward Loop walks them in reverse.
+    try:
+        trips = _static_trip_count(node)
+    except GraphError:
+        return _reverse_loop(g, node, dys)
     body = node.attributes["body"].value
     n_carry = len(node.inputs) - 2
     true = None
@@ -207,3 +212,94 @@ def grad_scan(g, node, dys):
 
     return _unrolled_gradients(
         g, node, steps, lambda sub, result: _seeds(sub, result, dys, n_carry, length, out_axes, out_dirs))
+
+
+def _reverse_loop(g: GradBuilder, node: ir.Node, dys) -> dict:
+    """Gradients of a Loop whose number of steps is known only at run time (its own exit
+    condition, a trip count fed in): reverse mode with a tape.
+
+    1. A copy of the Loop runs again and also stacks, as scan outputs, each step's iteration
+       number and carried values (the tape). The step count T is the tape's length.
+    2. A backward Loop runs T steps, t = T-1 .. 0: it reads step t's values off the tape,
+       recomputes the body from them, and backpropagates through it the carried values'
+       gradients (its loop-carried state, starting from the outputs' dys) and step t's slice
+       of each scan output's dy; the gradients of outer values the body reads are summed in
+       further loop-carried accumulators.
+    Exact for any number of steps, zero included (then the carried values' gradients are the
+    dys themselves). The body may not hold control flow of its own."""
+    from graphc.passes.autodiff.core import backprop, captured_values
+
+    body = node.attributes["body"].value
+    n_carry = len(node.inputs) - 2
+    carried_in, carried_out = list(body.inputs[2:]), list(body.outputs[1:1 + n_carry])
+    scan_out = list(body.outputs[1 + n_carry:])
+    if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for n in body for a in n.attributes.values()):
+        raise GraphError(f"gradient of Loop {node.name!r}: its step count is known only at run time and its "
+                         "body holds control flow, which is not supported")
+    if any(not isinstance(v.type, ir.TensorType) for v in carried_in):
+        raise GraphError(f"gradient of Loop {node.name!r}: its step count is known only at run time and it "
+                         "carries a sequence, which is not supported")
+    floats = [k for k, v in enumerate(carried_in) if is_float(v)]
+    captured = [v for v in captured_values(body) if g.wants(v)]
+
+    # 1. the recording Loop: the body again, plus (iteration, carried values) as scan outputs
+    record = body.clone(allow_outer_scope_values=True)
+    for value in [*record.inputs, *(out for n in record for out in n.outputs)]:
+        value.name = g.fresh("tape")
+    tape_outputs = []
+    for value in [record.inputs[0], *record.inputs[2:]]:
+        copy = ir.node("Identity", [value], name=g.fresh("Identity"))
+        copy.outputs[0].name, copy.outputs[0].type = g.fresh("tape"), value.type
+        record.append(copy)
+        tape_outputs.append(copy.outputs[0])
+    record.outputs.extend(tape_outputs)
+    record.name = g.fresh("tape_body")
+    outs = g.op("Loop", *node.inputs, num_outputs=len(node.outputs) + 1 + n_carry, body=record)
+    for out, like in zip(outs, [*node.outputs, record.inputs[0], *carried_in]):
+        out.type = like.type
+    tape_iter, tapes = outs[len(node.outputs)], outs[len(node.outputs) + 1:]
+    steps = g.squeeze(g.op("Shape", tape_iter), [0])
+    last = g.op("Sub", steps, g.const(1, np.int64))
+
+    # 2. the backward Loop's body: (j, cond, dv..., acc...) -> (cond, dv'..., acc'...)
+    backward = ir.Graph([], [], nodes=[], name=g.fresh("reverse_body"))
+    sub = g.subgraph_builder(backward)
+    j = ir.Value(name=g.fresh("j"), type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
+    cond = ir.Value(name=g.fresh("cond"), type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+    dv_in = [ir.Value(name=g.fresh("dv"), type=carried_in[k].type, shape=carried_in[k].shape) for k in floats]
+    acc_in = [ir.Value(name=g.fresh("acc"), type=c.type, shape=c.shape) for c in captured]
+    backward.inputs.extend([j, cond, *dv_in, *acc_in])
+    t = sub.op("Sub", last, j)
+    mapping = {body.inputs[0]: sub.op("Gather", tape_iter, t, axis=0), body.inputs[1]: sub.const(True, np.bool_)}
+    for k, tape in enumerate(tapes):
+        mapping[carried_in[k]] = value = sub.op("Gather", tape, t, axis=0)
+        value.type, value.shape = carried_in[k].type, carried_in[k].shape
+    start = len(backward)
+    _clone_body(sub, body, mapping)
+    seeds: dict[ir.Value, ir.Value] = {}
+    for k, dv in zip(floats, dv_in):
+        out = mapping.get(carried_out[k], carried_out[k])
+        seeds[out] = sub.add(seeds[out], dv) if out in seeds else dv
+    for value, dy in zip(scan_out, dys[n_carry:]):
+        if dy is not None:
+            out, part = mapping.get(value, value), sub.op("Gather", dy, t, axis=0)
+            seeds[out] = sub.add(seeds[out], part) if out in seeds else part
+    targets = [mapping[carried_in[k]] for k in floats] + captured
+    grads = backprop(sub, list(backward)[start:], seeds, targets)
+    results = [sub.op("Identity", cond)]
+    for k in floats:
+        value = mapping[carried_in[k]]
+        results.append(sub.op("Identity", grads[value]) if value in grads else sub.zeros_like(value))
+    for c, acc in zip(captured, acc_in):
+        results.append(sub.op("Add", acc, grads[c]) if c in grads else sub.op("Identity", acc))
+    for value, like in zip(results, [cond, *dv_in, *acc_in]):
+        value.type, value.shape = like.type, like.shape
+    backward.outputs.extend(results)
+
+    dv0 = [dys[k] if dys[k] is not None else g.zeros_like(node.outputs[k]) for k in floats]
+    acc0 = [g.zeros_like(c) for c in captured]
+    final = g.op("Loop", steps, None, *dv0, *acc0, num_outputs=len(floats) + len(captured), body=backward)
+    final = (final,) if len(floats) + len(captured) == 1 else final
+    result = {node.inputs[2 + k]: dv for k, dv in zip(floats, final) if g.wants(node.inputs[2 + k])}
+    result.update(zip(captured, final[len(floats):]))
+    return result

@@ -1,7 +1,8 @@
-"""Loops whose step count the constants decide (a bag loop as torch.onnx's dynamo exporter
-writes EmbeddingBag: its own exit condition, Ifs on constant offsets, rows appended to a
-sequence) get gradients (float64 central differences), train on onnxruntime and deploy at
-opset 17; a Loop whose exit depends on data is still refused by name."""
+"""Gradients of Loops. Loops whose step count the constants decide (a bag loop as torch.onnx's
+dynamo exporter writes EmbeddingBag: its own exit condition, Ifs on constant offsets, rows
+appended to a sequence) are unrolled: gradients (float64 central differences), training on
+onnxruntime, deployment at opset 17. A Loop whose exit depends on data gets reverse-mode
+gradients through a recorded tape, for any number of steps, zero included."""
 
 from __future__ import annotations
 
@@ -133,25 +134,75 @@ def test_bag_loop_trains_and_inference_keeps_the_loop():
     np.testing.assert_allclose(grads["W_grad"], dw, rtol=1e-4)
 
 
-def test_loop_whose_exit_depends_on_data_is_refused_by_name():
-    # the carried value is a float the input decides: no number of steps is known before run time
-    body = helper.make_graph([helper.make_node("Mul", ["v", "W_scale"], ["v_next"]),
-                              helper.make_node("ReduceSum", ["v_next"], ["total"], keepdims=0),
-                              helper.make_node("Less", ["total", "limit"], ["cond_out"])],
+def _grow_model(nested: bool = False) -> onnx.ModelProto:
+    """v <- v * W while sum(v) < 20 (at most 10 steps, none when sum(x) >= 20 already), emitting
+    sin(v) each step; objective = sum(v_final^2) + sum(emitted). ``nested``: the product sits in an
+    If, which the reverse-mode rule does not take."""
+    step = [helper.make_node("Mul", ["v", "W"], ["v_next"])]
+    if nested:
+        branch = helper.make_graph(step, "mul", [], [helper.make_tensor_value_info("v_next", D, [3])])
+        step = [helper.make_node("If", ["cond_in"], ["v_next"], then_branch=branch, else_branch=branch)]
+    body = helper.make_graph([*step, helper.make_node("ReduceSum", ["v_next"], ["total"], keepdims=0),
+                              helper.make_node("Less", ["total", "limit"], ["cond_out"]),
+                              helper.make_node("Sin", ["v_next"], ["emit"])],
                              "grow", [helper.make_tensor_value_info("iter", I64, []),
                                       helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
                                       helper.make_tensor_value_info("v", D, [3])],
                              [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-                              helper.make_tensor_value_info("v_next", D, [3])])
-    nodes = [_const("trips", np.array(10, np.int64)), _const("true", np.array(True)),
-             _const("limit", np.array(100.0)),
-             helper.make_node("Loop", ["trips", "true", "x"], ["v_final"], body=body),
-             helper.make_node("ReduceSum", ["v_final"], ["loss"], keepdims=0)]
+                              helper.make_tensor_value_info("v_next", D, [3]),
+                              helper.make_tensor_value_info("emit", D, [3])])
+    nodes = [_const("trips", np.array(10, np.int64)), _const("limit", np.array(20.0)),
+             helper.make_node("ReduceSum", ["x"], ["x_total"], keepdims=0),
+             helper.make_node("Less", ["x_total", "limit"], ["go"]),
+             helper.make_node("Loop", ["trips", "go", "x"], ["v_final", "emitted"], body=body),
+             helper.make_node("ReduceSumSquare", ["v_final"], ["squares"], keepdims=0),
+             helper.make_node("ReduceSum", ["emitted"], ["sines"], keepdims=0),
+             helper.make_node("Add", ["squares", "sines"], ["objective"])]
     graph = helper.make_graph(nodes, "grow", [helper.make_tensor_value_info("x", D, [3])],
-                              [helper.make_tensor_value_info("loss", D, [])],
-                              [numpy_helper.from_array(np.array(2.0), "W_scale")])
-    with pytest.raises(gc.GraphError, match="computes its own exit condition"):
-        gc.grad(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), "loss", wrt=["W_scale"])
+                              [helper.make_tensor_value_info("objective", D, [])],
+                              [numpy_helper.from_array(np.array([1.5, 1.2, 1.7]), "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("x, steps", [([1.0, 2.0, 0.5], 6), ([3.0, 4.0, 5.0], 2), ([12.0, 1.0, 1.0], 1),
+                                      ([30.0, 1.0, 1.0], 0)])
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_loop_whose_exit_depends_on_data_gets_reverse_mode_gradients(x, steps, backend):
+    """The step count is known only at run time: a recording Loop stacks each step's values and
+    a backward Loop walks them in reverse; both inputs' gradients match central differences."""
+    model = _grow_model()
+    x, w = np.array(x), np.array([1.5, 1.2, 1.7])
+    v, taken = x.copy(), 0
+    while taken < 10 and (v.sum() < 20 if taken else x.sum() < 20):
+        v, taken = v * w, taken + 1
+    assert taken == steps  # each case takes the branch of the loop it is named for
+    session = gc.Session(gc.grad(model, "objective", wrt=["W", "x"]), backend=backend)
+    got = session.run({"x": x})
+    assert np.isclose(got["objective"], gc.Session(model, backend="ort-cpu").run({"x": x})["objective"], rtol=1e-12)
+    eps, eye = 1e-6, np.eye(3)
+    numeric_w = [(session.run({"x": x, "W": w + eps * e})["objective"]
+                  - session.run({"x": x, "W": w - eps * e})["objective"]) / (2 * eps) for e in eye]
+    numeric_x = [(session.run({"x": x + eps * e})["objective"] - session.run({"x": x - eps * e})["objective"])
+                 / (2 * eps) for e in eye]
+    np.testing.assert_allclose(got["W_grad"], numeric_w, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(got["x_grad"], numeric_x, rtol=1e-6, atol=1e-8)
+
+
+def test_loop_whose_exit_depends_on_data_with_control_flow_inside_is_refused_by_name():
+    with pytest.raises(gc.GraphError, match="step count is known only at run time and its body holds control flow"):
+        gc.grad(_grow_model(nested=True), "objective", wrt=["W"])
+
+
+def test_loop_whose_exit_depends_on_data_trains_on_onnxruntime():
+    from test_training_artifacts import train
+
+    arts = gc.training.generate(gc.load(_grow_model()), gc.losses.mse("objective", label="target"), gc.optim.SGD(1e-7))
+    assert arts.manifest.trainable == ["W"]
+    batch = {"x": np.array([1.0, 2.0, 0.5]), "target": np.array(0.0)}
+    on_ort, on_numpy = (gc.Session(arts.gradients, backend=b).run(batch)["W_grad"] for b in ("ort-cpu", "numpy"))
+    np.testing.assert_allclose(on_ort, on_numpy, rtol=1e-12)
+    losses, _ = train(arts, batch, 3)  # (more steps change how many the loop takes, and the loss jumps)
+    assert losses[0] > losses[1] > losses[2]
 
 
 def test_bag_loop_deploys_at_opset_17(tmp_path):
