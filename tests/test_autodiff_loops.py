@@ -189,7 +189,7 @@ def test_loop_whose_exit_depends_on_data_gets_reverse_mode_gradients(x, steps, b
 
 
 def test_loop_whose_exit_depends_on_data_with_control_flow_inside_is_refused_by_name():
-    with pytest.raises(gc.GraphError, match="step count is known only at run time and its body holds control flow"):
+    with pytest.raises(gc.GraphError, match="number of steps is known only at run time and its body holds control flow"):
         gc.grad(_grow_model(nested=True), "objective", wrt=["W"])
 
 
@@ -255,3 +255,54 @@ def test_loop_with_an_if_on_data_in_its_body_is_differentiated(x):
                  for e in eye]
     np.testing.assert_allclose(got["W_grad"], numeric_w, rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(got["x_grad"], numeric_x, rtol=1e-6, atol=1e-9)
+
+
+def _rnn_scan_model(length, in_axis: int, in_dir: int, out_axis: int, out_dir: int) -> onnx.ModelProto:
+    """h <- tanh(h @ W + x_t @ U) over the scanned axis of x [T, 2, 3] (or [2, T, 3]), emitting
+    2 * h each step; objective = sum(h_final^2) + sum(ys * C)."""
+    body = helper.make_graph([helper.make_node("MatMul", ["h", "W"], ["hw"]), helper.make_node("MatMul", ["x_t", "U"], ["xu"]),
+                              helper.make_node("Add", ["hw", "xu"], ["pre"]), helper.make_node("Tanh", ["pre"], ["h_next"]),
+                              helper.make_node("Add", ["h_next", "h_next"], ["y_t"])], "cell",
+                             [helper.make_tensor_value_info("h", D, [2, 4]), helper.make_tensor_value_info("x_t", D, [2, 3])],
+                             [helper.make_tensor_value_info("h_next", D, [2, 4]), helper.make_tensor_value_info("y_t", D, [2, 4])])
+    x_shape = [length, 2, 3] if in_axis == 0 else [2, length, 3]
+    ys_shape = [length, 2, 4] if out_axis == 0 else [2, length, 4]
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 4)) * 0.5, "W"),
+             numpy_helper.from_array(rng.standard_normal((3, 4)), "U"),
+             numpy_helper.from_array(rng.standard_normal((2, 4)) * 0.1, "h0"),
+             numpy_helper.from_array(rng.standard_normal(4), "C")]
+    nodes = [helper.make_node("Scan", ["h0", "x"], ["h_final", "ys"], body=body, num_scan_inputs=1,
+                              scan_input_axes=[in_axis], scan_input_directions=[in_dir],
+                              scan_output_axes=[out_axis], scan_output_directions=[out_dir]),
+             helper.make_node("ReduceSumSquare", ["h_final"], ["squares"], keepdims=0),
+             helper.make_node("Mul", ["ys", "C"], ["weighted"]), helper.make_node("ReduceSum", ["weighted"], ["sums"], keepdims=0),
+             helper.make_node("Add", ["squares", "sums"], ["objective"])]
+    graph = helper.make_graph(nodes, "rnn", [helper.make_tensor_value_info("x", D, x_shape)],
+                              [helper.make_tensor_value_info("objective", D, []),
+                               helper.make_tensor_value_info("ys", D, ys_shape)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("in_axis, in_dir, out_axis, out_dir", [(0, 0, 0, 0), (0, 1, 0, 0), (1, 0, 1, 1), (1, 1, 0, 1)])
+def test_scan_of_a_length_known_only_at_run_time_gets_reverse_mode_gradients(in_axis, in_dir, out_axis, out_dir):
+    """A symbolic sequence length: reverse mode with a tape, on numpy and onnxruntime, equal to
+    the unrolled gradient of the same Scan with the length fixed, and to central differences."""
+    wrt = ["W", "U", "h0", "x"]
+    reverse = gc.grad(_rnn_scan_model("T", in_axis, in_dir, out_axis, out_dir), "objective", wrt=wrt)
+    assert "Loop" in {n.op_type for n in reverse.ir.graph}
+    for length in (1, 5):
+        unrolled = gc.grad(_rnn_scan_model(length, in_axis, in_dir, out_axis, out_dir), "objective", wrt=wrt)
+        assert "Loop" not in {n.op_type for n in unrolled.ir.graph}
+        x = np.random.default_rng(length).standard_normal([length, 2, 3] if in_axis == 0 else [2, length, 3])
+        expected = gc.Session(unrolled, backend="numpy").run({"x": x})
+        for backend in ("numpy", "ort-cpu"):
+            got = gc.Session(reverse, backend=backend).run({"x": x})
+            for name in wrt:
+                np.testing.assert_allclose(got[f"{name}_grad"], expected[f"{name}_grad"], rtol=1e-10, atol=1e-12,
+                                           err_msg=f"{backend} {name} length {length}")
+    session, eps = gc.Session(reverse, backend="numpy"), 1e-6
+    direction = np.random.default_rng(7).standard_normal(x.shape)
+    numeric = (session.run({"x": x + eps * direction})["objective"]
+               - session.run({"x": x - eps * direction})["objective"]) / (2 * eps)
+    np.testing.assert_allclose(np.sum(got["x_grad"] * direction), numeric, rtol=1e-6)

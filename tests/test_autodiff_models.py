@@ -241,9 +241,10 @@ class _Recurrent(graphc.nn.Module):
         return {"loss": graphc.sum(h) + graphc.sum(ys)}
 
 
+@pytest.mark.parametrize("length", [5, "T"])  # a symbolic length: reverse mode instead of unrolling
 @pytest.mark.parametrize("flag", [True, False])
-def test_dsl_control_flow_gradient(flag):
-    model = graphc.capture(_Recurrent(), x=graphc.spec("float64", (5, 4, 2)), flag=graphc.spec("bool", ()))
+def test_dsl_control_flow_gradient(flag, length):
+    model = graphc.capture(_Recurrent(), x=graphc.spec("float64", (length, 4, 2)), flag=graphc.spec("bool", ()))
     grad_model = graphc.grad(model, "loss")
     x = np.random.default_rng(1).standard_normal((5, 4, 2))
     feeds = {"x": x, "flag": np.array(flag)}

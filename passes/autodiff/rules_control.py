@@ -1,6 +1,6 @@
 """VJP rules of control flow: If (both branches differentiated as subgraphs of a backward If),
-Loop and Scan (unrolled when the number of iterations is static; any other Loop in reverse mode
-with a recorded tape, ``_reverse_loop``).
+Loop and Scan (unrolled when the number of iterations is static, else in reverse mode with a
+recorded tape: ``_reverse_loop``, ``_reverse_scan``).
 
 The backward If takes the same condition. Each of its branches is a clone of the forward
 branch (recomputing the branch's intermediates, which are invisible outside it) followed by
@@ -176,7 +176,8 @@ def _seeds(sub: GradBuilder, result, dys, n_carry: int, length: int, out_axes, r
 @grad_rule("Scan", multi_output=True)
 def grad_scan(g, node, dys):
     # Scan with a static sequence length: unrolled like Loop; scanned inputs are read with Gather
-    # and scan outputs' gradients split per step (axes and directions honoured).
+    # and scan outputs' gradients split per step (axes and directions honoured). A length known
+    # only at run time (or past MAX_UNROLL) goes to reverse mode.
     body = node.attributes["body"].value
     m = attr(node, "num_scan_inputs")
     n_carry = len(node.inputs) - m
@@ -185,16 +186,15 @@ def grad_scan(g, node, dys):
     n_out = len(body.outputs) - n_carry
     out_axes = list(attr(node, "scan_output_axes", None) or [0] * n_out)
     out_dirs = list(attr(node, "scan_output_directions", None) or [0] * n_out)
+    out_axes = [a % (g.rank(o)) for a, o in zip(out_axes, node.outputs[n_carry:])]
+    in_axes = [a % g.rank(x) for a, x in zip(in_axes, node.inputs[n_carry:])]
     lengths = set()
     for x, axis in zip(node.inputs[n_carry:], in_axes):
         shape = static_shape(x)
-        if shape is None or not isinstance(shape[axis % len(shape)], int):
-            raise GraphError(f"gradient of Scan {node.name!r} needs a static sequence length")
-        lengths.add(shape[axis % len(shape)])
-    length = lengths.pop() if lengths else 0
-    if length > MAX_UNROLL:
-        raise GraphError(f"gradient of Scan {node.name!r}: {length} steps is more than {MAX_UNROLL}")
-    out_axes = [a % (g.rank(o)) for a, o in zip(out_axes, node.outputs[n_carry:])]
+        lengths.add(shape[axis] if isinstance(shape[axis], int) else None)
+    length = lengths.pop() if len(lengths) == 1 else None
+    if length is None or length > MAX_UNROLL:  # a length known only at run time, or a long one
+        return _reverse_scan(g, node, dys, n_carry, (in_axes, in_dirs, out_axes, out_dirs))
 
     def steps(sub):
         carry, scans = list(node.inputs[:n_carry]), []
@@ -216,90 +216,179 @@ def grad_scan(g, node, dys):
 
 def _reverse_loop(g: GradBuilder, node: ir.Node, dys) -> dict:
     """Gradients of a Loop whose number of steps is known only at run time (its own exit
-    condition, a trip count fed in): reverse mode with a tape.
-
-    1. A copy of the Loop runs again and also stacks, as scan outputs, each step's iteration
-       number and carried values (the tape). The step count T is the tape's length.
-    2. A backward Loop runs T steps, t = T-1 .. 0: it reads step t's values off the tape,
-       recomputes the body from them, and backpropagates through it the carried values'
-       gradients (its loop-carried state, starting from the outputs' dys) and step t's slice
-       of each scan output's dy; the gradients of outer values the body reads are summed in
-       further loop-carried accumulators.
-    Exact for any number of steps, zero included (then the carried values' gradients are the
-    dys themselves). The body may not hold control flow of its own."""
-    from graphc.passes.autodiff.core import backprop, captured_values
-
+    condition, a trip count fed in), in reverse mode with a tape (``_Reverse``): a copy of the
+    Loop runs again and also stacks each step's iteration number and carried values; their
+    count is the number of steps."""
     body = node.attributes["body"].value
     n_carry = len(node.inputs) - 2
-    carried_in, carried_out = list(body.inputs[2:]), list(body.outputs[1:1 + n_carry])
-    scan_out = list(body.outputs[1 + n_carry:])
-    if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for n in body for a in n.attributes.values()):
-        raise GraphError(f"gradient of Loop {node.name!r}: its step count is known only at run time and its "
-                         "body holds control flow, which is not supported")
-    if any(not isinstance(v.type, ir.TensorType) for v in carried_in):
-        raise GraphError(f"gradient of Loop {node.name!r}: its step count is known only at run time and it "
-                         "carries a sequence, which is not supported")
-    floats = [k for k, v in enumerate(carried_in) if is_float(v)]
-    captured = [v for v in captured_values(body) if g.wants(v)]
-
-    # 1. the recording Loop: the body again, plus (iteration, carried values) as scan outputs
-    record = body.clone(allow_outer_scope_values=True)
-    for value in [*record.inputs, *(out for n in record for out in n.outputs)]:
-        value.name = g.fresh("tape")
-    tape_outputs = []
-    for value in [record.inputs[0], *record.inputs[2:]]:
-        copy = ir.node("Identity", [value], name=g.fresh("Identity"))
-        copy.outputs[0].name, copy.outputs[0].type = g.fresh("tape"), value.type
-        record.append(copy)
-        tape_outputs.append(copy.outputs[0])
-    record.outputs.extend(tape_outputs)
-    record.name = g.fresh("tape_body")
-    outs = g.op("Loop", *node.inputs, num_outputs=len(node.outputs) + 1 + n_carry, body=record)
-    for out, like in zip(outs, [*node.outputs, record.inputs[0], *carried_in]):
+    rev = _Reverse(g, node, body, list(body.inputs[2:]), list(body.outputs[1:1 + n_carry]))
+    tape_body = rev.taped_body([body.inputs[0], *body.inputs[2:]])
+    outs = g.op("Loop", *node.inputs, num_outputs=len(node.outputs) + 1 + n_carry, body=tape_body)
+    for out, like in zip(outs, [*node.outputs, body.inputs[0], *body.inputs[2:]]):
         out.type = like.type
     tape_iter, tapes = outs[len(node.outputs)], outs[len(node.outputs) + 1:]
     steps = g.squeeze(g.op("Shape", tape_iter), [0])
+
+    def bind(sub: GradBuilder, t: ir.Value) -> dict:
+        mapping = {body.inputs[0]: sub.op("Gather", tape_iter, t, axis=0), body.inputs[1]: sub.const(True, np.bool_)}
+        for value, tape in zip(body.inputs[2:], tapes):
+            mapping[value] = rev.typed(sub.op("Gather", tape, t, axis=0), value)
+        return mapping
+
+    def scan_seeds(sub: GradBuilder, t: ir.Value):
+        return [(out, sub.op("Gather", dy, t, axis=0)) for out, dy in zip(body.outputs[1 + n_carry:], dys[n_carry:])
+                if dy is not None]
+
+    dv, acc, _ = rev.run(steps, bind, scan_seeds, [], list(node.outputs[:n_carry]), dys[:n_carry])
+    result = {node.inputs[2 + k]: v for k, v in dv.items() if g.wants(node.inputs[2 + k])}
+    result.update(acc)
+    return result
+
+
+def _reverse_scan(g: GradBuilder, node: ir.Node, dys, n_carry: int, layout) -> dict:
+    """Gradients of a Scan whose length is known only at run time, in reverse mode
+    (``_Reverse``): a copy of the Scan also stacks each step's carried values (the tape); the
+    backward Loop reads step t's slices of the scanned inputs and of the scan outputs' dys
+    (axes and directions honoured) and stacks the slices' gradients, which are put back in the
+    scanned inputs' order and axes."""
+    in_axes, in_dirs, out_axes, out_dirs = layout
+    body = node.attributes["body"].value
+    scanned = list(node.inputs[n_carry:])
+    rev = _Reverse(g, node, body, list(body.inputs[:n_carry]), list(body.outputs[:n_carry]))
+    steps = g.op("Gather", g.op("Shape", scanned[0]), g.const(in_axes[0], np.int64))
+    tapes: list[ir.Value] = []
+    if n_carry:
+        attrs = {name: a.value for name, a in node.attributes.items() if name != "body"}
+        for name in ("scan_output_axes", "scan_output_directions"):
+            if name in attrs:
+                attrs[name] = [*attrs[name], *[0] * n_carry]
+        outs = g.op("Scan", *node.inputs, num_outputs=len(node.outputs) + n_carry,
+                    body=rev.taped_body(list(body.inputs[:n_carry])), **attrs)
+        tapes = list(outs[len(node.outputs):])
+        for tape, value in zip(tapes, body.inputs[:n_carry]):
+            tape.type = value.type
     last = g.op("Sub", steps, g.const(1, np.int64))
 
-    # 2. the backward Loop's body: (j, cond, dv..., acc...) -> (cond, dv'..., acc'...)
-    backward = ir.Graph([], [], nodes=[], name=g.fresh("reverse_body"))
-    sub = g.subgraph_builder(backward)
-    j = ir.Value(name=g.fresh("j"), type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
-    cond = ir.Value(name=g.fresh("cond"), type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
-    dv_in = [ir.Value(name=g.fresh("dv"), type=carried_in[k].type, shape=carried_in[k].shape) for k in floats]
-    acc_in = [ir.Value(name=g.fresh("acc"), type=c.type, shape=c.shape) for c in captured]
-    backward.inputs.extend([j, cond, *dv_in, *acc_in])
-    t = sub.op("Sub", last, j)
-    mapping = {body.inputs[0]: sub.op("Gather", tape_iter, t, axis=0), body.inputs[1]: sub.const(True, np.bool_)}
-    for k, tape in enumerate(tapes):
-        mapping[carried_in[k]] = value = sub.op("Gather", tape, t, axis=0)
-        value.type, value.shape = carried_in[k].type, carried_in[k].shape
-    start = len(backward)
-    _clone_body(sub, body, mapping)
-    seeds: dict[ir.Value, ir.Value] = {}
-    for k, dv in zip(floats, dv_in):
-        out = mapping.get(carried_out[k], carried_out[k])
-        seeds[out] = sub.add(seeds[out], dv) if out in seeds else dv
-    for value, dy in zip(scan_out, dys[n_carry:]):
-        if dy is not None:
-            out, part = mapping.get(value, value), sub.op("Gather", dy, t, axis=0)
-            seeds[out] = sub.add(seeds[out], part) if out in seeds else part
-    targets = [mapping[carried_in[k]] for k in floats] + captured
-    grads = backprop(sub, list(backward)[start:], seeds, targets)
-    results = [sub.op("Identity", cond)]
-    for k in floats:
-        value = mapping[carried_in[k]]
-        results.append(sub.op("Identity", grads[value]) if value in grads else sub.zeros_like(value))
-    for c, acc in zip(captured, acc_in):
-        results.append(sub.op("Add", acc, grads[c]) if c in grads else sub.op("Identity", acc))
-    for value, like in zip(results, [cond, *dv_in, *acc_in]):
-        value.type, value.shape = like.type, like.shape
-    backward.outputs.extend(results)
+    def position(sub: GradBuilder, t: ir.Value, reverse: int) -> ir.Value:
+        return sub.op("Sub", last, t) if reverse else t
 
-    dv0 = [dys[k] if dys[k] is not None else g.zeros_like(node.outputs[k]) for k in floats]
-    acc0 = [g.zeros_like(c) for c in captured]
-    final = g.op("Loop", steps, None, *dv0, *acc0, num_outputs=len(floats) + len(captured), body=backward)
-    final = (final,) if len(floats) + len(captured) == 1 else final
-    result = {node.inputs[2 + k]: dv for k, dv in zip(floats, final) if g.wants(node.inputs[2 + k])}
-    result.update(zip(captured, final[len(floats):]))
+    def bind(sub: GradBuilder, t: ir.Value) -> dict:
+        mapping = {v: rev.typed(sub.op("Gather", tape, t, axis=0), v) for v, tape in zip(body.inputs, tapes)}
+        for v, x, axis, reverse in zip(body.inputs[n_carry:], scanned, in_axes, in_dirs):
+            mapping[v] = rev.typed(sub.op("Gather", x, position(sub, t, reverse), axis=axis), v)
+        return mapping
+
+    def scan_seeds(sub: GradBuilder, t: ir.Value):
+        return [(out, sub.op("Gather", dy, position(sub, t, reverse), axis=axis))
+                for out, dy, axis, reverse in zip(body.outputs[n_carry:], dys[n_carry:], out_axes, out_dirs)
+                if dy is not None]
+
+    sliced = list(body.inputs[n_carry:])
+    dv, acc, stacks = rev.run(steps, bind, scan_seeds, sliced, list(node.outputs[:n_carry]), dys[:n_carry])
+    result = {node.inputs[k]: v for k, v in dv.items() if g.wants(node.inputs[k])}
+    result.update(acc)
+    for x, stack, axis, reverse in zip(scanned, stacks, in_axes, in_dirs):
+        if stack is None or not g.wants(x):
+            continue
+        if not reverse:  # the backward Loop stacked the last step first
+            stack = g.op("Slice", stack, g.ints([-1]), g.ints([np.iinfo(np.int64).min]), g.ints([0]), g.ints([-1]))
+        if axis:
+            rank = g.rank(x)
+            stack = g.transpose(stack, [*range(1, axis + 1), 0, *range(axis + 1, rank)])
+        result[x] = stack
     return result
+
+
+class _Reverse:
+    """Reverse mode through a loop body whose step count is known only at run time.
+
+    A backward Loop runs the ``steps`` steps, t = steps-1 .. 0: ``bind`` reads step t's body
+    inputs (off a tape the caller recorded, or its scanned inputs), the body is recomputed
+    from them, and backprop takes it the carried values' gradients (the backward Loop's
+    loop-carried state, starting from the dys of the final values) plus step t's slice of each
+    scan output's dy. The gradients of outer values the body reads are summed in further
+    loop-carried accumulators, and those of per-step body inputs (``sliced``) are stacked by
+    the backward Loop, step steps-1 first. The body may not hold control flow of its own, nor
+    carry a sequence."""
+
+    def __init__(self, g: GradBuilder, node: ir.Node, body: ir.Graph, carried_in: list, carried_out: list):
+        from graphc.passes.autodiff.core import captured_values
+
+        what = f"gradient of {node.op_type} {node.name!r}: its number of steps is known only at run time and"
+        if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for n in body for a in n.attributes.values()):
+            raise GraphError(f"{what} its body holds control flow, which is not supported")
+        if any(not isinstance(v.type, ir.TensorType) for v in carried_in):
+            raise GraphError(f"{what} it carries a sequence, which is not supported")
+        self.g, self.body, self.carried_in, self.carried_out = g, body, carried_in, carried_out
+        self.floats = [k for k, v in enumerate(carried_in) if is_float(v)]
+        self.captured = [v for v in captured_values(body) if g.wants(v)]
+
+    @staticmethod
+    def typed(value: ir.Value, like: ir.Value) -> ir.Value:
+        value.type, value.shape = like.type, like.shape
+        return value
+
+    def taped_body(self, recorded: list[ir.Value]) -> ir.Graph:
+        """A copy of the body (fresh names) that also outputs ``recorded`` (its own inputs)."""
+        g, tape = self.g, self.body.clone(allow_outer_scope_values=True)
+        position = {v: i for i, v in enumerate(self.body.inputs)}
+        for value in [*tape.inputs, *(out for n in tape for out in n.outputs)]:
+            value.name = g.fresh("tape")
+        for value in recorded:
+            copy = ir.node("Identity", [tape.inputs[position[value]]], name=g.fresh("Identity"))
+            copy.outputs[0].name, copy.outputs[0].type = g.fresh("tape"), value.type
+            tape.append(copy)
+            tape.outputs.append(copy.outputs[0])
+        tape.name = g.fresh("tape_body")
+        return tape
+
+    def run(self, steps: ir.Value, bind, scan_seeds, sliced: list[ir.Value], finals: list[ir.Value], final_dys):
+        """(carried index -> gradient of its initial value, captured value -> gradient, the
+        stacked gradients of each ``sliced`` body input, None where none flows). ``finals``:
+        the node's outputs of the final carried values, ``final_dys`` their gradients."""
+        from graphc.passes.autodiff.core import backprop
+
+        g, body = self.g, self.body
+        backward = ir.Graph([], [], nodes=[], name=g.fresh("reverse_body"))
+        sub = g.subgraph_builder(backward)
+        j = ir.Value(name=g.fresh("j"), type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
+        cond = ir.Value(name=g.fresh("cond"), type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+        dv_in = [self.typed(ir.Value(name=g.fresh("dv")), self.carried_in[k]) for k in self.floats]
+        acc_in = [self.typed(ir.Value(name=g.fresh("acc")), c) for c in self.captured]
+        backward.inputs.extend([j, cond, *dv_in, *acc_in])
+        t = sub.op("Sub", sub.op("Sub", steps, sub.const(1, np.int64)), j)
+        mapping = bind(sub, t)
+        start = len(backward)
+        _clone_body(sub, body, mapping)
+        seeds: dict[ir.Value, ir.Value] = {}
+
+        def seed(value, dy):
+            value = mapping.get(value, value)
+            seeds[value] = sub.add(seeds[value], dy) if value in seeds else dy
+
+        for k, dv in zip(self.floats, dv_in):
+            seed(self.carried_out[k], dv)
+        for value, dy in scan_seeds(sub, t):
+            seed(value, dy)
+        carried = [mapping[self.carried_in[k]] for k in self.floats]
+        slices = [mapping[v] for v in sliced]
+        grads = backprop(sub, list(backward)[start:], seeds, [*carried, *slices, *self.captured])
+        outputs = [sub.op("Identity", cond)]
+        outputs += [sub.op("Identity", grads[v]) if v in grads else sub.zeros_like(v) for v in carried]
+        outputs += [sub.op("Add", acc, grads[c]) if c in grads else sub.op("Identity", acc)
+                    for c, acc in zip(self.captured, acc_in)]
+        for value, like in zip(outputs, [cond, *dv_in, *acc_in]):
+            self.typed(value, like)
+        flowing = [v for v in slices if v in grads]
+        for v in flowing:
+            outputs.append(self.typed(sub.op("Identity", grads[v]), v))
+        backward.outputs.extend(outputs)
+
+        dv0 = [final_dys[k] if final_dys[k] is not None else g.zeros_like(finals[k]) for k in self.floats]
+        n_state = len(self.floats) + len(self.captured)
+        outs = g.op("Loop", steps, None, *dv0, *(g.zeros_like(c) for c in self.captured),
+                    num_outputs=n_state + len(flowing), body=backward)
+        outs = (outs,) if n_state + len(flowing) == 1 else outs
+        stacked = dict(zip(flowing, outs[n_state:]))
+        return (dict(zip(self.floats, outs[:len(self.floats)])), dict(zip(self.captured, outs[len(self.floats):n_state])),
+                [stacked.get(v) for v in slices])
