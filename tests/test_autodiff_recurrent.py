@@ -173,17 +173,27 @@ def _check_gradients(model: onnx.ModelProto, x: np.ndarray, params: list[str]) -
                                    err_msg=name)
 
 
-def test_a_symbolic_sequence_length_is_refused_with_the_fix_that_works():
-    """The error names the dim and onnxruntime's tool that fixes it; after that fix it trains."""
-    from onnxruntime.tools.onnx_model_utils import make_dim_param_fixed
+def _symbolic_length(model: onnx.ModelProto, layout: int) -> onnx.ModelProto:
+    model.graph.input[0].type.tensor_type.shape.dim[1 if layout else 0].dim_param = "T"
+    return model
 
-    model, x, params = recurrent_model("GRU", "forward", 0, {"B"}, {}, False, (0,))
-    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "T"
-    with pytest.raises(gc.GraphError, match="cannot differentiate GRU node .*: autodiff unrolls it over its time "
-                                            "steps, but the sequence length is the symbolic dim 'T'. Fix it first"):
-        gradient_model(ir.serde.deserialize_model(model), "loss", params)
-    make_dim_param_fixed(model.graph, "T", T)
-    _check_gradients(model, x, params)
+
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_a_symbolic_sequence_length_runs_as_a_scan_like_the_fused_kernels(config):
+    """A length known only at run time: each direction becomes a Scan over the steps (the same
+    cell), which computes what the fused kernels do."""
+    model, x, _ = recurrent_model(*config, dtype=np.float32)
+    scanned = ir.serde.deserialize_model(_symbolic_length(model, config[2]))
+    assert unroll_recurrent(scanned) == 1
+    assert "Scan" in {n.op_type for n in scanned.graph}
+    _check_forward(model, x, layout=config[2])
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_a_symbolic_sequence_length_gets_gradients_through_the_scans(config):
+    """Reverse mode through the Scans (``_reverse_scan``): central differences for every input."""
+    model, x, params = recurrent_model(*config)
+    _check_gradients(_symbolic_length(model, config[2]), x, params)
 
 
 @pytest.mark.parametrize("activation", ["Relu", "LeakyRelu", "ThresholdedRelu", "Elu", "Affine", "ScaledTanh",

@@ -22,7 +22,8 @@ Conventions (each written next to its rule too):
 - an op without a rule that ONNX defines as a function of other ops (Mish, Swish, SwiGLU,
   RMSNormalization, Attention, RotaryEmbedding, ReduceL1, ...) is differentiated through its
   body (``graphc.passes.functions``), expanded in the gradient graphs only; RNN, GRU and LSTM
-  are unrolled over their static sequence length (``recurrent.py``) the same way. A Softmax
+  are unrolled over a static sequence length (``recurrent.py``) the same way, and become a Scan
+  over the same cell for a length known only at run time. A Softmax
   whose output a Where selects from (Attention's fully masked rows) gives 0, not NaN, to the
   rows it discards, as torch's scaled_dot_product_attention does.
 - integer values computed from constants only (pads, shapes, axes exporters build with

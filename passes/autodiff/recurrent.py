@@ -1,12 +1,14 @@
-"""RNN, GRU and LSTM unrolled over their (static) sequence into the ops the ONNX spec defines
-them with (MatMul, Add, Mul, the activations, Clip, Where), so autodiff differentiates them with
-the rules those ops have. Used for the gradient graphs only; inference graphs keep the fused ops.
+"""RNN, GRU and LSTM unrolled over their sequence into the ops the ONNX spec defines them with
+(MatMul, Add, Mul, the activations, Clip, Where), so autodiff differentiates them with the rules
+those ops have; a sequence whose length is known only at run time becomes a Scan over the same
+cell (differentiated in reverse mode). Used for the gradient graphs only; inference graphs keep
+the fused ops.
 
 Every form the ONNX ops have is covered: any direction and layout, bias, initial states, LSTM
 peepholes and ``input_forget``, GRU ``linear_before_reset``, ``clip``, any activations with their
 alpha/beta, and ``sequence_lens`` (constant or fed at run time): a row whose sequence has ended
-keeps its state and emits zeros, as onnxruntime does. Only the sequence length must be static;
-a node without one stays as it is and autodiff names ``not_unrolled``'s reason.
+keeps its state and emits zeros, as onnxruntime does. A node this cannot take (an unknown
+activation, an input of unknown rank) stays as it is and autodiff names ``not_unrolled``'s reason.
 """
 
 from __future__ import annotations
@@ -62,13 +64,8 @@ def not_unrolled(node: ir.Node) -> str | None:
     if unknown:
         return f"it does not know the activations {unknown}"
     shape = static_shape(node.inputs[0])
-    steps = None if shape is None or len(shape) != 3 else shape[1] if attr(node, "layout", 0) else shape[0]
-    if isinstance(steps, str):
-        return (f"the sequence length is the symbolic dim {steps!r}. Fix it first, e.g. python -m "
-                f"onnxruntime.tools.make_dynamic_shape_fixed --dim_param {steps} --dim_value 32 in.onnx out.onnx, "
-                "or export the model with a fixed sequence length")
-    if not isinstance(steps, int):
-        return "the sequence length is not known before run time; export the model with a fixed one"
+    if shape is None or len(shape) != 3:
+        return "the rank of its input X is not known before run time"
     return None
 
 
@@ -150,7 +147,6 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
                                                 e.ints([1, -1, 1]))
     ys, last_h, last_c = [], [], []
     for d, backwards in enumerate(reverse):
-        f_act, g_act, h_act = (acts[d] + [None, None])[:3]
         pick = lambda v: e.op("Gather", v, e.const(d, np.int64), axis=0)  # noqa: E731
         xw = e.op("MatMul", x, e.op("Transpose", pick(w), perm=[1, 0]))  # [T, B, gates*H]
         r_t = e.op("Transpose", pick(r), perm=[1, 0])  # [H, gates*H]
@@ -163,39 +159,35 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
             else:
                 w_bias, r_bias = e.op("Add", w_bias, r_bias), None
             xw = e.op("Add", xw, w_bias)
-        x_steps = e.split(xw, [1] * steps, axis=0, count=steps)  # each [1, B, gates*H]
         h, c = (zero_state if v is None else v if len(reverse) == 1 else e.split(v, [1, 1], axis=0, count=2)[d]
                 for v in (init_h, init_c))  # [1, B, H]
         peeps = e.split(pick(peep), [hidden] * 3, axis=0, count=3) if peep is not None else None
-        if op == "GRU":
-            r_zr, r_h = e.split(r_t, [2 * hidden, hidden], axis=1, count=2)
-        outs: dict[int, ir.Value] = {}
-        for t in (range(steps - 1, -1, -1) if backwards else range(steps)):
-            x_t = x_steps[t]
-            if op == "RNN":
-                new_h, new_c = f_act(e.op("Add", x_t, e.op("MatMul", h, r_t))), None
-            elif op == "GRU":  # gates z, r, h
-                x_zr, x_h = e.split(x_t, [2 * hidden, hidden], axis=2, count=2)
-                z, reset = e.split(f_act(e.op("Add", x_zr, e.op("MatMul", h, r_zr))), [hidden] * 2, axis=2, count=2)
-                if lbr:
-                    recur = e.op("MatMul", h, r_h)
-                    recur = e.op("Add", recur, r_bias) if r_bias is not None else recur
-                    cand = g_act(e.op("Add", x_h, e.op("Mul", reset, recur)))
-                else:
-                    cand = g_act(e.op("Add", x_h, e.op("MatMul", e.op("Mul", reset, h), r_h)))
-                new_h, new_c = e.op("Add", cand, e.op("Mul", z, e.op("Sub", h, cand))), None  # (1 - z) cand + z h
-            else:
-                new_h, new_c = _lstm_step(e, x_t, h, c, r_t, peeps, f_act, g_act, h_act, hidden,
-                                          attr(node, "input_forget", 0))
-            if alive_lens is not None:  # rows whose sequence has ended keep their state, emit zeros
-                alive = e.op("Less", e.const(np.array(t, np.int64)), alive_lens)
-                outs[t] = e.op("Where", alive, new_h, e.const(np.zeros((), dtype)))
-                h = e.op("Where", alive, new_h, h)
-                c = e.op("Where", alive, new_c, c) if new_c is not None else c
-            else:
-                outs[t], h, c = new_h, new_h, new_c if new_c is not None else c
-        if wanted[0]:
-            ys.append(e.unsqueeze(e.op("Concat", *[outs[t] for t in range(steps)], axis=0), [1]))  # [T, 1, B, H]
+        r_zr, r_h = e.split(r_t, [2 * hidden, hidden], axis=1, count=2) if op == "GRU" else (None, None)
+        weights = {"r_t": r_t, "r_zr": r_zr if op == "GRU" else None, "r_h": r_h if op == "GRU" else None,
+                   "r_bias": r_bias, "peeps": peeps}
+
+        def cell(em: Emitter, x_t, h, c, t, activations, alive_lens=alive_lens):
+            """One step: (output, new h, new c), x_t [1, B, gates*H], t the step's index."""
+            new_h, new_c = _cell(em, op, x_t, h, c, weights, activations, hidden, lbr, attr(node, "input_forget", 0))
+            if alive_lens is None:
+                return new_h, new_h, new_c if new_c is not None else c
+            alive = em.op("Less", t, alive_lens)  # rows whose sequence has ended keep their state, emit zeros
+            return (em.op("Where", alive, new_h, em.const(np.zeros((), dtype))), em.op("Where", alive, new_h, h),
+                    em.op("Where", alive, new_c, c) if new_c is not None else c)
+
+        if not isinstance(steps, int):  # a length known only at run time: one Scan over the steps
+            y_d, h, c_last = _scan_steps(e, node, cell, xw, h, c if op == "LSTM" else None, backwards,
+                                         alive_lens is not None, clip, d)
+            c = c_last if op == "LSTM" else c
+            if wanted[0]:
+                ys.append(y_d)
+        else:
+            x_steps = e.split(xw, [1] * steps, axis=0, count=steps)  # each [1, B, gates*H]
+            outs: dict[int, ir.Value] = {}
+            for t in (range(steps - 1, -1, -1) if backwards else range(steps)):
+                outs[t], h, c = cell(e, x_steps[t], h, c, e.const(np.array(t, np.int64)), acts[d])
+            if wanted[0]:
+                ys.append(e.unsqueeze(e.op("Concat", *[outs[t] for t in range(steps)], axis=0), [1]))  # [T, 1, B, H]
         last_h.append(h)
         last_c.append(c)
     y = e.op("Concat", *ys, axis=1) if wanted[0] else None  # [T, D, B, H]
@@ -206,6 +198,58 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
         y_h = e.op("Transpose", y_h, perm=[1, 0, 2]) if y_h is not None else None
         y_c = e.op("Transpose", y_c, perm=[1, 0, 2]) if y_c is not None else None
     return [y, y_h, y_c][:len(node.outputs)]
+
+
+def _cell(e: Emitter, op: str, x_t, h, c, weights: dict, activations, hidden: int, lbr: int, input_forget: int):
+    """One step of an RNN, GRU or LSTM direction: the new (h, c) (c None but for LSTM)."""
+    f_act, g_act, h_act = (list(activations) + [None, None])[:3]
+    r_t = weights["r_t"]
+    if op == "RNN":
+        return f_act(e.op("Add", x_t, e.op("MatMul", h, r_t))), None
+    if op == "GRU":  # gates z, r, h
+        x_zr, x_h = e.split(x_t, [2 * hidden, hidden], axis=2, count=2)
+        z, reset = e.split(f_act(e.op("Add", x_zr, e.op("MatMul", h, weights["r_zr"]))), [hidden] * 2, axis=2, count=2)
+        if lbr:
+            recur = e.op("MatMul", h, weights["r_h"])
+            recur = e.op("Add", recur, weights["r_bias"]) if weights["r_bias"] is not None else recur
+            cand = g_act(e.op("Add", x_h, e.op("Mul", reset, recur)))
+        else:
+            cand = g_act(e.op("Add", x_h, e.op("MatMul", e.op("Mul", reset, h), weights["r_h"])))
+        return e.op("Add", cand, e.op("Mul", z, e.op("Sub", h, cand))), None  # (1 - z) cand + z h
+    return _lstm_step(e, x_t, h, c, r_t, weights["peeps"], f_act, g_act, h_act, hidden, input_forget)
+
+
+def _scan_steps(e: Emitter, node: ir.Node, cell, xw: ir.Value, h: ir.Value, c: ir.Value | None, backwards: bool,
+                masked: bool, clip, direction: int):
+    """One direction over a sequence whose length is known only at run time, as a Scan over
+    xw [T, B, gates*H] (and the step indices, for ``sequence_lens``) whose body is ``cell``:
+    (Y of this direction [T, 1, B, H], last h, last c)."""
+    body = ir.Graph([], [], nodes=[], name=e.fresh("cell"))
+    be = Emitter(body, e.opset, e.scope, names=e._names)
+    state_type = h.type or ir.TensorType(xw.dtype)
+    h_in = ir.Value(name=be.fresh("h"), type=state_type, shape=h.shape)
+    states = [h_in]
+    if c is not None:
+        states.append(ir.Value(name=be.fresh("c"), type=state_type, shape=c.shape))
+    x_in = ir.Value(name=be.fresh("x_t"), type=ir.TensorType(xw.dtype or ir.DataType.FLOAT))
+    t_in = ir.Value(name=be.fresh("t"), type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([])) if masked else None
+    body.inputs.extend([*states, x_in, *([t_in] if masked else [])])
+    acts = _activations(be, node, None if clip is None else float(clip))[direction]
+    out, new_h, new_c = cell(be, be.unsqueeze(x_in, [0]), h_in, states[1] if c is not None else None, t_in, acts)
+    results = [be.op("Identity", new_h)] + ([be.op("Identity", new_c)] if c is not None else []) + [be.op("Identity", out)]
+    for value, like in zip(results, [*states, h_in]):
+        value.type = like.type
+    body.outputs.extend(results)
+    scanned = [xw]
+    if masked:
+        steps = e.op("Gather", e.op("Shape", xw), e.const(0, np.int64))
+        scanned.append(e.op("Range", e.const(0, np.int64), steps, e.const(1, np.int64)))
+    outs = e.op("Scan", h, *([c] if c is not None else []), *scanned, num_outputs=len(results), body=body,
+                num_scan_inputs=len(scanned), scan_input_directions=[int(backwards)] * len(scanned),
+                scan_output_directions=[int(backwards)])
+    for value, like in zip(outs, results):
+        value.type = like.type
+    return outs[-1], outs[0], outs[1] if c is not None else c
 
 
 def _lstm_step(e: Emitter, x_t, h, c, r_t, peeps, f_act, g_act, h_act, hidden: int, input_forget: int):
