@@ -206,7 +206,8 @@ def test_every_activation_unrolls_like_onnxruntime_and_differentiates(activation
     _check_gradients(model, x, params)
 
 
-def test_lstm_model_trains_and_inference_keeps_the_fused_op():
+@pytest.mark.parametrize("length", [T, "T"])  # a symbolic length trains through a Scan
+def test_lstm_model_trains_and_inference_keeps_the_fused_op(length):
     """An LSTM classifier trains on onnxruntime and numpy alike (same losses step for step), its
     loss falls, and the eval/inference graphs keep the LSTM node."""
     rng = np.random.default_rng(0)
@@ -216,7 +217,7 @@ def test_lstm_model_trains_and_inference_keeps_the_fused_op():
     nodes = [helper.make_node("LSTM", ["x", "W", "R", "B"], ["", "h"], hidden_size=H, layout=1),
              helper.make_node("Squeeze", ["h", "one"], ["last"]),
              helper.make_node("MatMul", ["last", "head"], ["logits"])]
-    graph = helper.make_graph(nodes, "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", T, I])],
+    graph = helper.make_graph(nodes, "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", length, I])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])],
                               [nh.from_array(v.astype(np.float32), k) for k, v in inits.items()]
                               + [nh.from_array(np.array([1]), "one")])
@@ -224,6 +225,7 @@ def test_lstm_model_trains_and_inference_keeps_the_fused_op():
     arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.Adam(0.05))
     ops = {key: {n.op_type for n in g.proto.graph.node} for key, g in arts.graphs.items()}
     assert "LSTM" in ops["inference"] and "LSTM" in ops["eval"] and "LSTM" not in ops["train_step"]
+    assert ("Scan" in ops["train_step"]) == isinstance(length, str)
     for graph_model in arts.graphs.values():
         onnx.checker.check_model(graph_model.proto, full_check=True)
     x = rng.normal(size=(16, T, I)).astype(np.float32)
