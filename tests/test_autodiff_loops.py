@@ -136,12 +136,18 @@ def test_bag_loop_trains_and_inference_keeps_the_loop():
 
 def _grow_model(nested: bool = False) -> onnx.ModelProto:
     """v <- v * W while sum(v) < 20 (at most 10 steps, none when sum(x) >= 20 already), emitting
-    sin(v) each step; objective = sum(v_final^2) + sum(emitted). ``nested``: the product sits in an
-    If, which the reverse-mode rule does not take."""
+    sin(v) each step; objective = sum(v_final^2) + sum(emitted). ``nested``: an If on the data
+    picks v * W (sum(v) > 4) or (v + sin(v)) * W."""
     step = [helper.make_node("Mul", ["v", "W"], ["v_next"])]
     if nested:
-        branch = helper.make_graph(step, "mul", [], [helper.make_tensor_value_info("v_next", D, [3])])
-        step = [helper.make_node("If", ["cond_in"], ["v_next"], then_branch=branch, else_branch=branch)]
+        then_branch = helper.make_graph([helper.make_node("Mul", ["v", "W"], ["scaled"])], "mul", [],
+                                        [helper.make_tensor_value_info("scaled", D, [3])])
+        else_branch = helper.make_graph([helper.make_node("Sin", ["v"], ["wave"]), helper.make_node("Add", ["v", "wave"], ["bumped"]),
+                                         helper.make_node("Mul", ["bumped", "W"], ["grown"])], "bump", [],
+                                        [helper.make_tensor_value_info("grown", D, [3])])
+        step = [helper.make_node("ReduceSum", ["v"], ["v_total"], keepdims=0),
+                helper.make_node("Greater", ["v_total", "four"], ["big"]),
+                helper.make_node("If", ["big"], ["v_next"], then_branch=then_branch, else_branch=else_branch)]
     body = helper.make_graph([*step, helper.make_node("ReduceSum", ["v_next"], ["total"], keepdims=0),
                               helper.make_node("Less", ["total", "limit"], ["cond_out"]),
                               helper.make_node("Sin", ["v_next"], ["emit"])],
@@ -151,7 +157,7 @@ def _grow_model(nested: bool = False) -> onnx.ModelProto:
                              [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
                               helper.make_tensor_value_info("v_next", D, [3]),
                               helper.make_tensor_value_info("emit", D, [3])])
-    nodes = [_const("trips", np.array(10, np.int64)), _const("limit", np.array(20.0)),
+    nodes = [_const("trips", np.array(10, np.int64)), _const("limit", np.array(20.0)), _const("four", np.array(4.0)),
              helper.make_node("ReduceSum", ["x"], ["x_total"], keepdims=0),
              helper.make_node("Less", ["x_total", "limit"], ["go"]),
              helper.make_node("Loop", ["trips", "go", "x"], ["v_final", "emitted"], body=body),
@@ -167,15 +173,17 @@ def _grow_model(nested: bool = False) -> onnx.ModelProto:
 @pytest.mark.parametrize("x, steps", [([1.0, 2.0, 0.5], 6), ([3.0, 4.0, 5.0], 2), ([12.0, 1.0, 1.0], 1),
                                       ([30.0, 1.0, 1.0], 0)])
 @pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
-def test_loop_whose_exit_depends_on_data_gets_reverse_mode_gradients(x, steps, backend):
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "if_in_body"])
+def test_loop_whose_exit_depends_on_data_gets_reverse_mode_gradients(x, steps, backend, nested):
     """The step count is known only at run time: a recording Loop stacks each step's values and
-    a backward Loop walks them in reverse; both inputs' gradients match central differences."""
-    model = _grow_model()
+    a backward Loop walks them in reverse (an If in the body gets the If rule there); both
+    inputs' gradients match central differences."""
+    model = _grow_model(nested)
     x, w = np.array(x), np.array([1.5, 1.2, 1.7])
     v, taken = x.copy(), 0
     while taken < 10 and (v.sum() < 20 if taken else x.sum() < 20):
-        v, taken = v * w, taken + 1
-    assert taken == steps  # each case takes the branch of the loop it is named for
+        v, taken = (v if v.sum() > 4 or not nested else v + np.sin(v)) * w, taken + 1
+    assert taken == steps or nested  # each plain case takes the number of steps it is named for
     session = gc.Session(gc.grad(model, "objective", wrt=["W", "x"]), backend=backend)
     got = session.run({"x": x})
     assert np.isclose(got["objective"], gc.Session(model, backend="ort-cpu").run({"x": x})["objective"], rtol=1e-12)
@@ -186,11 +194,6 @@ def test_loop_whose_exit_depends_on_data_gets_reverse_mode_gradients(x, steps, b
                  / (2 * eps) for e in eye]
     np.testing.assert_allclose(got["W_grad"], numeric_w, rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(got["x_grad"], numeric_x, rtol=1e-6, atol=1e-8)
-
-
-def test_loop_whose_exit_depends_on_data_with_control_flow_inside_is_refused_by_name():
-    with pytest.raises(gc.GraphError, match="number of steps is known only at run time and its body holds control flow"):
-        gc.grad(_grow_model(nested=True), "objective", wrt=["W"])
 
 
 def test_loop_whose_exit_depends_on_data_trains_on_onnxruntime():
@@ -306,3 +309,26 @@ def test_scan_of_a_length_known_only_at_run_time_gets_reverse_mode_gradients(in_
     numeric = (session.run({"x": x + eps * direction})["objective"]
                - session.run({"x": x - eps * direction})["objective"]) / (2 * eps)
     np.testing.assert_allclose(np.sum(got["x_grad"] * direction), numeric, rtol=1e-6)
+
+
+def test_loop_of_run_time_length_carrying_a_sequence_is_refused_by_name():
+    body = helper.make_graph([helper.make_node("Mul", ["v", "W"], ["v_next"]),
+                              helper.make_node("SequenceInsert", ["seq_in", "v_next"], ["seq_out"]),
+                              helper.make_node("ReduceSum", ["v_next"], ["total"], keepdims=0),
+                              helper.make_node("Less", ["total", "limit"], ["cond_out"])], "collect",
+                             [helper.make_tensor_value_info("iter", I64, []),
+                              helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v", D, [3]),
+                              helper.make_tensor_sequence_value_info("seq_in", D, None)],
+                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v_next", D, [3]),
+                              helper.make_tensor_sequence_value_info("seq_out", D, None)])
+    nodes = [_const("trips", np.array(10, np.int64)), _const("true", np.array(True)), _const("limit", np.array(20.0)),
+             helper.make_node("SequenceEmpty", [], ["seq0"], dtype=D),
+             helper.make_node("Loop", ["trips", "true", "x", "seq0"], ["v_final", "seq"], body=body),
+             helper.make_node("ReduceSum", ["v_final"], ["objective"], keepdims=0)]
+    graph = helper.make_graph(nodes, "collect", [helper.make_tensor_value_info("x", D, [3])],
+                              [helper.make_tensor_value_info("objective", D, [])],
+                              [numpy_helper.from_array(np.array([1.5, 1.2, 1.7]), "W")])
+    with pytest.raises(gc.GraphError, match="known only at run time and it carries a sequence"):
+        gc.grad(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), "objective", wrt=["W"])

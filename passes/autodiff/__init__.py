@@ -38,12 +38,12 @@ Conventions (each written next to its rule too):
   exit condition computed from constants and integers it carries, as dynamo's EmbeddingBag writes)
   is unrolled (``loops.py``: Ifs in the body included, the sequences it builds lowered to Concat);
   any other Loop, and a Scan whose length is known only at run time, get reverse mode through a
-  recorded tape (a backward Loop), if the body holds no control flow and carries no sequence; a
-  Scan of static length is unrolled; Resize needs static sizes on the axes it resizes and
-  scales/sizes known before run time (an aspect-ratio policy not with tf_crop_and_resize); Einsum
-  no letter repeated in one operand (a diagonal); CumProd a constant axis with a static length;
-  Pad constant pads (and in edge/reflect/wrap mode static sizes on the padded axes); Gather,
-  GatherElements and MaxPool need opset >= 16 (ScatterND/ScatterElements with reduction).
+  recorded tape (a backward Loop), if the body carries no sequence; a Scan of static length is
+  unrolled; Resize needs static sizes on the axes it resizes and scales/sizes known before run
+  time (an aspect-ratio policy not with tf_crop_and_resize); Einsum no letter repeated in one
+  operand (a diagonal); CumProd a constant axis with a static length; Pad constant pads (and in
+  edge/reflect/wrap mode static sizes on the padded axes); Gather, GatherElements and MaxPool need
+  opset >= 16 (ScatterND/ScatterElements with reduction).
 """
 
 from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rules)

@@ -21,7 +21,7 @@ import onnx_ir as ir
 from graphc.passes.autodiff.builder import folded_array, node_attrs
 from graphc.passes.emit import Emitter
 
-__all__ = ["lower_sequences", "unroll_static_loops"]
+__all__ = ["copy_node", "lower_sequences", "unroll_static_loops"]
 
 MAX_STEPS = 4096
 _SEQUENCE_BUILDERS = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInsert"})
@@ -134,7 +134,7 @@ def _unroll(e: Emitter, node: ir.Node, steps: int) -> None:
         mapping = {body.inputs[0]: e.const(step, np.int64), body.inputs[1]: e.const(True, np.bool_)}
         mapping.update(zip(body.inputs[2:], carry))
         for inner in body:
-            _copy_node(e, inner, mapping)
+            copy_node(e, inner, mapping)
         outs = [mapping.get(v, v) for v in body.outputs]
         carry, scans = outs[1:1 + n_carry], [*scans, outs[1 + n_carry:]]
     results = list(carry)
@@ -150,7 +150,7 @@ def _unroll(e: Emitter, node: ir.Node, steps: int) -> None:
     node.graph.remove(node, safe=True)
 
 
-def _copy_node(e: Emitter, node: ir.Node, mapping: dict[ir.Value, ir.Value]) -> None:
+def copy_node(e: Emitter, node: ir.Node, mapping: dict[ir.Value, ir.Value]) -> None:
     """Append a copy of a body node with its inputs bound by ``mapping``; subgraphs (an If's
     branches) are cloned, read the mapped values, and get fresh names throughout, since they
     may be inlined into the main graph later."""

@@ -15,6 +15,7 @@ import onnx_ir as ir
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, is_float, static_shape
+from graphc.passes.autodiff.loops import copy_node
 from graphc.passes.autodiff.registry import grad_rule
 
 
@@ -71,21 +72,11 @@ MAX_UNROLL = 4096
 
 
 def _clone_body(g: GradBuilder, body: ir.Graph, mapping: dict[ir.Value, ir.Value]) -> list[ir.Value]:
-    """Append one copy of ``body``'s nodes to ``g.graph`` with its inputs bound by ``mapping``;
-    returns the copy's outputs (outer-scope values stay as they are)."""
+    """Append one copy of ``body``'s nodes to ``g.graph`` with its inputs bound by ``mapping``
+    (an If's branches are copied too, reading the bound values); returns the copy's outputs
+    (outer-scope values stay as they are)."""
     for node in body:
-        if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
-            raise GraphError(f"gradient of a loop body with nested control flow ({node.op_type} "
-                             f"{node.name!r}) is not supported")
-        attrs = [ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()]
-        copy = ir.Node(node.domain, node.op_type, [mapping.get(v, v) if v is not None else None for v in node.inputs],
-                       attrs, num_outputs=len(node.outputs), metadata_props=dict(node.metadata_props),
-                       name=g.fresh(node.op_type))
-        for old, new in zip(node.outputs, copy.outputs):
-            new.name = g.fresh("unrolled")
-            new.type, new.shape = old.type, old.shape
-            mapping[old] = new
-        g.graph.append(copy)
+        copy_node(g, node, mapping)
     return [mapping.get(v, v) for v in body.outputs]
 
 
@@ -308,17 +299,14 @@ class _Reverse:
     loop-carried state, starting from the dys of the final values) plus step t's slice of each
     scan output's dy. The gradients of outer values the body reads are summed in further
     loop-carried accumulators, and those of per-step body inputs (``sliced``) are stacked by
-    the backward Loop, step steps-1 first. The body may not hold control flow of its own, nor
-    carry a sequence."""
+    the backward Loop, step steps-1 first. The body may not carry a sequence."""
 
     def __init__(self, g: GradBuilder, node: ir.Node, body: ir.Graph, carried_in: list, carried_out: list):
         from graphc.passes.autodiff.core import captured_values
 
-        what = f"gradient of {node.op_type} {node.name!r}: its number of steps is known only at run time and"
-        if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for n in body for a in n.attributes.values()):
-            raise GraphError(f"{what} its body holds control flow, which is not supported")
         if any(not isinstance(v.type, ir.TensorType) for v in carried_in):
-            raise GraphError(f"{what} it carries a sequence, which is not supported")
+            raise GraphError(f"gradient of {node.op_type} {node.name!r}: its number of steps is known only at run "
+                             "time and it carries a sequence, which is not supported")
         self.g, self.body, self.carried_in, self.carried_out = g, body, carried_in, carried_out
         self.floats = [k for k, v in enumerate(carried_in) if is_float(v)]
         self.captured = [v for v in captured_values(body) if g.wants(v)]
