@@ -184,7 +184,9 @@ def test_loop_whose_exit_depends_on_data_gets_reverse_mode_gradients(x, steps, b
     while taken < 10 and (v.sum() < 20 if taken else x.sum() < 20):
         v, taken = (v if v.sum() > 4 or not nested else v + np.sin(v)) * w, taken + 1
     assert taken == steps or nested  # each plain case takes the number of steps it is named for
-    session = gc.Session(gc.grad(model, "objective", wrt=["W", "x"]), backend=backend)
+    grads = gc.grad(model, "objective", wrt=["W", "x"])
+    onnx.checker.check_model(grads.proto, full_check=True)
+    session = gc.Session(grads, backend=backend)
     got = session.run({"x": x})
     assert np.isclose(got["objective"], gc.Session(model, backend="ort-cpu").run({"x": x})["objective"], rtol=1e-12)
     eps, eye = 1e-6, np.eye(3)
@@ -294,6 +296,7 @@ def test_scan_of_a_length_known_only_at_run_time_gets_reverse_mode_gradients(in_
     wrt = ["W", "U", "h0", "x"]
     reverse = gc.grad(_rnn_scan_model("T", in_axis, in_dir, out_axis, out_dir), "objective", wrt=wrt)
     assert "Loop" in {n.op_type for n in reverse.ir.graph}
+    onnx.checker.check_model(reverse.proto, full_check=True)
     for length in (1, 5):
         unrolled = gc.grad(_rnn_scan_model(length, in_axis, in_dir, out_axis, out_dir), "objective", wrt=wrt)
         assert "Loop" not in {n.op_type for n in unrolled.ir.graph}

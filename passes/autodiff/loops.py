@@ -21,7 +21,7 @@ import onnx_ir as ir
 from graphc.passes.autodiff.builder import folded_array, node_attrs
 from graphc.passes.emit import Emitter
 
-__all__ = ["copy_node", "lower_sequences", "unroll_static_loops"]
+__all__ = ["copy_graph", "copy_node", "lower_sequences", "unroll_static_loops"]
 
 MAX_STEPS = 4096
 _SEQUENCE_BUILDERS = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInsert"})
@@ -157,9 +157,9 @@ def copy_node(e: Emitter, node: ir.Node, mapping: dict[ir.Value, ir.Value]) -> N
     attrs = []
     for a in node.attributes.values():
         if a.type == ir.AttributeType.GRAPH:
-            attrs.append(ir.AttrGraph(a.name, _copy_graph(e, a.value, mapping)))
+            attrs.append(ir.AttrGraph(a.name, copy_graph(e, a.value, mapping)))
         elif a.type == ir.AttributeType.GRAPHS:
-            attrs.append(ir.AttrGraphs(a.name, [_copy_graph(e, g, mapping) for g in a.value]))
+            attrs.append(ir.AttrGraphs(a.name, [copy_graph(e, g, mapping) for g in a.value]))
         else:
             attrs.append(ir.Attr(a.name, a.type, a.value))
     copy = ir.Node(node.domain, node.op_type, [mapping.get(v, v) if v is not None else None for v in node.inputs],
@@ -171,7 +171,9 @@ def copy_node(e: Emitter, node: ir.Node, mapping: dict[ir.Value, ir.Value]) -> N
     e.graph.append(copy)
 
 
-def _copy_graph(e: Emitter, graph: ir.Graph, mapping: dict[ir.Value, ir.Value]) -> ir.Graph:
+def copy_graph(e: Emitter, graph: ir.Graph, mapping: dict[ir.Value, ir.Value]) -> ir.Graph:
+    """A clone of ``graph`` (nested subgraphs too) with fresh names throughout, reading
+    ``mapping``'s values in place of the keys it reads from outside."""
     clone = graph.clone(allow_outer_scope_values=True)
     stack = [clone]
     while stack:

@@ -15,7 +15,7 @@ import onnx_ir as ir
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, is_float, static_shape
-from graphc.passes.autodiff.loops import copy_node
+from graphc.passes.autodiff.loops import copy_graph, copy_node
 from graphc.passes.autodiff.registry import grad_rule
 
 
@@ -318,10 +318,8 @@ class _Reverse:
 
     def taped_body(self, recorded: list[ir.Value]) -> ir.Graph:
         """A copy of the body (fresh names) that also outputs ``recorded`` (its own inputs)."""
-        g, tape = self.g, self.body.clone(allow_outer_scope_values=True)
+        g, tape = self.g, copy_graph(self.g, self.body, {})
         position = {v: i for i, v in enumerate(self.body.inputs)}
-        for value in [*tape.inputs, *(out for n in tape for out in n.outputs)]:
-            value.name = g.fresh("tape")
         for value in recorded:
             copy = ir.node("Identity", [tape.inputs[position[value]]], name=g.fresh("Identity"))
             copy.outputs[0].name, copy.outputs[0].type = g.fresh("tape"), value.type
