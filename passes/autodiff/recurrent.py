@@ -163,10 +163,9 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
                 for v in (init_h, init_c))  # [1, B, H]
         peeps = e.split(pick(peep), [hidden] * 3, axis=0, count=3) if peep is not None else None
         r_zr, r_h = e.split(r_t, [2 * hidden, hidden], axis=1, count=2) if op == "GRU" else (None, None)
-        weights = {"r_t": r_t, "r_zr": r_zr if op == "GRU" else None, "r_h": r_h if op == "GRU" else None,
-                   "r_bias": r_bias, "peeps": peeps}
+        weights = {"r_t": r_t, "r_zr": r_zr, "r_h": r_h, "r_bias": r_bias, "peeps": peeps}
 
-        def cell(em: Emitter, x_t, h, c, t, activations, alive_lens=alive_lens):
+        def cell(em: Emitter, x_t, h, c, t, activations):
             """One step: (output, new h, new c), x_t [1, B, gates*H], t the step's index."""
             new_h, new_c = _cell(em, op, x_t, h, c, weights, activations, hidden, lbr, attr(node, "input_forget", 0))
             if alive_lens is None:
