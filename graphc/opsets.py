@@ -163,15 +163,15 @@ def _drop_default_attributes_unknown_at(proto: onnx.ModelProto, current: int, ta
 
 def _localize_constants(graph: onnx.GraphProto, outer: dict[str, onnx.TensorProto], taken: set[str]) -> None:
     """Give, in place, each subgraph (Loop/Scan body, If branch) a Constant node of its own for
-    every integer constant of an enclosing graph it reads. The converter's adapters that turn
+    every small integer constant of an enclosing graph it reads. The converter's adapters that turn
     an input into an attribute (Reduce* axes, Squeeze/Unsqueeze axes, Split sizes going below
     opset 13/18) look for the constant in the node's own graph only, and stop with an assertion
     for an outer one (torch.onnx's dynamo exporter writes EmbeddingBag's ReduceSum that way).
     ``taken``: every value name in the model (the copies get new ones)."""
-    local = {t.name: t for t in graph.initializer if t.data_type in _INTEGER_TYPES}
+    local = {t.name: t for t in graph.initializer if _small_integers(t)}
     for node in graph.node:
         if node.op_type == "Constant" and [a.name for a in node.attribute] == ["value"] \
-                and node.attribute[0].t.data_type in _INTEGER_TYPES:
+                and _small_integers(node.attribute[0].t):
             local[node.output[0]] = node.attribute[0].t
     copies: dict[str, str] = {}
     for node in graph.node:
@@ -196,7 +196,9 @@ def _value_names(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-_INTEGER_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
+def _small_integers(tensor: onnx.TensorProto) -> bool:
+    """An int32/int64 tensor of at most 64 elements: axes, sizes, pads (an index table stays put)."""
+    return tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and int(np.prod(tensor.dims)) <= 64
 
 
 def _exists_at(op_type: str, opset: int) -> bool:
