@@ -2,8 +2,8 @@
 sequences they build lowered to plain tensors.
 
 ``grad_loop`` unrolls a Loop with a constant trip count and no exit condition of its own, and
-takes any other Loop in reverse mode, but neither way through sequences or control flow in the
-body. Exporters write loops with all three, yet decided by constants alone: torch.onnx's dynamo
+takes any other Loop in reverse mode, but neither way through a carried sequence. Exporters
+write loops with an exit condition, Ifs and a sequence, yet decided by constants alone: torch.onnx's dynamo
 exporter writes ``F.embedding_bag`` as a Loop that carries a bag index from 0 while
 ``index < num_bags``, takes each bag's rows under Ifs that test constant offsets, and appends
 each row to a sequence that ``ConcatFromSequence`` joins. Such a Loop is run ahead on its
@@ -28,9 +28,10 @@ _SEQUENCE_BUILDERS = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceI
 
 
 def unroll_static_loops(model: ir.Model) -> int:
-    """Replace, in place, each main-graph Loop that ``grad_loop`` cannot take (its body computes
-    its own exit condition, carries a sequence or holds control flow) but whose step count the
-    constants decide, by copies of its body; returns how many Loops went."""
+    """Replace, in place, each main-graph Loop whose step count the constants decide and that
+    ``grad_loop`` would not unroll itself (its body computes its own exit condition, carries a
+    sequence or holds control flow) by copies of its body; returns how many Loops went. Its
+    Ifs can then fold, and its sequences be lowered, which reverse mode could not do."""
     graph = model.graph
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 17))
     count = 0
