@@ -258,10 +258,9 @@ def _reverse_scan(g: GradBuilder, node: ir.Node, dys, n_carry: int, layout) -> d
         tapes = list(outs[len(node.outputs):])
         for tape, value in zip(tapes, body.inputs[:n_carry]):
             tape.type = value.type
-    last = g.op("Sub", steps, g.const(1, np.int64))
 
     def position(sub: GradBuilder, t: ir.Value, reverse: int) -> ir.Value:
-        return sub.op("Sub", last, t) if reverse else t
+        return sub.op("Sub", rev.last, t) if reverse else t
 
     def bind(sub: GradBuilder, t: ir.Value) -> dict:
         mapping = {v: rev.typed(sub.op("Gather", tape, t, axis=0), v) for v, tape in zip(body.inputs, tapes)}
@@ -293,7 +292,7 @@ def _reverse_scan(g: GradBuilder, node: ir.Node, dys, n_carry: int, layout) -> d
 class _Reverse:
     """Reverse mode through a loop body whose step count is known only at run time.
 
-    A backward Loop runs the ``steps`` steps, t = steps-1 .. 0: ``bind`` reads step t's body
+    A backward Loop runs the ``steps`` steps, t = ``last`` .. 0: ``bind`` reads step t's body
     inputs (off a tape the caller recorded, or its scanned inputs), the body is recomputed
     from them, and backprop takes it the carried values' gradients (the backward Loop's
     loop-carried state, starting from the dys of the final values) plus step t's slice of each
@@ -342,7 +341,8 @@ class _Reverse:
         dv_in = [self.typed(ir.Value(name=g.fresh("dv")), self.carried_in[k]) for k in self.floats]
         acc_in = [self.typed(ir.Value(name=g.fresh("acc")), c) for c in self.captured]
         backward.inputs.extend([j, cond, *dv_in, *acc_in])
-        t = sub.op("Sub", sub.op("Sub", steps, sub.const(1, np.int64)), j)
+        self.last = g.op("Sub", steps, g.const(1, np.int64))  # once, outside the backward Loop
+        t = sub.op("Sub", self.last, j)
         mapping = bind(sub, t)
         start = len(backward)
         _clone_body(sub, body, mapping)

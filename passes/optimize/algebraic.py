@@ -217,7 +217,7 @@ class ReshapeAbsorbsUnsqueeze(ir.passes.InPlacePass):
             shape = const_array(reshape.inputs[1])
             if shape is None or shape.ndim != 1 or reshape.attributes.get_int("allowzero", 0):
                 continue
-            shape = _without_copies(list(shape), reshape.inputs[0])
+            shape = _without_copies(list(shape), reshape.inputs[0].shape)
             target = None if shape is None else _squeezed(shape, _axes(node), node.op_type)
             if target is None:
                 continue
@@ -313,13 +313,14 @@ def _elementwise(node: ir.Node, value: ir.Value) -> bool:
     return other is not None and other.size == 1 and other.ndim <= 1 and node.inputs[0] is not node.inputs[1]
 
 
-def _without_copies(shape: list[int], x: ir.Value) -> list[int] | None:
-    """``shape`` with each 0 ("copy x's dim here") spelled out: x's static dim, or -1 for one
-    symbolic dim when the shape has no -1 yet; None when that is not possible."""
+def _without_copies(shape: list[int], dims) -> list[int] | None:
+    """A Reshape target ``shape`` with each 0 ("copy the input's dim here") spelled out from the
+    input's ``dims`` (ints where static; None when even the rank is unknown): the static dim, or
+    -1 for one unknown dim when the shape has no -1 yet; None when that is not possible."""
     out = []
     for i, d in enumerate(shape):
         if d == 0:
-            dim = x.shape[i] if x.shape is not None and i < len(x.shape) else None
+            dim = dims[i] if dims is not None and i < len(dims) else None
             if isinstance(dim, int):
                 d = dim
             elif -1 in shape or -1 in out:
@@ -510,17 +511,17 @@ class BatchedMatMulAddToGemm(ir.passes.InPlacePass):
 
 
 def _reshape_target(node: ir.Node, dims: list[int]) -> list[int] | None:
-    """For a Reshape of a value of shape ``dims`` (one -1 at most) to a constant shape: that
-    shape with each 0 ("copy the input's dim") spelled out from ``dims``, which then means the
-    same for any input with that many elements; None if not a Reshape, or two dims would be
-    -1."""
+    """For a Reshape of a value of shape ``dims`` (-1 for its one unknown dim) to a constant
+    shape: that shape with each 0 ("copy the input's dim") spelled out (``_without_copies``),
+    which then means the same for any input with that many elements; None if not a Reshape,
+    or two dims would be -1."""
     if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or node.attributes.get_int("allowzero", 0):
         return None
     shape = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
     if shape is None or shape.ndim != 1:
         return None
-    target = [int(dims[i]) if d == 0 and i < len(dims) else int(d) for i, d in enumerate(shape)]
-    return target if target.count(-1) <= 1 and 0 not in target else None
+    target = _without_copies([int(d) for d in shape], [None if d == -1 else d for d in dims])
+    return target if target is not None and 0 not in target else None
 
 
 def _unreshaped(value: ir.Value) -> ir.Value:
