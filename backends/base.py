@@ -50,9 +50,12 @@ class Executable(Protocol):
         ...
 
     def run_bound(self, feeds: Mapping[str, Any], host_outputs: Sequence[str],
-                  device_outputs: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+                  device_outputs: Sequence[str] = (), into: Mapping[str, Any] | None = None,
+                  ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Run with feeds given as host arrays or handles; return (host arrays of
-        ``host_outputs``, handles of ``device_outputs`` left on the device)."""
+        ``host_outputs``, handles of ``device_outputs`` left on the device). ``into`` offers
+        handles of the right shape and dtype to write device outputs into (no allocation); a
+        backend may ignore it and return new handles."""
         ...
 
 

@@ -259,9 +259,11 @@ class OrtExecutable:
         return handle.numpy() if hasattr(handle, "numpy") else np.asarray(handle)
 
     def run_bound(self, feeds: Mapping[str, Any], host_outputs: Sequence[str],
-                  device_outputs: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+                  device_outputs: Sequence[str] = (), into: Mapping[str, Any] | None = None,
+                  ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Run with IOBinding: handles are bound as they are, host arrays are copied in; device
-        outputs stay on the device as OrtValues, host outputs come back as numpy arrays."""
+        outputs stay on the device as OrtValues (written into the OrtValue ``into`` holds for
+        one, else allocated), host outputs come back as numpy arrays."""
         ort = _ort()
         binding = self.session.io_binding()
         keep_alive = []
@@ -275,7 +277,11 @@ class OrtExecutable:
         for name in host_outputs:
             binding.bind_output(name, "cpu")
         for name in device_outputs:
-            binding.bind_output(name, self.device, self.device_id)
+            target = (into or {}).get(name)
+            if target is not None:
+                binding.bind_ortvalue_output(name, target)
+            else:
+                binding.bind_output(name, self.device, self.device_id)
         try:
             self.session.run_with_iobinding(binding)
         except Exception as exc:  # noqa: BLE001
@@ -283,7 +289,11 @@ class OrtExecutable:
         values = binding.get_outputs()
         n_host = len(host_outputs)
         host = {name: values[i].numpy() for i, name in enumerate(host_outputs)}
-        device = {name: values[n_host + i] for i, name in enumerate(device_outputs)}
+        # an output written into a given OrtValue comes back as that object: a CPU OrtValue made
+        # from numpy owns no memory, its Python object keeps the array (and so the data) alive
+        given = into or {}
+        device = {name: given[name] if given.get(name) is not None else values[n_host + i]
+                  for i, name in enumerate(device_outputs)}
         return host, device
 
     def _error(self, exc: Exception, what: str) -> BackendError:

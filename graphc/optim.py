@@ -5,7 +5,7 @@ A spec holds hyper-parameters only; ``gc.training.generate`` turns it into ONNX 
 
     >>> import graphc as gc
     >>> gc.optim.SGD(lr=0.1, momentum=0.9).model_dump()
-    {'kind': 'sgd', 'lr': 0.1, 'momentum': 0.9, 'nesterov': False, 'weight_decay': 0.0}
+    {'kind': 'sgd', 'lr': 0.1, 'momentum': 0.9, 'nesterov': False, 'weight_decay': 0.0, 'no_decay': ()}
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ class SGD(_Spec):
     momentum: float = Field(0.0, ge=0)
     nesterov: bool = False
     weight_decay: float = Field(0.0, ge=0)
+    # fnmatch patterns of param names updated with weight_decay 0 (a PyTorch param group of
+    # their own), e.g. ("*.bias", "*norm*")
+    no_decay: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _nesterov_needs_momentum(self):
@@ -60,6 +63,7 @@ class Adam(_Spec):
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
+    no_decay: tuple[str, ...] = ()  # as SGD's
 
     @model_validator(mode="after")
     def _betas_in_range(self):

@@ -9,7 +9,10 @@
 Every train_step input whose manifest role is param, state or hyper is *carried*: it lives on
 the backend's device as a handle (an ``OrtValue`` on onnxruntime, the array itself on numpy)
 and each step's ``X.next`` output replaces it (``manifest.feeds``). Per step only the batch
-goes in and only the loss comes out.
+goes in and only the loss comes out. On onnxruntime the outputs are written into two sets of
+buffers used in turn (a step reads one and writes the other), so a step allocates no param or
+state buffer. With the fused layout (``manifest.layout``) the carried params and optimizer
+state are flat buffers; ``params``, ``state_dict()`` and checkpoints name them per param.
 
 Training-mode Dropout reads its randomness from ``noise`` inputs (``dropout_noise.<k>``): each
 step the Trainer draws them, in manifest order, with ``self.rng.random(shape, dtype=float32)``
@@ -95,11 +98,12 @@ class Trainer:
         self._batch_names = [s.name for s in self.batch_specs]
         self.noise_specs = _specs(step_graph.inputs, (NOISE_ROLE,))
         self._entries = {e.name: e for e in step_graph.inputs if e.role in CARRIED_ROLES}
-        self._roles = {name: e.role for name, e in self._entries.items()}
+        self._expected = self._per_param_entries()
+        self._roles = {name: e.role for name, e in self._expected.items()}
         self._feeds = dict(m.feeds)  # train_step output -> carried input
         self._device_outputs = list(self._feeds)
         self._train = self._backend.prepare(
-            _without_initializers(self.artifacts.train_step.proto, set(self._roles)), **options)
+            _without_initializers(self.artifacts.train_step.proto, set(self._entries)), **options)
         self._eval = None
         self._state: dict[str, Any] = {}
         self._reset_state(self.artifacts.state)
@@ -112,11 +116,30 @@ class Trainer:
         if resume_from is not None:
             self.load_checkpoint(resume_from)
 
+    def _per_param_entries(self) -> dict[str, Any]:
+        """The carried tensors as checkpoints name them: each flat buffer's params and state
+        one by one, everything else as the train_step input it is."""
+        from graphc.training import TensorEntry
+
+        buffers = {name: buf for buf in self.manifest.layout for name, _ in buf.tensors()}
+        out = {}
+        for name, entry in self._entries.items():
+            buf = buffers.get(name)
+            if buf is None:
+                out[name] = entry
+                continue
+            suffix = name[len(buf.name):]
+            for p, shape in zip(buf.params, buf.shapes):
+                out[p + suffix] = TensorEntry(name=p + suffix, role=entry.role, dtype=buf.dtype, shape=shape)
+        return out
+
     def _reset_state(self, tensors: Mapping[str, np.ndarray]) -> None:
-        missing = [n for n in self._roles if n not in tensors]
+        missing = [n for n in self._expected if n not in tensors]
         if missing:
             raise ValueError(f"no initial value for train_step input(s) {missing} in the artifacts' state")
-        self._state = {n: self._train.to_device(np.asarray(tensors[n])) for n in self._roles}
+        packed = self.manifest.pack(tensors)
+        self._state = {n: self._train.to_device(np.asarray(packed[n])) for n in self._entries}
+        self._spare: dict[str, Any] = {}  # last step's inputs: where the next step writes
 
     # -- running -----------------------------------------------------------------------------------
     def _batch_feeds(self, batch: Mapping[str, np.ndarray], specs: list[TensorSpec]) -> dict[str, Any]:
@@ -140,10 +163,12 @@ class Trainer:
         if self.noise_specs:
             feeds.update(self._noise_feeds(batch, feeds))
         feeds.update(self._state)
-        host, device = self._train.run_bound(feeds, ("loss",), self._device_outputs)
-        state = self._state
+        host, device = self._train.run_bound(feeds, ("loss",), self._device_outputs, into=self._spare)
+        state, spare = self._state, {}
         for out, name in self._feeds.items():
+            spare[out] = state[name]
             state[name] = device[out]
+        self._spare = spare
         self.step_count += 1
         return float(host["loss"])
 
@@ -214,7 +239,7 @@ class Trainer:
                             for n in partner)
         names = {v.name for v in kept}
         run_feeds = {n: a for n, a in feeds.items() if n in names}
-        run_feeds.update({n: a for n, a in self.state_dict().items() if n in names})
+        run_feeds.update({n: self._host(h) for n, h in self._state.items() if n in names})
         exe = get_backend("numpy").prepare(proto)
         host, _ = exe.run_bound(run_feeds, [f"{n}/probe_shape" for n in partner])
         cache[key] = {n: tuple(int(d) for d in host[f"{n}/probe_shape"]) for n in partner}
@@ -325,14 +350,15 @@ class Trainer:
     @property
     def params(self) -> dict[str, np.ndarray]:
         """Host copies of every model param: trained ones from the device, frozen ones as given."""
-        out = {n: self._host(self._state[n]) for n, r in self._roles.items() if r == "param"}
+        out = {n: a for n, a in self.state_dict().items() if self._roles.get(n) == "param"}
         frozen = self.artifacts.inference.params
         out.update({n: frozen[n] for n in self.manifest.frozen if n in frozen})
         return out
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Host copies of everything carried from step to step (params, optimizer state, step, lr)."""
-        return {n: self._host(h) for n, h in self._state.items()}
+        """Host copies of everything carried from step to step (params, optimizer state, step,
+        lr), named per param whatever the layout."""
+        return self.manifest.unpack({n: self._host(h) for n, h in self._state.items()})
 
     def _host(self, handle: Any) -> np.ndarray:
         # A private copy: on numpy the handle *is* the live array the next step reads.
@@ -348,7 +374,7 @@ class Trainer:
         self._state["lr"] = self._train.to_device(np.asarray(value, dtype=to_numpy(entry.dtype)))
 
     def _interface(self) -> str:
-        described = sorted((e.name, e.role, e.dtype, str(e.shape)) for e in self._entries.values())
+        described = sorted((e.name, e.role, e.dtype, str(e.shape)) for e in self._expected.values())
         return hashlib.sha256(repr(described).encode()).hexdigest()[:16]
 
     def save_checkpoint(self, path: Union[str, os.PathLike]) -> Path:
@@ -366,7 +392,7 @@ class Trainer:
     def load_checkpoint(self, path: Union[str, os.PathLike]) -> None:
         """Restore what ``save_checkpoint`` wrote; the next steps replay the original run."""
         tensors, meta = ckpt.load(path)
-        for name, entry in self._entries.items():
+        for name, entry in self._expected.items():
             if name not in tensors:
                 raise ckpt.CheckpointError(f"{path}: the checkpoint has no {entry.role} {name!r}; it was "
                                            "saved from different training graphs")

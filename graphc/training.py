@@ -8,12 +8,15 @@
 Graph interfaces (``manifest.json`` lists every input and output with its role, so tools never
 guess from names):
 
-* ``train_step``: data inputs, the label input, every trainable param (initializer as default),
-  optimizer state ``<param>.momentum_buffer`` (SGD with momentum) or ``<param>.exp_avg`` and
-  ``<param>.exp_avg_sq`` (Adam/AdamW), the step counter ``step`` (int64 scalar), BatchNorm
-  running statistics (role state) and ``lr`` (float scalar, role hyper, default the spec's lr).
-  Outputs ``loss`` and ``X.next`` for every param/state input ``X``; ``manifest.feeds`` maps
-  ``X.next -> X``. Frozen params stay initializers.
+* ``train_step``: data inputs, the label input, the trainable params (initial values as
+  defaults), their optimizer state (``.momentum_buffer`` for SGD with momentum, ``.exp_avg`` and
+  ``.exp_avg_sq`` for Adam/AdamW), the step counter ``step`` (int64 scalar), BatchNorm running
+  statistics (role state) and ``lr`` (float scalar, role hyper, default the spec's lr). Outputs
+  ``loss`` and ``X.next`` for every param/state input ``X``; ``manifest.feeds`` maps
+  ``X.next -> X``. Frozen params stay initializers. With the fused update (the default) the
+  params come as a few flat buffers ``params.<dtype>[.no_decay]`` of every param end to end
+  (``manifest.layout`` says which param lies where) and the state as ``<buffer>.<slot>``; the
+  update then runs once per buffer. ``fused=False`` keeps one input and one update per param.
 * ``gradients``: the train_step inputs without optimizer state, step and lr; outputs ``loss`` and
   ``<param>_grad``. Dropout/BatchNorm run in training mode (batch statistics, as train_step);
   the running-statistics updates are not output (feed the BN stats in, they are not changed).
@@ -22,12 +25,14 @@ guess from names):
   Dropout; an element is kept where ``noise >= ratio``. ``gc.Trainer`` draws it each step from
   its seeded numpy Generator (saved in checkpoints), so runs replay exactly on every backend.
 * ``eval``: inference-mode forward (BatchNorm uses the running statistics fed in, Dropout is the
-  identity); inputs data, label, params and BN stats (with defaults); outputs ``loss`` and the
-  model's outputs.
+  identity); inputs data, label, params (flat buffers when fused, as train_step) and BN stats
+  (with defaults); outputs ``loss`` and the model's outputs.
 * ``inference``: the forward graph in inference mode with params as initializers; the model's
   own inputs and outputs.
 
 Every graph is ``ai.onnx`` only and keeps symbolic dims symbolic (any batch size).
+``state.safetensors`` and checkpoints always name tensors per param (``fc1.weight``,
+``fc1.weight.exp_avg``), whatever the layout, so either layout resumes the other's checkpoints.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict
 
-from graphc.dtypes import TensorSpec
+from graphc.dtypes import TensorSpec, as_dtype, to_numpy
 from graphc.errors import GraphError
 from graphc.fileio import atomic_write
 from graphc.losses import LossSpec
@@ -77,6 +82,38 @@ class GraphEntry(BaseModel):
     outputs: list[TensorEntry]
 
 
+class FlatBuffer(BaseModel):
+    """One flat train_step/eval input holding ``params`` end to end (the fused update's layout);
+    its optimizer state is ``<name>.<slot>`` for each slot, in the same layout."""
+
+    name: str
+    dtype: str
+    params: list[str]
+    shapes: list[list[int]]
+    slots: list[str]
+    weight_decay: bool
+
+    def tensors(self) -> list[tuple[str, str]]:
+        """(buffer name, suffix of the per-param names it holds): the params and each slot."""
+        return [(self.name, ""), *((f"{self.name}.{s}", f".{s}") for s in self.slots)]
+
+    def pack_one(self, tensors: Mapping[str, np.ndarray], suffix: str = "") -> np.ndarray:
+        """The buffer of the per-param ``tensors`` named ``<param><suffix>`` (``w``, ``w.exp_avg``)."""
+        dtype = to_numpy(self.dtype)
+        return np.concatenate([np.asarray(tensors[p + suffix], dtype=dtype).reshape(-1) for p in self.params])
+
+    def unpack(self, buffers: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Per-param arrays (views) from the buffers ``pack`` made."""
+        out = {}
+        for buf, suffix in self.tensors():
+            offset = 0
+            for p, shape in zip(self.params, self.shapes):
+                size = int(np.prod(shape, dtype=np.int64))
+                out[p + suffix] = buffers[buf][offset:offset + size].reshape(shape)
+                offset += size
+        return out
+
+
 class Manifest(BaseModel):
     """``manifest.json``: what each artifact graph takes and gives, and how steps chain."""
 
@@ -92,6 +129,31 @@ class Manifest(BaseModel):
     optimizer: dict  # the optimizer spec as JSON ({"kind": "sgd", "lr": ..., ...})
     loss: dict  # the loss spec as JSON (kind, output, label, options); {"kind": "output", ...}
     model_outputs: list[str]
+    layout: list[FlatBuffer] = []  # the fused update's flat buffers; empty: one input per param
+
+    def pack(self, tensors: Mapping[str, np.ndarray], graph: str | None = None) -> dict[str, np.ndarray]:
+        """``tensors`` named per param (``state.safetensors``, a checkpoint) as train_step and
+        eval take them: each flat buffer whose params (or state slot) ``tensors`` all hold is
+        packed from them; with ``graph``, only that graph's inputs are kept."""
+        out = dict(tensors)
+        for buf in self.layout:
+            for name, suffix in buf.tensors():
+                members = [p + suffix for p in buf.params]
+                if all(m in tensors for m in members):
+                    out[name] = buf.pack_one(tensors, suffix)
+                    for m in members:
+                        del out[m]
+        if graph is not None:
+            wanted = {e.name for e in self.graphs[graph].inputs}
+            out = {n: a for n, a in out.items() if n in wanted}
+        return out
+
+    def unpack(self, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The inverse of ``pack``: flat buffers split into per-param arrays (views)."""
+        out = dict(tensors)
+        for buf in self.layout:
+            out.update(buf.unpack({name: out.pop(name) for name, _ in buf.tensors()}))
+        return out
 
 
 class TrainingArtifacts:
@@ -145,7 +207,7 @@ def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:
 
 
 def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Iterable[str] | None = None,
-             frozen: Iterable[str] = ()) -> TrainingArtifacts:
+             frozen: Iterable[str] = (), fused: bool = True) -> TrainingArtifacts:
     """Training artifacts for ``model``.
 
     Args:
@@ -156,6 +218,8 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         trainable: param names to train; default every float initializer that reaches the loss
             (BatchNorm running statistics are state, never trainable).
         frozen: names excluded from ``trainable`` (they stay initializers).
+        fused: update the params as a few flat buffers (one per dtype and weight-decay group),
+            not one by one: the update's cost then follows the params' bytes, not their count.
 
     Raises:
         gc.GraphError: unknown output/param names, a loss that is not a float scalar, an op
@@ -176,13 +240,17 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
                         f"name of a scalar output, got {type(loss).__name__}")
     opt_json = _optimizer_json(optimizer)
     built = artifacts.build(model.ir, loss_args, opt_json["kind"], opt_json,
-                            trainable=None if trainable is None else list(trainable), frozen=list(frozen))
+                            trainable=None if trainable is None else list(trainable), frozen=list(frozen),
+                            fused=fused)
     graphs = {key: Model(m) for key, m in built.graphs.items()}
     manifest = Manifest(
         opset=built.opset,
         graphs={key: _graph_entry(key, m, built.roles[key]) for key, m in graphs.items()},
         feeds=built.feeds, trainable=built.trainable, frozen=built.frozen, state=list(built.state),
-        optimizer=opt_json, loss=loss_json, model_outputs=built.model_outputs)
+        optimizer=opt_json, loss=loss_json, model_outputs=built.model_outputs,
+        layout=[FlatBuffer(name=g.name, dtype=str(as_dtype(int(g.dtype))), params=g.params,
+                           shapes=[list(s) for s in g.shapes], slots=list(built.slots),
+                           weight_decay=g.weight_decay) for g in built.layout])
     return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
                              graphs["inference"], built.state, manifest)
 
@@ -229,4 +297,4 @@ def _graph_entry(key: str, model: Model, roles: dict[str, str]) -> GraphEntry:
                       outputs=[entry(s) for s in model.outputs])
 
 
-__all__ = ["GraphEntry", "Manifest", "TensorEntry", "TrainingArtifacts", "generate", "load"]
+__all__ = ["FlatBuffer", "GraphEntry", "Manifest", "TensorEntry", "TrainingArtifacts", "generate", "load"]

@@ -110,7 +110,7 @@ def test_update_matches_torch_optim(spec):
     got = run_steps(spec, "numpy", grads, p0, dtype=np.float64)
     param = torch.nn.Parameter(torch.from_numpy(p0.copy()))
     cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[spec.kind]
-    kwargs = {k: v for k, v in spec.model_dump().items() if k != "kind"}
+    kwargs = {k: v for k, v in spec.model_dump().items() if k not in ("kind", "no_decay")}
     opt = cls([param], foreach=False, **kwargs)
     for t, (g, p_graph) in enumerate(zip(grads, got), start=1):
         param.grad = torch.from_numpy(g.copy())

@@ -21,10 +21,10 @@ def _classification_batch(n, din=8, classes=4, seed=0):
 
 
 def train(arts, batch, steps, backend="ort-cpu"):
-    """Run train_step ``steps`` times on one batch; returns (losses, final state)."""
+    """Run train_step ``steps`` times on one batch; returns (losses, final state per param)."""
     session = gc.Session(arts.train_step, backend=backend)
     carried = [e.name for e in arts.manifest.graphs["train_step"].inputs if e.role in ("param", "state", "hyper")]
-    state = {n: arts.state[n] for n in carried}
+    state = {n: v for n, v in arts.manifest.pack(arts.state).items() if n in carried}
     noise = _noise_drawer(arts, batch)
     losses = []
     for _ in range(steps):
@@ -32,7 +32,7 @@ def train(arts, batch, steps, backend="ort-cpu"):
         losses.append(float(out["loss"]))
         for produced, consumed in arts.manifest.feeds.items():
             state[consumed] = out[produced]
-    return losses, state
+    return losses, arts.manifest.unpack(state)
 
 
 def _noise_drawer(arts, batch, seed=0):
@@ -97,7 +97,7 @@ def test_capture_in_training_mode_gives_the_same_artifacts():
     assert arts[0].manifest == arts[1].manifest
     batch = {"x": RNG.normal(size=(3, 3, 32, 32)).astype(np.float32), "y": RNG.integers(0, 10, 3)}
     for key in ("train_step", "eval"):
-        feeds = {**batch, **arts[0].state} if key == "train_step" else batch
+        feeds = {**batch, **arts[0].manifest.pack(arts[0].state)} if key == "train_step" else batch
         out = [gc.Session(a.graphs[key], backend="ort-cpu").run(feeds) for a in arts]
         for name in out[0]:
             np.testing.assert_allclose(out[0][name], out[1][name], rtol=1e-5, atol=1e-6, err_msg=f"{key}:{name}")
@@ -105,8 +105,10 @@ def test_capture_in_training_mode_gives_the_same_artifacts():
 
 # -- interfaces ------------------------------------------------------------------------------
 def test_train_step_interface_and_manifest():
+    """The per-param layout (``fused=False``): one input and one update per param."""
     model = training_models.mlp()
-    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.Adam(0.01))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.Adam(0.01),
+                                fused=False)
     m = arts.manifest
     params = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
     assert m.trainable == params and m.frozen == []
@@ -126,7 +128,9 @@ def test_train_step_interface_and_manifest():
     assert {e.name for e in m.graphs["gradients"].inputs} == {"x", "y", *params}
     assert [e.name for e in m.graphs["eval"].outputs] == ["loss", "logits"]
     assert [e.name for e in m.graphs["inference"].inputs] == ["x"]
-    assert m.optimizer == {"kind": "adam", "lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
+    assert m.optimizer == {"kind": "adam", "lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
+                           "no_decay": []}
+    assert m.layout == []
     assert m.loss["kind"] == "cross_entropy" and m.loss["label"] == "y" and m.model_outputs == ["logits"]
     label = next(e for e in m.graphs["train_step"].inputs if e.name == "y")
     assert (label.dtype, label.shape) == ("int64", ["batch"])
@@ -136,7 +140,8 @@ def test_train_step_interface_and_manifest():
 
 
 def test_sgd_without_momentum_has_no_state_and_lr_is_an_input():
-    arts = gc.training.generate(training_models.mlp(), gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.5))
+    arts = gc.training.generate(training_models.mlp(), gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.5),
+                                fused=False)
     roles = {e.name: e.role for e in arts.manifest.graphs["train_step"].inputs}
     assert "state" not in {r for n, r in roles.items() if n != "step"}
     batch = _classification_batch(16)
@@ -179,7 +184,7 @@ def test_loss_given_as_a_scalar_output():
     arts = gc.training.generate(model, "total", gc.optim.SGD(0.1))
     assert arts.manifest.loss == {"kind": "output", "output": "total", "label": None, "options": {}}
     roles = {e.name: e.role for e in arts.manifest.graphs["train_step"].inputs}
-    assert roles["x"] == roles["target"] == "data" and roles["fc.weight"] == "param"
+    assert roles["x"] == roles["target"] == "data" and "fc.weight" in arts.manifest.trainable
     assert [e.name for e in arts.manifest.graphs["eval"].outputs] == ["loss", "pred", "total"]
     batch = {"x": RNG.normal(size=(8, 3)).astype(np.float32), "target": RNG.normal(size=(8, 2)).astype(np.float32)}
     losses, _ = train(arts, batch, 10, backend="numpy")
@@ -234,11 +239,12 @@ def test_symbolic_batch_full_and_partial():
     arts = gc.training.generate(training_models.mlp(), gc.losses.cross_entropy("logits", label="y"),
                                 gc.optim.SGD(0.1, momentum=0.9))
     session = gc.Session(arts.train_step, backend="ort-cpu")
-    state = {n: arts.state[n] for n in arts.manifest.state}
+    state = arts.manifest.pack(arts.state)
     for n in (32, 5):
         out = session.run({**_classification_batch(n), **state})
-        assert np.isfinite(out["loss"]) and out["fc1.weight.next"].shape == (16, 8)
+        assert np.isfinite(out["loss"])
         state = {arts.manifest.feeds[k]: v for k, v in out.items() if k in arts.manifest.feeds} | {"lr": state["lr"]}
+        assert arts.manifest.unpack(state)["fc1.weight"].shape == (16, 8)
     assert int(state["step"]) == 2
 
 
@@ -259,8 +265,10 @@ def test_save_load_round_trip(tmp_path):
         np.testing.assert_array_equal(loaded.state[k], v)
     batch = {"x": RNG.normal(size=(6, 3, 5)).astype(np.float32), "y": RNG.integers(0, 4, 6)}
     for key in ("train_step", "eval"):
-        a = gc.Session(arts.graphs[key], backend="numpy").run({**batch, **arts.state} if key == "train_step" else batch)
-        b = gc.Session(loaded.graphs[key], backend="numpy").run({**batch, **loaded.state} if key == "train_step" else batch)
+        a = gc.Session(arts.graphs[key], backend="numpy").run(
+            {**batch, **arts.manifest.pack(arts.state)} if key == "train_step" else batch)
+        b = gc.Session(loaded.graphs[key], backend="numpy").run(
+            {**batch, **loaded.manifest.pack(loaded.state)} if key == "train_step" else batch)
         for name in a:
             np.testing.assert_array_equal(a[name], b[name])
 

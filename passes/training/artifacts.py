@@ -13,6 +13,8 @@
    ``dropout_noise.<k>`` input per node, drawn by the caller);
 6. ``train_step``: the gradients graph plus optimizer state inputs, ``step``, ``lr`` and the
    update nodes (``optimizers``); outputs ``loss`` and ``X.next`` for each param/state ``X``.
+   Fused (the default), ``train_step`` and ``eval`` take the params as a few flat buffers
+   (``flat``) and the update runs once over each buffer; else per param.
 
 No DSL here: the caller (``graphc.training``) turns specs into the plain arguments below.
 """
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+from fnmatch import fnmatchcase
 
 import numpy as np
 import onnx_ir as ir
@@ -31,7 +35,7 @@ from graphc.passes.autodiff.core import backward, node_inputs
 from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks, fold_integer_values
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
-from graphc.passes.training import imports, modes, optimizers
+from graphc.passes.training import flat, imports, modes, optimizers
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
 LOSS = "loss"
@@ -61,10 +65,12 @@ class Built:
     state: dict[str, np.ndarray]
     model_outputs: list[str]
     opset: int
+    layout: list[flat.Group]  # the flat param buffers (empty: one update per param)
+    slots: tuple[str, ...]  # optimizer state per param or buffer: ``<name>.<slot>``
 
 
 def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
-          trainable: Iterable[str] | None = None, frozen: Iterable[str] = ()) -> Built:
+          trainable: Iterable[str] | None = None, frozen: Iterable[str] = (), fused: bool = True) -> Built:
     base = _prepare(model)
     order = {name: i for i, name in enumerate(model.graph.initializers)}  # promoted constants last
     opset = base.opset_imports.get("", 0)
@@ -78,20 +84,24 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
     label = _append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
     params, frozen_all = _select_params(base.graph, bn_stats, trainable, frozen, order)
     imports.warn_shared_normalization_params(base.graph, params)
+    decays = _decays(params, opt_hyper.get("no_decay") or ())
+    groups = flat.plan(base.graph, params, decays) if fused else []
 
     evaluation = _eval_graph(base, params, bn_stats, model_outputs)
+    flat.add_inputs(evaluation.graph, Emitter(evaluation.graph, opset, "optim/flat"), groups)
     noise: list[str] = []
     step, gradients, grads, bn_next = _backward_graphs(base, opset, params, bn_stats, noise)
 
     slots = optimizers.state_slots(opt_kind, opt_hyper)
-    next_names = _append_optimizer(step.graph, opset, opt_kind, opt_hyper, params, grads, slots)
+    next_names = _append_optimizer(step.graph, opset, opt_kind, opt_hyper, grads, slots, decays, groups)
     next_names += [_expose(step.graph, value, f"{stat}.next", like=step.graph.initializers[stat])
                    for stat, value in bn_next.items()]
     _set_outputs(step.graph, [LOSS, *next_names])
 
+    updated = [g.name for g in groups] or params  # what the update reads: buffers or params
     role_of_input = {**{n: "data" for n in data}, **({label: "label"} if label else {}),
-                     **{n: "param" for n in params},
-                     **{f"{p}.{s}": "state" for p in params for s in slots},
+                     **{n: "param" for n in [*params, *updated]},
+                     **{f"{p}.{s}": "state" for p in [*params, *updated] for s in slots},
                      STEP: "state", **{n: "state" for n in bn_stats}, LR: "hyper",
                      **{n: "noise" for n in noise}}
     graphs = {"train_step": step, "gradients": gradients, "eval": evaluation, "inference": inference}
@@ -99,10 +109,19 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
         m.graph.name = f"{model.graph.name or 'model'}_{key}"
         _order_inputs(m.graph, list(role_of_input))
         _tidy(m)
-    roles = {key: _roles(key, m.graph, role_of_input, params) for key, m in graphs.items()}
+    roles = {key: _roles(key, m.graph, role_of_input, [*params, *updated]) for key, m in graphs.items()}
     feeds = {n: n[: -len(".next")] for n in next_names}
-    state = _initial_state(step.graph, params, bn_stats, slots, opt_hyper)
-    return Built(graphs, roles, feeds, params, frozen_all, state, model_outputs, opset)
+    state = _initial_state(gradients.graph, params, bn_stats, slots, opt_hyper)
+    return Built(graphs, roles, feeds, params, frozen_all, state, model_outputs, opset, groups, slots)
+
+
+def _decays(params: Sequence[str], no_decay: Sequence[str]) -> dict[str, bool]:
+    """Whether each param gets weight decay: not when a ``no_decay`` pattern matches its name."""
+    unmatched = [pat for pat in no_decay if not any(fnmatchcase(p, pat) for p in params)]
+    if unmatched:
+        shown = ", ".join(params[:8]) + (", ..." if len(params) > 8 else "")
+        raise GraphError(f"no_decay pattern(s) {unmatched} match no trainable param (params: {shown})")
+    return {p: not any(fnmatchcase(p, pat) for pat in no_decay) for p in params}
 
 
 def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
@@ -267,23 +286,30 @@ def _loss_inputs(graph: ir.Graph) -> set[ir.Value]:
     return needed
 
 
-def _append_optimizer(graph, opset, kind, hyper, params, grads, slots) -> list[str]:
-    """Optimizer inputs (state, step, lr) and update nodes; returns the ``.next`` output names."""
+def _append_optimizer(graph, opset, kind, hyper, grads, slots, decays, groups) -> list[str]:
+    """Optimizer inputs (state, step, lr) and update nodes, per flat buffer of ``groups`` or,
+    with none, per param; returns the ``.next`` output names."""
     b = Emitter(graph, opset, "optim")
     step = _input_with_default(graph, STEP, np.array(0, dtype=np.int64))
     lr = _input_with_default(graph, LR, np.array(hyper["lr"], dtype=np.float32))
     t = b.op("Add", step, b.const(1, np.int64))
     ctx = optimizers.StepContext(b, lr, t)
+    if groups:
+        views = Emitter(graph, opset, "optim/flat")
+        flats = flat.add_inputs(graph, views, groups)
+        updates = [(g.name, flats[g.name], flat.flat_gradients(views, g, grads), g.weight_decay) for g in groups]
+    else:
+        updates = [(p, graph.initializers[p], grad, decays[p]) for p, grad in grads.items()]
     param_next, state_next = [], []
-    for p in params:
-        param = graph.initializers[p]
+    for name, param, grad, decay in updates:
         state = {}
         for s in slots:
-            state[s] = ir.Value(name=f"{p}.{s}", type=ir.TensorType(param.dtype), shape=param.shape)
+            state[s] = ir.Value(name=f"{name}.{s}", type=ir.TensorType(param.dtype), shape=param.shape)
             graph.inputs.append(state[s])
-        new_param, new_state = optimizers.update(ctx, kind, hyper, param, grads[p], state)
-        param_next.append(_expose(graph, new_param, f"{p}.next", like=param))
-        state_next += [_expose(graph, new_state[s], f"{p}.{s}.next", like=param) for s in slots]
+        new_param, new_state = optimizers.update(ctx, kind, hyper if decay else {**hyper, "weight_decay": 0.0},
+                                                 param, grad, state)
+        param_next.append(_expose(graph, new_param, f"{name}.next", like=param))
+        state_next += [_expose(graph, new_state[s], f"{name}.{s}.next", like=param) for s in slots]
     return [*param_next, *state_next, _expose(graph, t, f"{STEP}.next", like=step)]
 
 

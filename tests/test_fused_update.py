@@ -1,0 +1,187 @@
+"""The fused optimizer update: params and optimizer state as flat buffers per dtype and
+weight-decay group, one update chain per buffer (``passes/training/flat.py``).
+
+Oracles: the per-param update graphs (``fused=False``), ``torch.optim`` (single-tensor path)
+when torch is installed, and checkpoints that cross the layout change."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as nh
+import pytest
+
+import graphc as gc
+
+F, D = onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE
+SPECS = [
+    gc.optim.SGD(0.05),
+    gc.optim.SGD(0.05, momentum=0.9, weight_decay=0.1),
+    gc.optim.SGD(0.05, momentum=0.9, nesterov=True, weight_decay=0.1, no_decay=("*.bias",)),
+    gc.optim.Adam(0.02, weight_decay=0.05),
+    gc.optim.Adam(0.02, betas=(0.8, 0.99), eps=1e-6, no_decay=("head.*",), weight_decay=0.1),
+    gc.optim.AdamW(0.02),
+    gc.optim.AdamW(0.02, weight_decay=0.2, no_decay=("*.bias", "head.weight")),
+]
+IDS = [f"{s.kind}-{i}" for i, s in enumerate(SPECS)]
+STEPS = 5
+
+
+def mixed_model(layers: int = 2, seed: int = 0) -> gc.Model:
+    """``layers`` float32 Linear+Tanh layers, then a float64 head (Cast between): params of two
+    dtypes. x [N, 4] -> ... -> out [N, 2] (double)."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, h = [], [], "x"
+    for i in range(layers):
+        inits += [nh.from_array(rng.normal(0, 0.5, (4, 4)).astype(np.float32), f"fc{i}.weight"),
+                  nh.from_array(rng.normal(0, 0.1, 4).astype(np.float32), f"fc{i}.bias")]
+        nodes += [oh.make_node("Gemm", [h, f"fc{i}.weight", f"fc{i}.bias"], [f"h{i}"], transB=1),
+                  oh.make_node("Tanh", [f"h{i}"], [f"a{i}"])]
+        h = f"a{i}"
+    inits += [nh.from_array(rng.normal(0, 0.5, (2, 4)), "head.weight"), nh.from_array(rng.normal(0, 0.1, 2), "head.bias")]
+    nodes += [oh.make_node("Cast", [h], ["hd"], to=D),
+              oh.make_node("Gemm", ["hd", "head.weight", "head.bias"], ["out"], transB=1)]
+    graph = oh.make_graph(nodes, "mixed", [oh.make_tensor_value_info("x", F, ["N", 4])],
+                          [oh.make_tensor_value_info("out", D, ["N", 2])], inits)
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    onnx.checker.check_model(proto, full_check=True)
+    return gc.load(proto)
+
+
+def batches(n=STEPS, size=6):
+    rng = np.random.default_rng(1)
+    return [{"x": rng.normal(size=(size, 4)).astype(np.float32), "y": rng.normal(size=(size, 2))} for _ in range(n)]
+
+
+def generate(spec, fused=True, frozen=(), **kw):
+    return gc.training.generate(mixed_model(**kw), gc.losses.mse("out", label="y"), spec, fused=fused, frozen=frozen)
+
+
+def run(arts, backend, data=None):
+    trainer = gc.Trainer(arts, backend=backend)
+    return [trainer.step(b) for b in data or batches()], trainer.state_dict()
+
+
+def test_layout_groups_by_dtype_and_decay():
+    arts = generate(gc.optim.AdamW(0.01, no_decay=("*.bias",)))
+    layout = {b.name: b for b in arts.manifest.layout}
+    assert sorted(layout) == ["params.float32", "params.float32.no_decay", "params.float64", "params.float64.no_decay"]
+    assert layout["params.float32"].params == ["fc0.weight", "fc1.weight"] and layout["params.float32"].weight_decay
+    assert layout["params.float64.no_decay"].params == ["head.bias"] and not layout["params.float64.no_decay"].weight_decay
+    inputs = {e.name: e for e in arts.manifest.graphs["train_step"].inputs}
+    assert inputs["params.float32"].shape == [32] and inputs["params.float64"].dtype == "float64"
+    assert inputs["params.float32.exp_avg_sq"].role == "state" and "fc0.weight" not in inputs
+    assert arts.manifest.feeds["params.float32.exp_avg.next"] == "params.float32.exp_avg"
+    # the eval graph reads the same buffers; gradients and inference stay per param
+    assert "params.float32" in {e.name for e in arts.manifest.graphs["eval"].inputs}
+    assert "fc0.weight" in {e.name for e in arts.manifest.graphs["gradients"].inputs}
+    packed = arts.manifest.pack(arts.state)
+    assert packed.keys() >= {"params.float32", "params.float32.exp_avg", "step"} and "fc0.weight" not in packed
+    unpacked = arts.manifest.unpack(packed)
+    assert unpacked.keys() == arts.state.keys()
+    for name, value in arts.state.items():
+        assert unpacked[name].dtype == value.dtype and np.array_equal(unpacked[name], value), name
+    for key, model in arts.graphs.items():
+        onnx.checker.check_model(model.proto, full_check=True)
+
+
+def test_update_node_count_does_not_grow_with_the_number_of_params():
+    def update_nodes(layers):
+        arts = generate(gc.optim.AdamW(0.01), layers=layers)
+        names = [n.name for n in arts.train_step.proto.graph.node]
+        return sum(n.startswith("optim/") and not n.startswith("optim/flat/") for n in names)
+
+    assert update_nodes(2) == update_nodes(8)
+    per_param = generate(gc.optim.AdamW(0.01), fused=False, layers=8).train_step.proto.graph.node
+    assert sum(n.name.startswith("optim/") for n in per_param) > 3 * update_nodes(8)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_fused_equals_the_per_param_update(spec):
+    fused, per_param = generate(spec), generate(spec, fused=False)
+    # numpy: the same elementwise ops on the same values, so the same bits
+    _equal_runs(run(fused, "numpy"), run(per_param, "numpy"), 0)
+    _equal_runs(run(fused, "ort-cpu"), run(per_param, "ort-cpu"), 1e-6)
+
+
+def _equal_runs(a, b, rtol):
+    np.testing.assert_allclose(a[0], b[0], rtol=rtol, atol=0)
+    assert a[1].keys() == b[1].keys()
+    for name in a[1]:
+        np.testing.assert_allclose(a[1][name], b[1][name], rtol=rtol, atol=rtol * 1e-2, err_msg=name)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_fused_matches_torch_optim(spec):
+    torch = pytest.importorskip("torch")
+    from fnmatch import fnmatchcase
+
+    arts = generate(spec, frozen=["fc1.bias"])
+    assert "fc1.bias" in arts.manifest.frozen
+    losses, state = run(arts, "ort-cpu")
+    initial = {**arts.inference.params, **arts.state}
+    params = {n: torch.nn.Parameter(torch.from_numpy(np.array(initial[n]))) for n in [*arts.manifest.trainable, "fc1.bias"]}
+    params["fc1.bias"].requires_grad_(False)
+    trained = arts.manifest.trainable
+    hyper = {k: v for k, v in spec.model_dump().items() if k not in ("kind", "no_decay")}
+    groups = [{"params": [params[n] for n in trained if any(fnmatchcase(n, p) for p in spec.no_decay)], "weight_decay": 0.0},
+              {"params": [params[n] for n in trained if not any(fnmatchcase(n, p) for p in spec.no_decay)]}]
+    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[spec.kind]
+    opt = cls([g for g in groups if g["params"]], foreach=False, **hyper)
+    expected = []
+    for b in batches():
+        h = torch.from_numpy(b["x"])
+        for i in range(2):
+            h = torch.tanh(h @ params[f"fc{i}.weight"].T + params[f"fc{i}.bias"])
+        out = h.double() @ params["head.weight"].T + params["head.bias"]
+        loss = torch.mean((out - torch.from_numpy(b["y"])) ** 2)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    for name in trained:
+        np.testing.assert_allclose(state[name], params[name].detach().numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+    assert "fc1.bias" not in state  # frozen: an initializer of the graphs, never updated
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("first_fused", [True, False], ids=["fused-then-per-param", "per-param-then-fused"])
+def test_checkpoints_cross_the_layout_change(tmp_path, backend, first_fused):
+    spec = gc.optim.AdamW(0.02, no_decay=("*.bias",))
+    data = batches(6)
+    straight_losses, straight = run(generate(spec, fused=first_fused), backend, data)
+    first = gc.Trainer(generate(spec, fused=first_fused), backend=backend)
+    losses = [first.step(b) for b in data[:3]]
+    first.save_checkpoint(tmp_path / "ck.safetensors")
+    second = gc.Trainer(generate(spec, fused=not first_fused), backend=backend)
+    second.load_checkpoint(tmp_path / "ck.safetensors")
+    losses += [second.step(b) for b in data[3:]]
+    # the per-param names are the checkpoint's, whatever the layout; numpy replays bit for bit
+    np.testing.assert_allclose(losses, straight_losses, rtol=0 if backend == "numpy" else 1e-6)
+    resumed = second.state_dict()
+    assert resumed.keys() == straight.keys()
+    for name, value in straight.items():
+        np.testing.assert_allclose(resumed[name], value, rtol=0 if backend == "numpy" else 1e-5, err_msg=name)
+
+
+def test_ort_trainer_allocates_no_new_param_buffers_per_step():
+    """Each step writes into the buffers the step before read (two sets used in turn)."""
+    trainer = gc.Trainer(generate(gc.optim.Adam(0.01)), backend="ort-cpu")
+    seen: dict[str, set[int]] = {}
+    for b in batches(8):
+        trainer.step(b)
+        for name, handle in trainer._state.items():
+            seen.setdefault(name, set()).add(handle.data_ptr())
+    carried = set(trainer.manifest.feeds.values())
+    assert carried == {"params.float32", "params.float32.exp_avg", "params.float32.exp_avg_sq", "params.float64",
+                       "params.float64.exp_avg", "params.float64.exp_avg_sq", "step"}
+    for name in carried:
+        assert len(seen[name]) == 2, (name, len(seen[name]))
+    assert len(seen["lr"]) == 1
+
+
+def test_no_decay_pattern_matching_nothing_is_an_error():
+    with pytest.raises(gc.GraphError, match=r"no_decay pattern\(s\) \['\*norm\*'\] match no trainable param"):
+        generate(gc.optim.AdamW(0.01, no_decay=("*norm*",)))
