@@ -357,6 +357,12 @@ def _cases() -> list[GradCase]:
         c("Conv", [T((1, 2, 4, 5, 3)), T((2, 2, 2, 3, 2)), T((2,))], {"pads": [1, 0, 1, 0, 1, 0]}, tag="3d"),
         c("Conv", [T((2, 3, 9)), T((2, 3, 3))], {"dilations": [2], "pads": [2, 1], "strides": [2]}, tag="1d"),
         # one input channel: the weight gradient takes the im2col + MatMul lowering
+        # 1x1 convs: dW is one Einsum (x subsampled by the strides first)
+        c("Conv", [T((2, 3, 4, 5)), T((4, 3, 1, 1)), T((4,))], tag="pointwise"),
+        c("Conv", [T((2, 3, 5, 6)), T((4, 3, 1, 1))], {"strides": [2, 3]}, tag="pointwise_strided"),
+        c("Conv", [T((2, 3, 7)), T((2, 3, 1))], {"strides": [2]}, tag="pointwise_1d"),
+        c("Conv", [T((1, 2, 3, 4, 3)), T((3, 2, 1, 1, 1))], {"strides": [1, 2, 1]}, tag="pointwise_3d"),
+        c("Conv", [T((2, 4, 3, 3)), T((4, 2, 1, 1))], {"group": 2}, tag="pointwise_groups"),
         c("Conv", [T((2, 1, 6, 6)), T((3, 1, 3, 3)), T((3,))], {"pads": [1, 1, 1, 1]}, tag="one_channel"),
         c("Conv", [T((2, 1, 7, 8)), T((2, 1, 2, 3))], {"strides": [2, 3], "dilations": [2, 1], "pads": [1, 0, 2, 1]},
           tag="one_channel_strides"),
