@@ -363,6 +363,12 @@ def _cases() -> list[GradCase]:
         c("Conv", [T((2, 3, 7)), T((2, 3, 1))], {"strides": [2]}, tag="pointwise_1d"),
         c("Conv", [T((1, 2, 3, 4, 3)), T((3, 2, 1, 1, 1))], {"strides": [1, 2, 1]}, tag="pointwise_3d"),
         c("Conv", [T((2, 4, 3, 3)), T((4, 2, 1, 1))], {"group": 2}, tag="pointwise_groups"),
+        # batch x pixels >= 256: dW is an im2col and one GEMM
+        c("Conv", [T((2, 3, 12, 12)), T((4, 3, 3, 3)), T((4,))], {"pads": [1, 1, 1, 1]}, tag="im2col"),
+        c("Conv", [T((2, 2, 24, 25)), T((3, 2, 3, 2))], {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 0, 1]},
+          tag="im2col_strides_dilations"),
+        c("Conv", [T((2, 2, 150)), T((3, 2, 5))], {"strides": [1], "pads": [2, 1]}, tag="im2col_1d"),
+        c("Conv", [T((1, 2, 7, 8, 6)), T((2, 2, 2, 3, 2))], {"pads": [1, 0, 1, 0, 1, 0]}, tag="im2col_3d"),
         c("Conv", [T((2, 1, 6, 6)), T((3, 1, 3, 3)), T((3,))], {"pads": [1, 1, 1, 1]}, tag="one_channel"),
         c("Conv", [T((2, 1, 7, 8)), T((2, 1, 2, 3))], {"strides": [2, 3], "dilations": [2, 1], "pads": [1, 0, 2, 1]},
           tag="one_channel_strides"),

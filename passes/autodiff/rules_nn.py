@@ -102,23 +102,24 @@ def _groups_over_batch(g: GradBuilder, t: ir.Value, group: int, per_group: int, 
 
 
 def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
-    """dW as an explicit im2col and one batched MatMul: the window slices of the padded input
-    stacked on the channel axis ([N, K*Ci, O], staged one spatial axis at a time: sum(K_i)
-    Slices instead of prod(K_i)), times dy ([N, Co, O]), summed over the batch."""
+    """dW as an explicit im2col and one GEMM over batch and pixels: the window slices of the
+    padded, channel-major input stacked on axis 0 ([K*Ci, N, O], staged one spatial axis at a
+    time: sum(K_i) Slices instead of prod(K_i)) against dy as [Co, N*O] (``transB``: the column
+    matrix is never transposed)."""
     n_sp = len(spatial)
     ci, kernel = w_shape[1], list(w_shape[2:])
     out = _out_dims(spatial, kernel, strides, dilations, begin, end)
-    cols = x
+    cols = g.transpose(x, [1, 0] + list(range(2, 2 + n_sp)))
     if any(begin + end):
-        cols = g.op("Pad", x, g.ints([0, 0] + begin + [0, 0] + end))
-    for i in range(n_sp):  # channel index after axis i: k_i * (K_{i-1} ... K_0 * Ci) + ...
+        cols = g.op("Pad", cols, g.ints([0, 0] + begin + [0, 0] + end))
+    for i in range(n_sp):  # row index after axis i: k_i * (K_{i-1} ... K_0 * Ci) + ...
         axis, step = g.ints([2 + i]), g.ints([strides[i]])
         cols = g.op("Concat", *[g.op("Slice", cols, g.ints([k * dilations[i]]),
                                      g.ints([k * dilations[i] + (out[i] - 1) * strides[i] + 1]), axis, step)
-                                for k in range(kernel[i])], axis=1)
-    cols = g.op("Reshape", cols, g.ints([0, ci * math.prod(kernel), math.prod(out)]))
-    dy3 = g.op("Reshape", dy, g.ints([0, w_shape[0], math.prod(out)]))
-    dw = g.reduce("ReduceSum", g.op("MatMul", dy3, g.transpose(cols, [0, 2, 1])), [0], keepdims=False)
+                                for k in range(kernel[i])], axis=0)
+    cols = g.op("Reshape", cols, g.ints([ci * math.prod(kernel), -1]))
+    dy2 = g.op("Reshape", g.transpose(dy, [1, 0] + list(range(2, 2 + n_sp))), g.ints([w_shape[0], -1]))
+    dw = g.op("Gemm", dy2, cols, transB=1)
     dw = g.op("Reshape", dw, g.ints([w_shape[0]] + kernel[::-1] + [ci]))  # [Co, K_{n-1}, ..., K_0, Ci]
     return g.transpose(dw, [0, n_sp + 1] + list(range(n_sp, 0, -1)))
 
@@ -139,29 +140,33 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     # EfficientNet) is one Einsum: onnxruntime (CPU, 2 threads) contracts it 4 to 14 times faster
     # than the Conv below with its three Transposes and, for strides, its Slice (N=2, 256->64,
     # 16x16: 0.32 vs 1.29 ms; N=32, 1024->2048 stride 2 on 4x4: 10.8 vs 155 ms), and faster than
-    # Transpose + batched MatMul + ReduceSum (0.53 ms; 232 ms). Tried for other convs and kept
-    # the Conv: an im2col (Pad, Slices, Concat) + Einsum was faster for 3x3 only at N=2 and 16x16
-    # or stride 2 (1.5 vs 1.8 ms, 1.2 vs 1.9), slower at N=32 (24 vs 21 ms) and for depthwise
-    # 3x3/5x5 (1.3-2.7x slower). ORT's CPU Einsum takes float and double only.
+    # Transpose + batched MatMul + ReduceSum (0.53 ms; 232 ms). ORT's CPU Einsum takes float and
+    # double only.
     if (group == 1 and all(k == 1 for k in w_shape[2:]) and not any(begin + end)
             and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and g.opset >= 12):
         return _pointwise_weight_grad(g, x, dy, w_shape, spatial, strides)
-    # dW[m, c, k] = sum_{n, o} dy[n, m, o] * xpad[n, c, o*stride + k*dilation]: a Conv over x with
-    # batch and channels swapped, dy as the kernel, strides and dilations exchanged. That Conv's
-    # batch is Ci, and onnxruntime's CPU Conv spreads its work over the batch: with one input
-    # channel it runs on one thread (LeNet conv1, x [64,1,28,28], 5x5, pad 2: 540 us at 2 threads).
-    # There an explicit im2col + batched MatMul (threaded over N) is faster (370 us); with six
-    # input channels (conv2, x [64,6,14,14]) the Conv wins (350 vs 470 us). The im2col tensor
-    # holds prod(kernel) * prod(out) values per sample (LeNet conv1: 19,600); past 2**18 it is
-    # left to the Conv, so the graph holds no such large intermediate.
+    # dW[m, c, k] = sum_{n, o} dy[n, m, o] * xpad[n, c, o*stride + k*dilation]. Two lowerings,
+    # chosen by measurement on onnxruntime (CPU, 2 threads), 3x3 convs:
+    # * an im2col (Slices of the channel-major input) and one GEMM, whose reduction runs over
+    #   batch and pixels: fast when that is long. N=32, 64ch on 16x16: 11.6 ms against the Conv's
+    #   21.2; 128ch on 8x8: 10.8 vs 22.4; 256ch on 4x4: 12.2 vs 16.5; stride 2, 64->128: 8.3 vs
+    #   10.8; N=2, 64ch on 16x16: 0.9 vs 2.2. Its column matrix holds prod(K) copies of x, so it
+    #   is capped at 2**24 values.
+    # * a Conv over x with batch and channels swapped, dy as the kernel, strides and dilations
+    #   exchanged: better when batch x pixels is short (N=2, 512ch on 2x2: 5.8 ms vs 10.5 for
+    #   the GEMM; N=32 there: equal), and for grouped convs.
+    # (An im2col with a batched MatMul or an Einsum over [N, K*Ci, O] was no faster than the
+    # Conv at N=32: 24 vs 21 ms; for depthwise 3x3/5x5 convs 1.3-2.7x slower than it.)
     n_sp = len(spatial)
     cg, kernel = w_shape[1], list(w_shape[2:])
-    if (cg == 1 and group == 1 and g.opset >= 11
-            and math.prod(kernel) * math.prod(_out_dims(spatial, kernel, strides, dilations, begin, end)) <= 1 << 18):
+    out = _out_dims(spatial, kernel, strides, dilations, begin, end)
+    sx = static_shape(x)
+    batch = sx[0] if sx is not None and isinstance(sx[0], int) else 16  # a symbolic batch: a typical one
+    if (group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+            and batch * math.prod(out) >= 256 and cg * math.prod(kernel) * batch * math.prod(out) <= 1 << 24):
         return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     xt = _groups_over_batch(g, x, group, cg, spatial)
     dyt = g.transpose(dy, [1, 0] + list(range(2, 2 + n_sp)))
-    out = _out_dims(spatial, kernel, strides, dilations, begin, end)
     full = [(spatial[i] + begin[i] + end[i] - (out[i] - 1) * strides[i] - 1) // dilations[i] + 1 for i in range(n_sp)]
     dw = g.op("Conv", xt, dyt, strides=dilations, dilations=strides, pads=begin + end,
               group=group if group != 1 else None)
