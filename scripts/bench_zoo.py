@@ -1,0 +1,507 @@
+"""graphc's training step against PyTorch eager on real architectures, at 2 threads.
+
+    .venv/bin/python scripts/bench_zoo.py [--models resnet18,resnet50] [--batches 2,32]
+        [--image-size 64] [--rounds 5] [--steps 2] [--json results.json]
+
+Models (plain torch.nn, random init, no dropout or stochastic depth so both frameworks run the
+same computation): resnet18, resnet50, efficientnet_b0, mobilenetv3_small, regnety_400mf (the
+CNNs, 1000-class ImageNet heads on --image-size px images), vit (ViT-Ti/8: dim 192, depth 12,
+3 heads, 1000 classes) and gpt (GPT-2 style decoder: vocab 2048, 128 tokens, dim 256, 6 layers,
+4 heads, tied LM head; logits flattened to [N*128, 2048] for next-token cross-entropy).
+
+Each model is exported with torch.onnx (TorchScript, opset 17), imported with ``gc.load`` and
+given AdamW(1e-3) training artifacts; graphc trains them on onnxruntime CPU, PyTorch trains the
+same module with torch.optim.AdamW(lr=1e-3). Per model and batch size it reports:
+
+- ms per step of each (feed the batch, forward, backward, update, read the loss): median over
+  ``--rounds`` rounds in which the two take turns, ``--steps`` steps each, so a busy machine
+  slows both alike; and graphc / torch;
+- the optimizer update's share of graphc's kernel time (nodes named ``optim/...``), from an
+  onnxruntime profile of the train_step, and the train_step's node count;
+- peak RSS of a fresh process that trains 5 steps, libraries included: graphc from the saved
+  artifacts (without torch imported), PyTorch from the module; and graphc / torch;
+- how long ``gc.training.generate`` took.
+
+It ends with a table marking the rows that meet the targets (``TARGETS``). A row whose export,
+``gc.load``, generate, Trainer or steps fail is reported as failed, with the error, and the others
+still run. Needs torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+THREADS = 2
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+os.environ.setdefault("OPENBLAS_NUM_THREADS", str(THREADS))
+os.environ.setdefault("MKL_NUM_THREADS", str(THREADS))
+
+import numpy as np  # noqa: E402
+
+import graphc as gc  # noqa: E402
+
+LR = 1e-3
+MEMORY_STEPS = 5
+# graphc/torch step time, update share of kernel time, graphc/torch peak RSS
+TARGETS = {"ratio": {"cnn": 1.0, "transformer": 0.8}, "update_pct": 15.0, "memory_ratio": 1.1}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS (Linux's VmHWM; ru_maxrss would be at least the parent's RSS at
+    the fork, which Linux carries over exec)."""
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"^VmHWM:\s*(\d+) kB", status, re.M).group(1)) / 1024
+
+
+def graphc_memory_child(directory: str) -> None:
+    """Print the peak RSS of training the artifacts in ``directory`` on its ``batch.npz``."""
+    batch = dict(np.load(Path(directory) / "batch.npz"))
+    trainer = gc.Trainer(directory, backend="ort-cpu", threads=THREADS)
+    for _ in range(MEMORY_STEPS):
+        trainer.step(batch)
+    print(peak_rss_mb())
+
+
+# The graphc memory child runs here, before torch is imported, so its RSS holds none of torch.
+if __name__ == "__main__" and sys.argv[1:3] == ["--child", "graphc"]:
+    graphc_memory_child(sys.argv[3])
+    sys.exit(0)
+
+try:
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from torch import nn
+except ImportError:
+    sys.exit("bench_zoo.py needs PyTorch: pip install torch")
+
+NUM_CLASSES = 1000
+VOCAB, SEQ = 2048, 128
+
+
+# -- architectures --------------------------------------------------------------------------------
+
+def conv_bn(cin: int, cout: int, k: int = 1, stride: int = 1, groups: int = 1, act=nn.ReLU) -> nn.Sequential:
+    """Conv (no bias, "same" padding) + BatchNorm + ``act`` (none when None)."""
+    layers = [nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    return nn.Sequential(*layers, *([act()] if act else []))
+
+
+def classifier(cin: int) -> nn.Sequential:
+    return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, NUM_CLASSES))
+
+
+class Residual(nn.Module):
+    """ResNet/RegNet block: relu(body(x) + shortcut(x)), the shortcut a strided 1x1 conv + BN
+    where the shape changes."""
+
+    def __init__(self, body: nn.Module, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.body = body
+        self.shortcut = conv_bn(cin, cout, 1, stride, act=None) if stride != 1 or cin != cout else nn.Identity()
+
+    def forward(self, x):
+        return F.relu(self.body(x) + self.shortcut(x))
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, channels: int, squeeze: int, act=nn.ReLU, gate=nn.Sigmoid):
+        super().__init__()
+        self.scale = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(channels, squeeze, 1), act(),
+                                   nn.Conv2d(squeeze, channels, 1), gate())
+
+    def forward(self, x):
+        return x * self.scale(x)
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV3 / EfficientNet block: 1x1 expand (when ``expanded != cin``), kxk depthwise,
+    squeeze-excite, 1x1 linear projection; identity residual when the shape is kept."""
+
+    def __init__(self, cin: int, expanded: int, cout: int, k: int, stride: int, act, se: nn.Module | None):
+        super().__init__()
+        layers = [conv_bn(cin, expanded, act=act)] if expanded != cin else []
+        layers.append(conv_bn(expanded, expanded, k, stride, groups=expanded, act=act))
+        layers += [se] if se else []
+        self.body = nn.Sequential(*layers, conv_bn(expanded, cout, act=None))
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+def resnet(bottleneck: bool, depths: tuple[int, ...]) -> nn.Sequential:
+    """ResNet v1.5 (torchvision's): the stride sits on the 3x3 conv of a bottleneck."""
+    expansion = 4 if bottleneck else 1
+    layers, cin = [conv_bn(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1)], 64
+    for stage, (width, depth) in enumerate(zip((64, 128, 256, 512), depths)):
+        for i in range(depth):
+            stride, cout = 2 if stage and not i else 1, width * expansion
+            if bottleneck:
+                body = nn.Sequential(conv_bn(cin, width), conv_bn(width, width, 3, stride),
+                                     conv_bn(width, cout, act=None))
+            else:
+                body = nn.Sequential(conv_bn(cin, width, 3, stride), conv_bn(width, width, 3, act=None))
+            layers.append(Residual(body, cin, cout, stride))
+            cin = cout
+    return nn.Sequential(*layers, classifier(cin))
+
+
+def efficientnet_b0() -> nn.Sequential:
+    layers, cin = [conv_bn(3, 32, 3, 2, act=nn.SiLU)], 32
+    # (expansion, kernel, stride, channels, repeats) per stage: the paper's Table 1
+    for e, k, s, cout, n in [(1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3),
+                             (6, 5, 1, 112, 3), (6, 5, 2, 192, 4), (6, 3, 1, 320, 1)]:
+        for i in range(n):
+            se = SqueezeExcite(cin * e, max(1, cin // 4), nn.SiLU)
+            layers.append(InvertedResidual(cin, cin * e, cout, k, s if i == 0 else 1, nn.SiLU, se))
+            cin = cout
+    return nn.Sequential(*layers, conv_bn(cin, 1280, act=nn.SiLU), classifier(1280))
+
+
+def mobilenetv3_small() -> nn.Sequential:
+    layers, cin = [conv_bn(3, 16, 3, 2, act=nn.Hardswish)], 16
+    # (kernel, expanded, channels, SE, hardswish, stride) per block: the paper's Table 2
+    for k, exp, cout, se, hs, s in [(3, 16, 16, 1, 0, 2), (3, 72, 24, 0, 0, 2), (3, 88, 24, 0, 0, 1),
+                                    (5, 96, 40, 1, 1, 2), (5, 240, 40, 1, 1, 1), (5, 240, 40, 1, 1, 1),
+                                    (5, 120, 48, 1, 1, 1), (5, 144, 48, 1, 1, 1), (5, 288, 96, 1, 1, 2),
+                                    (5, 576, 96, 1, 1, 1), (5, 576, 96, 1, 1, 1)]:
+        squeeze = max(8, (exp // 4 + 4) // 8 * 8)  # a multiple of 8, as torchvision's
+        block_se = SqueezeExcite(exp, squeeze, nn.ReLU, nn.Hardsigmoid) if se else None
+        layers.append(InvertedResidual(cin, exp, cout, k, s, nn.Hardswish if hs else nn.ReLU, block_se))
+        cin = cout
+    return nn.Sequential(*layers, conv_bn(cin, 576, act=nn.Hardswish), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(576, 1024), nn.Hardswish(), nn.Linear(1024, NUM_CLASSES))
+
+
+def regnety_400mf() -> nn.Sequential:
+    """RegNetY-400MF: bottleneck ratio 1, group width 8, SE on a quarter of the block's input width."""
+    layers, cin = [conv_bn(3, 32, 3, 2)], 32
+    for width, depth in zip((48, 104, 208, 440), (1, 3, 6, 6)):
+        for i in range(depth):
+            stride = 2 if i == 0 else 1
+            body = nn.Sequential(conv_bn(cin, width), conv_bn(width, width, 3, stride, groups=width // 8),
+                                 SqueezeExcite(width, round(0.25 * cin)), conv_bn(width, width, act=None))
+            layers.append(Residual(body, cin, width, stride))
+            cin = width
+    return nn.Sequential(*layers, classifier(cin))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, causal: bool):
+        super().__init__()
+        self.heads, self.causal = heads, causal
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        n, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(n, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.proj(y.transpose(1, 2).reshape(n, t, d))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x)) with a 4x GELU MLP."""
+
+    def __init__(self, dim: int, heads: int, causal: bool = False):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, causal)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class ViT(nn.Module):
+    """ViT-Ti/8: class token, learned positions, classifier on the class token."""
+
+    def __init__(self, image_size: int, patch: int = 8, dim: int = 192, depth: int = 12, heads: int = 3):
+        super().__init__()
+        self.patches = nn.Conv2d(3, dim, patch, patch)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = nn.Parameter(0.02 * torch.randn(1, (image_size // patch) ** 2 + 1, dim))
+        self.blocks = nn.Sequential(*[Block(dim, heads) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, NUM_CLASSES)
+
+    def forward(self, x):
+        x = self.patches(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1) + self.pos
+        return self.head(self.norm(self.blocks(x))[:, 0])
+
+
+class GPT(nn.Module):
+    """GPT-2 style decoder with the LM head tied to the token embedding; logits [N*T, vocab]."""
+
+    def __init__(self, dim: int = 256, depth: int = 6, heads: int = 4):
+        super().__init__()
+        self.tokens = nn.Embedding(VOCAB, dim)
+        self.pos = nn.Parameter(0.02 * torch.randn(1, SEQ, dim))
+        self.blocks = nn.Sequential(*[Block(dim, heads, causal=True) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):
+        h = self.norm(self.blocks(self.tokens(x) + self.pos))
+        return F.linear(h, self.tokens.weight).flatten(0, 1)
+
+
+@dataclass(frozen=True)
+class Arch:
+    build: Callable[[int], nn.Module]  # image size -> module
+    kind: str  # "cnn" or "transformer": which step-time target applies
+    tokens: bool = False  # input is token ids (next-token labels), else images (class labels)
+
+
+ZOO = {
+    "resnet18": Arch(lambda _: resnet(False, (2, 2, 2, 2)), "cnn"),
+    "resnet50": Arch(lambda _: resnet(True, (3, 4, 6, 3)), "cnn"),
+    "efficientnet_b0": Arch(lambda _: efficientnet_b0(), "cnn"),
+    "mobilenetv3_small": Arch(lambda _: mobilenetv3_small(), "cnn"),
+    "regnety_400mf": Arch(lambda _: regnety_400mf(), "cnn"),
+    "vit": Arch(ViT, "transformer"),
+    "gpt": Arch(lambda _: GPT(), "transformer", tokens=True),
+}
+
+
+def make_batch(arch: Arch, batch: int, image_size: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if arch.tokens:
+        text = rng.integers(0, VOCAB, (batch, SEQ + 1))
+        return {"x": text[:, :-1], "y": text[:, 1:].reshape(-1)}
+    return {"x": rng.standard_normal((batch, 3, image_size, image_size), np.float32),
+            "y": rng.integers(0, NUM_CLASSES, batch)}
+
+
+# -- the two frameworks ---------------------------------------------------------------------------
+
+def torch_stepper(model: nn.Module, batches: list[dict[str, np.ndarray]]) -> Callable[[int], float]:
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    tensors = [{k: torch.from_numpy(v) for k, v in b.items()} for b in batches]
+
+    def step(i: int) -> float:
+        b = tensors[i % len(tensors)]
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(b["x"]), b["y"])
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def export_onnx(model: nn.Module, batch: dict[str, np.ndarray], path: Path) -> None:
+    """TorchScript export in TRAINING mode: BatchNormalization keeps its running statistics as
+    initializers, and every parameter its own initializer (an eval-mode export merges equal
+    tensors, such as every fresh BatchNorm's ones and zeros, into one)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.from_numpy(batch["x"]),), str(path), dynamo=False, opset_version=17,
+                          input_names=["x"], output_names=["logits"], do_constant_folding=False,
+                          training=torch.onnx.TrainingMode.TRAINING)
+
+
+def update_share(arts, batch: dict[str, np.ndarray], directory: Path, runs: int = 5, warmup: int = 2
+                 ) -> tuple[float, int]:
+    """(percent of the train_step's kernel time in ``optim/...`` nodes, the train_step's node count),
+    from an onnxruntime profile of ``runs`` steps, the first ``warmup`` (allocation) left out."""
+    import onnxruntime as ort
+
+    proto = arts.train_step.proto
+    fed = {i.name for i in proto.graph.input}
+    kept = [t for t in proto.graph.initializer if t.name not in fed]  # carried state is fed, as the Trainer does
+    del proto.graph.initializer[:]
+    proto.graph.initializer.extend(kept)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    options.enable_profiling = True
+    options.profile_file_prefix = str(directory / "ort_profile")
+    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    state = arts.manifest.pack(arts.state)  # per-param names -> the train_step's (flat) inputs
+    feeds = {i.name: batch[i.name] if i.name in batch else state[i.name] for i in session.get_inputs()}
+    for _ in range(runs):
+        session.run(["loss"], feeds)
+    events = json.loads(Path(session.end_profiling()).read_text())
+    start = sorted(e["ts"] for e in events if e["name"] == "model_run")[warmup]
+    kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+               and e["ts"] >= start]
+    update = sum(e["dur"] for e in kernels if "optim/" in e["name"])
+    return 100 * update / sum(e["dur"] for e in kernels), len(proto.graph.node)
+
+
+def child_peak_mb(*args: str) -> float:
+    done = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"memory child {' '.join(args)} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return float(done.stdout.split()[-1])
+
+
+def torch_memory_child(name: str, batch: int, image_size: int) -> None:
+    """Print the peak RSS of training ``name`` with PyTorch."""
+    torch.manual_seed(0)
+    arch = ZOO[name]
+    step = torch_stepper(arch.build(image_size), [make_batch(arch, batch, image_size)])
+    for i in range(MEMORY_STEPS):
+        step(i)
+    print(peak_rss_mb())
+
+
+# -- benchmark ------------------------------------------------------------------------------------
+
+def interleaved_ms(steppers: dict[str, Callable[[int], float]], rounds: int, steps: int,
+                   warmup: int = 2) -> dict[str, float]:
+    """Median ms per step of each stepper; they take turns, ``steps`` steps each per round."""
+    for step in steppers.values():
+        for i in range(warmup):
+            step(i)
+    times: dict[str, list[float]] = {name: [] for name in steppers}
+    for _ in range(rounds):
+        for name, step in steppers.items():
+            for i in range(steps):
+                t0 = time.perf_counter()
+                step(i)
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
+
+
+def bench(name: str, batch: int, args: argparse.Namespace) -> dict:
+    arch = ZOO[name]
+    row: dict = {"model": name, "kind": arch.kind, "batch": batch}
+    torch.manual_seed(0)
+    model = arch.build(args.image_size)
+    batches = [make_batch(arch, batch, args.image_size, seed) for seed in range(4)]
+    stage = "export"
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-zoo-") as tmp:
+            tmp = Path(tmp)
+            export_onnx(model, batches[0], tmp / "model.onnx")
+            stage = "gc.load"
+            imported = gc.load(tmp / "model.onnx")
+            stage = "generate"
+            t0 = time.perf_counter()
+            arts = gc.training.generate(imported, gc.losses.cross_entropy("logits", label="y"), gc.optim.AdamW(LR))
+            row["generate_s"] = time.perf_counter() - t0
+            untrained = [p for p, _ in model.named_parameters() if p not in arts.manifest.trainable]
+            if untrained:
+                raise RuntimeError(f"torch params not in manifest.trainable: {untrained}")
+            stage = "Trainer"
+            trainer = gc.Trainer(arts, backend="ort-cpu", threads=THREADS)
+            stage = "timing"
+            steppers = {"graphc": lambda i: trainer.step(batches[i % len(batches)]),
+                        "torch": torch_stepper(model, batches)}
+            ms = interleaved_ms(steppers, args.rounds, args.steps)
+            row.update(graphc_ms=ms["graphc"], torch_ms=ms["torch"], ratio=ms["graphc"] / ms["torch"])
+            stage = "profile"
+            row["update_pct"], row["nodes"] = update_share(arts, batches[0], tmp)
+            stage = "memory"
+            arts.save(tmp / "artifacts")
+            np.savez(tmp / "artifacts" / "batch.npz", **batches[0])
+            row["graphc_mb"] = child_peak_mb("graphc", str(tmp / "artifacts"))
+            row["torch_mb"] = child_peak_mb("torch", name, str(batch), "--image-size", str(args.image_size))
+            row["memory_ratio"] = row["graphc_mb"] / row["torch_mb"]
+    except Exception as exc:  # noqa: BLE001 - report the row as failed and go on with the others
+        row["error"] = f"{stage}: {type(exc).__name__}: {exc}"
+    return row
+
+
+def meets(row: dict) -> dict[str, bool]:
+    """Which targets a finished row meets, by column."""
+    return {"ratio": row["ratio"] <= TARGETS["ratio"][row["kind"]],
+            "update_pct": row["update_pct"] <= TARGETS["update_pct"],
+            "memory_ratio": row["memory_ratio"] <= TARGETS["memory_ratio"]}
+
+
+def marked(text: str, ok: bool) -> str:
+    return f"[green]{text} ✓[/green]" if ok else f"[red]{text} ✗[/red]"
+
+
+def print_table(rows: list[dict], image_size: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"graphc (ort-cpu) vs PyTorch eager, AdamW, {THREADS} threads, {image_size} px images")
+    for column in ("model", "batch", "graphc ms", "torch ms", "ratio", "update %", "graphc MB", "torch MB",
+                   "mem ratio", "nodes", "generate s"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for row in rows:
+        if "error" in row:
+            table.add_row(row["model"], str(row["batch"]), f"[red]failed ({row['error'].split(':')[0]})[/red]")
+            continue
+        ok = meets(row)
+        table.add_row(row["model"], str(row["batch"]), f"{row['graphc_ms']:.1f}", f"{row['torch_ms']:.1f}",
+                      marked(f"{row['ratio']:.2f}", ok["ratio"]),
+                      marked(f"{row['update_pct']:.1f}", ok["update_pct"]),
+                      f"{row['graphc_mb']:.0f}", f"{row['torch_mb']:.0f}",
+                      marked(f"{row['memory_ratio']:.2f}", ok["memory_ratio"]), str(row["nodes"]),
+                      f"{row['generate_s']:.1f}")
+    console = Console(width=160)  # wide enough for the table when piped
+    console.print(table)
+    t = TARGETS
+    console.print(f"targets: ratio <= {t['ratio']['cnn']} (CNNs), <= {t['ratio']['transformer']} (transformers); "
+                  f"update <= {t['update_pct']:.0f}% of kernel time; mem ratio <= {t['memory_ratio']}")
+    finished = [r for r in rows if "error" not in r]
+    console.print(f"rows meeting every target: {sum(all(meets(r).values()) for r in finished)} of {len(rows)}")
+    for row in rows:
+        if "error" in row:
+            console.print(f"{row['model']} batch {row['batch']} failed at {row['error']}", style="red",
+                          markup=False, highlight=False)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(ZOO), help=f"comma-separated, of: {', '.join(ZOO)}")
+    p.add_argument("--batches", default="2,32", help="comma-separated batch sizes")
+    p.add_argument("--image-size", type=int, default=64, help="image side in px (ViT needs a multiple of 8)")
+    p.add_argument("--rounds", type=int, default=5, help="timing rounds (the two frameworks take turns)")
+    p.add_argument("--steps", type=int, default=2, help="timed steps per framework per round")
+    p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)  # torch MODEL BATCH: one memory measurement
+    args = p.parse_args()
+    args.models = args.models.split(",")
+    unknown = [m for m in args.models if m not in ZOO]
+    if unknown:
+        p.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(ZOO)}")
+    args.batches = [int(b) for b in args.batches.split(",")]
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    torch.set_num_threads(THREADS)
+    if args.child:
+        _, name, batch = args.child
+        torch_memory_child(name, int(batch), args.image_size)
+        return 0
+    rows = []
+    for name in args.models:
+        for batch in args.batches:
+            row = bench(name, batch, args)
+            rows.append(row)
+            if "error" in row:
+                print(f"{name} batch {batch}: failed at {row['error']}", flush=True)
+            else:
+                print(f"{name} batch {batch}: graphc {row['graphc_ms']:.1f} ms, torch {row['torch_ms']:.1f} ms, "
+                      f"generate {row['generate_s']:.1f} s", flush=True)
+    print_table(rows, args.image_size)
+    if args.json:
+        args.json.write_text(json.dumps({"threads": THREADS, "image_size": args.image_size,
+                                         "num_classes": NUM_CLASSES, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
