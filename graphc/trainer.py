@@ -11,8 +11,8 @@ the backend's device as a handle (an ``OrtValue`` on onnxruntime, the array itse
 and each step's ``X.next`` output replaces it (``manifest.feeds``). Per step only the batch
 goes in and only the loss comes out. On onnxruntime the outputs are written into two sets of
 buffers used in turn (a step reads one and writes the other), so a step allocates no param or
-state buffer. With the fused layout (``manifest.layout``) the carried params and optimizer
-state are flat buffers; ``params``, ``state_dict()`` and checkpoints name them per param.
+state buffer. With the fused update (``manifest.layout``) the optimizer state is carried as flat
+buffers; ``state_dict()`` and checkpoints name it per param all the same.
 
 Training-mode Dropout reads its randomness from ``noise`` inputs (``dropout_noise.<k>``): each
 step the Trainer draws them, in manifest order, with ``self.rng.random(shape, dtype=float32)``

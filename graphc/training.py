@@ -14,9 +14,10 @@ guess from names):
   statistics (role state) and ``lr`` (float scalar, role hyper, default the spec's lr). Outputs
   ``loss`` and ``X.next`` for every param/state input ``X``; ``manifest.feeds`` maps
   ``X.next -> X``. Frozen params stay initializers. With the fused update (the default) the
-  params come as a few flat buffers ``params.<dtype>[.no_decay]`` of every param end to end
-  (``manifest.layout`` says which param lies where) and the state as ``<buffer>.<slot>``; the
-  update then runs once per buffer. ``fused=False`` keeps one input and one update per param.
+  params are updated a group at a time (one per dtype and weight-decay setting, ``params.<dtype>
+  [.no_decay]``: ``manifest.layout`` lists each group's params in order) and the optimizer state
+  is one flat buffer per group and slot, ``<group>.<slot>`` (say ``params.float32.exp_avg``), of
+  the group's params end to end. ``fused=False`` keeps one update, and state, per param.
 * ``gradients``: the train_step inputs without optimizer state, step and lr; outputs ``loss`` and
   ``<param>_grad``. Dropout/BatchNorm run in training mode (batch statistics, as train_step);
   the running-statistics updates are not output (feed the BN stats in, they are not changed).
@@ -25,8 +26,8 @@ guess from names):
   Dropout; an element is kept where ``noise >= ratio``. ``gc.Trainer`` draws it each step from
   its seeded numpy Generator (saved in checkpoints), so runs replay exactly on every backend.
 * ``eval``: inference-mode forward (BatchNorm uses the running statistics fed in, Dropout is the
-  identity); inputs data, label, params (flat buffers when fused, as train_step) and BN stats
-  (with defaults); outputs ``loss`` and the model's outputs.
+  identity); inputs data, label, params and BN stats (with defaults); outputs ``loss`` and the
+  model's outputs.
 * ``inference``: the forward graph in inference mode with params as initializers; the model's
   own inputs and outputs.
 
@@ -83,8 +84,8 @@ class GraphEntry(BaseModel):
 
 
 class FlatBuffer(BaseModel):
-    """One flat train_step/eval input holding ``params`` end to end (the fused update's layout);
-    its optimizer state is ``<name>.<slot>`` for each slot, in the same layout."""
+    """One group of the fused update: ``params`` updated end to end as one flat vector, their
+    optimizer state one train_step input ``<name>.<slot>`` per slot, in the same layout."""
 
     name: str
     dtype: str
@@ -94,11 +95,11 @@ class FlatBuffer(BaseModel):
     weight_decay: bool
 
     def tensors(self) -> list[tuple[str, str]]:
-        """(buffer name, suffix of the per-param names it holds): the params and each slot."""
-        return [(self.name, ""), *((f"{self.name}.{s}", f".{s}") for s in self.slots)]
+        """(buffer name, suffix of the per-param names it holds), one per slot."""
+        return [(f"{self.name}.{s}", f".{s}") for s in self.slots]
 
-    def pack_one(self, tensors: Mapping[str, np.ndarray], suffix: str = "") -> np.ndarray:
-        """The buffer of the per-param ``tensors`` named ``<param><suffix>`` (``w``, ``w.exp_avg``)."""
+    def pack_one(self, tensors: Mapping[str, np.ndarray], suffix: str) -> np.ndarray:
+        """The buffer of the per-param ``tensors`` named ``<param><suffix>`` (``w.exp_avg``)."""
         dtype = to_numpy(self.dtype)
         return np.concatenate([np.asarray(tensors[p + suffix], dtype=dtype).reshape(-1) for p in self.params])
 
@@ -132,9 +133,9 @@ class Manifest(BaseModel):
     layout: list[FlatBuffer] = []  # the fused update's flat buffers; empty: one input per param
 
     def pack(self, tensors: Mapping[str, np.ndarray], graph: str | None = None) -> dict[str, np.ndarray]:
-        """``tensors`` named per param (``state.safetensors``, a checkpoint) as train_step and
-        eval take them: each flat buffer whose params (or state slot) ``tensors`` all hold is
-        packed from them; with ``graph``, only that graph's inputs are kept."""
+        """``tensors`` named per param (``state.safetensors``, a checkpoint) as train_step takes
+        them: each optimizer-state buffer whose per-param pieces ``tensors`` all hold is packed
+        from them; with ``graph``, only that graph's inputs are kept."""
         out = dict(tensors)
         for buf in self.layout:
             for name, suffix in buf.tensors():

@@ -59,8 +59,8 @@ def test_aliased_and_shared_weight_gradients_are_summed():
         plus, minus = w.copy(), w.copy()
         plus[idx] += eps
         minus[idx] -= eps
-        lp = ev.run({**batch, **arts.manifest.pack({**arts.state, "emb.weight": plus.astype(np.float32)}, "eval")})["loss"]
-        lm = ev.run({**batch, **arts.manifest.pack({**arts.state, "emb.weight": minus.astype(np.float32)}, "eval")})["loss"]
+        lp = ev.run({**batch, "emb.weight": plus.astype(np.float32)})["loss"]
+        lm = ev.run({**batch, "emb.weight": minus.astype(np.float32)})["loss"]
         numeric[idx] = (float(lp) - float(lm)) / (2 * eps)
         np.testing.assert_allclose(grads[idx], numeric[idx], rtol=2e-2, atol=2e-4)
 
@@ -130,7 +130,7 @@ def test_batchnorm_stats_are_state_updated_like_pytorch():
     assert "BatchNormalization" not in [n.op_type for n in arts.train_step.proto.graph.node]
     x = RNG.normal(1.0, 2.0, size=(6, 3, 5)).astype(np.float32)
     y = RNG.integers(0, 4, 6)
-    out = gc.Session(arts.train_step, backend="ort-cpu").run({"x": x, "y": y, **arts.manifest.pack(arts.state)})
+    out = gc.Session(arts.train_step, backend="ort-cpu").run({"x": x, "y": y, **arts.state})
     mean = x.astype(np.float64).mean(axis=(0, 2))
     var = x.astype(np.float64).var(axis=(0, 2), ddof=1)  # PyTorch's running_var uses the unbiased variance
     np.testing.assert_allclose(out["bn.running_mean.next"], 0.9 * arts.state["bn.running_mean"] + 0.1 * mean, rtol=1e-5)
@@ -374,9 +374,8 @@ def _check_directional_derivatives(arts, batch, names):
         value = arts.state[name].astype(np.float64)
         direction = RNG.normal(size=value.shape)
         eps = 1e-2
-        at = lambda v: {**batch, **arts.manifest.pack({**arts.state, name: v.astype(np.float32)}, "eval")}  # noqa: E731
-        plus = ev.run(at(value + eps * direction))["loss"]
-        minus = ev.run(at(value - eps * direction))["loss"]
+        plus = ev.run({**batch, name: (value + eps * direction).astype(np.float32)})["loss"]
+        minus = ev.run({**batch, name: (value - eps * direction).astype(np.float32)})["loss"]
         numeric = (float(plus) - float(minus)) / (2 * eps)
         np.testing.assert_allclose(float(np.sum(grads[f"{name}_grad"] * direction)), numeric, rtol=2e-2, atol=1e-4,
                                    err_msg=name)

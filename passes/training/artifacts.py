@@ -13,8 +13,8 @@
    ``dropout_noise.<k>`` input per node, drawn by the caller);
 6. ``train_step``: the gradients graph plus optimizer state inputs, ``step``, ``lr`` and the
    update nodes (``optimizers``); outputs ``loss`` and ``X.next`` for each param/state ``X``.
-   Fused (the default), ``train_step`` and ``eval`` take the params as a few flat buffers
-   (``flat``) and the update runs once over each buffer; else per param.
+   Fused (the default), the update runs once over each of a few flat groups of params, with
+   the optimizer state as flat buffers (``flat``); else once per param.
 
 No DSL here: the caller (``graphc.training``) turns specs into the plain arguments below.
 """
@@ -88,7 +88,6 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
     groups = flat.plan(base.graph, params, decays) if fused else []
 
     evaluation = _eval_graph(base, params, bn_stats, model_outputs)
-    flat.add_inputs(evaluation.graph, Emitter(evaluation.graph, opset, "optim/flat"), groups)
     noise: list[str] = []
     step, gradients, grads, bn_next = _backward_graphs(base, opset, params, bn_stats, noise)
 
@@ -98,9 +97,9 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
                    for stat, value in bn_next.items()]
     _set_outputs(step.graph, [LOSS, *next_names])
 
-    updated = [g.name for g in groups] or params  # what the update reads: buffers or params
+    updated = [g.name for g in groups] or params  # what optimizer state is kept for
     role_of_input = {**{n: "data" for n in data}, **({label: "label"} if label else {}),
-                     **{n: "param" for n in [*params, *updated]},
+                     **{n: "param" for n in params},
                      **{f"{p}.{s}": "state" for p in [*params, *updated] for s in slots},
                      STEP: "state", **{n: "state" for n in bn_stats}, LR: "hyper",
                      **{n: "noise" for n in noise}}
@@ -109,7 +108,7 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
         m.graph.name = f"{model.graph.name or 'model'}_{key}"
         _order_inputs(m.graph, list(role_of_input))
         _tidy(m)
-    roles = {key: _roles(key, m.graph, role_of_input, [*params, *updated]) for key, m in graphs.items()}
+    roles = {key: _roles(key, m.graph, role_of_input, params) for key, m in graphs.items()}
     feeds = {n: n[: -len(".next")] for n in next_names}
     state = _initial_state(gradients.graph, params, bn_stats, slots, opt_hyper)
     return Built(graphs, roles, feeds, params, frozen_all, state, model_outputs, opset, groups, slots)
@@ -294,13 +293,14 @@ def _append_optimizer(graph, opset, kind, hyper, grads, slots, decays, groups) -
     lr = _input_with_default(graph, LR, np.array(hyper["lr"], dtype=np.float32))
     t = b.op("Add", step, b.const(1, np.int64))
     ctx = optimizers.StepContext(b, lr, t)
+    groups_by_name = {g.name: g for g in groups}
+    params = {p: graph.initializers[p] for p in grads}
     if groups:
         views = Emitter(graph, opset, "optim/flat")
-        flats = flat.add_inputs(graph, views, groups)
-        updates = [(g.name, flats[g.name], flat.flat_gradients(views, g, grads), g.weight_decay) for g in groups]
+        updates = [(g.name, flat.concat(views, g, params), flat.concat(views, g, grads), g.weight_decay) for g in groups]
     else:
-        updates = [(p, graph.initializers[p], grad, decays[p]) for p, grad in grads.items()]
-    param_next, state_next = [], []
+        updates = [(p, params[p], grad, decays[p]) for p, grad in grads.items()]
+    new_params, state_next = {}, []
     for name, param, grad, decay in updates:
         state = {}
         for s in slots:
@@ -308,8 +308,9 @@ def _append_optimizer(graph, opset, kind, hyper, grads, slots, decays, groups) -
             graph.inputs.append(state[s])
         new_param, new_state = optimizers.update(ctx, kind, hyper if decay else {**hyper, "weight_decay": 0.0},
                                                  param, grad, state)
-        param_next.append(_expose(graph, new_param, f"{name}.next", like=param))
+        new_params.update(flat.split(views, groups_by_name[name], new_param) if groups else {name: new_param})
         state_next += [_expose(graph, new_state[s], f"{name}.{s}.next", like=param) for s in slots]
+    param_next = [_expose(graph, new_params[p], f"{p}.next", like=params[p]) for p in params]
     return [*param_next, *state_next, _expose(graph, t, f"{STEP}.next", like=step)]
 
 
