@@ -187,7 +187,14 @@ def grad_conv(g, node, dy):
     spatial, strides, dilations, begin, end = _window(g, node, x, kernel)
     group = attr(node, "group", 1)
     dx = dw = db = None
-    if g.wants(x):
+    if g.wants(x) and group == 1 and all(k == 1 for k in kernel + strides) and not any(begin + end):
+        # A 1x1 Conv's dx is a 1x1 Conv by the transposed weight: onnxruntime (CPU, 2 threads)
+        # runs it 1.2-2x faster than the ConvTranspose (N=32, 672->112 on 4x4: 0.91 vs 1.97 ms;
+        # 1152->192 on 2x2: 2.7 vs 5.3; N=2, 144->24 on 16x16: 0.08 vs 0.11). For depthwise and
+        # kxk convs the ConvTranspose stays: the Conv by the flipped weight was slower (depthwise
+        # 3x3 on 16x16: 9.6 vs 6.2 ms) or mixed (dense 3x3: 6.3 vs 7.9, 7.1 vs 6.5 ms).
+        dx = g.op("Conv", dy, g.transpose(w, [1, 0] + list(range(2, 2 + len(spatial)))))
+    elif g.wants(x):
         dx = _transposed(g, dy, w, spatial, kernel, strides, dilations, begin, end, group)
     if g.wants(w):
         dw = _conv_weight_grad(g, x, dy, w_shape, spatial, strides, dilations, begin, end, group)
