@@ -21,6 +21,10 @@ class InputError(GraphcError, ValueError):
     """Feeds do not match a graph's inputs (missing, unknown, dtype, rank or fixed-dim mismatch)."""
 
 
+class MissingDependency(GraphcError, ImportError):
+    """An optional package a feature needs is not installed; the message says what to install."""
+
+
 class BackendUnavailable(GraphcError, RuntimeError):
     """The requested backend cannot run here; the message says why."""
 

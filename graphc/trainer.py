@@ -293,11 +293,14 @@ class Trainer:
         """Train until ``epochs`` epochs are done (counted from the first, so a resumed trainer
         continues where its checkpoint stopped). Saves ``checkpoint`` after each epoch and a
         loss-curve PNG to ``plot`` when given. Raises ``TrainingFailed`` on a NaN/inf loss; a
-        ``checkpoint`` that could not be written fails before the first step."""
+        ``checkpoint`` or ``plot`` that could not be written fails before the first step."""
+        from graphc.history import check_plot
         from graphc.progress import TrainProgress
 
         if checkpoint is not None:
             ckpt.check_writable(checkpoint)
+        if plot is not None:
+            check_plot(plot)
         loader.check_against(self.batch_specs)
         if eval_loader is not None:
             self._eval_exe()
