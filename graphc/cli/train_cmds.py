@@ -9,6 +9,7 @@ import numpy as np
 import typer
 
 from graphc.cli.app import app, console, err_console
+from graphc.cli.arrays import load_npz, npz_names
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
@@ -65,20 +66,17 @@ def grad_cmd(
 def load_data(path: Path, names: list[str]) -> tuple[dict[str, np.ndarray], Optional[dict[str, np.ndarray]]]:
     """Train (and optional eval) arrays from an .npz: each input NAME as ``NAME`` or
     ``NAME_train``; ``NAME_test`` arrays, when all present, are the evaluation set."""
-    if not path.is_file():
-        raise FileNotFoundError(f"--data: no such file {path}")
-    with np.load(path, allow_pickle=False) as npz:
-        files = set(npz.files)
-        train, test = {}, {}
-        for name in names:
-            key = name if name in files else f"{name}_train"
-            if key not in files:
-                raise ValueError(f"--data {path}: no array {name!r} (or {name}_train) for the model input "
-                                 f"{name!r}; arrays in the file: {', '.join(sorted(files))}")
-            train[name] = npz[key]
-            if f"{name}_test" in files:
-                test[name] = npz[f"{name}_test"]
-    return train, (test if len(test) == len(names) else None)
+    files = set(npz_names(path, "--data"))
+    keys = {}
+    for name in names:
+        keys[name] = name if name in files else f"{name}_train"
+        if keys[name] not in files:
+            raise ValueError(f"--data {path}: no array {name!r} (or {name}_train) for the model input "
+                             f"{name!r}; arrays in the file: {', '.join(sorted(files))}")
+    with_test = all(f"{name}_test" in files for name in names)
+    arrays = load_npz(path, "--data", [*keys.values(), *(f"{n}_test" for n in names if with_test)])
+    train = {name: arrays[key] for name, key in keys.items()}
+    return train, ({name: arrays[f"{name}_test"] for name in names} if with_test else None)
 
 
 @app.command("train")
