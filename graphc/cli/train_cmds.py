@@ -79,6 +79,23 @@ def load_data(path: Path, names: list[str]) -> tuple[dict[str, np.ndarray], Opti
     return train, ({name: arrays[f"{name}_test"] for name in names} if with_test else None)
 
 
+def check_checkpoint(path: Path, resume: bool) -> None:
+    """Before training: a checkpoint can be written at ``path``; with ``resume`` one is there to
+    continue, without it none is there to be overwritten by a fresh run."""
+    from graphc.checkpoint import CheckpointError, check_writable, read_meta, resolve
+
+    target = resolve(path)
+    if resume:
+        if not target.exists():
+            raise CheckpointError(f"--resume: no checkpoint at {target} to resume from; leave out --resume to "
+                                  "start a new run there")
+        read_meta(target)  # a directory or a bad header is named here, not after the model is loaded
+    elif check_writable(path).is_file():
+        meta = read_meta(target)
+        raise CheckpointError(f"--checkpoint {path} already holds a checkpoint (step {meta.step}, epoch "
+                              f"{meta.epoch}); pass --resume to continue it, or choose another path to start afresh")
+
+
 @app.command("train")
 def train_cmd(
     artifacts: Path = typer.Argument(..., help="Artifact directory written by `graphc grad`."),
@@ -87,19 +104,26 @@ def train_cmd(
     batch_size: int = typer.Option(..., "--batch-size", min=1),
     backend: str = typer.Option("auto", "--backend", help="numpy, ort-cpu, ort-cuda or auto."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint directory (saved each epoch)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from --checkpoint when it exists."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --checkpoint (an error when "
+                                "there is none; without --resume an existing checkpoint is an error too)."),
     seed: int = typer.Option(0, "--seed", help="Shuffling seed."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a loss-curve PNG here."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Train the artifacts on DATA; exit 1 when training fails (e.g. the loss becomes NaN)."""
     import graphc as gc
+    from graphc.checkpoint import resolve
+    from graphc.history import check_plot
     from graphc.trainer import TrainingFailed
 
     if resume and checkpoint is None:
         raise ValueError("--resume needs --checkpoint DIR")
+    if plot is not None:
+        check_plot(plot)
+    if checkpoint is not None:
+        check_checkpoint(checkpoint, resume)
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed)
-    if resume and (checkpoint / "checkpoint.safetensors").is_file():
+    if resume:
         trainer.load_checkpoint(checkpoint)
         console.print(f"resumed from {checkpoint}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False, soft_wrap=True)
     train, test = load_data(data, [s.name for s in trainer.batch_specs])
@@ -117,7 +141,7 @@ def train_cmd(
                               "(continue with --resume)", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
     except TrainingFailed as exc:
-        if checkpoint is not None and (checkpoint / "checkpoint.safetensors").is_file():
+        if checkpoint is not None and resolve(checkpoint).is_file():
             exc = TrainingFailed(f"{exc} (last good checkpoint: {checkpoint})")
         err_console.print(f"[bold red]training failed:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
