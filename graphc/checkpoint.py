@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -29,7 +30,7 @@ from graphc.errors import GraphcError
 from graphc.fileio import atomic_write
 
 __all__ = ["CheckpointError", "CheckpointMeta", "FILE_NAME", "LoaderState", "artifacts_dir", "check_writable", "find_artifacts",
-           "load", "read_meta", "resolve", "save"]
+           "load", "read_meta", "resolve", "save", "trained_from"]
 
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
@@ -229,3 +230,22 @@ def find_artifacts(path: PathLike) -> Optional[Path]:
     recorded = read_meta(path).artifacts
     return Path(recorded) if recorded and (Path(recorded) / "manifest.json").is_file() else None
 
+
+def trained_from(artifacts: PathLike, near: Iterable[PathLike]) -> list[Path]:
+    """Checkpoint files in the folders ``near`` and their sub-folders that were trained from the
+    artifact directory ``artifacts`` (their header records it, or they hold it beside them as
+    their ``artifacts/``), newest first. Only headers are read; unreadable files are skipped."""
+    root = Path(artifacts).resolve()
+    folders = dict.fromkeys(Path(f).resolve() for f in near)
+    candidates = dict.fromkeys(c for f in folders for pattern in ("*.safetensors", "*/*.safetensors")
+                               for c in sorted(f.glob(pattern)))
+    found = []
+    for candidate in candidates:
+        try:
+            recorded = read_meta(candidate).artifacts
+        except (CheckpointError, OSError):
+            continue
+        beside = candidate.name == FILE_NAME and (candidate.parent / ARTIFACTS_DIR).resolve() == root
+        if beside or (recorded and Path(recorded).resolve() == root):
+            found.append(candidate)
+    return sorted(found, key=lambda c: c.stat().st_mtime, reverse=True)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import typer
+from rich.markup import escape
 
 from graphc.cli.app import app, console, err_console
 from graphc.cli.arrays import load_npz, npz_names
@@ -161,11 +163,21 @@ def export_cmd(
     source: Path = typer.Argument(..., help="Artifact directory or checkpoint."),
     out: Path = typer.Option(..., "-o", "--out", help="Inference .onnx to write."),
     opset: Optional[int] = typer.Option(None, "--opset", help="Convert to this opset."),
+    allow_untrained: bool = typer.Option(False, "--allow-untrained", help="Export an artifact directory's "
+                                         "initial weights even where a checkpoint trained from it exists."),
 ) -> None:
-    """Write one self-contained, optimized inference .onnx with the trained params."""
-    from graphc.export import export_inference
+    """Write one self-contained, optimized inference .onnx with the trained params.
 
-    path = export_inference(source, out, opset=opset)
+    An artifact directory holds the initial weights: exporting it is refused (exit 2) when a
+    checkpoint trained from it lies beside it or in the current directory, and warned about
+    otherwise, unless --allow-untrained."""
+    from graphc.export import UntrainedWeightsWarning, export_inference
+
+    with warnings.catch_warnings(record=True) as caught:  # each printed as one line
+        warnings.simplefilter("always", UntrainedWeightsWarning)
+        path = export_inference(source, out, opset=opset, allow_untrained=allow_untrained)
+    for warning in caught:
+        err_console.print(f"[bold yellow]warning:[/] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
     console.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
