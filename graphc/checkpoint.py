@@ -19,16 +19,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, NonNegativeInt, PositiveInt, ValidationError, field_validator, model_validator
 
 from graphc.errors import GraphcError
 from graphc.fileio import atomic_write
 
-__all__ = ["CheckpointError", "CheckpointMeta", "FILE_NAME", "artifacts_dir", "find_artifacts", "load", "resolve", "save"]
+__all__ = ["CheckpointError", "CheckpointMeta", "FILE_NAME", "LoaderState", "artifacts_dir", "check_writable", "find_artifacts",
+           "load", "read_meta", "resolve", "save", "trained_from"]
 
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
@@ -43,27 +45,50 @@ class CheckpointError(GraphcError, ValueError):
 
 
 class LoaderState(BaseModel):
-    seed: int
-    batch_size: int
+    """The DataLoader settings a run used; a resumed run replays its batches from them."""
+
+    seed: NonNegativeInt
+    batch_size: PositiveInt
     shuffle: bool
     drop_last: bool
-    num_samples: int
+    num_samples: NonNegativeInt
+
+    def batches(self) -> int:
+        """Batches per epoch (as ``DataLoader.__len__``)."""
+        return self.num_samples // self.batch_size if self.drop_last else -(-self.num_samples // self.batch_size)
 
 
 class CheckpointMeta(BaseModel):
     """What the header of a checkpoint records besides the tensors."""
 
     format: str = FORMAT
-    step: int = 0                     # train steps taken
-    epoch: int = 0                    # epoch the next batch belongs to
-    batch_in_epoch: int = 0           # batches of that epoch already consumed
+    step: NonNegativeInt = 0          # train steps taken
+    epoch: NonNegativeInt = 0         # epoch the next batch belongs to
+    batch_in_epoch: NonNegativeInt = 0  # batches of that epoch already consumed
     loader: Optional[LoaderState] = None
-    rng: dict[str, Any] = {}          # numpy bit-generator state of the Trainer's RNG
+    rng: dict[str, Any] = {}          # numpy PCG64 bit-generator state of the Trainer's RNG
     roles: dict[str, str] = {}        # tensor name -> manifest role (param, state)
     backend: str = ""
     artifacts: str = ""               # where the training graphs were loaded from, if anywhere
     interface: str = ""               # digest of the train_step interface the tensors fit
     digest: str = ""                  # sha256 over the tensor data (filled in by save)
+
+    @field_validator("rng")
+    @classmethod
+    def _rng_is_a_pcg64_state(cls, rng: dict[str, Any]) -> dict[str, Any]:
+        if rng:
+            try:
+                np.random.PCG64().state = rng  # the Trainer's generator (default_rng) takes it
+            except (TypeError, ValueError, KeyError) as exc:
+                raise ValueError(f"not a numpy PCG64 generator state ({exc})") from None
+        return rng
+
+    @model_validator(mode="after")
+    def _position_fits_the_loader(self) -> "CheckpointMeta":
+        if self.loader is not None and self.batch_in_epoch > self.loader.batches():
+            raise ValueError(f"batch_in_epoch {self.batch_in_epoch} is past the end of an epoch of "
+                             f"{self.loader.batches()} batches")
+        return self
 
 
 def resolve(path: PathLike) -> Path:
@@ -87,7 +112,7 @@ def save(path: PathLike, tensors: dict[str, np.ndarray], meta: CheckpointMeta) -
     """Write ``tensors`` and ``meta`` to the checkpoint at ``path`` atomically; returns the file."""
     from safetensors.numpy import save as st_save
 
-    target = resolve(path)
+    target = check_writable(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     arrays = {name: np.asarray(a, order="C") for name, a in tensors.items()}
     meta = meta.model_copy(update={"digest": _digest(arrays)})
@@ -95,29 +120,99 @@ def save(path: PathLike, tensors: dict[str, np.ndarray], meta: CheckpointMeta) -
     return atomic_write(target, blob)
 
 
+def check_writable(path: PathLike) -> Path:
+    """The checkpoint file for ``path`` if a checkpoint may be written there: nothing is there
+    yet, or a graphc checkpoint (which is replaced). ``CheckpointError`` for anything else (a
+    directory, another kind of file), so nothing that is not a checkpoint is overwritten."""
+    target = resolve(path)
+    if target.exists() or target.is_symlink():
+        _existing_file(target, path)
+        try:
+            read_meta(target)
+        except CheckpointError as exc:
+            reason = str(exc).removeprefix(f"{target}: ")
+            raise CheckpointError(f"{target} exists and is not a graphc checkpoint ({reason}); refusing to "
+                                  "overwrite it with one") from None
+    return target
+
+
 def load(path: PathLike) -> tuple[dict[str, np.ndarray], CheckpointMeta]:
     """Read and verify a checkpoint; ``CheckpointError`` says what is wrong with a bad one."""
     from safetensors import SafetensorError
     from safetensors.numpy import load as st_load
 
-    target = resolve(path)
-    if not target.is_file():
-        raise CheckpointError(f"{path}: no checkpoint here (expected {target})")
+    target = _existing_file(resolve(path), path)
     data = target.read_bytes()
+    meta = _parse_meta(target, data)
     try:
-        header_len = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8:8 + header_len])
-        meta = CheckpointMeta.model_validate_json(header["__metadata__"][_META_KEY])
         tensors = st_load(data)
-    except (SafetensorError, ValueError, KeyError, TypeError, ValidationError, UnicodeDecodeError) as exc:
+    except (SafetensorError, ValueError) as exc:
         raise CheckpointError(f"{target}: not a readable graphc checkpoint (corrupted or truncated: "
                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-    if meta.format != FORMAT:
-        raise CheckpointError(f"{target}: unknown checkpoint format {meta.format!r} (this graphc reads {FORMAT})")
     if _digest(tensors) != meta.digest:
         raise CheckpointError(f"{target}: checkpoint is corrupted (tensor data does not match its "
                               "recorded SHA-256 digest)")
     return tensors, meta
+
+
+def read_meta(path: PathLike) -> CheckpointMeta:
+    """The header of the checkpoint at ``path``, validated, without reading its tensors."""
+    target = _existing_file(resolve(path), path)
+    with open(target, "rb") as f:
+        head = f.read(8)
+        size = int.from_bytes(head, "little") if len(head) == 8 else 0
+        header = f.read(size) if 0 < size <= _MAX_HEADER else b""
+    return _parse_meta(target, head + header)
+
+
+_MAX_HEADER = 100_000_000  # safetensors' own limit on the header size
+
+
+def _existing_file(target: Path, given: PathLike) -> Path:
+    if target.is_file():
+        return target
+    if target.exists():
+        raise CheckpointError(f"{target} is a {'directory' if target.is_dir() else 'special file'}, not a "
+                              "checkpoint file; move it away or choose another checkpoint path")
+    raise CheckpointError(f"{given}: no checkpoint here (expected {target})")
+
+
+def _parse_meta(target: Path, data: bytes) -> CheckpointMeta:
+    """The ``CheckpointMeta`` in the safetensors header at the start of ``data``."""
+    size = int.from_bytes(data[:8], "little")
+    try:
+        header = json.loads(data[8:8 + size]) if 0 < size <= len(data) - 8 else None
+    except ValueError:  # also UnicodeDecodeError
+        header = None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{target}: not a readable graphc checkpoint (not a safetensors file, or "
+                              "truncated within its header)")
+    extra = header.get("__metadata__")
+    text = extra.get(_META_KEY) if isinstance(extra, dict) else None
+    if not isinstance(text, str):
+        raise CheckpointError(f"{target}: a safetensors file without graphc checkpoint metadata, not a "
+                              "checkpoint (an artifact directory's state.safetensors, or another tool's weights?)")
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise CheckpointError(f"{target}: invalid checkpoint metadata (not JSON: {exc})") from None
+    found = raw.get("format") if isinstance(raw, dict) else None
+    if found != FORMAT:
+        raise CheckpointError(f"{target}: unknown checkpoint format {found!r} (this graphc reads {FORMAT})")
+    try:
+        return CheckpointMeta.model_validate(raw)
+    except ValidationError as exc:
+        raise CheckpointError(f"{target}: invalid checkpoint metadata ({_first_error(exc)})") from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    """``field: message (got value)`` for the first error, and how many more there are."""
+    first = exc.errors()[0]
+    message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+    where = ".".join(map(str, first["loc"]))
+    got = repr(first["input"]) if where else ""
+    text = f"{where}: {message}" + (f" (got {got})" if got and len(got) <= 60 else "") if where else message
+    return text + (f"; {exc.error_count() - 1} more error(s)" if exc.error_count() > 1 else "")
 
 
 def artifacts_dir(path: PathLike) -> Optional[Path]:
@@ -132,5 +227,25 @@ def find_artifacts(path: PathLike) -> Optional[Path]:
     beside = artifacts_dir(path)
     if beside is not None:
         return beside
-    recorded = load(path)[1].artifacts
+    recorded = read_meta(path).artifacts
     return Path(recorded) if recorded and (Path(recorded) / "manifest.json").is_file() else None
+
+
+def trained_from(artifacts: PathLike, near: Iterable[PathLike]) -> list[Path]:
+    """Checkpoint files in the folders ``near`` and their sub-folders that were trained from the
+    artifact directory ``artifacts`` (their header records it, or they hold it beside them as
+    their ``artifacts/``), newest first. Only headers are read; unreadable files are skipped."""
+    root = Path(artifacts).resolve()
+    folders = dict.fromkeys(Path(f).resolve() for f in near)
+    candidates = dict.fromkeys(c for f in folders for pattern in ("*.safetensors", "*/*.safetensors")
+                               for c in sorted(f.glob(pattern)))
+    found = []
+    for candidate in candidates:
+        try:
+            recorded = read_meta(candidate).artifacts
+        except (CheckpointError, OSError):
+            continue
+        beside = candidate.name == FILE_NAME and (candidate.parent / ARTIFACTS_DIR).resolve() == root
+        if beside or (recorded and Path(recorded).resolve() == root):
+            found.append(candidate)
+    return sorted(found, key=lambda c: c.stat().st_mtime, reverse=True)

@@ -13,8 +13,16 @@ class ModelLoadError(GraphcError, ValueError):
     """A file or buffer is not a usable ONNX model (corrupt, truncated, unsafe external data)."""
 
 
+class ArtifactsError(GraphcError, ValueError):
+    """A training-artifacts directory cannot be used: manifest missing, invalid or naming files outside it."""
+
+
 class InputError(GraphcError, ValueError):
     """Feeds do not match a graph's inputs (missing, unknown, dtype, rank or fixed-dim mismatch)."""
+
+
+class MissingDependency(GraphcError, ImportError):
+    """An optional package a feature needs is not installed; the message says what to install."""
 
 
 class BackendUnavailable(GraphcError, RuntimeError):

@@ -10,6 +10,7 @@ symbolic batch dim kept) whose outputs equal the ``eval`` graph's model outputs.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional, Union
@@ -17,9 +18,10 @@ from typing import Optional, Union
 import numpy as np
 import onnx_ir as ir
 
+from graphc.errors import GraphcError
 from graphc.model import Model
 
-__all__ = ["export_inference", "inference_model", "load_source"]
+__all__ = ["ExportError", "UntrainedWeightsWarning", "export_inference", "inference_model", "load_source"]
 
 EXPORT_LEVEL = 3
 
@@ -49,16 +51,38 @@ def inference_model(artifacts, tensors: Mapping[str, np.ndarray], opset: Optiona
     return result
 
 
-def load_source(source: Union[str, os.PathLike]):
-    """(artifacts, trained tensors) for an artifact directory or a checkpoint (file or dir)."""
+class ExportError(GraphcError, ValueError):
+    """No inference model can be exported from this source (a plain model; untrained weights
+    while a trained checkpoint of them exists)."""
+
+
+class UntrainedWeightsWarning(UserWarning):
+    """An export carries the artifacts' initial weights, not trained ones."""
+
+
+def load_source(source: Union[str, os.PathLike], allow_untrained: bool = False):
+    """(artifacts, trained tensors) for an artifact directory or a checkpoint (file or dir).
+
+    An artifact directory holds initial weights (its state's ``step`` is 0: ``graphc grad`` wrote
+    them and training never changes them). Unless ``allow_untrained``, exporting those raises
+    ``ExportError`` naming the checkpoint to export instead when one trained from these artifacts
+    lies in their parent folder, the current folder or a sub-folder of either, and warns
+    (``UntrainedWeightsWarning``) when none does.
+    """
     from graphc import checkpoint, training
 
     path = Path(source)
     if path.is_dir() and (path / training.MANIFEST_FILE).is_file():
         artifacts = training.load(path)
+        if not allow_untrained and int(artifacts.state.get("step", 0)) == 0:
+            _refuse_or_warn(path)
         return artifacts, dict(artifacts.state)
+    if path.is_file() and path.suffix.lower() == ".onnx":
+        raise ExportError(f"{source} is an ONNX model, not training artifacts or a checkpoint: graphc export "
+                          "writes the inference model of an artifact directory (graphc grad -o DIR) or of a "
+                          "checkpoint (graphc train --checkpoint DIR); to optimize a model use graphc optimize")
     target = checkpoint.resolve(path)
-    if not target.is_file():
+    if not target.exists():
         raise FileNotFoundError(f"{source}: neither an artifact directory (no {training.MANIFEST_FILE}) "
                                 f"nor a checkpoint (no {target.name})")
     tensors, meta = checkpoint.load(target)
@@ -71,8 +95,26 @@ def load_source(source: Union[str, os.PathLike]):
     return artifacts, {**artifacts.state, **tensors}
 
 
+def _refuse_or_warn(artifacts: Path) -> None:
+    from graphc import checkpoint
+
+    found = checkpoint.trained_from(artifacts, near=(artifacts.parent, Path.cwd()))
+    if found:
+        newest = found[0].parent if found[0].name == checkpoint.FILE_NAME else found[0]
+        others = f" (the newest of {len(found)})" if len(found) > 1 else ""
+        raise ExportError(f"{artifacts} holds the initial, untrained weights, and checkpoint {newest}{others} "
+                          f"was trained from these artifacts: export it instead (graphc export {newest} -o ...), "
+                          "or allow the initial weights explicitly (--allow-untrained; allow_untrained=True)")
+    warnings.warn(UntrainedWeightsWarning(
+        f"{artifacts} holds the initial, untrained weights, and no checkpoint trained from these artifacts "
+        "was found beside them or in the current directory: the exported model has untrained weights; export "
+        "a checkpoint (graphc train --checkpoint DIR) for trained ones, or allow the initial weights "
+        "explicitly (--allow-untrained; allow_untrained=True)"), stacklevel=3)
+
+
 def export_inference(source: Union[str, os.PathLike], path: Union[str, os.PathLike],
-                     opset: Optional[int] = None) -> Path:
-    """Write the inference model of an artifact directory or checkpoint to ``path``."""
-    artifacts, tensors = load_source(source)
+                     opset: Optional[int] = None, allow_untrained: bool = False) -> Path:
+    """Write the inference model of an artifact directory or checkpoint to ``path``; see
+    ``load_source`` for when an artifact directory's initial weights are refused."""
+    artifacts, tensors = load_source(source, allow_untrained=allow_untrained)
     return inference_model(artifacts, tensors, opset=opset).save(path)

@@ -8,7 +8,9 @@ from typing import Union
 
 from pydantic import BaseModel, Field
 
-__all__ = ["EpochRecord", "History"]
+from graphc.errors import MissingDependency
+
+__all__ = ["EpochRecord", "History", "check_plot"]
 
 
 class EpochRecord(BaseModel):
@@ -40,14 +42,12 @@ class History(BaseModel):
 
     def plot(self, path: Union[str, os.PathLike]) -> Path:
         """Write a loss-curve PNG (per-step loss, epoch means, eval loss) to ``path``."""
-        try:
-            import matplotlib
+        check_plot(path)
+        import matplotlib
 
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError as exc:
-            raise ImportError("plotting the loss curve needs matplotlib: "
-                              "pip install 'graphc[plot]' (or matplotlib)") from exc
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
@@ -67,3 +67,18 @@ class History(BaseModel):
         finally:
             plt.close(fig)
         return path
+
+
+def check_plot(path: Union[str, os.PathLike]) -> None:
+    """Fail now, not after a training run, where ``History.plot(path)`` could not write:
+    ``MissingDependency`` without matplotlib, ``ValueError`` for an image format it lacks."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError as exc:
+        raise MissingDependency(f"plotting the loss curve to {path} needs matplotlib, which is not installed: "
+                                "pip install 'graphc[plot]' (or matplotlib)") from exc
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix and suffix not in formats:
+        raise ValueError(f"cannot plot the loss curve to {path}: matplotlib writes no {suffix!r} images; "
+                         f"use one of {', '.join('.' + f for f in sorted(formats))}")

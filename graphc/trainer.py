@@ -292,9 +292,15 @@ class Trainer:
             checkpoint: Union[str, os.PathLike, None] = None) -> History:
         """Train until ``epochs`` epochs are done (counted from the first, so a resumed trainer
         continues where its checkpoint stopped). Saves ``checkpoint`` after each epoch and a
-        loss-curve PNG to ``plot`` when given. Raises ``TrainingFailed`` on a NaN/inf loss."""
+        loss-curve PNG to ``plot`` when given. Raises ``TrainingFailed`` on a NaN/inf loss; a
+        ``checkpoint`` or ``plot`` that could not be written fails before the first step."""
+        from graphc.history import check_plot
         from graphc.progress import TrainProgress
 
+        if checkpoint is not None:
+            ckpt.check_writable(checkpoint)
+        if plot is not None:
+            check_plot(plot)
         loader.check_against(self.batch_specs)
         if eval_loader is not None:
             self._eval_exe()
@@ -380,7 +386,7 @@ class Trainer:
     def save_checkpoint(self, path: Union[str, os.PathLike]) -> Path:
         """Write params, optimizer state, step, loop position and RNG state to ``path`` (a
         ``.safetensors`` file, or a directory that also gets the training graphs) atomically."""
-        target = ckpt.resolve(path)
+        target = ckpt.check_writable(path)
         if target.name == ckpt.FILE_NAME and ckpt.artifacts_dir(target) is None:
             self.artifacts.save(target.parent / ckpt.ARTIFACTS_DIR)
         meta = ckpt.CheckpointMeta(

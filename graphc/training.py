@@ -38,7 +38,6 @@ Every graph is ``ai.onnx`` only and keeps symbolic dims symbolic (any batch size
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from functools import partial
@@ -47,10 +46,10 @@ from typing import Literal, Union
 
 import numpy as np
 import onnx_ir as ir
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from graphc.dtypes import TensorSpec, as_dtype, to_numpy
-from graphc.errors import GraphError
+from graphc.errors import ArtifactsError, GraphError
 from graphc.fileio import atomic_write
 from graphc.losses import LossSpec
 from graphc.model import Model, value_spec
@@ -194,17 +193,57 @@ class TrainingArtifacts:
 
 
 def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:
-    """Read what ``TrainingArtifacts.save`` wrote."""
+    """Read what ``TrainingArtifacts.save`` wrote.
+
+    Raises:
+        ArtifactsError: ``manifest.json`` is missing, not JSON or not a valid manifest, lacks one
+            of the four graphs, or names a graph file that resolves (symlinks followed) outside
+            ``directory``; ``state.safetensors`` is unreadable. Checked before any graph is read.
+    """
+    from safetensors import SafetensorError
     from safetensors.numpy import load as st_load
 
     from graphc.model import load as load_model
 
     directory = Path(directory)
-    manifest = Manifest.model_validate(json.loads((directory / MANIFEST_FILE).read_text()))
-    graphs = {key: load_model(directory / entry.file) for key, entry in manifest.graphs.items()}
-    state = st_load((directory / STATE_FILE).read_bytes())
+    manifest = read_manifest(directory)
+    files = {key: _graph_file(directory, key, entry.file) for key, entry in manifest.graphs.items()}
+    graphs = {key: load_model(path) for key, path in files.items()}
+    try:
+        state = st_load((directory / STATE_FILE).read_bytes())
+    except (OSError, SafetensorError) as exc:
+        raise ArtifactsError(f"{directory / STATE_FILE}: cannot read the initial state ({exc})") from None
     return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
                              graphs["inference"], state, manifest)
+
+
+def read_manifest(directory: Union[str, os.PathLike]) -> Manifest:
+    """The validated ``manifest.json`` of an artifact directory; ``ArtifactsError`` if it is not one."""
+    path = Path(directory) / MANIFEST_FILE
+    try:
+        manifest = Manifest.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise ArtifactsError(f"{path}: cannot read the manifest ({exc.strerror or exc})") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = f" at {'.'.join(map(str, first['loc']))}" if first["loc"] else ""
+        more = f" (and {exc.error_count() - 1} more error(s))" if exc.error_count() > 1 else ""
+        raise ArtifactsError(f"{path}: not a valid graphc training manifest: {first['msg']}{where}{more}") from None
+    missing = [key for key in GRAPH_FILES if key not in manifest.graphs]
+    if missing:
+        raise ArtifactsError(f"{path}: the manifest lists no {', '.join(missing)} graph(s); it needs "
+                             f"{', '.join(GRAPH_FILES)}")
+    return manifest
+
+
+def _graph_file(directory: Path, key: str, name: str) -> Path:
+    """``directory / name``, refused unless it resolves (symlinks followed) inside ``directory``."""
+    root = directory.resolve()
+    target = (directory / name).resolve()
+    if os.path.isabs(name) or not target.is_relative_to(root):
+        raise ArtifactsError(f"{directory / MANIFEST_FILE}: the {key} graph file {name!r} resolves to {target}, "
+                             f"outside the artifact directory {root}; refusing to read it")
+    return target
 
 
 def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Iterable[str] | None = None,
@@ -298,4 +337,5 @@ def _graph_entry(key: str, model: Model, roles: dict[str, str]) -> GraphEntry:
                       outputs=[entry(s) for s in model.outputs])
 
 
-__all__ = ["FlatBuffer", "GraphEntry", "Manifest", "TensorEntry", "TrainingArtifacts", "generate", "load"]
+__all__ = ["ArtifactsError", "FlatBuffer", "GraphEntry", "Manifest", "TensorEntry", "TrainingArtifacts", "generate", "load",
+           "read_manifest"]

@@ -1,5 +1,6 @@
 """graphc.checkpoint: safetensors round trip, atomic replace, corruption detected, kill mid-save."""
 
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +22,8 @@ def tensors(seed=0, n=1000):
 
 
 def test_round_trip_file_and_directory(tmp_path):
-    meta = ckpt.CheckpointMeta(step=7, epoch=2, batch_in_epoch=3, rng={"a": 1}, roles={"step": "state"})
+    rng = np.random.default_rng(5).bit_generator.state
+    meta = ckpt.CheckpointMeta(step=7, epoch=2, batch_in_epoch=3, rng=rng, roles={"step": "state"})
     for target in (tmp_path / "one.safetensors", tmp_path / "ckdir"):
         written = ckpt.save(target, tensors(3), meta)
         assert written == ckpt.resolve(target) and written.is_file()
@@ -31,7 +33,7 @@ def test_round_trip_file_and_directory(tmp_path):
             np.testing.assert_array_equal(got[k], v)
             assert got[k].dtype == v.dtype
         assert (got_meta.step, got_meta.epoch, got_meta.batch_in_epoch) == (7, 2, 3)
-        assert got_meta.rng == {"a": 1}
+        assert got_meta.rng == rng
     assert (tmp_path / "ckdir" / "checkpoint.safetensors").is_file()
     assert not list(tmp_path.glob("**/.*tmp*"))  # no temp files left behind
 
@@ -51,6 +53,70 @@ def test_missing_and_corrupted_checkpoints_fail_clearly(tmp_path):
     path.write_bytes(b"not a checkpoint at all")
     with pytest.raises(ckpt.CheckpointError, match="not a readable graphc checkpoint"):
         ckpt.load(path)
+
+
+def forge(path, tensors_, **fields):
+    """A checkpoint whose header holds ``fields`` as given (not validated), with a correct digest."""
+    from safetensors.numpy import save_file
+
+    meta = {**ckpt.CheckpointMeta().model_dump(), "digest": ckpt._digest(tensors_), **fields}
+    save_file(tensors_, str(path), metadata={"graphc": json.dumps(meta)})
+    return path
+
+
+LOADER = {"seed": 0, "batch_size": 16, "shuffle": True, "drop_last": False, "num_samples": 100}  # 7 batches
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"step": -5}, r"step: Input should be greater than or equal to 0 \(got -5\)"),
+    ({"epoch": -1, "batch_in_epoch": -2}, r"epoch: .* than or equal to 0 \(got -1\); 1 more error"),
+    ({"step": "many"}, r"step: Input should be a valid integer"),
+    ({"loader": {**LOADER, "batch_size": 0}}, r"loader.batch_size: Input should be greater than 0"),
+    ({"loader": {**LOADER, "num_samples": -3}}, r"loader.num_samples: .* than or equal to 0"),
+    ({"loader": {**LOADER, "seed": -1}}, r"loader.seed: .* than or equal to 0"),
+    ({"loader": {"seed": 0}}, r"loader.batch_size: Field required"),
+    ({"loader": LOADER, "batch_in_epoch": 8}, r"batch_in_epoch 8 is past the end of an epoch of 7 batches"),
+    ({"rng": {"bit_generator": "PCG64", "state": "noise"}}, r"rng: .*not a numpy PCG64 generator state"),
+])
+def test_nonsense_header_metadata_is_a_checkpoint_error(tmp_path, fields, message):
+    path = forge(tmp_path / "c.safetensors", tensors(), **fields)
+    for read in (ckpt.load, ckpt.read_meta):
+        with pytest.raises(ckpt.CheckpointError, match=r"c\.safetensors: invalid checkpoint metadata \(" + message):
+            read(path)
+    with pytest.raises(ValueError):  # and it cannot be written either
+        ckpt.CheckpointMeta(**fields)
+
+
+def test_files_that_are_not_checkpoints_say_what_they_are(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file(tensors(), str(tmp_path / "state.safetensors"))
+    with pytest.raises(ckpt.CheckpointError, match="a safetensors file without graphc checkpoint metadata"):
+        ckpt.load(tmp_path / "state.safetensors")
+    forge(tmp_path / "old.safetensors", tensors(), format="graphc-checkpoint/0")
+    with pytest.raises(ckpt.CheckpointError, match="unknown checkpoint format 'graphc-checkpoint/0'"):
+        ckpt.load(tmp_path / "old.safetensors")
+    (tmp_path / "model.onnx").write_bytes(b"\x08\x08\x12\x07pytorch" + bytes(range(256)))
+    with pytest.raises(ckpt.CheckpointError, match=r"not a readable graphc checkpoint \(not a safetensors file"):
+        ckpt.read_meta(tmp_path / "model.onnx")
+
+
+def test_a_directory_in_place_of_the_checkpoint_file(tmp_path):
+    (tmp_path / "ck" / ckpt.FILE_NAME).mkdir(parents=True)
+    for call in (lambda: ckpt.load(tmp_path / "ck"), lambda: ckpt.save(tmp_path / "ck", tensors(), ckpt.CheckpointMeta())):
+        with pytest.raises(ckpt.CheckpointError, match="checkpoint.safetensors is a directory, not a checkpoint file"):
+            call()
+    assert list((tmp_path / "ck").rglob("*")) == [tmp_path / "ck" / ckpt.FILE_NAME]
+
+
+def test_save_never_overwrites_a_file_that_is_not_a_checkpoint(tmp_path):
+    (tmp_path / "notes.safetensors").write_text("keep me")
+    with pytest.raises(ckpt.CheckpointError, match="notes.safetensors exists and is not a graphc checkpoint .*"
+                                                   "refusing to overwrite it"):
+        ckpt.save(tmp_path / "notes.safetensors", tensors(), ckpt.CheckpointMeta())
+    assert (tmp_path / "notes.safetensors").read_text() == "keep me"
+    ckpt.save(tmp_path / "c", tensors(1), ckpt.CheckpointMeta(step=1))
+    assert ckpt.save(tmp_path / "c", tensors(2), ckpt.CheckpointMeta(step=2)) and ckpt.read_meta(tmp_path / "c").step == 2
 
 
 def test_failed_replace_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

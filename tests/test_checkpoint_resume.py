@@ -1,10 +1,13 @@
 """Trainer checkpoints: resuming reproduces the uninterrupted run's losses bit for bit."""
 
+import sys
+
 import numpy as np
 import pytest
 
 import graphc as gc
 from graphc.checkpoint import CheckpointError
+from graphc.errors import MissingDependency
 from trainer_models import blobs, bn_artifacts
 
 
@@ -96,3 +99,21 @@ def test_trainer_from_a_checkpoint_file_finds_the_recorded_artifacts(tmp_path):
     assert resumed.step_count == 1 and resumed.artifacts_path == (tmp_path / "arts").resolve()
     for name, value in trainer.state_dict().items():
         np.testing.assert_array_equal(resumed.state_dict()[name], value)
+
+
+def test_an_unwritable_checkpoint_or_plot_fails_before_the_first_step(tmp_path, monkeypatch):
+    trainer = gc.Trainer(bn_artifacts(), backend="numpy")
+    loader = gc.data.DataLoader(blobs(32), batch_size=16)
+    (tmp_path / "ck" / "checkpoint.safetensors").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match="checkpoint.safetensors is a directory, not a checkpoint file"):
+        trainer.fit(loader, 1, progress=False, checkpoint=tmp_path / "ck")
+    with pytest.raises(CheckpointError, match="is a directory"):
+        trainer.save_checkpoint(tmp_path / "ck")
+    assert not (tmp_path / "ck" / "artifacts").exists()  # nothing written beside the bad target
+    with pytest.raises(ValueError, match="matplotlib writes no 'bmpx' images"):
+        trainer.fit(loader, 1, progress=False, plot=tmp_path / "loss.bmpx")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.backend_bases", None)
+    with pytest.raises(MissingDependency, match="needs matplotlib"):
+        trainer.fit(loader, 1, progress=False, plot=tmp_path / "loss.png")
+    assert trainer.step_count == 0

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 
 import graphc as gc
-from graphc.export import export_inference
+from graphc.export import UntrainedWeightsWarning, export_inference
 from trainer_models import blobs, bn_artifacts
 
 
@@ -49,7 +49,8 @@ def test_export_from_artifact_dir_and_checkpoint(trained, tmp_path):
     arts.save(tmp_path / "arts")
     batch = blobs(9, seed=3)
     initial = gc.Trainer(arts, backend="numpy").predict(batch)["logits"]
-    export_inference(tmp_path / "arts", tmp_path / "initial.onnx")
+    with pytest.warns(UntrainedWeightsWarning, match="holds the initial, untrained weights"):
+        export_inference(tmp_path / "arts", tmp_path / "initial.onnx")
     np.testing.assert_allclose(ort_run(tmp_path / "initial.onnx", batch["x"]), initial, rtol=1e-4, atol=1e-5)
 
     trained.save_checkpoint(tmp_path / "ck")

@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from graphc.cli.app import app, console
+from graphc.cli.arrays import load_npy
 from graphc.fileio import atomic_write
 
 
@@ -21,9 +22,7 @@ def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
         name, sep, file = item.partition("=")
         if not sep or not name or not file:
             raise ValueError(f"bad --input {item!r}; expected NAME=FILE.npy")
-        if not Path(file).is_file():
-            raise FileNotFoundError(f"--input {name}: no such file {file}")
-        feeds[name] = np.load(file, allow_pickle=False)
+        feeds[name] = load_npy(Path(file), f"--input {name}")
     return feeds
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import typer
+from rich.markup import escape
 
 from graphc.cli.app import app, console, err_console
+from graphc.cli.arrays import load_npz, npz_names
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
@@ -65,20 +68,34 @@ def grad_cmd(
 def load_data(path: Path, names: list[str]) -> tuple[dict[str, np.ndarray], Optional[dict[str, np.ndarray]]]:
     """Train (and optional eval) arrays from an .npz: each input NAME as ``NAME`` or
     ``NAME_train``; ``NAME_test`` arrays, when all present, are the evaluation set."""
-    if not path.is_file():
-        raise FileNotFoundError(f"--data: no such file {path}")
-    with np.load(path, allow_pickle=False) as npz:
-        files = set(npz.files)
-        train, test = {}, {}
-        for name in names:
-            key = name if name in files else f"{name}_train"
-            if key not in files:
-                raise ValueError(f"--data {path}: no array {name!r} (or {name}_train) for the model input "
-                                 f"{name!r}; arrays in the file: {', '.join(sorted(files))}")
-            train[name] = npz[key]
-            if f"{name}_test" in files:
-                test[name] = npz[f"{name}_test"]
-    return train, (test if len(test) == len(names) else None)
+    files = set(npz_names(path, "--data"))
+    keys = {}
+    for name in names:
+        keys[name] = name if name in files else f"{name}_train"
+        if keys[name] not in files:
+            raise ValueError(f"--data {path}: no array {name!r} (or {name}_train) for the model input "
+                             f"{name!r}; arrays in the file: {', '.join(sorted(files))}")
+    with_test = all(f"{name}_test" in files for name in names)
+    arrays = load_npz(path, "--data", [*keys.values(), *(f"{n}_test" for n in names if with_test)])
+    train = {name: arrays[key] for name, key in keys.items()}
+    return train, ({name: arrays[f"{name}_test"] for name in names} if with_test else None)
+
+
+def check_checkpoint(path: Path, resume: bool) -> None:
+    """Before training: a checkpoint can be written at ``path``; with ``resume`` one is there to
+    continue, without it none is there to be overwritten by a fresh run."""
+    from graphc.checkpoint import CheckpointError, check_writable, read_meta, resolve
+
+    target = resolve(path)
+    if resume:
+        if not target.exists():
+            raise CheckpointError(f"--resume: no checkpoint at {target} to resume from; leave out --resume to "
+                                  "start a new run there")
+        read_meta(target)  # a directory or a bad header is named here, not after the model is loaded
+    elif check_writable(path).is_file():
+        meta = read_meta(target)
+        raise CheckpointError(f"--checkpoint {path} already holds a checkpoint (step {meta.step}, epoch "
+                              f"{meta.epoch}); pass --resume to continue it, or choose another path to start afresh")
 
 
 @app.command("train")
@@ -89,19 +106,26 @@ def train_cmd(
     batch_size: int = typer.Option(..., "--batch-size", min=1),
     backend: str = typer.Option("auto", "--backend", help="numpy, ort-cpu, ort-cuda or auto."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint directory (saved each epoch)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from --checkpoint when it exists."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --checkpoint (an error when "
+                                "there is none; without --resume an existing checkpoint is an error too)."),
     seed: int = typer.Option(0, "--seed", help="Shuffling seed."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a loss-curve PNG here."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Train the artifacts on DATA; exit 1 when training fails (e.g. the loss becomes NaN)."""
     import graphc as gc
+    from graphc.checkpoint import resolve
+    from graphc.history import check_plot
     from graphc.trainer import TrainingFailed
 
     if resume and checkpoint is None:
         raise ValueError("--resume needs --checkpoint DIR")
+    if plot is not None:
+        check_plot(plot)
+    if checkpoint is not None:
+        check_checkpoint(checkpoint, resume)
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed)
-    if resume and (checkpoint / "checkpoint.safetensors").is_file():
+    if resume:
         trainer.load_checkpoint(checkpoint)
         console.print(f"resumed from {checkpoint}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False, soft_wrap=True)
     train, test = load_data(data, [s.name for s in trainer.batch_specs])
@@ -119,7 +143,7 @@ def train_cmd(
                               "(continue with --resume)", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
     except TrainingFailed as exc:
-        if checkpoint is not None and (checkpoint / "checkpoint.safetensors").is_file():
+        if checkpoint is not None and resolve(checkpoint).is_file():
             exc = TrainingFailed(f"{exc} (last good checkpoint: {checkpoint})")
         err_console.print(f"[bold red]training failed:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
@@ -139,11 +163,21 @@ def export_cmd(
     source: Path = typer.Argument(..., help="Artifact directory or checkpoint."),
     out: Path = typer.Option(..., "-o", "--out", help="Inference .onnx to write."),
     opset: Optional[int] = typer.Option(None, "--opset", help="Convert to this opset."),
+    allow_untrained: bool = typer.Option(False, "--allow-untrained", help="Export an artifact directory's "
+                                         "initial weights even where a checkpoint trained from it exists."),
 ) -> None:
-    """Write one self-contained, optimized inference .onnx with the trained params."""
-    from graphc.export import export_inference
+    """Write one self-contained, optimized inference .onnx with the trained params.
 
-    path = export_inference(source, out, opset=opset)
+    An artifact directory holds the initial weights: exporting it is refused (exit 2) when a
+    checkpoint trained from it lies beside it or in the current directory, and warned about
+    otherwise, unless --allow-untrained."""
+    from graphc.export import UntrainedWeightsWarning, export_inference
+
+    with warnings.catch_warnings(record=True) as caught:  # each printed as one line
+        warnings.simplefilter("always", UntrainedWeightsWarning)
+        path = export_inference(source, out, opset=opset, allow_untrained=allow_untrained)
+    for warning in caught:
+        err_console.print(f"[bold yellow]warning:[/] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
     console.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 

@@ -1,0 +1,94 @@
+"""Array files the CLI reads (``.npy`` for ``--input``, ``.npz`` for ``--data``), never unpickled.
+
+Each file is checked by its first bytes before numpy reads it, and each array by its header, so
+a wrong kind of file, a corrupt one or an array of Python objects (which only pickle could
+restore) is one ``InputError`` naming the option, the file and the problem.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from graphc.errors import InputError
+
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGIC = b"PK\x03\x04"
+_READ_ERRORS = (OSError, EOFError, ValueError, zipfile.BadZipFile)
+
+
+def load_npy(path: Path, option: str) -> np.ndarray:
+    """The array in the ``.npy`` file ``path`` (``np.save``)."""
+    kind = _kind(path, option)
+    if kind != "npy":
+        raise InputError(f"{option} {path}: expected one array saved with np.save (.npy), found {_FOUND[kind]}")
+    try:
+        with open(path, "rb") as f:
+            _check_header(f, f"{option} {path}: the array")
+            f.seek(0)
+            return np.load(f, allow_pickle=False)
+    except InputError:
+        raise
+    except _READ_ERRORS as exc:
+        raise InputError(f"{option} {path}: not a readable .npy file ({_first_line(exc)})") from None
+
+
+def npz_names(path: Path, option: str) -> list[str]:
+    """The names of the arrays in the ``.npz`` archive ``path`` (``np.savez``)."""
+    kind = _kind(path, option)
+    if kind != "npz":
+        raise InputError(f"{option} {path}: expected arrays saved by name with np.savez(path, x=..., y=...) "
+                         f"(.npz), found {_FOUND[kind]}")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return [n[:-4] for n in archive.namelist() if n.endswith(".npy")]
+    except _READ_ERRORS as exc:
+        raise InputError(f"{option} {path}: not a readable .npz archive ({_first_line(exc)})") from None
+
+
+def load_npz(path: Path, option: str, names: list[str]) -> dict[str, np.ndarray]:
+    """The arrays ``names`` of the ``.npz`` archive ``path``."""
+    out = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for name in names:
+                with archive.open(f"{name}.npy") as f:
+                    _check_header(f, f"{option} {path}: array {name!r}")
+                    f.seek(0)
+                    out[name] = np.lib.format.read_array(f, allow_pickle=False)
+    except InputError:
+        raise
+    except _READ_ERRORS as exc:
+        raise InputError(f"{option} {path}: not a readable .npz archive ({_first_line(exc)})") from None
+    return out
+
+
+_FOUND = {"npy": "a single-array .npy file", "npz": "an .npz archive", "other": "a file that is neither .npy nor .npz"}
+
+
+def _kind(path: Path, option: str) -> str:
+    if not path.is_file():
+        raise FileNotFoundError(f"{option}: no such file {path}")
+    with open(path, "rb") as f:
+        head = f.read(len(NPY_MAGIC))
+    return "npy" if head == NPY_MAGIC else "npz" if head.startswith(ZIP_MAGIC) else "other"
+
+
+def _check_header(f: BinaryIO, what: str) -> None:
+    """Refuse an array whose dtype holds Python objects: only unpickling could read it."""
+    version = np.lib.format.read_magic(f)
+    readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    if version not in readers:
+        return  # format 3.0 (utf-8 field names): np.load's allow_pickle=False still refuses objects
+    _, _, dtype = readers[version](f)
+    if dtype.hasobject:
+        raise InputError(f"{what} holds Python objects (dtype {dtype}), which only unpickling could read, and "
+                         "graphc never unpickles; save numeric arrays (e.g. np.asarray(a, dtype=np.float32))")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,121 @@
+"""`graphc train | run` with bad inputs: one clear line, exit 2, and nothing trained or unpickled."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cli_util import one_line_error, run_cli, workspace
+from trainer_models import blobs
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    return workspace(tmp_path_factory.mktemp("cli_inputs"))
+
+
+@pytest.fixture
+def ws(shared, tmp_path):
+    """A private copy of the workspace (tests write checkpoints into it)."""
+    return Path(shutil.copytree(shared, tmp_path / "ws"))
+
+
+def train(capsys, ws, *extra):
+    return run_cli(capsys, "train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "16",
+                   "--backend", "numpy", "--no-progress", *extra)
+
+
+class Unpickled:
+    """Unpickling this creates ``marker``: proof that something was unpickled."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+def test_data_given_as_a_single_npy_array(capsys, ws):
+    np.save(ws / "x.npy", blobs(8)["x"])
+    err = one_line_error(run_cli(capsys, "train", ws / "arts", "--data", ws / "x.npy", "--epochs", "1",
+                                 "--batch-size", "4"))
+    assert "x.npy: expected arrays saved by name with np.savez" in err and "found a single-array .npy file" in err
+
+
+def test_data_that_is_not_numpy_at_all(capsys, ws):
+    (ws / "data.csv").write_text("1,2,3\n")
+    err = one_line_error(train(capsys, ws, "--data", ws / "data.csv"))
+    assert "found a file that is neither .npy nor .npz" in err
+    (ws / "broken.npz").write_bytes(b"PK\x03\x04" + b"\0" * 40)
+    assert "broken.npz: not a readable .npz archive" in one_line_error(train(capsys, ws, "--data", ws / "broken.npz"))
+
+
+def test_object_arrays_are_refused_without_unpickling(capsys, ws):
+    marker = ws / "unpickled"
+    labels = np.array([Unpickled(marker)] + [0] * 7, dtype=object)
+    np.savez(ws / "pickled.npz", x=blobs(8)["x"], y=labels)
+    err = one_line_error(train(capsys, ws, "--data", ws / "pickled.npz"))
+    assert "array 'y' holds Python objects (dtype object)" in err and "never unpickles" in err
+    assert "allow_pickle" not in err and not marker.exists()
+
+    np.save(ws / "x.npy", labels)
+    err = one_line_error(run_cli(capsys, "run", ws / "mlp.onnx", "--backend", "numpy", "--input", f"x={ws / 'x.npy'}"))
+    assert "--input x" in err and "holds Python objects" in err and not marker.exists()
+
+
+def test_run_input_given_as_an_npz(capsys, ws):
+    err = one_line_error(run_cli(capsys, "run", ws / "mlp.onnx", "--input", f"x={ws / 'data.npz'}"))
+    assert "--input x" in err and "expected one array saved with np.save (.npy), found an .npz archive" in err
+
+
+def test_plot_without_matplotlib_fails_before_training(capsys, ws, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.backend_bases", None)
+    result = train(capsys, ws, "--plot", ws / "loss.png", "--checkpoint", ws / "ck")
+    assert "needs matplotlib, which is not installed: pip install 'graphc[plot]'" in one_line_error(result)
+    assert "training on" not in result.out and not (ws / "ck").exists()
+
+
+def test_plot_to_a_format_matplotlib_cannot_write_fails_before_training(capsys, ws):
+    result = train(capsys, ws, "--plot", ws / "loss.xyz")
+    assert "matplotlib writes no 'xyz' images; use one of" in one_line_error(result)
+    assert "training on" not in result.out
+
+
+def test_resume_without_a_checkpoint_is_an_error(capsys, ws):
+    result = train(capsys, ws, "--checkpoint", ws / "ck", "--resume")
+    err = one_line_error(result)
+    assert f"--resume: no checkpoint at {ws / 'ck' / 'checkpoint.safetensors'} to resume from" in err
+    assert "training on" not in result.out and not (ws / "ck").exists()
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_a_directory_where_the_checkpoint_file_goes(capsys, ws, resume):
+    (ws / "ck" / "checkpoint.safetensors").mkdir(parents=True)
+    result = train(capsys, ws, "--checkpoint", ws / "ck", *(["--resume"] if resume else []))
+    assert "checkpoint.safetensors is a directory, not a checkpoint file" in one_line_error(result)
+    assert "training on" not in result.out and not (ws / "ck" / "artifacts").exists()
+
+
+def test_an_existing_checkpoint_needs_resume_and_other_files_are_never_overwritten(capsys, ws):
+    assert train(capsys, ws, "--checkpoint", ws / "ck").code == 0
+    err = one_line_error(train(capsys, ws, "--checkpoint", ws / "ck"))
+    assert "already holds a checkpoint (step 4, epoch 1); pass --resume to continue it" in err
+    before = (ws / "data.npz").read_bytes()
+    err = one_line_error(train(capsys, ws, "--checkpoint", ws / "data.npz"))
+    assert "data.npz exists and is not a graphc checkpoint" in err and "refusing to overwrite it" in err
+    assert (ws / "data.npz").read_bytes() == before
+
+
+def test_resume_from_a_checkpoint_whose_header_is_nonsense(capsys, ws):
+    from safetensors.numpy import save_file
+
+    (ws / "ck").mkdir()
+    save_file({"w": np.zeros(2, np.float32)}, str(ws / "ck" / "checkpoint.safetensors"),
+              metadata={"graphc": json.dumps({"format": "graphc-checkpoint/1", "step": -5})})
+    result = train(capsys, ws, "--checkpoint", ws / "ck", "--resume")
+    assert "invalid checkpoint metadata (step: Input should be greater than or equal to 0 (got -5))" in one_line_error(result)
+    assert "training on" not in result.out

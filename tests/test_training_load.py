@@ -1,0 +1,98 @@
+"""gc.training.load: graph files confined to the artifact directory, bad manifests named clearly."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+import graphc as gc
+from graphc.errors import ArtifactsError, GraphcError
+from trainer_models import bn_artifacts
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    return bn_artifacts().save(tmp_path_factory.mktemp("arts") / "arts")
+
+
+@pytest.fixture
+def arts(saved, tmp_path):
+    """A private copy of the artifacts, in ``tmp_path/run/arts``, and a valid model outside it."""
+    copy = shutil.copytree(saved, tmp_path / "run" / "arts")
+    (tmp_path / "x").mkdir()
+    shutil.copy(saved / "inference.onnx", tmp_path / "x" / "evil.onnx")
+    return copy
+
+
+def edit_manifest(directory, edit):
+    path = directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def test_artifacts_error_is_a_graphc_error():
+    assert issubclass(ArtifactsError, GraphcError) and issubclass(ArtifactsError, ValueError)
+
+
+@pytest.mark.parametrize("graph", ["train_step", "inference"])
+def test_a_graph_path_that_climbs_out_is_refused_before_any_graph_is_read(arts, graph, monkeypatch):
+    edit_manifest(arts, lambda m: m["graphs"][graph].update(file="../../x/evil.onnx"))
+    read = []
+    monkeypatch.setattr("graphc.model.load", lambda path: read.append(path))
+    with pytest.raises(ArtifactsError, match=rf"the {graph} graph file '\.\./\.\./x/evil\.onnx' resolves to "
+                                             r".*x/evil\.onnx, outside the artifact directory"):
+        gc.training.load(arts)
+    assert read == []
+
+
+def test_an_absolute_graph_path_is_refused_by_load_and_by_the_trainer(arts):
+    evil = arts.parent.parent / "x" / "evil.onnx"
+    edit_manifest(arts, lambda m: m["graphs"]["eval"].update(file=str(evil)))
+    for load in (gc.training.load, lambda d: gc.Trainer(d, backend="numpy")):
+        with pytest.raises(ArtifactsError, match=f"the eval graph file '{evil}' resolves to {evil}, outside"):
+            load(arts)
+
+
+def test_a_symlink_is_followed_as_the_os_would(arts):
+    evil = arts.parent.parent / "x" / "evil.onnx"
+    (arts / "eval.onnx").unlink()
+    os.symlink(evil, arts / "eval.onnx")
+    with pytest.raises(ArtifactsError, match=f"'eval.onnx' resolves to {evil}, outside"):
+        gc.training.load(arts)
+    (arts / "eval.onnx").unlink()
+    os.symlink("inference.onnx", arts / "eval.onnx")  # a link that stays inside is fine
+    assert gc.training.load(arts).eval.outputs == gc.training.load(arts).inference.outputs
+
+
+def test_a_symlinked_artifact_directory_still_loads(arts):
+    os.symlink(arts, arts.parent / "link")
+    assert gc.training.load(arts.parent / "link").manifest.trainable
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "not a valid graphc training manifest: Invalid JSON"),
+    ("[]", "not a valid graphc training manifest: Input should be an object"),
+    ('{"format": "graphc.training/1", "opset": "seventeen"}', r"valid integer.* at opset \(and \d+ more error"),
+])
+def test_a_corrupt_manifest_is_one_clear_error(arts, content, message):
+    (arts / "manifest.json").write_text(content)
+    with pytest.raises(ArtifactsError, match=message) as info:
+        gc.training.load(arts)
+    assert str(arts / "manifest.json") in str(info.value) and "\n" not in str(info.value)
+
+
+def test_missing_manifest_graphs_and_state_are_named(arts):
+    edit_manifest(arts, lambda m: m["graphs"].pop("gradients"))
+    with pytest.raises(ArtifactsError, match="lists no gradients graph"):
+        gc.training.load(arts)
+    (arts / "manifest.json").unlink()
+    with pytest.raises(ArtifactsError, match="manifest.json: cannot read the manifest"):
+        gc.training.load(arts)
+
+
+def test_a_corrupt_state_file_is_named(arts):
+    (arts / "state.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ArtifactsError, match=r"state\.safetensors: cannot read the initial state"):
+        gc.training.load(arts)
