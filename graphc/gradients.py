@@ -54,14 +54,14 @@ def grad(model, loss: Union[str, LossSpec], wrt: Sequence[str] | None = None) ->
 def _with_loss(model: Model, spec: LossSpec) -> Model:
     """A copy of ``model`` with ``spec``'s loss graph after its output, a new label input and the
     loss as one more output named ``loss``."""
-    from graphc.passes.training.artifacts import LossArgs, _append_loss
-    from graphc.training import _capture_loss
+    from graphc.passes.training.artifacts import LossArgs, append_loss
+    from graphc.training import capture_loss
 
     if LOSS in {o.name for o in model.outputs}:
         raise GraphError(f"the model already has an output named {LOSS!r}, the name a loss spec's output "
                          f"takes; differentiate it with gc.grad(model, {LOSS!r})")
     copy = ir.serde.deserialize_model(model.proto)
     graph = copy.graph
-    _append_loss(graph, model.opset, LossArgs(spec.output, spec.label, build=partial(_capture_loss, spec)))
+    append_loss(graph, model.opset, LossArgs(spec.output, spec.label, build=partial(capture_loss, spec)))
     graph.outputs.append(next(v for node in reversed(list(graph)) for v in node.outputs if v.name == LOSS))
     return Model(copy)

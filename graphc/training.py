@@ -273,7 +273,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         loss_args = artifacts.LossArgs(output=loss)
         loss_json = {"kind": "output", "output": loss, "label": None, "options": {}}
     elif isinstance(loss, LossSpec):
-        loss_args = artifacts.LossArgs(loss.output, loss.label, build=partial(_capture_loss, loss))
+        loss_args = artifacts.LossArgs(loss.output, loss.label, build=partial(capture_loss, loss))
         loss_json = {**loss.model_dump(), "options": loss.resolved_options()}
     else:
         raise TypeError("loss must be a gc.losses spec (e.g. gc.losses.mse('out', label='y')) or the "
@@ -295,7 +295,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
                              graphs["inference"], built.state, manifest)
 
 
-def _capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:
+def capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:
     """The loss as a graph of its own, captured from ``gc.losses``: inputs ``pred`` (the model
     output's type) and ``label`` (int64 class indices [N, d1...] for cross-entropy on
     [N, C, d1...], else the output's type); one scalar output."""

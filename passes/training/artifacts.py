@@ -81,7 +81,7 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
     inference = base.clone()
     modes.set_inference_mode(inference.graph)
 
-    label = _append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
+    label = append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
     params, frozen_all = _select_params(base.graph, bn_stats, trainable, frozen, order)
     imports.warn_shared_normalization_params(base.graph, params)
     decays = _decays(params, opt_hyper.get("no_decay") or ())
@@ -213,7 +213,7 @@ def _infer_shapes(model: ir.Model) -> None:
         pass
 
 
-def _append_loss(graph: ir.Graph, opset: int, loss: LossArgs) -> str | None:
+def append_loss(graph: ir.Graph, opset: int, loss: LossArgs) -> str | None:
     """Append the loss named ``loss``; returns the label input's name (None for a given loss)."""
     outputs = {v.name: v for v in graph.outputs}
     if loss.output not in outputs:
