@@ -39,7 +39,7 @@ Every graph is ``ai.onnx`` only and keeps symbolic dims symbolic (any batch size
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Literal, Union
@@ -156,22 +156,34 @@ class Manifest(BaseModel):
         return out
 
 
-class TrainingArtifacts:
-    """The four graphs, the initial state and the manifest that ties them together."""
+GraphSource = Union[Model, Callable[[], Model]]
 
-    def __init__(self, train_step: Model, gradients: Model, eval: Model, inference: Model,
-                 state: Mapping[str, np.ndarray], manifest: Manifest):
-        self.train_step = train_step
-        self.gradients = gradients
-        self.eval = eval
-        self.inference = inference
+
+class TrainingArtifacts:
+    """The four graphs, the initial state and the manifest that ties them together. A graph may
+    be given as a function that loads it (``load`` does so): it is read on first use, so a
+    Trainer that only trains never holds the other graphs' copies of the weights."""
+
+    def __init__(self, train_step: GraphSource, gradients: GraphSource, eval: GraphSource,
+                 inference: GraphSource, state: Mapping[str, np.ndarray], manifest: Manifest):
+        self._graphs = {"train_step": train_step, "gradients": gradients, "eval": eval, "inference": inference}
         self.state = dict(state)
         self.manifest = manifest
 
+    def _graph(self, key: str) -> Model:
+        graph = self._graphs[key]
+        if not isinstance(graph, Model):
+            graph = self._graphs[key] = graph()
+        return graph
+
+    train_step = property(lambda self: self._graph("train_step"))
+    gradients = property(lambda self: self._graph("gradients"))
+    eval = property(lambda self: self._graph("eval"))
+    inference = property(lambda self: self._graph("inference"))
+
     @property
     def graphs(self) -> dict[str, Model]:
-        return {"train_step": self.train_step, "gradients": self.gradients,
-                "eval": self.eval, "inference": self.inference}
+        return {key: self._graph(key) for key in self._graphs}
 
     def __repr__(self) -> str:
         m = self.manifest
@@ -208,7 +220,7 @@ def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:
     directory = Path(directory)
     manifest = read_manifest(directory)
     files = {key: _graph_file(directory, key, entry.file) for key, entry in manifest.graphs.items()}
-    graphs = {key: load_model(path) for key, path in files.items()}
+    graphs = {key: partial(load_model, path) for key, path in files.items()}  # read on first use
     try:
         state = st_load((directory / STATE_FILE).read_bytes())
     except (OSError, SafetensorError) as exc:
@@ -243,6 +255,8 @@ def _graph_file(directory: Path, key: str, name: str) -> Path:
     if os.path.isabs(name) or not target.is_relative_to(root):
         raise ArtifactsError(f"{directory / MANIFEST_FILE}: the {key} graph file {name!r} resolves to {target}, "
                              f"outside the artifact directory {root}; refusing to read it")
+    if not target.is_file():
+        raise ArtifactsError(f"{directory / MANIFEST_FILE}: the {key} graph file {name!r} is missing")
     return target
 
 

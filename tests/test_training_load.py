@@ -96,3 +96,20 @@ def test_a_corrupt_state_file_is_named(arts):
     (arts / "state.safetensors").write_bytes(b"garbage")
     with pytest.raises(ArtifactsError, match=r"state\.safetensors: cannot read the initial state"):
         gc.training.load(arts)
+
+
+def test_graphs_are_read_on_first_use_so_a_trainer_reads_only_train_step(arts):
+    """Training reads train_step alone: the other graphs (each with its own copy of the
+    weights) stay on disk until something asks for them."""
+    from trainer_models import blobs
+
+    (arts / "gradients.onnx").write_bytes(b"not an onnx model")
+    (arts / "inference.onnx").write_bytes(b"not an onnx model")
+    trainer = gc.Trainer(arts, backend="numpy")
+    losses = [trainer.step(blobs(16, seed=i)) for i in range(3)]
+    assert losses[-1] < losses[0]
+    with pytest.raises(gc.ModelLoadError):
+        trainer.artifacts.gradients  # noqa: B018 - the first use reads (and here fails)
+    (arts / "eval.onnx").unlink()
+    with pytest.raises(ArtifactsError, match="eval graph file 'eval.onnx' is missing"):
+        gc.training.load(arts)
