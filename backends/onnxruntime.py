@@ -140,8 +140,13 @@ class _OrtBackend:
 
     def prepare(self, model: onnx.ModelProto, *, threads: int | None = None,
                 graph_optimization_level: str | int = "all", device_id: int = 0,
-                providers_options: Mapping[str, Any] | None = None) -> OrtExecutable:
-        """Build an onnxruntime session. An op onnxruntime cannot run fails here."""
+                providers_options: Mapping[str, Any] | None = None, keep_recomputation: bool = False,
+                ) -> OrtExecutable:
+        """Build an onnxruntime session. An op onnxruntime cannot run fails here.
+        ``keep_recomputation``: the model recomputes values on purpose (``generate(...,
+        recompute=True)``): common-subexpression elimination, which would merge the copies back,
+        is off, and nodes run in priority order (ready nodes in graph order), so each copy runs
+        where the graph places it, just before its reader."""
         _check_domains(model, self.name)
         ort = _ort()
         options = ort.SessionOptions()
@@ -152,9 +157,13 @@ class _OrtBackend:
                 raise ValueError(f"threads must be >= 0 (0: onnxruntime's default), got {threads}")
             options.intra_op_num_threads = int(threads)
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        disabled = ()
+        if keep_recomputation:
+            options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+            disabled = ("CommonSubexpressionElimination",)
         provider_options = {**({"device_id": int(device_id)} if self.device == "cuda" else {}),
                             **dict(providers_options or {})}
-        return OrtExecutable(self, model, options, provider_options, int(device_id))
+        return OrtExecutable(self, model, options, provider_options, int(device_id), disabled)
 
 
 class CpuBackend(_OrtBackend):
@@ -208,7 +217,7 @@ class OrtExecutable:
     """One onnxruntime InferenceSession plus its placement and IOBinding helpers."""
 
     def __init__(self, backend: _OrtBackend, model: onnx.ModelProto, options: Any,
-                 provider_options: dict[str, Any], device_id: int):
+                 provider_options: dict[str, Any], device_id: int, disabled_optimizers: Sequence[str] = ()):
         ort = _ort()
         self.backend_name = backend.name
         self.device = backend.device
@@ -223,7 +232,8 @@ class OrtExecutable:
             if backend.device != "cpu":  # to count the copy nodes onnxruntime inserts
                 options.optimized_model_filepath = str(optimized)
             try:
-                self.session = ort.InferenceSession(data, options, providers=providers)
+                self.session = ort.InferenceSession(data, options, providers=providers,
+                                                    disabled_optimizers=list(disabled_optimizers) or None)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
                 raise self._error(exc, "cannot load") from None
             self.copy_nodes = _count_copy_nodes(optimized) if optimized.is_file() else 0

@@ -102,7 +102,8 @@ class Trainer:
         self._feeds = dict(m.feeds)  # train_step output -> carried input
         self._device_outputs = list(self._feeds)
         self._train = self._backend.prepare(
-            _without_initializers(self.artifacts.train_step.proto, set(self._entries)), **options)
+            _without_initializers(self.artifacts.train_step.proto, set(self._entries)),
+            **({"keep_recomputation": True} if m.recompute else {}), **options)
         self._eval = None
         self._state: dict[str, Any] = {}
         self._reset_state(self.artifacts.state)

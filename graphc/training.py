@@ -130,6 +130,7 @@ class Manifest(BaseModel):
     loss: dict  # the loss spec as JSON (kind, output, label, options); {"kind": "output", ...}
     model_outputs: list[str]
     layout: list[FlatBuffer] = []  # the fused update's flat buffers; empty: one input per param
+    recompute: bool = False  # the backward recomputes cheap forward values (generate's option)
 
     def pack(self, tensors: Mapping[str, np.ndarray], graph: str | None = None) -> dict[str, np.ndarray]:
         """``tensors`` named per param (``state.safetensors``, a checkpoint) as train_step takes
@@ -261,7 +262,7 @@ def _graph_file(directory: Path, key: str, name: str) -> Path:
 
 
 def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Iterable[str] | None = None,
-             frozen: Iterable[str] = (), fused: bool = True) -> TrainingArtifacts:
+             frozen: Iterable[str] = (), fused: bool = True, recompute: bool = False) -> TrainingArtifacts:
     """Training artifacts for ``model``.
 
     Args:
@@ -274,6 +275,11 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         frozen: names excluded from ``trainable`` (they stay initializers).
         fused: update the params as a few flat buffers (one per dtype and weight-decay group),
             not one by one: the update's cost then follows the params' bytes, not their count.
+        recompute: activation checkpointing for memory-bound models: the backward recomputes
+            the cheap forward values it reads (elementwise ops, reshapes) from the expensive
+            ones (convolutions, matmuls, pooling), so those are all a step keeps alive
+            (ResNet-50, batch 32, onnxruntime CPU, 2 threads: peak RSS 2.9 -> 2.5 GB for about
+            8 % more time per step).
 
     Raises:
         gc.GraphError: unknown output/param names, a loss that is not a float scalar, an op
@@ -295,13 +301,13 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
     opt_json = _optimizer_json(optimizer)
     built = artifacts.build(model.ir, loss_args, opt_json["kind"], opt_json,
                             trainable=None if trainable is None else list(trainable), frozen=list(frozen),
-                            fused=fused)
+                            fused=fused, recompute=recompute)
     graphs = {key: Model(m) for key, m in built.graphs.items()}
     manifest = Manifest(
         opset=built.opset,
         graphs={key: _graph_entry(key, m, built.roles[key]) for key, m in graphs.items()},
         feeds=built.feeds, trainable=built.trainable, frozen=built.frozen, state=list(built.state),
-        optimizer=opt_json, loss=loss_json, model_outputs=built.model_outputs,
+        optimizer=opt_json, loss=loss_json, model_outputs=built.model_outputs, recompute=recompute,
         layout=[FlatBuffer(name=g.name, dtype=str(as_dtype(int(g.dtype))), params=g.params,
                            shapes=[list(s) for s in g.shapes], slots=list(built.slots),
                            weight_decay=g.weight_decay) for g in built.layout])

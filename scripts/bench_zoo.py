@@ -1,7 +1,7 @@
 """graphc's training step against PyTorch eager on real architectures, at 2 threads.
 
     .venv/bin/python scripts/bench_zoo.py [--models resnet18,resnet50] [--batches 2,32]
-        [--image-size 64] [--rounds 5] [--steps 2] [--json results.json]
+        [--image-size 64] [--rounds 5] [--steps 2] [--recompute] [--json results.json]
 
 Models (plain torch.nn, random init, no dropout or stochastic depth so both frameworks run the
 same computation): resnet18, resnet50, efficientnet_b0, mobilenetv3_small, regnety_400mf (the
@@ -399,7 +399,8 @@ def bench(name: str, batch: int, args: argparse.Namespace) -> dict:
             imported = gc.load(tmp / "model.onnx")
             stage = "generate"
             t0 = time.perf_counter()
-            arts = gc.training.generate(imported, gc.losses.cross_entropy("logits", label="y"), gc.optim.AdamW(LR))
+            arts = gc.training.generate(imported, gc.losses.cross_entropy("logits", label="y"), gc.optim.AdamW(LR),
+                                        recompute=args.recompute)
             row["generate_s"] = time.perf_counter() - t0
             untrained = [p for p, _ in model.named_parameters() if p not in arts.manifest.trainable]
             if untrained:
@@ -476,6 +477,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--image-size", type=int, default=64, help="image side in px (ViT needs a multiple of 8)")
     p.add_argument("--rounds", type=int, default=5, help="timing rounds (the two frameworks take turns)")
     p.add_argument("--steps", type=int, default=2, help="timed steps per framework per round")
+    p.add_argument("--recompute", action="store_true", help="generate graphc's artifacts with recompute=True")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)  # torch MODEL BATCH: one memory measurement
     args = p.parse_args()

@@ -50,6 +50,8 @@ def grad_cmd(
     momentum: float = typer.Option(0.0, "--momentum", help="SGD momentum."),
     weight_decay: float = typer.Option(0.0, "--weight-decay"),
     freeze: list[str] = typer.Option([], "--freeze", help="A param to keep fixed (repeatable)."),
+    recompute: bool = typer.Option(False, "--recompute", help="Recompute cheap forward values in the "
+                                   "backward (activation checkpointing): less memory, a little more time."),
     out: Path = typer.Option(..., "-o", "--out", help="Artifact directory to write."),
 ) -> None:
     """Generate training artifacts (train_step, gradients, eval, inference graphs) for MODEL."""
@@ -57,7 +59,7 @@ def grad_cmd(
 
     spec = parse_loss(loss)
     opt = make_optimizer(optimizer, lr, momentum, weight_decay)
-    arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze)
+    arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute)
     arts.save(out)
     m = arts.manifest
     console.print(f"wrote training artifacts to {out}: {len(m.trainable)} trainable, "

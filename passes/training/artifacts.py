@@ -36,6 +36,7 @@ from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
 from graphc.passes.training import flat, imports, modes, optimizers
+from graphc.passes.training import recompute as recomputation
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
 LOSS = "loss"
@@ -70,7 +71,8 @@ class Built:
 
 
 def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
-          trainable: Iterable[str] | None = None, frozen: Iterable[str] = (), fused: bool = True) -> Built:
+          trainable: Iterable[str] | None = None, frozen: Iterable[str] = (), fused: bool = True,
+          recompute: bool = False) -> Built:
     base = _prepare(model)
     order = {name: i for i, name in enumerate(model.graph.initializers)}  # promoted constants last
     opset = base.opset_imports.get("", 0)
@@ -89,7 +91,7 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
 
     evaluation = _eval_graph(base, params, bn_stats, model_outputs)
     noise: list[str] = []
-    step, gradients, grads, bn_next = _backward_graphs(base, opset, params, bn_stats, noise)
+    step, gradients, grads, bn_next = _backward_graphs(base, opset, params, bn_stats, noise, recompute)
 
     slots = optimizers.state_slots(opt_kind, opt_hyper)
     next_names = _append_optimizer(step.graph, opset, opt_kind, opt_hyper, grads, slots, decays, groups)
@@ -134,7 +136,7 @@ def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
 
 
 def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats: Sequence[str],
-                     noise: list[str]):
+                     noise: list[str], recompute: bool = False):
     """Training mode and the backward pass, in ``step`` itself; returns (step, the gradients
     graph cloned from it, {param: gradient value in step}, {BN stat: its updated value}).
     Dropout becomes ops on new noise inputs (their names are appended to ``noise``) before
@@ -149,7 +151,10 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     _infer_shapes(step)
     if expanded:
         fill_unknown_ranks(step)  # a body's shape arithmetic can hide ranks from inference
+    forward = {node.name for node in step.graph}
     grads = backward(step.graph, _by_name(step.graph, LOSS), [step.graph.initializers[p] for p in params])
+    if recompute:
+        recomputation.recompute(step.graph, forward, opset)
     gradients = step.clone()
     graph = gradients.graph
     _set_outputs(graph, [LOSS, *(_expose(graph, _by_name(graph, g.name), f"{p}_grad", like=graph.initializers[p])
