@@ -14,8 +14,9 @@ guess from names):
   statistics (role state) and ``lr`` (float scalar, role hyper, default the spec's lr). Outputs
   ``loss`` and ``X.next`` for every param/state input ``X``; ``manifest.feeds`` maps
   ``X.next -> X``. Frozen params stay initializers. With the fused update (the default) the
-  params are updated a group at a time (one per dtype and weight-decay setting, ``params.<dtype>
-  [.no_decay]``: ``manifest.layout`` lists each group's params in order) and the optimizer state
+  params are updated a group at a time (by dtype and weight-decay setting, up to 2**20 elements
+  each, ``params.<dtype>[.no_decay][.<n>]``: ``manifest.layout`` lists each group's params in
+  order) and the optimizer state
   is one flat buffer per group and slot, ``<group>.<slot>`` (say ``params.float32.exp_avg``), of
   the group's params end to end. ``fused=False`` keeps one update, and state, per param.
 * ``gradients``: the train_step inputs without optimizer state, step and lr; outputs ``loss`` and

@@ -185,3 +185,16 @@ def test_ort_trainer_allocates_no_new_param_buffers_per_step():
 def test_no_decay_pattern_matching_nothing_is_an_error():
     with pytest.raises(gc.GraphError, match=r"no_decay pattern\(s\) \['\*norm\*'\] match no trainable param"):
         generate(gc.optim.AdamW(0.01, no_decay=("*norm*",)))
+
+
+def test_groups_are_chunked_and_chunking_changes_no_number(monkeypatch):
+    """Groups close before ``CHUNK_ELEMENTS``; a param larger than that gets one of its own."""
+    from graphc.passes.training import flat
+
+    monkeypatch.setattr(flat, "CHUNK_ELEMENTS", 20)  # fc weights are 16 elements, biases 4
+    spec = gc.optim.AdamW(0.02, weight_decay=0.1)
+    chunked = generate(spec, layers=3)
+    groups = [(b.name, b.params) for b in chunked.manifest.layout]
+    assert groups == [("params.float32", ["fc0.weight", "fc0.bias"]), ("params.float32.1", ["fc1.weight", "fc1.bias"]),
+                      ("params.float32.2", ["fc2.weight", "fc2.bias"]), ("params.float64", ["head.weight", "head.bias"])]
+    _equal_runs(run(chunked, "numpy"), run(generate(spec, fused=False, layers=3), "numpy"), 0)

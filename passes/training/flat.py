@@ -1,11 +1,12 @@
 """The fused update's layout: trainable params updated end to end, a few flat buffers at a time.
 
-Params are grouped by dtype and by whether they get weight decay. train_step still takes (and
+Params are grouped by dtype and by whether they get weight decay, a group at most
+``CHUNK_ELEMENTS`` long (``params.float32``, ``params.float32.1``, ...). train_step still takes (and
 outputs) each param under its own name, as the graphs use it; the update reads a group's params
 ``Concat``-ed into one flat vector, its gradients the same way, and its optimizer state as one
 flat buffer per slot, ``<group>.<slot>`` (a train_step input and output of shape [numel]); the
 new flat params are ``Split`` back into ``<param>.next``. The update is then one chain of
-elementwise nodes per group, whose cost follows the bytes of the params instead of their count:
+elementwise nodes per group, whose count and cost follow the bytes of the params, not their count:
 PyTorch's multi-tensor (``foreach``) AdamW, in standard ONNX ops, for two copies of the params
 and one of the gradients per step.
 
@@ -17,6 +18,8 @@ single-tensor step on that buffer: 106 ms).
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +30,13 @@ from graphc.passes.emit import Emitter
 
 __all__ = ["Group", "concat", "plan", "split"]
 
+# A group holds at most this many elements (a larger param gets a group of its own): the ~14
+# passes of an AdamW update then run over 4 MB (float32) arrays that stay in this CPU's 32 MB L3
+# cache, not over the whole model from DRAM. Measured (onnxruntime CPU, 2 threads, interleaved
+# Trainer steps): ResNet-50 at batch 2, one buffer per dtype 317 ms, 2**22-element groups 270,
+# 2**20 229, 2**18 243; ResNet-18 at batch 2: 164, 151, 153, 144; at batch 32 the choice between
+# 2**19 and 2**21 moves ResNet-50's step by under 2 %.
+CHUNK_ELEMENTS = 1 << 20
 _DTYPE_NAMES = {ir.DataType.FLOAT: "float32", ir.DataType.DOUBLE: "float64", ir.DataType.FLOAT16: "float16"}
 
 
@@ -44,21 +54,25 @@ class Group:
 
 
 def plan(graph: ir.Graph, params: Sequence[str], decays: Mapping[str, bool]) -> list[Group]:
-    """One group per (dtype, weight decay) in the order params first appear."""
+    """Groups by (dtype, weight decay), params in the order they first appear; a group is closed
+    before it would pass ``CHUNK_ELEMENTS`` (a larger param gets a group of its own)."""
     taken = {v.name for v in graph.inputs} | set(graph.initializers)
-    groups: dict[tuple, Group] = {}
+    open_groups: dict[tuple, Group] = {}
+    groups: list[Group] = []
     for p in params:
         value = graph.initializers[p]
         key = (value.dtype, decays[p])
-        if key not in groups:
-            name = f"params.{_DTYPE_NAMES.get(value.dtype, value.dtype.name.lower())}" + ("" if decays[p] else ".no_decay")
-            while name in taken:
-                name = f"_{name}"
+        shape = tuple(int(d) for d in value.shape)
+        group = open_groups.get(key)
+        if group is None or (group.params and sum(group.sizes) + math.prod(shape) > CHUNK_ELEMENTS):
+            stem = f"params.{_DTYPE_NAMES.get(value.dtype, value.dtype.name.lower())}" + ("" if decays[p] else ".no_decay")
+            name = stem if stem not in taken else next(f"{stem}.{i}" for i in itertools.count(1) if f"{stem}.{i}" not in taken)
             taken.add(name)
-            groups[key] = Group(name, value.dtype, [], [], decays[p])
-        groups[key].params.append(p)
-        groups[key].shapes.append(tuple(int(d) for d in value.shape))
-    return list(groups.values())
+            group = open_groups[key] = Group(name, value.dtype, [], [], decays[p])
+            groups.append(group)
+        group.params.append(p)
+        group.shapes.append(shape)
+    return groups
 
 
 def concat(b: Emitter, group: Group, values: Mapping[str, ir.Value]) -> ir.Value:
