@@ -136,8 +136,10 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str,
     # Conv+BN+ReLU train steps (CPU, 2 threads, interleaved): var as ReduceSumSquare/count and
     # the scale folded into inv_std (one full-size Mul fewer each way) moved steps by -5 to +10 %
     # across [2,64,32,32], [32,64,32,32], [32,256,8,8], [8,128,16,16]: kept as is. A hand-written
-    # closed-form backward (dx = a*(dy - mean(dy) - xhat*mean(dy*xhat))) ran within 10 % of what
-    # autodiff derives from this decomposition ([32,144,16,16]: 3.9 vs 4.2 ms).
+    # forward and closed-form backward (dx = a*(dy - mean(dy) - xhat*mean(dy*xhat)), dscale,
+    # dbias) took 3.9 ms on [32,144,16,16] where the gradients graph autodiff derives from this
+    # decomposition took 4.2 without dx: a BatchNorm-training gradient rule is the next thing to
+    # try here.
     mean = b.reduce("ReduceMean", x, axes)
     centred = b.op("Sub", x, mean)
     var = b.reduce("ReduceMean", b.op("Mul", centred, centred), axes)
