@@ -48,7 +48,7 @@ def grad_dropout(g, node, dy):
 
 
 # -- shared window geometry -------------------------------------------------------------------
-def _window(g: GradBuilder, node: ir.Node, x: ir.Value, kernel: list[int]):
+def window(g: GradBuilder | None, node: ir.Node, x: ir.Value, kernel: list[int]):
     """(spatial input dims, strides, dilations, pads begin, pads end) with auto_pad resolved."""
     sx = static_shape(x)
     if sx is None or not all(isinstance(d, int) for d in sx[2:]):
@@ -72,7 +72,7 @@ def _window(g: GradBuilder, node: ir.Node, x: ir.Value, kernel: list[int]):
     return spatial, strides, dilations, pads[:n], pads[n:]
 
 
-def _out_dims(spatial, kernel, strides, dilations, begin, end, ceil=False):
+def out_dims(spatial, kernel, strides, dilations, begin, end, ceil=False):
     out = []
     for i, d in enumerate(spatial):
         span = d + begin[i] + end[i] - ((kernel[i] - 1) * dilations[i] + 1)
@@ -83,7 +83,7 @@ def _out_dims(spatial, kernel, strides, dilations, begin, end, ceil=False):
 def _transposed(g: GradBuilder, dy: ir.Value, w: ir.Value, spatial, kernel, strides, dilations,
                 begin, end, group: int) -> ir.Value:
     """ConvTranspose(dy, w) sized back to the input's spatial dims (the input gradient)."""
-    out = _out_dims(spatial, kernel, strides, dilations, begin, end)
+    out = out_dims(spatial, kernel, strides, dilations, begin, end)
     extra = [spatial[i] - (strides[i] * (out[i] - 1) + (kernel[i] - 1) * dilations[i] + 1 - begin[i] - end[i])
              for i in range(len(spatial))]
     return g.op("ConvTranspose", dy, w, strides=strides, dilations=dilations, pads=begin + end,
@@ -108,7 +108,7 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
     matrix is never transposed)."""
     n_sp = len(spatial)
     ci, kernel = w_shape[1], list(w_shape[2:])
-    out = _out_dims(spatial, kernel, strides, dilations, begin, end)
+    out = out_dims(spatial, kernel, strides, dilations, begin, end)
     cols = g.transpose(x, [1, 0] + list(range(2, 2 + n_sp)))
     if any(begin + end):
         cols = g.op("Pad", cols, g.ints([0, 0] + begin + [0, 0] + end))
@@ -159,7 +159,7 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     # Conv at N=32: 24 vs 21 ms; for depthwise 3x3/5x5 convs 1.3-2.7x slower than it.)
     n_sp = len(spatial)
     cg, kernel = w_shape[1], list(w_shape[2:])
-    out = _out_dims(spatial, kernel, strides, dilations, begin, end)
+    out = out_dims(spatial, kernel, strides, dilations, begin, end)
     sx = static_shape(x)
     batch = sx[0] if sx is not None and isinstance(sx[0], int) else 16  # a symbolic batch: a typical one
     if (group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
@@ -184,7 +184,7 @@ def grad_conv(g, node, dy):
     if w_shape is None or not all(isinstance(d, int) for d in w_shape):
         raise GraphError(f"gradient of Conv {node.name!r} needs a static weight shape, got {w_shape}")
     kernel = list(w_shape[2:])
-    spatial, strides, dilations, begin, end = _window(g, node, x, kernel)
+    spatial, strides, dilations, begin, end = window(g, node, x, kernel)
     group = attr(node, "group", 1)
     dx = dw = db = None
     if g.wants(x) and group == 1 and all(k == 1 for k in kernel + strides) and not any(begin + end):
@@ -253,7 +253,7 @@ def _max_pool_tiles(g: GradBuilder, node: ir.Node, x: ir.Value, dy: ir.Value) ->
     kernel = list(attr(node, "kernel_shape"))
     if len(kernel) != 2 or g.opset < 11 or x.dtype is None:
         return None
-    spatial, strides, dilations, begin, end = _window(g, node, x, kernel)
+    spatial, strides, dilations, begin, end = window(g, node, x, kernel)
     if strides != kernel or any(d != 1 for d in dilations) or any(begin + end) or \
             any(d % k for d, k in zip(spatial, kernel)):
         return None
@@ -336,12 +336,12 @@ def grad_average_pool(g, node, dy):
     # count_include_pad=0 the number of non-pad elements in each window (a Conv of ones).
     x = node.inputs[0]
     kernel = list(attr(node, "kernel_shape"))
-    spatial, strides, dilations, begin, end = _window(g, node, x, kernel)
+    spatial, strides, dilations, begin, end = window(g, node, x, kernel)
     channels = static_shape(x)[1]
     if not isinstance(channels, int):
         raise GraphError(f"gradient of AveragePool {node.name!r} needs a static channel count")
-    if attr(node, "ceil_mode", 0) and _out_dims(spatial, kernel, strides, dilations, begin, end, ceil=True) != \
-            _out_dims(spatial, kernel, strides, dilations, begin, end):
+    if attr(node, "ceil_mode", 0) and out_dims(spatial, kernel, strides, dilations, begin, end, ceil=True) != \
+            out_dims(spatial, kernel, strides, dilations, begin, end):
         # the last windows hang over the end and average fewer elements: average pooling is
         # separable (window and divisor per axis), so dx contracts dy with each axis' matrix
         return (contract(g, dy, _pool_matrices(g, node, spatial, kernel, strides, dilations, begin, end),
@@ -520,7 +520,7 @@ def grad_lp_pool(g, node, dy):
     # spreading each window's value back over its elements (the AveragePool windows, summed)
     x, y = node.inputs[0], node.outputs[0]
     kernel, p = list(attr(node, "kernel_shape")), attr(node, "p", 2)
-    spatial, strides, dilations, begin, end = _window(g, node, x, kernel)
+    spatial, strides, dilations, begin, end = window(g, node, x, kernel)
     sums = _pool_matrices(g, node, spatial, kernel, strides, dilations, begin, end, windows_only=True)
     spread = contract(g, g.mul(dy, g.op("Pow", y, g.scalar(1.0 - p, y))), sums, 2 + len(spatial), x.dtype)
     slope = g.mul(g.op("Sign", x), g.op("Pow", g.op("Abs", x), g.scalar(p - 1.0, x)))

@@ -35,7 +35,7 @@ from graphc.passes.autodiff.core import backward, node_inputs
 from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks, fold_integer_values
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
-from graphc.passes.training import flat, imports, modes, optimizers
+from graphc.passes.training import dense_conv, flat, imports, modes, optimizers
 from graphc.passes.training import recompute as recomputation
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
@@ -146,6 +146,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     # and inference graphs, cloned before, keep the ops themselves)
     expanded = expand_for_autodiff(step)
     bn_next = modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise)
+    dense_conv.densify_convs(step.graph, opset)
     _expose_inputs(step.graph, [*params, *bn_stats])
     step.graph.sort()
     _infer_shapes(step)

@@ -1,0 +1,59 @@
+"""Convolutions over tiny maps as one dense product in the training graphs (dense_conv.py).
+
+Oracle: the same artifacts with the rewrite off, whose Conv gradient rules are checked against
+central differences elsewhere; float64 models, so the two must agree to rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as nh
+import pytest
+
+import graphc as gc
+from graphc.passes.training import dense_conv
+
+
+def model(batch, dtype=np.float64) -> gc.Model:
+    """x [batch, 3, 2, 2] -> Conv 3x3 pad 1 -> Relu -> Conv 3x3 stride 2 pad (1, 0, 1, 1), no bias."""
+    rng = np.random.default_rng(0)
+    inits = [nh.from_array(rng.normal(size=(4, 3, 3, 3)).astype(dtype), "c1.weight"),
+             nh.from_array(rng.normal(size=4).astype(dtype), "c1.bias"),
+             nh.from_array(rng.normal(size=(5, 4, 3, 3)).astype(dtype), "c2.weight")]
+    nodes = [oh.make_node("Conv", ["x", "c1.weight", "c1.bias"], ["h"], pads=[1, 1, 1, 1]),
+             oh.make_node("Relu", ["h"], ["r"]),
+             oh.make_node("Conv", ["r", "c2.weight"], ["out"], strides=[2, 2], pads=[1, 0, 1, 1])]
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = oh.make_graph(nodes, "tiny", [oh.make_tensor_value_info("x", elem, [batch, 3, 2, 2])],
+                          [oh.make_tensor_value_info("out", elem, [batch, 5, 1, 1])], inits)
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    onnx.checker.check_model(proto, full_check=True)
+    return gc.load(proto)
+
+
+def artifacts(batch, dtype=np.float64):
+    return gc.training.generate(model(batch, dtype), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
+
+
+@pytest.mark.parametrize(("backend", "dtype", "rtol"), [("numpy", np.float64, 1e-10), ("ort-cpu", np.float32, 1e-4)])
+def test_dense_product_gives_the_conv_gradients(backend, dtype, rtol, monkeypatch):
+    batch = dense_conv.MIN_BATCH
+    dense = artifacts(batch, dtype)
+    monkeypatch.setattr(dense_conv, "MAX_WORK", 0.0)
+    convs = artifacts(batch, dtype)
+    assert "Conv" not in {n.op_type for n in dense.gradients.proto.graph.node}
+    assert "Conv" in {n.op_type for n in convs.gradients.proto.graph.node}
+    assert "Conv" in {n.op_type for n in dense.eval.proto.graph.node}  # eval and inference keep it
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.normal(size=(batch, 3, 2, 2)).astype(dtype), "y": rng.normal(size=(batch, 5, 1, 1)).astype(dtype)}
+    got = gc.Session(dense.gradients, backend=backend).run(feeds)
+    want = gc.Session(convs.gradients, backend=backend).run(feeds)
+    assert got.keys() == want.keys() == {"loss", "c1.weight_grad", "c1.bias_grad", "c2.weight_grad"}
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=rtol * 1e-2, err_msg=name)
+
+
+def test_small_or_unknown_batches_and_large_maps_keep_the_conv():
+    assert "Conv" in {n.op_type for n in artifacts(2).gradients.proto.graph.node}
+    assert "Conv" in {n.op_type for n in artifacts("N").gradients.proto.graph.node}
