@@ -143,4 +143,11 @@ def compute(loss: Mapping, outputs: Mapping[str, np.ndarray], batch: Mapping[str
         return {}
     pred, target = prepare(loss, outputs[output], batch[label])
     metrics = defaults(loss.get("kind", ""), pred) if chosen is None else chosen
-    return {name: float(fn(pred, target)) for name, fn in metrics.items()}
+    out = {}
+    for name, fn in metrics.items():
+        try:
+            out[name] = float(fn(pred, target))
+        except Exception as exc:  # noqa: BLE001 - a user's metric: say which one failed on what
+            raise ValueError(f"metric {name!r} failed on the {output!r} output {pred.dtype}{list(pred.shape)} and the "
+                             f"{label!r} label {target.dtype}{list(target.shape)}: {type(exc).__name__}: {exc}") from exc
+    return out

@@ -5,15 +5,13 @@ default anywhere fails here until the two agree."""
 
 import inspect
 import io
-from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 import typer
 
 import graphc as gc
-from graphc.cli import app, main
+from graphc.cli import app
 from graphc.cli.train_cmds import make_optimizer
 from graphc.demo import run_demo
 from graphc.export import export_inference
