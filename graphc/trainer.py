@@ -261,6 +261,9 @@ class Trainer:
                 _without_initializers(self.artifacts.eval.proto, set(self._eval_carried)), **self._options)
         return self._eval
 
+    def _label_names(self) -> set[str]:
+        return {e.name for e in self.manifest.graphs["eval"].inputs if e.role == "label"}
+
     def _predict_exe(self):
         """The eval graph less the loss and the label inputs: the model's outputs from its data
         inputs and the current params."""
@@ -276,7 +279,7 @@ class Trainer:
             for value in [v for v in graph.outputs if v.name not in keep]:
                 graph.outputs.remove(value)
             RemoveUnusedNodesPass()(model)
-            labels = {e.name for e in entries.inputs if e.role == "label"}
+            labels = self._label_names()
             for value in [v for v in graph.inputs if v.name in labels and not v.uses()]:
                 graph.inputs.remove(value)
             self._predict_specs = [s for s in self._eval_specs if s.name not in labels]
@@ -288,8 +291,7 @@ class Trainer:
         """The model's outputs on ``batch`` (inference mode, current params): only the data
         inputs are needed; when the batch also holds every label, ``loss`` too."""
         exe = self._eval_exe()
-        labels = {e.name for e in self.manifest.graphs["eval"].inputs if e.role == "label"}
-        if not labels <= set(batch):
+        if not self._label_names() <= set(batch):
             exe, specs, outputs = self._predict_exe(), self._predict_specs, self._predict_outputs
         else:
             specs, outputs = self._eval_specs, self._eval_outputs
@@ -302,8 +304,7 @@ class Trainer:
         """Loss on ``batch`` (inference mode) and the metrics (``self.metrics``, else the loss
         kind's defaults: accuracy and top-5 accuracy for a classifier, MSE and MAE for a
         regression; see ``gc.metrics``)."""
-        labels = {e.name for e in self.manifest.graphs["eval"].inputs if e.role == "label"}
-        missing = sorted(labels - set(batch))
+        missing = sorted(self._label_names() - set(batch))
         if missing:
             raise InputError(f"evaluate needs the label input(s) {', '.join(missing)} in the batch; batch keys: "
                              f"{', '.join(sorted(batch))} (predict needs the data inputs only)")
