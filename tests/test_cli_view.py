@@ -66,3 +66,17 @@ def test_bad_suffix_and_missing_model_are_one_line(capsys, tmp_path):
     err = one_line_error(run_cli(capsys, "view", root / "mlp.onnx", "-o", root / "mlp.png"))
     assert "writes .svg or .html" in err and not (root / "mlp.png").exists()
     assert "no such model file" in one_line_error(run_cli(capsys, "view", root / "none.onnx", "-o", root / "x.svg"))
+
+
+def test_default_with_netron_installed_opens_it(capsys, tmp_path, monkeypatch):
+    import types
+
+    calls = []
+    fake = types.SimpleNamespace(start=lambda path: calls.append(("start", path)), wait=lambda: calls.append(("wait",)))
+    root = workspace(tmp_path)
+    monkeypatch.setitem(sys.modules, "netron", fake)
+    monkeypatch.chdir(tmp_path)
+    r = run_cli(capsys, "view", root / "mlp.onnx")
+    assert r.code == 0, r.err
+    assert calls == [("start", str(root / "mlp.onnx")), ("wait",)] and "netron" in r.out
+    assert not (tmp_path / "mlp.html").exists()

@@ -116,7 +116,10 @@ def inspect_cmd(
     dims: list[str] = typer.Option([], "--dim", metavar="NAME=SIZE", help="Size of a dim name of the model for "
                                    "the FLOPs estimate, e.g. N=64 (repeatable; names not given count as 1)."),
 ) -> None:
-    """Show a model's inputs, outputs, opset, op histogram, parameters and estimated FLOPs."""
+    """Describe a model: inputs, outputs, ops, parameters, FLOPs.
+
+    Shows the opset, the op histogram, parameter counts and bytes, and the FLOPs of MatMul,
+    Gemm and Conv nodes for the dim sizes given with --dim."""
     import graphc as gc
     from graphc.cli.run_cmds import parse_dims
     from graphc.inspect import flops_estimate, op_histogram, param_stats

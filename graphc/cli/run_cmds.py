@@ -41,7 +41,7 @@ def parse_dims(items: list[str]) -> dict[str, int]:
 
 @app.command("backends")
 def backends_cmd() -> None:
-    """List the backends and whether each can run here (and if not, why)."""
+    """List the backends and why any cannot run here."""
     import graphc as gc
 
     table = Table(title="graphc backends")
@@ -62,7 +62,9 @@ def run_cmd(
     out: Optional[Path] = OUT_ALIAS,
     threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads (onnxruntime; default: its own)."),
 ) -> None:
-    """Run MODEL on BACKEND with inputs from .npy files; print or save (.npz) the outputs."""
+    """Run a model on a backend with inputs from .npy files.
+
+    Prints the outputs, or saves them to an .npz with -o."""
     from graphc.session import Session
 
     output = chosen_output(output, out, required=False)

@@ -80,7 +80,10 @@ def grad_cmd(
     output: Optional[Path] = output_option("Artifact directory to write (required).", "DIR"),
     out: Optional[Path] = OUT_ALIAS,
 ) -> None:
-    """Generate training artifacts (train_step, gradients, eval, inference graphs) for MODEL."""
+    """Generate training artifacts for a model.
+
+    Writes the train_step, gradients, eval and inference graphs, the initial state and a
+    manifest into the -o directory."""
     import graphc as gc
 
     output = chosen_output(output, out)
@@ -176,7 +179,9 @@ def train_cmd(
                                         help="Write a loss-curve image here (pip install 'graphc[plot]')."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar and epoch lines."),
 ) -> None:
-    """Train the artifacts on DATA; exit 1 when training fails (e.g. the loss becomes NaN)."""
+    """Train artifacts on the arrays of an .npz file.
+
+    Exits 1 when training fails (e.g. the loss becomes NaN)."""
     import graphc as gc
     from graphc.checkpoint import resolve
     from graphc.history import check_plot
@@ -233,7 +238,7 @@ def export_cmd(
     allow_untrained: bool = typer.Option(False, "--allow-untrained", help="Export an artifact directory's "
                                          "initial weights even where a checkpoint trained from it exists."),
 ) -> None:
-    """Write one self-contained, optimized inference .onnx with the trained params.
+    """Write trained params as one optimized inference .onnx.
 
     An artifact directory holds the initial weights: exporting it is refused (exit 2) when a
     checkpoint trained from it lies beside it or in the current directory, and warned about
@@ -257,7 +262,9 @@ def demo_cmd(
     epochs: int = typer.Option(30, "--epochs", min=1, help="Training epochs."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar and epoch lines."),
 ) -> None:
-    """Capture, train and export the two-layer net on handwritten digits, end to end."""
+    """Run the end-to-end demo on handwritten digits.
+
+    Captures, trains and exports the two-layer net, then checks parity."""
     from graphc.demo import run_demo
 
     result = run_demo(chosen_output(output, out, Path("demo_out")), backend=backend, epochs=epochs,

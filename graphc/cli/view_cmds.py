@@ -18,8 +18,9 @@ def view_cmd(
                                            "directory).", "FILE.svg|FILE.html"),
     out: Optional[Path] = OUT_ALIAS,
 ) -> None:
-    """Draw MODEL's graph: gradient nodes of training graphs are marked with the forward node
-    each comes from."""
+    """Draw a model's graph as SVG/HTML, or open it in netron.
+
+    Gradient nodes of training graphs are marked with the forward node each comes from."""
     from graphc import view
 
     output = chosen_output(output, out, required=False)
