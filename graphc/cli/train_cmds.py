@@ -200,10 +200,10 @@ def train_cmd(
     train, test, test_source = load_data(data, [s.name for s in trainer.batch_specs], eval_data)
     loader = gc.data.DataLoader(train, batch_size=batch_size, seed=seed)
     eval_loader = gc.data.DataLoader(test, batch_size=max(batch_size, 256), shuffle=False) if test else None
-    console.print(f"evaluating on {test_source}" if test else "no evaluation arrays (NAME_val or NAME_test in "
-                  "--data, or --eval-data): training loss only", highlight=False, soft_wrap=True)
     console.print(f"training on {trainer.backend}: {loader.num_samples} samples, batch {batch_size}, "
                   f"{epochs} epochs", highlight=False, soft_wrap=True)
+    console.print(f"evaluating on {test_source}" if test else "no evaluation arrays (NAME_val or NAME_test in "
+                  "--data, or --eval-data): training loss only", highlight=False, soft_wrap=True)
     try:
         history = trainer.fit(loader, epochs, eval_loader=eval_loader, progress=progress, plot=plot,
                               checkpoint=checkpoint)
