@@ -38,6 +38,30 @@ def _call(fn: Callable, tensors: dict[str, Any]):
     return fn(*tensors.values())
 
 
+def check_input_names(fn: Callable, names: list[str]) -> None:
+    """Raise ``GraphError`` unless ``names`` are the parameters ``fn`` (a function or a Module's
+    ``forward``) takes: none unknown, every one without a default given. A signature with
+    ``*args`` or ``**kwargs``, or none Python can read, accepts any names."""
+    from graphc.nn.module import Module
+
+    target = fn.forward if isinstance(fn, Module) else fn
+    try:
+        params = _inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return
+    accepted = [p.name for p in params]
+    needed = [p.name for p in params if p.default is p.empty]
+    unknown = [n for n in names if n not in accepted]
+    missing = [n for n in needed if n not in names]
+    if unknown or missing:
+        owner = f"{type(fn).__name__}.forward" if isinstance(fn, Module) else getattr(fn, "__qualname__", "the function")
+        raise GraphError(f"input names do not match {owner}({', '.join(accepted)}): expected "
+                         f"{', '.join(needed) or 'none'}, got {', '.join(names) or 'none'}"
+                         + (f" ({', '.join(unknown)} not a parameter)" if unknown else ""))
+
+
 def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed: int = 0,
             training: bool = False, **inputs: Any) -> Model:
     """Trace ``fn_or_module`` on the given inputs into a ``gc.Model``.

@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Optional, Union
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+
+from graphc.models.data import load_digits
 
 __all__ = ["DemoResult", "load_digits", "run_demo"]
 
@@ -39,13 +40,6 @@ class DemoResult:
     @property
     def ok(self) -> bool:
         return self.accuracy >= TARGET_ACCURACY and self.parity_ok
-
-
-def load_digits() -> dict[str, np.ndarray]:
-    """scikit-learn's digits as shipped in graphc.models: x_train/y_train/x_test/y_test."""
-    with resources.as_file(resources.files("graphc.models") / "data" / "digits.npz") as path:
-        with np.load(path, allow_pickle=False) as npz:
-            return {k: npz[k] for k in npz.files}
 
 
 def _capture(seed: int):

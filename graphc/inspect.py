@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import onnx_ir as ir
@@ -45,43 +46,72 @@ def summary(model: "Model") -> str:
 FLOP_OPS = ("MatMul", "Gemm", "Conv")
 
 
+def _typed_values(graph):
+    return [*graph.input, *graph.value_info, *graph.output]
+
+
+def symbolic_dims(model: "Model") -> set[str]:
+    """The dim names (``N``, ``batch``) in the shapes of the main graph's values."""
+    return {d.dim_param for info in _typed_values(model.proto.graph) for d in info.type.tensor_type.shape.dim
+            if d.HasField("dim_param") and d.dim_param}
+
+
 def value_shapes(model: "Model", dims: dict[str, int] | None = None, default_dim: int = 1) -> dict[str, list | None]:
-    """Shapes of every main-graph value (ONNX shape inference fills what the file lacks), with
-    symbolic dims replaced by ``dims`` (else ``default_dim``)."""
+    """Shapes of every main-graph value for the given sizes of its dim names (``default_dim``
+    for a name not in ``dims``). The sizes are set into the model before ONNX shape inference
+    (with data propagation), so shapes computed from them follow, e.g. the ``-1`` of a
+    ``reshape((-1, 1, 8, 8))``; a dim that inference still cannot tell is None."""
     import onnx
 
     dims = dims or {}
     proto = model.proto
+    for info in _typed_values(proto.graph):
+        for d in info.type.tensor_type.shape.dim:
+            if d.HasField("dim_param"):
+                d.dim_value = dims.get(d.dim_param, default_dim)
     try:
-        proto = onnx.shape_inference.infer_shapes(proto)
+        proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
     except Exception:  # noqa: BLE001 - an imported model inference cannot handle: use what it has
         pass
     shapes: dict[str, list | None] = {}
-    for info in [*proto.graph.input, *proto.graph.value_info, *proto.graph.output]:
+    for info in _typed_values(proto.graph):
         tt = info.type.tensor_type
-        if not tt.HasField("shape"):
-            shapes[info.name] = None
-            continue
-        shapes[info.name] = [d.dim_value if d.HasField("dim_value") else dims.get(d.dim_param, default_dim)
-                             for d in tt.shape.dim]
+        shapes[info.name] = ([d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+                             if tt.HasField("shape") else None)
     for init in proto.graph.initializer:
         shapes[init.name] = list(init.dims)
     return shapes
 
 
-def estimate_flops(model: "Model", dims: dict[str, int] | None = None) -> dict[str, int]:
-    """Estimated floating-point operations (a multiply-add counts 2) of MatMul, Gemm and Conv
-    nodes of the main graph, by op type. Nodes whose shapes are unknown are skipped."""
+@dataclass
+class FlopsEstimate:
+    """``by_op``: FLOPs by op type; ``unknown``: the FLOP nodes whose shapes could not be told
+    (not counted); ``defaulted``: dim names not given, counted as 1; ``independent``: the given
+    dim names the total does not depend on."""
+
+    by_op: dict[str, int]
+    unknown: list[str] = field(default_factory=list)
+    defaulted: list[str] = field(default_factory=list)
+    independent: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_op.values())
+
+
+def _count_flops(model: "Model", dims: dict[str, int]) -> tuple[dict[str, int], list[str]]:
     import math
 
     shapes = value_shapes(model, dims)
     flops: Counter = Counter()
+    unknown = []
     for node in model.ir.graph:
         if node.op_type not in FLOP_OPS or not node.outputs:
             continue
         out = shapes.get(node.outputs[0].name)
         ins = [shapes.get(v.name) if v is not None else None for v in node.inputs]
-        if out is None or any(s is None for s in ins[:2]):
+        if any(s is None or None in s for s in [out, *ins[:2]]):
+            unknown.append(node.name or node.op_type)
             continue
         if node.op_type == "MatMul":
             k = ins[0][-1]
@@ -91,4 +121,27 @@ def estimate_flops(model: "Model", dims: dict[str, int] | None = None) -> dict[s
         else:  # Conv: each output element is a dot product over in/groups * kernel
             k = math.prod(ins[1][1:])
         flops[node.op_type] += 2 * math.prod(out) * k
-    return dict(flops)
+    return dict(flops), unknown
+
+
+def flops_estimate(model: "Model", dims: dict[str, int] | None = None) -> FlopsEstimate:
+    """Estimated floating-point operations (a multiply-add counts 2) of the MatMul, Gemm and
+    Conv nodes of the main graph for the dim sizes ``dims``. A name in ``dims`` the model does
+    not have raises ``InputError`` (listing the names it has)."""
+    from graphc.errors import InputError
+
+    dims = dict(dims or {})
+    names = symbolic_dims(model)
+    unknown_names = sorted(set(dims) - names)
+    if unknown_names:
+        raise InputError(f"the model has no dim named {', '.join(map(repr, unknown_names))}; its dim names: "
+                         f"{', '.join(sorted(names)) or 'none (every dim is fixed)'}")
+    by_op, unknown = _count_flops(model, dims)
+    total = sum(by_op.values())
+    independent = [n for n, size in dims.items() if sum(_count_flops(model, {**dims, n: size + 1})[0].values()) == total]
+    return FlopsEstimate(by_op, unknown, sorted(names - set(dims)), independent)
+
+
+def estimate_flops(model: "Model", dims: dict[str, int] | None = None) -> dict[str, int]:
+    """``flops_estimate(model, dims).by_op``."""
+    return flops_estimate(model, dims).by_op

@@ -287,7 +287,8 @@ def reshape(x: Tensor, shape: Sequence[Any]) -> Tensor:
 
 
 def _check_reshape(x: Tensor, out_shape: list, requested: Sequence[Any]) -> None:
-    """Fill in a -1 and check element counts where they are static (symbols cancel)."""
+    """Fill in a -1 (with the input's one unmatched dim name where the static sizes agree) and
+    check element counts where they are static (symbols cancel)."""
     in_shape = x.shape
     if in_shape is None or None in in_shape:
         return
@@ -302,6 +303,9 @@ def _check_reshape(x: Tensor, out_shape: list, requested: Sequence[Any]) -> None
                 leftover.remove(s)
             else:
                 return
+        if len(leftover) == 1 and in_n == out_n:  # [N, 64] -> (-1, 1, 8, 8): the -1 is N
+            out_shape[out_shape.index(None)] = leftover[0]
+            return
         if leftover or out_n == 0 or in_n % out_n:
             if not leftover:
                 raise op_error("Reshape", [x], f"cannot reshape to {tuple(requested)}", user_source())

@@ -35,7 +35,7 @@ class SGD(_Spec):
     g = g + m*buf if nesterov else buf; p -= lr*g``."""
 
     kind: Literal["sgd"] = "sgd"
-    lr: float = Field(gt=0)
+    lr: float = Field(1e-3, gt=0)  # torch.optim.SGD's default
     momentum: float = Field(0.0, ge=0)
     nesterov: bool = False
     weight_decay: float = Field(0.0, ge=0)

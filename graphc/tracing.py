@@ -310,6 +310,6 @@ def _to_attrs(attrs: dict[str, Any]) -> list[ir.Attr]:
 
 
 # ``capture`` lives in graphc.capturing (it needs the Builder above); re-exported here.
-from graphc.capturing import capture  # noqa: E402
+from graphc.capturing import capture, check_input_names  # noqa: E402
 
-__all__ = ["Builder", "capture", "current", "op_error", "user_source"]
+__all__ = ["Builder", "capture", "check_input_names", "current", "op_error", "user_source"]

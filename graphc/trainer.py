@@ -36,6 +36,7 @@ import numpy as np
 import onnx
 
 from graphc import checkpoint as ckpt
+from graphc import metrics as metrics_lib
 from graphc.dtypes import TensorSpec, to_numpy
 from graphc.errors import GraphcError, InputError
 from graphc.feeds import check_one, dtype_name
@@ -68,9 +69,12 @@ def _without_initializers(proto: onnx.ModelProto, names: set[str]) -> onnx.Model
 class Trainer:
     """Train ``artifacts_or_dir`` (``TrainingArtifacts``, an artifact dir or a checkpoint dir
     written by a Trainer) on ``backend``; ``options`` go to the backend's ``prepare`` (for
-    onnxruntime e.g. ``threads=2``)."""
+    onnxruntime e.g. ``threads=2``). ``metrics``: what ``evaluate`` reports beside the loss
+    (names or callables, see ``gc.metrics``; None: the loss kind's defaults). ``tensorboard``:
+    a directory ``fit`` writes TensorBoard event files to (``graphc.tensorboard``)."""
 
-    def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, **options: Any):
+    def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, metrics: Any = None,
+                 tensorboard: Union[str, os.PathLike, None] = None, **options: Any):
         from graphc import training
         from graphc.backends import get_backend
 
@@ -104,7 +108,9 @@ class Trainer:
         self._train = self._backend.prepare(
             _without_initializers(self.artifacts.train_step.proto, set(self._entries)),
             **({"keep_recomputation": True} if m.recompute else {}), **options)
-        self._eval = None
+        self._eval = self._predict = None
+        self.metrics = metrics_lib.resolve(metrics)
+        self.tensorboard = None if tensorboard is None else Path(tensorboard)
         self._state: dict[str, Any] = {}
         self._reset_state(self.artifacts.state)
         self._checked: set[tuple] = set()
@@ -255,25 +261,55 @@ class Trainer:
                 _without_initializers(self.artifacts.eval.proto, set(self._eval_carried)), **self._options)
         return self._eval
 
+    def _label_names(self) -> set[str]:
+        return {e.name for e in self.manifest.graphs["eval"].inputs if e.role == "label"}
+
+    def _predict_exe(self):
+        """The eval graph less the loss and the label inputs: the model's outputs from its data
+        inputs and the current params."""
+        if self._predict is None:
+            import onnx_ir as ir
+            from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+            self._eval_exe()
+            entries = self.manifest.graphs["eval"]
+            model = ir.from_proto(_without_initializers(self.artifacts.eval.proto, set(self._eval_carried)))
+            graph = model.graph
+            keep = {e.name for e in entries.outputs if e.role != "loss"}
+            for value in [v for v in graph.outputs if v.name not in keep]:
+                graph.outputs.remove(value)
+            RemoveUnusedNodesPass()(model)
+            labels = self._label_names()
+            for value in [v for v in graph.inputs if v.name in labels and not v.uses()]:
+                graph.inputs.remove(value)
+            self._predict_specs = [s for s in self._eval_specs if s.name not in labels]
+            self._predict_outputs = [v.name for v in graph.outputs]
+            self._predict = self._backend.prepare(ir.to_proto(model), **self._options)
+        return self._predict
+
     def predict(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The ``eval`` graph on ``batch`` with the current params: loss and model outputs."""
+        """The model's outputs on ``batch`` (inference mode, current params): only the data
+        inputs are needed; when the batch also holds every label, ``loss`` too."""
         exe = self._eval_exe()
-        feeds = self._batch_feeds(batch, self._eval_specs)
+        if not self._label_names() <= set(batch):
+            exe, specs, outputs = self._predict_exe(), self._predict_specs, self._predict_outputs
+        else:
+            specs, outputs = self._eval_specs, self._eval_outputs
+        feeds = self._batch_feeds(batch, specs)
         feeds.update({n: self._state[n] for n in self._eval_carried})
-        host, _ = exe.run_bound(feeds, self._eval_outputs)
+        host, _ = exe.run_bound(feeds, outputs)
         return host
 
     def evaluate(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
-        """Loss on ``batch`` (inference mode) and, for cross-entropy, the accuracy."""
+        """Loss on ``batch`` (inference mode) and the metrics (``self.metrics``, else the loss
+        kind's defaults: accuracy and top-5 accuracy for a classifier, MSE and MAE for a
+        regression; see ``gc.metrics``)."""
+        missing = sorted(self._label_names() - set(batch))
+        if missing:
+            raise InputError(f"evaluate needs the label input(s) {', '.join(missing)} in the batch; batch keys: "
+                             f"{', '.join(sorted(batch))} (predict needs the data inputs only)")
         out = self.predict(batch)
-        metrics = {"loss": float(out["loss"])}
-        loss = self.manifest.loss
-        if loss.get("kind") == "cross_entropy" and loss.get("output") in out:
-            labels = np.asarray(batch[loss["label"]])
-            keep = labels != loss.get("options", {}).get("ignore_index", -100)
-            hits = np.argmax(out[loss["output"]], axis=1) == labels
-            metrics["accuracy"] = float(hits[keep].mean()) if keep.any() else float("nan")
-        return metrics
+        return {"loss": float(out["loss"]), **metrics_lib.compute(self.manifest.loss, out, batch, self.metrics)}
 
     def evaluate_loader(self, loader) -> dict[str, float]:
         """``evaluate`` over every batch of ``loader``, averaged by batch size."""
@@ -306,6 +342,7 @@ class Trainer:
             self._eval_exe()
             eval_loader.check_against(self._eval_specs)
         self._use_loader(loader)
+        board = self._board()
         history = History(backend=self.backend)
         total = max(0, (epochs - self.epoch) * len(loader) - self.batch_in_epoch)
         with TrainProgress(total, enabled=progress) as bar:
@@ -314,6 +351,9 @@ class Trainer:
                 if eval_loader is not None:
                     record.eval = self.evaluate_loader(eval_loader)
                 history.epochs.append(record)
+                if board is not None:
+                    board.epoch(record, history.step_losses[-record.steps:] if record.steps else [], self.step_count,
+                                self.lr if "lr" in self._state else float("nan"))
                 bar.epoch_done(record, epochs)
                 if checkpoint is not None:
                     self.save_checkpoint(checkpoint)
@@ -321,6 +361,22 @@ class Trainer:
         if plot is not None:
             history.plot(plot)
         return history
+
+    def _board(self):
+        """The TensorBoard writer of ``self.tensorboard`` (None without one), opened on first use
+        with the model graph written; closed with the Trainer."""
+        if self.tensorboard is None:
+            return None
+        if getattr(self, "_tensorboard_writer", None) is None:
+            import weakref
+
+            from graphc.tensorboard import TensorBoardWriter
+
+            writer = TensorBoardWriter(self.tensorboard)
+            writer.graph(self.artifacts.inference.proto)
+            weakref.finalize(self, writer.close)
+            self._tensorboard_writer = writer
+        return self._tensorboard_writer
 
     def _fit_epoch(self, loader, epoch: int, history: History, bar) -> EpochRecord:
         start = time.perf_counter()

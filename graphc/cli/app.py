@@ -2,9 +2,16 @@
 
 Exit codes: 0 success, 1 a check failed (commands raise ``typer.Exit(1)``), 2 bad usage or
 bad input (any ``GraphcError``, ``ValueError``, ``FileNotFoundError``).
+
+Help is click's plain layout (``rich_markup_mode=None``): flags are listed without a value
+placeholder (typer's rich panels print ``<bool>`` beside every flag, ``--help`` included, as if
+it took a value), and the columns wrap cleanly at 80 characters.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -15,8 +22,10 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,
 )
-deploy_app = typer.Typer(help="Write a model into an inference server's repository.", no_args_is_help=True)
+deploy_app = typer.Typer(help="Write a model into an inference server's repository.", no_args_is_help=True,
+                         rich_markup_mode=None)
 app.add_typer(deploy_app, name="deploy")
 
 console = Console()
@@ -25,5 +34,27 @@ state = {"debug": False}
 
 
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors.")) -> None:
+def _root(debug: bool = typer.Option(False, "--debug/--no-debug", help="Show full tracebacks on errors.")) -> None:
     state["debug"] = debug
+
+
+def output_option(help: str, metavar: str = "PATH") -> Any:
+    """``-o/--output``, the one name every command gives what it writes. ``--out`` is its alias:
+    declare ``out: Optional[Path] = OUT_ALIAS`` beside it and call ``chosen_output``."""
+    return typer.Option(None, "-o", "--output", metavar=metavar, help=help)
+
+
+OUT_ALIAS = typer.Option(None, "--out", hidden=True, help="Alias of -o/--output.")
+
+
+def chosen_output(output: Optional[Path], out: Optional[Path], default: Optional[Path] = None,
+                  required: bool = True) -> Optional[Path]:
+    """The path given by ``-o/--output`` or its alias ``--out`` (not two different ones), else
+    ``default``; with neither and no default, an error when ``required``."""
+    if output is not None and out is not None and output != out:
+        raise ValueError(f"-o/--output {output} and --out {out} name two outputs; --out is an alias of "
+                         "--output: give one")
+    chosen = output if output is not None else out if out is not None else default
+    if chosen is None and required:
+        raise ValueError("missing option -o/--output: where to write the result")
+    return chosen

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from graphc.cli.app import app, console
+from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
 from graphc.errors import GraphcError
 
 
@@ -62,21 +63,27 @@ def resolve_capturable(obj: Any, name: str) -> Any:
 
 @app.command("capture")
 def capture_cmd(
-    target: str = typer.Argument(..., help="FILE.py:OBJECT — a Module class, a Module instance or a function"),
-    inputs: list[str] = typer.Option(..., "--input", "-i", help="input spec NAME:DTYPE[DIM,...], e.g. x:float32[N,784]"),
-    output: Path = typer.Option(..., "-o", "--output", help="where to write the .onnx file"),
-    opset: int = typer.Option(21, "--opset", help="ai.onnx opset (17..23)"),
-    seed: int = typer.Option(0, "--seed", help="seed of the parameter initialisation"),
-    training: bool = typer.Option(False, "--training", help="capture training-mode Dropout/BatchNorm"),
-    name: Optional[str] = typer.Option(None, "--name", help="graph name"),
+    target: str = typer.Argument(..., metavar="FILE.py:OBJECT",
+                                 help="A Module class, a Module instance or a function in FILE.py."),
+    inputs: list[str] = typer.Option(..., "--input", "-i", metavar="NAME:DTYPE[DIM,...]",
+                                     help="An input spec, e.g. x:float32[N,784]; one per parameter of forward "
+                                     "(or of the function), named as there."),
+    output: Optional[Path] = output_option("Where to write the .onnx file (required).", "FILE.onnx"),
+    out: Optional[Path] = OUT_ALIAS,
+    opset: int = typer.Option(21, "--opset", help="ai.onnx opset (17..23)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the parameter initialisation."),
+    training: bool = typer.Option(False, "--training", help="Capture training-mode Dropout/BatchNorm."),
+    name: Optional[str] = typer.Option(None, "--name", help="Graph name (default: the class or function name)."),
 ) -> None:
     """Capture a DSL model into an ONNX file.
 
     Example: graphc capture models/cnn.py:LeNet --input x:float32[N,1,28,28] -o cnn.onnx
     """
     import graphc as gc
+    from graphc.tracing import check_input_names
     from graphc.dtypes import parse_spec
 
+    output = chosen_output(output, out)
     specs = {}
     for text in inputs:
         sp = parse_spec(text)
@@ -84,6 +91,7 @@ def capture_cmd(
             raise ValueError(f"input {sp.name!r} given twice")
         specs[sp.name] = sp
     fn = resolve_capturable(load_object(target), target)
+    check_input_names(fn, list(specs))
     start = time.perf_counter()
     model = gc.capture(fn, name=name, opset=opset, seed=seed, training=training, **specs)
     elapsed = time.perf_counter() - start
@@ -104,16 +112,21 @@ def _spec_table(title: str, specs: list) -> Table:
 
 @app.command("inspect")
 def inspect_cmd(
-    model_path: Path = typer.Argument(..., help="an .onnx file"),
-    dims: list[str] = typer.Option([], "--dim", help="size of a symbolic dim for the FLOPs estimate, e.g. N=64"),
+    model_path: Path = typer.Argument(..., metavar="MODEL.onnx", help="The model to describe."),
+    dims: list[str] = typer.Option([], "--dim", metavar="NAME=SIZE", help="Size of a dim name of the model for "
+                                   "the FLOPs estimate, e.g. N=64 (repeatable; names not given count as 1)."),
 ) -> None:
-    """Show a model's inputs, outputs, opset, op histogram, parameters and estimated FLOPs."""
+    """Describe a model: inputs, outputs, ops, parameters, FLOPs.
+
+    Shows the opset, the op histogram, parameter counts and bytes, and the FLOPs of MatMul,
+    Gemm and Conv nodes for the dim sizes given with --dim."""
     import graphc as gc
     from graphc.cli.run_cmds import parse_dims
-    from graphc.inspect import estimate_flops, op_histogram, param_stats
+    from graphc.inspect import flops_estimate, op_histogram, param_stats
 
     sizes = parse_dims(dims)
     model = gc.load(model_path)
+    estimate = flops_estimate(model, sizes)  # an unknown dim name fails before anything is printed
     opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in model.ir.opset_imports.items())
     console.print(f"[bold]{model.name}[/]  ({model_path})  opset: {opsets}  ir_version {model.ir_version}  "
                   f"producer: {model.ir.producer_name or '?'}", highlight=False)
@@ -129,12 +142,28 @@ def inspect_cmd(
     elems, nbytes = param_stats(model)
     console.print(f"parameters: {elems:,} elements, {nbytes:,} bytes in "
                   f"{len(model.ir.graph.initializers)} initializers", highlight=False)
-    flops = estimate_flops(model, sizes)
-    used = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "symbolic dims = 1"
-    flops_table = Table(title=f"estimated FLOPs ({used})", title_justify="left")
+    used = [f"{k}={v}" for k, v in sizes.items()] + [f"{k}=1" for k in estimate.defaulted]
+    console.print(f"estimated FLOPs ({', '.join(used) or 'every dim fixed'}):", highlight=False)
+    flops_table = Table()
     flops_table.add_column("op")
     flops_table.add_column("FLOPs", justify="right")
-    for op, n in sorted(flops.items()):
+    for op, n in sorted(estimate.by_op.items()):
         flops_table.add_row(op, f"{n:,}")
-    flops_table.add_row("[bold]total[/]", f"[bold]{sum(flops.values()):,}[/]")
+    flops_table.add_row("[bold]total[/]", f"[bold]{estimate.total:,}[/]")
     console.print(flops_table)
+    for note in _flops_notes(estimate):
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+
+
+def _flops_notes(estimate) -> list[str]:
+    notes = []
+    if estimate.defaulted:
+        notes.append(f"dim(s) {', '.join(estimate.defaulted)} not given (--dim NAME=SIZE): counted as 1")
+    if estimate.independent:
+        notes.append(f"the FLOPs estimate does not depend on {', '.join(estimate.independent)}: "
+                     "no counted node's shape follows it")
+    if estimate.unknown:
+        shown = ", ".join(estimate.unknown[:5]) + (", ..." if len(estimate.unknown) > 5 else "")
+        notes.append(f"{len(estimate.unknown)} MatMul/Gemm/Conv node(s) with shapes shape inference cannot "
+                     f"tell are not counted: {shown}")
+    return notes

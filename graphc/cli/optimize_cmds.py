@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import onnx
 import typer
 from rich.table import Table
 
-from graphc.cli.app import app, console
+from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
 from graphc.errors import GraphError
 from graphc.model import load
 from graphc.passes.optimize import LEVELS, OptimizeReport
@@ -30,18 +31,21 @@ def report_table(report: OptimizeReport) -> Table:
 
 @app.command("optimize")
 def optimize_cmd(
-    model: Path = typer.Argument(..., help="The ONNX model to optimize (never modified unless -o names it)."),
-    output: Path = typer.Option(..., "-o", "--output", help="Where to write the optimized model."),
+    model: Path = typer.Argument(..., metavar="MODEL.onnx",
+                                 help="The ONNX model to optimize (never modified unless -o names it)."),
+    output: Optional[Path] = output_option("Where to write the optimized model (required).", "FILE.onnx"),
+    out: Optional[Path] = OUT_ALIAS,
     level: int = typer.Option(2, "-O", "--level", min=0, max=3, help=_LEVEL_HELP),
     report: bool = typer.Option(False, "--report", help="Print what each pass did."),
 ) -> None:
     """Optimize MODEL.onnx and write OUT.onnx atomically.
 
-    Example: ``graphc optimize net.onnx -o net.opt.onnx -O 3 --report``. An invalid or
+    Example: graphc optimize net.onnx -o net.opt.onnx -O 3 --report. An invalid or
     unsupported model exits with status 2 and writes nothing.
     """
     from graphc.optimization import optimize
 
+    output = chosen_output(output, out)
     original = load(model)
     optimized, rep = optimize(original, level, report=True)
     try:  # never write a model onnx itself would reject

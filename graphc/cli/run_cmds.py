@@ -8,9 +8,11 @@ from typing import Optional
 
 import numpy as np
 import typer
+from rich import box
+from rich.markup import escape
 from rich.table import Table
 
-from graphc.cli.app import app, console
+from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
 from graphc.cli.arrays import load_npy
 from graphc.fileio import atomic_write
 
@@ -39,7 +41,7 @@ def parse_dims(items: list[str]) -> dict[str, int]:
 
 @app.command("backends")
 def backends_cmd() -> None:
-    """List the backends and whether each can run here (and if not, why)."""
+    """List the backends and why any cannot run here."""
     import graphc as gc
 
     table = Table(title="graphc backends")
@@ -52,15 +54,20 @@ def backends_cmd() -> None:
 
 @app.command("run")
 def run_cmd(
-    model: Path = typer.Argument(..., help="The .onnx model."),
+    model: Path = typer.Argument(..., metavar="MODEL.onnx", help="The model to run."),
     backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
-    inputs: list[str] = typer.Option([], "--input", "-i", help="NAME=FILE.npy, one per input."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the outputs to this .npz."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads (onnxruntime)."),
+    inputs: list[str] = typer.Option([], "--input", "-i", metavar="NAME=FILE.npy", help="An input's array, one per "
+                                     "input (saved with np.save)."),
+    output: Optional[Path] = output_option("Write the outputs to this .npz (default: print them).", "FILE.npz"),
+    out: Optional[Path] = OUT_ALIAS,
+    threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads (onnxruntime; default: its own)."),
 ) -> None:
-    """Run MODEL on BACKEND with inputs from .npy files; print or save (.npz) the outputs."""
+    """Run a model on a backend with inputs from .npy files.
+
+    Prints the outputs, or saves them to an .npz with -o."""
     from graphc.session import Session
 
+    output = chosen_output(output, out, required=False)
     options = {} if threads is None else {"threads": threads}
     session = Session(model, backend=backend, **options)
     results = session.run(parse_feeds(inputs))
@@ -79,12 +86,30 @@ def run_cmd(
     console.print(table)
 
 
+def parity_table(names: list[str], report) -> Table:
+    """One row per output and backend, narrow enough for 80 columns: numbers in 3 significant
+    digits that never wrap, the dtype and shape under the output's name; notes go below."""
+    table = Table(title=f"parity: {' vs '.join(names)} (reference {names[0]})", title_justify="left",
+                  box=box.SIMPLE_HEAD)
+    table.add_column("output", overflow="fold")
+    table.add_column("backend", no_wrap=True)
+    for column in ("abs err", "rel err", "rtol", "atol"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("ok", no_wrap=True)
+    for d in report.details:
+        table.add_row(f"{escape(d.name)}\n[dim]{d.dtype}{list(d.shape)}[/]", d.backend, f"{d.max_abs_err:.3g}",
+                      f"{d.max_rel_err:.3g}", f"{d.rtol:.3g}", f"{d.atol:.3g}", "[green]ok[/]" if d.ok else "[red]FAIL[/]")
+    return table
+
+
 @app.command("parity")
 def parity_cmd(
-    model: Path = typer.Argument(..., help="The .onnx model."),
+    model: Path = typer.Argument(..., metavar="MODEL.onnx", help="The model to compare."),
     backends: str = typer.Option("numpy,ort-cpu", "--backends", help="Comma-separated; the first is the reference."),
-    inputs: list[str] = typer.Option([], "--input", "-i", help="NAME=FILE.npy (default: seeded random feeds)."),
-    dims: list[str] = typer.Option([], "--dim", help="Size of a symbolic dim for random feeds, e.g. N=8."),
+    inputs: list[str] = typer.Option([], "--input", "-i", metavar="NAME=FILE.npy",
+                                     help="An input's array (default: seeded random feeds)."),
+    dims: list[str] = typer.Option([], "--dim", metavar="NAME=SIZE",
+                                   help="Size of a dim name for random feeds, e.g. N=8 (default 2)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random feeds."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (default: by dtype)."),
     atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance (default: by dtype)."),
@@ -102,13 +127,11 @@ def parity_cmd(
         feeds = random_feeds(required_specs(loaded), parse_dims(dims), seed)
     names = [b.strip() for b in backends.split(",") if b.strip()]
     report = parity.compare(loaded, feeds, backends=names, rtol=rtol, atol=atol, bisect=bisect)
-    table = Table(title=f"parity: {' vs '.join(names)} (reference {names[0]})")
-    for column in ("output", "backend", "dtype", "shape", "max abs err", "max rel err", "tolerance", "ok"):
-        table.add_column(column)
+    console.print(parity_table(names, report))
     for d in report.details:
-        table.add_row(d.name, d.backend, d.dtype, str(list(d.shape)), f"{d.max_abs_err:.3g}", f"{d.max_rel_err:.3g}",
-                      f"rtol {d.rtol:g} atol {d.atol:g}", "[green]ok[/]" if d.ok else f"[red]MISMATCH[/] {d.note}")
-    console.print(table)
+        if not d.ok and d.note:
+            console.print(f"[red]MISMATCH[/] {escape(d.name)} on {d.backend}: {escape(d.note)}", highlight=False,
+                          soft_wrap=True)
     if bisect:
         found = report.first_divergence
         console.print(f"first divergence ({report.compared_values} values compared): "

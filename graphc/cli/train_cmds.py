@@ -10,10 +10,25 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from graphc.cli.app import app, console, err_console
+from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, err_console, output_option
 from graphc.cli.arrays import load_npz, npz_names
+from graphc.losses import KINDS as LOSS_KINDS
+from graphc.metrics import names as metric_names
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
+def _optimizer_specs() -> dict:
+    from graphc import optim
+
+    return {"sgd": optim.SGD, "adam": optim.Adam, "adamw": optim.AdamW}
+
+
+def _spec_defaults(field: str) -> str:
+    """The optimizers' default for ``field``, for help texts: ``0.001`` when they agree, else
+    ``sgd 0, adam 0, adamw 0.01``."""
+    values = {kind: f"{cls.model_fields[field].default:g}" for kind, cls in _optimizer_specs().items()
+              if field in cls.model_fields}
+    if len(set(values.values())) == 1:
+        return next(iter(values.values()))
+    return ", ".join(f"{kind} {value}" for kind, value in values.items())
 
 
 def parse_loss(text: str):
@@ -29,58 +44,94 @@ def parse_loss(text: str):
     return getattr(losses, kind)(output, label=parts[2] if len(parts) == 3 else None)
 
 
-def make_optimizer(kind: str, lr: float, momentum: float, weight_decay: float):
-    from graphc import optim
-
-    if kind == "sgd":
-        return optim.SGD(lr, momentum=momentum, weight_decay=weight_decay)
-    if kind == "adam":
-        return optim.Adam(lr, weight_decay=weight_decay)
-    if kind == "adamw":
-        return optim.AdamW(lr, weight_decay=weight_decay)
-    raise ValueError(f"unknown --optimizer {kind!r}; choose one of {', '.join(OPTIMIZERS)}")
+def make_optimizer(kind: str, lr: Optional[float] = None, momentum: Optional[float] = None,
+                   weight_decay: Optional[float] = None):
+    """The optimizer spec ``kind`` with the values given; one left as None keeps the spec's
+    default (the CLI's defaults are the API's)."""
+    specs = _optimizer_specs()
+    if kind not in specs:
+        raise ValueError(f"unknown --optimizer {kind!r}; choose one of {', '.join(specs)}")
+    given = {k: v for k, v in {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}.items()
+             if v is not None}
+    for key in given:
+        if key not in specs[kind].model_fields:
+            raise ValueError(f"--{key.replace('_', '-')} applies to "
+                             f"{' and '.join(k for k, c in specs.items() if key in c.model_fields)}, "
+                             f"not --optimizer {kind}")
+    return specs[kind](**given)
 
 
 @app.command("grad")
 def grad_cmd(
-    model: Path = typer.Argument(..., help="The ONNX model to train."),
-    loss: str = typer.Option(..., "--loss", help="KIND:OUTPUT[:LABEL], e.g. cross_entropy:logits:y"),
-    optimizer: str = typer.Option("sgd", "--optimizer", help="sgd, adam or adamw."),
-    lr: float = typer.Option(0.01, "--lr", help="Learning rate."),
-    momentum: float = typer.Option(0.0, "--momentum", help="SGD momentum."),
-    weight_decay: float = typer.Option(0.0, "--weight-decay"),
-    freeze: list[str] = typer.Option([], "--freeze", help="A param to keep fixed (repeatable)."),
+    model: Path = typer.Argument(..., metavar="MODEL.onnx", help="The ONNX model to train."),
+    loss: str = typer.Option(..., "--loss", metavar="KIND:OUTPUT[:LABEL]",
+                             help=f"The loss on a model output, e.g. cross_entropy:logits:y; KIND is one of "
+                             f"{', '.join(LOSS_KINDS)}; LABEL names the new label input (default: label)."),
+    optimizer: str = typer.Option("sgd", "--optimizer", metavar="sgd|adam|adamw", help="The optimizer."),
+    lr: Optional[float] = typer.Option(None, "--lr", help=f"Learning rate (default: {_spec_defaults('lr')})."),
+    momentum: Optional[float] = typer.Option(None, "--momentum",
+                                             help=f"SGD momentum (default: {_spec_defaults('momentum')})."),
+    weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="Weight decay: L2 added to the "
+                                                 "gradient for sgd and adam, decoupled for adamw (default: "
+                                                 f"{_spec_defaults('weight_decay')}, as PyTorch)."),
+    freeze: list[str] = typer.Option([], "--freeze", metavar="PARAM", help="A param to keep fixed (repeatable)."),
     recompute: bool = typer.Option(False, "--recompute", help="Recompute cheap forward values in the "
                                    "backward (activation checkpointing): less memory, a little more time."),
-    out: Path = typer.Option(..., "-o", "--out", help="Artifact directory to write."),
+    output: Optional[Path] = output_option("Artifact directory to write (required).", "DIR"),
+    out: Optional[Path] = OUT_ALIAS,
 ) -> None:
-    """Generate training artifacts (train_step, gradients, eval, inference graphs) for MODEL."""
+    """Generate training artifacts for a model.
+
+    Writes the train_step, gradients, eval and inference graphs, the initial state and a
+    manifest into the -o directory."""
     import graphc as gc
 
+    output = chosen_output(output, out)
     spec = parse_loss(loss)
     opt = make_optimizer(optimizer, lr, momentum, weight_decay)
     arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute)
-    arts.save(out)
+    arts.save(output)
     m = arts.manifest
-    console.print(f"wrote training artifacts to {out}: {len(m.trainable)} trainable, "
+    console.print(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "
                   f"{len(m.frozen)} frozen params; loss {spec.kind} on {spec.output!r} "
-                  f"(label input {spec.label!r}); optimizer {optimizer} lr={lr}", highlight=False, soft_wrap=True)
+                  f"(label input {spec.label!r}); optimizer {optimizer} lr={opt.lr:g}", highlight=False,
+                  soft_wrap=True)
 
 
-def load_data(path: Path, names: list[str]) -> tuple[dict[str, np.ndarray], Optional[dict[str, np.ndarray]]]:
-    """Train (and optional eval) arrays from an .npz: each input NAME as ``NAME`` or
-    ``NAME_train``; ``NAME_test`` arrays, when all present, are the evaluation set."""
+EVAL_SUFFIXES = ("val", "test")  # the evaluation split --data holds, in order of preference
+
+
+def load_data(path: Path, names: list[str], eval_path: Optional[Path] = None
+              ) -> tuple[dict[str, np.ndarray], Optional[dict[str, np.ndarray]], str]:
+    """Train arrays from ``path`` (each input NAME as ``NAME`` or ``NAME_train``) and the
+    evaluation arrays with where they came from: from ``eval_path`` (NAME, NAME_val or
+    NAME_test) when given, else from ``path``'s ``NAME_val`` arrays, else its ``NAME_test``
+    arrays (each set used only when every input has one)."""
+    train = _pick_arrays(path, "--data", names, ("", "_train"))
+    if eval_path is not None:
+        arrays = _pick_arrays(eval_path, "--eval-data", names, ("", *(f"_{s}" for s in EVAL_SUFFIXES)))
+        return train, arrays, f"--eval-data {eval_path}"
     files = set(npz_names(path, "--data"))
+    for suffix in EVAL_SUFFIXES:
+        if all(f"{n}_{suffix}" in files for n in names):
+            keys = [f"{n}_{suffix}" for n in names]
+            arrays = load_npz(path, "--data", keys)
+            return train, dict(zip(names, arrays.values())), f"{', '.join(keys)} of {path}"
+    return train, None, ""
+
+
+def _pick_arrays(path: Path, option: str, names: list[str], suffixes: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """For each input NAME the first array NAME+suffix the .npz ``path`` holds."""
+    files = set(npz_names(path, option))
     keys = {}
     for name in names:
-        keys[name] = name if name in files else f"{name}_train"
-        if keys[name] not in files:
-            raise ValueError(f"--data {path}: no array {name!r} (or {name}_train) for the model input "
-                             f"{name!r}; arrays in the file: {', '.join(sorted(files))}")
-    with_test = all(f"{name}_test" in files for name in names)
-    arrays = load_npz(path, "--data", [*keys.values(), *(f"{n}_test" for n in names if with_test)])
-    train = {name: arrays[key] for name, key in keys.items()}
-    return train, ({name: arrays[f"{name}_test"] for name in names} if with_test else None)
+        found = [name + s for s in suffixes if name + s in files]
+        if not found:
+            raise ValueError(f"{option} {path}: no array {' or '.join(repr(name + s) for s in suffixes)} for the model "
+                             f"input {name!r}; arrays in the file: {', '.join(sorted(files))}")
+        keys[name] = found[0]
+    arrays = load_npz(path, option, list(keys.values()))
+    return {name: arrays[key] for name, key in keys.items()}
 
 
 def check_checkpoint(path: Path, resume: bool) -> None:
@@ -102,19 +153,35 @@ def check_checkpoint(path: Path, resume: bool) -> None:
 
 @app.command("train")
 def train_cmd(
-    artifacts: Path = typer.Argument(..., help="Artifact directory written by `graphc grad`."),
-    data: Path = typer.Option(..., "--data", help=".npz with an array per data/label input."),
-    epochs: int = typer.Option(..., "--epochs", min=1),
-    batch_size: int = typer.Option(..., "--batch-size", min=1),
+    artifacts: Path = typer.Argument(..., metavar="ARTIFACT_DIR", help="Artifact directory written by `graphc grad`."),
+    data: Path = typer.Option(..., "--data", metavar="FILE.npz",
+                              help="Training arrays: for each data and label input NAME an array NAME or NAME_train. "
+                              "Unless --eval-data is given, each epoch is evaluated on its NAME_val arrays, or "
+                              "else its NAME_test arrays, when every input has one (the run says which)."),
+    eval_data: Optional[Path] = typer.Option(None, "--eval-data", metavar="FILE.npz",
+                                             help="Evaluation arrays: NAME, NAME_val or NAME_test for each input."),
+    epochs: int = typer.Option(..., "--epochs", min=1, help="Train until this many epochs are done (a resumed "
+                               "run counts the checkpoint's)."),
+    batch_size: int = typer.Option(..., "--batch-size", min=1, help="Samples per training step."),
     backend: str = typer.Option("auto", "--backend", help="numpy, ort-cpu, ort-cuda or auto."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint directory (saved each epoch)."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", metavar="DIR",
+                                              help="Checkpoint directory (saved each epoch)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --checkpoint (an error when "
                                 "there is none; without --resume an existing checkpoint is an error too)."),
-    seed: int = typer.Option(0, "--seed", help="Shuffling seed."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a loss-curve PNG here."),
-    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the shuffling and of Dropout's noise."),
+    metrics: list[str] = typer.Option([], "--metric", metavar="NAME",
+                                      help="An evaluation metric (repeatable) instead of the loss kind's defaults; "
+                                      f"registered: {', '.join(metric_names())}."),
+    tensorboard: Optional[Path] = typer.Option(None, "--tensorboard", metavar="DIR",
+                                               help="Write TensorBoard event files here: losses, metrics, learning "
+                                               "rate and the model graph (pip install 'graphc[tensorboard]')."),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png",
+                                        help="Write a loss-curve image here (pip install 'graphc[plot]')."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar and epoch lines."),
 ) -> None:
-    """Train the artifacts on DATA; exit 1 when training fails (e.g. the loss becomes NaN)."""
+    """Train artifacts on the arrays of an .npz file.
+
+    Exits 1 when training fails (e.g. the loss becomes NaN)."""
     import graphc as gc
     from graphc.checkpoint import resolve
     from graphc.history import check_plot
@@ -126,15 +193,17 @@ def train_cmd(
         check_plot(plot)
     if checkpoint is not None:
         check_checkpoint(checkpoint, resume)
-    trainer = gc.Trainer(artifacts, backend=backend, seed=seed)
+    trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard)
     if resume:
         trainer.load_checkpoint(checkpoint)
         console.print(f"resumed from {checkpoint}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False, soft_wrap=True)
-    train, test = load_data(data, [s.name for s in trainer.batch_specs])
+    train, test, test_source = load_data(data, [s.name for s in trainer.batch_specs], eval_data)
     loader = gc.data.DataLoader(train, batch_size=batch_size, seed=seed)
     eval_loader = gc.data.DataLoader(test, batch_size=max(batch_size, 256), shuffle=False) if test else None
     console.print(f"training on {trainer.backend}: {loader.num_samples} samples, batch {batch_size}, "
                   f"{epochs} epochs", highlight=False, soft_wrap=True)
+    console.print(f"evaluating on {test_source}" if test else "no evaluation arrays (NAME_val or NAME_test in "
+                  "--data, or --eval-data): training loss only", highlight=False, soft_wrap=True)
     try:
         history = trainer.fit(loader, epochs, eval_loader=eval_loader, progress=progress, plot=plot,
                               checkpoint=checkpoint)
@@ -162,22 +231,24 @@ def train_cmd(
 
 @app.command("export")
 def export_cmd(
-    source: Path = typer.Argument(..., help="Artifact directory or checkpoint."),
-    out: Path = typer.Option(..., "-o", "--out", help="Inference .onnx to write."),
-    opset: Optional[int] = typer.Option(None, "--opset", help="Convert to this opset."),
+    source: Path = typer.Argument(..., metavar="ARTIFACT_DIR|CHECKPOINT", help="Artifact directory or checkpoint."),
+    output: Optional[Path] = output_option("Inference .onnx to write (required).", "FILE.onnx"),
+    out: Optional[Path] = OUT_ALIAS,
+    opset: Optional[int] = typer.Option(None, "--opset", help="Convert to this opset (default: the model's)."),
     allow_untrained: bool = typer.Option(False, "--allow-untrained", help="Export an artifact directory's "
                                          "initial weights even where a checkpoint trained from it exists."),
 ) -> None:
-    """Write one self-contained, optimized inference .onnx with the trained params.
+    """Write trained params as one optimized inference .onnx.
 
     An artifact directory holds the initial weights: exporting it is refused (exit 2) when a
     checkpoint trained from it lies beside it or in the current directory, and warned about
     otherwise, unless --allow-untrained."""
     from graphc.export import UntrainedWeightsWarning, export_inference
 
+    output = chosen_output(output, out)
     with warnings.catch_warnings(record=True) as caught:  # each printed as one line
         warnings.simplefilter("always", UntrainedWeightsWarning)
-        path = export_inference(source, out, opset=opset, allow_untrained=allow_untrained)
+        path = export_inference(source, output, opset=opset, allow_untrained=allow_untrained)
     for warning in caught:
         err_console.print(f"[bold yellow]warning:[/] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
     console.print(f"wrote {path}", highlight=False, soft_wrap=True)
@@ -185,14 +256,18 @@ def export_cmd(
 
 @app.command("demo")
 def demo_cmd(
-    out: Path = typer.Option(Path("demo_out"), "--out", help="Where to write artifacts and models."),
-    backend: str = typer.Option("auto", "--backend"),
-    epochs: int = typer.Option(30, "--epochs", min=1),
-    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    output: Optional[Path] = output_option("Where to write artifacts and models (default: demo_out).", "DIR"),
+    out: Optional[Path] = OUT_ALIAS,
+    backend: str = typer.Option("auto", "--backend", help="numpy, ort-cpu, ort-cuda or auto."),
+    epochs: int = typer.Option(30, "--epochs", min=1, help="Training epochs."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar and epoch lines."),
 ) -> None:
-    """Capture, train and export the two-layer net on handwritten digits, end to end."""
+    """Run the end-to-end demo on handwritten digits.
+
+    Captures, trains and exports the two-layer net, then checks parity."""
     from graphc.demo import run_demo
 
-    result = run_demo(out, backend=backend, epochs=epochs, progress=progress, console=console)
+    result = run_demo(chosen_output(output, out, Path("demo_out")), backend=backend, epochs=epochs,
+                      progress=progress, console=console)
     if not result.ok:
         raise typer.Exit(1)

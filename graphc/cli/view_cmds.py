@@ -1,0 +1,40 @@
+"""`graphc view`: a picture of a model or training graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
+
+
+@app.command("view")
+def view_cmd(
+    model: Path = typer.Argument(..., metavar="MODEL.onnx", help="A model or a training graph (train_step.onnx, ...)."),
+    output: Optional[Path] = output_option("Write the picture here: .svg, or .html with a legend (default: open "
+                                           "netron when it is installed, else write MODEL.html in the current "
+                                           "directory).", "FILE.svg|FILE.html"),
+    out: Optional[Path] = OUT_ALIAS,
+) -> None:
+    """Draw a model's graph as SVG/HTML, or open it in netron.
+
+    Gradient nodes of training graphs are marked with the forward node each comes from."""
+    from graphc import view
+
+    output = chosen_output(output, out, required=False)
+    if not model.is_file():
+        raise FileNotFoundError(f"{model}: no such model file")
+    if output is None:
+        try:
+            import netron
+        except ImportError:
+            output = Path(model.stem + ".html")
+        else:
+            console.print(f"opening {model} in netron; Ctrl-C stops it", highlight=False, soft_wrap=True)
+            netron.start(str(model))
+            netron.wait()
+            return
+    view.write(model, output)
+    console.print(f"wrote {output}", highlight=False, soft_wrap=True)

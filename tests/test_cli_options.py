@@ -1,0 +1,217 @@
+"""The CLI's vocabulary and help (issue 15, item 1) and its defaults against the API's
+(item 2): every option of every command is either compared with the API parameter it feeds
+(``inspect.signature``) or listed as CLI-only with the reason, so a new option or a changed
+default anywhere fails here until the two agree."""
+
+import inspect
+import io
+
+import onnx
+import pytest
+import typer
+
+import graphc as gc
+from graphc.cli import app
+from graphc.cli.train_cmds import make_optimizer
+from graphc.demo import run_demo
+from graphc.export import export_inference
+from graphc.feeds import random_feeds
+
+from cli_util import one_line_error, run_cli
+from trainer_models import imported_mlp
+
+
+def _commands(group=None, prefix=()):
+    """(command path, click command) for every leaf command."""
+    group = group or typer.main.get_command(app)
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from _commands(cmd, (*prefix, name))
+        else:
+            yield " ".join((*prefix, name)), cmd
+
+
+COMMANDS = dict(_commands())
+
+# (command, parameter) -> (API callable, its parameter) that the option's value is passed to.
+API_DEFAULTS = {
+    ("capture", "opset"): (gc.capture, "opset"),
+    ("capture", "seed"): (gc.capture, "seed"),
+    ("capture", "training"): (gc.capture, "training"),
+    ("capture", "name"): (gc.capture, "name"),
+    ("optimize", "level"): (gc.optimize, "level"),
+    ("grad", "freeze"): (gc.training.generate, "frozen"),
+    ("grad", "recompute"): (gc.training.generate, "recompute"),
+    ("run", "backend"): (gc.Session, "backend"),
+    ("parity", "backends"): (gc.parity.compare, "backends"),
+    ("parity", "rtol"): (gc.parity.compare, "rtol"),
+    ("parity", "atol"): (gc.parity.compare, "atol"),
+    ("parity", "bisect"): (gc.parity.compare, "bisect"),
+    ("parity", "seed"): (random_feeds, "seed"),
+    ("train", "backend"): (gc.Trainer, "backend"),
+    ("train", "seed"): (gc.Trainer, "seed"),
+    ("train", "tensorboard"): (gc.Trainer, "tensorboard"),
+    ("train", "progress"): (gc.Trainer.fit, "progress"),
+    ("train", "plot"): (gc.Trainer.fit, "plot"),
+    ("train", "checkpoint"): (gc.Trainer.fit, "checkpoint"),
+    ("export", "opset"): (export_inference, "opset"),
+    ("export", "allow_untrained"): (export_inference, "allow_untrained"),
+    ("deploy triton", "max_batch_size"): (gc.deploy.triton, "max_batch_size"),
+    ("deploy triton", "dynamic_batching"): (gc.deploy.triton, "dynamic_batching"),
+    ("deploy triton", "opset"): (gc.deploy.triton, "opset"),
+    ("serve", "host"): (gc.serve, "host"),
+    ("serve", "port"): (gc.serve, "port"),
+    ("serve", "backend"): (gc.serve, "backend"),
+    ("serve", "name"): (gc.serve, "name"),
+    ("demo", "backend"): (run_demo, "backend"),
+    ("demo", "epochs"): (run_demo, "epochs"),
+    ("demo", "progress"): (run_demo, "progress"),
+}
+
+# Options whose CLI default is None: "the API's own default" (checked below where the CLI
+# resolves it), or an option the API has no parameter for.
+CLI_ONLY = {
+    ("grad", "optimizer"): "the API has no default optimizer; sgd, whose own defaults follow",
+    ("grad", "lr"): "None: the optimizer spec's default (test_grad_optimizer_defaults_are_the_specs)",
+    ("grad", "momentum"): "None: the optimizer spec's default",
+    ("grad", "weight_decay"): "None: the optimizer spec's default",
+    ("optimize", "report"): "printing only",
+    ("run", "threads"): "None: onnxruntime's own thread count (Session options)",
+    ("train", "resume"): "CLI flow: load_checkpoint before fit",
+    ("train", "eval_data"): "which file the evaluation arrays come from",
+    ("train", "metrics"): "none given: the loss kind's defaults (Trainer(metrics=None))",
+    ("inspect", "dims"): "sizes for the estimate; none given: every dim name counts as 1",
+    ("parity", "inputs"): "feeds; none given: random_feeds",
+    ("parity", "dims"): "random_feeds dims; none given: its default",
+    ("run", "inputs"): "feeds",
+    **{(c, "output"): "required (chosen_output refuses None)" for c in ("capture", "optimize", "grad", "export")},
+    ("run", "output"): "None: print the outputs",
+    ("view", "output"): "None: netron when installed, else MODEL.html beside the model",
+    ("demo", "output"): "None: run_demo's out (test_demo_output_default_is_run_demos)",
+    ("deploy triton", "gpu"): "instance='gpu' if given else 'cpu' (test_deploy_gpu_flag_default_is_cpu)",
+    ("serve", "threads"): "None: onnxruntime's own thread count (session options)",
+    ("serve", "max_body_bytes"): "None: serve's own max_body_bytes",
+}
+
+
+def _params(cmd):
+    return [p for p in cmd.params if not getattr(p, "hidden", False) and p.param_type_name == "option"]
+
+
+def _normalize(value):
+    if isinstance(value, str) and "," in value:
+        return tuple(v.strip() for v in value.split(","))
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    return value
+
+
+def test_every_option_default_is_the_apis_or_says_why_not():
+    unclassified = []
+    for path, cmd in COMMANDS.items():
+        for param in _params(cmd):
+            key = (path, param.name)
+            if param.required or key in CLI_ONLY:
+                continue
+            if key not in API_DEFAULTS:
+                unclassified.append(f"{path} {param.opts[0]}")
+                continue
+            fn, name = API_DEFAULTS[key]
+            api_default = inspect.signature(fn).parameters[name].default
+            assert _normalize(param.default) == _normalize(api_default), (
+                f"graphc {path} {param.opts[0]} defaults to {param.default!r}, "
+                f"{getattr(fn, '__qualname__', fn)}({name}=...) to {api_default!r}")
+    assert not unclassified, ("options with no API counterpart listed in API_DEFAULTS or CLI_ONLY "
+                              f"(tests/test_cli_options.py): {unclassified}")
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
+def test_grad_optimizer_defaults_are_the_specs(kind):
+    spec = {"sgd": gc.optim.SGD, "adam": gc.optim.Adam, "adamw": gc.optim.AdamW}[kind]()
+    assert make_optimizer(kind) == spec  # --lr, --momentum, --weight-decay left out
+    assert make_optimizer("adamw").weight_decay == 0.01  # as torch.optim.AdamW
+
+
+def test_grad_momentum_with_adam_is_an_error():
+    with pytest.raises(ValueError, match="--momentum applies to sgd"):
+        make_optimizer("adam", momentum=0.9)
+
+
+def test_demo_output_default_is_run_demos():
+    cli_help = COMMANDS["demo"].params
+    output = next(p for p in cli_help if p.name == "output")
+    assert f"default: {inspect.signature(run_demo).parameters['out'].default}" in output.help
+
+
+def test_deploy_gpu_flag_default_is_cpu():
+    gpu = next(p for p in COMMANDS["deploy triton"].params if p.name == "gpu")
+    assert gpu.default is False and inspect.signature(gc.deploy.triton).parameters["instance"].default == "cpu"
+
+
+def test_every_option_has_help_and_no_rst_markup():
+    for path, cmd in COMMANDS.items():
+        assert cmd.help and "``" not in cmd.help, path
+        for param in cmd.params:
+            if getattr(param, "hidden", False):
+                continue
+            assert param.help and param.help.strip(), f"graphc {path}: {param.name} has no help text"
+            assert "``" not in param.help, f"graphc {path}: {param.name} help has RST markup"
+
+
+def test_loss_help_lists_the_loss_kinds():
+    loss = next(p for p in COMMANDS["grad"].params if p.name == "loss")
+    assert all(kind in loss.help for kind in gc.losses.KINDS)
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_at_80_columns_has_no_value_placeholder_on_flags(capsys, monkeypatch, command):
+    monkeypatch.setenv("COLUMNS", "80")
+    r = run_cli(capsys, *(command.split() if command else []), "--help")
+    assert r.code == 0, r.err
+    assert "<bool>" not in r.out and "``" not in r.out
+    assert max(len(line) for line in r.out.splitlines()) <= 80
+    if command is None:
+        assert "--debug / --no-debug" in r.out
+
+
+WRITERS = ["capture", "optimize", "grad", "run", "export", "demo", "view"]
+
+
+@pytest.mark.parametrize("command", WRITERS)
+def test_output_is_dash_o_or_output_with_hidden_out_alias(command):
+    cmd = COMMANDS[command]
+    output = next(p for p in cmd.params if p.name == "output")
+    assert output.opts == ["-o", "--output"]
+    alias = next(p for p in cmd.params if p.name == "out")
+    assert alias.opts == ["--out"] and alias.hidden
+
+
+def test_out_alias_works_and_two_different_outputs_are_an_error(capsys, tmp_path):
+    onnx.save(imported_mlp(), tmp_path / "mlp.onnx")
+    r = run_cli(capsys, "optimize", tmp_path / "mlp.onnx", "--out", tmp_path / "a.onnx")
+    assert r.code == 0, r.err
+    assert (tmp_path / "a.onnx").is_file()
+    err = one_line_error(run_cli(capsys, "optimize", tmp_path / "mlp.onnx", "-o", tmp_path / "b.onnx",
+                                 "--out", tmp_path / "c.onnx"))
+    assert "--out is an alias of --output" in err
+    assert not (tmp_path / "b.onnx").exists() and not (tmp_path / "c.onnx").exists()
+    assert "missing option -o/--output" in one_line_error(run_cli(capsys, "optimize", tmp_path / "mlp.onnx"))
+
+
+def test_parity_table_is_readable_at_80_columns(monkeypatch):
+    from rich.console import Console
+
+    from graphc.cli.run_cmds import parity_table
+    from graphc.parity import OutputDiff, ParityReport
+
+    bad = OutputDiff(name="logits_output", backend="ort-cpu", dtype="float32", shape=(64, 1000),
+                     max_abs_err=3.8147e-06, max_rel_err=1.2345e-3, mismatched=3, rtol=1e-4, atol=1e-5, ok=False,
+                     note="3 elements outside the tolerance")
+    report = ParityReport(backends=["numpy", "ort-cpu"], outputs={bad.name: bad}, details=[bad])
+    console = Console(width=80, file=io.StringIO(), color_system=None)
+    console.print(parity_table(["numpy", "ort-cpu"], report))
+    text = console.file.getvalue()
+    assert "…" not in text
+    for figure in ("3.81e-06", "0.00123", "0.0001", "1e-05", "FAIL", "float32[64, 1000]", "logits_output"):
+        assert figure in text, (figure, text)
+    assert max(len(line) for line in text.splitlines()) <= 80

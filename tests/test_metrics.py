@@ -1,0 +1,138 @@
+"""Evaluation, prediction and metrics (issue 15, item 4): ``Trainer.predict`` without labels,
+the default metrics of each loss kind against plain-numpy oracles written here, added metrics,
+and `graphc train`'s choice of evaluation arrays (``--eval-data``, NAME_val over NAME_test)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc import nn
+from graphc.errors import InputError
+
+from cli_util import one_line_error, run_cli
+from trainer_models import blobs
+
+CLASSES = 10
+
+
+class Classifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, CLASSES)
+
+    def forward(self, x):
+        return {"logits": self.fc(x)}
+
+
+@pytest.fixture(scope="module")
+def classifier():
+    model = gc.capture(Classifier(), x=gc.spec("float32", ("N", 8)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
+    return arts
+
+
+def _topk_oracle(logits: np.ndarray, labels: np.ndarray, k: int) -> float:
+    """Label among the k largest: fewer than k classes score strictly higher than it."""
+    hits = [sum(row[c] > row[label] for c in range(len(row))) < k for row, label in zip(logits, labels)]
+    return float(np.mean(hits))
+
+
+def test_predict_needs_only_the_data_inputs(classifier):
+    trainer = gc.Trainer(classifier, backend="numpy")
+    data = blobs(32, classes=CLASSES)
+    trainer.step(data)
+    out = trainer.predict({"x": data["x"]})
+    assert set(out) == {"logits"}
+    w, b = trainer.params["fc.weight"], trainer.params["fc.bias"]
+    np.testing.assert_allclose(out["logits"], data["x"] @ w.T + b, rtol=1e-5, atol=1e-6)
+    with_labels = trainer.predict(data)
+    assert set(with_labels) == {"loss", "logits"}
+    np.testing.assert_allclose(with_labels["logits"], out["logits"], rtol=1e-6)
+    with pytest.raises(InputError, match="predict needs the data inputs only"):
+        trainer.evaluate({"x": data["x"]})
+
+
+def test_classifier_metrics_are_accuracy_and_top5(classifier):
+    trainer = gc.Trainer(classifier, backend="numpy")
+    data = blobs(64, classes=CLASSES, seed=3)
+    metrics = trainer.evaluate(data)
+    logits = trainer.predict({"x": data["x"]})["logits"]
+    assert set(metrics) == {"loss", "accuracy", "top5_accuracy"}
+    assert metrics["accuracy"] == pytest.approx(_topk_oracle(logits, data["y"], 1))
+    assert metrics["top5_accuracy"] == pytest.approx(_topk_oracle(logits, data["y"], 5))
+    assert metrics["top5_accuracy"] >= metrics["accuracy"]
+
+
+def test_ignored_labels_do_not_count():
+    from graphc.metrics import compute
+
+    logits = np.array([[2.0, 1.0], [0.0, 3.0], [5.0, 0.0]], np.float32)
+    labels = np.array([0, 0, -100])
+    loss = {"kind": "cross_entropy", "output": "logits", "label": "y", "options": {"ignore_index": -100}}
+    assert compute(loss, {"logits": logits}, {"y": labels}) == {"accuracy": 0.5}
+
+
+def test_regression_metrics_are_mse_and_mae():
+    model = gc.capture(nn.Linear(8, 2), x=gc.spec("float32", ("N", 8)))
+    arts = gc.training.generate(model, gc.losses.huber("output", label="t"), gc.optim.SGD(0.01))
+    trainer = gc.Trainer(arts, backend="numpy")
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.standard_normal((16, 8)).astype(np.float32), "t": rng.standard_normal((16, 2)).astype(np.float32)}
+    metrics = trainer.evaluate(batch)
+    pred = trainer.predict({"x": batch["x"]})["output"].astype(np.float64)
+    assert set(metrics) == {"loss", "mse", "mae"}
+    assert metrics["mse"] == pytest.approx(((pred - batch["t"]) ** 2).mean())
+    assert metrics["mae"] == pytest.approx(np.abs(pred - batch["t"]).mean())
+
+
+def test_added_metrics_by_name_and_callable(classifier):
+    def worst_margin(pred, target):
+        return float((pred.max(axis=1) - pred[np.arange(len(target)), target]).max())
+
+    gc.metrics.register("top3_accuracy", gc.metrics.top_k_accuracy(3))
+    trainer = gc.Trainer(classifier, backend="numpy", metrics=["top3_accuracy", worst_margin])
+    data = blobs(40, classes=CLASSES, seed=5)
+    metrics = trainer.evaluate(data)
+    logits = trainer.predict({"x": data["x"]})["logits"]
+    assert set(metrics) == {"loss", "top3_accuracy", "worst_margin"}
+    assert metrics["top3_accuracy"] == pytest.approx(_topk_oracle(logits, data["y"], 3))
+    assert metrics["worst_margin"] == pytest.approx(worst_margin(logits, data["y"]))
+    with pytest.raises(ValueError, match="unknown metric 'f1'.*registered: accuracy"):
+        gc.Trainer(classifier, backend="numpy", metrics=["f1"])
+
+
+@pytest.fixture()
+def train_dir(tmp_path, classifier):
+    classifier.save(tmp_path / "arts")
+    train, val, test = blobs(64, classes=CLASSES), blobs(32, classes=CLASSES, seed=1), blobs(16, classes=CLASSES, seed=2)
+    np.savez(tmp_path / "data.npz", x_train=train["x"], y_train=train["y"], x_val=val["x"], y_val=val["y"],
+             x_test=test["x"], y_test=test["y"])
+    np.savez(tmp_path / "held.npz", x=test["x"], y=test["y"])
+    return tmp_path
+
+
+def _train(capsys, root, *extra):
+    return run_cli(capsys, "train", root / "arts", "--data", root / "data.npz", "--epochs", "1", "--batch-size", "16",
+                   "--backend", "numpy", "--no-progress", *extra)
+
+
+def test_train_prefers_the_validation_split_and_takes_eval_data(capsys, train_dir):
+    r = _train(capsys, train_dir)
+    assert r.code == 0, r.err
+    assert "evaluating on x_val, y_val of" in r.out and "eval top5_accuracy" in r.out
+    r = _train(capsys, train_dir, "--eval-data", train_dir / "held.npz", "--metric", "accuracy")
+    assert r.code == 0, r.err
+    assert f"evaluating on --eval-data {train_dir / 'held.npz'}" in r.out and "eval accuracy" in r.out
+    assert "top5" not in r.out
+
+
+def test_train_eval_data_missing_an_input_is_one_line(capsys, train_dir):
+    np.savez(train_dir / "nolabels.npz", x=np.zeros((4, 8), np.float32))
+    err = one_line_error(_train(capsys, train_dir, "--eval-data", train_dir / "nolabels.npz"))
+    assert "--eval-data" in err and "'y'" in err and "'y_val'" in err
+    err = one_line_error(_train(capsys, train_dir, "--metric", "nope"))
+    assert "unknown metric 'nope'" in err
+    err = one_line_error(_train(capsys, train_dir, "--metric", "mae"))  # logits [N, 10] against class ids [N]
+    assert "metric 'mae' failed on the 'logits' output float32[32, 10] and the 'y' label int64[32]" in err
