@@ -79,14 +79,15 @@ CASES = {
     "fixed dim": (None, {"inputs": [tensor("x", np.zeros((2, 2), np.float32), "FP32")] + good_inputs()[1:]}, 400,
                   "input 'x'"),
     "floats for INT64": (None, {"inputs": good_inputs()[:1] + [tensor("idx", IDX, "INT64", data=[1.5] * 6),
-                                                              good_inputs()[2]]}, 400, "non-integer numbers"),
+                                                              good_inputs()[2]]}, 400,
+                         "inputs[1].data[0]: Input should be a valid integer, got 1.5"),
     "INT64 overflow": (None, {"inputs": good_inputs()[:1] + [tensor("idx", IDX, "INT64", data=[2**63] + [1] * 5),
                                                             good_inputs()[2]]}, 400,
-                       "data does not fit INT64: 9223372036854775808 is outside"),
+                       "inputs[1].data[0]: Input should be less than or equal to 9223372036854775807"),
     "ragged data": (None, {"inputs": [tensor("x", X, "FP32", data=[[1, 2, 3, 4], [5]])] + good_inputs()[1:]}, 400,
                     "input 'x'"),
     "negative dim": (None, {"inputs": [tensor("x", X, "FP32", shape=[-2, -4])] + good_inputs()[1:]}, 400,
-                     "negative dim"),
+                     "inputs[0].shape[0]: Input should be greater than or equal to 0, got -2"),
     "no data": (None, {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32"}] + good_inputs()[1:]}, 400,
                 "neither 'data' nor parameters.binary_data_size"),
     "unknown output": (None, {"inputs": good_inputs(), "outputs": [{"name": "zz"}]}, 400, "unknown output 'zz'"),
@@ -206,6 +207,7 @@ def test_json_integers_out_of_range_are_refused_not_wrapped(datatype, data, bad)
         with httpx.Client(base_url=f"http://{address}") as http:
             item = {"name": "x", "shape": [2], "datatype": datatype, "data": data}
             reply = http.post("/v2/models/cast/infer", json={"inputs": [item]})
-            assert reply.status_code == 400 and f"does not fit {datatype}: {bad} is outside" in reply.json()["error"]
+            assert reply.status_code == 400 and f"inputs[0].data[{data.index(int(bad))}]: Input should be" in \
+                reply.json()["error"] and f"got {bad}" in reply.json()["error"], reply.text
             reply = http.post("/v2/models/cast/infer", json={"inputs": [{**item, "data": [1, 2]}]})
             assert reply.json()["outputs"][0]["data"] == [1.0, 2.0], reply.text
