@@ -98,6 +98,57 @@ CASES = {
 }
 
 
+def with_x(data=None, shape=None, **request):
+    """A good request whose x input has ``data`` / ``shape`` replaced, plus top-level ``request`` keys."""
+    return {"inputs": [tensor("x", X, "FP32", data=data, shape=shape)] + good_inputs()[1:], **request}
+
+
+def with_idx(data):
+    return {"inputs": good_inputs()[:1] + [tensor("idx", IDX, "INT64", data=data)] + good_inputs()[2:]}
+
+
+# Nothing is coerced (issue 10, item 3) and malformed data is a 400, never a 500 (item 10): each
+# error names the field as a path into the request.
+STRICT_CASES = {
+    "null in FP32 data": (with_x(data=[0.5, None] * 4), "inputs[0].data[1]: Input should be a valid number, got None"),
+    "1e400 in FP32 data": (json.dumps(with_x(data=[1.5] * 8)).replace("1.5", "1e400", 1).encode(),
+                           "inputs[0].data[0]: Input should be a finite number, got inf"),
+    "NaN literal in FP32 data": (json.dumps(with_x(data=[1.5] * 8)).replace("1.5", "NaN", 1).encode(),
+                                 "inputs[0].data[0]: Input should be a finite number"),
+    "beyond FP32's range": (with_x(data=[1e39] + [0] * 7), "inputs[0].data[0]: Input should be less than or equal to"),
+    "string dim": (with_x(shape=["2", 4]), "inputs[0].shape[0]: Input should be a valid integer, got '2'"),
+    "boolean dim": (with_x(shape=[True, 4]), "inputs[0].shape[0]: Input should be a valid integer, got True"),
+    "float dim": (with_x(shape=[2.0, 4]), "inputs[0].shape[0]: Input should be a valid integer, got 2.0"),
+    "binary_data_output as a string": (with_x(parameters={"binary_data_output": "false"}),
+                                       "parameters.binary_data_output: Input should be a valid boolean, got 'false'"),
+    "binary_data as a number": ({"inputs": good_inputs(), "outputs": [{"name": "y", "parameters": {"binary_data": 0}}]},
+                                "outputs[0].parameters.binary_data: Input should be a valid boolean, got 0"),
+    "binary_data_size as a string": ({"inputs": [{**tensor("x", X, "FP32"), "parameters": {"binary_data_size": "32"}}]
+                                      + good_inputs()[1:]},
+                                     "inputs[0].parameters.binary_data_size: Input should be a valid integer"),
+    "boolean in FP32 data": (with_x(data=[True] + [0.5] * 7), "inputs[0].data[0]: Input should be a valid number, got True"),
+    "dict inside data": (with_x(data=[0.5] * 7 + [{"a": 1}]), "inputs[0].data[7]: Input should be a valid number"),
+    "null in INT64 data": (with_idx([1, 2, None, 4, 5, 6]), "inputs[1].data[2]: Input should be a valid integer, got None"),
+    "boolean in INT64 data": (with_idx([1, True, 3, 4, 5, 6]), "inputs[1].data[1]: Input should be a valid integer, got True"),
+    "dict in nested INT64 data": (with_idx([[1, 2, 3], [4, {"b": [1]}, 6]]), "inputs[1].data[1][1]: Input should be a valid integer"),
+    "mixed nesting": (with_x(data=[[0.5] * 4, 0.5]), "inputs[0].data[1]: Input should be a valid array, got 0.5"),
+    "integer for BOOL": ({"inputs": good_inputs()[:2] + [tensor("mask", MASK, "BOOL", data=[1, 0] * 4)]},
+                         "inputs[2].data[0]: Input should be a valid boolean, got 1"),
+    "name not a string": ({"inputs": [{**tensor("x", X, "FP32"), "name": 7}] + good_inputs()[1:]},
+                          "inputs[0].name: Input should be a valid string, got 7"),
+    "id not a string": (with_x(id=5), "id: Input should be a valid string, got 5"),
+    "both data and binary_data_size": ({"inputs": [{**tensor("x", X, "FP32"), "parameters": {"binary_data_size": 32}}]
+                                        + good_inputs()[1:]}, "input 'x' has both 'data' and parameters.binary_data_size"),
+    "huge zero-size shape": (with_x(data=[], shape=[0, 2**62, 2**62]), "input 'x': shape [0, 4611686018427387904"),
+}
+
+
+@pytest.mark.parametrize("case", STRICT_CASES)
+def test_nothing_is_coerced_and_malformed_data_is_a_400(http, case):
+    payload, match = STRICT_CASES[case]
+    check(http, infer(http, payload), 400, match)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_bad_json_request(http, case):
     path, payload, status, match = CASES[case]
