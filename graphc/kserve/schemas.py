@@ -29,9 +29,15 @@ DATATYPES: dict[str, str] = {
 Datatype = Literal[tuple(DATATYPES)]  # type: ignore[valid-type]
 
 T = TypeVar("T")
-# Lists stop at their first bad item (fail_fast); nested data tries the flat form first.
-_List = TypeAliasType("_List", Annotated[list[T], Field(fail_fast=True)], type_params=(T,))
-Nested = TypeAliasType("Nested", Annotated[Union[_List[T], _List["Nested[T]"]], Field(union_mode="left_to_right")],
+
+
+def _list(item: Any) -> Any:
+    """A list that stops at its first bad item."""
+    return Annotated[list[item], Field(fail_fast=True)]
+
+
+# Data is a flat (row-major) list or nested lists; the flat form is tried first.
+Nested = TypeAliasType("Nested", Annotated[Union[_list(T), _list("Nested[T]")], Field(union_mode="left_to_right")],
                        type_params=(T,))
 Dim = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
 
@@ -60,20 +66,23 @@ class RequestParameters(_Parameters):
 
 
 def _element(datatype: str) -> Any:
-    """The JSON element type of ``datatype``'s data, with the datatype's range."""
+    """The JSON element type of ``datatype``'s data, with the datatype's range (named
+    ``FP32Value`` etc., which also names the data's schema ``Nested_FP32Value_``)."""
     dtype = to_numpy(DATATYPES[datatype])
     if dtype.kind == "b":
-        return StrictBool
-    if dtype.kind in "iu":
+        element: Any = StrictBool
+    elif dtype.kind in "iu":
         info = np.iinfo(dtype)
-        return Annotated[StrictInt, Field(ge=int(info.min), le=int(info.max))]
-    top = float(ml_dtypes.finfo(dtype).max)
-    return Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-top, le=top)]
+        element = Annotated[StrictInt, Field(ge=int(info.min), le=int(info.max))]
+    else:
+        top = float(ml_dtypes.finfo(dtype).max)
+        element = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-top, le=top)]
+    return TypeAliasType(f"{datatype}Value", element)
 
 
 _INPUT_FIELDS: dict[str, Any] = {
     "name": (StrictStr, ...),
-    "shape": (_List[Dim], ...),
+    "shape": (_list(Dim), ...),
     "parameters": (InputParameters | None, None),
 }
 # One model per datatype, so ``data`` carries that datatype's element type and range.
@@ -93,8 +102,8 @@ class InferRequest(_Message):
 
     id: StrictStr | None = None
     parameters: RequestParameters | None = None
-    inputs: _List[RequestInput]
-    outputs: _List[RequestOutput] | None = None
+    inputs: _list(RequestInput)
+    outputs: _list(RequestOutput) | None = None
 
 
 # -- responses (documentation: the server writes them without pydantic) ------------------------
