@@ -203,6 +203,10 @@ def test_gzip_bodies_are_read_and_bombs_refused(http):
           413, "decompressed request body exceeds")
     check(http, http.post("/v2/models/mixed/infer", content=b"nope", headers={"Content-Encoding": "gzip"}),
           400, "not valid gzip data")
+    check(http, http.post("/v2/models/mixed/infer", content=body[:-12], headers={"Content-Encoding": "gzip"}),
+          400, "request body is gzip data cut short")
+    check(http, http.post("/v2/models/mixed/infer", content=body + body, headers={"Content-Encoding": "gzip"}),
+          400, f"request body has {len(body)} bytes after its gzip stream")
     check(http, http.post("/v2/models/mixed/infer", content=b"{}", headers={"Content-Encoding": "br"}),
           415, "unsupported Content-Encoding 'br'")
 

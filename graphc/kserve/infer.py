@@ -131,11 +131,14 @@ def _decompress(body: bytes, encoding: str, limit: int, header_length: int | Non
     except zlib.error as exc:
         message = f"request body is not valid {encoding} data: {exc}"
     else:
-        if len(out) <= limit:
+        if len(out) > limit:
+            del out
+            raise ProtocolError(_too_large("decompressed request body", limit, header_length), 413)
+        if inflater.eof and not inflater.unused_data:
             return out
         del out
-        message = _too_large("decompressed request body", limit, header_length)
-        raise ProtocolError(message, 413)
+        message = (f"request body is {encoding} data cut short" if not inflater.eof else
+                   f"request body has {len(inflater.unused_data)} bytes after its {encoding} stream")
     raise ProtocolError(message)
 
 
