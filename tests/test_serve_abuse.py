@@ -144,3 +144,15 @@ def test_serving_is_printed_only_once_it_listens(model_file):
         assert reply.json() == {"ready": True}
         x = np.asarray(good_request(port).json()["outputs"][1]["data"])
         np.testing.assert_array_equal(x, (mixed_feeds(2)["idx"] + 1).ravel())
+
+
+def test_the_default_read_timeout_is_at_most_30_s():
+    import inspect
+
+    from graphc import serving
+    from graphc.kserve import server
+
+    assert server.DEFAULT_READ_TIMEOUT <= 30
+    assert inspect.signature(serving.serve).parameters["read_timeout"].default == server.DEFAULT_READ_TIMEOUT
+    config = server.config(object())
+    assert config.timeout_keep_alive <= server.DEFAULT_READ_TIMEOUT and config.backlog >= 4096
