@@ -1,7 +1,7 @@
 """Soak the built-in KServe v2 server with good, malformed, oversized and half-open traffic.
 
-    python scripts/soak_serve.py [--clients 4] [--seconds 60] [--big 100] [--big-mb 200]
-                                 [--hold 5000] [--flood 20000] [--read-timeout 30]
+    python scripts/soak_serve.py [--clients 4] [--seconds 60] [--fuzz-share 0.6] [--big 100] [--big-mb 200]
+                                 [--hold 5000] [--flood 20000] [--read-timeout 30] [--phases mix,memory,half-open]
 
 Starts `graphc serve` on a small model (x float32[N,16] -> relu(x @ w)) in its own process,
 then runs three phases and prints what it saw:
@@ -10,7 +10,8 @@ then runs three phases and prints what it saw:
    checked against numpy), fuzzed requests (a good one with 1-3 random mutations of its JSON,
    binary section, length header or encoding), oversized ones (a Content-Length past the limit,
    a 64 MB gzip bomb) and half-open connections (nothing, partial headers, partial body; each client
-   holds up to 50). Reports requests and replies by status, HTTP 500s, p50/p99 of the good ones.
+   holds up to 50), ``--fuzz-share`` of them fuzzed, the rest 5:2:1 good, oversized, half-open.
+   Reports requests and replies by status, HTTP 500s, p50/p99 of the good ones.
 2. memory: ``--big`` failed requests of ``--big-mb`` MB each once decompressed (gzip; a binary
    tensor whose size does not match its shape), plus 10 gzip JSON bodies of that size (refused
    past the JSON limit): server RSS before and after.
@@ -36,6 +37,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from collections import Counter
@@ -228,7 +230,7 @@ def half_open(port: int, rng: random.Random) -> socket.socket | None:
 
 # -- phase 1: mixed traffic -----------------------------------------------------------------------
 
-def mix_worker(port: int, seconds: float, seed: int, out: mp.Queue) -> None:
+def mix_worker(port: int, seconds: float, fuzz_share: float, seed: int, out: mp.Queue) -> None:
     rng = random.Random(seed)
     bomb = gzip_of_zeros(b"", 64 << 20)  # a JSON body: refused past the JSON limit (32 MiB decoded)
     statuses: Counter = Counter()
@@ -238,20 +240,21 @@ def mix_worker(port: int, seconds: float, seed: int, out: mp.Queue) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         roll = rng.random()
-        if roll < 0.6:
+        rest = (roll - fuzz_share) / (1 - fuzz_share) if roll >= fuzz_share else 0  # the others keep their ratios
+        if roll < fuzz_share:
             kinds["fuzzed"] += 1
             body, headers = fuzzed_request(rng)
             status, reply = http_post(port, body, headers)
             statuses[status] += 1
             if status >= 500 and len(examples_500) < 5:
                 examples_500.append((body[:300], headers, reply[:300]))
-        elif roll < 0.85:
+        elif rest < 0.625:
             kinds["good"] += 1
             ok, elapsed = good_request(port, rng)
             statuses[200 if ok else "good-failed"] += 1
             wrong += not ok
             latencies.append(elapsed)
-        elif roll < 0.95:
+        elif rest < 0.875:
             kinds["oversized"] += 1
             statuses[oversized_request(port, rng, bomb)] += 1
         else:
@@ -266,10 +269,10 @@ def mix_worker(port: int, seconds: float, seed: int, out: mp.Queue) -> None:
     out.put((statuses, kinds, latencies, wrong, examples_500))
 
 
-def phase_mix(port: int, clients: int, seconds: float) -> None:
+def phase_mix(port: int, clients: int, seconds: float, fuzz_share: float) -> None:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=mix_worker, args=(port, seconds, 1000 + i, out)) for i in range(clients)]
+    procs = [ctx.Process(target=mix_worker, args=(port, seconds, fuzz_share, 1000 + i, out)) for i in range(clients)]
     for p in procs:
         p.start()
     results = [out.get(timeout=seconds + 600) for _ in procs]
@@ -377,11 +380,21 @@ def phase_half_open(pid: int, port: int, hold: int, flood: int, read_timeout: fl
         print(f"half-open: {opened} connections opened in {opened_in:.1f} s, held by the server after "
               f"{time.perf_counter() - start:.1f} s ({fds} descriptors); a good request meanwhile: "
               f"{'ok' if ok else 'FAILED'} in {elapsed * 1000:.0f} ms")
-        flood_start = time.monotonic()
+        flood_start, peak = time.monotonic(), [0]
+        sampling = threading.Event()
+
+        def sample() -> None:  # the most descriptors the server held during the flood
+            while not sampling.wait(0.2):
+                peak[0] = max(peak[0], open_fds(pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         open_more(flood)
+        sampling.set()
+        sampler.join()
         opened_at = time.monotonic()
         print(f"  flood: {opened} connections opened in all ({opened_at - flood_start:.1f} s); server holds "
-              f"{open_fds(pid)} descriptors")
+              f"{open_fds(pid)} descriptors, at most {peak[0]} during the flood")
         served_at, failures = None, 0
         while time.monotonic() - opened_at < 3 * read_timeout:
             ok, _ = good_request(port, rng, timeout=5)
@@ -408,6 +421,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--fuzz-share", type=float, default=0.6, help="share of fuzzed requests in the mix")
     parser.add_argument("--big", type=int, default=100)
     parser.add_argument("--big-mb", type=int, default=200)
     parser.add_argument("--hold", type=int, default=5000)
@@ -433,7 +447,7 @@ def main() -> None:
             print(f"{line}\n  descriptor limit {limit}; server RSS at start {rss_mb(proc.pid):.0f} MB")
             start_rss = rss_mb(proc.pid)
             if "mix" in phases:
-                phase_mix(port, args.clients, args.seconds)
+                phase_mix(port, args.clients, args.seconds, args.fuzz_share)
                 print(f"  server RSS {start_rss:.0f} MB at start, {rss_mb(proc.pid):.0f} MB after")
             if "memory" in phases:
                 phase_memory(proc.pid, port, args.big, args.big_mb)
