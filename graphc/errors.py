@@ -31,3 +31,7 @@ class BackendUnavailable(GraphcError, RuntimeError):
 
 class BackendError(GraphcError, RuntimeError):
     """A backend failed while running a node; the message names node, op and source line."""
+
+
+class ServeError(GraphcError, OSError):
+    """A server cannot start: its port is in use or its address cannot be bound."""

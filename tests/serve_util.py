@@ -143,3 +143,50 @@ def running_server(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def serve_process(*args: str, timeout: float = 60) -> Iterator[tuple[Any, int]]:
+    """`graphc serve ARGS --port P` in its own process; yields (process, port) once it has printed
+    its "serving" line (which it prints only once it listens). Stopped with SIGTERM at the end."""
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    cmd = [sys.executable, "-c", "from graphc.cli import main; main()", "serve", *args, "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = _first_line(proc, timeout)
+        assert line.startswith("serving "), line
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        proc.stdout.close()
+
+
+def _first_line(proc: Any, timeout: float) -> str:
+    """The process's first line of output, read on a thread so that a hung start fails in time."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not lines:
+        proc.kill()
+        raise AssertionError("graphc serve printed nothing in time")
+    return lines[0].rstrip("\n")
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of process ``pid`` in MB (VmRSS from /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")

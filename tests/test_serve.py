@@ -108,6 +108,16 @@ def test_client_sees_errors_as_exceptions(client):
     assert client.infer("mixed", make_inputs(mixed_feeds(1), True)).as_numpy("y").shape == (1, 4)
 
 
+def test_batch_over_max_batch_size_is_refused_like_triton(client):
+    """"mixed" was deployed with max_batch_size=64 (config.pbtxt): 64 is served, 65 is a 400;
+    "plain" (max_batch_size 0) has no such limit."""
+    assert client.infer("mixed", make_inputs(mixed_feeds(64), True)).as_numpy("y").shape == (64, 4)
+    with pytest.raises(InferenceServerException, match="input 'x': batch of 65 exceeds the max_batch_size of "
+                                                        "model 'mixed', 64"):
+        client.infer("mixed", make_inputs(mixed_feeds(65), True))
+    assert client.infer("plain", make_inputs(mixed_feeds(65), True)).as_numpy("y").shape == (65, 4)
+
+
 def test_concurrent_clients_get_their_own_answers(url, reference):
     errors, results = [], {}
 

@@ -114,7 +114,7 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(tmp_path):
     outputs = json.loads(reply.split(b"\r\n\r\n", 1)[1])["outputs"]
     assert outputs[1]["data"] == (feeds["idx"] + 1).ravel().tolist()
     assert proc.wait(timeout=30) == 0
-    assert "Finished server process" in proc.communicate()[0]
+    assert proc.communicate()[0].splitlines()[-1] == f"stopped serving {model_path}"
 
 
 def _length(reply: bytes) -> int:

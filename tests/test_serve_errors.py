@@ -79,14 +79,15 @@ CASES = {
     "fixed dim": (None, {"inputs": [tensor("x", np.zeros((2, 2), np.float32), "FP32")] + good_inputs()[1:]}, 400,
                   "input 'x'"),
     "floats for INT64": (None, {"inputs": good_inputs()[:1] + [tensor("idx", IDX, "INT64", data=[1.5] * 6),
-                                                              good_inputs()[2]]}, 400, "non-integer numbers"),
+                                                              good_inputs()[2]]}, 400,
+                         "inputs[1].data[0]: Input should be a valid integer, got 1.5"),
     "INT64 overflow": (None, {"inputs": good_inputs()[:1] + [tensor("idx", IDX, "INT64", data=[2**63] + [1] * 5),
                                                             good_inputs()[2]]}, 400,
-                       "data does not fit INT64: 9223372036854775808 is outside"),
+                       "inputs[1].data[0]: Input should be less than or equal to 9223372036854775807"),
     "ragged data": (None, {"inputs": [tensor("x", X, "FP32", data=[[1, 2, 3, 4], [5]])] + good_inputs()[1:]}, 400,
                     "input 'x'"),
     "negative dim": (None, {"inputs": [tensor("x", X, "FP32", shape=[-2, -4])] + good_inputs()[1:]}, 400,
-                     "negative dim"),
+                     "inputs[0].shape[0]: Input should be greater than or equal to 0, got -2"),
     "no data": (None, {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32"}] + good_inputs()[1:]}, 400,
                 "neither 'data' nor parameters.binary_data_size"),
     "unknown output": (None, {"inputs": good_inputs(), "outputs": [{"name": "zz"}]}, 400, "unknown output 'zz'"),
@@ -95,6 +96,57 @@ CASES = {
     "malformed JSON": (None, b'{"inputs": [', 400, "malformed JSON"),
     "not JSON at all": (None, b"\x00\xff garbage", 400, "malformed JSON"),
 }
+
+
+def with_x(data=None, shape=None, **request):
+    """A good request whose x input has ``data`` / ``shape`` replaced, plus top-level ``request`` keys."""
+    return {"inputs": [tensor("x", X, "FP32", data=data, shape=shape)] + good_inputs()[1:], **request}
+
+
+def with_idx(data):
+    return {"inputs": good_inputs()[:1] + [tensor("idx", IDX, "INT64", data=data)] + good_inputs()[2:]}
+
+
+# Nothing is coerced (issue 10, item 3) and malformed data is a 400, never a 500 (item 10): each
+# error names the field as a path into the request.
+STRICT_CASES = {
+    "null in FP32 data": (with_x(data=[0.5, None] * 4), "inputs[0].data[1]: Input should be a valid number, got None"),
+    "1e400 in FP32 data": (json.dumps(with_x(data=[1.5] * 8)).replace("1.5", "1e400", 1).encode(),
+                           "inputs[0].data[0]: Input should be a finite number, got inf"),
+    "NaN literal in FP32 data": (json.dumps(with_x(data=[1.5] * 8)).replace("1.5", "NaN", 1).encode(),
+                                 "inputs[0].data[0]: Input should be a finite number"),
+    "beyond FP32's range": (with_x(data=[1e39] + [0] * 7), "inputs[0].data[0]: Input should be less than or equal to"),
+    "string dim": (with_x(shape=["2", 4]), "inputs[0].shape[0]: Input should be a valid integer, got '2'"),
+    "boolean dim": (with_x(shape=[True, 4]), "inputs[0].shape[0]: Input should be a valid integer, got True"),
+    "float dim": (with_x(shape=[2.0, 4]), "inputs[0].shape[0]: Input should be a valid integer, got 2.0"),
+    "binary_data_output as a string": (with_x(parameters={"binary_data_output": "false"}),
+                                       "parameters.binary_data_output: Input should be a valid boolean, got 'false'"),
+    "binary_data as a number": ({"inputs": good_inputs(), "outputs": [{"name": "y", "parameters": {"binary_data": 0}}]},
+                                "outputs[0].parameters.binary_data: Input should be a valid boolean, got 0"),
+    "binary_data_size as a string": ({"inputs": [{**tensor("x", X, "FP32"), "parameters": {"binary_data_size": "32"}}]
+                                      + good_inputs()[1:]},
+                                     "inputs[0].parameters.binary_data_size: Input should be a valid integer"),
+    "boolean in FP32 data": (with_x(data=[True] + [0.5] * 7), "inputs[0].data[0]: Input should be a valid number, got True"),
+    "dict inside data": (with_x(data=[0.5] * 7 + [{"a": 1}]), "inputs[0].data[7]: Input should be a valid number"),
+    "null in INT64 data": (with_idx([1, 2, None, 4, 5, 6]), "inputs[1].data[2]: Input should be a valid integer, got None"),
+    "boolean in INT64 data": (with_idx([1, True, 3, 4, 5, 6]), "inputs[1].data[1]: Input should be a valid integer, got True"),
+    "dict in nested INT64 data": (with_idx([[1, 2, 3], [4, {"b": [1]}, 6]]), "inputs[1].data[1][1]: Input should be a valid integer"),
+    "mixed nesting": (with_x(data=[[0.5] * 4, 0.5]), "inputs[0].data[1]: Input should be a valid array, got 0.5"),
+    "integer for BOOL": ({"inputs": good_inputs()[:2] + [tensor("mask", MASK, "BOOL", data=[1, 0] * 4)]},
+                         "inputs[2].data[0]: Input should be a valid boolean, got 1"),
+    "name not a string": ({"inputs": [{**tensor("x", X, "FP32"), "name": 7}] + good_inputs()[1:]},
+                          "inputs[0].name: Input should be a valid string, got 7"),
+    "id not a string": (with_x(id=5), "id: Input should be a valid string, got 5"),
+    "both data and binary_data_size": ({"inputs": [{**tensor("x", X, "FP32"), "parameters": {"binary_data_size": 32}}]
+                                        + good_inputs()[1:]}, "input 'x' has both 'data' and parameters.binary_data_size"),
+    "huge zero-size shape": (with_x(data=[], shape=[0, 2**62, 2**62]), "input 'x': shape [0, 4611686018427387904"),
+}
+
+
+@pytest.mark.parametrize("case", STRICT_CASES)
+def test_nothing_is_coerced_and_malformed_data_is_a_400(http, case):
+    payload, match = STRICT_CASES[case]
+    check(http, infer(http, payload), 400, match)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -151,6 +203,10 @@ def test_gzip_bodies_are_read_and_bombs_refused(http):
           413, "decompressed request body exceeds")
     check(http, http.post("/v2/models/mixed/infer", content=b"nope", headers={"Content-Encoding": "gzip"}),
           400, "not valid gzip data")
+    check(http, http.post("/v2/models/mixed/infer", content=body[:-12], headers={"Content-Encoding": "gzip"}),
+          400, "request body is gzip data cut short")
+    check(http, http.post("/v2/models/mixed/infer", content=body + body, headers={"Content-Encoding": "gzip"}),
+          400, f"request body has {len(body)} bytes after its gzip stream")
     check(http, http.post("/v2/models/mixed/infer", content=b"{}", headers={"Content-Encoding": "br"}),
           415, "unsupported Content-Encoding 'br'")
 
@@ -206,6 +262,7 @@ def test_json_integers_out_of_range_are_refused_not_wrapped(datatype, data, bad)
         with httpx.Client(base_url=f"http://{address}") as http:
             item = {"name": "x", "shape": [2], "datatype": datatype, "data": data}
             reply = http.post("/v2/models/cast/infer", json={"inputs": [item]})
-            assert reply.status_code == 400 and f"does not fit {datatype}: {bad} is outside" in reply.json()["error"]
+            assert reply.status_code == 400 and f"inputs[0].data[{data.index(int(bad))}]: Input should be" in \
+                reply.json()["error"] and f"got {bad}" in reply.json()["error"], reply.text
             reply = http.post("/v2/models/cast/infer", json={"inputs": [{**item, "data": [1, 2]}]})
             assert reply.json()["outputs"][0]["data"] == [1.0, 2.0], reply.text

@@ -36,14 +36,25 @@ def serve_cmd(
     port: int = typer.Option(8000, "--port", help="TCP port."),
     backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads per model (onnxruntime)."),
-    max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help="Largest request body accepted (413 above)."),
+    max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help="Largest request body, also once decompressed (413 above)."),
+    max_json_bytes: Optional[int] = typer.Option(None, "--max-json-bytes", help="Largest JSON part of a request (413 above)."),
+    read_timeout: Optional[float] = typer.Option(None, "--read-timeout", help="Seconds a connection has to send a whole request (default 30)."),
 ) -> None:
     """Serve SOURCE over KServe v2 / Open Inference Protocol HTTP until SIGINT or SIGTERM."""
-    from graphc.serving import DEFAULT_MAX_BODY_BYTES, serve
+    from graphc import serving
 
     if not source.exists():
         raise FileNotFoundError(f"{source}: no such model file or repository folder")
     options = {} if threads is None else {"threads": threads}
-    console.print(f"serving {source} on http://{host}:{port}/v2 (backend {backend}); Ctrl-C stops", highlight=False, soft_wrap=True)
-    serve(source, host=host, port=port, backend=backend, name=name,
-          max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES, **options)
+    limits = {key: value for key, value in (("max_body_bytes", max_body_bytes), ("max_json_bytes", max_json_bytes),
+                                            ("read_timeout", read_timeout)) if value is not None}
+    for key, value in limits.items():
+        if value <= 0:
+            raise ValueError(f"--{key.replace('_', '-')} must be positive, got {value}")
+
+    def ready() -> None:
+        console.print(f"serving {source} on http://{host}:{port}/v2 (backend {backend}); Ctrl-C stops",
+                      highlight=False, soft_wrap=True)
+
+    serving.serve(source, host=host, port=port, backend=backend, name=name, on_ready=ready, **limits, **options)
+    console.print(f"stopped serving {source}", highlight=False, soft_wrap=True)

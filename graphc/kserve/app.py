@@ -1,9 +1,11 @@
 """The FastAPI app speaking KServe v2 / the Open Inference Protocol over REST.
 
 Routes: ``GET /v2/health/live``, ``/v2/health/ready``, ``GET /v2``,
-``GET /v2/models/{name}[/versions/{v}]``, ``.../ready``, ``POST .../infer`` and Triton's
-``POST /v2/repository/index``. Every error is a 4xx/5xx with ``{"error": "..."}``. Infer
-requests take a fast path (``graphc.kserve.infer``) in front of FastAPI's router.
+``GET /v2/models/{name}[/versions/{v}]``, ``.../ready``, ``POST .../infer``, Triton's
+``POST /v2/repository/index`` and ``GET /openapi.json``, which describes them all (the infer
+operation from ``graphc.kserve.schemas``). Every error, an unexpected one included, is a
+4xx/5xx with ``{"error": "..."}``. Infer requests take a fast path (``graphc.kserve.infer``) in
+front of FastAPI's router.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from graphc.errors import GraphcError
-from graphc.kserve.infer import INFER_PATH, error_reply, handle_infer
+from graphc.kserve import schemas
+from graphc.kserve.infer import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, INFER_PATH, Limits, error_reply,
+                                 forget, handle_infer, send_reply)
 from graphc.kserve.protocol import ProtocolError
 from graphc.kserve.repository import ServedModel
 
-DEFAULT_MAX_BODY_BYTES = 256 << 20
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "KServeApp", "create_app"]
 
 
 class ModelRegistry:
@@ -41,9 +45,9 @@ class ModelRegistry:
 class KServeApp(FastAPI):
     """A FastAPI app whose ``POST .../infer`` requests skip the router (see ``infer.py``)."""
 
-    def __init__(self, registry: ModelRegistry, max_body_bytes: int, **kwargs: Any):
+    def __init__(self, registry: ModelRegistry, limits: Limits, **kwargs: Any):
         super().__init__(**kwargs)
-        self.registry, self.max_body_bytes = registry, max_body_bytes
+        self.registry, self.limits = registry, limits
 
         # The same handler as routes too (an ASGI callable, not a request function), so the
         # router answers other methods on these paths with 405, and a mounted app still infers.
@@ -51,16 +55,76 @@ class KServeApp(FastAPI):
             self.router.add_route(path, _AsgiEndpoint(self._infer), methods=["POST"])
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and await self._infer(scope, receive, send):
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
             return
-        await super().__call__(scope, receive, send)
+        if scope["method"] == "POST" and await self._infer(scope, receive, send):
+            return
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await super().__call__(scope, receive, tracked)
+        except Exception as exc:  # noqa: BLE001 - Starlette re-raises after its 500 reply; uvicorn never sees it
+            if not started:
+                await send_reply(send, *error_reply(exc))
+            forget(exc)
 
     async def _infer(self, scope: Any, receive: Any, send: Any) -> bool:
         path, root = scope["path"], scope.get("root_path", "")
         match = INFER_PATH.fullmatch(path[len(root):] if root and path.startswith(root) else path)
         if match:
-            await handle_infer(self.registry.get, self.max_body_bytes, match, scope, receive, send)
+            await handle_infer(self.registry.get, self.limits, match, scope, receive, send)
         return match is not None
+
+
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's description of the routes, plus the infer operation (a plain ASGI route)."""
+        if self.openapi_schema is None:
+            schema = super().openapi()
+            _describe_infer(schema)
+            self.openapi_schema = schema
+        return self.openapi_schema
+
+
+def _component(schema: dict[str, Any], model: type, mode: str = "validation") -> dict[str, str]:
+    """Put ``model``'s JSON schema (and its definitions) in the components; returns a $ref."""
+    body = model.model_json_schema(ref_template="#/components/schemas/{model}", mode=mode)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(body.pop("$defs", {}))
+    components[model.__name__] = body
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _describe_infer(schema: dict[str, Any]) -> None:
+    request, response = _component(schema, schemas.InferRequest), _component(schema, schemas.InferResponse)
+    error = {"content": {"application/json": {"schema": _component(schema, schemas.ErrorResponse)}}}
+    binary = {"schema": {"type": "string", "format": "binary"}}
+    header = {"name": "Inference-Header-Content-Length", "in": "header", "required": False,
+              "schema": {"type": "integer", "minimum": 0},
+              "description": "Binary tensor extension: the JSON header's length; raw tensors follow it."}
+    for path, versioned in (("/v2/models/{name}/infer", False), ("/v2/models/{name}/versions/{version}/infer", True)):
+        params = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
+        if versioned:
+            params.append({"name": "version", "in": "path", "required": True, "schema": {"type": "string"}})
+        schema["paths"].setdefault(path, {})["post"] = {
+            "summary": "Run the model", "operationId": "infer_versioned" if versioned else "infer",
+            "parameters": [*params, header],
+            "requestBody": {"required": True,
+                            "content": {"application/json": {"schema": request}, "application/octet-stream": binary}},
+            "responses": {"200": {"description": "The outputs (JSON, or JSON header + raw tensors)",
+                                  "content": {"application/json": {"schema": response},
+                                              "application/octet-stream": binary}},
+                          **{code: {"description": why, **error} for code, why in (
+                              ("400", "Malformed request"), ("404", "Unknown model or version"),
+                              ("413", "Body or JSON larger than the server's limit"),
+                              ("415", "Unsupported Content-Encoding"), ("500", "Internal error"),
+                              ("503", "Backend unavailable"))}},
+        }
 
 
 class _AsgiEndpoint:
@@ -75,6 +139,9 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+_ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": schemas.ErrorResponse}}
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
@@ -85,43 +152,46 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error(400, f"invalid request: {exc.errors()}")
 
     # Handlers for these two run inside the app; the one for Exception (a 500) runs in
-    # Starlette's outermost middleware, which re-raises after replying.
+    # Starlette's outermost middleware, which re-raises after replying (KServeApp swallows it).
     for kind in (ProtocolError, GraphcError, Exception):
         app.add_exception_handler(kind, lambda _, exc: _error(*error_reply(exc)))
 
 
-def create_app(models: dict[str, ServedModel], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> KServeApp:
+def create_app(models: dict[str, ServedModel], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> KServeApp:
     """The KServe v2 app for already-loaded models (see ``graphc.serving.create_app`` to load)."""
     from graphc import __version__
 
     registry = ModelRegistry(models)
-    app = KServeApp(registry, max_body_bytes, title="graphc KServe v2 server", version=__version__,
-                    docs_url=None, redoc_url=None, openapi_url=None)
+    app = KServeApp(registry, Limits(max_body_bytes, max_json_bytes), title="graphc KServe v2 server",
+                    version=__version__, docs_url=None, redoc_url=None)
     _install_error_handlers(app)
 
-    @app.get("/v2/health/live")
+    @app.get("/v2/health/live", response_model=schemas.Live)
     async def live() -> dict[str, bool]:
         return {"live": True}
 
-    @app.get("/v2/health/ready")
+    @app.get("/v2/health/ready", response_model=schemas.Ready)
     async def ready() -> dict[str, bool]:
         return {"ready": True}
 
-    @app.get("/v2")
+    @app.get("/v2", response_model=schemas.ServerMetadata)
     async def server_metadata() -> dict[str, Any]:
         return {"name": "graphc", "version": __version__, "extensions": ["binary_tensor_data"]}
 
-    @app.post("/v2/repository/index")
+    @app.post("/v2/repository/index", response_model=list[schemas.RepositoryEntry])
     async def repository_index() -> list[dict[str, str]]:
         return [{"name": m.name, "version": m.version, "state": "READY"} for m in models.values()]
 
-    @app.get("/v2/models/{name}")
-    @app.get("/v2/models/{name}/versions/{version}")
+    @app.get("/v2/models/{name}", response_model=schemas.ModelMetadata, responses=_ERRORS)
+    @app.get("/v2/models/{name}/versions/{version}", response_model=schemas.ModelMetadata, responses=_ERRORS,
+             operation_id="model_metadata_versioned")
     async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
         return registry.get(name, version).metadata
 
-    @app.get("/v2/models/{name}/ready")
-    @app.get("/v2/models/{name}/versions/{version}/ready")
+    @app.get("/v2/models/{name}/ready", response_model=schemas.ModelReady, responses=_ERRORS)
+    @app.get("/v2/models/{name}/versions/{version}/ready", response_model=schemas.ModelReady, responses=_ERRORS,
+             operation_id="model_ready_versioned")
     async def model_ready(name: str, version: str | None = None) -> dict[str, Any]:
         return {"name": registry.get(name, version).name, "ready": True}
 

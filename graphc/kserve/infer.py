@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 import re
 import time
+import traceback
 import zlib
 from typing import Any, Callable
 
-from anyio import to_thread
+from anyio import CapacityLimiter, to_thread
 
 from graphc.errors import BackendUnavailable, GraphcError
 from graphc.kserve.protocol import ProtocolError, decode_request, encode_response, error_body
@@ -26,6 +27,13 @@ INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/
 # go to the thread pool so the loop stays free for other connections.
 INLINE_SECONDS = 0.0005
 INLINE_BYTES = 1 << 20
+# Parsing JSON tensor data costs about 40 bytes of memory per byte of JSON (Python objects for
+# every number, measured: a 95 MB body peaks at 4 GB), so the JSON part of a request has its own,
+# smaller limit; large tensors belong in the binary section. Heavy requests also decode a few at
+# a time, so many of them at once queue instead of multiplying the peak.
+DEFAULT_MAX_BODY_BYTES = 256 << 20
+DEFAULT_MAX_JSON_BYTES = 32 << 20
+HEAVY_AT_ONCE = 4
 _log = logging.getLogger("graphc.serve")
 
 
@@ -37,6 +45,30 @@ def error_reply(exc: Exception) -> tuple[int, str]:
         return (503 if isinstance(exc, BackendUnavailable) else 400), f"{type(exc).__name__}: {exc}"
     _log.exception("internal error while answering a request")
     return 500, f"internal error: {type(exc).__name__}: {exc}"
+
+
+class Limits:
+    """What one request may cost: body bytes (also after decompression), bytes of JSON, and how
+    many requests larger than ``INLINE_BYTES`` decode and run at once."""
+
+    def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES):
+        self.body, self.json = max_body_bytes, max_json_bytes
+        self.heavy = CapacityLimiter(HEAVY_AT_ONCE)
+
+
+def forget(exc: BaseException) -> None:
+    """Free what a handled exception keeps alive. Its traceback's frames hold the request's body
+    and arrays, often in a reference cycle (an awaited future holds the exception whose
+    traceback holds the frame that holds the future) that only the cyclic GC would collect, so
+    each failed large request would stay in memory until then. Clears those frames and the
+    exceptions chained to it."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)  # skips the frame still running (the caller's)
+            exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
 
 
 def _headers(scope: dict[str, Any]) -> dict[bytes, bytes]:
@@ -52,11 +84,23 @@ def _int_header(headers: dict[bytes, bytes], name: bytes, label: str) -> int | N
     return int(value)
 
 
-async def _read_body(headers: dict[bytes, bytes], receive: Callable, limit: int) -> bytes:
-    """The body, refused with 413 as soon as Content-Length or the bytes read pass ``limit``."""
+async def _read_body(headers: dict[bytes, bytes], receive: Callable, limit: int, json_limit: int,
+                     header_length: int | None) -> bytes:
+    """The body, refused with 413 as soon as Content-Length, the bytes read or the decompressed
+    bytes pass ``limit``, or the JSON part (the whole body without the binary extension) passes
+    ``json_limit``."""
+    if header_length is not None and header_length > json_limit:
+        raise ProtocolError(f"the request's JSON header of {header_length} bytes exceeds the server's limit of "
+                            f"{json_limit} bytes for JSON (--max-json-bytes)", 413)
+    encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
+    if encoding not in ("gzip", "deflate", "identity"):
+        raise ProtocolError(f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none", 415)
+    # A plain JSON body is all JSON: the smaller limit applies to its decoded size.
+    decoded_limit = limit if header_length is not None else min(limit, json_limit)
+    wire_limit = limit if encoding != "identity" else decoded_limit
     declared = _int_header(headers, b"content-length", "Content-Length")
-    if declared is not None and declared > limit:
-        raise ProtocolError(f"request body of {declared} bytes exceeds the server's limit of {limit} bytes", 413)
+    if declared is not None and declared > wire_limit:
+        raise ProtocolError(_too_large(f"request body of {declared} bytes", wire_limit, header_length), 413)
     chunks, size, more = [], 0, True
     while more:
         message = await receive()
@@ -65,26 +109,37 @@ async def _read_body(headers: dict[bytes, bytes], receive: Callable, limit: int)
         chunks.append(message.get("body", b""))
         size += len(chunks[-1])
         more = message.get("more_body", False)
-        if size > limit:
-            raise ProtocolError(f"request body exceeds the server's limit of {limit} bytes", 413)
+        if size > wire_limit:
+            raise ProtocolError(_too_large("request body", wire_limit, header_length), 413)
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one chunk: no copy at all
-    encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
-    if encoding in ("gzip", "deflate"):
-        return _decompress(body, encoding, limit)
-    if encoding != "identity":
-        raise ProtocolError(f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none", 415)
-    return body
+    del chunks
+    if encoding == "identity":
+        return body
+    return _decompress(body, encoding, decoded_limit, header_length)
 
 
-def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+def _too_large(what: str, limit: int, header_length: int | None) -> str:
+    option = "--max-body-bytes" if header_length is not None else "--max-json-bytes (or send tensors as binary data)"
+    return f"{what} exceeds the server's limit of {limit} bytes ({option})"
+
+
+def _decompress(body: bytes, encoding: str, limit: int, header_length: int | None) -> bytes:
+    """Inflate at most ``limit + 1`` bytes: a bomb costs the limit, never its decoded size."""
     inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
     try:
         out = inflater.decompress(body, limit + 1)
     except zlib.error as exc:
-        raise ProtocolError(f"request body is not valid {encoding} data: {exc}") from None
-    if len(out) > limit:
-        raise ProtocolError(f"decompressed request body exceeds the server's limit of {limit} bytes", 413)
-    return out
+        message = f"request body is not valid {encoding} data: {exc}"
+    else:
+        if len(out) > limit:
+            del out
+            raise ProtocolError(_too_large("decompressed request body", limit, header_length), 413)
+        if inflater.eof and not inflater.unused_data:
+            return out
+        del out
+        message = (f"request body is {encoding} data cut short" if not inflater.eof else
+                   f"request body has {len(inflater.unused_data)} bytes after its {encoding} stream")
+    raise ProtocolError(message)
 
 
 def run_request(model: ServedModel, body: bytes, header_length: int | None) -> tuple[bytes, int | None]:
@@ -97,6 +152,11 @@ def run_request(model: ServedModel, body: bytes, header_length: int | None) -> t
     return reply
 
 
+async def send_reply(send: Callable, status: int, message: str) -> None:
+    """An error reply: ``{"error": message}`` with ``status``."""
+    await _send(send, status, error_body(message), b"application/json")
+
+
 async def _send(send: Callable, status: int, body: bytes, content_type: bytes,
                 extra: list[tuple[bytes, bytes]] = ()) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra]
@@ -104,21 +164,26 @@ async def _send(send: Callable, status: int, body: bytes, content_type: bytes,
     await send({"type": "http.response.body", "body": body})
 
 
-async def handle_infer(lookup: Callable[[str, str | None], ServedModel], limit: int, match: re.Match,
+async def handle_infer(lookup: Callable[[str, str | None], ServedModel], limits: Limits, match: re.Match,
                        scope: dict[str, Any], receive: Callable, send: Callable) -> None:
-    """Answer one infer request; every failure becomes ``{"error": ...}`` with a 4xx/5xx."""
+    """Answer one infer request; every failure becomes ``{"error": ...}`` with a 4xx/5xx, and
+    frees what the request allocated before the reply goes out."""
     try:
         model = lookup(match["name"], match["version"])
         headers = _headers(scope)
         header_length = _int_header(headers, b"inference-header-content-length", "Inference-Header-Content-Length")
-        body = await _read_body(headers, receive, limit)
+        body = await _read_body(headers, receive, limits.body, limits.json, header_length)
         if model.recent_seconds < INLINE_SECONDS and len(body) <= INLINE_BYTES:
             payload, json_length = run_request(model, body, header_length)
         else:
-            payload, json_length = await to_thread.run_sync(run_request, model, body, header_length)
+            payload, json_length = await to_thread.run_sync(run_request, model, body, header_length,
+                                                            limiter=limits.heavy if len(body) > INLINE_BYTES else None)
+        del body
     except Exception as exc:  # noqa: BLE001 - every failure is answered, never raised into uvicorn
         status, message = error_reply(exc)
-        await _send(send, status, error_body(message), b"application/json")
+        forget(exc)
+        body = None  # the request's bytes go now, not when this coroutine ends
+        await send_reply(send, status, message)
         return
     if json_length is None:
         await _send(send, 200, payload, b"application/json")

@@ -3,31 +3,31 @@
 A request body is a JSON header, optionally followed by raw tensor bytes (its length then comes
 in the ``Inference-Header-Content-Length`` HTTP header and each binary input says its size in
 ``parameters.binary_data_size``). Payloads go straight between bytes and numpy
-(``np.frombuffer`` / ``ndarray.tobytes``); JSON ``data`` goes through one ``np.asarray``.
+(``np.frombuffer`` / ``ndarray.tobytes``); JSON ``data``, checked element by element by the
+schema (``graphc.kserve.schemas``), goes through one ``np.array``. Every error raised here is a
+``ProtocolError`` made outside any ``except`` block, so it holds no reference to the request.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import reprlib
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from graphc.dtypes import as_dtype, to_numpy
+from graphc.kserve.schemas import DATATYPES, InferRequest
 
-# KServe datatype <-> graphc dtype name: every numeric type the protocol has. BYTES (strings)
-# is not served (a model with a string input or output is refused when the server loads it).
-DATATYPES: dict[str, str] = {
-    "BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
-    "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
-    "FP16": "float16", "BF16": "bfloat16", "FP32": "float32", "FP64": "float64",
-}
 _BY_DTYPE = {dtype: datatype for datatype, dtype in DATATYPES.items()}
 # Wire dtypes are little-endian whatever the host is.
 _WIRE = {datatype: to_numpy(dtype).newbyteorder("<") if to_numpy(dtype).itemsize > 1 else to_numpy(dtype)
          for datatype, dtype in DATATYPES.items()}
+_BY_NUMPY = {np.dtype(to_numpy(dtype)): datatype for datatype, dtype in DATATYPES.items()}
+_SHORT = reprlib.Repr()  # a bad value is quoted briefly, whatever its size
+_SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlevel = 4, 4, 40, 40, 2
 
 
 class ProtocolError(Exception):
@@ -38,38 +38,11 @@ class ProtocolError(Exception):
         self.status = status
 
 
-_BY_NUMPY = {np.dtype(to_numpy(dtype)): datatype for datatype, dtype in DATATYPES.items()}
-
-
 def datatype_of(dtype: Any) -> str:
     """KServe datatype of a graphc/numpy dtype: ``"float32"`` -> ``"FP32"``."""
     if isinstance(dtype, np.dtype) and dtype in _BY_NUMPY:  # the per-output fast path
         return _BY_NUMPY[dtype]
     return _BY_DTYPE[str(as_dtype(dtype))]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class RequestInput(_Strict):
-    name: str
-    shape: list[int]
-    datatype: str
-    parameters: dict[str, Any] | None = None
-    data: Any = None
-
-
-class RequestOutput(_Strict):
-    name: str
-    parameters: dict[str, Any] | None = None
-
-
-class InferRequest(_Strict):
-    id: str | None = None
-    parameters: dict[str, Any] | None = None
-    inputs: list[RequestInput]
-    outputs: list[RequestOutput] | None = None
 
 
 class DecodedRequest:
@@ -112,83 +85,81 @@ def _parse_header(header: bytes | memoryview) -> InferRequest:
     try:
         return InferRequest.model_validate_json(bytes(header))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "request"
-        if first["type"] in ("json_invalid", "json_type"):
-            raise ProtocolError(f"malformed JSON in the request header: {first['msg']}") from None
-        raise ProtocolError(f"invalid infer request: {where}: {first['msg']}") from None
+        message = describe_validation_error(exc)  # raised outside: no __context__ holding the input
+    raise ProtocolError(message)
 
 
-def _wire_dtype(item: RequestInput) -> np.dtype:
-    if item.datatype == "BYTES":
-        raise ProtocolError(f"input {item.name!r}: datatype BYTES (strings) is not supported; "
-                            f"use one of {', '.join(DATATYPES)}")
-    if item.datatype not in _WIRE:
-        raise ProtocolError(f"input {item.name!r}: unknown datatype {item.datatype!r}; "
-                            f"expected one of {', '.join(DATATYPES)}")
-    return _WIRE[item.datatype]
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line naming the field at fault (``inputs[0].data[5]``), what it needs and what came."""
+    errors = exc.errors(include_url=False)  # a handful: every list fails fast
+    if errors[0]["type"] in ("json_invalid", "json_type"):
+        return f"malformed JSON in the request header: {errors[0]['msg']}"
+    # Of a union's alternatives, the one that got furthest into the data says what is wrong.
+    error = max(errors, key=lambda e: tuple(p for p in e["loc"] if isinstance(p, int)))
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]
+                    if isinstance(p, int) or (p.isidentifier() and p.islower())).lstrip(".") or "request"
+    if error["type"] == "union_tag_invalid":
+        tag = error["ctx"]["tag"]
+        if tag == "BYTES":
+            return f"invalid infer request: {where}.datatype: BYTES (strings) is not supported; use one of " \
+                   f"{', '.join(DATATYPES)}"
+        return f"invalid infer request: {where}.datatype: unknown datatype {tag!r}; expected one of " \
+               f"{', '.join(DATATYPES)}"
+    if error["type"] == "union_tag_not_found":
+        return f"invalid infer request: {where}.datatype: field required"
+    return f"invalid infer request: {where}: {error['msg']}, got {_SHORT.repr(error['input'])}"
 
 
-def _decode_input(item: RequestInput, binary: memoryview, offset: int) -> tuple[np.ndarray, int]:
+def _shaped(item: Any, array: np.ndarray) -> np.ndarray:
+    """``array`` reshaped to the input's shape; numpy's refusal (too many or too large dims) is a 400."""
+    try:
+        return array.reshape(item.shape)
+    except ValueError as exc:
+        message = f"input {item.name!r}: shape {item.shape} cannot be made: {exc}"
+    raise ProtocolError(message)
+
+
+def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[np.ndarray, int]:
     """One input tensor, from the binary section at ``offset`` or from its JSON ``data``."""
-    dtype = _wire_dtype(item)
-    if any(d < 0 for d in item.shape):
-        raise ProtocolError(f"input {item.name!r}: shape {item.shape} has a negative dim")
+    dtype = _WIRE[item.datatype]
     count = math.prod(item.shape)
-    size = (item.parameters or {}).get("binary_data_size")
+    size = item.parameters.binary_data_size if item.parameters is not None else None
     if size is not None:
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ProtocolError(f"input {item.name!r}: binary_data_size must be a non-negative integer, got {size!r}")
+        if item.data is not None:
+            raise ProtocolError(f"input {item.name!r} has both 'data' and parameters.binary_data_size; send one")
         if offset + size > len(binary):
             raise ProtocolError(f"input {item.name!r}: binary data truncated: binary_data_size is {size} bytes "
                                 f"but only {len(binary) - offset} bytes are left in the body")
         if size != count * dtype.itemsize:
             raise ProtocolError(f"input {item.name!r}: shape {item.shape} of {item.datatype} needs "
                                 f"{count * dtype.itemsize} bytes, binary_data_size is {size}")
-        array = np.frombuffer(binary[offset:offset + size], dtype=dtype).reshape(item.shape)
-        return array, offset + size
+        return _shaped(item, np.frombuffer(binary[offset:offset + size], dtype=dtype)), offset + size
     if item.data is None:
         raise ProtocolError(f"input {item.name!r} has neither 'data' nor parameters.binary_data_size")
-    return _json_array(item, dtype, count), offset
+    return _shaped(item, _json_array(item, dtype, count)), offset
 
 
-# target kind -> the kinds of JSON data it accepts (bfloat16, from ml_dtypes, is kind "V")
-_JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf", "V": "iuf"}
-
-
-def _json_array(item: RequestInput, dtype: np.dtype, count: int) -> np.ndarray:
+def _json_array(item: Any, dtype: np.dtype, count: int) -> np.ndarray:
+    """The flat array of ``data``: the schema checked each element's type and range, so the
+    conversion is exact; numpy checks that nested lists are rectangular."""
     try:
-        array = np.asarray(item.data)
-        if dtype.kind in "iu" and array.dtype.kind in "fO":
-            # integers past int64 (numpy reads them as floats, losing digits): keep the exact ints
-            exact = np.asarray(item.data, dtype=object)
-            if all(isinstance(v, int) and not isinstance(v, bool) for v in exact.flat):
-                array = exact
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise ProtocolError(f"input {item.name!r}: data is not a rectangular list of numbers: {exc}") from None
-    if array.size != count:
-        raise ProtocolError(f"input {item.name!r}: shape {item.shape} needs {count} elements, "
-                            f"data has {array.size}")
-    kind = "i" if array.dtype == object else array.dtype.kind  # object: the exact ints above
-    if array.size and kind not in _JSON_KINDS[dtype.kind]:
-        found = {"b": "booleans", "i": "integers", "u": "integers", "f": "non-integer numbers"}.get(
-            kind, "non-numbers")
-        raise ProtocolError(f"input {item.name!r}: datatype {item.datatype} but the data holds {found}")
-    if array.size and dtype.kind in "iu":  # numpy would wrap an out-of-range integer silently
-        info, low, high = np.iinfo(dtype), array.min(), array.max()
-        if low < info.min or high > info.max:
-            bad = low if low < info.min else high
-            raise ProtocolError(f"input {item.name!r}: data does not fit {item.datatype}: {bad} is outside "
-                                f"[{info.min}, {info.max}]")
-    return array.astype(dtype, copy=False).reshape(item.shape)
+        array = np.array(item.data, dtype=dtype).ravel()
+    except ValueError as exc:
+        message = f"input {item.name!r}: data is not a rectangular list: {exc}"
+    else:
+        if array.size == count:
+            return array
+        message = f"input {item.name!r}: shape {item.shape} needs {count} elements, data has {array.size}"
+    raise ProtocolError(message)
 
 
 def _requested_outputs(request: InferRequest) -> tuple[dict[str, bool] | None, bool]:
     """(each listed output -> binary or not, or None for all outputs; the default format)."""
-    default = bool((request.parameters or {}).get("binary_data_output", False))
+    default = bool(request.parameters is not None and request.parameters.binary_data_output)
     if not request.outputs:  # absent or empty: every output
         return None, default
-    return {out.name: bool((out.parameters or {}).get("binary_data", default)) for out in request.outputs}, default
+    return {out.name: default if out.parameters is None or out.parameters.binary_data is None
+            else out.parameters.binary_data for out in request.outputs}, default
 
 
 def encode_response(model_name: str, model_version: str, request: DecodedRequest,

@@ -2,8 +2,9 @@
 
 Sessions are created once, at start. A repository folder holds one folder per model
 (``REPO/NAME/<version>/model.onnx`` + ``config.pbtxt``); the highest numeric version is served.
-``config.pbtxt`` is read as text only (for ``default_model_filename``), and no file outside the
-repository folder is ever opened: symlinks that lead out are refused.
+``config.pbtxt`` is read as text only (for ``default_model_filename`` and ``max_batch_size``,
+which the server enforces as Triton does), and no file outside the repository folder is ever
+opened: symlinks that lead out are refused.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from graphc.model import Model, load
 
 _CONFIG_LIMIT = 1 << 20  # bytes of config.pbtxt read at most
 _FILENAME = re.compile(r'^\s*default_model_filename\s*:\s*"([^"]*)"', re.MULTILINE)
+_MAX_BATCH = re.compile(r"^\s*max_batch_size\s*:\s*(\d+)\b", re.MULTILINE)
 
 
 def _tensor_metadata(spec: TensorSpec, model: str, kind: str) -> dict[str, Any]:
@@ -39,10 +41,11 @@ class ServedModel:
 
     platform = "onnxruntime_onnx"
 
-    def __init__(self, name: str, version: str, model: Model, backend: str = "auto", **options: Any):
+    def __init__(self, name: str, version: str, model: Model, backend: str = "auto", max_batch_size: int = 0,
+                 **options: Any):
         from graphc.session import Session
 
-        self.name, self.version = name, version
+        self.name, self.version, self.max_batch_size = name, version, max_batch_size
         try:
             require_tensor_interface(model, "the KServe v2 protocol")
         except GraphError as exc:
@@ -65,6 +68,9 @@ class ServedModel:
             if want is not None and array.dtype != want:
                 raise ProtocolError(f"input {name!r}: datatype {datatype_of(array.dtype)}, "
                                     f"model {self.name!r} expects {datatype_of(want)}")
+            if self.max_batch_size and array.ndim and array.shape[0] > self.max_batch_size:
+                raise ProtocolError(f"input {name!r}: batch of {array.shape[0]} exceeds the max_batch_size of model "
+                                    f"{self.name!r}, {self.max_batch_size} (config.pbtxt)")
         wanted = None if request.outputs is None else list(request.outputs)
         try:
             if self._lock is None:
@@ -83,27 +89,29 @@ def _inside(path: Path, root: Path) -> Path:
     return resolved
 
 
-def _model_filename(model_dir: Path, root: Path) -> str:
+def _model_config(model_dir: Path, root: Path) -> tuple[str, int]:
+    """(default_model_filename, max_batch_size) from the folder's config.pbtxt, if any."""
     config = model_dir / "config.pbtxt"
     if not config.is_file():
-        return "model.onnx"
+        return "model.onnx", 0
     with open(_inside(config, root), "rb") as f:
         text = f.read(_CONFIG_LIMIT).decode("utf-8", errors="replace")
     match = _FILENAME.search(text)
     filename = match.group(1) if match else "model.onnx"
     if not filename or "/" in filename or "\\" in filename or filename in (".", ".."):
         raise ModelLoadError(f"{config}: default_model_filename {filename!r} must be a plain file name")
-    return filename
+    match = _MAX_BATCH.search(text)
+    return filename, int(match.group(1)) if match else 0
 
 
-def _latest_version(model_dir: Path, root: Path) -> tuple[str, Path]:
-    """The highest numeric version folder holding the model file, and that file."""
-    filename = _model_filename(model_dir, root)
+def _latest_version(model_dir: Path, root: Path) -> tuple[str, Path, int]:
+    """The highest numeric version folder holding the model file, that file, and max_batch_size."""
+    filename, max_batch_size = _model_config(model_dir, root)
     versions = sorted((int(p.name), p) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
     for number, folder in reversed(versions):
         candidate = folder / filename
         if candidate.is_file():
-            return str(number), _inside(candidate, root)
+            return str(number), _inside(candidate, root), max_batch_size
     raise ModelLoadError(f"{model_dir}: no numeric version folder holds {filename!r} "
                          f"(expected {model_dir}/1/{filename})")
 
@@ -112,8 +120,8 @@ def _is_model_dir(path: Path) -> bool:
     return (path / "config.pbtxt").is_file() or any(p.is_dir() and p.name.isdigit() for p in path.iterdir())
 
 
-def _repository(root: Path, name: str | None) -> dict[str, tuple[str, Path]]:
-    """name -> (version, model file) for a repository folder or a single model's folder."""
+def _repository(root: Path, name: str | None) -> dict[str, tuple[str, Path, int]]:
+    """name -> (version, model file, max_batch_size) for a repository folder or one model's folder."""
     root = root.resolve()
     if _is_model_dir(root):
         return {name or root.name: _latest_version(root, root)}
@@ -143,8 +151,8 @@ def load_models(source: Any, name: str | None = None, backend: str = "auto",
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if path.is_dir():
-            return {model_name: ServedModel(model_name, version, load(file), backend, **options)
-                    for model_name, (version, file) in _repository(path, name).items()}
+            return {model_name: ServedModel(model_name, version, load(file), backend, max_batch_size, **options)
+                    for model_name, (version, file, max_batch_size) in _repository(path, name).items()}
         if not path.is_file():
             raise ModelLoadError(f"{path}: no such model file or repository folder")
         model_name = name or path.stem

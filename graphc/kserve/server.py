@@ -1,0 +1,136 @@
+"""Running the app under uvicorn so that it stays up: a deadline on every connection, a listening
+socket bound before anything says "serving", and as many file descriptors as the system allows.
+
+uvicorn (0.54) times out only idle keep-alive connections (``timeout_keep_alive``); nothing bounds
+a connection that sends part of its headers, part of its body, or nothing at all, so enough of
+them hold every descriptor. ``DeadlineProtocol`` adds that bound to uvicorn's httptools protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import resource
+import socket
+from typing import Any, Callable
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from graphc.errors import ServeError
+
+DEFAULT_READ_TIMEOUT = 30.0
+DEFAULT_BACKLOG = 4096
+_TIMEOUT_BODY = b'{"error": "request not received in time"}'
+_TIMEOUT_REPLY = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                  b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_TIMEOUT_BODY), _TIMEOUT_BODY))
+
+
+class DeadlineProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol that closes a connection when a request (headers and body) is
+    not in within ``read_timeout`` seconds of its first byte, when a new connection sends nothing
+    for that long, or when the client stops reading a reply for that long. A request cut off
+    before its headers are complete gets a 408 first."""
+
+    def __init__(self, *args: Any, read_timeout: float = DEFAULT_READ_TIMEOUT, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.read_timeout = read_timeout
+        self._read_deadline: asyncio.TimerHandle | None = None
+        self._write_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._read_deadline = self.loop.call_later(self.read_timeout, self._expire)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._read_deadline is None:  # a later request on a kept-alive connection: its own deadline
+            self._read_deadline = self.loop.call_later(self.read_timeout, self._expire)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._cancel("_read_deadline")
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._cancel("_write_deadline")
+        self._write_deadline = self.loop.call_later(self.read_timeout, self._expire)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._cancel("_write_deadline")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel("_read_deadline")
+        self._cancel("_write_deadline")
+        super().connection_lost(exc)
+
+    def _cancel(self, name: str) -> None:
+        handle = getattr(self, name)
+        if handle is not None:
+            handle.cancel()
+            setattr(self, name, None)
+
+    def _expire(self) -> None:
+        if self.transport.is_closing():
+            return
+        # No request of this connection owns the reply yet (it is still in its headers): say why.
+        if self._write_deadline is None and (self.cycle is None or self.cycle.response_complete):
+            self.transport.write(_TIMEOUT_REPLY)
+        self.transport.close()
+
+
+def raise_descriptor_limit() -> int:
+    """Raise this process's soft limit on open files to the hard limit; returns the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # a sandbox may refuse; the soft limit stays
+            pass
+    return soft
+
+
+def listen(host: str, port: int, backlog: int = DEFAULT_BACKLOG) -> socket.socket:
+    """A TCP socket listening on ``host:port``; a port in use or a bad address is a ``ServeError``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=backlog)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            message = f"port {port} on {host} is already in use; choose another with --port"
+        else:
+            message = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    raise ServeError(message)
+
+
+class Server(uvicorn.Server):
+    """``uvicorn.Server`` that calls ``on_ready`` once it accepts connections."""
+
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None] | None = None):
+        super().__init__(config)
+        self.on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_ready is not None:
+            self.on_ready()
+
+
+def config(app: Any, read_timeout: float = DEFAULT_READ_TIMEOUT, backlog: int = DEFAULT_BACKLOG,
+           log_level: str = "warning", access_log: bool = False) -> uvicorn.Config:
+    """uvicorn's configuration for ``app`` with ``DeadlineProtocol``.
+
+    uvloop (and asyncio) set TCP_NODELAY on every accepted connection, so replies are not held
+    back by Nagle's algorithm (tests/test_serve.py checks). Idle keep-alive connections close
+    after ``min(5, read_timeout)`` s. No proxy-header rewriting: the server is not meant to sit
+    behind a proxy it trusts.
+    """
+
+    def protocol(**kwargs: Any) -> DeadlineProtocol:
+        return DeadlineProtocol(read_timeout=read_timeout, **kwargs)
+
+    return uvicorn.Config(app, http=protocol, log_level=log_level, access_log=access_log, backlog=backlog,
+                          timeout_keep_alive=min(5, read_timeout), timeout_graceful_shutdown=30,
+                          server_header=False, proxy_headers=False)

@@ -1,0 +1,171 @@
+"""The server stays up under abuse (issue 10, items 8, 9, 11), each against `graphc serve` in its
+own process: half-open connections are closed by a read deadline while a good request is still
+served; failed large requests leave no memory behind; a port in use or a bad model is one line
+and exit 2, and "serving" is printed only once the server listens."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+
+from serve_util import mixed_feeds, mixed_model, rss_mb, serve_process
+
+READ_TIMEOUT = 3.0
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("abuse") / "mixed.onnx"
+    onnx.save(mixed_model(), str(path))
+    return path
+
+
+def good_payload() -> dict:
+    feeds = mixed_feeds(2)
+    return {"inputs": [{"name": k, "shape": list(v.shape), "datatype": d, "data": v.ravel().tolist()}
+                       for (k, v), d in zip(feeds.items(), ("FP32", "INT64", "BOOL"))]}
+
+
+def good_request(port: int) -> httpx.Response:
+    return httpx.post(f"http://127.0.0.1:{port}/v2/models/mixed/infer", json=good_payload(), timeout=10)
+
+
+def half_open(port: int, kind: str) -> socket.socket:
+    """A connection that sends nothing, part of its headers, or its headers and part of its body."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    if kind == "headers":
+        sock.sendall(b"POST /v2/models/mixed/infer HTTP/1.1\r\nHost: x\r\nContent-Le")
+    elif kind == "body":
+        sock.sendall(b"POST /v2/models/mixed/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs\": [")
+    return sock
+
+
+def closed_by_server(sock: socket.socket, deadline: float) -> bool:
+    """Whether the server closes ``sock`` (EOF or reset, after any 408 reply) before ``deadline``."""
+    sock.settimeout(max(0.01, deadline - time.monotonic()))
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def still_open(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) != b""  # data would be a reply; an open, silent connection raises
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.setblocking(True)
+
+
+def test_half_open_connections_are_closed_and_good_requests_served_meanwhile(model_file):
+    timeout = 8.0  # long enough that the connections are surely held while the good request runs
+    with serve_process(str(model_file), "--backend", "numpy", "--read-timeout", str(timeout)) as (_, port):
+        start = time.monotonic()
+        held = [half_open(port, kind) for kind in ("nothing", "headers", "body") for _ in range(100)]
+        reply = good_request(port)
+        assert reply.status_code == 200, reply.text
+        assert all(still_open(s) for s in held), "the good request was not served while all were held"
+        deadline = start + timeout + 30  # slack for a loaded machine; the server's deadline is `timeout`
+        open_after = [s for s in held if not closed_by_server(s, deadline)]
+        assert not open_after, f"{len(open_after)} of {len(held)} half-open connections still open"
+        for sock in held:
+            sock.close()
+        assert good_request(port).status_code == 200
+
+
+def test_a_request_cut_off_in_its_headers_gets_a_408(model_file):
+    with serve_process(str(model_file), "--backend", "numpy", "--read-timeout", str(READ_TIMEOUT)) as (_, port):
+        sock = half_open(port, "headers")
+        sock.settimeout(READ_TIMEOUT + 10)
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+        sock.close()
+        assert reply.startswith(b"HTTP/1.1 408"), reply
+        assert json.loads(reply.split(b"\r\n\r\n", 1)[1]) == {"error": "request not received in time"}
+
+
+def test_failed_large_gzip_requests_leave_no_memory_behind(model_file):
+    """20 requests of 20 MB each once decompressed (20 KB on the wire: a JSON header and 20 MB
+    of binary tensor data), each a 400 once decoded: the server's RSS stays within 50 MB of what
+    it was after the first one (before the fix each stayed alive in a reference cycle)."""
+    header = json.dumps({"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 20 << 20}}]}).encode()
+    body = gzip.compress(header + bytes(20 << 20), 1)
+    headers = {"Content-Encoding": "gzip", "Inference-Header-Content-Length": str(len(header))}
+    with serve_process(str(model_file), "--backend", "numpy") as (proc, port), \
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+        def fail() -> None:
+            reply = http.post("/v2/models/mixed/infer", content=body, headers=headers)
+            assert reply.status_code == 400 and "needs 32 bytes, binary_data_size is 20971520" in reply.json()["error"]
+
+        fail()  # the first one warms the allocator and the thread pool up
+        before = rss_mb(proc.pid)
+        for _ in range(19):
+            fail()
+        after = rss_mb(proc.pid)
+        assert after - before < 50, f"RSS grew from {before:.0f} MB to {after:.0f} MB"
+        assert good_request(port).status_code == 200
+
+
+def graphc_serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from graphc.cli import main; main()", "serve", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_port_in_use_is_one_line_naming_it_and_exit_2(model_file):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = graphc_serve(str(model_file), "--port", str(port))
+    assert result.returncode == 2, result
+    assert result.stdout == "", result.stdout  # never "serving ..."
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {port} on 127.0.0.1 is already in use" in lines[0] and "--port" in lines[0], lines
+
+
+def test_a_model_that_fails_to_load_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07 this is not a model")
+    result = graphc_serve(str(bad), "--port", "0")
+    assert result.returncode == 2 and result.stdout == "", result
+    assert len(result.stderr.strip().splitlines()) == 1 and "ModelLoadError" in result.stderr, result.stderr
+
+
+def test_serving_is_printed_only_once_it_listens(model_file):
+    with serve_process(str(model_file), "--backend", "numpy") as (_, port):
+        # serve_process returned right after the "serving" line: the port must already answer.
+        reply = httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5)
+        assert reply.json() == {"ready": True}
+        x = np.asarray(good_request(port).json()["outputs"][1]["data"])
+        np.testing.assert_array_equal(x, (mixed_feeds(2)["idx"] + 1).ravel())
+
+
+def test_the_default_read_timeout_is_at_most_30_s():
+    import inspect
+
+    from graphc import serving
+    from graphc.kserve import server
+
+    assert server.DEFAULT_READ_TIMEOUT <= 30
+    assert inspect.signature(serving.serve).parameters["read_timeout"].default == server.DEFAULT_READ_TIMEOUT
+    config = server.config(object())
+    assert config.timeout_keep_alive <= server.DEFAULT_READ_TIMEOUT and config.backlog >= 4096
