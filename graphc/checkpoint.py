@@ -5,32 +5,38 @@ A checkpoint is either a file ``NAME.safetensors`` or a directory holding
 the tensors belong to, so ``graphc export CHECKPOINT`` needs nothing else). The file holds every
 tensor the training loop carries from step to step (params, optimizer state, step count,
 BatchNorm statistics) and, in the safetensors header, a JSON ``CheckpointMeta``: the loop
-position (step, epoch, batch within the epoch), the loader settings and the Trainer's RNG state,
-so a resumed run replays exactly the losses of the uninterrupted one. A SHA-256 digest of the
+position (step, epoch, batch within the epoch), the running sums of the epoch under way (so the
+resumed epoch's printed loss covers the batches before the interrupt too), the loader settings
+(its order is a function of seed and epoch) and the Trainer's RNG states, so a resumed run
+replays exactly the losses of the uninterrupted one. A SHA-256 digest of the
 tensor data makes a corrupted file fail loudly instead of training on garbage. No pickle.
 
 Writes go to a temporary file in the same folder, are fsync'ed, then ``os.replace``d over the
 previous checkpoint (and the folder fsync'ed): a crash at any moment leaves either the old or
-the new checkpoint, never a torn one.
+the new checkpoint, never a torn one (``graphc.fileio``; temps of killed writers are removed by
+the next save or load). ``artifacts/`` is written into a temp folder and renamed into place whole.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
-from pydantic import BaseModel, NonNegativeInt, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError, field_validator,
+                      model_validator)
 
 from graphc.errors import GraphcError
-from graphc.fileio import atomic_write
+from graphc.fileio import atomic_write, fsync_dir, remove_stale_temps, scratch_dir
 
-__all__ = ["CheckpointError", "CheckpointMeta", "FILE_NAME", "LoaderState", "artifacts_dir", "check_writable", "find_artifacts",
-           "load", "read_meta", "resolve", "save", "trained_from"]
+__all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "LoaderState", "artifacts_dir", "check_writable",
+           "find_artifacts", "load", "mismatch", "read_meta", "read_tensor_table", "resolve", "save", "save_artifacts_beside",
+           "trained_from"]
 
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
@@ -58,6 +64,22 @@ class LoaderState(BaseModel):
         return self.num_samples // self.batch_size if self.drop_last else -(-self.num_samples // self.batch_size)
 
 
+class EpochProgress(BaseModel):
+    """Running sums over the batches of the epoch under way (``Trainer.fit`` prints their mean)."""
+
+    steps: NonNegativeInt = 0       # batches whose loss ``loss_sum`` holds
+    loss_sum: float = 0.0           # their losses added in order (float64)
+    samples: NonNegativeInt = 0
+    seconds: NonNegativeFloat = 0.0  # train time so far
+
+    @field_validator("loss_sum", "seconds")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be finite")
+        return value
+
+
 class CheckpointMeta(BaseModel):
     """What the header of a checkpoint records besides the tensors."""
 
@@ -66,14 +88,16 @@ class CheckpointMeta(BaseModel):
     epoch: NonNegativeInt = 0         # epoch the next batch belongs to
     batch_in_epoch: NonNegativeInt = 0  # batches of that epoch already consumed
     loader: Optional[LoaderState] = None
+    progress: EpochProgress = EpochProgress()  # sums over the first batch_in_epoch batches
     rng: dict[str, Any] = {}          # numpy PCG64 bit-generator state of the Trainer's RNG
+    graph_rng: dict[str, Any] = {}    # the numpy backend's generator for random ops inside the graph
     roles: dict[str, str] = {}        # tensor name -> manifest role (param, state)
     backend: str = ""
     artifacts: str = ""               # where the training graphs were loaded from, if anywhere
     interface: str = ""               # digest of the train_step interface the tensors fit
     digest: str = ""                  # sha256 over the tensor data (filled in by save)
 
-    @field_validator("rng")
+    @field_validator("rng", "graph_rng")
     @classmethod
     def _rng_is_a_pcg64_state(cls, rng: dict[str, Any]) -> dict[str, Any]:
         if rng:
@@ -88,6 +112,9 @@ class CheckpointMeta(BaseModel):
         if self.loader is not None and self.batch_in_epoch > self.loader.batches():
             raise ValueError(f"batch_in_epoch {self.batch_in_epoch} is past the end of an epoch of "
                              f"{self.loader.batches()} batches")
+        if self.progress.steps > self.batch_in_epoch:
+            raise ValueError(f"progress.steps {self.progress.steps} is more than the {self.batch_in_epoch} batches "
+                             "of the epoch consumed")
         return self
 
 
@@ -142,6 +169,7 @@ def load(path: PathLike) -> tuple[dict[str, np.ndarray], CheckpointMeta]:
     from safetensors.numpy import load as st_load
 
     target = _existing_file(resolve(path), path)
+    remove_stale_temps(target)
     data = target.read_bytes()
     meta = _parse_meta(target, data)
     try:
@@ -166,6 +194,47 @@ def read_meta(path: PathLike) -> CheckpointMeta:
 
 
 _MAX_HEADER = 100_000_000  # safetensors' own limit on the header size
+# safetensors' dtype codes -> graphc dtype names
+_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+           "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def read_tensor_table(path: PathLike) -> dict[str, tuple[str, list[int]]]:
+    """Name -> (dtype name, shape) of every tensor in the checkpoint at ``path``, from its header."""
+    target = _existing_file(resolve(path), path)
+    with open(target, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size)) if 0 < size <= _MAX_HEADER else {}
+    return {name: (_DTYPES.get(info.get("dtype"), str(info.get("dtype"))), list(info.get("shape", [])))
+            for name, info in header.items() if name != "__metadata__" and isinstance(info, dict)}
+
+
+def mismatch(expected: Mapping[str, Any], have: Mapping[str, tuple[str, list]]) -> Optional[str]:
+    """Why tensors ``have`` (name -> (dtype name, shape)) do not fit the carried manifest entries
+    ``expected`` (name -> ``TensorEntry``): the first missing or differently typed one; None if they fit."""
+    for name, entry in expected.items():
+        if name not in have:
+            return f"has no {entry.role} {name!r}"
+        dtype, shape = have[name]
+        fixed = entry.shape is not None and all(isinstance(d, int) for d in entry.shape)
+        if dtype != entry.dtype or (fixed and list(shape) != list(entry.shape)):
+            return (f"holds {entry.role} {name!r} as {dtype}{list(shape)}, the training graphs "
+                    f"expect {entry.dtype}{entry.shape}")
+    return None
+
+
+def save_artifacts_beside(target: Path, artifacts: Any) -> Path:
+    """Write ``artifacts`` (training graphs) as ``artifacts/`` beside the checkpoint file
+    ``target``: into a temp folder first, renamed into place whole."""
+    final = target.parent / ARTIFACTS_DIR
+    if final.exists() or final.is_symlink():
+        raise CheckpointError(f"{final} exists and holds no training artifacts (no manifest.json); move it "
+                              "away or choose another checkpoint folder")
+    with scratch_dir(final) as tmp:
+        artifacts.save(tmp)
+        os.rename(tmp, final)
+    fsync_dir(target.parent)
+    return final
 
 
 def _existing_file(target: Path, given: PathLike) -> Path:

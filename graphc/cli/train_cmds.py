@@ -107,7 +107,10 @@ def train_cmd(
     epochs: int = typer.Option(..., "--epochs", min=1),
     batch_size: int = typer.Option(..., "--batch-size", min=1),
     backend: str = typer.Option("auto", "--backend", help="numpy, ort-cpu, ort-cuda or auto."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint directory (saved each epoch)."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint directory (saved each epoch, "
+                                              "and on Ctrl-C)."),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", min=1, help="Also save the checkpoint "
+                                                   "every N steps (a killed run resumes from the last one)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --checkpoint (an error when "
                                 "there is none; without --resume an existing checkpoint is an error too)."),
     seed: int = typer.Option(0, "--seed", help="Shuffling seed."),
@@ -122,6 +125,8 @@ def train_cmd(
 
     if resume and checkpoint is None:
         raise ValueError("--resume needs --checkpoint DIR")
+    if checkpoint_every is not None and checkpoint is None:
+        raise ValueError("--checkpoint-every needs --checkpoint DIR")
     if plot is not None:
         check_plot(plot)
     if checkpoint is not None:
@@ -132,15 +137,20 @@ def train_cmd(
         console.print(f"resumed from {checkpoint}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False, soft_wrap=True)
     train, test = load_data(data, [s.name for s in trainer.batch_specs])
     loader = gc.data.DataLoader(train, batch_size=batch_size, seed=seed)
+    problem = trainer.loader_mismatch(loader)
+    if problem is not None:
+        raise ValueError(f"--resume: {problem}; pass the same --data, --batch-size and --seed to continue the run "
+                         "exactly, or start a new one in another --checkpoint folder")
     eval_loader = gc.data.DataLoader(test, batch_size=max(batch_size, 256), shuffle=False) if test else None
     console.print(f"training on {trainer.backend}: {loader.num_samples} samples, batch {batch_size}, "
                   f"{epochs} epochs", highlight=False, soft_wrap=True)
     try:
         history = trainer.fit(loader, epochs, eval_loader=eval_loader, progress=progress, plot=plot,
-                              checkpoint=checkpoint)
+                              checkpoint=checkpoint, checkpoint_every=checkpoint_every)
     except KeyboardInterrupt:
         if checkpoint is not None:
-            trainer.save_checkpoint(checkpoint)  # mid-epoch: --resume continues with the next batch
+            # the step under way finished first: --resume continues with the next batch, exactly
+            trainer.save_checkpoint(checkpoint)
             err_console.print(f"interrupted at step {trainer.step_count}; saved {checkpoint} "
                               "(continue with --resume)", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
