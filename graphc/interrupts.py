@@ -10,41 +10,69 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 __all__ = ["DeferredInterrupt"]
 
 
 class DeferredInterrupt:
     """Reentrant context manager holding SIGINT until the outermost block ends, then raising
-    ``KeyboardInterrupt``. Only in the main thread and while Python's default SIGINT handler is
-    installed (a program with its own handler keeps it); elsewhere a no-op."""
+    ``KeyboardInterrupt``; between blocks SIGINT raises at once. Works in the main thread while
+    Python's default SIGINT handler is installed (a program with its own handler keeps it);
+    elsewhere a no-op. ``armed()`` keeps the handler installed across many blocks: installing
+    it costs a system call, a few microseconds, twice per block otherwise."""
 
     def __init__(self) -> None:
         self._depth = 0
         self._installed = False
+        self._owner = False  # this block installed the handler and removes it
         self._pending = False
         self.torn = False  # a second SIGINT cut a block short: its state changes may be partial
 
     def __enter__(self) -> DeferredInterrupt:
+        if self._depth == 0:
+            self._owner = self._install()
         self._depth += 1
-        if (self._depth == 1 and threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-            signal.signal(signal.SIGINT, self._hold)
-            self._installed = True
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._depth -= 1
-        if self._depth or not self._installed:
+        if self._depth:
             return False
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        self._installed = False
+        if self._owner:
+            self._uninstall()
+            self._owner = False
         pending, self._pending = self._pending, False
         if pending and exc_type is None:
             raise KeyboardInterrupt
         return False
 
-    def _hold(self, signum, frame) -> None:
+    @contextmanager
+    def armed(self) -> Iterator[DeferredInterrupt]:
+        """Install the handler for the whole ``with`` (blocks inside then skip installing it)."""
+        owner = self._install()
+        try:
+            yield self
+        finally:
+            if owner:
+                self._uninstall()
+
+    def _install(self) -> bool:
+        if (self._installed or threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+            return False
+        signal.signal(signal.SIGINT, self._handle)
+        self._installed = True
+        return True
+
+    def _uninstall(self) -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        self._installed = False
+
+    def _handle(self, signum, frame) -> None:
+        if self._depth == 0:
+            raise KeyboardInterrupt
         if self._pending:
             self.torn = True
             raise KeyboardInterrupt

@@ -313,7 +313,7 @@ class Trainer:
         history = History(backend=self.backend)
         save = (lambda: self.save_checkpoint(checkpoint)) if checkpoint is not None else None
         total = max(0, (epochs - self.epoch) * len(loader) - self.batch_in_epoch)
-        with TrainProgress(total, enabled=progress) as bar:
+        with self._interrupts.armed(), TrainProgress(total, enabled=progress) as bar:
             while self.epoch < epochs:
                 self._fit_epoch(loader, history, bar, save if checkpoint_every else None, checkpoint_every)
                 metrics = self.evaluate_loader(eval_loader) if eval_loader is not None else {}
@@ -337,7 +337,7 @@ class Trainer:
             with self._interrupts:
                 loss = self.step(batch)
                 if hook is not None and self.step_count == hook[1]:
-                    os.kill(os.getpid(), hook[0])
+                    signal.raise_signal(hook[0])
                 if not math.isfinite(loss):
                     raise TrainingFailed(f"the loss became {loss} at step {self.step_count} (epoch {self.epoch + 1}, "
                                          f"batch {self.batch_in_epoch + 1}); lower the learning rate or check the data")
