@@ -119,7 +119,7 @@ def train_cmd(
 ) -> None:
     """Train the artifacts on DATA; exit 1 when training fails (e.g. the loss becomes NaN)."""
     import graphc as gc
-    from graphc.checkpoint import resolve
+    from graphc.checkpoint import CheckpointError, resolve
     from graphc.history import check_plot
     from graphc.trainer import TrainingFailed
 
@@ -150,9 +150,12 @@ def train_cmd(
     except KeyboardInterrupt:
         if checkpoint is not None:
             # the step under way finished first: --resume continues with the next batch, exactly
-            trainer.save_checkpoint(checkpoint)
-            err_console.print(f"interrupted at step {trainer.step_count}; saved {checkpoint} "
-                              "(continue with --resume)", highlight=False, soft_wrap=True)
+            try:
+                trainer.save_checkpoint(checkpoint)
+                saved = f"saved {checkpoint} (continue with --resume)"
+            except CheckpointError as exc:  # a second Ctrl-C cut a step short
+                saved = escape(str(exc))
+            err_console.print(f"interrupted at step {trainer.step_count}; {saved}", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
     except TrainingFailed as exc:
         if checkpoint is not None and resolve(checkpoint).is_file():
