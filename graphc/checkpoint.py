@@ -90,14 +90,14 @@ class CheckpointMeta(BaseModel):
     loader: Optional[LoaderState] = None
     progress: EpochProgress = EpochProgress()  # sums over the first batch_in_epoch batches
     rng: dict[str, Any] = {}          # numpy PCG64 bit-generator state of the Trainer's RNG
-    graph_rng: dict[str, Any] = {}    # the numpy backend's generator for random ops inside the graph
+    graph_rng: dict[str, dict[str, Any]] = {}  # graph -> the numpy backend's generator for its random ops
     roles: dict[str, str] = {}        # tensor name -> manifest role (param, state)
     backend: str = ""
     artifacts: str = ""               # where the training graphs were loaded from, if anywhere
     interface: str = ""               # digest of the train_step interface the tensors fit
     digest: str = ""                  # sha256 over the tensor data (filled in by save)
 
-    @field_validator("rng", "graph_rng")
+    @field_validator("rng")
     @classmethod
     def _rng_is_a_pcg64_state(cls, rng: dict[str, Any]) -> dict[str, Any]:
         if rng:
@@ -106,6 +106,13 @@ class CheckpointMeta(BaseModel):
             except (TypeError, ValueError, KeyError) as exc:
                 raise ValueError(f"not a numpy PCG64 generator state ({exc})") from None
         return rng
+
+    @field_validator("graph_rng")
+    @classmethod
+    def _graph_rngs_are_pcg64_states(cls, states: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for state in states.values():
+            cls._rng_is_a_pcg64_state(state)
+        return states
 
     @model_validator(mode="after")
     def _position_fits_the_loader(self) -> "CheckpointMeta":

@@ -57,6 +57,9 @@ __all__ = ["History", "Trainer", "TrainingFailed"]
 BATCH_ROLES = ("data", "label")
 NOISE_ROLE = "noise"
 SIGNAL_HOOK_ENV = "GRAPHC_TEST_SIGNAL_AT_STEP"
+# ops that draw random numbers inside a graph (Dropout: in a subgraph, with a training_mode input)
+_RANDOM_OPS = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli",
+                         "Multinomial", "Dropout"})
 
 
 class TrainingFailed(GraphcError, RuntimeError):
@@ -303,6 +306,7 @@ class Trainer:
             raise ValueError(f"checkpoint_every must be >= 1 steps, got {checkpoint_every}")
         if checkpoint is not None:
             self._checkpoint_target(checkpoint)
+            self._warn_unsaved_randomness()
         if plot is not None:
             check_plot(plot)
         loader.check_against(self.batch_specs)
@@ -433,6 +437,24 @@ class Trainer:
                                            "refusing to overwrite it, choose another checkpoint path")
         return target
 
+    def _warn_unsaved_randomness(self) -> None:
+        """Warn (once) where checkpoints cannot replay the graph's own random draws: a backend
+        other than numpy keeps its generator's state out of reach."""
+        if "train_step" in self._graph_rngs() or self.__dict__.get("_rng_warned"):
+            return
+        import warnings
+
+        import onnx_ir as ir
+
+        self._rng_warned = True
+        ops = sorted({n.op_type for n in ir.traversal.RecursiveGraphIterator(self.artifacts.train_step.ir.graph)
+                      if n.op_type in _RANDOM_OPS and n.domain in ("", "ai.onnx")
+                      and (n.op_type != "Dropout" or len(n.inputs) > 2)})
+        if ops:
+            warnings.warn(f"the train_step graph draws random numbers itself ({', '.join(ops)}); {self.backend} keeps "
+                          "that generator's state out of reach, so a run resumed from a checkpoint will not replay "
+                          "them exactly (the numpy backend's is saved)", stacklevel=3)
+
     def save_checkpoint(self, path: Union[str, os.PathLike]) -> Path:
         """Write params, optimizer state, step, loop position, the epoch's running sums and RNG
         states to ``path`` (a ``.safetensors`` file, or a directory that also gets the training
@@ -443,11 +465,10 @@ class Trainer:
         target = self._checkpoint_target(path)
         if target.name == ckpt.FILE_NAME and ckpt.artifacts_dir(target) is None:
             ckpt.save_artifacts_beside(target, self.artifacts)
-        graph_rng = getattr(self._train, "rng", None)
         meta = ckpt.CheckpointMeta(
             step=self.step_count, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch, progress=self._progress,
             loader=self._loader_state, rng=self.rng.bit_generator.state,
-            graph_rng=graph_rng.bit_generator.state if isinstance(graph_rng, np.random.Generator) else {},
+            graph_rng={key: rng.bit_generator.state for key, rng in self._graph_rngs().items()},
             roles=dict(self._roles), backend=self.backend, artifacts=str(self.artifacts_path or ""),
             interface=self.manifest.interface())
         return ckpt.save(target, self.state_dict(), meta)
@@ -464,9 +485,17 @@ class Trainer:
         self._loader_state = meta.loader
         if meta.rng:
             self.rng.bit_generator.state = meta.rng
-        graph_rng = getattr(self._train, "rng", None)
-        if meta.graph_rng and isinstance(graph_rng, np.random.Generator):
-            graph_rng.bit_generator.state = meta.graph_rng
+        if "eval" in meta.graph_rng:
+            self._eval_exe()
+        for key, rng in self._graph_rngs().items():
+            if key in meta.graph_rng:
+                rng.bit_generator.state = meta.graph_rng[key]
+
+    def _graph_rngs(self) -> dict[str, np.random.Generator]:
+        """The generators the backend draws the train_step and eval graphs' random ops from,
+        where it has them in reach (the numpy backend)."""
+        found = {key: getattr(exe, "rng", None) for key, exe in (("train_step", self._train), ("eval", self._eval))}
+        return {key: rng for key, rng in found.items() if isinstance(rng, np.random.Generator)}
 
     def export_inference(self, path: Union[str, os.PathLike], opset: Optional[int] = None) -> Path:
         """Write the inference model with the trained params folded in, optimized (level 3)."""

@@ -148,3 +148,32 @@ def test_fit_stopped_and_resumed_in_process_equals_the_uninterrupted_run(tmp_pat
         assert replayed(history) == expected[start:]  # whole epochs: the resumed one's loss covers all its batches
         for name, value in straight.state_dict().items():
             assert second.state_dict()[name].tobytes() == value.tobytes(), name
+
+
+def random_op_artifacts():
+    """A model that draws noise inside its graph (RandomNormal): the backend's own generator."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.full((8, 3), 0.1, np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["z"]), helper.make_node("RandomNormal", [], ["n"], shape=[3]),
+             helper.make_node("Add", ["z", "n"], ["logits"])]
+    graph = helper.make_graph(nodes, "noisy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return gc.training.generate(gc.load(model), gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
+
+
+def test_random_ops_inside_the_graph_replay_on_numpy_and_are_warned_about_elsewhere(tmp_path, monkeypatch):
+    arts = random_op_artifacts()
+    expected = replayed(fit(gc.Trainer(arts, backend="numpy")))
+    first = gc.Trainer(arts, backend="numpy")
+    monkeypatch.setenv(SIGNAL_HOOK_ENV, "INT:9")
+    with pytest.raises(KeyboardInterrupt):
+        fit(first, checkpoint=tmp_path / "ck")
+    monkeypatch.delenv(SIGNAL_HOOK_ENV)
+    first.save_checkpoint(tmp_path / "ck")
+    assert sorted(ckpt.read_meta(tmp_path / "ck").graph_rng) == ["eval", "train_step"]
+    resumed = gc.Trainer(tmp_path / "ck", backend="numpy")
+    assert replayed(fit(resumed)) == expected[1:]
+    with pytest.warns(UserWarning, match=r"draws random numbers itself \(RandomNormal\); ort-cpu keeps"):
+        fit(gc.Trainer(arts, backend="ort-cpu"), checkpoint=tmp_path / "ort")
