@@ -52,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from graphc.dtypes import TensorSpec, as_dtype, to_numpy
 from graphc.errors import ArtifactsError, GraphError
-from graphc.fileio import atomic_write
+from graphc.fileio import atomic_write, remove_stale_temps
 from graphc.losses import LossSpec
 from graphc.model import Model, value_spec
 
@@ -234,10 +234,14 @@ class TrainingArtifacts:
 def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:
     """Read what ``TrainingArtifacts.save`` wrote.
 
+    Temps that a killed save left beside the files are removed. Each graph is read on first
+    use and checked against the manifest then.
+
     Raises:
         ArtifactsError: ``manifest.json`` is missing, not JSON or not a valid manifest, lacks one
             of the four graphs, or names a graph file that resolves (symlinks followed) outside
             ``directory``; ``state.safetensors`` is unreadable. Checked before any graph is read.
+            On first use of a graph: its inputs or outputs differ from the manifest's.
     """
     from safetensors import SafetensorError
     from safetensors.numpy import load as st_load
@@ -245,6 +249,8 @@ def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:
     directory = Path(directory)
     manifest = read_manifest(directory)
     files = {key: _graph_file(directory, key, entry.file) for key, entry in manifest.graphs.items()}
+    for path in (*files.values(), directory / STATE_FILE, directory / MANIFEST_FILE):
+        remove_stale_temps(path)  # what a save killed mid-way left beside them
     graphs = {key: partial(_load_graph, path, manifest.graphs[key]) for key, path in files.items()}  # read on first use
     try:
         state = st_load((directory / STATE_FILE).read_bytes())

@@ -66,12 +66,17 @@ def temps(folder):
     return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name)
 
 
-def test_a_killed_artifacts_save_leaves_a_named_temp_that_the_next_save_removes(tmp_path, saved):
+def test_a_killed_artifacts_save_leaves_a_named_temp_that_the_next_save_or_load_removes(tmp_path, saved):
     out = tmp_path / "out"
     kill_while_writing(tmp_path, "artifacts", saved, out)
     stale = temps(out)
     assert len(stale) == 1 and stale[0].startswith(".train_step.onnx.tmp-")  # beside its target, named after it
     assert (out / stale[0] / "train_step.onnx").is_file() and not (out / "train_step.onnx").exists()
+    gc.training.load(saved).save(out)  # the next save removes it
+    assert temps(out) == []
+    kill_while_writing(tmp_path, "artifacts", saved, out)  # killed re-saving over complete artifacts
+    stale = temps(out)
+    assert len(stale) == 1
     # Not graphc's temps, or not stale: a living writer's (our parent's pid), another name's
     # pattern, a user's file that merely looks alike; and a stale temp in another folder.
     alive = f".train_step.onnx.tmp-1-{os.getppid()}"
@@ -80,7 +85,7 @@ def test_a_killed_artifacts_save_leaves_a_named_temp_that_the_next_save_removes(
         (out / name).mkdir()
     (tmp_path / "elsewhere").mkdir()
     shutil.copytree(out / stale[0], tmp_path / "elsewhere" / stale[0])
-    gc.training.load(saved).save(out)
+    gc.training.load(out)  # loading removes it too
     assert temps(out) == sorted(keep)
     assert temps(tmp_path / "elsewhere") == stale
     assert gc.training.load(out).train_step.inputs == gc.training.load(saved).train_step.inputs
