@@ -485,7 +485,7 @@ class Trainer:
         self._loader_state = meta.loader
         if meta.rng:
             self.rng.bit_generator.state = meta.rng
-        if "eval" in meta.graph_rng:
+        if "eval" in meta.graph_rng and "train_step" in self._graph_rngs():  # a backend whose generators we reach
             self._eval_exe()
         for key, rng in self._graph_rngs().items():
             if key in meta.graph_rng:
