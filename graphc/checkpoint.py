@@ -34,7 +34,8 @@ from pydantic import (BaseModel, NonNegativeFloat, NonNegativeInt, PositiveInt, 
 from graphc.errors import GraphcError
 from graphc.fileio import atomic_write, fsync_dir, remove_stale_temps, scratch_dir
 
-__all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "LoaderState", "artifacts_dir", "check_writable",
+__all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "LoaderState", "artifacts_dir", "check_owner",
+           "check_writable",
            "find_artifacts", "load", "mismatch", "read_meta", "read_tensor_table", "resolve", "save", "save_artifacts_beside",
            "trained_from"]
 
@@ -228,6 +229,31 @@ def mismatch(expected: Mapping[str, Any], have: Mapping[str, tuple[str, list]]) 
             return (f"holds {entry.role} {name!r} as {dtype}{list(shape)}, the training graphs "
                     f"expect {entry.dtype}{entry.shape}")
     return None
+
+
+def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
+    """``check_writable(path)``, and ``CheckpointError`` when what is there (the checkpoint, or
+    the training graphs beside it) belongs to other training graphs than those carrying
+    ``expected`` (``Manifest.carried()``), naming the first tensor that differs."""
+    from graphc.training import MANIFEST_FILE, read_manifest
+
+    target = check_writable(path)
+    found = []
+    if target.is_file():
+        found.append((target, read_tensor_table(target), read_meta(target).roles))
+    beside = artifacts_dir(target) if target.name == FILE_NAME else None
+    if beside is not None:
+        carried = read_manifest(beside).carried()
+        found.append((beside / MANIFEST_FILE, {n: (e.dtype, e.shape or []) for n, e in carried.items()},
+                      {n: e.role for n, e in carried.items()}))
+    for where, tensors, roles in found:
+        extra = next((f"has {role} {name!r}, which these training graphs lack" for name, role in roles.items()
+                      if name not in expected), None)
+        problem = mismatch(expected, tensors) or extra
+        if problem is not None:
+            raise CheckpointError(f"{path} belongs to other training graphs (another model?): {where} {problem}; "
+                                  "refusing to overwrite it, choose another checkpoint path")
+    return target
 
 
 def save_artifacts_beside(target: Path, artifacts: Any) -> Path:

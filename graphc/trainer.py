@@ -305,7 +305,7 @@ class Trainer:
         if checkpoint_every is not None and int(checkpoint_every) < 1:
             raise ValueError(f"checkpoint_every must be >= 1 steps, got {checkpoint_every}")
         if checkpoint is not None:
-            self._checkpoint_target(checkpoint)
+            ckpt.check_owner(checkpoint, self._expected)
             self._warn_unsaved_randomness()
         if plot is not None:
             check_plot(plot)
@@ -413,30 +413,6 @@ class Trainer:
         entry = self._entries["lr"]
         self._state["lr"] = self._train.to_device(np.asarray(value, dtype=to_numpy(entry.dtype)))
 
-    def _checkpoint_target(self, path: Union[str, os.PathLike]) -> Path:
-        """The checkpoint file for ``path`` if this trainer may write it: ``check_writable``, and
-        refused when what is there (the checkpoint, or the training graphs beside it) belongs
-        to other training graphs, naming the first tensor that differs."""
-        from graphc.training import MANIFEST_FILE, read_manifest
-
-        target = ckpt.check_writable(path)
-        found = []
-        if target.is_file():
-            found.append((target, ckpt.read_tensor_table(target), ckpt.read_meta(target).roles))
-        beside = ckpt.artifacts_dir(target) if target.name == ckpt.FILE_NAME else None
-        if beside is not None:
-            carried = read_manifest(beside).carried()
-            found.append((beside / MANIFEST_FILE, {n: (e.dtype, e.shape or []) for n, e in carried.items()},
-                          {n: e.role for n, e in carried.items()}))
-        for where, tensors, roles in found:
-            extra = next((f"has {role} {name!r}, which these training graphs lack" for name, role in roles.items()
-                          if name not in self._expected), None)
-            problem = ckpt.mismatch(self._expected, tensors) or extra
-            if problem is not None:
-                raise ckpt.CheckpointError(f"{path} belongs to other training graphs (another model?): {where} {problem}; "
-                                           "refusing to overwrite it, choose another checkpoint path")
-        return target
-
     def _warn_unsaved_randomness(self) -> None:
         """Warn (once) where checkpoints cannot replay the graph's own random draws: a backend
         other than numpy keeps its generator's state out of reach."""
@@ -462,7 +438,7 @@ class Trainer:
         if self._interrupts.torn:
             raise ckpt.CheckpointError("a second Ctrl-C cut a training step short, so the state is not consistent; "
                                        f"not saving it over {path} (the last checkpoint written there stays)")
-        target = self._checkpoint_target(path)
+        target = ckpt.check_owner(path, self._expected)
         if target.name == ckpt.FILE_NAME and ckpt.artifacts_dir(target) is None:
             ckpt.save_artifacts_beside(target, self.artifacts)
         meta = ckpt.CheckpointMeta(

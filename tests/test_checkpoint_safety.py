@@ -147,9 +147,11 @@ def test_training_into_another_models_checkpoint_is_refused_before_the_first_ste
     np.savez(tmp_path / "data.npz", **blobs(32))
     args = ["train", tmp_path / "arts", "--data", tmp_path / "data.npz", "--epochs", 1, "--batch-size", 16,
             "--backend", "numpy", "--no-progress", "--checkpoint", tmp_path / "ck"]
-    assert "has no param 'fc1.weight'" in one_line_error(run_cli(capsys, *args))
+    assert "artifacts/manifest.json has no param 'fc1.weight'" in one_line_error(run_cli(capsys, *args))
     theirs.save_checkpoint(tmp_path / "ck")
-    assert "the checkpoint has no param 'fc1.weight'" in one_line_error(run_cli(capsys, *args, "--resume"))
+    for extra in ([], ["--resume"]):  # named before anything is loaded, not "pass --resume"
+        err = one_line_error(run_cli(capsys, *args, *extra))
+        assert "belongs to other training graphs" in err and "checkpoint.safetensors has no param 'fc1.weight'" in err
     assert (tmp_path / "ck" / ckpt.FILE_NAME).read_bytes() == before
 
 

@@ -83,10 +83,12 @@ def load_data(path: Path, names: list[str]) -> tuple[dict[str, np.ndarray], Opti
     return train, ({name: arrays[f"{name}_test"] for name in names} if with_test else None)
 
 
-def check_checkpoint(path: Path, resume: bool) -> None:
-    """Before training: a checkpoint can be written at ``path``; with ``resume`` one is there to
-    continue, without it none is there to be overwritten by a fresh run."""
-    from graphc.checkpoint import CheckpointError, check_writable, read_meta, resolve
+def check_checkpoint(path: Path, resume: bool, artifacts: Path) -> None:
+    """Before training: a checkpoint of the training graphs in ``artifacts`` can be written at
+    ``path`` (none of another model's is there); with ``resume`` one is there to continue,
+    without it none is there to be overwritten by a fresh run."""
+    from graphc.checkpoint import CheckpointError, check_owner, check_writable, find_artifacts, read_meta, resolve
+    from graphc.training import MANIFEST_FILE, read_manifest
 
     target = resolve(path)
     if resume:
@@ -94,7 +96,15 @@ def check_checkpoint(path: Path, resume: bool) -> None:
             raise CheckpointError(f"--resume: no checkpoint at {target} to resume from; leave out --resume to "
                                   "start a new run there")
         read_meta(target)  # a directory or a bad header is named here, not after the model is loaded
-    elif check_writable(path).is_file():
+    # the training graphs: ARTIFACTS, or those beside (or recorded by) a checkpoint given as ARTIFACTS
+    source = artifacts if (artifacts / MANIFEST_FILE).is_file() else None
+    if source is None and resolve(artifacts).is_file():
+        source = find_artifacts(artifacts)
+    if source is not None:
+        check_owner(path, read_manifest(source).carried())  # another model's checkpoint is named here
+    else:
+        check_writable(path)
+    if not resume and target.is_file():
         meta = read_meta(target)
         raise CheckpointError(f"--checkpoint {path} already holds a checkpoint (step {meta.step}, epoch "
                               f"{meta.epoch}); pass --resume to continue it, or choose another path to start afresh")
@@ -130,7 +140,7 @@ def train_cmd(
     if plot is not None:
         check_plot(plot)
     if checkpoint is not None:
-        check_checkpoint(checkpoint, resume)
+        check_checkpoint(checkpoint, resume, artifacts)
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed)
     if resume:
         trainer.load_checkpoint(checkpoint)
