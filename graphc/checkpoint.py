@@ -35,9 +35,8 @@ from graphc.errors import GraphcError
 from graphc.fileio import atomic_write, fsync_dir, remove_stale_temps, scratch_dir
 
 __all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "LoaderState", "artifacts_dir", "check_owner",
-           "check_writable",
-           "find_artifacts", "load", "mismatch", "read_meta", "read_tensor_table", "resolve", "save", "save_artifacts_beside",
-           "trained_from"]
+           "check_writable", "find_artifacts", "load", "mismatch", "read_meta", "read_tensor_table", "resolve", "save",
+           "save_artifacts_beside", "trained_from"]
 
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
@@ -210,11 +209,11 @@ _DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat
 def read_tensor_table(path: PathLike) -> dict[str, tuple[str, list[int]]]:
     """Name -> (dtype name, shape) of every tensor in the checkpoint at ``path``, from its header."""
     target = _existing_file(resolve(path), path)
+    read_meta(target)  # a graphc checkpoint's header (so JSON of a sane size), or CheckpointError
     with open(target, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size)) if 0 < size <= _MAX_HEADER else {}
-    return {name: (_DTYPES.get(info.get("dtype"), str(info.get("dtype"))), list(info.get("shape", [])))
-            for name, info in header.items() if name != "__metadata__" and isinstance(info, dict)}
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return {name: (_DTYPES.get(info.get("dtype"), str(info.get("dtype"))), info["shape"])
+            for name, info in header.items() if isinstance(info, dict) and isinstance(info.get("shape"), list)}
 
 
 def mismatch(expected: Mapping[str, Any], have: Mapping[str, tuple[str, list]]) -> Optional[str]:

@@ -251,7 +251,8 @@ def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:
     files = {key: _graph_file(directory, key, entry.file) for key, entry in manifest.graphs.items()}
     for path in (*files.values(), directory / STATE_FILE, directory / MANIFEST_FILE):
         remove_stale_temps(path)  # what a save killed mid-way left beside them
-    graphs = {key: partial(_load_graph, path, manifest.graphs[key]) for key, path in files.items()}  # read on first use
+    graphs = {key: partial(_load_graph, path, directory / MANIFEST_FILE, manifest.graphs[key])  # read on first use
+              for key, path in files.items()}
     try:
         state = st_load((directory / STATE_FILE).read_bytes())
     except (OSError, SafetensorError) as exc:
@@ -279,13 +280,13 @@ def read_manifest(directory: Union[str, os.PathLike]) -> Manifest:
     return manifest
 
 
-def _load_graph(path: Path, entry: GraphEntry) -> Model:
+def _load_graph(path: Path, manifest: Path, entry: GraphEntry) -> Model:
     """The graph at ``path``, refused with ``ArtifactsError`` unless its inputs and outputs are
-    the ones ``entry`` (the manifest) lists, with the same dtypes, ranks and fixed dims."""
+    the ones ``entry`` (in ``manifest``) lists, with the same dtypes, ranks and fixed dims."""
     from graphc.model import load as load_model
 
     model = load_model(path)
-    where = f"{path} does not match {path.parent / MANIFEST_FILE}"
+    where = f"{path} does not match {manifest}"
     for kind, listed, found in (("input", entry.inputs, model.inputs), ("output", entry.outputs, model.outputs)):
         have = {spec.name: spec for spec in found}
         for want in listed:
