@@ -5,32 +5,38 @@ A checkpoint is either a file ``NAME.safetensors`` or a directory holding
 the tensors belong to, so ``graphc export CHECKPOINT`` needs nothing else). The file holds every
 tensor the training loop carries from step to step (params, optimizer state, step count,
 BatchNorm statistics) and, in the safetensors header, a JSON ``CheckpointMeta``: the loop
-position (step, epoch, batch within the epoch), the loader settings and the Trainer's RNG state,
-so a resumed run replays exactly the losses of the uninterrupted one. A SHA-256 digest of the
+position (step, epoch, batch within the epoch), the running sums of the epoch under way (so the
+resumed epoch's printed loss covers the batches before the interrupt too), the loader settings
+(its order is a function of seed and epoch) and the Trainer's RNG states, so a resumed run
+replays exactly the losses of the uninterrupted one. A SHA-256 digest of the
 tensor data makes a corrupted file fail loudly instead of training on garbage. No pickle.
 
 Writes go to a temporary file in the same folder, are fsync'ed, then ``os.replace``d over the
 previous checkpoint (and the folder fsync'ed): a crash at any moment leaves either the old or
-the new checkpoint, never a torn one.
+the new checkpoint, never a torn one (``graphc.fileio``; temps of killed writers are removed by
+the next save or load). ``artifacts/`` is written into a temp folder and renamed into place whole.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
-from pydantic import BaseModel, NonNegativeInt, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError, field_validator,
+                      model_validator)
 
 from graphc.errors import GraphcError
-from graphc.fileio import atomic_write
+from graphc.fileio import atomic_write, fsync_dir, remove_stale_temps, scratch_dir
 
-__all__ = ["CheckpointError", "CheckpointMeta", "FILE_NAME", "LoaderState", "artifacts_dir", "check_writable", "find_artifacts",
-           "load", "read_meta", "resolve", "save", "trained_from"]
+__all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "LoaderState", "artifacts_dir", "check_owner",
+           "check_writable", "find_artifacts", "load", "mismatch", "read_meta", "read_tensor_table", "resolve", "save",
+           "save_artifacts_beside", "trained_from"]
 
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
@@ -58,6 +64,22 @@ class LoaderState(BaseModel):
         return self.num_samples // self.batch_size if self.drop_last else -(-self.num_samples // self.batch_size)
 
 
+class EpochProgress(BaseModel):
+    """Running sums over the batches of the epoch under way (``Trainer.fit`` prints their mean)."""
+
+    steps: NonNegativeInt = 0       # batches whose loss ``loss_sum`` holds
+    loss_sum: float = 0.0           # their losses added in order (float64)
+    samples: NonNegativeInt = 0
+    seconds: NonNegativeFloat = 0.0  # train time so far
+
+    @field_validator("loss_sum", "seconds")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be finite")
+        return value
+
+
 class CheckpointMeta(BaseModel):
     """What the header of a checkpoint records besides the tensors."""
 
@@ -66,7 +88,9 @@ class CheckpointMeta(BaseModel):
     epoch: NonNegativeInt = 0         # epoch the next batch belongs to
     batch_in_epoch: NonNegativeInt = 0  # batches of that epoch already consumed
     loader: Optional[LoaderState] = None
+    progress: EpochProgress = EpochProgress()  # sums over the first batch_in_epoch batches
     rng: dict[str, Any] = {}          # numpy PCG64 bit-generator state of the Trainer's RNG
+    graph_rng: dict[str, dict[str, Any]] = {}  # graph -> the numpy backend's generator for its random ops
     roles: dict[str, str] = {}        # tensor name -> manifest role (param, state)
     backend: str = ""
     artifacts: str = ""               # where the training graphs were loaded from, if anywhere
@@ -83,11 +107,21 @@ class CheckpointMeta(BaseModel):
                 raise ValueError(f"not a numpy PCG64 generator state ({exc})") from None
         return rng
 
+    @field_validator("graph_rng")
+    @classmethod
+    def _graph_rngs_are_pcg64_states(cls, states: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for state in states.values():
+            cls._rng_is_a_pcg64_state(state)
+        return states
+
     @model_validator(mode="after")
     def _position_fits_the_loader(self) -> "CheckpointMeta":
         if self.loader is not None and self.batch_in_epoch > self.loader.batches():
             raise ValueError(f"batch_in_epoch {self.batch_in_epoch} is past the end of an epoch of "
                              f"{self.loader.batches()} batches")
+        if self.progress.steps > self.batch_in_epoch:
+            raise ValueError(f"progress.steps {self.progress.steps} is more than the {self.batch_in_epoch} batches "
+                             "of the epoch consumed")
         return self
 
 
@@ -142,6 +176,7 @@ def load(path: PathLike) -> tuple[dict[str, np.ndarray], CheckpointMeta]:
     from safetensors.numpy import load as st_load
 
     target = _existing_file(resolve(path), path)
+    remove_stale_temps(target)
     data = target.read_bytes()
     meta = _parse_meta(target, data)
     try:
@@ -166,6 +201,72 @@ def read_meta(path: PathLike) -> CheckpointMeta:
 
 
 _MAX_HEADER = 100_000_000  # safetensors' own limit on the header size
+# safetensors' dtype codes -> graphc dtype names
+_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+           "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def read_tensor_table(path: PathLike) -> dict[str, tuple[str, list[int]]]:
+    """Name -> (dtype name, shape) of every tensor in the checkpoint at ``path``, from its header."""
+    target = _existing_file(resolve(path), path)
+    read_meta(target)  # a graphc checkpoint's header (so JSON of a sane size), or CheckpointError
+    with open(target, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return {name: (_DTYPES.get(info.get("dtype"), str(info.get("dtype"))), info["shape"])
+            for name, info in header.items() if isinstance(info, dict) and isinstance(info.get("shape"), list)}
+
+
+def mismatch(expected: Mapping[str, Any], have: Mapping[str, tuple[str, list]]) -> Optional[str]:
+    """Why tensors ``have`` (name -> (dtype name, shape)) do not fit the carried manifest entries
+    ``expected`` (name -> ``TensorEntry``): the first missing or differently typed one; None if they fit."""
+    for name, entry in expected.items():
+        if name not in have:
+            return f"has no {entry.role} {name!r}"
+        dtype, shape = have[name]
+        fixed = entry.shape is not None and all(isinstance(d, int) for d in entry.shape)
+        if dtype != entry.dtype or (fixed and list(shape) != list(entry.shape)):
+            return (f"holds {entry.role} {name!r} as {dtype}{list(shape)}, the training graphs "
+                    f"expect {entry.dtype}{entry.shape}")
+    return None
+
+
+def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
+    """``check_writable(path)``, and ``CheckpointError`` when what is there (the checkpoint, or
+    the training graphs beside it) belongs to other training graphs than those carrying
+    ``expected`` (``Manifest.carried()``), naming the first tensor that differs."""
+    from graphc.training import MANIFEST_FILE, read_manifest
+
+    target = check_writable(path)
+    found = []
+    if target.is_file():
+        found.append((target, read_tensor_table(target), read_meta(target).roles))
+    beside = artifacts_dir(target) if target.name == FILE_NAME else None
+    if beside is not None:
+        carried = read_manifest(beside).carried()
+        found.append((beside / MANIFEST_FILE, {n: (e.dtype, e.shape or []) for n, e in carried.items()},
+                      {n: e.role for n, e in carried.items()}))
+    for where, tensors, roles in found:
+        extra = next((f"has {role} {name!r}, which these training graphs lack" for name, role in roles.items()
+                      if name not in expected), None)
+        problem = mismatch(expected, tensors) or extra
+        if problem is not None:
+            raise CheckpointError(f"{path} belongs to other training graphs (another model?): {where} {problem}; "
+                                  "refusing to overwrite it, choose another checkpoint path")
+    return target
+
+
+def save_artifacts_beside(target: Path, artifacts: Any) -> Path:
+    """Write ``artifacts`` (training graphs) as ``artifacts/`` beside the checkpoint file
+    ``target``: into a temp folder first, renamed into place whole."""
+    final = target.parent / ARTIFACTS_DIR
+    if final.exists() or final.is_symlink():
+        raise CheckpointError(f"{final} exists and holds no training artifacts (no manifest.json); move it "
+                              "away or choose another checkpoint folder")
+    with scratch_dir(final) as tmp:
+        artifacts.save(tmp)
+        os.rename(tmp, final)
+    fsync_dir(target.parent)
+    return final
 
 
 def _existing_file(target: Path, given: PathLike) -> Path:

@@ -1,38 +1,83 @@
 """Atomic file writes: a crash or a kill mid-write leaves the previous file, never half of one.
 
-Data goes to a temp file in the target's folder (named after the writer's pid), is fsync'ed,
-then ``os.replace``d over the target; the folder is fsync'ed so the rename survives a power
-loss. Temp files of writers that were killed are removed by the next write.
+Data goes to a temp file (or a scratch folder, for writers that make several files) beside the
+target, named ``.<target name>.tmp-<thread id>-<pid>``; it is fsync'ed, then ``os.replace``d
+over the target, and the folder is fsync'ed so the rename survives a power loss. Temps of the
+same target whose writer is gone (killed, even by SIGKILL) match that pattern and are removed by
+the next write, or ``remove_stale_temps``: only entries of that pattern, only in the target's folder.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Union
 
 PathLike = Union[str, os.PathLike]
+
+_TEMP_SUFFIX = re.compile(r"\.tmp-\d+-(\d+)")
 
 
 def atomic_write(path: PathLike, data: bytes, mode: int = 0o644) -> Path:
     """Write ``data`` to ``path`` atomically with permissions ``mode``; returns the path."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(target)
-    tmp = target.with_name(f".{target.name}.tmp-{threading.get_native_id()}-{os.getpid()}")
+    remove_stale_temps(target)
+    tmp = temp_path(target)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
+        write_synced(tmp, data, mode)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(target.parent)
     return target
+
+
+@contextmanager
+def scratch_dir(target: PathLike) -> Iterator[Path]:
+    """A fresh temp folder beside ``target`` (stale ones of the target removed first) for a
+    writer that fills it, fsyncs (``sync_tree``) and moves its files into place; removed on exit."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(target)
+    tmp = temp_path(target)
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def temp_path(target: Path) -> Path:
+    """This writer's temp name for ``target``: recognisable, beside it, unique per thread."""
+    return target.with_name(f".{target.name}.tmp-{threading.get_native_id()}-{os.getpid()}")
+
+
+def write_synced(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write ``data`` to a new file ``path`` and flush it to disk."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(path, mode)
+
+
+def sync_tree(folder: Path) -> None:
+    """fsync every file under ``folder`` and the folders themselves (before renaming them)."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(root))
 
 
 def fsync_dir(folder: Path) -> None:
@@ -49,19 +94,36 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _remove_stale_temps(target: Path) -> None:
-    """Delete temp files left by writers that were killed mid-write (their pid is gone)."""
-    for tmp in target.parent.glob(f".{target.name}.tmp-*"):
-        pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            tmp.unlink(missing_ok=True)
+def remove_stale_temps(target: PathLike) -> None:
+    """Delete the temp files and folders of ``target`` left by writers that are gone (their pid
+    is not running); never anything else, never outside ``target``'s folder. Best effort: a
+    read-only folder is left as it is."""
+    target = Path(target)
+    prefix = f".{target.name}"
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return
+    for entry in entries:
+        found = _TEMP_SUFFIX.fullmatch(entry.name[len(prefix):]) if entry.name.startswith(prefix) else None
+        if found is None or int(found.group(1)) == os.getpid() or _alive(int(found.group(1))):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
 
 
 def _alive(pid: int) -> bool:
+    if pid <= 0:  # not a writer's pid (and kill(0) would signal our own group)
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except (PermissionError, OverflowError):
         return True
     return True

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Union
@@ -15,6 +14,7 @@ from google.protobuf.message import DecodeError
 
 from graphc.dtypes import FLOAT_DTYPES, TensorSpec, as_dtype
 from graphc.errors import ModelLoadError
+from graphc.fileio import fsync_dir, scratch_dir, sync_tree
 
 SOURCE_KEY = "graphc.source"
 # Models with more initializer bytes than this are saved with external data (protobuf caps a
@@ -125,16 +125,18 @@ class Model:
         try:
             # Write into a scratch folder beside the target, then move each file into place:
             # a crash leaves the previous file intact, never a half-written one.
-            with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
-                tmp_model = Path(tmp) / path.name
+            with scratch_dir(path) as tmp:
+                tmp_model = tmp / path.name
                 data_name = f"{path.name}.data" if external_data else None
                 ir.save(self._ir, tmp_model, external_data=data_name,
                         size_threshold_bytes=size_threshold_bytes)
-                if data_name and (Path(tmp) / data_name).exists():
-                    os.chmod(Path(tmp) / data_name, 0o644)
-                    os.replace(Path(tmp) / data_name, path.parent / data_name)
+                sync_tree(tmp)
+                if data_name and (tmp / data_name).exists():
+                    os.chmod(tmp / data_name, 0o644)
+                    os.replace(tmp / data_name, path.parent / data_name)
                 os.chmod(tmp_model, 0o644)
                 os.replace(tmp_model, path)
+            fsync_dir(path.parent)
         finally:
             self._ir.ir_version = saved_ir_version
         return path

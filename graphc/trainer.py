@@ -20,13 +20,23 @@ from its ``numpy.random.Generator`` (PCG64, ``seed`` option, default 0), the sha
 dims bound by the batch. The generator's state is saved in checkpoints, so a resumed run draws
 the same masks, and the draws are the same on every backend. A batch that holds an array under a
 noise input's name feeds it instead (no draw).
+
+Exact resume: ``fit`` runs each step and its bookkeeping (step and batch counters, the epoch's
+running loss) with Ctrl-C held back until they are done (``graphc.interrupts``), so the
+checkpoint saved on an interrupt is consistent; ``fit(checkpoint_every=N)`` also saves every N
+steps, for runs killed outright. A resumed epoch's printed loss covers all its batches.
+
+Test hook: the environment variable ``GRAPHC_TEST_SIGNAL_AT_STEP=INT:17`` (or ``KILL:17``)
+makes ``fit`` send itself that signal right after step 17, before the step's bookkeeping, the
+spot where an interrupt used to lose or repeat a batch; the interrupt tests use it. Unset, it
+costs nothing.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
+import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,12 +51,16 @@ from graphc.dtypes import TensorSpec, to_numpy
 from graphc.errors import GraphcError, InputError
 from graphc.feeds import check_one, dtype_name
 from graphc.history import EpochRecord, History
+from graphc.interrupts import DeferredInterrupt
 
 __all__ = ["History", "Trainer", "TrainingFailed"]
 
-CARRIED_ROLES = ("param", "state", "hyper")
 BATCH_ROLES = ("data", "label")
 NOISE_ROLE = "noise"
+SIGNAL_HOOK_ENV = "GRAPHC_TEST_SIGNAL_AT_STEP"
+# ops that draw random numbers inside a graph (Dropout: in a subgraph, with a training_mode input)
+_RANDOM_OPS = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli",
+                         "Multinomial", "Dropout"})
 
 
 class TrainingFailed(GraphcError, RuntimeError):
@@ -77,6 +91,7 @@ class Trainer:
                  tensorboard: Union[str, os.PathLike, None] = None, **options: Any):
         from graphc import training
         from graphc.backends import get_backend
+        from graphc.training import CARRIED_ROLES
 
         resume_from = None
         self.artifacts_path: Optional[Path] = None
@@ -101,7 +116,7 @@ class Trainer:
         self._batch_names = [s.name for s in self.batch_specs]
         self.noise_specs = _specs(step_graph.inputs, (NOISE_ROLE,))
         self._entries = {e.name: e for e in step_graph.inputs if e.role in CARRIED_ROLES}
-        self._expected = self._per_param_entries()
+        self._expected = m.carried()
         self._roles = {name: e.role for name, e in self._expected.items()}
         self._feeds = dict(m.feeds)  # train_step output -> carried input
         self._device_outputs = list(self._feeds)
@@ -119,25 +134,10 @@ class Trainer:
         self.batch_in_epoch = 0
         self.rng = np.random.default_rng(seed)
         self._loader_state: Optional[ckpt.LoaderState] = None
+        self._progress = ckpt.EpochProgress()  # running sums of the epoch under way
+        self._interrupts = DeferredInterrupt()
         if resume_from is not None:
             self.load_checkpoint(resume_from)
-
-    def _per_param_entries(self) -> dict[str, Any]:
-        """The carried tensors as checkpoints name them: each flat buffer's params and state
-        one by one, everything else as the train_step input it is."""
-        from graphc.training import TensorEntry
-
-        buffers = {name: buf for buf in self.manifest.layout for name, _ in buf.tensors()}
-        out = {}
-        for name, entry in self._entries.items():
-            buf = buffers.get(name)
-            if buf is None:
-                out[name] = entry
-                continue
-            suffix = name[len(buf.name):]
-            for p, shape in zip(buf.params, buf.shapes):
-                out[p + suffix] = TensorEntry(name=p + suffix, role=entry.role, dtype=buf.dtype, shape=shape)
-        return out
 
     def _reset_state(self, tensors: Mapping[str, np.ndarray]) -> None:
         missing = [n for n in self._expected if n not in tensors]
@@ -164,19 +164,22 @@ class Trainer:
         return feeds
 
     def step(self, batch: Mapping[str, np.ndarray]) -> float:
-        """One train step on ``batch`` (data and label arrays by name); returns the loss."""
+        """One train step on ``batch`` (data and label arrays by name); returns the loss. A
+        Ctrl-C during the step is raised once the step is done (params, state, RNG and
+        ``step_count`` all advanced), never half way."""
         feeds = self._batch_feeds(batch, self.batch_specs)
-        if self.noise_specs:
-            feeds.update(self._noise_feeds(batch, feeds))
-        feeds.update(self._state)
-        host, device = self._train.run_bound(feeds, ("loss",), self._device_outputs, into=self._spare)
-        state, spare = self._state, {}
-        for out, name in self._feeds.items():
-            spare[out] = state[name]
-            state[name] = device[out]
-        self._spare = spare
-        self.step_count += 1
-        return float(host["loss"])
+        with self._interrupts:
+            if self.noise_specs:
+                feeds.update(self._noise_feeds(batch, feeds))
+            feeds.update(self._state)
+            host, device = self._train.run_bound(feeds, ("loss",), self._device_outputs, into=self._spare)
+            state, spare = self._state, {}
+            for out, name in self._feeds.items():
+                spare[out] = state[name]
+                state[name] = device[out]
+            self._spare = spare
+            self.step_count += 1
+            return float(host["loss"])
 
     def _noise_feeds(self, batch: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """This step's Dropout noise: drawn from ``self.rng`` in manifest order (or taken from
@@ -325,16 +328,21 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------------
     def fit(self, loader, epochs: int, eval_loader=None, progress: bool = True,
             plot: Union[str, os.PathLike, None] = None,
-            checkpoint: Union[str, os.PathLike, None] = None) -> History:
+            checkpoint: Union[str, os.PathLike, None] = None, checkpoint_every: Optional[int] = None) -> History:
         """Train until ``epochs`` epochs are done (counted from the first, so a resumed trainer
-        continues where its checkpoint stopped). Saves ``checkpoint`` after each epoch and a
+        continues where its checkpoint stopped). Saves ``checkpoint`` after each epoch and, with
+        ``checkpoint_every=N``, every N steps too (what a killed run resumes from), and a
         loss-curve PNG to ``plot`` when given. Raises ``TrainingFailed`` on a NaN/inf loss; a
-        ``checkpoint`` or ``plot`` that could not be written fails before the first step."""
+        ``checkpoint`` that could not be written or holds other training graphs' checkpoint,
+        or a ``plot`` that could not be written, fails before the first step."""
         from graphc.history import check_plot
         from graphc.progress import TrainProgress
 
+        if checkpoint_every is not None and int(checkpoint_every) < 1:
+            raise ValueError(f"checkpoint_every must be >= 1 steps, got {checkpoint_every}")
         if checkpoint is not None:
-            ckpt.check_writable(checkpoint)
+            ckpt.check_owner(checkpoint, self._expected)
+            self._warn_unsaved_randomness()
         if plot is not None:
             check_plot(plot)
         loader.check_against(self.batch_specs)
@@ -344,19 +352,21 @@ class Trainer:
         self._use_loader(loader)
         board = self._board()
         history = History(backend=self.backend)
+        save = (lambda: self.save_checkpoint(checkpoint)) if checkpoint is not None else None
         total = max(0, (epochs - self.epoch) * len(loader) - self.batch_in_epoch)
-        with TrainProgress(total, enabled=progress) as bar:
-            for epoch in range(self.epoch, epochs):
-                record = self._fit_epoch(loader, epoch, history, bar)
-                if eval_loader is not None:
-                    record.eval = self.evaluate_loader(eval_loader)
-                history.epochs.append(record)
-                if board is not None:
-                    board.epoch(record, history.step_losses[-record.steps:] if record.steps else [], self.step_count,
-                                self.lr if "lr" in self._state else float("nan"))
-                bar.epoch_done(record, epochs)
-                if checkpoint is not None:
-                    self.save_checkpoint(checkpoint)
+        with self._interrupts.armed(), TrainProgress(total, enabled=progress) as bar:
+            while self.epoch < epochs:
+                self._fit_epoch(loader, history, bar, save if checkpoint_every else None, checkpoint_every)
+                metrics = self.evaluate_loader(eval_loader) if eval_loader is not None else {}
+                with self._interrupts:  # the epoch's line is printed and counted once, or not at all
+                    record = self._end_epoch(metrics)
+                    history.epochs.append(record)
+                    if board is not None:
+                        board.epoch(record, history.step_losses[-record.steps:] if record.steps else [],
+                                    self.step_count, self.lr if "lr" in self._state else float("nan"))
+                    bar.epoch_done(record, epochs)
+                if save is not None:
+                    save()
         loader.epoch = self.epoch
         if plot is not None:
             history.plot(plot)
@@ -378,35 +388,59 @@ class Trainer:
             self._tensorboard_writer = writer
         return self._tensorboard_writer
 
-    def _fit_epoch(self, loader, epoch: int, history: History, bar) -> EpochRecord:
-        start = time.perf_counter()
-        losses: list[float] = []
-        samples = 0
-        for batch in loader.iter_epoch(epoch, self.batch_in_epoch):
-            loss = self.step(batch)
-            if not math.isfinite(loss):
-                raise TrainingFailed(f"the loss became {loss} at step {self.step_count} (epoch {epoch + 1}, "
-                                     f"batch {self.batch_in_epoch + 1}); lower the learning rate or check the data")
-            self.batch_in_epoch += 1
-            samples += len(batch[self._batch_names[0]]) if self._batch_names else 0
-            losses.append(loss)
-            history.step_losses.append(loss)
-            bar.step(loss, samples / max(time.perf_counter() - start, 1e-9), epoch)
-        seconds = time.perf_counter() - start
-        self.epoch, self.batch_in_epoch = epoch + 1, 0
-        return EpochRecord(epoch=epoch + 1, loss=float(np.mean(losses)) if losses else float("nan"),
-                           steps=len(losses), samples=samples, seconds=seconds,
-                           samples_per_s=samples / seconds if seconds > 0 else 0.0)
+    def _fit_epoch(self, loader, history: History, bar, save, every: Optional[int]) -> None:
+        """The rest of epoch ``self.epoch``: its batches from ``self.batch_in_epoch`` on."""
+        hook = _signal_hook()
+        sums = self._progress
+        last = time.perf_counter()
+        for batch in loader.iter_epoch(self.epoch, self.batch_in_epoch):
+            with self._interrupts:
+                loss = self.step(batch)
+                if hook is not None and self.step_count == hook[1]:
+                    signal.raise_signal(hook[0])
+                if not math.isfinite(loss):
+                    raise TrainingFailed(f"the loss became {loss} at step {self.step_count} (epoch {self.epoch + 1}, "
+                                         f"batch {self.batch_in_epoch + 1}); lower the learning rate or check the data")
+                now = time.perf_counter()
+                self.batch_in_epoch += 1
+                sums.steps += 1
+                sums.loss_sum += loss
+                sums.samples += len(batch[self._batch_names[0]]) if self._batch_names else 0
+                sums.seconds += now - last
+                history.step_losses.append(loss)
+            bar.step(loss, sums.samples / max(sums.seconds, 1e-9), self.epoch)
+            if save is not None and self.step_count % every == 0:
+                save()
+            last = time.perf_counter()  # the save's time is not train time
+
+    def _end_epoch(self, metrics: dict[str, float]) -> EpochRecord:
+        """The record of the epoch just trained (its whole run of batches, resumed or not); the
+        loop position moves to the next epoch."""
+        sums = self._progress
+        record = EpochRecord(epoch=self.epoch + 1, loss=sums.loss_sum / sums.steps if sums.steps else float("nan"),
+                             steps=sums.steps, samples=sums.samples, seconds=sums.seconds,
+                             samples_per_s=sums.samples / sums.seconds if sums.seconds > 0 else 0.0, eval=metrics)
+        self.epoch, self.batch_in_epoch, self._progress = self.epoch + 1, 0, ckpt.EpochProgress()
+        return record
+
+    def loader_mismatch(self, loader) -> Optional[str]:
+        """How ``loader``'s settings differ from those the restored checkpoint's run used (a
+        resume with it would not replay that run's batches), or None."""
+        if self._loader_state is None or not (self.epoch or self.batch_in_epoch):
+            return None
+        state = _loader_state(loader)
+        diffs = [f"{field} {getattr(self._loader_state, field)} (now {getattr(state, field)})"
+                 for field in type(state).model_fields if getattr(state, field) != getattr(self._loader_state, field)]
+        return f"the checkpoint's run used a loader with {', '.join(diffs)}" if diffs else None
 
     def _use_loader(self, loader) -> None:
-        state = ckpt.LoaderState(seed=loader.seed, batch_size=loader.batch_size, shuffle=loader.shuffle,
-                                 drop_last=loader.drop_last, num_samples=loader.num_samples)
-        if self._loader_state is not None and self._loader_state != state and (self.epoch or self.batch_in_epoch):
+        problem = self.loader_mismatch(loader)
+        if problem is not None:
             import warnings
 
-            warnings.warn(f"resuming with a different data loader than the checkpoint's "
-                          f"({state} vs {self._loader_state}); the run will not replay exactly", stacklevel=3)
-        self._loader_state = state
+            warnings.warn(f"resuming with a different data loader: {problem}; the run will not replay exactly",
+                          stacklevel=3)
+        self._loader_state = _loader_state(loader)
 
     # -- state ----------------------------------------------------------------------------------------
     @property
@@ -435,41 +469,65 @@ class Trainer:
         entry = self._entries["lr"]
         self._state["lr"] = self._train.to_device(np.asarray(value, dtype=to_numpy(entry.dtype)))
 
-    def _interface(self) -> str:
-        described = sorted((e.name, e.role, e.dtype, str(e.shape)) for e in self._expected.values())
-        return hashlib.sha256(repr(described).encode()).hexdigest()[:16]
+    def _warn_unsaved_randomness(self) -> None:
+        """Warn (once) where checkpoints cannot replay the graph's own random draws: a backend
+        other than numpy keeps its generator's state out of reach."""
+        if "train_step" in self._graph_rngs() or self.__dict__.get("_rng_warned"):
+            return
+        import warnings
+
+        import onnx_ir as ir
+
+        self._rng_warned = True
+        ops = sorted({n.op_type for n in ir.traversal.RecursiveGraphIterator(self.artifacts.train_step.ir.graph)
+                      if n.op_type in _RANDOM_OPS and n.domain in ("", "ai.onnx")
+                      and (n.op_type != "Dropout" or len(n.inputs) > 2)})
+        if ops:
+            warnings.warn(f"the train_step graph draws random numbers itself ({', '.join(ops)}); {self.backend} keeps "
+                          "that generator's state out of reach, so a run resumed from a checkpoint will not replay "
+                          "them exactly (the numpy backend's is saved)", stacklevel=3)
 
     def save_checkpoint(self, path: Union[str, os.PathLike]) -> Path:
-        """Write params, optimizer state, step, loop position and RNG state to ``path`` (a
-        ``.safetensors`` file, or a directory that also gets the training graphs) atomically."""
-        target = ckpt.check_writable(path)
+        """Write params, optimizer state, step, loop position, the epoch's running sums and RNG
+        states to ``path`` (a ``.safetensors`` file, or a directory that also gets the training
+        graphs) atomically. A checkpoint of other training graphs there is not overwritten."""
+        if self._interrupts.torn:
+            raise ckpt.CheckpointError("a second Ctrl-C cut a training step short, so the state is not consistent; "
+                                       f"not saving it over {path} (the last checkpoint written there stays)")
+        target = ckpt.check_owner(path, self._expected)
         if target.name == ckpt.FILE_NAME and ckpt.artifacts_dir(target) is None:
-            self.artifacts.save(target.parent / ckpt.ARTIFACTS_DIR)
+            ckpt.save_artifacts_beside(target, self.artifacts)
         meta = ckpt.CheckpointMeta(
-            step=self.step_count, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch,
-            loader=self._loader_state, rng=self.rng.bit_generator.state, roles=dict(self._roles),
-            backend=self.backend, artifacts=str(self.artifacts_path or ""), interface=self._interface())
+            step=self.step_count, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch, progress=self._progress,
+            loader=self._loader_state, rng=self.rng.bit_generator.state,
+            graph_rng={key: rng.bit_generator.state for key, rng in self._graph_rngs().items()},
+            roles=dict(self._roles), backend=self.backend, artifacts=str(self.artifacts_path or ""),
+            interface=self.manifest.interface())
         return ckpt.save(target, self.state_dict(), meta)
 
     def load_checkpoint(self, path: Union[str, os.PathLike]) -> None:
         """Restore what ``save_checkpoint`` wrote; the next steps replay the original run."""
         tensors, meta = ckpt.load(path)
-        for name, entry in self._expected.items():
-            if name not in tensors:
-                raise ckpt.CheckpointError(f"{path}: the checkpoint has no {entry.role} {name!r}; it was "
-                                           "saved from different training graphs")
-            have = tensors[name]
-            want_dtype = to_numpy(entry.dtype)
-            fixed = entry.shape is None or all(isinstance(d, int) for d in entry.shape)
-            if have.dtype != want_dtype or (fixed and list(have.shape) != list(entry.shape or have.shape)):
-                raise ckpt.CheckpointError(
-                    f"{path}: {entry.role} {name!r} is {have.dtype}{list(have.shape)} in the checkpoint, "
-                    f"the training graphs expect {entry.dtype}{entry.shape}")
+        problem = ckpt.mismatch(self._expected, {n: (dtype_name(a.dtype), list(a.shape)) for n, a in tensors.items()})
+        if problem is not None:
+            raise ckpt.CheckpointError(f"{path}: the checkpoint {problem}; it was saved from different training graphs")
         self._reset_state(tensors)
         self.step_count, self.epoch, self.batch_in_epoch = meta.step, meta.epoch, meta.batch_in_epoch
+        self._progress = meta.progress.model_copy()
         self._loader_state = meta.loader
         if meta.rng:
             self.rng.bit_generator.state = meta.rng
+        if "eval" in meta.graph_rng and "train_step" in self._graph_rngs():  # a backend whose generators we reach
+            self._eval_exe()
+        for key, rng in self._graph_rngs().items():
+            if key in meta.graph_rng:
+                rng.bit_generator.state = meta.graph_rng[key]
+
+    def _graph_rngs(self) -> dict[str, np.random.Generator]:
+        """The generators the backend draws the train_step and eval graphs' random ops from,
+        where it has them in reach (the numpy backend)."""
+        found = {key: getattr(exe, "rng", None) for key, exe in (("train_step", self._train), ("eval", self._eval))}
+        return {key: rng for key, rng in found.items() if isinstance(rng, np.random.Generator)}
 
     def export_inference(self, path: Union[str, os.PathLike], opset: Optional[int] = None) -> Path:
         """Write the inference model with the trained params folded in, optimized (level 3)."""
@@ -480,3 +538,19 @@ class Trainer:
     def __repr__(self) -> str:
         return (f"<gc.Trainer backend={self.backend!r} step={self.step_count} epoch={self.epoch} "
                 f"{len(self.manifest.trainable)} trainable>")
+
+
+def _loader_state(loader) -> ckpt.LoaderState:
+    return ckpt.LoaderState(seed=loader.seed, batch_size=loader.batch_size, shuffle=loader.shuffle,
+                            drop_last=loader.drop_last, num_samples=loader.num_samples)
+
+
+def _signal_hook() -> Optional[tuple[int, int]]:
+    """(signal, step) from the test hook ``GRAPHC_TEST_SIGNAL_AT_STEP`` (``INT:17``, ``KILL:17``), if set."""
+    text = os.environ.get(SIGNAL_HOOK_ENV)
+    if not text:
+        return None
+    name, _, step = text.partition(":")
+    if name not in ("INT", "KILL") or not step.isdigit():
+        raise ValueError(f"{SIGNAL_HOOK_ENV}={text!r}: expected INT:STEP or KILL:STEP, e.g. INT:17")
+    return int(getattr(signal, f"SIG{name}")), int(step)

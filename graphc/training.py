@@ -39,6 +39,7 @@ Every graph is ``ai.onnx`` only and keeps symbolic dims symbolic (any batch size
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
@@ -51,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from graphc.dtypes import TensorSpec, as_dtype, to_numpy
 from graphc.errors import ArtifactsError, GraphError
-from graphc.fileio import atomic_write
+from graphc.fileio import atomic_write, remove_stale_temps
 from graphc.losses import LossSpec
 from graphc.model import Model, value_spec
 
@@ -65,6 +66,7 @@ GRAPH_FILES = {
 STATE_FILE = "state.safetensors"
 MANIFEST_FILE = "manifest.json"
 
+CARRIED_ROLES = ("param", "state", "hyper")  # train_step inputs that each step's outputs replace
 Role = Literal["data", "label", "param", "state", "hyper", "loss", "grad", "output", "noise"]
 
 
@@ -157,6 +159,29 @@ class Manifest(BaseModel):
             out.update(buf.unpack({name: out.pop(name) for name, _ in buf.tensors()}))
         return out
 
+    def carried(self) -> dict[str, TensorEntry]:
+        """What train_step carries from step to step (roles param, state, hyper) as checkpoints
+        name it: each flat buffer's params and state one by one, the rest as the input it is."""
+        buffers = {name: buf for buf in self.layout for name, _ in buf.tensors()}
+        out = {}
+        for entry in self.graphs["train_step"].inputs:
+            if entry.role not in CARRIED_ROLES:
+                continue
+            buf = buffers.get(entry.name)
+            if buf is None:
+                out[entry.name] = entry
+                continue
+            suffix = entry.name[len(buf.name):]
+            for p, shape in zip(buf.params, buf.shapes):
+                out[p + suffix] = TensorEntry(name=p + suffix, role=entry.role, dtype=buf.dtype, shape=shape)
+        return out
+
+    def interface(self) -> str:
+        """A digest of ``carried()`` (names, roles, dtypes, shapes): equal for training graphs
+        whose checkpoints fit each other."""
+        described = sorted((e.name, e.role, e.dtype, str(e.shape)) for e in self.carried().values())
+        return hashlib.sha256(repr(described).encode()).hexdigest()[:16]
+
 
 GraphSource = Union[Model, Callable[[], Model]]
 
@@ -209,20 +234,25 @@ class TrainingArtifacts:
 def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:
     """Read what ``TrainingArtifacts.save`` wrote.
 
+    Temps that a killed save left beside the files are removed. Each graph is read on first
+    use and checked against the manifest then.
+
     Raises:
         ArtifactsError: ``manifest.json`` is missing, not JSON or not a valid manifest, lacks one
             of the four graphs, or names a graph file that resolves (symlinks followed) outside
             ``directory``; ``state.safetensors`` is unreadable. Checked before any graph is read.
+            On first use of a graph: its inputs or outputs differ from the manifest's.
     """
     from safetensors import SafetensorError
     from safetensors.numpy import load as st_load
 
-    from graphc.model import load as load_model
-
     directory = Path(directory)
     manifest = read_manifest(directory)
     files = {key: _graph_file(directory, key, entry.file) for key, entry in manifest.graphs.items()}
-    graphs = {key: partial(load_model, path) for key, path in files.items()}  # read on first use
+    for path in (*files.values(), directory / STATE_FILE, directory / MANIFEST_FILE):
+        remove_stale_temps(path)  # what a save killed mid-way left beside them
+    graphs = {key: partial(_load_graph, path, directory / MANIFEST_FILE, manifest.graphs[key])  # read on first use
+              for key, path in files.items()}
     try:
         state = st_load((directory / STATE_FILE).read_bytes())
     except (OSError, SafetensorError) as exc:
@@ -248,6 +278,37 @@ def read_manifest(directory: Union[str, os.PathLike]) -> Manifest:
         raise ArtifactsError(f"{path}: the manifest lists no {', '.join(missing)} graph(s); it needs "
                              f"{', '.join(GRAPH_FILES)}")
     return manifest
+
+
+def _load_graph(path: Path, manifest: Path, entry: GraphEntry) -> Model:
+    """The graph at ``path``, refused with ``ArtifactsError`` unless its inputs and outputs are
+    the ones ``entry`` (in ``manifest``) lists, with the same dtypes, ranks and fixed dims."""
+    from graphc.model import load as load_model
+
+    model = load_model(path)
+    where = f"{path} does not match {manifest}"
+    for kind, listed, found in (("input", entry.inputs, model.inputs), ("output", entry.outputs, model.outputs)):
+        have = {spec.name: spec for spec in found}
+        for want in listed:
+            spec = have.pop(want.name, None)
+            if spec is None:
+                raise ArtifactsError(f"{where}: the graph has no {kind} {want.name!r} (another model's graph?)")
+            if not _same_type(want, spec):
+                raise ArtifactsError(f"{where}: {kind} {want.name!r} is {spec.dtype}{list(spec.shape or [])} in the "
+                                     f"graph, {want.dtype}{want.shape} in the manifest")
+        if kind == "input" and have:
+            raise ArtifactsError(f"{where}: the graph has input(s) {sorted(have)} that the manifest does not list")
+    return model
+
+
+def _same_type(entry: TensorEntry, spec: TensorSpec) -> bool:
+    """Same dtype and rank, and the same size on every axis fixed in both (dim names may differ)."""
+    if str(spec.dtype) != entry.dtype:
+        return False
+    if spec.shape is None or entry.shape is None:
+        return True
+    return len(spec.shape) == len(entry.shape) and all(
+        a == b for a, b in zip(spec.shape, entry.shape) if isinstance(a, int) and isinstance(b, int))
 
 
 def _graph_file(directory: Path, key: str, name: str) -> Path:

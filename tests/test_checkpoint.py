@@ -77,6 +77,10 @@ LOADER = {"seed": 0, "batch_size": 16, "shuffle": True, "drop_last": False, "num
     ({"loader": {"seed": 0}}, r"loader.batch_size: Field required"),
     ({"loader": LOADER, "batch_in_epoch": 8}, r"batch_in_epoch 8 is past the end of an epoch of 7 batches"),
     ({"rng": {"bit_generator": "PCG64", "state": "noise"}}, r"rng: .*not a numpy PCG64 generator state"),
+    ({"graph_rng": {"eval": {"bit_generator": "MT19937"}}}, r"graph_rng: .*not a numpy PCG64 generator state"),
+    ({"batch_in_epoch": 2, "progress": {"steps": 3}}, r"progress.steps 3 is more than the 2 batches of the epoch"),
+    ({"progress": {"loss_sum": float("inf")}}, r"progress.loss_sum: must be finite \(got inf\)"),
+    ({"progress": {"samples": -1}}, r"progress.samples: .* than or equal to 0"),
 ])
 def test_nonsense_header_metadata_is_a_checkpoint_error(tmp_path, fields, message):
     path = forge(tmp_path / "c.safetensors", tensors(), **fields)

@@ -55,15 +55,22 @@ def test_an_absolute_graph_path_is_refused_by_load_and_by_the_trainer(arts):
             load(arts)
 
 
-def test_a_symlink_is_followed_as_the_os_would(arts):
+def test_a_symlink_is_followed_as_the_os_would(arts, saved):
     evil = arts.parent.parent / "x" / "evil.onnx"
     (arts / "eval.onnx").unlink()
     os.symlink(evil, arts / "eval.onnx")
     with pytest.raises(ArtifactsError, match=f"'eval.onnx' resolves to {evil}, outside"):
         gc.training.load(arts)
     (arts / "eval.onnx").unlink()
-    os.symlink("inference.onnx", arts / "eval.onnx")  # a link that stays inside is fine
-    assert gc.training.load(arts).eval.outputs == gc.training.load(arts).inference.outputs
+    os.symlink("train_step.onnx", arts / "eval.onnx")  # inside, but not the eval graph: refused by name
+    with pytest.raises(ArtifactsError, match=r"train_step.onnx does not match .*manifest.json: the graph has "
+                                             r"input\(s\) \['lr', .*\] that the manifest does not list"):
+        gc.training.load(arts).eval
+    (arts / "eval.onnx").unlink()
+    (arts / "kept").mkdir()
+    os.symlink("kept/eval.onnx", arts / "eval.onnx")  # a link that stays inside is fine
+    shutil.copy(saved / "eval.onnx", arts / "kept" / "eval.onnx")
+    assert [s.name for s in gc.training.load(arts).eval.outputs] == ["loss", "logits"]
 
 
 def test_a_symlinked_artifact_directory_still_loads(arts):

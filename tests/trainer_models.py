@@ -23,6 +23,23 @@ class BNNet(nn.Module):
         return {"logits": self.fc2(gc.relu(self.bn(self.fc1(x))))}
 
 
+class DropBNNet(BNNet):
+    """BNNet with Dropout before the head: its noise comes from the Trainer's RNG each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x):
+        return {"logits": self.fc2(self.drop(gc.relu(self.bn(self.fc1(x)))))}
+
+
+def drop_bn_artifacts(optimizer=None):
+    """Dropout (RNG), BatchNorm (running stats) and Adam (state, step count): all a resume restores."""
+    model = gc.capture(DropBNNet(), seed=0, x=gc.spec("float32", ("N", 8)))
+    return gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), optimizer or gc.optim.Adam(1e-2))
+
+
 def bn_artifacts(optimizer=None):
     model = gc.capture(BNNet(), seed=0, x=gc.spec("float32", ("N", 8)))
     return gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"),

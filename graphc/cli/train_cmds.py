@@ -134,10 +134,12 @@ def _pick_arrays(path: Path, option: str, names: list[str], suffixes: tuple[str,
     return {name: arrays[key] for name, key in keys.items()}
 
 
-def check_checkpoint(path: Path, resume: bool) -> None:
-    """Before training: a checkpoint can be written at ``path``; with ``resume`` one is there to
-    continue, without it none is there to be overwritten by a fresh run."""
-    from graphc.checkpoint import CheckpointError, check_writable, read_meta, resolve
+def check_checkpoint(path: Path, resume: bool, artifacts: Path) -> None:
+    """Before training: a checkpoint of the training graphs in ``artifacts`` can be written at
+    ``path`` (none of another model's is there); with ``resume`` one is there to continue,
+    without it none is there to be overwritten by a fresh run."""
+    from graphc.checkpoint import CheckpointError, check_owner, check_writable, find_artifacts, read_meta, resolve
+    from graphc.training import MANIFEST_FILE, read_manifest
 
     target = resolve(path)
     if resume:
@@ -145,7 +147,15 @@ def check_checkpoint(path: Path, resume: bool) -> None:
             raise CheckpointError(f"--resume: no checkpoint at {target} to resume from; leave out --resume to "
                                   "start a new run there")
         read_meta(target)  # a directory or a bad header is named here, not after the model is loaded
-    elif check_writable(path).is_file():
+    # the training graphs: ARTIFACTS, or those beside (or recorded by) a checkpoint given as ARTIFACTS
+    source = artifacts if (artifacts / MANIFEST_FILE).is_file() else None
+    if source is None and resolve(artifacts).is_file():
+        source = find_artifacts(artifacts)
+    if source is not None:
+        check_owner(path, read_manifest(source).carried())  # another model's checkpoint is named here
+    else:
+        check_writable(path)
+    if not resume and target.is_file():
         meta = read_meta(target)
         raise CheckpointError(f"--checkpoint {path} already holds a checkpoint (step {meta.step}, epoch "
                               f"{meta.epoch}); pass --resume to continue it, or choose another path to start afresh")
@@ -165,7 +175,10 @@ def train_cmd(
     batch_size: int = typer.Option(..., "--batch-size", min=1, help="Samples per training step."),
     backend: str = typer.Option("auto", "--backend", help="numpy, ort-cpu, ort-cuda or auto."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", metavar="DIR",
-                                              help="Checkpoint directory (saved each epoch)."),
+                                              help="Checkpoint directory (saved each epoch, and on Ctrl-C)."),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", min=1, metavar="N",
+                                                   help="Also save the checkpoint every N steps (a killed run "
+                                                   "resumes from the last one)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --checkpoint (an error when "
                                 "there is none; without --resume an existing checkpoint is an error too)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the shuffling and of Dropout's noise."),
@@ -183,22 +196,28 @@ def train_cmd(
 
     Exits 1 when training fails (e.g. the loss becomes NaN)."""
     import graphc as gc
-    from graphc.checkpoint import resolve
+    from graphc.checkpoint import CheckpointError, resolve
     from graphc.history import check_plot
     from graphc.trainer import TrainingFailed
 
     if resume and checkpoint is None:
         raise ValueError("--resume needs --checkpoint DIR")
+    if checkpoint_every is not None and checkpoint is None:
+        raise ValueError("--checkpoint-every needs --checkpoint DIR")
     if plot is not None:
         check_plot(plot)
     if checkpoint is not None:
-        check_checkpoint(checkpoint, resume)
+        check_checkpoint(checkpoint, resume, artifacts)
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard)
     if resume:
         trainer.load_checkpoint(checkpoint)
         console.print(f"resumed from {checkpoint}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False, soft_wrap=True)
     train, test, test_source = load_data(data, [s.name for s in trainer.batch_specs], eval_data)
     loader = gc.data.DataLoader(train, batch_size=batch_size, seed=seed)
+    problem = trainer.loader_mismatch(loader)
+    if problem is not None:
+        raise ValueError(f"--resume: {problem}; pass the same --data, --batch-size and --seed to continue the run "
+                         "exactly, or start a new one in another --checkpoint folder")
     eval_loader = gc.data.DataLoader(test, batch_size=max(batch_size, 256), shuffle=False) if test else None
     console.print(f"training on {trainer.backend}: {loader.num_samples} samples, batch {batch_size}, "
                   f"{epochs} epochs", highlight=False, soft_wrap=True)
@@ -206,12 +225,16 @@ def train_cmd(
                   "--data, or --eval-data): training loss only", highlight=False, soft_wrap=True)
     try:
         history = trainer.fit(loader, epochs, eval_loader=eval_loader, progress=progress, plot=plot,
-                              checkpoint=checkpoint)
+                              checkpoint=checkpoint, checkpoint_every=checkpoint_every)
     except KeyboardInterrupt:
         if checkpoint is not None:
-            trainer.save_checkpoint(checkpoint)  # mid-epoch: --resume continues with the next batch
-            err_console.print(f"interrupted at step {trainer.step_count}; saved {checkpoint} "
-                              "(continue with --resume)", highlight=False, soft_wrap=True)
+            # the step under way finished first: --resume continues with the next batch, exactly
+            try:
+                trainer.save_checkpoint(checkpoint)
+                saved = f"saved {checkpoint} (continue with --resume)"
+            except CheckpointError as exc:  # a second Ctrl-C cut a step short
+                saved = escape(str(exc))
+            err_console.print(f"interrupted at step {trainer.step_count}; {saved}", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
     except TrainingFailed as exc:
         if checkpoint is not None and resolve(checkpoint).is_file():
