@@ -54,6 +54,7 @@ API_DEFAULTS = {
     ("train", "progress"): (gc.Trainer.fit, "progress"),
     ("train", "plot"): (gc.Trainer.fit, "plot"),
     ("train", "checkpoint"): (gc.Trainer.fit, "checkpoint"),
+    ("train", "checkpoint_every"): (gc.Trainer.fit, "checkpoint_every"),
     ("export", "opset"): (export_inference, "opset"),
     ("export", "allow_untrained"): (export_inference, "allow_untrained"),
     ("deploy triton", "max_batch_size"): (gc.deploy.triton, "max_batch_size"),
@@ -91,6 +92,8 @@ CLI_ONLY = {
     ("deploy triton", "gpu"): "instance='gpu' if given else 'cpu' (test_deploy_gpu_flag_default_is_cpu)",
     ("serve", "threads"): "None: onnxruntime's own thread count (session options)",
     ("serve", "max_body_bytes"): "None: serve's own max_body_bytes",
+    ("serve", "max_json_bytes"): "None: serve's own max_json_bytes",
+    ("serve", "read_timeout"): "None: serve's own read_timeout",
 }
 
 
