@@ -192,8 +192,10 @@ def test_app_mounted_under_a_prefix_still_infers(reference):
 
 
 def test_no_nagle_stalls_between_sequential_requests(client):
-    """Nagle's algorithm with delayed ACKs would hold each reply ~40 ms; TCP_NODELAY (set by
-    asyncio and uvloop on accepted connections) keeps sequential requests far below that."""
+    """Nagle's algorithm with delayed ACKs would hold every reply ~40 ms; TCP_NODELAY (set by
+    asyncio and uvloop on accepted connections) removes that floor. The fastest of 30 requests
+    is compared, not the median, so a loaded machine slowing some requests cannot fail it, while
+    a stall that holds each reply still does."""
     import time
 
     inputs = make_inputs(mixed_feeds(1), True)
@@ -202,7 +204,7 @@ def test_no_nagle_stalls_between_sequential_requests(client):
         start = time.perf_counter()
         client.infer("mixed", inputs)
         times.append(time.perf_counter() - start)
-    assert float(np.median(times)) < 0.02, times
+    assert min(times) < 0.035, times
 
 
 def _unsigned_model() -> onnx.ModelProto:
