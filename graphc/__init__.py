@@ -50,6 +50,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "optim": ("graphc.optim", None),
     "training": ("graphc.training", None),
     "data": ("graphc.data", None),
+    "checkpoint": ("graphc.checkpoint", None),
     "parity": ("graphc.parity", None),
     "deploy": ("graphc.deploy", None),
     "optimize": ("graphc.optimization", "optimize"),
