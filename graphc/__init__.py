@@ -51,6 +51,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "training": ("graphc.training", None),
     "data": ("graphc.data", None),
     "metrics": ("graphc.metrics", None),
+    "checkpoint": ("graphc.checkpoint", None),
     "parity": ("graphc.parity", None),
     "deploy": ("graphc.deploy", None),
     "optimize": ("graphc.optimization", "optimize"),

@@ -1,0 +1,173 @@
+"""The docs in docs/ and README.md against the code: they fail here when the two drift apart.
+
+Checked: links and file paths resolve inside the repository; every public Python name, error
+class, CLI command and option, manifest and checkpoint field and server route appears in
+docs/api.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import graphc as gc
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [ROOT / "README.md", *DOCS]
+API = (ROOT / "docs" / "api.md").read_text()
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+CODE_SPAN = re.compile(r"`((?:[^`\n]|\n(?!\s*\n))+)`")  # may wrap a line, not a paragraph
+REPO_PATH = re.compile(r"(?:graphc|passes|backends|models|scripts|tests|docs)/[\w./-]*")
+
+
+def _spans(text: str) -> list[str]:
+    return CODE_SPAN.findall(FENCE.sub("", text))
+
+
+def _identifiers_in_code(text: str) -> set[str]:
+    return {name for span in _spans(text) for name in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", span)}
+
+
+API_IDENTIFIERS = _identifiers_in_code(API)
+
+
+def test_docs_folder_has_the_three_pages():
+    assert {p.name for p in DOCS} >= {"architecture.md", "api.md", "adding-an-op.md"}
+
+
+def test_readme_points_only_inside_the_repository():
+    readme = (ROOT / "README.md").read_text()
+    assert "../shared" not in readme and "shared/" not in readme
+    for page in ("docs/architecture.md", "docs/api.md", "docs/adding-an-op.md"):
+        assert f"]({page})" in readme, f"README.md does not link {page}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_relative_links_resolve_to_files_in_the_repository(page: Path):
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = (page.parent / target.split("#")[0]).resolve()
+        assert path.is_relative_to(ROOT), f"{page.name}: link {target!r} leaves the repository"
+        assert path.exists(), f"{page.name}: link {target!r} points to nothing"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_file_paths_named_in_code_spans_exist(page: Path):
+    for span in _spans(page.read_text()):
+        if any(c in span for c in "<*{ "):  # a pattern (`rules_<family>.py`), not one path
+            continue
+        match = REPO_PATH.fullmatch(span.split("::")[0])
+        if match:
+            assert (ROOT / match.group(0)).exists(), f"{page.name} names {span!r}, which does not exist"
+
+
+def test_every_top_level_name_resolves():
+    assert [name for name in gc.__all__ if getattr(gc, name, None) is None] == []
+    assert gc.checkpoint.CheckpointError.__module__ == "graphc.checkpoint"
+
+
+def test_every_top_level_name_is_documented():
+    missing = [name for name in gc.__all__ if not re.search(rf"\bgc\.{re.escape(name)}\b", API)]
+    assert missing == [], f"docs/api.md does not document gc.{', gc.'.join(missing)}"
+
+
+@pytest.mark.parametrize("module", ["nn", "losses", "optim", "training", "deploy", "data"])
+def test_every_public_name_of_a_submodule_is_documented(module: str):
+    names = getattr(gc, module).__all__
+    missing = [n for n in names if n not in API_IDENTIFIERS]
+    assert missing == [], f"docs/api.md does not name gc.{module}.{missing}"
+
+
+def _graphc_modules():
+    for package in ("graphc", "graphc.passes", "graphc.backends"):
+        pkg = importlib.import_module(package)
+        yield pkg
+        for info in pkgutil.walk_packages(pkg.__path__, f"{package}."):
+            yield importlib.import_module(info.name)
+
+
+def _subclasses(cls: type) -> set[type]:
+    direct = set(cls.__subclasses__())
+    return direct.union(*(_subclasses(c) for c in direct))
+
+
+def test_every_error_class_is_documented():
+    modules = {m.__name__ for m in _graphc_modules()}
+    errors = {c for c in _subclasses(gc.GraphcError) if c.__module__ in modules}
+    assert gc.GraphError in errors and len(errors) >= 8
+    missing = sorted(c.__name__ for c in errors if c.__name__ not in API_IDENTIFIERS)
+    assert missing == [], f"docs/api.md does not list the errors {missing}"
+
+
+def _cli_commands():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from cli_reference import commands
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return list(commands())
+
+
+def test_every_cli_command_and_option_is_documented():
+    commands = _cli_commands()
+    assert {" ".join(words) for words, _ in commands} >= {"capture", "grad", "train", "serve", "deploy triton"}
+    for words, command in commands:
+        title = " ".join(["graphc", *words])
+        assert f"`{title}`" in API, f"docs/api.md has no section for {title}"
+        for param in command.params:
+            for flag in (*param.opts, *param.secondary_opts):
+                if flag.startswith("-"):
+                    assert f"`{flag}`" in API.split(f"`{title}`", 1)[1], \
+                        f"docs/api.md does not document {title} {flag}"
+
+
+def test_cli_reference_block_is_the_generated_one():
+    """docs/api.md's CLI block is what scripts/cli_reference.py writes (regenerate it with
+    ``.venv/bin/python scripts/cli_reference.py --write docs/api.md``)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import cli_reference
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    block = API.split(cli_reference.START, 1)[1].split(cli_reference.END, 1)[0]
+    assert block.strip() == cli_reference.reference().strip(), \
+        "docs/api.md's CLI reference is stale: run scripts/cli_reference.py --write docs/api.md"
+
+
+def test_manifest_and_checkpoint_fields_are_documented():
+    from graphc.checkpoint import CheckpointMeta
+    from graphc.training import FlatBuffer, Manifest, Role, TensorEntry
+
+    fields = [*Manifest.model_fields, *FlatBuffer.model_fields, *TensorEntry.model_fields, *CheckpointMeta.model_fields]
+    roles = list(Role.__args__)
+    missing = [f for f in [*fields, *roles] if f not in API_IDENTIFIERS]
+    assert missing == [], f"docs/api.md does not describe {missing}"
+
+
+def test_every_server_route_is_documented():
+    from graphc.serving import create_app
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    app = create_app(gc.load(onnx.ModelProto.FromString(model.SerializeToString())), backend="numpy", name="relu")
+    paths = {route.path for route in app.routes if route.path.startswith("/v2")}
+    assert "/v2/models/{name}/infer" in paths
+    missing = sorted(p for p in paths if f"`{p}`" not in API and f" {p}`" not in API)
+    assert missing == [], f"docs/api.md does not list the routes {missing}"
