@@ -30,10 +30,12 @@ _DIGITS = re.compile(r"[0-9]{1,19}")  # a non-negative integer below 10**19 (fit
 
 
 @functools.cache
-def _walked_fields(descriptor: Descriptor) -> tuple[FieldDescriptor, ...]:
-    """The string and message fields of a message type: where text and tensors can hide
-    (bytes fields such as ``raw_data`` are never touched, so no tensor data is copied)."""
-    return tuple(f for f in descriptor.fields if f.type in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE))
+def _walked_fields(descriptor: Descriptor) -> tuple[tuple[str, bool, bool], ...]:
+    """(name, is a string, is repeated) of the string and message fields of a message type:
+    where text and tensors can hide (bytes fields such as ``raw_data`` are never touched, so
+    no tensor data is copied)."""
+    return tuple((f.name, f.type == FieldDescriptor.TYPE_STRING, f.is_repeated) for f in descriptor.fields
+                 if f.type in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE))
 
 
 def tensors(message, where: str = "model") -> Iterator[tuple[str, onnx.TensorProto]]:
@@ -41,23 +43,27 @@ def tensors(message, where: str = "model") -> Iterator[tuple[str, onnx.TensorPro
 
     Raises ``ModelLoadError`` for a string field that is not UTF-8 (protobuf hands those back
     as bytes; onnx-ir could import the model but never write it again)."""
-    if isinstance(message, onnx.TensorProto):
+    if type(message) is onnx.TensorProto:
         yield where, message
-    for field in _walked_fields(message.DESCRIPTOR):
-        if field.is_repeated:
-            items = list(enumerate(getattr(message, field.name)))
-        elif field.type == FieldDescriptor.TYPE_STRING or message.HasField(field.name):
-            items = [(None, getattr(message, field.name))]
-        else:
-            continue
-        for i, value in items:
-            place = f"{where}.{field.name}" + ("" if i is None else f"[{i}]")
-            if field.type == FieldDescriptor.TYPE_STRING:
-                if isinstance(value, bytes):
+    for name, is_string, repeated in _walked_fields(message.DESCRIPTOR):
+        if is_string:
+            values = getattr(message, name)
+            for i, value in enumerate(values if repeated else (values,)):
+                if type(value) is bytes:
+                    place = f"{where}.{name}" + (f"[{i}]" if repeated else "")
                     raise ModelLoadError(f"{place} is not UTF-8 text ({value[:40]!r}); the file is corrupt")
-                continue
-            name = getattr(value, "name", "") if field.message_type.fields_by_name.get("name") else ""
-            yield from tensors(value, f"{place}({name})" if isinstance(name, str) and name else place)
+        elif repeated:
+            for i, value in enumerate(getattr(message, name)):
+                yield from tensors(value, f"{where}.{name}[{i}]{_label(value)}")
+        elif message.HasField(name):
+            value = getattr(message, name)
+            yield from tensors(value, f"{where}.{name}{_label(value)}")
+
+
+def _label(message) -> str:
+    """``(name)`` for a message with a text ``name`` (a node, graph, tensor, function), else ``""``."""
+    name = getattr(message, "name", None)
+    return f"({name})" if type(name) is str and name else ""
 
 
 @dataclass(frozen=True)
