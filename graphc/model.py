@@ -184,7 +184,7 @@ def _import(proto: onnx.ModelProto, where: str, path: Path | None) -> Model:
     _check(str(path) if path is not None and plan else proto, where)
     try:
         read_external_data(plan)
-        densify_sparse_initializers(proto)
+        proto = densify_sparse_initializers(proto)
     except ModelLoadError as exc:
         raise ModelLoadError(f"{where}: {exc}") from None
     try:

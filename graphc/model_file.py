@@ -203,10 +203,16 @@ def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from _graphs(sub)
 
 
-def densify_sparse_initializers(proto: onnx.ModelProto) -> None:
-    """Turn every graph's sparse initializers into dense ones. onnx-ir has no sparse tensors and
-    drops them with a warning, which would leave their readers without an input; onnx has no
-    converter for SparseTensorProto, so this is written here (zeros, values put at indices)."""
+def densify_sparse_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with every graph's sparse initializers made dense (a copy when there are any:
+    the caller's proto is not changed). onnx-ir has no sparse tensors and drops them with a
+    warning, which would leave their readers without an input; onnx has no converter for
+    SparseTensorProto, so this is written here (zeros, values put at indices)."""
+    if not any(graph.sparse_initializer for graph in _graphs(proto.graph)):
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    proto = copy
     for graph in _graphs(proto.graph):
         for sparse in graph.sparse_initializer:
             name = sparse.values.name
@@ -222,3 +228,4 @@ def densify_sparse_initializers(proto: onnx.ModelProto) -> None:
                 raise ModelLoadError(f"sparse initializer {name!r}: values, indices and dims do not agree ({exc})") from None
             graph.initializer.append(numpy_helper.from_array(dense, name))
         graph.ClearField("sparse_initializer")
+    return proto

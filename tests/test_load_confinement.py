@@ -186,3 +186,11 @@ def test_checker_errors_are_one_line_at_the_cli(tmp_path, capsys):
     path.write_bytes(proto.SerializeToString())
     err = one_line_error(run_cli(capsys, "inspect", path))
     assert "ModelLoadError" in err and "invalid ONNX model" in err and str(path) in err
+
+
+def test_sparse_initializers_become_dense_without_changing_the_callers_proto():
+    proto = rich_model_inline()
+    before = proto.SerializeToString()
+    model = gc.load(proto)
+    np.testing.assert_array_equal(model.ir.graph.initializers["sp"].const_value.numpy(), np.eye(8, dtype=np.float32)[3] * 5)
+    assert proto.SerializeToString() == before
