@@ -194,3 +194,9 @@ def test_sparse_initializers_become_dense_without_changing_the_callers_proto():
     model = gc.load(proto)
     np.testing.assert_array_equal(model.ir.graph.initializers["sp"].const_value.numpy(), np.eye(8, dtype=np.float32)[3] * 5)
     assert proto.SerializeToString() == before
+
+
+def test_a_folder_or_a_missing_file_is_named_as_such(tmp_path, capsys):
+    with pytest.raises(gc.ModelLoadError, match="not a file"):
+        gc.load(tmp_path)
+    assert "no such model file" in one_line_error(run_cli(capsys, "inspect", tmp_path / "none.onnx"))
