@@ -1,7 +1,7 @@
 """Deployment targets: a Triton Inference Server model repository (onnxruntime backend).
 
     gc.deploy.triton("model.onnx", "repo", "mnist", max_batch_size=64)
-    # repo/mnist/config.pbtxt and repo/mnist/1/model.onnx
+    # repo/mnist/config.pbtxt and repo/mnist/1/model.onnx (a redeploy adds 2/, 3/, ...)
 
 Triton's bundled onnxruntime can be older than ours, so models go out at a conservative opset
 (17, IR version 8) unless ``opset=`` asks otherwise; newer models are converted down with
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Union
@@ -26,7 +27,7 @@ from graphc.fileio import atomic_write
 from graphc.model import Model, load
 from graphc.opsets import convert_opset
 
-__all__ = ["SERVER_OPSET", "triton", "triton_config"]
+__all__ = ["SERVER_OPSET", "check_model_name", "triton", "triton_config", "triton_versions"]
 
 SERVER_OPSET = 17  # default opset of models written for servers (IR version 8)
 _TRITON_TYPES = {
@@ -35,7 +36,8 @@ _TRITON_TYPES = {
     "int32": "TYPE_INT32", "int64": "TYPE_INT64", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16",
     "float32": "TYPE_FP32", "float64": "TYPE_FP64", "string": "TYPE_STRING",
 }
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+_NAME_MAX = 128
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,%d}" % (_NAME_MAX - 1))
 
 
 def _quote(text: str) -> str:
@@ -122,24 +124,59 @@ def for_server(model: Model, opset: int | None = None) -> Model:
     return convert_opset(model, target, hint=f"pass opset={current} if the server's onnxruntime supports it")
 
 
-def _swap_in(staged: Path, target: Path) -> None:
-    """Put the ``staged`` folder at ``target``, replacing an existing one."""
-    if not target.exists():
-        os.replace(staged, target)
-        return
-    old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old."))
-    os.replace(target, old / target.name)
-    os.replace(staged, target)
-    shutil.rmtree(old, ignore_errors=True)
+def _real_dir(path: Path, root: Path) -> Path:
+    """``path``, checked to be a folder (not a symlink) whose real path is itself, inside ``root``."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or os.path.realpath(path) != str(path):
+        raise GraphError(f"{path} is not a plain folder inside the repository {root} (a symlink or a file); "
+                         "refusing to write there")
+    return path
+
+
+def triton_versions(model_dir: Union[str, os.PathLike]) -> list[int]:
+    """The numeric version folders of a Triton model folder, lowest first."""
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and p.name.isascii())
+
+
+def check_model_name(name: str) -> str:
+    """``name`` if it is a plain folder name Triton and URLs accept, else ``ValueError``."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        shown = repr(name) if len(str(name)) <= 80 else repr(str(name)[:80]) + f"... ({len(name)} characters)"
+        raise ValueError(f"model name {shown} must be a plain folder name: 1 to {_NAME_MAX} letters, digits, "
+                         "'_', '-' or '.', not starting with '.' or '-'")
+    return name
+
+
+def _write_version(model: Model, model_dir: Path, version: int, external_data: bool | None) -> Path:
+    """Write ``model_dir/version/model.onnx`` through a staged folder renamed into place."""
+    staged = Path(tempfile.mkdtemp(dir=model_dir, prefix=f".{version}.tmp-"))
+    try:
+        model.save(staged / "model.onnx", external_data=external_data)
+        os.chmod(staged, 0o755)
+        os.rename(staged, model_dir / str(version))  # fails if a writer beside us took the number
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return model_dir / str(version)
 
 
 def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[str, os.PathLike], name: str,
            max_batch_size: int = 0, instance: str = "cpu", dynamic_batching: bool = False,
            opset: int | None = None, external_data: bool | None = None) -> Path:
-    """Write ``repo_dir/name/config.pbtxt`` and ``repo_dir/name/1/model.onnx``; returns the model folder.
+    """Write ``repo_dir/name/config.pbtxt`` and ``repo_dir/name/<version>/model.onnx``; returns the model folder.
+
+    The first deploy writes version 1; a redeploy writes a new version above the highest one
+    there (Triton serves the highest by default) and keeps the older ones. Every folder
+    written is a real folder inside ``repo_dir`` (no symlink is followed), and files are
+    written whole or not at all: a failure leaves the repository as it was.
 
     Args:
         model_or_path: a ``gc.Model`` or anything ``gc.load`` takes.
+        name: the model's folder name: 1 to 128 letters, digits, ``_ - .``, not starting with
+            ``.`` or ``-``.
         max_batch_size: > 0 lets Triton batch along dim 0, which must then be symbolic in every
             input and output; ``dims`` in the config leave it out.
         instance: ``"cpu"`` (KIND_CPU) or ``"gpu"`` (KIND_GPU).
@@ -149,21 +186,33 @@ def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[s
             only when the model is too large for one protobuf).
 
     Raises:
-        GraphError: a dim 0 is fixed while ``max_batch_size > 0``, a dtype Triton lacks, or an
-            opset conversion that cannot be done.
+        ValueError: a bad name or option.
+        GraphError: a dim 0 is fixed while ``max_batch_size > 0``, a dtype Triton lacks, an
+            opset conversion that cannot be done, or a symlink or file where a folder goes.
     """
-    if not _NAME.match(name):
-        raise ValueError(f"model name {name!r} must be a plain folder name (letters, digits, '_', '-', '.')")
+    check_model_name(name)
     model = for_server(load(model_or_path), opset)
     config = triton_config(model, name, max_batch_size, instance, dynamic_batching)
-    model_dir = Path(repo_dir) / name
-    model_dir.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(dir=model_dir, prefix=".1."))
+    root = Path(repo_dir).resolve()
+    model_dir = root / name
+    created, version_dir = False, None  # what this call made, removed again if a later step fails
     try:
-        model.save(staged / "model.onnx", external_data=external_data)
-        os.chmod(staged, 0o755)
-        _swap_in(staged, model_dir / "1")
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)
-    atomic_write(model_dir / "config.pbtxt", config.encode())
+        root.mkdir(parents=True, exist_ok=True)
+        _real_dir(root, root)
+        try:
+            os.mkdir(model_dir, 0o755)
+            created = True
+        except FileExistsError:
+            _real_dir(model_dir, root)
+        version = max(triton_versions(model_dir), default=0) + 1
+        version_dir = _write_version(model, model_dir, version, external_data)
+        atomic_write(model_dir / "config.pbtxt", config.encode())
+    except BaseException as exc:
+        leftover = model_dir if created else version_dir
+        if leftover is not None:
+            shutil.rmtree(leftover, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise GraphError(f"cannot write model {name!r} into the repository {root}: {exc.strerror or exc}"
+                             + (f" ({exc.filename})" if exc.filename else "")) from None
+        raise
     return model_dir

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Union
 
@@ -15,6 +14,7 @@ from google.protobuf.message import DecodeError
 from graphc.dtypes import FLOAT_DTYPES, TensorSpec, as_dtype
 from graphc.errors import ModelLoadError
 from graphc.fileio import fsync_dir, scratch_dir, sync_tree
+from graphc.model_file import check_external_data, densify_sparse_initializers, read_external_data
 
 SOURCE_KEY = "graphc.source"
 # Models with more initializer bytes than this are saved with external data (protobuf caps a
@@ -146,69 +146,69 @@ def _initializer_bytes(model: ir.Model) -> int:
     return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
 
 
-def _all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("g"):
-                yield from _all_tensors(attr.g)
-            for g in attr.graphs:
-                yield from _all_tensors(g)
+def _read_model_file(path: Path) -> bytes:
+    try:
+        if not path.is_file():
+            raise ModelLoadError(f"{path}: " + ("not a file (a folder or a device)" if path.exists() else "no such model file"))
+        return path.read_bytes()
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read the model file ({exc.strerror or exc})") from None
 
 
-def _check_external_locations(proto: onnx.ModelProto, base_dir: Path | None) -> None:
-    """Refuse external data outside the model's folder (absolute, ``..``, symlinks out)."""
-    for tensor in _all_tensors(proto.graph):
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-        if base_dir is None:
-            raise ModelLoadError(
-                f"tensor {tensor.name!r} keeps its data in external file {location!r}, "
-                "but the model was given as bytes; load it from its file path instead")
-        root = base_dir.resolve()
-        target = (base_dir / location).resolve()
-        if os.path.isabs(location) or not target.is_relative_to(root):
-            raise ModelLoadError(
-                f"tensor {tensor.name!r}: external data location {location!r} resolves to "
-                f"{target}, outside the model's folder {root}; refusing to read it")
-        if not target.is_file():
-            raise ModelLoadError(f"tensor {tensor.name!r}: external data file {target} is missing")
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ModelLoadError(f"{where}: not a valid ONNX model (corrupt or truncated protobuf: {exc})") from None
+    if not proto.HasField("graph") or (not proto.graph.node and not proto.graph.output):
+        raise ModelLoadError(f"{where}: not an ONNX model (no graph found; truncated or another file type?)")
+    return proto
+
+
+def _check(checked: onnx.ModelProto | str, where: str) -> None:
+    """onnx's checker on the proto, or on the file path: a path is how the checker handles
+    models whose external data is over protobuf's 2 GiB (the proto is checked before that
+    data is read into it), and it applies onnx's own external-data rules on top of ours."""
+    try:
+        onnx.checker.check_model(checked)
+    except Exception as exc:  # noqa: BLE001 - the checker raises ValidationError, parse and inference errors
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        raise ModelLoadError(f"{where}: invalid ONNX model: {'; '.join(lines[:2]) or type(exc).__name__}") from None
+
+
+def _import(proto: onnx.ModelProto, where: str, path: Path | None) -> Model:
+    """Validate, read external data, check and convert a parsed model; every failure is ModelLoadError."""
+    try:
+        plan = check_external_data(proto, path.parent if path is not None else None)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{where}: {exc}") from None
+    _check(str(path) if path is not None and plan else proto, where)
+    try:
+        read_external_data(plan)
+        proto = densify_sparse_initializers(proto)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{where}: {exc}") from None
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as exc:  # noqa: BLE001 - onnx-ir raises SerdeError, ValueError, KeyError, ... on odd protos
+        raise ModelLoadError(f"{where}: cannot import the model ({type(exc).__name__}: {str(exc)[:200]})") from None
+    return Model(model)
 
 
 def load(source: Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model, Model]) -> Model:
-    """Import any valid ONNX model: a path, serialized bytes, a ``ModelProto`` or an IR model."""
+    """Import any valid ONNX model: a path, serialized bytes, a ``ModelProto`` or an IR model.
+
+    Every failure is ``ModelLoadError`` naming the file and the problem. External data is read
+    only from files inside the model's folder (see ``graphc.model_file``), and only when the
+    model is given by its path."""
     if isinstance(source, Model):
         return source
     if isinstance(source, ir.Model):
         return Model(source)
-    base_dir: Path | None = None
     if isinstance(source, onnx.ModelProto):
-        proto = source
-    else:
-        if isinstance(source, (bytes, bytearray, memoryview)):
-            data, where = bytes(source), "<bytes>"
-        else:
-            path = Path(source)
-            if not path.is_file():
-                raise ModelLoadError(f"{path}: no such model file")
-            data, where, base_dir = path.read_bytes(), str(path), path.parent
-        proto = onnx.ModelProto()
-        try:
-            proto.ParseFromString(data)
-        except (DecodeError, RuntimeError, ValueError) as exc:
-            raise ModelLoadError(f"{where}: not a valid ONNX model (corrupt or truncated protobuf: {exc})") from None
-        if not proto.HasField("graph") or (not proto.graph.node and not proto.graph.output):
-            raise ModelLoadError(f"{where}: not an ONNX model (no graph found; truncated or another file type?)")
-    _check_external_locations(proto, base_dir)
-    if base_dir is not None and any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(proto.graph)):
-        onnx.load_external_data_for_model(proto, str(base_dir))
-    try:
-        onnx.checker.check_model(proto)
-    except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
-        raise ModelLoadError(f"invalid ONNX model: {first}") from None
-    return Model(ir.serde.deserialize_model(proto))
+        return _import(source, "<ModelProto>", None)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _import(_parse(bytes(source), "<bytes>"), "<bytes>", None)
+    path = Path(source)
+    return _import(_parse(_read_model_file(path), str(path)), str(path), path)

@@ -94,6 +94,28 @@ class Tensor:
 
         raise GraphError(f"traced value {self.value.name} used as a Python int at {user_source()}")
 
+    # -- numpy protocols: numpy's operators on a Tensor build graph ops; other numpy functions
+    # cannot see inside a traced value, so they are refused with the gc.* function to use.
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
+        dunders = _UFUNC_OPERATORS.get(ufunc.__name__)
+        if dunders is not None and method == "__call__" and not kwargs:
+            if len(inputs) == 1:
+                return getattr(self, dunders[0])()
+            a, b = inputs
+            return getattr(a, dunders[0])(b) if isinstance(a, Tensor) else getattr(b, dunders[1])(a)
+        raise _numpy_refused(f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}"),
+                             ufunc.__name__, self)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any):
+        raise _numpy_refused(f"np.{func.__name__}", func.__name__, self)
+
+    def __array__(self, dtype: Any = None, copy: Any = None):
+        from graphc.tracing import user_source
+
+        hint = "; .numpy() gives its example value in eager capture" if self._value is not None else ""
+        raise GraphError(f"traced value {self.value.name}: {self.type_str()} cannot become a numpy array at "
+                         f"{user_source()}: inside forward use gc.* functions on it{hint}")
+
     # -- operators ------------------------------------------------------------------------------
     def __add__(self, other): return _ops().binary("Add", self, other)
     def __radd__(self, other): return _ops().binary("Add", other, self)
@@ -188,3 +210,31 @@ def _ops():
     from graphc import ops
 
     return ops
+
+
+# numpy ufuncs that are Python operators on a Tensor: (method, reflected method), so
+# ``np_array + t`` and ``np.add(np_array, t)`` build the same node as ``t.__radd__(np_array)``.
+_UFUNC_OPERATORS = {
+    "add": ("__add__", "__radd__"), "subtract": ("__sub__", "__rsub__"), "multiply": ("__mul__", "__rmul__"),
+    "divide": ("__truediv__", "__rtruediv__"), "power": ("__pow__", "__rpow__"),
+    "matmul": ("__matmul__", "__rmatmul__"), "less": ("__lt__", "__gt__"), "less_equal": ("__le__", "__ge__"),
+    "greater": ("__gt__", "__lt__"), "greater_equal": ("__ge__", "__le__"), "equal": ("__eq__", "__eq__"),
+    "not_equal": ("__ne__", "__ne__"), "bitwise_and": ("__and__", "__and__"), "bitwise_or": ("__or__", "__or__"),
+    "bitwise_xor": ("__xor__", "__xor__"), "negative": ("__neg__",), "positive": ("__pos__",),
+    "absolute": ("__abs__",), "invert": ("__invert__",),
+}
+# numpy names whose graphc function is spelled differently
+_GC_NAMES = {"absolute": "abs", "concatenate": "concat", "power": "pow", "arccos": "acos", "arcsin": "asin",
+             "arctan": "atan", "amax": "max", "amin": "min", "square": "pow"}
+
+
+def _numpy_refused(what: str, name: str, tensor: Tensor) -> GraphError:
+    """GraphError for a numpy function given a traced value, suggesting the gc.* function."""
+    import graphc as gc
+    from graphc.tracing import user_source
+
+    gc_name = _GC_NAMES.get(name, name)
+    hint = f"use gc.{gc_name}(...) instead" if hasattr(gc, gc_name) else \
+        "graphc has no function of that name: build it from gc.* ops"
+    return GraphError(f"{what} cannot run on traced value {tensor.value.name}: {tensor.type_str()} at "
+                      f"{user_source()}: numpy cannot see inside the graph being captured; {hint}")

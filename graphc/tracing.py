@@ -25,13 +25,16 @@ from graphc.model import SOURCE_KEY
 from graphc import eager as _eager  # noqa: I001
 
 _PKG_DIR = str(Path(__file__).resolve().parent) + os.sep
+# Frames that are never the user's code: graphc's own, and numpy's (``np.sum(t)`` dispatches to
+# ``Tensor.__array_function__`` from numpy's Python wrappers).
+_NOT_USER = (_PKG_DIR, str(Path(np.__file__).resolve().parent) + os.sep)
 _CURRENT: list["Builder"] = []
 
 
 def user_source() -> str:
     """``file.py:LINE`` of the innermost frame outside the graphc package (the user's code)."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PKG_DIR):
+    while frame is not None and frame.f_code.co_filename.startswith(_NOT_USER):
         frame = frame.f_back
     if frame is None:
         return "<unknown>:0"

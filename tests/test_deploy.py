@@ -1,5 +1,6 @@
 """gc.deploy.triton / `graphc deploy triton`: config.pbtxt checked field by field against the
-model, batch dims, opset/IR for servers, external data, atomic re-deploys."""
+model, batch dims, opset/IR for servers, external data, atomic re-deploys (confinement and
+names: test_deploy_confinement.py)."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def test_bad_arguments_are_refused(tmp_path):
         gc.deploy.triton(mixed_model(), tmp_path, "m", dynamic_batching=True)
     with pytest.raises(ValueError, match="instance must be 'cpu' or 'gpu'"):
         gc.deploy.triton(mixed_model(), tmp_path, "m", instance="tpu")
-    for bad in ("../escape", "a/b", ".hidden", ""):
+    for bad in ("../escape", "a/b", ".hidden", "", "net\n", "x" * 129):
         with pytest.raises(ValueError, match="plain folder name"):
             gc.deploy.triton(mixed_model(), tmp_path, bad)
     assert not (tmp_path / "m").exists()
@@ -145,11 +146,12 @@ def test_external_data_lies_in_the_version_folder_readable_by_all(tmp_path):
     np.testing.assert_array_equal(got["y"], gc.Session(mixed_model(), backend="ort-cpu").run(feeds)["y"])
 
 
-def test_redeploy_replaces_the_version_folder_and_leaves_no_temporaries(tmp_path):
+def test_redeploy_adds_a_version_and_leaves_no_temporaries(tmp_path):
     gc.deploy.triton(mixed_model(), tmp_path, "m", external_data=True)
     folder = gc.deploy.triton(fixed_model(), tmp_path, "m")
-    assert sorted(p.name for p in (folder / "1").iterdir()) == ["model.onnx"]  # old .data gone
-    assert sorted(p.name for p in folder.iterdir()) == ["1", "config.pbtxt"]
+    assert sorted(p.name for p in (folder / "1").iterdir()) == ["model.onnx", "model.onnx.data"]  # kept as it was
+    assert sorted(p.name for p in (folder / "2").iterdir()) == ["model.onnx"]
+    assert sorted(p.name for p in folder.iterdir()) == ["1", "2", "config.pbtxt"]
     assert parse_pbtxt((folder / "config.pbtxt").read_text())["input"][0]["name"] == ["x"]
     assert [p.name for p in tmp_path.iterdir()] == ["m"]
 

@@ -46,7 +46,13 @@ class NumpyExecutable:
         for name, value in result.items():
             # never hand out the plan's own initializers or read-only views (callers may write)
             if isinstance(value, np.ndarray) and (id(value) in self._const_ids or not value.flags.writeable):
-                result[name] = value.copy()
+                try:  # a broadcast view (Expand) costs nothing until it is copied here
+                    result[name] = value.copy()
+                except MemoryError as exc:
+                    step = self.plan.producer(name)
+                    if step is None:
+                        raise BackendError(f"value {name!r} is too large to copy: {exc}") from None
+                    raise step.fail(exc, output=value) from None
         return result
 
     # -- device residency: the host is the device --------------------------------------------

@@ -10,6 +10,7 @@ each intermediate right after its last use. A run is then one tight loop over tu
 from __future__ import annotations
 
 import heapq
+from typing import Any
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -125,8 +126,14 @@ class Step:
         self.inputs, self.outputs = tuple(self.node.input), tuple(self.node.output)
         self.uses = tuple(n for n in self.inputs if n)
 
-    def fail(self, exc: Exception) -> BackendError:
-        return BackendError(f"node {self.label!r} ({self.op}) failed{_where(self.node)}: "
+    def fail(self, exc: Exception, args: Sequence[Any] = (), output: Any = None) -> BackendError:
+        """The error naming this node, its op, source line and the shapes involved: the inputs'
+        (``args``) when the kernel failed, the result's when handing out ``output`` did."""
+        if output is not None:
+            shapes = f" (its output {_describe(output)} is too large to hand out)"
+        else:
+            shapes = f" on inputs ({', '.join(_describe(a) for a in args)})" if args else ""
+        return BackendError(f"node {self.label!r} ({self.op}) failed{_where(self.node)}{shapes}: "
                             f"{type(exc).__name__}: {exc}")
 
 
@@ -152,6 +159,13 @@ def _function_body(function: onnx.FunctionProto, call: onnx.NodeProto) -> onnx.G
     inputs = [onnx.helper.make_value_info(n, onnx.TypeProto()) for n in function.input]
     outputs = [onnx.helper.make_value_info(n, onnx.TypeProto()) for n in function.output]
     return onnx.helper.make_graph(nodes, function.name, inputs, outputs)
+
+
+def _describe(value: Any) -> str:
+    """``float32[100000,10000000]`` for an array, the type name for anything else."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype}[{','.join(map(str, value.shape))}]"
+    return "none" if value is None else type(value).__name__
 
 
 def _where(node: onnx.NodeProto) -> str:
@@ -184,6 +198,10 @@ class Plan:
         self._schedules: dict[tuple[str, ...], list[tuple]] = {}
 
     # -- scheduling ---------------------------------------------------------------------------
+    def producer(self, name: str) -> Step | None:
+        """The step whose output ``name`` is (``None`` for inputs and initializers)."""
+        return next((step for step in self.steps if name in step.outputs), None)
+
     def schedule(self, wanted: tuple[str, ...]) -> list[tuple]:
         cached = self._schedules.get(wanted)
         if cached is None:
@@ -239,8 +257,8 @@ class Plan:
                 raise
             except KeyError as exc:
                 raise step.fail(KeyError(f"value {exc.args[0]!r} is not available")) from exc
-            except Exception as exc:
-                raise step.fail(exc) from exc
+            except Exception as exc:  # MemoryError and ValueError from kernels included
+                raise step.fail(exc, args) from None
             for name, value in zip(outs, res):
                 if name:  # numpy returns scalars for 0-d results; sequences stay lists
                     env[name] = np.asarray(value) if isinstance(value, np.generic) else value

@@ -20,12 +20,16 @@ def triton_cmd(
     dynamic_batching: bool = typer.Option(False, "--dynamic-batching", help="Let Triton merge requests (needs --max-batch-size)."),
     opset: Optional[int] = typer.Option(None, "--opset", help="Opset to write (default: the model's, at most 17)."),
 ) -> None:
-    """Write MODEL into a Triton repository: REPO/NAME/config.pbtxt and REPO/NAME/1/model.onnx."""
+    """Write MODEL into a Triton repository: REPO/NAME/config.pbtxt and REPO/NAME/VERSION/model.onnx
+    (version 1, or one above the highest already there)."""
     from graphc import deploy
 
     folder = deploy.triton(model, repo, name, max_batch_size=max_batch_size, instance="gpu" if gpu else "cpu",
                            dynamic_batching=dynamic_batching, opset=opset)
-    console.print(f"wrote {folder / 'config.pbtxt'} and {folder / '1' / 'model.onnx'}", highlight=False, soft_wrap=True)
+    versions = deploy.triton_versions(folder)
+    kept = f" (versions {', '.join(map(str, versions[:-1]))} kept; Triton serves the highest)" if len(versions) > 1 else ""
+    console.print(f"wrote {folder / 'config.pbtxt'} and version {versions[-1]}: {folder / str(versions[-1]) / 'model.onnx'}"
+                  f"{kept}", highlight=False, soft_wrap=True)
 
 
 @app.command("serve")

@@ -1,0 +1,231 @@
+"""Reading an ONNX file safely: every tensor found, strings checked, external data confined.
+
+Nothing outside the model's folder is ever opened. Every ``TensorProto`` anywhere in the model
+(graph and nested subgraphs, functions, Constant and other attribute tensors, sparse tensors'
+values and indices, training info) is found by walking the protobuf by its descriptors, so no
+place that can hold a tensor is missed. Each external-data entry is validated against the
+folder before the first byte of any data file is read.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
+from graphc.errors import ModelLoadError
+
+# The keys onnx defines (onnx/external_data_helper.py); anything else is refused.
+EXTERNAL_KEYS = frozenset({"location", "offset", "length", "checksum", "basepath"})
+_DIGITS = re.compile(r"[0-9]{1,19}")  # a non-negative integer below 10**19 (fits int64/off_t)
+
+
+@functools.cache
+def _walked_fields(descriptor: Descriptor) -> tuple[tuple[str, bool, bool], ...]:
+    """(name, is a string, is repeated) of the string and message fields of a message type:
+    where text and tensors can hide (bytes fields such as ``raw_data`` are never touched, so
+    no tensor data is copied)."""
+    return tuple((f.name, f.type == FieldDescriptor.TYPE_STRING, f.is_repeated) for f in descriptor.fields
+                 if f.type in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE))
+
+
+def tensors(message, where: str = "model") -> Iterator[tuple[str, onnx.TensorProto]]:
+    """Every ``TensorProto`` under ``message`` with where it sits (``graph.node[3](c).attribute[0](value).t``).
+
+    Raises ``ModelLoadError`` for a string field that is not UTF-8 (protobuf hands those back
+    as bytes; onnx-ir could import the model but never write it again)."""
+    if type(message) is onnx.TensorProto:
+        yield where, message
+    for name, is_string, repeated in _walked_fields(message.DESCRIPTOR):
+        if is_string:
+            values = getattr(message, name)
+            for i, value in enumerate(values if repeated else (values,)):
+                if type(value) is bytes:
+                    place = f"{where}.{name}" + (f"[{i}]" if repeated else "")
+                    raise ModelLoadError(f"{place} is not UTF-8 text ({value[:40]!r}); the file is corrupt")
+        elif repeated:
+            for i, value in enumerate(getattr(message, name)):
+                yield from tensors(value, f"{where}.{name}[{i}]{_label(value)}")
+        elif message.HasField(name):
+            value = getattr(message, name)
+            yield from tensors(value, f"{where}.{name}{_label(value)}")
+
+
+def _label(message) -> str:
+    """``(name)`` for a message with a text ``name`` (a node, graph, tensor, function), else ``""``."""
+    name = getattr(message, "name", None)
+    return f"({name})" if type(name) is str and name else ""
+
+
+@dataclass(frozen=True)
+class _Extent:
+    """Where one tensor's bytes are: a validated file in the model's folder, and a byte range."""
+
+    path: Path
+    device: int
+    inode: int
+    offset: int
+    length: int
+
+
+def _fail(where: str, tensor: onnx.TensorProto, problem: str) -> ModelLoadError:
+    return ModelLoadError(f"tensor {tensor.name!r} ({where}): {problem}")
+
+
+def _external_entries(where: str, tensor: onnx.TensorProto) -> dict[str, str]:
+    """The external-data keys of ``tensor``: known keys only, each at most once.
+
+    Readers disagree on a repeated key (onnx's Python loader and onnxruntime take the last
+    ``location``, others the first), so a checker that picks either one can be fooled by the
+    other: a repeated key is refused outright."""
+    entries: dict[str, str] = {}
+    for entry in tensor.external_data:
+        if entry.key not in EXTERNAL_KEYS:
+            raise _fail(where, tensor, f"unknown external-data key {entry.key[:60]!r} "
+                                       f"(expected {', '.join(sorted(EXTERNAL_KEYS))})")
+        if entry.key in entries:
+            raise _fail(where, tensor, f"external-data key {entry.key!r} is given more than once")
+        entries[entry.key] = entry.value
+    return entries
+
+
+def _number(where: str, tensor: onnx.TensorProto, entries: dict[str, str], key: str) -> int | None:
+    text = entries.get(key)
+    if text is None:
+        return None
+    if not _DIGITS.fullmatch(text):
+        raise _fail(where, tensor, f"external-data {key} {text[:40]!r} is not a non-negative integer")
+    return int(text)
+
+
+def _confined_file(where: str, tensor: onnx.TensorProto, base_dir: Path, location: str) -> tuple[Path, os.stat_result]:
+    """The data file ``location`` names, checked to lie inside ``base_dir`` (without opening it).
+
+    The rule follows onnx's checker (onnx/checker.cc ``resolve_external_data_location``): a
+    relative path without ``..``, whose real path (every symlink resolved) is inside the
+    model's folder, not itself a symlink, a regular file, and with one hard link only. A hard
+    link has no "target" to resolve: the same inode may also be named outside the folder (a
+    link to a secret planted beside the model), and nothing in the folder can tell the two
+    apart, so any file with ``st_nlink > 1`` is refused, as onnx does."""
+    if not location:
+        raise _fail(where, tensor, "external data has no 'location'")
+    if "\x00" in location:
+        raise _fail(where, tensor, f"external-data location {location[:60]!r} contains a NUL byte")
+    parts = location.replace("\\", "/").split("/")
+    if os.path.isabs(location) or location.startswith(("/", "\\")) or ".." in parts:
+        raise _fail(where, tensor, f"external-data location {location[:100]!r} points outside the model's folder "
+                                   f"{base_dir} (an absolute path or '..'); refusing to read it")
+    root = base_dir.resolve()
+    candidate = base_dir / location
+    real = Path(os.path.realpath(candidate))
+    if not real.is_relative_to(root):
+        raise _fail(where, tensor, f"external-data location {location[:100]!r} resolves to {real}, outside "
+                                   f"the model's folder {root}; refusing to read it")
+    try:
+        info = os.lstat(candidate)
+    except OSError as exc:
+        raise _fail(where, tensor, f"external data file {candidate} cannot be read ({exc.strerror})") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise _fail(where, tensor, f"external data file {candidate} is a symbolic link; refusing to follow it")
+    if not stat.S_ISREG(info.st_mode):
+        raise _fail(where, tensor, f"external data file {candidate} is not a regular file")
+    if info.st_nlink > 1:
+        raise _fail(where, tensor, f"external data file {candidate} has {info.st_nlink} hard links; a hard-linked "
+                                   "file may be a file outside the model's folder, refusing to read it")
+    return candidate, info
+
+
+def check_external_data(proto: onnx.ModelProto, base_dir: Path | None) -> list[tuple[onnx.TensorProto, _Extent]]:
+    """Validate every tensor's external data (nothing is read). Returns what to read, in order."""
+    plan = []
+    for where, tensor in tensors(proto):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            if tensor.external_data:
+                raise _fail(where, tensor, "has external-data entries but its data_location is not EXTERNAL")
+            continue
+        entries = _external_entries(where, tensor)
+        if base_dir is None:
+            raise _fail(where, tensor, f"keeps its data in external file {entries.get('location', '')[:100]!r}, but "
+                                       "the model was given as bytes; load it from its file path instead")
+        path, info = _confined_file(where, tensor, base_dir, entries.get("location", ""))
+        offset = _number(where, tensor, entries, "offset") or 0
+        length = _number(where, tensor, entries, "length")
+        if offset > info.st_size:
+            raise _fail(where, tensor, f"external-data offset {offset} is past the end of {path} ({info.st_size} bytes)")
+        if length is None:
+            length = info.st_size - offset
+        elif offset + length > info.st_size:
+            raise _fail(where, tensor, f"external-data range {offset}+{length} is past the end of {path} "
+                                       f"({info.st_size} bytes)")
+        plan.append((tensor, _Extent(path, info.st_dev, info.st_ino, offset, length)))
+    return plan
+
+
+def read_external_data(plan: list[tuple[onnx.TensorProto, _Extent]]) -> None:
+    """Move each planned tensor's bytes into the proto. Files are opened without following a
+    symlink and must still be the inode that was checked (a file swapped in between is refused).
+    onnx's ``load_external_data_for_model`` is not used: it skips sparse tensors and resolves
+    paths again by name, after our check."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for tensor, extent in plan:
+        try:
+            fd = os.open(extent.path, flags)
+        except OSError as exc:
+            raise ModelLoadError(f"tensor {tensor.name!r}: cannot open {extent.path} ({exc.strerror})") from None
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if (info.st_dev, info.st_ino) != (extent.device, extent.inode) or info.st_nlink > 1:
+                raise ModelLoadError(f"tensor {tensor.name!r}: {extent.path} changed while the model was loading")
+            f.seek(extent.offset)
+            data = f.read(extent.length)
+        if len(data) != extent.length:
+            raise ModelLoadError(f"tensor {tensor.name!r}: {extent.path} is shorter than its external-data range "
+                                 f"{extent.offset}+{extent.length}")
+        tensor.raw_data = data
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        del tensor.external_data[:]
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _graphs(sub)
+
+
+def densify_sparse_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with every graph's sparse initializers made dense (a copy when there are any:
+    the caller's proto is not changed). onnx-ir has no sparse tensors and drops them with a
+    warning, which would leave their readers without an input; onnx has no converter for
+    SparseTensorProto, so this is written here (zeros, values put at indices)."""
+    if not any(graph.sparse_initializer for graph in _graphs(proto.graph)):
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    proto = copy
+    for graph in _graphs(proto.graph):
+        for sparse in graph.sparse_initializer:
+            name = sparse.values.name
+            try:
+                values = numpy_helper.to_array(sparse.values).reshape(-1)
+                indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+                dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
+                if indices.ndim == 2:  # [NNZ, rank] coordinates
+                    dense[tuple(indices.T)] = values
+                else:  # [NNZ] positions in the flattened tensor
+                    dense.reshape(-1)[indices] = values
+            except (ValueError, IndexError, TypeError) as exc:
+                raise ModelLoadError(f"sparse initializer {name!r}: values, indices and dims do not agree ({exc})") from None
+            graph.initializer.append(numpy_helper.from_array(dense, name))
+        graph.ClearField("sparse_initializer")
+    return proto

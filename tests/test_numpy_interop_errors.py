@@ -1,0 +1,102 @@
+"""numpy meets graphc: numpy functions on a traced Tensor are refused with the user's line and
+the gc.* function to use (numpy's operators still build nodes), and a numpy kernel's MemoryError
+or ValueError comes out of the numpy backend as BackendError naming node, op and shapes."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import graphc as gc
+
+
+def _line_of(fn, text: str) -> str:
+    """``test_numpy_interop_errors.py:LINE`` of the line of ``fn`` holding ``text``."""
+    lines, start = inspect.getsourcelines(fn)
+    offset = next(i for i, line in enumerate(lines) if text in line)
+    return f"test_numpy_interop_errors.py:{start + offset}"
+
+
+def with_tanh(x):
+    return np.tanh(x) * 2
+
+
+def with_sum(x):
+    return np.sum(x, axis=0)
+
+
+def with_concatenate(x):
+    return np.concatenate([x, x])
+
+
+def with_sinc(x):
+    return np.sinc(x)
+
+
+def with_asarray(x):
+    return np.asarray(x) + 1
+
+
+@pytest.mark.parametrize("fn, call, hint", [
+    (with_tanh, "np.tanh(x)", "use gc.tanh(...)"),
+    (with_sum, "np.sum(x", "use gc.sum(...)"),
+    (with_concatenate, "np.concatenate(", "use gc.concat(...)"),
+    (with_sinc, "np.sinc(x)", "graphc has no function of that name"),
+    (with_asarray, "np.asarray(x)", "cannot become a numpy array"),
+])
+@pytest.mark.parametrize("eager", [False, True])
+def test_numpy_functions_on_a_traced_tensor_are_refused_with_a_hint(fn, call, hint, eager):
+    x = np.ones((2, 3), np.float32) if eager else gc.spec("float32", [2, 3])
+    with pytest.raises(gc.GraphError) as err:
+        gc.capture(fn, x=x)
+    message = str(err.value)
+    assert hint in message and _line_of(fn, call) in message and "x: float32[2,3]" in message
+
+
+def with_numpy_operands(x):
+    a = np.arange(3, dtype=np.float32)
+    return {"sum": a + x, "diff": a - x, "prod": np.float32(2) * x, "quot": a / (x + 1), "pow": a ** x,
+            "ufunc": np.add(a, x), "neg": np.negative(x), "lt": (a < x).astype("float32"),
+            "eq": (a == x).astype("float32"), "mm": np.eye(3, dtype=np.float32) @ x}
+
+
+def test_numpy_operators_with_a_traced_tensor_build_graph_ops():
+    model = gc.capture(with_numpy_operands, x=gc.spec("float32", [3]))
+    x = np.array([2.0, 1.0, 0.5], np.float32)
+    got = gc.Session(model, backend="numpy").run({"x": x})
+    a = np.arange(3, dtype=np.float32)
+    want = {"sum": a + x, "diff": a - x, "prod": 2 * x, "quot": a / (x + 1), "pow": a ** x, "ufunc": a + x,
+            "neg": -x, "lt": (a < x).astype(np.float32), "eq": (a == x).astype(np.float32), "mm": x}
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, err_msg=name)
+
+
+def _expand_then_relu():
+    nodes = [helper.make_node("Expand", ["x", "shape"], ["big"], name="expand_big"),
+             helper.make_node("Relu", ["big"], ["y"], name="relu_after")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+                                           helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("big", TensorProto.FLOAT, ["A", "B"]),
+                               helper.make_tensor_value_info("y", TensorProto.FLOAT, ["A", "B"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return gc.Session(model, backend="numpy")
+
+
+def test_a_huge_expand_is_a_backend_error_naming_node_op_and_shape():
+    session = _expand_then_relu()
+    feeds = {"x": np.ones(1, np.float32), "shape": np.array([10**6, 10**8])}
+    with pytest.raises(gc.BackendError, match=r"node 'expand_big' \(Expand\).*float32\[1000000,100000000\].*MemoryError"):
+        session.run(feeds, outputs=["big"])  # the broadcast view is copied when handed out
+    with pytest.raises(gc.BackendError, match=r"node 'relu_after' \(Relu\).*float32\[1000000,100000000\].*MemoryError"):
+        session.run(feeds, outputs=["y"])  # the next kernel allocates
+    small = session.run({"x": np.full(1, -2.0, np.float32), "shape": np.array([2, 3])})
+    np.testing.assert_array_equal(small["y"], np.zeros((2, 3), np.float32))
+
+
+def test_a_kernel_value_error_names_the_input_shapes():
+    with pytest.raises(gc.BackendError, match=r"node 'expand_big' \(Expand\).*inputs \(float32\[1\], int64\[2\]\).*ValueError"):
+        _expand_then_relu().run({"x": np.ones(1, np.float32), "shape": np.array([-5, 3])})
