@@ -89,6 +89,10 @@ def _external_entries(where: str, tensor: onnx.TensorProto) -> dict[str, str]:
     other: a repeated key is refused outright."""
     entries: dict[str, str] = {}
     for entry in tensor.external_data:
+        if not isinstance(entry.key, str) or not isinstance(entry.value, str):
+            # protobuf hands a string field that is not UTF-8 back as bytes
+            raise _fail(where, tensor, f"external-data entry {entry.key[:60]!r}: {entry.value[:60]!r} is not "
+                                       "UTF-8 text")
         if entry.key not in EXTERNAL_KEYS:
             raise _fail(where, tensor, f"unknown external-data key {entry.key[:60]!r} "
                                        f"(expected {', '.join(sorted(EXTERNAL_KEYS))})")

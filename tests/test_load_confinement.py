@@ -126,6 +126,23 @@ def test_malformed_external_data_entries_are_refused(seed, key, value, match):
     load_expecting_error(path, proto, match, audit)
 
 
+def test_an_external_data_location_that_is_not_utf8_is_refused(seed):
+    """protobuf returns a string field holding invalid UTF-8 as bytes (found by the load fuzzer)."""
+    path, audit = seed
+    proto = rich_model()
+    tensor = tensor_named(proto, "w")
+    entries = {e.key: e.value for e in tensor.external_data} | {"location": "QQQQQ.bin"}
+    del tensor.external_data[:]
+    for k, v in entries.items():
+        tensor.external_data.add(key=k, value=v)
+    data = proto.SerializeToString()
+    assert data.count(b"QQQQQ.bin") == 1
+    path.write_bytes(data.replace(b"QQQQQ.bin", b"\xff\xfeQQQ.bin"))  # same length: the framing holds
+    with pytest.raises(gc.ModelLoadError, match="not UTF-8") as err:
+        gc.load(path)
+    assert audit.hits == [] and str(path) in str(err.value)
+
+
 def test_an_offset_and_length_that_end_exactly_at_the_file_end_load(seed):
     path, _ = seed
     proto = rich_model()
