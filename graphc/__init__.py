@@ -26,7 +26,8 @@ from graphc.dtypes import (
     spec,
     uint8,
 )
-from graphc.errors import BackendError, BackendUnavailable, GraphcError, GraphError, InputError, ModelLoadError
+from graphc.errors import (BackendError, BackendUnavailable, GraphcError, GraphError, InputError, MissingDependency,
+                           ModelLoadError)
 from graphc.model import Model, load
 
 __version__ = "0.1.0"
@@ -50,6 +51,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "optim": ("graphc.optim", None),
     "training": ("graphc.training", None),
     "data": ("graphc.data", None),
+    "distributed": ("graphc.distributed", None),
     "parity": ("graphc.parity", None),
     "deploy": ("graphc.deploy", None),
     "optimize": ("graphc.optimization", "optimize"),
@@ -78,7 +80,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "BackendError", "BackendUnavailable", "GraphError", "GraphcError", "InputError", "Model",
+    "BackendError", "BackendUnavailable", "GraphError", "GraphcError", "InputError", "MissingDependency", "Model",
     "ModelLoadError", "TensorSpec", "backends", "bfloat16", "bool_", "float16", "float32",
     "float64", "int8", "int32", "int64", "load", "spec", "uint8", *_LAZY,
 ]

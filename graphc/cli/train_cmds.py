@@ -113,6 +113,9 @@ def train_cmd(
     seed: int = typer.Option(0, "--seed", help="Shuffling seed."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a loss-curve PNG here."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
+    workers: int = typer.Option(1, "--workers", min=1, help="Data-parallel workers on Ray (graphc[ray])."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="A running Ray cluster "
+                                              "(default with --workers > 1: a new local one)."),
 ) -> None:
     """Train the artifacts on DATA; exit 1 when training fails (e.g. the loss becomes NaN)."""
     import graphc as gc
@@ -126,7 +129,7 @@ def train_cmd(
         check_plot(plot)
     if checkpoint is not None:
         check_checkpoint(checkpoint, resume)
-    trainer = gc.Trainer(artifacts, backend=backend, seed=seed)
+    trainer = gc.Trainer(artifacts, backend=backend, seed=seed, workers=workers, ray_address=ray_address)
     if resume:
         trainer.load_checkpoint(checkpoint)
         console.print(f"resumed from {checkpoint}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False, soft_wrap=True)
