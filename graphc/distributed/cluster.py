@@ -69,7 +69,7 @@ def get(ray, refs: Any, timeout: Optional[float], what: str) -> Any:
 
     try:
         return ray.get(refs, timeout=timeout)
-    except rex.RayActorError as exc:
+    except (rex.RayActorError, rex.WorkerCrashedError) as exc:
         raise WorkerLost(f"a Ray worker died during {what}: {str(exc).splitlines()[0]}") from None
     except rex.RayTaskError as exc:
         cause = exc.cause

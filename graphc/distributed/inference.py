@@ -23,31 +23,32 @@ __all__ = ["map_batches"]
 
 
 class SessionRunner:
-    """A ``gc.Session`` of the model (serialized bytes, or an object ref of them) on one worker."""
+    """A ``gc.Session`` of the model (serialized bytes, or an object ref of them) on one worker,
+    made by the first call (so a backend that cannot run there fails a call, with its reason,
+    rather than the actor's start)."""
 
     def __init__(self, model: Any, backend: str, options: Mapping[str, Any]):
-        import ray
-
-        from graphc.session import Session
-
-        if isinstance(model, ray.ObjectRef):
-            model = ray.get(model)
-        options = dict(options)
-        if backend != "numpy":
-            options.setdefault("threads", 1)
-        self.session = Session(model, backend=backend, **options)
-        self._inputs = [s.name for s in self.session.inputs]
+        self._args = (model, backend, dict(options))
+        self._session = None
 
     def backend(self) -> str:
-        return self.session.backend
+        if self._session is None:
+            import ray
+
+            from graphc.session import Session
+
+            model, backend, options = self._args
+            if isinstance(model, ray.ObjectRef):
+                model = ray.get(model)
+            if backend != "numpy":
+                options.setdefault("threads", 1)
+            self._session = Session(model, backend=backend, **options)
+            self._inputs = [s.name for s in self._session.inputs]
+        return self._session.backend
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.session.run({n: batch[n] for n in self._inputs if n in batch})
-
-
-def _probe(model: Any, backend: str, options: Mapping[str, Any]) -> str:
-    """Make a session where a worker would run (same resources): its backend, or the reason not."""
-    return SessionRunner(model, backend, options).backend()
+        self.backend()
+        return self._session.run({n: batch[n] for n in self._inputs if n in batch})
 
 
 def _is_dataset(data: Any) -> bool:
@@ -89,9 +90,11 @@ def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size
     check_resources(ray, workers, num_cpus, num_gpus)
     model = ray.put(load(model_or_path).proto.SerializeToString())
     resources = {"num_cpus": num_cpus, "num_gpus": num_gpus}
-    probe = ray.remote(_probe).options(**resources, max_retries=0)
-    get(ray, probe.remote(model, backend, options), timeout_s, "starting a session on a worker")
+    actor = ray.remote(SessionRunner).options(**resources, max_restarts=0)
     if _is_dataset(data):
+        probe = actor.remote(model, backend, options)  # fail now, with the reason, not when ``data`` is read
+        get(ray, probe.backend.remote(), timeout_s, "starting a session on a worker")
+        ray.kill(probe)
         return data.map_batches(SessionRunner, fn_constructor_args=(model, backend, options), batch_size=batch_size,
                                 batch_format="numpy", concurrency=workers, **resources)
     if not isinstance(data, Mapping):
@@ -101,8 +104,8 @@ def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size
     if len(set(rows.values())) != 1 or None in rows.values():
         raise InputError(f"map_batches: every input needs the same number of rows (dim 0); got {rows}")
     total = next(iter(rows.values()))
-    actor = ray.remote(SessionRunner).options(**resources, max_restarts=0)
     runners = [actor.remote(model, backend, options) for _ in range(min(workers, max(1, -(-total // batch_size))))]
+    get(ray, [r.backend.remote() for r in runners], timeout_s, "starting the sessions")
     refs = [runners[i % len(runners)].__call__.remote({n: a[lo:lo + batch_size] for n, a in arrays.items()})
             for i, lo in enumerate(range(0, total, batch_size))]
     parts = get(ray, refs, timeout_s, "batch inference")

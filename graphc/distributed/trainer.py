@@ -47,7 +47,7 @@ class DistributedTrainer(Trainer):
     backend; onnxruntime runs one intra-op thread per worker unless ``threads`` says otherwise.
     """
 
-    def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, workers: int = 2,
+    def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, workers: int = 1,
                  ray_address: Optional[str] = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
                  max_restarts: int = 3, timeout_s: float = 600.0, **options: Any):
         from graphc.training import update_model
