@@ -42,7 +42,14 @@ def ray_cluster():
     os.environ.update(LOCAL_ENV)  # Ray reads them when it is imported
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    for attempt in range(3):  # Ray gives its raylet 30 s to start: a loaded machine can miss that
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            break
+        except Exception:  # noqa: BLE001 - Ray raises a bare Exception for it
+            ray.shutdown()
+            if attempt == 2:
+                raise
     try:
         yield ray
     finally:

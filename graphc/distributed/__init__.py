@@ -1,7 +1,7 @@
 """Scale out on Ray (``pip install "graphc[ray]"``): data-parallel training and batch inference.
 
 * ``gc.Trainer(artifacts, workers=N, ray_address=None)`` trains on ``N`` Ray actors
-  (``graphc.distributed.trainer``);
+  (``DistributedTrainer``, ``graphc.distributed.trainer``);
 * ``gc.distributed.map_batches(model, data)`` runs a ``gc.Session`` per Ray worker over a
   ``ray.data.Dataset`` or a dict of arrays (``graphc.distributed.inference``).
 
@@ -10,6 +10,8 @@ Importing this package does not import Ray; using it without Ray raises ``gc.Mis
 
 from __future__ import annotations
 
+from graphc.distributed.cluster import WorkerLost
 from graphc.distributed.inference import map_batches
+from graphc.distributed.trainer import DistributedTrainer
 
-__all__ = ["map_batches"]
+__all__ = ["DistributedTrainer", "WorkerLost", "map_batches"]

@@ -45,8 +45,9 @@ def connect(address: Optional[str], feature: str):
                 ray.init(include_dashboard=False, log_to_driver=False)
             else:
                 ray.init(address=address, log_to_driver=False)
-        except ConnectionError as exc:
-            raise GraphcError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - Ray raises bare Exceptions (a raylet that did not start)
+            where = f"reach the Ray cluster at {address!r}" if address else "start a local Ray cluster"
+            raise GraphcError(f"cannot {where}: {exc}") from None
     return ray
 
 
