@@ -26,7 +26,8 @@ from graphc.dtypes import (
     spec,
     uint8,
 )
-from graphc.errors import BackendError, BackendUnavailable, GraphcError, GraphError, InputError, ModelLoadError
+from graphc.errors import (BackendError, BackendUnavailable, GraphcError, GraphError, InputError, MissingDependency,
+                           ModelLoadError)
 from graphc.model import Model, load
 
 __version__ = "0.1.0"
@@ -52,6 +53,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "data": ("graphc.data", None),
     "metrics": ("graphc.metrics", None),
     "checkpoint": ("graphc.checkpoint", None),
+    "distributed": ("graphc.distributed", None),
     "parity": ("graphc.parity", None),
     "deploy": ("graphc.deploy", None),
     "optimize": ("graphc.optimization", "optimize"),
@@ -80,7 +82,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "BackendError", "BackendUnavailable", "GraphError", "GraphcError", "InputError", "Model",
+    "BackendError", "BackendUnavailable", "GraphError", "GraphcError", "InputError", "MissingDependency", "Model",
     "ModelLoadError", "TensorSpec", "backends", "bfloat16", "bool_", "float16", "float32",
     "float64", "int8", "int32", "int64", "load", "spec", "uint8", *_LAZY,
 ]

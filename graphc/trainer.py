@@ -85,12 +85,38 @@ class Trainer:
     written by a Trainer) on ``backend``; ``options`` go to the backend's ``prepare`` (for
     onnxruntime e.g. ``threads=2``). ``metrics``: what ``evaluate`` reports beside the loss
     (names or callables, see ``gc.metrics``; None: the loss kind's defaults). ``tensorboard``:
-    a directory ``fit`` writes TensorBoard event files to (``graphc.tensorboard``)."""
+    a directory ``fit`` writes TensorBoard event files to (``graphc.tensorboard``).
+    ``workers > 1`` or a ``ray_address`` train data-parallel on Ray
+    (``graphc.distributed.DistributedTrainer``, which takes more options)."""
+
+    def __new__(cls, *args: Any, workers: int = 1, ray_address: Optional[str] = None, **kwargs: Any):
+        if cls is Trainer and (workers != 1 or ray_address):
+            from graphc.distributed.trainer import DistributedTrainer
+
+            cls = DistributedTrainer
+        return super().__new__(cls)
 
     def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, metrics: Any = None,
-                 tensorboard: Union[str, os.PathLike, None] = None, **options: Any):
-        from graphc import training
+                 tensorboard: Union[str, os.PathLike, None] = None, workers: int = 1,
+                 ray_address: Optional[str] = None, **options: Any):
         from graphc.backends import get_backend
+
+        resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard)
+        self._backend = get_backend(backend)
+        self.backend = self._backend.name
+        self._options = options
+        self._train = self._backend.prepare(
+            _without_initializers(self.artifacts.train_step.proto, set(self._entries)),
+            **({"keep_recomputation": True} if self.manifest.recompute else {}), **options)
+        self._reset_state(self.artifacts.state)
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
+
+    def _open(self, artifacts_or_dir: Any, seed: int, metrics: Any = None,
+              tensorboard: Union[str, os.PathLike, None] = None) -> Optional[Path]:
+        """Read the artifacts and their interface, start the loop counters; returns the
+        checkpoint to resume from when ``artifacts_or_dir`` is one."""
+        from graphc import training
         from graphc.training import CARRIED_ROLES
 
         resume_from = None
@@ -108,9 +134,6 @@ class Trainer:
         else:
             self.artifacts = artifacts_or_dir
         self.manifest = m = self.artifacts.manifest
-        self._backend = get_backend(backend)
-        self.backend = self._backend.name
-        self._options = options
         step_graph = m.graphs["train_step"]
         self.batch_specs = _specs(step_graph.inputs, BATCH_ROLES)
         self._batch_names = [s.name for s in self.batch_specs]
@@ -120,14 +143,10 @@ class Trainer:
         self._roles = {name: e.role for name, e in self._expected.items()}
         self._feeds = dict(m.feeds)  # train_step output -> carried input
         self._device_outputs = list(self._feeds)
-        self._train = self._backend.prepare(
-            _without_initializers(self.artifacts.train_step.proto, set(self._entries)),
-            **({"keep_recomputation": True} if m.recompute else {}), **options)
         self._eval = self._predict = None
         self.metrics = metrics_lib.resolve(metrics)
         self.tensorboard = None if tensorboard is None else Path(tensorboard)
         self._state: dict[str, Any] = {}
-        self._reset_state(self.artifacts.state)
         self._checked: set[tuple] = set()
         self.step_count = 0
         self.epoch = 0
@@ -136,14 +155,34 @@ class Trainer:
         self._loader_state: Optional[ckpt.LoaderState] = None
         self._progress = ckpt.EpochProgress()  # running sums of the epoch under way
         self._interrupts = DeferredInterrupt()
-        if resume_from is not None:
-            self.load_checkpoint(resume_from)
+        return resume_from
 
-    def _reset_state(self, tensors: Mapping[str, np.ndarray]) -> None:
+    def _per_param_entries(self) -> dict[str, Any]:
+        """The carried tensors as checkpoints name them: each flat buffer's params and state
+        one by one, everything else as the train_step input it is."""
+        from graphc.training import TensorEntry
+
+        buffers = {name: buf for buf in self.manifest.layout for name, _ in buf.tensors()}
+        out = {}
+        for name, entry in self._entries.items():
+            buf = buffers.get(name)
+            if buf is None:
+                out[name] = entry
+                continue
+            suffix = name[len(buf.name):]
+            for p, shape in zip(buf.params, buf.shapes):
+                out[p + suffix] = TensorEntry(name=p + suffix, role=entry.role, dtype=buf.dtype, shape=shape)
+        return out
+
+    def _packed(self, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``tensors`` (named per param) as the carried train_step inputs; every one must be there."""
         missing = [n for n in self._expected if n not in tensors]
         if missing:
             raise ValueError(f"no initial value for train_step input(s) {missing} in the artifacts' state")
-        packed = self.manifest.pack(tensors)
+        return self.manifest.pack(tensors)
+
+    def _reset_state(self, tensors: Mapping[str, np.ndarray]) -> None:
+        packed = self._packed(tensors)
         self._state = {n: self._train.to_device(np.asarray(packed[n])) for n in self._entries}
         self._spare: dict[str, Any] = {}  # last step's inputs: where the next step writes
 
@@ -181,9 +220,10 @@ class Trainer:
             self.step_count += 1
             return float(host["loss"])
 
-    def _noise_feeds(self, batch: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """This step's Dropout noise: drawn from ``self.rng`` in manifest order (or taken from
-        ``batch``), each shaped as its spec with symbolic dims bound by the batch's arrays."""
+    def _noise_feeds(self, batch: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray],
+                     rng: Optional[np.random.Generator] = None) -> dict[str, np.ndarray]:
+        """This step's Dropout noise: drawn from ``rng`` (default ``self.rng``) in manifest order
+        (or taken from ``batch``), each shaped as its spec with symbolic dims bound by the batch's arrays."""
         dims: dict[str, int] = {}
         for spec in self.batch_specs:
             for d, size in zip(spec.shape or (), feeds[spec.name].shape):
@@ -201,7 +241,7 @@ class Trainer:
                 if probed is None:
                     probed = self._probe_noise_shapes(feeds)
                 shape = probed[spec.name]
-            out[spec.name] = self.rng.random(shape, dtype=np.float32)
+            out[spec.name] = (rng or self.rng).random(shape, dtype=np.float32)
         return out
 
     def _probe_noise_shapes(self, feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:

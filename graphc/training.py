@@ -19,9 +19,11 @@ guess from names):
   order) and the optimizer state
   is one flat buffer per group and slot, ``<group>.<slot>`` (say ``params.float32.exp_avg``), of
   the group's params end to end. ``fused=False`` keeps one update, and state, per param.
-* ``gradients``: the train_step inputs without optimizer state, step and lr; outputs ``loss`` and
-  ``<param>_grad``. Dropout/BatchNorm run in training mode (batch statistics, as train_step);
-  the running-statistics updates are not output (feed the BN stats in, they are not changed).
+* ``gradients``: the train_step inputs without optimizer state, step and lr; outputs ``loss``,
+  ``<param>_grad`` and, for each BatchNorm running statistic ``X``, ``X.next`` (role state, its
+  updated value). Dropout/BatchNorm run in training mode (batch statistics, as train_step).
+  ``update_model(manifest)`` is the optimizer update alone: data-parallel training runs
+  ``gradients`` per worker and this on the averaged gradients.
 * Dropout randomness is an input of ``train_step`` and ``gradients``: one ``dropout_noise.<k>``
   (role ``noise``, float32 uniform in [0, 1), the Dropout input's shape) per training-mode
   Dropout; an element is kept where ``noise >= ratio``. ``gc.Trainer`` draws it each step from
@@ -377,6 +379,24 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
                              graphs["inference"], built.state, manifest)
 
 
+def update_model(manifest: Manifest) -> Model:
+    """The optimizer update of ``manifest``'s train_step as a model of its own (see
+    ``passes.training.artifacts.update_graph``), built from the manifest alone: artifacts saved
+    before it existed get it too."""
+    from graphc.passes.training import artifacts, flat
+
+    def ir_dtype(name: str) -> ir.DataType:
+        return ir.DataType.from_numpy(np.dtype(to_numpy(name)))
+
+    params = [ir.Value(name=e.name, type=ir.TensorType(ir_dtype(e.dtype)), shape=ir.Shape(e.shape))
+              for e in manifest.graphs["train_step"].inputs if e.role == "param"]
+    groups = [flat.Group(b.name, ir_dtype(b.dtype), list(b.params), [tuple(s) for s in b.shapes], b.weight_decay)
+              for b in manifest.layout]
+    opt = manifest.optimizer
+    return Model(artifacts.update_graph(manifest.opset, opt["kind"], opt, params, groups,
+                                        () if groups else opt.get("no_decay") or ()))
+
+
 def capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:
     """The loss as a graph of its own, captured from ``gc.losses``: inputs ``pred`` (the model
     output's type) and ``label`` (int64 class indices [N, d1...] for cross-entropy on
@@ -420,4 +440,4 @@ def _graph_entry(key: str, model: Model, roles: dict[str, str]) -> GraphEntry:
 
 
 __all__ = ["ArtifactsError", "FlatBuffer", "GraphEntry", "Manifest", "TensorEntry", "TrainingArtifacts", "generate", "load",
-           "read_manifest"]
+           "read_manifest", "update_model"]

@@ -61,6 +61,8 @@ def run_cmd(
     output: Optional[Path] = output_option("Write the outputs to this .npz (default: print them).", "FILE.npz"),
     out: Optional[Path] = OUT_ALIAS,
     threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads (onnxruntime; default: its own)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Run batches on this many Ray workers (graphc[ray])."),
+    batch_size: int = typer.Option(256, "--batch-size", min=1, help="Rows per batch with --workers."),
 ) -> None:
     """Run a model on a backend with inputs from .npy files.
 
@@ -69,15 +71,23 @@ def run_cmd(
 
     output = chosen_output(output, out, required=False)
     options = {} if threads is None else {"threads": threads}
-    session = Session(model, backend=backend, **options)
-    results = session.run(parse_feeds(inputs))
+    if workers > 1:
+        from graphc.distributed import map_batches
+
+        results = map_batches(model, parse_feeds(inputs), backend=backend, batch_size=batch_size,
+                              workers=workers, **options)
+        ran_on = f"{backend}, {workers} Ray workers"
+    else:
+        session = Session(model, backend=backend, **options)
+        results = session.run(parse_feeds(inputs))
+        ran_on = session.backend
     if output is not None:
         buffer = io.BytesIO()
         np.savez(buffer, **results)
         atomic_write(output, buffer.getvalue())
-        console.print(f"wrote {len(results)} output(s) to {output} (backend {session.backend})")
+        console.print(f"wrote {len(results)} output(s) to {output} (backend {ran_on})")
         return
-    table = Table(title=f"{model.name} on {session.backend}")
+    table = Table(title=f"{model.name} on {ran_on}")
     for column in ("output", "dtype", "shape", "values"):
         table.add_column(column)
     for name, value in results.items():

@@ -191,6 +191,9 @@ def train_cmd(
     plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png",
                                         help="Write a loss-curve image here (pip install 'graphc[plot]')."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar and epoch lines."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Data-parallel workers on Ray (graphc[ray])."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="A running Ray cluster "
+                                              "(default with --workers > 1: a new local one)."),
 ) -> None:
     """Train artifacts on the arrays of an .npz file.
 
@@ -208,7 +211,8 @@ def train_cmd(
         check_plot(plot)
     if checkpoint is not None:
         check_checkpoint(checkpoint, resume, artifacts)
-    trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard)
+    trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,
+                         workers=workers, ray_address=ray_address)
     if resume:
         trainer.load_checkpoint(checkpoint)
         console.print(f"resumed from {checkpoint}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False, soft_wrap=True)

@@ -9,12 +9,17 @@
    the loss value is named ``loss``;
 4. ``eval``: loss graph in inference mode, trainable params and BN statistics as inputs;
 5. ``gradients``: loss graph in training mode, ``autodiff.backward`` to the trainable params,
-   outputs ``loss`` and ``<param>_grad`` (training-mode Dropout becomes standard ops on one
-   ``dropout_noise.<k>`` input per node, drawn by the caller);
+   outputs ``loss``, ``<param>_grad`` and ``<stat>.next`` for each BatchNorm running statistic
+   (training-mode Dropout becomes standard ops on one ``dropout_noise.<k>`` input per node,
+   drawn by the caller);
 6. ``train_step``: the gradients graph plus optimizer state inputs, ``step``, ``lr`` and the
    update nodes (``optimizers``); outputs ``loss`` and ``X.next`` for each param/state ``X``.
    Fused (the default), the update runs once over each of a few flat groups of params, with
    the optimizer state as flat buffers (``flat``); else once per param.
+
+``update_graph`` builds the optimizer update alone (params, gradients, state, step and lr in;
+the ``.next`` values out), the same nodes as train_step's: data-parallel workers run
+``gradients`` on their shards and apply it to the averaged gradients.
 
 No DSL here: the caller (``graphc.training``) turns specs into the plain arguments below.
 """
@@ -94,7 +99,8 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
     step, gradients, grads, bn_next = _backward_graphs(base, opset, params, bn_stats, noise, recompute)
 
     slots = optimizers.state_slots(opt_kind, opt_hyper)
-    next_names = _append_optimizer(step.graph, opset, opt_kind, opt_hyper, grads, slots, decays, groups)
+    param_values = {p: step.graph.initializers[p] for p in grads}
+    next_names = _append_optimizer(step.graph, opset, opt_kind, opt_hyper, param_values, grads, slots, decays, groups)
     next_names += [_expose(step.graph, value, f"{stat}.next", like=step.graph.initializers[stat])
                    for stat, value in bn_next.items()]
     _set_outputs(step.graph, [LOSS, *next_names])
@@ -158,8 +164,10 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
         recomputation.recompute(step.graph, forward, opset)
     gradients = step.clone()
     graph = gradients.graph
+    stats = [_expose(graph, _by_name(graph, v.name), f"{stat}.next", like=graph.initializers[stat])
+             for stat, v in bn_next.items()]  # a data-parallel run keeps rank 0's (as DDP)
     _set_outputs(graph, [LOSS, *(_expose(graph, _by_name(graph, g.name), f"{p}_grad", like=graph.initializers[p])
-                                 for p, g in grads.items())])
+                                 for p, g in grads.items()), *stats])
     return step, gradients, grads, bn_next
 
 
@@ -291,16 +299,36 @@ def _loss_inputs(graph: ir.Graph) -> set[ir.Value]:
     return needed
 
 
-def _append_optimizer(graph, opset, kind, hyper, grads, slots, decays, groups) -> list[str]:
-    """Optimizer inputs (state, step, lr) and update nodes, per flat buffer of ``groups`` or,
-    with none, per param; returns the ``.next`` output names."""
+def update_graph(opset: int, kind: str, hyper: dict, params: Sequence[ir.Value], groups: Sequence[flat.Group],
+                 no_decay: Sequence[str] = ()) -> ir.Model:
+    """The optimizer update of train_step as a graph of its own: inputs the ``params`` (typed
+    values named as the params), ``<param>_grad`` for each, the optimizer state (per ``groups``
+    buffer, or per param without), ``step`` and ``lr``; outputs ``<param>.next``, the state's
+    ``.next`` and ``step.next``, as train_step computes them."""
+    graph = ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="update")
+    values, grads = {}, {}
+    for p in params:
+        values[p.name] = ir.Value(name=p.name, type=ir.TensorType(p.dtype), shape=p.shape)
+        grads[p.name] = ir.Value(name=f"{p.name}_grad", type=ir.TensorType(p.dtype), shape=p.shape)
+        graph.inputs.extend((values[p.name], grads[p.name]))
+    decays = _decays(list(values), no_decay)
+    slots = optimizers.state_slots(kind, hyper)
+    next_names = _append_optimizer(graph, opset, kind, hyper, values, grads, slots, decays, list(groups))
+    _set_outputs(graph, next_names)
+    model = ir.Model(graph, ir_version=10)
+    _tidy(model)
+    return model
+
+
+def _append_optimizer(graph, opset, kind, hyper, params, grads, slots, decays, groups) -> list[str]:
+    """Optimizer inputs (state, step, lr) and update nodes for ``params`` (name -> value),
+    per flat buffer of ``groups`` or, with none, per param; returns the ``.next`` output names."""
     b = Emitter(graph, opset, "optim")
     step = _input_with_default(graph, STEP, np.array(0, dtype=np.int64))
     lr = _input_with_default(graph, LR, np.array(hyper["lr"], dtype=np.float32))
     t = b.op("Add", step, b.const(1, np.int64))
     ctx = optimizers.StepContext(b, lr, t)
     groups_by_name = {g.name: g for g in groups}
-    params = {p: graph.initializers[p] for p in grads}
     if groups:
         views = Emitter(graph, opset, "optim/flat")
         updates = [(g.name, flat.concat(views, g, params), flat.concat(views, g, grads), g.weight_decay) for g in groups]
@@ -380,7 +408,7 @@ def _output_role(name: str, graph: str, params: Sequence[str]) -> str:
         return "loss"
     if graph == "gradients" and name.endswith("_grad"):
         return "grad"
-    if graph == "train_step" and name.endswith(".next"):
+    if graph in ("train_step", "gradients") and name.endswith(".next"):
         return "param" if name[: -len(".next")] in params else "state"
     return "output"
 

@@ -1,0 +1,81 @@
+"""Connecting to Ray: the lazy import, the local cluster graphc starts, errors from workers.
+
+Ray is optional (``pip install "graphc[ray]"``); nothing here imports it before it is needed.
+A cluster graphc starts itself (no address, none running) serves this machine only: it binds to
+127.0.0.1, runs no dashboard and reports no usage statistics.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from graphc.errors import BackendUnavailable, GraphcError, MissingDependency
+
+INSTALL_HINT = 'pip install "graphc[ray]"'
+# A local cluster graphc starts: loopback only (Ray's switch for single-machine clusters), no
+# usage reporting. Set before Ray is imported: it reads them at import.
+LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+class WorkerLost(GraphcError, RuntimeError):
+    """A Ray worker process died (killed, out of memory, its node gone) while it held a replica."""
+
+
+def require_ray(feature: str):
+    """The ``ray`` module, or ``MissingDependency`` saying what to install for ``feature``."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise MissingDependency(f"{feature} runs on Ray, which is not installed ({exc}); "
+                                f"install it with: {INSTALL_HINT}") from None
+    return ray
+
+
+def connect(address: Optional[str], feature: str):
+    """Ray, connected: to ``address`` (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``) when
+    given, else to the cluster this process already joined, else to a new local one."""
+    for key, value in LOCAL_ENV.items():
+        if address is None:
+            os.environ.setdefault(key, value)
+    ray = require_ray(feature)
+    if not ray.is_initialized():
+        try:
+            if address is None:
+                ray.init(include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=address, log_to_driver=False)
+        except Exception as exc:  # noqa: BLE001 - Ray raises bare Exceptions (a raylet that did not start)
+            where = f"reach the Ray cluster at {address!r}" if address else "start a local Ray cluster"
+            raise GraphcError(f"cannot {where}: {exc}") from None
+    return ray
+
+
+def check_resources(ray, workers: int, num_cpus: float, num_gpus: float) -> None:
+    """Fail now, with the reason, when the cluster cannot hold ``workers`` actors asking for
+    these resources (Ray would leave them pending for ever)."""
+    total = ray.cluster_resources()
+    for kind, each in (("GPU", num_gpus), ("CPU", num_cpus)):
+        have = float(total.get(kind, 0.0))
+        if each > 0 and have < each * workers:
+            detail = " (no GPU on any node: ort-cuda cannot run)" if kind == "GPU" and have == 0 else ""
+            raise BackendUnavailable(f"{workers} worker(s) x {kind.lower()}s={each:g} need {each * workers:g} "
+                                     f"{kind}(s); the Ray cluster has {have:g}{detail}")
+
+
+def get(ray, refs: Any, timeout: Optional[float], what: str) -> Any:
+    """``ray.get`` that turns a dead worker into ``WorkerLost``, a worker's graphc error into
+    that error itself, and a time-out into an error naming ``what``."""
+    from ray import exceptions as rex
+
+    try:
+        return ray.get(refs, timeout=timeout)
+    except (rex.RayActorError, rex.WorkerCrashedError) as exc:
+        raise WorkerLost(f"a Ray worker died during {what}: {str(exc).splitlines()[0]}") from None
+    except rex.RayTaskError as exc:
+        cause = exc.cause
+        if isinstance(cause, GraphcError):
+            raise cause from None
+        raise
+    except rex.GetTimeoutError:
+        raise GraphcError(f"{what} took more than {timeout:g} s; raise timeout_s or check the cluster") from None

@@ -1,0 +1,116 @@
+"""``gc.distributed.map_batches``: batch inference with a ``gc.Session`` per Ray worker.
+
+    out = gc.distributed.map_batches("model.onnx", {"x": x}, batch_size=256, workers=4)
+    ds = gc.distributed.map_batches(model, ray.data.read_parquet(...))   # a Dataset in, one out
+
+A ``ray.data.Dataset`` goes through Ray Data's ``map_batches`` with an actor pool of
+``workers`` sessions (lazy, streamed; row order as Ray Data's ``preserve_order`` says). A dict
+of arrays is cut into ``batch_size`` rows, the batches are dealt to ``workers`` session actors
+and the outputs come back concatenated in input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import numpy as np
+
+from graphc.distributed.cluster import check_resources, connect, get
+from graphc.errors import InputError
+
+__all__ = ["map_batches"]
+
+
+class SessionRunner:
+    """A ``gc.Session`` of the model (serialized bytes, or an object ref of them) on one worker,
+    made by the first call (so a backend that cannot run there fails a call, with its reason,
+    rather than the actor's start)."""
+
+    def __init__(self, model: Any, backend: str, options: Mapping[str, Any]):
+        self._args = (model, backend, dict(options))
+        self._session = None
+
+    def backend(self) -> str:
+        if self._session is None:
+            import ray
+
+            from graphc.session import Session
+
+            model, backend, options = self._args
+            if isinstance(model, ray.ObjectRef):
+                model = ray.get(model)
+            if backend != "numpy":
+                options.setdefault("threads", 1)
+            self._session = Session(model, backend=backend, **options)
+            self._inputs = [s.name for s in self._session.inputs]
+        return self._session.backend
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.backend()
+        return self._session.run({n: batch[n] for n in self._inputs if n in batch})
+
+
+def _is_dataset(data: Any) -> bool:
+    """Whether ``data`` is a ``ray.data.Dataset``, without importing Ray Data (pandas, pyarrow)
+    when it is not loaded: then ``data`` cannot be one."""
+    import sys
+
+    module = sys.modules.get("ray.data")
+    return module is not None and isinstance(data, module.Dataset)
+
+
+def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size: int = 256,
+                workers: Optional[int] = None, *, ray_address: Optional[str] = None, num_cpus: float = 1.0,
+                num_gpus: float = 0.0, timeout_s: float = 600.0, **options: Any):
+    """Run the model over ``data`` on Ray workers, each with its own ``gc.Session``.
+
+    Args:
+        model_or_path: a ``gc.Model``, an ``.onnx`` path, its bytes or a ``ModelProto``.
+        data: a ``ray.data.Dataset`` (returns one, lazily) or a dict of arrays with the same
+            number of rows (returns a dict of outputs, rows in input order).
+        backend, options: for each worker's ``gc.Session`` (``ort-cuda`` with ``num_gpus``).
+        batch_size: rows per session run.
+        workers: how many sessions; default the cluster's CPUs / ``num_cpus``.
+
+    Raises:
+        gc.BackendUnavailable: the backend cannot run on a worker with these resources (the
+            reason, e.g. no GPU in the cluster); never a fallback to another backend.
+        gc.InputError: the arrays of ``data`` differ in rows (and what ``gc.Session`` raises).
+    """
+    from graphc.model import load
+
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    ray = connect(ray_address, "gc.distributed.map_batches")
+    if workers is None:
+        workers = max(1, int(ray.cluster_resources().get("CPU", 1.0) // max(num_cpus, 1e-9)))
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    check_resources(ray, workers, num_cpus, num_gpus)
+    model = ray.put(load(model_or_path).proto.SerializeToString())
+    resources = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+    actor = ray.remote(SessionRunner).options(**resources, max_restarts=0)
+    if _is_dataset(data):
+        probe = actor.remote(model, backend, options)  # fail now, with the reason, not when ``data`` is read
+        get(ray, probe.backend.remote(), timeout_s, "starting a session on a worker")
+        ray.kill(probe)
+        return data.map_batches(SessionRunner, fn_constructor_args=(model, backend, options), batch_size=batch_size,
+                                batch_format="numpy", concurrency=workers, **resources)
+    if not isinstance(data, Mapping):
+        raise TypeError(f"map_batches takes a ray.data.Dataset or a dict of arrays, got {type(data).__name__}")
+    arrays = {n: np.asarray(a) for n, a in data.items()}
+    rows = {n: (a.shape[0] if a.ndim else None) for n, a in arrays.items()}
+    if len(set(rows.values())) != 1 or None in rows.values():
+        raise InputError(f"map_batches: every input needs the same number of rows (dim 0); got {rows}")
+    total = next(iter(rows.values()))
+    runners = [actor.remote(model, backend, options) for _ in range(min(workers, max(1, -(-total // batch_size))))]
+    get(ray, [r.backend.remote() for r in runners], timeout_s, "starting the sessions")
+    refs = [runners[i % len(runners)].__call__.remote({n: a[lo:lo + batch_size] for n, a in arrays.items()})
+            for i, lo in enumerate(range(0, total, batch_size))]
+    parts = get(ray, refs, timeout_s, "batch inference")
+    for runner in runners:
+        ray.kill(runner)
+    if not parts:
+        raise InputError("map_batches: the arrays hold no rows")
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}

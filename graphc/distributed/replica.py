@@ -1,0 +1,129 @@
+"""One data-parallel worker: the gradients and update graphs on its own backend, its params on
+that backend's device. Plain Python: ``DistributedTrainer`` runs it as a Ray actor.
+
+Each step the driver sends a shard; the worker runs ``gradients`` on it (params bound from the
+device) and sends back the loss, its weight and the gradients; then every worker gets the same
+weighted average and runs the optimizer ``update`` graph on it, params and optimizer state
+staying on the device. BatchNorm running statistics are replaced by rank 0's (PyTorch DDP's
+``broadcast_buffers``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import numpy as np
+
+from graphc.trainer import CARRIED_ROLES, _without_initializers
+
+
+def shard_weight(loss: dict, shard: Mapping[str, np.ndarray], rows: int) -> float:
+    """How much a shard's loss and gradients count in the average: its rows for a mean loss
+    (for cross-entropy, its labels that are not ``ignore_index``), 1 for a summed loss."""
+    options = loss.get("options") or {}
+    if options.get("reduction") == "sum":
+        return 1.0 if rows else 0.0
+    if loss.get("kind") == "cross_entropy" and loss.get("label") in shard:
+        return float(np.count_nonzero(np.asarray(shard[loss["label"]]) != options.get("ignore_index", -100)))
+    return float(rows)
+
+
+class Replica:
+    """The graphs of one worker. ``graphs`` holds serialized ``gradients``, ``update`` and
+    ``eval`` models and the manifest's JSON."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def setup(self, graphs: Mapping[str, bytes], backend: str, options: Mapping[str, Any]) -> str:
+        """Prepare the graphs on ``backend`` (here, on this worker's node); returns its name."""
+        import onnx
+
+        from graphc.backends import get_backend
+        from graphc.training import Manifest
+
+        self.manifest = m = Manifest.model_validate_json(graphs["manifest"])
+        self._backend = get_backend(backend)
+        self._options = dict(options)
+        if self._backend.name.startswith("ort"):
+            self._options.setdefault("threads", 1)  # one core per worker: the driver packs them
+        self._protos = {k: onnx.load_from_string(v) for k, v in graphs.items() if k != "manifest"}
+        carried = [e for e in m.graphs["train_step"].inputs if e.role in CARRIED_ROLES]
+        self._carried = {e.name for e in carried}
+        self._stats = [e.name for e in m.graphs["gradients"].outputs if e.role == "state"]  # "<stat>.next"
+        self._grad_outputs = [e.name for e in m.graphs["gradients"].outputs if e.role in ("loss", "grad")]
+        self._grad_inputs = {e.name for e in m.graphs["gradients"].inputs}
+        self._grads = self._prepare("gradients")
+        self._update = self._prepare("update")
+        self._update_inputs = {v.name for v in self._protos["update"].graph.input}
+        self._update_outputs = [v.name for v in self._protos["update"].graph.output]
+        self._eval = None
+        self._state: dict[str, Any] = {}
+        self._spare: dict[str, Any] = {}
+        return self._backend.name
+
+    def _prepare(self, key: str):
+        return self._backend.prepare(_without_initializers(self._protos[key], self._carried), **self._options)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def load(self, packed: Mapping[str, np.ndarray]) -> None:
+        """Put the carried tensors (as train_step takes them: ``Manifest.pack``) on the device."""
+        self._state = {n: self._grads.to_device(np.asarray(packed[n])) for n in self._carried}
+        self._spare = {}
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Host copies of the carried tensors, named per param."""
+        return self.manifest.unpack({n: np.array(self._grads.to_host(h), copy=True) for n, h in self._state.items()})
+
+    def gradients(self, shard: Mapping[str, np.ndarray], rows: int) -> Optional[dict]:
+        """Loss, weight and gradients (scaled by the weight) on this worker's shard, plus the
+        BatchNorm statistics' updates on rank 0; None for an empty shard."""
+        if rows == 0:
+            return None
+        feeds = {n: a for n, a in shard.items() if n in self._grad_inputs}
+        feeds.update({n: h for n, h in self._state.items() if n in self._grad_inputs})
+        host, _ = self._grads.run_bound(feeds, [*self._grad_outputs, *(self._stats if self.rank == 0 else ())])
+        weight = shard_weight(self.manifest.loss, shard, rows)
+        loss = float(host.pop("loss"))
+        stats = {n: host.pop(n) for n in list(host) if n in self._stats}
+        if weight == 0:  # every label ignored: the shard's mean loss is 0/0, it counts for nothing
+            return {"loss": 0.0, "weight": 0.0, "grads": {}, "stats": stats}
+        grads = {name: grad * weight for name, grad in host.items()}
+        return {"loss": loss * weight, "weight": weight, "grads": grads, "stats": stats}
+
+    def apply(self, reduced: Mapping[str, Any]) -> None:
+        """The optimizer update on the averaged gradients; BN statistics become rank 0's."""
+        feeds = {n: h for n, h in self._state.items() if n in self._update_inputs}
+        feeds.update(reduced["grads"])
+        _, device = self._update.run_bound(feeds, (), self._update_outputs, into=self._spare)
+        spare = {}
+        for out in self._update_outputs:
+            name = out[: -len(".next")]
+            spare[out] = self._state[name]
+            self._state[name] = device[out]
+        self._spare = spare
+        for out, value in reduced["stats"].items():
+            self._state[out[: -len(".next")]] = self._grads.to_device(value)
+
+    def set(self, tensors: Mapping[str, np.ndarray]) -> None:
+        """Replace some carried tensors (``lr``, say) as given."""
+        for name, value in tensors.items():
+            self._state[name] = self._grads.to_device(np.asarray(value))
+
+    def predict(self, shard: Mapping[str, np.ndarray], rows: int) -> Optional[dict]:
+        """The eval graph on the shard: its outputs, the loss scaled by the shard's weight."""
+        if rows == 0:
+            return None
+        if self._eval is None:
+            self._eval = self._prepare("eval")
+            self._eval_inputs = {v.name for v in self._protos["eval"].graph.input}
+            self._eval_outputs = [v.name for v in self._protos["eval"].graph.output]
+        feeds = {n: a for n, a in shard.items() if n in self._eval_inputs}
+        feeds.update({n: h for n, h in self._state.items() if n in self._eval_inputs})
+        host, _ = self._eval.run_bound(feeds, self._eval_outputs)
+        weight = shard_weight(self.manifest.loss, shard, rows)
+        return {**host, "loss": float(host["loss"]) * weight if weight else 0.0, "weight": weight}

@@ -1,0 +1,261 @@
+"""``gc.Trainer(..., workers=N)``: synchronous data parallelism on Ray.
+
+The driver (this process) splits every global batch into ``N`` contiguous shards (sizes as
+``numpy.array_split``: an uneven batch gives the first shards one row more) and sends one to
+each worker, a Ray actor holding the ``gradients`` and optimizer ``update`` graphs on its own
+backend (``graphc.distributed.replica``). The workers' gradients come back through Ray's object
+store; the driver averages them weighted by each shard's share of the loss (its rows; for
+cross-entropy its labels that are not ``ignore_index``; 1 each for a summed loss), puts the
+average in the object store once, and every worker applies the same update to it. So one step on
+``N`` workers equals one single-process step on the same global batch, up to float rounding.
+
+Per-replica state follows PyTorch DDP: BatchNorm normalizes with each worker's batch statistics;
+the running statistics are rank 0's, copied to every worker after each step (DDP's
+``broadcast_buffers``). Dropout noise is drawn per worker, from a generator seeded with
+``(seed, step, rank)``: runs replay exactly at a given number of workers (resumed or not), and
+differ, as in DDP, between different numbers of workers.
+
+``fit`` keeps a copy of the last checkpoint (each epoch's end, and the start): when a worker
+dies, the workers are started again, loaded from it, and the run goes on, at most
+``max_restarts`` times.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import numpy as np
+
+from graphc.distributed.cluster import WorkerLost, check_resources, connect, get
+from graphc.distributed.replica import Replica
+from graphc.errors import ArtifactsError, InputError
+from graphc.history import History
+from graphc.trainer import BATCH_ROLES, Trainer, TrainingFailed, _specs
+
+__all__ = ["DistributedTrainer"]
+
+
+class DistributedTrainer(Trainer):
+    """``Trainer`` whose steps run on ``workers`` Ray actors (see the module's docstring).
+
+    Args beyond ``Trainer``'s: ``workers`` (>= 1), ``ray_address`` (a running cluster; default:
+    the one this process joined, else a new local one), ``num_cpus`` / ``num_gpus`` that Ray
+    reserves per worker, ``max_restarts`` (how many times ``fit`` restarts lost workers),
+    ``timeout_s`` (the longest a step or set-up may take). ``options`` go to each worker's
+    backend; onnxruntime runs one intra-op thread per worker unless ``threads`` says otherwise.
+    """
+
+    def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, metrics: Any = None,
+                 tensorboard: Any = None, workers: int = 1, ray_address: Optional[str] = None,
+                 num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3, timeout_s: float = 600.0,
+                 **options: Any):
+        from graphc.training import update_model
+
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+        resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard)
+        self._check_gradients_graph()
+        self.workers, self.max_restarts, self.timeout_s = workers, max_restarts, timeout_s
+        self._seed = seed
+        self._ray = ray = connect(ray_address, "gc.Trainer(workers=...)")
+        check_resources(ray, workers, num_cpus, num_gpus)
+        self._actor = ray.remote(Replica).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)
+        a = self.artifacts
+        self._graphs = ray.put({"gradients": a.gradients.proto.SerializeToString(),
+                                "update": update_model(self.manifest).proto.SerializeToString(),
+                                "eval": a.eval.proto.SerializeToString(),
+                                "manifest": self.manifest.model_dump_json().encode()})
+        self._backend_name, self._options = backend, options
+        eval_inputs = self.manifest.graphs["eval"].inputs
+        self._eval_specs = _specs(eval_inputs, BATCH_ROLES)
+        self._replicas: list = []
+        self._pending: list = []
+        self._start(self.artifacts.state)
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
+
+    def _check_gradients_graph(self) -> None:
+        """Artifacts written before the gradients graph output the BatchNorm statistics' updates
+        cannot keep them in step: say so instead of training with frozen statistics."""
+        grads = self.manifest.graphs["gradients"]
+        outputs = {e.name for e in grads.outputs}
+        stats = [e.name for e in grads.inputs if e.role == "state" and f"{e.name}.next" not in outputs]
+        if stats:
+            raise ArtifactsError(f"the gradients graph does not output the updated BatchNorm statistics "
+                                 f"{stats} (artifacts from an older graphc): generate them again "
+                                 "(`graphc grad` / gc.training.generate) to train them data-parallel")
+
+    # -- workers ------------------------------------------------------------------------------------
+    def _start(self, tensors: Mapping[str, np.ndarray]) -> None:
+        """Start the workers, prepare their graphs, load ``tensors`` (named per param)."""
+        packed = self._ray.put(self._packed(tensors))
+        self._replicas = [self._actor.remote(rank) for rank in range(self.workers)]
+        names = self._get([r.setup.remote(self._graphs, self._backend_name, self._options) for r in self._replicas],
+                          "starting the workers")
+        self.backend = names[0]
+        self._get([r.load.remote(packed) for r in self._replicas], "loading the workers' state")
+        self._pending = []
+
+    def _get(self, refs: Any, what: str) -> Any:
+        return get(self._ray, refs, self.timeout_s, what)
+
+    def _sync(self) -> None:
+        """Wait for the updates in flight (each worker runs its calls in order)."""
+        pending, self._pending = self._pending, []
+        self._get(pending, "the optimizer update")
+
+    def shutdown(self) -> None:
+        """Stop the workers (they also stop when the trainer is garbage-collected)."""
+        for replica in self._replicas:
+            self._ray.kill(replica)
+        self._replicas, self._pending = [], []
+
+    def worker_pids(self) -> list[int]:
+        """The process id of each worker, by rank."""
+        return self._get([r.pid.remote() for r in self._replicas], "asking the workers' pids")
+
+    def worker_states(self) -> list[dict[str, np.ndarray]]:
+        """Every worker's carried tensors (named per param), by rank: they agree after each step."""
+        self._sync()
+        return self._get([r.state.remote() for r in self._replicas], "reading the workers' state")
+
+    # -- steps --------------------------------------------------------------------------------------
+    def _shards(self, batch: Mapping[str, np.ndarray], specs, noise: bool) -> list[tuple[dict, int]]:
+        """(shard, rows) per worker: every array of ``batch`` the graphs take, cut along dim 0."""
+        feeds = self._batch_feeds(batch, specs)
+        rows = len(next(iter(feeds.values())))
+        given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch} if noise else {}
+        bounds = np.cumsum([0] + [len(part) for part in np.array_split(np.arange(rows), self.workers)])
+        out = []
+        for rank, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+            shard = {n: a[lo:hi] for n, a in {**feeds, **given}.items()}
+            if noise and self.noise_specs and hi > lo:
+                rng = np.random.default_rng([self._seed, self.step_count, rank])
+                shard.update(self._noise_feeds(shard, shard, rng))
+            out.append((shard, int(hi - lo)))
+        return out
+
+    def _divisor(self, weight: float) -> float:
+        if weight <= 0:
+            raise InputError("no sample of the batch counts in the loss (every label is the ignore_index)")
+        return 1.0 if (self.manifest.loss.get("options") or {}).get("reduction") == "sum" else weight
+
+    def step(self, batch: Mapping[str, np.ndarray]) -> float:
+        """One synchronous data-parallel step on the global ``batch``; returns its loss."""
+        ray = self._ray
+        shards = self._shards(batch, self.batch_specs, noise=True)
+        refs = [r.gradients.remote(shard, rows) for r, (shard, rows) in zip(self._replicas, shards)]
+        results = self._get(self._pending + refs, "a training step")[len(self._pending):]
+        self._pending = []
+        done = [r for r in results if r is not None and r["weight"] > 0]
+        divisor = self._divisor(sum(r["weight"] for r in done))
+        grads = {}
+        for name in done[0]["grads"]:
+            acc = done[0]["grads"][name].copy()
+            for r in done[1:]:
+                acc += r["grads"][name]
+            grads[name] = acc / np.asarray(divisor, dtype=acc.dtype)
+        reduced = ray.put({"grads": grads, "stats": results[0]["stats"]})
+        self._pending = [r.apply.remote(reduced) for r in self._replicas]
+        self.step_count += 1
+        return sum(r["loss"] for r in done) / divisor
+
+    def predict(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The ``eval`` graph on ``batch``, each worker on its shard: the loss (reduced as the
+        training loss) and the model outputs (the shards' outputs in order)."""
+        self._sync()
+        shards = self._shards(batch, self._eval_specs, noise=False)
+        refs = [r.predict.remote(shard, rows) for r, (shard, rows) in zip(self._replicas, shards)]
+        done = [r for r in self._get(refs, "evaluation") if r is not None]
+        divisor = self._divisor(sum(r["weight"] for r in done))
+        out = {"loss": np.asarray(sum(r["loss"] for r in done) / divisor, dtype=np.float32)}
+        for name in done[0]:
+            if name not in ("loss", "weight"):
+                parts = [r[name] for r in done]
+                out[name] = np.concatenate(parts) if parts[0].ndim else parts[0]
+        return out
+
+    def _eval_exe(self):
+        return None  # the workers hold the eval graph; _eval_specs is set in __init__
+
+    # -- state --------------------------------------------------------------------------------------
+    def _reset_state(self, tensors: Mapping[str, np.ndarray]) -> None:
+        self._sync()
+        packed = self._ray.put(self._packed(tensors))
+        self._get([r.load.remote(packed) for r in self._replicas], "loading the workers' state")
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Rank 0's carried tensors (every worker holds the same), named per param."""
+        self._sync()
+        return self._get(self._replicas[0].state.remote(), "reading the state")
+
+    @property
+    def lr(self) -> float:
+        return float(self.state_dict()["lr"])
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        from graphc.dtypes import to_numpy
+
+        array = np.asarray(value, dtype=to_numpy(self._entries["lr"].dtype))
+        self._sync()
+        self._get([r.set.remote({"lr": array}) for r in self._replicas], "setting lr")
+
+    # -- fault tolerance ----------------------------------------------------------------------------
+    def fit(self, loader, epochs: int, eval_loader=None, progress: bool = True, plot=None,
+            checkpoint=None, checkpoint_every: Optional[int] = None) -> History:
+        """``Trainer.fit``; a worker that dies makes the workers start again from the last
+        checkpoint (kept in memory at each epoch's end), up to ``max_restarts`` times."""
+        self._remember()
+        self._history = History(backend=self.backend)
+        start_step, earlier = self.step_count, History(backend=self.backend)
+        for attempt in range(self.max_restarts + 1):
+            try:
+                history = super().fit(loader, epochs, eval_loader=eval_loader, progress=progress,
+                                      plot=plot, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+            except WorkerLost as exc:
+                lost = exc
+                if attempt == self.max_restarts:
+                    break
+                step, epoch = self._last["step"], self._last["epoch"]
+                partial = self._history
+                earlier.epochs += [e for e in partial.epochs if e.epoch <= epoch]
+                earlier.step_losses = (earlier.step_losses + partial.step_losses)[: step - start_step]
+                warnings.warn(f"{exc}; restarting the {self.workers} workers from step {step} "
+                              f"(restart {attempt + 1} of {self.max_restarts})", stacklevel=2)
+                self._restart()
+                continue
+            history.epochs = earlier.epochs + history.epochs
+            history.step_losses = earlier.step_losses + history.step_losses
+            return history
+        raise TrainingFailed(f"{lost}; gave up after {self.max_restarts} restart(s) of the workers")
+
+    def _fit_epoch(self, loader, history: History, *args: Any) -> None:
+        self._history = history
+        super()._fit_epoch(loader, history, *args)
+
+    def _end_epoch(self, metrics: dict[str, float]):
+        record = super()._end_epoch(metrics)
+        self._remember()
+        return record
+
+    def _remember(self) -> None:
+        """Keep what a checkpoint now would hold, to restart from."""
+        self._last = {"tensors": self.state_dict(), "step": self.step_count, "epoch": self.epoch,
+                      "batch": self.batch_in_epoch, "rng": self.rng.bit_generator.state,
+                      "progress": self._progress.model_copy()}
+
+    def _restart(self) -> None:
+        for replica in self._replicas:
+            self._ray.kill(replica)
+        last = self._last
+        self._start(last["tensors"])
+        self.step_count, self.epoch, self.batch_in_epoch = last["step"], last["epoch"], last["batch"]
+        self.rng.bit_generator.state = last["rng"]
+        self._progress = last["progress"].model_copy()
+
+    def __repr__(self) -> str:
+        return (f"<gc.Trainer backend={self.backend!r} workers={self.workers} step={self.step_count} "
+                f"epoch={self.epoch} {len(self.manifest.trainable)} trainable>")

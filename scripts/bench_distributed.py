@@ -1,0 +1,115 @@
+"""Data-parallel training on Ray: step time of 1 vs 2 workers on this machine, bytes exchanged
+per step, and a projection of scaling efficiency at 8 and 64 workers.
+
+    .venv/bin/python scripts/bench_distributed.py [--steps 20] [--bandwidth-gbit 10] [--latency-us 50]
+
+For the two-layer net (784-128-10, global batch 128), the LeNet CNN (1x28x28, batch 64) and the
+ResNet example (3x32x32, widths 16/32/64, batch 32), SGD with momentum, onnxruntime CPU, one
+intra-op thread per process. Rows, median ms per step over ``--steps`` steps after 3 warm-up ones:
+
+* ``1 proc``: single-process ``gc.Trainer`` on the global batch (1 thread);
+* ``1 worker`` / ``2 workers``: ``gc.Trainer(workers=N)`` on a local loopback Ray cluster
+  (each worker one CPU, one thread) on the same global batch;
+* ``compute(B/2)``: single-process step on half the batch: what each of 2 workers computes.
+
+Bytes per step (what the implementation sends): each worker sends its gradients (G bytes) to the
+driver and reads the averaged ones (G) back through the object store, plus its shard of the batch;
+the driver's link carries N*G each way.
+
+Projection (weak scaling: each worker keeps B/2 rows): step(N) = compute + overhead + comm(N),
+overhead = the measured 1-worker step minus the 1-process step on the same batch (Ray calls,
+serialization, the driver's sum: what distribution costs besides the link), comm(N) over an assumed link of ``--bandwidth-gbit`` Gbit/s and ``--latency-us`` per message:
+driver reduce (this implementation) 2*N*G/bandwidth + 2*latency; a ring all-reduce (what
+``ray.util.collective`` with NCCL/gloo would do) 2*(N-1)/N*G/bandwidth + 2*(N-1)*latency.
+Efficiency = compute / step(N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback-only local cluster
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import numpy as np  # noqa: E402
+
+import graphc as gc  # noqa: E402
+from graphc.models.cnn import LeNet  # noqa: E402
+from graphc.models.resnet import ResNet  # noqa: E402
+from graphc.models.two_layer_net import TwoLayerNet  # noqa: E402
+
+CASES = {
+    "two-layer 784-128-10, B=128": (lambda: TwoLayerNet(784, 128, 10), (784,), 128),
+    "LeNet 1x28x28, B=64": (LeNet, (1, 28, 28), 64),
+    "ResNet 3x32x32, B=32": (ResNet, (3, 32, 32), 32),
+}
+
+
+def median_ms(step, batches, steps: int) -> float:
+    for batch in batches[:3]:
+        step(batch)
+    times = []
+    for i in range(steps):
+        start = time.perf_counter()
+        step(batches[i % len(batches)])
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--bandwidth-gbit", type=float, default=10.0)
+    parser.add_argument("--latency-us", type=float, default=50.0)
+    args = parser.parse_args()
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    bandwidth = args.bandwidth_gbit * 1e9 / 8  # bytes/s
+    latency = args.latency_us * 1e-6
+    rng = np.random.default_rng(0)
+    rows = []
+    for label, (factory, shape, batch) in CASES.items():
+        model = gc.capture(factory(), seed=0, x=gc.spec("float32", ("N", *shape)))
+        arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"),
+                                    gc.optim.SGD(0.01, momentum=0.9))
+        batches = [{"x": rng.standard_normal((batch, *shape), dtype=np.float32),
+                    "y": rng.integers(0, 10, batch).astype(np.int64)} for _ in range(4)]
+        halves = [{k: v[: batch // 2] for k, v in b.items()} for b in batches]
+        single = gc.Trainer(arts, backend="ort-cpu", threads=1)
+        one_proc = median_ms(single.step, batches, args.steps)
+        compute = median_ms(single.step, halves, args.steps)
+        timings = {}
+        for workers in (1, 2):
+            dp = gc.Trainer(arts, backend="ort-cpu", workers=workers, ray_address="auto", num_cpus=1, threads=1)
+            timings[workers] = median_ms(dp.step, batches, args.steps)
+            dp.shutdown()
+        grad_bytes = sum(p.nbytes for n, p in single.params.items() if n in arts.manifest.trainable)
+        shard_bytes = sum(v.nbytes for v in batches[0].values()) / 2
+        overhead = max(timings[1] - one_proc, 0.0) / 1e3
+        effs = {}
+        for n in (8, 64):
+            driver = 2 * n * grad_bytes / bandwidth + 2 * latency
+            ring = 2 * (n - 1) / n * grad_bytes / bandwidth + 2 * (n - 1) * latency
+            effs[n] = tuple(compute / 1e3 / (compute / 1e3 + overhead + c) for c in (driver, ring))
+        rows.append((label, grad_bytes, shard_bytes, one_proc, timings[1], timings[2], compute, overhead * 1e3, effs))
+        print(f"done {label}", flush=True)
+    ray.shutdown()
+
+    print(f"\nlink assumed: {args.bandwidth_gbit:g} Gbit/s, {args.latency_us:g} us per message; "
+          f"{os.cpu_count()} CPUs here, load average {os.getloadavg()[0]:.1f}")
+    head = ("model", "grads MB", "per worker/step", "1 proc ms", "1 worker ms", "2 workers ms", "compute(B/2) ms",
+            "overhead ms", "eff@8 driver/ring", "eff@64 driver/ring")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for label, g, shard, one, w1, w2, comp, over, effs in rows:
+        per_worker = f"{g / 1e6:.2f} MB up + {g / 1e6:.2f} MB down + {shard / 1e3:.0f} kB batch"
+        print(f"| {label} | {g / 1e6:.2f} | {per_worker} | {one:.1f} | {w1:.1f} | {w2:.1f} | {comp:.1f} | {over:.1f} | "
+              f"{effs[8][0]:.0%} / {effs[8][1]:.0%} | {effs[64][0]:.0%} / {effs[64][1]:.0%} |")
+
+
+if __name__ == "__main__":
+    main()

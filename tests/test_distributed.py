@@ -1,0 +1,279 @@
+"""Data-parallel training and batch inference on Ray (``graphc.distributed``), against
+single-process ``gc.Trainer`` / ``gc.Session`` as the oracle.
+
+One local Ray cluster serves the whole module (2 CPUs, loopback only, no dashboard, no usage
+reporting); the module runs on one xdist worker (``xdist_group``). Workers ask for half a CPU
+each, every call is bounded by ``timeout_s``."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc import nn
+from graphc.distributed.cluster import LOCAL_ENV
+from graphc.models.cnn import LeNet
+from graphc.models.two_layer_net import TwoLayerNet
+from cli_util import one_line_error, run_cli
+from trainer_models import blobs
+
+pytestmark = [pytest.mark.xdist_group("ray"),
+              pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs graphc[ray]")]
+
+WORKER = {"workers": 2, "num_cpus": 0.5, "timeout_s": 120, "backend": "ort-cpu"}
+OPTIMIZERS = {"sgd-momentum": gc.optim.SGD(0.05, momentum=0.9), "adamw": gc.optim.AdamW(1e-2, weight_decay=0.1)}
+RNG = np.random.default_rng(0)
+IGNORED = 3  # the cross-entropy's ignore_index: a shard weighs by the labels it counts
+# global batch per step: 4+4 rows, 4+3 (uneven), 1+0 (an empty shard), 4+4 with every label of
+# the first shard ignored
+SIZES = [8, 8, 8, 7, 8, 8, 1, 8, 8, 8]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    saved = {k: os.environ.get(k) for k in LOCAL_ENV}
+    os.environ.update(LOCAL_ENV)  # Ray reads them when it is imported
+    import ray
+
+    for attempt in range(3):  # Ray gives its raylet 30 s to start: a loaded machine can miss that
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            break
+        except Exception:  # noqa: BLE001 - Ray raises a bare Exception for it
+            ray.shutdown()
+            if attempt == 2:
+                raise
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _arts(net: str, opt: str, seed: int = 0):
+    module, spec = (TwoLayerNet(64, 32, 10), ("N", 64)) if net == "mlp" else (LeNet(), ("N", 1, 28, 28))
+    model = gc.capture(module, seed=seed, x=gc.spec("float32", spec))
+    return gc.training.generate(model, gc.losses.cross_entropy("output", label="y", ignore_index=IGNORED), OPTIMIZERS[opt])
+
+
+def _data(net: str, n: int) -> dict[str, np.ndarray]:
+    shape = (n, 64) if net == "mlp" else (n, 1, 28, 28)
+    return {"x": RNG.standard_normal(shape, dtype=np.float32), "y": RNG.integers(0, 10, n).astype(np.int64)}
+
+
+def _close(got: dict, want: dict, rtol=2e-5, atol=2e-6) -> None:
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+@pytest.mark.parametrize("net", ["mlp", "cnn"])
+def test_two_workers_step_as_one_process_on_the_global_batch(ray_cluster, net, opt):
+    arts = _arts(net, opt)
+    data = _data(net, sum(SIZES))
+    starts = np.cumsum([0, *SIZES])
+    data["y"][starts[7]:starts[7] + 4] = IGNORED
+    dp, single = gc.Trainer(arts, **WORKER), gc.Trainer(arts, backend="ort-cpu")
+    for lo, hi in zip(starts[:-1], starts[1:]):
+        batch = {k: v[lo:hi] for k, v in data.items()}
+        assert dp.step(batch) == pytest.approx(single.step(batch), rel=2e-5)
+        first, second = dp.worker_states()
+        for name in first:  # every worker applied the same update to the same averaged gradients
+            np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+    # Adam divides by sqrt(v): a gradient near 0 moves by ~lr whatever its rounding, so the
+    # tolerance is a fraction of one step (lr 1e-2)
+    atol = 2e-6 if opt == "sgd-momentum" else 5e-4
+    _close(dp.params, single.params, atol=atol)
+    assert dp.evaluate(data) == pytest.approx(single.evaluate(data), rel=1e-5)
+
+
+class _BNDropNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn, self.drop, self.fc2 = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.3), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return {"logits": self.fc2(self.drop(gc.relu(self.bn(self.fc1(x)))))}
+
+
+def test_batchnorm_and_dropout_are_per_replica_as_in_ddp(ray_cluster, tmp_path):
+    """Plain SGD is linear in the gradients, so a 2-worker step is the shard-size-weighted mean
+    of single-process steps on each shard (each with its own batch statistics and noise); the
+    running statistics are rank 0's."""
+    model = gc.capture(_BNDropNet(), seed=0, x=gc.spec("float32", ("N", 8)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
+    batch = blobs(11, seed=5)
+    noise_name = arts.manifest.graphs["train_step"].inputs[-1].name
+    shards = [slice(0, 6), slice(6, 11)]
+
+    def oracle(noises):
+        steps = []
+        for rows, noise in zip(shards, noises):
+            one = gc.Trainer(arts, backend="ort-cpu")
+            one.step({**{k: v[rows] for k, v in batch.items()}, noise_name: noise})
+            steps.append(one.state_dict())
+        params = {p: (6 * steps[0][p] + 5 * steps[1][p]) / 11 for p in arts.manifest.trainable}
+        return params, {s: steps[0][s] for s in ("bn.running_mean", "bn.running_var")}
+
+    dp = gc.Trainer(arts, seed=7, **WORKER)
+    dp.save_checkpoint(tmp_path / "start")
+    fed = RNG.random((11, 16), dtype=np.float32)
+    dp.step({**batch, noise_name: fed})  # noise given in the batch: sharded with it
+    params, stats = oracle([fed[rows] for rows in shards])
+    got = dp.state_dict()
+    _close({p: got[p] for p in params}, params)
+    _close({s: got[s] for s in stats}, stats, rtol=1e-6)
+    global_step = gc.Trainer(arts, backend="ort-cpu")
+    global_step.step({**batch, noise_name: fed})
+    assert not np.allclose(global_step.state_dict()["bn.running_mean"], stats["bn.running_mean"])
+    first, second = dp.worker_states()
+    np.testing.assert_array_equal(first["bn.running_var"], second["bn.running_var"])
+
+    dp.load_checkpoint(tmp_path / "start")  # step 0 again; now each worker draws its noise
+    dp.step(batch)
+    drawn = [np.random.default_rng([7, 0, rank]).random((rows.stop - rows.start, 16), dtype=np.float32)
+             for rank, rows in enumerate(shards)]
+    params, stats = oracle(drawn)
+    got = dp.state_dict()
+    _close({p: got[p] for p in params}, params)
+    _close({s: got[s] for s in stats}, stats, rtol=1e-6)
+
+
+class _KillingLoader(gc.data.DataLoader):
+    """Kills the process ``pid`` just before handing out batch ``at`` = (epoch, index), once."""
+
+    def __init__(self, arrays, pid: int, at: tuple[int, int], **kwargs):
+        super().__init__(arrays, **kwargs)
+        self.pid, self.at = pid, at
+
+    def iter_epoch(self, epoch: int, start: int = 0):
+        for index, batch in enumerate(super().iter_epoch(epoch, start), start):
+            if self.pid is not None and (epoch, index) == self.at:
+                os.kill(self.pid, signal.SIGKILL)
+                self.pid = None
+            yield batch
+
+
+def test_a_killed_worker_restarts_from_the_last_checkpoint(ray_cluster, tmp_path):
+    arts = _arts("mlp", "sgd-momentum")
+    data = _data("mlp", 48)
+    single = gc.Trainer(arts, backend="ort-cpu")
+    want = single.fit(gc.data.DataLoader(data, batch_size=8, seed=3), epochs=3, progress=False)
+    dp = gc.Trainer(arts, **WORKER)
+    loader = _KillingLoader(data, dp.worker_pids()[1], at=(1, 2), batch_size=8, seed=3)
+    with pytest.warns(UserWarning, match="restarting the 2 workers from step 6"):
+        history = dp.fit(loader, epochs=3, progress=False, checkpoint=tmp_path / "ckpt")
+    assert loader.pid is None and dp.step_count == 18 and [e.epoch for e in history.epochs] == [1, 2, 3]
+    np.testing.assert_allclose(history.step_losses, want.step_losses, rtol=2e-5)
+    _close(dp.params, single.params)
+    assert gc.Trainer(tmp_path / "ckpt").step_count == 18
+
+    dp.max_restarts = 0  # and a run that may not restart stops with the reason
+    loader = _KillingLoader(data, dp.worker_pids()[0], at=(3, 1), batch_size=8, seed=3)
+    with pytest.raises(gc.trainer.TrainingFailed, match="died.*gave up after 0 restart"):
+        dp.fit(loader, epochs=4, progress=False)
+
+
+@pytest.mark.parametrize("first,then", [(2, 1), (1, 2)], ids=["2-then-1", "1-then-2"])
+def test_checkpoints_resume_with_another_number_of_workers(ray_cluster, tmp_path, first, then):
+    arts = _arts("mlp", "adamw")
+    data = _data("mlp", 40)
+    loader = gc.data.DataLoader(data, batch_size=10, seed=1)
+
+    def trainer(source, workers):
+        return gc.Trainer(source, **({**WORKER, "workers": workers} if workers > 1 else {"backend": "ort-cpu"}))
+
+    want = trainer(arts, 1).fit(loader, epochs=2, progress=False)
+    trainer(arts, first).fit(loader, epochs=1, progress=False, checkpoint=tmp_path / "ckpt")
+    resumed = trainer(tmp_path / "ckpt", then)
+    assert resumed.epoch == 1
+    got = resumed.fit(loader, epochs=2, progress=False)
+    np.testing.assert_allclose(got.step_losses, want.step_losses[4:], rtol=2e-5)
+
+
+def test_map_batches_on_a_dataset_equals_one_session(ray_cluster):
+    model = gc.capture(TwoLayerNet(64, 32, 10), seed=2, x=gc.spec("float32", ("N", 64)))
+    x = RNG.standard_normal((100, 64), dtype=np.float32)
+    want = gc.Session(model, backend="ort-cpu").run({"x": x})["output"]
+    ctx = ray_cluster.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    ds = ray_cluster.data.from_items([{"x": row} for row in x])
+    out = gc.distributed.map_batches(model, ds, backend="ort-cpu", batch_size=32, workers=1, num_cpus=0.5)
+    rows = out.take_all()
+    np.testing.assert_allclose(np.stack([r["output"] for r in rows]), want, rtol=1e-5, atol=1e-6)
+
+
+
+def test_cli_runs_batches_and_trains_on_workers(ray_cluster, tmp_path, capsys):
+    """``graphc run --workers`` (map_batches over a dict of arrays) equals one Session."""
+    model = gc.capture(TwoLayerNet(64, 32, 10), seed=2, x=gc.spec("float32", ("N", 64)))
+    model.save(tmp_path / "m.onnx")
+    x = RNG.standard_normal((250, 64), dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    result = run_cli(capsys, "run", tmp_path / "m.onnx", "--backend", "ort-cpu", "--input", f"x={tmp_path / 'x.npy'}",
+                     "--workers", "2", "--batch-size", "100", "-o", tmp_path / "out.npz")
+    assert result.code == 0, result.err
+    want = gc.Session(model, backend="ort-cpu").run({"x": x})["output"]
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["output"], want, rtol=1e-5, atol=1e-6)
+
+    _arts("mlp", "sgd-momentum").save(tmp_path / "arts")
+    np.savez(tmp_path / "d.npz", **_data("mlp", 32))
+    result = run_cli(capsys, "train", tmp_path / "arts", "--data", tmp_path / "d.npz", "--epochs", "1", "--batch-size", "8",
+                     "--backend", "ort-cpu", "--workers", "2", "--no-progress", "--checkpoint", tmp_path / "ckpt")
+    assert result.code == 0, result.err
+    assert gc.Trainer(tmp_path / "ckpt").step_count == 4
+
+
+def test_gpu_requests_fail_with_the_reason(ray_cluster):
+    arts = _arts("mlp", "adamw")
+    with pytest.raises(gc.BackendUnavailable, match="GPU"):
+        gc.Trainer(arts, **WORKER, num_gpus=1)
+    with pytest.raises(gc.BackendUnavailable, match="GPU"):
+        gc.distributed.map_batches(arts.inference, {"x": np.zeros((4, 64), np.float32)}, workers=1, num_gpus=1)
+    if any(b.name == "ort-cuda" and b.available for b in gc.backends()):
+        pytest.skip("ort-cuda runs here; its refusal is checked where it cannot")
+    with pytest.raises(gc.BackendUnavailable, match="ort-cuda"):
+        gc.Trainer(arts, **{**WORKER, "backend": "ort-cuda", "workers": 1}, ray_address="auto")
+
+
+def test_the_cluster_listens_on_loopback_only(ray_cluster):
+    import psutil
+
+    from ray._private import ray_constants
+
+    assert not ray_constants.ENABLE_RAY_CLUSTER
+    processes = psutil.Process().children(recursive=True)
+    names = {p.name() for p in processes}
+    assert {"gcs_server", "raylet"} <= names, names
+    listening = set()
+    for process in processes:
+        try:
+            listening |= {c.laddr.ip for c in process.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+        except psutil.NoSuchProcess:
+            continue
+    assert listening and listening <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, listening
+
+
+def test_without_ray_a_clear_error_says_what_to_install(monkeypatch, capsys, tmp_path):
+    code = "import sys, graphc as gc, graphc.distributed, graphc.trainer; gc.Trainer; assert 'ray' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if not installed
+    with pytest.raises(gc.MissingDependency, match=r'pip install "graphc\[ray\]"'):
+        gc.Trainer(_arts("mlp", "adamw"), workers=2)
+    model = gc.capture(TwoLayerNet(64, 32, 10), x=gc.spec("float32", ("N", 64)))
+    model.save(tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.zeros((3, 64), np.float32))
+    err = one_line_error(run_cli(capsys, "run", tmp_path / "m.onnx", "--input", f"x={tmp_path / 'x.npy'}", "--workers", "2"))
+    assert "MissingDependency" in err and "graphc[ray]" in err

@@ -1,0 +1,48 @@
+"""The optimizer update as a graph of its own (``gc.training.update_model``) and the gradients
+graph's BatchNorm outputs: ``gradients`` then ``update`` on its gradients is ``train_step``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc.training import update_model
+from trainer_models import BNNet, blobs
+
+OPTIMIZERS = {
+    "sgd": gc.optim.SGD(0.1),
+    "sgd-momentum": gc.optim.SGD(0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    "adam": gc.optim.Adam(1e-2, weight_decay=0.01),
+    "adamw": gc.optim.AdamW(1e-2, weight_decay=0.1, no_decay=("*.bias",)),
+}
+
+
+def _inputs(arts, graph: str, values: dict) -> dict:
+    names = {e.name for e in arts.manifest.graphs[graph].inputs}
+    return {n: v for n, v in values.items() if n in names}
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "per-param"])
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+def test_gradients_then_update_is_train_step(opt, fused):
+    model = gc.capture(BNNet(), seed=0, x=gc.spec("float32", ("N", 8)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), OPTIMIZERS[opt], fused=fused)
+    batch = blobs(24, seed=3)
+    state = arts.manifest.pack(arts.state)
+    state["step"] = np.array(4, np.int64)  # Adam's bias correction depends on it
+    for name in list(state):
+        if ".exp_avg_sq" in name or ".momentum_buffer" in name or ".exp_avg" in name:
+            state[name] = np.abs(np.random.default_rng(1).standard_normal(state[name].shape)).astype(np.float32)
+    want = gc.Session(arts.train_step, backend="numpy").run({**batch, **_inputs(arts, "train_step", state)})
+    grads = gc.Session(arts.gradients, backend="numpy").run({**batch, **_inputs(arts, "gradients", state)})
+    update = update_model(arts.manifest)
+    names = {s.name for s in update.inputs}
+    got = gc.Session(update, backend="numpy").run({n: v for n, v in {**state, **grads}.items() if n in names})
+    assert set(got) == {n for n in want if n != "loss" and not n.startswith("bn.running")}
+    for name, value in got.items():
+        np.testing.assert_allclose(value, want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    for stat in ("bn.running_mean.next", "bn.running_var.next"):
+        np.testing.assert_array_equal(grads[stat], want[stat])
+    roles = {e.name: e.role for e in arts.manifest.graphs["gradients"].outputs}
+    assert roles["bn.running_mean.next"] == "state" and roles["fc1.weight_grad"] == "grad"
