@@ -11,6 +11,7 @@ import pytest
 import typer
 
 import graphc as gc
+from graphc.distributed import map_batches
 from graphc.cli import app
 from graphc.cli.train_cmds import make_optimizer
 from graphc.demo import run_demo
@@ -43,14 +44,17 @@ API_DEFAULTS = {
     ("grad", "freeze"): (gc.training.generate, "frozen"),
     ("grad", "recompute"): (gc.training.generate, "recompute"),
     ("run", "backend"): (gc.Session, "backend"),
+    ("run", "batch_size"): (map_batches, "batch_size"),
     ("parity", "backends"): (gc.parity.compare, "backends"),
     ("parity", "rtol"): (gc.parity.compare, "rtol"),
     ("parity", "atol"): (gc.parity.compare, "atol"),
     ("parity", "bisect"): (gc.parity.compare, "bisect"),
     ("parity", "seed"): (random_feeds, "seed"),
-    ("train", "backend"): (gc.Trainer, "backend"),
-    ("train", "seed"): (gc.Trainer, "seed"),
-    ("train", "tensorboard"): (gc.Trainer, "tensorboard"),
+    ("train", "backend"): (gc.Trainer.__init__, "backend"),
+    ("train", "seed"): (gc.Trainer.__init__, "seed"),
+    ("train", "tensorboard"): (gc.Trainer.__init__, "tensorboard"),
+    ("train", "workers"): (gc.Trainer.__init__, "workers"),
+    ("train", "ray_address"): (gc.Trainer.__init__, "ray_address"),
     ("train", "progress"): (gc.Trainer.fit, "progress"),
     ("train", "plot"): (gc.Trainer.fit, "plot"),
     ("train", "checkpoint"): (gc.Trainer.fit, "checkpoint"),
@@ -87,6 +91,7 @@ CLI_ONLY = {
     ("run", "inputs"): "feeds",
     **{(c, "output"): "required (chosen_output refuses None)" for c in ("capture", "optimize", "grad", "export")},
     ("run", "output"): "None: print the outputs",
+    ("run", "workers"): "1: one Session in this process (map_batches' None would use every CPU of the cluster)",
     ("view", "output"): "None: netron when installed, else MODEL.html beside the model",
     ("demo", "output"): "None: run_demo's out (test_demo_output_default_is_run_demos)",
     ("deploy triton", "gpu"): "instance='gpu' if given else 'cpu' (test_deploy_gpu_flag_default_is_cpu)",

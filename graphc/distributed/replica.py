@@ -16,7 +16,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from graphc.trainer import CARRIED_ROLES, _without_initializers
+from graphc.trainer import _without_initializers
+from graphc.training import CARRIED_ROLES
 
 
 def shard_weight(loss: dict, shard: Mapping[str, np.ndarray], rows: int) -> float:
