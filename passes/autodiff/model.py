@@ -128,16 +128,15 @@ def expand_for_autodiff(model: ir.Model) -> int:
     """Rewrite, in place, ops without a gradient rule into ops with rules: ONNX function ops
     into their bodies (``expand_functions``), RNN/GRU/LSTM unrolled (``unroll_recurrent``),
     Loops whose step count the constants decide unrolled (``unroll_static_loops``; the Ifs in
-    their copies then fold, and the sequences they build become Concats). Returns how many
-    nodes were rewritten."""
+    their copies then fold), sequences of a known length as tensors (``lower_sequences``).
+    Returns how many nodes were rewritten."""
     count = (expand_functions(model, lambda node: node.op_type not in RULES and node.op_type not in _KEEP_UNEXPANDED)
              + unroll_recurrent(model))
     loops = unroll_static_loops(model)
     if loops:
         while fold_integer_values(model):  # an inlined If may hold another If that now folds
             pass
-        loops += lower_sequences(model)
-    return count + loops
+    return count + loops + lower_sequences(model)
 
 
 def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None) -> ir.Model:

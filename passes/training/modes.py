@@ -36,9 +36,10 @@ def batchnorm_stats(graph: ir.Graph) -> list[str]:
     return names
 
 
-def set_inference_mode(graph: ir.Graph) -> None:
+def set_inference_mode(graph: ir.Graph, ops: tuple[str, ...] = ("Dropout", "BatchNormalization")) -> None:
+    """Inference mode for the nodes of types ``ops`` (see the module docstring)."""
     for node in list(graph):
-        if node.domain not in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ops:
             continue
         if node.op_type == "Dropout" and len(node.inputs) > 2:
             node.resize_inputs(2)
