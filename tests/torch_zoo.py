@@ -1,6 +1,10 @@
 """Test-scale PyTorch architectures (small widths and inputs) for the import sweep: each is a
 classifier ``logits = module(x)`` trained with cross-entropy, exported by both ``torch.onnx``
-exporters (``export``). Used by tests/test_torch_zoo.py and scripts/torch_sweep.py; needs torch."""
+exporters (``export``). Used by tests/test_torch_zoo.py and scripts/torch_sweep.py; needs torch.
+
+``scripts/export_torch_models.py`` writes each export (float32 and float64) and the module's
+state, input and labels under ``tests/data/zoo/``, so the tests need not run the (slow) exporters;
+``load`` rebuilds the module from that state."""
 
 from __future__ import annotations
 
@@ -83,7 +87,8 @@ class ShuffleBlocks(nn.Module):
 
 class Encoder(nn.Module):
     """BERT-style: token + position embeddings, LayerNorm, self-attention with a padding mask
-    filled with the dtype's minimum, GELU feed-forward, first-token pooler with tanh."""
+    filled with float32's minimum (-3.4e38; the dynamo exporter writes float64's as -inf, and
+    0 * -inf is NaN), GELU feed-forward, first-token pooler with tanh."""
 
     def __init__(self, dim=16, heads=2):
         super().__init__()
@@ -99,7 +104,7 @@ class Encoder(nn.Module):
         b, t = x.shape
         h = self.ln0(self.tok(x) + self.pos(self.position_ids[:, :t]))
         mask = (x != 0).to(h.dtype)[:, None, None, :]
-        mask = (1.0 - mask) * torch.finfo(h.dtype).min
+        mask = (1.0 - mask) * torch.finfo(torch.float32).min
         q, k, v = (z.reshape(b, t, self.heads, -1).transpose(1, 2) for z in self.qkv(h).chunk(3, -1))
         att = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1]) + mask
         ctx = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, -1)
@@ -185,6 +190,9 @@ def build(name: str, dtype=torch.float32, seed: int = 0):
             if isinstance(sub, (nn.LayerNorm, nn.BatchNorm2d)):
                 sub.weight.uniform_(0.5, 1.5)
                 sub.bias.uniform_(-0.5, 0.5)
+            if isinstance(sub, nn.BatchNorm2d):
+                sub.running_mean.uniform_(-0.2, 0.2)
+                sub.running_var.uniform_(0.5, 1.5)
     gen = torch.Generator().manual_seed(seed)
     x = make_x(gen)
     x = x.to(dtype) if x.is_floating_point() else x
@@ -197,18 +205,68 @@ def has_batchnorm(module: nn.Module) -> bool:
 
 
 def export(module: nn.Module, x: torch.Tensor, exporter: str, optimize: bool | None = None) -> onnx.ModelProto:
-    """``module`` exported with input ``x`` and output ``logits`` as one exports it to fine-tune:
-    its BatchNorm layers kept apart from the convolutions (TorchScript: ``TrainingMode.TRAINING``,
-    so no BatchNorm folding; dynamo: ``optimize=False`` by default for a module with BatchNorm,
-    as onnxscript's optimizer fuses BatchNorm into the Conv before it)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if exporter == "dynamo":
-            optimize = not has_batchnorm(module) if optimize is None else optimize
-            program = torch.onnx.export(module, (x,), dynamo=True, optimize=optimize, verbose=False,
-                                        input_names=["x"], output_names=["logits"])
-            return program.model_proto
-        buffer = io.BytesIO()
-        torch.onnx.export(module, (x,), buffer, dynamo=False, opset_version=18, input_names=["x"],
-                          output_names=["logits"], training=torch.onnx.TrainingMode.TRAINING)
-        return onnx.load_from_string(buffer.getvalue())
+    """``module`` in eval mode exported with input ``x`` and output ``logits``, with each
+    exporter's defaults except where those fuse BatchNorm into the Conv before it, which no
+    longer trains as PyTorch does: for a module with BatchNorm, TorchScript runs without
+    ``do_constant_folding`` and dynamo with ``optimize=False`` (``optimize`` overrides)."""
+    fold = not has_batchnorm(module) if optimize is None else optimize
+    training = module.training
+    module.eval()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if exporter == "dynamo":
+                program = torch.onnx.export(module, (x,), dynamo=True, optimize=fold, verbose=False,
+                                            input_names=["x"], output_names=["logits"])
+                return program.model_proto
+            buffer = io.BytesIO()
+            torch.onnx.export(module, (x,), buffer, dynamo=False, opset_version=18, input_names=["x"],
+                              output_names=["logits"], do_constant_folding=fold)
+            return onnx.load_from_string(buffer.getvalue())
+    finally:
+        module.train(training)
+
+
+DATA = __import__("pathlib").Path(__file__).resolve().parent / "data" / "zoo"
+
+
+def files(name: str, exporter: str, dtype: str = "float32"):
+    """(the export's path, the state file's path) under ``DATA``."""
+    suffix = "" if dtype == "float32" else f"_{dtype}"
+    return DATA / f"{name}_{exporter}{suffix}.onnx", DATA / f"{name}.npz"
+
+
+def save(name: str) -> list:
+    """Write the exports and state of ``name`` under ``DATA``; returns the paths written."""
+    import numpy as np
+
+    DATA.mkdir(parents=True, exist_ok=True)
+    module, x, y = build(name)
+    written = []
+    for exporter in EXPORTERS:
+        for dtype, torch_dtype in (("float32", torch.float32), ("float64", torch.float64)):
+            path, _ = files(name, exporter, dtype)
+            wide = module if dtype == "float32" else __import__("copy").deepcopy(module).to(torch_dtype)
+            xs = x.to(torch_dtype) if x.is_floating_point() else x
+            proto = export(wide, xs, exporter)
+            for node in proto.graph.node:  # the dynamo exporter's stack traces: most of the bytes
+                del node.metadata_props[:]
+            onnx.save(proto, path)
+            written.append(path)
+    state = {f"state.{k}": v.detach().numpy() for k, v in module.state_dict().items()}
+    state_path = files(name, EXPORTERS[0])[1]
+    np.savez(state_path, x=x.numpy(), y=y.numpy(), **state)
+    return [*written, state_path]
+
+
+def load(name: str, dtype=torch.float32):
+    """(module in train mode, x, y) as ``save`` stored them, in ``dtype``."""
+    import numpy as np
+
+    with np.load(files(name, EXPORTERS[0])[1], allow_pickle=False) as data:
+        module = ZOO[name][0]()
+        module.load_state_dict({k[len("state."):]: torch.from_numpy(data[k]) for k in data.files
+                                if k.startswith("state.")})
+        x, y = torch.from_numpy(data["x"]), torch.from_numpy(data["y"])
+    module = module.to(dtype).train()
+    return module, (x.to(dtype) if x.is_floating_point() else x), y

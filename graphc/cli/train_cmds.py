@@ -49,7 +49,11 @@ def grad_cmd(
     lr: float = typer.Option(0.01, "--lr", help="Learning rate."),
     momentum: float = typer.Option(0.0, "--momentum", help="SGD momentum."),
     weight_decay: float = typer.Option(0.0, "--weight-decay"),
-    freeze: list[str] = typer.Option([], "--freeze", help="A param to keep fixed (repeatable)."),
+    freeze: list[str] = typer.Option([], "--freeze", help="A param (name or glob pattern) to keep fixed (repeatable)."),
+    param: list[str] = typer.Option([], "--param", help="An initializer (name or glob pattern) to train though it is "
+                                    "an exporter constant (repeatable)."),
+    batchnorm: str = typer.Option("train", "--batchnorm", help="train (batch statistics) or frozen (running "
+                                  "statistics, not updated: fine-tuning as model.eval())."),
     recompute: bool = typer.Option(False, "--recompute", help="Recompute cheap forward values in the "
                                    "backward (activation checkpointing): less memory, a little more time."),
     out: Path = typer.Option(..., "-o", "--out", help="Artifact directory to write."),
@@ -59,12 +63,23 @@ def grad_cmd(
 
     spec = parse_loss(loss)
     opt = make_optimizer(optimizer, lr, momentum, weight_decay)
-    arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute)
+    arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute, params=param,
+                                batchnorm=batchnorm)
     arts.save(out)
     m = arts.manifest
     console.print(f"wrote training artifacts to {out}: {len(m.trainable)} trainable, "
-                  f"{len(m.frozen)} frozen params; loss {spec.kind} on {spec.output!r} "
-                  f"(label input {spec.label!r}); optimizer {optimizer} lr={lr}", highlight=False, soft_wrap=True)
+                  f"{len(m.frozen)} frozen params, {len(m.constants)} exporter constants; loss {spec.kind} on "
+                  f"{spec.output!r} (label input {spec.label!r}); optimizer {optimizer} lr={lr}; BatchNorm {batchnorm}",
+                  highlight=False, soft_wrap=True)
+    console.print(f"trainable: {_listing(m.trainable)}", highlight=False, soft_wrap=True)
+    if m.constants:
+        console.print("exporter constants (not trained; --param NAME trains one): "
+                      + _listing([f"{n} ({why})" for n, why in m.constants.items()]), highlight=False, soft_wrap=True)
+
+
+def _listing(items: list[str], shown: int = 12) -> str:
+    return ", ".join(items[:shown]) + (f", ... ({len(items) - shown} more; manifest.json lists all)"
+                                       if len(items) > shown else "")
 
 
 def load_data(path: Path, names: list[str]) -> tuple[dict[str, np.ndarray], Optional[dict[str, np.ndarray]]]:

@@ -94,7 +94,8 @@ def fill_unknown_ranks(model: ir.Model) -> bool:
     Dims stay unknown: only the rank is recorded, which does not depend on the batch. Returns
     whether any value changed."""
     graph = model.graph
-    unknown = [v for node in graph for v in node.outputs if v.shape is None and v.name and v.dtype is not None]
+    unknown = [v for node in graph for v in node.outputs
+               if v.shape is None and v.name and isinstance(v.type, ir.TensorType)]  # not sequences
     if not unknown:
         return False
     from onnx.reference import ReferenceEvaluator

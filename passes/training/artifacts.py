@@ -149,7 +149,8 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     # Attention, ...) are differentiated through their bodies, RNN/GRU/LSTM unrolled (the eval
     # and inference graphs, cloned before, keep the ops themselves)
     expanded = expand_for_autodiff(step)
-    bn_next = modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise)
+    bn_next = modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise,
+                                      batchnorm=batchnorm != "frozen")
     dense_conv.densify_convs(step.graph, opset)
     _expose_inputs(step.graph, [*params, *bn_stats])
     step.graph.sort()
@@ -215,8 +216,15 @@ def _upgrade(model: ir.Model, opset: int) -> ir.Model:
     return ir.serde.deserialize_model(proto)
 
 
+_SEQUENCE_MAKERS = frozenset({"SplitToSequence", "SequenceConstruct", "SequenceEmpty", "SequenceInsert",
+                              "SequenceErase"})
+
+
 def _infer_shapes(model: ir.Model) -> None:
     """ONNX shape inference, in place (autodiff needs ranks; the loss needs the logits' shape)."""
+    for node in model.graph:  # onnx_ir's merge would type an untyped sequence as a tensor
+        if node.op_type in _SEQUENCE_MAKERS and node.outputs[0].type is None:
+            node.outputs[0].type = ir.SequenceType(ir.TensorType(ir.DataType.UNDEFINED))
     try:
         ShapeInferencePass(check_type=False, strict_mode=False)(model)
     except Exception:  # noqa: BLE001 - inference is a help: values it cannot type stay untyped
