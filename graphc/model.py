@@ -28,10 +28,22 @@ def ir_version_for(opset_imports: dict[str, int]) -> int:
     return max(7, onnx.helper.find_min_ir_version_for(ids, ignore_unknown=True))
 
 
+# Dim names that exporters write for "unknown" (Paddle: ``?``); each such axis is unknown on its
+# own, so two axes both named ``?`` are not tied together as a real symbol such as ``N`` ties them.
+UNKNOWN_DIM_NAMES = frozenset({"", "?", "-1", "None"})
+
+
+def spec_dim(dim: int | ir.SymbolicDim) -> int | str | None:
+    """A dim as TensorSpec holds it: negative ints (``-1``) and placeholder names are None."""
+    if isinstance(dim, int):
+        return dim if dim >= 0 else None
+    return None if dim.value is None or dim.value in UNKNOWN_DIM_NAMES else dim.value
+
+
 def value_spec(value: ir.Value) -> TensorSpec:
     shape = None
     if value.shape is not None:
-        shape = tuple(d if isinstance(d, int) else d.value for d in value.shape)
+        shape = tuple(spec_dim(d) for d in value.shape)
     dtype = value.dtype
     name = as_dtype(int(dtype)) if dtype is not None else "float32"
     return TensorSpec(name=value.name or "", dtype=name, shape=shape)
@@ -193,6 +205,7 @@ def _import(proto: onnx.ModelProto, where: str, path: Path | None) -> Model:
         model = ir.serde.deserialize_model(proto)
     except Exception as exc:  # noqa: BLE001 - onnx-ir raises SerdeError, ValueError, KeyError, ... on odd protos
         raise ModelLoadError(f"{where}: cannot import the model ({type(exc).__name__}: {str(exc)[:200]})") from None
+    _forget_placeholder_dims(model.graph)
     return Model(model)
 
 
@@ -212,3 +225,14 @@ def load(source: Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model, Model
         return _import(_parse(bytes(source), "<bytes>"), "<bytes>", None)
     path = Path(source)
     return _import(_parse(_read_model_file(path), str(path)), str(path), path)
+
+
+def _forget_placeholder_dims(graph: ir.Graph) -> None:
+    """Dims written as ``-1`` or a placeholder name (``?``) become unknown, each on its own, on
+    the graph's inputs and outputs, so shape inference never equates two of them."""
+    for value in [*graph.inputs, *graph.outputs]:
+        if value.shape is None:
+            continue
+        dims = [spec_dim(d) for d in value.shape]
+        if dims != [d if isinstance(d, int) else d.value for d in value.shape]:
+            value.shape = ir.Shape(dims)

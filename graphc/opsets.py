@@ -20,6 +20,8 @@ def convert_opset(model: Model, target: int, hint: str = "") -> Model:
     current = model.opset
     if target == current:
         return model
+    if target < current:
+        model = _with_integer_inputs_folded(model)
     try:
         proto = _without_newer_functions(model, target)
         for node in proto.graph.node:
@@ -199,6 +201,17 @@ def _value_names(graph: onnx.GraphProto) -> set[str]:
 def _small_integers(tensor: onnx.TensorProto) -> bool:
     """An int32/int64 tensor of at most 64 elements: axes, sizes, pads (an index table stays put)."""
     return tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and int(np.prod(tensor.dims)) <= 64
+
+
+def _with_integer_inputs_folded(model: Model) -> Model:
+    """``model`` with the integer values it computes from constants alone (ReduceMean axes as
+    ``Reshape(Constant)``, as torch.onnx's dynamo exporter writes them with ``optimize=False``)
+    made initializers: the converter's adapters that turn such an input into an attribute take
+    only an initializer or a Constant. A copy when anything folds, else ``model`` itself."""
+    from graphc.passes.autodiff.model import fold_integer_values, infer_shapes
+
+    copy = infer_shapes(model.ir)
+    return Model(copy) if fold_integer_values(copy) else model
 
 
 def _exists_at(op_type: str, opset: int) -> bool:

@@ -129,7 +129,9 @@ class Manifest(BaseModel):
     graphs: dict[str, GraphEntry]  # keys: train_step, gradients, eval, inference
     feeds: dict[str, str]  # train_step output -> the train_step input it feeds next step
     trainable: list[str]
-    frozen: list[str]
+    frozen: list[str]  # float initializers kept fixed (chosen so, or not reaching the loss)
+    constants: dict[str, str] = {}  # float initializers the exporter made, not params: name -> why
+    batchnorm: Literal["train", "frozen"] = "train"  # BatchNorm in train_step/gradients
     state: list[str]  # names stored in state.safetensors (params, opt state, step, BN stats, lr)
     optimizer: dict  # the optimizer spec as JSON ({"kind": "sgd", "lr": ..., ...})
     loss: dict  # the loss spec as JSON (kind, output, label, options); {"kind": "output", ...}
@@ -217,6 +219,7 @@ class TrainingArtifacts:
     def __repr__(self) -> str:
         m = self.manifest
         return (f"<gc.TrainingArtifacts {len(m.trainable)} trainable, {len(m.frozen)} frozen, "
+                f"{len(m.constants)} exporter constants, "
                 f"optimizer {m.optimizer.get('kind')}, loss {m.loss.get('kind')}>")
 
     def save(self, directory: Union[str, os.PathLike]) -> Path:
@@ -326,17 +329,31 @@ def _graph_file(directory: Path, key: str, name: str) -> Path:
 
 
 def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Iterable[str] | None = None,
-             frozen: Iterable[str] = (), fused: bool = True, recompute: bool = False) -> TrainingArtifacts:
+             frozen: Iterable[str] = (), fused: bool = True, recompute: bool = False, params: Iterable[str] = (),
+             batchnorm: Literal["train", "frozen"] = "train") -> TrainingArtifacts:
     """Training artifacts for ``model``.
+
+    Which float initializers are params: for an imported model, what the source framework
+    trains. A PyTorch export's module parameters are params; what the exporter made (scalars
+    such as GELU's 0.044715 or an attention scale, masks, zero initial states: dynamo's
+    ``val_N``, TorchScript's scalar or zero ``onnx::...``) are constants, decided from the
+    exporter's own records (``graphc.passes.training.imports.exporter_constants``).
+    ``manifest.trainable`` and ``manifest.constants`` (with the reason for each) report the
+    decision; ``params`` and ``frozen`` override it either way.
 
     Args:
         model: a ``gc.Model`` (captured or imported with ``gc.load``).
         loss: a ``gc.losses`` spec such as ``gc.losses.mse("out", label="y")``, or the name of a
             scalar float output that already is the loss.
         optimizer: ``gc.optim.SGD``, ``Adam`` or ``AdamW``.
-        trainable: param names to train; default every float initializer that reaches the loss
-            (BatchNorm running statistics are state, never trainable).
-        frozen: names excluded from ``trainable`` (they stay initializers).
+        trainable: param names (or glob patterns such as ``"encoder.*"``) to train; default every
+            float initializer that reaches the loss and is no exporter constant (BatchNorm
+            running statistics are state, never trainable).
+        frozen: names or patterns excluded from ``trainable`` (they stay initializers).
+        params: names or patterns trained though the rule above calls them constants.
+        batchnorm: ``"train"`` (batch statistics, running ones updated: ``model.train()``) or
+            ``"frozen"`` (the running statistics normalise and stay as they are, as
+            ``model.eval()`` / ``FrozenBatchNorm2d``; scale and bias still train unless frozen).
         fused: update the params as a few flat buffers (one per dtype and weight-decay group),
             not one by one: the update's cost then follows the params' bytes, not their count.
         recompute: activation checkpointing for memory-bound models: the backward recomputes
@@ -362,15 +379,18 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
     else:
         raise TypeError("loss must be a gc.losses spec (e.g. gc.losses.mse('out', label='y')) or the "
                         f"name of a scalar output, got {type(loss).__name__}")
+    if batchnorm not in ("train", "frozen"):
+        raise ValueError(f"batchnorm must be 'train' or 'frozen', got {batchnorm!r}")
     opt_json = _optimizer_json(optimizer)
     built = artifacts.build(model.ir, loss_args, opt_json["kind"], opt_json,
                             trainable=None if trainable is None else list(trainable), frozen=list(frozen),
-                            fused=fused, recompute=recompute)
+                            fused=fused, recompute=recompute, params=list(params), batchnorm=batchnorm)
     graphs = {key: Model(m) for key, m in built.graphs.items()}
     manifest = Manifest(
         opset=built.opset,
         graphs={key: _graph_entry(key, m, built.roles[key]) for key, m in graphs.items()},
-        feeds=built.feeds, trainable=built.trainable, frozen=built.frozen, state=list(built.state),
+        feeds=built.feeds, trainable=built.trainable, frozen=built.frozen, constants=built.constants,
+        batchnorm=batchnorm, state=list(built.state),
         optimizer=opt_json, loss=loss_json, model_outputs=built.model_outputs, recompute=recompute,
         layout=[FlatBuffer(name=g.name, dtype=str(as_dtype(int(g.dtype))), params=g.params,
                            shapes=[list(s) for s in g.shapes], slots=list(built.slots),

@@ -1,12 +1,14 @@
 """Export a few small PyTorch models to ONNX for graphc's "imported model" tests.
 
-Run once by hand with torch installed (``.venv/bin/python scripts/export_torch_models.py``); the
+Run once by hand with torch installed (``.venv/bin/python scripts/export_torch_models.py [--zoo]``); the
 results are committed under ``tests/data/`` so the tests never need torch:
 
 - ``torch_mlp.onnx``        Linear-ReLU-Linear, dynamic batch
 - ``torch_cnn_bn.onnx``     Conv-BatchNorm-ReLU-MaxPool-Linear (eval mode), dynamic batch
 - ``torch_attention.onnx``  LayerNorm + MultiheadAttention + GELU MLP with residuals
 - ``<name>.npz``            an input batch (``input_*``) and torch's outputs (``output_*``)
+- ``zoo/``                  the test-scale architectures of ``tests/torch_zoo.py`` through both
+                            exporters, float32 and float64, with each module's state (``--zoo``)
 """
 
 from __future__ import annotations
@@ -77,6 +79,14 @@ def export(name: str, model: nn.Module, example: torch.Tensor, opset: int = 17) 
 
 
 def main() -> int:
+    if "--zoo" in sys.argv[1:]:
+        sys.path.insert(0, str(OUT.parent))
+        import torch_zoo
+
+        for name in torch_zoo.ZOO:
+            for path in torch_zoo.save(name):
+                print(f"{path.relative_to(OUT.parent.parent)}: {path.stat().st_size:,} bytes")
+        return 0
     torch.manual_seed(0)
     OUT.mkdir(parents=True, exist_ok=True)
     export("torch_mlp", MLP(), torch.randn(3, 20))

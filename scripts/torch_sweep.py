@@ -13,6 +13,16 @@ For every module in ``MODULES`` and each exporter (TorchScript at opset 18, dyna
 
 Prints one line per module and exporter (OK, MISMATCH, ERROR with the reason) and the counts.
 An ERROR raised by torch's exporter is torch's, not graphc's; the line says which. Needs torch.
+
+``zoo`` sweeps the test-scale architectures of tests/torch_zoo.py (ResNet, MobileNet,
+ShuffleNet, BERT, GPT, LSTM/GRU LM), freshly exported, as a classifier trained with
+cross-entropy, and prints a table per model x exporter: forward parity (max relative error of
+the inference graph on numpy and onnxruntime against torch), the trainable set against
+``named_parameters()``, the float64 gradient error against torch.autograd, the loss gap to
+torch after 20 AdamW steps (onnxruntime, float32), node counts of gc -O3 / onnxsim / onnxslim
+(those installed) and deploy at opset 17 (max relative error)::
+
+    .venv/bin/python scripts/torch_sweep.py zoo
 """
 
 from __future__ import annotations
@@ -311,9 +321,116 @@ def check_parity(name: str, dynamo: bool) -> str:
 CHECKS = {"grad": check_grad, "train": check_train, "deploy": check_deploy, "parity": check_parity}
 
 
+def _rel(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-12))
+
+
+def _node_counts(proto: onnx.ModelProto) -> str:
+    counts = [f"gc {len(gc.optimize(proto, 3).proto.graph.node)}"]
+    for tool in ("onnxsim", "onnxslim"):
+        try:
+            fresh = onnx.ModelProto()
+            fresh.CopyFrom(proto)
+            if tool == "onnxsim":
+                import onnxsim
+
+                out = onnxsim.simplify(fresh)[0]
+            else:
+                import onnxslim
+
+                out = onnxslim.slim(fresh)
+            counts.append(f"{tool} {len(out.graph.node)}")
+        except ImportError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - a rival failing is a result
+            counts.append(f"{tool} failed ({type(exc).__name__})")
+    return ", ".join(counts)
+
+
+def zoo_row(name: str, exporter: str) -> dict[str, str]:
+    """One row of the ``zoo`` table (see the module docstring)."""
+    import copy
+
+    import torch_zoo
+
+    loss_spec = gc.losses.cross_entropy("logits", label="y")
+    module, x, y = torch_zoo.build(name)
+    wide = copy.deepcopy(module).double()
+    x64 = x.double() if x.is_floating_point() else x
+    with _quiet_fds():
+        proto, proto64 = torch_zoo.export(module, x, exporter), torch_zoo.export(wide, x64, exporter)
+    module.eval()
+    with torch.no_grad():
+        expected = module(x).numpy()
+    module.train()
+    theirs, opt = [], torch.optim.AdamW(module.parameters(), lr=1e-2, weight_decay=0.01)
+    for _ in range(20):
+        opt.zero_grad()
+        loss = F.cross_entropy(module(x), y)
+        loss.backward()
+        opt.step()
+        theirs.append(loss.item())
+    F.cross_entropy(wide(x64), y).backward()
+
+    row = {}
+    arts = gc.training.generate(gc.load(proto), loss_spec, gc.optim.AdamW(1e-2, weight_decay=0.01))
+    parity = [_rel(gc.Session(arts.inference, backend=b).run({"x": x.numpy()})["logits"], expected)
+              for b in ("numpy", "ort-cpu")]
+    row["parity"] = f"{max(parity):.1e}"
+    names = [n for n, _ in module.named_parameters()]
+    trainable = arts.manifest.trainable
+    by_name = sum(n in names for n in trainable)
+    row["trainable"] = (f"{by_name}/{len(names)} by name + {len(trainable) - by_name} folded, "
+                        f"{len(arts.manifest.constants)} constants")
+    arts64 = gc.training.generate(gc.load(proto64), loss_spec, gc.optim.SGD(0.1))
+    got = gc.Session(arts64.gradients, backend="numpy").run({"x": x64.numpy(), "y": y.numpy()})
+    params = dict(wide.named_parameters())
+    named = [n for n in arts64.manifest.trainable if n in params]
+    folded = [n for n in arts64.manifest.trainable if n not in params]
+    missing = [n for n in params if n not in arts64.manifest.trainable]
+    errors = [_rel(got[f"{n}_grad"], params[n].grad.numpy()) for n in named]
+    have = np.sort(np.concatenate([got[f"{n}_grad"].ravel() for n in folded] or [np.zeros(0)]))
+    want = np.sort(np.concatenate([params[n].grad.numpy().ravel() for n in missing] or [np.zeros(0)]))
+    have, want = have[have != 0], want[want != 0]
+    errors.append(_rel(have, want) if have.shape == want.shape and have.size else 0.0 if not have.size and not want.size
+                  else float("inf"))
+    row["grad err (f64)"] = f"{max(errors):.1e}"
+    trainer = gc.Trainer(arts, backend="ort-cpu")
+    ours = [trainer.step({"x": x.numpy(), "y": y.numpy()}) for _ in range(20)]
+    row["20-step loss gap"] = f"{max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)):.1e}"
+    row["nodes (-O3 / rivals)"] = _node_counts(proto)
+    with tempfile.TemporaryDirectory() as folder:
+        served = gc.load(gc.deploy.triton(gc.load(proto), folder, "m") / "1" / "model.onnx")
+        outputs = gc.Session(served, backend="ort-cpu").run({"x": x.numpy()})["logits"]
+        row["deploy@17"] = f"{_rel(outputs, expected):.1e}"
+    return row
+
+
+def zoo_main() -> None:
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
+    import torch_zoo
+
+    torch.set_num_threads(1)
+    header = ["model", "exporter", "parity", "trainable", "grad err (f64)", "20-step loss gap",
+              "nodes (-O3 / rivals)", "deploy@17"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for name in torch_zoo.ZOO:
+        for exporter in torch_zoo.EXPORTERS:
+            try:
+                row = zoo_row(name, exporter)
+            except Exception as exc:  # noqa: BLE001 - every failure is a row of the table
+                row = {"parity": f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:100]}"}
+            print("| " + " | ".join([name, exporter, *(row.get(h, "") for h in header[2:])]) + " |", flush=True)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["zoo"]:
+        zoo_main()
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=sorted(CHECKS))
+    parser.add_argument("mode", choices=sorted([*CHECKS, "zoo"]))
     parser.add_argument("--only", nargs="+", default=sorted(MODULES), choices=sorted(MODULES), metavar="NAME")
     args = parser.parse_args()
     counts = {"OK": 0, "MISMATCH": 0, "ERROR (graphc)": 0, "ERROR (torch export)": 0}

@@ -335,3 +335,35 @@ def test_loop_of_run_time_length_carrying_a_sequence_is_refused_by_name():
                               [numpy_helper.from_array(np.array([1.5, 1.2, 1.7]), "W")])
     with pytest.raises(gc.GraphError, match="known only at run time and it carries a sequence"):
         gc.grad(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), "objective", wrt=["W"])
+
+
+@pytest.mark.parametrize(("split", "keepdims"), [(3, 1), ([2, 5, 1], 1), (None, 0)])
+def test_split_to_sequence_with_a_static_count_is_differentiated_as_split(split, keepdims):
+    """torch.chunk through the dynamo exporter: SplitToSequence + SequenceAt at constant positions
+    (and ConcatFromSequence of the same sequence) become Split outputs, so gradients flow; the
+    gradient of x is each part's weight put back in place (closed form)."""
+    rng = np.random.default_rng(0)
+    x0 = rng.normal(size=(2, 8)).astype(np.float32)
+    extra = [] if split is None else ["split"]
+    inits = [] if split is None else [numpy_helper.from_array(np.array(split, np.int64), "split")]
+    parts = split if isinstance(split, list) else [3, 3, 2] if split == 3 else [1] * 8
+    weights = [rng.normal(size=(2, n) if keepdims else (2,)).astype(np.float32) for n in parts]
+    inits += [numpy_helper.from_array(np.array(-1, np.int64), "last"), numpy_helper.from_array(np.array(0, np.int64), "first"),
+              numpy_helper.from_array(weights[0], "w0"), numpy_helper.from_array(weights[-1], "w1"),
+              numpy_helper.from_array(x0, "x")]
+    nodes = [helper.make_node("SplitToSequence", ["x", *extra], ["seq"], axis=1, keepdims=keepdims),
+             helper.make_node("SequenceAt", ["seq", "first"], ["a"]),
+             helper.make_node("SequenceAt", ["seq", "last"], ["b"]),
+             helper.make_node("Mul", ["a", "w0"], ["aw"]), helper.make_node("Mul", ["b", "w1"], ["bw"]),
+             helper.make_node("ReduceSum", ["aw"], ["sa"], keepdims=0), helper.make_node("ReduceSum", ["bw"], ["sb"], keepdims=0),
+             helper.make_node("Add", ["sa", "sb"], ["loss"])]
+    graph = helper.make_graph(nodes, "chunk", [], [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], inits)
+    model = gc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    got = gc.Session(gc.grad(model, "loss", wrt=["x"]), backend="numpy").run({})
+    want = np.zeros_like(x0)
+    ends = np.cumsum(parts)
+    want[:, : ends[0]] += weights[0].reshape(2, -1)
+    want[:, ends[-2]:] += weights[-1].reshape(2, -1)
+    np.testing.assert_allclose(got["x_grad"], want, rtol=1e-6)
+    np.testing.assert_allclose(got["loss"], (x0[:, : ends[0]] * weights[0].reshape(2, -1)).sum()
+                               + (x0[:, ends[-2]:] * weights[-1].reshape(2, -1)).sum(), rtol=1e-5)

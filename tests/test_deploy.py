@@ -323,3 +323,21 @@ def test_ops_with_no_older_form_are_refused_by_name(tmp_path, case, message):
     with pytest.raises(gc.GraphError, match=message):
         gc.deploy.triton(_one_node_model(node, inputs, inits), tmp_path, case)
     assert not (tmp_path / case).exists()
+
+
+def test_deploy_to_opset_17_folds_axes_computed_from_constants(tmp_path):
+    """torch.onnx's dynamo exporter with optimize=False writes ReduceMean's axes as
+    Reshape(Constant); onnx's converter needs a constant there to make them an attribute."""
+    from onnx import TensorProto, helper as oh, numpy_helper as nh
+
+    nodes = [oh.make_node("Constant", [], ["axes_flat"], value=nh.from_array(np.array([[2, 3]], np.int64))),
+             oh.make_node("Constant", [], ["shape"], value=nh.from_array(np.array([2], np.int64))),
+             oh.make_node("Reshape", ["axes_flat", "shape"], ["axes"]),
+             oh.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0)]
+    graph = oh.make_graph(nodes, "pool", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4, 5])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])])
+    model = gc.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]))
+    served = gc.load(gc.deploy.triton(model, tmp_path, "pool") / "1" / "model.onnx")
+    assert served.opset == 17
+    x = np.random.default_rng(0).normal(size=(2, 3, 4, 5)).astype(np.float32)
+    np.testing.assert_allclose(gc.Session(served, backend="ort-cpu").run({"x": x})["y"], x.mean((2, 3)), rtol=1e-6)

@@ -212,3 +212,26 @@ def test_every_onnx_element_type_has_a_spec():
     assert got["c"].dtype == np.uint32 and got["c"].tolist() == [4, 3]
     with pytest.raises(gc.InputError, match="input 'a'"):
         gc.Session(model, backend="numpy").run({"a": np.array([1], np.int64), "b": np.array([1], np.uint32)})
+
+
+def test_dims_written_as_minus_one_or_repeated_placeholder_are_unknown_each_on_its_own():
+    """A Paddle-style input [-1, 3, '?', '?']: inspectable, runnable with any sizes on those axes
+    (two '?' axes of different sizes, and a second input whose '?' differs again)."""
+    from onnx import TensorProto, helper as oh
+
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["y"]), oh.make_node("ReduceSum", ["z"], ["s"], keepdims=0)], "paddle",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, "?", "?"]),
+         oh.make_tensor_value_info("z", TensorProto.FLOAT, ["?"])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 3, "?", "?"]),
+         oh.make_tensor_value_info("s", TensorProto.FLOAT, [])])
+    model = gc.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    assert model.inputs[0].shape == (None, 3, None, None) and model.inputs[1].shape == (None,)
+    assert model.outputs[0].shape == (None, 3, None, None)
+    x, z = rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32), np.arange(7, dtype=np.float32)
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(model, backend=backend).run({"x": x, "z": z})
+        np.testing.assert_array_equal(got["y"], np.maximum(x, 0))
+        assert got["s"] == 21
+    with pytest.raises(gc.InputError, match="x"):
+        gc.Session(model, backend="numpy").run({"x": x[:, :2], "z": z})  # the fixed dim 3 still holds

@@ -51,6 +51,8 @@ CASES = [
     ("ceil", "Ceil", [r(7)], {}, 21, (F32, F64), 1),
     ("round", "Round", [lambda dt: np.array([0.5, 1.5, 2.5, -0.5, 1.2], dt)], {}, 21, (F32, F64), 1),
     ("relu", "Relu", [r(3, 4)], {}, 21, (F32, F64), 1),
+    # axis == rank gives [N, 1] (BERT from the TorchScript exporter), not [1, N]
+    *[(f"flatten_axis{axis}", "Flatten", [r(2, 3, 4)], {"axis": axis}, 21, (F32,), 1) for axis in (3, 0, -1, -3)],
     ("sigmoid", "Sigmoid", [r(50, lo=-30, hi=30)], {}, 21, (F32, F64), 1),
     ("tanh", "Tanh", [r(50, lo=-5, hi=5)], {}, 21, (F32, F64), 1),
     ("erf", "Erf", [r(200, lo=-4, hi=4)], {}, 21, (F32,), 1),

@@ -463,3 +463,36 @@ def test_pads_computed_from_constants_are_folded_so_later_pads_have_static_shape
     np.testing.assert_array_equal(pads.const_value.numpy(), [0, 1, 0, 2])
     padded = next(v for n in infer_shapes(folded).graph for v in n.outputs if v.name == "padded")
     assert padded.shape[1] == 9
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_frozen_batchnorm_matches_torch_eval_mode_gradients(exporter):
+    """batchnorm="frozen": BatchNorm normalises with the running statistics, which stay as they
+    are; gamma/beta still train. Gradients equal torch's eval-mode autograd (float64, a
+    committed torch.onnx export of a ResNet-style net: tests/data/zoo)."""
+    torch = pytest.importorskip("torch")
+    import torch_zoo
+
+    module, x, y = torch_zoo.load("resnet", torch.float64)
+    model = gc.load(torch_zoo.files("resnet", exporter, "float64")[0])
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1),
+                                batchnorm="frozen")
+    m = arts.manifest
+    assert m.batchnorm == "frozen" and {"stem.1.weight", "a.4.bias"} <= set(m.trainable)
+    assert not [o for o in m.graphs["train_step"].outputs if "running" in o.name]
+    feeds = {"x": x.numpy(), "y": y.numpy()}
+    got = gc.Session(arts.gradients, backend="numpy").run(feeds)
+    module.eval()
+    loss = torch.nn.functional.cross_entropy(module(x), y)
+    loss.backward()
+    np.testing.assert_allclose(got["loss"], loss.item(), rtol=1e-10)
+    for name, p in module.named_parameters():
+        np.testing.assert_allclose(got[f"{name}_grad"], p.grad.numpy(), rtol=1e-6, atol=1e-9, err_msg=name)
+
+    stats = {n: arts.state[n].copy() for n in ("stem.1.running_mean", "b.4.running_var")}
+    trainer = gc.Trainer(arts, backend="numpy")
+    trainer.step(feeds)
+    for n, before in stats.items():
+        np.testing.assert_array_equal(trainer.state_dict()[n], before)
+    with pytest.raises(ValueError, match="batchnorm must be"):
+        gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1), batchnorm="eval")

@@ -12,9 +12,9 @@ import graphc as gc
 F = onnx.TensorProto.FLOAT
 
 
-def _model(nodes, inputs, outputs, inits, opset=17) -> gc.Model:
+def _model(nodes, inputs, outputs, inits, opset=17, producer="pytorch") -> gc.Model:
     graph = oh.make_graph(nodes, "imported", inputs, outputs, inits)
-    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)], producer_name="pytorch")
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)], producer_name=producer)
     onnx.checker.check_model(proto, full_check=True)
     return gc.load(proto)
 
@@ -72,8 +72,9 @@ def awkward(seed=0, dropout=0.1) -> gc.Model:
         oh.make_node("Mul", ["o", "scale"], ["os"]),
         oh.make_node("Add", ["os", "head.bias"], ["out"]),
     ]
+    # another exporter's: torch.onnx keeps every parameter in an initializer, never a Constant
     return _model(nodes, [oh.make_tensor_value_info("x", F, ["B", 6])],
-                  [oh.make_tensor_value_info("out", F, ["B", 8])], inits)
+                  [oh.make_tensor_value_info("out", F, ["B", 8])], inits, producer="an exporter")
 
 
 def batchnorm(channels=3, classes=4, seed=0) -> gc.Model:

@@ -74,7 +74,12 @@ def grad_cmd(
     weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="Weight decay: L2 added to the "
                                                  "gradient for sgd and adam, decoupled for adamw (default: "
                                                  f"{_spec_defaults('weight_decay')}, as PyTorch)."),
-    freeze: list[str] = typer.Option([], "--freeze", metavar="PARAM", help="A param to keep fixed (repeatable)."),
+    freeze: list[str] = typer.Option([], "--freeze", metavar="PARAM", help="A param (name or glob pattern) to keep "
+                                     "fixed (repeatable)."),
+    param: list[str] = typer.Option([], "--param", metavar="NAME", help="An initializer (name or glob pattern) to "
+                                    "train though it is an exporter constant (repeatable)."),
+    batchnorm: str = typer.Option("train", "--batchnorm", metavar="train|frozen", help="train (batch statistics) or "
+                                  "frozen (running statistics, not updated: fine-tuning as model.eval())."),
     recompute: bool = typer.Option(False, "--recompute", help="Recompute cheap forward values in the "
                                    "backward (activation checkpointing): less memory, a little more time."),
     output: Optional[Path] = output_option("Artifact directory to write (required).", "DIR"),
@@ -89,13 +94,23 @@ def grad_cmd(
     output = chosen_output(output, out)
     spec = parse_loss(loss)
     opt = make_optimizer(optimizer, lr, momentum, weight_decay)
-    arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute)
+    arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute, params=param,
+                                batchnorm=batchnorm)
     arts.save(output)
     m = arts.manifest
     console.print(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "
-                  f"{len(m.frozen)} frozen params; loss {spec.kind} on {spec.output!r} "
-                  f"(label input {spec.label!r}); optimizer {optimizer} lr={opt.lr:g}", highlight=False,
-                  soft_wrap=True)
+                  f"{len(m.frozen)} frozen params, {len(m.constants)} exporter constants; loss {spec.kind} on "
+                  f"{spec.output!r} (label input {spec.label!r}); optimizer {optimizer} lr={opt.lr:g}; "
+                  f"BatchNorm {batchnorm}", highlight=False, soft_wrap=True)
+    console.print(f"trainable: {_listing(m.trainable)}", highlight=False, soft_wrap=True)
+    if m.constants:
+        console.print("exporter constants (not trained; --param NAME trains one): "
+                      + _listing([f"{n} ({why})" for n, why in m.constants.items()]), highlight=False, soft_wrap=True)
+
+
+def _listing(items: list[str], shown: int = 12) -> str:
+    return ", ".join(items[:shown]) + (f", ... ({len(items) - shown} more; manifest.json lists all)"
+                                       if len(items) > shown else "")
 
 
 EVAL_SUFFIXES = ("val", "test")  # the evaluation split --data holds, in order of preference

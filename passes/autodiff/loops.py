@@ -199,16 +199,19 @@ def copy_graph(e: Emitter, graph: ir.Graph, mapping: dict[ir.Value, ir.Value]) -
 def lower_sequences(model: ir.Model) -> int:
     """Replace ``ConcatFromSequence``, ``SequenceAt`` (constant position) and ``SequenceLength``
     of a sequence built with ``SequenceEmpty``/``SequenceConstruct``/``SequenceInsert`` (at the
-    end or a constant position) by Concat (with Unsqueeze for ``new_axis``), the element, or a
-    constant, so autodiff sees tensors; returns how many. Sequence nodes left unused go."""
+    end or a constant position), or by ``SplitToSequence`` into a count the shapes and constants
+    decide (``torch.chunk`` from the dynamo exporter), by Concat (with Unsqueeze for
+    ``new_axis``), the element (a ``Split`` output), or a constant, so autodiff sees tensors;
+    returns how many. Sequence nodes left unused go."""
     graph = model.graph
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 17))
     e = Emitter(graph, opset, "sequence")
+    splits: dict[ir.Node, list[ir.Value] | None] = {}  # one Split per SplitToSequence
     count = 0
     for node in list(graph):
         if node.op_type not in ("ConcatFromSequence", "SequenceAt", "SequenceLength") or node.domain not in ("", "ai.onnx"):
             continue
-        elements = _elements(node.inputs[0])
+        elements = _elements(node.inputs[0], e, splits)
         if elements is None:
             continue
         if node.op_type == "ConcatFromSequence" and elements:
@@ -239,20 +242,24 @@ def lower_sequences(model: ir.Model) -> int:
     return count
 
 
-def _elements(sequence: ir.Value | None) -> list[ir.Value] | None:
+def _elements(sequence: ir.Value | None, e: Emitter, splits: dict) -> list[ir.Value] | None:
     """The tensors of a sequence built in the main graph from known parts, in order, else None."""
     node = sequence.producer() if sequence is not None else None
     if node is None or node.domain not in ("", "ai.onnx"):
         return None
     if node.op_type == "Identity":
-        return _elements(node.inputs[0])
+        return _elements(node.inputs[0], e, splits)
+    if node.op_type == "SplitToSequence":
+        if node not in splits:
+            splits[node] = _split_parts(node, e)
+        return splits[node]
     if node.op_type == "SequenceEmpty":
         return []
     if node.op_type == "SequenceConstruct":
         return list(node.inputs)
     if node.op_type != "SequenceInsert":
         return None
-    before = _elements(node.inputs[0])
+    before = _elements(node.inputs[0], e, splits)
     if before is None:
         return None
     if len(node.inputs) < 3 or node.inputs[2] is None:
@@ -262,3 +269,31 @@ def _elements(sequence: ir.Value | None) -> list[ir.Value] | None:
         return None
     position = int(position) + len(before) if int(position) < 0 else int(position)
     return [*before[:position], node.inputs[1], *before[position:]]
+
+
+def _split_parts(node: ir.Node, e: Emitter) -> list[ir.Value] | None:
+    """``SplitToSequence(x, split)`` as the outputs of one ``Split`` (each squeezed along the
+    axis for ``keepdims=0`` without ``split``), when the parts' sizes are known: ``split`` a
+    constant list, or a constant chunk size (or absent: size 1) with ``x``'s dim static."""
+    x = node.inputs[0]
+    split = folded_array(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    if len(node.inputs) > 1 and node.inputs[1] is not None and split is None:
+        return None
+    if x.shape is None:
+        return None
+    axis = node.attributes.get_int("axis", 0)
+    axis = axis + len(x.shape) if axis < 0 else axis
+    dim = x.shape[axis]
+    if split is not None and np.ndim(split) == 1:
+        sizes = [int(v) for v in split]
+    elif isinstance(dim, int):
+        chunk = 1 if split is None else int(split)
+        sizes = [chunk] * (dim // chunk) + ([dim % chunk] if dim % chunk else [])
+    else:
+        return None
+    if not sizes:
+        return None
+    parts = list(e.split(x, sizes, axis, len(sizes)))
+    if split is None and not node.attributes.get_int("keepdims", 1):
+        parts = [e.squeeze(p, [axis]) for p in parts]
+    return parts

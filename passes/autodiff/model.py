@@ -94,7 +94,8 @@ def fill_unknown_ranks(model: ir.Model) -> bool:
     Dims stay unknown: only the rank is recorded, which does not depend on the batch. Returns
     whether any value changed."""
     graph = model.graph
-    unknown = [v for node in graph for v in node.outputs if v.shape is None and v.name and v.dtype is not None]
+    unknown = [v for node in graph for v in node.outputs
+               if v.shape is None and v.name and isinstance(v.type, ir.TensorType)]  # not sequences
     if not unknown:
         return False
     from onnx.reference import ReferenceEvaluator
@@ -128,16 +129,15 @@ def expand_for_autodiff(model: ir.Model) -> int:
     """Rewrite, in place, ops without a gradient rule into ops with rules: ONNX function ops
     into their bodies (``expand_functions``), RNN/GRU/LSTM unrolled (``unroll_recurrent``),
     Loops whose step count the constants decide unrolled (``unroll_static_loops``; the Ifs in
-    their copies then fold, and the sequences they build become Concats). Returns how many
-    nodes were rewritten."""
+    their copies then fold), sequences of a known length as tensors (``lower_sequences``).
+    Returns how many nodes were rewritten."""
     count = (expand_functions(model, lambda node: node.op_type not in RULES and node.op_type not in _KEEP_UNEXPANDED)
              + unroll_recurrent(model))
     loops = unroll_static_loops(model)
     if loops:
         while fold_integer_values(model):  # an inlined If may hold another If that now folds
             pass
-        loops += lower_sequences(model)
-    return count + loops
+    return count + loops + lower_sequences(model)
 
 
 def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None) -> ir.Model:

@@ -68,6 +68,7 @@ class Built:
     feeds: dict[str, str]
     trainable: list[str]
     frozen: list[str]
+    constants: dict[str, str]  # float initializers the exporter made, not params: name -> why
     state: dict[str, np.ndarray]
     model_outputs: list[str]
     opset: int
@@ -77,7 +78,7 @@ class Built:
 
 def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
           trainable: Iterable[str] | None = None, frozen: Iterable[str] = (), fused: bool = True,
-          recompute: bool = False) -> Built:
+          recompute: bool = False, params: Iterable[str] = (), batchnorm: str = "train") -> Built:
     base = _prepare(model)
     order = {name: i for i, name in enumerate(model.graph.initializers)}  # promoted constants last
     opset = base.opset_imports.get("", 0)
@@ -89,14 +90,14 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
     modes.set_inference_mode(inference.graph)
 
     label = append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
-    params, frozen_all = _select_params(base.graph, bn_stats, trainable, frozen, order)
+    params, frozen_all, constants = _select_params(base, bn_stats, trainable, frozen, params, order)
     imports.warn_shared_normalization_params(base.graph, params)
     decays = _decays(params, opt_hyper.get("no_decay") or ())
     groups = flat.plan(base.graph, params, decays) if fused else []
 
     evaluation = _eval_graph(base, params, bn_stats, model_outputs)
     noise: list[str] = []
-    step, gradients, grads, bn_next = _backward_graphs(base, opset, params, bn_stats, noise, recompute)
+    step, gradients, grads, bn_next = _backward_graphs(base, opset, params, bn_stats, noise, recompute, batchnorm)
 
     slots = optimizers.state_slots(opt_kind, opt_hyper)
     param_values = {p: step.graph.initializers[p] for p in grads}
@@ -119,7 +120,7 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
     roles = {key: _roles(key, m.graph, role_of_input, params) for key, m in graphs.items()}
     feeds = {n: n[: -len(".next")] for n in next_names}
     state = _initial_state(gradients.graph, params, bn_stats, slots, opt_hyper)
-    return Built(graphs, roles, feeds, params, frozen_all, state, model_outputs, opset, groups, slots)
+    return Built(graphs, roles, feeds, params, frozen_all, constants, state, model_outputs, opset, groups, slots)
 
 
 def _decays(params: Sequence[str], no_decay: Sequence[str]) -> dict[str, bool]:
@@ -142,16 +143,20 @@ def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
 
 
 def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats: Sequence[str],
-                     noise: list[str], recompute: bool = False):
+                     noise: list[str], recompute: bool = False, batchnorm: str = "train"):
     """Training mode and the backward pass, in ``step`` itself; returns (step, the gradients
     graph cloned from it, {param: gradient value in step}, {BN stat: its updated value}).
     Dropout becomes ops on new noise inputs (their names are appended to ``noise``) before
-    autodiff, so the gradient flows through plain Mul/Cast."""
+    autodiff, so the gradient flows through plain Mul/Cast. ``batchnorm="frozen"`` keeps
+    BatchNormalization in inference mode (running statistics in, none updated)."""
+    if batchnorm == "frozen":
+        modes.set_inference_mode(step.graph, ops=("BatchNormalization",))
     # ops without a gradient rule that ONNX defines as functions (Mish, RMSNormalization,
     # Attention, ...) are differentiated through their bodies, RNN/GRU/LSTM unrolled (the eval
     # and inference graphs, cloned before, keep the ops themselves)
     expanded = expand_for_autodiff(step)
-    bn_next = modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise)
+    bn_next = modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise,
+                                      batchnorm=batchnorm != "frozen")
     dense_conv.densify_convs(step.graph, opset)
     _expose_inputs(step.graph, [*params, *bn_stats])
     step.graph.sort()
@@ -196,7 +201,7 @@ def _prepare(model: ir.Model) -> ir.Model:
     else:
         base = model.clone()
     RemoveInitializersFromInputsPass()(base)
-    imports.promote_constant_weights(base.graph)
+    imports.promote_constant_weights(base)
     _infer_shapes(base)
     if fold_integer_values(base):  # exporters' computed pads/shapes: static shapes downstream
         _infer_shapes(base)
@@ -219,8 +224,15 @@ def _upgrade(model: ir.Model, opset: int) -> ir.Model:
     return ir.serde.deserialize_model(proto)
 
 
+_SEQUENCE_MAKERS = frozenset({"SplitToSequence", "SequenceConstruct", "SequenceEmpty", "SequenceInsert",
+                              "SequenceErase"})
+
+
 def _infer_shapes(model: ir.Model) -> None:
     """ONNX shape inference, in place (autodiff needs ranks; the loss needs the logits' shape)."""
+    for node in model.graph:  # onnx_ir's merge would type an untyped sequence as a tensor
+        if node.op_type in _SEQUENCE_MAKERS and node.outputs[0].type is None:
+            node.outputs[0].type = ir.SequenceType(ir.TensorType(ir.DataType.UNDEFINED))
     try:
         ShapeInferencePass(check_type=False, strict_mode=False)(model)
     except Exception:  # noqa: BLE001 - inference is a help: values it cannot type stay untyped
@@ -271,24 +283,40 @@ def _splice_loss(graph: ir.Graph, loss_graph: ir.Graph, out: ir.Value, label_nam
     result.name = LOSS
 
 
-def _select_params(graph: ir.Graph, bn_stats: Sequence[str], trainable, frozen,
-                   order: dict[str, int]) -> tuple[list[str], list[str]]:
-    """(trainable, frozen) float initializers, in the original model's initializer order."""
+def _select_params(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, params,
+                   order: dict[str, int]) -> tuple[list[str], list[str], dict[str, str]]:
+    """(trainable, frozen, {exporter constant: why}) float initializers, in the original model's
+    initializer order. ``trainable``, ``frozen`` and ``params`` hold names or glob patterns."""
+    graph = model.graph
     candidates = [n for n, v in graph.initializers.items() if imports.is_float(v) and n not in bn_stats]
     candidates.sort(key=lambda n: order.get(n, len(order)))
-    frozen = list(frozen)
-    unknown = [n for n in [*(trainable or ()), *frozen] if n not in candidates]
-    if unknown:
-        raise GraphError(f"unknown parameter(s) {unknown}; float parameters of the model: {candidates}")
+    frozen, forced = _matching(frozen, candidates, "frozen"), _matching(params, candidates, "params")
+    constants = {n: why for n, why in imports.exporter_constants(model, candidates).items() if n not in forced}
     if trainable is None:
         used = _loss_inputs(graph)
-        trainable = [n for n in candidates if graph.initializers[n] in used and n not in frozen
-                     and not settings_only(graph.initializers[n])]
+        trainable = [n for n in candidates if n in forced or (
+            graph.initializers[n] in used and n not in constants and not settings_only(graph.initializers[n]))]
     else:
-        trainable = [n for n in candidates if n in set(trainable) and n not in frozen]
+        chosen = set(_matching(trainable, candidates, "trainable")) | set(forced)
+        trainable = [n for n in candidates if n in chosen]
+        constants = {n: why for n, why in constants.items() if n not in chosen}
+    trainable = [n for n in trainable if n not in frozen]
     if not trainable:
-        raise GraphError("no trainable parameters: every float initializer is frozen or does not reach the loss")
-    return trainable, [n for n in candidates if n not in trainable]
+        raise GraphError("no trainable parameters: every float initializer is frozen, an exporter constant or does "
+                         "not reach the loss")
+    return trainable, [n for n in candidates if n not in trainable and n not in constants], constants
+
+
+def _matching(patterns: Iterable[str], candidates: Sequence[str], option: str) -> list[str]:
+    """The candidates each name or glob pattern (``fnmatch``: ``*.bias``) selects; one that
+    selects none is an error naming the option."""
+    patterns = list(patterns)
+    picked = {pat: [n for n in candidates if n == pat or fnmatchcase(n, pat)] for pat in patterns}
+    unknown = [pat for pat, names in picked.items() if not names]
+    if unknown:
+        shown = ", ".join(candidates[:12]) + (", ..." if len(candidates) > 12 else "")
+        raise GraphError(f"{option}: unknown parameter(s) {unknown}; float initializers of the model: {shown}")
+    return [n for n in candidates if any(n in names for names in picked.values())]
 
 
 def _loss_inputs(graph: ir.Graph) -> set[ir.Value]:

@@ -3,11 +3,12 @@
 Exporters keep weights in odd places. This pass handles:
 
 1. weights stored in ``Constant`` nodes: a floating-point ``Constant`` of rank >= 1 with at
-   least 2 elements becomes an initializer named after its output (scalars and 1-element
-   constants such as epsilons, scales and exponents stay constants, and so do constants that
-   only set how an op behaves, such as Resize scales: ``settings_only``). Constants captured from
-   the DSL (they carry ``graphc.source``) stay constants: there the user chose between
-   ``gc.nn.Parameter`` and a constant;
+   least 2 elements, not all zero, becomes an initializer named after its output (scalars and
+   1-element constants such as epsilons, scales and exponents stay constants, and so do zero
+   tensors such as recurrent initial states and constants that only set how an op behaves, such
+   as Resize scales: ``settings_only``). Constants captured from the DSL (they carry
+   ``graphc.source``) stay constants: there the user chose between ``gc.nn.Parameter`` and a
+   constant; so do a PyTorch export's (``torch.onnx`` keeps every parameter in an initializer);
 2. an initializer aliased through ``Identity`` or read by several nodes: nothing to rewrite;
    the initializer is the param and autodiff sums the gradients of every use;
 3. shape arithmetic built from ``Shape``/``Gather``/``Concat``: integer paths, which autodiff
@@ -17,11 +18,15 @@ Exporters keep weights in odd places. This pass handles:
    does it to every freshly initialized LayerNorm), so training would tie those layers. It
    stays as it is (the graph means exactly that) with a warning naming the layers.
 
+5. initializers that the exporter made, not the source model's parameters (``exporter_constants``).
+
 Initializers listed as graph inputs (IR < 4 exports) keep working: they already are inputs.
 """
 
 from __future__ import annotations
 
+import ast
+import re
 import warnings
 from collections.abc import Sequence
 
@@ -33,16 +38,19 @@ from graphc.passes.autodiff.registry import settings_only
 _FLOAT = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 
 
-def promote_constant_weights(graph: ir.Graph) -> list[str]:
+def promote_constant_weights(model: ir.Model) -> list[str]:
     """Turn weight-like ``Constant`` nodes of the main graph into initializers; return names."""
+    graph = model.graph
     promoted = []
+    if model.producer_name == _TORCH:
+        return promoted
     for node in list(graph):
         if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or "value" not in node.attributes:
             continue
         if SOURCE_KEY in node.metadata_props:
             continue
         tensor = node.attributes["value"].as_tensor()
-        if tensor.dtype not in _FLOAT or len(tensor.shape) == 0 or tensor.size < 2:
+        if tensor.dtype not in _FLOAT or len(tensor.shape) == 0 or tensor.size < 2 or not tensor.numpy().any():
             continue
         out = node.outputs[0]
         if out.is_graph_output() or out.name in graph.initializers or settings_only(out):
@@ -55,6 +63,69 @@ def promote_constant_weights(graph: ir.Graph) -> list[str]:
         graph.register_initializer(value)
         promoted.append(value.name)
     return promoted
+
+
+# What torch.onnx records (evidence read by ``exporter_constants``). The dynamo exporter writes
+# torch.export's graph signature on the graph and each lifted input's kind on its initializer;
+# onnxscript's optimizer (``optimize=True``, the default) names the sources of a folded one.
+_TORCH = "pytorch"
+_SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
+_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+_FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
+_TORCHSCRIPT_FOLDED = "onnx::"  # the TorchScript exporter's names for values it computed
+
+
+def exporter_constants(model: ir.Model, names: Sequence[str]) -> dict[str, str]:
+    """``{name: why}`` for the initializers among ``names`` that the exporter made rather than
+    the source model's parameters, decided by the exporters' own records:
+
+    1. dynamo (``torch.onnx.export(..., dynamo=True)``): an initializer is a parameter when its
+       kind is ``PARAMETER`` or it was folded from one (a transposed ``fc.weight``, LSTM gates
+       concatenated, a BatchNorm fused into the Conv before it keeps the Conv's name); buffers (``BUFFER``, ``CONSTANT_TENSOR``) and values the exporter made
+       (``val_N``, ``scalar_tensor_default``: scalars, masks, zero states) are constants;
+    2. TorchScript (producer ``pytorch``): parameters keep their module paths; a value the
+       exporter computed is named ``onnx::<Op>_<N>``: a parameter folded through a Transpose or
+       gate reordering, unless it is a scalar or all zero (nothing PyTorch trains folds to those);
+    3. any other producer: none (every float initializer is a parameter).
+    """
+    graph = model.graph
+    dynamo = _SIGNATURE in graph.metadata_props or any(
+        _KIND in graph.initializers[n].metadata_props for n in names)
+    if dynamo:
+        params = set(re.findall(r"PARAMETER target='([^']+)'", graph.metadata_props.get(_SIGNATURE, "")))
+        params |= {n for n in names if graph.initializers[n].metadata_props.get(_KIND) == "PARAMETER"}
+        return {n: why for n in names if (why := _dynamo_constant(graph.initializers[n], params))}
+    if model.producer_name != _TORCH:
+        return {}
+    out = {}
+    for n in names:
+        tensor = graph.initializers[n].const_value
+        if not n.startswith(_TORCHSCRIPT_FOLDED) or tensor is None:
+            continue
+        if tensor.size <= 1:
+            out[n] = "a scalar computed by the TorchScript exporter"
+        elif not tensor.numpy().any():
+            out[n] = "all zero, computed by the TorchScript exporter"
+    return out
+
+
+def _dynamo_constant(value: ir.Value, params: set[str]) -> str | None:
+    """Why the dynamo exporter's initializer ``value`` is a constant; None for a parameter."""
+    kind = value.metadata_props.get(_KIND)
+    if kind == "PARAMETER" or value.name in params:  # the name survives a BatchNorm fused into a Conv
+        return None
+    if kind is not None:
+        return f"a {kind.lower().replace('_', ' ')} of the torch module, not a parameter"
+    folded = value.metadata_props.get(_FOLDED_FROM)
+    if folded is not None:
+        try:
+            sources = set(ast.literal_eval(folded))
+        except (ValueError, SyntaxError):
+            sources = set()
+        if sources & params:
+            return None
+        return "folded by the exporter from constants"
+    return "made by the dynamo exporter (no module parameter behind it)"
 
 
 def is_float(value: ir.Value) -> bool:

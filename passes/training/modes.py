@@ -36,9 +36,10 @@ def batchnorm_stats(graph: ir.Graph) -> list[str]:
     return names
 
 
-def set_inference_mode(graph: ir.Graph) -> None:
+def set_inference_mode(graph: ir.Graph, ops: tuple[str, ...] = ("Dropout", "BatchNormalization")) -> None:
+    """Inference mode for the nodes of types ``ops`` (see the module docstring)."""
     for node in list(graph):
-        if node.domain not in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ops:
             continue
         if node.op_type == "Dropout" and len(node.inputs) > 2:
             node.resize_inputs(2)
@@ -56,9 +57,11 @@ NOISE_PREFIX = "dropout_noise."
 DROPOUT_INPUT_KEY = "graphc.dropout_input"
 
 
-def set_training_mode(b: Emitter, graph: ir.Graph, noise: list[str] | None = None) -> dict[str, ir.Value]:
-    """Training mode in place; returns the BN statistics' updated values. The names of the
-    noise inputs added for Dropout are appended to ``noise``."""
+def set_training_mode(b: Emitter, graph: ir.Graph, noise: list[str] | None = None,
+                      batchnorm: bool = True) -> dict[str, ir.Value]:
+    """Training mode in place (for BatchNormalization only with ``batchnorm``); returns the BN
+    statistics' updated values. The names of the noise inputs added for Dropout are appended
+    to ``noise``."""
     updated: dict[str, ir.Value] = {}
     noise = [] if noise is None else noise
     for node in list(graph):
@@ -66,7 +69,7 @@ def set_training_mode(b: Emitter, graph: ir.Graph, noise: list[str] | None = Non
             continue
         if node.op_type == "Dropout":
             _dropout_with_noise(b, graph, node, noise)
-        elif node.op_type == "BatchNormalization":
+        elif node.op_type == "BatchNormalization" and batchnorm:
             updated.update(_batchnorm_training(b, graph, node))
     return updated
 
