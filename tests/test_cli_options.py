@@ -43,6 +43,8 @@ API_DEFAULTS = {
     ("optimize", "level"): (gc.optimize, "level"),
     ("grad", "freeze"): (gc.training.generate, "frozen"),
     ("grad", "recompute"): (gc.training.generate, "recompute"),
+    ("grad", "param"): (gc.training.generate, "params"),
+    ("grad", "batchnorm"): (gc.training.generate, "batchnorm"),
     ("run", "backend"): (gc.Session, "backend"),
     ("run", "batch_size"): (map_batches, "batch_size"),
     ("parity", "backends"): (gc.parity.compare, "backends"),
