@@ -180,6 +180,9 @@ class DistributedTrainer(Trainer):
     def _eval_exe(self):
         return None  # the workers hold the eval graph; _eval_specs is set in __init__
 
+    def _graph_rngs(self) -> dict[str, np.random.Generator]:
+        return {}  # random ops inside the graphs draw on the workers, out of the driver's reach
+
     # -- state --------------------------------------------------------------------------------------
     def _reset_state(self, tensors: Mapping[str, np.ndarray]) -> None:
         self._sync()
