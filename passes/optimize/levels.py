@@ -52,14 +52,19 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
     )
     from graphc.passes.optimize.fusions import fusion_passes
     from graphc.passes.optimize.inference import inference_pass
-    from graphc.passes.optimize.library import cleanup_passes, finish_passes, prelude_passes
+    from graphc.passes.optimize.library import cleanup_passes, finish_passes
     from graphc.passes.optimize.shape_folding import ShapeFolding
+    from graphc.passes.optimize.shape_inference import ShapeInference
 
     loop: list[ir.passes.PassBase] = cleanup_passes(protected, level)
     if level >= 3:
         # first: what BatchNormalization/Dropout folding leaves (dead statistics, duplicate
         # weights) is cleaned up in the same round, not one round later
         loop = [inference_pass(), *loop]
+    # First in every round: ONNX shape inference fills the types and shapes the rewrites' checks
+    # need, then (later rounds) the static dims that the previous round's folding made
+    # computable, so that shape arithmetic on them folds in this round.
+    loop = [ShapeInference(source), *loop]
     if level >= 2:
         loop += [ShapeFolding(), NeutralOperandElimination(protected if level < 3 else frozenset()),
                  ExpandIntoBroadcast(), BatchedMatMulAddToGemm(), ReshapeThroughElementwise(),
@@ -69,4 +74,4 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
     # them when nothing changed after the loop left them idle (LiftConstants found nothing).
     same = {p.name: p for p in loop if p.name in ("RemoveUnusedNodes", "DeduplicateInitializers")}
     finish = [same.get(p.name, p) for p in finish_passes(protected, level)]
-    return Pipeline(loop, finish, prelude=prelude_passes(source))
+    return Pipeline(loop, finish)
