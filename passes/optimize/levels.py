@@ -16,7 +16,8 @@ LEVELS: dict[int, str] = {
        "CSE, dead-node removal, initializer dedup (never parameters below level 3), constants "
        "lifted to initializers, topological sort (onnx-ir)",
     2: "algebraic simplification (x*1, x+0, Transpose/Reshape/Cast chains, Expand before a "
-       "broadcasting op), MatMul+Add -> Gemm (a batched MatMul "
+       "broadcasting op, zero Pad, Slice of a Slice, Transpose of size-1 axes as a Reshape, Reshapes "
+       "around elementwise ops), MatMul+Add -> Gemm (a batched MatMul "
        "by a matrix through Reshapes), "
        "Transpose into Gemm attributes, shape-subgraph folding (symbolic dims kept), Gelu (opset >= 20) and LayerNormalization (>= 17) "
        "fusions; safe for training graphs",
@@ -55,6 +56,7 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
     from graphc.passes.optimize.library import cleanup_passes, finish_passes
     from graphc.passes.optimize.shape_folding import ShapeFolding
     from graphc.passes.optimize.shape_inference import ShapeInference
+    from graphc.passes.optimize.views import ViewSimplification
 
     loop: list[ir.passes.PassBase] = cleanup_passes(protected, level)
     if level >= 3:
@@ -66,7 +68,7 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
     # computable, so that shape arithmetic on them folds in this round.
     loop = [ShapeInference(source), *loop]
     if level >= 2:
-        loop += [ShapeFolding(), NeutralOperandElimination(protected if level < 3 else frozenset()),
+        loop += [ShapeFolding(), ViewSimplification(), NeutralOperandElimination(protected if level < 3 else frozenset()),
                  ExpandIntoBroadcast(), BatchedMatMulAddToGemm(), ReshapeThroughElementwise(),
                  algebraic_pass(), ReshapeAbsorbsUnsqueeze(), gemm_pass(),
                  *fusion_passes(opset)]
