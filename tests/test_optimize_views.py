@@ -1,5 +1,5 @@
 """The view rewrites (zero Pad, allowzero Reshape, Transpose of size-1 axes, Slice of a Slice),
-and Reshapes around an elementwise region: each
+Reshapes around an elementwise region, and level 3's scale folded into a linear layer: each
 fires (op types, fewer nodes), outputs equal the original's on onnxruntime (and numpy), and a
 second run changes nothing."""
 
@@ -115,3 +115,24 @@ def test_reshapes_around_a_branching_elementwise_region_cancel():
     out = check(_gelu_between_linears(False), 2,
                 ["Reshape", "Gemm", "Div", "Erf", "Add", "Mul", "Mul", "Gemm", "Reshape"], fewer=False)
     assert [len(v.shape) for v in (n.outputs[0] for n in out.ir.graph) if v.shape is not None][2:7] == [2] * 5
+
+
+def test_layer_scale_folded_into_linear_at_level3_only():
+    model = _gelu_between_linears(True)
+    assert op_types(gc.optimize(model, 2))[-1] == "Mul"  # a parameter: training moves it
+    check(model, 3, ["Reshape", "Gemm", "Div", "Erf", "Add", "Mul", "Mul", "Gemm", "Reshape"])
+
+
+@pytest.mark.parametrize("scale_shape, folds", [((8,), True), ((1, 8), True), ((1,), True),
+                                                ((4, 1), False),      # scales rows, not columns
+                                                ((1, 1, 8), False)])  # broadcasts the product to rank 3
+def test_scale_into_linear_only_along_the_last_axis(scale_shape, folds):
+    nodes = [helper.make_node("Gemm", ["x", "W", "b"], ["h"], transB=1), helper.make_node("Mul", ["h", "c"], ["y"])]
+    rank = max(2, len(scale_shape))
+    x_shape, y_shape = [4, 6], [1] * (rank - 2) + [4, 8]
+    m = make_model(nodes, [("x", F, x_shape)], [("y", F, y_shape)],
+                   [("W", w(8, 6)), ("b", w(8)), ("c", w(*scale_shape))])
+    if folds:
+        check(m, 3, ["Gemm"])
+    else:
+        assert "Mul" in op_types(gc.optimize(m, 3))

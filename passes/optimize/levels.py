@@ -21,7 +21,8 @@ LEVELS: dict[int, str] = {
        "by a matrix through Reshapes), "
        "Transpose into Gemm attributes, shape-subgraph folding (symbolic dims kept), Gelu (opset >= 20) and LayerNormalization (>= 17) "
        "fusions; safe for training graphs",
-    3: "inference only: Conv/Gemm+BatchNormalization folding, Dropout removal, constant weight "
+    3: "inference only: Conv/Gemm+BatchNormalization folding, Dropout removal, a constant per-column "
+       "scale folded into the Gemm/MatMul before it, constant weight "
        "transposes (and every other constant subgraph, any size) pre-applied; equal parameters "
        "merged",
 }
@@ -52,7 +53,7 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
         gemm_pass,
     )
     from graphc.passes.optimize.fusions import fusion_passes
-    from graphc.passes.optimize.inference import inference_pass
+    from graphc.passes.optimize.inference import ScaleIntoLinear, inference_pass
     from graphc.passes.optimize.library import cleanup_passes, finish_passes
     from graphc.passes.optimize.shape_folding import ShapeFolding
     from graphc.passes.optimize.shape_inference import ShapeInference
@@ -72,6 +73,8 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
                  ExpandIntoBroadcast(), BatchedMatMulAddToGemm(), ReshapeThroughElementwise(),
                  algebraic_pass(), ReshapeAbsorbsUnsqueeze(), gemm_pass(),
                  *fusion_passes(opset)]
+    if level >= 3:
+        loop.append(ScaleIntoLinear())
     # The finish's dead-node sweep and dedup are the loop's own instances, so the pipeline skips
     # them when nothing changed after the loop left them idle (LiftConstants found nothing).
     same = {p.name: p for p in loop if p.name in ("RemoveUnusedNodes", "DeduplicateInitializers")}
