@@ -136,3 +136,17 @@ def test_scale_into_linear_only_along_the_last_axis(scale_shape, folds):
         check(m, 3, ["Gemm"])
     else:
         assert "Mul" in op_types(gc.optimize(m, 3))
+
+
+def test_no_initializer_left_unread():
+    # a linear layer whose output is only reshaped: BatchedMatMulAddToGemm reshapes the Gemm's
+    # rows straight to the target and drops its own Reshape back, with that Reshape's shape
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
+             helper.make_node("Reshape", ["hb", "s"], ["y"])]
+    m = make_model(nodes, [("x", F, [2, 4, 8])], [("y", F, [2, 4, 3, 4])],
+                   [("W", w(8, 12)), ("b", w(12)), ("s", np.array([2, 4, 3, 4], I64))])
+    out = gc.optimize(m, 2)
+    assert op_types(out) == ["Reshape", "Gemm", "Reshape"]
+    read = {v.name for n in out.ir.graph for v in n.inputs if v is not None}
+    assert set(out.ir.graph.initializers) <= read
+    assert_same_outputs(m, out, batches=(2,))

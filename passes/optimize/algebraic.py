@@ -533,7 +533,7 @@ class BatchedMatMulAddToGemm(ir.passes.InPlacePass):
         ir.convenience.replace_nodes_and_values(graph, add, [matmul, add], [*new, gemm, back], add.outputs,
                                                 back.outputs)
         if not back.outputs[0].uses() and not back.outputs[0].is_graph_output():
-            graph.remove(back)
+            graph.remove(back, safe=True)  # safe: detaches its inputs, so its shape initializer is unused
 
 
 def _reshape_target(node: ir.Node, dims: list[int]) -> list[int] | None:
