@@ -77,6 +77,19 @@ def test_symbolic_dims_are_never_fixed_by_reinference():
     assert_same_outputs(model, out, batches=(1, 3))
 
 
+def test_dims_that_follow_an_input_symbol_are_not_reinferred():
+    # Reshape(x[N, 5, 8], [-1, 8]) has an unknown dim that follows from N: once inferred, it and
+    # everything computed from it are not worth another inference run in the next round
+    from graphc.passes.optimize.pipeline import all_nodes
+    from graphc.passes.optimize.shape_inference import ShapeInference, _pending
+
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    model = make_model(nodes, [("x", F, ["N", 5, 8])], [("y", F, ["M", 8])], [("s", np.array([-1, 8], I64))]).ir
+    assert "r" in _pending(all_nodes(model.graph), {"N"})  # no shape yet
+    ShapeInference()(model)
+    assert _pending(all_nodes(model.graph), {"N"}) == {}
+
+
 torch = pytest.importorskip("torch")  # the tests below export PyTorch models
 torch_blocks = pytest.importorskip("torch_blocks")
 

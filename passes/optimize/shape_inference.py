@@ -27,10 +27,12 @@ class ShapeInference(ir.passes.InPlacePass):
 
     Sound: ONNX inference derives each dim from the graph's declared input shapes, so a static
     dim it finds holds for every valid input. A dim that is a symbol of a graph input (``N``)
-    is never replaced, and a rank is never changed. Runs only when some value lacks a type,
-    shape or static dim that is not an input symbol. Only those values are read back from the
-    result, not the whole model as onnx-ir's ShapeInferencePass does, which costs several times
-    the inference.
+    is never replaced, and a rank is never changed. Runs only when some value is worth inferring
+    (``_pending``) and, after the first run, the inputs of that value's node changed since
+    inference last saw it (a new node, an input now constant or with a new shape): a gradient
+    graph's values that inference cannot annotate do not make every round pay for it again. Only those values are read back from the result,
+    not the whole model as onnx-ir's ShapeInferencePass does, which costs several times the
+    inference.
 
     ``source``: a ``ModelProto`` of the very model this pass will first see (``gc.optimize`` has
     one at hand: the caller's proto, or the serialized copy it deserializes). The first inference
@@ -49,16 +51,17 @@ class ShapeInference(ir.passes.InPlacePass):
     def __init__(self, source: onnx.ModelProto | None = None):
         super().__init__()
         self.source = source
+        self._seen: dict[ir.Value, tuple] = {}  # pending value -> its node's inputs when inferred
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         symbols = {d.value for v in model.graph.inputs if v.shape is not None for d in v.shape
                    if isinstance(d, ir.SymbolicDim) and d.value is not None}
-        # a Constant's output is typed by the folder from its tensor, before any pass reads it
-        pending = {v.name: v for node in all_nodes(model.graph) if node.op_type != "Constant" for v in node.outputs
-                   if v.name and _incomplete(v, symbols)}
+        pending = _pending(all_nodes(model.graph), symbols)
         source, self.source = self.source, None  # one use: the model changes after this pass
-        if not pending:
+        inputs = {name: _inputs_seen(v.producer()) for name, v in pending.items()}
+        if all(self._seen.get(v) == inputs[name] for name, v in pending.items()):
             return ir.passes.PassResult(model, False)
+        self._seen.update((v, inputs[name]) for name, v in pending.items())
         infer = lambda proto: onnx.shape_inference.infer_shapes(proto, data_prop=True)  # noqa: E731
         try:
             if source is not None and source.ByteSize() <= self.SOURCE_BYTES:
@@ -78,11 +81,37 @@ class ShapeInference(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified)
 
 
-def _incomplete(value: ir.Value, symbols: set[str]) -> bool:
-    """No type, no shape, or a dim that is neither static nor a graph input's symbol."""
-    if value.type is None or value.shape is None:
-        return True
-    return any(not isinstance(d, int) and d.value not in symbols for d in value.shape)
+def _inputs_seen(node: ir.Node) -> tuple:
+    """What inference reads off ``node``'s inputs: which values, whether constant, their shapes."""
+    return tuple((v, v.const_value is not None, None if v.shape is None else tuple(v.shape))
+                 if v is not None else None for v in node.inputs)
+
+
+def _pending(nodes: list[ir.Node], symbols: set[str]) -> dict[str, ir.Value]:
+    """The values worth inferring, by name: those with no type or no shape, and those with a dim
+    that is neither static nor a graph input's symbol unless their node reads a value with a
+    symbol's dim or with such a dim itself (a ``Reshape(x[N, 5, 8], [-1, 8])`` and everything
+    computed from it: that dim follows from N, so inference would find nothing new; a cost
+    choice, which cannot make a dim wrong). ``nodes`` in graph order, producers first."""
+    pending: dict[str, ir.Value] = {}
+    symbolic: set[ir.Value] = set()  # values with a dim that follows from an input symbol
+    for node in nodes:
+        if node.op_type == "Constant":  # typed by the folder from its tensor
+            continue
+        tainted = any(v in symbolic or (v is not None and v.shape is not None
+                                        and any(getattr(d, "value", None) in symbols for d in v.shape))
+                      for v in node.inputs)
+        for value in node.outputs:
+            if value.type is None or value.shape is None:
+                pending[value.name] = value
+            elif any(not isinstance(d, int) and d.value not in symbols for d in value.shape):
+                if tainted:
+                    symbolic.add(value)
+                else:
+                    pending[value.name] = value
+    pending.pop("", None)
+    pending.pop(None, None)
+    return pending
 
 
 def _update(value: ir.Value, type_: ir.TypeProtocol | None, shape: ir.Shape | None, symbols: set[str]) -> bool:
