@@ -9,7 +9,10 @@ original's outputs. Then the targets: nodes <= the best of onnxsim/onnxslim, lat
 A tool result that changed the graph's inputs or outputs, or that onnxruntime cannot run, sets
 no target.
 
-    python scripts/bench_optimize.py [--runs 50] [--batch 8] [--threads 2] [--only NAME ...]
+    python scripts/bench_optimize.py [--runs 50] [--batch 8] [--threads 2] [--only NAME ...] [--torch]
+
+``--torch`` adds the PyTorch models of tests/torch_blocks.py (Swin-style window block and net,
+ConvNeXt-style net, transformer encoder, LSTM) as exported by TorchScript and dynamo (needs torch).
 """
 
 from __future__ import annotations
@@ -37,7 +40,20 @@ TOOLS = ("original", "gc -O2", "gc -O3", "onnxsim", "onnxslim")
 NOISE, NOISE_MS = 1.05, 0.002  # latency within 5% + 2 us counts as "no worse"
 
 
-def collect_models(only: set[str]) -> list[tuple[str, onnx.ModelProto]]:
+def torch_exports(only: set[str]) -> list[tuple[str, onnx.ModelProto]]:
+    """tests/torch_blocks.py's models through both torch.onnx exporters, named ``<model>.ts`` and
+    ``<model>.dynamo`` (those in ``only``, if given)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import torch_blocks
+
+    names = [(name, dynamo, f"{name}.{'dynamo' if dynamo else 'ts'}") for name in torch_blocks.MODELS
+             for dynamo in (False, True)]
+    return [(tag, torch_blocks.export(name, dynamo)[0]) for name, dynamo, tag in names if not only or tag in only]
+
+
+def collect_models(only: set[str], torch: bool = False) -> list[tuple[str, onnx.ModelProto]]:
     from graphc.models import EXAMPLES
 
     models = []
@@ -53,6 +69,8 @@ def collect_models(only: set[str]) -> list[tuple[str, onnx.ModelProto]]:
         if path.is_file():
             name = path.stem if path.stem != "model" else path.parent.name
             models.append((name, gc.load(path).proto))
+    if torch:
+        models += torch_exports(only)
     return [(n, m) for n, m in models if not only or n in only]
 
 
@@ -233,6 +251,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads (1 takes the 2-core "
                         "VM's thread scheduling out of the comparison)")
     parser.add_argument("--only", nargs="*", default=[], help="model names to run")
+    parser.add_argument("--torch", action="store_true", help="add tests/torch_blocks.py's PyTorch exports")
     args = parser.parse_args()
     console = Console(width=200)
     console.print(f"onnxruntime {ort.__version__}, CPU, ORT_ENABLE_ALL, {args.threads} thread(s) (no spinning), batch {args.batch}, "
@@ -243,7 +262,7 @@ def main() -> None:
         table.add_column(tool, justify="right")
     table.add_column("gc misses (vs best of onnxsim/onnxslim)")
     summary = []
-    models = collect_models(set(args.only))
+    models = collect_models(set(args.only), args.torch)
     for tool in TOOLS:  # imports and first-call set-up are not part of any model's time
         run_tool(tool, models[0][1])
     for name, proto in models:

@@ -9,7 +9,8 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common
 from onnx import TensorProto, helper
 
-from graphc.passes.optimize.library import RemoveUnusedNodes, _read_back, _tensor_shape, _tensor_type
+from graphc.passes.optimize.library import RemoveUnusedNodes
+from graphc.passes.optimize.shape_inference import _read_back, _tensor_shape, _tensor_type
 
 
 def _dead_code_model() -> onnx.ModelProto:

@@ -239,14 +239,19 @@ _SCALAR_BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"})
 
 class ReshapeThroughElementwise(ir.passes.InPlacePass):
     """``Reshape(f(Reshape(x, s1)), s2)`` -> ``Reshape(f(x), s2)``, and -> ``f(x)`` when s2
-    denotes x's own shape, for f a chain of single-use elementwise ops (``_ELEMENTWISE``, or a
-    binary op whose other operand is a one-element constant of rank 0 or 1). Sound because f
+    denotes x's own shape, for f a region of elementwise ops whose every input is the first
+    Reshape's output, another op of the region or a one-element constant of rank 0 or 1
+    (``_ELEMENTWISE``, or a binary op ``_SCALAR_BINARY`` of those), and whose values are read
+    by nothing outside it but the last Reshape. The region may branch and join: exported
+    ``0.5 * x * (1 + erf(x / sqrt2))`` reads x twice. Sound because every value of the region
+    has s1's shape (a one-element operand of rank <= 1 broadcasts to nothing bigger), each op
     maps each element alone, so it commutes with re-viewing the row-major data, and two
     Reshapes in a row are the last one (s2 holds no 0, whose "copy the input's dim" would read
-    the other shape). ``BatchedMatMulAddToGemm`` leaves ``Reshape`` -> Gelu -> ``Reshape``
-    between two linear layers; this removes both."""
+    the other shape). ``BatchedMatMulAddToGemm`` leaves ``Reshape`` -> activation -> ``Reshape``
+    between two linear layers; this removes both. The first Reshape stays for other readers."""
 
     name = "ReshapeThroughElementwise"
+    MAX_REGION = 64  # nodes: an activation is a handful; the walk stays cheap
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
@@ -254,41 +259,58 @@ class ReshapeThroughElementwise(ir.passes.InPlacePass):
             if last.op_type != "Reshape" or last.domain not in ("", "ai.onnx") or last.attributes.get_int("allowzero", 0):
                 continue
             target = const_array(last.inputs[1])
-            chain = self._chain(last)
-            if target is None or 0 in target or chain is None:
+            region = None if target is None or 0 in target else self._region(last)
+            if region is None:
                 continue
-            first, ops = chain
+            first, ops, root = region
             x = first.inputs[0]
-            ops[0].replace_input_with(ops[0].inputs.index(first.outputs[0]), x)
             for op in ops:  # each now maps x's shape (a one-element operand of rank <= 1 keeps it)
+                for i, v in enumerate(op.inputs):
+                    if v is first.outputs[0]:
+                        op.replace_input_with(i, x)
                 op.outputs[0].shape = x.shape if x.shape is not None and len(x.shape) >= 1 else None
             if self._denotes(target, x.shape) and last.outputs[0].is_graph_output():
                 # an Identity keeps the graph output's name; identity elimination removes it
-                identity = ir.Node("", "Identity", [ops[-1].outputs[0]], metadata_props=dict(last.metadata_props))
+                identity = ir.Node("", "Identity", [root.outputs[0]], metadata_props=dict(last.metadata_props))
                 ir.convenience.replace_nodes_and_values(last.graph, last, [last], [identity], last.outputs,
                                                         identity.outputs)
             elif self._denotes(target, x.shape):
-                ir.convenience.replace_all_uses_with(last.outputs[0], ops[-1].outputs[0])
+                ir.convenience.replace_all_uses_with(last.outputs[0], root.outputs[0])
             modified = True
         return ir.passes.PassResult(model, modified)
 
-    @staticmethod
-    def _chain(last: ir.Node) -> tuple[ir.Node, list[ir.Node]] | None:
-        """(the first Reshape, the elementwise ops from it to ``last``), or None."""
-        ops: list[ir.Node] = []
+    def _region(self, last: ir.Node) -> tuple[ir.Node, list[ir.Node], ir.Node] | None:
+        """(the first Reshape, the region's ops, the op ``last`` reads), or None."""
         value = last.inputs[0]
-        while value is not None and len(value.uses()) == 1 and not value.is_graph_output():
-            node = value.producer()
-            if node is None or node.graph is not last.graph or node.domain not in ("", "ai.onnx"):
-                return None
-            if node.op_type == "Reshape":
-                return (node, ops[::-1]) if ops and not node.attributes.get_int("allowzero", 0) else None
-            if not _elementwise(node, value):
+        root = value.producer() if value is not None else None
+        if root is None or len(value.uses()) != 1 or value.is_graph_output():
+            return None
+        first, ops, seen, stack = None, [], set(), [root]
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if (node.graph is not last.graph or node.domain not in ("", "ai.onnx") or len(ops) >= self.MAX_REGION
+                    or not _elementwise_op(node)):
                 return None
             ops.append(node)
-            value = node.inputs[0] if node.op_type in _ELEMENTWISE else next(
-                v for v in node.inputs if const_array(v) is None)
-        return None
+            for v in node.inputs:
+                producer = v.producer() if v is not None else None
+                if producer is not None and producer.op_type == "Reshape" and producer.domain in ("", "ai.onnx") \
+                        and not producer.attributes.get_int("allowzero", 0) and producer.graph is last.graph:
+                    if first not in (None, producer):
+                        return None
+                    first = producer
+                elif not _one_element(v):
+                    if producer is None:
+                        return None
+                    stack.append(producer)
+        inside = {id(n) for n in ops} | {id(last)}
+        if first is None or any(out.is_graph_output() or any(id(u.node) not in inside for u in out.uses())
+                                for op in ops for out in op.outputs):
+            return None
+        return first, ops, root
 
     @staticmethod
     def _denotes(target: np.ndarray, shape: ir.Shape | None) -> bool:
@@ -301,16 +323,20 @@ class ReshapeThroughElementwise(ir.passes.InPlacePass):
             t == -1 if i in unknown else t == d for i, (t, d) in enumerate(zip(target, shape)))
 
 
-def _elementwise(node: ir.Node, value: ir.Value) -> bool:
-    """``node`` maps ``value`` (one of its inputs) element by element with a one-output op."""
+def _elementwise_op(node: ir.Node) -> bool:
+    """``node`` maps its tensor inputs element by element (a unary ``_ELEMENTWISE`` op, or a
+    binary ``_SCALAR_BINARY`` op), with one output."""
     if len(node.outputs) != 1:
         return False
     if node.op_type in _ELEMENTWISE:
         return len([v for v in node.inputs if v is not None]) == 1
-    if node.op_type not in _SCALAR_BINARY or len(node.inputs) != 2:
-        return False
-    other = const_array(node.inputs[1] if node.inputs[0] is value else node.inputs[0])
-    return other is not None and other.size == 1 and other.ndim <= 1 and node.inputs[0] is not node.inputs[1]
+    return node.op_type in _SCALAR_BINARY and len(node.inputs) == 2 and None not in node.inputs
+
+
+def _one_element(value: ir.Value | None) -> bool:
+    """A constant of one element and rank 0 or 1: broadcasting it never changes a shape of rank >= 1."""
+    array = const_array(value)
+    return array is not None and array.size == 1 and array.ndim <= 1
 
 
 def _without_copies(shape: list[int], dims) -> list[int] | None:
@@ -507,7 +533,7 @@ class BatchedMatMulAddToGemm(ir.passes.InPlacePass):
         ir.convenience.replace_nodes_and_values(graph, add, [matmul, add], [*new, gemm, back], add.outputs,
                                                 back.outputs)
         if not back.outputs[0].uses() and not back.outputs[0].is_graph_output():
-            graph.remove(back)
+            graph.remove(back, safe=True)  # safe: detaches its inputs, so its shape initializer is unused
 
 
 def _reshape_target(node: ir.Node, dims: list[int]) -> list[int] | None:

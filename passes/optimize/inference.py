@@ -11,9 +11,10 @@ from onnxscript.rewriter import _basics
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
 from onnxscript.rewriter.rules.common import _fuse_batchnorm
 
-from graphc.passes.optimize.rules import RulePass, const_array
+from graphc.passes.optimize.pipeline import all_nodes
+from graphc.passes.optimize.rules import RulePass, const_array, initializer
 
-__all__ = ["inference_pass"]
+__all__ = ["ScaleIntoLinear", "inference_pass"]
 
 
 def _inference_bn(check):
@@ -94,3 +95,70 @@ def inference_pass() -> RulePass:
     (W' = W * gamma/std, B' = (B - mean) * gamma/std + beta), and inference Dropout removed."""
     return RulePass("InferenceRewrites", [*_bn_rules(), DropoutInference().rule()])
 
+
+
+class ScaleIntoLinear(ir.passes.InPlacePass):
+    """``Mul(Gemm(a, B, C), c)`` -> ``Gemm(a, B', C')`` and ``Mul(MatMul(a, B), c)`` ->
+    ``MatMul(a, B')`` for constant B (read by nothing else) and C, where c is a constant that
+    scales only the output's last axis (its dims, right-aligned, are all 1 but the last, which
+    is 1 or N, and it has no more axes than the product): B' is B with column n (row n under
+    ``transB``) times c[n], C' = C * c. A ``Reshape`` may sit between the product [M, N] and
+    the Mul when its output's last dim is N too. Sound because scaling column n of a product
+    scales column n of B: ``(alpha*a@B + beta*C) * c = alpha*a@(B*c) + beta*(C*c)`` (up to
+    rounding), and a Reshape whose last dim is N keeps each element's column (flat index
+    m*N + n ends in n). ConvNeXt's layer scale (``gamma * Linear(x)``) goes into the weights.
+    Inference only: B' replaces a parameter."""
+
+    name = "ScaleIntoLinear"
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        for node in all_nodes(model.graph):
+            if node.op_type != "Mul" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+                continue
+            for pos in (0, 1):
+                linear = self._linear(node.inputs[pos], node.inputs[1 - pos])
+                if linear is not None:
+                    self._fold(node, node.inputs[pos], linear, const_array(node.inputs[1 - pos]).reshape(-1))
+                    modified = True
+                    break
+        return ir.passes.PassResult(model, modified)
+
+    @staticmethod
+    def _linear(y: ir.Value | None, c: ir.Value | None) -> ir.Node | None:
+        """The Gemm/MatMul whose scaled output y is (see the class docstring), else None."""
+        scale = const_array(c)
+        if y is None or y.shape is None or scale is None or y.dtype != c.dtype or scale.ndim > len(y.shape):
+            return None
+        node, product = y.producer(), y
+        if node is not None and node.op_type == "Reshape" and _single_use(y):
+            product = node.inputs[0]
+            node = product.producer() if product is not None else None
+        if node is None or node.op_type not in ("Gemm", "MatMul") or node.domain not in ("", "ai.onnx") \
+                or not _single_use(product) or product.shape is None or node.graph is not y.producer().graph:
+            return None
+        n = product.shape[-1] if len(product.shape) else None
+        b = node.inputs[1]
+        if not isinstance(n, int) or y.shape[-1] != n or const_array(b) is None or len(b.uses()) != 1 \
+                or const_array(b).ndim != 2 or (len(node.inputs) > 2 and node.inputs[2] is not None
+                                                and const_array(node.inputs[2]) is None):
+            return None
+        if any(d != 1 for d in scale.shape[:-1]) or (scale.ndim and scale.shape[-1] not in (1, n)):
+            return None
+        return node
+
+    @staticmethod
+    def _fold(mul: ir.Node, y: ir.Value, linear: ir.Node, scale: np.ndarray) -> None:
+        graph = linear.graph
+        b = const_array(linear.inputs[1])
+        column = scale[:, None] if linear.attributes.get_int("transB", 0) else scale
+        linear.replace_input_with(1, initializer(graph, f"{linear.inputs[1].name}_scaled", b * column))
+        if len(linear.inputs) > 2 and linear.inputs[2] is not None:
+            c = const_array(linear.inputs[2])
+            linear.replace_input_with(2, initializer(graph, f"{linear.inputs[2].name}_scaled", c * scale))
+        identity = ir.Node("", "Identity", [y], metadata_props=dict(mul.metadata_props))
+        ir.convenience.replace_nodes_and_values(graph, mul, [mul], [identity], mul.outputs, identity.outputs)
+
+
+def _single_use(value: ir.Value) -> bool:
+    return len(value.uses()) == 1 and not value.is_graph_output()

@@ -16,11 +16,13 @@ LEVELS: dict[int, str] = {
        "CSE, dead-node removal, initializer dedup (never parameters below level 3), constants "
        "lifted to initializers, topological sort (onnx-ir)",
     2: "algebraic simplification (x*1, x+0, Transpose/Reshape/Cast chains, Expand before a "
-       "broadcasting op), MatMul+Add -> Gemm (a batched MatMul "
+       "broadcasting op, zero Pad, Slice of a Slice, Transpose of size-1 axes as a Reshape, Reshapes "
+       "around elementwise ops), MatMul+Add -> Gemm (a batched MatMul "
        "by a matrix through Reshapes), "
        "Transpose into Gemm attributes, shape-subgraph folding (symbolic dims kept), Gelu (opset >= 20) and LayerNormalization (>= 17) "
        "fusions; safe for training graphs",
-    3: "inference only: Conv/Gemm+BatchNormalization folding, Dropout removal, constant weight "
+    3: "inference only: Conv/Gemm+BatchNormalization folding, Dropout removal, a constant per-column "
+       "scale folded into the Gemm/MatMul before it, constant weight "
        "transposes (and every other constant subgraph, any size) pre-applied; equal parameters "
        "merged",
 }
@@ -51,22 +53,30 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
         gemm_pass,
     )
     from graphc.passes.optimize.fusions import fusion_passes
-    from graphc.passes.optimize.inference import inference_pass
-    from graphc.passes.optimize.library import cleanup_passes, finish_passes, prelude_passes
+    from graphc.passes.optimize.inference import ScaleIntoLinear, inference_pass
+    from graphc.passes.optimize.library import cleanup_passes, finish_passes
     from graphc.passes.optimize.shape_folding import ShapeFolding
+    from graphc.passes.optimize.shape_inference import ShapeInference
+    from graphc.passes.optimize.views import ViewSimplification
 
     loop: list[ir.passes.PassBase] = cleanup_passes(protected, level)
     if level >= 3:
         # first: what BatchNormalization/Dropout folding leaves (dead statistics, duplicate
         # weights) is cleaned up in the same round, not one round later
         loop = [inference_pass(), *loop]
+    # First in every round: ONNX shape inference fills the types and shapes the rewrites' checks
+    # need, then (later rounds) the static dims that the previous round's folding made
+    # computable, so that shape arithmetic on them folds in this round.
+    loop = [ShapeInference(source), *loop]
     if level >= 2:
-        loop += [ShapeFolding(), NeutralOperandElimination(protected if level < 3 else frozenset()),
+        loop += [ShapeFolding(), ViewSimplification(), NeutralOperandElimination(protected if level < 3 else frozenset()),
                  ExpandIntoBroadcast(), BatchedMatMulAddToGemm(), ReshapeThroughElementwise(),
                  algebraic_pass(), ReshapeAbsorbsUnsqueeze(), gemm_pass(),
                  *fusion_passes(opset)]
+    if level >= 3:
+        loop.append(ScaleIntoLinear())
     # The finish's dead-node sweep and dedup are the loop's own instances, so the pipeline skips
     # them when nothing changed after the loop left them idle (LiftConstants found nothing).
     same = {p.name: p for p in loop if p.name in ("RemoveUnusedNodes", "DeduplicateInitializers")}
     finish = [same.get(p.name, p) for p in finish_passes(protected, level)]
-    return Pipeline(loop, finish, prelude=prelude_passes(source))
+    return Pipeline(loop, finish)

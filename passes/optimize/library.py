@@ -6,7 +6,6 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
-from onnx_ir.passes.common import _c_api_utils
 from onnx_ir.passes.common import common_subexpression_elimination as _cse
 from onnx_ir.passes.common import unused_removal as _unused_removal
 from onnxscript.optimizer import _constant_folding
@@ -14,8 +13,8 @@ from onnxscript.optimizer import _constant_folding
 from graphc.passes.optimize.pipeline import _SUBGRAPH_OPS, all_nodes
 
 __all__ = ["CommonSubexpressionElimination", "DeduplicateConstants", "IdentityElimination",
-           "LiftConstantsToInitializers", "RemoveUnusedNodes", "ShapeInference", "cleanup_passes",
-           "finish_passes", "fold_constants_pass", "parameter_names", "prelude_passes"]
+           "LiftConstantsToInitializers", "RemoveUnusedNodes", "cleanup_passes",
+           "finish_passes", "fold_constants_pass", "parameter_names"]
 
 # Below level 3 folding is bounded so the model never balloons: a node whose constant input
 # has more elements than INPUT_LIMIT is left alone (level 3 folds it), and no folded result
@@ -28,6 +27,7 @@ SMALL_CONSTANT = 1024  # elements: a ConstantOfShape up to this size is folded
 DEAD = "dead"    # removes nodes no output depends on, unused initializers and optional outputs
 DEDUP = "dedup"  # points the uses of an initializer at a byte-identical one and drops it
 IDENTITY = "identity"  # points the uses of an Identity's output at its input and drops the node
+SHAPES = "shapes"  # gives values types and shapes (static dims included): no node changes
 
 
 def _named(p: ir.passes.PassBase, name: str, structural: bool = True) -> ir.passes.PassBase:
@@ -270,7 +270,7 @@ class CommonSubexpressionElimination(_cse.CommonSubexpressionEliminationPass):
     values equal to the ones they read before."""
 
     name = "CommonSubexpressionElimination"
-    ignores = frozenset({DEAD})  # two live nodes equal now were equal before
+    ignores = frozenset({DEAD, SHAPES})  # two live nodes equal now were equal before; keys hold no shape
 
     def _eliminate_common_subexpression(self, graph: ir.Graph) -> bool:
         modified = False
@@ -321,8 +321,8 @@ class IdentityElimination(common.IdentityEliminationPass):
     name = "IdentityElimination"
     effect = IDENTITY
     # it acts on Identity nodes by whether their input/output is a graph input, output or
-    # initializer: neither dead-node removal nor initializer merging changes that
-    ignores = frozenset({DEAD, DEDUP})
+    # initializer: neither dead-node removal, initializer merging nor shape inference changes that
+    ignores = frozenset({DEAD, DEDUP, SHAPES})
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         # the base pass walks every graph and function but acts on Identity nodes only
@@ -338,100 +338,6 @@ class IdentityElimination(common.IdentityEliminationPass):
             if x.is_graph_output() or producer is None or producer.graph is not node.graph:
                 return False
         return super()._try_eliminate_identity_node(node)
-
-
-class ShapeInference(ir.passes.InPlacePass):
-    """ONNX shape inference (one C++ call, through onnx-ir's helper that leaves big initializer
-    data out) for the values that lack a type or shape; skipped when none does (graphc's
-    captures are fully annotated). Only those values are read back from the result, not the
-    whole model as onnx-ir's ShapeInferencePass does, which costs several times the inference.
-
-    ``source``: a ``ModelProto`` of the very model this pass will see (``gc.optimize`` has one
-    at hand: the caller's proto, or the serialized copy it deserializes). Inference then runs on
-    it directly instead of serializing the IR model again, when it is small enough
-    (``SOURCE_BYTES``) that the C++ call's own copy of it costs less than that serialization."""
-
-    name = "ShapeInference"
-    structural = False
-    SOURCE_BYTES = 1 << 20
-
-    def __init__(self, source: onnx.ModelProto | None = None):
-        super().__init__()
-        self.source = source
-
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        # a Constant's output is typed by the folder from its tensor, before any pass reads it
-        missing = {v.name: v for node in all_nodes(model.graph) if node.op_type != "Constant" for v in node.outputs
-                   if v.name and (v.type is None or v.shape is None)}
-        source, self.source = self.source, None  # one use: the model changes after this pass
-        if not missing:
-            return ir.passes.PassResult(model, False)
-        infer = lambda proto: onnx.shape_inference.infer_shapes(proto, data_prop=True)  # noqa: E731
-        try:
-            if source is not None and source.ByteSize() <= self.SOURCE_BYTES:
-                inferred = infer(source)
-            else:
-                inferred = _c_api_utils.call_onnx_api(infer, model)
-        except Exception:  # noqa: BLE001 - inference is an aid; without it rewrites just fire less
-            return ir.passes.PassResult(model, False)
-        modified = False
-        seen: dict[bytes, tuple] = {}
-        for info in inferred.graph.value_info:
-            value = missing.get(info.name)
-            if value is not None and info.type.HasField("tensor_type"):
-                # what deserialize_value_info_proto reads, without building a Value
-                type_, shape = _read_back(info.type, seen)
-                if value.type is None:
-                    value.type = type_
-                if value.shape is None and shape is not None:
-                    value.shape = shape
-                modified = True
-        return ir.passes.PassResult(model, modified)
-
-
-def _tensor_type(proto: onnx.TypeProto) -> ir.TypeProtocol | None:
-    """``ir.serde.deserialize_type_proto_for_type`` of a ``tensor_type`` proto, without the
-    serde layer's generic dispatch and error wrapping (it runs for every inferred value)."""
-    tensor = proto.tensor_type
-    if not tensor.HasField("elem_type"):
-        return None
-    return ir.TensorType(ir.DataType(tensor.elem_type),
-                         denotation=proto.denotation if proto.HasField("denotation") else None)
-
-
-def _tensor_shape(proto: onnx.TypeProto) -> ir.Shape | None:
-    """``ir.serde.deserialize_type_proto_for_shape`` of a ``tensor_type`` proto, the same
-    frozen ``Shape`` (int, named or unknown dims, dim denotations), built directly."""
-    tensor = proto.tensor_type
-    if not tensor.HasField("shape"):
-        return None
-    dims: list = []
-    denotations: list = []
-    for dim in tensor.shape.dim:
-        which = dim.WhichOneof("value")
-        dims.append(dim.dim_value if which == "dim_value"
-                    else ir.SymbolicDim(dim.dim_param if which == "dim_param" else None))
-        denotations.append(dim.denotation if dim.HasField("denotation") else None)
-    return ir.Shape(dims, denotations=denotations, frozen=True)
-
-
-def _read_back(proto: onnx.TypeProto, seen: dict[bytes, tuple]) -> tuple[ir.TypeProtocol | None, ir.Shape | None]:
-    """``(_tensor_type(proto), _tensor_shape(proto))``, with the proto read once per distinct
-    ``TypeProto`` (``seen``: serialized proto -> what it holds): a model's values share a few
-    dozen types and shapes, and reading one back costs several times the lookup. Each value
-    still gets its own ``TensorType`` (``Value.dtype``'s setter changes it in place); the shape,
-    frozen, is shared, which onnx-ir documents as safe -- except one with a dim denotation
-    (``Shape.set_denotation`` ignores freezing), read anew each time."""
-    key = proto.SerializeToString()
-    known = seen.get(key)
-    if known is None:
-        type_, shape = _tensor_type(proto), _tensor_shape(proto)
-        shared = not any(dim.HasField("denotation") for dim in proto.tensor_type.shape.dim)
-        seen[key] = (None if type_ is None else (type_.dtype, type_.denotation), shape if shared else None, shared)
-        return type_, shape
-    dtype, shape, shared = known
-    type_ = None if dtype is None else ir.TensorType(dtype[0], denotation=dtype[1])
-    return type_, shape if shared else _tensor_shape(proto)
 
 
 class TopologicalSort(common.TopologicalSortPass):
@@ -455,14 +361,6 @@ def _in_order(graph: ir.Graph) -> bool:
                 return False
         seen.add(id(node))
     return True
-
-
-def prelude_passes(source: onnx.ModelProto | None = None) -> list[ir.passes.PassBase]:
-    """Once before the loop: ONNX shape inference over the whole model (one C++ call) gives the
-    rewrites the ranks and dims their checks need. The folder's own per-node inference would
-    redo this for every node on every round, at many times the cost. ``source``: the model as
-    a proto, if the caller has one (see ``ShapeInference``)."""
-    return [ShapeInference(source)]
 
 
 def cleanup_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> list[ir.passes.PassBase]:
@@ -580,8 +478,8 @@ class RemoveUnusedNodes(common.RemoveUnusedNodesPass):
 def remove_unused_pass() -> ir.passes.PassBase:
     p = _named(RemoveUnusedNodes(), "RemoveUnusedNodes")
     # one sweep removes every dead node (it walks the graph backwards); merging initializers
-    # leaves no output unused
-    p.effect, p.idempotent, p.ignores = DEAD, True, frozenset({DEDUP})
+    # or annotating shapes leaves no output unused
+    p.effect, p.idempotent, p.ignores = DEAD, True, frozenset({DEDUP, SHAPES})
     return p
 
 
@@ -590,8 +488,8 @@ def dedup_pass(protected: frozenset[str], level: int) -> ir.passes.PassBase:
         p = _named(common.DeduplicateInitializersPass(), "DeduplicateInitializers")
     else:
         p = DeduplicateConstants(protected)
-    # one run merges every duplicate; removing dead nodes creates no new one
-    p.effect, p.idempotent, p.ignores = DEDUP, True, frozenset({DEAD})
+    # one run merges every duplicate; removing dead nodes or annotating shapes creates no new one
+    p.effect, p.idempotent, p.ignores = DEDUP, True, frozenset({DEAD, SHAPES})
     return p
 
 
@@ -599,12 +497,23 @@ class LiftConstantsToInitializers(common.LiftConstantsToInitializersPass):
     """onnx-ir's pass (every ``Constant`` node that is not a graph output becomes an
     initializer of its graph, same name), reading a ``value`` tensor attribute directly: the
     library's ``Attr.as_tensor`` first runs a runtime protocol check that costs most of the pass.
-    Sound: the initializer holds the very tensor the node produced."""
+    Sound: the initializer holds the very tensor the node produced. Every initializer's shape
+    annotation is then its tensor's: a value the folder made constant keeps the dims inference
+    gave it while it was computed (``unk__6`` for a Range's length), which a reader of the model
+    (training's parameter layout) would take for the tensor's."""
 
     name = "LiftConstantsToInitializers"
 
     def __init__(self):
         super().__init__(lift_all_constants=True, size_limit=0)
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        result = super().call(model)
+        for value in model.graph.initializers.values():
+            tensor = value.const_value
+            if tensor is not None and (value.shape is None or tuple(value.shape) != tuple(tensor.shape)):
+                value.shape = ir.Shape(tensor.shape)
+        return result
 
     def _constant_node_attribute_to_tensor(self, node, attr_name, attr_value, initializer_name):
         if attr_name == "value" and attr_value.type == ir.AttributeType.TENSOR:

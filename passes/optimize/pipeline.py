@@ -114,7 +114,7 @@ def _quiet_libraries():
 
 
 class Pipeline:
-    """Runs ``prelude`` passes once, then ``loop`` passes in rounds until none can change
+    """Runs ``loop`` passes in rounds until none can change
     anything more (at most ``max_rounds``), then ``finish`` passes once (one that is also in
     ``loop``, the same instance, only if something changed since it last ran idle). Every
     in-place pass runs on the same model.
@@ -130,15 +130,14 @@ class Pipeline:
     """
 
     def __init__(self, loop: Sequence[ir.passes.PassBase], finish: Sequence[ir.passes.PassBase] = (),
-                 max_rounds: int = 8, prelude: Sequence[ir.passes.PassBase] = ()):
-        self.prelude = list(prelude)
+                 max_rounds: int = 8):
         self.loop = list(loop)
         self.finish = list(finish)
         self.max_rounds = max_rounds
 
     @property
     def pass_names(self) -> list[str]:
-        return [pass_name(p) for p in [*self.prelude, *self.loop, *self.finish]]
+        return [pass_name(p) for p in [*self.loop, *self.finish]]
 
     def run(self, model: ir.Model, report: OptimizeReport) -> ir.Model:
         with _quiet_libraries():
@@ -153,8 +152,6 @@ class Pipeline:
         flat = len(nodes) == len(model.graph)
         count = (lambda m: len(m.graph)) if flat else count_nodes
         interface = _interface(model)
-        for p in self.prelude:
-            model, _ = self._run_one(p, model, 0, interface, report, count)
         # A pass runs only while "dirty": something changed since it last ran idle that can
         # enable it. A pass that modifies the model dirties every other pass, except those
         # that declare its ``effect`` in their ``ignores`` (e.g. CSE cannot be enabled by dead

@@ -13,7 +13,7 @@ from onnxscript.rewriter._pattern_ir import NodeOutputPattern, StringConstantPat
 from graphc.passes.optimize.library import NameFix, RemoveUnusedNodes
 from graphc.passes.optimize.pipeline import all_nodes
 
-__all__ = ["RulePass", "const_array", "int64_initializer", "is_constant"]
+__all__ = ["RulePass", "const_array", "initializer", "int64_initializer", "is_constant"]
 
 
 class _AnchoredRule(RewriteRule):
@@ -180,13 +180,17 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
         return None
 
 
-def int64_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    """A new int64 initializer of ``graph`` holding ``array``, named ``name`` (with ``_``
-    appended until no initializer has that name)."""
-    array = np.asarray(array, dtype=np.int64)
+def initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    """A new initializer of ``graph`` holding ``array``, named ``name`` (with ``_`` appended
+    until no initializer has that name)."""
     while name in graph.initializers:
         name += "_"
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.INT64),
+    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
                      const_value=ir.Tensor(array, name=name))  # ir.tensor(): the same, slower
     graph.register_initializer(value)
     return value
+
+
+def int64_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    """``initializer`` of ``array`` as int64."""
+    return initializer(graph, name, np.asarray(array, dtype=np.int64))
