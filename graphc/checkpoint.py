@@ -8,8 +8,9 @@ BatchNorm statistics) and, in the safetensors header, a JSON ``CheckpointMeta``:
 position (step, epoch, batch within the epoch), the running sums of the epoch under way (so the
 resumed epoch's printed loss covers the batches before the interrupt too), the loader settings
 (its order is a function of seed and epoch) and the Trainer's RNG states, so a resumed run
-replays exactly the losses of the uninterrupted one. A SHA-256 digest of the
-tensor data makes a corrupted file fail loudly instead of training on garbage. No pickle.
+replays exactly the losses of the uninterrupted one. A SHA-256 digest of the tensor data and
+of the header's other fields makes a corrupted file (a flipped step count as much as a flipped
+weight) fail loudly instead of training on garbage. No pickle.
 
 Writes go to a temporary file in the same folder, are fsync'ed, then ``os.replace``d over the
 previous checkpoint (and the folder fsync'ed): a crash at any moment leaves either the old or
@@ -40,7 +41,9 @@ __all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "L
 
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
-FORMAT = "graphc-checkpoint/1"
+FORMAT = "graphc-checkpoint/2"
+# Format 1 (before the digest covered the header) is still read; its digest covers the tensors only.
+_TENSOR_ONLY_DIGEST_FORMAT = "graphc-checkpoint/1"
 _META_KEY = "graphc"
 
 PathLike = Union[str, os.PathLike]
@@ -95,7 +98,7 @@ class CheckpointMeta(BaseModel):
     backend: str = ""
     artifacts: str = ""               # where the training graphs were loaded from, if anywhere
     interface: str = ""               # digest of the train_step interface the tensors fit
-    digest: str = ""                  # sha256 over the tensor data (filled in by save)
+    digest: str = ""                  # sha256 over the tensor data and the fields above (filled in by save)
 
     @field_validator("rng")
     @classmethod
@@ -133,8 +136,12 @@ def resolve(path: PathLike) -> Path:
     return path / FILE_NAME
 
 
-def _digest(tensors: dict[str, np.ndarray]) -> str:
+def _digest(tensors: dict[str, np.ndarray], meta: CheckpointMeta) -> str:
+    """SHA-256 of every tensor (name, dtype, shape, bytes) and, from format 2 on, of the header
+    fields other than the digest itself."""
     h = hashlib.sha256()
+    if meta.format != _TENSOR_ONLY_DIGEST_FORMAT:
+        h.update(meta.model_dump_json(exclude={"digest"}).encode())
     for name in sorted(tensors):
         a = np.asarray(tensors[name], order="C")
         h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
@@ -149,7 +156,8 @@ def save(path: PathLike, tensors: dict[str, np.ndarray], meta: CheckpointMeta) -
     target = check_writable(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     arrays = {name: np.asarray(a, order="C") for name, a in tensors.items()}
-    meta = meta.model_copy(update={"digest": _digest(arrays)})
+    meta = meta.model_copy(update={"format": FORMAT, "digest": ""})
+    meta = meta.model_copy(update={"digest": _digest(arrays, meta)})
     blob = st_save(arrays, metadata={_META_KEY: meta.model_dump_json()})
     return atomic_write(target, blob)
 
@@ -184,8 +192,8 @@ def load(path: PathLike) -> tuple[dict[str, np.ndarray], CheckpointMeta]:
     except (SafetensorError, ValueError) as exc:
         raise CheckpointError(f"{target}: not a readable graphc checkpoint (corrupted or truncated: "
                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-    if _digest(tensors) != meta.digest:
-        raise CheckpointError(f"{target}: checkpoint is corrupted (tensor data does not match its "
+    if _digest(tensors, meta) != meta.digest:
+        raise CheckpointError(f"{target}: checkpoint is corrupted (its tensor data or header does not match its "
                               "recorded SHA-256 digest)")
     return tensors, meta
 
@@ -298,8 +306,9 @@ def _parse_meta(target: Path, data: bytes) -> CheckpointMeta:
     except ValueError as exc:
         raise CheckpointError(f"{target}: invalid checkpoint metadata (not JSON: {exc})") from None
     found = raw.get("format") if isinstance(raw, dict) else None
-    if found != FORMAT:
-        raise CheckpointError(f"{target}: unknown checkpoint format {found!r} (this graphc reads {FORMAT})")
+    if found not in (FORMAT, _TENSOR_ONLY_DIGEST_FORMAT):
+        raise CheckpointError(f"{target}: unknown checkpoint format {found!r} (this graphc reads {FORMAT} and "
+                              f"{_TENSOR_ONLY_DIGEST_FORMAT})")
     try:
         return CheckpointMeta.model_validate(raw)
     except ValidationError as exc:

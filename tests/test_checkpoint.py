@@ -56,12 +56,35 @@ def test_missing_and_corrupted_checkpoints_fail_clearly(tmp_path):
 
 
 def forge(path, tensors_, **fields):
-    """A checkpoint whose header holds ``fields`` as given (not validated), with a correct digest."""
+    """A format-1 checkpoint (digest over the tensors only) whose header holds ``fields`` as
+    given (not validated)."""
     from safetensors.numpy import save_file
 
-    meta = {**ckpt.CheckpointMeta().model_dump(), "digest": ckpt._digest(tensors_), **fields}
+    legacy = ckpt.CheckpointMeta(format="graphc-checkpoint/1")
+    meta = {**legacy.model_dump(), "digest": ckpt._digest(tensors_, legacy), **fields}
     save_file(tensors_, str(path), metadata={"graphc": json.dumps(meta)})
     return path
+
+
+def test_a_changed_header_field_fails_the_digest(tmp_path):
+    """The digest covers the header: a step count changed in place (same length, so the
+    safetensors framing still holds) is caught, not resumed from."""
+    path = ckpt.save(tmp_path / "c.safetensors", tensors(), ckpt.CheckpointMeta(step=5, epoch=1))
+    data = path.read_bytes()
+    old, new = b'\\"step\\":5', b'\\"step\\":6'  # the meta JSON is a string inside the header's JSON
+    assert data.count(old) == 1
+    path.write_bytes(data.replace(old, new))
+    assert ckpt.read_meta(path).step == 6  # the header itself is valid
+    with pytest.raises(ckpt.CheckpointError, match="header does not match its recorded SHA-256"):
+        ckpt.load(path)
+
+
+def test_format_1_checkpoints_still_load(tmp_path):
+    """Checkpoints written before the digest covered the header (format 1) load as before."""
+    path = forge(tmp_path / "old.safetensors", tensors(), step=3)
+    got, meta = ckpt.load(path)
+    assert meta.step == 3 and meta.format == "graphc-checkpoint/1"
+    assert all(np.array_equal(got[k], v) for k, v in tensors().items())
 
 
 LOADER = {"seed": 0, "batch_size": 16, "shuffle": True, "drop_last": False, "num_samples": 100}  # 7 batches
