@@ -35,22 +35,17 @@ def grad_batch_norm(g, node, dy):
         var_b = _per_channel(g, var, rank)
     invstd = g.op("Reciprocal", g.op("Sqrt", g.add(var_b, eps)))
     xhat = g.mul(xc, invstd)
+    if training:
+        return _batch_norm_training_grads(g, node, dy, xhat, invstd, scale_c, axes) + (None, None)
     dx = dscale = dbias = dmean = dvar = None
     sum_dy = g.reduce("ReduceSum", dy, axes, keepdims=False) if g.wants(bias) or g.wants(mean) else None
-    sum_dy_xhat = g.reduce("ReduceSum", g.mul(dy, xhat), axes, keepdims=False) if g.wants(scale) else None
     if g.wants(x):
-        if training:
-            mean_dy = g.reduce("ReduceMean", dy, axes, keepdims=True)
-            mean_dy_xhat = g.reduce("ReduceMean", g.mul(dy, xhat), axes, keepdims=True)
-            inner = g.sub(g.sub(dy, mean_dy), g.mul(xhat, mean_dy_xhat))
-            dx = g.mul(g.mul(scale_c, invstd), inner)
-        else:
-            dx = g.mul(dy, g.mul(scale_c, invstd))
+        dx = g.mul(dy, g.mul(scale_c, invstd))
     if g.wants(scale):
-        dscale = sum_dy_xhat
+        dscale = g.reduce("ReduceSum", g.mul(dy, xhat), axes, keepdims=False)
     if g.wants(bias):
         dbias = sum_dy
-    if not training and (g.wants(mean) or g.wants(var)):
+    if g.wants(mean) or g.wants(var):
         inv = g.reshape_like(invstd, scale)
         if g.wants(mean):
             dmean = g.neg(g.mul(sum_dy, g.mul(scale, inv)))
@@ -59,6 +54,24 @@ def grad_batch_norm(g, node, dy):
             half_inv3 = g.mul(g.scalar(-0.5, dy), g.mul(inv, g.mul(inv, inv)))
             dvar = g.mul(sum_dy_xc, g.mul(scale, half_inv3))
     return dx, dscale, dbias, dmean, dvar
+
+
+def _batch_norm_training_grads(g, node, dy, xhat, invstd, scale_c, axes):
+    """(dx, dscale, dbias) of training-mode BatchNormalization: with the per-channel sums
+    s1 = sum(dy), s2 = sum(dy * xhat) over the N values of a channel,
+    dx = scale * invstd * (dy - s1/N - xhat * s2/N), dscale = s2, dbias = s1."""
+    x, scale, bias = node.inputs[:3]
+    s1 = g.reduce("ReduceSum", dy, axes, keepdims=True)
+    s2 = g.reduce("ReduceSum", g.mul(dy, xhat), axes, keepdims=True)
+    dx = None
+    if g.wants(x):
+        inv_count = g.op("Div", g.op("CastLike", g.op("Shape", x, start=1, end=2), dy),
+                         g.op("CastLike", g.op("Size", x), dy))
+        inner = g.sub(g.sub(dy, g.mul(s1, inv_count)), g.mul(xhat, g.mul(s2, inv_count)))
+        dx = g.mul(inner, g.mul(scale_c, invstd))
+    dscale = g.reshape_like(s2, scale) if g.wants(scale) else None
+    dbias = g.reshape_like(s1, bias) if g.wants(bias) else None
+    return dx, dscale, dbias
 
 
 @grad_rule("LayerNormalization", multi_output=True)

@@ -155,8 +155,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     # Attention, ...) are differentiated through their bodies, RNN/GRU/LSTM unrolled (the eval
     # and inference graphs, cloned before, keep the ops themselves)
     expanded = expand_for_autodiff(step)
-    bn_next = modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise,
-                                      batchnorm=batchnorm != "frozen")
+    modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise, batchnorm=batchnorm != "frozen")
     dense_conv.densify_convs(step.graph, opset)
     _expose_inputs(step.graph, [*params, *bn_stats])
     step.graph.sort()
@@ -165,6 +164,10 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
         fill_unknown_ranks(step)  # a body's shape arithmetic can hide ranks from inference
     forward = {node.name for node in step.graph}
     grads = backward(step.graph, _by_name(step.graph, LOSS), [step.graph.initializers[p] for p in params])
+    before = set(step.graph)
+    bn_next = modes.lower_batchnorm(Emitter(step.graph, opset, "bn"), step.graph)
+    forward |= {node.name for node in step.graph if node not in before}
+    step.graph.sort()
     if recompute:
         recomputation.recompute(step.graph, forward, opset)
     gradients = step.clone()

@@ -8,13 +8,15 @@
   by the caller each step): ``keep = noise >= ratio``, ``y = x * Cast(keep) * 1/(1-ratio)``,
   ``mask = keep``. The randomness is thus the caller's (the Trainer draws it from a seeded numpy
   Generator saved in checkpoints), identical on every backend. A Dropout inside a subgraph
-  (If/Loop body) is left as it is. BatchNormalization is written
-  out in primitive ops (ReduceMean/Sub/Mul/Sqrt/...) that every backend runs (onnxruntime's
-  inference build has no training-mode BatchNormalization) and autodiff differentiates.
-  Batch statistics normalise the input (biased variance, as PyTorch); the running
-  statistics are updated as PyTorch does: ``running = m*running + (1-m)*batch`` with ONNX's
-  momentum ``m`` (PyTorch's 1 - momentum) and the *unbiased* batch variance for
-  ``running_var``. The function returns ``{stat name: updated value}`` for the step to output.
+  (If/Loop body) is left as it is. BatchNormalization gets ``training_mode=1``: autodiff
+  differentiates it by its closed-form rule (``rules_norm``).
+* ``lower_batchnorm``, after autodiff: each training-mode BatchNormalization is written out in
+  primitive ops (ReduceMean/Sub/Mul/Sqrt/...) that every backend runs (onnxruntime's inference
+  build has no training-mode BatchNormalization). Batch statistics normalise the input (biased
+  variance, as PyTorch); the running statistics are updated as PyTorch does:
+  ``running = m*running + (1-m)*batch`` with ONNX's momentum ``m`` (PyTorch's 1 - momentum) and
+  the *unbiased* batch variance for ``running_var``. It returns ``{stat name: updated value}``
+  for the step to output.
 """
 
 from __future__ import annotations
@@ -58,11 +60,9 @@ DROPOUT_INPUT_KEY = "graphc.dropout_input"
 
 
 def set_training_mode(b: Emitter, graph: ir.Graph, noise: list[str] | None = None,
-                      batchnorm: bool = True) -> dict[str, ir.Value]:
-    """Training mode in place (for BatchNormalization only with ``batchnorm``); returns the BN
-    statistics' updated values. The names of the noise inputs added for Dropout are appended
-    to ``noise``."""
-    updated: dict[str, ir.Value] = {}
+                      batchnorm: bool = True) -> None:
+    """Training mode in place (for BatchNormalization only with ``batchnorm``). The names of
+    the noise inputs added for Dropout are appended to ``noise``."""
     noise = [] if noise is None else noise
     for node in list(graph):
         if node.domain not in ("", "ai.onnx"):
@@ -70,6 +70,23 @@ def set_training_mode(b: Emitter, graph: ir.Graph, noise: list[str] | None = Non
         if node.op_type == "Dropout":
             _dropout_with_noise(b, graph, node, noise)
         elif node.op_type == "BatchNormalization" and batchnorm:
+            node.attributes["training_mode"] = ir.AttrInt64("training_mode", 1)
+
+
+def lower_batchnorm(b: Emitter, graph: ir.Graph) -> dict[str, ir.Value]:
+    """Training-mode BatchNormalization written out in primitive ops, in place (see the module
+    docstring); returns the BN statistics' updated values.
+
+    Done after autodiff, so the backward is the closed-form rule rather than what autodiff
+    derives from these ops: the rule's batch mean, variance and normalised input are the same
+    nodes as the ones written here, which onnxruntime's common-subexpression elimination
+    merges. CPU time of a train step, 1 thread, interleaved (this rule vs autodiff through the
+    decomposition): ResNet-18 at batch 32 -8 %, ResNet-50 at batch 2 -4 %, EfficientNet-B0 at
+    batch 32 -11 %."""
+    updated: dict[str, ir.Value] = {}
+    for node in list(graph):
+        if (node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
+                and node.attributes.get_int("training_mode", 0)):
             updated.update(_batchnorm_training(b, graph, node))
     return updated
 
@@ -138,11 +155,9 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str,
     # Decomposed for onnxruntime, whose CPU provider has no training-mode kernel. Tried on
     # Conv+BN+ReLU train steps (CPU, 2 threads, interleaved): var as ReduceSumSquare/count and
     # the scale folded into inv_std (one full-size Mul fewer each way) moved steps by -5 to +10 %
-    # across [2,64,32,32], [32,64,32,32], [32,256,8,8], [8,128,16,16]: kept as is. A hand-written
-    # forward and closed-form backward (dx = a*(dy - mean(dy) - xhat*mean(dy*xhat)), dscale,
-    # dbias) took 3.9 ms on [32,144,16,16] where the gradients graph autodiff derives from this
-    # decomposition took 4.2 without dx: a BatchNorm-training gradient rule is the next thing to
-    # try here.
+    # across [2,64,32,32], [32,64,32,32], [32,256,8,8], [8,128,16,16]: kept as is. The mean,
+    # centred input, variance, inv_std and xhat = centred * inv_std are written in the order and
+    # form the gradient rule writes them, so onnxruntime merges the two.
     mean = b.reduce("ReduceMean", x, axes)
     centred = b.op("Sub", x, mean)
     var = b.reduce("ReduceMean", b.op("Mul", centred, centred), axes)
