@@ -157,23 +157,6 @@ class Trainer:
         self._interrupts = DeferredInterrupt()
         return resume_from
 
-    def _per_param_entries(self) -> dict[str, Any]:
-        """The carried tensors as checkpoints name them: each flat buffer's params and state
-        one by one, everything else as the train_step input it is."""
-        from graphc.training import TensorEntry
-
-        buffers = {name: buf for buf in self.manifest.layout for name, _ in buf.tensors()}
-        out = {}
-        for name, entry in self._entries.items():
-            buf = buffers.get(name)
-            if buf is None:
-                out[name] = entry
-                continue
-            suffix = name[len(buf.name):]
-            for p, shape in zip(buf.params, buf.shapes):
-                out[p + suffix] = TensorEntry(name=p + suffix, role=entry.role, dtype=buf.dtype, shape=shape)
-        return out
-
     def _packed(self, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``tensors`` (named per param) as the carried train_step inputs; every one must be there."""
         missing = [n for n in self._expected if n not in tensors]
