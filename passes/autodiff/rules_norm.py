@@ -7,6 +7,7 @@ import onnx_ir as ir
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, static_shape
 from graphc.passes.autodiff.registry import grad_rule
+from graphc.passes.autodiff.rules_reduce import count_ratio
 
 
 # -- normalization ----------------------------------------------------------------------------
@@ -65,9 +66,8 @@ def _batch_norm_training_grads(g, node, dy, xhat, invstd, scale_c, axes):
     s2 = g.reduce("ReduceSum", g.mul(dy, xhat), axes, keepdims=True)
     dx = None
     if g.wants(x):
-        inv_count = g.op("Div", g.op("CastLike", g.op("Shape", x, start=1, end=2), dy),
-                         g.op("CastLike", g.op("Size", x), dy))
-        inner = g.sub(g.sub(dy, g.mul(s1, inv_count)), g.mul(xhat, g.mul(s2, inv_count)))
+        count = count_ratio(g, x, scale, dy)  # N: values per channel, a constant when shapes are static
+        inner = g.sub(g.sub(dy, g.div(s1, count)), g.mul(xhat, g.div(s2, count)))
         dx = g.mul(inner, g.mul(scale_c, invstd))
     dscale = g.reshape_like(s2, scale) if g.wants(scale) else None
     dbias = g.reshape_like(s1, bias) if g.wants(bias) else None

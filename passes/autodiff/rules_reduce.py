@@ -41,7 +41,7 @@ def _expand_back(g: GradBuilder, node: ir.Node, dy: ir.Value, axes) -> ir.Value:
     return g.unsqueeze(dy, axes)
 
 
-def _count_ratio(g: GradBuilder, x: ir.Value, y: ir.Value, like: ir.Value) -> ir.Value:
+def count_ratio(g: GradBuilder, x: ir.Value, y: ir.Value, like: ir.Value) -> ir.Value:
     """size(x) / size(y): how many inputs each output of a mean averages."""
     sx, sy = static_shape(x), static_shape(y)
     if is_static(sx) and is_static(sy):
@@ -67,7 +67,7 @@ def grad_reduce_mean(g, node, dy):
     axes, noop = _reduce_axes(g, node)
     if noop:
         return dy, None
-    dy = g.div(dy, _count_ratio(g, node.inputs[0], node.outputs[0], dy))
+    dy = g.div(dy, count_ratio(g, node.inputs[0], node.outputs[0], dy))
     return _broadcast_back(g, node, dy, axes), None
 
 
@@ -101,7 +101,7 @@ def grad_reduce_sum_square(g, node, dy):
 @grad_rule("GlobalAveragePool")
 def grad_global_average_pool(g, node, dy):
     x = node.inputs[0]
-    dy = g.div(dy, _count_ratio(g, x, node.outputs[0], dy))
+    dy = g.div(dy, count_ratio(g, x, node.outputs[0], dy))
     return (g.op("Expand", dy, g.shape_of(x)),)
 
 
