@@ -23,6 +23,8 @@ from typing import Union
 
 import onnx
 
+from graphc.model import node_source
+
 __all__ = ["Box", "boxes", "render_html", "render_svg", "write"]
 
 GRAD_MARK = "/grad/"
@@ -77,7 +79,7 @@ def boxes(graph: onnx.GraphProto) -> list[Box]:
     for i, node in enumerate(graph.node):
         name = node.name or f"{node.op_type}_{i}"
         kind, origin = _kind_of(name)
-        source = next((p.value for p in node.metadata_props if p.key == "graphc.source"), "")
+        source = node_source(node) or ""
         detail = f"∇ {origin}" if origin else ("∇ seed" if kind == "gradient" else name)
         lines = [f"{node.op_type}  {name}"]
         if origin:

@@ -31,7 +31,6 @@ import json
 import multiprocessing as mp
 import os
 import random
-import resource
 import signal
 import socket
 import subprocess
@@ -44,6 +43,8 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+
+from graphc.kserve.server import raise_descriptor_limit
 
 FEATURES = 16
 W = np.linspace(-1, 1, FEATURES * FEATURES, dtype=np.float32).reshape(FEATURES, FEATURES)
@@ -77,12 +78,6 @@ def rss_mb(pid: int) -> float:
 
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def raise_fd_limit() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return hard
 
 
 # -- requests -------------------------------------------------------------------------------------
@@ -326,7 +321,7 @@ def phase_memory(pid: int, port: int, count: int, megabytes: int) -> None:
 # -- phase 3: half-open connections ---------------------------------------------------------------
 
 def hold_worker(port: int, count: int, seed: int, ready: mp.Queue, stop: mp.Event) -> None:
-    raise_fd_limit()
+    raise_descriptor_limit()
     rng = random.Random(seed)
     held = [s for s in (half_open(port, rng) for _ in range(count)) if s is not None]
     ready.put(len(held))
@@ -432,7 +427,7 @@ def main() -> None:
     args = parser.parse_args()
     phases = set(args.phases.split(","))
 
-    limit = raise_fd_limit()
+    limit = raise_descriptor_limit()
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "soak.onnx"
         write_model(model)
