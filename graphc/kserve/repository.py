@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.deploy import feedable_inputs, require_tensor_interface
+from graphc.deploy import feedable_inputs, require_tensor_interface, triton_versions
 from graphc.dtypes import TensorSpec, to_numpy
 from graphc.errors import GraphError, InputError, ModelLoadError
 from graphc.kserve.protocol import DATATYPES, DecodedRequest, ProtocolError, datatype_of
@@ -107,9 +107,8 @@ def _model_config(model_dir: Path, root: Path) -> tuple[str, int]:
 def _latest_version(model_dir: Path, root: Path) -> tuple[str, Path, int]:
     """The highest numeric version folder holding the model file, that file, and max_batch_size."""
     filename, max_batch_size = _model_config(model_dir, root)
-    versions = sorted((int(p.name), p) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
-    for number, folder in reversed(versions):
-        candidate = folder / filename
+    for number in reversed(triton_versions(model_dir)):
+        candidate = model_dir / str(number) / filename
         if candidate.is_file():
             return str(number), _inside(candidate, root), max_batch_size
     raise ModelLoadError(f"{model_dir}: no numeric version folder holds {filename!r} "
