@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any, Union
 
@@ -23,7 +22,7 @@ import onnx_ir as ir
 
 from graphc.dtypes import TensorSpec
 from graphc.errors import GraphError
-from graphc.fileio import atomic_write
+from graphc.fileio import atomic_write, fsync_dir, scratch_dir
 from graphc.model import Model, load
 from graphc.opsets import convert_opset
 
@@ -151,16 +150,15 @@ def check_model_name(name: str) -> str:
 
 
 def _write_version(model: Model, model_dir: Path, version: int, external_data: bool | None) -> Path:
-    """Write ``model_dir/version/model.onnx`` through a staged folder renamed into place."""
-    staged = Path(tempfile.mkdtemp(dir=model_dir, prefix=f".{version}.tmp-"))
-    try:
+    """Write ``model_dir/version/model.onnx`` through a staged folder renamed into place (its
+    temp name is ``graphc.fileio``'s, so a later deploy removes one a killed deploy left)."""
+    target = model_dir / str(version)
+    with scratch_dir(target) as staged:
         model.save(staged / "model.onnx", external_data=external_data)
         os.chmod(staged, 0o755)
-        os.rename(staged, model_dir / str(version))  # fails if a writer beside us took the number
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
-    return model_dir / str(version)
+        os.rename(staged, target)  # fails if a writer beside us took the number
+    fsync_dir(model_dir)
+    return target
 
 
 def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[str, os.PathLike], name: str,
