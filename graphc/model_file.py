@@ -42,9 +42,8 @@ def tensors(message, where: str = "model") -> Iterator[tuple[str, onnx.TensorPro
     """Every ``TensorProto`` under ``message`` with where it sits (``graph.node[3](c).attribute[0](value).t``).
 
     Raises ``ModelLoadError`` for a string field that is not UTF-8 (protobuf hands those back
-    as bytes; onnx-ir could import the model but never write it again)."""
-    if type(message) is onnx.TensorProto:
-        yield where, message
+    as bytes; onnx-ir could import the model but never write it again). A tensor is yielded
+    after its own fields are checked, so its external-data keys and values are text."""
     for name, is_string, repeated in _walked_fields(message.DESCRIPTOR):
         if is_string:
             values = getattr(message, name)
@@ -58,6 +57,8 @@ def tensors(message, where: str = "model") -> Iterator[tuple[str, onnx.TensorPro
         elif message.HasField(name):
             value = getattr(message, name)
             yield from tensors(value, f"{where}.{name}{_label(value)}")
+    if type(message) is onnx.TensorProto:
+        yield where, message
 
 
 def _label(message) -> str:
@@ -89,10 +90,6 @@ def _external_entries(where: str, tensor: onnx.TensorProto) -> dict[str, str]:
     other: a repeated key is refused outright."""
     entries: dict[str, str] = {}
     for entry in tensor.external_data:
-        if not isinstance(entry.key, str) or not isinstance(entry.value, str):
-            # protobuf hands a string field that is not UTF-8 back as bytes
-            raise _fail(where, tensor, f"external-data entry {entry.key[:60]!r}: {entry.value[:60]!r} is not "
-                                       "UTF-8 text")
         if entry.key not in EXTERNAL_KEYS:
             raise _fail(where, tensor, f"unknown external-data key {entry.key[:60]!r} "
                                        f"(expected {', '.join(sorted(EXTERNAL_KEYS))})")
