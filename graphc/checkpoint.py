@@ -200,12 +200,17 @@ def load(path: PathLike) -> tuple[dict[str, np.ndarray], CheckpointMeta]:
 
 def read_meta(path: PathLike) -> CheckpointMeta:
     """The header of the checkpoint at ``path``, validated, without reading its tensors."""
-    target = _existing_file(resolve(path), path)
+    return _read_header(_existing_file(resolve(path), path))[0]
+
+
+def _read_header(target: Path) -> tuple[CheckpointMeta, dict]:
+    """The validated ``CheckpointMeta`` and the whole safetensors header of ``target``, in one read."""
     with open(target, "rb") as f:
         head = f.read(8)
         size = int.from_bytes(head, "little") if len(head) == 8 else 0
         header = f.read(size) if 0 < size <= _MAX_HEADER else b""
-    return _parse_meta(target, head + header)
+    meta = _parse_meta(target, head + header)  # a graphc checkpoint's header (so JSON of a sane size)
+    return meta, json.loads(header)
 
 
 _MAX_HEADER = 100_000_000  # safetensors' own limit on the header size
@@ -216,10 +221,10 @@ _DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat
 
 def read_tensor_table(path: PathLike) -> dict[str, tuple[str, list[int]]]:
     """Name -> (dtype name, shape) of every tensor in the checkpoint at ``path``, from its header."""
-    target = _existing_file(resolve(path), path)
-    read_meta(target)  # a graphc checkpoint's header (so JSON of a sane size), or CheckpointError
-    with open(target, "rb") as f:
-        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return _tensor_table(_read_header(_existing_file(resolve(path), path))[1])
+
+
+def _tensor_table(header: dict) -> dict[str, tuple[str, list[int]]]:
     return {name: (_DTYPES.get(info.get("dtype"), str(info.get("dtype"))), info["shape"])
             for name, info in header.items() if isinstance(info, dict) and isinstance(info.get("shape"), list)}
 
@@ -247,7 +252,8 @@ def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
     target = check_writable(path)
     found = []
     if target.is_file():
-        found.append((target, read_tensor_table(target), read_meta(target).roles))
+        meta, header = _read_header(target)
+        found.append((target, _tensor_table(header), meta.roles))
     beside = artifacts_dir(target) if target.name == FILE_NAME else None
     if beside is not None:
         carried = read_manifest(beside).carried()
