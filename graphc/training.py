@@ -52,7 +52,7 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from graphc.dtypes import TensorSpec, as_dtype, to_numpy
+from graphc.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
 from graphc.errors import ArtifactsError, GraphError
 from graphc.fileio import atomic_write, remove_stale_temps
 from graphc.losses import LossSpec
@@ -405,12 +405,10 @@ def update_model(manifest: Manifest) -> Model:
     before it existed get it too."""
     from graphc.passes.training import artifacts, flat
 
-    def ir_dtype(name: str) -> ir.DataType:
-        return ir.DataType.from_numpy(np.dtype(to_numpy(name)))
-
-    params = [ir.Value(name=e.name, type=ir.TensorType(ir_dtype(e.dtype)), shape=ir.Shape(e.shape))
+    params = [ir.Value(name=e.name, type=ir.TensorType(ir.DataType(to_onnx(e.dtype))), shape=ir.Shape(e.shape))
               for e in manifest.graphs["train_step"].inputs if e.role == "param"]
-    groups = [flat.Group(b.name, ir_dtype(b.dtype), list(b.params), [tuple(s) for s in b.shapes], b.weight_decay)
+    groups = [flat.Group(b.name, ir.DataType(to_onnx(b.dtype)), list(b.params), [tuple(s) for s in b.shapes],
+                         b.weight_decay)
               for b in manifest.layout]
     opt = manifest.optimizer
     return Model(artifacts.update_graph(manifest.opset, opt["kind"], opt, params, groups,
