@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from graphc.models.data import load_digits
+from graphc.progress import plural
 
 __all__ = ["DemoResult", "load_digits", "run_demo"]
 
@@ -75,7 +76,7 @@ def run_demo(out: Union[str, os.PathLike] = "demo_out", backend: str = "auto", e
                   f"SGD lr={LR} momentum={MOMENTUM}) in {time.perf_counter() - t0:.2f} s", highlight=False, soft_wrap=True)
 
     trainer = gc.Trainer(arts, backend=backend, seed=seed)
-    console.print(f"3. training on [bold]{trainer.backend}[/] for {epochs} epochs, batch {BATCH_SIZE}", soft_wrap=True)
+    console.print(f"3. training on [bold]{trainer.backend}[/] for {plural(epochs, 'epoch')}, batch {BATCH_SIZE}", soft_wrap=True)
     train = gc.data.DataLoader({"x": digits["x_train"], "y": digits["y_train"]}, BATCH_SIZE, seed=seed)
     test = gc.data.DataLoader({"x": digits["x_test"], "y": digits["y_test"]}, 512, shuffle=False)
     plot = out / "loss_curve.png" if _has_matplotlib() else None

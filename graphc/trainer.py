@@ -351,14 +351,18 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------------
     def fit(self, loader, epochs: int, eval_loader=None, progress: bool = True,
             plot: Union[str, os.PathLike, None] = None,
-            checkpoint: Union[str, os.PathLike, None] = None, checkpoint_every: Optional[int] = None) -> History:
+            checkpoint: Union[str, os.PathLike, None] = None, checkpoint_every: Optional[int] = None,
+            quiet: bool = False, log: Union[str, os.PathLike, None] = None) -> History:
         """Train until ``epochs`` epochs are done (counted from the first, so a resumed trainer
-        continues where its checkpoint stopped). Saves ``checkpoint`` after each epoch and, with
-        ``checkpoint_every=N``, every N steps too (what a killed run resumes from), and a
-        loss-curve PNG to ``plot`` when given. Raises ``TrainingFailed`` on a NaN/inf loss; a
-        ``checkpoint`` that could not be written or holds other training graphs' checkpoint,
-        or a ``plot`` that could not be written, fails before the first step."""
-        from graphc.history import check_plot
+        continues where its checkpoint stopped). Prints a progress bar within each epoch (not
+        with ``progress=False``) and one line per epoch with the mean train loss and the eval
+        loss and metrics (neither with ``quiet=True``); appends the same per epoch to ``log``
+        (``.jsonl`` or ``.csv``, ``gc.history.EpochLog``). Saves ``checkpoint`` after each epoch
+        and, with ``checkpoint_every=N``, every N steps too (what a killed run resumes from),
+        and a loss-curve PNG to ``plot`` when given. Raises ``TrainingFailed`` on a NaN/inf
+        loss; a ``checkpoint`` that could not be written or holds other training graphs'
+        checkpoint, or a ``plot`` or ``log`` that could not be written, fails before the first step."""
+        from graphc.history import EpochLog, check_plot
         from graphc.progress import TrainProgress
 
         if checkpoint_every is not None and int(checkpoint_every) < 1:
@@ -373,21 +377,25 @@ class Trainer:
             self._eval_exe()
             eval_loader.check_against(self._eval_specs)
         self._use_loader(loader)
+        epoch_log = EpochLog(log, self.epoch) if log is not None else None
         board = self._board()
         history = History(backend=self.backend)
         save = (lambda: self.save_checkpoint(checkpoint)) if checkpoint is not None else None
-        total = max(0, (epochs - self.epoch) * len(loader) - self.batch_in_epoch)
-        with self._interrupts.armed(), TrainProgress(total, enabled=progress) as bar:
+        with self._interrupts.armed(), TrainProgress(epochs, len(loader), bar=progress and not quiet,
+                                                     lines=not quiet) as bar:
             while self.epoch < epochs:
                 self._fit_epoch(loader, history, bar, save if checkpoint_every else None, checkpoint_every)
                 metrics = self.evaluate_loader(eval_loader) if eval_loader is not None else {}
                 with self._interrupts:  # the epoch's line is printed and counted once, or not at all
                     record = self._end_epoch(metrics)
+                    record.lr = self.lr if "lr" in self._state else None
                     history.epochs.append(record)
                     if board is not None:
                         board.epoch(record, history.step_losses[-record.steps:] if record.steps else [],
-                                    self.step_count, self.lr if "lr" in self._state else float("nan"))
-                    bar.epoch_done(record, epochs)
+                                    self.step_count, float("nan") if record.lr is None else record.lr)
+                    bar.epoch_done(record)
+                    if epoch_log is not None:
+                        epoch_log.write(record)
                 if save is not None:
                     save()
         loader.epoch = self.epoch
@@ -415,6 +423,7 @@ class Trainer:
         """The rest of epoch ``self.epoch``: its batches from ``self.batch_in_epoch`` on."""
         hook = _signal_hook()
         sums = self._progress
+        bar.start_epoch(self.epoch, self.batch_in_epoch, sums.loss_sum / sums.steps if sums.steps else None)
         last = time.perf_counter()
         for batch in loader.iter_epoch(self.epoch, self.batch_in_epoch):
             with self._interrupts:
@@ -431,7 +440,7 @@ class Trainer:
                 sums.samples += len(batch[self._batch_names[0]]) if self._batch_names else 0
                 sums.seconds += now - last
                 history.step_losses.append(loss)
-            bar.step(loss, sums.samples / max(sums.seconds, 1e-9), self.epoch)
+            bar.step(sums.loss_sum / sums.steps, sums.samples / max(sums.seconds, 1e-9))
             if save is not None and self.step_count % every == 0:
                 save()
             last = time.perf_counter()  # the save's time is not train time

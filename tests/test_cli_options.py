@@ -61,6 +61,8 @@ API_DEFAULTS = {
     ("train", "plot"): (gc.Trainer.fit, "plot"),
     ("train", "checkpoint"): (gc.Trainer.fit, "checkpoint"),
     ("train", "checkpoint_every"): (gc.Trainer.fit, "checkpoint_every"),
+    ("train", "quiet"): (gc.Trainer.fit, "quiet"),
+    ("train", "log"): (gc.Trainer.fit, "log"),
     ("export", "opset"): (export_inference, "opset"),
     ("export", "allow_untrained"): (export_inference, "allow_untrained"),
     ("deploy triton", "max_batch_size"): (gc.deploy.triton, "max_batch_size"),

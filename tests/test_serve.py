@@ -267,3 +267,72 @@ def test_a_sequence_output_is_refused_at_load_and_by_deploy(tmp_path):
         create_app(gc.load(model), name="seq", backend="numpy")
     with pytest.raises(gc.GraphError, match="output 'parts' is a Sequence"):
         gc.deploy.triton(model, tmp_path, "seq")
+
+
+def triton_parse(text):
+    """``text`` parsed by Triton's own ModelConfig proto (shipped with tritonclient's gRPC client),
+    as json_format writes it: the oracle of the config route."""
+    model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from google.protobuf import json_format, text_format
+
+    return json_format.MessageToDict(text_format.Parse(text, model_config_pb2.ModelConfig()),
+                                     preserving_proto_field_name=True)
+
+
+def assert_holds(got, want):
+    """Every field Triton's parse set is in ``got`` with that value (64-bit integers as numbers)."""
+    if isinstance(want, dict):
+        for key, value in want.items():
+            assert key in got, key
+            assert_holds(got[key], value)
+    elif isinstance(want, list):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_holds(g, w)
+    else:
+        assert got == (int(want) if isinstance(got, int) and isinstance(want, str) else want)
+
+
+def test_model_config_is_the_config_pbtxt(client, repo, url):
+    config = client.get_model_config("mixed")
+    assert_holds(config, triton_parse((repo / "mixed" / "config.pbtxt").read_text()))
+    assert config["max_batch_size"] == 64 and config["input"][1]["dims"] == [3]
+    assert config["input"][1]["data_type"] == "TYPE_INT64" and config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert client.get_model_config("plain", "1") == client.get_model_config("plain")
+    assert client.get_model_config("plain")["max_batch_size"] == 0
+    assert client.get_model_config("plain")["input"][0]["dims"] == [-1, 4]
+    with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+        client.get_model_config("nope")
+    for path in ("/v2/models/nope/config", "/v2/models/mixed/versions/7/config"):
+        reply = httpx.get(f"http://{url}{path}")
+        assert reply.status_code == 404 and list(reply.json()) == ["error"], path
+
+
+def test_model_config_is_completed_from_the_model(tmp_path):
+    folder = gc.deploy.triton(mixed_model(), tmp_path / "repo", "m", max_batch_size=8)
+    written = (folder / "config.pbtxt").read_text()
+    # a hand-written config: no inputs or outputs (Triton fills them from the model), a
+    # parameter, and a field graphc does not model
+    text = ('max_batch_size: 8\nparameters { key: "note" value { string_value: "hi" } }\n'
+            'model_warmup [ { name: "w" batch_size: 1 } ]\nsequence_batching { max_sequence_idle_microseconds: 9 }\n')
+    (folder / "config.pbtxt").write_text(text)
+    with pytest.warns(UserWarning, match=r"field 'sequence_batching' \(line 4\) is not one graphc serves"):
+        app = create_app(tmp_path / "repo", backend="numpy")
+    with running_server(app) as address:
+        client = httpclient.InferenceServerClient(address)
+        config = client.get_model_config("m")
+        client.close()
+    assert config["parameters"] == {"note": {"string_value": "hi"}} and "sequence_batching" not in config
+    assert_holds(config, triton_parse(text.replace("sequence_batching", "# ")))
+    assert_holds(config, triton_parse(written))
+    with running_server(create_app(mixed_model(), name="solo", backend="numpy")) as address:
+        solo = httpx.get(f"http://{address}/v2/models/solo/config").json()
+    assert solo["name"] == "solo" and solo["max_batch_size"] == 0 and solo["backend"] == "onnxruntime"
+    assert [(i["name"], i["dims"]) for i in solo["input"]] == [("x", [-1, 4]), ("idx", [-1, 3]), ("mask", [-1, 4])]
+
+
+def test_a_bad_config_pbtxt_is_named(tmp_path):
+    folder = gc.deploy.triton(mixed_model(), tmp_path, "m")
+    (folder / "config.pbtxt").write_text('name: "m"\nmax_batch_size: "eight"\n')
+    with pytest.raises(gc.ModelLoadError, match=r"config.pbtxt: not a Triton model configuration: 2:\d+"):
+        create_app(tmp_path, backend="numpy")

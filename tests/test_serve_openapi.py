@@ -14,6 +14,7 @@ from serve_util import mixed_model, running_server
 ROUTES = {"/v2/health/live": "get", "/v2/health/ready": "get", "/v2": "get", "/v2/repository/index": "post",
           "/v2/models/{name}": "get", "/v2/models/{name}/versions/{version}": "get",
           "/v2/models/{name}/ready": "get", "/v2/models/{name}/versions/{version}/ready": "get",
+          "/v2/models/{name}/config": "get", "/v2/models/{name}/versions/{version}/config": "get",
           "/v2/models/{name}/infer": "post", "/v2/models/{name}/versions/{version}/infer": "post"}
 
 

@@ -205,7 +205,14 @@ def train_cmd(
                                                "rate and the model graph (pip install 'graphc[tensorboard]')."),
     plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png",
                                         help="Write a loss-curve image here (pip install 'graphc[plot]')."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar and epoch lines."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar within each epoch "
+                                  "(--no-progress keeps the epoch lines)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print neither the bar nor the epoch lines, only the "
+                               "run's start and end."),
+    log: Optional[Path] = typer.Option(None, "--log", metavar="FILE.jsonl|FILE.csv",
+                                       help="Append one record per epoch (train loss, eval loss and metrics, lr, "
+                                       "throughput) to this JSON-lines or CSV file; a --resume run keeps the "
+                                       "checkpoint's epochs, a new run starts it afresh."),
     workers: int = typer.Option(1, "--workers", min=1, help="Data-parallel workers on Ray (graphc[ray])."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="A running Ray cluster "
                                               "(default with --workers > 1: a new local one)."),
@@ -215,7 +222,8 @@ def train_cmd(
     Exits 1 when training fails (e.g. the loss becomes NaN)."""
     import graphc as gc
     from graphc.checkpoint import CheckpointError, resolve
-    from graphc.history import check_plot
+    from graphc.history import check_plot, log_format
+    from graphc.progress import plural
     from graphc.trainer import TrainingFailed
 
     if resume and checkpoint is None:
@@ -224,6 +232,8 @@ def train_cmd(
         raise ValueError("--checkpoint-every needs --checkpoint DIR")
     if plot is not None:
         check_plot(plot)
+    if log is not None:
+        log_format(log)
     if checkpoint is not None:
         check_checkpoint(checkpoint, resume, artifacts)
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,
@@ -238,13 +248,14 @@ def train_cmd(
         raise ValueError(f"--resume: {problem}; pass the same --data, --batch-size and --seed to continue the run "
                          "exactly, or start a new one in another --checkpoint folder")
     eval_loader = gc.data.DataLoader(test, batch_size=max(batch_size, 256), shuffle=False) if test else None
-    console.print(f"training on {trainer.backend}: {loader.num_samples} samples, batch {batch_size}, "
-                  f"{epochs} epochs", highlight=False, soft_wrap=True)
+    todo = f", epochs {trainer.epoch + 1}-{epochs}" if trainer.epoch and trainer.epoch < epochs else ""
+    console.print(f"training on {trainer.backend}: {plural(loader.num_samples, 'sample')}, batch {batch_size}, "
+                  f"{plural(epochs, 'epoch')}{todo}", highlight=False, soft_wrap=True)
     console.print(f"evaluating on {test_source}" if test else "no evaluation arrays (NAME_val or NAME_test in "
                   "--data, or --eval-data): training loss only", highlight=False, soft_wrap=True)
     try:
         history = trainer.fit(loader, epochs, eval_loader=eval_loader, progress=progress, plot=plot,
-                              checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+                              checkpoint=checkpoint, checkpoint_every=checkpoint_every, quiet=quiet, log=log)
     except KeyboardInterrupt:
         if checkpoint is not None:
             # the step under way finished first: --resume continues with the next batch, exactly
@@ -260,6 +271,8 @@ def train_cmd(
             exc = TrainingFailed(f"{exc} (last good checkpoint: {checkpoint})")
         err_console.print(f"[bold red]training failed:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
+    if log is not None:
+        console.print(f"epoch log: {log}", highlight=False, soft_wrap=True)
     last = history.epochs[-1] if history.epochs else None
     if last is not None:
         console.print(f"done: loss {last.loss:.4f}"
@@ -302,7 +315,8 @@ def demo_cmd(
     out: Optional[Path] = OUT_ALIAS,
     backend: str = typer.Option("auto", "--backend", help="numpy, ort-cpu, ort-cuda or auto."),
     epochs: int = typer.Option(30, "--epochs", min=1, help="Training epochs."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar and epoch lines."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar within each epoch "
+                                  "(--no-progress keeps the epoch lines)."),
 ) -> None:
     """Run the end-to-end demo on handwritten digits.
 

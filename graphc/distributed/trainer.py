@@ -208,7 +208,7 @@ class DistributedTrainer(Trainer):
 
     # -- fault tolerance ----------------------------------------------------------------------------
     def fit(self, loader, epochs: int, eval_loader=None, progress: bool = True, plot=None,
-            checkpoint=None, checkpoint_every: Optional[int] = None) -> History:
+            checkpoint=None, checkpoint_every: Optional[int] = None, quiet: bool = False, log=None) -> History:
         """``Trainer.fit``; a worker that dies makes the workers start again from the last
         checkpoint (kept in memory at each epoch's end), up to ``max_restarts`` times."""
         self._remember()
@@ -217,7 +217,8 @@ class DistributedTrainer(Trainer):
         for attempt in range(self.max_restarts + 1):
             try:
                 history = super().fit(loader, epochs, eval_loader=eval_loader, progress=progress,
-                                      plot=plot, checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+                                      plot=plot, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+                                      quiet=quiet, log=log)
             except WorkerLost as exc:
                 lost = exc
                 if attempt == self.max_restarts:

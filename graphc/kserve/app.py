@@ -2,7 +2,7 @@
 
 Routes: ``GET /v2/health/live``, ``/v2/health/ready``, ``GET /v2``,
 ``GET /v2/models/{name}[/versions/{v}]``, ``.../ready``, ``POST .../infer``, Triton's
-``POST /v2/repository/index`` and ``GET /openapi.json``, which describes them all (the infer
+``GET .../config`` and ``POST /v2/repository/index`` and ``GET /openapi.json``, which describes them all (the infer
 operation from ``graphc.kserve.schemas``). Every error, an unexpected one included, is a
 4xx/5xx with ``{"error": "..."}``. Infer requests take a fast path (``graphc.kserve.infer``) in
 front of FastAPI's router.
@@ -188,6 +188,15 @@ def create_app(models: dict[str, ServedModel], max_body_bytes: int = DEFAULT_MAX
              operation_id="model_metadata_versioned")
     async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
         return registry.get(name, version).metadata
+
+    @app.get("/v2/models/{name}/config", response_model=dict[str, Any], responses=_ERRORS,
+             summary="Model configuration (Triton)")
+    @app.get("/v2/models/{name}/versions/{version}/config", response_model=dict[str, Any], responses=_ERRORS,
+             operation_id="model_config_versioned", summary="Model configuration (Triton)")
+    async def model_config(name: str, version: str | None = None) -> dict[str, Any]:
+        """Triton's ``ModelConfig`` as JSON: the model folder's config.pbtxt completed from the
+        model's inputs and outputs, or derived from them where there is none."""
+        return registry.get(name, version).config
 
     @app.get("/v2/models/{name}/ready", response_model=schemas.ModelReady, responses=_ERRORS)
     @app.get("/v2/models/{name}/versions/{version}/ready", response_model=schemas.ModelReady, responses=_ERRORS,

@@ -2,30 +2,30 @@
 
 Sessions are created once, at start. A repository folder holds one folder per model
 (``REPO/NAME/<version>/model.onnx`` + ``config.pbtxt``); the highest numeric version is served.
-``config.pbtxt`` is read as text only (for ``default_model_filename`` and ``max_batch_size``,
-which the server enforces as Triton does), and no file outside the repository folder is ever
-opened: symlinks that lead out are refused.
+``config.pbtxt`` is parsed as Triton's ``ModelConfig`` (``graphc.kserve.model_config``): its
+``default_model_filename`` and ``max_batch_size`` (enforced as Triton does) are used, and the
+config, completed from the model's inputs and outputs, is what ``GET .../config`` answers. No
+file outside the repository folder is ever opened: symlinks that lead out are refused.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from graphc.deploy import feedable_inputs, require_tensor_interface, triton_versions
+from graphc.deploy import feedable_inputs, require_tensor_interface, triton_config, triton_versions
 from graphc.dtypes import TensorSpec, to_numpy
 from graphc.errors import GraphError, InputError, ModelLoadError
+from graphc.kserve import model_config
 from graphc.kserve.protocol import DATATYPES, DecodedRequest, ProtocolError, datatype_of
 from graphc.model import Model, load
 
 _CONFIG_LIMIT = 1 << 20  # bytes of config.pbtxt read at most
-_FILENAME = re.compile(r'^\s*default_model_filename\s*:\s*"([^"]*)"', re.MULTILINE)
-_MAX_BATCH = re.compile(r"^\s*max_batch_size\s*:\s*(\d+)\b", re.MULTILINE)
 
 
 def _tensor_metadata(spec: TensorSpec, model: str, kind: str) -> dict[str, Any]:
@@ -42,14 +42,20 @@ class ServedModel:
     platform = "onnxruntime_onnx"
 
     def __init__(self, name: str, version: str, model: Model, backend: str = "auto", max_batch_size: int = 0,
-                 **options: Any):
+                 config: Any = None, **options: Any):
+        """``config``: the folder's parsed ``config.pbtxt`` (a ``model_config.ModelConfig``),
+        whose ``max_batch_size`` then applies."""
         from graphc.session import Session
 
+        if config is not None:
+            max_batch_size = config.max_batch_size
         self.name, self.version, self.max_batch_size = name, version, max_batch_size
         try:
             require_tensor_interface(model, "the KServe v2 protocol")
         except GraphError as exc:
             raise ModelLoadError(str(exc)) from None
+        self.config = model_config.to_json(model_config.complete(
+            config if config is not None else model_config.ModelConfig(), _derived_config(model, name, max_batch_size)))
         self.session = Session(model, backend=backend, **options)
         self.inputs, self.outputs = feedable_inputs(model), model.outputs
         self._dtypes = {spec.name: to_numpy(spec.dtype) for spec in self.inputs}
@@ -81,6 +87,16 @@ class ServedModel:
             raise ProtocolError(f"model {self.name!r}: {exc}") from None
 
 
+def _derived_config(model: Model, name: str, max_batch_size: int) -> Any:
+    """The configuration ``graphc deploy triton`` would write for ``model``; where Triton could
+    not take the model (say a fixed batch dim with ``max_batch_size``), only its name."""
+    try:
+        text = triton_config(model, name, max_batch_size)
+    except GraphError:
+        return model_config.ModelConfig(name=name, backend="onnxruntime", max_batch_size=max_batch_size)
+    return model_config.parse(text)[0]
+
+
 def _inside(path: Path, root: Path) -> Path:
     """``path`` resolved, refusing anything (symlinks included) that leads out of ``root``."""
     resolved = path.resolve()
@@ -89,28 +105,38 @@ def _inside(path: Path, root: Path) -> Path:
     return resolved
 
 
-def _model_config(model_dir: Path, root: Path) -> tuple[str, int]:
-    """(default_model_filename, max_batch_size) from the folder's config.pbtxt, if any."""
-    config = model_dir / "config.pbtxt"
-    if not config.is_file():
-        return "model.onnx", 0
-    with open(_inside(config, root), "rb") as f:
-        text = f.read(_CONFIG_LIMIT).decode("utf-8", errors="replace")
-    match = _FILENAME.search(text)
-    filename = match.group(1) if match else "model.onnx"
-    if not filename or "/" in filename or "\\" in filename or filename in (".", ".."):
-        raise ModelLoadError(f"{config}: default_model_filename {filename!r} must be a plain file name")
-    match = _MAX_BATCH.search(text)
-    return filename, int(match.group(1)) if match else 0
+def _model_config(model_dir: Path, root: Path) -> tuple[str, Any]:
+    """(default_model_filename, the parsed config) from the folder's config.pbtxt, if any."""
+    path = model_dir / "config.pbtxt"
+    if not path.is_file():
+        return "model.onnx", None
+    with open(_inside(path, root), "rb") as f:
+        data = f.read(_CONFIG_LIMIT + 1)
+    if len(data) > _CONFIG_LIMIT:
+        raise ModelLoadError(f"{path}: larger than {_CONFIG_LIMIT} bytes; not read")
+    try:
+        config, skipped = model_config.parse(data.decode("utf-8"), str(path))
+    except (UnicodeDecodeError, model_config.ConfigError) as exc:
+        raise ModelLoadError(str(exc) if isinstance(exc, model_config.ConfigError)
+                             else f"{path}: not UTF-8 text ({exc})") from None
+    if skipped is not None:
+        warnings.warn(f"{path}: field {skipped} is not one graphc serves; GET /v2/models/NAME/config leaves it "
+                      "out", stacklevel=2)
+    if config.max_batch_size < 0:
+        raise ModelLoadError(f"{path}: max_batch_size must be >= 0, got {config.max_batch_size}")
+    filename = config.default_model_filename or "model.onnx"
+    if "/" in filename or "\\" in filename or filename in (".", ".."):
+        raise ModelLoadError(f"{path}: default_model_filename {filename!r} must be a plain file name")
+    return filename, config
 
 
-def _latest_version(model_dir: Path, root: Path) -> tuple[str, Path, int]:
-    """The highest numeric version folder holding the model file, that file, and max_batch_size."""
-    filename, max_batch_size = _model_config(model_dir, root)
+def _latest_version(model_dir: Path, root: Path) -> tuple[str, Path, Any]:
+    """The highest numeric version folder holding the model file, that file, and the config."""
+    filename, config = _model_config(model_dir, root)
     for number in reversed(triton_versions(model_dir)):
         candidate = model_dir / str(number) / filename
         if candidate.is_file():
-            return str(number), _inside(candidate, root), max_batch_size
+            return str(number), _inside(candidate, root), config
     raise ModelLoadError(f"{model_dir}: no numeric version folder holds {filename!r} "
                          f"(expected {model_dir}/1/{filename})")
 
@@ -119,8 +145,8 @@ def _is_model_dir(path: Path) -> bool:
     return (path / "config.pbtxt").is_file() or any(p.is_dir() and p.name.isdigit() for p in path.iterdir())
 
 
-def _repository(root: Path, name: str | None) -> dict[str, tuple[str, Path, int]]:
-    """name -> (version, model file, max_batch_size) for a repository folder or one model's folder."""
+def _repository(root: Path, name: str | None) -> dict[str, tuple[str, Path, Any]]:
+    """name -> (version, model file, parsed config.pbtxt or None) for a repository folder or one model's folder."""
     root = root.resolve()
     if _is_model_dir(root):
         return {name or root.name: _latest_version(root, root)}
@@ -150,8 +176,8 @@ def load_models(source: Any, name: str | None = None, backend: str = "auto",
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if path.is_dir():
-            return {model_name: ServedModel(model_name, version, load(file), backend, max_batch_size, **options)
-                    for model_name, (version, file, max_batch_size) in _repository(path, name).items()}
+            return {model_name: ServedModel(model_name, version, load(file), backend, config=config, **options)
+                    for model_name, (version, file, config) in _repository(path, name).items()}
         if not path.is_file():
             raise ModelLoadError(f"{path}: no such model file or repository folder")
         model_name = name or path.stem
