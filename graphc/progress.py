@@ -88,6 +88,7 @@ class TrainProgress:
         """Print the line of the epoch ``record`` (a ``gc.history.EpochRecord``)."""
         if self._progress is not None:
             self._flush()
+            self._progress.refresh()  # else the live area printed under the line is the last auto-refresh's
         if not self.lines:
             return
         evals = "".join(f"  eval {k} {v:.4f}" for k, v in record.eval.items())

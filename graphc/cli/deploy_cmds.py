@@ -12,7 +12,7 @@ from graphc.cli.app import app, console, deploy_app
 
 @deploy_app.command("triton")
 def triton_cmd(
-    model: Path = typer.Argument(..., help="The .onnx model."),
+    model: Path = typer.Argument(..., metavar="MODEL.onnx", help="The .onnx model."),
     repo: Path = typer.Option(..., "--repo", help="The Triton model repository folder."),
     name: str = typer.Option(..., "--name", help="The model's name (its folder in the repository)."),
     max_batch_size: int = typer.Option(0, "--max-batch-size", help="> 0: Triton batches along dim 0 (must be symbolic)."),
@@ -34,7 +34,7 @@ def triton_cmd(
 
 @app.command("serve")
 def serve_cmd(
-    source: Path = typer.Argument(..., help="An .onnx model or a Triton repository folder."),
+    source: Path = typer.Argument(..., metavar="MODEL.onnx|REPO", help="An .onnx model or a Triton repository folder."),
     name: Optional[str] = typer.Option(None, "--name", help="Serve the model under this name (a repository: serve only it)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
     port: int = typer.Option(8000, "--port", help="TCP port."),

@@ -77,7 +77,10 @@ def capture_cmd(
 ) -> None:
     """Capture a DSL model into an ONNX file.
 
-    Example: graphc capture models/cnn.py:LeNet --input x:float32[N,1,28,28] -o cnn.onnx
+    Example (net.py holds a class Net with forward(self, x)):
+
+    \b
+    graphc capture net.py:Net --input x:float32[N,64] -o net.onnx
     """
     import graphc as gc
     from graphc.tracing import check_input_names
