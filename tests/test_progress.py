@@ -21,7 +21,7 @@ import graphc.progress
 from graphc.history import EpochRecord
 from graphc.trainer import SIGNAL_HOOK_ENV
 from cli_util import one_line_error, run_cli
-from trainer_models import blobs, drop_bn_artifacts
+from trainer_models import blobs, drop_bn_workdir
 
 GRAPHC = str(Path(sys.executable).parent / "graphc")
 BATCH, SAMPLES = 16, 48  # 3 steps an epoch
@@ -30,11 +30,7 @@ EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)  loss (\S+)", re.M)
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("progress")
-    drop_bn_artifacts().save(root / "arts")
-    train, test = blobs(SAMPLES), blobs(32, seed=1)
-    np.savez(root / "data.npz", x_train=train["x"], y_train=train["y"], x_test=test["x"], y_test=test["y"])
-    return root
+    return drop_bn_workdir(tmp_path_factory.mktemp("progress"), SAMPLES, 32)
 
 
 def loader():

@@ -17,7 +17,7 @@ import graphc as gc
 from graphc import checkpoint as ckpt
 from graphc.trainer import SIGNAL_HOOK_ENV
 from cli_util import one_line_error, run_cli
-from trainer_models import blobs, drop_bn_artifacts
+from trainer_models import blobs, drop_bn_artifacts, drop_bn_workdir
 
 GRAPHC = str(Path(sys.executable).parent / "graphc")
 EPOCHS, BATCH, SAMPLES = 3, 16, 100  # 7 batches an epoch (the last one of 4): 21 steps
@@ -29,11 +29,7 @@ EPOCH_LINE = re.compile(r"^epoch (\d+)/\d+  loss .*?  eval loss \S+  eval accura
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("resume")
-    drop_bn_artifacts().save(root / "arts")
-    train, test = blobs(SAMPLES), blobs(40, seed=1)
-    np.savez(root / "data.npz", x_train=train["x"], y_train=train["y"], x_test=test["x"], y_test=test["y"])
-    return root
+    return drop_bn_workdir(tmp_path_factory.mktemp("resume"), SAMPLES, 40)
 
 
 def train(workdir, backend, ck, *extra, signal_at=None):

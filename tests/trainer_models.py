@@ -76,3 +76,12 @@ def imported_mlp(seed: int = 0) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="not-graphc")
     model.ir_version = 8
     return model
+
+
+def drop_bn_workdir(root, samples: int, eval_samples: int):
+    """``root/arts`` (``drop_bn_artifacts``) and ``root/data.npz`` with ``samples`` blobs as
+    ``x_train``/``y_train`` and ``eval_samples`` others as ``x_test``/``y_test``."""
+    drop_bn_artifacts().save(root / "arts")
+    train, test = blobs(samples), blobs(eval_samples, seed=1)
+    np.savez(root / "data.npz", x_train=train["x"], y_train=train["y"], x_test=test["x"], y_test=test["y"])
+    return root

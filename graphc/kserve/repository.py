@@ -116,9 +116,10 @@ def _model_config(model_dir: Path, root: Path) -> tuple[str, Any]:
         raise ModelLoadError(f"{path}: larger than {_CONFIG_LIMIT} bytes; not read")
     try:
         config, skipped = model_config.parse(data.decode("utf-8"), str(path))
-    except (UnicodeDecodeError, model_config.ConfigError) as exc:
-        raise ModelLoadError(str(exc) if isinstance(exc, model_config.ConfigError)
-                             else f"{path}: not UTF-8 text ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ModelLoadError(f"{path}: not UTF-8 text ({exc})") from None
+    except model_config.ConfigError as exc:
+        raise ModelLoadError(str(exc)) from None
     if skipped is not None:
         warnings.warn(f"{path}: field {skipped} is not one graphc serves; GET /v2/models/NAME/config leaves it "
                       "out", stacklevel=2)
