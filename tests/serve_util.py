@@ -159,6 +159,7 @@ def serve_process(*args: str, timeout: float = 60) -> Iterator[tuple[Any, int]]:
     try:
         line = _first_line(proc, timeout)
         assert line.startswith("serving "), line
+        assert re.search(r"\(backend (auto: )?(numpy|ort-cpu|ort-cuda)\)", line), line  # "auto" says what it chose
         yield proc, port
     finally:
         if proc.poll() is None:

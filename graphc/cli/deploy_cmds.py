@@ -46,6 +46,7 @@ def serve_cmd(
 ) -> None:
     """Serve SOURCE over KServe v2 / Open Inference Protocol HTTP until SIGINT or SIGTERM."""
     from graphc import serving
+    from graphc.backends import get_backend
 
     if not source.exists():
         raise FileNotFoundError(f"{source}: no such model file or repository folder")
@@ -57,7 +58,9 @@ def serve_cmd(
             raise ValueError(f"--{key.replace('_', '-')} must be positive, got {value}")
 
     def ready() -> None:
-        console.print(f"serving {source} on http://{host}:{port}/v2 (backend {backend}); Ctrl-C stops",
+        chosen = get_backend(backend).name  # what the models' sessions resolved "auto" to
+        shown = backend if chosen == backend else f"{backend}: {chosen}"
+        console.print(f"serving {source} on http://{host}:{port}/v2 (backend {shown}); Ctrl-C stops",
                       highlight=False, soft_wrap=True)
 
     serving.serve(source, host=host, port=port, backend=backend, name=name, on_ready=ready, **limits, **options)
