@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from graphc.errors import GraphError
+from graphc.errors import AutodiffError
 from graphc.passes.emit import SOURCE_KEY, Emitter
 
 __all__ = ["SOURCE_KEY", "FLOAT_TYPES", "GradBuilder", "attr", "const_array", "folded_array", "is_float",
@@ -155,15 +155,15 @@ class GradBuilder(Emitter):
 
     def require_opset(self, opset: int, what: str) -> None:
         if self.opset < opset:
-            raise GraphError(f"gradient of node {self.scope.removesuffix('/grad')!r} needs {what}, "
-                             f"which ONNX has from opset {opset}; the model has opset {self.opset} "
-                             "(gc.grad and gc.training.generate upgrade older models to opset 17)")
+            raise AutodiffError(f"gradient of node {self.scope.removesuffix('/grad')!r} needs {what}, "
+                                f"which ONNX has from opset {opset}; the model has opset {self.opset} "
+                                "(gc.grad and gc.training.generate upgrade older models to opset 17)")
 
     # -- shapes ------------------------------------------------------------------------------
     def rank(self, value: ir.Value) -> int:
         shape = static_shape(value)
         if shape is None:
-            raise GraphError(
+            raise AutodiffError(
                 f"gradient of node {self.scope!r} needs the rank of {value.name!r}, which is "
                 "unknown; run shape inference on the model first")
         return len(shape)

@@ -13,16 +13,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import onnx_ir as ir
 
-from graphc.errors import GraphError
+from graphc.errors import AutodiffError, GraphError, MissingGradientRule
 from graphc.passes.autodiff.builder import SOURCE_KEY, GradBuilder, is_float
 from graphc.passes.autodiff.recurrent import UNROLLED, not_unrolled
 from graphc.passes.autodiff.registry import RULES
 from graphc.passes.functions import EXPANDED_FROM
 
 DEFAULT_OPSET = 21
+RULES_DIR = Path(__file__).resolve().parent  # where the rule files are, as installed
 
 
 def graph_opset(graph: ir.Graph, default: int = DEFAULT_OPSET) -> int:
@@ -111,20 +113,22 @@ def _origin(node: ir.Node) -> str:
     return f" (inside the ONNX function body of {origin})" if origin else ""
 
 
-def _missing_rule(node: ir.Node) -> GraphError:
+def _missing_rule(node: ir.Node) -> AutodiffError:
+    """``MissingGradientRule`` naming the op, the node, its source line, where rules live on disk
+    and the ops that have one (an RNN that cannot be unrolled: why not)."""
     source = node.metadata_props.get(SOURCE_KEY)
     where = f" (defined at {source})" if source else ""
     where += _origin(node)
     domain = f"{node.domain}::" if node.domain not in ("", "ai.onnx") else ""
     if node.op_type in UNROLLED and node.domain in ("", "ai.onnx"):
         reason = not_unrolled(node) or "it is inside a control-flow body"
-        return GraphError(f"cannot differentiate {node.op_type} node {node.name!r}{where}: autodiff unrolls it over "
-                          f"its time steps, but {reason}")
+        return AutodiffError(f"cannot differentiate {node.op_type} node {node.name!r}{where}: autodiff unrolls it over "
+                             f"its time steps, but {reason}")
     covered = ", ".join(sorted(RULES))
-    return GraphError(
+    return MissingGradientRule(
         f"no gradient rule for ONNX op '{domain}{node.op_type}' (node {node.name!r}{where}), which lies "
         f"on the path from a trainable parameter to the loss. Freeze the parameters that reach it, "
-        f"or add a rule in graphc/passes/autodiff/. Ops with rules: {covered}")
+        f"or add a rule to the table in {RULES_DIR}/rules_*.py (docs/adding-an-op.md). Ops with rules: {covered}")
 
 
 def _type_like(grad: ir.Value, primal: ir.Value) -> None:
@@ -174,9 +178,9 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
         if not rule.multi_output:
             dropped = [i for i, d in enumerate(dys[1:], 1) if d is not None and i not in rule.no_grad_outputs]
             if dropped:
-                raise GraphError(f"gradient of {node.op_type} node {node.name!r} through its output "
-                                 f"{node.outputs[dropped[0]].name!r} (output {dropped[0]}) is not supported; "
-                                 f"the loss may depend on output 0 only{_origin(node)}")
+                raise AutodiffError(f"gradient of {node.op_type} node {node.name!r} through its output "
+                                    f"{node.outputs[dropped[0]].name!r} (output {dropped[0]}) is not supported; "
+                                    f"the loss may depend on output 0 only{_origin(node)}")
         if all(d is None for d in dys) or (not rule.multi_output and dys[0] is None):
             continue  # only non-differentiable outputs (Indices, masks, running stats) are used
         g.source = node.metadata_props.get(SOURCE_KEY)
@@ -184,10 +188,10 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
         inputs = list(node.inputs)  # a rule may replace the node (to expose Indices or a mask)
         try:
             result = rule.fn(g, node, dys if rule.multi_output else dys[0])
-        except GraphError as exc:
-            if not _origin(node):
+        except GraphError as exc:  # a rule's own error is an AutodiffError, said where it came from
+            if isinstance(exc, AutodiffError) and not _origin(node):
                 raise
-            raise GraphError(f"{exc}{_origin(node)}") from exc
+            raise (type(exc) if isinstance(exc, AutodiffError) else AutodiffError)(f"{exc}{_origin(node)}") from exc
         pairs = result.items() if isinstance(result, dict) else zip(inputs, result)
         for value, dx in pairs:
             if dx is not None and value is not None and value in needed:
@@ -211,11 +215,12 @@ def backward(graph: ir.Graph, loss: ir.Value, wrt: Sequence[ir.Value]) -> dict[s
     """
     for w in wrt:
         if not is_float(w):
-            raise GraphError(f"cannot differentiate with respect to {w.name!r}: dtype {w.dtype} is not floating-point")
+            raise AutodiffError(f"cannot differentiate with respect to {w.name!r}: dtype {w.dtype} is not "
+                                "floating-point")
     if not is_float(loss):
-        raise GraphError(f"loss {loss.name!r} has dtype {loss.dtype}; it must be floating-point")
+        raise AutodiffError(f"loss {loss.name!r} has dtype {loss.dtype}; it must be floating-point")
     if loss.shape is not None and any(isinstance(d, int) and d != 1 for d in loss.shape):
-        raise GraphError(f"loss {loss.name!r} must be a scalar, got shape {loss.shape}")
+        raise AutodiffError(f"loss {loss.name!r} must be a scalar, got shape {loss.shape}")
     g = GradBuilder(graph, graph_opset(graph))
     nodes = list(graph)
     seed = g.full(g.shape_of(loss), 1.0, loss)

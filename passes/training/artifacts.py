@@ -35,7 +35,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveInitializersFromInputsPass, RemoveUnusedNodesPass, ShapeInferencePass
 
-from graphc.errors import GraphError
+from graphc.errors import PassError
 from graphc.passes.autodiff.core import backward, node_inputs
 from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks, fold_integer_values
 from graphc.passes.autodiff.registry import settings_only
@@ -128,7 +128,7 @@ def _decays(params: Sequence[str], no_decay: Sequence[str]) -> dict[str, bool]:
     unmatched = [pat for pat in no_decay if not any(fnmatchcase(p, pat) for p in params)]
     if unmatched:
         shown = ", ".join(params[:8]) + (", ..." if len(params) > 8 else "")
-        raise GraphError(f"no_decay pattern(s) {unmatched} match no trainable param (params: {shown})")
+        raise PassError(f"no_decay pattern(s) {unmatched} match no trainable param (params: {shown})")
     return {p: not any(fnmatchcase(p, pat) for pat in no_decay) for p in params}
 
 
@@ -222,8 +222,8 @@ def _upgrade(model: ir.Model, opset: int) -> ir.Model:
     try:
         proto = onnx.version_converter.convert_version(ir.serde.serialize_model(model), MIN_OPSET)
     except Exception as exc:  # noqa: BLE001 - the converter raises RuntimeError/ConvertError
-        raise GraphError(f"training graphs need ai.onnx opset >= {MIN_OPSET}; the model uses opset {opset} "
-                         f"and onnx's version converter could not upgrade it: {exc}") from exc
+        raise PassError(f"training graphs need ai.onnx opset >= {MIN_OPSET}; the model uses opset {opset} "
+                        f"and onnx's version converter could not upgrade it: {exc}") from exc
     return ir.serde.deserialize_model(proto)
 
 
@@ -246,19 +246,19 @@ def append_loss(graph: ir.Graph, opset: int, loss: LossArgs) -> str | None:
     """Append the loss named ``loss``; returns the label input's name (None for a given loss)."""
     outputs = {v.name: v for v in graph.outputs}
     if loss.output not in outputs:
-        raise GraphError(f"loss output {loss.output!r} is not an output of the model; outputs: {sorted(outputs)}")
+        raise PassError(f"loss output {loss.output!r} is not an output of the model; outputs: {sorted(outputs)}")
     out = outputs[loss.output]
     if loss.build is None:
         dims = list(out.shape) if out.shape is not None else []
         if not imports.is_float(out) or not all(d == 1 for d in dims):  # [] or [1, ...]
-            raise GraphError(f"loss {loss.output!r} must be a float scalar, got {out.dtype} {out.shape}")
+            raise PassError(f"loss {loss.output!r} must be a float scalar, got {out.dtype} {out.shape}")
         if out.name != LOSS:
             Emitter(graph, opset, "loss").op("Identity", out, name=LOSS)
         return None
     taken = {v.name for v in graph.inputs} | set(graph.initializers)
     for name in (LOSS, loss.label):
         if name in taken or name in outputs:
-            raise GraphError(f"the name {name!r} is already used in the model; choose another label name")
+            raise PassError(f"the name {name!r} is already used in the model; choose another label name")
     _splice_loss(graph, loss.build(out, opset).graph, out, loss.label)
     return loss.label
 
@@ -270,7 +270,7 @@ def _splice_loss(graph: ir.Graph, loss_graph: ir.Graph, out: ir.Value, label_nam
     pred, label = loss_graph.inputs
     result = loss_graph.outputs[0]
     if loss_graph.initializers or result.producer() is None:
-        raise GraphError("a loss graph must compute its output with nodes and hold no initializers")
+        raise PassError("a loss graph must compute its output with nodes and hold no initializers")
     nodes = list(loss_graph)
     loss_graph.inputs.clear()
     loss_graph.outputs.clear()
@@ -305,8 +305,8 @@ def _select_params(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, 
         constants = {n: why for n, why in constants.items() if n not in chosen}
     trainable = [n for n in trainable if n not in frozen]
     if not trainable:
-        raise GraphError("no trainable parameters: every float initializer is frozen, an exporter constant or does "
-                         "not reach the loss")
+        raise PassError("no trainable parameters: every float initializer is frozen, an exporter constant or does "
+                        "not reach the loss")
     return trainable, [n for n in candidates if n not in trainable and n not in constants], constants
 
 
@@ -318,7 +318,7 @@ def _matching(patterns: Iterable[str], candidates: Sequence[str], option: str) -
     unknown = [pat for pat, names in picked.items() if not names]
     if unknown:
         shown = ", ".join(candidates[:12]) + (", ..." if len(candidates) > 12 else "")
-        raise GraphError(f"{option}: unknown parameter(s) {unknown}; float initializers of the model: {shown}")
+        raise PassError(f"{option}: unknown parameter(s) {unknown}; float initializers of the model: {shown}")
     return [n for n in candidates if any(n in names for names in picked.values())]
 
 
