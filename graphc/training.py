@@ -382,7 +382,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
     if batchnorm not in ("train", "frozen"):
         raise ValueError(f"batchnorm must be 'train' or 'frozen', got {batchnorm!r}")
     opt_json = _optimizer_json(optimizer)
-    built = artifacts.build(model.ir, loss_args, opt_json["kind"], opt_json,
+    built = artifacts.build(model.ir, loss_args, opt_json,
                             trainable=None if trainable is None else list(trainable), frozen=list(frozen),
                             fused=fused, recompute=recompute, params=list(params), batchnorm=batchnorm)
     graphs = {key: Model(m) for key, m in built.graphs.items()}
@@ -411,7 +411,7 @@ def update_model(manifest: Manifest) -> Model:
                          b.weight_decay)
               for b in manifest.layout]
     opt = manifest.optimizer
-    return Model(artifacts.update_graph(manifest.opset, opt["kind"], opt, params, groups,
+    return Model(artifacts.update_graph(manifest.opset, opt, params, groups,
                                         () if groups else opt.get("no_decay") or ()))
 
 
