@@ -40,7 +40,7 @@ from graphc.passes.autodiff.core import backward, node_inputs
 from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks, fold_integer_values
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
-from graphc.passes.training import dense_conv, flat, imports, modes, optimizers
+from graphc.passes.training import dense_conv, flat, imports, modes, noise as noise_shapes, optimizers
 from graphc.passes.training import recompute as recomputation
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
@@ -133,6 +133,12 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
         _tidy(m)
     outputs = {"train_step": step_outputs, "gradients": grad_outputs, "eval": eval_outputs,
                "inference": [Output(o, "loss" if o == LOSS else "output") for o in model_outputs]}
+    batch = [*data, *([label] if label else [])]
+    unbound = noise_shapes.unbound(step.graph, noise, batch)
+    if unbound:  # noise a trainer cannot size from the batch's dims: a graph that computes it
+        graphs["noise_shapes"] = noise_shapes.shape_graph(step, noise, unbound, batch, [*params, *bn_stats])
+        graphs["noise_shapes"].graph.name = f"{model.graph.name or 'model'}_noise_shapes"
+        outputs["noise_shapes"] = [Output(f"{n}{noise_shapes.SHAPE_SUFFIX}", "noise_shape") for n in unbound]
     roles = {key: {**{v.name: role_of_input[v.name] for v in m.graph.inputs}, **{o.name: o.role for o in outputs[key]}}
              for key, m in graphs.items()}
     feeds = {o.name: o.feeds for o in step_outputs if o.feeds is not None}
