@@ -33,6 +33,9 @@ guess from names):
   model's outputs.
 * ``inference``: the forward graph in inference mode with params as initializers; the model's
   own inputs and outputs.
+* ``noise_shapes`` (only where a Dropout input's shape is computed inside the model, so the
+  batch's dims cannot size its noise): batch inputs in, ``<noise>.shape`` out
+  (``passes/training/noise.py``); the Trainer runs it to size the noise it draws.
 
 Every graph is ``ai.onnx`` only and keeps symbolic dims symbolic (any batch size).
 ``state.safetensors`` and checkpoints always name tensors per param (``fc1.weight``,
