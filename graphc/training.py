@@ -56,7 +56,7 @@ import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from graphc.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
-from graphc.errors import ArtifactsError, GraphError
+from graphc.errors import ArtifactsError, PassError
 from graphc.fileio import atomic_write, remove_stale_temps
 from graphc.losses import LossSpec
 from graphc.model import Model, value_spec
@@ -440,11 +440,11 @@ def capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:
 
     pred = value_spec(output)
     if pred.shape is None:
-        raise GraphError(f"loss {spec.kind!r}: the rank of model output {output.name!r} is unknown")
+        raise PassError(f"loss {spec.kind!r}: the rank of model output {output.name!r} is unknown")
     label = pred
     if spec.kind == "cross_entropy":
         if len(pred.shape) < 2:
-            raise GraphError(f"cross_entropy needs logits [N, C, ...]; output {output.name!r} has shape {pred.shape}")
+            raise PassError(f"cross_entropy needs logits [N, C, ...]; output {output.name!r} has shape {pred.shape}")
         label = TensorSpec(name="label", dtype="int64", shape=(pred.shape[0], *pred.shape[2:]))
     fn = getattr(_dsl_losses, spec.kind)
     options = spec.resolved_options()

@@ -73,7 +73,7 @@ class Output:
 
 @dataclass
 class Built:
-    graphs: dict[str, ir.Model]  # train_step, gradients, eval, inference
+    graphs: dict[str, ir.Model]  # train_step, gradients, eval, inference[, noise_shapes]
     roles: dict[str, dict[str, str]]  # graph -> value name -> role
     feeds: dict[str, str]
     trainable: list[str]
