@@ -26,8 +26,9 @@ from graphc.dtypes import (
     spec,
     uint8,
 )
-from graphc.errors import (BackendError, BackendUnavailable, GraphcError, GraphError, InputError, MissingDependency,
-                           ModelLoadError)
+from graphc.errors import (AutodiffError, BackendError, BackendUnavailable, CaptureError, GraphcError, GraphError,
+                           InputError, MissingDependency, MissingGradientRule, MissingKernel, ModelLoadError, PassError,
+                           PipelineError)
 from graphc.model import Model, load
 
 __version__ = "0.1.0"
@@ -82,9 +83,9 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "BackendError", "BackendUnavailable", "GraphError", "GraphcError", "InputError", "MissingDependency", "Model",
-    "ModelLoadError", "TensorSpec", "backends", "bfloat16", "bool_", "float16", "float32",
-    "float64", "int8", "int32", "int64", "load", "spec", "uint8", *_LAZY,
+    "AutodiffError", "BackendError", "BackendUnavailable", "CaptureError", "GraphError", "GraphcError", "InputError",
+    "MissingDependency", "MissingGradientRule", "MissingKernel", "Model", "ModelLoadError", "PassError", "PipelineError",
+    "TensorSpec", "backends", "bfloat16", "bool_", "float16", "float32", "float64", "int8", "int32", "int64", "load", "spec", "uint8", *_LAZY,
 ]
 
 

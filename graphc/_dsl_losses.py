@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphc import ops
-from graphc.errors import GraphError
+from graphc.errors import CaptureError
 from graphc.tensor import Tensor
 
 
@@ -21,7 +21,7 @@ def _reduce(x: Tensor, reduction: str) -> Tensor:
         return ops.sum(x)
     if reduction == "none":
         return x
-    raise GraphError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    raise CaptureError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 def mse(pred: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
@@ -49,7 +49,7 @@ def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean", label
                   ignore_index: int = -100) -> Tensor:
     shape = logits.shape
     if shape is None or len(shape) < 2:
-        raise GraphError(f"cross_entropy needs logits [N, C, ...], got {logits.type_str()}")
+        raise CaptureError(f"cross_entropy needs logits [N, C, ...], got {logits.type_str()}")
     lsm = ops.log_softmax(logits, axis=1)
     # one-hot of the labels along axis 1 (no GatherElements: plain ops every backend and the
     # gradient table cover); labels equal to ignore_index (or out of range) match no class

@@ -11,7 +11,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.dtypes import TensorSpec, as_dtype
-from graphc.errors import GraphError
+from graphc.errors import CaptureError, GraphError
 from graphc.model import Model
 from graphc.tracing import _CURRENT, Builder
 
@@ -21,7 +21,7 @@ def _as_spec(name: str, value: Any) -> tuple[TensorSpec, np.ndarray | None]:
     if isinstance(value, np.ndarray) or np.isscalar(value):
         arr = np.asarray(value)
         return TensorSpec(name=name, dtype=as_dtype(arr.dtype), shape=arr.shape), arr
-    raise GraphError(f"capture input {name!r} must be a gc.TensorSpec or an np.ndarray, got {type(value).__name__}")
+    raise CaptureError(f"capture input {name!r} must be a gc.TensorSpec or an np.ndarray, got {type(value).__name__}")
 
 
 def _call(fn: Callable, tensors: dict[str, Any]):
@@ -57,9 +57,9 @@ def check_input_names(fn: Callable, names: list[str]) -> None:
     missing = [n for n in needed if n not in names]
     if unknown or missing:
         owner = f"{type(fn).__name__}.forward" if isinstance(fn, Module) else getattr(fn, "__qualname__", "the function")
-        raise GraphError(f"input names do not match {owner}({', '.join(accepted)}): expected "
-                         f"{', '.join(needed) or 'none'}, got {', '.join(names) or 'none'}"
-                         + (f" ({', '.join(unknown)} not a parameter)" if unknown else ""))
+        raise CaptureError(f"input names do not match {owner}({', '.join(accepted)}): expected "
+                           f"{', '.join(needed) or 'none'}, got {', '.join(names) or 'none'}"
+                           + (f" ({', '.join(unknown)} not a parameter)" if unknown else ""))
 
 
 def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed: int = 0,
@@ -79,7 +79,7 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     from graphc.tensor import Tensor
 
     if not inputs:
-        raise GraphError("gc.capture needs at least one input, e.g. x=gc.spec('float32', ('N', 784))")
+        raise CaptureError("gc.capture needs at least one input, e.g. x=gc.spec('float32', ('N', 784))")
     specs = {k: _as_spec(k, v) for k, v in inputs.items()}
     eager = all(arr is not None for _, arr in specs.values())
     if isinstance(fn_or_module, type) and issubclass(fn_or_module, Module):
@@ -130,12 +130,12 @@ def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list
     elif isinstance(result, (tuple, list)):
         named = {f"output_{i}": t for i, t in enumerate(result)}
     else:
-        raise GraphError(f"the captured function must return a Tensor, a tuple or a dict of Tensors, "
-                         f"got {type(result).__name__}")
+        raise CaptureError(f"the captured function must return a Tensor, a tuple or a dict of Tensors, "
+                           f"got {type(result).__name__}")
     values, seen = [], set()
     for key, t in named.items():
         if not isinstance(t, Tensor):
-            raise GraphError(f"output {key!r} is {type(t).__name__}, not a gc.Tensor")
+            raise CaptureError(f"output {key!r} is {type(t).__name__}, not a gc.Tensor")
         value = t.value
         if (id(value) in seen or id(value) in input_ids or value.const_value is not None
                 or value.producer() is None or value.name in builder.initializer_names()):
@@ -154,7 +154,7 @@ def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list
 def _free_name(builder: Builder, name: str, input_ids: set[int]) -> None:
     """An output key equal to an automatic value name (``relu``, ``add_3``) renames that value."""
     if name in builder.initializer_names():
-        raise GraphError(f"output name {name!r} is already a parameter's name; pick another key")
+        raise CaptureError(f"output name {name!r} is already a parameter's name; pick another key")
 
     def nodes(node_list):
         for node in node_list:
@@ -169,6 +169,6 @@ def _free_name(builder: Builder, name: str, input_ids: set[int]) -> None:
                 v.name = builder.unique(name)
                 builder._names.discard(name)
                 return
-    raise GraphError(f"output name {name!r} is already an input's name; pick another key")
+    raise CaptureError(f"output name {name!r} is already an input's name; pick another key")
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc import eager as _eager
-from graphc.errors import GraphError
+from graphc.errors import CaptureError
 from graphc.tensor import Tensor
 from graphc.tracing import Builder, current, op_error, user_source
 
@@ -42,7 +42,7 @@ def _merge_shape(a: Any, b: Any) -> Any:
 
 def _check_carry(op: str, init: list[Tensor], outs: list[Tensor], source: str) -> None:
     if len(init) != len(outs):
-        raise GraphError(f"{op}: body returns {len(outs)} carried values, init has {len(init)} (at {source})")
+        raise CaptureError(f"{op}: body returns {len(outs)} carried values, init has {len(init)} (at {source})")
     for i, (a, b) in enumerate(zip(init, outs)):
         if a.dtype != b.dtype:
             raise op_error(op, [a, b], f"carried value {i} changes dtype from {a.dtype} to {b.dtype}", source)
@@ -70,7 +70,7 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
     then_g, then_outs, seq = builder.trace_subgraph(true_fn, operands, [], "then_branch")
     else_g, else_outs, seq2 = builder.trace_subgraph(false_fn, operands, [], "else_branch")
     if len(then_outs) != len(else_outs) or seq != seq2:
-        raise GraphError(f"gc.cond: branches return {len(then_outs)} and {len(else_outs)} values (at {source})")
+        raise CaptureError(f"gc.cond: branches return {len(then_outs)} and {len(else_outs)} values (at {source})")
     out_types = []
     for i, (a, b) in enumerate(zip(then_outs, else_outs)):
         if a.dtype != b.dtype:
@@ -107,7 +107,7 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
         new = body_fn(i, _rebuild(list(state), is_seq))
         new_items, new_seq = _flatten(new)
         if new_seq != is_seq:
-            raise GraphError(f"gc.fori_loop: body must return the same structure as init (at {source})")
+            raise CaptureError(f"gc.fori_loop: body must return the same structure as init (at {source})")
         return [ops.emit("Identity", [cond_in])] + new_items
 
     in_types = [("iter", "int64", []), ("cond", "bool", [])] + [
@@ -146,11 +146,11 @@ def scan(fn: Callable, init: Any, xs: Any) -> tuple[Any, Any]:
         state, elems = list(vals[:n_carry]), list(vals[n_carry:])
         result = fn(_rebuild(state, carry_seq), _rebuild(elems, xs_seq))
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
-            raise GraphError(f"gc.scan: fn must return (carry, y) (at {source})")
+            raise CaptureError(f"gc.scan: fn must return (carry, y) (at {source})")
         new_carry, ys = result
         new_items, new_seq = _flatten(new_carry)
         if new_seq != carry_seq:
-            raise GraphError(f"gc.scan: fn must return a carry with the structure of init (at {source})")
+            raise CaptureError(f"gc.scan: fn must return a carry with the structure of init (at {source})")
         y_items, y_seq = _flatten(ys)
         y_seq_box.append(y_seq)
         return new_items + y_items
@@ -201,7 +201,7 @@ def run_graph(builder: Builder, graph: ir.Graph, inputs: Sequence[np.ndarray],
             return builder.values[id(value)]
         if outer is not None:
             return None
-        raise GraphError(f"no eager value for {value.name!r} while evaluating {graph.name}")
+        raise CaptureError(f"no eager value for {value.name!r} while evaluating {graph.name}")
 
     for node in graph:
         args = [get(v) for v in node.inputs]

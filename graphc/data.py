@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dtypes import TensorSpec
+from graphc.dtypes import TensorSpec, type_text
 from graphc.errors import InputError
-from graphc.feeds import describe, dtype_name
+from graphc.feeds import dtype_name
 
 __all__ = ["DataLoader"]
 
@@ -166,7 +166,7 @@ class DataLoader:
 
 
 def _check_array(spec: TensorSpec, array: np.ndarray, loader: DataLoader) -> None:
-    got = describe(array.shape, array.dtype)
+    got = type_text(array.dtype, array.shape)
     if dtype_name(array.dtype) != spec.dtype:
         raise InputError(f"array {spec.name!r}: expected dtype {spec.dtype} (model input {spec}), "
                          f"got {got}")

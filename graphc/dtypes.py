@@ -101,6 +101,13 @@ def to_onnx(dtype: DTypeLike) -> int:
 Dim = Union[int, str, None]
 
 
+def type_text(dtype: Any, shape: Any) -> str:
+    """``float32[N,4]``: a dtype and shape as messages show them; ``?`` stands for an unknown
+    dtype, rank or dim. The one format of ``TensorSpec``, ``Tensor.type_str`` and feed checks."""
+    dims = "?" if shape is None else ",".join("?" if d is None else str(d) for d in shape)
+    return f"{'?' if dtype is None else dtype}[{dims}]"
+
+
 class TensorSpec(BaseModel):
     """Name, dtype and shape of a graph input or output. Dims are ints, names or None."""
 
@@ -133,8 +140,7 @@ class TensorSpec(BaseModel):
         return None if self.shape is None else len(self.shape)
 
     def __str__(self) -> str:
-        dims = "?" if self.shape is None else ",".join("?" if d is None else str(d) for d in self.shape)
-        return f"{self.name + ': ' if self.name else ''}{self.dtype}[{dims}]"
+        return f"{self.name + ': ' if self.name else ''}{type_text(self.dtype, self.shape)}"
 
 
 def spec(dtype: DTypeLike, shape: Any = (), name: str = "") -> TensorSpec:

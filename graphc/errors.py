@@ -6,7 +6,34 @@ class GraphcError(Exception):
 
 
 class GraphError(GraphcError, ValueError):
-    """A graph cannot be built or used: shape/dtype mismatch, unknown op, no gradient rule."""
+    """A graph cannot be built, transformed or run as given. The base users catch; each failure
+    family below is a subclass, so ``except gc.GraphError`` still catches all of them."""
+
+
+class CaptureError(GraphError):
+    """DSL code cannot be captured: shape/dtype mismatch, an op misused, a traced value used as a
+    Python value. The message names the op, the values and the user's ``file.py:LINE``."""
+
+
+class PassError(GraphError):
+    """A graph-to-graph pass (optimize, autodiff, training graphs) cannot transform the graph."""
+
+
+class PipelineError(PassError, RuntimeError):
+    """An optimize pass broke its contract (changed the graph's interface): a bug in that pass."""
+
+
+class AutodiffError(PassError):
+    """The graph cannot be differentiated as asked: a non-float loss or parameter, an unsupported
+    case of an op's gradient, or a gradient rule that broke its contract."""
+
+
+class MissingGradientRule(AutodiffError, NotImplementedError):
+    """An op on the path from a trainable parameter to the loss has no gradient rule."""
+
+
+class MissingKernel(GraphError, NotImplementedError):
+    """The numpy backend has no kernel for an op (or an attribute of it) the graph uses."""
 
 
 class ModelLoadError(GraphcError, ValueError):

@@ -12,12 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dtypes import TensorSpec, as_dtype, to_numpy
+from graphc.dtypes import TensorSpec, as_dtype, to_numpy, type_text
 from graphc.errors import InputError
-
-
-def describe(shape: Sequence[Any], dtype: Any) -> str:
-    return f"{dtype}[{','.join(str(d) for d in shape)}]"
 
 
 def _as_array(spec: TensorSpec, value: Any) -> np.ndarray:
@@ -41,7 +37,7 @@ def dtype_name(dtype: np.dtype) -> str:
 
 def check_one(spec: TensorSpec, shape: Sequence[int], dtype: str, dims: dict[str, tuple[int, str, int]]) -> None:
     """Check one value's dtype/shape against ``spec``; ``dims`` collects symbolic dim sizes."""
-    got = describe(shape, dtype)
+    got = type_text(dtype, shape)
     if dtype != spec.dtype:
         raise InputError(f"input {spec.name!r}: expected {spec}, got {got} "
                          f"(dtype {dtype} is not {spec.dtype}; cast it with .astype)")

@@ -8,7 +8,7 @@ from typing import Union
 
 import onnx_ir as ir
 
-from graphc.errors import GraphError
+from graphc.errors import PassError
 from graphc.losses import LossSpec
 from graphc.model import Model, load
 
@@ -58,7 +58,7 @@ def _with_loss(model: Model, spec: LossSpec) -> Model:
     from graphc.training import capture_loss
 
     if LOSS in {o.name for o in model.outputs}:
-        raise GraphError(f"the model already has an output named {LOSS!r}, the name a loss spec's output "
+        raise PassError(f"the model already has an output named {LOSS!r}, the name a loss spec's output "
                          f"takes; differentiate it with gc.grad(model, {LOSS!r})")
     copy = ir.serde.deserialize_model(model.proto)
     graph = copy.graph

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.errors import GraphError
+from graphc.errors import CaptureError
 from graphc.tensor import Tensor
 from graphc.tracing import op_error, user_source
 
@@ -18,7 +18,7 @@ def getitem(x: Tensor, index: Any) -> Tensor:
 
     items = list(index) if isinstance(index, tuple) else [index]
     if sum(i is Ellipsis for i in items) > 1:
-        raise GraphError(f"an index can have only one `...` (at {user_source()})")
+        raise CaptureError(f"an index can have only one `...` (at {user_source()})")
     rank = x.ndim
     consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
     if consumed > rank:
@@ -56,7 +56,7 @@ def getitem(x: Tensor, index: Any) -> Tensor:
             if item != slice(None):
                 step = 1 if item.step is None else int(item.step)
                 if step == 0:
-                    raise GraphError(f"slice step cannot be zero (at {user_source()})")
+                    raise CaptureError(f"slice step cannot be zero (at {user_source()})")
                 lo = (0 if step > 0 else -1) if item.start is None else int(item.start)
                 hi = (_INT_MAX if step > 0 else -_INT_MAX) if item.stop is None else int(item.stop)
                 starts.append(lo)
@@ -64,7 +64,7 @@ def getitem(x: Tensor, index: Any) -> Tensor:
                 axes.append(axis)
                 steps.append(step)
         else:
-            raise GraphError(f"unsupported index {item!r} of type {type(item).__name__} (at {user_source()})")
+            raise CaptureError(f"unsupported index {item!r} of type {type(item).__name__} (at {user_source()})")
         axis += 1
         out_axis += 1
     y = x
@@ -78,7 +78,7 @@ def getitem(x: Tensor, index: Any) -> Tensor:
         y = ops.emit("Gather", [y, idx], {"axis": ax})
     if squeeze_axes:
         if gathers:
-            raise GraphError(f"mixing integer and tensor indices is not supported (at {user_source()})")
+            raise CaptureError(f"mixing integer and tensor indices is not supported (at {user_source()})")
         y = ops.squeeze(y, squeeze_axes)
     if new_axes:
         y = ops.unsqueeze(y, new_axes)

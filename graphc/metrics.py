@@ -21,7 +21,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-__all__ = ["Metric", "accuracy", "compute", "defaults", "get", "mae", "mse", "names", "prepare", "register", "resolve",
+__all__ = ["Metric", "accuracy", "compute", "default_names", "defaults", "get", "mae", "mse", "names", "prepare", "register", "resolve",
            "top_k_accuracy"]
 
 Metric = Callable[[np.ndarray, np.ndarray], float]
@@ -111,15 +111,21 @@ def mae(pred: np.ndarray, target: np.ndarray) -> float:
     return float(np.mean(np.abs(pred.astype(np.float64) - target)))
 
 
+def default_names(kind: str, classes: Optional[int]) -> Optional[list[str]]:
+    """The metric names a loss of ``kind`` implies; ``classes``: the logits' class count (None:
+    unknown, and then None for a classifier, whose top-5 accuracy needs more than 5 classes).
+    ``gc.training.generate`` records them in the manifest."""
+    if kind == "cross_entropy":
+        return None if classes is None else ["accuracy"] + (["top5_accuracy"] if classes > 5 else [])
+    if kind == "bce_with_logits":
+        return ["accuracy"]
+    return ["mse", "mae"]
+
+
 def defaults(kind: str, pred: np.ndarray) -> dict[str, Metric]:
     """The metrics a loss of ``kind`` implies for outputs like ``pred`` (as prepared)."""
-    if kind == "cross_entropy":
-        chosen = ["accuracy"] + (["top5_accuracy"] if pred.ndim == 2 and pred.shape[1] > 5 else [])
-    elif kind == "bce_with_logits":
-        chosen = ["accuracy"]
-    else:
-        chosen = ["mse", "mae"]
-    return {name: get(name) for name in chosen}
+    names = default_names(kind, pred.shape[1] if pred.ndim == 2 else 0)
+    return {name: get(name) for name in names}
 
 
 def prepare(loss: Mapping, pred: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

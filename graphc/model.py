@@ -119,7 +119,7 @@ class Model:
         return f"<gc.Model {self.name!r} ({ins}) -> ({outs}), {len(self._ir.graph)} nodes, opset {self.opset}>"
 
     def summary(self) -> str:
-        from graphc.inspect import summary
+        from graphc.inspection import summary
 
         return summary(self)
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dtypes import as_dtype, to_numpy
-from graphc.errors import GraphError
+from graphc.errors import CaptureError, GraphError
 from graphc.tensor import Tensor
 from graphc.tracing import current, op_error, user_source
 
@@ -31,7 +31,7 @@ def lift(x: Any, like: Tensor | None = None) -> Tensor:
         elif arr.dtype == np.float64:
             arr = arr.astype(np.float32)  # a bare Python float is float32, as in PyTorch
         return current().constant(arr)
-    raise GraphError(f"cannot use {type(x).__name__} {x!r} as a tensor (at {user_source()})")
+    raise CaptureError(f"cannot use {type(x).__name__} {x!r} as a tensor (at {user_source()})")
 
 
 def _pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
@@ -128,7 +128,7 @@ def erf(x: Tensor) -> Tensor:
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """GELU; ``Gelu`` from opset 20, lowered to Erf (or Tanh) arithmetic before."""
     if approximate not in ("none", "tanh"):
-        raise GraphError(f"gelu approximate={approximate!r}; expected 'none' or 'tanh' (at {user_source()})")
+        raise CaptureError(f"gelu approximate={approximate!r}; expected 'none' or 'tanh' (at {user_source()})")
     x = lift(x)
     if current().opset >= 20:
         return emit("Gelu", [x], {"approximate": approximate})
@@ -217,7 +217,7 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     """Join along ``axis``. Signature: ai.onnx@13::Concat"""
     tensors = list(tensors)
     if not tensors:
-        raise GraphError(f"concat of no tensors (at {user_source()})")
+        raise CaptureError(f"concat of no tensors (at {user_source()})")
     first = lift(tensors[0])
     tensors = [lift(t, first) for t in tensors]
     for t in tensors[1:]:
@@ -258,7 +258,7 @@ def reshape(x: Tensor, shape: Sequence[Any]) -> Tensor:
     dims, out_shape, dynamic = [], [], []
     for i, d in enumerate(shape):
         if isinstance(d, Tensor):
-            raise GraphError(f"reshape takes ints and dim names, not a Tensor (at {user_source()})")
+            raise CaptureError(f"reshape takes ints and dim names, not a Tensor (at {user_source()})")
         if isinstance(d, (int, np.integer)):
             dims.append(int(d))
             out_shape.append(int(d) if d != -1 else None)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.errors import GraphError
+from graphc.errors import CaptureError
 from graphc.tensor import Tensor
 from graphc.tracing import current, op_error, user_source
 
@@ -23,7 +23,7 @@ def int_pair(v: Any, name: str) -> list[int]:
         return [int(v), int(v)]
     v = [int(i) for i in v]
     if len(v) != 2:
-        raise GraphError(f"{name} must be an int or a pair, got {v} (at {user_source()})")
+        raise CaptureError(f"{name} must be an int or a pair, got {v} (at {user_source()})")
     return v
 
 
@@ -53,7 +53,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
         elif padding == "same":
             attrs["auto_pad"] = "SAME_UPPER"
         else:
-            raise GraphError(f"padding={padding!r}; expected an int, a pair, 'same' or 'valid' (at {user_source()})")
+            raise CaptureError(f"padding={padding!r}; expected an int, a pair, 'same' or 'valid' (at {user_source()})")
     else:
         ph, pw = int_pair(padding, "padding")
         attrs["pads"] = [ph, pw, ph, pw]
@@ -112,7 +112,7 @@ def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor, weight: Ten
     channels = running_mean.shape[0] if running_mean.shape else None
     if weight is None or bias is None:
         if not isinstance(channels, int):
-            raise GraphError(f"batch_norm without weight/bias needs a static channel count (at {user_source()})")
+            raise CaptureError(f"batch_norm without weight/bias needs a static channel count (at {user_source()})")
         one = np.ones(channels, dtype=x.dtype.numpy)
         weight = weight if weight is not None else current().constant(one)
         bias = bias if bias is not None else current().constant(np.zeros_like(one))
@@ -149,7 +149,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = False) -> Tensor:
     inference capture too (the training generator flips ``training_mode``)."""
     ops = _ops()
     if not 0.0 <= p < 1.0:
-        raise GraphError(f"dropout probability {p} must be in [0, 1) (at {user_source()})")
+        raise CaptureError(f"dropout probability {p} must be in [0, 1) (at {user_source()})")
     x = ops.lift(x)
     ratio = ops.scalar(p, x)
     mode = current().constant(np.asarray(bool(training)))

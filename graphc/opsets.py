@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from graphc.errors import GraphError
+from graphc.errors import PassError
 from graphc.model import Model, load
 from graphc.passes.functions import expand_functions, fresh_name
 
@@ -16,7 +16,7 @@ __all__ = ["convert_opset"]
 def convert_opset(model: Model, target: int, hint: str = "") -> Model:
     """``model`` at ai.onnx opset ``target`` (onnx's version converter). Ops ONNX added after
     ``target`` but defines as functions of older ops (Gelu from 20, ...) are first replaced by
-    their function body. Raises ``GraphError`` naming the model, both opsets and why."""
+    their function body. Raises ``PassError`` (a ``GraphError``) naming the model, both opsets and why."""
     current = model.opset
     if target == current:
         return model
@@ -34,8 +34,8 @@ def convert_opset(model: Model, target: int, hint: str = "") -> Model:
         _restore(converted, held, target)
         _drop_default_attributes_unknown_at(converted, current, target)
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors from C++
-        raise GraphError(f"cannot convert model {model.name!r} from opset {current} to {target}: {exc}"
-                         + (f"; {hint}" if hint else "")) from None
+        raise PassError(f"cannot convert model {model.name!r} from opset {current} to {target}: {exc}"
+                        + (f"; {hint}" if hint else "")) from None
     return load(converted)
 
 

@@ -26,8 +26,11 @@ class _Spec(BaseModel):
 
     @property
     def state_slots(self) -> tuple[str, ...]:
-        """Per-parameter state names: ``<param>.<slot>`` (PyTorch's ``optimizer.state`` keys)."""
-        return ()
+        """Per-parameter state names: ``<param>.<slot>`` (PyTorch's ``optimizer.state`` keys), as
+        the update graphs define them."""
+        from graphc.passes.training.optimizers import state_slots
+
+        return state_slots(self.model_dump())
 
 
 class SGD(_Spec):
@@ -49,10 +52,6 @@ class SGD(_Spec):
             raise ValueError("SGD(nesterov=True) needs momentum > 0 (as in torch.optim.SGD)")
         return self
 
-    @property
-    def state_slots(self) -> tuple[str, ...]:
-        return ("momentum_buffer",) if self.momentum else ()
-
 
 class Adam(_Spec):
     """``torch.optim.Adam`` (amsgrad=False): L2 weight decay added to the gradient, bias
@@ -70,10 +69,6 @@ class Adam(_Spec):
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
         return self
-
-    @property
-    def state_slots(self) -> tuple[str, ...]:
-        return ("exp_avg", "exp_avg_sq")
 
 
 class AdamW(Adam):

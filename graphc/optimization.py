@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 import onnx_ir as ir
 
-from graphc.errors import GraphError
+from graphc.errors import GraphError, PassError
 from graphc.model import Model, load
 from graphc.passes.optimize import LEVELS, OptimizeReport, optimize_in_place
 
@@ -30,7 +30,8 @@ def optimize(model, level: int = 2, report: bool = False):
         (symbolic dims stay symbolic) are unchanged.
 
     Raises:
-        GraphError: ``level`` is not 0-3, or a pass failed on this model (the message names it).
+        GraphError: ``level`` is not 0-3; ``PassError`` (``PipelineError`` for a pass that broke
+            the graph's interface): a pass failed on this model (the message names it).
 
     Example:
         >>> import graphc as gc
@@ -53,7 +54,7 @@ def optimize(model, level: int = 2, report: bool = False):
     try:
         result: OptimizeReport = optimize_in_place(copy, level, source=proto)
     except Exception as exc:  # a pass bug or a model a library pass cannot handle
-        raise GraphError(f"optimize level {level} failed on model {source.name!r}: "
-                         f"{type(exc).__name__}: {exc}") from exc
+        raise (type(exc) if isinstance(exc, PassError) else PassError)(
+            f"optimize level {level} failed on model {source.name!r}: {type(exc).__name__}: {exc}") from exc
     out = Model(copy)
     return (out, result) if report else out

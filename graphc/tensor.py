@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from graphc.dtypes import DType, as_dtype
-from graphc.errors import GraphError
+from graphc.dtypes import DType, as_dtype, type_text
+from graphc.errors import CaptureError, GraphError
 
 
 class Tensor:
@@ -29,7 +29,13 @@ class Tensor:
     # -- type -----------------------------------------------------------------------------------
     @property
     def dtype(self) -> DType:
-        return as_dtype(int(self.value.dtype)) if self.value.dtype is not None else DType("float32")
+        """The element type; ``CaptureError`` naming the value when ONNX inference could not tell it."""
+        if self.value.dtype is None:
+            from graphc.tracing import user_source
+
+            raise CaptureError(f"the dtype of {self.value.name} is unknown (ONNX type inference could not tell "
+                               f"it); cast it with .astype(dtype) first (at {user_source()})")
+        return as_dtype(int(self.value.dtype))
 
     @property
     def shape(self) -> tuple | None:
@@ -41,7 +47,7 @@ class Tensor:
     def ndim(self) -> int:
         shape = self.shape
         if shape is None:
-            raise GraphError(f"rank of {self.value.name} is unknown")
+            raise CaptureError(f"rank of {self.value.name} is unknown")
         return len(shape)
 
     @property
@@ -49,17 +55,16 @@ class Tensor:
         return self.value.name
 
     def type_str(self) -> str:
-        shape = self.shape
-        dims = "?" if shape is None else ",".join("?" if d is None else str(d) for d in shape)
-        return f"{self.dtype}[{dims}]"
+        dtype = None if self.value.dtype is None else as_dtype(int(self.value.dtype))
+        return type_text(dtype, self.shape)
 
     def numpy(self) -> np.ndarray:
         """The example value (eager capture only)."""
         if self._value is None:
             from graphc.tracing import user_source
 
-            raise GraphError(f"{self.value.name}: {self.type_str()} has no value; pass example np.ndarrays "
-                             f"to gc.capture for eager values (at {user_source()})")
+            raise CaptureError(f"{self.value.name}: {self.type_str()} has no value; pass example np.ndarrays "
+                               f"to gc.capture for eager values (at {user_source()})")
         return self._value
 
     def __repr__(self) -> str:
@@ -73,9 +78,9 @@ class Tensor:
     def __bool__(self) -> bool:
         from graphc.tracing import user_source
 
-        raise GraphError(f"Python `if`/`and`/`or`/`bool()` on traced value {self.value.name}: {self.type_str()} "
-                         f"at {user_source()}; the graph cannot branch on it. Use gc.where(cond, a, b) "
-                         f"or gc.cond(pred, true_fn, false_fn, ...)")
+        raise CaptureError(f"Python `if`/`and`/`or`/`bool()` on traced value {self.value.name}: {self.type_str()} "
+                           f"at {user_source()}; the graph cannot branch on it. Use gc.where(cond, a, b) "
+                           f"or gc.cond(pred, true_fn, false_fn, ...)")
 
     def __len__(self) -> int:
         shape = self.shape
@@ -83,7 +88,7 @@ class Tensor:
             return shape[0]
         from graphc.tracing import user_source
 
-        raise GraphError(f"len() of {self.value.name}: {self.type_str()} is not static (at {user_source()})")
+        raise CaptureError(f"len() of {self.value.name}: {self.type_str()} is not static (at {user_source()})")
 
     def __iter__(self):
         n = len(self)
@@ -92,7 +97,7 @@ class Tensor:
     def __index__(self) -> int:
         from graphc.tracing import user_source
 
-        raise GraphError(f"traced value {self.value.name} used as a Python int at {user_source()}")
+        raise CaptureError(f"traced value {self.value.name} used as a Python int at {user_source()}")
 
     # -- numpy protocols: numpy's operators on a Tensor build graph ops; other numpy functions
     # cannot see inside a traced value, so they are refused with the gc.* function to use.
@@ -113,8 +118,8 @@ class Tensor:
         from graphc.tracing import user_source
 
         hint = "; .numpy() gives its example value in eager capture" if self._value is not None else ""
-        raise GraphError(f"traced value {self.value.name}: {self.type_str()} cannot become a numpy array at "
-                         f"{user_source()}: inside forward use gc.* functions on it{hint}")
+        raise CaptureError(f"traced value {self.value.name}: {self.type_str()} cannot become a numpy array at "
+                           f"{user_source()}: inside forward use gc.* functions on it{hint}")
 
     # -- operators ------------------------------------------------------------------------------
     def __add__(self, other): return _ops().binary("Add", self, other)
@@ -228,7 +233,7 @@ _GC_NAMES = {"absolute": "abs", "concatenate": "concat", "power": "pow", "arccos
              "arctan": "atan", "amax": "max", "amin": "min", "square": "pow"}
 
 
-def _numpy_refused(what: str, name: str, tensor: Tensor) -> GraphError:
+def _numpy_refused(what: str, name: str, tensor: Tensor) -> CaptureError:
     """GraphError for a numpy function given a traced value, suggesting the gc.* function."""
     import graphc as gc
     from graphc.tracing import user_source
@@ -236,5 +241,5 @@ def _numpy_refused(what: str, name: str, tensor: Tensor) -> GraphError:
     gc_name = _GC_NAMES.get(name, name)
     hint = f"use gc.{gc_name}(...) instead" if hasattr(gc, gc_name) else \
         "graphc has no function of that name: build it from gc.* ops"
-    return GraphError(f"{what} cannot run on traced value {tensor.value.name}: {tensor.type_str()} at "
-                      f"{user_source()}: numpy cannot see inside the graph being captured; {hint}")
+    return CaptureError(f"{what} cannot run on traced value {tensor.value.name}: {tensor.type_str()} at "
+                        f"{user_source()}: numpy cannot see inside the graph being captured; {hint}")

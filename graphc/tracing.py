@@ -20,7 +20,7 @@ import onnx
 import onnx_ir as ir
 
 from graphc.dtypes import as_dtype, to_onnx
-from graphc.errors import GraphError
+from graphc.errors import CaptureError, GraphError
 from graphc.model import SOURCE_KEY
 from graphc import eager as _eager  # noqa: I001
 
@@ -53,12 +53,12 @@ def _display_path(filename: str) -> str:
 
 def current() -> "Builder":
     if not _CURRENT:
-        raise GraphError(f"graphc ops work only inside gc.capture(...) (called at {user_source()})")
+        raise CaptureError(f"graphc ops work only inside gc.capture(...) (called at {user_source()})")
     return _CURRENT[-1]
 
 
-def describe(value: Any) -> str:
-    """``float32[N,4]`` for a Tensor, the repr of anything else."""
+def operand_text(value: Any) -> str:
+    """An op's operand as error messages show it: ``float32[N,4]`` for a Tensor, else its repr."""
     from graphc.tensor import Tensor
 
     if isinstance(value, Tensor):
@@ -85,7 +85,7 @@ class Builder:
 
     def __init__(self, opset: int, training: bool, eager: bool, seed: int = 0):
         if not 17 <= opset <= 23:
-            raise GraphError(f"opset {opset} is not supported; graphc emits ai.onnx opsets 17..23")
+            raise CaptureError(f"opset {opset} is not supported; graphc emits ai.onnx opsets 17..23")
         self.opset = opset
         self.training = training
         self.scopes = [Scope(eager)]
@@ -115,7 +115,7 @@ class Builder:
 
     def reserve(self, name: str) -> str:
         if name in self._names:
-            raise GraphError(f"duplicate graph name {name!r}")
+            raise CaptureError(f"duplicate graph name {name!r}")
         self._names.add(name)
         return name
 
@@ -261,17 +261,17 @@ class Builder:
         except GraphError:
             raise
         except Exception as exc:
-            vals = ", ".join(f"{describe(t)}" for t in inputs)
-            raise GraphError(f"{node.op_type} failed on example values ({vals}) at {source}: {exc}") from None
+            vals = ", ".join(f"{operand_text(t)}" for t in inputs)
+            raise CaptureError(f"{node.op_type} failed on example values ({vals}) at {source}: {exc}") from None
 
 
-def op_error(op: str, operands: Sequence[Any], msg: str, source: str) -> GraphError:
+def op_error(op: str, operands: Sequence[Any], msg: str, source: str) -> CaptureError:
     """The one GraphError template: op, operand types, what is wrong, user's line."""
-    parts = [describe(t) for t in operands]
-    vals = [f"{describe(t)}={_short(t._value)}" for t in operands
+    parts = [operand_text(t) for t in operands]
+    vals = [f"{operand_text(t)}={_short(t._value)}" for t in operands
             if t is not None and hasattr(t, "_value") and t._value is not None]
     extra = f"; values {', '.join(vals)}" if vals else ""
-    return GraphError(f"{op}({', '.join(parts)}): {msg} at {source}{extra}")
+    return CaptureError(f"{op}({', '.join(parts)}): {msg} at {source}{extra}")
 
 
 def _short(array: np.ndarray) -> str:

@@ -17,7 +17,8 @@ buffers; ``state_dict()`` and checkpoints name it per param all the same.
 Training-mode Dropout reads its randomness from ``noise`` inputs (``dropout_noise.<k>``): each
 step the Trainer draws them, in manifest order, with ``self.rng.random(shape, dtype=float32)``
 from its ``numpy.random.Generator`` (PCG64, ``seed`` option, default 0), the shape's symbolic
-dims bound by the batch. The generator's state is saved in checkpoints, so a resumed run draws
+dims bound by the batch (dims the model computes: by the artifacts' ``noise_shapes`` graph,
+``gc.training``). The generator's state is saved in checkpoints, so a resumed run draws
 the same masks, and the draws are the same on every backend. A batch that holds an array under a
 noise input's name feeds it instead (no draw).
 
@@ -48,7 +49,7 @@ import onnx
 from graphc import checkpoint as ckpt
 from graphc import metrics as metrics_lib
 from graphc.dtypes import TensorSpec, to_numpy
-from graphc.errors import GraphcError, InputError
+from graphc.errors import ArtifactsError, GraphcError, InputError
 from graphc.feeds import check_one, dtype_name
 from graphc.history import EpochRecord, History
 from graphc.interrupts import DeferredInterrupt
@@ -144,7 +145,7 @@ class Trainer:
         self._feeds = dict(m.feeds)  # train_step output -> carried input
         self._device_outputs = list(self._feeds)
         self._eval = self._predict = None
-        self.metrics = metrics_lib.resolve(metrics)
+        self.metrics = metrics_lib.resolve(metrics if metrics is not None else (m.metrics or None))
         self.tensorboard = None if tensorboard is None else Path(tensorboard)
         self._state: dict[str, Any] = {}
         self._checked: set[tuple] = set()
@@ -220,61 +221,36 @@ class Trainer:
                 continue
             if spec.shape is not None and all(isinstance(d, int) or d in dims for d in spec.shape):
                 shape = tuple(d if isinstance(d, int) else dims[d] for d in spec.shape)
-            else:  # a dim the batch does not name (an imported model's computed shape): measure it
+            else:  # a dim the batch does not name (an imported model's computed shape)
                 if probed is None:
-                    probed = self._probe_noise_shapes(feeds)
+                    probed = self._noise_shapes(feeds, spec.name)
                 shape = probed[spec.name]
             out[spec.name] = (rng or self.rng).random(shape, dtype=np.float32)
         return out
 
-    def _probe_noise_shapes(self, feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
-        """The shapes of the values the Dropout noise inputs stand beside, for this batch's
-        shapes: the train_step graph run on the numpy backend up to those values, each noise
-        input replaced by a constant of its value's shape (cached per batch shape)."""
-        from onnx import helper
+    def _noise_shapes(self, feeds: Mapping[str, np.ndarray], name: str) -> dict[str, tuple[int, ...]]:
+        """The shapes of the noise inputs whose dims the batch does not name, for this batch's
+        shapes: what the artifacts' ``noise_shapes`` graph computes from the batch, run on numpy
+        (cached per batch shape); ``name``: a noise input that needs it, for the error where there
+        is none."""
+        from graphc.passes.training.noise import SHAPE_SUFFIX
 
-        from graphc.backends import get_backend
-        from graphc.passes.training.modes import DROPOUT_INPUT_KEY
-
-        key = tuple((n, a.shape) for n, a in feeds.items())
+        entry = self.manifest.graphs.get("noise_shapes")
+        if entry is None:
+            raise ArtifactsError(f"cannot size the Dropout noise input {name!r} from the batch, and these "
+                                 f"artifacts (format {self.manifest.format}) have no noise_shapes graph that would; "
+                                 "regenerate them (gc.training.generate(...).save(dir) or `graphc grad`), or feed "
+                                 "the noise in the batch under those names")
+        key = tuple((e.name, feeds[e.name].shape) for e in entry.inputs)
         cache = self.__dict__.setdefault("_noise_shape_cache", {})
-        if key in cache:
-            return cache[key]
-        proto = self.artifacts.train_step.proto  # a fresh copy: `.proto` serializes anew
-        graph = proto.graph
-        noise = {s.name for s in self.noise_specs}
-        partner = {}
-        for node in graph.node:
-            for prop in node.metadata_props:
-                if prop.key == DROPOUT_INPUT_KEY and node.input and node.input[0] in noise:
-                    partner[node.input[0]] = prop.value
-        if set(partner) != noise:
-            raise InputError(f"cannot size the Dropout noise input(s) {sorted(noise - set(partner))} from the "
-                             "batch; feed them in the batch under their names")
-        nodes = list(graph.node)
-        made = {n: [helper.make_node("Shape", [x], [f"{n}/probe_shape"]),
-                    helper.make_node("ConstantOfShape", [f"{n}/probe_shape"], [n],
-                                     value=helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [0.5]))]
-                for n, x in partner.items()}
-        produced_by = {out: i for i, node in enumerate(nodes) for out in node.output}
-        ordered = [pair for n, x in partner.items() if x not in produced_by for pair in made[n]]
-        for i, node in enumerate(nodes):
-            ordered.append(node)
-            ordered += [pair for n, x in partner.items() if produced_by.get(x) == i for pair in made[n]]
-        del graph.node[:]
-        graph.node.extend(ordered)
-        kept = [v for v in graph.input if v.name not in noise]
-        del graph.input[:]
-        graph.input.extend(kept)
-        del graph.output[:]
-        graph.output.extend(helper.make_tensor_value_info(f"{n}/probe_shape", onnx.TensorProto.INT64, None)
-                            for n in partner)
-        names = {v.name for v in kept}
-        run_feeds = {n: a for n, a in feeds.items() if n in names}
-        run_feeds.update({n: self._host(h) for n, h in self._state.items() if n in names})
-        exe = get_backend("numpy").prepare(proto)
-        host, _ = exe.run_bound(run_feeds, [f"{n}/probe_shape" for n in partner])
-        cache[key] = {n: tuple(int(d) for d in host[f"{n}/probe_shape"]) for n in partner}
+        if key not in cache:
+            if getattr(self, "_noise_shape_exe", None) is None:  # numpy: a data-parallel driver has no session
+                from graphc.backends import get_backend
+
+                self._noise_shape_exe = get_backend("numpy").prepare(self.artifacts.noise_shapes.proto)
+            host, _ = self._noise_shape_exe.run_bound({e.name: feeds[e.name] for e in entry.inputs},
+                                                      [e.name for e in entry.outputs])
+            cache[key] = {e.name.removesuffix(SHAPE_SUFFIX): tuple(int(d) for d in host[e.name]) for e in entry.outputs}
         return cache[key]
 
     def _eval_exe(self):

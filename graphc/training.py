@@ -33,6 +33,9 @@ guess from names):
   model's outputs.
 * ``inference``: the forward graph in inference mode with params as initializers; the model's
   own inputs and outputs.
+* ``noise_shapes`` (only where a Dropout input's shape is computed inside the model, so the
+  batch's dims cannot size its noise): batch inputs in, ``<noise>.shape`` out
+  (``passes/training/noise.py``); the Trainer runs it to size the noise it draws.
 
 Every graph is ``ai.onnx`` only and keeps symbolic dims symbolic (any batch size).
 ``state.safetensors`` and checkpoints always name tensors per param (``fc1.weight``,
@@ -53,23 +56,25 @@ import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from graphc.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
-from graphc.errors import ArtifactsError, GraphError
+from graphc.errors import ArtifactsError, PassError
 from graphc.fileio import atomic_write, remove_stale_temps
 from graphc.losses import LossSpec
 from graphc.model import Model, value_spec
 
-FORMAT = "graphc.training/1"
+FORMAT = "graphc.training/2"  # /1: no metrics, no noise_shapes graph (still read)
 GRAPH_FILES = {
     "train_step": "train_step.onnx",
     "gradients": "gradients.onnx",
     "eval": "eval.onnx",
     "inference": "inference.onnx",
+    "noise_shapes": "noise_shapes.onnx",  # only where a Dropout noise shape is computed in the model
 }
+REQUIRED_GRAPHS = ("train_step", "gradients", "eval", "inference")
 STATE_FILE = "state.safetensors"
 MANIFEST_FILE = "manifest.json"
 
 CARRIED_ROLES = ("param", "state", "hyper")  # train_step inputs that each step's outputs replace
-Role = Literal["data", "label", "param", "state", "hyper", "loss", "grad", "output", "noise"]
+Role = Literal["data", "label", "param", "state", "hyper", "loss", "grad", "output", "noise", "noise_shape"]
 
 
 class TensorEntry(BaseModel):
@@ -124,9 +129,9 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    format: Literal["graphc.training/1"] = FORMAT
+    format: Literal["graphc.training/1", "graphc.training/2"] = FORMAT
     opset: int
-    graphs: dict[str, GraphEntry]  # keys: train_step, gradients, eval, inference
+    graphs: dict[str, GraphEntry]  # keys: train_step, gradients, eval, inference[, noise_shapes]
     feeds: dict[str, str]  # train_step output -> the train_step input it feeds next step
     trainable: list[str]
     frozen: list[str]  # float initializers kept fixed (chosen so, or not reaching the loss)
@@ -135,6 +140,7 @@ class Manifest(BaseModel):
     state: list[str]  # names stored in state.safetensors (params, opt state, step, BN stats, lr)
     optimizer: dict  # the optimizer spec as JSON ({"kind": "sgd", "lr": ..., ...})
     loss: dict  # the loss spec as JSON (kind, output, label, options); {"kind": "output", ...}
+    metrics: list[str] = []  # what Trainer.evaluate reports by default (empty: the loss kind's defaults)
     model_outputs: list[str]
     layout: list[FlatBuffer] = []  # the fused update's flat buffers; empty: one input per param
     recompute: bool = False  # the backward recomputes cheap forward values (generate's option)
@@ -196,8 +202,11 @@ class TrainingArtifacts:
     Trainer that only trains never holds the other graphs' copies of the weights."""
 
     def __init__(self, train_step: GraphSource, gradients: GraphSource, eval: GraphSource,
-                 inference: GraphSource, state: Mapping[str, np.ndarray], manifest: Manifest):
+                 inference: GraphSource, state: Mapping[str, np.ndarray], manifest: Manifest,
+                 noise_shapes: GraphSource | None = None):
         self._graphs = {"train_step": train_step, "gradients": gradients, "eval": eval, "inference": inference}
+        if noise_shapes is not None:
+            self._graphs["noise_shapes"] = noise_shapes
         self.state = dict(state)
         self.manifest = manifest
 
@@ -211,6 +220,7 @@ class TrainingArtifacts:
     gradients = property(lambda self: self._graph("gradients"))
     eval = property(lambda self: self._graph("eval"))
     inference = property(lambda self: self._graph("inference"))
+    noise_shapes = property(lambda self: self._graph("noise_shapes") if "noise_shapes" in self._graphs else None)
 
     @property
     def graphs(self) -> dict[str, Model]:
@@ -223,7 +233,8 @@ class TrainingArtifacts:
                 f"optimizer {m.optimizer.get('kind')}, loss {m.loss.get('kind')}>")
 
     def save(self, directory: Union[str, os.PathLike]) -> Path:
-        """Write the six files into ``directory``; each file is replaced atomically."""
+        """Write the files (six, or seven with ``noise_shapes``) into ``directory``; each file is
+        replaced atomically."""
         from safetensors.numpy import save as st_save
 
         directory = Path(directory)
@@ -263,7 +274,7 @@ def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:
     except (OSError, SafetensorError) as exc:
         raise ArtifactsError(f"{directory / STATE_FILE}: cannot read the initial state ({exc})") from None
     return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
-                             graphs["inference"], state, manifest)
+                             graphs["inference"], state, manifest, graphs.get("noise_shapes"))
 
 
 def read_manifest(directory: Union[str, os.PathLike]) -> Manifest:
@@ -278,10 +289,14 @@ def read_manifest(directory: Union[str, os.PathLike]) -> Manifest:
         where = f" at {'.'.join(map(str, first['loc']))}" if first["loc"] else ""
         more = f" (and {exc.error_count() - 1} more error(s))" if exc.error_count() > 1 else ""
         raise ArtifactsError(f"{path}: not a valid graphc training manifest: {first['msg']}{where}{more}") from None
-    missing = [key for key in GRAPH_FILES if key not in manifest.graphs]
+    missing = [key for key in REQUIRED_GRAPHS if key not in manifest.graphs]
     if missing:
         raise ArtifactsError(f"{path}: the manifest lists no {', '.join(missing)} graph(s); it needs "
-                             f"{', '.join(GRAPH_FILES)}")
+                             f"{', '.join(REQUIRED_GRAPHS)}")
+    unknown = sorted(set(manifest.graphs) - set(GRAPH_FILES))
+    if unknown:
+        raise ArtifactsError(f"{path}: the manifest lists unknown graph(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(GRAPH_FILES)}")
     return manifest
 
 
@@ -382,7 +397,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
     if batchnorm not in ("train", "frozen"):
         raise ValueError(f"batchnorm must be 'train' or 'frozen', got {batchnorm!r}")
     opt_json = _optimizer_json(optimizer)
-    built = artifacts.build(model.ir, loss_args, opt_json["kind"], opt_json,
+    built = artifacts.build(model.ir, loss_args, opt_json,
                             trainable=None if trainable is None else list(trainable), frozen=list(frozen),
                             fused=fused, recompute=recompute, params=list(params), batchnorm=batchnorm)
     graphs = {key: Model(m) for key, m in built.graphs.items()}
@@ -391,12 +406,13 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         graphs={key: _graph_entry(key, m, built.roles[key]) for key, m in graphs.items()},
         feeds=built.feeds, trainable=built.trainable, frozen=built.frozen, constants=built.constants,
         batchnorm=batchnorm, state=list(built.state),
-        optimizer=opt_json, loss=loss_json, model_outputs=built.model_outputs, recompute=recompute,
+        optimizer=opt_json, loss=loss_json, metrics=_default_metrics(loss_json, graphs["eval"]),
+        model_outputs=built.model_outputs, recompute=recompute,
         layout=[FlatBuffer(name=g.name, dtype=str(as_dtype(int(g.dtype))), params=g.params,
                            shapes=[list(s) for s in g.shapes], slots=list(built.slots),
                            weight_decay=g.weight_decay) for g in built.layout])
     return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
-                             graphs["inference"], built.state, manifest)
+                             graphs["inference"], built.state, manifest, graphs.get("noise_shapes"))
 
 
 def update_model(manifest: Manifest) -> Model:
@@ -411,7 +427,7 @@ def update_model(manifest: Manifest) -> Model:
                          b.weight_decay)
               for b in manifest.layout]
     opt = manifest.optimizer
-    return Model(artifacts.update_graph(manifest.opset, opt["kind"], opt, params, groups,
+    return Model(artifacts.update_graph(manifest.opset, opt, params, groups,
                                         () if groups else opt.get("no_decay") or ()))
 
 
@@ -424,11 +440,11 @@ def capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:
 
     pred = value_spec(output)
     if pred.shape is None:
-        raise GraphError(f"loss {spec.kind!r}: the rank of model output {output.name!r} is unknown")
+        raise PassError(f"loss {spec.kind!r}: the rank of model output {output.name!r} is unknown")
     label = pred
     if spec.kind == "cross_entropy":
         if len(pred.shape) < 2:
-            raise GraphError(f"cross_entropy needs logits [N, C, ...]; output {output.name!r} has shape {pred.shape}")
+            raise PassError(f"cross_entropy needs logits [N, C, ...]; output {output.name!r} has shape {pred.shape}")
         label = TensorSpec(name="label", dtype="int64", shape=(pred.shape[0], *pred.shape[2:]))
     fn = getattr(_dsl_losses, spec.kind)
     options = spec.resolved_options()
@@ -446,6 +462,18 @@ def _optimizer_json(optimizer) -> dict:
         raise TypeError("optimizer must be gc.optim.SGD, Adam or AdamW, got "
                         f"{type(optimizer).__name__}")
     return optimizer.model_dump(mode="json")
+
+
+def _default_metrics(loss: dict, evaluation: Model) -> list[str]:
+    """What ``Trainer.evaluate`` reports for this loss (``gc.metrics.default_names``); empty
+    where that depends on a class count the graphs leave symbolic (then decided per batch)."""
+    from graphc import metrics
+
+    if loss.get("kind") == "output":  # a loss output with no label: nothing to compare with
+        return []
+    out = next((s for s in evaluation.outputs if s.name == loss.get("output")), None)
+    classes = out.shape[1] if out is not None and out.shape is not None and len(out.shape) > 1 else None
+    return metrics.default_names(loss.get("kind", ""), classes if isinstance(classes, int) else None) or []
 
 
 def _graph_entry(key: str, model: Model, roles: dict[str, str]) -> GraphEntry:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from graphc.errors import GraphError
+from graphc.errors import PassError
 
 __all__ = ["AXES_AS_INPUT", "Emitter", "SOURCE_KEY"]
 
@@ -111,7 +111,7 @@ class Emitter:
             return self.op(op_type, x, keepdims=keep)
         if isinstance(axes, ir.Value):
             if not self.axes_as_input(op_type):
-                raise GraphError(f"{op_type} with dynamic axes needs opset >= 13/18 (graph has {self.opset})")
+                raise PassError(f"{op_type} with dynamic axes needs opset >= 13/18 (graph has {self.opset})")
             return self.op(op_type, x, axes, keepdims=keep)
         return self._axes_op(op_type, x, axes, keepdims=keep)
 

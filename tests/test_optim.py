@@ -52,7 +52,7 @@ def numpy_step(spec, p, g, state, t):
 def update_model(spec, dtype=ir.DataType.FLOAT) -> gc.Model:
     """Inputs p, g, state slots, step (int64), lr (float32); outputs p.next, <slot>.next, step.next."""
     hyper = spec.model_dump()
-    slots = optimizers.state_slots(spec.kind, hyper)
+    slots = optimizers.state_slots(hyper)
 
     def value(name, dt=dtype, shape=SHAPE):
         return ir.Value(name=name, type=ir.TensorType(dt), shape=ir.Shape(shape))
@@ -63,7 +63,7 @@ def update_model(spec, dtype=ir.DataType.FLOAT) -> gc.Model:
     graph = ir.Graph([p, g, *state.values(), step, lr], [], nodes=[], opset_imports={"": 21}, name="upd")
     b = Emitter(graph, 21)
     t = b.op("Add", step, b.const(1, np.int64), name="step.next")
-    new_p, new_state = optimizers.update(optimizers.StepContext(b, lr, t), spec.kind, hyper, p, g, state)
+    new_p, new_state = optimizers.update(optimizers.StepContext(b, lr, t), hyper, p, g, state)
     outs = [new_p, *(new_state[s] for s in slots), t]
     for out, name in zip(outs, ["p.next", *(f"{s}.next" for s in slots), "step.next"]):
         out.name = name
@@ -76,7 +76,7 @@ def update_model(spec, dtype=ir.DataType.FLOAT) -> gc.Model:
 
 def run_steps(spec, backend, grads, p0, dtype=np.float32):
     session = gc.Session(update_model(spec, ir.DataType.from_numpy(np.dtype(dtype))), backend=backend)
-    slots = optimizers.state_slots(spec.kind, spec.model_dump())
+    slots = optimizers.state_slots(spec.model_dump())
     p, state, step = p0.astype(dtype), {s: np.zeros(SHAPE, dtype) for s in slots}, np.array(0, np.int64)
     history = []
     for g in grads:
@@ -97,7 +97,7 @@ def _data(seed=0):
 def test_update_matches_torch_formulas(spec, backend):
     p0, grads = _data()
     got = run_steps(spec, backend, grads, p0)
-    p, state = p0, {s: np.zeros(SHAPE) for s in optimizers.state_slots(spec.kind, spec.model_dump())}
+    p, state = p0, {s: np.zeros(SHAPE) for s in optimizers.state_slots(spec.model_dump())}
     for t, (g, p_graph) in enumerate(zip(grads, got), start=1):
         p, state = numpy_step(spec, p, g, state, t)
         np.testing.assert_allclose(p_graph, p, rtol=1e-5, atol=1e-6, err_msg=f"step {t}")

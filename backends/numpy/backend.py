@@ -10,8 +10,8 @@ import onnx
 
 from graphc.backends.base import BackendInfo
 from graphc.backends.numpy.interpreter import Context, Plan
-from graphc.backends.numpy.kernels import lookup, normalize_domain
-from graphc.errors import BackendError, GraphcError, GraphError
+from graphc.backends.numpy.kernels import lookup, missing, normalize_domain
+from graphc.errors import BackendError, GraphcError, MissingKernel
 
 
 class NumpyExecutable:
@@ -109,11 +109,10 @@ def run_node(op_type: str, inputs: Sequence[np.ndarray | None], attrs: Mapping[s
     domain = normalize_domain(domain)
     found = lookup(op_type, opset, domain)
     if found is None:
-        raise GraphError(f"the numpy backend has no kernel for op {op_type!r} (domain "
-                         f"{domain or 'ai.onnx'!r}, opset {opset})")
+        raise missing(op_type, opset, domain)
     unknown = found.check_attributes(attrs)
     if unknown:
-        raise GraphError(f"the numpy kernel of {op_type!r} does not support attribute(s) {', '.join(unknown)}")
+        raise MissingKernel(f"the numpy kernel of {op_type!r} does not support attribute(s) {', '.join(unknown)}")
     opsets = {"": opset} if not domain else {"": opset, domain: opset}
     kwargs = {k: _convert_attribute(v, opsets) for k, v in attrs.items()}
     if found.attributes is not None and "_outputs" in found.attributes:

@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from graphc.backends.numpy.kernels import lookup, normalize_domain
-from graphc.errors import BackendError, GraphcError, GraphError, InputError
+from graphc.backends.numpy.kernels import lookup, missing, normalize_domain
+from graphc.errors import BackendError, GraphcError, GraphError, InputError, MissingKernel
 from graphc.model import node_source
 
 
@@ -93,15 +93,12 @@ class Step:
             self._call_function(functions[domain, node.op_type], opsets, functions)
             return
         if found is None:
-            raise GraphError(
-                f"the numpy backend has no kernel for op {node.op_type!r} (domain "
-                f"{domain or 'ai.onnx'!r}, opset {opsets[domain]}) used by node {self.label!r}"
-                + _where(node))
+            raise missing(node.op_type, opsets[domain], domain, self.label, _where(node))
         names = [a.name for a in node.attribute]
         unknown = found.check_attributes(names)
         if unknown:
-            raise GraphError(f"the numpy kernel of {node.op_type!r} (node {self.label!r}) does not "
-                             f"support attribute(s) {', '.join(unknown)}" + _where(node))
+            raise MissingKernel(f"the numpy kernel of {node.op_type!r} (node {self.label!r}) does not "
+                                f"support attribute(s) {', '.join(unknown)}" + _where(node))
         self.fn, self.context = found.fn, found.context
         self.attrs = {a.name: decode_attribute(a, opsets, functions) for a in node.attribute}
         if found.attributes is not None and "_outputs" in found.attributes:

@@ -14,8 +14,11 @@ import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+from graphc.errors import MissingKernel
 
 # Op families, imported on first lookup (each registers its kernels with @kernel).
 FAMILIES = (
@@ -92,6 +95,15 @@ def lookup(op_type: str, opset: int, domain: str = "") -> Kernel | None:
         if entry.since <= opset:
             chosen = entry
     return chosen
+
+
+def missing(op_type: str, opset: int, domain: str = "", node: str | None = None, where: str = "") -> MissingKernel:
+    """The error for an op ``lookup`` found no kernel for: op, domain, opset, the node if known,
+    its source line (``where``), and the folder (as installed) whose family files hold the kernels."""
+    used_by = f" used by node {node!r}" if node is not None else ""
+    return MissingKernel(f"the numpy backend has no kernel for op {op_type!r} (domain {domain or 'ai.onnx'!r}, "
+                         f"opset {opset}){used_by}{where}; add one with @kernel in a family file of "
+                         f"{Path(__file__).resolve().parent}/ (docs/adding-an-op.md)")
 
 
 def claimed_ops(domain: str = "") -> list[str]:

@@ -125,7 +125,7 @@ def inspect_cmd(
     Gemm and Conv nodes for the dim sizes given with --dim."""
     import graphc as gc
     from graphc.cli.run_cmds import parse_dims
-    from graphc.inspect import flops_estimate, op_histogram, param_stats
+    from graphc.inspection import flops_estimate, op_histogram, param_stats
 
     sizes = parse_dims(dims)
     model = gc.load(model_path)

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
-from graphc.errors import GraphError
+from graphc.errors import PassError
 from graphc.model import load
 from graphc.passes.optimize import LEVELS, OptimizeReport
 
@@ -51,8 +51,8 @@ def optimize_cmd(
     try:  # never write a model onnx itself would reject
         onnx.checker.check_model(optimized.proto)
     except onnx.checker.ValidationError as exc:
-        raise GraphError(f"optimize level {level} produced an invalid model; nothing written: "
-                         f"{str(exc).strip().splitlines()[0]}") from None
+        raise PassError(f"optimize level {level} produced an invalid model; nothing written: "
+                        f"{str(exc).strip().splitlines()[0]}") from None
     optimized.save(output)
     if report:
         console.print(report_table(rep))

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from graphc import ops
-from graphc.errors import GraphError
+from graphc.errors import CaptureError
 from graphc.nn import init
 from graphc.nn.layers import Linear
 from graphc.nn.module import Module, Parameter
@@ -31,7 +31,7 @@ class MultiheadAttention(Module):
                  batch_first: bool = False, dtype: Any = "float32"):
         super().__init__()
         if embed_dim % num_heads:
-            raise GraphError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
+            raise CaptureError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
         self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
         self.head_dim = embed_dim // num_heads
         self.in_proj_weight = Parameter(shape=(3 * embed_dim, embed_dim), init=init.xavier_uniform(), dtype=dtype)

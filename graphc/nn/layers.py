@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphc import ops
-from graphc.errors import GraphError
+from graphc.errors import CaptureError
 from graphc.nn import init
 from graphc.nn.module import Module, Parameter
 from graphc.ops_nn import global_avg_pool2d, int_pair, linear
@@ -39,7 +39,7 @@ class Conv2d(Module):
                  padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True, dtype: Any = "float32"):
         super().__init__()
         if in_channels % groups or out_channels % groups:
-            raise GraphError(f"Conv2d channels ({in_channels}, {out_channels}) must divide by groups={groups}")
+            raise CaptureError(f"Conv2d channels ({in_channels}, {out_channels}) must divide by groups={groups}")
         kh, kw = int_pair(kernel_size, "kernel_size")
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, (kh, kw)
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
@@ -91,8 +91,8 @@ class AdaptiveAvgPool2d(Module):
             return global_avg_pool2d(x)
         h, w = x.shape[2], x.shape[3]
         if not (isinstance(h, int) and isinstance(w, int) and h % oh == 0 and w % ow == 0):
-            raise GraphError(f"AdaptiveAvgPool2d({self.output_size}) needs static H, W divisible by the output "
-                             f"size; input is {x.type_str()} (at {user_source()})")
+            raise CaptureError(f"AdaptiveAvgPool2d({self.output_size}) needs static H, W divisible by the output "
+                               f"size; input is {x.type_str()} (at {user_source()})")
         return ops.avg_pool2d(x, (h // oh, w // ow))
 
 
@@ -101,7 +101,7 @@ class _BatchNorm(Module):
                  track_running_stats: bool = True, dtype: Any = "float32"):
         super().__init__()
         if not track_running_stats:
-            raise GraphError("BatchNorm with track_running_stats=False is not supported")
+            raise CaptureError("BatchNorm with track_running_stats=False is not supported")
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.weight = Parameter(shape=(num_features,), init=init.ones, dtype=dtype) if affine else None
         self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine else None

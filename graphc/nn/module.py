@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dtypes import as_dtype, to_numpy
-from graphc.errors import GraphError
+from graphc.errors import CaptureError
 from graphc.nn import init as _init
 
 
@@ -30,7 +30,7 @@ class Parameter:
             shape = data.shape
             data = data.astype(to_numpy(dtype))
         if shape is None:
-            raise GraphError("gc.nn.Parameter needs data or a shape")
+            raise CaptureError("gc.nn.Parameter needs data or a shape")
         self.shape = tuple(int(d) for d in shape)
         self.dtype = as_dtype(dtype)
         self.init = init or _init.zeros
@@ -48,7 +48,7 @@ class Parameter:
     def data(self, value: Any) -> None:
         arr = np.asarray(value)
         if tuple(arr.shape) != self.shape:
-            raise GraphError(f"parameter {self.qualname or ''} has shape {self.shape}, got {arr.shape}")
+            raise CaptureError(f"parameter {self.qualname or ''} has shape {self.shape}, got {arr.shape}")
         self._data = arr.astype(to_numpy(self.dtype))
         self.user_set = True
 
@@ -58,7 +58,7 @@ class Parameter:
 
     def numpy(self) -> np.ndarray:
         if self._data is None:
-            raise GraphError(f"parameter {self.qualname or ''} is not initialised; call init_parameters(seed)")
+            raise CaptureError(f"parameter {self.qualname or ''} is not initialised; call init_parameters(seed)")
         return self._data
 
     def __repr__(self) -> str:
@@ -79,8 +79,8 @@ class Module:
     # -- registration ---------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
         if "_parameters" not in self.__dict__:
-            raise GraphError(f"{type(self).__name__}.__init__ must call super().__init__() before "
-                             f"assigning {name!r}")
+            raise CaptureError(f"{type(self).__name__}.__init__ must call super().__init__() before "
+                               f"assigning {name!r}")
         params, modules = self.__dict__["_parameters"], self.__dict__["_modules"]
         params.pop(name, None)
         modules.pop(name, None)
@@ -157,7 +157,7 @@ class Module:
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own and not k.endswith("num_batches_tracked")]
         if strict and (missing or unexpected):
-            raise GraphError(f"load_state_dict: missing {missing}, unexpected {unexpected}")
+            raise CaptureError(f"load_state_dict: missing {missing}, unexpected {unexpected}")
         for key, value in state.items():
             if key in own:
                 own[key].data = np.asarray(value)
@@ -179,7 +179,7 @@ class Module:
 
         builder = tracing._CURRENT[-1] if tracing._CURRENT else None
         if builder is None:
-            raise GraphError(f"{type(self).__name__} can only be called inside gc.capture(...)")
+            raise CaptureError(f"{type(self).__name__} can only be called inside gc.capture(...)")
         path = self.__dict__.get("_path")
         parts = [path] if path else []
         builder.module_path.extend(parts)

@@ -2,7 +2,7 @@
 
 An ``Emitter`` (naming, shared constants, opset-aware ``reduce``/``squeeze``/``unsqueeze``) that
 also emits ``split`` by opset, stamps each new node with the forward node's ``graphc.source``,
-and undoes broadcasting (``sum_to``) statically or with ``Shape``.
+and gives the driver ``sum_to``, which undoes broadcasting statically or with ``Shape``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from graphc.errors import GraphError
+from graphc.errors import AutodiffError
 from graphc.passes.emit import SOURCE_KEY, Emitter
 
 __all__ = ["SOURCE_KEY", "FLOAT_TYPES", "GradBuilder", "attr", "const_array", "folded_array", "is_float",
@@ -119,6 +119,14 @@ class GradBuilder(Emitter):
     def __init__(self, graph: ir.Graph, opset: int, names=None):
         super().__init__(graph, opset, scope="grad", names=names)
         self.needed: set[ir.Value] | None = None  # values whose gradient the walk wants
+        # gradients a rule returned in a broadcast shape other than the output's (see registry)
+        self.broadcast_shapes: dict[ir.Value, StaticShape | None] = {}
+
+    def broadcast_from(self, dx: ir.Value, shape: StaticShape | None) -> ir.Value:
+        """Mark ``dx`` as a gradient in the broadcast shape ``shape`` (None: known at run time
+        only); the driver sums it down to its input's shape. Returns ``dx``."""
+        self.broadcast_shapes[dx] = shape
+        return dx
 
     def wants(self, value: ir.Value | None) -> bool:
         """Whether a rule should compute the gradient of ``value`` (skip frozen/int inputs)."""
@@ -155,15 +163,15 @@ class GradBuilder(Emitter):
 
     def require_opset(self, opset: int, what: str) -> None:
         if self.opset < opset:
-            raise GraphError(f"gradient of node {self.scope.removesuffix('/grad')!r} needs {what}, "
-                             f"which ONNX has from opset {opset}; the model has opset {self.opset} "
-                             "(gc.grad and gc.training.generate upgrade older models to opset 17)")
+            raise AutodiffError(f"gradient of node {self.scope.removesuffix('/grad')!r} needs {what}, "
+                                f"which ONNX has from opset {opset}; the model has opset {self.opset} "
+                                "(gc.grad and gc.training.generate upgrade older models to opset 17)")
 
     # -- shapes ------------------------------------------------------------------------------
     def rank(self, value: ir.Value) -> int:
         shape = static_shape(value)
         if shape is None:
-            raise GraphError(
+            raise AutodiffError(
                 f"gradient of node {self.scope!r} needs the rank of {value.name!r}, which is "
                 "unknown; run shape inference on the model first")
         return len(shape)

@@ -5,24 +5,32 @@
 1. restrict to the nodes on a path from a ``wrt`` value to the loss; paths through integer or
    boolean values carry no gradient (shape arithmetic from Shape/Gather/Concat is skipped);
 2. walk those nodes in reverse graph order, calling each op type's VJP rule (``RULES``);
-3. sum gradients where a value is used more than once (fan-out), in graph order;
-4. a node on the path whose op has no rule raises ``GraphError`` naming op, node and the
-   ``graphc.source`` line; a ``wrt`` value with no path to the loss gets zeros of its shape.
+3. undo broadcasting once, here: a gradient a rule returns in a broadcast shape (see
+   ``registry``) is summed down to its input's shape (``GradBuilder.sum_to``: ReduceSum over
+   the broadcast axes and a Reshape, static when the shapes are known, ``Shape``-based else);
+4. check what the rule returned, as JAX's ``ct_check`` does: one entry per input, each
+   gradient of its input's dtype and static shape; ``AutodiffError`` naming op, node and
+   input otherwise (never a silent truncation);
+5. sum gradients where a value is used more than once (fan-out), in graph order;
+6. a node on the path whose op has no rule raises ``MissingGradientRule`` naming op, node and
+   the ``graphc.source`` line; a ``wrt`` value with no path to the loss gets zeros of its shape.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import onnx_ir as ir
 
-from graphc.errors import GraphError
-from graphc.passes.autodiff.builder import SOURCE_KEY, GradBuilder, is_float
+from graphc.errors import AutodiffError, GraphError, MissingGradientRule
+from graphc.passes.autodiff.builder import SOURCE_KEY, GradBuilder, is_float, static_shape
 from graphc.passes.autodiff.recurrent import UNROLLED, not_unrolled
-from graphc.passes.autodiff.registry import RULES
+from graphc.passes.autodiff.registry import RULES, GradRule
 from graphc.passes.functions import EXPANDED_FROM
 
 DEFAULT_OPSET = 21
+RULES_DIR = Path(__file__).resolve().parent  # where the rule files are, as installed
 
 
 def graph_opset(graph: ir.Graph, default: int = DEFAULT_OPSET) -> int:
@@ -111,20 +119,22 @@ def _origin(node: ir.Node) -> str:
     return f" (inside the ONNX function body of {origin})" if origin else ""
 
 
-def _missing_rule(node: ir.Node) -> GraphError:
+def _missing_rule(node: ir.Node) -> AutodiffError:
+    """``MissingGradientRule`` naming the op, the node, its source line, where rules live on disk
+    and the ops that have one (an RNN that cannot be unrolled: why not)."""
     source = node.metadata_props.get(SOURCE_KEY)
     where = f" (defined at {source})" if source else ""
     where += _origin(node)
     domain = f"{node.domain}::" if node.domain not in ("", "ai.onnx") else ""
     if node.op_type in UNROLLED and node.domain in ("", "ai.onnx"):
         reason = not_unrolled(node) or "it is inside a control-flow body"
-        return GraphError(f"cannot differentiate {node.op_type} node {node.name!r}{where}: autodiff unrolls it over "
-                          f"its time steps, but {reason}")
+        return AutodiffError(f"cannot differentiate {node.op_type} node {node.name!r}{where}: autodiff unrolls it over "
+                             f"its time steps, but {reason}")
     covered = ", ".join(sorted(RULES))
-    return GraphError(
+    return MissingGradientRule(
         f"no gradient rule for ONNX op '{domain}{node.op_type}' (node {node.name!r}{where}), which lies "
         f"on the path from a trainable parameter to the loss. Freeze the parameters that reach it, "
-        f"or add a rule in graphc/passes/autodiff/. Ops with rules: {covered}")
+        f"or add a rule to the table in {RULES_DIR}/rules_*.py (docs/adding-an-op.md). Ops with rules: {covered}")
 
 
 def _type_like(grad: ir.Value, primal: ir.Value) -> None:
@@ -133,6 +143,49 @@ def _type_like(grad: ir.Value, primal: ir.Value) -> None:
         grad.type = primal.type
     if grad.shape is None and primal.shape is not None:
         grad.shape = primal.shape
+
+
+def _checked(g: GradBuilder, rule: GradRule, node: ir.Node, inputs: list[ir.Value | None], result):
+    """(value, gradient) pairs of what ``rule`` returned for ``node`` (whose inputs were
+    ``inputs``): broadcast gradients summed down to their input's shape, each checked against
+    its input (count, dtype, static shape) and typed like it. Values the walk does not want
+    are skipped before anything is emitted for them."""
+    where = f"the gradient rule of {node.op_type} (node {node.name!r}{_origin(node)})"
+    if isinstance(result, dict):  # values the node reads without listing them (If captures)
+        pairs = list(result.items())
+    else:
+        result = tuple(result)
+        # a rule written for an op's whole signature may return None for the trailing optional
+        # inputs a node leaves out (ReduceSum's axes before opset 13); anything else must match
+        if len(result) < len(inputs) or any(dx is not None for dx in result[len(inputs):]):
+            raise AutodiffError(f"{where} returned {len(result)} gradient(s) for the node's {len(inputs)} input(s); a "
+                                "rule returns one entry per input, None where an input has no gradient")
+        pairs = list(zip(inputs, result))
+    out = []
+    for index, (value, dx) in enumerate(pairs):
+        if dx is None or value is None or value not in g.needed:
+            continue
+        if dx in g.broadcast_shapes:
+            dx = g.sum_to(dx, g.broadcast_shapes[dx], value)
+        elif not isinstance(result, dict) and rule.broadcasts(index):
+            dx = g.sum_to(dx, static_shape(node.outputs[0]), value)
+        _check_like(where, index, value, dx)
+        _type_like(dx, value)
+        out.append((value, dx))
+    g.broadcast_shapes.clear()
+    return out
+
+
+def _check_like(where: str, index: int, primal: ir.Value, grad: ir.Value) -> None:
+    """A gradient has its primal's dtype and, where both are known, its static shape."""
+    what = f"{where} returned for input {index} ({primal.name!r})"
+    if grad.dtype is not None and primal.dtype is not None and grad.dtype != primal.dtype:
+        raise AutodiffError(f"{what} a gradient of dtype {grad.dtype}; expected {primal.dtype}, the input's")
+    got, want = static_shape(grad), static_shape(primal)
+    if got is None or want is None:
+        return
+    if len(got) != len(want) or any(isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(got, want)):
+        raise AutodiffError(f"{what} a gradient of shape {list(got)}; expected {list(want)}, the input's")
 
 
 def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, ir.Value],
@@ -174,9 +227,9 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
         if not rule.multi_output:
             dropped = [i for i, d in enumerate(dys[1:], 1) if d is not None and i not in rule.no_grad_outputs]
             if dropped:
-                raise GraphError(f"gradient of {node.op_type} node {node.name!r} through its output "
-                                 f"{node.outputs[dropped[0]].name!r} (output {dropped[0]}) is not supported; "
-                                 f"the loss may depend on output 0 only{_origin(node)}")
+                raise AutodiffError(f"gradient of {node.op_type} node {node.name!r} through its output "
+                                    f"{node.outputs[dropped[0]].name!r} (output {dropped[0]}) is not supported; "
+                                    f"the loss may depend on output 0 only{_origin(node)}")
         if all(d is None for d in dys) or (not rule.multi_output and dys[0] is None):
             continue  # only non-differentiable outputs (Indices, masks, running stats) are used
         g.source = node.metadata_props.get(SOURCE_KEY)
@@ -184,14 +237,12 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
         inputs = list(node.inputs)  # a rule may replace the node (to expose Indices or a mask)
         try:
             result = rule.fn(g, node, dys if rule.multi_output else dys[0])
-        except GraphError as exc:
-            if not _origin(node):
+        except GraphError as exc:  # a rule's own error is an AutodiffError, said where it came from
+            if isinstance(exc, AutodiffError) and not _origin(node):
                 raise
-            raise GraphError(f"{exc}{_origin(node)}") from exc
-        pairs = result.items() if isinstance(result, dict) else zip(inputs, result)
-        for value, dx in pairs:
-            if dx is not None and value is not None and value in needed:
-                _type_like(dx, value)
+            raise (type(exc) if isinstance(exc, AutodiffError) else AutodiffError)(f"{exc}{_origin(node)}") from exc
+        for value, dx in _checked(g, rule, node, inputs, result):
+            if value in needed:
                 pending.setdefault(value, []).append(dx)
     g.source, g.scope = None, "grad"
     out = {}
@@ -211,11 +262,12 @@ def backward(graph: ir.Graph, loss: ir.Value, wrt: Sequence[ir.Value]) -> dict[s
     """
     for w in wrt:
         if not is_float(w):
-            raise GraphError(f"cannot differentiate with respect to {w.name!r}: dtype {w.dtype} is not floating-point")
+            raise AutodiffError(f"cannot differentiate with respect to {w.name!r}: dtype {w.dtype} is not "
+                                "floating-point")
     if not is_float(loss):
-        raise GraphError(f"loss {loss.name!r} has dtype {loss.dtype}; it must be floating-point")
+        raise AutodiffError(f"loss {loss.name!r} has dtype {loss.dtype}; it must be floating-point")
     if loss.shape is not None and any(isinstance(d, int) and d != 1 for d in loss.shape):
-        raise GraphError(f"loss {loss.name!r} must be a scalar, got shape {loss.shape}")
+        raise AutodiffError(f"loss {loss.name!r} must be a scalar, got shape {loss.shape}")
     g = GradBuilder(graph, graph_opset(graph))
     nodes = list(graph)
     seed = g.full(g.shape_of(loss), 1.0, loss)

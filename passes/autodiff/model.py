@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from graphc.errors import GraphError
+from graphc.errors import AutodiffError
 from graphc.passes.autodiff.builder import FLOAT_TYPES, const_array, folded_array
 from graphc.passes.autodiff.core import backward
 from graphc.passes.autodiff.loops import lower_sequences, unroll_static_loops
@@ -156,7 +156,7 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     graph = new.graph
     outputs = {v.name: v for v in graph.outputs}
     if loss not in outputs:
-        raise GraphError(f"loss {loss!r} is not an output of the model; outputs: {sorted(outputs)}")
+        raise AutodiffError(f"loss {loss!r} is not an output of the model; outputs: {sorted(outputs)}")
     if wrt is None:
         wrt = [name for name, v in graph.initializers.items() if v.dtype in FLOAT_TYPES]
     inputs = {v.name: v for v in graph.inputs}
@@ -164,13 +164,13 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     for name in wrt:
         value = graph.initializers.get(name) or inputs.get(name)
         if value is None:
-            raise GraphError(f"cannot differentiate with respect to {name!r}: no initializer or input "
-                             f"has that name; initializers: {sorted(graph.initializers)}")
+            raise AutodiffError(f"cannot differentiate with respect to {name!r}: no initializer or input "
+                                f"has that name; initializers: {sorted(graph.initializers)}")
         params.append(value)
     taken = {v.name for v in graph.outputs} | {v.name for v in graph.inputs}
     for p in params:
         if f"{p.name}_grad" in taken:
-            raise GraphError(f"output name {p.name + '_grad'!r} is already used in the model")
+            raise AutodiffError(f"output name {p.name + '_grad'!r} is already used in the model")
     grads = backward(graph, outputs[loss], params)
     for p in params:
         if not p.is_graph_input():

@@ -1,9 +1,15 @@
 """The gradient-rule table: one VJP rule per ONNX op type (domain ``ai.onnx``).
 
 A rule has the signature ``rule(g: GradBuilder, node: ir.Node, dy) -> sequence`` and returns
-one entry per node input: the gradient for that input (an ``ir.Value`` whose shape is the
-input's shape), or ``None`` where the input has no gradient (indices, shapes, integer
-inputs, or an input the op does not depend on differentiably).
+exactly one entry per node input: the gradient for that input (an ``ir.Value`` of the input's
+dtype and shape), or ``None`` where the input has no gradient (indices, shapes, integer
+inputs, or an input the op does not depend on differentiably). The driver (``core``) checks
+the count, dtype and static shape of what a rule returns and names the op when they are wrong.
+
+Broadcasting is undone by the driver, never by a rule: a rule registered with
+``broadcast=True`` (or a tuple of input indices) returns those inputs' gradients in the
+output's shape, and a rule whose gradient has another broadcast shape (MatMul's batch dims)
+says so with ``g.broadcast_from(dx, shape)``; the driver sums each down to its input's shape.
 
 ``dy`` is the gradient of output 0 for ordinary rules. Rules registered with
 ``multi_output=True`` receive a tuple with one entry per output instead (``None`` where that
@@ -30,20 +36,27 @@ class GradRule:
     # outputs of a single-output rule's op that carry no gradient by convention (BatchNorm's
     # running statistics); a gradient reaching any other output is an error, never dropped
     no_grad_outputs: tuple[int, ...] = ()
+    # inputs whose gradient the rule returns in the output's (broadcast) shape; None: all
+    broadcast: frozenset[int] | None = frozenset()
+
+    def broadcasts(self, index: int) -> bool:
+        return self.broadcast is None or index in self.broadcast
 
 
 RULES: dict[str, GradRule] = {}
 
 
-def grad_rule(*op_types: str, multi_output: bool = False,
-              no_grad_outputs: tuple[int, ...] = ()) -> Callable[[GradRuleFn], GradRuleFn]:
-    """Register ``fn`` as the VJP rule of each ONNX op type in ``op_types``."""
+def grad_rule(*op_types: str, multi_output: bool = False, no_grad_outputs: tuple[int, ...] = (),
+              broadcast: bool | tuple[int, ...] = False) -> Callable[[GradRuleFn], GradRuleFn]:
+    """Register ``fn`` as the VJP rule of each ONNX op type in ``op_types``. ``broadcast``: the
+    rule returns the gradients of all inputs (True) or of these inputs in the output's shape."""
+    inputs = None if broadcast is True else frozenset(broadcast or ())
 
     def register(fn: GradRuleFn) -> GradRuleFn:
         for op_type in op_types:
             if op_type in RULES:
                 raise RuntimeError(f"gradient rule for {op_type!r} registered twice")
-            RULES[op_type] = GradRule(op_type, fn, multi_output, no_grad_outputs)
+            RULES[op_type] = GradRule(op_type, fn, multi_output, no_grad_outputs, inputs)
         return fn
 
     return register

@@ -1,6 +1,7 @@
 """VJP rules of elementwise ops (arithmetic, activations, comparisons-free selections).
 
-Broadcast inputs get their gradient summed back to their own shape (``GradBuilder.sum_to``).
+Rules registered with ``broadcast=True`` return gradients in the output's (broadcast) shape; the
+driver (``core``) sums each back to its input's shape.
 Subgradients at kinks follow PyTorch; each rule says which value it picks.
 """
 
@@ -10,36 +11,29 @@ import math
 
 import onnx_ir as ir
 
-from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, is_float, static_shape
+from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, is_float
 from graphc.passes.autodiff.registry import grad_rule
 
 
-def _to(g: GradBuilder, node: ir.Node, dx: ir.Value | None, i: int) -> ir.Value | None:
-    """Sum a gradient of the output's (broadcast) shape down to input ``i``'s shape."""
-    if dx is None or not g.wants(node.inputs[i]):
-        return None
-    return g.sum_to(dx, static_shape(node.outputs[0]), node.inputs[i])
-
-
-@grad_rule("Add")
+@grad_rule("Add", broadcast=True)
 def grad_add(g, node, dy):
-    return _to(g, node, dy, 0), _to(g, node, dy, 1)
+    return dy, dy
 
 
-@grad_rule("Sub")
+@grad_rule("Sub", broadcast=True)
 def grad_sub(g, node, dy):
-    return _to(g, node, dy, 0), _to(g, node, g.neg(dy) if g.wants(node.inputs[1]) else None, 1)
+    return dy, (g.neg(dy) if g.wants(node.inputs[1]) else None)
 
 
-@grad_rule("Mul")
+@grad_rule("Mul", broadcast=True)
 def grad_mul(g, node, dy):
     a, b = node.inputs
     da = g.mul(dy, b) if g.wants(a) else None
     db = g.mul(dy, a) if g.wants(b) else None
-    return _to(g, node, da, 0), _to(g, node, db, 1)
+    return da, db
 
 
-@grad_rule("Div")
+@grad_rule("Div", broadcast=True)
 def grad_div(g, node, dy):
     # y = a / b: da = dy / b, db = -dy * y / b
     a, b = node.inputs
@@ -47,7 +41,7 @@ def grad_div(g, node, dy):
     dy_b = g.div(dy, b)
     da = dy_b if g.wants(a) else None
     db = g.neg(g.mul(dy_b, y)) if g.wants(b) else None
-    return _to(g, node, da, 0), _to(g, node, db, 1)
+    return da, db
 
 
 @grad_rule("Neg")
@@ -55,7 +49,7 @@ def grad_neg(g, node, dy):
     return (g.neg(dy),)
 
 
-@grad_rule("Pow")
+@grad_rule("Pow", broadcast=True)
 def grad_pow(g, node, dy):
     # y = a ** b: da = dy * b * a**(b-1); db = dy * y * log(a), and 0 where a == 0 and b >= 0
     # (PyTorch's pow_backward_exponent convention, so 0**b does not give nan).
@@ -73,8 +67,7 @@ def grad_pow(g, node, dy):
         safe = g.op("And", g.op("Equal", a, zero), g.op("GreaterOrEqual", bf, zero))
         log_a = g.op("Log", g.op("Where", safe, g.scalar(1.0, a), a))  # no log(0) where it is masked
         db = g.op("Where", safe, zero, g.mul(dy, g.mul(y, log_a)))
-        db = _to(g, node, db, 1)
-    return _to(g, node, da, 0), db
+    return da, db
 
 
 @grad_rule("Sqrt")
@@ -181,13 +174,13 @@ def grad_cast(g, node, dy):
     return (g.cast_like(dy, x),) + rest
 
 
-@grad_rule("Where")
+@grad_rule("Where", broadcast=True)
 def grad_where(g, node, dy):
     cond, a, b = node.inputs
     zero = g.scalar(0.0, dy)
     da = g.op("Where", cond, dy, zero) if g.wants(a) else None
     db = g.op("Where", cond, zero, dy) if g.wants(b) else None
-    return None, _to(g, node, da, 1), _to(g, node, db, 2)
+    return None, da, db
 
 
 @grad_rule("Clip")
@@ -215,9 +208,9 @@ def grad_clip(g, node, dy):
     return dy, dlo, dhi
 
 
-@grad_rule("Sum")
+@grad_rule("Sum", broadcast=True)
 def grad_sum(g, node, dy):
-    return tuple(_to(g, node, dy, i) for i in range(len(node.inputs)))
+    return (dy,) * len(node.inputs)
 
 
 def _select_extreme(g: GradBuilder, node: ir.Node, dy: ir.Value):
@@ -229,23 +222,23 @@ def _select_extreme(g: GradBuilder, node: ir.Node, dy: ir.Value):
         return (dy,)
     count = g.sum_values(masks)
     share = g.div(dy, count)
-    return tuple(_to(g, node, g.mul(share, m), i) for i, m in enumerate(masks))
+    return tuple(g.mul(share, m) for m in masks)
 
 
-@grad_rule("Max")
+@grad_rule("Max", broadcast=True)
 def grad_max(g, node, dy):
     return _select_extreme(g, node, dy)
 
 
-@grad_rule("Min")
+@grad_rule("Min", broadcast=True)
 def grad_min(g, node, dy):
     return _select_extreme(g, node, dy)
 
 
-@grad_rule("Mean")
+@grad_rule("Mean", broadcast=True)
 def grad_mean(g, node, dy):
     share = g.div(dy, g.scalar(float(len(node.inputs)), dy))
-    return tuple(_to(g, node, share, i) for i in range(len(node.inputs)))
+    return (share,) * len(node.inputs)
 
 
 @grad_rule("Softplus")
@@ -290,7 +283,7 @@ def grad_hard_swish(g, node, dy):
     return (g.op("Where", g.op("Less", x, g.scalar(-3.0, x)), g.scalar(0.0, dy), upper),)
 
 
-@grad_rule("PRelu")
+@grad_rule("PRelu", broadcast=True)
 def grad_prelu(g, node, dy):
     # dy where x > 0, else slope * dy; the slope gets dy * x where x <= 0 (PyTorch: at 0, slope)
     x, slope = node.inputs
@@ -298,7 +291,7 @@ def grad_prelu(g, node, dy):
     zero = g.scalar(0.0, dy)
     dx = g.op("Where", positive, dy, g.mul(dy, slope)) if g.wants(x) else None
     dslope = g.op("Where", positive, zero, g.mul(dy, x)) if g.wants(slope) else None
-    return _to(g, node, dx, 0), _to(g, node, dslope, 1)
+    return dx, dslope
 
 
 @grad_rule("Sin")
@@ -349,7 +342,7 @@ def grad_inverse_trig(g, node, dy):
     return (g.neg(dx) if op == "Acos" else dx,)
 
 
-@grad_rule("Mod")
+@grad_rule("Mod", broadcast=True)
 def grad_mod(g, node, dy):
     # float Mod: y = a - b * k with k = trunc(a / b) (fmod=1, C's fmod) or floor(a / b) (fmod=0,
     # Python's %), so da = dy and db = -dy * k away from the jumps where a / b is whole
@@ -360,7 +353,7 @@ def grad_mod(g, node, dy):
     else:
         k = g.op("Floor", quotient)
     db = g.neg(g.mul(dy, k)) if g.wants(b) else None
-    return _to(g, node, dy, 0), _to(g, node, db, 1)
+    return dy, db
 
 
 @grad_rule("Floor", "Ceil", "Round", "Sign", "Hardmax")

@@ -26,14 +26,17 @@ def _flatten_rows(g: GradBuilder, x: ir.Value, shape, like_last: ir.Value) -> ir
 
 @grad_rule("MatMul")
 def grad_matmul(g, node, dy):
-    # y = a @ b (numpy semantics): da = dy @ b^T, db = a^T @ dy, each summed over broadcast
-    # batch dims. 1-D operands are lifted to matrices ([k] -> [1,k] / [k,1]) and dropped again.
+    # y = a @ b (numpy semantics): da = dy @ b^T, db = a^T @ dy, in the broadcast batch dims
+    # (the driver sums those). 1-D operands are lifted to matrices ([k] -> [1,k] / [k,1]): a's
+    # gradient keeps the leading 1, which the driver sums away with the batch dims; b's
+    # trailing 1 is squeezed here.
     a, b = node.inputs
     sa, sb, sy = static_shape(a), static_shape(b), static_shape(node.outputs[0])
     ra, rb = g.rank(a), g.rank(b)
     g.rank(node.outputs[0])
     if ra == 1 and rb == 1:
-        return (g.mul(dy, b) if g.wants(a) else None), (g.mul(dy, a) if g.wants(b) else None)
+        return (g.broadcast_from(g.mul(dy, b), sb) if g.wants(a) else None), \
+            (g.broadcast_from(g.mul(dy, a), sa) if g.wants(b) else None)
     a2, sa2, b2, sb2, dy2, sy2 = a, sa, b, sb, dy, sy
     if ra == 1:
         a2, sa2 = g.unsqueeze(a, [0]), (1, *sa)
@@ -43,25 +46,21 @@ def grad_matmul(g, node, dy):
         dy2, sy2 = g.unsqueeze(dy, [len(sy)]), (*sy, 1)
     da = db = None
     if g.wants(a):
-        da = g.op("MatMul", dy2, _swap_last(g, b2, len(sb2)))
-        da_shape = (*sy2[:-2], sy2[-2], sb2[-2])
-        da = g.sum_to(da, da_shape, a2, sa2)
-        if ra == 1:
-            da = g.reshape_like(da, a)
+        da = g.broadcast_from(g.op("MatMul", dy2, _swap_last(g, b2, len(sb2))), (*sy2[:-2], sy2[-2], sb2[-2]))
     if g.wants(b):
         if rb == 2 and ra > 2:
             # b is a weight shared over a's batch: one [k, rows] @ [rows, m] product
-            db = g.op("Gemm", _flatten_rows(g, a2, sa2, a2), _flatten_rows(g, dy2, sy2, dy2), transA=1)
+            db = g.broadcast_from(g.op("Gemm", _flatten_rows(g, a2, sa2, a2), _flatten_rows(g, dy2, sy2, dy2),
+                                       transA=1), sb2)
+        elif rb == 1:
+            db = g.broadcast_from(g.squeeze(g.op("MatMul", _swap_last(g, a2, len(sa2)), dy2), [len(sy2) - 1]),
+                                  (*sy2[:-2], sa2[-1]))
         else:
-            db = g.op("MatMul", _swap_last(g, a2, len(sa2)), dy2)
-            db_shape = (*sy2[:-2], sa2[-1], sy2[-1])
-            db = g.sum_to(db, db_shape, b2, sb2)
-        if rb == 1:
-            db = g.reshape_like(db, b)
+            db = g.broadcast_from(g.op("MatMul", _swap_last(g, a2, len(sa2)), dy2), (*sy2[:-2], sa2[-1], sy2[-1]))
     return da, db
 
 
-@grad_rule("Gemm")
+@grad_rule("Gemm", broadcast=(2,))
 def grad_gemm(g, node, dy):
     # y = alpha * A' @ B' + beta * C with A' = A^T if transA, B' = B^T if transB.
     a, b = node.inputs[0], node.inputs[1]
@@ -82,7 +81,6 @@ def grad_gemm(g, node, dy):
             db = g.op("Gemm", a, dy, transA=int(not ta), **scale)
     if g.wants(c):
         dc = dy if beta == 1.0 else g.mul(dy, g.scalar(beta, dy))
-        dc = g.sum_to(dc, static_shape(node.outputs[0]), c)
     return da, db, dc
 
 
@@ -107,7 +105,7 @@ def grad_einsum(g, node, dy):
     # d term_i = einsum(out, other terms -> term_i); a letter that only term_i has (summed away
     # in the forward) is broadcast back by multiplying with ones of that operand's shape. With
     # "...", the operands' ellipsis dims broadcast: each gradient keeps them ("..." added to an
-    # operand that has none) and is summed back to its operand's shape.
+    # operand that has none), in a shape known at run time only, which the driver sums back.
     equation = attr(node, "equation")
     parsed = _parse_einsum(equation, len(node.inputs))
     if parsed is None:
@@ -130,5 +128,5 @@ def grad_einsum(g, node, dy):
             subs.append(term)
         target = term if "..." in term or not any("..." in t for t in subs) else "..." + term
         dx = g.op("Einsum", *operands, equation=",".join(subs) + "->" + target)
-        grads.append(g.sum_to(dx, None, x) if "..." in target else dx)
+        grads.append(g.broadcast_from(dx, None) if "..." in target else dx)
     return tuple(grads)

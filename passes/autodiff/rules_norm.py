@@ -77,7 +77,7 @@ def _batch_norm_training_grads(g, node, dy, xhat, invstd, scale_c, axes):
 @grad_rule("LayerNormalization", multi_output=True)
 def grad_layer_norm(g, node, dys):
     # Normalized over axes [axis, rank): dx = invstd * (d - mean(d) - xhat * mean(d * xhat)),
-    # d = dy * scale; dscale/dbias summed over the leading (broadcast) axes. The Mean and
+    # d = dy * scale; dscale/dbias in x's shape (the driver sums the broadcast axes). The Mean and
     # InvStdDev outputs add dmean / n and dinvstd * -invstd^3 * (x - mean) / n (n: the group size).
     dy, dmean, dinv = (list(dys) + [None, None])[:3]
     x, scale = node.inputs[0], node.inputs[1]
@@ -108,9 +108,9 @@ def grad_layer_norm(g, node, dys):
                 parts.append(g.neg(g.mul(g.mul(g.cast_like(dinv, x), cubed), g.mul(xc, inv_n))))
         dx = g.sum_values(parts) if parts else None
     if g.wants(scale) and dy is not None:
-        dscale = g.sum_to(g.mul(dy, xhat), y_shape, scale)
+        dscale = g.broadcast_from(g.mul(dy, xhat), y_shape)
     if g.wants(bias) and dy is not None:
-        dbias = g.sum_to(dy, y_shape, bias)
+        dbias = g.broadcast_from(dy, y_shape)
     return dx, dscale, dbias
 
 

@@ -27,9 +27,9 @@ def grad_transpose(g, node, dy):
     return (g.transpose(dy, list(np.argsort(perm))),)
 
 
-@grad_rule("Expand")
+@grad_rule("Expand", broadcast=(0,))
 def grad_expand(g, node, dy):
-    return g.sum_to(dy, static_shape(node.outputs[0]), node.inputs[0]), None
+    return dy, None
 
 
 def _dim(g: GradBuilder, x: ir.Value, axis: int) -> ir.Value | int:

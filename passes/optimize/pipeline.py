@@ -10,11 +10,9 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
+from graphc.errors import PipelineError
+
 __all__ = ["OptimizeReport", "PassRecord", "Pipeline", "PipelineError", "all_nodes", "count_nodes"]
-
-
-class PipelineError(RuntimeError):
-    """A pass broke an invariant the pipeline guarantees (graph interface, validity)."""
 
 
 # ai.onnx ops with graph attributes; a custom-domain node is searched for them too.

@@ -35,12 +35,12 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveInitializersFromInputsPass, RemoveUnusedNodesPass, ShapeInferencePass
 
-from graphc.errors import GraphError
+from graphc.errors import PassError
 from graphc.passes.autodiff.core import backward, node_inputs
 from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks, fold_integer_values
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
-from graphc.passes.training import dense_conv, flat, imports, modes, optimizers
+from graphc.passes.training import dense_conv, flat, imports, modes, noise as noise_shapes, optimizers
 from graphc.passes.training import recompute as recomputation
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
@@ -61,9 +61,19 @@ class LossArgs:
     build: Callable[[ir.Value, int], ir.Model] | None = None
 
 
+@dataclass(frozen=True)
+class Output:
+    """A graph output as the code that creates it declares it: its role and, for a train_step
+    output that the next step reads, the input it ``feeds``."""
+
+    name: str
+    role: str
+    feeds: str | None = None
+
+
 @dataclass
 class Built:
-    graphs: dict[str, ir.Model]  # train_step, gradients, eval, inference
+    graphs: dict[str, ir.Model]  # train_step, gradients, eval, inference[, noise_shapes]
     roles: dict[str, dict[str, str]]  # graph -> value name -> role
     feeds: dict[str, str]
     trainable: list[str]
@@ -76,9 +86,11 @@ class Built:
     slots: tuple[str, ...]  # optimizer state per param or buffer: ``<name>.<slot>``
 
 
-def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
+def build(model: ir.Model, loss: LossArgs, optimizer: dict,
           trainable: Iterable[str] | None = None, frozen: Iterable[str] = (), fused: bool = True,
           recompute: bool = False, params: Iterable[str] = (), batchnorm: str = "train") -> Built:
+    """The training graphs of ``model``; ``optimizer`` is the spec as JSON (``{"kind": "sgd", "lr":
+    ..., ...}``)."""
     base = _prepare(model)
     order = {name: i for i, name in enumerate(model.graph.initializers)}  # promoted constants last
     opset = base.opset_imports.get("", 0)
@@ -92,19 +104,21 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
     label = append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
     params, frozen_all, constants = _select_params(base, bn_stats, trainable, frozen, params, order)
     imports.warn_shared_normalization_params(base.graph, params)
-    decays = _decays(params, opt_hyper.get("no_decay") or ())
+    decays = _decays(params, optimizer.get("no_decay") or ())
     groups = flat.plan(base.graph, params, decays) if fused else []
 
-    evaluation = _eval_graph(base, params, bn_stats, model_outputs)
+    evaluation, eval_outputs = _eval_graph(base, params, bn_stats, model_outputs)
     noise: list[str] = []
-    step, gradients, grads, bn_next = _backward_graphs(base, opset, params, bn_stats, noise, recompute, batchnorm)
+    step, gradients, grads, bn_next, grad_outputs = _backward_graphs(base, opset, params, bn_stats, noise, recompute,
+                                                                     batchnorm)
 
-    slots = optimizers.state_slots(opt_kind, opt_hyper)
+    slots = optimizers.state_slots(optimizer)
     param_values = {p: step.graph.initializers[p] for p in grads}
-    next_names = _append_optimizer(step.graph, opset, opt_kind, opt_hyper, param_values, grads, slots, decays, groups)
-    next_names += [_expose(step.graph, value, f"{stat}.next", like=step.graph.initializers[stat])
-                   for stat, value in bn_next.items()]
-    _set_outputs(step.graph, [LOSS, *next_names])
+    step_outputs = [Output(LOSS, "loss"),
+                    *_append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, groups),
+                    *(Output(_expose(step.graph, value, f"{stat}.next", like=step.graph.initializers[stat]), "state",
+                             stat) for stat, value in bn_next.items())]
+    _set_outputs(step.graph, step_outputs)
 
     updated = [g.name for g in groups] or params  # what optimizer state is kept for
     role_of_input = {**{n: "data" for n in data}, **({label: "label"} if label else {}),
@@ -117,9 +131,18 @@ def build(model: ir.Model, loss: LossArgs, opt_kind: str, opt_hyper: dict,
         m.graph.name = f"{model.graph.name or 'model'}_{key}"
         _order_inputs(m.graph, list(role_of_input))
         _tidy(m)
-    roles = {key: _roles(key, m.graph, role_of_input, params) for key, m in graphs.items()}
-    feeds = {n: n[: -len(".next")] for n in next_names}
-    state = _initial_state(gradients.graph, params, bn_stats, slots, opt_hyper)
+    outputs = {"train_step": step_outputs, "gradients": grad_outputs, "eval": eval_outputs,
+               "inference": [Output(o, "loss" if o == LOSS else "output") for o in model_outputs]}
+    batch = [*data, *([label] if label else [])]
+    unbound = noise_shapes.unbound(step.graph, noise, batch)
+    if unbound:  # noise a trainer cannot size from the batch's dims: a graph that computes it
+        graphs["noise_shapes"] = noise_shapes.shape_graph(step, noise, unbound, batch, [*params, *bn_stats])
+        graphs["noise_shapes"].graph.name = f"{model.graph.name or 'model'}_noise_shapes"
+        outputs["noise_shapes"] = [Output(f"{n}{noise_shapes.SHAPE_SUFFIX}", "noise_shape") for n in unbound]
+    roles = {key: {**{v.name: role_of_input[v.name] for v in m.graph.inputs}, **{o.name: o.role for o in outputs[key]}}
+             for key, m in graphs.items()}
+    feeds = {o.name: o.feeds for o in step_outputs if o.feeds is not None}
+    state = _initial_state(gradients.graph, params, bn_stats, slots, optimizer)
     return Built(graphs, roles, feeds, params, frozen_all, constants, state, model_outputs, opset, groups, slots)
 
 
@@ -128,24 +151,26 @@ def _decays(params: Sequence[str], no_decay: Sequence[str]) -> dict[str, bool]:
     unmatched = [pat for pat in no_decay if not any(fnmatchcase(p, pat) for p in params)]
     if unmatched:
         shown = ", ".join(params[:8]) + (", ..." if len(params) > 8 else "")
-        raise GraphError(f"no_decay pattern(s) {unmatched} match no trainable param (params: {shown})")
+        raise PassError(f"no_decay pattern(s) {unmatched} match no trainable param (params: {shown})")
     return {p: not any(fnmatchcase(p, pat) for pat in no_decay) for p in params}
 
 
 def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
-                model_outputs: Sequence[str]) -> ir.Model:
+                model_outputs: Sequence[str]) -> tuple[ir.Model, list[Output]]:
     """Inference-mode forward and loss; params and BN statistics are inputs with defaults."""
     evaluation = base.clone()
     modes.set_inference_mode(evaluation.graph)
     _expose_inputs(evaluation.graph, [*params, *bn_stats])
-    _set_outputs(evaluation.graph, [LOSS, *[o for o in model_outputs if o != LOSS]])
-    return evaluation
+    outputs = [Output(LOSS, "loss"), *(Output(o, "output") for o in model_outputs if o != LOSS)]
+    _set_outputs(evaluation.graph, outputs)
+    return evaluation, outputs
 
 
 def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats: Sequence[str],
                      noise: list[str], recompute: bool = False, batchnorm: str = "train"):
     """Training mode and the backward pass, in ``step`` itself; returns (step, the gradients
-    graph cloned from it, {param: gradient value in step}, {BN stat: its updated value}).
+    graph cloned from it, {param: gradient value in step}, {BN stat: its updated value}, the
+    gradients graph's outputs).
     Dropout becomes ops on new noise inputs (their names are appended to ``noise``) before
     autodiff, so the gradient flows through plain Mul/Cast. ``batchnorm="frozen"`` keeps
     BatchNormalization in inference mode (running statistics in, none updated)."""
@@ -172,18 +197,13 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
         recomputation.recompute(step.graph, forward, opset)
     gradients = step.clone()
     graph = gradients.graph
-    stats = [_expose(graph, _by_name(graph, v.name), f"{stat}.next", like=graph.initializers[stat])
-             for stat, v in bn_next.items()]  # a data-parallel run keeps rank 0's (as DDP)
-    _set_outputs(graph, [LOSS, *(_expose(graph, _by_name(graph, g.name), f"{p}_grad", like=graph.initializers[p])
-                                 for p, g in grads.items()), *stats])
-    return step, gradients, grads, bn_next
-
-
-def _roles(key: str, graph: ir.Graph, role_of_input: dict[str, str], params: Sequence[str]) -> dict[str, str]:
-    roles = {v.name: role_of_input[v.name] for v in graph.inputs}
-    for v in graph.outputs:
-        roles[v.name] = _output_role(v.name, key, params)
-    return roles
+    stats = [Output(_expose(graph, _by_name(graph, v.name), f"{stat}.next", like=graph.initializers[stat]), "state",
+                    stat) for stat, v in bn_next.items()]  # a data-parallel run keeps rank 0's (as DDP)
+    outputs = [Output(LOSS, "loss"),
+               *(Output(_expose(graph, _by_name(graph, g.name), f"{p}_grad", like=graph.initializers[p]), "grad")
+                 for p, g in grads.items()), *stats]
+    _set_outputs(graph, outputs)
+    return step, gradients, grads, bn_next, outputs
 
 
 def _order_inputs(graph: ir.Graph, order: Sequence[str]) -> None:
@@ -222,8 +242,8 @@ def _upgrade(model: ir.Model, opset: int) -> ir.Model:
     try:
         proto = onnx.version_converter.convert_version(ir.serde.serialize_model(model), MIN_OPSET)
     except Exception as exc:  # noqa: BLE001 - the converter raises RuntimeError/ConvertError
-        raise GraphError(f"training graphs need ai.onnx opset >= {MIN_OPSET}; the model uses opset {opset} "
-                         f"and onnx's version converter could not upgrade it: {exc}") from exc
+        raise PassError(f"training graphs need ai.onnx opset >= {MIN_OPSET}; the model uses opset {opset} "
+                        f"and onnx's version converter could not upgrade it: {exc}") from exc
     return ir.serde.deserialize_model(proto)
 
 
@@ -246,19 +266,19 @@ def append_loss(graph: ir.Graph, opset: int, loss: LossArgs) -> str | None:
     """Append the loss named ``loss``; returns the label input's name (None for a given loss)."""
     outputs = {v.name: v for v in graph.outputs}
     if loss.output not in outputs:
-        raise GraphError(f"loss output {loss.output!r} is not an output of the model; outputs: {sorted(outputs)}")
+        raise PassError(f"loss output {loss.output!r} is not an output of the model; outputs: {sorted(outputs)}")
     out = outputs[loss.output]
     if loss.build is None:
         dims = list(out.shape) if out.shape is not None else []
         if not imports.is_float(out) or not all(d == 1 for d in dims):  # [] or [1, ...]
-            raise GraphError(f"loss {loss.output!r} must be a float scalar, got {out.dtype} {out.shape}")
+            raise PassError(f"loss {loss.output!r} must be a float scalar, got {out.dtype} {out.shape}")
         if out.name != LOSS:
             Emitter(graph, opset, "loss").op("Identity", out, name=LOSS)
         return None
     taken = {v.name for v in graph.inputs} | set(graph.initializers)
     for name in (LOSS, loss.label):
         if name in taken or name in outputs:
-            raise GraphError(f"the name {name!r} is already used in the model; choose another label name")
+            raise PassError(f"the name {name!r} is already used in the model; choose another label name")
     _splice_loss(graph, loss.build(out, opset).graph, out, loss.label)
     return loss.label
 
@@ -270,7 +290,7 @@ def _splice_loss(graph: ir.Graph, loss_graph: ir.Graph, out: ir.Value, label_nam
     pred, label = loss_graph.inputs
     result = loss_graph.outputs[0]
     if loss_graph.initializers or result.producer() is None:
-        raise GraphError("a loss graph must compute its output with nodes and hold no initializers")
+        raise PassError("a loss graph must compute its output with nodes and hold no initializers")
     nodes = list(loss_graph)
     loss_graph.inputs.clear()
     loss_graph.outputs.clear()
@@ -305,8 +325,8 @@ def _select_params(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, 
         constants = {n: why for n, why in constants.items() if n not in chosen}
     trainable = [n for n in trainable if n not in frozen]
     if not trainable:
-        raise GraphError("no trainable parameters: every float initializer is frozen, an exporter constant or does "
-                         "not reach the loss")
+        raise PassError("no trainable parameters: every float initializer is frozen, an exporter constant or does "
+                        "not reach the loss")
     return trainable, [n for n in candidates if n not in trainable and n not in constants], constants
 
 
@@ -318,7 +338,7 @@ def _matching(patterns: Iterable[str], candidates: Sequence[str], option: str) -
     unknown = [pat for pat, names in picked.items() if not names]
     if unknown:
         shown = ", ".join(candidates[:12]) + (", ..." if len(candidates) > 12 else "")
-        raise GraphError(f"{option}: unknown parameter(s) {unknown}; float initializers of the model: {shown}")
+        raise PassError(f"{option}: unknown parameter(s) {unknown}; float initializers of the model: {shown}")
     return [n for n in candidates if any(n in names for names in picked.values())]
 
 
@@ -330,7 +350,7 @@ def _loss_inputs(graph: ir.Graph) -> set[ir.Value]:
     return needed
 
 
-def update_graph(opset: int, kind: str, hyper: dict, params: Sequence[ir.Value], groups: Sequence[flat.Group],
+def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups: Sequence[flat.Group],
                  no_decay: Sequence[str] = ()) -> ir.Model:
     """The optimizer update of train_step as a graph of its own: inputs the ``params`` (typed
     values named as the params), ``<param>_grad`` for each, the optimizer state (per ``groups``
@@ -343,17 +363,16 @@ def update_graph(opset: int, kind: str, hyper: dict, params: Sequence[ir.Value],
         grads[p.name] = ir.Value(name=f"{p.name}_grad", type=ir.TensorType(p.dtype), shape=p.shape)
         graph.inputs.extend((values[p.name], grads[p.name]))
     decays = _decays(list(values), no_decay)
-    slots = optimizers.state_slots(kind, hyper)
-    next_names = _append_optimizer(graph, opset, kind, hyper, values, grads, slots, decays, list(groups))
-    _set_outputs(graph, next_names)
+    slots = optimizers.state_slots(optimizer)
+    _set_outputs(graph, _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups)))
     model = ir.Model(graph, ir_version=10)
     _tidy(model)
     return model
 
 
-def _append_optimizer(graph, opset, kind, hyper, params, grads, slots, decays, groups) -> list[str]:
+def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups) -> list[Output]:
     """Optimizer inputs (state, step, lr) and update nodes for ``params`` (name -> value),
-    per flat buffer of ``groups`` or, with none, per param; returns the ``.next`` output names."""
+    per flat buffer of ``groups`` or, with none, per param; returns the ``.next`` outputs."""
     b = Emitter(graph, opset, "optim")
     step = _input_with_default(graph, STEP, np.array(0, dtype=np.int64))
     lr = _input_with_default(graph, LR, np.array(hyper["lr"], dtype=np.float32))
@@ -371,12 +390,13 @@ def _append_optimizer(graph, opset, kind, hyper, params, grads, slots, decays, g
         for s in slots:
             state[s] = ir.Value(name=f"{name}.{s}", type=ir.TensorType(param.dtype), shape=param.shape)
             graph.inputs.append(state[s])
-        new_param, new_state = optimizers.update(ctx, kind, hyper if decay else {**hyper, "weight_decay": 0.0},
+        new_param, new_state = optimizers.update(ctx, hyper if decay else {**hyper, "weight_decay": 0.0},
                                                  param, grad, state)
         new_params.update(flat.split(views, groups_by_name[name], new_param) if groups else {name: new_param})
-        state_next += [_expose(graph, new_state[s], f"{name}.{s}.next", like=param) for s in slots]
-    param_next = [_expose(graph, new_params[p], f"{p}.next", like=params[p]) for p in params]
-    return [*param_next, *state_next, _expose(graph, t, f"{STEP}.next", like=step)]
+        state_next += [Output(_expose(graph, new_state[s], f"{name}.{s}.next", like=param), "state", f"{name}.{s}")
+                       for s in slots]
+    param_next = [Output(_expose(graph, new_params[p], f"{p}.next", like=params[p]), "param", p) for p in params]
+    return [*param_next, *state_next, Output(_expose(graph, t, f"{STEP}.next", like=step), "state", STEP)]
 
 
 def _input_with_default(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
@@ -414,9 +434,9 @@ def _is_exposed_name(name: str | None) -> bool:
     return bool(name) and (name == LOSS or name.endswith(".next") or name.endswith("_grad"))
 
 
-def _set_outputs(graph: ir.Graph, names: Sequence[str]) -> None:
+def _set_outputs(graph: ir.Graph, outputs: Sequence[Output]) -> None:
     by_name = {v.name: v for v in graph.outputs}
-    chosen = [by_name.get(n) or _by_name(graph, n) for n in names]
+    chosen = [by_name.get(o.name) or _by_name(graph, o.name) for o in outputs]
     graph.outputs.clear()
     graph.outputs.extend(chosen)
 
@@ -432,16 +452,6 @@ def _by_name(graph: ir.Graph, name: str) -> ir.Value:
             if v.name == name:
                 return v
     raise KeyError(name)
-
-
-def _output_role(name: str, graph: str, params: Sequence[str]) -> str:
-    if name == LOSS:
-        return "loss"
-    if graph == "gradients" and name.endswith("_grad"):
-        return "grad"
-    if graph in ("train_step", "gradients") and name.endswith(".next"):
-        return "param" if name[: -len(".next")] in params else "state"
-    return "output"
 
 
 def _initial_state(graph, params, bn_stats, slots, hyper) -> dict[str, np.ndarray]:

@@ -24,11 +24,13 @@ STATE_SLOTS = {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq"),
                "adamw": ("exp_avg", "exp_avg_sq")}
 
 
-def state_slots(kind: str, hyper: dict) -> tuple[str, ...]:
-    """Per-param state slot names (``<param>.<slot>``) for an optimizer spec."""
-    if kind == "sgd" and not hyper.get("momentum"):
+def state_slots(optimizer: dict) -> tuple[str, ...]:
+    """Per-param state slot names (``<param>.<slot>``, PyTorch's ``optimizer.state`` keys) of an
+    optimizer spec as JSON (``{"kind": "sgd", "momentum": 0.9, ...}``); the one definition
+    (``gc.optim`` specs' ``state_slots`` read it)."""
+    if optimizer["kind"] == "sgd" and not optimizer.get("momentum"):
         return ()
-    return STATE_SLOTS[kind]
+    return STATE_SLOTS[optimizer["kind"]]
 
 
 @dataclass
@@ -57,9 +59,11 @@ class StepContext:
         return self._cache[key]
 
 
-def update(ctx: StepContext, kind: str, hyper: dict, param: ir.Value, grad: ir.Value,
+def update(ctx: StepContext, hyper: dict, param: ir.Value, grad: ir.Value,
            state: dict[str, ir.Value]) -> tuple[ir.Value, dict[str, ir.Value]]:
-    """Next value of ``param`` and of each state slot (same keys as ``state``)."""
+    """Next value of ``param`` and of each state slot (same keys as ``state``); ``hyper`` is the
+    optimizer spec as JSON, its ``kind`` included."""
+    kind = hyper["kind"]
     if kind == "sgd":
         return sgd(ctx, param, grad, state, **_only(hyper, "momentum", "nesterov", "weight_decay"))
     if kind in ("adam", "adamw"):
