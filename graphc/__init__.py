@@ -40,12 +40,12 @@ _OPS = (
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
-    **{op: ("graphc.ops", op) for op in _OPS},
-    "Tensor": ("graphc.tensor", "Tensor"),
-    "capture": ("graphc.tracing", "capture"),
-    "cond": ("graphc.control", "cond"),
-    "fori_loop": ("graphc.control", "fori_loop"),
-    "scan": ("graphc.control", "scan"),
+    **{op: ("graphc.dsl.ops", op) for op in _OPS},
+    "Tensor": ("graphc.dsl.tensor", "Tensor"),
+    "capture": ("graphc.dsl.capture", "capture"),
+    "cond": ("graphc.dsl.control", "cond"),
+    "fori_loop": ("graphc.dsl.control", "fori_loop"),
+    "scan": ("graphc.dsl.control", "scan"),
     "nn": ("graphc.nn", None),
     "losses": ("graphc.losses", None),
     "optim": ("graphc.optim", None),
