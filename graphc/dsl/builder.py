@@ -21,10 +21,10 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from graphc.dsl import eager as _eager
 from graphc.dtypes import as_dtype, to_onnx
 from graphc.errors import GraphError
 from graphc.passes.emit import make_node
-from graphc.dsl import eager as _eager  # noqa: I001
 
 _PKG_DIR = str(Path(__file__).resolve().parents[1]) + os.sep  # the graphc package
 # Frames that are never the user's code: graphc's own, and numpy's (``np.sum(t)`` dispatches to
