@@ -30,23 +30,24 @@ from graphc.errors import (AutodiffError, BackendError, BackendUnavailable, Capt
                            InputError, MissingDependency, MissingGradientRule, MissingKernel, ModelLoadError, PassError,
                            PipelineError)
 from graphc.model import Model, load
+from graphc.version import __version__
 
-__version__ = "0.1.0"
 
 _OPS = (
     "relu gelu sigmoid tanh exp log sqrt abs softmax log_softmax matmul concat stack reshape "
-    "transpose where maximum minimum clip sum mean max min conv2d max_pool2d avg_pool2d "
-    "batch_norm layer_norm dropout embedding cast"
+    "transpose where maximum minimum clip sum mean max min cast"
 ).split()
+_NN_OPS = "conv2d max_pool2d avg_pool2d batch_norm layer_norm dropout embedding".split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
-    **{op: ("graphc.ops", op) for op in _OPS},
-    "Tensor": ("graphc.tensor", "Tensor"),
-    "capture": ("graphc.tracing", "capture"),
-    "cond": ("graphc.control", "cond"),
-    "fori_loop": ("graphc.control", "fori_loop"),
-    "scan": ("graphc.control", "scan"),
+    **{op: ("graphc.dsl.ops", op) for op in _OPS},
+    **{op: ("graphc.dsl.ops_nn", op) for op in _NN_OPS},
+    "Tensor": ("graphc.dsl.tensor", "Tensor"),
+    "capture": ("graphc.dsl.capture", "capture"),
+    "cond": ("graphc.dsl.control", "cond"),
+    "fori_loop": ("graphc.dsl.control", "fori_loop"),
+    "scan": ("graphc.dsl.control", "scan"),
     "nn": ("graphc.nn", None),
     "losses": ("graphc.losses", None),
     "optim": ("graphc.optim", None),

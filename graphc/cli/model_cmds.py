@@ -72,7 +72,8 @@ def capture_cmd(
     out: Optional[Path] = OUT_ALIAS,
     opset: int = typer.Option(21, "--opset", help="ai.onnx opset (17..23)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the parameter initialisation."),
-    training: bool = typer.Option(False, "--training", help="Capture training-mode Dropout/BatchNorm."),
+    training: Optional[bool] = typer.Option(None, "--training/--eval", help="Capture training-mode (or eval-mode) "
+                                            "Dropout/BatchNorm; neither: each module's own train()/eval() mode."),
     name: Optional[str] = typer.Option(None, "--name", help="Graph name (default: the class or function name)."),
 ) -> None:
     """Capture a DSL model into an ONNX file.
@@ -83,7 +84,7 @@ def capture_cmd(
     graphc capture net.py:Net --input x:float32[N,64] -o net.onnx
     """
     import graphc as gc
-    from graphc.tracing import check_input_names
+    from graphc.dsl.capture import check_input_names
     from graphc.dtypes import parse_spec
 
     output = chosen_output(output, out)

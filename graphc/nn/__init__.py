@@ -16,15 +16,16 @@ from graphc.nn.layers import (
     Linear,
     MaxPool2d,
     ReLU,
-    Sequential,
     Sigmoid,
     Softmax,
     Tanh,
 )
+from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList, Sequential
 from graphc.nn.module import Module, Parameter
 
 __all__ = [
     "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding",
-    "Flatten", "GELU", "LayerNorm", "Linear", "MaxPool2d", "Module", "MultiheadAttention", "Parameter",
+    "Flatten", "GELU", "Identity", "LayerNorm", "Linear", "MaxPool2d", "Module", "ModuleDict", "ModuleList",
+    "MultiheadAttention", "Parameter", "ParameterList",
     "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "init",
 ]

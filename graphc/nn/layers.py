@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphc import ops
+from graphc.dsl import ops, ops_nn
+from graphc.dsl.builder import user_source
+from graphc.dsl.ops_nn import global_avg_pool2d, int_pair, linear
+from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn import init
 from graphc.nn.module import Module, Parameter
-from graphc.ops_nn import global_avg_pool2d, int_pair, linear
-from graphc.tensor import Tensor
-from graphc.tracing import user_source
 
 
 class Linear(Module):
@@ -49,7 +49,7 @@ class Conv2d(Module):
         self.bias = Parameter(shape=(out_channels,), init=init.bias_uniform(fan_in), dtype=dtype) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return ops_nn.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
@@ -63,7 +63,7 @@ class MaxPool2d(Module):
         self.dilation, self.ceil_mode = dilation, ceil_mode
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        return ops_nn.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
 
 
 class AvgPool2d(Module):
@@ -74,7 +74,7 @@ class AvgPool2d(Module):
         self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+        return ops_nn.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
 
 
 class AdaptiveAvgPool2d(Module):
@@ -92,8 +92,8 @@ class AdaptiveAvgPool2d(Module):
         h, w = x.shape[2], x.shape[3]
         if not (isinstance(h, int) and isinstance(w, int) and h % oh == 0 and w % ow == 0):
             raise CaptureError(f"AdaptiveAvgPool2d({self.output_size}) needs static H, W divisible by the output "
-                               f"size; input is {x.type_str()} (at {user_source()})")
-        return ops.avg_pool2d(x, (h // oh, w // ow))
+                             f"size; input is {x.type_str()} (at {user_source()})")
+        return ops_nn.avg_pool2d(x, (h // oh, w // ow))
 
 
 class _BatchNorm(Module):
@@ -107,9 +107,11 @@ class _BatchNorm(Module):
         self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine else None
         self.running_mean = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype, buffer=True)
         self.running_var = Parameter(shape=(num_features,), init=init.ones, dtype=dtype, buffer=True)
+        # PyTorch's counter, kept so state_dict() keys are PyTorch's (the graph never reads it)
+        self.num_batches_tracked = Parameter(shape=(), init=init.zeros, dtype="int64", buffer=True)
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+        return ops_nn.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                               training=self.training, momentum=self.momentum, eps=self.eps)
 
     def extra_repr(self) -> str:
@@ -134,7 +136,7 @@ class LayerNorm(Module):
         self.bias = Parameter(shape=shape, init=init.zeros, dtype=dtype) if elementwise_affine and bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return ops_nn.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"
@@ -146,7 +148,7 @@ class Dropout(Module):
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.dropout(x, self.p, training=self.training)
+        return ops_nn.dropout(x, self.p, training=self.training)
 
 
 class Embedding(Module):
@@ -166,7 +168,7 @@ class Embedding(Module):
         self.weight = Parameter(shape=(num_embeddings, embedding_dim), init=draw, dtype=dtype)
 
     def forward(self, indices: Tensor) -> Tensor:
-        return ops.embedding(indices, self.weight)
+        return ops_nn.embedding(indices, self.weight)
 
 
 class ReLU(Module):
@@ -209,25 +211,5 @@ class Flatten(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return ops.flatten(x, self.start_dim, self.end_dim)
-
-
-class Sequential(Module):
-    """Sub-modules named ``"0"``, ``"1"``, ... applied in order."""
-
-    def __init__(self, *modules: Module):
-        super().__init__()
-        for i, m in enumerate(modules):
-            self.add_module(str(i), m)
-
-    def __getitem__(self, i: int) -> Module:
-        return list(self._modules.values())[i]
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def forward(self, x: Any) -> Any:
-        for m in self._modules.values():
-            x = m(x)
-        return x
 
 

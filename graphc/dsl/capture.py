@@ -3,6 +3,7 @@ wrap the traced graph as a ``gc.Model``."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect as _inspect
 from collections.abc import Callable
 from typing import Any
@@ -10,10 +11,15 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from graphc.dsl import methods  # noqa: F401  (binds gc.Tensor's operators before any Tensor is made)
+from graphc.dsl import ops
+from graphc.dsl.builder import Builder
+from graphc.dsl.tensor import Tensor
 from graphc.dtypes import TensorSpec, as_dtype
-from graphc.errors import CaptureError, GraphError
+from graphc.errors import CaptureError
 from graphc.model import Model
-from graphc.tracing import _CURRENT, Builder
+from graphc.nn.module import Module
+from graphc.version import __version__
 
 def _as_spec(name: str, value: Any) -> tuple[TensorSpec, np.ndarray | None]:
     if isinstance(value, TensorSpec):
@@ -25,8 +31,6 @@ def _as_spec(name: str, value: Any) -> tuple[TensorSpec, np.ndarray | None]:
 
 
 def _call(fn: Callable, tensors: dict[str, Any]):
-    from graphc.nn.module import Module
-
     try:
         sig = _inspect.signature(fn.forward if isinstance(fn, Module) else fn)
     except (TypeError, ValueError):
@@ -42,8 +46,6 @@ def check_input_names(fn: Callable, names: list[str]) -> None:
     """Raise ``GraphError`` unless ``names`` are the parameters ``fn`` (a function or a Module's
     ``forward``) takes: none unknown, every one without a default given. A signature with
     ``*args`` or ``**kwargs``, or none Python can read, accepts any names."""
-    from graphc.nn.module import Module
-
     target = fn.forward if isinstance(fn, Module) else fn
     try:
         params = _inspect.signature(target).parameters.values()
@@ -63,27 +65,31 @@ def check_input_names(fn: Callable, names: list[str]) -> None:
 
 
 def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed: int = 0,
-            training: bool = False, **inputs: Any) -> Model:
+            training: bool | None = None, **inputs: Any) -> Model:
     """Trace ``fn_or_module`` on the given inputs into a ``gc.Model``.
 
     Each keyword names a graph input: a ``gc.TensorSpec`` (symbolic capture) or an example
     ``np.ndarray`` (eager capture: ops are evaluated as traced). Returned dict keys name the
     outputs; a single Tensor is ``"output"``; a tuple gives ``"output_0"``, ``"output_1"``, ...
+    ``training``: None captures each module in its own mode (``.train()``/``.eval()``; modules
+    start in eval mode); True or False puts every sub-module of a captured Module in that mode
+    for this capture only.
 
         >>> import graphc as gc
         >>> m = gc.capture(lambda x: gc.relu(x) * 2, x=gc.spec("float32", ("N", 4)))
         >>> [o.name for o in m.outputs]
         ['output']
     """
-    from graphc.nn.module import Module
-    from graphc.tensor import Tensor
-
     if not inputs:
         raise CaptureError("gc.capture needs at least one input, e.g. x=gc.spec('float32', ('N', 784))")
     specs = {k: _as_spec(k, v) for k, v in inputs.items()}
     eager = all(arr is not None for _, arr in specs.values())
     if isinstance(fn_or_module, type) and issubclass(fn_or_module, Module):
         fn_or_module = fn_or_module()
+    module = fn_or_module if isinstance(fn_or_module, Module) else None
+    forced = module if training is not None else None
+    if training is None:
+        training = bool(module is not None and module.training)
     builder = Builder(opset, training, eager, seed)
     graph_inputs, tensors = [], {}
     for key, (sp, arr) in specs.items():
@@ -92,37 +98,39 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
         tensors[key] = Tensor(value, eager_value=arr)
         if arr is not None:
             builder.values[id(value)] = arr
-    if isinstance(fn_or_module, Module):
-        fn_or_module.init_parameters(seed)
-        builder.rooted = {id(p) for _, p in fn_or_module.named_parameters()}
-        fn_or_module.train(training)
-        graph_name = name or type(fn_or_module).__name__
+    if module is not None:
+        module.init_parameters(seed)
+        builder.rooted = {id(p) for _, p in [*module.named_parameters(), *module.named_buffers()]}
+        graph_name = name or type(module).__name__
     else:
         graph_name = name or getattr(fn_or_module, "__name__", "model").replace("<lambda>", "lambda")
-    _CURRENT.append(builder)
-    try:
+    with builder.activated(), _modes(forced, training):
         result = _call(fn_or_module, tensors)
         outputs = _collect_outputs(builder, result, set(id(v) for v in graph_inputs))
-    finally:
-        _CURRENT.pop()
     graph = ir.Graph(graph_inputs, outputs, nodes=builder.scopes[0].nodes,
                      initializers=builder.initializers, opset_imports={"": opset}, name=graph_name)
-    model = ir.Model(graph, ir_version=10, producer_name="graphc", producer_version=_version())
+    model = ir.Model(graph, ir_version=10, producer_name="graphc", producer_version=__version__)
     model.metadata_props["graphc.training"] = str(bool(training)).lower()
     if builder.buffers:
         model.metadata_props["graphc.buffers"] = ",".join(builder.buffers)
     return Model(model)
 
 
-def _version() -> str:
-    import graphc
-
-    return graphc.__version__
+@contextlib.contextmanager
+def _modes(module: Module | None, training: bool):
+    """Every sub-module of ``module`` (None: nothing) in ``training`` mode for the block; each in
+    its own mode again afterwards."""
+    before = [] if module is None else [(m, m.training) for m in module.modules()]
+    for m, _ in before:
+        m.training = training
+    try:
+        yield
+    finally:
+        for m, mode in before:
+            m.training = mode
 
 
 def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list[ir.Value]:
-    from graphc.tensor import Tensor
-
     if isinstance(result, Tensor):
         named = {"output": result}
     elif isinstance(result, dict):
@@ -139,36 +147,8 @@ def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list
         value = t.value
         if (id(value) in seen or id(value) in input_ids or value.const_value is not None
                 or value.producer() is None or value.name in builder.initializer_names()):
-            (t,) = builder.emit("Identity", [t], source=f"<output {key}>")
-            value = t.value
+            value = ops.emit("Identity", [t], source=f"<output {key}>").value
         seen.add(id(value))
-        key = str(key)
-        if key in builder._names and key != value.name:
-            _free_name(builder, key, input_ids)
-        builder._names.discard(value.name)
-        value.name = builder.reserve(key)
+        builder.rename_output(value, str(key))
         values.append(value)
     return values
-
-
-def _free_name(builder: Builder, name: str, input_ids: set[int]) -> None:
-    """An output key equal to an automatic value name (``relu``, ``add_3``) renames that value."""
-    if name in builder.initializer_names():
-        raise CaptureError(f"output name {name!r} is already a parameter's name; pick another key")
-
-    def nodes(node_list):
-        for node in node_list:
-            yield node
-            for attr in node.attributes.values():
-                if isinstance(attr.value, ir.Graph):
-                    yield from nodes(attr.value)
-
-    for node in nodes(builder.scopes[0].nodes):
-        for v in node.outputs:
-            if v.name == name:
-                v.name = builder.unique(name)
-                builder._names.discard(name)
-                return
-    raise CaptureError(f"output name {name!r} is already an input's name; pick another key")
-
-

@@ -1,0 +1,102 @@
+"""`gc.Tensor`: a symbolic value during capture (with its example value in eager capture).
+
+The tensor layer of the DSL: it imports only the builder. Its operators (``+``, ``@``, ``[]``,
+numpy's protocols) and methods (``.reshape``, ``.sum``, ...) are functions of the layer above,
+bound to the class by ``graphc.dsl.methods``, which every capture imports first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc.dsl.builder import dims, type_str, user_source
+from graphc.dtypes import DType, as_dtype
+from graphc.errors import CaptureError
+
+
+class Tensor:
+    """A value in the graph being captured. Operators record ONNX nodes.
+
+    ``.shape`` holds ints and symbolic dim names (``"N"``), ``None`` for unknown dims.
+    In eager capture (``gc.capture`` given example arrays) ``.numpy()`` returns the value.
+    """
+
+    __slots__ = ("value", "_value")
+    __array_priority__ = 1000  # numpy scalars/arrays on the left defer to our reflected ops
+
+    def __init__(self, value: ir.Value, eager_value: np.ndarray | None = None):
+        self.value = value
+        self._value = eager_value
+
+    # -- type -----------------------------------------------------------------------------------
+    @property
+    def dtype(self) -> DType:
+        """The element type; ``CaptureError`` naming the value when ONNX inference could not tell it."""
+        if self.value.dtype is None:
+            raise CaptureError(f"the dtype of {self.value.name} is unknown (ONNX type inference could not tell "
+                               f"it); cast it with .astype(dtype) first (at {user_source()})")
+        return as_dtype(int(self.value.dtype))
+
+    @property
+    def shape(self) -> tuple | None:
+        return dims(self.value)
+
+    @property
+    def ndim(self) -> int:
+        shape = self.shape
+        if shape is None:
+            raise CaptureError(f"rank of {self.value.name} is unknown")
+        return len(shape)
+
+    @property
+    def name(self) -> str:
+        return self.value.name
+
+    def type_str(self) -> str:
+        return type_str(self.value)
+
+    @property
+    def eager_value(self) -> np.ndarray | None:
+        """The example value in eager capture, else None."""
+        return self._value
+
+    def numpy(self) -> np.ndarray:
+        """The example value (eager capture only)."""
+        if self._value is None:
+            raise CaptureError(f"{self.value.name}: {self.type_str()} has no value; pass example np.ndarrays "
+                             f"to gc.capture for eager values (at {user_source()})")
+        return self._value
+
+    def __repr__(self) -> str:
+        if self._value is not None:
+            return f"Tensor({self.value.name}: {self.type_str()}, value=\n{self._value})"
+        return f"Tensor({self.value.name}: {self.type_str()})"
+
+    __hash__ = object.__hash__
+
+    # -- Python protocol misuse ---------------------------------------------------------------
+    def __bool__(self) -> bool:
+        raise CaptureError(f"Python `if`/`and`/`or`/`bool()` on traced value {self.value.name}: {self.type_str()} "
+                         f"at {user_source()}; the graph cannot branch on it. Use gc.where(cond, a, b) "
+                         f"or gc.cond(pred, true_fn, false_fn, ...)")
+
+    def __len__(self) -> int:
+        shape = self.shape
+        if shape and isinstance(shape[0], int):
+            return shape[0]
+        raise CaptureError(f"len() of {self.value.name}: {self.type_str()} is not static (at {user_source()})")
+
+    def __iter__(self):
+        n = len(self)
+        return (self[i] for i in range(n))
+
+    def __index__(self) -> int:
+        raise CaptureError(f"traced value {self.value.name} used as a Python int at {user_source()}")
+
+    def __array__(self, dtype: Any = None, copy: Any = None):
+        hint = "; .numpy() gives its example value in eager capture" if self._value is not None else ""
+        raise CaptureError(f"traced value {self.value.name}: {self.type_str()} cannot become a numpy array at "
+                         f"{user_source()}: inside forward use gc.* functions on it{hint}")
