@@ -203,10 +203,17 @@ class Trainer:
             self.step_count += 1
             return float(host["loss"])
 
-    def _noise_feeds(self, batch: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray],
-                     rng: Optional[np.random.Generator] = None) -> dict[str, np.ndarray]:
-        """This step's Dropout noise: drawn from ``rng`` (default ``self.rng``) in manifest order
-        (or taken from ``batch``), each shaped as its spec with symbolic dims bound by the batch's arrays."""
+    def _noise_feeds(self, batch: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """This step's Dropout noise: taken from ``batch``, else drawn from ``self.rng`` in
+        manifest order with the shapes ``_noise_shapes`` gives."""
+        out = {s.name: np.asarray(batch[s.name], dtype=np.float32) for s in self.noise_specs if s.name in batch}
+        out.update({name: self.rng.random(shape, dtype=np.float32)
+                    for name, shape in self._noise_shapes(batch, feeds).items()})
+        return out
+
+    def _noise_shapes(self, batch: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray]) -> dict[str, tuple]:
+        """The shape of each noise input ``batch`` does not hold, in manifest order: its spec's
+        with symbolic dims bound by the batch's arrays (``feeds``)."""
         dims: dict[str, int] = {}
         for spec in self.batch_specs:
             for d, size in zip(spec.shape or (), feeds[spec.name].shape):
@@ -216,15 +223,13 @@ class Trainer:
         probed = None
         for spec in self.noise_specs:
             if spec.name in batch:
-                out[spec.name] = np.asarray(batch[spec.name], dtype=np.float32)
                 continue
             if spec.shape is not None and all(isinstance(d, int) or d in dims for d in spec.shape):
-                shape = tuple(d if isinstance(d, int) else dims[d] for d in spec.shape)
+                out[spec.name] = tuple(d if isinstance(d, int) else dims[d] for d in spec.shape)
             else:  # a dim the batch does not name (an imported model's computed shape): measure it
                 if probed is None:
                     probed = self._probe_noise_shapes(feeds)
-                shape = probed[spec.name]
-            out[spec.name] = (rng or self.rng).random(shape, dtype=np.float32)
+                out[spec.name] = probed[spec.name]
         return out
 
     def _probe_noise_shapes(self, feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:

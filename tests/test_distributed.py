@@ -151,19 +151,19 @@ def test_batchnorm_and_dropout_are_per_replica_as_in_ddp(ray_cluster, tmp_path):
     _close({s: got[s] for s in stats}, stats, rtol=1e-6)
 
 
-class _KillingLoader(gc.data.DataLoader):
-    """Kills the process ``pid`` just before handing out batch ``at`` = (epoch, index), once."""
+def _before_step(trainer, at: int, action) -> list:
+    """Make ``trainer`` call ``action()`` just before its step ``at``, once (``fit`` calls
+    ``trainer.step``); the returned list holds the calls made."""
+    step, done = trainer.step, []
 
-    def __init__(self, arrays, pid: int, at: tuple[int, int], **kwargs):
-        super().__init__(arrays, **kwargs)
-        self.pid, self.at = pid, at
+    def wrapped(batch):
+        if not done and trainer.step_count == at:
+            done.append(at)
+            action()
+        return step(batch)
 
-    def iter_epoch(self, epoch: int, start: int = 0):
-        for index, batch in enumerate(super().iter_epoch(epoch, start), start):
-            if self.pid is not None and (epoch, index) == self.at:
-                os.kill(self.pid, signal.SIGKILL)
-                self.pid = None
-            yield batch
+    trainer.step = wrapped
+    return done
 
 
 def test_a_killed_worker_restarts_from_the_last_checkpoint(ray_cluster, tmp_path):
@@ -172,35 +172,55 @@ def test_a_killed_worker_restarts_from_the_last_checkpoint(ray_cluster, tmp_path
     single = gc.Trainer(arts, backend="ort-cpu")
     want = single.fit(gc.data.DataLoader(data, batch_size=8, seed=3), epochs=3, progress=False)
     dp = gc.Trainer(arts, **WORKER)
-    loader = _KillingLoader(data, dp.worker_pids()[1], at=(1, 2), batch_size=8, seed=3)
+    loader = gc.data.DataLoader(data, batch_size=8, seed=3)
+    pid = dp.worker_pids()[1]
+    killed = _before_step(dp, 8, lambda: os.kill(pid, signal.SIGKILL))  # epoch 2, batch 3
     with pytest.warns(UserWarning, match="restarting the 2 workers from step 6"):
         history = dp.fit(loader, epochs=3, progress=False, checkpoint=tmp_path / "ckpt")
-    assert loader.pid is None and dp.step_count == 18 and [e.epoch for e in history.epochs] == [1, 2, 3]
+    assert killed and dp.step_count == 18 and [e.epoch for e in history.epochs] == [1, 2, 3]
     np.testing.assert_allclose(history.step_losses, want.step_losses, rtol=2e-5)
     _close(dp.params, single.params)
     assert gc.Trainer(tmp_path / "ckpt").step_count == 18
 
     dp.max_restarts = 0  # and a run that may not restart stops with the reason
-    loader = _KillingLoader(data, dp.worker_pids()[0], at=(3, 1), batch_size=8, seed=3)
+    pid = dp.worker_pids()[0]
+    _before_step(dp, 19, lambda: os.kill(pid, signal.SIGKILL))
     with pytest.raises(gc.trainer.TrainingFailed, match="died.*gave up after 0 restart"):
         dp.fit(loader, epochs=4, progress=False)
 
 
-@pytest.mark.parametrize("first,then", [(2, 1), (1, 2)], ids=["2-then-1", "1-then-2"])
-def test_checkpoints_resume_with_another_number_of_workers(ray_cluster, tmp_path, first, then):
+def _stop():
+    raise RuntimeError("stopped")
+
+
+def _driver_gathers(*args):
+    raise AssertionError("the driver gathered a batch: the workers read their shards themselves")
+
+
+@pytest.mark.parametrize("first,then,shuffle", [(2, 1, True), (1, 2, False)], ids=["2-then-1", "1-then-2-unshuffled"])
+def test_a_mid_epoch_checkpoint_resumes_with_another_number_of_workers(ray_cluster, tmp_path, monkeypatch,
+                                                                       first, then, shuffle):
     arts = _arts("mlp", "adamw")
-    data = _data("mlp", 40)
-    loader = gc.data.DataLoader(data, batch_size=10, seed=1)
+    loader = gc.data.DataLoader(_data("mlp", 40), batch_size=10, seed=1, shuffle=shuffle)
+
+    def fit(trainer, **kwargs):
+        with monkeypatch.context() as patch:
+            if isinstance(trainer, gc.distributed.DistributedTrainer):  # no batch passes through the driver
+                patch.setattr(gc.data.DataLoader, "_gather", _driver_gathers)
+            return trainer.fit(loader, epochs=2, progress=False, **kwargs)
 
     def trainer(source, workers):
         return gc.Trainer(source, **({**WORKER, "workers": workers} if workers > 1 else {"backend": "ort-cpu"}))
 
-    want = trainer(arts, 1).fit(loader, epochs=2, progress=False)
-    trainer(arts, first).fit(loader, epochs=1, progress=False, checkpoint=tmp_path / "ckpt")
+    want = fit(trainer(arts, 1))
+    stopped = trainer(arts, first)
+    _before_step(stopped, 6, _stop)  # killed after step 6, saved every 3: epoch 2, batch 3 is next
+    with pytest.raises(RuntimeError, match="stopped"):
+        fit(stopped, checkpoint=tmp_path / "ckpt", checkpoint_every=3)
     resumed = trainer(tmp_path / "ckpt", then)
-    assert resumed.epoch == 1
-    got = resumed.fit(loader, epochs=2, progress=False)
-    np.testing.assert_allclose(got.step_losses, want.step_losses[4:], rtol=2e-5)
+    assert (resumed.epoch, resumed.batch_in_epoch) == (1, 2)
+    got = fit(resumed)
+    np.testing.assert_allclose(got.step_losses, want.step_losses[6:], rtol=2e-5)
 
 
 def test_map_batches_on_a_dataset_equals_one_session(ray_cluster):
