@@ -1,8 +1,8 @@
 """Data-parallel training and batch inference on Ray (``graphc.distributed``), against
 single-process ``gc.Trainer`` / ``gc.Session`` as the oracle.
 
-One local Ray cluster serves the whole module (2 CPUs, loopback only, no dashboard, no usage
-reporting); the module runs on one xdist worker (``xdist_group``). Workers ask for half a CPU
+One local Ray cluster, the one graphc starts itself, serves the whole module (the machine's
+CPUs, loopback only, no dashboard, no usage reporting); the module runs on one xdist worker (``xdist_group``). Workers ask for half a CPU
 each, every call is bounded by ``timeout_s``."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 import graphc as gc
 from graphc import nn
-from graphc.distributed.cluster import LOCAL_ENV
+from graphc.distributed.cluster import LOCAL_ENV, connect
 from graphc.models.cnn import LeNet
 from graphc.models.two_layer_net import TwoLayerNet
 from cli_util import one_line_error, run_cli
@@ -38,16 +38,14 @@ SIZES = [8, 8, 8, 7, 8, 8, 1, 8, 8, 8]
 
 @pytest.fixture(scope="module")
 def ray_cluster():
+    """The local cluster ``gc.distributed`` starts when given no address (``connect``)."""
     saved = {k: os.environ.get(k) for k in LOCAL_ENV}
-    os.environ.update(LOCAL_ENV)  # Ray reads them when it is imported
-    import ray
-
     for attempt in range(3):  # Ray gives its raylet 30 s to start: a loaded machine can miss that
         try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            ray = connect(None, "the tests")
             break
-        except Exception:  # noqa: BLE001 - Ray raises a bare Exception for it
-            ray.shutdown()
+        except gc.GraphcError:
+            sys.modules["ray"].shutdown()
             if attempt == 2:
                 raise
     try:
@@ -268,12 +266,15 @@ def test_gpu_requests_fail_with_the_reason(ray_cluster):
         gc.Trainer(arts, **{**WORKER, "backend": "ort-cuda", "workers": 1}, ray_address="auto")
 
 
-def test_the_cluster_listens_on_loopback_only(ray_cluster):
+def test_the_cluster_listens_on_loopback_only_without_dashboard_or_usage_reports(ray_cluster):
     import psutil
 
-    from ray._private import ray_constants
+    from ray._common.usage import usage_lib
+    from ray._private import ray_constants, worker
 
     assert not ray_constants.ENABLE_RAY_CLUSTER
+    assert not usage_lib.usage_stats_enabled()
+    assert worker._global_node.webui_url == ""  # Ray's head process serves its APIs, not the dashboard
     processes = psutil.Process().children(recursive=True)
     names = {p.name() for p in processes}
     assert {"gcs_server", "raylet"} <= names, names
