@@ -16,6 +16,9 @@ Protocols (median ms per step over ``--steps`` steps, run in alternating rounds 
   chunks; worker i sums the i-th chunks; the next step gathers the N sums): the bandwidth of a
   ring all-reduce in 2 rounds, at 2 calls per worker per step;
 * ``compiled``: ``gather`` as a Ray compiled graph (``ray.dag``, shared-memory channels).
+
+It also prints the CPU an idle worker burns with a compiled graph up and without one (the
+compiled graph's actors poll their channels).
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ class Peer:
             self._update(list(previous))
         return {"loss": 1.0}, self.grad
 
+    def cpu_seconds(self) -> float:
+        return time.process_time()
+
     def gradient(self, message):
         return self.grad
 
@@ -76,6 +82,14 @@ class Peer:
         for chunk in chunks[1:]:
             total += chunk
         return total
+
+
+def idle_cpu(ray, peers, seconds: float = 2.0) -> float:
+    """The mean share of a core each of ``peers`` burns while no step runs."""
+    before = ray.get([p.cpu_seconds.remote() for p in peers])
+    time.sleep(seconds)
+    after = ray.get([p.cpu_seconds.remote() for p in peers])
+    return sum(b - a for a, b in zip(before, after)) / len(peers) / seconds
 
 
 def main() -> None:
@@ -130,9 +144,13 @@ def main() -> None:
                 start = time.perf_counter()
                 fn()
                 times[name].append((time.perf_counter() - start) * 1e3)
+    idle = {"compiled graph up": idle_cpu(ray, peers)}
     compiled_dag.teardown()
+    peers = [actor.remote(rank, size, n) for rank in range(n)]  # teardown stopped the first ones
+    idle["no compiled graph"] = idle_cpu(ray, peers)
     ray.shutdown()
     print(f"{n} workers, {args.mb:g} MB of gradients each; load average {os.getloadavg()[0]:.1f}")
+    print("CPU a worker uses while idle: " + ", ".join(f"{k} {v:.0%} of a core" for k, v in idle.items()))
     print("| protocol | median ms/step | actor calls per worker/step |")
     print("|---|---|---|")
     calls = {"driver": 2, "gather": 1, "scatter": 2, "compiled": "1 (compiled)"}

@@ -155,7 +155,8 @@ def _before_step(trainer, at: int, action) -> list:
     step, done = trainer.step, []
 
     def wrapped(batch):
-        if not done and trainer.step_count == at:
+        if trainer.step_count == at:
+            del trainer.step  # the trainer's own again (and no reference cycle keeps its workers)
             done.append(at)
             action()
         return step(batch)
