@@ -80,6 +80,25 @@ def _without_initializers(proto: onnx.ModelProto, names: set[str]) -> onnx.Model
     return proto
 
 
+def _predict_model(eval_proto: onnx.ModelProto, manifest, carried: set[str]) -> onnx.ModelProto:
+    """The eval graph less the loss and the label inputs, ``carried`` inputs fed (not
+    initialized): the model's outputs from its data inputs and the current params."""
+    import onnx_ir as ir
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+    entries = manifest.graphs["eval"]
+    model = ir.from_proto(_without_initializers(eval_proto, carried))
+    graph = model.graph
+    keep = {e.name for e in entries.outputs if e.role != "loss"}
+    for value in [v for v in graph.outputs if v.name not in keep]:
+        graph.outputs.remove(value)
+    RemoveUnusedNodesPass()(model)
+    labels = {e.name for e in entries.inputs if e.role == "label"}
+    for value in [v for v in graph.inputs if v.name in labels and not v.uses()]:
+        graph.inputs.remove(value)
+    return ir.to_proto(model)
+
+
 class Trainer:
     """Train ``artifacts_or_dir`` (``TrainingArtifacts``, an artifact dir or a checkpoint dir
     written by a Trainer) on ``backend``; ``options`` go to the backend's ``prepare`` (for
@@ -299,23 +318,11 @@ class Trainer:
         """The eval graph less the loss and the label inputs: the model's outputs from its data
         inputs and the current params."""
         if self._predict is None:
-            import onnx_ir as ir
-            from onnx_ir.passes.common import RemoveUnusedNodesPass
-
             self._eval_exe()
-            entries = self.manifest.graphs["eval"]
-            model = ir.from_proto(_without_initializers(self.artifacts.eval.proto, set(self._eval_carried)))
-            graph = model.graph
-            keep = {e.name for e in entries.outputs if e.role != "loss"}
-            for value in [v for v in graph.outputs if v.name not in keep]:
-                graph.outputs.remove(value)
-            RemoveUnusedNodesPass()(model)
-            labels = self._label_names()
-            for value in [v for v in graph.inputs if v.name in labels and not v.uses()]:
-                graph.inputs.remove(value)
-            self._predict_specs = [s for s in self._eval_specs if s.name not in labels]
-            self._predict_outputs = [v.name for v in graph.outputs]
-            self._predict = self._backend.prepare(ir.to_proto(model), **self._options)
+            proto = _predict_model(self.artifacts.eval.proto, self.manifest, set(self._eval_carried))
+            self._predict_specs = [s for s in self._eval_specs if s.name not in self._label_names()]
+            self._predict_outputs = [v.name for v in proto.graph.output]
+            self._predict = self._backend.prepare(proto, **self._options)
         return self._predict
 
     def predict(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

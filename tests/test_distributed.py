@@ -95,6 +95,8 @@ def test_two_workers_step_as_one_process_on_the_global_batch(ray_cluster, net, o
     atol = 2e-6 if opt == "sgd-momentum" else 5e-4
     _close(dp.params, single.params, atol=atol)
     assert dp.evaluate(data) == pytest.approx(single.evaluate(data), rel=1e-5)
+    no_labels = {"x": data["x"]}  # predict needs the data inputs only
+    _close(dp.predict(no_labels), single.predict(no_labels), atol=1e-5)
 
 
 class _BNDropNet(nn.Module):

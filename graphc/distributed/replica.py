@@ -24,9 +24,10 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 import numpy as np
+import onnx
 
 from graphc.errors import InputError
-from graphc.trainer import _without_initializers
+from graphc.trainer import _predict_model, _without_initializers
 from graphc.training import CARRIED_ROLES
 
 
@@ -59,8 +60,6 @@ class Replica:
 
     def setup(self, graphs: Mapping[str, bytes], backend: str, options: Mapping[str, Any]) -> str:
         """Prepare the graphs on ``backend`` (here, on this worker's node); returns its name."""
-        import onnx
-
         from graphc.backends import get_backend
         from graphc.training import Manifest
 
@@ -79,7 +78,8 @@ class Replica:
         self._update = self._prepare("update")
         self._update_inputs = {v.name for v in self._protos["update"].graph.input}
         self._update_outputs = [v.name for v in self._protos["update"].graph.output]
-        self._eval = None
+        self._evals: dict[str, tuple] = {}  # "eval" / "predict": (executable, inputs, outputs)
+        self._labels = {e.name for e in m.graphs["eval"].inputs if e.role == "label"}
         self._state: dict[str, Any] = {}
         self._spare: dict[str, Any] = {}
         return self._backend.name
@@ -160,15 +160,22 @@ class Replica:
             self._state[name] = self._grads.to_device(np.asarray(value))
 
     def predict(self, shard: Mapping[str, np.ndarray], rows: int) -> Optional[dict]:
-        """The eval graph on the shard: its outputs, the loss scaled by the shard's weight."""
+        """The eval graph on the shard: its outputs and the loss scaled by the shard's weight;
+        without the labels, the eval graph less the loss (``predict``)."""
         if rows == 0:
             return None
-        if self._eval is None:
-            self._eval = self._prepare("eval")
-            self._eval_inputs = {v.name for v in self._protos["eval"].graph.input}
-            self._eval_outputs = [v.name for v in self._protos["eval"].graph.output]
-        feeds = {n: a for n, a in shard.items() if n in self._eval_inputs}
-        feeds.update({n: h for n, h in self._state.items() if n in self._eval_inputs})
-        host, _ = self._eval.run_bound(feeds, self._eval_outputs)
+        key = "eval" if self._labels <= set(shard) else "predict"
+        if key not in self._evals:
+            proto = self._protos["eval"]
+            if key == "predict":  # strips the carried initializers off the eval proto too, as its prepare would
+                proto = _predict_model(proto, self.manifest, self._carried)
+            self._evals[key] = (self._backend.prepare(_without_initializers(proto, self._carried), **self._options),
+                                {v.name for v in proto.graph.input}, [v.name for v in proto.graph.output])
+        exe, inputs, outputs = self._evals[key]
+        feeds = {n: a for n, a in shard.items() if n in inputs}
+        feeds.update({n: h for n, h in self._state.items() if n in inputs})
+        host, _ = exe.run_bound(feeds, outputs)
         weight = shard_weight(self.manifest.loss, shard, rows)
-        return {**host, "loss": float(host["loss"]) * weight if weight else 0.0, "weight": weight}
+        if "loss" in host:
+            host["loss"] = float(host["loss"]) * weight if weight else 0.0
+        return {**host, "weight": weight}

@@ -166,14 +166,18 @@ class DistributedTrainer(Trainer):
         return sum(i["loss"] for i in infos) / total
 
     def predict(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The ``eval`` graph on ``batch``, each worker on its shard: the loss (reduced as the
-        training loss) and the model outputs (the shards' outputs in order)."""
-        self._sync()
-        messages = self._messages(batch, self._eval_specs, noise=False)
+        """The eval graph on ``batch``, each worker on its shard: the loss (reduced as the
+        training loss) and the model outputs (the shards' outputs in order); only the outputs
+        when the batch holds no labels."""
+        labels = self._label_names()
+        specs = self._eval_specs if labels <= set(batch) else [s for s in self._eval_specs if s.name not in labels]
+        messages = self._messages(batch, specs, noise=False)
         refs = [r.predict.remote(m["shard"], m["rows"]) for r, m in zip(self._replicas, messages)]
         done = [r for r in self._get(refs, "evaluation") if r is not None]
-        total = divisor(self.manifest.loss, sum(r["weight"] for r in done))
-        out = {"loss": np.asarray(sum(r["loss"] for r in done) / total, dtype=np.float32)}
+        out = {}
+        if "loss" in done[0]:
+            total = divisor(self.manifest.loss, sum(r["weight"] for r in done))
+            out["loss"] = np.asarray(sum(r["loss"] for r in done) / total, dtype=np.float32)
         for name in done[0]:
             if name not in ("loss", "weight"):
                 parts = [r[name] for r in done]
