@@ -171,15 +171,18 @@ def test_a_killed_worker_restarts_from_the_last_checkpoint(ray_cluster, tmp_path
     arts = _arts("mlp", "sgd-momentum")
     data = _data("mlp", 48)
     single = gc.Trainer(arts, backend="ort-cpu")
-    want = single.fit(gc.data.DataLoader(data, batch_size=8, seed=3), epochs=3, progress=False)
+    evaluation = gc.data.DataLoader(_data("mlp", 20), batch_size=10, shuffle=False)
+    want = single.fit(gc.data.DataLoader(data, batch_size=8, seed=3), epochs=3, progress=False, eval_loader=evaluation)
     dp = gc.Trainer(arts, **WORKER)
     loader = gc.data.DataLoader(data, batch_size=8, seed=3)
     pid = dp.worker_pids()[1]
     killed = _before_step(dp, 8, lambda: os.kill(pid, signal.SIGKILL))  # epoch 2, batch 3
     with pytest.warns(UserWarning, match="restarting the 2 workers from step 6"):
-        history = dp.fit(loader, epochs=3, progress=False, checkpoint=tmp_path / "ckpt")
+        history = dp.fit(loader, epochs=3, progress=False, checkpoint=tmp_path / "ckpt", eval_loader=evaluation)
     assert killed and dp.step_count == 18 and [e.epoch for e in history.epochs] == [1, 2, 3]
     np.testing.assert_allclose(history.step_losses, want.step_losses, rtol=2e-5)
+    for got_epoch, want_epoch in zip(history.epochs, want.epochs, strict=True):  # evaluated after each epoch's last update
+        assert got_epoch.eval == pytest.approx(want_epoch.eval, rel=2e-5)
     _close(dp.params, single.params)
     assert gc.Trainer(tmp_path / "ckpt").step_count == 18
 

@@ -169,6 +169,7 @@ class DistributedTrainer(Trainer):
         """The eval graph on ``batch``, each worker on its shard: the loss (reduced as the
         training loss) and the model outputs (the shards' outputs in order); only the outputs
         when the batch holds no labels."""
+        self._sync()
         labels = self._label_names()
         specs = self._eval_specs if labels <= set(batch) else [s for s in self._eval_specs if s.name not in labels]
         messages = self._messages(batch, specs, noise=False)
