@@ -74,21 +74,29 @@ class DataLoader:
 
     # -- order ---------------------------------------------------------------------------------
     def order(self, epoch: int) -> np.ndarray:
-        """Sample indices of ``epoch`` in the order they are served."""
+        """Sample indices of ``epoch`` in the order they are served (read-only; the last epoch's
+        is kept, so reading an epoch batch by batch draws its permutation once)."""
         if not self.shuffle:
             return np.arange(self.num_samples)
-        return np.random.default_rng((self.seed, int(epoch))).permutation(self.num_samples)
+        cached = self.__dict__.get("_order")
+        if cached is None or cached[0] != int(epoch):
+            order = np.random.default_rng((self.seed, int(epoch))).permutation(self.num_samples)
+            order.setflags(write=False)
+            cached = self._order = (int(epoch), order)
+        return cached[1]
 
-    def batch(self, epoch: int, index: int) -> dict[str, np.ndarray]:
-        """Batch ``index`` of ``epoch`` (what iteration yields at that position)."""
-        return self._gather(self.order(epoch), index)
+    def batch(self, epoch: int, index: int, rows: slice = slice(None)) -> dict[str, np.ndarray]:
+        """Batch ``index`` of ``epoch`` (what iteration yields at that position), or only its
+        ``rows`` (a data-parallel worker's shard)."""
+        return self._gather(self.order(epoch), index, rows)
 
-    def _gather(self, order: np.ndarray, index: int) -> dict[str, np.ndarray]:
+    def _gather(self, order: np.ndarray, index: int, rows: slice = slice(None)) -> dict[str, np.ndarray]:
         start = index * self.batch_size
+        lo, hi, _ = rows.indices(min(self.batch_size, self.num_samples - start))
+        lo, hi = start + lo, start + max(hi, lo)
         if not self.shuffle:
-            stop = min(start + self.batch_size, self.num_samples)
-            return {name: np.ascontiguousarray(a[start:stop]) for name, a in self.arrays.items()}
-        idx = order[start:start + self.batch_size]
+            return {name: np.ascontiguousarray(a[lo:hi]) for name, a in self.arrays.items()}
+        idx = order[lo:hi]
         return {name: a[idx] for name, a in self.arrays.items()}
 
     # -- iteration -----------------------------------------------------------------------------

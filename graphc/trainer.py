@@ -81,6 +81,25 @@ def _without_initializers(proto: onnx.ModelProto, names: set[str]) -> onnx.Model
     return proto
 
 
+def _predict_model(eval_proto: onnx.ModelProto, manifest, carried: set[str]) -> onnx.ModelProto:
+    """The eval graph less the loss and the label inputs, ``carried`` inputs fed (not
+    initialized): the model's outputs from its data inputs and the current params."""
+    import onnx_ir as ir
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+    entries = manifest.graphs["eval"]
+    model = ir.from_proto(_without_initializers(eval_proto, carried))
+    graph = model.graph
+    keep = {e.name for e in entries.outputs if e.role != "loss"}
+    for value in [v for v in graph.outputs if v.name not in keep]:
+        graph.outputs.remove(value)
+    RemoveUnusedNodesPass()(model)
+    labels = {e.name for e in entries.inputs if e.role == "label"}
+    for value in [v for v in graph.inputs if v.name in labels and not v.uses()]:
+        graph.inputs.remove(value)
+    return ir.to_proto(model)
+
+
 class Trainer:
     """Train ``artifacts_or_dir`` (``TrainingArtifacts``, an artifact dir or a checkpoint dir
     written by a Trainer) on ``backend``; ``options`` go to the backend's ``prepare`` (for
@@ -204,10 +223,17 @@ class Trainer:
             self.step_count += 1
             return float(host["loss"])
 
-    def _noise_feeds(self, batch: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray],
-                     rng: Optional[np.random.Generator] = None) -> dict[str, np.ndarray]:
-        """This step's Dropout noise: drawn from ``rng`` (default ``self.rng``) in manifest order
-        (or taken from ``batch``), each shaped as its spec with symbolic dims bound by the batch's arrays."""
+    def _noise_feeds(self, batch: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """This step's Dropout noise: taken from ``batch``, else drawn from ``self.rng`` in
+        manifest order with the shapes ``_noise_shapes`` gives."""
+        out = {s.name: np.asarray(batch[s.name], dtype=np.float32) for s in self.noise_specs if s.name in batch}
+        out.update({name: self.rng.random(shape, dtype=np.float32)
+                    for name, shape in self._noise_shapes(batch, feeds).items()})
+        return out
+
+    def _noise_shapes(self, batch: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray]) -> dict[str, tuple]:
+        """The shape of each noise input ``batch`` does not hold, in manifest order: its spec's
+        with symbolic dims bound by the batch's arrays (``feeds``)."""
         dims: dict[str, int] = {}
         for spec in self.batch_specs:
             for d, size in zip(spec.shape or (), feeds[spec.name].shape):
@@ -217,18 +243,16 @@ class Trainer:
         probed = None
         for spec in self.noise_specs:
             if spec.name in batch:
-                out[spec.name] = np.asarray(batch[spec.name], dtype=np.float32)
                 continue
             if spec.shape is not None and all(isinstance(d, int) or d in dims for d in spec.shape):
-                shape = tuple(d if isinstance(d, int) else dims[d] for d in spec.shape)
-            else:  # a dim the batch does not name (an imported model's computed shape)
+                out[spec.name] = tuple(d if isinstance(d, int) else dims[d] for d in spec.shape)
+            else:  # a dim the batch does not name (an imported model's computed shape): measure it
                 if probed is None:
-                    probed = self._noise_shapes(feeds, spec.name)
-                shape = probed[spec.name]
-            out[spec.name] = (rng or self.rng).random(shape, dtype=np.float32)
+                    probed = self._graph_noise_shapes(feeds, spec.name)
+                out[spec.name] = probed[spec.name]
         return out
 
-    def _noise_shapes(self, feeds: Mapping[str, np.ndarray], name: str) -> dict[str, tuple[int, ...]]:
+    def _graph_noise_shapes(self, feeds: Mapping[str, np.ndarray], name: str) -> dict[str, tuple[int, ...]]:
         """The shapes of the noise inputs whose dims the batch does not name, for this batch's
         shapes: what the artifacts' ``noise_shapes`` graph computes from the batch, run on numpy
         (cached per batch shape); ``name``: a noise input that needs it, for the error where there
@@ -270,23 +294,11 @@ class Trainer:
         """The eval graph less the loss and the label inputs: the model's outputs from its data
         inputs and the current params."""
         if self._predict is None:
-            import onnx_ir as ir
-            from onnx_ir.passes.common import RemoveUnusedNodesPass
-
             self._eval_exe()
-            entries = self.manifest.graphs["eval"]
-            model = ir.from_proto(_without_initializers(self.artifacts.eval.proto, set(self._eval_carried)))
-            graph = model.graph
-            keep = {e.name for e in entries.outputs if e.role != "loss"}
-            for value in [v for v in graph.outputs if v.name not in keep]:
-                graph.outputs.remove(value)
-            RemoveUnusedNodesPass()(model)
-            labels = self._label_names()
-            for value in [v for v in graph.inputs if v.name in labels and not v.uses()]:
-                graph.inputs.remove(value)
-            self._predict_specs = [s for s in self._eval_specs if s.name not in labels]
-            self._predict_outputs = [v.name for v in graph.outputs]
-            self._predict = self._backend.prepare(ir.to_proto(model), **self._options)
+            proto = _predict_model(self.artifacts.eval.proto, self.manifest, set(self._eval_carried))
+            self._predict_specs = [s for s in self._eval_specs if s.name not in self._label_names()]
+            self._predict_outputs = [v.name for v in proto.graph.output]
+            self._predict = self._backend.prepare(proto, **self._options)
         return self._predict
 
     def predict(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -5,22 +5,26 @@ per step, and a projection of scaling efficiency at 8 and 64 workers.
 
 For the two-layer net (784-128-10, global batch 128), the LeNet CNN (1x28x28, batch 64) and the
 ResNet example (3x32x32, widths 16/32/64, batch 32), SGD with momentum, onnxruntime CPU, one
-intra-op thread per process. Rows, median ms per step over ``--steps`` steps after 3 warm-up ones:
+intra-op thread per process. Columns, median ms per step over ``--steps`` steps after 3 warm-up ones:
 
-* ``1 proc``: single-process ``gc.Trainer`` on the global batch (1 thread);
-* ``1 worker`` / ``2 workers``: ``gc.Trainer(workers=N)`` on a local loopback Ray cluster
-  (each worker one CPU, one thread) on the same global batch;
-* ``compute(B/2)``: single-process step on half the batch: what each of 2 workers computes.
+* ``1 proc``: single-process ``gc.Trainer.step`` on the global batch (1 thread);
+* ``1 worker`` / ``2 workers``: ``gc.Trainer(workers=N).step`` on a local loopback Ray cluster
+  (each worker one CPU, one thread) on the same global batch: the driver sends the shards;
+* ``2 workers fit``: ``fit`` over a DataLoader of those batches, each worker reading its own
+  shard (mean ms per step of the epochs after the first);
+* ``compute(B/2)``: single-process step on half the batch: what each of 2 workers computes;
+* ``call``: one empty Ray actor round trip (driver -> worker -> driver).
 
-Bytes per step (what the implementation sends): each worker sends its gradients (G bytes) to the
-driver and reads the averaged ones (G) back through the object store, plus its shard of the batch;
-the driver's link carries N*G each way.
+Bytes per step: each worker puts its gradients (G bytes) in its node's object store and reads
+the other N-1 workers' (all-gather; shared memory on one node); the driver sends each worker the
+batch's position (in ``fit``) or its shard, and gets back its loss.
 
 Projection (weak scaling: each worker keeps B/2 rows): step(N) = compute + overhead + comm(N),
-overhead = the measured 1-worker step minus the 1-process step on the same batch (Ray calls,
-serialization, the driver's sum: what distribution costs besides the link), comm(N) over an assumed link of ``--bandwidth-gbit`` Gbit/s and ``--latency-us`` per message:
-driver reduce (this implementation) 2*N*G/bandwidth + 2*latency; a ring all-reduce (what
-``ray.util.collective`` with NCCL/gloo would do) 2*(N-1)/N*G/bandwidth + 2*(N-1)*latency.
+overhead = the measured 1-worker step minus the 1-process step (Ray calls, serialization), over
+an assumed link of ``--bandwidth-gbit`` Gbit/s and ``--latency-us`` per message:
+* all-gather through the object store (this implementation): (N-1)*G/bandwidth + latency;
+* a ring all-reduce over actor calls: 2*(N-1)/N*G/bandwidth + 2*(N-1)*(latency + call), each
+  of its 2(N-1) dependent hops an actor call.
 Efficiency = compute / step(N).
 """
 
@@ -86,29 +90,41 @@ def main() -> None:
         for workers in (1, 2):
             dp = gc.Trainer(arts, backend="ort-cpu", workers=workers, ray_address="auto", num_cpus=1, threads=1)
             timings[workers] = median_ms(dp.step, batches, args.steps)
+            if workers == 1:
+                call = median_ms(lambda _: dp.worker_pids(), batches, args.steps)
+            else:
+                loader = gc.data.DataLoader({k: np.concatenate([b[k] for b in batches]) for k in batches[0]},
+                                            batch_size=batch, shuffle=False)
+                epochs = max(2, -(-args.steps // len(loader)) + 1)
+                history = dp.fit(loader, epochs=epochs, progress=False)
+                later = history.epochs[1:]
+                timings["fit"] = sum(e.seconds for e in later) / sum(e.steps for e in later) * 1e3
             dp.shutdown()
         grad_bytes = sum(p.nbytes for n, p in single.params.items() if n in arts.manifest.trainable)
         shard_bytes = sum(v.nbytes for v in batches[0].values()) / 2
         overhead = max(timings[1] - one_proc, 0.0) / 1e3
         effs = {}
         for n in (8, 64):
-            driver = 2 * n * grad_bytes / bandwidth + 2 * latency
-            ring = 2 * (n - 1) / n * grad_bytes / bandwidth + 2 * (n - 1) * latency
-            effs[n] = tuple(compute / 1e3 / (compute / 1e3 + overhead + c) for c in (driver, ring))
-        rows.append((label, grad_bytes, shard_bytes, one_proc, timings[1], timings[2], compute, overhead * 1e3, effs))
+            gather = (n - 1) * grad_bytes / bandwidth + latency
+            ring = 2 * (n - 1) / n * grad_bytes / bandwidth + 2 * (n - 1) * (latency + call / 1e3)
+            effs[n] = tuple(compute / 1e3 / (compute / 1e3 + overhead + c) for c in (gather, ring))
+        rows.append((label, grad_bytes, shard_bytes, one_proc, timings, compute, call, overhead * 1e3, effs))
         print(f"done {label}", flush=True)
     ray.shutdown()
 
     print(f"\nlink assumed: {args.bandwidth_gbit:g} Gbit/s, {args.latency_us:g} us per message; "
           f"{os.cpu_count()} CPUs here, load average {os.getloadavg()[0]:.1f}")
-    head = ("model", "grads MB", "per worker/step", "1 proc ms", "1 worker ms", "2 workers ms", "compute(B/2) ms",
-            "overhead ms", "eff@8 driver/ring", "eff@64 driver/ring")
+    head = ("model", "grads MB", "per worker/step (N=2)", "1 proc ms", "1 worker ms", "2 workers ms",
+            "2 workers fit ms", "compute(B/2) ms", "call ms", "overhead ms", "eff@8 gather/ring",
+            "eff@64 gather/ring")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
-    for label, g, shard, one, w1, w2, comp, over, effs in rows:
-        per_worker = f"{g / 1e6:.2f} MB up + {g / 1e6:.2f} MB down + {shard / 1e3:.0f} kB batch"
-        print(f"| {label} | {g / 1e6:.2f} | {per_worker} | {one:.1f} | {w1:.1f} | {w2:.1f} | {comp:.1f} | {over:.1f} | "
-              f"{effs[8][0]:.0%} / {effs[8][1]:.0%} | {effs[64][0]:.0%} / {effs[64][1]:.0%} |")
+    for label, g, shard, one, t, comp, call, over, effs in rows:
+        per_worker = (f"{g / 1e6:.2f} MB out + {g / 1e6:.2f} MB in; shard {shard / 1e3:.0f} kB "
+                      "(step) or ~100 B position (fit)")
+        print(f"| {label} | {g / 1e6:.2f} | {per_worker} | {one:.1f} | {t[1]:.1f} | {t[2]:.1f} | {t['fit']:.1f} | "
+              f"{comp:.1f} | {call:.1f} | {over:.1f} | {effs[8][0]:.0%} / {effs[8][1]:.0%} | "
+              f"{effs[64][0]:.0%} / {effs[64][1]:.0%} |")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,11 @@ def test_iter_epoch_resumes_mid_epoch():
     full = [b["y"].tolist() for b in loader.iter_epoch(4)]
     assert [b["y"].tolist() for b in loader.iter_epoch(4, start=2)] == full[2:]
     assert loader.batch(4, 5)["y"].tolist() == full[5]
+    # a data-parallel worker reads only its rows of a batch (the last one is short)
+    assert loader.batch(4, 5, slice(0, 2))["y"].tolist() + loader.batch(4, 5, slice(2, 3))["y"].tolist() == full[5]
+    assert loader.batch(4, 6, slice(1, 3))["y"].tolist() == full[6][1:]
+    unshuffled = DataLoader(arrays(20), batch_size=3, shuffle=False)
+    assert unshuffled.batch(0, 6, slice(1, 2))["y"].tolist() == [19]
 
 
 def test_prefetch_runs_ahead_on_a_background_thread():

@@ -1,8 +1,8 @@
 """Data-parallel training and batch inference on Ray (``graphc.distributed``), against
 single-process ``gc.Trainer`` / ``gc.Session`` as the oracle.
 
-One local Ray cluster serves the whole module (2 CPUs, loopback only, no dashboard, no usage
-reporting); the module runs on one xdist worker (``xdist_group``). Workers ask for half a CPU
+One local Ray cluster, the one graphc starts itself, serves the whole module (the machine's
+CPUs, loopback only, no dashboard, no usage reporting); the module runs on one xdist worker (``xdist_group``). Workers ask for half a CPU
 each, every call is bounded by ``timeout_s``."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 import graphc as gc
 from graphc import nn
-from graphc.distributed.cluster import LOCAL_ENV
+from graphc.distributed.cluster import LOCAL_ENV, connect
 from graphc.models.cnn import LeNet
 from graphc.models.two_layer_net import TwoLayerNet
 from cli_util import one_line_error, run_cli
@@ -38,16 +38,14 @@ SIZES = [8, 8, 8, 7, 8, 8, 1, 8, 8, 8]
 
 @pytest.fixture(scope="module")
 def ray_cluster():
+    """The local cluster ``gc.distributed`` starts when given no address (``connect``)."""
     saved = {k: os.environ.get(k) for k in LOCAL_ENV}
-    os.environ.update(LOCAL_ENV)  # Ray reads them when it is imported
-    import ray
-
     for attempt in range(3):  # Ray gives its raylet 30 s to start: a loaded machine can miss that
         try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            ray = connect(None, "the tests")
             break
-        except Exception:  # noqa: BLE001 - Ray raises a bare Exception for it
-            ray.shutdown()
+        except gc.GraphcError:
+            sys.modules["ray"].shutdown()
             if attempt == 2:
                 raise
     try:
@@ -97,6 +95,8 @@ def test_two_workers_step_as_one_process_on_the_global_batch(ray_cluster, net, o
     atol = 2e-6 if opt == "sgd-momentum" else 5e-4
     _close(dp.params, single.params, atol=atol)
     assert dp.evaluate(data) == pytest.approx(single.evaluate(data), rel=1e-5)
+    no_labels = {"x": data["x"]}  # predict needs the data inputs only
+    _close(dp.predict(no_labels), single.predict(no_labels), atol=1e-5)
 
 
 class _BNDropNet(nn.Module):
@@ -151,56 +151,80 @@ def test_batchnorm_and_dropout_are_per_replica_as_in_ddp(ray_cluster, tmp_path):
     _close({s: got[s] for s in stats}, stats, rtol=1e-6)
 
 
-class _KillingLoader(gc.data.DataLoader):
-    """Kills the process ``pid`` just before handing out batch ``at`` = (epoch, index), once."""
+def _before_step(trainer, at: int, action) -> list:
+    """Make ``trainer`` call ``action()`` just before its step ``at``, once (``fit`` calls
+    ``trainer.step``); the returned list holds the calls made."""
+    step, done = trainer.step, []
 
-    def __init__(self, arrays, pid: int, at: tuple[int, int], **kwargs):
-        super().__init__(arrays, **kwargs)
-        self.pid, self.at = pid, at
+    def wrapped(batch):
+        if trainer.step_count == at:
+            del trainer.step  # the trainer's own again (and no reference cycle keeps its workers)
+            done.append(at)
+            action()
+        return step(batch)
 
-    def iter_epoch(self, epoch: int, start: int = 0):
-        for index, batch in enumerate(super().iter_epoch(epoch, start), start):
-            if self.pid is not None and (epoch, index) == self.at:
-                os.kill(self.pid, signal.SIGKILL)
-                self.pid = None
-            yield batch
+    trainer.step = wrapped
+    return done
 
 
 def test_a_killed_worker_restarts_from_the_last_checkpoint(ray_cluster, tmp_path):
     arts = _arts("mlp", "sgd-momentum")
     data = _data("mlp", 48)
     single = gc.Trainer(arts, backend="ort-cpu")
-    want = single.fit(gc.data.DataLoader(data, batch_size=8, seed=3), epochs=3, progress=False)
+    evaluation = gc.data.DataLoader(_data("mlp", 20), batch_size=10, shuffle=False)
+    want = single.fit(gc.data.DataLoader(data, batch_size=8, seed=3), epochs=3, progress=False, eval_loader=evaluation)
     dp = gc.Trainer(arts, **WORKER)
-    loader = _KillingLoader(data, dp.worker_pids()[1], at=(1, 2), batch_size=8, seed=3)
+    loader = gc.data.DataLoader(data, batch_size=8, seed=3)
+    pid = dp.worker_pids()[1]
+    killed = _before_step(dp, 8, lambda: os.kill(pid, signal.SIGKILL))  # epoch 2, batch 3
     with pytest.warns(UserWarning, match="restarting the 2 workers from step 6"):
-        history = dp.fit(loader, epochs=3, progress=False, checkpoint=tmp_path / "ckpt")
-    assert loader.pid is None and dp.step_count == 18 and [e.epoch for e in history.epochs] == [1, 2, 3]
+        history = dp.fit(loader, epochs=3, progress=False, checkpoint=tmp_path / "ckpt", eval_loader=evaluation)
+    assert killed and dp.step_count == 18 and [e.epoch for e in history.epochs] == [1, 2, 3]
     np.testing.assert_allclose(history.step_losses, want.step_losses, rtol=2e-5)
+    for got_epoch, want_epoch in zip(history.epochs, want.epochs, strict=True):  # evaluated after each epoch's last update
+        assert got_epoch.eval == pytest.approx(want_epoch.eval, rel=2e-5)
     _close(dp.params, single.params)
     assert gc.Trainer(tmp_path / "ckpt").step_count == 18
 
     dp.max_restarts = 0  # and a run that may not restart stops with the reason
-    loader = _KillingLoader(data, dp.worker_pids()[0], at=(3, 1), batch_size=8, seed=3)
+    pid = dp.worker_pids()[0]
+    _before_step(dp, 19, lambda: os.kill(pid, signal.SIGKILL))
     with pytest.raises(gc.trainer.TrainingFailed, match="died.*gave up after 0 restart"):
         dp.fit(loader, epochs=4, progress=False)
 
 
-@pytest.mark.parametrize("first,then", [(2, 1), (1, 2)], ids=["2-then-1", "1-then-2"])
-def test_checkpoints_resume_with_another_number_of_workers(ray_cluster, tmp_path, first, then):
+def _stop():
+    raise RuntimeError("stopped")
+
+
+def _driver_gathers(*args):
+    raise AssertionError("the driver gathered a batch: the workers read their shards themselves")
+
+
+@pytest.mark.parametrize("first,then,shuffle", [(2, 1, True), (1, 2, False)], ids=["2-then-1", "1-then-2-unshuffled"])
+def test_a_mid_epoch_checkpoint_resumes_with_another_number_of_workers(ray_cluster, tmp_path, monkeypatch,
+                                                                       first, then, shuffle):
     arts = _arts("mlp", "adamw")
-    data = _data("mlp", 40)
-    loader = gc.data.DataLoader(data, batch_size=10, seed=1)
+    loader = gc.data.DataLoader(_data("mlp", 40), batch_size=10, seed=1, shuffle=shuffle)
+
+    def fit(trainer, **kwargs):
+        with monkeypatch.context() as patch:
+            if isinstance(trainer, gc.distributed.DistributedTrainer):  # no batch passes through the driver
+                patch.setattr(gc.data.DataLoader, "_gather", _driver_gathers)
+            return trainer.fit(loader, epochs=2, progress=False, **kwargs)
 
     def trainer(source, workers):
         return gc.Trainer(source, **({**WORKER, "workers": workers} if workers > 1 else {"backend": "ort-cpu"}))
 
-    want = trainer(arts, 1).fit(loader, epochs=2, progress=False)
-    trainer(arts, first).fit(loader, epochs=1, progress=False, checkpoint=tmp_path / "ckpt")
+    want = fit(trainer(arts, 1))
+    stopped = trainer(arts, first)
+    _before_step(stopped, 6, _stop)  # killed after step 6, saved every 3: epoch 2, batch 3 is next
+    with pytest.raises(RuntimeError, match="stopped"):
+        fit(stopped, checkpoint=tmp_path / "ckpt", checkpoint_every=3)
     resumed = trainer(tmp_path / "ckpt", then)
-    assert resumed.epoch == 1
-    got = resumed.fit(loader, epochs=2, progress=False)
-    np.testing.assert_allclose(got.step_losses, want.step_losses[4:], rtol=2e-5)
+    assert (resumed.epoch, resumed.batch_in_epoch) == (1, 2)
+    got = fit(resumed)
+    np.testing.assert_allclose(got.step_losses, want.step_losses[6:], rtol=2e-5)
 
 
 def test_map_batches_on_a_dataset_equals_one_session(ray_cluster):
@@ -248,12 +272,15 @@ def test_gpu_requests_fail_with_the_reason(ray_cluster):
         gc.Trainer(arts, **{**WORKER, "backend": "ort-cuda", "workers": 1}, ray_address="auto")
 
 
-def test_the_cluster_listens_on_loopback_only(ray_cluster):
+def test_the_cluster_listens_on_loopback_only_without_dashboard_or_usage_reports(ray_cluster):
     import psutil
 
-    from ray._private import ray_constants
+    from ray._common.usage import usage_lib
+    from ray._private import ray_constants, worker
 
     assert not ray_constants.ENABLE_RAY_CLUSTER
+    assert not usage_lib.usage_stats_enabled()
+    assert worker._global_node.webui_url == ""  # Ray's head process serves its APIs, not the dashboard
     processes = psutil.Process().children(recursive=True)
     names = {p.name() for p in processes}
     assert {"gcs_server", "raylet"} <= names, names

@@ -1,11 +1,20 @@
 """One data-parallel worker: the gradients and update graphs on its own backend, its params on
 that backend's device. Plain Python: ``DistributedTrainer`` runs it as a Ray actor.
 
-Each step the driver sends a shard; the worker runs ``gradients`` on it (params bound from the
-device) and sends back the loss, its weight and the gradients; then every worker gets the same
-weighted average and runs the optimizer ``update`` graph on it, params and optimizer state
-staying on the device. BatchNorm running statistics are replaced by rank 0's (PyTorch DDP's
+One call per step (``step``): the worker first applies the previous step's update, then runs
+``gradients`` on its shard of this step's global batch (params bound from the device) and
+returns two objects: a few bytes for the driver (its loss and weight) and its gradients, scaled
+by the weight, which stay in Ray's object store. The next call gets every worker's gradients
+refs as arguments: Ray hands each worker the others' objects (shared memory on one node, pulled
+from the node that made them otherwise), and each worker sums them in rank order and divides by
+the total weight, so every worker applies the bit-identical average and runs the optimizer
+``update`` graph, params and optimizer state staying on the device. The driver never holds the
+gradients. BatchNorm running statistics are replaced by rank 0's (PyTorch DDP's
 ``broadcast_buffers``).
+
+The shard is either sent (``step(batch)`` with arrays) or read by the worker from its own copy
+of the ``gc.data.DataLoader`` (``fit``: the loader goes to the object store once, the step
+message names the batch and the rows).
 """
 
 from __future__ import annotations
@@ -15,8 +24,10 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 import numpy as np
+import onnx
 
-from graphc.trainer import _without_initializers
+from graphc.errors import InputError
+from graphc.trainer import _predict_model, _without_initializers
 from graphc.training import CARRIED_ROLES
 
 
@@ -31,17 +42,24 @@ def shard_weight(loss: dict, shard: Mapping[str, np.ndarray], rows: int) -> floa
     return float(rows)
 
 
+def divisor(loss: dict, weight: float) -> float:
+    """What the shards' summed (weighted) losses and gradients are divided by: their total
+    weight for a mean loss, 1 for a summed one."""
+    if weight <= 0:
+        raise InputError("no sample of the batch counts in the loss (every label is the ignore_index)")
+    return 1.0 if (loss.get("options") or {}).get("reduction") == "sum" else weight
+
+
 class Replica:
     """The graphs of one worker. ``graphs`` holds serialized ``gradients``, ``update`` and
     ``eval`` models and the manifest's JSON."""
 
-    def __init__(self, rank: int):
-        self.rank = rank
+    def __init__(self, rank: int, seed: int):
+        self.rank, self.seed = rank, seed
+        self._loader = None
 
     def setup(self, graphs: Mapping[str, bytes], backend: str, options: Mapping[str, Any]) -> str:
         """Prepare the graphs on ``backend`` (here, on this worker's node); returns its name."""
-        import onnx
-
         from graphc.backends import get_backend
         from graphc.training import Manifest
 
@@ -60,7 +78,8 @@ class Replica:
         self._update = self._prepare("update")
         self._update_inputs = {v.name for v in self._protos["update"].graph.input}
         self._update_outputs = [v.name for v in self._protos["update"].graph.output]
-        self._eval = None
+        self._evals: dict[str, tuple] = {}  # "eval" / "predict": (executable, inputs, outputs)
+        self._labels = {e.name for e in m.graphs["eval"].inputs if e.role == "label"}
         self._state: dict[str, Any] = {}
         self._spare: dict[str, Any] = {}
         return self._backend.name
@@ -76,15 +95,33 @@ class Replica:
         self._state = {n: self._grads.to_device(np.asarray(packed[n])) for n in self._carried}
         self._spare = {}
 
+    def use_loader(self, loader: Any) -> None:
+        """Keep ``loader`` (a ``gc.data.DataLoader``; its arrays are read-only views of the
+        object store's copy) to read shards from."""
+        self._loader = loader
+
     def state(self) -> dict[str, np.ndarray]:
         """Host copies of the carried tensors, named per param."""
         return self.manifest.unpack({n: np.array(self._grads.to_host(h), copy=True) for n, h in self._state.items()})
 
-    def gradients(self, shard: Mapping[str, np.ndarray], rows: int) -> Optional[dict]:
-        """Loss, weight and gradients (scaled by the weight) on this worker's shard, plus the
-        BatchNorm statistics' updates on rank 0; None for an empty shard."""
+    def step(self, message: Mapping[str, Any], *previous: Optional[dict]) -> tuple[dict, Optional[dict]]:
+        """Apply ``previous`` (every worker's last gradients, if any), then this worker's
+        gradients on its shard of ``message``: ``shard`` (arrays) or ``read`` (epoch, batch,
+        first row, end row of the loader's batch), with ``noise`` shapes to draw from the
+        generator seeded ``(seed, step, rank)``. Returns ({loss, weight}, gradients)."""
+        if previous:
+            self.apply(*previous)
+        if "read" in message:
+            epoch, index, lo, hi = message["read"]
+            shard = self._loader.batch(epoch, index, slice(lo, hi))
+        else:
+            shard = dict(message["shard"])
+        rows = message["rows"]
+        if message.get("noise"):
+            rng = np.random.default_rng([self.seed, message["step"], self.rank])
+            shard.update({n: rng.random(shape, dtype=np.float32) for n, shape in message["noise"].items()})
         if rows == 0:
-            return None
+            return {"loss": 0.0, "weight": 0.0}, None
         feeds = {n: a for n, a in shard.items() if n in self._grad_inputs}
         feeds.update({n: h for n, h in self._state.items() if n in self._grad_inputs})
         host, _ = self._grads.run_bound(feeds, [*self._grad_outputs, *(self._stats if self.rank == 0 else ())])
@@ -92,14 +129,21 @@ class Replica:
         loss = float(host.pop("loss"))
         stats = {n: host.pop(n) for n in list(host) if n in self._stats}
         if weight == 0:  # every label ignored: the shard's mean loss is 0/0, it counts for nothing
-            return {"loss": 0.0, "weight": 0.0, "grads": {}, "stats": stats}
+            return {"loss": 0.0, "weight": 0.0}, {"weight": 0.0, "grads": {}, "stats": stats}
         grads = {name: grad * weight for name, grad in host.items()}
-        return {"loss": loss * weight, "weight": weight, "grads": grads, "stats": stats}
+        return {"loss": loss * weight, "weight": weight}, {"weight": weight, "grads": grads, "stats": stats}
 
-    def apply(self, reduced: Mapping[str, Any]) -> None:
-        """The optimizer update on the averaged gradients; BN statistics become rank 0's."""
+    def apply(self, *gathered: Optional[dict]) -> None:
+        """The optimizer update on the weighted average of every worker's gradients (rank
+        order, so every worker computes the same bits); BN statistics become rank 0's."""
+        done = [g for g in gathered if g is not None and g["weight"] > 0]
+        scale = divisor(self.manifest.loss, sum(g["weight"] for g in done))
         feeds = {n: h for n, h in self._state.items() if n in self._update_inputs}
-        feeds.update(reduced["grads"])
+        for name in done[0]["grads"]:
+            acc = done[0]["grads"][name].copy()
+            for g in done[1:]:
+                acc += g["grads"][name]
+            feeds[name] = acc / np.asarray(scale, dtype=acc.dtype)
         _, device = self._update.run_bound(feeds, (), self._update_outputs, into=self._spare)
         spare = {}
         for out in self._update_outputs:
@@ -107,7 +151,7 @@ class Replica:
             spare[out] = self._state[name]
             self._state[name] = device[out]
         self._spare = spare
-        for out, value in reduced["stats"].items():
+        for out, value in gathered[0]["stats"].items():
             self._state[out[: -len(".next")]] = self._grads.to_device(value)
 
     def set(self, tensors: Mapping[str, np.ndarray]) -> None:
@@ -116,15 +160,22 @@ class Replica:
             self._state[name] = self._grads.to_device(np.asarray(value))
 
     def predict(self, shard: Mapping[str, np.ndarray], rows: int) -> Optional[dict]:
-        """The eval graph on the shard: its outputs, the loss scaled by the shard's weight."""
+        """The eval graph on the shard: its outputs and the loss scaled by the shard's weight;
+        without the labels, the eval graph less the loss (``predict``)."""
         if rows == 0:
             return None
-        if self._eval is None:
-            self._eval = self._prepare("eval")
-            self._eval_inputs = {v.name for v in self._protos["eval"].graph.input}
-            self._eval_outputs = [v.name for v in self._protos["eval"].graph.output]
-        feeds = {n: a for n, a in shard.items() if n in self._eval_inputs}
-        feeds.update({n: h for n, h in self._state.items() if n in self._eval_inputs})
-        host, _ = self._eval.run_bound(feeds, self._eval_outputs)
+        key = "eval" if self._labels <= set(shard) else "predict"
+        if key not in self._evals:
+            proto = self._protos["eval"]
+            if key == "predict":  # strips the carried initializers off the eval proto too, as its prepare would
+                proto = _predict_model(proto, self.manifest, self._carried)
+            self._evals[key] = (self._backend.prepare(_without_initializers(proto, self._carried), **self._options),
+                                {v.name for v in proto.graph.input}, [v.name for v in proto.graph.output])
+        exe, inputs, outputs = self._evals[key]
+        feeds = {n: a for n, a in shard.items() if n in inputs}
+        feeds.update({n: h for n, h in self._state.items() if n in inputs})
+        host, _ = exe.run_bound(feeds, outputs)
         weight = shard_weight(self.manifest.loss, shard, rows)
-        return {**host, "loss": float(host["loss"]) * weight if weight else 0.0, "weight": weight}
+        if "loss" in host:
+            host["loss"] = float(host["loss"]) * weight if weight else 0.0
+        return {**host, "weight": weight}

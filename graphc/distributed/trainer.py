@@ -1,13 +1,18 @@
 """``gc.Trainer(..., workers=N)``: synchronous data parallelism on Ray.
 
-The driver (this process) splits every global batch into ``N`` contiguous shards (sizes as
-``numpy.array_split``: an uneven batch gives the first shards one row more) and sends one to
-each worker, a Ray actor holding the ``gradients`` and optimizer ``update`` graphs on its own
-backend (``graphc.distributed.replica``). The workers' gradients come back through Ray's object
-store; the driver averages them weighted by each shard's share of the loss (its rows; for
-cross-entropy its labels that are not ``ignore_index``; 1 each for a summed loss), puts the
-average in the object store once, and every worker applies the same update to it. So one step on
-``N`` workers equals one single-process step on the same global batch, up to float rounding.
+Every global batch is cut into ``N`` contiguous shards (sizes as ``numpy.array_split``: an
+uneven batch gives the first shards one row more), one per worker, a Ray actor holding the
+``gradients`` and optimizer ``update`` graphs on its own backend
+(``graphc.distributed.replica``). In ``fit`` with a ``gc.data.DataLoader`` each worker reads its
+own shard from its copy of the loader (put in Ray's object store once per ``fit``; the step
+message is the batch's position and the shard's rows), so the global order is the loader's, as
+in one process; ``step(batch)`` and evaluation send each worker its shard. One actor call per
+worker and step: it applies the previous step's update, then computes its gradients, which
+stay in the object store; each worker reads every worker's gradients and averages them itself,
+weighted by each shard's share of the loss (its rows; for cross-entropy its labels that are not
+``ignore_index``; 1 each for a summed loss), and the driver gets only the losses. So one step on
+``N`` workers equals one single-process step on the same global batch, up to float rounding,
+and every worker holds the same bits.
 
 Per-replica state follows PyTorch DDP: BatchNorm normalizes with each worker's batch statistics;
 the running statistics are rank 0's, copied to every worker after each step (DDP's
@@ -29,8 +34,9 @@ from typing import Any, Optional
 import numpy as np
 
 from graphc.distributed.cluster import WorkerLost, check_resources, connect, get
-from graphc.distributed.replica import Replica
-from graphc.errors import ArtifactsError, InputError
+from graphc.data import DataLoader
+from graphc.distributed.replica import Replica, divisor
+from graphc.errors import ArtifactsError
 from graphc.history import History
 from graphc.trainer import BATCH_ROLES, Trainer, TrainingFailed, _specs
 
@@ -91,20 +97,21 @@ class DistributedTrainer(Trainer):
     def _start(self, tensors: Mapping[str, np.ndarray]) -> None:
         """Start the workers, prepare their graphs, load ``tensors`` (named per param)."""
         packed = self._ray.put(self._packed(tensors))
-        self._replicas = [self._actor.remote(rank) for rank in range(self.workers)]
+        self._replicas = [self._actor.remote(rank, self._seed) for rank in range(self.workers)]
         names = self._get([r.setup.remote(self._graphs, self._backend_name, self._options) for r in self._replicas],
                           "starting the workers")
         self.backend = names[0]
         self._get([r.load.remote(packed) for r in self._replicas], "loading the workers' state")
-        self._pending = []
+        self._pending, self._loader_sent = [], None
 
     def _get(self, refs: Any, what: str) -> Any:
         return get(self._ray, refs, self.timeout_s, what)
 
     def _sync(self) -> None:
-        """Wait for the updates in flight (each worker runs its calls in order)."""
+        """Apply the last step's update, which the workers otherwise apply at the next step."""
         pending, self._pending = self._pending, []
-        self._get(pending, "the optimizer update")
+        if pending:
+            self._get([r.apply.remote(*pending) for r in self._replicas], "the optimizer update")
 
     def shutdown(self) -> None:
         """Stop the workers (they also stop when the trainer is garbage-collected)."""
@@ -122,55 +129,56 @@ class DistributedTrainer(Trainer):
         return self._get([r.state.remote() for r in self._replicas], "reading the workers' state")
 
     # -- steps --------------------------------------------------------------------------------------
-    def _shards(self, batch: Mapping[str, np.ndarray], specs, noise: bool) -> list[tuple[dict, int]]:
-        """(shard, rows) per worker: every array of ``batch`` the graphs take, cut along dim 0."""
+    def _bounds(self, rows: int) -> list[tuple[int, int]]:
+        """(first row, end row) of each worker's shard of a ``rows``-row batch."""
+        ends = np.cumsum([0] + [len(part) for part in np.array_split(np.arange(rows), self.workers)])
+        return [(int(lo), int(hi)) for lo, hi in zip(ends[:-1], ends[1:])]
+
+    def _messages(self, batch: Mapping[str, np.ndarray], specs, noise: bool) -> list[dict]:
+        """Each worker's part of ``batch``: its shard (or, for a ``LoaderBatch``, where to read
+        it), its rows and the shapes of the Dropout noise it draws."""
         feeds = self._batch_feeds(batch, specs)
         rows = len(next(iter(feeds.values())))
-        given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch} if noise else {}
-        bounds = np.cumsum([0] + [len(part) for part in np.array_split(np.arange(rows), self.workers)])
+        read = isinstance(batch, LoaderBatch)
+        given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
         out = []
-        for rank, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
-            shard = {n: a[lo:hi] for n, a in {**feeds, **given}.items()}
+        for lo, hi in self._bounds(rows):
+            message: dict[str, Any] = {"rows": hi - lo, "step": self.step_count}
+            if read:
+                message["read"] = (batch.epoch, batch.index, lo, hi)
+                shard = {n: a[lo:hi] for n, a in batch.items()}  # shape stand-ins: no data
+            else:
+                message["shard"] = shard = {n: a[lo:hi] for n, a in {**feeds, **given}.items()}
             if noise and self.noise_specs and hi > lo:
-                rng = np.random.default_rng([self._seed, self.step_count, rank])
-                shard.update(self._noise_feeds(shard, shard, rng))
-            out.append((shard, int(hi - lo)))
+                message["noise"] = self._noise_shapes(shard, shard)
+            out.append(message)
         return out
-
-    def _divisor(self, weight: float) -> float:
-        if weight <= 0:
-            raise InputError("no sample of the batch counts in the loss (every label is the ignore_index)")
-        return 1.0 if (self.manifest.loss.get("options") or {}).get("reduction") == "sum" else weight
 
     def step(self, batch: Mapping[str, np.ndarray]) -> float:
         """One synchronous data-parallel step on the global ``batch``; returns its loss."""
-        ray = self._ray
-        shards = self._shards(batch, self.batch_specs, noise=True)
-        refs = [r.gradients.remote(shard, rows) for r, (shard, rows) in zip(self._replicas, shards)]
-        results = self._get(self._pending + refs, "a training step")[len(self._pending):]
-        self._pending = []
-        done = [r for r in results if r is not None and r["weight"] > 0]
-        divisor = self._divisor(sum(r["weight"] for r in done))
-        grads = {}
-        for name in done[0]["grads"]:
-            acc = done[0]["grads"][name].copy()
-            for r in done[1:]:
-                acc += r["grads"][name]
-            grads[name] = acc / np.asarray(divisor, dtype=acc.dtype)
-        reduced = ray.put({"grads": grads, "stats": results[0]["stats"]})
-        self._pending = [r.apply.remote(reduced) for r in self._replicas]
+        messages = self._messages(batch, self.batch_specs, noise=True)
+        calls = [r.step.options(num_returns=2).remote(m, *self._pending) for r, m in zip(self._replicas, messages)]
+        infos = self._get([info for info, _ in calls], "a training step")
+        self._pending = []  # applied by the calls just made
+        total = divisor(self.manifest.loss, sum(i["weight"] for i in infos))  # before the next step applies them
+        self._pending = [grads for _, grads in calls]
         self.step_count += 1
-        return sum(r["loss"] for r in done) / divisor
+        return sum(i["loss"] for i in infos) / total
 
     def predict(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The ``eval`` graph on ``batch``, each worker on its shard: the loss (reduced as the
-        training loss) and the model outputs (the shards' outputs in order)."""
+        """The eval graph on ``batch``, each worker on its shard: the loss (reduced as the
+        training loss) and the model outputs (the shards' outputs in order); only the outputs
+        when the batch holds no labels."""
         self._sync()
-        shards = self._shards(batch, self._eval_specs, noise=False)
-        refs = [r.predict.remote(shard, rows) for r, (shard, rows) in zip(self._replicas, shards)]
+        labels = self._label_names()
+        specs = self._eval_specs if labels <= set(batch) else [s for s in self._eval_specs if s.name not in labels]
+        messages = self._messages(batch, specs, noise=False)
+        refs = [r.predict.remote(m["shard"], m["rows"]) for r, m in zip(self._replicas, messages)]
         done = [r for r in self._get(refs, "evaluation") if r is not None]
-        divisor = self._divisor(sum(r["weight"] for r in done))
-        out = {"loss": np.asarray(sum(r["loss"] for r in done) / divisor, dtype=np.float32)}
+        out = {}
+        if "loss" in done[0]:
+            total = divisor(self.manifest.loss, sum(r["weight"] for r in done))
+            out["loss"] = np.asarray(sum(r["loss"] for r in done) / total, dtype=np.float32)
         for name in done[0]:
             if name not in ("loss", "weight"):
                 parts = [r[name] for r in done]
@@ -212,6 +220,7 @@ class DistributedTrainer(Trainer):
         """``Trainer.fit``; a worker that dies makes the workers start again from the last
         checkpoint (kept in memory at each epoch's end), up to ``max_restarts`` times."""
         self._remember()
+        self._loader_sent = None  # the loader goes to the workers once per fit: its arrays may have changed
         self._history = History(backend=self.backend)
         start_step, earlier = self.step_count, History(backend=self.backend)
         for attempt in range(self.max_restarts + 1):
@@ -237,7 +246,15 @@ class DistributedTrainer(Trainer):
         raise TrainingFailed(f"{lost}; gave up after {self.max_restarts} restart(s) of the workers")
 
     def _fit_epoch(self, loader, history: History, *args: Any) -> None:
+        """The epoch as ``Trainer._fit_epoch``; a ``gc.data.DataLoader`` (iterated as the class
+        does) is read by the workers, the first time from the object store."""
         self._history = history
+        if isinstance(loader, DataLoader) and type(loader).iter_epoch is DataLoader.iter_epoch:
+            if self._loader_sent is not loader:
+                shared = self._ray.put(loader)
+                self._get([r.use_loader.remote(shared) for r in self._replicas], "sending the data loader")
+                self._loader_sent = loader
+            loader = _ReadOnWorkers(loader)
         super()._fit_epoch(loader, history, *args)
 
     def _end_epoch(self, metrics: dict[str, float]):
@@ -263,3 +280,25 @@ class DistributedTrainer(Trainer):
     def __repr__(self) -> str:
         return (f"<gc.Trainer backend={self.backend!r} workers={self.workers} step={self.step_count} "
                 f"epoch={self.epoch} {len(self.manifest.trainable)} trainable>")
+
+
+class LoaderBatch(dict):
+    """Batch ``index`` of ``epoch`` of the loader the workers hold: each array's name maps to a
+    zero-stride stand-in with the batch's shape and dtype, so the driver checks the batch and
+    counts its rows without the data, which each worker reads for its own rows."""
+
+    def __init__(self, loader: DataLoader, epoch: int, index: int):
+        rows = min(loader.batch_size, loader.num_samples - index * loader.batch_size)
+        super().__init__({n: np.broadcast_to(np.zeros((), a.dtype), (rows, *a.shape[1:]))
+                          for n, a in loader.arrays.items()})
+        self.epoch, self.index = epoch, index
+
+
+class _ReadOnWorkers:
+    """``loader`` as ``Trainer._fit_epoch`` iterates it, yielding ``LoaderBatch`` positions."""
+
+    def __init__(self, loader: DataLoader):
+        self.loader = loader
+
+    def iter_epoch(self, epoch: int, start: int = 0):
+        return (LoaderBatch(self.loader, epoch, index) for index in range(start, len(self.loader)))
