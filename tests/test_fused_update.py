@@ -98,6 +98,24 @@ def test_update_node_count_does_not_grow_with_the_number_of_params():
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_params_are_concatenated_only_for_l2_decay(spec):
+    """Each ``<param>.next`` is computed from the param as fed (no Concat of the params, no
+    Split of new flat params); only SGD's and Adam's L2 weight decay reads the flat params."""
+    arts = generate(spec)
+    graph, params = arts.train_step.proto.graph, set(arts.manifest.trainable)
+    producers = {o: n for n in graph.node for o in n.output}
+    concats = [n for n in graph.node if n.op_type == "Concat" and n.name.startswith("optim/")]
+    read = [n for n in concats if any(producers[i].input[0] in params for i in n.input if i in producers)]
+    assert bool(read) == (spec.kind != "adamw" and bool(spec.weight_decay))
+    for p in params:
+        node = producers[f"{p}.next"]
+        source = node.input[0]
+        while source in producers and producers[source].op_type in ("Reshape", "Mul"):  # AdamW's p * (1 - lr*wd)
+            source = producers[source].input[0]
+        assert node.op_type == "Sub" and source == p, p
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
 def test_fused_equals_the_per_param_update(spec):
     fused, per_param = generate(spec), generate(spec, fused=False)
     # numpy: the same elementwise ops on the same values, so the same bits
