@@ -12,8 +12,9 @@ and each step's ``X.next`` output replaces it (``manifest.feeds``). Per step onl
 goes in and only the loss comes out. On onnxruntime the outputs are written into two sets of
 buffers used in turn (a step reads one and writes the other), so a step allocates no param or
 state buffer; an output that nothing reads after its producer writes it (the optimizer state,
-``graphc.passes.training.in_place``) goes into its input's own buffer, one copy instead of two. With the fused update (``manifest.layout``) the optimizer state is carried as flat
-buffers; ``state_dict()`` and checkpoints name it per param all the same.
+most params: ``graphc.passes.training.in_place``) goes into its input's own buffer, one copy
+instead of two. With the fused update (``manifest.layout``) the optimizer state is carried as
+flat buffers; ``state_dict()`` and checkpoints name it per param all the same.
 
 Training-mode Dropout reads its randomness from ``noise`` inputs (``dropout_noise.<k>``): each
 step the Trainer draws them, in manifest order, with ``self.rng.random(shape, dtype=float32)``
