@@ -144,17 +144,20 @@ class _OrtBackend:
     def prepare(self, model: onnx.ModelProto, *, threads: int | None = None,
                 graph_optimization_level: str | int = "all", device_id: int = 0,
                 providers_options: Mapping[str, Any] | None = None, keep_recomputation: bool = False,
-                ) -> OrtExecutable:
+                mem_pattern: bool = True) -> OrtExecutable:
         """Build an onnxruntime session. An op onnxruntime cannot run fails here.
         ``keep_recomputation``: the model recomputes values on purpose (``generate(...,
         recompute=True)``): common-subexpression elimination, which would merge the copies back,
         is off, and nodes run in priority order (ready nodes in graph order), so each copy runs
-        where the graph places it, just before its reader."""
+        where the graph places it, just before its reader. ``mem_pattern``: onnxruntime's memory
+        pattern (one block planned for all intermediates, sized on the first run); the Trainer
+        turns it off for train_step (see ``graphc.trainer``)."""
         _check_domains(model, self.name)
         ort = _ort()
         options = ort.SessionOptions()
         options.log_severity_level = _ORT_QUIET
         options.graph_optimization_level = _optimization_level(graph_optimization_level)
+        options.enable_mem_pattern = bool(mem_pattern)
         if threads is not None:
             if int(threads) < 0:
                 raise ValueError(f"threads must be >= 0 (0: onnxruntime's default), got {threads}")

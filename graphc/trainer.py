@@ -11,8 +11,10 @@ the backend's device as a handle (an ``OrtValue`` on onnxruntime, the array itse
 and each step's ``X.next`` output replaces it (``manifest.feeds``). Per step only the batch
 goes in and only the loss comes out. On onnxruntime the outputs are written into two sets of
 buffers used in turn (a step reads one and writes the other), so a step allocates no param or
-state buffer. With the fused update (``manifest.layout``) the optimizer state is carried as flat
-buffers; ``state_dict()`` and checkpoints name it per param all the same.
+state buffer; an output that nothing reads after its producer writes it (the optimizer state,
+most params: ``graphc.passes.training.in_place``) goes into its input's own buffer, one copy
+instead of two. With the fused update (``manifest.layout``) the optimizer state is carried as
+flat buffers; ``state_dict()`` and checkpoints name it per param all the same.
 
 Training-mode Dropout reads its randomness from ``noise`` inputs (``dropout_noise.<k>``): each
 step the Trainer draws them, in manifest order, with ``self.rng.random(shape, dtype=float32)``
@@ -53,6 +55,7 @@ from graphc.errors import ArtifactsError, GraphcError, InputError
 from graphc.feeds import check_one, dtype_name
 from graphc.history import EpochRecord, History
 from graphc.interrupts import DeferredInterrupt
+from graphc.passes.training.in_place import in_place_outputs
 
 __all__ = ["History", "Trainer", "TrainingFailed"]
 
@@ -125,9 +128,13 @@ class Trainer:
         self._backend = get_backend(backend)
         self.backend = self._backend.name
         self._options = options
-        self._train = self._backend.prepare(
-            _without_initializers(self.artifacts.train_step.proto, set(self._entries)),
-            **({"keep_recomputation": True} if self.manifest.recompute else {}), **options)
+        # train_step runs without onnxruntime's memory pattern: measured (CPU, 1 thread, Trainer
+        # steps interleaved in one process) ResNet-18 at batch 2 0.93x the step time, at batch 32
+        # 0.90x and 0.92x the peak RSS (1029 -> 950 MB). Other backends ignore the option.
+        proto = _without_initializers(self.artifacts.train_step.proto, set(self._entries))
+        self._in_place = in_place_outputs(proto.graph, self._feeds)  # written into their input's buffer
+        self._train = self._backend.prepare(proto, **({"keep_recomputation": True} if self.manifest.recompute else {}),
+                                            **{"mem_pattern": False, **options})
         self._reset_state(self.artifacts.state)
         if resume_from is not None:
             self.load_checkpoint(resume_from)
@@ -214,10 +221,12 @@ class Trainer:
             if self.noise_specs:
                 feeds.update(self._noise_feeds(batch, feeds))
             feeds.update(self._state)
-            host, device = self._train.run_bound(feeds, ("loss",), self._device_outputs, into=self._spare)
             state, spare = self._state, {}
+            into = {**self._spare, **{out: state[self._feeds[out]] for out in self._in_place}}
+            host, device = self._train.run_bound(feeds, ("loss",), self._device_outputs, into=into)
             for out, name in self._feeds.items():
-                spare[out] = state[name]
+                if out not in self._in_place:
+                    spare[out] = state[name]
                 state[name] = device[out]
             self._spare = spare
             self.step_count += 1

@@ -98,6 +98,24 @@ def test_update_node_count_does_not_grow_with_the_number_of_params():
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_params_are_concatenated_only_for_l2_decay(spec):
+    """Each ``<param>.next`` is computed from the param as fed (no Concat of the params, no
+    Split of new flat params); only SGD's and Adam's L2 weight decay reads the flat params."""
+    arts = generate(spec)
+    graph, params = arts.train_step.proto.graph, set(arts.manifest.trainable)
+    producers = {o: n for n in graph.node for o in n.output}
+    concats = [n for n in graph.node if n.op_type == "Concat" and n.name.startswith("optim/")]
+    read = [n for n in concats if any(producers[i].input[0] in params for i in n.input if i in producers)]
+    assert bool(read) == (spec.kind != "adamw" and bool(spec.weight_decay))
+    for p in params:
+        node = producers[f"{p}.next"]
+        source = node.input[0]
+        while source in producers and producers[source].op_type in ("Reshape", "Mul"):  # AdamW's p * (1 - lr*wd)
+            source = producers[source].input[0]
+        assert node.op_type == "Sub" and source == p, p
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
 def test_fused_equals_the_per_param_update(spec):
     fused, per_param = generate(spec), generate(spec, fused=False)
     # numpy: the same elementwise ops on the same values, so the same bits
@@ -167,7 +185,8 @@ def test_checkpoints_cross_the_layout_change(tmp_path, backend, first_fused):
 
 
 def test_ort_trainer_allocates_no_new_param_buffers_per_step():
-    """Each step writes into the buffers the step before read (two sets used in turn)."""
+    """Each step writes into the buffers the step before read (two sets used in turn), or, for
+    an output written in place (``passes/training/in_place.py``), into its input's own buffer."""
     trainer = gc.Trainer(generate(gc.optim.Adam(0.01)), backend="ort-cpu")
     seen: dict[str, set[int]] = {}
     for b in batches(8):
@@ -177,8 +196,10 @@ def test_ort_trainer_allocates_no_new_param_buffers_per_step():
     carried = set(trainer.manifest.feeds.values())
     assert carried == {*trainer.manifest.trainable, "params.float32.exp_avg", "params.float32.exp_avg_sq",
                        "params.float64.exp_avg", "params.float64.exp_avg_sq", "step"}
+    in_place = {trainer.manifest.feeds[out] for out in trainer._in_place}
+    assert {"params.float32.exp_avg", "params.float32.exp_avg_sq"} <= in_place
     for name in carried:
-        assert len(seen[name]) == 2, (name, len(seen[name]))
+        assert len(seen[name]) == (1 if name in in_place else 2), (name, len(seen[name]))
     assert len(seen["lr"]) == 1
 
 

@@ -379,21 +379,27 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups)
     t = b.op("Add", step, b.const(1, np.int64))
     ctx = optimizers.StepContext(b, lr, t)
     groups_by_name = {g.name: g for g in groups}
+    read_param = optimizers.needs_param(hyper)
     if groups:
         views = Emitter(graph, opset, "optim/flat")
-        updates = [(g.name, flat.concat(views, g, params), flat.concat(views, g, grads), g.weight_decay) for g in groups]
+        updates = [(g.name, flat.concat(views, g, params) if read_param else None, flat.concat(views, g, grads),
+                    g.weight_decay) for g in groups]
     else:
         updates = [(p, params[p], grad, decays[p]) for p, grad in grads.items()]
     new_params, state_next = {}, []
     for name, param, grad, decay in updates:
+        like = grad if groups else params[name]  # a flat group's gradient is typed by flat.concat
         state = {}
         for s in slots:
-            state[s] = ir.Value(name=f"{name}.{s}", type=ir.TensorType(param.dtype), shape=param.shape)
+            state[s] = ir.Value(name=f"{name}.{s}", type=ir.TensorType(like.dtype), shape=like.shape)
             graph.inputs.append(state[s])
-        new_param, new_state = optimizers.update(ctx, hyper if decay else {**hyper, "weight_decay": 0.0},
-                                                 param, grad, state)
-        new_params.update(flat.split(views, groups_by_name[name], new_param) if groups else {name: new_param})
-        state_next += [Output(_expose(graph, new_state[s], f"{name}.{s}.next", like=param), "state", f"{name}.{s}")
+        upd = optimizers.step(ctx, hyper if decay else {**hyper, "weight_decay": 0.0}, grad, state, param)
+        if groups:  # the group's step split into its params' pieces, each applied to its param as fed
+            deltas = flat.split(views, groups_by_name[name], upd.delta)
+            new_params.update({p: optimizers.apply(views, params[p], d, upd.shrink) for p, d in deltas.items()})
+        else:
+            new_params[name] = optimizers.apply(b, param, upd.delta, upd.shrink)
+        state_next += [Output(_expose(graph, upd.state[s], f"{name}.{s}.next", like=like), "state", f"{name}.{s}")
                        for s in slots]
     param_next = [Output(_expose(graph, new_params[p], f"{p}.next", like=params[p]), "param", p) for p in params]
     return [*param_next, *state_next, Output(_expose(graph, t, f"{STEP}.next", like=step), "state", STEP)]

@@ -1,0 +1,71 @@
+"""Carried train_step outputs written into their own input's buffer
+(``passes/training/in_place.py``, used by the Trainer on onnxruntime).
+
+Oracles: hand-built graphs whose answer follows from the rule, and the same Trainer run with
+every output ping-ponged between two buffers (bit-equal results)."""
+
+from __future__ import annotations
+
+import onnx
+import onnx.helper as oh
+import pytest
+
+import graphc as gc
+from graphc.passes.training.in_place import in_place_outputs
+from trainer_models import BNNet, blobs
+
+F = onnx.TensorProto.FLOAT
+
+
+def graph(nodes, inputs=("x", "g")):
+    return oh.make_graph(nodes, "g", [oh.make_tensor_value_info(n, F, [4]) for n in inputs],
+                         [oh.make_tensor_value_info("x.next", F, [4]), oh.make_tensor_value_info("y", F, [4])])
+
+
+def test_in_place_only_when_every_reader_runs_before_the_write():
+    chain = [oh.make_node("Mul", ["x", "g"], ["t"]), oh.make_node("Add", ["x", "t"], ["x.next"]),
+             oh.make_node("Neg", ["t"], ["y"])]
+    assert in_place_outputs(graph(chain), {"x.next": "x"}) == {"x.next"}
+    # x is read by a node that does not lead to the write: it may run after it
+    late = [*chain[:2], oh.make_node("Neg", ["x"], ["y"])]
+    assert in_place_outputs(graph(late), {"x.next": "x"}) == set()
+    # ... also through a view of x (Reshape aliases its input)
+    shape = oh.make_node("Constant", [], ["s"], value=oh.make_tensor("s", onnx.TensorProto.INT64, [1], [4]))
+    view = [shape, oh.make_node("Reshape", ["x", "s"], ["v"]), *chain[:2], oh.make_node("Neg", ["v"], ["y"])]
+    assert in_place_outputs(graph(view), {"x.next": "x"}) == set()
+    # the writer must be elementwise over x's size
+    matmul = [shape, oh.make_node("MatMul", ["x", "g"], ["t"]), oh.make_node("Expand", ["x", "s"], ["x.next"]),
+              oh.make_node("Neg", ["t"], ["y"])]
+    assert in_place_outputs(graph(matmul), {"x.next": "x"}) == set()
+
+
+def pointers(trainer):
+    """Each carried input with a ``.next`` output -> its buffer's address."""
+    return {name: trainer._state[name].data_ptr() for name in trainer._feeds.values()}
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_in_place_outputs_keep_their_buffer_and_match_ping_pong(fused):
+    model = gc.capture(BNNet(), seed=0, x=gc.spec("float32", ("N", 8)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.Adam(1e-2), fused=fused)
+    trainer, reference = gc.Trainer(arts, backend="ort-cpu"), gc.Trainer(arts, backend="ort-cpu")
+    reference._in_place = set()  # every output ping-pongs between two buffers
+    carried = {out: name for out, name in trainer._feeds.items()}
+    in_place = {carried[out] for out in trainer._in_place}
+    states = {carried[out] for out in trainer._feeds if "exp_avg" in out}
+    assert states and states <= in_place
+    if not fused:  # fc2.weight's input gradient (to fc1) may run after fc2's own update
+        assert "fc2.weight" not in in_place
+    before, seen = pointers(trainer), {name: set() for name in carried.values()}
+    objects = {name: trainer._state[name] for name in in_place}
+    for seed in range(4):
+        batch = blobs(16, seed=seed)
+        assert trainer.step(batch) == reference.step(batch)
+        for name, ptr in pointers(trainer).items():
+            seen[name].add(ptr)
+    for name in in_place:
+        assert trainer._state[name] is objects[name] and seen[name] == {before[name]}, name
+    for name in set(carried.values()) - in_place:  # two buffers in turn, none allocated per step
+        assert len(seen[name] | {before[name]}) == 2, name
+    for name, value in trainer.state_dict().items():
+        assert (value == reference.state_dict()[name]).all(), name
