@@ -29,6 +29,11 @@ from graphc.dtypes import (
 from graphc.errors import (BackendError, BackendUnavailable, GraphcError, GraphError, InputError, MissingDependency,
                            ModelLoadError)
 from graphc.model import Model, load
+from graphc.passes import evaluate as _evaluate
+
+# Passes never import a backend: their compile-time evaluator (constant values, loop trip
+# counts, gradient matrices) gets the numpy kernels here, loaded on its first use.
+_evaluate.use_kernels(lambda: importlib.import_module("graphc.backends.numpy").run_node)
 
 __version__ = "0.1.0"
 

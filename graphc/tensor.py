@@ -9,6 +9,7 @@ import onnx_ir as ir
 
 from graphc.dtypes import DType, as_dtype
 from graphc.errors import GraphError
+from graphc.passes.values import static_shape
 
 
 class Tensor:
@@ -33,9 +34,7 @@ class Tensor:
 
     @property
     def shape(self) -> tuple | None:
-        if self.value.shape is None:
-            return None
-        return tuple(d if isinstance(d, int) else d.value for d in self.value.shape)
+        return static_shape(self.value)
 
     @property
     def ndim(self) -> int:
