@@ -100,15 +100,11 @@ def run_graph(graph: ir.Graph, feeds: Mapping[ir.Value, np.ndarray], opset: int)
     env: dict[ir.Value, np.ndarray] = dict(feeds)
     for value in graph.initializers.values():
         env[value] = value.const_value.numpy()
-    by_name: dict[str, np.ndarray] = {}
     for node in graph:
         inputs = [None if v is None else env[v] for v in node.inputs]
-        subgraphs = any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values())
-        if subgraphs and not by_name:
-            by_name.update((v.name, a) for v, a in env.items() if v.name)
+        bodies = any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values())
+        scope = {v.name: a for v, a in env.items() if v.name} if bodies else None  # what a body reads
         outs = run_node(node.op_type, inputs, node_attrs(node), opset, node.domain,
-                        num_outputs=len(node.outputs), scope=by_name if subgraphs else None)
+                        num_outputs=len(node.outputs), scope=scope)
         env.update(zip(node.outputs, outs))
-        if by_name:
-            by_name.update((v.name, a) for v, a in zip(node.outputs, outs) if v.name)
     return env
