@@ -31,6 +31,11 @@ from graphc.errors import (AutodiffError, BackendError, BackendUnavailable, Capt
                            PipelineError)
 from graphc.model import Model, load
 from graphc.version import __version__
+from graphc.passes import evaluate as _evaluate
+
+# Passes never import a backend: their compile-time evaluator (constant values, loop trip
+# counts, gradient matrices) gets the numpy kernels here, loaded on its first use.
+_evaluate.use_kernels(lambda: importlib.import_module("graphc.backends.numpy").run_node)
 
 
 _OPS = (

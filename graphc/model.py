@@ -15,6 +15,7 @@ from graphc.dtypes import FLOAT_DTYPES, TensorSpec, as_dtype
 from graphc.errors import ModelLoadError
 from graphc.fileio import fsync_dir, scratch_dir, sync_tree
 from graphc.model_file import check_external_data, densify_sparse_initializers, read_external_data
+from graphc.passes.values import onnx_opset, static_shape
 
 SOURCE_KEY = "graphc.source"
 # Models with more initializer bytes than this are saved with external data (protobuf caps a
@@ -79,7 +80,7 @@ class Model:
 
     @property
     def opset(self) -> int:
-        return self._ir.opset_imports.get("", 0)
+        return onnx_opset(self._ir, 0)
 
     @property
     def ir_version(self) -> int:
@@ -234,5 +235,5 @@ def _forget_placeholder_dims(graph: ir.Graph) -> None:
         if value.shape is None:
             continue
         dims = [spec_dim(d) for d in value.shape]
-        if dims != [d if isinstance(d, int) else d.value for d in value.shape]:
+        if tuple(dims) != static_shape(value):
             value.shape = ir.Shape(dims)

@@ -8,7 +8,8 @@ import onnx_ir as ir
 
 from graphc.errors import PassError
 from graphc.model import Model, load
-from graphc.passes.functions import expand_functions, fresh_name
+from graphc.passes.functions import expand_functions
+from graphc.passes.values import fresh_name
 
 __all__ = ["convert_opset"]
 

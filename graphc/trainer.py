@@ -1,3 +1,5 @@
+# Over 500 lines: the Trainer's fit/evaluate loop and the resume, interrupt and checkpoint
+# bookkeeping that shares its state (issue 13 moves graph rewriting out of it).
 """`gc.Trainer`: run training artifacts on a backend, keeping params and state on its device.
 
     arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))

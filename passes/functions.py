@@ -16,7 +16,9 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import InlinePass
 
-__all__ = ["EXPANDED_FROM", "expand_functions", "fresh_name", "has_function"]
+from graphc.passes.values import fresh_name, onnx_opset
+
+__all__ = ["EXPANDED_FROM", "expand_functions", "has_function"]
 
 _STANDARD = ("", "ai.onnx")
 _PRIVATE = "graphc.expand"  # the domain the bodies live in until they are inlined
@@ -34,7 +36,7 @@ def expand_functions(model: ir.Model, select: Callable[[ir.Node], bool]) -> int:
     ONNX defines as a function by that function's body. Returns how many nodes were expanded.
     A context-dependent body needs the types of the node's inputs: a node whose inputs are
     untyped is left as it is."""
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    opset = onnx_opset(model, 1)
     taken = {v.name for n in model.graph for v in n.outputs} | {v.name for v in model.graph.inputs}
     count = 0
     for _ in range(8):  # a body may use another function op (SwiGLU uses Swish): expand again
@@ -68,16 +70,6 @@ def expand_functions(model: ir.Model, select: Callable[[ir.Node], bool]) -> int:
         model.opset_imports.pop(_PRIVATE, None)
         count += expanded
     return count
-
-
-def fresh_name(taken: set[str], stem: str) -> str:
-    """``stem``, or ``stem_<n>`` for the first n that makes it new to ``taken`` (which gets it)."""
-    name, n = stem, 0
-    while name in taken:
-        n += 1
-        name = f"{stem}_{n}"
-    taken.add(name)
-    return name
 
 
 def _fill_default_attributes(node: ir.Node, opset: int) -> None:

@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
+import pytest
 from onnx import TensorProto, helper
 
 from graphc.passes.optimize.library import RemoveUnusedNodes
@@ -99,36 +100,34 @@ def test_read_back_shares_only_frozen_undenoted_shapes():
             assert first[1] is not second[1] and second[1].get_denotation(0) == "DATA_BATCH"
 
 
-def _named_model(duplicate: bool, unnamed: bool) -> ir.Model:
+def _output_model(kind: str) -> ir.Model:
+    """Two equal Relus, or an Identity, whose outputs are graph outputs (the cases where CSE
+    and identity elimination must keep output names)."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
-    nodes = [helper.make_node("Relu", ["x"], ["a"], name="n0"),
-             helper.make_node("Neg", ["a"], ["b"], name="" if unnamed else "n1"),
-             helper.make_node("Abs", ["b"], ["y"], name="n2")]
-    model = ir.serde.deserialize_model(helper.make_model(helper.make_graph(nodes, "g", [x], [y])))
-    if duplicate:
-        model.graph.node(1).outputs[0].name = "a"  # two values named "a"
-    return model
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("y", "z")]
+    if kind == "cse":
+        nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Relu", ["x"], ["z"])]
+    else:
+        nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Identity", ["a"], ["y"]),
+                 helper.make_node("Neg", ["a"], ["z"])]
+    return ir.serde.deserialize_model(helper.make_model(helper.make_graph(nodes, "g", [x], outs)))
 
 
-def test_name_fix_same_as_onnx_ir_and_idle_when_names_are_unique():
-    from graphc.passes.optimize.library import NameFix, _names_unique
+@pytest.mark.parametrize("kind", ["cse", "identity"])
+def test_cse_and_identity_elimination_same_as_onnx_ir(kind):
+    from graphc.passes.optimize.library import CommonSubexpressionElimination, IdentityElimination
 
-    clean = _named_model(duplicate=False, unnamed=False)
-    assert _names_unique(clean)
-    before = ir.serde.serialize_model(clean).SerializeToString(deterministic=True)
-    assert not NameFix()(clean).modified
-    assert ir.serde.serialize_model(clean).SerializeToString(deterministic=True) == before
-    for duplicate, unnamed in ((True, False), (False, True)):
-        ours, theirs = _named_model(duplicate, unnamed), _named_model(duplicate, unnamed)
-        assert not _names_unique(ours)
-        assert NameFix()(ours).modified and common.NameFixPass()(theirs).modified
-        assert (ir.serde.serialize_model(ours).SerializeToString(deterministic=True)
-                == ir.serde.serialize_model(theirs).SerializeToString(deterministic=True))
+    ours, theirs = _output_model(kind), _output_model(kind)
+    mine, library = ((CommonSubexpressionElimination(), common.CommonSubexpressionEliminationPass()) if kind == "cse"
+                     else (IdentityElimination(), common.IdentityEliminationPass()))
+    assert mine(ours).modified and library(theirs).modified
+    assert (ir.serde.serialize_model(ours).SerializeToString(deterministic=True)
+            == ir.serde.serialize_model(theirs).SerializeToString(deterministic=True))
+    assert [v.name for v in ours.graph.outputs] == ["y", "z"]
 
 
 def test_fold_constants_same_as_onnxscript():
-    from onnxscript.optimizer import _constant_folding
+    from onnxscript.optimizer import fold_constants_ir
 
     from graphc.passes.optimize.library import FoldConstants
 
@@ -141,9 +140,8 @@ def test_fold_constants_same_as_onnxscript():
              helper.make_node("Add", ["x", "r"], ["y"])]
     proto = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
     ours, theirs = ir.serde.deserialize_model(proto), ir.serde.deserialize_model(proto)
-    limits = dict(shape_inference=False, input_size_limit=1024, output_size_limit=1024)
-    assert FoldConstants(**limits)(ours).modified
-    assert _constant_folding.FoldConstantsPass(**limits)(theirs).modified
+    assert FoldConstants(lambda node: None, 1024, 1024, size_gated=True)(ours).modified
+    assert fold_constants_ir(theirs, input_size_limit=1024, output_size_limit=1024).modified
     assert (ir.serde.serialize_model(ours).SerializeToString(deterministic=True)
             == ir.serde.serialize_model(theirs).SerializeToString(deterministic=True))
     assert "Transpose" not in [n.op_type for n in ours.graph]

@@ -25,6 +25,7 @@ from graphc.dsl import eager as _eager
 from graphc.dtypes import as_dtype, to_onnx, type_text
 from graphc.errors import CaptureError, GraphError
 from graphc.passes.emit import make_node
+from graphc.passes.values import static_shape
 
 _PKG_DIR = str(Path(__file__).resolve().parents[1]) + os.sep  # the graphc package
 # Frames that are never the user's code: graphc's own, and numpy's (``np.sum(t)`` dispatches to
@@ -74,16 +75,9 @@ def operand_text(operand: Any) -> str:
     return "None" if operand is None else repr(operand)
 
 
-def dims(value: ir.Value) -> tuple | None:
-    """The shape of ``value``: ints, dim names, ``None`` for unknown dims (None: unknown rank)."""
-    if value.shape is None:
-        return None
-    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
-
-
 def type_str(value: ir.Value) -> str:
     """``float32[N,4]``: the dtype and dims of ``value`` (``?`` where unknown)."""
-    return type_text(None if value.dtype is None else as_dtype(int(value.dtype)), dims(value))
+    return type_text(None if value.dtype is None else as_dtype(int(value.dtype)), static_shape(value))
 
 
 class Scope:
@@ -272,7 +266,7 @@ class Builder:
             if v is None:
                 continue
             types[v.name] = onnx.helper.make_tensor_type_proto(
-                v.dtype if v.dtype is not None else onnx.TensorProto.FLOAT, _proto_dims(dims(v)))
+                v.dtype if v.dtype is not None else onnx.TensorProto.FLOAT, _proto_dims(static_shape(v)))
             if id(v) in self.consts:
                 data[v.name] = onnx.numpy_helper.from_array(self.consts[id(v)], v.name)
         try:
@@ -335,4 +329,4 @@ def _proto_dims(shape):
     return [d if isinstance(d, (int, str)) else None for d in shape]
 
 
-__all__ = ["Builder", "Scope", "active", "current", "operand_text", "dims", "op_error", "type_str", "user_source"]
+__all__ = ["Builder", "Scope", "active", "current", "operand_text", "op_error", "type_str", "user_source"]

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from graphc.dsl.builder import dims, type_str, user_source
+from graphc.dsl.builder import type_str, user_source
 from graphc.dtypes import DType, as_dtype
 from graphc.errors import CaptureError
+from graphc.passes.values import static_shape
 
 
 class Tensor:
@@ -42,7 +43,7 @@ class Tensor:
 
     @property
     def shape(self) -> tuple | None:
-        return dims(self.value)
+        return static_shape(self.value)
 
     @property
     def ndim(self) -> int:

@@ -10,27 +10,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from graphc.errors import AutodiffError
 from graphc.passes.emit import SOURCE_KEY, Emitter
+from graphc.passes.evaluate import folded_array
+from graphc.passes.values import Dim, StaticShape, const_array, node_attrs, static_shape
 
 __all__ = ["SOURCE_KEY", "FLOAT_TYPES", "GradBuilder", "attr", "const_array", "folded_array", "is_float",
            "is_static", "node_attrs", "same_dim", "static_shape"]
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
-
-
-Dim = int | str | None
-StaticShape = tuple[Dim, ...]
-
-
-def static_shape(value: ir.Value) -> StaticShape | None:
-    """The value's shape as ints (known), strs (symbolic) and None (unknown); None if rank unknown."""
-    if value.shape is None:
-        return None
-    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
 
 
 def is_static(shape: StaticShape | None) -> bool:
@@ -50,63 +40,6 @@ def is_float(value: ir.Value) -> bool:
 def attr(node: ir.Node, name: str, default=None):
     a = node.attributes.get(name)
     return default if a is None else a.value
-
-
-def const_array(value: ir.Value | None) -> np.ndarray | None:
-    """The value as numpy if it is an initializer or a Constant's output, else None."""
-    if value is None:
-        return None
-    tensor = ir.convenience.get_const_tensor(value)
-    return None if tensor is None else tensor.numpy()
-
-
-_NOT_FOLDED = frozenset({"If", "Loop", "Scan", "RandomNormal", "RandomUniform", "RandomNormalLike",
-                         "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"})
-
-
-def folded_array(value: ir.Value | None, depth: int = 0) -> np.ndarray | None:
-    """The value as numpy when it is known before the model runs: a constant, the ``Shape`` of
-    a value with a static shape, or a deterministic node of such values (evaluated with onnx's
-    reference implementation), e.g. Resize scales an exporter builds with Concat/Cast."""
-    array = const_array(value)
-    if array is not None or value is None or depth > 16:
-        return array
-    node = value.producer()
-    if node is None or node.domain not in ("", "ai.onnx") or node.op_type in _NOT_FOLDED:
-        return None
-    if node.op_type == "Shape":
-        shape = static_shape(node.inputs[0])
-        if not is_static(shape):
-            return None
-        start, end = attr(node, "start", 0), attr(node, "end", len(shape))
-        return np.array(shape[slice(start, end)], dtype=np.int64)
-    inputs = [folded_array(v, depth + 1) for v in node.inputs]
-    if any(a is None and v is not None for a, v in zip(inputs, node.inputs)):
-        return None
-    from onnx import helper, numpy_helper
-    from onnx.reference import ReferenceEvaluator
-
-    names = [f"in{i}" if v is not None else "" for i, v in enumerate(node.inputs)]
-    outs = [f"out{i}" for i in range(len(node.outputs))]
-    proto = helper.make_node(node.op_type, names, outs, **node_attrs(node))
-    opset = node.graph.opset_imports.get("", 17) if node.graph is not None else 17
-    model = helper.make_model(helper.make_graph(
-        [proto], "fold", [], [helper.make_value_info(o, onnx.TypeProto()) for o in outs],
-        [numpy_helper.from_array(np.asarray(a), n) for a, n in zip(inputs, names) if n]),
-        opset_imports=[helper.make_opsetid("", opset)])
-    try:
-        results = ReferenceEvaluator(model).run(None, {})
-    except Exception:  # noqa: BLE001 - not computable here: the caller treats it as unknown
-        return None
-    return np.asarray(results[list(node.outputs).index(value)])
-
-
-def node_attrs(node: ir.Node, drop: Sequence[str] = ()) -> dict:
-    """The node's attributes as ``onnx.helper.make_node`` keywords, less ``drop``."""
-    from onnx import helper
-
-    return {k: helper.get_attribute_value(ir.serde.serialize_attribute(a)) for k, a in node.attributes.items()
-            if k not in drop}
 
 
 class GradBuilder(Emitter):

@@ -28,16 +28,10 @@ from graphc.passes.autodiff.builder import SOURCE_KEY, GradBuilder, is_float, st
 from graphc.passes.autodiff.recurrent import UNROLLED, not_unrolled
 from graphc.passes.autodiff.registry import RULES, GradRule
 from graphc.passes.functions import EXPANDED_FROM
+from graphc.passes.values import onnx_opset
 
 DEFAULT_OPSET = 21
 RULES_DIR = Path(__file__).resolve().parent  # where the rule files are, as installed
-
-
-def graph_opset(graph: ir.Graph, default: int = DEFAULT_OPSET) -> int:
-    opset = graph.opset_imports.get("")
-    if opset is None:
-        opset = graph.opset_imports.get("ai.onnx", default)
-    return opset
 
 
 def node_inputs(node: ir.Node) -> list[ir.Value]:
@@ -268,7 +262,7 @@ def backward(graph: ir.Graph, loss: ir.Value, wrt: Sequence[ir.Value]) -> dict[s
         raise AutodiffError(f"loss {loss.name!r} has dtype {loss.dtype}; it must be floating-point")
     if loss.shape is not None and any(isinstance(d, int) and d != 1 for d in loss.shape):
         raise AutodiffError(f"loss {loss.name!r} must be a scalar, got shape {loss.shape}")
-    g = GradBuilder(graph, graph_opset(graph))
+    g = GradBuilder(graph, onnx_opset(graph, DEFAULT_OPSET))
     nodes = list(graph)
     seed = g.full(g.shape_of(loss), 1.0, loss)
     grads = backprop(g, nodes, {loss: seed}, list(wrt))

@@ -20,6 +20,8 @@ import onnx_ir as ir
 
 from graphc.passes.autodiff.builder import folded_array, node_attrs
 from graphc.passes.emit import Emitter
+from graphc.passes.evaluate import run_node
+from graphc.passes.values import onnx_opset
 
 __all__ = ["copy_graph", "copy_node", "lower_sequences", "unroll_static_loops"]
 
@@ -33,7 +35,7 @@ def unroll_static_loops(model: ir.Model) -> int:
     sequence or holds control flow) by copies of its body; returns how many Loops went. Its
     Ifs can then fold, and its sequences be lowered, which reverse mode could not do."""
     graph = model.graph
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 17))
+    opset = onnx_opset(model, 17)
     count = 0
     for node in list(graph):
         if node.op_type != "Loop" or node.domain not in ("", "ai.onnx") or not _beyond_grad_loop(node):
@@ -62,7 +64,6 @@ def _iterations(node: ir.Node, opset: int) -> int | None:
     """How many steps the Loop takes, found by running the part of its body that computes the
     exit condition (and the carried values that part reads) on the constants; None when that
     part reads anything not known before run time, or more than MAX_STEPS steps."""
-    from graphc.backends.numpy import run_node
     from graphc.errors import GraphcError
 
     body = node.attributes["body"].value
@@ -204,7 +205,7 @@ def lower_sequences(model: ir.Model) -> int:
     ``new_axis``), the element (a ``Split`` output), or a constant, so autodiff sees tensors;
     returns how many. Sequence nodes left unused go."""
     graph = model.graph
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 17))
+    opset = onnx_opset(model, 17)
     e = Emitter(graph, opset, "sequence")
     splits: dict[ir.Node, list[ir.Value] | None] = {}  # one Split per SplitToSequence
     count = 0

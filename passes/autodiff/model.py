@@ -10,11 +10,13 @@ import onnx_ir as ir
 
 from graphc.errors import AutodiffError
 from graphc.passes.autodiff.builder import FLOAT_TYPES, const_array, folded_array
-from graphc.passes.autodiff.core import backward
+from graphc.passes.autodiff.core import DEFAULT_OPSET, backward
 from graphc.passes.autodiff.loops import lower_sequences, unroll_static_loops
 from graphc.passes.autodiff.recurrent import unroll_recurrent
 from graphc.passes.autodiff.registry import RULES
+from graphc.passes.evaluate import run_graph
 from graphc.passes.functions import expand_functions
+from graphc.passes.values import fresh_name, onnx_opset
 
 
 def infer_shapes(model: ir.Model) -> ir.Model:
@@ -50,11 +52,7 @@ def fold_integer_values(model: ir.Model) -> int:
         if any(a is None for a in arrays):
             continue
         for value, array in zip(outputs, arrays):
-            name, n = f"{value.name}_folded", 0
-            while name in taken:
-                n += 1
-                name = f"{value.name}_folded_{n}"
-            taken.add(name)
+            name = fresh_name(taken, f"{value.name}_folded")
             folded = ir.Value(name=name, type=value.type, shape=ir.Shape(array.shape), const_value=ir.tensor(array))
             graph.register_initializer(folded)
             value.replace_all_uses_with(folded)
@@ -90,7 +88,7 @@ def _inline_constant_ifs(graph: ir.Graph, conditions: set[ir.Value]) -> int:
 def fill_unknown_ranks(model: ir.Model) -> bool:
     """Give values whose rank shape inference could not find (a Reshape to a shape computed
     from Shape/Slice/Concat, as torch.onnx writes attention) the rank they have when the model
-    runs once on a small dummy batch (symbolic dims set to 2) with onnx's reference evaluator.
+    runs once on a small dummy batch (symbolic dims set to 2) with the compile-time evaluator.
     Dims stay unknown: only the rank is recorded, which does not depend on the batch. Returns
     whether any value changed."""
     graph = model.graph
@@ -98,18 +96,13 @@ def fill_unknown_ranks(model: ir.Model) -> bool:
                if v.shape is None and v.name and isinstance(v.type, ir.TensorType)]  # not sequences
     if not unknown:
         return False
-    from onnx.reference import ReferenceEvaluator
-
-    proto = ir.serde.serialize_model(model)
-    del proto.graph.output[:]
-    proto.graph.output.extend(onnx.helper.make_empty_tensor_value_info(v.name) for v in unknown)
     try:
-        feeds = {v.name: _dummy(v) for v in graph.inputs if not v.is_initializer()}
-        values = ReferenceEvaluator(proto).run(None, feeds)
+        feeds = {v: _dummy(v) for v in graph.inputs if not v.is_initializer()}
+        values = run_graph(graph, feeds, onnx_opset(model, DEFAULT_OPSET))
     except Exception:  # noqa: BLE001 - a probe that fails leaves the ranks unknown
         return False
-    for value, array in zip(unknown, values):
-        value.shape = ir.Shape([None] * np.ndim(array))
+    for value in unknown:
+        value.shape = ir.Shape([None] * np.ndim(values[value]))
     return True
 
 

@@ -20,6 +20,7 @@ import onnx_ir as ir
 
 from graphc.passes.autodiff.builder import attr, const_array, static_shape
 from graphc.passes.emit import Emitter
+from graphc.passes.values import onnx_opset
 
 __all__ = ["UNROLLED", "not_unrolled", "unroll_recurrent"]
 
@@ -37,7 +38,7 @@ Activation = Callable[[ir.Value], ir.Value]
 def unroll_recurrent(model: ir.Model) -> int:
     """Unroll, in place, every main-graph RNN/GRU/LSTM node it supports; returns how many."""
     graph = model.graph
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 17))
+    opset = onnx_opset(model, 17)
     count = 0
     for node in list(graph):
         if node.op_type in _GATES and node.domain in ("", "ai.onnx") and not_unrolled(node) is None:

@@ -1,3 +1,5 @@
+# Over 500 lines: the gradient rules of the neural-network ops (Conv, pools, Resize, ...), one
+# rule per op in the registry's table, sharing the separable-op helpers; one family, one file.
 """VJP rules of neural-network ops: Dropout, Conv, ConvTranspose and pooling.
 
 Convolutions and pools need static spatial dims and channel counts (the batch may be symbolic).

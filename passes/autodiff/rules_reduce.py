@@ -54,21 +54,21 @@ def _broadcast_back(g: GradBuilder, node: ir.Node, dy: ir.Value, axes) -> ir.Val
     return g.op("Expand", _expand_back(g, node, dy, axes), g.shape_of(node.inputs[0]))
 
 
+def _unless_noop(g: GradBuilder, node: ir.Node, dy: ir.Value, grad) -> tuple:
+    """``(grad(axes), None)`` for the reduction's axes, or ``(dy, None)`` when it reduces nothing."""
+    axes, noop = _reduce_axes(g, node)
+    return (dy if noop else grad(axes)), None
+
+
 @grad_rule("ReduceSum")
 def grad_reduce_sum(g, node, dy):
-    axes, noop = _reduce_axes(g, node)
-    if noop:
-        return dy, None
-    return _broadcast_back(g, node, dy, axes), None
+    return _unless_noop(g, node, dy, lambda axes: _broadcast_back(g, node, dy, axes))
 
 
 @grad_rule("ReduceMean")
 def grad_reduce_mean(g, node, dy):
-    axes, noop = _reduce_axes(g, node)
-    if noop:
-        return dy, None
-    dy = g.div(dy, count_ratio(g, node.inputs[0], node.outputs[0], dy))
-    return _broadcast_back(g, node, dy, axes), None
+    return _unless_noop(g, node, dy, lambda axes: _broadcast_back(
+        g, node, g.div(dy, count_ratio(g, node.inputs[0], node.outputs[0], dy)), axes))
 
 
 def _select_reduced(g: GradBuilder, node: ir.Node, dy: ir.Value, axes) -> ir.Value:
@@ -82,10 +82,7 @@ def _select_reduced(g: GradBuilder, node: ir.Node, dy: ir.Value, axes) -> ir.Val
 
 @grad_rule("ReduceMax", "ReduceMin")
 def grad_reduce_extreme(g, node, dy):
-    axes, noop = _reduce_axes(g, node)
-    if noop:
-        return dy, None
-    return _select_reduced(g, node, dy, axes), None
+    return _unless_noop(g, node, dy, lambda axes: _select_reduced(g, node, dy, axes))
 
 
 @grad_rule("ReduceSumSquare")

@@ -1,3 +1,6 @@
+# Over 500 lines: the gradient rules of the shape and indexing ops, one small rule per op in
+# the registry's table; they share the static-shape helpers at the top, and a reader looks
+# up one family in one file.
 """VJP rules of data-movement ops: Reshape-likes, Transpose, Expand, Concat, Split, Slice, Gather(Elements),
 Scatter(Elements/ND), TopK, Trilu, CumSum, Pad, Tile and Resize."""
 

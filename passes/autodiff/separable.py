@@ -1,8 +1,9 @@
 """Gradients of separable linear ops (Resize, AveragePool): y = x contracted with one fixed
 [out_a, in_a] matrix per axis, so dx = dy contracted with the same matrices.
 
-Each matrix is read off the op itself: graphc's numpy kernel (checked against onnx's node cases
-and onnxruntime) run once on the in_a one-hot vectors, laid along a ``carrier`` axis that the op
+Each matrix is read off the op itself: the compile-time evaluator (``graphc.passes.evaluate``:
+graphc's numpy kernels, checked against onnx's node cases and onnxruntime) runs it once on the
+in_a one-hot vectors, laid along a ``carrier`` axis that the op
 leaves unchanged. Reading the op instead of re-deriving its arithmetic keeps every mode,
 coordinate transform, padding and rounding rule exactly as the forward computes it.
 """
@@ -15,6 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.autodiff.builder import GradBuilder
+from graphc.passes.evaluate import run_node
 
 __all__ = ["axis_matrix", "contract"]
 
@@ -32,8 +34,6 @@ def axis_matrix(op_type: str, attrs: Mapping, rank: int, axis: int, carrier: int
         shape[k] = n
     basis = np.moveaxis(np.eye(size).reshape([size, size] + [1] * (rank - 2)), [0, 1], [carrier, axis])
     basis = np.broadcast_to(basis, shape).copy()
-    from graphc.backends.numpy import run_node
-
     inputs = [basis, *(None if v is None else np.asarray(v) for v in extra)]
     while inputs[-1] is None:
         inputs.pop()

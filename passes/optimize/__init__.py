@@ -12,6 +12,7 @@ import onnx_ir as ir
 from graphc.passes.optimize.interface import restore_interface, snapshot_interface
 from graphc.passes.optimize.levels import LEVELS, MAX_LEVEL, build_pipeline
 from graphc.passes.optimize.pipeline import OptimizeReport, PassRecord, Pipeline, PipelineError, count_nodes
+from graphc.passes.values import onnx_opset
 
 __all__ = ["LEVELS", "MAX_LEVEL", "OptimizeReport", "PassRecord", "Pipeline", "PipelineError",
            "build_pipeline", "count_nodes", "optimize_in_place"]
@@ -25,7 +26,7 @@ def optimize_in_place(model: ir.Model, level: int = 2, source: onnx.ModelProto |
     from graphc.passes.optimize.library import parameter_names  # loads onnxscript: only when used
 
     report = OptimizeReport(level=level)
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    opset = onnx_opset(model, 1)
     pipeline = build_pipeline(level, opset, parameter_names(model), source)
     interface = snapshot_interface(model)
     pipeline.run(model, report)

@@ -1,3 +1,5 @@
+# Over 500 lines: level 2's algebraic rewrites, each a small rule or pass with its soundness
+# argument in its docstring; they form one level's list and share the shape helpers below.
 """Level 2's algebraic simplifications and MatMul/Transpose -> Gemm rewrites."""
 
 from __future__ import annotations
@@ -6,18 +8,13 @@ import functools
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import _basics
-from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
-from onnxscript.rewriter.rules.common import (
-    _basic_rules,
-    _broadcast_to_matmul,
-    _collapse_slices,
-    _matmul_add_to_gemm,
-)
+from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
+from onnxscript.rewriter.rules import common as library_rules
 
-from graphc.passes.optimize.pipeline import all_nodes
-from graphc.passes.optimize.rules import RulePass, const_array, int64_initializer
+from graphc.passes.optimize.pipeline import Declared, all_nodes
+from graphc.passes.optimize.rules import RulePass, int64_initializer
 from graphc.passes.optimize.shape_folding import same_shape
+from graphc.passes.values import fixed_array
 
 __all__ = ["BatchedMatMulAddToGemm", "ExpandIntoBroadcast", "NeutralOperandElimination", "ReshapeAbsorbsUnsqueeze",
            "ReshapeThroughElementwise", "algebraic_pass", "gemm_pass"]
@@ -48,8 +45,8 @@ class LosslessCastCast(RewriteRuleClassBase):
     def pattern(self, op, x, mid, to):
         return op.Cast(op.Cast(x, to=mid), to=to)
 
-    def check(self, context, x, mid, to) -> _basics.MatchResult:
-        result = _basics.MatchResult()
+    def check(self, context, x, mid, to) -> MatchResult:
+        result = MatchResult()
         if x.dtype is None or DT(mid.as_int()) not in _LOSSLESS.get(x.dtype, ()):
             return result.fail(f"cast {x.dtype} -> {DT(mid.as_int())} may round")
         return result
@@ -76,24 +73,38 @@ def _same_dim(a, b) -> bool:
     return a.value is not None and a.value == b.value
 
 
-def _gemm_check(base):
-    """Strengthens onnxscript's MatMul+Add -> Gemm check (it tests only the ranks of A and B):
-    the bias must not broadcast the product to a bigger or higher-rank result, and the dtype
-    must be one Gemm takes. Under those conditions ``Gemm(A, B, C) == A @ B + C`` exactly."""
+class MatMulAddToGemm(RewriteRuleClassBase):
+    """``Add(MatMul(a, b), c)`` -> ``Gemm(a, b, c)``; with ``trans_a``/``trans_b`` the operand
+    is ``Transpose(x, perm=[1, 0])`` and becomes ``transA``/``transB``. Exact when a and b are
+    2-D (Gemm's operands), c broadcasts to the [M, N] product without growing it (Gemm's C is
+    broadcast unidirectionally) and the dtype is one Gemm takes: then ``Gemm(A, B, C) == A @ B + C``.
+    onnxscript's ``matmul_add_to_gemm_rule`` and its transposed forms (same patterns and
+    replacement) check only the ranks of a and b."""
 
-    class Checked(base):
-        def check(self, context, input_a, input_b, input_c, **_) -> _basics.MatchResult:
-            result = super().check(context, input_a, input_b)
-            if not result:
-                return result
-            if input_a.dtype not in _GEMM_TYPES:
-                return result.fail(f"Gemm does not take {input_a.dtype}")
-            if not _c_fits_gemm(input_c, input_a, input_b, self.trans_a, self.trans_b):
-                return result.fail("bias shape would broadcast the product")
-            return result
+    def __init__(self, trans_a: bool, trans_b: bool):
+        super().__init__(f"{'TransA' if trans_a else ''}{'TransB' if trans_b else ''}MatMulAddToGemm")
+        self.trans_a, self.trans_b = trans_a, trans_b
 
-    Checked.__name__ = Checked.__qualname__ = base.__name__
-    return Checked
+    def pattern(self, op, input_a, input_b, input_c):
+        a = op.Transpose(input_a, perm=[1, 0]) if self.trans_a else input_a
+        b = op.Transpose(input_b, perm=[1, 0]) if self.trans_b else input_b
+        return op.Add(op.MatMul(a, b), input_c)
+
+    def check(self, context, input_a, input_b, input_c) -> MatchResult:
+        result = MatchResult()
+        if not all(v is not None and v.shape is not None and len(v.shape) == 2 for v in (input_a, input_b)):
+            return result.fail("Rank of input_a and input_b must be 2")
+        if input_a.dtype not in _GEMM_TYPES:
+            return result.fail(f"Gemm does not take {input_a.dtype}")
+        if not _c_fits_gemm(input_c, input_a, input_b, self.trans_a, self.trans_b):
+            return result.fail("bias shape would broadcast the product")
+        return result
+
+    def rewrite(self, op, input_a, input_b, input_c):
+        attributes = {"transA": 1} if self.trans_a else {}
+        if self.trans_b:
+            attributes["transB"] = 1
+        return op.Gemm(input_a, input_b, input_c, **attributes)
 
 
 class TransposeIntoGemm(RewriteRuleClassBase):
@@ -121,7 +132,7 @@ class TransposeIntoGemm(RewriteRuleClassBase):
 _NEUTRAL = {"Add": (0, (0, 1)), "Sub": (0, (1,)), "Mul": (1, (0, 1)), "Div": (1, (1,))}
 
 
-class NeutralOperandElimination(ir.passes.InPlacePass):
+class NeutralOperandElimination(Declared, ir.passes.InPlacePass):
     """``x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1`` -> x, where the 0/1 is a constant tensor of
     any shape whose elements all equal the neutral element, as long as broadcasting it does not
     change x's shape or dtype (each of its dims, right-aligned, is 1 or x's static dim). Exact
@@ -155,7 +166,7 @@ class NeutralOperandElimination(ir.passes.InPlacePass):
     def _is_neutral(self, c: ir.Value | None, neutral: int, x: ir.Value | None) -> bool:
         if c is None or x is None or c.name in self.protected or x.shape is None or x.dtype != c.dtype:
             return False
-        array = const_array(c)
+        array = fixed_array(c)
         if array is None or array.ndim > len(x.shape) or not np.all(array == neutral):
             return False
         return all(c_dim == 1 or c_dim == x_dim
@@ -166,7 +177,7 @@ _BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Equal", "Greater"
                            "Less", "LessOrEqual", "And", "Or", "Xor"})
 
 
-class ExpandIntoBroadcast(ir.passes.InPlacePass):
+class ExpandIntoBroadcast(Declared, ir.passes.InPlacePass):
     """``op(Expand(a, Shape(v)), c)`` -> ``op(a, c)`` for a broadcasting binary op when v and c
     have the same shape (``same_shape``): broadcasting is associative, so the result's shape is
     broadcast(a, shape(v), c) = broadcast(a, c) either way, and each element reads the same a
@@ -194,7 +205,7 @@ class ExpandIntoBroadcast(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified)
 
 
-class ReshapeAbsorbsUnsqueeze(ir.passes.InPlacePass):
+class ReshapeAbsorbsUnsqueeze(Declared, ir.passes.InPlacePass):
     """``Unsqueeze(Reshape(x, s), axes)`` and ``Squeeze(Reshape(x, s), axes)`` -> one
     ``Reshape(x, s')``, s' the constant s with 1s inserted at / removed from ``axes``, when the
     Reshape has no other use. Sound when s holds no 0 (a 0 copies x's dim at its own index,
@@ -214,7 +225,7 @@ class ReshapeAbsorbsUnsqueeze(ir.passes.InPlacePass):
             if reshape is None or reshape.op_type != "Reshape" or len(node.inputs[0].uses()) != 1 \
                     or node.inputs[0].is_graph_output() or reshape.graph is not node.graph:
                 continue
-            shape = const_array(reshape.inputs[1])
+            shape = fixed_array(reshape.inputs[1])
             if shape is None or shape.ndim != 1 or reshape.attributes.get_int("allowzero", 0):
                 continue
             shape = _without_copies(list(shape), reshape.inputs[0].shape)
@@ -237,7 +248,7 @@ _ELEMENTWISE = frozenset({
 _SCALAR_BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"})
 
 
-class ReshapeThroughElementwise(ir.passes.InPlacePass):
+class ReshapeThroughElementwise(Declared, ir.passes.InPlacePass):
     """``Reshape(f(Reshape(x, s1)), s2)`` -> ``Reshape(f(x), s2)``, and -> ``f(x)`` when s2
     denotes x's own shape, for f a region of elementwise ops whose every input is the first
     Reshape's output, another op of the region or a one-element constant of rank 0 or 1
@@ -258,7 +269,7 @@ class ReshapeThroughElementwise(ir.passes.InPlacePass):
         for last in all_nodes(model.graph):
             if last.op_type != "Reshape" or last.domain not in ("", "ai.onnx") or last.attributes.get_int("allowzero", 0):
                 continue
-            target = const_array(last.inputs[1])
+            target = fixed_array(last.inputs[1])
             region = None if target is None or 0 in target else self._region(last)
             if region is None:
                 continue
@@ -335,7 +346,7 @@ def _elementwise_op(node: ir.Node) -> bool:
 
 def _one_element(value: ir.Value | None) -> bool:
     """A constant of one element and rank 0 or 1: broadcasting it never changes a shape of rank >= 1."""
-    array = const_array(value)
+    array = fixed_array(value)
     return array is not None and array.size == 1 and array.ndim <= 1
 
 
@@ -362,7 +373,7 @@ def _axes(node: ir.Node) -> list[int] | None:
     if len(node.inputs) > 1:
         if node.inputs[1] is None:
             return []
-        array = const_array(node.inputs[1])
+        array = fixed_array(node.inputs[1])
         return None if array is None else [int(a) for a in np.asarray(array).ravel()]
     attr = node.attributes.get("axes")
     return [] if attr is None else [int(a) for a in attr.value]
@@ -399,14 +410,14 @@ def algebraic_pass() -> RulePass:
        add/remove broadcast dims are dropped (onnxscript's rules, each checks shapes);
     4. ``Gemm(Transpose(a), b)`` -> ``Gemm(a, b, transA=1)`` (``TransposeIntoGemm``)."""
     rules = [
-        LosslessCastCast().rule(),
-        _basic_rules.no_op_cast_rule, _basic_rules.no_op_expand_rule,
-        _basic_rules.reshape_reshape_rule, _basic_rules.no_op_transpose_rule,
-        _basic_rules.transpose_transpose_rule, _basic_rules.unsqueeze_unsqueeze_rule,
-        _basic_rules.squeeze_reshape_1d_rule,
-        *_collapse_slices.rules.rules,
-        *_broadcast_to_matmul.rules.rules,
-        TransposeIntoGemm.rule(0), TransposeIntoGemm.rule(1),
+        LosslessCastCast(),
+        library_rules.no_op_cast_rule, library_rules.no_op_expand_rule,
+        library_rules.reshape_reshape_rule, library_rules.no_op_transpose_rule,
+        library_rules.transpose_transpose_rule, library_rules.unsqueeze_unsqueeze_rule,
+        library_rules.squeeze_reshape_1d_rule,
+        library_rules.collapse_slice_rule, library_rules.collapse_slice2_rule,
+        library_rules.two_reshapes_matmul_reshape_rule, library_rules.one_reshape_matmul_reshape_rule,
+        TransposeIntoGemm(0), TransposeIntoGemm(1),
     ]
     return RulePass("AlgebraicSimplification", rules)
 
@@ -416,12 +427,9 @@ def gemm_pass() -> RulePass:
     """``Add(MatMul(a, b), c)`` -> ``Gemm(a, b, c)`` for 2-D a, b (a Transpose([1,0]) on either
     operand becomes transA/transB), when c broadcasts to the product's shape. One fused kernel
     instead of two, and the bias add happens in the GEMM epilogue."""
-    rules = [
-        _gemm_check(cls)().rule() for cls in (
-            _matmul_add_to_gemm.TransABMatMulAddToGemm, _matmul_add_to_gemm.TransAMatMulAddToGemm,
-            _matmul_add_to_gemm.TransBMatMulAddToGemm, _matmul_add_to_gemm.MatMulAddToGemm)
-    ]
-    return RulePass("MatMulAddToGemm", [r for rule in rules for r in rule.commute()], guard=_reads_matmul)
+    rules = [MatMulAddToGemm(trans_a, trans_b) for trans_a, trans_b in ((True, True), (True, False), (False, True),
+                                                                        (False, False))]
+    return RulePass("MatMulAddToGemm", rules, guard=_reads_matmul, commute=True)
 
 
 def _reads_matmul(node: ir.Node) -> bool:
@@ -441,7 +449,7 @@ def _rank2(value: ir.Value | None) -> bool:
             and producer.inputs[0].shape is not None and len(producer.inputs[0].shape) == 2)
 
 
-class BatchedMatMulAddToGemm(ir.passes.InPlacePass):
+class BatchedMatMulAddToGemm(Declared, ir.passes.InPlacePass):
     """``Add(MatMul(a[..., K], b[K, N]), c)`` -> ``Reshape(Gemm(Reshape(a, [-1, K]), b, c),
     [..., N])`` for a of rank 3 or more (a linear layer on a sequence), when K, N and all but at
     most one of a's leading dims are static (that one becomes the -1 of both Reshapes), no
@@ -543,7 +551,7 @@ def _reshape_target(node: ir.Node, dims: list[int]) -> list[int] | None:
     or two dims would be -1."""
     if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or node.attributes.get_int("allowzero", 0):
         return None
-    shape = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    shape = fixed_array(node.inputs[1]) if len(node.inputs) > 1 else None
     if shape is None or shape.ndim != 1:
         return None
     target = _without_copies([int(d) for d in shape], [None if d == -1 else d for d in dims])

@@ -8,11 +8,11 @@ import math
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import _basics
-from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
+from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
-from graphc.passes.optimize.pipeline import all_nodes
-from graphc.passes.optimize.rules import RulePass, const_array
+from graphc.passes.optimize.pipeline import Declared, all_nodes
+from graphc.passes.optimize.rules import RulePass
+from graphc.passes.values import fixed_array
 
 __all__ = ["GeluFusion", "fusion_passes"]
 
@@ -21,7 +21,7 @@ SQRT2 = math.sqrt(2.0)
 
 
 def _scalar_near(value: ir.Value | None, expected: float, rtol: float = 1e-4) -> bool:
-    array = const_array(value)
+    array = fixed_array(value)
     return array is not None and array.size == 1 and math.isclose(float(array.reshape(())), expected,
                                                                    rel_tol=rtol)
 
@@ -43,7 +43,7 @@ def _is_op(node: ir.Node | None, *ops: str) -> bool:
     return node is not None and node.op_type in ops and node.domain in ("", "ai.onnx") and len(node.inputs) == 2
 
 
-class GeluFusion(ir.passes.InPlacePass):
+class GeluFusion(Declared, ir.passes.InPlacePass):
     """``0.5 * x * (1 + erf(x / sqrt(2)))`` -> ``Gelu(x)`` (opset 20), which is that formula's
     definition (``approximate="none"``): exact up to rounding. Matched from each ``Erf`` node
     outwards, so every association and operand order is covered without enumerating patterns:
@@ -111,7 +111,7 @@ def _reduce_axes(node: ir.Node) -> list[int] | None:
     if node.attributes.get_int("keepdims", 1) != 1:
         return None
     if len(node.inputs) > 1:
-        axes = const_array(node.inputs[1])
+        axes = fixed_array(node.inputs[1])
         return None if axes is None else [int(a) for a in axes.reshape(-1)]
     attr = node.attributes.get("axes")
     return None if attr is None else list(attr.as_ints())
@@ -144,13 +144,13 @@ class LayerNormCore(RewriteRuleClassBase):
         std = op.Sqrt(op.Add(var, eps))
         return op.Div(d, std) if self.divide == "Div" else op.Mul(d, op.Reciprocal(std))
 
-    def check(self, context, x, two, eps, mean, var) -> _basics.MatchResult:
-        result = _basics.MatchResult()
+    def check(self, context, x, two, eps, mean, var) -> MatchResult:
+        result = MatchResult()
         if x.dtype not in _FLOATS or x.shape is None:
             return result.fail("needs a floating-point input of known rank")
         if self.square == "Pow" and not _scalar_near(two, 2.0, 0):
             return result.fail("Pow exponent is not 2")
-        if const_array(eps) is None or const_array(eps).size != 1:
+        if fixed_array(eps) is None or fixed_array(eps).size != 1:
             return result.fail("epsilon is not a constant scalar")
         rank = len(x.shape)
         axis_m = _trailing_axis(_reduce_axes(mean.producer()), rank)
@@ -167,7 +167,7 @@ class LayerNormCore(RewriteRuleClassBase):
         norm_shape = [int(d) for d in x.shape[axis:]]
         ones = ir.tensor(np.ones(norm_shape, dtype=x.dtype.numpy()))
         scale = op.initializer(ones, name=f"{mean.name}/ln_scale")
-        return op.LayerNormalization(x, scale, axis=axis, epsilon=float(const_array(eps).reshape(())),
+        return op.LayerNormalization(x, scale, axis=axis, epsilon=float(fixed_array(eps).reshape(())),
                                      stash_type=1)
 
 
@@ -186,9 +186,9 @@ class LayerNormScale(RewriteRuleClassBase):
     def pattern(self, op, x, ones, gamma):
         return op.Mul(op.LayerNormalization(x, ones, _outputs=["ln"]), gamma)
 
-    def check(self, context, x, ones, gamma, ln) -> _basics.MatchResult:
-        result = _basics.MatchResult()
-        array = const_array(ones)
+    def check(self, context, x, ones, gamma, ln) -> MatchResult:
+        result = MatchResult()
+        array = fixed_array(ones)
         if array is None or not np.all(array == 1):
             return result.fail("LayerNormalization already has a scale")
         if gamma.shape is None or gamma.dtype != x.dtype or list(gamma.shape) != _normalized_shape(ln.producer()):
@@ -206,8 +206,8 @@ class LayerNormBias(RewriteRuleClassBase):
     def pattern(self, op, x, scale, beta):
         return op.Add(op.LayerNormalization(x, scale, _outputs=["ln"]), beta)
 
-    def check(self, context, x, scale, beta, ln) -> _basics.MatchResult:
-        result = _basics.MatchResult()
+    def check(self, context, x, scale, beta, ln) -> MatchResult:
+        result = MatchResult()
         if beta.shape is None or beta.dtype != x.dtype or list(beta.shape) != _normalized_shape(ln.producer()):
             return result.fail("beta's shape is not the normalized shape")
         return result
@@ -227,11 +227,11 @@ def fusion_passes(opset: int) -> list[ir.passes.PassBase]:
 def _layer_norm_pass(opset: int) -> RulePass | None:
     rules = []
     if opset >= 17:
-        rules += [LayerNormCore.rule(sq, dv) for sq in ("Pow", "Mul") for dv in ("Div", "Recip")]
-        rules += [LayerNormScale.rule(), LayerNormBias.rule()]
+        rules += [LayerNormCore(sq, dv) for sq in ("Pow", "Mul") for dv in ("Div", "Recip")]
+        rules += [LayerNormScale(), LayerNormBias()]
     if not rules:
         return None
-    return RulePass("LayerNormFusion", [r for rule in rules for r in rule.commute()], guard=_after_std_or_ln)
+    return RulePass("LayerNormFusion", rules, guard=_after_std_or_ln, commute=True)
 
 
 def _after_std_or_ln(node: ir.Node) -> bool:

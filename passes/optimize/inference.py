@@ -7,64 +7,80 @@ import functools
 import numpy as np
 import onnx_ir as ir
 
-from onnxscript.rewriter import _basics
-from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
-from onnxscript.rewriter.rules.common import _fuse_batchnorm
+from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
-from graphc.passes.optimize.pipeline import all_nodes
-from graphc.passes.optimize.rules import RulePass, const_array, initializer
+from graphc.passes.optimize.pipeline import Declared, all_nodes
+from graphc.passes.optimize.rules import RulePass, initializer
+from graphc.passes.values import fixed_array
 
 __all__ = ["ScaleIntoLinear", "inference_pass"]
 
 
-def _inference_bn(check):
-    """Wraps onnxscript's BN-folding check (constant, unshared, non-input params) with the
-    condition it leaves out: the BatchNormalization runs in inference mode (``training_mode``
-    absent or 0, one output), i.e. normalizes with the stored running mean/var, an affine map."""
+class FoldBatchNorm(RewriteRuleClassBase):
+    """``BatchNormalization(Conv(x, W, B))`` -> ``Conv(x, W', B')`` (and the same for Gemm),
+    W' = W * gamma/std along the output-channel axis, B' = (beta_g * B - mean) * gamma/std +
+    beta (``beta_g``: Gemm's bias scale, dropped from the node). Exact up to rounding when the
+    BatchNormalization runs in inference mode (``training_mode`` absent or 0, one output): it
+    then normalizes with its stored statistics, an affine map per channel. Needs W, B and the
+    statistics to be constant initializers no graph input overrides, and W and B read by
+    nothing else (their folded copies take their names).
 
-    def checked(self, context, x, inbound_out, batchnorm_out) -> _basics.MatchResult:
-        bn = batchnorm_out.producer()
+    onnxscript's ``fuse_batchnorm_into_conv_rule``/``_gemm_rule`` (same arithmetic, same names
+    and attributes) also fold a training-mode BatchNormalization, which normalizes with the
+    batch's statistics (no upstream issue found for onnxscript 0.7); they are written here
+    with that check, building the tensors with ``ir.Tensor`` directly (``ir.tensor()`` first
+    tests its argument against runtime-checkable protocols, which on Python 3.11 costs more
+    than the folding arithmetic)."""
+
+    def __init__(self, op_type: str):
+        super().__init__(f"FuseBatchNormInto{op_type}")
+        self.op_type = op_type
+
+    def pattern(self, op, x):
+        inbound = getattr(op, self.op_type)(x, _allow_other_inputs=True, _outputs=["inbound_out"])
+        return op.BatchNormalization(inbound, _allow_other_inputs=True, _outputs=["batchnorm_out"])
+
+    def check(self, context, x, inbound_out: ir.Value, batchnorm_out: ir.Value) -> MatchResult:
+        result = MatchResult()
+        inbound, bn = inbound_out.producer(), batchnorm_out.producer()
         if bn.attributes.get_int("training_mode", 0) != 0 or len(bn.outputs) != 1:
-            return _basics.MatchResult().fail("BatchNormalization is in training mode")
-        return check(self, context, x, inbound_out, batchnorm_out)
+            return result.fail("BatchNormalization is in training mode")
+        weights = list(inbound.inputs[1:3])
+        for value in [*weights, *bn.inputs[1:]]:
+            if not value.is_initializer() or value.const_value is None:
+                return result.fail(f"{value.name} is not a constant initializer.")
+            if value.is_graph_input():
+                return result.fail(f"{value.name} is a graph input.")
+        for value in weights:
+            if any(use.node not in (inbound, bn) for use in value.uses()):
+                return result.fail(f"Initializer {value.name!r} is used outside the matched pattern.")
+        return result
 
-    return checked
-
-
-def _fold_bn(self, op, x: ir.Value, inbound_out: ir.Value, batchnorm_out: ir.Value):
-    """onnxscript's ``_FuseBatchNormBase.rewrite`` (same arithmetic, same names and attributes),
-    building the folded tensors with ``ir.Tensor`` directly: ``ir.tensor()`` first tests its
-    argument against runtime-checkable protocols, which on Python 3.11 costs more than the
-    folding arithmetic itself."""
-    batchnorm_node = batchnorm_out.producer()
-    gamma, beta, input_mean, input_var = [inp.const_value.numpy() for inp in batchnorm_node.inputs[1:]]
-    attr = batchnorm_node.attributes.get("epsilon")
-    eps = attr.as_float() if attr is not None else 1e-5  # the ONNX default
-    scale_factor = gamma / np.sqrt(input_var + eps)
-    inbound_node = inbound_out.producer()
-    weights = inbound_node.inputs[1].const_value.numpy()
-    fused_weights = ir.Tensor(self._scale_weights(weights, scale_factor, inbound_node.attributes))
-    # Gemm scales its bias by "beta" (default 1): folded into the bias, dropped from the node
-    new_attributes = dict(inbound_node.attributes)
-    gemm_beta_attr = new_attributes.pop("beta", None)
-    gemm_beta = gemm_beta_attr.as_float() if gemm_beta_attr is not None else 1.0
-    if len(inbound_node.inputs) > 2:
-        original_bias = inbound_node.inputs[2].const_value.numpy()
-        bias_name = inbound_node.inputs[2].name
-    else:
-        original_bias = np.zeros_like(input_mean)
-        bias_name = inbound_node.inputs[1].name + "_bias"
-    fused_bias = ir.Tensor((gemm_beta * original_bias - input_mean) * scale_factor + beta)
-    return op.op(self.op_type, x, op.initializer(fused_weights, name=inbound_node.inputs[1].name),
-                 op.initializer(fused_bias, name=bias_name), **new_attributes)
-
-
-def _bn_rules():
-    rules = []
-    for base in (_fuse_batchnorm.FuseBatchNormIntoConv, _fuse_batchnorm.FuseBatchNormIntoGemm):
-        cls = type(base.__name__, (base,), {"check": _inference_bn(base.check), "rewrite": _fold_bn})
-        rules.append(cls().rule())
-    return rules
+    def rewrite(self, op, x: ir.Value, inbound_out: ir.Value, batchnorm_out: ir.Value):
+        batchnorm_node = batchnorm_out.producer()
+        gamma, beta, input_mean, input_var = [inp.const_value.numpy() for inp in batchnorm_node.inputs[1:]]
+        attr = batchnorm_node.attributes.get("epsilon")
+        eps = attr.as_float() if attr is not None else 1e-5  # the ONNX default
+        scale_factor = gamma / np.sqrt(input_var + eps)
+        inbound_node = inbound_out.producer()
+        weights = inbound_node.inputs[1].const_value.numpy()
+        transposed = self.op_type == "Gemm" and inbound_node.attributes.get_int("transB", 0)
+        axis = 1 if self.op_type == "Gemm" and not transposed else 0  # the output-channel axis of W
+        shape = [-1 if i == axis else 1 for i in range(weights.ndim)]
+        fused_weights = ir.Tensor(weights * np.reshape(scale_factor, shape))
+        # Gemm scales its bias by "beta" (default 1): folded into the bias, dropped from the node
+        new_attributes = dict(inbound_node.attributes)
+        gemm_beta_attr = new_attributes.pop("beta", None)
+        gemm_beta = gemm_beta_attr.as_float() if gemm_beta_attr is not None else 1.0
+        if len(inbound_node.inputs) > 2:
+            original_bias = inbound_node.inputs[2].const_value.numpy()
+            bias_name = inbound_node.inputs[2].name
+        else:
+            original_bias = np.zeros_like(input_mean)
+            bias_name = inbound_node.inputs[1].name + "_bias"
+        fused_bias = ir.Tensor((gemm_beta * original_bias - input_mean) * scale_factor + beta)
+        return op.op(self.op_type, x, op.initializer(fused_weights, name=inbound_node.inputs[1].name),
+                     op.initializer(fused_bias, name=bias_name), **new_attributes)
 
 
 class DropoutInference(RewriteRuleClassBase):
@@ -76,11 +92,11 @@ class DropoutInference(RewriteRuleClassBase):
     def pattern(self, op, x):
         return op.Dropout(x, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
 
-    def check(self, context, x, y) -> _basics.MatchResult:
-        result = _basics.MatchResult()
+    def check(self, context, x, y) -> MatchResult:
+        result = MatchResult()
         node = y.producer()
         if len(node.inputs) > 2 and node.inputs[2] is not None:
-            mode = const_array(node.inputs[2])
+            mode = fixed_array(node.inputs[2])
             if mode is None or bool(mode.reshape(-1)[0]):
                 return result.fail("training_mode may be true")
         return result
@@ -93,11 +109,11 @@ class DropoutInference(RewriteRuleClassBase):
 def inference_pass() -> RulePass:
     """Conv/Gemm + inference-mode BatchNormalization folded into the Conv/Gemm weights and bias
     (W' = W * gamma/std, B' = (B - mean) * gamma/std + beta), and inference Dropout removed."""
-    return RulePass("InferenceRewrites", [*_bn_rules(), DropoutInference().rule()])
+    return RulePass("InferenceRewrites", [FoldBatchNorm("Conv"), FoldBatchNorm("Gemm"), DropoutInference()])
 
 
 
-class ScaleIntoLinear(ir.passes.InPlacePass):
+class ScaleIntoLinear(Declared, ir.passes.InPlacePass):
     """``Mul(Gemm(a, B, C), c)`` -> ``Gemm(a, B', C')`` and ``Mul(MatMul(a, B), c)`` ->
     ``MatMul(a, B')`` for constant B (read by nothing else) and C, where c is a constant that
     scales only the output's last axis (its dims, right-aligned, are all 1 but the last, which
@@ -119,7 +135,7 @@ class ScaleIntoLinear(ir.passes.InPlacePass):
             for pos in (0, 1):
                 linear = self._linear(node.inputs[pos], node.inputs[1 - pos])
                 if linear is not None:
-                    self._fold(node, node.inputs[pos], linear, const_array(node.inputs[1 - pos]).reshape(-1))
+                    self._fold(node, node.inputs[pos], linear, fixed_array(node.inputs[1 - pos]).reshape(-1))
                     modified = True
                     break
         return ir.passes.PassResult(model, modified)
@@ -127,7 +143,7 @@ class ScaleIntoLinear(ir.passes.InPlacePass):
     @staticmethod
     def _linear(y: ir.Value | None, c: ir.Value | None) -> ir.Node | None:
         """The Gemm/MatMul whose scaled output y is (see the class docstring), else None."""
-        scale = const_array(c)
+        scale = fixed_array(c)
         if y is None or y.shape is None or scale is None or y.dtype != c.dtype or scale.ndim > len(y.shape):
             return None
         node, product = y.producer(), y
@@ -139,9 +155,9 @@ class ScaleIntoLinear(ir.passes.InPlacePass):
             return None
         n = product.shape[-1] if len(product.shape) else None
         b = node.inputs[1]
-        if not isinstance(n, int) or y.shape[-1] != n or const_array(b) is None or len(b.uses()) != 1 \
-                or const_array(b).ndim != 2 or (len(node.inputs) > 2 and node.inputs[2] is not None
-                                                and const_array(node.inputs[2]) is None):
+        if not isinstance(n, int) or y.shape[-1] != n or fixed_array(b) is None or len(b.uses()) != 1 \
+                or fixed_array(b).ndim != 2 or (len(node.inputs) > 2 and node.inputs[2] is not None
+                                                and fixed_array(node.inputs[2]) is None):
             return None
         if any(d != 1 for d in scale.shape[:-1]) or (scale.ndim and scale.shape[-1] not in (1, n)):
             return None
@@ -150,11 +166,11 @@ class ScaleIntoLinear(ir.passes.InPlacePass):
     @staticmethod
     def _fold(mul: ir.Node, y: ir.Value, linear: ir.Node, scale: np.ndarray) -> None:
         graph = linear.graph
-        b = const_array(linear.inputs[1])
+        b = fixed_array(linear.inputs[1])
         column = scale[:, None] if linear.attributes.get_int("transB", 0) else scale
         linear.replace_input_with(1, initializer(graph, f"{linear.inputs[1].name}_scaled", b * column))
         if len(linear.inputs) > 2 and linear.inputs[2] is not None:
-            c = const_array(linear.inputs[2])
+            c = fixed_array(linear.inputs[2])
             linear.replace_input_with(2, initializer(graph, f"{linear.inputs[2].name}_scaled", c * scale))
         identity = ir.Node("", "Identity", [y], metadata_props=dict(mul.metadata_props))
         ir.convenience.replace_nodes_and_values(graph, mul, [mul], [identity], mul.outputs, identity.outputs)

@@ -1,16 +1,25 @@
-"""The generic cleanups graphc takes from onnx-ir and onnxscript instead of writing them again."""
+# Over 500 lines: level 1's cleanup loop, one pass per library cleanup, several written here
+# with the library's effects at a fraction of its cost; each says which library pass it matches.
+"""The generic cleanups graphc takes from onnx-ir and onnxscript instead of writing them again.
+
+Only their public APIs are used (written against onnx-ir 1.1 and onnxscript 0.7, pinned in
+pyproject.toml). Where a library pass is wrong for graphc or costs most of the pipeline, the
+pass is graphc's own, with the same effects, and says why.
+"""
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
-from onnx_ir.passes.common import common_subexpression_elimination as _cse
-from onnx_ir.passes.common import unused_removal as _unused_removal
-from onnxscript.optimizer import _constant_folding
+from onnxscript.optimizer import fold_constants_ir
 
-from graphc.passes.optimize.pipeline import _SUBGRAPH_OPS, all_nodes
+from graphc.passes.optimize.pipeline import SUBGRAPH_OPS, Declared, LibraryPass, all_nodes
+from graphc.passes.values import onnx_opset
 
 __all__ = ["CommonSubexpressionElimination", "DeduplicateConstants", "IdentityElimination",
            "LiftConstantsToInitializers", "RemoveUnusedNodes", "cleanup_passes",
@@ -19,8 +28,9 @@ __all__ = ["CommonSubexpressionElimination", "DeduplicateConstants", "IdentityEl
 # Below level 3 folding is bounded so the model never balloons: a node whose constant input
 # has more elements than INPUT_LIMIT is left alone (level 3 folds it), and no folded result
 # larger than OUTPUT_LIMIT elements is stored (onnxscript's own defaults, named here).
-INPUT_LIMIT = _constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT
-OUTPUT_LIMIT = _constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT
+_FOLD_DEFAULTS = inspect.signature(fold_constants_ir).parameters
+INPUT_LIMIT = _FOLD_DEFAULTS["input_size_limit"].default
+OUTPUT_LIMIT = _FOLD_DEFAULTS["output_size_limit"].default
 SMALL_CONSTANT = 1024  # elements: a ConstantOfShape up to this size is folded
 
 # Effects (``Pipeline``): the only change a pass with that ``effect`` makes.
@@ -30,52 +40,8 @@ IDENTITY = "identity"  # points the uses of an Identity's output at its input an
 SHAPES = "shapes"  # gives values types and shapes (static dims included): no node changes
 
 
-def _named(p: ir.passes.PassBase, name: str, structural: bool = True) -> ir.passes.PassBase:
-    """Give a library pass the name the report shows; ``structural=False`` marks passes whose
-    ``modified`` flag says nothing about the node list (sorting, type annotation)."""
-    p.name = name
-    p.structural = structural
-    return p
-
-
-def _names_unique(model: ir.Model) -> bool:
-    """Whether ``model`` is a flat graph (no function, no subgraph) whose nodes and values all
-    have names, no two alike: then onnx-ir's ``NameFixPass`` has nothing to do."""
-    if model.functions:
-        return False
-    graph = model.graph
-    node_names: set[str] = set()
-    values: dict[int, str] = {}
-    for value in (*graph.inputs, *graph.outputs, *graph.initializers.values()):
-        values[id(value)] = value.name
-    for node in graph:
-        name = node.name
-        if not name or name in node_names or node.op_type in _SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
-            return False
-        node_names.add(name)
-        for value in node.inputs:
-            if value is not None:
-                values[id(value)] = value.name
-        for value in node.outputs:
-            values[id(value)] = value.name
-    names = set(values.values())
-    return len(names) == len(values) and "" not in names and None not in names
-
-
-class NameFix(common.NameFixPass):
-    """onnx-ir's ``NameFixPass`` (unnamed nodes and values get names, a duplicate name gets a
-    unique one), skipped when it would change nothing (``_names_unique``): the check is a
-    fraction of the pass, and onnxscript's folder and rewriter run it after every change."""
-
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        if _names_unique(model):
-            return ir.passes.PassResult(model, False)
-        return super().call(model)
-
-
-class FoldConstants(_constant_folding.FoldConstantsPass):
-    """onnxscript's ``FoldConstantsPass.call`` step for step, with ``NameFix`` for its closing
-    ``NameFixPass`` (the same renaming, skipped when every name is already unique).
+class FoldConstants(Declared, ir.passes.InPlacePass):
+    """onnxscript's constant folder (``fold_constants_ir``) as a pipeline pass.
 
     What can enable it again (``Pipeline``): merging equal initializers (``DEDUP``) never can,
     nor can identity elimination (``IDENTITY``): the folder itself points every use of an
@@ -86,76 +52,50 @@ class FoldConstants(_constant_folding.FoldConstantsPass):
     are all constant may fold once a dead use of a big input is gone. So after each run the
     pass notes whether any such node is left (``_blocked``; checked in flat graphs, assumed
     with functions or subgraphs); with none, removing nodes cannot make one (it creates no
-    constant), and dead-node removal is ignored until the folder runs again."""
+    constant), and dead-node removal is ignored until the folder runs again. It folds in node
+    order, so what a fold makes constant folds in the same run (``idempotent``).
 
-    size_gated = True
-    _blocked = True
+    One local fix: onnxscript 0.7's SplitToSequence evaluator (since microsoft/onnxscript#2544)
+    fails the whole fold on a split that is not constant but has a static shape of rank other
+    than 1 (it reads ``.ndim`` of the missing value): such a split's shape is hidden from the
+    folder while it runs, so it leaves the node alone, as it does for an unknown shape."""
+
+    name = "FoldConstants"
+    idempotent = True
+
+    def __init__(self, should_fold, input_size_limit: int, output_size_limit: int, size_gated: bool):
+        super().__init__()
+        self.should_fold, self.size_gated = should_fold, size_gated
+        self.input_size_limit, self.output_size_limit = input_size_limit, output_size_limit
+        self.structural = size_gated  # unlimited (level 3), it reports modified spuriously
+        self._blocked = True
 
     @property
     def ignores(self) -> frozenset[str]:
         return frozenset({DEDUP, IDENTITY} if self.size_gated and self._blocked else {DEDUP, IDENTITY, DEAD})
 
-    def process_node(self, node: ir.Node, is_function: bool):
-        """onnxscript's ``process_node``, answered early for a node it would leave alone: one
-        with a non-constant input, no input it would redirect (a symbolic value that is an
-        ``ir.Value``), not a ``Constant`` and no partial evaluator for its op. Such a node
-        reaches none of the folder's rewrites; skipping its checks (attribute scans, evaluator
-        lookup) saves about a tenth of the pass on an exported attention block."""
-        if node.op_type != "Constant" and (node.domain, node.op_type) not in _EVALUATED:
-            get = self._state.get_sym_value
-            some_variable = False
-            for value in node.inputs:
-                if value is None:
-                    continue
-                sym = get(value)
-                if sym is not None and isinstance(sym, ir.Value):
-                    break
-                some_variable = some_variable or value.const_value is None
-            else:
-                if some_variable:
-                    return None
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        hidden = [(v, v.shape) for v in _unfoldable_splits(model)]
+        for value, _ in hidden:
+            value.shape = None
         try:
-            return super().process_node(node, is_function)
-        except RuntimeError as exc:
-            # One of onnxscript's partial evaluators failed on a node it misreads (e.g.
-            # SplitToSequence whose split is a graph input): the node is left as it is.
-            if str(exc).startswith("Error during constant folding"):
-                return None
-            raise
-
-    def _prepare_folded_tensor(self, node: ir.Node, output_name: str, output_array):
-        """onnxscript's helper step for step (wrap, name, size gate), except that it builds the
-        ``ir.Tensor`` directly: ``ir.tensor`` gets there too, after three runtime protocol
-        checks that cost ten times the wrapping."""
-        if not isinstance(output_array, np.ndarray):
-            return None
-        tensor = ir.Tensor(output_array, name=output_name)
-        if output_array.size > self.output_size_limit:
-            removed = 0
-            for value in node.inputs:
-                if value is not None and len(value.uses()) == 1:
-                    array = _constant_folding._get_numpy_value(value)
-                    if array is not None:
-                        removed += array.size
-            if output_array.size - removed > 0:
-                return None
-        return tensor
-
-    def call(self, model: ir.Model) -> _constant_folding.FoldConstantsResult:
-        self._reset()
-        self._opset_imports = model.opset_imports
-        self.visit_graph(model.graph)
-        for function in model.functions.values():
-            self.visit_function(function)
-        if self._modified:
-            NameFix()(model)
+            result = fold_constants_ir(model, onnx_shape_inference=False, input_size_limit=self.input_size_limit,
+                                       output_size_limit=self.output_size_limit, should_fold=self.should_fold)
+        finally:
+            for value, shape in hidden:
+                value.shape = shape
         if self.size_gated:
             self._blocked = _has_constant_node(model)
-        return _constant_folding.FoldConstantsResult(model, self._modified, self._state.symbolic_value_map)
+        return ir.passes.PassResult(model, result.modified)
 
 
-# ops with a partial evaluator in onnxscript's folder (Shape, Reshape, Gather, Cast, ...)
-_EVALUATED = frozenset(_constant_folding.registry.op_evaluators)
+def _unfoldable_splits(model: ir.Model) -> list[ir.Value]:
+    """The non-constant ``split`` inputs of static rank other than 1 of SplitToSequence nodes
+    (see ``FoldConstants``)."""
+    nodes = [*all_nodes(model.graph), *(n for function in model.functions.values() for n in function)]
+    splits = [n.inputs[1] for n in nodes if n.op_type == "SplitToSequence" and len(n.inputs) > 1]
+    return [v for v in splits if v is not None and v.shape is not None and v.shape.is_static()
+            and len(v.shape) != 1 and ir.convenience.get_const_tensor(v) is None]
 
 
 def _has_constant_node(model: ir.Model) -> bool:
@@ -164,7 +104,7 @@ def _has_constant_node(model: ir.Model) -> bool:
     if model.functions:
         return True
     for node in model.graph:
-        if node.op_type in _SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
+        if node.op_type in SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
             return True
         if node.op_type == "Constant":
             continue
@@ -174,7 +114,7 @@ def _has_constant_node(model: ir.Model) -> bool:
     return False
 
 
-def fold_constants_pass(protected: frozenset[str] = frozenset(), level: int = 1) -> ir.passes.PassBase:
+def fold_constants_pass(protected: frozenset[str] = frozenset(), level: int = 1) -> FoldConstants:
     """onnxscript's constant folder: evaluates nodes whose inputs are all constants (never graph
     inputs, so initializers a caller may override stay live) with the ONNX reference evaluator,
     and partially evaluates shape ops (``Shape``, ``Gather``/``Concat`` of shapes, ``Size``)
@@ -203,10 +143,8 @@ def fold_constants_pass(protected: frozenset[str] = frozenset(), level: int = 1)
             return dims is not None and int(np.prod(dims.numpy())) <= SMALL_CONSTANT or None
         return True if level >= 3 else None
 
-    fold = FoldConstants(shape_inference=False, input_size_limit=INPUT_LIMIT,
-                         output_size_limit=2**62 if level >= 3 else OUTPUT_LIMIT, should_fold=should_fold)
-    fold.size_gated = level < 3  # level 3: every node reading only constants folds, whatever its uses
-    return _named(fold, "FoldConstants", structural=level < 3)  # unlimited, it reports modified spuriously
+    # level 3: every node reading only constants folds, whatever its size or uses
+    return FoldConstants(should_fold, INPUT_LIMIT, 2**62 if level >= 3 else OUTPUT_LIMIT, size_gated=level < 3)
 
 
 def parameter_names(model: ir.Model) -> frozenset[str]:
@@ -215,7 +153,7 @@ def parameter_names(model: ir.Model) -> frozenset[str]:
                      if v.dtype is not None and v.dtype.is_floating_point())
 
 
-class DeduplicateConstants(ir.passes.InPlacePass):
+class DeduplicateConstants(Declared, ir.passes.InPlacePass):
     """Merges byte-identical initializers (same dtype, shape and bytes) of one graph into the
     first, except graph inputs/outputs and the ``protected`` names. Sound for constants: every
     use reads the same values. Parameters are protected below level 3: two zero-initialised
@@ -225,6 +163,8 @@ class DeduplicateConstants(ir.passes.InPlacePass):
     (onnx-ir's DeduplicateInitializersPass has no such exception; level 3 uses it.)"""
 
     name = "DeduplicateInitializers"
+    # one run merges every duplicate; removing dead nodes or annotating shapes creates no new one
+    effect, idempotent, ignores = DEDUP, True, frozenset({DEAD, SHAPES})
 
     def __init__(self, protected: frozenset[str] = frozenset()):
         super().__init__()
@@ -260,20 +200,22 @@ _ATTR_SEQUENCES = (ir.AttributeType.INTS, ir.AttributeType.FLOATS, ir.AttributeT
 _ATTR_GRAPHS = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 
 
-class CommonSubexpressionElimination(_cse.CommonSubexpressionEliminationPass):
-    """onnx-ir's CSE (main graph: two nodes with the same op, inputs and attributes compute the
-    same values, so the second's uses read the first's outputs; control flow, random ops and
-    tensor attributes over ``size_limit`` elements are left alone), with the same keys and
-    effects, only cheaper: a small tensor attribute (an exported graph's many ``Constant``
-    nodes) is keyed by its dtype, shape and serialized bytes instead of a numpy copy, and the
-    per-node key is built in one pass over the attributes. Sound: the redirected uses read
-    values equal to the ones they read before."""
+class CommonSubexpressionElimination(Declared, ir.passes.InPlacePass):
+    """onnx-ir's CSE (``CommonSubexpressionEliminationPass``, main graph: two nodes with the
+    same op, inputs and attributes compute the same values, so the second's uses read the
+    first's outputs; control flow, random ops and tensor attributes over ``size_limit``
+    elements are left alone), with the same keys and effects, only cheaper: a small tensor
+    attribute (an exported graph's many ``Constant`` nodes) is keyed by its dtype, shape and
+    serialized bytes instead of a numpy copy, and the per-node key is built in one pass over
+    the attributes. Sound: the redirected uses read values equal to the ones they read before."""
 
     name = "CommonSubexpressionElimination"
     ignores = frozenset({DEAD, SHAPES})  # two live nodes equal now were equal before; keys hold no shape
+    size_limit = 10  # elements of a tensor attribute, as onnx-ir's pass
 
-    def _eliminate_common_subexpression(self, graph: ir.Graph) -> bool:
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
+        graph = model.graph
         seen: dict[tuple, ir.Node] = {}
         for node in graph:
             key = self._key(node)
@@ -281,10 +223,9 @@ class CommonSubexpressionElimination(_cse.CommonSubexpressionEliminationPass):
                 continue
             first = seen.setdefault(key, node)
             if first is not node:
-                _cse._remove_node_and_replace_values(graph, remove_node=node, remove_values=node.outputs,
-                                                     new_values=first.outputs)
+                _replace_node(graph, node, first.outputs)
                 modified = True
-        return modified
+        return ir.passes.PassResult(model, modified)
 
     def _key(self, node: ir.Node) -> tuple | None:
         if node.op_type in _NON_DETERMINISTIC:  # any domain, as onnx-ir's pass
@@ -310,13 +251,37 @@ _NON_DETERMINISTIC = frozenset({"RandomUniform", "RandomNormal", "RandomUniformL
                                 "Multinomial"})
 
 
-class IdentityElimination(common.IdentityEliminationPass):
-    """onnx-ir's identity elimination (``y = Identity(x)``: uses of y read x; a graph-output y
-    renames x), except where that is wrong, when y is an output of its graph: if x is itself a
-    graph output (or feeds two output Identities), renaming x would merge two outputs into one
-    name; if no node of y's own graph produces x (x is an outer-scope value in an If/Loop body,
-    or an initializer), the body would return a value it does not compute, which ONNX forbids,
-    and the renaming would rename the outer value. Such a node stays."""
+def _replace_node(graph: ir.Graph, node: ir.Node, values: Sequence[ir.Value]) -> None:
+    """Remove ``node``, its outputs' uses reading ``values`` instead (as onnx-ir's CSE does): a
+    graph output among them keeps its name, through an Identity when the new value is itself
+    a graph input or output, else by renaming the new value."""
+    if any(v.is_graph_output() for v in node.outputs):
+        replacement = dict(zip(node.outputs, values))
+        for i, output in enumerate(graph.outputs):
+            new = replacement.get(output)
+            if new is None:
+                continue
+            if new.is_graph_output() or new.is_graph_input():
+                identity = ir.node("Identity", inputs=[new], outputs=[
+                    ir.Value(name=output.name, type=output.type, shape=output.shape)])
+                graph.outputs[i] = identity.outputs[0]
+                graph.insert_before(node, identity)
+            else:
+                new.name = output.name
+                graph.outputs[i] = new
+    ir.convenience.replace_all_uses_with(node.outputs, values)
+    graph.remove(node, safe=True)
+
+
+class IdentityElimination(Declared, ir.passes.InPlacePass):
+    """onnx-ir's identity elimination (``IdentityEliminationPass``: ``y = Identity(x)``, uses of
+    y read x; a graph-output y renames x; x takes y's shape where it knows more), except where
+    that is wrong, when y is an output of its graph: if x is itself a graph output (or feeds
+    two output Identities), renaming x would merge two outputs into one name; if no node of
+    y's own graph produces x (x is an outer-scope value in an If/Loop body, or an
+    initializer), the body would return a value it does not compute, which ONNX forbids, and
+    the renaming would rename the outer value. Such a node stays. (Written here because the
+    library pass has no hook for that condition.)"""
 
     name = "IdentityElimination"
     effect = IDENTITY
@@ -325,35 +290,71 @@ class IdentityElimination(common.IdentityEliminationPass):
     ignores = frozenset({DEAD, DEDUP, SHAPES})
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        # the base pass walks every graph and function but acts on Identity nodes only
         if not model.functions and not any(n.op_type == "Identity" for n in all_nodes(model.graph)):
             return ir.passes.PassResult(model, False)
-        return super().call(model)
-
-    def _try_eliminate_identity_node(self, node: ir.Node) -> bool:
-        if (node.op_type == "Identity" and node.domain == "" and node.outputs[0].is_graph_output()
-                and node.inputs and node.inputs[0] is not None):
-            x = node.inputs[0]
-            producer = x.producer()
-            if x.is_graph_output() or producer is None or producer.graph is not node.graph:
-                return False
-        return super()._try_eliminate_identity_node(node)
+        modified = False
+        for owner in (model.graph, *model.functions.values()):
+            for node in ir.traversal.RecursiveGraphIterator(owner):
+                modified |= _eliminate_identity(node)
+        return ir.passes.PassResult(model, modified)
 
 
-class TopologicalSort(common.TopologicalSortPass):
-    """onnx-ir's stable topological sort, skipped when the main graph is already in order and
-    holds no subgraph (the sort would keep every node where it is)."""
+def _eliminate_identity(node: ir.Node) -> bool:
+    if node.op_type != "Identity" or node.domain != "" or len(node.inputs) != 1 or len(node.outputs) != 1:
+        return False
+    x, y = node.inputs[0], node.outputs[0]
+    if x is None:
+        return False
+    if y.is_graph_output():
+        producer = x.producer()
+        if x.is_graph_input() or x.is_initializer() or x.is_graph_output() or producer is None \
+                or producer.graph is not node.graph:
+            return False
+    x.shape = _merge_shapes(x.shape, y.shape)
+    if x.type is None:
+        x.type = y.type
+    output = y.is_graph_output()
+    ir.convenience.replace_all_uses_with(y, x, replace_graph_outputs=True)
+    if output:
+        x.name = y.name
+    node.graph.remove(node, safe=True)
+    return True
+
+
+def _merge_shapes(known: ir.Shape | None, other: ir.Shape | None) -> ir.Shape | None:
+    """Per dim, the one that says more (an int over a symbol, a named symbol over an unknown)."""
+    if known is None or other is None:
+        return other if known is None else known
+    if len(known) != len(other):
+        raise ValueError(f"Shapes must have the same rank, got {len(known)} and {len(other)}.")
+
+    def merge(a, b):
+        if a == b or not isinstance(a, ir.SymbolicDim):
+            return a
+        if not isinstance(b, ir.SymbolicDim) or a.value is None:
+            return b
+        return a
+
+    return ir.Shape([merge(a, b) for a, b in zip(known, other)])
+
+
+class TopologicalSort(Declared, ir.passes.InPlacePass):
+    """onnx-ir's stable topological sort (``TopologicalSortPass``), skipped when the main graph
+    is already in order and holds no subgraph (the sort would keep every node where it is)."""
+
+    name = "TopologicalSort"
+    structural = False  # the library pass reports modified when it only re-sorted
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         if not model.functions and _in_order(model.graph):
             return ir.passes.PassResult(model, False)
-        return super().call(model)
+        return common.TopologicalSortPass()(model)
 
 
 def _in_order(graph: ir.Graph) -> bool:
     seen: set[int] = set()
     for node in graph:
-        if node.op_type in _SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
+        if node.op_type in SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
             return False  # a body reads outer values: leave it to the sort
         for value in node.inputs:
             producer = value.producer() if value is not None else None
@@ -373,11 +374,8 @@ def cleanup_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> l
     byte-identical constants (``DeduplicateConstants``). Below level 3 the ``protected``
     parameters are neither folded nor merged; level 3 (inference) treats them as constants."""
     fold = fold_constants_pass(protected if level < 3 else frozenset(), level)
-    # What can enable each (see Pipeline): merging equal initializers can only make the folder's
-    # use-count size gates stricter; at level 3 it has none, so dead-node removal cannot
-    # enable it either (see FoldConstants).
-    fold.idempotent = True  # it folds in node order: what a fold makes constant folds in the same run
-    return [CommonSubexpressionElimination(), fold, IdentityElimination(), remove_unused_pass(), dedup_pass(protected, level)]
+    return [CommonSubexpressionElimination(), fold, IdentityElimination(), RemoveUnusedNodes(),
+            dedup_pass(protected, level)]
 
 
 # (domain, op_type, opset) -> which outputs the op's schema marks optional, or None when the
@@ -403,14 +401,20 @@ def _optional_outputs(node: ir.Node, opset: int) -> tuple[bool, ...] | None:
 
 
 def _trim_optional_outputs(node: ir.Node, graph_outputs: frozenset[ir.Value], opset: int) -> None:
-    """onnx-ir's ``_remove_unused_optional_outputs`` with the schema lookup cached per op and
-    opset (the lookup is most of its cost; it runs for every live node on every sweep)."""
+    """onnx-ir's unused-optional-output removal with the schema lookup cached per op and
+    opset (the lookup is most of its cost; it runs for every live node on every sweep):
+    unused optional outputs lose their names, trailing unnamed ones go. A BatchNormalization
+    keeps its statistics outputs unless it is known to run in inference mode (from opset 14,
+    ``training_mode`` absent or 0, then dropped): in training mode they change Y's meaning."""
     if node.domain not in ("", "onnx.ai"):
         return
-    if node.op_type == "BatchNormalization":  # depends on the node's attributes: onnx-ir's own
-        _unused_removal._remove_unused_optional_outputs(node, graph_outputs, opset)
-        return
     optional = _optional_outputs(node, opset)
+    if node.op_type == "BatchNormalization":
+        mode = node.attributes.get("training_mode")
+        if opset < 14 or (mode is not None and (mode.is_ref() or mode.type != ir.AttributeType.INT
+                                                or mode.as_int() != 0)):
+            return
+        node.attributes.pop("training_mode", None)
     if optional is None:
         return
     outputs = node.outputs
@@ -425,10 +429,11 @@ def _trim_optional_outputs(node: ir.Node, graph_outputs: frozenset[ir.Value], op
 
 
 def _sweep(graph: ir.Graph | ir.Function, opset: int | None, subgraph: bool = False) -> int:
-    """onnx-ir's ``_remove_unused_nodes_in_graph_like``, same order and effects."""
+    """onnx-ir's dead-node sweep of one graph, same order and effects (trailing ``None`` inputs
+    of live nodes dropped, unused optional outputs trimmed)."""
     graph_outputs = frozenset(graph.outputs)
     if not subgraph:
-        opset = graph.opset_imports.get("", opset)
+        opset = onnx_opset(graph, opset)
     count = 0
     for node in reversed(graph):
         if not any(out in graph_outputs or out.uses() for out in node.outputs):
@@ -437,10 +442,13 @@ def _sweep(graph: ir.Graph | ir.Function, opset: int | None, subgraph: bool = Fa
             continue
         inputs = node.inputs
         if inputs and inputs[-1] is None:
-            _unused_removal._remove_trailing_empty_inputs(node)
+            count_in = len(inputs)
+            while count_in and inputs[count_in - 1] is None:
+                count_in -= 1
+            node.resize_inputs(count_in)
         if opset is not None:
             _trim_optional_outputs(node, graph_outputs, opset)
-        if node.op_type in _SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
+        if node.op_type in SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
             for attr in node.attributes.values():
                 if attr.type == ir.AttributeType.GRAPH:
                     count += _sweep(attr.as_graph(), opset, subgraph=True)
@@ -450,8 +458,8 @@ def _sweep(graph: ir.Graph | ir.Function, opset: int | None, subgraph: bool = Fa
     return count
 
 
-class RemoveUnusedNodes(common.RemoveUnusedNodesPass):
-    """onnx-ir's dead-code elimination with the same effects, only cheaper: nodes none of whose
+class RemoveUnusedNodes(Declared, ir.passes.InPlacePass):
+    """onnx-ir's dead-code elimination (``RemoveUnusedNodesPass``) with the same effects, only cheaper: nodes none of whose
     outputs is used or a graph output are removed, walking each graph backwards so a dead chain
     goes in one sweep (subgraphs and functions included); on live nodes trailing ``None`` inputs
     are dropped and unused optional outputs (per the op's schema) are unnamed and trailing ones
@@ -460,6 +468,11 @@ class RemoveUnusedNodes(common.RemoveUnusedNodesPass):
     The schema lookup per op and opset is cached (onnx-ir looks it up for every live node on
     every sweep, which is most of its cost); subgraphs are looked for only in ops that can
     have them (``all_nodes``)."""
+
+    name = "RemoveUnusedNodes"
+    # one sweep removes every dead node (it walks the graph backwards); merging initializers
+    # or annotating shapes leaves no output unused
+    effect, idempotent, ignores = DEAD, True, frozenset({DEDUP, SHAPES})
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         count = _sweep(model.graph, None)
@@ -475,50 +488,32 @@ class RemoveUnusedNodes(common.RemoveUnusedNodesPass):
         return ir.passes.PassResult(model, modified=bool(count))
 
 
-def remove_unused_pass() -> ir.passes.PassBase:
-    p = _named(RemoveUnusedNodes(), "RemoveUnusedNodes")
-    # one sweep removes every dead node (it walks the graph backwards); merging initializers
-    # or annotating shapes leaves no output unused
-    p.effect, p.idempotent, p.ignores = DEAD, True, frozenset({DEDUP, SHAPES})
-    return p
-
-
 def dedup_pass(protected: frozenset[str], level: int) -> ir.passes.PassBase:
+    """Initializer dedup: ``DeduplicateConstants`` below level 3, onnx-ir's pass (parameters
+    too) at level 3."""
     if level >= 3:
-        p = _named(common.DeduplicateInitializersPass(), "DeduplicateInitializers")
-    else:
-        p = DeduplicateConstants(protected)
-    # one run merges every duplicate; removing dead nodes or annotating shapes creates no new one
-    p.effect, p.idempotent, p.ignores = DEDUP, True, frozenset({DEAD, SHAPES})
-    return p
+        return LibraryPass(common.DeduplicateInitializersPass(), "DeduplicateInitializers", effect=DEDUP,
+                           idempotent=True, ignores=frozenset({DEAD, SHAPES}))
+    return DeduplicateConstants(protected)
 
 
-class LiftConstantsToInitializers(common.LiftConstantsToInitializersPass):
-    """onnx-ir's pass (every ``Constant`` node that is not a graph output becomes an
-    initializer of its graph, same name), reading a ``value`` tensor attribute directly: the
-    library's ``Attr.as_tensor`` first runs a runtime protocol check that costs most of the pass.
-    Sound: the initializer holds the very tensor the node produced. Every initializer's shape
-    annotation is then its tensor's: a value the folder made constant keeps the dims inference
-    gave it while it was computed (``unk__6`` for a Range's length), which a reader of the model
-    (training's parameter layout) would take for the tensor's."""
+class LiftConstantsToInitializers(Declared, ir.passes.InPlacePass):
+    """onnx-ir's ``LiftConstantsToInitializersPass`` (every ``Constant`` node that is not a
+    graph output becomes an initializer of its graph, same name). Sound: the initializer holds
+    the very tensor the node produced. Every initializer's shape annotation is then its
+    tensor's: a value the folder made constant keeps the dims inference gave it while it was
+    computed (``unk__6`` for a Range's length), which a reader of the model (training's
+    parameter layout) would take for the tensor's."""
 
     name = "LiftConstantsToInitializers"
 
-    def __init__(self):
-        super().__init__(lift_all_constants=True, size_limit=0)
-
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        result = super().call(model)
+        result = common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
         for value in model.graph.initializers.values():
             tensor = value.const_value
             if tensor is not None and (value.shape is None or tuple(value.shape) != tuple(tensor.shape)):
                 value.shape = ir.Shape(tensor.shape)
         return result
-
-    def _constant_node_attribute_to_tensor(self, node, attr_name, attr_value, initializer_name):
-        if attr_name == "value" and attr_value.type == ir.AttributeType.TENSOR:
-            return attr_value.value
-        return super()._constant_node_attribute_to_tensor(node, attr_name, attr_value, initializer_name)
 
 
 def finish_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> list[ir.passes.PassBase]:
@@ -530,7 +525,7 @@ def finish_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> li
     return [
         LiftConstantsToInitializers(),
         dedup_pass(protected, level),
-        remove_unused_pass(),
-        _named(common.OutputFixPass(), "OutputFix"),
-        _named(TopologicalSort(), "TopologicalSort", structural=False),
+        RemoveUnusedNodes(),
+        LibraryPass(common.OutputFixPass(), "OutputFix"),
+        TopologicalSort(),
     ]

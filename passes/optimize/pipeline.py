@@ -12,11 +12,12 @@ import onnx_ir as ir
 
 from graphc.errors import PipelineError
 
-__all__ = ["OptimizeReport", "PassRecord", "Pipeline", "PipelineError", "all_nodes", "count_nodes"]
+__all__ = ["SUBGRAPH_OPS", "Declared", "LibraryPass", "OptimizeReport", "PassRecord", "Pipeline", "PipelineError",
+           "all_nodes", "count_nodes"]
 
 
 # ai.onnx ops with graph attributes; a custom-domain node is searched for them too.
-_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
 def all_nodes(graph: ir.Graph) -> list[ir.Node]:
@@ -28,7 +29,7 @@ def all_nodes(graph: ir.Graph) -> list[ir.Node]:
     while stack:
         for node in stack.pop():
             nodes.append(node)
-            if node.op_type in _SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
+            if node.op_type in SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
                 for attr in node.attributes.values():
                     if attr.type == ir.AttributeType.GRAPH:
                         stack.append(attr.value)
@@ -42,8 +43,43 @@ def count_nodes(model: ir.Model) -> int:
     return len(all_nodes(model.graph))
 
 
+class Declared:
+    """What a pass tells the ``Pipeline`` about itself (the defaults assume nothing):
+    ``name`` (the report's), ``effect`` (a name for the only kind of change it makes),
+    ``ignores`` (effects that cannot enable it), ``idempotent`` (a second run right after
+    itself changes nothing) and ``structural`` (False: its ``modified`` flag says nothing about
+    the node list, e.g. a sort; then only a changed node count counts as a change)."""
+
+    name: str | None = None
+    effect: str | None = None
+    ignores: frozenset[str] = frozenset()
+    idempotent: bool = False
+    structural: bool = True
+
+
+class LibraryPass(Declared, ir.passes.InPlacePass):
+    """A library pass used as it is, with what the ``Pipeline`` should know of it."""
+
+    def __init__(self, inner: ir.passes.PassBase, name: str, *, effect: str | None = None,
+                 ignores: frozenset[str] = frozenset(), idempotent: bool = False, structural: bool = True):
+        super().__init__()
+        self.inner, self.name, self.effect = inner, name, effect
+        self.ignores, self.idempotent, self.structural = ignores, idempotent, structural
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        return self.inner(model)
+
+
+_UNDECLARED = Declared()
+
+
+def declared(p: ir.passes.PassBase) -> Declared:
+    """``p``'s declarations: ``p`` itself when it is ``Declared``, else the defaults."""
+    return p if isinstance(p, Declared) else _UNDECLARED
+
+
 def pass_name(p: ir.passes.PassBase) -> str:
-    return getattr(p, "name", None) or type(p).__name__
+    return declared(p).name or type(p).__name__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +156,9 @@ class Pipeline:
     A loop pass is skipped while nothing that could enable it changed since it last ran idle.
     By default any change by any pass counts; a pass may narrow that with three attributes:
     ``effect`` (a name for the only kind of change it makes), ``ignores`` (effects that cannot
-    enable it) and ``idempotent`` (a second run right after itself changes nothing). Skipping a
-    pass is always sound; a wrong declaration can only leave a rewrite undone.
+    enable it) and ``idempotent`` (a second run right after itself changes nothing), which a
+    ``Declared`` pass declares. Skipping a pass is always sound; a wrong declaration can only
+    leave a rewrite undone.
 
     After each pass the graph's input and output names are checked against the start: a pass
     that renames or drops one is a bug in that pass and raises ``PipelineError`` naming it.
@@ -159,11 +196,11 @@ class Pipeline:
         in_loop = {id(p): i for i, p in enumerate(self.loop)}
 
         def changed_by(i: int | None, p) -> None:
-            effect = getattr(p, "effect", None)
+            effect = declared(p).effect
             for j, q in enumerate(self.loop):
-                if j != i and (effect is None or effect not in getattr(q, "ignores", ())):
+                if j != i and (effect is None or effect not in declared(q).ignores):
                     dirty[j] = True
-            if i is not None and not getattr(p, "idempotent", False):
+            if i is not None and not declared(p).idempotent:
                 dirty[i] = True
 
         for round_ in range(1, self.max_rounds + 1 if self.loop else 1):
@@ -206,6 +243,6 @@ class Pipeline:
         # Some library passes report modified=True when they only re-ran (``structural=False``
         # marks them: for those only the node count tells), and onnxscript's rewriter removes
         # dead nodes on the side without reporting it: a changed node count always counts.
-        modified = (bool(result.modified) and getattr(p, "structural", True)) or after != before
+        modified = (bool(result.modified) and declared(p).structural) or after != before
         report.records.append(PassRecord(pass_name(p), round_, before, after, seconds, modified))
         return model, modified

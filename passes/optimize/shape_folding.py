@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from graphc.passes.optimize.pipeline import all_nodes
-from graphc.passes.optimize.rules import const_array, int64_initializer
+from graphc.passes.optimize.pipeline import Declared, all_nodes
+from graphc.passes.optimize.rules import int64_initializer
+from graphc.passes.values import fixed_array
 
 __all__ = ["ShapeFolding", "same_shape", "shape_value"]
 
@@ -34,7 +35,7 @@ def same_shape(a: ir.Value, b: ir.Value) -> bool:
 
 
 def _ints(value: ir.Value | None) -> list[int] | None:
-    array = const_array(value)
+    array = fixed_array(value)
     if array is None or array.dtype.kind not in "iu" or array.ndim > 1:
         return None
     return [int(a) for a in array.reshape(-1)]
@@ -164,7 +165,7 @@ def _annotate_reshape(node: ir.Node, target: list[int]) -> None:
     out.shape = ir.Shape(dims)
 
 
-class ShapeFolding(ir.passes.InPlacePass):
+class ShapeFolding(Declared, ir.passes.InPlacePass):
     """1. A shape-carrying value (``Shape``, then ``Gather``/``Slice``/``Concat``/``Cast``/
     ``Unsqueeze``/``Squeeze``/``Mul`` of them) whose elements are all static dims becomes a
     constant; onnxscript's folder misses e.g. a ``Gather`` without an explicit ``axis``.
@@ -194,7 +195,7 @@ class ShapeFolding(ir.passes.InPlacePass):
                     continue
                 dims = shape_value(out, memo=memo)
                 if dims is not None and all(isinstance(d, int) for d in dims):
-                    scalar = node.op_type == "Gather" and const_array(node.inputs[1]).ndim == 0
+                    scalar = node.op_type == "Gather" and fixed_array(node.inputs[1]).ndim == 0
                     ir.convenience.replace_all_uses_with(out, self._constant(node, dims, "value", scalar))
                     modified = True
         return ir.passes.PassResult(model, modified)

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import onnx
 import onnx_ir as ir
-from onnx_ir.passes.common import _c_api_utils
 
 from graphc.passes.optimize.library import DEAD, DEDUP, IDENTITY, SHAPES
-from graphc.passes.optimize.pipeline import all_nodes
+from graphc.passes.optimize.pipeline import Declared, all_nodes
 
 __all__ = ["ShapeInference"]
 
 
-class ShapeInference(ir.passes.InPlacePass):
+class ShapeInference(Declared, ir.passes.InPlacePass):
     """ONNX shape inference with data propagation (one C++ call, through onnx-ir's helper that
     leaves big initializer data out), read back into the values that need it:
 
@@ -67,7 +66,7 @@ class ShapeInference(ir.passes.InPlacePass):
             if source is not None and source.ByteSize() <= self.SOURCE_BYTES:
                 inferred = infer(source)
             else:
-                inferred = _c_api_utils.call_onnx_api(infer, model)
+                inferred = _infer_without_big_data(infer, model)
         except Exception:  # noqa: BLE001 - inference is an aid; without it rewrites just fire less
             return ir.passes.PassResult(model, False)
         modified = False
@@ -181,3 +180,38 @@ def _read_back(proto: onnx.TypeProto, seen: dict[bytes, tuple]) -> tuple[ir.Type
     return type_, shape if shared else _tensor_shape(proto)
 
 
+BIG_TENSOR_BYTES = 1000  # an initializer's data above this is left out of the inference call
+
+
+def _infer_without_big_data(infer, model: ir.Model) -> onnx.ModelProto:
+    """``infer`` run on ``model`` serialized with every initializer also a graph input (typed
+    and shaped) and big ones without their data, so a model over protobuf's 2 GiB limit still
+    goes through; ``model`` is left as it was. (What onnx-ir's ``ShapeInferencePass`` does
+    through a private helper; this pass needs the inferred proto itself, not its merge.)"""
+    graph = model.graph
+    initializers = tuple(graph.initializers.values())
+    tensors = {v.name: v.const_value for v in initializers}
+    inputs = len(graph.inputs)
+    for value in initializers:
+        tensor = value.const_value
+        if tensor is not None:
+            value.shape = value.shape if value.shape is not None else tensor.shape
+            value.dtype = value.dtype if value.dtype is not None else tensor.dtype
+        if value not in graph.inputs:
+            graph.inputs.append(value)
+        if tensor is None or tensor.nbytes > BIG_TENSOR_BYTES:
+            value.const_value = None
+            graph.initializers.pop(value.name)
+    try:
+        return infer(ir.serde.serialize_model(model))
+    finally:
+        for value in initializers:
+            value.const_value = tensors[value.name]
+            if value.name not in graph.initializers:
+                if value.const_value is not None:
+                    graph.register_initializer(value)
+                else:
+                    graph.initializers.add(value)
+        kept = graph.inputs[:inputs]
+        graph.inputs.clear()
+        graph.inputs.extend(kept)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from graphc.passes.optimize.pipeline import all_nodes
-from graphc.passes.optimize.rules import const_array, int64_initializer
+from graphc.passes.optimize.pipeline import Declared, all_nodes
+from graphc.passes.optimize.rules import int64_initializer
+from graphc.passes.values import fixed_array
 
 __all__ = ["ViewSimplification"]
 
@@ -24,7 +25,7 @@ def _zero_pad(node: ir.Node) -> bool:
     edge, wrap) then adds nothing and removes nothing, and the constant value is never read.
     (An exporter computes the pads from the input's shape, e.g. up to a multiple of a window
     size; with a static shape that is already a multiple, they fold to zeros.)"""
-    pads = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    pads = fixed_array(node.inputs[1]) if len(node.inputs) > 1 else None
     if pads is None or np.any(pads != 0) or node.inputs[0] is None:
         return False
     _replace(node, "Identity", [node.inputs[0]])
@@ -36,7 +37,7 @@ def _plain_reshape(node: ir.Node) -> bool:
     ``allowzero`` only decides what a 0 in s means (a 0-sized dim, or "copy x's dim"), so
     without one both read alike, and the rules that need ``allowzero=0`` apply (the dynamo
     exporter writes every Reshape with ``allowzero=1``)."""
-    shape = const_array(node.inputs[1])
+    shape = fixed_array(node.inputs[1])
     if not node.attributes.get_int("allowzero", 0) or shape is None or np.any(shape == 0):
         return False
     node.attributes.pop("allowzero")
@@ -70,11 +71,11 @@ def _slice_params(node: ir.Node, rank: int) -> list[tuple[int, int, int, int]] |
     """(axis, start, end, step) per sliced axis of a Slice with constant parameters (axes
     normalized to ``0 <= axis < rank``), or None."""
     ins = list(node.inputs) + [None] * (5 - len(node.inputs))
-    starts, ends = const_array(ins[1]), const_array(ins[2])
+    starts, ends = fixed_array(ins[1]), fixed_array(ins[2])
     if starts is None or ends is None:
         return None
-    axes = const_array(ins[3]) if ins[3] is not None else np.arange(len(starts))
-    steps = const_array(ins[4]) if ins[4] is not None else np.ones(len(starts), np.int64)
+    axes = fixed_array(ins[3]) if ins[3] is not None else np.arange(len(starts))
+    steps = fixed_array(ins[4]) if ins[4] is not None else np.ones(len(starts), np.int64)
     if axes is None or steps is None or not (len(axes) == len(starts) == len(ends) == len(steps)):
         return None
     if any(not -rank <= int(a) < rank for a in axes):
@@ -108,7 +109,7 @@ def _slice_of_slice(node: ir.Node) -> bool:
 _RULES = {"Pad": _zero_pad, "Reshape": _plain_reshape, "Transpose": _transpose_as_reshape, "Slice": _slice_of_slice}
 
 
-class ViewSimplification(ir.passes.InPlacePass):
+class ViewSimplification(Declared, ir.passes.InPlacePass):
     """Each node of an op in ``_RULES`` is rewritten by its rule where the rule applies (each
     rule's docstring states the identity and why it holds):
 

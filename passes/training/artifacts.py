@@ -42,6 +42,7 @@ from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
 from graphc.passes.training import dense_conv, flat, imports, modes, noise as noise_shapes, optimizers
 from graphc.passes.training import recompute as recomputation
+from graphc.passes.values import onnx_opset
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
 LOSS = "loss"
@@ -93,7 +94,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     ..., ...}``)."""
     base = _prepare(model)
     order = {name: i for i, name in enumerate(model.graph.initializers)}  # promoted constants last
-    opset = base.opset_imports.get("", 0)
+    opset = onnx_opset(base, 0)
     bn_stats = modes.batchnorm_stats(base.graph)
     data = [v.name for v in base.graph.inputs if not v.is_initializer()]
     model_outputs = [v.name for v in base.graph.outputs]
@@ -218,7 +219,7 @@ def _order_inputs(graph: ir.Graph, order: Sequence[str]) -> None:
 def _prepare(model: ir.Model) -> ir.Model:
     """A copy of ``model`` at opset >= 17, weights in initializers (and not graph inputs, as
     IR < 4 exports list them: training graphs re-expose the trainable ones), shapes inferred."""
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
+    opset = onnx_opset(model, 0)
     if opset < MIN_OPSET:
         base = _upgrade(model, opset)
     else:
@@ -429,7 +430,7 @@ def _expose(graph: ir.Graph, value: ir.Value, name: str, like: ir.Value | None =
             and value.name not in graph.initializers and not _is_exposed_name(value.name):
         value.name = name
     else:
-        value = Emitter(graph, graph.opset_imports.get("", 0), "out").op("Identity", value, name=name)
+        value = Emitter(graph, onnx_opset(graph, 0), "out").op("Identity", value, name=name)
     if like is not None:
         value.dtype, value.shape = like.dtype, like.shape
     graph.outputs.append(value)

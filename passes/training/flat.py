@@ -23,7 +23,6 @@ ResNet-18 at batch 2 0.92x the step time (0.93x at 2 threads), ResNet-50 at batc
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.emit import Emitter
+from graphc.passes.values import fresh_name
 
 __all__ = ["Group", "concat", "plan", "split"]
 
@@ -71,8 +71,7 @@ def plan(graph: ir.Graph, params: Sequence[str], decays: Mapping[str, bool]) -> 
         group = open_groups.get(key)
         if group is None or (group.params and sum(group.sizes) + math.prod(shape) > CHUNK_ELEMENTS):
             stem = f"params.{_DTYPE_NAMES.get(value.dtype, value.dtype.name.lower())}" + ("" if decays[p] else ".no_decay")
-            name = stem if stem not in taken else next(f"{stem}.{i}" for i in itertools.count(1) if f"{stem}.{i}" not in taken)
-            taken.add(name)
+            name = fresh_name(taken, stem, sep=".")
             group = open_groups[key] = Group(name, value.dtype, [], [], decays[p])
             groups.append(group)
         group.params.append(p)

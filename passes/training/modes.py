@@ -25,6 +25,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.emit import Emitter
+from graphc.passes.values import static_shape
 
 
 def batchnorm_stats(graph: ir.Graph) -> list[str]:
@@ -108,7 +109,7 @@ def _dropout_with_noise(b: Emitter, graph: ir.Graph, node: ir.Node, noise: list[
         name += "_"
     b._names.claim(name)  # noqa: SLF001
     # the Dropout input's dims: ints stay, symbolic ones keep their names, unknown ones stay unknown
-    dims = None if x.shape is None else [d if isinstance(d, int) else d.value for d in x.shape]
+    dims = static_shape(x)
     value = ir.Value(name=name, type=ir.TensorType(ir.DataType.FLOAT), shape=None if dims is None else ir.Shape(dims))
     graph.inputs.append(value)
     noise.append(name)

@@ -1,0 +1,70 @@
+"""Small helpers every pass shares over onnx-ir values and graphs: the ai.onnx opset, a
+value's shape as a tuple, its constant as numpy, a node's attributes as plain values, fresh names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+__all__ = ["const_array", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "static_shape"]
+
+Dim = int | str | None
+StaticShape = tuple[Dim, ...]
+
+
+def onnx_opset(owner: ir.Model | ir.Graph | ir.Function | Mapping[str, int], default: int) -> int:
+    """The ai.onnx opset ``owner`` (a model, graph, function or its opset imports) imports under
+    ``""`` or ``"ai.onnx"``; ``default`` when it imports none."""
+    opsets = owner if isinstance(owner, Mapping) else owner.opset_imports
+    opset = opsets.get("")
+    return opsets.get("ai.onnx", default) if opset is None else opset
+
+
+def static_shape(value: ir.Value) -> StaticShape | None:
+    """The value's shape as ints (known), strs (symbolic) and None (unknown); None if rank unknown."""
+    if value.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
+
+
+def const_array(value: ir.Value | None) -> np.ndarray | None:
+    """The value as numpy if it is an initializer (a graph input's default included) or a
+    ``Constant``'s output, else None."""
+    if value is None:
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    return None if tensor is None else tensor.numpy()
+
+
+def fixed_array(value: ir.Value | None) -> np.ndarray | None:
+    """The numpy value of a constant no caller can override (its ``const_value`` is set and it
+    is not a graph input, so an initializer a caller may feed does not count), else None; None
+    too for external data that is not available."""
+    if value is None or value.const_value is None or value.is_graph_input():
+        return None
+    try:
+        return value.const_value.numpy()
+    except FileNotFoundError:
+        return None
+
+
+def node_attrs(node: ir.Node, drop: Sequence[str] = ()) -> dict:
+    """The node's attributes as ``onnx.helper.make_node`` keywords, less ``drop``."""
+    from onnx import helper
+
+    return {k: helper.get_attribute_value(ir.serde.serialize_attribute(a)) for k, a in node.attributes.items()
+            if k not in drop}
+
+
+def fresh_name(taken: set[str], stem: str, sep: str = "_") -> str:
+    """``stem``, or ``stem<sep><n>`` for the first n from 1 that makes it new to ``taken``
+    (which gets it)."""
+    name, n = stem, 0
+    while name in taken:
+        n += 1
+        name = f"{stem}{sep}{n}"
+    taken.add(name)
+    return name
