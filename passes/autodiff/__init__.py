@@ -54,6 +54,7 @@ from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rul
     rules_nn,
     rules_norm,
     rules_reduce,
+    rules_sequence,
     rules_shape,
 )
 from graphc.passes.autodiff.core import backprop, backward
