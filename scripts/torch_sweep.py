@@ -15,7 +15,7 @@ Prints one line per module and exporter (OK, MISMATCH, ERROR with the reason) an
 An ERROR raised by torch's exporter is torch's, not graphc's; the line says which. Needs torch.
 
 ``zoo`` sweeps the test-scale architectures of tests/torch_zoo.py (ResNet, MobileNet,
-ShuffleNet, BERT, GPT, LSTM/GRU LM), freshly exported, as a classifier trained with
+ShuffleNet, Swin-style window attention, BERT, GPT, LSTM/GRU LM), freshly exported, as a classifier trained with
 cross-entropy, and prints a table per model x exporter: forward parity (max relative error of
 the inference graph on numpy and onnxruntime against torch), the trainable set against
 ``named_parameters()``, the float64 gradient error against torch.autograd, the loss gap to
