@@ -325,6 +325,24 @@ def test_conv_batchnorm_folded_at_level3_only():
     check(m, 3, ["Conv"])
 
 
+def test_batchnorm_folded_into_a_conv_whose_weights_another_conv_shares():
+    """A block applied twice (ShuffleNet's branch): both Convs read W and B, one BN after each
+    (the second with its own statistics). Each Conv gets folded copies of its own; the other
+    reader never sees a changed W, so the outputs are unchanged."""
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "g", "b", "mu", "var"], ["y"]),
+             helper.make_node("Conv", ["y", "W", "B"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c2", "g", "b", "mu2", "var"], ["z"]),
+             helper.make_node("Conv", ["z", "W"], ["out"], pads=[1, 1, 1, 1])]
+    inits = [("W", w(4, 4, 3, 3) * 0.2), ("B", w(4)), ("g", w(4)), ("b", w(4)), ("mu", w(4)), ("mu2", w(4)),
+             ("var", np.abs(w(4)) + 0.5)]
+    m = make_model(nodes, [("x", F, ["N", 4, 5, 5])], [("out", F, ["N", 4, 5, 5])], inits)
+    out = check(m, 3, ["Conv", "Conv", "Conv"], atol=1e-4)
+    weights = [n.inputs[1] for n in out.ir.graph]
+    assert weights[0].name != "W" and weights[2].name == "W"  # (equal folded copies merged)
+    np.testing.assert_array_equal(weights[2].const_value.numpy(), dict(inits)["W"])
+
+
 def test_training_mode_batchnorm_never_folded():
     m = _conv_bn(training_mode=1)
     for level in (2, 3):

@@ -17,25 +17,50 @@ from graphc.passes.optimize.rules import RulePass, const_array, initializer
 __all__ = ["ScaleIntoLinear", "inference_pass"]
 
 
-def _inference_bn(check):
-    """Wraps onnxscript's BN-folding check (constant, unshared, non-input params) with the
-    condition it leaves out: the BatchNormalization runs in inference mode (``training_mode``
-    absent or 0, one output), i.e. normalizes with the stored running mean/var, an affine map."""
+def _check_bn(self, context, x, inbound_out, batchnorm_out) -> _basics.MatchResult:
+    """onnxscript's BN-folding check (the Conv/Gemm weight and bias and the BatchNormalization's
+    parameters are constant initializers, none a graph input) plus the condition it leaves out:
+    the BatchNormalization runs in inference mode (``training_mode`` absent or 0, one output),
+    i.e. normalizes with the stored running mean/var, an affine map. It does not require the
+    weight and bias to be read by this Conv/Gemm only: ``_fold_bn`` gives a shared one's folded
+    copy a name of its own (a block applied twice, as ShuffleNet's, shares its Conv and BN)."""
+    del context
+    result = _basics.MatchResult()
+    bn, inbound = batchnorm_out.producer(), inbound_out.producer()
+    if bn.attributes.get_int("training_mode", 0) != 0 or len(bn.outputs) != 1:
+        return result.fail("BatchNormalization is in training mode")
+    for value in [*inbound.inputs[1:3], *bn.inputs[1:]]:
+        if not value.is_initializer() or value.const_value is None or value.is_graph_input():
+            return result.fail(f"{value.name} is not a constant initializer")
+    graph = bn.graph
+    if any(name in graph.initializers for name in _fused_names(inbound, batchnorm_out) if _shared(inbound, name)):
+        return result.fail("the folded weight's name is taken")
+    return result
 
-    def checked(self, context, x, inbound_out, batchnorm_out) -> _basics.MatchResult:
-        bn = batchnorm_out.producer()
-        if bn.attributes.get_int("training_mode", 0) != 0 or len(bn.outputs) != 1:
-            return _basics.MatchResult().fail("BatchNormalization is in training mode")
-        return check(self, context, x, inbound_out, batchnorm_out)
 
-    return checked
+def _shared(inbound: ir.Node, name: str) -> bool:
+    """Whether the fused tensor called ``name`` replaces a weight/bias other nodes read too."""
+    value = next((v for v in inbound.inputs[1:3] if v is not None and v.name == name), None)
+    return value is not None and any(user is not inbound for user, _ in value.uses())
+
+
+def _fused_names(inbound: ir.Node, batchnorm_out: ir.Value) -> tuple[str, str]:
+    """(weight, bias) names of the folded tensors: the originals' where only this node reads
+    them (they are replaced), else names of their own after the BatchNormalization's output."""
+    weight = inbound.inputs[1].name
+    bias = inbound.inputs[2].name if len(inbound.inputs) > 2 and inbound.inputs[2] is not None else f"{weight}_bias"
+    return tuple(f"{batchnorm_out.name}_{role}" if _shared(inbound, name) else name
+                 for role, name in (("weight", weight), ("bias", bias)))
 
 
 def _fold_bn(self, op, x: ir.Value, inbound_out: ir.Value, batchnorm_out: ir.Value):
-    """onnxscript's ``_FuseBatchNormBase.rewrite`` (same arithmetic, same names and attributes),
-    building the folded tensors with ``ir.Tensor`` directly: ``ir.tensor()`` first tests its
-    argument against runtime-checkable protocols, which on Python 3.11 costs more than the
-    folding arithmetic itself."""
+    """onnxscript's ``_FuseBatchNormBase.rewrite`` (same arithmetic and attributes), building
+    the folded tensors with ``ir.Tensor`` directly: ``ir.tensor()`` first tests its argument
+    against runtime-checkable protocols, which on Python 3.11 costs more than the folding
+    arithmetic itself. Sound where the weight or bias is shared too: the folded tensors are new
+    initializers read by this node only (``_fused_names``), every other reader keeps the
+    originals, and ``Conv(x, W', B') = BatchNorm(Conv(x, W, B))`` for an inference-mode
+    BatchNorm, a per-channel affine map (equal folded copies are merged by the dedup later)."""
     batchnorm_node = batchnorm_out.producer()
     gamma, beta, input_mean, input_var = [inp.const_value.numpy() for inp in batchnorm_node.inputs[1:]]
     attr = batchnorm_node.attributes.get("epsilon")
@@ -48,21 +73,18 @@ def _fold_bn(self, op, x: ir.Value, inbound_out: ir.Value, batchnorm_out: ir.Val
     new_attributes = dict(inbound_node.attributes)
     gemm_beta_attr = new_attributes.pop("beta", None)
     gemm_beta = gemm_beta_attr.as_float() if gemm_beta_attr is not None else 1.0
-    if len(inbound_node.inputs) > 2:
-        original_bias = inbound_node.inputs[2].const_value.numpy()
-        bias_name = inbound_node.inputs[2].name
-    else:
-        original_bias = np.zeros_like(input_mean)
-        bias_name = inbound_node.inputs[1].name + "_bias"
+    has_bias = len(inbound_node.inputs) > 2 and inbound_node.inputs[2] is not None
+    original_bias = inbound_node.inputs[2].const_value.numpy() if has_bias else np.zeros_like(input_mean)
     fused_bias = ir.Tensor((gemm_beta * original_bias - input_mean) * scale_factor + beta)
-    return op.op(self.op_type, x, op.initializer(fused_weights, name=inbound_node.inputs[1].name),
+    weight_name, bias_name = _fused_names(inbound_node, batchnorm_out)
+    return op.op(self.op_type, x, op.initializer(fused_weights, name=weight_name),
                  op.initializer(fused_bias, name=bias_name), **new_attributes)
 
 
 def _bn_rules():
     rules = []
     for base in (_fuse_batchnorm.FuseBatchNormIntoConv, _fuse_batchnorm.FuseBatchNormIntoGemm):
-        cls = type(base.__name__, (base,), {"check": _inference_bn(base.check), "rewrite": _fold_bn})
+        cls = type(base.__name__, (base,), {"check": _check_bn, "rewrite": _fold_bn})
         rules.append(cls().rule())
     return rules
 
