@@ -343,6 +343,31 @@ def test_batchnorm_folded_into_a_conv_whose_weights_another_conv_shares():
     np.testing.assert_array_equal(weights[2].const_value.numpy(), dict(inits)["W"])
 
 
+@pytest.mark.parametrize("op_type", ["Conv", "ConvTranspose"])
+def test_channel_constant_added_after_a_conv_folds_into_its_bias_at_level3(op_type):
+    """Paddle's exports: Conv without bias, Add of a [1, M, 1, 1] Constant, BatchNorm, Relu;
+    everything folds into the Conv (ConvTranspose: M = W.shape[1] * group). A scalar added to
+    a Conv output read twice (hardswish's x + 3) stays: the Conv's output must not change."""
+    channels, c_in = (4, 3) if op_type == "Conv" else (3, 4)  # W [4, 3, 3, 3]: Conv [M, C], ConvTranspose [C, M]
+    nodes = [const("W", w(4, 3, 3, 3)), const("shift", w(1, channels, 1, 1)), const("three", np.float32(3.0)),
+             helper.make_node(op_type, ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "shift"], ["a"]),
+             helper.make_node("BatchNormalization", ["a", "g", "b", "mu", "var"], ["bn"]),
+             helper.make_node("Add", ["bn", "three"], ["h"]),
+             helper.make_node("Mul", ["bn", "h"], ["y"])]
+    inits = [("g", w(channels)), ("b", w(channels)), ("mu", w(channels)), ("var", np.abs(w(channels)) + 0.5)]
+    m = make_model(nodes, [("x", F, ["N", c_in, 5, 5])], [("y", F, ["N", channels, 5, 5])], inits)
+    assert op_types(gc.optimize(m, 2)) == [op_type, "Add", "BatchNormalization", "Add", "Mul"]
+    check(m, 3, [op_type, "Add", "Mul"], atol=1e-4)
+
+
+def test_a_constant_that_varies_over_space_is_not_a_bias():
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"]), helper.make_node("Add", ["c", "shift"], ["y"])]
+    m = make_model(nodes, [("x", F, ["N", 3, 4, 4])], [("y", F, ["N", 2, 2, 2])],
+                   [("W", w(2, 3, 3, 3)), ("B", w(2)), ("shift", w(1, 1, 2, 2))])
+    assert op_types(gc.optimize(m, 3)) == ["Conv", "Add"]
+
+
 def test_training_mode_batchnorm_never_folded():
     m = _conv_bn(training_mode=1)
     for level in (2, 3):

@@ -19,38 +19,36 @@ __all__ = ["ScaleIntoLinear", "inference_pass"]
 
 def _check_bn(self, context, x, inbound_out, batchnorm_out) -> _basics.MatchResult:
     """onnxscript's BN-folding check (the Conv/Gemm weight and bias and the BatchNormalization's
-    parameters are constant initializers, none a graph input) plus the condition it leaves out:
-    the BatchNormalization runs in inference mode (``training_mode`` absent or 0, one output),
-    i.e. normalizes with the stored running mean/var, an affine map. It does not require the
-    weight and bias to be read by this Conv/Gemm only: ``_fold_bn`` gives a shared one's folded
-    copy a name of its own (a block applied twice, as ShuffleNet's, shares its Conv and BN)."""
+    parameters are constants, none a graph input) plus the condition it leaves out: the
+    BatchNormalization runs in inference mode (``training_mode`` absent or 0, one output), i.e.
+    normalizes with the stored running mean/var, an affine map. Unlike onnxscript it takes
+    ``Constant`` outputs too (Paddle's exports hold every weight in one; they are lifted to
+    initializers only after the rewrite loop) and weights other nodes also read (a block
+    applied twice, as ShuffleNet's): ``_fold_bn`` gives those folded copies names of their own."""
     del context
     result = _basics.MatchResult()
     bn, inbound = batchnorm_out.producer(), inbound_out.producer()
     if bn.attributes.get_int("training_mode", 0) != 0 or len(bn.outputs) != 1:
         return result.fail("BatchNormalization is in training mode")
     for value in [*inbound.inputs[1:3], *bn.inputs[1:]]:
-        if not value.is_initializer() or value.const_value is None or value.is_graph_input():
-            return result.fail(f"{value.name} is not a constant initializer")
-    graph = bn.graph
-    if any(name in graph.initializers for name in _fused_names(inbound, batchnorm_out) if _shared(inbound, name)):
-        return result.fail("the folded weight's name is taken")
+        if value is not None and (value.is_graph_input() or ir.convenience.get_const_tensor(value) is None):
+            return result.fail(f"{value.name} is not a constant")
+    if any(name in bn.graph.initializers for name in _fused_names(inbound, batchnorm_out)[2:]):
+        return result.fail("a folded tensor's name is taken")
     return result
 
 
-def _shared(inbound: ir.Node, name: str) -> bool:
-    """Whether the fused tensor called ``name`` replaces a weight/bias other nodes read too."""
-    value = next((v for v in inbound.inputs[1:3] if v is not None and v.name == name), None)
-    return value is not None and any(user is not inbound for user, _ in value.uses())
-
-
-def _fused_names(inbound: ir.Node, batchnorm_out: ir.Value) -> tuple[str, str]:
-    """(weight, bias) names of the folded tensors: the originals' where only this node reads
-    them (they are replaced), else names of their own after the BatchNormalization's output."""
-    weight = inbound.inputs[1].name
-    bias = inbound.inputs[2].name if len(inbound.inputs) > 2 and inbound.inputs[2] is not None else f"{weight}_bias"
-    return tuple(f"{batchnorm_out.name}_{role}" if _shared(inbound, name) else name
-                 for role, name in (("weight", weight), ("bias", bias)))
+def _fused_names(inbound: ir.Node, batchnorm_out: ir.Value) -> tuple[str, str, str, ...]:
+    """(weight, bias) names of the folded tensors, then those of them that are new: the
+    originals' where they are initializers only this node reads (the folded tensors replace
+    them), else names of their own after the BatchNormalization's output."""
+    weight = inbound.inputs[1]
+    bias = inbound.inputs[2] if len(inbound.inputs) > 2 else None
+    own = [v is not None and v.is_initializer() and all(user is inbound for user, _ in v.uses())
+           for v in (weight, bias)]
+    names = (weight.name if own[0] else f"{batchnorm_out.name}_weight",
+             bias.name if own[1] else f"{weight.name}_bias" if own[0] and bias is None else f"{batchnorm_out.name}_bias")
+    return (*names, *(n for n, kept in zip(names, own) if not kept))
 
 
 def _fold_bn(self, op, x: ir.Value, inbound_out: ir.Value, batchnorm_out: ir.Value):
@@ -62,29 +60,46 @@ def _fold_bn(self, op, x: ir.Value, inbound_out: ir.Value, batchnorm_out: ir.Val
     originals, and ``Conv(x, W', B') = BatchNorm(Conv(x, W, B))`` for an inference-mode
     BatchNorm, a per-channel affine map (equal folded copies are merged by the dedup later)."""
     batchnorm_node = batchnorm_out.producer()
-    gamma, beta, input_mean, input_var = [inp.const_value.numpy() for inp in batchnorm_node.inputs[1:]]
+    gamma, beta, input_mean, input_var = [_array(inp) for inp in batchnorm_node.inputs[1:]]
     attr = batchnorm_node.attributes.get("epsilon")
     eps = attr.as_float() if attr is not None else 1e-5  # the ONNX default
     scale_factor = gamma / np.sqrt(input_var + eps)
     inbound_node = inbound_out.producer()
-    weights = inbound_node.inputs[1].const_value.numpy()
+    weights = _array(inbound_node.inputs[1])
     fused_weights = ir.Tensor(self._scale_weights(weights, scale_factor, inbound_node.attributes))
     # Gemm scales its bias by "beta" (default 1): folded into the bias, dropped from the node
     new_attributes = dict(inbound_node.attributes)
     gemm_beta_attr = new_attributes.pop("beta", None)
     gemm_beta = gemm_beta_attr.as_float() if gemm_beta_attr is not None else 1.0
     has_bias = len(inbound_node.inputs) > 2 and inbound_node.inputs[2] is not None
-    original_bias = inbound_node.inputs[2].const_value.numpy() if has_bias else np.zeros_like(input_mean)
+    original_bias = _array(inbound_node.inputs[2]) if has_bias else np.zeros_like(input_mean)
     fused_bias = ir.Tensor((gemm_beta * original_bias - input_mean) * scale_factor + beta)
-    weight_name, bias_name = _fused_names(inbound_node, batchnorm_out)
+    weight_name, bias_name = _fused_names(inbound_node, batchnorm_out)[:2]
     return op.op(self.op_type, x, op.initializer(fused_weights, name=weight_name),
                  op.initializer(fused_bias, name=bias_name), **new_attributes)
 
 
+def _array(value: ir.Value) -> np.ndarray:
+    return ir.convenience.get_const_tensor(value).numpy()
+
+
+def _check_bn_transpose(self, context, x, inbound_out, batchnorm_out) -> _basics.MatchResult:
+    """``_check_bn``, and the ConvTranspose's input channels split evenly into its groups
+    (onnxscript's ConvTranspose check: its weight scaling assumes it)."""
+    result = _check_bn(self, context, x, inbound_out, batchnorm_out)
+    node = inbound_out.producer()
+    channels = node.inputs[1].shape[0] if node.inputs[1].shape is not None else None
+    if result and (not isinstance(channels, int) or channels % node.attributes.get_int("group", 1)):
+        return result.fail("the input channels do not split evenly into the groups")
+    return result
+
+
 def _bn_rules():
     rules = []
-    for base in (_fuse_batchnorm.FuseBatchNormIntoConv, _fuse_batchnorm.FuseBatchNormIntoGemm):
-        cls = type(base.__name__, (base,), {"check": _check_bn, "rewrite": _fold_bn})
+    for base, check in ((_fuse_batchnorm.FuseBatchNormIntoConv, _check_bn),
+                        (_fuse_batchnorm.FuseBatchNormIntoConvTranspose, _check_bn_transpose),
+                        (_fuse_batchnorm.FuseBatchNormIntoGemm, _check_bn)):
+        cls = type(base.__name__, (base,), {"check": check, "rewrite": _fold_bn})
         rules.append(cls().rule())
     return rules
 
@@ -111,11 +126,73 @@ class DropoutInference(RewriteRuleClassBase):
         return op.Identity(x)
 
 
+class ConvAddBias(RewriteRuleClassBase):
+    """``Add(Conv(x, W[, B]), c)`` -> ``Conv(x, W, B')`` with ``B' = B + c`` (B absent: 0) for
+    a constant c that is the same over every axis but the channel one: right-aligned to the
+    output's rank its dims are all 1 but dim 1, which is 1 or the output channels M (a scalar,
+    [M, 1, 1], [1, M, 1, 1]; Paddle's exports add each Conv's bias so). Sound: the Conv adds
+    ``B[m]`` to every element of channel m, so adding ``c[m]`` too is adding ``B[m] + c[m]``
+    (up to rounding), and such a c does not broadcast the output to a larger shape. The Conv's
+    output must have no other reader (the matcher's rule for a pattern's inner values). The
+    same for ConvTranspose (``op_type``), whose bias is per output channel too.
+    Inference only: B' replaces a parameter."""
+
+    def __init__(self, op_type: str = "Conv"):
+        super().__init__(f"{op_type}AddBias")
+        self.op_type = op_type
+
+    def pattern(self, op, x, c):
+        conv = getattr(op, self.op_type)(x, _allow_other_inputs=True, _outputs=["conv_out"])
+        return op.Add(conv, c, _outputs=["total"])
+
+    def check(self, context, x, c, conv_out, total) -> _basics.MatchResult:
+        del context
+        result = _basics.MatchResult()
+        if _channel_shift(c, conv_out) is None:
+            return result.fail("the added value is not a constant per output channel")
+        conv = conv_out.producer()
+        bias = conv.inputs[2] if len(conv.inputs) > 2 else None
+        if bias is not None and (bias.is_graph_input() or ir.convenience.get_const_tensor(bias) is None):
+            return result.fail("the Conv's bias is not a constant")
+        if f"{total.name}_bias" in conv.graph.initializers:
+            return result.fail("the new bias's name is taken")
+        return result
+
+    def rewrite(self, op, x, c, conv_out, total):
+        conv = conv_out.producer()
+        shift = _channel_shift(c, conv_out)
+        bias = conv.inputs[2] if len(conv.inputs) > 2 else None
+        new = shift if bias is None else _array(bias) + shift
+        new_bias = op.initializer(ir.Tensor(new.astype(shift.dtype)), name=f"{total.name}_bias")
+        return op.op(self.op_type, x, conv.inputs[1], new_bias, **conv.attributes)
+
+
+def _channel_shift(c: ir.Value, conv_out: ir.Value) -> np.ndarray | None:
+    """c as a vector over the Conv's M output channels, where it is a constant the same over
+    every other axis of the output (see ``ConvAddBias``), else None."""
+    tensor = None if c.is_graph_input() else ir.convenience.get_const_tensor(c)
+    conv = conv_out.producer()
+    weight = conv.inputs[1]
+    axis = 1 if conv.op_type == "ConvTranspose" else 0  # ConvTranspose: [C, M / group, ...]
+    if tensor is None or weight.shape is None or not isinstance(weight.shape[axis], int) or conv_out.shape is None:
+        return None
+    channels = weight.shape[axis] * (conv.attributes.get_int("group", 1) if axis else 1)
+    value, rank = tensor.numpy(), len(conv_out.shape)
+    if value.ndim > rank or value.dtype != conv_out.dtype.numpy():
+        return None
+    dims = (1,) * (rank - value.ndim) + value.shape
+    if any(d != 1 for i, d in enumerate(dims) if i != 1) or dims[1] not in (1, channels):
+        return None
+    return np.broadcast_to(value.reshape(-1), (channels,)).copy()
+
+
 @functools.cache  # rule sets are stateless between runs; building them costs ~10 ms
 def inference_pass() -> RulePass:
     """Conv/Gemm + inference-mode BatchNormalization folded into the Conv/Gemm weights and bias
-    (W' = W * gamma/std, B' = (B - mean) * gamma/std + beta), and inference Dropout removed."""
-    return RulePass("InferenceRewrites", [*_bn_rules(), DropoutInference().rule()])
+    (W' = W * gamma/std, B' = (B - mean) * gamma/std + beta), a per-channel constant added
+    after a Conv folded into its bias, and inference Dropout removed."""
+    return RulePass("InferenceRewrites", [*_bn_rules(), *(r for op_type in ("Conv", "ConvTranspose") for r in ConvAddBias.rule(op_type).commute()),
+                                          DropoutInference().rule()])
 
 
 
