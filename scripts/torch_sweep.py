@@ -39,6 +39,7 @@ import warnings
 import numpy as np
 import onnx
 import onnx_ir as ir
+import rivals
 import torch
 
 import graphc as gc
@@ -326,28 +327,6 @@ def _rel(got, want) -> float:
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-12))
 
 
-def _node_counts(proto: onnx.ModelProto) -> str:
-    counts = [f"gc {len(gc.optimize(proto, 3).proto.graph.node)}"]
-    for tool in ("onnxsim", "onnxslim"):
-        try:
-            fresh = onnx.ModelProto()
-            fresh.CopyFrom(proto)
-            if tool == "onnxsim":
-                import onnxsim
-
-                out = onnxsim.simplify(fresh)[0]
-            else:
-                import onnxslim
-
-                out = onnxslim.slim(fresh)
-            counts.append(f"{tool} {len(out.graph.node)}")
-        except ImportError:
-            pass
-        except Exception as exc:  # noqa: BLE001 - a rival failing is a result
-            counts.append(f"{tool} failed ({type(exc).__name__})")
-    return ", ".join(counts)
-
-
 def zoo_row(name: str, exporter: str) -> dict[str, str]:
     """One row of the ``zoo`` table (see the module docstring)."""
     import copy
@@ -399,7 +378,7 @@ def zoo_row(name: str, exporter: str) -> dict[str, str]:
     trainer = gc.Trainer(arts, backend="ort-cpu")
     ours = [trainer.step({"x": x.numpy(), "y": y.numpy()}) for _ in range(20)]
     row["20-step loss gap"] = f"{max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)):.1e}"
-    row["nodes (-O3 / rivals)"] = _node_counts(proto)
+    row["nodes (-O3 / rivals)"] = rivals.describe(rivals.node_counts(proto))
     with tempfile.TemporaryDirectory() as folder:
         served = gc.load(gc.deploy.triton(gc.load(proto), folder, "m") / "1" / "model.onnx")
         outputs = gc.Session(served, backend="ort-cpu").run({"x": x.numpy()})["logits"]

@@ -368,6 +368,20 @@ def test_a_constant_that_varies_over_space_is_not_a_bias():
     assert op_types(gc.optimize(m, 3)) == ["Conv", "Add"]
 
 
+def test_flatten_through_an_int32_shape_becomes_a_constant_reshape():
+    """Paddle's flatten: Reshape(x, Concat(Cast(Slice(Cast(Shape(x), int32), 0, 1), int64), [C],
+    axis=-1)). The batch dim passes the int32 round trip as itself (dims below 2**31), so the
+    target is [0, C] and the shape chain dies."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Cast", ["s"], ["s32"], to=TensorProto.INT32),
+             helper.make_node("Slice", ["s32", "zero", "one"], ["n32"]),
+             helper.make_node("Cast", ["n32"], ["n"], to=TensorProto.INT64),
+             helper.make_node("Concat", ["n", "c"], ["target"], axis=-1),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    inits = [("zero", np.array([0])), ("one", np.array([1])), ("c", np.array([12]))]
+    m = make_model(nodes, [("x", F, ["N", 12, 1, 1])], [("y", F, ["N", 12])], inits)
+    check(m, 2, ["Reshape"])
+
+
 def test_training_mode_batchnorm_never_folded():
     m = _conv_bn(training_mode=1)
     for level in (2, 3):
