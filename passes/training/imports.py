@@ -89,7 +89,10 @@ def exporter_constants(model: ir.Model, names: Sequence[str]) -> dict[str, str]:
        (``val_N``, ``scalar_tensor_default``: scalars, masks, zero states) are constants;
     2. TorchScript (producer ``pytorch``): parameters keep their module paths; a value the
        exporter computed is named ``onnx::<Op>_<N>``: a parameter folded through a Transpose or
-       gate reordering, unless it is a scalar or all zero (nothing PyTorch trains folds to those);
+       gate reordering, unless it is a scalar or all zero (nothing PyTorch trains folds to those).
+       A float buffer keeps its module path too and trains unless frozen (``frozen=["pe"]``):
+       this exporter records nothing that tells it from a parameter (checked with its defaults,
+       ``training=TRAINING``, ``export_modules_as_functions`` and ``keep_initializers_as_inputs``);
     3. any other producer: none (every float initializer is a parameter).
     """
     graph = model.graph
