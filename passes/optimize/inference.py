@@ -38,7 +38,7 @@ def _check_bn(self, context, x, inbound_out, batchnorm_out) -> _basics.MatchResu
     return result
 
 
-def _fused_names(inbound: ir.Node, batchnorm_out: ir.Value) -> tuple[str, str, str, ...]:
+def _fused_names(inbound: ir.Node, batchnorm_out: ir.Value) -> tuple[str, ...]:
     """(weight, bias) names of the folded tensors, then those of them that are new: the
     originals' where they are initializers only this node reads (the folded tensors replace
     them), else names of their own after the BatchNormalization's output."""
@@ -174,7 +174,8 @@ def _channel_shift(c: ir.Value, conv_out: ir.Value) -> np.ndarray | None:
     conv = conv_out.producer()
     weight = conv.inputs[1]
     axis = 1 if conv.op_type == "ConvTranspose" else 0  # ConvTranspose: [C, M / group, ...]
-    if tensor is None or weight.shape is None or not isinstance(weight.shape[axis], int) or conv_out.shape is None:
+    if (tensor is None or weight.shape is None or not isinstance(weight.shape[axis], int) or conv_out.shape is None
+            or conv_out.dtype is None):
         return None
     channels = weight.shape[axis] * (conv.attributes.get_int("group", 1) if axis else 1)
     value, rank = tensor.numpy(), len(conv_out.shape)
@@ -191,8 +192,8 @@ def inference_pass() -> RulePass:
     """Conv/Gemm + inference-mode BatchNormalization folded into the Conv/Gemm weights and bias
     (W' = W * gamma/std, B' = (B - mean) * gamma/std + beta), a per-channel constant added
     after a Conv folded into its bias, and inference Dropout removed."""
-    return RulePass("InferenceRewrites", [*_bn_rules(), *(r for op_type in ("Conv", "ConvTranspose") for r in ConvAddBias.rule(op_type).commute()),
-                                          DropoutInference().rule()])
+    biases = [r for op_type in ("Conv", "ConvTranspose") for r in ConvAddBias.rule(op_type).commute()]
+    return RulePass("InferenceRewrites", [*_bn_rules(), *biases, DropoutInference().rule()])
 
 
 

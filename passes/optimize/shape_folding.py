@@ -178,7 +178,8 @@ def _annotate_reshape(node: ir.Node, target: list[int]) -> None:
 class ShapeFolding(ir.passes.InPlacePass):
     """1. A shape-carrying int64 value (``Shape``, then ``Gather``/``Slice``/``Concat``/``Cast``
     (to int64, or int32 and back)/``Unsqueeze``/``Squeeze``/``Mul`` of them) whose elements are
-    all static dims becomes a constant; onnxscript's folder misses e.g. a ``Gather`` without an explicit ``axis``.
+    all static dims becomes a constant; onnxscript's folder misses e.g. a ``Gather`` without an
+    explicit ``axis``.
     2. ``Reshape(x, s)`` with a computed s becomes ``Reshape(x, const)`` when s's run-time
     dims can be written as 0 (copy x's dim at that axis) or one -1 (inferred from the size), so
     the shape subgraph dies. Sound because the constant denotes the same shape for every input

@@ -123,13 +123,8 @@ def _dynamo_constant(value: ir.Value, params: set[str]) -> str | None:
         return None
     if kind is not None:
         return f"a {kind.lower().replace('_', ' ')} of the torch module, not a parameter"
-    folded = value.metadata_props.get(_FOLDED_FROM)
-    if folded is not None:
-        try:
-            sources = set(ast.literal_eval(folded))
-        except (ValueError, SyntaxError):
-            sources = set()
-        if sources & params:
+    if _FOLDED_FROM in value.metadata_props:
+        if _sources(value) & params:
             return None
         return "folded by the exporter from constants"
     return "made by the dynamo exporter (no module parameter behind it)"
@@ -207,6 +202,7 @@ def _repeats(value: ir.Value) -> bool:
 
 
 def _sources(value: ir.Value) -> set[str]:
+    """The names onnxscript's optimizer records as what it folded ``value`` from."""
     folded = value.metadata_props.get(_FOLDED_FROM)
     try:
         return set(ast.literal_eval(folded)) if folded else set()
