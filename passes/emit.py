@@ -25,6 +25,9 @@ __all__ = ["AXES_AS_INPUT", "Emitter", "SOURCE_KEY", "make_node"]
 AXES_AS_INPUT = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "Split": 13}
 _REDUCE_AXES_AS_INPUT = 18
 
+# ops whose output is a sequence: a dtype recorded for it is its elements'
+_SEQUENCE_OUTPUTS = frozenset({"SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceErase", "SplitToSequence",
+                               "SequenceMap"})
 _BOOL_OPS = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor",
                        "IsNaN", "IsInf"})
 
@@ -73,7 +76,7 @@ class Emitter:
         if dtype is None:
             dtype = _guess_dtype(op_type, inputs, attrs)
         if dtype is not None:
-            out.dtype = dtype
+            out.type = ir.SequenceType(ir.TensorType(dtype)) if op_type in _SEQUENCE_OUTPUTS else ir.TensorType(dtype)
         return out
 
     # -- constants ---------------------------------------------------------------------------
@@ -175,7 +178,7 @@ def _guess_dtype(op_type: str, inputs, attributes) -> ir.DataType | None:
         return ir.DataType(attributes["to"])
     if op_type in _BOOL_OPS:
         return ir.DataType.BOOL
-    if op_type in ("Shape", "Size", "NonZero", "ArgMax", "ArgMin"):
+    if op_type in ("Shape", "Size", "NonZero", "ArgMax", "ArgMin", "SequenceLength"):
         return ir.DataType.INT64
     if op_type == "ConstantOfShape":  # the fill value's dtype, float32 by default
         value = attributes.get("value")

@@ -30,6 +30,22 @@ class T:
 
 
 @dataclass
+class Seq:
+    """A sequence input: ``SequenceConstruct`` of float tensors (each differentiated, named
+    ``in<i>_<j>``), or with ``sizes`` one float tensor split by ``SplitToSequence`` into parts of
+    ``sizes`` along axis 0, the sizes fed at run time, so the count is known only then."""
+    items: tuple
+    sizes: tuple = ()
+
+
+@dataclass
+class Fed:
+    """An integer input fed at run time (a graph input, not a constant): sequence positions and
+    split sizes that ``lower_sequences`` cannot resolve before run time."""
+    value: np.ndarray
+
+
+@dataclass
 class GradCase:
     op: str
     inputs: list  # T (float, differentiated), np.ndarray (constant, e.g. indices/axes), None (omitted)
@@ -41,6 +57,7 @@ class GradCase:
     rtol: float = 1e-5  # finite-difference check tolerance
     ort: bool = True  # also check numpy vs onnxruntime (float32)
     captures: tuple = ()  # T inputs read by subgraphs only (named after the node inputs)
+    seq_out: tuple = ()  # outputs that are sequences: the loss reads ConcatFromSequence(axis 0) of each
 
     @property
     def id(self) -> str:
@@ -68,13 +85,37 @@ def draw(t: T, rng: np.random.Generator, dtype) -> np.ndarray:
     return np.asarray(x, dtype=dtype)
 
 
+def param_names(case: GradCase) -> list[str]:
+    """The names of the case's differentiated float tensors."""
+    names = []
+    for i, spec in enumerate([*case.inputs, *case.captures]):
+        if isinstance(spec, T):
+            names.append(f"in{i}")
+        elif isinstance(spec, Seq):
+            names.extend(f"in{i}_{j}" for j in range(len(spec.items)))
+    return names
+
+
+def feeds(case: GradCase) -> dict[str, np.ndarray]:
+    """The run-time integer inputs of the case (``Fed`` values, ``Seq`` split sizes)."""
+    out = {f"in{i}": np.asarray(spec.value) for i, spec in enumerate(case.inputs) if isinstance(spec, Fed)}
+    out.update({f"in{i}_sizes": np.asarray(spec.sizes, np.int64) for i, spec in enumerate(case.inputs)
+                if isinstance(spec, Seq) and spec.sizes})
+    return out
+
+
 def build(case: GradCase, dtype=np.float64, seed: int = 0) -> onnx.ModelProto:
-    """The one-node model (no loss yet): inputs are initializers named in0, in1, ..."""
+    """The one-node model (no loss yet): inputs are initializers named in0, in1, ... (``Fed``
+    values graph inputs, ``Seq`` inputs built by a node in front)."""
     rng = np.random.default_rng(seed)
-    inits, names = [], []
+    inits, names, front, fed = [], [], [], []
     for i, spec in enumerate(case.inputs):
         if spec is None:
             names.append("")
+            continue
+        if isinstance(spec, Fed | Seq):
+            names.append(f"in{i}")
+            front.extend(_runtime_input(f"in{i}", spec, rng, dtype, inits, fed))
             continue
         arr = draw(spec, rng, dtype) if isinstance(spec, T) else np.asarray(spec)
         if isinstance(spec, np.ndarray) and spec.dtype == np.float64:  # float32 stays (Resize scales)
@@ -85,10 +126,27 @@ def build(case: GradCase, dtype=np.float64, seed: int = 0) -> onnx.ModelProto:
     for j, spec in enumerate(case.captures):  # read by subgraphs, not node inputs
         inits.append(onnx.numpy_helper.from_array(draw(spec, rng, dtype), f"in{len(case.inputs) + j}"))
     attrs = case.attrs(dtype) if callable(case.attrs) else case.attrs
-    node = helper.make_node(case.op, names, outs, name=f"{case.op}_0", **attrs)
-    graph = helper.make_graph([node], case.id, [], [helper.make_value_info(o, onnx.TypeProto()) for o in outs],
-                              initializer=inits)
+    node_outs = [f"seq{i}" if i in case.seq_out else o for i, o in enumerate(outs)]
+    node = helper.make_node(case.op, names, node_outs, name=f"{case.op}_0", **attrs)
+    back = [helper.make_node("ConcatFromSequence", [f"seq{i}"], [f"y{i}"], axis=0) for i in case.seq_out]
+    graph = helper.make_graph([*front, node, *back], case.id, fed,
+                              [helper.make_value_info(o, onnx.TypeProto()) for o in outs], initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", case.opset)])
+
+
+def _runtime_input(name: str, spec, rng, dtype, inits: list, fed: list) -> list:
+    """The nodes making input ``name`` of a ``Fed`` or ``Seq`` spec; appends to ``inits`` and
+    ``fed`` (graph inputs) what they read."""
+    if isinstance(spec, Fed):
+        fed.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(spec.value.dtype),
+                                                 spec.value.shape))
+        return []
+    items = [f"{name}_{j}" for j in range(len(spec.items))]
+    inits.extend(onnx.numpy_helper.from_array(draw(t, rng, dtype), n) for t, n in zip(spec.items, items))
+    if not spec.sizes:
+        return [helper.make_node("SequenceConstruct", items, [name])]
+    fed.append(helper.make_tensor_value_info(f"{name}_sizes", onnx.TensorProto.INT64, [len(spec.sizes)]))
+    return [helper.make_node("SplitToSequence", [items[0], f"{name}_sizes"], [name], axis=0)]
 
 
 def with_loss(model: onnx.ModelProto, shapes: dict, case: GradCase, dtype, seed: int = 1) -> onnx.ModelProto:
@@ -449,6 +507,22 @@ def _cases() -> list[GradCase]:
         c("If", [np.array(False)], if_branches, n_out=2, captures=(T((3, 4)), T((4,))), tag="else"),
         c("Loop", [np.array(3, dtype=np.int64), None, T((3, 4))], loop_body, n_out=2, captures=(T((4,)),)),
         c("Scan", [T((4,)), T((5, 4))], scan_body, n_out=2, captures=(T((4,)),)),
+        # sequences whose length is known at run time only (rules_sequence.py)
+        c("SequenceConstruct", [T((2, 3)), T((1, 3))], seq_out=(0,)),
+        c("SequenceAt", [Seq((T((2, 3)), T((1, 3)), T((3, 3)))), Fed(np.array(1))], opset=17),
+        c("SequenceAt", [Seq((T((6, 3)),), (2, 1, 3)), Fed(np.array(-1, np.int32))], opset=17, tag="split_negative"),
+        c("SequenceInsert", [Seq((T((5, 3)),), (2, 3)), T((1, 3)), Fed(np.array(1))], seq_out=(0,), opset=17),
+        c("SequenceInsert", [Seq((T((5, 3)),), (2, 3)), T((1, 3)), Fed(np.array(-2))], seq_out=(0,), opset=17,
+          tag="negative"),
+        c("SequenceInsert", [Seq((T((5, 3)),), (2, 3)), T((4, 3))], seq_out=(0,), opset=17, tag="append"),
+        c("SequenceErase", [Seq((T((6, 3)),), (2, 1, 3)), Fed(np.array(-2))], seq_out=(0,), opset=17),
+        c("SequenceErase", [Seq((T((6, 3)),), (2, 1, 3))], seq_out=(0,), opset=17, tag="last"),
+        c("SplitToSequence", [T((5, 3)), Fed(np.array([2, 3]))], seq_out=(0,), opset=17),
+        c("SplitToSequence", [T((5, 3)), Fed(np.array(2))], seq_out=(0,), opset=17, tag="chunks"),
+        c("SplitToSequence", [T((3, 4))], {"axis": 1, "keepdims": 0}, seq_out=(0,), opset=17, tag="squeezed"),
+        c("ConcatFromSequence", [Seq((T((6, 3)),), (2, 1, 3))], {"axis": 0}, opset=17),
+        c("ConcatFromSequence", [Seq((T((6, 3)),), (2, 2, 2))], {"axis": -1, "new_axis": 1}, opset=17,
+          tag="new_axis"),
         c("Scan", [T((4,)), T((4, 5))], lambda dt: scan_body(
             dt, scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[1], scan_output_directions=[1]),
           n_out=2, captures=(T((4,)),), tag="axes_reverse"),

@@ -11,9 +11,9 @@ import pytest
 import graphc
 
 try:
-    from autodiff_cases import CASES, GradCase, T, build, with_loss
+    from autodiff_cases import CASES, GradCase, build, feeds, param_names, with_loss
 except ImportError:  # tests/ collected as a package
-    from tests.autodiff_cases import CASES, GradCase, T, build, with_loss
+    from tests.autodiff_cases import CASES, GradCase, build, feeds, param_names, with_loss
 from graphc.passes.autodiff import RULES, gradient_model
 
 
@@ -34,9 +34,9 @@ def run_ort(proto: onnx.ModelProto, feeds: dict) -> dict:
 def grad_proto(case: GradCase, dtype) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The case's gradient model (loss + <param>_grad outputs) and its float params."""
     fwd = build(case, dtype)
-    outs = run_numpy(_with_outputs(fwd, case), {})
+    outs = run_numpy(_with_outputs(fwd, case), feeds(case))
     model = with_loss(fwd, {k: v.shape for k, v in outs.items()}, case, dtype)
-    wrt = [f"in{i}" for i, spec in enumerate([*case.inputs, *case.captures]) if isinstance(spec, T)]
+    wrt = param_names(case)
     gm = gradient_model(ir.serde.deserialize_model(model), "loss", wrt)
     proto = graphc.Model(gm).proto
     onnx.checker.check_model(proto, full_check=True)
@@ -57,15 +57,16 @@ def _with_outputs(model: onnx.ModelProto, case: GradCase) -> onnx.ModelProto:
 def test_gradient_matches_finite_differences(case: GradCase):
     proto, params = grad_proto(case, np.float64)
     assert params, "case has no differentiable input"
-    out = run_numpy(proto, {})
+    fed = feeds(case)
+    out = run_numpy(proto, fed)
     rng = np.random.default_rng(2)
     eps = 1e-6
     for name, p in params.items():
         grad = out[f"{name}_grad"]
         assert grad.shape == p.shape and grad.dtype == p.dtype, name
         t = rng.standard_normal(p.shape)
-        plus = run_numpy(proto, {name: p + eps * t})["loss"]
-        minus = run_numpy(proto, {name: p - eps * t})["loss"]
+        plus = run_numpy(proto, {**fed, name: p + eps * t})["loss"]
+        minus = run_numpy(proto, {**fed, name: p - eps * t})["loss"]
         numeric = (plus - minus) / (2 * eps)
         analytic = float(np.sum(grad * t))
         np.testing.assert_allclose(analytic, numeric, rtol=case.rtol, atol=1e-6, err_msg=f"d loss / d {name}")
@@ -74,8 +75,8 @@ def test_gradient_matches_finite_differences(case: GradCase):
 @pytest.mark.parametrize("case", [c for c in CASES if c.ort], ids=lambda c: c.id)
 def test_gradient_graph_numpy_matches_onnxruntime(case: GradCase):
     proto, _ = grad_proto(case, np.float32)
-    expected = run_numpy(proto, {})
-    got = run_ort(proto, {})
+    expected = run_numpy(proto, feeds(case))
+    got = run_ort(proto, feeds(case))
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
 

@@ -325,6 +325,63 @@ def test_conv_batchnorm_folded_at_level3_only():
     check(m, 3, ["Conv"])
 
 
+def test_batchnorm_folded_into_a_conv_whose_weights_another_conv_shares():
+    """A block applied twice (ShuffleNet's branch): both Convs read W and B, one BN after each
+    (the second with its own statistics). Each Conv gets folded copies of its own; the other
+    reader never sees a changed W, so the outputs are unchanged."""
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "g", "b", "mu", "var"], ["y"]),
+             helper.make_node("Conv", ["y", "W", "B"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c2", "g", "b", "mu2", "var"], ["z"]),
+             helper.make_node("Conv", ["z", "W"], ["out"], pads=[1, 1, 1, 1])]
+    inits = [("W", w(4, 4, 3, 3) * 0.2), ("B", w(4)), ("g", w(4)), ("b", w(4)), ("mu", w(4)), ("mu2", w(4)),
+             ("var", np.abs(w(4)) + 0.5)]
+    m = make_model(nodes, [("x", F, ["N", 4, 5, 5])], [("out", F, ["N", 4, 5, 5])], inits)
+    out = check(m, 3, ["Conv", "Conv", "Conv"], atol=1e-4)
+    weights = [n.inputs[1] for n in out.ir.graph]
+    assert weights[0].name != "W" and weights[2].name == "W"  # (equal folded copies merged)
+    np.testing.assert_array_equal(weights[2].const_value.numpy(), dict(inits)["W"])
+
+
+@pytest.mark.parametrize("op_type", ["Conv", "ConvTranspose"])
+def test_channel_constant_added_after_a_conv_folds_into_its_bias_at_level3(op_type):
+    """Paddle's exports: Conv without bias, Add of a [1, M, 1, 1] Constant, BatchNorm, Relu;
+    everything folds into the Conv (ConvTranspose: M = W.shape[1] * group). A scalar added to
+    a Conv output read twice (hardswish's x + 3) stays: the Conv's output must not change."""
+    channels, c_in = (4, 3) if op_type == "Conv" else (3, 4)  # W [4, 3, 3, 3]: Conv [M, C], ConvTranspose [C, M]
+    nodes = [const("W", w(4, 3, 3, 3)), const("shift", w(1, channels, 1, 1)), const("three", np.float32(3.0)),
+             helper.make_node(op_type, ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "shift"], ["a"]),
+             helper.make_node("BatchNormalization", ["a", "g", "b", "mu", "var"], ["bn"]),
+             helper.make_node("Add", ["bn", "three"], ["h"]),
+             helper.make_node("Mul", ["bn", "h"], ["y"])]
+    inits = [("g", w(channels)), ("b", w(channels)), ("mu", w(channels)), ("var", np.abs(w(channels)) + 0.5)]
+    m = make_model(nodes, [("x", F, ["N", c_in, 5, 5])], [("y", F, ["N", channels, 5, 5])], inits)
+    assert op_types(gc.optimize(m, 2)) == [op_type, "Add", "BatchNormalization", "Add", "Mul"]
+    check(m, 3, [op_type, "Add", "Mul"], atol=1e-4)
+
+
+def test_a_constant_that_varies_over_space_is_not_a_bias():
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"]), helper.make_node("Add", ["c", "shift"], ["y"])]
+    m = make_model(nodes, [("x", F, ["N", 3, 4, 4])], [("y", F, ["N", 2, 2, 2])],
+                   [("W", w(2, 3, 3, 3)), ("B", w(2)), ("shift", w(1, 1, 2, 2))])
+    assert op_types(gc.optimize(m, 3)) == ["Conv", "Add"]
+
+
+def test_flatten_through_an_int32_shape_becomes_a_constant_reshape():
+    """Paddle's flatten: Reshape(x, Concat(Cast(Slice(Cast(Shape(x), int32), 0, 1), int64), [C],
+    axis=-1)). The batch dim passes the int32 round trip as itself (dims below 2**31), so the
+    target is [0, C] and the shape chain dies."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Cast", ["s"], ["s32"], to=TensorProto.INT32),
+             helper.make_node("Slice", ["s32", "zero", "one"], ["n32"]),
+             helper.make_node("Cast", ["n32"], ["n"], to=TensorProto.INT64),
+             helper.make_node("Concat", ["n", "c"], ["target"], axis=-1),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    inits = [("zero", np.array([0])), ("one", np.array([1])), ("c", np.array([12]))]
+    m = make_model(nodes, [("x", F, ["N", 12, 1, 1])], [("y", F, ["N", 12])], inits)
+    check(m, 2, ["Reshape"])
+
+
 def test_training_mode_batchnorm_never_folded():
     m = _conv_bn(training_mode=1)
     for level in (2, 3):

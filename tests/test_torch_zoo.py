@@ -1,7 +1,8 @@
-"""Test-scale real architectures (tests/torch_zoo.py: ResNet, MobileNet, ShuffleNet, BERT, GPT,
-LSTM/GRU LM) through both torch.onnx exporters, checked against PyTorch: forward parity on
-numpy and onnxruntime, the trainable set equal to ``named_parameters()``, gradients against
-float64 ``torch.autograd``, 20 AdamW steps tracking torch's losses, deploy at opset 17.
+"""Test-scale real architectures (tests/torch_zoo.py: ResNet, MobileNet, ShuffleNet, Swin-style
+window attention with computed padding, BERT, GPT, LSTM/GRU LM) through both torch.onnx
+exporters, checked against PyTorch: forward parity on numpy and onnxruntime, the trainable set
+equal to ``named_parameters()``, gradients against float64 ``torch.autograd``, 20 AdamW steps
+tracking torch's losses, deploy at opset 17.
 
 The exports are committed under tests/data/zoo (``scripts/export_torch_models.py --zoo``), so
 the exporters (seconds each) do not run here; torch is the oracle."""

@@ -16,6 +16,7 @@ import onnx
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch_blocks import WindowAttention
 
 CLASSES = 5
 VOCAB = 13
@@ -162,6 +163,21 @@ class RecurrentLM(nn.Module):
         return self.head(y.mean(1))
 
 
+class WindowNet(nn.Module):
+    """Swin-style: a 1x1 patch embedding, a shifted window-attention block whose padding of H
+    and W up to a multiple of the window is computed from the input's shape (7x6 -> 8x8),
+    window partition, attention with a relative position bias, reverse; mean, head."""
+
+    def __init__(self, dim=8):
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, 1)
+        self.block = WindowAttention(dim, heads=2, window=4, shift=2)
+        self.head = nn.Linear(dim, CLASSES)
+
+    def forward(self, x):
+        return self.head(self.block(self.patch(x).permute(0, 2, 3, 1)).mean((1, 2)))
+
+
 def _tokens(gen):
     x = torch.randint(1, VOCAB, (4, 6), generator=gen)
     x[0, 4:] = 0  # padding, for the encoder's mask
@@ -173,6 +189,7 @@ ZOO = {
     "resnet": (ResNetBlocks, lambda gen: torch.randn(4, 3, 8, 8, generator=gen)),
     "mobilenet": (MobileNetBlocks, lambda gen: torch.randn(4, 3, 8, 8, generator=gen)),
     "shufflenet": (ShuffleBlocks, lambda gen: torch.randn(4, 3, 6, 6, generator=gen)),
+    "window_attention": (WindowNet, lambda gen: torch.randn(4, 3, 7, 6, generator=gen)),
     "bert": (Encoder, _tokens),
     "gpt": (Decoder, _tokens),
     "lstm_gru_lm": (RecurrentLM, _tokens),
@@ -200,16 +217,19 @@ def build(name: str, dtype=torch.float32, seed: int = 0):
     return module, x, y
 
 
-def has_batchnorm(module: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
+def exporter_folds_params(module: nn.Module) -> bool:
+    """Whether the exporters' constant folding would merge a parameter with constants into a
+    tensor PyTorch does not train: BatchNorm fused into the Conv before it, Swin's relative
+    position bias table gathered by its constant index."""
+    return any(isinstance(m, (nn.modules.batchnorm._BatchNorm, WindowAttention)) for m in module.modules())
 
 
 def export(module: nn.Module, x: torch.Tensor, exporter: str, optimize: bool | None = None) -> onnx.ModelProto:
     """``module`` in eval mode exported with input ``x`` and output ``logits``, with each
-    exporter's defaults except where those fuse BatchNorm into the Conv before it, which no
-    longer trains as PyTorch does: for a module with BatchNorm, TorchScript runs without
-    ``do_constant_folding`` and dynamo with ``optimize=False`` (``optimize`` overrides)."""
-    fold = not has_batchnorm(module) if optimize is None else optimize
+    exporter's defaults except where those fold a parameter into a tensor PyTorch does not
+    train (``exporter_folds_params``): there TorchScript runs without ``do_constant_folding``
+    and dynamo with ``optimize=False`` (``optimize`` overrides)."""
+    fold = not exporter_folds_params(module) if optimize is None else optimize
     training = module.training
     module.eval()
     try:

@@ -33,6 +33,9 @@ Conventions (each written next to its rule too):
   path raises ``GraphError`` naming op, node and ``graphc.source`` line (and, for a body node,
   the op it was expanded from); so does a gradient reaching an output its rule does not cover
   (BatchNormalization's running statistics excepted, as above): it is never dropped.
+- sequences: one whose length the shapes and constants decide becomes tensors first
+  (``loops.lower_sequences``); any other has a gradient of its own, a sequence of its elements'
+  gradients (``rules_sequence.py``), summed and zero-filled with ``SequenceMap`` (opset >= 17).
 - limits: Conv/ConvTranspose/pooling need static spatial dims and channels (the batch may be
   symbolic); a Loop whose number of steps is known before run time (a constant trip count, or an
   exit condition computed from constants and integers it carries, as dynamo's EmbeddingBag writes)
@@ -54,6 +57,7 @@ from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rul
     rules_nn,
     rules_norm,
     rules_reduce,
+    rules_sequence,
     rules_shape,
 )
 from graphc.passes.autodiff.core import backprop, backward

@@ -122,6 +122,8 @@ class GradBuilder(Emitter):
         return self.op("ConstantOfShape", shape, value=ir.tensor(np.full(1, fill, dtype=dtype)))
 
     def zeros_like(self, value: ir.Value) -> ir.Value:
+        if isinstance(value.type, ir.SequenceType):
+            return self.seq_map(lambda sub, x: sub.zeros_like(x), value)
         return self.full(self.shape_of(value), 0.0, value)
 
     def flat_zeros_like(self, value: ir.Value, like: ir.Value) -> ir.Value:
@@ -170,7 +172,33 @@ class GradBuilder(Emitter):
         unrolled LSTM: one kernel over 32 gradients, not 31 Adds)."""
         if len(values) == 1:
             return values[0]
+        if isinstance(values[0].type, ir.SequenceType):  # a sequence read twice: element by element
+            return self.seq_map(lambda sub, *xs: sub.sum_values(xs), *values)
         return self.add(*values) if len(values) == 2 else self.op("Sum", *values)
+
+    # -- sequences -----------------------------------------------------------------------------
+    def seq_map(self, fn, *seqs: ir.Value, dtype: ir.DataType | None = None) -> ir.Value:
+        """``SequenceMap`` over the equally long ``seqs``: element ``i`` of the result is
+        ``fn(sub, x_i, y_i, ...)`` built by ``sub`` in the body; its dtype ``dtype``, by default
+        the elements' of ``seqs[0]``."""
+        self.require_opset(17, "SequenceMap (a gradient through a sequence whose length is known only at run time)")
+        body = ir.Graph([], [], nodes=[], name=self.fresh("sequence_map_body"))
+        sub = self.subgraph_builder(body)
+        for seq in seqs:
+            body.inputs.append(ir.Value(name=self.fresh("element"), type=ir.TensorType(self.element_dtype(seq))))
+        out = sub.op("Identity", fn(sub, *body.inputs))
+        dtype = self.element_dtype(seqs[0]) if dtype is None else dtype
+        out.type = ir.TensorType(dtype)
+        body.outputs.append(out)
+        return self.op("SequenceMap", *seqs, body=body, dtype=dtype)
+
+    def element_dtype(self, seq: ir.Value) -> ir.DataType:
+        """The dtype of the sequence ``seq``'s elements; a GraphError where it is not recorded."""
+        elem = seq.type.elem_type if isinstance(seq.type, ir.SequenceType) else None
+        if elem is None or elem.dtype in (None, ir.DataType.UNDEFINED):
+            raise GraphError(f"gradient of node {self.scope.removesuffix('/grad')!r} needs the element type of the "
+                             f"sequence {seq.name!r}, which is not recorded; run shape inference on the model first")
+        return elem.dtype
 
     # -- undoing broadcasting ----------------------------------------------------------------
     def sum_to(self, dx: ir.Value, dx_shape: StaticShape | None, target: ir.Value,

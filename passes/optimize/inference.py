@@ -17,20 +17,23 @@ __all__ = ["ScaleIntoLinear", "inference_pass"]
 
 
 class FoldBatchNorm(RewriteRuleClassBase):
-    """``BatchNormalization(Conv(x, W, B))`` -> ``Conv(x, W', B')`` (and the same for Gemm),
-    W' = W * gamma/std along the output-channel axis, B' = (beta_g * B - mean) * gamma/std +
-    beta (``beta_g``: Gemm's bias scale, dropped from the node). Exact up to rounding when the
-    BatchNormalization runs in inference mode (``training_mode`` absent or 0, one output): it
-    then normalizes with its stored statistics, an affine map per channel. Needs W, B and the
-    statistics to be constant initializers no graph input overrides, and W and B read by
-    nothing else (their folded copies take their names).
+    """``BatchNormalization(Conv(x, W, B))`` -> ``Conv(x, W', B')`` (and the same for
+    ConvTranspose and Gemm), W' = W * gamma/std along the output-channel axis, B' = (beta_g * B -
+    mean) * gamma/std + beta (``beta_g``: Gemm's bias scale, dropped from the node). Exact up to
+    rounding when the BatchNormalization runs in inference mode (``training_mode`` absent or 0,
+    one output): it then normalizes with its stored statistics, an affine map per channel.
+    Needs W, B and the statistics to be constants (initializers or ``Constant`` outputs: Paddle's
+    exports hold every weight in one) no graph input overrides. Sound where the weight or bias is
+    shared too (a block applied twice, as ShuffleNet's): the folded tensors are then new
+    initializers read by this node only (``_fused_names``) and every other reader keeps the
+    originals (equal folded copies are merged by the dedup later).
 
-    onnxscript's ``fuse_batchnorm_into_conv_rule``/``_gemm_rule`` (same arithmetic, same names
-    and attributes) also fold a training-mode BatchNormalization, which normalizes with the
-    batch's statistics (no upstream issue found for onnxscript 0.7); they are written here
-    with that check, building the tensors with ``ir.Tensor`` directly (``ir.tensor()`` first
-    tests its argument against runtime-checkable protocols, which on Python 3.11 costs more
-    than the folding arithmetic)."""
+    onnxscript's ``fuse_batchnorm_into_*_rule`` (same arithmetic, same names and attributes)
+    also fold a training-mode BatchNormalization, which normalizes with the batch's statistics
+    (no upstream issue found for onnxscript 0.7), and refuse shared weights; they are written
+    here with those checks, building the tensors with ``ir.Tensor`` directly (``ir.tensor()``
+    first tests its argument against runtime-checkable protocols, which on Python 3.11 costs
+    more than the folding arithmetic)."""
 
     def __init__(self, op_type: str):
         super().__init__(f"FuseBatchNormInto{op_type}")
@@ -41,46 +44,69 @@ class FoldBatchNorm(RewriteRuleClassBase):
         return op.BatchNormalization(inbound, _allow_other_inputs=True, _outputs=["batchnorm_out"])
 
     def check(self, context, x, inbound_out: ir.Value, batchnorm_out: ir.Value) -> MatchResult:
+        del context
         result = MatchResult()
-        inbound, bn = inbound_out.producer(), batchnorm_out.producer()
+        bn, inbound = batchnorm_out.producer(), inbound_out.producer()
         if bn.attributes.get_int("training_mode", 0) != 0 or len(bn.outputs) != 1:
             return result.fail("BatchNormalization is in training mode")
-        weights = list(inbound.inputs[1:3])
-        for value in [*weights, *bn.inputs[1:]]:
-            if not value.is_initializer() or value.const_value is None:
-                return result.fail(f"{value.name} is not a constant initializer.")
-            if value.is_graph_input():
-                return result.fail(f"{value.name} is a graph input.")
-        for value in weights:
-            if any(use.node not in (inbound, bn) for use in value.uses()):
-                return result.fail(f"Initializer {value.name!r} is used outside the matched pattern.")
+        for value in [*inbound.inputs[1:3], *bn.inputs[1:]]:
+            if value is not None and (value.is_graph_input() or ir.convenience.get_const_tensor(value) is None):
+                return result.fail(f"{value.name} is not a constant")
+        if any(name in bn.graph.initializers for name in _fused_names(inbound, batchnorm_out)[2:]):
+            return result.fail("a folded tensor's name is taken")
+        if self.op_type == "ConvTranspose":  # its weight scaling needs the input channels split evenly
+            channels = inbound.inputs[1].shape[0] if inbound.inputs[1].shape is not None else None
+            if not isinstance(channels, int) or channels % inbound.attributes.get_int("group", 1):
+                return result.fail("the input channels do not split evenly into the groups")
         return result
 
     def rewrite(self, op, x: ir.Value, inbound_out: ir.Value, batchnorm_out: ir.Value):
         batchnorm_node = batchnorm_out.producer()
-        gamma, beta, input_mean, input_var = [inp.const_value.numpy() for inp in batchnorm_node.inputs[1:]]
+        gamma, beta, input_mean, input_var = [_array(inp) for inp in batchnorm_node.inputs[1:]]
         attr = batchnorm_node.attributes.get("epsilon")
         eps = attr.as_float() if attr is not None else 1e-5  # the ONNX default
         scale_factor = gamma / np.sqrt(input_var + eps)
         inbound_node = inbound_out.producer()
-        weights = inbound_node.inputs[1].const_value.numpy()
-        transposed = self.op_type == "Gemm" and inbound_node.attributes.get_int("transB", 0)
-        axis = 1 if self.op_type == "Gemm" and not transposed else 0  # the output-channel axis of W
-        shape = [-1 if i == axis else 1 for i in range(weights.ndim)]
-        fused_weights = ir.Tensor(weights * np.reshape(scale_factor, shape))
+        fused_weights = ir.Tensor(self._scale_weights(_array(inbound_node.inputs[1]), scale_factor,
+                                                      inbound_node.attributes))
         # Gemm scales its bias by "beta" (default 1): folded into the bias, dropped from the node
         new_attributes = dict(inbound_node.attributes)
         gemm_beta_attr = new_attributes.pop("beta", None)
         gemm_beta = gemm_beta_attr.as_float() if gemm_beta_attr is not None else 1.0
-        if len(inbound_node.inputs) > 2:
-            original_bias = inbound_node.inputs[2].const_value.numpy()
-            bias_name = inbound_node.inputs[2].name
-        else:
-            original_bias = np.zeros_like(input_mean)
-            bias_name = inbound_node.inputs[1].name + "_bias"
+        has_bias = len(inbound_node.inputs) > 2 and inbound_node.inputs[2] is not None
+        original_bias = _array(inbound_node.inputs[2]) if has_bias else np.zeros_like(input_mean)
         fused_bias = ir.Tensor((gemm_beta * original_bias - input_mean) * scale_factor + beta)
-        return op.op(self.op_type, x, op.initializer(fused_weights, name=inbound_node.inputs[1].name),
+        weight_name, bias_name = _fused_names(inbound_node, batchnorm_out)[:2]
+        return op.op(self.op_type, x, op.initializer(fused_weights, name=weight_name),
                      op.initializer(fused_bias, name=bias_name), **new_attributes)
+
+    def _scale_weights(self, weights: np.ndarray, scale: np.ndarray, attributes) -> np.ndarray:
+        """W times ``scale`` along its output-channel axis: Conv's axis 0, Gemm's 1 (0 under
+        ``transB``), ConvTranspose's [C, M/group, ...] per group (output channel g*M/group + j)."""
+        if self.op_type == "ConvTranspose":
+            group = attributes.get_int("group", 1)
+            grouped = weights.reshape(group, weights.shape[0] // group, *weights.shape[1:])
+            per_group = scale.reshape(group, 1, weights.shape[1], *[1] * (weights.ndim - 2))
+            return (grouped * per_group).reshape(weights.shape)
+        axis = 1 if self.op_type == "Gemm" and not attributes.get_int("transB", 0) else 0
+        return weights * np.reshape(scale, [-1 if i == axis else 1 for i in range(weights.ndim)])
+
+
+def _fused_names(inbound: ir.Node, batchnorm_out: ir.Value) -> tuple[str, ...]:
+    """(weight, bias) names of the folded tensors, then those of them that are new: the
+    originals' where they are initializers only this node reads (the folded tensors replace
+    them), else names of their own after the BatchNormalization's output."""
+    weight = inbound.inputs[1]
+    bias = inbound.inputs[2] if len(inbound.inputs) > 2 else None
+    own = [v is not None and v.is_initializer() and all(user is inbound for user, _ in v.uses())
+           for v in (weight, bias)]
+    names = (weight.name if own[0] else f"{batchnorm_out.name}_weight",
+             bias.name if own[1] else f"{weight.name}_bias" if own[0] and bias is None else f"{batchnorm_out.name}_bias")
+    return (*names, *(n for n, kept in zip(names, own) if not kept))
+
+
+def _array(value: ir.Value) -> np.ndarray:
+    return ir.convenience.get_const_tensor(value).numpy()
 
 
 class DropoutInference(RewriteRuleClassBase):
@@ -105,11 +131,75 @@ class DropoutInference(RewriteRuleClassBase):
         return op.Identity(x)
 
 
+class ConvAddBias(RewriteRuleClassBase):
+    """``Add(Conv(x, W[, B]), c)`` -> ``Conv(x, W, B')`` with ``B' = B + c`` (B absent: 0) for
+    a constant c that is the same over every axis but the channel one: right-aligned to the
+    output's rank its dims are all 1 but dim 1, which is 1 or the output channels M (a scalar,
+    [M, 1, 1], [1, M, 1, 1]; Paddle's exports add each Conv's bias so). Sound: the Conv adds
+    ``B[m]`` to every element of channel m, so adding ``c[m]`` too is adding ``B[m] + c[m]``
+    (up to rounding), and such a c does not broadcast the output to a larger shape. The Conv's
+    output must have no other reader (the matcher's rule for a pattern's inner values). The
+    same for ConvTranspose (``op_type``), whose bias is per output channel too.
+    Inference only: B' replaces a parameter."""
+
+    def __init__(self, op_type: str = "Conv"):
+        super().__init__(f"{op_type}AddBias")
+        self.op_type = op_type
+
+    def pattern(self, op, x, c):
+        conv = getattr(op, self.op_type)(x, _allow_other_inputs=True, _outputs=["conv_out"])
+        return op.Add(conv, c, _outputs=["total"])
+
+    def check(self, context, x, c, conv_out, total) -> MatchResult:
+        del context
+        result = MatchResult()
+        if _channel_shift(c, conv_out) is None:
+            return result.fail("the added value is not a constant per output channel")
+        conv = conv_out.producer()
+        bias = conv.inputs[2] if len(conv.inputs) > 2 else None
+        if bias is not None and (bias.is_graph_input() or ir.convenience.get_const_tensor(bias) is None):
+            return result.fail("the Conv's bias is not a constant")
+        if f"{total.name}_bias" in conv.graph.initializers:
+            return result.fail("the new bias's name is taken")
+        return result
+
+    def rewrite(self, op, x, c, conv_out, total):
+        conv = conv_out.producer()
+        shift = _channel_shift(c, conv_out)
+        bias = conv.inputs[2] if len(conv.inputs) > 2 else None
+        new = shift if bias is None else _array(bias) + shift
+        new_bias = op.initializer(ir.Tensor(new.astype(shift.dtype)), name=f"{total.name}_bias")
+        return op.op(self.op_type, x, conv.inputs[1], new_bias, **conv.attributes)
+
+
+def _channel_shift(c: ir.Value, conv_out: ir.Value) -> np.ndarray | None:
+    """c as a vector over the Conv's M output channels, where it is a constant the same over
+    every other axis of the output (see ``ConvAddBias``), else None."""
+    tensor = None if c.is_graph_input() else ir.convenience.get_const_tensor(c)
+    conv = conv_out.producer()
+    weight = conv.inputs[1]
+    axis = 1 if conv.op_type == "ConvTranspose" else 0  # ConvTranspose: [C, M / group, ...]
+    if (tensor is None or weight.shape is None or not isinstance(weight.shape[axis], int) or conv_out.shape is None
+            or conv_out.dtype is None):
+        return None
+    channels = weight.shape[axis] * (conv.attributes.get_int("group", 1) if axis else 1)
+    value, rank = tensor.numpy(), len(conv_out.shape)
+    if value.ndim > rank or value.dtype != conv_out.dtype.numpy():
+        return None
+    dims = (1,) * (rank - value.ndim) + value.shape
+    if any(d != 1 for i, d in enumerate(dims) if i != 1) or dims[1] not in (1, channels):
+        return None
+    return np.broadcast_to(value.reshape(-1), (channels,)).copy()
+
+
 @functools.cache  # rule sets are stateless between runs; building them costs ~10 ms
 def inference_pass() -> RulePass:
     """Conv/Gemm + inference-mode BatchNormalization folded into the Conv/Gemm weights and bias
-    (W' = W * gamma/std, B' = (B - mean) * gamma/std + beta), and inference Dropout removed."""
-    return RulePass("InferenceRewrites", [FoldBatchNorm("Conv"), FoldBatchNorm("Gemm"), DropoutInference()])
+    (W' = W * gamma/std, B' = (B - mean) * gamma/std + beta), a per-channel constant added
+    after a Conv folded into its bias, and inference Dropout removed."""
+    folds = [FoldBatchNorm(op_type) for op_type in ("Conv", "ConvTranspose", "Gemm")]
+    biases = [ConvAddBias(op_type) for op_type in ("Conv", "ConvTranspose")]
+    return RulePass("InferenceRewrites", [*folds, *biases, DropoutInference()], commute=True)
 
 
 

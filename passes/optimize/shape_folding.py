@@ -73,10 +73,15 @@ def _traced(value: ir.Value, depth: int, memo: dict | None) -> list[Dim] | None:
         end = node.attributes.get_int("end", rank)
         return [_dim_key(x, i) for i in range(rank)[slice(start, end)]]
     if op in ("Cast", "Squeeze", "Unsqueeze", "Identity") and ins[0] is not None:
-        if op == "Cast" and node.attributes.get_int("to") != ir.DataType.INT64:
+        to = node.attributes.get_int("to") if op == "Cast" else ir.DataType.INT64
+        if to not in (ir.DataType.INT64, ir.DataType.INT32):
             return None
-        return shape_value(ins[0], depth + 1, memo)
-    if op == "Concat" and node.attributes.get_int("axis", 0) == 0:
+        source = shape_value(ins[0], depth + 1, memo)
+        if to == ir.DataType.INT32 and source is not None and any(
+                isinstance(d, int) and not -_INT32 <= d < _INT32 for d in source):
+            return None
+        return source
+    if op == "Concat" and node.attributes.get_int("axis", 0) in (0, -1):  # 1-D: the same axis
         parts = [shape_value(v, depth + 1, memo) for v in ins]
         return None if any(p is None for p in parts) else [d for p in parts for d in p]
     if op == "Gather" and node.attributes.get_int("axis", 0) == 0:
@@ -104,6 +109,12 @@ def _traced(value: ir.Value, depth: int, memo: dict | None) -> list[Dim] | None:
             return None
         return [_ARITHMETIC[op](x, y) for x, y in zip(a, b)]
     return None
+
+
+# Paddle2ONNX casts shapes to int32 and back: a run-time dim passes through as itself, which
+# holds for every dim below 2**31 (a tensor with more elements than that along one axis, 8 GiB
+# of float32 in one row, is beyond what such a graph computes right anyway: the cast wraps).
+_INT32 = 2**31
 
 
 def _trunc_div(a: int, b: int) -> int:
@@ -166,9 +177,10 @@ def _annotate_reshape(node: ir.Node, target: list[int]) -> None:
 
 
 class ShapeFolding(Declared, ir.passes.InPlacePass):
-    """1. A shape-carrying value (``Shape``, then ``Gather``/``Slice``/``Concat``/``Cast``/
-    ``Unsqueeze``/``Squeeze``/``Mul`` of them) whose elements are all static dims becomes a
-    constant; onnxscript's folder misses e.g. a ``Gather`` without an explicit ``axis``.
+    """1. A shape-carrying int64 value (``Shape``, then ``Gather``/``Slice``/``Concat``/``Cast``
+    (to int64, or int32 and back)/``Unsqueeze``/``Squeeze``/``Mul`` of them) whose elements are
+    all static dims becomes a constant; onnxscript's folder misses e.g. a ``Gather`` without an
+    explicit ``axis``.
     2. ``Reshape(x, s)`` with a computed s becomes ``Reshape(x, const)`` when s's run-time
     dims can be written as 0 (copy x's dim at that axis) or one -1 (inferred from the size), so
     the shape subgraph dies. Sound because the constant denotes the same shape for every input
@@ -191,7 +203,7 @@ class ShapeFolding(Declared, ir.passes.InPlacePass):
                     modified = True
             elif node.op_type in ("Gather", "Concat", "Slice", "Shape") and len(node.outputs) == 1:
                 out = node.outputs[0]
-                if out.is_graph_output() or _ints(out) is not None or not out.uses():
+                if out.is_graph_output() or out.dtype != ir.DataType.INT64 or _ints(out) is not None or not out.uses():
                     continue
                 dims = shape_value(out, memo=memo)
                 if dims is not None and all(isinstance(d, int) for d in dims):

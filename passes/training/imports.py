@@ -18,7 +18,10 @@ Exporters keep weights in odd places. This pass handles:
    does it to every freshly initialized LayerNorm), so training would tie those layers. It
    stays as it is (the graph means exactly that) with a warning naming the layers.
 
-5. initializers that the exporter made, not the source model's parameters (``exporter_constants``).
+5. initializers that the exporter made, not the source model's parameters (``exporter_constants``);
+6. parameters the exporter's constant folding merged with other tensors (a BatchNorm fused into
+   the Conv before it, a table gathered by constant indices): the merged tensor trains, which
+   is not what the source model trains; a warning names them (``warn_folded_parameters``).
 
 Initializers listed as graph inputs (IR < 4 exports) keep working: they already are inputs.
 """
@@ -30,6 +33,7 @@ import re
 import warnings
 from collections.abc import Sequence
 
+import numpy as np
 import onnx_ir as ir
 
 from graphc.model import SOURCE_KEY
@@ -85,7 +89,10 @@ def exporter_constants(model: ir.Model, names: Sequence[str]) -> dict[str, str]:
        (``val_N``, ``scalar_tensor_default``: scalars, masks, zero states) are constants;
     2. TorchScript (producer ``pytorch``): parameters keep their module paths; a value the
        exporter computed is named ``onnx::<Op>_<N>``: a parameter folded through a Transpose or
-       gate reordering, unless it is a scalar or all zero (nothing PyTorch trains folds to those);
+       gate reordering, unless it is a scalar or all zero (nothing PyTorch trains folds to those).
+       A float buffer keeps its module path too and trains unless frozen (``frozen=["pe"]``):
+       this exporter records nothing that tells it from a parameter (checked with its defaults,
+       ``training=TRAINING``, ``export_modules_as_functions`` and ``keep_initializers_as_inputs``);
     3. any other producer: none (every float initializer is a parameter).
     """
     graph = model.graph
@@ -116,13 +123,8 @@ def _dynamo_constant(value: ir.Value, params: set[str]) -> str | None:
         return None
     if kind is not None:
         return f"a {kind.lower().replace('_', ' ')} of the torch module, not a parameter"
-    folded = value.metadata_props.get(_FOLDED_FROM)
-    if folded is not None:
-        try:
-            sources = set(ast.literal_eval(folded))
-        except (ValueError, SyntaxError):
-            sources = set()
-        if sources & params:
+    if _FOLDED_FROM in value.metadata_props:
+        if _sources(value) & params:
             return None
         return "folded by the exporter from constants"
     return "made by the dynamo exporter (no module parameter behind it)"
@@ -152,3 +154,69 @@ def warn_shared_normalization_params(graph: ir.Graph, params: Sequence[str]) -> 
             "one tensor. If they are separate layers in the source model, the exporter merged initializers with "
             "equal values (torch.onnx.export(..., dynamo=True) does unless optimize=False); export without that "
             "merge to train them apart.", UserWarning, stacklevel=4)
+
+
+# ops whose weight the TorchScript exporter never re-lays out: one named ``onnx::Conv_<N>`` is
+# computed from more than the Conv's own weight (a BatchNorm folded into it)
+_COMPUTED_WEIGHTS = frozenset({"Conv", "ConvTranspose"})
+
+
+def folded_parameters(model: ir.Model, params: Sequence[str]) -> list[str]:
+    """Descriptions of what the exporter's constant folding merged into the trainable ``params``,
+    decided by the exporters' records and by the folded values:
+
+    1. dynamo: a parameter of the signature that is no initializer and no initializer's only
+       source (``folded_from``): a BatchNorm's weight and bias fused into the Conv before it;
+    2. TorchScript: a trainable ``onnx::<Op>_<N>`` initializer read by a Conv (the exporter
+       re-lays out Linear and recurrent weights, never a Conv's), named with its readers (their
+       names are module paths: ``/layer1/conv/Conv``);
+    3. either: a trainable tensor folded from a parameter (``folded_from`` naming one, or an
+       ``onnx::`` name) whose nonzero values repeat: the parameter copied to several places (a
+       relative position bias table gathered by constant indices), which the source model trains
+       as one value and training here as several. A slice or a reordering copies each value once.
+    """
+    graph = model.graph
+    found = []
+    if _SIGNATURE in graph.metadata_props:
+        signature = set(re.findall(r"PARAMETER target='([^']+)'", graph.metadata_props[_SIGNATURE]))
+        sources = {name: _sources(value) for name, value in graph.initializers.items()}
+        found = [f"{name!r} (copies of {', '.join(sorted(sources[name] & signature))})" for name in params
+                 if sources.get(name, set()) & signature and _repeats(graph.initializers[name])]
+        gone = sorted(signature - set(graph.initializers) - {s for group in sources.values() for s in group})
+        return found + ([f"parameters {', '.join(gone)} (folded into other tensors)"] if gone else [])
+    if model.producer_name != _TORCH:
+        return []
+    for name in params:
+        if name.startswith(_TORCHSCRIPT_FOLDED):
+            readers = [use.node for use in graph.initializers[name].uses()]
+            if _repeats(graph.initializers[name]) or any(node.op_type in _COMPUTED_WEIGHTS for node in readers):
+                found.append(f"{name!r} (read by {', '.join(repr(n.name or n.op_type) for n in readers)})")
+    return found
+
+
+def _repeats(value: ir.Value) -> bool:
+    """Whether a nonzero value occurs more than once in the initializer ``value``."""
+    array = value.const_value.numpy().reshape(-1) if value.const_value is not None else np.zeros(0)
+    nonzero = array[array != 0]
+    return np.unique(nonzero).size < nonzero.size
+
+
+def _sources(value: ir.Value) -> set[str]:
+    """The names onnxscript's optimizer records as what it folded ``value`` from."""
+    folded = value.metadata_props.get(_FOLDED_FROM)
+    try:
+        return set(ast.literal_eval(folded)) if folded else set()
+    except (ValueError, SyntaxError):
+        return set()
+
+
+def warn_folded_parameters(model: ir.Model, params: Sequence[str]) -> None:
+    """One warning listing ``folded_parameters`` and how to export without the merge."""
+    found = folded_parameters(model, params)
+    if found:
+        warnings.warn(
+            f"the exporter folded parameters together with other tensors: {'; '.join(found)}. Training updates the "
+            "merged tensors, which is not what the source model trains (a BatchNorm fused into a Conv, a table "
+            "gathered by constant indices). Export without constant folding to train the model's own parameters: "
+            "torch.onnx.export(..., do_constant_folding=False) or torch.onnx.export(..., dynamo=True, optimize=False).",
+            UserWarning, stacklevel=4)
