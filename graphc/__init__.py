@@ -38,9 +38,19 @@ _OPS = (
     "batch_norm layer_norm dropout embedding cast"
 ).split()
 
+# torch-named functions (issue 12): graphc.ops_array's and the functional layers of graphc.ops_layers
+_ARRAY_OPS = (
+    "pad split chunk gather index_select scatter cumsum einsum topk argmax argmin arange zeros ones full "
+    "zeros_like ones_like full_like masked_fill expand repeat tile triu tril one_hot clamp pow rsqrt sin cos"
+).split()
+_LAYER_OPS = "interpolate scaled_dot_product_attention".split()
+
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.ops", op) for op in _OPS},
+    **{op: ("graphc.ops_array", op) for op in _ARRAY_OPS},
+    **{op: ("graphc.ops_layers", op) for op in _LAYER_OPS},
+    "erf": ("graphc.ops", "erf"),
     "Tensor": ("graphc.tensor", "Tensor"),
     "capture": ("graphc.tracing", "capture"),
     "cond": ("graphc.control", "cond"),

@@ -1,0 +1,136 @@
+"""TransformerEncoderLayer and TransformerDecoderLayer with ``torch.nn``'s arguments, sub-module
+names (``self_attn``, ``linear1``, ``norm1``, ...), post- or pre-norm (``norm_first``), masks and
+causal attention."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from graphc import ops
+from graphc.errors import GraphError
+from graphc.nn.attention import MultiheadAttention
+from graphc.nn.layers import Dropout, LayerNorm, Linear
+from graphc.nn.module import Module
+from graphc.ops_layers import causal_mask
+from graphc.tensor import Tensor
+
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": ops.relu, "gelu": ops.gelu}
+
+
+def _activation(activation: Any) -> Callable[[Tensor], Tensor]:
+    if callable(activation):
+        return activation
+    if activation not in _ACTIVATIONS:
+        raise GraphError(f"activation {activation!r}; expected 'relu', 'gelu' or a callable")
+    return _ACTIVATIONS[activation]
+
+
+def _with_causal(x: Tensor, mask: Tensor | None, is_causal: bool, batch_first: bool) -> Tensor | None:
+    """``mask`` with the causal mask added (MultiheadAttention's bool masks are true where a key
+    is hidden, float masks are added to the scores)."""
+    if not is_causal:
+        return mask
+    dim = -2 if batch_first else 0
+    hidden = ~causal_mask(x, x, dim)
+    if mask is None:
+        return hidden
+    if mask.dtype == "bool":
+        return hidden | mask
+    return ops.where(hidden, ops.scalar(float("-inf"), mask), mask)
+
+
+class _FeedForward(Module):
+    """The shared part of both layers: ``linear1``, ``dropout``, ``linear2`` and the residual
+    blocks; PyTorch registers them on the layer itself, so the subclasses do."""
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        return self.dropout_last(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    def _sa_block(self, x: Tensor, mask: Tensor | None, key_padding_mask: Tensor | None, is_causal: bool) -> Tensor:
+        mask = _with_causal(x, mask, is_causal, self.self_attn.batch_first)
+        return self.dropout1(self.self_attn(x, x, x, attn_mask=mask, key_padding_mask=key_padding_mask,
+                                            need_weights=False)[0])
+
+    def _init_ff(self, d_model: int, dim_feedforward: int, dropout: float, activation: Any, bias: bool,
+                 dtype: Any) -> None:
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, dtype=dtype)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, dtype=dtype)
+        self.activation = _activation(activation)
+
+
+class TransformerEncoderLayer(_FeedForward):
+    """``forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False)``; with
+    ``is_causal`` and no ``src_mask`` the causal mask is built in the graph."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation: Any = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, dtype: Any = "float32"):
+        super().__init__()
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first,
+                                            dtype=dtype)
+        self._init_ff(d_model, dim_feedforward, dropout, activation, bias, dtype)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+
+    @property
+    def dropout_last(self) -> Module:
+        return self.dropout2
+
+    def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+                is_causal: bool = False) -> Tensor:
+        x = src
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+            return x + self._ff_block(self.norm2(x))
+        x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
+        return self.norm2(x + self._ff_block(x))
+
+
+class TransformerDecoderLayer(_FeedForward):
+    """``forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+    memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False)``."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation: Any = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, dtype: Any = "float32"):
+        super().__init__()
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first,
+                                            dtype=dtype)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                                 batch_first=batch_first, dtype=dtype)
+        self._init_ff(d_model, dim_feedforward, dropout, activation, bias, dtype)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.dropout3 = Dropout(dropout)
+
+    @property
+    def dropout_last(self) -> Module:
+        return self.dropout3
+
+    def _mha_block(self, x: Tensor, mem: Tensor, mask: Tensor | None, key_padding_mask: Tensor | None,
+                   is_causal: bool) -> Tensor:
+        if is_causal and mask is None:
+            raise GraphError("memory_is_causal needs memory_mask (as in PyTorch, it is only a hint)")
+        return self.dropout2(self.multihead_attn(x, mem, mem, attn_mask=mask, key_padding_mask=key_padding_mask,
+                                                 need_weights=False)[0])
+
+    def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None, memory_mask: Tensor | None = None,
+                tgt_key_padding_mask: Tensor | None = None, memory_key_padding_mask: Tensor | None = None,
+                tgt_is_causal: bool = False, memory_is_causal: bool = False) -> Tensor:
+        x = tgt
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
+            x = x + self._mha_block(self.norm2(x), memory, memory_mask, memory_key_padding_mask, memory_is_causal)
+            return x + self._ff_block(self.norm3(x))
+        x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
+        x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal))
+        return self.norm3(x + self._ff_block(x))
