@@ -38,7 +38,7 @@ _OPS = (
     "batch_norm layer_norm dropout embedding cast"
 ).split()
 
-# torch-named functions (issue 12): graphc.ops_array's and the functional layers of graphc.ops_layers
+# torch-named functions (issue 12): graphc.dsl.ops_array's and the functional layers of graphc.dsl.ops_layers
 _ARRAY_OPS = (
     "pad split chunk gather index_select scatter cumsum einsum topk argmax argmin arange zeros ones full "
     "zeros_like ones_like full_like masked_fill expand repeat tile triu tril one_hot clamp pow rsqrt sin cos"
@@ -47,15 +47,15 @@ _LAYER_OPS = "interpolate scaled_dot_product_attention".split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
-    **{op: ("graphc.ops", op) for op in _OPS},
-    **{op: ("graphc.ops_array", op) for op in _ARRAY_OPS},
-    **{op: ("graphc.ops_layers", op) for op in _LAYER_OPS},
-    "erf": ("graphc.ops", "erf"),
-    "Tensor": ("graphc.tensor", "Tensor"),
-    "capture": ("graphc.tracing", "capture"),
-    "cond": ("graphc.control", "cond"),
-    "fori_loop": ("graphc.control", "fori_loop"),
-    "scan": ("graphc.control", "scan"),
+    **{op: ("graphc.dsl.ops", op) for op in _OPS},
+    **{op: ("graphc.dsl.ops_array", op) for op in _ARRAY_OPS},
+    **{op: ("graphc.dsl.ops_layers", op) for op in _LAYER_OPS},
+    "erf": ("graphc.dsl.ops", "erf"),
+    "Tensor": ("graphc.dsl.tensor", "Tensor"),
+    "capture": ("graphc.dsl.capture", "capture"),
+    "cond": ("graphc.dsl.control", "cond"),
+    "fori_loop": ("graphc.dsl.control", "fori_loop"),
+    "scan": ("graphc.dsl.control", "scan"),
     "nn": ("graphc.nn", None),
     "losses": ("graphc.losses", None),
     "optim": ("graphc.optim", None),

@@ -75,7 +75,7 @@ def _spec_or_tensor(kind: str, first, second, label, options: dict[str, Any]):
         return spec
     if second is None:
         raise TypeError(f"gc.losses.{kind}(pred, target) needs two Tensors")
-    from graphc import _dsl_losses
+    from graphc.dsl import losses as _dsl_losses
 
     return getattr(_dsl_losses, kind)(first, second, **{**DEFAULT_OPTIONS[kind], **options})
 

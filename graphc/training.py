@@ -419,8 +419,8 @@ def capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:
     """The loss as a graph of its own, captured from ``gc.losses``: inputs ``pred`` (the model
     output's type) and ``label`` (int64 class indices [N, d1...] for cross-entropy on
     [N, C, d1...], else the output's type); one scalar output."""
-    from graphc import _dsl_losses
-    from graphc.capturing import capture
+    from graphc.dsl import losses as _dsl_losses
+    from graphc.dsl.capture import capture
 
     pred = value_spec(output)
     if pred.shape is None:

@@ -80,7 +80,7 @@ def capture_cmd(
     Example: graphc capture models/cnn.py:LeNet --input x:float32[N,1,28,28] -o cnn.onnx
     """
     import graphc as gc
-    from graphc.tracing import check_input_names
+    from graphc.dsl.capture import check_input_names
     from graphc.dtypes import parse_spec
 
     output = chosen_output(output, out)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphc import ops_layers
+from graphc.dsl import ops_layers
 from graphc.nn.init import constant as _constant
 from graphc.nn.module import Module, Parameter
-from graphc.tensor import Tensor
+from graphc.dsl.tensor import Tensor
 
 
 class LeakyReLU(Module):

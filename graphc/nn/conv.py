@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from graphc import ops_layers
+from graphc.dsl import ops_layers
 from graphc.errors import GraphError
 from graphc.nn import init
 from graphc.nn.module import Module, Parameter
-from graphc.ops_layers import ints
-from graphc.tensor import Tensor
+from graphc.dsl.ops_layers import ints
+from graphc.dsl.tensor import Tensor
 
 
 class _ConvNd(Module):

@@ -1,17 +1,17 @@
 """``gc.nn.functional`` (``import graphc.nn.functional as F``): every DSL function under
 ``torch.nn.functional``'s and ``torch``'s names, in one namespace."""
 
-from graphc.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, log, log_softmax, matmul, max, maximum,
+from graphc.dsl.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, log, log_softmax, matmul, max, maximum,
                         mean, min, minimum, relu, reshape, sigmoid, softmax, sqrt, squeeze, stack, sum, tanh,
                         transpose, unsqueeze, where)
-from graphc.ops_array import (arange, argmax, argmin, chunk, clamp, cos, cumsum, einsum, expand, full, full_like,
+from graphc.dsl.ops_array import (arange, argmax, argmin, chunk, clamp, cos, cumsum, einsum, expand, full, full_like,
                               gather, index_select, masked_fill, one_hot, ones, ones_like, pad, pow, repeat, rsqrt,
                               scatter, sin, split, tile, topk, tril, triu, zeros, zeros_like)
-from graphc.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, conv1d, conv3d,
+from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, conv1d, conv3d,
                                conv_transpose1d, conv_transpose2d, elu, group_norm, hardsigmoid, hardswish,
                                instance_norm, interpolate, leaky_relu, max_pool1d, mish, pixel_shuffle, prelu,
                                rms_norm, scaled_dot_product_attention, silu, softplus)
-from graphc.ops_nn import avg_pool2d, batch_norm, conv2d, dropout, embedding, layer_norm, linear, max_pool2d
+from graphc.dsl.ops_nn import avg_pool2d, batch_norm, conv2d, dropout, embedding, layer_norm, linear, max_pool2d
 
 __all__ = [
     "abs", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "arange", "argmax", "argmin", "avg_pool1d", "avg_pool2d",

@@ -95,7 +95,7 @@ class Module:
         d = self.__dict__
         if "_parameters" in d and name in d["_parameters"]:
             param = d["_parameters"][name]
-            from graphc import tracing
+            from graphc.dsl import builder as tracing
 
             if tracing._CURRENT:
                 return _param_tensor(tracing._CURRENT[-1], self, name, param)
@@ -175,7 +175,7 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must define forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from graphc import tracing
+        from graphc.dsl import builder as tracing
 
         builder = tracing._CURRENT[-1] if tracing._CURRENT else None
         if builder is None:

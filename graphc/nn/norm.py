@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphc import ops_layers
+from graphc.dsl import ops_layers
 from graphc.errors import GraphError
 from graphc.nn import init
 from graphc.nn.module import Module, Parameter
-from graphc.tensor import Tensor
+from graphc.dsl.tensor import Tensor
 
 
 class GroupNorm(Module):

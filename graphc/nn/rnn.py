@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from graphc import ops
+from graphc.dsl import ops
 from graphc.errors import GraphError
 from graphc.nn import init
 from graphc.nn.module import Module, Parameter
-from graphc.ops_nn import dropout
-from graphc.tensor import Tensor
-from graphc.tracing import op_error, user_source
+from graphc.dsl.ops_nn import dropout
+from graphc.dsl.tensor import Tensor
+from graphc.dsl.builder import op_error, user_source
 
 # op -> (gates, ONNX gate order as indices into PyTorch's)
 _GATES = {"RNN": (1, [0]), "LSTM": (4, [0, 3, 1, 2]), "GRU": (3, [1, 0, 2])}

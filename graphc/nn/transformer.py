@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from graphc import ops
+from graphc.dsl import ops
 from graphc.errors import GraphError
 from graphc.nn.attention import MultiheadAttention
 from graphc.nn.layers import Dropout, LayerNorm, Linear
 from graphc.nn.module import Module
-from graphc.ops_layers import causal_mask
-from graphc.tensor import Tensor
+from graphc.dsl.ops_layers import causal_mask
+from graphc.dsl.tensor import Tensor
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": ops.relu, "gelu": ops.gelu}
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphc import ops_layers
+from graphc.dsl import ops_layers
 from graphc.nn.module import Module
-from graphc.tensor import Tensor
+from graphc.dsl.tensor import Tensor
 
 
 class Upsample(Module):

@@ -1,7 +1,7 @@
 """Eager evaluation of one node during capture (``print(t)`` inside ``forward`` shows values).
 
 Uses the numpy backend's ``run_node``; an op it has no kernel for goes to onnx's reference
-evaluator on a one-node model. Control-flow nodes never come here: ``graphc.control`` evaluates
+evaluator on a one-node model. Control-flow nodes never come here: ``graphc.dsl.control`` evaluates
 them itself.
 """
 

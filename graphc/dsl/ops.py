@@ -14,8 +14,8 @@ import numpy as np
 
 from graphc.dtypes import as_dtype, to_numpy
 from graphc.errors import GraphError
-from graphc.tensor import Tensor
-from graphc.tracing import current, op_error, user_source
+from graphc.dsl.tensor import Tensor
+from graphc.dsl.builder import current, op_error, user_source
 
 # -- operands ---------------------------------------------------------------------------------
 
@@ -369,7 +369,7 @@ def min(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa:
     return _reduce("ReduceMin", x, axis, keepdims)
 
 
-from graphc.ops_nn import (  # noqa: E402  (re-exported DSL names)
+from graphc.dsl.ops_nn import (  # noqa: E402  (re-exported DSL names)
     avg_pool2d,
     batch_norm,
     conv2d,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc import ops
+from graphc.dsl import ops
 from graphc.errors import GraphError
-from graphc.tensor import Tensor
+from graphc.dsl.tensor import Tensor
 
 
 def _reduce(x: Tensor, reduction: str) -> Tensor:

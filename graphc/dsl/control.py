@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from graphc import eager as _eager
+from graphc.dsl import eager as _eager
 from graphc.errors import GraphError
-from graphc.tensor import Tensor
-from graphc.tracing import Builder, current, op_error, user_source
+from graphc.dsl.tensor import Tensor
+from graphc.dsl.builder import Builder, current, op_error, user_source
 
 
 def _lift(x: Any) -> Tensor:
-    from graphc.ops import lift
+    from graphc.dsl.ops import lift
 
     return lift(x)
 
@@ -89,7 +89,7 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
 def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
     """``for i in range(lower, upper): carry = body_fn(i, carry)`` as an ONNX ``Loop``;
     ``i`` is an int64 scalar Tensor. Signature: ai.onnx@21::Loop"""
-    from graphc import ops
+    from graphc.dsl import ops
 
     builder, source = current(), user_source()
     carry, is_seq = _flatten(init)

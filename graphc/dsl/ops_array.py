@@ -13,10 +13,10 @@ import numpy as np
 
 from graphc.dtypes import as_dtype
 from graphc.errors import GraphError
-from graphc.ops import (_axis, _same_dtype, clip, const_i64, emit, lift, reshape, scalar, sqrt, unary,
+from graphc.dsl.ops import (_axis, _same_dtype, clip, const_i64, emit, lift, reshape, scalar, sqrt, unary,
                         unsqueeze)
-from graphc.tensor import Tensor
-from graphc.tracing import current, op_error, user_source
+from graphc.dsl.tensor import Tensor
+from graphc.dsl.builder import current, op_error, user_source
 
 # -- elementwise ------------------------------------------------------------------------------
 

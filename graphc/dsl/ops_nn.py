@@ -7,12 +7,12 @@ from typing import Any
 import numpy as np
 
 from graphc.errors import GraphError
-from graphc.tensor import Tensor
-from graphc.tracing import current, op_error, user_source
+from graphc.dsl.tensor import Tensor
+from graphc.dsl.builder import current, op_error, user_source
 
 
 def _ops():
-    from graphc import ops
+    from graphc.dsl import ops
 
     return ops
 

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 
 from graphc.errors import GraphError
-from graphc.ops import (_same_dtype, concat, const_i64, emit, lift, matmul, mean, reshape, scalar, sigmoid,
+from graphc.dsl.ops import (_same_dtype, concat, const_i64, emit, lift, matmul, mean, reshape, scalar, sigmoid,
                         softmax, sqrt, transpose, unary, where)
-from graphc.ops_array import ir_tensor, tril
-from graphc.tensor import Tensor
-from graphc.tracing import current, op_error, user_source
+from graphc.dsl.ops_array import ir_tensor, tril
+from graphc.dsl.tensor import Tensor
+from graphc.dsl.builder import current, op_error, user_source
 
 
 def ints(v: Any, n: int, name: str) -> list[int]:
@@ -317,7 +317,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     (true: attend) or added to the scores; ``is_causal`` masks keys after each query. The ONNX
     ``Attention`` op for 4-D inputs from opset 23, its decomposition before. ``dropout_p`` applies
     when ``training`` (PyTorch's functional form always drops; a module passes ``self.training``)."""
-    from graphc.ops_nn import dropout
+    from graphc.dsl.ops_nn import dropout
 
     query = lift(query)
     key, value = lift(key, query), lift(value, query)

@@ -7,14 +7,14 @@ from typing import Any
 import numpy as np
 
 from graphc.errors import GraphError
-from graphc.tensor import Tensor
-from graphc.tracing import op_error, user_source
+from graphc.dsl.tensor import Tensor
+from graphc.dsl.builder import op_error, user_source
 
 _INT_MAX = np.iinfo(np.int64).max
 
 
 def getitem(x: Tensor, index: Any) -> Tensor:
-    from graphc import ops
+    from graphc.dsl import ops
 
     items = list(index) if isinstance(index, tuple) else [index]
     if sum(i is Ellipsis for i in items) > 1:

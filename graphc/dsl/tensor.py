@@ -56,7 +56,7 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """The example value (eager capture only)."""
         if self._value is None:
-            from graphc.tracing import user_source
+            from graphc.dsl.builder import user_source
 
             raise GraphError(f"{self.value.name}: {self.type_str()} has no value; pass example np.ndarrays "
                              f"to gc.capture for eager values (at {user_source()})")
@@ -71,7 +71,7 @@ class Tensor:
 
     # -- Python protocol misuse ---------------------------------------------------------------
     def __bool__(self) -> bool:
-        from graphc.tracing import user_source
+        from graphc.dsl.builder import user_source
 
         raise GraphError(f"Python `if`/`and`/`or`/`bool()` on traced value {self.value.name}: {self.type_str()} "
                          f"at {user_source()}; the graph cannot branch on it. Use gc.where(cond, a, b) "
@@ -81,7 +81,7 @@ class Tensor:
         shape = self.shape
         if shape and isinstance(shape[0], int):
             return shape[0]
-        from graphc.tracing import user_source
+        from graphc.dsl.builder import user_source
 
         raise GraphError(f"len() of {self.value.name}: {self.type_str()} is not static (at {user_source()})")
 
@@ -90,7 +90,7 @@ class Tensor:
         return (self[i] for i in range(n))
 
     def __index__(self) -> int:
-        from graphc.tracing import user_source
+        from graphc.dsl.builder import user_source
 
         raise GraphError(f"traced value {self.value.name} used as a Python int at {user_source()}")
 
@@ -110,7 +110,7 @@ class Tensor:
         raise _numpy_refused(f"np.{func.__name__}", func.__name__, self)
 
     def __array__(self, dtype: Any = None, copy: Any = None):
-        from graphc.tracing import user_source
+        from graphc.dsl.builder import user_source
 
         hint = "; .numpy() gives its example value in eager capture" if self._value is not None else ""
         raise GraphError(f"traced value {self.value.name}: {self.type_str()} cannot become a numpy array at "
@@ -144,7 +144,7 @@ class Tensor:
     def __xor__(self, other): return _ops().binary("Xor", self, other)
 
     def __getitem__(self, index: Any) -> "Tensor":
-        from graphc.indexing import getitem
+        from graphc.dsl.indexing import getitem
 
         return getitem(self, index)
 
@@ -207,7 +207,7 @@ class Tensor:
 
 
 def _ops():
-    from graphc import ops
+    from graphc.dsl import ops
 
     return ops
 
@@ -231,7 +231,7 @@ _GC_NAMES = {"absolute": "abs", "concatenate": "concat", "power": "pow", "arccos
 def _numpy_refused(what: str, name: str, tensor: Tensor) -> GraphError:
     """GraphError for a numpy function given a traced value, suggesting the gc.* function."""
     import graphc as gc
-    from graphc.tracing import user_source
+    from graphc.dsl.builder import user_source
 
     gc_name = _GC_NAMES.get(name, name)
     hint = f"use gc.{gc_name}(...) instead" if hasattr(gc, gc_name) else \

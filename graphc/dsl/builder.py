@@ -22,9 +22,9 @@ import onnx_ir as ir
 from graphc.dtypes import as_dtype, to_onnx
 from graphc.errors import GraphError
 from graphc.model import SOURCE_KEY
-from graphc import eager as _eager  # noqa: I001
+from graphc.dsl import eager as _eager  # noqa: I001
 
-_PKG_DIR = str(Path(__file__).resolve().parent) + os.sep
+_PKG_DIR = str(Path(__file__).resolve().parents[1]) + os.sep  # the graphc package
 # Frames that are never the user's code: graphc's own, and numpy's (``np.sum(t)`` dispatches to
 # ``Tensor.__array_function__`` from numpy's Python wrappers).
 _NOT_USER = (_PKG_DIR, str(Path(np.__file__).resolve().parent) + os.sep)
@@ -59,7 +59,7 @@ def current() -> "Builder":
 
 def describe(value: Any) -> str:
     """``float32[N,4]`` for a Tensor, the repr of anything else."""
-    from graphc.tensor import Tensor
+    from graphc.dsl.tensor import Tensor
 
     if isinstance(value, Tensor):
         return value.type_str()
@@ -137,7 +137,7 @@ class Builder:
 
     def add_initializer(self, name: str, array: np.ndarray, exact: bool = True):
         """An initializer named ``name`` (``exact=False``: suffixed ``_1``, ... if taken)."""
-        from graphc.tensor import Tensor
+        from graphc.dsl.tensor import Tensor
 
         name = self.reserve(name) if exact else self.unique(name)
         value = ir.Value(name=name, type=ir.TensorType(ir.DataType(to_onnx(as_dtype(array.dtype)))),
@@ -166,7 +166,7 @@ class Builder:
              name_hint: str | None = None, source: str | None = None,
              evaluator: Callable[[list[np.ndarray | None]], list[np.ndarray]] | None = None):
         """Record one node; return its outputs as Tensors."""
-        from graphc.tensor import Tensor
+        from graphc.dsl.tensor import Tensor
 
         source = source or user_source()
         attrs = {k: v for k, v in (attrs or {}).items() if v is not None}
@@ -199,7 +199,7 @@ class Builder:
                        name: str) -> tuple[ir.Graph, list[Any], bool]:
         """Trace ``fn(*args, *inputs)`` into a body graph whose inputs have ``in_types``
         (name hint, dtype, shape). Returns (graph, output Tensors, whether fn returned a sequence)."""
-        from graphc.tensor import Tensor
+        from graphc.dsl.tensor import Tensor
 
         scope = Scope(eager=False)
         self.scopes.append(scope)
@@ -212,7 +212,7 @@ class Builder:
             outs = []
             for item in items:
                 if not isinstance(item, Tensor):
-                    from graphc.ops import lift
+                    from graphc.dsl.ops import lift
 
                     item = lift(item)
                 if id(item.value) not in produced:
@@ -311,8 +311,4 @@ def _to_attrs(attrs: dict[str, Any]) -> list[ir.Attr]:
             out.append(ir.convenience.convert_attribute(key, value))
     return out
 
-
-# ``capture`` lives in graphc.capturing (it needs the Builder above); re-exported here.
-from graphc.capturing import capture, check_input_names  # noqa: E402
-
-__all__ = ["Builder", "capture", "check_input_names", "current", "op_error", "user_source"]
+__all__ = ["Builder", "current", "op_error", "user_source"]

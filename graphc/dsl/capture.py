@@ -13,7 +13,7 @@ import onnx_ir as ir
 from graphc.dtypes import TensorSpec, as_dtype
 from graphc.errors import GraphError
 from graphc.model import Model
-from graphc.tracing import _CURRENT, Builder
+from graphc.dsl.builder import _CURRENT, Builder
 
 def _as_spec(name: str, value: Any) -> tuple[TensorSpec, np.ndarray | None]:
     if isinstance(value, TensorSpec):
@@ -76,7 +76,7 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
         ['output']
     """
     from graphc.nn.module import Module
-    from graphc.tensor import Tensor
+    from graphc.dsl.tensor import Tensor
 
     if not inputs:
         raise GraphError("gc.capture needs at least one input, e.g. x=gc.spec('float32', ('N', 784))")
@@ -121,7 +121,7 @@ def _version() -> str:
 
 
 def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list[ir.Value]:
-    from graphc.tensor import Tensor
+    from graphc.dsl.tensor import Tensor
 
     if isinstance(result, Tensor):
         named = {"output": result}
