@@ -53,9 +53,10 @@ class _Wrap(gc.nn.Module):
         return {"out": out, "loss": gc.sum(out * c)}
 
 
-def gc_grads(fn, params: dict, inputs: dict, c: np.ndarray, module=None, backend="numpy") -> dict:
-    """``{"out": ..., name: d loss / d name}`` for every parameter of ``fn`` (and of ``module``)."""
-    model = gc.capture(_Wrap(fn, params, module), c=c, **inputs)
+def gc_grads(fn, params: dict, inputs: dict, c: np.ndarray, module=None, backend="numpy", opset=21) -> dict:
+    """``{"out": ..., name: d loss / d name}`` for every parameter of ``fn`` (and of ``module``,
+    named ``m.<its name>``)."""
+    model = gc.capture(_Wrap(fn, params, module), c=c, opset=opset, **inputs)
     grads = gc.grad(model, "loss")
     out = gc.Session(grads, backend=backend).run({"c": c, **inputs})
     return {"out": out["out"], **{k.removesuffix("_grad"): v for k, v in out.items() if k.endswith("_grad")}}

@@ -163,7 +163,8 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
     weight = current().constant(one) if weight is None else lift(weight, x)
     bias = current().constant(np.zeros_like(one)) if bias is None else lift(bias, x)
     if current().opset >= 21:
-        return emit("GroupNormalization", [x, weight, bias], {"num_groups": int(num_groups), "epsilon": float(eps)})
+        return emit("GroupNormalization", [x, weight, bias], {"num_groups": int(num_groups), "epsilon": float(eps)},
+                    out_types=[(x.dtype, x.shape)])  # onnx infers no type for it
     grouped = reshape(x, [x.shape[0], num_groups, -1])
     centered = grouped - mean(grouped, -1, keepdims=True)
     normed = centered / sqrt(mean(centered * centered, -1, keepdims=True) + scalar(eps, x))
