@@ -29,14 +29,14 @@ from graphc.dtypes import (
 from graphc.errors import (BackendError, BackendUnavailable, GraphcError, GraphError, InputError, MissingDependency,
                            ModelLoadError)
 from graphc.model import Model, load
+from graphc.version import __version__
 
-__version__ = "0.1.0"
 
 _OPS = (
     "relu gelu sigmoid tanh exp log sqrt abs softmax log_softmax matmul concat stack reshape "
-    "transpose where maximum minimum clip sum mean max min conv2d max_pool2d avg_pool2d "
-    "batch_norm layer_norm dropout embedding cast"
+    "transpose where maximum minimum clip sum mean max min cast"
 ).split()
+_NN_OPS = "conv2d max_pool2d avg_pool2d batch_norm layer_norm dropout embedding".split()
 
 # torch-named functions (issue 12): graphc.dsl.ops_array's and the functional layers of graphc.dsl.ops_layers
 _ARRAY_OPS = (
@@ -51,6 +51,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_array", op) for op in _ARRAY_OPS},
     **{op: ("graphc.dsl.ops_layers", op) for op in _LAYER_OPS},
     "erf": ("graphc.dsl.ops", "erf"),
+    **{op: ("graphc.dsl.ops_nn", op) for op in _NN_OPS},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

@@ -1,13 +1,15 @@
-"""Capture: trace DSL code into an onnx-ir graph.
+"""The lowest DSL layer: the capture ``Builder``, on ``ir.Value``s (it knows no ``gc.Tensor``).
 
 A ``Builder`` is active while ``gc.capture`` runs. Every DSL op calls ``emit(op_type, inputs,
 attrs)``, which records one ``ir.Node`` in the current scope (the main graph, or a control-flow
 body), infers its output dtype/shape with ONNX's own inference (symbolic dims kept), stamps the
-user's ``file.py:LINE`` and, when example arrays were given, evaluates the node eagerly.
+user's ``file.py:LINE`` and, when example arrays were given, evaluates the node eagerly. The
+layers above wrap the values it returns in ``gc.Tensor``s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -51,21 +53,40 @@ def _display_path(filename: str) -> str:
     return filename if rel.startswith("..") else rel
 
 
+def active() -> "Builder | None":
+    """The Builder of the capture running now, None outside ``gc.capture``."""
+    return _CURRENT[-1] if _CURRENT else None
+
+
 def current() -> "Builder":
     if not _CURRENT:
         raise GraphError(f"graphc ops work only inside gc.capture(...) (called at {user_source()})")
     return _CURRENT[-1]
 
 
-def describe(value: Any) -> str:
-    """``float32[N,4]`` for a Tensor, the repr of anything else."""
-    from graphc.dsl.tensor import Tensor
+def describe(operand: Any) -> str:
+    """``float32[N,4]`` for a Tensor (anything with ``type_str()``) or an ``ir.Value``, the repr of
+    anything else."""
+    if isinstance(operand, ir.Value):
+        return type_str(operand)
+    if hasattr(operand, "type_str"):
+        return operand.type_str()
+    return "None" if operand is None else repr(operand)
 
-    if isinstance(value, Tensor):
-        return value.type_str()
-    if value is None:
-        return "None"
-    return repr(value)
+
+def dims(value: ir.Value) -> tuple | None:
+    """The shape of ``value``: ints, dim names, ``None`` for unknown dims (None: unknown rank)."""
+    if value.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else d.value for d in value.shape)
+
+
+def type_str(value: ir.Value) -> str:
+    """``float32[N,4]``: the dtype and dims of ``value`` (``?`` where unknown)."""
+    dtype = as_dtype(int(value.dtype)) if value.dtype is not None else "float32"
+    shape = dims(value)
+    text = "?" if shape is None else ",".join("?" if d is None else str(d) for d in shape)
+    return f"{dtype}[{text}]"
 
 
 class Scope:
@@ -81,7 +102,12 @@ class Scope:
 
 
 class Builder:
-    """State of one capture: scopes, name counters, initializers, opset, eager values."""
+    """State of one capture: scopes, name counters, initializers, opset, eager values.
+
+    ``values`` maps ``id(ir.Value)`` to its example value (eager capture; initializers and
+    constants always), ``consts`` the outputs of ``Constant`` nodes to their arrays (ONNX
+    inference propagates them, so a Reshape's target shape gives its output dims).
+    """
 
     def __init__(self, opset: int, training: bool, eager: bool, seed: int = 0):
         if not 17 <= opset <= 23:
@@ -90,16 +116,48 @@ class Builder:
         self.training = training
         self.scopes = [Scope(eager)]
         self.initializers: list[ir.Value] = []
-        self.param_tensors: dict[int, Any] = {}  # id(Parameter) -> Tensor
+        self.param_tensors: dict[int, Any] = {}  # id(Parameter) -> its Tensor in this capture
         self.rooted: set[int] = set()  # ids of the captured Module's own parameters
         self.buffers: list[str] = []
         self.module_path: list[str] = []
         self.rng = np.random.default_rng(seed)
-        self.values: dict[int, np.ndarray] = {}  # id(ir.Value) -> eager value (for control flow)
-        self._const_cache: dict[tuple, Any] = {}
+        self.values: dict[int, np.ndarray] = {}
+        self.consts: dict[int, np.ndarray] = {}
+        self._const_cache: dict[tuple, ir.Value] = {}
         self._counters: dict[str, int] = {}
         self._names: set[str] = set()
         self.opset_protos = [onnx.helper.make_opsetid("", opset)]
+
+    @contextlib.contextmanager
+    def activated(self):
+        """Make this the Builder that DSL ops record into (``current()``) for the block."""
+        _CURRENT.append(self)
+        try:
+            yield self
+        finally:
+            _CURRENT.pop()
+
+    @contextlib.contextmanager
+    def in_module(self, path: str | None):
+        """Prefix the names of the nodes emitted in the block with the module's ``path``."""
+        if not path:
+            yield
+            return
+        self.module_path.append(path)
+        try:
+            yield
+        finally:
+            self.module_path.pop()
+
+    @contextlib.contextmanager
+    def subgraph(self):
+        """Record the block's nodes in a new (never eager) scope: a control-flow body."""
+        scope = Scope(eager=False)
+        self.scopes.append(scope)
+        try:
+            yield scope
+        finally:
+            self.scopes.pop()
 
     # -- naming ---------------------------------------------------------------------------------
     def unique(self, base: str) -> str:
@@ -122,6 +180,25 @@ class Builder:
     def initializer_names(self) -> set[str]:
         return {v.name for v in self.initializers}
 
+    def rename_output(self, value: ir.Value, key: str) -> None:
+        """Name ``value`` (a node output) ``key``; an automatic value of that name (``relu``,
+        ``add_3``) is renamed, an input's or a parameter's name is refused."""
+        if key in self._names and key != value.name:
+            self._free_name(key)
+        self._names.discard(value.name)
+        value.name = self.reserve(key)
+
+    def _free_name(self, name: str) -> None:
+        if name in self.initializer_names():
+            raise GraphError(f"output name {name!r} is already a parameter's name; pick another key")
+        for node in _nodes(self.scopes[0].nodes):
+            for v in node.outputs:
+                if v.name == name:
+                    v.name = self.unique(name)
+                    self._names.discard(name)
+                    return
+        raise GraphError(f"output name {name!r} is already an input's name; pick another key")
+
     @property
     def scope(self) -> Scope:
         return self.scopes[-1]
@@ -135,111 +212,80 @@ class Builder:
         return ir.Value(name=name, type=ir.TensorType(ir.DataType(to_onnx(dtype))),
                         shape=None if shape is None else ir.Shape(list(shape)))
 
-    def add_initializer(self, name: str, array: np.ndarray, exact: bool = True):
-        """An initializer named ``name`` (``exact=False``: suffixed ``_1``, ... if taken)."""
-        from graphc.dsl.tensor import Tensor
+    def eager_value(self, value: ir.Value) -> np.ndarray | None:
+        """``value``'s example value where the current scope is evaluated eagerly, else None."""
+        return self.values.get(id(value)) if self.scope.eager else None
 
+    def add_initializer(self, name: str, array: np.ndarray, exact: bool = True) -> ir.Value:
+        """An initializer named ``name`` (``exact=False``: suffixed ``_1``, ... if taken)."""
         name = self.reserve(name) if exact else self.unique(name)
         value = ir.Value(name=name, type=ir.TensorType(ir.DataType(to_onnx(as_dtype(array.dtype)))),
                          shape=ir.Shape(list(array.shape)), const_value=ir.Tensor(array, name=name))
         self.initializers.append(value)
         self.values[id(value)] = array
-        return Tensor(value, eager_value=array if self.scopes[0].eager else None)
+        return value
 
-    def constant(self, array: np.ndarray):
-        """A ``Constant`` node (not an initializer: constants are not parameters)."""
+    def constant(self, array: np.ndarray) -> ir.Value:
+        """A ``Constant`` node's output (not an initializer: constants are not parameters)."""
         array = np.asarray(array)
         key = (self.scope.id, array.dtype.str, array.shape, array.tobytes()) if array.size <= 16 else None
         if key is not None and key in self._const_cache:
             return self._const_cache[key]
         (out,) = self.emit("Constant", [], {"value": ir.Tensor(array)}, name_hint="const")
-        out._const = array
-        out._value = array if self.eager else None
-        self.values[id(out.value)] = array
+        self.values[id(out)] = self.consts[id(out)] = array
         if key is not None:
             self._const_cache[key] = out
         return out
 
     # -- emitting nodes -------------------------------------------------------------------------
-    def emit(self, op_type: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None,
+    def emit(self, op_type: str, inputs: Sequence[ir.Value | None], attrs: dict[str, Any] | None = None,
              num_outputs: int = 1, *, out_types: Sequence[tuple[str, Sequence | None]] | None = None,
-             name_hint: str | None = None, source: str | None = None,
-             evaluator: Callable[[list[np.ndarray | None]], list[np.ndarray]] | None = None):
-        """Record one node; return its outputs as Tensors."""
-        from graphc.dsl.tensor import Tensor
-
+             name_hint: str | None = None, source: str | None = None, operands: Sequence[Any] | None = None,
+             evaluator: Callable[[list[np.ndarray | None]], list[np.ndarray]] | None = None) -> list[ir.Value]:
+        """Record one node on ``inputs``; return its outputs. ``operands`` (the Tensors the
+        inputs came from) are what an error message shows."""
         source = source or user_source()
         attrs = {k: v for k, v in (attrs or {}).items() if v is not None}
-        in_values = [None if t is None else t.value for t in inputs]
+        operands = inputs if operands is None else operands
         prefix = self.module_path[-1] if self.module_path else ""
         node_name = self.unique(f"{prefix}/{op_type}" if prefix else op_type)
         base = name_hint or op_type.lower()
         out_values = [ir.Value(name=self.unique(f"{prefix}.{base}" if prefix else base)) for _ in range(num_outputs)]
-        node = ir.Node("", op_type, in_values, attributes=_to_attrs(attrs), outputs=out_values,
+        node = ir.Node("", op_type, list(inputs), attributes=_to_attrs(attrs), outputs=out_values,
                        name=node_name, metadata_props={SOURCE_KEY: source})
         if out_types is None:
-            out_types = self._infer(node, inputs, source)
+            out_types = self._infer(node, operands, source)
         for value, (dtype, shape) in zip(out_values, out_types):
             if dtype is not None:
                 value.type = ir.TensorType(ir.DataType(to_onnx(dtype)))
             value.shape = None if shape is None else ir.Shape(list(shape))
         self.scope.nodes.append(node)
-        outs = [Tensor(v) for v in out_values]
-        if self.eager and all(t is None or t._value is not None for t in inputs):
-            if evaluator is not None:
-                results = evaluator([None if t is None else t._value for t in inputs])
-            else:
-                results = self._evaluate(node, inputs, attrs, source)
-            for t, r in zip(outs, results):
-                t._value = r
-                self.values[id(t.value)] = r
-        return outs
+        if self.eager:
+            arrays = [None if v is None else self.values.get(id(v)) for v in inputs]
+            if all(a is not None for v, a in zip(inputs, arrays) if v is not None):
+                results = evaluator(arrays) if evaluator is not None else \
+                    self._evaluate(node, arrays, attrs, operands, source)
+                for v, r in zip(out_values, results):
+                    self.values[id(v)] = r
+        return out_values
 
-    def trace_subgraph(self, fn: Callable, args: Sequence[Any], in_types: Sequence[tuple[str, str, Any]],
-                       name: str) -> tuple[ir.Graph, list[Any], bool]:
-        """Trace ``fn(*args, *inputs)`` into a body graph whose inputs have ``in_types``
-        (name hint, dtype, shape). Returns (graph, output Tensors, whether fn returned a sequence)."""
-        from graphc.dsl.tensor import Tensor
-
-        scope = Scope(eager=False)
-        self.scopes.append(scope)
-        try:
-            values = [self.new_value(self.unique(hint), dtype, shape) for hint, dtype, shape in in_types]
-            result = fn(*args, *[Tensor(v) for v in values])
-            is_seq = isinstance(result, (tuple, list))
-            items = list(result) if is_seq else [result]
-            produced = {id(v) for node in scope.nodes for v in node.outputs}
-            outs = []
-            for item in items:
-                if not isinstance(item, Tensor):
-                    from graphc.dsl.ops import lift
-
-                    item = lift(item)
-                if id(item.value) not in produced:
-                    (item,) = self.emit("Identity", [item])
-                    produced.add(id(item.value))
-                outs.append(item)
-        finally:
-            self.scopes.pop()
-        graph = ir.Graph(values, [t.value for t in outs], nodes=scope.nodes, name=self.unique(name))
-        return graph, outs, is_seq
-
-    def _infer(self, node: ir.Node, inputs: Sequence[Any], source: str) -> list[tuple[str | None, Any]]:
+    def _infer(self, node: ir.Node, operands: Sequence[Any], source: str) -> list[tuple[str | None, Any]]:
         proto = ir.serde.serialize_node(node)
         types, data = {}, {}
-        for t in inputs:
-            if t is None:
+        for v in node.inputs:
+            if v is None:
                 continue
-            types[t.value.name] = onnx.helper.make_tensor_type_proto(to_onnx(t.dtype), _proto_dims(t.shape))
-            if t._const is not None:
-                data[t.value.name] = onnx.numpy_helper.from_array(t._const, t.value.name)
+            types[v.name] = onnx.helper.make_tensor_type_proto(
+                v.dtype if v.dtype is not None else onnx.TensorProto.FLOAT, _proto_dims(dims(v)))
+            if id(v) in self.consts:
+                data[v.name] = onnx.numpy_helper.from_array(self.consts[id(v)], v.name)
         try:
             schema = onnx.defs.get_schema(node.op_type, self.opset, "")
             result = onnx.shape_inference.infer_node_outputs(schema, proto, types, data,
                                                              opset_imports=self.opset_protos)
         except Exception as exc:  # onnx raises InferenceError, ValidationError, SchemaError
             msg = str(exc).replace("[ShapeInferenceError] ", "").replace("[TypeInferenceError] ", "").strip()
-            raise op_error(node.op_type, inputs, msg, source) from None
+            raise op_error(node.op_type, operands, msg, source) from None
         out = []
         for value in node.outputs:
             tp = result.get(value.name)
@@ -254,22 +300,31 @@ class Builder:
             out.append((dtype, shape))
         return out
 
-    def _evaluate(self, node: ir.Node, inputs: Sequence[Any], attrs: dict, source: str) -> list[np.ndarray]:
-        arrays = [None if t is None else t._value for t in inputs]
+    def _evaluate(self, node: ir.Node, arrays: list, attrs: dict, operands: Sequence[Any],
+                  source: str) -> list[np.ndarray]:
         try:
             return _eager.run(node.op_type, arrays, attrs, self.opset, node_outputs=len(node.outputs))
         except GraphError:
             raise
         except Exception as exc:
-            vals = ", ".join(f"{describe(t)}" for t in inputs)
+            vals = ", ".join(f"{describe(t)}" for t in operands)
             raise GraphError(f"{node.op_type} failed on example values ({vals}) at {source}: {exc}") from None
+
+
+def _nodes(node_list):
+    """``node_list`` and the nodes of their subgraphs, depth first."""
+    for node in node_list:
+        yield node
+        for attr in node.attributes.values():
+            if isinstance(attr.value, ir.Graph):
+                yield from _nodes(attr.value)
 
 
 def op_error(op: str, operands: Sequence[Any], msg: str, source: str) -> GraphError:
     """The one GraphError template: op, operand types, what is wrong, user's line."""
     parts = [describe(t) for t in operands]
-    vals = [f"{describe(t)}={_short(t._value)}" for t in operands
-            if t is not None and hasattr(t, "_value") and t._value is not None]
+    vals = [f"{describe(t)}={_short(t.eager_value)}" for t in operands
+            if getattr(t, "eager_value", None) is not None]
     extra = f"; values {', '.join(vals)}" if vals else ""
     return GraphError(f"{op}({', '.join(parts)}): {msg} at {source}{extra}")
 
@@ -311,4 +366,4 @@ def _to_attrs(attrs: dict[str, Any]) -> list[ir.Attr]:
             out.append(ir.convenience.convert_attribute(key, value))
     return out
 
-__all__ = ["Builder", "current", "op_error", "user_source"]
+__all__ = ["Builder", "Scope", "active", "current", "describe", "dims", "op_error", "type_str", "user_source"]

@@ -10,10 +10,15 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from graphc.dsl import methods  # noqa: F401  (binds gc.Tensor's operators before any Tensor is made)
+from graphc.dsl import ops
+from graphc.dsl.builder import Builder
+from graphc.dsl.tensor import Tensor
 from graphc.dtypes import TensorSpec, as_dtype
 from graphc.errors import GraphError
 from graphc.model import Model
-from graphc.dsl.builder import _CURRENT, Builder
+from graphc.nn.module import Module
+from graphc.version import __version__
 
 def _as_spec(name: str, value: Any) -> tuple[TensorSpec, np.ndarray | None]:
     if isinstance(value, TensorSpec):
@@ -25,8 +30,6 @@ def _as_spec(name: str, value: Any) -> tuple[TensorSpec, np.ndarray | None]:
 
 
 def _call(fn: Callable, tensors: dict[str, Any]):
-    from graphc.nn.module import Module
-
     try:
         sig = _inspect.signature(fn.forward if isinstance(fn, Module) else fn)
     except (TypeError, ValueError):
@@ -42,8 +45,6 @@ def check_input_names(fn: Callable, names: list[str]) -> None:
     """Raise ``GraphError`` unless ``names`` are the parameters ``fn`` (a function or a Module's
     ``forward``) takes: none unknown, every one without a default given. A signature with
     ``*args`` or ``**kwargs``, or none Python can read, accepts any names."""
-    from graphc.nn.module import Module
-
     target = fn.forward if isinstance(fn, Module) else fn
     try:
         params = _inspect.signature(target).parameters.values()
@@ -75,9 +76,6 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
         >>> [o.name for o in m.outputs]
         ['output']
     """
-    from graphc.nn.module import Module
-    from graphc.dsl.tensor import Tensor
-
     if not inputs:
         raise GraphError("gc.capture needs at least one input, e.g. x=gc.spec('float32', ('N', 784))")
     specs = {k: _as_spec(k, v) for k, v in inputs.items()}
@@ -99,30 +97,19 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
         graph_name = name or type(fn_or_module).__name__
     else:
         graph_name = name or getattr(fn_or_module, "__name__", "model").replace("<lambda>", "lambda")
-    _CURRENT.append(builder)
-    try:
+    with builder.activated():
         result = _call(fn_or_module, tensors)
         outputs = _collect_outputs(builder, result, set(id(v) for v in graph_inputs))
-    finally:
-        _CURRENT.pop()
     graph = ir.Graph(graph_inputs, outputs, nodes=builder.scopes[0].nodes,
                      initializers=builder.initializers, opset_imports={"": opset}, name=graph_name)
-    model = ir.Model(graph, ir_version=10, producer_name="graphc", producer_version=_version())
+    model = ir.Model(graph, ir_version=10, producer_name="graphc", producer_version=__version__)
     model.metadata_props["graphc.training"] = str(bool(training)).lower()
     if builder.buffers:
         model.metadata_props["graphc.buffers"] = ",".join(builder.buffers)
     return Model(model)
 
 
-def _version() -> str:
-    import graphc
-
-    return graphc.__version__
-
-
 def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list[ir.Value]:
-    from graphc.dsl.tensor import Tensor
-
     if isinstance(result, Tensor):
         named = {"output": result}
     elif isinstance(result, dict):
@@ -139,36 +126,8 @@ def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list
         value = t.value
         if (id(value) in seen or id(value) in input_ids or value.const_value is not None
                 or value.producer() is None or value.name in builder.initializer_names()):
-            (t,) = builder.emit("Identity", [t], source=f"<output {key}>")
-            value = t.value
+            value = ops.emit("Identity", [t], source=f"<output {key}>").value
         seen.add(id(value))
-        key = str(key)
-        if key in builder._names and key != value.name:
-            _free_name(builder, key, input_ids)
-        builder._names.discard(value.name)
-        value.name = builder.reserve(key)
+        builder.rename_output(value, str(key))
         values.append(value)
     return values
-
-
-def _free_name(builder: Builder, name: str, input_ids: set[int]) -> None:
-    """An output key equal to an automatic value name (``relu``, ``add_3``) renames that value."""
-    if name in builder.initializer_names():
-        raise GraphError(f"output name {name!r} is already a parameter's name; pick another key")
-
-    def nodes(node_list):
-        for node in node_list:
-            yield node
-            for attr in node.attributes.values():
-                if isinstance(attr.value, ir.Graph):
-                    yield from nodes(attr.value)
-
-    for node in nodes(builder.scopes[0].nodes):
-        for v in node.outputs:
-            if v.name == name:
-                v.name = builder.unique(name)
-                builder._names.discard(name)
-                return
-    raise GraphError(f"output name {name!r} is already an input's name; pick another key")
-
-

@@ -13,21 +13,24 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.dsl import eager as _eager
-from graphc.errors import GraphError
-from graphc.dsl.tensor import Tensor
+from graphc.dsl import ops
 from graphc.dsl.builder import Builder, current, op_error, user_source
+from graphc.dsl.tensor import Tensor
+from graphc.errors import GraphError
 
-
-def _lift(x: Any) -> Tensor:
-    from graphc.dsl.ops import lift
-
-    return lift(x)
+_lift = ops.lift
 
 
 def _flatten(tree: Any) -> tuple[list[Tensor], bool]:
     if isinstance(tree, (tuple, list)):
         return [_lift(t) for t in tree], True
     return [_lift(tree)], False
+
+
+def _emit_list(op: str, inputs: list, attrs: dict, num_outputs: int, **kw) -> list[Tensor]:
+    """``ops.emit`` that returns a list whatever the number of outputs."""
+    outs = ops.emit(op, inputs, attrs, num_outputs, **kw)
+    return outs if num_outputs > 1 else [outs]
 
 
 def _rebuild(items: list[Tensor], is_seq: bool) -> Any:
@@ -52,6 +55,27 @@ def _check_carry(op: str, init: list[Tensor], outs: list[Tensor], source: str) -
                 raise op_error(op, [a, b], f"carried value {i} changes shape", source)
 
 
+def trace_subgraph(builder: Builder, fn: Callable, args: Sequence[Any], in_types: Sequence[tuple[str, str, Any]],
+                   name: str) -> tuple[ir.Graph, list[Tensor], bool]:
+    """Trace ``fn(*args, *inputs)`` into a body graph whose inputs have ``in_types``
+    (name hint, dtype, shape). Returns (graph, output Tensors, whether fn returned a sequence)."""
+    with builder.subgraph() as scope:
+        values = [builder.new_value(builder.unique(hint), dtype, shape) for hint, dtype, shape in in_types]
+        result = fn(*args, *[Tensor(v) for v in values])
+        is_seq = isinstance(result, (tuple, list))
+        items = list(result) if is_seq else [result]
+        produced = {id(v) for node in scope.nodes for v in node.outputs}
+        outs = []
+        for item in items:
+            item = _lift(item)
+            if id(item.value) not in produced:
+                item = ops.emit("Identity", [item])
+                produced.add(id(item.value))
+            outs.append(item)
+    graph = ir.Graph(values, [t.value for t in outs], nodes=scope.nodes, name=builder.unique(name))
+    return graph, outs, is_seq
+
+
 # -- public -------------------------------------------------------------------------------------
 
 
@@ -67,8 +91,8 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
     pred = _lift(pred)
     if pred.dtype != "bool":
         raise op_error("If", [pred], f"predicate must be bool, got {pred.dtype}", source)
-    then_g, then_outs, seq = builder.trace_subgraph(true_fn, operands, [], "then_branch")
-    else_g, else_outs, seq2 = builder.trace_subgraph(false_fn, operands, [], "else_branch")
+    then_g, then_outs, seq = trace_subgraph(builder, true_fn, operands, [], "then_branch")
+    else_g, else_outs, seq2 = trace_subgraph(builder, false_fn, operands, [], "else_branch")
     if len(then_outs) != len(else_outs) or seq != seq2:
         raise GraphError(f"gc.cond: branches return {len(then_outs)} and {len(else_outs)} values (at {source})")
     out_types = []
@@ -81,22 +105,20 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
         graph = then_g if bool(np.asarray(arrays[0]).reshape(-1)[0]) else else_g
         return run_graph(builder, graph, [])
 
-    outs = builder.emit("If", [pred], {"then_branch": then_g, "else_branch": else_g}, len(out_types),
-                        out_types=out_types, source=source, evaluator=evaluate)
+    outs = _emit_list("If", [pred], {"then_branch": then_g, "else_branch": else_g}, len(out_types),
+                      out_types=out_types, source=source, evaluator=evaluate)
     return _rebuild(outs, seq)
 
 
 def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
     """``for i in range(lower, upper): carry = body_fn(i, carry)`` as an ONNX ``Loop``;
     ``i`` is an int64 scalar Tensor. Signature: ai.onnx@21::Loop"""
-    from graphc.dsl import ops
-
     builder, source = current(), user_source()
     carry, is_seq = _flatten(init)
     lo = lower if isinstance(lower, Tensor) else int(lower)
     hi = upper if isinstance(upper, Tensor) else int(upper)
     if isinstance(lo, int) and isinstance(hi, int):
-        trip = builder.constant(np.asarray(max(hi - lo, 0), dtype=np.int64))
+        trip = ops.constant(np.asarray(max(hi - lo, 0), dtype=np.int64))
     else:
         lo_t = ops.cast(_lift(lo), "int64") if isinstance(lo, Tensor) else lo
         hi_t = ops.cast(hi, "int64") if isinstance(hi, Tensor) else hi
@@ -112,7 +134,7 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
 
     in_types = [("iter", "int64", []), ("cond", "bool", [])] + [
         (f"carry{k}", t.dtype, t.shape) for k, t in enumerate(carry)]
-    graph, outs, _ = builder.trace_subgraph(body, [], in_types, "loop_body")
+    graph, outs, _ = trace_subgraph(builder, body, [], in_types, "loop_body")
     _check_carry("Loop", carry, outs[1:], source)
     out_types = [(t.dtype, _merge_shape(t.shape, o.shape)) for t, o in zip(carry, outs[1:])]
 
@@ -123,8 +145,8 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
             state = res[1:]
         return state
 
-    results = builder.emit("Loop", [trip, None, *carry], {"body": graph}, len(carry), out_types=out_types,
-                           source=source, evaluator=evaluate)
+    results = _emit_list("Loop", [trip, None, *carry], {"body": graph}, len(carry), out_types=out_types,
+                         source=source, evaluator=evaluate)
     return _rebuild(results, is_seq)
 
 
@@ -157,7 +179,7 @@ def scan(fn: Callable, init: Any, xs: Any) -> tuple[Any, Any]:
 
     in_types = [(f"carry{k}", t.dtype, t.shape) for k, t in enumerate(carry)] + [
         (f"x{k}", x.dtype, x.shape[1:]) for k, x in enumerate(x_items)]
-    graph, outs, _ = builder.trace_subgraph(body, [], in_types, "scan_body")
+    graph, outs, _ = trace_subgraph(builder, body, [], in_types, "scan_body")
     _check_carry("Scan", carry, outs[:n_carry], source)
     out_types = [(t.dtype, _merge_shape(t.shape, o.shape)) for t, o in zip(carry, outs[:n_carry])]
     out_types += [(y.dtype, None if y.shape is None else [length, *y.shape]) for y in outs[n_carry:]]
@@ -173,8 +195,8 @@ def scan(fn: Callable, init: Any, xs: Any) -> tuple[Any, Any]:
         stacked = [np.stack(y) if y else np.zeros((0,), o.dtype.numpy) for y, o in zip(ys, outs[n_carry:])]
         return state + stacked
 
-    results = builder.emit("Scan", [*carry, *x_items], {"body": graph, "num_scan_inputs": len(x_items)},
-                           len(out_types), out_types=out_types, source=source, evaluator=evaluate)
+    results = _emit_list("Scan", [*carry, *x_items], {"body": graph, "num_scan_inputs": len(x_items)},
+                         len(out_types), out_types=out_types, source=source, evaluator=evaluate)
     final = _rebuild(results[:n_carry], carry_seq)
     return final, _rebuild(results[n_carry:], y_seq_box[0])
 
@@ -235,3 +257,6 @@ def _scan_eval(builder: Builder, attrs: dict, args: list, outer: Callable) -> li
         for k, y in enumerate(res[n_carry:]):
             ys[k].append(y)
     return state + [np.stack(y) for y in (ys or [])]
+
+
+__all__ = ["cond", "fori_loop", "run_graph", "scan", "trace_subgraph"]

@@ -6,16 +6,16 @@ from typing import Any
 
 import numpy as np
 
-from graphc.errors import GraphError
-from graphc.dsl.tensor import Tensor
+from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.tensor import Tensor
+from graphc.errors import GraphError
 
 _INT_MAX = np.iinfo(np.int64).max
 
 
 def getitem(x: Tensor, index: Any) -> Tensor:
-    from graphc.dsl import ops
-
+    """``x[index]``: Slice for ints and slices, Gather for index Tensors, Unsqueeze for ``None``."""
     items = list(index) if isinstance(index, tuple) else [index]
     if sum(i is Ellipsis for i in items) > 1:
         raise GraphError(f"an index can have only one `...` (at {user_source()})")

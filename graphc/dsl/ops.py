@@ -1,7 +1,8 @@
 """DSL functions on Tensors (`gc.relu`, `gc.matmul`, ...). Each records ONNX nodes.
 
 Composite ops (gelu before opset 20, stack) are lowered to primitive ONNX ops here, so
-autodiff and backends only need primitives. Neural-network ops live in ``ops_nn``.
+autodiff and backends only need primitives. Neural-network ops live in ``ops_nn``, above this
+module (``ops_nn`` imports ``ops``, never the reverse).
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ from graphc.dsl.builder import current, op_error, user_source
 # -- operands ---------------------------------------------------------------------------------
 
 
+def constant(array: Any) -> Tensor:
+    """A ``Constant`` node holding ``array`` (equal small constants are shared)."""
+    builder = current()
+    value = builder.constant(array)
+    return Tensor(value, builder.eager_value(value))
+
+
 def lift(x: Any, like: Tensor | None = None) -> Tensor:
     """A Tensor for ``x``: Python/numpy scalars and arrays become constants of ``like``'s dtype."""
     if isinstance(x, Tensor):
@@ -30,7 +38,7 @@ def lift(x: Any, like: Tensor | None = None) -> Tensor:
             arr = arr.astype(to_numpy(like.dtype))  # scalars and arrays take the tensor's dtype
         elif arr.dtype == np.float64:
             arr = arr.astype(np.float32)  # a bare Python float is float32, as in PyTorch
-        return current().constant(arr)
+        return constant(arr)
     raise GraphError(f"cannot use {type(x).__name__} {x!r} as a tensor (at {user_source()})")
 
 
@@ -52,23 +60,28 @@ def broadcast_shape(op: str, a: Tensor, b: Tensor) -> None:
             raise op_error(op, [a, b], f"shapes do not broadcast (dim {da} vs {db})", user_source())
 
 
-def _same_dtype(op: str, a: Tensor, b: Tensor) -> None:
+def same_dtype(op: str, a: Tensor, b: Tensor) -> None:
     if a.dtype != b.dtype:
         raise op_error(op, [a, b], f"dtype mismatch {a.dtype} vs {b.dtype}; cast one with .astype()",
                        user_source())
 
 
 def emit(op: str, inputs: Sequence[Tensor | None], attrs: dict | None = None, num_outputs: int = 1, **kw):
-    outs = current().emit(op, inputs, attrs, num_outputs, **kw)
+    """Record one ``op`` node on ``inputs``; its output Tensor (a list when ``num_outputs > 1``).
+    Keywords go to ``Builder.emit`` (``out_types``, ``name_hint``, ``source``, ``evaluator``)."""
+    builder = current()
+    values = builder.emit(op, [None if t is None else t.value for t in inputs], attrs, num_outputs,
+                          operands=inputs, **kw)
+    outs = [Tensor(v, builder.eager_value(v)) for v in values]
     return outs[0] if num_outputs == 1 else outs
 
 
 def const_i64(values: Sequence[int]) -> Tensor:
-    return current().constant(np.asarray(list(values), dtype=np.int64))
+    return constant(np.asarray(list(values), dtype=np.int64))
 
 
 def scalar(value: float, like: Tensor) -> Tensor:
-    return current().constant(np.asarray(value, dtype=to_numpy(like.dtype)))
+    return constant(np.asarray(value, dtype=to_numpy(like.dtype)))
 
 
 # -- elementwise ------------------------------------------------------------------------------
@@ -81,7 +94,7 @@ def unary(op: str, x: Tensor, **attrs: Any) -> Tensor:
 def binary(op: str, a: Any, b: Any) -> Tensor:
     a, b = _pair(a, b)
     if op != "Pow":
-        _same_dtype(op, a, b)
+        same_dtype(op, a, b)
     broadcast_shape(op, a, b)
     return emit(op, [a, b])
 
@@ -172,7 +185,7 @@ def where(cond: Any, a: Any, b: Any) -> Tensor:
     cond = lift(cond)
     if cond.dtype != "bool":
         raise op_error("Where", [cond, a, b], f"condition must be bool, got {cond.dtype}", user_source())
-    _same_dtype("Where", a, b)
+    same_dtype("Where", a, b)
     broadcast_shape("Where", a, b)
     broadcast_shape("Where", cond, a)
     return emit("Where", [cond, a, b])
@@ -189,7 +202,7 @@ def cast(x: Tensor, dtype: Any) -> Tensor:
 def matmul(a: Any, b: Any) -> Tensor:
     """numpy-style matmul (batched, broadcast). Signature: ai.onnx@13::MatMul"""
     a, b = _pair(a, b)
-    _same_dtype("MatMul", a, b)
+    same_dtype("MatMul", a, b)
     sa, sb = a.shape, b.shape
     if sa is not None and sb is not None:
         if len(sa) == 0 or len(sb) == 0:
@@ -221,7 +234,7 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     first = lift(tensors[0])
     tensors = [lift(t, first) for t in tensors]
     for t in tensors[1:]:
-        _same_dtype("Concat", first, t)
+        same_dtype("Concat", first, t)
     return emit("Concat", tensors, {"axis": axis})
 
 
@@ -369,19 +382,8 @@ def min(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa:
     return _reduce("ReduceMin", x, axis, keepdims)
 
 
-from graphc.dsl.ops_nn import (  # noqa: E402  (re-exported DSL names)
-    avg_pool2d,
-    batch_norm,
-    conv2d,
-    dropout,
-    embedding,
-    layer_norm,
-    max_pool2d,
-)
-
 __all__ = [
-    "abs", "avg_pool2d", "batch_norm", "cast", "clip", "concat", "conv2d", "dropout", "embedding",
-    "exp", "gelu", "layer_norm", "log", "log_softmax", "matmul", "max", "max_pool2d", "maximum",
+    "abs", "cast", "clip", "concat", "exp", "gelu", "log", "log_softmax", "matmul", "max", "maximum",
     "mean", "min", "minimum", "relu", "reshape", "sigmoid", "softmax", "sqrt", "stack", "sum",
     "tanh", "transpose", "where", "flatten", "squeeze", "unsqueeze", "erf",
 ]

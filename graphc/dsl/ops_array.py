@@ -13,8 +13,8 @@ import numpy as np
 
 from graphc.dtypes import as_dtype
 from graphc.errors import GraphError
-from graphc.dsl.ops import (_axis, _same_dtype, clip, const_i64, emit, lift, reshape, scalar, sqrt, unary,
-                        unsqueeze)
+from graphc.dsl.ops import (clip, const_i64, constant, emit, lift, reshape, scalar, sqrt, unary,
+                        same_dtype, unsqueeze)
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
 
@@ -74,7 +74,7 @@ def full(size: Sequence[int], fill_value: Any, dtype: Any = None) -> Tensor:
     ints, bool for bools, as PyTorch infers it)."""
     if dtype is None:
         dtype = "bool" if isinstance(fill_value, bool) else "int64" if isinstance(fill_value, int) else "float32"
-    return current().constant(np.full(_sizes(tuple(size), "full"), fill_value, as_dtype(dtype).numpy))
+    return constant(np.full(_sizes(tuple(size), "full"), fill_value, as_dtype(dtype).numpy))
 
 
 def zeros(*size: Any, dtype: Any = "float32") -> Tensor:
@@ -120,8 +120,8 @@ def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None) -> Ten
         dtype = "float32" if floats else "int64"
     dt = as_dtype(dtype)
     if not any(isinstance(a, Tensor) for a in args):
-        return current().constant(np.arange(start, end, step).astype(dt.numpy))
-    parts = [lift(a).astype(dt) if isinstance(a, Tensor) else current().constant(np.asarray(a, dt.numpy))
+        return constant(np.arange(start, end, step).astype(dt.numpy))
+    parts = [lift(a).astype(dt) if isinstance(a, Tensor) else constant(np.asarray(a, dt.numpy))
              for a in args]
     return emit("Range", [reshape(p, []) if p.ndim else p for p in parts])
 
@@ -130,7 +130,9 @@ def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None) -> Ten
 
 
 def _dim(x: Tensor, dim: int, op: str) -> int:
-    return _axis(dim, x.ndim, op, x)
+    if not -x.ndim <= dim < max(x.ndim, 1):
+        raise op_error(op, [x], f"dim {dim} out of range for rank {x.ndim}", user_source())
+    return dim % max(x.ndim, 1)
 
 
 def _static_dim(x: Tensor, dim: int, op: str) -> int:
@@ -204,7 +206,7 @@ def repeat(x: Tensor, *sizes: Any) -> Tensor:
 
 
 def _trilu(x: Tensor, diagonal: int, upper: int) -> Tensor:
-    return emit("Trilu", [lift(x), current().constant(np.asarray(diagonal, np.int64))], {"upper": upper})
+    return emit("Trilu", [lift(x), constant(np.asarray(diagonal, np.int64))], {"upper": upper})
 
 
 def triu(x: Tensor, diagonal: int = 0) -> Tensor:
@@ -267,7 +269,7 @@ def scatter(x: Tensor, dim: int, index: Tensor, src: Any, reduce: str | None = N
     src = lift(src, x)
     if src.ndim == 0:
         src = emit("Expand", [src, emit("Shape", [index])], out_types=[(x.dtype, index.shape)])
-    _same_dtype("ScatterElements", x, src)
+    same_dtype("ScatterElements", x, src)
     reductions = {None: "none", "add": "add", "multiply": "mul"}
     if reduce not in reductions:
         raise GraphError(f"scatter reduce={reduce!r}; expected None, 'add' or 'multiply' (at {user_source()})")
@@ -283,8 +285,8 @@ def one_hot(x: Tensor, num_classes: int) -> Tensor:
     if num_classes is None or int(num_classes) < 1:
         raise GraphError(f"one_hot needs num_classes >= 1 (the graph cannot read it from the data), got "
                          f"{num_classes} (at {user_source()})")
-    depth = current().constant(np.asarray(int(num_classes), np.int64))
-    values = current().constant(np.asarray([0, 1], np.int64))
+    depth = constant(np.asarray(int(num_classes), np.int64))
+    values = constant(np.asarray([0, 1], np.int64))
     return emit("OneHot", [x, depth, values], {"axis": -1})
 
 
@@ -294,7 +296,7 @@ def one_hot(x: Tensor, num_classes: int) -> Tensor:
 def cumsum(x: Tensor, dim: int) -> Tensor:
     """Running sum along ``dim``. Signature: ai.onnx@14::CumSum"""
     x = lift(x)
-    return emit("CumSum", [x, current().constant(np.asarray(_dim(x, dim, "CumSum"), np.int64))])
+    return emit("CumSum", [x, constant(np.asarray(_dim(x, dim, "CumSum"), np.int64))])
 
 
 def _arg(op: str, x: Tensor, dim: int | None, keepdim: bool) -> Tensor:
@@ -329,7 +331,7 @@ def einsum(equation: str, *operands: Any) -> Tensor:
         operands = tuple(operands[0])
     tensors = [lift(t) for t in operands]
     for t in tensors[1:]:
-        _same_dtype("Einsum", tensors[0], t)
+        same_dtype("Einsum", tensors[0], t)
     return emit("Einsum", tensors, {"equation": equation.replace(" ", "")})
 
 

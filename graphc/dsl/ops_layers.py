@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from graphc.errors import GraphError
-from graphc.dsl.ops import (_same_dtype, concat, const_i64, emit, lift, matmul, mean, reshape, scalar, sigmoid,
-                        softmax, sqrt, transpose, unary, where)
+from graphc.dsl.ops import (concat, const_i64, constant, emit, lift, matmul, mean, reshape, scalar, sigmoid,
+                        same_dtype, softmax, sqrt, transpose, unary, where)
 from graphc.dsl.ops_array import ir_tensor, tril
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
@@ -65,7 +65,7 @@ def _conv(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, 
         attrs["output_padding"] = ints(output_padding, nd, "output_padding")
     inputs = [x, weight] + ([bias] if bias is not None else [])
     for t in inputs[1:]:
-        _same_dtype(op, x, t)
+        same_dtype(op, x, t)
     return emit(op, inputs, attrs)
 
 
@@ -160,8 +160,8 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
         raise op_error("GroupNormalization", [x], f"needs a static channel count divisible by {num_groups} groups",
                        user_source())
     one = np.ones(channels, x.dtype.numpy)
-    weight = current().constant(one) if weight is None else lift(weight, x)
-    bias = current().constant(np.zeros_like(one)) if bias is None else lift(bias, x)
+    weight = constant(one) if weight is None else lift(weight, x)
+    bias = constant(np.zeros_like(one)) if bias is None else lift(bias, x)
     if current().opset >= 21:
         return emit("GroupNormalization", [x, weight, bias], {"num_groups": int(num_groups), "epsilon": float(eps)},
                     out_types=[(x.dtype, x.shape)])  # onnx infers no type for it
@@ -181,9 +181,9 @@ def instance_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None =
         raise op_error("InstanceNormalization", [x], "needs a static channel count without weight/bias",
                        user_source())
     if weight is None:
-        weight = current().constant(np.ones(channels, x.dtype.numpy))
+        weight = constant(np.ones(channels, x.dtype.numpy))
     if bias is None:
-        bias = current().constant(np.zeros(channels, x.dtype.numpy))
+        bias = constant(np.zeros(channels, x.dtype.numpy))
     return emit("InstanceNormalization", [x, lift(weight, x), lift(bias, x)], {"epsilon": float(eps)})
 
 
@@ -197,7 +197,7 @@ def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps
     eps = float(np.finfo(x.dtype.numpy).eps) if eps is None else float(eps)
     axes = list(range(-len(shape), 0))
     if current().opset >= 23:
-        scale = current().constant(np.ones(shape, x.dtype.numpy)) if weight is None else lift(weight, x)
+        scale = constant(np.ones(shape, x.dtype.numpy)) if weight is None else lift(weight, x)
         return emit("RMSNormalization", [x, scale], {"axis": -len(shape), "epsilon": eps})
     y = x / sqrt(mean(x * x, axes, keepdims=True) + scalar(eps, x))
     return y if weight is None else y * lift(weight, x)
@@ -289,7 +289,7 @@ def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str
     if scale_factor is not None:
         scales = [1.0, 1.0] + [float(s) for s in (scale_factor if isinstance(scale_factor, (tuple, list))
                                                   else [scale_factor] * nd)]
-        return emit("Resize", [x, None, current().constant(np.asarray(scales, np.float32))], attrs)
+        return emit("Resize", [x, None, constant(np.asarray(scales, np.float32))], attrs)
     sizes = ints(size, nd, "size")
     if current().opset >= 18:  # the spatial sizes alone (``axes``), so N and C may be symbolic
         attrs["axes"] = list(range(2, nd + 2))

@@ -6,15 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from graphc.errors import GraphError
+from graphc.dsl import ops
+from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.tensor import Tensor
-from graphc.dsl.builder import current, op_error, user_source
-
-
-def _ops():
-    from graphc.dsl import ops
-
-    return ops
+from graphc.errors import GraphError
 
 
 def int_pair(v: Any, name: str) -> list[int]:
@@ -35,7 +30,6 @@ def _check_rank(op: str, x: Tensor, rank: int) -> None:
 def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
            dilation: Any = 1, groups: int = 1) -> Tensor:
     """2-D convolution, NCHW, weight ``[out, in/groups, kh, kw]``. Signature: ai.onnx@11::Conv"""
-    ops = _ops()
     x = ops.lift(x)
     weight = ops.lift(weight, x)
     bias = None if bias is None else ops.lift(bias, x)
@@ -59,7 +53,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
         attrs["pads"] = [ph, pw, ph, pw]
     inputs = [x, weight] + ([bias] if bias is not None else [])
     for t in inputs[1:]:
-        ops._same_dtype("Conv", x, t)
+        ops.same_dtype("Conv", x, t)
     return ops.emit("Conv", inputs, attrs)
 
 
@@ -73,7 +67,6 @@ def _pool_attrs(kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool) ->
 def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
                ceil_mode: bool = False) -> Tensor:
     """Signature: ai.onnx@12::MaxPool (one output)."""
-    ops = _ops()
     x = ops.lift(x)
     _check_rank("MaxPool", x, 4)
     attrs = _pool_attrs(kernel_size, stride, padding, ceil_mode)
@@ -84,7 +77,6 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
 def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True) -> Tensor:
     """Signature: ai.onnx@19::AveragePool"""
-    ops = _ops()
     x = ops.lift(x)
     _check_rank("AveragePool", x, 4)
     attrs = _pool_attrs(kernel_size, stride, padding, ceil_mode)
@@ -93,7 +85,7 @@ def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
 
 
 def global_avg_pool2d(x: Tensor) -> Tensor:
-    return _ops().emit("GlobalAveragePool", [x])
+    return ops.emit("GlobalAveragePool", [x])
 
 
 def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor, weight: Tensor | None = None,
@@ -104,7 +96,6 @@ def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor, weight: Ten
     With ``training=True`` the node has ``training_mode=1`` and three outputs (Y and the
     updated running mean/var); Y is returned. Signature: ai.onnx@15::BatchNormalization
     """
-    ops = _ops()
     x = ops.lift(x)
     running_mean, running_var = ops.lift(running_mean, x), ops.lift(running_var, x)
     weight = None if weight is None else ops.lift(weight, x)
@@ -114,8 +105,8 @@ def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor, weight: Ten
         if not isinstance(channels, int):
             raise GraphError(f"batch_norm without weight/bias needs a static channel count (at {user_source()})")
         one = np.ones(channels, dtype=x.dtype.numpy)
-        weight = weight if weight is not None else current().constant(one)
-        bias = bias if bias is not None else current().constant(np.zeros_like(one))
+        weight = weight if weight is not None else ops.constant(one)
+        bias = bias if bias is not None else ops.constant(np.zeros_like(one))
     if x.shape is not None and len(x.shape) >= 2 and isinstance(x.shape[1], int) and isinstance(channels, int):
         if x.shape[1] != channels:
             raise op_error("BatchNormalization", [x, running_mean], f"input has {x.shape[1]} channels, "
@@ -131,7 +122,6 @@ def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor, weight: Ten
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     """``torch.nn.functional.layer_norm``. Signature: ai.onnx@17::LayerNormalization"""
-    ops = _ops()
     x = ops.lift(x)
     weight = None if weight is None else ops.lift(weight, x)
     bias = None if bias is None else ops.lift(bias, x)
@@ -139,7 +129,7 @@ def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, b
     if x.shape is not None and tuple(x.shape[-len(shape):]) != tuple(shape):
         raise op_error("LayerNormalization", [x], f"trailing dims must be {tuple(shape)}", user_source())
     if weight is None:
-        weight = current().constant(np.ones(shape, dtype=x.dtype.numpy))
+        weight = ops.constant(np.ones(shape, dtype=x.dtype.numpy))
     inputs = [x, weight] + ([bias] if bias is not None else [])
     return ops.emit("LayerNormalization", inputs, {"axis": -len(shape), "epsilon": float(eps)})
 
@@ -147,18 +137,16 @@ def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, b
 def dropout(x: Tensor, p: float = 0.5, training: bool = False) -> Tensor:
     """ONNX ``Dropout`` with ``ratio`` and ``training_mode`` inputs; the node stays in the graph in
     inference capture too (the training generator flips ``training_mode``)."""
-    ops = _ops()
     if not 0.0 <= p < 1.0:
         raise GraphError(f"dropout probability {p} must be in [0, 1) (at {user_source()})")
     x = ops.lift(x)
     ratio = ops.scalar(p, x)
-    mode = current().constant(np.asarray(bool(training)))
+    mode = ops.constant(np.asarray(bool(training)))
     return ops.emit("Dropout", [x, ratio, mode], name_hint="dropout")
 
 
 def embedding(indices: Tensor, weight: Tensor) -> Tensor:
     """``torch.nn.functional.embedding(indices, weight)``: rows of ``weight``. Signature: ai.onnx@13::Gather"""
-    ops = _ops()
     indices = ops.lift(indices)
     weight = ops.lift(weight)
     if indices.dtype not in ("int64", "int32"):
@@ -170,11 +158,10 @@ def embedding(indices: Tensor, weight: Tensor) -> Tensor:
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias`` with PyTorch's ``[out, in]`` weight: ``Gemm(transB=1)`` for 2-D input,
     ``MatMul(x, Transpose(weight)) + bias`` for higher ranks."""
-    ops = _ops()
     x = ops.lift(x)
     weight = ops.lift(weight, x)
     bias = None if bias is None else ops.lift(bias, x)
-    ops._same_dtype("Linear", x, weight)
+    ops.same_dtype("Linear", x, weight)
     if x.shape is not None and weight.shape is not None:
         k = x.shape[-1] if x.shape else None
         if isinstance(k, int) and k != weight.shape[1]:

@@ -12,6 +12,7 @@ from graphc.errors import GraphError
 from graphc.nn import init
 from graphc.nn.layers import Linear
 from graphc.nn.module import Module, Parameter
+from graphc.dsl import ops_nn
 from graphc.dsl.ops_nn import linear
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import op_error, user_source
@@ -71,7 +72,7 @@ class MultiheadAttention(Module):
         scores = self._mask(scores, attn_mask, key_padding_mask)
         weights = ops.softmax(scores, axis=-1)
         if self.dropout > 0.0:
-            weights = ops.dropout(weights, self.dropout, training=self.training)
+            weights = ops_nn.dropout(weights, self.dropout, training=self.training)
         out = ops.transpose(ops.matmul(weights, v), [0, 2, 1, 3])
         n, length = out.shape[0], out.shape[1]
         out = ops.emit("Reshape", [out, ops.const_i64([0, 0, self.embed_dim])],

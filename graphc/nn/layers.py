@@ -8,6 +8,7 @@ from graphc.dsl import ops
 from graphc.errors import GraphError
 from graphc.nn import init
 from graphc.nn.module import Module, Parameter
+from graphc.dsl import ops_nn
 from graphc.dsl.ops_nn import global_avg_pool2d, int_pair, linear
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import user_source
@@ -49,7 +50,7 @@ class Conv2d(Module):
         self.bias = Parameter(shape=(out_channels,), init=init.bias_uniform(fan_in), dtype=dtype) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return ops_nn.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
@@ -63,7 +64,7 @@ class MaxPool2d(Module):
         self.dilation, self.ceil_mode = dilation, ceil_mode
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        return ops_nn.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
 
 
 class AvgPool2d(Module):
@@ -74,7 +75,7 @@ class AvgPool2d(Module):
         self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+        return ops_nn.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
 
 
 class AdaptiveAvgPool2d(Module):
@@ -93,7 +94,7 @@ class AdaptiveAvgPool2d(Module):
         if not (isinstance(h, int) and isinstance(w, int) and h % oh == 0 and w % ow == 0):
             raise GraphError(f"AdaptiveAvgPool2d({self.output_size}) needs static H, W divisible by the output "
                              f"size; input is {x.type_str()} (at {user_source()})")
-        return ops.avg_pool2d(x, (h // oh, w // ow))
+        return ops_nn.avg_pool2d(x, (h // oh, w // ow))
 
 
 class _BatchNorm(Module):
@@ -109,7 +110,7 @@ class _BatchNorm(Module):
         self.running_var = Parameter(shape=(num_features,), init=init.ones, dtype=dtype, buffer=True)
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+        return ops_nn.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                               training=self.training, momentum=self.momentum, eps=self.eps)
 
     def extra_repr(self) -> str:
@@ -134,7 +135,7 @@ class LayerNorm(Module):
         self.bias = Parameter(shape=shape, init=init.zeros, dtype=dtype) if elementwise_affine and bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return ops_nn.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"
@@ -146,7 +147,7 @@ class Dropout(Module):
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.dropout(x, self.p, training=self.training)
+        return ops_nn.dropout(x, self.p, training=self.training)
 
 
 class Embedding(Module):
@@ -172,7 +173,7 @@ class Embedding(Module):
         self.weight = Parameter(shape=(num_embeddings, embedding_dim), init=draw, dtype=dtype)
 
     def forward(self, indices: Tensor) -> Tensor:
-        out = ops.embedding(indices, self.weight)
+        out = ops_nn.embedding(indices, self.weight)
         if self.padding_idx is None:
             return out
         row = self._parameters["weight"].numpy()[self.padding_idx]

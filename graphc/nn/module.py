@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from graphc.dsl.builder import Builder, active
+from graphc.dsl.tensor import Tensor
 from graphc.dtypes import as_dtype, to_numpy
 from graphc.errors import GraphError
 from graphc.nn import init as _init
@@ -95,11 +97,8 @@ class Module:
         d = self.__dict__
         if "_parameters" in d and name in d["_parameters"]:
             param = d["_parameters"][name]
-            from graphc.dsl import builder as tracing
-
-            if tracing._CURRENT:
-                return _param_tensor(tracing._CURRENT[-1], self, name, param)
-            return param
+            builder = active()
+            return param if builder is None else _param_tensor(builder, self, name, param)
         if "_modules" in d and name in d["_modules"]:
             return d["_modules"][name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -175,18 +174,11 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must define forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from graphc.dsl import builder as tracing
-
-        builder = tracing._CURRENT[-1] if tracing._CURRENT else None
+        builder = active()
         if builder is None:
             raise GraphError(f"{type(self).__name__} can only be called inside gc.capture(...)")
-        path = self.__dict__.get("_path")
-        parts = [path] if path else []
-        builder.module_path.extend(parts)
-        try:
+        with builder.in_module(self.__dict__.get("_path")):
             return self.forward(*args, **kwargs)
-        finally:
-            del builder.module_path[len(builder.module_path) - len(parts):]
 
     def extra_repr(self) -> str:
         return ""
@@ -199,7 +191,7 @@ class Module:
         return "\n".join(lines) + (")" if len(lines) == 1 else "\n)")
 
 
-def _param_tensor(builder: Any, owner: Module, attr: str, param: Parameter):
+def _param_tensor(builder: Builder, owner: Module, attr: str, param: Parameter):
     """The Tensor for ``param`` in this capture (one initializer per Parameter object)."""
     tensor = builder.param_tensors.get(id(param))
     if tensor is not None:
@@ -207,9 +199,10 @@ def _param_tensor(builder: Any, owner: Module, attr: str, param: Parameter):
     if param.data is None:  # a module not reached from the captured root: draw in use order
         param.draw(builder.rng)
     if id(param) in builder.rooted:
-        tensor = builder.add_initializer(param.qualname, param.numpy())
+        value = builder.add_initializer(param.qualname, param.numpy())
     else:  # a module the captured function closes over: name it by its class, made unique
-        tensor = builder.add_initializer(f"{type(owner).__name__.lower()}.{attr}", param.numpy(), exact=False)
+        value = builder.add_initializer(f"{type(owner).__name__.lower()}.{attr}", param.numpy(), exact=False)
+    tensor = Tensor(value, eager_value=param.numpy() if builder.scopes[0].eager else None)
     builder.param_tensors[id(param)] = tensor
     if param.buffer:
         builder.buffers.append(tensor.value.name)

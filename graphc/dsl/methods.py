@@ -1,0 +1,111 @@
+"""``gc.Tensor``'s operators and methods, bound to the class at import (functions layer).
+
+They are DSL functions, so they live above the tensor layer: ``t + 1`` is ``ops.binary("Add",
+t, 1)``, ``t[i]`` is ``indexing.getitem``. ``graphc.dsl.capture`` imports this module, so every
+Tensor a capture makes has them. numpy's protocols are here too: numpy's operators on a Tensor
+build the same nodes; any other numpy function is refused, naming the ``gc.*`` function to use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphc.dsl import ops, ops_nn
+from graphc.dsl.builder import user_source
+from graphc.dsl.indexing import getitem
+from graphc.dsl.tensor import Tensor
+from graphc.errors import GraphError
+
+
+def _reshape(self: Tensor, *shape: Any) -> Tensor:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return ops.reshape(self, shape)
+
+
+def _transpose(self: Tensor, *dims: Any) -> Tensor:
+    """No args: reverse the axes. Two ints: swap them (as ``torch.transpose``). A sequence
+    (or three or more ints): a full permutation (as ``numpy.transpose``)."""
+    if not dims:
+        return ops.transpose(self)
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        return ops.transpose(self, list(dims[0]))
+    if len(dims) == 2:
+        perm = list(range(self.ndim))
+        a, b = (d % self.ndim for d in dims)
+        perm[a], perm[b] = perm[b], perm[a]
+        return ops.transpose(self, perm)
+    return ops.transpose(self, list(dims))
+
+
+# numpy ufuncs that are Python operators on a Tensor: (method, reflected method), so
+# ``np_array + t`` and ``np.add(np_array, t)`` build the same node as ``t.__radd__(np_array)``.
+_UFUNC_OPERATORS = {
+    "add": ("__add__", "__radd__"), "subtract": ("__sub__", "__rsub__"), "multiply": ("__mul__", "__rmul__"),
+    "divide": ("__truediv__", "__rtruediv__"), "power": ("__pow__", "__rpow__"),
+    "matmul": ("__matmul__", "__rmatmul__"), "less": ("__lt__", "__gt__"), "less_equal": ("__le__", "__ge__"),
+    "greater": ("__gt__", "__lt__"), "greater_equal": ("__ge__", "__le__"), "equal": ("__eq__", "__eq__"),
+    "not_equal": ("__ne__", "__ne__"), "bitwise_and": ("__and__", "__and__"), "bitwise_or": ("__or__", "__or__"),
+    "bitwise_xor": ("__xor__", "__xor__"), "negative": ("__neg__",), "positive": ("__pos__",),
+    "absolute": ("__abs__",), "invert": ("__invert__",),
+}
+# numpy names whose graphc function is spelled differently
+_GC_NAMES = {"absolute": "abs", "concatenate": "concat", "power": "pow", "arccos": "acos", "arcsin": "asin",
+             "arctan": "atan", "amax": "max", "amin": "min", "square": "pow"}
+
+
+def _array_ufunc(self: Tensor, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
+    dunders = _UFUNC_OPERATORS.get(ufunc.__name__)
+    if dunders is not None and method == "__call__" and not kwargs:
+        if len(inputs) == 1:
+            return getattr(self, dunders[0])()
+        a, b = inputs
+        return getattr(a, dunders[0])(b) if isinstance(a, Tensor) else getattr(b, dunders[1])(a)
+    raise _numpy_refused(f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}"),
+                         ufunc.__name__, self)
+
+
+def _array_function(self: Tensor, func: Any, types: Any, args: Any, kwargs: Any):
+    raise _numpy_refused(f"np.{func.__name__}", func.__name__, self)
+
+
+def _numpy_refused(what: str, name: str, tensor: Tensor) -> GraphError:
+    """GraphError for a numpy function given a traced value, suggesting the gc.* function."""
+    gc_name = _GC_NAMES.get(name, name)
+    hint = f"use gc.{gc_name}(...) instead" if gc_name in ops.__all__ or gc_name in ops_nn.__all__ else "graphc has no function of that name: build it from gc.* ops"
+    return GraphError(f"{what} cannot run on traced value {tensor.value.name}: {tensor.type_str()} at "
+                      f"{user_source()}: numpy cannot see inside the graph being captured; {hint}")
+
+
+METHODS = {
+    "__add__": lambda a, b: ops.binary("Add", a, b), "__radd__": lambda a, b: ops.binary("Add", b, a),
+    "__sub__": lambda a, b: ops.binary("Sub", a, b), "__rsub__": lambda a, b: ops.binary("Sub", b, a),
+    "__mul__": lambda a, b: ops.binary("Mul", a, b), "__rmul__": lambda a, b: ops.binary("Mul", b, a),
+    "__truediv__": lambda a, b: ops.binary("Div", a, b), "__rtruediv__": lambda a, b: ops.binary("Div", b, a),
+    "__pow__": lambda a, b: ops.binary("Pow", a, b), "__rpow__": lambda a, b: ops.binary("Pow", b, a),
+    "__matmul__": lambda a, b: ops.matmul(a, b), "__rmatmul__": lambda a, b: ops.matmul(b, a),
+    "__neg__": lambda a: ops.unary("Neg", a), "__pos__": lambda a: a, "__abs__": lambda a: ops.abs(a),
+    "__lt__": lambda a, b: ops.binary("Less", a, b), "__le__": lambda a, b: ops.binary("LessOrEqual", a, b),
+    "__gt__": lambda a, b: ops.binary("Greater", a, b), "__ge__": lambda a, b: ops.binary("GreaterOrEqual", a, b),
+    "__eq__": lambda a, b: ops.binary("Equal", a, b),
+    "__ne__": lambda a, b: ops.unary("Not", ops.binary("Equal", a, b)),
+    "__invert__": lambda a: ops.unary("Not", a), "__and__": lambda a, b: ops.binary("And", a, b),
+    "__or__": lambda a, b: ops.binary("Or", a, b), "__xor__": lambda a, b: ops.binary("Xor", a, b),
+    "__getitem__": getitem,
+    "__array_ufunc__": _array_ufunc, "__array_function__": _array_function,
+    "T": property(lambda a: ops.transpose(a)),
+    "reshape": _reshape, "transpose": _transpose,
+    "flatten": lambda a, start_dim=0, end_dim=-1: ops.flatten(a, start_dim, end_dim),
+    "sum": lambda a, axis=None, keepdims=False: ops.sum(a, axis, keepdims),
+    "mean": lambda a, axis=None, keepdims=False: ops.mean(a, axis, keepdims),
+    "max": lambda a, axis=None, keepdims=False: ops.max(a, axis, keepdims),
+    "min": lambda a, axis=None, keepdims=False: ops.min(a, axis, keepdims),
+    "astype": lambda a, dtype: ops.cast(a, dtype),
+    "relu": ops.relu, "exp": ops.exp, "log": ops.log, "sqrt": ops.sqrt,
+    "softmax": lambda a, axis=-1: ops.softmax(a, axis),
+}
+
+for _name, _method in METHODS.items():
+    setattr(Tensor, _name, _method)
