@@ -43,8 +43,8 @@ class UNet(nn.Module):
         super().__init__()
         widths = [base * 2 ** i for i in range(depth + 1)]
         self.inc = DoubleConv(in_channels, widths[0])
-        self.downs = nn.Sequential(*[Down(widths[i], widths[i + 1]) for i in range(depth)])
-        self.ups = nn.Sequential(*[Up(widths[i + 1], widths[i]) for i in reversed(range(depth))])
+        self.downs = nn.ModuleList([Down(widths[i], widths[i + 1]) for i in range(depth)])
+        self.ups = nn.ModuleList([Up(widths[i + 1], widths[i]) for i in reversed(range(depth))])
         self.outc = nn.Conv2d(widths[0], num_classes, 1)
 
     def forward(self, x):

@@ -181,7 +181,7 @@ def test_default_initialisation_follows_pytorch():
     net.init_parameters(seed=0)
     sd = net.state_dict()
     assert list(sd) == ["0.weight", "0.bias", "1.weight", "1.bias", "2.weight", "3.weight", "3.bias",
-                        "4.weight", "4.bias", "4.running_mean", "4.running_var"]
+                        "4.weight", "4.bias", "4.running_mean", "4.running_var", "4.num_batches_tracked"]
     assert np.abs(sd["0.weight"]).max() <= 1 / math.sqrt(100) and np.abs(sd["0.weight"]).max() > 0.09
     assert np.abs(sd["0.bias"]).max() <= 1 / math.sqrt(100)
     assert np.abs(sd["1.weight"]).max() <= 1 / math.sqrt(36)
@@ -191,7 +191,8 @@ def test_default_initialisation_follows_pytorch():
     # the draws come from numpy.random.default_rng(seed) in definition order
     expected = np.random.default_rng(0).uniform(-0.1, 0.1, size=(50, 100)).astype(np.float32)
     np.testing.assert_array_equal(sd["0.weight"], expected)
-    assert all(v.dtype == np.float32 for v in sd.values())
+    assert all(v.dtype == np.float32 for k, v in sd.items() if k != "4.num_batches_tracked")
+    assert sd["4.num_batches_tracked"].dtype == np.int64 and sd["4.num_batches_tracked"].shape == ()
 
 
 def test_seed_controls_params_and_user_values_are_kept():

@@ -117,7 +117,7 @@ class Builder:
         self.scopes = [Scope(eager)]
         self.initializers: list[ir.Value] = []
         self.param_tensors: dict[int, Any] = {}  # id(Parameter) -> its Tensor in this capture
-        self.rooted: set[int] = set()  # ids of the captured Module's own parameters
+        self.rooted: set[int] | None = None  # ids of the captured Module's parameters (None: a function)
         self.buffers: list[str] = []
         self.module_path: list[str] = []
         self.rng = np.random.default_rng(seed)

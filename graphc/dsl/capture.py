@@ -3,6 +3,7 @@ wrap the traced graph as a ``gc.Model``."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect as _inspect
 from collections.abc import Callable
 from typing import Any
@@ -64,12 +65,15 @@ def check_input_names(fn: Callable, names: list[str]) -> None:
 
 
 def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed: int = 0,
-            training: bool = False, **inputs: Any) -> Model:
+            training: bool | None = None, **inputs: Any) -> Model:
     """Trace ``fn_or_module`` on the given inputs into a ``gc.Model``.
 
     Each keyword names a graph input: a ``gc.TensorSpec`` (symbolic capture) or an example
     ``np.ndarray`` (eager capture: ops are evaluated as traced). Returned dict keys name the
     outputs; a single Tensor is ``"output"``; a tuple gives ``"output_0"``, ``"output_1"``, ...
+    ``training``: None captures each module in its own mode (``.train()``/``.eval()``; modules
+    start in eval mode); True or False puts every sub-module of a captured Module in that mode
+    for this capture only.
 
         >>> import graphc as gc
         >>> m = gc.capture(lambda x: gc.relu(x) * 2, x=gc.spec("float32", ("N", 4)))
@@ -82,6 +86,10 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     eager = all(arr is not None for _, arr in specs.values())
     if isinstance(fn_or_module, type) and issubclass(fn_or_module, Module):
         fn_or_module = fn_or_module()
+    module = fn_or_module if isinstance(fn_or_module, Module) else None
+    forced = module if training is not None else None
+    if training is None:
+        training = bool(module is not None and module.training)
     builder = Builder(opset, training, eager, seed)
     graph_inputs, tensors = [], {}
     for key, (sp, arr) in specs.items():
@@ -90,14 +98,13 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
         tensors[key] = Tensor(value, eager_value=arr)
         if arr is not None:
             builder.values[id(value)] = arr
-    if isinstance(fn_or_module, Module):
-        fn_or_module.init_parameters(seed)
-        builder.rooted = {id(p) for _, p in fn_or_module.named_parameters()}
-        fn_or_module.train(training)
-        graph_name = name or type(fn_or_module).__name__
+    if module is not None:
+        module.init_parameters(seed)
+        builder.rooted = {id(p) for _, p in [*module.named_parameters(), *module.named_buffers()]}
+        graph_name = name or type(module).__name__
     else:
         graph_name = name or getattr(fn_or_module, "__name__", "model").replace("<lambda>", "lambda")
-    with builder.activated():
+    with builder.activated(), _modes(forced, training):
         result = _call(fn_or_module, tensors)
         outputs = _collect_outputs(builder, result, set(id(v) for v in graph_inputs))
     graph = ir.Graph(graph_inputs, outputs, nodes=builder.scopes[0].nodes,
@@ -107,6 +114,20 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     if builder.buffers:
         model.metadata_props["graphc.buffers"] = ",".join(builder.buffers)
     return Model(model)
+
+
+@contextlib.contextmanager
+def _modes(module: Module | None, training: bool):
+    """Every sub-module of ``module`` (None: nothing) in ``training`` mode for the block; each in
+    its own mode again afterwards."""
+    before = [] if module is None else [(m, m.training) for m in module.modules()]
+    for m, _ in before:
+        m.training = training
+    try:
+        yield
+    finally:
+        for m, mode in before:
+            m.training = mode
 
 
 def _collect_outputs(builder: Builder, result: Any, input_ids: set[int]) -> list[ir.Value]:

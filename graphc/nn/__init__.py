@@ -17,11 +17,11 @@ from graphc.nn.layers import (
     Linear,
     MaxPool2d,
     ReLU,
-    Sequential,
     Sigmoid,
     Softmax,
     Tanh,
 )
+from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList, Sequential
 from graphc.nn.conv import Conv1d, Conv3d, ConvTranspose1d, ConvTranspose2d
 from graphc.nn.module import Module, Parameter
 from graphc.nn.norm import GroupNorm, InstanceNorm2d, RMSNorm
@@ -32,7 +32,8 @@ from graphc.nn.upsampling import PixelShuffle, Upsample
 
 __all__ = [
     "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding",
-    "Flatten", "GELU", "LayerNorm", "Linear", "MaxPool2d", "Module", "MultiheadAttention", "Parameter",
+    "Flatten", "GELU", "Identity", "LayerNorm", "Linear", "MaxPool2d", "Module", "ModuleDict", "ModuleList",
+    "MultiheadAttention", "Parameter", "ParameterList",
     "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "init",
     # issue 12's layers
     "AdaptiveAvgPool1d", "AvgPool1d", "Conv1d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ELU", "GRU",

@@ -108,6 +108,8 @@ class _BatchNorm(Module):
         self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine else None
         self.running_mean = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype, buffer=True)
         self.running_var = Parameter(shape=(num_features,), init=init.ones, dtype=dtype, buffer=True)
+        # PyTorch's counter, kept so state_dict() keys are PyTorch's (the graph never reads it)
+        self.num_batches_tracked = Parameter(shape=(), init=init.zeros, dtype="int64", buffer=True)
 
     def forward(self, x: Tensor) -> Tensor:
         return ops_nn.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
@@ -221,25 +223,5 @@ class Flatten(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return ops.flatten(x, self.start_dim, self.end_dim)
-
-
-class Sequential(Module):
-    """Sub-modules named ``"0"``, ``"1"``, ... applied in order."""
-
-    def __init__(self, *modules: Module):
-        super().__init__()
-        for i, m in enumerate(modules):
-            self.add_module(str(i), m)
-
-    def __getitem__(self, i: int) -> Module:
-        return list(self._modules.values())[i]
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def forward(self, x: Any) -> Any:
-        for m in self._modules.values():
-            x = m(x)
-        return x
 
 

@@ -9,12 +9,13 @@ backed by an initializer named by the parameter's path.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from graphc.dsl.builder import Builder, active
+from graphc.dsl.builder import Builder, active, user_source
 from graphc.dsl.tensor import Tensor
 from graphc.dtypes import as_dtype, to_numpy
 from graphc.errors import GraphError
@@ -56,7 +57,7 @@ class Parameter:
 
     def draw(self, rng: np.random.Generator) -> None:
         if not self.user_set:
-            self._data = np.ascontiguousarray(self.init(rng, self.shape, to_numpy(self.dtype)))
+            self._data = np.asarray(self.init(rng, self.shape, to_numpy(self.dtype)), order="C")
 
     def numpy(self) -> np.ndarray:
         if self._data is None:
@@ -68,8 +69,18 @@ class Parameter:
         return f"{kind}({self.dtype}{list(self.shape)})"
 
 
+class IncompatibleKeys(NamedTuple):
+    """What ``load_state_dict(strict=False)`` did not match, as PyTorch returns it."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
 class Module:
-    """Base class of DSL layers and models. Subclasses define ``forward``."""
+    """Base class of DSL layers and models. Subclasses define ``forward``.
+
+    A module starts in eval mode (PyTorch's start in train mode), so a capture is an inference
+    graph unless ``.train()`` is called or ``gc.capture(..., training=True)`` is given."""
 
     training: bool
 
@@ -91,6 +102,7 @@ class Module:
         elif isinstance(value, Module):
             modules[name] = value
         else:
+            _refuse_plain_container(self, name, value)
             object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str) -> Any:
@@ -103,66 +115,121 @@ class Module:
             return d["_modules"][name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
+    def __delattr__(self, name: str) -> None:
+        d = self.__dict__
+        if name in d["_parameters"]:
+            del d["_parameters"][name]
+        elif name in d["_modules"]:
+            del d["_modules"][name]
+        else:
+            object.__delattr__(self, name)
+
     def register_buffer(self, name: str, value: Any) -> None:
         self.__setattr__(name, Parameter(value, buffer=True))
 
-    def add_module(self, name: str, module: "Module") -> None:
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
+        self.__setattr__(name, param)
+
+    def add_module(self, name: str, module: "Module | None") -> None:
         self.__setattr__(name, module)
 
+    register_module = add_module
+
     # -- traversal (PyTorch order: own parameters, then sub-modules depth-first) ---------------
-    def named_modules(self, prefix: str = "", memo: set | None = None) -> Iterator[tuple[str, "Module"]]:
+    def named_modules(self, memo: set | None = None, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        """``(path, module)`` for this module (path ``prefix``) and every sub-module, depth first."""
         memo = set() if memo is None else memo
         if id(self) in memo:
             return
         memo.add(id(self))
         yield prefix, self
         for name, mod in self._modules.items():
-            yield from mod.named_modules(f"{prefix}.{name}" if prefix else name, memo)
+            yield from mod.named_modules(memo, f"{prefix}.{name}" if prefix else name)
 
-    def named_parameters(self, prefix: str = "", buffers: bool = True) -> Iterator[tuple[str, Parameter]]:
+    def modules(self) -> Iterator["Module"]:
+        return (m for _, m in self.named_modules())
+
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        return iter(list(self._modules.items()))
+
+    def children(self) -> Iterator["Module"]:
+        return (m for _, m in self.named_children())
+
+    def _named_tensors(self, prefix: str = "", buffers: bool | None = None, remove_duplicate: bool = True,
+                       recurse: bool = True) -> Iterator[tuple[str, Parameter]]:
+        """Parameters (``buffers=False``), buffers (True) or both (None), in state_dict order: each
+        module's parameters, then its buffers, then its sub-modules'."""
         seen: set[int] = set()
-        for mod_prefix, mod in self.named_modules(prefix):
-            for name, p in mod._parameters.items():
-                if id(p) in seen or (p.buffer and not buffers):
+        mods = self.named_modules(prefix=prefix) if recurse else [(prefix, self)]
+        for mod_prefix, mod in mods:
+            own = list(mod._parameters.items())
+            for name, p in [*(i for i in own if not i[1].buffer), *(i for i in own if i[1].buffer)]:
+                if (buffers is not None and p.buffer != buffers) or (remove_duplicate and id(p) in seen):
                     continue
                 seen.add(id(p))
                 yield (f"{mod_prefix}.{name}" if mod_prefix else name), p
 
-    def parameters(self) -> list[Parameter]:
-        return [p for _, p in self.named_parameters(buffers=False)]
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True) -> Iterator[tuple[str, Parameter]]:
+        """``(name, Parameter)`` for the trainable parameters (buffers not included), as PyTorch."""
+        return self._named_tensors(prefix, False, remove_duplicate, recurse)
 
-    def children(self) -> list["Module"]:
-        return list(self._modules.values())
+    def named_buffers(self, prefix: str = "", recurse: bool = True,
+                      remove_duplicate: bool = True) -> Iterator[tuple[str, Parameter]]:
+        """``(name, buffer)`` for state that is not trained (BatchNorm's running statistics)."""
+        return self._named_tensors(prefix, True, remove_duplicate, recurse)
+
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        return (p for _, p in self.named_parameters(recurse=recurse))
+
+    def buffers(self, recurse: bool = True) -> Iterator[Parameter]:
+        return (p for _, p in self.named_buffers(recurse=recurse))
 
     # -- state ----------------------------------------------------------------------------------
     def init_parameters(self, seed: int = 0) -> "Module":
-        """Draw every parameter the user did not set, in definition order, from
+        """Draw every parameter and buffer the user did not set, in definition order, from
         ``numpy.random.default_rng(seed)``; name each by its attribute path."""
         rng = np.random.default_rng(seed)
-        for name, p in self.named_parameters():
-            p.qualname = name
-            p.draw(rng)
+        seen: set[int] = set()
         for path, mod in self.named_modules():
             object.__setattr__(mod, "_path", path)
+            for name, p in mod._parameters.items():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    p.qualname = f"{path}.{name}" if path else name
+                    p.draw(rng)
         return self
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        if any(p.data is None for _, p in self.named_parameters()):
+        """Every parameter and buffer by PyTorch's key (``layers.0.weight``, ``bn.running_mean``);
+        a tensor shared by two modules appears under both keys, as in PyTorch."""
+        if any(p.data is None for _, p in self._named_tensors()):
             self.init_parameters(0)
-        return {name: p.numpy() for name, p in self.named_parameters()}
+        return {name: p.numpy() for name, p in self._named_tensors(remove_duplicate=False)}
 
-    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
-        own = dict(self.named_parameters())
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> IncompatibleKeys:
+        """Set parameters and buffers from ``state`` (arrays by PyTorch's keys, e.g. a safetensors
+        file PyTorch wrote). ``strict``: a key missing or unexpected is an error; a shape that
+        differs always is. Nothing is set when an error is raised."""
+        own = dict(self._named_tensors(remove_duplicate=False))
+        arrays = {k: np.asarray(v) for k, v in state.items() if k in own}
         missing = [k for k in own if k not in state]
-        unexpected = [k for k in state if k not in own and not k.endswith("num_batches_tracked")]
-        if strict and (missing or unexpected):
-            raise GraphError(f"load_state_dict: missing {missing}, unexpected {unexpected}")
-        for key, value in state.items():
-            if key in own:
-                own[key].data = np.asarray(value)
+        unexpected = [k for k in state if k not in own]
+        wrong = [f"{k}: the module has {own[k].shape}, the state {tuple(a.shape)}" for k, a in arrays.items()
+                 if tuple(a.shape) != own[k].shape]
+        problems = [f"size mismatch for {', '.join(wrong)}"] if wrong else []
+        if strict:
+            problems += [f"missing keys {missing}"] if missing else []
+            problems += [f"unexpected keys {unexpected}"] if unexpected else []
+        if problems:
+            raise GraphError(f"load_state_dict into {type(self).__name__}: " + "; ".join(problems))
+        for key, array in arrays.items():
+            own[key].data = array
+        return IncompatibleKeys(missing, unexpected)
 
     def train(self, mode: bool = True) -> "Module":
-        for _, mod in self.named_modules():
+        """Training mode: Dropout drops, BatchNorm uses and updates batch statistics when captured."""
+        for mod in self.modules():
             object.__setattr__(mod, "training", bool(mode))
         return self
 
@@ -191,6 +258,18 @@ class Module:
         return "\n".join(lines) + (")" if len(lines) == 1 else "\n)")
 
 
+def _refuse_plain_container(owner: Module, name: str, value: Any) -> None:
+    """A list, tuple or dict of Modules or Parameters is not registered (as in PyTorch): their
+    parameters would be left out of ``state_dict()`` and of training. Refused, naming the fix."""
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    kinds = {type(v).__name__ for v in items if isinstance(v, (Module, Parameter))}
+    if kinds:
+        fix = "ParameterList" if kinds == {"Parameter"} else "ModuleDict" if isinstance(value, dict) else "ModuleList"
+        raise GraphError(f"{type(owner).__name__}.{name} is a plain {type(value).__name__} holding "
+                         f"{', '.join(sorted(kinds))}; it would not be registered (not in state_dict(), not "
+                         f"trained, named by class at capture). Use gc.nn.{fix}(...) (at {user_source()})")
+
+
 def _param_tensor(builder: Builder, owner: Module, attr: str, param: Parameter):
     """The Tensor for ``param`` in this capture (one initializer per Parameter object)."""
     tensor = builder.param_tensors.get(id(param))
@@ -198,9 +277,14 @@ def _param_tensor(builder: Builder, owner: Module, attr: str, param: Parameter):
         return tensor
     if param.data is None:  # a module not reached from the captured root: draw in use order
         param.draw(builder.rng)
-    if id(param) in builder.rooted:
+    if builder.rooted is not None and id(param) in builder.rooted:
         value = builder.add_initializer(param.qualname, param.numpy())
     else:  # a module the captured function closes over: name it by its class, made unique
+        if builder.rooted is not None:
+            warnings.warn(f"{type(owner).__name__}.{attr} is used in forward but its module is not a registered "
+                          f"sub-module of the captured Module, so it is not in state_dict() (PyTorch would not "
+                          f"train it either); register it as an attribute or in gc.nn.ModuleList/ModuleDict "
+                          f"(at {user_source()})", stacklevel=2)
         value = builder.add_initializer(f"{type(owner).__name__.lower()}.{attr}", param.numpy(), exact=False)
     tensor = Tensor(value, eager_value=param.numpy() if builder.scopes[0].eager else None)
     builder.param_tensors[id(param)] = tensor
