@@ -1,32 +1,22 @@
-"""1-D pooling and 1-D adaptive average pooling (the 2-D ones are in ``layers``)."""
+"""1-D pooling and 1-D adaptive average pooling (the 2-D ones are in ``layers``; the 1-D ones take
+the same arguments, so they share their constructors)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from graphc.dsl import ops_layers
-from graphc.nn.module import Module
 from graphc.dsl.tensor import Tensor
+from graphc.nn.layers import AvgPool2d, MaxPool2d
+from graphc.nn.module import Module
 
 
-class MaxPool1d(Module):
-    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
-                 ceil_mode: bool = False):
-        super().__init__()
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
-        self.dilation, self.ceil_mode = dilation, ceil_mode
-
+class MaxPool1d(MaxPool2d):
     def forward(self, x: Tensor) -> Tensor:
         return ops_layers.max_pool1d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
 
 
-class AvgPool1d(Module):
-    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
-                 count_include_pad: bool = True):
-        super().__init__()
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
-        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
-
+class AvgPool1d(AvgPool2d):
     def forward(self, x: Tensor) -> Tensor:
         return ops_layers.avg_pool1d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode,
                                      self.count_include_pad)

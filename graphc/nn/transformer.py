@@ -40,46 +40,49 @@ def _with_causal(x: Tensor, mask: Tensor | None, is_causal: bool, batch_first: b
     return ops.where(hidden, ops.scalar(float("-inf"), mask), mask)
 
 
-class _FeedForward(Module):
-    """The shared part of both layers: ``linear1``, ``dropout``, ``linear2`` and the residual
-    blocks; PyTorch registers them on the layer itself, so the subclasses do."""
+class _TransformerLayer(Module):
+    """What both layers share, registered in PyTorch's order: ``self_attn``, (``multihead_attn``),
+    ``linear1``, ``dropout``, ``linear2``, ``norm1``..., ``dropout1``...; one norm and one dropout
+    per residual block (two in the encoder, three in the decoder)."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float, activation: Any,
+                 layer_norm_eps: float, batch_first: bool, norm_first: bool, bias: bool, dtype: Any, blocks: int):
+        super().__init__()
+        attention = [MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first,
+                                        dtype=dtype) for _ in range(blocks - 1)]
+        self.self_attn = attention[0]
+        if blocks == 3:
+            self.multihead_attn = attention[1]
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, dtype=dtype)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, dtype=dtype)
+        self.activation = _activation(activation)
+        self.norm_first = norm_first
+        for i in range(1, blocks + 1):
+            setattr(self, f"norm{i}", LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype))
+        for i in range(1, blocks + 1):
+            setattr(self, f"dropout{i}", Dropout(dropout))
+        self.blocks = blocks
 
     def _ff_block(self, x: Tensor) -> Tensor:
-        return self.dropout_last(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+        last = getattr(self, f"dropout{self.blocks}")
+        return last(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
     def _sa_block(self, x: Tensor, mask: Tensor | None, key_padding_mask: Tensor | None, is_causal: bool) -> Tensor:
         mask = _with_causal(x, mask, is_causal, self.self_attn.batch_first)
         return self.dropout1(self.self_attn(x, x, x, attn_mask=mask, key_padding_mask=key_padding_mask,
                                             need_weights=False)[0])
 
-    def _init_ff(self, d_model: int, dim_feedforward: int, dropout: float, activation: Any, bias: bool,
-                 dtype: Any) -> None:
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, dtype=dtype)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, dtype=dtype)
-        self.activation = _activation(activation)
 
-
-class TransformerEncoderLayer(_FeedForward):
+class TransformerEncoderLayer(_TransformerLayer):
     """``forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False)``; with
     ``is_causal`` and no ``src_mask`` the causal mask is built in the graph."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation: Any = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True, dtype: Any = "float32"):
-        super().__init__()
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first,
-                                            dtype=dtype)
-        self._init_ff(d_model, dim_feedforward, dropout, activation, bias, dtype)
-        self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
-
-    @property
-    def dropout_last(self) -> Module:
-        return self.dropout2
+        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                         norm_first, bias, dtype, blocks=2)
 
     def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
@@ -91,30 +94,15 @@ class TransformerEncoderLayer(_FeedForward):
         return self.norm2(x + self._ff_block(x))
 
 
-class TransformerDecoderLayer(_FeedForward):
+class TransformerDecoderLayer(_TransformerLayer):
     """``forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
     memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False)``."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation: Any = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True, dtype: Any = "float32"):
-        super().__init__()
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first,
-                                            dtype=dtype)
-        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                                 batch_first=batch_first, dtype=dtype)
-        self._init_ff(d_model, dim_feedforward, dropout, activation, bias, dtype)
-        self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
-        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
-        self.dropout3 = Dropout(dropout)
-
-    @property
-    def dropout_last(self) -> Module:
-        return self.dropout3
+        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                         norm_first, bias, dtype, blocks=3)
 
     def _mha_block(self, x: Tensor, mem: Tensor, mask: Tensor | None, key_padding_mask: Tensor | None,
                    is_causal: bool) -> Tensor:
