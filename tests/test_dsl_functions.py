@@ -188,3 +188,21 @@ def test_bad_arguments_name_the_problem(call, message):
     with pytest.raises(gc.GraphError, match=message) as err:
         gc.capture(call, x=gc.spec("float32", ("N", 3, 4)))
     assert "test_dsl_functions.py" in str(err.value)
+
+
+def test_functional_takes_torch_signatures():
+    """``F.softmax(x, dim=...)`` and the losses under ``torch.nn.functional``'s names."""
+    labels = np.array([[0, 3, 1], [2, 2, 0]], np.int64)
+
+    def fn(x, y):
+        return {"softmax": F.softmax(x, dim=1), "log_softmax": F.log_softmax(x, dim=-1),
+                "ce": F.cross_entropy(x.transpose(0, 2, 1), y, label_smoothing=0.1), "mse": F.mse_loss(x, x * 0.5)}
+    out = run_both(gc.capture(fn, x=X[:, :, :4], y=labels), {"x": X, "y": labels})
+    e = np.exp(X - X.max(1, keepdims=True))
+    np.testing.assert_allclose(out["softmax"], e / e.sum(1, keepdims=True), rtol=1e-5)
+    lsm = X - X.max(-1, keepdims=True)
+    lsm = lsm - np.log(np.exp(lsm).sum(-1, keepdims=True))
+    np.testing.assert_allclose(out["log_softmax"], lsm, rtol=1e-5, atol=1e-6)
+    picked = np.take_along_axis(lsm, labels[..., None], -1)[..., 0]
+    np.testing.assert_allclose(out["ce"], np.mean(-0.9 * picked - 0.1 * lsm.mean(-1)), rtol=1e-5)
+    np.testing.assert_allclose(out["mse"], np.mean((X * 0.5) ** 2), rtol=1e-5)

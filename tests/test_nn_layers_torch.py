@@ -232,3 +232,34 @@ def test_default_initialisation_bounds():
     assert all(0.2 < np.abs(v).max() <= 0.25 for v in sd.values())  # U(-1/sqrt(16), 1/sqrt(16))
     w = conv.state_dict()["weight"]
     assert w.shape == (8, 4, 3, 3) and 0.9 / math.sqrt(36) < np.abs(w).max() <= 1 / math.sqrt(36)
+
+
+def test_unbatched_recurrent_input_matches_torch():
+    torch = pytest.importorskip("torch")
+    gru = nn.GRU(5, 4, num_layers=2, bidirectional=True, batch_first=True)
+    gru.init_parameters(seed=5)
+    h0 = R.standard_normal((4, 4)).astype(np.float32)
+    model = gc.capture(lambda x, h0: gru(x, h0), x=SEQ[:, 0], h0=h0)
+    out = run_both(model, {"x": SEQ[:, 0], "h0": h0})
+    tl = _torch_layer(torch, "GRU(5, 4, num_layers=2, bidirectional=True, batch_first=True)", gru.state_dict())
+    with torch.no_grad():
+        y, h = tl(torch.from_numpy(SEQ[:, 0]), torch.from_numpy(h0))
+    np.testing.assert_allclose(out["output_0"], y.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out["output_1"], h.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_transformer_encoder_stack_matches_torch():
+    torch = pytest.importorskip("torch")
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    stack = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(8))
+    stack.init_parameters(seed=8)
+    state = stack.state_dict()
+    assert not np.allclose(state["layers.0.linear1.weight"], state["layers.1.linear1.weight"])
+    model = gc.capture(lambda x: stack(x, is_causal=True), x=EMB)
+    tl = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True), 2,
+                                     norm=torch.nn.LayerNorm(8), enable_nested_tensor=False)
+    tl.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(5)
+    with torch.no_grad():
+        want = tl.eval()(torch.from_numpy(EMB), mask=mask, is_causal=True)
+    np.testing.assert_allclose(run_both(model, {"x": EMB})["output"], want.numpy(), rtol=1e-4, atol=1e-5)

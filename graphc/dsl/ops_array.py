@@ -13,10 +13,9 @@ import numpy as np
 
 from graphc.dtypes import as_dtype
 from graphc.errors import GraphError
-from graphc.dsl.ops import (clip, const_i64, constant, emit, lift, reshape, scalar, sqrt, unary,
-                        same_dtype, unsqueeze)
+from graphc.dsl.ops import clip, const_i64, constant, emit, lift, reshape, same_dtype, scalar, sqrt, unary, unsqueeze
 from graphc.dsl.tensor import Tensor
-from graphc.dsl.builder import current, op_error, user_source
+from graphc.dsl.builder import op_error, user_source
 
 # -- elementwise ------------------------------------------------------------------------------
 
@@ -316,7 +315,8 @@ def argmin(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     return _arg("ArgMin", x, dim, keepdim)
 
 
-def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Tensor, Tensor]:  # noqa: A002
+def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True,
+         sorted: bool = True) -> tuple[Tensor, Tensor]:  # noqa: A002 - torch's name
     """``(values, indices)`` of the ``k`` largest (or smallest) along ``dim``. Signature: ai.onnx@11::TopK"""
     x = lift(x)
     values, indices = emit("TopK", [x, const_i64([int(k)])],

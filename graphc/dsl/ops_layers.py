@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from graphc.errors import GraphError
-from graphc.dsl.ops import (concat, const_i64, constant, emit, lift, matmul, mean, reshape, scalar, sigmoid,
-                        same_dtype, softmax, sqrt, transpose, unary, where)
+from graphc.dsl.ops import (concat, const_i64, constant, emit, lift, matmul, mean, reshape, same_dtype, scalar,
+                            sigmoid, softmax, sqrt, transpose, unary, where)
 from graphc.dsl.ops_array import ir_tensor, tril
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
@@ -28,10 +28,13 @@ def ints(v: Any, n: int, name: str) -> list[int]:
     return v
 
 
+_LAYOUTS = {3: "N, C, L", 4: "N, C, H, W", 5: "N, C, D, H, W"}
+
+
 def _check_rank(op: str, x: Tensor, rank: int) -> None:
     if x.shape is not None and len(x.shape) != rank:
-        raise op_error(op, [x], f"expects a rank-{rank} input (N, C, {'D, H, W'[-(3 * (rank - 2) - 2):]}), "
-                       f"got rank {len(x.shape)}", user_source())
+        raise op_error(op, [x], f"expects a rank-{rank} input ({_LAYOUTS[rank]}), got rank {len(x.shape)}",
+                       user_source())
 
 
 # -- convolution ------------------------------------------------------------------------------
@@ -329,7 +332,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     if current().opset >= 23 and query.ndim == 4 and not (dropout_p and training):
         inputs = [query, key, value] + ([lift(attn_mask)] if attn_mask is not None else [])
         return emit("Attention", inputs, {"is_causal": int(bool(is_causal)), "scale": scale})
-    scores = matmul(query * scalar(scale, query), transpose(key, list(range(key.ndim - 2)) + [key.ndim - 1, key.ndim - 2]))
+    key_t = transpose(key, list(range(key.ndim - 2)) + [key.ndim - 1, key.ndim - 2])
+    scores = matmul(query * scalar(scale, query), key_t)
     if is_causal:
         scores = where(causal_mask(query, key), scores, scalar(-np.inf, scores))
     if attn_mask is not None:

@@ -27,7 +27,8 @@ from graphc.nn.module import Module, Parameter
 from graphc.nn.norm import GroupNorm, InstanceNorm2d, RMSNorm
 from graphc.nn.pooling import AdaptiveAvgPool1d, AvgPool1d, MaxPool1d
 from graphc.nn.rnn import GRU, LSTM, RNN
-from graphc.nn.transformer import TransformerDecoderLayer, TransformerEncoderLayer
+from graphc.nn.transformer import (TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
+                                   TransformerEncoderLayer)
 from graphc.nn.upsampling import PixelShuffle, Upsample
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     # issue 12's layers
     "AdaptiveAvgPool1d", "AvgPool1d", "Conv1d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ELU", "GRU",
     "GroupNorm", "Hardsigmoid", "Hardswish", "InstanceNorm2d", "LSTM", "LeakyReLU", "MaxPool1d", "Mish", "PReLU",
-    "PixelShuffle", "RMSNorm", "RNN", "SiLU", "Softplus", "TransformerDecoderLayer", "TransformerEncoderLayer",
+    "PixelShuffle", "RMSNorm", "RNN", "SiLU", "Softplus", "TransformerDecoder", "TransformerDecoderLayer",
+    "TransformerEncoder", "TransformerEncoderLayer",
     "Upsample", "functional",
 ]

@@ -31,7 +31,8 @@ class _ConvNd(Module):
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.output_padding = output_padding
-        shape = ((in_channels, out_channels // groups) if self.transposed else (out_channels, in_channels // groups)) + k
+        io = (in_channels, out_channels // groups) if self.transposed else (out_channels, in_channels // groups)
+        shape = io + k
         self.weight = Parameter(shape=shape, init=init.kaiming_uniform(), dtype=dtype)
         fan_in = shape[1] * math.prod(k)
         self.bias = Parameter(shape=(out_channels,), init=init.bias_uniform(fan_in), dtype=dtype) if bias else None

@@ -92,11 +92,20 @@ class _RNNBase(Module):
         return [y, *outs[1:]]
 
     def _run(self, x: Tensor, hx: Any) -> tuple[Tensor, list[Tensor]]:
-        if x.shape is not None and (len(x.shape) != 3 or x.shape[2] != self.input_size):
+        if x.shape is not None and (len(x.shape) not in (2, 3) or x.shape[-1] != self.input_size):
             raise op_error(self.op, [x], f"expects a rank-3 input with {self.input_size} features "
-                           f"({'N, L' if self.batch_first else 'L, N'}, H_in)", user_source())
+                           f"({'N, L' if self.batch_first else 'L, N'}, H_in) or an unbatched (L, H_in) one",
+                           user_source())
         h0, c0 = (hx if isinstance(hx, (tuple, list)) else (hx, None))
-        if self.batch_first:
+        if x.ndim == 2:  # unbatched, as PyTorch: a batch of one, states without their batch dim
+            h0, c0 = (None if s is None else ops.unsqueeze(s, [1]) for s in (h0, c0))
+            out, finals = self._run_batched(ops.unsqueeze(x, [1]), h0, c0, batch_first=False)
+            return ops.squeeze(out, [1]), [ops.squeeze(f, [1]) for f in finals]
+        return self._run_batched(x, h0, c0, self.batch_first)
+
+    def _run_batched(self, x: Tensor, h0: Tensor | None, c0: Tensor | None,
+                     batch_first: bool) -> tuple[Tensor, list[Tensor]]:
+        if batch_first:
             x = ops.transpose(x, [1, 0, 2])
         finals: list[list[Tensor]] = []
         d = self.directions
@@ -106,7 +115,7 @@ class _RNNBase(Module):
             finals.append(last)
             if self.dropout and self.training and layer < self.num_layers - 1:
                 x = dropout(x, self.dropout, training=True)
-        if self.batch_first:
+        if batch_first:
             x = ops.transpose(x, [1, 0, 2])
         return x, [ops.concat([f[i] for f in finals], axis=0) if len(finals) > 1 else finals[0][i]
                    for i in range(len(finals[0]))]

@@ -1,15 +1,18 @@
-"""TransformerEncoderLayer and TransformerDecoderLayer with ``torch.nn``'s arguments, sub-module
+"""TransformerEncoderLayer and TransformerDecoderLayer (and their stacks TransformerEncoder and
+TransformerDecoder) with ``torch.nn``'s arguments, sub-module
 names (``self_attn``, ``linear1``, ``norm1``, ...), post- or pre-norm (``norm_first``), masks and
 causal attention."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
 from graphc.dsl import ops
 from graphc.errors import GraphError
 from graphc.nn.attention import MultiheadAttention
+from graphc.nn.containers import ModuleList
 from graphc.nn.layers import Dropout, LayerNorm, Linear
 from graphc.nn.module import Module
 from graphc.dsl.ops_layers import causal_mask
@@ -122,3 +125,40 @@ class TransformerDecoderLayer(_TransformerLayer):
         x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
         x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal))
         return self.norm3(x + self._ff_block(x))
+
+
+class _Stack(Module):
+    """``num_layers`` copies of ``layer`` (``layers.0``, ``layers.1``, ...; each a deep copy, so
+    each draws its own parameters), then ``norm`` if given."""
+
+    def __init__(self, layer: Module, num_layers: int, norm: Module | None = None):
+        super().__init__()
+        self.layers = ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def _finish(self, x: Tensor) -> Tensor:
+        return x if self.norm is None else self.norm(x)
+
+
+class TransformerEncoder(_Stack):
+    """``forward(src, mask=None, src_key_padding_mask=None, is_causal=None)``."""
+
+    def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+                is_causal: bool | None = None) -> Tensor:
+        for layer in self.layers:
+            src = layer(src, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=bool(is_causal))
+        return self._finish(src)
+
+
+class TransformerDecoder(_Stack):
+    """``forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+    memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False)``."""
+
+    def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None, memory_mask: Tensor | None = None,
+                tgt_key_padding_mask: Tensor | None = None, memory_key_padding_mask: Tensor | None = None,
+                tgt_is_causal: bool | None = None, memory_is_causal: bool = False) -> Tensor:
+        for layer in self.layers:
+            tgt = layer(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+                        bool(tgt_is_causal), memory_is_causal)
+        return self._finish(tgt)
