@@ -206,3 +206,23 @@ def test_functional_takes_torch_signatures():
     picked = np.take_along_axis(lsm, labels[..., None], -1)[..., 0]
     np.testing.assert_allclose(out["ce"], np.mean(-0.9 * picked - 0.1 * lsm.mean(-1)), rtol=1e-5)
     np.testing.assert_allclose(out["mse"], np.mean((X * 0.5) ** 2), rtol=1e-5)
+
+
+def test_torch_tensor_methods():
+    def fn(x):
+        b, t, c = x.size()
+        y = x.view(b, t * c).view(b, t, c).permute(2, 0, 1).contiguous()
+        assert (x.size(-1), x.dim()) == (4, 3)
+        return {"y": y, "u": x.unsqueeze(1).squeeze(1).float().mean(1),
+                "m": x.masked_fill(x > 0, 0.0).pow(2).clamp(max=1.0), "l": x.argmax(-1).long(),
+                "s": gc.cat(x.split(2, dim=2)[::-1], dim=2), "c": x.chunk(2, 1)[0].tril().cumsum(1),
+                "p": gc.permute(x, (1, 0, 2)), "f": F.unsqueeze(F.squeeze(x[:, :1], 1), 0)}
+    out = run_both(gc.capture(fn, x=X), {"x": X})
+    np.testing.assert_allclose(out["y"], X.transpose(2, 0, 1))
+    np.testing.assert_allclose(out["u"], X.mean(1), rtol=1e-6)
+    np.testing.assert_allclose(out["m"], np.minimum(np.where(X > 0, 0, X) ** 2, 1), rtol=1e-6)
+    np.testing.assert_array_equal(out["l"], X.argmax(-1))
+    np.testing.assert_allclose(out["s"], np.concatenate([X[..., 2:], X[..., :2]], 2))
+    np.testing.assert_allclose(out["c"], np.cumsum(np.tril(X[:, :2]), 1), rtol=1e-6)
+    np.testing.assert_allclose(out["p"], X.transpose(1, 0, 2))
+    np.testing.assert_allclose(out["f"], X[None, :, 0])

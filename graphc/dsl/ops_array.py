@@ -13,7 +13,8 @@ import numpy as np
 
 from graphc.dtypes import as_dtype
 from graphc.errors import GraphError
-from graphc.dsl.ops import clip, const_i64, constant, emit, lift, reshape, same_dtype, scalar, sqrt, unary, unsqueeze
+from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, lift, reshape, same_dtype, scalar, sqrt,
+                            transpose, unary, unsqueeze)
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import op_error, user_source
 
@@ -204,6 +205,16 @@ def repeat(x: Tensor, *sizes: Any) -> Tensor:
     return tile(x, sizes)
 
 
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """``torch.cat``: ``gc.concat`` under PyTorch's name."""
+    return concat(tensors, dim)
+
+
+def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
+    """``torch.permute``: ``gc.transpose`` with a full permutation."""
+    return transpose(x, list(dims))
+
+
 def _trilu(x: Tensor, diagonal: int, upper: int) -> Tensor:
     return emit("Trilu", [lift(x), constant(np.asarray(diagonal, np.int64))], {"upper": upper})
 
@@ -336,7 +347,7 @@ def einsum(equation: str, *operands: Any) -> Tensor:
 
 
 __all__ = [
-    "arange", "argmax", "argmin", "chunk", "clamp", "cos", "cumsum", "einsum", "expand", "full", "full_like",
-    "gather", "index_select", "masked_fill", "one_hot", "ones", "ones_like", "pad", "pow", "repeat", "rsqrt",
+    "arange", "argmax", "argmin", "cat", "chunk", "clamp", "cos", "cumsum", "einsum", "expand", "full", "full_like",
+    "gather", "index_select", "masked_fill", "one_hot", "ones", "ones_like", "pad", "permute", "pow", "repeat", "rsqrt",
     "scatter", "sin", "split", "tile", "topk", "tril", "triu", "zeros", "zeros_like",
 ]

@@ -9,11 +9,10 @@ from graphc.dsl.losses import huber as huber_loss
 from graphc.dsl.losses import l1 as l1_loss
 from graphc.dsl.losses import mse as mse_loss
 from graphc.dsl.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, log, matmul, max, maximum, mean, min,
-                            minimum, relu, reshape, sigmoid, sqrt, squeeze, stack, sum, tanh, transpose, unsqueeze,
-                            where)
-from graphc.dsl.ops_array import (arange, argmax, argmin, chunk, clamp, cos, cumsum, einsum, expand, full,
-                                  full_like, gather, index_select, masked_fill, one_hot, ones, ones_like, pad, pow,
-                                  repeat, rsqrt, scatter, sin, split, tile, topk, tril, triu, zeros, zeros_like)
+                            minimum, relu, reshape, sigmoid, sqrt, stack, sum, tanh, transpose, where)
+from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos, cumsum, einsum, expand, full,
+                                  full_like, gather, index_select, masked_fill, one_hot, ones, ones_like, pad, permute,
+                                  pow, repeat, rsqrt, scatter, sin, split, tile, topk, tril, triu, zeros, zeros_like)
 from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, conv1d, conv3d,
                                    conv_transpose1d, conv_transpose2d, elu, group_norm, hardsigmoid, hardswish,
                                    instance_norm, interpolate, leaky_relu, max_pool1d, mish, pixel_shuffle, prelu,
@@ -31,6 +30,16 @@ def log_softmax(input, dim: int = -1):  # noqa: A002
     return ops.log_softmax(input, dim)
 
 
+def unsqueeze(input, dim):  # noqa: A002
+    """``torch.unsqueeze(input, dim)`` (``dim`` an int, or a list of them)."""
+    return ops.unsqueeze(input, [dim] if isinstance(dim, int) else list(dim))
+
+
+def squeeze(input, dim=None):  # noqa: A002
+    """``torch.squeeze(input, dim=None)``: every size-1 dim, or ``dim`` (an int or a list)."""
+    return ops.squeeze(input, None if dim is None else [dim] if isinstance(dim, int) else list(dim))
+
+
 __all__ = [
     "abs", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "arange", "argmax", "argmin", "avg_pool1d", "avg_pool2d",
     "batch_norm", "cast", "chunk", "clamp", "clip", "concat", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
@@ -41,5 +50,5 @@ __all__ = [
     "ones_like", "pad", "pixel_shuffle", "pow", "prelu", "relu", "repeat", "reshape", "rms_norm", "rsqrt",
     "scaled_dot_product_attention", "scatter", "sigmoid", "silu", "sin", "softmax", "softplus", "split", "sqrt",
     "squeeze", "stack", "sum", "tanh", "tile", "topk", "transpose", "tril", "triu", "unsqueeze", "where", "zeros",
-    "zeros_like", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss", "l1_loss", "mse_loss",
+    "zeros_like", "cat", "permute", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss", "l1_loss", "mse_loss",
 ]
