@@ -1,4 +1,7 @@
-"""Emitter: appends ``ai.onnx`` nodes to an ``ir.Graph``; the autodiff and training passes build on it.
+"""Node emission shared by the DSL and the passes: ``make_node`` builds every node graphc emits
+(attributes converted one way, the user's line stamped); ``Emitter`` appends ``ai.onnx`` nodes to
+an ``ir.Graph`` for the autodiff and training passes, and the DSL's capture ``Builder`` records
+its nodes with ``make_node`` too (adding ONNX inference per node, which a pass cannot afford).
 
 It names every new value and node ``<scope>/<stem>_<n>`` (never a name the graph already has),
 shares equal constants, records output dtypes, and emits ``Reduce*``/``Squeeze``/``Unsqueeze``
@@ -13,10 +16,9 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
+from graphc.model import SOURCE_KEY
 
-__all__ = ["AXES_AS_INPUT", "Emitter", "SOURCE_KEY"]
-
-SOURCE_KEY = "graphc.source"
+__all__ = ["AXES_AS_INPUT", "Emitter", "SOURCE_KEY", "make_node"]
 
 # Opset from which an op takes its axes (or split sizes) as an input instead of an attribute;
 # the other Reduce* ops moved at opset 18.
@@ -61,10 +63,7 @@ class Emitter:
         for v in inputs:
             if v is not None:
                 self.name_value(v)
-        attrs = {k: v for k, v in attrs.items() if v is not None}
-        node = ir.node(op_type, list(inputs), attrs or None, num_outputs=num_outputs, name=self.fresh(op_type))
-        if self.source:
-            node.metadata_props[SOURCE_KEY] = self.source
+        node = make_node(op_type, inputs, attrs, num_outputs=num_outputs, name=self.fresh(op_type), source=self.source)
         for out in node.outputs:
             out.name = self._names.claim(name) if name is not None else self.fresh(op_type)
         self.graph.append(node)
@@ -140,6 +139,33 @@ class Emitter:
         if self.axes_as_input(op_type):
             return self.op(op_type, x, self.ints(axes), **attrs)
         return self.op(op_type, x, axes=axes, **attrs)
+
+
+def make_node(op_type: str, inputs: Sequence[ir.Value | None], attrs: dict, *, outputs: Sequence[ir.Value] | None = None,
+              num_outputs: int = 1, name: str, source: str | None = None) -> ir.Node:
+    """An ``ai.onnx`` node (not yet in a graph) on ``inputs``; attributes that are None are left
+    out; ``source`` (the user's ``file.py:LINE``) is stamped as ``graphc.source``."""
+    return ir.Node("", op_type, list(inputs), attributes=_attributes(attrs), outputs=outputs,
+                   num_outputs=None if outputs is not None else num_outputs, name=name,
+                   metadata_props={SOURCE_KEY: source} if source else None)
+
+
+def _attributes(attrs: dict) -> list[ir.Attr]:
+    """``ir.Attr``s for Python values: bools as ints, numpy arrays as tensors, the rest as onnx-ir
+    converts them (ints, floats, strings, lists, tensors, graphs)."""
+    out = []
+    for key, value in attrs.items():
+        if value is None:
+            continue
+        if isinstance(value, ir.Attr):
+            out.append(value)
+        elif isinstance(value, bool):
+            out.append(ir.AttrInt64(key, int(value)))
+        elif isinstance(value, np.ndarray):
+            out.append(ir.AttrTensor(key, ir.tensor(value)))
+        else:
+            out.append(ir.convenience.convert_attribute(key, value))
+    return out
 
 
 def _guess_dtype(op_type: str, inputs, attributes) -> ir.DataType | None:

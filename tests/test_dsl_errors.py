@@ -30,6 +30,33 @@ def test_mismatched_matmul_names_the_line():
     assert "MatMul" in msg and "float32[N,3]" in msg and "float32[4,5]" in msg and "3 vs 4" in msg
 
 
+def test_a_symbolic_dim_that_must_equal_a_size_is_a_capture_error():
+    def f(h):
+        return h @ h  # SYMBOLIC
+
+    with pytest.raises(gc.GraphError) as err:
+        gc.capture(f, h=gc.spec("float32", ("N", 32)))
+    msg = str(err.value)
+    assert f"{HERE}:{_line_of('SYMBOLIC')}" in msg
+    assert "MatMul(float32[N,32], float32[N,32]): inner dimensions differ (32 vs N)" in msg
+    assert "agree only if the dim N is 32" in msg
+    # the same code with the dim static (or two dim names, which may be equal) captures
+    assert gc.capture(f, h=gc.spec("float32", (32, 32))).outputs[0].shape == (32, 32)
+    assert gc.capture(lambda a, b: a @ b, a=gc.spec("float32", ("N", "K")), b=gc.spec("float32", ("M", 4)))
+
+
+@pytest.mark.parametrize("layer, shape, what", [
+    (lambda: nn.Linear(8, 2), ("N", "F"), "input features and weight in_features differ (F vs 8)"),
+    (lambda: nn.Conv2d(3, 4, 3), ("N", "C", 8, 8), "input channels and weight channels x groups=1 differ (C vs 3)"),
+    (lambda: nn.BatchNorm2d(3), ("N", "C", 8, 8), "input and norm channels differ (C vs 3)"),
+    (lambda: nn.LayerNorm(6), ("N", "F"), "differ (F vs 6)"),
+])
+def test_layers_refuse_a_dim_name_where_their_size_is_fixed(layer, shape, what):
+    with pytest.raises(gc.GraphError, match=r"agree only if the dim [FC] is \d") as err:
+        gc.capture(layer(), x=gc.spec("float32", shape))
+    assert what in str(err.value)
+
+
 def test_bad_broadcast_names_the_line():
     def f(x, y):
         return x + y  # BROADCAST

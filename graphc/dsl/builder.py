@@ -21,10 +21,10 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from graphc.dsl import eager as _eager
 from graphc.dtypes import as_dtype, to_onnx
 from graphc.errors import GraphError
-from graphc.model import SOURCE_KEY
-from graphc.dsl import eager as _eager  # noqa: I001
+from graphc.passes.emit import make_node
 
 _PKG_DIR = str(Path(__file__).resolve().parents[1]) + os.sep  # the graphc package
 # Frames that are never the user's code: graphc's own, and numpy's (``np.sum(t)`` dispatches to
@@ -251,8 +251,7 @@ class Builder:
         node_name = self.unique(f"{prefix}/{op_type}" if prefix else op_type)
         base = name_hint or op_type.lower()
         out_values = [ir.Value(name=self.unique(f"{prefix}.{base}" if prefix else base)) for _ in range(num_outputs)]
-        node = ir.Node("", op_type, list(inputs), attributes=_to_attrs(attrs), outputs=out_values,
-                       name=node_name, metadata_props={SOURCE_KEY: source})
+        node = make_node(op_type, inputs, attrs, outputs=out_values, name=node_name, source=source)
         if out_types is None:
             out_types = self._infer(node, operands, source)
         for value, (dtype, shape) in zip(out_values, out_types):
@@ -338,32 +337,5 @@ def _proto_dims(shape):
         return None
     return [d if isinstance(d, (int, str)) else None for d in shape]
 
-
-def _to_attrs(attrs: dict[str, Any]) -> list[ir.Attr]:
-    out = []
-    for key, value in attrs.items():
-        if isinstance(value, bool):
-            out.append(ir.AttrInt64(key, int(value)))
-        elif isinstance(value, int):
-            out.append(ir.AttrInt64(key, value))
-        elif isinstance(value, float):
-            out.append(ir.AttrFloat32(key, value))
-        elif isinstance(value, str):
-            out.append(ir.AttrString(key, value))
-        elif isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-            out.append(ir.AttrInt64s(key, value))
-        elif isinstance(value, ir.Tensor):
-            out.append(ir.AttrTensor(key, value))
-        elif isinstance(value, ir.Attr):
-            out.append(value)
-        elif isinstance(value, ir.Graph):
-            out.append(ir.AttrGraph(key, value))
-        elif isinstance(value, bool):
-            out.append(ir.AttrInt64(key, int(value)))
-        elif isinstance(value, (ir.TensorProtocol, np.ndarray)):
-            out.append(ir.AttrTensor(key, value if not isinstance(value, np.ndarray) else ir.tensor(value)))
-        else:
-            out.append(ir.convenience.convert_attribute(key, value))
-    return out
 
 __all__ = ["Builder", "Scope", "active", "current", "describe", "dims", "op_error", "type_str", "user_source"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.dsl import ops
-from graphc.errors import GraphError
 from graphc.dsl.tensor import Tensor
+from graphc.errors import GraphError
 
 
 def _reduce(x: Tensor, reduction: str) -> Tensor:

@@ -66,6 +66,19 @@ def same_dtype(op: str, a: Tensor, b: Tensor) -> None:
                        user_source())
 
 
+def same_dim(op: str, operands: Sequence[Tensor], a: Any, b: Any, what: str) -> None:
+    """Raise GraphError when dims ``a`` and ``b`` cannot be equal: two sizes that differ, or a dim
+    name against a size (``N`` vs ``32``: the graph would work only when ``N == 32``, so it is a
+    capture error, not a run-time one). Two different dim names, or an unknown dim, pass."""
+    if isinstance(a, int) and isinstance(b, int):
+        if a != b:
+            raise op_error(op, operands, f"{what} differ ({a} vs {b})", user_source())
+    elif isinstance(a, str) != isinstance(b, str) and a is not None and b is not None:
+        name, size = (a, b) if isinstance(a, str) else (b, a)
+        raise op_error(op, operands, f"{what} differ ({a} vs {b}): they agree only if the dim {name} is "
+                       f"{size}; if it always is, give that input the static dim {size}", user_source())
+
+
 def emit(op: str, inputs: Sequence[Tensor | None], attrs: dict | None = None, num_outputs: int = 1, **kw):
     """Record one ``op`` node on ``inputs``; its output Tensor (a list when ``num_outputs > 1``).
     Keywords go to ``Builder.emit`` (``out_types``, ``name_hint``, ``source``, ``evaluator``)."""
@@ -207,9 +220,7 @@ def matmul(a: Any, b: Any) -> Tensor:
     if sa is not None and sb is not None:
         if len(sa) == 0 or len(sb) == 0:
             raise op_error("MatMul", [a, b], "operands must have rank >= 1", user_source())
-        k_a, k_b = sa[-1], (sb[0] if len(sb) == 1 else sb[-2])
-        if isinstance(k_a, int) and isinstance(k_b, int) and k_a != k_b:
-            raise op_error("MatMul", [a, b], f"inner dimensions differ ({k_a} vs {k_b})", user_source())
+        same_dim("MatMul", [a, b], sa[-1], sb[0] if len(sb) == 1 else sb[-2], "inner dimensions")
         if len(sa) > 2 and len(sb) > 2:
             for da, db in zip(reversed(sa[:-2]), reversed(sb[:-2])):
                 if isinstance(da, int) and isinstance(db, int) and da != db and 1 not in (da, db):

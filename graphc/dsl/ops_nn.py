@@ -35,10 +35,9 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
     bias = None if bias is None else ops.lift(bias, x)
     _check_rank("Conv", x, 4)
     ws = weight.shape
-    if x.shape is not None and ws is not None and isinstance(x.shape[1], int):
-        if x.shape[1] != ws[1] * groups:
-            raise op_error("Conv", [x, weight], f"input has {x.shape[1]} channels, weight expects "
-                           f"{ws[1] * groups} (groups={groups})", user_source())
+    if x.shape is not None and ws is not None and isinstance(ws[1], int):
+        ops.same_dim("Conv", [x, weight], x.shape[1], ws[1] * groups, f"input channels and weight channels "
+                     f"x groups={groups}")
     attrs: dict[str, Any] = {"strides": int_pair(stride, "stride"), "dilations": int_pair(dilation, "dilation"),
                              "group": int(groups), "kernel_shape": list(ws[2:]) if ws is not None else None}
     if isinstance(padding, str):
@@ -107,10 +106,8 @@ def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor, weight: Ten
         one = np.ones(channels, dtype=x.dtype.numpy)
         weight = weight if weight is not None else ops.constant(one)
         bias = bias if bias is not None else ops.constant(np.zeros_like(one))
-    if x.shape is not None and len(x.shape) >= 2 and isinstance(x.shape[1], int) and isinstance(channels, int):
-        if x.shape[1] != channels:
-            raise op_error("BatchNormalization", [x, running_mean], f"input has {x.shape[1]} channels, "
-                           f"the norm {channels}", user_source())
+    if x.shape is not None and len(x.shape) >= 2:
+        ops.same_dim("BatchNormalization", [x, running_mean], x.shape[1], channels, "input and norm channels")
     attrs = {"epsilon": float(eps), "momentum": float(1.0 - momentum), "training_mode": int(bool(training))}
     inputs = [x, weight, bias, running_mean, running_var]
     if training:
@@ -126,8 +123,10 @@ def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, b
     weight = None if weight is None else ops.lift(weight, x)
     bias = None if bias is None else ops.lift(bias, x)
     shape = [int(normalized_shape)] if isinstance(normalized_shape, (int, np.integer)) else list(normalized_shape)
-    if x.shape is not None and tuple(x.shape[-len(shape):]) != tuple(shape):
+    if x.shape is not None and len(x.shape) < len(shape):
         raise op_error("LayerNormalization", [x], f"trailing dims must be {tuple(shape)}", user_source())
+    for d, n in zip(x.shape[-len(shape):] if x.shape is not None else (), shape):
+        ops.same_dim("LayerNormalization", [x], d, n, f"trailing dims and normalized_shape {tuple(shape)}")
     if weight is None:
         weight = ops.constant(np.ones(shape, dtype=x.dtype.numpy))
     inputs = [x, weight] + ([bias] if bias is not None else [])
@@ -162,11 +161,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     weight = ops.lift(weight, x)
     bias = None if bias is None else ops.lift(bias, x)
     ops.same_dtype("Linear", x, weight)
-    if x.shape is not None and weight.shape is not None:
-        k = x.shape[-1] if x.shape else None
-        if isinstance(k, int) and k != weight.shape[1]:
-            raise op_error("Linear", [x, weight], f"input has {k} features, weight expects {weight.shape[1]}",
-                           user_source())
+    if x.shape and weight.shape is not None:
+        ops.same_dim("Linear", [x, weight], x.shape[-1], weight.shape[1], "input features and weight in_features")
     if x.shape is not None and len(x.shape) == 2:
         return ops.emit("Gemm", [x, weight] + ([bias] if bias is not None else []), {"transB": 1})
     y = ops.matmul(x, ops.transpose(weight, [1, 0]))

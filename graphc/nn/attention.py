@@ -7,15 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import ops
+from graphc.dsl import ops, ops_nn
+from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.ops_nn import linear
+from graphc.dsl.tensor import Tensor
 from graphc.errors import GraphError
 from graphc.nn import init
 from graphc.nn.layers import Linear
 from graphc.nn.module import Module, Parameter
-from graphc.dsl import ops_nn
-from graphc.dsl.ops_nn import linear
-from graphc.dsl.tensor import Tensor
-from graphc.dsl.builder import op_error, user_source
 
 
 class MultiheadAttention(Module):

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphc.dsl import ops
+from graphc.dsl import ops, ops_nn
+from graphc.dsl.builder import user_source
+from graphc.dsl.ops_nn import global_avg_pool2d, int_pair, linear
+from graphc.dsl.tensor import Tensor
 from graphc.errors import GraphError
 from graphc.nn import init
 from graphc.nn.module import Module, Parameter
-from graphc.dsl import ops_nn
-from graphc.dsl.ops_nn import global_avg_pool2d, int_pair, linear
-from graphc.dsl.tensor import Tensor
-from graphc.dsl.builder import user_source
 
 
 class Linear(Module):
