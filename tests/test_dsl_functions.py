@@ -226,3 +226,17 @@ def test_torch_tensor_methods():
     np.testing.assert_allclose(out["c"], np.cumsum(np.tril(X[:, :2]), 1), rtol=1e-6)
     np.testing.assert_allclose(out["p"], X.transpose(1, 0, 2))
     np.testing.assert_allclose(out["f"], X[None, :, 0])
+
+
+def test_opset_23_ops_differentiate_as_their_decompositions():
+    """``Attention`` and ``RMSNormalization`` (opset 23) against the ops they are written out in
+    before: same outputs and same ``gc.grad`` gradients (autodiff expands their function bodies)."""
+    w = R.standard_normal(4).astype(np.float32)
+    cases = [(lambda M, q: M.scaled_dot_product_attention(q, q * 0.5, q, is_causal=True), Q),
+             (lambda M, x, w: M.rms_norm(x, 4, w, eps=1e-5), X)]
+    for fn, x in cases:
+        extra = {"w": w} if fn.__code__.co_argcount == 3 else {}
+        c = R.standard_normal(x.shape).astype(np.float32)
+        new, old = (gc_grads(fn, {"x": x, **extra}, {}, c, opset=opset) for opset in (23, 21))
+        for k, v in old.items():
+            np.testing.assert_allclose(new[k], v, rtol=1e-4, atol=1e-5, err_msg=k)

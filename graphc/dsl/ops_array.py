@@ -289,8 +289,9 @@ def scatter(x: Tensor, dim: int, index: Tensor, src: Any, reduce: str | None = N
     return emit("ScatterElements", [x, index, src], attrs)
 
 
-def one_hot(x: Tensor, num_classes: int) -> Tensor:
-    """int64 ``[..., num_classes]`` with a 1 at each index. Signature: ai.onnx@11::OneHot"""
+def one_hot(x: Tensor, num_classes: int = -1) -> Tensor:
+    """int64 ``[..., num_classes]`` with a 1 at each index; ``num_classes`` must be given (PyTorch's
+    -1, the data's max + 1, is not known to a graph). Signature: ai.onnx@11::OneHot"""
     x = _indices(x, "OneHot", lift(x))
     if num_classes is None or int(num_classes) < 1:
         raise GraphError(f"one_hot needs num_classes >= 1 (the graph cannot read it from the data), got "
