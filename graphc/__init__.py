@@ -42,7 +42,7 @@ _NN_OPS = "conv2d max_pool2d avg_pool2d batch_norm layer_norm dropout embedding"
 _ARRAY_OPS = (
     "pad split chunk gather index_select scatter cumsum einsum topk argmax argmin arange zeros ones full "
     "zeros_like ones_like full_like masked_fill expand repeat tile triu tril one_hot clamp pow rsqrt sin cos cat "
-    "permute"
+    "permute flip roll logsumexp var std"
 ).split()
 _LAYER_OPS = "interpolate scaled_dot_product_attention".split()
 

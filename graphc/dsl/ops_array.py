@@ -13,8 +13,10 @@ import numpy as np
 
 from graphc.dtypes import as_dtype
 from graphc.errors import GraphError
-from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, lift, reshape, same_dtype, scalar, sqrt,
-                            transpose, unary, unsqueeze)
+from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, exp, lift, log, maximum, mean, reshape,
+                            same_dtype, scalar, sqrt, squeeze, transpose, unary, unsqueeze)
+from graphc.dsl.ops import max as reduce_max
+from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import op_error, user_source
 
@@ -215,6 +217,29 @@ def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
     return transpose(x, list(dims))
 
 
+def flip(x: Tensor, dims: Sequence[int]) -> Tensor:
+    """Reverse the order along each of ``dims``. Signature: ai.onnx@13::Slice (step -1)"""
+    x = lift(x)
+    dims = [_dim(x, d, "Slice") for d in ([dims] if isinstance(dims, int) else dims)]
+    k = len(dims)
+    return emit("Slice", [x, const_i64([-1] * k), const_i64([np.iinfo(np.int64).min] * k), const_i64(dims),
+                          const_i64([-1] * k)])
+
+
+def roll(x: Tensor, shifts: Any, dims: Any) -> Tensor:
+    """``torch.roll`` along ``dims`` (static sizes): each a Slice pair joined end to front."""
+    x = lift(x)
+    shifts, dims = ([shifts], [dims]) if isinstance(shifts, int) else (list(shifts), list(dims))
+    for shift, dim in zip(shifts, dims):
+        dim = _dim(x, dim, "Slice")
+        shift %= _static_dim(x, dim, "Slice")
+        if shift:
+            head, tail = ((emit("Slice", [x, const_i64([a]), const_i64([b]), const_i64([dim])]))
+                          for a, b in ((-shift, np.iinfo(np.int64).max), (0, -shift)))
+            x = concat([head, tail], dim)
+    return x
+
+
 def _trilu(x: Tensor, diagonal: int, upper: int) -> Tensor:
     return emit("Trilu", [lift(x), constant(np.asarray(diagonal, np.int64))], {"upper": upper})
 
@@ -337,6 +362,37 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True,
     return values, indices
 
 
+def logsumexp(x: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
+    """``log(sum(exp(x)))`` over ``dim``, computed from the maximum so it never overflows."""
+    x = lift(x)
+    top = reduce_max(x, dim, keepdims=True)
+    out = log(reduce_sum(exp(x - top), dim, keepdims=True)) + top
+    return out if keepdim else squeeze(out, [dim] if isinstance(dim, int) else list(dim))
+
+
+def var(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False) -> Tensor:
+    """``torch.var``: mean squared deviation over ``dim`` (None: all), divided by ``n - correction``
+    (static ``n``)."""
+    x = lift(x)
+    dims = list(range(x.ndim)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
+    n = math.prod(_static_dim(x, d, "ReduceSum") for d in dims)
+    centered = x - mean(x, dims, keepdims=True)
+    return reduce_sum(centered * centered, dims, keepdims=keepdim) / scalar(n - correction, x)
+
+
+def std(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False) -> Tensor:
+    """``torch.std``: the square root of ``var``."""
+    return sqrt(var(x, dim, correction, keepdim))
+
+
+def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """``torch.nn.functional.normalize`` for ``p=2``: ``x / max(||x||_2, eps)`` along ``dim``."""
+    if p != 2.0:
+        raise GraphError(f"normalize supports p=2, got p={p} (at {user_source()})")
+    x = lift(x)
+    return x / maximum(sqrt(reduce_sum(x * x, dim, keepdims=True)), scalar(eps, x))
+
+
 def einsum(equation: str, *operands: Any) -> Tensor:
     """``torch.einsum`` (explicit or implicit output). Signature: ai.onnx@12::Einsum"""
     if len(operands) == 1 and isinstance(operands[0], (tuple, list)):
@@ -348,7 +404,7 @@ def einsum(equation: str, *operands: Any) -> Tensor:
 
 
 __all__ = [
-    "arange", "argmax", "argmin", "cat", "chunk", "clamp", "cos", "cumsum", "einsum", "expand", "full", "full_like",
+    "arange", "argmax", "argmin", "cat", "chunk", "flip", "logsumexp", "normalize", "roll", "std", "var", "clamp", "cos", "cumsum", "einsum", "expand", "full", "full_like",
     "gather", "index_select", "masked_fill", "one_hot", "ones", "ones_like", "pad", "permute", "pow", "repeat", "rsqrt",
     "scatter", "sin", "split", "tile", "topk", "tril", "triu", "zeros", "zeros_like",
 ]

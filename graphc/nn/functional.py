@@ -10,9 +10,10 @@ from graphc.dsl.losses import l1 as l1_loss
 from graphc.dsl.losses import mse as mse_loss
 from graphc.dsl.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, log, matmul, max, maximum, mean, min,
                             minimum, relu, reshape, sigmoid, sqrt, stack, sum, tanh, transpose, where)
-from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos, cumsum, einsum, expand, full,
-                                  full_like, gather, index_select, masked_fill, one_hot, ones, ones_like, pad, permute,
-                                  pow, repeat, rsqrt, scatter, sin, split, tile, topk, tril, triu, zeros, zeros_like)
+from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos, cumsum, einsum, expand, flip,
+                                  full, full_like, gather, index_select, logsumexp, masked_fill, normalize, one_hot, ones, ones_like,
+                                  pad, permute, pow, repeat, roll, rsqrt, scatter, sin, split, std, tile, topk, tril,
+                                  triu, var, zeros, zeros_like)
 from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, conv1d, conv3d,
                                    conv_transpose1d, conv_transpose2d, elu, group_norm, hardsigmoid, hardswish,
                                    instance_norm, interpolate, leaky_relu, max_pool1d, mish, pixel_shuffle, prelu,
@@ -50,5 +51,5 @@ __all__ = [
     "ones_like", "pad", "pixel_shuffle", "pow", "prelu", "relu", "repeat", "reshape", "rms_norm", "rsqrt",
     "scaled_dot_product_attention", "scatter", "sigmoid", "silu", "sin", "softmax", "softplus", "split", "sqrt",
     "squeeze", "stack", "sum", "tanh", "tile", "topk", "transpose", "tril", "triu", "unsqueeze", "where", "zeros",
-    "zeros_like", "cat", "permute", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss", "l1_loss", "mse_loss",
+    "zeros_like", "cat", "permute", "flip", "logsumexp", "normalize", "roll", "std", "var", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss", "l1_loss", "mse_loss",
 ]
