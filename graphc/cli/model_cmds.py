@@ -72,7 +72,8 @@ def capture_cmd(
     out: Optional[Path] = OUT_ALIAS,
     opset: int = typer.Option(21, "--opset", help="ai.onnx opset (17..23)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the parameter initialisation."),
-    training: bool = typer.Option(False, "--training", help="Capture training-mode Dropout/BatchNorm."),
+    training: Optional[bool] = typer.Option(None, "--training/--eval", help="Capture training-mode (or eval-mode) "
+                                            "Dropout/BatchNorm; neither: each module's own train()/eval() mode."),
     name: Optional[str] = typer.Option(None, "--name", help="Graph name (default: the class or function name)."),
 ) -> None:
     """Capture a DSL model into an ONNX file.
