@@ -44,9 +44,20 @@ _OPS = (
 ).split()
 _NN_OPS = "conv2d max_pool2d avg_pool2d batch_norm layer_norm dropout embedding".split()
 
+# torch-named functions (issue 12): graphc.dsl.ops_array's and the functional layers of graphc.dsl.ops_layers
+_ARRAY_OPS = (
+    "pad split chunk gather index_select scatter cumsum einsum topk argmax argmin arange zeros ones full "
+    "zeros_like ones_like full_like masked_fill expand repeat tile triu tril one_hot clamp pow rsqrt sin cos cat "
+    "permute flip roll logsumexp var std"
+).split()
+_LAYER_OPS = "interpolate scaled_dot_product_attention".split()
+
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops", op) for op in _OPS},
+    **{op: ("graphc.dsl.ops_array", op) for op in _ARRAY_OPS},
+    **{op: ("graphc.dsl.ops_layers", op) for op in _LAYER_OPS},
+    **{op: ("graphc.dsl.ops", op) for op in ("erf", "flatten")},
     **{op: ("graphc.dsl.ops_nn", op) for op in _NN_OPS},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),

@@ -1,6 +1,7 @@
 """`gc.nn`: modules and layers with PyTorch's names, layouts and default initialisation."""
 
-from graphc.nn import init
+from graphc.nn import functional, init
+from graphc.nn.activation import ELU, Hardsigmoid, Hardswish, LeakyReLU, Mish, PReLU, SiLU, Softplus
 from graphc.nn.attention import MultiheadAttention
 from graphc.nn.layers import (
     GELU,
@@ -21,11 +22,24 @@ from graphc.nn.layers import (
     Tanh,
 )
 from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList, Sequential
+from graphc.nn.conv import Conv1d, Conv3d, ConvTranspose1d, ConvTranspose2d
 from graphc.nn.module import Module, Parameter
+from graphc.nn.norm import GroupNorm, InstanceNorm2d, RMSNorm
+from graphc.nn.pooling import AdaptiveAvgPool1d, AvgPool1d, MaxPool1d
+from graphc.nn.rnn import GRU, LSTM, RNN
+from graphc.nn.transformer import (TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
+                                   TransformerEncoderLayer)
+from graphc.nn.upsampling import PixelShuffle, Upsample
 
 __all__ = [
     "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding",
     "Flatten", "GELU", "Identity", "LayerNorm", "Linear", "MaxPool2d", "Module", "ModuleDict", "ModuleList",
     "MultiheadAttention", "Parameter", "ParameterList",
     "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "init",
+    # issue 12's layers
+    "AdaptiveAvgPool1d", "AvgPool1d", "Conv1d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ELU", "GRU",
+    "GroupNorm", "Hardsigmoid", "Hardswish", "InstanceNorm2d", "LSTM", "LeakyReLU", "MaxPool1d", "Mish", "PReLU",
+    "PixelShuffle", "RMSNorm", "RNN", "SiLU", "Softplus", "TransformerDecoder", "TransformerDecoderLayer",
+    "TransformerEncoder", "TransformerEncoderLayer",
+    "Upsample", "functional",
 ]

@@ -152,11 +152,17 @@ class Dropout(Module):
 
 
 class Embedding(Module):
-    """``weight`` is ``[num_embeddings, embedding_dim]``, drawn from N(0, 1)."""
+    """``weight`` is ``[num_embeddings, embedding_dim]``, drawn from N(0, 1). The ``padding_idx``
+    row starts at zero and, as in PyTorch, gets no gradient: it is read as a constant."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
                  dtype: Any = "float32"):
         super().__init__()
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise CaptureError(f"Embedding padding_idx {padding_idx} is outside [-{num_embeddings}, "
+                                 f"{num_embeddings})")
+            padding_idx %= num_embeddings
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
         normal = init.normal()
 
@@ -168,7 +174,12 @@ class Embedding(Module):
         self.weight = Parameter(shape=(num_embeddings, embedding_dim), init=draw, dtype=dtype)
 
     def forward(self, indices: Tensor) -> Tensor:
-        return ops_nn.embedding(indices, self.weight)
+        out = ops_nn.embedding(indices, self.weight)
+        if self.padding_idx is None:
+            return out
+        row = self._parameters["weight"].numpy()[self.padding_idx]
+        is_pad = ops.unsqueeze(indices == ops.lift(self.padding_idx, indices), [-1])
+        return ops.where(is_pad, ops.lift(row, out), out)
 
 
 class ReLU(Module):

@@ -1,0 +1,410 @@
+"""Array functions with ``torch``'s names and signatures (``gc.pad``, ``gc.split``, ``gc.gather``,
+``gc.arange``, ``gc.masked_fill``, ...), each recorded as standard ONNX ops so the existing
+kernels and gradient rules apply. ``dim`` follows PyTorch; integer and bool tensors work where
+PyTorch's do (indices, masks, ``arange``, ``one_hot``, ``argmax``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from graphc.dtypes import as_dtype
+from graphc.errors import CaptureError
+from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, exp, lift, log, maximum, mean, reshape,
+                            same_dtype, scalar, sqrt, squeeze, transpose, unary, unsqueeze)
+from graphc.dsl.ops import max as reduce_max
+from graphc.dsl.ops import sum as reduce_sum
+from graphc.dsl.tensor import Tensor
+from graphc.dsl.builder import op_error, user_source
+
+# -- elementwise ------------------------------------------------------------------------------
+
+
+def sin(x: Tensor) -> Tensor:
+    """Signature: ai.onnx@7::Sin"""
+    return unary("Sin", x)
+
+
+def cos(x: Tensor) -> Tensor:
+    """Signature: ai.onnx@7::Cos"""
+    return unary("Cos", x)
+
+
+def rsqrt(x: Tensor) -> Tensor:
+    """``1 / sqrt(x)`` (Reciprocal of Sqrt)."""
+    return unary("Reciprocal", sqrt(x))
+
+
+def pow(x: Any, exponent: Any) -> Tensor:  # noqa: A001 - torch's name
+    """``x ** exponent``; a Python exponent takes ``x``'s dtype. Signature: ai.onnx@15::Pow"""
+    if not isinstance(x, Tensor):
+        exponent = lift(exponent)
+        return emit("Pow", [lift(x, exponent), exponent])
+    return emit("Pow", [x, lift(exponent, x)])
+
+
+def clamp(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 - torch's names
+    """``torch.clamp``: ``gc.clip`` under PyTorch's name."""
+    return clip(x, min, max)
+
+
+def masked_fill(x: Tensor, mask: Tensor, value: Any) -> Tensor:
+    """``value`` where the bool ``mask`` (broadcast to ``x``) is true, else ``x``. Signature: ai.onnx@16::Where"""
+    x, mask = lift(x), lift(mask)
+    if mask.dtype != "bool":
+        raise op_error("Where", [x, mask], f"masked_fill's mask must be bool, got {mask.dtype}", user_source())
+    return emit("Where", [mask, lift(value, x), x])
+
+
+# -- creation ---------------------------------------------------------------------------------
+
+
+def _sizes(size: tuple, fn: str) -> list[int]:
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    if not all(isinstance(d, (int, np.integer)) for d in size):
+        raise CaptureError(f"{fn} takes int sizes, got {size}; for a shape with symbolic dims use "
+                         f"{fn}_like(tensor) (at {user_source()})")
+    return [int(d) for d in size]
+
+
+def full(size: Sequence[int], fill_value: Any, dtype: Any = None) -> Tensor:
+    """A constant of ``size`` filled with ``fill_value`` (dtype: float32 for floats, int64 for
+    ints, bool for bools, as PyTorch infers it)."""
+    if dtype is None:
+        dtype = "bool" if isinstance(fill_value, bool) else "int64" if isinstance(fill_value, int) else "float32"
+    return constant(np.full(_sizes(tuple(size), "full"), fill_value, as_dtype(dtype).numpy))
+
+
+def zeros(*size: Any, dtype: Any = "float32") -> Tensor:
+    return full(_sizes(size, "zeros"), 0, dtype)
+
+
+def ones(*size: Any, dtype: Any = "float32") -> Tensor:
+    return full(_sizes(size, "ones"), 1, dtype)
+
+
+def full_like(x: Tensor, fill_value: Any, dtype: Any = None) -> Tensor:
+    """``x``'s shape (symbolic dims too) filled with ``fill_value``. Signature: ai.onnx@9::ConstantOfShape"""
+    x = lift(x)
+    dt = as_dtype(dtype if dtype is not None else x.dtype)
+    value = np.full((1,), fill_value, dt.numpy)
+    return emit("ConstantOfShape", [emit("Shape", [x])], {"value": ir_tensor(value)},
+                out_types=[(dt, x.shape)])
+
+
+def zeros_like(x: Tensor, dtype: Any = None) -> Tensor:
+    return full_like(x, 0, dtype)
+
+
+def ones_like(x: Tensor, dtype: Any = None) -> Tensor:
+    return full_like(x, 1, dtype)
+
+
+def ir_tensor(array: np.ndarray):
+    """``array`` as an attribute tensor (ConstantOfShape's ``value``)."""
+    import onnx_ir as ir
+
+    return ir.Tensor(array)
+
+
+def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None) -> Tensor:
+    """``torch.arange``: int64 for int arguments, else float32. Python numbers give a constant;
+    a Tensor bound gives ``Range``. Signature: ai.onnx@11::Range"""
+    if end is None:
+        start, end = 0, start
+    args = (start, end, step)
+    if dtype is None:
+        floats = any(isinstance(a, float) or (isinstance(a, Tensor) and a.dtype.startswith("float")) for a in args)
+        dtype = "float32" if floats else "int64"
+    dt = as_dtype(dtype)
+    if not any(isinstance(a, Tensor) for a in args):
+        return constant(np.arange(start, end, step).astype(dt.numpy))
+    parts = [lift(a).astype(dt) if isinstance(a, Tensor) else constant(np.asarray(a, dt.numpy))
+             for a in args]
+    return emit("Range", [reshape(p, []) if p.ndim else p for p in parts])
+
+
+# -- shapes -----------------------------------------------------------------------------------
+
+
+def _dim(x: Tensor, dim: int, op: str) -> int:
+    if not -x.ndim <= dim < max(x.ndim, 1):
+        raise op_error(op, [x], f"dim {dim} out of range for rank {x.ndim}", user_source())
+    return dim % max(x.ndim, 1)
+
+
+def _static_dim(x: Tensor, dim: int, op: str) -> int:
+    size = x.shape[dim] if x.shape is not None else None
+    if not isinstance(size, int):
+        raise op_error(op, [x], f"needs a static size on dim {dim}", user_source())
+    return size
+
+
+def split(x: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
+    """``torch.split``: pieces of ``split_size`` (the last one smaller) or of the listed sizes.
+    Signature: ai.onnx@18::Split"""
+    x = lift(x)
+    dim = _dim(x, dim, "Split")
+    size = _static_dim(x, dim, "Split")
+    if isinstance(split_size_or_sections, (int, np.integer)):
+        step = int(split_size_or_sections)
+        sizes = [min(step, size - i) for i in range(0, size, step)]
+    else:
+        sizes = [int(s) for s in split_size_or_sections]
+        if sum(sizes) != size:
+            raise op_error("Split", [x], f"sections {sizes} do not add up to dim {dim}'s size {size}", user_source())
+    if len(sizes) == 1:
+        return (x,)
+    outs = emit("Split", [x, const_i64(sizes)], {"axis": dim}, num_outputs=len(sizes))
+    return tuple(outs)
+
+
+def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    """``torch.chunk``: ``chunks`` pieces of ``ceil(size / chunks)`` (fewer when that covers it)."""
+    x = lift(x)
+    size = _static_dim(x, _dim(x, dim, "Split"), "Split")
+    return split(x, max(1, math.ceil(size / chunks)), dim)
+
+
+def expand(x: Tensor, *sizes: Any) -> Tensor:
+    """``Tensor.expand``: -1 (or the input's dim name) keeps a dim. Signature: ai.onnx@13::Expand"""
+    x = lift(x)
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        sizes = tuple(sizes[0])
+    offset = len(sizes) - x.ndim
+    dims = []
+    for i, d in enumerate(sizes):
+        keep = d == -1 or (isinstance(d, str) and i >= offset and x.shape[i - offset] == d)
+        if not keep and not isinstance(d, (int, np.integer)):
+            raise op_error("Expand", [x], f"size {d!r} is neither an int, -1 nor a dim name of the input",
+                           user_source())
+        dims.append(1 if keep else int(d))
+    return emit("Expand", [x, const_i64(dims)])
+
+
+def tile(x: Tensor, dims: Sequence[int]) -> Tensor:
+    """``torch.tile``: ``dims`` shorter than the rank are padded with leading ones; longer ones
+    add leading axes to ``x``. Signature: ai.onnx@13::Tile"""
+    x = lift(x)
+    dims = [int(d) for d in dims]
+    if len(dims) > x.ndim:
+        x = unsqueeze(x, list(range(len(dims) - x.ndim)))
+    dims = [1] * (x.ndim - len(dims)) + dims
+    return emit("Tile", [x, const_i64(dims)])
+
+
+def repeat(x: Tensor, *sizes: Any) -> Tensor:
+    """``Tensor.repeat`` (numpy's ``tile``): as many sizes as dims, or more."""
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        sizes = tuple(sizes[0])
+    x = lift(x)
+    if len(sizes) < x.ndim:
+        raise op_error("Tile", [x], f"repeat needs at least {x.ndim} sizes, got {len(sizes)}", user_source())
+    return tile(x, sizes)
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """``torch.cat``: ``gc.concat`` under PyTorch's name."""
+    return concat(tensors, dim)
+
+
+def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
+    """``torch.permute``: ``gc.transpose`` with a full permutation."""
+    return transpose(x, list(dims))
+
+
+def flip(x: Tensor, dims: Sequence[int]) -> Tensor:
+    """Reverse the order along each of ``dims``. Signature: ai.onnx@13::Slice (step -1)"""
+    x = lift(x)
+    dims = [_dim(x, d, "Slice") for d in ([dims] if isinstance(dims, int) else dims)]
+    k = len(dims)
+    return emit("Slice", [x, const_i64([-1] * k), const_i64([np.iinfo(np.int64).min] * k), const_i64(dims),
+                          const_i64([-1] * k)])
+
+
+def roll(x: Tensor, shifts: Any, dims: Any) -> Tensor:
+    """``torch.roll`` along ``dims`` (static sizes): each a Slice pair joined end to front."""
+    x = lift(x)
+    shifts, dims = ([shifts], [dims]) if isinstance(shifts, int) else (list(shifts), list(dims))
+    for shift, dim in zip(shifts, dims):
+        dim = _dim(x, dim, "Slice")
+        shift %= _static_dim(x, dim, "Slice")
+        if shift:
+            head, tail = ((emit("Slice", [x, const_i64([a]), const_i64([b]), const_i64([dim])]))
+                          for a, b in ((-shift, np.iinfo(np.int64).max), (0, -shift)))
+            x = concat([head, tail], dim)
+    return x
+
+
+def _trilu(x: Tensor, diagonal: int, upper: int) -> Tensor:
+    return emit("Trilu", [lift(x), constant(np.asarray(diagonal, np.int64))], {"upper": upper})
+
+
+def triu(x: Tensor, diagonal: int = 0) -> Tensor:
+    """Zero below the ``diagonal``-th diagonal. Signature: ai.onnx@14::Trilu"""
+    return _trilu(x, diagonal, 1)
+
+
+def tril(x: Tensor, diagonal: int = 0) -> Tensor:
+    """Zero above the ``diagonal``-th diagonal. Signature: ai.onnx@14::Trilu"""
+    return _trilu(x, diagonal, 0)
+
+
+def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
+    """``torch.nn.functional.pad``: ``pad`` lists (left, right) pairs from the last dim backwards;
+    modes constant, reflect, replicate, circular. Signature: ai.onnx@19::Pad"""
+    x = lift(x)
+    modes = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+    if mode not in modes:
+        raise CaptureError(f"pad mode={mode!r}; expected one of {sorted(modes)} (at {user_source()})")
+    pad = [int(p) for p in pad]
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise op_error("Pad", [x], f"pad {pad} must hold (left, right) pairs for at most {x.ndim} dims",
+                       user_source())
+    begin, end = [0] * x.ndim, [0] * x.ndim
+    for i in range(len(pad) // 2):
+        begin[x.ndim - 1 - i], end[x.ndim - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    inputs = [x, const_i64(begin + end)]
+    if mode == "constant" and value:
+        inputs.append(scalar(value, x))
+    return emit("Pad", inputs, {"mode": modes[mode]})
+
+
+# -- indexing ---------------------------------------------------------------------------------
+
+
+def _indices(index: Tensor, op: str, x: Tensor) -> Tensor:
+    index = lift(index)
+    if index.dtype not in ("int64", "int32"):
+        raise op_error(op, [x, index], f"index must be int64 or int32, got {index.dtype}", user_source())
+    return index
+
+
+def gather(x: Tensor, dim: int, index: Tensor) -> Tensor:
+    """``torch.gather``: ``out[i][j] = x[index[i][j]][j]`` for ``dim=0``. Signature: ai.onnx@13::GatherElements"""
+    x = lift(x)
+    return emit("GatherElements", [x, _indices(index, "GatherElements", x)], {"axis": _dim(x, dim, "GatherElements")})
+
+
+def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
+    """The entries of 1-D ``index`` along ``dim``. Signature: ai.onnx@13::Gather"""
+    x = lift(x)
+    return emit("Gather", [x, _indices(index, "Gather", x)], {"axis": _dim(x, dim, "Gather")})
+
+
+def scatter(x: Tensor, dim: int, index: Tensor, src: Any, reduce: str | None = None) -> Tensor:
+    """``torch.scatter``: ``x`` with ``src`` (a tensor, or a scalar spread over ``index``'s shape)
+    written at ``index`` along ``dim``; ``reduce`` "add"/"multiply". Signature: ai.onnx@18::ScatterElements"""
+    x = lift(x)
+    index = _indices(index, "ScatterElements", x)
+    src = lift(src, x)
+    if src.ndim == 0:
+        src = emit("Expand", [src, emit("Shape", [index])], out_types=[(x.dtype, index.shape)])
+    same_dtype("ScatterElements", x, src)
+    reductions = {None: "none", "add": "add", "multiply": "mul"}
+    if reduce not in reductions:
+        raise CaptureError(f"scatter reduce={reduce!r}; expected None, 'add' or 'multiply' (at {user_source()})")
+    attrs = {"axis": _dim(x, dim, "ScatterElements")}
+    if reduce is not None:
+        attrs["reduction"] = reductions[reduce]
+    return emit("ScatterElements", [x, index, src], attrs)
+
+
+def one_hot(x: Tensor, num_classes: int = -1) -> Tensor:
+    """int64 ``[..., num_classes]`` with a 1 at each index; ``num_classes`` must be given (PyTorch's
+    -1, the data's max + 1, is not known to a graph). Signature: ai.onnx@11::OneHot"""
+    x = _indices(x, "OneHot", lift(x))
+    if num_classes is None or int(num_classes) < 1:
+        raise CaptureError(f"one_hot needs num_classes >= 1 (the graph cannot read it from the data), got "
+                         f"{num_classes} (at {user_source()})")
+    depth = constant(np.asarray(int(num_classes), np.int64))
+    values = constant(np.asarray([0, 1], np.int64))
+    return emit("OneHot", [x, depth, values], {"axis": -1})
+
+
+# -- reductions and scans ---------------------------------------------------------------------
+
+
+def cumsum(x: Tensor, dim: int) -> Tensor:
+    """Running sum along ``dim``. Signature: ai.onnx@14::CumSum"""
+    x = lift(x)
+    return emit("CumSum", [x, constant(np.asarray(_dim(x, dim, "CumSum"), np.int64))])
+
+
+def _arg(op: str, x: Tensor, dim: int | None, keepdim: bool) -> Tensor:
+    x = lift(x)
+    if dim is None:  # over the flattened tensor, as PyTorch
+        return emit(op, [reshape(x, [-1])], {"axis": 0, "keepdims": 0})
+    return emit(op, [x], {"axis": _dim(x, dim, op), "keepdims": int(bool(keepdim))})
+
+
+def argmax(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """int64 index of the largest entry (first on ties). Signature: ai.onnx@13::ArgMax"""
+    return _arg("ArgMax", x, dim, keepdim)
+
+
+def argmin(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """int64 index of the smallest entry (first on ties). Signature: ai.onnx@13::ArgMin"""
+    return _arg("ArgMin", x, dim, keepdim)
+
+
+def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True,
+         sorted: bool = True) -> tuple[Tensor, Tensor]:  # noqa: A002 - torch's name
+    """``(values, indices)`` of the ``k`` largest (or smallest) along ``dim``. Signature: ai.onnx@11::TopK"""
+    x = lift(x)
+    values, indices = emit("TopK", [x, const_i64([int(k)])],
+                           {"axis": _dim(x, dim, "TopK"), "largest": int(bool(largest)), "sorted": int(bool(sorted))},
+                           num_outputs=2)
+    return values, indices
+
+
+def logsumexp(x: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
+    """``log(sum(exp(x)))`` over ``dim``, computed from the maximum so it never overflows."""
+    x = lift(x)
+    top = reduce_max(x, dim, keepdims=True)
+    out = log(reduce_sum(exp(x - top), dim, keepdims=True)) + top
+    return out if keepdim else squeeze(out, [dim] if isinstance(dim, int) else list(dim))
+
+
+def var(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False) -> Tensor:
+    """``torch.var``: mean squared deviation over ``dim`` (None: all), divided by ``n - correction``
+    (static ``n``)."""
+    x = lift(x)
+    dims = list(range(x.ndim)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
+    n = math.prod(_static_dim(x, d, "ReduceSum") for d in dims)
+    centered = x - mean(x, dims, keepdims=True)
+    return reduce_sum(centered * centered, dims, keepdims=keepdim) / scalar(n - correction, x)
+
+
+def std(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False) -> Tensor:
+    """``torch.std``: the square root of ``var``."""
+    return sqrt(var(x, dim, correction, keepdim))
+
+
+def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """``torch.nn.functional.normalize`` for ``p=2``: ``x / max(||x||_2, eps)`` along ``dim``."""
+    if p != 2.0:
+        raise CaptureError(f"normalize supports p=2, got p={p} (at {user_source()})")
+    x = lift(x)
+    return x / maximum(sqrt(reduce_sum(x * x, dim, keepdims=True)), scalar(eps, x))
+
+
+def einsum(equation: str, *operands: Any) -> Tensor:
+    """``torch.einsum`` (explicit or implicit output). Signature: ai.onnx@12::Einsum"""
+    if len(operands) == 1 and isinstance(operands[0], (tuple, list)):
+        operands = tuple(operands[0])
+    tensors = [lift(t) for t in operands]
+    for t in tensors[1:]:
+        same_dtype("Einsum", tensors[0], t)
+    return emit("Einsum", tensors, {"equation": equation.replace(" ", "")})
+
+
+__all__ = [
+    "arange", "argmax", "argmin", "cat", "chunk", "flip", "logsumexp", "normalize", "roll", "std", "var", "clamp", "cos", "cumsum", "einsum", "expand", "full", "full_like",
+    "gather", "index_select", "masked_fill", "one_hot", "ones", "ones_like", "pad", "permute", "pow", "repeat", "rsqrt",
+    "scatter", "sin", "split", "tile", "topk", "tril", "triu", "zeros", "zeros_like",
+]

@@ -1,0 +1,354 @@
+"""The functional forms of the ``gc.nn`` layers beyond ``ops_nn`` (``torch.nn.functional`` names
+and signatures): 1-D/3-D and transposed convolutions, 1-D and adaptive pooling, group/instance/RMS
+norm, the activations, ``pixel_shuffle``, ``interpolate`` and ``scaled_dot_product_attention``.
+Each is standard ONNX ops; ops newer than the capture's opset are written out in older ones."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from graphc.errors import CaptureError
+from graphc.dsl.ops import (concat, const_i64, constant, emit, lift, matmul, mean, reshape, same_dtype, scalar,
+                            sigmoid, softmax, sqrt, transpose, unary, where)
+from graphc.dsl.ops_array import ir_tensor, tril
+from graphc.dsl.tensor import Tensor
+from graphc.dsl.builder import current, op_error, user_source
+
+
+def ints(v: Any, n: int, name: str) -> list[int]:
+    """``v`` as ``n`` ints (an int is repeated); ``name`` is the argument in the error."""
+    if isinstance(v, (int, np.integer)):
+        return [int(v)] * n
+    v = [int(i) for i in v]
+    if len(v) != n:
+        raise CaptureError(f"{name} must be an int or {n} ints, got {v} (at {user_source()})")
+    return v
+
+
+_LAYOUTS = {3: "N, C, L", 4: "N, C, H, W", 5: "N, C, D, H, W"}
+
+
+def _check_rank(op: str, x: Tensor, rank: int) -> None:
+    if x.shape is not None and len(x.shape) != rank:
+        raise op_error(op, [x], f"expects a rank-{rank} input ({_LAYOUTS[rank]}), got rank {len(x.shape)}",
+                       user_source())
+
+
+# -- convolution ------------------------------------------------------------------------------
+
+
+def _conv(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
+          groups: int, nd: int, output_padding: Any = 0) -> Tensor:
+    x = lift(x)
+    weight, bias = lift(weight, x), None if bias is None else lift(bias, x)
+    _check_rank(op, x, nd + 2)
+    ws = weight.shape
+    in_channels = ws[1] * groups if op == "Conv" else ws[0]
+    if isinstance(x.shape[1], int) and x.shape[1] != in_channels:
+        raise op_error(op, [x, weight], f"input has {x.shape[1]} channels, weight expects {in_channels} "
+                       f"(groups={groups})", user_source())
+    kernel, dil = list(ws[2:]), ints(dilation, nd, "dilation")
+    if padding == "same":
+        if op != "Conv" or ints(stride, nd, "stride") != [1] * nd:
+            raise CaptureError(f"padding='same' needs a stride-1 Conv, as in PyTorch (at {user_source()})")
+        total = [d * (k - 1) for d, k in zip(dil, kernel)]
+        pads = [t // 2 for t in total] + [t - t // 2 for t in total]
+    elif padding == "valid":
+        pads = [0] * (2 * nd)
+    elif isinstance(padding, str):
+        raise CaptureError(f"padding={padding!r}; expected an int, {nd} ints, 'same' or 'valid' (at {user_source()})")
+    else:
+        pads = ints(padding, nd, "padding") * 2
+    attrs: dict[str, Any] = {"strides": ints(stride, nd, "stride"), "dilations": dil, "group": int(groups),
+                             "kernel_shape": kernel, "pads": pads}
+    if op == "ConvTranspose" and any(ints(output_padding, nd, "output_padding")):
+        attrs["output_padding"] = ints(output_padding, nd, "output_padding")
+    inputs = [x, weight] + ([bias] if bias is not None else [])
+    for t in inputs[1:]:
+        same_dtype(op, x, t)
+    return emit(op, inputs, attrs)
+
+
+def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
+           dilation: Any = 1, groups: int = 1) -> Tensor:
+    """NCL convolution, weight ``[out, in/groups, k]``. Signature: ai.onnx@11::Conv"""
+    return _conv("Conv", x, weight, bias, stride, padding, dilation, groups, 1)
+
+
+def conv3d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
+           dilation: Any = 1, groups: int = 1) -> Tensor:
+    """NCDHW convolution, weight ``[out, in/groups, kd, kh, kw]``. Signature: ai.onnx@11::Conv"""
+    return _conv("Conv", x, weight, bias, stride, padding, dilation, groups, 3)
+
+
+def conv_transpose1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
+                     output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
+    """Weight ``[in, out/groups, k]``. Signature: ai.onnx@11::ConvTranspose"""
+    return _conv("ConvTranspose", x, weight, bias, stride, padding, dilation, groups, 1, output_padding)
+
+
+def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
+                     output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
+    """Weight ``[in, out/groups, kh, kw]``. Signature: ai.onnx@11::ConvTranspose"""
+    return _conv("ConvTranspose", x, weight, bias, stride, padding, dilation, groups, 2, output_padding)
+
+
+# -- pooling ----------------------------------------------------------------------------------
+
+
+def _pool(op: str, x: Tensor, nd: int, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
+          **extra: Any) -> Tensor:
+    x = lift(x)
+    _check_rank(op, x, nd + 2)
+    k = ints(kernel_size, nd, "kernel_size")
+    attrs = {"kernel_shape": k, "strides": k if stride is None else ints(stride, nd, "stride"),
+             "pads": ints(padding, nd, "padding") * 2, "ceil_mode": int(bool(ceil_mode)), **extra}
+    return emit(op, [x], attrs)
+
+
+def max_pool1d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False) -> Tensor:
+    """Signature: ai.onnx@12::MaxPool (one output)."""
+    return _pool("MaxPool", x, 1, kernel_size, stride, padding, ceil_mode, dilations=ints(dilation, 1, "dilation"))
+
+
+def avg_pool1d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Tensor:
+    """Signature: ai.onnx@19::AveragePool"""
+    return _pool("AveragePool", x, 1, kernel_size, stride, padding, ceil_mode,
+                 count_include_pad=int(bool(count_include_pad)))
+
+
+def adaptive_avg_pool(x: Tensor, output_size: Any, nd: int) -> Tensor:
+    """Output size 1 -> ``GlobalAveragePool``; else an ``AveragePool`` where the (static) input
+    size divides evenly, as PyTorch computes it in that case."""
+    x = lift(x)
+    _check_rank("AveragePool", x, nd + 2)
+    out = ints(output_size, nd, "output_size")
+    if out == [1] * nd:
+        return emit("GlobalAveragePool", [x])
+    dims = list(x.shape[2:])
+    if not all(isinstance(d, int) and d % o == 0 for d, o in zip(dims, out)):
+        raise op_error("AveragePool", [x], f"adaptive pooling to {tuple(out)} needs static spatial dims divisible "
+                       "by the output size", user_source())
+    return _pool("AveragePool", x, nd, [d // o for d, o in zip(dims, out)], None, 0, False)
+
+
+def adaptive_avg_pool1d(x: Tensor, output_size: Any) -> Tensor:
+    return adaptive_avg_pool(x, output_size, 1)
+
+
+def adaptive_avg_pool2d(x: Tensor, output_size: Any) -> Tensor:
+    return adaptive_avg_pool(x, output_size, 2)
+
+
+# -- normalisation ----------------------------------------------------------------------------
+
+
+def _channel_shape(x: Tensor, t: Tensor) -> Tensor:
+    """A per-channel ``[C]`` tensor shaped ``[C, 1, ...]`` to broadcast over ``x``'s spatial dims."""
+    return reshape(t, [-1] + [1] * (x.ndim - 2))
+
+
+def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """``torch.nn.functional.group_norm``: statistics over each group of channels and the spatial
+    dims. ``GroupNormalization`` (per-channel scale) from opset 21, written out before."""
+    x = lift(x)
+    channels = x.shape[1]
+    if not isinstance(channels, int) or channels % num_groups:
+        raise op_error("GroupNormalization", [x], f"needs a static channel count divisible by {num_groups} groups",
+                       user_source())
+    one = np.ones(channels, x.dtype.numpy)
+    weight = constant(one) if weight is None else lift(weight, x)
+    bias = constant(np.zeros_like(one)) if bias is None else lift(bias, x)
+    if current().opset >= 21:
+        return emit("GroupNormalization", [x, weight, bias], {"num_groups": int(num_groups), "epsilon": float(eps)},
+                    out_types=[(x.dtype, x.shape)])  # onnx infers no type for it
+    grouped = reshape(x, [x.shape[0], num_groups, -1])
+    centered = grouped - mean(grouped, -1, keepdims=True)
+    normed = centered / sqrt(mean(centered * centered, -1, keepdims=True) + scalar(eps, x))
+    normed = reshape(normed, list(x.shape))
+    return normed * _channel_shape(x, weight) + _channel_shape(x, bias)
+
+
+def instance_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """Per-sample, per-channel statistics over the spatial dims (no running statistics).
+    Signature: ai.onnx@6::InstanceNormalization"""
+    x = lift(x)
+    channels = x.shape[1]
+    if (weight is None or bias is None) and not isinstance(channels, int):
+        raise op_error("InstanceNormalization", [x], "needs a static channel count without weight/bias",
+                       user_source())
+    if weight is None:
+        weight = constant(np.ones(channels, x.dtype.numpy))
+    if bias is None:
+        bias = constant(np.zeros(channels, x.dtype.numpy))
+    return emit("InstanceNormalization", [x, lift(weight, x), lift(bias, x)], {"epsilon": float(eps)})
+
+
+def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing ``normalized_shape`` dims; ``eps``
+    None is the dtype's machine epsilon, as PyTorch. ``RMSNormalization`` from opset 23."""
+    x = lift(x)
+    shape = [int(normalized_shape)] if isinstance(normalized_shape, (int, np.integer)) else list(normalized_shape)
+    if x.shape is not None and list(x.shape[-len(shape):]) != shape:
+        raise op_error("RMSNormalization", [x], f"trailing dims must be {tuple(shape)}", user_source())
+    eps = float(np.finfo(x.dtype.numpy).eps) if eps is None else float(eps)
+    axes = list(range(-len(shape), 0))
+    if current().opset >= 23:
+        scale = constant(np.ones(shape, x.dtype.numpy)) if weight is None else lift(weight, x)
+        return emit("RMSNormalization", [x, scale], {"axis": -len(shape), "epsilon": eps})
+    y = x / sqrt(mean(x * x, axes, keepdims=True) + scalar(eps, x))
+    return y if weight is None else y * lift(weight, x)
+
+
+# -- activations ------------------------------------------------------------------------------
+
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """Signature: ai.onnx@16::LeakyRelu"""
+    return unary("LeakyRelu", x, alpha=float(negative_slope))
+
+
+def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
+    """Signature: ai.onnx@6::Elu"""
+    return unary("Elu", x, alpha=float(alpha))
+
+
+def silu(x: Tensor) -> Tensor:
+    """``x * sigmoid(x)``."""
+    x = lift(x)
+    return x * sigmoid(x)
+
+
+def mish(x: Tensor) -> Tensor:
+    """``x * tanh(softplus(x))``. Signature: ai.onnx@18::Mish"""
+    return unary("Mish", x)
+
+
+def hardswish(x: Tensor) -> Tensor:
+    """``x * relu6(x + 3) / 6``. Signature: ai.onnx@14::HardSwish"""
+    return unary("HardSwish", x)
+
+
+def hardsigmoid(x: Tensor) -> Tensor:
+    """``relu6(x + 3) / 6``. Signature: ai.onnx@6::HardSigmoid"""
+    return unary("HardSigmoid", x, alpha=1.0 / 6.0, beta=0.5)
+
+
+def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """``log(1 + exp(beta x)) / beta``, ``x`` itself where ``beta x > threshold``."""
+    x = lift(x)
+    if beta == 1.0:
+        soft = unary("Softplus", x)
+    else:
+        soft = unary("Softplus", x * scalar(beta, x)) / scalar(beta, x)
+    return where(x * scalar(beta, x) > scalar(threshold, x), x, soft)
+
+
+def prelu(x: Tensor, weight: Tensor) -> Tensor:
+    """``max(0, x) + weight * min(0, x)``, one slope per channel (dim 1) or one for all.
+    Signature: ai.onnx@16::PRelu"""
+    x = lift(x)
+    weight = lift(weight, x)
+    if weight.shape is not None and weight.shape != (1,) and x.ndim > 2:
+        weight = _channel_shape(x, weight)
+    return emit("PRelu", [x, weight])
+
+
+# -- resampling -------------------------------------------------------------------------------
+
+
+def pixel_shuffle(x: Tensor, upscale_factor: int) -> Tensor:
+    """``[N, C r^2, H, W] -> [N, C, H r, W r]``. Signature: ai.onnx@13::DepthToSpace (CRD)"""
+    return emit("DepthToSpace", [lift(x)], {"blocksize": int(upscale_factor), "mode": "CRD"})
+
+
+_RESIZE_MODES = {"nearest": "nearest", "linear": "linear", "bilinear": "linear", "trilinear": "linear",
+                 "bicubic": "cubic"}
+
+
+def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
+                align_corners: bool | None = None) -> Tensor:
+    """``torch.nn.functional.interpolate`` for modes nearest, (bi/tri)linear and bicubic, by ``size``
+    or ``scale_factor``. Signature: ai.onnx@19::Resize"""
+    x = lift(x)
+    nd = x.ndim - 2
+    if mode not in _RESIZE_MODES:
+        raise CaptureError(f"interpolate mode={mode!r}; expected one of {sorted(_RESIZE_MODES)} (at {user_source()})")
+    if (size is None) == (scale_factor is None):
+        raise CaptureError(f"interpolate takes exactly one of size and scale_factor (at {user_source()})")
+    attrs: dict[str, Any] = {"mode": _RESIZE_MODES[mode]}
+    if mode == "nearest":
+        attrs.update(coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    else:
+        attrs["coordinate_transformation_mode"] = "align_corners" if align_corners else "half_pixel"
+        if mode == "bicubic":
+            attrs["cubic_coeff_a"] = -0.75
+    if scale_factor is not None:
+        scales = [1.0, 1.0] + [float(s) for s in (scale_factor if isinstance(scale_factor, (tuple, list))
+                                                  else [scale_factor] * nd)]
+        return emit("Resize", [x, None, constant(np.asarray(scales, np.float32))], attrs)
+    sizes = ints(size, nd, "size")
+    if current().opset >= 18:  # the spatial sizes alone (``axes``), so N and C may be symbolic
+        attrs["axes"] = list(range(2, nd + 2))
+        return emit("Resize", [x, None, None, const_i64(sizes)], attrs)
+    lead = emit("Slice", [emit("Shape", [x]), const_i64([0]), const_i64([2])])
+    return emit("Resize", [x, None, None, concat([lead, const_i64(sizes)])], attrs)
+
+
+# -- attention --------------------------------------------------------------------------------
+
+
+def causal_mask(query: Tensor, key: Tensor, dim: int = -2) -> Tensor:
+    """bool ``[L, S]``, true on and below the diagonal (a query attends to keys up to its own
+    position), for the lengths on ``dim`` of ``query`` and ``key`` (symbolic ones too)."""
+    lengths = [emit("Slice", [emit("Shape", [t]), const_i64([dim]), const_i64([dim + 1 or t.ndim])])
+               for t in (query, key)]
+    ones = emit("ConstantOfShape", [concat(lengths)], {"value": ir_tensor(np.ones(1, bool))},
+                out_types=[("bool", [query.shape[dim], key.shape[dim]])])
+    return tril(ones)
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 training: bool = False) -> Tensor:
+    """``softmax(q k^T * scale + mask) v`` over ``[..., L, E]`` inputs; ``attn_mask`` is bool
+    (true: attend) or added to the scores; ``is_causal`` masks keys after each query. The ONNX
+    ``Attention`` op for 4-D inputs from opset 23, its decomposition before. ``dropout_p`` applies
+    when ``training`` (PyTorch's functional form always drops; a module passes ``self.training``)."""
+    from graphc.dsl.ops_nn import dropout
+
+    query = lift(query)
+    key, value = lift(key, query), lift(value, query)
+    depth = query.shape[-1]
+    if scale is None and not isinstance(depth, int):
+        raise op_error("Attention", [query], "needs a static head size (or scale=)", user_source())
+    scale = 1.0 / math.sqrt(depth) if scale is None else float(scale)
+    if current().opset >= 23 and query.ndim == 4 and not (dropout_p and training):
+        inputs = [query, key, value] + ([lift(attn_mask)] if attn_mask is not None else [])
+        return emit("Attention", inputs, {"is_causal": int(bool(is_causal)), "scale": scale})
+    key_t = transpose(key, list(range(key.ndim - 2)) + [key.ndim - 1, key.ndim - 2])
+    scores = matmul(query * scalar(scale, query), key_t)
+    if is_causal:
+        scores = where(causal_mask(query, key), scores, scalar(-np.inf, scores))
+    if attn_mask is not None:
+        attn_mask = lift(attn_mask)
+        scores = (where(attn_mask, scores, scalar(-np.inf, scores)) if attn_mask.dtype == "bool"
+                  else scores + lift(attn_mask, scores))
+    weights = softmax(scores, -1)
+    if dropout_p and training:
+        weights = dropout(weights, dropout_p, training=True)
+    return matmul(weights, value)
+
+
+__all__ = [
+    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "avg_pool1d", "causal_mask", "conv1d", "conv3d",
+    "conv_transpose1d", "conv_transpose2d", "elu", "group_norm", "hardsigmoid", "hardswish", "instance_norm",
+    "interpolate", "leaky_relu", "max_pool1d", "mish", "pixel_shuffle", "prelu", "rms_norm",
+    "scaled_dot_product_attention", "silu", "softplus",
+]

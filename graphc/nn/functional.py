@@ -1,0 +1,55 @@
+"""``gc.nn.functional`` (``import graphc.nn.functional as F``): every DSL function under
+``torch.nn.functional``'s and ``torch``'s names, in one namespace. Where a ``gc.`` function's
+signature differs from torch's (``axis`` for ``dim``), the version here takes torch's."""
+
+from graphc.dsl import ops
+from graphc.dsl.losses import bce_with_logits as binary_cross_entropy_with_logits
+from graphc.dsl.losses import cross_entropy
+from graphc.dsl.losses import huber as huber_loss
+from graphc.dsl.losses import l1 as l1_loss
+from graphc.dsl.losses import mse as mse_loss
+from graphc.dsl.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, log, matmul, max, maximum, mean, min,
+                            minimum, relu, reshape, sigmoid, sqrt, stack, sum, tanh, transpose, where)
+from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos, cumsum, einsum, expand, flip,
+                                  full, full_like, gather, index_select, logsumexp, masked_fill, normalize, one_hot, ones, ones_like,
+                                  pad, permute, pow, repeat, roll, rsqrt, scatter, sin, split, std, tile, topk, tril,
+                                  triu, var, zeros, zeros_like)
+from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, conv1d, conv3d,
+                                   conv_transpose1d, conv_transpose2d, elu, group_norm, hardsigmoid, hardswish,
+                                   instance_norm, interpolate, leaky_relu, max_pool1d, mish, pixel_shuffle, prelu,
+                                   rms_norm, scaled_dot_product_attention, silu, softplus)
+from graphc.dsl.ops_nn import avg_pool2d, batch_norm, conv2d, dropout, embedding, layer_norm, linear, max_pool2d
+
+
+def softmax(input, dim: int = -1):  # noqa: A002 - torch's names
+    """``torch.nn.functional.softmax(input, dim)``."""
+    return ops.softmax(input, dim)
+
+
+def log_softmax(input, dim: int = -1):  # noqa: A002
+    """``torch.nn.functional.log_softmax(input, dim)``."""
+    return ops.log_softmax(input, dim)
+
+
+def unsqueeze(input, dim):  # noqa: A002
+    """``torch.unsqueeze(input, dim)`` (``dim`` an int, or a list of them)."""
+    return ops.unsqueeze(input, [dim] if isinstance(dim, int) else list(dim))
+
+
+def squeeze(input, dim=None):  # noqa: A002
+    """``torch.squeeze(input, dim=None)``: every size-1 dim, or ``dim`` (an int or a list)."""
+    return ops.squeeze(input, None if dim is None else [dim] if isinstance(dim, int) else list(dim))
+
+
+__all__ = [
+    "abs", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "arange", "argmax", "argmin", "avg_pool1d", "avg_pool2d",
+    "batch_norm", "cast", "chunk", "clamp", "clip", "concat", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+    "conv_transpose2d", "cos", "cumsum", "dropout", "einsum", "elu", "embedding", "erf", "exp", "expand",
+    "flatten", "full", "full_like", "gather", "gelu", "group_norm", "hardsigmoid", "hardswish", "index_select",
+    "instance_norm", "interpolate", "layer_norm", "leaky_relu", "linear", "log", "log_softmax", "masked_fill",
+    "matmul", "max", "max_pool1d", "max_pool2d", "maximum", "mean", "min", "minimum", "mish", "one_hot", "ones",
+    "ones_like", "pad", "pixel_shuffle", "pow", "prelu", "relu", "repeat", "reshape", "rms_norm", "rsqrt",
+    "scaled_dot_product_attention", "scatter", "sigmoid", "silu", "sin", "softmax", "softplus", "split", "sqrt",
+    "squeeze", "stack", "sum", "tanh", "tile", "topk", "transpose", "tril", "triu", "unsqueeze", "where", "zeros",
+    "zeros_like", "cat", "permute", "flip", "logsumexp", "normalize", "roll", "std", "var", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss", "l1_loss", "mse_loss",
+]

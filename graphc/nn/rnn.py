@@ -1,0 +1,158 @@
+"""RNN, LSTM and GRU with ``torch.nn``'s arguments, parameter names (``weight_ih_l0``,
+``bias_hh_l1_reverse``, ...), layouts, init and return values, captured as the ONNX RNN/LSTM/GRU
+ops (one node per layer, both directions in it), so onnxruntime runs the fused kernels and autodiff
+differentiates them as it does imported ones.
+
+PyTorch stacks the gates ``i f g o`` (LSTM) and ``r z n`` (GRU); ONNX wants ``i o f c`` and
+``z r h``. The parameters keep PyTorch's layout and the graph reorders them (Slice + Concat), so a
+PyTorch ``state_dict`` loads as it is and gradients reach the parameters through the reorder.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from graphc.dsl import ops
+from graphc.errors import CaptureError
+from graphc.nn import init
+from graphc.nn.module import Module, Parameter
+from graphc.dsl.ops_nn import dropout
+from graphc.dsl.tensor import Tensor
+from graphc.dsl.builder import op_error, user_source
+
+# op -> (gates, ONNX gate order as indices into PyTorch's)
+_GATES = {"RNN": (1, [0]), "LSTM": (4, [0, 3, 1, 2]), "GRU": (3, [1, 0, 2])}
+
+
+class _RNNBase(Module):
+    op = ""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 nonlinearity: str = "tanh", dtype: Any = "float32"):
+        super().__init__()
+        if nonlinearity not in ("tanh", "relu"):
+            raise CaptureError(f"{self.op} nonlinearity={nonlinearity!r}; expected 'tanh' or 'relu'")
+        if not 0.0 <= dropout < 1.0:
+            raise CaptureError(f"{self.op} dropout {dropout} must be in [0, 1)")
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first, self.dropout = bias, batch_first, dropout
+        self.bidirectional, self.nonlinearity = bidirectional, nonlinearity
+        gates = _GATES[self.op][0] * hidden_size
+        draw = init.uniform(1.0 / math.sqrt(hidden_size))  # PyTorch: every weight U(+-1/sqrt(hidden))
+        for layer in range(num_layers):
+            for suffix in self._suffixes(layer):
+                inputs = input_size if layer == 0 else hidden_size * self.directions
+                setattr(self, f"weight_ih{suffix}", Parameter(shape=(gates, inputs), init=draw, dtype=dtype))
+                setattr(self, f"weight_hh{suffix}", Parameter(shape=(gates, hidden_size), init=draw, dtype=dtype))
+                if bias:
+                    setattr(self, f"bias_ih{suffix}", Parameter(shape=(gates,), init=draw, dtype=dtype))
+                    setattr(self, f"bias_hh{suffix}", Parameter(shape=(gates,), init=draw, dtype=dtype))
+
+    @property
+    def directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    def _suffixes(self, layer: int) -> list[str]:
+        return [f"_l{layer}", f"_l{layer}_reverse"][:self.directions]
+
+    def _onnx_order(self, w: Tensor) -> Tensor:
+        """PyTorch's gate blocks (rows) in ONNX's order."""
+        h, order = self.hidden_size, _GATES[self.op][1]
+        if order == sorted(order):
+            return w
+        return ops.concat([w[g * h:(g + 1) * h] for g in order], axis=0)
+
+    def _stacked(self, layer: int, names: tuple[str, ...]) -> Tensor:
+        """``[directions, ...]``: each direction's parameters (``names`` concatenated) reordered."""
+        per_dir = []
+        for suffix in self._suffixes(layer):
+            parts = [self._onnx_order(getattr(self, f"{n}{suffix}")) for n in names]
+            per_dir.append(ops.unsqueeze(parts[0] if len(parts) == 1 else ops.concat(parts, axis=0), [0]))
+        return per_dir[0] if len(per_dir) == 1 else ops.concat(per_dir, axis=0)
+
+    def _layer(self, layer: int, x: Tensor, h0: Tensor | None, c0: Tensor | None) -> list[Tensor]:
+        """One ONNX node: ``[Y (T, N, D*H), Y_h, (Y_c)]``."""
+        attrs: dict[str, Any] = {"hidden_size": self.hidden_size,
+                                 "direction": "bidirectional" if self.bidirectional else "forward"}
+        if self.op == "GRU":
+            attrs["linear_before_reset"] = 1  # PyTorch applies r to (W_hn h + b_hn)
+        if self.op == "RNN":
+            attrs["activations"] = ["Relu" if self.nonlinearity == "relu" else "Tanh"] * self.directions
+        b = self._stacked(layer, ("bias_ih", "bias_hh")) if self.bias else None
+        inputs = [x, self._stacked(layer, ("weight_ih",)), self._stacked(layer, ("weight_hh",)), b, None, h0]
+        if self.op == "LSTM":
+            inputs.append(c0)
+        outs = ops.emit(self.op, inputs, attrs, num_outputs=3 if self.op == "LSTM" else 2)
+        y = ops.transpose(outs[0], [0, 2, 1, 3])  # [T, D, N, H] -> [T, N, D, H]
+        width = self.directions * self.hidden_size
+        y = ops.emit("Reshape", [y, ops.const_i64([0, 0, width])],
+                     out_types=[(y.dtype, [y.shape[0], y.shape[1], width] if y.shape else None)])
+        return [y, *outs[1:]]
+
+    def _run(self, x: Tensor, hx: Any) -> tuple[Tensor, list[Tensor]]:
+        if x.shape is not None and (len(x.shape) not in (2, 3) or x.shape[-1] != self.input_size):
+            raise op_error(self.op, [x], f"expects a rank-3 input with {self.input_size} features "
+                           f"({'N, L' if self.batch_first else 'L, N'}, H_in) or an unbatched (L, H_in) one",
+                           user_source())
+        h0, c0 = (hx if isinstance(hx, (tuple, list)) else (hx, None))
+        if x.ndim == 2:  # unbatched, as PyTorch: a batch of one, states without their batch dim
+            h0, c0 = (None if s is None else ops.unsqueeze(s, [1]) for s in (h0, c0))
+            out, finals = self._run_batched(ops.unsqueeze(x, [1]), h0, c0, batch_first=False)
+            return ops.squeeze(out, [1]), [ops.squeeze(f, [1]) for f in finals]
+        return self._run_batched(x, h0, c0, self.batch_first)
+
+    def _run_batched(self, x: Tensor, h0: Tensor | None, c0: Tensor | None,
+                     batch_first: bool) -> tuple[Tensor, list[Tensor]]:
+        if batch_first:
+            x = ops.transpose(x, [1, 0, 2])
+        finals: list[list[Tensor]] = []
+        d = self.directions
+        for layer in range(self.num_layers):
+            state = [None if s is None else s[layer * d:(layer + 1) * d] for s in (h0, c0)]
+            x, *last = self._layer(layer, x, *state)
+            finals.append(last)
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                x = dropout(x, self.dropout, training=True)
+        if batch_first:
+            x = ops.transpose(x, [1, 0, 2])
+        return x, [ops.concat([f[i] for f in finals], axis=0) if len(finals) > 1 else finals[0][i]
+                   for i in range(len(finals[0]))]
+
+    def forward(self, x: Tensor, hx: Any = None):
+        out, (h_n,) = self._run(x, hx)
+        return out, h_n
+
+    def extra_repr(self) -> str:
+        return f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}"
+
+
+class RNN(_RNNBase):
+    """Elman RNN (``nonlinearity`` tanh or relu): ``out, h_n = rnn(x, h0=None)``."""
+
+    op = "RNN"
+
+
+class GRU(_RNNBase):
+    """``out, h_n = gru(x, h0=None)``."""
+
+    op = "GRU"
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, dtype: Any = "float32"):
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, dtype=dtype)
+
+
+class LSTM(_RNNBase):
+    """``out, (h_n, c_n) = lstm(x, (h0, c0)=None)``."""
+
+    op = "LSTM"
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, dtype: Any = "float32"):
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, dtype=dtype)
+
+    def forward(self, x: Tensor, hx: Any = None):
+        out, (h_n, c_n) = self._run(x, hx)
+        return out, (h_n, c_n)

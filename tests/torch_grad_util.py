@@ -1,0 +1,62 @@
+"""Forward and ``gc.grad`` checks of DSL code against the same code in torch: a function of
+tensors (``fn(M, *xs)`` with ``M`` the DSL's or torch's namespace) or a module with the same
+weights. The loss is ``sum(out * c)`` with a fixed random ``c``, so every output element counts."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import graphc as gc
+
+
+class TorchNS:
+    """``torch`` and ``torch.nn.functional`` as one namespace, under the DSL's function names."""
+
+    def __init__(self, torch):
+        self.torch = torch
+
+    def __getattr__(self, name):
+        t = self.torch
+        methods = {"expand": lambda x, *s: x.expand(*s), "repeat": lambda x, *s: x.repeat(*s)}
+        if name in methods:
+            return methods[name]
+        return getattr(t.nn.functional, name, None) or getattr(t, name)
+
+
+def run_both(model: gc.Model, feeds: dict) -> dict:
+    """Outputs on the numpy and ort-cpu backends, which must agree."""
+    ref = gc.Session(model, backend="numpy").run(feeds)
+    ort = gc.Session(model, backend="ort-cpu").run(feeds)
+    for k, v in ref.items():
+        np.testing.assert_allclose(ort[k], v, rtol=1e-4, atol=1e-5, err_msg=k)
+    return ref
+
+
+class _Wrap(gc.nn.Module):
+    """``sum(fn(first, params..., inputs...) * c)``: ``first`` is ``module`` if given, else
+    ``gc.nn.functional``; the parameters are the differentiated arguments."""
+
+    def __init__(self, fn, params: dict, module=None):
+        super().__init__()
+        self.fn, self.names = fn, list(params)
+        for k, v in params.items():
+            setattr(self, k, gc.nn.Parameter(v))
+        if module is not None:
+            self.m = module
+
+    def forward(self, c, **inputs):
+        import graphc.nn.functional as F
+
+        args = [getattr(self, k) for k in self.names]
+        out = self.fn(self.m if "m" in self._modules else F, *args, **inputs)
+        out = out[0] if isinstance(out, tuple) else out
+        return {"out": out, "loss": gc.sum(out * c)}
+
+
+def gc_grads(fn, params: dict, inputs: dict, c: np.ndarray, module=None, backend="numpy", opset=21) -> dict:
+    """``{"out": ..., name: d loss / d name}`` for every parameter of ``fn`` (and of ``module``,
+    named ``m.<its name>``)."""
+    model = gc.capture(_Wrap(fn, params, module), c=c, opset=opset, **inputs)
+    grads = gc.grad(model, "loss")
+    out = gc.Session(grads, backend=backend).run({"c": c, **inputs})
+    return {"out": out["out"], **{k.removesuffix("_grad"): v for k, v in out.items() if k.endswith("_grad")}}
