@@ -14,18 +14,9 @@ from graphc.errors import CaptureError
 from graphc.dsl.ops import (concat, const_i64, constant, emit, lift, matmul, mean, reshape, same_dtype, scalar,
                             sigmoid, softmax, sqrt, transpose, unary, where)
 from graphc.dsl.ops_array import ir_tensor, tril
+from graphc.dsl.ops_nn import ints
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
-
-
-def ints(v: Any, n: int, name: str) -> list[int]:
-    """``v`` as ``n`` ints (an int is repeated); ``name`` is the argument in the error."""
-    if isinstance(v, (int, np.integer)):
-        return [int(v)] * n
-    v = [int(i) for i in v]
-    if len(v) != n:
-        raise CaptureError(f"{name} must be an int or {n} ints, got {v} (at {user_source()})")
-    return v
 
 
 _LAYOUTS = {3: "N, C, L", 4: "N, C, H, W", 5: "N, C, D, H, W"}

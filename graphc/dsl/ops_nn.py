@@ -12,14 +12,19 @@ from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 
 
+def ints(v: Any, n: int, name: str) -> list[int]:
+    """``v`` as ``n`` ints (an int is repeated); ``name`` is the argument in the error."""
+    if isinstance(v, (int, np.integer)):
+        return [int(v)] * n
+    v = [int(i) for i in v]
+    if len(v) != n:
+        raise CaptureError(f"{name} must be an int or {n} ints, got {v} (at {user_source()})")
+    return v
+
+
 def int_pair(v: Any, name: str) -> list[int]:
     """``v`` as ``[int, int]`` (an int is repeated); ``name`` is the argument in the error."""
-    if isinstance(v, (int, np.integer)):
-        return [int(v), int(v)]
-    v = [int(i) for i in v]
-    if len(v) != 2:
-        raise CaptureError(f"{name} must be an int or a pair, got {v} (at {user_source()})")
-    return v
+    return ints(v, 2, name)
 
 
 def _check_rank(op: str, x: Tensor, rank: int) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from graphc.dsl import ops, ops_nn
-from graphc.dsl.builder import user_source
-from graphc.dsl.ops_nn import global_avg_pool2d, int_pair, linear
+from graphc.dsl.ops_layers import adaptive_avg_pool2d
+from graphc.dsl.ops_nn import int_pair, linear
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn import init
@@ -86,14 +86,7 @@ class AdaptiveAvgPool2d(Module):
         self.output_size = output_size
 
     def forward(self, x: Tensor) -> Tensor:
-        oh, ow = int_pair(self.output_size, "output_size")
-        if (oh, ow) == (1, 1):
-            return global_avg_pool2d(x)
-        h, w = x.shape[2], x.shape[3]
-        if not (isinstance(h, int) and isinstance(w, int) and h % oh == 0 and w % ow == 0):
-            raise CaptureError(f"AdaptiveAvgPool2d({self.output_size}) needs static H, W divisible by the output "
-                             f"size; input is {x.type_str()} (at {user_source()})")
-        return ops_nn.avg_pool2d(x, (h // oh, w // ow))
+        return adaptive_avg_pool2d(x, self.output_size)
 
 
 class _BatchNorm(Module):

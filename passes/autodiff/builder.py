@@ -193,11 +193,11 @@ class GradBuilder(Emitter):
         return self.op("SequenceMap", *seqs, body=body, dtype=dtype)
 
     def element_dtype(self, seq: ir.Value) -> ir.DataType:
-        """The dtype of the sequence ``seq``'s elements; a GraphError where it is not recorded."""
+        """The dtype of the sequence ``seq``'s elements; an AutodiffError where it is not recorded."""
         elem = seq.type.elem_type if isinstance(seq.type, ir.SequenceType) else None
         if elem is None or elem.dtype in (None, ir.DataType.UNDEFINED):
-            raise GraphError(f"gradient of node {self.scope.removesuffix('/grad')!r} needs the element type of the "
-                             f"sequence {seq.name!r}, which is not recorded; run shape inference on the model first")
+            raise AutodiffError(f"gradient of node {self.scope.removesuffix('/grad')!r} needs the element type of the "
+                                 f"sequence {seq.name!r}, which is not recorded; run shape inference on the model first")
         return elem.dtype
 
     # -- undoing broadcasting ----------------------------------------------------------------
