@@ -47,6 +47,7 @@ MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
 LOSS = "loss"
 STEP = "step"
 LR = "lr"
+PREDICTION = "prediction"  # train_step output role: the model output the loss reads (training mode)
 
 
 @dataclass
@@ -117,7 +118,9 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     step_outputs = [Output(LOSS, "loss"),
                     *_append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, groups),
                     *(Output(_expose(step.graph, value, f"{stat}.next", like=step.graph.initializers[stat]), "state",
-                             stat) for stat, value in bn_next.items())]
+                             stat) for stat, value in bn_next.items()),
+                    # the training-mode prediction the loss reads: the Trainer's train metrics
+                    *([Output(loss.output, PREDICTION)] if label else [])]
     _set_outputs(step.graph, step_outputs)
 
     updated = [g.name for g in groups] or params  # what optimizer state is kept for
