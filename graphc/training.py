@@ -15,11 +15,10 @@ guess from names):
   ``loss``, ``X.next`` for every param/state input ``X`` (``manifest.feeds`` maps
   ``X.next -> X``) and, where the loss has a label, the model output the loss reads, as the
   training-mode forward computed it (role ``prediction``; ``gc.Trainer`` computes the train
-  metrics from it, format 3 on). Frozen params stay initializers. With the fused update (the default) the
-  params are updated a group at a time (by dtype and weight-decay setting, up to 2**20 elements
-  each, ``params.<dtype>[.no_decay][.<n>]``: ``manifest.layout`` lists each group's params in
-  order) and the optimizer state
-  is one flat buffer per group and slot, ``<group>.<slot>`` (say ``params.float32.exp_avg``), of
+  metrics from it, format 3 on). Frozen params stay initializers. With the fused update (the
+  default) the params are updated a group at a time (by dtype and weight-decay setting, up to
+  2**20 elements each, ``params.<dtype>[.no_decay][.<n>]``: ``manifest.layout`` lists each
+  group's params in order) and the optimizer state is one flat buffer per group and slot, ``<group>.<slot>`` (say ``params.float32.exp_avg``), of
   the group's params end to end. ``fused=False`` keeps one update, and state, per param.
 * ``gradients``: the train_step inputs without optimizer state, step and lr; outputs ``loss``,
   ``<param>_grad`` and, for each BatchNorm running statistic ``X``, ``X.next`` (role state, its

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import timeit
 
 import numpy as np
 
@@ -51,6 +52,12 @@ def main() -> None:
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"  {name:14s} {med:7.3f}  {min(ts):7.3f}   {med - base:+.3f} ms ({med / base:.3f}x)")
+    # the host side alone, steadier than the difference of two noisy step times
+    batch = {"x": data["x"][:args.batch], "y": data["y"][:args.batch]}
+    logits = gc.Trainer(arts, backend=args.backend).predict(batch)
+    calls = 2000
+    seconds = timeit.timeit(lambda: gc.metrics.compute(arts.manifest.loss, logits, batch), number=calls)
+    print(f"  gc.metrics.compute on one step's [{args.batch}, 10] logits: {seconds / calls * 1e6:.1f} us")
 
 
 if __name__ == "__main__":
