@@ -110,8 +110,11 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
 
     evaluation, eval_outputs = _eval_graph(base, params, bn_stats, model_outputs)
     noise: list[str] = []
+    slot = [v.name for v in base.graph.outputs].index(loss.output)
     step, gradients, grads, bn_next, grad_outputs = _backward_graphs(base, opset, params, bn_stats, noise, recompute,
                                                                      batchnorm)
+    # a pass that replaces the prediction (dense_conv) keeps its output slot, not its name
+    step.graph.outputs[slot].name = loss.output
 
     slots = optimizers.state_slots(optimizer)
     param_values = {p: step.graph.initializers[p] for p in grads}
