@@ -74,6 +74,7 @@ class EpochProgress(BaseModel):
     loss_sum: float = 0.0           # their losses added in order (float64)
     samples: NonNegativeInt = 0
     seconds: NonNegativeFloat = 0.0  # train time so far
+    metric_sums: dict[str, float] = {}  # train metric -> its batch values times batch size, added in order
 
     @field_validator("loss_sum", "seconds")
     @classmethod

@@ -18,7 +18,9 @@ __all__ = ["EpochLog", "EpochRecord", "History", "check_plot"]
 
 
 class EpochRecord(BaseModel):
-    """One epoch of ``fit``: mean train loss, evaluation metrics and train throughput."""
+    """One epoch of ``fit``: mean train loss and train metrics (each the mean of its batch values
+    weighted by batch size, from the training steps' own outputs), evaluation loss and metrics,
+    train throughput."""
 
     epoch: int                      # 1-based
     loss: float                     # mean train loss over the epoch's steps
@@ -26,6 +28,7 @@ class EpochRecord(BaseModel):
     samples: int
     seconds: float                  # train time (evaluation excluded)
     samples_per_s: float
+    metrics: dict[str, float] = Field(default_factory=dict)  # train metrics: over the epoch's steps' outputs
     eval: dict[str, float] = Field(default_factory=dict)
     lr: Optional[float] = None      # the learning rate at the epoch's end
 
@@ -94,7 +97,8 @@ LOG_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 
 class EpochLog:
     """The per-epoch log ``fit(log=path)`` writes: one line per epoch, JSON lines (``.jsonl``,
-    an ``EpochRecord`` each) or CSV (``.csv``: ``eval`` flattened to ``eval_<name>`` columns),
+    an ``EpochRecord`` each) or CSV (``.csv``: ``metrics`` and ``eval`` flattened to ``train_<name>``
+    and ``eval_<name>`` columns),
     chosen by ``path``'s suffix.
 
     Each line goes out in one append, flushed to disk, so a killed run leaves whole lines (a
@@ -114,7 +118,9 @@ class EpochLog:
         """Append ``record``'s line."""
         row = record.model_dump(mode="json")
         if self.format == "csv":
-            row = {**{k: v for k, v in row.items() if k != "eval"}, **{f"eval_{k}": v for k, v in row["eval"].items()}}
+            row = {**{k: v for k, v in row.items() if k not in ("metrics", "eval")},
+                   **{f"train_{k}": v for k, v in row["metrics"].items()},
+                   **{f"eval_{k}": v for k, v in row["eval"].items()}}
         self._rows.append(row)
         if self.format == "csv" and not set(row) <= set(self._columns):
             self._columns += [k for k in row if k not in self._columns]

@@ -3,8 +3,8 @@
 The bar (rich) counts the steps of the epoch under way, is labelled ``epoch K/N`` and shows the
 epoch's running mean loss (``-`` until a step has run), throughput, elapsed and remaining time;
 it is transient, so what stays on screen (and in a log of stdout) is one line per epoch, every
-epoch, Keras style: ``epoch 3/12  loss 0.1234  eval loss 0.2345  eval accuracy 0.9300  ...``,
-where ``loss`` is the mean train loss over the epoch's steps.
+epoch, Keras style: ``epoch 3/12  loss 0.1234  accuracy 0.9100  eval loss 0.2345  eval accuracy
+0.9300  ...``, where ``loss`` and the train metrics are means over the epoch's steps.
 """
 
 from __future__ import annotations
@@ -91,9 +91,10 @@ class TrainProgress:
             self._progress.refresh()  # else the live area printed under the line is the last auto-refresh's
         if not self.lines:
             return
+        train = "".join(f"  {k} {v:.4f}" for k, v in record.metrics.items())
         evals = "".join(f"  eval {k} {v:.4f}" for k, v in record.eval.items())
         self.console.print(
-            f"epoch {record.epoch}/{self.epochs}  loss {record.loss:.4f}{evals}  "
+            f"epoch {record.epoch}/{self.epochs}  loss {record.loss:.4f}{train}{evals}  "
             f"{record.samples_per_s:,.0f} samples/s  {record.seconds:.2f} s", highlight=False, soft_wrap=True)
 
 

@@ -4,6 +4,7 @@
 Event files are written with TensorBoard's own ``EventFileWriter`` (the optional dependency
 ``pip install 'graphc[tensorboard]'``). Scalars, on the global step axis (so a resumed run
 continues its curves): ``train/loss`` each step, ``train/epoch_loss`` (the epoch's mean),
+``train/epoch_<metric>`` (the epoch's train metrics),
 ``eval/<metric>`` after each epoch with an evaluation set, ``train/lr``. The graph tab shows
 the model (the artifacts' inference graph): ONNX nodes become TensorBoard nodes with their op
 type, edges follow the values between them, inputs are ``Placeholder`` and params ``Const``.
@@ -91,6 +92,8 @@ class TensorBoardWriter:
         for i, loss in enumerate(step_losses):
             self.scalar("train/loss", loss, first + i)
         self.scalar("train/epoch_loss", record.loss, step)
+        for name, value in record.metrics.items():
+            self.scalar(f"train/epoch_{name}", value, step)
         for name, value in record.eval.items():
             self.scalar(f"eval/{name}", value, step)
         self.scalar("train/lr", lr, step)

@@ -11,12 +11,13 @@
 Every train_step input whose manifest role is param, state or hyper is *carried*: it lives on
 the backend's device as a handle (an ``OrtValue`` on onnxruntime, the array itself on numpy)
 and each step's ``X.next`` output replaces it (``manifest.feeds``). Per step only the batch
-goes in and only the loss comes out. On onnxruntime the outputs are written into two sets of
-buffers used in turn (a step reads one and writes the other), so a step allocates no param or
-state buffer; an output that nothing reads after its producer writes it (the optimizer state,
-most params: ``graphc.passes.training.in_place``) goes into its input's own buffer, one copy
-instead of two. With the fused update (``manifest.layout``) the optimizer state is carried as
-flat buffers; ``state_dict()`` and checkpoints name it per param all the same.
+goes in and only the loss comes out (in ``fit`` also the prediction the train metrics read,
+format 3 on). On onnxruntime the outputs are written into two sets of buffers used in turn (a
+step reads one and writes the other), so a step allocates no param or state buffer; an output
+that nothing reads after its producer writes it (the optimizer state, most params:
+``graphc.passes.training.in_place``) goes into its input's own buffer, one copy instead of two.
+With the fused update (``manifest.layout``) the optimizer state is carried as flat buffers;
+``state_dict()`` and checkpoints name it per param all the same.
 
 Training-mode Dropout reads its randomness from ``noise`` inputs (``dropout_noise.<k>``): each
 step the Trainer draws them, in manifest order, with ``self.rng.random(shape, dtype=float32)``
@@ -172,6 +173,10 @@ class Trainer:
         self._roles = {name: e.role for name, e in self._expected.items()}
         self._feeds = dict(m.feeds)  # train_step output -> carried input
         self._device_outputs = list(self._feeds)
+        # the training-mode prediction the train metrics read (format 3 on); fit fetches it
+        self._prediction = next((e.name for e in step_graph.outputs if e.role == "prediction"), None)
+        self._fetch: tuple[str, ...] = ("loss",)
+        self._step_outputs: Optional[dict[str, np.ndarray]] = None
         self._eval = self._predict = None
         self.metrics = metrics_lib.resolve(metrics if metrics is not None else (m.metrics or None))
         self.tensorboard = None if tensorboard is None else Path(tensorboard)
@@ -225,7 +230,8 @@ class Trainer:
             feeds.update(self._state)
             state, spare = self._state, {}
             into = {**self._spare, **{out: state[self._feeds[out]] for out in self._in_place}}
-            host, device = self._train.run_bound(feeds, ("loss",), self._device_outputs, into=into)
+            host, device = self._train.run_bound(feeds, self._fetch, self._device_outputs, into=into)
+            self._step_outputs = host
             for out, name in self._feeds.items():
                 if out not in self._in_place:
                     spare[out] = state[name]
@@ -354,8 +360,10 @@ class Trainer:
             quiet: bool = False, log: Union[str, os.PathLike, None] = None) -> History:
         """Train until ``epochs`` epochs are done (counted from the first, so a resumed trainer
         continues where its checkpoint stopped). Prints a progress bar within each epoch (not
-        with ``progress=False``) and one line per epoch with the mean train loss and the eval
-        loss and metrics (neither with ``quiet=True``); appends the same per epoch to ``log``
+        with ``progress=False``) and one line per epoch with the mean train loss, the train
+        metrics (``self.metrics`` computed from each step's own training-mode prediction, as
+        Keras does: no extra pass; not for artifacts before format 3 or data-parallel runs) and
+        the eval loss and metrics (neither with ``quiet=True``); appends the same per epoch to ``log``
         (``.jsonl`` or ``.csv``, ``gc.history.EpochLog``). Saves ``checkpoint`` after each epoch
         and, with ``checkpoint_every=N``, every N steps too (what a killed run resumes from),
         and a loss-curve PNG to ``plot`` when given. Raises ``TrainingFailed`` on a NaN/inf
@@ -376,6 +384,7 @@ class Trainer:
             self._eval_exe()
             eval_loader.check_against(self._eval_specs)
         self._use_loader(loader)
+        self._fetch = ("loss", self._prediction) if self._train_metrics_wanted() else ("loss",)
         epoch_log = EpochLog(log, self.epoch) if log is not None else None
         board = self._board()
         history = History(backend=self.backend)
@@ -398,6 +407,7 @@ class Trainer:
                 if save is not None:
                     save()
         loader.epoch = self.epoch
+        self._fetch = ("loss",)
         if plot is not None:
             history.plot(plot)
         return history
@@ -432,11 +442,13 @@ class Trainer:
                 if not math.isfinite(loss):
                     raise TrainingFailed(f"the loss became {loss} at step {self.step_count} (epoch {self.epoch + 1}, "
                                          f"batch {self.batch_in_epoch + 1}); lower the learning rate or check the data")
+                rows = len(batch[self._batch_names[0]]) if self._batch_names else 0
+                self._add_train_metrics(batch, rows)
                 now = time.perf_counter()
                 self.batch_in_epoch += 1
                 sums.steps += 1
                 sums.loss_sum += loss
-                sums.samples += len(batch[self._batch_names[0]]) if self._batch_names else 0
+                sums.samples += rows
                 sums.seconds += now - last
                 history.step_losses.append(loss)
             bar.step(sums.loss_sum / sums.steps, sums.samples / max(sums.seconds, 1e-9))
@@ -444,13 +456,38 @@ class Trainer:
                 save()
             last = time.perf_counter()  # the save's time is not train time
 
+    def _train_metrics_wanted(self) -> bool:
+        """Whether fit computes train metrics: there are metrics, and the train_step graph gives
+        the prediction they read (else said once: older artifacts lack it)."""
+        if self.metrics == {} or not self.manifest.loss.get("label"):
+            return False
+        if self._prediction is None and not self.__dict__.get("_prediction_warned"):
+            import warnings
+
+            self._prediction_warned = True
+            warnings.warn(f"these training artifacts (format {self.manifest.format}) have no train_step prediction "
+                          "output, so fit reports no train metrics (eval metrics still); regenerate them "
+                          "(gc.training.generate(...).save(dir) or `graphc grad`) for train metrics", stacklevel=4)
+        return self._prediction is not None
+
+    def _add_train_metrics(self, batch: Mapping[str, np.ndarray], rows: int) -> None:
+        """Add the metrics of the step just run, from its own prediction, times ``rows``, to the
+        epoch's running sums (as ``evaluate_loader`` weights batches)."""
+        outputs, self._step_outputs = self._step_outputs, None
+        if outputs is None or self._prediction not in outputs:
+            return
+        sums = self._progress.metric_sums
+        for name, value in metrics_lib.compute(self.manifest.loss, outputs, batch, self.metrics).items():
+            sums[name] = sums.get(name, 0.0) + value * rows
+
     def _end_epoch(self, metrics: dict[str, float]) -> EpochRecord:
         """The record of the epoch just trained (its whole run of batches, resumed or not); the
         loop position moves to the next epoch."""
         sums = self._progress
         record = EpochRecord(epoch=self.epoch + 1, loss=sums.loss_sum / sums.steps if sums.steps else float("nan"),
                              steps=sums.steps, samples=sums.samples, seconds=sums.seconds,
-                             samples_per_s=sums.samples / sums.seconds if sums.seconds > 0 else 0.0, eval=metrics)
+                             samples_per_s=sums.samples / sums.seconds if sums.seconds > 0 else 0.0, eval=metrics,
+                             metrics={k: v / sums.samples for k, v in sums.metric_sums.items()} if sums.samples else {})
         self.epoch, self.batch_in_epoch, self._progress = self.epoch + 1, 0, ckpt.EpochProgress()
         return record
 

@@ -12,12 +12,13 @@ guess from names):
   defaults), their optimizer state (``.momentum_buffer`` for SGD with momentum, ``.exp_avg`` and
   ``.exp_avg_sq`` for Adam/AdamW), the step counter ``step`` (int64 scalar), BatchNorm running
   statistics (role state) and ``lr`` (float scalar, role hyper, default the spec's lr). Outputs
-  ``loss`` and ``X.next`` for every param/state input ``X``; ``manifest.feeds`` maps
-  ``X.next -> X``. Frozen params stay initializers. With the fused update (the default) the
-  params are updated a group at a time (by dtype and weight-decay setting, up to 2**20 elements
-  each, ``params.<dtype>[.no_decay][.<n>]``: ``manifest.layout`` lists each group's params in
-  order) and the optimizer state
-  is one flat buffer per group and slot, ``<group>.<slot>`` (say ``params.float32.exp_avg``), of
+  ``loss``, ``X.next`` for every param/state input ``X`` (``manifest.feeds`` maps
+  ``X.next -> X``) and, where the loss has a label, the model output the loss reads, as the
+  training-mode forward computed it (role ``prediction``; ``gc.Trainer`` computes the train
+  metrics from it, format 3 on). Frozen params stay initializers. With the fused update (the
+  default) the params are updated a group at a time (by dtype and weight-decay setting, up to
+  2**20 elements each, ``params.<dtype>[.no_decay][.<n>]``: ``manifest.layout`` lists each
+  group's params in order) and the optimizer state is one flat buffer per group and slot, ``<group>.<slot>`` (say ``params.float32.exp_avg``), of
   the group's params end to end. ``fused=False`` keeps one update, and state, per param.
 * ``gradients``: the train_step inputs without optimizer state, step and lr; outputs ``loss``,
   ``<param>_grad`` and, for each BatchNorm running statistic ``X``, ``X.next`` (role state, its
@@ -61,7 +62,7 @@ from graphc.fileio import atomic_write, remove_stale_temps
 from graphc.losses import LossSpec
 from graphc.model import Model, value_spec
 
-FORMAT = "graphc.training/2"  # /1: no metrics, no noise_shapes graph (still read)
+FORMAT = "graphc.training/3"  # /2: no train_step prediction output; /1: nor metrics, noise_shapes (all read)
 GRAPH_FILES = {
     "train_step": "train_step.onnx",
     "gradients": "gradients.onnx",
@@ -74,7 +75,8 @@ STATE_FILE = "state.safetensors"
 MANIFEST_FILE = "manifest.json"
 
 CARRIED_ROLES = ("param", "state", "hyper")  # train_step inputs that each step's outputs replace
-Role = Literal["data", "label", "param", "state", "hyper", "loss", "grad", "output", "noise", "noise_shape"]
+Role = Literal["data", "label", "param", "state", "hyper", "loss", "grad", "output", "noise", "noise_shape",
+               "prediction"]
 
 
 class TensorEntry(BaseModel):
@@ -129,7 +131,7 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    format: Literal["graphc.training/1", "graphc.training/2"] = FORMAT
+    format: Literal["graphc.training/1", "graphc.training/2", "graphc.training/3"] = FORMAT
     opset: int
     graphs: dict[str, GraphEntry]  # keys: train_step, gradients, eval, inference[, noise_shapes]
     feeds: dict[str, str]  # train_step output -> the train_step input it feeds next step

@@ -70,7 +70,7 @@ def test_every_epoch_has_a_line_and_quiet_modes(workdir, tmp_path, capsys):
     trainer.fit(loader(), 10, eval_loader=evals(), progress=False, checkpoint=tmp_path / "ck")
     out = capsys.readouterr().out
     assert [e for e, _, _ in epoch_lines(out)] == list(range(1, 11))
-    assert re.search(r"^epoch 10/10  loss \S+  eval loss \S+  eval accuracy \S+  \S+ samples/s", out, re.M)
+    assert re.search(r"^epoch 10/10  loss \S+  accuracy \S+  eval loss \S+  eval accuracy \S+  \S+ samples/s", out, re.M)
     resumed = gc.Trainer(tmp_path / "ck", backend="numpy")
     resumed.fit(loader(), 12, progress=False)
     assert [(e, n) for e, n, _ in epoch_lines(capsys.readouterr().out)] == [(11, 12), (12, 12)]
@@ -87,8 +87,9 @@ def test_fit_log_jsonl_and_csv_hold_the_history(workdir, tmp_path):
         else:
             rows = list(csv.DictReader((tmp_path / name).open()))
             assert list(rows[0]) == ["epoch", "loss", "steps", "samples", "seconds", "samples_per_s", "lr",
-                                     "eval_loss", "eval_accuracy"]
-            got = [EpochRecord(**{k: v for k, v in row.items() if not k.startswith("eval_")},
+                                     "train_accuracy", "eval_loss", "eval_accuracy"]
+            got = [EpochRecord(**{k: v for k, v in row.items() if not k.startswith(("eval_", "train_"))},
+                               metrics={k[6:]: float(v) for k, v in row.items() if k.startswith("train_")},
                                eval={k[5:]: float(v) for k, v in row.items() if k.startswith("eval_")}) for row in rows]
         assert got == history.epochs
         assert got[0].lr == pytest.approx(0.01) and got[1].eval["loss"] < got[0].eval["loss"]

@@ -118,7 +118,7 @@ def fit(trainer, **kwargs):
 
 
 def replayed(history):
-    return [(e.epoch, e.loss, e.steps, e.samples, e.eval) for e in history.epochs]
+    return [(e.epoch, e.loss, e.metrics, e.steps, e.samples, e.eval) for e in history.epochs]
 
 
 @pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])

@@ -43,6 +43,9 @@ def test_fit_writes_losses_metrics_lr_and_the_graph(tmp_path):
     np.testing.assert_allclose([e.value for e in acc.Scalars("train/epoch_loss")], [r.loss for r in history.epochs],
                                rtol=1e-6)
     assert [e.value for e in acc.Scalars("train/lr")] == pytest.approx([0.05, 0.05])
+    assert [e.step for e in acc.Scalars("train/epoch_accuracy")] == [4, 8]  # train metrics from the steps' outputs
+    np.testing.assert_allclose([e.value for e in acc.Scalars("train/epoch_accuracy")],
+                               [r.metrics["accuracy"] for r in history.epochs], rtol=1e-6)
 
     graph = acc.Graph()
     by_name = {n.name: n for n in graph.node}

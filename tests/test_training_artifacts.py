@@ -256,7 +256,7 @@ def test_save_load_round_trip(tmp_path):
     files = sorted(p.name for p in (tmp_path / "arts").iterdir())
     assert files == ["eval.onnx", "gradients.onnx", "inference.onnx", "manifest.json", "state.safetensors",
                      "train_step.onnx"]
-    assert json.loads((tmp_path / "arts" / "manifest.json").read_text())["format"] == "graphc.training/2"
+    assert json.loads((tmp_path / "arts" / "manifest.json").read_text())["format"] == "graphc.training/3"
     loaded = gc.training.load(tmp_path / "arts")
     assert loaded.manifest == arts.manifest
     assert set(loaded.state) == set(arts.state)

@@ -35,7 +35,10 @@ def test_every_train_step_output_feeds_an_input_of_its_own_role():
     step = arts.manifest.graphs["train_step"]
     inputs = {e.name: e for e in step.inputs}
     outputs = {e.name: e for e in step.outputs}
-    assert set(arts.manifest.feeds) == set(outputs) - {"loss"} and outputs["loss"].role == "loss"
+    assert set(arts.manifest.feeds) == set(outputs) - {"loss", "logits"} and outputs["loss"].role == "loss"
+    assert outputs["logits"].role == "prediction"  # the loss's input, for the train metrics
+    evaluated = {e.name: e for e in arts.manifest.graphs["eval"].outputs}["logits"]
+    assert (outputs["logits"].dtype, outputs["logits"].shape) == (evaluated.dtype, evaluated.shape)
     for out, fed in arts.manifest.feeds.items():
         assert outputs[out].role == inputs[fed].role, (out, fed)
         assert (outputs[out].dtype, outputs[out].shape) == (inputs[fed].dtype, inputs[fed].shape)

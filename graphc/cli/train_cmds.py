@@ -198,7 +198,8 @@ def train_cmd(
                                 "there is none; without --resume an existing checkpoint is an error too)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the shuffling and of Dropout's noise."),
     metrics: list[str] = typer.Option([], "--metric", metavar="NAME",
-                                      help="An evaluation metric (repeatable) instead of the loss kind's defaults; "
+                                      help="A metric (repeatable), reported for training and evaluation, instead of "
+                                      "the loss kind's defaults; "
                                       f"registered: {', '.join(metric_names())}."),
     tensorboard: Optional[Path] = typer.Option(None, "--tensorboard", metavar="DIR",
                                                help="Write TensorBoard event files here: losses, metrics, learning "
@@ -210,8 +211,8 @@ def train_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print neither the bar nor the epoch lines, only the "
                                "run's start and end."),
     log: Optional[Path] = typer.Option(None, "--log", metavar="FILE.jsonl|FILE.csv",
-                                       help="Append one record per epoch (train loss, eval loss and metrics, lr, "
-                                       "throughput) to this JSON-lines or CSV file; a --resume run keeps the "
+                                       help="Append one record per epoch (train loss and metrics, eval loss and "
+                                       "metrics, lr, throughput) to this JSON-lines or CSV file; a --resume run keeps the "
                                        "checkpoint's epochs, a new run starts it afresh."),
     workers: int = typer.Option(1, "--workers", min=1, help="Data-parallel workers on Ray (graphc[ray])."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="A running Ray cluster "

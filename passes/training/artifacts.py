@@ -48,6 +48,7 @@ MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
 LOSS = "loss"
 STEP = "step"
 LR = "lr"
+PREDICTION = "prediction"  # train_step output role: the model output the loss reads (training mode)
 
 
 @dataclass
@@ -111,15 +112,20 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
 
     evaluation, eval_outputs = _eval_graph(base, params, bn_stats, model_outputs)
     noise: list[str] = []
+    slot = [v.name for v in base.graph.outputs].index(loss.output)
     step, gradients, grads, bn_next, grad_outputs = _backward_graphs(base, opset, params, bn_stats, noise, recompute,
                                                                      batchnorm)
+    # a pass that replaces the prediction (dense_conv) keeps its output slot, not its name
+    step.graph.outputs[slot].name = loss.output
 
     slots = optimizers.state_slots(optimizer)
     param_values = {p: step.graph.initializers[p] for p in grads}
     step_outputs = [Output(LOSS, "loss"),
                     *_append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, groups),
                     *(Output(_expose(step.graph, value, f"{stat}.next", like=step.graph.initializers[stat]), "state",
-                             stat) for stat, value in bn_next.items())]
+                             stat) for stat, value in bn_next.items()),
+                    # the training-mode prediction the loss reads: the Trainer's train metrics
+                    *([Output(loss.output, PREDICTION)] if label else [])]
     _set_outputs(step.graph, step_outputs)
 
     updated = [g.name for g in groups] or params  # what optimizer state is kept for
