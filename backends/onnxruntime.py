@@ -151,7 +151,7 @@ class _OrtBackend:
         is off, and nodes run in priority order (ready nodes in graph order), so each copy runs
         where the graph places it, just before its reader. ``mem_pattern``: onnxruntime's memory
         pattern (one block planned for all intermediates, sized on the first run); the Trainer
-        turns it off for train_step (see ``graphc.trainer``)."""
+        turns it off for train_step (see ``graphc.runtime.trainer``)."""
         _check_domains(model, self.name)
         ort = _ort()
         options = ort.SessionOptions()

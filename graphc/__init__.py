@@ -12,8 +12,10 @@ the DSL load only when touched).
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import sys
 
-from graphc.dtypes import (
+from graphc.model.dtypes import (
     TensorSpec,
     bfloat16,
     bool_,
@@ -65,25 +67,75 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "fori_loop": ("graphc.dsl.control", "fori_loop"),
     "scan": ("graphc.dsl.control", "scan"),
     "nn": ("graphc.nn", None),
-    "losses": ("graphc.losses", None),
-    "optim": ("graphc.optim", None),
-    "training": ("graphc.training", None),
-    "data": ("graphc.data", None),
-    "metrics": ("graphc.metrics", None),
-    "checkpoint": ("graphc.checkpoint", None),
-    "distributed": ("graphc.distributed", None),
-    "parity": ("graphc.parity", None),
-    "deploy": ("graphc.deploy", None),
-    "optimize": ("graphc.optimization", "optimize"),
-    "grad": ("graphc.gradients", "grad"),
-    "Session": ("graphc.session", "Session"),
+    "losses": ("graphc.compile.losses", None),
+    "optim": ("graphc.compile.optim", None),
+    "training": ("graphc.compile.training", None),
+    "data": ("graphc.runtime.data", None),
+    "metrics": ("graphc.runtime.metrics", None),
+    "checkpoint": ("graphc.runtime.checkpoint", None),
+    "distributed": ("graphc.runtime.distributed", None),
+    "parity": ("graphc.runtime.parity", None),
+    "deploy": ("graphc.serving.deploy", None),
+    "optimize": ("graphc.compile.optimize", "optimize"),
+    "grad": ("graphc.compile.grad", "grad"),
+    "Session": ("graphc.runtime.session", "Session"),
     "BackendInfo": ("graphc.backends.base", "BackendInfo"),
-    "Trainer": ("graphc.trainer", "Trainer"),
-    "History": ("graphc.trainer", "History"),
-    "TrainingArtifacts": ("graphc.training", "TrainingArtifacts"),
-    "ParityReport": ("graphc.parity", "ParityReport"),
-    "serve": ("graphc.serving", "serve"),
+    "Trainer": ("graphc.runtime.trainer", "Trainer"),
+    "History": ("graphc.runtime.trainer", "History"),
+    "TrainingArtifacts": ("graphc.compile.training", "TrainingArtifacts"),
+    "ParityReport": ("graphc.runtime.parity", "ParityReport"),
+    "serve": ("graphc.serving.serve", "serve"),
 }
+
+
+# Module paths from before graphc/ was grouped into folders. The public contract names these
+# modules, so they keep importing (`import graphc.training`, `from graphc.trainer import Trainer`),
+# each as the very module at its new path: the API's gc.* submodules, and the paths docs/api.md
+# cited (graphc.trainer.TrainingFailed, graphc.history.EpochRecord, ...).
+_MOVED = {
+    "graphc.training": "graphc.compile.training",  # API: gc.training
+    "graphc.losses": "graphc.compile.losses",  # API: gc.losses
+    "graphc.optim": "graphc.compile.optim",  # API: gc.optim
+    "graphc.export": "graphc.compile.export",  # docs/api.md: graphc.export.ExportError
+    "graphc.data": "graphc.runtime.data",  # API: gc.data
+    "graphc.parity": "graphc.runtime.parity",  # API: gc.parity
+    "graphc.distributed": "graphc.runtime.distributed",  # API: gc.distributed
+    "graphc.metrics": "graphc.runtime.metrics",  # docs/api.md: gc.metrics
+    "graphc.checkpoint": "graphc.runtime.checkpoint",  # docs/api.md: graphc.checkpoint.CheckpointError
+    "graphc.trainer": "graphc.runtime.trainer",  # docs/api.md: graphc.trainer.TrainingFailed
+    "graphc.history": "graphc.runtime.history",  # docs/api.md: graphc.history.EpochRecord, EpochLog
+    "graphc.progress": "graphc.runtime.progress",  # docs/api.md: graphc.progress.TrainProgress
+    "graphc.deploy": "graphc.serving.deploy",  # API: gc.deploy
+    "graphc.kserve": "graphc.serving.kserve",  # docs/api.md: graphc.kserve.model_config
+}
+
+
+class _MovedModules:
+    """Import hook: an old path, or a module under it, imports as the module at the new path
+    (one module object, so classes, exceptions and monkeypatches are shared)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith("graphc.") and _moved(fullname):
+            return importlib.machinery.ModuleSpec(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        module = importlib.import_module(_moved(spec.name))
+        spec.loader_state = module.__spec__  # the import system sets __spec__ to this alias's spec
+        return module
+
+    def exec_module(self, module):
+        module.__spec__ = module.__spec__.loader_state
+
+
+def _moved(fullname: str) -> str | None:
+    for old, new in _MOVED.items():
+        if fullname == old or fullname.startswith(old + "."):
+            return new + fullname[len(old):]
+    return None
+
+
+sys.meta_path.insert(0, _MovedModules())
 
 
 def __getattr__(name: str):

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 import graphc as gc
-from graphc.feeds import random_feeds, required_specs
+from graphc.runtime.feeds import random_feeds, required_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 ONNX_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"

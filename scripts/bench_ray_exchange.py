@@ -11,7 +11,7 @@ Protocols (median ms per step over ``--steps`` steps, run in alternating rounds 
 * ``gather``: one call per worker per step; it applies the previous step's gradients, whose
   refs it gets as arguments (each worker reads all N from the object store: an all-gather), and
   returns its loss (to the driver) and its gradients (left in the object store): what
-  ``graphc.distributed`` does;
+  ``graphc.runtime.distributed`` does;
 * ``scatter``: reduce-scatter then all-gather through the object store (each worker returns N
   chunks; worker i sums the i-th chunks; the next step gathers the N sums): the bandwidth of a
   ring all-reduce in 2 rounds, at 2 calls per worker per step;

@@ -8,7 +8,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 import graphc as gc
-from graphc import feeds
+from graphc.runtime import feeds
 
 F = TensorProto.FLOAT
 

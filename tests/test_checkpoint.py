@@ -1,4 +1,4 @@
-"""graphc.checkpoint: safetensors round trip, atomic replace, corruption detected, kill mid-save."""
+"""graphc.runtime.checkpoint: safetensors round trip, atomic replace, corruption detected, kill mid-save."""
 
 import json
 import os
@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from graphc import checkpoint as ckpt
+from graphc.runtime import checkpoint as ckpt
 
 
 def tensors(seed=0, n=1000):
@@ -166,7 +166,7 @@ def test_failed_replace_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 WRITER = textwrap.dedent("""
     import sys
     import numpy as np
-    from graphc import checkpoint as ckpt
+    from graphc.runtime import checkpoint as ckpt
     rng = np.random.default_rng(0)
     big = {"w": rng.standard_normal((2000, 1000)).astype(np.float32)}  # 8 MB per save
     step = 0

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from graphc.checkpoint import CheckpointError
+from graphc.runtime.checkpoint import CheckpointError
 from graphc.errors import MissingDependency
 from trainer_models import blobs, bn_artifacts
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import graphc as gc
-from graphc import checkpoint as ckpt
+from graphc.runtime import checkpoint as ckpt
 from graphc.fileio import remove_stale_temps
 from cli_util import one_line_error, run_cli
 from trainer_models import blobs, bn_artifacts, imported_mlp
@@ -187,7 +187,7 @@ def test_pack_unpack_and_checkpoints_keep_every_bit(fused, tmp_path_factory, see
     rng = np.random.default_rng(seed)
     tensors = {}
     for name, entry in fused.carried().items():
-        dtype = np.dtype(gc.dtypes.to_numpy(entry.dtype))
+        dtype = np.dtype(gc.model.dtypes.to_numpy(entry.dtype))
         shape = tuple(entry.shape)
         raw = rng.integers(0, 256, size=int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, dtype=np.uint8)
         tensors[name] = raw.view(dtype).reshape(shape)

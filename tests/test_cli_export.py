@@ -83,7 +83,7 @@ def test_artifacts_saved_with_trained_state_export_without_a_word(capsys, ws):
 
 
 def test_the_library_refuses_and_warns_as_the_command_does(ws, tmp_path):
-    from graphc.export import ExportError, UntrainedWeightsWarning, export_inference
+    from graphc.compile.export import ExportError, UntrainedWeightsWarning, export_inference
 
     with pytest.raises(ExportError, match="was trained from these artifacts"):
         export_inference(ws / "arts", tmp_path / "m.onnx")

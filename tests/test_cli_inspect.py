@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import graphc as gc
-from graphc.inspection import flops_estimate
+from graphc.model.inspection import flops_estimate
 
 from cli_util import one_line_error, run_cli
 

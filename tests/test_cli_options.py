@@ -11,12 +11,12 @@ import pytest
 import typer
 
 import graphc as gc
-from graphc.distributed import map_batches
+from graphc.runtime.distributed import map_batches
 from graphc.cli import app
 from graphc.cli.train_cmds import make_optimizer
-from graphc.demo import run_demo
-from graphc.export import export_inference
-from graphc.feeds import random_feeds
+from graphc.cli.demo import run_demo
+from graphc.compile.export import export_inference
+from graphc.runtime.feeds import random_feeds
 
 from cli_util import one_line_error, run_cli
 from trainer_models import imported_mlp
@@ -214,7 +214,7 @@ def test_parity_table_is_readable_at_80_columns(monkeypatch):
     from rich.console import Console
 
     from graphc.cli.run_cmds import parity_table
-    from graphc.parity import OutputDiff, ParityReport
+    from graphc.runtime.parity import OutputDiff, ParityReport
 
     bad = OutputDiff(name="logits_output", backend="ort-cpu", dtype="float32", shape=(64, 1000),
                      max_abs_err=3.8147e-06, max_rel_err=1.2345e-3, mismatched=3, rtol=1e-4, atol=1e-5, ok=False,

@@ -9,8 +9,8 @@ import onnx
 import pytest
 
 from graphc.cli import main
-from graphc.feeds import random_feeds
-from graphc.dtypes import spec
+from graphc.runtime.feeds import random_feeds
+from graphc.model.dtypes import spec
 from onnx_graphs import linear_relu
 
 X = np.random.default_rng(4).standard_normal((3, 3)).astype(np.float32)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from graphc.data import DataLoader
+from graphc.runtime.data import DataLoader
 
 
 def arrays(n=10):

@@ -1,4 +1,4 @@
-"""Data-parallel training and batch inference on Ray (``graphc.distributed``), against
+"""Data-parallel training and batch inference on Ray (``graphc.runtime.distributed``), against
 single-process ``gc.Trainer`` / ``gc.Session`` as the oracle.
 
 One local Ray cluster, the one graphc starts itself, serves the whole module (the machine's
@@ -18,7 +18,7 @@ import pytest
 
 import graphc as gc
 from graphc import nn
-from graphc.distributed.cluster import LOCAL_ENV, connect
+from graphc.runtime.distributed.cluster import LOCAL_ENV, connect
 from graphc.models.cnn import LeNet
 from graphc.models.two_layer_net import TwoLayerNet
 from cli_util import one_line_error, run_cli
@@ -189,7 +189,7 @@ def test_a_killed_worker_restarts_from_the_last_checkpoint(ray_cluster, tmp_path
     dp.max_restarts = 0  # and a run that may not restart stops with the reason
     pid = dp.worker_pids()[0]
     _before_step(dp, 19, lambda: os.kill(pid, signal.SIGKILL))
-    with pytest.raises(gc.trainer.TrainingFailed, match="died.*gave up after 0 restart"):
+    with pytest.raises(gc.runtime.trainer.TrainingFailed, match="died.*gave up after 0 restart"):
         dp.fit(loader, epochs=4, progress=False)
 
 
@@ -294,7 +294,7 @@ def test_the_cluster_listens_on_loopback_only_without_dashboard_or_usage_reports
 
 
 def test_without_ray_a_clear_error_says_what_to_install(monkeypatch, capsys, tmp_path):
-    code = "import sys, graphc as gc, graphc.distributed, graphc.trainer; gc.Trainer; assert 'ray' not in sys.modules"
+    code = "import sys, graphc as gc, graphc.runtime.distributed, graphc.runtime.trainer; gc.Trainer; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if not installed
     with pytest.raises(gc.MissingDependency, match=r'pip install "graphc\[ray\]"'):

@@ -73,7 +73,7 @@ def test_file_paths_named_in_code_spans_exist(page: Path):
 
 def test_every_top_level_name_resolves():
     assert [name for name in gc.__all__ if getattr(gc, name, None) is None] == []
-    assert gc.checkpoint.CheckpointError.__module__ == "graphc.checkpoint"
+    assert gc.checkpoint.CheckpointError.__module__ == "graphc.runtime.checkpoint"
 
 
 def test_every_top_level_name_is_documented():
@@ -149,8 +149,8 @@ def test_cli_reference_block_is_the_generated_one():
 
 
 def test_manifest_and_checkpoint_fields_are_documented():
-    from graphc.checkpoint import CheckpointMeta
-    from graphc.training import FlatBuffer, Manifest, Role, TensorEntry
+    from graphc.compile.training import FlatBuffer, Manifest, Role, TensorEntry
+    from graphc.runtime.checkpoint import CheckpointMeta
 
     fields = [*Manifest.model_fields, *FlatBuffer.model_fields, *TensorEntry.model_fields, *CheckpointMeta.model_fields]
     roles = list(Role.__args__)
@@ -159,7 +159,7 @@ def test_manifest_and_checkpoint_fields_are_documented():
 
 
 def test_every_server_route_is_documented():
-    from graphc.serving import create_app
+    from graphc.serving.serve import create_app
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],

@@ -1,11 +1,11 @@
-"""graphc.inspection: op histogram, parameter stats and the FLOPs estimate of MatMul/Gemm/Conv."""
+"""graphc.model.inspection: op histogram, parameter stats and the FLOPs estimate of MatMul/Gemm/Conv."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import graphc as gc
-from graphc.inspection import estimate_flops, op_histogram, param_stats
+from graphc.model.inspection import estimate_flops, op_histogram, param_stats
 from graphc.models import EXAMPLES
 
 

@@ -76,7 +76,7 @@ def test_unknown_dtype_is_an_error_not_float32():
 
 
 def test_one_type_format_for_specs_tensors_and_feeds():
-    from graphc.dtypes import type_text
+    from graphc.model.dtypes import type_text
 
     assert type_text("float32", ("N", None, 3)) == "float32[N,?,3]" == str(gc.spec("float32", ("N", None, 3)))
     assert type_text(None, None) == "?[?]"
@@ -91,6 +91,6 @@ def test_no_module_shadows_the_standard_library():
     package = Path(gc.__file__).parent
     shadowing = sorted(p.stem for p in package.glob("*.py") if p.stem in sys.stdlib_module_names)
     assert shadowing == []
-    from graphc.inspection import op_histogram  # the module's new name
+    from graphc.model.inspection import op_histogram  # the module's new name
 
     assert callable(op_histogram)

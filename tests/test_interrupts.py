@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from graphc.interrupts import DeferredInterrupt
+from graphc.runtime.interrupts import DeferredInterrupt
 
 
 def test_sigint_inside_a_block_waits_for_its_end():

@@ -15,7 +15,7 @@ import pytest
 import graphc as gc
 from cli_util import one_line_error, run_cli
 from model_fuzz import OpenAudit, rich_model, sentinel_ids, write_seed
-from graphc.model_file import tensors
+from graphc.model.file import tensors
 
 # Every place rich_model keeps a tensor: initializer, Constant, If branch initializer and
 # Constant, a function's Constant, a sparse initializer's values and indices.

@@ -66,7 +66,7 @@ def test_classifier_metrics_are_accuracy_and_top5(classifier):
 
 
 def test_ignored_labels_do_not_count():
-    from graphc.metrics import compute
+    from graphc.runtime.metrics import compute
 
     logits = np.array([[2.0, 1.0], [0.0, 3.0], [5.0, 0.0]], np.float32)
     labels = np.array([0, 0, -100])

@@ -194,7 +194,7 @@ def test_tests_data_stays_small():
 def test_every_onnx_element_type_has_a_spec():
     """A model may use any ONNX element type: each maps to a dtype name and numpy dtype, so specs,
     inspect and feed validation work (uint32 once raised a bare TypeError from ``model.inputs``)."""
-    from graphc.dtypes import as_dtype, to_numpy, to_onnx
+    from graphc.model.dtypes import as_dtype, to_numpy, to_onnx
 
     for name, code in onnx.TensorProto.DataType.items():
         if code == onnx.TensorProto.UNDEFINED:

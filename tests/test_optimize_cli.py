@@ -71,7 +71,7 @@ def test_pass_failure_exits_2_without_writing(model_file, tmp_path, monkeypatch)
         raise RuntimeError("boom")
 
     monkeypatch.setattr(opt, "optimize_in_place", broken)
-    monkeypatch.setattr("graphc.optimization.optimize_in_place", broken)
+    monkeypatch.setattr("graphc.compile.optimize.optimize_in_place", broken)
     out = tmp_path / "o.onnx"
     from graphc.cli import main
 

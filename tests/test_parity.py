@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from graphc.parity import DEFAULT_TOLERANCES, diff, expose_intermediates
+from graphc.runtime.parity import DEFAULT_TOLERANCES, diff, expose_intermediates
 from onnx_graphs import linear_relu, model, node, vi
 
 RNG = np.random.default_rng(2)

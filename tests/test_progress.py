@@ -17,9 +17,9 @@ import pytest
 from rich.console import Console
 
 import graphc as gc
-import graphc.progress
-from graphc.history import EpochRecord
-from graphc.trainer import SIGNAL_HOOK_ENV
+import graphc.runtime.progress
+from graphc.runtime.history import EpochRecord
+from graphc.runtime.trainer import SIGNAL_HOOK_ENV
 from cli_util import one_line_error, run_cli
 from trainer_models import blobs, drop_bn_workdir
 
@@ -47,9 +47,9 @@ def epoch_lines(text):
 
 def test_bar_is_per_epoch_and_shows_the_running_mean(workdir, monkeypatch):
     screen = io.StringIO()
-    monkeypatch.setattr(graphc.progress.rich, "get_console",
+    monkeypatch.setattr(graphc.runtime.progress.rich, "get_console",
                         lambda: Console(file=screen, force_terminal=True, width=160))
-    monkeypatch.setattr(graphc.progress, "_REFRESH_S", 0.0)
+    monkeypatch.setattr(graphc.runtime.progress, "_REFRESH_S", 0.0)
     history = gc.Trainer(workdir / "arts", backend="numpy").fit(loader(), 2, eval_loader=evals())
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue()).replace("\r", "\n")
     assert "nan" not in text.lower()

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from graphc import checkpoint as ckpt
-from graphc.trainer import SIGNAL_HOOK_ENV
+from graphc.runtime import checkpoint as ckpt
+from graphc.runtime.trainer import SIGNAL_HOOK_ENV
 from cli_util import one_line_error, run_cli
 from trainer_models import blobs, drop_bn_artifacts, drop_bn_workdir
 

@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 import graphc as gc
-from graphc.serving import create_app
+from graphc.serving.serve import create_app
 from serve_util import mixed_feeds, mixed_model, running_server
 
 httpclient = pytest.importorskip("tritonclient.http")

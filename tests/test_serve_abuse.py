@@ -162,8 +162,8 @@ def test_serving_is_printed_only_once_it_listens(model_file):
 def test_the_default_read_timeout_is_at_most_30_s():
     import inspect
 
-    from graphc import serving
-    from graphc.kserve import server
+    from graphc.serving import serve as serving
+    from graphc.serving.kserve import server
 
     assert server.DEFAULT_READ_TIMEOUT <= 30
     assert inspect.signature(serving.serve).parameters["read_timeout"].default == server.DEFAULT_READ_TIMEOUT

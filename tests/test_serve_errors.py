@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from graphc.serving import create_app
+from graphc.serving.serve import create_app
 from serve_util import mixed_model, running_server
 
 LIMIT = 64 << 10
@@ -228,8 +228,8 @@ def _cast_model(datatype: str):
     import onnx
     from onnx import TensorProto, helper
 
-    from graphc.dtypes import to_onnx
-    from graphc.kserve.protocol import DATATYPES
+    from graphc.model.dtypes import to_onnx
+    from graphc.serving.kserve.protocol import DATATYPES
 
     graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], "cast",
                               [helper.make_tensor_value_info("x", to_onnx(DATATYPES[datatype]), [2])],
@@ -240,8 +240,8 @@ def _cast_model(datatype: str):
 @pytest.mark.parametrize("datatype", ["UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "FP16", "BF16",
                                       "FP64"])
 def test_other_datatypes_in_json_and_binary(datatype):
-    from graphc.dtypes import to_numpy
-    from graphc.kserve.protocol import DATATYPES
+    from graphc.model.dtypes import to_numpy
+    from graphc.serving.kserve.protocol import DATATYPES
 
     values = np.array([1, 2], dtype=to_numpy(DATATYPES[datatype]))
     with running_server(create_app(_cast_model(datatype), name="cast", backend="numpy")) as address:

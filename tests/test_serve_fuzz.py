@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from graphc.serving import create_app
+from graphc.serving.serve import create_app
 from serve_util import mixed_feeds, mixed_model, running_server
 
 DATATYPES = {"x": "FP32", "idx": "INT64", "mask": "BOOL"}

@@ -7,8 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from graphc.kserve import app, repository
-from graphc.serving import create_app
+from graphc.serving.kserve import app, repository
+from graphc.serving.serve import create_app
 from serve_util import mixed_model, running_server
 
 ROUTES = {"/v2/health/live": "get", "/v2/health/ready": "get", "/v2": "get", "/v2/repository/index": "post",

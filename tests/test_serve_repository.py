@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 import graphc as gc
-from graphc.kserve.repository import load_models
+from graphc.serving.kserve.repository import load_models
 from serve_util import fixed_model, mixed_feeds, mixed_model
 
 
@@ -40,7 +40,7 @@ def test_default_model_filename_from_config(tmp_path):
     config.write_text(config.read_text() + 'default_model_filename: "net.onnx"\n')
     model = load_models(tmp_path)["m"]
     feeds = mixed_feeds(2)
-    from graphc.kserve.protocol import DecodedRequest
+    from graphc.serving.kserve.protocol import DecodedRequest
 
     out = model.infer(DecodedRequest(None, feeds, (None, False)))
     np.testing.assert_array_equal(out["s"], feeds["idx"] + 1)

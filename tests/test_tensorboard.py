@@ -62,7 +62,7 @@ def test_fit_writes_losses_metrics_lr_and_the_graph(tmp_path):
 
 
 def test_without_tensorboard_installed_a_missing_dependency_names_the_extra(tmp_path, monkeypatch):
-    from graphc.tensorboard import TensorBoardWriter
+    from graphc.runtime.tensorboard import TensorBoardWriter
 
     monkeypatch.setitem(sys.modules, "tensorboard", None)
     monkeypatch.setitem(sys.modules, "tensorboard.compat.proto", None)

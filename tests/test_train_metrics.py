@@ -13,8 +13,8 @@ import onnx
 import pytest
 
 import graphc as gc
-from graphc.history import EpochRecord
-from graphc.progress import TrainProgress
+from graphc.runtime.history import EpochRecord
+from graphc.runtime.progress import TrainProgress
 
 import training_models
 from trainer_models import blobs

@@ -8,7 +8,7 @@ import pytest
 
 import graphc as gc
 from graphc.models import cnn
-from graphc.trainer import TrainingFailed
+from graphc.runtime.trainer import TrainingFailed
 from trainer_models import blobs, bn_artifacts, imported_mlp
 
 
@@ -145,7 +145,7 @@ def test_onnxruntime_keeps_params_and_state_on_the_device():
 
 def test_train_step_session_runs_without_the_memory_pattern():
     """The Trainer turns onnxruntime's memory pattern off for train_step (faster and smaller
-    there, measured in graphc/trainer.py); an explicit option still wins; losses are unchanged."""
+    there, measured in graphc/runtime/trainer.py); an explicit option still wins; losses are unchanged."""
     arts = bn_artifacts(gc.optim.Adam(1e-2))
     default, explicit = gc.Trainer(arts, backend="ort-cpu"), gc.Trainer(arts, backend="ort-cpu", mem_pattern=True)
     assert default._train.session.get_session_options().enable_mem_pattern is False

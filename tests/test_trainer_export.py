@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 
 import graphc as gc
-from graphc.export import UntrainedWeightsWarning, export_inference
+from graphc.compile.export import UntrainedWeightsWarning, export_inference
 from trainer_models import blobs, bn_artifacts
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from graphc.training import update_model
+from graphc.compile.training import update_model
 from trainer_models import BNNet, blobs
 
 OPTIMIZERS = {

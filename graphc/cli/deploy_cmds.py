@@ -22,7 +22,7 @@ def triton_cmd(
 ) -> None:
     """Write MODEL into a Triton repository: REPO/NAME/config.pbtxt and REPO/NAME/VERSION/model.onnx
     (version 1, or one above the highest already there)."""
-    from graphc import deploy
+    from graphc.serving import deploy
 
     folder = deploy.triton(model, repo, name, max_batch_size=max_batch_size, instance="gpu" if gpu else "cpu",
                            dynamic_batching=dynamic_batching, opset=opset)
@@ -45,8 +45,8 @@ def serve_cmd(
     read_timeout: Optional[float] = typer.Option(None, "--read-timeout", help="Seconds a connection has to send a whole request (default 30)."),
 ) -> None:
     """Serve SOURCE over KServe v2 / Open Inference Protocol HTTP until SIGINT or SIGTERM."""
-    from graphc import serving
     from graphc.backends import get_backend
+    from graphc.serving import serve as serving
 
     if not source.exists():
         raise FileNotFoundError(f"{source}: no such model file or repository folder")

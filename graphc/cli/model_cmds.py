@@ -85,7 +85,7 @@ def capture_cmd(
     """
     import graphc as gc
     from graphc.dsl.capture import check_input_names
-    from graphc.dtypes import parse_spec
+    from graphc.model.dtypes import parse_spec
 
     output = chosen_output(output, out)
     specs = {}
@@ -126,7 +126,7 @@ def inspect_cmd(
     Gemm and Conv nodes for the dim sizes given with --dim."""
     import graphc as gc
     from graphc.cli.run_cmds import parse_dims
-    from graphc.inspection import flops_estimate, op_histogram, param_stats
+    from graphc.model.inspection import flops_estimate, op_histogram, param_stats
 
     sizes = parse_dims(dims)
     model = gc.load(model_path)

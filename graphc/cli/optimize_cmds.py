@@ -43,7 +43,7 @@ def optimize_cmd(
     Example: graphc optimize net.onnx -o net.opt.onnx -O 3 --report. An invalid or
     unsupported model exits with status 2 and writes nothing.
     """
-    from graphc.optimization import optimize
+    from graphc.compile.optimize import optimize
 
     output = chosen_output(output, out)
     original = load(model)

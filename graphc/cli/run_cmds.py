@@ -67,12 +67,12 @@ def run_cmd(
     """Run a model on a backend with inputs from .npy files.
 
     Prints the outputs, or saves them to an .npz with -o."""
-    from graphc.session import Session
+    from graphc.runtime.session import Session
 
     output = chosen_output(output, out, required=False)
     options = {} if threads is None else {"threads": threads}
     if workers > 1:
-        from graphc.distributed import map_batches
+        from graphc.runtime.distributed import map_batches
 
         results = map_batches(model, parse_feeds(inputs), backend=backend, batch_size=batch_size,
                               workers=workers, **options)
@@ -126,9 +126,9 @@ def parity_cmd(
     bisect: bool = typer.Option(False, "--bisect", help="Find the first node whose output diverges."),
 ) -> None:
     """Compare MODEL's outputs across backends; exit 1 on a mismatch."""
-    from graphc import parity
-    from graphc.feeds import random_feeds, required_specs
     from graphc.model import load
+    from graphc.runtime import parity
+    from graphc.runtime.feeds import random_feeds, required_specs
 
     loaded = load(model)
     if inputs:

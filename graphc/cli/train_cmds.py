@@ -12,11 +12,11 @@ from rich.markup import escape
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, err_console, output_option
 from graphc.cli.arrays import load_npz, npz_names
-from graphc.losses import KINDS as LOSS_KINDS
-from graphc.metrics import names as metric_names
+from graphc.compile.losses import KINDS as LOSS_KINDS
+from graphc.runtime.metrics import names as metric_names
 
 def _optimizer_specs() -> dict:
-    from graphc import optim
+    from graphc.compile import optim
 
     return {"sgd": optim.SGD, "adam": optim.Adam, "adamw": optim.AdamW}
 
@@ -33,7 +33,7 @@ def _spec_defaults(field: str) -> str:
 
 def parse_loss(text: str):
     """``KIND:OUTPUT[:LABEL]`` -> a loss spec, e.g. ``cross_entropy:logits:y``."""
-    from graphc import losses
+    from graphc.compile import losses
 
     parts = text.split(":")
     if len(parts) not in (2, 3) or not all(parts):
@@ -153,8 +153,8 @@ def check_checkpoint(path: Path, resume: bool, artifacts: Path) -> None:
     """Before training: a checkpoint of the training graphs in ``artifacts`` can be written at
     ``path`` (none of another model's is there); with ``resume`` one is there to continue,
     without it none is there to be overwritten by a fresh run."""
-    from graphc.checkpoint import CheckpointError, check_owner, check_writable, find_artifacts, read_meta, resolve
-    from graphc.training import MANIFEST_FILE, read_manifest
+    from graphc.runtime.checkpoint import CheckpointError, check_owner, check_writable, find_artifacts, read_meta, resolve
+    from graphc.compile.training import MANIFEST_FILE, read_manifest
 
     target = resolve(path)
     if resume:
@@ -222,10 +222,10 @@ def train_cmd(
 
     Exits 1 when training fails (e.g. the loss becomes NaN)."""
     import graphc as gc
-    from graphc.checkpoint import CheckpointError, resolve
-    from graphc.history import check_plot, log_format
-    from graphc.progress import plural
-    from graphc.trainer import TrainingFailed
+    from graphc.runtime.checkpoint import CheckpointError, resolve
+    from graphc.runtime.history import check_plot, log_format
+    from graphc.runtime.progress import plural
+    from graphc.runtime.trainer import TrainingFailed
 
     if resume and checkpoint is None:
         raise ValueError("--resume needs --checkpoint DIR")
@@ -299,7 +299,7 @@ def export_cmd(
     An artifact directory holds the initial weights: exporting it is refused (exit 2) when a
     checkpoint trained from it lies beside it or in the current directory, and warned about
     otherwise, unless --allow-untrained."""
-    from graphc.export import UntrainedWeightsWarning, export_inference
+    from graphc.compile.export import UntrainedWeightsWarning, export_inference
 
     output = chosen_output(output, out)
     with warnings.catch_warnings(record=True) as caught:  # each printed as one line
@@ -322,7 +322,7 @@ def demo_cmd(
     """Run the end-to-end demo on handwritten digits.
 
     Captures, trains and exports the two-layer net, then checks parity."""
-    from graphc.demo import run_demo
+    from graphc.cli.demo import run_demo
 
     result = run_demo(chosen_output(output, out, Path("demo_out")), backend=backend, epochs=epochs,
                       progress=progress, console=console)

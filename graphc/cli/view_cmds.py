@@ -21,7 +21,7 @@ def view_cmd(
     """Draw a model's graph as SVG/HTML, or open it in netron.
 
     Gradient nodes of training graphs are marked with the forward node each comes from."""
-    from graphc import view
+    from graphc.cli import view
 
     output = chosen_output(output, out, required=False)
     if not model.is_file():

@@ -22,8 +22,8 @@ import onnx
 import onnx_ir as ir
 
 from graphc.dsl import eager as _eager
-from graphc.dtypes import as_dtype, to_onnx, type_text
 from graphc.errors import CaptureError, GraphError
+from graphc.model.dtypes import as_dtype, to_onnx, type_text
 from graphc.passes.emit import make_node
 from graphc.passes.values import static_shape
 

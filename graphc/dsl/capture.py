@@ -16,7 +16,7 @@ from graphc.dsl import methods_torch  # noqa: F401  (and PyTorch's Tensor method
 from graphc.dsl import ops
 from graphc.dsl.builder import Builder
 from graphc.dsl.tensor import Tensor
-from graphc.dtypes import TensorSpec, as_dtype
+from graphc.model.dtypes import TensorSpec, as_dtype
 from graphc.errors import CaptureError
 from graphc.model import Model
 from graphc.nn.module import Module

@@ -1,4 +1,4 @@
-"""The losses of ``gc.losses`` on DSL Tensors (definitions in ``graphc/losses.py``).
+"""The losses of ``gc.losses`` on DSL Tensors (definitions in ``graphc/compile/losses.py``).
 
 ``gc.training.generate`` captures these same functions to append a loss spec's graph to a
 model, so there is one definition of each formula; ``tests/test_losses.py`` checks them

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dtypes import as_dtype, to_numpy
+from graphc.model.dtypes import as_dtype, to_numpy
 from graphc.errors import CaptureError
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source

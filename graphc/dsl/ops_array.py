@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dtypes import as_dtype
+from graphc.model.dtypes import as_dtype
 from graphc.errors import CaptureError
 from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, exp, lift, log, maximum, mean, reshape,
                             same_dtype, scalar, sqrt, squeeze, transpose, unary, unsqueeze)

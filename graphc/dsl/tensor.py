@@ -13,8 +13,8 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.dsl.builder import type_str, user_source
-from graphc.dtypes import DType, as_dtype
 from graphc.errors import CaptureError
+from graphc.model.dtypes import DType, as_dtype
 from graphc.passes.values import static_shape
 
 

@@ -17,8 +17,8 @@ import numpy as np
 
 from graphc.dsl.builder import Builder, active, user_source
 from graphc.dsl.tensor import Tensor
-from graphc.dtypes import as_dtype, to_numpy
 from graphc.errors import CaptureError
+from graphc.model.dtypes import as_dtype, to_numpy
 from graphc.nn import init as _init
 
 

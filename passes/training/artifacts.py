@@ -4,7 +4,7 @@
 
 1. weights kept in ``Constant`` nodes become initializers (``imports``); shapes are inferred;
 2. ``inference``: the forward graph in inference mode (``modes``);
-3. the loss graph (captured by ``graphc.training`` from ``gc.losses``) is spliced after a
+3. the loss graph (captured by ``graphc.compile.training`` from ``gc.losses``) is spliced after a
    model output, with a new label input, or a scalar output is taken as the loss; either way
    the loss value is named ``loss``;
 4. ``eval``: loss graph in inference mode, trainable params and BN statistics as inputs;
@@ -21,7 +21,7 @@
 the ``.next`` values out), the same nodes as train_step's: data-parallel workers run
 ``gradients`` on their shards and apply it to the averaged gradients.
 
-No DSL here: the caller (``graphc.training``) turns specs into the plain arguments below.
+No DSL here: the caller (``graphc.compile.training``) turns specs into the plain arguments below.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class LossArgs:
     """``output``: the model output the loss reads (or, with no ``build``, the scalar loss
     itself). ``build(output_value, opset)`` returns a model with two inputs (prediction,
     label) and one scalar output: the loss graph, spliced after ``output`` with its label input
-    renamed ``label`` (``graphc.training`` captures it from the DSL's ``gc.losses``)."""
+    renamed ``label`` (``graphc.compile.training`` captures it from the DSL's ``gc.losses``)."""
 
     output: str
     label: str | None = None

@@ -1,6 +1,6 @@
 """Which carried train_step outputs may be written into their own input's buffer.
 
-The Trainer writes each ``X.next`` into a buffer it binds (``graphc.trainer``): by default the
+The Trainer writes each ``X.next`` into a buffer it binds (``graphc.runtime.trainer``): by default the
 other of two buffers used in turn, which keeps two copies of every param and optimizer state
 slot. ``X.next`` can go into ``X``'s own buffer when nothing reads ``X`` after it is written:
 its producer ``W`` is an elementwise Add/Sub/Mul/Div of ``X``'s size (reading ``X`` at the index

@@ -1,4 +1,8 @@
-"""`gc.Model`: an onnx-ir model with graphc's conveniences, and `gc.load` for any ONNX file."""
+"""`gc.Model`: an onnx-ir model with graphc's conveniences, and `gc.load` for any ONNX file.
+
+The package holds what a model is made of too: ``dtypes`` (dtypes and ``TensorSpec``), ``file``
+(reading a model file safely: every tensor found, external data confined to the model's folder)
+and ``inspection`` (model statistics)."""
 
 from __future__ import annotations
 
@@ -11,10 +15,10 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from graphc.dtypes import FLOAT_DTYPES, TensorSpec, as_dtype
 from graphc.errors import ModelLoadError
 from graphc.fileio import fsync_dir, scratch_dir, sync_tree
-from graphc.model_file import check_external_data, densify_sparse_initializers, read_external_data
+from graphc.model.dtypes import FLOAT_DTYPES, TensorSpec, as_dtype
+from graphc.model.file import check_external_data, densify_sparse_initializers, read_external_data
 from graphc.passes.values import onnx_opset, static_shape
 
 SOURCE_KEY = "graphc.source"
@@ -120,7 +124,7 @@ class Model:
         return f"<gc.Model {self.name!r} ({ins}) -> ({outs}), {len(self._ir.graph)} nodes, opset {self.opset}>"
 
     def summary(self) -> str:
-        from graphc.inspection import summary
+        from graphc.model.inspection import summary
 
         return summary(self)
 
@@ -214,7 +218,7 @@ def load(source: Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model, Model
     """Import any valid ONNX model: a path, serialized bytes, a ``ModelProto`` or an IR model.
 
     Every failure is ``ModelLoadError`` naming the file and the problem. External data is read
-    only from files inside the model's folder (see ``graphc.model_file``), and only when the
+    only from files inside the model's folder (see ``graphc.model.file``), and only when the
     model is given by its path."""
     if isinstance(source, Model):
         return source

@@ -20,11 +20,11 @@ from typing import Any, Union
 import onnx_ir as ir
 
 
-from graphc.dtypes import TensorSpec
+from graphc.model.dtypes import TensorSpec
 from graphc.errors import GraphError
 from graphc.fileio import atomic_write, fsync_dir, scratch_dir
 from graphc.model import Model, load
-from graphc.opsets import convert_opset
+from graphc.compile.opsets import convert_opset
 
 __all__ = ["SERVER_OPSET", "check_model_name", "triton", "triton_config", "triton_versions"]
 

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from graphc.models.data import load_digits
-from graphc.progress import plural
+from graphc.runtime.progress import plural
 
 __all__ = ["DemoResult", "load_digits", "run_demo"]
 

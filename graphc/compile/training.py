@@ -56,11 +56,11 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from graphc.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
+from graphc.compile.losses import LossSpec
 from graphc.errors import ArtifactsError, PassError
 from graphc.fileio import atomic_write, remove_stale_temps
-from graphc.losses import LossSpec
 from graphc.model import Model, value_spec
+from graphc.model.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
 
 FORMAT = "graphc.training/3"  # /2: no train_step prediction output; /1: nor metrics, noise_shapes (all read)
 GRAPH_FILES = {
@@ -456,7 +456,7 @@ def capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:
 
 
 def _optimizer_json(optimizer) -> dict:
-    from graphc import optim
+    from graphc.compile import optim
 
     if isinstance(optimizer, dict):
         optimizer = optim.from_dict(optimizer)
@@ -469,7 +469,7 @@ def _optimizer_json(optimizer) -> dict:
 def _default_metrics(loss: dict, evaluation: Model) -> list[str]:
     """What ``Trainer.evaluate`` reports for this loss (``gc.metrics.default_names``); empty
     where that depends on a class count the graphs leave symbolic (then decided per batch)."""
-    from graphc import metrics
+    from graphc.runtime import metrics
 
     if loss.get("kind") == "output":  # a loss output with no label: nothing to compare with
         return []

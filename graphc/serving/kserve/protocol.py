@@ -4,7 +4,7 @@ A request body is a JSON header, optionally followed by raw tensor bytes (its le
 in the ``Inference-Header-Content-Length`` HTTP header and each binary input says its size in
 ``parameters.binary_data_size``). Payloads go straight between bytes and numpy
 (``np.frombuffer`` / ``ndarray.tobytes``); JSON ``data``, checked element by element by the
-schema (``graphc.kserve.schemas``), goes through one ``np.array``. Every error raised here is a
+schema (``graphc.serving.kserve.schemas``), goes through one ``np.array``. Every error raised here is a
 ``ProtocolError`` made outside any ``except`` block, so it holds no reference to the request.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from graphc.dtypes import as_dtype, to_numpy
-from graphc.kserve.schemas import DATATYPES, InferRequest
+from graphc.model.dtypes import as_dtype, to_numpy
+from graphc.serving.kserve.schemas import DATATYPES, InferRequest
 
 _BY_DTYPE = {dtype: datatype for datatype, dtype in DATATYPES.items()}
 # Wire dtypes are little-endian whatever the host is.

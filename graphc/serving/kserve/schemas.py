@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, create_model
 from typing_extensions import TypeAliasType
 
-from graphc.dtypes import to_numpy
+from graphc.model.dtypes import to_numpy
 
 # KServe datatype <-> graphc dtype name: every numeric type the protocol has. BYTES (strings)
 # is not served (a model with a string input or output is refused when the server loads it).

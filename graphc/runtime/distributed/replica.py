@@ -26,9 +26,9 @@ from typing import Any, Optional
 import numpy as np
 import onnx
 
+from graphc.compile.training import CARRIED_ROLES
 from graphc.errors import InputError
-from graphc.trainer import _predict_model, _without_initializers
-from graphc.training import CARRIED_ROLES
+from graphc.runtime.trainer import _predict_model, _without_initializers
 
 
 def shard_weight(loss: dict, shard: Mapping[str, np.ndarray], rows: int) -> float:
@@ -61,7 +61,7 @@ class Replica:
     def setup(self, graphs: Mapping[str, bytes], backend: str, options: Mapping[str, Any]) -> str:
         """Prepare the graphs on ``backend`` (here, on this worker's node); returns its name."""
         from graphc.backends import get_backend
-        from graphc.training import Manifest
+        from graphc.compile.training import Manifest
 
         self.manifest = m = Manifest.model_validate_json(graphs["manifest"])
         self._backend = get_backend(backend)

@@ -1,7 +1,7 @@
 """Inference export: the ``inference`` artifact graph with trained tensors folded in, optimized.
 
-    graphc.export.inference_model(artifacts, trained_tensors) -> gc.Model
-    graphc.export.export_inference(source, "model.onnx")   # artifact dir or checkpoint
+    graphc.compile.export.inference_model(artifacts, trained_tensors) -> gc.Model
+    graphc.compile.export.export_inference(source, "model.onnx")   # artifact dir or checkpoint
 
 The result is one self-contained ``.onnx`` (params as initializers, no training-only parts,
 symbolic batch dim kept) whose outputs equal the ``eval`` graph's model outputs.
@@ -41,11 +41,11 @@ def inference_model(artifacts, tensors: Mapping[str, np.ndarray], opset: Optiona
             value.const_value = ir.tensor(np.asarray(array, order="C"), name=name)
     result = Model(model)
     if level:
-        from graphc.optimization import optimize
+        from graphc.compile.optimize import optimize
 
         result = optimize(result, level=level)
     if opset is not None:
-        from graphc.opsets import convert_opset
+        from graphc.compile.opsets import convert_opset
 
         result = convert_opset(result, int(opset))
     return result
@@ -69,7 +69,8 @@ def load_source(source: Union[str, os.PathLike], allow_untrained: bool = False):
     lies in their parent folder, the current folder or a sub-folder of either, and warns
     (``UntrainedWeightsWarning``) when none does.
     """
-    from graphc import checkpoint, training
+    from graphc.compile import training
+    from graphc.runtime import checkpoint
 
     path = Path(source)
     if path.is_dir() and (path / training.MANIFEST_FILE).is_file():
@@ -96,7 +97,7 @@ def load_source(source: Union[str, os.PathLike], allow_untrained: bool = False):
 
 
 def _refuse_or_warn(artifacts: Path) -> None:
-    from graphc import checkpoint
+    from graphc.runtime import checkpoint
 
     found = checkpoint.trained_from(artifacts, near=(artifacts.parent, Path.cwd()))
     if found:

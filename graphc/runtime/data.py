@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dtypes import TensorSpec, type_text
 from graphc.errors import InputError
-from graphc.feeds import dtype_name
+from graphc.model.dtypes import TensorSpec, type_text
+from graphc.runtime.feeds import dtype_name
 
 __all__ = ["DataLoader"]
 

@@ -4,7 +4,7 @@
     gc.serve("repo/", port=9000)            # every model of a Triton repository
 
 The stock ``tritonclient.http`` client works against it, binary tensors included. The app
-itself lives in ``graphc.kserve``; ``create_app`` builds it without starting a server.
+itself lives in ``graphc.serving.kserve``; ``create_app`` builds it without starting a server.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import signal
 import threading
 from typing import Any, Callable
 
-from graphc.kserve.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES
-from graphc.kserve.repository import load_models
-from graphc.kserve.server import DEFAULT_READ_TIMEOUT
+from graphc.serving.kserve.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES
+from graphc.serving.kserve.repository import load_models
+from graphc.serving.kserve.server import DEFAULT_READ_TIMEOUT
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_READ_TIMEOUT", "create_app", "serve"]
 
@@ -26,7 +26,7 @@ def create_app(model_or_path_or_repo: Any, backend: str = "auto", name: str | No
     """The FastAPI app serving ``model_or_path_or_repo`` (a ``gc.Model``, an ``.onnx`` file or a
     Triton repository folder); sessions are created here, once, with ``session_options``
     (``gc.Session``'s, e.g. ``threads``)."""
-    from graphc.kserve.app import create_app as _create
+    from graphc.serving.kserve.app import create_app as _create
 
     models = load_models(model_or_path_or_repo, name=name, backend=backend, **session_options)
     return _create(models, max_body_bytes, max_json_bytes)
@@ -56,7 +56,7 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
         on_ready: called once the server accepts connections.
         **session_options: given to every ``gc.Session`` (e.g. ``threads=1``).
     """
-    from graphc.kserve import server as kserver
+    from graphc.serving.kserve import server as kserver
 
     app = create_app(model_or_path_or_repo, backend=backend, name=name, max_body_bytes=max_body_bytes,
                      max_json_bytes=max_json_bytes, **session_options)

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dtypes import TensorSpec, as_dtype, to_numpy, type_text
 from graphc.errors import InputError
+from graphc.model.dtypes import TensorSpec, as_dtype, to_numpy, type_text
 
 
 def _as_array(spec: TensorSpec, value: Any) -> np.ndarray:

@@ -16,8 +16,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from graphc.distributed.cluster import check_resources, connect, get
 from graphc.errors import InputError
+from graphc.runtime.distributed.cluster import check_resources, connect, get
 
 __all__ = ["map_batches"]
 
@@ -35,7 +35,7 @@ class SessionRunner:
         if self._session is None:
             import ray
 
-            from graphc.session import Session
+            from graphc.runtime.session import Session
 
             model, backend, options = self._args
             if isinstance(model, ray.ObjectRef):

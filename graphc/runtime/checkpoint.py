@@ -248,7 +248,7 @@ def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
     """``check_writable(path)``, and ``CheckpointError`` when what is there (the checkpoint, or
     the training graphs beside it) belongs to other training graphs than those carrying
     ``expected`` (``Manifest.carried()``), naming the first tensor that differs."""
-    from graphc.training import MANIFEST_FILE, read_manifest
+    from graphc.compile.training import MANIFEST_FILE, read_manifest
 
     target = check_writable(path)
     found = []

@@ -239,6 +239,6 @@ def _without_newer_functions(model: Model, target: int) -> onnx.ModelProto:
         return model.proto
     # a body computes some inputs at run time from shapes (RMSNormalization's reduce axes from
     # the rank): folded to constants, they are what the converter's adapters need
-    from graphc.optimization import optimize
+    from graphc.compile.optimize import optimize
 
     return optimize(Model(copy), level=1).proto

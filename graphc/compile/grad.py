@@ -9,7 +9,7 @@ from typing import Union
 import onnx_ir as ir
 
 from graphc.errors import PassError
-from graphc.losses import LossSpec
+from graphc.compile.losses import LossSpec
 from graphc.model import Model, load
 
 LOSS = "loss"  # the output a loss spec's loss gets, as in the training graphs
@@ -38,7 +38,7 @@ def grad(model, loss: Union[str, LossSpec], wrt: Sequence[str] | None = None) ->
     """
     from graphc.passes.autodiff import gradient_model
 
-    from graphc.opsets import convert_opset
+    from graphc.compile.opsets import convert_opset
 
     if not isinstance(loss, (str, LossSpec)):
         raise TypeError("loss must be the name of a scalar output or a gc.losses spec such as "
@@ -55,7 +55,7 @@ def _with_loss(model: Model, spec: LossSpec) -> Model:
     """A copy of ``model`` with ``spec``'s loss graph after its output, a new label input and the
     loss as one more output named ``loss``."""
     from graphc.passes.training.artifacts import LossArgs, append_loss
-    from graphc.training import capture_loss
+    from graphc.compile.training import capture_loss
 
     if LOSS in {o.name for o in model.outputs}:
         raise PassError(f"the model already has an output named {LOSS!r}, the name a loss spec's output "

@@ -3,7 +3,7 @@
 Every global batch is cut into ``N`` contiguous shards (sizes as ``numpy.array_split``: an
 uneven batch gives the first shards one row more), one per worker, a Ray actor holding the
 ``gradients`` and optimizer ``update`` graphs on its own backend
-(``graphc.distributed.replica``). In ``fit`` with a ``gc.data.DataLoader`` each worker reads its
+(``graphc.runtime.distributed.replica``). In ``fit`` with a ``gc.data.DataLoader`` each worker reads its
 own shard from its copy of the loader (put in Ray's object store once per ``fit``; the step
 message is the batch's position and the shard's rows), so the global order is the loader's, as
 in one process; ``step(batch)`` and evaluation send each worker its shard. One actor call per
@@ -33,12 +33,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from graphc.distributed.cluster import WorkerLost, check_resources, connect, get
-from graphc.data import DataLoader
-from graphc.distributed.replica import Replica, divisor
+from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get
+from graphc.runtime.data import DataLoader
+from graphc.runtime.distributed.replica import Replica, divisor
 from graphc.errors import ArtifactsError
-from graphc.history import History
-from graphc.trainer import BATCH_ROLES, Trainer, TrainingFailed, _specs
+from graphc.runtime.history import History
+from graphc.runtime.trainer import BATCH_ROLES, Trainer, TrainingFailed, _specs
 
 __all__ = ["DistributedTrainer"]
 
@@ -57,7 +57,7 @@ class DistributedTrainer(Trainer):
                  tensorboard: Any = None, workers: int = 1, ray_address: Optional[str] = None,
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3, timeout_s: float = 600.0,
                  **options: Any):
-        from graphc.training import update_model
+        from graphc.compile.training import update_model
 
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
@@ -208,7 +208,7 @@ class DistributedTrainer(Trainer):
 
     @lr.setter
     def lr(self, value: float) -> None:
-        from graphc.dtypes import to_numpy
+        from graphc.model.dtypes import to_numpy
 
         array = np.asarray(value, dtype=to_numpy(self._entries["lr"].dtype))
         self._sync()

@@ -17,10 +17,10 @@ import numpy as np
 import onnx
 
 from graphc.backends.registry import get_backend
-from graphc.dtypes import TensorSpec
 from graphc.errors import InputError
-from graphc.feeds import optional_inputs, validate_feeds
 from graphc.model import Model, load
+from graphc.model.dtypes import TensorSpec
+from graphc.runtime.feeds import optional_inputs, validate_feeds
 
 # Options every backend accepts (a backend ignores those that mean nothing to it).
 SESSION_OPTIONS = frozenset({"threads", "graph_optimization_level", "device_id", "providers_options"})

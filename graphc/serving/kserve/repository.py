@@ -2,7 +2,7 @@
 
 Sessions are created once, at start. A repository folder holds one folder per model
 (``REPO/NAME/<version>/model.onnx`` + ``config.pbtxt``); the highest numeric version is served.
-``config.pbtxt`` is parsed as Triton's ``ModelConfig`` (``graphc.kserve.model_config``): its
+``config.pbtxt`` is parsed as Triton's ``ModelConfig`` (``graphc.serving.kserve.model_config``): its
 ``default_model_filename`` and ``max_batch_size`` (enforced as Triton does) are used, and the
 config, completed from the model's inputs and outputs, is what ``GET .../config`` answers. No
 file outside the repository folder is ever opened: symlinks that lead out are refused.
@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from graphc.deploy import feedable_inputs, require_tensor_interface, triton_config, triton_versions
-from graphc.dtypes import TensorSpec, to_numpy
 from graphc.errors import GraphError, InputError, ModelLoadError
-from graphc.kserve import model_config
-from graphc.kserve.protocol import DATATYPES, DecodedRequest, ProtocolError, datatype_of
 from graphc.model import Model, load
+from graphc.model.dtypes import TensorSpec, to_numpy
+from graphc.serving.deploy import feedable_inputs, require_tensor_interface, triton_config, triton_versions
+from graphc.serving.kserve import model_config
+from graphc.serving.kserve.protocol import DATATYPES, DecodedRequest, ProtocolError, datatype_of
 
 _CONFIG_LIMIT = 1 << 20  # bytes of config.pbtxt read at most
 
@@ -45,7 +45,7 @@ class ServedModel:
                  config: Any = None, **options: Any):
         """``config``: the folder's parsed ``config.pbtxt`` (a ``model_config.ModelConfig``),
         whose ``max_batch_size`` then applies."""
-        from graphc.session import Session
+        from graphc.runtime.session import Session
 
         if config is not None:
             max_batch_size = config.max_batch_size

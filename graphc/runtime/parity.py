@@ -18,9 +18,9 @@ import numpy as np
 import onnx
 from pydantic import BaseModel, computed_field
 
-from graphc.dtypes import FLOAT_DTYPES
-from graphc.feeds import dtype_name
 from graphc.model import Model, load, node_source
+from graphc.model.dtypes import FLOAT_DTYPES
+from graphc.runtime.feeds import dtype_name
 
 # dtype -> (rtol, atol). Integers and booleans compare exactly.
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
@@ -149,7 +149,7 @@ def compare(model: Any, feeds: Mapping[str, Any], backends: Sequence[str] = ("nu
         BackendUnavailable: a backend in ``backends`` cannot run here.
         InputError: the feeds do not match the model's inputs.
     """
-    from graphc.session import Session
+    from graphc.runtime.session import Session
 
     backends = list(backends)
     if len(backends) < 2:
@@ -205,7 +205,7 @@ def expose_intermediates(model: Model) -> tuple[Model, list[tuple[onnx.NodeProto
 
 def _bisect(model: Model, feeds: Mapping[str, Any], backends: list[str], rtol: float | None,
             atol: float | None, options: dict[str, Any]) -> tuple[int, Divergence | None]:
-    from graphc.session import Session
+    from graphc.runtime.session import Session
 
     instrumented, steps = expose_intermediates(model)
     results = {b: _tensors(Session(instrumented, backend=b, **options).run(feeds)) for b in backends}

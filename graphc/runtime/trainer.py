@@ -28,7 +28,7 @@ the same masks, and the draws are the same on every backend. A batch that holds 
 noise input's name feeds it instead (no draw).
 
 Exact resume: ``fit`` runs each step and its bookkeeping (step and batch counters, the epoch's
-running loss) with Ctrl-C held back until they are done (``graphc.interrupts``), so the
+running loss) with Ctrl-C held back until they are done (``graphc.runtime.interrupts``), so the
 checkpoint saved on an interrupt is consistent; ``fit(checkpoint_every=N)`` also saves every N
 steps, for runs killed outright. A resumed epoch's printed loss covers all its batches.
 
@@ -51,14 +51,14 @@ from typing import Any, Optional, Union
 import numpy as np
 import onnx
 
-from graphc import checkpoint as ckpt
-from graphc import metrics as metrics_lib
-from graphc.dtypes import TensorSpec, to_numpy
 from graphc.errors import ArtifactsError, GraphcError, InputError
-from graphc.feeds import check_one, dtype_name
-from graphc.history import EpochRecord, History
-from graphc.interrupts import DeferredInterrupt
+from graphc.model.dtypes import TensorSpec, to_numpy
 from graphc.passes.training.in_place import in_place_outputs
+from graphc.runtime import checkpoint as ckpt
+from graphc.runtime import metrics as metrics_lib
+from graphc.runtime.feeds import check_one, dtype_name
+from graphc.runtime.history import EpochRecord, History
+from graphc.runtime.interrupts import DeferredInterrupt
 
 __all__ = ["History", "Trainer", "TrainingFailed"]
 
@@ -111,13 +111,13 @@ class Trainer:
     written by a Trainer) on ``backend``; ``options`` go to the backend's ``prepare`` (for
     onnxruntime e.g. ``threads=2``). ``metrics``: what ``evaluate`` reports beside the loss
     (names or callables, see ``gc.metrics``; None: the loss kind's defaults). ``tensorboard``:
-    a directory ``fit`` writes TensorBoard event files to (``graphc.tensorboard``).
+    a directory ``fit`` writes TensorBoard event files to (``graphc.runtime.tensorboard``).
     ``workers > 1`` or a ``ray_address`` train data-parallel on Ray
-    (``graphc.distributed.DistributedTrainer``, which takes more options)."""
+    (``graphc.runtime.distributed.DistributedTrainer``, which takes more options)."""
 
     def __new__(cls, *args: Any, workers: int = 1, ray_address: Optional[str] = None, **kwargs: Any):
         if cls is Trainer and (workers != 1 or ray_address):
-            from graphc.distributed.trainer import DistributedTrainer
+            from graphc.runtime.distributed.trainer import DistributedTrainer
 
             cls = DistributedTrainer
         return super().__new__(cls)
@@ -146,8 +146,8 @@ class Trainer:
               tensorboard: Union[str, os.PathLike, None] = None) -> Optional[Path]:
         """Read the artifacts and their interface, start the loop counters; returns the
         checkpoint to resume from when ``artifacts_or_dir`` is one."""
-        from graphc import training
-        from graphc.training import CARRIED_ROLES
+        from graphc.compile import training
+        from graphc.compile.training import CARRIED_ROLES
 
         resume_from = None
         self.artifacts_path: Optional[Path] = None
@@ -364,13 +364,13 @@ class Trainer:
         metrics (``self.metrics`` computed from each step's own training-mode prediction, as
         Keras does: no extra pass; not for artifacts before format 3 or data-parallel runs) and
         the eval loss and metrics (neither with ``quiet=True``); appends the same per epoch to ``log``
-        (``.jsonl`` or ``.csv``, ``gc.history.EpochLog``). Saves ``checkpoint`` after each epoch
+        (``.jsonl`` or ``.csv``, ``gc.runtime.history.EpochLog``). Saves ``checkpoint`` after each epoch
         and, with ``checkpoint_every=N``, every N steps too (what a killed run resumes from),
         and a loss-curve PNG to ``plot`` when given. Raises ``TrainingFailed`` on a NaN/inf
         loss; a ``checkpoint`` that could not be written or holds other training graphs'
         checkpoint, or a ``plot`` or ``log`` that could not be written, fails before the first step."""
-        from graphc.history import EpochLog, check_plot
-        from graphc.progress import TrainProgress
+        from graphc.runtime.history import EpochLog, check_plot
+        from graphc.runtime.progress import TrainProgress
 
         if checkpoint_every is not None and int(checkpoint_every) < 1:
             raise ValueError(f"checkpoint_every must be >= 1 steps, got {checkpoint_every}")
@@ -420,7 +420,7 @@ class Trainer:
         if getattr(self, "_tensorboard_writer", None) is None:
             import weakref
 
-            from graphc.tensorboard import TensorBoardWriter
+            from graphc.runtime.tensorboard import TensorBoardWriter
 
             writer = TensorBoardWriter(self.tensorboard)
             writer.graph(self.artifacts.inference.proto)
@@ -599,7 +599,7 @@ class Trainer:
 
     def export_inference(self, path: Union[str, os.PathLike], opset: Optional[int] = None) -> Path:
         """Write the inference model with the trained params folded in, optimized (level 3)."""
-        from graphc.export import inference_model
+        from graphc.compile.export import inference_model
 
         return inference_model(self.artifacts, self.state_dict(), opset=opset).save(path)
 

@@ -3,8 +3,8 @@
 Routes: ``GET /v2/health/live``, ``/v2/health/ready``, ``GET /v2``,
 ``GET /v2/models/{name}[/versions/{v}]``, ``.../ready``, ``POST .../infer``, Triton's
 ``GET .../config`` and ``POST /v2/repository/index`` and ``GET /openapi.json``, which describes them all (the infer
-operation from ``graphc.kserve.schemas``). Every error, an unexpected one included, is a
-4xx/5xx with ``{"error": "..."}``. Infer requests take a fast path (``graphc.kserve.infer``) in
+operation from ``graphc.serving.kserve.schemas``). Every error, an unexpected one included, is a
+4xx/5xx with ``{"error": "..."}``. Infer requests take a fast path (``graphc.serving.kserve.infer``) in
 front of FastAPI's router.
 """
 
@@ -18,11 +18,11 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from graphc.errors import GraphcError
-from graphc.kserve import schemas
-from graphc.kserve.infer import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, INFER_PATH, Limits, error_reply,
+from graphc.serving.kserve import schemas
+from graphc.serving.kserve.infer import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, INFER_PATH, Limits, error_reply,
                                  forget, handle_infer, send_reply)
-from graphc.kserve.protocol import ProtocolError
-from graphc.kserve.repository import ServedModel
+from graphc.serving.kserve.protocol import ProtocolError
+from graphc.serving.kserve.repository import ServedModel
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "KServeApp", "create_app"]
 
@@ -159,7 +159,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def create_app(models: dict[str, ServedModel], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> KServeApp:
-    """The KServe v2 app for already-loaded models (see ``graphc.serving.create_app`` to load)."""
+    """The KServe v2 app for already-loaded models (see ``graphc.serving.serve.create_app`` to load)."""
     from graphc import __version__
 
     registry = ModelRegistry(models)

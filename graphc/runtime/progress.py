@@ -85,7 +85,7 @@ class TrainProgress:
             self._pending = 0
 
     def epoch_done(self, record) -> None:
-        """Print the line of the epoch ``record`` (a ``gc.history.EpochRecord``)."""
+        """Print the line of the epoch ``record`` (a ``gc.runtime.history.EpochRecord``)."""
         if self._progress is not None:
             self._flush()
             self._progress.refresh()  # else the live area printed under the line is the last auto-refresh's

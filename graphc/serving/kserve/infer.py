@@ -18,8 +18,8 @@ from typing import Any, Callable
 from anyio import CapacityLimiter, to_thread
 
 from graphc.errors import BackendUnavailable, GraphcError
-from graphc.kserve.protocol import ProtocolError, decode_request, encode_response, error_body
-from graphc.kserve.repository import ServedModel
+from graphc.serving.kserve.protocol import ProtocolError, decode_request, encode_response, error_body
+from graphc.serving.kserve.repository import ServedModel
 
 INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 # Requests that a model answers faster than this, with bodies up to INLINE_BYTES, run on the
