@@ -55,8 +55,7 @@ class _AnchoredMatcher(SimplePatternMatcher):
         return super().match(model, graph_or_function, node, **kwargs)
 
     def can_match(self, node: ir.Node) -> bool:
-        if (self.root_op is not None and node.op_type != self.root_op) or not self.needs <= self.present \
-                or not self.guard(node):
+        if (self.root_op is not None and node.op_type != self.root_op) or not self.needs <= self.present:
             return False
         inputs = node.inputs
         for i, op in self.producers:
@@ -64,7 +63,7 @@ class _AnchoredMatcher(SimplePatternMatcher):
             producer = value.producer() if value is not None else None
             if producer is None or producer.op_type != op:
                 return False
-        return True
+        return self.guard(node)  # last: a guard may look further than the producers
 
 
 _NO_MATCH = MatchResult().fail("not of the root op, or the guard or the first-level producers differ")
