@@ -188,19 +188,28 @@ def _gelu_pass() -> RulePass:
 
 
 def _near_erf_sum(node: ir.Node) -> bool:
-    """Every Gelu rule's root reads ``cdf = Add(Erf(...), 1)`` or a Mul that reads it: a quick
-    filter over the many Mul/Div nodes of training graphs."""
-    for value in node.inputs:
-        producer = value.producer() if value is not None else None
-        if producer is not None and (_is_erf_sum(producer) or (
-                producer.op_type == "Mul" and any(v is not None and _is_erf_sum(v.producer()) for v in producer.inputs))):
+    """A quick necessary condition on a Gelu rule's root, over the many Mul/Div nodes of
+    training graphs: it reads ``cdf = Add(Erf(...), 1)`` and a Mul (``(x*0.5)*cdf``), or a Mul
+    that reads cdf (the other forms); cdf and erf's output have one user each, as a match
+    needs. A backward pass that reads the forward's cdf, or the Gelu gradient's own
+    ``0.5 * cdf``, fails it, and then ``RulePass`` skips the whole graph."""
+    if len(node.inputs) != 2:
+        return False
+    producers = [v.producer() if v is not None else None for v in node.inputs]
+    for k, producer in enumerate(producers):
+        other = producers[1 - k]
+        if _is_erf_sum(producer) and other is not None and other.op_type == "Mul":
+            return True
+        if producer is not None and producer.op_type == "Mul" and any(
+                v is not None and _is_erf_sum(v.producer()) for v in producer.inputs):
             return True
     return False
 
 
 def _is_erf_sum(node: ir.Node | None) -> bool:
-    return node is not None and node.op_type == "Add" and any(
-        v is not None and v.producer() is not None and v.producer().op_type == "Erf" for v in node.inputs)
+    return node is not None and node.op_type == "Add" and len(node.outputs[0].uses()) == 1 and any(
+        v is not None and v.producer() is not None and v.producer().op_type == "Erf" and len(v.uses()) == 1
+        for v in node.inputs)
 
 
 @functools.cache  # rule sets are stateless between runs; building them costs ~10 ms
