@@ -66,9 +66,10 @@ class _AnchoredMatcher(SimplePatternMatcher):
 
 def _fixed_op(node_pattern) -> str | None:
     """The one op type a node pattern matches, else None. ``op_identifier()`` says, except on
-    the copies ``GraphPattern.commute()`` makes: onnxscript's ``NodePattern.clone`` passes the
-    op on as a string pattern, and the constructor sets the identifier only for a ``str`` op,
-    so every commuted rule would lose its anchor. Such an op is a constant pattern: ``value()``."""
+    the copies ``GraphPattern.commute()`` makes: onnxscript 0.7's ``NodePattern.clone`` passes
+    the op on as a string pattern, and the constructor sets the identifier only for a ``str``
+    op, so every commuted rule would lose its anchor (no upstream issue found for it). Such an
+    op is a constant pattern with ``value()``."""
     identifier = node_pattern.op_identifier()
     if identifier is not None:
         return identifier[1]
