@@ -10,11 +10,10 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
-from graphc.passes.optimize.pipeline import Declared, all_nodes
 from graphc.passes.optimize.rules import RulePass
 from graphc.passes.values import fixed_array
 
-__all__ = ["GeluFusion", "fusion_passes"]
+__all__ = ["fusion_passes"]
 
 _FLOATS = {ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 SQRT2 = math.sqrt(2.0)
@@ -26,84 +25,43 @@ def _scalar_near(value: ir.Value | None, expected: float, rtol: float = 1e-4) ->
                                                                    rel_tol=rtol)
 
 
-def _single_user(value: ir.Value) -> ir.Node | None:
-    uses = value.uses()
-    if len(uses) != 1 or value.is_graph_output():
-        return None
-    return uses[0].node
-
-
-def _other(node: ir.Node, value: ir.Value) -> ir.Value | None:
-    """The other operand of a binary node that reads ``value``."""
-    a, b = node.inputs[0], node.inputs[1]
-    return b if a is value else a if b is value else None
-
-
-def _is_op(node: ir.Node | None, *ops: str) -> bool:
-    return node is not None and node.op_type in ops and node.domain in ("", "ai.onnx") and len(node.inputs) == 2
-
-
-class GeluFusion(Declared, ir.passes.InPlacePass):
+class GeluErf(RewriteRuleClassBase):
     """``0.5 * x * (1 + erf(x / sqrt(2)))`` -> ``Gelu(x)`` (opset 20), which is that formula's
-    definition (``approximate="none"``): exact up to rounding. Matched from each ``Erf`` node
-    outwards, so every association and operand order is covered without enumerating patterns:
-    erf's argument is ``x/sqrt2`` or ``x*(1/sqrt2)``; then ``(x*0.5)*cdf``, ``(x*cdf)*0.5``,
-    ``(x*cdf)/2`` or ``x*(0.5*cdf)`` with ``cdf = 1 + erf(...)``. Every intermediate must have
-    no other user. The Gelu node takes the root node's metadata (its ``graphc.source``)."""
+    definition (``approximate="none"``): exact up to rounding. One rule per association:
+    erf's argument is ``x/sqrt2`` (``scale="Div"``) or ``x*(1/sqrt2)`` (``"Mul"``); with
+    ``cdf = 1 + erf(...)`` the product is ``(x*0.5)*cdf`` (``outer="HalfFirst"``),
+    ``(x*cdf)*0.5`` (``"HalfLast"``), ``(x*cdf)/2`` (``"DivTwo"``) or ``x*(0.5*cdf)``
+    (``"HalfCdf"``); ``RulePass(commute=True)`` adds each Mul/Add's other operand order. The
+    constants are checked to rounding (relative 1e-4) and x must be floating-point; the
+    rewriter replaces a match only when no intermediate has another user or is a graph output."""
 
-    name = "GeluFusion"
+    def __init__(self, scale: str, outer: str):
+        super().__init__(f"Gelu{scale}{outer}")
+        self.scale, self.outer = scale, outer
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        modified = False
-        for node in all_nodes(model.graph):
-            if node.op_type == "Erf" and node.domain in ("", "ai.onnx") and node.graph is not None:
-                match = self._match(node)
-                if match is not None:
-                    x, root = match
-                    gelu = ir.Node("", "Gelu", [x], metadata_props=dict(root.metadata_props))
-                    ir.convenience.replace_nodes_and_values(root.graph, root, [root], [gelu],
-                                                            root.outputs, gelu.outputs)
-                    modified = True
-        return ir.passes.PassResult(model, modified)
+    def pattern(self, op, x, s, one, c):
+        arg = op.Div(x, s) if self.scale == "Div" else op.Mul(x, s)
+        cdf = op.Add(op.Erf(arg), one)
+        if self.outer == "HalfFirst":
+            return op.Mul(op.Mul(x, c), cdf)
+        if self.outer == "HalfLast":
+            return op.Mul(op.Mul(x, cdf), c)
+        if self.outer == "DivTwo":
+            return op.Div(op.Mul(x, cdf), c)
+        return op.Mul(x, op.Mul(c, cdf))
 
-    @staticmethod
-    def _match(erf: ir.Node) -> tuple[ir.Value, ir.Node] | None:
-        scale = erf.inputs[0].producer()
-        if not _is_op(scale, "Div", "Mul"):
-            return None
-        x, c = scale.inputs
-        if scale.op_type == "Div" and not _scalar_near(c, SQRT2):
-            return None
-        if scale.op_type == "Mul" and not _scalar_near(c, 1 / SQRT2):
-            x, c = c, x
-            if not _scalar_near(c, 1 / SQRT2):
-                return None
-        if x.dtype not in _FLOATS or _single_user(scale.outputs[0]) is not erf:
-            return None
-        add = _single_user(erf.outputs[0])
-        if not _is_op(add, "Add") or not _scalar_near(_other(add, erf.outputs[0]), 1.0):
-            return None
-        cdf = add.outputs[0]
-        m1 = _single_user(cdf)
-        if not _is_op(m1, "Mul"):
-            return None
-        other = _other(m1, cdf)
-        half = other.producer()
-        if other is x:  # (x * cdf) * 0.5  or  (x * cdf) / 2
-            m2 = _single_user(m1.outputs[0])
-            if _is_op(m2, "Mul") and _scalar_near(_other(m2, m1.outputs[0]), 0.5):
-                return x, m2
-            if _is_op(m2, "Div") and m2.inputs[0] is m1.outputs[0] and _scalar_near(m2.inputs[1], 2.0):
-                return x, m2
-            return None
-        if _is_op(half, "Mul") and _single_user(other) is m1 and x in half.inputs \
-                and _scalar_near(_other(half, x), 0.5):  # (x * 0.5) * cdf
-            return x, m1
-        if _scalar_near(other, 0.5):  # x * (0.5 * cdf)
-            m2 = _single_user(m1.outputs[0])
-            if _is_op(m2, "Mul") and _other(m2, m1.outputs[0]) is x:
-                return x, m2
-        return None
+    def check(self, context, x, s, one, c) -> MatchResult:
+        result = MatchResult()
+        if x.dtype not in _FLOATS:
+            return result.fail("needs a floating-point input")
+        if not _scalar_near(s, SQRT2 if self.scale == "Div" else 1 / SQRT2):
+            return result.fail("erf's argument is not x / sqrt(2)")
+        if not _scalar_near(one, 1.0) or not _scalar_near(c, 2.0 if self.outer == "DivTwo" else 0.5):
+            return result.fail("not 0.5 * x * (1 + erf(...))")
+        return result
+
+    def rewrite(self, op, x, **_):
+        return op.Gelu(x)
 
 
 def _reduce_axes(node: ir.Node) -> list[int] | None:
@@ -218,9 +176,40 @@ class LayerNormBias(RewriteRuleClassBase):
 
 def fusion_passes(opset: int) -> list[ir.passes.PassBase]:
     """The fusions the target opset has ops for: Gelu from 20, LayerNormalization from 17."""
-    passes: list[ir.passes.PassBase] = [GeluFusion()] if opset >= 20 else []
+    passes: list[ir.passes.PassBase] = [_gelu_pass()] if opset >= 20 else []
     layer_norm = _layer_norm_pass(opset)
     return passes + ([layer_norm] if layer_norm else [])
+
+
+@functools.cache  # rule sets are stateless between runs
+def _gelu_pass() -> RulePass:
+    rules = [GeluErf(scale, outer) for scale in ("Div", "Mul") for outer in ("HalfFirst", "HalfLast", "DivTwo", "HalfCdf")]
+    return RulePass("GeluFusion", rules, guard=_near_erf_sum, commute=True)
+
+
+def _near_erf_sum(node: ir.Node) -> bool:
+    """A quick necessary condition on a Gelu rule's root, over the many Mul/Div nodes of
+    training graphs: it reads ``cdf = Add(Erf(...), 1)`` and a Mul (``(x*0.5)*cdf``), or a Mul
+    that reads cdf (the other forms); cdf and erf's output have one user each, as a match
+    needs. A backward pass that reads the forward's cdf, or the Gelu gradient's own
+    ``0.5 * cdf``, fails it, and then ``RulePass`` skips the whole graph."""
+    if len(node.inputs) != 2:
+        return False
+    producers = [v.producer() if v is not None else None for v in node.inputs]
+    for k, producer in enumerate(producers):
+        other = producers[1 - k]
+        if _is_erf_sum(producer) and other is not None and other.op_type == "Mul":
+            return True
+        if producer is not None and producer.op_type == "Mul" and any(
+                v is not None and _is_erf_sum(v.producer()) for v in producer.inputs):
+            return True
+    return False
+
+
+def _is_erf_sum(node: ir.Node | None) -> bool:
+    return node is not None and node.op_type == "Add" and len(node.outputs[0].uses()) == 1 and any(
+        v is not None and v.producer() is not None and v.producer().op_type == "Erf" and len(v.uses()) == 1
+        for v in node.inputs)
 
 
 @functools.cache  # rule sets are stateless between runs; building them costs ~10 ms

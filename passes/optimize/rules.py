@@ -40,14 +40,12 @@ class _AnchoredMatcher(SimplePatternMatcher):
         super().__init__(pattern)
         self.needs = frozenset(n.op_type for n in pattern)
         root = pattern.output_node if pattern.num_outputs == 1 and pattern.has_single_output_node else None
-        identifier = root.op_identifier() if root is not None else None
-        self.root_op = identifier[1] if identifier is not None else None
+        self.root_op = _fixed_op(root) if root is not None else None
         # The matcher matches root input i against a node pattern's output only if the graph
         # node's input i is that output of a node of that op (a missing input fails): a
         # necessary condition checked before matching.
         producers = [] if self.root_op is None else [(i, p.producer()) for i, p in enumerate(root.inputs) if p is not None]
-        self.producers = tuple((i, p.op_identifier()[1]) for i, p in producers
-                               if p is not None and p.op_identifier() is not None)
+        self.producers = tuple((i, _fixed_op(p)) for i, p in producers if p is not None and _fixed_op(p) is not None)
 
     def match(self, model, graph_or_function, node, **kwargs):
         if not self.can_match(node):
@@ -55,8 +53,7 @@ class _AnchoredMatcher(SimplePatternMatcher):
         return super().match(model, graph_or_function, node, **kwargs)
 
     def can_match(self, node: ir.Node) -> bool:
-        if (self.root_op is not None and node.op_type != self.root_op) or not self.needs <= self.present \
-                or not self.guard(node):
+        if (self.root_op is not None and node.op_type != self.root_op) or not self.needs <= self.present:
             return False
         inputs = node.inputs
         for i, op in self.producers:
@@ -64,7 +61,22 @@ class _AnchoredMatcher(SimplePatternMatcher):
             producer = value.producer() if value is not None else None
             if producer is None or producer.op_type != op:
                 return False
-        return True
+        return self.guard(node)  # last: a guard may look further than the producers
+
+
+def _fixed_op(node_pattern) -> str | None:
+    """The one op type a node pattern matches, else None. ``op_identifier()`` says, except on
+    the copies ``GraphPattern.commute()`` makes: onnxscript 0.7's ``NodePattern.clone`` passes
+    the op on as a string pattern, and the constructor sets the identifier only for a ``str``
+    op, so every commuted rule would lose its anchor (no upstream issue found for it). Such an
+    op is a constant pattern with ``value()``."""
+    identifier = node_pattern.op_identifier()
+    if identifier is not None:
+        return identifier[1]
+    op, domain = node_pattern.op, node_pattern.domain
+    if callable(getattr(op, "value", None)) and callable(getattr(domain, "value", None)):
+        return op.value()
+    return None
 
 
 _NO_MATCH = MatchResult().fail("not of the root op, or the guard or the first-level producers differ")
