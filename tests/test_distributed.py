@@ -239,7 +239,6 @@ def test_map_batches_on_a_dataset_equals_one_session(ray_cluster):
     np.testing.assert_allclose(np.stack([r["output"] for r in rows]), want, rtol=1e-5, atol=1e-6)
 
 
-
 def test_cli_runs_batches_and_trains_on_workers(ray_cluster, tmp_path, capsys):
     """``graphc run --workers`` (map_batches over a dict of arrays) equals one Session."""
     model = gc.capture(TwoLayerNet(64, 32, 10), seed=2, x=gc.spec("float32", ("N", 64)))

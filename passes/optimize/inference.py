@@ -202,7 +202,6 @@ def inference_pass() -> RulePass:
     return RulePass("InferenceRewrites", [*folds, *biases, DropoutInference()], commute=True)
 
 
-
 class ScaleIntoLinear(Declared, ir.passes.InPlacePass):
     """``Mul(Gemm(a, B, C), c)`` -> ``Gemm(a, B', C')`` and ``Mul(MatMul(a, B), c)`` ->
     ``MatMul(a, B')`` for constant B (read by nothing else) and C, where c is a constant that
