@@ -24,20 +24,13 @@ def grad_batch_norm(g, node, dy):
     x, scale, bias, mean, var = node.inputs[:5]
     rank = g.rank(x)
     axes = [0] + list(range(2, rank))
+    if g.opset >= 14 and attr(node, "training_mode", 0):
+        return _batch_norm_training_grads(g, node, dy, axes) + (None, None)
     eps = g.scalar(attr(node, "epsilon", 1e-5), dy)
     scale_c = _per_channel(g, scale, rank)
-    training = g.opset >= 14 and attr(node, "training_mode", 0)
-    if training:
-        mu = g.reduce("ReduceMean", x, axes, keepdims=True)
-        xc = g.sub(x, mu)
-        var_b = g.reduce("ReduceMean", g.mul(xc, xc), axes, keepdims=True)
-    else:
-        xc = g.sub(x, _per_channel(g, mean, rank))
-        var_b = _per_channel(g, var, rank)
-    invstd = g.op("Reciprocal", g.op("Sqrt", g.add(var_b, eps)))
+    xc = g.sub(x, _per_channel(g, mean, rank))
+    invstd = g.op("Reciprocal", g.op("Sqrt", g.add(_per_channel(g, var, rank), eps)))
     xhat = g.mul(xc, invstd)
-    if training:
-        return _batch_norm_training_grads(g, node, dy, xhat, invstd, scale_c, axes) + (None, None)
     dx = dscale = dbias = dmean = dvar = None
     sum_dy = g.reduce("ReduceSum", dy, axes, keepdims=False) if g.wants(bias) or g.wants(mean) else None
     if g.wants(x):
@@ -57,18 +50,44 @@ def grad_batch_norm(g, node, dy):
     return dx, dscale, dbias, dmean, dvar
 
 
-def _batch_norm_training_grads(g, node, dy, xhat, invstd, scale_c, axes):
+def batch_statistics(e, x: ir.Value, axes: list[int]) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """(mean, x - mean, biased variance) of ``x`` per channel, kept [1, C, 1, ...]: the forward
+    lowering (``training.modes``) and the gradient rule write them alike, so onnxruntime's
+    common-subexpression elimination computes them once."""
+    mean = e.reduce("ReduceMean", x, axes)
+    centred = e.op("Sub", x, mean)
+    return mean, centred, e.reduce("ReduceMean", e.op("Mul", centred, centred), axes)
+
+
+def _batch_norm_training_grads(g, node, dy, axes):
     """(dx, dscale, dbias) of training-mode BatchNormalization: with the per-channel sums
-    s1 = sum(dy), s2 = sum(dy * xhat) over the N values of a channel,
-    dx = scale * invstd * (dy - s1/N - xhat * s2/N), dscale = s2, dbias = s1."""
+    s1 = sum(dy), s2 = sum(dy * xhat) over the N values of a channel, k = scale * invstd,
+    dx = k * (dy - s1/N - xhat * s2/N), dscale = s2, dbias = s1.
+
+    dx is written as ``dy * k + BatchNormalization(x, -k*s2/N, -k*s1/N, mean, var)``: the
+    inference-mode BatchNormalization (which recomputes xhat from the batch statistics) applies
+    the per-channel affine part in one pass, and s2 = invstd * sum(dy * (x - mean)) reads the
+    centred input the forward made, so xhat is never written. Fwd+bwd of one training BN on
+    onnxruntime (CPU, 2 threads, interleaved, forward lowered as ``training.modes`` does), in ms,
+    this form vs the textbook one (xhat materialised, dx from four full-size Sub/Mul):
+    [32,96,32,32] 13.1 vs 14.7; [32,144,16,16] 4.9 vs 5.1; [32,672,4,4] 3.2 vs 4.9;
+    [32,64,16,16] 2.9 vs 3.5; [2,256,8,8] 0.31 vs 0.36. (The variance as ReduceSumSquare of the
+    centred input: 13.6, 5.2, 3.3, 3.0, 0.33, no better: ORT's ReduceSumSquare over axes
+    (0, 2, 3) runs at a third of ReduceSum's speed.)"""
     x, scale, bias = node.inputs[:3]
+    mean, centred, var = batch_statistics(g, x, axes)
+    eps = attr(node, "epsilon", 1e-5)
+    invstd = g.op("Reciprocal", g.op("Sqrt", g.add(var, g.scalar(eps, dy))))
     s1 = g.reduce("ReduceSum", dy, axes, keepdims=True)
-    s2 = g.reduce("ReduceSum", g.mul(dy, xhat), axes, keepdims=True)
+    s2 = g.mul(g.reduce("ReduceSum", g.mul(dy, centred), axes, keepdims=True), invstd)
     dx = None
     if g.wants(x):
         count = count_ratio(g, x, scale, dy)  # N: values per channel, a constant when shapes are static
-        inner = g.sub(g.sub(dy, g.div(s1, count)), g.mul(xhat, g.div(s2, count)))
-        dx = g.mul(inner, g.mul(scale_c, invstd))
+        k = g.mul(_per_channel(g, scale, len(axes) + 1), invstd)
+        slope = g.squeeze(g.neg(g.mul(k, g.div(s2, count))), axes)
+        shift = g.squeeze(g.neg(g.mul(k, g.div(s1, count))), axes)
+        rest = g.op("BatchNormalization", x, slope, shift, g.squeeze(mean, axes), g.squeeze(var, axes), epsilon=eps)
+        dx = g.add(g.mul(dy, k), rest)
     dscale = g.reshape_like(s2, scale) if g.wants(scale) else None
     dbias = g.reshape_like(s1, bias) if g.wants(bias) else None
     return dx, dscale, dbias

@@ -11,8 +11,9 @@
   (If/Loop body) is left as it is. BatchNormalization gets ``training_mode=1``: autodiff
   differentiates it by its closed-form rule (``rules_norm``).
 * ``lower_batchnorm``, after autodiff: each training-mode BatchNormalization is written out in
-  primitive ops (ReduceMean/Sub/Mul/Sqrt/...) that every backend runs (onnxruntime's inference
-  build has no training-mode BatchNormalization). Batch statistics normalise the input (biased
+  the batch statistics in primitive ops (ReduceMean/Sub/Mul) and an inference-mode
+  BatchNormalization on them, which every backend runs (onnxruntime's inference build has no
+  training-mode BatchNormalization). Batch statistics normalise the input (biased
   variance, as PyTorch); the running statistics are updated as PyTorch does:
   ``running = m*running + (1-m)*batch`` with ONNX's momentum ``m`` (PyTorch's 1 - momentum) and
   the *unbiased* batch variance for ``running_var``. It returns ``{stat name: updated value}``
@@ -24,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from graphc.passes.autodiff.rules_norm import batch_statistics
 from graphc.passes.emit import Emitter
 from graphc.passes.values import static_shape
 
@@ -150,28 +152,23 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str,
     rank = len(x.shape)
     eps = node.attributes.get_float("epsilon", 1e-5)
     momentum = node.attributes.get_float("momentum", 0.9)
-    axes = [0, *range(2, rank)]
-    bshape = [a for a in range(rank) if a != 1]  # axes to unsqueeze a [C] vector to [1, C, 1...]
+    axes = [0, *range(2, rank)]  # all but the channels
 
-    # Decomposed for onnxruntime, whose CPU provider has no training-mode kernel. Tried on
-    # Conv+BN+ReLU train steps (CPU, 2 threads, interleaved): var as ReduceSumSquare/count and
-    # the scale folded into inv_std (one full-size Mul fewer each way) moved steps by -5 to +10 %
-    # across [2,64,32,32], [32,64,32,32], [32,256,8,8], [8,128,16,16]: kept as is. The mean,
-    # centred input, variance, inv_std and xhat = centred * inv_std are written in the order and
-    # form the gradient rule writes them, so onnxruntime merges the two.
-    mean = b.reduce("ReduceMean", x, axes)
-    centred = b.op("Sub", x, mean)
-    var = b.reduce("ReduceMean", b.op("Mul", centred, centred), axes)
-    inv_std = b.op("Reciprocal", b.op("Sqrt", b.op("Add", var, b.scalar(eps, x))))
-    y = b.op("Mul", b.op("Mul", centred, inv_std), b.unsqueeze(scale, bshape))
-    y = b.op("Add", y, b.unsqueeze(bias, bshape))
+    # Decomposed for onnxruntime, whose CPU provider has no training-mode kernel: the batch
+    # statistics as the gradient rule writes them (onnxruntime merges the two), then the
+    # inference-mode BatchNormalization on them, which normalises and applies scale and bias in
+    # one pass (see the rule's docstring for the times). Tried before on Conv+BN+ReLU train
+    # steps (CPU, 2 threads, interleaved): var as ReduceSumSquare/count and the scale folded into
+    # inv_std moved steps by -5 to +10 % across [2,64,32,32], [32,64,32,32], [32,256,8,8].
+    mean, _, var = batch_statistics(b, x, axes)
+    batch_mean, biased_var = b.squeeze(mean, axes), b.squeeze(var, axes)
+    y = b.op("BatchNormalization", x, scale, bias, batch_mean, biased_var, epsilon=eps)
 
     # Running statistics (off the loss path, so autodiff never visits them).
     count = b.op("Div", b.op("Cast", b.op("Size", x, dtype=ir.DataType.INT64), to=x.dtype),
                  b.op("Cast", b.op("Shape", x, start=1, end=2, dtype=ir.DataType.INT64), to=x.dtype))
     unbias = b.op("Div", count, b.op("Sub", count, b.scalar(1.0, x)))
-    batch_mean = b.squeeze(mean, bshape)
-    batch_var = b.op("Mul", b.squeeze(var, bshape), unbias)
+    batch_var = b.op("Mul", biased_var, unbias)
     m, one_m = b.scalar(momentum, x), b.scalar(1.0 - momentum, x)
     new_mean = b.op("Add", b.op("Mul", mean_in, m), b.op("Mul", batch_mean, one_m))
     new_var = b.op("Add", b.op("Mul", var_in, m), b.op("Mul", batch_var, one_m))

@@ -1,0 +1,126 @@
+"""Where a zoo model's train_step spends its kernel time on onnxruntime CPU.
+
+    .venv/bin/python scripts/profile_step.py efficientnet_b0 [--batch 32] [--image-size 64]
+        [--runs 5] [--top 15]
+
+Exports the model as ``scripts/bench_zoo.py`` does (torch.onnx, training mode), generates AdamW
+artifacts and profiles ``--runs`` steps of the train_step at 2 threads (the first two, which
+allocate, left out). Kernel time is charged to the forward op a node serves: a gradient node
+(named ``<forward node>/grad/...``) to its forward node's op type, the written-out training
+BatchNorm (``bn/...``) to BatchNormalization, the update (``optim/...``) to the optimizer. It
+prints the share per (forward op, phase) and the slowest op types inside each phase, so a
+lowering can be chosen where the time is. Needs torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import bench_zoo as zoo  # noqa: E402 - the architectures, export and batches of the benchmark
+
+import graphc as gc
+
+
+def profile(arts, batch: dict, directory: Path, runs: int, warmup: int = 2) -> list[dict]:
+    """The kernel events of ``runs`` train_step runs after ``warmup``."""
+    import onnxruntime as ort
+
+    proto = arts.train_step.proto
+    fed = {i.name for i in proto.graph.input}
+    kept = [t for t in proto.graph.initializer if t.name not in fed]
+    del proto.graph.initializer[:]
+    proto.graph.initializer.extend(kept)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = zoo.THREADS
+    options.enable_profiling = True
+    options.enable_mem_pattern = False  # as the Trainer runs train_step
+    options.profile_file_prefix = str(directory / "ort_profile")
+    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    state = arts.manifest.pack(arts.state)
+    feeds = {i.name: batch[i.name] if i.name in batch else state[i.name] for i in session.get_inputs()}
+    walls = []
+    for _ in range(runs + warmup):
+        t0 = time.perf_counter()
+        session.run(["loss"], feeds)
+        walls.append(time.perf_counter() - t0)
+    print(f"wall per run: {statistics.median(walls[warmup:]) * 1e3:.1f} ms (profiling on)")
+    events = json.loads(Path(session.end_profiling()).read_text())
+    start = sorted(e["ts"] for e in events if e["name"] == "model_run")[warmup]
+    return [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start]
+
+
+def label(node, graph) -> str:
+    """The node's op type; for a Conv its kind too (depthwise, grouped, 1x1, kxk) and stride."""
+    if node.op_type != "Conv":
+        return node.op_type
+    from onnx import helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    weights = {t.name: t.dims for t in graph.initializer} | {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim]
+                                                             for i in graph.input}
+    w = weights.get(node.input[1])
+    group, kernel = attrs.get("group", 1), attrs.get("kernel_shape") or (w[2:] if w else "?")
+    kind = "x".join(map(str, kernel))
+    if w is not None and group > 1:
+        kind = f"dw{kind}" if w[1] == 1 else f"g{kind}"
+    stride = max(attrs.get("strides", [1]))
+    return f"Conv {kind}" + (f" s{stride}" if stride > 1 else "")
+
+
+def charge(events: list[dict], forward_ops: dict[str, str]) -> dict[tuple[str, str], collections.Counter]:
+    """(forward op, phase) -> Counter of the kernel op types' microseconds."""
+    table: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
+    for e in events:
+        name, op = e["name"].removesuffix("_kernel_time"), e["args"]["op_name"]
+        if name.startswith("optim/"):
+            key = ("optimizer", "update")
+        elif name.startswith("bn/"):
+            key = ("BatchNormalization", "forward")
+        elif "/grad/" in name:  # a forward node lowered after autodiff (BatchNorm) is named by its op
+            forward = name.split("/grad/")[0]
+            key = (forward_ops.get(forward, forward.rsplit("/", 1)[-1]), "backward")
+        elif name.startswith("loss/"):
+            key = ("loss", "both")
+        else:
+            key = (forward_ops.get(name, op), "forward")
+        table[key][op] += e["dur"]
+    return table
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("model", choices=sorted(zoo.ZOO))
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--top", type=int, default=15)
+    args = p.parse_args()
+    zoo.torch.manual_seed(0)
+    arch = zoo.ZOO[args.model]
+    batch = zoo.make_batch(arch, args.batch, args.image_size)
+    with tempfile.TemporaryDirectory(prefix="profile-step-") as tmp:
+        tmp = Path(tmp)
+        zoo.export_onnx(arch.build(args.image_size), batch, tmp / "model.onnx")
+        arts = gc.training.generate(gc.load(tmp / "model.onnx"), gc.losses.cross_entropy("logits", label="y"),
+                                    gc.optim.AdamW(zoo.LR))
+        graph = arts.train_step.proto.graph
+        forward_ops = {n.name: label(n, graph) for n in graph.node}
+        table = charge(profile(arts, batch, tmp, args.runs), forward_ops)
+    total = sum(sum(c.values()) for c in table.values())
+    print(f"{args.model} batch {args.batch}, {args.image_size} px: {total / args.runs / 1e3:.1f} ms of kernel "
+          f"time per step")
+    rows = sorted(table.items(), key=lambda kv: -sum(kv[1].values()))[:args.top]
+    for (op, phase), ops in rows:
+        spent = sum(ops.values())
+        inner = ", ".join(f"{k} {v / args.runs / 1e3:.1f}" for k, v in ops.most_common(5))
+        print(f"{op:<22} {phase:<9} {spent / args.runs / 1e3:8.1f} ms {100 * spent / total:5.1f}%   {inner}")
+
+
+if __name__ == "__main__":
+    main()
