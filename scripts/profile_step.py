@@ -100,6 +100,7 @@ def main() -> None:
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--nodes", type=int, default=0, help="also list the N slowest nodes")
     args = p.parse_args()
     zoo.torch.manual_seed(0)
     arch = zoo.ZOO[args.model]
@@ -111,7 +112,8 @@ def main() -> None:
                                     gc.optim.AdamW(zoo.LR))
         graph = arts.train_step.proto.graph
         forward_ops = {n.name: label(n, graph) for n in graph.node}
-        table = charge(profile(arts, batch, tmp, args.runs), forward_ops)
+        events = profile(arts, batch, tmp, args.runs)
+        table = charge(events, forward_ops)
     total = sum(sum(c.values()) for c in table.values())
     print(f"{args.model} batch {args.batch}, {args.image_size} px: {total / args.runs / 1e3:.1f} ms of kernel "
           f"time per step")
@@ -120,6 +122,11 @@ def main() -> None:
         spent = sum(ops.values())
         inner = ", ".join(f"{k} {v / args.runs / 1e3:.1f}" for k, v in ops.most_common(5))
         print(f"{op:<22} {phase:<9} {spent / args.runs / 1e3:8.1f} ms {100 * spent / total:5.1f}%   {inner}")
+    per_node = collections.Counter()
+    for e in events:
+        per_node[(e["args"]["op_name"], e["name"].removesuffix("_kernel_time"))] += e["dur"]
+    for (op, name), spent in per_node.most_common(args.nodes):
+        print(f"{spent / args.runs / 1e3:8.2f} ms  {op:<18} {name}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,13 @@ def is_static(shape: StaticShape | None) -> bool:
     return shape is not None and all(isinstance(d, int) for d in shape)
 
 
+def _lone_expand(value: ir.Value) -> bool:
+    """``value`` is the output of an ai.onnx ``Expand`` that nothing reads yet."""
+    node = value.producer()
+    return (node is not None and node.op_type == "Expand" and node.domain in ("", "ai.onnx")
+            and not value.uses() and not value.is_graph_output())
+
+
 def same_dim(a: Dim, b: Dim) -> bool:
     """True when two dims are known to be equal (same int, or the same symbol)."""
     return a is not None and a == b
@@ -174,7 +181,34 @@ class GradBuilder(Emitter):
             return values[0]
         if isinstance(values[0].type, ir.SequenceType):  # a sequence read twice: element by element
             return self.seq_map(lambda sub, *xs: sub.sum_values(xs), *values)
+        values = self._unexpanded(values)
         return self.add(*values) if len(values) == 2 else self.op("Sum", *values)
+
+    def _unexpanded(self, values: Sequence[ir.Value]) -> list[ir.Value]:
+        """``values`` with each gradient a rule broadcast by ``Expand`` (a mean's or a global
+        pool's, unused so far) replaced by the Expand's input when another value has the full
+        shape: the sum broadcasts it anyway, and the Expand's full-size write is saved. In
+        EfficientNet-B0's squeeze-excite blocks (x read by the pool and the gating Mul) the
+        Expand took 1.2-2.1 ms a block at batch 32 (onnxruntime CPU, 2 threads), as long as the
+        Add it feeds."""
+        out = list(values)
+        full = next((v for v in values if not _lone_expand(v)), None)
+        shape = static_shape(full) if full is not None else None
+        if shape is None or any(d is None for d in shape):
+            return out
+        for i, v in enumerate(values):
+            expand = v.producer() if _lone_expand(v) else None
+            target = expand.inputs[1] if expand is not None else None
+            if target is None:
+                continue
+            made_by = target.producer()
+            fixed = const_array(target)
+            if ((fixed is not None and is_static(shape) and [int(d) for d in fixed] == list(shape))
+                    or (made_by is not None and made_by.op_type == "Shape" and not made_by.attributes
+                        and static_shape(made_by.inputs[0]) == shape)):
+                out[i] = expand.inputs[0]
+                expand.graph.remove(expand, safe=True)
+        return out
 
     # -- sequences -----------------------------------------------------------------------------
     def seq_map(self, fn, *seqs: ir.Value, dtype: ir.DataType | None = None) -> ir.Value:

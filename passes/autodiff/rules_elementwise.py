@@ -28,9 +28,41 @@ def grad_sub(g, node, dy):
 @grad_rule("Mul", broadcast=True)
 def grad_mul(g, node, dy):
     a, b = node.inputs
+    silu = _silu_input(node)
+    if silu is not None:
+        return _grad_silu(g, node, dy, silu)
     da = g.mul(dy, b) if g.wants(a) else None
     db = g.mul(dy, a) if g.wants(b) else None
     return da, db
+
+
+def _silu_input(node: ir.Node) -> int | None:
+    """Which input of the Mul is x when the node is SiLU, x * Sigmoid(x), with the Sigmoid read
+    by this Mul alone (so its gradient is all this rule's to give); else None."""
+    for i, (x, s) in enumerate((node.inputs, node.inputs[::-1])):
+        gate = s.producer() if s is not None else None
+        if (gate is not None and gate.op_type == "Sigmoid" and gate.domain in ("", "ai.onnx")
+                and gate.inputs[0] is x and len(s.uses()) == 1 and not s.is_graph_output()):
+            return i
+    return None
+
+
+def _grad_silu(g, node, dy, x_index: int):
+    # SiLU's whole gradient goes to x, none through the Sigmoid: with s = Sigmoid(x) and the
+    # output y = x * s, dx = dy * (s + y * (1 - s)), four full-size passes where the Mul and
+    # Sigmoid rules with the sum of x's two gradients take six. Forward and backward on
+    # onnxruntime (CPU, interleaved), ms, this vs the two rules: [32,96,32,32] 17.7 vs 24.2
+    # (1 thread), 15.5 vs 28.0 (2 threads); [32,144,16,16] 6.9 vs 9.2; [32,672,4,4] 1.7 vs 2.2;
+    # [2,96,32,32] 0.82 vs 0.99. It reads s and y, which live on for the next op's gradient, and
+    # not x, which can then be freed after the forward. (dy * (y + s * (1 - y)): the same.)
+    x, s = node.inputs[x_index], node.inputs[1 - x_index]
+    if not g.wants(x):
+        return None, None
+    y = node.outputs[0]
+    slope = g.add(s, g.mul(y, g.sub(g.scalar(1.0, s), s)))
+    grads = [None, None]
+    grads[x_index] = g.mul(dy, slope)
+    return tuple(grads)
 
 
 @grad_rule("Div", broadcast=True)
