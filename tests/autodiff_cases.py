@@ -419,6 +419,10 @@ def _cases() -> list[GradCase]:
         c("Conv", [T((2, 3, 4, 5)), T((4, 3, 1, 1)), T((4,))], tag="pointwise"),
         c("Conv", [T((2, 3, 5, 6)), T((4, 3, 1, 1))], {"strides": [2, 3]}, tag="pointwise_strided"),
         c("Conv", [T((2, 3, 7)), T((2, 3, 1))], {"strides": [2]}, tag="pointwise_1d"),
+        # small maps: dx is a 1x1 Conv spread over the input grid with zeros (cut at odd sizes)
+        c("Conv", [T((2, 3, 3, 4)), T((4, 3, 1, 1)), T((4,))], {"strides": [2, 3]}, tag="pointwise_strided_small"),
+        c("Conv", [T((2, 3, 4, 4)), T((5, 3, 1, 1))], {"strides": [2, 2]}, tag="pointwise_strided_even"),
+        c("Conv", [T((1, 2, 2, 3, 2)), T((3, 2, 1, 1, 1))], {"strides": [1, 2, 2]}, tag="pointwise_strided_3d"),
         c("Conv", [T((1, 2, 3, 4, 3)), T((3, 2, 1, 1, 1))], {"strides": [1, 2, 1]}, tag="pointwise_3d"),
         c("Conv", [T((2, 4, 3, 3)), T((4, 2, 1, 1))], {"group": 2}, tag="pointwise_groups"),
         # batch x pixels >= 256: dW is an im2col and one GEMM
