@@ -127,7 +127,11 @@ def test_batchnorm_stats_are_state_updated_like_pytorch():
     assert roles["bn.running_mean"] == roles["bn.running_var"] == "state"
     assert "bn.running_mean" not in arts.manifest.trainable and "bn.weight" in arts.manifest.trainable
     assert arts.manifest.feeds["bn.running_var.next"] == "bn.running_var"
-    assert "BatchNormalization" not in [n.op_type for n in arts.train_step.proto.graph.node]
+    # no training-mode BatchNormalization is left (onnxruntime's inference build has no kernel for
+    # it): the statistics are written out, and an inference-mode one normalises with them
+    bns = [n for n in arts.train_step.proto.graph.node if n.op_type == "BatchNormalization"]
+    assert bns and all(len(n.output) == 1 and all(a.name != "training_mode" or a.i == 0 for a in n.attribute)
+                       for n in bns)
     x = RNG.normal(1.0, 2.0, size=(6, 3, 5)).astype(np.float32)
     y = RNG.integers(0, 4, 6)
     out = gc.Session(arts.train_step, backend="ort-cpu").run({"x": x, "y": y, **arts.state})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
@@ -50,13 +51,22 @@ def grad_batch_norm(g, node, dy):
     return dx, dscale, dbias, dmean, dvar
 
 
-def batch_statistics(e, x: ir.Value, axes: list[int]) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """(mean, x - mean, biased variance) of ``x`` per channel, kept [1, C, 1, ...]: the forward
-    lowering (``training.modes``) and the gradient rule write them alike, so onnxruntime's
-    common-subexpression elimination computes them once."""
+def batch_statistics(e, x: ir.Value, axes: list[int]) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    """(mean, x - mean, biased variance, zeros) of ``x`` per channel, mean and variance kept
+    [1, C, 1, ...], and zeros [C]: the forward lowering (``training.modes``) and the gradient
+    rule write them alike, so onnxruntime's common-subexpression elimination computes them once.
+    Both normalise the centred input (an inference-mode BatchNormalization with mean ``zeros``),
+    so it is the one full-size value of the BatchNorm the backward reads: x is freed after the
+    forward."""
     mean = e.reduce("ReduceMean", x, axes)
     centred = e.op("Sub", x, mean)
-    return mean, centred, e.reduce("ReduceMean", e.op("Mul", centred, centred), axes)
+    var = e.reduce("ReduceMean", e.op("Mul", centred, centred), axes)
+    channels = static_shape(x)[1]
+    if isinstance(channels, int):
+        zeros = e.const(np.zeros(channels, (x.dtype or ir.DataType.FLOAT).numpy()))
+    else:
+        zeros = e.op("Sub", e.squeeze(mean, axes), e.squeeze(mean, axes))
+    return mean, centred, var, zeros
 
 
 def _batch_norm_training_grads(g, node, dy, axes):
@@ -64,10 +74,10 @@ def _batch_norm_training_grads(g, node, dy, axes):
     s1 = sum(dy), s2 = sum(dy * xhat) over the N values of a channel, k = scale * invstd,
     dx = k * (dy - s1/N - xhat * s2/N), dscale = s2, dbias = s1.
 
-    dx is written as ``dy * k + BatchNormalization(x, -k*s2/N, -k*s1/N, mean, var)``: the
-    inference-mode BatchNormalization (which recomputes xhat from the batch statistics) applies
+    dx is written as ``dy * k + BatchNormalization(x - mean, -k*s2/N, -k*s1/N, 0, var)``: the
+    inference-mode BatchNormalization (which recomputes xhat from the centred input) applies
     the per-channel affine part in one pass, and s2 = invstd * sum(dy * (x - mean)) reads the
-    centred input the forward made, so xhat is never written. Fwd+bwd of one training BN on
+    same centred input, which the forward made, so xhat is never written. Fwd+bwd of one training BN on
     onnxruntime (CPU, 2 threads, interleaved, forward lowered as ``training.modes`` does), in ms,
     this form vs the textbook one (xhat materialised, dx from four full-size Sub/Mul):
     [32,96,32,32] 13.1 vs 14.7; [32,144,16,16] 4.9 vs 5.1; [32,672,4,4] 3.2 vs 4.9;
@@ -75,7 +85,7 @@ def _batch_norm_training_grads(g, node, dy, axes):
     centred input: 13.6, 5.2, 3.3, 3.0, 0.33, no better: ORT's ReduceSumSquare over axes
     (0, 2, 3) runs at a third of ReduceSum's speed.)"""
     x, scale, bias = node.inputs[:3]
-    mean, centred, var = batch_statistics(g, x, axes)
+    _, centred, var, zeros = batch_statistics(g, x, axes)
     eps = attr(node, "epsilon", 1e-5)
     invstd = g.op("Reciprocal", g.op("Sqrt", g.add(var, g.scalar(eps, dy))))
     s1 = g.reduce("ReduceSum", dy, axes, keepdims=True)
@@ -86,7 +96,7 @@ def _batch_norm_training_grads(g, node, dy, axes):
         k = g.mul(_per_channel(g, scale, len(axes) + 1), invstd)
         slope = g.squeeze(g.neg(g.mul(k, g.div(s2, count))), axes)
         shift = g.squeeze(g.neg(g.mul(k, g.div(s1, count))), axes)
-        rest = g.op("BatchNormalization", x, slope, shift, g.squeeze(mean, axes), g.squeeze(var, axes), epsilon=eps)
+        rest = g.op("BatchNormalization", centred, slope, shift, zeros, g.squeeze(var, axes), epsilon=eps)
         dx = g.add(g.mul(dy, k), rest)
     dscale = g.reshape_like(s2, scale) if g.wants(scale) else None
     dbias = g.reshape_like(s1, bias) if g.wants(bias) else None

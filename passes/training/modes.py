@@ -156,13 +156,13 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str,
 
     # Decomposed for onnxruntime, whose CPU provider has no training-mode kernel: the batch
     # statistics as the gradient rule writes them (onnxruntime merges the two), then the
-    # inference-mode BatchNormalization on them, which normalises and applies scale and bias in
-    # one pass (see the rule's docstring for the times). Tried before on Conv+BN+ReLU train
+    # inference-mode BatchNormalization of the centred input, which normalises and applies scale
+    # and bias in one pass (see the rule's docstring for the times). Tried before on Conv+BN+ReLU train
     # steps (CPU, 2 threads, interleaved): var as ReduceSumSquare/count and the scale folded into
     # inv_std moved steps by -5 to +10 % across [2,64,32,32], [32,64,32,32], [32,256,8,8].
-    mean, _, var = batch_statistics(b, x, axes)
+    mean, centred, var, zeros = batch_statistics(b, x, axes)
     batch_mean, biased_var = b.squeeze(mean, axes), b.squeeze(var, axes)
-    y = b.op("BatchNormalization", x, scale, bias, batch_mean, biased_var, epsilon=eps)
+    y = b.op("BatchNormalization", centred, scale, bias, zeros, biased_var, epsilon=eps)
 
     # Running statistics (off the loss path, so autodiff never visits them).
     count = b.op("Div", b.op("Cast", b.op("Size", x, dtype=ir.DataType.INT64), to=x.dtype),
