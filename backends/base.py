@@ -41,8 +41,9 @@ class Executable(Protocol):
     # Device residency (the Trainer keeps params and optimizer state on the device between
     # steps). A "handle" is the backend's own on-device value: an ``OrtValue`` for onnxruntime,
     # the ``np.ndarray`` itself for numpy.
-    def to_device(self, array: np.ndarray) -> Any:
-        """Copy a host array to the executable's device; returns a handle."""
+    def to_device(self, array: np.ndarray, owned: bool = False) -> Any:
+        """Copy a host array to the executable's device; returns a handle. ``owned``: the caller
+        hands ``array`` over (nothing else uses it), so a host device may keep it as it is."""
         ...
 
     def to_host(self, handle: Any) -> np.ndarray:

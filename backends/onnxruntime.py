@@ -266,9 +266,11 @@ class OrtExecutable:
         return dict(zip(names, values))
 
     # -- device residency ---------------------------------------------------------------------
-    def to_device(self, array: np.ndarray) -> Any:
-        """An OrtValue on this session's device (a private copy, also on CPU)."""
-        return _ort().OrtValue.ortvalue_from_numpy(np.array(array, copy=True, order="C"),
+    def to_device(self, array: np.ndarray, owned: bool = False) -> Any:
+        """An OrtValue on this session's device: a private copy, except of an ``owned``
+        C-contiguous array on the CPU, which the OrtValue wraps as it is."""
+        keep = owned and self.device == "cpu" and array.flags.c_contiguous and array.flags.writeable
+        return _ort().OrtValue.ortvalue_from_numpy(array if keep else np.array(array, copy=True, order="C"),
                                                    self.device, self.device_id)
 
     def to_host(self, handle: Any) -> np.ndarray:

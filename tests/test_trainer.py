@@ -117,6 +117,41 @@ def test_trainer_reads_an_artifact_directory(tmp_path):
         gc.Trainer(tmp_path, backend="ort-cpu")
 
 
+def test_a_trainer_forgets_the_artifacts_it_read_itself(tmp_path):
+    """From a directory the Trainer keeps no second copy of the weights once its device buffers
+    hold them: the train_step graph and the initial state are read again when used (here by a
+    checkpoint that saves the artifacts beside it), and training matches a Trainer given the
+    artifacts object, whose graphs and state stay as they are."""
+    arts = bn_artifacts(gc.optim.Adam(1e-2))
+    arts.save(tmp_path / "arts")
+    from_dir, given = gc.Trainer(tmp_path / "arts", backend="ort-cpu"), gc.Trainer(arts, backend="ort-cpu")
+    assert not from_dir.artifacts._loaded  # nothing read from the files is held
+    assert set(given.artifacts._loaded) >= {"train_step", "state"}
+    initial = {k: v.copy() for k, v in arts.state.items()}
+    for _ in range(3):
+        batch = blobs(16)
+        assert from_dir.step(batch) == pytest.approx(given.step(batch), rel=1e-6)
+    assert all(np.array_equal(arts.state[k], v) for k, v in initial.items())  # steps never write into them
+    from_dir.save_checkpoint(tmp_path / "ckpt" / "checkpoint.safetensors")
+    beside = gc.training.load(tmp_path / "ckpt" / "artifacts")
+    assert beside.state.keys() == initial.keys()
+    assert all(np.array_equal(beside.state[k], v) for k, v in initial.items())
+    resumed = gc.Trainer(tmp_path / "ckpt" / "checkpoint.safetensors", backend="ort-cpu")
+    batch = blobs(16)
+    assert resumed.step(batch) == pytest.approx(from_dir.step(batch), rel=1e-6)
+
+
+def test_onnxruntime_wraps_an_owned_host_array_and_copies_any_other():
+    import onnxruntime as ort
+
+    exe = gc.Session(gc.capture(lambda x: x * 2, x=gc.spec("float32", (3,))), backend="ort-cpu")._executable
+    owned, shared = np.arange(3, dtype=np.float32), np.arange(3, dtype=np.float32)
+    a, b = exe.to_device(owned, owned=True), exe.to_device(shared)
+    assert isinstance(a, ort.OrtValue) and a.data_ptr() == owned.ctypes.data
+    assert b.data_ptr() != shared.ctypes.data
+    assert exe.to_device(owned[::2], owned=True).data_ptr() != owned.ctypes.data  # not contiguous: copied
+
+
 TORCH_CNN = Path(__file__).parent / "data" / "torch_cnn_bn.onnx"
 
 

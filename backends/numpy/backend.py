@@ -56,7 +56,7 @@ class NumpyExecutable:
         return result
 
     # -- device residency: the host is the device --------------------------------------------
-    def to_device(self, array: np.ndarray) -> np.ndarray:
+    def to_device(self, array: np.ndarray, owned: bool = False) -> np.ndarray:
         return np.asarray(array)
 
     def to_host(self, handle: np.ndarray) -> np.ndarray:

@@ -50,7 +50,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 import numpy as np
 import onnx_ir as ir
@@ -196,37 +196,59 @@ class Manifest(BaseModel):
 
 
 GraphSource = Union[Model, Callable[[], Model]]
+StateSource = Union[Mapping[str, np.ndarray], Callable[[], Mapping[str, np.ndarray]]]
 
 
 class TrainingArtifacts:
-    """The four graphs, the initial state and the manifest that ties them together. A graph may
-    be given as a function that loads it (``load`` does so): it is read on first use, so a
-    Trainer that only trains never holds the other graphs' copies of the weights."""
+    """The four graphs, the initial state and the manifest that ties them together. A graph, and
+    the state, may be given as a function that loads it (``load`` does so): it is read on first
+    use, so a Trainer that only trains never holds the other graphs' copies of the weights, and
+    ``release`` forgets what was read so (it is read again when next used)."""
 
     def __init__(self, train_step: GraphSource, gradients: GraphSource, eval: GraphSource,
-                 inference: GraphSource, state: Mapping[str, np.ndarray], manifest: Manifest,
+                 inference: GraphSource, state: StateSource, manifest: Manifest,
                  noise_shapes: GraphSource | None = None):
-        self._graphs = {"train_step": train_step, "gradients": gradients, "eval": eval, "inference": inference}
+        self._sources: dict[str, Any] = {"train_step": train_step, "gradients": gradients, "eval": eval,
+                                         "inference": inference}
         if noise_shapes is not None:
-            self._graphs["noise_shapes"] = noise_shapes
-        self.state = dict(state)
+            self._sources["noise_shapes"] = noise_shapes
+        self._sources["state"] = state if callable(state) else dict(state)
+        self._loaded = {key: source for key, source in self._sources.items() if not callable(source)}
         self.manifest = manifest
 
     def _graph(self, key: str) -> Model:
-        graph = self._graphs[key]
-        if not isinstance(graph, Model):
-            graph = self._graphs[key] = graph()
-        return graph
+        if key not in self._loaded:
+            self._loaded[key] = self._sources[key]()
+        return self._loaded[key]
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        """The initial params, optimizer state and step, per param (``<param>.<slot>``)."""
+        if "state" not in self._loaded:
+            self._loaded["state"] = dict(self._sources["state"]())
+        return self._loaded["state"]
+
+    @state.setter
+    def state(self, tensors: Mapping[str, np.ndarray]) -> None:
+        self._sources["state"] = self._loaded["state"] = dict(tensors)
+
+    def release(self) -> None:
+        """Forget the graphs and state that were read from files; the next use reads them again.
+        A Trainer that read its artifacts itself calls this once its session and device buffers
+        hold what it needs: ResNet-50 keeps the state and a graph's weights twice otherwise."""
+        for key, source in self._sources.items():
+            if callable(source):
+                self._loaded.pop(key, None)
 
     train_step = property(lambda self: self._graph("train_step"))
     gradients = property(lambda self: self._graph("gradients"))
     eval = property(lambda self: self._graph("eval"))
     inference = property(lambda self: self._graph("inference"))
-    noise_shapes = property(lambda self: self._graph("noise_shapes") if "noise_shapes" in self._graphs else None)
+    noise_shapes = property(lambda self: self._graph("noise_shapes") if "noise_shapes" in self._sources else None)
 
     @property
     def graphs(self) -> dict[str, Model]:
-        return {key: self._graph(key) for key in self._graphs}
+        return {key: self._graph(key) for key in self._sources if key != "state"}
 
     def __repr__(self) -> str:
         m = self.manifest
@@ -261,9 +283,6 @@ def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:
             ``directory``; ``state.safetensors`` is unreadable. Checked before any graph is read.
             On first use of a graph: its inputs or outputs differ from the manifest's.
     """
-    from safetensors import SafetensorError
-    from safetensors.numpy import load as st_load
-
     directory = Path(directory)
     manifest = read_manifest(directory)
     files = {key: _graph_file(directory, key, entry.file) for key, entry in manifest.graphs.items()}
@@ -271,12 +290,20 @@ def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:
         remove_stale_temps(path)  # what a save killed mid-way left beside them
     graphs = {key: partial(_load_graph, path, directory / MANIFEST_FILE, manifest.graphs[key])  # read on first use
               for key, path in files.items()}
+    artifacts = TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"], graphs["inference"],
+                                  partial(_read_state, directory / STATE_FILE), manifest, graphs.get("noise_shapes"))
+    artifacts.state  # noqa: B018 - read now, so an unreadable state fails here
+    return artifacts
+
+
+def _read_state(path: Path) -> dict[str, np.ndarray]:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
     try:
-        state = st_load((directory / STATE_FILE).read_bytes())
+        return load_file(path)
     except (OSError, SafetensorError) as exc:
-        raise ArtifactsError(f"{directory / STATE_FILE}: cannot read the initial state ({exc})") from None
-    return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
-                             graphs["inference"], state, manifest, graphs.get("noise_shapes"))
+        raise ArtifactsError(f"{path}: cannot read the initial state ({exc})") from None
 
 
 def read_manifest(directory: Union[str, os.PathLike]) -> Manifest:

@@ -138,7 +138,12 @@ class Trainer:
         self._in_place = in_place_outputs(proto.graph, self._feeds)  # written into their input's buffer
         self._train = self._backend.prepare(proto, **({"keep_recomputation": True} if self.manifest.recompute else {}),
                                             **{"mem_pattern": False, **options})
-        self._reset_state(self.artifacts.state)
+        del proto
+        state = self.artifacts.state
+        if self.artifacts_path is not None:  # read here, so ours to forget: read again if used again
+            self.artifacts.release()  # (peak RSS, ResNet-50 b32, 2 threads: 1617 -> 1333 MB with the next)
+        self._reset_state(state)
+        del state
         if resume_from is not None:
             self.load_checkpoint(resume_from)
 
@@ -200,7 +205,9 @@ class Trainer:
 
     def _reset_state(self, tensors: Mapping[str, np.ndarray]) -> None:
         packed = self._packed(tensors)
-        self._state = {n: self._train.to_device(np.asarray(packed[n])) for n in self._entries}
+        # the flat buffers pack made are ours: a host device keeps them instead of a second copy
+        self._state = {n: self._train.to_device(np.asarray(packed.pop(n)), owned=n not in tensors)
+                       for n in self._entries}
         self._spare: dict[str, Any] = {}  # last step's inputs: where the next step writes
 
     # -- running -----------------------------------------------------------------------------------
