@@ -417,6 +417,9 @@ def _cases() -> list[GradCase]:
         # one input channel: the weight gradient takes the im2col + MatMul lowering
         # 1x1 convs: dW is one Einsum (x subsampled by the strides first)
         c("Conv", [T((2, 3, 4, 5)), T((4, 3, 1, 1)), T((4,))], tag="pointwise"),
+        # the weight outweighs the activations: dx is one Gemm by the weight read transposed
+        c("Conv", [T((3, 5, 2, 2)), T((4, 5, 1, 1)), T((4,))], tag="pointwise_tiny_map"),
+        c("Conv", [T((2, 3, 4)), T((5, 3, 1))], tag="pointwise_tiny_map_1d"),
         c("Conv", [T((2, 3, 5, 6)), T((4, 3, 1, 1))], {"strides": [2, 3]}, tag="pointwise_strided"),
         c("Conv", [T((2, 3, 7)), T((2, 3, 1))], {"strides": [2]}, tag="pointwise_1d"),
         # small maps: dx is a 1x1 Conv spread over the input grid with zeros (cut at odd sizes)

@@ -162,8 +162,7 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     n_sp = len(spatial)
     cg, kernel = w_shape[1], list(w_shape[2:])
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
-    sx = static_shape(x)
-    batch = sx[0] if sx is not None and isinstance(sx[0], int) else 16  # a symbolic batch: a typical one
+    batch = _static_batch(x)
     if (group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
             and batch * math.prod(out) >= 256 and cg * math.prod(kernel) * batch * math.prod(out) <= 1 << 24):
         return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
@@ -195,7 +194,17 @@ def grad_conv(g, node, dy):
         # 1152->192 on 2x2: 2.7 vs 5.3; N=2, 144->24 on 16x16: 0.08 vs 0.11). For depthwise and
         # kxk convs the ConvTranspose stays: the Conv by the flipped weight was slower (depthwise
         # 3x3 on 16x16: 9.6 vs 6.2 ms) or mixed (dense 3x3: 6.3 vs 7.9, 7.1 vs 6.5 ms).
-        dx = g.op("Conv", dy, g.transpose(w, [1, 0] + list(range(2, 2 + len(spatial)))))
+        # Where the weight outweighs the activations (maps of 4 pixels, or 32 in the whole batch),
+        # one Gemm by the weight as it is, dy's batch and channels swapped, beats transposing the
+        # weight each step (1 thread, ms, that vs the Conv vs the ConvTranspose): N=32, 512<-2048
+        # on 2x2: 6.3 / 18.1 / 35.3; 96<-576 on 2x2: 0.73 / 0.90 / 1.71; N=2, 512<-2048 on 2x2:
+        # 1.15 / 2.98 / 1.97; 256<-1024 on 4x4: 0.27 / 0.37 / 0.42; but N=32 on 4x4, 256<-1024:
+        # 5.2 / 4.5 / 8.2; N=2 on 8x8, 128<-512: 0.28 / 0.24 / 0.28.
+        pixels, batch = math.prod(spatial), _static_batch(x)
+        if pixels <= 4 or batch * pixels <= 32:
+            dx = _pointwise_input_grad_gemm(g, dy, w, w_shape, spatial)
+        else:
+            dx = g.op("Conv", dy, g.transpose(w, [1, 0] + list(range(2, 2 + len(spatial)))))
     elif g.wants(x) and _strided_pointwise_by_conv(w_shape, spatial, kernel, begin + end, group):
         dx = _zero_interleaved(g, g.op("Conv", dy, g.transpose(w, [1, 0] + list(range(2, 2 + len(spatial))))),
                                w_shape[1], spatial, strides)
@@ -206,6 +215,22 @@ def grad_conv(g, node, dy):
     if g.wants(b):
         db = g.reduce("ReduceSum", dy, [0] + list(range(2, 2 + len(spatial))), keepdims=False)
     return dx, dw, db
+
+
+def _static_batch(x: ir.Value) -> int:
+    """x's batch dim; a typical 16 when it is symbolic."""
+    sx = static_shape(x)
+    return sx[0] if sx is not None and isinstance(sx[0], int) else 16
+
+
+def _pointwise_input_grad_gemm(g: GradBuilder, dy: ir.Value, w: ir.Value, w_shape, spatial) -> ir.Value:
+    """dx of a 1x1 Conv as ``W^T @ dy`` over all pixels of the batch: dy [N, Co, *S] -> [Co, N*S],
+    one Gemm with the weight [Co, Ci] read transposed (``transA``), back to [N, Ci, *S]."""
+    co, ci = w_shape[0], w_shape[1]
+    n_sp = len(spatial)
+    cols = g.op("Reshape", g.transpose(g.op("Reshape", dy, g.ints([0, co, -1])), [1, 0, 2]), g.ints([co, -1]))
+    out = g.op("Gemm", g.op("Reshape", w, g.ints([co, ci])), cols, transA=1)  # [Ci, N*S]
+    return g.transpose(g.op("Reshape", out, g.ints([ci, -1] + list(spatial))), [1, 0] + list(range(2, 2 + n_sp)))
 
 
 def _strided_pointwise_by_conv(w_shape, spatial, kernel, pads, group) -> bool:
