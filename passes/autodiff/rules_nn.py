@@ -105,25 +105,25 @@ def _groups_over_batch(g: GradBuilder, t: ir.Value, group: int, per_group: int, 
 
 def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
     """dW as an explicit im2col and one GEMM over batch and pixels: the window slices of the
-    padded, channel-major input stacked on axis 0 ([K*Ci, N, O], staged one spatial axis at a
-    time: sum(K_i) Slices instead of prod(K_i)) against dy as [Co, N*O] (``transB``: the column
-    matrix is never transposed)."""
+    padded, channel-major input stacked channel-major ([Ci, K_0, ..., N, O], staged one spatial
+    axis at a time: sum(K_i) Slices instead of prod(K_i)), so the GEMM against dy as [Co, N*O]
+    (``transB``: the column matrix is never transposed) gives dW in its own layout, with no
+    weight-size Transpose after it."""
     n_sp = len(spatial)
     ci, kernel = w_shape[1], list(w_shape[2:])
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
-    cols = g.transpose(x, [1, 0] + list(range(2, 2 + n_sp)))
+    cols = g.transpose(x, [1, 0] + list(range(2, 2 + n_sp)))  # [Ci, N, *S]
     if any(begin + end):
         cols = g.op("Pad", cols, g.ints([0, 0] + begin + [0, 0] + end))
-    for i in range(n_sp):  # row index after axis i: k_i * (K_{i-1} ... K_0 * Ci) + ...
-        axis, step = g.ints([2 + i]), g.ints([strides[i]])
-        cols = g.op("Concat", *[g.op("Slice", cols, g.ints([k * dilations[i]]),
-                                     g.ints([k * dilations[i] + (out[i] - 1) * strides[i] + 1]), axis, step)
-                                for k in range(kernel[i])], axis=0)
+    for i in range(n_sp):  # cols: [Ci, K_0 .. K_{i-1}, N, *S]; spatial axis i sits at 2i + 2
+        axis, step, new = g.ints([2 * i + 2]), g.ints([strides[i]]), [i + 1]
+        cols = g.op("Concat", *[g.unsqueeze(g.op("Slice", cols, g.ints([k * dilations[i]]),
+                                                 g.ints([k * dilations[i] + (out[i] - 1) * strides[i] + 1]), axis, step),
+                                            new)
+                                for k in range(kernel[i])], axis=i + 1)
     cols = g.op("Reshape", cols, g.ints([ci * math.prod(kernel), -1]))
     dy2 = g.op("Reshape", g.transpose(dy, [1, 0] + list(range(2, 2 + n_sp))), g.ints([w_shape[0], -1]))
-    dw = g.op("Gemm", dy2, cols, transB=1)
-    dw = g.op("Reshape", dw, g.ints([w_shape[0]] + kernel[::-1] + [ci]))  # [Co, K_{n-1}, ..., K_0, Ci]
-    return g.transpose(dw, [0, n_sp + 1] + list(range(n_sp, 0, -1)))
+    return g.op("Reshape", g.op("Gemm", dy2, cols, transB=1), g.ints(list(w_shape)))
 
 
 def _pointwise_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides):
@@ -148,15 +148,19 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
             and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and g.opset >= 12):
         return _pointwise_weight_grad(g, x, dy, w_shape, spatial, strides)
     # dW[m, c, k] = sum_{n, o} dy[n, m, o] * xpad[n, c, o*stride + k*dilation]. Two lowerings,
-    # chosen by measurement on onnxruntime (CPU, 2 threads), 3x3 convs:
-    # * an im2col (Slices of the channel-major input) and one GEMM, whose reduction runs over
-    #   batch and pixels: fast when that is long. N=32, 64ch on 16x16: 11.6 ms against the Conv's
-    #   21.2; 128ch on 8x8: 10.8 vs 22.4; 256ch on 4x4: 12.2 vs 16.5; stride 2, 64->128: 8.3 vs
-    #   10.8; N=2, 64ch on 16x16: 0.9 vs 2.2. Its column matrix holds prod(K) copies of x, so it
-    #   is capped at 2**24 values.
+    # chosen by measurement on onnxruntime (CPU), 3x3 convs:
+    # * an im2col (Slices of the channel-major input, stacked channel-major) and one GEMM, whose
+    #   output is dW in its own layout. 2 threads, against the Conv below: N=32, 64ch on 16x16:
+    #   11.6 ms vs 21.2; 128ch on 8x8: 10.8 vs 22.4; 256ch on 4x4: 12.2 vs 16.5; stride 2,
+    #   64->128: 8.3 vs 10.8; N=2, 64ch on 16x16: 0.9 vs 2.2 (those with the columns stacked
+    #   kernel-major and a weight-size Transpose after the GEMM; stacking channel-major saves it:
+    #   1 thread, dW and the forward Conv, ms, N=32, 128ch on 8x8 21.9 -> 19.4, 256ch on 4x4
+    #   28.7 -> 23.8, 8x128ch on 8x8 5.5 -> 4.6). On short batch x pixels it now wins too, where
+    #   the Conv below did before (N=2, 512ch on 2x2: 5.7 vs 12.6; 256ch on 4x4: 2.6 vs 4.8; N=32,
+    #   512ch on 2x2: 44.5 vs 53.0). Its column matrix holds prod(K) copies of x, so it is capped
+    #   at 2**24 values.
     # * a Conv over x with batch and channels swapped, dy as the kernel, strides and dilations
-    #   exchanged: better when batch x pixels is short (N=2, 512ch on 2x2: 5.8 ms vs 10.5 for
-    #   the GEMM; N=32 there: equal), and for grouped convs.
+    #   exchanged, then the result transposed: for grouped convs and past the cap.
     # (An im2col with a batched MatMul or an Einsum over [N, K*Ci, O] was no faster than the
     # Conv at N=32: 24 vs 21 ms; for depthwise 3x3/5x5 convs 1.3-2.7x slower than it.)
     n_sp = len(spatial)
@@ -164,7 +168,7 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
     batch = _static_batch(x)
     if (group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
-            and batch * math.prod(out) >= 256 and cg * math.prod(kernel) * batch * math.prod(out) <= 1 << 24):
+            and cg * math.prod(kernel) * batch * math.prod(out) <= 1 << 24):
         return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     xt = _groups_over_batch(g, x, group, cg, spatial)
     dyt = g.transpose(dy, [1, 0] + list(range(2, 2 + n_sp)))
