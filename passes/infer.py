@@ -102,33 +102,41 @@ def _signature(op_type: str, opset: int) -> _Signature:
 def _dtypes(node: ir.Node, opset: int) -> list[ir.DataType | None]:
     """Each output's dtype as the schema binds it from the inputs (the first input's, for the
     sequence ops whose schemas say only "some sequence"); the inputs' dtypes are checked."""
-    sig = _signature(node.op_type, opset)
+    inputs = tuple(None if v is None else (v.dtype, isinstance(v.type, ir.TensorType)) for v in node.inputs)
+    return list(_bind(node.op_type, opset, inputs, len(node.outputs)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _bind(op_type: str, opset: int, inputs: tuple, outputs: int) -> tuple[ir.DataType | None, ...]:
+    """``_dtypes`` for inputs given as ``(dtype, is a tensor)`` (None: a missing input)."""
+    sig = _signature(op_type, opset)
     bound: dict[str, ir.DataType] = {}
     last = len(sig.inputs) - 1
-    for i, value in enumerate(node.inputs):
-        if value is None or value.dtype is None:
+    for i, typed in enumerate(inputs):
+        if typed is None or typed[0] is None:
             continue
         if i > last and not sig.variadic:
-            raise InferenceError(f"{node.op_type} takes at most {len(sig.inputs)} inputs, got {len(node.inputs)}")
+            raise InferenceError(f"{op_type} takes at most {len(sig.inputs)} inputs, got {len(inputs)}")
+        dtype, tensor = typed
         type_str, allowed, heterogeneous = sig.inputs[min(i, last)]
-        if isinstance(value.type, ir.TensorType) and allowed is not None and value.dtype not in allowed:
-            raise InferenceError(f"input {i} has dtype {_name(value.dtype)}, which {node.op_type} does not take")
+        if tensor and allowed is not None and dtype not in allowed:
+            raise InferenceError(f"input {i} has dtype {_name(dtype)}, which {op_type} does not take")
         if heterogeneous:
             continue
-        other = bound.setdefault(type_str, value.dtype)
-        if other != value.dtype:
-            raise InferenceError(f"operand dtypes differ ({_name(other)} vs {_name(value.dtype)})")
-    first = next((v.dtype for v in node.inputs if v is not None), None)
+        other = bound.setdefault(type_str, dtype)
+        if other != dtype:
+            raise InferenceError(f"operand dtypes differ ({_name(other)} vs {_name(dtype)})")
+    first = next((typed[0] for typed in inputs if typed is not None), None)
     out = []
-    for i in range(len(node.outputs)):
+    for i in range(outputs):
         type_str, allowed = sig.outputs[min(i, len(sig.outputs) - 1)]
         dtype = bound.get(type_str)
         if dtype is None and allowed is not None and len(allowed) == 1:
             (dtype,) = allowed
-        if dtype is None and node.op_type not in _FROM_BODIES:
+        if dtype is None and op_type not in _FROM_BODIES:
             dtype = first
         out.append(dtype)
-    return out
+    return tuple(out)
 
 
 def _name(dtype: ir.DataType) -> str:
