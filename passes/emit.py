@@ -1,11 +1,11 @@
 """Node emission shared by the DSL and the passes: ``make_node`` builds every node graphc emits
 (attributes converted one way, the user's line stamped); ``Emitter`` appends ``ai.onnx`` nodes to
-an ``ir.Graph`` for the autodiff and training passes, and the DSL's capture ``Builder`` records
-its nodes with ``make_node`` too (adding ONNX inference per node, which a pass cannot afford).
+an ``ir.Graph`` for the autodiff and training passes. Both the DSL's capture ``Builder`` and the
+``Emitter`` type their outputs through ``passes/infer.py`` (the Emitter with its fast rules only).
 
 It names every new value and node ``<scope>/<stem>_<n>`` (never a name the graph already has),
-shares equal constants, records output dtypes, and emits ``Reduce*``/``Squeeze``/``Unsqueeze``
-with their axes as an input or an attribute, as the graph's opset wants.
+shares equal constants, records output dtypes and shapes, and emits ``Reduce*``/``Squeeze``/
+``Unsqueeze`` with their axes as an input or an attribute, as the graph's opset wants.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ _SEQUENCE_OUTPUTS = frozenset({"SequenceConstruct", "SequenceEmpty", "SequenceIn
 class Emitter:
     """Appends nodes at the end of ``graph`` (callers sort the graph afterwards).
 
-    ``source``, when set, is stamped on each new node as ``graphc.source``. Output dtypes are
-    recorded when given (``dtype=``), else guessed from the op (Cast's
-    ``to``, bool for comparisons, int64 for Shape/Size/NonZero/ArgMax/ArgMin, the fill value's for
-    ConstantOfShape, the values' for Where/CastLike/OneHot, else the first input's dtype).
+    ``source``, when set, is stamped on each new node as ``graphc.source``. Each output's dtype
+    (``dtype=`` overrides it) and shape are recorded as ``infer`` gives them without onnx's
+    fallback: dtypes for every op, shapes where a fast rule knows them. A node whose inputs
+    cannot go together raises ``InferenceError``.
     """
 
     def __init__(self, graph: ir.Graph, opset: int, scope: str = "", names: _Names | None = None):

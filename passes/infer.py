@@ -30,16 +30,12 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from graphc.errors import PassError
+from graphc.errors import InferenceError
 from graphc.passes.values import Dim, StaticShape, static_shape
 
 __all__ = ["InferenceError", "RULES", "infer", "known_array"]
 
 Result = tuple[ir.DataType | None, StaticShape | None]
-
-
-class InferenceError(PassError):
-    """A node's inputs cannot go together (dims that cannot broadcast, a dtype its op does not take)."""
 
 
 def known_array(value: ir.Value) -> np.ndarray | None:

@@ -2,9 +2,11 @@
 
 A ``Builder`` is active while ``gc.capture`` runs. Every DSL op calls ``emit(op_type, inputs,
 attrs)``, which records one ``ir.Node`` in the current scope (the main graph, or a control-flow
-body), infers its output dtype/shape with ONNX's own inference (symbolic dims kept), stamps the
-user's ``file.py:LINE`` and, when example arrays were given, evaluates the node eagerly. The
-layers above wrap the values it returns in ``gc.Tensor``s.
+body), infers its output dtype/shape through ``passes/infer.py`` as the passes do (fast rules,
+then ONNX's per-node inference; symbolic dims kept; an ``InferenceError`` becomes a
+``CaptureError`` naming op, operands and line), stamps the user's ``file.py:LINE`` and, when example
+arrays were given, evaluates the node eagerly. The layers above wrap the values it returns in
+``gc.Tensor``s.
 """
 
 from __future__ import annotations
@@ -96,8 +98,8 @@ class Builder:
     """State of one capture: scopes, name counters, initializers, opset, eager values.
 
     ``values`` maps ``id(ir.Value)`` to its example value (eager capture; initializers and
-    constants always), ``consts`` the outputs of ``Constant`` nodes to their arrays (ONNX
-    inference propagates them, so a Reshape's target shape gives its output dims).
+    constants always), ``consts`` the outputs of ``Constant`` nodes to their arrays (inference
+    reads them, so a Reshape's target shape gives its output dims).
     """
 
     def __init__(self, opset: int, training: bool, eager: bool, seed: int = 0):
