@@ -183,6 +183,8 @@ def broadcast(*shapes: StaticShape | None) -> StaticShape | None:
     by all non-1 dims stays, different symbols give an unknown dim."""
     if any(s is None for s in shapes):
         return None
+    if all(s == shapes[0] for s in shapes):
+        return shapes[0]
     rank = max(len(s) for s in shapes)
     out: list[Dim] = []
     for i in range(rank):
