@@ -98,7 +98,7 @@ def _signature(op_type: str, opset: int) -> _Signature:
 def _dtypes(node: ir.Node, opset: int) -> list[ir.DataType | None]:
     """Each output's dtype as the schema binds it from the inputs (the first input's, for the
     sequence ops whose schemas say only "some sequence"); the inputs' dtypes are checked."""
-    inputs = tuple(None if v is None else (v.dtype, isinstance(v.type, ir.TensorType)) for v in node.inputs)
+    inputs = tuple([None if v is None else (v.dtype, isinstance(v.type, ir.TensorType)) for v in node.inputs])
     return list(_bind(node.op_type, opset, inputs, len(node.outputs)))
 
 
