@@ -38,8 +38,7 @@ def _ints(values):
 
 def _axes(rng, rank, count=None):
     count = int(rng.integers(0, rank + 1)) if count is None else count
-    axes = [int(a) for a in rng.choice(np.arange(-rank, rank), size=count)] if rank else []
-    return axes
+    return [int(a) for a in rng.choice(np.arange(-rank, rank), size=count)] if rank else []
 
 
 def _axes_input(rng, op, opset, axes, attrs):
@@ -53,15 +52,12 @@ def _axes_input(rng, op, opset, axes, attrs):
 
 def case(op, rng):
     """(inputs as (dtype, shape, constant or None), attributes, opset) for one random case of ``op``."""
-    opset = int(rng.choice([13, 17, 18, 21]))
+    axes_moved = op.startswith("Reduce") or op in ("Squeeze", "Unsqueeze")  # opset 11 has them as attributes
+    opset = int(rng.choice([11, 13, 17, 18, 21] if axes_moved else [13, 17, 18, 21]))
     if op in ("LessOrEqual", "GreaterOrEqual"):  # before 16 onnx defines them as functions and infers nothing
         opset = max(opset, 16)
     base = _shape(rng)
-    dtype = F
-    if op in ("And", "Or", "Xor", "Not"):
-        dtype = B
-    elif op in ("Mod",):
-        dtype = I64
+    dtype = B if op in ("And", "Or", "Xor", "Not") else I64 if op == "Mod" else F
     if op in ("Add", "Sub", "Mul", "Div", "Pow", "Mod", "And", "Or", "Xor", "Equal", "Less", "LessOrEqual",
               "Greater", "GreaterOrEqual"):
         return [(dtype, _like(rng, base), None), (dtype, _like(rng, base), None)], {}, opset
@@ -79,7 +75,7 @@ def case(op, rng):
     if op == "Cast":
         return [(F, base, None)], {"to": int(rng.choice([1, 7, 9, 10]))}, opset
     if op == "Constant":
-        arr = rng.random(_shape(rng)[:2] and (2, 3)).astype(np.float32)
+        arr = rng.random(tuple(int(d) for d in rng.integers(1, 4, int(rng.integers(0, 3))))).astype(np.float32)
         attrs = [{"value": ir.tensor(arr)}, {"value_ints": [1, 2]}, {"value_float": 1.5}, {"value_int": 3}]
         return [], attrs[int(rng.integers(len(attrs)))], opset
     if op == "ConstantOfShape":
