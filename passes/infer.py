@@ -362,6 +362,35 @@ def _concat(n: _Node, dtype):
     return dtype, tuple(out)
 
 
+def _slice(n: _Node, dtype):
+    shape = n.shape(0)
+    args = [n.const(i) for i in range(1, 5)]
+    if not shape or any(a is None and i < len(n.node.inputs) and n.node.inputs[i] is not None
+                            for i, a in enumerate(args, 1)):
+        return dtype, None
+    starts, ends, axes, steps = ([int(v) for v in a.reshape(-1)] if a is not None else None for a in args)
+    axes = _axes(range(len(starts)) if axes is None else axes, len(shape))
+    steps = steps or [1] * len(starts)
+    if axes is None or not len(starts) == len(ends) == len(axes) == len(steps) or 0 in steps:
+        return dtype, None
+    out = list(shape)
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        if not isinstance(shape[axis], int):
+            return dtype, None
+        out[axis] = _slice_length(shape[axis], start, end, step)
+    return dtype, tuple(out)
+
+
+def _slice_length(dim: int, start: int, end: int, step: int) -> int:
+    """As ONNX's Slice counts (unlike Python's, a negative step clamps the start to [0, dim-1])."""
+    start, end = start + dim if start < 0 else start, end + dim if end < 0 else end
+    if step > 0:
+        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+    else:
+        start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+    return max(0, -((start - end) // step))
+
+
 def _matmul(n: _Node, dtype):
     a, b = n.shape(0), n.shape(1)
     if not a or not b:
@@ -412,7 +441,7 @@ RULES: dict[str, _Rule] = {
                      "ReduceL1", "ReduceL2", "ReduceLogSumExp"], _reduce),
     "Cast": _cast, "Constant": _constant, "ConstantOfShape": _constant_of_shape, "Shape": _shape, "Size": _size,
     "Reshape": _reshape, "Transpose": _transpose, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
-    "Concat": _concat, "MatMul": _matmul, "Gemm": _gemm, "Gather": _gather, "Expand": _expand,
+    "Concat": _concat, "Slice": _slice, "MatMul": _matmul, "Gemm": _gemm, "Gather": _gather, "Expand": _expand,
 }
 
 

@@ -127,6 +127,14 @@ def case(op, rng):
                         for j, d in enumerate(_shape(rng, rank) if not base else base))
                   for _ in range(int(rng.integers(1, 4)))]
         return [(F, s, None) for s in shapes], {"axis": axis}, opset
+    if op == "Slice":
+        axes = _axes(rng, len(base), int(rng.integers(0, len(base) + 1)))
+        ends = [int(rng.choice([-5, -1, 0, 2, 3, 9, 2**62])) for _ in axes]
+        args = [_ints([int(rng.integers(-5, 5)) for _ in axes]), _ints(ends), _ints(axes),
+                _ints([int(rng.choice([-2, -1, 1, 2, 3])) for _ in axes])]
+        if rng.random() < 0.1:
+            args[1] = (I64, (len(axes),), None)
+        return [(F, base, None), *args[:int(rng.integers(2, 5))]], {}, opset
     if op == "MatMul":
         a = _shape(rng, int(rng.integers(1, 5)))
         b = list(_like(rng, a[:-2])) + [a[-1] if rng.random() < 0.8 else DIMS[int(rng.integers(len(DIMS)))],
