@@ -15,9 +15,9 @@ strs (symbolic dims) and None (unknown dims), or None when even the rank is unkn
   ``InferenceError`` for dims that cannot agree (broadcasting, MatMul/Gemm inner dims, Concat).
 - ``fallback=True`` (the DSL) asks onnx's per-node inference (about 0.1 ms a node) for the other
   ops and the undecided shapes, and turns its errors into ``InferenceError``. The passes'
-  ``Emitter`` does not fall back: the ~1,300 nodes autodiff and the optimizer update write for the
-  ResNet and transformer examples would take ~45 % longer to generate; their other outputs get a
-  dtype only.
+  ``Emitter`` does not fall back (its other outputs get a dtype only): measured on the ResNet and
+  transformer examples' ``gc.training.generate``, 117 of its 1,341 nodes would go to onnx (Reshapes
+  of computed shapes, Pad, Conv, ...) and make it about 8 % slower.
 """
 
 from __future__ import annotations
