@@ -148,21 +148,32 @@ def make_node(op_type: str, inputs: Sequence[ir.Value | None], attrs: dict, *, o
 
 
 def _attributes(attrs: dict) -> list[ir.Attr]:
-    """``ir.Attr``s for Python values: bools as ints, numpy arrays as tensors, the rest as onnx-ir
-    converts them (ints, floats, strings, lists, tensors, graphs)."""
-    out = []
-    for key, value in attrs.items():
-        if value is None:
-            continue
-        if isinstance(value, ir.Attr):
-            out.append(value)
-        elif isinstance(value, bool):
-            out.append(ir.AttrInt64(key, int(value)))
-        elif isinstance(value, np.ndarray):
-            out.append(ir.AttrTensor(key, ir.tensor(value)))
-        else:
-            out.append(ir.convenience.convert_attribute(key, value))
-    return out
+    """``ir.Attr``s for Python values (those that are None left out)."""
+    return [_attribute(key, value) for key, value in attrs.items() if value is not None]
+
+
+def _attribute(key: str, value) -> ir.Attr:
+    """Ints (bools, dtypes), floats, strings, tensors, numpy arrays and lists of ints or floats
+    directly; the rest (graphs, ...) as onnx-ir converts them, which checks protocols first and
+    costs up to 0.1 ms (a Transpose's ``perm``)."""
+    if isinstance(value, ir.Attr):
+        return value
+    if isinstance(value, int):
+        return ir.AttrInt64(key, int(value))
+    if isinstance(value, float):
+        return ir.AttrFloat32(key, value)
+    if isinstance(value, str):
+        return ir.AttrString(key, value)
+    if isinstance(value, np.ndarray):
+        return ir.AttrTensor(key, ir.tensor(value))
+    if isinstance(value, ir.Tensor):
+        return ir.AttrTensor(key, value)
+    if isinstance(value, (list, tuple)) and value:
+        if all(isinstance(v, int) for v in value):
+            return ir.AttrInt64s(key, [int(v) for v in value])
+        if all(isinstance(v, float) for v in value):
+            return ir.AttrFloat32s(key, list(value))
+    return ir.convenience.convert_attribute(key, value)
 
 
 class _Names:
