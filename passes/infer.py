@@ -187,20 +187,15 @@ def broadcast(*shapes: StaticShape | None) -> StaticShape | None:
         return shapes[0]
     rank = max(len(s) for s in shapes)
     out: list[Dim] = []
-    for i in range(rank):
+    for dims in zip(*((1,) * (rank - len(s)) + s for s in shapes)):
         value, symbols = 1, set()
-        for s in shapes:
-            j = i - rank + len(s)
-            if j < 0:
-                continue
-            d = s[j]
-            if isinstance(d, int):
-                if d != 1:
-                    if value not in (1, d):
-                        raise InferenceError(f"shapes do not broadcast (dim {value} vs {d})")
-                    value = d
-            else:
+        for d in dims:
+            if not isinstance(d, int):
                 symbols.add(d)
+            elif d != 1:
+                if value not in (1, d):
+                    raise InferenceError(f"shapes do not broadcast (dim {value} vs {d})")
+                value = d
         out.append(value if value != 1 or not symbols else next(iter(symbols)) if len(symbols) == 1 else None)
     return tuple(out)
 
