@@ -23,6 +23,11 @@ class PipelineError(PassError, RuntimeError):
     """An optimize pass broke its contract (changed the graph's interface): a bug in that pass."""
 
 
+class InferenceError(PassError):
+    """A node's inputs cannot go together (dims that do not broadcast, a dtype its op does not
+    take). The DSL reports it as a ``CaptureError``; from a pass it is a bug in that pass."""
+
+
 class AutodiffError(PassError):
     """The graph cannot be differentiated as asked: a non-float loss or parameter, an unsupported
     case of an op's gradient, or a gradient rule that broke its contract."""

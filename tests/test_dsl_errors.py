@@ -103,6 +103,21 @@ def test_onnx_inference_errors_are_wrapped():
     assert f"{HERE}:{_line_of('INFER')}" in str(err.value) and "Softmax" in str(err.value)
 
 
+@pytest.mark.parametrize("fn,specs,want", [
+    (lambda x: gc.nn.functional.expand(x, (2, 4)),
+     {"x": ("float32", (2, 3))}, "Expand(float32[2,3], int64[2]): shapes do not broadcast (dim 3 vs 4)"),
+    (lambda x, y: gc.concat([x, y], axis=0),
+     {"x": ("float32", ("N", 3)), "y": ("float32", ("N", 4))}, "Concat(float32[N,3], float32[N,4]): dims differ"),
+    (lambda x: gc.exp(x),
+     {"x": ("int64", (4,))}, "Exp(int64[4]): input 0 has dtype int64, which Exp does not take"),
+], ids=["expand", "concat", "dtype"])
+def test_fast_inference_errors_name_op_operands_and_line(fn, specs, want):
+    """Mismatches passes/infer.py's rules and schema checks find (no DSL pre-check) read like the others."""
+    with pytest.raises(gc.CaptureError) as err:
+        gc.capture(fn, **{k: gc.spec(*v) for k, v in specs.items()})
+    assert want in str(err.value) and f"{HERE}:{fn.__code__.co_firstlineno}" in str(err.value)
+
+
 def test_eager_errors_carry_values():
     def f(x, y):
         return x + y  # EAGER

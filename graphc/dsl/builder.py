@@ -2,9 +2,11 @@
 
 A ``Builder`` is active while ``gc.capture`` runs. Every DSL op calls ``emit(op_type, inputs,
 attrs)``, which records one ``ir.Node`` in the current scope (the main graph, or a control-flow
-body), infers its output dtype/shape with ONNX's own inference (symbolic dims kept), stamps the
-user's ``file.py:LINE`` and, when example arrays were given, evaluates the node eagerly. The
-layers above wrap the values it returns in ``gc.Tensor``s.
+body), infers its output dtype/shape through ``passes/infer.py`` as the passes do (fast rules,
+then ONNX's per-node inference; symbolic dims kept; an ``InferenceError`` becomes a
+``CaptureError`` naming op, operands and line), stamps the user's ``file.py:LINE`` and, when example
+arrays were given, evaluates the node eagerly. The layers above wrap the values it returns in
+``gc.Tensor``s.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from graphc.dsl import eager as _eager
 from graphc.errors import CaptureError, GraphError
 from graphc.model.dtypes import as_dtype, to_onnx, type_text
 from graphc.passes.emit import make_node
+from graphc.passes.infer import InferenceError, infer
 from graphc.passes.values import static_shape
 
 _PKG_DIR = str(Path(__file__).resolve().parents[1]) + os.sep  # the graphc package
@@ -96,8 +98,8 @@ class Builder:
     """State of one capture: scopes, name counters, initializers, opset, eager values.
 
     ``values`` maps ``id(ir.Value)`` to its example value (eager capture; initializers and
-    constants always), ``consts`` the outputs of ``Constant`` nodes to their arrays (ONNX
-    inference propagates them, so a Reshape's target shape gives its output dims).
+    constants always), ``consts`` the outputs of ``Constant`` nodes to their arrays (inference
+    reads them, so a Reshape's target shape gives its output dims).
     """
 
     def __init__(self, opset: int, training: bool, eager: bool, seed: int = 0):
@@ -117,7 +119,6 @@ class Builder:
         self._const_cache: dict[tuple, ir.Value] = {}
         self._counters: dict[str, int] = {}
         self._names: set[str] = set()
-        self.opset_protos = [onnx.helper.make_opsetid("", opset)]
 
     @contextlib.contextmanager
     def activated(self):
@@ -243,11 +244,11 @@ class Builder:
         base = name_hint or op_type.lower()
         out_values = [ir.Value(name=self.unique(f"{prefix}.{base}" if prefix else base)) for _ in range(num_outputs)]
         node = make_node(op_type, inputs, attrs, outputs=out_values, name=node_name, source=source)
-        if out_types is None:
-            out_types = self._infer(node, operands, source)
-        for value, (dtype, shape) in zip(out_values, out_types):
+        types = self._infer(node, operands, source) if out_types is None else \
+            [(None if dtype is None else ir.DataType(to_onnx(dtype)), shape) for dtype, shape in out_types]
+        for value, (dtype, shape) in zip(out_values, types):
             if dtype is not None:
-                value.type = ir.TensorType(ir.DataType(to_onnx(dtype)))
+                value.type = ir.TensorType(dtype)
             value.shape = None if shape is None else ir.Shape(list(shape))
         self.scope.nodes.append(node)
         if self.eager:
@@ -259,36 +260,11 @@ class Builder:
                     self.values[id(v)] = r
         return out_values
 
-    def _infer(self, node: ir.Node, operands: Sequence[Any], source: str) -> list[tuple[str | None, Any]]:
-        proto = ir.serde.serialize_node(node)
-        types, data = {}, {}
-        for v in node.inputs:
-            if v is None:
-                continue
-            types[v.name] = onnx.helper.make_tensor_type_proto(
-                v.dtype if v.dtype is not None else onnx.TensorProto.FLOAT, _proto_dims(static_shape(v)))
-            if id(v) in self.consts:
-                data[v.name] = onnx.numpy_helper.from_array(self.consts[id(v)], v.name)
+    def _infer(self, node: ir.Node, operands: Sequence[Any], source: str) -> list[tuple]:
         try:
-            schema = onnx.defs.get_schema(node.op_type, self.opset, "")
-            result = onnx.shape_inference.infer_node_outputs(schema, proto, types, data,
-                                                             opset_imports=self.opset_protos)
-        except Exception as exc:  # onnx raises InferenceError, ValidationError, SchemaError
-            msg = str(exc).replace("[ShapeInferenceError] ", "").replace("[TypeInferenceError] ", "").strip()
-            raise op_error(node.op_type, operands, msg, source) from None
-        out = []
-        for value in node.outputs:
-            tp = result.get(value.name)
-            if tp is None or not tp.HasField("tensor_type"):
-                out.append((None, None))
-                continue
-            tt = tp.tensor_type
-            dtype = as_dtype(tt.elem_type) if tt.elem_type else None
-            shape = None
-            if tt.HasField("shape"):
-                shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
-            out.append((dtype, shape))
-        return out
+            return infer(node, self.opset, lambda v: self.consts.get(id(v)), fallback=True)
+        except InferenceError as exc:
+            raise op_error(node.op_type, operands, str(exc), source) from None
 
     def _evaluate(self, node: ir.Node, arrays: list, attrs: dict, operands: Sequence[Any],
                   source: str) -> list[np.ndarray]:
@@ -321,12 +297,6 @@ def op_error(op: str, operands: Sequence[Any], msg: str, source: str) -> Capture
 
 def _short(array: np.ndarray) -> str:
     return np.array2string(np.asarray(array), threshold=6, edgeitems=2, precision=4).replace("\n", "")
-
-
-def _proto_dims(shape):
-    if shape is None:
-        return None
-    return [d if isinstance(d, (int, str)) else None for d in shape]
 
 
 __all__ = ["Builder", "Scope", "active", "current", "operand_text", "op_error", "type_str", "user_source"]
