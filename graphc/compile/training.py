@@ -1,3 +1,5 @@
+# Over 500 lines: gc.training as one module, as API.md names it: the manifest, the artifacts
+# (lazily read, released) and generate read and write the same format, so they stay together.
 """``gc.training.generate``: a model plus a loss and an optimizer become four ONNX graphs.
 
     arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"),
