@@ -62,3 +62,19 @@ def test_dense_product_gives_the_conv_gradients(backend, dtype, rtol, monkeypatc
 def test_small_or_unknown_batches_and_large_maps_keep_the_conv():
     assert "Conv" in {n.op_type for n in artifacts(2).gradients.proto.graph.node}
     assert "Conv" in {n.op_type for n in artifacts("N").gradients.proto.graph.node}
+
+
+def test_tap_count_equals_the_tables_sum():
+    """The plan decides from a count of the taps that meet the input, without the table."""
+    from graphc.passes.autodiff.rules_nn import out_dims
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        spatial = [int(v) for v in rng.integers(1, 9, 2)]
+        kernel, strides, dilations = ([int(v) for v in rng.integers(1, 4, 2)] for _ in range(3))
+        begin, end = ([int(v) for v in rng.integers(0, 3, 2)] for _ in range(2))
+        out = out_dims(spatial, kernel, strides, dilations, begin, end)
+        if min(out) < 1:
+            continue
+        taps = dense_conv._taps(spatial, out, kernel, strides, dilations, begin)
+        assert dense_conv._tap_count(spatial, out, kernel, strides, dilations, begin) == int(taps.sum())
