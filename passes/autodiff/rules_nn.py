@@ -129,10 +129,12 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
 def _depthwise_weight_grad_taps(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
     """dW of a depthwise Conv (one input channel per output channel) one kernel tap at a time:
     the sum over batch and pixels of dy times the window of the padded input that the tap
-    reads (a Slice). onnxruntime (CPU, 1 thread, idle machine, ms), this vs the Conv over x
-    with batch and channels swapped: 3x3, stride 1, N=32, 96ch on 32x32: 70.8 vs 82.2; 144ch on
-    16x16: 28.5 vs 31.1; N=2, 96ch on 32x32: 2.7 vs 5.4. It loses once x outgrows the cache (N=32,
-    144ch on 32x32: 93.5 vs 77.8; 96ch on 64x64: 253 vs 232), with strides (its strided Slices:
+    reads (a Slice). onnxruntime (CPU, 1 thread, idle machine, ms; ``scripts/bench_lowerings.py
+    --only depthwise_dw``), this vs the Conv over x with batch and channels swapped: 3x3, stride
+    1, N=2, 96ch on 32x32: 2.7 vs 5.4 and 2.65 vs 5.53; N=32, 144ch on 16x16: 28.5 vs 31.1 and
+    25.1 vs 26.5; 240ch on 8x8: 7.7 vs 8.4. A tie at N=32, 96ch on 32x32 (70.8 vs 82.2, then 73.6
+    vs 70.0), so it serves inputs of at most 2**21 values. It loses once x outgrows the cache
+    (N=32, 144ch on 32x32: 93.5 vs 77.8; 96ch on 64x64: 253 vs 232), with strides (its strided Slices:
     N=32, 96ch, 64x64 stride 2: 147 vs 101), for 5x5 kernels (96ch on 32x32: 165 vs 87) and on
     small maps (480ch on 4x4: 12.5 vs 8.6). Stacking the taps channel-major for one batched
     MatMul was in between (58.9 / 24.6 ms where the two above took 64.8-93.8 / 22.8-36.0, on a
@@ -193,7 +195,7 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     cg, kernel = w_shape[1], list(w_shape[2:])
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
     if (group == w_shape[0] and cg == 1 and math.prod(kernel) <= 9 and all(v == 1 for v in strides)
-            and math.prod(out) >= 256 and _static_batch(x) * w_shape[0] * math.prod(spatial) <= 1 << 22):
+            and math.prod(out) >= 256 and _static_batch(x) * w_shape[0] * math.prod(spatial) <= 1 << 21):
         return _depthwise_weight_grad_taps(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     batch = _static_batch(x)
     if (group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
