@@ -197,10 +197,10 @@ class GradBuilder(Emitter):
         if shape is None or any(d is None for d in shape):
             return out
         for i, v in enumerate(values):
-            expand = v.producer() if _lone_expand(v) else None
-            target = expand.inputs[1] if expand is not None else None
-            if target is None:
+            if not _lone_expand(v) or v.producer().inputs[1] is None:
                 continue
+            expand = v.producer()
+            target = expand.inputs[1]
             made_by = target.producer()
             fixed = const_array(target)
             if ((fixed is not None and is_static(shape) and [int(d) for d in fixed] == list(shape))

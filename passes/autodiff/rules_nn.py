@@ -239,10 +239,9 @@ def grad_conv(g, node, dy):
         if pixels <= 4 or batch * pixels <= 32:
             dx = _pointwise_input_grad_gemm(g, dy, w, w_shape, spatial)
         else:
-            dx = g.op("Conv", dy, g.transpose(w, [1, 0] + list(range(2, 2 + len(spatial)))))
+            dx = _pointwise_input_grad_conv(g, dy, w, len(spatial))
     elif g.wants(x) and _strided_pointwise_by_conv(w_shape, spatial, kernel, begin + end, group):
-        dx = _zero_interleaved(g, g.op("Conv", dy, g.transpose(w, [1, 0] + list(range(2, 2 + len(spatial))))),
-                               w_shape[1], spatial, strides)
+        dx = _zero_interleaved(g, _pointwise_input_grad_conv(g, dy, w, len(spatial)), w_shape[1], spatial, strides)
     elif g.wants(x):
         dx = _transposed(g, dy, w, spatial, kernel, strides, dilations, begin, end, group)
     if g.wants(w):
@@ -256,6 +255,11 @@ def _static_batch(x: ir.Value) -> int:
     """x's batch dim; a typical 16 when it is symbolic."""
     sx = static_shape(x)
     return sx[0] if sx is not None and isinstance(sx[0], int) else 16
+
+
+def _pointwise_input_grad_conv(g: GradBuilder, dy: ir.Value, w: ir.Value, n_sp: int) -> ir.Value:
+    """dx of a 1x1 Conv on dy's own grid: dy convolved by the weight with its channel axes swapped."""
+    return g.op("Conv", dy, g.transpose(w, [1, 0] + list(range(2, 2 + n_sp))))
 
 
 def _pointwise_input_grad_gemm(g: GradBuilder, dy: ir.Value, w: ir.Value, w_shape, spatial) -> ir.Value:
