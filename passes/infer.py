@@ -180,14 +180,15 @@ def _axes(axes: Sequence[int], rank: int) -> list[int] | None:
 
 def broadcast(*shapes: StaticShape | None) -> StaticShape | None:
     """numpy broadcasting as onnx infers it: a fixed dim other than 1 wins, a symbolic dim shared
-    by all non-1 dims stays, different symbols give an unknown dim."""
+    by all non-1 dims stays, different symbols give an unknown dim. Of several dims that cannot
+    agree, the last axis's are named."""
     if any(s is None for s in shapes):
         return None
     if all(s == shapes[0] for s in shapes):
         return shapes[0]
     rank = max(len(s) for s in shapes)
     out: list[Dim] = []
-    for dims in zip(*((1,) * (rank - len(s)) + s for s in shapes)):
+    for dims in reversed(list(zip(*((1,) * (rank - len(s)) + s for s in shapes)))):
         value, symbols = 1, set()
         for d in dims:
             if not isinstance(d, int):
@@ -197,7 +198,7 @@ def broadcast(*shapes: StaticShape | None) -> StaticShape | None:
                     raise InferenceError(f"shapes do not broadcast (dim {value} vs {d})")
                 value = d
         out.append(value if value != 1 or not symbols else next(iter(symbols)) if len(symbols) == 1 else None)
-    return tuple(out)
+    return tuple(reversed(out))
 
 
 def _inner(a: Dim, b: Dim) -> None:

@@ -17,6 +17,7 @@ from graphc.model.dtypes import as_dtype, to_numpy
 from graphc.errors import CaptureError
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
+from graphc.passes.infer import InferenceError, broadcast
 
 # -- operands ---------------------------------------------------------------------------------
 
@@ -51,13 +52,13 @@ def _pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
 
 
 def broadcast_shape(op: str, a: Tensor, b: Tensor) -> None:
-    """Raise CaptureError when static dims cannot broadcast (symbolic dims are trusted)."""
-    sa, sb = a.shape, b.shape
-    if sa is None or sb is None:
-        return
-    for da, db in zip(reversed(sa), reversed(sb)):
-        if isinstance(da, int) and isinstance(db, int) and da != db and da != 1 and db != 1:
-            raise op_error(op, [a, b], f"shapes do not broadcast (dim {da} vs {db})", user_source())
+    """Raise CaptureError when static dims of ``a`` and ``b`` cannot broadcast (symbolic dims are
+    trusted): ``infer.broadcast``'s check, naming just this pair (Where checks two pairs of its
+    three operands; a binary op's node gets the same check from inference as it is emitted)."""
+    try:
+        broadcast(a.shape, b.shape)
+    except InferenceError as exc:
+        raise op_error(op, [a, b], str(exc), user_source()) from None
 
 
 def same_dtype(op: str, a: Tensor, b: Tensor) -> None:
@@ -108,7 +109,6 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
     a, b = _pair(a, b)
     if op != "Pow":
         same_dtype(op, a, b)
-    broadcast_shape(op, a, b)
     return emit(op, [a, b])
 
 
