@@ -321,32 +321,44 @@ def export_onnx(model: nn.Module, batch: dict[str, np.ndarray], path: Path) -> N
                           training=torch.onnx.TrainingMode.TRAINING)
 
 
-def update_share(arts, batch: dict[str, np.ndarray], directory: Path, runs: int = 5, warmup: int = 2
-                 ) -> tuple[float, int]:
-    """(percent of the train_step's kernel time in ``optim/...`` nodes, the train_step's node count),
-    from an onnxruntime profile of ``runs`` steps, the first ``warmup`` (allocation) left out."""
+def profile_kernels(arts, batch: dict[str, np.ndarray], directory: Path, runs: int, warmup: int = 2
+                    ) -> tuple[list[dict], list[float]]:
+    """The kernel events of an onnxruntime profile of the train_step after its first ``warmup``
+    (allocating) runs of ``runs``, and each run's wall seconds; the session runs as the Trainer
+    runs it (carried state fed, not initializers; no memory pattern)."""
     import onnxruntime as ort
 
     proto = arts.train_step.proto
     fed = {i.name for i in proto.graph.input}
-    kept = [t for t in proto.graph.initializer if t.name not in fed]  # carried state is fed, as the Trainer does
+    kept = [t for t in proto.graph.initializer if t.name not in fed]
     del proto.graph.initializer[:]
     proto.graph.initializer.extend(kept)
     options = ort.SessionOptions()
     options.intra_op_num_threads = THREADS
+    options.enable_mem_pattern = False
     options.enable_profiling = True
     options.profile_file_prefix = str(directory / "ort_profile")
     session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     state = arts.manifest.pack(arts.state)  # per-param names -> the train_step's (flat) inputs
     feeds = {i.name: batch[i.name] if i.name in batch else state[i.name] for i in session.get_inputs()}
+    walls = []
     for _ in range(runs):
+        t0 = time.perf_counter()
         session.run(["loss"], feeds)
+        walls.append(time.perf_counter() - t0)
     events = json.loads(Path(session.end_profiling()).read_text())
     start = sorted(e["ts"] for e in events if e["name"] == "model_run")[warmup]
-    kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
-               and e["ts"] >= start]
+    kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start]
+    return kernels, walls[warmup:]
+
+
+def update_share(arts, batch: dict[str, np.ndarray], directory: Path, runs: int = 5, warmup: int = 2
+                 ) -> tuple[float, int]:
+    """(percent of the train_step's kernel time in ``optim/...`` nodes, the train_step's node count),
+    from an onnxruntime profile of ``runs`` steps, the first ``warmup`` (allocation) left out."""
+    kernels, _ = profile_kernels(arts, batch, directory, runs, warmup)
     update = sum(e["dur"] for e in kernels if "optim/" in e["name"])
-    return 100 * update / sum(e["dur"] for e in kernels), len(proto.graph.node)
+    return 100 * update / sum(e["dur"] for e in kernels), len(arts.train_step.ir.graph)
 
 
 def child_peak_mb(*args: str) -> float:

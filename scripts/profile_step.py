@@ -16,43 +16,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import bench_zoo as zoo  # noqa: E402 - the architectures, export and batches of the benchmark
 
 import graphc as gc
-
-
-def profile(arts, batch: dict, directory: Path, runs: int, warmup: int = 2) -> list[dict]:
-    """The kernel events of ``runs`` train_step runs after ``warmup``."""
-    import onnxruntime as ort
-
-    proto = arts.train_step.proto
-    fed = {i.name for i in proto.graph.input}
-    kept = [t for t in proto.graph.initializer if t.name not in fed]
-    del proto.graph.initializer[:]
-    proto.graph.initializer.extend(kept)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = zoo.THREADS
-    options.enable_profiling = True
-    options.enable_mem_pattern = False  # as the Trainer runs train_step
-    options.profile_file_prefix = str(directory / "ort_profile")
-    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    state = arts.manifest.pack(arts.state)
-    feeds = {i.name: batch[i.name] if i.name in batch else state[i.name] for i in session.get_inputs()}
-    walls = []
-    for _ in range(runs + warmup):
-        t0 = time.perf_counter()
-        session.run(["loss"], feeds)
-        walls.append(time.perf_counter() - t0)
-    print(f"wall per run: {statistics.median(walls[warmup:]) * 1e3:.1f} ms (profiling on)")
-    events = json.loads(Path(session.end_profiling()).read_text())
-    start = sorted(e["ts"] for e in events if e["name"] == "model_run")[warmup]
-    return [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start]
 
 
 def label(node, graph) -> str:
@@ -112,7 +82,8 @@ def main() -> None:
                                     gc.optim.AdamW(zoo.LR))
         graph = arts.train_step.proto.graph
         forward_ops = {n.name: label(n, graph) for n in graph.node}
-        events = profile(arts, batch, tmp, args.runs)
+        events, walls = zoo.profile_kernels(arts, batch, tmp, args.runs + 2)
+        print(f"wall per run: {statistics.median(walls) * 1e3:.1f} ms (profiling on)")
         table = charge(events, forward_ops)
     total = sum(sum(c.values()) for c in table.values())
     print(f"{args.model} batch {args.batch}, {args.image_size} px: {total / args.runs / 1e3:.1f} ms of kernel "
