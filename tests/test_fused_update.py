@@ -86,6 +86,18 @@ def test_layout_groups_by_dtype_and_decay():
         onnx.checker.check_model(model.proto, full_check=True)
 
 
+def test_pack_can_consume_the_pieces_it_packs():
+    arts = generate(gc.optim.AdamW(0.01, no_decay=("*.bias",)))
+    expected = arts.manifest.pack(arts.state)
+    given = dict(arts.state)
+    packed = arts.manifest.pack(given, consume=True)
+    assert packed is given  # the pieces are dropped from it as they are packed, not copied first
+    assert packed.keys() == expected.keys() and "fc0.weight.exp_avg" not in given
+    for name, value in expected.items():
+        assert np.array_equal(packed[name], value), name
+    assert len(arts.state) > len(packed)  # the artifacts' own dict is untouched
+
+
 def test_update_node_count_does_not_grow_with_the_number_of_params():
     def update_nodes(layers):
         arts = generate(gc.optim.AdamW(0.01), layers=layers)

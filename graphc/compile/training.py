@@ -149,16 +149,19 @@ class Manifest(BaseModel):
     layout: list[FlatBuffer] = []  # the fused update's flat buffers; empty: one input per param
     recompute: bool = False  # the backward recomputes cheap forward values (generate's option)
 
-    def pack(self, tensors: Mapping[str, np.ndarray], graph: str | None = None) -> dict[str, np.ndarray]:
+    def pack(self, tensors: Mapping[str, np.ndarray], graph: str | None = None, *,
+             consume: bool = False) -> dict[str, np.ndarray]:
         """``tensors`` named per param (``state.safetensors``, a checkpoint) as train_step takes
         them: each optimizer-state buffer whose per-param pieces ``tensors`` all hold is packed
-        from them; with ``graph``, only that graph's inputs are kept."""
-        out = dict(tensors)
+        from them; with ``graph``, only that graph's inputs are kept. ``consume``: ``tensors`` is a
+        dict its owner gives up; it becomes the result, each piece dropped once packed, so the
+        pieces and the buffers are never all held at once."""
+        out = tensors if consume else dict(tensors)
         for buf in self.layout:
             for name, suffix in buf.tensors():
                 members = [p + suffix for p in buf.params]
-                if all(m in tensors for m in members):
-                    out[name] = buf.pack_one(tensors, suffix)
+                if all(m in out for m in members):
+                    out[name] = buf.pack_one(out, suffix)
                     for m in members:
                         del out[m]
         if graph is not None:
@@ -294,17 +297,27 @@ def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:
               for key, path in files.items()}
     artifacts = TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"], graphs["inference"],
                                   partial(_read_state, directory / STATE_FILE), manifest, graphs.get("noise_shapes"))
-    artifacts.state  # noqa: B018 - read now, so an unreadable state fails here
+    _check_state(directory / STATE_FILE)  # its header now, so an unreadable state fails here
     return artifacts
 
 
 def _read_state(path: Path) -> dict[str, np.ndarray]:
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+    from graphc.tensorfile import read_tensors
 
     try:
-        return load_file(path)
-    except (OSError, SafetensorError) as exc:
+        return read_tensors(path)
+    except (OSError, ValueError) as exc:
+        raise ArtifactsError(f"{path}: cannot read the initial state ({exc})") from None
+
+
+def _check_state(path: Path) -> None:
+    """Fail now if ``path`` is no safetensors file: its header is read, none of its tensors
+    (a Trainer reads them only once its session holds the graph)."""
+    from graphc.tensorfile import read_header
+
+    try:
+        read_header(path)
+    except (OSError, ValueError) as exc:
         raise ArtifactsError(f"{path}: cannot read the initial state ({exc})") from None
 
 

@@ -34,6 +34,7 @@ from pydantic import (BaseModel, NonNegativeFloat, NonNegativeInt, PositiveInt, 
 
 from graphc.errors import GraphcError
 from graphc.fileio import atomic_write, fsync_dir, remove_stale_temps, scratch_dir
+from graphc.tensorfile import MAX_HEADER, read_tensors
 
 __all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "LoaderState", "artifacts_dir", "check_owner",
            "check_writable", "find_artifacts", "load", "mismatch", "read_meta", "read_tensor_table", "resolve", "save",
@@ -181,18 +182,13 @@ def check_writable(path: PathLike) -> Path:
 
 def load(path: PathLike) -> tuple[dict[str, np.ndarray], CheckpointMeta]:
     """Read and verify a checkpoint; ``CheckpointError`` says what is wrong with a bad one."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load as st_load
-
     target = _existing_file(resolve(path), path)
     remove_stale_temps(target)
-    data = target.read_bytes()
-    meta = _parse_meta(target, data)
+    meta, header, start = _read_header(target)
     try:
-        tensors = st_load(data)
-    except (SafetensorError, ValueError) as exc:
-        raise CheckpointError(f"{target}: not a readable graphc checkpoint (corrupted or truncated: "
-                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        tensors = read_tensors(target, header, start)  # each into its own array: no second copy
+    except ValueError as exc:
+        raise CheckpointError(f"{target}: not a readable graphc checkpoint (corrupted or truncated: {exc})") from None
     if _digest(tensors, meta) != meta.digest:
         raise CheckpointError(f"{target}: checkpoint is corrupted (its tensor data or header does not match its "
                               "recorded SHA-256 digest)")
@@ -204,17 +200,17 @@ def read_meta(path: PathLike) -> CheckpointMeta:
     return _read_header(_existing_file(resolve(path), path))[0]
 
 
-def _read_header(target: Path) -> tuple[CheckpointMeta, dict]:
-    """The validated ``CheckpointMeta`` and the whole safetensors header of ``target``, in one read."""
+def _read_header(target: Path) -> tuple[CheckpointMeta, dict, int]:
+    """The validated ``CheckpointMeta``, the whole safetensors header of ``target`` and the offset
+    its data starts at, in one read."""
     with open(target, "rb") as f:
         head = f.read(8)
         size = int.from_bytes(head, "little") if len(head) == 8 else 0
-        header = f.read(size) if 0 < size <= _MAX_HEADER else b""
+        header = f.read(size) if 0 < size <= MAX_HEADER else b""
     meta = _parse_meta(target, head + header)  # a graphc checkpoint's header (so JSON of a sane size)
-    return meta, json.loads(header)
+    return meta, json.loads(header), 8 + size
 
 
-_MAX_HEADER = 100_000_000  # safetensors' own limit on the header size
 # safetensors' dtype codes -> graphc dtype names
 _DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
            "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
@@ -253,7 +249,7 @@ def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
     target = check_writable(path)
     found = []
     if target.is_file():
-        meta, header = _read_header(target)
+        meta, header, _ = _read_header(target)
         found.append((target, _tensor_table(header), meta.roles))
     beside = artifacts_dir(target) if target.name == FILE_NAME else None
     if beside is not None:

@@ -192,9 +192,9 @@ class DistributedTrainer(Trainer):
         return {}  # random ops inside the graphs draw on the workers, out of the driver's reach
 
     # -- state --------------------------------------------------------------------------------------
-    def _reset_state(self, tensors: Mapping[str, np.ndarray]) -> None:
+    def _reset_state(self, tensors: Mapping[str, np.ndarray], consume: bool = False) -> None:
         self._sync()
-        packed = self._ray.put(self._packed(tensors))
+        packed = self._ray.put(self._packed(tensors, consume))
         self._get([r.load.remote(packed) for r in self._replicas], "loading the workers' state")
 
     def state_dict(self) -> dict[str, np.ndarray]:
