@@ -10,6 +10,9 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``bn``: training BatchNorm forward + backward, as ``rules_norm`` writes it (affine parts by an
   inference-mode BatchNormalization of the centred input) vs the textbook form (xhat written).
 - ``silu``: x * Sigmoid(x) forward + backward, SiLU's whole gradient vs the Mul and Sigmoid rules.
+- ``gelu``: exact GELU as torch.onnx writes it (x * (1 + Erf(x/sqrt 2)) * 0.5) forward +
+  backward: its whole gradient from x and 1 + erf, the same recomputing erf, and the Mul, Add,
+  Erf and Div rules (which keep x/sqrt 2 too).
 - ``relu``: ReLU forward + backward: dy * Cast(y > 0), Where, dy * Sign(y).
 - ``pointwise_dx``: a 1x1 Conv's dx: Gemm by the weight read transposed, Conv by the
   transposed weight, ConvTranspose.
@@ -121,6 +124,30 @@ def silu(args) -> None:
                 ["y", "dx"], args)
 
 
+def gelu(args) -> None:
+    import math
+
+    forward = [const("r2", math.sqrt(2)), const("one", 1.0), const("half", 0.5), h.make_node("Div", ["x", "r2"], ["u"]),
+               h.make_node("Erf", ["u"], ["e"]), h.make_node("Add", ["e", "one"], ["a"]),
+               h.make_node("Mul", ["x", "a"], ["m"]), h.make_node("Mul", ["m", "half"], ["y"]),
+               h.make_node("Mul", ["dy", "half"], ["dm"]), const("mhalf", -0.5), const("c", math.sqrt(2 / math.pi))]
+    bump = [h.make_node("Mul", ["x", "mhalf"], ["x0"]), h.make_node("Mul", ["x0", "x"], ["x1"]),
+            h.make_node("Exp", ["x1"], ["b"]), h.make_node("Mul", ["x", "c"], ["xc"]), h.make_node("Mul", ["xc", "b"], ["t"])]
+    whole = forward + bump + [h.make_node("Add", ["a", "t"], ["slope"]), h.make_node("Mul", ["dm", "slope"], ["dx"])]
+    recompute = forward + bump + [const("ir2", 1 / math.sqrt(2)), h.make_node("Mul", ["x", "ir2"], ["u2"]),
+                                  h.make_node("Erf", ["u2"], ["e2"]), h.make_node("Add", ["e2", "t"], ["et"]),
+                                  h.make_node("Add", ["et", "one"], ["slope"]), h.make_node("Mul", ["dm", "slope"], ["dx"])]
+    by_node = forward + [const("k", 2 / math.sqrt(math.pi)),
+                         h.make_node("Mul", ["dm", "a"], ["dx1"]), h.make_node("Mul", ["dm", "x"], ["de"]),
+                         h.make_node("Mul", ["u", "u"], ["u2"]), h.make_node("Neg", ["u2"], ["nu2"]),
+                         h.make_node("Exp", ["nu2"], ["ex"]), h.make_node("Mul", ["ex", "k"], ["ek"]),
+                         h.make_node("Mul", ["de", "ek"], ["du"]), h.make_node("Div", ["du", "r2"], ["dx2"]),
+                         h.make_node("Add", ["dx1", "dx2"], ["dx"])]
+    for shape in [(4096, 1024), (2080, 768), (130, 768)]:
+        compare(str(shape), {"whole": whole, "recompute-erf": recompute, "by-node": by_node},
+                {"x": 2 * normal(*shape), "dy": normal(*shape)}, ["y", "dx"], args)
+
+
 def relu(args) -> None:
     forward = [h.make_node("Relu", ["x"], ["y"]), const("zero", 0.0)]
     variants = {"cast-mul": forward + [h.make_node("Greater", ["y", "zero"], ["m"]), h.make_node("Cast", ["m"], ["f"], to=1),
@@ -184,7 +211,7 @@ def depthwise_dw(args) -> None:
                 {"x": normal(n, c, side, side), "dy": normal(n, c, side, side)}, ["dw"], args)
 
 
-CASES: dict[str, Callable] = {"bn": bn, "silu": silu, "relu": relu, "pointwise_dx": pointwise_dx,
+CASES: dict[str, Callable] = {"bn": bn, "silu": silu, "gelu": gelu, "relu": relu, "pointwise_dx": pointwise_dx,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw}
 
 

@@ -1,6 +1,7 @@
 """Gradients written for a pattern rather than node by node, checked against float64 finite
-differences and numpy vs onnxruntime: SiLU through the Mul rule (only where the Sigmoid is read
-by that Mul alone), and a pooled gradient that joins a sum by broadcasting instead of Expand."""
+differences and numpy vs onnxruntime: SiLU and exact GELU (as torch.onnx writes it) through the
+Mul rule (only where their inner values are read by that chain alone), and a pooled gradient that
+joins a sum by broadcasting instead of Expand."""
 
 from __future__ import annotations
 
@@ -57,6 +58,52 @@ def test_silu_gradient_matches_finite_differences(order, extra_use):
     assert any(n.name.startswith("gate/grad/") for n in proto.graph.node) == extra_use
 
 
+def gelu_model(order: str, scale: str, extra_use: bool, dtype=np.float64) -> ir.Model:
+    """loss = sum(GELU(x) * C), GELU written x * (1 + Erf(x / sqrt2)) * 0.5 (``scale`` "div"; "mul":
+    x * (1/sqrt2)), the Mul's operands in ``order``; ``extra_use`` adds sum(1 + erf) to the loss.
+    (onnxruntime has no float64 Erf: float32 for it.)"""
+    mul_in = ["x", "a"] if order == "xa" else ["a", "x"]
+    scaled = (helper.make_node("Div", ["x", "r2"], ["u"]) if scale == "div" else helper.make_node("Mul", ["ir2", "x"], ["u"]))
+    nodes = [scaled, helper.make_node("Erf", ["u"], ["e"], name="erf"), helper.make_node("Add", ["one", "e"], ["a"]),
+             helper.make_node("Mul", mul_in, ["m"], name="gelu"), helper.make_node("Mul", ["m", "half"], ["y"]),
+             helper.make_node("Mul", ["y", "c"], ["p"]), helper.make_node("ReduceSum", ["p"], ["l0"], keepdims=0)]
+    if extra_use:
+        nodes += [helper.make_node("ReduceSum", ["a"], ["l1"], keepdims=0), helper.make_node("Add", ["l0", "l1"], ["loss"])]
+    else:
+        nodes.append(helper.make_node("Identity", ["l0"], ["loss"]))
+    consts = {"r2": np.sqrt(2.0), "ir2": 1 / np.sqrt(2.0), "one": 1.0, "half": 0.5}
+    nodes[:0] = [helper.make_node("Constant", [], [k], value=numpy_helper.from_array(np.array(v, dtype), k))
+                 for k, v in consts.items()]
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph(nodes, "gelu", [], [helper.make_tensor_value_info("loss", elem, [])],
+                              initializer=[numpy_helper.from_array(X.astype(dtype), "x"),
+                                           numpy_helper.from_array(C.astype(dtype), "c")])
+    return ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+
+
+def gelu_loss_at(x: np.ndarray, extra_use: bool) -> float:
+    from math import erf
+
+    a = 1 + np.vectorize(erf)(x / np.sqrt(2))
+    return float(np.sum(0.5 * x * a * C) + (np.sum(a) if extra_use else 0.0))
+
+
+@pytest.mark.parametrize("order", ["xa", "ax"])
+@pytest.mark.parametrize("scale", ["div", "mul"])
+@pytest.mark.parametrize("extra_use", [False, True], ids=["erf-read-once", "erf-read-twice"])
+def test_gelu_gradient_matches_finite_differences(order, scale, extra_use):
+    proto = graphc.Model(gradient_model(gelu_model(order, scale, extra_use), "loss", ["x"])).proto
+    got = run_numpy(proto, {})["x_grad"]
+    eps, t = 1e-6, RNG.standard_normal(X.shape)
+    numeric = (gelu_loss_at(X + eps * t, extra_use) - gelu_loss_at(X - eps * t, extra_use)) / (2 * eps)
+    np.testing.assert_allclose(np.sum(got * t), numeric, rtol=1e-7)
+    single = graphc.Model(gradient_model(gelu_model(order, scale, extra_use, np.float32), "loss", ["x"])).proto
+    np.testing.assert_allclose(run_ort(single, {})["x_grad"], run_numpy(single, {})["x_grad"], rtol=1e-5, atol=1e-6)
+    # the whole gradient comes from x: the Erf rule runs only for a second reader of 1 + erf
+    assert any(n.name.startswith("gelu/grad/") for n in proto.graph.node)
+    assert any(n.name.startswith("erf/grad/") for n in proto.graph.node) == extra_use
+
+
 def squeeze_excite_model(symbolic: bool, dtype=np.float64) -> tuple[ir.Model, np.ndarray]:
     """loss = sum(x * Sigmoid(GlobalAveragePool(x)) * C) + sum(ReduceMean(x, [2, 3]) * D): x's
     gradient sums full-size parts and pooled parts."""
@@ -95,3 +142,32 @@ def test_pooled_gradient_joins_the_sum_by_broadcasting(symbolic):
     proto32 = graphc.Model(gradient_model(squeeze_excite_model(symbolic, np.float32)[0], "loss", ["x"])).proto
     x32 = {"x": X.astype(np.float32)}
     np.testing.assert_allclose(run_ort(proto32, x32)["x_grad"], run_numpy(proto32, x32)["x_grad"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_summed_gradient_times_a_constant_mask_stays_unexpanded():
+    """loss = sum(ReduceSum(mask * LogSoftmax(z), axis 1) * w), the mask a constant: z's gradient
+    reads the row sums' gradient broadcast by the Mul, not written out full-size by Expand."""
+    z, mask = RNG.standard_normal((5, 7)), (RNG.random((5, 7)) < 0.3).astype(np.float64)
+    w = RNG.standard_normal(5)
+    nodes = [helper.make_node("LogSoftmax", ["z"], ["ls"], axis=1), helper.make_node("Mul", ["mask", "ls"], ["p"], name="pick"),
+             helper.make_node("ReduceSum", ["p", "one"], ["r"], keepdims=0, name="rows"),
+             helper.make_node("Mul", ["r", "w"], ["q"]), helper.make_node("ReduceSum", ["q"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "xent", [helper.make_tensor_value_info("z", 11, [5, 7])],
+                              [helper.make_tensor_value_info("loss", 11, [])],
+                              initializer=[numpy_helper.from_array(mask, "mask"), numpy_helper.from_array(w, "w"),
+                                           numpy_helper.from_array(np.array([1], np.int64), "one")])
+    from onnx import shape_inference
+
+    model = ir.serde.deserialize_model(shape_inference.infer_shapes(helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21)])))
+    proto = graphc.Model(gradient_model(model, "loss", ["z"])).proto
+    assert not [n.name for n in proto.graph.node if n.op_type == "Expand"]
+
+    def loss(v):
+        ls = v - np.log(np.exp(v).sum(axis=1, keepdims=True))
+        return float(np.sum((mask * ls).sum(axis=1) * w))
+
+    got = run_numpy(proto, {"z": z})["z_grad"]
+    eps, t = 1e-6, RNG.standard_normal(z.shape)
+    np.testing.assert_allclose(np.sum(got * t), (loss(z + eps * t) - loss(z - eps * t)) / (2 * eps), rtol=1e-7)
+    np.testing.assert_allclose(run_ort(proto, {"z": z})["z_grad"], got, rtol=1e-10)

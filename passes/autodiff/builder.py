@@ -184,6 +184,13 @@ class GradBuilder(Emitter):
         values = self._unexpanded(values)
         return self.add(*values) if len(values) == 2 else self.op("Sum", *values)
 
+    def mul_grad(self, dy: ir.Value, other: ir.Value) -> ir.Value:
+        """``dy * other`` for a Mul's one wanted operand: a ``dy`` that a rule broadcast by
+        ``Expand`` (a sum's) is read unexpanded when ``other`` has the full shape. Cross-entropy
+        over a 2,048-token vocabulary at batch 32 x 128 (GPT): one 32 MB write and buffer fewer
+        at the backward's start, where its memory peaks."""
+        return self.mul(*self._unexpanded([dy, other]))
+
     def _unexpanded(self, values: Sequence[ir.Value]) -> list[ir.Value]:
         """``values`` with each gradient a rule broadcast by ``Expand`` (a mean's or a global
         pool's, unused so far) replaced by the Expand's input when another value has the full
