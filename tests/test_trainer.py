@@ -152,6 +152,25 @@ def test_onnxruntime_wraps_an_owned_host_array_and_copies_any_other():
     assert exe.to_device(owned[::2], owned=True).data_ptr() != owned.ctypes.data  # not contiguous: copied
 
 
+def test_the_cpu_train_step_allocates_from_the_exact_shared_arena():
+    """train_step's session opts into the process's CPU arena that grows by what is asked; the
+    Trainer's other sessions, and a session asked for nothing, keep arenas of their own."""
+    trainer = gc.Trainer(bn_artifacts(gc.optim.Adam(1e-2)), backend="ort-cpu")
+    trainer.step(blobs(16))
+
+    def uses_shared(exe) -> bool:
+        try:
+            return exe.session.get_session_options().get_session_config_entry("session.use_env_allocators") == "1"
+        except RuntimeError:  # "does not have configuration with key": not set
+            return False
+
+    assert uses_shared(trainer._train)
+    plain = gc.Session(gc.capture(lambda x: x * 2, x=gc.spec("float32", (3,))), backend="ort-cpu")._executable
+    assert not uses_shared(plain)
+    trainer.evaluate(blobs(16))
+    assert not uses_shared(trainer._eval)
+
+
 TORCH_CNN = Path(__file__).parent / "data" / "torch_cnn_bn.onnx"
 
 
