@@ -19,6 +19,9 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``strided_pointwise_dx``: a stride-2 1x1 Conv's dx: ConvTranspose vs Conv + zero Pad.
 - ``depthwise_dw``: a depthwise Conv's dW: the Conv with batch and channels swapped vs one sum
   per kernel tap.
+- ``conv_dx``: a kxk Conv's dx (depthwise, grouped, dense; stride 1, and depthwise stride 2):
+  ConvTranspose vs a Conv by the weight flipped in space, each group's channel axes swapped (for
+  stride 2, dy spread over the input grid with zeros first).
 """
 
 from __future__ import annotations
@@ -211,8 +214,48 @@ def depthwise_dw(args) -> None:
                 {"x": normal(n, c, side, side), "dy": normal(n, c, side, side)}, ["dw"], args)
 
 
+def _flipped(ci: int, co: int, k: int, group: int) -> list:
+    """The weight w [Co, Ci/g, k, k] flipped in space, each group's channel axes swapped:
+    ``wf`` [Ci, Co/g, k, k], the kernel of the Conv (``group`` g) that gives a stride-1 Conv's dx."""
+    nodes = [ints("st", [0, 0, k - 1, k - 1]), ints("en", [co, 2 ** 30, -k - 1, -k - 1]), ints("ax", [0, 1, 2, 3]),
+             ints("step", [1, 1, -1, -1]), h.make_node("Slice", ["w", "st", "en", "ax", "step"], ["wf0"])]
+    if ci // group == 1:  # depthwise: a Reshape ([C, m, k, k])
+        return nodes + [ints("ws", [ci, co // group, k, k]), h.make_node("Reshape", ["wf0", "ws"], ["wf"])]
+    return nodes + [ints("w5", [group, co // group, ci // group, k, k]), h.make_node("Reshape", ["wf0", "w5"], ["wf1"]),
+                    h.make_node("Transpose", ["wf1"], ["wf2"], perm=[0, 2, 1, 3, 4]),
+                    ints("ws", [ci, co // group, k, k]), h.make_node("Reshape", ["wf2", "ws"], ["wf"])]
+
+
+def conv_dx(args) -> None:
+    for n, ci, co, side, k, group in [(32, 96, 96, 32, 3, 96), (32, 144, 144, 32, 3, 144), (32, 96, 96, 64, 3, 96),
+                                      (32, 144, 144, 16, 3, 144), (32, 240, 240, 16, 3, 240), (32, 480, 480, 8, 3, 480),
+                                      (32, 144, 144, 16, 5, 144), (32, 240, 240, 16, 5, 240), (32, 672, 672, 8, 5, 672),
+                                      (32, 1152, 1152, 4, 5, 1152), (2, 96, 96, 32, 3, 96),
+                                      (32, 64, 64, 16, 3, 1), (32, 128, 128, 8, 3, 1), (32, 256, 256, 4, 3, 1),
+                                      (32, 512, 512, 2, 3, 1), (2, 64, 64, 16, 3, 1), (32, 48, 48, 16, 3, 6),
+                                      (32, 104, 104, 8, 3, 13), (32, 208, 208, 4, 3, 26), (32, 440, 440, 2, 3, 55),
+                                      (2, 104, 104, 8, 3, 13), (32, 96, 192, 32, 3, 96)]:
+        p = k // 2
+        transposed = [h.make_node("ConvTranspose", ["dy", "w"], ["dx"], pads=[p] * 4, group=group)]
+        flipped = _flipped(ci, co, k, group) + [h.make_node("Conv", ["dy", "wf"], ["dx"], pads=[k - 1 - p] * 4, group=group)]
+        kind = "dw" if group == ci else "dense" if group == 1 else f"g{group}"
+        compare(f"N={n} {kind} {ci}->{co} {side}x{side} {k}x{k}", {"conv-transpose": transposed, "flipped-conv": flipped},
+                {"dy": normal(n, co, side, side), "w": normal(co, ci // group, k, k)}, ["dx"], args)
+    for n, c, side, k in [(32, 96, 64, 3), (32, 144, 32, 5), (32, 240, 16, 3), (32, 672, 8, 5), (2, 96, 64, 3)]:
+        p, half = k // 2, side // 2  # stride 2: dy on the half grid, spread over the full one with zeros
+        transposed = [h.make_node("ConvTranspose", ["dy", "w"], ["dx"], pads=[p] * 4, strides=[2, 2], group=c,
+                                  output_padding=[1, 1])]
+        spread = [ints("s1", [n, c, half, 1, half, 1]), h.make_node("Reshape", ["dy", "s1"], ["d6"]),
+                  ints("zp", [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1]), h.make_node("Pad", ["d6", "zp"], ["d6p"]),
+                  ints("s2", [n, c, side, side]), h.make_node("Reshape", ["d6p", "s2"], ["dz"])]
+        flipped = spread + _flipped(c, c, k, c) + [h.make_node("Conv", ["dz", "wf"], ["dx"], pads=[k - 1 - p] * 4, group=c)]
+        compare(f"N={n} dw s2 {c} {side}x{side} {k}x{k}", {"conv-transpose": transposed, "spread-flipped-conv": flipped},
+                {"dy": normal(n, c, half, half), "w": normal(c, 1, k, k)}, ["dx"], args)
+
+
 CASES: dict[str, Callable] = {"bn": bn, "silu": silu, "gelu": gelu, "relu": relu, "pointwise_dx": pointwise_dx,
-                              "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw}
+                              "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
+                              "conv_dx": conv_dx}
 
 
 def main() -> None:

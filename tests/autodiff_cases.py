@@ -415,6 +415,16 @@ def _cases() -> list[GradCase]:
         c("Conv", [T((1, 3, 16, 16)), T((3, 1, 3, 3)), T((3,))], {"group": 3, "pads": [1, 1, 1, 1]}, tag="depthwise_taps"),
         c("Conv", [T((1, 2, 17, 18)), T((2, 1, 3, 2))], {"group": 2, "dilations": [1, 2], "pads": [1, 0, 0, 1]},
           tag="depthwise_taps_dilated"),
+        # stride-1 grouped convs, as many output as input channels a group: dx is a Conv of dy by
+        # the weight flipped in space, each group's channel axes swapped (depthwise always;
+        # other groups from batch 8 and 16 pixels); pads past the kernel keep the ConvTranspose
+        c("Conv", [T((2, 3, 9)), T((3, 1, 3))], {"group": 3, "pads": [2, 0]}, tag="depthwise_flipped_1d"),
+        c("Conv", [T((1, 2, 4, 5, 3)), T((2, 1, 2, 3, 2)), T((2,))], {"group": 2, "pads": [1, 0, 1, 1, 2, 0]},
+          tag="depthwise_flipped_3d"),
+        c("Conv", [T((8, 4, 4, 5)), T((4, 2, 3, 3)), T((4,))], {"group": 2, "pads": [1, 0, 2, 1]}, tag="grouped_flipped"),
+        c("Conv", [T((8, 6, 5, 4)), T((6, 3, 2, 3))], {"group": 2, "dilations": [2, 1], "pads": [2, 1, 0, 1]},
+          tag="grouped_flipped_dilated"),
+        c("Conv", [T((1, 2, 5, 5)), T((2, 1, 2, 2))], {"group": 2, "pads": [2, 0, 1, 2]}, tag="depthwise_pads_past_kernel"),
         c("Conv", [T((1, 2, 5, 5)), T((2, 2, 3, 3))], {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, tag="same_upper"),
         c("Conv", [T((1, 2, 4, 5, 3)), T((2, 2, 2, 3, 2)), T((2,))], {"pads": [1, 0, 1, 0, 1, 0]}, tag="3d"),
         c("Conv", [T((2, 3, 9)), T((2, 3, 3))], {"dilations": [2], "pads": [2, 1], "strides": [2]}, tag="1d"),
