@@ -226,9 +226,9 @@ def grad_conv(g, node, dy):
     if g.wants(x) and group == 1 and all(k == 1 for k in kernel + strides) and not any(begin + end):
         # A 1x1 Conv's dx is a 1x1 Conv by the transposed weight: onnxruntime (CPU, 2 threads)
         # runs it 1.2-2x faster than the ConvTranspose (N=32, 672->112 on 4x4: 0.91 vs 1.97 ms;
-        # 1152->192 on 2x2: 2.7 vs 5.3; N=2, 144->24 on 16x16: 0.08 vs 0.11). For depthwise and
-        # kxk convs the ConvTranspose stays: the Conv by the flipped weight was slower (depthwise
-        # 3x3 on 16x16: 9.6 vs 6.2 ms) or mixed (dense 3x3: 6.3 vs 7.9, 7.1 vs 6.5 ms).
+        # 1152->192 on 2x2: 2.7 vs 5.3; N=2, 144->24 on 16x16: 0.08 vs 0.11). For dense kxk
+        # convs the ConvTranspose stays (the Conv by the flipped weight: mixed, see
+        # ``_grouped_by_flipped_conv``, which takes it for stride-1 grouped and depthwise convs).
         # Where the weight outweighs the activations (maps of 4 pixels, or 32 in the whole batch),
         # one Gemm by the weight as it is, dy's batch and channels swapped, beats transposing the
         # weight each step (1 thread, ms, that vs the Conv vs the ConvTranspose): N=32, 512<-2048
