@@ -151,6 +151,29 @@ def gelu(args) -> None:
                 {"x": 2 * normal(*shape), "dy": normal(*shape)}, ["y", "dx"], args)
 
 
+def hardswish(args) -> None:
+    forward = [h.make_node("HardSwish", ["x"], ["y"]), const("three", 3.0), const("m3", -3.0), const("half", 0.5),
+               const("third", 1 / 3), const("zero", 0.0), const("one", 1.0)]
+    where_mid = forward + [h.make_node("Div", ["x", "three"], ["x3"]), h.make_node("Add", ["x3", "half"], ["s"]),
+                           h.make_node("Mul", ["dy", "s"], ["mid"]), h.make_node("LessOrEqual", ["x", "three"], ["le"]),
+                           h.make_node("Where", ["le", "mid", "dy"], ["up"]), h.make_node("Less", ["x", "m3"], ["lo"]),
+                           h.make_node("Where", ["lo", "zero", "up"], ["dx"])]
+    where_slope = forward + [h.make_node("Mul", ["x", "third"], ["x3"]), h.make_node("Add", ["x3", "half"], ["s"]),
+                             h.make_node("Greater", ["x", "three"], ["gt"]), h.make_node("Where", ["gt", "one", "s"], ["s1"]),
+                             h.make_node("Less", ["x", "m3"], ["lo"]), h.make_node("Where", ["lo", "zero", "s1"], ["s2"]),
+                             h.make_node("Mul", ["dy", "s2"], ["dx"])]
+    # slope = Clip(x/3 + 0.5, -0.5, 1.5) where |x| <= 3, 1 above, 0 below: HardSigmoid(x) + x/6 * inside
+    clip_form = forward + [h.make_node("HardSigmoid", ["x"], ["hs"], alpha=1 / 6, beta=0.5),
+                           h.make_node("Abs", ["x"], ["ax"]), h.make_node("LessOrEqual", ["ax", "three"], ["inside"]),
+                           h.make_node("Cast", ["inside"], ["inf"], to=1), h.make_node("Mul", ["x", "inf"], ["xi"]),
+                           const("sixth", 1 / 6), h.make_node("Mul", ["xi", "sixth"], ["t"]),
+                           h.make_node("Add", ["hs", "t"], ["s"]), h.make_node("Mul", ["dy", "s"], ["dx"])]
+    for shape in [(32, 96, 16, 16), (32, 576, 2, 2), (2, 96, 16, 16)]:
+        x = 4 * normal(*shape)
+        compare(str(shape), {"where-dy": where_mid, "where-slope": where_slope, "hardsigmoid": clip_form},
+                {"x": x, "dy": normal(*shape)}, ["y", "dx"], args)
+
+
 def relu(args) -> None:
     forward = [h.make_node("Relu", ["x"], ["y"]), const("zero", 0.0)]
     variants = {"cast-mul": forward + [h.make_node("Greater", ["y", "zero"], ["m"]), h.make_node("Cast", ["m"], ["f"], to=1),
@@ -253,7 +276,7 @@ def conv_dx(args) -> None:
                 {"dy": normal(n, c, half, half), "w": normal(c, 1, k, k)}, ["dx"], args)
 
 
-CASES: dict[str, Callable] = {"bn": bn, "silu": silu, "gelu": gelu, "relu": relu, "pointwise_dx": pointwise_dx,
+CASES: dict[str, Callable] = {"bn": bn, "silu": silu, "gelu": gelu, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx}
 

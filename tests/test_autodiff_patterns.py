@@ -171,3 +171,17 @@ def test_a_summed_gradient_times_a_constant_mask_stays_unexpanded():
     eps, t = 1e-6, RNG.standard_normal(z.shape)
     np.testing.assert_allclose(np.sum(got * t), (loss(z + eps * t) - loss(z - eps * t)) / (2 * eps), rtol=1e-7)
     np.testing.assert_allclose(run_ort(proto, {"z": z})["z_grad"], got, rtol=1e-10)
+
+
+def test_hardswish_slope_at_its_kinks_follows_pytorch():
+    """PyTorch's hardswish_backward: 0 below -3, x/3 + 1/2 on [-3, 3] (both ends included), 1
+    above; the rule writes it as HardSigmoid plus a masked x/6, on both backends."""
+    x = np.array([-4.0, -3.0001, -3.0, -1.5, 0.0, 2.0, 3.0, 3.0001, 5.0], np.float32)
+    nodes = [helper.make_node("HardSwish", ["x"], ["y"]), helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "hs", [helper.make_tensor_value_info("x", 1, [len(x)])],
+                              [helper.make_tensor_value_info("loss", 1, [])])
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    proto = graphc.Model(gradient_model(model, "loss", ["x"])).proto
+    expected = np.where(x < -3, 0.0, np.where(x > 3, 1.0, x / 3 + 0.5)).astype(np.float32)
+    np.testing.assert_allclose(run_numpy(proto, {"x": x})["x_grad"], expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(run_ort(proto, {"x": x})["x_grad"], expected, rtol=1e-6, atol=1e-7)
