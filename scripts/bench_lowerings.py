@@ -19,6 +19,8 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``strided_pointwise_dx``: a stride-2 1x1 Conv's dx: ConvTranspose vs Conv + zero Pad.
 - ``depthwise_dw``: a depthwise Conv's dW: the Conv with batch and channels swapped vs one sum
   per kernel tap.
+- ``dense_dw``: a dense kxk Conv's dW by im2col and one GEMM: the window slices taken one spatial
+  axis at a time vs all at once.
 - ``conv_dx``: a kxk Conv's dx (depthwise, grouped, dense; stride 1, and depthwise stride 2):
   ConvTranspose vs a Conv by the weight flipped in space, each group's channel axes swapped (for
   stride 2, dy spread over the input grid with zeros first).
@@ -276,9 +278,49 @@ def conv_dx(args) -> None:
                 {"dy": normal(n, c, half, half), "w": normal(c, 1, k, k)}, ["dx"], args)
 
 
+def dense_dw(args) -> None:
+    """A dense kxk Conv's dW as im2col + one GEMM: the window slices stacked one spatial axis at a
+    time (sum(K) Slices, two Concats, as ``_conv_weight_grad_im2col``) vs all at once (prod(K))."""
+    for n, ci, co, side, k, st in [(32, 64, 64, 16, 3, 1), (32, 128, 128, 8, 3, 1), (32, 256, 256, 4, 3, 1),
+                                   (32, 64, 128, 16, 3, 2), (32, 3, 64, 64, 7, 2), (2, 64, 64, 16, 3, 1)]:
+        p, out = k // 2, (side + 2 * (k // 2) - k) // st + 1
+        head = [h.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2, 3]), ints("pads", [0, 0, p, p, 0, 0, p, p]),
+                h.make_node("Pad", ["xt", "pads"], ["xp"]), h.make_node("Transpose", ["dy"], ["dyt"], perm=[1, 0, 2, 3]),
+                ints("dys", [co, -1]), h.make_node("Reshape", ["dyt", "dys"], ["dy2"]), ints("cs", [ci * k * k, -1]),
+                ints("ws", [co, ci, k, k]), ints("ax2", [2]), ints("ax3", [3]), ints("ax4", [4]), ints("ax5", [5]),
+                ints("one", [1]), ints("two", [2]), ints("st", [st])]
+        tail = [h.make_node("Reshape", ["cols", "cs"], ["colmat"]), h.make_node("Gemm", ["dy2", "colmat"], ["g"], transB=1),
+                h.make_node("Reshape", ["g", "ws"], ["dw"])]
+        staged = list(head)
+        rows = []
+        for i in range(k):
+            staged += [ints(f"rb{i}", [i]), ints(f"re{i}", [i + (out - 1) * st + 1]),
+                       h.make_node("Slice", ["xp", f"rb{i}", f"re{i}", "ax2", "st"], [f"r{i}"]),
+                       h.make_node("Unsqueeze", [f"r{i}", "one"], [f"ru{i}"])]
+            rows.append(f"ru{i}")
+        staged.append(h.make_node("Concat", rows, ["rows"], axis=1))  # [Ci, K, N, O, W+2p]
+        cols = []
+        for j in range(k):
+            staged += [h.make_node("Slice", ["rows", f"rb{j}", f"re{j}", "ax4", "st"], [f"c{j}"]),
+                       h.make_node("Unsqueeze", [f"c{j}", "two"], [f"cu{j}"])]
+            cols.append(f"cu{j}")
+        staged += [h.make_node("Concat", cols, ["cols"], axis=2)] + tail
+        flat = head + [ints("hw", [2, 3]), ints("st2", [st, st])]
+        taps = []
+        for i in range(k):
+            for j in range(k):
+                flat += [ints(f"b{i}{j}", [i, j]), ints(f"e{i}{j}", [i + (out - 1) * st + 1, j + (out - 1) * st + 1]),
+                         h.make_node("Slice", ["xp", f"b{i}{j}", f"e{i}{j}", "hw", "st2"], [f"t{i}{j}"]),
+                         h.make_node("Unsqueeze", [f"t{i}{j}", "one"], [f"tu{i}{j}"])]
+                taps.append(f"tu{i}{j}")
+        flat += [h.make_node("Concat", taps, ["cols"], axis=1)] + tail
+        compare(f"N={n} {ci}->{co} {side}x{side} {k}x{k} s{st}", {"staged": staged, "all-at-once": flat},
+                {"x": normal(n, ci, side, side), "dy": normal(n, co, out, out)}, ["dw"], args)
+
+
 CASES: dict[str, Callable] = {"bn": bn, "silu": silu, "gelu": gelu, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
-                              "conv_dx": conv_dx}
+                              "conv_dx": conv_dx, "dense_dw": dense_dw}
 
 
 def main() -> None:
