@@ -64,9 +64,19 @@ def test_dense_product_gives_the_conv_gradients(backend, dtype, rtol, monkeypatc
         np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=rtol * 1e-2, err_msg=name)
 
 
-def test_small_or_unknown_batches_and_large_maps_keep_the_conv():
-    assert "Conv" in {n.op_type for n in artifacts(2).gradients.proto.graph.node}
-    assert "Conv" in {n.op_type for n in artifacts("N").gradients.proto.graph.node}
+def test_small_batches_keep_the_depthwise_conv_and_unknown_ones_every_conv():
+    def forward_convs(arts):
+        return [n.input[1] for n in arts.train_step.proto.graph.node if n.op_type == "Conv" and "/grad/" not in n.name]
+
+    assert forward_convs(artifacts(2)) == ["dw.weight"]  # dense convs by im2col at any batch
+    assert forward_convs(artifacts("N")) == ["c1.weight", "pw.weight", "dw.weight", "c2.weight"]
+
+
+def test_maps_past_max_pixels_keep_the_conv(monkeypatch):
+    monkeypatch.setattr(dense_conv, "MAX_PIXELS", 3)  # c1 and pw have 4 output pixels, c2 one
+    convs = [n.input[1] for n in artifacts(dense_conv.MIN_BATCH).train_step.proto.graph.node
+             if n.op_type == "Conv" and "/grad/" not in n.name]
+    assert convs == ["c1.weight", "pw.weight"]
 
 
 def test_tap_count_equals_the_tables_sum():

@@ -1,26 +1,32 @@
-"""Convolutions over tiny feature maps become matrix products over the whole batch in the
+"""Convolutions over small feature maps become matrix products over the whole batch in the
 training graphs, where onnxruntime's CPU Conv, ConvTranspose and batch-swapped Conv run far
 below GEMM speed (one small product per image).
 
 A dense Conv whose output has at most ``MAX_PIXELS`` pixels becomes an im2col and one ``Gemm``:
-the input's window slices as columns [N*P, Ci*K] (small: the map is tiny) against the weight as
-it is, [Co, Ci*K] read transposed. Autodiff then gives both gradients as GEMMs too (dW against
-the same columns, in the weight's own layout; dx through the slices back onto the input), and
-nothing weight-sized is built. It replaced a dense product against ``Weff[m, p, c, q] =
-sum_k W[m, c, k] T[p, q, k]`` (T the 0/1 tap table), whose Einsum building Weff, and its
-gradient, took 21 and 16 ms per 512-channel 3x3 conv on 2x2 at batch 32 (2 threads). Trainer
-steps interleaved (2 threads, batch 32, 64 px), the Weff product / im2col on the same convs /
-im2col up to 4 output pixels, 1x1 convs included: ResNet-18 1.0 / 0.86 / 0.83; ResNet-50 (p4
-without 1x1 = 1.0) 0.94-0.98 with 1x1; EfficientNet-B0 1.0 / 0.94 with 1x1; MobileNetV3-small
-0.88 with 1x1 against without. Up to 16 output pixels (4x4 maps) ResNet-18 was 1.08x slower
-than up to 4, up to 64 1.18x; at batch 2, 1.08x slower than the Conv (the threshold
-``MIN_BATCH``).
+the input's window values as columns [N*P, Ci*K] against the weight as it is, [Co, Ci*K] read
+transposed. The columns are one MatMul of x [N*Ci, Q] by a constant 0/1 tap matrix [Q, K*P]
+(for a plain 1x1 conv a Transpose), so autodiff gives every gradient as a matrix product too:
+dW against the same columns in the weight's own layout, dx through the tap matrix back onto the
+input (the col2im), and nothing weight-sized is built. Measured (onnxruntime CPU, 2 threads,
+64 px, Trainer steps interleaved one by one), in the order tried:
+
+* the old rewrite, a product against ``Weff[m, p, c, q] = sum_k W[m, c, k] T[p, q, k]`` built by
+  Einsum each step (21 + 16 ms per 512-channel 3x3 conv on 2x2 at batch 32), replaced by the
+  im2col as Pad, window Slices and Concat, on maps of up to 4 output pixels: ResNet-18 at batch
+  32 0.80x the step time, ResNet-50 0.94x, EfficientNet-B0 0.94x, MobileNetV3-small 0.88x (1x1
+  convs included; without them ResNet-50 ~1.0x); up to 16 or 64 pixels it lost (1.04x, 1.14x);
+* the Slices' gradients (a Pad each, summed) took 38 ms of ResNet-18's step, onnxruntime's Pad
+  copying rows of 2 values: as the tap-matrix MatMul, ResNet-18 0.82x again;
+* then up to 16 output pixels 0.89x, 64 0.86x, 256 1.23x: 64 it is. Against the Pad-and-Slices
+  form on 4 pixels: ResNet-18 0.79x, ResNet-50 0.86x, RegNetY-400MF 0.90x, EfficientNet-B0 and
+  MobileNetV3 within noise (0.99x, 1.01x). At batch 2, against the Conv: ResNet-18 0.93x,
+  ResNet-50 0.89x, EfficientNet 0.96x, RegNet 0.98x, MobileNetV3 1.05x.
 
 A depthwise Conv becomes one per-channel product (``Einsum("ncq,cpq->ncp")`` against its small
 dense [C, P, Q] matrix) where that does at most ``MAX_WORK`` times the multiply-adds of the
-convolution itself (zero taps included in neither), so a 2x2 or 4x4 map with a 5x5 kernel
-qualifies and a 7x7 one does not: EfficientNet-B0's 5x5 convs on 2x2 and 4x4 maps took 11-14 ms
-each way as Convs. The eval and inference graphs keep the Conv.
+convolution itself (zero taps included in neither), at a static batch of ``MIN_BATCH`` or more:
+EfficientNet-B0's 5x5 convs on 2x2 and 4x4 maps took 11-14 ms each way as Convs at batch 32.
+The eval and inference graphs keep the Conv.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from graphc.passes.emit import Emitter
 
 __all__ = ["MAX_PIXELS", "MAX_WORK", "MIN_BATCH", "densify_convs"]
 
-MAX_PIXELS = 4
+MAX_PIXELS = 64
 MAX_WORK = 2.0
 MIN_BATCH = 16
 
@@ -63,7 +69,7 @@ def _plan(node: ir.Node):
     x, w = node.inputs[0], node.inputs[1]
     sx, sw = static_shape(x), static_shape(w)
     if (sx is None or sw is None or len(sx) != 4 or not all(isinstance(d, int) for d in [*sx, *sw])
-            or sx[0] < MIN_BATCH or x.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE)):
+            or x.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE)):
         return None
     group = attr(node, "group", 1)
     kernel = list(sw[2:])
@@ -71,7 +77,7 @@ def _plan(node: ir.Node):
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
     if group == 1:
         return (None, out) if 0 < math.prod(out) <= MAX_PIXELS else None
-    if not (group == sx[1] == sw[0] and sw[1] == 1):  # dense or depthwise only
+    if not (group == sx[1] == sw[0] and sw[1] == 1) or sx[0] < MIN_BATCH:  # depthwise, batch 16+
         return None
     conv = _tap_count(spatial, out, kernel, strides, dilations, begin)
     if conv == 0 or math.prod(out) * math.prod(spatial) > MAX_WORK * conv:
@@ -119,18 +125,19 @@ def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, taps: np.ndarray | None
 
 
 def _im2col_gemm(e: Emitter, node: ir.Node, x: ir.Value, w: ir.Value, b: ir.Value | None, out: list[int]) -> ir.Value:
-    """The Conv as the input's window slices, [N*P, Ci*K], times the weight [Co, Ci*K] read
+    """The Conv as the input's window values, [N*P, Ci*K], times the weight [Co, Ci*K] read
     transposed, back to [N, Co, *out]."""
     co, ci, *kernel = static_shape(w)
-    _, strides, dilations, begin, end = window(None, node, x, kernel)
-    padded = e.op("Pad", x, e.ints([0, 0] + begin + [0, 0] + end)) if any(begin + end) else x
-    axes, steps = e.ints([2, 3]), e.ints(strides)
-    taps = []
-    for offsets in np.ndindex(*kernel):
-        starts = [o * d for o, d in zip(offsets, dilations)]
-        ends = [first + (n - 1) * s + 1 for first, n, s in zip(starts, out, strides)]
-        taps.append(e.unsqueeze(e.op("Slice", padded, e.ints(starts), e.ints(ends), axes, steps), [2]))
-    cols = e.op("Concat", *taps, axis=2) if len(taps) > 1 else taps[0]  # [N, Ci, K, *out]
-    cols = e.op("Reshape", e.op("Transpose", cols, perm=[0, 3, 4, 1, 2]), e.ints([-1, ci * math.prod(kernel)]))
+    spatial, strides, dilations, begin, end = window(None, node, x, kernel)
+    if math.prod(kernel) == 1 and all(s == 1 for s in strides) and not any(begin + end):
+        k = 1  # a plain 1x1 conv: the columns are x with its channels last
+        cols = e.op("Transpose", e.op("Reshape", x, e.ints([0, ci, -1])), perm=[0, 2, 1])
+    else:
+        taps = _taps(spatial, out, kernel, strides, dilations, begin)  # [P, Q, K]
+        p, q, k = taps.shape
+        gather = e.const(np.ascontiguousarray(taps.transpose(1, 2, 0).reshape(q, k * p)), x.dtype)
+        cols = e.op("MatMul", e.op("Reshape", x, e.ints([-1, q])), gather)  # [N*Ci, K*P]
+        cols = e.op("Transpose", e.op("Reshape", cols, e.ints([-1, ci, k, p])), perm=[0, 3, 1, 2])  # [N, P, Ci, K]
+    cols = e.op("Reshape", cols, e.ints([-1, ci * k]))
     y = e.op("Gemm", cols, e.op("Reshape", w, e.ints([co, -1])), *([b] if b is not None else []), transB=1)
     return e.op("Transpose", e.op("Reshape", y, e.ints([-1, *out, co])), perm=[0, 3, 1, 2])
