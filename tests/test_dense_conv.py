@@ -122,3 +122,22 @@ def test_grouped_and_strided_pointwise_convs_by_im2col_give_the_conv_gradients(m
     assert got.keys() == want.keys() == {"loss", "g.weight_grad", "g.bias_grad", "s.weight_grad"}
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def test_a_conv_with_a_large_tap_matrix_keeps_the_conv(monkeypatch):
+    """A ViT-style patch embedding (8x8 stride 8 on 16x16: a 256 x 256 tap matrix) past MAX_TAPS."""
+    rng = np.random.default_rng(4)
+    graph = oh.make_graph([oh.make_node("Conv", ["x", "p.weight"], ["out"], strides=[8, 8])], "patch",
+                          [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 3, 16, 16])],
+                          [oh.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [4, 5, 2, 2])],
+                          [nh.from_array(rng.normal(size=(5, 3, 8, 8)).astype(np.float32), "p.weight")])
+    model = gc.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+
+    def forward_ops():
+        arts = gc.training.generate(model, gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
+        return {n.op_type for n in arts.train_step.proto.graph.node if "/grad/" not in n.name}
+
+    monkeypatch.setattr(dense_conv, "MAX_TAPS", 256 * 256 - 1)
+    assert "Conv" in forward_ops()
+    monkeypatch.setattr(dense_conv, "MAX_TAPS", 256 * 256)
+    assert "Conv" not in forward_ops()

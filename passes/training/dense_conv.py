@@ -2,7 +2,8 @@
 training graphs, where onnxruntime's CPU Conv, ConvTranspose and batch-swapped Conv run far
 below GEMM speed (one small product per image).
 
-A dense Conv whose output has at most ``MAX_PIXELS`` pixels becomes an im2col and one ``Gemm``:
+A dense Conv whose output has at most ``MAX_PIXELS`` pixels (and whose tap matrix at most
+``MAX_TAPS`` entries) becomes an im2col and one ``Gemm``:
 the input's window values as columns [N*P, Ci*K] against the weight as it is, [Co, Ci*K] read
 transposed. The columns are one MatMul of x [N*Ci, Q] by a constant 0/1 tap matrix [Q, K*P]
 (for a plain 1x1 conv a Transpose), so autodiff gives every gradient as a matrix product too:
@@ -17,14 +18,20 @@ input (the col2im), and nothing weight-sized is built. Measured (onnxruntime CPU
   convs included; without them ResNet-50 ~1.0x); up to 16 or 64 pixels it lost (1.04x, 1.14x);
 * the Slices' gradients (a Pad each, summed) took 38 ms of ResNet-18's step, onnxruntime's Pad
   copying rows of 2 values: as the tap-matrix MatMul, ResNet-18 0.82x again;
-* then up to 16 output pixels 0.89x, 64 0.86x, 256 1.23x: 64 it is. Against the Pad-and-Slices
+* then up to 16 output pixels 0.89x, 64 0.86x, 256 1.23x. With 64, against the Pad-and-Slices
   form on 4 pixels: ResNet-18 0.79x, ResNet-50 0.86x, RegNetY-400MF 0.90x, EfficientNet-B0 and
-  MobileNetV3 within noise (0.99x, 1.01x). At batch 2, against the Conv: ResNet-18 0.93x,
+  MobileNetV3 within noise (0.99x, 1.01x); at batch 2, against the Conv: ResNet-18 0.93x,
   ResNet-50 0.89x, EfficientNet 0.96x, RegNet 0.98x, MobileNetV3 1.05x.
+* but the columns, kept for dW, hold K times the input (x alone for the Conv): ResNet-50 at batch
+  32 peaked at 1,245 MB with 64 pixels, 1,176 with 16, 1,149 with 4 (PyTorch: ~1,057), at the
+  same speed (16 vs 64: 1.01x); ResNet-18 was 1.04x slower with 16 than with 64. 16 it is.
+  ``MAX_TAPS`` keeps out a conv whose tap matrix would be large (a ViT's 8x8 stride-8 patch
+  embedding: 4,096 x 4,096 entries at 64 px).
 
 A grouped Conv (more than one input channel a group) on such maps takes the same columns
 into one batched MatMul over the groups, [G, N*P, Ci/G*K] x [G, Ci/G*K, Co/G]: RegNetY-400MF at
-batch 32 0.97x the step time (both orders of the interleaved pair), at batch 2 1.00x.
+batch 32 0.97x the step time (both orders of the interleaved pair; measured with 64 pixels), at
+batch 2 1.00x.
 
 A depthwise Conv becomes one per-channel product (``Einsum("ncq,cpq->ncp")`` against its small
 dense [C, P, Q] matrix) where that does at most ``MAX_WORK`` times the multiply-adds of the
@@ -44,9 +51,10 @@ from graphc.passes.autodiff.builder import attr, static_shape
 from graphc.passes.autodiff.rules_nn import out_dims, window
 from graphc.passes.emit import Emitter
 
-__all__ = ["MAX_PIXELS", "MAX_WORK", "MIN_BATCH", "densify_convs"]
+__all__ = ["MAX_PIXELS", "MAX_TAPS", "MAX_WORK", "MIN_BATCH", "densify_convs"]
 
-MAX_PIXELS = 64
+MAX_PIXELS = 16
+MAX_TAPS = 1 << 18
 MAX_WORK = 2.0
 MIN_BATCH = 16
 
@@ -80,7 +88,8 @@ def _plan(node: ir.Node):
     spatial, strides, dilations, begin, end = window(None, node, x, kernel)
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
     if group == 1 or sw[1] > 1:  # dense or grouped (not depthwise)
-        return (None, out) if 0 < math.prod(out) <= MAX_PIXELS else None
+        taps = math.prod(spatial) * math.prod(kernel) * math.prod(out)  # the tap matrix's entries
+        return (None, out) if 0 < math.prod(out) <= MAX_PIXELS and taps <= MAX_TAPS else None
     if not (group == sx[1] == sw[0]) or sx[0] < MIN_BATCH:  # depthwise, multiplier 1, batch 16+
         return None
     conv = _tap_count(spatial, out, kernel, strides, dilations, begin)
