@@ -105,6 +105,18 @@ def test_a_corrupt_state_file_is_named(arts):
         gc.training.load(arts)
 
 
+def test_a_truncated_state_is_named_when_first_read(arts):
+    """load reads the state's header only; tensors cut short fail where they are read (the
+    Trainer reads them once its session holds the graph), naming the file and the tensor."""
+    path = arts / "state.safetensors"
+    path.write_bytes(path.read_bytes()[:-10])
+    loaded = gc.training.load(arts)
+    with pytest.raises(ArtifactsError, match=r"state\.safetensors: cannot read the initial state \(tensor '.+'"):
+        loaded.state  # noqa: B018
+    with pytest.raises(ArtifactsError, match=r"state\.safetensors: cannot read the initial state"):
+        gc.Trainer(arts, backend="numpy")
+
+
 def test_graphs_are_read_on_first_use_so_a_trainer_reads_only_train_step(arts):
     """Training reads train_step alone: the other graphs (each with its own copy of the
     weights) stay on disk until something asks for them."""

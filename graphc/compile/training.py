@@ -280,13 +280,14 @@ def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:
     """Read what ``TrainingArtifacts.save`` wrote.
 
     Temps that a killed save left beside the files are removed. Each graph is read on first
-    use and checked against the manifest then.
+    use and checked against the manifest then; so is the state (its header is read now).
 
     Raises:
         ArtifactsError: ``manifest.json`` is missing, not JSON or not a valid manifest, lacks one
             of the four graphs, or names a graph file that resolves (symlinks followed) outside
-            ``directory``; ``state.safetensors`` is unreadable. Checked before any graph is read.
-            On first use of a graph: its inputs or outputs differ from the manifest's.
+            ``directory``; ``state.safetensors`` has no readable header. Checked before any graph
+            is read. On first use of a graph: its inputs or outputs differ from the manifest's; of
+            the state: a tensor's entry or data is bad (truncated, offsets outside the file).
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
