@@ -9,7 +9,8 @@ allocate, left out). Kernel time is charged to the forward op a node serves: a g
 (named ``<forward node>/grad/...``) to its forward node's op type, the written-out training
 BatchNorm (``bn/...``) to BatchNormalization, the update (``optim/...``) to the optimizer. It
 prints the share per (forward op, phase) and the slowest op types inside each phase, so a
-lowering can be chosen where the time is. Needs torch.
+lowering can be chosen where the time is, then the time per kernel op type and what the matrix
+products and convolutions take together. Needs torch.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from pathlib import Path
 import bench_zoo as zoo  # noqa: E402 - the architectures, export and batches of the benchmark
 
 import graphc as gc
+
+
+PRODUCTS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "FusedMatMul", "Einsum", "FusedConv", "FusedGemm"})
 
 
 def label(node, graph) -> str:
@@ -93,6 +97,12 @@ def main() -> None:
         spent = sum(ops.values())
         inner = ", ".join(f"{k} {v / args.runs / 1e3:.1f}" for k, v in ops.most_common(5))
         print(f"{op:<22} {phase:<9} {spent / args.runs / 1e3:8.1f} ms {100 * spent / total:5.1f}%   {inner}")
+    by_kernel = collections.Counter()
+    for ops in table.values():
+        by_kernel.update(ops)
+    products = sum(v for k, v in by_kernel.items() if k in PRODUCTS)
+    print(f"kernels: {', '.join(f'{k} {v / args.runs / 1e3:.1f}' for k, v in by_kernel.most_common(8))} ms; "
+          f"matrix products and convolutions ({', '.join(sorted(PRODUCTS))}) {products / args.runs / 1e3:.1f} ms")
     per_node = collections.Counter()
     for e in events:
         per_node[(e["args"]["op_name"], e["name"].removesuffix("_kernel_time"))] += e["dur"]
