@@ -25,6 +25,8 @@ input (the col2im), and nothing weight-sized is built. Measured (onnxruntime CPU
 * but the columns, kept for dW, hold K times the input (x alone for the Conv): ResNet-50 at batch
   32 peaked at 1,245 MB with 64 pixels, 1,176 with 16, 1,149 with 4 (PyTorch: ~1,057), at the
   same speed (16 vs 64: 1.01x); ResNet-18 was 1.04x slower with 16 than with 64. 16 it is.
+  (kxk convs only up to 4 pixels, 1x1 up to 16: 1,148 MB, but ResNet-50 1.08x and ResNet-18
+  1.10x the step time.)
   ``MAX_TAPS`` keeps out a conv whose tap matrix would be large (a ViT's 8x8 stride-8 patch
   embedding: 4,096 x 4,096 entries at 64 px).
 
