@@ -185,3 +185,36 @@ def test_hardswish_slope_at_its_kinks_follows_pytorch():
     expected = np.where(x < -3, 0.0, np.where(x > 3, 1.0, x / 3 + 0.5)).astype(np.float32)
     np.testing.assert_allclose(run_numpy(proto, {"x": x})["x_grad"], expected, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(run_ort(proto, {"x": x})["x_grad"], expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_layer_norm_backward_reads_the_forward_statistics_in_float32(axis):
+    """A float32 LayerNormalization gets Mean and InvStdDev outputs its backward reads (float64
+    ones recompute them): the gradients match the float64 rule's, on numpy and onnxruntime."""
+    x = RNG.standard_normal((3, 4, 5)) * 2 + 0.5
+    c = RNG.standard_normal((3, 4, 5))
+    scale = RNG.standard_normal((4, 5) if axis == 1 else (5,))
+    bias = RNG.standard_normal(scale.shape)
+
+    def grads(dtype):
+        nodes = [helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=axis, name="ln"),
+                 helper.make_node("Mul", ["y", "c"], ["p"]), helper.make_node("ReduceSum", ["p"], ["loss"], keepdims=0)]
+        elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        graph = helper.make_graph(nodes, "ln", [helper.make_tensor_value_info("x", elem, list(x.shape))],
+                                  [helper.make_tensor_value_info("loss", elem, [])],
+                                  initializer=[numpy_helper.from_array(v.astype(dtype), k)
+                                               for k, v in {"s": scale, "b": bias, "c": c}.items()])
+        from onnx import shape_inference
+
+        model = ir.serde.deserialize_model(shape_inference.infer_shapes(
+            helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
+        return graphc.Model(gradient_model(model, "loss", ["x", "s", "b"])).proto
+
+    single, double = grads(np.float32), grads(np.float64)
+    assert [len(n.output) for n in single.graph.node if n.op_type == "LayerNormalization"] == [3]
+    assert [len(n.output) for n in double.graph.node if n.op_type == "LayerNormalization"] == [1]
+    want = run_numpy(double, {"x": x})
+    for backend in (run_numpy, run_ort):
+        got = backend(single, {"x": x.astype(np.float32)})
+        for name in ("x_grad", "s_grad", "b_grad"):
+            np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-5, err_msg=f"{backend.__name__} {name}")

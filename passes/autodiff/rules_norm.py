@@ -113,10 +113,15 @@ def grad_layer_norm(g, node, dys):
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     rank = g.rank(x)
     axes = list(range(attr(node, "axis", -1) % rank, rank))
-    mu = g.reduce("ReduceMean", x, axes, keepdims=True)
-    xc = g.sub(x, mu)
-    var = g.reduce("ReduceMean", g.mul(xc, xc), axes, keepdims=True)
-    invstd = g.op("Reciprocal", g.op("Sqrt", g.add(var, g.scalar(attr(node, "epsilon", 1e-5), x))))
+    stats = _forward_stats(g, node)
+    if stats is not None:
+        mu, invstd = stats
+        xc = g.sub(x, mu)
+    else:
+        mu = g.reduce("ReduceMean", x, axes, keepdims=True)
+        xc = g.sub(x, mu)
+        var = g.reduce("ReduceMean", g.mul(xc, xc), axes, keepdims=True)
+        invstd = g.op("Reciprocal", g.op("Sqrt", g.add(var, g.scalar(attr(node, "epsilon", 1e-5), x))))
     xhat = g.mul(xc, invstd)
     dx = dscale = dbias = None
     y_shape = static_shape(node.outputs[0]) or static_shape(x)
@@ -141,6 +146,29 @@ def grad_layer_norm(g, node, dys):
     if g.wants(bias) and dy is not None:
         dbias = g.broadcast_from(dy, y_shape)
     return dx, dscale, dbias
+
+
+def _forward_stats(g: GradBuilder, node: ir.Node) -> tuple[ir.Value, ir.Value] | None:
+    """The forward LayerNormalization's own Mean and InvStdDev outputs (added to the node when it
+    has none), for a float32 input, whose statistics onnxruntime and the numpy backend keep in
+    float32 (stash_type 1) anyway; None otherwise (the rule recomputes them in x's dtype).
+    Reading them takes two reductions and four full-size passes out of the backward: ViT-Ti at
+    batch 32 (64 px, 2 threads, two profiles each) LayerNorm's backward 57.7 / 69.6 -> 47.5 /
+    52.5 ms a step, the step 0.99x (interleaved A/B)."""
+    x = node.inputs[0]
+    if x.dtype != ir.DataType.FLOAT or attr(node, "stash_type", 1) != 1 or node.domain not in ("", "ai.onnx"):
+        return None
+    if len(node.outputs) == 1:
+        node.resize_outputs(3)
+        shape = x.shape
+        axis = attr(node, "axis", -1) % g.rank(x)
+        for value, stem in zip(node.outputs[1:], ("mean", "inv_std_dev")):
+            value.name = g.fresh(stem)
+            value.dtype = ir.DataType.FLOAT
+            if shape is not None:
+                value.shape = ir.Shape([*shape[:axis], *([1] * (len(shape) - axis))])
+    mean, inv = node.outputs[1], node.outputs[2]
+    return (mean, inv) if mean is not None and inv is not None else None
 
 
 def _group_norm(g: GradBuilder, node: ir.Node, dy: ir.Value, groups: int):
