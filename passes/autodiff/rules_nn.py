@@ -111,7 +111,10 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
     stacking one spatial axis at a time (sum(K) Slices, two Concats) wrote the columns twice
     (``bench_lowerings.py --only dense_dw``, 2 / 1 threads, ms, at once vs staged: N=32, 64ch
     16x16 3x3 14.3 vs 16.6 / 20.5 vs 24.1; 128ch 8x8 10.1 vs 10.7 / 13.6 vs 14.7; 64->128
-    stride 2 7.5 vs 7.7 / 7.9 vs 9.4; 3->64 7x7 stride 2 on 64x64 25.6 vs 28.3 / 28.0 vs 29.3)."""
+    stride 2 7.5 vs 7.7 / 7.9 vs 9.4; 3->64 7x7 stride 2 on 64x64 25.6 vs 28.3 / 28.0 vs 29.3).
+    Windows taken as shifts of the flattened padded input (dy zero-padded onto the same grid, so
+    each tap is one contiguous Slice per channel) were slower, for the padding's extra columns:
+    2 threads, N=32, 16x16 21.6 vs 19.8 ms, 8x8 12.0 vs 8.1, 4x4 11.6 vs 6.7."""
     n_sp = len(spatial)
     ci, kernel = w_shape[1], list(w_shape[2:])
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
