@@ -187,19 +187,27 @@ def test_hardswish_slope_at_its_kinks_follows_pytorch():
     np.testing.assert_allclose(run_ort(proto, {"x": x})["x_grad"], expected, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("mean_read", [False, True], ids=["y-only", "mean-read"])
 @pytest.mark.parametrize("axis", [-1, 1])
-def test_layer_norm_backward_reads_the_forward_statistics_in_float32(axis):
+def test_layer_norm_backward_reads_the_forward_statistics_in_float32(axis, mean_read):
     """A float32 LayerNormalization gets Mean and InvStdDev outputs its backward reads (float64
-    ones recompute them): the gradients match the float64 rule's, on numpy and onnxruntime."""
+    ones recompute them): the gradients match the float64 rule's, on numpy and onnxruntime. With
+    ``mean_read`` the node already has a Mean output, read by the loss too."""
     x = RNG.standard_normal((3, 4, 5)) * 2 + 0.5
     c = RNG.standard_normal((3, 4, 5))
     scale = RNG.standard_normal((4, 5) if axis == 1 else (5,))
     bias = RNG.standard_normal(scale.shape)
 
     def grads(dtype):
-        nodes = [helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=axis, name="ln"),
-                 helper.make_node("Mul", ["y", "c"], ["p"]), helper.make_node("ReduceSum", ["p"], ["loss"], keepdims=0)]
         elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        nodes = [helper.make_node("LayerNormalization", ["x", "s", "b"], ["y", "m"] if mean_read else ["y"], axis=axis,
+                                  name="ln"),
+                 helper.make_node("Mul", ["y", "c"], ["p"]), helper.make_node("ReduceSum", ["p"], ["l0"], keepdims=0)]
+        if mean_read:  # Mean is float32 (stash_type 1) whatever x's dtype
+            nodes += [helper.make_node("Cast", ["m"], ["mc"], to=elem), helper.make_node("ReduceSum", ["mc"], ["l1"], keepdims=0),
+                      helper.make_node("Add", ["l0", "l1"], ["loss"])]
+        else:
+            nodes.append(helper.make_node("Identity", ["l0"], ["loss"]))
         graph = helper.make_graph(nodes, "ln", [helper.make_tensor_value_info("x", elem, list(x.shape))],
                                   [helper.make_tensor_value_info("loss", elem, [])],
                                   initializer=[numpy_helper.from_array(v.astype(dtype), k)
@@ -212,7 +220,7 @@ def test_layer_norm_backward_reads_the_forward_statistics_in_float32(axis):
 
     single, double = grads(np.float32), grads(np.float64)
     assert [len(n.output) for n in single.graph.node if n.op_type == "LayerNormalization"] == [3]
-    assert [len(n.output) for n in double.graph.node if n.op_type == "LayerNormalization"] == [1]
+    assert [len(n.output) for n in double.graph.node if n.op_type == "LayerNormalization"] == [2 if mean_read else 1]
     want = run_numpy(double, {"x": x})
     for backend in (run_numpy, run_ort):
         got = backend(single, {"x": x.astype(np.float32)})

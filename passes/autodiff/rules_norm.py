@@ -149,26 +149,23 @@ def grad_layer_norm(g, node, dys):
 
 
 def _forward_stats(g: GradBuilder, node: ir.Node) -> tuple[ir.Value, ir.Value] | None:
-    """The forward LayerNormalization's own Mean and InvStdDev outputs (added to the node when it
-    has none), for a float32 input, whose statistics onnxruntime and the numpy backend keep in
-    float32 (stash_type 1) anyway; None otherwise (the rule recomputes them in x's dtype).
-    Reading them takes two reductions and four full-size passes out of the backward: ViT-Ti at
-    batch 32 (64 px, 2 threads, two profiles each) LayerNorm's backward 57.7 / 69.6 -> 47.5 /
-    52.5 ms a step, the step 0.99x (interleaved A/B)."""
+    """The forward LayerNormalization's own Mean and InvStdDev outputs (``with_outputs`` adds
+    them when it lacks them), for a float32 input, whose statistics onnxruntime and the numpy
+    backend keep in float32 (stash_type 1) anyway; None otherwise (the rule recomputes them in
+    x's dtype). Reading them takes two reductions and four full-size passes out of the backward:
+    ViT-Ti at batch 32 (64 px, 2 threads, two profiles each) LayerNorm's backward 57.7 / 69.6 ->
+    47.5 / 52.5 ms a step, the step 0.99x (interleaved A/B)."""
     x = node.inputs[0]
     if x.dtype != ir.DataType.FLOAT or attr(node, "stash_type", 1) != 1 or node.domain not in ("", "ai.onnx"):
         return None
-    if len(node.outputs) == 1:
-        node.resize_outputs(3)
-        shape = x.shape
-        axis = attr(node, "axis", -1) % g.rank(x)
-        for value, stem in zip(node.outputs[1:], ("mean", "inv_std_dev")):
-            value.name = g.fresh(stem)
+    node = g.with_outputs(node, 3)
+    axis = attr(node, "axis", -1) % g.rank(x)
+    for value in node.outputs[1:]:
+        if value.dtype is None:  # added here: float32, x's shape with the normalized axes 1
             value.dtype = ir.DataType.FLOAT
-            if shape is not None:
-                value.shape = ir.Shape([*shape[:axis], *([1] * (len(shape) - axis))])
-    mean, inv = node.outputs[1], node.outputs[2]
-    return (mean, inv) if mean is not None and inv is not None else None
+            if x.shape is not None:
+                value.shape = ir.Shape([*x.shape[:axis], *([1] * (len(x.shape) - axis))])
+    return node.outputs[1], node.outputs[2]
 
 
 def _group_norm(g: GradBuilder, node: ir.Node, dy: ir.Value, groups: int):
