@@ -117,16 +117,8 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
     2 threads, N=32, 16x16 21.6 vs 19.8 ms, 8x8 12.0 vs 8.1, 4x4 11.6 vs 6.7."""
     n_sp = len(spatial)
     ci, kernel = w_shape[1], list(w_shape[2:])
-    out = out_dims(spatial, kernel, strides, dilations, begin, end)
-    cols = g.transpose(x, [1, 0] + list(range(2, 2 + n_sp)))  # [Ci, N, *S]
-    if any(begin + end):
-        cols = g.op("Pad", cols, g.ints([0, 0] + begin + [0, 0] + end))
-    axes, steps = g.ints(list(range(2, 2 + n_sp))), g.ints(strides)
-    taps = []
-    for offsets in itertools.product(*(range(k) for k in kernel)):
-        starts = [o * d for o, d in zip(offsets, dilations)]
-        ends = [b + (n - 1) * s + 1 for b, n, s in zip(starts, out, strides)]
-        taps.append(g.unsqueeze(g.op("Slice", cols, g.ints(starts), g.ints(ends), axes, steps), [1]))
+    channel_major = g.transpose(x, [1, 0] + list(range(2, 2 + n_sp)))  # [Ci, N, *S]
+    taps = [g.unsqueeze(t, [1]) for t in _windows(g, channel_major, kernel, spatial, strides, dilations, begin, end)]
     cols = g.op("Concat", *taps, axis=1) if len(taps) > 1 else taps[0]
     cols = g.op("Reshape", cols, g.ints([ci * math.prod(kernel), -1]))
     dy2 = g.op("Reshape", g.transpose(dy, [1, 0] + list(range(2, 2 + n_sp))), g.ints([w_shape[0], -1]))
@@ -146,18 +138,24 @@ def _depthwise_weight_grad_taps(g: GradBuilder, x, dy, w_shape, spatial, strides
     small maps (480ch on 4x4: 12.5 vs 8.6). Stacking the taps channel-major for one batched
     MatMul was in between (58.9 / 24.6 ms where the two above took 64.8-93.8 / 22.8-36.0, on a
     loaded machine)."""
-    n_sp = len(spatial)
-    kernel = list(w_shape[2:])
+    axes = list(range(2, 2 + len(spatial)))
+    sums = [g.unsqueeze(g.reduce("ReduceSum", g.mul(tap, dy), [0] + axes, keepdims=False), [1])
+            for tap in _windows(g, x, list(w_shape[2:]), spatial, strides, dilations, begin, end)]
+    return g.op("Reshape", g.op("Concat", *sums, axis=1), g.ints(list(w_shape)))
+
+
+def _windows(g: GradBuilder, t: ir.Value, kernel, spatial, strides, dilations, begin, end) -> list[ir.Value]:
+    """What each kernel tap of a Conv reads of ``t`` ([*, *, *S], padded here): one strided Slice
+    of the output's size per tap, taps in row-major order."""
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
-    padded = g.op("Pad", x, g.ints([0, 0] + begin + [0, 0] + end)) if any(begin + end) else x
-    axes = list(range(2, 2 + n_sp))
-    sums = []
+    padded = g.op("Pad", t, g.ints([0, 0] + begin + [0, 0] + end)) if any(begin + end) else t
+    axes, steps = g.ints(list(range(2, 2 + len(spatial)))), g.ints(strides)
+    slices = []
     for offsets in itertools.product(*(range(k) for k in kernel)):
         starts = [o * d for o, d in zip(offsets, dilations)]
-        ends = [b + (n - 1) * s + 1 for b, n, s in zip(starts, out, strides)]
-        tap = g.op("Slice", padded, g.ints(starts), g.ints(ends), g.ints(axes), g.ints(strides))
-        sums.append(g.unsqueeze(g.reduce("ReduceSum", g.mul(tap, dy), [0] + axes, keepdims=False), [1]))
-    return g.op("Reshape", g.op("Concat", *sums, axis=1), g.ints(list(w_shape)))
+        ends = [first + (n - 1) * s + 1 for first, n, s in zip(starts, out, strides)]
+        slices.append(g.op("Slice", padded, g.ints(starts), g.ints(ends), axes, steps))
+    return slices
 
 
 def _pointwise_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides):
