@@ -76,8 +76,8 @@ def densify_convs(graph: ir.Graph, opset: int) -> int:
 
 
 def _plan(node: ir.Node):
-    """(the tap table, or None for a dense conv's im2col, and the output's spatial dims) of a
-    Conv to rewrite; None for one to keep."""
+    """(depthwise or not, the tap table T[P, Q, K] (None for a plain 1x1 conv), the output's
+    spatial dims) of a Conv to rewrite; None for one to keep."""
     if node.op_type != "Conv" or node.domain not in ("", "ai.onnx"):
         return None
     x, w = node.inputs[0], node.inputs[1]
@@ -90,14 +90,17 @@ def _plan(node: ir.Node):
     spatial, strides, dilations, begin, end = window(None, node, x, kernel)
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
     if group == 1 or sw[1] > 1:  # dense or grouped (not depthwise)
-        taps = math.prod(spatial) * math.prod(kernel) * math.prod(out)  # the tap matrix's entries
-        return (None, out) if 0 < math.prod(out) <= MAX_PIXELS and taps <= MAX_TAPS else None
+        entries = math.prod(spatial) * math.prod(kernel) * math.prod(out)  # the tap matrix's
+        if not (0 < math.prod(out) <= MAX_PIXELS and entries <= MAX_TAPS):
+            return None
+        plain = math.prod(kernel) == 1 and all(s == 1 for s in strides) and not any(begin + end)
+        return False, (None if plain else _taps(spatial, out, kernel, strides, dilations, begin)), out
     if not (group == sx[1] == sw[0]) or sx[0] < MIN_BATCH:  # depthwise, multiplier 1, batch 16+
         return None
     conv = _tap_count(spatial, out, kernel, strides, dilations, begin)
     if conv == 0 or math.prod(out) * math.prod(spatial) > MAX_WORK * conv:
         return None
-    return _taps(spatial, out, kernel, strides, dilations, begin), out
+    return True, _taps(spatial, out, kernel, strides, dilations, begin), out
 
 
 def _tap_count(spatial, out, kernel, strides, dilations, begin) -> int:
@@ -120,13 +123,14 @@ def _taps(spatial, out, kernel, strides, dilations, begin) -> np.ndarray:
     return t
 
 
-def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, taps: np.ndarray | None, out: list[int]) -> None:
+def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, depthwise: bool, taps: np.ndarray | None,
+             out: list[int]) -> None:
     x, w = node.inputs[0], node.inputs[1]
     b = node.inputs[2] if len(node.inputs) > 2 else None
     e.source = node.metadata_props.get("graphc.source")
-    if taps is None:
-        y = _im2col_gemm(e, node, x, w, b, out)
-    else:  # depthwise: per channel [N, Q] x [P, Q]^T
+    if not depthwise:
+        y = _im2col_gemm(e, x, w, b, taps, out)
+    else:  # per channel [N, Q] x [P, Q]^T
         co, (p, q, k) = static_shape(w)[0], taps.shape
         weff = e.op("Einsum", e.op("Reshape", w, e.ints([co, k])), e.const(taps, x.dtype), equation="ck,pqk->cpq")
         y = e.op("Einsum", e.op("Reshape", x, e.ints([-1, co, q])), weff, equation="ncq,cpq->ncp")
@@ -139,18 +143,17 @@ def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, taps: np.ndarray | None
     graph.remove(node, safe=True)
 
 
-def _im2col_gemm(e: Emitter, node: ir.Node, x: ir.Value, w: ir.Value, b: ir.Value | None, out: list[int]) -> ir.Value:
+def _im2col_gemm(e: Emitter, x: ir.Value, w: ir.Value, b: ir.Value | None, taps: np.ndarray | None,
+                 out: list[int]) -> ir.Value:
     """The Conv as the input's window values, [N*P, Ci*K], times the weight [Co, Ci*K] read
-    transposed, back to [N, Co, *out]."""
-    co, cg, *kernel = static_shape(w)
+    transposed, back to [N, Co, *out]; ``taps`` is None for a plain 1x1 conv."""
+    co, cg = static_shape(w)[:2]
     ci = static_shape(x)[1]
     group = ci // cg
-    spatial, strides, dilations, begin, end = window(None, node, x, kernel)
-    if math.prod(kernel) == 1 and all(s == 1 for s in strides) and not any(begin + end):
-        k = 1  # a plain 1x1 conv: the columns are x with its channels last
+    if taps is None:
+        k = 1  # the columns are x with its channels last
         cols = e.op("Transpose", e.op("Reshape", x, e.ints([0, ci, -1])), perm=[0, 2, 1])
     else:
-        taps = _taps(spatial, out, kernel, strides, dilations, begin)  # [P, Q, K]
         p, q, k = taps.shape
         gather = e.const(np.ascontiguousarray(taps.transpose(1, 2, 0).reshape(q, k * p)), x.dtype)
         cols = e.op("MatMul", e.op("Reshape", x, e.ints([-1, q])), gather)  # [N*Ci, K*P]
