@@ -21,12 +21,12 @@ from typing import Union
 
 import numpy as np
 
-__all__ = ["read_header", "read_tensors"]
+__all__ = ["DTYPES", "read_header", "read_tensors"]
 
 MAX_HEADER = 100_000_000  # safetensors' own limit on the header size
-_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
-           "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16,
-           "U8": np.uint8, "BOOL": np.bool_}
+DTYPES = {  # safetensors' dtype codes -> numpy
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "I16": np.int16,
+    "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_}
 
 
 def read_header(path: Union[str, os.PathLike]) -> tuple[dict, int]:
@@ -70,13 +70,13 @@ def read_tensors(path: Union[str, os.PathLike], header: dict | None = None, star
 
 def _allocate(name: str, entry: object, data_size: int) -> np.ndarray:
     """An empty array for the header ``entry`` of tensor ``name``, its offsets checked."""
-    if not isinstance(entry, dict) or entry.get("dtype") not in _DTYPES:
+    if not isinstance(entry, dict) or entry.get("dtype") not in DTYPES:
         got = entry.get("dtype") if isinstance(entry, dict) else entry
-        raise ValueError(f"tensor {name!r}: dtype {got!r} is not one of {', '.join(_DTYPES)}")
+        raise ValueError(f"tensor {name!r}: dtype {got!r} is not one of {', '.join(DTYPES)}")
     shape, offsets = entry.get("shape"), entry.get("data_offsets")
     if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
         raise ValueError(f"tensor {name!r}: shape {shape!r} is not a list of sizes")
-    dtype = np.dtype(_DTYPES[entry["dtype"]])
+    dtype = np.dtype(DTYPES[entry["dtype"]])
     nbytes = math.prod(shape) * dtype.itemsize
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
             and 0 <= offsets[0] <= offsets[1] <= data_size and offsets[1] - offsets[0] == nbytes):

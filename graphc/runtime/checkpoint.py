@@ -34,7 +34,7 @@ from pydantic import (BaseModel, NonNegativeFloat, NonNegativeInt, PositiveInt, 
 
 from graphc.errors import GraphcError
 from graphc.fileio import atomic_write, fsync_dir, remove_stale_temps, scratch_dir
-from graphc.tensorfile import MAX_HEADER, read_tensors
+from graphc.tensorfile import DTYPES, read_header, read_tensors
 
 __all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "LoaderState", "artifacts_dir", "check_owner",
            "check_writable", "find_artifacts", "load", "mismatch", "read_meta", "read_tensor_table", "resolve", "save",
@@ -203,17 +203,16 @@ def read_meta(path: PathLike) -> CheckpointMeta:
 def _read_header(target: Path) -> tuple[CheckpointMeta, dict, int]:
     """The validated ``CheckpointMeta``, the whole safetensors header of ``target`` and the offset
     its data starts at, in one read."""
-    with open(target, "rb") as f:
-        head = f.read(8)
-        size = int.from_bytes(head, "little") if len(head) == 8 else 0
-        header = f.read(size) if 0 < size <= MAX_HEADER else b""
-    meta = _parse_meta(target, head + header)  # a graphc checkpoint's header (so JSON of a sane size)
-    return meta, json.loads(header), 8 + size
+    try:
+        header, start = read_header(target)
+    except ValueError:
+        raise CheckpointError(f"{target}: not a readable graphc checkpoint (not a safetensors file, or "
+                              "truncated within its header)") from None
+    return _parse_meta(target, header), header, start
 
 
-# safetensors' dtype codes -> graphc dtype names
-_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
-           "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+# safetensors' dtype codes -> graphc dtype names (numpy's, and bfloat16, which numpy lacks)
+_DTYPES = {code: np.dtype(dtype).name for code, dtype in DTYPES.items()} | {"BF16": "bfloat16"}
 
 
 def read_tensor_table(path: PathLike) -> dict[str, tuple[str, list[int]]]:
@@ -289,16 +288,8 @@ def _existing_file(target: Path, given: PathLike) -> Path:
     raise CheckpointError(f"{given}: no checkpoint here (expected {target})")
 
 
-def _parse_meta(target: Path, data: bytes) -> CheckpointMeta:
-    """The ``CheckpointMeta`` in the safetensors header at the start of ``data``."""
-    size = int.from_bytes(data[:8], "little")
-    try:
-        header = json.loads(data[8:8 + size]) if 0 < size <= len(data) - 8 else None
-    except ValueError:  # also UnicodeDecodeError
-        header = None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{target}: not a readable graphc checkpoint (not a safetensors file, or "
-                              "truncated within its header)")
+def _parse_meta(target: Path, header: dict) -> CheckpointMeta:
+    """The ``CheckpointMeta`` in the safetensors ``header`` of ``target``."""
     extra = header.get("__metadata__")
     text = extra.get(_META_KEY) if isinstance(extra, dict) else None
     if not isinstance(text, str):
