@@ -29,15 +29,14 @@ import graphc as gc
 PRODUCTS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "FusedMatMul", "Einsum", "FusedConv", "FusedGemm"})
 
 
-def label(node, graph) -> str:
-    """The node's op type; for a Conv its kind too (depthwise, grouped, 1x1, kxk) and stride."""
+def label(node, weights: dict[str, list[int]]) -> str:
+    """The node's op type; for a Conv its kind too (depthwise, grouped, 1x1, kxk) and stride.
+    ``weights``: the graph's initializer and input shapes by name."""
     if node.op_type != "Conv":
         return node.op_type
     from onnx import helper
 
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    weights = {t.name: t.dims for t in graph.initializer} | {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim]
-                                                             for i in graph.input}
     w = weights.get(node.input[1])
     group, kernel = attrs.get("group", 1), attrs.get("kernel_shape") or (w[2:] if w else "?")
     kind = "x".join(map(str, kernel))
@@ -85,7 +84,9 @@ def main() -> None:
         arts = gc.training.generate(gc.load(tmp / "model.onnx"), gc.losses.cross_entropy("logits", label="y"),
                                     gc.optim.AdamW(zoo.LR))
         graph = arts.train_step.proto.graph
-        forward_ops = {n.name: label(n, graph) for n in graph.node}
+        weights = {t.name: list(t.dims) for t in graph.initializer} | {
+            i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.input}
+        forward_ops = {n.name: label(n, weights) for n in graph.node}
         events, walls = zoo.profile_kernels(arts, batch, tmp, args.runs + 2)
         print(f"wall per run: {statistics.median(walls) * 1e3:.1f} ms (profiling on)")
         table = charge(events, forward_ops)
