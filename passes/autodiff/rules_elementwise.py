@@ -65,9 +65,7 @@ def _grad_silu(g, node, dy, x_index: int):
         return None, None
     y = node.outputs[0]
     slope = g.add(s, g.mul(y, g.sub(g.scalar(1.0, s), s)))
-    grads = [None, None]
-    grads[x_index] = g.mul(dy, slope)
-    return tuple(grads)
+    return _to_input(x_index, g.mul(dy, slope))
 
 
 def _gelu_input(node: ir.Node) -> int | None:
@@ -110,9 +108,12 @@ def _grad_gelu_erf(g, node, dy, x_index: int):
     bump = g.op("Exp", g.mul(g.mul(x, g.scalar(-0.5, x)), x))
     cdf2 = g.op("Erf", g.mul(x, g.scalar(1 / math.sqrt(2), x)))
     slope = g.add(g.add(cdf2, g.mul(g.mul(x, g.scalar(math.sqrt(2 / math.pi), x)), bump)), g.scalar(1.0, x))
-    grads = [None, None]
-    grads[x_index] = g.mul(dy, slope)
-    return tuple(grads)
+    return _to_input(x_index, g.mul(dy, slope))
+
+
+def _to_input(index: int, grad: ir.Value) -> tuple[ir.Value | None, ir.Value | None]:
+    """A binary op's gradients when all of it goes to input ``index``."""
+    return (grad, None) if index == 0 else (None, grad)
 
 
 @grad_rule("Div", broadcast=True)
