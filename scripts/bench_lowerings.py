@@ -24,6 +24,8 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``conv_dx``: a kxk Conv's dx (depthwise, grouped, dense; stride 1, and depthwise stride 2):
   ConvTranspose vs a Conv by the weight flipped in space, each group's channel axes swapped (for
   stride 2, dy spread over the input grid with zeros first).
+- ``large_dw``: a dense kxk Conv's dW on large maps: the Conv over x with batch and channels
+  swapped vs im2col + GEMM a few images at a time, adding up, vs one GEMM per kernel tap.
 """
 
 from __future__ import annotations
@@ -318,9 +320,75 @@ def dense_dw(args) -> None:
                 {"x": normal(n, ci, side, side), "dy": normal(n, co, out, out)}, ["dw"], args)
 
 
+def large_dw(args) -> None:
+    """A dense kxk Conv's dW where the whole batch's columns pass the im2col's cap: the Conv over x
+    with batch and channels swapped (dy as the kernel) vs im2col + GEMM over ``chunk`` images at a
+    time, each chunk's GEMM adding into the last one's result (Gemm's C)."""
+    for n, ci, co, side, k, st, chunks in [(32, 64, 64, 32, 3, 1, (4, 8)), (32, 64, 128, 64, 3, 2, (4, 8)),
+                                           (32, 3, 32, 128, 3, 1, (4, 8)), (32, 3, 64, 64, 7, 2, (8, 32)),
+                                           (2, 3, 64, 64, 7, 2, (2,)), (32, 3, 64, 128, 7, 2, (4,)),
+                                           (32, 3, 64, 64, 7, 1, (4, 8))]:
+        p, out = k // 2, (side + 2 * (k // 2) - k) // st + 1
+        head = [ints("pads", [0, 0, p, p, 0, 0, p, p]), h.make_node("Transpose", ["dy"], ["dyt"], perm=[1, 0, 2, 3]),
+                ints("ws", [co, ci, k, k]), ints("one", [1]), ints("hw", [2, 3]), ints("st2", [st, st]),
+                ints("n0", [0]), ints("cs", [ci * k * k, -1]), ints("dys", [co, -1])]
+        swapped = head + [h.make_node("Transpose", ["x"], ["xs"], perm=[1, 0, 2, 3]),
+                          h.make_node("Conv", ["xs", "dyt"], ["dws"], strides=[1, 1], dilations=[st, st],
+                                      pads=[p, p, p, p]),
+                          h.make_node("Transpose", ["dws"], ["dwt"], perm=[1, 0, 2, 3]),
+                          ints("kk", [k, k]), ints("z2", [0, 0]),
+                          h.make_node("Slice", ["dwt", "z2", "kk", "hw"], ["dw"])]
+        variants = {"swapped Conv": swapped}
+        for chunk in chunks:
+            nodes = list(head)
+            acc = None
+            for c0 in range(0, n, chunk):
+                tag = f"_{c0}"
+                nodes += [ints("b" + tag, [c0]), ints("e" + tag, [c0 + chunk]),
+                          h.make_node("Slice", ["x", "b" + tag, "e" + tag, "n0"], ["xc" + tag]),
+                          h.make_node("Transpose", ["xc" + tag], ["xt" + tag], perm=[1, 0, 2, 3]),
+                          h.make_node("Pad", ["xt" + tag, "pads"], ["xp" + tag]),
+                          h.make_node("Slice", ["dyt", "b" + tag, "e" + tag, "one"], ["dyc" + tag]),
+                          h.make_node("Reshape", ["dyc" + tag, "dys"], ["dy2" + tag])]
+                taps = []
+                for i in range(k):
+                    for j in range(k):
+                        t = f"{tag}_{i}{j}"
+                        nodes += [ints("tb" + t, [i, j]),
+                                  ints("te" + t, [i + (out - 1) * st + 1, j + (out - 1) * st + 1]),
+                                  h.make_node("Slice", ["xp" + tag, "tb" + t, "te" + t, "hw", "st2"], ["t" + t]),
+                                  h.make_node("Unsqueeze", ["t" + t, "one"], ["tu" + t])]
+                        taps.append("tu" + t)
+                nodes += [h.make_node("Concat", taps, ["cols" + tag], axis=1),
+                          h.make_node("Reshape", ["cols" + tag, "cs"], ["cm" + tag]),
+                          h.make_node("Gemm", ["dy2" + tag, "cm" + tag] + ([acc] if acc else []), ["g" + tag],
+                                      transB=1)]
+                acc = "g" + tag
+            nodes.append(h.make_node("Reshape", [acc, "ws"], ["dw"]))
+            variants[f"im2col x{chunk}"] = nodes
+        # per tap: one Gemm of dy against the tap's window, taps stacked on a [Co, Ci, K] result
+        nodes = head + [h.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2, 3]),
+                        h.make_node("Pad", ["xt", "pads"], ["xp"]), h.make_node("Reshape", ["dyt", "dys"], ["dy2"]),
+                        ints("cim", [ci, -1]), ints("two", [2])]
+        outs = []
+        for i in range(k):
+            for j in range(k):
+                t = f"_{i}{j}"
+                nodes += [ints("tb" + t, [i, j]), ints("te" + t, [i + (out - 1) * st + 1, j + (out - 1) * st + 1]),
+                          h.make_node("Slice", ["xp", "tb" + t, "te" + t, "hw", "st2"], ["t" + t]),
+                          h.make_node("Reshape", ["t" + t, "cim"], ["tm" + t]),
+                          h.make_node("Gemm", ["dy2", "tm" + t], ["g" + t], transB=1),
+                          h.make_node("Unsqueeze", ["g" + t, "two"], ["gu" + t])]
+                outs.append("gu" + t)
+        nodes += [h.make_node("Concat", outs, ["gs"], axis=2), h.make_node("Reshape", ["gs", "ws"], ["dw"])]
+        variants["per-tap Gemm"] = nodes
+        compare(f"N={n} {ci}->{co} {side}x{side} {k}x{k} s{st}", variants,
+                {"x": normal(n, ci, side, side), "dy": normal(n, co, out, out)}, ["dw"], args)
+
+
 CASES: dict[str, Callable] = {"bn": bn, "silu": silu, "gelu": gelu, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
-                              "conv_dx": conv_dx, "dense_dw": dense_dw}
+                              "conv_dx": conv_dx, "dense_dw": dense_dw, "large_dw": large_dw}
 
 
 def main() -> None:

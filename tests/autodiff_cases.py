@@ -447,7 +447,9 @@ def _cases() -> list[GradCase]:
         c("Conv", [T((2, 2, 24, 25)), T((3, 2, 3, 2))], {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 0, 1]},
           tag="im2col_strides_dilations"),
         c("Conv", [T((2, 2, 150)), T((3, 2, 5))], {"strides": [1], "pads": [2, 1]}, tag="im2col_1d"),
-        c("Conv", [T((1, 2, 7, 8, 6)), T((2, 2, 2, 3, 2))], {"pads": [1, 0, 1, 0, 1, 0]}, tag="im2col_3d"),
+        c("Conv", [T((1, 2, 7, 8, 6)), T((2, 2, 2, 2, 2))], {"pads": [1, 0, 1, 0, 1, 0]}, tag="im2col_3d"),
+        # more than 9 kernel taps: dW is the Conv over x with batch and channels swapped
+        c("Conv", [T((2, 2, 11, 12)), T((3, 2, 5, 5))], {"strides": [2, 2], "pads": [2, 2, 1, 2]}, tag="many_taps"),
         c("Conv", [T((2, 1, 6, 6)), T((3, 1, 3, 3)), T((3,))], {"pads": [1, 1, 1, 1]}, tag="one_channel"),
         c("Conv", [T((2, 1, 7, 8)), T((2, 1, 2, 3))], {"strides": [2, 3], "dilations": [2, 1], "pads": [1, 0, 2, 1]},
           tag="one_channel_strides"),

@@ -11,9 +11,9 @@ import pytest
 import graphc
 
 try:
-    from autodiff_cases import CASES, GradCase, build, feeds, param_names, with_loss
+    from autodiff_cases import CASES, GradCase, T, build, feeds, param_names, with_loss
 except ImportError:  # tests/ collected as a package
-    from tests.autodiff_cases import CASES, GradCase, build, feeds, param_names, with_loss
+    from tests.autodiff_cases import CASES, GradCase, T, build, feeds, param_names, with_loss
 from graphc.passes.autodiff import RULES, gradient_model
 
 
@@ -114,3 +114,23 @@ def test_gradient_graph_follows_the_model_opset(case: GradCase):
     from dataclasses import replace
 
     test_gradient_matches_finite_differences(replace(case, opset=17))
+
+
+@pytest.mark.parametrize(("strides", "chunks"), [([1, 1], 3), ([2, 1], 2)])
+def test_conv_weight_gradient_in_batch_chunks(monkeypatch, strides, chunks):
+    """Past ``IM2COL_CHUNK`` column values, a static batch's im2col dW is taken a few images at a
+    time, each chunk's Gemm adding into the last one's: still the gradient, on numpy and
+    onnxruntime. Two images' columns per chunk here: batches 5 -> 2, 2, 1 and 3 -> 2, 1."""
+    from dataclasses import replace
+
+    from graphc.passes.autodiff import rules_nn
+
+    batch = 2 * chunks - 1
+    case = GradCase("Conv", [T((batch, 3, 6, 6)), T((4, 3, 3, 3)), T((4,))], {"pads": [1, 1, 1, 0], "strides": strides},
+                    tag="im2col_chunks")
+    out_pixels = ((6 + 2 - 3) // strides[0] + 1) * (6 + 1 - 3 + 1)
+    monkeypatch.setattr(rules_nn, "IM2COL_CHUNK", 2 * 3 * 9 * out_pixels)
+    proto, _ = grad_proto(case, np.float64)
+    assert sum(n.op_type == "Gemm" for n in proto.graph.node) == chunks
+    test_gradient_matches_finite_differences(case)
+    test_gradient_graph_numpy_matches_onnxruntime(replace(case, ort=True))

@@ -103,26 +103,50 @@ def _groups_over_batch(g: GradBuilder, t: ir.Value, group: int, per_group: int, 
     return g.op("Reshape", g.transpose(r, [2, 1, 0] + list(range(3, 3 + n_sp))), g.ints([per_group, -1] + spatial))
 
 
+# The im2col dW's column matrix holds prod(K) copies of the input; it is built and multiplied at
+# most this many values at a time (``_conv_weight_grad_im2col``).
+IM2COL_CHUNK = 1 << 22
+
+
 def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
-    """dW as an explicit im2col and one GEMM over batch and pixels: the window slices of the
-    padded, channel-major input stacked channel-major ([Ci, prod(K), N, O]), so the GEMM against
-    dy as [Co, N*O] (``transB``: the column matrix is never transposed) gives dW in its own
-    layout, with no weight-size Transpose after it. The prod(K) slices are taken at once:
-    stacking one spatial axis at a time (sum(K) Slices, two Concats) wrote the columns twice
+    """dW as an explicit im2col and GEMMs over batch and pixels: the window slices of the padded,
+    channel-major input stacked channel-major ([Ci, prod(K), N, O]), so the GEMM against dy as
+    [Co, N*O] (``transB``: the column matrix is never transposed) gives dW in its own layout,
+    with no weight-size Transpose after it. The prod(K) slices are taken at once: stacking one
+    spatial axis at a time (sum(K) Slices, two Concats) wrote the columns twice
     (``bench_lowerings.py --only dense_dw``, 2 / 1 threads, ms, at once vs staged: N=32, 64ch
     16x16 3x3 14.3 vs 16.6 / 20.5 vs 24.1; 128ch 8x8 10.1 vs 10.7 / 13.6 vs 14.7; 64->128
     stride 2 7.5 vs 7.7 / 7.9 vs 9.4; 3->64 7x7 stride 2 on 64x64 25.6 vs 28.3 / 28.0 vs 29.3).
     Windows taken as shifts of the flattened padded input (dy zero-padded onto the same grid, so
     each tap is one contiguous Slice per channel) were slower, for the padding's extra columns:
-    2 threads, N=32, 16x16 21.6 vs 19.8 ms, 8x8 12.0 vs 8.1, 4x4 11.6 vs 6.7."""
+    2 threads, N=32, 16x16 21.6 vs 19.8 ms, 8x8 12.0 vs 8.1, 4x4 11.6 vs 6.7.
+
+    A static batch whose columns pass ``IM2COL_CHUNK`` values is taken a few images at a time,
+    each chunk's Gemm adding into the last one's result (its C input): the columns stay in cache
+    and their memory bounded (``--only large_dw``, 2 threads, ms, N=32, chunks of 4 and 8 images
+    vs all 32: 64ch 16x16 11.7 (8) vs 12.3; 128ch 16x16 36.9 / 35.6 vs 35.4). One Gemm per tap
+    on its window, without the column matrix, was slower (N=32, 64ch on 32x32 44.3 vs 39.6 in
+    chunks of 4; 3->32 on 128x128 101 vs 42)."""
     n_sp = len(spatial)
     ci, kernel = w_shape[1], list(w_shape[2:])
-    channel_major = g.transpose(x, [1, 0] + list(range(2, 2 + n_sp)))  # [Ci, N, *S]
-    taps = [g.unsqueeze(t, [1]) for t in _windows(g, channel_major, kernel, spatial, strides, dilations, begin, end)]
-    cols = g.op("Concat", *taps, axis=1) if len(taps) > 1 else taps[0]
-    cols = g.op("Reshape", cols, g.ints([ci * math.prod(kernel), -1]))
-    dy2 = g.op("Reshape", g.transpose(dy, [1, 0] + list(range(2, 2 + n_sp))), g.ints([w_shape[0], -1]))
-    return g.op("Reshape", g.op("Gemm", dy2, cols, transB=1), g.ints(list(w_shape)))
+    out = out_dims(spatial, kernel, strides, dilations, begin, end)
+    batch = _known_batch(x)
+    chunks = 1 if batch is None else min(batch, -(-batch * ci * math.prod(kernel) * math.prod(out) // IM2COL_CHUNK))
+    size = -(-batch // chunks) if chunks > 1 else None
+    swap = [1, 0] + list(range(2, 2 + n_sp))
+    dw = None
+    for first in range(0, batch, size) if size else [None]:
+        xs, dys = x, dy
+        if first is not None:  # images [first, first + size)
+            bounds = (g.ints([first]), g.ints([min(first + size, batch)]), g.ints([0]))
+            xs, dys = g.op("Slice", xs, *bounds), g.op("Slice", dys, *bounds)
+        channel_major = g.transpose(xs, swap)  # [Ci, n, *S]
+        taps = [g.unsqueeze(t, [1]) for t in _windows(g, channel_major, kernel, spatial, strides, dilations, begin, end)]
+        cols = g.op("Concat", *taps, axis=1) if len(taps) > 1 else taps[0]
+        cols = g.op("Reshape", cols, g.ints([ci * math.prod(kernel), -1]))
+        dy2 = g.op("Reshape", g.transpose(dys, swap), g.ints([w_shape[0], -1]))
+        dw = g.op("Gemm", dy2, cols, *([dw] if dw is not None else []), transB=1)
+    return g.op("Reshape", dw, g.ints(list(w_shape)))
 
 
 def _depthwise_weight_grad_taps(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
@@ -189,11 +213,16 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     #   1 thread, dW and the forward Conv, ms, N=32, 128ch on 8x8 21.9 -> 19.4, 256ch on 4x4
     #   28.7 -> 23.8, 8x128ch on 8x8 5.5 -> 4.6). On short batch x pixels it now wins too, where
     #   the Conv below did before (N=2, 512ch on 2x2: 5.7 vs 12.6; 256ch on 4x4: 2.6 vs 4.8; N=32,
-    #   512ch on 2x2: 44.5 vs 53.0). Its column matrix holds prod(K) copies of x, so it is capped
-    #   at 2**24 values.
+    #   512ch on 2x2: 44.5 vs 53.0). Its column matrix holds prod(K) copies of x: with a static
+    #   batch it is taken a few images at a time past ``IM2COL_CHUNK`` values, where it wins by
+    #   more (``bench_lowerings.py --only large_dw``, 2 threads, ms, chunks of 4 images vs the
+    #   Conv: N=32, 64ch on 32x32 43.9 vs 125.5; 64->128 stride 2 on 64x64 111 vs 237; 3->32 on
+    #   128x128 44.4 vs 76.7); a symbolic batch, taken whole, is capped at 2**24 values.
+    #   Kernels of more than 9 taps lose to the Conv (3->64 7x7 stride 2, N=32 on 64x64: 23.5 vs
+    #   10.5; on 128x128 106 vs 55; N=2 on 64x64 2.1 vs 1.0; stride 1, 64x64: 64.6 vs 64.9).
     # * a Conv over x with batch and channels swapped, dy as the kernel, strides and dilations
-    #   exchanged, then the result transposed: for grouped convs and past the cap, except
-    #   depthwise 3x3 ones, stride 1, on mid-sized maps (``_depthwise_weight_grad_taps``).
+    #   exchanged, then the result transposed: for grouped convs, larger kernels and past the
+    #   cap, except depthwise 3x3 ones, stride 1, on mid-sized maps (``_depthwise_weight_grad_taps``).
     # (An im2col with a batched MatMul or an Einsum over [N, K*Ci, O] was no faster than the
     # Conv at N=32: 24 vs 21 ms; for depthwise 3x3/5x5 convs 1.3-2.7x slower than it.)
     n_sp = len(spatial)
@@ -202,9 +231,9 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     if (group == w_shape[0] and cg == 1 and math.prod(kernel) <= 9 and all(v == 1 for v in strides)
             and math.prod(out) >= 256 and _static_batch(x) * w_shape[0] * math.prod(spatial) <= 1 << 21):
         return _depthwise_weight_grad_taps(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
-    batch = _static_batch(x)
+    columns = cg * math.prod(kernel) * math.prod(out) * _static_batch(x)
     if (group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
-            and cg * math.prod(kernel) * batch * math.prod(out) <= 1 << 24):
+            and math.prod(kernel) <= 9 and (_known_batch(x) is not None or columns <= 1 << 24)):
         return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     xt = _groups_over_batch(g, x, group, cg, spatial)
     dyt = g.transpose(dy, [1, 0] + list(range(2, 2 + n_sp)))
@@ -258,10 +287,16 @@ def grad_conv(g, node, dy):
     return dx, dw, db
 
 
+def _known_batch(x: ir.Value) -> int | None:
+    """x's batch dim, None when it is symbolic."""
+    sx = static_shape(x)
+    return sx[0] if sx is not None and isinstance(sx[0], int) else None
+
+
 def _static_batch(x: ir.Value) -> int:
     """x's batch dim; a typical 16 when it is symbolic."""
-    sx = static_shape(x)
-    return sx[0] if sx is not None and isinstance(sx[0], int) else 16
+    batch = _known_batch(x)
+    return 16 if batch is None else batch
 
 
 def _pointwise_input_grad_conv(g: GradBuilder, dy: ir.Value, w: ir.Value, n_sp: int) -> ir.Value:
