@@ -425,6 +425,10 @@ def _cases() -> list[GradCase]:
         c("Conv", [T((8, 6, 5, 4)), T((6, 3, 2, 3))], {"group": 2, "dilations": [2, 1], "pads": [2, 1, 0, 1]},
           tag="grouped_flipped_dilated"),
         c("Conv", [T((1, 2, 5, 5)), T((2, 1, 2, 2))], {"group": 2, "pads": [2, 0, 1, 2]}, tag="depthwise_pads_past_kernel"),
+        # dense, stride 1, from batch 8 on maps of 256 pixels: dx by the flipped weight too
+        c("Conv", [T((8, 2, 16, 16)), T((3, 2, 3, 3)), T((3,))], {"pads": [1, 0, 2, 1]}, tag="dense_flipped"),
+        c("Conv", [T((8, 1, 16, 17)), T((2, 1, 3, 2))], {"dilations": [2, 1], "pads": [2, 1, 1, 0]},
+          tag="dense_flipped_one_channel"),
         c("Conv", [T((1, 2, 5, 5)), T((2, 2, 3, 3))], {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, tag="same_upper"),
         c("Conv", [T((1, 2, 4, 5, 3)), T((2, 2, 2, 3, 2)), T((2,))], {"pads": [1, 0, 1, 0, 1, 0]}, tag="3d"),
         c("Conv", [T((2, 3, 9)), T((2, 3, 3))], {"dilations": [2], "pads": [2, 1], "strides": [2]}, tag="1d"),

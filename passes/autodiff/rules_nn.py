@@ -261,8 +261,7 @@ def grad_conv(g, node, dy):
         # A 1x1 Conv's dx is a 1x1 Conv by the transposed weight: onnxruntime (CPU, 2 threads)
         # runs it 1.2-2x faster than the ConvTranspose (N=32, 672->112 on 4x4: 0.91 vs 1.97 ms;
         # 1152->192 on 2x2: 2.7 vs 5.3; N=2, 144->24 on 16x16: 0.08 vs 0.11). For dense kxk
-        # convs the ConvTranspose stays (the Conv by the flipped weight: mixed, see
-        # ``_grouped_by_flipped_conv``, which takes it for stride-1 grouped and depthwise convs).
+        # convs see ``_by_flipped_conv``.
         # Where the weight outweighs the activations (maps of 4 pixels, or 32 in the whole batch),
         # one Gemm by the weight as it is, dy's batch and channels swapped, beats transposing the
         # weight each step (1 thread, ms, that vs the Conv vs the ConvTranspose): N=32, 512<-2048
@@ -276,7 +275,7 @@ def grad_conv(g, node, dy):
             dx = _pointwise_input_grad_conv(g, dy, w, len(spatial))
     elif g.wants(x) and _strided_pointwise_by_conv(w_shape, spatial, kernel, begin + end, group):
         dx = _zero_interleaved(g, _pointwise_input_grad_conv(g, dy, w, len(spatial)), w_shape[1], spatial, strides)
-    elif g.wants(x) and _grouped_by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group, _static_batch(x)):
+    elif g.wants(x) and _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group, _static_batch(x)):
         dx = _flipped_input_grad(g, dy, w, w_shape, dilations, begin, end, group)
     elif g.wants(x):
         dx = _transposed(g, dy, w, spatial, kernel, strides, dilations, begin, end, group)
@@ -326,26 +325,30 @@ def _strided_pointwise_by_conv(w_shape, spatial, kernel, pads, group) -> bool:
             and (math.prod(spatial) <= 16 or w_shape[0] * w_shape[1] >= 2 ** 21))
 
 
-def _grouped_by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group: int, batch: int) -> bool:
-    """Whether a grouped Conv's dx is taken as a Conv of dy by the weight flipped in space, each
-    group's channel axes swapped (``_flipped_input_grad``), not a ConvTranspose: for stride 1 and
-    as many output as input channels per group, where onnxruntime's grouped ConvTranspose is
-    slowest and least parallel. Interleaved, ms, that vs the ConvTranspose, dx [N, C, H, H]
+def _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group: int, batch: int) -> bool:
+    """Whether a stride-1 Conv's dx is taken as a Conv of dy by the weight flipped in space, each
+    group's channel axes swapped (``_flipped_input_grad``), not a ConvTranspose: onnxruntime's
+    grouped ConvTranspose is its slowest and least parallel kernel, and its dense one loses on
+    large maps. Interleaved, ms, that vs the ConvTranspose, dx [N, C, H, H]
     (``scripts/bench_lowerings.py --only conv_dx``), 2 threads / 1 thread. Depthwise, N=32:
     3x3 96ch 32x32 8.5 vs 20.5 / 16.0 vs 20.7; 96ch 64x64 28.2 vs 55.4 / 52.9 vs 67.5; 480ch 8x8
     4.6 vs 10.3 / 11.2 vs 10.5; 5x5 240ch 16x16 18.8 vs 37.8 / 36.2 vs 38.6; 1152ch 4x4 18.3 vs 24.3
     / 20.5 vs 19.3; N=2, 96ch 32x32 0.74 vs 1.21 / 0.64 vs 0.78. Groups of 8 channels (RegNet),
     N=32: 48ch 16x16 2.4 vs 5.3 / 2.6 vs 2.0; 104ch 8x8 1.9 vs 3.2 / 2.0 vs 1.7; 440ch 2x2 4.3 vs
     4.0 / 2.7 vs 2.1; N=2, 104ch 8x8 0.25 vs 0.22 / 0.21 vs 0.14: taken from N=8 and 16 pixels,
-    depthwise always. Left as they were: a depthwise channel multiplier of 2 (96->192, 32x32: 15.2
-    vs 16.0 / 30.1 vs 21.6), stride 2 (dy spread over the input grid with zeros first: 98.6 vs
-    40.9 ms, 96ch 64x64) and dense convs (64ch 16x16, N=32: 6.0 vs 8.3 / 7.9 vs 6.7; 128ch 8x8:
-    10.3 vs 8.9 / 7.9 vs 8.4; N=2 0.57 vs 0.45 / 0.81 vs 0.58)."""
-    if group == 1 or any(s != 1 for s in strides) or w_shape[0] != group * w_shape[1]:
+    depthwise always. Dense 3x3, 2 threads: N=32, 64ch 32x32 21.6 vs 28.2; 128ch 16x16 19.6 vs
+    27.3; 64ch 16x16 7.0 vs 9.7; but 128ch 8x8 11.6 vs 10.8 and 256ch 8x8 24.7 vs 25.2, and N=2
+    (64ch 16x16 1.10 vs 0.72; 256ch 4x4 5.4 vs 1.5: the weight's flip is paid per step): taken
+    from N=8 on maps of 256 pixels. Left as they were: a depthwise channel multiplier of 2
+    (96->192, 32x32: 15.2 vs 16.0 / 30.1 vs 21.6) and stride 2 (dy spread over the input grid
+    with zeros first: 98.6 vs 40.9 ms, 96ch 64x64)."""
+    if any(s != 1 for s in strides) or (group > 1 and w_shape[0] != group * w_shape[1]):
         return False
     kernel = w_shape[2:]
     if any(d * (k - 1) < max(b, e) for d, k, b, e in zip(dilations, kernel, begin, end)):
         return False  # pads past the kernel: the flipped Conv would need negative pads
+    if group == 1:
+        return batch >= 8 and math.prod(spatial) >= 256
     return w_shape[1] == 1 or (batch >= 8 and math.prod(spatial) >= 16)
 
 
@@ -356,7 +359,7 @@ def _flipped_input_grad(g: GradBuilder, dy: ir.Value, w: ir.Value, w_shape, dila
     n_sp = len(kernel)
     axes = list(range(2, 2 + n_sp))
     flipped = g.op("Slice", w, g.ints([-1] * n_sp), g.ints([-(2 ** 62)] * n_sp), g.ints(axes), g.ints([-1] * n_sp))
-    if ci_g > 1:
+    if ci_g > 1 or co != group:  # not depthwise: swap each group's channel axes
         per_group = g.op("Reshape", flipped, g.ints([group, co // group, ci_g] + kernel))
         swapped = g.transpose(per_group, [0, 2, 1] + [a + 1 for a in axes])
         flipped = g.op("Reshape", swapped, g.ints([group * ci_g, co // group] + kernel))
