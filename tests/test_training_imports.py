@@ -116,13 +116,16 @@ def test_dropout_is_training_mode_in_train_step_and_identity_in_eval():
 
 
 # -- BatchNorm --------------------------------------------------------------------------------
-def _bn_arts():
-    return gc.training.generate(training_models.batchnorm(), gc.losses.cross_entropy("logits", label="y"),
+def _bn_arts(batch: int | str = "N"):
+    return gc.training.generate(training_models.batchnorm(batch=batch), gc.losses.cross_entropy("logits", label="y"),
                                 gc.optim.SGD(0.1))
 
 
-def test_batchnorm_stats_are_state_updated_like_pytorch():
-    arts = _bn_arts()
+@pytest.mark.parametrize("batch", ["N", 6])
+def test_batchnorm_stats_are_state_updated_like_pytorch(batch):
+    """With a static batch the unbiasing count is a constant (no Size node keeps x alive)."""
+    arts = _bn_arts(batch)
+    assert any(n.op_type == "Size" for n in arts.train_step.proto.graph.node) == (batch == "N")
     roles = {e.name: e.role for e in arts.manifest.graphs["train_step"].inputs}
     assert roles["bn.running_mean"] == roles["bn.running_var"] == "state"
     assert "bn.running_mean" not in arts.manifest.trainable and "bn.weight" in arts.manifest.trainable

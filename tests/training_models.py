@@ -77,8 +77,8 @@ def awkward(seed=0, dropout=0.1) -> gc.Model:
                   [oh.make_tensor_value_info("out", F, ["B", 8])], inits, producer="an exporter")
 
 
-def batchnorm(channels=3, classes=4, seed=0) -> gc.Model:
-    """x [N, C, L] -> BatchNormalization (momentum 0.9 = PyTorch's 0.1) -> Flatten -> Gemm."""
+def batchnorm(channels=3, classes=4, seed=0, batch: int | str = "N") -> gc.Model:
+    """x [batch, C, L] -> BatchNormalization (momentum 0.9 = PyTorch's 0.1) -> Flatten -> Gemm."""
     rng = np.random.default_rng(seed)
     length = 5
     inits = [nh.from_array(rng.uniform(0.5, 1.5, channels).astype(np.float32), "bn.weight"),
@@ -91,5 +91,5 @@ def batchnorm(channels=3, classes=4, seed=0) -> gc.Model:
                           ["xn"], epsilon=1e-5, momentum=0.9),
              oh.make_node("Flatten", ["xn"], ["xf"], axis=1),
              oh.make_node("Gemm", ["xf", "fc.weight", "fc.bias"], ["logits"], transB=1)]
-    return _model(nodes, [oh.make_tensor_value_info("x", F, ["N", channels, length])],
-                  [oh.make_tensor_value_info("logits", F, ["N", classes])], inits)
+    return _model(nodes, [oh.make_tensor_value_info("x", F, [batch, channels, length])],
+                  [oh.make_tensor_value_info("logits", F, [batch, classes])], inits)

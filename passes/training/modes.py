@@ -164,10 +164,17 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str,
     batch_mean, biased_var = b.squeeze(mean, axes), b.squeeze(var, axes)
     y = b.op("BatchNormalization", centred, scale, bias, zeros, biased_var, epsilon=eps)
 
-    # Running statistics (off the loss path, so autodiff never visits them).
-    count = b.op("Div", b.op("Cast", b.op("Size", x, dtype=ir.DataType.INT64), to=x.dtype),
-                 b.op("Cast", b.op("Shape", x, start=1, end=2, dtype=ir.DataType.INT64), to=x.dtype))
-    unbias = b.op("Div", count, b.op("Sub", count, b.scalar(1.0, x)))
+    # Running statistics (off the loss path, so autodiff never visits them). The unbiasing count is
+    # a constant where x's shape is static: onnxruntime does not fold Size, and a Size node run
+    # late in the step kept each BatchNorm's full-size input alive until then.
+    dims = [d if isinstance(d, int) else None for d in x.shape]
+    if None not in dims:
+        count = np.prod(dims, dtype=np.int64) // dims[1]
+        unbias = b.scalar(count / (count - 1.0) if count > 1 else float("inf"), x)
+    else:
+        count = b.op("Div", b.op("Cast", b.op("Size", x, dtype=ir.DataType.INT64), to=x.dtype),
+                     b.op("Cast", b.op("Shape", x, start=1, end=2, dtype=ir.DataType.INT64), to=x.dtype))
+        unbias = b.op("Div", count, b.op("Sub", count, b.scalar(1.0, x)))
     batch_var = b.op("Mul", biased_var, unbias)
     m, one_m = b.scalar(momentum, x), b.scalar(1.0 - momentum, x)
     new_mean = b.op("Add", b.op("Mul", mean_in, m), b.op("Mul", batch_mean, one_m))
