@@ -77,8 +77,9 @@ def awkward(seed=0, dropout=0.1) -> gc.Model:
                   [oh.make_tensor_value_info("out", F, ["B", 8])], inits, producer="an exporter")
 
 
-def batchnorm(channels=3, classes=4, seed=0, batch: int | str = "N") -> gc.Model:
-    """x [batch, C, L] -> BatchNormalization (momentum 0.9 = PyTorch's 0.1) -> Flatten -> Gemm."""
+def batchnorm(channels=3, classes=4, seed=0, batch: int | str = "N", scaled: bool = False) -> gc.Model:
+    """x [batch, C, L] -> (``scaled``: times a trained ``s.weight`` [C, 1], so the BatchNorm's input
+    has a gradient) -> BatchNormalization (momentum 0.9 = PyTorch's 0.1) -> Flatten -> Gemm."""
     rng = np.random.default_rng(seed)
     length = 5
     inits = [nh.from_array(rng.uniform(0.5, 1.5, channels).astype(np.float32), "bn.weight"),
@@ -87,9 +88,12 @@ def batchnorm(channels=3, classes=4, seed=0, batch: int | str = "N") -> gc.Model
              nh.from_array(rng.uniform(0.5, 1.5, channels).astype(np.float32), "bn.running_var"),
              nh.from_array(rng.normal(0, 0.3, (classes, channels * length)).astype(np.float32), "fc.weight"),
              nh.from_array(np.zeros(classes, np.float32), "fc.bias")]
-    nodes = [oh.make_node("BatchNormalization", ["x", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"],
-                          ["xn"], epsilon=1e-5, momentum=0.9),
+    nodes = [oh.make_node("BatchNormalization", ["xs" if scaled else "x", "bn.weight", "bn.bias", "bn.running_mean",
+                                                 "bn.running_var"], ["xn"], epsilon=1e-5, momentum=0.9),
              oh.make_node("Flatten", ["xn"], ["xf"], axis=1),
              oh.make_node("Gemm", ["xf", "fc.weight", "fc.bias"], ["logits"], transB=1)]
+    if scaled:
+        inits.append(nh.from_array(rng.uniform(0.5, 1.5, (channels, 1)).astype(np.float32), "s.weight"))
+        nodes.insert(0, oh.make_node("Mul", ["x", "s.weight"], ["xs"]))
     return _model(nodes, [oh.make_tensor_value_info("x", F, [batch, channels, length])],
                   [oh.make_tensor_value_info("logits", F, [batch, classes])], inits)

@@ -92,7 +92,9 @@ def _batch_norm_training_grads(g, node, dy, axes):
     s2 = g.mul(g.reduce("ReduceSum", g.mul(dy, centred), axes, keepdims=True), invstd)
     dx = None
     if g.wants(x):
-        count = count_ratio(g, x, scale, dy)  # N: values per channel, a constant when shapes are static
+        # N: values per channel, a constant when shapes are static; else read off dy, which is live
+        # here anyway (a Size of x kept x alive from the forward)
+        count = count_ratio(g, dy, scale, dy)
         k = g.mul(_per_channel(g, scale, len(axes) + 1), invstd)
         slope = g.squeeze(g.neg(g.mul(k, g.div(s2, count))), axes)
         shift = g.squeeze(g.neg(g.mul(k, g.div(s1, count))), axes)

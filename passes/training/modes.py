@@ -164,17 +164,9 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str,
     batch_mean, biased_var = b.squeeze(mean, axes), b.squeeze(var, axes)
     y = b.op("BatchNormalization", centred, scale, bias, zeros, biased_var, epsilon=eps)
 
-    # Running statistics (off the loss path, so autodiff never visits them). The unbiasing count is
-    # a constant where x's shape is static: onnxruntime does not fold Size, and a Size node run
-    # late in the step kept each BatchNorm's full-size input alive until then.
-    dims = [d if isinstance(d, int) else None for d in x.shape]
-    if None not in dims:
-        count = np.prod(dims, dtype=np.int64) // dims[1]
-        unbias = b.scalar(count / (count - 1.0) if count > 1 else float("inf"), x)
-    else:
-        count = b.op("Div", b.op("Cast", b.op("Size", x, dtype=ir.DataType.INT64), to=x.dtype),
-                     b.op("Cast", b.op("Shape", x, start=1, end=2, dtype=ir.DataType.INT64), to=x.dtype))
-        unbias = b.op("Div", count, b.op("Sub", count, b.scalar(1.0, x)))
+    # Running statistics (off the loss path, so autodiff never visits them).
+    count = _values_per_channel(b, graph, x)
+    unbias = b.op("Div", count, b.op("Sub", count, b.scalar(1.0, x)))
     batch_var = b.op("Mul", biased_var, unbias)
     m, one_m = b.scalar(momentum, x), b.scalar(1.0 - momentum, x)
     new_mean = b.op("Add", b.op("Mul", mean_in, m), b.op("Mul", batch_mean, one_m))
@@ -186,6 +178,29 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str,
             _replace_everywhere(graph, old, new)
     graph.remove(node, safe=True)
     return {v.name: new for v, new in ((mean_in, new_mean), (var_in, new_var)) if v.is_initializer()}
+
+
+def _values_per_channel(b: Emitter, graph: ir.Graph, x: ir.Value) -> ir.Value:
+    """The number of values per channel of x [N, C, *S], in x's dtype, computed without reading x
+    itself: onnxruntime does not fold Size, and a Size of x run late in the step kept each
+    BatchNorm's full-size input alive until then (ResNet-50 b32 at 128 px, peak RSS 2,438 vs
+    1,983 MB). Static dims count as constants, a symbolic one as the same-named dim of a graph
+    input (ONNX's contract: one name, one size); only a dim found nowhere reads x's shape."""
+    count, parts = 1, []
+    for i, dim in enumerate(x.shape):
+        if i == 1:
+            continue
+        if isinstance(dim, int):
+            count *= dim
+            continue
+        source = next(((v, j) for v in graph.inputs if v.shape is not None
+                       for j, d in enumerate(v.shape) if not isinstance(d, int) and d.value and d.value == dim.value),
+                      (x, i))
+        parts.append(b.op("Shape", source[0], start=source[1], end=source[1] + 1, dtype=ir.DataType.INT64))
+    total = b.const(np.array([count], np.int64))
+    for part in parts:
+        total = b.op("Mul", total, part)
+    return b.op("Cast", total, to=x.dtype, dtype=x.dtype)
 
 
 def _replace_everywhere(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
