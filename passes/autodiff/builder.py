@@ -7,6 +7,8 @@ and gives the driver ``sum_to``, which undoes broadcasting statically or with ``
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 
 import numpy as np
@@ -134,8 +136,11 @@ class GradBuilder(Emitter):
         return self.full(self.shape_of(value), 0.0, value)
 
     def flat_zeros_like(self, value: ir.Value, like: ir.Value) -> ir.Value:
-        """Zeros with as many elements as ``value`` has, 1-D, in ``like``'s dtype."""
-        return self.full(self.op("Reshape", self.op("Size", value), self.ints([1])), 0.0, like)
+        """Zeros with as many elements as ``value`` has, 1-D, in ``like``'s dtype (its size a constant
+        when static: onnxruntime does not fold Size, which keeps ``value`` alive until it runs)."""
+        shape = static_shape(value)
+        size = self.ints([math.prod(shape)]) if is_static(shape) else self.op("Reshape", self.op("Size", value), self.ints([1]))
+        return self.full(size, 0.0, like)
 
     def reshape_like(self, dy: ir.Value, like: ir.Value) -> ir.Value:
         return self.reshape_to(dy, self.shape_of(like), static_shape(like))
