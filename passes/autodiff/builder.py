@@ -8,7 +8,6 @@ and gives the driver ``sum_to``, which undoes broadcasting statically or with ``
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 
 import numpy as np
