@@ -16,9 +16,10 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``relu``: ReLU forward + backward: dy * Cast(y > 0), Where, dy * Sign(y).
 - ``pointwise_dx``: a 1x1 Conv's dx: Gemm by the weight read transposed, Conv by the
   transposed weight, ConvTranspose.
+- ``pointwise_dw``: a 1x1 Conv's dW: Einsum vs a MatMul per image summed vs channel-major + Gemm.
 - ``strided_pointwise_dx``: a stride-2 1x1 Conv's dx: ConvTranspose vs Conv + zero Pad.
 - ``depthwise_dw``: a depthwise Conv's dW: the Conv with batch and channels swapped vs one sum
-  per kernel tap.
+  per kernel tap, over the whole batch or a few images at a time.
 - ``dense_dw``: a dense kxk Conv's dW by im2col and one GEMM: the window slices taken one spatial
   axis at a time vs all at once.
 - ``conv_dx``: a kxk Conv's dx (depthwise, grouped, dense; stride 1, and depthwise stride 2):
@@ -203,6 +204,26 @@ def pointwise_dx(args) -> None:
                 {"dy": normal(n, co, side, side), "w": normal(co, ci, 1, 1)}, ["dx"], args)
 
 
+def pointwise_dw(args) -> None:
+    """A 1x1 Conv's dW [Co, Ci] from dy [N, Co, H, W] and x [N, Ci, H, W]: one Einsum vs a batched
+    MatMul per image (x read transposed: onnxruntime fuses the Transpose into a FusedMatMul) summed
+    over the batch vs channel-major Transposes and one Gemm."""
+    for n, ci, co, side in [(2, 256, 64, 16), (32, 1024, 2048, 2), (2, 1024, 2048, 2), (32, 112, 672, 8), (32, 320, 1280, 4), (32, 1152, 192, 4), (32, 480, 80, 8), (32, 512, 128, 8), (32, 1024, 256, 4), (2, 512, 128, 8), (2, 64, 256, 16), (32, 16, 96, 64), (32, 96, 24, 32), (32, 24, 144, 32), (32, 144, 24, 32),
+                            (32, 40, 240, 16), (32, 240, 40, 16), (32, 672, 112, 8), (2, 96, 24, 32), (32, 256, 64, 16)]:
+        einsum = [h.make_node("Einsum", ["dy", "x"], ["dw"], equation="nmhw,nchw->mc")]
+        batched = [ints("s3x", [n, ci, side * side]), ints("s3y", [n, co, side * side]), ints("n0", [0]),
+                   h.make_node("Reshape", ["x", "s3x"], ["x3"]), h.make_node("Reshape", ["dy", "s3y"], ["y3"]),
+                   h.make_node("Transpose", ["x3"], ["x3t"], perm=[0, 2, 1]),
+                   h.make_node("MatMul", ["y3", "x3t"], ["per"]),
+                   h.make_node("ReduceSum", ["per", "n0"], ["dw"], keepdims=0)]
+        gemm = [h.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2, 3]), ints("sx", [ci, -1]),
+                h.make_node("Reshape", ["xt", "sx"], ["x2"]),
+                h.make_node("Transpose", ["dy"], ["yt"], perm=[1, 0, 2, 3]), ints("sy", [co, -1]),
+                h.make_node("Reshape", ["yt", "sy"], ["y2"]), h.make_node("Gemm", ["y2", "x2"], ["dw"], transB=1)]
+        compare(f"N={n} {ci}->{co} {side}x{side}", {"einsum": einsum, "batched": batched, "gemm": gemm},
+                {"x": normal(n, ci, side, side), "dy": normal(n, co, side, side)}, ["dw"], args)
+
+
 def strided_pointwise_dx(args) -> None:
     for n, ci, co, side in [(32, 1024, 2048, 4), (32, 512, 1024, 4), (32, 1024, 2048, 8), (32, 256, 512, 8),
                             (32, 256, 512, 16), (2, 256, 512, 16)]:
@@ -218,7 +239,7 @@ def strided_pointwise_dx(args) -> None:
 
 def depthwise_dw(args) -> None:
     for n, c, side, k in [(32, 96, 32, 3), (32, 144, 16, 3), (2, 96, 32, 3), (32, 144, 32, 3), (32, 240, 8, 3),
-                          (32, 480, 4, 3), (32, 96, 32, 5), (32, 240, 8, 5)]:
+                          (32, 480, 4, 3), (32, 96, 32, 5), (32, 240, 8, 5), (32, 32, 64, 3), (32, 240, 16, 5)]:
         p = k // 2
         swapped = [h.make_node("Transpose", ["x"], ["xt0"], perm=[1, 0, 2, 3]), ints("s1", [1, c * n, side, side]),
                    h.make_node("Reshape", ["xt0", "s1"], ["xt"]), h.make_node("Transpose", ["dy"], ["dyt"], perm=[1, 0, 2, 3]),
@@ -237,7 +258,31 @@ def depthwise_dw(args) -> None:
         taps += [h.make_node("Concat", sums, ["cat"], axis=0), ints("s3", [k * k, c]), h.make_node("Reshape", ["cat", "s3"], ["c2"]),
                  h.make_node("Transpose", ["c2"], ["ct"], perm=[1, 0]), ints("s4", [c, 1, k, k]),
                  h.make_node("Reshape", ["ct", "s4"], ["dw"])]
-        compare(f"N={n} {c}ch {side}x{side} {k}x{k}", {"taps": taps, "swapped-conv": swapped},
+        chunked = [ints("pads", [0, 0, p, p, 0, 0, p, p]), ints("axes", [0, 2, 3]), ints("hw", [2, 3]), ints("n0", [0])]
+        total = None
+        for first in range(0, n, chunk := max(1, min(n, (1 << 20) // (c * side * side)))):
+            q = f"_{first}"
+            chunked += [ints("f" + q, [first]), ints("l" + q, [min(n, first + chunk)]),
+                        h.make_node("Slice", ["x", "f" + q, "l" + q, "n0"], ["x" + q]),
+                        h.make_node("Slice", ["dy", "f" + q, "l" + q, "n0"], ["dy" + q]),
+                        h.make_node("Pad", ["x" + q, "pads"], ["xp" + q])]
+            sums = []
+            for i in range(k):
+                for j in range(k):
+                    t = f"{q}_{i}{j}"
+                    chunked += [ints("b" + t, [i, j]), ints("e" + t, [i + side, j + side]),
+                                h.make_node("Slice", ["xp" + q, "b" + t, "e" + t, "hw"], ["t" + t]),
+                                h.make_node("Mul", ["t" + t, "dy" + q], ["m" + t]),
+                                h.make_node("ReduceSum", ["m" + t, "axes"], ["r" + t], keepdims=0)]
+                    sums.append("r" + t)
+            chunked.append(h.make_node("Concat", sums, ["cat" + q], axis=0))
+            if total is not None:
+                chunked.append(h.make_node("Add", [total, "cat" + q], ["sum" + q]))
+            total = "sum" + q if total is not None else "cat" + q
+        chunked += [ints("s3", [k * k, c]), h.make_node("Reshape", [total, "s3"], ["c2"]),
+                    h.make_node("Transpose", ["c2"], ["ct"], perm=[1, 0]), ints("s4", [c, 1, k, k]),
+                    h.make_node("Reshape", ["ct", "s4"], ["dw"])]
+        compare(f"N={n} {c}ch {side}x{side} {k}x{k}", {"taps": taps, "swapped-conv": swapped, f"taps x{chunk}": chunked},
                 {"x": normal(n, c, side, side), "dy": normal(n, c, side, side)}, ["dw"], args)
 
 
@@ -387,7 +432,7 @@ def large_dw(args) -> None:
                 {"x": normal(n, ci, side, side), "dy": normal(n, co, out, out)}, ["dw"], args)
 
 
-CASES: dict[str, Callable] = {"bn": bn, "silu": silu, "gelu": gelu, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx,
+CASES: dict[str, Callable] = {"bn": bn, "silu": silu, "gelu": gelu, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "dense_dw": dense_dw, "large_dw": large_dw}
 

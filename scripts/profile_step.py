@@ -1,7 +1,7 @@
 """Where a zoo model's train_step spends its kernel time on onnxruntime CPU.
 
     .venv/bin/python scripts/profile_step.py efficientnet_b0 [--batch 32] [--image-size 64]
-        [--runs 5] [--top 15]
+        [--runs 5] [--top 15] [--nodes 0] [--torch]
 
 Exports the model as ``scripts/bench_zoo.py`` does (torch.onnx, training mode), generates AdamW
 artifacts and profiles ``--runs`` steps of the train_step at 2 threads (the first two, which
@@ -10,7 +10,9 @@ allocate, left out). Kernel time is charged to the forward op a node serves: a g
 BatchNorm (``bn/...``) to BatchNormalization, the update (``optim/...``) to the optimizer. It
 prints the share per (forward op, phase) and the slowest op types inside each phase, so a
 lowering can be chosen where the time is, then the time per kernel op type and what the matrix
-products and convolutions take together. Needs torch.
+products and convolutions take together. ``--torch`` also profiles PyTorch eager's step of the
+same module (``torch.profiler``, self time per aten op) and what its matrix products, convolutions
+and fused attention take: a floor for graphc's step where those dominate. Needs torch.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import collections
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import bench_zoo as zoo  # noqa: E402 - the architectures, export and batches of the benchmark
@@ -27,6 +30,10 @@ import graphc as gc
 
 
 PRODUCTS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "FusedMatMul", "Einsum", "FusedConv", "FusedGemm"})
+# PyTorch's (CPU) matrix products, convolutions and fused attention, forward and backward
+TORCH_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_convolution",
+                  "aten::convolution_backward", "aten::_scaled_dot_product_flash_attention_for_cpu",
+                  "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
 
 
 def label(node, weights: dict[str, list[int]]) -> str:
@@ -66,6 +73,29 @@ def charge(events: list[dict], forward_ops: dict[str, str]) -> dict[tuple[str, s
     return table
 
 
+def profile_torch(model, batch: dict, runs: int, top: int) -> None:
+    """PyTorch eager's training step of ``model`` (as bench_zoo times it), profiled over ``runs``
+    steps after two: self time per aten op, and the matrix products' total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    zoo.torch.set_num_threads(zoo.THREADS)
+    step = zoo.torch_stepper(model, [batch])
+    for i in range(2):
+        step(i)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for i in range(runs):
+            step(i)
+        wall = (time.perf_counter() - t0) / runs
+    ops = {e.key: e.self_cpu_time_total / runs / 1e3 for e in prof.key_averages()}
+    products = sum(ops.get(k, 0.0) for k in TORCH_PRODUCTS)
+    print(f"PyTorch eager: {wall * 1e3:.1f} ms per step (profiling on), {sum(ops.values()):.1f} ms of self time; "
+          f"matrix products, convolutions and attention {products:.1f} ms ({100 * products / (wall * 1e3):.0f}% "
+          f"of the step)")
+    for name, ms in sorted(ops.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {name:<60} {ms:8.1f} ms")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("model", choices=sorted(zoo.ZOO))
@@ -74,6 +104,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--nodes", type=int, default=0, help="also list the N slowest nodes")
+    p.add_argument("--torch", action="store_true", help="also profile PyTorch eager's step by aten op")
     args = p.parse_args()
     zoo.torch.manual_seed(0)
     arch = zoo.ZOO[args.model]
@@ -109,6 +140,9 @@ def main() -> None:
         per_node[(e["args"]["op_name"], e["name"].removesuffix("_kernel_time"))] += e["dur"]
     for (op, name), spent in per_node.most_common(args.nodes):
         print(f"{spent / args.runs / 1e3:8.2f} ms  {op:<18} {name}")
+    if args.torch:
+        zoo.torch.manual_seed(0)
+        profile_torch(arch.build(args.image_size), batch, args.runs, args.top)
 
 
 if __name__ == "__main__":

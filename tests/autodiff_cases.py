@@ -439,6 +439,9 @@ def _cases() -> list[GradCase]:
         c("Conv", [T((3, 5, 2, 2)), T((4, 5, 1, 1)), T((4,))], tag="pointwise_tiny_map"),
         c("Conv", [T((2, 3, 4)), T((5, 3, 1))], tag="pointwise_tiny_map_1d"),
         c("Conv", [T((2, 3, 5, 6)), T((4, 3, 1, 1))], {"strides": [2, 3]}, tag="pointwise_strided"),
+        # the weight outweighs the maps (Co*Ci > pixels*(Ci+Co)): dW is one Gemm, not a MatMul per image
+        c("Conv", [T((2, 6, 2, 1)), T((7, 6, 1, 1)), T((7,))], tag="pointwise_wide"),
+        c("Conv", [T((2, 8, 3, 4)), T((9, 8, 1, 1))], {"strides": [2, 2]}, tag="pointwise_wide_strided"),
         c("Conv", [T((2, 3, 7)), T((2, 3, 1))], {"strides": [2]}, tag="pointwise_1d"),
         # small maps: dx is a 1x1 Conv spread over the input grid with zeros (cut at odd sizes)
         c("Conv", [T((2, 3, 3, 4)), T((4, 3, 1, 1)), T((4,))], {"strides": [2, 3]}, tag="pointwise_strided_small"),

@@ -161,7 +161,10 @@ def _depthwise_weight_grad_taps(g: GradBuilder, x, dy, w_shape, spatial, strides
     N=32, 96ch, 64x64 stride 2: 147 vs 101), for 5x5 kernels (96ch on 32x32: 165 vs 87) and on
     small maps (480ch on 4x4: 12.5 vs 8.6). Stacking the taps channel-major for one batched
     MatMul was in between (58.9 / 24.6 ms where the two above took 64.8-93.8 / 22.8-36.0, on a
-    loaded machine)."""
+    loaded machine). Taken a few images at a time (2**20 values), so that each chunk stays in
+    cache, the taps beat the Conv on large maps for 3x3 kernels, by too little to keep (2 threads,
+    ms, N=32: 96ch 32x32 37.8 vs 45.6; 144ch 32x32 59.9 vs 69.1; 32ch 64x64 49.7 vs 58.1) and
+    still lost for 5x5 ones (96ch 32x32 96.7 vs 72.4; 240ch 16x16 92.2 vs 57.9)."""
     axes = list(range(2, 2 + len(spatial)))
     sums = [g.unsqueeze(g.reduce("ReduceSum", g.mul(tap, dy), [0] + axes, keepdims=False), [1])
             for tap in _windows(g, x, list(w_shape[2:]), spatial, strides, dilations, begin, end)]
@@ -184,24 +187,39 @@ def _windows(g: GradBuilder, t: ir.Value, kernel, spatial, strides, dilations, b
 
 def _pointwise_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides):
     """dW of a 1x1 Conv (no padding, one group): ``dW[m, c] = sum_{n, p} dy[n, m, p] x[n, c, p]``,
-    one Einsum, with x subsampled by the strides first."""
+    x subsampled by the strides first. Where the maps outweigh the weight (``Co*Ci <= P*(Ci+Co)``,
+    P pixels), one MatMul per image (onnxruntime reads x transposed: it fuses the Transpose into
+    a FusedMatMul) summed over the batch; else dy and x channel-major and one Gemm.
+    ``bench_lowerings.py --only pointwise_dw``, 2 threads, ms, that vs the Einsum
+    ``nmhw,nchw->mc`` this was (ORT's Einsum permutes both operands itself): N=32, 16->96 on
+    64x64 4.8 vs 25.8; 144->24 on 32x32 4.5 vs 18.2; 256->64 on 16x16 3.3 vs 7.8; 512->128 on
+    8x8 (Gemm) 3.2 vs 5.5; 1024->2048 on 2x2 (Gemm) 6.0 vs 7.1; N=2, 1024->2048 on 2x2 (Gemm) 1.3
+    vs 2.5; 256->64 on 16x16 (Gemm) 0.35 vs 0.44. The per-image MatMuls lose where the weight is
+    the larger (N=32, 1024->2048 on 2x2: 67 ms, its [N, Co, Ci] products summed)."""
     n_sp = len(spatial)
+    co, ci = w_shape[0], w_shape[1]
     if any(s != 1 for s in strides):
         x = g.op("Slice", x, g.ints([0] * n_sp), g.ints(spatial), g.ints(list(range(2, 2 + n_sp))), g.ints(strides))
-    pixels = "hwd"[:n_sp]
-    dw = g.op("Einsum", dy, x, equation=f"nm{pixels},nc{pixels}->mc")
+    pixels = math.prod(-(-d // s) for d, s in zip(spatial, strides))
+    if co * ci <= pixels * (ci + co):
+        rows = g.op("Reshape", dy, g.ints([0, co, -1]))
+        cols = g.transpose(g.op("Reshape", x, g.ints([0, ci, -1])), [0, 2, 1])
+        dw = g.reduce("ReduceSum", g.op("MatMul", rows, cols), [0], keepdims=False)
+    else:
+        swap = [1, 0] + list(range(2, 2 + n_sp))
+        rows = g.op("Reshape", g.transpose(dy, swap), g.ints([co, -1]))
+        dw = g.op("Gemm", rows, g.op("Reshape", g.transpose(x, swap), g.ints([ci, -1])), transB=1)
     return g.op("Reshape", dw, g.ints(list(w_shape)))
 
 
 def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end, group):
     # A 1x1 Conv's dW (most of ResNet-50's convs, every expand/project conv of MobileNet and
-    # EfficientNet) is one Einsum: onnxruntime (CPU, 2 threads) contracts it 4 to 14 times faster
-    # than the Conv below with its three Transposes and, for strides, its Slice (N=2, 256->64,
-    # 16x16: 0.32 vs 1.29 ms; N=32, 1024->2048 stride 2 on 4x4: 10.8 vs 155 ms), and faster than
-    # Transpose + batched MatMul + ReduceSum (0.53 ms; 232 ms). ORT's CPU Einsum takes float and
-    # double only.
+    # EfficientNet) is a matrix product (``_pointwise_weight_grad``): onnxruntime (CPU, 2 threads)
+    # ran the Einsum form of it 4 to 14 times faster than the Conv below with its three
+    # Transposes and, for strides, its Slice (N=2, 256->64, 16x16: 0.32 vs 1.29 ms; N=32,
+    # 1024->2048 stride 2 on 4x4: 10.8 vs 155 ms), and the products beat the Einsum.
     if (group == 1 and all(k == 1 for k in w_shape[2:]) and not any(begin + end)
-            and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and g.opset >= 12):
+            and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)):
         return _pointwise_weight_grad(g, x, dy, w_shape, spatial, strides)
     # dW[m, c, k] = sum_{n, o} dy[n, m, o] * xpad[n, c, o*stride + k*dilation]. Two lowerings,
     # chosen by measurement on onnxruntime (CPU), 3x3 convs:
