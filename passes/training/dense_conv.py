@@ -26,7 +26,9 @@ input (the col2im), and nothing weight-sized is built. Measured (onnxruntime CPU
   32 peaked at 1,245 MB with 64 pixels, 1,176 with 16, 1,149 with 4 (PyTorch: ~1,057), at the
   same speed (16 vs 64: 1.01x); ResNet-18 was 1.04x slower with 16 than with 64. 16 it is.
   (kxk convs only up to 4 pixels, 1x1 up to 16: 1,148 MB, but ResNet-50 1.08x and ResNet-18
-  1.10x the step time.)
+  1.10x the step time.) Measured again once BatchNorm no longer held its inputs: 64 pixels
+  made ResNet-18 at batch 32 0.95x at 64 and 128 px, but ResNet-50's peak 1,072 -> 1,155 MB at
+  64 px and 1,964 -> 2,131 at 128 (PyTorch 1,068 and 1,893): still 16.
   ``MAX_TAPS`` keeps out a conv whose tap matrix would be large (a ViT's 8x8 stride-8 patch
   embedding: 4,096 x 4,096 entries at 64 px).
 
