@@ -359,7 +359,9 @@ def _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group: in
     (64ch 16x16 1.10 vs 0.72; 256ch 4x4 5.4 vs 1.5: the weight's flip is paid per step): taken
     from N=8 on maps of 256 pixels. Left as they were: a depthwise channel multiplier of 2
     (96->192, 32x32: 15.2 vs 16.0 / 30.1 vs 21.6) and stride 2 (dy spread over the input grid
-    with zeros first: 98.6 vs 40.9 ms, 96ch 64x64)."""
+    with zeros first: 98.6 vs 40.9 ms, 96ch 64x64; as sub-pixel phases, each output phase a
+    stride-1 depthwise Conv of dy by its taps, interleaved by DepthToSpace: 86.3 ms as one Conv
+    of channel multiplier 4, 109.6 as four Convs, vs 49.6 / 42.4, and slower at 16x16 to 128x128)."""
     if any(s != 1 for s in strides) or (group > 1 and w_shape[0] != group * w_shape[1]):
         return False
     kernel = w_shape[2:]
