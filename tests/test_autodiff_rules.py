@@ -134,3 +134,8 @@ def test_conv_weight_gradient_in_batch_chunks(monkeypatch, strides, chunks):
     assert sum(n.op_type == "Gemm" for n in proto.graph.node) == chunks
     test_gradient_matches_finite_differences(case)
     test_gradient_graph_numpy_matches_onnxruntime(replace(case, ort=True))
+    # one image's columns past a chunk: the Conv with batch and channels swapped (memory-bound)
+    monkeypatch.setattr(rules_nn, "IM2COL_CHUNK", 3 * 9 * out_pixels - 1)
+    proto, _ = grad_proto(case, np.float64)
+    assert "Gemm" not in {n.op_type for n in proto.graph.node}
+    assert sum(n.op_type == "Conv" for n in proto.graph.node) == 2  # the forward and dW

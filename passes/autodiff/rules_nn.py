@@ -235,7 +235,8 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     #   batch it is taken a few images at a time past ``IM2COL_CHUNK`` values, where it wins by
     #   more (``bench_lowerings.py --only large_dw``, 2 threads, ms, chunks of 4 images vs the
     #   Conv: N=32, 64ch on 32x32 43.9 vs 125.5; 64->128 stride 2 on 64x64 111 vs 237; 3->32 on
-    #   128x128 44.4 vs 76.7); a symbolic batch, taken whole, is capped at 2**24 values.
+    #   128x128 44.4 vs 76.7), as long as one image's columns fit in a chunk; a symbolic batch,
+    #   taken whole, is capped at 2**24 values (for a typical batch of 16).
     #   Kernels of more than 9 taps lose to the Conv (3->64 7x7 stride 2, N=32 on 64x64: 23.5 vs
     #   10.5; on 128x128 106 vs 55; N=2 on 64x64 2.1 vs 1.0; stride 1, 64x64: 64.6 vs 64.9).
     # * a Conv over x with batch and channels swapped, dy as the kernel, strides and dilations
@@ -249,9 +250,9 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     if (group == w_shape[0] and cg == 1 and math.prod(kernel) <= 9 and all(v == 1 for v in strides)
             and math.prod(out) >= 256 and _static_batch(x) * w_shape[0] * math.prod(spatial) <= 1 << 21):
         return _depthwise_weight_grad_taps(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
-    columns = cg * math.prod(kernel) * math.prod(out) * _static_batch(x)
-    if (group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
-            and math.prod(kernel) <= 9 and (_known_batch(x) is not None or columns <= 1 << 24)):
+    per_image = cg * math.prod(kernel) * math.prod(out)  # columns
+    if (group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and math.prod(kernel) <= 9
+            and (per_image <= IM2COL_CHUNK if _known_batch(x) is not None else per_image * 16 <= 1 << 24)):
         return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     xt = _groups_over_batch(g, x, group, cg, spatial)
     dyt = g.transpose(dy, [1, 0] + list(range(2, 2 + n_sp)))
