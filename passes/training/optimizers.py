@@ -133,7 +133,9 @@ def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, wei
          decoupled=False) -> Step:
     # torch's ``p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)`` with the bias correction
     # moved onto scalars: ``(m / (sqrt(v) + eps*sqrt(1-b2^t))) * (lr/(1-b1^t) * sqrt(1-b2^t))``,
-    # one full-size pass fewer (the Div by sqrt(1-b2^t)); equal up to float rounding.
+    # one full-size pass fewer (the Div by sqrt(1-b2^t)); equal up to float rounding. (The moment
+    # updates as one Gemm each, ``b1*m + (1-b1)*g`` as [n, 1] x [[1-b1]] with C = m and beta = b1:
+    # 3.4x slower than Sub, Mul, Add on 2**20 floats, onnxruntime CPU, 2 threads.)
     like = param if param is not None else grad  # typed (a per-param gradient may not be)
     b, c = ctx.b, lambda v: b.scalar(v, like)
     beta1, beta2 = betas
