@@ -32,6 +32,7 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -85,6 +86,19 @@ def compare(label: str, variants: dict[str, list], feeds: dict[str, np.ndarray],
 
 def normal(*shape) -> np.ndarray:
     return RNG.standard_normal(shape, np.float32)
+
+
+def windows(src: str, tag: str, k: int, out: int, stride: int = 1) -> tuple[list, list[str]]:
+    """Nodes slicing, from the padded ``src`` [*, *, H, W], the window (``out`` x ``out``, every
+    ``stride``-th pixel) each tap of a k x k kernel reads, row-major; and the slices' names.
+    Reads the ints ``hw`` ([2, 3]) and, for a stride, ``st2`` defined by the caller."""
+    nodes, names = [], []
+    for i, j in itertools.product(range(k), range(k)):
+        t = f"{tag}_{i}{j}"
+        nodes += [ints("tb" + t, [i, j]), ints("te" + t, [i + (out - 1) * stride + 1, j + (out - 1) * stride + 1]),
+                  h.make_node("Slice", [src, "tb" + t, "te" + t, "hw"] + (["st2"] if stride != 1 else []), ["t" + t])]
+        names.append("t" + t)
+    return nodes, names
 
 
 # -- cases -----------------------------------------------------------------------------------------
@@ -266,16 +280,12 @@ def depthwise_dw(args) -> None:
                         h.make_node("Slice", ["x", "f" + q, "l" + q, "n0"], ["x" + q]),
                         h.make_node("Slice", ["dy", "f" + q, "l" + q, "n0"], ["dy" + q]),
                         h.make_node("Pad", ["x" + q, "pads"], ["xp" + q])]
-            sums = []
-            for i in range(k):
-                for j in range(k):
-                    t = f"{q}_{i}{j}"
-                    chunked += [ints("b" + t, [i, j]), ints("e" + t, [i + side, j + side]),
-                                h.make_node("Slice", ["xp" + q, "b" + t, "e" + t, "hw"], ["t" + t]),
-                                h.make_node("Mul", ["t" + t, "dy" + q], ["m" + t]),
-                                h.make_node("ReduceSum", ["m" + t, "axes"], ["r" + t], keepdims=0)]
-                    sums.append("r" + t)
-            chunked.append(h.make_node("Concat", sums, ["cat" + q], axis=0))
+            cut, slices = windows("xp" + q, q, k, side)
+            chunked += cut
+            for t in slices:
+                chunked += [h.make_node("Mul", [t, "dy" + q], ["m" + t]),
+                            h.make_node("ReduceSum", ["m" + t, "axes"], ["r" + t], keepdims=0)]
+            chunked.append(h.make_node("Concat", ["r" + t for t in slices], ["cat" + q], axis=0))
             if total is not None:
                 chunked.append(h.make_node("Add", [total, "cat" + q], ["sum" + q]))
             total = "sum" + q if total is not None else "cat" + q
@@ -354,14 +364,9 @@ def dense_dw(args) -> None:
             cols.append(f"cu{j}")
         staged += [h.make_node("Concat", cols, ["cols"], axis=2)] + tail
         flat = head + [ints("hw", [2, 3]), ints("st2", [st, st])]
-        taps = []
-        for i in range(k):
-            for j in range(k):
-                flat += [ints(f"b{i}{j}", [i, j]), ints(f"e{i}{j}", [i + (out - 1) * st + 1, j + (out - 1) * st + 1]),
-                         h.make_node("Slice", ["xp", f"b{i}{j}", f"e{i}{j}", "hw", "st2"], [f"t{i}{j}"]),
-                         h.make_node("Unsqueeze", [f"t{i}{j}", "one"], [f"tu{i}{j}"])]
-                taps.append(f"tu{i}{j}")
-        flat += [h.make_node("Concat", taps, ["cols"], axis=1)] + tail
+        nodes, slices = windows("xp", "", k, out, st)
+        flat += nodes + [h.make_node("Unsqueeze", [t, "one"], ["u" + t]) for t in slices]
+        flat += [h.make_node("Concat", ["u" + t for t in slices], ["cols"], axis=1)] + tail
         compare(f"N={n} {ci}->{co} {side}x{side} {k}x{k} s{st}", {"staged": staged, "all-at-once": flat},
                 {"x": normal(n, ci, side, side), "dy": normal(n, co, out, out)}, ["dw"], args)
 
@@ -396,16 +401,9 @@ def large_dw(args) -> None:
                           h.make_node("Pad", ["xt" + tag, "pads"], ["xp" + tag]),
                           h.make_node("Slice", ["dyt", "b" + tag, "e" + tag, "one"], ["dyc" + tag]),
                           h.make_node("Reshape", ["dyc" + tag, "dys"], ["dy2" + tag])]
-                taps = []
-                for i in range(k):
-                    for j in range(k):
-                        t = f"{tag}_{i}{j}"
-                        nodes += [ints("tb" + t, [i, j]),
-                                  ints("te" + t, [i + (out - 1) * st + 1, j + (out - 1) * st + 1]),
-                                  h.make_node("Slice", ["xp" + tag, "tb" + t, "te" + t, "hw", "st2"], ["t" + t]),
-                                  h.make_node("Unsqueeze", ["t" + t, "one"], ["tu" + t])]
-                        taps.append("tu" + t)
-                nodes += [h.make_node("Concat", taps, ["cols" + tag], axis=1),
+                cut, slices = windows("xp" + tag, tag, k, out, st)
+                nodes += cut + [h.make_node("Unsqueeze", [t, "one"], ["u" + t]) for t in slices]
+                nodes += [h.make_node("Concat", ["u" + t for t in slices], ["cols" + tag], axis=1),
                           h.make_node("Reshape", ["cols" + tag, "cs"], ["cm" + tag]),
                           h.make_node("Gemm", ["dy2" + tag, "cm" + tag] + ([acc] if acc else []), ["g" + tag],
                                       transB=1)]
@@ -416,17 +414,12 @@ def large_dw(args) -> None:
         nodes = head + [h.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2, 3]),
                         h.make_node("Pad", ["xt", "pads"], ["xp"]), h.make_node("Reshape", ["dyt", "dys"], ["dy2"]),
                         ints("cim", [ci, -1]), ints("two", [2])]
-        outs = []
-        for i in range(k):
-            for j in range(k):
-                t = f"_{i}{j}"
-                nodes += [ints("tb" + t, [i, j]), ints("te" + t, [i + (out - 1) * st + 1, j + (out - 1) * st + 1]),
-                          h.make_node("Slice", ["xp", "tb" + t, "te" + t, "hw", "st2"], ["t" + t]),
-                          h.make_node("Reshape", ["t" + t, "cim"], ["tm" + t]),
-                          h.make_node("Gemm", ["dy2", "tm" + t], ["g" + t], transB=1),
-                          h.make_node("Unsqueeze", ["g" + t, "two"], ["gu" + t])]
-                outs.append("gu" + t)
-        nodes += [h.make_node("Concat", outs, ["gs"], axis=2), h.make_node("Reshape", ["gs", "ws"], ["dw"])]
+        cut, slices = windows("xp", "", k, out, st)
+        nodes += cut
+        for t in slices:
+            nodes += [h.make_node("Reshape", [t, "cim"], ["m" + t]), h.make_node("Gemm", ["dy2", "m" + t], ["g" + t], transB=1),
+                      h.make_node("Unsqueeze", ["g" + t, "two"], ["u" + t])]
+        nodes += [h.make_node("Concat", ["u" + t for t in slices], ["gs"], axis=2), h.make_node("Reshape", ["gs", "ws"], ["dw"])]
         variants["per-tap Gemm"] = nodes
         compare(f"N={n} {ci}->{co} {side}x{side} {k}x{k} s{st}", variants,
                 {"x": normal(n, ci, side, side), "dy": normal(n, co, out, out)}, ["dw"], args)
