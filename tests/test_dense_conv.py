@@ -64,12 +64,28 @@ def test_dense_product_gives_the_conv_gradients(backend, dtype, rtol, monkeypatc
         np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=rtol * 1e-2, err_msg=name)
 
 
-def test_small_batches_keep_the_depthwise_conv_and_unknown_ones_every_conv():
+def test_small_and_unknown_batches_keep_the_depthwise_conv():
     def forward_convs(arts):
         return [n.input[1] for n in arts.train_step.proto.graph.node if n.op_type == "Conv" and "/grad/" not in n.name]
 
     assert forward_convs(artifacts(2)) == ["dw.weight"]  # dense convs by im2col at any batch
-    assert forward_convs(artifacts("N")) == ["c1.weight", "pw.weight", "dw.weight", "c2.weight"]
+    assert forward_convs(artifacts("N")) == ["dw.weight"]
+
+
+@pytest.mark.parametrize("batch", [1, 3, 17])
+def test_a_symbolic_batch_gets_the_dense_product_and_the_conv_gradients(batch, monkeypatch):
+    """The rewrite reads the batch as -1: one graph for a symbolic batch serves any batch size,
+    on numpy (float64, to rounding) and onnxruntime (float32)."""
+    dense = {dtype: artifacts("N", dtype) for dtype in (np.float64, np.float32)}
+    monkeypatch.setattr(dense_conv, "MAX_PIXELS", 0)
+    convs = {dtype: artifacts("N", dtype) for dtype in (np.float64, np.float32)}
+    rng = np.random.default_rng(batch)
+    for dtype, backend, rtol in [(np.float64, "numpy", 1e-10), (np.float32, "ort-cpu", 1e-4)]:
+        feeds = {"x": rng.normal(size=(batch, 3, 2, 2)).astype(dtype), "y": rng.normal(size=(batch, 5, 1, 1)).astype(dtype)}
+        got = gc.Session(dense[dtype].gradients, backend=backend).run(feeds)
+        want = gc.Session(convs[dtype].gradients, backend=backend).run(feeds)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=rtol * 0.1, err_msg=f"{backend} {name}")
 
 
 def test_maps_past_max_pixels_keep_the_conv(monkeypatch):
