@@ -64,12 +64,12 @@ def test_dense_product_gives_the_conv_gradients(backend, dtype, rtol, monkeypatc
         np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=rtol * 1e-2, err_msg=name)
 
 
-def test_small_and_unknown_batches_keep_the_depthwise_conv():
+def test_small_batches_keep_the_depthwise_conv():
     def forward_convs(arts):
         return [n.input[1] for n in arts.train_step.proto.graph.node if n.op_type == "Conv" and "/grad/" not in n.name]
 
     assert forward_convs(artifacts(2)) == ["dw.weight"]  # dense convs by im2col at any batch
-    assert forward_convs(artifacts("N")) == ["dw.weight"]
+    assert forward_convs(artifacts("N")) == []  # a symbolic batch counts as a typical 16
 
 
 @pytest.mark.parametrize("batch", [1, 3, 17])
