@@ -44,7 +44,7 @@ batch 2 1.00x.
 
 A depthwise Conv becomes one per-channel product (``Einsum("ncq,cpq->ncp")`` against its small
 dense [C, P, Q] matrix) where that does at most ``MAX_WORK`` times the multiply-adds of the
-convolution itself (zero taps included in neither), at a static batch of ``MIN_BATCH`` or more:
+convolution itself (zero taps included in neither), at a batch of ``MIN_BATCH`` or more:
 EfficientNet-B0's 5x5 convs on 2x2 and 4x4 maps took 11-14 ms each way as Convs at batch 32.
 The eval and inference graphs keep the Conv.
 """
