@@ -429,6 +429,8 @@ def _cases() -> list[GradCase]:
         c("Conv", [T((8, 2, 16, 16)), T((3, 2, 3, 3)), T((3,))], {"pads": [1, 0, 2, 1]}, tag="dense_flipped"),
         c("Conv", [T((8, 1, 16, 17)), T((2, 1, 3, 2))], {"dilations": [2, 1], "pads": [2, 1, 1, 0]},
           tag="dense_flipped_one_channel"),
+        c("Conv", [T((8, 2, 300)), T((3, 2, 5)), T((3,))], {"pads": [2, 1]}, tag="dense_flipped_1d"),
+        c("Conv", [T((8, 1, 7, 6, 7)), T((2, 1, 2, 2, 2))], {"pads": [1, 1, 0, 0, 1, 1]}, tag="dense_flipped_3d"),
         c("Conv", [T((1, 2, 5, 5)), T((2, 2, 3, 3))], {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, tag="same_upper"),
         c("Conv", [T((1, 2, 4, 5, 3)), T((2, 2, 2, 3, 2)), T((2,))], {"pads": [1, 0, 1, 0, 1, 0]}, tag="3d"),
         c("Conv", [T((2, 3, 9)), T((2, 3, 3))], {"dilations": [2], "pads": [2, 1], "strides": [2]}, tag="1d"),
