@@ -116,9 +116,9 @@ def test_dropout_is_training_mode_in_train_step_and_identity_in_eval():
 
 
 # -- BatchNorm --------------------------------------------------------------------------------
-def _bn_arts(batch: int | str = "N"):
-    return gc.training.generate(training_models.batchnorm(batch=batch), gc.losses.cross_entropy("logits", label="y"),
-                                gc.optim.SGD(0.1))
+def _bn_arts(batch: int | str = "N", scaled: bool = False):
+    return gc.training.generate(training_models.batchnorm(batch=batch, scaled=scaled),
+                                gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
 
 
 @pytest.mark.parametrize("batch", ["N", 6])
@@ -127,8 +127,7 @@ def test_no_node_reads_a_batchnorm_input_for_its_size(batch):
     variance's count or the gradient's, kept that full-size value alive from the forward to the
     end of the step. The count is a constant, times the batch read off the graph input's shape
     when it is symbolic; the gradient's reads dy."""
-    model = training_models.batchnorm(batch=batch, scaled=True)
-    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
+    arts = _bn_arts(batch, scaled=True)
     assert "s.weight" in arts.manifest.trainable
     assert not [n.name for n in arts.train_step.proto.graph.node if n.op_type in ("Size", "Shape") and "xs" in n.input]
     x, y = RNG.normal(size=(6, 3, 5)).astype(np.float32), RNG.integers(0, 4, 6)
