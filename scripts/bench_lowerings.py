@@ -259,20 +259,23 @@ def depthwise_dw(args) -> None:
                    h.make_node("Reshape", ["xt0", "s1"], ["xt"]), h.make_node("Transpose", ["dy"], ["dyt"], perm=[1, 0, 2, 3]),
                    h.make_node("Conv", ["xt", "dyt"], ["dw0"], pads=[p] * 4, group=c), ints("s2", [c, 1, k, k]),
                    h.make_node("Reshape", ["dw0", "s2"], ["dw"])]
-        taps = [ints("pads", [0, 0, p, p, 0, 0, p, p]), h.make_node("Pad", ["x", "pads"], ["xp"]), ints("axes", [0, 2, 3]),
-                ints("hw", [2, 3])]
-        sums = []
-        for i in range(k):
-            for j in range(k):
-                taps += [ints(f"b{i}{j}", [i, j]), ints(f"e{i}{j}", [i + side, j + side]),
-                         h.make_node("Slice", ["xp", f"b{i}{j}", f"e{i}{j}", "hw"], [f"t{i}{j}"]),
-                         h.make_node("Mul", [f"t{i}{j}", "dy"], [f"m{i}{j}"]),
-                         h.make_node("ReduceSum", [f"m{i}{j}", "axes"], [f"r{i}{j}"], keepdims=0)]
-                sums.append(f"r{i}{j}")
-        taps += [h.make_node("Concat", sums, ["cat"], axis=0), ints("s3", [k * k, c]), h.make_node("Reshape", ["cat", "s3"], ["c2"]),
-                 h.make_node("Transpose", ["c2"], ["ct"], perm=[1, 0]), ints("s4", [c, 1, k, k]),
-                 h.make_node("Reshape", ["ct", "s4"], ["dw"])]
-        chunked = [ints("pads", [0, 0, p, p, 0, 0, p, p]), ints("axes", [0, 2, 3]), ints("hw", [2, 3]), ints("n0", [0])]
+        def tap_sums(src: str, grad: str, tag: str) -> tuple[list, str]:
+            """Each tap's window of the padded ``src`` times ``grad``, summed to [C]; Concat-ed."""
+            cut, slices = windows(src, tag, k, side)
+            for t in slices:
+                cut += [h.make_node("Mul", [t, grad], ["m" + t]),
+                        h.make_node("ReduceSum", ["m" + t, "axes"], ["r" + t], keepdims=0)]
+            return cut + [h.make_node("Concat", ["r" + t for t in slices], ["cat" + tag], axis=0)], "cat" + tag
+
+        def as_weight(total: str) -> list:  # [K*C] tap-major -> [C, 1, k, k]
+            return [ints("s3", [k * k, c]), h.make_node("Reshape", [total, "s3"], ["c2"]),
+                    h.make_node("Transpose", ["c2"], ["ct"], perm=[1, 0]), ints("s4", [c, 1, k, k]),
+                    h.make_node("Reshape", ["ct", "s4"], ["dw"])]
+
+        head = [ints("pads", [0, 0, p, p, 0, 0, p, p]), ints("axes", [0, 2, 3]), ints("hw", [2, 3])]
+        nodes, total = tap_sums("xp", "dy", "")
+        taps = head + [h.make_node("Pad", ["x", "pads"], ["xp"])] + nodes + as_weight(total)
+        chunked = head + [ints("n0", [0])]
         total = None
         for first in range(0, n, chunk := max(1, min(n, (1 << 20) // (c * side * side)))):
             q = f"_{first}"
@@ -280,18 +283,12 @@ def depthwise_dw(args) -> None:
                         h.make_node("Slice", ["x", "f" + q, "l" + q, "n0"], ["x" + q]),
                         h.make_node("Slice", ["dy", "f" + q, "l" + q, "n0"], ["dy" + q]),
                         h.make_node("Pad", ["x" + q, "pads"], ["xp" + q])]
-            cut, slices = windows("xp" + q, q, k, side)
-            chunked += cut
-            for t in slices:
-                chunked += [h.make_node("Mul", [t, "dy" + q], ["m" + t]),
-                            h.make_node("ReduceSum", ["m" + t, "axes"], ["r" + t], keepdims=0)]
-            chunked.append(h.make_node("Concat", ["r" + t for t in slices], ["cat" + q], axis=0))
+            nodes, part = tap_sums("xp" + q, "dy" + q, q)
+            chunked += nodes
             if total is not None:
-                chunked.append(h.make_node("Add", [total, "cat" + q], ["sum" + q]))
-            total = "sum" + q if total is not None else "cat" + q
-        chunked += [ints("s3", [k * k, c]), h.make_node("Reshape", [total, "s3"], ["c2"]),
-                    h.make_node("Transpose", ["c2"], ["ct"], perm=[1, 0]), ints("s4", [c, 1, k, k]),
-                    h.make_node("Reshape", ["ct", "s4"], ["dw"])]
+                chunked.append(h.make_node("Add", [total, part], ["sum" + q]))
+            total = "sum" + q if total is not None else part
+        chunked += as_weight(total)
         compare(f"N={n} {c}ch {side}x{side} {k}x{k}", {"taps": taps, "swapped-conv": swapped, f"taps x{chunk}": chunked},
                 {"x": normal(n, c, side, side), "dy": normal(n, c, side, side)}, ["dw"], args)
 
