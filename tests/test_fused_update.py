@@ -13,6 +13,7 @@ import onnx.numpy_helper as nh
 import pytest
 
 import graphc as gc
+from backend_params import ORT, options
 
 F, D = onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE
 SPECS = [
@@ -59,7 +60,7 @@ def generate(spec, fused=True, frozen=(), **kw):
 
 
 def run(arts, backend, data=None):
-    trainer = gc.Trainer(arts, backend=backend)
+    trainer = gc.Trainer(arts, backend=backend, **options(backend))
     return [trainer.step(b) for b in data or batches()], trainer.state_dict()
 
 
@@ -142,14 +143,15 @@ def _equal_runs(a, b, rtol):
         np.testing.assert_allclose(a[1][name], b[1][name], rtol=rtol, atol=rtol * 1e-2, err_msg=name)
 
 
+@pytest.mark.parametrize("backend", ORT)
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
-def test_fused_matches_torch_optim(spec):
+def test_fused_matches_torch_optim(spec, backend):
     torch = pytest.importorskip("torch")
     from fnmatch import fnmatchcase
 
     arts = generate(spec, frozen=["fc1.bias"])
     assert "fc1.bias" in arts.manifest.frozen
-    losses, state = run(arts, "ort-cpu")
+    losses, state = run(arts, backend)
     initial = {**arts.inference.params, **arts.state}
     params = {n: torch.nn.Parameter(torch.from_numpy(np.array(initial[n]))) for n in [*arts.manifest.trainable, "fc1.bias"]}
     params["fc1.bias"].requires_grad_(False)
@@ -176,16 +178,16 @@ def test_fused_matches_torch_optim(spec):
     assert "fc1.bias" not in state  # frozen: an initializer of the graphs, never updated
 
 
-@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("backend", ["numpy", *ORT])
 @pytest.mark.parametrize("first_fused", [True, False], ids=["fused-then-per-param", "per-param-then-fused"])
 def test_checkpoints_cross_the_layout_change(tmp_path, backend, first_fused):
     spec = gc.optim.AdamW(0.02, no_decay=("*.bias",))
     data = batches(6)
     straight_losses, straight = run(generate(spec, fused=first_fused), backend, data)
-    first = gc.Trainer(generate(spec, fused=first_fused), backend=backend)
+    first = gc.Trainer(generate(spec, fused=first_fused), backend=backend, **options(backend))
     losses = [first.step(b) for b in data[:3]]
     first.save_checkpoint(tmp_path / "ck.safetensors")
-    second = gc.Trainer(generate(spec, fused=not first_fused), backend=backend)
+    second = gc.Trainer(generate(spec, fused=not first_fused), backend=backend, **options(backend))
     second.load_checkpoint(tmp_path / "ck.safetensors")
     losses += [second.step(b) for b in data[3:]]
     # the per-param names are the checkpoint's, whatever the layout; numpy replays bit for bit
@@ -196,15 +198,18 @@ def test_checkpoints_cross_the_layout_change(tmp_path, backend, first_fused):
         np.testing.assert_allclose(resumed[name], value, rtol=0 if backend == "numpy" else 1e-5, err_msg=name)
 
 
-def test_ort_trainer_allocates_no_new_param_buffers_per_step():
+@pytest.mark.parametrize("backend", ORT)
+def test_ort_trainer_allocates_no_new_param_buffers_per_step(backend):
     """Each step writes into the buffers the step before read (two sets used in turn), or, for
-    an output written in place (``passes/training/in_place.py``), into its input's own buffer."""
-    trainer = gc.Trainer(generate(gc.optim.Adam(0.01)), backend="ort-cpu")
+    an output written in place (``passes/training/in_place.py``), into its input's own buffer;
+    on the GPU all of them device memory."""
+    trainer = gc.Trainer(generate(gc.optim.Adam(0.01)), backend=backend)
     seen: dict[str, set[int]] = {}
     for b in batches(8):
         trainer.step(b)
         for name, handle in trainer._state.items():
             seen.setdefault(name, set()).add(handle.data_ptr())
+            assert handle.device_name().lower() == trainer._train.device, name
     carried = set(trainer.manifest.feeds.values())
     assert carried == {*trainer.manifest.trainable, "params.float32.exp_avg", "params.float32.exp_avg_sq",
                        "params.float64.exp_avg", "params.float64.exp_avg_sq", "step"}

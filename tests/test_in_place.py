@@ -11,6 +11,7 @@ import onnx.helper as oh
 import pytest
 
 import graphc as gc
+from backend_params import ORT
 from graphc.passes.training.in_place import in_place_outputs
 from trainer_models import BNNet, blobs
 
@@ -44,11 +45,12 @@ def pointers(trainer):
     return {name: trainer._state[name].data_ptr() for name in trainer._feeds.values()}
 
 
+@pytest.mark.parametrize("backend", ORT)
 @pytest.mark.parametrize("fused", [True, False])
-def test_in_place_outputs_keep_their_buffer_and_match_ping_pong(fused):
+def test_in_place_outputs_keep_their_buffer_and_match_ping_pong(fused, backend):
     model = gc.capture(BNNet(), seed=0, x=gc.spec("float32", ("N", 8)))
     arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.Adam(1e-2), fused=fused)
-    trainer, reference = gc.Trainer(arts, backend="ort-cpu"), gc.Trainer(arts, backend="ort-cpu")
+    trainer, reference = gc.Trainer(arts, backend=backend), gc.Trainer(arts, backend=backend)
     reference._in_place = set()  # every output ping-pongs between two buffers
     carried = {out: name for out, name in trainer._feeds.items()}
     in_place = {carried[out] for out in trainer._in_place}

@@ -8,6 +8,7 @@ import pytest
 
 import graphc as gc
 from graphc.backends import onnxruntime as ort_backend
+from backend_params import EXACT_CUDA
 from onnx_graphs import linear_relu
 
 X = np.random.default_rng(1).standard_normal((5, 3)).astype(np.float32)
@@ -162,7 +163,7 @@ def test_probe_is_quiet_and_cached(capfd, fresh_probe):
 @cuda
 @needs_cuda
 def test_cuda_placement_and_answer():
-    sess = gc.Session(linear_relu(), backend="ort-cuda", graph_optimization_level="disable")
+    sess = gc.Session(linear_relu(), backend="ort-cuda", graph_optimization_level="disable", **EXACT_CUDA)
     assert sess.backend == "ort-cuda" and sess.device == "cuda"
     assert set(sess.placement.values()) == {"CUDAExecutionProvider"}
     out = sess.run({"x": X, "b": B})
@@ -173,7 +174,7 @@ def test_cuda_placement_and_answer():
 @cuda
 @needs_cuda
 def test_cuda_run_bound_keeps_outputs_on_the_device():
-    sess = gc.Session(linear_relu(), backend="ort-cuda", device_id=0)
+    sess = gc.Session(linear_relu(), backend="ort-cuda", device_id=0, **EXACT_CUDA)
     x_dev = sess.to_device(X)
     assert x_dev.device_name().lower() == "cuda"
     host, dev = sess.run_bound({"x": x_dev, "b": B}, host_outputs=[], device_outputs=["y"])

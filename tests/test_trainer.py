@@ -9,6 +9,7 @@ import pytest
 import graphc as gc
 from graphc.models import cnn
 from graphc.runtime.trainer import TrainingFailed
+from backend_params import ORT
 from trainer_models import blobs, bn_artifacts, imported_mlp
 
 
@@ -187,12 +188,14 @@ def test_pytorch_exported_cnn_trains_with_frozen_conv():
     assert_trains_around_frozen(trainer, {"x": images, "label": labels}, 25, frozen, "fc.weight")
 
 
-def test_onnxruntime_keeps_params_and_state_on_the_device():
+@pytest.mark.parametrize("backend", ORT)
+def test_onnxruntime_keeps_params_and_state_on_the_device(backend):
     import onnxruntime as ort
 
-    trainer = gc.Trainer(bn_artifacts(gc.optim.Adam(1e-2)), backend="ort-cpu")
+    trainer = gc.Trainer(bn_artifacts(gc.optim.Adam(1e-2)), backend=backend)
     trainer.step(blobs(16))
     assert trainer._state and all(isinstance(v, ort.OrtValue) for v in trainer._state.values())
+    assert {v.device_name().lower() for v in trainer._state.values()} == {backend.removeprefix("ort-")}
     assert set(trainer._state) == {e.name for e in trainer.manifest.graphs["train_step"].inputs
                                    if e.role in ("param", "state", "hyper")}
 
