@@ -1,7 +1,8 @@
 """graphc's training step against PyTorch eager on real architectures, at 2 threads.
 
     .venv/bin/python scripts/bench_zoo.py [--models resnet18,resnet50] [--batches 2,32]
-        [--image-size 64] [--rounds 5] [--steps 2] [--recompute] [--json results.json]
+        [--image-size 64] [--rounds 5] [--steps 2] [--recompute] [--device cpu|cuda]
+        [--json results.json]
 
 Models (plain torch.nn, random init, no dropout or stochastic depth so both frameworks run the
 same computation): resnet18, resnet50, efficientnet_b0, mobilenetv3_small, regnety_400mf (the
@@ -11,16 +12,21 @@ CNNs, 1000-class ImageNet heads on --image-size px images), vit (ViT-Ti/8: dim 1
 
 Each model is exported with torch.onnx (TorchScript, opset 17), imported with ``gc.load`` and
 given AdamW(1e-3) training artifacts; graphc trains them on onnxruntime CPU, PyTorch trains the
-same module with torch.optim.AdamW(lr=1e-3). Per model and batch size it reports:
+same module with torch.optim.AdamW(lr=1e-3). ``--device cuda`` runs both on GPU 0 instead
+(graphc on ``ort-cuda``, PyTorch on ``cuda``, each with its defaults). Per model and batch size it
+reports:
 
 - ms per step of each (feed the batch, forward, backward, update, read the loss): median over
   ``--rounds`` rounds in which the two take turns, ``--steps`` steps each, so a busy machine
   slows both alike; and graphc / torch;
 - the optimizer update's share of graphc's kernel time (nodes named ``optim/...``), from an
-  onnxruntime profile of the train_step, and the train_step's node count; beside it, for
-  scale, PyTorch's own: the median ``opt.step()`` time over its median step time;
+  onnxruntime profile of the train_step (on the CPU only: on the GPU the profile times kernel
+  launches, not kernels), and the train_step's node count; beside it, for scale, PyTorch's own:
+  the median ``opt.step()`` time over its median step time;
 - peak RSS of a fresh process that trains 5 steps, libraries included: graphc from the saved
-  artifacts (without torch imported), PyTorch from the module; and graphc / torch;
+  artifacts (without torch imported), PyTorch from the module; and graphc / torch. On the GPU
+  instead the GPU memory such a process holds after 5 steps (nvidia-smi, CUDA context included;
+  onnxruntime's arena and PyTorch's caching allocator keep their peak);
 - how long ``gc.training.generate`` took.
 
 It ends with a table marking the rows that meet the targets (``TARGETS``). A row whose export,
@@ -66,18 +72,40 @@ def peak_rss_mb() -> float:
     return int(re.search(r"^VmHWM:\s*(\d+) kB", status, re.M).group(1)) / 1024
 
 
-def graphc_memory_child(directory: str) -> None:
-    """Print the peak RSS of training the artifacts in ``directory`` on its ``batch.npz``."""
+def gpu_used_mb() -> float:
+    """GPU 0's memory in use, all processes together (nvidia-smi)."""
+    done = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[0])
+
+
+def memory_meter(device: str) -> Callable[[], float]:
+    """A function giving this process's peak memory in MB so far: peak RSS on the CPU; on the
+    GPU the growth of GPU 0's memory in use since the meter was made."""
+    if device == "cpu":
+        return peak_rss_mb
+    start = gpu_used_mb()
+    return lambda: gpu_used_mb() - start
+
+
+def graphc_memory_child(directory: str, device: str) -> None:
+    """Print the peak memory of training the artifacts in ``directory`` on its ``batch.npz``."""
+    meter = memory_meter(device)
     batch = dict(np.load(Path(directory) / "batch.npz"))
-    trainer = gc.Trainer(directory, backend="ort-cpu", threads=THREADS)
+    trainer = gc.Trainer(directory, **backend_options(device))
     for _ in range(MEMORY_STEPS):
         trainer.step(batch)
-    print(peak_rss_mb())
+    print(meter())
 
 
-# The graphc memory child runs here, before torch is imported, so its RSS holds none of torch.
+def backend_options(device: str) -> dict:
+    """graphc's Trainer backend and options on ``device``."""
+    return {"backend": "ort-cpu", "threads": THREADS} if device == "cpu" else {"backend": "ort-cuda"}
+
+
+# The graphc memory child runs here, before torch is imported, so its memory holds none of torch.
 if __name__ == "__main__" and sys.argv[1:3] == ["--child", "graphc"]:
-    graphc_memory_child(sys.argv[3])
+    graphc_memory_child(*sys.argv[3:5])
     sys.exit(0)
 
 try:
@@ -290,20 +318,25 @@ def make_batch(arch: Arch, batch: int, image_size: int, seed: int = 0) -> dict[s
 # -- the two frameworks ---------------------------------------------------------------------------
 
 def torch_stepper(model: nn.Module, batches: list[dict[str, np.ndarray]],
-                  update_seconds: list[float] | None = None) -> Callable[[int], float]:
-    """A PyTorch training step; the time of each ``opt.step()`` goes to ``update_seconds``."""
+                  update_seconds: list[float] | None = None, device: str = "cpu") -> Callable[[int], float]:
+    """A PyTorch training step on ``device`` (the batch copied there each step, as graphc's is);
+    the time of each ``opt.step()`` goes to ``update_seconds``."""
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     tensors = [{k: torch.from_numpy(v) for k, v in b.items()} for b in batches]
     updates = update_seconds if update_seconds is not None else []
+    sync = torch.cuda.synchronize if device == "cuda" else lambda: None
 
     def step(i: int) -> float:
-        b = tensors[i % len(tensors)]
+        b = {k: v.to(device) for k, v in tensors[i % len(tensors)].items()}
         model.train()
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(b["x"]), b["y"])
         loss.backward()
+        sync()
         t0 = time.perf_counter()
         opt.step()
+        sync()
         updates.append(time.perf_counter() - t0)
         return loss.item()
 
@@ -352,30 +385,31 @@ def profile_kernels(arts, batch: dict[str, np.ndarray], directory: Path, runs: i
     return kernels, walls[warmup:]
 
 
-def update_share(arts, batch: dict[str, np.ndarray], directory: Path, runs: int = 5, warmup: int = 2
-                 ) -> tuple[float, int]:
-    """(percent of the train_step's kernel time in ``optim/...`` nodes, the train_step's node count),
-    from an onnxruntime profile of ``runs`` steps, the first ``warmup`` (allocation) left out."""
+def update_share(arts, batch: dict[str, np.ndarray], directory: Path, runs: int = 5, warmup: int = 2) -> float:
+    """Percent of the train_step's kernel time in ``optim/...`` nodes, from an onnxruntime
+    profile of ``runs`` steps, the first ``warmup`` (allocation) left out."""
     kernels, _ = profile_kernels(arts, batch, directory, runs, warmup)
     update = sum(e["dur"] for e in kernels if "optim/" in e["name"])
-    return 100 * update / sum(e["dur"] for e in kernels), len(arts.train_step.ir.graph)
+    return 100 * update / sum(e["dur"] for e in kernels)
 
 
 def child_peak_mb(*args: str) -> float:
+    """Run this script as a memory child (``--child ...``) and read the MB it prints."""
     done = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"memory child {' '.join(args)} failed: {done.stderr.strip().splitlines()[-1:]}")
     return float(done.stdout.split()[-1])
 
 
-def torch_memory_child(name: str, batch: int, image_size: int) -> None:
-    """Print the peak RSS of training ``name`` with PyTorch."""
+def torch_memory_child(name: str, batch: int, image_size: int, device: str) -> None:
+    """Print the peak memory of training ``name`` with PyTorch."""
+    meter = memory_meter(device)
     torch.manual_seed(0)
     arch = ZOO[name]
-    step = torch_stepper(arch.build(image_size), [make_batch(arch, batch, image_size)])
+    step = torch_stepper(arch.build(image_size), [make_batch(arch, batch, image_size)], device=device)
     for i in range(MEMORY_STEPS):
         step(i)
-    print(peak_rss_mb())
+    print(meter())
 
 
 # -- benchmark ------------------------------------------------------------------------------------
@@ -418,21 +452,25 @@ def bench(name: str, batch: int, args: argparse.Namespace) -> dict:
             if untrained:
                 raise RuntimeError(f"torch params not in manifest.trainable: {untrained}")
             stage = "Trainer"
-            trainer = gc.Trainer(arts, backend="ort-cpu", threads=THREADS)
+            trainer = gc.Trainer(arts, **backend_options(args.device))
             stage = "timing"
             torch_updates: list[float] = []
             steppers = {"graphc": lambda i: trainer.step(batches[i % len(batches)]),
-                        "torch": torch_stepper(model, batches, torch_updates)}
+                        "torch": torch_stepper(model, batches, torch_updates, args.device)}
             ms = interleaved_ms(steppers, args.rounds, args.steps)
             row.update(graphc_ms=ms["graphc"], torch_ms=ms["torch"], ratio=ms["graphc"] / ms["torch"],
                        torch_update_pct=100 * statistics.median(torch_updates) * 1e3 / ms["torch"])
             stage = "profile"
-            row["update_pct"], row["nodes"] = update_share(arts, batches[0], tmp)
+            row["nodes"] = len(arts.train_step.ir.graph)
+            if args.device == "cpu":
+                row["update_pct"] = update_share(arts, batches[0], tmp)
             stage = "memory"
+            del trainer  # its device buffers, before the children measure the GPU's
             arts.save(tmp / "artifacts")
             np.savez(tmp / "artifacts" / "batch.npz", **batches[0])
-            row["graphc_mb"] = child_peak_mb("graphc", str(tmp / "artifacts"))
-            row["torch_mb"] = child_peak_mb("torch", name, str(batch), "--image-size", str(args.image_size))
+            row["graphc_mb"] = child_peak_mb("graphc", str(tmp / "artifacts"), args.device)
+            row["torch_mb"] = child_peak_mb("torch", name, str(batch), "--image-size", str(args.image_size),
+                                            "--device", args.device)
             row["memory_ratio"] = row["graphc_mb"] / row["torch_mb"]
     except Exception as exc:  # noqa: BLE001 - report the row as failed and go on with the others
         row["error"] = f"{stage}: {type(exc).__name__}: {exc}"
@@ -440,9 +478,9 @@ def bench(name: str, batch: int, args: argparse.Namespace) -> dict:
 
 
 def meets(row: dict) -> dict[str, bool]:
-    """Which targets a finished row meets, by column."""
+    """Which targets a finished row meets, by column (an unmeasured update share counts as met)."""
     return {"ratio": row["ratio"] <= TARGETS["ratio"][row["kind"]],
-            "update_pct": row["update_pct"] <= TARGETS["update_pct"],
+            "update_pct": row.get("update_pct", 0.0) <= TARGETS["update_pct"],
             "memory_ratio": row["memory_ratio"] <= TARGETS["memory_ratio"]}
 
 
@@ -450,11 +488,13 @@ def marked(text: str, ok: bool) -> str:
     return f"[green]{text} ✓[/green]" if ok else f"[red]{text} ✗[/red]"
 
 
-def print_table(rows: list[dict], image_size: int) -> None:
+def print_table(rows: list[dict], image_size: int, device: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"graphc (ort-cpu) vs PyTorch eager, AdamW, {THREADS} threads, {image_size} px images")
+    where = f"ort-cpu) vs PyTorch eager, AdamW, {THREADS} threads" if device == "cpu" else \
+        f"ort-cuda) vs PyTorch eager (cuda), AdamW, {torch.cuda.get_device_name(0)}, MB of GPU memory"
+    table = Table(title=f"graphc ({where}, {image_size} px images")
     for column in ("model", "batch", "graphc ms", "torch ms", "ratio", "update %", "torch upd %", "graphc MB",
                    "torch MB", "mem ratio", "nodes", "generate s"):
         table.add_column(column, justify="left" if column == "model" else "right")
@@ -465,7 +505,8 @@ def print_table(rows: list[dict], image_size: int) -> None:
         ok = meets(row)
         table.add_row(row["model"], str(row["batch"]), f"{row['graphc_ms']:.1f}", f"{row['torch_ms']:.1f}",
                       marked(f"{row['ratio']:.2f}", ok["ratio"]),
-                      marked(f"{row['update_pct']:.1f}", ok["update_pct"]), f"{row['torch_update_pct']:.1f}",
+                      marked(f"{row['update_pct']:.1f}", ok["update_pct"]) if "update_pct" in row else "n/a",
+                      f"{row['torch_update_pct']:.1f}",
                       f"{row['graphc_mb']:.0f}", f"{row['torch_mb']:.0f}",
                       marked(f"{row['memory_ratio']:.2f}", ok["memory_ratio"]), str(row["nodes"]),
                       f"{row['generate_s']:.1f}")
@@ -490,6 +531,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5, help="timing rounds (the two frameworks take turns)")
     p.add_argument("--steps", type=int, default=2, help="timed steps per framework per round")
     p.add_argument("--recompute", action="store_true", help="generate graphc's artifacts with recompute=True")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both frameworks train")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)  # torch MODEL BATCH: one memory measurement
     args = p.parse_args()
@@ -506,7 +548,7 @@ def main() -> int:
     torch.set_num_threads(THREADS)
     if args.child:
         _, name, batch = args.child
-        torch_memory_child(name, int(batch), args.image_size)
+        torch_memory_child(name, int(batch), args.image_size, args.device)
         return 0
     rows = []
     for name in args.models:
@@ -518,10 +560,11 @@ def main() -> int:
             else:
                 print(f"{name} batch {batch}: graphc {row['graphc_ms']:.1f} ms, torch {row['torch_ms']:.1f} ms, "
                       f"generate {row['generate_s']:.1f} s", flush=True)
-    print_table(rows, args.image_size)
-    if args.json:
-        args.json.write_text(json.dumps({"threads": THREADS, "image_size": args.image_size,
-                                         "num_classes": NUM_CLASSES, "rows": rows}, indent=2))
+            if args.json:  # after each row, so a run cut short keeps the rows it finished
+                args.json.write_text(json.dumps({"device": args.device, "threads": THREADS,
+                                                 "image_size": args.image_size, "num_classes": NUM_CLASSES,
+                                                 "rows": rows}, indent=2))
+    print_table(rows, args.image_size, args.device)
     return 0
 
 
