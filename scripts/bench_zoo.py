@@ -13,8 +13,8 @@ CNNs, 1000-class ImageNet heads on --image-size px images), vit (ViT-Ti/8: dim 1
 Each model is exported with torch.onnx (TorchScript, opset 17), imported with ``gc.load`` and
 given AdamW(1e-3) training artifacts; graphc trains them on onnxruntime CPU, PyTorch trains the
 same module with torch.optim.AdamW(lr=1e-3). ``--device cuda`` runs both on GPU 0 instead
-(graphc on ``ort-cuda``, PyTorch on ``cuda``, each with its defaults). Per model and batch size it
-reports:
+(graphc's artifacts generated with ``device="cuda"`` and trained on ``ort-cuda``, PyTorch on
+``cuda``, each with its defaults). Per model and batch size it reports:
 
 - ms per step of each (feed the batch, forward, backward, update, read the loss): median over
   ``--rounds`` rounds in which the two take turns, ``--steps`` steps each, so a busy machine
@@ -446,7 +446,7 @@ def bench(name: str, batch: int, args: argparse.Namespace) -> dict:
             stage = "generate"
             t0 = time.perf_counter()
             arts = gc.training.generate(imported, gc.losses.cross_entropy("logits", label="y"), gc.optim.AdamW(LR),
-                                        recompute=args.recompute)
+                                        recompute=args.recompute, device=args.device)
             row["generate_s"] = time.perf_counter() - t0
             untrained = [p for p, _ in model.named_parameters() if p not in arts.manifest.trainable]
             if untrained:

@@ -45,6 +45,7 @@ API_DEFAULTS = {
     ("grad", "recompute"): (gc.training.generate, "recompute"),
     ("grad", "param"): (gc.training.generate, "params"),
     ("grad", "batchnorm"): (gc.training.generate, "batchnorm"),
+    ("grad", "device"): (gc.training.generate, "device"),
     ("run", "backend"): (gc.Session, "backend"),
     ("run", "batch_size"): (map_batches, "batch_size"),
     ("parity", "backends"): (gc.parity.compare, "backends"),

@@ -31,9 +31,10 @@ def workdir(tmp_path_factory):
 
 def test_grad_train_resume_export(workdir):
     r = graphc("grad", workdir / "mlp.onnx", "--loss", "cross_entropy:logits:y", "--optimizer", "adam",
-               "--lr", "0.01", "--freeze", "enc.bias", "-o", workdir / "arts")
+               "--lr", "0.01", "--freeze", "enc.bias", "--device", "cuda", "-o", workdir / "arts")
     assert r.returncode == 0, r.stderr
     assert "1 frozen" in r.stdout
+    assert '"device": "cuda"' in (workdir / "arts" / "manifest.json").read_text()  # trains on any backend all the same
     for name in ("train_step.onnx", "gradients.onnx", "eval.onnx", "inference.onnx", "state.safetensors", "manifest.json"):
         assert (workdir / "arts" / name).is_file()
 
@@ -71,6 +72,8 @@ def test_train_exits_1_when_the_loss_becomes_nan(workdir):
 def test_bad_usage_exits_2_with_one_line(workdir):
     r = graphc("grad", workdir / "mlp.onnx", "--loss", "bogus:logits", "-o", workdir / "x")
     assert r.returncode == 2 and "unknown loss kind 'bogus'" in r.stderr and "Traceback" not in r.stderr
+    r = graphc("grad", workdir / "mlp.onnx", "--loss", "cross_entropy:logits:y", "--device", "gpu", "-o", workdir / "x")
+    assert r.returncode == 2 and "device must be 'cpu' or 'cuda', got 'gpu'" in r.stderr and not (workdir / "x").exists()
     np.savez(workdir / "nolabel.npz", x=np.zeros((4, 8), np.float32))
     graphc("grad", workdir / "mlp.onnx", "--loss", "cross_entropy:logits:y", "-o", workdir / "arts2")
     r = graphc("train", workdir / "arts2", "--data", workdir / "nolabel.npz", "--epochs", "1", "--batch-size", "2")

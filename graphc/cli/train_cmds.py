@@ -82,6 +82,8 @@ def grad_cmd(
                                   "frozen (running statistics, not updated: fine-tuning as model.eval())."),
     recompute: bool = typer.Option(False, "--recompute", help="Recompute cheap forward values in the "
                                    "backward (activation checkpointing): less memory, a little more time."),
+    device: str = typer.Option("cpu", "--device", metavar="cpu|cuda", help="Choose the backward's lowerings "
+                               "for onnxruntime's CPU or CUDA provider (speed only: the numbers agree)."),
     output: Optional[Path] = output_option("Artifact directory to write (required).", "DIR"),
     out: Optional[Path] = OUT_ALIAS,
 ) -> None:
@@ -95,7 +97,7 @@ def grad_cmd(
     spec = parse_loss(loss)
     opt = make_optimizer(optimizer, lr, momentum, weight_decay)
     arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute, params=param,
-                                batchnorm=batchnorm)
+                                batchnorm=batchnorm, device=device)
     arts.save(output)
     m = arts.manifest
     console.print(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "

@@ -148,6 +148,7 @@ class Manifest(BaseModel):
     model_outputs: list[str]
     layout: list[FlatBuffer] = []  # the fused update's flat buffers; empty: one input per param
     recompute: bool = False  # the backward recomputes cheap forward values (generate's option)
+    device: Literal["cpu", "cuda"] = "cpu"  # whose kernels the backward's lowerings suit (generate's option)
 
     def pack(self, tensors: Mapping[str, np.ndarray], graph: str | None = None, *,
              consume: bool = False) -> dict[str, np.ndarray]:
@@ -390,7 +391,7 @@ def _graph_file(directory: Path, key: str, name: str) -> Path:
 
 def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Iterable[str] | None = None,
              frozen: Iterable[str] = (), fused: bool = True, recompute: bool = False, params: Iterable[str] = (),
-             batchnorm: Literal["train", "frozen"] = "train") -> TrainingArtifacts:
+             batchnorm: Literal["train", "frozen"] = "train", device: Literal["cpu", "cuda"] = "cpu") -> TrainingArtifacts:
     """Training artifacts for ``model``.
 
     Which float initializers are params: for an imported model, what the source framework
@@ -421,6 +422,10 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
             ones (convolutions, matmuls, pooling), so those are all a step keeps alive
             (ResNet-50, batch 32, onnxruntime CPU, 2 threads: peak RSS 2.9 -> 2.5 GB for about
             8 % more time per step).
+        device: ``"cpu"`` or ``"cuda"``: whose kernels (onnxruntime's CPU or CUDA provider) the
+            backward's lowerings are chosen for, where the fastest differ (a convolution's weight
+            gradient: see ``passes/autodiff/rules_nn.py``). The graphs run on any backend and
+            compute the same values up to rounding; only the speed follows the choice.
 
     Raises:
         gc.GraphError: unknown output/param names, a loss that is not a float scalar, an op
@@ -441,10 +446,13 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
                         f"name of a scalar output, got {type(loss).__name__}")
     if batchnorm not in ("train", "frozen"):
         raise ValueError(f"batchnorm must be 'train' or 'frozen', got {batchnorm!r}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     opt_json = _optimizer_json(optimizer)
     built = artifacts.build(model.ir, loss_args, opt_json,
                             trainable=None if trainable is None else list(trainable), frozen=list(frozen),
-                            fused=fused, recompute=recompute, params=list(params), batchnorm=batchnorm)
+                            fused=fused, recompute=recompute, params=list(params), batchnorm=batchnorm,
+                            device=device)
     graphs = {key: Model(m) for key, m in built.graphs.items()}
     manifest = Manifest(
         opset=built.opset,
@@ -452,7 +460,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         feeds=built.feeds, trainable=built.trainable, frozen=built.frozen, constants=built.constants,
         batchnorm=batchnorm, state=list(built.state),
         optimizer=opt_json, loss=loss_json, metrics=_default_metrics(loss_json, graphs["eval"]),
-        model_outputs=built.model_outputs, recompute=recompute,
+        model_outputs=built.model_outputs, recompute=recompute, device=device,
         layout=[FlatBuffer(name=g.name, dtype=str(as_dtype(int(g.dtype))), params=g.params,
                            shapes=[list(s) for s in g.shapes], slots=list(built.slots),
                            weight_decay=g.weight_decay) for g in built.layout])

@@ -55,10 +55,12 @@ class GradBuilder(Emitter):
 
     Rules read dtypes off the primal values (``core`` types each gradient like its primal once
     the rule returns); the dtypes it guesses for intermediates let ``scalar`` emit a typed
-    constant instead of CastLike, which opsets before 15 lack."""
+    constant instead of CastLike, which opsets before 15 lack. ``device`` ("cpu" or "cuda"):
+    whose kernels the rules choose their lowerings for, where the two differ."""
 
-    def __init__(self, graph: ir.Graph, opset: int, names=None):
+    def __init__(self, graph: ir.Graph, opset: int, names=None, device: str = "cpu"):
         super().__init__(graph, opset, scope="grad", names=names)
+        self.device = device
         self.needed: set[ir.Value] | None = None  # values whose gradient the walk wants
         # gradients a rule returned in a broadcast shape other than the output's (see registry)
         self.broadcast_shapes: dict[ir.Value, StaticShape | None] = {}
@@ -98,7 +100,7 @@ class GradBuilder(Emitter):
 
     def subgraph_builder(self, graph: ir.Graph) -> GradBuilder:
         """A builder appending to ``graph`` (an If branch) whose names cannot clash with ours."""
-        child = GradBuilder(graph, self.opset, names=self._names)
+        child = GradBuilder(graph, self.opset, names=self._names, device=self.device)
         child.scope = self.scope
         return child
 

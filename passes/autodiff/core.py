@@ -247,8 +247,9 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
     return out
 
 
-def backward(graph: ir.Graph, loss: ir.Value, wrt: Sequence[ir.Value]) -> dict[str, ir.Value]:
+def backward(graph: ir.Graph, loss: ir.Value, wrt: Sequence[ir.Value], device: str = "cpu") -> dict[str, ir.Value]:
     """Append d(loss)/d(w) for each ``w`` in ``wrt`` to ``graph``; return ``{w.name: gradient}``.
+    ``device``: whose kernels the gradient rules choose their lowerings for (``GradBuilder``).
 
     ``loss`` must be a scalar (or one-element) float value of ``graph``. A ``w`` with no path
     to the loss gets zeros of its shape (``ConstantOfShape``), like ``tf.gradients`` with
@@ -262,7 +263,7 @@ def backward(graph: ir.Graph, loss: ir.Value, wrt: Sequence[ir.Value]) -> dict[s
         raise AutodiffError(f"loss {loss.name!r} has dtype {loss.dtype}; it must be floating-point")
     if loss.shape is not None and any(isinstance(d, int) and d != 1 for d in loss.shape):
         raise AutodiffError(f"loss {loss.name!r} must be a scalar, got shape {loss.shape}")
-    g = GradBuilder(graph, onnx_opset(graph, DEFAULT_OPSET))
+    g = GradBuilder(graph, onnx_opset(graph, DEFAULT_OPSET), device=device)
     nodes = list(graph)
     seed = g.full(g.shape_of(loss), 1.0, loss)
     grads = backprop(g, nodes, {loss: seed}, list(wrt))

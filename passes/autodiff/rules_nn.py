@@ -244,14 +244,27 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     #   cap, except depthwise 3x3 ones, stride 1, on mid-sized maps (``_depthwise_weight_grad_taps``).
     # (An im2col with a batched MatMul or an Einsum over [N, K*Ci, O] was no faster than the
     # Conv at N=32: 24 vs 21 ms; for depthwise 3x3/5x5 convs 1.3-2.7x slower than it.)
+    # On onnxruntime's CUDA provider the Conv below is the slowest of the three wherever dy, its
+    # kernel, is large (cuDNN's grouped direct kernel; H100, batch 32 at 128 px, CUPTI kernel
+    # times: ResNet-18's 7x7 stem dW 12.1 ms of a 23.1 ms GPU step, EfficientNet-B0's 11 large
+    # depthwise dWs 28.6 of 51.5), so there (``device="cuda"``) every depthwise conv takes the
+    # taps and every dense one the im2col, whatever its kernel, stride or map size. GPU kernel
+    # time per step, the CPU's choices -> these: ResNet-18 23.1 -> 11.8 ms, ResNet-50 42.4 ->
+    # 31.5, MobileNetV3-small 23.1 -> 15.9; step time (interleaved, one session) 28.0 -> 22.9,
+    # 69.2 -> 66.0, EfficientNet-B0 70.5 -> 62.4, but MobileNetV3-small 45.1 -> 53.5: its 721
+    # more nodes on a step bound by kernel launches (and identical RegNet graphs took 64 and 81
+    # ms in two sessions: cuDNN's algorithm search differs per session).
+    cuda = g.device == "cuda"
     n_sp = len(spatial)
     cg, kernel = w_shape[1], list(w_shape[2:])
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
-    if (group == w_shape[0] and cg == 1 and math.prod(kernel) <= 9 and all(v == 1 for v in strides)
-            and math.prod(out) >= 256 and _static_batch(x) * w_shape[0] * math.prod(spatial) <= 1 << 21):
+    if group == w_shape[0] and cg == 1 and (cuda or (
+            math.prod(kernel) <= 9 and all(v == 1 for v in strides) and math.prod(out) >= 256
+            and _static_batch(x) * w_shape[0] * math.prod(spatial) <= 1 << 21)):
         return _depthwise_weight_grad_taps(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     per_image = cg * math.prod(kernel) * math.prod(out)  # columns
-    if (group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and math.prod(kernel) <= 9
+    if (group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+            and (math.prod(kernel) <= 9 or cuda)
             and (per_image <= IM2COL_CHUNK if _known_batch(x) is not None else per_image * 16 <= 1 << 24)):
         return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     xt = _groups_over_batch(g, x, group, cg, spatial)

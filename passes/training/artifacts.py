@@ -90,7 +90,7 @@ class Built:
 
 def build(model: ir.Model, loss: LossArgs, optimizer: dict,
           trainable: Iterable[str] | None = None, frozen: Iterable[str] = (), fused: bool = True,
-          recompute: bool = False, params: Iterable[str] = (), batchnorm: str = "train") -> Built:
+          recompute: bool = False, params: Iterable[str] = (), batchnorm: str = "train", device: str = "cpu") -> Built:
     """The training graphs of ``model``; ``optimizer`` is the spec as JSON (``{"kind": "sgd", "lr":
     ..., ...}``)."""
     base = _prepare(model)
@@ -114,7 +114,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     noise: list[str] = []
     slot = [v.name for v in base.graph.outputs].index(loss.output)
     step, gradients, grads, bn_next, grad_outputs = _backward_graphs(base, opset, params, bn_stats, noise, recompute,
-                                                                     batchnorm)
+                                                                     batchnorm, device)
     # a pass that replaces the prediction (dense_conv) keeps its output slot, not its name
     step.graph.outputs[slot].name = loss.output
 
@@ -175,7 +175,7 @@ def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
 
 
 def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats: Sequence[str],
-                     noise: list[str], recompute: bool = False, batchnorm: str = "train"):
+                     noise: list[str], recompute: bool = False, batchnorm: str = "train", device: str = "cpu"):
     """Training mode and the backward pass, in ``step`` itself; returns (step, the gradients
     graph cloned from it, {param: gradient value in step}, {BN stat: its updated value}, the
     gradients graph's outputs).
@@ -196,7 +196,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     if expanded:
         fill_unknown_ranks(step)  # a body's shape arithmetic can hide ranks from inference
     forward = {node.name for node in step.graph}
-    grads = backward(step.graph, _by_name(step.graph, LOSS), [step.graph.initializers[p] for p in params])
+    grads = backward(step.graph, _by_name(step.graph, LOSS), [step.graph.initializers[p] for p in params], device)
     before = set(step.graph)
     bn_next = modes.lower_batchnorm(Emitter(step.graph, opset, "bn"), step.graph)
     forward |= {node.name for node in step.graph if node not in before}
