@@ -108,7 +108,8 @@ def _groups_over_batch(g: GradBuilder, t: ir.Value, group: int, per_group: int, 
 IM2COL_CHUNK = 1 << 22
 
 
-def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
+def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end,
+                             per_image: int):
     """dW as an explicit im2col and GEMMs over batch and pixels: the window slices of the padded,
     channel-major input stacked channel-major ([Ci, prod(K), N, O]), so the GEMM against dy as
     [Co, N*O] (``transB``: the column matrix is never transposed) gives dW in its own layout,
@@ -126,12 +127,11 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
     and their memory bounded (``--only large_dw``, 2 threads, ms, N=32, chunks of 4 and 8 images
     vs all 32: 64ch 16x16 11.7 (8) vs 12.3; 128ch 16x16 36.9 / 35.6 vs 35.4). One Gemm per tap
     on its window, without the column matrix, was slower (N=32, 64ch on 32x32 44.3 vs 39.6 in
-    chunks of 4; 3->32 on 128x128 101 vs 42)."""
+    chunks of 4; 3->32 on 128x128 101 vs 42). ``per_image``: one image's column values."""
     n_sp = len(spatial)
     ci, kernel = w_shape[1], list(w_shape[2:])
-    out = out_dims(spatial, kernel, strides, dilations, begin, end)
     batch = _known_batch(x)
-    chunks = 1 if batch is None else min(batch, -(-batch * ci * math.prod(kernel) * math.prod(out) // IM2COL_CHUNK))
+    chunks = 1 if batch is None else min(batch, -(-batch * per_image // IM2COL_CHUNK))
     size = -(-batch // chunks) if chunks > 1 else None
     swap = [1, 0] + list(range(2, 2 + n_sp))
     dw = None
@@ -266,7 +266,7 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     if (group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
             and (math.prod(kernel) <= 9 or cuda)
             and (per_image <= IM2COL_CHUNK if _known_batch(x) is not None else per_image * 16 <= 1 << 24)):
-        return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
+        return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end, per_image)
     xt = _groups_over_batch(g, x, group, cg, spatial)
     dyt = g.transpose(dy, [1, 0] + list(range(2, 2 + n_sp)))
     full = [(spatial[i] + begin[i] + end[i] - (out[i] - 1) * strides[i] - 1) // dilations[i] + 1 for i in range(n_sp)]
