@@ -8,17 +8,12 @@ import pytest
 
 import graphc as gc
 from graphc.backends import onnxruntime as ort_backend
-from backend_params import EXACT_CUDA
+from backend_params import EXACT_CUDA, on_cuda
 from onnx_graphs import linear_relu
 
 X = np.random.default_rng(1).standard_normal((5, 3)).astype(np.float32)
 B = np.zeros((5, 2), np.float32)
 W = np.arange(6, dtype=np.float32).reshape(3, 2) / 6
-
-
-cuda = pytest.mark.cuda
-needs_cuda = pytest.mark.skipif(not ort_backend.probe_cuda(0)[0],
-                                reason=f"no usable CUDA device: {ort_backend.probe_cuda(0)[1]}")
 
 
 # -- options and placement -------------------------------------------------------------------------
@@ -160,8 +155,7 @@ def test_probe_is_quiet_and_cached(capfd, fresh_probe):
 
 # -- on a GPU ------------------------------------------------------------------------------------------
 
-@cuda
-@needs_cuda
+@on_cuda
 def test_cuda_placement_and_answer():
     sess = gc.Session(linear_relu(), backend="ort-cuda", graph_optimization_level="disable", **EXACT_CUDA)
     assert sess.backend == "ort-cuda" and sess.device == "cuda"
@@ -171,8 +165,7 @@ def test_cuda_placement_and_answer():
     assert sess.copy_nodes >= 0
 
 
-@cuda
-@needs_cuda
+@on_cuda
 def test_cuda_run_bound_keeps_outputs_on_the_device():
     sess = gc.Session(linear_relu(), backend="ort-cuda", device_id=0, **EXACT_CUDA)
     x_dev = sess.to_device(X)
