@@ -1,7 +1,7 @@
-"""Where a zoo model's train_step spends its kernel time on onnxruntime CPU.
+"""Where a zoo model's train_step spends its kernel time on onnxruntime CPU (or CUDA).
 
     .venv/bin/python scripts/profile_step.py efficientnet_b0 [--batch 32] [--image-size 64]
-        [--runs 5] [--top 15] [--nodes 0] [--torch]
+        [--runs 5] [--top 15] [--nodes 0] [--torch] [--device cpu|cuda]
 
 Exports the model as ``scripts/bench_zoo.py`` does (torch.onnx, training mode), generates AdamW
 artifacts and profiles ``--runs`` steps of the train_step at 2 threads (the first two, which
@@ -13,6 +13,12 @@ lowering can be chosen where the time is, then the time per kernel op type and w
 products and convolutions take together. ``--torch`` also profiles PyTorch eager's step of the
 same module (``torch.profiler``, self time per aten op) and what its matrix products, convolutions
 and fused attention take: a floor for graphc's step where those dominate. Needs torch.
+
+``--device cuda`` generates the artifacts for CUDA (``generate(..., device="cuda")``) and trains
+them on ort-cuda under ``torch.profiler`` (CUPTI sees every kernel of the process, onnxruntime's
+too; onnxruntime's own profile would time launches, not kernels): per step the wall time, the
+GPU's busy time and kernel count, and the slowest kernels by name, then the same for PyTorch
+eager's step on the GPU. A step much longer than its GPU time is bound by kernel launches.
 """
 
 from __future__ import annotations
@@ -96,6 +102,29 @@ def profile_torch(model, batch: dict, runs: int, top: int) -> None:
         print(f"  {name:<60} {ms:8.1f} ms")
 
 
+def profile_cuda_kernels(step, runs: int, top: int, who: str) -> None:
+    """Print ``who``'s wall and GPU time per step over ``runs`` calls of ``step(i)`` (after two),
+    its kernels per step and the ``top`` kernels by GPU time, from a CUPTI trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(2):
+        step(i)
+    zoo.torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for i in range(runs):
+            step(i)
+        zoo.torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / runs * 1e3
+    kernels = [(e.self_device_time_total / runs / 1e3, e.count / runs, e.key) for e in prof.key_averages()
+               if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
+    kernels.sort(reverse=True)
+    print(f"{who}: {wall:.1f} ms per step (profiling on), GPU busy {sum(k[0] for k in kernels):.1f} ms, "
+          f"{sum(k[1] for k in kernels):.0f} kernels per step")
+    for ms, count, name in kernels[:top]:
+        print(f"  {ms:7.2f} ms {count:6.0f}x  {name[:110]}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("model", choices=sorted(zoo.ZOO))
@@ -105,6 +134,8 @@ def main() -> None:
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--nodes", type=int, default=0, help="also list the N slowest nodes")
     p.add_argument("--torch", action="store_true", help="also profile PyTorch eager's step by aten op")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: GPU kernel times of graphc on ort-cuda and of PyTorch eager on the GPU")
     args = p.parse_args()
     zoo.torch.manual_seed(0)
     arch = zoo.ZOO[args.model]
@@ -113,7 +144,14 @@ def main() -> None:
         tmp = Path(tmp)
         zoo.export_onnx(arch.build(args.image_size), batch, tmp / "model.onnx")
         arts = gc.training.generate(gc.load(tmp / "model.onnx"), gc.losses.cross_entropy("logits", label="y"),
-                                    gc.optim.AdamW(zoo.LR))
+                                    gc.optim.AdamW(zoo.LR), device=args.device)
+        if args.device == "cuda":
+            trainer = gc.Trainer(arts, backend="ort-cuda")
+            profile_cuda_kernels(lambda i: trainer.step(batch), args.runs, args.top, f"graphc (ort-cuda) {args.model}")
+            zoo.torch.manual_seed(0)
+            step = zoo.torch_stepper(arch.build(args.image_size), [batch], device="cuda")
+            profile_cuda_kernels(step, args.runs, args.top, "PyTorch eager (cuda)")
+            return
         graph = arts.train_step.proto.graph
         weights = {t.name: list(t.dims) for t in graph.initializer} | {
             i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.input}
