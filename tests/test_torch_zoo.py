@@ -28,10 +28,10 @@ LOSS = gc.losses.cross_entropy("logits", label="y")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # a block reused twice shares its BN (shufflenet)
 
 
-def _generate(name, exporter, dtype="float32", optimizer=None):
+def _generate(name, exporter, dtype="float32", optimizer=None, device="cpu"):
     logging.getLogger("onnxscript").setLevel(logging.ERROR)
     model = gc.load(torch_zoo.files(name, exporter, dtype)[0])
-    return model, gc.training.generate(model, LOSS, optimizer or gc.optim.SGD(0.1))
+    return model, gc.training.generate(model, LOSS, optimizer or gc.optim.SGD(0.1), device=device)
 
 
 def _split_by_name(module, trainable):
@@ -61,18 +61,37 @@ def test_trainable_set_and_gradients_equal_torch_float64(name, exporter):
     assert np.isin(values, _nonzero_sorted([state[n] for n in missing])).all()  # copies of torch values
 
     got = gc.Session(arts.gradients, backend="numpy").run({"x": x.numpy(), "y": y.numpy()})
+    params, tol = _assert_named_grads_equal_torch(module, x, y, got, named)
+    want = _nonzero_sorted([params[n].grad.numpy() for n in missing])
+    have = _nonzero_sorted([got[f"{n}_grad"] for n in folded])
+    assert have.shape == want.shape
+    np.testing.assert_allclose(have, want, **tol)
+
+
+def _assert_named_grads_equal_torch(module, x, y, got, named, loss_rtol=1e-9):
+    """``got`` (a gradients graph's outputs) against float64 autograd of ``module`` on (x, y):
+    the loss to ``loss_rtol``, the gradient of each param in ``named``. Returns torch's params
+    (their ``.grad`` set) and the gradient tolerance."""
     loss = F.cross_entropy(module(x), y)
     loss.backward()
-    np.testing.assert_allclose(got["loss"], loss.item(), rtol=1e-9)
+    np.testing.assert_allclose(got["loss"], loss.item(), rtol=loss_rtol)
     params = dict(module.named_parameters())
     scale = max(np.abs(p.grad.numpy()).max() for p in params.values())
     tol = {"rtol": 1e-6, "atol": 1e-7 * scale}  # float64 (exporters write a few constants in float32)
     for n in named:
         np.testing.assert_allclose(got[f"{n}_grad"], params[n].grad.numpy(), **tol, err_msg=n)
-    want = _nonzero_sorted([params[n].grad.numpy() for n in missing])
-    have = _nonzero_sorted([got[f"{n}_grad"] for n in folded])
-    assert have.shape == want.shape
-    np.testing.assert_allclose(have, want, **tol)
+    return params, tol
+
+
+@pytest.mark.parametrize(("name", "exporter"), [c for c in CASES if c.values[0] in ("mobilenet", "shufflenet")])
+def test_cuda_lowered_gradients_equal_torch_float64(name, exporter):
+    """Artifacts generated for CUDA (every depthwise conv's weight gradient a sum over its taps,
+    where the CPU's lowering keeps a Conv on these small maps) give float64 autograd's gradients
+    too (here on numpy)."""
+    module, x, y = torch_zoo.load(name, torch.float64)
+    _, arts = _generate(name, exporter, "float64", device="cuda")
+    got = gc.Session(arts.gradients, backend="numpy").run({"x": x.numpy(), "y": y.numpy()})
+    _assert_named_grads_equal_torch(module, x, y, got, _split_by_name(module, arts.manifest.trainable)[0])
 
 
 def _torch_run(module, x, y, steps=20):
@@ -130,23 +149,20 @@ def test_gradients_on_cuda_equal_torch_float64(name, exporter):
             session.run({"x": x.numpy(), "y": y.numpy()})
         return
     got = session.run({"x": x.numpy(), "y": y.numpy()})
-    loss = F.cross_entropy(module(x), y)
-    loss.backward()
-    np.testing.assert_allclose(got["loss"], loss.item(), rtol=1e-7)  # CUDA's float64 reductions: 2e-8 seen
-    params = dict(module.named_parameters())
-    scale = max(np.abs(p.grad.numpy()).max() for p in params.values())
-    for n in _split_by_name(module, arts.manifest.trainable)[0]:
-        np.testing.assert_allclose(got[f"{n}_grad"], params[n].grad.numpy(), rtol=1e-6, atol=1e-7 * scale, err_msg=n)
+    _assert_named_grads_equal_torch(module, x, y, got, _split_by_name(module, arts.manifest.trainable)[0],
+                                    loss_rtol=1e-7)  # CUDA's float64 reductions: 2e-8 seen
 
 
 @on_cuda
+@pytest.mark.parametrize("lowered_for", ["cpu", "cuda"])
 @pytest.mark.parametrize(("name", "exporter"), CASES)
-def test_training_on_cuda_tracks_torch(name, exporter):
+def test_training_on_cuda_tracks_torch(name, exporter, lowered_for):
     """20 AdamW steps on onnxruntime's CUDA provider (float32, TF32 off) track torch's losses as
-    the CPU's do, with params and optimizer state kept on the GPU."""
+    the CPU's do, with params and optimizer state kept on the GPU; artifacts generated for either
+    device."""
     module, x, y = torch_zoo.load(name)
     _, theirs = _torch_run(module, x, y)
-    _, arts = _generate(name, exporter, optimizer=gc.optim.AdamW(1e-2, weight_decay=0.01))
+    _, arts = _generate(name, exporter, optimizer=gc.optim.AdamW(1e-2, weight_decay=0.01), device=lowered_for)
     trainer = gc.Trainer(arts, backend="ort-cuda", **EXACT_CUDA)
     ours = [trainer.step({"x": x.numpy(), "y": y.numpy()}) for _ in range(20)]
     np.testing.assert_allclose(ours, theirs, rtol=1e-4)
