@@ -140,8 +140,12 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
         if first is not None:  # images [first, first + size)
             bounds = (g.ints([first]), g.ints([min(first + size, batch)]), g.ints([0]))
             xs, dys = g.op("Slice", xs, *bounds), g.op("Slice", dys, *bounds)
-        channel_major = g.transpose(xs, swap)  # [Ci, n, *S]
-        taps = [g.unsqueeze(t, [1]) for t in _windows(g, channel_major, kernel, spatial, strides, dilations, begin, end)]
+        # [Ci, 1, n, *S]: the taps' windows stack on axis 1 as they are, one Unsqueeze per chunk
+        # where there was one per tap (ResNet-50's train_step 311 nodes fewer, 5,175; steps as
+        # fast: ResNet-18 interleaved both orders, ratio new/old at batch 2 0.90 / 1.01, at 32
+        # 1.00 / 0.93)
+        channel_major = g.unsqueeze(g.transpose(xs, swap), [1])
+        taps = _windows(g, channel_major, kernel, spatial, strides, dilations, begin, end, lead=3)
         cols = g.op("Concat", *taps, axis=1) if len(taps) > 1 else taps[0]
         cols = g.op("Reshape", cols, g.ints([ci * math.prod(kernel), -1]))
         dy2 = g.op("Reshape", g.transpose(dys, swap), g.ints([w_shape[0], -1]))
@@ -166,17 +170,18 @@ def _depthwise_weight_grad_taps(g: GradBuilder, x, dy, w_shape, spatial, strides
     ms, N=32: 96ch 32x32 37.8 vs 45.6; 144ch 32x32 59.9 vs 69.1; 32ch 64x64 49.7 vs 58.1) and
     still lost for 5x5 ones (96ch 32x32 96.7 vs 72.4; 240ch 16x16 92.2 vs 57.9)."""
     axes = list(range(2, 2 + len(spatial)))
-    sums = [g.unsqueeze(g.reduce("ReduceSum", g.mul(tap, dy), [0] + axes, keepdims=False), [1])
+    sums = [g.reduce("ReduceSum", g.mul(tap, dy), [0] + axes)  # [1, C, 1, ...]: taps stack on axis 2
             for tap in _windows(g, x, list(w_shape[2:]), spatial, strides, dilations, begin, end)]
-    return g.op("Reshape", g.op("Concat", *sums, axis=1), g.ints(list(w_shape)))
+    return g.op("Reshape", g.op("Concat", *sums, axis=2) if len(sums) > 1 else sums[0], g.ints(list(w_shape)))
 
 
-def _windows(g: GradBuilder, t: ir.Value, kernel, spatial, strides, dilations, begin, end) -> list[ir.Value]:
-    """What each kernel tap of a Conv reads of ``t`` ([*, *, *S], padded here): one strided Slice
-    of the output's size per tap, taps in row-major order."""
+def _windows(g: GradBuilder, t: ir.Value, kernel, spatial, strides, dilations, begin, end,
+             lead: int = 2) -> list[ir.Value]:
+    """What each kernel tap of a Conv reads of ``t`` (``lead`` axes, then the spatial ones;
+    padded here): one strided Slice of the output's size per tap, taps in row-major order."""
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
-    padded = g.op("Pad", t, g.ints([0, 0] + begin + [0, 0] + end)) if any(begin + end) else t
-    axes, steps = g.ints(list(range(2, 2 + len(spatial)))), g.ints(strides)
+    padded = g.op("Pad", t, g.ints([0] * lead + begin + [0] * lead + end)) if any(begin + end) else t
+    axes, steps = g.ints(list(range(lead, lead + len(spatial)))), g.ints(strides)
     slices = []
     for offsets in itertools.product(*(range(k) for k in kernel)):
         starts = [o * d for o, d in zip(offsets, dilations)]
