@@ -137,6 +137,19 @@ def test_no_node_reads_a_batchnorm_input_for_its_size(batch):
                                0.9 * arts.state["bn.running_var"] + 0.1 * xs.var(axis=(0, 2), ddof=1), rtol=1e-5)
 
 
+@pytest.mark.parametrize(("batch", "length"), [("?", "?"), ("N", "L"), ("N", 5), (6, "?")])
+def test_the_running_variance_counts_the_values_of_a_channel(batch, length):
+    """The unbiased variance's count N*L, computed without reading the BatchNorm's input where it
+    can: static dims as constants, a named symbolic dim off the graph input's shape, an unnamed
+    one (``?`` loads as unnamed) off x's own shape. Each dim its own: N*N would be 36, not 30."""
+    arts = gc.training.generate(training_models.pooled_batchnorm(batch, length),
+                                gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
+    x, y = RNG.normal(size=(6, 3, 5)).astype(np.float32), RNG.integers(0, 4, 6)
+    out = gc.Session(arts.train_step, backend="ort-cpu").run({"x": x, "y": y, **arts.state})
+    np.testing.assert_allclose(out["bn.running_var.next"],
+                               0.9 * arts.state["bn.running_var"] + 0.1 * x.var(axis=(0, 2), ddof=1), rtol=1e-5)
+
+
 @pytest.mark.parametrize("batch", ["N", 6])
 def test_batchnorm_stats_are_state_updated_like_pytorch(batch):
     arts = _bn_arts(batch)

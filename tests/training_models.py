@@ -77,6 +77,24 @@ def awkward(seed=0, dropout=0.1) -> gc.Model:
                   [oh.make_tensor_value_info("out", F, ["B", 8])], inits, producer="an exporter")
 
 
+def pooled_batchnorm(batch: int | str = "?", length: int | str = "?", channels=3, classes=4, seed=0) -> gc.Model:
+    """x [batch, C, length] -> BatchNormalization -> mean over the length -> Gemm: both dims may be
+    symbolic, named or not (Paddle writes ``?`` for each unknown one)."""
+    rng = np.random.default_rng(seed)
+    inits = [nh.from_array(rng.uniform(0.5, 1.5, channels).astype(np.float32), "bn.weight"),
+             nh.from_array(rng.normal(0, 0.1, channels).astype(np.float32), "bn.bias"),
+             nh.from_array(rng.normal(0, 0.1, channels).astype(np.float32), "bn.running_mean"),
+             nh.from_array(rng.uniform(0.5, 1.5, channels).astype(np.float32), "bn.running_var"),
+             nh.from_array(rng.normal(0, 0.3, (classes, channels)).astype(np.float32), "fc.weight"),
+             nh.from_array(np.zeros(classes, np.float32), "fc.bias")]
+    nodes = [oh.make_node("BatchNormalization", ["x", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"],
+                          ["xn"], epsilon=1e-5, momentum=0.9),
+             oh.make_node("ReduceMean", ["xn"], ["xp"], axes=[2], keepdims=0),
+             oh.make_node("Gemm", ["xp", "fc.weight", "fc.bias"], ["logits"], transB=1)]
+    return _model(nodes, [oh.make_tensor_value_info("x", F, [batch, channels, length])],
+                  [oh.make_tensor_value_info("logits", F, [batch, classes])], inits)
+
+
 def batchnorm(channels=3, classes=4, seed=0, batch: int | str = "N", scaled: bool = False) -> gc.Model:
     """x [batch, C, L] -> (``scaled``: times a trained ``s.weight`` [C, 1], so the BatchNorm's input
     has a gradient) -> BatchNormalization (momentum 0.9 = PyTorch's 0.1) -> Flatten -> Gemm."""
