@@ -79,24 +79,33 @@ def charge(events: list[dict], forward_ops: dict[str, str]) -> dict[tuple[str, s
     return table
 
 
-def profile_torch(model, batch: dict, runs: int, top: int) -> None:
-    """PyTorch eager's training step of ``model`` (as bench_zoo times it), profiled over ``runs``
-    steps after two: self time per aten op, and the matrix products' total."""
+def profiled(step, runs: int, device: str = "cpu"):
+    """(torch.profiler's record, wall ms per step) of ``runs`` calls of ``step(i)`` after two:
+    the CPU's ops, or on ``"cuda"`` the GPU's kernels (CUPTI), the device synchronized around."""
     from torch.profiler import ProfilerActivity, profile
 
-    zoo.torch.set_num_threads(zoo.THREADS)
-    step = zoo.torch_stepper(model, [batch])
+    sync = zoo.torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for i in range(2):
         step(i)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if device == "cuda" else ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
         for i in range(runs):
             step(i)
-        wall = (time.perf_counter() - t0) / runs
+        sync()
+        wall = (time.perf_counter() - t0) / runs * 1e3
+    return prof, wall
+
+
+def profile_torch(model, batch: dict, runs: int, top: int) -> None:
+    """PyTorch eager's training step of ``model`` (as bench_zoo times it), profiled over ``runs``
+    steps after two: self time per aten op, and the matrix products' total."""
+    zoo.torch.set_num_threads(zoo.THREADS)
+    prof, wall = profiled(zoo.torch_stepper(model, [batch]), runs)
     ops = {e.key: e.self_cpu_time_total / runs / 1e3 for e in prof.key_averages()}
     products = sum(ops.get(k, 0.0) for k in TORCH_PRODUCTS)
-    print(f"PyTorch eager: {wall * 1e3:.1f} ms per step (profiling on), {sum(ops.values()):.1f} ms of self time; "
-          f"matrix products, convolutions and attention {products:.1f} ms ({100 * products / (wall * 1e3):.0f}% "
+    print(f"PyTorch eager: {wall:.1f} ms per step (profiling on), {sum(ops.values()):.1f} ms of self time; "
+          f"matrix products, convolutions and attention {products:.1f} ms ({100 * products / wall:.0f}% "
           f"of the step)")
     for name, ms in sorted(ops.items(), key=lambda kv: -kv[1])[:top]:
         print(f"  {name:<60} {ms:8.1f} ms")
@@ -105,17 +114,7 @@ def profile_torch(model, batch: dict, runs: int, top: int) -> None:
 def profile_cuda_kernels(step, runs: int, top: int, who: str) -> None:
     """Print ``who``'s wall and GPU time per step over ``runs`` calls of ``step(i)`` (after two),
     its kernels per step and the ``top`` kernels by GPU time, from a CUPTI trace."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for i in range(2):
-        step(i)
-    zoo.torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for i in range(runs):
-            step(i)
-        zoo.torch.cuda.synchronize()
-        wall = (time.perf_counter() - t0) / runs * 1e3
+    prof, wall = profiled(step, runs, "cuda")
     kernels = [(e.self_device_time_total / runs / 1e3, e.count / runs, e.key) for e in prof.key_averages()
                if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
     kernels.sort(reverse=True)
