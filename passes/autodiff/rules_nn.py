@@ -265,12 +265,13 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
     if group == w_shape[0] and cg == 1 and (cuda or (
             math.prod(kernel) <= 9 and all(v == 1 for v in strides) and math.prod(out) >= 256
-            and _static_batch(x) * w_shape[0] * math.prod(spatial) <= 1 << 21)):
+            and typical_batch(x) * w_shape[0] * math.prod(spatial) <= 1 << 21)):
         return _depthwise_weight_grad_taps(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     per_image = cg * math.prod(kernel) * math.prod(out)  # columns
     if (group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
             and (math.prod(kernel) <= 9 or cuda)
-            and (per_image <= IM2COL_CHUNK if _known_batch(x) is not None else per_image * 16 <= 1 << 24)):
+            and (per_image <= IM2COL_CHUNK if _known_batch(x) is not None
+                 else per_image * typical_batch(x) <= 1 << 24)):
         return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end, per_image)
     xt = _groups_over_batch(g, x, group, cg, spatial)
     dyt = g.transpose(dy, [1, 0] + list(range(2, 2 + n_sp)))
@@ -305,14 +306,14 @@ def grad_conv(g, node, dy):
         # on 2x2: 6.3 / 18.1 / 35.3; 96<-576 on 2x2: 0.73 / 0.90 / 1.71; N=2, 512<-2048 on 2x2:
         # 1.15 / 2.98 / 1.97; 256<-1024 on 4x4: 0.27 / 0.37 / 0.42; but N=32 on 4x4, 256<-1024:
         # 5.2 / 4.5 / 8.2; N=2 on 8x8, 128<-512: 0.28 / 0.24 / 0.28.
-        pixels, batch = math.prod(spatial), _static_batch(x)
+        pixels, batch = math.prod(spatial), typical_batch(x)
         if pixels <= 4 or batch * pixels <= 32:
             dx = _pointwise_input_grad_gemm(g, dy, w, w_shape, spatial)
         else:
             dx = _pointwise_input_grad_conv(g, dy, w, len(spatial))
     elif g.wants(x) and _strided_pointwise_by_conv(w_shape, spatial, kernel, begin + end, group):
         dx = _zero_interleaved(g, _pointwise_input_grad_conv(g, dy, w, len(spatial)), w_shape[1], spatial, strides)
-    elif g.wants(x) and _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group, _static_batch(x)):
+    elif g.wants(x) and _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group, typical_batch(x)):
         dx = _flipped_input_grad(g, dy, w, w_shape, dilations, begin, end, group)
     elif g.wants(x):
         dx = _transposed(g, dy, w, spatial, kernel, strides, dilations, begin, end, group)
@@ -329,8 +330,9 @@ def _known_batch(x: ir.Value) -> int | None:
     return sx[0] if sx is not None and isinstance(sx[0], int) else None
 
 
-def _static_batch(x: ir.Value) -> int:
-    """x's batch dim; a typical 16 when it is symbolic."""
+def typical_batch(x: ir.Value) -> int:
+    """x's batch dim; a typical 16 when it is symbolic (what the lowerings, and dense_conv, are
+    chosen for when the batch is only known at run time)."""
     batch = _known_batch(x)
     return 16 if batch is None else batch
 

@@ -57,7 +57,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.autodiff.builder import attr, static_shape
-from graphc.passes.autodiff.rules_nn import out_dims, window
+from graphc.passes.autodiff.rules_nn import out_dims, typical_batch, window
 from graphc.passes.emit import Emitter
 
 __all__ = ["MAX_PIXELS", "MAX_TAPS", "MAX_WORK", "MIN_BATCH", "densify_convs"]
@@ -103,8 +103,8 @@ def _plan(node: ir.Node):
             return None
         plain = math.prod(kernel) == 1 and all(s == 1 for s in strides) and not any(begin + end)
         return False, (None if plain else _taps(spatial, out, kernel, strides, dilations, begin)), out
-    # depthwise, multiplier 1, batch 16+ (a symbolic batch counts as a typical 16, as the Conv rules take it)
-    if not (group == sx[1] == sw[0]) or (isinstance(sx[0], int) and sx[0] < MIN_BATCH):
+    # depthwise, multiplier 1, batch 16+ (a symbolic batch counts as typical, as the Conv rules take it)
+    if not (group == sx[1] == sw[0]) or typical_batch(x) < MIN_BATCH:
         return None
     conv = _tap_count(spatial, out, kernel, strides, dilations, begin)
     if conv == 0 or math.prod(out) * math.prod(spatial) > MAX_WORK * conv:
