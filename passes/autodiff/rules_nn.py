@@ -93,12 +93,18 @@ def _transposed(g: GradBuilder, dy: ir.Value, w: ir.Value, spatial, kernel, stri
 
 
 # -- Conv -------------------------------------------------------------------------------------
+def _swap01(g: GradBuilder, t: ir.Value, n_sp: int) -> ir.Value:
+    """``t`` [A, B, *S] (``n_sp`` spatial axes) as [B, A, *S]: batch and channels, or a weight's
+    output and input channels, exchanged."""
+    return g.transpose(t, [1, 0] + list(range(2, 2 + n_sp)))
+
+
 def _groups_over_batch(g: GradBuilder, t: ir.Value, group: int, per_group: int, spatial: list[int]) -> ir.Value:
     """[N, group*per_group, *S] -> [per_group, group*N, *S]: channel groups become Conv groups
     over the batch (for group 1 just the batch/channel swap)."""
     n_sp = len(spatial)
     if group == 1:
-        return g.transpose(t, [1, 0] + list(range(2, 2 + n_sp)))
+        return _swap01(g, t, n_sp)
     r = g.op("Reshape", t, g.ints([0, group, per_group] + spatial))
     return g.op("Reshape", g.transpose(r, [2, 1, 0] + list(range(3, 3 + n_sp))), g.ints([per_group, -1] + spatial))
 
@@ -133,7 +139,6 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
     batch = _known_batch(x)
     chunks = 1 if batch is None else min(batch, -(-batch * per_image // IM2COL_CHUNK))
     size = -(-batch // chunks) if chunks > 1 else None
-    swap = [1, 0] + list(range(2, 2 + n_sp))
     dw = None
     for first in range(0, batch, size) if size else [None]:
         xs, dys = x, dy
@@ -144,11 +149,11 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
         # where there was one per tap (ResNet-50's train_step 311 nodes fewer, 5,175; steps as
         # fast: ResNet-18 interleaved both orders, ratio new/old at batch 2 0.90 / 1.01, at 32
         # 1.00 / 0.93)
-        channel_major = g.unsqueeze(g.transpose(xs, swap), [1])
+        channel_major = g.unsqueeze(_swap01(g, xs, n_sp), [1])
         taps = _windows(g, channel_major, kernel, spatial, strides, dilations, begin, end, lead=3)
         cols = g.op("Concat", *taps, axis=1) if len(taps) > 1 else taps[0]
         cols = g.op("Reshape", cols, g.ints([ci * math.prod(kernel), -1]))
-        dy2 = g.op("Reshape", g.transpose(dys, swap), g.ints([w_shape[0], -1]))
+        dy2 = g.op("Reshape", _swap01(g, dys, n_sp), g.ints([w_shape[0], -1]))
         dw = g.op("Gemm", dy2, cols, *([dw] if dw is not None else []), transB=1)
     return g.op("Reshape", dw, g.ints(list(w_shape)))
 
@@ -211,9 +216,8 @@ def _pointwise_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides):
         cols = g.transpose(g.op("Reshape", x, g.ints([0, ci, -1])), [0, 2, 1])
         dw = g.reduce("ReduceSum", g.op("MatMul", rows, cols), [0], keepdims=False)
     else:
-        swap = [1, 0] + list(range(2, 2 + n_sp))
-        rows = g.op("Reshape", g.transpose(dy, swap), g.ints([co, -1]))
-        dw = g.op("Gemm", rows, g.op("Reshape", g.transpose(x, swap), g.ints([ci, -1])), transB=1)
+        rows = g.op("Reshape", _swap01(g, dy, n_sp), g.ints([co, -1]))
+        dw = g.op("Gemm", rows, g.op("Reshape", _swap01(g, x, n_sp), g.ints([ci, -1])), transB=1)
     return g.op("Reshape", dw, g.ints(list(w_shape)))
 
 
@@ -274,11 +278,11 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
                  else per_image * typical_batch(x) <= 1 << 24)):
         return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end, per_image)
     xt = _groups_over_batch(g, x, group, cg, spatial)
-    dyt = g.transpose(dy, [1, 0] + list(range(2, 2 + n_sp)))
+    dyt = _swap01(g, dy, n_sp)
     full = [(spatial[i] + begin[i] + end[i] - (out[i] - 1) * strides[i] - 1) // dilations[i] + 1 for i in range(n_sp)]
     dw = g.op("Conv", xt, dyt, strides=dilations, dilations=strides, pads=begin + end,
               group=group if group != 1 else None)
-    dw = g.transpose(dw, [1, 0] + list(range(2, 2 + n_sp)))
+    dw = _swap01(g, dw, n_sp)
     if full != kernel:  # windows that the forward never reached when strides do not divide evenly
         dw = g.op("Slice", dw, g.ints([0] * n_sp), g.ints(kernel), g.ints(list(range(2, 2 + n_sp))))
     return dw
@@ -339,7 +343,7 @@ def typical_batch(x: ir.Value) -> int:
 
 def _pointwise_input_grad_conv(g: GradBuilder, dy: ir.Value, w: ir.Value, n_sp: int) -> ir.Value:
     """dx of a 1x1 Conv on dy's own grid: dy convolved by the weight with its channel axes swapped."""
-    return g.op("Conv", dy, g.transpose(w, [1, 0] + list(range(2, 2 + n_sp))))
+    return g.op("Conv", dy, _swap01(g, w, n_sp))
 
 
 def _pointwise_input_grad_gemm(g: GradBuilder, dy: ir.Value, w: ir.Value, w_shape, spatial) -> ir.Value:
@@ -349,7 +353,7 @@ def _pointwise_input_grad_gemm(g: GradBuilder, dy: ir.Value, w: ir.Value, w_shap
     n_sp = len(spatial)
     cols = g.op("Reshape", g.transpose(g.op("Reshape", dy, g.ints([0, co, -1])), [1, 0, 2]), g.ints([co, -1]))
     out = g.op("Gemm", g.op("Reshape", w, g.ints([co, ci])), cols, transA=1)  # [Ci, N*S]
-    return g.transpose(g.op("Reshape", out, g.ints([ci, -1] + list(spatial))), [1, 0] + list(range(2, 2 + n_sp)))
+    return _swap01(g, g.op("Reshape", out, g.ints([ci, -1] + list(spatial))), n_sp)
 
 
 def _strided_pointwise_by_conv(w_shape, spatial, kernel, pads, group) -> bool:
@@ -452,11 +456,10 @@ def grad_conv_transpose(g, node, dy):
         out_pad = list(attr(node, "output_padding", None) or [0] * n_sp)
         spatial_y = [strides[i] * (sx[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1
                      - pads[i] - pads[n_sp + i] for i in range(n_sp)]
-        perm = [1, 0] + list(range(2, 2 + n_sp))
         dyt = _groups_over_batch(g, dy, group, w_shape[1], spatial_y)
-        full = g.op("Conv", dyt, g.transpose(x, perm), strides=dilations, dilations=strides, pads=pads,
+        full = g.op("Conv", dyt, _swap01(g, x, n_sp), strides=dilations, dilations=strides, pads=pads,
                     group=group if group != 1 else None)
-        dw = g.op("Slice", g.transpose(full, perm), g.ints([0] * n_sp), g.ints(kernel),
+        dw = g.op("Slice", _swap01(g, full, n_sp), g.ints([0] * n_sp), g.ints(kernel),
                   g.ints(list(range(2, 2 + n_sp))))
     if g.wants(b):
         db = g.reduce("ReduceSum", dy, [0] + list(range(2, 2 + n_sp)), keepdims=False)
