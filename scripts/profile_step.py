@@ -145,7 +145,7 @@ def main() -> None:
         arts = gc.training.generate(gc.load(tmp / "model.onnx"), gc.losses.cross_entropy("logits", label="y"),
                                     gc.optim.AdamW(zoo.LR), device=args.device)
         if args.device == "cuda":
-            trainer = gc.Trainer(arts, backend="ort-cuda")
+            trainer = gc.Trainer(arts, **zoo.backend_options(args.device))
             profile_cuda_kernels(lambda i: trainer.step(batch), args.runs, args.top, f"graphc (ort-cuda) {args.model}")
             zoo.torch.manual_seed(0)
             step = zoo.torch_stepper(arch.build(args.image_size), [batch], device="cuda")
