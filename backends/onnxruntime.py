@@ -27,6 +27,7 @@ from google.protobuf.message import EncodeError
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
 from graphc.model import ir_version_for, node_source
+from graphc.model.dtypes import to_numpy
 
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
            "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -144,7 +145,7 @@ class _OrtBackend:
     def prepare(self, model: onnx.ModelProto, *, threads: int | None = None,
                 graph_optimization_level: str | int = "all", device_id: int = 0,
                 providers_options: Mapping[str, Any] | None = None, keep_recomputation: bool = False,
-                mem_pattern: bool = True, exact_arena: bool = False) -> OrtExecutable:
+                mem_pattern: bool = True, exact_arena: bool = False, cuda_graph: bool = False) -> OrtExecutable:
         """Build an onnxruntime session. An op onnxruntime cannot run fails here.
         ``keep_recomputation``: the model recomputes values on purpose (``generate(...,
         recompute=True)``): common-subexpression elimination, which would merge the copies back,
@@ -153,7 +154,12 @@ class _OrtBackend:
         pattern (one block planned for all intermediates, sized on the first run); the Trainer
         turns it off for train_step (see ``graphc.runtime.trainer``). ``exact_arena``: on the CPU,
         the session allocates from the process's shared arena that grows by exactly what is asked
-        (``_exact_cpu_arena``), not from an arena of its own that grows by powers of two."""
+        (``_exact_cpu_arena``), not from an arena of its own that grows by powers of two.
+        ``cuda_graph``: on the CUDA provider, let runs given a ``graph_id`` be captured and replayed
+        as CUDA graphs (``graphc.runtime.cuda_graph`` says what that asks of the model and the
+        runs); onnxruntime refuses the session where a compute node would run on the CPU."""
+        if cuda_graph and self.device != "cuda":
+            raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {self.name!r}")
         _check_domains(model, self.name)
         ort = _ort()
         options = ort.SessionOptions()
@@ -172,8 +178,9 @@ class _OrtBackend:
             options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
             disabled = ("CommonSubexpressionElimination",)
         provider_options = {**({"device_id": int(device_id)} if self.device == "cuda" else {}),
+                            **({"enable_cuda_graph": "1"} if cuda_graph else {}),
                             **dict(providers_options or {})}
-        return OrtExecutable(self, model, options, provider_options, int(device_id), disabled)
+        return OrtExecutable(self, model, options, provider_options, int(device_id), disabled, cuda_graph)
 
 
 class CpuBackend(_OrtBackend):
@@ -246,8 +253,11 @@ class OrtExecutable:
     """One onnxruntime InferenceSession plus its placement and IOBinding helpers."""
 
     def __init__(self, backend: _OrtBackend, model: onnx.ModelProto, options: Any,
-                 provider_options: dict[str, Any], device_id: int, disabled_optimizers: Sequence[str] = ()):
+                 provider_options: dict[str, Any], device_id: int, disabled_optimizers: Sequence[str] = (),
+                 cuda_graph: bool = False):
         ort = _ort()
+        # a run that names no graph must not be captured as graph 0 and replayed on other inputs
+        self._default_graph = -1 if cuda_graph else None
         self.backend_name = backend.name
         self.device = backend.device
         self.device_id = device_id
@@ -283,7 +293,7 @@ class OrtExecutable:
         names = list(outputs) if outputs is not None else self.output_names
         contiguous = {k: np.asarray(v, order="C") for k, v in feeds.items()}
         try:
-            values = self.session.run(names, contiguous)
+            values = self.session.run(names, contiguous, self._run_options(None))
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, "failed while running") from None
         return dict(zip(names, values))
@@ -299,12 +309,18 @@ class OrtExecutable:
     def to_host(self, handle: Any) -> np.ndarray:
         return handle.numpy() if hasattr(handle, "numpy") else np.asarray(handle)
 
+    def empty_like(self, handle: Any) -> Any:
+        """A new OrtValue on this session's device, of ``handle``'s shape and dtype (contents undefined)."""
+        dtype = to_numpy(handle.data_type().removeprefix("tensor(").removesuffix(")"))
+        return _ort().OrtValue.ortvalue_from_shape_and_type(handle.shape(), dtype, self.device, self.device_id)
+
     def run_bound(self, feeds: Mapping[str, Any], host_outputs: Sequence[str],
                   device_outputs: Sequence[str] = (), into: Mapping[str, Any] | None = None,
-                  ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+                  graph_id: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Run with IOBinding: handles are bound as they are, host arrays are copied in; device
         outputs stay on the device as OrtValues (written into the OrtValue ``into`` holds for
-        one, else allocated), host outputs come back as numpy arrays."""
+        one, else allocated), host outputs come back as numpy arrays. ``graph_id``: on a session
+        prepared with ``cuda_graph``, the CUDA graph this run is captured as or replays (-1: none)."""
         ort = _ort()
         binding = self.session.io_binding()
         keep_alive = []
@@ -324,7 +340,7 @@ class OrtExecutable:
             else:
                 binding.bind_output(name, self.device, self.device_id)
         try:
-            self.session.run_with_iobinding(binding)
+            self.session.run_with_iobinding(binding, self._run_options(graph_id))
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, "failed while running") from None
         values = binding.get_outputs()
@@ -336,6 +352,14 @@ class OrtExecutable:
         device = {name: given[name] if given.get(name) is not None else values[n_host + i]
                   for i, name in enumerate(device_outputs)}
         return host, device
+
+    def _run_options(self, graph_id: int | None) -> Any:
+        graph_id = self._default_graph if graph_id is None else graph_id
+        if graph_id is None:
+            return None
+        options = _ort().RunOptions()
+        options.add_run_config_entry("gpu_graph_id", str(int(graph_id)))
+        return options
 
     def _error(self, exc: Exception, what: str) -> BackendError:
         """Map an onnxruntime error to BackendError naming node, op and source line."""

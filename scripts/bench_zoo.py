@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_zoo.py [--models resnet18,resnet50] [--batches 2,32]
         [--image-size 64] [--rounds 5] [--steps 2] [--recompute] [--device cpu|cuda]
-        [--json results.json]
+        [--cuda-graph] [--json results.json]
 
 Models (plain torch.nn, random init, no dropout or stochastic depth so both frameworks run the
 same computation): resnet18, resnet50, efficientnet_b0, mobilenetv3_small, regnety_400mf (the
@@ -14,7 +14,10 @@ Each model is exported with torch.onnx (TorchScript, opset 17), imported with ``
 given AdamW(1e-3) training artifacts; graphc trains them on onnxruntime CPU, PyTorch trains the
 same module with torch.optim.AdamW(lr=1e-3). ``--device cuda`` runs both on GPU 0 instead
 (graphc's artifacts generated with ``device="cuda"`` and trained on ``ort-cuda``, PyTorch on
-``cuda``, each with its defaults). Per model and batch size it reports:
+``cuda``, each with its defaults); ``--cuda-graph`` trains graphc's with ``cuda_graph=True``
+(its steps replayed as CUDA graphs) and times the Trainer without graphs beside it, in the same
+rounds, after warm-up steps enough for onnxruntime to capture both graphs. Per model and batch
+size it reports:
 
 - ms per step of each (feed the batch, forward, backward, update, read the loss): median over
   ``--rounds`` rounds in which the two take turns, ``--steps`` steps each, so a busy machine
@@ -88,24 +91,26 @@ def memory_meter(device: str) -> Callable[[], float]:
     return lambda: gpu_used_mb() - start
 
 
-def graphc_memory_child(directory: str, device: str) -> None:
+def graphc_memory_child(directory: str, device: str, cuda_graph: str = "") -> None:
     """Print the peak memory of training the artifacts in ``directory`` on its ``batch.npz``."""
     meter = memory_meter(device)
     batch = dict(np.load(Path(directory) / "batch.npz"))
-    trainer = gc.Trainer(directory, **backend_options(device))
-    for _ in range(MEMORY_STEPS):
+    trainer = gc.Trainer(directory, **backend_options(device, bool(cuda_graph)))
+    for _ in range(MEMORY_STEPS * (2 if cuda_graph else 1)):  # graphs: past their capture
         trainer.step(batch)
     print(meter())
 
 
-def backend_options(device: str) -> dict:
+def backend_options(device: str, cuda_graph: bool = False) -> dict:
     """graphc's Trainer backend and options on ``device``."""
-    return {"backend": "ort-cpu", "threads": THREADS} if device == "cpu" else {"backend": "ort-cuda"}
+    if device == "cpu":
+        return {"backend": "ort-cpu", "threads": THREADS}
+    return {"backend": "ort-cuda", **({"cuda_graph": True} if cuda_graph else {})}
 
 
 # The graphc memory child runs here, before torch is imported, so its memory holds none of torch.
 if __name__ == "__main__" and sys.argv[1:3] == ["--child", "graphc"]:
-    graphc_memory_child(*sys.argv[3:5])
+    graphc_memory_child(*sys.argv[3:6])
     sys.exit(0)
 
 try:
@@ -452,14 +457,21 @@ def bench(name: str, batch: int, args: argparse.Namespace) -> dict:
             if untrained:
                 raise RuntimeError(f"torch params not in manifest.trainable: {untrained}")
             stage = "Trainer"
-            trainer = gc.Trainer(arts, **backend_options(args.device))
+            trainer = gc.Trainer(arts, **backend_options(args.device, args.cuda_graph))
             stage = "timing"
             torch_updates: list[float] = []
             steppers = {"graphc": lambda i: trainer.step(batches[i % len(batches)]),
                         "torch": torch_stepper(model, batches, torch_updates, args.device)}
-            ms = interleaved_ms(steppers, args.rounds, args.steps)
+            if args.cuda_graph:  # the Trainer without graphs, for comparison
+                plain = gc.Trainer(arts, **backend_options(args.device))
+                steppers["plain"] = lambda i: plain.step(batches[i % len(batches)])
+            # onnxruntime runs each graph id normally before it captures it; the Trainer uses two
+            ms = interleaved_ms(steppers, args.rounds, args.steps, warmup=10 if args.cuda_graph else 2)
             row.update(graphc_ms=ms["graphc"], torch_ms=ms["torch"], ratio=ms["graphc"] / ms["torch"],
                        torch_update_pct=100 * statistics.median(torch_updates) * 1e3 / ms["torch"])
+            if args.cuda_graph:
+                row["plain_ms"] = ms["plain"]
+                del plain
             stage = "profile"
             row["nodes"] = len(arts.train_step.ir.graph)
             if args.device == "cpu":
@@ -468,7 +480,8 @@ def bench(name: str, batch: int, args: argparse.Namespace) -> dict:
             del trainer  # its device buffers, before the children measure the GPU's
             arts.save(tmp / "artifacts")
             np.savez(tmp / "artifacts" / "batch.npz", **batches[0])
-            row["graphc_mb"] = child_peak_mb("graphc", str(tmp / "artifacts"), args.device)
+            row["graphc_mb"] = child_peak_mb("graphc", str(tmp / "artifacts"), args.device,
+                                             *(["graph"] if args.cuda_graph else []))
             row["torch_mb"] = child_peak_mb("torch", name, str(batch), "--image-size", str(args.image_size),
                                             "--device", args.device)
             row["memory_ratio"] = row["graphc_mb"] / row["torch_mb"]
@@ -495,15 +508,18 @@ def print_table(rows: list[dict], image_size: int, device: str) -> None:
     where = f"ort-cpu) vs PyTorch eager, AdamW, {THREADS} threads" if device == "cpu" else \
         f"ort-cuda) vs PyTorch eager (cuda), AdamW, {torch.cuda.get_device_name(0)}, MB of GPU memory"
     table = Table(title=f"graphc ({where}, {image_size} px images")
-    for column in ("model", "batch", "graphc ms", "torch ms", "ratio", "update %", "torch upd %", "graphc MB",
-                   "torch MB", "mem ratio", "nodes", "generate s"):
+    graphs = any("plain_ms" in row for row in rows)
+    for column in ("model", "batch", "graphc ms", *(["no-graph ms"] if graphs else []), "torch ms", "ratio",
+                   "update %", "torch upd %", "graphc MB", "torch MB", "mem ratio", "nodes", "generate s"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for row in rows:
         if "error" in row:
             table.add_row(row["model"], str(row["batch"]), f"[red]failed ({row['error'].split(':')[0]})[/red]")
             continue
         ok = meets(row)
-        table.add_row(row["model"], str(row["batch"]), f"{row['graphc_ms']:.1f}", f"{row['torch_ms']:.1f}",
+        table.add_row(row["model"], str(row["batch"]), f"{row['graphc_ms']:.1f}",
+                      *([f"{row['plain_ms']:.1f}" if "plain_ms" in row else ""] if graphs else []),
+                      f"{row['torch_ms']:.1f}",
                       marked(f"{row['ratio']:.2f}", ok["ratio"]),
                       marked(f"{row['update_pct']:.1f}", ok["update_pct"]) if "update_pct" in row else "n/a",
                       f"{row['torch_update_pct']:.1f}",
@@ -532,6 +548,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="timed steps per framework per round")
     p.add_argument("--recompute", action="store_true", help="generate graphc's artifacts with recompute=True")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both frameworks train")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="with --device cuda: graphc's Trainer replays CUDA graphs (and is timed without too)")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)  # torch MODEL BATCH: one memory measurement
     args = p.parse_args()
@@ -540,6 +558,8 @@ def parse_args() -> argparse.Namespace:
     if unknown:
         p.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(ZOO)}")
     args.batches = [int(b) for b in args.batches.split(",")]
+    if args.cuda_graph and args.device != "cuda":
+        p.error("--cuda-graph needs --device cuda")
     return args
 
 

@@ -58,6 +58,7 @@ from graphc.passes.training.in_place import in_place_outputs
 from graphc.runtime import checkpoint as ckpt
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.feeds import check_one, dtype_name
+from graphc.runtime.cuda_graph import GraphedStep
 from graphc.runtime.history import EpochRecord, History
 from graphc.runtime.interrupts import DeferredInterrupt
 
@@ -131,6 +132,7 @@ class Trainer:
         resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard)
         self._backend = get_backend(backend)
         self.backend = self._backend.name
+        cuda_graph = bool(options.pop("cuda_graph", False))
         self._options = options
         # train_step runs without onnxruntime's memory pattern: measured (CPU, 1 thread, Trainer
         # steps interleaved in one process) ResNet-18 at batch 2 0.93x the step time, at batch 32
@@ -139,8 +141,12 @@ class Trainer:
         # ``_exact_cpu_arena``). Other backends ignore the options.
         proto = _without_initializers(self.artifacts.train_step.proto, set(self._entries))
         self._in_place = in_place_outputs(proto.graph, self._feeds)  # written into their input's buffer
-        self._train = self._backend.prepare(proto, **({"keep_recomputation": True} if self.manifest.recompute else {}),
-                                            **{"mem_pattern": False, "exact_arena": True, **options})
+        step_options = {**({"keep_recomputation": True} if self.manifest.recompute else {}),
+                        "mem_pattern": False, "exact_arena": True, **options}
+        self._train = self._backend.prepare(proto, **step_options)
+        # cuda_graph: batches of the first batch's shapes replay CUDA graphs (graphc.runtime.cuda_graph)
+        self._graphed = GraphedStep(self._backend, proto, [s.name for s in self.batch_specs + self.noise_specs],
+                                    step_options) if cuda_graph else None
         del proto
         # Read from a folder, the artifacts are ours to forget (read again if used again): the
         # graphs go (their reference cycles collected) before the state is read, and the state is
@@ -252,7 +258,13 @@ class Trainer:
             feeds.update(self._state)
             state, spare = self._state, {}
             into = {**self._spare, **{out: state[self._feeds[out]] for out in self._in_place}}
-            host, device = self._train.run_bound(feeds, self._fetch, self._device_outputs, into=into)
+            if self._graphed is not None and self._graphed.accepts(feeds):
+                for out in self._device_outputs:  # a graph writes every output into a buffer bound before
+                    if out not in into:
+                        into[out] = self._train.empty_like(state[self._feeds[out]])
+                host, device = self._graphed.run(feeds, self._fetch, self._device_outputs, into)
+            else:
+                host, device = self._train.run_bound(feeds, self._fetch, self._device_outputs, into=into)
             self._step_outputs = host
             for out, name in self._feeds.items():
                 if out not in self._in_place:
@@ -556,8 +568,11 @@ class Trainer:
 
     @lr.setter
     def lr(self, value: float) -> None:
-        entry = self._entries["lr"]
-        self._state["lr"] = self._train.to_device(np.asarray(value, dtype=to_numpy(entry.dtype)))
+        array = np.asarray(value, dtype=to_numpy(self._entries["lr"].dtype))
+        if self._graphed is not None:  # into the buffer the CUDA graphs read
+            self._state["lr"].update_inplace(array)
+        else:
+            self._state["lr"] = self._train.to_device(array)
 
     def _warn_unsaved_randomness(self) -> None:
         """Warn (once) where checkpoints cannot replay the graph's own random draws: a backend

@@ -61,6 +61,9 @@ class DistributedTrainer(Trainer):
 
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+        if options.get("cuda_graph"):
+            raise ValueError("cuda_graph is an option of the one-process Trainer (workers=1); its workers run "
+                             "the gradients and update graphs separately, without CUDA graphs")
         resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard)
         self._check_gradients_graph()
         self.workers, self.max_restarts, self.timeout_s = workers, max_restarts, timeout_s
