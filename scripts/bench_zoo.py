@@ -469,8 +469,9 @@ def bench(name: str, batch: int, args: argparse.Namespace) -> dict:
             ms = interleaved_ms(steppers, args.rounds, args.steps, warmup=10 if args.cuda_graph else 2)
             row.update(graphc_ms=ms["graphc"], torch_ms=ms["torch"], ratio=ms["graphc"] / ms["torch"],
                        torch_update_pct=100 * statistics.median(torch_updates) * 1e3 / ms["torch"])
-            if args.cuda_graph:
-                row["plain_ms"] = ms["plain"]
+            if args.cuda_graph:  # both took the same steps: one more on the same batch should agree
+                got, want = trainer.step(batches[0]), plain.step(batches[0])
+                row.update(plain_ms=ms["plain"], graph_loss_rel_diff=abs(got - want) / max(abs(want), 1e-12))
                 del plain
             stage = "profile"
             row["nodes"] = len(arts.train_step.ir.graph)
@@ -578,7 +579,9 @@ def main() -> int:
             if "error" in row:
                 print(f"{name} batch {batch}: failed at {row['error']}", flush=True)
             else:
-                print(f"{name} batch {batch}: graphc {row['graphc_ms']:.1f} ms, torch {row['torch_ms']:.1f} ms, "
+                graphs = (f" (without graphs {row['plain_ms']:.1f} ms; their losses differ by "
+                          f"{row['graph_loss_rel_diff']:.1e})") if "plain_ms" in row else ""
+                print(f"{name} batch {batch}: graphc {row['graphc_ms']:.1f} ms{graphs}, torch {row['torch_ms']:.1f} ms, "
                       f"generate {row['generate_s']:.1f} s", flush=True)
             if args.json:  # after each row, so a run cut short keeps the rows it finished
                 args.json.write_text(json.dumps({"device": args.device, "threads": THREADS,

@@ -18,7 +18,7 @@ import graphc as gc
 from backend_params import EXACT_CUDA, on_cuda
 from graphc import nn
 from graphc.errors import BackendError
-from graphc.runtime.cuda_graph import GraphedStep, random_nodes, specialize
+from graphc.runtime.cuda_graph import MAX_FAN, GraphedStep, capturable, random_nodes, specialize
 from graphc.runtime.trainer import _without_initializers
 from trainer_models import bn_artifacts, blobs, drop_bn_artifacts
 
@@ -40,6 +40,24 @@ class ConvNet(nn.Module):
     def forward(self, x):
         h = self.dw(self.pool(gc.relu(self.bn(self.conv(x)))))
         return {"logits": self.fc(gc.flatten(self.gap(h), 1))}
+
+
+class DeepMLP(nn.Module):
+    """20 Linear layers: 40 params, so the fused update concatenates (and splits) over 32 tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 8) for _ in range(19)] + [nn.Linear(8, 3)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = gc.relu(layer(x)) if layer is not self.layers[-1] else layer(x)
+        return {"logits": x}
+
+
+def deep_artifacts():
+    model = gc.capture(DeepMLP(), seed=0, x=gc.spec("float32", ("N", 8)))
+    return gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.AdamW(1e-2))
 
 
 def conv_artifacts():
@@ -83,6 +101,46 @@ def test_specialized_train_step_computes_what_the_general_one_does():
     assert set(out_general) == set(out_fixed)
     for name, value in out_general.items():
         np.testing.assert_array_equal(out_fixed[name], value, err_msg=name)
+
+
+def test_capturable_folds_size_and_shape_and_keeps_the_results():
+    arts = bn_artifacts()
+    batch = blobs(16, seed=3)
+    trainer = gc.Trainer(arts, backend="ort-cpu")
+    step = _without_initializers(arts.train_step.proto, set(trainer._entries))
+    assert {"Size"} <= {n.op_type for n in step.graph.node}  # the BatchNorm gradient counts the batch
+    fixed = capturable(step, {n: batch[n].shape for n in ("x", "y")})
+    assert not {"Size", "Shape"} & {n.op_type for n in fixed.graph.node}
+    feeds = {**batch, **{n: trainer._host(h) for n, h in trainer._state.items()}}
+    cpu = gc.backends.get_backend("ort-cpu")
+    want, got = cpu.prepare(step).run(feeds), cpu.prepare(fixed).run(feeds)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("width", [MAX_FAN, MAX_FAN + 1, 70, MAX_FAN * MAX_FAN + 5])
+def test_wide_concat_and_split_become_trees_of_narrow_ones(width):
+    sizes = [1 + k % 3 for k in range(width)]
+    inputs = [oh.make_tensor_value_info(f"x{k}", F, [2, s]) for k, s in enumerate(sizes)]
+    split_sizes = onnx.numpy_helper.from_array(np.array(sizes, np.int64), "sizes")
+    nodes = [oh.make_node("Concat", [v.name for v in inputs], ["cat"], name="cat", axis=1),
+             oh.make_node("Neg", ["cat"], ["neg"]),
+             oh.make_node("Split", ["neg", "sizes"], [f"y{k}" for k in range(width)], name="split", axis=1)]
+    outputs = [oh.make_tensor_value_info("cat", F, [2, sum(sizes)])] + \
+        [oh.make_tensor_value_info(f"y{k}", F, [2, s]) for k, s in enumerate(sizes)]
+    model = oh.make_model(oh.make_graph(nodes, "g", inputs, outputs, [split_sizes]),
+                          opset_imports=[oh.make_opsetid("", 17)])
+    narrow = capturable(model, {})
+    onnx.checker.check_model(narrow, full_check=True)
+    widths = [len(n.input) if n.op_type == "Concat" else len(n.output) for n in narrow.graph.node
+              if n.op_type in ("Concat", "Split")]
+    assert max(widths) <= MAX_FAN and (len(widths) > 2) == (width > MAX_FAN)
+    rng = np.random.default_rng(0)
+    feeds = {v.name: rng.standard_normal((2, s)).astype(np.float32) for v, s in zip(inputs, sizes)}
+    cpu = gc.backends.get_backend("ort-cpu")
+    want, got = cpu.prepare(model).run(feeds), cpu.prepare(narrow).run(feeds)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
 def test_random_ops_are_found_also_in_subgraphs():
@@ -142,7 +200,8 @@ def assert_same_state(graphed, plain, rtol=1e-4, atol=1e-5):
 @on_cuda
 @pytest.mark.parametrize("make, data", [(bn_artifacts, lambda n, s: blobs(n, seed=s)),
                                         (drop_bn_artifacts, lambda n, s: blobs(n, seed=s)),
-                                        (conv_artifacts, images)], ids=["mlp-bn", "dropout", "conv"])
+                                        (deep_artifacts, lambda n, s: blobs(n, seed=s)),
+                                        (conv_artifacts, images)], ids=["mlp-bn", "dropout", "40-params", "conv"])
 def test_graph_replays_train_like_ordinary_steps(make, data):
     arts = make()
     graphed, plain = pair(arts)

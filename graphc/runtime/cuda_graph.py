@@ -8,7 +8,13 @@ what the captured run did, on the same addresses, so this module arranges what t
 
 - *Every compute node on the GPU, no host/device copy nodes* (onnxruntime refuses the session
   otherwise): the step runs on a copy of the train_step whose batch inputs have the shapes of the
-  first batch, so onnxruntime folds the shape arithmetic of the symbolic batch dim away.
+  first batch, its ``Size`` and ``Shape`` nodes made constants (onnxruntime folds ``Shape`` of a
+  static shape itself, never ``Size``, whose int64 result it keeps on the CPU), so the shape
+  arithmetic of the symbolic batch dim folds away (``capturable``).
+- *Kernels that can be captured*: the CUDA provider's Concat takes at most 32 inputs while a
+  graph is captured (it passes more through a host buffer): a wider Concat (the fused update's
+  flattened gradients, a 7x7 im2col) becomes a tree of narrower ones, and a Split of over 32
+  outputs likewise.
 - *The same addresses*: each batch is copied into buffers staged on the device once, every
   output goes into a buffer bound beforehand, and each distinct set of bound addresses gets a
   graph of its own (``gpu_graph_id``): the Trainer's ping-pong buffers make two, a checkpoint
@@ -73,6 +79,96 @@ def specialize(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> o
     return out
 
 
+def capturable(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+    """``model`` specialized to ``shapes`` (``specialize``), its static ``Size``/``Shape`` nodes
+    constants, no Concat or Split wider than ``MAX_FAN``: what onnxruntime can capture."""
+    out = specialize(model, shapes)
+    _fold_shapes(out)
+    _narrow(out)
+    return out
+
+
+MAX_FAN = 32  # inputs of a Concat (outputs of a Split) onnxruntime's CUDA provider can capture
+
+
+def _fold_shapes(model: onnx.ModelProto) -> None:
+    """Replace each ``Size`` and ``Shape`` node whose input has a static inferred shape by a Constant."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - a graph onnx cannot infer (or over 2 GiB): left as it is
+        return
+    static = {}
+    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        tensor = value.type.tensor_type
+        if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
+            static[value.name] = [d.dim_value for d in tensor.shape.dim]
+    for node in model.graph.node:
+        if node.op_type not in ("Size", "Shape") or node.domain not in ("", "ai.onnx") or node.input[0] not in static:
+            continue
+        dims = static[node.input[0]]
+        if node.op_type == "Size":
+            value = np.array(int(np.prod(dims)), np.int64)
+        else:
+            bounds = {a.name: a.i for a in node.attribute}
+            value = np.array(dims[bounds.get("start", 0):bounds.get("end", len(dims))], np.int64)
+        node.op_type = "Constant"
+        del node.input[:], node.attribute[:]
+        node.attribute.append(onnx.helper.make_attribute("value", onnx.numpy_helper.from_array(value)))
+
+
+def _narrow(model: onnx.ModelProto) -> None:
+    """Make each Concat of over ``MAX_FAN`` inputs, and each Split of over ``MAX_FAN`` outputs
+    with constant sizes, a tree of the same op, none wider than that."""
+    graph = model.graph
+    constants = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    constants.update({n.output[0]: onnx.numpy_helper.to_array(a.t) for n in graph.node if n.op_type == "Constant"
+                      for a in n.attribute if a.name == "value"})
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if node.op_type == "Concat" and len(node.input) > MAX_FAN:
+            nodes += _concat_tree(list(node.input), node.output[0], node.name, axis)
+        elif node.op_type == "Split" and len(node.output) > MAX_FAN and len(node.input) > 1 \
+                and node.input[1] in constants:
+            sizes = [int(v) for v in constants[node.input[1]]]
+            nodes += _split_tree(node.input[0], sizes, list(node.output), node.name, axis, graph)
+        else:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _groups(items: Sequence) -> list[list]:
+    """``items`` in at most ``MAX_FAN`` consecutive groups of equal width (the last may be short)."""
+    width = -(-len(items) // MAX_FAN)
+    return [list(items[i:i + width]) for i in range(0, len(items), width)]
+
+
+def _concat_tree(inputs: list[str], output: str, name: str, axis: int) -> list[onnx.NodeProto]:
+    if len(inputs) <= MAX_FAN:
+        return [onnx.helper.make_node("Concat", inputs, [output], name=name, axis=axis)]
+    nodes, parts = [], []
+    for k, group in enumerate(_groups(inputs)):
+        parts.append(f"{name}/{k}")
+        nodes += _concat_tree(group, parts[-1], parts[-1], axis)
+    return nodes + [onnx.helper.make_node("Concat", parts, [output], name=name, axis=axis)]
+
+
+def _split_tree(source: str, sizes: list[int], outputs: list[str], name: str, axis: int,
+                graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    if len(outputs) == 1:
+        return [onnx.helper.make_node("Identity", [source], outputs, name=name)]
+    if len(outputs) > MAX_FAN:
+        groups = list(zip(_groups(sizes), _groups(outputs)))
+        parts = [f"{name}/{k}" for k in range(len(groups))]
+        nodes = _split_tree(source, [sum(g) for g, _ in groups], parts, name, axis, graph)
+        for part, (group_sizes, group_outputs) in zip(parts, groups):
+            nodes += _split_tree(part, group_sizes, group_outputs, part, axis, graph)
+        return nodes
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array(sizes, np.int64), f"{name}/sizes"))
+    return [onnx.helper.make_node("Split", [source, f"{name}/sizes"], outputs, name=name, axis=axis)]
+
+
 class GraphedStep:
     """The train_step on ort-cuda, captured and replayed as CUDA graphs for one batch signature.
 
@@ -113,7 +209,7 @@ class GraphedStep:
     def _prepare(self, feeds: Mapping[str, Any]) -> None:
         self.signature = self.signature_of(feeds, self._batch_names)
         shapes = {n: np.shape(feeds[n]) for n in self._batch_names}
-        model = specialize(self._model, shapes)
+        model = capturable(self._model, shapes)
         try:
             self._exe = self._backend.prepare(model, **self._options, cuda_graph=True)
         except BackendError as exc:
