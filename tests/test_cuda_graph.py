@@ -246,22 +246,27 @@ def test_fit_with_train_metrics_on_graphs():
 
 
 class CpuPosingAsCuda:
-    """ort-cpu under the CUDA backend's name, recording each run's graph id: the Trainer's graph
-    bookkeeping (staged batches, bound outputs, one id per set of addresses) checked without a GPU,
-    onnxruntime's CPU provider ignoring the ids."""
+    """ort-cpu under the CUDA backend's name, recording each run's graph id and, as onnxruntime's
+    CUDA provider does, running the model ``capture_runs`` times in the first run of a graph id:
+    the Trainer's graph bookkeeping (staged batches, bound outputs, one id per set of addresses,
+    the state put back after a capture) checked without a GPU."""
 
     name, device = "ort-cuda", "cuda"
 
-    def __init__(self):
+    def __init__(self, capture_runs: int = 3):
         self.ids: list[int | None] = []
+        self.capture_runs = capture_runs
 
     def prepare(self, model, cuda_graph=False, **options):
         exe = gc.backends.get_backend("ort-cpu").prepare(model, **options)
         run_bound = exe.run_bound
 
         def recorded(*args, graph_id=None, **kwargs):
+            repeat = self.capture_runs if graph_id is not None and graph_id >= 0 and graph_id not in self.ids else 1
             self.ids.append(graph_id)
-            return run_bound(*args, graph_id=None, **kwargs)
+            for _ in range(repeat):
+                result = run_bound(*args, graph_id=None, **kwargs)
+            return result
 
         exe.run_bound = recorded
         return exe
@@ -282,14 +287,15 @@ def test_graph_bookkeeping_without_a_gpu(in_place):
     for i, n in enumerate(sizes):
         assert graphed.step(blobs(n, seed=i)) == plain.step(blobs(n, seed=i)), i
     # the first run sizes the loss buffer (no graph); in place, every step binds the same buffers;
-    # ping-pong, the pair alternates (A->B: 2, B->A: 1) and the general step in between flips it
-    assert posing.ids == ([-1] + [1] * 6 if in_place else [-1, 1, 2, 2, 1, 2, 1])
+    # ping-pong, the pair alternates (A->B: 2, B->A: 1) and the general step in between flips it.
+    # A new id's first run (the capture, its state put back after) comes twice
+    assert posing.ids == ([-1, 1] + [1] * 6 if in_place else [-1, 1, 1, 2, 2, 2, 1, 2, 1])
     graphed.lr = plain.lr = 1e-3
     before, ids = graphed._state["lr"], set(posing.ids)
     assert graphed.step(blobs(16, seed=9)) == plain.step(blobs(16, seed=9))
     assert graphed._state["lr"] is before and posing.ids[-1] in ids  # written in place: a graph it had
     graphed._reset_state(plain.state_dict())  # new buffers: a new graph
     assert graphed.step(blobs(16, seed=10)) == plain.step(blobs(16, seed=10))
-    assert posing.ids[-1] == max(ids) + 1 and graphed._graphed.graphs == max(ids) + 1
+    assert posing.ids[-2:] == [max(ids) + 1] * 2 and graphed._graphed.graphs == max(ids) + 1
     for name, value in plain.state_dict().items():
         np.testing.assert_array_equal(graphed.state_dict()[name], value, err_msg=name)

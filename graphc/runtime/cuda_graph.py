@@ -17,8 +17,10 @@ what the captured run did, on the same addresses, so this module arranges what t
   outputs likewise.
 - *The same addresses*: each batch is copied into buffers staged on the device once, every
   output goes into a buffer bound beforehand, and each distinct set of bound addresses gets a
-  graph of its own (``gpu_graph_id``): the Trainer's ping-pong buffers make two, a checkpoint
-  loaded later (new buffers) two more. onnxruntime runs a graph id normally before it captures it.
+  graph of its own (``gpu_graph_id``): one where the Trainer writes every output in place, two
+  for its ping-pong buffers, as many again after a checkpoint is loaded (new buffers).
+  onnxruntime's first run of a graph id runs the step several times before it has captured it,
+  so the state the step writes in place is saved first and put back after that run (``_capture``).
 - *Nothing a replay would repeat wrongly*: a graph that draws random numbers itself would replay
   the same draws every step, so it is refused (Dropout's noise comes in as inputs and is fine).
 
@@ -226,6 +228,17 @@ class GraphedStep:
         more = f", and {len(cpu) - 8} more" if len(cpu) > 8 else ""
         return f" (nodes onnxruntime runs on the CPU: {', '.join(cpu[:8])}{more})" if cpu else ""
 
+    def _capture(self, bound: Mapping[str, Any], names: list[str], targets: Mapping[str, Any], graph_id: int) -> None:
+        """Have onnxruntime capture ``graph_id``. Its first run of a graph id runs the model again
+        and again ("Start another run for necessary memory allocation or graph capture") until it
+        has captured it: a train step that writes its state in place would be applied several
+        times. So the inputs the step writes into are saved to the host first and put back after."""
+        written = {id(v) for v in targets.values()}
+        saved = {name: np.array(value.numpy(), copy=True) for name, value in bound.items() if id(value) in written}
+        self._exe.run_bound(bound, (), names, into=targets, graph_id=graph_id)
+        for name, array in saved.items():
+            bound[name].update_inplace(array)
+
     def run(self, feeds: Mapping[str, Any], host_outputs: Sequence[str], device_outputs: Sequence[str],
             into: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """One step: ``feeds`` holds the batch (host arrays) and the carried handles; ``into`` a
@@ -247,6 +260,9 @@ class GraphedStep:
         else:
             targets = {**into, **self._results}
             key = tuple(v.data_ptr() for v in bound.values()) + tuple(targets[n].data_ptr() for n in names)
-            graph_id = self._graph_ids.setdefault(key, len(self._graph_ids) + 1)
+            graph_id = self._graph_ids.get(key)
+            if graph_id is None:
+                graph_id = self._graph_ids[key] = len(self._graph_ids) + 1
+                self._capture(bound, names, targets, graph_id)
             _, out = self._exe.run_bound(bound, (), names, into=targets, graph_id=graph_id)
         return {n: out.pop(n).numpy() for n in host_outputs}, out
