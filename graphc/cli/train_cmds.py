@@ -219,6 +219,8 @@ def train_cmd(
     workers: int = typer.Option(1, "--workers", min=1, help="Data-parallel workers on Ray (graphc[ray])."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="A running Ray cluster "
                                               "(default with --workers > 1: a new local one)."),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="With --backend ort-cuda: replay each step "
+                                    "as a CUDA graph (one launch instead of one per node)."),
 ) -> None:
     """Train artifacts on the arrays of an .npz file.
 
@@ -240,7 +242,7 @@ def train_cmd(
     if checkpoint is not None:
         check_checkpoint(checkpoint, resume, artifacts)
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,
-                         workers=workers, ray_address=ray_address)
+                         workers=workers, ray_address=ray_address, **({"cuda_graph": True} if cuda_graph else {}))
     if resume:
         trainer.load_checkpoint(checkpoint)
         console.print(f"resumed from {checkpoint}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False, soft_wrap=True)

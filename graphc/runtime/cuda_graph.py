@@ -25,8 +25,8 @@ what the captured run did, on the same addresses, so this module arranges what t
   the same draws every step, so it is refused (Dropout's noise comes in as inputs and is fine).
 
 A batch of other shapes (an epoch's last, smaller batch) runs on the Trainer's general session,
-without a graph. Carried values the Trainer replaces between steps (``lr``) are written into
-their buffers (``overwrite``), so the graphs stay valid.
+without a graph. A learning rate set between steps (``Trainer.lr``) is written into its buffer,
+so the graphs stay valid.
 """
 
 from __future__ import annotations
