@@ -150,7 +150,8 @@ def test_random_ops_are_found_also_in_subgraphs():
     body = oh.make_graph([rand], "body", [], [oh.make_tensor_value_info("u", F, [1])])
     branch = oh.make_node("If", ["c"], ["u"], name="if", then_branch=body, else_branch=body)
     graph = oh.make_graph([drop, plain_drop, branch], "g", [], [])
-    assert random_nodes(graph) == ["drop (Dropout)", "u (RandomUniformLike)", "u (RandomUniformLike)"]
+    assert [(n.name, n.op_type) for n in random_nodes(graph)] == [("drop", "Dropout"), ("u", "RandomUniformLike"),
+                                                                  ("u", "RandomUniformLike")]
 
 
 def test_a_graph_that_draws_random_numbers_is_refused():

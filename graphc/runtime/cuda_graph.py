@@ -44,14 +44,14 @@ RANDOM_OPS = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "R
                         "Multinomial"})
 
 
-def random_nodes(graph: onnx.GraphProto) -> list[str]:
+def random_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """Nodes of ``graph`` (subgraphs included) that draw random numbers themselves; Dropout counts
     when it has a ``training_mode`` input (it can train)."""
     found = []
     for node in graph.node:
         if node.domain in ("", "ai.onnx") and (node.op_type in RANDOM_OPS
                                                or (node.op_type == "Dropout" and len(node.input) > 2)):
-            found.append(f"{node.name or '?'} ({node.op_type})")
+            found.append(node)
         for attr in node.attribute:
             for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
                 found += random_nodes(sub)
@@ -182,7 +182,7 @@ class GraphedStep:
     def __init__(self, backend: Any, model: onnx.ModelProto, batch_names: Sequence[str], options: Mapping[str, Any]):
         if backend.device != "cuda":
             raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {backend.name!r}")
-        drawn = random_nodes(model.graph)
+        drawn = [f"{n.name or '?'} ({n.op_type})" for n in random_nodes(model.graph)]
         if drawn:
             raise BackendError(f"cuda_graph: the train_step draws random numbers itself ({', '.join(drawn[:5])}); "
                                "a replayed CUDA graph would draw the same numbers every step. Train without "

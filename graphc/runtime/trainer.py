@@ -17,7 +17,8 @@ step reads one and writes the other), so a step allocates no param or state buff
 that nothing reads after its producer writes it (the optimizer state, most params:
 ``graphc.passes.training.in_place``) goes into its input's own buffer, one copy instead of two.
 With the fused update (``manifest.layout``) the optimizer state is carried as flat buffers;
-``state_dict()`` and checkpoints name it per param all the same.
+``state_dict()`` and checkpoints name it per param all the same. On ort-cuda, ``cuda_graph=True``
+replays the step as CUDA graphs (``graphc.runtime.cuda_graph``).
 
 Training-mode Dropout reads its randomness from ``noise`` inputs (``dropout_noise.<k>``): each
 step the Trainer draws them, in manifest order, with ``self.rng.random(shape, dtype=float32)``
@@ -58,7 +59,7 @@ from graphc.passes.training.in_place import in_place_outputs
 from graphc.runtime import checkpoint as ckpt
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.feeds import check_one, dtype_name
-from graphc.runtime.cuda_graph import GraphedStep
+from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
 from graphc.runtime.interrupts import DeferredInterrupt
 
@@ -67,9 +68,6 @@ __all__ = ["History", "Trainer", "TrainingFailed"]
 BATCH_ROLES = ("data", "label")
 NOISE_ROLE = "noise"
 SIGNAL_HOOK_ENV = "GRAPHC_TEST_SIGNAL_AT_STEP"
-# ops that draw random numbers inside a graph (Dropout: in a subgraph, with a training_mode input)
-_RANDOM_OPS = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli",
-                         "Multinomial", "Dropout"})
 
 
 class TrainingFailed(GraphcError, RuntimeError):
@@ -581,12 +579,8 @@ class Trainer:
             return
         import warnings
 
-        import onnx_ir as ir
-
         self._rng_warned = True
-        ops = sorted({n.op_type for n in ir.traversal.RecursiveGraphIterator(self.artifacts.train_step.ir.graph)
-                      if n.op_type in _RANDOM_OPS and n.domain in ("", "ai.onnx")
-                      and (n.op_type != "Dropout" or len(n.inputs) > 2)})
+        ops = sorted({n.op_type for n in random_nodes(self.artifacts.train_step.proto.graph)})
         if ops:
             warnings.warn(f"the train_step graph draws random numbers itself ({', '.join(ops)}); {self.backend} keeps "
                           "that generator's state out of reach, so a run resumed from a checkpoint will not replay "
