@@ -90,6 +90,7 @@ CLI_ONLY = {
     ("train", "resume"): "CLI flow: load_checkpoint before fit",
     ("train", "eval_data"): "which file the evaluation arrays come from",
     ("train", "metrics"): "none given: the loss kind's defaults (Trainer(metrics=None))",
+    ("train", "cuda_graph"): "False: the Trainer's cuda_graph option (**options) left out, its default off",
     ("inspect", "dims"): "sizes for the estimate; none given: every dim name counts as 1",
     ("parity", "inputs"): "feeds; none given: random_feeds",
     ("parity", "dims"): "random_feeds dims; none given: its default",
