@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_zoo.py [--models resnet18,resnet50] [--batches 2,32]
         [--image-size 64] [--rounds 5] [--steps 2] [--recompute] [--device cpu|cuda]
-        [--cuda-graph] [--json results.json]
+        [--cuda-graph] [--cuda-option KEY=VALUE ...] [--json results.json]
 
 Models (plain torch.nn, random init, no dropout or stochastic depth so both frameworks run the
 same computation): resnet18, resnet50, efficientnet_b0, mobilenetv3_small, regnety_400mf (the
@@ -17,7 +17,9 @@ same module with torch.optim.AdamW(lr=1e-3). ``--device cuda`` runs both on GPU 
 ``cuda``, each with its defaults); ``--cuda-graph`` trains graphc's with ``cuda_graph=True``
 (its steps replayed as CUDA graphs) and times the Trainer without graphs beside it, in the same
 rounds, after warm-up steps past the graphs' capture; the two Trainers' losses over their first
-4 steps (same batches) are compared, a check that the replayed graphs train as the plain steps do. Per model and batch
+4 steps (same batches) are compared, a check that the replayed graphs train as the plain steps do.
+``--cuda-option KEY=VALUE`` (repeatable) passes an onnxruntime CUDA provider option to graphc's
+Trainers (``arena_extend_strategy=kSameAsRequested``, ``use_tf32=0``, ...). Per model and batch
 size it reports:
 
 - ms per step of each (feed the batch, forward, backward, update, read the loss): median over
@@ -92,26 +94,28 @@ def memory_meter(device: str) -> Callable[[], float]:
     return lambda: gpu_used_mb() - start
 
 
-def graphc_memory_child(directory: str, device: str, cuda_graph: str = "") -> None:
-    """Print the peak memory of training the artifacts in ``directory`` on its ``batch.npz``."""
+def graphc_memory_child(directory: str, device: str, cuda_graph: str, cuda_options: str) -> None:
+    """Print the peak memory of training the artifacts in ``directory`` on its ``batch.npz``
+    (``cuda_graph``: "graph" or ""; ``cuda_options``: JSON)."""
     meter = memory_meter(device)
     batch = dict(np.load(Path(directory) / "batch.npz"))
-    trainer = gc.Trainer(directory, **backend_options(device, bool(cuda_graph)))
+    trainer = gc.Trainer(directory, **backend_options(device, bool(cuda_graph), json.loads(cuda_options)))
     for _ in range(MEMORY_STEPS * (2 if cuda_graph else 1)):  # graphs: past their capture
         trainer.step(batch)
     print(meter())
 
 
-def backend_options(device: str, cuda_graph: bool = False) -> dict:
-    """graphc's Trainer backend and options on ``device``."""
+def backend_options(device: str, cuda_graph: bool = False, cuda_options: dict | None = None) -> dict:
+    """graphc's Trainer backend and options on ``device`` (``cuda_options``: CUDA provider options)."""
     if device == "cpu":
         return {"backend": "ort-cpu", "threads": THREADS}
-    return {"backend": "ort-cuda", **({"cuda_graph": True} if cuda_graph else {})}
+    return {"backend": "ort-cuda", **({"cuda_graph": True} if cuda_graph else {}),
+            **({"providers_options": cuda_options} if cuda_options else {})}
 
 
 # The graphc memory child runs here, before torch is imported, so its memory holds none of torch.
 if __name__ == "__main__" and sys.argv[1:3] == ["--child", "graphc"]:
-    graphc_memory_child(*sys.argv[3:6])
+    graphc_memory_child(*sys.argv[3:7])
     sys.exit(0)
 
 try:
@@ -458,13 +462,13 @@ def bench(name: str, batch: int, args: argparse.Namespace) -> dict:
             if untrained:
                 raise RuntimeError(f"torch params not in manifest.trainable: {untrained}")
             stage = "Trainer"
-            trainer = gc.Trainer(arts, **backend_options(args.device, args.cuda_graph))
+            trainer = gc.Trainer(arts, **backend_options(args.device, args.cuda_graph, args.cuda_option))
             stage = "timing"
             torch_updates: list[float] = []
             steppers = {"graphc": lambda i: trainer.step(batches[i % len(batches)]),
                         "torch": torch_stepper(model, batches, torch_updates, args.device)}
             if args.cuda_graph:  # the Trainer without graphs, for comparison
-                plain = gc.Trainer(arts, **backend_options(args.device))
+                plain = gc.Trainer(arts, **backend_options(args.device, False, args.cuda_option))
                 steppers["plain"] = lambda i: plain.step(batches[i % len(batches)])
                 # their first steps (the graphs captured, then replayed) on the same batches agree
                 # as far as rounding goes (TF32, each session's cuDNN algorithms), before training
@@ -488,7 +492,7 @@ def bench(name: str, batch: int, args: argparse.Namespace) -> dict:
             arts.save(tmp / "artifacts")
             np.savez(tmp / "artifacts" / "batch.npz", **batches[0])
             row["graphc_mb"] = child_peak_mb("graphc", str(tmp / "artifacts"), args.device,
-                                             *(["graph"] if args.cuda_graph else []))
+                                             "graph" if args.cuda_graph else "", json.dumps(args.cuda_option))
             row["torch_mb"] = child_peak_mb("torch", name, str(batch), "--image-size", str(args.image_size),
                                             "--device", args.device)
             row["memory_ratio"] = row["graphc_mb"] / row["torch_mb"]
@@ -557,6 +561,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both frameworks train")
     p.add_argument("--cuda-graph", action="store_true",
                    help="with --device cuda: graphc's Trainer replays CUDA graphs (and is timed without too)")
+    p.add_argument("--cuda-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --device cuda: an onnxruntime CUDA provider option for graphc (repeatable)")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)  # torch MODEL BATCH: one memory measurement
     args = p.parse_args()
@@ -565,8 +571,12 @@ def parse_args() -> argparse.Namespace:
     if unknown:
         p.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(ZOO)}")
     args.batches = [int(b) for b in args.batches.split(",")]
-    if args.cuda_graph and args.device != "cuda":
-        p.error("--cuda-graph needs --device cuda")
+    if (args.cuda_graph or args.cuda_option) and args.device != "cuda":
+        p.error("--cuda-graph and --cuda-option need --device cuda")
+    malformed = [o for o in args.cuda_option if "=" not in o]
+    if malformed:
+        p.error(f"--cuda-option takes KEY=VALUE, got {', '.join(malformed)}")
+    args.cuda_option = dict(o.split("=", 1) for o in args.cuda_option)
     return args
 
 

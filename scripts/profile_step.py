@@ -1,7 +1,7 @@
 """Where a zoo model's train_step spends its kernel time on onnxruntime CPU (or CUDA).
 
     .venv/bin/python scripts/profile_step.py efficientnet_b0 [--batch 32] [--image-size 64]
-        [--runs 5] [--top 15] [--nodes 0] [--torch] [--device cpu|cuda]
+        [--runs 5] [--top 15] [--nodes 0] [--torch] [--device cpu|cuda] [--cuda-graph]
 
 Exports the model as ``scripts/bench_zoo.py`` does (torch.onnx, training mode), generates AdamW
 artifacts and profiles ``--runs`` steps of the train_step at 2 threads (the first two, which
@@ -19,6 +19,8 @@ them on ort-cuda under ``torch.profiler`` (CUPTI sees every kernel of the proces
 too; onnxruntime's own profile would time launches, not kernels): per step the wall time, the
 GPU's busy time and kernel count, and the slowest kernels by name, then the same for PyTorch
 eager's step on the GPU. A step much longer than its GPU time is bound by kernel launches.
+``--cuda-graph`` profiles graphc's steps replayed as CUDA graphs (``Trainer(cuda_graph=True)``;
+the two warm-up steps capture them).
 """
 
 from __future__ import annotations
@@ -135,7 +137,10 @@ def main() -> None:
     p.add_argument("--torch", action="store_true", help="also profile PyTorch eager's step by aten op")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: GPU kernel times of graphc on ort-cuda and of PyTorch eager on the GPU")
+    p.add_argument("--cuda-graph", action="store_true", help="with --device cuda: graphc replays CUDA graphs")
     args = p.parse_args()
+    if args.cuda_graph and args.device != "cuda":
+        p.error("--cuda-graph needs --device cuda")
     zoo.torch.manual_seed(0)
     arch = zoo.ZOO[args.model]
     batch = zoo.make_batch(arch, args.batch, args.image_size)
@@ -145,7 +150,7 @@ def main() -> None:
         arts = gc.training.generate(gc.load(tmp / "model.onnx"), gc.losses.cross_entropy("logits", label="y"),
                                     gc.optim.AdamW(zoo.LR), device=args.device)
         if args.device == "cuda":
-            trainer = gc.Trainer(arts, **zoo.backend_options(args.device))
+            trainer = gc.Trainer(arts, **zoo.backend_options(args.device, args.cuda_graph))
             profile_cuda_kernels(lambda i: trainer.step(batch), args.runs, args.top, f"graphc (ort-cuda) {args.model}")
             zoo.torch.manual_seed(0)
             step = zoo.torch_stepper(arch.build(args.image_size), [batch], device="cuda")
