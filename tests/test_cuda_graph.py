@@ -300,3 +300,17 @@ def test_graph_bookkeeping_without_a_gpu(in_place):
     assert posing.ids[-2:] == [max(ids) + 1] * 2 and graphed._graphed.graphs == max(ids) + 1
     for name, value in plain.state_dict().items():
         np.testing.assert_array_equal(graphed.state_dict()[name], value, err_msg=name)
+
+
+def test_graphed_conv_net_trains_like_the_plain_one_without_a_gpu():
+    """The cuda-lowered conv net (im2col, depthwise taps, BatchNorm counts) through the graphed
+    path on ort-cpu posing as CUDA: the capturable copy of its step trains as the general one."""
+    arts = conv_artifacts()
+    graphed, plain = gc.Trainer(arts, backend="ort-cpu"), gc.Trainer(arts, backend="ort-cpu")
+    step = _without_initializers(arts.train_step.proto, set(graphed._entries))
+    graphed._graphed = GraphedStep(CpuPosingAsCuda(), step, ["x", "y"], {"mem_pattern": False})
+    for i in range(6):
+        batch = images(16 if i != 3 else 5, i)
+        assert graphed.step(batch) == pytest.approx(plain.step(batch), rel=1e-6, abs=1e-7), i
+    for name, value in plain.state_dict().items():
+        np.testing.assert_allclose(graphed.state_dict()[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
