@@ -2,9 +2,10 @@
 ort-cuda (``graphc.runtime.cuda_graph``).
 
 Oracle: the same Trainer without graphs, on the same device with TF32 off, fed the same batches
-(steps, a smaller last batch that runs without a graph, an lr change, a checkpoint loaded mid-run);
-the pieces that need no GPU (the shape specialization, the random-op check, the refusals) run
-everywhere.
+(steps, a smaller last batch that runs without a graph, an lr change, a checkpoint loaded mid-run).
+What needs no GPU runs everywhere: the shape specialization and Size/Shape folding, the Concat
+and Split trees, the random-op check, the refusals, and the Trainer's graph bookkeeping on ort-cpu
+posing as CUDA (repeating a new graph's first run, as onnxruntime does).
 """
 
 from __future__ import annotations
