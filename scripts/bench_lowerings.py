@@ -1,6 +1,10 @@
 """Alternative gradient lowerings side by side on onnxruntime CPU: the figures in the rules' comments.
 
     .venv/bin/python scripts/bench_lowerings.py [--threads 1] [--rounds 15] [--only bn,silu,...]
+        [--device cpu|cuda]
+
+``--device cuda`` runs them on onnxruntime's CUDA provider, each variant captured and replayed as
+a CUDA graph (as ``Trainer(cuda_graph=True)`` runs a step), so a run times kernels, not launches.
 
 Each case builds small ONNX graphs that compute the same thing in different ops (checked to
 agree), binds their inputs once and times them in turn (median ms). onnxruntime's intra-op
@@ -9,6 +13,9 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 
 - ``bn``: training BatchNorm forward + backward, as ``rules_norm`` writes it (affine parts by an
   inference-mode BatchNormalization of the centred input) vs the textbook form (xhat written).
+- ``bn_stats``: a per-channel sum over (N, H, W), as BatchNorm's statistics and gradient sums
+  need it: one ReduceSum over axes (0, 2, 3) (cuDNN's reduction on CUDA) vs [N, C, H*W] summed
+  over axis 2 then 0 (reductions over a contiguous last or first axis) vs a GEMV against ones.
 - ``silu``: x * Sigmoid(x) forward + backward, SiLU's whole gradient vs the Mul and Sigmoid rules.
 - ``gelu``: exact GELU as torch.onnx writes it (x * (1 + Erf(x/sqrt 2)) * 0.5) forward +
   backward: its whole gradient from x and 1 + erf, the same recomputing erf, and the Mul, Add,
@@ -34,6 +41,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -53,24 +61,42 @@ def ints(name: str, value) -> onnx.NodeProto:
     return const(name, value, np.int64)
 
 
-def session(nodes, feeds: dict[str, np.ndarray], outputs: list[str], threads: int) -> ort.InferenceSession:
+def session(nodes, feeds: dict[str, np.ndarray], outputs: list[str], args: argparse.Namespace) -> ort.InferenceSession:
     graph = h.make_graph(nodes, "case", [h.make_tensor_value_info(k, onnx.TensorProto.FLOAT, v.shape)
                                          for k, v in feeds.items()],
                          [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in outputs])
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
+    options.intra_op_num_threads = args.threads
     options.log_severity_level = 3
     options.enable_mem_pattern = False  # as the Trainer runs train_step
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    if args.device == "cpu":
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    # as Trainer(cuda_graph=True) runs a step: captured once, replayed (kernel time, no launches)
+    cuda = {"enable_cuda_graph": "1", "use_tf32": "0"}
+    created = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=[("CUDAExecutionProvider", cuda), "CPUExecutionProvider"])
+    if "CUDAExecutionProvider" not in created.get_providers():
+        sys.exit(f"no CUDA provider in this session (it got {created.get_providers()})")
+    return created
 
 
 def compare(label: str, variants: dict[str, list], feeds: dict[str, np.ndarray], outputs: list[str],
             args: argparse.Namespace) -> None:
-    """Median ms of each variant, run in turn; their outputs must agree."""
-    sessions = {k: session(v, feeds, outputs, args.threads) for k, v in variants.items()}
-    results = {k: s.run(None, feeds) for k, s in sessions.items()}
+    """Median ms of each variant, run in turn; their outputs must agree. Inputs and outputs stay
+    bound on the device (IOBinding), so a run times the case's kernels alone."""
+    sessions = {k: session(v, feeds, outputs, args) for k, v in variants.items()}
+    bound = {k: bind(s, feeds, outputs, args.device) for k, s in sessions.items()}
+    results = {}
+    for k, s in sessions.items():
+        s.run_with_iobinding(bound[k])
+        results[k] = bound[k].get_outputs()
+        for name, value in zip(outputs, results[k]):  # the same output buffers every run
+            bound[k].bind_ortvalue_output(name, value)
+        for _ in range(2):  # with CUDA graphs: the capture, its first replay
+            s.run_with_iobinding(bound[k])
+        results[k] = [v.numpy() for v in results[k]]
     first = next(iter(results.values()))
     for k, got in results.items():
         for a, b in zip(first, got):
@@ -79,9 +105,20 @@ def compare(label: str, variants: dict[str, list], feeds: dict[str, np.ndarray],
     for _ in range(args.rounds):
         for k, s in sessions.items():
             t0 = time.perf_counter()
-            s.run(None, feeds)
+            s.run_with_iobinding(bound[k])
+            bound[k].synchronize_outputs()
             times[k].append(time.perf_counter() - t0)
     print(f"  {label:<26}" + "  ".join(f"{k} {statistics.median(t) * 1e3:7.2f}" for k, t in times.items()), flush=True)
+
+
+def bind(s: ort.InferenceSession, feeds: dict[str, np.ndarray], outputs: list[str], device: str) -> ort.IOBinding:
+    """``s``'s inputs copied to ``device`` once, its outputs bound there (allocated by the first run)."""
+    binding = s.io_binding()
+    for name, value in feeds.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, device, 0))
+    for name in outputs:
+        binding.bind_output(name, device, 0)
+    return binding
 
 
 def normal(*shape) -> np.ndarray:
@@ -132,6 +169,24 @@ def bn(args) -> None:
             h.make_node("Mul", ["dy", "k"], ["kdy"]), h.make_node("Add", ["kdy", "rest"], ["dx"])]
         feeds = {"x": 2 * normal(*shape) + 0.5, "dy": normal(*shape), "scale": normal(c), "bias": normal(c)}
         compare(str(shape), {"affine-bn": affine, "textbook": textbook}, feeds, ["y", "dx"], args)
+
+
+def bn_stats(args) -> None:
+    for shape in [(32, 64, 64, 64), (32, 96, 32, 32), (32, 256, 16, 16), (32, 672, 4, 4), (2, 256, 8, 8)]:
+        n, c, hh, w = shape
+        out = [ints("cshape", [1, c, 1, 1])]
+        whole = out + [ints("axes", [0, 2, 3]), h.make_node("ReduceSum", ["x", "axes"], ["s"])]
+        rows = out + [ints("nchw", [n, c, hh * w]), h.make_node("Reshape", ["x", "nchw"], ["x3"]),
+                      ints("a2", [2]), h.make_node("ReduceSum", ["x3", "a2"], ["r"], keepdims=0),
+                      ints("a0", [0]), h.make_node("ReduceSum", ["r", "a0"], ["r0"], keepdims=0),
+                      h.make_node("Reshape", ["r0", "cshape"], ["s"])]
+        gemv = out + [ints("rows", [n * c, hh * w]), h.make_node("Reshape", ["x", "rows"], ["x2"]),
+                      const("ones", np.ones((hh * w, 1))), h.make_node("MatMul", ["x2", "ones"], ["m"]),
+                      ints("nc", [n, c]), h.make_node("Reshape", ["m", "nc"], ["m2"]),
+                      ints("a0", [0]), h.make_node("ReduceSum", ["m2", "a0"], ["r0"], keepdims=0),
+                      h.make_node("Reshape", ["r0", "cshape"], ["s"])]
+        compare(str(shape), {"reduce-0,2,3": whole, "axis2-then-0": rows, "gemv": gemv}, {"x": normal(*shape)},
+                ["s"], args)
 
 
 def silu(args) -> None:
@@ -422,7 +477,7 @@ def large_dw(args) -> None:
                 {"x": normal(n, ci, side, side), "dy": normal(n, co, out, out)}, ["dw"], args)
 
 
-CASES: dict[str, Callable] = {"bn": bn, "silu": silu, "gelu": gelu, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
+CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "silu": silu, "gelu": gelu, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "dense_dw": dense_dw, "large_dw": large_dw}
 
@@ -432,9 +487,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--only", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: onnxruntime's CUDA provider, each variant replayed as a CUDA graph, TF32 off")
     args = p.parse_args()
     for name in args.only.split(","):
-        print(f"{name} (ms, {args.threads} thread(s)):")
+        where = f"{args.threads} thread(s)" if args.device == "cpu" else "CUDA graphs"
+        print(f"{name} (ms, {where}):")
         CASES[name](args)
 
 
