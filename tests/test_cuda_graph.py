@@ -215,6 +215,7 @@ def test_graph_replays_train_like_ordinary_steps(make, data):
 
 
 @on_cuda
+@pytest.mark.filterwarnings("ignore:cuda_graph. a batch of other shapes:UserWarning")
 def test_other_batch_shapes_lr_changes_and_a_loaded_checkpoint_keep_the_graphs_right(tmp_path):
     arts = conv_artifacts()
     graphed, plain = pair(arts)
@@ -287,7 +288,13 @@ def test_graph_bookkeeping_without_a_gpu(in_place):
                                    {"mem_pattern": False})
     sizes = [16, 16, 16, 10, 16, 16, 16, 16]  # the 10: another shape, the general session without a graph
     for i, n in enumerate(sizes):
-        assert graphed.step(blobs(n, seed=i)) == plain.step(blobs(n, seed=i)), i
+        if n == 10:
+            with pytest.warns(UserWarning, match=r"a batch of other shapes or dtypes \(x \(10, 8\), y \(10,\), "
+                                                 r"dropout_noise.0 \(10, 16\)\) than the first \(x \(16, 8\), "
+                                                 r"y \(16,\), dropout_noise.0 \(16, 16\)\) runs without a CUDA graph"):
+                assert graphed.step(blobs(n, seed=i)) == plain.step(blobs(n, seed=i)), i
+        else:
+            assert graphed.step(blobs(n, seed=i)) == plain.step(blobs(n, seed=i)), i
     # the first run sizes the loss buffer (no graph); in place, every step binds the same buffers;
     # ping-pong, the pair alternates (A->B: 2, B->A: 1) and the general step in between flips it.
     # A new id's first run (the capture, its state put back after) comes twice
@@ -303,6 +310,7 @@ def test_graph_bookkeeping_without_a_gpu(in_place):
         np.testing.assert_array_equal(graphed.state_dict()[name], value, err_msg=name)
 
 
+@pytest.mark.filterwarnings("ignore:cuda_graph. a batch of other shapes:UserWarning")
 def test_graphed_conv_net_trains_like_the_plain_one_without_a_gpu():
     """The cuda-lowered conv net (im2col, depthwise taps, BatchNorm counts) through the graphed
     path on ort-cpu posing as CUDA: the capturable copy of its step trains as the general one."""

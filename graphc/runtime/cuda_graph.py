@@ -25,7 +25,7 @@ what the captured run did, on the same addresses, so this module arranges what t
   the same draws every step, so it is refused (Dropout's noise comes in as inputs and is fine).
 
 A batch of other shapes (an epoch's last, smaller batch) runs on the Trainer's general session,
-without a graph. A learning rate set between steps (``Trainer.lr``) is written into its buffer,
+without a graph (the first such batch is said once, as a warning). A learning rate set between steps (``Trainer.lr``) is written into its buffer,
 so the graphs stay valid.
 """
 
@@ -194,14 +194,26 @@ class GraphedStep:
         self._staged: dict[str, Any] = {}  # batch input -> its buffer on the device
         self._results: dict[str, Any] = {}  # host output -> the device buffer it is written to
         self._graph_ids: dict[tuple[int, ...], int] = {}  # bound addresses -> their graph
+        self._warned = False  # about a batch of other shapes
 
     @staticmethod
     def signature_of(feeds: Mapping[str, Any], names: Sequence[str]) -> tuple:
         return tuple((n, np.asarray(feeds[n]).dtype.str, np.shape(feeds[n])) for n in names)
 
     def accepts(self, feeds: Mapping[str, Any]) -> bool:
-        """Can this batch run as a graph: the first batch's signature, or the first batch itself."""
-        return self.signature is None or self.signature_of(feeds, self._batch_names) == self.signature
+        """Can this batch run as a graph: the first batch's signature, or the first batch itself.
+        The first batch of other shapes is said once (a warning): it and its like run without one."""
+        if self.signature is None or self.signature_of(feeds, self._batch_names) == self.signature:
+            return True
+        if not self._warned:
+            import warnings
+
+            self._warned = True
+            shapes = lambda signature: ", ".join(f"{n} {tuple(shape)}" for n, _, shape in signature)  # noqa: E731
+            warnings.warn(f"cuda_graph: a batch of other shapes or dtypes ({shapes(self.signature_of(feeds, self._batch_names))}) "
+                          f"than the first ({shapes(self.signature)}) runs without a CUDA graph, as will every such batch; "
+                          "DataLoader(..., drop_last=True) keeps an epoch's last batch full", stacklevel=3)
+        return False
 
     @property
     def graphs(self) -> int:
