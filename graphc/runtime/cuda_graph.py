@@ -25,8 +25,8 @@ what the captured run did, on the same addresses, so this module arranges what t
   the same draws every step, so it is refused (Dropout's noise comes in as inputs and is fine).
 
 A batch of other shapes (an epoch's last, smaller batch) runs on the Trainer's general session,
-without a graph (the first such batch is said once, as a warning). A learning rate set between steps (``Trainer.lr``) is written into its buffer,
-so the graphs stay valid.
+without a graph (the first such batch is said once, as a warning). A learning rate set between
+steps (``Trainer.lr``) is written into its buffer, so the graphs stay valid.
 """
 
 from __future__ import annotations
@@ -209,10 +209,11 @@ class GraphedStep:
             import warnings
 
             self._warned = True
-            shapes = lambda signature: ", ".join(f"{n} {tuple(shape)}" for n, _, shape in signature)  # noqa: E731
-            warnings.warn(f"cuda_graph: a batch of other shapes or dtypes ({shapes(self.signature_of(feeds, self._batch_names))}) "
-                          f"than the first ({shapes(self.signature)}) runs without a CUDA graph, as will every such batch; "
-                          "DataLoader(..., drop_last=True) keeps an epoch's last batch full", stacklevel=3)
+            got, first = (", ".join(f"{n} {tuple(shape)}" for n, _, shape in signature)
+                          for signature in (self.signature_of(feeds, self._batch_names), self.signature))
+            warnings.warn(f"cuda_graph: a batch of other shapes or dtypes ({got}) than the first ({first}) runs "
+                          "without a CUDA graph, as will every such batch; DataLoader(..., drop_last=True) keeps "
+                          "an epoch's last batch full", stacklevel=3)
         return False
 
     @property
