@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx.helper as oh
+import onnx_ir as ir
 import pytest
 
 import graphc as gc
@@ -146,11 +147,11 @@ def test_wide_concat_and_split_become_trees_of_narrow_ones(width):
 
 def test_random_ops_are_found_also_in_subgraphs():
     drop = oh.make_node("Dropout", ["x", "r", "t"], ["y"], name="drop")
-    plain_drop = oh.make_node("Dropout", ["x"], ["y"], name="eval_drop")
+    plain_drop = oh.make_node("Dropout", ["x"], ["y2"], name="eval_drop")
     rand = oh.make_node("RandomUniformLike", ["x"], ["u"], name="u")
     body = oh.make_graph([rand], "body", [], [oh.make_tensor_value_info("u", F, [1])])
     branch = oh.make_node("If", ["c"], ["u"], name="if", then_branch=body, else_branch=body)
-    graph = oh.make_graph([drop, plain_drop, branch], "g", [], [])
+    graph = ir.serde.deserialize_graph(oh.make_graph([drop, plain_drop, branch], "g", [], []))
     assert [(n.name, n.op_type) for n in random_nodes(graph)] == [("drop", "Dropout"), ("u", "RandomUniformLike"),
                                                                   ("u", "RandomUniformLike")]
 
@@ -164,7 +165,7 @@ def test_a_graph_that_draws_random_numbers_is_refused():
         name, device = "ort-cuda", "cuda"
 
     with pytest.raises(BackendError, match=r"draws random numbers itself \(noise \(RandomUniformLike\)\)"):
-        GraphedStep(FakeCuda(), model, ["x"], {})
+        GraphedStep(FakeCuda(), model, ir.serde.deserialize_graph(model.graph), ["x"], {})
 
 
 @pytest.mark.parametrize("backend", ["ort-cpu", "numpy"])
@@ -284,7 +285,8 @@ def test_graph_bookkeeping_without_a_gpu(in_place):
         graphed._in_place = set()  # every output ping-pongs between two buffers
     posing = CpuPosingAsCuda()
     step = _without_initializers(arts.train_step.proto, set(graphed._entries))
-    graphed._graphed = GraphedStep(posing, step, [s.name for s in graphed.batch_specs + graphed.noise_specs],
+    graphed._graphed = GraphedStep(posing, step, arts.train_step.ir.graph,
+                                   [s.name for s in graphed.batch_specs + graphed.noise_specs],
                                    {"mem_pattern": False})
     sizes = [16, 16, 16, 10, 16, 16, 16, 16]  # the 10: another shape, the general session without a graph
     for i, n in enumerate(sizes):
@@ -317,7 +319,8 @@ def test_graphed_conv_net_trains_like_the_plain_one_without_a_gpu():
     arts = conv_artifacts()
     graphed, plain = gc.Trainer(arts, backend="ort-cpu"), gc.Trainer(arts, backend="ort-cpu")
     step = _without_initializers(arts.train_step.proto, set(graphed._entries))
-    graphed._graphed = GraphedStep(CpuPosingAsCuda(), step, ["x", "y"], {"mem_pattern": False})
+    graphed._graphed = GraphedStep(CpuPosingAsCuda(), step, arts.train_step.ir.graph, ["x", "y"],
+                                   {"mem_pattern": False})
     for i in range(6):
         batch = images(16 if i != 3 else 5, i)
         assert graphed.step(batch) == pytest.approx(plain.step(batch), rel=1e-6, abs=1e-7), i

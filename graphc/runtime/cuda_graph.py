@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
 from graphc.errors import BackendError
 
@@ -44,18 +45,11 @@ RANDOM_OPS = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "R
                         "Multinomial"})
 
 
-def random_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+def random_nodes(graph: ir.Graph) -> list[ir.Node]:
     """Nodes of ``graph`` (subgraphs included) that draw random numbers themselves; Dropout counts
     when it has a ``training_mode`` input (it can train)."""
-    found = []
-    for node in graph.node:
-        if node.domain in ("", "ai.onnx") and (node.op_type in RANDOM_OPS
-                                               or (node.op_type == "Dropout" and len(node.input) > 2)):
-            found.append(node)
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                found += random_nodes(sub)
-    return found
+    return [n for n in ir.traversal.RecursiveGraphIterator(graph) if n.domain in ("", "ai.onnx")
+            and (n.op_type in RANDOM_OPS or (n.op_type == "Dropout" and len(n.inputs) > 2))]
 
 
 def specialize(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
@@ -175,14 +169,16 @@ class GraphedStep:
     """The train_step on ort-cuda, captured and replayed as CUDA graphs for one batch signature.
 
     ``backend``: the ort-cuda backend; ``model``: the train_step as the Trainer runs it (params as
-    inputs); ``batch_names``: the inputs fed per step (data, labels, noise); ``options``: the
-    session options the Trainer's general session got.
+    inputs); ``source``: its graph as the artifacts hold it (read for random ops, without
+    serializing the weights); ``batch_names``: the inputs fed per step (data, labels, noise);
+    ``options``: the session options the Trainer's general session got.
     """
 
-    def __init__(self, backend: Any, model: onnx.ModelProto, batch_names: Sequence[str], options: Mapping[str, Any]):
+    def __init__(self, backend: Any, model: onnx.ModelProto, source: ir.Graph, batch_names: Sequence[str],
+                 options: Mapping[str, Any]):
         if backend.device != "cuda":
             raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {backend.name!r}")
-        drawn = [f"{n.name or '?'} ({n.op_type})" for n in random_nodes(model.graph)]
+        drawn = [f"{n.name or '?'} ({n.op_type})" for n in random_nodes(source)]
         if drawn:
             raise BackendError(f"cuda_graph: the train_step draws random numbers itself ({', '.join(drawn[:5])}); "
                                "a replayed CUDA graph would draw the same numbers every step. Train without "

@@ -143,7 +143,8 @@ class Trainer:
                         "mem_pattern": False, "exact_arena": True, **options}
         self._train = self._backend.prepare(proto, **step_options)
         # cuda_graph: batches of the first batch's shapes replay CUDA graphs (graphc.runtime.cuda_graph)
-        self._graphed = GraphedStep(self._backend, proto, [s.name for s in self.batch_specs + self.noise_specs],
+        self._graphed = GraphedStep(self._backend, proto, self.artifacts.train_step.ir.graph,
+                                    [s.name for s in self.batch_specs + self.noise_specs],
                                     step_options) if cuda_graph else None
         del proto
         # Read from a folder, the artifacts are ours to forget (read again if used again): the
@@ -580,7 +581,7 @@ class Trainer:
         import warnings
 
         self._rng_warned = True
-        ops = sorted({n.op_type for n in random_nodes(self.artifacts.train_step.proto.graph)})
+        ops = sorted({n.op_type for n in random_nodes(self.artifacts.train_step.ir.graph)})
         if ops:
             warnings.warn(f"the train_step graph draws random numbers itself ({', '.join(ops)}); {self.backend} keeps "
                           "that generator's state out of reach, so a run resumed from a checkpoint will not replay "
