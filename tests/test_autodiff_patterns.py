@@ -58,20 +58,25 @@ def test_silu_gradient_matches_finite_differences(order, extra_use):
     assert any(n.name.startswith("gate/grad/") for n in proto.graph.node) == extra_use
 
 
-def gelu_model(order: str, scale: str, extra_use: bool, dtype=np.float64) -> ir.Model:
+CLOSINGS = {"mul-half": ("Mul", 0.5, 0.5), "div-two": ("Div", 2.0, 0.5), "mul-other": ("Mul", 0.7, 0.7)}
+
+
+def gelu_model(order: str, scale: str, extra_use: bool, dtype=np.float64, closing: str = "mul-half") -> ir.Model:
     """loss = sum(GELU(x) * C), GELU written x * (1 + Erf(x / sqrt2)) * 0.5 (``scale`` "div"; "mul":
-    x * (1/sqrt2)), the Mul's operands in ``order``; ``extra_use`` adds sum(1 + erf) to the loss.
-    (onnxruntime has no float64 Erf: float32 for it.)"""
+    x * (1/sqrt2)), the Mul's operands in ``order``; ``extra_use`` adds sum(1 + erf) to the loss;
+    ``closing`` the last node (``CLOSINGS``: "div-two" as / 2, "mul-other" a scale that is not
+    GELU's). (onnxruntime has no float64 Erf: float32 for it.)"""
     mul_in = ["x", "a"] if order == "xa" else ["a", "x"]
     scaled = (helper.make_node("Div", ["x", "r2"], ["u"]) if scale == "div" else helper.make_node("Mul", ["ir2", "x"], ["u"]))
+    op, operand, _ = CLOSINGS[closing]
     nodes = [scaled, helper.make_node("Erf", ["u"], ["e"], name="erf"), helper.make_node("Add", ["one", "e"], ["a"]),
-             helper.make_node("Mul", mul_in, ["m"], name="gelu"), helper.make_node("Mul", ["m", "half"], ["y"]),
+             helper.make_node("Mul", mul_in, ["m"], name="gelu"), helper.make_node(op, ["m", "half"], ["y"]),
              helper.make_node("Mul", ["y", "c"], ["p"]), helper.make_node("ReduceSum", ["p"], ["l0"], keepdims=0)]
     if extra_use:
         nodes += [helper.make_node("ReduceSum", ["a"], ["l1"], keepdims=0), helper.make_node("Add", ["l0", "l1"], ["loss"])]
     else:
         nodes.append(helper.make_node("Identity", ["l0"], ["loss"]))
-    consts = {"r2": np.sqrt(2.0), "ir2": 1 / np.sqrt(2.0), "one": 1.0, "half": 0.5}
+    consts = {"r2": np.sqrt(2.0), "ir2": 1 / np.sqrt(2.0), "one": 1.0, "half": operand}
     nodes[:0] = [helper.make_node("Constant", [], [k], value=numpy_helper.from_array(np.array(v, dtype), k))
                  for k, v in consts.items()]
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
@@ -81,27 +86,58 @@ def gelu_model(order: str, scale: str, extra_use: bool, dtype=np.float64) -> ir.
     return ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
 
 
-def gelu_loss_at(x: np.ndarray, extra_use: bool) -> float:
+def gelu_loss_at(x: np.ndarray, extra_use: bool, factor: float = 0.5) -> float:
     from math import erf
 
     a = 1 + np.vectorize(erf)(x / np.sqrt(2))
-    return float(np.sum(0.5 * x * a * C) + (np.sum(a) if extra_use else 0.0))
+    return float(np.sum(factor * x * a * C) + (np.sum(a) if extra_use else 0.0))
 
 
 @pytest.mark.parametrize("order", ["xa", "ax"])
 @pytest.mark.parametrize("scale", ["div", "mul"])
 @pytest.mark.parametrize("extra_use", [False, True], ids=["erf-read-once", "erf-read-twice"])
-def test_gelu_gradient_matches_finite_differences(order, scale, extra_use):
-    proto = graphc.Model(gradient_model(gelu_model(order, scale, extra_use), "loss", ["x"])).proto
+@pytest.mark.parametrize("closing", list(CLOSINGS))
+def test_gelu_gradient_matches_finite_differences(order, scale, extra_use, closing):
+    proto = graphc.Model(gradient_model(gelu_model(order, scale, extra_use, closing=closing), "loss", ["x"])).proto
     got = run_numpy(proto, {})["x_grad"]
-    eps, t = 1e-6, RNG.standard_normal(X.shape)
-    numeric = (gelu_loss_at(X + eps * t, extra_use) - gelu_loss_at(X - eps * t, extra_use)) / (2 * eps)
+    eps, t, factor = 1e-6, RNG.standard_normal(X.shape), CLOSINGS[closing][2]
+    numeric = (gelu_loss_at(X + eps * t, extra_use, factor) - gelu_loss_at(X - eps * t, extra_use, factor)) / (2 * eps)
     np.testing.assert_allclose(np.sum(got * t), numeric, rtol=1e-7)
-    single = graphc.Model(gradient_model(gelu_model(order, scale, extra_use, np.float32), "loss", ["x"])).proto
+    single = gradient_model(gelu_model(order, scale, extra_use, np.float32, closing), "loss", ["x"])
+    single = graphc.Model(single).proto
     np.testing.assert_allclose(run_ort(single, {})["x_grad"], run_numpy(single, {})["x_grad"], rtol=1e-5, atol=1e-6)
     # the whole gradient comes from x: the Erf rule runs only for a second reader of 1 + erf
     assert any(n.name.startswith("gelu/grad/") for n in proto.graph.node)
     assert any(n.name.startswith("erf/grad/") for n in proto.graph.node) == extra_use
+    # GELU's own closing * 0.5 (or / 2): the rule reads the output's gradient, not half of it
+    pattern = not extra_use and closing != "mul-other"
+    assert any(n.op_type == "HardSigmoid" for n in proto.graph.node) == pattern
+    assert any("half" in n.input for n in proto.graph.node if "/grad/" in n.name) != pattern
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort"])
+def test_gelu_gradient_far_out(backend):
+    """Past |x| ~ 13 exp(x^2/2) overflows float32: the slope there is still 0 or 1, never NaN."""
+    x = np.array([-200.0, -40.0, -13.5, -9.0, -1e-3, 0.0, 1e-3, 2.5, 9.0, 13.5, 40.0, 200.0], np.float32)
+    for op in ("Gelu", "torch"):
+        if op == "Gelu":
+            nodes = [helper.make_node("Gelu", ["x"], ["y"])]
+        else:
+            nodes = [helper.make_node("Constant", [], [k], value=numpy_helper.from_array(np.array(v, np.float32), k))
+                     for k, v in {"r2": np.sqrt(2.0), "one": 1.0, "half": 0.5}.items()]
+            nodes += [helper.make_node("Div", ["x", "r2"], ["u"]), helper.make_node("Erf", ["u"], ["e"]),
+                      helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"], name="gelu"),
+                      helper.make_node("Mul", ["m", "half"], ["y"])]
+        nodes.append(helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0))
+        graph = helper.make_graph(nodes, "far", [], [helper.make_tensor_value_info("loss", 1, [])],
+                                  initializer=[numpy_helper.from_array(x, "x")])
+        model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+        proto = graphc.Model(gradient_model(model, "loss", ["x"])).proto
+        got = (run_numpy if backend == "numpy" else run_ort)(proto, {})["x_grad"]
+        from math import erf, exp, pi, sqrt
+
+        want = [0.5 * (1 + erf(v / sqrt(2))) + v * exp(-v * v / 2) / sqrt(2 * pi) for v in x.astype(float)]
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=op)
 
 
 def squeeze_excite_model(symbolic: bool, dtype=np.float64) -> tuple[ir.Model, np.ndarray]:

@@ -95,20 +95,61 @@ def _gelu_input(node: ir.Node) -> int | None:
 
 
 def _grad_gelu_erf(g, node, dy, x_index: int):
-    # x * a with a = 1 + erf(x/sqrt(2)): the whole gradient goes to x, none through a,
-    # dx = dy * (1 + erf(x/sqrt(2)) + x * sqrt(2/pi) * exp(-x^2/2)), from x alone: the forward's
-    # x/sqrt(2) and a are freed once it is done, where the Mul, Add, Erf and Div rules keep both
-    # (GPT b32: 2 x 16 MB a block). Forward and backward on onnxruntime (CPU, interleaved, ms),
-    # this / the same reading a instead of recomputing erf / the four rules: [4096, 1024] 37.2 /
-    # 39.7 / 45.4 (1 thread), 20.0 / 21.5 / 24.3 (2 threads); [2080, 768] 12.8 / 13.1 / 14.5,
-    # 7.9 / 7.8 / 9.2; [130, 768] 0.35 / 0.36 / 0.40 (``scripts/bench_lowerings.py --only gelu``).
+    # x * a with a = 1 + erf(x/sqrt(2)): the whole gradient goes to x, none through a, from x
+    # alone: the forward's x/sqrt(2) and a are freed once it is done, where the Mul, Add, Erf and
+    # Div rules keep both (GPT b32: 2 x 16 MB a block). dy is half the GELU output's gradient
+    # (torch.onnx closes with ``* 0.5``): when that Mul is the rule's own, unread, its input is
+    # taken instead and the Mul dropped, one full-size pass fewer (see ``_gelu_grad``).
     x = node.inputs[x_index]
     if not g.wants(x):
         return None, None
-    bump = g.op("Exp", g.mul(g.mul(x, g.scalar(-0.5, x)), x))
-    cdf2 = g.op("Erf", g.mul(x, g.scalar(1 / math.sqrt(2), x)))
-    slope = g.add(g.add(cdf2, g.mul(g.mul(x, g.scalar(math.sqrt(2 / math.pi), x)), bump)), g.scalar(1.0, x))
+    whole = _halved_gradient(dy)
+    if whole is not None:
+        return _to_input(x_index, _gelu_grad(g, whole, x))
+    erf, bump = _gelu_parts(g, x)
+    slope = g.add(g.add(erf, g.mul(bump, g.scalar(2 / math.sqrt(math.pi), x))), g.scalar(1.0, x))
     return _to_input(x_index, g.mul(dy, slope))
+
+
+def _gelu_parts(g: GradBuilder, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """erf(u) and u / exp(u^2), u = x / sqrt(2): exact GELU's slope Phi(x) + x phi(x) is
+    (1 + erf(u)) / 2 + (u / exp(u^2)) / sqrt(pi). (exp(u^2) overflows to inf past |x| ~ 13 in
+    float32, where the quotient's 0 is its limit.)"""
+    u = g.mul(x, g.scalar(1 / math.sqrt(2), x))
+    return g.op("Erf", u), g.div(u, g.op("Exp", g.mul(u, u)))
+
+
+def _gelu_grad(g: GradBuilder, dy: ir.Value, x: ir.Value) -> ir.Value:
+    # dy * (Phi + x phi) in 9 full-size passes, Phi = HardSigmoid(erf(u), 0.5, 0.5) (in [0, 1]:
+    # never clipped), x phi as ``_gelu_parts``' quotient. Forward (one fused Gelu) and backward on
+    # onnxruntime (CPU, interleaved, ms; ``bench_lowerings.py --only gelu``), this / the same from
+    # half of dy (``* 0.5`` before it; 1 + erf + 2/sqrt(pi) * quotient) / the rule before it
+    # (exp(-x^2/2) written out, 2 passes more) / that reading the forward's 1 + erf / the Mul,
+    # Add, Erf and Div rules: [4096, 1024] 33.3 / 36.6 / 40.9 / 46.5 / 50.0 (1 thread), 18.0 /
+    # 20.2 / 22.4 / 23.6 / 26.0 (2 threads); [2080, 768] 11.4 / 12.4 / 13.8 / 14.9 / 17.1, 7.1 /
+    # 6.9 / 7.9 / 8.1 / 9.2; [130, 768] 0.44 / 0.45 / 0.52 / 0.50 / 0.61, 0.42 / 0.44 / 0.46 /
+    # 0.49 / 0.56.
+    erf, bump = _gelu_parts(g, x)
+    cdf = g.op("HardSigmoid", erf, alpha=0.5, beta=0.5)
+    return g.mul(dy, g.add(cdf, g.mul(bump, g.scalar(1 / math.sqrt(math.pi), x))))
+
+
+def _halved_gradient(dy: ir.Value) -> ir.Value | None:
+    """d where ``dy`` is ``d * 0.5`` (or ``d / 2``) by a node nothing reads yet (a rule's, just
+    made), which is then removed; else None."""
+    node = dy.producer()
+    if (node is None or node.op_type not in ("Mul", "Div") or node.domain not in ("", "ai.onnx")
+            or dy.uses() or dy.is_graph_output()):
+        return None
+    sides = [(0, 1), (1, 0)] if node.op_type == "Mul" else [(0, 1)]
+    factor = 0.5 if node.op_type == "Mul" else 2.0
+    for keep, scale in sides:
+        array = const_array(node.inputs[scale]) if not node.inputs[scale].is_graph_input() else None
+        if array is not None and array.size == 1 and float(array.reshape(-1)[0]) == factor:
+            d = node.inputs[keep]
+            node.graph.remove(node, safe=True)
+            return d
+    return None
 
 
 def _to_input(index: int, grad: ir.Value) -> tuple[ir.Value | None, ir.Value | None]:
@@ -239,9 +280,7 @@ def grad_gelu(g, node, dy):
     x = node.inputs[0]
     if attr(node, "approximate", "none") == "tanh":
         return (g.mul(dy, _gelu_tanh_derivative(g, x)),)
-    cdf = g.mul(g.scalar(0.5, x), g.add(g.scalar(1.0, x), g.op("Erf", g.mul(x, g.scalar(1 / math.sqrt(2), x)))))
-    pdf = g.mul(g.op("Exp", g.mul(g.mul(x, x), g.scalar(-0.5, x))), g.scalar(1 / math.sqrt(2 * math.pi), x))
-    return (g.mul(dy, g.add(cdf, g.mul(x, pdf))),)
+    return (_gelu_grad(g, dy, x),)
 
 
 @grad_rule("Identity")
