@@ -222,9 +222,61 @@ def gelu(args) -> None:
                          h.make_node("Exp", ["nu2"], ["ex"]), h.make_node("Mul", ["ex", "k"], ["ek"]),
                          h.make_node("Mul", ["de", "ek"], ["du"]), h.make_node("Div", ["du", "r2"], ["dx2"]),
                          h.make_node("Add", ["dx1", "dx2"], ["dx"])]
+    # from x alone, exp(-x^2/2) as 1 / exp(u^2): dx = dm * (1 + erf(u) + 2/sqrt(pi) * u / exp(u^2)),
+    # or from the GELU's own output gradient dy (no ``dm = dy * 0.5``): dy * (Phi + u / (sqrt(pi)
+    # exp(u^2))), Phi = HardSigmoid(erf(u), 0.5, 0.5) (in [0, 1], so never clipped)
+    quotient = [const("ir2", 1 / math.sqrt(2)), h.make_node("Mul", ["x", "ir2"], ["u2"]),
+                h.make_node("Erf", ["u2"], ["e2"]), h.make_node("Mul", ["u2", "u2"], ["s2"]),
+                h.make_node("Exp", ["s2"], ["x2"]), h.make_node("Div", ["u2", "x2"], ["q"])]
+    div_exp = forward + quotient + [const("k", 2 / math.sqrt(math.pi)), h.make_node("Mul", ["q", "k"], ["qk"]),
+                                    h.make_node("Add", ["e2", "qk"], ["eq"]), h.make_node("Add", ["eq", "one"], ["slope"]),
+                                    h.make_node("Mul", ["dm", "slope"], ["dx"])]
+    hard_sigmoid = [n for n in forward if n.output != ["dm"]] + quotient + [
+        const("k", 1 / math.sqrt(math.pi)), h.make_node("Mul", ["q", "k"], ["qk"]),
+        h.make_node("HardSigmoid", ["e2"], ["cdf"], alpha=0.5, beta=0.5), h.make_node("Add", ["cdf", "qk"], ["slope"]),
+        h.make_node("Mul", ["dy", "slope"], ["dx"])]
     for shape in [(4096, 1024), (2080, 768), (130, 768)]:
-        compare(str(shape), {"whole": whole, "recompute-erf": recompute, "by-node": by_node},
+        compare(str(shape), {"whole": whole, "recompute-erf": recompute, "by-node": by_node, "div-exp": div_exp,
+                             "hardsigmoid": hard_sigmoid},
                 {"x": 2 * normal(*shape), "dy": normal(*shape)}, ["y", "dx"], args)
+
+
+def layer_norm(args) -> None:
+    """LayerNormalization over the last axis, forward + backward from its Mean and InvStdDev
+    outputs: the textbook dx (d = dy * scale; d - mean(d) - xhat * mean(d * xhat), times invstd)
+    vs dx = (dy * invstd) * scale + xc * k1 + k0 as one Sum, its two row means from dy * xhat
+    (dscale's product) and dy by GEMVs against the scale, or by Mul + ReduceMean."""
+    head = [h.make_node("LayerNormalization", ["x", "scale", "bias"], ["y", "mu", "inv"], axis=-1, epsilon=1e-5),
+            h.make_node("Sub", ["x", "mu"], ["xc"]), ints("rows", [0, 1]),
+            h.make_node("ReduceSum", ["dy", "rows"], ["dbias"], keepdims=0)]
+    textbook = head + [
+        h.make_node("Mul", ["xc", "inv"], ["xhat"]), h.make_node("Mul", ["dy", "xhat"], ["p"]),
+        h.make_node("ReduceSum", ["p", "rows"], ["dscale"], keepdims=0), h.make_node("Mul", ["dy", "scale"], ["d"]),
+        h.make_node("ReduceMean", ["d"], ["md"], axes=[-1]), h.make_node("Mul", ["d", "xhat"], ["dxh"]),
+        h.make_node("ReduceMean", ["dxh"], ["mdx"], axes=[-1]), h.make_node("Sub", ["d", "md"], ["t1"]),
+        h.make_node("Mul", ["xhat", "mdx"], ["t2"]), h.make_node("Sub", ["t1", "t2"], ["t3"]),
+        h.make_node("Mul", ["t3", "inv"], ["dx"])]
+
+    def folded(means: list) -> list:
+        # k1 = -invstd^2 * mean(d * xhat), k0 = -invstd * mean(d)
+        return head + [
+            h.make_node("Mul", ["dy", "inv"], ["q"]), h.make_node("Mul", ["q", "xc"], ["p"]),
+            h.make_node("ReduceSum", ["p", "rows"], ["dscale"], keepdims=0), *means,
+            h.make_node("Mul", ["inv", "inv"], ["inv2"]), h.make_node("Mul", ["inv2", "mdx"], ["nk1"]),
+            h.make_node("Neg", ["nk1"], ["k1"]), h.make_node("Mul", ["inv", "md"], ["nk0"]),
+            h.make_node("Neg", ["nk0"], ["k0"]), h.make_node("Mul", ["q", "scale"], ["a"]),
+            h.make_node("Mul", ["xc", "k1"], ["b"]), h.make_node("Sum", ["a", "b", "k0"], ["dx"])]
+
+    for shape in [(32, 128, 256), (32, 65, 192), (2, 128, 256)]:
+        d = shape[-1]
+        gemv = [ints("col", [d, 1]), h.make_node("Reshape", ["scale", "col"], ["sc"]),
+                const("invd", 1.0 / d), h.make_node("MatMul", ["p", "sc"], ["sp"]), h.make_node("Mul", ["sp", "invd"], ["mdx"]),
+                h.make_node("MatMul", ["dy", "sc"], ["sd"]), h.make_node("Mul", ["sd", "invd"], ["md"])]
+        reduce = [h.make_node("Mul", ["p", "scale"], ["ps"]), h.make_node("ReduceMean", ["ps"], ["mdx"], axes=[-1]),
+                  h.make_node("Mul", ["dy", "scale"], ["ds"]), h.make_node("ReduceMean", ["ds"], ["md"], axes=[-1])]
+        feeds = {"x": 2 * normal(*shape) + 0.5, "dy": normal(*shape), "scale": normal(d), "bias": normal(d)}
+        compare(str(shape), {"textbook": textbook, "sum-gemv": folded(gemv), "sum-reduce": folded(reduce)},
+                feeds, ["y", "dx", "dscale", "dbias"], args)
 
 
 def hardswish(args) -> None:
@@ -479,7 +531,7 @@ def large_dw(args) -> None:
                 {"x": normal(n, ci, side, side), "dy": normal(n, co, out, out)}, ["dw"], args)
 
 
-CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "silu": silu, "gelu": gelu, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
+CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "dense_dw": dense_dw, "large_dw": large_dw}
 
