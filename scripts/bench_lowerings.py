@@ -244,8 +244,9 @@ def gelu(args) -> None:
 def layer_norm(args) -> None:
     """LayerNormalization over the last axis, forward + backward from its Mean and InvStdDev
     outputs: the textbook dx (d = dy * scale; d - mean(d) - xhat * mean(d * xhat), times invstd)
-    vs dx = (dy * invstd) * scale + xc * k1 + k0 as one Sum, its two row means from dy * xhat
-    (dscale's product) and dy by GEMVs against the scale, or by Mul + ReduceMean."""
+    vs dx = (dy * invstd) * scale + (xc * k1 + k0), the per-row affine part by Mul and Add or by
+    an inference-mode BatchNormalization over [1, rows, D] (eps 0, var 1), its two row means from
+    dy * xhat (dscale's product) and dy by GEMVs against the scale or by Mul + ReduceMean."""
     head = [h.make_node("LayerNormalization", ["x", "scale", "bias"], ["y", "mu", "inv"], axis=-1, epsilon=1e-5),
             h.make_node("Sub", ["x", "mu"], ["xc"]), ints("rows", [0, 1]),
             h.make_node("ReduceSum", ["dy", "rows"], ["dbias"], keepdims=0)]
@@ -257,26 +258,32 @@ def layer_norm(args) -> None:
         h.make_node("Mul", ["xhat", "mdx"], ["t2"]), h.make_node("Sub", ["t1", "t2"], ["t3"]),
         h.make_node("Mul", ["t3", "inv"], ["dx"])]
 
-    def folded(means: list) -> list:
+    def folded(means: list, affine: list) -> list:
         # k1 = -invstd^2 * mean(d * xhat), k0 = -invstd * mean(d)
         return head + [
             h.make_node("Mul", ["dy", "inv"], ["q"]), h.make_node("Mul", ["q", "xc"], ["p"]),
             h.make_node("ReduceSum", ["p", "rows"], ["dscale"], keepdims=0), *means,
             h.make_node("Mul", ["inv", "inv"], ["inv2"]), h.make_node("Mul", ["inv2", "mdx"], ["nk1"]),
             h.make_node("Neg", ["nk1"], ["k1"]), h.make_node("Mul", ["inv", "md"], ["nk0"]),
-            h.make_node("Neg", ["nk0"], ["k0"]), h.make_node("Mul", ["q", "scale"], ["a"]),
-            h.make_node("Mul", ["xc", "k1"], ["b"]), h.make_node("Sum", ["a", "b", "k0"], ["dx"])]
+            h.make_node("Neg", ["nk0"], ["k0"]), h.make_node("Mul", ["q", "scale"], ["a"]), *affine,
+            h.make_node("Add", ["a", "b"], ["dx"])]
 
     for shape in [(32, 128, 256), (32, 65, 192), (2, 128, 256)]:
-        d = shape[-1]
+        d, r = shape[-1], shape[0] * shape[1]
         gemv = [ints("col", [d, 1]), h.make_node("Reshape", ["scale", "col"], ["sc"]),
                 const("invd", 1.0 / d), h.make_node("MatMul", ["p", "sc"], ["sp"]), h.make_node("Mul", ["sp", "invd"], ["mdx"]),
                 h.make_node("MatMul", ["dy", "sc"], ["sd"]), h.make_node("Mul", ["sd", "invd"], ["md"])]
         reduce = [h.make_node("Mul", ["p", "scale"], ["ps"]), h.make_node("ReduceMean", ["ps"], ["mdx"], axes=[-1]),
                   h.make_node("Mul", ["dy", "scale"], ["ds"]), h.make_node("ReduceMean", ["ds"], ["md"], axes=[-1])]
+        mul_add = [h.make_node("Mul", ["xc", "k1"], ["b1"]), h.make_node("Add", ["b1", "k0"], ["b"])]
+        bn = [ints("rd", [1, r, d]), ints("r1", [r]), ints("back", list(shape)), const("zero", np.zeros(r)),
+              const("unit", np.ones(r)), h.make_node("Reshape", ["xc", "rd"], ["xc3"]),
+              h.make_node("Reshape", ["k1", "r1"], ["k1r"]), h.make_node("Reshape", ["k0", "r1"], ["k0r"]),
+              h.make_node("BatchNormalization", ["xc3", "k1r", "k0r", "zero", "unit"], ["b3"], epsilon=0.0),
+              h.make_node("Reshape", ["b3", "back"], ["b"])]
         feeds = {"x": 2 * normal(*shape) + 0.5, "dy": normal(*shape), "scale": normal(d), "bias": normal(d)}
-        compare(str(shape), {"textbook": textbook, "sum-gemv": folded(gemv), "sum-reduce": folded(reduce)},
-                feeds, ["y", "dx", "dscale", "dbias"], args)
+        compare(str(shape), {"textbook": textbook, "gemv-mul-add": folded(gemv, mul_add), "gemv-bn": folded(gemv, bn),
+                             "reduce-bn": folded(reduce, bn)}, feeds, ["y", "dx", "dscale", "dbias"], args)
 
 
 def hardswish(args) -> None:

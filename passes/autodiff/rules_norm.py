@@ -110,6 +110,14 @@ def grad_layer_norm(g, node, dys):
     # Normalized over axes [axis, rank): dx = invstd * (d - mean(d) - xhat * mean(d * xhat)),
     # d = dy * scale; dscale/dbias in x's shape (the driver sums the broadcast axes). The Mean and
     # InvStdDev outputs add dmean / n and dinvstd * -invstd^3 * (x - mean) / n (n: the group size).
+    # Fewer full-size passes did not pay: dx as (dy * invstd) * scale + (xc * k1 + k0), per-row
+    # k1, k0 from the row means of dy * xhat (dscale's product) and dy taken as GEMVs against the
+    # scale, the affine part by Mul + Add or by an inference BatchNormalization over [1, rows, D]
+    # (6-7 passes, not 9), forward + backward on onnxruntime CPU (``bench_lowerings.py --only
+    # layer_norm``, ms, this / Mul + Add / BatchNormalization): [32, 128, 256] 5.85 / 5.79 / 5.71
+    # (2 threads), 8.60 / 8.58 / 7.99 (1 thread); [32, 65, 192] 2.54 / 2.69 / 2.70, 3.43 / 3.52 /
+    # 3.52; [2, 128, 256] 0.65 / 0.69 / 0.63, 0.54 / 0.57 / 0.49. (As one variadic Sum the three
+    # terms were slower still: onnxruntime's Sum of two 4 MB tensors takes 1.7x its Add.)
     dy, dmean, dinv = (list(dys) + [None, None])[:3]
     x, scale = node.inputs[0], node.inputs[1]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
