@@ -262,3 +262,34 @@ def test_layer_norm_backward_reads_the_forward_statistics_in_float32(axis, mean_
         got = backend(single, {"x": x.astype(np.float32)})
         for name in ("x_grad", "s_grad", "b_grad"):
             np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-5, err_msg=f"{backend.__name__} {name}")
+
+
+def bias_model(batch) -> ir.Model:
+    """loss = sum((x + b) * C) for x [batch, 5, 6] (float32), b [6]: b's gradient sums the two leading axes."""
+    c = RNG.standard_normal((3, 5, 6)).astype(np.float32)
+    nodes = [helper.make_node("Add", ["x", "b"], ["y"], name="bias"), helper.make_node("Mul", ["y", "c"], ["p"]),
+             helper.make_node("ReduceSum", ["p"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "bias", [helper.make_tensor_value_info("x", 1, [batch, 5, 6])],
+                              [helper.make_tensor_value_info("loss", 1, [])],
+                              initializer=[numpy_helper.from_array(np.zeros(6, np.float32), "b"),
+                                           numpy_helper.from_array(c, "c")])
+    return ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+
+
+@pytest.mark.parametrize("batch", [3, "N"], ids=["static", "symbolic-batch"])
+def test_bias_gradient_over_leading_axes_is_a_gemv_on_the_cpu(batch):
+    from graphc.passes.autodiff.core import backward
+    from graphc.passes.autodiff.model import infer_shapes
+
+    model = bias_model(batch)
+    proto = graphc.Model(gradient_model(model, "loss", ["b"])).proto
+    bias_grad = [n.op_type for n in proto.graph.node if n.name.startswith("bias/grad/")]
+    assert "MatMul" in bias_grad and "ReduceSum" not in bias_grad
+    x = RNG.standard_normal((3, 5, 6)).astype(np.float32)
+    want = model.graph.initializers["c"].const_value.numpy().sum((0, 1))
+    for run in (run_numpy, run_ort):
+        np.testing.assert_allclose(run(proto, {"x": x})["b_grad"], want, rtol=1e-5, atol=1e-6)
+    # on CUDA (unmeasured there) the ReduceSum stays
+    graph = infer_shapes(bias_model(batch)).graph
+    backward(graph, graph.outputs[0], [graph.initializers["b"]], device="cuda")
+    assert [n.op_type for n in graph if n.name.startswith("bias/grad/") and n.op_type != "Constant"] == ["ReduceSum"]

@@ -50,6 +50,7 @@ Conventions (each written next to its rule too):
 """
 
 from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rules)
+    rules_activations,
     rules_control,
     rules_elementwise,
     rules_linalg,
