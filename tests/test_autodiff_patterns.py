@@ -6,6 +6,7 @@ joins a sum by broadcasting instead of Expand."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import pytest
 from onnx import helper, numpy_helper
@@ -293,3 +294,18 @@ def test_bias_gradient_over_leading_axes_is_a_gemv_on_the_cpu(batch):
     graph = infer_shapes(bias_model(batch)).graph
     backward(graph, graph.outputs[0], [graph.initializers["b"]], device="cuda")
     assert [n.op_type for n in graph if n.name.startswith("bias/grad/") and n.op_type != "Constant"] == ["ReduceSum"]
+
+
+@pytest.mark.parametrize("opset", [21, 22])
+def test_bfloat16_gelu_gradient_stays_in_its_opset(opset):
+    """HardSigmoid takes bfloat16 only from opset 22: below it the cdf is Mul and Add."""
+    graph = helper.make_graph([helper.make_node("Gelu", ["x"], ["y"]), helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)],
+                              "bf16", [helper.make_tensor_value_info("x", onnx.TensorProto.BFLOAT16, [4])],
+                              [helper.make_tensor_value_info("loss", onnx.TensorProto.BFLOAT16, [])],
+                              initializer=[helper.make_tensor("w", onnx.TensorProto.BFLOAT16, [4], [1, 2, 3, 4])])
+    graph.node[0].input[0] = "w"
+    del graph.input[:]
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]))
+    proto = graphc.Model(gradient_model(model, "loss", ["w"])).proto
+    onnx.checker.check_model(proto, full_check=True)
+    assert any(n.op_type == "HardSigmoid" for n in proto.graph.node) == (opset >= 22)

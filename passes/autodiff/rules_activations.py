@@ -103,7 +103,10 @@ def _gelu_grad(g: GradBuilder, dy: ir.Value, x: ir.Value) -> ir.Value:
     # 6.9 / 7.9 / 8.1 / 9.2; [130, 768] 0.44 / 0.45 / 0.52 / 0.50 / 0.61, 0.42 / 0.44 / 0.46 /
     # 0.49 / 0.56.
     erf, bump = _gelu_parts(g, x)
-    cdf = g.op("HardSigmoid", erf, alpha=0.5, beta=0.5)
+    if x.dtype == ir.DataType.BFLOAT16 and g.opset < 22:  # HardSigmoid takes bfloat16 from opset 22
+        cdf = g.mul(g.add(erf, g.scalar(1.0, x)), g.scalar(0.5, x))
+    else:
+        cdf = g.op("HardSigmoid", erf, alpha=0.5, beta=0.5)
     return g.mul(dy, g.add(cdf, g.mul(bump, g.scalar(1 / math.sqrt(math.pi), x))))
 
 
