@@ -265,33 +265,39 @@ def test_layer_norm_backward_reads_the_forward_statistics_in_float32(axis, mean_
             np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-5, err_msg=f"{backend.__name__} {name}")
 
 
-def bias_model(batch) -> ir.Model:
-    """loss = sum((x + b) * C) for x [batch, 5, 6] (float32), b [6]: b's gradient sums the two leading axes."""
-    c = RNG.standard_normal((3, 5, 6)).astype(np.float32)
+def bias_model(batch, rest=(5, 6), bias=(6,)) -> ir.Model:
+    """loss = sum((x + b) * C) for x [batch, *rest] (float32) and b ``bias``: b's gradient sums
+    x's leading axes."""
+    c = RNG.standard_normal((3, *rest)).astype(np.float32)
     nodes = [helper.make_node("Add", ["x", "b"], ["y"], name="bias"), helper.make_node("Mul", ["y", "c"], ["p"]),
              helper.make_node("ReduceSum", ["p"], ["loss"], keepdims=0)]
-    graph = helper.make_graph(nodes, "bias", [helper.make_tensor_value_info("x", 1, [batch, 5, 6])],
+    graph = helper.make_graph(nodes, "bias", [helper.make_tensor_value_info("x", 1, [batch, *rest])],
                               [helper.make_tensor_value_info("loss", 1, [])],
-                              initializer=[numpy_helper.from_array(np.zeros(6, np.float32), "b"),
+                              initializer=[numpy_helper.from_array(np.zeros(bias, np.float32), "b"),
                                            numpy_helper.from_array(c, "c")])
     return ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
 
 
 @pytest.mark.parametrize("batch", [3, "N"], ids=["static", "symbolic-batch"])
-def test_bias_gradient_over_leading_axes_is_a_gemv_on_the_cpu(batch):
+@pytest.mark.parametrize(("rest", "bias"), [((5, 6), (6,)), ((6,), (6,)), ((5,), ()), ((5, 6), (5, 6))],
+                         ids=["rows-of-3d", "rows-of-2d", "all-to-scalar", "batch-only"])
+def test_bias_gradient_over_leading_axes_is_a_gemv_on_the_cpu(batch, rest, bias):
     from graphc.passes.autodiff.core import backward
     from graphc.passes.autodiff.model import infer_shapes
 
-    model = bias_model(batch)
+    model = bias_model(batch, rest, bias)
     proto = graphc.Model(gradient_model(model, "loss", ["b"])).proto
     bias_grad = [n.op_type for n in proto.graph.node if n.name.startswith("bias/grad/")]
     assert "MatMul" in bias_grad and "ReduceSum" not in bias_grad
-    x = RNG.standard_normal((3, 5, 6)).astype(np.float32)
-    want = model.graph.initializers["c"].const_value.numpy().sum((0, 1))
+    x = RNG.standard_normal((3, *rest)).astype(np.float32)
+    c = model.graph.initializers["c"].const_value.numpy()
+    want = c.sum(tuple(range(c.ndim - len(bias))))
     for run in (run_numpy, run_ort):
-        np.testing.assert_allclose(run(proto, {"x": x})["b_grad"], want, rtol=1e-5, atol=1e-6)
+        got = run(proto, {"x": x})["b_grad"]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     # on CUDA (unmeasured there) the ReduceSum stays
-    graph = infer_shapes(bias_model(batch)).graph
+    graph = infer_shapes(bias_model(batch, rest, bias)).graph
     backward(graph, graph.outputs[0], [graph.initializers["b"]], device="cuda")
     assert [n.op_type for n in graph if n.name.startswith("bias/grad/") and n.op_type != "Constant"] == ["ReduceSum"]
 
