@@ -113,12 +113,14 @@ def test_tap_count_equals_the_tables_sum():
 
 def grouped_model(batch: int) -> gc.Model:
     """x [batch, 4, 3, 3] -> grouped Conv 3x3 (2 groups of 2 -> 3 channels) pads (1, 0, 1, 2) with
-    bias -> Conv 1x1 stride 2 -> out [batch, 2, 2, 2]."""
+    bias -> grouped Conv 1x1 (3 groups of 2 -> 2) with bias -> Conv 1x1 stride 2 -> out [batch, 2, 2, 2]."""
     rng = np.random.default_rng(2)
     inits = [nh.from_array(rng.normal(size=(6, 2, 3, 3)), "g.weight"), nh.from_array(rng.normal(size=6), "g.bias"),
+             nh.from_array(rng.normal(size=(6, 2, 1, 1)), "p.weight"), nh.from_array(rng.normal(size=6), "p.bias"),
              nh.from_array(rng.normal(size=(2, 6, 1, 1)), "s.weight")]
     nodes = [oh.make_node("Conv", ["x", "g.weight", "g.bias"], ["h"], group=2, pads=[1, 0, 1, 2]),
-             oh.make_node("Conv", ["h", "s.weight"], ["out"], strides=[2, 2])]
+             oh.make_node("Conv", ["h", "p.weight", "p.bias"], ["hp"], group=3),
+             oh.make_node("Conv", ["hp", "s.weight"], ["out"], strides=[2, 2])]
     graph = oh.make_graph(nodes, "grouped", [oh.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, [batch, 4, 3, 3])],
                           [oh.make_tensor_value_info("out", onnx.TensorProto.DOUBLE, [batch, 2, 2, 2])], inits)
     return gc.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
@@ -135,7 +137,8 @@ def test_grouped_and_strided_pointwise_convs_by_im2col_give_the_conv_gradients(m
     assert "Conv" not in {n.op_type for n in im2col.gradients.proto.graph.node}
     monkeypatch.setattr(dense_conv, "MAX_PIXELS", 0)
     _, want = grads()
-    assert got.keys() == want.keys() == {"loss", "g.weight_grad", "g.bias_grad", "s.weight_grad"}
+    assert got.keys() == want.keys() == {"loss", "g.weight_grad", "g.bias_grad", "p.weight_grad", "p.bias_grad",
+                                         "s.weight_grad"}
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-12, err_msg=name)
 
