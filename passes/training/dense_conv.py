@@ -38,9 +38,14 @@ ResNet-18 kept its small-map Convs and trained 1.58x slower than the same net ex
 32 (64 px), EfficientNet-B0 1.28x; now 0.99x and 1.00x.
 
 A grouped Conv (more than one input channel a group) on such maps takes the same columns
-into one batched MatMul over the groups, [G, N*P, Ci/G*K] x [G, Ci/G*K, Co/G]: RegNetY-400MF at
-batch 32 0.97x the step time (both orders of the interleaved pair; measured with 64 pixels), at
-batch 2 1.00x.
+into one batched MatMul over the groups: RegNetY-400MF at batch 32 0.97x the step time (both
+orders of the interleaved pair; measured with 64 pixels), at batch 2 1.00x. Channel-major,
+[G, Co/G, Ci/G*K] (the weight as it is) x [G, Ci/G*K, N*P], its Transposes move rows of P pixels
+where the pixel-major [G, N*P, Ci/G*K] x [G, Ci/G*K, Co/G] moved single values: RegNetY-400MF at
+batch 32 0.91x the step time (both orders; kernel time 405 -> 377 ms, its Transposes 70 -> 60),
+at batch 2 1.00x. For dense convs channel-major lost (kernel time at batch 32: ResNet-18 510 ->
+521 ms, its Transposes 20 -> 35; MobileNetV3-small 195 -> 206; EfficientNet-B0 665 -> 627):
+they keep the pixel-major Gemm.
 
 A depthwise Conv becomes one per-channel product (``Einsum("ncq,cpq->ncp")`` against its small
 dense [C, P, Q] matrix) where that does at most ``MAX_WORK`` times the multiply-adds of the
@@ -154,33 +159,34 @@ def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, depthwise: bool, taps: 
 
 def _im2col_gemm(e: Emitter, x: ir.Value, w: ir.Value, b: ir.Value | None, taps: np.ndarray | None,
                  out: list[int]) -> ir.Value:
-    """The Conv as the input's window values, [N*P, Ci*K], times the weight [Co, Ci*K] read
-    transposed, back to [N, Co, *out]; ``taps`` is None for a plain 1x1 conv."""
+    """The Conv as the input's window values (the columns) times the weight, back to [N, Co,
+    *out]: pixel-major for a dense conv, [N*P, Ci*K] x [Co, Ci*K]^T, channel-major per group for
+    a grouped one; ``taps`` is None for a plain 1x1 conv."""
     co, cg = static_shape(w)[:2]
     ci = static_shape(x)[1]
-    group = ci // cg
-    if taps is None:
-        k = 1  # the columns are x with its channels last
-        cols = e.op("Transpose", e.op("Reshape", x, e.ints([0, ci, -1])), perm=[0, 2, 1])
+    group, p = ci // cg, math.prod(out)
+    if taps is None:  # the columns are x itself
+        k, cols = 1, x
     else:
-        p, q, k = taps.shape
+        q, k = taps.shape[1:]
         gather = e.const(np.ascontiguousarray(taps.transpose(1, 2, 0).reshape(q, k * p)), x.dtype)
         cols = e.op("MatMul", e.op("Reshape", x, e.ints([-1, q])), gather)  # [N*Ci, K*P]
-        cols = e.op("Transpose", e.op("Reshape", cols, e.ints([-1, ci, k, p])), perm=[0, 3, 1, 2])  # [N, P, Ci, K]
-    if group == 1:
+    if group == 1:  # [N*P, Ci*K] x [Co, Ci*K]^T
+        if taps is None:
+            cols = e.op("Transpose", e.op("Reshape", x, e.ints([0, ci, -1])), perm=[0, 2, 1])  # [N, P, Ci]
+        else:
+            cols = e.op("Transpose", e.op("Reshape", cols, e.ints([-1, ci, k, p])), perm=[0, 3, 1, 2])  # [N, P, Ci, K]
         cols = e.op("Reshape", cols, e.ints([-1, ci * k]))
         y = e.op("Gemm", cols, e.op("Reshape", w, e.ints([co, -1])), *([b] if b is not None else []), transB=1)
         return e.op("Transpose", e.op("Reshape", y, e.ints([-1, *out, co])), perm=[0, 3, 1, 2])
-    # grouped: one batched MatMul over the groups, [G, N*P, Ci/G*K] x [G, Ci/G*K, Co/G]. (The
-    # columns' two Transposes as one, [N, G, Ci/G, K, P] -> [G, N, P, Ci/G, K]: RegNetY-400MF at
-    # batch 32 1.32x the step time, both orders of interleaved Trainer steps: onnxruntime's 5-D
-    # Transpose is far slower than these two 4-D ones, each of which moves whole rows.)
-    p = math.prod(out)
-    cols = e.op("Reshape", cols, e.ints([-1, p, group, cg * k]))  # [N, P, G, Ci/G*K]
-    cols = e.op("Reshape", e.op("Transpose", cols, perm=[2, 0, 1, 3]), e.ints([group, -1, cg * k]))
-    wg = e.op("Transpose", e.op("Reshape", w, e.ints([group, co // group, cg * k])), perm=[0, 2, 1])
-    y = e.op("MatMul", cols, wg)  # [G, N*P, Co/G]
+    # grouped: one batched MatMul over the groups, channel-major, [G, Co/G, Ci/G*K] (the weight
+    # as it is) x [G, Ci/G*K, N*P]; the columns' and the output's Transposes swap leading axes,
+    # moving whole rows of P pixels (see the module's docstring). (The pixel-major columns' two
+    # Transposes as one 5-D Transpose, [N, G, Ci/G, K, P] -> [G, N, P, Ci/G, K]: 1.32x the step.)
+    cols = e.op("Transpose", e.op("Reshape", cols, e.ints([-1, ci * k, p])), perm=[1, 0, 2])  # [Ci*K, N, P]
+    y = e.op("MatMul", e.op("Reshape", w, e.ints([group, co // group, cg * k])),
+             e.op("Reshape", cols, e.ints([group, cg * k, -1])))  # [G, Co/G, N*P]
     if b is not None:
-        y = e.op("Add", y, e.op("Reshape", b, e.ints([group, 1, co // group])))
-    y = e.op("Transpose", e.op("Reshape", y, e.ints([group, -1, p, co // group])), perm=[1, 0, 3, 2])  # [N, G, Co/G, P]
+        y = e.op("Add", y, e.op("Reshape", b, e.ints([group, co // group, 1])))
+    y = e.op("Transpose", e.op("Reshape", y, e.ints([co, -1, p])), perm=[1, 0, 2])  # [N, Co, P]
     return e.op("Reshape", y, e.ints([-1, co, *out]))
