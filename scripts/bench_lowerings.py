@@ -18,8 +18,12 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
   over axis 2 then 0 (reductions over a contiguous last or first axis) vs a GEMV against ones.
 - ``silu``: x * Sigmoid(x) forward + backward, SiLU's whole gradient vs the Mul and Sigmoid rules.
 - ``gelu``: exact GELU as torch.onnx writes it (x * (1 + Erf(x/sqrt 2)) * 0.5) forward +
-  backward: its whole gradient from x and 1 + erf, the same recomputing erf, and the Mul, Add,
-  Erf and Div rules (which keep x/sqrt 2 too).
+  backward: its whole gradient from x and 1 + erf, the same recomputing erf, the Mul, Add, Erf
+  and Div rules (which keep x/sqrt 2 too), exp(-x^2/2) as 1 / exp(u^2), and that from the
+  output's own gradient with Phi as HardSigmoid(erf).
+- ``layer_norm``: LayerNormalization forward + backward from its Mean and InvStdDev outputs:
+  the textbook dx vs dx folded into per-row affine terms (by Mul + Add or a BatchNormalization).
+- ``leading_sum``: a bias's gradient, the sum over leading axes: ReduceSum vs a GEMV.
 - ``relu``: ReLU forward + backward: dy * Cast(y > 0), Where, dy * Sign(y).
 - ``pointwise_dx``: a 1x1 Conv's dx: Gemm by the weight read transposed, Conv by the
   transposed weight, ConvTranspose.
@@ -286,6 +290,16 @@ def layer_norm(args) -> None:
                              "reduce-bn": folded(reduce, bn)}, feeds, ["y", "dx", "dscale", "dbias"], args)
 
 
+def leading_sum(args) -> None:
+    """A bias's gradient, dy summed over its leading axes: ReduceSum vs a GEMV, ones [R] x dy as [R, F]."""
+    for shape in [(32, 128, 1024), (32, 128, 256), (32, 65, 192), (2, 128, 256), (4096, 8)]:
+        rows, width = int(np.prod(shape[:-1])), shape[-1]
+        reduce = [ints("axes", list(range(len(shape) - 1))), h.make_node("ReduceSum", ["dy", "axes"], ["db"], keepdims=0)]
+        gemv = [ints("rf", [-1, width]), h.make_node("Reshape", ["dy", "rf"], ["d2"]), const("ones", np.ones(rows)),
+                h.make_node("MatMul", ["ones", "d2"], ["db"])]
+        compare(str(shape), {"reducesum": reduce, "gemv": gemv}, {"dy": normal(*shape)}, ["db"], args)
+
+
 def hardswish(args) -> None:
     forward = [h.make_node("HardSwish", ["x"], ["y"]), const("three", 3.0), const("m3", -3.0), const("half", 0.5),
                const("third", 1 / 3), const("zero", 0.0), const("one", 1.0)]
@@ -538,7 +552,7 @@ def large_dw(args) -> None:
                 {"x": normal(n, ci, side, side), "dy": normal(n, co, out, out)}, ["dw"], args)
 
 
-CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
+CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "dense_dw": dense_dw, "large_dw": large_dw}
 
