@@ -32,7 +32,7 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``depthwise_dw``: a depthwise Conv's dW: the Conv with batch and channels swapped vs one sum
   per kernel tap, over the whole batch or a few images at a time.
 - ``dense_dw``: a dense kxk Conv's dW by im2col and one GEMM: the window slices taken one spatial
-  axis at a time vs all at once.
+  axis at a time vs all at once (vs, stride 1, each tap a run of whole padded rows).
 - ``conv_dx``: a kxk Conv's dx (depthwise, grouped, dense; stride 1, and depthwise stride 2):
   ConvTranspose vs a Conv by the weight flipped in space, each group's channel axes swapped (for
   stride 2, dy spread over the input grid with zeros first).
@@ -494,7 +494,22 @@ def dense_dw(args) -> None:
         nodes, slices = windows("xp", "", k, out, st)
         flat += nodes + [h.make_node("Unsqueeze", [t, "one"], ["u" + t]) for t in slices]
         flat += [h.make_node("Concat", ["u" + t for t in slices], ["cols"], axis=1)] + tail
-        compare(f"N={n} {ci}->{co} {side}x{side} {k}x{k} s{st}", {"staged": staged, "all-at-once": flat},
+        variants = {"staged": staged, "all-at-once": flat}
+        if st == 1:  # each tap one contiguous run of whole padded rows; dy padded to their width
+            wp = side + 2 * p
+            rows_ = head + [ints("padr", [0, 0, p, p, 0, 0, p + 1, p]), h.make_node("Pad", ["xt", "padr"], ["xr"]),
+                            ints("fl", [ci, 1, n, -1]), h.make_node("Reshape", ["xr", "fl"], ["xf"]),
+                            ints("padd", [0, 0, 0, 0, 0, 0, 0, wp - out]), h.make_node("Pad", ["dyt", "padd"], ["dyp"]),
+                            h.make_node("Reshape", ["dyp", "dys"], ["dyr"]), ints("a3", [3])]
+            taps = []
+            for i, j in itertools.product(range(k), range(k)):
+                rows_ += [ints(f"fb{i}{j}", [i * wp + j]), ints(f"fe{i}{j}", [i * wp + j + out * wp]),
+                          h.make_node("Slice", ["xf", f"fb{i}{j}", f"fe{i}{j}", "a3"], [f"f{i}{j}"])]
+                taps.append(f"f{i}{j}")
+            rows_ += [h.make_node("Concat", taps, ["cols"], axis=1), h.make_node("Reshape", ["cols", "cs"], ["colmat"]),
+                      h.make_node("Gemm", ["dyr", "colmat"], ["g"], transB=1), h.make_node("Reshape", ["g", "ws"], ["dw"])]
+            variants["row-runs"] = rows_
+        compare(f"N={n} {ci}->{co} {side}x{side} {k}x{k} s{st}", variants,
                 {"x": normal(n, ci, side, side), "dy": normal(n, co, out, out)}, ["dw"], args)
 
 

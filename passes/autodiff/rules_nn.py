@@ -126,7 +126,10 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
     stride 2 7.5 vs 7.7 / 7.9 vs 9.4; 3->64 7x7 stride 2 on 64x64 25.6 vs 28.3 / 28.0 vs 29.3).
     Windows taken as shifts of the flattened padded input (dy zero-padded onto the same grid, so
     each tap is one contiguous Slice per channel) were slower, for the padding's extra columns:
-    2 threads, N=32, 16x16 21.6 vs 19.8 ms, 8x8 12.0 vs 8.1, 4x4 11.6 vs 6.7.
+    2 threads, N=32, 16x16 21.6 vs 19.8 ms, 8x8 12.0 vs 8.1, 4x4 11.6 vs 6.7; so were taps as
+    runs of whole padded rows (only dy's rows padded, ``--only dense_dw`` "row-runs", 2 / 1
+    threads: 16x16 14.0 vs 13.0 / 19.7 vs 17.3, 8x8 11.0 vs 8.7 / 13.2 vs 10.8, 4x4 11.8 vs 9.2 /
+    13.4 vs 8.9).
 
     A static batch whose columns pass ``IM2COL_CHUNK`` values is taken a few images at a time,
     each chunk's Gemm adding into the last one's result (its C input): the columns stay in cache
