@@ -40,7 +40,7 @@ from graphc.passes.autodiff.core import backward, node_inputs
 from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks, fold_integer_values
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
-from graphc.passes.training import dense_conv, flat, imports, modes, noise as noise_shapes, optimizers
+from graphc.passes.training import broadcasts, dense_conv, flat, imports, modes, noise as noise_shapes, optimizers
 from graphc.passes.training import recompute as recomputation
 from graphc.passes.values import onnx_opset
 
@@ -138,6 +138,8 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     for key, m in graphs.items():
         m.graph.name = f"{model.graph.name or 'model'}_{key}"
         _order_inputs(m.graph, list(role_of_input))
+        if key != "inference":  # the model as given
+            broadcasts.rank_scalars(m.graph, opset)
         _tidy(m)
     outputs = {"train_step": step_outputs, "gradients": grad_outputs, "eval": eval_outputs,
                "inference": [Output(o, "loss" if o == LOSS else "output") for o in model_outputs]}

@@ -90,19 +90,12 @@ def step(ctx: StepContext, hyper: dict, grad: ir.Value, state: dict[str, ir.Valu
 
 
 def apply(b: Emitter, param: ir.Value, delta: ir.Value, shrink: ir.Value | None) -> ir.Value:
-    """``param * shrink - delta``: the param's next value (``delta`` has the param's shape)."""
+    """``param * shrink - delta``: the param's next value (``delta`` has the param's shape). (A
+    param whose shape ends in 1, a 1x1 conv's weight, meets the scalar ``shrink`` in
+    onnxruntime's slow broadcast: ``broadcasts.rank_scalars`` gives ``shrink`` its rank.)"""
     if shrink is None:
         return b.op("Sub", param, delta)
-    shape = [int(d) for d in param.shape] if param.shape is not None and param.shape.is_static() else None
-    if shape is None or len(shape) < 2 or shape[-1] != 1:
-        return b.op("Sub", b.op("Mul", param, shrink), delta)
-    # The scalar multiplies a 1-D view (Reshapes alias here): onnxruntime's CPU broadcast of a
-    # scalar over a tensor ending in size-1 dims is ~10x slower than over the same data in 1-D
-    # (1 thread, 2 M floats: [2048, 1024, 1, 1] 111 ms, [2048, 1024] 11, [2097152] 12,
-    # [512, 456, 3, 3] 14); a 1x1 conv's weight [Co, Ci, 1, 1] is that shape. Only such shapes take
-    # the two Reshapes: each node costs ~20 us of a small step (ViT-Ti at batch 2: 150 of them).
-    flat = b.op("Mul", b.op("Reshape", param, b.ints([-1])), shrink)
-    return b.op("Sub", b.op("Reshape", flat, b.ints(shape)), delta)
+    return b.op("Sub", b.op("Mul", param, shrink), delta)
 
 
 def update(ctx: StepContext, hyper: dict, param: ir.Value, grad: ir.Value,
