@@ -90,3 +90,10 @@ def test_no_train_step_keeps_a_slow_scalar_broadcast(monkeypatch):
         assert slow_pairs(getattr(arts, key).proto) == [], key
     monkeypatch.setattr(broadcasts, "rank_scalars", lambda graph, opset: 0)  # what the graphs have without it
     assert slow_pairs(generate().train_step.proto)
+
+
+def test_the_update_model_ranks_its_decay_too():
+    """The data-parallel update alone (``update_model``): a 1x1 conv weight's decoupled decay."""
+    arts = gc.training.generate(se_model(), gc.losses.mse("out", label="y"), gc.optim.AdamW(1e-2, weight_decay=0.1))
+    update = gc.training.update_model(arts.manifest)
+    assert slow_pairs(update.proto) == []

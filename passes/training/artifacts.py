@@ -375,6 +375,7 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
     decays = _decays(list(values), no_decay)
     slots = optimizers.state_slots(optimizer)
     _set_outputs(graph, _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups)))
+    broadcasts.rank_scalars(graph, opset)
     model = ir.Model(graph, ir_version=10)
     _tidy(model)
     return model
