@@ -45,7 +45,8 @@ where the pixel-major [G, N*P, Ci/G*K] x [G, Ci/G*K, Co/G] moved single values: 
 batch 32 0.91x the step time (both orders; kernel time 405 -> 377 ms, its Transposes 70 -> 60),
 at batch 2 1.00x. For dense convs channel-major lost (kernel time at batch 32: ResNet-18 510 ->
 521 ms, its Transposes 20 -> 35; MobileNetV3-small 195 -> 206; EfficientNet-B0 665 -> 627):
-they keep the pixel-major Gemm.
+they keep the pixel-major Gemm. Grouped convs on maps of up to 64 output pixels (not 16) lost
+too: RegNetY-400MF's kernel time at batch 32 289 -> 310 ms at 64 px, 910 -> 995 at 128 px.
 
 A depthwise Conv becomes one per-channel product (``Einsum("ncq,cpq->ncp")`` against its small
 dense [C, P, Q] matrix) where that does at most ``MAX_WORK`` times the multiply-adds of the
