@@ -54,12 +54,13 @@ def rank_scalars(graph: ir.Graph, opset: int) -> int:
 def _trailing_one_rank(node: ir.Node) -> int | None:
     """The rank of ``node``'s broadcast shape when it is 2 or more and ends in a static 1 (read off
     its output, or its highest-rank input where the output's shape is not recorded); else None.
-    (Giving a scalar a rank no higher than an input's never changes what the node computes.)"""
-    shapes = [v.shape for v in node.inputs if v is not None and v.shape is not None]
-    shape = node.outputs[0].shape if node.outputs[0].shape is not None else max(shapes, key=len, default=None)
+    (A scalar given either rank broadcasts to the same output.)"""
+    shape = node.outputs[0].shape
+    if shape is None:
+        shape = max((v.shape for v in node.inputs if v is not None and v.shape is not None), key=len, default=None)
     if shape is None or len(shape) < 2 or not isinstance(shape[-1], int) or shape[-1] != 1:
         return None
-    return min(len(shape), max((len(s) for s in shapes), default=0))
+    return len(shape)
 
 
 def _lower_rank_scalar(value: ir.Value | None, rank: int) -> bool:
