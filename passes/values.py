@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["const_array", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "static_shape"]
+__all__ = ["const_array", "const_scalar", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "static_shape"]
 
 Dim = int | str | None
 StaticShape = tuple[Dim, ...]
@@ -37,6 +37,15 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
         return None
     tensor = ir.convenience.get_const_tensor(value)
     return None if tensor is None else tensor.numpy()
+
+
+def const_scalar(value: ir.Value | None) -> float | None:
+    """The value of a one-element constant (an initializer or a ``Constant``'s output) that is
+    not a graph input (a fed one may differ), else None."""
+    if value is None or value.is_graph_input():
+        return None
+    array = const_array(value)
+    return float(array.reshape(-1)[0]) if array is not None and array.size == 1 else None
 
 
 def fixed_array(value: ir.Value | None) -> np.ndarray | None:

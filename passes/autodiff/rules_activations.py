@@ -8,8 +8,9 @@ import math
 
 import onnx_ir as ir
 
-from graphc.passes.autodiff.builder import GradBuilder, attr, const_array
+from graphc.passes.autodiff.builder import GradBuilder, attr
 from graphc.passes.autodiff.registry import grad_rule
+from graphc.passes.values import const_scalar
 
 __all__ = ["gelu_input", "grad_gelu_erf", "grad_silu", "silu_input"]
 
@@ -46,8 +47,8 @@ def gelu_input(node: ir.Node) -> int | None:
     torch.onnx writes it, before its ``* 0.5``; ``x * (1/sqrt(2))`` too), the Div, Erf and Add
     outputs read by that chain alone; else None."""
     def scalar(value: ir.Value, expected: float) -> bool:
-        array = const_array(value) if not value.is_graph_input() else None  # a fed one may differ
-        return array is not None and array.size == 1 and abs(float(array.reshape(-1)[0]) - expected) < 1e-6
+        found = const_scalar(value)
+        return found is not None and abs(found - expected) < 1e-6
 
     def only(value: ir.Value, op: str) -> ir.Node | None:
         node = value.producer() if value is not None else None
@@ -120,8 +121,7 @@ def _halved_gradient(dy: ir.Value) -> ir.Value | None:
     sides = [(0, 1), (1, 0)] if node.op_type == "Mul" else [(0, 1)]
     factor = 0.5 if node.op_type == "Mul" else 2.0
     for keep, scale in sides:
-        array = const_array(node.inputs[scale]) if not node.inputs[scale].is_graph_input() else None
-        if array is not None and array.size == 1 and float(array.reshape(-1)[0]) == factor:
+        if const_scalar(node.inputs[scale]) == factor:
             d = node.inputs[keep]
             node.graph.remove(node, safe=True)
             return d

@@ -11,9 +11,10 @@ import math
 
 import onnx_ir as ir
 
-from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, is_float
+from graphc.passes.autodiff.builder import GradBuilder, attr, is_float
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.autodiff.rules_activations import grad_gelu_erf, grad_silu, gelu_input, silu_input
+from graphc.passes.values import const_scalar
 
 
 @grad_rule("Add", broadcast=True)
@@ -65,8 +66,7 @@ def grad_pow(g, node, dy):
     a, b = node.inputs
     y = node.outputs[0]
     bf = b if b.dtype == a.dtype else g.cast_like(b, a)
-    b_const = None if g.wants(b) or b.is_graph_input() else const_array(b)
-    if b_const is not None and b_const.size == 1 and float(b_const.reshape(())) == 2.0:
+    if not g.wants(b) and const_scalar(b) == 2.0:
         da = g.mul(dy, g.mul(a, g.scalar(2.0, a)))  # the common square: no Pow in the backward
     else:
         da = g.mul(dy, g.mul(bf, g.op("Pow", a, g.sub(bf, g.scalar(1.0, a)))))
