@@ -17,16 +17,17 @@ RNG = np.random.default_rng(0)
 
 
 def pairs_model() -> ir.Model:
-    """Ops on x [2, 3, 1, 1] with a constant scalar (both sides), a fed scalar, a [1] constant, a
+    """Ops on x [2, 3, 1, 1] with a constant scalar (both sides; an initializer and a Constant
+    node's), a fed scalar, a [1] constant, a
     comparison and a Where with a scalar branch; and ops rank_scalars must leave: a [2, 3] tensor
     with a scalar, x with a same-rank [1, 1, 1, 1]."""
     f = onnx.TensorProto.FLOAT
-    nodes = [oh.make_node("Div", ["x", "four"], ["a"]), oh.make_node("Sub", ["one", "x"], ["b"]),
+    nodes = [oh.make_node("Constant", [], ["one"], value=nh.from_array(np.array(1.0, np.float32))),
+             oh.make_node("Div", ["x", "four"], ["a"]), oh.make_node("Sub", ["one", "x"], ["b"]),
              oh.make_node("Mul", ["x", "s"], ["c"]), oh.make_node("Add", ["x", "vec1"], ["d"]),
              oh.make_node("Greater", ["x", "one"], ["gt"]), oh.make_node("Where", ["gt", "four", "x"], ["h"]),
              oh.make_node("Mul", ["m", "four"], ["e"]), oh.make_node("Mul", ["x", "ones4"], ["g"])]
-    inits = [nh.from_array(np.array(4.0, np.float32), "four"), nh.from_array(np.array(1.0, np.float32), "one"),
-             nh.from_array(np.array([2.0], np.float32), "vec1"), nh.from_array(np.ones((1, 1, 1, 1), np.float32), "ones4")]
+    inits = [nh.from_array(np.array(4.0, np.float32), "four"), nh.from_array(np.array([2.0], np.float32), "vec1"), nh.from_array(np.ones((1, 1, 1, 1), np.float32), "ones4")]
     graph = oh.make_graph(nodes, "pairs", [oh.make_tensor_value_info("x", f, [2, 3, 1, 1]), oh.make_tensor_value_info("s", f, []),
                                             oh.make_tensor_value_info("m", f, [2, 3])],
                           [oh.make_tensor_value_info(n, f, None) for n in "abcdhg"] +
@@ -53,6 +54,7 @@ def test_scalars_meeting_a_trailing_one_get_its_rank():
     for name in ("a", "b", "c", "d", "gt", "h"):  # each scalar operand now [1, 1, 1, 1]
         assert [[int(d) for d in v.shape] for v in by_output[name].inputs if v.name not in ("x", "gt")] == [[1, 1, 1, 1]]
     assert by_output["c"].inputs[1].producer().op_type == "Reshape"  # fed: reshaped, not rewritten
+    assert by_output["b"].inputs[0].producer().op_type == "Constant"  # a Constant node's: rewritten
     assert by_output["e"].inputs[1].name == "four" and by_output["g"].inputs[1].name == "ones4"  # left
     model.graph.sort()
     after = run(model, feeds)

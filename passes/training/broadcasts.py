@@ -20,7 +20,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.emit import Emitter
-from graphc.passes.values import fixed_array
+from graphc.passes.values import const_array
 
 __all__ = ["rank_scalars"]
 
@@ -43,7 +43,7 @@ def rank_scalars(graph: ir.Graph, opset: int) -> int:
             if rank is None or not _lower_rank_scalar(small, rank):
                 continue
             if (small, rank) not in ranked:
-                array = fixed_array(small)
+                array = const_array(small) if not small.is_graph_input() else None  # a fed one may differ
                 ranked[small, rank] = (e.const(array.reshape([1] * rank), small.dtype) if array is not None
                                        else e.op("Reshape", small, e.ints([1] * rank)))
             node.replace_input_with(i, ranked[small, rank])
