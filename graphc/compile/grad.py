@@ -25,7 +25,7 @@ def grad(model, loss: Union[str, LossSpec], wrt: Sequence[str] | None = None) ->
     int64 class indices for cross-entropy, else the output's type) and outputs the scalar
     ``"loss"``. ``wrt`` defaults to all floating-point initializers. A model below opset 17 is
     upgraded to 17 first (onnx's version converter), as training does: the rules use
-    ScatterND/ScatterElements with ``reduction``.
+    ScatterElements with ``reduction``.
 
     Raises:
         TypeError: ``loss`` is neither an output name nor a ``gc.losses`` spec.

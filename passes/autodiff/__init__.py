@@ -45,14 +45,15 @@ Conventions (each written next to its rule too):
   unrolled; Resize needs static sizes on the axes it resizes and scales/sizes known before run
   time (an aspect-ratio policy not with tf_crop_and_resize); Einsum no letter repeated in one
   operand (a diagonal); CumProd a constant axis with a static length; Pad constant pads (and in
-  edge/reflect/wrap mode static sizes on the padded axes); Gather, GatherElements and MaxPool need
-  opset >= 16 (ScatterND/ScatterElements with reduction).
+  edge/reflect/wrap mode static sizes on the padded axes); Gather, GatherElements, GatherND and MaxPool
+  need opset >= 16 (ScatterElements with reduction).
 """
 
 from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rules)
     rules_activations,
     rules_control,
     rules_elementwise,
+    rules_indexing,
     rules_linalg,
     rules_loss,
     rules_nn,

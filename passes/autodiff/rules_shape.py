@@ -1,8 +1,5 @@
-# Over 500 lines: the gradient rules of the shape and indexing ops, one small rule per op in
-# the registry's table; they share the static-shape helpers at the top, and a reader looks
-# up one family in one file.
-"""VJP rules of data-movement ops: Reshape-likes, Transpose, Expand, Concat, Split, Slice, Gather(Elements),
-Scatter(Elements/ND), TopK, Trilu, CumSum, Pad, Tile and Resize."""
+"""VJP rules of data-movement ops: Reshape-likes, Transpose, Expand, Concat, Split, Slice, TopK, Trilu,
+CumSum, Pad, Tile and Resize (the gathers and scatters are ``rules_indexing``'s)."""
 
 from __future__ import annotations
 
@@ -10,7 +7,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
-from graphc.passes.autodiff.builder import (GradBuilder, attr, const_array, folded_array, is_static, node_attrs,
+from graphc.passes.autodiff.builder import (GradBuilder, attr, folded_array, is_static, node_attrs,
                                             static_shape)
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.autodiff.separable import axis_matrix, contract
@@ -35,18 +32,11 @@ def grad_expand(g, node, dy):
     return dy, None
 
 
-def _dim(g: GradBuilder, x: ir.Value, axis: int) -> ir.Value | int:
-    shape = static_shape(x)
-    if shape is not None and isinstance(shape[axis], int):
-        return shape[axis]
-    return g.op("Gather", g.op("Shape", x), g.ints([axis]))
-
-
 @grad_rule("Concat")
 def grad_concat(g, node, dy):
     rank = g.rank(node.outputs[0])
     axis = attr(node, "axis") % rank
-    sizes = [_dim(g, x, axis) for x in node.inputs]
+    sizes = [g.dim(x, axis) for x in node.inputs]
     if not all(isinstance(s, int) for s in sizes):
         sizes = g.op("Concat", *[g.ints([s]) if isinstance(s, int) else s for s in sizes], axis=0)
     parts = g.split(dy, sizes, axis, len(node.inputs))
@@ -104,62 +94,6 @@ def grad_slice(g, node, dy):
     return (g.reshape_to(flat, shape, static_shape(x)),) + rest
 
 
-@grad_rule("Gather")
-def grad_gather(g, node, dy):
-    # y = data[..., idx, ...] along `axis`: ScatterND with reduction="add" (repeated indices
-    # accumulate, as in an embedding) into zeros laid out with `axis` first.
-    data, idx = node.inputs
-    g.require_opset(16, "ScatterND with reduction='add'")
-    r = g.rank(data)
-    q = g.rank(idx)
-    axis = attr(node, "axis", 0) % r
-    known = const_array(idx)
-    if known is None or np.any(known < 0):  # negative indices count from the end
-        dim = _dim(g, data, axis)
-        dim = g.const(dim, np.int64) if isinstance(dim, int) else g.op("Reshape", dim, g.ints([]))
-        idx = g.op("Where", g.op("Less", idx, g.const(0, idx.dtype or np.int64)),
-                   g.add(idx, g.cast_like(dim, idx)), idx)
-    data_perm = [axis] + [i for i in range(r) if i != axis]
-    dy_perm = list(range(axis, axis + q)) + list(range(axis)) + list(range(axis + q, r - 1 + q))
-    dy_t = g.transpose(dy, dy_perm)
-    sd = static_shape(data)
-    if is_static(sd):
-        zshape = g.ints([sd[i] for i in data_perm])
-    else:
-        zshape = g.op("Gather", g.op("Shape", data), g.ints(data_perm))
-    zeros = g.full(zshape, 0.0, dy)
-    idx = g.op("Cast", g.unsqueeze(idx, [q]), to=int(ir.DataType.INT64))
-    scattered = g.op("ScatterND", zeros, idx, dy_t, reduction="add")
-    return g.transpose(scattered, list(np.argsort(data_perm))), None
-
-
-@grad_rule("GatherElements")
-def grad_gather_elements(g, node, dy):
-    data, idx = node.inputs
-    g.require_opset(16, "ScatterElements with reduction='add'")
-    zeros = g.zeros_like(data)
-    return g.op("ScatterElements", zeros, idx, dy, axis=attr(node, "axis", 0), reduction="add"), None
-
-
-@grad_rule("GatherND")
-def grad_gather_nd(g, node, dy):
-    # dy goes back to the slices the index tuples name: ScatterND with reduction="add" into
-    # zeros (repeated tuples accumulate). batch_dims > 0: each tuple gets its batch coordinates
-    # prepended (static index shape), since ScatterND has no batch_dims.
-    data, idx = node.inputs
-    g.require_opset(16, "ScatterND with reduction='add'")
-    batch = attr(node, "batch_dims", 0)
-    if batch:
-        shape = static_shape(idx)
-        if not is_static(shape):
-            raise GraphError(f"gradient of GatherND {node.name!r} with batch_dims={batch} needs a static indices shape")
-        lead = list(shape[:-1])
-        grid = np.stack([np.broadcast_to(np.arange(lead[d]).reshape([-1 if i == d else 1 for i in range(len(lead))]),
-                                          lead) for d in range(batch)], axis=-1).astype(np.int64)
-        idx = g.op("Concat", g.const(grid), g.op("Cast", idx, to=int(ir.DataType.INT64)), axis=-1)
-    return g.op("ScatterND", g.zeros_like(data), idx, dy, reduction="add"), None
-
-
 @grad_rule("Col2Im")
 def grad_col2im(g, node, dy):
     # Col2Im sums each column entry into an image pixel (or drops it into the padding); its
@@ -187,26 +121,6 @@ def grad_col2im(g, node, dy):
     padded = g.op("Pad", flat, g.ints([0, 0, 0, 0, 0, 1]))  # [N, C, pixels + 1]: the last is 0
     picked = g.op("Gather", padded, g.const(index.reshape(-1)), axis=2)  # [N, C, K * L]
     return g.op("Reshape", picked, g.ints([0, sx[1], index.shape[1]])), None, None
-
-
-@grad_rule("ScatterElements", "ScatterND")
-def grad_scatter(g, node, dy):
-    # reduction none: dy passes where data was not overwritten (zeros scattered over it) and the
-    # updates get dy at their positions (a Gather); "add": data gets all of dy. The other
-    # reductions (mul, max, min) have no rule. Duplicate indices without a reduction write in an
-    # unspecified order: each update is then given the gradient of its position.
-    data, idx, updates = node.inputs
-    reduction = attr(node, "reduction", "none")
-    if reduction not in ("none", "add"):
-        raise GraphError(f"gradient of {node.op_type} {node.name!r} with reduction={reduction!r} is not supported")
-    elements = node.op_type == "ScatterElements"
-    axis = {"axis": attr(node, "axis", 0)} if elements else {}
-    ddata = dupdates = None
-    if g.wants(data):
-        ddata = dy if reduction == "add" else g.op(node.op_type, dy, idx, g.zeros_like(updates), **axis)
-    if g.wants(updates):
-        dupdates = g.op("GatherElements" if elements else "GatherND", dy, idx, **axis)
-    return ddata, None, dupdates
 
 
 @grad_rule("CumSum")

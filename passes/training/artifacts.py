@@ -245,7 +245,7 @@ def _prepare(model: ir.Model) -> ir.Model:
 
 def _upgrade(model: ir.Model, opset: int) -> ir.Model:
     """Old exports (opset 6 to 16) go through onnx's version converter to opset 17, graphc's
-    lowest (gradient rules and update graphs use ops as opset 17 defines them, e.g. ScatterND
+    lowest (gradient rules and update graphs use ops as opset 17 defines them, e.g. ScatterElements
     with ``reduction``, Dropout with a ``training_mode`` input)."""
     import onnx
 
