@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import EncodeError
 
+from graphc.backends import denormals
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
 from graphc.model import ir_version_for, node_source
@@ -145,7 +146,8 @@ class _OrtBackend:
     def prepare(self, model: onnx.ModelProto, *, threads: int | None = None,
                 graph_optimization_level: str | int = "all", device_id: int = 0,
                 providers_options: Mapping[str, Any] | None = None, keep_recomputation: bool = False,
-                mem_pattern: bool = True, exact_arena: bool = False, cuda_graph: bool = False) -> OrtExecutable:
+                mem_pattern: bool = True, exact_arena: bool = False, cuda_graph: bool = False,
+                flush_denormals: bool = False) -> OrtExecutable:
         """Build an onnxruntime session. An op onnxruntime cannot run fails here.
         ``keep_recomputation``: the model recomputes values on purpose (``generate(...,
         recompute=True)``): common-subexpression elimination, which would merge the copies back,
@@ -157,7 +159,10 @@ class _OrtBackend:
         (``_exact_cpu_arena``), not from an arena of its own that grows by powers of two.
         ``cuda_graph``: on the CUDA provider, let runs given a ``graph_id`` be captured and replayed
         as CUDA graphs (``graphc.runtime.cuda_graph`` says what that asks of the model and the
-        runs); onnxruntime refuses the session where a compute node would run on the CPU."""
+        runs); onnxruntime refuses the session where a compute node would run on the CPU.
+        ``flush_denormals``: on the CPU, denormal floats count as zero in and out of every kernel,
+        in the session's threads and in the calling thread while it runs (``denormals``); the
+        Trainer's default (see ``graphc.runtime.trainer``)."""
         if cuda_graph and self.device != "cuda":
             raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {self.name!r}")
         _check_domains(model, self.name)
@@ -171,6 +176,9 @@ class _OrtBackend:
                 raise ValueError(f"threads must be >= 0 (0: onnxruntime's default), got {threads}")
             options.intra_op_num_threads = int(threads)
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        flush_denormals = bool(flush_denormals) and self.device == "cpu"
+        if flush_denormals:
+            options.add_session_config_entry("session.set_denormal_as_zero", "1")
         if exact_arena and self.device == "cpu" and _exact_cpu_arena():
             options.add_session_config_entry("session.use_env_allocators", "1")
         disabled = ()
@@ -180,7 +188,8 @@ class _OrtBackend:
         provider_options = {**({"device_id": int(device_id)} if self.device == "cuda" else {}),
                             **({"enable_cuda_graph": "1"} if cuda_graph else {}),
                             **dict(providers_options or {})}
-        return OrtExecutable(self, model, options, provider_options, int(device_id), disabled, cuda_graph)
+        return OrtExecutable(self, model, options, provider_options, int(device_id), disabled, cuda_graph,
+                             flush_denormals)
 
 
 class CpuBackend(_OrtBackend):
@@ -254,8 +263,9 @@ class OrtExecutable:
 
     def __init__(self, backend: _OrtBackend, model: onnx.ModelProto, options: Any,
                  provider_options: dict[str, Any], device_id: int, disabled_optimizers: Sequence[str] = (),
-                 cuda_graph: bool = False):
+                 cuda_graph: bool = False, flush_denormals: bool = False):
         ort = _ort()
+        self._flush = flush_denormals
         # a run that names no graph must not be captured as graph 0 and replayed on other inputs
         self._default_graph = -1 if cuda_graph else None
         self.backend_name = backend.name
@@ -270,9 +280,10 @@ class OrtExecutable:
             optimized = Path(tmp) / "optimized.onnx"
             if backend.device != "cpu":  # to count the copy nodes onnxruntime inserts
                 options.optimized_model_filepath = str(optimized)
-            try:
-                self.session = ort.InferenceSession(data, options, providers=providers,
-                                                    disabled_optimizers=list(disabled_optimizers) or None)
+            try:  # the first session of the process sets its builder's flush mode for good: not here
+                with denormals.flushing(False):
+                    self.session = ort.InferenceSession(data, options, providers=providers,
+                                                        disabled_optimizers=list(disabled_optimizers) or None)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
                 raise self._error(exc, "cannot load") from None
             self.copy_nodes = _count_copy_nodes(optimized) if optimized.is_file() else 0
@@ -293,7 +304,8 @@ class OrtExecutable:
         names = list(outputs) if outputs is not None else self.output_names
         contiguous = {k: np.asarray(v, order="C") for k, v in feeds.items()}
         try:
-            values = self.session.run(names, contiguous, self._run_options(None))
+            with denormals.flushing(self._flush):
+                values = self.session.run(names, contiguous, self._run_options(None))
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, "failed while running") from None
         return dict(zip(names, values))
@@ -340,7 +352,8 @@ class OrtExecutable:
             else:
                 binding.bind_output(name, self.device, self.device_id)
         try:
-            self.session.run_with_iobinding(binding, self._run_options(graph_id))
+            with denormals.flushing(self._flush):
+                self.session.run_with_iobinding(binding, self._run_options(graph_id))
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, "failed while running") from None
         values = binding.get_outputs()

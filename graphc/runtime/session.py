@@ -23,7 +23,7 @@ from graphc.model.dtypes import TensorSpec
 from graphc.runtime.feeds import optional_inputs, validate_feeds
 
 # Options every backend accepts (a backend ignores those that mean nothing to it).
-SESSION_OPTIONS = frozenset({"threads", "graph_optimization_level", "device_id", "providers_options"})
+SESSION_OPTIONS = frozenset({"threads", "graph_optimization_level", "device_id", "providers_options", "flush_denormals"})
 
 ModelLike = Union[Model, str, os.PathLike, bytes, onnx.ModelProto]
 

@@ -18,7 +18,9 @@ that nothing reads after its producer writes it (the optimizer state, most param
 ``graphc.passes.training.in_place``) goes into its input's own buffer, one copy instead of two.
 With the fused update (``manifest.layout``) the optimizer state is carried as flat buffers;
 ``state_dict()`` and checkpoints name it per param all the same. On ort-cuda, ``cuda_graph=True``
-replays the step as CUDA graphs (``graphc.runtime.cuda_graph``).
+replays the step as CUDA graphs (``graphc.runtime.cuda_graph``). On the CPU its sessions count
+denormal floats as zero (``flush_denormals``, ``TRAINING_OPTIONS``; ``flush_denormals=False``
+keeps IEEE denormals).
 
 Training-mode Dropout reads its randomness from ``noise`` inputs (``dropout_noise.<k>``): each
 step the Trainer draws them, in manifest order, with ``self.rng.random(shape, dtype=float32)``
@@ -68,6 +70,13 @@ __all__ = ["History", "Trainer", "TrainingFailed"]
 BATCH_ROLES = ("data", "label")
 NOISE_ROLE = "noise"
 SIGNAL_HOOK_ENV = "GRAPHC_TEST_SIGNAL_AT_STEP"
+# Backend options every session of a Trainer (its workers' too) gets unless the caller says
+# otherwise. Denormals flushed to zero, as TensorFlow and XLA train on the CPU: a value below
+# 1.2e-38 in float32 takes onnxruntime's CPU kernels up to 6x as long (softmax over logits that
+# span 100 or more, a sigmoid's far tail, the squares of tiny gradients), and changes nothing a
+# step's result can show. bench_zoo's GPT at batch 32: its LogSoftmax 22.5 -> 4.7 ms and the
+# backward's Exp 22.0 -> 4.6, the step 0.94x (interleaved, 2 threads).
+TRAINING_OPTIONS = {"flush_denormals": True}
 
 
 class TrainingFailed(GraphcError, RuntimeError):
@@ -131,7 +140,7 @@ class Trainer:
         self._backend = get_backend(backend)
         self.backend = self._backend.name
         cuda_graph = bool(options.pop("cuda_graph", False))
-        self._options = options
+        self._options = {**TRAINING_OPTIONS, **options}
         # train_step runs without onnxruntime's memory pattern: measured (CPU, 1 thread, Trainer
         # steps interleaved in one process) ResNet-18 at batch 2 0.93x the step time, at batch 32
         # 0.90x and 0.92x the peak RSS (1029 -> 950 MB); and on the CPU from an arena that grows by
@@ -140,7 +149,7 @@ class Trainer:
         proto = _without_initializers(self.artifacts.train_step.proto, set(self._entries))
         self._in_place = in_place_outputs(proto.graph, self._feeds)  # written into their input's buffer
         step_options = {**({"keep_recomputation": True} if self.manifest.recompute else {}),
-                        "mem_pattern": False, "exact_arena": True, **options}
+                        "mem_pattern": False, "exact_arena": True, **self._options}
         self._train = self._backend.prepare(proto, **step_options)
         # cuda_graph: batches of the first batch's shapes replay CUDA graphs (graphc.runtime.cuda_graph)
         self._graphed = GraphedStep(self._backend, proto, self.artifacts.train_step.ir.graph,

@@ -38,7 +38,7 @@ from graphc.runtime.data import DataLoader
 from graphc.runtime.distributed.replica import Replica, divisor
 from graphc.errors import ArtifactsError
 from graphc.runtime.history import History
-from graphc.runtime.trainer import BATCH_ROLES, Trainer, TrainingFailed, _specs
+from graphc.runtime.trainer import BATCH_ROLES, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs
 
 __all__ = ["DistributedTrainer"]
 
@@ -76,7 +76,7 @@ class DistributedTrainer(Trainer):
                                 "update": update_model(self.manifest).proto.SerializeToString(),
                                 "eval": a.eval.proto.SerializeToString(),
                                 "manifest": self.manifest.model_dump_json().encode()})
-        self._backend_name, self._options = backend, options
+        self._backend_name, self._options = backend, {**TRAINING_OPTIONS, **options}
         eval_inputs = self.manifest.graphs["eval"].inputs
         self._eval_specs = _specs(eval_inputs, BATCH_ROLES)
         self._replicas: list = []
