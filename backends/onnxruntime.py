@@ -16,7 +16,7 @@ import io
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +176,8 @@ class _OrtBackend:
                 raise ValueError(f"threads must be >= 0 (0: onnxruntime's default), got {threads}")
             options.intra_op_num_threads = int(threads)
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        if self.device == "cpu":
+            model = _race_free(model, options)
         flush_denormals = bool(flush_denormals) and self.device == "cpu"
         if flush_denormals:
             options.add_session_config_entry("session.set_denormal_as_zero", "1")
@@ -231,6 +233,41 @@ def _exact_cpu_arena() -> bool:
     except (RuntimeError, ort.capi.onnxruntime_pybind11_state.Fail):  # an onnxruntime that refuses
         return False
     return True
+
+
+def _race_free(model: onnx.ModelProto, options: Any) -> onnx.ModelProto:
+    """``model`` without the reducing ScatterND nodes onnxruntime's CPU provider runs with a race
+    (``graphc.passes.scatters``): those of the main graph are rewritten as ScatterElements (ranks
+    from onnx's shape inference); where one is left (in a subgraph, or of unknown rank) the
+    session runs single-threaded instead. ``model`` itself is not changed."""
+    def reducing(graph: onnx.GraphProto) -> Iterator[bool]:  # per reducing ScatterND: in the main graph?
+        for node in graph.node:
+            if node.op_type == "ScatterND" and node.domain in ("", "ai.onnx") and any(
+                    a.name == "reduction" and a.s.decode() != "none" for a in node.attribute):
+                yield graph is model.graph
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    yield from reducing(sub)
+
+    found = list(reducing(model.graph))
+    if not found:
+        return model
+    import onnx_ir as ir
+
+    from graphc.passes.scatters import scatter_nd_as_elements
+
+    left = found.count(False)
+    if any(found):
+        try:
+            typed = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(model))
+        except (onnx.shape_inference.InferenceError, ValueError):  # over 2 GiB, or inconsistent
+            left = len(found)
+        else:
+            left += scatter_nd_as_elements(typed)[1]
+            model = ir.serde.serialize_model(typed)
+    if left:
+        options.intra_op_num_threads = 1
+    return model
 
 
 def _optimization_level(level: str | int):

@@ -93,6 +93,13 @@ class Emitter:
     def ints(self, values: Sequence[int]) -> ir.Value:
         return self.const(np.asarray(list(values), dtype=np.int64))
 
+    def dim(self, value: ir.Value, axis: int) -> ir.Value | int:
+        """One dim of ``value``: an int when static, else a [1] int64 value read off ``Shape``."""
+        shape = value.shape
+        if shape is not None and isinstance(shape[axis], int):
+            return shape[axis]
+        return self.op("Gather", self.op("Shape", value), self.ints([axis]))
+
     def scalar(self, x: float, like: ir.Value) -> ir.Value:
         """A 0-d constant of ``like``'s dtype (CastLike when the dtype is not recorded)."""
         if like.dtype is not None:

@@ -126,13 +126,6 @@ class GradBuilder(Emitter):
             return self.ints(shape)
         return self.op("Shape", value)
 
-    def dim(self, value: ir.Value, axis: int) -> ir.Value | int:
-        """One dim: an int when static, else a [1] int64 value read off ``Shape``."""
-        shape = static_shape(value)
-        if shape is not None and isinstance(shape[axis], int):
-            return shape[axis]
-        return self.op("Gather", self.op("Shape", value), self.ints([axis]))
-
     def full(self, shape: ir.Value, fill: float, like: ir.Value) -> ir.Value:
         """A tensor of ``shape`` (an int64 1-D value) filled with ``fill`` in ``like``'s dtype."""
         dtype = (like.dtype or ir.DataType.FLOAT).numpy()
