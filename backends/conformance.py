@@ -19,6 +19,7 @@ from onnx.backend.base import Backend, BackendRep
 
 from graphc.backends.registry import get_backend
 from graphc.model import ir_version_for
+from graphc.model.file import all_graphs
 
 
 def runtime_model(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -150,13 +151,7 @@ def cases_by_op(claimed: set[str]) -> dict[str, list]:
 
 def graph_op_types(graph: onnx.GraphProto) -> set[str]:
     """Every op type in ``graph`` and its subgraphs."""
-    ops = set()
-    for node in graph.node:
-        ops.add(node.op_type)
-        for attr in node.attribute:
-            for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                ops |= graph_op_types(g)
-    return ops
+    return {node.op_type for g in all_graphs(graph) for node in g.node}
 
 
 def _compare(expected, got, rtol: float, atol: float) -> None:

@@ -16,7 +16,7 @@ import io
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from graphc.backends import denormals
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
 from graphc.model import ir_version_for, node_source
+from graphc.model.file import all_graphs
 from graphc.model.dtypes import to_numpy
 
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
@@ -240,28 +241,21 @@ def _race_free(model: onnx.ModelProto, options: Any) -> onnx.ModelProto:
     (``graphc.passes.scatters``): those of the main graph are rewritten as ScatterElements (ranks
     from onnx's shape inference); where one is left (in a subgraph, or of unknown rank) the
     session runs single-threaded instead. ``model`` itself is not changed."""
-    def reducing(graph: onnx.GraphProto) -> Iterator[bool]:  # per reducing ScatterND: in the main graph?
-        for node in graph.node:
-            if node.op_type == "ScatterND" and node.domain in ("", "ai.onnx") and any(
-                    a.name == "reduction" and a.s.decode() != "none" for a in node.attribute):
-                yield graph is model.graph
-            for attr in node.attribute:
-                for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                    yield from reducing(sub)
+    def reducing(graph: onnx.GraphProto) -> int:
+        return sum(node.op_type == "ScatterND" and node.domain in ("", "ai.onnx") and any(
+            a.name == "reduction" and a.s.decode() != "none" for a in node.attribute) for node in graph.node)
 
-    found = list(reducing(model.graph))
-    if not found:
-        return model
-    import onnx_ir as ir
+    outer = reducing(model.graph)
+    left = sum(reducing(g) for g in all_graphs(model.graph) if g is not model.graph)
+    if outer:
+        import onnx_ir as ir
 
-    from graphc.passes.scatters import scatter_nd_as_elements
+        from graphc.passes.scatters import scatter_nd_as_elements
 
-    left = found.count(False)
-    if any(found):
         try:
             typed = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(model))
         except (onnx.shape_inference.InferenceError, ValueError):  # over 2 GiB, or inconsistent
-            left = len(found)
+            left += outer
         else:
             left += scatter_nd_as_elements(typed)[1]
             model = ir.serde.serialize_model(typed)

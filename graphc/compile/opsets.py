@@ -8,6 +8,7 @@ import onnx_ir as ir
 
 from graphc.errors import PassError
 from graphc.model import Model, load
+from graphc.model.file import all_graphs
 from graphc.passes.functions import expand_functions
 from graphc.passes.values import fresh_name
 
@@ -103,17 +104,8 @@ def _hold_back(proto: onnx.ModelProto, current: int, target: int) -> list[str]:
     return held
 
 
-def _graphs(graph: onnx.GraphProto):
-    """``graph`` and every subgraph in it (If branches, Loop/Scan bodies), outer first."""
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs):
-                yield from _graphs(sub)
-
-
 def _nodes(graph: onnx.GraphProto):
-    for g in _graphs(graph):
+    for g in all_graphs(graph):
         yield from g.node
 
 
@@ -123,7 +115,7 @@ def _restore(proto: onnx.ModelProto, held: list[str], target: int) -> None:
         return
     inferred = onnx.shape_inference.infer_shapes(proto)
     shapes: dict = {"__initializers__": []}
-    for graph in _graphs(inferred.graph):
+    for graph in all_graphs(inferred.graph):
         for info in [*graph.value_info, *graph.input, *graph.output]:
             dims = info.type.tensor_type.shape.dim
             shapes[info.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
@@ -192,7 +184,7 @@ def _localize_constants(graph: onnx.GraphProto, outer: dict[str, onnx.TensorProt
 
 def _value_names(graph: onnx.GraphProto) -> set[str]:
     names: set[str] = set()
-    for g in _graphs(graph):
+    for g in all_graphs(graph):
         names.update(t.name for t in g.initializer)
         names.update(i.name for i in g.input)
         names.update(o for node in g.node for o in node.output)

@@ -196,12 +196,13 @@ def read_external_data(plan: list[tuple[onnx.TensorProto, _Extent]]) -> None:
         del tensor.external_data[:]
 
 
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph in it (If branches, Loop/Scan bodies), outer first."""
     yield graph
     for node in graph.node:
         for attr in node.attribute:
             for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                yield from _graphs(sub)
+                yield from all_graphs(sub)
 
 
 def densify_sparse_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -209,12 +210,12 @@ def densify_sparse_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
     the caller's proto is not changed). onnx-ir has no sparse tensors and drops them with a
     warning, which would leave their readers without an input; onnx has no converter for
     SparseTensorProto, so this is written here (zeros, values put at indices)."""
-    if not any(graph.sparse_initializer for graph in _graphs(proto.graph)):
+    if not any(graph.sparse_initializer for graph in all_graphs(proto.graph)):
         return proto
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
     proto = copy
-    for graph in _graphs(proto.graph):
+    for graph in all_graphs(proto.graph):
         for sparse in graph.sparse_initializer:
             name = sparse.values.name
             try:
