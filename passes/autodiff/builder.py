@@ -134,7 +134,10 @@ class GradBuilder(Emitter):
     def zeros_like(self, value: ir.Value) -> ir.Value:
         if isinstance(value.type, ir.SequenceType):
             return self.seq_map(lambda sub, x: sub.zeros_like(x), value)
-        return self.full(self.shape_of(value), 0.0, value)
+        zeros = self.full(self.shape_of(value), 0.0, value)
+        if zeros.shape is None and value.shape is not None:  # ConstantOfShape(Shape(value)): value's, symbols too
+            zeros.shape = ir.Shape(list(value.shape))
+        return zeros
 
     def flat_zeros_like(self, value: ir.Value, like: ir.Value) -> ir.Value:
         """Zeros with as many elements as ``value`` has, 1-D, in ``like``'s dtype (its size a constant

@@ -9,8 +9,6 @@ the sum as a one-hot Gemm: 35 ms).
 
 from __future__ import annotations
 
-import onnx_ir as ir
-
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import attr, static_shape
 from graphc.passes.autodiff.registry import grad_rule
@@ -54,9 +52,7 @@ def grad_gather_nd(g, node, dy):
         raise GraphError(f"gradient of GatherND {node.name!r} needs the length of its index tuples (the last dim "
                          f"of {idx.name!r}), got shape {sidx}")
     g.rank(data)  # known, or a clear error
-    zeros = g.zeros_like(data)
-    zeros.shape = ir.Shape(list(data.shape))  # a run-time ConstantOfShape(Shape(data)) is data's shape
-    return scatter_tuples(g, zeros, idx, dy, attr(node, "batch_dims", 0)), None
+    return scatter_tuples(g, g.zeros_like(data), idx, dy, attr(node, "batch_dims", 0)), None
 
 
 @grad_rule("ScatterElements", "ScatterND")
