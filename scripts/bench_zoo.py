@@ -368,8 +368,10 @@ def profile_kernels(arts, batch: dict[str, np.ndarray], directory: Path, runs: i
                     ) -> tuple[list[dict], list[float]]:
     """The kernel events of an onnxruntime profile of the train_step after its first ``warmup``
     (allocating) runs of ``runs``, and each run's wall seconds; the session runs as the Trainer
-    runs it (carried state fed, not initializers; no memory pattern)."""
+    runs it (carried state fed, not initializers; no memory pattern; denormals flushed)."""
     import onnxruntime as ort
+
+    from graphc.backends import denormals
 
     proto = arts.train_step.proto
     fed = {i.name for i in proto.graph.input}
@@ -381,13 +383,16 @@ def profile_kernels(arts, batch: dict[str, np.ndarray], directory: Path, runs: i
     options.enable_mem_pattern = False
     options.enable_profiling = True
     options.profile_file_prefix = str(directory / "ort_profile")
-    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    options.add_session_config_entry("session.set_denormal_as_zero", "1")
+    with denormals.flushing(False):  # as the Trainer builds its sessions: the caller's mode kept
+        session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     state = arts.manifest.pack(arts.state)  # per-param names -> the train_step's (flat) inputs
     feeds = {i.name: batch[i.name] if i.name in batch else state[i.name] for i in session.get_inputs()}
     walls = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        session.run(["loss"], feeds)
+        with denormals.flushing(True):
+            session.run(["loss"], feeds)
         walls.append(time.perf_counter() - t0)
     events = json.loads(Path(session.end_profiling()).read_text())
     start = sorted(e["ts"] for e in events if e["name"] == "model_run")[warmup]

@@ -187,6 +187,85 @@ def test_bce_with_logits_gradient_is_finite_at_100():
     np.testing.assert_allclose(out[dx.name], expected, rtol=1e-5, atol=1e-7)
 
 
+def _out_of_range():
+    logits, labels = _classes()
+    labels[[0, 5]] = [5, -3]  # C = 5: matches no class, still counted by "mean"
+    return logits, labels
+
+
+@pytest.mark.parametrize("make,options", [(_classes, {}), (_ignored, {}), (_out_of_range, {}),
+                                          (_ignore_class_zero, {"ignore_index": 0, "reduction": "sum"}),
+                                          (lambda: _classes((3, 4), extra=(2, 3)), {}),
+                                          (_ignored, {"label_smoothing": 0.2}), (_out_of_range, {"label_smoothing": 0.1})])
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_cross_entropy_gradient_matches_closed_form(make, options, backend):
+    """d(loss)/d(logits) = ((1-eps) * hit * (softmax - onehot) + eps * (softmax - 1/C)) * keep / n:
+    the labels' log-probabilities picked by GatherElements, and without smoothing LogSoftmax's
+    gradient kept sparse (the picked values scattered onto -softmax * their sum, no [N, C]
+    one-hot, subtraction or row sum of zeros)."""
+    logits, labels = make()
+    eps, reduction = options.get("label_smoothing", 0.0), options.get("reduction", "mean")
+    model = gc.capture(lambda x, y: gc.losses.cross_entropy(x, y, **options),
+                       x=gc.spec("float32", ("N", *logits.shape[1:])), y=gc.spec("int64", ("N", *labels.shape[1:])))
+    from graphc.passes.autodiff.core import backward
+
+    g = model.ir.graph
+    dx = backward(g, g.outputs[0], [g.inputs[0]])["x"]
+    dx.dtype, dx.shape = ir.DataType.FLOAT, ir.Shape(["N", *logits.shape[1:]])
+    g.outputs.append(dx)
+    used, todo = [], [dx.producer()]  # the nodes dx is computed from
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in used:
+            used.append(node)
+            todo.extend(v.producer() for v in node.inputs if v is not None)
+    assert all(n.inputs[0] is g.inputs[1] for n in used if n.op_type == "Equal")  # only ignore_index's test
+    if not eps:
+        scatters = [n for n in used if n.op_type == "ScatterElements"]
+        assert "Sub" not in [n.op_type for n in used] and len(scatters) == 1
+        assert scatters[0].inputs[0].producer().op_type == "Mul"  # onto -softmax * sum, not zeros
+    got = gc.Session(gc.Model(model.ir), backend=backend).run({"x": logits, "y": labels})[dx.name]
+
+    x, c = logits.astype(np.float64), logits.shape[1]
+    p = np.exp(x - x.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    hit = (labels >= 0) & (labels < c)
+    onehot = np.expand_dims(np.where(hit, labels, 0), 1) == np.arange(c).reshape(c, *[1] * (labels.ndim - 1))
+    keep = np.expand_dims(labels != options.get("ignore_index", -100), 1)
+    d = ((1 - eps) * np.expand_dims(hit, 1) * (p - onehot) + eps * (p - 1 / c)) * keep
+    expected = d / keep.sum() if reduction == "mean" else d
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_log_softmax_gradient_of_repeated_picks(axis, backend):
+    """sum(w * gather(log_softmax(x, 1), axis, idx)) with indices repeated within a row: dx is
+    the weights summed into their positions minus softmax times each row's weight sum. Along
+    axis 1 the LogSoftmax gradient takes the scattered weights as they are; along axis 0 (picks
+    across rows) it gets them as a dense dy."""
+    from graphc.dsl import ops, ops_array
+
+    x = RNG.normal(size=(4, 6))
+    idx = np.array([[0, 2, 2], [5, 5, 5], [1, 0, 3], [4, 4, 0]]) if axis == 1 else np.array([[0, 3, 3, 1, 0, 2]] * 2)
+    w = RNG.normal(size=idx.shape)
+    model = gc.capture(lambda t: ops.sum(ops_array.gather(ops.log_softmax(t, axis=1), axis, idx) * w), t=x)
+    from graphc.passes.autodiff.core import backward
+
+    g = model.ir.graph
+    dx = backward(g, g.outputs[0], [g.inputs[0]])["t"]
+    dx.dtype, dx.shape = ir.DataType.DOUBLE, ir.Shape(x.shape)
+    g.outputs.append(dx)
+    got = gc.Session(gc.Model(model.ir), backend=backend).run({"t": x})[dx.name]
+    picked = np.zeros_like(x)
+    rows = np.broadcast_to(np.arange(idx.shape[0])[:, None], idx.shape)
+    cols = np.broadcast_to(np.arange(idx.shape[1]), idx.shape)
+    np.add.at(picked, (rows, idx) if axis == 1 else (idx, cols), w)
+    p = np.exp(x - x.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(got, picked - p * picked.sum(axis=1, keepdims=True), rtol=1e-10, atol=1e-12)
+
+
 def test_loss_spec_binds_output_to_label():
     spec = gc.losses.cross_entropy("logits", label="y", label_smoothing=0.1)
     assert isinstance(spec, gc.losses.LossSpec)

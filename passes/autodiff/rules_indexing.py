@@ -9,6 +9,8 @@ the sum as a one-hot Gemm: 35 ms).
 
 from __future__ import annotations
 
+import onnx_ir as ir
+
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import attr, static_shape
 from graphc.passes.autodiff.registry import grad_rule
@@ -39,6 +41,24 @@ def grad_gather_elements(g, node, dy):
     g.require_opset(16, ADD_SCATTER)
     zeros = g.zeros_like(data)
     return g.op("ScatterElements", zeros, idx, dy, axis=attr(node, "axis", 0), reduction="add"), None
+
+
+def scattered(dy: ir.Value) -> tuple[ir.Value, ir.Value, int] | None:
+    """(indices, updates, axis) where ``dy`` is ``ScatterElements(zeros, indices, updates, axis,
+    reduction="add")``, GatherElements' gradient; else None. A rule that reads dy only through sums
+    along ``axis`` and elementwise terms can keep it sparse (``rules_reduce.grad_log_softmax``)."""
+    node, shape = dy.producer(), static_shape(dy)
+    if node is None or node.op_type != "ScatterElements" or attr(node, "reduction") != "add" or not shape:
+        return None
+    zeros, (idx, updates) = node.inputs[0].producer(), node.inputs[1:3]
+    if zeros is None or zeros.op_type != "ConstantOfShape":
+        return None
+    fill, axis = attr(zeros, "value"), attr(node, "axis", 0) % len(shape)
+    spread = static_shape(updates)  # dy's shape off the axis: a sum along it broadcasts back
+    if (fill is not None and fill.numpy().any()) or spread is None or len(spread) != len(shape) or any(
+            a is None or a != b for i, (a, b) in enumerate(zip(spread, shape)) if i != axis):
+        return None
+    return idx, updates, axis
 
 
 @grad_rule("GatherND")

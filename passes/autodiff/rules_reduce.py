@@ -13,6 +13,7 @@ import onnx_ir as ir
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, is_static, static_shape
 from graphc.passes.autodiff.registry import grad_rule
+from graphc.passes.autodiff.rules_indexing import scattered
 
 
 def _reduce_axes(g: GradBuilder, node: ir.Node):
@@ -143,9 +144,20 @@ def _feeds_where(value: ir.Value, depth: int = 0) -> bool:
 
 @grad_rule("LogSoftmax")
 def grad_log_softmax(g, node, dy):
-    # dx = dy - exp(y) * sum(dy, axis)
+    # dx = dy - exp(y) * sum(dy, axis). Where dy is a few values scattered into zeros along the
+    # axis (a cross-entropy's GatherElements of its labels), the sum is the updates' and they are
+    # scattered onto -exp(y) * sum: three full-size passes (Exp, Mul, the scatter's copy) where
+    # the zeros, their scatter, ReduceSum, Exp, Mul and Sub made six (onnxruntime scatters in
+    # place: 0.4 ms). bench_zoo's GPT at batch 32 ([4096, 2048] logits, 2 threads, profiles of
+    # two sessions each): the loss's kernel time forward and backward 20.7 -> 11.7 ms a step.
     y = node.outputs[0]
-    s = g.reduce("ReduceSum", dy, _softmax_axes(g, node), keepdims=True)
+    axes = _softmax_axes(g, node)
+    sparse = scattered(dy)
+    if sparse is not None and axes == [sparse[2]]:
+        idx, updates, axis = sparse
+        s = g.reduce("ReduceSum", updates, axes, keepdims=True)
+        return (g.op("ScatterElements", g.mul(g.op("Exp", y), g.neg(s)), idx, updates, axis=axis, reduction="add"),)
+    s = g.reduce("ReduceSum", dy, axes, keepdims=True)
     return (g.sub(dy, g.mul(g.op("Exp", y), s)),)
 
 
