@@ -49,6 +49,9 @@ __all__ = ["Group", "concat", "plan", "split"]
 # RSS 782 -> 747 MB), but each large param's gradient and step were then copied in and out of
 # its group's flat buffer (Concat and Split), 1.02-1.05x the step time.
 CHUNK_ELEMENTS = 1 << 20
+# A 1-D param (a bias, a norm's scale) joins and leaves its group without a Reshape: ViT-Ti's
+# train_step 204 nodes fewer (2,668 -> 2,464), Trainer steps interleaved, both orders, at batch 2
+# 0.94x / 0.99x the step time, ResNet-50 (106 of its 161 params) 0.98x / 0.99x.
 _DTYPE_NAMES = {ir.DataType.FLOAT: "float32", ir.DataType.DOUBLE: "float64", ir.DataType.FLOAT16: "float16"}
 
 
@@ -88,7 +91,8 @@ def plan(graph: ir.Graph, params: Sequence[str], decays: Mapping[str, bool]) -> 
 
 def concat(b: Emitter, group: Group, values: Mapping[str, ir.Value]) -> ir.Value:
     """The group's ``values`` (its params, or their gradients) end to end, in layout order."""
-    parts = [b.op("Reshape", values[p], b.ints([-1])) for p in group.params]
+    parts = [values[p] if len(shape) == 1 else b.op("Reshape", values[p], b.ints([-1]))  # 1-D as it is
+             for p, shape in zip(group.params, group.shapes)]
     flat = b.op("Concat", *parts, axis=0) if len(parts) > 1 else parts[0]
     flat.dtype, flat.shape = group.dtype, ir.Shape([sum(group.sizes)])
     return flat
@@ -99,6 +103,6 @@ def split(b: Emitter, group: Group, flat: ir.Value) -> dict[str, ir.Value]:
     parts = b.split(flat, group.sizes, axis=0, count=len(group.params)) if len(group.params) > 1 else (flat,)
     out = {}
     for p, part, shape in zip(group.params, parts, group.shapes):
-        out[p] = b.op("Reshape", part, b.ints(shape))
+        out[p] = part if len(shape) == 1 else b.op("Reshape", part, b.ints(shape))
         out[p].shape = ir.Shape(shape)
     return out
