@@ -65,7 +65,7 @@ def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean", label
     if label_smoothing:
         smooth = -ops.sum(lsm, axis=1) * label_smoothing / _class_count(logits)
         elem = elem * (1.0 - label_smoothing) + smooth
-    keep = ops.cast(labels != ops.lift(np.asarray(ignore_index, dtype=np.int64)), logits.dtype)
+    keep = ops.cast(labels != ops.lift(np.asarray(ignore_index, dtype=labels.dtype)), logits.dtype)
     elem = elem * keep
     if reduction == "mean":
         return ops.sum(elem) / ops.sum(keep)  # mean over the labels not ignored, as PyTorch
