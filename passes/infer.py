@@ -123,13 +123,16 @@ def _bind(op_type: str, opset: int, inputs: tuple, outputs: int) -> tuple[ir.Dat
         if other != dtype:
             raise InferenceError(f"operand dtypes differ ({_name(other)} vs {_name(dtype)})")
     first = next((typed[0] for typed in inputs if typed is not None), None)
+    from_inputs = {type_str for type_str, _, _ in sig.inputs}
     out = []
     for i in range(outputs):
         type_str, allowed = sig.outputs[min(i, len(sig.outputs) - 1)]
         dtype = bound.get(type_str)
         if dtype is None and allowed is not None and len(allowed) == 1:
             (dtype,) = allowed
-        if dtype is None and op_type not in _FROM_BODIES:
+        # an output typed like an input whose dtype is not known is not known either (CastLike's
+        # output with its target untyped is not its input's dtype)
+        if dtype is None and op_type not in _FROM_BODIES and type_str not in from_inputs:
             dtype = first
         out.append(dtype)
     return tuple(out)

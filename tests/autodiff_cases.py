@@ -535,6 +535,7 @@ def _cases() -> list[GradCase]:
                                      np.array([0.5, 1.0, 2.0])],
           {"ignore_index": -1}, n_out=2, tag="weights_ignore_logprob"),
         c("SoftmaxCrossEntropyLoss", [T((4, 3)), i64(0, 2, 1, 2)], {"reduction": "none"}, tag="none"),
+        c("SoftmaxCrossEntropyLoss", [T((4, 3)), i64(0, 2, 1, 2)], opset=13, tag="one_hot"),  # no add-scatter
         c("NegativeLogLikelihoodLoss", [T((4, 3)), i64(0, 2, 1, 2)], {"reduction": "sum"}),
         c("NegativeLogLikelihoodLoss", [T((4, 3)), i64(0, 2, 1, -1), np.array([0.5, 1.0, 2.0])],
           {"ignore_index": -1}, tag="weights_ignore"),

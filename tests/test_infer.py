@@ -200,3 +200,15 @@ def test_fast_rules_agree_with_onnx(op):
             answered += 1
             assert shape == want[1], f"{what}: rule {shape}, onnx {want[1]}"
     assert answered >= CASES_PER_OP // 4, f"{op}: the rule answered only {answered} cases"
+
+
+def test_an_output_typed_like_an_untyped_input_stays_unknown():
+    """CastLike's output takes its target's dtype: with the target untyped it is unknown, not the
+    cast input's (a bool mask cast like an untyped value was taken for a bool, and a ReduceSum of it
+    refused); Add of an untyped and a float operand is float."""
+    mask, target = ir.Value(name="m", type=ir.TensorType(B), shape=ir.Shape(["N"])), ir.Value(name="t")
+    ((dtype, shape),) = infer(make_node("CastLike", [mask, target], {}, outputs=[ir.Value(name="y")], name="n"), 21)
+    assert dtype is None and shape == ("N",)
+    x = ir.Value(name="x", type=ir.TensorType(F), shape=ir.Shape([3]))
+    ((dtype, _),) = infer(make_node("Add", [target, x], {}, outputs=[ir.Value(name="y")], name="n"), 21)
+    assert dtype == F

@@ -267,6 +267,46 @@ def test_log_softmax_gradient_of_repeated_picks(axis, backend):
     np.testing.assert_allclose(got, picked - p * picked.sum(axis=1, keepdims=True), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_exported_cross_entropy_gradient_builds_no_one_hot(fused):
+    """torch.onnx's cross-entropy, fused (SoftmaxCrossEntropyLoss) or as LogSoftmax then
+    NegativeLogLikelihoodLoss: the gradient scatters each label's value, no OneHot, and the
+    unfused LogSoftmax's gradient takes the NLL's scatter as it is (no Sub, no zeros scattered
+    into); values equal the closed form (softmax - onehot) * keep / n."""
+    logits, labels = _ignored()
+    nodes = [oh.make_node("SoftmaxCrossEntropyLoss", ["x", "y"], ["loss"], ignore_index=-100)] if fused else [
+        oh.make_node("LogSoftmax", ["x"], ["lp"], axis=1),
+        oh.make_node("NegativeLogLikelihoodLoss", ["lp", "y"], ["loss"], ignore_index=-100)]
+    graph = oh.make_graph(nodes, "ce", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 5]),
+                                        oh.make_tensor_value_info("y", onnx.TensorProto.INT64, ["N"])],
+                          [oh.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+                          value_info=[oh.make_tensor_value_info("lp", onnx.TensorProto.FLOAT, ["N", 5])])
+    model = gc.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    from graphc.passes.autodiff.core import backward
+
+    g = model.ir.graph
+    dx = backward(g, g.outputs[0], [g.inputs[0]])["x"]
+    dx.dtype, dx.shape = ir.DataType.FLOAT, ir.Shape(["N", 5])
+    g.outputs.append(dx)
+    used, todo = [], [dx.producer()]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in used:
+            used.append(node)
+            todo.extend(v.producer() for v in node.inputs if v is not None)
+    ops = [n.op_type for n in used]
+    assert "OneHot" not in ops and ops.count("ScatterElements") == 1
+    if not fused:
+        assert "Sub" not in ops and dx.producer().inputs[0].producer().op_type == "Mul"
+    got = gc.Session(gc.Model(model.ir), backend="ort-cpu").run({"x": logits, "y": labels})[dx.name]
+    x = logits.astype(np.float64)
+    p = np.exp(x - x.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    keep = (labels != -100)[:, None]
+    onehot = np.where(keep[:, 0], labels, 0)[:, None] == np.arange(5)
+    np.testing.assert_allclose(got, (p - onehot) * keep / keep.sum(), rtol=1e-5, atol=1e-7)
+
+
 def test_loss_spec_binds_output_to_label():
     spec = gc.losses.cross_entropy("logits", label="y", label_smoothing=0.1)
     assert isinstance(spec, gc.losses.LossSpec)
