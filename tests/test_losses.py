@@ -170,19 +170,34 @@ def test_dsl_loss_on_tensors(kind, make, options):
     np.testing.assert_allclose(got, expected, rtol=2e-5, atol=1e-6)
 
 
+def _with_input_gradient(model: gc.Model, dtype=ir.DataType.FLOAT, shape=None) -> tuple[gc.Model, ir.Value]:
+    """``model`` with d(output 0)/d(input 0) as an extra output (``shape``: input 0's if None)."""
+    from graphc.passes.autodiff.core import backward
+
+    g = model.ir.graph
+    dx = backward(g, g.outputs[0], [g.inputs[0]])[g.inputs[0].name]
+    dx.dtype, dx.shape = dtype, ir.Shape(list(shape) if shape is not None else list(g.inputs[0].shape))
+    g.outputs.append(dx)
+    return gc.Model(model.ir), dx
+
+
+def _ancestors(value: ir.Value) -> list[ir.Node]:
+    """The nodes ``value`` is computed from (its producer included)."""
+    used, todo = [], [value.producer()]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in used:
+            used.append(node)
+            todo.extend(v.producer() for v in node.inputs if v is not None)
+    return used
+
+
 def test_bce_with_logits_gradient_is_finite_at_100():
     """The stable form keeps d(loss)/dx finite and equal to (sigmoid(x) - y)/n at |x| = 100 and
     at the kink x = 0."""
     x, y = _bce_extreme()
-    model = gc.capture(lambda p, t: gc.losses.bce_with_logits(p, t), p=x, t=y)
-    from graphc.passes.autodiff.core import backward
-
-    g = model.ir.graph
-    result = backward(g, g.outputs[0], [g.inputs[0]])
-    dx = result["p"]
-    dx.dtype, dx.shape = ir.DataType.FLOAT, ir.Shape(x.shape)
-    g.outputs.append(dx)
-    out = gc.Session(gc.Model(model.ir), backend="numpy").run({"p": x, "t": y})
+    model, dx = _with_input_gradient(gc.capture(lambda p, t: gc.losses.bce_with_logits(p, t), p=x, t=y))
+    out = gc.Session(model, backend="numpy").run({"p": x, "t": y})
     expected = (1 / (1 + np.exp(-x.astype(np.float64))) - y) / x.size
     np.testing.assert_allclose(out[dx.name], expected, rtol=1e-5, atol=1e-7)
 
@@ -206,26 +221,16 @@ def test_cross_entropy_gradient_matches_closed_form(make, options, backend, labe
     logits, labels = make()
     labels = labels.astype(label_dtype)
     eps, reduction = options.get("label_smoothing", 0.0), options.get("reduction", "mean")
-    model = gc.capture(lambda x, y: gc.losses.cross_entropy(x, y, **options),
-                       x=gc.spec("float32", ("N", *logits.shape[1:])), y=gc.spec(label_dtype, ("N", *labels.shape[1:])))
-    from graphc.passes.autodiff.core import backward
-
-    g = model.ir.graph
-    dx = backward(g, g.outputs[0], [g.inputs[0]])["x"]
-    dx.dtype, dx.shape = ir.DataType.FLOAT, ir.Shape(["N", *logits.shape[1:]])
-    g.outputs.append(dx)
-    used, todo = [], [dx.producer()]  # the nodes dx is computed from
-    while todo:
-        node = todo.pop()
-        if node is not None and node not in used:
-            used.append(node)
-            todo.extend(v.producer() for v in node.inputs if v is not None)
-    assert all(n.inputs[0] is g.inputs[1] for n in used if n.op_type == "Equal")  # only ignore_index's test
+    model, dx = _with_input_gradient(gc.capture(
+        lambda x, y: gc.losses.cross_entropy(x, y, **options),
+        x=gc.spec("float32", ("N", *logits.shape[1:])), y=gc.spec(label_dtype, ("N", *labels.shape[1:]))))
+    used = _ancestors(dx)
+    assert all(n.inputs[0] is model.ir.graph.inputs[1] for n in used if n.op_type == "Equal")  # only ignore_index's
     if not eps:
         scatters = [n for n in used if n.op_type == "ScatterElements"]
         assert "Sub" not in [n.op_type for n in used] and len(scatters) == 1
         assert scatters[0].inputs[0].producer().op_type == "Mul"  # onto -softmax * sum, not zeros
-    got = gc.Session(gc.Model(model.ir), backend=backend).run({"x": logits, "y": labels})[dx.name]
+    got = gc.Session(model, backend=backend).run({"x": logits, "y": labels})[dx.name]
 
     x, c = logits.astype(np.float64), logits.shape[1]
     p = np.exp(x - x.max(axis=1, keepdims=True))
@@ -250,14 +255,9 @@ def test_log_softmax_gradient_of_repeated_picks(axis, backend):
     x = RNG.normal(size=(4, 6))
     idx = np.array([[0, 2, 2], [5, 5, 5], [1, 0, 3], [4, 4, 0]]) if axis == 1 else np.array([[0, 3, 3, 1, 0, 2]] * 2)
     w = RNG.normal(size=idx.shape)
-    model = gc.capture(lambda t: ops.sum(ops_array.gather(ops.log_softmax(t, axis=1), axis, idx) * w), t=x)
-    from graphc.passes.autodiff.core import backward
-
-    g = model.ir.graph
-    dx = backward(g, g.outputs[0], [g.inputs[0]])["t"]
-    dx.dtype, dx.shape = ir.DataType.DOUBLE, ir.Shape(x.shape)
-    g.outputs.append(dx)
-    got = gc.Session(gc.Model(model.ir), backend=backend).run({"t": x})[dx.name]
+    model, dx = _with_input_gradient(gc.capture(
+        lambda t: ops.sum(ops_array.gather(ops.log_softmax(t, axis=1), axis, idx) * w), t=x), ir.DataType.DOUBLE)
+    got = gc.Session(model, backend=backend).run({"t": x})[dx.name]
     picked = np.zeros_like(x)
     rows = np.broadcast_to(np.arange(idx.shape[0])[:, None], idx.shape)
     cols = np.broadcast_to(np.arange(idx.shape[1]), idx.shape)
@@ -281,24 +281,12 @@ def test_exported_cross_entropy_gradient_builds_no_one_hot(fused):
                                         oh.make_tensor_value_info("y", onnx.TensorProto.INT64, ["N"])],
                           [oh.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
                           value_info=[oh.make_tensor_value_info("lp", onnx.TensorProto.FLOAT, ["N", 5])])
-    model = gc.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
-    from graphc.passes.autodiff.core import backward
-
-    g = model.ir.graph
-    dx = backward(g, g.outputs[0], [g.inputs[0]])["x"]
-    dx.dtype, dx.shape = ir.DataType.FLOAT, ir.Shape(["N", 5])
-    g.outputs.append(dx)
-    used, todo = [], [dx.producer()]
-    while todo:
-        node = todo.pop()
-        if node is not None and node not in used:
-            used.append(node)
-            todo.extend(v.producer() for v in node.inputs if v is not None)
-    ops = [n.op_type for n in used]
+    model, dx = _with_input_gradient(gc.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])))
+    ops = [n.op_type for n in _ancestors(dx)]
     assert "OneHot" not in ops and ops.count("ScatterElements") == 1
     if not fused:
         assert "Sub" not in ops and dx.producer().inputs[0].producer().op_type == "Mul"
-    got = gc.Session(gc.Model(model.ir), backend="ort-cpu").run({"x": logits, "y": labels})[dx.name]
+    got = gc.Session(model, backend="ort-cpu").run({"x": logits, "y": labels})[dx.name]
     x = logits.astype(np.float64)
     p = np.exp(x - x.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
