@@ -24,7 +24,8 @@ size it reports:
 
 - ms per step of each (feed the batch, forward, backward, update, read the loss): median over
   ``--rounds`` rounds in which the two take turns, ``--steps`` steps each, so a busy machine
-  slows both alike; and graphc / torch;
+  slows both alike; and graphc / torch, with the lowest and highest of the rounds' own ratios
+  ("rounds": how far this machine's noise moves it);
 - the optimizer update's share of graphc's kernel time (nodes named ``optim/...``), from an
   onnxruntime profile of the train_step (on the CPU only: on the GPU the profile times kernel
   launches, not kernels), and the train_step's node count; beside it, for scale, PyTorch's own:
@@ -430,8 +431,9 @@ def torch_memory_child(name: str, batch: int, image_size: int, device: str) -> N
 # -- benchmark ------------------------------------------------------------------------------------
 
 def interleaved_ms(steppers: dict[str, Callable[[int], float]], rounds: int, steps: int,
-                   warmup: int = 2) -> dict[str, float]:
-    """Median ms per step of each stepper; they take turns, ``steps`` steps each per round."""
+                   warmup: int = 2, per_round: dict[str, list[float]] | None = None) -> dict[str, float]:
+    """Median ms per step of each stepper; they take turns, ``steps`` steps each per round.
+    ``per_round``, if given, gets each stepper's median ms in each round."""
     for step in steppers.values():
         for i in range(warmup):
             step(i)
@@ -442,6 +444,8 @@ def interleaved_ms(steppers: dict[str, Callable[[int], float]], rounds: int, ste
                 t0 = time.perf_counter()
                 step(i)
                 times[name].append(time.perf_counter() - t0)
+            if per_round is not None:
+                per_round.setdefault(name, []).append(statistics.median(times[name][-steps:]) * 1e3)
     return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
 
 
@@ -482,8 +486,12 @@ def bench(name: str, batch: int, args: argparse.Namespace) -> dict:
                 first = [(trainer.step(batches[i]), plain.step(batches[i])) for i in range(4)]
                 row["graph_loss_rel_diff"] = max(abs(g - p) / max(abs(p), 1e-12) for g, p in first)
             # with graphs, warm up past their capture (one or two graphs, each captured at first use)
-            ms = interleaved_ms(steppers, args.rounds, args.steps, warmup=10 if args.cuda_graph else 2)
+            rounds: dict[str, list[float]] = {}
+            ms = interleaved_ms(steppers, args.rounds, args.steps, warmup=10 if args.cuda_graph else 2,
+                                per_round=rounds)
+            each = [g / t for g, t in zip(rounds["graphc"], rounds["torch"])]
             row.update(graphc_ms=ms["graphc"], torch_ms=ms["torch"], ratio=ms["graphc"] / ms["torch"],
+                       ratio_range=[min(each), max(each)],
                        torch_update_pct=100 * statistics.median(torch_updates) * 1e3 / ms["torch"])
             if args.cuda_graph:
                 row["plain_ms"] = ms["plain"]
@@ -526,7 +534,7 @@ def print_table(rows: list[dict], image_size: int, device: str) -> None:
     table = Table(title=f"graphc ({where}, {image_size} px images")
     graphs = any("plain_ms" in row for row in rows)
     for column in ("model", "batch", "graphc ms", *(["no-graph ms"] if graphs else []), "torch ms", "ratio",
-                   "update %", "torch upd %", "graphc MB", "torch MB", "mem ratio", "nodes", "generate s"):
+                   "rounds", "update %", "torch upd %", "graphc MB", "torch MB", "mem ratio", "nodes", "generate s"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for row in rows:
         if "error" in row:
@@ -537,12 +545,13 @@ def print_table(rows: list[dict], image_size: int, device: str) -> None:
                       *([f"{row['plain_ms']:.1f}" if "plain_ms" in row else ""] if graphs else []),
                       f"{row['torch_ms']:.1f}",
                       marked(f"{row['ratio']:.2f}", ok["ratio"]),
+                      "{:.2f}-{:.2f}".format(*row["ratio_range"]),
                       marked(f"{row['update_pct']:.1f}", ok["update_pct"]) if "update_pct" in row else "n/a",
                       f"{row['torch_update_pct']:.1f}",
                       f"{row['graphc_mb']:.0f}", f"{row['torch_mb']:.0f}",
                       marked(f"{row['memory_ratio']:.2f}", ok["memory_ratio"]), str(row["nodes"]),
                       f"{row['generate_s']:.1f}")
-    console = Console(width=160)  # wide enough for the table when piped
+    console = Console(width=175)  # wide enough for the table when piped
     console.print(table)
     t = TARGETS
     console.print(f"targets: ratio <= {t['ratio']['cnn']} (CNNs), <= {t['ratio']['transformer']} (transformers); "
