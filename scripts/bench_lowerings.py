@@ -32,12 +32,14 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``depthwise_dw``: a depthwise Conv's dW: the Conv with batch and channels swapped vs one sum
   per kernel tap, over the whole batch or a few images at a time.
 - ``dense_dw``: a dense kxk Conv's dW by im2col and one GEMM: the window slices taken one spatial
-  axis at a time vs all at once (vs, stride 1, each tap a run of whole padded rows).
+  axis at a time vs all at once (vs, stride 1, each tap a run of whole padded rows) vs the columns
+  gathered from the batch-innermost input in one Gather.
 - ``conv_dx``: a kxk Conv's dx (depthwise, grouped, dense; stride 1, and depthwise stride 2):
   ConvTranspose vs a Conv by the weight flipped in space, each group's channel axes swapped (for
   stride 2, dy spread over the input grid with zeros first).
 - ``large_dw``: a dense kxk Conv's dW on large maps: the Conv over x with batch and channels
-  swapped vs im2col + GEMM a few images at a time, adding up, vs one GEMM per kernel tap.
+  swapped vs im2col + GEMM a few images at a time, adding up, vs one GEMM per kernel tap, vs the
+  whole batch's columns gathered at once.
 """
 
 from __future__ import annotations
@@ -145,6 +147,23 @@ def windows(src: str, tag: str, k: int, out: int, stride: int = 1) -> tuple[list
 
 
 # -- cases -----------------------------------------------------------------------------------------
+
+def gathered_dw(n: int, ci: int, co: int, side: int, k: int, st: int) -> list:
+    """A dense kxk Conv's dW (pad k//2) as ``_conv_weight_grad_gathered`` takes it: x
+    batch-innermost and padded, its columns one Gather at constant flat positions, one GEMM."""
+    p, out, wp = k // 2, (side + 2 * (k // 2) - k) // st + 1, side + 2 * (k // 2)
+    index = np.array([[(oi * st + i) * wp + oj * st + j for oi in range(out) for oj in range(out)]
+                      for i in range(k) for j in range(k)], np.int32)
+    return [h.make_node("Transpose", ["x"], ["xg"], perm=[1, 2, 3, 0]), ints("gpads", [0, p, p, 0, 0, p, p, 0]),
+            h.make_node("Pad", ["xg", "gpads"], ["xgp"]), ints("gflat", [ci, wp * wp, -1]),
+            h.make_node("Reshape", ["xgp", "gflat"], ["xgf"]), const("gidx", index, np.int32),
+            h.make_node("Gather", ["xgf", "gidx"], ["gcols"], axis=1), ints("gcs", [ci * k * k, -1]),
+            h.make_node("Reshape", ["gcols", "gcs"], ["gcm"]), h.make_node("Transpose", ["dy"], ["dyg"], perm=[1, 2, 3, 0]),
+            ints("gdys", [co, -1]), h.make_node("Reshape", ["dyg", "gdys"], ["dyg2"]),
+            h.make_node("Gemm", ["dyg2", "gcm"], ["gg"], transB=1), ints("gws", [co, ci, k, k]),
+            h.make_node("Reshape", ["gg", "gws"], ["dw"])]
+
+
 
 def bn(args) -> None:
     for shape in [(32, 96, 32, 32), (32, 144, 16, 16), (32, 672, 4, 4), (32, 64, 16, 16), (2, 256, 8, 8)]:
@@ -494,7 +513,7 @@ def dense_dw(args) -> None:
         nodes, slices = windows("xp", "", k, out, st)
         flat += nodes + [h.make_node("Unsqueeze", [t, "one"], ["u" + t]) for t in slices]
         flat += [h.make_node("Concat", ["u" + t for t in slices], ["cols"], axis=1)] + tail
-        variants = {"staged": staged, "all-at-once": flat}
+        variants = {"staged": staged, "all-at-once": flat, "gathered": gathered_dw(n, ci, co, side, k, st)}
         if st == 1:  # each tap one contiguous run of whole padded rows; dy padded to their width
             wp = side + 2 * p
             rows_ = head + [ints("padr", [0, 0, p, p, 0, 0, p + 1, p]), h.make_node("Pad", ["xt", "padr"], ["xr"]),
@@ -531,7 +550,7 @@ def large_dw(args) -> None:
                           h.make_node("Transpose", ["dws"], ["dwt"], perm=[1, 0, 2, 3]),
                           ints("kk", [k, k]), ints("z2", [0, 0]),
                           h.make_node("Slice", ["dwt", "z2", "kk", "hw"], ["dw"])]
-        variants = {"swapped Conv": swapped}
+        variants = {"swapped Conv": swapped, "gathered": gathered_dw(n, ci, co, side, k, st)}
         for chunk in chunks:
             nodes = list(head)
             acc = None

@@ -116,6 +116,53 @@ def test_gradient_graph_follows_the_model_opset(case: GradCase):
     test_gradient_matches_finite_differences(replace(case, opset=17))
 
 
+def _conv_weight_grad_of_squares(x, w, strides=(1, 1), dilations=(1, 1), pads=(0, 0, 0, 0)):
+    """numpy, float64: d sum(conv(x, w)**2) / dw, window by window (an oracle for the lowerings)."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    xp = np.pad(x, [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])])
+    kh, kw = w.shape[2:]
+    oh = (xp.shape[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (xp.shape[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+    win = np.empty((x.shape[0], x.shape[1], kh, kw, oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            r, c = i * dilations[0], j * dilations[1]
+            win[:, :, i, j] = xp[:, :, r:r + strides[0] * (oh - 1) + 1:strides[0], c:c + strides[1] * (ow - 1) + 1:strides[1]]
+    y = np.einsum("ncijhw,mcij->nmhw", win, w)
+    return np.einsum("nmhw,ncijhw->mcij", 2 * y, win)
+
+
+@pytest.mark.parametrize("attrs", [{"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [1, 0, 0, 1]},
+                                   {"dilations": [2, 1], "strides": [1, 2], "pads": [2, 1, 0, 1]}])
+def test_gathered_conv_weight_gradient_on_a_symbolic_batch(monkeypatch, attrs):
+    """A dense Conv's dW from one Gather of the batch-innermost input (up to ``GATHER_COLS``
+    column values), and past that bound the im2col of window Slices, with a batch known only at
+    run time: each equals the window-by-window sum in float64, at batches 1, 3 and 5, on
+    onnxruntime and numpy. (Finite differences check it on the Conv cases' static shapes.)"""
+    import onnx.helper as oh
+
+    from graphc.passes.autodiff import rules_nn
+
+    w = np.random.default_rng(0).normal(size=(4, 3, 3, 3)).astype(np.float32)
+    conv = oh.make_node("Conv", ["x", "w"], ["y"], **attrs)
+    loss = [oh.make_node("Mul", ["y", "y"], ["sq"]), oh.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0)]
+    graph = oh.make_graph([conv, *loss], "conv", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 9, 8])],
+                          [oh.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+                          [onnx.numpy_helper.from_array(w, "w")])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    for gathered in (True, False):
+        monkeypatch.setattr(rules_nn, "GATHER_COLS", 1 << 23 if gathered else 0)
+        proto = graphc.Model(gradient_model(ir.serde.deserialize_model(model), "loss", ["w"])).proto
+        assert ("Gather" in {n.op_type for n in proto.graph.node}) == gathered
+        for batch in (1, 3, 5):
+            x = np.random.default_rng(batch).normal(size=(batch, 3, 9, 8)).astype(np.float32)
+            expected = _conv_weight_grad_of_squares(x, w, attrs.get("strides", (1, 1)), attrs.get("dilations", (1, 1)),
+                                                    attrs["pads"])
+            for run in (run_ort, run_numpy):
+                np.testing.assert_allclose(run(proto, {"x": x})["w_grad"], expected, rtol=1e-4, atol=1e-3,
+                                           err_msg=f"gathered={gathered} batch {batch} {run.__name__}")
+
+
 @pytest.mark.parametrize(("strides", "chunks"), [([1, 1], 3), ([2, 1], 2)])
 def test_conv_weight_gradient_in_batch_chunks(monkeypatch, strides, chunks):
     """Past ``IM2COL_CHUNK`` column values, a static batch's im2col dW is taken a few images at a
@@ -129,6 +176,7 @@ def test_conv_weight_gradient_in_batch_chunks(monkeypatch, strides, chunks):
     case = GradCase("Conv", [T((batch, 3, 6, 6)), T((4, 3, 3, 3)), T((4,))], {"pads": [1, 1, 1, 0], "strides": strides},
                     tag="im2col_chunks")
     out_pixels = ((6 + 2 - 3) // strides[0] + 1) * (6 + 1 - 3 + 1)
+    monkeypatch.setattr(rules_nn, "GATHER_COLS", 0)  # past the gathered columns' bound
     monkeypatch.setattr(rules_nn, "IM2COL_CHUNK", 2 * 3 * 9 * out_pixels)
     proto, _ = grad_proto(case, np.float64)
     assert sum(n.op_type == "Gemm" for n in proto.graph.node) == chunks

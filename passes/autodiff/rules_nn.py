@@ -161,6 +161,42 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
     return g.op("Reshape", dw, g.ints(list(w_shape)))
 
 
+# The gathered dW's column matrix (``_conv_weight_grad_gathered``) is built whole, at most this
+# many values (for a symbolic batch, at a typical batch of 16).
+GATHER_COLS = 1 << 23
+
+
+def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
+    """dW as one GEMM against the column matrix, built by one Gather: x batch-innermost and padded,
+    [Ci, P, N] (P its padded pixels), each (tap, output pixel) reading a row of N values at a
+    constant flat position (strides and dilations in the index), so the columns come out
+    [Ci * K, O * N] as the GEMM reads them, against dy as [Co, O * N]. ``_conv_weight_grad_im2col``
+    took a strided Slice per tap and a Concat, writing the columns twice. ``bench_lowerings.py
+    --only dense_dw``, 2 threads, ms, Slices all at once / gathered, N=32: 64ch 16x16 13.6 / 8.2;
+    128ch 8x8 7.9 / 4.9; 256ch 4x4 7.0 / 4.0; 64->128 stride 2 8.0 / 3.6; N=2 64ch 16x16 1.25 /
+    1.33. Taken a few input channels at a time (a Slice each) it lost what it gained (64ch 16x16
+    in two: 22.4 vs 14.9 whole). On large maps it beats the Slices' chunks of images too
+    (``--only large_dw``: 64ch 32x32 36.5 vs 40.4; 64->128 stride 2 on 64x64 67.5 vs 112), but
+    holds the whole batch's columns (75 MB there): it serves columns of up to ``GATHER_COLS``
+    values, the Slices' chunks past that. (A 7x7 stem's: 15.6 vs the Conv's 15.2: the Conv stays.)"""
+    n_sp = len(spatial)
+    ci, kernel = w_shape[1], list(w_shape[2:])
+    out = out_dims(spatial, kernel, strides, dilations, begin, end)
+    padded = [d + b + e for d, b, e in zip(spatial, begin, end)]
+    last = [*range(1, 2 + n_sp), 0]  # [N, C, *S] -> [C, *S, N]
+    xt = g.transpose(x, last)
+    if any(begin + end):
+        xt = g.op("Pad", xt, g.ints([0, *begin, 0, 0, *end, 0]))
+    grid = lambda dims: np.indices(dims).reshape(n_sp, -1).T  # row-major positions, [count, n_sp]
+    pitch = np.array([math.prod(padded[i + 1:]) for i in range(n_sp)])  # a padded pixel's flat position
+    index = ((grid(out) * strides)[None] + (grid(kernel) * dilations)[:, None]) @ pitch  # [K, O]
+    cols = g.op("Gather", g.op("Reshape", xt, g.ints([ci, math.prod(padded), -1])),
+                g.const(index.astype(np.int32)), axis=1)  # [Ci, K, O, N]
+    cols = g.op("Reshape", cols, g.ints([ci * math.prod(kernel), -1]))
+    dy2 = g.op("Reshape", g.transpose(dy, last), g.ints([w_shape[0], -1]))
+    return g.op("Reshape", g.op("Gemm", dy2, cols, transB=1), g.ints(list(w_shape)))
+
+
 def _depthwise_weight_grad_taps(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
     """dW of a depthwise Conv (one input channel per output channel) one kernel tap at a time:
     the sum over batch and pixels of dy times the window of the padded input that the tap
@@ -233,8 +269,12 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     if (group == 1 and all(k == 1 for k in w_shape[2:]) and not any(begin + end)
             and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)):
         return _pointwise_weight_grad(g, x, dy, w_shape, spatial, strides)
-    # dW[m, c, k] = sum_{n, o} dy[n, m, o] * xpad[n, c, o*stride + k*dilation]. Two lowerings,
-    # chosen by measurement on onnxruntime (CPU), 3x3 convs:
+    # dW[m, c, k] = sum_{n, o} dy[n, m, o] * xpad[n, c, o*stride + k*dilation]. On the CPU, for
+    # up to 9 taps and ``GATHER_COLS`` column values, the columns by one Gather of the
+    # batch-innermost input (``_conv_weight_grad_gathered``): bench_zoo's ResNet-18 at batch 32
+    # (64 px), Trainer steps interleaved, both orders, 0.975x / 0.898x the step time (its dW
+    # kernels' Slices, Concat and Pad 43 -> 12 ms); ResNet-50 0.95x / 1.02x, at batch 2 1.01x /
+    # 0.99x. Past that, two lowerings, chosen by measurement on onnxruntime (CPU), 3x3 convs:
     # * an im2col (Slices of the channel-major input, stacked channel-major) and one GEMM, whose
     #   output is dW in its own layout. 2 threads, against the Conv below: N=32, 64ch on 16x16:
     #   11.6 ms vs 21.2; 128ch on 8x8: 10.8 vs 22.4; 256ch on 4x4: 12.2 vs 16.5; stride 2,
@@ -275,6 +315,9 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
             and typical_batch(x) * w_shape[0] * math.prod(spatial) <= 1 << 21)):
         return _depthwise_weight_grad_taps(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     per_image = cg * math.prod(kernel) * math.prod(out)  # columns
+    if (not cuda and group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+            and math.prod(kernel) <= 9 and per_image * typical_batch(x) <= GATHER_COLS):
+        return _conv_weight_grad_gathered(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     if (group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
             and (math.prod(kernel) <= 9 or cuda)
             and (per_image <= IM2COL_CHUNK if _known_batch(x) is not None
