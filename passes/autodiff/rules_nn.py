@@ -181,7 +181,12 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     in two: 22.4 vs 14.9 whole). On large maps it beats the Slices' chunks of images too
     (``--only large_dw``: 64ch 32x32 36.5 vs 40.4; 64->128 stride 2 on 64x64 67.5 vs 112), but
     holds the whole batch's columns (75 MB there): it serves columns of up to ``GATHER_COLS``
-    values, the Slices' chunks past that. (A 7x7 stem's: 15.6 vs the Conv's 15.2: the Conv stays.)"""
+    values, the Slices' chunks past that. (A 7x7 stem's: 15.6 vs the Conv's 15.2: the Conv stays.)
+    Grouped convs kept the Conv with batch and channels swapped: the same columns as [G, Ci/G * K,
+    O * N] into one batched MatMul ran RegNetY's group-width-8 dWs alone 1.2-1.9x faster (104ch
+    16x16, N=32: 23.1 -> 13.7 ms), but its train_step at batch 32 not (steps interleaved both
+    orders, 64 px 1.00x / 0.99x, 128 px 1.00x / 1.00x: the Pad, Transposes and the MatMul's
+    transposed read took back what the Conv gave)."""
     n_sp = len(spatial)
     ci, kernel = w_shape[1], list(w_shape[2:])
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
