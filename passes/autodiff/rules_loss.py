@@ -58,16 +58,15 @@ def _one_hot(g: GradBuilder, labels: ir.Value, scores: ir.Value, like: ir.Value)
 
 
 def _minus_at_labels(g: GradBuilder, base: ir.Value, labels: ir.Value, per: ir.Value, scores: ir.Value) -> ir.Value:
-    """``base - per * onehot(labels)`` along axis 1 (``per`` has the labels' shape, which are in
-    range): from opset 16 ``-per`` scattered onto ``base`` (ScatterElements, one value per
-    position), no [N, C] one-hot built and multiplied; LogSoftmax's gradient keeps a dy so made
-    over zeros sparse (``rules_reduce.grad_log_softmax``). Forward and backward of [4096, 2048]
-    logits on onnxruntime (CPU, 2 threads, interleaved, ms), one-hot / this:
+    """``base - per * onehot(labels)`` along axis 1 (``per`` has the labels' shape with axis 1
+    unsqueezed; the labels are in range): from opset 16 ``-per`` scattered onto ``base``
+    (ScatterElements, one value per position), no [N, C] one-hot built and multiplied; LogSoftmax's
+    gradient keeps a dy so made over zeros sparse (``rules_reduce.grad_log_softmax``). Forward and
+    backward of [4096, 2048] logits on onnxruntime (CPU, 2 threads, interleaved, ms), one-hot / this:
     SoftmaxCrossEntropyLoss 58.6 / 25.8, LogSoftmax then NegativeLogLikelihoodLoss 69.5 / 34.1."""
     if g.opset < 16:
-        return g.sub(base, g.mul(g.unsqueeze(per, [1]), _one_hot(g, labels, scores, scores)))
-    return g.op("ScatterElements", base, g.unsqueeze(labels, [1]), g.neg(g.unsqueeze(per, [1])), axis=1,
-                reduction="add")
+        return g.sub(base, g.mul(per, _one_hot(g, labels, scores, scores)))
+    return g.op("ScatterElements", base, g.unsqueeze(labels, [1]), g.neg(per), axis=1, reduction="add")
 
 
 @grad_rule("SoftmaxCrossEntropyLoss", multi_output=True)
@@ -80,7 +79,8 @@ def grad_softmax_cross_entropy(g, node, dys):
     dx = dw = None
     if dy is not None:
         per, labels, unweighted = _loss_weights(g, node, dy, scores)
-        dx = _minus_at_labels(g, g.mul(g.unsqueeze(per, [1]), prob), labels, per, scores)
+        per = g.unsqueeze(per, [1])
+        dx = _minus_at_labels(g, g.mul(per, prob), labels, per, scores)
         if len(node.inputs) > 2 and g.wants(node.inputs[2]):
             logp = g.op("LogSoftmax", scores, axis=1)
             dw = _class_weights_grad(g, node, unweighted, _one_hot(g, labels, scores, scores), logp)
@@ -96,7 +96,7 @@ def grad_nll_loss(g, node, dy):
     # d input = -per_sample * onehot(label)
     x = node.inputs[0]
     per, labels, unweighted = _loss_weights(g, node, dy, x)
-    dx = _minus_at_labels(g, g.zeros_like(x), labels, per, x) if g.wants(x) else None
+    dx = _minus_at_labels(g, g.zeros_like(x), labels, g.unsqueeze(per, [1]), x) if g.wants(x) else None
     dw = None
     if len(node.inputs) > 2 and g.wants(node.inputs[2]):
         dw = _class_weights_grad(g, node, unweighted, _one_hot(g, labels, x, x), x)

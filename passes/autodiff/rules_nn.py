@@ -323,11 +323,10 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
             and typical_batch(x) * w_shape[0] * math.prod(spatial) <= 1 << 21)):
         return _depthwise_weight_grad_taps(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     per_image = cg * math.prod(kernel) * math.prod(out)  # columns
-    if (not cuda and group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
-            and math.prod(kernel) <= 9 and per_image * typical_batch(x) <= GATHER_COLS):
+    dense = group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+    if dense and not cuda and math.prod(kernel) <= 9 and per_image * typical_batch(x) <= GATHER_COLS:
         return _conv_weight_grad_gathered(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
-    if (group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
-            and (math.prod(kernel) <= 9 or cuda)
+    if (dense and (math.prod(kernel) <= 9 or cuda)
             and (per_image <= IM2COL_CHUNK if _known_batch(x) is not None
                  else per_image * typical_batch(x) <= 1 << 24)):
         return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end, per_image)
