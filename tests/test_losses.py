@@ -10,6 +10,7 @@ import onnx_ir as ir
 import pytest
 
 import graphc as gc
+from backend_params import CUDA_MARKS, ORT, options as backend_options
 
 RNG = np.random.default_rng(0)
 
@@ -192,6 +193,15 @@ def _ancestors(value: ir.Value) -> list[ir.Node]:
     return used
 
 
+def _run_on(backend: str, model: gc.Model, feeds: dict, dx: ir.Value) -> np.ndarray:
+    """``dx`` computed on ``backend``; on ort-cuda its scatters must run there, not fall back."""
+    sess = gc.Session(model, backend=backend, **backend_options(backend))
+    if backend == "ort-cuda":
+        scatters = {n.name for n in _ancestors(dx) if n.op_type.startswith("Scatter")}
+        assert {sess.placement[name] for name in scatters} == {"CUDAExecutionProvider"}
+    return sess.run(feeds)[dx.name]
+
+
 def test_bce_with_logits_gradient_is_finite_at_100():
     """The stable form keeps d(loss)/dx finite and equal to (sigmoid(x) - y)/n at |x| = 100 and
     at the kink x = 0."""
@@ -212,7 +222,8 @@ def _out_of_range():
                                           (_ignore_class_zero, {"ignore_index": 0, "reduction": "sum"}),
                                           (lambda: _classes((3, 4), extra=(2, 3)), {}),
                                           (_ignored, {"label_smoothing": 0.2}), (_out_of_range, {"label_smoothing": 0.1})])
-@pytest.mark.parametrize("backend,label_dtype", [("numpy", "int64"), ("ort-cpu", "int64"), ("ort-cpu", "int32")])
+@pytest.mark.parametrize("backend,label_dtype", [("numpy", "int64"), ("ort-cpu", "int64"), ("ort-cpu", "int32"),
+                                                 pytest.param("ort-cuda", "int64", marks=CUDA_MARKS, id="ort-cuda-int64")])
 def test_cross_entropy_gradient_matches_closed_form(make, options, backend, label_dtype):
     """d(loss)/d(logits) = ((1-eps) * hit * (softmax - onehot) + eps * (softmax - 1/C)) * keep / n:
     the labels' log-probabilities picked by GatherElements, and without smoothing LogSoftmax's
@@ -230,7 +241,7 @@ def test_cross_entropy_gradient_matches_closed_form(make, options, backend, labe
         scatters = [n for n in used if n.op_type == "ScatterElements"]
         assert "Sub" not in [n.op_type for n in used] and len(scatters) == 1
         assert scatters[0].inputs[0].producer().op_type == "Mul"  # onto -softmax * sum, not zeros
-    got = gc.Session(model, backend=backend).run({"x": logits, "y": labels})[dx.name]
+    got = _run_on(backend, model, {"x": logits, "y": labels}, dx)
 
     x, c = logits.astype(np.float64), logits.shape[1]
     p = np.exp(x - x.max(axis=1, keepdims=True))
@@ -244,7 +255,7 @@ def test_cross_entropy_gradient_matches_closed_form(make, options, backend, labe
 
 
 @pytest.mark.parametrize("axis", [1, 0])
-@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("backend", ["numpy", *ORT])
 def test_log_softmax_gradient_of_repeated_picks(axis, backend):
     """sum(w * gather(log_softmax(x, 1), axis, idx)) with indices repeated within a row: dx is
     the weights summed into their positions minus softmax times each row's weight sum. Along
@@ -257,7 +268,7 @@ def test_log_softmax_gradient_of_repeated_picks(axis, backend):
     w = RNG.normal(size=idx.shape)
     model, dx = _with_input_gradient(gc.capture(
         lambda t: ops.sum(ops_array.gather(ops.log_softmax(t, axis=1), axis, idx) * w), t=x), ir.DataType.DOUBLE)
-    got = gc.Session(model, backend=backend).run({"t": x})[dx.name]
+    got = _run_on(backend, model, {"t": x}, dx)
     picked = np.zeros_like(x)
     rows = np.broadcast_to(np.arange(idx.shape[0])[:, None], idx.shape)
     cols = np.broadcast_to(np.arange(idx.shape[1]), idx.shape)
@@ -267,8 +278,9 @@ def test_log_softmax_gradient_of_repeated_picks(axis, backend):
     np.testing.assert_allclose(got, picked - p * picked.sum(axis=1, keepdims=True), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("backend", ORT)
 @pytest.mark.parametrize("fused", [True, False])
-def test_exported_cross_entropy_gradient_builds_no_one_hot(fused):
+def test_exported_cross_entropy_gradient_builds_no_one_hot(fused, backend):
     """torch.onnx's cross-entropy, fused (SoftmaxCrossEntropyLoss) or as LogSoftmax then
     NegativeLogLikelihoodLoss: the gradient scatters each label's value, no OneHot, and the
     unfused LogSoftmax's gradient takes the NLL's scatter as it is (no Sub, no zeros scattered
@@ -286,7 +298,7 @@ def test_exported_cross_entropy_gradient_builds_no_one_hot(fused):
     assert "OneHot" not in ops and ops.count("ScatterElements") == 1
     if not fused:
         assert "Sub" not in ops and dx.producer().inputs[0].producer().op_type == "Mul"
-    got = gc.Session(model, backend="ort-cpu").run({"x": logits, "y": labels})[dx.name]
+    got = _run_on(backend, model, {"x": logits, "y": labels}, dx)
     x = logits.astype(np.float64)
     p = np.exp(x - x.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
