@@ -155,9 +155,10 @@ class _OrtBackend:
         is off, and nodes run in priority order (ready nodes in graph order), so each copy runs
         where the graph places it, just before its reader. ``mem_pattern``: onnxruntime's memory
         pattern (one block planned for all intermediates, sized on the first run); the Trainer
-        turns it off for train_step (see ``graphc.runtime.trainer``). ``exact_arena``: on the CPU,
-        the session allocates from the process's shared arena that grows by exactly what is asked
-        (``_exact_cpu_arena``), not from an arena of its own that grows by powers of two.
+        turns it off for train_step (see ``graphc.runtime.trainer``). ``exact_arena``: the
+        session's arena grows by exactly what is asked, not by powers of two: on the CPU the
+        process's shared arena (``_exact_cpu_arena``), on CUDA the provider's own
+        (``EXACT_CUDA_ARENA``, unless ``providers_options`` sets its strategy).
         ``cuda_graph``: on the CUDA provider, let runs given a ``graph_id`` be captured and replayed
         as CUDA graphs (``graphc.runtime.cuda_graph`` says what that asks of the model and the
         runs); onnxruntime refuses the session where a compute node would run on the CPU.
@@ -190,6 +191,7 @@ class _OrtBackend:
             disabled = ("CommonSubexpressionElimination",)
         provider_options = {**({"device_id": int(device_id)} if self.device == "cuda" else {}),
                             **({"enable_cuda_graph": "1"} if cuda_graph else {}),
+                            **(EXACT_CUDA_ARENA if exact_arena and self.device == "cuda" else {}),
                             **dict(providers_options or {})}
         return OrtExecutable(self, model, options, provider_options, int(device_id), disabled, cuda_graph,
                              flush_denormals)
@@ -215,6 +217,14 @@ class CudaBackend(_OrtBackend):
 
     def _availability(self) -> tuple[bool, str]:
         return probe_cuda(0)
+
+
+# The CUDA provider's arena grows by exactly what is asked (the Trainer's train_step): measured on
+# an H200, graphed steps at batch 32, 128 px, GPU memory held after 5 steps (MB, against PyTorch
+# eager's): ResNet-50 3,330 -> 2,582 (2,226), EfficientNet-B0 2,918 -> 2,138 (1,952), ViT-Ti
+# 2,896 -> 2,686 (2,320), ResNet-18 1,532 -> 1,556 (1,324); step times within noise (ResNet-50
+# 35.8 vs 35.9 ms, EfficientNet 39.4 vs 40.7, ViT 17.6 vs 17.7, ResNet-18 16.2 vs 16.3).
+EXACT_CUDA_ARENA = {"arena_extend_strategy": "kSameAsRequested"}
 
 
 @functools.cache

@@ -194,8 +194,10 @@ def _ancestors(value: ir.Value) -> list[ir.Node]:
 
 
 def _run_on(backend: str, model: gc.Model, feeds: dict, dx: ir.Value) -> np.ndarray:
-    """``dx`` computed on ``backend``; on ort-cuda its scatters must run there, not fall back."""
-    sess = gc.Session(model, backend=backend, **backend_options(backend))
+    """``dx`` computed on ``backend``; on ort-cuda its scatters must run there, not fall back (the
+    graph left unoptimized, so that the placement names them)."""
+    cuda = {"graph_optimization_level": "disable"} if backend == "ort-cuda" else {}
+    sess = gc.Session(model, backend=backend, **backend_options(backend), **cuda)
     if backend == "ort-cuda":
         scatters = {n.name for n in _ancestors(dx) if n.op_type.startswith("Scatter")}
         assert {sess.placement[name] for name in scatters} == {"CUDAExecutionProvider"}
@@ -275,7 +277,10 @@ def test_log_softmax_gradient_of_repeated_picks(axis, backend):
     np.add.at(picked, (rows, idx) if axis == 1 else (idx, cols), w)
     p = np.exp(x - x.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
-    np.testing.assert_allclose(got, picked - p * picked.sum(axis=1, keepdims=True), rtol=1e-10, atol=1e-12)
+    # onnxruntime's CUDA (Log)Softmax in float64 is float32-accurate (measured on an H200 against
+    # its CPU kernel: 9e-8 relative; Exp and ReduceSum 1e-16), so CUDA is held to that
+    tol = {"rtol": 1e-6, "atol": 1e-7} if backend == "ort-cuda" else {"rtol": 1e-10, "atol": 1e-12}
+    np.testing.assert_allclose(got, picked - p * picked.sum(axis=1, keepdims=True), **tol)
 
 
 @pytest.mark.parametrize("backend", ORT)

@@ -153,6 +153,19 @@ def test_probe_is_quiet_and_cached(capfd, fresh_probe):
         assert first[1].startswith(("no CUDA provider", "CUDA provider failed to load"))
 
 
+@pytest.mark.parametrize("exact,given,expected", [(True, {}, "kSameAsRequested"), (False, {}, None),
+                                                   (True, {"arena_extend_strategy": "kNextPowerOfTwo"}, "kNextPowerOfTwo")])
+def test_exact_arena_on_cuda_is_the_provider_arena_strategy(monkeypatch, exact, given, expected):
+    """``prepare(exact_arena=True)`` (the Trainer's train_step) asks the CUDA provider for an arena
+    that grows by what is asked, unless the caller's providers_options name a strategy. The
+    session itself is not built: this runs without a GPU."""
+    seen = {}
+    monkeypatch.setattr(ort_backend, "OrtExecutable", lambda backend, model, options, provider_options, *rest:
+                        seen.update(provider_options))
+    ort_backend.CudaBackend().prepare(linear_relu(), exact_arena=exact, providers_options=given)
+    assert seen.get("arena_extend_strategy") == expected and seen["device_id"] == 0
+
+
 # -- on a GPU ------------------------------------------------------------------------------------------
 
 @on_cuda
