@@ -408,6 +408,13 @@ def depthwise_dw(args) -> None:
                    h.make_node("Reshape", ["xt0", "s1"], ["xt"]), h.make_node("Transpose", ["dy"], ["dyt"], perm=[1, 0, 2, 3]),
                    h.make_node("Conv", ["xt", "dyt"], ["dw0"], pads=[p] * 4, group=c), ints("s2", [c, 1, k, k]),
                    h.make_node("Reshape", ["dw0", "s2"], ["dw"])]
+        per_image = [ints("s5", [1, n * c, side, side]), h.make_node("Reshape", ["x", "s5"], ["xi"]),
+                     ints("s6", [n * c, 1, side, side]), h.make_node("Reshape", ["dy", "s6"], ["dyi"]),
+                     h.make_node("Conv", ["xi", "dyi"], ["dwi"], pads=[p] * 4, group=n * c),
+                     ints("s7", [n, c * k * k]), h.make_node("Reshape", ["dwi", "s7"], ["dwn"]),
+                     ints("ax0", [0]), h.make_node("ReduceSum", ["dwn", "ax0"], ["dws"], keepdims=0),
+                     ints("s8", [c, 1, k, k]), h.make_node("Reshape", ["dws", "s8"], ["dw"])]
+
         def tap_sums(src: str, grad: str, tag: str) -> tuple[list, str]:
             """Each tap's window of the padded ``src`` times ``grad``, summed to [C]; Concat-ed."""
             cut, slices = windows(src, tag, k, side)
@@ -438,7 +445,8 @@ def depthwise_dw(args) -> None:
                 chunked.append(h.make_node("Add", [total, part], ["sum" + q]))
             total = "sum" + q if total is not None else part
         chunked += as_weight(total)
-        compare(f"N={n} {c}ch {side}x{side} {k}x{k}", {"taps": taps, "swapped-conv": swapped, f"taps x{chunk}": chunked},
+        compare(f"N={n} {c}ch {side}x{side} {k}x{k}", {"taps": taps, "swapped-conv": swapped, f"taps x{chunk}": chunked,
+                                                      "per-image-conv": per_image},
                 {"x": normal(n, c, side, side), "dy": normal(n, c, side, side)}, ["dw"], args)
 
 

@@ -163,6 +163,44 @@ def test_gathered_conv_weight_gradient_on_a_symbolic_batch(monkeypatch, attrs):
                                            err_msg=f"gathered={gathered} batch {batch} {run.__name__}")
 
 
+def _depthwise_weight_grad_of_squares(x, w, strides, dilations, pads):
+    """numpy, float64: d sum(conv(x, w, group=C)**2) / dw, for a depthwise w [C, 1, kh, kw]:
+    each channel a dense conv of its own (``_conv_weight_grad_of_squares``)."""
+    return np.concatenate([_conv_weight_grad_of_squares(x[:, c:c + 1], w[c:c + 1], strides, dilations, pads)
+                           for c in range(w.shape[0])])
+
+
+@pytest.mark.parametrize("attrs", [{"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [2, 0, 1, 2]},
+                                   {"dilations": [2, 1], "strides": [1, 3], "pads": [2, 1, 0, 1]}])
+def test_depthwise_conv_weight_gradient_per_image_and_on_a_symbolic_batch(attrs):
+    """A depthwise Conv's dW with a static batch, output of 64+ pixels (one Conv whose groups are
+    the images' channels), and with the batch known only at run time (the taps, or the Conv over
+    x with batch and channels swapped), with strides that do not divide evenly, dilations and
+    uneven pads: each equals the per-channel window-by-window sum in float64, on onnxruntime and
+    numpy."""
+    import onnx.helper as oh
+
+    w = np.random.default_rng(0).normal(size=(3, 1, 3, 3)).astype(np.float32)
+    for batch_dim in (2, "N"):
+        conv = oh.make_node("Conv", ["x", "w"], ["y"], group=3, **attrs)
+        loss = [oh.make_node("Mul", ["y", "y"], ["sq"]), oh.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0)]
+        graph = oh.make_graph([conv, *loss], "conv", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                                                [batch_dim, 3, 17, 18])],
+                              [oh.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+                              [onnx.numpy_helper.from_array(w, "w")])
+        model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+        proto = graphc.Model(gradient_model(ir.serde.deserialize_model(model), "loss", ["w"])).proto
+        groups = [a.i for n in proto.graph.node if n.op_type == "Conv" for a in n.attribute if a.name == "group"]
+        assert (6 in groups) == (batch_dim == 2)  # the per-image Conv: 2 images x 3 channels
+        for batch in ((2,) if batch_dim == 2 else (1, 3)):
+            x = np.random.default_rng(batch).normal(size=(batch, 3, 17, 18)).astype(np.float32)
+            expected = _depthwise_weight_grad_of_squares(x, w, attrs.get("strides", (1, 1)),
+                                                         attrs.get("dilations", (1, 1)), attrs["pads"])
+            for run in (run_ort, run_numpy):
+                np.testing.assert_allclose(run(proto, {"x": x})["w_grad"], expected, rtol=1e-4, atol=1e-3,
+                                           err_msg=f"batch {batch_dim}={batch} {run.__name__}")
+
+
 @pytest.mark.parametrize(("strides", "chunks"), [([1, 1], 3), ([2, 1], 2)])
 def test_conv_weight_gradient_in_batch_chunks(monkeypatch, strides, chunks):
     """Past ``IM2COL_CHUNK`` column values, a static batch's im2col dW is taken a few images at a

@@ -227,6 +227,29 @@ def _depthwise_weight_grad_taps(g: GradBuilder, x, dy, w_shape, spatial, strides
     return g.op("Reshape", g.op("Concat", *sums, axis=2) if len(sums) > 1 else sums[0], g.ints(list(w_shape)))
 
 
+def _depthwise_weight_grad_per_image(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
+    """dW of a depthwise Conv (multiplier 1) with a static batch N, on the CPU: one Conv whose
+    N*C groups are each image's channels, x as [1, N*C, *spatial] and dy as its kernels
+    [N*C, 1, *out] (both Reshapes, no copy), strides and dilations exchanged; then the images'
+    sums. The Conv with batch and channels swapped (below) computes the same after two full-size
+    Transposes. onnxruntime (CPU, 2 threads, ms; ``bench_lowerings.py --only depthwise_dw``), this
+    vs that: N=32, 3x3, 96ch on 32x32 24.4 vs 27.7; 144ch on 32x32 36.7 vs 47.7; 240ch on 8x8 4.1
+    vs 4.4; 5x5, 96ch on 32x32 65.4 vs 67.2; stride 2, 96ch on 64x64 49.6 vs 54.1; 144ch 5x5 on
+    32x32 40.1 vs 43.1; 240ch on 16x16 9.6 vs 10.1; N=2, 96ch on 32x32 3.0 vs 4.4; and against
+    the taps (3x3, stride 1, N=32, 144ch on 16x16) 16.1 vs 17.5. On outputs under 64 pixels the
+    groups' own overhead loses (N=32, 672ch 5x5 stride 2 on 8x8: 15.2 vs 14.0; 1152ch on 4x4
+    15.9 vs 14.6), and the symbolic batch cannot name N*C groups."""
+    n, c = _known_batch(x), w_shape[0]
+    kernel = list(w_shape[2:])
+    out = out_dims(spatial, kernel, strides, dilations, begin, end)
+    images = g.op("Reshape", x, g.ints([1, n * c, *spatial]))
+    kernels = g.op("Reshape", dy, g.ints([n * c, 1, *out]))
+    dw = g.op("Conv", images, kernels, strides=dilations, dilations=strides, pads=begin + end, group=n * c)
+    dw = _within_kernel(g, dw, kernel, spatial, out, strides, dilations, begin, end)
+    summed = g.reduce("ReduceSum", g.op("Reshape", dw, g.ints([n, c * math.prod(kernel)])), [0], keepdims=False)
+    return g.op("Reshape", summed, g.ints(list(w_shape)))
+
+
 def _windows(g: GradBuilder, t: ir.Value, kernel, spatial, strides, dilations, begin, end,
              lead: int = 2) -> list[ir.Value]:
     """What each kernel tap of a Conv reads of ``t`` (``lead`` axes, then the spatial ones;
@@ -301,7 +324,10 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     #   10.5; on 128x128 106 vs 55; N=2 on 64x64 2.1 vs 1.0; stride 1, 64x64: 64.6 vs 64.9).
     # * a Conv over x with batch and channels swapped, dy as the kernel, strides and dilations
     #   exchanged, then the result transposed: for grouped convs, larger kernels and past the
-    #   cap, except depthwise 3x3 ones, stride 1, on mid-sized maps (``_depthwise_weight_grad_taps``).
+    #   cap. A depthwise conv with a static batch, on the CPU, takes the same Conv over the
+    #   images' channels as groups, without the Transposes, where its output has 64+ pixels
+    #   (``_depthwise_weight_grad_per_image``); with a symbolic batch, 3x3 ones, stride 1, on
+    #   mid-sized maps take the taps (``_depthwise_weight_grad_taps``).
     # (An im2col with a batched MatMul or an Einsum over [N, K*Ci, O] was no faster than the
     # Conv at N=32: 24 vs 21 ms; for depthwise 3x3/5x5 convs 1.3-2.7x slower than it.)
     # On onnxruntime's CUDA provider the Conv below is the slowest of the three wherever dy, its
@@ -318,7 +344,10 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     n_sp = len(spatial)
     cg, kernel = w_shape[1], list(w_shape[2:])
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
-    if group == w_shape[0] and cg == 1 and (cuda or (
+    depthwise = group == w_shape[0] and cg == 1
+    if depthwise and not cuda and _known_batch(x) and math.prod(out) >= 64:
+        return _depthwise_weight_grad_per_image(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
+    if depthwise and (cuda or (
             math.prod(kernel) <= 9 and all(v == 1 for v in strides) and math.prod(out) >= 256
             and typical_batch(x) * w_shape[0] * math.prod(spatial) <= 1 << 21)):
         return _depthwise_weight_grad_taps(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
@@ -332,13 +361,19 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
         return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end, per_image)
     xt = _groups_over_batch(g, x, group, cg, spatial)
     dyt = _swap01(g, dy, n_sp)
-    full = [(spatial[i] + begin[i] + end[i] - (out[i] - 1) * strides[i] - 1) // dilations[i] + 1 for i in range(n_sp)]
     dw = g.op("Conv", xt, dyt, strides=dilations, dilations=strides, pads=begin + end,
               group=group if group != 1 else None)
-    dw = _swap01(g, dw, n_sp)
-    if full != kernel:  # windows that the forward never reached when strides do not divide evenly
-        dw = g.op("Slice", dw, g.ints([0] * n_sp), g.ints(kernel), g.ints(list(range(2, 2 + n_sp))))
-    return dw
+    return _within_kernel(g, _swap01(g, dw, n_sp), kernel, spatial, out, strides, dilations, begin, end)
+
+
+def _within_kernel(g: GradBuilder, dw: ir.Value, kernel, spatial, out, strides, dilations, begin, end) -> ir.Value:
+    """The kernel's taps of ``dw``, a Conv over x by dy with strides and dilations exchanged:
+    when the strides do not divide evenly, that Conv also reaches windows the forward never did."""
+    full = [(spatial[i] + begin[i] + end[i] - (out[i] - 1) * strides[i] - 1) // dilations[i] + 1
+            for i in range(len(spatial))]
+    if full == kernel:
+        return dw
+    return g.op("Slice", dw, g.ints([0] * len(kernel)), g.ints(kernel), g.ints(list(range(2, 2 + len(kernel)))))
 
 
 @grad_rule("Conv")
