@@ -201,11 +201,13 @@ def test_depthwise_conv_weight_gradient_per_image_and_on_a_symbolic_batch(attrs)
                                            err_msg=f"batch {batch_dim}={batch} {run.__name__}")
 
 
+@pytest.mark.parametrize("gathered", [True, False])
 @pytest.mark.parametrize(("strides", "chunks"), [([1, 1], 3), ([2, 1], 2)])
-def test_conv_weight_gradient_in_batch_chunks(monkeypatch, strides, chunks):
-    """Past ``IM2COL_CHUNK`` column values, a static batch's im2col dW is taken a few images at a
-    time, each chunk's Gemm adding into the last one's: still the gradient, on numpy and
-    onnxruntime. Two images' columns per chunk here: batches 5 -> 2, 2, 1 and 3 -> 2, 1."""
+def test_conv_weight_gradient_in_batch_chunks(monkeypatch, strides, chunks, gathered):
+    """Past ``GATHER_COLS`` column values (gathered columns; or, that path off, past
+    ``IM2COL_CHUNK`` for the window Slices), a static batch's dW is taken ``IM2COL_CHUNK`` values
+    of images at a time, each chunk's Gemm adding into the last one's: still the gradient, on
+    numpy and onnxruntime. Two images' columns per chunk here: batches 5 -> 2, 2, 1 and 3 -> 2, 1."""
     from dataclasses import replace
 
     from graphc.passes.autodiff import rules_nn
@@ -214,12 +216,16 @@ def test_conv_weight_gradient_in_batch_chunks(monkeypatch, strides, chunks):
     case = GradCase("Conv", [T((batch, 3, 6, 6)), T((4, 3, 3, 3)), T((4,))], {"pads": [1, 1, 1, 0], "strides": strides},
                     tag="im2col_chunks")
     out_pixels = ((6 + 2 - 3) // strides[0] + 1) * (6 + 1 - 3 + 1)
-    monkeypatch.setattr(rules_nn, "GATHER_COLS", 0)  # past the gathered columns' bound
+    # the whole batch's columns past the gathered bound, one image's within it (or past it: off)
+    monkeypatch.setattr(rules_nn, "GATHER_COLS", batch * 3 * 9 * out_pixels - 1 if gathered else 0)
     monkeypatch.setattr(rules_nn, "IM2COL_CHUNK", 2 * 3 * 9 * out_pixels)
     proto, _ = grad_proto(case, np.float64)
-    assert sum(n.op_type == "Gemm" for n in proto.graph.node) == chunks
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("Gemm") == chunks and ops.count("Gather") == (chunks if gathered else 0)
     test_gradient_matches_finite_differences(case)
     test_gradient_graph_numpy_matches_onnxruntime(replace(case, ort=True))
+    if gathered:
+        return
     # one image's columns past a chunk: the Conv with batch and channels swapped (memory-bound)
     monkeypatch.setattr(rules_nn, "IM2COL_CHUNK", 3 * 9 * out_pixels - 1)
     proto, _ = grad_proto(case, np.float64)

@@ -114,6 +114,22 @@ def _groups_over_batch(g: GradBuilder, t: ir.Value, group: int, per_group: int, 
 IM2COL_CHUNK = 1 << 22
 
 
+def _image_chunks(g: GradBuilder, x, dy, per_image: int, bound: int) -> list[tuple[ir.Value, ir.Value]]:
+    """(x, dy) of a few images at a time, so that a chunk's columns (``per_image`` values an
+    image) stay within ``bound``: Slices along a static batch; the whole batch when it is
+    symbolic or fits."""
+    batch = _known_batch(x)
+    chunks = 1 if batch is None else min(batch, -(-batch * per_image // bound))
+    if chunks == 1:
+        return [(x, dy)]
+    size = -(-batch // chunks)
+    pieces = []
+    for first in range(0, batch, size):  # images [first, first + size)
+        bounds = (g.ints([first]), g.ints([min(first + size, batch)]), g.ints([0]))
+        pieces.append((g.op("Slice", x, *bounds), g.op("Slice", dy, *bounds)))
+    return pieces
+
+
 def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end,
                              per_image: int):
     """dW as an explicit im2col and GEMMs over batch and pixels: the window slices of the padded,
@@ -139,15 +155,8 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
     chunks of 4; 3->32 on 128x128 101 vs 42). ``per_image``: one image's column values."""
     n_sp = len(spatial)
     ci, kernel = w_shape[1], list(w_shape[2:])
-    batch = _known_batch(x)
-    chunks = 1 if batch is None else min(batch, -(-batch * per_image // IM2COL_CHUNK))
-    size = -(-batch // chunks) if chunks > 1 else None
     dw = None
-    for first in range(0, batch, size) if size else [None]:
-        xs, dys = x, dy
-        if first is not None:  # images [first, first + size)
-            bounds = (g.ints([first]), g.ints([min(first + size, batch)]), g.ints([0]))
-            xs, dys = g.op("Slice", xs, *bounds), g.op("Slice", dys, *bounds)
+    for xs, dys in _image_chunks(g, x, dy, per_image, IM2COL_CHUNK):
         # [Ci, 1, n, *S]: the taps' windows stack on axis 1 as they are, one Unsqueeze per chunk
         # where there was one per tap (ResNet-50's train_step 311 nodes fewer, 5,175; steps as
         # fast: ResNet-18 interleaved both orders, ratio new/old at batch 2 0.90 / 1.01, at 32
@@ -161,8 +170,9 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
     return g.op("Reshape", dw, g.ints(list(w_shape)))
 
 
-# The gathered dW's column matrix (``_conv_weight_grad_gathered``) is built whole, at most this
-# many values (for a symbolic batch, at a typical batch of 16). Raised, at 128 px and batch 32
+# The gathered dW's column matrix (``_conv_weight_grad_gathered``) is built whole up to this many
+# values (for a symbolic batch, at a typical batch of 16); past it, ``IM2COL_CHUNK`` values a
+# chunk of images (a static batch). Raised, at 128 px and batch 32
 # (steps interleaved both orders; peak RSS of 5 steps): 2**24, ResNet-18 0.99x / 0.98x the step,
 # 886 -> 889 MB, ResNet-50 1.01x / 0.96x, 1,979 -> 2,016 MB; 2**25, ResNet-18 0.92x / 0.93x and
 # 806 MB, but ResNet-50 2,088 MB, 1.12x PyTorch's 1,864 (its columns at the step's peak).
@@ -180,8 +190,13 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     1.33. Taken a few input channels at a time (a Slice each) it lost what it gained (64ch 16x16
     in two: 22.4 vs 14.9 whole). On large maps it beats the Slices' chunks of images too
     (``--only large_dw``: 64ch 32x32 36.5 vs 40.4; 64->128 stride 2 on 64x64 67.5 vs 112), but
-    holds the whole batch's columns (75 MB there): it serves columns of up to ``GATHER_COLS``
-    values, the Slices' chunks past that. (A 7x7 stem's: 15.6 vs the Conv's 15.2: the Conv stays.)
+    holds the whole batch's columns (75 MB there): it builds them whole up to ``GATHER_COLS``
+    values and, a static batch past that, for a few images at a time (``IM2COL_CHUNK`` values,
+    the Slices' chunks' bound, so the step's peak stays), each chunk's Gemm adding into the
+    last one's. Against the Slices' chunks at 128 px, batch 32, per-kernel profiles of two runs
+    each: ResNet-18's Conv gradients 648 / 708 -> 558 / 578 ms (Slice and Concat 126 -> Gather
+    47); peak RSS ResNet-50 1,978 MB (chunks of ``GATHER_COLS``: 2,029, 1.09x PyTorch's).
+    (A 7x7 stem's: 15.6 vs the Conv's 15.2: the Conv stays.)
     Grouped convs kept the Conv with batch and channels swapped: the same columns as [G, Ci/G * K,
     O * N] into one batched MatMul ran RegNetY's group-width-8 dWs alone 1.2-1.9x faster (104ch
     16x16, N=32: 23.1 -> 13.7 ms), but its train_step at batch 32 not (steps interleaved both
@@ -192,17 +207,21 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
     padded = [d + b + e for d, b, e in zip(spatial, begin, end)]
     last = [*range(1, 2 + n_sp), 0]  # [N, C, *S] -> [C, *S, N]
-    xt = g.transpose(x, last)
-    if any(begin + end):
-        xt = g.op("Pad", xt, g.ints([0, *begin, 0, 0, *end, 0]))
     grid = lambda dims: np.indices(dims).reshape(n_sp, -1).T  # row-major positions, [count, n_sp]
     pitch = np.array([math.prod(padded[i + 1:]) for i in range(n_sp)])  # a padded pixel's flat position
-    index = ((grid(out) * strides)[None] + (grid(kernel) * dilations)[:, None]) @ pitch  # [K, O]
-    cols = g.op("Gather", g.op("Reshape", xt, g.ints([ci, math.prod(padded), -1])),
-                g.const(index.astype(np.int32)), axis=1)  # [Ci, K, O, N]
-    cols = g.op("Reshape", cols, g.ints([ci * math.prod(kernel), -1]))
-    dy2 = g.op("Reshape", g.transpose(dy, last), g.ints([w_shape[0], -1]))
-    return g.op("Reshape", g.op("Gemm", dy2, cols, transB=1), g.ints(list(w_shape)))
+    index = g.const((((grid(out) * strides)[None] + (grid(kernel) * dilations)[:, None]) @ pitch).astype(np.int32))
+    per_image = ci * math.prod(kernel) * math.prod(out)
+    whole = per_image * typical_batch(x) <= GATHER_COLS
+    dw = None
+    for xs, dys in _image_chunks(g, x, dy, per_image, GATHER_COLS if whole else IM2COL_CHUNK):
+        xt = g.transpose(xs, last)
+        if any(begin + end):
+            xt = g.op("Pad", xt, g.ints([0, *begin, 0, 0, *end, 0]))
+        cols = g.op("Gather", g.op("Reshape", xt, g.ints([ci, math.prod(padded), -1])), index, axis=1)  # [Ci, K, O, N]
+        cols = g.op("Reshape", cols, g.ints([ci * math.prod(kernel), -1]))
+        dy2 = g.op("Reshape", g.transpose(dys, last), g.ints([w_shape[0], -1]))
+        dw = g.op("Gemm", dy2, cols, *([dw] if dw is not None else []), transB=1)
+    return g.op("Reshape", dw, g.ints(list(w_shape)))
 
 
 def _depthwise_weight_grad_taps(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
@@ -301,11 +320,13 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
             and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)):
         return _pointwise_weight_grad(g, x, dy, w_shape, spatial, strides)
     # dW[m, c, k] = sum_{n, o} dy[n, m, o] * xpad[n, c, o*stride + k*dilation]. On the CPU, for
-    # up to 9 taps and ``GATHER_COLS`` column values, the columns by one Gather of the
-    # batch-innermost input (``_conv_weight_grad_gathered``): bench_zoo's ResNet-18 at batch 32
+    # up to 9 taps, the columns by one Gather of the batch-innermost input, up to
+    # ``GATHER_COLS`` values, past that (a static batch) a few images at a time
+    # (``_conv_weight_grad_gathered``): bench_zoo's ResNet-18 at batch 32
     # (64 px), Trainer steps interleaved, both orders, 0.975x / 0.898x the step time (its dW
     # kernels' Slices, Concat and Pad 43 -> 12 ms); ResNet-50 0.95x / 1.02x, at batch 2 1.01x /
-    # 0.99x. Past that, two lowerings, chosen by measurement on onnxruntime (CPU), 3x3 convs:
+    # 0.99x. Elsewhere (a symbolic batch past the bound, an image's columns past it, CUDA), two
+    # lowerings, chosen by measurement on onnxruntime (CPU), 3x3 convs:
     # * an im2col (Slices of the channel-major input, stacked channel-major) and one GEMM, whose
     #   output is dW in its own layout. 2 threads, against the Conv below: N=32, 64ch on 16x16:
     #   11.6 ms vs 21.2; 128ch on 8x8: 10.8 vs 22.4; 256ch on 4x4: 12.2 vs 16.5; stride 2,
@@ -353,7 +374,8 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
         return _depthwise_weight_grad_taps(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     per_image = cg * math.prod(kernel) * math.prod(out)  # columns
     dense = group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
-    if dense and not cuda and math.prod(kernel) <= 9 and per_image * typical_batch(x) <= GATHER_COLS:
+    if dense and not cuda and math.prod(kernel) <= 9 and (
+            per_image * typical_batch(x) <= GATHER_COLS if _known_batch(x) is None else per_image <= GATHER_COLS):
         return _conv_weight_grad_gathered(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     if (dense and (math.prod(kernel) <= 9 or cuda)
             and (per_image <= IM2COL_CHUNK if _known_batch(x) is not None
