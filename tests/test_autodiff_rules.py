@@ -204,9 +204,9 @@ def test_depthwise_conv_weight_gradient_per_image_and_on_a_symbolic_batch(attrs)
 @pytest.mark.parametrize("gathered", [True, False])
 @pytest.mark.parametrize(("strides", "chunks"), [([1, 1], 3), ([2, 1], 2)])
 def test_conv_weight_gradient_in_batch_chunks(monkeypatch, strides, chunks, gathered):
-    """Past ``GATHER_COLS`` column values (gathered columns; or, that path off, past
-    ``IM2COL_CHUNK`` for the window Slices), a static batch's dW is taken ``IM2COL_CHUNK`` values
-    of images at a time, each chunk's Gemm adding into the last one's: still the gradient, on
+    """Past ``GATHER_COLS`` column values (gathered columns, ``GATHER_CHUNK`` values a chunk; or,
+    that path off, past ``IM2COL_CHUNK`` for the window Slices), a static batch's dW is taken a
+    few images at a time, each chunk's Gemm adding into the last one's: still the gradient, on
     numpy and onnxruntime. Two images' columns per chunk here: batches 5 -> 2, 2, 1 and 3 -> 2, 1."""
     from dataclasses import replace
 
@@ -216,8 +216,10 @@ def test_conv_weight_gradient_in_batch_chunks(monkeypatch, strides, chunks, gath
     case = GradCase("Conv", [T((batch, 3, 6, 6)), T((4, 3, 3, 3)), T((4,))], {"pads": [1, 1, 1, 0], "strides": strides},
                     tag="im2col_chunks")
     out_pixels = ((6 + 2 - 3) // strides[0] + 1) * (6 + 1 - 3 + 1)
-    # the whole batch's columns past the gathered bound, one image's within it (or past it: off)
+    # the whole batch's columns past the gathered bound, two images' within a chunk (or the
+    # gathered path off, as on CUDA, where the Slices' chunks serve)
     monkeypatch.setattr(rules_nn, "GATHER_COLS", batch * 3 * 9 * out_pixels - 1 if gathered else 0)
+    monkeypatch.setattr(rules_nn, "GATHER_CHUNK", 2 * 3 * 9 * out_pixels if gathered else 0)
     monkeypatch.setattr(rules_nn, "IM2COL_CHUNK", 2 * 3 * 9 * out_pixels)
     proto, _ = grad_proto(case, np.float64)
     ops = [n.op_type for n in proto.graph.node]

@@ -171,12 +171,13 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
 
 
 # The gathered dW's column matrix (``_conv_weight_grad_gathered``) is built whole up to this many
-# values (for a symbolic batch, at a typical batch of 16); past it, ``IM2COL_CHUNK`` values a
+# values (for a symbolic batch, at a typical batch of 16); past it, ``GATHER_CHUNK`` values a
 # chunk of images (a static batch). Raised, at 128 px and batch 32
 # (steps interleaved both orders; peak RSS of 5 steps): 2**24, ResNet-18 0.99x / 0.98x the step,
 # 886 -> 889 MB, ResNet-50 1.01x / 0.96x, 1,979 -> 2,016 MB; 2**25, ResNet-18 0.92x / 0.93x and
 # 806 MB, but ResNet-50 2,088 MB, 1.12x PyTorch's 1,864 (its columns at the step's peak).
 GATHER_COLS = 1 << 23
+GATHER_CHUNK = IM2COL_CHUNK  # past GATHER_COLS, a chunk's values (a static batch, whole images)
 
 
 def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
@@ -191,7 +192,7 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     in two: 22.4 vs 14.9 whole). On large maps it beats the Slices' chunks of images too
     (``--only large_dw``: 64ch 32x32 36.5 vs 40.4; 64->128 stride 2 on 64x64 67.5 vs 112), but
     holds the whole batch's columns (75 MB there): it builds them whole up to ``GATHER_COLS``
-    values and, a static batch past that, for a few images at a time (``IM2COL_CHUNK`` values,
+    values and, a static batch past that, for a few images at a time (``GATHER_CHUNK`` values,
     the Slices' chunks' bound, so the step's peak stays), each chunk's Gemm adding into the
     last one's. Against the Slices' chunks at 128 px, batch 32, per-kernel profiles of two runs
     each: ResNet-18's Conv gradients 648 / 708 -> 558 / 578 ms (Slice and Concat 126 -> Gather
@@ -213,7 +214,7 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     per_image = ci * math.prod(kernel) * math.prod(out)
     whole = per_image * typical_batch(x) <= GATHER_COLS
     dw = None
-    for xs, dys in _image_chunks(g, x, dy, per_image, GATHER_COLS if whole else IM2COL_CHUNK):
+    for xs, dys in _image_chunks(g, x, dy, per_image, GATHER_COLS if whole else GATHER_CHUNK):
         xt = g.transpose(xs, last)
         if any(begin + end):
             xt = g.op("Pad", xt, g.ints([0, *begin, 0, 0, *end, 0]))
@@ -321,11 +322,13 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
         return _pointwise_weight_grad(g, x, dy, w_shape, spatial, strides)
     # dW[m, c, k] = sum_{n, o} dy[n, m, o] * xpad[n, c, o*stride + k*dilation]. On the CPU, for
     # up to 9 taps, the columns by one Gather of the batch-innermost input, up to
-    # ``GATHER_COLS`` values, past that (a static batch) a few images at a time
-    # (``_conv_weight_grad_gathered``): bench_zoo's ResNet-18 at batch 32
+    # ``GATHER_COLS`` values, past that (a static batch) a few images at a time, as long as one
+    # image's columns fit ``GATHER_CHUNK`` (past it, 64ch 3x3 on 96x96, N=8, forward and dW: one
+    # image at a time 332 ms, the Conv below 322) (``_conv_weight_grad_gathered``): bench_zoo's
+    # ResNet-18 at batch 32
     # (64 px), Trainer steps interleaved, both orders, 0.975x / 0.898x the step time (its dW
     # kernels' Slices, Concat and Pad 43 -> 12 ms); ResNet-50 0.95x / 1.02x, at batch 2 1.01x /
-    # 0.99x. Elsewhere (a symbolic batch past the bound, an image's columns past it, CUDA), two
+    # 0.99x. Elsewhere (a symbolic batch past the bound, an image's columns past a chunk, CUDA), two
     # lowerings, chosen by measurement on onnxruntime (CPU), 3x3 convs:
     # * an im2col (Slices of the channel-major input, stacked channel-major) and one GEMM, whose
     #   output is dW in its own layout. 2 threads, against the Conv below: N=32, 64ch on 16x16:
@@ -374,8 +377,8 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
         return _depthwise_weight_grad_taps(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     per_image = cg * math.prod(kernel) * math.prod(out)  # columns
     dense = group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
-    if dense and not cuda and math.prod(kernel) <= 9 and (
-            per_image * typical_batch(x) <= GATHER_COLS if _known_batch(x) is None else per_image <= GATHER_COLS):
+    gathers = per_image * typical_batch(x) <= GATHER_COLS or (_known_batch(x) and per_image <= GATHER_CHUNK)
+    if dense and not cuda and math.prod(kernel) <= 9 and gathers:
         return _conv_weight_grad_gathered(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     if (dense and (math.prod(kernel) <= 9 or cuda)
             and (per_image <= IM2COL_CHUNK if _known_batch(x) is not None
