@@ -24,7 +24,7 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``layer_norm``: LayerNormalization forward + backward from its Mean and InvStdDev outputs:
   the textbook dx vs dx folded into per-row affine terms (by Mul + Add or a BatchNormalization).
 - ``leading_sum``: a bias's gradient, the sum over leading axes: ReduceSum vs a GEMV.
-- ``relu``: ReLU forward + backward: dy * Cast(y > 0), Where, dy * Sign(y).
+- ``relu``: ReLU forward + backward: dy * Cast(y > 0), Where, dy * Sign(y), dy * HardSigmoid(y * FLT_MAX).
 - ``pointwise_dx``: a 1x1 Conv's dx: Gemm by the weight read transposed, Conv by the
   transposed weight, ConvTranspose.
 - ``pointwise_dw``: a 1x1 Conv's dW: Einsum vs a MatMul per image summed vs channel-major + Gemm.
@@ -347,7 +347,9 @@ def relu(args) -> None:
     variants = {"cast-mul": forward + [h.make_node("Greater", ["y", "zero"], ["m"]), h.make_node("Cast", ["m"], ["f"], to=1),
                                        h.make_node("Mul", ["dy", "f"], ["dx"])],
                 "where": forward + [h.make_node("Greater", ["y", "zero"], ["m"]), h.make_node("Where", ["m", "dy", "zero"], ["dx"])],
-                "sign-mul": forward + [h.make_node("Sign", ["y"], ["m"]), h.make_node("Mul", ["dy", "m"], ["dx"])]}
+                "sign-mul": forward + [h.make_node("Sign", ["y"], ["m"]), h.make_node("Mul", ["dy", "m"], ["dx"])],
+                "hardsigmoid-mul": forward + [h.make_node("HardSigmoid", ["y"], ["m"], alpha=float(np.finfo(np.float32).max),
+                                                          beta=0.0), h.make_node("Mul", ["dy", "m"], ["dx"])]}
     for shape in [(32, 256, 16, 16), (32, 64, 32, 32), (32, 512, 4, 4), (2, 64, 32, 32)]:
         compare(str(shape), variants, {"x": normal(*shape), "dy": normal(*shape)}, ["y", "dx"], args)
 

@@ -116,6 +116,28 @@ def test_gradient_graph_follows_the_model_opset(case: GradCase):
     test_gradient_matches_finite_differences(replace(case, opset=17))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_gradient_masks_exactly_where_the_output_is_positive(dtype):
+    """d sum(relu(x) * c) / dx = c where x > 0, else 0 (at 0 too, as PyTorch's threshold_backward):
+    in float32 by a HardSigmoid of y scaled past 1 (one pass), in float64 by Greater and Cast;
+    exact for the smallest normal float32, the largest, zeros and negatives, on numpy and ort."""
+    import onnx.helper as oh
+
+    tiny, huge = np.finfo(np.float32).tiny, np.finfo(np.float32).max
+    x = np.array([[-1.0, 0.0, tiny, 2 * tiny, 1e-30, 0.5, 3.0, 1e30, huge, -huge]], dtype)
+    c = np.random.default_rng(0).normal(size=x.shape).astype(dtype)
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    nodes = [oh.make_node("Relu", ["x"], ["y"]), oh.make_node("Mul", ["y", "c"], ["yc"]),
+             oh.make_node("ReduceSum", ["yc"], ["loss"], keepdims=0)]
+    graph = oh.make_graph(nodes, "relu", [oh.make_tensor_value_info("x", elem, list(x.shape))],
+                          [oh.make_tensor_value_info("loss", elem, [])], [onnx.numpy_helper.from_array(c, "c")])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    proto = graphc.Model(gradient_model(ir.serde.deserialize_model(model), "loss", ["x"])).proto
+    assert ("HardSigmoid" in {n.op_type for n in proto.graph.node}) == (dtype == np.float32)
+    for run in (run_ort, run_numpy):
+        np.testing.assert_array_equal(run(proto, {"x": x})["x_grad"], np.where(x > 0, c, 0), err_msg=run.__name__)
+
+
 def _conv_weight_grad_of_squares(x, w, strides=(1, 1), dilations=(1, 1), pads=(0, 0, 0, 0)):
     """numpy, float64: d sum(conv(x, w)**2) / dw, window by window (an oracle for the lowerings)."""
     x, w = x.astype(np.float64), w.astype(np.float64)
