@@ -164,7 +164,6 @@ def gathered_dw(n: int, ci: int, co: int, side: int, k: int, st: int) -> list:
             h.make_node("Reshape", ["gg", "gws"], ["dw"])]
 
 
-
 def bn(args) -> None:
     for shape in [(32, 96, 32, 32), (32, 144, 16, 16), (32, 672, 4, 4), (32, 64, 16, 16), (2, 256, 8, 8)]:
         n, c, hh, w = shape

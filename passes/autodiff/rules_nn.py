@@ -180,7 +180,8 @@ GATHER_COLS = 1 << 23
 GATHER_CHUNK = IM2COL_CHUNK  # past GATHER_COLS, a chunk's values (a static batch, whole images)
 
 
-def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
+def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end,
+                               per_image: int):
     """dW as one GEMM against the column matrix, built by one Gather: x batch-innermost and padded,
     [Ci, P, N] (P its padded pixels), each (tap, output pixel) reading a row of N values at a
     constant flat position (strides and dilations in the index), so the columns come out
@@ -202,7 +203,7 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     O * N] into one batched MatMul ran RegNetY's group-width-8 dWs alone 1.2-1.9x faster (104ch
     16x16, N=32: 23.1 -> 13.7 ms), but its train_step at batch 32 not (steps interleaved both
     orders, 64 px 1.00x / 0.99x, 128 px 1.00x / 1.00x: the Pad, Transposes and the MatMul's
-    transposed read took back what the Conv gave)."""
+    transposed read took back what the Conv gave). ``per_image``: one image's column values."""
     n_sp = len(spatial)
     ci, kernel = w_shape[1], list(w_shape[2:])
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
@@ -211,7 +212,6 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     grid = lambda dims: np.indices(dims).reshape(n_sp, -1).T  # row-major positions, [count, n_sp]
     pitch = np.array([math.prod(padded[i + 1:]) for i in range(n_sp)])  # a padded pixel's flat position
     index = g.const((((grid(out) * strides)[None] + (grid(kernel) * dilations)[:, None]) @ pitch).astype(np.int32))
-    per_image = ci * math.prod(kernel) * math.prod(out)
     whole = per_image * typical_batch(x) <= GATHER_COLS
     dw = None
     for xs, dys in _image_chunks(g, x, dy, per_image, GATHER_COLS if whole else GATHER_CHUNK):
@@ -379,7 +379,7 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     dense = group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
     gathers = per_image * typical_batch(x) <= GATHER_COLS or (_known_batch(x) and per_image <= GATHER_CHUNK)
     if dense and not cuda and math.prod(kernel) <= 9 and gathers:
-        return _conv_weight_grad_gathered(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
+        return _conv_weight_grad_gathered(g, x, dy, w_shape, spatial, strides, dilations, begin, end, per_image)
     if (dense and (math.prod(kernel) <= 9 or cuda)
             and (per_image <= IM2COL_CHUNK if _known_batch(x) is not None
                  else per_image * typical_batch(x) <= 1 << 24)):
