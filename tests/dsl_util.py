@@ -31,5 +31,11 @@ def capture_run(fn, feeds: dict[str, np.ndarray], **kw) -> tuple[gc.Model, dict[
     return model, run_ort(model, feeds)
 
 
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """numpy's softmax along ``axis`` (max subtracted): the tests' oracle."""
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
 def rng(seed: int = 0) -> np.random.Generator:
     return np.random.default_rng(seed)

@@ -154,6 +154,20 @@ def _conv_weight_grad_of_squares(x, w, strides=(1, 1), dilations=(1, 1), pads=(0
     return np.einsum("nmhw,ncijhw->mcij", 2 * y, win)
 
 
+def _conv_squares_weight_grad(w: np.ndarray, x_dims: list, attrs: dict) -> onnx.ModelProto:
+    """The gradient model of sum(conv(x, w, **attrs)**2) with respect to w (output ``w_grad``),
+    x float32 of ``x_dims`` (symbolic dims by name): the conv-lowering tests' model."""
+    import onnx.helper as oh
+
+    conv = oh.make_node("Conv", ["x", "w"], ["y"], **attrs)
+    loss = [oh.make_node("Mul", ["y", "y"], ["sq"]), oh.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0)]
+    graph = oh.make_graph([conv, *loss], "conv", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x_dims)],
+                          [oh.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+                          [onnx.numpy_helper.from_array(w, "w")])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    return graphc.Model(gradient_model(ir.serde.deserialize_model(model), "loss", ["w"])).proto
+
+
 @pytest.mark.parametrize("attrs", [{"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [1, 0, 0, 1]},
                                    {"dilations": [2, 1], "strides": [1, 2], "pads": [2, 1, 0, 1]}])
 def test_gathered_conv_weight_gradient_on_a_symbolic_batch(monkeypatch, attrs):
@@ -161,20 +175,12 @@ def test_gathered_conv_weight_gradient_on_a_symbolic_batch(monkeypatch, attrs):
     column values), and past that bound the im2col of window Slices, with a batch known only at
     run time: each equals the window-by-window sum in float64, at batches 1, 3 and 5, on
     onnxruntime and numpy. (Finite differences check it on the Conv cases' static shapes.)"""
-    import onnx.helper as oh
-
     from graphc.passes.autodiff import rules_nn
 
     w = np.random.default_rng(0).normal(size=(4, 3, 3, 3)).astype(np.float32)
-    conv = oh.make_node("Conv", ["x", "w"], ["y"], **attrs)
-    loss = [oh.make_node("Mul", ["y", "y"], ["sq"]), oh.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0)]
-    graph = oh.make_graph([conv, *loss], "conv", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 9, 8])],
-                          [oh.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
-                          [onnx.numpy_helper.from_array(w, "w")])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     for gathered in (True, False):
         monkeypatch.setattr(rules_nn, "GATHER_COLS", 1 << 23 if gathered else 0)
-        proto = graphc.Model(gradient_model(ir.serde.deserialize_model(model), "loss", ["w"])).proto
+        proto = _conv_squares_weight_grad(w, ["N", 3, 9, 8], attrs)
         assert ("Gather" in {n.op_type for n in proto.graph.node}) == gathered
         for batch in (1, 3, 5):
             x = np.random.default_rng(batch).normal(size=(batch, 3, 9, 8)).astype(np.float32)
@@ -200,18 +206,9 @@ def test_depthwise_conv_weight_gradient_per_image_and_on_a_symbolic_batch(attrs)
     x with batch and channels swapped), with strides that do not divide evenly, dilations and
     uneven pads: each equals the per-channel window-by-window sum in float64, on onnxruntime and
     numpy."""
-    import onnx.helper as oh
-
     w = np.random.default_rng(0).normal(size=(3, 1, 3, 3)).astype(np.float32)
     for batch_dim in (2, "N"):
-        conv = oh.make_node("Conv", ["x", "w"], ["y"], group=3, **attrs)
-        loss = [oh.make_node("Mul", ["y", "y"], ["sq"]), oh.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0)]
-        graph = oh.make_graph([conv, *loss], "conv", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
-                                                                                [batch_dim, 3, 17, 18])],
-                              [oh.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
-                              [onnx.numpy_helper.from_array(w, "w")])
-        model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
-        proto = graphc.Model(gradient_model(ir.serde.deserialize_model(model), "loss", ["w"])).proto
+        proto = _conv_squares_weight_grad(w, [batch_dim, 3, 17, 18], {"group": 3, **attrs})
         groups = [a.i for n in proto.graph.node if n.op_type == "Conv" for a in n.attribute if a.name == "group"]
         assert (6 in groups) == (batch_dim == 2)  # the per-image Conv: 2 images x 3 channels
         for batch in ((2,) if batch_dim == 2 else (1, 3)):

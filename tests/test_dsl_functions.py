@@ -13,8 +13,10 @@ import pytest
 import graphc as gc
 import graphc.nn.functional as F
 try:
+    from dsl_util import softmax
     from torch_grad_util import TorchNS, gc_grads, run_both
 except ImportError:  # tests/ collected as a package
+    from tests.dsl_util import softmax
     from tests.torch_grad_util import TorchNS, gc_grads, run_both
 
 R = np.random.default_rng(5)
@@ -28,14 +30,9 @@ MASK = R.random((5, 5)) > 0.3
 np.fill_diagonal(MASK, True)
 
 
-def _softmax(x):
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
 def _attention(q, k, v, mask):
     s = np.where(mask, q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1]), -np.inf)
-    return _softmax(s) @ v
+    return softmax(s) @ v
 
 
 def _scatter_add(x, i):
@@ -105,7 +102,7 @@ CASES = [
     ("sdpa_mask", lambda M, q, m: M.scaled_dot_product_attention(q, q, q, attn_mask=m), Q, {"m": MASK},
      lambda q, m: _attention(q, q, q, m)),
     ("sdpa_scale", lambda M, q: M.scaled_dot_product_attention(q, q, q, scale=0.3), Q[0], {},
-     lambda q: _softmax(q @ q.swapaxes(-1, -2) * 0.3) @ q),
+     lambda q: softmax(q @ q.swapaxes(-1, -2) * 0.3) @ q),
 ]
 IDS = [c[0] for c in CASES]
 NO_TORCH_GRAD = {"scatter_add"}  # torch has no derivative for scatter with a reduce

@@ -11,20 +11,15 @@ import pytest
 import graphc as gc
 from graphc import nn
 try:
-    from dsl_util import check, rng, run_ort
+    from dsl_util import check, rng, run_ort, softmax
 except ImportError:  # tests/ collected as a package
-    from tests.dsl_util import check, rng, run_ort
+    from tests.dsl_util import check, rng, run_ort, softmax
 
 R = rng(3)
 X2 = R.standard_normal((4, 6)).astype(np.float32)
 X3 = R.standard_normal((2, 5, 8)).astype(np.float32)
 IMG = R.standard_normal((2, 3, 8, 8)).astype(np.float32)
 TOK = np.array([[1, 4, 0], [9, 2, 2]], np.int64)
-
-
-def _softmax(x, axis=-1):
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
 
 
 def _erf(x):
@@ -37,7 +32,7 @@ def _mha(x, p, heads):
     w, b = p["in_proj_weight"], p["in_proj_bias"]
     q, k, v = (x @ w[i * e:(i + 1) * e].T + b[i * e:(i + 1) * e] for i in range(3))
     split = lambda t: t.reshape(n, length, heads, d).transpose(0, 2, 1, 3)  # noqa: E731
-    att = _softmax(split(q) @ split(k).transpose(0, 1, 3, 2) / math.sqrt(d))
+    att = softmax(split(q) @ split(k).transpose(0, 1, 3, 2) / math.sqrt(d))
     out = (att @ split(v)).transpose(0, 2, 1, 3).reshape(n, length, e)
     return out @ p["out_proj.weight"].T + p["out_proj.bias"], att.mean(1)
 
@@ -73,7 +68,7 @@ CASES = [
     ("GELU", nn.GELU, X2, lambda x, p: 0.5 * x * (1 + _erf(x / math.sqrt(2))), "GELU()"),
     ("Sigmoid", nn.Sigmoid, X2, lambda x, p: 1 / (1 + np.exp(-x)), "Sigmoid()"),
     ("Tanh", nn.Tanh, X2, lambda x, p: np.tanh(x), "Tanh()"),
-    ("Softmax", lambda: nn.Softmax(dim=1), X2, lambda x, p: _softmax(x, 1), "Softmax(dim=1)"),
+    ("Softmax", lambda: nn.Softmax(dim=1), X2, lambda x, p: softmax(x, 1), "Softmax(dim=1)"),
     ("Flatten", nn.Flatten, IMG, lambda x, p: x.reshape(2, -1), "Flatten()"),
     ("Sequential", lambda: nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2)), X2,
      lambda x, p: np.maximum(x @ p["0.weight"].T + p["0.bias"], 0) @ p["2.weight"].T + p["2.bias"],
