@@ -37,6 +37,8 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``conv_dx``: a kxk Conv's dx (depthwise, grouped, dense; stride 1, and depthwise stride 2):
   ConvTranspose vs a Conv by the weight flipped in space, each group's channel axes swapped (for
   stride 2, dy spread over the input grid with zeros first).
+- ``gathered_conv``: a dense stride-1 3x3 Conv on maps of 49 to 256 pixels and its dx: Conv and
+  ConvTranspose vs the columns gathered from the batch-innermost input times the weight.
 - ``large_dw``: a dense kxk Conv's dW on large maps: the Conv over x with batch and channels
   swapped vs im2col + GEMM a few images at a time, adding up, vs one GEMM per kernel tap, vs the
   whole batch's columns gathered at once.
@@ -148,20 +150,43 @@ def windows(src: str, tag: str, k: int, out: int, stride: int = 1) -> tuple[list
 
 # -- cases -----------------------------------------------------------------------------------------
 
-def gathered_dw(n: int, ci: int, co: int, side: int, k: int, st: int) -> list:
-    """A dense kxk Conv's dW (pad k//2) as ``_conv_weight_grad_gathered`` takes it: x
-    batch-innermost and padded, its columns one Gather at constant flat positions, one GEMM."""
-    p, out, wp = k // 2, (side + 2 * (k // 2) - k) // st + 1, side + 2 * (k // 2)
+def gathered_columns(src: str, tag: str, c: int, side: int, k: int, st: int, p: int,
+                     flip: bool = False) -> tuple[list, str]:
+    """Nodes building the columns of ``src`` [N, c, side, side] for a kxk Conv (pads p, stride
+    st) as ``conv_gather.columns`` does: batch-innermost and padded, one Gather at constant flat
+    positions, [c * k * k, O * N] (taps reversed with ``flip``); and the columns' name."""
+    out, wp = (side + 2 * p - k) // st + 1, side + 2 * p
     index = np.array([[(oi * st + i) * wp + oj * st + j for oi in range(out) for oj in range(out)]
                       for i in range(k) for j in range(k)], np.int32)
-    return [h.make_node("Transpose", ["x"], ["xg"], perm=[1, 2, 3, 0]), ints("gpads", [0, p, p, 0, 0, p, p, 0]),
-            h.make_node("Pad", ["xg", "gpads"], ["xgp"]), ints("gflat", [ci, wp * wp, -1]),
-            h.make_node("Reshape", ["xgp", "gflat"], ["xgf"]), const("gidx", index, np.int32),
-            h.make_node("Gather", ["xgf", "gidx"], ["gcols"], axis=1), ints("gcs", [ci * k * k, -1]),
-            h.make_node("Reshape", ["gcols", "gcs"], ["gcm"]), h.make_node("Transpose", ["dy"], ["dyg"], perm=[1, 2, 3, 0]),
-            ints("gdys", [co, -1]), h.make_node("Reshape", ["dyg", "gdys"], ["dyg2"]),
-            h.make_node("Gemm", ["dyg2", "gcm"], ["gg"], transB=1), ints("gws", [co, ci, k, k]),
-            h.make_node("Reshape", ["gg", "gws"], ["dw"])]
+    index = index[::-1].copy() if flip else index
+    return [h.make_node("Transpose", [src], [tag + "t"], perm=[1, 2, 3, 0]), ints(tag + "pads", [0, p, p, 0, 0, p, p, 0]),
+            h.make_node("Pad", [tag + "t", tag + "pads"], [tag + "p"]), ints(tag + "flat", [c, wp * wp, -1]),
+            h.make_node("Reshape", [tag + "p", tag + "flat"], [tag + "f"]), const(tag + "idx", index, np.int32),
+            h.make_node("Gather", [tag + "f", tag + "idx"], [tag + "g"], axis=1), ints(tag + "cs", [c * k * k, -1]),
+            h.make_node("Reshape", [tag + "g", tag + "cs"], [tag + "cols"])], tag + "cols"
+
+
+def gathered_dw(n: int, ci: int, co: int, side: int, k: int, st: int) -> list:
+    """A dense kxk Conv's dW (pad k//2) as ``_conv_weight_grad_gathered`` takes it: the gathered
+    columns of x, one GEMM against dy."""
+    nodes, cols = gathered_columns("x", "x_", ci, side, k, st, k // 2)
+    return nodes + [h.make_node("Transpose", ["dy"], ["dyg"], perm=[1, 2, 3, 0]),
+                    ints("gdys", [co, -1]), h.make_node("Reshape", ["dyg", "gdys"], ["dyg2"]),
+                    h.make_node("Gemm", ["dyg2", cols], ["gg"], transB=1), ints("gws", [co, ci, k, k]),
+                    h.make_node("Reshape", ["gg", "gws"], ["dw"])]
+
+
+def gathered_product(src: str, weight: str, out_name: str, ci: int, co: int, side: int, k: int, p: int,
+                     flip: bool = False) -> list:
+    """A dense stride-1 kxk Conv of ``src`` by ``weight`` [co, ci, k, k] (flipped in space with
+    ``flip``) as ``conv_gather.gathered_conv`` takes it: the gathered columns times the weight,
+    one Gemm, back to [N, co, O, O]."""
+    out = side + 2 * p - k + 1
+    nodes, cols = gathered_columns(src, "c_", ci, side, k, 1, p, flip)
+    return nodes + [ints("w2s", [co, -1]), h.make_node("Reshape", [weight, "w2s"], ["w2"]),
+                    h.make_node("Gemm", ["w2", cols], ["y2"]), ints("y3s", [co, out * out, -1]),
+                    h.make_node("Reshape", ["y2", "y3s"], ["y3"]), h.make_node("Transpose", ["y3"], ["y4"], perm=[2, 0, 1]),
+                    ints("y5s", [-1, co, out, out]), h.make_node("Reshape", ["y4", "y5s"], [out_name])]
 
 
 def bn(args) -> None:
@@ -491,6 +516,22 @@ def conv_dx(args) -> None:
                 {"dy": normal(n, c, half, half), "w": normal(c, 1, k, k)}, ["dx"], args)
 
 
+def gathered_conv(args) -> None:
+    """Dense stride-1 3x3 Convs on mid-sized maps (``rules_nn.gathers_conv``): the forward as a
+    Conv vs the gathered columns times the weight, and its dx as a ConvTranspose vs the same
+    product on dy, its taps reversed, by the weight with its channel axes swapped."""
+    for n, c, side in [(32, 64, 8), (32, 128, 8), (32, 256, 8), (16, 256, 8), (8, 256, 8), (32, 128, 12),
+                       (32, 256, 7), (32, 64, 16), (32, 128, 16), (2, 256, 8)]:
+        compare(f"fwd N={n} {c}ch {side}x{side}", {"conv": [h.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4)],
+                                                  "gathered": gathered_product("x", "w", "y", c, c, side, 3, 1)},
+                {"x": normal(n, c, side, side), "w": normal(c, c, 3, 3)}, ["y"], args)
+        compare(f"dx N={n} {c}ch {side}x{side}", {"conv-transpose": [h.make_node("ConvTranspose", ["dy", "w"], ["dx"],
+                                                                                 pads=[1] * 4)],
+                                                 "gathered": [h.make_node("Transpose", ["w"], ["ws"], perm=[1, 0, 2, 3])]
+                                                 + gathered_product("dy", "ws", "dx", c, c, side, 3, 1, flip=True)},
+                {"dy": normal(n, c, side, side), "w": normal(c, c, 3, 3)}, ["dx"], args)
+
+
 def dense_dw(args) -> None:
     """A dense kxk Conv's dW as im2col + one GEMM: the window slices stacked one spatial axis at a
     time (sum(K) Slices, two Concats, as ``_conv_weight_grad_im2col``) vs all at once (prod(K))."""
@@ -597,7 +638,8 @@ def large_dw(args) -> None:
 
 CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
-                              "conv_dx": conv_dx, "dense_dw": dense_dw, "large_dw": large_dw}
+                              "conv_dx": conv_dx, "gathered_conv": gathered_conv, "dense_dw": dense_dw,
+                              "large_dw": large_dw}
 
 
 def main() -> None:

@@ -160,3 +160,60 @@ def test_a_conv_with_a_large_tap_matrix_keeps_the_conv(monkeypatch):
     assert "Conv" in forward_ops()
     monkeypatch.setattr(dense_conv, "MAX_TAPS", 256 * 256)
     assert "Conv" not in forward_ops()
+
+
+def mid_map_model(batch) -> gc.Model:
+    """float32 x [batch, 128, 8, 8] -> Conv 3x3 pad 1 with bias -> Relu -> Conv 3x3 dilations
+    (2, 1), uneven pads -> Relu -> Conv 3x3 stride 2: maps of 64 and 49 pixels, then 16."""
+    rng = np.random.default_rng(5)
+    inits = [nh.from_array(rng.normal(size=(4, 128, 3, 3)).astype(np.float32) / 8, "c1.weight"),
+             nh.from_array(rng.normal(size=4).astype(np.float32), "c1.bias"),
+             nh.from_array(rng.normal(size=(5, 4, 3, 3)).astype(np.float32), "c2.weight"),
+             nh.from_array(rng.normal(size=(2, 5, 3, 3)).astype(np.float32), "c3.weight")]
+    nodes = [oh.make_node("Conv", ["x", "c1.weight", "c1.bias"], ["h"], pads=[1, 1, 1, 1]),
+             oh.make_node("Relu", ["h"], ["r"]),
+             oh.make_node("Conv", ["r", "c2.weight"], ["d"], dilations=[2, 1], pads=[2, 1, 1, 0]),
+             oh.make_node("Relu", ["d"], ["s"]),
+             oh.make_node("Conv", ["s", "c3.weight"], ["out"], strides=[2, 2], pads=[1, 1, 1, 1])]
+    graph = oh.make_graph(nodes, "mid", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [batch, 128, 8, 8])],
+                          [oh.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [batch, 2, 4, 4])], inits)
+    return gc.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+
+
+@pytest.mark.parametrize(("batch", "runs"), [(8, (8,)), ("N", (3, 17))])
+def test_mid_map_convs_by_gathered_columns_give_the_conv_gradients(batch, runs, monkeypatch):
+    """On the CPU, at a batch of 8 or more (a symbolic one counts as 16), dense stride-1 convs
+    become gathered columns times the weight: forward ones of 128+ channels on maps of 17 to 64
+    pixels (c1, not c2 of 4), dx ones on maps of 17 to 144 (c2's; c1's x wants none, c3 is
+    ``dense_conv``'s): no ConvTranspose is left, CUDA-lowered artifacts keep both Convs; loss and
+    gradients equal those of the Convs on onnxruntime and numpy."""
+    from graphc.passes.autodiff import rules_nn
+
+    def generate(device="cpu"):
+        return gc.training.generate(mid_map_model(batch), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1),
+                                    device=device)
+
+    def convs(arts):  # (the forward's Convs' weights, how many ConvTransposes)
+        nodes = arts.train_step.proto.graph.node
+        forward = sorted(n.input[1] for n in nodes if n.op_type == "Conv" and "/grad/" not in n.name)
+        return forward, sum(n.op_type == "ConvTranspose" for n in nodes)
+
+    gathered = generate()
+    assert convs(gathered) == (["c2.weight"], 0)
+    assert convs(generate("cuda"))[0] == ["c1.weight", "c2.weight"]
+    for module in (rules_nn, dense_conv):
+        monkeypatch.setattr(module, "gathers_conv", lambda *args, **kwargs: False)
+    plain = generate()
+    assert convs(plain) == (["c1.weight", "c2.weight"], 1)
+    for n in runs:
+        rng = np.random.default_rng(n)
+        feeds = {"x": rng.normal(size=(n, 128, 8, 8)).astype(np.float32),
+                 "y": rng.normal(size=(n, 2, 4, 4)).astype(np.float32)}
+        for backend in ("ort-cpu", "numpy"):
+            got = gc.Session(gathered.gradients, backend=backend).run(feeds)
+            want = gc.Session(plain.gradients, backend=backend).run(feeds)
+            assert got.keys() == want.keys() == {"loss", "c1.weight_grad", "c1.bias_grad", "c2.weight_grad",
+                                                 "c3.weight_grad"}
+            for name in want:  # float32 sums of up to 10^4 products: rounding relative to the largest
+                np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5 * np.abs(want[name]).max(),
+                                           err_msg=f"{backend} batch {n} {name}")

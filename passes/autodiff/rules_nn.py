@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, node_attrs, static_shape
+from graphc.passes.autodiff.conv_gather import columns, gathered_conv
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.autodiff.separable import axis_matrix, contract
 
@@ -207,20 +208,11 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     n_sp = len(spatial)
     ci, kernel = w_shape[1], list(w_shape[2:])
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
-    padded = [d + b + e for d, b, e in zip(spatial, begin, end)]
-    last = [*range(1, 2 + n_sp), 0]  # [N, C, *S] -> [C, *S, N]
-    grid = lambda dims: np.indices(dims).reshape(n_sp, -1).T  # row-major positions, [count, n_sp]
-    pitch = np.array([math.prod(padded[i + 1:]) for i in range(n_sp)])  # a padded pixel's flat position
-    index = g.const((((grid(out) * strides)[None] + (grid(kernel) * dilations)[:, None]) @ pitch).astype(np.int32))
     whole = per_image * typical_batch(x) <= GATHER_COLS
     dw = None
     for xs, dys in _image_chunks(g, x, dy, per_image, GATHER_COLS if whole else GATHER_CHUNK):
-        xt = g.transpose(xs, last)
-        if any(begin + end):
-            xt = g.op("Pad", xt, g.ints([0, *begin, 0, 0, *end, 0]))
-        cols = g.op("Gather", g.op("Reshape", xt, g.ints([ci, math.prod(padded), -1])), index, axis=1)  # [Ci, K, O, N]
-        cols = g.op("Reshape", cols, g.ints([ci * math.prod(kernel), -1]))
-        dy2 = g.op("Reshape", g.transpose(dys, last), g.ints([w_shape[0], -1]))
+        cols = columns(g, xs, ci, spatial, kernel, out, strides, dilations, begin, end)  # [Ci * K, O * N]
+        dy2 = g.op("Reshape", g.transpose(dys, [*range(1, 2 + n_sp), 0]), g.ints([w_shape[0], -1]))
         dw = g.op("Gemm", dy2, cols, *([dw] if dw is not None else []), transB=1)
     return g.op("Reshape", dw, g.ints(list(w_shape)))
 
@@ -430,6 +422,9 @@ def grad_conv(g, node, dy):
             dx = _pointwise_input_grad_conv(g, dy, w, len(spatial))
     elif g.wants(x) and _strided_pointwise_by_conv(w_shape, spatial, kernel, begin + end, group):
         dx = _zero_interleaved(g, _pointwise_input_grad_conv(g, dy, w, len(spatial)), w_shape[1], spatial, strides)
+    elif (g.wants(x) and g.device == "cpu" and _flipped_pads(w_shape, dilations, begin, end) is not None
+          and gathers_conv(w_shape[2:], w_shape[0], spatial, strides, group, typical_batch(x), x.dtype, dx=True)):
+        dx = _gathered_input_grad(g, dy, w, w_shape, spatial, dilations, begin, end)
     elif g.wants(x) and _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group, typical_batch(x)):
         dx = _flipped_input_grad(g, dy, w, w_shape, dilations, begin, end, group)
     elif g.wants(x):
@@ -481,6 +476,48 @@ def _strided_pointwise_by_conv(w_shape, spatial, kernel, pads, group) -> bool:
             and (math.prod(spatial) <= 16 or w_shape[0] * w_shape[1] >= 2 ** 21))
 
 
+def gathers_conv(kernel, in_channels: int, out, strides, group: int, batch: int, dtype, dx: bool = False) -> bool:
+    """Whether, in the CPU training graphs, a dense stride-1 Conv of up to 9 taps whose output has
+    ``out`` dims runs as its gathered columns times the weight (``conv_gather.gathered_conv``):
+    where onnxruntime's Conv and ConvTranspose run one small GEMM per image. ``dx``: the Conv that
+    is a dx (``_gathered_input_grad``, in place of a ConvTranspose), on maps of 17 to 144 pixels;
+    else a forward Conv of 128+ input channels on maps of 17 to 64. Both at a batch of 8 or more.
+    ``bench_lowerings.py --only gathered_conv``, 2 threads, ms, two runs each, 3x3, this vs the
+    Conv / vs the ConvTranspose: N=32, 256ch 8x8 15.3, 14.2 vs 17.0, 15.7 / 16.7, 17.9 vs 18.5,
+    21.3; 128ch 8x8 6.8, 5.6 vs 8.3, 7.6 / 6.9, 5.3 vs 8.9, 6.7; 256ch 7x7 13.0, 14.1 vs 17.3,
+    20.9 / 14.7, 14.0 vs 22.6, 21.1; 64ch 8x8 (dx) 2.2, 1.9 vs 2.8, 2.6; 128ch 12x12 (dx) 13.3,
+    13.3 vs 15.2, 14.4; N=8, 256ch 8x8 4.9, 5.1 vs 5.5, 5.5 / 5.7, 6.3 vs 5.8, 6.6. Not for the
+    forward on 64 channels (8x8: 1.7, 1.2 vs 1.3, 1.1) or 144 pixels (128ch 12x12: 13.1, 13.1 vs
+    10.1, 10.1), nor either on 16x16 maps (128ch: 19.3 vs 12.5 / 22.4 vs 19.0), nor at N=2 (256ch
+    8x8: 1.8 vs 1.1 / 2.8 vs 1.7). Maps of up to 16 pixels are ``dense_conv``'s. The columns are
+    bounded as the gathered dW's."""
+    return (group == 1 and len(kernel) == 2 and 1 < math.prod(kernel) <= 9 and all(s == 1 for s in strides)
+            and 16 < math.prod(out) <= (144 if dx else 64) and (dx or in_channels >= 128) and batch >= 8
+            and dtype == ir.DataType.FLOAT and in_channels * math.prod(kernel) * math.prod(out) * batch <= GATHER_COLS)
+
+
+def _flipped_pads(w_shape, dilations, begin, end) -> list[int] | None:
+    """The pads of the Conv that is a stride-1 Conv's dx: d*(k-1) - pad each side; None where a
+    pad passes the kernel's reach (they would be negative)."""
+    kernel = list(w_shape[2:])
+    pads = [d * (k - 1) - b for d, k, b in zip(dilations, kernel, begin)] + \
+           [d * (k - 1) - e for d, k, e in zip(dilations, kernel, end)]
+    return pads if min(pads) >= 0 else None
+
+
+def _gathered_input_grad(g: GradBuilder, dy: ir.Value, w: ir.Value, w_shape, spatial, dilations, begin,
+                         end) -> ir.Value:
+    """dx of a dense stride-1 Conv (``gathers_conv``): a Conv of dy by the weight flipped in space
+    with its channel axes swapped, as dy's gathered columns, their taps reversed, times the weight
+    swapped, [Ci, Co * K] (a Slice flipping the weight took 1-5 ms a step for 256x256x3x3)."""
+    co, ci, kernel = w_shape[0], w_shape[1], list(w_shape[2:])
+    n_sp = len(kernel)
+    pads = _flipped_pads(w_shape, dilations, begin, end)
+    weight = g.op("Reshape", _swap01(g, w, n_sp), g.ints([ci, -1]))
+    return gathered_conv(g, dy, weight, ci, co, out_dims(spatial, kernel, [1] * n_sp, dilations, begin, end),
+                         kernel, spatial, dilations, pads[:n_sp], pads[n_sp:], flip=True)
+
+
 def _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group: int, batch: int) -> bool:
     """Whether a stride-1 Conv's dx is taken as a Conv of dy by the weight flipped in space, each
     group's channel axes swapped (``_flipped_input_grad``), not a ConvTranspose: onnxruntime's
@@ -503,8 +540,8 @@ def _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group: in
     if any(s != 1 for s in strides) or (group > 1 and w_shape[0] != group * w_shape[1]):
         return False
     kernel = w_shape[2:]
-    if any(d * (k - 1) < max(b, e) for d, k, b, e in zip(dilations, kernel, begin, end)):
-        return False  # pads past the kernel: the flipped Conv would need negative pads
+    if _flipped_pads(w_shape, dilations, begin, end) is None:
+        return False
     if group == 1:
         return batch >= 8 and math.prod(spatial) >= 256
     return w_shape[1] == 1 or (batch >= 8 and math.prod(spatial) >= 16)
@@ -521,10 +558,8 @@ def _flipped_input_grad(g: GradBuilder, dy: ir.Value, w: ir.Value, w_shape, dila
         per_group = g.op("Reshape", flipped, g.ints([group, co // group, ci_g] + kernel))
         swapped = g.transpose(per_group, [0, 2, 1] + [a + 1 for a in axes])
         flipped = g.op("Reshape", swapped, g.ints([group * ci_g, co // group] + kernel))
-    pads = [d * (k - 1) - b for d, k, b in zip(dilations, kernel, begin)] + \
-           [d * (k - 1) - e for d, k, e in zip(dilations, kernel, end)]
-    return g.op("Conv", dy, flipped, pads=pads, dilations=dilations if any(d != 1 for d in dilations) else None,
-                group=group)
+    return g.op("Conv", dy, flipped, pads=_flipped_pads(w_shape, dilations, begin, end),
+                dilations=dilations if any(d != 1 for d in dilations) else None, group=group)
 
 
 def _zero_interleaved(g: GradBuilder, t: ir.Value, channels: int, spatial: list[int], strides: list[int]) -> ir.Value:

@@ -198,8 +198,11 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     if expanded:
         fill_unknown_ranks(step)  # a body's shape arithmetic can hide ranks from inference
     forward = {node.name for node in step.graph}
+    convs = [node for node in step.graph if node.op_type == "Conv" and node.domain in ("", "ai.onnx")]
     grads = backward(step.graph, _by_name(step.graph, LOSS), [step.graph.initializers[p] for p in params], device)
     before = set(step.graph)
+    if device == "cpu":
+        dense_conv.gather_convs(step.graph, convs, opset)
     bn_next = modes.lower_batchnorm(Emitter(step.graph, opset, "bn"), step.graph)
     forward |= {node.name for node in step.graph if node not in before}
     step.graph.sort()
