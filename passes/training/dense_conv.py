@@ -58,11 +58,11 @@ On maps of 17 to 64 output pixels, a dense stride-1 Conv of 128+ input channels 
 through autodiff and then (``gather_convs``, CPU graphs only) becomes its columns gathered from
 the batch-innermost input times the weight, one Gemm (``conv_gather.gathered_conv``); the
 stride-1 dxs on maps of up to 144 pixels become the same product on dy (``rules_nn.gathers_conv``
-has the measurements). The columns live for the product alone, so the peak holds no more than
-the gathered dW's. Kernel time at batch 32 of the convs it changes (their forward, gradients and
-products; two profiles each, ms, before -> after): ResNet-18 at 128 px (3 convs) 153 / 131 ->
-131 / 140, at 64 px 47 / 54 -> 47 / 45; ResNet-50 at 128 px (5) 304 / 250 -> 207 / 193, at 64 px
-42 / 51 -> 41 / 45. Peak RSS of ResNet-50 at 128 px 1,978 -> 1,999 MB (dy's columns).
+has the measurements). The columns live for the product alone. Kernel time at batch 32 of the
+convs it changes (their forward, gradients and products; two profiles each, ms, before ->
+after): ResNet-18 at 128 px (3 convs) 153 / 131 -> 131 / 140, at 64 px 47 / 54 -> 47 / 45;
+ResNet-50 at 128 px (5) 304 / 250 -> 207 / 193, at 64 px 42 / 51 -> 41 / 45. Peak RSS of
+ResNet-50 at 128 px 1,978 -> 1,999 MB (dy's columns).
 """
 
 from __future__ import annotations
