@@ -317,11 +317,10 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     # ``GATHER_COLS`` values, past that (a static batch) a few images at a time, as long as one
     # image's columns fit ``GATHER_CHUNK`` (past it, 64ch 3x3 on 96x96, N=8, forward and dW: one
     # image at a time 332 ms, the Conv below 322) (``_conv_weight_grad_gathered``): bench_zoo's
-    # ResNet-18 at batch 32
-    # (64 px), Trainer steps interleaved, both orders, 0.975x / 0.898x the step time (its dW
-    # kernels' Slices, Concat and Pad 43 -> 12 ms); ResNet-50 0.95x / 1.02x, at batch 2 1.01x /
-    # 0.99x. Elsewhere (a symbolic batch past the bound, an image's columns past a chunk, CUDA), two
-    # lowerings, chosen by measurement on onnxruntime (CPU), 3x3 convs:
+    # ResNet-18 at batch 32 (64 px), Trainer steps interleaved, both orders, 0.975x / 0.898x the
+    # step time (its dW kernels' Slices, Concat and Pad 43 -> 12 ms); ResNet-50 0.95x / 1.02x, at
+    # batch 2 1.01x / 0.99x. Elsewhere (a symbolic batch past the bound, an image's columns past a
+    # chunk, CUDA), two lowerings, chosen by measurement on onnxruntime (CPU), 3x3 convs:
     # * an im2col (Slices of the channel-major input, stacked channel-major) and one GEMM, whose
     #   output is dW in its own layout. 2 threads, against the Conv below: N=32, 64ch on 16x16:
     #   11.6 ms vs 21.2; 128ch on 8x8: 10.8 vs 22.4; 256ch on 4x4: 12.2 vs 16.5; stride 2,

@@ -102,16 +102,17 @@ def densify_convs(graph: ir.Graph, opset: int) -> int:
 def gather_convs(graph: ir.Graph, convs: list[ir.Node], opset: int) -> int:
     """After autodiff, on the CPU: rewrite in place each forward Conv of ``convs`` that runs
     faster as its gathered columns times the weight (``rules_nn.gathers_conv``: dense, stride 1,
-    128+ input channels, maps of 17 to 64 pixels); returns how many. Its gradient rule has already read x and the
-    weight, which stay; the columns live only for the product (the dW gathers its own)."""
+    128+ input channels, maps of 17 to 64 pixels); returns how many. Its gradient rule has
+    already read x and the weight, which stay; the columns live only for the product (the dW
+    gathers its own)."""
     e = Emitter(graph, opset, "gathered_conv")
     count = 0
     for node in convs:
-        x, w = node.inputs[0], node.inputs[1]
-        sx, sw = static_shape(x), static_shape(w)
-        if (node.graph is not graph or sx is None or sw is None or len(sx) != 4
-                or not all(isinstance(d, int) for d in [*sx[1:], *sw])):
+        shapes = _static_shapes(node) if node.graph is graph else None
+        if shapes is None:
             continue
+        x, w = node.inputs[0], node.inputs[1]
+        sx, sw = shapes
         kernel = list(sw[2:])
         spatial, strides, dilations, begin, end = window(None, node, x, kernel)
         out = out_dims(spatial, kernel, strides, dilations, begin, end)
@@ -120,12 +121,27 @@ def gather_convs(graph: ir.Graph, convs: list[ir.Node], opset: int) -> int:
         e.source = node.metadata_props.get("graphc.source")
         y = gathered_conv(e, x, e.op("Reshape", w, e.ints([sw[0], -1])), sw[0], sx[1], spatial, kernel, out,
                           dilations, begin, end, node.inputs[2] if len(node.inputs) > 2 else None)
-        e.source = None
-        y.shape, y.dtype = node.outputs[0].shape, node.outputs[0].dtype
-        node.outputs[0].replace_all_uses_with(y, replace_graph_outputs=True)
-        graph.remove(node, safe=True)
+        _replace(e, graph, node, y)
         count += 1
     return count
+
+
+def _static_shapes(node: ir.Node) -> tuple[list, list] | None:
+    """The shapes of a 2-D Conv's input and weight when its channels, map and weight are static
+    (the batch may be symbolic: the rewrites read it as -1); else None."""
+    sx, sw = static_shape(node.inputs[0]), static_shape(node.inputs[1])
+    if sx is None or sw is None or len(sx) != 4 or not all(isinstance(d, int) for d in [*sx[1:], *sw]):
+        return None
+    return sx, sw
+
+
+def _replace(e: Emitter, graph: ir.Graph, node: ir.Node, y: ir.Value) -> None:
+    """``y`` in place of the Conv ``node``'s output, the node removed (``e``'s source, set for
+    its nodes, cleared)."""
+    y.shape, y.dtype = node.outputs[0].shape, node.outputs[0].dtype
+    e.source = None
+    node.outputs[0].replace_all_uses_with(y, replace_graph_outputs=True)
+    graph.remove(node, safe=True)
 
 
 def _plan(node: ir.Node):
@@ -133,12 +149,11 @@ def _plan(node: ir.Node):
     spatial dims) of a Conv to rewrite; None for one to keep."""
     if node.op_type != "Conv" or node.domain not in ("", "ai.onnx"):
         return None
-    x, w = node.inputs[0], node.inputs[1]
-    sx, sw = static_shape(x), static_shape(w)
-    # the batch may be symbolic (the rewrite reads it as -1), not the channels, map or weight
-    if (sx is None or sw is None or len(sx) != 4 or not all(isinstance(d, int) for d in [*sx[1:], *sw])
-            or x.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE)):
+    x = node.inputs[0]
+    shapes = _static_shapes(node)
+    if shapes is None or x.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
         return None
+    sx, sw = shapes
     group = attr(node, "group", 1)
     kernel = list(sw[2:])
     spatial, strides, dilations, begin, end = window(None, node, x, kernel)
@@ -192,10 +207,7 @@ def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, depthwise: bool, taps: 
         if b is not None:
             y = e.op("Add", y, e.unsqueeze(b, [1]))
         y = e.op("Reshape", y, e.ints([-1, co, *out]))
-    y.shape, y.dtype = node.outputs[0].shape, node.outputs[0].dtype
-    e.source = None
-    node.outputs[0].replace_all_uses_with(y, replace_graph_outputs=True)
-    graph.remove(node, safe=True)
+    _replace(e, graph, node, y)
 
 
 def _im2col_gemm(e: Emitter, x: ir.Value, w: ir.Value, b: ir.Value | None, taps: np.ndarray | None,
