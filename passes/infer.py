@@ -380,6 +380,21 @@ def _slice(n: _Node, dtype):
     return dtype, tuple(out)
 
 
+def _pad(n: _Node, dtype):
+    """Pad by constant pads over all axes (opset 11+; with an ``axes`` input, left to onnx): a
+    dim grows by its two pads; a symbolic dim padded leaves the shape unknown."""
+    shape, pads = n.shape(0), n.const(1)
+    if shape is None or pads is None or (len(n.node.inputs) > 3 and n.node.inputs[3] is not None):
+        return dtype, None
+    pads = [int(p) for p in pads.reshape(-1)]
+    if len(pads) != 2 * len(shape):
+        return dtype, None
+    begin, end = pads[:len(shape)], pads[len(shape):]
+    if any(not isinstance(d, int) and (b or e) for d, b, e in zip(shape, begin, end)):
+        return dtype, None  # (onnx keeps a padded symbolic dim's name)
+    return dtype, tuple(d + b + e if b or e else d for d, b, e in zip(shape, begin, end))
+
+
 def _slice_length(dim: int, start: int, end: int, step: int) -> int:
     """As ONNX's Slice counts (unlike Python's, a negative step clamps the start to [0, dim-1])."""
     start, end = start + dim if start < 0 else start, end + dim if end < 0 else end
@@ -440,7 +455,8 @@ RULES: dict[str, _Rule] = {
                      "ReduceL1", "ReduceL2", "ReduceLogSumExp"], _reduce),
     "Cast": _cast, "Constant": _constant, "ConstantOfShape": _constant_of_shape, "Shape": _shape, "Size": _size,
     "Reshape": _reshape, "Transpose": _transpose, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
-    "Concat": _concat, "Slice": _slice, "MatMul": _matmul, "Gemm": _gemm, "Gather": _gather, "Expand": _expand,
+    "Concat": _concat, "Slice": _slice, "Pad": _pad, "MatMul": _matmul, "Gemm": _gemm, "Gather": _gather,
+    "Expand": _expand,
 }
 
 

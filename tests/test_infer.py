@@ -135,6 +135,15 @@ def case(op, rng):
         if rng.random() < 0.1:
             args[1] = (I64, (len(axes),), None)
         return [(F, base, None), *args[:int(rng.integers(2, 5))]], {}, opset
+    if op == "Pad":
+        axes = _axes(rng, len(base), int(rng.integers(0, len(base) + 1))) if opset >= 18 and rng.random() < 0.5 \
+            else None
+        count = len(base) if axes is None else len(axes)
+        pads = _ints([int(rng.choice([-1, 0, 0, 1, 2, 3])) for _ in range(2 * count)])
+        if rng.random() < 0.1:
+            pads = (I64, (2 * count,), None)
+        return [(F, base, None), pads, *([] if axes is None else [(F, (), np.zeros((), np.float32)), _ints(axes)])], \
+            {}, opset
     if op == "MatMul":
         a = _shape(rng, int(rng.integers(1, 5)))
         b = list(_like(rng, a[:-2])) + [a[-1] if rng.random() < 0.8 else DIMS[int(rng.integers(len(DIMS)))],

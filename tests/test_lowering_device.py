@@ -1,7 +1,9 @@
 """``generate(..., device="cuda")``: a convolution's weight gradient lowered for onnxruntime's
 CUDA provider (every depthwise conv by its taps, every dense one by im2col, whatever the kernel;
 ``passes/autodiff/rules_nn.py``) instead of the Conv over swapped axes the CPU keeps for large
-kernels and maps.
+kernels and maps; and its reductions over (N, H, W) (BatchNorm's statistics and backward sums,
+the conv bias's gradient) as ReduceSums onnxruntime's CUDA provider runs on its own row and
+column kernels (``passes/training/reductions.py``).
 
 Oracle: the CPU-lowered artifacts of the same float64 model, whose Conv gradient rules are
 checked against central differences elsewhere; the two must agree to rounding."""
@@ -12,26 +14,32 @@ import numpy as np
 import onnx
 import onnx.helper as oh
 import onnx.numpy_helper as nh
+import onnx_ir as ir
 import pytest
 
 import graphc as gc
+from graphc.passes.training.reductions import split_reductions
 from backend_params import CUDA, options
 
 SHAPES = {"stem.weight": (6, 3, 7, 7), "dw5.weight": (6, 1, 5, 5), "dw3.weight": (6, 1, 3, 3),
-          "grouped.weight": (4, 3, 3, 3), "dense.weight": (5, 4, 3, 3)}
+          "grouped.weight": (4, 3, 3, 3), "bn.scale": (4,), "bn.bias": (4,), "dense.weight": (5, 4, 3, 3),
+          "dense.bias": (5,)}
 
 
 def model(dtype=np.float64) -> gc.Model:
     """x [4, 3, 20, 20] -> 7x7 stride 2 stem (dense, 49 taps) -> Relu -> depthwise 5x5 stride 2
-    -> depthwise 3x3 dilation 2 -> 2-group 3x3 -> dense 3x3 stride 2 -> out [4, 5, 3, 3]."""
+    -> depthwise 3x3 dilation 2 -> 2-group 3x3 -> BatchNorm -> dense 3x3 stride 2 with a bias
+    -> out [4, 5, 3, 3]."""
     rng = np.random.default_rng(0)
     inits = [nh.from_array(rng.normal(scale=0.3, size=s).astype(dtype), n) for n, s in SHAPES.items()]
+    inits += [nh.from_array(np.zeros(4, dtype), "bn.mean"), nh.from_array(np.ones(4, dtype), "bn.var")]
     nodes = [oh.make_node("Conv", ["x", "stem.weight"], ["s"], strides=[2, 2], pads=[3, 3, 3, 3]),
              oh.make_node("Relu", ["s"], ["r"]),
              oh.make_node("Conv", ["r", "dw5.weight"], ["d5"], group=6, strides=[2, 2], pads=[2, 2, 2, 2]),
              oh.make_node("Conv", ["d5", "dw3.weight"], ["d3"], group=6, dilations=[2, 2], pads=[2, 2, 2, 2]),
              oh.make_node("Conv", ["d3", "grouped.weight"], ["gr"], group=2, pads=[1, 1, 1, 1]),
-             oh.make_node("Conv", ["gr", "dense.weight"], ["out"], strides=[2, 2], pads=[1, 1, 1, 1])]
+             oh.make_node("BatchNormalization", ["gr", "bn.scale", "bn.bias", "bn.mean", "bn.var"], ["bn"]),
+             oh.make_node("Conv", ["bn", "dense.weight", "dense.bias"], ["out"], strides=[2, 2], pads=[1, 1, 1, 1])]
     elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     graph = oh.make_graph(nodes, "convs", [oh.make_tensor_value_info("x", elem, [4, 3, 20, 20])],
                           [oh.make_tensor_value_info("out", elem, [4, 5, 3, 3])], inits)
@@ -63,7 +71,7 @@ def test_cuda_lowering_gives_the_cpu_lowerings_gradients():
     assert weight_grad_convs(cpu) - weight_grad_convs(cuda) == 3
     got = gc.Session(cuda.gradients, backend="numpy").run(feeds())
     want = gc.Session(cpu.gradients, backend="numpy").run(feeds())
-    assert got.keys() == want.keys() == {"loss", *(f"{n}_grad" for n in SHAPES)}
+    assert got.keys() == want.keys() == {"loss", *(f"{n}_grad" for n in SHAPES), "bn.mean.next", "bn.var.next"}
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-12, err_msg=name)
 
@@ -83,3 +91,70 @@ def test_device_is_checked_and_saved(tmp_path):
         artifacts("gpu")
     artifacts("cuda").save(tmp_path / "arts")
     assert gc.training.load(tmp_path / "arts").manifest.device == "cuda"
+
+
+def reduction_axes(proto: onnx.ModelProto) -> list[tuple[str, list[int], int]]:
+    """(op, sorted axes, input rank) of each ReduceSum/ReduceMean in ``proto`` (shapes inferred)."""
+    inferred = onnx.shape_inference.infer_shapes(proto)
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in
+             [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    consts = {n.output[0]: nh.to_array(n.attribute[0].t) for n in proto.graph.node if n.op_type == "Constant"}
+    consts.update({t.name: nh.to_array(t) for t in proto.graph.initializer})
+    found = []
+    for n in proto.graph.node:
+        if n.op_type in ("ReduceSum", "ReduceMean"):
+            axes = consts[n.input[1]] if len(n.input) > 1 else \
+                next((list(a.ints) for a in n.attribute if a.name == "axes"), [])
+            rank = ranks[n.input[0]]
+            found.append((n.op_type, sorted(int(a) % rank for a in axes), rank))
+    return found
+
+
+def anchored(axes: list[int], rank: int) -> bool:
+    """One run of axes from the front or to the back: onnxruntime's CUDA row or column kernel."""
+    return axes == list(range(axes[0], axes[-1] + 1)) and (axes[0] == 0 or axes[-1] == rank - 1)
+
+
+def test_cuda_graphs_sum_over_leading_or_trailing_axes_only():
+    """BatchNorm's statistics and backward sums and the conv bias's gradient reduce over (N, H, W):
+    on CUDA each is a sum over (H, W), then over N, and no ReduceMean is left (its fast path
+    takes sums only); the CPU's graphs keep the single reductions."""
+    cpu, cuda = (reduction_axes(artifacts(d).train_step.proto) for d in ("cpu", "cuda"))
+    assert ("ReduceMean", [0, 2, 3], 4) in cpu and ("ReduceSum", [0, 2, 3], 4) in cpu
+    assert [r for r in cuda if r[0] == "ReduceMean" and r[1]] == []  # (the loss's mean of all)
+    assert all(anchored(axes, rank) for _, axes, rank in cuda if axes and len(axes) < rank), cuda
+    assert ("ReduceSum", [2, 3], 4) in cuda
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_split_reductions_keep_the_values(opset):
+    """Each form split_reductions meets, against numpy: sums and means over leading + trailing
+    axes (negative ones too), with and without keepdims, over a symbolic batch; the reductions it
+    must leave as they are (one trailing run of a sum, a middle axis, all axes) are left."""
+    cases = [("ReduceSum", [0, 2, 3], 1), ("ReduceSum", [0, -1], 0), ("ReduceMean", [0, 2, 3], 1),
+             ("ReduceMean", [-1], 0), ("ReduceMean", [0, 1, 3], 0), ("ReduceSum", [2, 3], 1),
+             ("ReduceSum", [1], 1), ("ReduceMean", [1, 2], 1), ("ReduceSum", [0, 1, 2, 3], 0)]
+    nodes, outs = [], []
+    for i, (op, axes, keep) in enumerate(cases):
+        as_input = op == "ReduceSum" or opset >= 18
+        nodes += [oh.make_node("Constant", [], [f"a{i}"], value=nh.from_array(np.array(axes, np.int64)))] * as_input
+        nodes.append(oh.make_node(op, ["x", f"a{i}"] if as_input else ["x"], [f"y{i}"], keepdims=keep,
+                                  **({} if as_input else {"axes": axes})))
+        outs.append(oh.make_tensor_value_info(f"y{i}", onnx.TensorProto.DOUBLE, None))
+    graph = oh.make_graph(nodes, "r", [oh.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, ["n", 3, 4, 5])], outs)
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(proto))
+    assert split_reductions(model.graph, opset) == 5
+    rewritten = ir.serde.serialize_model(model)
+    onnx.checker.check_model(rewritten, full_check=True)
+    forms = reduction_axes(rewritten)
+    # the symbolic batch's means stay means of what the sums over (H, W) or W leave; the middle ones
+    assert sorted(f for f in forms if f[0] == "ReduceMean") == [("ReduceMean", [0], 4), ("ReduceMean", [0, 1], 3),
+                                                                 ("ReduceMean", [1, 2], 4)]
+    assert ("ReduceSum", [1], 4) in forms and ("ReduceSum", [0, 1, 2, 3], 4) in forms
+    x = np.random.default_rng(2).normal(size=(3, 3, 4, 5))
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(gc.load(rewritten), backend=backend).run({"x": x})
+        for i, (op, axes, keep) in enumerate(cases):
+            want = (np.sum if op == "ReduceSum" else np.mean)(x, axis=tuple(axes), keepdims=bool(keep))
+            np.testing.assert_allclose(got[f"y{i}"], want, rtol=1e-12, err_msg=f"{backend} {cases[i]}")

@@ -41,7 +41,7 @@ from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
 from graphc.passes.training import broadcasts, dense_conv, flat, imports, modes, noise as noise_shapes, optimizers
-from graphc.passes.training import recompute as recomputation
+from graphc.passes.training import recompute as recomputation, reductions
 from graphc.passes.values import onnx_opset
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
@@ -140,6 +140,8 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
         _order_inputs(m.graph, list(role_of_input))
         if key != "inference":  # the model as given
             broadcasts.rank_scalars(m.graph, opset)
+        if device == "cuda" and key != "inference":
+            reductions.split_reductions(m.graph, opset)
         _tidy(m)
     outputs = {"train_step": step_outputs, "gradients": grad_outputs, "eval": eval_outputs,
                "inference": [Output(o, "loss" if o == LOSS else "output") for o in model_outputs]}
