@@ -158,3 +158,13 @@ def test_split_reductions_keep_the_values(opset):
         for i, (op, axes, keep) in enumerate(cases):
             want = (np.sum if op == "ReduceSum" else np.mean)(x, axis=tuple(axes), keepdims=bool(keep))
             np.testing.assert_allclose(got[f"y{i}"], want, rtol=1e-12, err_msg=f"{backend} {cases[i]}")
+
+
+def test_an_integer_mean_is_left_as_it_is():
+    """ONNX's integer ReduceMean divides once, rounding; a sum times 1/count would not be it."""
+    node = oh.make_node("ReduceMean", ["x"], ["y"], axes=[0, 2, 3])
+    graph = oh.make_graph([node], "r", [oh.make_tensor_value_info("x", onnx.TensorProto.INT32, [2, 3, 4, 5])],
+                          [oh.make_tensor_value_info("y", onnx.TensorProto.INT32, None)])
+    model = ir.serde.deserialize_model(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    assert split_reductions(model.graph, 17) == 0
+    assert [n.op_type for n in model.graph] == ["ReduceMean"]

@@ -94,6 +94,8 @@ def _plan(node: ir.Node) -> tuple[list[tuple[str, list[int]]], bool, int] | None
     if len(runs) == 2 and (runs[0][0] != 0 or runs[1][-1] != rank - 1):
         return None
     mean = node.op_type == "ReduceMean"
+    if mean and not (node.inputs[0].dtype is not None and node.inputs[0].dtype.is_floating_point()):
+        return None  # an integer mean is not a sum times 1/count
     static = [all(isinstance(shape[a], int) for a in run) for run in runs]
     if len(runs) == 1 and (not mean or not static[0]):
         return None  # already the row or column kernel, or a mean that would stay one
