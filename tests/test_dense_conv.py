@@ -88,6 +88,48 @@ def test_a_symbolic_batch_gets_the_dense_product_and_the_conv_gradients(batch, m
             np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=rtol * 0.1, err_msg=f"{backend} {name}")
 
 
+def depthwise_chain(batch, dtype=np.float64) -> gc.Model:
+    """x [batch, 2, 8, 8] -> depthwise 3x3 pad 1 -> depthwise 5x5 pad 2 -> depthwise 3x3 stride 2
+    pad 1 (to 4x4) -> depthwise 3x3 pad 1 on 4x4: their dense products would do 8.5x, 3.5x, 8.5x
+    and 2.6x the convs' multiply-adds."""
+    rng = np.random.default_rng(3)
+    shapes = {"a.weight": (2, 1, 5, 5), "b.weight": (2, 1, 3, 3), "c.weight": (2, 1, 3, 3), "d.weight": (2, 1, 3, 3)}
+    inits = [nh.from_array(rng.normal(scale=0.4, size=s).astype(dtype), n) for n, s in shapes.items()]
+    nodes = [oh.make_node("Conv", ["x", "d.weight"], ["d"], group=2, pads=[1, 1, 1, 1]),
+             oh.make_node("Conv", ["d", "a.weight"], ["a"], group=2, pads=[2, 2, 2, 2]),
+             oh.make_node("Conv", ["a", "b.weight"], ["b"], group=2, strides=[2, 2], pads=[1, 1, 1, 1]),
+             oh.make_node("Conv", ["b", "c.weight"], ["out"], group=2, pads=[1, 1, 1, 1])]
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = oh.make_graph(nodes, "dw", [oh.make_tensor_value_info("x", elem, [batch, 2, 8, 8])],
+                          [oh.make_tensor_value_info("out", elem, [batch, 2, 4, 4])], inits)
+    return gc.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+
+
+def test_depthwise_convs_up_to_max_work_take_the_dense_product(monkeypatch):
+    """MAX_WORK = 4 (measured: N=32, fwd + dx + dW on onnxruntime, 3x3 on 4x4 480ch 12.0-13.4 ms
+    as Convs vs 4.0-4.4 as products; 5x5 on 8x8, 240ch 21.8 / 26.0 vs 15.3 / 17.8) admits the
+    5x5 on 8x8 and the 3x3 on 4x4, not the 3x3 on 8x8 nor the strided one; the products give the
+    Convs' gradients."""
+    def forward_convs(arts):
+        return [n.input[1] for n in arts.train_step.proto.graph.node if n.op_type == "Conv" and "/grad/" not in n.name]
+
+    def grads(dtype, backend):
+        arts = gc.training.generate(depthwise_chain(16, dtype), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
+        rng = np.random.default_rng(4)
+        feeds = {"x": rng.normal(size=(16, 2, 8, 8)).astype(dtype), "y": rng.normal(size=(16, 2, 4, 4)).astype(dtype)}
+        return arts, gc.Session(arts.gradients, backend=backend).run(feeds)
+
+    dense = {backend: grads(dtype, backend) for dtype, backend in [(np.float64, "numpy"), (np.float32, "ort-cpu")]}
+    assert forward_convs(dense["numpy"][0]) == ["d.weight", "b.weight"]
+    monkeypatch.setattr(dense_conv, "MAX_WORK", 0.0)
+    for (dtype, backend, rtol) in [(np.float64, "numpy", 1e-10), (np.float32, "ort-cpu", 1e-4)]:
+        convs, want = grads(dtype, backend)
+        assert len(forward_convs(convs)) == 4
+        got = dense[backend][1]
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=rtol * 1e-2, err_msg=f"{backend} {name}")
+
+
 def test_maps_past_max_pixels_keep_the_conv(monkeypatch):
     monkeypatch.setattr(dense_conv, "MAX_PIXELS", 3)  # c1 and pw have 4 output pixels, c2 one
     convs = [n.input[1] for n in artifacts(dense_conv.MIN_BATCH).train_step.proto.graph.node
