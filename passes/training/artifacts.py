@@ -193,7 +193,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     # and inference graphs, cloned before, keep the ops themselves)
     expanded = expand_for_autodiff(step)
     modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise, batchnorm=batchnorm != "frozen")
-    dense_conv.densify_convs(step.graph, opset)
+    dense_conv.densify_convs(step.graph, opset, device)
     _expose_inputs(step.graph, [*params, *bn_stats])
     step.graph.sort()
     _infer_shapes(step)
