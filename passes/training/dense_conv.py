@@ -60,7 +60,11 @@ vs 15.3 / 17.8; 5x5 stride 2 from 8x8, 96ch 6.0 / 5.0 vs 4.0 / 3.6), where a 3x3
 loses (480ch, without dx: 16.6 vs 25.1). With 4, train steps at batch 32, 128 px, interleaved
 both orders: MobileNetV3-small 0.855 / 0.873, EfficientNet-B0 0.924 / 0.989; at 64 px 1.048 /
 0.973 and 0.986 / 0.895; peak RSS +34 and +74 MB (the products' [C, P, Q] matrices). Graphs
-for CUDA keep 2 (``CUDA_MAX_WORK``), the bound their GPU timings were taken with.
+for CUDA keep 2 (``CUDA_MAX_WORK``), the bound their GPU timings were taken with. (PyTorch's
+depthwise convs stay 2-4x faster than any of these: fwd + dx + dW at N=32, 144ch 3x3 on 32x32,
+35 ms vs 79; onnxruntime's fast NCHWc Conv kernels serve constant weights only, an inference
+graph's: forward, 2 threads, constant weight vs weight as an input, 480ch 3x3 on 8x8 0.93 vs
+4.38 ms, 240ch 5x5 on 16x16 2.34 vs 12.28, a dense 64ch 3x3 on 32x32 9.7 vs 15.1.)
 The eval and inference graphs keep the Conv.
 
 On maps of 17 to 64 output pixels, a dense stride-1 Conv of 128+ input channels stays a Conv
