@@ -89,10 +89,9 @@ def _plan(node: ir.Node) -> tuple[list[tuple[str, list[int]]], bool, int] | None
             runs[-1].append(a)
         else:
             runs.append([a])
-    if len(runs) > 2 or runs[0][0] != 0 and runs[-1][-1] != rank - 1 or len(axes) == rank:
-        return None  # cuDNN's whatever is done, or everything
-    if len(runs) == 2 and (runs[0][0] != 0 or runs[1][-1] != rank - 1):
-        return None
+    front, back = runs[0][0] == 0, runs[-1][-1] == rank - 1
+    if len(axes) == rank or len(runs) > 2 or not (front or back) or (len(runs) == 2 and not (front and back)):
+        return None  # everything, or cuDNN's whatever is done
     mean = node.op_type == "ReduceMean"
     if mean and not (node.inputs[0].dtype is not None and node.inputs[0].dtype.is_floating_point()):
         return None  # an integer mean is not a sum times 1/count
