@@ -424,7 +424,8 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
             8 % more time per step).
         device: ``"cpu"`` or ``"cuda"``: whose kernels (onnxruntime's CPU or CUDA provider) the
             backward's lowerings are chosen for, where the fastest differ (a convolution's weight
-            gradient: see ``passes/autodiff/rules_nn.py``). The graphs run on any backend and
+            gradient: see ``passes/autodiff/rules_nn.py``; reductions over batch and pixels:
+            ``passes/training/reductions.py``; small depthwise convs). The graphs run on any backend and
             compute the same values up to rounding; only the speed follows the choice.
 
     Raises:
