@@ -1,15 +1,17 @@
 """Small helpers every pass shares over onnx-ir values and graphs: the ai.onnx opset, a
-value's shape as a tuple, its constant as numpy, a node's attributes as plain values, fresh names.
+value's shape as a tuple, its constant as numpy, a node's constant axes, a value swapped for
+another, a node's attributes as plain values, fresh names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["const_array", "const_scalar", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "static_shape"]
+__all__ = ["const_array", "const_axes", "const_scalar", "fixed_array", "fresh_name", "node_attrs", "onnx_opset",
+           "replace_value", "static_shape"]
 
 Dim = int | str | None
 StaticShape = tuple[Dim, ...]
@@ -58,6 +60,28 @@ def fixed_array(value: ir.Value | None) -> np.ndarray | None:
         return value.const_value.numpy()
     except FileNotFoundError:
         return None
+
+
+def const_axes(node: ir.Node, read: Callable[[ir.Value], np.ndarray | None] = fixed_array) -> list[int] | None:
+    """A node's constant axes: its ``axes`` input as ``read`` gives it (``fixed_array`` by default;
+    ``const_array`` also reads a ``Constant``'s output that no pass has folded) or, where its
+    opset has none, the attribute; [] when neither is given, None when the input is not constant."""
+    if len(node.inputs) > 1:
+        if node.inputs[1] is None:
+            return []
+        array = read(node.inputs[1])
+        return None if array is None else [int(a) for a in np.asarray(array).ravel()]
+    attr = node.attributes.get("axes")
+    return [] if attr is None else [int(a) for a in attr.value]
+
+
+def replace_value(old: ir.Value, new: ir.Value) -> None:
+    """Uses of ``old`` read ``new``; a graph output ``old`` becomes ``new`` under the old name."""
+    name = old.name if old.is_graph_output() else None
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    if name is not None:
+        old.name = f"{name}/replaced"
+        new.name = name
 
 
 def node_attrs(node: ir.Node, drop: Sequence[str] = ()) -> dict:

@@ -14,7 +14,7 @@ from onnxscript.rewriter.rules import common as library_rules
 from graphc.passes.optimize.pipeline import Declared, all_nodes
 from graphc.passes.optimize.rules import RulePass, int64_initializer
 from graphc.passes.optimize.shape_folding import same_shape
-from graphc.passes.values import fixed_array
+from graphc.passes.values import const_axes, fixed_array
 
 __all__ = ["BatchedMatMulAddToGemm", "ExpandIntoBroadcast", "NeutralOperandElimination", "ReshapeAbsorbsUnsqueeze",
            "ReshapeThroughElementwise", "algebraic_pass", "gemm_pass"]
@@ -229,7 +229,7 @@ class ReshapeAbsorbsUnsqueeze(Declared, ir.passes.InPlacePass):
             if shape is None or shape.ndim != 1 or reshape.attributes.get_int("allowzero", 0):
                 continue
             shape = _without_copies(list(shape), reshape.inputs[0].shape)
-            target = None if shape is None else _squeezed(shape, _axes(node), node.op_type)
+            target = None if shape is None else _squeezed(shape, const_axes(node), node.op_type)
             if target is None:
                 continue
             value = int64_initializer(node.graph, f"{node.name or node.op_type}/reshape_shape", np.array(target))
@@ -366,17 +366,6 @@ def _without_copies(shape: list[int], dims) -> list[int] | None:
                 d = -1
         out.append(int(d))
     return out
-
-
-def _axes(node: ir.Node) -> list[int] | None:
-    """The node's constant axes (input from opset 13, attribute before), [] for none, None if unknown."""
-    if len(node.inputs) > 1:
-        if node.inputs[1] is None:
-            return []
-        array = fixed_array(node.inputs[1])
-        return None if array is None else [int(a) for a in np.asarray(array).ravel()]
-    attr = node.attributes.get("axes")
-    return [] if attr is None else [int(a) for a in attr.value]
 
 
 def _squeezed(shape: list[int], axes: list[int] | None, op_type: str) -> list[int] | None:

@@ -11,7 +11,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
 from graphc.passes.optimize.rules import RulePass
-from graphc.passes.values import fixed_array
+from graphc.passes.values import const_axes, fixed_array
 
 __all__ = ["fusion_passes"]
 
@@ -66,13 +66,7 @@ class GeluErf(RewriteRuleClassBase):
 
 def _reduce_axes(node: ir.Node) -> list[int] | None:
     """A ReduceMean's axes (attribute before opset 18, constant input after), else None."""
-    if node.attributes.get_int("keepdims", 1) != 1:
-        return None
-    if len(node.inputs) > 1:
-        axes = fixed_array(node.inputs[1])
-        return None if axes is None else [int(a) for a in axes.reshape(-1)]
-    attr = node.attributes.get("axes")
-    return None if attr is None else list(attr.as_ints())
+    return const_axes(node) if node.attributes.get_int("keepdims", 1) == 1 else None
 
 
 def _trailing_axis(axes: list[int] | None, rank: int) -> int | None:

@@ -89,6 +89,7 @@ from graphc.passes.autodiff.builder import attr, static_shape
 from graphc.passes.autodiff.conv_gather import gathered_conv
 from graphc.passes.autodiff.rules_nn import gathers_conv, out_dims, typical_batch, window
 from graphc.passes.emit import Emitter
+from graphc.passes.values import replace_value
 
 __all__ = ["CUDA_MAX_WORK", "MAX_PIXELS", "MAX_TAPS", "MAX_WORK", "MIN_BATCH", "densify_convs", "gather_convs"]
 
@@ -155,7 +156,7 @@ def _replace(e: Emitter, graph: ir.Graph, node: ir.Node, y: ir.Value) -> None:
     its nodes, cleared)."""
     y.shape, y.dtype = node.outputs[0].shape, node.outputs[0].dtype
     e.source = None
-    node.outputs[0].replace_all_uses_with(y, replace_graph_outputs=True)
+    replace_value(node.outputs[0], y)
     graph.remove(node, safe=True)
 
 

@@ -27,7 +27,7 @@ import onnx_ir as ir
 
 from graphc.passes.autodiff.rules_norm import batch_statistics
 from graphc.passes.emit import Emitter
-from graphc.passes.values import static_shape
+from graphc.passes.values import replace_value, static_shape
 
 
 def batchnorm_stats(graph: ir.Graph) -> list[str]:
@@ -103,7 +103,7 @@ def _dropout_with_noise(b: Emitter, graph: ir.Graph, node: ir.Node, noise: list[
     mask_old = node.outputs[1] if len(node.outputs) > 1 else None
     mask_used = mask_old is not None and (mask_old.uses() or mask_old.is_graph_output())
     if fixed == 0.0 and not mask_used:  # ratio 0: the identity, no draw
-        _replace_everywhere(graph, y_old, b.op("Identity", x))
+        replace_value(y_old, b.op("Identity", x))
         graph.remove(node, safe=True)
         return
     name = f"{NOISE_PREFIX}{len(noise)}"
@@ -130,9 +130,9 @@ def _dropout_with_noise(b: Emitter, graph: ir.Graph, node: ir.Node, noise: list[
         scale = b.op("Div", one, b.op("Sub", one, b.op("CastLike", ratio, x)))
     y = b.op("Mul", x, b.op("Mul", keep_x, scale))
     y.shape = None if dims is None else ir.Shape(dims)
-    _replace_everywhere(graph, y_old, y)
+    replace_value(y_old, y)
     if mask_old is not None:
-        _replace_everywhere(graph, mask_old, keep)
+        replace_value(mask_old, keep)
     graph.remove(node, safe=True)
 
 
@@ -180,7 +180,7 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str,
     outs = list(node.outputs) + [None] * (3 - len(node.outputs))
     for old, new in zip(outs, (y, new_mean, new_var)):
         if old is not None:
-            _replace_everywhere(graph, old, new)
+            replace_value(old, new)
     graph.remove(node, safe=True)
     return {v.name: new for v, new in ((mean_in, new_mean), (var_in, new_var)) if v.is_initializer()}
 
@@ -206,12 +206,3 @@ def _values_per_channel(b: Emitter, graph: ir.Graph, x: ir.Value) -> ir.Value:
     for part in parts:
         total = b.op("Mul", total, part)
     return b.op("Cast", total, to=x.dtype, dtype=x.dtype)
-
-
-def _replace_everywhere(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
-    """Uses of ``old`` read ``new``; a graph output ``old`` becomes ``new`` under the old name."""
-    name = old.name if old.is_graph_output() else None
-    old.replace_all_uses_with(new, replace_graph_outputs=True)
-    if name is not None:
-        old.name = f"{name}/replaced"
-        new.name = name

@@ -32,7 +32,7 @@ import onnx_ir as ir
 
 from graphc.passes.autodiff.builder import attr
 from graphc.passes.emit import Emitter
-from graphc.passes.values import const_array
+from graphc.passes.values import const_array, const_axes, replace_value
 
 __all__ = ["split_reductions"]
 
@@ -53,11 +53,9 @@ def split_reductions(graph: ir.Graph, opset: int) -> int:
             y = e.reduce(op, y, axes, keepdims=keepdims)
         if total != 1:
             y = e.op("Mul", y, e.scalar(1.0 / total, y))
-        old = node.outputs[0]
-        y.shape, y.dtype, name = old.shape, old.dtype, old.name
-        old.replace_all_uses_with(y, replace_graph_outputs=True)
+        y.shape, y.dtype = node.outputs[0].shape, node.outputs[0].dtype
+        replace_value(node.outputs[0], y)
         graph.remove(node, safe=True)
-        y.name = name  # a graph output keeps its name
         count += 1
     e.source = None
     if count:
@@ -72,13 +70,7 @@ def _plan(node: ir.Node) -> tuple[list[tuple[str, list[int]]], bool, int] | None
     a symbolic dim stays a ReduceMean (of the smaller tensor the other run leaves)."""
     if node.op_type not in ("ReduceSum", "ReduceMean") or node.domain not in ("", "ai.onnx"):
         return None
-    shape = node.inputs[0].shape
-    axes = attr(node, "axes")
-    if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
-        array = const_array(node.inputs[1])
-        if array is None:
-            return None
-        axes = array.reshape(-1).tolist()
+    shape, axes = node.inputs[0].shape, const_axes(node, const_array)  # the Emitter's axes: Constants
     if shape is None or not axes:  # an empty list reduces all axes or none: left as it is
         return None
     rank = len(shape)
