@@ -126,6 +126,19 @@ def test_cuda_graphs_sum_over_leading_or_trailing_axes_only():
     assert ("ReduceSum", [2, 3], 4) in cuda
 
 
+def test_cuda_im2col_pads_take_onnxruntimes_fast_kernel():
+    """The dense dWs' im2col pads its input before stacking the taps on a new axis: onnxruntime's
+    CUDA Pad runs its fast kernel only on tensors of up to 4 axes padded along the last two."""
+    proto = onnx.shape_inference.infer_shapes(artifacts("cuda").gradients.proto)
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*proto.graph.value_info, *proto.graph.input]}
+    consts = {n.output[0]: nh.to_array(n.attribute[0].t) for n in proto.graph.node if n.op_type == "Constant"}
+    consts.update({t.name: nh.to_array(t) for t in proto.graph.initializer})
+    pads = [(ranks[n.input[0]], consts[n.input[1]].tolist()) for n in proto.graph.node if n.op_type == "Pad"]
+    im2col = [p for p in pads if p[1] == [0, 0, 3, 3, 0, 0, 3, 3]]  # the 7x7 stem's, [Ci, N, H, W]
+    assert len(im2col) == 1 and im2col[0][0] == 4, pads
+    assert all(rank <= 4 and not any(p[:rank - 2] + p[rank:2 * rank - 2]) for rank, p in pads), pads
+
+
 @pytest.mark.parametrize("opset", [17, 18])
 def test_split_reductions_keep_the_values(opset):
     """Each form split_reductions meets, against numpy: sums and means over leading + trailing

@@ -153,17 +153,28 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
     and their memory bounded (``--only large_dw``, 2 threads, ms, N=32, chunks of 4 and 8 images
     vs all 32: 64ch 16x16 11.7 (8) vs 12.3; 128ch 16x16 36.9 / 35.6 vs 35.4). One Gemm per tap
     on its window, without the column matrix, was slower (N=32, 64ch on 32x32 44.3 vs 39.6 in
-    chunks of 4; 3->32 on 128x128 101 vs 42). ``per_image``: one image's column values."""
+    chunks of 4; 3->32 on 128x128 101 vs 42). CUDA graphs keep the chunks: there the whole
+    batch's columns at once ran faster but held more memory (H100, batch 32, 128 px, graphed
+    steps, GPU memory in use: ResNet-50 25.7 -> 22.6 ms, 2,554 -> 2,732 MB, 1.23x PyTorch's;
+    ResNet-18 11.8 -> 10.4 ms, 1,576 -> 1,606 MB), and chunks of 2**24 values gained too little
+    to tell (25.2 ms and 2,590 MB; 11.3 and 1,534). ``per_image``: one image's column values."""
     n_sp = len(spatial)
     ci, kernel = w_shape[1], list(w_shape[2:])
+    padded_dims, unpadded = [d + b + e for d, b, e in zip(spatial, begin, end)], [0] * n_sp
     dw = None
     for xs, dys in _image_chunks(g, x, dy, per_image, IM2COL_CHUNK):
         # [Ci, 1, n, *S]: the taps' windows stack on axis 1 as they are, one Unsqueeze per chunk
         # where there was one per tap (ResNet-50's train_step 311 nodes fewer, 5,175; steps as
         # fast: ResNet-18 interleaved both orders, ratio new/old at batch 2 0.90 / 1.01, at 32
         # 1.00 / 0.93)
-        channel_major = g.unsqueeze(_swap01(g, xs, n_sp), [1])
-        taps = _windows(g, channel_major, kernel, spatial, strides, dilations, begin, end, lead=3)
+        # padded before the Unsqueeze: onnxruntime's CUDA Pad has a fast kernel for tensors of up
+        # to 4 axes padded along the last two only; its generic kernel took 3.3 of ResNet-50's
+        # 22.7 ms of GPU kernel time (44 Pads of [Ci, 1, n, H, W], 75 us each; H100, batch 32,
+        # 128 px). Graphed steps, same lease, 5-D -> 4-D: ResNet-50 29.3 -> 25.7 ms, ResNet-18
+        # 14.7 -> 11.8 (PyTorch eager 29.2 / 31.2 and 14.7 / 12.3 in those runs)
+        padded = _padded(g, _swap01(g, xs, n_sp), begin, end, lead=2)
+        channel_major = g.unsqueeze(padded, [1])
+        taps = _windows(g, channel_major, kernel, padded_dims, strides, dilations, unpadded, unpadded, lead=3)
         cols = g.op("Concat", *taps, axis=1) if len(taps) > 1 else taps[0]
         cols = g.op("Reshape", cols, g.ints([ci * math.prod(kernel), -1]))
         dy2 = g.op("Reshape", _swap01(g, dys, n_sp), g.ints([w_shape[0], -1]))
@@ -267,7 +278,7 @@ def _windows(g: GradBuilder, t: ir.Value, kernel, spatial, strides, dilations, b
     """What each kernel tap of a Conv reads of ``t`` (``lead`` axes, then the spatial ones;
     padded here): one strided Slice of the output's size per tap, taps in row-major order."""
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
-    padded = g.op("Pad", t, g.ints([0] * lead + begin + [0] * lead + end)) if any(begin + end) else t
+    padded = _padded(g, t, begin, end, lead)
     axes, steps = g.ints(list(range(lead, lead + len(spatial)))), g.ints(strides)
     slices = []
     for offsets in itertools.product(*(range(k) for k in kernel)):
@@ -275,6 +286,13 @@ def _windows(g: GradBuilder, t: ir.Value, kernel, spatial, strides, dilations, b
         ends = [first + (n - 1) * s + 1 for first, n, s in zip(starts, out, strides)]
         slices.append(g.op("Slice", padded, g.ints(starts), g.ints(ends), axes, steps))
     return slices
+
+
+def _padded(g: GradBuilder, t: ir.Value, begin, end, lead: int) -> ir.Value:
+    """``t`` zero-padded by ``begin``/``end`` along its spatial axes, after ``lead`` others."""
+    if not any(begin + end):
+        return t
+    return g.op("Pad", t, g.ints([0] * lead + list(begin) + [0] * lead + list(end)))
 
 
 def _pointwise_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides):
