@@ -166,12 +166,11 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
         # [Ci, 1, n, *S]: the taps' windows stack on axis 1 as they are, one Unsqueeze per chunk
         # where there was one per tap (ResNet-50's train_step 311 nodes fewer, 5,175; steps as
         # fast: ResNet-18 interleaved both orders, ratio new/old at batch 2 0.90 / 1.01, at 32
-        # 1.00 / 0.93)
-        # padded before the Unsqueeze: onnxruntime's CUDA Pad has a fast kernel for tensors of up
-        # to 4 axes padded along the last two only; its generic kernel took 3.3 of ResNet-50's
-        # 22.7 ms of GPU kernel time (44 Pads of [Ci, 1, n, H, W], 75 us each; H100, batch 32,
-        # 128 px). Graphed steps, same lease, 5-D -> 4-D: ResNet-50 29.3 -> 25.7 ms, ResNet-18
-        # 14.7 -> 11.8 (PyTorch eager 29.2 / 31.2 and 14.7 / 12.3 in those runs)
+        # 1.00 / 0.93). [Ci, n, *S] is padded before that Unsqueeze: onnxruntime's CUDA Pad has a
+        # fast kernel for tensors of up to 4 axes padded along the last two only; its generic one
+        # took 3.3 of ResNet-50's 22.7 ms of GPU kernel time (44 Pads of [Ci, 1, n, H, W], 75 us
+        # each; H100, batch 32, 128 px). Graphed steps, same lease, 5-D -> 4-D: ResNet-50 29.3 ->
+        # 25.7 ms, ResNet-18 14.7 -> 11.8 (PyTorch eager 29.2 / 31.2 and 14.7 / 12.3 in those runs)
         padded = _padded(g, _swap01(g, xs, n_sp), begin, end, lead=2)
         channel_major = g.unsqueeze(padded, [1])
         taps = _windows(g, channel_major, kernel, padded_dims, strides, dilations, unpadded, unpadded, lead=3)
