@@ -99,7 +99,10 @@ def concat(b: Emitter, group: Group, values: Mapping[str, ir.Value]) -> ir.Value
 
 
 def split(b: Emitter, group: Group, flat: ir.Value) -> dict[str, ir.Value]:
-    """The inverse of ``concat``: each param's piece of ``flat`` in its own shape."""
+    """The inverse of ``concat``: each param's piece of ``flat`` in its own shape. (onnxruntime's
+    CUDA Split of unequal pieces copies its sizes and an int64 table as long as the group from
+    the host every run; a Slice per piece instead is no way around it: onnxruntime's
+    GatherSliceToSplitFusion, on its CPU and CUDA providers, makes those Slices this Split again.)"""
     parts = b.split(flat, group.sizes, axis=0, count=len(group.params)) if len(group.params) > 1 else (flat,)
     out = {}
     for p, part, shape in zip(group.params, parts, group.shapes):
