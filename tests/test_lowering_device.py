@@ -93,13 +93,19 @@ def test_device_is_checked_and_saved(tmp_path):
     assert gc.training.load(tmp_path / "arts").manifest.device == "cuda"
 
 
+def constants(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The values of ``proto``'s Constant nodes and initializers, by name."""
+    consts = {n.output[0]: nh.to_array(n.attribute[0].t) for n in proto.graph.node if n.op_type == "Constant"}
+    consts.update({t.name: nh.to_array(t) for t in proto.graph.initializer})
+    return consts
+
+
 def reduction_axes(proto: onnx.ModelProto) -> list[tuple[str, list[int], int]]:
     """(op, sorted axes, input rank) of each ReduceSum/ReduceMean in ``proto`` (shapes inferred)."""
     inferred = onnx.shape_inference.infer_shapes(proto)
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in
              [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
-    consts = {n.output[0]: nh.to_array(n.attribute[0].t) for n in proto.graph.node if n.op_type == "Constant"}
-    consts.update({t.name: nh.to_array(t) for t in proto.graph.initializer})
+    consts = constants(proto)
     found = []
     for n in proto.graph.node:
         if n.op_type in ("ReduceSum", "ReduceMean"):
@@ -131,8 +137,7 @@ def test_cuda_im2col_pads_take_onnxruntimes_fast_kernel():
     CUDA Pad runs its fast kernel only on tensors of up to 4 axes padded along the last two."""
     proto = onnx.shape_inference.infer_shapes(artifacts("cuda").gradients.proto)
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*proto.graph.value_info, *proto.graph.input]}
-    consts = {n.output[0]: nh.to_array(n.attribute[0].t) for n in proto.graph.node if n.op_type == "Constant"}
-    consts.update({t.name: nh.to_array(t) for t in proto.graph.initializer})
+    consts = constants(proto)
     pads = [(ranks[n.input[0]], consts[n.input[1]].tolist()) for n in proto.graph.node if n.op_type == "Pad"]
     im2col = [p for p in pads if p[1] == [0, 0, 3, 3, 0, 0, 3, 3]]  # the 7x7 stem's, [Ci, N, H, W]
     assert len(im2col) == 1 and im2col[0][0] == 4, pads
