@@ -42,6 +42,8 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``large_dw``: a dense kxk Conv's dW on large maps: the Conv over x with batch and channels
   swapped vs im2col + GEMM a few images at a time, adding up, vs one GEMM per kernel tap, vs the
   whole batch's columns gathered at once.
+- ``grouped_dw``: a grouped 3x3 Conv's dW (group width 8): the Conv with each group's channels as
+  its batch and dy as its kernel vs the gathered columns into one MatMul batched over the groups.
 """
 
 from __future__ import annotations
@@ -166,13 +168,19 @@ def gathered_columns(src: str, tag: str, c: int, side: int, k: int, st: int, p: 
             h.make_node("Reshape", [tag + "g", tag + "cs"], [tag + "cols"])], tag + "cols"
 
 
-def gathered_dw(n: int, ci: int, co: int, side: int, k: int, st: int) -> list:
-    """A dense kxk Conv's dW (pad k//2) as ``_conv_weight_grad_gathered`` takes it: the gathered
-    columns of x, one GEMM against dy."""
+def gathered_dw(n: int, ci: int, co: int, side: int, k: int, st: int, group: int = 1) -> list:
+    """A kxk Conv's dW (pad k//2) as ``_conv_weight_grad_gathered`` takes it: the gathered
+    columns of x, one GEMM against dy (for ``group`` > 1 one MatMul batched over the groups)."""
     nodes, cols = gathered_columns("x", "x_", ci, side, k, st, k // 2)
-    return nodes + [h.make_node("Transpose", ["dy"], ["dyg"], perm=[1, 2, 3, 0]),
-                    ints("gdys", [co, -1]), h.make_node("Reshape", ["dyg", "gdys"], ["dyg2"]),
-                    h.make_node("Gemm", ["dyg2", cols], ["gg"], transB=1), ints("gws", [co, ci, k, k]),
+    nodes += [h.make_node("Transpose", ["dy"], ["dyg"], perm=[1, 2, 3, 0]),
+              ints("gdys", [co, -1]), h.make_node("Reshape", ["dyg", "gdys"], ["dyg2"])]
+    if group == 1:
+        return nodes + [h.make_node("Gemm", ["dyg2", cols], ["gg"], transB=1), ints("gws", [co, ci, k, k]),
+                        h.make_node("Reshape", ["gg", "gws"], ["dw"])]
+    return nodes + [ints("gd3", [group, co // group, -1]), h.make_node("Reshape", ["dyg2", "gd3"], ["dyg3"]),
+                    ints("gc3", [group, ci // group * k * k, -1]), h.make_node("Reshape", [cols, "gc3"], ["gcols3"]),
+                    h.make_node("Transpose", ["gcols3"], ["gcolst"], perm=[0, 2, 1]),
+                    h.make_node("MatMul", ["dyg3", "gcolst"], ["gg"]), ints("gws", [co, ci // group, k, k]),
                     h.make_node("Reshape", ["gg", "gws"], ["dw"])]
 
 
@@ -636,10 +644,31 @@ def large_dw(args) -> None:
                 {"x": normal(n, ci, side, side), "dy": normal(n, co, out, out)}, ["dw"], args)
 
 
+def grouped_dw(args) -> None:
+    """A grouped 3x3 Conv's dW (RegNetY-400MF's group width 8 at 128 and 64 px): the Conv over x
+    with each group's channels as its batch and the groups over the batch as its channels, dy as
+    the kernel (``_groups_over_batch``), vs the gathered columns into one MatMul batched over the
+    groups."""
+    for n, c, side, st, group in [(32, 48, 64, 2, 6), (32, 104, 32, 2, 13), (32, 104, 16, 1, 13), (32, 208, 16, 2, 26),
+                                  (32, 208, 8, 1, 26), (32, 48, 32, 2, 6), (32, 104, 8, 1, 13), (2, 48, 32, 2, 6),
+                                  (2, 104, 16, 1, 13), (2, 208, 8, 1, 26)]:
+        cg, out = c // group, (side + 2 - 3) // st + 1
+        swapped = [ints("x5", [n, group, cg, side, side]), h.make_node("Reshape", ["x", "x5"], ["xg"]),
+                   h.make_node("Transpose", ["xg"], ["xgt"], perm=[2, 1, 0, 3, 4]), ints("xs", [cg, -1, side, side]),
+                   h.make_node("Reshape", ["xgt", "xs"], ["xt"]), h.make_node("Transpose", ["dy"], ["dyt"], perm=[1, 0, 2, 3]),
+                   h.make_node("Conv", ["xt", "dyt"], ["dws"], dilations=[st, st], pads=[1] * 4, group=group),
+                   h.make_node("Transpose", ["dws"], ["dwt"], perm=[1, 0, 2, 3]),  # [C, cg, 3 or 4, ...]: cut to 3x3
+                   ints("z2", [0, 0]), ints("kk", [3, 3]), ints("hw", [2, 3]),
+                   h.make_node("Slice", ["dwt", "z2", "kk", "hw"], ["dw"])]
+        compare(f"N={n} g{group} {c}ch {side}x{side} s{st}", {"swapped Conv": swapped,
+                                                             "gathered": gathered_dw(n, c, c, side, 3, st, group)},
+                {"x": normal(n, c, side, side), "dy": normal(n, c, out, out)}, ["dw"], args)
+
+
 CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "gathered_conv": gathered_conv, "dense_dw": dense_dw,
-                              "large_dw": large_dw}
+                              "large_dw": large_dw, "grouped_dw": grouped_dw}
 
 
 def main() -> None:

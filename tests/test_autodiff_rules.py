@@ -220,6 +220,43 @@ def test_depthwise_conv_weight_gradient_per_image_and_on_a_symbolic_batch(attrs)
                                            err_msg=f"batch {batch_dim}={batch} {run.__name__}")
 
 
+def _grouped_weight_grad_of_squares(x, w, group, strides, dilations, pads):
+    """numpy, float64: d sum(conv(x, w, group)**2) / dw: each group a dense conv of its own
+    channels (``_conv_weight_grad_of_squares``)."""
+    ci, co = w.shape[1], w.shape[0] // group
+    return np.concatenate([_conv_weight_grad_of_squares(x[:, g * ci:(g + 1) * ci], w[g * co:(g + 1) * co], strides,
+                                                        dilations, pads) for g in range(group)])
+
+
+@pytest.mark.parametrize("attrs", [{"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [1, 0, 0, 1]},
+                                   {"dilations": [2, 1], "strides": [1, 2], "pads": [2, 1, 0, 1]}])
+def test_grouped_conv_weight_gradient_gathered_per_group(monkeypatch, attrs):
+    """A grouped Conv's dW (3 channels a group, RegNet's kind) from a batch of 4 or more (a
+    symbolic batch counts as 16): the gathered columns of all groups and one MatMul batched over
+    the groups; in chunks of images past ``GATHER_COLS``, each chunk's product added to the last;
+    at a batch of 2 the Conv over swapped axes. Each equals the per-group window-by-window sum in
+    float64, with strides that do not divide evenly, dilations and uneven pads, on onnxruntime and
+    numpy."""
+    from graphc.passes.autodiff import rules_nn
+
+    w = np.random.default_rng(0).normal(size=(6, 3, 3, 3)).astype(np.float32)  # 2 groups of 3 -> 3
+    strides, dilations, pads = attrs.get("strides", (1, 1)), attrs.get("dilations", (1, 1)), attrs["pads"]
+    out = [(d + pads[i] + pads[i + 2] - dilations[i] * 2 - 1) // strides[i] + 1 for i, d in enumerate((9, 8))]
+    cases = [(4, (4,), 1 << 23, 1), ("N", (1, 4), 1 << 23, 1), (2, (2,), 1 << 23, 0), (5, (5,), 1, 3)]
+    for batch_dim, batches, cols_bound, gathers in cases:
+        monkeypatch.setattr(rules_nn, "GATHER_COLS", cols_bound)
+        monkeypatch.setattr(rules_nn, "GATHER_CHUNK", 2 * 6 * 9 * out[0] * out[1])  # two images a chunk
+        proto = _conv_squares_weight_grad(w, [batch_dim, 6, 9, 8], {"group": 2, **attrs})
+        ops = [n.op_type for n in proto.graph.node]
+        assert (ops.count("Gather"), ops.count("MatMul")) == (gathers, gathers), batch_dim
+        for batch in batches:
+            x = np.random.default_rng(batch).normal(size=(batch, 6, 9, 8)).astype(np.float32)
+            expected = _grouped_weight_grad_of_squares(x, w, 2, strides, dilations, pads)
+            for run in (run_ort, run_numpy):
+                np.testing.assert_allclose(run(proto, {"x": x})["w_grad"], expected, rtol=1e-4, atol=1e-3,
+                                           err_msg=f"batch {batch_dim}={batch} {run.__name__}")
+
+
 @pytest.mark.parametrize("gathered", [True, False])
 @pytest.mark.parametrize(("strides", "chunks"), [([1, 1], 3), ([2, 1], 2)])
 def test_conv_weight_gradient_in_batch_chunks(monkeypatch, strides, chunks, gathered):

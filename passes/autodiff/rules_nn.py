@@ -192,7 +192,7 @@ GATHER_CHUNK = IM2COL_CHUNK  # past GATHER_COLS, a chunk's values (a static batc
 
 
 def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end,
-                               per_image: int):
+                               per_image: int, group: int):
     """dW as one GEMM against the column matrix, built by one Gather: x batch-innermost and padded,
     [Ci, P, N] (P its padded pixels), each (tap, output pixel) reading a row of N values at a
     constant flat position (strides and dilations in the index), so the columns come out
@@ -210,20 +210,33 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     each: ResNet-18's Conv gradients 648 / 708 -> 558 / 578 ms (Slice and Concat 126 -> Gather
     47); peak RSS ResNet-50 1,978 MB (chunks of ``GATHER_COLS``: 2,029, 1.09x PyTorch's).
     (A 7x7 stem's: 15.6 vs the Conv's 15.2: the Conv stays.)
-    Grouped convs kept the Conv with batch and channels swapped: the same columns as [G, Ci/G * K,
-    O * N] into one batched MatMul ran RegNetY's group-width-8 dWs alone 1.2-1.9x faster (104ch
-    16x16, N=32: 23.1 -> 13.7 ms), but its train_step at batch 32 not (steps interleaved both
-    orders, 64 px 1.00x / 0.99x, 128 px 1.00x / 1.00x: the Pad, Transposes and the MatMul's
-    transposed read took back what the Conv gave). ``per_image``: one image's column values."""
+    A grouped Conv (``group`` > 1, several input channels a group) takes the columns of all its
+    groups, as [G, Ci/G * K, O * N], into one MatMul batched over the groups, each group's rows
+    of dy against its own columns, from a batch of 4 (``_conv_weight_grad``). ``--only
+    grouped_dw``, 2 threads, ms, against the Conv with each group's channels as its batch and dy
+    as its kernel, RegNetY-400MF's group width 8: N=32, 48ch 64x64 stride 2 22.0 vs 36.2; 104ch
+    16x16 9.0 vs 20.1; 208ch 8x8 4.5 vs 10.2; 104ch 32x32 stride 2 11.4 vs 14.0; N=8, 104ch
+    16x16 3.1 vs 5.0; N=4 2.3 vs 2.4; but N=2 1.07 vs 0.67. RegNetY-400MF's train_step, Trainer
+    steps interleaved both orders: batch 32 at 128 px 0.92x / 0.87x the step time (kernel time
+    811 -> 728 ms, its grouped convs' backward 208 -> 143), at 64 px 0.97x / 0.96x. (Measured
+    on the graphs of an earlier session this form had left the step at 1.00x.)
+    ``per_image``: one image's column values (of all groups)."""
     n_sp = len(spatial)
-    ci, kernel = w_shape[1], list(w_shape[2:])
+    co, ci, kernel = w_shape[0], w_shape[1] * group, list(w_shape[2:])
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
     whole = per_image * typical_batch(x) <= GATHER_COLS
     dw = None
     for xs, dys in _image_chunks(g, x, dy, per_image, GATHER_COLS if whole else GATHER_CHUNK):
         cols = columns(g, xs, ci, spatial, kernel, out, strides, dilations, begin, end)  # [Ci * K, O * N]
-        dy2 = g.op("Reshape", g.transpose(dys, [*range(1, 2 + n_sp), 0]), g.ints([w_shape[0], -1]))
-        dw = g.op("Gemm", dy2, cols, *([dw] if dw is not None else []), transB=1)
+        dy2 = g.op("Reshape", g.transpose(dys, [*range(1, 2 + n_sp), 0]), g.ints([co, -1]))
+        if group == 1:
+            dw = g.op("Gemm", dy2, cols, *([dw] if dw is not None else []), transB=1)
+            continue
+        # rows (g, c, k) of the columns and (g, m) of dy: each group's product, batched
+        per_group = g.op("Reshape", cols, g.ints([group, ci // group * math.prod(kernel), -1]))
+        part = g.op("MatMul", g.op("Reshape", dy2, g.ints([group, co // group, -1])),
+                    g.transpose(per_group, [0, 2, 1]))
+        dw = part if dw is None else g.op("Add", dw, part)
     return g.op("Reshape", dw, g.ints(list(w_shape)))
 
 
@@ -330,7 +343,8 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
             and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)):
         return _pointwise_weight_grad(g, x, dy, w_shape, spatial, strides)
     # dW[m, c, k] = sum_{n, o} dy[n, m, o] * xpad[n, c, o*stride + k*dilation]. On the CPU, for
-    # up to 9 taps, the columns by one Gather of the batch-innermost input, up to
+    # up to 9 taps (grouped convs too, from a batch of 4, each group's product batched; not
+    # depthwise ones), the columns by one Gather of the batch-innermost input, up to
     # ``GATHER_COLS`` values, past that (a static batch) a few images at a time, as long as one
     # image's columns fit ``GATHER_CHUNK`` (past it, 64ch 3x3 on 96x96, N=8, forward and dW: one
     # image at a time 332 ms, the Conv below 322) (``_conv_weight_grad_gathered``): bench_zoo's
@@ -355,11 +369,11 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     #   Kernels of more than 9 taps lose to the Conv (3->64 7x7 stride 2, N=32 on 64x64: 23.5 vs
     #   10.5; on 128x128 106 vs 55; N=2 on 64x64 2.1 vs 1.0; stride 1, 64x64: 64.6 vs 64.9).
     # * a Conv over x with batch and channels swapped, dy as the kernel, strides and dilations
-    #   exchanged, then the result transposed: for grouped convs, larger kernels and past the
-    #   cap. A depthwise conv with a static batch, on the CPU, takes the same Conv over the
-    #   images' channels as groups, without the Transposes, where its output has 64+ pixels
-    #   (``_depthwise_weight_grad_per_image``); with a symbolic batch, 3x3 ones, stride 1, on
-    #   mid-sized maps take the taps (``_depthwise_weight_grad_taps``).
+    #   exchanged, then the result transposed: for grouped convs at batches under 4 and on
+    #   CUDA, larger kernels and past the cap. A depthwise conv with a static batch, on the
+    #   CPU, takes the same Conv over the images' channels as groups, without the Transposes,
+    #   where its output has 64+ pixels (``_depthwise_weight_grad_per_image``); with a symbolic
+    #   batch, 3x3 ones, stride 1, on mid-sized maps take the taps (``_depthwise_weight_grad_taps``).
     # (An im2col with a batched MatMul or an Einsum over [N, K*Ci, O] was no faster than the
     # Conv at N=32: 24 vs 21 ms; for depthwise 3x3/5x5 convs 1.3-2.7x slower than it.)
     # On onnxruntime's CUDA provider the Conv below is the slowest of the three wherever dy, its
@@ -383,11 +397,13 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
             math.prod(kernel) <= 9 and all(v == 1 for v in strides) and math.prod(out) >= 256
             and typical_batch(x) * w_shape[0] * math.prod(spatial) <= 1 << 21)):
         return _depthwise_weight_grad_taps(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
-    per_image = cg * math.prod(kernel) * math.prod(out)  # columns
-    dense = group == 1 and g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+    per_image = cg * group * math.prod(kernel) * math.prod(out)  # columns
+    floats = g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+    dense = group == 1 and floats
     gathers = per_image * typical_batch(x) <= GATHER_COLS or (_known_batch(x) and per_image <= GATHER_CHUNK)
-    if dense and not cuda and math.prod(kernel) <= 9 and gathers:
-        return _conv_weight_grad_gathered(g, x, dy, w_shape, spatial, strides, dilations, begin, end, per_image)
+    if (floats and not cuda and math.prod(kernel) <= 9 and gathers
+            and (group == 1 or (cg > 1 and typical_batch(x) >= 4))):
+        return _conv_weight_grad_gathered(g, x, dy, w_shape, spatial, strides, dilations, begin, end, per_image, group)
     if (dense and (math.prod(kernel) <= 9 or cuda)
             and (per_image <= IM2COL_CHUNK if _known_batch(x) is not None
                  else per_image * typical_batch(x) <= 1 << 24)):
