@@ -44,6 +44,8 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
   whole batch's columns gathered at once.
 - ``grouped_dw``: a grouped 3x3 Conv's dW (group width 8): the Conv with each group's channels as
   its batch and dy as its kernel vs the gathered columns into one MatMul batched over the groups.
+- ``reaching_pads``: a stride-2 depthwise Conv's dW as one Conv grouped by image and channel: the
+  forward's end pads vs end pads that reach the kernel's last tap and no further.
 """
 
 from __future__ import annotations
@@ -665,10 +667,34 @@ def grouped_dw(args) -> None:
                 {"x": normal(n, c, side, side), "dy": normal(n, c, out, out)}, ["dw"], args)
 
 
+def reaching_pads(args) -> None:
+    """A stride-2 depthwise Conv's dW as one Conv grouped by image and channel (dy as its
+    kernels, dilated by the stride): with the forward's end pads, which reach a tap past the
+    kernel (computed, then cut by a Slice), vs end pads that reach its last tap."""
+    for n, c, side, k in [(32, 96, 64, 3), (32, 144, 32, 5), (32, 240, 16, 3), (32, 672, 8, 5), (2, 96, 64, 3),
+                          (32, 16, 128, 3)]:
+        p, out = k // 2, side // 2
+
+        def per_image(end: int) -> list:
+            nodes = [ints("s5", [1, n * c, side, side]), h.make_node("Reshape", ["x", "s5"], ["xi"]),
+                     ints("s6", [n * c, 1, out, out]), h.make_node("Reshape", ["dy", "s6"], ["dyi"]),
+                     h.make_node("Conv", ["xi", "dyi"], ["dwi"], pads=[p, p, end, end], dilations=[2, 2], group=n * c),
+                     ints("z", [0, 0]), ints("kk", [k, k]), ints("hw", [2, 3]),
+                     h.make_node("Slice", ["dwi", "z", "kk", "hw"], ["dwc"])]  # a copy where it cuts nothing
+            return nodes + [ints("s7", [n, c * k * k]), h.make_node("Reshape", ["dwc", "s7"], ["dwn"]),
+                            ints("ax0", [0]), h.make_node("ReduceSum", ["dwn", "ax0"], ["dws"], keepdims=0),
+                            ints("s8", [c, 1, k, k]), h.make_node("Reshape", ["dws", "s8"], ["dw"])]
+
+        reaching = max(0, k + 2 * (out - 1) - side - p)
+        compare(f"N={n} {c}ch {side}x{side} {k}x{k}", {f"end pad {p}": per_image(p), f"end pad {reaching}": per_image(reaching)},
+                {"x": normal(n, c, side, side), "dy": normal(n, c, out, out)}, ["dw"], args)
+
+
 CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "gathered_conv": gathered_conv, "dense_dw": dense_dw,
-                              "large_dw": large_dw, "grouped_dw": grouped_dw}
+                              "large_dw": large_dw, "grouped_dw": grouped_dw,
+                              "reaching_pads": reaching_pads}
 
 
 def main() -> None:
