@@ -220,20 +220,19 @@ def test_depthwise_conv_weight_gradient_per_image_and_on_a_symbolic_batch(attrs)
                                            err_msg=f"batch {batch_dim}={batch} {run.__name__}")
 
 
-@pytest.mark.parametrize(("group", "kernel", "side"), [(3, 3, 16), (3, 5, 16), (3, 3, 12), (1, 7, 12)])
-def test_strided_conv_weight_gradient_reaches_no_tap_past_the_kernel(group, kernel, side):
-    """A stride-2 Conv's dW as a Conv over x by dy (grouped by image and channel for a depthwise
-    conv with 64+ output pixels; over swapped axes for a smaller one and a 49-tap dense one) is
-    padded at the end just enough to reach the kernel's last tap: the forward's pads (k//2 each
-    side, an even map) would reach one tap further, computed and then cut off by a Slice. Equal
-    to the window-by-window sum in float64."""
+@pytest.mark.parametrize(("kernel", "stride", "side"), [(3, 2, 16), (5, 2, 16), (3, 3, 23)])
+def test_strided_depthwise_weight_gradient_reaches_no_tap_past_the_kernel(kernel, stride, side):
+    """A strided depthwise Conv's dW as one Conv grouped by image and channel (a static batch,
+    64+ output pixels) is padded at the end just enough to reach the kernel's last tap: the
+    forward's pads (k//2 each side) would reach one tap further, computed and then cut off by a
+    Slice. Equal to the window-by-window sum in float64."""
     pad = kernel // 2
-    w = np.random.default_rng(0).normal(size=(3, 3 // group, kernel, kernel)).astype(np.float32)
-    proto = _conv_squares_weight_grad(w, [2, 3, side, side], {"group": group, "strides": [2, 2], "pads": [pad] * 4})
-    ops = {n.op_type for n in proto.graph.node}
-    assert "Slice" not in ops and "Gather" not in ops  # a Conv's dW, not the taps' or the columns'
+    w = np.random.default_rng(0).normal(size=(3, 1, kernel, kernel)).astype(np.float32)
+    proto = _conv_squares_weight_grad(w, [2, 3, side, side], {"group": 3, "strides": [stride] * 2, "pads": [pad] * 4})
+    ops = [n.op_type for n in proto.graph.node]
+    assert "Slice" not in ops and ops.count("Conv") == 2  # the forward and the per-image dW
     x = np.random.default_rng(1).normal(size=(2, 3, side, side)).astype(np.float32)
-    expected = _grouped_weight_grad_of_squares(x, w, group, (2, 2), (1, 1), [pad] * 4)
+    expected = _grouped_weight_grad_of_squares(x, w, 3, [stride] * 2, (1, 1), [pad] * 4)
     for run in (run_ort, run_numpy):
         np.testing.assert_allclose(run(proto, {"x": x})["w_grad"], expected, rtol=1e-4, atol=1e-3, err_msg=run.__name__)
 

@@ -411,7 +411,6 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
         return _conv_weight_grad_im2col(g, x, dy, w_shape, spatial, strides, dilations, begin, end, per_image)
     xt = _groups_over_batch(g, x, group, cg, spatial)
     dyt = _swap01(g, dy, n_sp)
-    end = _reaching_end(kernel, spatial, out, strides, dilations, begin, end)
     dw = g.op("Conv", xt, dyt, strides=dilations, dilations=strides, pads=begin + end,
               group=group if group != 1 else None)
     return _within_kernel(g, _swap01(g, dw, n_sp), kernel, spatial, out, strides, dilations, begin, end)
@@ -420,15 +419,20 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
 def _reaching_end(kernel, spatial, out, strides, dilations, begin, end) -> list[int]:
     """The end pads of a Conv over x by dy with strides and dilations exchanged (a dW) that
     reach the kernel's last tap and no further: where the strides do not divide evenly, the
-    forward's end pads make that Conv compute taps past the kernel, cut off after it. A
-    depthwise dW with a stride of 2, one Conv grouped by image and channel, these end pads vs
-    the forward's (``bench_lowerings.py --only reaching_pads``, 2 threads, ms, N=32): 96ch 3x3
-    on 64x64 47.4 vs 62.1; 144ch 5x5 on 32x32 32.0 vs 40.6; 240ch 3x3 on 16x16 8.1 vs 10.7;
-    672ch 5x5 on 8x8 9.8 vs 12.4; N=2, 96ch on 64x64 2.6 vs 3.3. Trainer steps interleaved,
-    both orders, at batch 32: MobileNetV3-small 0.94x / 0.96x the step time at 128 px, 1.00x /
-    0.93x at 64 px; EfficientNet-B0 0.99x / 0.97x and 0.99x / 0.99x; at batch 2 (64 px) within
-    this machine's noise, EfficientNet-B0's kernel time of its gradient Convs (two profiles)
-    21.1 / 15.1 -> 16.5 / 13.1 ms."""
+    forward's end pads make that Conv compute taps past the kernel, cut off after it. Taken by
+    the depthwise dW grouped by image and channel (``_depthwise_weight_grad_per_image``), where
+    onnxruntime's im2col of each group, a column a tap, is most of the work. The Conv over
+    swapped axes keeps the forward's pads: there the taps are the columns of one large GEMM,
+    which ran no faster on fewer (ResNet-18's 7x7 stride-2 stem at batch 32, 128 px, 8x8 ->
+    7x7 taps: its dW's kernel time 52.5 / 51.1 -> 57.9 / 63.6 ms in two profiles). A
+    depthwise dW with a stride of 2, these end pads vs the forward's (``bench_lowerings.py
+    --only reaching_pads``, 2 threads, ms, N=32): 96ch 3x3 on 64x64 47.4 vs 62.1; 144ch 5x5 on
+    32x32 32.0 vs 40.6; 240ch 3x3 on 16x16 8.1 vs 10.7; 672ch 5x5 on 8x8 9.8 vs 12.4; N=2, 96ch
+    on 64x64 2.6 vs 3.3. Trainer steps interleaved, both orders, at batch 32, 128 px:
+    MobileNetV3-small 0.94x / 0.96x the step time, EfficientNet-B0 0.99x / 0.97x; at 64 px
+    1.00x / 0.93x and 1.02x / 1.01x; at batch 2 (64 px) its gradient Convs' kernel time moved
+    within noise (two profiles, EfficientNet-B0 20.7 / 19.7 -> 18.0 / 21.1 ms, MobileNetV3-small
+    5.5 / 5.1 -> 5.0 / 4.9)."""
     return [max(0, min(e, d * (k - 1) + 1 + s * (o - 1) - n - b))
             for k, n, o, s, d, b, e in zip(kernel, spatial, out, strides, dilations, begin, end)]
 
