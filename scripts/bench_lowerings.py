@@ -16,6 +16,8 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``bn_stats``: a per-channel sum over (N, H, W), as BatchNorm's statistics and gradient sums
   need it: one ReduceSum over axes (0, 2, 3) (cuDNN's reduction on CUDA) vs [N, C, H*W] summed
   over axis 2 then 0 (reductions over a contiguous last or first axis) vs a GEMV against ones.
+- ``bn_sums``: a per-channel sum over (N, H, W) of a product (Mul + ReduceSum vs a batched dot
+  MatMul vs Einsum) and of a square (vs ReduceSumSquare, GlobalLpPool).
 - ``silu``: x * Sigmoid(x) forward + backward, SiLU's whole gradient vs the Mul and Sigmoid rules.
 - ``gelu``: exact GELU as torch.onnx writes it (x * (1 + Erf(x/sqrt 2)) * 0.5) forward +
   backward: its whole gradient from x and 1 + erf, the same recomputing erf, the Mul, Add, Erf
@@ -42,6 +44,8 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``large_dw``: a dense kxk Conv's dW on large maps: the Conv over x with batch and channels
   swapped vs im2col + GEMM a few images at a time, adding up, vs one GEMM per kernel tap, vs the
   whole batch's columns gathered at once.
+- ``grouped_conv``: a grouped 3x3 Conv's forward and dx: Conv, ConvTranspose vs gathered columns
+  times the weight batched over the groups, and (stride 2) vs sub-pixel phases.
 - ``grouped_dw``: a grouped 3x3 Conv's dW (group width 8): the Conv with each group's channels as
   its batch and dy as its kernel vs the gathered columns into one MatMul batched over the groups.
 - ``reaching_pads``: a stride-2 depthwise Conv's dW as one Conv grouped by image and channel: the
@@ -187,14 +191,20 @@ def gathered_dw(n: int, ci: int, co: int, side: int, k: int, st: int, group: int
 
 
 def gathered_product(src: str, weight: str, out_name: str, ci: int, co: int, side: int, k: int, p: int,
-                     flip: bool = False) -> list:
-    """A dense stride-1 kxk Conv of ``src`` by ``weight`` [co, ci, k, k] (flipped in space with
-    ``flip``) as ``conv_gather.gathered_conv`` takes it: the gathered columns times the weight,
-    one Gemm, back to [N, co, O, O]."""
-    out = side + 2 * p - k + 1
-    nodes, cols = gathered_columns(src, "c_", ci, side, k, 1, p, flip)
-    return nodes + [ints("w2s", [co, -1]), h.make_node("Reshape", [weight, "w2s"], ["w2"]),
-                    h.make_node("Gemm", ["w2", cols], ["y2"]), ints("y3s", [co, out * out, -1]),
+                     flip: bool = False, group: int = 1, stride: int = 1) -> list:
+    """A kxk Conv of ``src`` by ``weight`` [co, ci/group, k, k] (flipped in space with ``flip``)
+    as ``conv_gather.gathered_conv`` takes a dense stride-1 one: the gathered columns times the
+    weight, one Gemm (one MatMul batched over the groups for ``group`` > 1), back to [N, co, O, O]."""
+    out = (side + 2 * p - k) // stride + 1
+    nodes, cols = gathered_columns(src, "c_", ci, side, k, stride, p, flip)
+    if group == 1:
+        nodes += [ints("w2s", [co, -1]), h.make_node("Reshape", [weight, "w2s"], ["w2"]),
+                  h.make_node("Gemm", ["w2", cols], ["y2"])]
+    else:
+        nodes += [ints("w3s", [group, co // group, -1]), h.make_node("Reshape", [weight, "w3s"], ["w3"]),
+                  ints("c3s", [group, ci // group * k * k, -1]), h.make_node("Reshape", [cols, "c3s"], ["c3"]),
+                  h.make_node("MatMul", ["w3", "c3"], ["y2"])]
+    return nodes + [ints("y3s", [co, out * out, -1]),
                     h.make_node("Reshape", ["y2", "y3s"], ["y3"]), h.make_node("Transpose", ["y3"], ["y4"], perm=[2, 0, 1]),
                     ints("y5s", [-1, co, out, out]), h.make_node("Reshape", ["y4", "y5s"], [out_name])]
 
@@ -246,6 +256,32 @@ def bn_stats(args) -> None:
                       h.make_node("Reshape", ["r0", "cshape"], ["s"])]
         compare(str(shape), {"reduce-0,2,3": whole, "axis2-then-0": rows, "gemv": gemv}, {"x": normal(*shape)},
                 ["s"], args)
+
+
+def bn_sums(args) -> None:
+    """BatchNorm's per-channel sums over (N, H, W) of a product and of a square (its backward's
+    sum(dy * (x - mean)), its variance): Mul then ReduceSum vs a MatMul batched over (N, C) of
+    [1, H*W] rows by [H*W, 1] columns (then over N) vs Einsum; the square's sum vs
+    ReduceSumSquare vs GlobalLpPool(p=2) squared (then over N)."""
+    for n, c, hh in [(32, 32, 64), (32, 96, 64), (32, 144, 32), (32, 240, 16), (32, 672, 8), (2, 96, 32)]:
+        hw, a0 = hh * hh, ints("a0", [0])
+        product = {"mul+reduce": [h.make_node("Mul", ["a", "b"], ["p"]), ints("ax", [0, 2, 3]),
+                                  h.make_node("ReduceSum", ["p", "ax"], ["s"], keepdims=0)],
+                   "batched-dot": [ints("r1", [n, c, 1, hw]), ints("r2", [n, c, hw, 1]), ints("cs", [n, c]),
+                                   h.make_node("Reshape", ["a", "r1"], ["a1"]), h.make_node("Reshape", ["b", "r2"], ["b1"]),
+                                   h.make_node("MatMul", ["a1", "b1"], ["d"]), h.make_node("Reshape", ["d", "cs"], ["d2"]),
+                                   a0, h.make_node("ReduceSum", ["d2", "a0"], ["s"], keepdims=0)],
+                   "einsum": [ints("r3", [n, c, hw]), h.make_node("Reshape", ["a", "r3"], ["a3"]),
+                              h.make_node("Reshape", ["b", "r3"], ["b3"]),
+                              h.make_node("Einsum", ["a3", "b3"], ["s"], equation="nck,nck->c")]}
+        compare(f"prod N={n} {c}ch {hh}x{hh}", product, {"a": normal(n, c, hh, hh), "b": normal(n, c, hh, hh)}, ["s"], args)
+        square = {"mul+reduce": [h.make_node("Mul", ["a", "a"], ["p"]), ints("ax", [0, 2, 3]),
+                                 h.make_node("ReduceSum", ["p", "ax"], ["s"], keepdims=0)],
+                  "sum-square": [h.make_node("ReduceSumSquare", ["a"], ["s"], axes=[0, 2, 3], keepdims=0)],
+                  "lp-pool": [h.make_node("GlobalLpPool", ["a"], ["g"], p=2), h.make_node("Mul", ["g", "g"], ["g2"]),
+                              ints("cs", [n, c]), h.make_node("Reshape", ["g2", "cs"], ["g3"]), a0,
+                              h.make_node("ReduceSum", ["g3", "a0"], ["s"], keepdims=0)]}
+        compare(f"sq   N={n} {c}ch {hh}x{hh}", square, {"a": normal(n, c, hh, hh)}, ["s"], args)
 
 
 def silu(args) -> None:
@@ -542,6 +578,44 @@ def gathered_conv(args) -> None:
                 {"dy": normal(n, c, side, side), "w": normal(c, c, 3, 3)}, ["dx"], args)
 
 
+def grouped_conv(args) -> None:
+    """Grouped 3x3 Convs (group width 8, RegNetY-400MF's at 128 and 64 px), against their Conv
+    and ConvTranspose: the forward and the stride-1 dx (a Conv by the flipped weight,
+    ``rules_nn._flipped_input_grad``) as gathered columns times the weight, batched over the
+    groups; the stride-2 dx as sub-pixel phases (one Conv of dy by the 2x2 phase kernels, channel
+    (c, phase) within each group, then DepthToSpace)."""
+    for n, c, side, st, group in [(32, 48, 64, 2, 6), (32, 104, 32, 2, 13), (32, 104, 16, 1, 13), (32, 208, 16, 2, 26),
+                                  (32, 208, 8, 1, 26), (32, 104, 8, 1, 13), (8, 104, 16, 1, 13), (2, 104, 16, 1, 13)]:
+        cg, out = c // group, (side + 2 - 3) // st + 1
+        w = normal(c, cg, 3, 3)
+        compare(f"fwd N={n} g{group} {c}ch {side} s{st}",
+                {"conv": [h.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4, strides=[st, st], group=group)],
+                 "gathered": gathered_product("x", "w", "y", c, c, side, 3, 1, group=group, stride=st)},
+                {"x": normal(n, c, side, side), "w": w}, ["y"], args)
+        if st == 1:
+            flipped = _flipped(c, c, 3, group)
+            compare(f"dx N={n} g{group} {c}ch {side} s1",
+                    {"flipped-conv": flipped + [h.make_node("Conv", ["dy", "wf"], ["dx"], pads=[1] * 4, group=group)],
+                     "gathered": flipped + gathered_product("dy", "wf", "dx", c, c, side, 3, 1, group=group)},
+                    {"dy": normal(n, c, side, side), "w": w}, ["dx"], args)
+            continue
+        # phase (r, s) of dx: row r of the 2x2 kernel over dy rows (i, i+1) reads taps [1, -] (r=0)
+        # or [2, 0] (r=1), likewise for columns; tap 3 is a zero
+        taps = np.array([[1, 3], [2, 0]])
+        wp = np.zeros((c, cg, 4, 4), np.float32)
+        wp[:, :, :3, :3] = w
+        phases = np.zeros((group, cg, 2, 2, c // group, 2, 2), np.float32)  # [g, ci, r, s, m, a, b]
+        for g, ci, r, s_, m in itertools.product(range(group), range(cg), range(2), range(2), range(c // group)):
+            phases[g, ci, r, s_, m] = wp[g * (c // group) + m, ci][np.ix_(taps[r], taps[s_])]
+        compare(f"dx N={n} g{group} {c}ch {side} s2",
+                {"conv-transpose": [h.make_node("ConvTranspose", ["dy", "w"], ["dx"], pads=[1] * 4, strides=[2, 2],
+                                                group=group, output_padding=[1, 1])],
+                 "phases": [const("wph", phases.reshape(c * 4, c // group, 2, 2)),
+                            h.make_node("Conv", ["dy", "wph"], ["ph"], pads=[0, 0, 1, 1], group=group),
+                            h.make_node("DepthToSpace", ["ph"], ["dx"], blocksize=2, mode="CRD")]},
+                {"dy": normal(n, c, out, out), "w": w}, ["dx"], args)
+
+
 def dense_dw(args) -> None:
     """A dense kxk Conv's dW as im2col + one GEMM: the window slices stacked one spatial axis at a
     time (sum(K) Slices, two Concats, as ``_conv_weight_grad_im2col``) vs all at once (prod(K))."""
@@ -690,10 +764,10 @@ def reaching_pads(args) -> None:
                 {"x": normal(n, c, side, side), "dy": normal(n, c, out, out)}, ["dw"], args)
 
 
-CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
+CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "gathered_conv": gathered_conv, "dense_dw": dense_dw,
-                              "large_dw": large_dw, "grouped_dw": grouped_dw,
+                              "large_dw": large_dw, "grouped_dw": grouped_dw, "grouped_conv": grouped_conv,
                               "reaching_pads": reaching_pads}
 
 

@@ -544,7 +544,10 @@ def gathers_conv(kernel, in_channels: int, out, strides, group: int, batch: int,
     forward on 64 channels (8x8: 1.7, 1.2 vs 1.3, 1.1) or 144 pixels (128ch 12x12: 13.1, 13.1 vs
     10.1, 10.1), nor either on 16x16 maps (128ch: 19.3 vs 12.5 / 22.4 vs 19.0), nor at N=2 (256ch
     8x8: 1.8 vs 1.1 / 2.8 vs 1.7). Maps of up to 16 pixels are ``dense_conv``'s. The columns are
-    bounded as the gathered dW's."""
+    bounded as the gathered dW's. Grouped convs (groups of 8) lose as products batched over the
+    groups, forward and stride-1 dx alike (``--only grouped_conv``, N=32, ms, against the Conv:
+    forward, 48ch 64x64 stride 2 21.2 vs 9.1, 104ch 16x16 7.4 vs 4.0; dx 7.9 vs the flipped
+    Conv's 4.6; at 8x8 a tie, 1.73 vs 1.80), though their dW gains (``_conv_weight_grad_gathered``)."""
     return (group == 1 and len(kernel) == 2 and 1 < math.prod(kernel) <= 9 and all(s == 1 for s in strides)
             and 16 < math.prod(out) <= (144 if dx else 64) and (dx or in_channels >= 128) and batch >= 8
             and dtype == ir.DataType.FLOAT and in_channels * math.prod(kernel) * math.prod(out) * batch <= GATHER_COLS)
@@ -591,7 +594,10 @@ def _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group: in
     (96->192, 32x32: 15.2 vs 16.0 / 30.1 vs 21.6) and stride 2 (dy spread over the input grid
     with zeros first: 98.6 vs 40.9 ms, 96ch 64x64; as sub-pixel phases, each output phase a
     stride-1 depthwise Conv of dy by its taps, interleaved by DepthToSpace: 86.3 ms as one Conv
-    of channel multiplier 4, 109.6 as four Convs, vs 49.6 / 42.4, and slower at 16x16 to 128x128)."""
+    of channel multiplier 4, 109.6 as four Convs, vs 49.6 / 42.4, and slower at 16x16 to 128x128;
+    so are groups of 8 at stride 2 as phases, one Conv of dy by the 2x2 phase kernels, N=32,
+    ``--only grouped_conv``: 48ch 64x64 35.8 vs 27.2, 104ch 32x32 14.5 vs 10.3, 208ch 16x16 6.7
+    vs 4.2)."""
     if any(s != 1 for s in strides) or (group > 1 and w_shape[0] != group * w_shape[1]):
         return False
     kernel = w_shape[2:]

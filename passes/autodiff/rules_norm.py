@@ -83,7 +83,11 @@ def _batch_norm_training_grads(g, node, dy, axes):
     [32,96,32,32] 13.1 vs 14.7; [32,144,16,16] 4.9 vs 5.1; [32,672,4,4] 3.2 vs 4.9;
     [32,64,16,16] 2.9 vs 3.5; [2,256,8,8] 0.31 vs 0.36. (The variance as ReduceSumSquare of the
     centred input: 13.6, 5.2, 3.3, 3.0, 0.33, no better: ORT's ReduceSumSquare over axes
-    (0, 2, 3) runs at a third of ReduceSum's speed.)"""
+    (0, 2, 3) runs at a third of ReduceSum's speed.) s2's sum of a product as a MatMul batched
+    over (N, C), [1, H*W] rows by [H*W, 1] columns, or as an Einsum, lost to the Mul and
+    ReduceSum (``bench_lowerings.py --only bn_sums``, 2 threads, ms: [32,96,64,64] 18.3 / 52.8
+    vs 10.1; [32,144,32,32] 6.5 / 17.8 vs 3.7; [2,96,32,32] 0.58 / 0.67 vs 0.21), and the
+    variance as GlobalLpPool(p=2), squared, ran 16-25x slower than the Mul and ReduceSum."""
     x, scale, bias = node.inputs[:3]
     _, centred, var, zeros = batch_statistics(g, x, axes)
     eps = attr(node, "epsilon", 1e-5)
