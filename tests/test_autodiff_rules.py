@@ -191,11 +191,12 @@ def test_gathered_conv_weight_gradient_on_a_symbolic_batch(monkeypatch, attrs):
                                            err_msg=f"gathered={gathered} batch {batch} {run.__name__}")
 
 
-def _depthwise_weight_grad_of_squares(x, w, strides, dilations, pads):
-    """numpy, float64: d sum(conv(x, w, group=C)**2) / dw, for a depthwise w [C, 1, kh, kw]:
-    each channel a dense conv of its own (``_conv_weight_grad_of_squares``)."""
-    return np.concatenate([_conv_weight_grad_of_squares(x[:, c:c + 1], w[c:c + 1], strides, dilations, pads)
-                           for c in range(w.shape[0])])
+def _grouped_weight_grad_of_squares(x, w, group, strides, dilations, pads):
+    """numpy, float64: d sum(conv(x, w, group)**2) / dw: each group a dense conv of its own
+    channels (``_conv_weight_grad_of_squares``); a depthwise conv's group is one channel."""
+    ci, co = w.shape[1], w.shape[0] // group
+    return np.concatenate([_conv_weight_grad_of_squares(x[:, g * ci:(g + 1) * ci], w[g * co:(g + 1) * co], strides,
+                                                        dilations, pads) for g in range(group)])
 
 
 @pytest.mark.parametrize("attrs", [{"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [2, 0, 1, 2]},
@@ -213,8 +214,8 @@ def test_depthwise_conv_weight_gradient_per_image_and_on_a_symbolic_batch(attrs)
         assert (6 in groups) == (batch_dim == 2)  # the per-image Conv: 2 images x 3 channels
         for batch in ((2,) if batch_dim == 2 else (1, 3)):
             x = np.random.default_rng(batch).normal(size=(batch, 3, 17, 18)).astype(np.float32)
-            expected = _depthwise_weight_grad_of_squares(x, w, attrs.get("strides", (1, 1)),
-                                                         attrs.get("dilations", (1, 1)), attrs["pads"])
+            expected = _grouped_weight_grad_of_squares(x, w, 3, attrs.get("strides", (1, 1)),
+                                                       attrs.get("dilations", (1, 1)), attrs["pads"])
             for run in (run_ort, run_numpy):
                 np.testing.assert_allclose(run(proto, {"x": x})["w_grad"], expected, rtol=1e-4, atol=1e-3,
                                            err_msg=f"batch {batch_dim}={batch} {run.__name__}")
@@ -235,14 +236,6 @@ def test_strided_depthwise_weight_gradient_reaches_no_tap_past_the_kernel(kernel
     expected = _grouped_weight_grad_of_squares(x, w, 3, [stride] * 2, (1, 1), [pad] * 4)
     for run in (run_ort, run_numpy):
         np.testing.assert_allclose(run(proto, {"x": x})["w_grad"], expected, rtol=1e-4, atol=1e-3, err_msg=run.__name__)
-
-
-def _grouped_weight_grad_of_squares(x, w, group, strides, dilations, pads):
-    """numpy, float64: d sum(conv(x, w, group)**2) / dw: each group a dense conv of its own
-    channels (``_conv_weight_grad_of_squares``)."""
-    ci, co = w.shape[1], w.shape[0] // group
-    return np.concatenate([_conv_weight_grad_of_squares(x[:, g * ci:(g + 1) * ci], w[g * co:(g + 1) * co], strides,
-                                                        dilations, pads) for g in range(group)])
 
 
 @pytest.mark.parametrize("attrs", [{"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [1, 0, 0, 1]},
