@@ -472,6 +472,22 @@ def strided_pointwise_dx(args) -> None:
                 {"dy": normal(n, co, half, half), "w": normal(co, ci, 1, 1)}, ["dx"], args)
 
 
+def per_image_dw(n: int, c: int, side: int, out: int, k: int, pads: list[int], stride: int = 1) -> list:
+    """A depthwise kxk Conv's dW as ``_depthwise_weight_grad_per_image`` takes it: one Conv whose
+    n*c groups are each image's channels, x [1, n*c, side, side] by dy as its kernels (dilated by
+    the stride), cut to the kernel where its ``pads`` reach past it, then the images' sum."""
+    reach = side + pads[0] + pads[2] - stride * (out - 1)
+    nodes = [ints("s5", [1, n * c, side, side]), h.make_node("Reshape", ["x", "s5"], ["xi"]),
+             ints("s6", [n * c, 1, out, out]), h.make_node("Reshape", ["dy", "s6"], ["dyi"]),
+             h.make_node("Conv", ["xi", "dyi"], ["dwi"], pads=pads, dilations=[stride, stride], group=n * c)]
+    if reach != k:
+        nodes += [ints("z", [0, 0]), ints("kk", [k, k]), ints("hw", [2, 3]),
+                  h.make_node("Slice", ["dwi", "z", "kk", "hw"], ["dwc"])]
+    return nodes + [ints("s7", [n, c * k * k]), h.make_node("Reshape", ["dwc" if reach != k else "dwi", "s7"], ["dwn"]),
+                    ints("ax0", [0]), h.make_node("ReduceSum", ["dwn", "ax0"], ["dws"], keepdims=0),
+                    ints("s8", [c, 1, k, k]), h.make_node("Reshape", ["dws", "s8"], ["dw"])]
+
+
 def depthwise_dw(args) -> None:
     for n, c, side, k in [(32, 96, 32, 3), (32, 144, 16, 3), (2, 96, 32, 3), (32, 144, 32, 3), (32, 240, 8, 3),
                           (32, 480, 4, 3), (32, 96, 32, 5), (32, 240, 8, 5), (32, 32, 64, 3), (32, 240, 16, 5)]:
@@ -480,12 +496,7 @@ def depthwise_dw(args) -> None:
                    h.make_node("Reshape", ["xt0", "s1"], ["xt"]), h.make_node("Transpose", ["dy"], ["dyt"], perm=[1, 0, 2, 3]),
                    h.make_node("Conv", ["xt", "dyt"], ["dw0"], pads=[p] * 4, group=c), ints("s2", [c, 1, k, k]),
                    h.make_node("Reshape", ["dw0", "s2"], ["dw"])]
-        per_image = [ints("s5", [1, n * c, side, side]), h.make_node("Reshape", ["x", "s5"], ["xi"]),
-                     ints("s6", [n * c, 1, side, side]), h.make_node("Reshape", ["dy", "s6"], ["dyi"]),
-                     h.make_node("Conv", ["xi", "dyi"], ["dwi"], pads=[p] * 4, group=n * c),
-                     ints("s7", [n, c * k * k]), h.make_node("Reshape", ["dwi", "s7"], ["dwn"]),
-                     ints("ax0", [0]), h.make_node("ReduceSum", ["dwn", "ax0"], ["dws"], keepdims=0),
-                     ints("s8", [c, 1, k, k]), h.make_node("Reshape", ["dws", "s8"], ["dw"])]
+        per_image = per_image_dw(n, c, side, side, k, [p] * 4)
 
         def tap_sums(src: str, grad: str, tag: str) -> tuple[list, str]:
             """Each tap's window of the padded ``src`` times ``grad``, summed to [C]; Concat-ed."""
@@ -748,19 +759,9 @@ def reaching_pads(args) -> None:
     for n, c, side, k in [(32, 96, 64, 3), (32, 144, 32, 5), (32, 240, 16, 3), (32, 672, 8, 5), (2, 96, 64, 3),
                           (32, 16, 128, 3)]:
         p, out = k // 2, side // 2
-
-        def per_image(end: int) -> list:
-            nodes = [ints("s5", [1, n * c, side, side]), h.make_node("Reshape", ["x", "s5"], ["xi"]),
-                     ints("s6", [n * c, 1, out, out]), h.make_node("Reshape", ["dy", "s6"], ["dyi"]),
-                     h.make_node("Conv", ["xi", "dyi"], ["dwi"], pads=[p, p, end, end], dilations=[2, 2], group=n * c),
-                     ints("z", [0, 0]), ints("kk", [k, k]), ints("hw", [2, 3]),
-                     h.make_node("Slice", ["dwi", "z", "kk", "hw"], ["dwc"])]  # a copy where it cuts nothing
-            return nodes + [ints("s7", [n, c * k * k]), h.make_node("Reshape", ["dwc", "s7"], ["dwn"]),
-                            ints("ax0", [0]), h.make_node("ReduceSum", ["dwn", "ax0"], ["dws"], keepdims=0),
-                            ints("s8", [c, 1, k, k]), h.make_node("Reshape", ["dws", "s8"], ["dw"])]
-
         reaching = max(0, k + 2 * (out - 1) - side - p)
-        compare(f"N={n} {c}ch {side}x{side} {k}x{k}", {f"end pad {p}": per_image(p), f"end pad {reaching}": per_image(reaching)},
+        compare(f"N={n} {c}ch {side}x{side} {k}x{k}", {f"end pad {e}": per_image_dw(n, c, side, out, k, [p, p, e, e], 2)
+                                                     for e in (p, reaching)},
                 {"x": normal(n, c, side, side), "dy": normal(n, c, out, out)}, ["dw"], args)
 
 

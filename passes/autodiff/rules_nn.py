@@ -426,9 +426,9 @@ def _reaching_end(kernel, spatial, out, strides, dilations, begin, end) -> list[
     which ran no faster on fewer (ResNet-18's 7x7 stride-2 stem at batch 32, 128 px, 8x8 ->
     7x7 taps: its dW's kernel time 52.5 / 51.1 -> 57.9 / 63.6 ms in two profiles). A
     depthwise dW with a stride of 2, these end pads vs the forward's (``bench_lowerings.py
-    --only reaching_pads``, 2 threads, ms, N=32): 96ch 3x3 on 64x64 47.4 vs 62.1; 144ch 5x5 on
-    32x32 32.0 vs 40.6; 240ch 3x3 on 16x16 8.1 vs 10.7; 672ch 5x5 on 8x8 9.8 vs 12.4; N=2, 96ch
-    on 64x64 2.6 vs 3.3. Trainer steps interleaved, both orders, at batch 32, 128 px:
+    --only reaching_pads``, 2 threads, ms, N=32): 96ch 3x3 on 64x64 47.3 vs 62.3; 144ch 5x5 on
+    32x32 31.9 vs 40.1; 240ch 3x3 on 16x16 6.3 vs 8.5; 672ch 5x5 on 8x8 8.4 vs 11.6; N=2, 96ch
+    on 64x64 1.50 vs 1.73. Trainer steps interleaved, both orders, at batch 32, 128 px:
     MobileNetV3-small 0.94x / 0.96x the step time, EfficientNet-B0 0.99x / 0.97x; at 64 px
     1.00x / 0.93x and 1.02x / 1.01x; at batch 2 (64 px) its gradient Convs' kernel time moved
     within noise (two profiles, EfficientNet-B0 20.7 / 19.7 -> 18.0 / 21.1 ms, MobileNetV3-small
