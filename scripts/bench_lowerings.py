@@ -32,7 +32,8 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``pointwise_dw``: a 1x1 Conv's dW: Einsum vs a MatMul per image summed vs channel-major + Gemm.
 - ``strided_pointwise_dx``: a stride-2 1x1 Conv's dx: ConvTranspose vs Conv + zero Pad.
 - ``depthwise_dw``: a depthwise Conv's dW: the Conv with batch and channels swapped vs one sum
-  per kernel tap, over the whole batch or a few images at a time.
+  per kernel tap, over the whole batch or a few images at a time, vs one Conv grouped by image
+  and channel, vs dy's columns spread per kernel column times x's rows (two MatMuls).
 - ``dense_dw``: a dense kxk Conv's dW by im2col and one GEMM: the window slices taken one spatial
   axis at a time vs all at once (vs, stride 1, each tap a run of whole padded rows) vs the columns
   gathered from the batch-innermost input in one Gather.
@@ -49,7 +50,10 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``grouped_dw``: a grouped 3x3 Conv's dW (group width 8): the Conv with each group's channels as
   its batch and dy as its kernel vs the gathered columns into one MatMul batched over the groups.
 - ``reaching_pads``: a stride-2 depthwise Conv's dW as one Conv grouped by image and channel: the
-  forward's end pads vs end pads that reach the kernel's last tap and no further.
+  forward's end pads vs end pads that reach the kernel's last tap and no further; vs the row
+  products of ``depthwise_dw``.
+- ``row_conv``: a depthwise Conv's forward and dx: Conv and ConvTranspose vs the same two
+  products, w's taps banded per channel.
 """
 
 from __future__ import annotations
@@ -488,9 +492,73 @@ def per_image_dw(n: int, c: int, side: int, out: int, k: int, pads: list[int], s
                     ints("s8", [c, 1, k, k]), h.make_node("Reshape", ["dws", "s8"], ["dw"])]
 
 
+def row_products(n: int, c: int, side: int, out: int, k: int, pad: int, stride: int = 1) -> list:
+    """A depthwise kxk Conv's dW as ``_depthwise_weight_grad_rows`` takes it: dy's columns spread
+    onto x's per kernel column by a 0/1 MatMul, times x's rows, summed over the images; each tap
+    the sum of one diagonal of those row pairs."""
+    shift = np.zeros((out, k, side), np.float32)
+    for j in range(k):
+        cols = np.arange(out) * stride + j - pad
+        inside = (cols >= 0) & (cols < side)
+        shift[np.arange(out)[inside], j, cols[inside]] = 1
+    tail = max(0, stride * (out - 1) + k - pad - side)
+    length = side + pad + tail
+    i, j, o = np.meshgrid(np.arange(k), np.arange(k), np.arange(out), indexing="ij")
+    nodes = [const("shift", shift.reshape(out, k * side)), h.make_node("MatMul", ["dy", "shift"], ["spread"]),
+             ints("rs", [0, c, out * k, side]), h.make_node("Reshape", ["spread", "rs"], ["rows"]),
+             h.make_node("Transpose", ["x"], ["xt"], perm=[0, 1, 3, 2]), h.make_node("MatMul", ["rows", "xt"], ["prod"]),
+             ints("ax0", [0]), h.make_node("ReduceSum", ["prod", "ax0"], ["pairs0"], keepdims=0)]
+    if pad or tail:
+        nodes += [ints("pp", [0, 0, pad, 0, 0, tail]), h.make_node("Pad", ["pairs0", "pp"], ["pairs"])]
+    return nodes + [ints("fl", [c, out * k * length]), h.make_node("Reshape", ["pairs" if pad or tail else "pairs0", "fl"], ["flat"]),
+                    ints("dg", (o * k + j) * length + o * stride + i), h.make_node("Gather", ["flat", "dg"], ["taps"], axis=1),
+                    ints("ax3", [3]), h.make_node("ReduceSum", ["taps", "ax3"], ["dws"], keepdims=0),
+                    ints("s8", [c, 1, k, k]), h.make_node("Reshape", ["dws", "s8"], ["dw"])]
+
+
+def banded_rows(c: int, side: int, out: int, k: int, stride: int, pad: int, src: str, dst: str, dx: bool) -> list:
+    """A depthwise kxk Conv (``dx``: its input gradient) as two products: ``src``'s columns times
+    w's taps laid out per channel as a banded [cols in, k*cols out] matrix (one Gather of w), then
+    the rows by a 0/1 [rows out, rows in*k] matrix, which sums each kernel row's share."""
+    a, b = (out, side) if dx else (side, out)  # columns of src, of dst
+    col = np.full((a, k, b), k * k, np.int64)  # k*k: the zero appended to w's taps
+    row = np.zeros((b, a, k), np.float32)
+    for u, i, v in itertools.product(range(a), range(k), range(b)):
+        q, wide = (u, v) if dx else (v, u)  # output column, input column
+        if 0 <= wide - stride * q + pad < k:
+            col[u, i, v] = i * k + wide - stride * q + pad
+        o, r = (u, v) if dx else (v, u)  # output row, input row
+        if r == stride * o + i - pad:
+            row[v, u, i] = 1
+    return [ints("sw", [c, k * k]), h.make_node("Reshape", ["w", "sw"], ["wf"]), const("wz0", np.zeros((c, 1))),
+            h.make_node("Concat", ["wf", "wz0"], ["wz"], axis=1), ints("cx", col), h.make_node("Gather", ["wz", "cx"], ["band"], axis=1),
+            ints("sb", [c, a, k * b]), h.make_node("Reshape", ["band", "sb"], ["bands"]),
+            h.make_node("MatMul", [src, "bands"], ["cols"]), ints("sc", [0, c, a * k, b]),
+            h.make_node("Reshape", ["cols", "sc"], ["colr"]), const("rows", row.reshape(b, a * k)),
+            h.make_node("MatMul", ["rows", "colr"], [dst])]
+
+
+def row_conv(args) -> None:
+    """A depthwise Conv's forward and dx (Conv, ConvTranspose) vs ``banded_rows``."""
+    for n, c, side, k, st in [(32, 96, 32, 3, 1), (32, 144, 32, 5, 1), (32, 32, 64, 3, 1), (32, 96, 64, 3, 2),
+                              (32, 144, 32, 5, 2), (32, 240, 16, 3, 2), (2, 96, 64, 3, 2)]:
+        p = k // 2
+        out = (side + 2 * p - k) // st + 1
+        x, w, dy = normal(n, c, side, side), normal(c, 1, k, k), normal(n, c, out, out)
+        attrs = {"pads": [p] * 4, "strides": [st, st], "group": c}
+        compare(f"N={n} {c}ch {side} {k}x{k} s{st} fwd", {
+            "Conv": [h.make_node("Conv", ["x", "w"], ["y"], **attrs)],
+            "rows": banded_rows(c, side, out, k, st, p, "x", "y", dx=False)}, {"x": x, "w": w}, ["y"], args)
+        compare(f"N={n} {c}ch {side} {k}x{k} s{st} dx", {
+            "ConvTranspose": [h.make_node("ConvTranspose", ["dy", "w"], ["dx"], output_shape=[side, side], **attrs)],
+            "rows": banded_rows(c, side, out, k, st, p, "dy", "dx", dx=True)}, {"dy": dy, "w": w}, ["dx"], args)
+
+
 def depthwise_dw(args) -> None:
     for n, c, side, k in [(32, 96, 32, 3), (32, 144, 16, 3), (2, 96, 32, 3), (32, 144, 32, 3), (32, 240, 8, 3),
-                          (32, 480, 4, 3), (32, 96, 32, 5), (32, 240, 8, 5), (32, 32, 64, 3), (32, 240, 16, 5)]:
+                          (32, 480, 4, 3), (32, 96, 32, 5), (32, 240, 8, 5), (32, 32, 64, 3), (32, 240, 16, 5),
+                          (32, 96, 56, 3), (32, 16, 112, 3), (32, 1152, 4, 3), (32, 672, 4, 5), (4, 144, 16, 3),
+                          (2, 32, 64, 3), (2, 480, 8, 3), (2, 1152, 4, 3), (2, 144, 16, 3), (2, 32, 224, 3)]:
         p = k // 2
         swapped = [h.make_node("Transpose", ["x"], ["xt0"], perm=[1, 0, 2, 3]), ints("s1", [1, c * n, side, side]),
                    h.make_node("Reshape", ["xt0", "s1"], ["xt"]), h.make_node("Transpose", ["dy"], ["dyt"], perm=[1, 0, 2, 3]),
@@ -529,7 +597,7 @@ def depthwise_dw(args) -> None:
             total = "sum" + q if total is not None else part
         chunked += as_weight(total)
         compare(f"N={n} {c}ch {side}x{side} {k}x{k}", {"taps": taps, "swapped-conv": swapped, f"taps x{chunk}": chunked,
-                                                      "per-image-conv": per_image},
+                                                      "per-image-conv": per_image, "rows": row_products(n, c, side, side, k, p)},
                 {"x": normal(n, c, side, side), "dy": normal(n, c, side, side)}, ["dw"], args)
 
 
@@ -760,8 +828,8 @@ def reaching_pads(args) -> None:
                           (32, 16, 128, 3)]:
         p, out = k // 2, side // 2
         reaching = max(0, k + 2 * (out - 1) - side - p)
-        compare(f"N={n} {c}ch {side}x{side} {k}x{k}", {f"end pad {e}": per_image_dw(n, c, side, out, k, [p, p, e, e], 2)
-                                                     for e in (p, reaching)},
+        compare(f"N={n} {c}ch {side}x{side} {k}x{k}", {**{f"end pad {e}": per_image_dw(n, c, side, out, k, [p, p, e, e], 2)
+                                                        for e in (p, reaching)}, "rows": row_products(n, c, side, out, k, p, 2)},
                 {"x": normal(n, c, side, side), "dy": normal(n, c, out, out)}, ["dw"], args)
 
 
@@ -769,7 +837,7 @@ CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "gathered_conv": gathered_conv, "dense_dw": dense_dw,
                               "large_dw": large_dw, "grouped_dw": grouped_dw, "grouped_conv": grouped_conv,
-                              "reaching_pads": reaching_pads}
+                              "reaching_pads": reaching_pads, "row_conv": row_conv}
 
 
 def main() -> None:

@@ -202,11 +202,11 @@ def _grouped_weight_grad_of_squares(x, w, group, strides, dilations, pads):
 @pytest.mark.parametrize("attrs", [{"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [2, 0, 1, 2]},
                                    {"dilations": [2, 1], "strides": [1, 3], "pads": [2, 1, 0, 1]}])
 def test_depthwise_conv_weight_gradient_per_image_and_on_a_symbolic_batch(attrs):
-    """A depthwise Conv's dW with a static batch, output of 64+ pixels (one Conv whose groups are
-    the images' channels), and with the batch known only at run time (the taps, or the Conv over
-    x with batch and channels swapped), with strides that do not divide evenly, dilations and
-    uneven pads: each equals the per-channel window-by-window sum in float64, on onnxruntime and
-    numpy."""
+    """A depthwise Conv's dW with a static batch of 2, output of 64+ pixels (one Conv whose groups
+    are the images' channels), and with the batch known only at run time (at stride 1 the row
+    products, else the Conv over x with batch and channels swapped), with strides that do not
+    divide evenly, dilations and uneven pads: each equals the per-channel window-by-window sum
+    in float64, on onnxruntime and numpy."""
     w = np.random.default_rng(0).normal(size=(3, 1, 3, 3)).astype(np.float32)
     for batch_dim in (2, "N"):
         proto = _conv_squares_weight_grad(w, [batch_dim, 3, 17, 18], {"group": 3, **attrs})
@@ -216,6 +216,27 @@ def test_depthwise_conv_weight_gradient_per_image_and_on_a_symbolic_batch(attrs)
             x = np.random.default_rng(batch).normal(size=(batch, 3, 17, 18)).astype(np.float32)
             expected = _grouped_weight_grad_of_squares(x, w, 3, attrs.get("strides", (1, 1)),
                                                        attrs.get("dilations", (1, 1)), attrs["pads"])
+            for run in (run_ort, run_numpy):
+                np.testing.assert_allclose(run(proto, {"x": x})["w_grad"], expected, rtol=1e-4, atol=1e-3,
+                                           err_msg=f"batch {batch_dim}={batch} {run.__name__}")
+
+
+@pytest.mark.parametrize(("kernel", "attrs"), [(3, {"pads": [1, 1, 1, 1]}), (5, {"pads": [2, 1, 0, 2]}),
+                                               (3, {"dilations": [2, 3], "pads": [2, 0, 1, 3]}), (3, {})])
+def test_depthwise_conv_weight_gradient_as_row_products(kernel, attrs):
+    """A stride-1 depthwise Conv's dW from a batch of 4 (or a symbolic one) on the CPU: dy's
+    columns spread per kernel column by a 0/1 MatMul, times x's rows, the images summed and the
+    taps read off the diagonals: with uneven pads, none, and dilations, on a map that is not
+    square, equal to the per-channel window-by-window sum in float64, on onnxruntime and numpy."""
+    w = np.random.default_rng(0).normal(size=(3, 1, kernel, kernel)).astype(np.float32)
+    for batch_dim, batches in ((4, (4,)), ("N", (1, 3))):
+        proto = _conv_squares_weight_grad(w, [batch_dim, 3, 11, 14], {"group": 3, **attrs})
+        ops = [n.op_type for n in proto.graph.node]
+        assert ops.count("Conv") == 1 and ops.count("MatMul") == 2, ops  # the forward; the two products
+        for batch in batches:
+            x = np.random.default_rng(batch).normal(size=(batch, 3, 11, 14)).astype(np.float32)
+            expected = _grouped_weight_grad_of_squares(x, w, 3, (1, 1), attrs.get("dilations", (1, 1)),
+                                                       attrs.get("pads", [0] * 4))
             for run in (run_ort, run_numpy):
                 np.testing.assert_allclose(run(proto, {"x": x})["w_grad"], expected, rtol=1e-4, atol=1e-3,
                                            err_msg=f"batch {batch_dim}={batch} {run.__name__}")

@@ -286,6 +286,53 @@ def _depthwise_weight_grad_per_image(g: GradBuilder, x, dy, w_shape, spatial, st
     return g.op("Reshape", summed, g.ints(list(w_shape)))
 
 
+def _depthwise_weight_grad_rows(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
+    """dW of a depthwise 2-D Conv (multiplier 1) as two matrix products, on the CPU. dy's columns
+    are spread onto x's, once per kernel column j, by one MatMul with a constant 0/1 matrix
+    [Wo, kw*W] (the tap's column shift, its padding as missing ones); each image and channel's
+    [Ho*kw, W] rows of that times its x transposed (onnxruntime reads it so: a FusedMatMul) give
+    P[(o, j), r] = sum over columns of dy row o, shifted for j, against x row r; summed over the
+    images, tap (i, j) is the sum over o of P's entries at r = o*stride + i*dilation - pad
+    (one Gather of the taps' diagonals, the rows padded so that none runs off). The products
+    compute every pair of rows, 2*kw*W multiply-adds a value of dy, but as GEMMs, where the
+    per-image Conv spends more on its im2col of each image and channel, one column a tap.
+    ``bench_lowerings.py --only depthwise_dw``, 2 threads, ms, this vs the per-image Conv, stride
+    1, N=32: 3x3, 96ch on 32x32 16.4 vs 33.6; 144ch on 32x32 25.5 vs 50.7; 32ch on 64x64 30.0 vs
+    48.0; 96ch on 56x56 120.9 vs 164.1; 240ch on 8x8 3.7 vs 6.0; 5x5, 96ch on 32x32 29.4 vs 62.6;
+    240ch on 16x16 21.5 vs 42.3; N=4, 144ch 3x3 on 16x16 2.00 vs 3.42 (the taps 2.42); N=2, 96ch
+    on 32x32 2.07 vs 2.54; under 64 output pixels, against the Conv over swapped axes that took
+    them, 1152ch on 4x4 11.8 vs 21.8, 672ch 5x5 on 4x4 9.8 vs 15.1. It loses where the
+    rows get long, the products growing with W^3 a map (16ch on 112x112: 119.6 vs 111.1, the
+    taps a few images at a time 87.9; N=2, 32ch on 224x224 118.0 vs 63.3), on the small maps of a
+    batch of 2 (1152ch on 4x4 1.68 vs 1.13), and with a stride of 2, whose products pair 2x the
+    rows and columns dy has (``--only reaching_pads``: 96ch on 64x64 75.4 vs 65.9; N=2 7.16 vs
+    4.30; 16ch on 128x128 49.6 vs 29.6; on smaller maps won in one run, lost in another):
+    ``_conv_weight_grad`` keeps the others there. Trainer steps interleaved, both orders, batch
+    32, 128 px: EfficientNet-B0 0.93x / 0.95x the step time, MobileNetV3-small 0.94x / 0.96x; 64
+    px 0.95x / 0.95x and 0.93x / 0.99x. (The same two products for the depthwise forward and dx,
+    w's taps banded per channel, lost to Conv and ConvTranspose, ``--only row_conv``: N=32, 96ch
+    3x3 on 32x32 27.2 vs 14.4 and 40.0 vs 16.4; stride 2 on 64x64 36.8 vs 16.2 and 37.7 vs 31.0;
+    5x5 ones about even.)"""
+    c, (kh, kw) = w_shape[0], w_shape[2:]
+    (h, w), (ho, wo) = spatial, out_dims(spatial, [kh, kw], strides, dilations, begin, end)
+    shift = np.zeros((wo, kw, w))
+    for j in range(kw):
+        cols = np.arange(wo) * strides[1] + j * dilations[1] - begin[1]
+        inside = (cols >= 0) & (cols < w)
+        shift[np.arange(wo)[inside], j, cols[inside]] = 1.0
+    spread = g.op("MatMul", dy, g.const(shift.reshape(wo, kw * w), x.dtype, hint="tap_shift"))  # [N, C, Ho, kw*W]
+    rows = g.op("Reshape", spread, g.ints([0, c, ho * kw, w]))
+    pairs = g.reduce("ReduceSum", g.op("MatMul", rows, g.transpose(x, [0, 1, 3, 2])), [0], keepdims=False)
+    tail = max(0, strides[0] * (ho - 1) + dilations[0] * (kh - 1) + 1 - begin[0] - h)
+    if begin[0] or tail:  # [C, Ho*kw, H] -> rows r + pad, so every tap's index is in range
+        pairs = g.op("Pad", pairs, g.ints([0, 0, begin[0], 0, 0, tail]))
+    length = h + begin[0] + tail
+    i, j, o = np.meshgrid(np.arange(kh), np.arange(kw), np.arange(ho), indexing="ij")
+    diagonals = (o * kw + j) * length + o * strides[0] + i * dilations[0]  # [kh, kw, Ho]
+    taps = g.op("Gather", g.op("Reshape", pairs, g.ints([c, ho * kw * length])), g.const(diagonals, np.int64), axis=1)
+    return g.op("Reshape", g.reduce("ReduceSum", taps, [3], keepdims=False), g.ints(list(w_shape)))
+
+
 def _windows(g: GradBuilder, t: ir.Value, kernel, spatial, strides, dilations, begin, end,
              lead: int = 2) -> list[ir.Value]:
     """What each kernel tap of a Conv reads of ``t`` (``lead`` axes, then the spatial ones;
@@ -371,8 +418,10 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     #   10.5; on 128x128 106 vs 55; N=2 on 64x64 2.1 vs 1.0; stride 1, 64x64: 64.6 vs 64.9).
     # * a Conv over x with batch and channels swapped, dy as the kernel, strides and dilations
     #   exchanged, then the result transposed: for grouped convs at batches under 4 and on
-    #   CUDA, larger kernels and past the cap. A depthwise conv with a static batch, on the
-    #   CPU, takes the same Conv over the images' channels as groups, without the Transposes,
+    #   CUDA, larger kernels and past the cap. On the CPU a stride-1 depthwise 2-D conv on maps
+    #   up to 64x64 takes two matrix products over x's and dy's rows (``_depthwise_weight_grad_rows``;
+    #   at a batch under 4 from 1024 output pixels). Another depthwise conv with a static batch
+    #   takes the same Conv over the images' channels as groups, without the Transposes,
     #   where its output has 64+ pixels (``_depthwise_weight_grad_per_image``); with a symbolic
     #   batch, 3x3 ones, stride 1, on mid-sized maps take the taps (``_depthwise_weight_grad_taps``).
     # (An im2col with a batched MatMul or an Einsum over [N, K*Ci, O] was no faster than the
@@ -392,6 +441,11 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     cg, kernel = w_shape[1], list(w_shape[2:])
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
     depthwise = group == w_shape[0] and cg == 1
+    if (depthwise and not cuda and n_sp == 2 and all(v == 1 for v in strides) and max(spatial) <= 64
+            and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+            and (typical_batch(x) >= 4 or math.prod(out) >= 1024)  # P (below) in at most 2**26 values:
+            and typical_batch(x) * w_shape[0] * kernel[1] * math.prod(spatial) <= 1 << 26):
+        return _depthwise_weight_grad_rows(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     if depthwise and not cuda and _known_batch(x) and math.prod(out) >= 64:
         return _depthwise_weight_grad_per_image(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     if depthwise and (cuda or (
