@@ -210,6 +210,11 @@ def _import(proto: onnx.ModelProto, where: str, path: Path | None) -> Model:
         model = ir.serde.deserialize_model(proto)
     except Exception as exc:  # noqa: BLE001 - onnx-ir raises SerdeError, ValueError, KeyError, ... on odd protos
         raise ModelLoadError(f"{where}: cannot import the model ({type(exc).__name__}: {str(exc)[:200]})") from None
+    for kind, values in (("input", model.graph.inputs), ("output", model.graph.outputs)):
+        for value in values:  # onnx's checker lets it pass; onnxruntime refuses the model
+            if value.dtype == ir.DataType.UNDEFINED:
+                raise ModelLoadError(f"{where}: graph {kind} {value.name!r} has an undefined element type "
+                                     "(data type 0); the file is corrupt")
     _forget_placeholder_dims(model.graph)
     return Model(model)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 from onnx import numpy_helper
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
@@ -27,6 +28,7 @@ from graphc.errors import ModelLoadError
 # The keys onnx defines (onnx/external_data_helper.py); anything else is refused.
 EXTERNAL_KEYS = frozenset({"location", "offset", "length", "checksum", "basepath"})
 _DIGITS = re.compile(r"[0-9]{1,19}")  # a non-negative integer below 10**19 (fits int64/off_t)
+_DATA_TYPES = frozenset(int(t) for t in ir.DataType)  # what onnx-ir can read and write again
 
 
 @functools.cache
@@ -62,9 +64,13 @@ def tensors(message, where: str = "model") -> Iterator[tuple[str, onnx.TensorPro
 
 
 def _label(message) -> str:
-    """``(name)`` for a message with a text ``name`` (a node, graph, tensor, function), else ``""``."""
+    """``(name)`` for a message with a text ``name`` (a node, graph, tensor, function), else
+    ``""``; a name with a line break or other unprintable character escaped, so an error that
+    quotes it stays one line."""
     name = getattr(message, "name", None)
-    return f"({name})" if type(name) is str and name else ""
+    if type(name) is not str or not name:
+        return ""
+    return f"({name if name.isprintable() else name.encode('unicode_escape').decode('ascii')})"
 
 
 @dataclass(frozen=True)
@@ -146,9 +152,13 @@ def _confined_file(where: str, tensor: onnx.TensorProto, base_dir: Path, locatio
 
 
 def check_external_data(proto: onnx.ModelProto, base_dir: Path | None) -> list[tuple[onnx.TensorProto, _Extent]]:
-    """Validate every tensor's external data (nothing is read). Returns what to read, in order."""
+    """Validate every tensor's data type and external data (nothing is read). Returns what to
+    read, in order. (onnx's checker leaves the tensors of functions' nodes unchecked; onnx-ir
+    imports an unknown data type and fails only when the model is written again.)"""
     plan = []
     for where, tensor in tensors(proto):
+        if tensor.data_type not in _DATA_TYPES:
+            raise _fail(where, tensor, f"data type {tensor.data_type} is not one ONNX defines; the file is corrupt")
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             if tensor.external_data:
                 raise _fail(where, tensor, "has external-data entries but its data_location is not EXTERNAL")
