@@ -286,6 +286,19 @@ def _depthwise_weight_grad_per_image(g: GradBuilder, x, dy, w_shape, spatial, st
     return g.op("Reshape", summed, g.ints(list(w_shape)))
 
 
+# The row products and spread dy of a few images at a time, at most this many values: whole at
+# batch 32, 128 px, EfficientNet-B0's peak RSS was 1,623 MB against 1,511 with the per-image
+# Conv; in chunks of 2**21, 2**22, 2**23 values 1,513, 1,511, 1,512 MB, and 2**23 ran at the
+# whole batch's speed (Trainer steps interleaved, both orders, 1.01x / 1.01x). A symbolic batch
+# within it takes the products whole.
+ROWS_CHUNK = 1 << 23
+
+
+def _rows_per_image(c: int, kw: int, ho: int, spatial) -> int:
+    """Values of one image's spread dy [C, Ho, kw*W] and row products [C, Ho*kw, H], alive together."""
+    return c * ho * kw * sum(spatial)
+
+
 def _depthwise_weight_grad_rows(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
     """dW of a depthwise 2-D Conv (multiplier 1) as two matrix products, on the CPU. dy's columns
     are spread onto x's, once per kernel column j, by one MatMul with a constant 0/1 matrix
@@ -308,8 +321,8 @@ def _depthwise_weight_grad_rows(g: GradBuilder, x, dy, w_shape, spatial, strides
     rows and columns dy has (``--only reaching_pads``: 96ch on 64x64 75.4 vs 65.9; N=2 7.16 vs
     4.30; 16ch on 128x128 49.6 vs 29.6; on smaller maps won in one run, lost in another):
     ``_conv_weight_grad`` keeps the others there. Trainer steps interleaved, both orders, batch
-    32, 128 px: EfficientNet-B0 0.93x / 0.95x the step time, MobileNetV3-small 0.94x / 0.96x; 64
-    px 0.95x / 0.95x and 0.93x / 0.99x. (The same two products for the depthwise forward and dx,
+    32, 128 px: EfficientNet-B0 0.93x / 0.95x the step time (in chunks of ``ROWS_CHUNK``: 0.92x /
+    0.96x), MobileNetV3-small 0.94x / 0.96x; 64 px 0.95x / 0.95x and 0.93x / 0.99x. (The same two products for the depthwise forward and dx,
     w's taps banded per channel, lost to Conv and ConvTranspose, ``--only row_conv``: N=32, 96ch
     3x3 on 32x32 27.2 vs 14.4 and 40.0 vs 16.4; stride 2 on 64x64 36.8 vs 16.2 and 37.7 vs 31.0;
     5x5 ones about even.)"""
@@ -320,9 +333,12 @@ def _depthwise_weight_grad_rows(g: GradBuilder, x, dy, w_shape, spatial, strides
         cols = np.arange(wo) * strides[1] + j * dilations[1] - begin[1]
         inside = (cols >= 0) & (cols < w)
         shift[np.arange(wo)[inside], j, cols[inside]] = 1.0
-    spread = g.op("MatMul", dy, g.const(shift.reshape(wo, kw * w), x.dtype, hint="tap_shift"))  # [N, C, Ho, kw*W]
-    rows = g.op("Reshape", spread, g.ints([0, c, ho * kw, w]))
-    pairs = g.reduce("ReduceSum", g.op("MatMul", rows, g.transpose(x, [0, 1, 3, 2])), [0], keepdims=False)
+    pairs = None
+    for xs, dys in _image_chunks(g, x, dy, _rows_per_image(c, kw, ho, spatial), ROWS_CHUNK):
+        spread = g.op("MatMul", dys, g.const(shift.reshape(wo, kw * w), x.dtype, hint="tap_shift"))  # [N, C, Ho, kw*W]
+        rows = g.op("Reshape", spread, g.ints([0, c, ho * kw, w]))
+        part = g.reduce("ReduceSum", g.op("MatMul", rows, g.transpose(xs, [0, 1, 3, 2])), [0], keepdims=False)
+        pairs = part if pairs is None else g.op("Add", pairs, part)
     tail = max(0, strides[0] * (ho - 1) + dilations[0] * (kh - 1) + 1 - begin[0] - h)
     if begin[0] or tail:  # [C, Ho*kw, H] -> rows r + pad, so every tap's index is in range
         pairs = g.op("Pad", pairs, g.ints([0, 0, begin[0], 0, 0, tail]))
@@ -443,8 +459,8 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     depthwise = group == w_shape[0] and cg == 1
     if (depthwise and not cuda and n_sp == 2 and all(v == 1 for v in strides) and max(spatial) <= 64
             and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
-            and (typical_batch(x) >= 4 or math.prod(out) >= 1024)  # P (below) in at most 2**26 values:
-            and typical_batch(x) * w_shape[0] * kernel[1] * math.prod(spatial) <= 1 << 26):
+            and (typical_batch(x) >= 4 or math.prod(out) >= 1024)  # whole, a symbolic batch within the bound:
+            and (_known_batch(x) or typical_batch(x) * _rows_per_image(w_shape[0], kernel[1], out[0], spatial) <= ROWS_CHUNK)):
         return _depthwise_weight_grad_rows(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     if depthwise and not cuda and _known_batch(x) and math.prod(out) >= 64:
         return _depthwise_weight_grad_per_image(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
