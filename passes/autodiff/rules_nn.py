@@ -322,10 +322,10 @@ def _depthwise_weight_grad_rows(g: GradBuilder, x, dy, w_shape, spatial, strides
     4.30; 16ch on 128x128 49.6 vs 29.6; on smaller maps won in one run, lost in another):
     ``_conv_weight_grad`` keeps the others there. Trainer steps interleaved, both orders, batch
     32, 128 px: EfficientNet-B0 0.93x / 0.95x the step time (in chunks of ``ROWS_CHUNK``: 0.92x /
-    0.96x), MobileNetV3-small 0.94x / 0.96x; 64 px 0.95x / 0.95x and 0.93x / 0.99x. (The same two products for the depthwise forward and dx,
-    w's taps banded per channel, lost to Conv and ConvTranspose, ``--only row_conv``: N=32, 96ch
-    3x3 on 32x32 27.2 vs 14.4 and 40.0 vs 16.4; stride 2 on 64x64 36.8 vs 16.2 and 37.7 vs 31.0;
-    5x5 ones about even.)"""
+    0.96x), MobileNetV3-small 0.94x / 0.96x; 64 px 0.95x / 0.95x and 0.93x / 0.99x. (The same
+    two products for the depthwise forward and dx, w's taps banded per channel, lost to Conv and
+    ConvTranspose, ``--only row_conv``: N=32, 96ch 3x3 on 32x32 27.2 vs 14.4 and 40.0 vs 16.4;
+    stride 2 on 64x64 36.8 vs 16.2 and 37.7 vs 31.0; 5x5 ones about even.)"""
     c, (kh, kw) = w_shape[0], w_shape[2:]
     (h, w), (ho, wo) = spatial, out_dims(spatial, [kh, kw], strides, dilations, begin, end)
     shift = np.zeros((wo, kw, w))
@@ -335,7 +335,7 @@ def _depthwise_weight_grad_rows(g: GradBuilder, x, dy, w_shape, spatial, strides
         shift[np.arange(wo)[inside], j, cols[inside]] = 1.0
     pairs = None
     for xs, dys in _image_chunks(g, x, dy, _rows_per_image(c, kw, ho, spatial), ROWS_CHUNK):
-        spread = g.op("MatMul", dys, g.const(shift.reshape(wo, kw * w), x.dtype, hint="tap_shift"))  # [N, C, Ho, kw*W]
+        spread = g.op("MatMul", dys, g.const(shift.reshape(wo, kw * w), x.dtype, hint="tap_shift"))  # [N,C,Ho,kw*W]
         rows = g.op("Reshape", spread, g.ints([0, c, ho * kw, w]))
         part = g.reduce("ReduceSum", g.op("MatMul", rows, g.transpose(xs, [0, 1, 3, 2])), [0], keepdims=False)
         pairs = part if pairs is None else g.op("Add", pairs, part)
@@ -459,8 +459,9 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     depthwise = group == w_shape[0] and cg == 1
     if (depthwise and not cuda and n_sp == 2 and all(v == 1 for v in strides) and max(spatial) <= 64
             and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
-            and (typical_batch(x) >= 4 or math.prod(out) >= 1024)  # whole, a symbolic batch within the bound:
-            and (_known_batch(x) or typical_batch(x) * _rows_per_image(w_shape[0], kernel[1], out[0], spatial) <= ROWS_CHUNK)):
+            and (typical_batch(x) >= 4 or math.prod(out) >= 1024)
+            and (_known_batch(x)  # or else whole: a symbolic batch cannot be chunked
+                 or typical_batch(x) * _rows_per_image(w_shape[0], kernel[1], out[0], spatial) <= ROWS_CHUNK)):
         return _depthwise_weight_grad_rows(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     if depthwise and not cuda and _known_batch(x) and math.prod(out) >= 64:
         return _depthwise_weight_grad_per_image(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
