@@ -54,6 +54,8 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
   products of ``depthwise_dw``.
 - ``row_conv``: a depthwise Conv's forward and dx: Conv and ConvTranspose vs the same two
   products, w's taps banded per channel.
+- ``depthwise_product``: a depthwise Conv on a small map as a per-channel dense product, its
+  forward and gradients: Einsum vs Transposes and a MatMul batched over the channels.
 """
 
 from __future__ import annotations
@@ -554,6 +556,28 @@ def row_conv(args) -> None:
             "rows": banded_rows(c, side, out, k, st, p, "dy", "dx", dx=True)}, {"dy": dy, "w": w}, ["dx"], args)
 
 
+def depthwise_product(args) -> None:
+    """A depthwise Conv on a small map as ``dense_conv`` writes it, each channel's [N, Q] pixels
+    times its dense [Q, P] matrix: onnxruntime's Einsum vs Transposes and a MatMul batched over
+    the channels, forward, dx and the dense matrix's gradient (as autodiff derives them)."""
+    for n, c, q, p in [(32, 576, 16, 16), (32, 240, 64, 64), (32, 96, 64, 16), (32, 1152, 16, 16), (2, 576, 16, 16)]:
+        x, dy, m = normal(n, c, q), normal(n, c, p), normal(c, q, p)  # m: [C, Q, P]
+        swap = [h.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]), h.make_node("Transpose", ["dy"], ["dyt"], perm=[1, 0, 2])]
+        compare(f"N={n} {c}ch Q={q} P={p} fwd", {
+            "Einsum": [h.make_node("Einsum", ["x", "m"], ["y"], equation="ncq,cqp->ncp")],
+            "MatMul": swap[:1] + [h.make_node("MatMul", ["xt", "m"], ["yt"]), h.make_node("Transpose", ["yt"], ["y"], perm=[1, 0, 2])]},
+            {"x": x, "m": m}, ["y"], args)
+        compare(f"N={n} {c}ch Q={q} P={p} dx", {
+            "Einsum": [h.make_node("Einsum", ["dy", "m"], ["dx"], equation="ncp,cqp->ncq")],
+            "MatMul": swap[1:] + [h.make_node("Transpose", ["m"], ["mt"], perm=[0, 2, 1]), h.make_node("MatMul", ["dyt", "mt"], ["dxt"]),
+                                  h.make_node("Transpose", ["dxt"], ["dx"], perm=[1, 0, 2])]},
+            {"dy": dy, "m": m}, ["dx"], args)
+        compare(f"N={n} {c}ch Q={q} P={p} dM", {
+            "Einsum": [h.make_node("Einsum", ["x", "dy"], ["dm"], equation="ncq,ncp->cqp")],
+            "MatMul": swap + [h.make_node("Transpose", ["xt"], ["xtt"], perm=[0, 2, 1]), h.make_node("MatMul", ["xtt", "dyt"], ["dm"])]},
+            {"x": x, "dy": dy}, ["dm"], args)
+
+
 def depthwise_dw(args) -> None:
     for n, c, side, k in [(32, 96, 32, 3), (32, 144, 16, 3), (2, 96, 32, 3), (32, 144, 32, 3), (32, 240, 8, 3),
                           (32, 480, 4, 3), (32, 96, 32, 5), (32, 240, 8, 5), (32, 32, 64, 3), (32, 240, 16, 5),
@@ -837,7 +861,8 @@ CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "gathered_conv": gathered_conv, "dense_dw": dense_dw,
                               "large_dw": large_dw, "grouped_dw": grouped_dw, "grouped_conv": grouped_conv,
-                              "reaching_pads": reaching_pads, "row_conv": row_conv}
+                              "reaching_pads": reaching_pads, "row_conv": row_conv,
+                              "depthwise_product": depthwise_product}
 
 
 def main() -> None:

@@ -113,16 +113,23 @@ def test_depthwise_convs_up_to_max_work_take_the_dense_product(monkeypatch):
     def forward_convs(arts):
         return [n.input[1] for n in arts.train_step.proto.graph.node if n.op_type == "Conv" and "/grad/" not in n.name]
 
-    def grads(dtype, backend):
-        arts = gc.training.generate(depthwise_chain(16, dtype), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
+    def grads(dtype, backend, device="cpu"):
+        arts = gc.training.generate(depthwise_chain(16, dtype), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1),
+                                    device=device)
         rng = np.random.default_rng(4)
         feeds = {"x": rng.normal(size=(16, 2, 8, 8)).astype(dtype), "y": rng.normal(size=(16, 2, 4, 4)).astype(dtype)}
         return arts, gc.Session(arts.gradients, backend=backend).run(feeds)
 
     dense = {backend: grads(dtype, backend) for dtype, backend in [(np.float64, "numpy"), (np.float32, "ort-cpu")]}
     assert forward_convs(dense["numpy"][0]) == ["d.weight", "b.weight"]
+    assert "Einsum" not in {n.op_type for n in dense["numpy"][0].train_step.proto.graph.node}  # MatMuls on the CPU
     cuda = gc.training.generate(depthwise_chain(16), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1), device="cuda")
     assert forward_convs(cuda) == ["d.weight", "a.weight", "b.weight", "c.weight"]  # measured on the GPU at 2x
+    monkeypatch.setattr(dense_conv, "CUDA_MAX_WORK", dense_conv.MAX_WORK)  # CUDA's products: the Einsums
+    cuda, einsums = grads(np.float64, "numpy", "cuda")
+    assert forward_convs(cuda) == ["d.weight", "b.weight"] and "Einsum" in {n.op_type for n in cuda.train_step.proto.graph.node}
+    for name, want in dense["numpy"][1].items():
+        np.testing.assert_allclose(einsums[name], want, rtol=1e-10, atol=1e-12, err_msg=f"cuda {name}")
     monkeypatch.setattr(dense_conv, "MAX_WORK", 0.0)
     for (dtype, backend, rtol) in [(np.float64, "numpy", 1e-10), (np.float32, "ort-cpu", 1e-4)]:
         convs, want = grads(dtype, backend)

@@ -48,8 +48,9 @@ at batch 2 1.00x. For dense convs channel-major lost (kernel time at batch 32: R
 they keep the pixel-major Gemm. Grouped convs on maps of up to 64 output pixels (not 16) lost
 too: RegNetY-400MF's kernel time at batch 32 289 -> 310 ms at 64 px, 910 -> 995 at 128 px.
 
-A depthwise Conv becomes one per-channel product (``Einsum("ncq,cpq->ncp")`` against its small
-dense [C, P, Q] matrix) where that does at most ``MAX_WORK`` times the multiply-adds of the
+A depthwise Conv becomes one per-channel product (each channel's [N, Q] pixels times its small
+dense [Q, P] matrix: a MatMul batched over the channels, ``_depthwise_products``; the CUDA graphs
+keep the ``Einsum("ncq,cpq->ncp")`` they were timed with) where that does at most ``MAX_WORK`` times the multiply-adds of the
 convolution itself (zero taps included in neither), at a batch of ``MIN_BATCH`` or more:
 EfficientNet-B0's 5x5 convs on 2x2 and 4x4 maps took 11-14 ms each way as Convs at batch 32.
 ``MAX_WORK`` was 2 until measured: onnxruntime's depthwise Conv runs one tiny product per image
@@ -110,7 +111,7 @@ def densify_convs(graph: ir.Graph, opset: int, device: str = "cpu") -> int:
     for node in list(graph):
         plan = _plan(node, MAX_WORK if device == "cpu" else CUDA_MAX_WORK)
         if plan is not None:
-            _rewrite(e, graph, node, *plan)
+            _rewrite(e, graph, node, *plan, einsum=device != "cpu")
             count += 1
     return count
 
@@ -210,7 +211,9 @@ def _taps(spatial, out, kernel, strides, dilations, begin) -> np.ndarray:
 
 
 def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, depthwise: bool, taps: np.ndarray | None,
-             out: list[int]) -> None:
+             out: list[int], einsum: bool) -> None:
+    """The Conv ``node`` as its products; a depthwise one by Einsums where ``einsum`` (the CUDA
+    graphs, timed on the GPU that way), else by MatMuls (``_depthwise_products``)."""
     x, w = node.inputs[0], node.inputs[1]
     b = node.inputs[2] if len(node.inputs) > 2 else None
     e.source = node.metadata_props.get("graphc.source")
@@ -218,12 +221,34 @@ def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, depthwise: bool, taps: 
         y = _im2col_gemm(e, x, w, b, taps, out)
     else:  # per channel [N, Q] x [P, Q]^T
         co, (p, q, k) = static_shape(w)[0], taps.shape
-        weff = e.op("Einsum", e.op("Reshape", w, e.ints([co, k])), e.const(taps, x.dtype), equation="ck,pqk->cpq")
-        y = e.op("Einsum", e.op("Reshape", x, e.ints([-1, co, q])), weff, equation="ncq,cpq->ncp")
+        if einsum:
+            weff = e.op("Einsum", e.op("Reshape", w, e.ints([co, k])), e.const(taps, x.dtype), equation="ck,pqk->cpq")
+            y = e.op("Einsum", e.op("Reshape", x, e.ints([-1, co, q])), weff, equation="ncq,cpq->ncp")
+        else:
+            y = _depthwise_products(e, x, w, taps)
         if b is not None:
             y = e.op("Add", y, e.unsqueeze(b, [1]))
         y = e.op("Reshape", y, e.ints([-1, co, *out]))
     _replace(e, graph, node, y)
+
+
+def _depthwise_products(e: Emitter, x: ir.Value, w: ir.Value, taps: np.ndarray) -> ir.Value:
+    """[N, C, P]: each channel's [N, Q] pixels times its dense [Q, P] matrix (``w`` by the taps,
+    one MatMul), the channels as the MatMul's batch, x's and the output's leading axes swapped by
+    Transposes. onnxruntime (CPU, 2 threads) ran its Einsum ``ncq,cpq->ncp``, whose transposes
+    are its own, and the gradients' Einsums 1.2-8x slower than these MatMuls and the ones
+    autodiff makes of them (``bench_lowerings.py --only depthwise_product``, ms, Einsum vs
+    MatMul, N=32: 576ch on 4x4 (Q = P = 16) forward 1.33 vs 0.64, dx 1.37 vs 0.87, the dense
+    matrix's gradient 2.56 vs 0.38; 1152ch on 4x4 3.10 vs 1.53, 3.17 vs 0.98, 5.95 vs 0.75; 240ch
+    on 8x8 3.67 vs 1.16, 5.53 vs 2.09, 6.33 vs 1.22; N=2, 576ch 0.15 vs 0.13, 0.19 vs 0.13, 0.21
+    vs 0.11). Trainer steps interleaved, both orders, batch 32: MobileNetV3-small at 128 px
+    0.79x / 0.82x the step time, EfficientNet-B0 0.87x / 0.94x; at 64 px 0.96x / 0.89x and 0.85x
+    / 0.85x; peak RSS 510 -> 498 MB and 1,512 -> 1,497 MB at 128 px."""
+    co, (p, q, k) = static_shape(w)[0], taps.shape
+    dense = e.const(np.ascontiguousarray(taps.transpose(2, 1, 0).reshape(k, q * p)), x.dtype)  # [K, Q*P]
+    weff = e.op("Reshape", e.op("MatMul", e.op("Reshape", w, e.ints([co, k])), dense), e.ints([co, q, p]))
+    xt = e.op("Transpose", e.op("Reshape", x, e.ints([-1, co, q])), perm=[1, 0, 2])  # [C, N, Q]
+    return e.op("Transpose", e.op("MatMul", xt, weff), perm=[1, 0, 2])
 
 
 def _im2col_gemm(e: Emitter, x: ir.Value, w: ir.Value, b: ir.Value | None, taps: np.ndarray | None,
