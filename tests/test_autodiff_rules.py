@@ -154,7 +154,7 @@ def _conv_weight_grad_of_squares(x, w, strides=(1, 1), dilations=(1, 1), pads=(0
     return np.einsum("nmhw,ncijhw->mcij", 2 * y, win)
 
 
-def _conv_squares_weight_grad(w: np.ndarray, x_dims: list, attrs: dict) -> onnx.ModelProto:
+def _conv_squares_weight_grad(w: np.ndarray, x_dims: list, attrs: dict, opset: int = 17) -> onnx.ModelProto:
     """The gradient model of sum(conv(x, w, **attrs)**2) with respect to w (output ``w_grad``),
     x float32 of ``x_dims`` (symbolic dims by name): the conv-lowering tests' model."""
     import onnx.helper as oh
@@ -164,7 +164,7 @@ def _conv_squares_weight_grad(w: np.ndarray, x_dims: list, attrs: dict) -> onnx.
     graph = oh.make_graph([conv, *loss], "conv", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x_dims)],
                           [oh.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
                           [onnx.numpy_helper.from_array(w, "w")])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
     return graphc.Model(gradient_model(ir.serde.deserialize_model(model), "loss", ["w"])).proto
 
 
@@ -227,18 +227,20 @@ def test_depthwise_conv_weight_gradient_as_row_products(monkeypatch, kernel, att
     """A stride-1 depthwise Conv's dW from a batch of 4 (or a symbolic one) on the CPU: dy's
     columns spread per kernel column by a 0/1 MatMul, times x's rows, the images summed and the
     taps read off the diagonals; past ``ROWS_CHUNK`` values a few images at a time (a batch of 5
-    in chunks of 2, 2 and 1), a symbolic batch then another lowering: with uneven pads, none,
-    and dilations, on a map that is not square, equal to the per-channel window-by-window sum in
-    float64, on onnxruntime and numpy."""
+    in chunks of 2, 2 and 1), a symbolic batch then another lowering, as below opset 11 (whose
+    Pad takes its pads as an attribute): with uneven pads, none, and dilations, on a map that is
+    not square, equal to the per-channel window-by-window sum in float64, on onnxruntime and
+    numpy."""
     from graphc.passes.autodiff import rules_nn
 
     w = np.random.default_rng(0).normal(size=(3, 1, kernel, kernel)).astype(np.float32)
     out = (11 + sum(attrs.get("pads", [0] * 4)[::2]) - attrs.get("dilations", (1, 1))[0] * (kernel - 1))
     two_images = 2 * rules_nn._rows_per_image(3, kernel, out, (11, 14))
-    for batch_dim, batches, bound, products in ((4, (4,), 1 << 23, 2), ("N", (1, 3), 1 << 23, 2),
-                                                 (5, (5,), two_images, 6), ("N", (3,), two_images, 0)):
+    for batch_dim, batches, bound, products, opset in ((4, (4,), 1 << 23, 2, 17), ("N", (1, 3), 1 << 23, 2, 17),
+                                                        (5, (5,), two_images, 6, 17), ("N", (3,), two_images, 0, 17),
+                                                        (4, (4,), 1 << 23, 0, 10)):  # Pad-2: no row products
         monkeypatch.setattr(rules_nn, "ROWS_CHUNK", bound)
-        proto = _conv_squares_weight_grad(w, [batch_dim, 3, 11, 14], {"group": 3, **attrs})
+        proto = _conv_squares_weight_grad(w, [batch_dim, 3, 11, 14], {"group": 3, **attrs}, opset)
         ops = [n.op_type for n in proto.graph.node]
         assert ops.count("MatMul") == products, ops  # two a chunk of images
         for batch in batches:

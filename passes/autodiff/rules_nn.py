@@ -457,8 +457,8 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     cg, kernel = w_shape[1], list(w_shape[2:])
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
     depthwise = group == w_shape[0] and cg == 1
-    if (depthwise and not cuda and n_sp == 2 and all(v == 1 for v in strides) and max(spatial) <= 64
-            and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+    floats = g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)  # (Pad's pads an input)
+    if (depthwise and floats and not cuda and n_sp == 2 and all(v == 1 for v in strides) and max(spatial) <= 64
             and (typical_batch(x) >= 4 or math.prod(out) >= 1024)
             and (_known_batch(x)  # or else whole: a symbolic batch cannot be chunked
                  or typical_batch(x) * _rows_per_image(w_shape[0], kernel[1], out[0], spatial) <= ROWS_CHUNK)):
@@ -470,7 +470,6 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
             and typical_batch(x) * w_shape[0] * math.prod(spatial) <= 1 << 21)):
         return _depthwise_weight_grad_taps(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     per_image = cg * group * math.prod(kernel) * math.prod(out)  # columns
-    floats = g.opset >= 11 and x.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
     dense = group == 1 and floats
     gathers = per_image * typical_batch(x) <= GATHER_COLS or (_known_batch(x) and per_image <= GATHER_CHUNK)
     if (floats and not cuda and math.prod(kernel) <= 9 and gathers
