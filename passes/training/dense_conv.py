@@ -50,8 +50,9 @@ too: RegNetY-400MF's kernel time at batch 32 289 -> 310 ms at 64 px, 910 -> 995 
 
 A depthwise Conv becomes one per-channel product (each channel's [N, Q] pixels times its small
 dense [Q, P] matrix: a MatMul batched over the channels, ``_depthwise_products``; the CUDA graphs
-keep the ``Einsum("ncq,cpq->ncp")`` they were timed with) where that does at most ``MAX_WORK`` times the multiply-adds of the
-convolution itself (zero taps included in neither), at a batch of ``MIN_BATCH`` or more:
+keep the ``Einsum("ncq,cpq->ncp")`` they were timed with) where that does at most ``MAX_WORK``
+times the multiply-adds of the convolution itself (zero taps included in neither), at a batch of
+``MIN_BATCH`` or more:
 EfficientNet-B0's 5x5 convs on 2x2 and 4x4 maps took 11-14 ms each way as Convs at batch 32.
 ``MAX_WORK`` was 2 until measured: onnxruntime's depthwise Conv runs one tiny product per image
 and channel, so a product doing 2.6x or 3.5x the multiply-adds still wins (N=32, forward, dx and
@@ -219,17 +220,20 @@ def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, depthwise: bool, taps: 
     e.source = node.metadata_props.get("graphc.source")
     if not depthwise:
         y = _im2col_gemm(e, x, w, b, taps, out)
-    else:  # per channel [N, Q] x [P, Q]^T
-        co, (p, q, k) = static_shape(w)[0], taps.shape
-        if einsum:
-            weff = e.op("Einsum", e.op("Reshape", w, e.ints([co, k])), e.const(taps, x.dtype), equation="ck,pqk->cpq")
-            y = e.op("Einsum", e.op("Reshape", x, e.ints([-1, co, q])), weff, equation="ncq,cpq->ncp")
-        else:
-            y = _depthwise_products(e, x, w, taps)
+    else:
+        co = static_shape(w)[0]
+        y = (_depthwise_einsums if einsum else _depthwise_products)(e, x, w, taps)  # [N, C, P]
         if b is not None:
             y = e.op("Add", y, e.unsqueeze(b, [1]))
         y = e.op("Reshape", y, e.ints([-1, co, *out]))
     _replace(e, graph, node, y)
+
+
+def _depthwise_einsums(e: Emitter, x: ir.Value, w: ir.Value, taps: np.ndarray) -> ir.Value:
+    """[N, C, P]: ``_depthwise_products`` as the CUDA graphs take them, two Einsums."""
+    co, (_, q, k) = static_shape(w)[0], taps.shape
+    weff = e.op("Einsum", e.op("Reshape", w, e.ints([co, k])), e.const(taps, x.dtype), equation="ck,pqk->cpq")
+    return e.op("Einsum", e.op("Reshape", x, e.ints([-1, co, q])), weff, equation="ncq,cpq->ncp")
 
 
 def _depthwise_products(e: Emitter, x: ir.Value, w: ir.Value, taps: np.ndarray) -> ir.Value:
