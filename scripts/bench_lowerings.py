@@ -430,6 +430,48 @@ def relu(args) -> None:
         compare(str(shape), variants, {"x": normal(*shape), "dy": normal(*shape)}, ["y", "dx"], args)
 
 
+def max_pool(args) -> None:
+    # ResNet's stem pool, 3x3 stride 2 pads 1: the rule's Indices output and ScatterElements
+    # against a forward MaxPool without Indices (onnxruntime's fast kernel) whose backward finds
+    # each window's first maximum itself: per tap, the strided window values (``windows``) equal
+    # to the window's max take what is left of dy (Where, then Sub), and the nine parts, shifted
+    # by Pads, summed per row and column parity and interleaved (Concat, Reshape), are cropped
+    # back to x's size. Padding is NaN: equal to nothing.
+    pool = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    for n, c, side in [(32, 64, 32), (32, 64, 64), (2, 64, 32)]:
+        out, half = side // 2, side // 2 + 1
+        indices = [h.make_node("MaxPool", ["x"], ["y", "i"], **pool), ints("flat", [n * c * side * side]),
+                   h.make_node("ConstantOfShape", ["flat"], ["z"], value=onnx.numpy_helper.from_array(np.zeros(1, np.float32))),
+                   ints("m1", [-1]), h.make_node("Reshape", ["i", "m1"], ["fi"]), h.make_node("Reshape", ["dy", "m1"], ["fd"]),
+                   h.make_node("ScatterElements", ["z", "fi", "fd"], ["s"], axis=0, reduction="add"),
+                   h.make_node("Shape", ["x"], ["xs"]), h.make_node("Reshape", ["s", "xs"], ["dx"])]
+        taps, names = windows("xp", "x", 3, out, stride=2)
+        offsets = [h.make_node("MaxPool", ["x"], ["y"], **pool), ints("pp", [0, 0, 1, 1, 0, 0, 1, 1]),
+                   const("nan", np.nan), const("zero", 0.0), h.make_node("Pad", ["x", "pp", "nan"], ["xp"]),
+                   ints("hw", [2, 3]), ints("st2", [2, 2])] + taps
+        left, parts = "dy", {}
+        for k, (name, (a, b)) in enumerate(zip(names, itertools.product(range(3), range(3)))):
+            offsets += [h.make_node("Equal", [name, "y"], [f"e{k}"]), h.make_node("Where", [f"e{k}", left, "zero"], [f"c{k}"])]
+            if k < 8:
+                offsets.append(h.make_node("Sub", [left, f"c{k}"], [f"left{k}"]))
+                left = f"left{k}"
+            offsets += [ints(f"sh{k}", [0, 0, a // 2, b // 2, 0, 0, 1 - a // 2, 1 - b // 2]),
+                        h.make_node("Pad", [f"c{k}", f"sh{k}"], [f"p{k}"])]
+            parts.setdefault((a % 2, b % 2), []).append(f"p{k}")
+        offsets += [h.make_node("Sum", parts[key], [f"plane{key[0]}{key[1]}"]) for key in parts]
+        offsets += [ints("last", [-1]), ints("row", [n, c, half, 1, 2 * half]), ints("full", [n, c, 2 * half, 2 * half]),
+                    ints("crop0", [1, 1]), ints("crop1", [side + 1, side + 1])]
+        for pa in range(2):
+            offsets += [h.make_node("Unsqueeze", [f"plane{pa}{pb}", "last"], [f"u{pa}{pb}"]) for pb in range(2)]
+            offsets += [h.make_node("Concat", [f"u{pa}0", f"u{pa}1"], [f"r{pa}"], axis=-1),
+                        h.make_node("Reshape", [f"r{pa}", "row"], [f"rows{pa}"])]
+        offsets += [h.make_node("Concat", ["rows0", "rows1"], ["grid"], axis=3), h.make_node("Reshape", ["grid", "full"], ["whole"]),
+                    h.make_node("Slice", ["whole", "crop0", "crop1", "hw"], ["dx"])]
+        x = np.maximum(normal(n, c, side, side), 0)  # after a ReLU: windows of zeros, ties
+        compare(f"N={n} {c}ch {side}x{side}", {"indices": indices, "offsets": offsets},
+                {"x": x, "dy": normal(n, c, out, out)}, ["y", "dx"], args)
+
+
 def pointwise_dx(args) -> None:
     for n, ci, co, side in [(32, 512, 2048, 2), (32, 96, 576, 2), (2, 512, 2048, 2), (2, 256, 1024, 4),
                             (32, 256, 1024, 4), (2, 128, 512, 8), (32, 64, 256, 16)]:
@@ -857,7 +899,7 @@ def reaching_pads(args) -> None:
                 {"x": normal(n, c, side, side), "dy": normal(n, c, out, out)}, ["dw"], args)
 
 
-CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
+CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "max_pool": max_pool, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "gathered_conv": gathered_conv, "dense_dw": dense_dw,
                               "large_dw": large_dw, "grouped_dw": grouped_dw, "grouped_conv": grouped_conv,
