@@ -430,6 +430,32 @@ def relu(args) -> None:
         compare(str(shape), variants, {"x": normal(*shape), "dy": normal(*shape)}, ["y", "dx"], args)
 
 
+def bn_affine(args) -> None:
+    # a training BatchNorm's per-channel affine of its centred input c (``rules_norm.normalize``),
+    # inference BatchNormalization vs a 1x1 Conv of one channel a group, as the forward's
+    # normalisation alone, before a Relu, before a residual Add and a Relu, and as the backward's
+    # xhat term added to dy * k (onnxruntime fuses the Relu and the Adds into the Conv)
+    for n, c, side in [(32, 64, 32), (32, 96, 32), (32, 32, 64), (32, 128, 16), (32, 144, 16), (32, 256, 8),
+                       (32, 440, 4), (2, 96, 32), (2, 256, 8)]:
+        affine = {"bn": [const("zeros", np.zeros(c)), const("var", np.ones(c)),
+                         h.make_node("BatchNormalization", ["c", "a", "b", "zeros", "var"], ["z"])],
+                  "conv": [const("eps", 1e-5), const("one", 1.0), h.make_node("Add", ["one", "eps"], ["ve"]),
+                           h.make_node("Sqrt", ["ve"], ["sd"]), h.make_node("Div", ["a", "sd"], ["wa"]),
+                           ints("ws", [c, 1, 1, 1]), h.make_node("Reshape", ["wa", "ws"], ["w"]),
+                           h.make_node("Conv", ["c", "w", "b"], ["z"], group=c)]}
+        feeds = {"c": normal(n, c, side, side), "a": normal(c), "b": normal(c)}
+        relu = [h.make_node("Relu", ["z"], ["y"])]
+        added = [h.make_node("Add", ["z", "r"], ["s"]), h.make_node("Relu", ["s"], ["y"])]
+        dy = [ints("cs", [c, 1, 1]), h.make_node("Reshape", ["a", "cs"], ["k"]), h.make_node("Mul", ["r", "k"], ["q"]),
+              h.make_node("Add", ["q", "z"], ["y"])]
+        compare(f"N={n} {c}ch {side}x{side}", {k: v + [h.make_node("Identity", ["z"], ["y"])] for k, v in affine.items()},
+                feeds, ["y"], args)
+        compare("  + Relu", {k: v + relu for k, v in affine.items()}, feeds, ["y"], args)
+        compare("  + Add, Relu", {k: v + added for k, v in affine.items()}, {**feeds, "r": normal(n, c, side, side)},
+                ["y"], args)
+        compare("  + dy * k", {k: v + dy for k, v in affine.items()}, {**feeds, "r": normal(n, c, side, side)}, ["y"], args)
+
+
 def max_pool(args) -> None:
     # ResNet's stem pool, 3x3 stride 2 pads 1: the rule's Indices output and ScatterElements
     # against a forward MaxPool without Indices (onnxruntime's fast kernel) whose backward finds
@@ -899,7 +925,7 @@ def reaching_pads(args) -> None:
                 {"x": normal(n, c, side, side), "dy": normal(n, c, out, out)}, ["dw"], args)
 
 
-CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "max_pool": max_pool, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
+CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "bn_affine": bn_affine, "max_pool": max_pool, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "gathered_conv": gathered_conv, "dense_dw": dense_dw,
                               "large_dw": large_dw, "grouped_dw": grouped_dw, "grouped_conv": grouped_conv,

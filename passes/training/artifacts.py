@@ -205,7 +205,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     before = set(step.graph)
     if device == "cpu":
         dense_conv.gather_convs(step.graph, convs, opset)
-    bn_next = modes.lower_batchnorm(Emitter(step.graph, opset, "bn"), step.graph)
+    bn_next = modes.lower_batchnorm(Emitter(step.graph, opset, "bn"), step.graph, device)
     forward |= {node.name for node in step.graph if node not in before}
     step.graph.sort()
     if recompute:

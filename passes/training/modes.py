@@ -13,8 +13,10 @@
 * ``lower_batchnorm``, after autodiff: each training-mode BatchNormalization is written out in
   the batch statistics in primitive ops (ReduceMean/Sub/Mul) and an inference-mode
   BatchNormalization on them, which every backend runs (onnxruntime's inference build has no
-  training-mode BatchNormalization). Batch statistics normalise the input (biased
-  variance, as PyTorch); the running statistics are updated as PyTorch does:
+  training-mode BatchNormalization); in CPU graphs, over large maps, a 1x1 Conv of one channel
+  a group instead, into which onnxruntime fuses a Relu after it (``rules_norm.normalize``).
+  Batch statistics normalise the input (biased variance, as PyTorch); the running statistics
+  are updated as PyTorch does:
   ``running = m*running + (1-m)*batch`` with ONNX's momentum ``m`` (PyTorch's 1 - momentum) and
   the *unbiased* batch variance for ``running_var``. It returns ``{stat name: updated value}``
   for the step to output.
@@ -25,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from graphc.passes.autodiff.rules_norm import batch_statistics
+from graphc.passes.autodiff.rules_norm import affine_as_conv, batch_statistics, normalize
 from graphc.passes.emit import Emitter
 from graphc.passes.values import replace_value, static_shape
 
@@ -76,9 +78,10 @@ def set_training_mode(b: Emitter, graph: ir.Graph, noise: list[str] | None = Non
             node.attributes["training_mode"] = ir.AttrInt64("training_mode", 1)
 
 
-def lower_batchnorm(b: Emitter, graph: ir.Graph) -> dict[str, ir.Value]:
+def lower_batchnorm(b: Emitter, graph: ir.Graph, device: str = "cpu") -> dict[str, ir.Value]:
     """Training-mode BatchNormalization written out in primitive ops, in place (see the module
-    docstring); returns the BN statistics' updated values.
+    docstring); returns the BN statistics' updated values. ``device``: the graphs' ("cpu" or
+    "cuda"), which picks how the normalisation is written (``rules_norm.affine_as_conv``).
 
     Done after autodiff, so the backward is the closed-form rule rather than what autodiff
     derives from these ops: the rule's batch mean, variance and normalised input are the same
@@ -90,7 +93,7 @@ def lower_batchnorm(b: Emitter, graph: ir.Graph) -> dict[str, ir.Value]:
     for node in list(graph):
         if (node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
                 and node.attributes.get_int("training_mode", 0)):
-            updated.update(_batchnorm_training(b, graph, node))
+            updated.update(_batchnorm_training(b, graph, node, device))
     return updated
 
 
@@ -145,7 +148,7 @@ def _const_float(value: ir.Value) -> float | None:
     return None if tensor is None else float(np.asarray(tensor.numpy()).reshape(-1)[0])
 
 
-def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str, ir.Value]:
+def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node, device: str) -> dict[str, ir.Value]:
     x, scale, bias, mean_in, var_in = node.inputs[:5]
     if x.shape is None:
         raise ValueError(f"BatchNormalization {node.name!r}: rank of input {x.name!r} is unknown")
@@ -156,8 +159,9 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str,
 
     # Decomposed for onnxruntime, whose CPU provider has no training-mode kernel: the batch
     # statistics as the gradient rule writes them (onnxruntime merges the two), then the
-    # inference-mode BatchNormalization of the centred input, which normalises and applies scale
-    # and bias in one pass (see the rule's docstring for the times). Tried before on Conv+BN+ReLU train
+    # inference-mode BatchNormalization of the centred input (or its Conv twin,
+    # ``rules_norm.normalize``), which normalises and applies scale and bias in one pass (see
+    # the rule's docstring for the times). Tried before on Conv+BN+ReLU train
     # steps (CPU, 2 threads, interleaved): var as ReduceSumSquare/count and the scale folded into
     # inv_std moved steps by -5 to +10 % across [2,64,32,32], [32,64,32,32], [32,256,8,8]. On
     # CUDA (H100, batch 32 at 128 px), the per-channel means and sums as a GEMV against ones
@@ -167,7 +171,8 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str,
     # and column kernels (``reductions.split_reductions``: graphed ResNet-50 41.2 -> 28.8 ms).
     mean, centred, var, zeros = batch_statistics(b, x, axes)
     batch_mean, biased_var = b.squeeze(mean, axes), b.squeeze(var, axes)
-    y = b.op("BatchNormalization", centred, scale, bias, zeros, biased_var, epsilon=eps)
+    y = normalize(b, centred, scale, bias, zeros, biased_var, eps,
+                  affine_as_conv(x, (scale, bias), fused=_relu_follows(node.outputs[0]), device=device))
 
     # Running statistics (off the loss path, so autodiff never visits them).
     count = _values_per_channel(b, graph, x)
@@ -183,6 +188,22 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str,
             replace_value(old, new)
     graph.remove(node, safe=True)
     return {v.name: new for v, new in ((mean_in, new_mean), (var_in, new_var)) if v.is_initializer()}
+
+
+def _relu_follows(value: ir.Value) -> bool:
+    """Is ``value`` read by a Relu alone, or by an Add alone whose sum a Relu alone reads (a
+    residual block's close)? onnxruntime fuses either into a Conv that makes ``value``."""
+    for _ in range(2):
+        uses = list(value.uses())
+        if len(uses) != 1 or value.is_graph_output():
+            return False
+        node = uses[0].node
+        if node.op_type == "Relu" and node.domain in ("", "ai.onnx"):
+            return True
+        if node.op_type != "Add" or node.domain not in ("", "ai.onnx"):
+            return False
+        value = node.outputs[0]
+    return False
 
 
 def _values_per_channel(b: Emitter, graph: ir.Graph, x: ir.Value) -> ir.Value:
