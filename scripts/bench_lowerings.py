@@ -433,8 +433,8 @@ def relu(args) -> None:
 def bn_affine(args) -> None:
     # a training BatchNorm's per-channel affine of its centred input c (``rules_norm.normalize``),
     # inference BatchNormalization vs a 1x1 Conv of one channel a group, as the forward's
-    # normalisation alone, before a Relu, before a residual Add and a Relu, and as the backward's
-    # xhat term added to dy * k (onnxruntime fuses the Relu and the Adds into the Conv)
+    # normalisation alone, before a Relu, before a residual Add (and a Relu), and as the
+    # backward's xhat term added to dy * k (onnxruntime fuses the Relu and the Adds into the Conv)
     for n, c, side in [(32, 64, 32), (32, 96, 32), (32, 32, 64), (32, 128, 16), (32, 144, 16), (32, 256, 8),
                        (32, 440, 4), (2, 96, 32), (2, 256, 8)]:
         affine = {"bn": [const("zeros", np.zeros(c)), const("var", np.ones(c)),
@@ -445,13 +445,15 @@ def bn_affine(args) -> None:
                            h.make_node("Conv", ["c", "w", "b"], ["z"], group=c)]}
         feeds = {"c": normal(n, c, side, side), "a": normal(c), "b": normal(c)}
         relu = [h.make_node("Relu", ["z"], ["y"])]
-        added = [h.make_node("Add", ["z", "r"], ["s"]), h.make_node("Relu", ["s"], ["y"])]
+        added = [h.make_node("Add", ["z", "r"], ["y"])]
+        rectified = [h.make_node("Add", ["z", "r"], ["s"]), h.make_node("Relu", ["s"], ["y"])]
         dy = [ints("cs", [c, 1, 1]), h.make_node("Reshape", ["a", "cs"], ["k"]), h.make_node("Mul", ["r", "k"], ["q"]),
               h.make_node("Add", ["q", "z"], ["y"])]
         compare(f"N={n} {c}ch {side}x{side}", {k: v + [h.make_node("Identity", ["z"], ["y"])] for k, v in affine.items()},
                 feeds, ["y"], args)
         compare("  + Relu", {k: v + relu for k, v in affine.items()}, feeds, ["y"], args)
-        compare("  + Add, Relu", {k: v + added for k, v in affine.items()}, {**feeds, "r": normal(n, c, side, side)},
+        compare("  + Add", {k: v + added for k, v in affine.items()}, {**feeds, "r": normal(n, c, side, side)}, ["y"], args)
+        compare("  + Add, Relu", {k: v + rectified for k, v in affine.items()}, {**feeds, "r": normal(n, c, side, side)},
                 ["y"], args)
         compare("  + dy * k", {k: v + dy for k, v in affine.items()}, {**feeds, "r": normal(n, c, side, side)}, ["y"], args)
 

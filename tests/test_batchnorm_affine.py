@@ -1,7 +1,7 @@
 """A training BatchNorm's per-channel affine over a large map as a 1x1 Conv of one channel a group
-in CPU graphs (``rules_norm.normalize``): the forward's normalisation where a Relu follows (alone
-or after a residual Add) from 16x16 and without one from 32x32; the backward's xhat term from
-16x16. CUDA graphs and smaller maps keep the inference-mode BatchNormalization.
+in CPU graphs (``rules_norm.normalize``): the forward's normalisation where a Relu or a residual
+Add follows from 16x16, and from 32x32 whatever follows; the backward's xhat term from 16x16.
+CUDA graphs and smaller maps keep the inference-mode BatchNormalization.
 
 Oracle: the same model in float64 (which keeps BatchNormalization everywhere: the Conv form is
 for float32), its gradients on the numpy backend; the float32 BatchNormalization form of the
@@ -18,18 +18,20 @@ import pytest
 import graphc as gc
 
 C = 8
-CONVS = {"c1": (C, 3, 3, 3), "c2": (C, C, 3, 3), "c3": (C, C, 3, 3), "c4": (C, 3, 1, 1), "c5": (C, C, 3, 3)}
+CONVS = {"c1": (C, 3, 3, 3), "c2": (C, C, 3, 3), "c3": (C, C, 3, 3), "c4": (C, 3, 1, 1), "c5": (C, C, 3, 3),
+         "c6": (C, C, 3, 3), "c7": (C, C, 1, 1)}
 
 
 def model(dtype=np.float32) -> gc.Model:
-    """x [4, 3, 32, 32] -> stride-2 conv -> bn1 -> Relu (r1, 16x16) -> conv -> bn2 -> + r1 -> Relu
-    (r2); r2 -> conv -> bn3 -> Sigmoid (g3: 16x16, no Relu); x -> 1x1 conv -> bn4 (32x32, no Relu);
-    g3 -> stride-2 conv -> bn5 -> Relu (8x8); g3, bn4 and bn5's Relu globally pooled and summed:
-    out [4, 8, 1, 1]."""
+    """x [4, 3, 32, 32] -> stride-2 conv -> bn1 -> Relu (r1, 16x16) -> conv -> bn2 -> + bn7 (r1's
+    1x1 conv and BatchNorm) -> Relu (r2); r2 -> conv -> bn3 -> + r2 -> Sigmoid (g3, no Relu);
+    x -> 1x1 conv -> bn4 (32x32, alone); g3 -> stride-2 conv -> bn5 -> Relu (8x8); r2 -> conv ->
+    bn6 -> + a [1, 8, 1, 1] constant -> Sigmoid (16x16: no Add onnxruntime fuses); the four
+    branches globally pooled and summed: out [4, 8, 1, 1]."""
     rng = np.random.default_rng(0)
     inits = [nh.from_array(rng.normal(scale=0.3, size=s).astype(dtype), f"{n}.weight") for n, s in CONVS.items()]
     nodes = []
-    for i in range(1, 6):
+    for i in range(1, 8):
         inits += [nh.from_array(rng.uniform(0.5, 1.5, C).astype(dtype), f"bn{i}.scale"),
                   nh.from_array(rng.normal(size=C).astype(dtype), f"bn{i}.bias"),
                   nh.from_array(np.zeros(C, dtype), f"bn{i}.mean"), nh.from_array(np.ones(C, dtype), f"bn{i}.var")]
@@ -42,12 +44,14 @@ def model(dtype=np.float32) -> gc.Model:
         return f"bn{i}"
 
     nodes.append(oh.make_node("Relu", [conv_bn(1, "x", stride=2)], ["r1"]))
-    nodes += [oh.make_node("Add", [conv_bn(2, "r1"), "r1"], ["s2"]), oh.make_node("Relu", ["s2"], ["r2"])]
-    nodes.append(oh.make_node("Sigmoid", [conv_bn(3, "r2")], ["g3"]))
+    nodes += [oh.make_node("Add", [conv_bn(2, "r1"), conv_bn(7, "r1", k=1)], ["s2"]), oh.make_node("Relu", ["s2"], ["r2"])]
+    nodes += [oh.make_node("Add", [conv_bn(3, "r2"), "r2"], ["s3"]), oh.make_node("Sigmoid", ["s3"], ["g3"])]
     conv_bn(4, "x", k=1)
     nodes.append(oh.make_node("Relu", [conv_bn(5, "g3", stride=2)], ["r5"]))
-    nodes += [oh.make_node("GlobalAveragePool", [v], [f"p{v}"]) for v in ("g3", "bn4", "r5")]
-    nodes.append(oh.make_node("Sum", ["pg3", "pbn4", "pr5"], ["out"]))
+    inits.append(nh.from_array(rng.normal(size=(1, C, 1, 1)).astype(dtype), "shift6"))
+    nodes += [oh.make_node("Add", [conv_bn(6, "r2"), "shift6"], ["s6"]), oh.make_node("Sigmoid", ["s6"], ["g6"])]
+    nodes += [oh.make_node("GlobalAveragePool", [v], [f"p{v}"]) for v in ("g3", "bn4", "r5", "g6")]
+    nodes.append(oh.make_node("Sum", ["pg3", "pbn4", "pr5", "pg6"], ["out"]))
     elem = oh.np_dtype_to_tensor_dtype(np.dtype(dtype))
     graph = oh.make_graph(nodes, "bns", [oh.make_tensor_value_info("x", elem, [4, 3, 32, 32])],
                           [oh.make_tensor_value_info("out", elem, [4, C, 1, 1])], inits)
@@ -76,11 +80,11 @@ def affines(proto: onnx.ModelProto) -> tuple[list[str], int]:
 def test_large_maps_normalise_with_a_grouped_conv_on_the_cpu_only():
     cpu, cuda = artifacts("cpu"), artifacts("cuda")
     convs, bns = affines(cpu.gradients.proto)
-    # forward: bn1 (a Relu after it), bn2 (an Add and a Relu), bn4 (32x32, alone); backward:
-    # bn1-bn4 (16x16 and up)
-    assert (sum("/grad/" not in n for n in convs), sum("/grad/" in n for n in convs)) == (3, 4)
-    assert bns == 5 * 2 - 7  # bn3's forward (16x16, a Sigmoid after it); bn5 both ways (8x8)
-    assert affines(cuda.gradients.proto) == ([], 10)
+    # forward: bn1 (a Relu after it), bn2 and bn7 (their sum, a Relu after it), bn3 (an Add),
+    # bn4 (32x32, alone); backward: all but bn5 (16x16 and up)
+    assert (sum("/grad/" not in n for n in convs), sum("/grad/" in n for n in convs)) == (5, 6)
+    assert bns == 7 * 2 - 11  # bn5 both ways (8x8); bn6's forward (16x16, a broadcast Add after it)
+    assert affines(cuda.gradients.proto) == ([], 14)
     for proto in (cpu.train_step.proto, cpu.gradients.proto):
         onnx.checker.check_model(proto, full_check=True)
 
@@ -90,8 +94,8 @@ def test_the_grouped_conv_gives_the_batchnorms_gradients(backend):
     want = gc.Session(artifacts("cpu", np.float64).gradients, backend="numpy").run(feeds(np.float64))
     got = gc.Session(artifacts("cpu").gradients, backend=backend).run(feeds())
     rounded = gc.Session(artifacts("cuda").gradients, backend="ort-cpu").run(feeds())
-    names = {"loss", *(f"{n}.weight_grad" for n in CONVS), *(f"bn{i}.{p}_grad" for i in range(1, 6) for p in ("scale", "bias")),
-             *(f"bn{i}.{s}.next" for i in range(1, 6) for s in ("mean", "var"))}
+    names = {"loss", "shift6_grad", *(f"{n}.weight_grad" for n in CONVS), *(f"bn{i}.{p}_grad" for i in range(1, 8) for p in ("scale", "bias")),
+             *(f"bn{i}.{s}.next" for i in range(1, 8) for s in ("mean", "var"))}
     assert got.keys() == want.keys() == rounded.keys() == names
     for name in sorted(names):
         # float32 against float64: within a few times what the BatchNormalization form's own

@@ -72,22 +72,24 @@ def batch_statistics(e, x: ir.Value, axes: list[int]) -> tuple[ir.Value, ir.Valu
 
 
 # On the CPU, a per-channel affine of the centred input over a map of FUSED_AFFINE_CONV_PIXELS
-# pixels or more (the forward's normalisation when a Relu follows it, alone or after a residual
-# Add; the backward's xhat term, which an Add follows) is a 1x1 Conv of one channel a group
-# weighted scale / sqrt(var + eps), not an inference-mode BatchNormalization: onnxruntime fuses
-# the Relu, or the Add of the other tensor, into that Conv's pass (FusedConv), where after a
-# BatchNormalization each is a full-size pass of its own; from AFFINE_CONV_PIXELS pixels the Conv
-# alone is faster too. 2 threads, ms, BatchNormalization vs Conv (``bench_lowerings.py --only
-# bn_affine``), alone / + Relu / + Add, Relu / + dy * k: [32,64,32,32] 1.98 vs 1.42, 2.70 vs
-# 1.35, 5.20 vs 3.14, 4.79 vs 4.07; [32,32,64,64] 3.10 vs 2.16, 4.85 vs 2.10, 7.29 vs 4.97, 8.43
-# vs 6.95; [32,144,16,16] 0.43 vs 0.46, 0.75 vs 0.47, 1.49 vs 0.99, 1.71 vs 1.48; [32,256,8,8]
-# 0.20 vs 0.58, 0.44 vs 0.77, 0.53 vs 0.64, 0.89 vs 1.31 (the Conv's per-image, per-channel setup
-# loses on small maps); [2,96,32,32] 0.06 vs 0.10, 0.14 vs 0.12, 0.25 vs 0.20, 0.24 vs 0.24.
-# Kernel time of a train step at batch 32, 128 px, the BatchNorms' forward and backward and the
-# Relus and residual Adds fused (two profiles each, ms, before -> after): ResNet-50 ~215 -> ~146,
-# EfficientNet-B0 ~130 -> ~80, RegNetY-400MF ~78 -> ~60, MobileNetV3-small ~25 -> ~16; Trainer
-# steps interleaved, both orders, ResNet-18 at 128 px 0.969 / 0.970 the step time; at batch 2
-# (64 px) the kernel time is unchanged. CUDA graphs keep the BatchNormalization.
+# pixels or more (the forward's normalisation when a Relu or a residual Add, a Relu after it or
+# not, follows it; the backward's xhat term, which an Add follows) is a 1x1 Conv of one channel
+# a group weighted scale / sqrt(var + eps), not an inference-mode BatchNormalization:
+# onnxruntime fuses the Relu, or the Add of the other tensor, into that Conv's pass (FusedConv),
+# where after a BatchNormalization each is a full-size pass of its own; from AFFINE_CONV_PIXELS
+# pixels the Conv alone is faster too. 2 threads, ms, BatchNormalization vs Conv
+# (``bench_lowerings.py --only bn_affine``), alone / + Relu / + Add / + Add, Relu / + dy * k:
+# [32,96,32,32] 2.16 vs 1.28, 3.11 vs 1.43, 3.47 vs 2.81, 4.75 vs 3.07, 5.02 vs 4.44;
+# [32,32,64,64] 2.43 vs 1.81, 3.73 vs 1.93, 5.19 vs 4.00, 6.72 vs 4.35, 7.16 vs 6.20;
+# [32,128,16,16] 0.34 vs 0.46, 0.70 vs 0.49, 0.87 vs 0.79, 1.29 vs 0.83, 1.15 vs 1.06;
+# [32,256,8,8] 0.16 vs 0.43, 0.26 vs 0.43, 0.41 vs 0.65, 0.60 vs 0.66, 0.64 vs 0.86 (on small maps
+# the Conv's per-image, per-channel setup loses); [2,96,32,32] 0.06 vs 0.10, 0.13 vs 0.11, 0.17
+# vs 0.16, 0.24 vs 0.18, 0.27 vs 0.25. Kernel time of a train step at batch 32, 128 px, of the
+# BatchNorms' forward and backward and the Relus and residual Adds fused into them (two profiles
+# each, ms, before -> after): ResNet-50 ~215 -> ~146, EfficientNet-B0 ~130 -> ~80, RegNetY-400MF
+# ~78 -> ~60, MobileNetV3-small ~25 -> ~16; Trainer steps interleaved, both orders: ResNet-18 at
+# 128 px 0.969 / 0.970 the step time; at batch 2 (64 px) the kernel time is unchanged. CUDA
+# graphs keep the BatchNormalization.
 AFFINE_CONV_PIXELS = 1024
 FUSED_AFFINE_CONV_PIXELS = 256
 

@@ -14,7 +14,8 @@
   the batch statistics in primitive ops (ReduceMean/Sub/Mul) and an inference-mode
   BatchNormalization on them, which every backend runs (onnxruntime's inference build has no
   training-mode BatchNormalization); in CPU graphs, over large maps, a 1x1 Conv of one channel
-  a group instead, into which onnxruntime fuses a Relu after it (``rules_norm.normalize``).
+  a group instead, into which onnxruntime fuses a Relu or a residual Add after it
+  (``rules_norm.normalize``).
   Batch statistics normalise the input (biased variance, as PyTorch); the running statistics
   are updated as PyTorch does:
   ``running = m*running + (1-m)*batch`` with ONNX's momentum ``m`` (PyTorch's 1 - momentum) and
@@ -172,7 +173,8 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node, device: str)
     mean, centred, var, zeros = batch_statistics(b, x, axes)
     batch_mean, biased_var = b.squeeze(mean, axes), b.squeeze(var, axes)
     y = normalize(b, centred, scale, bias, zeros, biased_var, eps,
-                  affine_as_conv(x, (scale, bias), fused=_relu_follows(node.outputs[0]), device=device))
+                  affine_as_conv(x, (scale, bias), fused=_fused_after(node.outputs[0]), device=device))
+    y.dtype, y.shape = x.dtype, ir.Shape(x.shape)  # what the BatchNorms lowered after this one read
 
     # Running statistics (off the loss path, so autodiff never visits them).
     count = _values_per_channel(b, graph, x)
@@ -190,20 +192,20 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node, device: str)
     return {v.name: new for v, new in ((mean_in, new_mean), (var_in, new_var)) if v.is_initializer()}
 
 
-def _relu_follows(value: ir.Value) -> bool:
-    """Is ``value`` read by a Relu alone, or by an Add alone whose sum a Relu alone reads (a
-    residual block's close)? onnxruntime fuses either into a Conv that makes ``value``."""
-    for _ in range(2):
-        uses = list(value.uses())
-        if len(uses) != 1 or value.is_graph_output():
-            return False
-        node = uses[0].node
-        if node.op_type == "Relu" and node.domain in ("", "ai.onnx"):
-            return True
-        if node.op_type != "Add" or node.domain not in ("", "ai.onnx"):
-            return False
-        value = node.outputs[0]
-    return False
+def _fused_after(value: ir.Value) -> bool:
+    """Is ``value`` read by a Relu alone, or by an Add alone whose other input has its shape (a
+    residual sum, a Relu after it or not)? onnxruntime fuses either into a Conv that makes
+    ``value`` (a Relu after the Add too)."""
+    uses = list(value.uses())
+    if len(uses) != 1 or value.is_graph_output() or uses[0].node.domain not in ("", "ai.onnx"):
+        return False
+    node, index = uses[0]
+    if node.op_type == "Relu":
+        return True
+    if node.op_type != "Add" or len(node.inputs) != 2:
+        return False
+    shape = static_shape(value)
+    return shape is not None and static_shape(node.inputs[1 - index]) == shape
 
 
 def _values_per_channel(b: Emitter, graph: ir.Graph, x: ir.Value) -> ir.Value:
