@@ -15,9 +15,8 @@
   BatchNormalization on them, which every backend runs (onnxruntime's inference build has no
   training-mode BatchNormalization); in CPU graphs, over large maps, a 1x1 Conv of one channel
   a group instead, into which onnxruntime fuses a Relu or a residual Add after it
-  (``rules_norm.normalize``).
-  Batch statistics normalise the input (biased variance, as PyTorch); the running statistics
-  are updated as PyTorch does:
+  (``rules_norm.normalize``). Batch statistics normalise the input (biased variance, as
+  PyTorch); the running statistics are updated as PyTorch does:
   ``running = m*running + (1-m)*batch`` with ONNX's momentum ``m`` (PyTorch's 1 - momentum) and
   the *unbiased* batch variance for ``running_var``. It returns ``{stat name: updated value}``
   for the step to output.
@@ -162,9 +161,9 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node, device: str)
     # statistics as the gradient rule writes them (onnxruntime merges the two), then the
     # inference-mode BatchNormalization of the centred input (or its Conv twin,
     # ``rules_norm.normalize``), which normalises and applies scale and bias in one pass (see
-    # the rule's docstring for the times). Tried before on Conv+BN+ReLU train
-    # steps (CPU, 2 threads, interleaved): var as ReduceSumSquare/count and the scale folded into
-    # inv_std moved steps by -5 to +10 % across [2,64,32,32], [32,64,32,32], [32,256,8,8]. On
+    # the rule's docstring for the times). Tried before on Conv+BN+ReLU train steps (CPU, 2
+    # threads, interleaved): var as ReduceSumSquare/count and the scale folded into inv_std
+    # moved steps by -5 to +10 % across [2,64,32,32], [32,64,32,32], [32,256,8,8]. On
     # CUDA (H100, batch 32 at 128 px), the per-channel means and sums as a GEMV against ones
     # (MatMul [N*C, H*W] x [H*W, 1], then ReduceSum over N) instead of cuDNN's reduction over
     # (0, 2, 3): ResNet-50 66.4 vs 66.0 ms a step, EfficientNet-B0 62.0 vs 62.4, MobileNetV3-small
