@@ -37,14 +37,14 @@ def model(dtype=np.float32) -> gc.Model:
                   nh.from_array(np.zeros(C, dtype), f"bn{i}.mean"), nh.from_array(np.ones(C, dtype), f"bn{i}.var")]
 
     def conv_bn(i, src, stride=1, k=3):
-        pads = [k // 2] * 4
-        nodes.extend([oh.make_node("Conv", [src, f"c{i}.weight"], [f"k{i}"], strides=[stride] * 2, pads=pads),
-                      oh.make_node("BatchNormalization", [f"k{i}", *(f"bn{i}.{p}" for p in ("scale", "bias", "mean", "var"))],
-                                   [f"bn{i}"])])
+        stats = [f"bn{i}.{p}" for p in ("scale", "bias", "mean", "var")]
+        nodes.extend([oh.make_node("Conv", [src, f"c{i}.weight"], [f"k{i}"], strides=[stride] * 2, pads=[k // 2] * 4),
+                      oh.make_node("BatchNormalization", [f"k{i}", *stats], [f"bn{i}"])])
         return f"bn{i}"
 
     nodes.append(oh.make_node("Relu", [conv_bn(1, "x", stride=2)], ["r1"]))
-    nodes += [oh.make_node("Add", [conv_bn(2, "r1"), conv_bn(7, "r1", k=1)], ["s2"]), oh.make_node("Relu", ["s2"], ["r2"])]
+    nodes += [oh.make_node("Add", [conv_bn(2, "r1"), conv_bn(7, "r1", k=1)], ["s2"]),
+              oh.make_node("Relu", ["s2"], ["r2"])]
     nodes += [oh.make_node("Add", [conv_bn(3, "r2"), "r2"], ["s3"]), oh.make_node("Sigmoid", ["s3"], ["g3"])]
     conv_bn(4, "x", k=1)
     nodes.append(oh.make_node("Relu", [conv_bn(5, "g3", stride=2)], ["r5"]))
@@ -94,7 +94,8 @@ def test_the_grouped_conv_gives_the_batchnorms_gradients(backend):
     want = gc.Session(artifacts("cpu", np.float64).gradients, backend="numpy").run(feeds(np.float64))
     got = gc.Session(artifacts("cpu").gradients, backend=backend).run(feeds())
     rounded = gc.Session(artifacts("cuda").gradients, backend="ort-cpu").run(feeds())
-    names = {"loss", "shift6_grad", *(f"{n}.weight_grad" for n in CONVS), *(f"bn{i}.{p}_grad" for i in range(1, 8) for p in ("scale", "bias")),
+    names = {"loss", "shift6_grad", *(f"{n}.weight_grad" for n in CONVS),
+             *(f"bn{i}.{p}_grad" for i in range(1, 8) for p in ("scale", "bias")),
              *(f"bn{i}.{s}.next" for i in range(1, 8) for s in ("mean", "var"))}
     assert got.keys() == want.keys() == rounded.keys() == names
     for name in sorted(names):
