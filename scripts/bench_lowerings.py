@@ -26,7 +26,14 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
 - ``layer_norm``: LayerNormalization forward + backward from its Mean and InvStdDev outputs:
   the textbook dx vs dx folded into per-row affine terms (by Mul + Add or a BatchNormalization).
 - ``leading_sum``: a bias's gradient, the sum over leading axes: ReduceSum vs a GEMV.
+- ``hardswish``: HardSwish forward + backward: dy or the slope picked by Wheres vs the slope as
+  HardSigmoid plus x/6 inside [-3, 3] (a Cast mask).
 - ``relu``: ReLU forward + backward: dy * Cast(y > 0), Where, dy * Sign(y), dy * HardSigmoid(y * FLT_MAX).
+- ``bn_affine``: a training BatchNorm's per-channel affine of the centred input, alone, before a
+  Relu, a residual Add (and a Relu), or added to dy * k: inference BatchNormalization vs a 1x1
+  Conv of one channel a group, into which onnxruntime fuses the Relu and the Add.
+- ``max_pool``: ResNet's 3x3 stride-2 pool forward + backward: the Indices output and
+  ScatterElements vs a forward without Indices and each window's first maximum found per tap.
 - ``pointwise_dx``: a 1x1 Conv's dx: Gemm by the weight read transposed, Conv by the
   transposed weight, ConvTranspose.
 - ``pointwise_dw``: a 1x1 Conv's dW: Einsum vs a MatMul per image summed vs channel-major + Gemm.
