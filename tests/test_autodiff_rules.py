@@ -171,24 +171,29 @@ def _conv_squares_weight_grad(w: np.ndarray, x_dims: list, attrs: dict, opset: i
 @pytest.mark.parametrize("attrs", [{"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [1, 0, 0, 1]},
                                    {"dilations": [2, 1], "strides": [1, 2], "pads": [2, 1, 0, 1]}])
 def test_gathered_conv_weight_gradient_on_a_symbolic_batch(monkeypatch, attrs):
-    """A dense Conv's dW from one Gather of the batch-innermost input (up to ``GATHER_COLS``
-    column values), and past that bound the im2col of window Slices, with a batch known only at
-    run time: each equals the window-by-window sum in float64, at batches 1, 3 and 5, on
-    onnxruntime and numpy. (Finite differences check it on the Conv cases' static shapes.)"""
+    """A dense Conv's dW from the batch-innermost input gathered at once (up to ``GATHER_COLS``
+    column values), past that bound a channel at a time (one channel's columns, at a typical
+    batch of 16, within ``GATHER_CHUNK``), and with both bounds at 0 the im2col of window Slices,
+    with a batch known only at run time: each equals the window-by-window sum in float64, at
+    batches 1, 3 and 5, on onnxruntime and numpy. (Finite differences check it on the Conv
+    cases' static shapes.)"""
     from graphc.passes.autodiff import rules_nn
 
     w = np.random.default_rng(0).normal(size=(4, 3, 3, 3)).astype(np.float32)
-    for gathered in (True, False):
-        monkeypatch.setattr(rules_nn, "GATHER_COLS", 1 << 23 if gathered else 0)
+    strides, dilations, pads = attrs.get("strides", (1, 1)), attrs.get("dilations", (1, 1)), attrs["pads"]
+    out = [(d + pads[i] + pads[i + 2] - dilations[i] * 2 - 1) // strides[i] + 1 for i, d in enumerate((9, 8))]
+    channel = 9 * out[0] * out[1] * 16  # one input channel's columns at the typical batch
+    for bounds, gathers in [((1 << 23, 0), 1), ((0, channel), 3), ((0, 0), 0)]:
+        monkeypatch.setattr(rules_nn, "GATHER_COLS", bounds[0])
+        monkeypatch.setattr(rules_nn, "GATHER_CHUNK", bounds[1])
         proto = _conv_squares_weight_grad(w, ["N", 3, 9, 8], attrs)
-        assert ("Gather" in {n.op_type for n in proto.graph.node}) == gathered
+        assert [n.op_type for n in proto.graph.node].count("Gather") == gathers
         for batch in (1, 3, 5):
             x = np.random.default_rng(batch).normal(size=(batch, 3, 9, 8)).astype(np.float32)
-            expected = _conv_weight_grad_of_squares(x, w, attrs.get("strides", (1, 1)), attrs.get("dilations", (1, 1)),
-                                                    attrs["pads"])
+            expected = _conv_weight_grad_of_squares(x, w, strides, dilations, pads)
             for run in (run_ort, run_numpy):
                 np.testing.assert_allclose(run(proto, {"x": x})["w_grad"], expected, rtol=1e-4, atol=1e-3,
-                                           err_msg=f"gathered={gathered} batch {batch} {run.__name__}")
+                                           err_msg=f"{gathers} Gathers, batch {batch} {run.__name__}")
 
 
 def _grouped_weight_grad_of_squares(x, w, group, strides, dilations, pads):
@@ -274,8 +279,8 @@ def test_strided_depthwise_weight_gradient_reaches_no_tap_past_the_kernel(kernel
 def test_grouped_conv_weight_gradient_gathered_per_group(monkeypatch, attrs):
     """A grouped Conv's dW (3 channels a group, RegNet's kind) from a batch of 4 or more (a
     symbolic batch counts as 16): the gathered columns of all groups and one MatMul batched over
-    the groups; in chunks of images past ``GATHER_COLS``, each chunk's product added to the last;
-    at a batch of 2 the Conv over swapped axes. Each equals the per-group window-by-window sum in
+    the groups; past ``GATHER_COLS``, a group at a time (its columns within ``GATHER_CHUNK``), the
+    groups' products stacked; at a batch of 2 the Conv over swapped axes. Each equals the per-group window-by-window sum in
     float64, with strides that do not divide evenly, dilations and uneven pads, on onnxruntime and
     numpy."""
     from graphc.passes.autodiff import rules_nn
@@ -283,10 +288,12 @@ def test_grouped_conv_weight_gradient_gathered_per_group(monkeypatch, attrs):
     w = np.random.default_rng(0).normal(size=(6, 3, 3, 3)).astype(np.float32)  # 2 groups of 3 -> 3
     strides, dilations, pads = attrs.get("strides", (1, 1)), attrs.get("dilations", (1, 1)), attrs["pads"]
     out = [(d + pads[i] + pads[i + 2] - dilations[i] * 2 - 1) // strides[i] + 1 for i, d in enumerate((9, 8))]
-    cases = [(4, (4,), 1 << 23, 1), ("N", (1, 4), 1 << 23, 1), (2, (2,), 1 << 23, 0), (5, (5,), 1, 3)]
-    for batch_dim, batches, cols_bound, gathers in cases:
+    group_cols = 3 * 9 * out[0] * out[1]  # one group's columns an image
+    cases = [(4, (4,), 1 << 23, 0, 1), ("N", (1, 4), 1 << 23, 0, 1), (2, (2,), 1 << 23, 0, 0),
+             (5, (5,), 0, 5 * group_cols, 2), ("N", (3,), 0, 16 * group_cols, 2), (5, (5,), 0, 5 * group_cols - 1, 0)]
+    for batch_dim, batches, cols_bound, chunk_bound, gathers in cases:
         monkeypatch.setattr(rules_nn, "GATHER_COLS", cols_bound)
-        monkeypatch.setattr(rules_nn, "GATHER_CHUNK", 2 * 6 * 9 * out[0] * out[1])  # two images a chunk
+        monkeypatch.setattr(rules_nn, "GATHER_CHUNK", chunk_bound)
         proto = _conv_squares_weight_grad(w, [batch_dim, 6, 9, 8], {"group": 2, **attrs})
         ops = [n.op_type for n in proto.graph.node]
         assert (ops.count("Gather"), ops.count("MatMul")) == (gathers, gathers), batch_dim
@@ -298,13 +305,12 @@ def test_grouped_conv_weight_gradient_gathered_per_group(monkeypatch, attrs):
                                            err_msg=f"batch {batch_dim}={batch} {run.__name__}")
 
 
-@pytest.mark.parametrize("gathered", [True, False])
 @pytest.mark.parametrize(("strides", "chunks"), [([1, 1], 3), ([2, 1], 2)])
-def test_conv_weight_gradient_in_batch_chunks(monkeypatch, strides, chunks, gathered):
-    """Past ``GATHER_COLS`` column values (gathered columns, ``GATHER_CHUNK`` values a chunk; or,
-    that path off, past ``IM2COL_CHUNK`` for the window Slices), a static batch's dW is taken a
-    few images at a time, each chunk's Gemm adding into the last one's: still the gradient, on
-    numpy and onnxruntime. Two images' columns per chunk here: batches 5 -> 2, 2, 1 and 3 -> 2, 1."""
+def test_conv_weight_gradient_in_batch_chunks(monkeypatch, strides, chunks):
+    """With the gathered columns off (as on CUDA), past ``IM2COL_CHUNK`` column values a static
+    batch's dW is taken by the window Slices a few images at a time, each chunk's Gemm adding
+    into the last one's: still the gradient, on numpy and onnxruntime. Two images' columns per
+    chunk here: batches 5 -> 2, 2, 1 and 3 -> 2, 1."""
     from dataclasses import replace
 
     from graphc.passes.autodiff import rules_nn
@@ -313,20 +319,39 @@ def test_conv_weight_gradient_in_batch_chunks(monkeypatch, strides, chunks, gath
     case = GradCase("Conv", [T((batch, 3, 6, 6)), T((4, 3, 3, 3)), T((4,))], {"pads": [1, 1, 1, 0], "strides": strides},
                     tag="im2col_chunks")
     out_pixels = ((6 + 2 - 3) // strides[0] + 1) * (6 + 1 - 3 + 1)
-    # the whole batch's columns past the gathered bound, two images' within a chunk (or the
-    # gathered path off, as on CUDA, where the Slices' chunks serve)
-    monkeypatch.setattr(rules_nn, "GATHER_COLS", batch * 3 * 9 * out_pixels - 1 if gathered else 0)
-    monkeypatch.setattr(rules_nn, "GATHER_CHUNK", 2 * 3 * 9 * out_pixels if gathered else 0)
+    monkeypatch.setattr(rules_nn, "GATHER_COLS", 0)
+    monkeypatch.setattr(rules_nn, "GATHER_CHUNK", 0)
     monkeypatch.setattr(rules_nn, "IM2COL_CHUNK", 2 * 3 * 9 * out_pixels)
     proto, _ = grad_proto(case, np.float64)
     ops = [n.op_type for n in proto.graph.node]
-    assert ops.count("Gemm") == chunks and ops.count("Gather") == (chunks if gathered else 0)
+    assert ops.count("Gemm") == chunks and "Gather" not in ops
     test_gradient_matches_finite_differences(case)
     test_gradient_graph_numpy_matches_onnxruntime(replace(case, ort=True))
-    if gathered:
-        return
     # one image's columns past a chunk: the Conv with batch and channels swapped (memory-bound)
     monkeypatch.setattr(rules_nn, "IM2COL_CHUNK", 3 * 9 * out_pixels - 1)
     proto, _ = grad_proto(case, np.float64)
     assert "Gemm" not in {n.op_type for n in proto.graph.node}
     assert sum(n.op_type == "Conv" for n in proto.graph.node) == 2  # the forward and dW
+
+
+@pytest.mark.parametrize(("strides", "channels"), [([1, 1], 1), ([2, 1], 2)])
+def test_gathered_conv_weight_gradient_in_channel_runs(monkeypatch, strides, channels):
+    """Past ``GATHER_COLS`` column values the gathered dW takes ``channels`` input channels at a
+    time (their columns within ``GATHER_CHUNK``), all read from the one batch-innermost input,
+    each run's Gemm making its own columns of dW: still the gradient, by finite differences and
+    on numpy and onnxruntime. 3 channels -> runs of 1, 1, 1 or 2, 1."""
+    from dataclasses import replace
+
+    from graphc.passes.autodiff import rules_nn
+
+    case = GradCase("Conv", [T((3, 3, 6, 6)), T((4, 3, 3, 3)), T((4,))], {"pads": [1, 1, 1, 0], "strides": strides},
+                    tag="gathered_runs")
+    out_pixels = ((6 + 2 - 3) // strides[0] + 1) * (6 + 1 - 3 + 1)
+    monkeypatch.setattr(rules_nn, "GATHER_COLS", 3 * 3 * 9 * out_pixels - 1)
+    monkeypatch.setattr(rules_nn, "GATHER_CHUNK", channels * 3 * 9 * out_pixels)
+    proto, _ = grad_proto(case, np.float64)
+    ops = [n.op_type for n in proto.graph.node]
+    runs = -(-3 // channels)
+    assert ops.count("Gemm") == ops.count("Gather") == runs and ops.count("Transpose") == 2
+    test_gradient_matches_finite_differences(case)
+    test_gradient_graph_numpy_matches_onnxruntime(replace(case, ort=True))

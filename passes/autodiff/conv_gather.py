@@ -18,7 +18,7 @@ import onnx_ir as ir
 
 from graphc.passes.emit import Emitter
 
-__all__ = ["columns", "gathered_conv"]
+__all__ = ["batch_innermost", "columns", "gather", "gathered_conv"]
 
 
 def _index(kernel, out, strides, dilations, padded, flip: bool) -> np.ndarray:
@@ -31,20 +31,37 @@ def _index(kernel, out, strides, dilations, padded, flip: bool) -> np.ndarray:
     return (((grid(out) * strides)[None] + (taps * dilations)[:, None]) @ pitch).astype(np.int32)
 
 
-def columns(e: Emitter, x: ir.Value, channels: int, spatial: Sequence[int], kernel: Sequence[int],
-            out: Sequence[int], strides: Sequence[int], dilations: Sequence[int], begin: Sequence[int],
-            end: Sequence[int], flip: bool = False) -> ir.Value:
-    """The columns of ``x`` [N, C, *spatial] for a Conv of this geometry: [C * K, O * N], row
-    (c, k) holding what tap k reads at every output pixel o of every image n (n innermost).
-    ``flip``: tap k in row K-1-k, as a Conv by the weight flipped in space reads them."""
+def batch_innermost(e: Emitter, x: ir.Value, channels: int, spatial: Sequence[int], begin: Sequence[int],
+                    end: Sequence[int]) -> ir.Value:
+    """``x`` [N, C, *spatial] padded and laid out batch-innermost as [C, P, N], P its padded pixels:
+    what ``gather`` reads a Conv's columns from (a run of whole channels of it too)."""
     n_sp = len(spatial)
-    padded = [d + b + a for d, b, a in zip(spatial, begin, end)]
     xt = e.op("Transpose", x, perm=[*range(1, 2 + n_sp), 0])  # [C, *S, N]
     if any([*begin, *end]):
         xt = e.op("Pad", xt, e.ints([0, *begin, 0, 0, *end, 0]))
+    padded = [d + b + a for d, b, a in zip(spatial, begin, end)]
+    return e.op("Reshape", xt, e.ints([channels, math.prod(padded), -1]))
+
+
+def gather(e: Emitter, rows: ir.Value, channels: int, spatial: Sequence[int], kernel: Sequence[int],
+           out: Sequence[int], strides: Sequence[int], dilations: Sequence[int], begin: Sequence[int],
+           end: Sequence[int], flip: bool = False) -> ir.Value:
+    """The columns [C * K, O * N] of ``channels`` channels laid out by ``batch_innermost``: row
+    (c, k) holds what tap k reads at every output pixel o of every image n (n innermost).
+    ``flip``: tap k in row K-1-k, as a Conv by the weight flipped in space reads them."""
+    padded = [d + b + a for d, b, a in zip(spatial, begin, end)]
     index = e.const(_index(list(kernel), list(out), list(strides), list(dilations), padded, flip))
-    cols = e.op("Gather", e.op("Reshape", xt, e.ints([channels, math.prod(padded), -1])), index, axis=1)  # [C, K, O, N]
+    cols = e.op("Gather", rows, index, axis=1)  # [C, K, O, N]
     return e.op("Reshape", cols, e.ints([channels * math.prod(kernel), -1]))
+
+
+def columns(e: Emitter, x: ir.Value, channels: int, spatial: Sequence[int], kernel: Sequence[int],
+            out: Sequence[int], strides: Sequence[int], dilations: Sequence[int], begin: Sequence[int],
+            end: Sequence[int], flip: bool = False) -> ir.Value:
+    """The columns of ``x`` [N, C, *spatial] for a Conv of this geometry: [C * K, O * N]
+    (``gather`` of ``batch_innermost``)."""
+    rows = batch_innermost(e, x, channels, spatial, begin, end)
+    return gather(e, rows, channels, spatial, kernel, out, strides, dilations, begin, end, flip)
 
 
 def gathered_conv(e: Emitter, x: ir.Value, weight: ir.Value, out_channels: int, in_channels: int,

@@ -16,7 +16,7 @@ import onnx_ir as ir
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, node_attrs, static_shape
-from graphc.passes.autodiff.conv_gather import columns, gathered_conv
+from graphc.passes.autodiff.conv_gather import batch_innermost, gather, gathered_conv
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.autodiff.separable import axis_matrix, contract
 
@@ -182,17 +182,18 @@ def _conv_weight_grad_im2col(g: GradBuilder, x, dy, w_shape, spatial, strides, d
 
 
 # The gathered dW's column matrix (``_conv_weight_grad_gathered``) is built whole up to this many
-# values (for a symbolic batch, at a typical batch of 16); past it, ``GATHER_CHUNK`` values a
-# chunk of images (a static batch). Raised, at 128 px and batch 32
-# (steps interleaved both orders; peak RSS of 5 steps): 2**24, ResNet-18 0.99x / 0.98x the step,
-# 886 -> 889 MB, ResNet-50 1.01x / 0.96x, 1,979 -> 2,016 MB; 2**25, ResNet-18 0.92x / 0.93x and
-# 806 MB, but ResNet-50 2,088 MB, 1.12x PyTorch's 1,864 (its columns at the step's peak).
+# values (for a symbolic batch, at a typical batch of 16); past it, a run of channels at a time,
+# ``GATHER_CHUNK`` values a run. Raised, at 128 px and batch 32 (steps interleaved both orders;
+# peak RSS of 5 steps), when past it meant chunks of images: 2**24, ResNet-18 0.99x / 0.98x the
+# step, 886 -> 889 MB, ResNet-50 1.01x / 0.96x, 1,979 -> 2,016 MB; 2**25, ResNet-18 0.92x /
+# 0.93x and 806 MB, but ResNet-50 2,088 MB, 1.12x PyTorch's 1,864 (its columns at the step's
+# peak). The runs of channels take what the whole batch's columns gained without that memory.
 GATHER_COLS = 1 << 23
-GATHER_CHUNK = IM2COL_CHUNK  # past GATHER_COLS, a chunk's values (a static batch, whole images)
+GATHER_CHUNK = IM2COL_CHUNK  # past GATHER_COLS, a run's values (whole channels; whole groups)
 
 
 def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end,
-                               per_image: int, group: int):
+                               group: int):
     """dW as one GEMM against the column matrix, built by one Gather: x batch-innermost and padded,
     [Ci, P, N] (P its padded pixels), each (tap, output pixel) reading a row of N values at a
     constant flat position (strides and dilations in the index), so the columns come out
@@ -200,16 +201,21 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     took a strided Slice per tap and a Concat, writing the columns twice. ``bench_lowerings.py
     --only dense_dw``, 2 threads, ms, Slices all at once / gathered, N=32: 64ch 16x16 13.6 / 8.2;
     128ch 8x8 7.9 / 4.9; 256ch 4x4 7.0 / 4.0; 64->128 stride 2 8.0 / 3.6; N=2 64ch 16x16 1.25 /
-    1.33. Taken a few input channels at a time (a Slice each) it lost what it gained (64ch 16x16
-    in two: 22.4 vs 14.9 whole). On large maps it beats the Slices' chunks of images too
-    (``--only large_dw``: 64ch 32x32 36.5 vs 40.4; 64->128 stride 2 on 64x64 67.5 vs 112), but
-    holds the whole batch's columns (75 MB there): it builds them whole up to ``GATHER_COLS``
-    values and, a static batch past that, for a few images at a time (``GATHER_CHUNK`` values,
-    the Slices' chunks' bound, so the step's peak stays), each chunk's Gemm adding into the
-    last one's. Against the Slices' chunks at 128 px, batch 32, per-kernel profiles of two runs
-    each: ResNet-18's Conv gradients 648 / 708 -> 558 / 578 ms (Slice and Concat 126 -> Gather
-    47); peak RSS ResNet-50 1,978 MB (chunks of ``GATHER_COLS``: 2,029, 1.09x PyTorch's).
-    (A 7x7 stem's: 15.6 vs the Conv's 15.2: the Conv stays.)
+    1.33. On large maps it beats the Slices' chunks of images too (``--only large_dw``: 64ch
+    32x32 36.5 vs 40.4; 64->128 stride 2 on 64x64 67.5 vs 112), but holds the whole batch's
+    columns (75 MB there): it builds them whole up to ``GATHER_COLS`` values, and past that for a
+    run of whole input channels at a time (``GATHER_CHUNK`` values, the Slices' chunks' bound, so
+    the step's peak stays), each run a Split of the one batch-innermost input and each run's
+    Gemm making its own columns of dW (concatenated). Against the Slices' chunks at 128 px, batch
+    32, per-kernel profiles of two runs each: ResNet-18's Conv gradients 648 / 708 -> 558 / 578
+    ms (Slice and Concat 126 -> Gather 47), with chunks of images. Runs of channels beat chunks
+    of images, which Slice, Transpose and Pad x and dy per chunk and gather rows of a few images
+    (2 threads, ms, whole / chunks of images / runs of channels: N=32, 64ch 32x32 22.7 / 26.2 /
+    21.7; 128ch 16x16 15.2 / 16.5 / 15.4; 256ch 32x32 180 / 317 (one image a chunk) / 200); in
+    the step at 128 px, batch 32 (two profiles each, ms): Gather and Transpose, ResNet-18 98 / 99
+    -> 70 / 72, ResNet-50 141 / 142 -> 113 / 114, RegNetY-400MF 70 / 72 -> 68 / 69 (Trainer steps
+    interleaved: 0.99x, 1.01x, 1.00x, within this VM's noise); peak RSS ResNet-18 876 -> 837 MB,
+    ResNet-50 2,000 -> 1,998. (A 7x7 stem's: 15.6 vs the Conv's 15.2: the Conv stays.)
     A grouped Conv (``group`` > 1, several input channels a group) takes the columns of all its
     groups, as [G, Ci/G * K, O * N], into one MatMul batched over the groups, each group's rows
     of dy against its own columns, from a batch of 4 (``_conv_weight_grad``). ``--only
@@ -219,25 +225,44 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     16x16 3.1 vs 5.0; N=4 2.3 vs 2.4; but N=2 1.07 vs 0.67. RegNetY-400MF's train_step, Trainer
     steps interleaved both orders: batch 32 at 128 px 0.92x / 0.87x the step time (kernel time
     811 -> 728 ms, its grouped convs' backward 208 -> 143), at 64 px 0.97x / 0.96x. (Measured
-    on the graphs of an earlier session this form had left the step at 1.00x.)
-    ``per_image``: one image's column values (of all groups)."""
+    on the graphs of an earlier session this form had left the step at 1.00x.) Its runs are of
+    whole groups, each run's product making its own groups' rows of dW. The bounds are taken at
+    x's batch (a symbolic one's typical 16)."""
     n_sp = len(spatial)
-    co, ci, kernel = w_shape[0], w_shape[1] * group, list(w_shape[2:])
+    co, cg, kernel = w_shape[0], w_shape[1], list(w_shape[2:])
+    ci = cg * group
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
-    whole = per_image * typical_batch(x) <= GATHER_COLS
-    dw = None
-    for xs, dys in _image_chunks(g, x, dy, per_image, GATHER_COLS if whole else GATHER_CHUNK):
-        cols = columns(g, xs, ci, spatial, kernel, out, strides, dilations, begin, end)  # [Ci * K, O * N]
-        dy2 = g.op("Reshape", g.transpose(dys, [*range(1, 2 + n_sp), 0]), g.ints([co, -1]))
+    unit = cg if group > 1 else 1  # channels a run takes whole: a group's, or one
+    per_unit = unit * math.prod(kernel) * math.prod(out) * typical_batch(x)  # one unit's columns
+    runs = _channel_runs(ci // unit, per_unit)
+    rows = batch_innermost(g, x, ci, spatial, begin, end)  # [Ci, P, N]
+    sizes = [units * unit for units in runs]
+    parts = g.split(rows, sizes, axis=0, count=len(sizes)) if len(sizes) > 1 else (rows,)
+    dy2 = g.op("Reshape", g.transpose(dy, [*range(1, 2 + n_sp), 0]), g.ints([co, -1]))  # [Co, O * N]
+    if group > 1:  # rows (g, m) of dy, a run of whole groups each
+        dy3 = g.op("Reshape", dy2, g.ints([group, co // group, -1]))
+        dys = g.split(dy3, runs, axis=0, count=len(runs)) if len(runs) > 1 else (dy3,)
+    dws = []
+    for i, (part, channels) in enumerate(zip(parts, sizes)):
+        cols = gather(g, part, channels, spatial, kernel, out, strides, dilations, begin, end)  # [c * K, O * N]
         if group == 1:
-            dw = g.op("Gemm", dy2, cols, *([dw] if dw is not None else []), transB=1)
+            dws.append(g.op("Gemm", dy2, cols, transB=1))  # [Co, c * K]
             continue
         # rows (g, c, k) of the columns and (g, m) of dy: each group's product, batched
-        per_group = g.op("Reshape", cols, g.ints([group, ci // group * math.prod(kernel), -1]))
-        part = g.op("MatMul", g.op("Reshape", dy2, g.ints([group, co // group, -1])),
-                    g.transpose(per_group, [0, 2, 1]))
-        dw = part if dw is None else g.op("Add", dw, part)
+        per_group = g.op("Reshape", cols, g.ints([channels // cg, cg * math.prod(kernel), -1]))
+        dws.append(g.op("MatMul", dys[i], g.transpose(per_group, [0, 2, 1])))  # [groups, Co/G, Cg * K]
+    dw = dws[0] if len(dws) == 1 else g.op("Concat", *dws, axis=1 if group == 1 else 0)
     return g.op("Reshape", dw, g.ints(list(w_shape)))
+
+
+def _channel_runs(units: int, per_unit: int) -> list[int]:
+    """``units`` (channels, or groups) in runs of equal size (the last one shorter): one run when
+    all their columns (``per_unit`` values each) fit ``GATHER_COLS``, else runs within
+    ``GATHER_CHUNK``."""
+    if units * per_unit <= GATHER_COLS:
+        return [units]
+    size = max(1, GATHER_CHUNK // per_unit)
+    return [min(size, units - first) for first in range(0, units, size)]
 
 
 def _depthwise_weight_grad_taps(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end):
@@ -409,13 +434,14 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     # dW[m, c, k] = sum_{n, o} dy[n, m, o] * xpad[n, c, o*stride + k*dilation]. On the CPU, for
     # up to 9 taps (grouped convs too, from a batch of 4, each group's product batched; not
     # depthwise ones), the columns by one Gather of the batch-innermost input, up to
-    # ``GATHER_COLS`` values, past that (a static batch) a few images at a time, as long as one
-    # image's columns fit ``GATHER_CHUNK`` (past it, 64ch 3x3 on 96x96, N=8, forward and dW: one
-    # image at a time 332 ms, the Conv below 322) (``_conv_weight_grad_gathered``): bench_zoo's
+    # ``GATHER_COLS`` values, past that a run of channels at a time, as long as one channel's
+    # (one group's) columns fit ``GATHER_CHUNK`` (against the Conv below, dW alone, 2 threads,
+    # ms: 64ch 3x3 on 96x96, N=8, runs of 6 channels 69 vs 133; 32ch on 64x64, N=32, runs of 3
+    # channels 45 vs 97) (``_conv_weight_grad_gathered``): bench_zoo's
     # ResNet-18 at batch 32 (64 px), Trainer steps interleaved, both orders, 0.975x / 0.898x the
     # step time (its dW kernels' Slices, Concat and Pad 43 -> 12 ms); ResNet-50 0.95x / 1.02x, at
-    # batch 2 1.01x / 0.99x. Elsewhere (a symbolic batch past the bound, an image's columns past a
-    # chunk, CUDA), two lowerings, chosen by measurement on onnxruntime (CPU), 3x3 convs:
+    # batch 2 1.01x / 0.99x. Elsewhere (a channel's columns past a run, CUDA), two lowerings,
+    # chosen by measurement on onnxruntime (CPU), 3x3 convs:
     # * an im2col (Slices of the channel-major input, stacked channel-major) and one GEMM, whose
     #   output is dW in its own layout. 2 threads, against the Conv below: N=32, 64ch on 16x16:
     #   11.6 ms vs 21.2; 128ch on 8x8: 10.8 vs 22.4; 256ch on 4x4: 12.2 vs 16.5; stride 2,
@@ -471,10 +497,11 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
         return _depthwise_weight_grad_taps(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     per_image = cg * group * math.prod(kernel) * math.prod(out)  # columns
     dense = group == 1 and floats
-    gathers = per_image * typical_batch(x) <= GATHER_COLS or (_known_batch(x) and per_image <= GATHER_CHUNK)
+    per_unit = (cg if group > 1 else 1) * math.prod(kernel) * math.prod(out) * typical_batch(x)  # a run's least
+    gathers = per_image * typical_batch(x) <= GATHER_COLS or per_unit <= GATHER_CHUNK
     if (floats and not cuda and math.prod(kernel) <= 9 and gathers
             and (group == 1 or (cg > 1 and typical_batch(x) >= 4))):
-        return _conv_weight_grad_gathered(g, x, dy, w_shape, spatial, strides, dilations, begin, end, per_image, group)
+        return _conv_weight_grad_gathered(g, x, dy, w_shape, spatial, strides, dilations, begin, end, group)
     if (dense and (math.prod(kernel) <= 9 or cuda)
             and (per_image <= IM2COL_CHUNK if _known_batch(x) is not None
                  else per_image * typical_batch(x) <= 1 << 24)):
