@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import EncodeError
 
-from graphc.backends import denormals
+from graphc.backends import denormals, nchwc
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
 from graphc.model import ir_version_for, node_source
@@ -180,6 +180,8 @@ class _OrtBackend:
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         if self.device == "cpu":
             model = _race_free(model, options)
+            if options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL:
+                model, _ = nchwc.rewrite(model, nchwc.block_size())
         flush_denormals = bool(flush_denormals) and self.device == "cpu"
         if flush_denormals:
             options.add_session_config_entry("session.set_denormal_as_zero", "1")

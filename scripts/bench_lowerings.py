@@ -63,6 +63,8 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
   products, w's taps banded per channel.
 - ``depthwise_product``: a depthwise Conv on a small map as a per-channel dense product, its
   forward and gradients: Einsum vs Transposes and a MatMul batched over the channels.
+- ``nchwc``: a Conv whose weight is an input, on onnxruntime's generic kernel vs its NCHWc
+  kernels with the weight reordered in the graph (``graphc.backends.nchwc``).
 """
 
 from __future__ import annotations
@@ -94,7 +96,8 @@ def session(nodes, feeds: dict[str, np.ndarray], outputs: list[str], args: argpa
     graph = h.make_graph(nodes, "case", [h.make_tensor_value_info(k, onnx.TensorProto.FLOAT, v.shape)
                                          for k, v in feeds.items()],
                          [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in outputs])
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    domains = [h.make_opsetid(d, 1) for d in sorted({n.domain for n in nodes} - {""})]  # onnxruntime's own ops
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), *domains], ir_version=8)
     options = ort.SessionOptions()
     options.intra_op_num_threads = args.threads
     options.log_severity_level = 3
@@ -934,12 +937,38 @@ def reaching_pads(args) -> None:
                 {"x": normal(n, c, side, side), "dy": normal(n, c, out, out)}, ["dw"], args)
 
 
+def nchwc(args) -> None:
+    """A Conv whose weight is an input on onnxruntime's generic kernel vs the same Conv on its
+    NCHWc kernels, input and output reordered and the weight reordered in the graph
+    (``graphc.backends.nchwc``, which only rewrites those it measured faster)."""
+    from graphc.backends import nchwc as blocked
+
+    block = blocked.block_size()
+    if not block:
+        print("  onnxruntime has no NCHWc kernels on this CPU")
+        return
+    cases = [(32, 64, 64, 32, 3, 1, 1), (32, 256, 256, 8, 3, 1, 1), (8, 64, 64, 32, 3, 1, 1), (2, 128, 128, 16, 3, 1, 1),
+             (8, 256, 256, 8, 3, 1, 1), (32, 64, 256, 32, 1, 1, 1), (32, 3, 64, 128, 7, 2, 1), (32, 96, 96, 64, 3, 2, 96),
+             (32, 144, 144, 32, 3, 1, 144), (32, 240, 240, 16, 5, 1, 240), (32, 672, 672, 8, 5, 1, 672),
+             (2, 144, 144, 16, 3, 1, 144)]
+    for n, ci, co, side, k, stride, group in cases:
+        plain = [h.make_node("Conv", ["x", "w"], ["y"], pads=[k // 2] * 4, strides=[stride] * 2, group=group)]
+        graph = h.make_graph(plain, "conv", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [n, ci, side, side]),
+                                             h.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [co, ci // group, k, k])],
+                             [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+        model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+        rewritten, _ = blocked.rewrite(model, block, only_faster=False)
+        compare(f"{n} {ci}->{co} {side}² {k}x{k}/{stride}" + (" dw" if group > 1 else ""),
+                {"generic": plain, "nchwc": list(rewritten.graph.node)},
+                {"x": normal(n, ci, side, side), "w": normal(co, ci // group, k, k)}, ["y"], args)
+
+
 CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "bn_affine": bn_affine, "max_pool": max_pool, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "gathered_conv": gathered_conv, "dense_dw": dense_dw,
                               "large_dw": large_dw, "grouped_dw": grouped_dw, "grouped_conv": grouped_conv,
                               "reaching_pads": reaching_pads, "row_conv": row_conv,
-                              "depthwise_product": depthwise_product}
+                              "depthwise_product": depthwise_product, "nchwc": nchwc}
 
 
 def main() -> None:

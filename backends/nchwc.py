@@ -1,0 +1,192 @@
+"""Convs whose weight is fed at run time, moved onto onnxruntime's NCHWc kernels (CPU provider).
+
+onnxruntime runs a Conv on its fast blocked-layout (NCHWc) kernels only when the weight is a
+constant: its layout transformer (``graph_optimization_level="all"``) reorders the weight once,
+as the session is built. A training graph's weights are inputs, fed every step, so its Convs,
+forward and input gradients alike, run on the generic kernel (an im2col and a GEMM per image, a
+tiny product per image and channel for a depthwise conv). ``rewrite`` gives such a Conv those
+kernels anyway, the weight reordered inside the graph, so every run reads the weight it is fed:
+
+    ReorderInput(x) -> com.microsoft.nchwc Conv(x, W reordered by Reshape + Transpose) -> ReorderOutput
+
+The ops of domain com.microsoft.nchwc are onnxruntime's own (the ones its transformer writes);
+``rewrite`` runs on the session's copy of the model, so what graphc saves stays standard ONNX.
+A Conv is rewritten where those kernels measured faster than the generic one, reorders
+included (``scripts/bench_lowerings.py --only nchwc``, 2 threads, ms, generic vs NCHWc): a
+depthwise Conv of 2 to 49 taps, at any size (N=32: 96ch 3x3 stride 2 on 64x64 9.0 vs 7.6;
+144ch 3x3 on 32x32 7.4 vs 4.8; 240ch 5x5 on 16x16 12.8 vs 2.8; 672ch 5x5 on 8x8 10.4 vs 1.7;
+N=2, 144ch 3x3 on 16x16 0.15 vs 0.10); a dense one whose batch times output pixels reach
+``DENSE_MIN_PIXELS`` (what it pays for is the weight's reorder, every run: N=32, 64ch 3x3 on
+32x32 15.9 vs 10.7, 256ch on 8x8 16.0 vs 12.5; N=8, 64ch on 32x32 3.9 vs 2.7; but N=2, 128ch on
+16x16 0.92 vs 1.31 and N=8, 256ch on 8x8 4.1 vs 5.2); a stem of fewer input channels than a
+block, its input left as it is (N=32, 3->64 7x7 stride 2 on 128x128: 14.3 vs 10.5). 1x1 Convs
+keep the generic kernel, one GEMM already (N=32, 64->256 on 32x32: 5.9 vs 7.6), and so do the
+weight gradients' Convs over swapped axes, dy their kernel (ResNet-18's 7x7 stem dW, a 64x64
+kernel: 33 ms of its step on the generic kernel, 84 on the NCHWc one, its reorders as long).
+Train steps at batch 32, 128 px, Trainers with and without the rewrite interleaved (the same
+artifacts): ResNet-18 0.90x the step time, ResNet-50 0.95x, EfficientNet-B0 0.96x,
+RegNetY-400MF 0.93x, MobileNetV3-small 1.02x (noise: its depthwise convs on small maps are
+products, ``training.dense_conv``; its larger ones' gradients are not Convs of this form).
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+__all__ = ["DENSE_MIN_PIXELS", "block_size", "rewrite"]
+
+NCHWC = "com.microsoft.nchwc"
+DENSE_MIN_PIXELS = 4096  # batch (a symbolic one counts 16) times output pixels, for a dense Conv
+_SYMBOLIC_BATCH = 16
+_MAX_TAPS = 49
+
+
+@functools.cache
+def block_size() -> int:
+    """onnxruntime's NCHWc channel block on this CPU (16 with AVX-512, 8 with AVX2), read off the
+    weight its layout transformer pads to a block for a one-output-channel Conv; 0 where it has
+    no NCHWc kernels (the Conv stays a Conv)."""
+    import onnxruntime as ort
+
+    weight = numpy_helper.from_array(np.ones((1, 64, 3, 3), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "probe",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64, 8, 8])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1, 8, 8])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with tempfile.TemporaryDirectory(prefix="graphc-nchwc-") as tmp:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+        options.log_severity_level = 4
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(options.optimized_model_filepath)
+    weights = {t.name: list(t.dims) for t in optimized.graph.initializer}
+    convs = [n for n in optimized.graph.node if n.domain == NCHWC and n.op_type == "Conv"]
+    return weights.get(convs[0].input[1], [0])[0] if convs else 0
+
+
+def rewrite(model: onnx.ModelProto, block: int, only_faster: bool = True) -> tuple[onnx.ModelProto, int]:
+    """A copy of ``model`` whose main graph's qualifying Convs (the module docstring says which)
+    run on the NCHWc kernels of channel block ``block``, and how many were rewritten; ``model``
+    itself when none qualifies (or shape inference fails). ``only_faster=False``: every Conv
+    those kernels can run (for benchmarks)."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if block <= 1 or opset < 11 or not any(n.op_type == "Conv" and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return model, 0  # (before opset 11 Pad takes its pads as an attribute)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, ValueError):  # over 2 GiB, or inconsistent
+        return model, 0
+    types = _tensor_types(inferred.graph)
+    constants = {t.name for t in model.graph.initializer} | {
+        o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    nodes, count = [], 0
+    for node in model.graph.node:
+        kind = _kind(node, types, constants, block)
+        if kind is None or (only_faster and not _faster(node, kind, types)):
+            nodes.append(node)
+            continue
+        count += 1
+        nodes.extend(_blocked(node, kind, types, block, f"{node.name or node.output[0]}/nchwc"))
+    if not count:
+        return model, 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    if not any(o.domain == NCHWC for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(NCHWC, 1))
+    return out, count
+
+
+def _tensor_types(graph: onnx.GraphProto) -> dict[str, tuple[int, list[int | None]]]:
+    """Value name -> (element type, dims, None where symbolic) for every shaped tensor."""
+    out = {}
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        t = value.type.tensor_type
+        if t.HasField("shape"):
+            out[value.name] = (t.elem_type, [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim])
+    for t in graph.initializer:
+        out[t.name] = (t.data_type, list(t.dims))
+    return out
+
+
+def _kind(node: onnx.NodeProto, types, constants: set[str], block: int) -> str | None:
+    """"dense", "nchw" (fewer input channels than a block) or "depthwise" where the NCHWc
+    kernels can run ``node`` (its weight fed, not a constant); else None."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return None
+    x, w, y = (types.get(name) for name in (node.input[0], node.input[1], node.output[0]))
+    if (x is None or w is None or y is None or node.input[1] in constants
+            or any(t[0] != onnx.TensorProto.FLOAT for t in (x, w)) or len(x[1]) != 4 or len(w[1]) != 4
+            or None in w[1] or x[1][1] is None or len(y[1]) != 4 or None in y[1][2:]):
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("auto_pad", b"NOTSET") != b"NOTSET":
+        return None
+    group, (co, per_group, _, _), ci = attrs.get("group", 1), w[1], x[1][1]
+    if group == ci == co and per_group == 1 and ci % block == 0:
+        return "depthwise"
+    if group != 1:
+        return None
+    return "nchw" if ci < block else "dense" if ci % block == 0 else None
+
+
+def _faster(node: onnx.NodeProto, kind: str, types) -> bool:
+    """Do the NCHWc kernels, reorders included, beat the generic one on ``node`` (measured, see
+    the module docstring)?"""
+    _, _, kh, kw = types[node.input[1]][1]
+    if not 1 < kh * kw <= _MAX_TAPS:
+        return False
+    out = types[node.output[0]][1]
+    return kind != "dense" or (out[0] or _SYMBOLIC_BATCH) * out[2] * out[3] >= DENSE_MIN_PIXELS
+
+
+def _blocked(node: onnx.NodeProto, kind: str, types, block: int, stem: str) -> list[onnx.NodeProto]:
+    """The nodes computing ``node``'s output on the NCHWc kernels: the output channels padded to
+    a whole block (zero weights and bias) and cropped by ReorderOutput."""
+    co, per_group, kh, kw = types[node.input[1]][1]
+    padded = -(-co // block) * block
+    nodes = []
+
+    def const(name: str, values) -> str:
+        nodes.append(helper.make_node("Constant", [], [f"{stem}/{name}"], name=f"{stem}/{name}",
+                                      value=numpy_helper.from_array(np.asarray(values, np.int64), f"{stem}/{name}")))
+        return f"{stem}/{name}"
+
+    def op(op_type: str, inputs: list[str], name: str, domain: str = "", **attrs) -> str:
+        nodes.append(helper.make_node(op_type, inputs, [f"{stem}/{name}"], name=f"{stem}/{name}", domain=domain, **attrs))
+        return f"{stem}/{name}"
+
+    weight = node.input[1]
+    if padded != co:
+        weight = op("Pad", [weight, const("weight_pads", [0, 0, 0, 0, padded - co, 0, 0, 0])], "weight_padded")
+    if kind == "dense":  # OIHWBiBo: [O/B, I/B, kh, kw, Bi, Bo]
+        split = [padded // block, block, per_group // block, block, kh, kw]
+        perm = [0, 2, 4, 5, 3, 1]
+    else:  # OIHWBo: [O/B, I, kh, kw, Bo]
+        split = [padded // block, block, per_group, kh, kw]
+        perm = [0, 2, 3, 4, 1]
+    weight = op("Reshape", [weight, const("weight_block_dims", split)], "weight_blocks")
+    weight = op("Transpose", [weight], "weight_blocked", perm=perm)
+    weight = op("Reshape", [weight, const("weight_shape", [padded, per_group, kh, kw])], "weight")
+    x = node.input[0] if kind == "nchw" else op("ReorderInput", [node.input[0]], "input", domain=NCHWC)
+    inputs = [x, weight]
+    if len(node.input) > 2 and node.input[2]:
+        bias = node.input[2]
+        inputs.append(op("Pad", [bias, const("bias_pads", [0, padded - co])], "bias") if padded != co else bias)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name in ("dilations", "group", "pads", "strides")}
+    conv = helper.make_node("Conv", inputs, [f"{stem}/output"], name=node.name or f"{stem}/conv", domain=NCHWC,
+                            kernel_shape=[kh, kw], **attrs)
+    conv.metadata_props.extend(node.metadata_props)
+    conv.doc_string = node.doc_string
+    nodes.append(conv)
+    nodes.append(helper.make_node("ReorderOutput", [f"{stem}/output"], list(node.output[:1]), name=f"{stem}/output_nchw",
+                                  domain=NCHWC, channels=co))
+    return nodes
