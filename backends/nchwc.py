@@ -93,7 +93,7 @@ def rewrite(model: onnx.ModelProto, block: int, only_faster: bool = True) -> tup
             nodes.append(node)
             continue
         count += 1
-        nodes.extend(_blocked(node, kind, types, block, f"{node.name or node.output[0]}/nchwc"))
+        nodes.extend(_blocked(node, kind, types, block, f"{node.output[0]}/nchwc"))  # (value names are unique)
     if not count:
         return model, 0
     out = onnx.ModelProto()

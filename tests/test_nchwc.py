@@ -85,7 +85,7 @@ def test_sessions_take_the_rewrite_at_level_all_only():
     (its nodes in the placement, the Conv keeping its name); "extended" runs the Conv as it is."""
     proto = conv_model((32, 64, 16, 16), (64, 64, 3, 3), pads=[1, 1, 1, 1])
     blocked, generic = (gc.Session(proto, backend="ort-cpu", graph_optimization_level=level) for level in ("all", "extended"))
-    assert "conv_0" in blocked.placement and "conv_0/nchwc/input" in blocked.placement
+    assert "conv_0" in blocked.placement and "y/nchwc/input" in blocked.placement
     assert not any("nchwc" in name for name in generic.placement)
     feeds = feeds_for(proto)
     np.testing.assert_allclose(blocked.run(feeds)["y"], generic.run(feeds)["y"], rtol=1e-4, atol=1e-4)
@@ -104,6 +104,21 @@ def test_sessions_take_the_rewrite_at_level_all_only():
 def test_convs_the_kernels_would_not_speed_up_stay(why, proto):
     rewritten, count = nchwc.rewrite(proto, BLOCK)
     assert (count, rewritten) == (0, proto), why
+
+
+@needs_nchwc
+def test_unnamed_convs_are_rewritten_apart():
+    """Two Convs without node names get nodes and values of their own (named after their
+    outputs), and the session loads and computes both."""
+    proto = conv_model((32, 16, 16, 16), (16, 16, 3, 3), pads=[1, 1, 1, 1])
+    proto.graph.node[0].name = ""
+    proto.graph.node.append(onnx.helper.make_node("Conv", ["y", "w"], ["z"], pads=[1, 1, 1, 1]))
+    proto.graph.output[0].name = "z"
+    rewritten, count = nchwc.rewrite(proto, BLOCK)
+    assert count == 2
+    feeds = feeds_for(proto)
+    expected = gc.Session(proto, backend="numpy").run(feeds)["z"]
+    np.testing.assert_allclose(gc.Session(proto, backend="ort-cpu").run(feeds)["z"], expected, rtol=1e-4, atol=1e-3)
 
 
 @needs_nchwc
