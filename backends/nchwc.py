@@ -13,20 +13,22 @@ The ops of domain com.microsoft.nchwc are onnxruntime's own (the ones its transf
 ``rewrite`` runs on the session's copy of the model, so what graphc saves stays standard ONNX.
 A Conv is rewritten where those kernels measured faster than the generic one, reorders
 included (``scripts/bench_lowerings.py --only nchwc``, 2 threads, ms, generic vs NCHWc): a
-depthwise Conv of 2 to 49 taps, at any size (N=32: 96ch 3x3 stride 2 on 64x64 9.0 vs 7.6;
+depthwise Conv of more than one tap, at any size (N=32: 96ch 3x3 stride 2 on 64x64 9.0 vs 7.6;
 144ch 3x3 on 32x32 7.4 vs 4.8; 240ch 5x5 on 16x16 12.8 vs 2.8; 672ch 5x5 on 8x8 10.4 vs 1.7;
-N=2, 144ch 3x3 on 16x16 0.15 vs 0.10); a dense one whose batch times output pixels reach
+N=2, 144ch 3x3 on 16x16 0.15 vs 0.10), the depthwise dW's Conv over the images' channels too,
+dy its kernel (``rules_nn._depthwise_weight_grad_per_image``; N=32: 144ch 3x3 on 32x32 55 vs 13;
+96ch 3x3 stride 2 on 64x64 44 vs 14; 240ch 5x5 on 16x16 42 vs 7.0); a dense one whose batch times output pixels reach
 ``DENSE_MIN_PIXELS`` (what it pays for is the weight's reorder, every run: N=32, 64ch 3x3 on
 32x32 15.9 vs 10.7, 256ch on 8x8 16.0 vs 12.5; N=8, 64ch on 32x32 3.9 vs 2.7; but N=2, 128ch on
 16x16 0.92 vs 1.31 and N=8, 256ch on 8x8 4.1 vs 5.2); a stem of fewer input channels than a
 block, its input left as it is (N=32, 3->64 7x7 stride 2 on 128x128: 14.3 vs 10.5). 1x1 Convs
-keep the generic kernel, one GEMM already (N=32, 64->256 on 32x32: 5.9 vs 7.6), and so do the
-weight gradients' Convs over swapped axes, dy their kernel (ResNet-18's 7x7 stem dW, a 64x64
-kernel: 33 ms of its step on the generic kernel, 84 on the NCHWc one, its reorders as long).
+keep the generic kernel, one GEMM already (N=32, 64->256 on 32x32: 5.9 vs 7.6), and so do a
+dense conv's weight gradient Convs over swapped axes, dy their kernel, past 49 taps (ResNet-18's
+7x7 stem dW, a 64x64 kernel: 33 ms of its step on the generic kernel, 84 on the NCHWc one).
 Train steps at batch 32, 128 px, Trainers with and without the rewrite interleaved (the same
-artifacts): ResNet-18 0.90x the step time, ResNet-50 0.95x, EfficientNet-B0 0.96x,
-RegNetY-400MF 0.93x, MobileNetV3-small 1.02x (noise: its depthwise convs on small maps are
-products, ``training.dense_conv``; its larger ones' gradients are not Convs of this form).
+artifacts): ResNet-18 0.90x the step time, ResNet-50 0.95x, RegNetY-400MF 0.93x; with the
+depthwise dWs' Convs, EfficientNet-B0 0.74x and MobileNetV3-small 0.91x (without them 0.96x and
+1.02x).
 """
 
 from __future__ import annotations
@@ -142,10 +144,10 @@ def _faster(node: onnx.NodeProto, kind: str, types) -> bool:
     """Do the NCHWc kernels, reorders included, beat the generic one on ``node`` (measured, see
     the module docstring)?"""
     _, _, kh, kw = types[node.input[1]][1]
-    if not 1 < kh * kw <= _MAX_TAPS:
-        return False
+    if kind == "depthwise" or kh * kw == 1:
+        return kh * kw > 1
     out = types[node.output[0]][1]
-    return kind != "dense" or (out[0] or _SYMBOLIC_BATCH) * out[2] * out[3] >= DENSE_MIN_PIXELS
+    return kh * kw <= _MAX_TAPS and (kind == "nchw" or (out[0] or _SYMBOLIC_BATCH) * out[2] * out[3] >= DENSE_MIN_PIXELS)
 
 
 def _blocked(node: onnx.NodeProto, kind: str, types, block: int, stem: str) -> list[onnx.NodeProto]:

@@ -961,6 +961,17 @@ def nchwc(args) -> None:
         compare(f"{n} {ci}->{co} {side}² {k}x{k}/{stride}" + (" dw" if group > 1 else ""),
                 {"generic": plain, "nchwc": list(rewritten.graph.node)},
                 {"x": normal(n, ci, side, side), "w": normal(co, ci // group, k, k)}, ["y"], args)
+    for n, c, side, k, stride in [(32, 144, 32, 3, 1), (32, 96, 64, 3, 2), (32, 240, 16, 5, 1)]:
+        # a depthwise dW as rules_nn._depthwise_weight_grad_per_image takes it: x's images' channels
+        # as the groups of one image, dy as the kernel, strides as dilations
+        out = (side + 2 * (k // 2) - k) // stride + 1
+        plain = [h.make_node("Conv", ["x", "dy"], ["dw"], group=n * c, pads=[k // 2] * 4, dilations=[stride] * 2)]
+        graph = h.make_graph(plain, "dw", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, n * c, side, side]),
+                                           h.make_tensor_value_info("dy", onnx.TensorProto.FLOAT, [n * c, 1, out, out])],
+                             [h.make_tensor_value_info("dw", onnx.TensorProto.FLOAT, None)])
+        rewritten, _ = blocked.rewrite(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), block, only_faster=False)
+        compare(f"dW {n}x{c}ch {side}² {k}x{k}/{stride}", {"generic": plain, "nchwc": list(rewritten.graph.node)},
+                {"x": normal(1, n * c, side, side), "dy": normal(n * c, 1, out, out)}, ["dw"], args)
 
 
 CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "bn_affine": bn_affine, "max_pool": max_pool, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,

@@ -44,6 +44,8 @@ CASES = {  # (x, w, attrs, bias, kind's reorders)
     "stem of 3 channels, 7x7 stride 2": ((2, 3, 16, 16), (24, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, True),
     "depthwise 3x3 stride 2": ((2, 32, 9, 9), (32, 1, 3, 3), {"group": 32, "strides": [2, 2], "pads": [1, 1, 1, 1]}, False),
     "depthwise 5x5, bias": ((3, 16, 6, 6), (16, 1, 5, 5), {"group": 16, "pads": [2, 2, 2, 2]}, True),
+    "depthwise dW's Conv, dy its 8x8 kernel": ((1, 32, 20, 12), (32, 1, 8, 8), {"group": 32, "pads": [1, 1, 1, 1],
+                                                                            "dilations": [2, 1]}, False),
 }
 
 
@@ -96,7 +98,8 @@ def test_sessions_take_the_rewrite_at_level_all_only():
     ("1x1: a GEMM already", conv_model((32, 64, 16, 16), (64, 64, 1, 1))),
     ("a constant weight: onnxruntime reorders it once", conv_model((32, 64, 16, 16), (64, 64, 3, 3), constant_weight=True)),
     ("a dense Conv on too few pixels", conv_model((2, 64, 16, 16), (64, 64, 3, 3), pads=[1, 1, 1, 1])),
-    ("a dW's Conv, dy its kernel", conv_model((16, 32, 40, 40), (64, 32, 20, 20))),
+    ("a dense dW's Conv, dy its kernel", conv_model((16, 32, 40, 40), (64, 32, 20, 20))),
+    ("a depthwise 1x1 (a BatchNorm's affine)", conv_model((32, 64, 16, 16), (64, 1, 1, 1), group=64)),
     ("grouped, not depthwise", conv_model((32, 64, 16, 16), (64, 16, 3, 3), group=4)),
     ("input channels past a block, not whole blocks", conv_model((32, 40, 16, 16), (64, 40, 3, 3))),
     ("auto_pad", conv_model((32, 64, 16, 16), (64, 64, 3, 3), auto_pad="SAME_UPPER")),
@@ -163,3 +166,43 @@ def test_training_a_conv_net_on_the_rewritten_graphs_matches_the_numpy_backend()
     for name, value in trainers["numpy"].params.items():
         np.testing.assert_allclose(np.asarray(trainers["ort-cpu"].params[name]), np.asarray(value), rtol=1e-3,
                                    atol=1e-5, err_msg=name)
+
+
+@needs_nchwc
+def test_depthwise_weight_gradients_are_chosen_for_the_nchwc_kernels(monkeypatch):
+    """Generated for this CPU (its onnxruntime has NCHWc kernels), a stride-1 depthwise conv's dW
+    is the Conv over the images' channels as groups (group = N*C, dy its kernel), which ort-cpu
+    runs on those kernels; without them, the row products (MatMuls). Both train as the numpy
+    backend does."""
+    from graphc import nn
+    from graphc.compile import training
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 16, 1)
+            self.depthwise = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return {"logits": self.head(gc.mean(self.depthwise(self.stem(x)), axis=(2, 3)))}
+
+    rng = np.random.default_rng(1)
+    batch = {"x": rng.normal(size=(4, 3, 16, 16)).astype(np.float32), "y": rng.integers(0, 4, 4)}
+    captured = gc.capture(Net(), x=gc.spec("float32", (4, 3, 16, 16), name="x"))
+
+    def generate():
+        return gc.training.generate(captured, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
+
+    for block, per_image in ((BLOCK, True), (0, False)):
+        monkeypatch.setattr(training, "_nchwc_block", lambda block=block: block)
+        arts = generate()
+        groups = [a.i for n in arts.train_step.proto.graph.node if n.op_type == "Conv" for a in n.attribute
+                  if a.name == "group"]
+        assert (4 * 16 in groups) == per_image, block
+        trainers = {b: gc.Trainer(arts, backend=b) for b in ("ort-cpu", "numpy")}
+        for _ in range(2):
+            losses = {b: t.step(batch) for b, t in trainers.items()}
+            np.testing.assert_allclose(losses["ort-cpu"], losses["numpy"], rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(trainers["ort-cpu"].params["depthwise.weight"]),
+                                   np.asarray(trainers["numpy"].params["depthwise.weight"]), rtol=1e-3, atol=1e-5)

@@ -425,8 +425,11 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         device: ``"cpu"`` or ``"cuda"``: whose kernels (onnxruntime's CPU or CUDA provider) the
             backward's lowerings are chosen for, where the fastest differ (a convolution's weight
             gradient: see ``passes/autodiff/rules_nn.py``; reductions over batch and pixels:
-            ``passes/training/reductions.py``; small depthwise convs). The graphs run on any backend and
-            compute the same values up to rounding; only the speed follows the choice.
+            ``passes/training/reductions.py``; small depthwise convs). On ``"cpu"``, where this
+            machine's onnxruntime has NCHWc kernels (which ort-cpu runs Convs with fed weights on,
+            ``backends/nchwc.py``), the depthwise weight gradients are chosen for them. The graphs
+            run on any backend and compute the same values up to rounding; only the speed follows
+            the choice.
 
     Raises:
         gc.GraphError: unknown output/param names, a loss that is not a float scalar, an op
@@ -453,7 +456,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
     built = artifacts.build(model.ir, loss_args, opt_json,
                             trainable=None if trainable is None else list(trainable), frozen=list(frozen),
                             fused=fused, recompute=recompute, params=list(params), batchnorm=batchnorm,
-                            device=device)
+                            device=device, nchwc=_nchwc_block() if device == "cpu" else 0)
     graphs = {key: Model(m) for key, m in built.graphs.items()}
     manifest = Manifest(
         opset=built.opset,
@@ -505,6 +508,17 @@ def capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:
     model = capture(lambda pred, label: fn(pred, label, **options), name=f"{spec.kind}_loss", opset=opset,
                     pred=pred.model_copy(update={"name": "pred"}), label=label.model_copy(update={"name": "label"}))
     return model.ir
+
+
+def _nchwc_block() -> int:
+    """The channel block of this machine's onnxruntime NCHWc kernels, which ort-cpu runs Convs
+    with fed weights on (``graphc.backends.nchwc``); 0 without them (or without onnxruntime)."""
+    try:
+        from graphc.backends import nchwc
+
+        return nchwc.block_size()
+    except ImportError:
+        return 0
 
 
 def _optimizer_json(optimizer) -> dict:

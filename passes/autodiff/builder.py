@@ -56,11 +56,14 @@ class GradBuilder(Emitter):
     Rules read dtypes off the primal values (``core`` types each gradient like its primal once
     the rule returns); the dtypes it guesses for intermediates let ``scalar`` emit a typed
     constant instead of CastLike, which opsets before 15 lack. ``device`` ("cpu" or "cuda"):
-    whose kernels the rules choose their lowerings for, where the two differ."""
+    whose kernels the rules choose their lowerings for, where the two differ; ``nchwc``: on the
+    CPU, the channel block of onnxruntime's NCHWc kernels, which the ort-cpu backend runs Convs
+    with fed weights on (``graphc.backends.nchwc``), 0 where there are none."""
 
-    def __init__(self, graph: ir.Graph, opset: int, names=None, device: str = "cpu"):
+    def __init__(self, graph: ir.Graph, opset: int, names=None, device: str = "cpu", nchwc: int = 0):
         super().__init__(graph, opset, scope="grad", names=names)
         self.device = device
+        self.nchwc = nchwc if device == "cpu" else 0
         self.needed: set[ir.Value] | None = None  # values whose gradient the walk wants
         # gradients a rule returned in a broadcast shape other than the output's (see registry)
         self.broadcast_shapes: dict[ir.Value, StaticShape | None] = {}
@@ -100,7 +103,7 @@ class GradBuilder(Emitter):
 
     def subgraph_builder(self, graph: ir.Graph) -> GradBuilder:
         """A builder appending to ``graph`` (an If branch) whose names cannot clash with ours."""
-        child = GradBuilder(graph, self.opset, names=self._names, device=self.device)
+        child = GradBuilder(graph, self.opset, names=self._names, device=self.device, nchwc=self.nchwc)
         child.scope = self.scope
         return child
 

@@ -247,9 +247,11 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
     return out
 
 
-def backward(graph: ir.Graph, loss: ir.Value, wrt: Sequence[ir.Value], device: str = "cpu") -> dict[str, ir.Value]:
+def backward(graph: ir.Graph, loss: ir.Value, wrt: Sequence[ir.Value], device: str = "cpu",
+             nchwc: int = 0) -> dict[str, ir.Value]:
     """Append d(loss)/d(w) for each ``w`` in ``wrt`` to ``graph``; return ``{w.name: gradient}``.
-    ``device``: whose kernels the gradient rules choose their lowerings for (``GradBuilder``).
+    ``device`` and ``nchwc``: whose kernels the gradient rules choose their lowerings for
+    (``GradBuilder``).
 
     ``loss`` must be a scalar (or one-element) float value of ``graph``. A ``w`` with no path
     to the loss gets zeros of its shape (``ConstantOfShape``), like ``tf.gradients`` with
@@ -263,7 +265,7 @@ def backward(graph: ir.Graph, loss: ir.Value, wrt: Sequence[ir.Value], device: s
         raise AutodiffError(f"loss {loss.name!r} has dtype {loss.dtype}; it must be floating-point")
     if loss.shape is not None and any(isinstance(d, int) and d != 1 for d in loss.shape):
         raise AutodiffError(f"loss {loss.name!r} must be a scalar, got shape {loss.shape}")
-    g = GradBuilder(graph, onnx_opset(graph, DEFAULT_OPSET), device=device)
+    g = GradBuilder(graph, onnx_opset(graph, DEFAULT_OPSET), device=device, nchwc=nchwc)
     nodes = list(graph)
     seed = g.full(g.shape_of(loss), 1.0, loss)
     grads = backprop(g, nodes, {loss: seed}, list(wrt))

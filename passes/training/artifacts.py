@@ -90,9 +90,10 @@ class Built:
 
 def build(model: ir.Model, loss: LossArgs, optimizer: dict,
           trainable: Iterable[str] | None = None, frozen: Iterable[str] = (), fused: bool = True,
-          recompute: bool = False, params: Iterable[str] = (), batchnorm: str = "train", device: str = "cpu") -> Built:
+          recompute: bool = False, params: Iterable[str] = (), batchnorm: str = "train", device: str = "cpu",
+          nchwc: int = 0) -> Built:
     """The training graphs of ``model``; ``optimizer`` is the spec as JSON (``{"kind": "sgd", "lr":
-    ..., ...}``)."""
+    ..., ...}``); ``nchwc``: the CPU's NCHWc channel block the backward may count on (0: none)."""
     base = _prepare(model)
     order = {name: i for i, name in enumerate(model.graph.initializers)}  # promoted constants last
     opset = onnx_opset(base, 0)
@@ -114,7 +115,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     noise: list[str] = []
     slot = [v.name for v in base.graph.outputs].index(loss.output)
     step, gradients, grads, bn_next, grad_outputs = _backward_graphs(base, opset, params, bn_stats, noise, recompute,
-                                                                     batchnorm, device)
+                                                                     batchnorm, device, nchwc)
     # a pass that replaces the prediction (dense_conv) keeps its output slot, not its name
     step.graph.outputs[slot].name = loss.output
 
@@ -179,7 +180,8 @@ def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
 
 
 def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats: Sequence[str],
-                     noise: list[str], recompute: bool = False, batchnorm: str = "train", device: str = "cpu"):
+                     noise: list[str], recompute: bool = False, batchnorm: str = "train", device: str = "cpu",
+                     nchwc: int = 0):
     """Training mode and the backward pass, in ``step`` itself; returns (step, the gradients
     graph cloned from it, {param: gradient value in step}, {BN stat: its updated value}, the
     gradients graph's outputs).
@@ -201,7 +203,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
         fill_unknown_ranks(step)  # a body's shape arithmetic can hide ranks from inference
     forward = {node.name for node in step.graph}
     convs = [node for node in step.graph if node.op_type == "Conv" and node.domain in ("", "ai.onnx")]
-    grads = backward(step.graph, _by_name(step.graph, LOSS), [step.graph.initializers[p] for p in params], device)
+    grads = backward(step.graph, _by_name(step.graph, LOSS), [step.graph.initializers[p] for p in params], device, nchwc)
     before = set(step.graph)
     if device == "cpu":
         dense_conv.gather_convs(step.graph, convs, opset)
