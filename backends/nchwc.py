@@ -26,9 +26,9 @@ keep the generic kernel, one GEMM already (N=32, 64->256 on 32x32: 5.9 vs 7.6), 
 dense conv's weight gradient Convs over swapped axes, dy their kernel, past 49 taps (ResNet-18's
 7x7 stem dW, a 64x64 kernel: 33 ms of its step on the generic kernel, 84 on the NCHWc one).
 Train steps at batch 32, 128 px, Trainers with and without the rewrite interleaved (the same
-artifacts): ResNet-18 0.90x the step time, ResNet-50 0.95x, RegNetY-400MF 0.93x; with the
-depthwise dWs' Convs, EfficientNet-B0 0.74x and MobileNetV3-small 0.91x (without them 0.96x and
-1.02x).
+artifacts; two runs where two are given, this VM's noise being a few percent): ResNet-18 0.90x /
+0.94x the step time, ResNet-50 0.95x, RegNetY-400MF 0.93x / 0.99x, EfficientNet-B0 0.89x,
+MobileNetV3-small 0.95x (0.89x and 0.99x with the depthwise dWs' Convs left on the generic kernel).
 """
 
 from __future__ import annotations

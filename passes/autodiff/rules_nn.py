@@ -487,11 +487,12 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     # Where ort-cpu has onnxruntime's NCHWc kernels (``g.nchwc``, their channel block) they run
     # the per-image Conv (its groups the images' channels, whole blocks of them) 3-6x faster than
     # the generic kernel (``backends/nchwc.py``), and it then beats the row products: train steps
-    # at batch 32, 128 px, interleaved, EfficientNet-B0 0.94x, MobileNetV3-small 0.97x.
+    # at batch 32, 128 px, interleaved, two runs, EfficientNet-B0 0.94x / 0.98x, MobileNetV3-small
+    # 0.94x / 0.96x; at batch 2, 64 px, EfficientNet-B0 0.97x (MobileNetV3-small's graphs the same).
     blocked = (depthwise and bool(g.nchwc) and n_sp == 2 and _known_batch(x) is not None and math.prod(out) >= 64
                and _known_batch(x) * w_shape[0] % g.nchwc == 0)
-    if (depthwise and floats and not cuda and not blocked and n_sp == 2 and all(v == 1 for v in strides) and max(spatial) <= 64
-            and (typical_batch(x) >= 4 or math.prod(out) >= 1024)
+    if (depthwise and floats and not cuda and not blocked and n_sp == 2 and all(v == 1 for v in strides)
+            and max(spatial) <= 64 and (typical_batch(x) >= 4 or math.prod(out) >= 1024)
             and (_known_batch(x)  # or else whole: a symbolic batch cannot be chunked
                  or typical_batch(x) * _rows_per_image(w_shape[0], kernel[1], out[0], spatial) <= ROWS_CHUNK)):
         return _depthwise_weight_grad_rows(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
