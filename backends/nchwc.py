@@ -16,11 +16,11 @@ included (``scripts/bench_lowerings.py --only nchwc``, 2 threads, ms, generic vs
 depthwise Conv of more than one tap, at any size (N=32: 96ch 3x3 stride 2 on 64x64 9.0 vs 7.6;
 144ch 3x3 on 32x32 7.4 vs 4.8; 240ch 5x5 on 16x16 12.8 vs 2.8; 672ch 5x5 on 8x8 10.4 vs 1.7;
 N=2, 144ch 3x3 on 16x16 0.15 vs 0.10), the depthwise dW's Conv over the images' channels too,
-dy its kernel (``rules_nn._depthwise_weight_grad_per_image``; N=32: 144ch 3x3 on 32x32 55 vs 13;
-96ch 3x3 stride 2 on 64x64 44 vs 14; 240ch 5x5 on 16x16 42 vs 7.0); a dense one whose batch times output pixels reach
-``DENSE_MIN_PIXELS`` (what it pays for is the weight's reorder, every run: N=32, 64ch 3x3 on
-32x32 15.9 vs 10.7, 256ch on 8x8 16.0 vs 12.5; N=8, 64ch on 32x32 3.9 vs 2.7; but N=2, 128ch on
-16x16 0.92 vs 1.31 and N=8, 256ch on 8x8 4.1 vs 5.2); a stem of fewer input channels than a
+dy its kernel (``rules_nn._depthwise_weight_grad_per_image``; N=32: 144ch 3x3 on 32x32 55 vs
+13; 96ch 3x3 stride 2 on 64x64 44 vs 14; 240ch 5x5 on 16x16 42 vs 7.0); a dense one whose batch
+times output pixels reach ``DENSE_MIN_PIXELS`` (what it pays for is the weight's reorder, every
+run: N=32, 64ch 3x3 on 32x32 15.9 vs 10.7, 256ch on 8x8 16.0 vs 12.5; N=8, 64ch on 32x32 3.9 vs
+2.7; but N=2, 128ch on 16x16 0.92 vs 1.31 and N=8, 256ch on 8x8 4.1 vs 5.2); a stem of fewer input channels than a
 block, its input left as it is (N=32, 3->64 7x7 stride 2 on 128x128: 14.3 vs 10.5). 1x1 Convs
 keep the generic kernel, one GEMM already (N=32, 64->256 on 32x32: 5.9 vs 7.6), and so do a
 dense conv's weight gradient Convs over swapped axes, dy their kernel, past 49 taps (ResNet-18's
