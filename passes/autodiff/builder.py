@@ -63,7 +63,7 @@ class GradBuilder(Emitter):
     def __init__(self, graph: ir.Graph, opset: int, names=None, device: str = "cpu", nchwc: int = 0):
         super().__init__(graph, opset, scope="grad", names=names)
         self.device = device
-        self.nchwc = nchwc if device == "cpu" else 0
+        self.nchwc = nchwc
         self.needed: set[ir.Value] | None = None  # values whose gradient the walk wants
         # gradients a rule returned in a broadcast shape other than the output's (see registry)
         self.broadcast_shapes: dict[ir.Value, StaticShape | None] = {}

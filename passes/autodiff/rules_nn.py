@@ -193,7 +193,7 @@ GATHER_CHUNK = IM2COL_CHUNK  # past GATHER_COLS, a run's values (whole channels;
 
 
 def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides, dilations, begin, end,
-                               group: int):
+                               group: int, runs: list[int]):
     """dW as one GEMM against the column matrix, built by one Gather: x batch-innermost and padded,
     [Ci, P, N] (P its padded pixels), each (tap, output pixel) reading a row of N values at a
     constant flat position (strides and dilations in the index), so the columns come out
@@ -226,17 +226,14 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     steps interleaved both orders: batch 32 at 128 px 0.92x / 0.87x the step time (kernel time
     811 -> 728 ms, its grouped convs' backward 208 -> 143), at 64 px 0.97x / 0.96x. (Measured
     on the graphs of an earlier session this form had left the step at 1.00x.) Its runs are of
-    whole groups, each run's product making its own groups' rows of dW. The bounds are taken at
-    x's batch (a symbolic one's typical 16)."""
+    whole groups, each run's product making its own groups' rows of dW. ``runs``: the number of
+    channels (groups) in each run (``_channel_runs``)."""
     n_sp = len(spatial)
     co, cg, kernel = w_shape[0], w_shape[1], list(w_shape[2:])
     ci = cg * group
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
-    unit = cg if group > 1 else 1  # channels a run takes whole: a group's, or one
-    per_unit = unit * math.prod(kernel) * math.prod(out) * typical_batch(x)  # one unit's columns
-    runs = _channel_runs(ci // unit, per_unit)
     rows = batch_innermost(g, x, ci, spatial, begin, end)  # [Ci, P, N]
-    sizes = [units * unit for units in runs]
+    sizes = [units * (cg if group > 1 else 1) for units in runs]
     parts = g.split(rows, sizes, axis=0, count=len(sizes)) if len(sizes) > 1 else (rows,)
     dy2 = g.op("Reshape", g.transpose(dy, [*range(1, 2 + n_sp), 0]), g.ints([co, -1]))  # [Co, O * N]
     if group > 1:  # rows (g, m) of dy, a run of whole groups each
@@ -255,13 +252,18 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     return g.op("Reshape", dw, g.ints(list(w_shape)))
 
 
-def _channel_runs(units: int, per_unit: int) -> list[int]:
-    """``units`` (channels, or groups) in runs of equal size (the last one shorter): one run when
-    all their columns (``per_unit`` values each) fit ``GATHER_COLS``, else runs within
-    ``GATHER_CHUNK``."""
+def _channel_runs(x: ir.Value, ci: int, cg: int, group: int, kernel, out) -> list[int] | None:
+    """The gathered dW's runs: its input channels (a grouped conv's groups) in runs of equal
+    size (the last one shorter), one run when all their columns fit ``GATHER_COLS``, else runs
+    within ``GATHER_CHUNK``; None where one channel's (group's) columns pass that. The columns
+    are counted at x's batch (a symbolic one's typical 16)."""
+    unit = cg if group > 1 else 1  # channels a run takes whole: a group's, or one
+    units, per_unit = ci // unit, unit * math.prod(kernel) * math.prod(out) * typical_batch(x)
     if units * per_unit <= GATHER_COLS:
         return [units]
-    size = max(1, GATHER_CHUNK // per_unit)
+    if per_unit > GATHER_CHUNK:
+        return None
+    size = GATHER_CHUNK // per_unit
     return [min(size, units - first) for first in range(0, units, size)]
 
 
@@ -504,11 +506,10 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
         return _depthwise_weight_grad_taps(g, x, dy, w_shape, spatial, strides, dilations, begin, end)
     per_image = cg * group * math.prod(kernel) * math.prod(out)  # columns
     dense = group == 1 and floats
-    per_unit = (cg if group > 1 else 1) * math.prod(kernel) * math.prod(out) * typical_batch(x)  # a run's least
-    gathers = per_image * typical_batch(x) <= GATHER_COLS or per_unit <= GATHER_CHUNK
-    if (floats and not cuda and math.prod(kernel) <= 9 and gathers
+    runs = _channel_runs(x, cg * group, cg, group, kernel, out)
+    if (floats and not cuda and math.prod(kernel) <= 9 and runs is not None
             and (group == 1 or (cg > 1 and typical_batch(x) >= 4))):
-        return _conv_weight_grad_gathered(g, x, dy, w_shape, spatial, strides, dilations, begin, end, group)
+        return _conv_weight_grad_gathered(g, x, dy, w_shape, spatial, strides, dilations, begin, end, group, runs)
     if (dense and (math.prod(kernel) <= 9 or cuda)
             and (per_image <= IM2COL_CHUNK if _known_batch(x) is not None
                  else per_image * typical_batch(x) <= 1 << 24)):
