@@ -947,31 +947,32 @@ def nchwc(args) -> None:
     if not block:
         print("  onnxruntime has no NCHWc kernels on this CPU")
         return
+
+    def variants(conv: onnx.NodeProto, feeds: dict[str, np.ndarray]) -> dict[str, list]:
+        """The one Conv as it is and as ``graphc.backends.nchwc`` rewrites it (every one it can)."""
+        graph = h.make_graph([conv], "conv", [h.make_tensor_value_info(k, onnx.TensorProto.FLOAT, v.shape)
+                                              for k, v in feeds.items()],
+                             [h.make_tensor_value_info(conv.output[0], onnx.TensorProto.FLOAT, None)])
+        rewritten, _ = blocked.rewrite(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), block,
+                                       only_faster=False)
+        return {"generic": [conv], "nchwc": list(rewritten.graph.node)}
+
     cases = [(32, 64, 64, 32, 3, 1, 1), (32, 256, 256, 8, 3, 1, 1), (8, 64, 64, 32, 3, 1, 1), (2, 128, 128, 16, 3, 1, 1),
              (8, 256, 256, 8, 3, 1, 1), (32, 64, 256, 32, 1, 1, 1), (32, 3, 64, 128, 7, 2, 1), (32, 96, 96, 64, 3, 2, 96),
              (32, 144, 144, 32, 3, 1, 144), (32, 240, 240, 16, 5, 1, 240), (32, 672, 672, 8, 5, 1, 672),
              (2, 144, 144, 16, 3, 1, 144)]
     for n, ci, co, side, k, stride, group in cases:
-        plain = [h.make_node("Conv", ["x", "w"], ["y"], pads=[k // 2] * 4, strides=[stride] * 2, group=group)]
-        graph = h.make_graph(plain, "conv", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [n, ci, side, side]),
-                                             h.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [co, ci // group, k, k])],
-                             [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
-        model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
-        rewritten, _ = blocked.rewrite(model, block, only_faster=False)
-        compare(f"{n} {ci}->{co} {side}² {k}x{k}/{stride}" + (" dw" if group > 1 else ""),
-                {"generic": plain, "nchwc": list(rewritten.graph.node)},
-                {"x": normal(n, ci, side, side), "w": normal(co, ci // group, k, k)}, ["y"], args)
+        feeds = {"x": normal(n, ci, side, side), "w": normal(co, ci // group, k, k)}
+        conv = h.make_node("Conv", ["x", "w"], ["y"], pads=[k // 2] * 4, strides=[stride] * 2, group=group)
+        compare(f"{n} {ci}->{co} {side}² {k}x{k}/{stride}" + (" dw" if group > 1 else ""), variants(conv, feeds),
+                feeds, ["y"], args)
     for n, c, side, k, stride in [(32, 144, 32, 3, 1), (32, 96, 64, 3, 2), (32, 240, 16, 5, 1)]:
         # a depthwise dW as rules_nn._depthwise_weight_grad_per_image takes it: x's images' channels
         # as the groups of one image, dy as the kernel, strides as dilations
         out = (side + 2 * (k // 2) - k) // stride + 1
-        plain = [h.make_node("Conv", ["x", "dy"], ["dw"], group=n * c, pads=[k // 2] * 4, dilations=[stride] * 2)]
-        graph = h.make_graph(plain, "dw", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, n * c, side, side]),
-                                           h.make_tensor_value_info("dy", onnx.TensorProto.FLOAT, [n * c, 1, out, out])],
-                             [h.make_tensor_value_info("dw", onnx.TensorProto.FLOAT, None)])
-        rewritten, _ = blocked.rewrite(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), block, only_faster=False)
-        compare(f"dW {n}x{c}ch {side}² {k}x{k}/{stride}", {"generic": plain, "nchwc": list(rewritten.graph.node)},
-                {"x": normal(1, n * c, side, side), "dy": normal(n * c, 1, out, out)}, ["dw"], args)
+        feeds = {"x": normal(1, n * c, side, side), "dy": normal(n * c, 1, out, out)}
+        conv = h.make_node("Conv", ["x", "dy"], ["dw"], group=n * c, pads=[k // 2] * 4, dilations=[stride] * 2)
+        compare(f"dW {n}x{c}ch {side}² {k}x{k}/{stride}", variants(conv, feeds), feeds, ["dw"], args)
 
 
 CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "bn_affine": bn_affine, "max_pool": max_pool, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
