@@ -129,7 +129,11 @@ def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, wei
     # moved onto scalars: ``(m / (sqrt(v) + eps*sqrt(1-b2^t))) * (lr/(1-b1^t) * sqrt(1-b2^t))``,
     # one full-size pass fewer (the Div by sqrt(1-b2^t)); equal up to float rounding. (The moment
     # updates as one Gemm each, ``b1*m + (1-b1)*g`` as [n, 1] x [[1-b1]] with C = m and beta = b1:
-    # 3.4x slower than Sub, Mul, Add on 2**20 floats, onnxruntime CPU, 2 threads.)
+    # 3.4x slower than Sub, Mul, Add on 2**20 floats, onnxruntime CPU, 2 threads; as [n/K, K] x
+    # (1-b1)*I_K, K = 4, 8, 16, 32: 590, 318, 304, 456 us against the three nodes' 313. And
+    # onnxruntime's com.microsoft GatedAdd, ``x + y * gate`` in one pass, as a session rewrite of
+    # the ``Add(x, Mul(y, c))`` pairs: ResNet-18's update at batch 2 spent 5.8 ms in GatedAdd where
+    # the Adds and Muls it took the place of had taken 6.0.)
     like = param if param is not None else grad  # typed (a per-param gradient may not be)
     b, c = ctx.b, lambda v: b.scalar(v, like)
     beta1, beta2 = betas
