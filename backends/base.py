@@ -52,11 +52,17 @@ class Executable(Protocol):
 
     def run_bound(self, feeds: Mapping[str, Any], host_outputs: Sequence[str],
                   device_outputs: Sequence[str] = (), into: Mapping[str, Any] | None = None,
-                  ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+                  keep: bool = False) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Run with feeds given as host arrays or handles; return (host arrays of
         ``host_outputs``, handles of ``device_outputs`` left on the device). ``into`` offers
         handles of the right shape and dtype to write device outputs into (no allocation); a
-        backend may ignore it and return new handles."""
+        backend may ignore it and return new handles. ``keep``: the same handles will be fed
+        and written into again (a Trainer's steps), so a backend may keep what it set up for
+        them until ``forget_bindings``."""
+        ...
+
+    def forget_bindings(self) -> None:
+        """Drop what ``run_bound(keep=True)`` kept (the caller's handles are about to change)."""
         ...
 
 

@@ -64,10 +64,13 @@ class NumpyExecutable:
 
     def run_bound(self, feeds: Mapping[str, Any], host_outputs: Sequence[str],
                   device_outputs: Sequence[str] = (), into: Mapping[str, Any] | None = None,
-                  ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        # ``into`` is ignored: the interpreter's kernels return new arrays
+                  keep: bool = False) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        # ``into`` and ``keep`` are ignored: the interpreter's kernels return new arrays
         result = self.run(feeds, [*host_outputs, *device_outputs])
         return ({n: result[n] for n in host_outputs}, {n: result[n] for n in device_outputs})
+
+    def forget_bindings(self) -> None:
+        """Nothing is bound here."""
 
 
 class NumpyBackend:

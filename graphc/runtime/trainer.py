@@ -13,7 +13,8 @@ the backend's device as a handle (an ``OrtValue`` on onnxruntime, the array itse
 and each step's ``X.next`` output replaces it (``manifest.feeds``). Per step only the batch
 goes in and only the loss comes out (in ``fit`` also the prediction the train metrics read,
 format 3 on). On onnxruntime the outputs are written into two sets of buffers used in turn (a
-step reads one and writes the other), so a step allocates no param or state buffer; an output
+step reads one and writes the other, each pair bound once: ``run_bound(keep=True)``), so a step
+allocates no param or state buffer; an output
 that nothing reads after its producer writes it (the optimizer state, most params:
 ``graphc.passes.training.in_place``) goes into its input's own buffer, one copy instead of two.
 With the fused update (``manifest.layout``) the optimizer state is carried as flat buffers;
@@ -234,6 +235,7 @@ class Trainer:
     def _reset_state(self, tensors: Mapping[str, np.ndarray], consume: bool = False) -> None:
         given = set(tensors)
         packed = self._packed(tensors, consume)
+        self._train.forget_bindings()  # they hold the old handles
         # the flat buffers pack made are ours: a host device keeps them instead of a second copy
         self._state = {n: self._train.to_device(np.asarray(packed.pop(n)), owned=n not in given)
                        for n in self._entries}
@@ -272,7 +274,7 @@ class Trainer:
                         into[out] = self._train.empty_like(state[self._feeds[out]])
                 host, device = self._graphed.run(feeds, self._fetch, self._device_outputs, into)
             else:
-                host, device = self._train.run_bound(feeds, self._fetch, self._device_outputs, into=into)
+                host, device = self._train.run_bound(feeds, self._fetch, self._device_outputs, into=into, keep=True)
             self._step_outputs = host
             for out, name in self._feeds.items():
                 if out not in self._in_place:
@@ -577,8 +579,9 @@ class Trainer:
     @lr.setter
     def lr(self, value: float) -> None:
         array = np.asarray(value, dtype=to_numpy(self._entries["lr"].dtype))
-        if self._graphed is not None:  # into the buffer the CUDA graphs read
-            self._state["lr"].update_inplace(array)
+        handle = self._state["lr"]
+        if hasattr(handle, "update_inplace"):  # into the buffer the CUDA graphs and kept bindings read
+            handle.update_inplace(array)
         else:
             self._state["lr"] = self._train.to_device(array)
 
