@@ -25,6 +25,7 @@ import onnx
 from google.protobuf.message import EncodeError
 
 from graphc.backends import denormals, nchwc
+from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
 from graphc.model import ir_version_for, node_source
@@ -337,7 +338,7 @@ class OrtExecutable:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._placement = {node.name: sub.ep_name for sub in self.session.get_provider_graph_assignment_info()
                            for node in sub.get_nodes()}
-        self._kept: dict[tuple, tuple[Any, list[Any]]] = {}  # run_bound(keep=True)'s bindings
+        self._bindings = Bindings(self.session, ort.OrtValue, self.device, self.device_id)
 
     @property
     def placement(self) -> dict[str, str]:
@@ -373,70 +374,28 @@ class OrtExecutable:
     def run_bound(self, feeds: Mapping[str, Any], host_outputs: Sequence[str],
                   device_outputs: Sequence[str] = (), into: Mapping[str, Any] | None = None,
                   graph_id: int | None = None, keep: bool = False) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """Run with IOBinding: handles are bound as they are, host arrays are copied in; device
-        outputs stay on the device as OrtValues (written into the OrtValue ``into`` holds for
-        one, else allocated), host outputs come back as numpy arrays. ``graph_id``: on a session
-        prepared with ``cuda_graph``, the CUDA graph this run is captured as or replays (-1: none).
-        ``keep``: where ``into`` holds a handle for every device output, keep the binding (two
-        at most, as a Trainer's steps read one set of buffers and write the other in turn) and
-        run it again when the same handles come back, binding only the host arrays and host
-        outputs anew (``forget_bindings`` drops them). Trainer steps interleaved, batch 2,
-        64 px: RegNetY-400MF 0.981x the step time, MobileNetV3-small 0.975x, EfficientNet-B0
-        0.980x (300-350 carried tensors each), ResNet-18 1.00x (130)."""
-        ort = _ort()
+        """Run with IOBinding (``iobinding``): handles are bound as they are, host arrays are
+        copied in; device outputs stay on the device as OrtValues (written into the OrtValue
+        ``into`` holds for one, else allocated), host outputs come back as numpy arrays.
+        ``graph_id``: on a session prepared with ``cuda_graph``, the CUDA graph this run is
+        captured as or replays (-1: none). ``keep``: where ``into`` holds a handle for every
+        device output, keep the binding (two at most) and run it again when the same handles
+        come back (``forget_bindings`` drops them): Trainer steps interleaved, batch 2, 64 px,
+        against binding anew, RegNetY-400MF 0.981x the step time, MobileNetV3-small 0.975x,
+        EfficientNet-B0 0.980x (300-350 carried tensors each), ResNet-18 1.00x (130)."""
         given = into or {}
-        handles = [(name, value) for name, value in feeds.items() if isinstance(value, ort.OrtValue)]
-        key = None
-        if keep and all(given.get(name) is not None for name in device_outputs):
-            key = (tuple(host_outputs), graph_id, tuple((name, id(value)) for name, value in handles),
-                   tuple((name, id(given[name])) for name in device_outputs))
-        kept = self._kept.pop(key, None) if key is not None else None
-        if kept is None:
-            binding = self.session.io_binding()
-            for name, value in handles:
-                binding.bind_ortvalue_input(name, value)
-            for name in host_outputs:
-                binding.bind_output(name, "cpu")
-            for name in device_outputs:
-                target = given.get(name)
-                if target is not None:
-                    binding.bind_ortvalue_output(name, target)
-                else:
-                    binding.bind_output(name, self.device, self.device_id)
-            # holding the handles pins their ids: a kept key never names a later handle at a freed one's address
-            kept = (binding, [value for _, value in handles] + [given.get(name) for name in device_outputs])
-        else:
-            binding = kept[0]
-            for name in host_outputs:  # a fresh buffer: the last run's arrays may still be read
-                binding.bind_output(name, "cpu")
-        keep_alive = []
-        for name, value in feeds.items():
-            if not isinstance(value, ort.OrtValue):
-                array = np.asarray(value, order="C")
-                keep_alive.append(array)
-                binding.bind_cpu_input(name, array)
+        binding, arrays = self._bindings.bind(feeds, host_outputs, device_outputs, given, graph_id, keep)
         try:
             with denormals.flushing(self._flush):
                 self.session.run_with_iobinding(binding, self._run_options(graph_id))
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, "failed while running") from None
-        if key is not None:
-            self._kept[key] = kept
-            while len(self._kept) > 2:
-                del self._kept[next(iter(self._kept))]  # the least recently run
-        values = binding.get_outputs()
-        n_host = len(host_outputs)
-        host = {name: values[i].numpy() for i, name in enumerate(host_outputs)}
-        # an output written into a given OrtValue comes back as that object: a CPU OrtValue made
-        # from numpy owns no memory, its Python object keeps the array (and so the data) alive
-        device = {name: given[name] if given.get(name) is not None else values[n_host + i]
-                  for i, name in enumerate(device_outputs)}
-        return host, device
+        del arrays  # bound host arrays: alive until the run is done
+        return self._bindings.results(binding, host_outputs, device_outputs, given)
 
     def forget_bindings(self) -> None:
-        """Drop the bindings ``run_bound(keep=True)`` kept, and with them their hold on the
-        handles they bound."""
-        self._kept.clear()
+        """Drop the bindings ``run_bound(keep=True)`` kept, and their hold on the handles."""
+        self._bindings.forget()
 
     def _run_options(self, graph_id: int | None) -> Any:
         graph_id = self._default_graph if graph_id is None else graph_id
