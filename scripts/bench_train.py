@@ -52,20 +52,42 @@ CASES = {
 }
 
 
+# Each turn of an interleaved benchmark starts after a pause and one untimed step: the steady
+# state of a training loop, not the switch. onnxruntime's intra-op threads spin on after a run,
+# and PyTorch's OpenMP threads after theirs; on 2 cores the other framework's first step paid for
+# it (PyTorch's ResNet-18 step at batch 32, 64 px: 147-157 ms right after graphc's, 113-116 from
+# its second on, 117 after a 50 ms pause; graphc's 134-140 after PyTorch's, 130-133 after a
+# pause), and either's first step finds the caches full of the other's data. Timed from the
+# switch, ``bench_zoo``'s rounds took PyTorch's slow first steps for half its timings and gave
+# ResNet-18 0.91x PyTorch's step time where the steady state is 1.14x.
+SETTLE_S = 0.1
+
+
+def timed_turn(step: Callable[[int], float], count: int) -> list[float]:
+    """One stepper's turn: a pause (``SETTLE_S``), an untimed step, then the seconds of ``count``
+    timed steps (batch indices 0, 1, ...)."""
+    time.sleep(SETTLE_S)
+    step(count)
+    seconds = []
+    for i in range(count):
+        t0 = time.perf_counter()
+        step(i)
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
 def interleaved_times(steps: dict[str, tuple[Callable[[int], float], int]], rounds: int,
                         warmup: int = 3) -> dict[str, tuple[float, float]]:
-    """(median, fastest) ms per step of each stepper. Steppers take turns (``per_round`` steps each,
-    ``rounds`` times), so a busy machine slows every row alike instead of whichever ran last."""
+    """(median, fastest) ms per step of each stepper. Steppers take turns (``timed_turn``,
+    ``per_round`` timed steps each, ``rounds`` times), so a busy machine slows every row alike
+    instead of whichever ran last."""
     for step, _ in steps.values():
         for i in range(warmup):
             step(i)
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(rounds):
         for name, (step, per_round) in steps.items():
-            for i in range(per_round):
-                t0 = time.perf_counter()
-                step(i)
-                times[name].append(time.perf_counter() - t0)
+            times[name] += timed_turn(step, per_round)
     return {name: (statistics.median(ts) * 1e3, min(ts) * 1e3) for name, ts in times.items()}
 
 
