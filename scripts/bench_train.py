@@ -52,22 +52,26 @@ CASES = {
 }
 
 
-# Each turn of an interleaved benchmark starts after a pause and one untimed step: the steady
-# state of a training loop, not the switch. onnxruntime's intra-op threads spin on after a run,
-# and PyTorch's OpenMP threads after theirs; on 2 cores the other framework's first step paid for
-# it (PyTorch's ResNet-18 step at batch 32, 64 px: 147-157 ms right after graphc's, 113-116 from
-# its second on, 117 after a 50 ms pause; graphc's 134-140 after PyTorch's, 130-133 after a
-# pause), and either's first step finds the caches full of the other's data. Timed from the
-# switch, ``bench_zoo``'s rounds took PyTorch's slow first steps for half its timings and gave
-# ResNet-18 0.91x PyTorch's step time where the steady state is 1.14x.
+# Each turn of an interleaved benchmark times the framework's steady state, not the switch to it:
+# untimed steps first, for SETTLE_S at least. onnxruntime's intra-op threads spin on after a
+# run, and PyTorch's OpenMP threads after theirs; on 2 cores the other framework's next steps
+# paid for it, and found the caches full of the other's data. PyTorch's ResNet-18 step at batch
+# 32, 64 px: 146-157 ms right after graphc's, 113-116 from its second step on; graphc's 134-141,
+# then 130-133. Timed from the switch with 2 steps a turn, ``bench_zoo`` took PyTorch's slow first
+# steps for half its timings and gave ResNet-18 0.91x PyTorch's step time where its steady state
+# is 1.16x. A pause instead lets both thread pools park, which a training loop never sees (on
+# LeNet's 2-4 ms steps the next several steps of either paid for waking them).
 SETTLE_S = 0.1
 
 
 def timed_turn(step: Callable[[int], float], count: int) -> list[float]:
-    """One stepper's turn: a pause (``SETTLE_S``), an untimed step, then the seconds of ``count``
-    timed steps (batch indices 0, 1, ...)."""
-    time.sleep(SETTLE_S)
-    step(count)
+    """One stepper's turn: untimed steps for ``SETTLE_S`` at least (one at least), then the
+    seconds of ``count`` timed steps (batch indices 0, 1, ...)."""
+    settled, i = time.perf_counter() + SETTLE_S, count
+    step(i)
+    while time.perf_counter() < settled:
+        i += 1
+        step(i)
     seconds = []
     for i in range(count):
         t0 = time.perf_counter()

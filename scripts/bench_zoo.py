@@ -23,9 +23,9 @@ Trainers (``arena_extend_strategy=kSameAsRequested``, ``use_tf32=0``, ...). Per 
 size it reports:
 
 - ms per step of each (feed the batch, forward, backward, update, read the loss): median over
-  ``--rounds`` rounds in which the two take turns, ``--steps`` timed steps each after a pause
-  and an untimed step (``bench_train.timed_turn``: the steady state of a training loop, not the
-  switch from the other framework), so a busy machine slows both alike; and graphc / torch, with the lowest and highest of the rounds' own ratios
+  ``--rounds`` rounds in which the two take turns, ``--steps`` timed steps each after untimed
+  ones (``bench_train.timed_turn``: the steady state of a training loop, not the switch from the
+  other framework), so a busy machine slows both alike; and graphc / torch, with the lowest and highest of the rounds' own ratios
   ("rounds": how far this machine's noise moves it);
 - the optimizer update's share of graphc's kernel time (nodes named ``optim/...``), from an
   onnxruntime profile of the train_step (on the CPU only: on the GPU the profile times kernel
@@ -494,8 +494,8 @@ def torch_memory_child(name: str, batch: int, image_size: int, device: str) -> N
 def interleaved_ms(steppers: dict[str, Callable[[int], float]], rounds: int, steps: int,
                    warmup: int = 2, per_round: dict[str, list[float]] | None = None) -> dict[str, float]:
     """Median ms per step of each stepper; they take turns, each turn ``bench_train.timed_turn``
-    (a pause and an untimed step first: the steady state of a training loop, not the switch),
-    ``steps`` timed steps. ``per_round``, if given, gets each stepper's median ms in each round."""
+    (untimed steps first: the steady state of a training loop, not the switch), ``steps``
+    timed steps. ``per_round``, if given, gets each stepper's median ms in each round."""
     for step in steppers.values():
         for i in range(warmup):
             step(i)
