@@ -19,7 +19,7 @@ guess from names):
   training-mode forward computed it (role ``prediction``; ``gc.Trainer`` computes the train
   metrics from it, format 3 on). Frozen params stay initializers. With the fused update (the
   default) the params are updated a group at a time (by dtype and weight-decay setting, up to
-  2**20 elements each, ``params.<dtype>[.no_decay][.<n>]``: ``manifest.layout`` lists each
+  2**19 elements each, ``params.<dtype>[.no_decay][.<n>]``: ``manifest.layout`` lists each
   group's params in order) and the optimizer state is one flat buffer per group and slot, ``<group>.<slot>`` (say ``params.float32.exp_avg``), of
   the group's params end to end. ``fused=False`` keeps one update, and state, per param.
 * ``gradients``: the train_step inputs without optimizer state, step and lr; outputs ``loss``,

@@ -36,11 +36,17 @@ from graphc.passes.values import fresh_name
 __all__ = ["Group", "concat", "plan", "split"]
 
 # A group holds at most this many elements (a larger param gets a group of its own): the ~14
-# passes of an AdamW update then run over 4 MB (float32) arrays that stay in this CPU's 32 MB L3
-# cache, not over the whole model from DRAM. Measured (onnxruntime CPU, 2 threads, interleaved
-# Trainer steps): ResNet-50 at batch 2, one buffer per dtype 317 ms, 2**22-element groups 270,
-# 2**20 229, 2**18 243; ResNet-18 at batch 2: 164, 151, 153, 144; at batch 32 the choice between
-# 2**19 and 2**21 moves ResNet-50's step by under 2 %.
+# passes of an AdamW update then run over 2 MB (float32) arrays that stay in the CPU's cache,
+# not over the whole model from DRAM. Measured (onnxruntime CPU, 2 threads, interleaved Trainer
+# steps): ResNet-50 at batch 2, one buffer per dtype 317 ms, 2**22-element groups 270, 2**20
+# 229, 2**18 243; ResNet-18 at batch 2: 164, 151, 153, 144; at batch 32 the choice between 2**19
+# and 2**21 moves ResNet-50's step by under 2 %. On a CPU of 32 MB L3 (AMD Zen 5), 2**19
+# against 2**20, step-time ratios at batch 2 (64 px): RegNetY-400MF 0.927, ViT-Ti/8 0.914 /
+# 0.919, EfficientNet-B0 0.93 / 0.973, GPT 0.978, MobileNetV3-small 0.985, ResNet-18 0.98 /
+# 0.999, ResNet-50 0.979; at batch 32 ResNet-18 1.006, ResNet-50 1.001, EfficientNet-B0 0.996,
+# ViT 1.002. 2**18 against 2**19: ViT 1.001, RegNetY 0.972, ResNet-18 1.015. AdamW's chain
+# alone over ResNet-18's 11.7 M floats in groups of 2**17 .. 2**23: 21.3, 17.2, 16.4, 17.6-18.8,
+# 21.9, 27.9, 32.0 ms.
 #
 # Tried and left out: params planned from the last to the first, a large param (2**17+ elements)
 # taking the next ones (from the layer before) into its group, so that the input gradient that
@@ -53,7 +59,7 @@ __all__ = ["Group", "concat", "plan", "split"]
 # 11.2 -> 11.0 ms, Trainer steps interleaved 1.00x / 1.00x (the per-node cost is small outside
 # a profile), and those params' next values no longer written in place (159 of 321 into spare
 # buffers); 2**12: 1.07x-1.19x.
-CHUNK_ELEMENTS = 1 << 20
+CHUNK_ELEMENTS = 1 << 19
 # A 1-D param (a bias, a norm's scale) joins and leaves its group without a Reshape: ViT-Ti's
 # train_step 204 nodes fewer (2,668 -> 2,464), Trainer steps interleaved, both orders, at batch 2
 # 0.94x / 0.99x the step time, ResNet-50 (106 of its 161 params) 0.98x / 0.99x.
