@@ -80,19 +80,30 @@ def timed_turn(step: Callable[[int], float], count: int) -> list[float]:
     return seconds
 
 
-def interleaved_times(steps: dict[str, tuple[Callable[[int], float], int]], rounds: int,
-                        warmup: int = 3) -> dict[str, tuple[float, float]]:
-    """(median, fastest) ms per step of each stepper. Steppers take turns (``timed_turn``,
-    ``per_round`` timed steps each, ``rounds`` times), so a busy machine slows every row alike
-    instead of whichever ran last."""
+def interleaved_turns(steps: dict[str, tuple[Callable[[int], float], int]], rounds: int,
+                      warmup: int) -> dict[str, list[list[float]]]:
+    """Each stepper's turns, the seconds of its timed steps in each: after ``warmup`` steps each,
+    the steppers take turns (``timed_turn``, ``count`` timed steps each, ``rounds`` times), so a
+    busy machine slows every row alike instead of whichever ran last."""
     for step, _ in steps.values():
         for i in range(warmup):
             step(i)
-    times: dict[str, list[float]] = {name: [] for name in steps}
+    turns: dict[str, list[list[float]]] = {name: [] for name in steps}
     for _ in range(rounds):
-        for name, (step, per_round) in steps.items():
-            times[name] += timed_turn(step, per_round)
-    return {name: (statistics.median(ts) * 1e3, min(ts) * 1e3) for name, ts in times.items()}
+        for name, (step, count) in steps.items():
+            turns[name].append(timed_turn(step, count))
+    return turns
+
+
+def interleaved_times(steps: dict[str, tuple[Callable[[int], float], int]], rounds: int,
+                        warmup: int = 3) -> dict[str, tuple[float, float]]:
+    """(median, fastest) ms per step of each stepper, its ``per_round`` steps a turn timed
+    over ``rounds`` rounds (``interleaved_turns``)."""
+    times = {}
+    for name, turns in interleaved_turns(steps, rounds, warmup).items():
+        seconds = [t for turn in turns for t in turn]
+        times[name] = (statistics.median(seconds) * 1e3, min(seconds) * 1e3)
+    return times
 
 
 def make_batches(shape, batch, n=4, seed=0):

@@ -25,8 +25,8 @@ size it reports:
 - ms per step of each (feed the batch, forward, backward, update, read the loss): median over
   ``--rounds`` rounds in which the two take turns, ``--steps`` timed steps each after untimed
   ones (``bench_train.timed_turn``: the steady state of a training loop, not the switch from the
-  other framework), so a busy machine slows both alike; and graphc / torch, with the lowest and highest of the rounds' own ratios
-  ("rounds": how far this machine's noise moves it);
+  other framework), so a busy machine slows both alike; and graphc / torch, with the lowest and
+  highest of the rounds' own ratios ("rounds": how far this machine's noise moves it);
 - the optimizer update's share of graphc's kernel time (nodes named ``optim/...``), from an
   onnxruntime profile of the train_step (on the CPU only: on the GPU the profile times kernel
   launches, not kernels), and the train_step's node count; beside it, for scale, PyTorch's own:
@@ -71,7 +71,7 @@ os.environ.setdefault("MKL_NUM_THREADS", str(THREADS))
 import numpy as np  # noqa: E402
 
 import graphc as gc  # noqa: E402
-from bench_train import timed_turn  # noqa: E402 - the turns of an interleaved benchmark
+from bench_train import interleaved_turns  # noqa: E402 - the turns of an interleaved benchmark
 
 LR = 1e-3
 MEMORY_STEPS = 5
@@ -423,8 +423,13 @@ def update_share(arts, batch: dict[str, np.ndarray], directory: Path, runs: int 
     """ms per step of the train_step's kernels in ``optim/...`` nodes and of all its kernels, from
     an onnxruntime profile of ``runs`` steps, the first ``warmup`` (allocation) left out."""
     kernels, _ = profile_kernels(arts, batch, directory, runs, warmup)
-    update = sum(e["dur"] for e in kernels if "optim/" in e["name"])
-    return update / 1e3 / (runs - warmup), sum(e["dur"] for e in kernels) / 1e3 / (runs - warmup)
+    return (kernel_ms([e for e in kernels if "optim/" in e["name"]], runs - warmup),
+            kernel_ms(kernels, runs - warmup))
+
+
+def kernel_ms(kernels: list[dict], runs: int) -> float:
+    """ms per run of the profiled ``kernels`` (events of ``runs`` runs)."""
+    return sum(e["dur"] for e in kernels) / 1e3 / runs
 
 
 def chain_floor_ms(arts, directory: Path, runs: int = 7, warmup: int = 2) -> float:
@@ -448,10 +453,10 @@ def chain_floor_ms(arts, directory: Path, runs: int = 7, warmup: int = 2) -> flo
     proto = ir.to_proto(artifacts.update_graph(arts.manifest.opset, arts.manifest.optimizer, params, groups))
     rng = np.random.default_rng(0)
     values = {i.name: rng.random(int(i.type.tensor_type.shape.dim[0].dim_value), dtype=np.float32) * 1e-3
-              for i in proto.graph.input if i.name.startswith("w")}
+              for i in proto.graph.input if i.name.startswith("w")}  # params, gradients, state
     kernels, _ = profiled_runs(proto, lambda name: values[name], [o.name for o in proto.graph.output],
                                directory, runs, warmup)
-    return sum(e["dur"] for e in kernels) / 1e3 / (runs - warmup)
+    return kernel_ms(kernels, runs - warmup)
 
 
 def fused_update_ms(model: nn.Module, steps: int = 10) -> float:
@@ -493,20 +498,14 @@ def torch_memory_child(name: str, batch: int, image_size: int, device: str) -> N
 
 def interleaved_ms(steppers: dict[str, Callable[[int], float]], rounds: int, steps: int,
                    warmup: int = 2, per_round: dict[str, list[float]] | None = None) -> dict[str, float]:
-    """Median ms per step of each stepper; they take turns, each turn ``bench_train.timed_turn``
-    (untimed steps first: the steady state of a training loop, not the switch), ``steps``
-    timed steps. ``per_round``, if given, gets each stepper's median ms in each round."""
-    for step in steppers.values():
-        for i in range(warmup):
-            step(i)
-    times: dict[str, list[float]] = {name: [] for name in steppers}
-    for _ in range(rounds):
-        for name, step in steppers.items():
-            turn = timed_turn(step, steps)
-            times[name] += turn
-            if per_round is not None:
-                per_round.setdefault(name, []).append(statistics.median(turn) * 1e3)
-    return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
+    """Median ms per step of each stepper; they take turns, ``steps`` timed steps each after
+    untimed ones (``bench_train.interleaved_turns``: the steady state of a training loop, not
+    the switch). ``per_round``, if given, gets each stepper's median ms in each round."""
+    turns = interleaved_turns({name: (step, steps) for name, step in steppers.items()}, rounds, warmup)
+    if per_round is not None:
+        for name, each in turns.items():
+            per_round.setdefault(name, []).extend(statistics.median(turn) * 1e3 for turn in each)
+    return {name: statistics.median([t for turn in each for t in turn]) * 1e3 for name, each in turns.items()}
 
 
 def bench(name: str, batch: int, args: argparse.Namespace) -> dict:
