@@ -1,5 +1,5 @@
 """Convolutions over tiny maps as products over the batch in the training graphs (dense_conv.py:
-dense convs by im2col and one Gemm, depthwise ones by a per-channel dense product).
+dense convs by im2col and one Gemm, grouped and depthwise ones by a dense product per group).
 
 Oracle: the same artifacts with the rewrite off, whose Conv gradient rules are checked against
 central differences elsewhere; float64 models, so the two must agree to rounding."""
@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import onnx.helper as oh
 import onnx.numpy_helper as nh
+import onnx_ir as ir
 import pytest
 
 import graphc as gc
@@ -192,6 +193,50 @@ def test_grouped_and_strided_pointwise_convs_by_im2col_give_the_conv_gradients(m
                                          "s.weight_grad"}
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def per_group_model(batch: int, dtype) -> gc.Model:
+    """x [batch, 4, 3, 3] -> grouped Conv 3x3 (2 groups of 2 -> 3 channels) pads (1, 0, 1, 2) with
+    bias -> depthwise Conv 3x3 of channel multiplier 2 -> Conv 1x1 stride 2 -> out [batch, 2, 2, 2]."""
+    rng = np.random.default_rng(5)
+    inits = [nh.from_array(rng.normal(size=(6, 2, 3, 3)).astype(dtype), "g.weight"),
+             nh.from_array(rng.normal(size=6).astype(dtype), "g.bias"),
+             nh.from_array(rng.normal(size=(12, 1, 3, 3)).astype(dtype), "m.weight"),
+             nh.from_array(rng.normal(size=(2, 12, 1, 1)).astype(dtype), "s.weight")]
+    nodes = [oh.make_node("Conv", ["x", "g.weight", "g.bias"], ["h"], group=2, pads=[1, 0, 1, 2]),
+             oh.make_node("Conv", ["h", "m.weight"], ["hm"], group=6, pads=[1, 1, 1, 1]),
+             oh.make_node("Conv", ["hm", "s.weight"], ["out"], strides=[2, 2])]
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = oh.make_graph(nodes, "per_group", [oh.make_tensor_value_info("x", elem, [batch, 4, 3, 3])],
+                          [oh.make_tensor_value_info("out", elem, [batch, 2, 2, 2])], inits)
+    return gc.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+
+
+@pytest.mark.parametrize(("backend", "dtype", "rtol"), [("numpy", np.float64, 1e-10), ("ort-cpu", np.float32, 1e-4)])
+def test_grouped_convs_from_min_batch_take_per_group_products(backend, dtype, rtol, monkeypatch):
+    """From MIN_BATCH, within MAX_WORK, a grouped Conv (and a depthwise one of channel multiplier
+    2) is one dense product per group, its matrix the weight by the taps brought into the group's
+    [Ci/G*Q, Co/G*P] by one Transpose; the gradients are the Convs'."""
+    batch = dense_conv.MIN_BATCH
+
+    def grads():
+        arts = gc.training.generate(per_group_model(batch, dtype), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
+        rng = np.random.default_rng(6)
+        feeds = {"x": rng.normal(size=(batch, 4, 3, 3)).astype(dtype), "y": rng.normal(size=(batch, 2, 2, 2)).astype(dtype)}
+        return arts, gc.Session(arts.gradients, backend=backend).run(feeds)
+
+    graph = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(per_group_model(batch, dtype).proto)).graph
+    plans = {n.inputs[1].name: dense_conv._plan(n, "cpu")[0] for n in graph if n.op_type == "Conv"}
+    assert plans == {"g.weight": True, "m.weight": True, "s.weight": False}  # s: im2col
+    products, got = grads()
+    assert "Conv" not in {n.op_type for n in products.gradients.proto.graph.node}
+    monkeypatch.setattr(dense_conv, "MAX_WORK", 0.0)
+    monkeypatch.setattr(dense_conv, "MAX_PIXELS", 0)
+    convs, want = grads()
+    assert sum(n.op_type == "Conv" for n in convs.train_step.proto.graph.node if "/grad/" not in n.name) == 3
+    assert got.keys() == want.keys() == {"loss", "g.weight_grad", "g.bias_grad", "m.weight_grad", "s.weight_grad"}
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=rtol * 1e-2, err_msg=name)
 
 
 def test_a_conv_with_a_large_tap_matrix_keeps_the_conv(monkeypatch):

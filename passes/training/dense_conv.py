@@ -47,9 +47,16 @@ at batch 2 1.00x. For dense convs channel-major lost (kernel time at batch 32: R
 521 ms, its Transposes 20 -> 35; MobileNetV3-small 195 -> 206; EfficientNet-B0 665 -> 627):
 they keep the pixel-major Gemm. Grouped convs on maps of up to 64 output pixels (not 16) lost
 too: RegNetY-400MF's kernel time at batch 32 289 -> 310 ms at 64 px, 910 -> 995 at 128 px.
+From a batch of ``MIN_BATCH`` and within ``MAX_WORK`` (below) a grouped Conv takes the
+depthwise convs' products instead, one per group (``_group_products``): its columns were K
+times the input, written, transposed and read back each way (RegNetY-400MF's 3x3 convs of 55
+groups on 4x4 maps at 128 px, batch 32: their Transposes 7.8 ms of the step, their products and
+tap MatMuls 10.8, against PyTorch's 5.4 for the convs whole); the group's dense matrix, [Ci/G*Q,
+Co/G*P], is as large as the weight times Q*P/K. Trainer steps interleaved, RegNetY-400MF at
+batch 32: 0.915x the step time at 64 px, 0.967x / 0.969x at 128 px.
 
 A depthwise Conv becomes one per-channel product (each channel's [N, Q] pixels times its small
-dense [Q, P] matrix: a MatMul batched over the channels, ``_depthwise_products``; the CUDA graphs
+dense [Q, P] matrix: a MatMul batched over the channels, ``_group_products``; the CUDA graphs
 keep the ``Einsum("ncq,cpq->ncp")`` they were timed with) where that does at most ``MAX_WORK``
 times the multiply-adds of the convolution itself (zero taps included in neither), at a batch of
 ``MIN_BATCH`` or more:
@@ -107,13 +114,14 @@ MIN_BATCH = 16
 
 def densify_convs(graph: ir.Graph, opset: int, device: str = "cpu") -> int:
     """Rewrite, in place, each qualifying 2-D Conv of ``graph``; returns how many. Graphs for
-    CUDA keep the depthwise bound they were measured with on the GPU (``CUDA_MAX_WORK``)."""
+    CUDA keep the depthwise products and bound they were measured with on the GPU (Einsums,
+    ``CUDA_MAX_WORK``; a grouped Conv keeps its columns there)."""
     if opset < 12:  # Einsum
         return 0
     e = Emitter(graph, opset, "dense_conv")
     count = 0
     for node in list(graph):
-        plan = _plan(node, MAX_WORK if device == "cpu" else CUDA_MAX_WORK)
+        plan = _plan(node, device)
         if plan is not None:
             _rewrite(e, graph, node, *plan, einsum=device != "cpu")
             count += 1
@@ -165,9 +173,9 @@ def _replace(e: Emitter, graph: ir.Graph, node: ir.Node, y: ir.Value) -> None:
     graph.remove(node, safe=True)
 
 
-def _plan(node: ir.Node, max_work: float):
-    """(depthwise or not, the tap table T[P, Q, K] (None for a plain 1x1 conv), the output's
-    spatial dims) of a Conv to rewrite; None for one to keep."""
+def _plan(node: ir.Node, device: str):
+    """(per-group products or not, the tap table T[P, Q, K] (None for a plain 1x1 conv), the
+    output's spatial dims) of a Conv to rewrite; None for one to keep."""
     if node.op_type != "Conv" or node.domain not in ("", "ai.onnx"):
         return None
     x = node.inputs[0]
@@ -179,19 +187,19 @@ def _plan(node: ir.Node, max_work: float):
     kernel = list(sw[2:])
     spatial, strides, dilations, begin, end = window(None, node, x, kernel)
     out = out_dims(spatial, kernel, strides, dilations, begin, end)
-    if group == 1 or sw[1] > 1:  # dense or grouped (not depthwise)
-        entries = math.prod(spatial) * math.prod(kernel) * math.prod(out)  # the tap matrix's
-        if not (0 < math.prod(out) <= MAX_PIXELS and entries <= MAX_TAPS):
-            return None
-        plain = math.prod(kernel) == 1 and all(s == 1 for s in strides) and not any(begin + end)
-        return False, (None if plain else _taps(spatial, out, kernel, strides, dilations, begin)), out
-    # depthwise, multiplier 1, batch 16+ (a symbolic batch counts as typical, as the Conv rules take it)
-    if not (group == sx[1] == sw[0]) or typical_batch(x) < MIN_BATCH:
+    # grouped or depthwise (on CUDA depthwise of multiplier 1 only), batch 16+ (a symbolic batch
+    # counts as typical, as the Conv rules take it), within the work bound: products per group
+    if group > 1 and typical_batch(x) >= MIN_BATCH and (device == "cpu" or sw[1] == 1 and sw[0] == group):
+        conv = _tap_count(spatial, out, kernel, strides, dilations, begin)
+        if conv and math.prod(out) * math.prod(spatial) <= (MAX_WORK if device == "cpu" else CUDA_MAX_WORK) * conv:
+            return True, _taps(spatial, out, kernel, strides, dilations, begin), out
+    if group > 1 and sw[1] == 1:  # depthwise: the products or the Conv
         return None
-    conv = _tap_count(spatial, out, kernel, strides, dilations, begin)
-    if conv == 0 or math.prod(out) * math.prod(spatial) > max_work * conv:
+    entries = math.prod(spatial) * math.prod(kernel) * math.prod(out)  # the tap matrix's
+    if not (0 < math.prod(out) <= MAX_PIXELS and entries <= MAX_TAPS):
         return None
-    return True, _taps(spatial, out, kernel, strides, dilations, begin), out
+    plain = math.prod(kernel) == 1 and all(s == 1 for s in strides) and not any(begin + end)
+    return False, (None if plain else _taps(spatial, out, kernel, strides, dilations, begin)), out
 
 
 def _tap_count(spatial, out, kernel, strides, dilations, begin) -> int:
@@ -214,18 +222,18 @@ def _taps(spatial, out, kernel, strides, dilations, begin) -> np.ndarray:
     return t
 
 
-def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, depthwise: bool, taps: np.ndarray | None,
+def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, per_group: bool, taps: np.ndarray | None,
              out: list[int], einsum: bool) -> None:
-    """The Conv ``node`` as its products; a depthwise one by Einsums where ``einsum`` (the CUDA
-    graphs, timed on the GPU that way), else by MatMuls (``_depthwise_products``)."""
+    """The Conv ``node`` as its products: per group (``_group_products``; a depthwise one by
+    Einsums where ``einsum``, the CUDA graphs, timed on the GPU that way) or im2col."""
     x, w = node.inputs[0], node.inputs[1]
     b = node.inputs[2] if len(node.inputs) > 2 else None
     e.source = node.metadata_props.get("graphc.source")
-    if not depthwise:
+    if not per_group:
         y = _im2col_gemm(e, x, w, b, taps, out)
     else:
         co = static_shape(w)[0]
-        y = (_depthwise_einsums if einsum else _depthwise_products)(e, x, w, taps)  # [N, C, P]
+        y = (_depthwise_einsums if einsum else _group_products)(e, x, w, taps)  # [N, Co, P]
         if b is not None:
             y = e.op("Add", y, e.unsqueeze(b, [1]))
         y = e.op("Reshape", y, e.ints([-1, co, *out]))
@@ -233,29 +241,36 @@ def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, depthwise: bool, taps: 
 
 
 def _depthwise_einsums(e: Emitter, x: ir.Value, w: ir.Value, taps: np.ndarray) -> ir.Value:
-    """[N, C, P]: ``_depthwise_products`` as the CUDA graphs take them, two Einsums."""
+    """[N, C, P]: a depthwise conv's ``_group_products`` as the CUDA graphs take them, two Einsums."""
     co, (_, q, k) = static_shape(w)[0], taps.shape
     weff = e.op("Einsum", e.op("Reshape", w, e.ints([co, k])), e.const(taps, x.dtype), equation="ck,pqk->cpq")
     return e.op("Einsum", e.op("Reshape", x, e.ints([-1, co, q])), weff, equation="ncq,cpq->ncp")
 
 
-def _depthwise_products(e: Emitter, x: ir.Value, w: ir.Value, taps: np.ndarray) -> ir.Value:
-    """[N, C, P]: each channel's [N, Q] pixels times its dense [Q, P] matrix (``w`` by the taps,
-    one MatMul), the channels as the MatMul's batch, x's and the output's leading axes swapped by
-    Transposes. onnxruntime (CPU, 2 threads) ran its Einsum ``ncq,cpq->ncp``, whose transposes
-    are its own, and the gradients' Einsums 1.2-8x slower than these MatMuls and the ones
-    autodiff makes of them (``bench_lowerings.py --only depthwise_product``, ms, Einsum vs
+def _group_products(e: Emitter, x: ir.Value, w: ir.Value, taps: np.ndarray) -> ir.Value:
+    """[N, Co, P]: each group's [N, Ci/G*Q] pixels times its dense [Ci/G*Q, Co/G*P] matrix (``w``
+    by the taps, one MatMul, each group's rows and columns brought together by a Transpose), the
+    groups as the MatMul's batch, x's and the output's leading axes swapped by Transposes; a
+    depthwise conv's channels each [N, Q] times [Q, P]. For those, onnxruntime (CPU, 2 threads)
+    ran its Einsum ``ncq,cpq->ncp``, whose transposes are its own, and the gradients' Einsums
+    1.2-8x slower than these MatMuls and the ones autodiff makes of them (``bench_lowerings.py --only depthwise_product``, ms, Einsum vs
     MatMul, N=32: 576ch on 4x4 (Q = P = 16) forward 1.33 vs 0.64, dx 1.37 vs 0.87, the dense
     matrix's gradient 2.56 vs 0.38; 1152ch on 4x4 3.10 vs 1.53, 3.17 vs 0.98, 5.95 vs 0.75; 240ch
     on 8x8 3.67 vs 1.16, 5.53 vs 2.09, 6.33 vs 1.22; N=2, 576ch 0.15 vs 0.13, 0.19 vs 0.13, 0.21
     vs 0.11). Trainer steps interleaved, both orders, batch 32: MobileNetV3-small at 128 px
     0.79x / 0.82x the step time, EfficientNet-B0 0.87x / 0.94x; at 64 px 0.96x / 0.89x and 0.85x
     / 0.85x; peak RSS 510 -> 498 MB and 1,512 -> 1,497 MB at 128 px."""
-    co, (p, q, k) = static_shape(w)[0], taps.shape
+    (co, cg), (p, q, k) = static_shape(w)[:2], taps.shape
+    group = static_shape(x)[1] // cg
+    og = co // group  # output channels a group
     dense = e.const(np.ascontiguousarray(taps.transpose(2, 1, 0).reshape(k, q * p)), x.dtype)  # [K, Q*P]
-    weff = e.op("Reshape", e.op("MatMul", e.op("Reshape", w, e.ints([co, k])), dense), e.ints([co, q, p]))
-    xt = e.op("Transpose", e.op("Reshape", x, e.ints([-1, co, q])), perm=[1, 0, 2])  # [C, N, Q]
-    return e.op("Transpose", e.op("MatMul", xt, weff), perm=[1, 0, 2])
+    weff = e.op("MatMul", e.op("Reshape", w, e.ints([co * cg, k])), dense)  # [G, Co/G, Ci/G, Q, P]
+    if cg > 1 or og > 1:
+        weff = e.op("Transpose", e.op("Reshape", weff, e.ints([group, og, cg * q, p])), perm=[0, 2, 1, 3])
+    weff = e.op("Reshape", weff, e.ints([group, cg * q, og * p]))
+    xt = e.op("Transpose", e.op("Reshape", x, e.ints([-1, group, cg * q])), perm=[1, 0, 2])  # [G, N, Ci/G*Q]
+    y = e.op("Transpose", e.op("MatMul", xt, weff), perm=[1, 0, 2])  # [N, G, Co/G*P]
+    return y if og == 1 else e.op("Reshape", y, e.ints([0, co, p]))
 
 
 def _im2col_gemm(e: Emitter, x: ir.Value, w: ir.Value, b: ir.Value | None, taps: np.ndarray | None,
