@@ -472,7 +472,9 @@ def _conv_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides, dilation
     #   128x128 44.4 vs 76.7), as long as one image's columns fit in a chunk; a symbolic batch,
     #   taken whole, is capped at 2**24 values (for a typical batch of 16).
     #   Kernels of more than 9 taps lose to the Conv (3->64 7x7 stride 2, N=32 on 64x64: 23.5 vs
-    #   10.5; on 128x128 106 vs 55; N=2 on 64x64 2.1 vs 1.0; stride 1, 64x64: 64.6 vs 64.9).
+    #   10.5; on 128x128 106 vs 55; N=2 on 64x64 2.1 vs 1.0; stride 1, 64x64: 64.6 vs 64.9); the
+    #   gathered columns with dW^T gained nothing on the 7x7 stems either (Trainer steps at 64 px,
+    #   interleaved: ResNet-18 at batch 32 0.985x / 1.004x, at batch 2 0.985x; ResNet-50 0.998x).
     # * a Conv over x with batch and channels swapped, dy as the kernel, strides and dilations
     #   exchanged, then the result transposed: for grouped convs at batches under 4 and on
     #   CUDA, larger kernels and past the cap. On the CPU a stride-1 depthwise 2-D conv on maps
