@@ -182,7 +182,7 @@ def _plan(node: ir.Node, device: str):
     shapes = _static_shapes(node)
     if shapes is None or x.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
         return None
-    sx, sw = shapes
+    sw = shapes[1]
     group = attr(node, "group", 1)
     kernel = list(sw[2:])
     spatial, strides, dilations, begin, end = window(None, node, x, kernel)
@@ -248,18 +248,18 @@ def _depthwise_einsums(e: Emitter, x: ir.Value, w: ir.Value, taps: np.ndarray) -
 
 
 def _group_products(e: Emitter, x: ir.Value, w: ir.Value, taps: np.ndarray) -> ir.Value:
-    """[N, Co, P]: each group's [N, Ci/G*Q] pixels times its dense [Ci/G*Q, Co/G*P] matrix (``w``
-    by the taps, one MatMul, each group's rows and columns brought together by a Transpose), the
-    groups as the MatMul's batch, x's and the output's leading axes swapped by Transposes; a
-    depthwise conv's channels each [N, Q] times [Q, P]. For those, onnxruntime (CPU, 2 threads)
-    ran its Einsum ``ncq,cpq->ncp``, whose transposes are its own, and the gradients' Einsums
-    1.2-8x slower than these MatMuls and the ones autodiff makes of them (``bench_lowerings.py --only depthwise_product``, ms, Einsum vs
-    MatMul, N=32: 576ch on 4x4 (Q = P = 16) forward 1.33 vs 0.64, dx 1.37 vs 0.87, the dense
-    matrix's gradient 2.56 vs 0.38; 1152ch on 4x4 3.10 vs 1.53, 3.17 vs 0.98, 5.95 vs 0.75; 240ch
-    on 8x8 3.67 vs 1.16, 5.53 vs 2.09, 6.33 vs 1.22; N=2, 576ch 0.15 vs 0.13, 0.19 vs 0.13, 0.21
-    vs 0.11). Trainer steps interleaved, both orders, batch 32: MobileNetV3-small at 128 px
-    0.79x / 0.82x the step time, EfficientNet-B0 0.87x / 0.94x; at 64 px 0.96x / 0.89x and 0.85x
-    / 0.85x; peak RSS 510 -> 498 MB and 1,512 -> 1,497 MB at 128 px."""
+    """[N, Co, P]: each group's [N, Ci/G*Q] pixels times its dense [Ci/G*Q, Co/G*P] matrix (``w`` by
+    the taps, one MatMul, each group's rows and columns brought together by a Transpose), the groups
+    as the MatMul's batch, x's and the output's leading axes swapped by Transposes; a depthwise
+    conv's channels each [N, Q] times [Q, P]. For those, onnxruntime (CPU, 2 threads) ran its Einsum
+    ``ncq,cpq->ncp``, whose transposes are its own, and the gradients' Einsums 1.2-8x slower than
+    these MatMuls and the ones autodiff makes of them (``bench_lowerings.py --only
+    depthwise_product``, ms, Einsum vs MatMul, N=32: 576ch on 4x4 (Q = P = 16) forward 1.33 vs 0.64,
+    dx 1.37 vs 0.87, the dense matrix's gradient 2.56 vs 0.38; 1152ch on 4x4 3.10 vs 1.53, 3.17 vs
+    0.98, 5.95 vs 0.75; 240ch on 8x8 3.67 vs 1.16, 5.53 vs 2.09, 6.33 vs 1.22; N=2, 576ch 0.15 vs
+    0.13, 0.19 vs 0.13, 0.21 vs 0.11). Trainer steps interleaved, both orders, batch 32:
+    MobileNetV3-small at 128 px 0.79x / 0.82x the step time, EfficientNet-B0 0.87x / 0.94x; at 64 px
+    0.96x / 0.89x and 0.85x / 0.85x; peak RSS 510 -> 498 MB and 1,512 -> 1,497 MB at 128 px."""
     (co, cg), (p, q, k) = static_shape(w)[:2], taps.shape
     group = static_shape(x)[1] // cg
     og = co // group  # output channels a group
