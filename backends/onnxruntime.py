@@ -149,7 +149,7 @@ class _OrtBackend:
                 graph_optimization_level: str | int = "all", device_id: int = 0,
                 providers_options: Mapping[str, Any] | None = None, keep_recomputation: bool = False,
                 mem_pattern: bool = True, exact_arena: bool = False, cuda_graph: bool = False,
-                flush_denormals: bool = False) -> OrtExecutable:
+                flush_denormals: bool = False, profile: str | None = None) -> OrtExecutable:
         """Build an onnxruntime session. An op onnxruntime cannot run fails here.
         ``keep_recomputation``: the model recomputes values on purpose (``generate(...,
         recompute=True)``): common-subexpression elimination, which would merge the copies back,
@@ -165,7 +165,8 @@ class _OrtBackend:
         runs); onnxruntime refuses the session where a compute node would run on the CPU.
         ``flush_denormals``: on the CPU, denormal floats count as zero in and out of every kernel,
         in the session's threads and in the calling thread while it runs (``denormals``); the
-        Trainer's default (see ``graphc.runtime.trainer``)."""
+        Trainer's default (see ``graphc.runtime.trainer``). ``profile``: a file prefix;
+        onnxruntime's profiler records every run, ``end_profiling`` writes the trace."""
         if cuda_graph and self.device != "cuda":
             raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {self.name!r}")
         _check_domains(model, self.name)
@@ -174,6 +175,8 @@ class _OrtBackend:
         options.log_severity_level = _ORT_QUIET
         options.graph_optimization_level = _optimization_level(graph_optimization_level)
         options.enable_mem_pattern = bool(mem_pattern)
+        if profile is not None:
+            options.enable_profiling, options.profile_file_prefix = True, str(profile)
         if threads is not None:
             if int(threads) < 0:
                 raise ValueError(f"threads must be >= 0 (0: onnxruntime's default), got {threads}")
@@ -396,6 +399,10 @@ class OrtExecutable:
     def forget_bindings(self) -> None:
         """Drop the bindings ``run_bound(keep=True)`` kept, and their hold on the handles."""
         self._bindings.forget()
+
+    def end_profiling(self) -> Path:
+        """Stop the profiler of a session prepared with ``profile``; the trace's path (JSON)."""
+        return Path(self.session.end_profiling())
 
     def _run_options(self, graph_id: int | None) -> Any:
         graph_id = self._default_graph if graph_id is None else graph_id

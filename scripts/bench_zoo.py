@@ -379,7 +379,8 @@ def profile_kernels(arts, batch: dict[str, np.ndarray], directory: Path, runs: i
                     ) -> tuple[list[dict], list[float]]:
     """The kernel events of an onnxruntime profile of the train_step after its first ``warmup``
     (allocating) runs of ``runs``, and each run's wall seconds; the session runs as the Trainer
-    runs it (carried state fed, not initializers; no memory pattern; denormals flushed)."""
+    runs it (the ort-cpu backend's, its rewrites included; carried state fed, not initializers;
+    no memory pattern; denormals flushed)."""
     proto = arts.train_step.proto
     fed = {i.name for i in proto.graph.input}
     kept = [t for t in proto.graph.initializer if t.name not in fed]
@@ -392,30 +393,20 @@ def profile_kernels(arts, batch: dict[str, np.ndarray], directory: Path, runs: i
 
 def profiled_runs(proto, feed: Callable[[str], np.ndarray], fetch: list[str], directory: Path, runs: int,
                   warmup: int) -> tuple[list[dict], list[float]]:
-    """Run ``proto`` ``runs`` times on onnxruntime's CPU provider under its profiler, each input
-    fed ``feed(name)``: the kernel events after the first ``warmup`` runs, and each later run's
-    wall seconds."""
-    import onnxruntime as ort
+    """Run ``proto`` ``runs`` times on the ort-cpu backend (its rewrites included: NCHWc Convs,
+    race-free scatters) under onnxruntime's profiler, each input fed ``feed(name)``: the kernel
+    events after the first ``warmup`` runs, and each later run's wall seconds."""
+    from graphc.backends.registry import get_backend
 
-    from graphc.backends import denormals
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS
-    options.enable_mem_pattern = False
-    options.enable_profiling = True
-    options.profile_file_prefix = str(directory / "ort_profile")
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.set_denormal_as_zero", "1")
-    with denormals.flushing(False):  # as the Trainer builds its sessions: the caller's mode kept
-        session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feeds = {i.name: feed(i.name) for i in session.get_inputs()}
+    executable = get_backend("ort-cpu").prepare(proto, threads=THREADS, mem_pattern=False, flush_denormals=True,
+                                                profile=str(directory / "ort_profile"))
+    feeds = {name: feed(name) for name in executable.input_names}
     walls = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        with denormals.flushing(True):
-            session.run(fetch, feeds)
+        executable.run(feeds, fetch)
         walls.append(time.perf_counter() - t0)
-    events = json.loads(Path(session.end_profiling()).read_text())
+    events = json.loads(executable.end_profiling().read_text())
     start = sorted(e["ts"] for e in events if e["name"] == "model_run")[warmup]
     kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start]
     return kernels, walls[warmup:]

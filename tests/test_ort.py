@@ -58,6 +58,23 @@ def test_threads_and_provider_options_reach_onnxruntime(monkeypatch):
     assert seen["providers"] == [("CPUExecutionProvider", {"use_arena": "0"})]
 
 
+def test_profile_traces_every_run_of_the_prepared_session(tmp_path):
+    """``profile``: onnxruntime's profiler on the session the backend builds (its rewrites
+    included), one ``model_run`` per run and the nodes' kernel times in the trace."""
+    import json
+
+    executable = gc.backends.get_backend("ort-cpu").prepare(linear_relu(), graph_optimization_level="disable",
+                                                            profile=str(tmp_path / "trace"))
+    for _ in range(3):
+        executable.run({"x": X, "b": B})
+    trace = executable.end_profiling()
+    assert trace.parent == tmp_path and trace.name.startswith("trace")
+    events = json.loads(trace.read_text())
+    assert sum(e["name"] == "model_run" for e in events) == 3
+    kernels = {e["name"].removesuffix("_kernel_time") for e in events if e["name"].endswith("_kernel_time")}
+    assert kernels == {"matmul_0", "add_0", "relu_0"}
+
+
 def test_session_is_built_with_an_ir_version_onnxruntime_accepts():
     proto = linear_relu()
     proto.ir_version = 14  # what onnx.helper.make_model stamps; onnxruntime 1.31 refuses it
