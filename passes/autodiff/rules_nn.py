@@ -221,8 +221,8 @@ def _conv_weight_grad_gathered(g: GradBuilder, x, dy, w_shape, spatial, strides,
     operand on every call, and dy is K times smaller than the columns. 2 threads, ms, dy x
     cols^T vs cols x dy^T and the Transpose, over O * N rows: [64, 576] 32,768 rows 7.7 vs 5.5;
     [128, 1152] 8,192 6.1 vs 5.4; [256, 2304] 2,048 5.5 vs 5.7. Trainer steps interleaved:
-    ResNet-18 at batch 32 0.970x the step time at 128 px, 0.989x at 64 px, at batch 2 0.974x;
-    ResNet-50 at batch 32, 64 px 0.985x; RegNetY-400MF (grouped) at 128 px 0.999x.
+    ResNet-18 at batch 32 0.970x / 0.982x the step time at 128 px, 0.989x at 64 px, at batch 2
+    0.974x; ResNet-50 at batch 32, 64 px 0.985x; RegNetY-400MF (grouped) at 128 px 0.999x.
     A grouped Conv (``group`` > 1, several input channels a group) takes the columns of all its
     groups, as [G, Ci/G * K, O * N], into one MatMul batched over the groups, each group's rows
     of dy against its own columns, from a batch of 4 (``_conv_weight_grad``). ``--only
