@@ -239,6 +239,30 @@ def test_grouped_convs_from_min_batch_take_per_group_products(backend, dtype, rt
         np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=rtol * 1e-2, err_msg=name)
 
 
+@pytest.mark.parametrize("batch", [3, 20])
+def test_a_symbolic_batch_gets_the_per_group_products(batch, monkeypatch):
+    """A symbolic batch counts as a typical 16: the products, read with the batch as -1 and 0,
+    serve any batch the graph is fed."""
+    proto = per_group_model(dense_conv.MIN_BATCH, np.float32).proto
+    for value in (proto.graph.input[0], proto.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+
+    def grads():
+        arts = gc.training.generate(gc.load(proto), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
+        rng = np.random.default_rng(7)
+        feeds = {"x": rng.normal(size=(batch, 4, 3, 3)).astype(np.float32),
+                 "y": rng.normal(size=(batch, 2, 2, 2)).astype(np.float32)}
+        return arts, gc.Session(arts.gradients, backend="ort-cpu").run(feeds)
+
+    products, got = grads()
+    assert "Conv" not in {n.op_type for n in products.gradients.proto.graph.node}
+    monkeypatch.setattr(dense_conv, "MAX_WORK", 0.0)
+    monkeypatch.setattr(dense_conv, "MAX_PIXELS", 0)
+    _, want = grads()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
 def test_a_conv_with_a_large_tap_matrix_keeps_the_conv(monkeypatch):
     """A ViT-style patch embedding (8x8 stride 8 on 16x16: a 256 x 256 tap matrix) past MAX_TAPS."""
     rng = np.random.default_rng(4)
