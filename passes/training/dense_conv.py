@@ -101,6 +101,7 @@ from graphc.passes.autodiff.builder import attr, static_shape
 from graphc.passes.autodiff.conv_gather import gathered_conv
 from graphc.passes.autodiff.rules_nn import gathers_conv, out_dims, typical_batch, window
 from graphc.passes.emit import Emitter
+from graphc.passes.training import pixel_major
 from graphc.passes.values import replace_value
 
 __all__ = ["CUDA_MAX_WORK", "MAX_PIXELS", "MAX_TAPS", "MAX_WORK", "MIN_BATCH", "densify_convs", "gather_convs"]
@@ -119,13 +120,14 @@ def densify_convs(graph: ir.Graph, opset: int, device: str = "cpu") -> int:
     if opset < 12:  # Einsum
         return 0
     e = Emitter(graph, opset, "dense_conv")
-    count = 0
+    dense: list[pixel_major.Dense] = []
     for node in list(graph):
         plan = _plan(node, device)
         if plan is not None:
-            _rewrite(e, graph, node, *plan, einsum=device != "cpu")
-            count += 1
-    return count
+            dense.append(_rewrite(e, graph, node, *plan, einsum=device != "cpu"))
+    if device == "cpu":
+        pixel_major.keep(Emitter(graph, opset, "pixel_major"), graph, [d for d in dense if d is not None])
+    return len(dense)
 
 
 def gather_convs(graph: ir.Graph, convs: list[ir.Node], opset: int) -> int:
@@ -223,14 +225,16 @@ def _taps(spatial, out, kernel, strides, dilations, begin) -> np.ndarray:
 
 
 def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, per_group: bool, taps: np.ndarray | None,
-             out: list[int], einsum: bool) -> None:
+             out: list[int], einsum: bool) -> pixel_major.Dense | None:
     """The Conv ``node`` as its products: per group (``_group_products``; a depthwise one by
-    Einsums where ``einsum``, the CUDA graphs, timed on the GPU that way) or im2col."""
+    Einsums where ``einsum``, the CUDA graphs, timed on the GPU that way) or im2col; a dense
+    one's record for ``pixel_major``."""
     x, w = node.inputs[0], node.inputs[1]
     b = node.inputs[2] if len(node.inputs) > 2 else None
     e.source = node.metadata_props.get("graphc.source")
+    dense = None
     if not per_group:
-        y = _im2col_gemm(e, x, w, b, taps, out)
+        y, dense = _im2col_gemm(e, x, w, b, taps, out)
     else:
         co = static_shape(w)[0]
         y = (_depthwise_einsums if einsum else _group_products)(e, x, w, taps)  # [N, Co, P]
@@ -238,6 +242,7 @@ def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, per_group: bool, taps: 
             y = e.op("Add", y, e.unsqueeze(b, [1]))
         y = e.op("Reshape", y, e.ints([-1, co, *out]))
     _replace(e, graph, node, y)
+    return dense
 
 
 def _depthwise_einsums(e: Emitter, x: ir.Value, w: ir.Value, taps: np.ndarray) -> ir.Value:
@@ -274,10 +279,11 @@ def _group_products(e: Emitter, x: ir.Value, w: ir.Value, taps: np.ndarray) -> i
 
 
 def _im2col_gemm(e: Emitter, x: ir.Value, w: ir.Value, b: ir.Value | None, taps: np.ndarray | None,
-                 out: list[int]) -> ir.Value:
+                 out: list[int]) -> tuple[ir.Value, pixel_major.Dense | None]:
     """The Conv as the input's window values (the columns) times the weight, back to [N, Co,
-    *out]: pixel-major for a dense conv, [N*P, Ci*K] x [Co, Ci*K]^T, channel-major per group for
-    a grouped one; ``taps`` is None for a plain 1x1 conv."""
+    *out]: pixel-major for a dense conv, [N*P, Ci*K] x [Co, Ci*K]^T (with its record for
+    ``pixel_major``), channel-major per group for a grouped one; ``taps`` is None for a plain
+    1x1 conv."""
     co, cg = static_shape(w)[:2]
     ci = static_shape(x)[1]
     group, p = ci // cg, math.prod(out)
@@ -289,8 +295,9 @@ def _im2col_gemm(e: Emitter, x: ir.Value, w: ir.Value, b: ir.Value | None, taps:
             cols = e.op("Transpose", e.op("Reshape", _columns(e, x, taps, pixel_major=True), e.ints([-1, ci, p, k])),
                         perm=[0, 2, 1, 3])  # [N, P, Ci, K]
         cols = e.op("Reshape", cols, e.ints([-1, ci * k]))
-        y = e.op("Gemm", cols, e.op("Reshape", w, e.ints([co, -1])), *([b] if b is not None else []), transB=1)
-        return e.op("Transpose", e.op("Reshape", y, e.ints([-1, *out, co])), perm=[0, 3, 1, 2])
+        rows = e.op("Gemm", cols, e.op("Reshape", w, e.ints([co, -1])), *([b] if b is not None else []), transB=1)
+        y = pixel_major.channel_major(e, rows, co, out)
+        return y, pixel_major.Dense(y, rows, x if taps is None else None, cols if taps is None else None)
     # grouped: one batched MatMul over the groups, channel-major, [G, Co/G, Ci/G*K] (the weight
     # as it is) x [G, Ci/G*K, N*P]; the columns' and the output's Transposes swap leading axes,
     # moving whole rows of P pixels (see the module's docstring). (The pixel-major columns' two
@@ -302,7 +309,7 @@ def _im2col_gemm(e: Emitter, x: ir.Value, w: ir.Value, b: ir.Value | None, taps:
     if b is not None:
         y = e.op("Add", y, e.op("Reshape", b, e.ints([group, co // group, 1])))
     y = e.op("Transpose", e.op("Reshape", y, e.ints([co, -1, p])), perm=[1, 0, 2])  # [N, Co, P]
-    return e.op("Reshape", y, e.ints([-1, co, *out]))
+    return e.op("Reshape", y, e.ints([-1, co, *out])), None
 
 
 def _columns(e: Emitter, x: ir.Value, taps: np.ndarray, pixel_major: bool) -> ir.Value:
