@@ -49,7 +49,8 @@ they keep the pixel-major Gemm (and so against a MatMul of the weight broadcast 
 [Co, Ci] x [N, Ci, P], no Transposes but one small product per image: forward, dx and dW, 2
 threads, ms, 1x1 440ch on 4x4 at N=32 1.76 vs 1.98, 1x1 512ch on 2x2 0.96 vs 2.24, 1x1 2048ch on
 2x2 9.7 vs 39.3; only 1x1 256ch on 4x4 won, 0.73 vs 0.97). Grouped convs on maps of up to 64
-output pixels (not 16) lost too: RegNetY-400MF's kernel time at batch 32 289 -> 310 ms at 64 px, 910 -> 995 at 128 px.
+output pixels (not 16) lost too: RegNetY-400MF's kernel time at batch 32 289 -> 310 ms at 64
+px, 910 -> 995 at 128 px.
 From a batch of ``MIN_BATCH`` and within ``MAX_WORK`` (below) a grouped Conv takes the
 depthwise convs' products instead, one per group (``_group_products``): its columns were K
 times the input, written, transposed and read back each way (RegNetY-400MF's 3x3 convs of 55
