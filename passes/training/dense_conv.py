@@ -296,7 +296,7 @@ def _im2col_gemm(e: Emitter, x: ir.Value, w: ir.Value, b: ir.Value | None, taps:
         if taps is None:  # the columns are x itself
             cols = e.op("Transpose", e.op("Reshape", x, e.ints([0, ci, -1])), perm=[0, 2, 1])  # [N, P, Ci]
         else:
-            cols = e.op("Transpose", e.op("Reshape", _columns(e, x, taps, pixel_major=True), e.ints([-1, ci, p, k])),
+            cols = e.op("Transpose", e.op("Reshape", _columns(e, x, taps, pixels_first=True), e.ints([-1, ci, p, k])),
                         perm=[0, 2, 1, 3])  # [N, P, Ci, K]
         cols = e.op("Reshape", cols, e.ints([-1, ci * k]))
         rows = e.op("Gemm", cols, e.op("Reshape", w, e.ints([co, -1])), *([b] if b is not None else []), transB=1)
@@ -306,7 +306,7 @@ def _im2col_gemm(e: Emitter, x: ir.Value, w: ir.Value, b: ir.Value | None, taps:
     # as it is) x [G, Ci/G*K, N*P]; the columns' and the output's Transposes swap leading axes,
     # moving whole rows of P pixels (see the module's docstring). (The pixel-major columns' two
     # Transposes as one 5-D Transpose, [N, G, Ci/G, K, P] -> [G, N, P, Ci/G, K]: 1.32x the step.)
-    cols = x if taps is None else _columns(e, x, taps, pixel_major=False)
+    cols = x if taps is None else _columns(e, x, taps, pixels_first=False)
     cols = e.op("Transpose", e.op("Reshape", cols, e.ints([-1, ci * k, p])), perm=[1, 0, 2])  # [Ci*K, N, P]
     y = e.op("MatMul", e.op("Reshape", w, e.ints([group, co // group, cg * k])),
              e.op("Reshape", cols, e.ints([group, cg * k, -1])))  # [G, Co/G, N*P]
@@ -316,8 +316,8 @@ def _im2col_gemm(e: Emitter, x: ir.Value, w: ir.Value, b: ir.Value | None, taps:
     return e.op("Reshape", y, e.ints([-1, co, *out])), None
 
 
-def _columns(e: Emitter, x: ir.Value, taps: np.ndarray, pixel_major: bool) -> ir.Value:
-    """x's window values, [N*Ci, P*K] (``pixel_major``) or [N*Ci, K*P]: x as [N*Ci, Q] times the
+def _columns(e: Emitter, x: ir.Value, taps: np.ndarray, pixels_first: bool) -> ir.Value:
+    """x's window values, [N*Ci, P*K] (``pixels_first``) or [N*Ci, K*P]: x as [N*Ci, Q] times the
     0/1 tap matrix. A dense conv's columns go pixel-major next, [N, P, Ci, K]: from [N, Ci, P, K]
     that Transpose and its gradient's move runs of K values, from [N, Ci, K, P] single ones. 2
     threads, ms, forward / gradient Transpose, K=9, N=32, [N, Ci, P, K] vs [N, Ci, K, P]: 256ch on
@@ -325,6 +325,6 @@ def _columns(e: Emitter, x: ir.Value, taps: np.ndarray, pixel_major: bool) -> ir
     interleaved, ResNet-18 at batch 32, 64 px, 0.979x and 0.984x the step time, ResNet-50 0.998x,
     at batch 2 ResNet-18 1.007x, EfficientNet-B0 1.001x."""
     p, q, k = taps.shape
-    order = (1, 0, 2) if pixel_major else (1, 2, 0)
+    order = (1, 0, 2) if pixels_first else (1, 2, 0)
     gather = e.const(np.ascontiguousarray(taps.transpose(*order).reshape(q, k * p)), x.dtype)
     return e.op("MatMul", e.op("Reshape", x, e.ints([-1, q])), gather)

@@ -65,7 +65,6 @@ def keep(e: Emitter, graph: ir.Graph, convs: Sequence[Dense]) -> int:
     rows = {d.output: d.rows for d in convs}  # channel-major value -> its rows
     spare = [n for d in convs for n in _producers(d.output, 2)]  # Transposes to drop if unread
     moved = 0
-    made_rows = set()  # moved nodes' outputs: rows now, their readers given a channel-major twin
     for node in list(graph):  # in order: a node's inputs have their rows before it is seen
         ins = [v for v in node.inputs if v is not None]
         if not ins or not _movable(node, ins, rows):
@@ -81,12 +80,12 @@ def keep(e: Emitter, graph: ir.Graph, convs: Sequence[Dense]) -> int:
         after.shape, after.dtype = ir.Shape(shape), dtype
         for user, i in readers:
             user.replace_input_with(i, after)
-        rows[after] = before
-        made_rows.add(before)
+        rows[after] = before  # ``before`` is rows now, its readers given the channel-major ``after``
         spare += _producers(after, 2)
         moved += 1
+    made = set(rows.values())  # a conv's input that a moved node made is rows itself now
     for d in convs:  # a plain 1x1 conv reads its input's rows where they exist
-        source = d.input if d.input in made_rows else rows.get(d.input)
+        source = d.input if d.input in made else rows.get(d.input)
         if d.columns is not None and source is not None:
             spare += _producers(d.columns, 3)
             d.columns.replace_all_uses_with(source)
