@@ -45,8 +45,11 @@ def artifacts(batch, dtype=np.float64):
     return gc.training.generate(model(batch, dtype), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
 
 
+@pytest.mark.parametrize("pixels", [True, False])
 @pytest.mark.parametrize(("backend", "dtype", "rtol"), [("numpy", np.float64, 1e-10), ("ort-cpu", np.float32, 1e-4)])
-def test_dense_product_gives_the_conv_gradients(backend, dtype, rtol, monkeypatch):
+def test_dense_product_gives_the_conv_gradients(backend, dtype, rtol, pixels, monkeypatch):
+    """The kxk convs both ways: their columns from x's pixels or transposed from x channel-major."""
+    monkeypatch.setattr(dense_conv, "_reads_pixels", lambda *args: pixels)
     batch = dense_conv.MIN_BATCH
     dense = artifacts(batch, dtype)
     monkeypatch.setattr(dense_conv, "MAX_WORK", 0.0)
@@ -63,6 +66,18 @@ def test_dense_product_gives_the_conv_gradients(backend, dtype, rtol, monkeypatc
                                          "dw.weight_grad", "dw.bias_grad", "c2.weight_grad"}
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=rtol * 1e-2, err_msg=name)
+
+
+def test_kxk_convs_read_pixels_where_the_weight_is_smaller_than_the_columns():
+    """ResNet's 3x3 convs at 64 px: 256 channels on 4x4 maps read x's pixels at batch 32 (the
+    weight, 256*9 per input channel, under the columns, 32*16*9), not at batch 2, nor 512
+    channels on 2x2 at batch 32 (512*9 over 32*4*9)."""
+    x = {batch: ir.Value(name="x", shape=ir.Shape([batch, 256, 4, 4])) for batch in (2, 32)}
+    taps = dense_conv._taps([4, 4], [4, 4], [3, 3], [1, 1], [1, 1], [1, 1])
+    assert dense_conv._reads_pixels(x[32], 256, 16, taps.shape)
+    assert not dense_conv._reads_pixels(x[2], 256, 16, taps.shape)
+    x512 = ir.Value(name="x", shape=ir.Shape([32, 512, 2, 2]))
+    assert not dense_conv._reads_pixels(x512, 512, 4, dense_conv._taps([2, 2], [2, 2], [3, 3], [1, 1], [1, 1], [1, 1]).shape)
 
 
 def test_small_batches_keep_the_depthwise_conv():

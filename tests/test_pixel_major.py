@@ -53,9 +53,20 @@ def transposes(arts) -> int:
     return sum(n.op_type == "Transpose" for n in arts.train_step.proto.graph.node)
 
 
+def forward_transposes(arts) -> list[tuple[str, tuple[int, ...]]]:
+    """(pass, perm) of each Transpose outside the backward."""
+    return [(n.name.split("/")[0], tuple(n.attribute[0].ints)) for n in arts.train_step.proto.graph.node
+            if n.op_type == "Transpose" and "/grad/" not in n.name]
+
+
+@pytest.mark.parametrize("pixels", [True, False])
 @pytest.mark.parametrize("batch", [16, "N"])
 @pytest.mark.parametrize(("backend", "dtype", "rtol"), [("numpy", np.float64, 1e-10), ("ort-cpu", np.float32, 1e-4)])
-def test_rows_give_the_convs_gradients_and_statistics(backend, dtype, rtol, batch, monkeypatch):
+def test_rows_give_the_convs_gradients_and_statistics(backend, dtype, rtol, batch, pixels, monkeypatch):
+    """Both forms of the 3x3 convs: reading x's pixels (the second one the SiLU's rows), or
+    their columns transposed from x channel-major."""
+    monkeypatch.setattr(dense_conv, "_reads_pixels", lambda *args: pixels)
+
     def grads():
         arts = gc.training.generate(model(batch, dtype), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
         rng = np.random.default_rng(1)
@@ -69,6 +80,11 @@ def test_rows_give_the_convs_gradients_and_statistics(backend, dtype, rtol, batc
     # the Relu, the SiLU and the sum between the convs moved: their Transposes (and their
     # gradients') gone, forward and backward
     assert transposes(rows) < transposes(columns)
+    moved = forward_transposes(rows)
+    if pixels:  # no columns transposed; the channel-major form kept for the graph output alone
+        assert sorted(moved) == [("dense_conv", (0, 2, 1))] * 3 + [("pixel_major", (0, 3, 1, 2))]
+    else:  # the 3x3 convs' columns; the SiLU's output and the graph output channel-major
+        assert sorted(moved) == [("dense_conv", (0, 2, 1, 3))] * 2 + [("pixel_major", (0, 3, 1, 2))] * 2
     monkeypatch.setattr(dense_conv, "MAX_PIXELS", 0)
     convs, want = grads()
     assert "Conv" in {n.op_type for n in convs.gradients.proto.graph.node}

@@ -6,8 +6,9 @@ it on channel-major, [N, Co, H, W], by a Reshape and a Transpose; a plain 1x1 co
 turns its input back into rows by another. Between them run the BatchNorm, the activation and
 the residual Add, which need no particular layout: ``keep`` moves them onto the rows (a
 BatchNormalization of [N*P, C] has its channels on axis 1 still, its statistics over axis 0),
-and a 1x1 conv whose input has rows reads those rows; the channel-major form stays only for the
-readers that need it (a kxk conv's taps, a squeeze-excite's pooling, a global pool), and the
+and a 1x1 conv (or a kxk one that reads its input pixel-major, ``dense_conv._reads_pixels``)
+whose input has rows reads those rows; the channel-major form stays only for the readers that
+need it (the other kxk convs' taps, a squeeze-excite's pooling, a global pool), and the
 Transposes no reader needs any more are dropped. Autodiff then differentiates the rows, so the
 backward loses the same Transposes.
 
@@ -17,7 +18,7 @@ against channel-major, ms, N=32: 1024ch on 16 pixels 0.31 vs 1.14; 2048ch on 4 0
 512ch on 4 0.19 vs 0.42; 256ch on 16 0.29 vs 0.18 (as [N*P, C, 1], reduced over axes 0 and 2,
 1.56 to 3.34: a rank-2 BatchNorm it is). Trainer steps interleaved, at batch 32, 64 px:
 ResNet-50 0.915x the step time, RegNetY-400MF 0.921x, EfficientNet-B0 0.946x, MobileNetV3-small
-0.948x, ResNet-18 0.998x (its small-map convs are 3x3, which read channel-major); at 128 px
+0.948x, ResNet-18 0.998x (its small-map convs are 3x3, which then read channel-major); at 128 px
 (only 4x4 maps left small) ResNet-50 0.995x, RegNetY 0.994x; at batch 2, 64 px, ResNet-50
 0.972x, RegNetY 0.975x, MobileNetV3-small 0.936x. (A first form that left the 1x1 conv after a
 moved node reading channel-major: ResNet-50 0.962-0.971x.) Graphs for CUDA keep the Transposes
@@ -44,12 +45,13 @@ BINARY = frozenset({"Add", "Mul"})  # of two tensors of one shape
 @dataclass
 class Dense:
     """A dense conv ``dense_conv`` rewrote: its ``output`` [N, Co, H, W], the ``rows`` [N*P, Co]
-    it is made of, and for a plain 1x1 conv its ``input`` and the rows ``columns`` [N*P, Ci] it
-    reads of it (else None)."""
+    it is made of, and for a conv that reads its input pixel-major (a plain 1x1 conv, a kxk one
+    ``dense_conv._reads_pixels``) its ``input`` and the ``pixels`` [N, Q, Ci] it reads of it
+    (else None)."""
     output: ir.Value
     rows: ir.Value
     input: ir.Value | None
-    columns: ir.Value | None
+    pixels: ir.Value | None
 
 
 def channel_major(e: Emitter, rows: ir.Value, channels: int, spatial: Sequence[int]) -> ir.Value:
@@ -84,11 +86,11 @@ def keep(e: Emitter, graph: ir.Graph, convs: Sequence[Dense]) -> int:
         spare += _producers(after, 2)
         moved += 1
     made = set(rows.values())  # a conv's input that a moved node made is rows itself now
-    for d in convs:  # a plain 1x1 conv reads its input's rows where they exist
+    for d in convs:  # a conv that reads its input's pixels reads its rows where they exist
         source = d.input if d.input in made else rows.get(d.input)
-        if d.columns is not None and source is not None:
-            spare += _producers(d.columns, 3)
-            d.columns.replace_all_uses_with(source)
+        if d.pixels is not None and source is not None:
+            spare += _producers(d.pixels, 2)
+            d.pixels.replace_all_uses_with(source)
     _drop_unread(graph, spare)
     return moved
 
