@@ -17,14 +17,21 @@ depthwise Conv of more than one tap, at any size (N=32: 96ch 3x3 stride 2 on 64x
 144ch 3x3 on 32x32 7.4 vs 4.8; 240ch 5x5 on 16x16 12.8 vs 2.8; 672ch 5x5 on 8x8 10.4 vs 1.7;
 N=2, 144ch 3x3 on 16x16 0.15 vs 0.10), the depthwise dW's Conv over the images' channels too,
 dy its kernel (``rules_nn._depthwise_weight_grad_per_image``; N=32: 144ch 3x3 on 32x32 55 vs
-13; 96ch 3x3 stride 2 on 64x64 44 vs 14; 240ch 5x5 on 16x16 42 vs 7.0); a dense one whose batch
-times output pixels reach ``DENSE_MIN_PIXELS`` (what it pays for is the weight's reorder, every
-run: N=32, 64ch 3x3 on 32x32 15.9 vs 10.7, 256ch on 8x8 16.0 vs 12.5; N=8, 64ch on 32x32 3.9 vs
-2.7; but N=2, 128ch on 16x16 0.92 vs 1.31 and N=8, 256ch on 8x8 4.1 vs 5.2); a stem of fewer input channels than a
-block, its input left as it is (N=32, 3->64 7x7 stride 2 on 128x128: 14.3 vs 10.5). 1x1 Convs
-keep the generic kernel, one GEMM already (N=32, 64->256 on 32x32: 5.9 vs 7.6), and so do a
-dense conv's weight gradient Convs over swapped axes, dy their kernel, past 49 taps (ResNet-18's
-7x7 stem dW, a 64x64 kernel: 33 ms of its step on the generic kernel, 84 on the NCHWc one).
+13; 96ch 3x3 stride 2 on 64x64 44 vs 14; 240ch 5x5 on 16x16 42 vs 7.0); a stem of fewer input
+channels than a block, its input left as it is (N=32, 3->64 7x7 stride 2 on 128x128: 14.3 vs
+10.5); a dense one whose batch times output pixels reach ``DENSE_MIN_PIXELS``, what pays for
+the weight's reorder every run (N=32, 64ch 3x3 on 32x32 7.5 vs 5.2, 256ch on 8x8 12.2 vs 5.8,
+128ch on 8x8 5.4 vs 1.5; N=16, 256ch on 8x8 6.1 vs 3.5; N=8, 64ch on 32x32 1.9 vs 1.4; but N=2,
+128ch on 16x16 0.45 vs 0.58). It was 4,096 while the reorder was one 6-D Transpose (N=8, 256ch
+on 8x8 then 4.1 vs 5.2). The CPU training graphs count on it (``rules_nn.blocked_dense``, whose
+``NCHWC_MIN_PIXELS`` must equal it): a dense 3x3 conv so run, on 8x8 maps for one, stays a Conv
+and its dx a Conv by the flipped weight, no longer gathered columns times the weight; Trainer
+steps interleaved, 64 px: ResNet-18 at batch 8 0.975x the step time, at 32 0.985x, ResNet-50
+at 32 0.995x; 128 px: ResNet-18 at batch 2 0.983x, at 32 1.004x, ResNet-50 0.989x and 0.987x.
+1x1 Convs keep the generic kernel, one GEMM already (N=32, 64->256 on 32x32: 5.9 vs 7.6), and
+so do a dense conv's weight gradient Convs over swapped axes, dy their kernel, past 49 taps
+(ResNet-18's 7x7 stem dW, a 64x64 kernel: 33 ms of its step on the generic kernel, 84 on the
+NCHWc one).
 Train steps at batch 32, 128 px, Trainers with and without the rewrite interleaved (the same
 artifacts; two runs where two are given, this VM's noise being a few percent): ResNet-18 0.90x /
 0.94x the step time, ResNet-50 0.95x, RegNetY-400MF 0.93x / 0.99x, EfficientNet-B0 0.89x,
@@ -44,7 +51,7 @@ from onnx import helper, numpy_helper
 __all__ = ["DENSE_MIN_PIXELS", "block_size", "rewrite"]
 
 NCHWC = "com.microsoft.nchwc"
-DENSE_MIN_PIXELS = 4096  # batch (a symbolic one counts 16) times output pixels, for a dense Conv
+DENSE_MIN_PIXELS = 1024  # batch (a symbolic one counts 16) times output pixels, for a dense Conv
 _SYMBOLIC_BATCH = 16
 _MAX_TAPS = 49
 

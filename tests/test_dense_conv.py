@@ -321,9 +321,12 @@ def test_mid_map_convs_by_gathered_columns_give_the_conv_gradients(batch, runs, 
     become gathered columns times the weight: forward ones of 128+ channels on maps of 17 to 64
     pixels (c1, not c2 of 4), dx ones on maps of 17 to 144 (c2's; c1's x wants none, c3 is
     ``dense_conv``'s): no ConvTranspose is left, CUDA-lowered artifacts keep both Convs; loss and
-    gradients equal those of the Convs on onnxruntime and numpy."""
+    gradients equal those of the Convs on onnxruntime and numpy. (Generated as for a CPU without
+    NCHWc kernels: ort-cpu runs c1 on those where it has them, see the next test.)"""
+    from graphc.compile import training
     from graphc.passes.autodiff import rules_nn
 
+    monkeypatch.setattr(training, "_nchwc_block", lambda: 0)
     def generate(device="cpu"):
         return gc.training.generate(mid_map_model(batch), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1),
                                     device=device)
@@ -352,3 +355,39 @@ def test_mid_map_convs_by_gathered_columns_give_the_conv_gradients(batch, runs, 
             for name in want:  # float32 sums of up to 10^4 products: rounding relative to the largest
                 np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5 * np.abs(want[name]).max(),
                                            err_msg=f"{backend} batch {n} {name}")
+
+
+def test_convs_on_nchwc_kernels_stay_convs(monkeypatch):
+    """Where ort-cpu runs a dense Conv on its NCHWc kernels (input channels whole blocks, batch
+    times output pixels ``rules_nn.NCHWC_MIN_PIXELS`` or more) it stays a Conv, and a dx it would
+    run so is a Conv by the flipped weight: x [16, 128, 8, 8] -> Conv 3x3 to 32 -> Relu -> Conv
+    3x3 to 16. With a channel block of 16 both forward Convs stay and the second's dx is a Conv;
+    without NCHWc kernels the first and that dx are gathered columns times the weight. Loss and
+    gradients agree on onnxruntime."""
+    from graphc.compile import training
+
+    rng = np.random.default_rng(7)
+    inits = [nh.from_array(rng.normal(size=(32, 128, 3, 3)).astype(np.float32) / 16, "c1.weight"),
+             nh.from_array(rng.normal(size=(16, 32, 3, 3)).astype(np.float32) / 8, "c2.weight")]
+    nodes = [oh.make_node("Conv", ["x", "c1.weight"], ["h"], pads=[1, 1, 1, 1]), oh.make_node("Relu", ["h"], ["r"]),
+             oh.make_node("Conv", ["r", "c2.weight"], ["out"], pads=[1, 1, 1, 1])]
+    graph = oh.make_graph(nodes, "blocked", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [16, 128, 8, 8])],
+                          [oh.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [16, 16, 8, 8])], inits)
+    model = gc.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+
+    def generate(block):
+        monkeypatch.setattr(training, "_nchwc_block", lambda: block)
+        arts = gc.training.generate(model, gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
+        nodes = arts.train_step.proto.graph.node
+        forward = sorted(n.input[1] for n in nodes if n.op_type == "Conv" and "/grad/" not in n.name)
+        return arts, forward, sum(n.op_type == "Conv" and "/grad/" in n.name for n in nodes)  # (dWs are Gemms)
+
+    blocked, forward, dx = generate(16)
+    assert (forward, dx) == (["c1.weight", "c2.weight"], 1)
+    gathered, forward, dx = generate(0)
+    assert (forward, dx) == (["c2.weight"], 0)
+    feeds = {"x": rng.normal(size=(16, 128, 8, 8)).astype(np.float32), "y": rng.normal(size=(16, 16, 8, 8)).astype(np.float32)}
+    got = gc.Session(blocked.gradients, backend="ort-cpu").run(feeds)
+    want = gc.Session(gathered.gradients, backend="ort-cpu").run(feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5 * np.abs(want[name]).max(), err_msg=name)

@@ -127,10 +127,18 @@ def test_unnamed_convs_are_rewritten_apart():
 @needs_nchwc
 def test_a_dense_conv_on_enough_pixels_is_rewritten_with_a_symbolic_batch():
     """The batch times output pixels that pays for the weight's reorder; a symbolic batch counts
-    as 16: 16 x 16x16 pixels reach ``DENSE_MIN_PIXELS`` (4,096), 16 x 8x8 do not."""
-    for side, expected in ((16, 1), (8, 0)):
+    as 16: 16 x 8x8 pixels reach ``DENSE_MIN_PIXELS`` (1,024), 16 x 4x4 do not."""
+    for side, expected in ((8, 1), (4, 0)):
         proto = conv_model(("N", 64, side, side), (64, 64, 3, 3), pads=[1, 1, 1, 1])
         assert nchwc.rewrite(proto, BLOCK)[1] == expected, side
+
+
+def test_the_gradient_rules_count_on_the_backends_threshold():
+    """The training graphs leave a dense Conv a Conv (not gathered columns) where ort-cpu runs it
+    on the NCHWc kernels: the rules' copy of the threshold is the backend's."""
+    from graphc.passes.autodiff import rules_nn
+
+    assert rules_nn.NCHWC_MIN_PIXELS == nchwc.DENSE_MIN_PIXELS
 
 
 @needs_nchwc

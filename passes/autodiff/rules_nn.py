@@ -597,9 +597,11 @@ def grad_conv(g, node, dy):
     elif g.wants(x) and _strided_pointwise_by_conv(w_shape, spatial, kernel, begin + end, group):
         dx = _zero_interleaved(g, _pointwise_input_grad_conv(g, dy, w, len(spatial)), w_shape[1], spatial, strides)
     elif (g.wants(x) and g.device == "cpu" and _flipped_pads(w_shape, dilations, begin, end) is not None
-          and gathers_conv(w_shape[2:], w_shape[0], spatial, strides, group, typical_batch(x), x.dtype, dx=True)):
+          and gathers_conv(w_shape[2:], w_shape[0], spatial, strides, group, typical_batch(x), x.dtype, dx=True,
+                           nchwc=g.nchwc)):
         dx = _gathered_input_grad(g, dy, w, w_shape, spatial, dilations, begin, end)
-    elif g.wants(x) and _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group, typical_batch(x)):
+    elif g.wants(x) and _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group, typical_batch(x),
+                                         g.nchwc):
         dx = _flipped_input_grad(g, dy, w, w_shape, dilations, begin, end, group)
     elif g.wants(x):
         dx = _transposed(g, dy, w, spatial, kernel, strides, dilations, begin, end, group)
@@ -650,12 +652,28 @@ def _strided_pointwise_by_conv(w_shape, spatial, kernel, pads, group) -> bool:
             and (math.prod(spatial) <= 16 or w_shape[0] * w_shape[1] >= 2 ** 21))
 
 
-def gathers_conv(kernel, in_channels: int, out, strides, group: int, batch: int, dtype, dx: bool = False) -> bool:
+NCHWC_MIN_PIXELS = 1024  # ``graphc.backends.nchwc.DENSE_MIN_PIXELS`` (passes never import a backend)
+
+
+def blocked_dense(nchwc: int, in_channels: int, batch: int, out) -> bool:
+    """Does ort-cpu run a dense Conv (its weight fed) on onnxruntime's NCHWc kernels, of channel
+    block ``nchwc`` (0: none)? Its input channels whole blocks, its batch times output pixels
+    ``NCHWC_MIN_PIXELS`` or more: ``graphc.backends.nchwc``'s rule, which it must equal."""
+    return bool(nchwc) and in_channels % nchwc == 0 and batch * math.prod(out) >= NCHWC_MIN_PIXELS
+
+
+def gathers_conv(kernel, in_channels: int, out, strides, group: int, batch: int, dtype, dx: bool = False,
+                 nchwc: int = 0) -> bool:
     """Whether, in the CPU training graphs, a dense stride-1 Conv of up to 9 taps whose output has
     ``out`` dims runs as its gathered columns times the weight (``conv_gather.gathered_conv``):
     where onnxruntime's Conv and ConvTranspose run one small GEMM per image. ``dx``: the Conv that
     is a dx (``_gathered_input_grad``, in place of a ConvTranspose), on maps of 17 to 144 pixels;
-    else a forward Conv of 128+ input channels on maps of 17 to 64. Both at a batch of 8 or more.
+    else a forward Conv of 128+ input channels on maps of 17 to 64. Both at a batch of 8 or more,
+    and not where ort-cpu runs the Conv on its NCHWc kernels (``blocked_dense``; the dx then a
+    Conv by the flipped weight, ``_by_flipped_conv``), faster now that their weight's reorder is
+    (2 threads, ms, NCHWc vs gathered, x's or dy's Transpose to batch-innermost included, N=32:
+    128ch 8x8 forward 1.38 / 1.44 vs 1.96 / 2.29, dx 1.64 / 2.15 vs 2.07 / 2.53; 256ch 8x8 5.67 /
+    5.48 vs 7.10 / 6.82, dx 6.66 / 6.68 vs 7.18 / 7.45).
     ``bench_lowerings.py --only gathered_conv``, 2 threads, ms, two runs each, 3x3, this vs the
     Conv / vs the ConvTranspose: N=32, 256ch 8x8 15.3, 14.2 vs 17.0, 15.7 / 16.7, 17.9 vs 18.5,
     21.3; 128ch 8x8 6.8, 5.6 vs 8.3, 7.6 / 6.9, 5.3 vs 8.9, 6.7; 256ch 7x7 13.0, 14.1 vs 17.3,
@@ -670,6 +688,7 @@ def gathers_conv(kernel, in_channels: int, out, strides, group: int, batch: int,
     Conv's 4.6; at 8x8 a tie, 1.73 vs 1.80), though their dW gains (``_conv_weight_grad_gathered``)."""
     return (group == 1 and len(kernel) == 2 and 1 < math.prod(kernel) <= 9 and all(s == 1 for s in strides)
             and 16 < math.prod(out) <= (144 if dx else 64) and (dx or in_channels >= 128) and batch >= 8
+            and not blocked_dense(nchwc, in_channels, batch, out)
             and dtype == ir.DataType.FLOAT and in_channels * math.prod(kernel) * math.prod(out) * batch <= GATHER_COLS)
 
 
@@ -696,7 +715,7 @@ def _gathered_input_grad(g: GradBuilder, dy: ir.Value, w: ir.Value, w_shape, spa
                          kernel, spatial, dilations, pads[:n_sp], pads[n_sp:], flip=True)
 
 
-def _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group: int, batch: int) -> bool:
+def _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group: int, batch: int, nchwc: int = 0) -> bool:
     """Whether a stride-1 Conv's dx is taken as a Conv of dy by the weight flipped in space, each
     group's channel axes swapped (``_flipped_input_grad``), not a ConvTranspose: onnxruntime's
     grouped ConvTranspose is its slowest and least parallel kernel, and its dense one loses on
@@ -717,14 +736,14 @@ def _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group: in
     of channel multiplier 4, 109.6 as four Convs, vs 49.6 / 42.4, and slower at 16x16 to 128x128;
     so are groups of 8 at stride 2 as phases, one Conv of dy by the 2x2 phase kernels, N=32,
     ``--only grouped_conv``: 48ch 64x64 35.8 vs 27.2, 104ch 32x32 14.5 vs 10.3, 208ch 16x16 6.7
-    vs 4.2)."""
+    vs 4.2). A dense one ort-cpu runs on its NCHWc kernels (``blocked_dense``) is taken at any
+    size (see ``gathers_conv``)."""
     if any(s != 1 for s in strides) or (group > 1 and w_shape[0] != group * w_shape[1]):
         return False
-    kernel = w_shape[2:]
     if _flipped_pads(w_shape, dilations, begin, end) is None:
         return False
     if group == 1:
-        return batch >= 8 and math.prod(spatial) >= 256
+        return batch >= 8 and math.prod(spatial) >= 256 or blocked_dense(nchwc, w_shape[0], batch, spatial)
     return w_shape[1] == 1 or (batch >= 8 and math.prod(spatial) >= 16)
 
 

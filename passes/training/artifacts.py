@@ -206,7 +206,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     grads = backward(step.graph, _by_name(step.graph, LOSS), [step.graph.initializers[p] for p in params], device, nchwc)
     before = set(step.graph)
     if device == "cpu":
-        dense_conv.gather_convs(step.graph, convs, opset)
+        dense_conv.gather_convs(step.graph, convs, opset, nchwc)
     bn_next = modes.lower_batchnorm(Emitter(step.graph, opset, "bn"), step.graph, device)
     forward |= {node.name for node in step.graph if node not in before}
     step.graph.sort()

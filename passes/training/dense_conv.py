@@ -143,10 +143,11 @@ def densify_convs(graph: ir.Graph, opset: int, device: str = "cpu") -> int:
     return len(dense)
 
 
-def gather_convs(graph: ir.Graph, convs: list[ir.Node], opset: int) -> int:
+def gather_convs(graph: ir.Graph, convs: list[ir.Node], opset: int, nchwc: int = 0) -> int:
     """After autodiff, on the CPU: rewrite in place each forward Conv of ``convs`` that runs
     faster as its gathered columns times the weight (``rules_nn.gathers_conv``: dense, stride 1,
-    128+ input channels, maps of 17 to 64 pixels); returns how many. Its gradient rule has
+    128+ input channels, maps of 17 to 64 pixels, not on ort-cpu's NCHWc kernels of channel block
+    ``nchwc``); returns how many. Its gradient rule has
     already read x and the weight, which stay; the columns live only for the product (the dW
     gathers its own)."""
     e = Emitter(graph, opset, "gathered_conv")
@@ -160,7 +161,8 @@ def gather_convs(graph: ir.Graph, convs: list[ir.Node], opset: int) -> int:
         kernel = list(sw[2:])
         spatial, strides, dilations, begin, end = window(None, node, x, kernel)
         out = out_dims(spatial, kernel, strides, dilations, begin, end)
-        if not gathers_conv(kernel, sx[1], out, strides, attr(node, "group", 1), typical_batch(x), x.dtype):
+        if not gathers_conv(kernel, sx[1], out, strides, attr(node, "group", 1), typical_batch(x), x.dtype,
+                            nchwc=nchwc):
             continue
         e.source = node.metadata_props.get("graphc.source")
         y = gathered_conv(e, x, e.op("Reshape", w, e.ints([sw[0], -1])), sw[0], sx[1], spatial, kernel, out,
