@@ -36,10 +36,11 @@ A kxk dense conv whose weight (and input) is smaller than its columns (``_reads_
 large batch) reads its input pixel-major instead, [N, Q, Ci], the rows ``pixel_major`` keeps
 where they exist: its columns come out of the tap MatMul as [N, P, K, Ci] and the weight is
 transposed to [Co, K, Ci] each step (its gradient back). ResNet-18's 256-channel 3x3 convs on
-4x4 maps at batch 32 transposed their columns and the columns' gradient (0.55 and 0.53 ms, 2
-threads) and their input from rows (0.35 and 0.13); now the weight and dW (0.36 and 0.50).
-Trainer steps interleaved, batch 32, 64 px: ResNet-18 0.990x / 0.988x the step time, ResNet-50
-0.984x / 0.979x.
+4x4 maps at batch 32 transposed their columns and the columns' gradient (0.55 and 0.53 ms in
+the step's profile, 2 threads) and their input from rows (0.35 and 0.13); now the weight and
+dW (0.36 and 0.50 in the same profile, 0.95 and 1.1-1.4 in later ones; alone, cache cold, 0.5
+and 0.3). Trainer steps interleaved, batch 32, 64 px: ResNet-18 0.990x / 0.988x the step time,
+ResNet-50 0.984x / 0.979x.
 
 The batch may be symbolic: the rewrite reads it as -1, so one graph serves every batch size, and
 a symbolic batch counts as a typical 16 where the batch decides. Exported with a symbolic batch,
@@ -147,9 +148,8 @@ def gather_convs(graph: ir.Graph, convs: list[ir.Node], opset: int, nchwc: int =
     """After autodiff, on the CPU: rewrite in place each forward Conv of ``convs`` that runs
     faster as its gathered columns times the weight (``rules_nn.gathers_conv``: dense, stride 1,
     128+ input channels, maps of 17 to 64 pixels, not on ort-cpu's NCHWc kernels of channel block
-    ``nchwc``); returns how many. Its gradient rule has
-    already read x and the weight, which stay; the columns live only for the product (the dW
-    gathers its own)."""
+    ``nchwc``); returns how many. Its gradient rule has already read x and the weight, which
+    stay; the columns live only for the product (the dW gathers its own)."""
     e = Emitter(graph, opset, "gathered_conv")
     count = 0
     for node in convs:
@@ -304,8 +304,7 @@ def _im2col_gemm(e: Emitter, x: ir.Value, w: ir.Value, b: ir.Value | None, taps:
     group, p = ci // cg, math.prod(out)
     k = 1 if taps is None else taps.shape[2]
     if group == 1:  # [N*P, Ci*K] x [Co, Ci*K]^T, or [N*P, K*Ci] x [Co, K*Ci]^T reading x's pixels
-        pixels = None  # x pixel-major, [N, Q, Ci], where the conv reads it so
-        weight = e.op("Reshape", w, e.ints([co, -1]))
+        pixels, weight = None, w  # x pixel-major, [N, Q, Ci], where the conv reads it so
         if taps is None or _reads_pixels(x, co, p, taps.shape):
             pixels = e.op("Transpose", e.op("Reshape", x, e.ints([0, ci, -1])), perm=[0, 2, 1])
         if taps is None:  # a plain 1x1 conv's columns are x's pixels
@@ -315,12 +314,12 @@ def _im2col_gemm(e: Emitter, x: ir.Value, w: ir.Value, b: ir.Value | None, taps:
             gather = e.const(np.ascontiguousarray(taps.transpose(0, 2, 1).reshape(p * k, q)), x.dtype)
             cols = e.op("MatMul", gather, e.op("Reshape", pixels, e.ints([-1, q, ci])))
             weight = e.op("Transpose", e.op("Reshape", w, e.ints([co, ci, k])), perm=[0, 2, 1])
-            weight = e.op("Reshape", weight, e.ints([co, -1]))
         else:
             cols = e.op("Transpose", e.op("Reshape", _columns(e, x, taps, pixels_first=True), e.ints([-1, ci, p, k])),
                         perm=[0, 2, 1, 3])  # [N, P, Ci, K]
         cols = e.op("Reshape", cols, e.ints([-1, ci * k]))
-        rows = e.op("Gemm", cols, weight, *([b] if b is not None else []), transB=1)
+        rows = e.op("Gemm", cols, e.op("Reshape", weight, e.ints([co, -1])), *([b] if b is not None else []),
+                    transB=1)
         y = pixel_major.channel_major(e, rows, co, out)
         return y, pixel_major.Dense(y, rows, x if pixels is not None else None, pixels)
     # grouped: one batched MatMul over the groups, channel-major, [G, Co/G, Ci/G*K] (the weight
