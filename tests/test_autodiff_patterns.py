@@ -315,3 +315,30 @@ def test_bfloat16_gelu_gradient_stays_in_its_opset(opset):
     proto = graphc.Model(gradient_model(model, "loss", ["w"])).proto
     onnx.checker.check_model(proto, full_check=True)
     assert any(n.op_type == "HardSigmoid" for n in proto.graph.node) == (opset >= 22)
+
+
+@pytest.mark.parametrize(("dtype", "reverse"), [(np.float64, "MatMul"), (np.float32, "MatMul"), (np.float16, "Slice")])
+def test_flipped_conv_input_gradient_reverses_the_taps(dtype, reverse):
+    """A grouped stride-1 Conv's dx is a Conv of dy by the weight reversed in space, each group's
+    channel axes swapped: in float32 and float64 the reversal is a product by the anti-identity,
+    in other dtypes a Slice of step -1. dx against a direct sum (the loss is linear in x)."""
+    rng = np.random.default_rng(11)
+    x, w, r = rng.normal(size=(8, 4, 4, 4)), rng.normal(size=(4, 2, 3, 3)), rng.normal(size=(8, 4, 4, 4))
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], group=2, pads=[1, 1, 1, 1]),
+         helper.make_node("Mul", ["y", "r"], ["yr"]), helper.make_node("ReduceSum", ["yr"], ["loss"], keepdims=0)],
+        "flipped", [], [helper.make_tensor_value_info("loss", elem, [])],
+        initializer=[numpy_helper.from_array(v.astype(dtype), k) for k, v in (("x", x), ("w", w), ("r", r))])
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    proto = graphc.Model(gradient_model(model, "loss", ["x"])).proto
+    assert reverse in {n.op_type for n in proto.graph.node if "/grad/" in n.name}
+    got = run_numpy(proto, {})["x_grad"]
+    want = np.zeros_like(x)  # dx[n, c] = sum over its group's outputs o and taps of r[n, o, i+1-a, j+1-b] w[o, c', a, b]
+    padded = np.pad(r, [(0, 0), (0, 0), (1, 1), (1, 1)])
+    for c in range(4):
+        for o in range(2 * (c // 2), 2 * (c // 2) + 2):
+            for a in range(3):
+                for b in range(3):
+                    want[:, c] += padded[:, o, 2 - a:6 - a, 2 - b:6 - b] * w[o, c % 2, a, b]
+    np.testing.assert_allclose(got, want, rtol=2e-2 if dtype == np.float16 else 1e-5, atol=5e-2 if dtype == np.float16 else 1e-5)
