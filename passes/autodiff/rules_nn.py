@@ -606,7 +606,7 @@ def grad_conv(g, node, dy):
                            nchwc=g.nchwc)):
         dx = _gathered_input_grad(g, dy, w, w_shape, spatial, dilations, begin, end)
     elif g.wants(x) and _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group, typical_batch(x),
-                                         g.nchwc):
+                                         g.nchwc if x.dtype == ir.DataType.FLOAT else 0):  # (NCHWc: float32)
         dx = _flipped_input_grad(g, dy, w, w_shape, dilations, begin, end, group)
     elif g.wants(x):
         dx = _transposed(g, dy, w, spatial, kernel, strides, dilations, begin, end, group)
@@ -661,9 +661,10 @@ NCHWC_MIN_PIXELS = 1024  # ``graphc.backends.nchwc.DENSE_MIN_PIXELS`` (passes ne
 
 
 def blocked_dense(nchwc: int, in_channels: int, batch: int, out) -> bool:
-    """Does ort-cpu run a dense Conv (its weight fed) on onnxruntime's NCHWc kernels, of channel
-    block ``nchwc`` (0: none)? Its input channels whole blocks, its batch times output pixels
-    ``NCHWC_MIN_PIXELS`` or more: ``graphc.backends.nchwc``'s rule, which it must equal."""
+    """Does ort-cpu run a dense float32 Conv (its weight fed) on onnxruntime's NCHWc kernels, of
+    channel block ``nchwc`` (0: none, or another dtype)? Its input channels whole blocks, its
+    batch times output pixels ``NCHWC_MIN_PIXELS`` or more: ``graphc.backends.nchwc``'s rule,
+    which it must equal."""
     return bool(nchwc) and in_channels % nchwc == 0 and batch * math.prod(out) >= NCHWC_MIN_PIXELS
 
 
