@@ -327,6 +327,7 @@ def test_mid_map_convs_by_gathered_columns_give_the_conv_gradients(batch, runs, 
     from graphc.passes.autodiff import rules_nn
 
     monkeypatch.setattr(training, "_nchwc_block", lambda: 0)
+
     def generate(device="cpu"):
         return gc.training.generate(mid_map_model(batch), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1),
                                     device=device)
