@@ -606,7 +606,7 @@ def grad_conv(g, node, dy):
                            nchwc=g.nchwc)):
         dx = _gathered_input_grad(g, dy, w, w_shape, spatial, dilations, begin, end)
     elif g.wants(x) and _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group, typical_batch(x),
-                                         g.nchwc if x.dtype == ir.DataType.FLOAT else 0):  # (NCHWc: float32)
+                                         x.dtype, g.nchwc):
         dx = _flipped_input_grad(g, dy, w, w_shape, dilations, begin, end, group)
     elif g.wants(x):
         dx = _transposed(g, dy, w, spatial, kernel, strides, dilations, begin, end, group)
@@ -660,12 +660,13 @@ def _strided_pointwise_by_conv(w_shape, spatial, kernel, pads, group) -> bool:
 NCHWC_MIN_PIXELS = 1024  # ``graphc.backends.nchwc.DENSE_MIN_PIXELS`` (passes never import a backend)
 
 
-def blocked_dense(nchwc: int, in_channels: int, batch: int, out) -> bool:
-    """Does ort-cpu run a dense float32 Conv (its weight fed) on onnxruntime's NCHWc kernels, of
-    channel block ``nchwc`` (0: none, or another dtype)? Its input channels whole blocks, its
-    batch times output pixels ``NCHWC_MIN_PIXELS`` or more: ``graphc.backends.nchwc``'s rule,
-    which it must equal."""
-    return bool(nchwc) and in_channels % nchwc == 0 and batch * math.prod(out) >= NCHWC_MIN_PIXELS
+def blocked_dense(nchwc: int, dtype, in_channels: int, batch: int, out) -> bool:
+    """Does ort-cpu run a dense Conv (its weight fed) on onnxruntime's NCHWc kernels, of channel
+    block ``nchwc`` (0: none)? A float32 one, its input channels whole blocks, its batch times
+    output pixels ``NCHWC_MIN_PIXELS`` or more: ``graphc.backends.nchwc``'s rule, which it must
+    equal."""
+    return (bool(nchwc) and dtype == ir.DataType.FLOAT and in_channels % nchwc == 0
+            and batch * math.prod(out) >= NCHWC_MIN_PIXELS)
 
 
 def gathers_conv(kernel, in_channels: int, out, strides, group: int, batch: int, dtype, dx: bool = False,
@@ -694,7 +695,7 @@ def gathers_conv(kernel, in_channels: int, out, strides, group: int, batch: int,
     Conv's 4.6; at 8x8 a tie, 1.73 vs 1.80), though their dW gains (``_conv_weight_grad_gathered``)."""
     return (group == 1 and len(kernel) == 2 and 1 < math.prod(kernel) <= 9 and all(s == 1 for s in strides)
             and 16 < math.prod(out) <= (144 if dx else 64) and (dx or in_channels >= 128) and batch >= 8
-            and not blocked_dense(nchwc, in_channels, batch, out)
+            and not blocked_dense(nchwc, dtype, in_channels, batch, out)
             and dtype == ir.DataType.FLOAT and in_channels * math.prod(kernel) * math.prod(out) * batch <= GATHER_COLS)
 
 
@@ -721,7 +722,8 @@ def _gathered_input_grad(g: GradBuilder, dy: ir.Value, w: ir.Value, w_shape, spa
                          kernel, spatial, dilations, pads[:n_sp], pads[n_sp:], flip=True)
 
 
-def _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group: int, batch: int, nchwc: int = 0) -> bool:
+def _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group: int, batch: int, dtype,
+                     nchwc: int = 0) -> bool:
     """Whether a stride-1 Conv's dx is taken as a Conv of dy by the weight flipped in space, each
     group's channel axes swapped (``_flipped_input_grad``), not a ConvTranspose: onnxruntime's
     grouped ConvTranspose is its slowest and least parallel kernel, and its dense one loses on
@@ -749,7 +751,7 @@ def _by_flipped_conv(w_shape, spatial, strides, dilations, begin, end, group: in
     if _flipped_pads(w_shape, dilations, begin, end) is None:
         return False
     if group == 1:
-        return batch >= 8 and math.prod(spatial) >= 256 or blocked_dense(nchwc, w_shape[0], batch, spatial)
+        return batch >= 8 and math.prod(spatial) >= 256 or blocked_dense(nchwc, dtype, w_shape[0], batch, spatial)
     return w_shape[1] == 1 or (batch >= 8 and math.prod(spatial) >= 16)
 
 
