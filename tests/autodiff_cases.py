@@ -363,6 +363,10 @@ def _cases() -> list[GradCase]:
         c("GatherND", [T((2, 3, 4, 2)), np.array([[[1, 3]], [[2, 0]]], dtype=np.int64)], {"batch_dims": 1},
           tag="rows"),
         c("Gather", [T((2, 5, 3)), np.array([[4, -1], [0, 4]], dtype=np.int32)], {"axis": 1}, tag="int32_negative"),
+        # each position once (a layout change): the gradient gathers dy back by the inverse
+        c("Gather", [T((2, 6, 3)), np.array([[4, -1], [0, 2], [1, 3]], dtype=np.int64)], {"axis": 1},
+          tag="permutation"),
+        c("Gather", [T((5, 3)), np.array([3, 0, 4, 2, 1], dtype=np.int32)], tag="permutation_rows"),
         c("Col2Im", [T((1, 6, 12)), i64(4, 5), i64(1, 3)], {"strides": [1, 2], "pads": [0, 1, 0, 2]}, opset=18),
         c("Col2Im", [T((2, 8, 6)), i64(4, 3), i64(2, 2)], {"dilations": [2, 1], "strides": [1, 1], "pads": [1, 0, 0, 0]},
           opset=18, tag="dilated"),

@@ -81,6 +81,16 @@ def test_gradient_graph_numpy_matches_onnxruntime(case: GradCase):
         np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c.op == "Gather"], ids=lambda c: c.id)
+def test_gather_by_a_permutation_needs_no_scatter(case: GradCase):
+    """A constant index naming each position of its axis once: dy goes back by one Gather (the
+    inverse permutation), where a repeated or partial index sums into zeros."""
+    proto, _ = grad_proto(case, np.float64)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ("ScatterElements" in ops) == ("permutation" not in case.tag), ops
+    assert ops.count("Gather") == (2 if "permutation" in case.tag else 1), ops
+
+
 def test_every_rule_has_a_generated_case():
     covered = {c.op for c in CASES}
     assert set(RULES) - covered == set()

@@ -9,12 +9,14 @@ the sum as a one-hot Gemm: 35 ms).
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import attr, static_shape
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.scatters import merged_shape, non_negative, scatter_tuples
+from graphc.passes.values import const_array
 
 ADD_SCATTER = "ScatterElements with reduction='add'"
 
@@ -24,15 +26,30 @@ def grad_gather(g, node, dy):
     # y = data[..., idx, ...] along `axis`: dy, its index axes merged into one, summed into zeros
     # along the same axis at the flattened indices (see the module docstring).
     data, idx = node.inputs
-    g.require_opset(16, ADD_SCATTER)
     r, q = g.rank(data), g.rank(idx)
     axis = attr(node, "axis", 0) % r
-    idx = non_negative(g, idx, g.dim(data, axis))
+    inverse = _inverse_permutation(idx, static_shape(data)[axis] if static_shape(data) else None)
     if q != 1:
         dy = g.op("Reshape", dy, merged_shape(g, dy, axis, axis + q))
+    if inverse is not None:  # each index once: dy gathered back by the inverse permutation
+        return g.op("Gather", dy, g.const(inverse, np.int64), axis=axis), None
+    g.require_opset(16, ADD_SCATTER)
+    idx = non_negative(g, idx, g.dim(data, axis))
     flat = g.op("Reshape", idx, g.ints([1] * axis + [-1] + [1] * (r - axis - 1)))
     spread = g.op("Expand", flat, g.op("Shape", dy))
     return g.op("ScatterElements", g.zeros_like(data), spread, dy, axis=axis, reduction="add"), None
+
+
+def _inverse_permutation(idx: ir.Value, dim) -> np.ndarray | None:
+    """The inverse of a constant index that names each of an axis's ``dim`` positions once (a
+    layout change written as a Gather, ``dense_conv``'s weight rows); else None."""
+    known = const_array(idx)
+    if known is None or not isinstance(dim, int) or known.size != dim:
+        return None
+    flat = np.where(known < 0, known + dim, known).ravel()
+    if not np.array_equal(np.sort(flat), np.arange(dim)):
+        return None
+    return np.argsort(flat)
 
 
 @grad_rule("GatherElements")
