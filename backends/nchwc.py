@@ -7,7 +7,7 @@ forward and input gradients alike, run on the generic kernel (an im2col and a GE
 tiny product per image and channel for a depthwise conv). ``rewrite`` gives such a Conv those
 kernels anyway, the weight reordered inside the graph, so every run reads the weight it is fed:
 
-    ReorderInput(x) -> com.microsoft.nchwc Conv(x, W reordered by Reshape + Transpose) -> ReorderOutput
+    ReorderInput(x) -> com.microsoft.nchwc Conv(x, W reordered by Transpose + Gather) -> ReorderOutput
 
 The ops of domain com.microsoft.nchwc are onnxruntime's own (the ones its transformer writes);
 ``rewrite`` runs on the session's copy of the model, so what graphc saves stays standard ONNX.
@@ -176,18 +176,20 @@ def _blocked(node: onnx.NodeProto, kind: str, types, block: int, stem: str) -> l
     weight = node.input[1]
     if padded != co:
         weight = op("Pad", [weight, const("weight_pads", [0, 0, 0, 0, padded - co, 0, 0, 0])], "weight_padded")
-    # OIHWBo [O/B, I, kh, kw, Bo] by moving each block's output channels innermost; for a dense
-    # Conv OIHWBiBo [O/B, I/B, kh, kw, Bi, Bo] by then moving the input channels' block past the
-    # taps, whole rows of Bo at a time. Two Transposes onnxruntime runs as batched 2-D ones: the
-    # one 6-D Transpose took 5x longer (2 threads, 64x64x3x3 0.17 vs 0.03 ms, 256x256x3x3 1.52
-    # vs 0.33, 512x512x3x3 6.4 vs 4.0; the taps moved first 1.4-2.8x slower again).
-    weight = op("Reshape", [weight, const("weight_block_dims", [padded // block, block, per_group * kh * kw])],
-                "weight_blocks")
-    weight = op("Transpose", [weight], "weight_blocked", perm=[0, 2, 1])
-    if kind == "dense":
-        split = [padded // block * per_group // block, block, kh * kw, block]
-        weight = op("Reshape", [weight, const("weight_taps_dims", split)], "weight_block_taps")
-        weight = op("Transpose", [weight], "weight_blocked_taps", perm=[0, 2, 1, 3])
+    # OIHWBo [O/B, I, kh, kw, Bo] (each block's output channels innermost), for a dense Conv
+    # OIHWBiBo [O/B, I/B, kh, kw, Bi, Bo]: the weight as [I*kh*kw, O] by one 2-D Transpose, whose
+    # rows of Bo values one Gather puts in that order (``_block_rows``). onnxruntime ran the
+    # Transposes this took before, [O/B, Bo, I*K] -> [O/B, I*K, Bo] and the taps past Bi, as one
+    # small 2-D transpose per block: EfficientNet-B0 at batch 32, 64 px (its depthwise dWs' Convs
+    # have dy as their weight) spent 7.5 ms of kernel time a step in them, 2.8 in these (4
+    # profiles each); Trainer steps interleaved 0.946x / 0.948x, MobileNetV3-small 0.982x,
+    # RegNetY-400MF 0.992x, ResNet-50 0.987x, ResNet-18 0.998x. (Those two Transposes had
+    # replaced one 6-D Transpose that took 5x longer again.)
+    weight = op("Reshape", [weight, const("weight_rows_dims", [padded, per_group * kh * kw])], "weight_rows")
+    weight = op("Transpose", [weight], "weight_columns", perm=[1, 0])
+    weight = op("Reshape", [weight, const("weight_block_dims", [-1, block])], "weight_blocks")
+    weight = op("Gather", [weight, const("weight_block_order", _block_rows(kind, padded // block, per_group,
+                                                                          kh * kw, block))], "weight_blocked")
     weight = op("Reshape", [weight, const("weight_shape", [padded, per_group, kh, kw])], "weight")
     x = node.input[0] if kind == "nchw" else op("ReorderInput", [node.input[0]], "input", domain=NCHWC)
     inputs = [x, weight]
@@ -203,3 +205,14 @@ def _blocked(node: onnx.NodeProto, kind: str, types, block: int, stem: str) -> l
     nodes.append(helper.make_node("ReorderOutput", [f"{stem}/output"], list(node.output[:1]), name=f"{stem}/output_nchw",
                                   domain=NCHWC, channels=co))
     return nodes
+
+
+def _block_rows(kind: str, blocks: int, per_group: int, taps: int, block: int) -> np.ndarray:
+    """Where each row of Bo output channels of the NCHWc weight comes from in the weight's 2-D
+    transpose, [I*K*O/B, Bo] (row ``(i*K + k)*O/B + o``): indexed [O/B, I, K] for OIHWBo, [O/B,
+    I/B, K, Bi] for OIHWBiBo (``kind`` "dense")."""
+    o, i, k = np.ogrid[:blocks, :per_group, :taps]
+    rows = (i * taps + k) * blocks + o  # [O/B, I, K]
+    if kind == "dense":
+        rows = rows.reshape(blocks, per_group // block, block, taps).transpose(0, 1, 3, 2)
+    return rows
