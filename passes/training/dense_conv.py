@@ -32,17 +32,17 @@ input (the col2im), and nothing weight-sized is built. Measured (onnxruntime CPU
   ``MAX_TAPS`` keeps out a conv whose tap matrix would be large (a ViT's 8x8 stride-8 patch
   embedding: 4,096 x 4,096 entries at 64 px).
 
-A kxk dense conv whose weight (and input) is smaller than its columns (``_reads_pixels``: a
-large batch) reads its input pixel-major instead, [N, Q, Ci], the rows ``pixel_major`` keeps
-where they exist: its columns come out of the tap MatMul as [N, P, K, Ci] and the weight is
-brought to [Co, K, Ci] each step (its gradient back; ``_taps_outer``). ResNet-18's 256-channel
-3x3 convs on 4x4 maps at batch 32 transposed their columns and the columns' gradient (0.55 and 0.53 ms in
-the step's profile, 2 threads) and their input from rows (0.35 and 0.13); now the weight and
-dW (0.36 and 0.50 in the same profile, 0.95 and 1.1-1.4 in later ones; alone, cache cold, 0.5
-and 0.3). Trainer steps interleaved, batch 32, 64 px: ResNet-18 0.990x / 0.988x the step time,
-ResNet-50 0.984x / 0.979x. (dW made transposed, [K*Ci, Co], then one 3-D Transpose to [Co, Ci,
-K]: 3.14 ms against 1.74 for dW and its Transpose back, 256 channels over 512 rows; the weight's
-Transposes as a 2-D one and a block copy: the same times.)
+A kxk dense conv whose weight (and input) is smaller than its columns (``_reads_pixels``: a large
+batch) reads its input pixel-major instead, [N, Q, Ci], the rows ``pixel_major`` keeps where they
+exist: its columns come out of the tap MatMul as [N, P, K, Ci] and the weight is brought to [Co, K,
+Ci] each step (its gradient back; ``_taps_outer``). ResNet-18's 256-channel 3x3 convs on 4x4 maps
+at batch 32 transposed their columns and the columns' gradient (0.55 and 0.53 ms in the step's
+profile, 2 threads) and their input from rows (0.35 and 0.13); now the weight and dW (0.36 and 0.50
+in the same profile, 0.95 and 1.1-1.4 in later ones; alone, cache cold, 0.5 and 0.3). Trainer steps
+interleaved, batch 32, 64 px: ResNet-18 0.990x / 0.988x the step time, ResNet-50 0.984x / 0.979x.
+(dW made transposed, [K*Ci, Co], then one 3-D Transpose to [Co, Ci, K]: 3.14 ms against 1.74 for dW
+and its Transpose back, 256 channels over 512 rows; the weight's Transposes as a 2-D one and a
+Transpose of rows: the same times, onnxruntime merging the two back into one, hence the Gather.)
 
 The batch may be symbolic: the rewrite reads it as -1, so one graph serves every batch size, and
 a symbolic batch counts as a typical 16 where the batch decides. Exported with a symbolic batch,
