@@ -183,8 +183,9 @@ def _blocked(node: onnx.NodeProto, kind: str, types, block: int, stem: str) -> l
     # small 2-D transpose per block: EfficientNet-B0 at batch 32, 64 px (its depthwise dWs' Convs
     # have dy as their weight) spent 7.5 ms of kernel time a step in them, 2.8 in these (4
     # profiles each); Trainer steps interleaved 0.946x / 0.948x, MobileNetV3-small 0.982x,
-    # RegNetY-400MF 0.992x, ResNet-50 0.987x, ResNet-18 0.998x. (Those two Transposes had
-    # replaced one 6-D Transpose that took 5x longer again.)
+    # RegNetY-400MF 0.992x, ResNet-50 0.987x, ResNet-18 0.998x; at 128 px EfficientNet-B0 0.928x,
+    # MobileNetV3-small 0.956x, ResNet-18 0.990x, RegNetY-400MF 0.996x. (Those two Transposes
+    # had replaced one 6-D Transpose that took 5x longer again.)
     weight = op("Reshape", [weight, const("weight_rows_dims", [padded, per_group * kh * kw])], "weight_rows")
     weight = op("Transpose", [weight], "weight_columns", perm=[1, 0])
     weight = op("Reshape", [weight, const("weight_block_dims", [-1, block])], "weight_blocks")
