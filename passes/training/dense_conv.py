@@ -341,15 +341,15 @@ def _im2col_gemm(e: Emitter, x: ir.Value, w: ir.Value, b: ir.Value | None, taps:
 def _taps_outer(e: Emitter, w: ir.Value, co: int, ci: int, k: int) -> ir.Value:
     """The weight [Co, Ci, K] as [Co, K, Ci]: one 2-D Transpose to [K, Co*Ci] and its rows of Ci
     gathered in [Co, K] order (its gradient the inverse Gather, then the 2-D Transpose back).
-    onnxruntime runs the 3-D Transpose as one small 2-D transpose per output channel; a single
-    2-D one over the whole weight is one call, and a second Transpose in place of the Gather it
-    merges back into the 3-D one. 256x256x3x3, 2 threads, profiled kernel time, 3-D vs these two:
-    0.16-0.23 vs 0.05 + 0.05 ms warm; 512x512x3x3 in a loop 2.4-3.9 vs 0.8 ms. ResNet-18's step
-    at batch 32, 64 px (4 profiles each): Transposes 9.99 -> 8.87 ms, Gathers 2.39 -> 2.82;
-    Trainer steps interleaved 0.991x, 0.994x, 1.002x; ResNet-50 0.998x. (Every batched Transpose
-    of a session so rewritten, activations included: EfficientNet-B0 1.046x, RegNetY-400MF 1.096x
-    the step, at batch 32, 64 px. And with this cheaper, every dense kxk conv reading pixels:
-    ResNet-18 at batch 32, 128 px, 1.007x, its Transposes 29.5 -> 31.1 ms.)"""
+    onnxruntime runs the 3-D Transpose as one small 2-D transpose per output channel; a single 2-D
+    one over the whole weight is one call, and a second Transpose in place of the Gather onnxruntime
+    merges back into the 3-D one. 2 threads, ms a run, 3-D vs these two, warm / caches flushed:
+    256x256x3x3 0.15 vs 0.11 / 0.48 vs 0.29; 512x512x3x3 1.29 vs 0.70 / 1.52 vs 1.16. ResNet-18's
+    step at batch 32, 64 px (4 profiles each): Transposes 9.99 -> 8.87 ms, Gathers 2.39 -> 2.82;
+    Trainer steps interleaved 0.991x, 0.994x, 1.002x; ResNet-50 0.998x. (Every batched Transpose of
+    a session so rewritten, activations included: EfficientNet-B0 1.046x, RegNetY-400MF 1.096x the
+    step, at batch 32, 64 px. And with this cheaper, every dense kxk conv reading pixels: ResNet-18
+    at batch 32, 128 px, 1.007x, its Transposes 29.5 -> 31.1 ms.)"""
     taps = e.op("Transpose", e.op("Reshape", w, e.ints([co * ci, k])), perm=[1, 0])
     rows = e.const(np.arange(k)[None, :] * co + np.arange(co)[:, None], np.int64)
     return e.op("Gather", e.op("Reshape", taps, e.ints([k * co, ci])), rows, axis=0)
