@@ -45,11 +45,14 @@ def artifacts(batch, dtype=np.float64):
     return gc.training.generate(model(batch, dtype), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
 
 
+@pytest.mark.parametrize("packs", [True, False])
 @pytest.mark.parametrize("pixels", [True, False])
 @pytest.mark.parametrize(("backend", "dtype", "rtol"), [("numpy", np.float64, 1e-10), ("ort-cpu", np.float32, 1e-4)])
-def test_dense_product_gives_the_conv_gradients(backend, dtype, rtol, pixels, monkeypatch):
-    """The kxk convs both ways: their columns from x's pixels or transposed from x channel-major."""
+def test_dense_product_gives_the_conv_gradients(backend, dtype, rtol, pixels, packs, monkeypatch):
+    """The kxk convs both ways: their columns from x's pixels or transposed from x channel-major;
+    and every dense conv's product both ways, weight x columns^T (then transposed) or the rows."""
     monkeypatch.setattr(dense_conv, "_reads_pixels", lambda *args: pixels)
+    monkeypatch.setattr(dense_conv, "_packs_columns", lambda *args: packs)
     batch = dense_conv.MIN_BATCH
     dense = artifacts(batch, dtype)
     monkeypatch.setattr(dense_conv, "MAX_WORK", 0.0)
@@ -78,6 +81,35 @@ def test_kxk_convs_read_pixels_where_the_weight_is_smaller_than_the_columns():
     assert not dense_conv._reads_pixels(x[2], 256, 16, taps.shape)
     x512 = ir.Value(name="x", shape=ir.Shape([32, 512, 2, 2]))
     assert not dense_conv._reads_pixels(x512, 512, 4, dense_conv._taps([2, 2], [2, 2], [3, 3], [1, 1], [1, 1], [1, 1]).shape)
+
+
+def test_the_columns_are_packed_where_the_weight_is_large_and_has_more_rows():
+    """ResNet-18's 512-channel 3x3 convs on 2x2 maps (2.4 M weight values over 32*4 or 2*4 rows of
+    columns) make their rows transposed, its 256-channel ones on 4x4 at batch 32 (512 rows) and a
+    MobileNet-sized 1x1 weight (576x96) do not; the CUDA graphs keep the rows whatever the sizes."""
+    big = 512 * 512 * 9
+    assert dense_conv._packs_columns(ir.Value(name="x", shape=ir.Shape([32, 512, 2, 2])), 512, 4, big)
+    assert dense_conv._packs_columns(ir.Value(name="x", shape=ir.Shape(["N", 512, 2, 2])), 512, 4, big)
+    assert dense_conv._packs_columns(ir.Value(name="x", shape=ir.Shape([2, 256, 4, 4])), 256, 16, 256 * 256 * 9)
+    assert not dense_conv._packs_columns(ir.Value(name="x", shape=ir.Shape([32, 256, 4, 4])), 256, 16, 256 * 256 * 9)
+    assert not dense_conv._packs_columns(ir.Value(name="x", shape=ir.Shape([2, 96, 2, 2])), 576, 4, 576 * 96)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_only_cpu_graphs_pack_the_columns(device, monkeypatch):
+    monkeypatch.setattr(dense_conv, "_packs_columns", lambda *args: True)
+    arts = gc.training.generate(model(2), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1), device=device)
+    weights = {"c1.weight", "pw.weight", "c2.weight"}
+    graph = arts.train_step.proto.graph
+    made = {o: n for n in graph.node for o in n.output}
+
+    def source(name):  # through Reshapes and Transposes to a graph input or initializer
+        while name in made and made[name].op_type in ("Reshape", "Transpose", "Gather"):
+            name = made[name].input[0]
+        return name
+
+    firsts = {source(n.input[0]) for n in graph.node if n.op_type == "Gemm" and "/grad/" not in n.name}
+    assert (firsts & weights == {"c1.weight", "pw.weight", "c2.weight"}) == (device == "cpu"), firsts
 
 
 def test_small_batches_keep_the_depthwise_conv():
