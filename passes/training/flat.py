@@ -63,7 +63,7 @@ __all__ = ["Group", "concat", "plan", "split"]
 # ResNet-18 at batch 32, 64 px, 1.041x the step time (the Splits and Concats are full passes);
 # with the state kept in pieces too (only the gradient Split and the step Concat-ed), ResNet-18's
 # three 512x512x3x3 weights' update alone, caches flushed before each run, 1.10x in 5 pieces,
-# 1.19x in 9.
+# 1.13x in 9.
 CHUNK_ELEMENTS = 1 << 19
 # A 1-D param (a bias, a norm's scale) joins and leaves its group without a Reshape: ViT-Ti's
 # train_step 204 nodes fewer (2,668 -> 2,464), Trainer steps interleaved, both orders, at batch 2
