@@ -121,10 +121,13 @@ def test_small_batches_keep_the_depthwise_conv():
 
 
 @pytest.mark.parametrize("batch", [1, 3, 17])
-def test_a_symbolic_batch_gets_the_dense_product_and_the_conv_gradients(batch, monkeypatch):
+@pytest.mark.parametrize("packs", [True, False])
+def test_a_symbolic_batch_gets_the_dense_product_and_the_conv_gradients(batch, packs, monkeypatch):
     """The rewrite reads the batch as -1: one graph for a symbolic batch serves any batch size,
-    on numpy (float64, to rounding) and onnxruntime (float32)."""
-    dense = {dtype: artifacts("N", dtype) for dtype in (np.float64, np.float32)}
+    on numpy (float64, to rounding) and onnxruntime (float32), the products made either way."""
+    with monkeypatch.context() as m:
+        m.setattr(dense_conv, "_packs_columns", lambda *args: packs)
+        dense = {dtype: artifacts("N", dtype) for dtype in (np.float64, np.float32)}
     monkeypatch.setattr(dense_conv, "MAX_PIXELS", 0)
     convs = {dtype: artifacts("N", dtype) for dtype in (np.float64, np.float32)}
     rng = np.random.default_rng(batch)
