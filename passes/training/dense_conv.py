@@ -3,14 +3,14 @@ training graphs, where onnxruntime's CPU Conv, ConvTranspose and batch-swapped C
 below GEMM speed (one small product per image).
 
 A dense Conv whose output has at most ``MAX_PIXELS`` pixels (and whose tap matrix at most
-``MAX_TAPS`` entries) becomes an im2col and one ``Gemm``:
-the input's window values as columns [N*P, Ci*K] against the weight as it is, [Co, Ci*K] read
-transposed (on the CPU the product made transposed where the weight is the larger operand,
-``_packs_columns``). The columns are one MatMul of x [N*Ci, Q] by a constant 0/1 tap matrix [Q, P*K]
-(for a plain 1x1 conv a Transpose), so autodiff gives every gradient as a matrix product too:
-dW against the same columns in the weight's own layout, dx through the tap matrix back onto the
-input (the col2im), and nothing weight-sized is built. Measured (onnxruntime CPU, 2 threads,
-64 px, Trainer steps interleaved one by one), in the order tried:
+``MAX_TAPS`` entries) becomes an im2col and one ``Gemm``: the input's window values as columns
+[N*P, Ci*K] against the weight as it is, [Co, Ci*K] read transposed (on the CPU the product made
+transposed where the weight is the larger operand, ``_packs_columns``). The columns are one MatMul
+of x [N*Ci, Q] by a constant 0/1 tap matrix [Q, P*K] (for a plain 1x1 conv a Transpose), so
+autodiff gives every gradient as a matrix product too: dW against the same columns in the weight's
+own layout, dx through the tap matrix back onto the input (the col2im), and nothing weight-sized is
+built. Measured (onnxruntime CPU, 2 threads, 64 px, Trainer steps interleaved one by one), in the
+order tried:
 
 * the old rewrite, a product against ``Weff[m, p, c, q] = sum_k W[m, c, k] T[p, q, k]`` built by
   Einsum each step (21 + 16 ms per 512-channel 3x3 conv on 2x2 at batch 32), replaced by the
