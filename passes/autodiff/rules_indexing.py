@@ -28,7 +28,8 @@ def grad_gather(g, node, dy):
     data, idx = node.inputs
     r, q = g.rank(data), g.rank(idx)
     axis = attr(node, "axis", 0) % r
-    inverse = _inverse_permutation(idx, static_shape(data)[axis] if static_shape(data) else None)
+    shape = static_shape(data)
+    inverse = _inverse_permutation(idx, shape[axis] if shape else None)
     if q != 1:
         dy = g.op("Reshape", dy, merged_shape(g, dy, axis, axis + q))
     if inverse is not None:  # each index once: dy gathered back by the inverse permutation

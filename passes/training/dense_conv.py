@@ -143,7 +143,7 @@ def densify_convs(graph: ir.Graph, opset: int, device: str = "cpu") -> int:
     for node in list(graph):
         plan = _plan(node, device)
         if plan is not None:
-            dense.append(_rewrite(e, graph, node, *plan, einsum=device != "cpu"))
+            dense.append(_rewrite(e, graph, node, *plan, cpu=device == "cpu"))
     if device == "cpu":
         pixel_major.keep(Emitter(graph, opset, "pixel_major"), graph, [d for d in dense if d is not None])
     return len(dense)
@@ -245,19 +245,19 @@ def _taps(spatial, out, kernel, strides, dilations, begin) -> np.ndarray:
 
 
 def _rewrite(e: Emitter, graph: ir.Graph, node: ir.Node, per_group: bool, taps: np.ndarray | None,
-             out: list[int], einsum: bool) -> pixel_major.Dense | None:
+             out: list[int], cpu: bool) -> pixel_major.Dense | None:
     """The Conv ``node`` as its products: per group (``_group_products``; a depthwise one by
-    Einsums where ``einsum``, the CUDA graphs, timed on the GPU that way) or im2col; a dense
-    one's record for ``pixel_major``."""
+    Einsums in graphs not for the ``cpu``, the CUDA graphs, timed on the GPU that way) or im2col;
+    a dense one's record for ``pixel_major``."""
     x, w = node.inputs[0], node.inputs[1]
     b = node.inputs[2] if len(node.inputs) > 2 else None
     e.source = node.metadata_props.get("graphc.source")
     dense = None
     if not per_group:
-        y, dense = _im2col_gemm(e, x, w, b, taps, out, cpu=not einsum)
+        y, dense = _im2col_gemm(e, x, w, b, taps, out, cpu=cpu)
     else:
         co = static_shape(w)[0]
-        y = (_depthwise_einsums if einsum else _group_products)(e, x, w, taps)  # [N, Co, P]
+        y = (_group_products if cpu else _depthwise_einsums)(e, x, w, taps)  # [N, Co, P]
         if b is not None:
             y = e.op("Add", y, e.unsqueeze(b, [1]))
         y = e.op("Reshape", y, e.ints([-1, co, *out]))
