@@ -48,7 +48,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["DENSE_MIN_PIXELS", "block_size", "rewrite"]
+__all__ = ["DENSE_MIN_PIXELS", "block_size", "rewrite", "tensor_types"]
 
 NCHWC = "com.microsoft.nchwc"
 DENSE_MIN_PIXELS = 1024  # batch (a symbolic one counts 16) times output pixels, for a dense Conv
@@ -80,19 +80,19 @@ def block_size() -> int:
     return weights.get(convs[0].input[1], [0])[0] if convs else 0
 
 
-def rewrite(model: onnx.ModelProto, block: int, only_faster: bool = True) -> tuple[onnx.ModelProto, int]:
+def rewrite(model: onnx.ModelProto, block: int, only_faster: bool = True,
+            types: dict[str, tuple[int, list[int | None]]] | None = None) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` whose main graph's qualifying Convs (the module docstring says which)
     run on the NCHWc kernels of channel block ``block``, and how many were rewritten; ``model``
     itself when none qualifies (or shape inference fails). ``only_faster=False``: every Conv
-    those kernels can run (for benchmarks)."""
+    those kernels can run (for benchmarks). ``types``: ``tensor_types(model)`` where the caller
+    has them."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if block <= 1 or opset < 11 or not any(n.op_type == "Conv" and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model, 0  # (before opset 11 Pad takes its pads as an attribute)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except (onnx.shape_inference.InferenceError, ValueError):  # over 2 GiB, or inconsistent
+    types = tensor_types(model) if types is None else types
+    if types is None:
         return model, 0
-    types = _tensor_types(inferred.graph)
     constants = {t.name for t in model.graph.initializer} | {
         o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     nodes, count = [], 0
@@ -114,8 +114,13 @@ def rewrite(model: onnx.ModelProto, block: int, only_faster: bool = True) -> tup
     return out, count
 
 
-def _tensor_types(graph: onnx.GraphProto) -> dict[str, tuple[int, list[int | None]]]:
-    """Value name -> (element type, dims, None where symbolic) for every shaped tensor."""
+def tensor_types(model: onnx.ModelProto) -> dict[str, tuple[int, list[int | None]]] | None:
+    """Value name -> (element type, dims, None where symbolic) for every shaped tensor of the main
+    graph, from onnx's shape inference; None where it fails (over 2 GiB, or inconsistent)."""
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except (onnx.shape_inference.InferenceError, ValueError):
+        return None
     out = {}
     for value in [*graph.input, *graph.output, *graph.value_info]:
         t = value.type.tensor_type

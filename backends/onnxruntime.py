@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import EncodeError
 
-from graphc.backends import denormals, nchwc
+from graphc.backends import denormals, nchwc, transposes
 from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
@@ -184,8 +184,8 @@ class _OrtBackend:
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         if self.device == "cpu":
             model = _race_free(model, options)
-            if options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL:
-                model, _ = nchwc.rewrite(model, nchwc.block_size())
+            if options.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
+                model = _cpu_kernels(model, options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
         flush_denormals = bool(flush_denormals) and self.device == "cpu"
         if flush_denormals:
             options.add_session_config_entry("session.set_denormal_as_zero", "1")
@@ -250,6 +250,23 @@ def _exact_cpu_arena() -> bool:
     except (RuntimeError, ort.capi.onnxruntime_pybind11_state.Fail):  # an onnxruntime that refuses
         return False
     return True
+
+
+def _cpu_kernels(model: onnx.ModelProto, blocked: bool) -> onnx.ModelProto:
+    """The ort-cpu session's copy of ``model``, its nodes moved onto faster kernels: Transposes of
+    few rows as Einsums (``transposes``) and, with ``blocked`` (level "all", whose layout
+    transforms the NCHWc ops are), Convs with fed weights on the NCHWc kernels (``nchwc``); one
+    shape inference for both, and none where neither has a node to look at."""
+    ops = {node.op_type for node in model.graph.node if node.domain in ("", "ai.onnx")}
+    if "Transpose" not in ops and not (blocked and "Conv" in ops):
+        return model
+    types = nchwc.tensor_types(model)
+    if types is None:
+        return model
+    model, _ = transposes.rewrite(model, types)
+    if blocked:
+        model, _ = nchwc.rewrite(model, nchwc.block_size(), types=types)
+    return model
 
 
 def _race_free(model: onnx.ModelProto, options: Any) -> onnx.ModelProto:

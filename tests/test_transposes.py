@@ -1,0 +1,99 @@
+"""Transposes of few rows as Einsums in ort-cpu sessions (``graphc.backends.transposes``): which
+ones, the same values bit for bit (numpy and onnxruntime's own Transpose as oracles), and the
+sessions that take the rewrite."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+
+import graphc as gc
+from graphc.backends import nchwc, transposes
+from onnx_graphs import model, node, vi
+
+REWRITTEN = {  # name: (input shape, perm, element type)
+    "a dense conv's dW taps back, [9, Co*Ci]": ([9, 4096], [1, 0], TensorProto.FLOAT),
+    "the same as 4-D": ([3, 3, 64, 64], [2, 3, 0, 1], TensorProto.FLOAT),
+    "size-1 axes around it": ([1, 9, 1, 2048], [0, 3, 2, 1], TensorProto.FLOAT),
+    "a batch of 2 innermost": ([2, 64, 16, 16], [1, 2, 3, 0], TensorProto.FLOAT),
+    "float64, 7 rows": ([7, 4096], [1, 0], TensorProto.DOUBLE),
+}
+KEPT = {
+    "16 float32 rows: a whole cache line each": ([16, 4096], [1, 0], TensorProto.FLOAT),
+    "8 float64 rows: a whole cache line": ([8, 4096], [1, 0], TensorProto.DOUBLE),
+    "too small to matter": ([9, 1024], [1, 0], TensorProto.FLOAT),
+    "not one 2-D transpose": ([32, 4, 64, 9], [0, 2, 1, 3], TensorProto.FLOAT),
+    "the identity": ([9, 4096], [0, 1], TensorProto.FLOAT),
+    "int64 (no Einsum kernel)": ([9, 4096], [1, 0], TensorProto.INT64),
+    "a symbolic dim": ([9, "N"], [1, 0], TensorProto.FLOAT),
+}
+
+
+def transpose_model(shape, perm, elem, opset: int = 17) -> onnx.ModelProto:
+    return model([node("Transpose", ["x"], ["y"], "transpose_3", "net.py:3", perm=perm)],
+                 [vi("x", elem, shape)], [vi("y", elem, [shape[p] for p in perm])], opset=opset)
+
+
+def rewritten(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    return transposes.rewrite(proto, nchwc.tensor_types(proto))
+
+
+@pytest.mark.parametrize("case", list(REWRITTEN))
+def test_few_row_transposes_become_einsums_of_the_same_values(case):
+    shape, perm, elem = REWRITTEN[case]
+    proto = transpose_model(shape, perm, elem)
+    out, count = rewritten(proto)
+    assert count == 1 and [(n.op_type, n.name) for n in out.graph.node] == [("Einsum", "transpose_3")]
+    assert out.graph.node[0].metadata_props == proto.graph.node[0].metadata_props  # its source line
+    onnx.checker.check_model(out, full_check=True)
+    x = np.random.default_rng(0).normal(size=shape).astype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+    as_einsum = gc.Session(proto, backend="ort-cpu").run({"x": x})["y"]
+    as_transpose = gc.Session(proto, backend="ort-cpu", graph_optimization_level="disable").run({"x": x})["y"]
+    np.testing.assert_array_equal(as_einsum, x.transpose(perm))
+    np.testing.assert_array_equal(as_transpose, x.transpose(perm))
+
+
+@pytest.mark.parametrize("case", list(KEPT))
+def test_other_transposes_stay(case):
+    proto = transpose_model(*KEPT[case])
+    assert rewritten(proto) == (proto, 0), case
+
+
+def test_before_opset_12_there_is_no_einsum():
+    proto = transpose_model([9, 4096], [1, 0], TensorProto.FLOAT, opset=11)
+    assert rewritten(proto) == (proto, 0)
+
+
+@pytest.mark.parametrize(("dims", "perm", "expected"), [
+    ([9, 4096], [1, 0], (9, 4096)),
+    ([3, 3, 64, 64], [2, 3, 0, 1], (9, 4096)),
+    ([2, 16, 8, 8], [1, 2, 3, 0], (2, 1024)),
+    ([1, 9, 1, 2048], [0, 3, 2, 1], (9, 2048)),
+    ([32, 4, 64, 9], [0, 2, 1, 3], None),
+    ([4, 5, 6], [2, 1, 0], None),
+    ([9, 4096], [0, 1], None),
+])
+def test_rows_and_columns_merge_the_axes_that_move_together(dims, perm, expected):
+    assert transposes.rows_and_columns(dims, perm) == expected
+
+
+def test_sessions_take_the_rewrite_unless_optimization_is_off(monkeypatch):
+    """ort-cpu at every level but "disable" builds its session from the rewritten graph (one shape
+    inference shared with the NCHWc rewrite); the model given is not changed."""
+    counts = []
+
+    def spy(proto, types):
+        out, count = rewrite(proto, types)
+        counts.append(count)
+        return out, count
+
+    rewrite = transposes.rewrite
+    monkeypatch.setattr(transposes, "rewrite", spy)
+    proto = transpose_model([9, 4096], [1, 0], TensorProto.FLOAT)
+    before = proto.SerializeToString()
+    for level in ("basic", "extended", "all"):
+        gc.Session(proto, backend="ort-cpu", graph_optimization_level=level)
+    gc.Session(proto, backend="ort-cpu", graph_optimization_level="disable")
+    assert counts == [1, 1, 1] and proto.SerializeToString() == before
