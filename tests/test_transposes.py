@@ -18,11 +18,16 @@ REWRITTEN = {  # name: (input shape, perm, element type)
     "the same as 4-D": ([3, 3, 64, 64], [2, 3, 0, 1], TensorProto.FLOAT),
     "size-1 axes around it": ([1, 9, 1, 2048], [0, 3, 2, 1], TensorProto.FLOAT),
     "a batch of 2 innermost": ([2, 64, 16, 16], [1, 2, 3, 0], TensorProto.FLOAT),
-    "float64, 7 rows": ([7, 4096], [1, 0], TensorProto.DOUBLE),
+    "16 float32 rows: a cache line each": ([16, 4096], [1, 0], TensorProto.FLOAT),
+    "float64, 8 rows": ([8, 4096], [1, 0], TensorProto.DOUBLE),
+    "a batch of them, [32, 9, 512] -> [32, 512, 9]": ([32, 9, 512], [0, 2, 1], TensorProto.FLOAT),
+    "pixel-major rows of 4 pixels back to channels": ([32, 2, 2, 512], [0, 3, 1, 2], TensorProto.FLOAT),
 }
 KEPT = {
-    "16 float32 rows: a whole cache line each": ([16, 4096], [1, 0], TensorProto.FLOAT),
-    "8 float64 rows: a whole cache line": ([8, 4096], [1, 0], TensorProto.DOUBLE),
+    "17 float32 rows: past a cache line": ([17, 4096], [1, 0], TensorProto.FLOAT),
+    "9 float64 rows: past a cache line": ([9, 4096], [1, 0], TensorProto.DOUBLE),
+    "a batch of 17-row ones": ([32, 17, 512], [0, 2, 1], TensorProto.FLOAT),
+    "leading axes swapped: blocks moved": ([32, 64, 32], [1, 0, 2], TensorProto.FLOAT),
     "too small to matter": ([9, 1024], [1, 0], TensorProto.FLOAT),
     "not one 2-D transpose": ([32, 4, 64, 9], [0, 2, 1, 3], TensorProto.FLOAT),
     "the identity": ([9, 4096], [0, 1], TensorProto.FLOAT),
@@ -67,16 +72,20 @@ def test_before_opset_12_there_is_no_einsum():
 
 
 @pytest.mark.parametrize(("dims", "perm", "expected"), [
-    ([9, 4096], [1, 0], (9, 4096)),
-    ([3, 3, 64, 64], [2, 3, 0, 1], (9, 4096)),
-    ([2, 16, 8, 8], [1, 2, 3, 0], (2, 1024)),
-    ([1, 9, 1, 2048], [0, 3, 2, 1], (9, 2048)),
+    ([9, 4096], [1, 0], (1, 9, 4096)),
+    ([3, 3, 64, 64], [2, 3, 0, 1], (1, 9, 4096)),
+    ([2, 16, 8, 8], [1, 2, 3, 0], (1, 2, 1024)),
+    ([1, 9, 1, 2048], [0, 3, 2, 1], (1, 9, 2048)),
+    ([32, 9, 512], [0, 2, 1], (32, 9, 512)),
+    ([32, 2, 2, 512], [0, 3, 1, 2], (32, 4, 512)),
+    ([2, 3, 4, 5, 6], [0, 1, 4, 2, 3], (6, 20, 6)),
     ([32, 4, 64, 9], [0, 2, 1, 3], None),
+    ([32, 64, 32], [1, 0, 2], None),
     ([4, 5, 6], [2, 1, 0], None),
     ([9, 4096], [0, 1], None),
 ])
-def test_rows_and_columns_merge_the_axes_that_move_together(dims, perm, expected):
-    assert transposes.rows_and_columns(dims, perm) == expected
+def test_batched_rows_and_columns_merge_the_axes_that_move_together(dims, perm, expected):
+    assert transposes.batched_rows_and_columns(dims, perm) == expected
 
 
 def test_sessions_take_the_rewrite_unless_optimization_is_off(monkeypatch):
