@@ -48,6 +48,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from graphc.model.file import with_nodes
+
 __all__ = ["DENSE_MIN_PIXELS", "block_size", "rewrite", "tensor_types"]
 
 NCHWC = "com.microsoft.nchwc"
@@ -105,10 +107,7 @@ def rewrite(model: onnx.ModelProto, block: int, only_faster: bool = True,
         nodes.extend(_blocked(node, kind, types, block, f"{node.output[0]}/nchwc"))  # (value names are unique)
     if not count:
         return model, 0
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
+    out = with_nodes(model, nodes)
     if not any(o.domain == NCHWC for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(NCHWC, 1))
     return out, count

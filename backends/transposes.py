@@ -34,6 +34,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from graphc.model.file import with_nodes
+
 __all__ = ["LINE_BYTES", "MIN_VALUES", "batched_rows_and_columns", "rewrite"]
 
 LINE_BYTES = 64  # an output row of at most this is written by both threads
@@ -59,11 +61,7 @@ def rewrite(model: onnx.ModelProto, types: dict[str, tuple[int, list[int | None]
         count += 1
     if not count:
         return model, 0
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    return out, count
+    return with_nodes(model, nodes), count
 
 
 def _einsum(node: onnx.NodeProto, types) -> str | None:

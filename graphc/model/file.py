@@ -215,6 +215,16 @@ def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from all_graphs(sub)
 
 
+def with_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
+    """A copy of ``model`` whose main graph holds ``nodes`` in place of its own (a backend's
+    rewrite of the session's copy; ``model`` itself is not changed)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
 def densify_sparse_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
     """``proto`` with every graph's sparse initializers made dense (a copy when there are any:
     the caller's proto is not changed). onnx-ir has no sparse tensors and drops them with a
