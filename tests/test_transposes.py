@@ -22,11 +22,15 @@ REWRITTEN = {  # name: (input shape, perm, element type)
     "float64, 8 rows": ([8, 4096], [1, 0], TensorProto.DOUBLE),
     "a batch of them, [32, 9, 512] -> [32, 512, 9]": ([32, 9, 512], [0, 2, 1], TensorProto.FLOAT),
     "pixel-major rows of 4 pixels back to channels": ([32, 2, 2, 512], [0, 3, 1, 2], TensorProto.FLOAT),
+    "a batch of them to few rows, [32, 440, 4] -> [32, 4, 440]": ([32, 440, 4], [0, 2, 1], TensorProto.FLOAT),
+    "a batch of them to 64 rows": ([4, 440, 64], [0, 2, 1], TensorProto.FLOAT),
 }
 KEPT = {
     "17 float32 rows: past a cache line": ([17, 4096], [1, 0], TensorProto.FLOAT),
     "9 float64 rows: past a cache line": ([9, 4096], [1, 0], TensorProto.DOUBLE),
-    "a batch of 17-row ones": ([32, 17, 512], [0, 2, 1], TensorProto.FLOAT),
+    "a batch of 17-row ones to 512 rows": ([32, 17, 512], [0, 2, 1], TensorProto.FLOAT),
+    "one matrix to few rows: onnxruntime's fast direction": ([4096, 9], [1, 0], TensorProto.FLOAT),
+    "a batch of them to 65 rows of 440": ([4, 440, 65], [0, 2, 1], TensorProto.FLOAT),
     "leading axes swapped: blocks moved": ([32, 64, 32], [1, 0, 2], TensorProto.FLOAT),
     "too small to matter": ([9, 1024], [1, 0], TensorProto.FLOAT),
     "not one 2-D transpose": ([32, 4, 64, 9], [0, 2, 1, 3], TensorProto.FLOAT),
@@ -64,6 +68,17 @@ def test_few_row_transposes_become_einsums_of_the_same_values(case):
 def test_other_transposes_stay(case):
     proto = transpose_model(*KEPT[case])
     assert rewritten(proto) == (proto, 0), case
+
+
+def test_a_transpose_a_product_reads_stays():
+    """onnxruntime folds a Transpose into the MatMul or Gemm that reads it: no copy to speed up."""
+    proto = model([node("Transpose", ["x"], ["xt"], "transpose_3", perm=[0, 2, 1]),
+                   node("MatMul", ["xt", "w"], ["y"], "matmul_4")],
+                  [vi("x", shape=[32, 9, 512]), vi("w", shape=[9, 4])], [vi("y", shape=[32, 512, 4])], opset=17)
+    assert rewritten(proto) == (proto, 0)
+    alone = model([node("Transpose", ["x"], ["y"], "transpose_3", perm=[0, 2, 1])],
+                  [vi("x", shape=[32, 9, 512])], [vi("y", shape=[32, 512, 9])], opset=17)
+    assert rewritten(alone)[1] == 1
 
 
 def test_before_opset_12_there_is_no_einsum():
