@@ -27,7 +27,7 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
   the textbook dx vs dx folded into per-row affine terms (by Mul + Add or a BatchNormalization).
 - ``leading_sum``: a bias's gradient, the sum over leading axes: ReduceSum vs a GEMV.
 - ``hardswish``: HardSwish forward + backward: dy or the slope picked by Wheres vs the slope as
-  HardSigmoid plus x/6 inside [-3, 3] (a Cast mask).
+  HardSigmoid plus x/6 inside [-3, 3] (a Cast mask, or x less its Shrink).
 - ``relu``: ReLU forward + backward: dy * Cast(y > 0), Where, dy * Sign(y), dy * HardSigmoid(y * FLT_MAX).
 - ``bn_affine``: a training BatchNorm's per-channel affine of the centred input, alone, before a
   Relu, a residual Add (and a Relu), or added to dy * k: inference BatchNormalization vs a 1x1
@@ -422,9 +422,15 @@ def hardswish(args) -> None:
                            h.make_node("Cast", ["inside"], ["inf"], to=1), h.make_node("Mul", ["x", "inf"], ["xi"]),
                            const("sixth", 1 / 6), h.make_node("Mul", ["xi", "sixth"], ["t"]),
                            h.make_node("Add", ["hs", "t"], ["s"]), h.make_node("Mul", ["dy", "s"], ["dx"])]
+    # x * inside as x - Shrink(x, lambd=3) (Shrink: 0 inside [-3, 3], x outside)
+    shrink_form = forward + [h.make_node("HardSigmoid", ["x"], ["hs"], alpha=1 / 6, beta=0.5),
+                             h.make_node("Shrink", ["x"], ["out"], lambd=3.0), h.make_node("Sub", ["x", "out"], ["xi"]),
+                             const("sixth", 1 / 6), h.make_node("Mul", ["xi", "sixth"], ["t"]),
+                             h.make_node("Add", ["hs", "t"], ["s"]), h.make_node("Mul", ["dy", "s"], ["dx"])]
     for shape in [(32, 96, 16, 16), (32, 576, 2, 2), (2, 96, 16, 16)]:
         x = 4 * normal(*shape)
-        compare(str(shape), {"where-dy": where_mid, "where-slope": where_slope, "hardsigmoid": clip_form},
+        compare(str(shape), {"where-dy": where_mid, "where-slope": where_slope, "hardsigmoid": clip_form,
+                             "shrink": shrink_form},
                 {"x": x, "dy": normal(*shape)}, ["y", "dx"], args)
 
 
