@@ -28,13 +28,15 @@ C = 64: 1.64 / 1.91, the one loss on that side of the bound). Rewriting every Tr
 zoo's train steps lost (ResNet-18 at batch 32, 64 px: its Transposes 7.0 -> 16.8 ms; a Transpose
 of blocks, [32, 4, 512, 9] -> [32, 512, 4, 9], 0.18 / 0.40), and so did rewriting those a MatMul
 reads (RegNetY-400MF at batch 32, 64 px, 1.26x the step time).
-Trainer steps interleaved, with / without this rewrite: batch 32, 64 px, ResNet-18 0.976x,
-ResNet-50 0.970x, MobileNetV3-small 0.947x, EfficientNet-B0 0.939x, RegNetY-400MF 1.002x /
-0.943x / 1.020x (three runs), ViT-Ti/8 0.990x; 128 px ResNet-18 0.993x, ResNet-50 1.004x,
-EfficientNet-B0 0.977x, MobileNetV3-small 0.964x, RegNetY-400MF 0.872x / 0.988x; batch 2, 64 px,
-ResNet-18 0.986x, ResNet-50 0.993x, EfficientNet-B0 0.992x, the GPT 0.997x, MobileNetV3-small
-1.004x / 1.011x and RegNetY-400MF 1.007x / 1.013x (two small stem transposes rewritten, their
-kernel time 0.06 -> 0.05 ms, the step's 31.1 ms both ways: this pair of Trainers' noise).
+Trainer steps interleaved, with / without this rewrite, the Trainer with it built second / first
+(in these pairs the Trainer built second ran up to 2 % faster, whichever it was): batch 32, 64 px,
+ResNet-18 0.976x / 0.991x, ResNet-50 0.970x / 0.990x, MobileNetV3-small 0.947x / 0.993x,
+EfficientNet-B0 0.939x / 0.999x, RegNetY-400MF 1.002x, 0.943x, 1.020x / 0.950x, ViT-Ti/8 0.990x /
+-; 128 px ResNet-18 0.993x / 0.997x, RegNetY-400MF 0.872x, 0.988x / 0.993x, ResNet-50 1.004x / -,
+EfficientNet-B0 0.977x / -, MobileNetV3-small 0.964x / -; batch 2, 64 px, built second: ResNet-18
+0.986x, ResNet-50 0.993x, EfficientNet-B0 0.992x, the GPT 0.997x, MobileNetV3-small 1.004x /
+1.011x and RegNetY-400MF 1.007x / 1.013x (two small stem transposes rewritten, their kernel time
+0.06 -> 0.05 ms, the step's 31.1 ms both ways: this pair of Trainers' noise).
 """
 
 from __future__ import annotations

@@ -430,9 +430,11 @@ def _pointwise_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides):
     by a 1-tap AveragePool (onnxruntime's pooling runs on both threads, a strided Slice on one;
     2 threads, ms, warm / caches flushed, Slice vs AveragePool: [32,64,32,32] 0.42 / 0.46 vs 0.18
     / 0.35, [32,256,16,16] 0.44 / 0.49 vs 0.15 / 0.40; in ResNet-18's step at batch 32, 64 px the
-    Slice took 0.66): Trainer steps interleaved, 64 px, batch 32 ResNet-18 0.994x, ResNet-50
-    0.990x, RegNetY-400MF 0.987x, at 128 px ResNet-18 1.000x; batch 2 ResNet-18 0.994x,
-    ResNet-50 0.983x. (A 1-tap window adds its value to 0: exact, but for -0.0 read as +0.0.)"""
+    Slice took 0.66): Trainer steps interleaved, 64 px, the new graphs' Trainer built second /
+    first, batch 32 ResNet-18 0.994x / 1.003x, ResNet-50 0.990x / 1.008x, RegNetY-400MF 0.987x /
+    0.994x, at 128 px ResNet-18 1.000x; batch 2 ResNet-18 0.994x, ResNet-50 0.983x / 1.004x:
+    within these pairs' noise. (A 1-tap window adds its value to 0: exact, but for -0.0 read as
+    +0.0.)"""
     n_sp = len(spatial)
     co, ci = w_shape[0], w_shape[1]
     if any(s != 1 for s in strides):  # x[..., ::s]
