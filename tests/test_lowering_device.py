@@ -187,3 +187,23 @@ def test_an_integer_mean_is_left_as_it_is():
     model = ir.serde.deserialize_model(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
     assert split_reductions(model.graph, 17) == 0
     assert [n.op_type for n in model.graph] == ["ReduceMean"]
+
+
+def test_a_strided_pointwise_dw_subsamples_x_by_pooling_on_the_cpu():
+    """A strided 1x1 Conv's dW takes x[..., ::2, ::2] by a 1-tap AveragePool in CPU graphs
+    (onnxruntime pools on its threads, slices on one), by the strided Slice in CUDA graphs; the
+    same gradients either way (numpy, float64)."""
+    rng = np.random.default_rng(2)
+    graph = oh.make_graph([oh.make_node("Conv", ["x", "w"], ["out"], strides=[2, 2])], "pointwise",
+                          [oh.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, [4, 6, 9, 8])],
+                          [oh.make_tensor_value_info("out", onnx.TensorProto.DOUBLE, [4, 5, 5, 4])],
+                          [nh.from_array(rng.normal(size=(5, 6, 1, 1)), "w")])
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    arts = {d: gc.training.generate(gc.load(proto), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1), device=d)
+            for d in ("cpu", "cuda")}
+    ops = {d: [n.op_type for n in a.gradients.proto.graph.node] for d, a in arts.items()}
+    assert "AveragePool" in ops["cpu"] and "Slice" not in ops["cpu"]
+    assert "Slice" in ops["cuda"] and "AveragePool" not in ops["cuda"]
+    feeds = {"x": rng.normal(size=(4, 6, 9, 8)), "y": rng.normal(size=(4, 5, 5, 4))}
+    got, want = (gc.Session(arts[d].gradients, backend="numpy").run(feeds) for d in ("cpu", "cuda"))
+    np.testing.assert_array_equal(got["w_grad"], want["w_grad"])

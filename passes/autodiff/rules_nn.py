@@ -426,19 +426,21 @@ def _pointwise_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides):
     64x64 4.8 vs 25.8; 144->24 on 32x32 4.5 vs 18.2; 256->64 on 16x16 3.3 vs 7.8; 512->128 on
     8x8 (Gemm) 3.2 vs 5.5; 1024->2048 on 2x2 (Gemm) 6.0 vs 7.1; N=2, 1024->2048 on 2x2 (Gemm) 1.3
     vs 2.5; 256->64 on 16x16 (Gemm) 0.35 vs 0.44. The per-image MatMuls lose where the weight is
-    the larger (N=32, 1024->2048 on 2x2: 67 ms, its [N, Co, Ci] products summed). x subsampled
-    by a 1-tap AveragePool (onnxruntime's pooling runs on both threads, a strided Slice on one;
-    2 threads, ms, warm / caches flushed, Slice vs AveragePool: [32,64,32,32] 0.42 / 0.46 vs 0.18
-    / 0.35, [32,256,16,16] 0.44 / 0.49 vs 0.15 / 0.40; in ResNet-18's step at batch 32, 64 px the
-    Slice took 0.66): Trainer steps interleaved, 64 px, the new graphs' Trainer built second /
-    first, batch 32 ResNet-18 0.994x / 1.003x, ResNet-50 0.990x / 1.008x, RegNetY-400MF 0.987x /
-    0.994x, at 128 px ResNet-18 1.000x; batch 2 ResNet-18 0.994x, ResNet-50 0.983x / 1.004x:
-    within these pairs' noise. (A 1-tap window adds its value to 0: exact, but for -0.0 read as
-    +0.0.)"""
+    the larger (N=32, 1024->2048 on 2x2: 67 ms, its [N, Co, Ci] products summed). In CPU graphs x is
+    subsampled by a 1-tap AveragePool (onnxruntime's pooling runs on both threads, a strided
+    Slice on one; 2 threads, ms, warm / caches flushed, Slice vs AveragePool: [32,64,32,32] 0.42
+    / 0.46 vs 0.18 / 0.35, [32,256,16,16] 0.44 / 0.49 vs 0.15 / 0.40; in ResNet-18's step at
+    batch 32, 64 px the Slice took 0.66): Trainer steps interleaved, 64 px, the new graphs'
+    Trainer built second / first, batch 32 ResNet-18 0.994x / 1.003x, ResNet-50 0.990x / 1.008x,
+    RegNetY-400MF 0.987x / 0.994x, at 128 px ResNet-18 1.000x; batch 2 ResNet-18 0.994x,
+    ResNet-50 0.983x / 1.004x: within these pairs' noise. (A 1-tap window adds its value to 0:
+    exact, but for -0.0 read as +0.0.)"""
     n_sp = len(spatial)
     co, ci = w_shape[0], w_shape[1]
-    if any(s != 1 for s in strides):  # x[..., ::s]
+    if any(s != 1 for s in strides) and g.device == "cpu":  # x[..., ::s]
         x = g.op("AveragePool", x, kernel_shape=[1] * n_sp, strides=list(strides))
+    elif any(s != 1 for s in strides):  # (the CUDA graphs keep the Slice they were timed with)
+        x = g.op("Slice", x, g.ints([0] * n_sp), g.ints(spatial), g.ints(list(range(2, 2 + n_sp))), g.ints(strides))
     pixels = math.prod(-(-d // s) for d, s in zip(spatial, strides))
     if co * ci <= pixels * (ci + co):
         rows = g.op("Reshape", dy, g.ints([0, co, -1]))
