@@ -48,9 +48,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from graphc.model.file import with_nodes
+from graphc.model.file import tensor_types, with_nodes
 
-__all__ = ["DENSE_MIN_PIXELS", "block_size", "rewrite", "tensor_types"]
+__all__ = ["DENSE_MIN_PIXELS", "block_size", "rewrite"]
 
 NCHWC = "com.microsoft.nchwc"
 DENSE_MIN_PIXELS = 1024  # batch (a symbolic one counts 16) times output pixels, for a dense Conv
@@ -87,8 +87,8 @@ def rewrite(model: onnx.ModelProto, block: int, only_faster: bool = True,
     """A copy of ``model`` whose main graph's qualifying Convs (the module docstring says which)
     run on the NCHWc kernels of channel block ``block``, and how many were rewritten; ``model``
     itself when none qualifies (or shape inference fails). ``only_faster=False``: every Conv
-    those kernels can run (for benchmarks). ``types``: ``tensor_types(model)`` where the caller
-    has them."""
+    those kernels can run (for benchmarks). ``types``: ``graphc.model.file.tensor_types(model)``
+    where the caller has them."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if block <= 1 or opset < 11 or not any(n.op_type == "Conv" and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model, 0  # (before opset 11 Pad takes its pads as an attribute)
@@ -111,23 +111,6 @@ def rewrite(model: onnx.ModelProto, block: int, only_faster: bool = True,
     if not any(o.domain == NCHWC for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(NCHWC, 1))
     return out, count
-
-
-def tensor_types(model: onnx.ModelProto) -> dict[str, tuple[int, list[int | None]]] | None:
-    """Value name -> (element type, dims, None where symbolic) for every shaped tensor of the main
-    graph, from onnx's shape inference; None where it fails (over 2 GiB, or inconsistent)."""
-    try:
-        graph = onnx.shape_inference.infer_shapes(model).graph
-    except (onnx.shape_inference.InferenceError, ValueError):
-        return None
-    out = {}
-    for value in [*graph.input, *graph.output, *graph.value_info]:
-        t = value.type.tensor_type
-        if t.HasField("shape"):
-            out[value.name] = (t.elem_type, [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim])
-    for t in graph.initializer:
-        out[t.name] = (t.data_type, list(t.dims))
-    return out
 
 
 def _kind(node: onnx.NodeProto, types, constants: set[str], block: int) -> str | None:

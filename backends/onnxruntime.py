@@ -29,7 +29,7 @@ from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
 from graphc.model import ir_version_for, node_source
-from graphc.model.file import all_graphs
+from graphc.model.file import all_graphs, tensor_types
 from graphc.model.dtypes import to_numpy
 
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
@@ -260,7 +260,7 @@ def _cpu_kernels(model: onnx.ModelProto, blocked: bool) -> onnx.ModelProto:
     ops = {node.op_type for node in model.graph.node if node.domain in ("", "ai.onnx")}
     if "Transpose" not in ops and not (blocked and "Conv" in ops):
         return model
-    types = nchwc.tensor_types(model)
+    types = tensor_types(model)
     if types is None:
         return model
     model, _ = transposes.rewrite(model, types)

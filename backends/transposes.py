@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import onnx
 from onnx import helper
 
@@ -63,7 +62,7 @@ _ITEM_BYTES = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.DOUBLE: 8}  # onnxrun
 def rewrite(model: onnx.ModelProto, types: dict[str, tuple[int, list[int | None]]]) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` whose main graph's Transposes of few rows (the module docstring says
     which) are Einsums, each keeping its name, and how many; ``model`` itself when none is.
-    ``types``: value name -> (element type, dims), ``nchwc.tensor_types``."""
+    ``types``: value name -> (element type, dims), ``graphc.model.file.tensor_types``."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < 12:  # Einsum
         return model, 0
@@ -113,7 +112,7 @@ def batched_rows_and_columns(dims: list[int], perm: list[int]) -> tuple[int, int
             runs[-1].append(axis)
         else:
             runs.append([axis])
-    size = lambda run: int(np.prod([dims[a] for a in run]))
+    size = lambda run: math.prod(dims[a] for a in run)
     if len(runs) == 3 and runs[0][0] < runs[2][0] < runs[1][0]:
         return size(runs[0]), size(runs[2]), size(runs[1])
     if len(runs) == 2 and runs[1][0] < runs[0][0]:

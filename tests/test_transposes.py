@@ -10,7 +10,8 @@ import pytest
 from onnx import TensorProto
 
 import graphc as gc
-from graphc.backends import nchwc, transposes
+from graphc.backends import transposes
+from graphc.model.file import tensor_types
 from onnx_graphs import model, node, vi
 
 REWRITTEN = {  # name: (input shape, perm, element type)
@@ -46,7 +47,7 @@ def transpose_model(shape, perm, elem, opset: int = 17) -> onnx.ModelProto:
 
 
 def rewritten(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    return transposes.rewrite(proto, nchwc.tensor_types(proto))
+    return transposes.rewrite(proto, tensor_types(proto))
 
 
 @pytest.mark.parametrize("case", list(REWRITTEN))
