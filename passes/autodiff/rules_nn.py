@@ -437,10 +437,11 @@ def _pointwise_weight_grad(g: GradBuilder, x, dy, w_shape, spatial, strides):
     exact, but for -0.0 read as +0.0.)"""
     n_sp = len(spatial)
     co, ci = w_shape[0], w_shape[1]
-    if any(s != 1 for s in strides) and g.device == "cpu":  # x[..., ::s]
-        x = g.op("AveragePool", x, kernel_shape=[1] * n_sp, strides=list(strides))
-    elif any(s != 1 for s in strides):  # (the CUDA graphs keep the Slice they were timed with)
-        x = g.op("Slice", x, g.ints([0] * n_sp), g.ints(spatial), g.ints(list(range(2, 2 + n_sp))), g.ints(strides))
+    if any(s != 1 for s in strides):  # x[..., ::s]
+        if g.device == "cpu":
+            x = g.op("AveragePool", x, kernel_shape=[1] * n_sp, strides=list(strides))
+        else:  # the CUDA graphs keep the Slice they were timed with
+            x = g.op("Slice", x, g.ints([0] * n_sp), g.ints(spatial), g.ints(list(range(2, 2 + n_sp))), g.ints(strides))
     pixels = math.prod(-(-d // s) for d, s in zip(spatial, strides))
     if co * ci <= pixels * (ci + co):
         rows = g.op("Reshape", dy, g.ints([0, co, -1]))

@@ -353,13 +353,13 @@ def _taps_outer(e: Emitter, w: ir.Value, co: int, ci: int, k: int) -> ir.Value:
     one over the whole weight is one call, and a second Transpose in place of the Gather onnxruntime
     merges back into the 3-D one (the gradient's 2-D Transpose back, [K, Co*Ci] -> [Co*Ci, K], one
     of few rows, ort-cpu runs as an Einsum: ``backends/transposes``). 2 threads, ms a run, 3-D vs
-    these two, warm / caches flushed:
-    256x256x3x3 0.15 vs 0.11 / 0.48 vs 0.29; 512x512x3x3 1.29 vs 0.70 / 1.52 vs 1.16. ResNet-18's
-    step at batch 32, 64 px (4 profiles each): Transposes 9.99 -> 8.87 ms, Gathers 2.39 -> 2.82;
-    Trainer steps interleaved 0.991x, 0.994x, 1.002x; ResNet-50 0.998x. (Every batched Transpose of
-    a session so rewritten, activations included: EfficientNet-B0 1.046x, RegNetY-400MF 1.096x the
-    step, at batch 32, 64 px. And with this cheaper, every dense kxk conv reading pixels: ResNet-18
-    at batch 32, 128 px, 1.007x, its Transposes 29.5 -> 31.1 ms.)"""
+    these two, warm / caches flushed: 256x256x3x3 0.15 vs 0.11 / 0.48 vs 0.29; 512x512x3x3 1.29 vs
+    0.70 / 1.52 vs 1.16. ResNet-18's step at batch 32, 64 px (4 profiles each): Transposes 9.99 ->
+    8.87 ms, Gathers 2.39 -> 2.82; Trainer steps interleaved 0.991x, 0.994x, 1.002x; ResNet-50
+    0.998x. (Every batched Transpose of a session so rewritten, activations included:
+    EfficientNet-B0 1.046x, RegNetY-400MF 1.096x the step, at batch 32, 64 px. And with this
+    cheaper, every dense kxk conv reading pixels: ResNet-18 at batch 32, 128 px, 1.007x, its
+    Transposes 29.5 -> 31.1 ms.)"""
     taps = e.op("Transpose", e.op("Reshape", w, e.ints([co * ci, k])), perm=[1, 0])
     rows = e.const(np.arange(k)[None, :] * co + np.arange(co)[:, None], np.int64)
     return e.op("Gather", e.op("Reshape", taps, e.ints([k * co, ci])), rows, axis=0)
