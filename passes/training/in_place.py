@@ -3,10 +3,12 @@
 The Trainer writes each ``X.next`` into a buffer it binds (``graphc.runtime.trainer``): by default the
 other of two buffers used in turn, which keeps two copies of every param and optimizer state
 slot. ``X.next`` can go into ``X``'s own buffer when nothing reads ``X`` after it is written:
-its producer ``W`` is an elementwise Add/Sub/Mul/Div of ``X``'s size (reading ``X`` at the index
-it writes, as onnxruntime's own in-place reuse does), and every node that reads ``X``, or a view
-of it (Reshape, Identity, Flatten, Squeeze, Unsqueeze alias their input), is ``W`` or one of
-``W``'s ancestors, so any valid execution order runs it first. The optimizer state passes (its
+``X.next`` has ``X``'s size, and every node that reads ``X``, or a view of it (Reshape, Identity,
+Flatten, Squeeze, Unsqueeze alias their input), is its producer ``W`` or one of ``W``'s
+ancestors, so any valid execution order runs it first; a ``W`` that reads ``X`` itself must be an
+elementwise Add/Sub/Mul/Div (reading ``X`` at the index it writes, as onnxruntime's own in-place
+reuse does). (A ``W`` that does not read ``X``: the Split of a flat group's small params stepped
+as one, ``flat.apply``.) The optimizer state passes (its
 only readers are its own update chain); a param passes when no backward node outside its
 update's ancestry reads it (e.g. a conv weight whose input gradient feeds only params in other
 flat groups fails: that ConvTranspose may run after the update).
@@ -69,9 +71,10 @@ def in_place_outputs(graph: onnx.GraphProto, feeds: Mapping[str, str]) -> set[st
     found = set()
     for out, name in feeds.items():
         w = producer.get(out)
-        if w is None or graph.node[w].op_type not in _ELEMENTWISE or sizes.get(out) is None \
-                or sizes.get(out) != sizes.get(name):
+        if w is None or sizes.get(out) is None or sizes.get(out) != sizes.get(name):
             continue
+        if w in reading[name] and graph.node[w].op_type not in _ELEMENTWISE:
+            continue  # only an elementwise node reads X[i] before it writes out[i]
         mask = sum(bit[i] for i in reading[name])
         if mask & ~above[w] == 0:
             found.add(out)
