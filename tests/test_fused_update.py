@@ -111,21 +111,40 @@ def test_update_node_count_does_not_grow_with_the_number_of_params():
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
-def test_params_are_concatenated_only_for_l2_decay(spec):
-    """Each ``<param>.next`` is computed from the param as fed (no Concat of the params, no
-    Split of new flat params); only SGD's and Adam's L2 weight decay reads the flat params."""
+def test_large_params_step_as_fed_small_ones_as_one(spec, monkeypatch):
+    """A param of ``SMALL_ELEMENTS`` or more: ``<param>.next`` computed from the param as fed (no
+    Concat of the params, no Split of new flat params). A group's smaller params (two or more):
+    one Sub over their concatenation, split back. Beyond those only SGD's and Adam's L2 weight
+    decay reads the flat params. Either way the same numbers as the per-param update."""
+    from graphc.passes.training import flat
+
+    monkeypatch.setattr(flat, "SMALL_ELEMENTS", 10)  # fc weights are 16 elements, biases 4, the head's 8 and 2
     arts = generate(spec)
     graph, params = arts.train_step.proto.graph, set(arts.manifest.trainable)
     producers = {o: n for n in graph.node for o in n.output}
-    concats = [n for n in graph.node if n.op_type == "Concat" and n.name.startswith("optim/")]
-    read = [n for n in concats if any(producers[i].input[0] in params for i in n.input if i in producers)]
-    assert bool(read) == (spec.kind != "adamw" and bool(spec.weight_decay))
+    tails = {p for g in arts.manifest.layout for p, shape in zip(g.params, g.shapes)
+             if np.prod(shape) < 10 and sum(np.prod(s) < 10 for s in g.shapes) > 1}
+    # with no_decay=("*.bias",) the head's weight and bias are groups of one each
+    assert tails == {"fc0.bias", "fc1.bias"} | (set() if spec.no_decay == ("*.bias",) else {"head.weight", "head.bias"})
+
+    def source(value, through=("Reshape", "Mul")):  # AdamW's p * (1 - lr*wd), a param's Reshape
+        while value in producers and producers[value].op_type in through:
+            value = producers[value].input[0]
+        return value
+
     for p in params:
         node = producers[f"{p}.next"]
-        source = node.input[0]
-        while source in producers and producers[source].op_type in ("Reshape", "Mul"):  # AdamW's p * (1 - lr*wd)
-            source = producers[source].input[0]
-        assert node.op_type == "Sub" and source == p, p
+        if p in tails:
+            node = producers[source(node.output[0], ("Reshape",))]
+            assert node.op_type == "Split", p
+            node = producers[node.input[0]]
+            assert node.op_type == "Sub" and producers[source(node.input[0])].op_type == "Concat", p
+        else:
+            assert node.op_type == "Sub" and source(node.input[0]) == p, p
+    concats = [n for n in graph.node if n.op_type == "Concat" and n.name.startswith("optim/")]
+    read = [n for n in concats if any(producers[i].input[0] in params - tails for i in n.input if i in producers)]
+    assert bool(read) == (spec.kind != "adamw" and bool(spec.weight_decay))
+    _equal_runs(run(arts, "numpy"), run(generate(spec, fused=False), "numpy"), 0)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)

@@ -412,9 +412,8 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups)
             state[s] = ir.Value(name=f"{name}.{s}", type=ir.TensorType(like.dtype), shape=like.shape)
             graph.inputs.append(state[s])
         upd = optimizers.step(ctx, hyper if decay else {**hyper, "weight_decay": 0.0}, grad, state, param)
-        if groups:  # the group's step split into its params' pieces, each applied to its param as fed
-            deltas = flat.split(views, groups_by_name[name], upd.delta)
-            new_params.update({p: optimizers.apply(views, params[p], d, upd.shrink) for p, d in deltas.items()})
+        if groups:  # the group's step split into its params' pieces, applied to the params as fed
+            new_params.update(flat.apply(views, groups_by_name[name], params, upd.delta, upd.shrink))
         else:
             new_params[name] = optimizers.apply(b, param, upd.delta, upd.shrink)
         state_next += [Output(_expose(graph, upd.state[s], f"{name}.{s}.next", like=like), "state", f"{name}.{s}")

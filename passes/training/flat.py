@@ -9,7 +9,9 @@ gradients ``Concat``-ed into one flat vector and its optimizer state as one flat
 not their count: PyTorch's multi-tensor (``foreach``) AdamW, in standard ONNX ops. ``delta`` is
 ``Split`` into the params' pieces and each param's ``<param>.next = param * shrink - delta`` is
 computed from the param as fed, straight into its output buffer; the params are concatenated
-only for an update that reads them (L2 weight decay of SGD and Adam).
+only for an update that reads them (L2 weight decay of SGD and Adam) and for a group's small
+params (under ``SMALL_ELEMENTS``), stepped as one and split back (``apply``), so that the update's
+node count follows the number of large params, whose bytes bound it, not the number of params.
 
 Why: on onnxruntime's CPU provider (2 threads), AdamW on ResNet-50 as one chain of ~20 nodes per
 param (161 params, 3,576 nodes) spent 343 of 445 ms of kernel time in the update; one 14-node
@@ -24,16 +26,17 @@ ResNet-18 at batch 2 0.92x the step time (0.93x at 2 threads), ResNet-50 at batc
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.emit import Emitter
+from graphc.passes.training import optimizers
 from graphc.passes.values import fresh_name
 
-__all__ = ["Group", "concat", "plan", "split"]
+__all__ = ["Group", "apply", "concat", "plan", "split"]
 
 # A group holds at most this many elements (a larger param gets a group of its own): the ~14
 # passes of an AdamW update then run over 2 MB (float32) arrays that stay in the CPU's cache,
@@ -58,13 +61,26 @@ __all__ = ["Group", "concat", "plan", "split"]
 # back, not two nodes each: EfficientNet-B0 at batch 2, 274 nodes fewer, its update's kernel time
 # 11.2 -> 11.0 ms, Trainer steps interleaved 1.00x / 1.00x (the per-node cost is small outside
 # a profile), and those params' next values no longer written in place (159 of 321 into spare
-# buffers); 2**12: 1.07x-1.19x. A param of more than CHUNK_ELEMENTS stepped in pieces of it (its
+# buffers); 2**12: 1.07x-1.19x. (Since taken, ``SMALL_ELEMENTS``: see there.) A param of more than CHUNK_ELEMENTS stepped in pieces of it (its
 # gradient and state Split, each piece's chain in cache, the step and new state Concat-ed back):
 # ResNet-18 at batch 32, 64 px, 1.041x the step time (the Splits and Concats are full passes);
 # with the state kept in pieces too (only the gradient Split and the step Concat-ed), ResNet-18's
 # three 512x512x3x3 weights' update alone, caches flushed before each run, 1.10x in 5 pieces,
 # 1.13x in 9.
 CHUNK_ELEMENTS = 1 << 19
+# A group's params of fewer elements than this are stepped as one (``apply``): their pieces of the
+# step and the params themselves concatenated, ``param * shrink - delta`` in two nodes, the result
+# split back, where two nodes each (Mul, Sub) cost more to dispatch than to run. The update's
+# nodes (AdamW, 64 px, Constants aside) 477 -> 275 for MobileNetV3-small, 744 -> 490 for
+# EfficientNet-B0, 754 -> 477 for RegNetY-400MF, 979 -> 890 for ResNet-50; its share of the
+# step's kernel time at batch 32 (``bench_zoo.py``, one run) MobileNetV3-small 15.2 -> 12.3 %,
+# EfficientNet-B0 9.6 -> 8.8, RegNetY-400MF 11.7 -> 11.3, at batch 2 28.8 -> 25.8, 28.9 -> 26.9,
+# 29.1 -> 28.2. Wall time unchanged: Trainer steps interleaved, this built second / first, batch 32
+# MobileNetV3-small 1.005x / 1.009x, EfficientNet-B0 0.983x / 0.999x; batch 2 MobileNetV3-small
+# 1.005x / 1.000x (RegNetY-400MF 1.129x / 0.948x: this VM's noise that hour). Losses equal bit
+# for bit. The small params' next values leave the Split, not written in place: spare buffers of
+# a few hundred KB.
+SMALL_ELEMENTS = 1 << 14
 # A 1-D param (a bias, a norm's scale) joins and leaves its group without a Reshape: ViT-Ti's
 # train_step 204 nodes fewer (2,668 -> 2,464), Trainer steps interleaved, both orders, at batch 2
 # 0.94x / 0.99x the step time, ResNet-50 (106 of its 161 params) 0.98x / 0.99x.
@@ -114,14 +130,34 @@ def concat(b: Emitter, group: Group, values: Mapping[str, ir.Value]) -> ir.Value
     return flat
 
 
-def split(b: Emitter, group: Group, flat: ir.Value) -> dict[str, ir.Value]:
-    """The inverse of ``concat``: each param's piece of ``flat`` in its own shape. (onnxruntime's
-    CUDA Split of unequal pieces copies its sizes and an int64 table as long as the group from
-    the host every run; a Slice per piece instead is no way around it: onnxruntime's
-    GatherSliceToSplitFusion, on its CPU and CUDA providers, makes those Slices this Split again.)"""
+def split(b: Emitter, group: Group, flat: ir.Value, keep_flat: Collection[str] = ()) -> dict[str, ir.Value]:
+    """The inverse of ``concat``: each param's piece of ``flat`` in its own shape (those named in
+    ``keep_flat`` as 1-D pieces). (onnxruntime's CUDA Split of unequal pieces copies its sizes and
+    an int64 table as long as the group from the host every run; a Slice per piece instead is no
+    way around it: onnxruntime's GatherSliceToSplitFusion, on its CPU and CUDA providers, makes
+    those Slices this Split again.)"""
     parts = b.split(flat, group.sizes, axis=0, count=len(group.params)) if len(group.params) > 1 else (flat,)
     out = {}
     for p, part, shape in zip(group.params, parts, group.shapes):
-        out[p] = part if len(shape) == 1 else b.op("Reshape", part, b.ints(shape))
-        out[p].shape = ir.Shape(shape)
+        flat_piece = len(shape) == 1 or p in keep_flat
+        out[p] = part if flat_piece else b.op("Reshape", part, b.ints(shape))
+        out[p].dtype, out[p].shape = group.dtype, ir.Shape([math.prod(shape)] if flat_piece else shape)
+    return out
+
+
+def apply(b: Emitter, group: Group, params: Mapping[str, ir.Value], delta: ir.Value,
+          shrink: ir.Value | None) -> dict[str, ir.Value]:
+    """Each param's next value from the group's step ``delta``: ``param * shrink - delta`` on its
+    piece (``optimizers.apply``), a large param on its own, straight into its output buffer, the
+    params under ``SMALL_ELEMENTS`` (two or more) as one flat tail, split back."""
+    small = [p for p, size in zip(group.params, group.sizes) if size < SMALL_ELEMENTS]
+    small = small if len(small) > 1 else []
+    pieces = split(b, group, delta, keep_flat=small)
+    out = {p: optimizers.apply(b, params[p], pieces[p], shrink) for p in group.params if p not in small}
+    if small:
+        tail = Group(group.name, group.dtype, small, [group.shapes[group.params.index(p)] for p in small],
+                     group.weight_decay)
+        step = b.op("Concat", *(pieces[p] for p in small), axis=0)
+        step.dtype, step.shape = group.dtype, ir.Shape([sum(tail.sizes)])
+        out.update(split(b, tail, optimizers.apply(b, concat(b, tail, params), step, shrink)))
     return out
