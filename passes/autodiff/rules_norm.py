@@ -133,7 +133,10 @@ def _batch_norm_training_grads(g, node, dy, axes):
     [32,96,32,32] 13.1 vs 14.7; [32,144,16,16] 4.9 vs 5.1; [32,672,4,4] 3.2 vs 4.9;
     [32,64,16,16] 2.9 vs 3.5; [2,256,8,8] 0.31 vs 0.36. (The variance as ReduceSumSquare of the
     centred input: 13.6, 5.2, 3.3, 3.0, 0.33, no better: ORT's ReduceSumSquare over axes
-    (0, 2, 3) runs at a third of ReduceSum's speed.) s2's sum of a product as a MatMul batched
+    (0, 2, 3) runs at a third of ReduceSum's speed. Over the rows of the centred input reshaped
+    [N, C, H*W], then a mean over N, it ran as fast as the Mul and ReduceMean alone or faster, ms:
+    [32,64,16,16] 0.12 vs 0.17, [32,256,4,4] 0.04 vs 0.09, [32,96,32,32] 0.70 vs 0.72; but
+    ResNet-18's Trainer step at batch 32, 64 px, built second / first, 1.010x / 1.000x.) s2's sum of a product as a MatMul batched
     over (N, C), [1, H*W] rows by [H*W, 1] columns, or as an Einsum, lost to the Mul and
     ReduceSum (``bench_lowerings.py --only bn_sums``, 2 threads, ms: [32,96,64,64] 18.3 / 52.8
     vs 10.1; [32,144,32,32] 6.5 / 17.8 vs 3.7; [2,96,32,32] 0.58 / 0.67 vs 0.21), and the
