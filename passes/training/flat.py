@@ -80,9 +80,9 @@ CHUNK_ELEMENTS = 1 << 19
 # EfficientNet-B0 9.6 -> 8.8, RegNetY-400MF 11.7 -> 11.3, at batch 2 28.8 -> 25.8, 28.9 -> 26.9,
 # 29.1 -> 28.2. Wall time unchanged: Trainer steps interleaved, this built second / first, batch 32
 # MobileNetV3-small 1.005x / 1.009x, EfficientNet-B0 0.983x / 0.999x; batch 2 MobileNetV3-small
-# 1.005x / 1.000x (RegNetY-400MF 1.129x / 0.948x: this VM's noise that hour). Losses equal bit
-# for bit. The small params' next values leave the Split, not written in place: spare buffers of
-# a few hundred KB.
+# 1.005x / 1.000x, ResNet-18 0.992x / 1.011x, EfficientNet-B0 0.985x / 0.997x (RegNetY-400MF
+# 1.129x / 0.948x: this VM's noise that hour). Losses equal bit for bit. The Split writes the
+# small params' next values into their own buffers, as the Subs did (``in_place``).
 SMALL_ELEMENTS = 1 << 14
 # A 1-D param (a bias, a norm's scale) joins and leaves its group without a Reshape: ViT-Ti's
 # train_step 204 nodes fewer (2,668 -> 2,464), Trainer steps interleaved, both orders, at batch 2
