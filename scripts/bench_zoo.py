@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_zoo.py [--models resnet18,resnet50] [--batches 2,32]
         [--image-size 64] [--rounds 5] [--steps 2] [--recompute] [--device cpu|cuda]
-        [--cuda-graph] [--cuda-option KEY=VALUE ...] [--keep-freed] [--json results.json]
+        [--cuda-graph] [--cuda-option KEY=VALUE ...] [--keep-freed] [--repeat 1] [--json results.json]
 
 Models (plain torch.nn, random init, no dropout or stochastic depth so both frameworks run the
 same computation): resnet18, resnet50, efficientnet_b0, mobilenetv3_small, regnety_400mf (the
@@ -42,7 +42,10 @@ size it reports:
   onnxruntime's arena and PyTorch's caching allocator keep their peak);
 - how long ``gc.training.generate`` took.
 
-Each (model, batch) row runs in a fresh process (``row_in_child``); ``--keep-freed`` has its
+Each (model, batch) row runs in a fresh process (``row_in_child``); ``--repeat N`` runs it in N
+fresh processes one after the other and reports the run of median ratio, the lowest and highest
+ratio and update share of the N beside it ("runs": how far this machine moves between processes,
+where "rounds" is within one); ``--keep-freed`` has its
 malloc keep what is freed (``KEEP_FREED``: PyTorch's CPU step, with glibc's defaults, returns
 its large tensors' memory and faults it in again every step). It ends with a table
 marking the rows that meet the targets (``TARGETS``). A row whose export,
@@ -600,6 +603,20 @@ def row_in_child(name: str, batch: int, keep_freed: bool) -> dict:
                 "error": f"process: exit {done.returncode}: {last}"}
 
 
+def median_run(runs: list[dict]) -> dict:
+    """Of a row's runs (``--repeat``), the finished one of median ratio (the lower of the middle
+    two), with every finished run's ratio and update share beside it (``run_ratios``,
+    ``run_update_pcts``); a failed run where none finished."""
+    done = sorted((r for r in runs if "error" not in r), key=lambda r: r["ratio"])
+    if not done:
+        return runs[-1]
+    row = dict(done[(len(done) - 1) // 2])
+    row["run_ratios"] = [r["ratio"] for r in done]
+    if all("update_pct" in r for r in done):
+        row["run_update_pcts"] = [r["update_pct"] for r in done]
+    return row
+
+
 def meets(row: dict) -> dict[str, bool]:
     """Which targets a finished row meets, by column (an unmeasured update share counts as met)."""
     return {"ratio": row["ratio"] <= TARGETS["ratio"][row["kind"]],
@@ -620,8 +637,10 @@ def print_table(rows: list[dict], image_size: int, device: str, keep_freed: bool
     malloc = "malloc keeping freed memory" if keep_freed else "glibc malloc's defaults"
     table = Table(title=f"graphc ({where}, {image_size} px images, {malloc}")
     graphs = any("plain_ms" in row for row in rows)
+    repeated = any(len(row.get("run_ratios", ())) > 1 for row in rows)
     for column in ("model", "batch", "graphc ms", *(["no-graph ms"] if graphs else []), "torch ms", "ratio",
-                   "rounds", "update %", "chain floor %", "fused floor %", "torch upd %", "graphc MB", "torch MB", "mem ratio", "nodes", "generate s"):
+                   "rounds", *(["runs", "runs' update %"] if repeated else []), "update %", "chain floor %",
+                   "fused floor %", "torch upd %", "graphc MB", "torch MB", "mem ratio", "nodes", "generate s"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for row in rows:
         if "error" in row:
@@ -633,6 +652,8 @@ def print_table(rows: list[dict], image_size: int, device: str, keep_freed: bool
                       f"{row['torch_ms']:.1f}",
                       marked(f"{row['ratio']:.2f}", ok["ratio"]),
                       "{:.2f}-{:.2f}".format(*row["ratio_range"]),
+                      *([_spread(row.get("run_ratios"), "{:.2f}"), _spread(row.get("run_update_pcts"), "{:.1f}")]
+                        if repeated else []),
                       marked(f"{row['update_pct']:.1f}", ok["update_pct"]) if "update_pct" in row else "n/a",
                       *((f"{row['chain_floor_pct']:.1f}", f"{row['fused_update_pct']:.1f}") if "update_pct" in row
                         else ("n/a", "n/a")),
@@ -640,7 +661,7 @@ def print_table(rows: list[dict], image_size: int, device: str, keep_freed: bool
                       f"{row['graphc_mb']:.0f}", f"{row['torch_mb']:.0f}",
                       marked(f"{row['memory_ratio']:.2f}", ok["memory_ratio"]), str(row["nodes"]),
                       f"{row['generate_s']:.1f}")
-    console = Console(width=200)  # wide enough for the table when piped
+    console = Console(width=240)  # wide enough for the table when piped
     console.print(table)
     t = TARGETS
     console.print(f"targets: ratio <= {t['ratio']['cnn']} (CNNs), <= {t['ratio']['transformer']} (transformers); "
@@ -658,6 +679,13 @@ def print_table(rows: list[dict], image_size: int, device: str, keep_freed: bool
                           markup=False, highlight=False)
 
 
+def _spread(values: list[float] | None, form: str) -> str:
+    """"lowest-highest" of a row's runs, "" for a row of one run."""
+    if not values or len(values) < 2:
+        return ""
+    return f"{form.format(min(values))}-{form.format(max(values))}"
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(ZOO), help=f"comma-separated, of: {', '.join(ZOO)}")
@@ -673,6 +701,8 @@ def parse_args() -> argparse.Namespace:
                    help="with --device cuda: an onnxruntime CUDA provider option for graphc (repeatable)")
     p.add_argument("--keep-freed", action="store_true",
                    help="glibc's malloc keeps freed memory (no trim, no mmap): PyTorch without its page faults")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run each row in this many fresh processes; report the run of median ratio")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)  # torch MODEL BATCH: one memory measurement
     p.add_argument("--row", nargs=3, help=argparse.SUPPRESS)  # MODEL BATCH OUT: one row, written to OUT as JSON
@@ -682,6 +712,8 @@ def parse_args() -> argparse.Namespace:
     if unknown:
         p.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(ZOO)}")
     args.batches = [int(b) for b in args.batches.split(",")]
+    if args.repeat < 1:
+        p.error(f"--repeat must be at least 1, got {args.repeat}")
     if (args.cuda_graph or args.cuda_option) and args.device != "cuda":
         p.error("--cuda-graph and --cuda-option need --device cuda")
     malformed = [o for o in args.cuda_option if "=" not in o]
@@ -705,15 +737,17 @@ def main() -> int:
     rows = []
     for name in args.models:
         for batch in args.batches:
-            row = row_in_child(name, batch, args.keep_freed)
+            row = median_run([row_in_child(name, batch, args.keep_freed) for _ in range(args.repeat)])
             rows.append(row)
             if "error" in row:
                 print(f"{name} batch {batch}: failed at {row['error']}", flush=True)
             else:
                 graphs = (f" (without graphs {row['plain_ms']:.1f} ms; their first 4 losses differ by up to "
                           f"{row['graph_loss_rel_diff']:.1e})") if "plain_ms" in row else ""
+                runs = f", ratios of {len(row['run_ratios'])} runs {_spread(row['run_ratios'], '{:.2f}')}" \
+                    if len(row["run_ratios"]) > 1 else ""
                 print(f"{name} batch {batch}: graphc {row['graphc_ms']:.1f} ms{graphs}, torch {row['torch_ms']:.1f} ms, "
-                      f"generate {row['generate_s']:.1f} s", flush=True)
+                      f"generate {row['generate_s']:.1f} s{runs}", flush=True)
             if args.json:  # after each row, so a run cut short keeps the rows it finished
                 args.json.write_text(json.dumps({"device": args.device, "threads": THREADS,
                                                  "image_size": args.image_size, "num_classes": NUM_CLASSES,
