@@ -44,6 +44,14 @@ def test_in_place_only_when_every_reader_runs_before_the_write():
              oh.make_node("Neg", ["rest"], ["y"])]
     assert in_place_outputs(graph(split), {"x.next": "x"}) == {"x.next"}
     assert in_place_outputs(graph([*split[:2], oh.make_node("Neg", ["x"], ["y"])]), {"x.next": "x"}) == set()
+    # a view's writer is the node that makes what it views: here Neg, which may run before the Shape of x
+    late_view = [oh.make_node("Neg", ["g"], ["t"]), oh.make_node("Shape", ["x"], ["xs"]),
+                 oh.make_node("Reshape", ["t", "xs"], ["x.next"]), oh.make_node("Neg", ["t"], ["y"])]
+    assert in_place_outputs(graph(late_view), {"x.next": "x"}) == set()
+    viewed = [oh.make_node("Shape", ["x"], ["xs"]), oh.make_node("Reshape", ["g", "xs"], ["gv"]),
+              oh.make_node("Neg", ["gv"], ["t"]), oh.make_node("Reshape", ["t", "xs"], ["x.next"]),
+              oh.make_node("Neg", ["t"], ["y"])]
+    assert in_place_outputs(graph(viewed), {"x.next": "x"}) == {"x.next"}
 
 
 def pointers(trainer):

@@ -61,8 +61,9 @@ __all__ = ["Group", "apply", "concat", "plan", "split"]
 # back, not two nodes each: EfficientNet-B0 at batch 2, 274 nodes fewer, its update's kernel time
 # 11.2 -> 11.0 ms, Trainer steps interleaved 1.00x / 1.00x (the per-node cost is small outside
 # a profile), and those params' next values no longer written in place (159 of 321 into spare
-# buffers); 2**12: 1.07x-1.19x. (Since taken, ``SMALL_ELEMENTS``: see there.) A param of more than CHUNK_ELEMENTS stepped in pieces of it (its
-# gradient and state Split, each piece's chain in cache, the step and new state Concat-ed back):
+# buffers); 2**12: 1.07x-1.19x. (Since taken, ``SMALL_ELEMENTS``: see there.) A param of more
+# than CHUNK_ELEMENTS stepped in pieces of it (its gradient and state Split, each piece's chain in
+# cache, the step and new state Concat-ed back):
 # ResNet-18 at batch 32, 64 px, 1.041x the step time (the Splits and Concats are full passes);
 # with the state kept in pieces too (only the gradient Split and the step Concat-ed), ResNet-18's
 # three 512x512x3x3 weights' update alone, caches flushed before each run, 1.10x in 5 pieces,
@@ -153,13 +154,12 @@ def apply(b: Emitter, group: Group, params: Mapping[str, ir.Value], delta: ir.Va
     """Each param's next value from the group's step ``delta``: ``param * shrink - delta`` on its
     piece (``optimizers.apply``), a large param on its own, straight into its output buffer, the
     params under ``SMALL_ELEMENTS`` (two or more) as one flat tail, split back."""
-    small = [p for p, size in zip(group.params, group.sizes) if size < SMALL_ELEMENTS]
-    small = small if len(small) > 1 else []
+    small = {p: shape for p, shape, size in zip(group.params, group.shapes, group.sizes) if size < SMALL_ELEMENTS}
+    small = small if len(small) > 1 else {}
     pieces = split(b, group, delta, keep_flat=small)
     out = {p: optimizers.apply(b, params[p], pieces[p], shrink) for p in group.params if p not in small}
     if small:
-        tail = Group(group.name, group.dtype, small, [group.shapes[group.params.index(p)] for p in small],
-                     group.weight_decay)
+        tail = Group(group.name, group.dtype, list(small), list(small.values()), group.weight_decay)
         step = b.op("Concat", *(pieces[p] for p in small), axis=0)
         step.dtype, step.shape = group.dtype, ir.Shape([sum(tail.sizes)])
         out.update(split(b, tail, optimizers.apply(b, concat(b, tail, params), step, shrink)))

@@ -4,12 +4,13 @@ The Trainer writes each ``X.next`` into a buffer it binds (``graphc.runtime.trai
 other of two buffers used in turn, which keeps two copies of every param and optimizer state
 slot. ``X.next`` can go into ``X``'s own buffer when nothing reads ``X`` after it is written:
 ``X.next`` has ``X``'s size, and every node that reads ``X``, or a view of it (Reshape, Identity,
-Flatten, Squeeze, Unsqueeze alias their input), is its producer ``W`` or one of ``W``'s
-ancestors, so any valid execution order runs it first; a ``W`` that reads ``X`` itself must be an
-elementwise Add/Sub/Mul/Div (reading ``X`` at the index it writes, as onnxruntime's own in-place
-reuse does). (A ``W`` that does not read ``X``: the Split of a flat group's small params stepped
-as one, ``flat.apply``.) The optimizer state passes (its
-only readers are its own update chain); a param passes when no backward node outside its
+Flatten, Squeeze, Unsqueeze alias their input), is its writer ``W`` or one of ``W``'s ancestors,
+so any valid execution order runs it first. ``W`` is the node that makes ``X.next``, or, where
+that is a view, the node that makes the viewed value (onnxruntime may fold the view away); a
+``W`` that reads ``X`` itself must be an elementwise Add/Sub/Mul/Div (reading ``X`` at the index
+it writes, as onnxruntime's own in-place reuse does), one that does not may be any node (the
+Split of a flat group's small params stepped as one, ``flat.apply``). The optimizer state passes
+(its only readers are its own update chain); a param passes when no backward node outside its
 update's ancestry reads it (e.g. a conv weight whose input gradient feeds only params in other
 flat groups fails: that ConvTranspose may run after the update).
 
@@ -71,6 +72,8 @@ def in_place_outputs(graph: onnx.GraphProto, feeds: Mapping[str, str]) -> set[st
     found = set()
     for out, name in feeds.items():
         w = producer.get(out)
+        while w is not None and graph.node[w].op_type in _VIEWS:  # onnxruntime may fold a view away,
+            w = producer.get(graph.node[w].input[0])  # its input's writer then writes the output
         if w is None or sizes.get(out) is None or sizes.get(out) != sizes.get(name):
             continue
         if w in reading[name] and graph.node[w].op_type not in _ELEMENTWISE:
