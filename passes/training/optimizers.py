@@ -92,7 +92,12 @@ def step(ctx: StepContext, hyper: dict, grad: ir.Value, state: dict[str, ir.Valu
 def apply(b: Emitter, param: ir.Value, delta: ir.Value, shrink: ir.Value | None) -> ir.Value:
     """``param * shrink - delta``: the param's next value (``delta`` has the param's shape). (A
     param whose shape ends in 1, a 1x1 conv's weight, meets the scalar ``shrink`` in
-    onnxruntime's slow broadcast: ``broadcasts.rank_scalars`` gives ``shrink`` its rank.)"""
+    onnxruntime's slow broadcast: ``broadcasts.rank_scalars`` gives ``shrink`` its rank.)
+    onnxruntime runs ``param * shrink``, which reads only inputs, early in the step, and its
+    result waits for the rest; ``(param - delta / shrink) * shrink`` (the 1 / shrink folded into
+    AdamW's scalar step size) runs both nodes at the end: ResNet-50 at batch 32, 64 px, peak RSS
+    1,565 -> 1,538 MB, ResNet-18 at batch 2 unchanged, ResNet-18's steps at batch 32 0.997x /
+    0.998x (built second / first); left out, for rounding as ``torch.optim.AdamW`` rounds."""
     if shrink is None:
         return b.op("Sub", param, delta)
     return b.op("Sub", b.op("Mul", param, shrink), delta)
