@@ -606,7 +606,8 @@ def row_in_child(name: str, batch: int, keep_freed: bool) -> dict:
 def median_run(runs: list[dict]) -> dict:
     """Of a row's runs (``--repeat``), the finished one of median ratio (the lower of the middle
     two), with every finished run's ratio and update share beside it (``run_ratios``,
-    ``run_update_pcts``); a failed run where none finished."""
+    ``run_update_pcts``) and the failed runs' errors (``run_errors``); a failed run where none
+    finished."""
     done = sorted((r for r in runs if "error" not in r), key=lambda r: r["ratio"])
     if not done:
         return runs[-1]
@@ -614,6 +615,8 @@ def median_run(runs: list[dict]) -> dict:
     row["run_ratios"] = [r["ratio"] for r in done]
     if all("update_pct" in r for r in done):
         row["run_update_pcts"] = [r["update_pct"] for r in done]
+    if len(done) < len(runs):
+        row["run_errors"] = [r["error"] for r in runs if "error" in r]
     return row
 
 
@@ -746,6 +749,7 @@ def main() -> int:
                           f"{row['graph_loss_rel_diff']:.1e})") if "plain_ms" in row else ""
                 runs = f", ratios of {len(row['run_ratios'])} runs {_spread(row['run_ratios'], '{:.2f}')}" \
                     if len(row["run_ratios"]) > 1 else ""
+                runs += "".join(f"; a run failed at {error}" for error in row.get("run_errors", ()))
                 print(f"{name} batch {batch}: graphc {row['graphc_ms']:.1f} ms{graphs}, torch {row['torch_ms']:.1f} ms, "
                       f"generate {row['generate_s']:.1f} s{runs}", flush=True)
             if args.json:  # after each row, so a run cut short keeps the rows it finished
