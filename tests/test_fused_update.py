@@ -164,10 +164,17 @@ def _equal_runs(a, b, rtol):
 
 @pytest.mark.parametrize("backend", ORT)
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
-def test_fused_matches_torch_optim(spec, backend):
+@pytest.mark.parametrize("small", [None, 10], ids=["small-tails", "weights-large"])
+def test_fused_matches_torch_optim(spec, backend, small, monkeypatch):
+    """Against torch.optim's single-tensor step, with every param in its group's small tail (all are
+    under ``SMALL_ELEMENTS``) and with the 16-element fc weights stepped on their own."""
     torch = pytest.importorskip("torch")
     from fnmatch import fnmatchcase
 
+    from graphc.passes.training import flat
+
+    if small is not None:
+        monkeypatch.setattr(flat, "SMALL_ELEMENTS", small)
     arts = generate(spec, frozen=["fc1.bias"])
     assert "fc1.bias" in arts.manifest.frozen
     losses, state = run(arts, backend)
