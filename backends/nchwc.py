@@ -48,7 +48,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from graphc.model.file import tensor_types, with_nodes
+from graphc.model.file import ai_onnx_opset, tensor_types, with_nodes
 
 __all__ = ["DENSE_MIN_PIXELS", "block_size", "rewrite"]
 
@@ -89,7 +89,7 @@ def rewrite(model: onnx.ModelProto, block: int, only_faster: bool = True,
     itself when none qualifies (or shape inference fails). ``only_faster=False``: every Conv
     those kernels can run (for benchmarks). ``types``: ``graphc.model.file.tensor_types(model)``
     where the caller has them."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = ai_onnx_opset(model)
     if block <= 1 or opset < 11 or not any(n.op_type == "Conv" and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model, 0  # (before opset 11 Pad takes its pads as an attribute)
     types = tensor_types(model) if types is None else types

@@ -46,7 +46,7 @@ import math
 import onnx
 from onnx import helper
 
-from graphc.model.file import with_nodes
+from graphc.model.file import ai_onnx_opset, with_nodes
 
 __all__ = ["BATCHED_ROWS", "LINE_BYTES", "MIN_VALUES", "batched_rows_and_columns", "rewrite"]
 
@@ -63,7 +63,7 @@ def rewrite(model: onnx.ModelProto, types: dict[str, tuple[int, list[int | None]
     """A copy of ``model`` whose main graph's Transposes of few rows (the module docstring says
     which) are Einsums, each keeping its name, and how many; ``model`` itself when none is.
     ``types``: value name -> (element type, dims), ``graphc.model.file.tensor_types``."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = ai_onnx_opset(model)
     if opset < 12:  # Einsum
         return model, 0
     fused = {name for node in model.graph.node if node.op_type in _FUSES_TRANSPOSES and node.domain in ("", "ai.onnx")

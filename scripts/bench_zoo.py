@@ -654,7 +654,7 @@ def print_table(rows: list[dict], image_size: int, device: str, keep_freed: bool
                       *([f"{row['plain_ms']:.1f}" if "plain_ms" in row else ""] if graphs else []),
                       f"{row['torch_ms']:.1f}",
                       marked(f"{row['ratio']:.2f}", ok["ratio"]),
-                      "{:.2f}-{:.2f}".format(*row["ratio_range"]),
+                      _spread(row["ratio_range"], "{:.2f}"),
                       *([_spread(row.get("run_ratios"), "{:.2f}"), _spread(row.get("run_update_pcts"), "{:.1f}")]
                         if repeated else []),
                       marked(f"{row['update_pct']:.1f}", ok["update_pct"]) if "update_pct" in row else "n/a",
@@ -683,7 +683,7 @@ def print_table(rows: list[dict], image_size: int, device: str, keep_freed: bool
 
 
 def _spread(values: list[float] | None, form: str) -> str:
-    """"lowest-highest" of a row's runs, "" for a row of one run."""
+    """"lowest-highest" of a row's rounds or runs, "" where there is one value."""
     if not values or len(values) < 2:
         return ""
     return f"{form.format(min(values))}-{form.format(max(values))}"

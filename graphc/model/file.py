@@ -215,6 +215,11 @@ def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from all_graphs(sub)
 
 
+def ai_onnx_opset(model: onnx.ModelProto) -> int:
+    """The opset ``model`` imports for the default (ai.onnx) domain; 0 where it imports none."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
 def with_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
     """A copy of ``model`` whose main graph holds ``nodes`` in place of its own (a backend's
     rewrite of the session's copy; ``model`` itself is not changed)."""
