@@ -40,8 +40,8 @@ def test_in_place_only_when_every_reader_runs_before_the_write():
     assert in_place_outputs(graph(matmul), {"x.next": "x"}) == set()
     # a writer that does not read x may be any node once every reader of x runs before it (the
     # Split of a flat group's small params stepped as one)
-    split = [oh.make_node("Concat", ["x", "g"], ["xg"], axis=0), oh.make_node("Split", ["xg"], ["x.next", "rest"], axis=0),
-             oh.make_node("Neg", ["rest"], ["y"])]
+    split = [oh.make_node("Concat", ["x", "g"], ["xg"], axis=0),
+             oh.make_node("Split", ["xg"], ["x.next", "rest"], axis=0), oh.make_node("Neg", ["rest"], ["y"])]
     assert in_place_outputs(graph(split), {"x.next": "x"}) == {"x.next"}
     assert in_place_outputs(graph([*split[:2], oh.make_node("Neg", ["x"], ["y"])]), {"x.next": "x"}) == set()
     # a view's writer is the node that makes what it views: here Neg, which may run before the Shape of x

@@ -889,12 +889,13 @@ def grad_max_pool(g, node, dy):
     # what is left of dy, the nine parts shifted, summed and interleaved back (forward and
     # backward, ``bench_lowerings.py --only max_pool``, ms, this vs that: [32,64,32,32] 18.4 vs
     # 52.6, [32,64,64,64] 69.2 vs 198, [2,64,32,32] 1.2 vs 2.4, measured again on onnxruntime 1.31
-    # 7.6 vs 13.2, 29.2 vs 79.6, 0.43 vs 0.74; its strided Slices, Wheres and Pads). Nor with x as its four row/column parity planes (SpaceToDepth), each tap one plane
-    # shifted by at most a row and a column, the masks as Equal, Cast, Mul and Sub, the planes'
-    # gradients interleaved by DepthToSpace: [32,64,32,32] 10.7-14.0 vs 7.4, [32,64,64,64] 53.6 vs
-    # 30.6, [2,64,32,32] 0.52 vs 0.42 (its DepthToSpace 2.8 ms and ten Pads 2.9, the masks 2.1).
-    # MaxUnpool (8 ms where ScatterElements takes 20) writes one gradient where two
-    # overlapping windows share their maximum; it needs their sum. ScatterElements over the
+    # 7.6 vs 13.2, 29.2 vs 79.6, 0.43 vs 0.74; its strided Slices, Wheres and Pads). Nor with x
+    # as its four row/column parity planes (SpaceToDepth), each tap one plane shifted by at most a
+    # row and a column, the masks as Equal, Cast, Mul and Sub, the planes' gradients interleaved
+    # by DepthToSpace: [32,64,32,32] 10.7-14.0 vs 7.4, [32,64,64,64] 53.6 vs 30.6, [2,64,32,32]
+    # 0.52 vs 0.42 (its DepthToSpace 2.8 ms and ten Pads 2.9, the masks 2.1). MaxUnpool (8 ms
+    # where ScatterElements takes 20) writes one gradient where two overlapping windows share
+    # their maximum; it needs their sum. ScatterElements over the
     # images' planes, [N*C, H*W] along axis 1 (each index taken modulo H*W), in place of the
     # flat input: 2 threads, ms, 3x3 stride 2 over [32, 64, 32, 32] 5.13 vs 1.95, [32, 64, 64,
     # 64] 14.2 vs 8.6.

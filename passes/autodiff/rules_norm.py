@@ -136,8 +136,9 @@ def _batch_norm_training_grads(g, node, dy, axes):
     (0, 2, 3) runs at a third of ReduceSum's speed. Over the rows of the centred input reshaped
     [N, C, H*W], then a mean over N, it ran as fast as the Mul and ReduceMean alone or faster, ms:
     [32,64,16,16] 0.12 vs 0.17, [32,256,4,4] 0.04 vs 0.09, [32,96,32,32] 0.70 vs 0.72; but
-    ResNet-18's Trainer step at batch 32, 64 px, built second / first, 1.010x / 1.000x.) s2's sum of a product as a MatMul batched
-    over (N, C), [1, H*W] rows by [H*W, 1] columns, or as an Einsum, lost to the Mul and
+    ResNet-18's Trainer step at batch 32, 64 px, built second / first, 1.010x / 1.000x.) s2's
+    sum of a product as a MatMul batched over (N, C), [1, H*W] rows by [H*W, 1] columns, or as
+    an Einsum, lost to the Mul and
     ReduceSum (``bench_lowerings.py --only bn_sums``, 2 threads, ms: [32,96,64,64] 18.3 / 52.8
     vs 10.1; [32,144,32,32] 6.5 / 17.8 vs 3.7; [2,96,32,32] 0.58 / 0.67 vs 0.21), and the
     variance as GlobalLpPool(p=2), squared, ran 16-25x slower than the Mul and ReduceSum."""

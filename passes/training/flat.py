@@ -63,14 +63,14 @@ __all__ = ["Group", "apply", "concat", "plan", "split"]
 # a profile), and those params' next values no longer written in place (159 of 321 into spare
 # buffers); 2**12: 1.07x-1.19x. (Since taken, ``SMALL_ELEMENTS``: see there.) A param of more
 # than CHUNK_ELEMENTS stepped in pieces of it (its gradient and state Split, each piece's chain in
-# cache, the step and new state Concat-ed back):
-# ResNet-18 at batch 32, 64 px, 1.041x the step time (the Splits and Concats are full passes);
-# with the state kept in pieces too (only the gradient Split and the step Concat-ed), ResNet-18's
-# three 512x512x3x3 weights' update alone, caches flushed before each run, 1.10x in 5 pieces,
-# 1.13x in 9. Each param of 2**16 (or 2**14) elements or more in a group of its own, so that no
-# Concat copies its gradient and no Split its step: ResNet-50 at batch 32, 64 px, 43 (53) groups
-# in place of 44, Trainer steps interleaved, built second / first, 0.998x / 1.005x (0.991x /
-# 1.005x); most of its large params were alone already.
+# cache, the step and new state Concat-ed back): ResNet-18 at batch 32, 64 px, 1.041x the step
+# time (the Splits and Concats are full passes); with the state kept in pieces too (only the
+# gradient Split and the step Concat-ed), ResNet-18's three 512x512x3x3 weights' update alone,
+# caches flushed before each run, 1.10x in 5 pieces, 1.13x in 9. Each param of 2**16 (or 2**14)
+# elements or more in a group of its own, so that no Concat copies its gradient and no Split its
+# step: ResNet-50 at batch 32, 64 px, 43 (53) groups in place of 44, Trainer steps interleaved,
+# built second / first, 0.998x / 1.005x (0.991x / 1.005x); most of its large params were alone
+# already.
 CHUNK_ELEMENTS = 1 << 19
 # A group's params of fewer elements than this are stepped as one (``apply``): their pieces of the
 # step and the params themselves concatenated, ``param * shrink - delta`` in two nodes, the result
