@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import graphc as gc
+from graphc.runtime import checkpoint as ckpt
 from graphc.runtime.checkpoint import CheckpointError
 from graphc.errors import MissingDependency
 from trainer_models import blobs, bn_artifacts
@@ -33,6 +34,33 @@ def test_step_level_resume_is_bit_exact(tmp_path, backend):
     assert got == expected  # exact float equality, not a tolerance
     for name, value in straight.state_dict().items():
         assert second.state_dict()[name].tobytes() == value.tobytes(), name
+
+
+def test_a_checkpoint_with_the_first_moment_as_an_average_resumes(tmp_path):
+    """Checkpoints of artifacts before format 4 hold Adam's first moment as PyTorch's
+    ``exp_avg``; the Trainer of today's graphs takes it as its sum, ``exp_avg / (1 - b1)``."""
+    spec = gc.optim.Adam(1e-2, betas=(0.8, 0.99))
+    arts, data = bn_artifacts(spec), batches()
+    straight = gc.Trainer(arts, backend="ort-cpu")
+    expected = [straight.step(b) for b in data]
+    first = gc.Trainer(arts, backend="ort-cpu")
+    got = [first.step(b) for b in data[:5]]
+    tensors, meta = ckpt.load(first.save_checkpoint(tmp_path / "now"))
+    sums = {n: v for n, v in tensors.items() if n.endswith(".exp_sum")}
+    assert sums
+    for name, value in sums.items():  # written as format 3 artifacts' Trainer wrote them
+        tensors[name.replace(".exp_sum", ".exp_avg")] = value * np.float32(1 - spec.betas[0])
+        del tensors[name]
+    roles = {n.replace(".exp_sum", ".exp_avg"): r for n, r in meta.roles.items()}
+    ckpt.save(tmp_path / "before", tensors, meta.model_copy(update={"roles": roles}))
+    second = gc.Trainer(arts, backend="ort-cpu")
+    second.load_checkpoint(tmp_path / "before")
+    for name, value in sums.items():  # rounded once, by the conversion
+        np.testing.assert_allclose(second.state_dict()[name], value, rtol=1e-6, err_msg=name)
+    got += [second.step(b) for b in data[5:]]
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    second.save_checkpoint(tmp_path / "before")  # its own checkpoint, as today's graphs name it
+    assert set(ckpt.load(tmp_path / "before")[0]) == set(ckpt.load(tmp_path / "now")[0])
 
 
 def test_fit_resume_mid_epoch_replays_the_same_batches(tmp_path):
@@ -68,7 +96,7 @@ def test_checkpoint_from_other_graphs_or_corrupted_is_refused(tmp_path):
     path = trainer.save_checkpoint(tmp_path / "adam.safetensors")
     other = gc.Trainer(bn_artifacts(gc.optim.SGD(0.1)), backend="ort-cpu")
     other.save_checkpoint(tmp_path / "sgd.safetensors")
-    with pytest.raises(CheckpointError, match="has no state 'fc1.weight.exp_avg'"):
+    with pytest.raises(CheckpointError, match="has no state 'fc1.weight.exp_sum'"):
         gc.Trainer(bn_artifacts(gc.optim.Adam(1e-2)), backend="ort-cpu").load_checkpoint(tmp_path / "sgd.safetensors")
     data = bytearray(path.read_bytes())
     data[-7] ^= 0x55

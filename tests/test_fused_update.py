@@ -73,12 +73,12 @@ def test_layout_groups_by_dtype_and_decay():
     inputs = {e.name: e for e in arts.manifest.graphs["train_step"].inputs}
     # params keep their names (the graphs read them as they are); their state is flat
     assert inputs["fc0.weight"].role == "param" and arts.manifest.feeds["fc0.weight.next"] == "fc0.weight"
-    assert inputs["params.float32.exp_avg"].shape == [32] and inputs["params.float64.exp_avg"].dtype == "float64"
-    assert inputs["params.float32.exp_avg_sq"].role == "state" and "fc0.weight.exp_avg" not in inputs
-    assert arts.manifest.feeds["params.float32.exp_avg.next"] == "params.float32.exp_avg"
+    assert inputs["params.float32.exp_sum"].shape == [32] and inputs["params.float64.exp_sum"].dtype == "float64"
+    assert inputs["params.float32.exp_avg_sq"].role == "state" and "fc0.weight.exp_sum" not in inputs
+    assert arts.manifest.feeds["params.float32.exp_sum.next"] == "params.float32.exp_sum"
     assert {e.name for e in arts.manifest.graphs["eval"].inputs} >= {"fc0.weight", "head.bias"}
     packed = arts.manifest.pack(arts.state)
-    assert packed.keys() >= {"fc0.weight", "params.float32.exp_avg", "step"} and "fc0.weight.exp_avg" not in packed
+    assert packed.keys() >= {"fc0.weight", "params.float32.exp_sum", "step"} and "fc0.weight.exp_sum" not in packed
     unpacked = arts.manifest.unpack(packed)
     assert unpacked.keys() == arts.state.keys()
     for name, value in arts.state.items():
@@ -93,7 +93,7 @@ def test_pack_can_consume_the_pieces_it_packs():
     given = dict(arts.state)
     packed = arts.manifest.pack(given, consume=True)
     assert packed is given  # the pieces are dropped from it as they are packed, not copied first
-    assert packed.keys() == expected.keys() and "fc0.weight.exp_avg" not in given
+    assert packed.keys() == expected.keys() and "fc0.weight.exp_sum" not in given
     for name, value in expected.items():
         assert np.array_equal(packed[name], value), name
     assert len(arts.state) > len(packed)  # the artifacts' own dict is untouched
@@ -237,10 +237,10 @@ def test_ort_trainer_allocates_no_new_param_buffers_per_step(backend):
             seen.setdefault(name, set()).add(handle.data_ptr())
             assert handle.device_name().lower() == trainer._train.device, name
     carried = set(trainer.manifest.feeds.values())
-    assert carried == {*trainer.manifest.trainable, "params.float32.exp_avg", "params.float32.exp_avg_sq",
-                       "params.float64.exp_avg", "params.float64.exp_avg_sq", "step"}
+    assert carried == {*trainer.manifest.trainable, "params.float32.exp_sum", "params.float32.exp_avg_sq",
+                       "params.float64.exp_sum", "params.float64.exp_avg_sq", "step"}
     in_place = {trainer.manifest.feeds[out] for out in trainer._in_place}
-    assert {"params.float32.exp_avg", "params.float32.exp_avg_sq"} <= in_place
+    assert {"params.float32.exp_sum", "params.float32.exp_avg_sq"} <= in_place
     for name in carried:
         assert len(seen[name]) == (1 if name in in_place else 2), (name, len(seen[name]))
     assert len(seen["lr"]) == 1

@@ -28,7 +28,8 @@ IDS = [f"{s.kind}-{i}" for i, s in enumerate(SPECS)]
 
 
 def numpy_step(spec, p, g, state, t):
-    """torch.optim's single-tensor update in float64; ``t`` is the step number after it."""
+    """torch.optim's single-tensor update in float64, its state keyed as torch keys it
+    (``exp_avg``, ...); ``t`` is the step number after it."""
     state = dict(state)
     if spec.kind == "sgd":
         if spec.weight_decay:
@@ -49,9 +50,18 @@ def numpy_step(spec, p, g, state, t):
     return p - spec.lr / (1 - b1**t) * m / denom, {"exp_avg": m, "exp_avg_sq": v}
 
 
-def update_model(spec, dtype=ir.DataType.FLOAT) -> gc.Model:
-    """Inputs p, g, state slots, step (int64), lr (float32); outputs p.next, <slot>.next, step.next."""
-    hyper = spec.model_dump()
+def torch_state(spec, state: dict) -> dict:
+    """The graph's optimizer state as torch.optim keys it: Adam's first moment, a sum, times 1 - b1."""
+    out = dict(state)
+    if "exp_sum" in out:
+        out["exp_avg"] = out.pop("exp_sum") * (1 - spec.betas[0])
+    return out
+
+
+def update_model(spec, dtype=ir.DataType.FLOAT, averages=False) -> gc.Model:
+    """Inputs p, g, state slots, step (int64), lr (float32); outputs p.next, <slot>.next, step.next.
+    ``averages``: Adam's first moment as format 3 artifacts keep it (PyTorch's average)."""
+    hyper = {**spec.model_dump(), **({"moments": "average"} if averages else {})}
     slots = optimizers.state_slots(hyper)
 
     def value(name, dt=dtype, shape=SHAPE):
@@ -74,16 +84,17 @@ def update_model(spec, dtype=ir.DataType.FLOAT) -> gc.Model:
     return gc.load(proto)
 
 
-def run_steps(spec, backend, grads, p0, dtype=np.float32):
-    session = gc.Session(update_model(spec, ir.DataType.from_numpy(np.dtype(dtype))), backend=backend)
-    slots = optimizers.state_slots(spec.model_dump())
+def run_steps(spec, backend, grads, p0, dtype=np.float32, averages=False):
+    """The params after each step and, with them, the state as torch keys it."""
+    session = gc.Session(update_model(spec, ir.DataType.from_numpy(np.dtype(dtype)), averages), backend=backend)
+    slots = optimizers.state_slots({**spec.model_dump(), **({"moments": "average"} if averages else {})})
     p, state, step = p0.astype(dtype), {s: np.zeros(SHAPE, dtype) for s in slots}, np.array(0, np.int64)
     history = []
     for g in grads:
         out = session.run({"p": p, "g": g.astype(dtype), **state, "step": step, "lr": np.array(spec.lr, np.float32)})
         p, step = out["p.next"], out["step.next"]
         state = {s: out[f"{s}.next"] for s in slots}
-        history.append(p)
+        history.append((p, torch_state(spec, state)))
     return history
 
 
@@ -92,15 +103,22 @@ def _data(seed=0):
     return rng.normal(size=SHAPE), [rng.normal(size=SHAPE) for _ in range(STEPS)]
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+# every spec, and the Adam ones again with their first moment as format 3 artifacts keep it
+FORMS = [(spec, False) for spec in SPECS] + [(spec, True) for spec in SPECS if spec.kind != "sgd"]
+
+
+@pytest.mark.parametrize(("spec", "averages"), FORMS,
+                         ids=IDS + [f"{i}-averages" for i, s in zip(IDS, SPECS) if s.kind != "sgd"])
 @pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
-def test_update_matches_torch_formulas(spec, backend):
+def test_update_matches_torch_formulas(spec, averages, backend):
     p0, grads = _data()
-    got = run_steps(spec, backend, grads, p0)
-    p, state = p0, {s: np.zeros(SHAPE) for s in optimizers.state_slots(spec.model_dump())}
-    for t, (g, p_graph) in enumerate(zip(grads, got), start=1):
+    got = run_steps(spec, backend, grads, p0, averages=averages)
+    p, state = p0, {s: np.zeros(SHAPE) for s in ("momentum_buffer", "exp_avg", "exp_avg_sq")}
+    for t, (g, (p_graph, state_graph)) in enumerate(zip(grads, got), start=1):
         p, state = numpy_step(spec, p, g, state, t)
         np.testing.assert_allclose(p_graph, p, rtol=1e-5, atol=1e-6, err_msg=f"step {t}")
+        for slot, value in state_graph.items():
+            np.testing.assert_allclose(value, state[slot], rtol=1e-5, atol=1e-7, err_msg=f"step {t} {slot}")
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
@@ -112,11 +130,14 @@ def test_update_matches_torch_optim(spec):
     cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[spec.kind]
     kwargs = {k: v for k, v in spec.model_dump().items() if k not in ("kind", "no_decay")}
     opt = cls([param], foreach=False, **kwargs)
-    for t, (g, p_graph) in enumerate(zip(grads, got), start=1):
+    for t, (g, (p_graph, state_graph)) in enumerate(zip(grads, got), start=1):
         param.grad = torch.from_numpy(g.copy())
         opt.step()
         # lr travels as a float32 input, so float64 updates agree to float32 precision of lr.
         np.testing.assert_allclose(p_graph, param.detach().numpy(), rtol=1e-6, atol=1e-7, err_msg=f"step {t}")
+        for slot, value in state_graph.items():
+            np.testing.assert_allclose(value, opt.state[param][slot].numpy(), rtol=1e-6, atol=1e-7,
+                                       err_msg=f"step {t} {slot}")
 
 
 def test_float64_params_stay_float64():

@@ -14,6 +14,8 @@ from graphc.backends import get_backend
 from graphc.models import EXAMPLES
 from graphc.passes.training.recompute import CHEAP
 
+LR = 1e-2
+
 
 @pytest.fixture(scope="module")
 def resnet():
@@ -22,7 +24,7 @@ def resnet():
 
 
 def artifacts(model, recompute):
-    return gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.AdamW(1e-2),
+    return gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.AdamW(LR),
                                 recompute=recompute)
 
 
@@ -42,8 +44,11 @@ def test_recomputation_changes_no_number(resnet, backend):
     for name, value in runs[0][1].items():
         # onnxruntime rounds a BatchNorm's Conv-form normalisation (``rules_norm.normalize``)
         # with a Relu fused into it unlike the same Conv alone, which it is where the backward
-        # reads a recomputed copy of the Relu: AdamW carries that rounding into values near 0
-        np.testing.assert_allclose(runs[1][1][name], value, rtol=rtol, atol=rtol * np.abs(value).max(), err_msg=name)
+        # reads a recomputed copy of the Relu: AdamW, whose step divides by the gradient's own
+        # size, carries that rounding of gradients near 0 into their params, up to 1.4e-4 of a
+        # step (lr) in three steps over six draws of batches; a wrong value read moves whole steps
+        atol = 0 if backend == "numpy" else max(1e-3 * LR, rtol * np.abs(value).max())
+        np.testing.assert_allclose(runs[1][1][name], value, rtol=rtol, atol=atol, err_msg=name)
 
 
 def test_the_backward_reads_copies_and_the_manifest_says_so(resnet):

@@ -114,11 +114,11 @@ def test_train_step_interface_and_manifest():
     assert m.trainable == params and m.frozen == []
     step_in = {e.name: e.role for e in m.graphs["train_step"].inputs}
     assert step_in == {"x": "data", "y": "label", **{p: "param" for p in params},
-                       **{f"{p}.{s}": "state" for p in params for s in ("exp_avg", "exp_avg_sq")},
+                       **{f"{p}.{s}": "state" for p in params for s in ("exp_sum", "exp_avg_sq")},
                        "step": "state", "lr": "hyper"}
     step_out = {e.name: e.role for e in m.graphs["train_step"].outputs}
     assert step_out["loss"] == "loss" and step_out["fc1.weight.next"] == "param"
-    assert step_out["fc1.weight.exp_avg.next"] == "state" and step_out["step.next"] == "state"
+    assert step_out["fc1.weight.exp_sum.next"] == "state" and step_out["step.next"] == "state"
     assert m.feeds == {f"{n}.next": n for n, r in step_in.items() if r in ("param", "state")}
     assert set(m.state) == {n for n, r in step_in.items() if r in ("param", "state", "hyper")}
     assert arts.state["step"].shape == () and arts.state["step"].dtype == np.int64
@@ -256,7 +256,7 @@ def test_save_load_round_trip(tmp_path):
     files = sorted(p.name for p in (tmp_path / "arts").iterdir())
     assert files == ["eval.onnx", "gradients.onnx", "inference.onnx", "manifest.json", "state.safetensors",
                      "train_step.onnx"]
-    assert json.loads((tmp_path / "arts" / "manifest.json").read_text())["format"] == "graphc.training/3"
+    assert json.loads((tmp_path / "arts" / "manifest.json").read_text())["format"] == "graphc.training/4"
     loaded = gc.training.load(tmp_path / "arts")
     assert loaded.manifest == arts.manifest
     assert set(loaded.state) == set(arts.state)

@@ -32,7 +32,7 @@ def test_gradients_then_update_is_train_step(opt, fused):
     state = arts.manifest.pack(arts.state)
     state["step"] = np.array(4, np.int64)  # Adam's bias correction depends on it
     for name in list(state):
-        if ".exp_avg_sq" in name or ".momentum_buffer" in name or ".exp_avg" in name:
+        if name.endswith((".exp_sum", ".exp_avg_sq", ".momentum_buffer")):
             state[name] = np.abs(np.random.default_rng(1).standard_normal(state[name].shape)).astype(np.float32)
     want = gc.Session(arts.train_step, backend="numpy").run({**batch, **_inputs(arts, "train_step", state)})
     grads = gc.Session(arts.gradients, backend="numpy").run({**batch, **_inputs(arts, "gradients", state)})
@@ -46,3 +46,37 @@ def test_gradients_then_update_is_train_step(opt, fused):
         np.testing.assert_array_equal(grads[stat], want[stat])
     roles = {e.name: e.role for e in arts.manifest.graphs["gradients"].outputs}
     assert roles["bn.running_mean.next"] == "state" and roles["fc1.weight_grad"] == "grad"
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "per-param"])
+def test_format_3_artifacts_get_their_first_moment_as_an_average(fused):
+    """Artifacts saved before format 4 hold Adam's first moment as PyTorch's ``exp_avg``: their
+    update (data-parallel training builds it from the manifest) reads and writes that average,
+    and steps as the sums' update does from the same state."""
+    model = gc.capture(BNNet(), seed=0, x=gc.spec("float32", ("N", 8)))
+    spec = OPTIMIZERS["adamw"]
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), spec, fused=fused)
+    grads = gc.Session(arts.gradients, backend="numpy").run(
+        {**blobs(24, seed=3), **_inputs(arts, "gradients", arts.manifest.pack(arts.state))})
+    rng = np.random.default_rng(1)
+    state = {n: rng.standard_normal(v.shape).astype(v.dtype) if n.endswith(".exp_sum") else
+             np.abs(rng.standard_normal(v.shape)).astype(v.dtype) if n.endswith(".exp_avg_sq") else v
+             for n, v in arts.manifest.pack(arts.state).items()}
+    state["step"] = np.array(4, np.int64)
+    factor = np.float32(1 - spec.betas[0])
+    legacy = {}  # the same state as format 3 held it
+    for name, value in state.items():
+        stem = name.removesuffix(".exp_sum")
+        legacy[f"{stem}.exp_avg" if stem != name else name] = value * factor if stem != name else value
+    runs, older = [], arts.manifest.model_copy(update={"format": "graphc.training/3"})
+    for manifest, values in ((arts.manifest, state), (older, legacy)):
+        update = update_model(manifest)
+        names = {s.name for s in update.inputs}
+        assert any(n.endswith(".exp_avg") for n in names) == (values is legacy)
+        feeds = {n: v for n, v in {**values, **grads}.items() if n in names}
+        runs.append(gc.Session(update, backend="numpy").run(feeds))
+    now, before = runs
+    for name, value in now.items():
+        old = name.replace(".exp_sum.", ".exp_avg.")
+        want = value * factor if old != name else value
+        np.testing.assert_allclose(before[old], want, rtol=1e-5, atol=1e-7, err_msg=name)

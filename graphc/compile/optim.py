@@ -26,8 +26,9 @@ class _Spec(BaseModel):
 
     @property
     def state_slots(self) -> tuple[str, ...]:
-        """Per-parameter state names: ``<param>.<slot>`` (PyTorch's ``optimizer.state`` keys), as
-        the update graphs define them."""
+        """Per-parameter state names: ``<param>.<slot>`` (named after PyTorch's ``optimizer.state``
+        keys; Adam's first moment is kept as a sum, ``exp_sum``, PyTorch's ``exp_avg`` over
+        ``1 - beta1``), as the update graphs define them."""
         from graphc.passes.training.optimizers import state_slots
 
         return state_slots(self.model_dump())

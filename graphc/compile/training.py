@@ -11,8 +11,10 @@ Graph interfaces (``manifest.json`` lists every input and output with its role, 
 guess from names):
 
 * ``train_step``: data inputs, the label input, the trainable params (initial values as
-  defaults), their optimizer state (``.momentum_buffer`` for SGD with momentum, ``.exp_avg`` and
-  ``.exp_avg_sq`` for Adam/AdamW), the step counter ``step`` (int64 scalar), BatchNorm running
+  defaults), their optimizer state (``.momentum_buffer`` for SGD with momentum, ``.exp_sum`` and
+  ``.exp_sum_sq`` for Adam/AdamW: its moments as exponentially weighted sums, PyTorch's
+  ``exp_avg`` over ``1 - beta1`` and ``exp_avg_sq`` over ``1 - beta2``; format 3 and before
+  kept those averages), the step counter ``step`` (int64 scalar), BatchNorm running
   statistics (role state) and ``lr`` (float scalar, role hyper, default the spec's lr). Outputs
   ``loss``, ``X.next`` for every param/state input ``X`` (``manifest.feeds`` maps
   ``X.next -> X``) and, where the loss has a label, the model output the loss reads, as the
@@ -20,7 +22,7 @@ guess from names):
   metrics from it, format 3 on). Frozen params stay initializers. With the fused update (the
   default) the params are updated a group at a time (by dtype and weight-decay setting, up to
   2**19 elements each, ``params.<dtype>[.no_decay][.<n>]``: ``manifest.layout`` lists each
-  group's params in order) and the optimizer state is one flat buffer per group and slot, ``<group>.<slot>`` (say ``params.float32.exp_avg``), of
+  group's params in order) and the optimizer state is one flat buffer per group and slot, ``<group>.<slot>`` (say ``params.float32.exp_sum``), of
   the group's params end to end. ``fused=False`` keeps one update, and state, per param.
 * ``gradients``: the train_step inputs without optimizer state, step and lr; outputs ``loss``,
   ``<param>_grad`` and, for each BatchNorm running statistic ``X``, ``X.next`` (role state, its
@@ -42,7 +44,7 @@ guess from names):
 
 Every graph is ``ai.onnx`` only and keeps symbolic dims symbolic (any batch size).
 ``state.safetensors`` and checkpoints always name tensors per param (``fc1.weight``,
-``fc1.weight.exp_avg``), whatever the layout, so either layout resumes the other's checkpoints.
+``fc1.weight.exp_sum``), whatever the layout, so either layout resumes the other's checkpoints.
 """
 
 from __future__ import annotations
@@ -64,7 +66,10 @@ from graphc.fileio import atomic_write, remove_stale_temps
 from graphc.model import Model, value_spec
 from graphc.model.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
 
-FORMAT = "graphc.training/3"  # /2: no train_step prediction output; /1: nor metrics, noise_shapes (all read)
+# /3: Adam's moments as PyTorch's averages (``exp_avg``, ``exp_avg_sq``); /2: nor a train_step
+# prediction output; /1: nor metrics, noise_shapes (all read)
+FORMAT = "graphc.training/4"
+AVERAGED_MOMENTS = frozenset({"graphc.training/1", "graphc.training/2", "graphc.training/3"})
 GRAPH_FILES = {
     "train_step": "train_step.onnx",
     "gradients": "gradients.onnx",
@@ -133,7 +138,7 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    format: Literal["graphc.training/1", "graphc.training/2", "graphc.training/3"] = FORMAT
+    format: Literal["graphc.training/1", "graphc.training/2", "graphc.training/3", "graphc.training/4"] = FORMAT
     opset: int
     graphs: dict[str, GraphEntry]  # keys: train_step, gradients, eval, inference[, noise_shapes]
     feeds: dict[str, str]  # train_step output -> the train_step input it feeds next step
@@ -484,6 +489,8 @@ def update_model(manifest: Manifest) -> Model:
                          b.weight_decay)
               for b in manifest.layout]
     opt = manifest.optimizer
+    if manifest.format in AVERAGED_MOMENTS:  # Adam's state as those artifacts keep it
+        opt = {**opt, "moments": "average"}
     return Model(artifacts.update_graph(manifest.opset, opt, params, groups,
                                         () if groups else opt.get("no_decay") or ()))
 

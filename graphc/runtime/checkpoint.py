@@ -244,6 +244,7 @@ def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
     the training graphs beside it) belongs to other training graphs than those carrying
     ``expected`` (``Manifest.carried()``), naming the first tensor that differs."""
     from graphc.compile.training import MANIFEST_FILE, read_manifest
+    from graphc.passes.training.optimizers import sum_name
 
     target = check_writable(path)
     found = []
@@ -255,7 +256,9 @@ def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
         carried = read_manifest(beside).carried()
         found.append((beside / MANIFEST_FILE, {n: (e.dtype, e.shape or []) for n, e in carried.items()},
                       {n: e.role for n, e in carried.items()}))
-    for where, tensors, roles in found:
+    for where, tensors, roles in found:  # (Adam's first moment as earlier graphc named it: resumed as its sum)
+        tensors = {sum_name(n, expected): v for n, v in tensors.items()}
+        roles = {sum_name(n, expected): r for n, r in roles.items()}
         extra = next((f"has {role} {name!r}, which these training graphs lack" for name, role in roles.items()
                       if name not in expected), None)
         problem = mismatch(expected, tensors) or extra

@@ -58,6 +58,7 @@ import onnx
 
 from graphc.errors import ArtifactsError, GraphcError, InputError
 from graphc.model.dtypes import TensorSpec, to_numpy
+from graphc.passes.training import optimizers
 from graphc.passes.training.in_place import in_place_outputs
 from graphc.runtime import checkpoint as ckpt
 from graphc.runtime import metrics as metrics_lib
@@ -625,6 +626,7 @@ class Trainer:
     def load_checkpoint(self, path: Union[str, os.PathLike]) -> None:
         """Restore what ``save_checkpoint`` wrote; the next steps replay the original run."""
         tensors, meta = ckpt.load(path)
+        tensors = optimizers.moments_as_sums(tensors, self.manifest.optimizer, self._expected)
         problem = ckpt.mismatch(self._expected, {n: (dtype_name(a.dtype), list(a.shape)) for n, a in tensors.items()})
         if problem is not None:
             raise ckpt.CheckpointError(f"{path}: the checkpoint {problem}; it was saved from different training graphs")
