@@ -8,7 +8,7 @@ import onnx_ir as ir
 
 from graphc.errors import PassError
 from graphc.model import Model, load
-from graphc.model.file import all_graphs
+from graphc.model.file import all_graphs, tensor_types
 from graphc.passes.functions import expand_functions
 from graphc.passes.values import fresh_name
 
@@ -113,14 +113,11 @@ def _restore(proto: onnx.ModelProto, held: list[str], target: int) -> None:
     """Put held-back nodes back into ai.onnx in their form at ``target``."""
     if not held:
         return
-    inferred = onnx.shape_inference.infer_shapes(proto)
-    shapes: dict = {"__initializers__": []}
-    for graph in all_graphs(inferred.graph):
-        for info in [*graph.value_info, *graph.input, *graph.output]:
-            dims = info.type.tensor_type.shape.dim
-            shapes[info.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
-        for t in graph.initializer:
-            shapes[t.name] = list(t.dims)
+    types = tensor_types(proto, subgraphs=True)
+    if types is None:
+        raise ValueError("onnx's shape inference fails on the converted model")
+    shapes: dict = {name: dims for name, (_, dims) in types.items()}
+    shapes["__initializers__"] = []
     for node in _nodes(proto.graph):
         if node.domain == _HELD:
             op = held[int(node.op_type.rsplit("_", 1)[1])]

@@ -230,20 +230,22 @@ def with_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> onnx.Mode
     return out
 
 
-def tensor_types(model: onnx.ModelProto) -> dict[str, tuple[int, list[int | None]]] | None:
+def tensor_types(model: onnx.ModelProto, subgraphs: bool = False) -> dict[str, tuple[int, list[int | None]]] | None:
     """Value name -> (element type, dims, None where symbolic) for every shaped tensor of the main
-    graph, from onnx's shape inference; None where it fails (over 2 GiB, or inconsistent)."""
+    graph (with ``subgraphs``, of every graph in it), from onnx's shape inference; None where it
+    fails (over 2 GiB, or inconsistent)."""
     try:
-        graph = onnx.shape_inference.infer_shapes(model).graph
+        inferred = onnx.shape_inference.infer_shapes(model).graph
     except (onnx.shape_inference.InferenceError, ValueError):
         return None
     out = {}
-    for value in [*graph.input, *graph.output, *graph.value_info]:
-        t = value.type.tensor_type
-        if t.HasField("shape"):
-            out[value.name] = (t.elem_type, [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim])
-    for t in graph.initializer:
-        out[t.name] = (t.data_type, list(t.dims))
+    for graph in all_graphs(inferred) if subgraphs else (inferred,):
+        for value in [*graph.input, *graph.output, *graph.value_info]:
+            t = value.type.tensor_type
+            if t.HasField("shape"):
+                out[value.name] = (t.elem_type, [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim])
+        for t in graph.initializer:
+            out[t.name] = (t.data_type, list(t.dims))
     return out
 
 

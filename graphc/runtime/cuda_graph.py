@@ -39,6 +39,7 @@ import onnx
 import onnx_ir as ir
 
 from graphc.errors import BackendError
+from graphc.model.file import tensor_types
 
 # ops whose kernels draw random numbers: a replayed graph would draw the same ones each step
 RANDOM_OPS = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli",
@@ -88,16 +89,10 @@ MAX_FAN = 32  # inputs of a Concat (outputs of a Split) onnxruntime's CUDA provi
 
 
 def _fold_shapes(model: onnx.ModelProto) -> None:
-    """Replace each ``Size`` and ``Shape`` node whose input has a static inferred shape by a Constant."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - a graph onnx cannot infer (or over 2 GiB): left as it is
-        return
-    static = {}
-    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
-        tensor = value.type.tensor_type
-        if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
-            static[value.name] = [d.dim_value for d in tensor.shape.dim]
+    """Replace each ``Size`` and ``Shape`` node whose input has a static inferred shape by a
+    Constant (none where onnx cannot infer the graph's shapes)."""
+    types = tensor_types(model) or {}
+    static = {name: dims for name, (_, dims) in types.items() if None not in dims}
     for node in model.graph.node:
         if node.op_type not in ("Size", "Shape") or node.domain not in ("", "ai.onnx") or node.input[0] not in static:
             continue

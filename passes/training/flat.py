@@ -125,9 +125,10 @@ def plan(graph: ir.Graph, params: Sequence[str], decays: Mapping[str, bool]) -> 
     return groups
 
 
-def concat(b: Emitter, group: Group, values: Mapping[str, ir.Value]) -> ir.Value:
-    """The group's ``values`` (its params, or their gradients) end to end, in layout order."""
-    parts = [values[p] if len(shape) == 1 else b.op("Reshape", values[p], b.ints([-1]))  # 1-D as it is
+def concat(b: Emitter, group: Group, values: Mapping[str, ir.Value], flat_already: Collection[str] = ()) -> ir.Value:
+    """The group's ``values`` (its params, or their gradients, or their steps' pieces: those named
+    in ``flat_already`` 1-D) end to end, in layout order."""
+    parts = [values[p] if len(shape) == 1 or p in flat_already else b.op("Reshape", values[p], b.ints([-1]))
              for p, shape in zip(group.params, group.shapes)]
     flat = b.op("Concat", *parts, axis=0) if len(parts) > 1 else parts[0]
     flat.dtype, flat.shape = group.dtype, ir.Shape([sum(group.sizes)])
@@ -160,7 +161,6 @@ def apply(b: Emitter, group: Group, params: Mapping[str, ir.Value], delta: ir.Va
     out = {p: optimizers.apply(b, params[p], pieces[p], shrink) for p in group.params if p not in small}
     if small:
         tail = Group(group.name, group.dtype, list(small), list(small.values()), group.weight_decay)
-        step = b.op("Concat", *(pieces[p] for p in small), axis=0)
-        step.dtype, step.shape = group.dtype, ir.Shape([sum(tail.sizes)])
+        step = concat(b, tail, pieces, flat_already=small)
         out.update(split(b, tail, optimizers.apply(b, concat(b, tail, params), step, shrink)))
     return out
