@@ -3,16 +3,19 @@
 checkpoint after three steps on the numpy backend), whose Adam first moment is PyTorch's average
 ``exp_avg`` where today's graphs keep the sum ``exp_sum``: they still train, their update rebuilt
 from the manifest (data-parallel training's) is their own train_step's, and the checkpoint
-resumes on today's graphs of the same model."""
+resumes on today's graphs of the same model, which do not write theirs beside the old graphs."""
 
+import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import graphc as gc
 import training_models
 from graphc.compile.training import update_model
 from graphc.runtime import checkpoint as ckpt
+from graphc.runtime.checkpoint import CheckpointError
 
 FIXTURE = Path(__file__).parent / "data" / "format3_adamw"
 SPEC = gc.optim.AdamW(0.01, betas=(0.8, 0.99), weight_decay=0.1)
@@ -53,3 +56,18 @@ def test_its_update_rebuilt_from_the_manifest_is_its_train_step():
     assert got.keys() == {n for n in want if n not in ("loss", "logits")}
     for name, value in got.items():
         np.testing.assert_allclose(value, want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_todays_checkpoint_is_not_written_beside_format_3_graphs(tmp_path):
+    """The folder would hold a checkpoint its own graphs cannot read: refused, nothing changed,
+    the folder still resumes on its own graphs."""
+    folder = tmp_path / "run"
+    shutil.copytree(FIXTURE, folder)
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    today = gc.Trainer(gc.training.generate(training_models.mlp(), gc.losses.cross_entropy("logits", label="y"),
+                                            SPEC), backend="numpy")
+    today.load_checkpoint(folder)
+    with pytest.raises(CheckpointError, match=r"format 3 .*first moment as an average.*resume with those graphs"):
+        today.save_checkpoint(folder)
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    assert gc.Trainer(folder, backend="numpy").step_count == 3

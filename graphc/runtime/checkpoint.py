@@ -242,7 +242,10 @@ def mismatch(expected: Mapping[str, Any], have: Mapping[str, tuple[str, list]]) 
 def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
     """``check_writable(path)``, and ``CheckpointError`` when what is there (the checkpoint, or
     the training graphs beside it) belongs to other training graphs than those carrying
-    ``expected`` (``Manifest.carried()``), naming the first tensor that differs."""
+    ``expected`` (``Manifest.carried()``), naming the first tensor that differs. A checkpoint
+    that holds Adam's first moment as earlier graphc named it (``sum_name``) fits, as
+    ``Trainer.load_checkpoint`` resumes it; the graphs of format 3 beside one do not: the folder
+    would hold a checkpoint they cannot read."""
     from graphc.compile.training import MANIFEST_FILE, read_manifest
     from graphc.passes.training.optimizers import sum_name
 
@@ -250,18 +253,21 @@ def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
     found = []
     if target.is_file():
         meta, header, _ = _read_header(target)
-        found.append((target, _tensor_table(header), meta.roles))
+        found.append((target, {sum_name(n, expected): v for n, v in _tensor_table(header).items()},
+                      {sum_name(n, expected): r for n, r in meta.roles.items()}))
     beside = artifacts_dir(target) if target.name == FILE_NAME else None
     if beside is not None:
         carried = read_manifest(beside).carried()
         found.append((beside / MANIFEST_FILE, {n: (e.dtype, e.shape or []) for n, e in carried.items()},
                       {n: e.role for n, e in carried.items()}))
-    for where, tensors, roles in found:  # (Adam's first moment as earlier graphc named it: resumed as its sum)
-        tensors = {sum_name(n, expected): v for n, v in tensors.items()}
-        roles = {sum_name(n, expected): r for n, r in roles.items()}
+    for where, tensors, roles in found:
         extra = next((f"has {role} {name!r}, which these training graphs lack" for name, role in roles.items()
                       if name not in expected), None)
         problem = mismatch(expected, tensors) or extra
+        if problem is not None and any(sum_name(n, expected) != n for n in tensors):
+            raise CheckpointError(f"{path} holds training graphs of format 3 ({where.parent}), which keep Adam's first "
+                                  "moment as an average: refusing to write these graphs' checkpoint beside them; "
+                                  f"resume with those graphs (artifacts {where.parent}) or choose another checkpoint path")
         if problem is not None:
             raise CheckpointError(f"{path} belongs to other training graphs (another model?): {where} {problem}; "
                                   "refusing to overwrite it, choose another checkpoint path")
