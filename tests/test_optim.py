@@ -61,7 +61,7 @@ def torch_state(spec, state: dict) -> dict:
 def update_model(spec, dtype=ir.DataType.FLOAT, averages=False) -> gc.Model:
     """Inputs p, g, state slots, step (int64), lr (float32); outputs p.next, <slot>.next, step.next.
     ``averages``: Adam's first moment as format 3 artifacts keep it (PyTorch's average)."""
-    hyper = {**spec.model_dump(), **({"moments": "average"} if averages else {})}
+    hyper = {**spec.model_dump(), **({"first_moment": "average"} if averages else {})}
     slots = optimizers.state_slots(hyper)
 
     def value(name, dt=dtype, shape=SHAPE):
@@ -87,7 +87,7 @@ def update_model(spec, dtype=ir.DataType.FLOAT, averages=False) -> gc.Model:
 def run_steps(spec, backend, grads, p0, dtype=np.float32, averages=False):
     """The params after each step and, with them, the state as torch keys it."""
     session = gc.Session(update_model(spec, ir.DataType.from_numpy(np.dtype(dtype)), averages), backend=backend)
-    slots = optimizers.state_slots({**spec.model_dump(), **({"moments": "average"} if averages else {})})
+    slots = optimizers.state_slots({**spec.model_dump(), **({"first_moment": "average"} if averages else {})})
     p, state, step = p0.astype(dtype), {s: np.zeros(SHAPE, dtype) for s in slots}, np.array(0, np.int64)
     history = []
     for g in grads:

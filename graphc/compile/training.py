@@ -12,9 +12,9 @@ guess from names):
 
 * ``train_step``: data inputs, the label input, the trainable params (initial values as
   defaults), their optimizer state (``.momentum_buffer`` for SGD with momentum, ``.exp_sum`` and
-  ``.exp_sum_sq`` for Adam/AdamW: its moments as exponentially weighted sums, PyTorch's
-  ``exp_avg`` over ``1 - beta1`` and ``exp_avg_sq`` over ``1 - beta2``; format 3 and before
-  kept those averages), the step counter ``step`` (int64 scalar), BatchNorm running
+  ``.exp_avg_sq`` for Adam/AdamW: the first moment as an exponentially weighted sum, PyTorch's
+  ``exp_avg`` over ``1 - beta1``, which format 3 and before kept; the second as PyTorch keeps
+  it), the step counter ``step`` (int64 scalar), BatchNorm running
   statistics (role state) and ``lr`` (float scalar, role hyper, default the spec's lr). Outputs
   ``loss``, ``X.next`` for every param/state input ``X`` (``manifest.feeds`` maps
   ``X.next -> X``) and, where the loss has a label, the model output the loss reads, as the
@@ -66,10 +66,10 @@ from graphc.fileio import atomic_write, remove_stale_temps
 from graphc.model import Model, value_spec
 from graphc.model.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
 
-# /3: Adam's moments as PyTorch's averages (``exp_avg``, ``exp_avg_sq``); /2: nor a train_step
-# prediction output; /1: nor metrics, noise_shapes (all read)
+# /3: Adam's first moment as PyTorch's average (``exp_avg``); /2: nor a train_step prediction
+# output; /1: nor metrics, noise_shapes (all read)
 FORMAT = "graphc.training/4"
-AVERAGED_MOMENTS = frozenset({"graphc.training/1", "graphc.training/2", "graphc.training/3"})
+AVERAGED_FIRST_MOMENT = frozenset({"graphc.training/1", "graphc.training/2", "graphc.training/3"})
 GRAPH_FILES = {
     "train_step": "train_step.onnx",
     "gradients": "gradients.onnx",
@@ -489,8 +489,8 @@ def update_model(manifest: Manifest) -> Model:
                          b.weight_decay)
               for b in manifest.layout]
     opt = manifest.optimizer
-    if manifest.format in AVERAGED_MOMENTS:  # Adam's state as those artifacts keep it
-        opt = {**opt, "moments": "average"}
+    if manifest.format in AVERAGED_FIRST_MOMENT:  # Adam's state as those artifacts keep it
+        opt = {**opt, "first_moment": "average"}
     return Model(artifacts.update_graph(manifest.opset, opt, params, groups,
                                         () if groups else opt.get("no_decay") or ()))
 

@@ -626,7 +626,7 @@ class Trainer:
     def load_checkpoint(self, path: Union[str, os.PathLike]) -> None:
         """Restore what ``save_checkpoint`` wrote; the next steps replay the original run."""
         tensors, meta = ckpt.load(path)
-        tensors = optimizers.moments_as_sums(tensors, self.manifest.optimizer, self._expected)
+        tensors = optimizers.first_moments_as_sums(tensors, self.manifest.optimizer, self._expected)
         problem = ckpt.mismatch(self._expected, {n: (dtype_name(a.dtype), list(a.shape)) for n, a in tensors.items()})
         if problem is not None:
             raise ckpt.CheckpointError(f"{path}: the checkpoint {problem}; it was saved from different training graphs")

@@ -12,7 +12,7 @@ Each function matches ``torch.optim`` (single-tensor, non-capturable path) step 
   ``exp_sum = b1*exp_sum + g`` takes two full-size passes where PyTorch's average takes three,
   its factor moving onto the scalar step size (see ``adam``); the second moment is PyTorch's
   ``exp_avg_sq``. Training artifacts of format 3 and before hold the average, ``exp_avg``; their
-  update is still built (``"moments": "average"`` in the spec's JSON).
+  update is still built (``"first_moment": "average"`` in the spec's JSON).
 * AdamW: ``p = p*(1 - lr*wd)`` first (decoupled decay), then the Adam step without ``wd``.
 """
 
@@ -37,12 +37,12 @@ def state_slots(optimizer: dict) -> tuple[str, ...]:
     if optimizer["kind"] == "sgd" and not optimizer.get("momentum"):
         return ()
     slots = STATE_SLOTS[optimizer["kind"]]
-    return (AVERAGE, *slots[1:]) if _averages(optimizer) else slots
+    return (AVERAGE, *slots[1:]) if _first_as_average(optimizer) else slots
 
 
-def _averages(optimizer: dict) -> bool:
+def _first_as_average(optimizer: dict) -> bool:
     """Does the spec's JSON ask for Adam's first moment as PyTorch's average (format 3 artifacts)?"""
-    return optimizer.get("moments") == "average"
+    return optimizer.get("first_moment") == "average"
 
 
 def sum_name(name: str, wanted) -> str:
@@ -54,11 +54,11 @@ def sum_name(name: str, wanted) -> str:
     return first if stem != name and first in wanted and name not in wanted else name
 
 
-def moments_as_sums(tensors: dict[str, np.ndarray], optimizer: dict, wanted) -> dict[str, np.ndarray]:
+def first_moments_as_sums(tensors: dict[str, np.ndarray], optimizer: dict, wanted) -> dict[str, np.ndarray]:
     """``tensors`` (a checkpoint's, named per param) with each first moment that ``sum_name``
     renames turned into its sum, ``exp_avg / (1 - b1)``: checkpoints saved by earlier graphc
     resume, their first moments rounded once. Other tensors as they are."""
-    if optimizer["kind"] not in ("adam", "adamw") or _averages(optimizer):
+    if optimizer["kind"] not in ("adam", "adamw") or _first_as_average(optimizer):
         return tensors
     factor = 1.0 - optimizer.get("betas", (0.9, 0.999))[0]
     out = {}
@@ -120,7 +120,7 @@ def step(ctx: StepContext, hyper: dict, grad: ir.Value, state: dict[str, ir.Valu
         return sgd(ctx, param, grad, state, **_only(hyper, "momentum", "nesterov", "weight_decay"))
     if kind in ("adam", "adamw"):
         return adam(ctx, param, grad, state, decoupled=kind == "adamw",
-                    **_only(hyper, "betas", "eps", "weight_decay", "moments"))
+                    **_only(hyper, "betas", "eps", "weight_decay", "first_moment"))
     raise ValueError(f"unknown optimizer kind {kind!r}; expected sgd, adam or adamw")
 
 
@@ -164,7 +164,7 @@ def sgd(ctx: StepContext, param, grad, state, momentum=0.0, nesterov=False, weig
 
 
 def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-         decoupled=False, moments="sum") -> Step:
+         decoupled=False, first_moment="sum") -> Step:
     # torch's ``p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)`` with the bias correction
     # moved onto scalars: ``(m / (sqrt(v) + eps*sqrt(1-b2^t))) * (lr/(1-b1^t) * sqrt(1-b2^t))``,
     # one full-size pass fewer (the Div by sqrt(1-b2^t)); equal up to float rounding. (The moment
@@ -195,15 +195,15 @@ def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, wei
                             lambda: b.op("Sub", c(1.0), b.op("Mul", ctx.lr_as(like), c(weight_decay))))
     elif weight_decay:
         grad = b.op("Add", grad, b.op("Mul", param, c(weight_decay)))
-    first, second = state_slots({"kind": "adam", "moments": moments})
+    first, second = state_slots({"kind": "adam", "first_moment": first_moment})
     m, v = state[first], state[second]
-    if moments == "average":  # format 3 artifacts' state: PyTorch's own first moment
+    if first_moment == "average":  # format 3 artifacts' state: PyTorch's own first moment
         m = b.op("Add", m, b.op("Mul", b.op("Sub", grad, m), c(1.0 - beta1)))
     else:  # the sum m / (1-b1)
         m = b.op("Add", b.op("Mul", m, c(beta1)), grad)
     v = b.op("Add", b.op("Mul", v, c(beta2)), b.op("Mul", b.op("Mul", grad, grad), c(1.0 - beta2)))
-    scale, eps_scaled = ctx.cached(("adam", like.dtype, beta1, beta2, eps, moments),
-                                   lambda: _bias_corrections(ctx, like, beta1, beta2, eps, moments == "sum"))
+    scale, eps_scaled = ctx.cached(("adam", like.dtype, beta1, beta2, eps, first_moment),
+                                   lambda: _bias_corrections(ctx, like, beta1, beta2, eps, first_moment == "sum"))
     delta = b.op("Mul", b.op("Div", m, b.op("Add", b.op("Sqrt", v), eps_scaled)), scale)
     return Step(delta, shrink, {first: m, second: v})
 
