@@ -117,7 +117,7 @@ class FlatBuffer(BaseModel):
         return [(f"{self.name}.{s}", f".{s}") for s in self.slots]
 
     def pack_one(self, tensors: Mapping[str, np.ndarray], suffix: str) -> np.ndarray:
-        """The buffer of the per-param ``tensors`` named ``<param><suffix>`` (``w.exp_avg``)."""
+        """The buffer of the per-param ``tensors`` named ``<param><suffix>`` (``w.exp_sum``)."""
         dtype = to_numpy(self.dtype)
         return np.concatenate([np.asarray(tensors[p + suffix], dtype=dtype).reshape(-1) for p in self.params])
 
