@@ -894,11 +894,11 @@ def grad_max_pool(g, node, dy):
     # row and a column, the masks as Equal, Cast, Mul and Sub, the planes' gradients interleaved
     # by DepthToSpace: [32,64,32,32] 10.7-14.0 vs 7.4, [32,64,64,64] 53.6 vs 30.6, [2,64,32,32]
     # 0.52 vs 0.42 (its DepthToSpace 2.8 ms and ten Pads 2.9, the masks 2.1). Nor the Indices
-    # themselves as an ArgMax over each window's nine values beside the fast MaxPool: [32,64,32,32],
-    # 2 threads, ms, MaxPool with Indices 6.4 (without 0.33); the windows gathered from the padded
-    # input (Pad, Gather, ArgMax) 8.3, sliced (nine strided Slices, Concat, ArgMax) 7.7. MaxUnpool (8 ms
-    # where ScatterElements takes 20) writes one gradient where two overlapping windows share
-    # their maximum; it needs their sum. ScatterElements over the
+    # themselves as an ArgMax over each window's nine values beside the fast MaxPool:
+    # [32,64,32,32], 2 threads, ms, MaxPool with Indices 6.4 (without 0.33); the windows gathered
+    # from the padded input (Pad, Gather, ArgMax) 8.3, sliced (nine strided Slices, Concat,
+    # ArgMax) 7.7. MaxUnpool (8 ms where ScatterElements takes 20) writes one gradient where two
+    # overlapping windows share their maximum; it needs their sum. ScatterElements over the
     # images' planes, [N*C, H*W] along axis 1 (each index taken modulo H*W), in place of the
     # flat input: 2 threads, ms, 3x3 stride 2 over [32, 64, 32, 32] 5.13 vs 1.95, [32, 64, 64,
     # 64] 14.2 vs 8.6.
