@@ -66,10 +66,11 @@ from graphc.fileio import atomic_write, remove_stale_temps
 from graphc.model import Model, value_spec
 from graphc.model.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
 
-# /3: Adam's first moment as PyTorch's average (``exp_avg``); /2: nor a train_step prediction
-# output; /1: nor metrics, noise_shapes (all read)
-FORMAT = "graphc.training/4"
-AVERAGED_FIRST_MOMENT = frozenset({"graphc.training/1", "graphc.training/2", "graphc.training/3"})
+# Every format read, the last one written. /3: Adam's first moment as PyTorch's average
+# (``exp_avg``); /2: nor a train_step prediction output; /1: nor metrics, noise_shapes.
+FORMATS = ("graphc.training/1", "graphc.training/2", "graphc.training/3", "graphc.training/4")
+FORMAT = FORMATS[-1]
+AVERAGED_FIRST_MOMENT = frozenset(FORMATS[:3])
 GRAPH_FILES = {
     "train_step": "train_step.onnx",
     "gradients": "gradients.onnx",
@@ -138,7 +139,7 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    format: Literal["graphc.training/1", "graphc.training/2", "graphc.training/3", "graphc.training/4"] = FORMAT
+    format: Literal[FORMATS] = FORMAT
     opset: int
     graphs: dict[str, GraphEntry]  # keys: train_step, gradients, eval, inference[, noise_shapes]
     feeds: dict[str, str]  # train_step output -> the train_step input it feeds next step
