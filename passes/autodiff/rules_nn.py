@@ -898,7 +898,10 @@ def grad_max_pool(g, node, dy):
     # [32,64,32,32], 2 threads, ms, MaxPool with Indices 6.4 (without 0.33); the windows gathered
     # from the padded input (Pad, Gather, ArgMax) 8.3, sliced (nine strided Slices, Concat,
     # ArgMax) 7.7. MaxUnpool (8 ms where ScatterElements takes 20) writes one gradient where two
-    # overlapping windows share their maximum; it needs their sum. ScatterElements over the
+    # overlapping windows share their maximum; it needs their sum. Nor is there much to win: with
+    # MaxUnpool in its place (wrong values, timed only), ResNet-18's step at batch 32, 64 px took
+    # 1.000x / 1.003x (Trainers interleaved, built second / first), though the ScatterElements
+    # shows 3.0 ms in its profile (1.3-1.6 alone, caches flushed). ScatterElements over the
     # images' planes, [N*C, H*W] along axis 1 (each index taken modulo H*W), in place of the
     # flat input: 2 threads, ms, 3x3 stride 2 over [32, 64, 32, 32] 5.13 vs 1.95, [32, 64, 64,
     # 64] 14.2 vs 8.6.
