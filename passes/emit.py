@@ -47,7 +47,7 @@ class Emitter:
         self.source: str | None = None
         self._consts: dict[tuple, ir.Value] = {}
         # names are unique across the whole model, subgraphs included: pass a parent's ``names``
-        self._names = names or _Names({v.name for v in _all_values(graph) if v.name})
+        self._names = names or _Names(_taken(graph))
 
     def fresh(self, stem: str) -> str:
         return self._names.fresh(f"{self.scope}/{stem}" if self.scope else stem)
@@ -201,8 +201,13 @@ class _Names:
                 return name
 
 
-def _all_values(graph: ir.Graph):
-    yield from graph.inputs
-    yield from graph.initializers.values()
+def _taken(graph: ir.Graph) -> set[str]:
+    """The names of ``graph``'s values and nodes, subgraphs included: an Emitter's new names avoid
+    both (two Emitters of one scope, such as two unnamed LSTMs unrolled, once gave two nodes one
+    name, which onnxruntime refuses)."""
+    taken = {v.name for v in (*graph.inputs, *graph.initializers.values()) if v.name}
     for node in ir.traversal.RecursiveGraphIterator(graph):
-        yield from node.outputs
+        taken.update(v.name for v in node.outputs if v.name)
+        if node.name:
+            taken.add(node.name)
+    return taken

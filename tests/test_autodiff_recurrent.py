@@ -237,6 +237,34 @@ def test_lstm_model_trains_and_inference_keeps_the_fused_op(length):
     assert ort_losses[-1] < 0.5 * ort_losses[0], ort_losses
 
 
+def test_two_unnamed_lstms_unroll_apart_and_train():
+    """Two stacked LSTM nodes without names unroll under one scope (``LSTM/unrolled``): their
+    nodes still get names of their own (the second unrolling once reused one of the first's,
+    and onnxruntime refused the training graphs), and the model trains on both backends alike."""
+    rng = np.random.default_rng(1)
+    inits = {"W1": rng.normal(0, 0.4, (1, 4 * H, I)), "R1": rng.normal(0, 0.4, (1, 4 * H, H)),
+             "W2": rng.normal(0, 0.4, (1, 4 * H, H)), "R2": rng.normal(0, 0.4, (1, 4 * H, H))}
+    nodes = [helper.make_node("LSTM", ["x", "W1", "R1"], ["y1"], hidden_size=H),
+             helper.make_node("Squeeze", ["y1", "one"], ["h1"]),
+             helper.make_node("LSTM", ["h1", "W2", "R2"], ["y2"], hidden_size=H),
+             helper.make_node("Squeeze", ["y2", "one"], ["out"])]
+    graph = helper.make_graph(nodes, "lstms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [T, N, I])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [T, N, H])],
+                              [nh.from_array(v.astype(np.float32), k) for k, v in inits.items()]
+                              + [nh.from_array(np.array([1]), "one")])
+    model = gc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    arts = gc.training.generate(model, gc.losses.mse("out", label="t"), gc.optim.Adam(0.05))
+    for key, graph_model in arts.graphs.items():
+        names = [n.name for n in graph_model.proto.graph.node if n.name]
+        assert len(names) == len(set(names)), (key, sorted({n for n in names if names.count(n) > 1}))
+    batch = {"x": rng.normal(size=(T, N, I)).astype(np.float32), "t": np.full((T, N, H), 0.3, np.float32)}
+    from test_training_artifacts import train
+    ort_losses, _ = train(arts, batch, 30)
+    numpy_losses, _ = train(arts, batch, 30, backend="numpy")
+    np.testing.assert_allclose(numpy_losses, ort_losses, rtol=1e-3, atol=1e-5)
+    assert ort_losses[-1] < 0.5 * ort_losses[0], ort_losses
+
+
 TORCH_GATE_ORDER = {"LSTM": [0, 3, 1, 2], "GRU": [1, 0, 2]}  # ONNX gate k is torch's gate ORDER[k]
 
 

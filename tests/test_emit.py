@@ -36,3 +36,16 @@ def test_recorded_dtypes_match_onnx_inference(dtype):
         assert value.dtype is not None, value.name
         assert types[value.name] == value.dtype.value, (value.name, value.dtype, types[value.name])
 
+
+
+def test_emitters_of_one_scope_name_their_nodes_apart():
+    """Every new node and value name is one the graph does not have yet, node names included:
+    two Emitters of one scope on one graph (a pass run twice, two unnamed LSTMs unrolled) once
+    named two Identity nodes alike."""
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2]))
+    graph = ir.Graph([x], [], nodes=[], name="g", opset_imports={"": 21})
+    outs = [Emitter(graph, 21, "out").op("Identity", x, name=f"y{i}") for i in range(3)]
+    graph.outputs.extend(outs)
+    names = [node.name for node in graph] + [v.name for v in graph.outputs]
+    assert len(names) == len(set(names)), names
+    onnx.checker.check_model(ir.serde.serialize_model(ir.Model(graph, ir_version=10)), full_check=True)
