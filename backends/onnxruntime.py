@@ -29,7 +29,7 @@ from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
 from graphc.model import ir_version_for, node_source
-from graphc.model.file import all_graphs, tensor_types
+from graphc.model.file import all_graphs, tensor_types, unique_node_names
 from graphc.model.dtypes import to_numpy
 
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
@@ -172,6 +172,7 @@ class _OrtBackend:
         if cuda_graph and self.device != "cuda":
             raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {self.name!r}")
         _check_domains(model, self.name)
+        model = unique_node_names(model)
         ort = _ort()
         options = ort.SessionOptions()
         options.log_severity_level = _ORT_QUIET

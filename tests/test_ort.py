@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -81,6 +82,49 @@ def test_session_is_built_with_an_ir_version_onnxruntime_accepts():
     backend = ort_backend.CpuBackend()
     assert backend.prepare(proto).run({"x": X, "b": B})["y"].shape == (5, 2)
     assert proto.ir_version == 14  # the caller's proto is left as it was
+
+
+def test_nodes_that_share_a_name_run_and_train():
+    """ONNX lets nodes share a name (onnx's full check passes); onnxruntime refuses such a
+    model, so the session's copy gives each repeat a suffix. The caller's proto keeps its
+    names, and the model trains on onnxruntime as on numpy."""
+    proto = linear_relu()
+    for n in proto.graph.node:
+        n.name = "layer"
+    onnx.checker.check_model(proto, full_check=True)
+    sess = gc.Session(proto, backend="ort-cpu", graph_optimization_level="disable")
+    np.testing.assert_allclose(sess.run({"x": X, "b": B})["y"], np.maximum(X @ W + B, 0), rtol=1e-6)
+    assert set(sess.placement) == {"layer", "layer_1", "layer_2"}
+    assert [n.name for n in proto.graph.node] == ["layer"] * 3
+    arts = gc.training.generate(gc.load(proto), gc.losses.mse("y", label="t"), gc.optim.SGD(0.1))
+    batch = {"x": X, "b": B, "t": np.ones((5, 2), np.float32)}
+    trainers = {backend: gc.Trainer(arts, backend=backend) for backend in ("ort-cpu", "numpy")}
+    losses = {backend: [trainer.step(batch) for _ in range(5)] for backend, trainer in trainers.items()}
+    np.testing.assert_allclose(losses["ort-cpu"], losses["numpy"], rtol=1e-5)
+    assert losses["ort-cpu"][-1] < losses["ort-cpu"][0]
+
+
+def test_repeated_node_names_get_suffixes_no_node_has():
+    """Subgraphs count too, and a suffix never takes a name another node already has."""
+    from onnx import helper
+    from graphc.model.file import unique_node_names
+
+    branch = helper.make_graph([helper.make_node("Neg", ["x"], ["z"], name="n")], "then", [],
+                               [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [2])])
+    other = helper.make_graph([helper.make_node("Abs", ["x"], ["w"], name="n_1")], "else", [],
+                              [helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [2])])
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="n"), helper.make_node("Neg", ["a"], ["b"], name="n"),
+             helper.make_node("If", ["c"], ["y"], name="n_1", then_branch=branch, else_branch=other)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2]),
+                                           helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    renamed = unique_node_names(proto)
+    branches = {a.name: a.g.node[0].name for a in renamed.graph.node[2].attribute}
+    assert [n.name for n in renamed.graph.node] == ["n", "n_2", "n_1"]
+    assert {branches["then_branch"], branches["else_branch"]} == {"n_3", "n_1_1"}
+    assert [n.name for n in proto.graph.node] == ["n", "n", "n_1"]
+    assert unique_node_names(renamed) is renamed
 
 
 # -- device residency (IOBinding) ---------------------------------------------------------------

@@ -215,6 +215,28 @@ def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from all_graphs(sub)
 
 
+def unique_node_names(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself when no two of its nodes (subgraphs included) share a non-empty name;
+    else a copy in which each repeat gets a suffix (``n`` and ``n_1``). ONNX lets nodes share a
+    name (it is for diagnostics), onnxruntime refuses such a model."""
+    names = [node.name for graph in all_graphs(model.graph) for node in graph.node if node.name]
+    if len(names) == len(set(names)):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    taken, seen = set(names), set()
+    for graph in all_graphs(copy.graph):
+        for node in graph.node:
+            if node.name and node.name in seen:
+                k = 1
+                while f"{node.name}_{k}" in taken:
+                    k += 1
+                node.name = f"{node.name}_{k}"
+                taken.add(node.name)
+            seen.add(node.name)
+    return copy
+
+
 def ai_onnx_opset(model: onnx.ModelProto) -> int:
     """The opset ``model`` imports for the default (ai.onnx) domain; 0 where it imports none."""
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
