@@ -167,6 +167,33 @@ def test_eval_and_inference_agree():
     np.testing.assert_allclose(ev["loss"], -lsm[np.arange(10), batch["y"]].mean(), rtol=1e-5)
 
 
+def test_a_model_output_that_is_an_input_keeps_both_roles():
+    """An input the model also returns as it is (an ONNX graph may list a graph input among its
+    outputs): the manifest gave the eval graph's input the output's role, so the Trainer fed it
+    nothing and evaluate and predict failed on onnxruntime."""
+    from onnx import helper, numpy_helper
+
+    w = numpy_helper.from_array(RNG.normal(size=(3, 2)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "passthrough",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 2]),
+                               helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3])], [w])
+    arts = gc.training.generate(gc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])),
+                                gc.losses.mse("y", label="t"), gc.optim.SGD(0.1))
+    for key in ("eval", "inference"):
+        entries = arts.manifest.graphs[key]
+        assert next(e.role for e in entries.inputs if e.name == "x") == "data", key
+        assert next(e.role for e in entries.outputs if e.name == "x") == "output", key
+    batch = {"x": RNG.normal(size=(4, 3)).astype(np.float32), "t": np.zeros((4, 2), np.float32)}
+    for backend in ("ort-cpu", "numpy"):
+        trainer = gc.Trainer(arts, backend=backend)
+        trainer.step(batch)
+        out = trainer.predict({"x": batch["x"]})
+        np.testing.assert_array_equal(out["x"], batch["x"])
+        np.testing.assert_allclose(out["y"], batch["x"] @ trainer.params["w"], rtol=1e-5)
+        assert trainer.evaluate(batch)["loss"] > 0
+
+
 class _Regression(gc.nn.Module):
     """A model that computes its own loss with gc.losses inside forward."""
 

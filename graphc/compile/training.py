@@ -552,13 +552,14 @@ def _default_metrics(loss: dict, evaluation: Model) -> list[str]:
     return metrics.default_names(loss.get("kind", ""), classes if isinstance(classes, int) else None) or []
 
 
-def _graph_entry(key: str, model: Model, roles: dict[str, str]) -> GraphEntry:
-    def entry(spec) -> TensorEntry:
+def _graph_entry(key: str, model: Model, roles: tuple[dict[str, str], dict[str, str]]) -> GraphEntry:
+    def entry(spec, role: dict[str, str]) -> TensorEntry:
         shape = None if spec.shape is None else list(spec.shape)
-        return TensorEntry(name=spec.name, role=roles[spec.name], dtype=str(spec.dtype), shape=shape)
+        return TensorEntry(name=spec.name, role=role[spec.name], dtype=str(spec.dtype), shape=shape)
 
-    return GraphEntry(file=GRAPH_FILES[key], inputs=[entry(s) for s in model.inputs],
-                      outputs=[entry(s) for s in model.outputs])
+    inputs, outputs = roles
+    return GraphEntry(file=GRAPH_FILES[key], inputs=[entry(s, inputs) for s in model.inputs],
+                      outputs=[entry(s, outputs) for s in model.outputs])
 
 
 __all__ = ["ArtifactsError", "FlatBuffer", "GraphEntry", "Manifest", "TensorEntry", "TrainingArtifacts", "generate", "load",

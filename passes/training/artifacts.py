@@ -76,7 +76,7 @@ class Output:
 @dataclass
 class Built:
     graphs: dict[str, ir.Model]  # train_step, gradients, eval, inference[, noise_shapes]
-    roles: dict[str, dict[str, str]]  # graph -> value name -> role
+    roles: dict[str, tuple[dict[str, str], dict[str, str]]]  # graph -> (input name -> role, output name -> role)
     feeds: dict[str, str]
     trainable: list[str]
     frozen: list[str]
@@ -152,7 +152,8 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
         graphs["noise_shapes"] = noise_shapes.shape_graph(step, noise, unbound, batch, [*params, *bn_stats])
         graphs["noise_shapes"].graph.name = f"{model.graph.name or 'model'}_noise_shapes"
         outputs["noise_shapes"] = [Output(f"{n}{noise_shapes.SHAPE_SUFFIX}", "noise_shape") for n in unbound]
-    roles = {key: {**{v.name: role_of_input[v.name] for v in m.graph.inputs}, **{o.name: o.role for o in outputs[key]}}
+    # inputs and outputs apart: a model output may be one of its inputs, passed through
+    roles = {key: ({v.name: role_of_input[v.name] for v in m.graph.inputs}, {o.name: o.role for o in outputs[key]})
              for key, m in graphs.items()}
     feeds = {o.name: o.feeds for o in step_outputs if o.feeds is not None}
     state = _initial_state(gradients.graph, params, bn_stats, slots, optimizer)
