@@ -1,6 +1,7 @@
 """gc.grad with a gc.losses spec: the loss graph is spliced as training does; bad `loss` is named."""
 
 import numpy as np
+import onnx
 import pytest
 
 import graphc as gc
@@ -64,3 +65,27 @@ def test_a_spec_on_a_model_that_already_outputs_loss_is_refused():
     proto.graph.node[-1].output[0] = "loss"
     with pytest.raises(gc.GraphError, match="already has an output named 'loss'.*gc.grad\\(model, 'loss'\\)"):
         gc.grad(gc.load(proto), gc.losses.mse("loss", label="t"))
+
+
+def test_a_spec_on_a_model_whose_input_or_value_is_named_loss():
+    """An input named ``loss`` is refused, naming it; a value inside the model of that name is
+    renamed (it once made a second value named ``loss``, which onnx's checker refuses)."""
+    proto = training_models.mlp().proto
+    proto.graph.input[0].name = "loss"
+    for node in proto.graph.node:
+        node.input[:] = ["loss" if i == "x" else i for i in node.input]
+    with pytest.raises(gc.GraphError, match="the model's input 'loss' \\(the loss spec's loss"):
+        gc.grad(gc.load(proto), gc.losses.mse("logits", label="t"))
+    proto = training_models.mlp().proto
+    inner = proto.graph.node[0].output[0]
+    for node in proto.graph.node:
+        node.output[:] = ["loss" if o == inner else o for o in node.output]
+        node.input[:] = ["loss" if i == inner else i for i in node.input]
+    g = gc.grad(gc.load(proto), gc.losses.mse("logits", label="t"))
+    onnx.checker.check_model(g.proto, full_check=True)
+    feeds = {"x": np.ones((2, 8), np.float32), "t": np.zeros((2, 4), np.float32)}
+    expected = gc.grad(training_models.mlp(), gc.losses.mse("logits", label="t"))
+    got, want = gc.Session(g, backend="numpy").run(feeds), gc.Session(expected, backend="numpy").run(feeds)
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, err_msg=name)

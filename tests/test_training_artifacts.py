@@ -310,6 +310,43 @@ def test_unknown_names_are_reported():
         gc.training.generate(model, gc.losses.mse("logits", label="x"), gc.optim.SGD(0.1))
 
 
+def _matmul_model(x="x", w="w", inner="h", extra_output=None):
+    """y = relu(x @ w) through a value named ``inner``, and optionally a second output."""
+    from onnx import helper, numpy_helper
+
+    nodes = [helper.make_node("MatMul", [x, w], [inner]), helper.make_node("Relu", [inner], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 2])]
+    if extra_output:
+        nodes.append(helper.make_node("Neg", ["y"], [extra_output]))
+        outputs.append(helper.make_tensor_value_info(extra_output, onnx.TensorProto.FLOAT, ["N", 2]))
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, ["N", 3])],
+                              outputs, [numpy_helper.from_array(np.full((3, 2), 0.5, np.float32), w)])
+    return gc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+@pytest.mark.parametrize("where, name, model", [
+    ("input", "step", lambda: _matmul_model(x="step")), ("input", "lr", lambda: _matmul_model(x="lr")),
+    ("initializer", "lr", lambda: _matmul_model(w="lr")), ("output", "loss", lambda: _matmul_model(extra_output="loss")),
+])
+def test_names_the_training_graphs_add_are_refused_in_the_model_interface(where, name, model):
+    """An input named ``step`` once failed inside onnx's checker (two graph inputs of one name),
+    an initializer ``lr`` inside onnx_ir, an output ``loss`` with advice about the label."""
+    with pytest.raises(gc.GraphError, match=rf"the model's {where} '{name}' \(the "):
+        gc.training.generate(model(), gc.losses.mse("y", label="t"), gc.optim.SGD(0.1))
+
+
+@pytest.mark.parametrize("inner", ["loss", "step", "lr"])
+def test_values_inside_the_model_named_like_the_training_graphs_inputs_are_renamed(inner):
+    arts = gc.training.generate(_matmul_model(inner=inner), gc.losses.mse("y", label="t"), gc.optim.SGD(0.1))
+    for graph_model in arts.graphs.values():
+        check_graph(graph_model)
+    batch = {"x": np.linspace(0.1, 1.2, 12, dtype=np.float32).reshape(4, 3), "t": np.zeros((4, 2), np.float32)}
+    ort_losses, _ = train(arts, batch, 3)
+    numpy_losses, _ = train(arts, batch, 3, backend="numpy")
+    np.testing.assert_allclose(ort_losses, numpy_losses, rtol=1e-6)
+    assert ort_losses[-1] < ort_losses[0]
+
+
 @pytest.mark.parametrize("opset", [17, 18, 23])
 def test_opsets(opset):
     """Reduce* axes moved from attribute to input at 18: the graphs follow the model's opset."""

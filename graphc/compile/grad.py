@@ -54,7 +54,7 @@ def grad(model, loss: Union[str, LossSpec], wrt: Sequence[str] | None = None) ->
 def _with_loss(model: Model, spec: LossSpec) -> Model:
     """A copy of ``model`` with ``spec``'s loss graph after its output, a new label input and the
     loss as one more output named ``loss``."""
-    from graphc.passes.training.artifacts import LossArgs, append_loss
+    from graphc.passes.training.loss_graph import LossArgs, append_loss, free_names
     from graphc.compile.training import capture_loss
 
     if LOSS in {o.name for o in model.outputs}:
@@ -62,6 +62,7 @@ def _with_loss(model: Model, spec: LossSpec) -> Model:
                          f"takes; differentiate it with gc.grad(model, {LOSS!r})")
     copy = ir.serde.deserialize_model(model.proto)
     graph = copy.graph
+    free_names(graph, {LOSS: "the loss spec's loss, an output of the gradient graph"})
     append_loss(graph, model.opset, LossArgs(spec.output, spec.label, build=partial(capture_loss, spec)))
     graph.outputs.append(next(v for node in reversed(list(graph)) for v in node.outputs if v.name == LOSS))
     return Model(copy)

@@ -6,7 +6,8 @@
 2. ``inference``: the forward graph in inference mode (``modes``);
 3. the loss graph (captured by ``graphc.compile.training`` from ``gc.losses``) is spliced after a
    model output, with a new label input, or a scalar output is taken as the loss; either way
-   the loss value is named ``loss``;
+   the loss value is named ``loss`` (``loss_graph``, which first frees the names ``loss``,
+   ``step`` and ``lr`` in the model);
 4. ``eval``: loss graph in inference mode, trainable params and BN statistics as inputs;
 5. ``gradients``: loss graph in training mode, ``autodiff.backward`` to the trainable params,
    outputs ``loss``, ``<param>_grad`` and ``<stat>.next`` for each BatchNorm running statistic
@@ -26,7 +27,7 @@ No DSL here: the caller (``graphc.compile.training``) turns specs into the plain
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from fnmatch import fnmatchcase
@@ -42,25 +43,13 @@ from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
 from graphc.passes.training import broadcasts, dense_conv, flat, imports, modes, noise as noise_shapes, optimizers
 from graphc.passes.training import recompute as recomputation, reductions
+from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.values import onnx_opset
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
-LOSS = "loss"
 STEP = "step"
 LR = "lr"
 PREDICTION = "prediction"  # train_step output role: the model output the loss reads (training mode)
-
-
-@dataclass
-class LossArgs:
-    """``output``: the model output the loss reads (or, with no ``build``, the scalar loss
-    itself). ``build(output_value, opset)`` returns a model with two inputs (prediction,
-    label) and one scalar output: the loss graph, spliced after ``output`` with its label input
-    renamed ``label`` (``graphc.compile.training`` captures it from the DSL's ``gc.losses``)."""
-
-    output: str
-    label: str | None = None
-    build: Callable[[ir.Value, int], ir.Model] | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +93,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     inference = base.clone()
     modes.set_inference_mode(inference.graph)
 
+    free_names(base.graph, _reserved(loss))
     label = append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
     params, frozen_all, constants = _select_params(base, bn_stats, trainable, frozen, params, order)
     imports.warn_shared_normalization_params(base.graph, params)
@@ -269,6 +259,15 @@ _SEQUENCE_MAKERS = frozenset({"SplitToSequence", "SequenceConstruct", "SequenceE
                               "SequenceErase"})
 
 
+def _reserved(loss: LossArgs) -> dict[str, str]:
+    """The names the training graphs add, and what for: the step count, the learning rate and
+    the loss (unless the model's own loss output has that name)."""
+    reserved = {STEP: "the step count, a train_step input", LR: "the learning rate, a train_step input"}
+    if loss.output != LOSS:
+        reserved[LOSS] = "the loss, an output of every training graph"
+    return reserved
+
+
 def _infer_shapes(model: ir.Model) -> None:
     """ONNX shape inference, in place (autodiff needs ranks; the loss needs the logits' shape)."""
     for node in model.graph:  # onnx_ir's merge would type an untyped sequence as a tensor
@@ -278,50 +277,6 @@ def _infer_shapes(model: ir.Model) -> None:
         ShapeInferencePass(check_type=False, strict_mode=False)(model)
     except Exception:  # noqa: BLE001 - inference is a help: values it cannot type stay untyped
         pass
-
-
-def append_loss(graph: ir.Graph, opset: int, loss: LossArgs) -> str | None:
-    """Append the loss named ``loss``; returns the label input's name (None for a given loss)."""
-    outputs = {v.name: v for v in graph.outputs}
-    if loss.output not in outputs:
-        raise PassError(f"loss output {loss.output!r} is not an output of the model; outputs: {sorted(outputs)}")
-    out = outputs[loss.output]
-    if loss.build is None:
-        dims = list(out.shape) if out.shape is not None else []
-        if not imports.is_float(out) or not all(d == 1 for d in dims):  # [] or [1, ...]
-            raise PassError(f"loss {loss.output!r} must be a float scalar, got {out.dtype} {out.shape}")
-        if out.name != LOSS:
-            Emitter(graph, opset, "loss").op("Identity", out, name=LOSS)
-        return None
-    taken = {v.name for v in graph.inputs} | set(graph.initializers)
-    for name in (LOSS, loss.label):
-        if name in taken or name in outputs:
-            raise PassError(f"the name {name!r} is already used in the model; choose another label name")
-    _splice_loss(graph, loss.build(out, opset).graph, out, loss.label)
-    return loss.label
-
-
-def _splice_loss(graph: ir.Graph, loss_graph: ir.Graph, out: ir.Value, label_name: str) -> None:
-    """Move the nodes of ``loss_graph`` (inputs: prediction, label) into ``graph``: the
-    prediction becomes ``out``, the label a new input, the output ``loss``; the moved nodes and
-    values are prefixed ``loss/`` so no name collides with the model's."""
-    pred, label = loss_graph.inputs
-    result = loss_graph.outputs[0]
-    if loss_graph.initializers or result.producer() is None:
-        raise PassError("a loss graph must compute its output with nodes and hold no initializers")
-    nodes = list(loss_graph)
-    loss_graph.inputs.clear()
-    loss_graph.outputs.clear()
-    loss_graph.remove(nodes)
-    for node in nodes:
-        node.name = f"loss/{node.name}"
-        for value in node.outputs:
-            value.name = f"loss/{value.name}"
-        graph.append(node)
-    pred.replace_all_uses_with(out)
-    label.name = label_name
-    graph.inputs.append(label)
-    result.name = LOSS
 
 
 def _select_params(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, params,
