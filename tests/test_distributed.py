@@ -97,6 +97,9 @@ def test_two_workers_step_as_one_process_on_the_global_batch(ray_cluster, net, o
     assert dp.evaluate(data) == pytest.approx(single.evaluate(data), rel=1e-5)
     no_labels = {"x": data["x"]}  # predict needs the data inputs only
     _close(dp.predict(no_labels), single.predict(no_labels), atol=1e-5)
+    with pytest.raises(gc.InputError, match="a train step needs at least one example"):
+        dp.step({k: v[:0] for k, v in data.items()})
+    assert dp.step_count == single.step_count
 
 
 class _BNDropNet(nn.Module):

@@ -97,6 +97,28 @@ def test_bad_batches_are_named():
         trainer.fit(gc.data.DataLoader({"x": data["x"][:, :4], "y": data["y"]}, 4), 1, progress=False)
 
 
+@pytest.mark.parametrize("backend", ["ort-cpu", "numpy"])
+def test_an_empty_batch_is_refused_and_changes_nothing(backend):
+    """A zero-row batch once took a step (AdamW's decay applied, the step counted) with a loss
+    of 0 on onnxruntime and NaN on numpy; evaluate gave that loss too."""
+    arts = gc.training.generate(gc.load(imported_mlp()), gc.losses.cross_entropy("logits", label="y"),
+                                gc.optim.AdamW(0.1))
+    trainer = gc.Trainer(arts, backend=backend)
+    data = blobs(16)
+    trainer.step(data)
+    before = {name: value.copy() for name, value in trainer.params.items()}
+    empty = {name: value[:0] for name, value in data.items()}
+    with pytest.raises(gc.InputError, match=r"a train step needs at least one example; the batch's 'x' is empty "
+                                            r"\(shape \(0, 8\)\)"):
+        trainer.step(empty)
+    with pytest.raises(gc.InputError, match="an evaluation needs at least one example"):
+        trainer.evaluate(empty)
+    assert trainer.step_count == 1
+    for name, value in trainer.params.items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+    assert trainer.predict({"x": data["x"][:0]})["logits"].shape[0] == 0  # outputs of nothing: still fine
+
+
 def test_params_and_lr_are_host_copies():
     trainer = gc.Trainer(bn_artifacts(gc.optim.SGD(0.1)), backend="numpy")
     params = trainer.params

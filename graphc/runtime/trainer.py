@@ -94,6 +94,16 @@ def _specs(entries, roles) -> list[TensorSpec]:
     return [TensorSpec(name=e.name, dtype=e.dtype, shape=e.shape) for e in entries if e.role in roles]
 
 
+def refuse_empty(feeds: Mapping[str, Any], what: str) -> None:
+    """An input of the batch with no values (a zero-row batch): ``what`` (a train step, an
+    evaluation) would average its loss over nothing, and a step would still apply weight decay
+    and count itself. The backends disagree on such a loss, too: onnxruntime gives 0, numpy NaN."""
+    for name, array in feeds.items():
+        if np.size(array) == 0:
+            raise InputError(f"{what} needs at least one example; the batch's {name!r} is empty "
+                             f"(shape {tuple(np.shape(array))})")
+
+
 def _without_initializers(proto: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
     """``proto`` (a fresh copy: ``Model.proto`` serializes anew) without the initializers named
     in ``names`` (they are fed), edited in place: no second copy of the weights."""
@@ -268,6 +278,7 @@ class Trainer:
         Ctrl-C during the step is raised once the step is done (params, state, RNG and
         ``step_count`` all advanced), never half way."""
         feeds = self._batch_feeds(batch, self.batch_specs)
+        refuse_empty(feeds, "a train step")
         with self._interrupts:
             if self.noise_specs:
                 feeds.update(self._noise_feeds(batch, feeds))
@@ -389,6 +400,7 @@ class Trainer:
         if missing:
             raise InputError(f"evaluate needs the label input(s) {', '.join(missing)} in the batch; batch keys: "
                              f"{', '.join(sorted(batch))} (predict needs the data inputs only)")
+        refuse_empty({s.name: batch[s.name] for s in self.batch_specs if s.name in batch}, "an evaluation")
         out = self.predict(batch)
         return {"loss": float(out["loss"]), **metrics_lib.compute(self.manifest.loss, out, batch, self.metrics)}
 

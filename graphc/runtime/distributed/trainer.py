@@ -38,7 +38,7 @@ from graphc.runtime.data import DataLoader
 from graphc.runtime.distributed.replica import Replica, divisor
 from graphc.errors import ArtifactsError
 from graphc.runtime.history import History
-from graphc.runtime.trainer import BATCH_ROLES, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs
+from graphc.runtime.trainer import BATCH_ROLES, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs, refuse_empty
 
 __all__ = ["DistributedTrainer"]
 
@@ -141,6 +141,8 @@ class DistributedTrainer(Trainer):
         """Each worker's part of ``batch``: its shard (or, for a ``LoaderBatch``, where to read
         it), its rows and the shapes of the Dropout noise it draws."""
         feeds = self._batch_feeds(batch, specs)
+        if noise:  # a train step
+            refuse_empty(feeds, "a train step")
         rows = len(next(iter(feeds.values())))
         read = isinstance(batch, LoaderBatch)
         given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
