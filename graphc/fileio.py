@@ -26,6 +26,8 @@ _TEMP_SUFFIX = re.compile(r"\.tmp-\d+-(\d+)")
 def atomic_write(path: PathLike, data: bytes, mode: int = 0o644) -> Path:
     """Write ``data`` to ``path`` atomically with permissions ``mode``; returns the path."""
     target = Path(path)
+    if target.is_dir():
+        raise IsADirectoryError(f"cannot write {target}: it is a directory")
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(target)
     tmp = temp_path(target)

@@ -157,3 +157,8 @@ def test_spec_validation_and_json_round_trip():
         gc.optim.Adam(0.1, betas=(1.0, 0.9))
     with pytest.raises(ValueError):
         gc.optim.SGD(-1.0)
+    for bad in ({"lr": float("inf")}, {"weight_decay": float("inf")}, {"momentum": float("inf")}):
+        with pytest.raises(ValueError, match="finite number"):  # an inf lr or decay turns params to NaN
+            gc.optim.SGD(**{"lr": 0.1, **bad})
+    with pytest.raises(ValueError, match="finite number"):
+        gc.optim.AdamW(0.1, eps=float("inf"))

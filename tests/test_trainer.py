@@ -119,6 +119,32 @@ def test_an_empty_batch_is_refused_and_changes_nothing(backend):
     assert trainer.predict({"x": data["x"][:0]})["logits"].shape[0] == 0  # outputs of nothing: still fine
 
 
+def test_bad_training_arguments_are_refused_before_any_step(tmp_path):
+    """A NaN, infinite or negative lr (NaN params at the next step, or ascent), epochs below 0,
+    and a loader with no batch (an epoch of nothing, recorded with a NaN loss) once passed."""
+    trainer = gc.Trainer(bn_artifacts(), backend="ort-cpu")
+    data = blobs(10)
+    for lr in (float("nan"), float("inf"), -1.0, "0.1", True):
+        with pytest.raises(ValueError, match="lr must be a finite number >= 0"):
+            trainer.lr = lr
+    for epochs in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="epochs must be a whole number >= 0"):
+            trainer.fit(gc.data.DataLoader(data, 4), epochs, progress=False)
+    with pytest.raises(ValueError, match="the training loader gives no batch: 0 rows in batches of 4"):
+        trainer.fit(gc.data.DataLoader({k: v[:0] for k, v in data.items()}, 4), 1, progress=False)
+    with pytest.raises(ValueError, match="10 rows in batches of 16, the last partial one dropped"):
+        trainer.fit(gc.data.DataLoader(data, 16, drop_last=True), 1, progress=False)
+    with pytest.raises(ValueError, match="the eval loader gives no batch"):
+        trainer.fit(gc.data.DataLoader(data, 4), 1, eval_loader=gc.data.DataLoader(data, 16, drop_last=True),
+                    progress=False)
+    with pytest.raises(ValueError, match="the eval loader gives no batch"):
+        trainer.evaluate_loader(gc.data.DataLoader({k: v[:0] for k, v in data.items()}, 4))
+    assert trainer.step_count == 0 and trainer.epoch == 0
+    with pytest.raises(IsADirectoryError, match="it is a directory; give a file path such as"):
+        trainer.export_inference(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_params_and_lr_are_host_copies():
     trainer = gc.Trainer(bn_artifacts(gc.optim.SGD(0.1)), backend="numpy")
     params = trainer.params

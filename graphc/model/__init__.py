@@ -134,6 +134,9 @@ class Model:
         """Write ``path`` atomically. Large models (or ``external_data=True``) keep tensors of
         ``size_threshold_bytes`` or more in ``<file>.data`` beside the model."""
         path = Path(path)
+        if path.is_dir():
+            raise IsADirectoryError(f"cannot save the model as {path}: it is a directory; give a file path such "
+                                    f"as {path / 'model.onnx'}")
         path.parent.mkdir(parents=True, exist_ok=True)
         if external_data is None:
             external_data = _initializer_bytes(self._ir) > EXTERNAL_DATA_THRESHOLD

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import gc as pygc
 import math
+import numbers
 import os
 import signal
 import time
@@ -92,6 +93,23 @@ class TrainingFailed(GraphcError, RuntimeError):
 
 def _specs(entries, roles) -> list[TensorSpec]:
     return [TensorSpec(name=e.name, dtype=e.dtype, shape=e.shape) for e in entries if e.role in roles]
+
+
+def checked_lr(value: Any) -> float:
+    """A learning rate to set between steps: a finite number >= 0 (0 for a schedule's warmup).
+    A NaN or infinite one turns every param to NaN at the next step, a negative one ascends."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) < math.inf:
+        raise ValueError(f"lr must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def check_batches(loader: Any, what: str) -> None:
+    """``loader`` gives at least one batch: ``fit`` and ``evaluate_loader`` would else report an
+    epoch or an evaluation of nothing (a NaN loss, or no metrics at all)."""
+    if len(loader) == 0:
+        rows, size = getattr(loader, "num_samples", "?"), getattr(loader, "batch_size", "?")
+        drop = ", the last partial one dropped" if getattr(loader, "drop_last", False) else ""
+        raise ValueError(f"the {what} gives no batch: {rows} rows in batches of {size}{drop}")
 
 
 def refuse_empty(feeds: Mapping[str, Any], what: str) -> None:
@@ -406,6 +424,7 @@ class Trainer:
 
     def evaluate_loader(self, loader) -> dict[str, float]:
         """``evaluate`` over every batch of ``loader``, averaged by batch size."""
+        check_batches(loader, "eval loader")
         totals: dict[str, float] = {}
         count = 0
         for batch in loader.iter_epoch(0):
@@ -434,8 +453,14 @@ class Trainer:
         from graphc.runtime.history import EpochLog, check_plot
         from graphc.runtime.progress import TrainProgress
 
+        if isinstance(epochs, bool) or not isinstance(epochs, numbers.Integral) or epochs < 0:
+            raise ValueError(f"epochs must be a whole number >= 0 (the epoch to train to), got {epochs!r}")
         if checkpoint_every is not None and int(checkpoint_every) < 1:
             raise ValueError(f"checkpoint_every must be >= 1 steps, got {checkpoint_every}")
+        if self.epoch < epochs:
+            check_batches(loader, "training loader")
+        if eval_loader is not None:
+            check_batches(eval_loader, "eval loader")
         if checkpoint is not None:
             ckpt.check_owner(checkpoint, self._expected)
             self._warn_unsaved_randomness()
@@ -596,7 +621,7 @@ class Trainer:
 
     @lr.setter
     def lr(self, value: float) -> None:
-        array = np.asarray(value, dtype=to_numpy(self._entries["lr"].dtype))
+        array = np.asarray(checked_lr(value), dtype=to_numpy(self._entries["lr"].dtype))
         handle = self._state["lr"]
         if hasattr(handle, "update_inplace"):  # into the buffer the CUDA graphs and kept bindings read
             handle.update_inplace(array)

@@ -38,7 +38,7 @@ from graphc.runtime.data import DataLoader
 from graphc.runtime.distributed.replica import Replica, divisor
 from graphc.errors import ArtifactsError
 from graphc.runtime.history import History
-from graphc.runtime.trainer import BATCH_ROLES, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs, refuse_empty
+from graphc.runtime.trainer import BATCH_ROLES, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs, checked_lr, refuse_empty
 
 __all__ = ["DistributedTrainer"]
 
@@ -215,7 +215,7 @@ class DistributedTrainer(Trainer):
     def lr(self, value: float) -> None:
         from graphc.model.dtypes import to_numpy
 
-        array = np.asarray(value, dtype=to_numpy(self._entries["lr"].dtype))
+        array = np.asarray(checked_lr(value), dtype=to_numpy(self._entries["lr"].dtype))
         self._sync()
         self._get([r.set.remote({"lr": array}) for r in self._replicas], "setting lr")
 
