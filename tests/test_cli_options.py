@@ -151,6 +151,20 @@ def test_grad_momentum_with_adam_is_an_error():
         make_optimizer("adam", momentum=0.9)
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--lr", "inf"], "invalid SGD: lr: Input should be a finite number (got inf)"),
+    (["--optimizer", "adam", "--weight-decay", "-1"],
+     "invalid Adam: weight_decay: Input should be greater than or equal to 0 (got -1.0)"),
+])
+def test_a_bad_optimizer_number_is_one_line_naming_the_field(capsys, tmp_path, flags, message):
+    """pydantic's own report (several lines and a link) once reached the terminal as it was."""
+    onnx.save(imported_mlp(), tmp_path / "mlp.onnx")
+    result = run_cli(capsys, "grad", tmp_path / "mlp.onnx", "--loss", "cross_entropy:logits:y", "-o",
+                     tmp_path / "arts", *flags)
+    assert message in one_line_error(result)
+    assert not (tmp_path / "arts").exists()
+
+
 def test_demo_output_default_is_run_demos():
     cli_help = COMMANDS["demo"].params
     output = next(p for p in cli_help if p.name == "output")

@@ -22,7 +22,22 @@ def main(argv: list[str] | None = None) -> None:
     except (GraphcError, ValueError, FileNotFoundError, KeyError, TypeError) as exc:
         if state["debug"]:
             raise
-        message = str(exc) if not isinstance(exc, KeyError) else str(exc.args[0])
+        message = _one_line(exc)
         err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {escape(message)}", highlight=False, markup=True,
                           soft_wrap=True)
         sys.exit(2)
+
+
+def _one_line(exc: Exception) -> str:
+    """The error's message on one line; a pydantic ``ValidationError`` (an optimizer spec's
+    ``--lr inf``, say) as each field, what it must be and the value given, not its multi-line
+    report with a link."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, KeyError):
+        return str(exc.args[0])
+    if isinstance(exc, ValidationError):
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']} (got {e['input']!r})"
+                             for e in exc.errors())
+        return f"invalid {exc.title}: {problems}"
+    return str(exc)
