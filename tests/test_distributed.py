@@ -99,6 +99,10 @@ def test_two_workers_step_as_one_process_on_the_global_batch(ray_cluster, net, o
     _close(dp.predict(no_labels), single.predict(no_labels), atol=1e-5)
     with pytest.raises(gc.InputError, match="a train step needs at least one example"):
         dp.step({k: v[:0] for k, v in data.items()})
+    out_of_range = {k: v[:4].copy() for k, v in data.items()}
+    out_of_range["y"][3] = 10
+    with pytest.raises(gc.InputError, match=r"label 'y' holds 10 at \(3,\)"):
+        dp.step(out_of_range)
     assert dp.step_count == single.step_count
 
 

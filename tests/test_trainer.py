@@ -119,6 +119,36 @@ def test_an_empty_batch_is_refused_and_changes_nothing(backend):
     assert trainer.predict({"x": data["x"][:0]})["logits"].shape[0] == 0  # outputs of nothing: still fine
 
 
+@pytest.mark.parametrize("backend", ["ort-cpu", "numpy"])
+def test_cross_entropy_labels_outside_the_classes_are_refused(backend):
+    """A label outside [0, C) that is not the ignore index once trained silently: the graph
+    gives it a loss of 0 that still counts in the mean (PyTorch raises). A batch of ignored
+    labels only would write a NaN mean into every param."""
+    arts = gc.training.generate(gc.load(imported_mlp()), gc.losses.cross_entropy("logits", label="y"),
+                                gc.optim.SGD(0.1))
+    trainer = gc.Trainer(arts, backend=backend)
+    data = blobs(8)
+    before = {name: value.copy() for name, value in trainer.params.items()}
+    for bad, value, at in ((3, 3, 2), (-1, -1, 5)):
+        labels = data["y"].copy()
+        labels[at] = bad
+        for action, call in (("a train step", trainer.step), ("an evaluation", trainer.evaluate)):
+            with pytest.raises(gc.InputError, match=rf"{action}: label 'y' holds {value} at \({at},\); cross-entropy "
+                                                    r"labels are class indices in \[0, 3\) or the ignore index -100"):
+                call({"x": data["x"], "y": labels})
+    with pytest.raises(gc.InputError, match="every label in 'y' is the ignore index -100"):
+        trainer.step({"x": data["x"], "y": np.full(8, -100)})
+    assert trainer.step_count == 0
+    for name, value in trainer.params.items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+    some_ignored = data["y"].copy()
+    some_ignored[:3] = -100
+    assert np.isfinite(trainer.step({"x": data["x"], "y": some_ignored}))
+    summed = gc.training.generate(gc.load(imported_mlp()), gc.losses.cross_entropy("logits", label="y", reduction="sum"),
+                                  gc.optim.SGD(0.1))
+    assert gc.Trainer(summed, backend=backend).step({"x": data["x"], "y": np.full(8, -100)}) == 0.0
+
+
 def test_bad_training_arguments_are_refused_before_any_step(tmp_path):
     """A NaN, infinite or negative lr (NaN params at the next step, or ascent), epochs below 0,
     and a loader with no batch (an epoch of nothing, recorded with a NaN loss) once passed."""

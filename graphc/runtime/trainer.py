@@ -112,6 +112,29 @@ def check_batches(loader: Any, what: str) -> None:
         raise ValueError(f"the {what} gives no batch: {rows} rows in batches of {size}{drop}")
 
 
+def check_labels(manifest, feeds: Mapping[str, Any], what: str) -> None:
+    """A cross-entropy loss's labels are class indices in [0, C) or its ignore index. The graph
+    gives any other label a loss of 0 that still counts in the mean's divisor (PyTorch raises);
+    a batch whose every label is ignored has a mean over nothing, NaN, which the step would
+    write into every param."""
+    loss = manifest.loss
+    if loss.get("kind") != "cross_entropy" or loss.get("label") not in feeds:
+        return
+    labels, options = np.asarray(feeds[loss["label"]]), loss.get("options", {})
+    ignore = options.get("ignore_index", -100)
+    shape = next((e.shape for e in manifest.graphs["eval"].outputs if e.name == loss["output"]), None)
+    classes = shape[1] if shape and len(shape) > 1 and isinstance(shape[1], int) else None
+    counted = labels != ignore
+    bad = counted & ((labels < 0) | (labels >= classes if classes is not None else False))
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise InputError(f"{what}: label {loss['label']!r} holds {labels[at]} at {at}; cross-entropy labels are "
+                         f"class indices in [0, {classes if classes is not None else 'C'}) or the ignore index {ignore}")
+    if options.get("reduction", "mean") == "mean" and labels.size and not counted.any():
+        raise InputError(f"{what}: every label in {loss['label']!r} is the ignore index {ignore}; the loss "
+                         f"would be a mean over no example")
+
+
 def refuse_empty(feeds: Mapping[str, Any], what: str) -> None:
     """An input of the batch with no values (a zero-row batch): ``what`` (a train step, an
     evaluation) would average its loss over nothing, and a step would still apply weight decay
@@ -297,6 +320,7 @@ class Trainer:
         ``step_count`` all advanced), never half way."""
         feeds = self._batch_feeds(batch, self.batch_specs)
         refuse_empty(feeds, "a train step")
+        check_labels(self.manifest, feeds, "a train step")
         with self._interrupts:
             if self.noise_specs:
                 feeds.update(self._noise_feeds(batch, feeds))
@@ -418,7 +442,9 @@ class Trainer:
         if missing:
             raise InputError(f"evaluate needs the label input(s) {', '.join(missing)} in the batch; batch keys: "
                              f"{', '.join(sorted(batch))} (predict needs the data inputs only)")
-        refuse_empty({s.name: batch[s.name] for s in self.batch_specs if s.name in batch}, "an evaluation")
+        given = {s.name: batch[s.name] for s in self.batch_specs if s.name in batch}
+        refuse_empty(given, "an evaluation")
+        check_labels(self.manifest, given, "an evaluation")
         out = self.predict(batch)
         return {"loss": float(out["loss"]), **metrics_lib.compute(self.manifest.loss, out, batch, self.metrics)}
 

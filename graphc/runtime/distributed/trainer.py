@@ -38,7 +38,7 @@ from graphc.runtime.data import DataLoader
 from graphc.runtime.distributed.replica import Replica, divisor
 from graphc.errors import ArtifactsError
 from graphc.runtime.history import History
-from graphc.runtime.trainer import BATCH_ROLES, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs, checked_lr, refuse_empty
+from graphc.runtime.trainer import BATCH_ROLES, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs, check_labels, checked_lr, refuse_empty
 
 __all__ = ["DistributedTrainer"]
 
@@ -143,6 +143,7 @@ class DistributedTrainer(Trainer):
         feeds = self._batch_feeds(batch, specs)
         if noise:  # a train step
             refuse_empty(feeds, "a train step")
+            check_labels(self.manifest, feeds, "a train step")
         rows = len(next(iter(feeds.values())))
         read = isinstance(batch, LoaderBatch)
         given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
