@@ -127,6 +127,35 @@ def test_repeated_node_names_get_suffixes_no_node_has():
     assert unique_node_names(renamed) is renamed
 
 
+def test_a_model_at_onnxs_newest_opset_runs_converted_down():
+    """``onnx.helper.make_model`` stamps onnx's newest opset (28 with onnx 1.23), which
+    onnxruntime 1.31 refused (it loads up to 26): the session's copy is converted down."""
+    from onnx import helper
+
+    graph = helper.make_graph([helper.make_node("Gelu", ["x"], ["g"]), helper.make_node("Relu", ["g"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [5, 3])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [5, 3])])
+    proto = helper.make_model(graph)
+    assert proto.opset_import[0].version == onnx.defs.onnx_opset_version()
+    got = gc.Session(proto, backend="ort-cpu").run({"x": X})["y"]
+    np.testing.assert_allclose(got, gc.Session(proto, backend="numpy").run({"x": X})["y"], rtol=1e-6, atol=1e-7)
+    assert proto.opset_import[0].version == onnx.defs.onnx_opset_version()  # the caller's model as it was
+
+
+def test_a_model_that_cannot_come_down_to_onnxruntimes_opsets_says_why(monkeypatch):
+    from onnx import helper
+    from graphc.backends import opsets
+
+    monkeypatch.setattr(opsets, "newest_opset", lambda: 11)  # as if onnxruntime stopped at 11
+    graph = helper.make_graph([helper.make_node("Einsum", ["x", "x"], ["y"], equation="ij,ij->i")], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [5, 3])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [5])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(gc.BackendError, match="imports ai.onnx opset 17, this onnxruntime runs opsets up to 11, and "
+                                              "converting it down failed: .*Einsum"):
+        gc.Session(proto, backend="ort-cpu")
+
+
 # -- device residency (IOBinding) ---------------------------------------------------------------
 
 def test_run_bound_keeps_device_outputs_as_handles_on_cpu():

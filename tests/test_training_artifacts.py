@@ -362,6 +362,35 @@ def test_opsets(opset):
     np.testing.assert_allclose(first[0], first[1], rtol=1e-5)
 
 
+@pytest.mark.parametrize("loss", [gc.losses.mse("y", label="t"), "total"])
+def test_a_model_at_onnxs_newest_opset_trains_at_graphcs(loss):
+    """``onnx.helper.make_model`` stamps onnx's newest opset (28 with onnx 1.23); generate and
+    gc.grad once failed on it inside the loss capture ("opset 28 is not supported"). The model is
+    converted down to the newest opset graphc emits, and trains."""
+    from onnx import helper, numpy_helper
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Gelu", ["h"], ["y"]),
+             helper.make_node("ReduceSumSquare", ["y"], ["total"], keepdims=0)]
+    graph = helper.make_graph(nodes, "newest", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 2]),
+                               helper.make_tensor_value_info("total", onnx.TensorProto.FLOAT, [])],
+                              [numpy_helper.from_array(np.full((3, 2), 0.5, np.float32), "w")])
+    model = gc.load(helper.make_model(graph))
+    assert model.opset == onnx.defs.onnx_opset_version() > 23
+    arts = gc.training.generate(model, loss, gc.optim.SGD(0.05))
+    assert arts.manifest.opset == 23
+    for graph_model in arts.graphs.values():
+        check_graph(graph_model)
+    batch = {"x": np.linspace(0.1, 1.2, 12, dtype=np.float32).reshape(4, 3)}
+    if loss != "total":
+        batch["t"] = np.zeros((4, 2), np.float32)
+    losses = [train(arts, batch, 3, backend)[0] for backend in ("numpy", "ort-cpu")]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    assert losses[1][-1] < losses[1][0]
+    grads = gc.grad(model, loss)
+    assert "w_grad" in {s.name for s in grads.outputs}
+
+
 def test_float64_model():
     proto = training_models.mlp().proto
     for init in proto.graph.initializer:

@@ -38,7 +38,7 @@ def grad(model, loss: Union[str, LossSpec], wrt: Sequence[str] | None = None) ->
     """
     from graphc.passes.autodiff import gradient_model
 
-    from graphc.compile.opsets import convert_opset
+    from graphc.compile.opsets import convert_opset, emitted_opset
 
     if not isinstance(loss, (str, LossSpec)):
         raise TypeError("loss must be the name of a scalar output or a gc.losses spec such as "
@@ -46,6 +46,7 @@ def grad(model, loss: Union[str, LossSpec], wrt: Sequence[str] | None = None) ->
     model = load(model)
     if model.opset < 17:
         model = convert_opset(model, 17, hint="gradient graphs need ai.onnx opset >= 17")
+    model = emitted_opset(model, "gradient graphs")
     if isinstance(loss, LossSpec):
         model, loss = _with_loss(model, loss), LOSS
     return Model(gradient_model(model.ir, loss, list(wrt) if wrt is not None else None))

@@ -7,12 +7,22 @@ import onnx
 import onnx_ir as ir
 
 from graphc.errors import PassError
-from graphc.model import Model, load
+from graphc.model import EMITTED_OPSETS, Model, load
 from graphc.model.file import all_graphs, tensor_types
 from graphc.passes.functions import expand_functions
 from graphc.passes.values import fresh_name
 
 __all__ = ["convert_opset"]
+
+
+def emitted_opset(model: Model, what: str) -> Model:
+    """``model`` itself where graphc emits its opset's ops; converted down to the newest such
+    opset where it is newer (``onnx.helper.make_model`` stamps onnx's newest, 28 with onnx 1.23),
+    so that ``what`` (training graphs, gradient graphs) can be built from it."""
+    newest = EMITTED_OPSETS[-1]
+    if model.opset <= newest:
+        return model
+    return convert_opset(model, newest, hint=f"{what} are built at ai.onnx opset {newest} or older")
 
 
 def convert_opset(model: Model, target: int, hint: str = "") -> Model:

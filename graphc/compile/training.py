@@ -60,6 +60,7 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from graphc.compile.opsets import emitted_opset
 from graphc.compile.losses import LossSpec
 from graphc.errors import ArtifactsError, PassError
 from graphc.fileio import atomic_write, remove_stale_temps
@@ -459,6 +460,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     opt_json = _optimizer_json(optimizer)
+    model = emitted_opset(model, "training graphs")
     built = artifacts.build(model.ir, loss_args, opt_json,
                             trainable=None if trainable is None else list(trainable), frozen=list(frozen),
                             fused=fused, recompute=recompute, params=list(params), batchnorm=batchnorm,

@@ -24,6 +24,7 @@ import onnx_ir as ir
 
 from graphc.dsl import eager as _eager
 from graphc.errors import CaptureError, GraphError
+from graphc.model import EMITTED_OPSETS
 from graphc.model.dtypes import as_dtype, to_onnx, type_text
 from graphc.passes.emit import make_node
 from graphc.passes.infer import InferenceError, infer
@@ -103,8 +104,9 @@ class Builder:
     """
 
     def __init__(self, opset: int, training: bool, eager: bool, seed: int = 0):
-        if not 17 <= opset <= 23:
-            raise CaptureError(f"opset {opset} is not supported; graphc emits ai.onnx opsets 17..23")
+        if opset not in EMITTED_OPSETS:
+            raise CaptureError(f"opset {opset} is not supported; graphc emits ai.onnx opsets "
+                               f"{EMITTED_OPSETS[0]}..{EMITTED_OPSETS[-1]}")
         self.opset = opset
         self.training = training
         self.scopes = [Scope(eager)]

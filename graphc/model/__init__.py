@@ -27,6 +27,11 @@ SOURCE_KEY = "graphc.source"
 EXTERNAL_DATA_THRESHOLD = 1 << 30
 
 
+# The ai.onnx opsets graphc's DSL and training passes emit; a model newer than the last is
+# converted down before graphs are built from it (``graphc.compile.opsets.emitted_opset``).
+EMITTED_OPSETS = range(17, 24)
+
+
 def ir_version_for(opset_imports: dict[str, int]) -> int:
     """The lowest IR version that supports these opsets (what older runtimes accept)."""
     ids = [onnx.helper.make_opsetid(domain, version) for domain, version in opset_imports.items()]
