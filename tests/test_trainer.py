@@ -144,8 +144,8 @@ def test_cross_entropy_labels_outside_the_classes_are_refused(backend):
     some_ignored = data["y"].copy()
     some_ignored[:3] = -100
     assert np.isfinite(trainer.step({"x": data["x"], "y": some_ignored}))
-    summed = gc.training.generate(gc.load(imported_mlp()), gc.losses.cross_entropy("logits", label="y", reduction="sum"),
-                                  gc.optim.SGD(0.1))
+    summed = gc.training.generate(gc.load(imported_mlp()),
+                                  gc.losses.cross_entropy("logits", label="y", reduction="sum"), gc.optim.SGD(0.1))
     assert gc.Trainer(summed, backend=backend).step({"x": data["x"], "y": np.full(8, -100)}) == 0.0
 
 

@@ -326,7 +326,8 @@ def _matmul_model(x="x", w="w", inner="h", extra_output=None):
 
 @pytest.mark.parametrize("where, name, model", [
     ("input", "step", lambda: _matmul_model(x="step")), ("input", "lr", lambda: _matmul_model(x="lr")),
-    ("initializer", "lr", lambda: _matmul_model(w="lr")), ("output", "loss", lambda: _matmul_model(extra_output="loss")),
+    ("initializer", "lr", lambda: _matmul_model(w="lr")),
+    ("output", "loss", lambda: _matmul_model(extra_output="loss")),
 ])
 def test_names_the_training_graphs_add_are_refused_in_the_model_interface(where, name, model):
     """An input named ``step`` once failed inside onnx's checker (two graph inputs of one name),

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # an inf lr or decay turns params to NaN
+    # no inf or NaN: an infinite lr, decay or eps turns every param to NaN at the first step
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     def __init__(self, lr: float | None = None, /, **kwargs):
         # ``SGD(0.1)`` like ``torch.optim.SGD(params, 0.1)``: lr may be positional.

@@ -60,8 +60,8 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from graphc.compile.opsets import emitted_opset
 from graphc.compile.losses import LossSpec
+from graphc.compile.opsets import emitted_opset
 from graphc.errors import ArtifactsError, PassError
 from graphc.fileio import atomic_write, remove_stale_temps
 from graphc.model import Model, value_spec

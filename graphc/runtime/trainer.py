@@ -128,8 +128,9 @@ def check_labels(manifest, feeds: Mapping[str, Any], what: str) -> None:
     bad = counted & ((labels < 0) | (labels >= classes if classes is not None else False))
     if bad.any():
         at = tuple(int(i) for i in np.argwhere(bad)[0])
+        limit = classes if classes is not None else "C"
         raise InputError(f"{what}: label {loss['label']!r} holds {labels[at]} at {at}; cross-entropy labels are "
-                         f"class indices in [0, {classes if classes is not None else 'C'}) or the ignore index {ignore}")
+                         f"class indices in [0, {limit}) or the ignore index {ignore}")
     if options.get("reduction", "mean") == "mean" and labels.size and not counted.any():
         raise InputError(f"{what}: every label in {loss['label']!r} is the ignore index {ignore}; the loss "
                          f"would be a mean over no example")

@@ -177,8 +177,9 @@ def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, wei
     # affine pass over sqrt(v), an inference-mode BatchNormalization of it as one channel, one
     # node in place of the Add and the Mul: ResNet-18's update graph alone 0.971x, about 0.5 % of
     # its step at batch 32, not worth the odd node (with the first moment as its sum, Trainer
-    # steps interleaved at batch 32, 64 px, built second / first: 1.004x / 1.013x); and ``b1*m + (1-b1)*g`` (Mul, Mul, Add,
-    # reading one array fewer than the Sub): 1.034x / 0.996x.) The first moment kept as its sum,
+    # steps interleaved at batch 32, 64 px, built second / first: 1.004x / 1.013x); and
+    # ``b1*m + (1-b1)*g`` (Mul, Mul, Add, reading one array fewer than the Sub): 1.034x /
+    # 0.996x.) The first moment kept as its sum,
     # ``b1*exp_sum + g`` (two passes where the average takes three, its 1 - b1 in the scalar step
     # size): Trainer steps interleaved, batch 32, 64 px, built second / first, ResNet-18 0.991x /
     # 0.991x, ResNet-50 0.999x / 0.992x, ResNet-50's update 49.8 -> 46.9 ms of kernel time (15.6 ->

@@ -38,7 +38,8 @@ from graphc.runtime.data import DataLoader
 from graphc.runtime.distributed.replica import Replica, divisor
 from graphc.errors import ArtifactsError
 from graphc.runtime.history import History
-from graphc.runtime.trainer import BATCH_ROLES, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs, check_labels, checked_lr, refuse_empty
+from graphc.runtime.trainer import (BATCH_ROLES, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs, check_labels,
+                                    checked_lr, refuse_empty)
 
 __all__ = ["DistributedTrainer"]
 
