@@ -151,7 +151,8 @@ def test_cross_entropy_labels_outside_the_classes_are_refused(backend):
 
 def test_bad_training_arguments_are_refused_before_any_step(tmp_path):
     """A NaN, infinite or negative lr (NaN params at the next step, or ascent), epochs below 0,
-    and a loader with no batch (an epoch of nothing, recorded with a NaN loss) once passed."""
+    a loader with no batch (an epoch of nothing, recorded with a NaN loss) and checkpoint_every
+    without a checkpoint (ignored) once passed."""
     trainer = gc.Trainer(bn_artifacts(), backend="ort-cpu")
     data = blobs(10)
     for lr in (float("nan"), float("inf"), -1.0, "0.1", True):
@@ -169,7 +170,13 @@ def test_bad_training_arguments_are_refused_before_any_step(tmp_path):
                     progress=False)
     with pytest.raises(ValueError, match="the eval loader gives no batch"):
         trainer.evaluate_loader(gc.data.DataLoader({k: v[:0] for k, v in data.items()}, 4))
+    with pytest.raises(ValueError, match="checkpoint_every needs checkpoint"):
+        trainer.fit(gc.data.DataLoader(data, 4), 1, checkpoint_every=2, progress=False)
     assert trainer.step_count == 0 and trainer.epoch == 0
+    with pytest.raises(TypeError, match="unknown Trainer option 'thread'; options are: cuda_graph, device_id"):
+        gc.Trainer(bn_artifacts(), backend="ort-cpu", thread=2)  # once onnxruntime's prepare() complained
+    with pytest.raises(ValueError, match="seed must be a whole number >= 0, got -1"):
+        gc.Trainer(bn_artifacts(), backend="numpy", seed=-1)
     with pytest.raises(IsADirectoryError, match="it is a directory; give a file path such as"):
         trainer.export_inference(tmp_path)
     assert list(tmp_path.iterdir()) == []

@@ -67,6 +67,7 @@ from graphc.runtime.feeds import check_one, dtype_name
 from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
 from graphc.runtime.interrupts import DeferredInterrupt
+from graphc.runtime.session import SESSION_OPTIONS
 
 __all__ = ["History", "Trainer", "TrainingFailed"]
 
@@ -85,6 +86,14 @@ SIGNAL_HOOK_ENV = "GRAPHC_TEST_SIGNAL_AT_STEP"
 # parallel executor (2 inter-op threads) 2.21x, the pool's thread pinned to the second core
 # (``session.intra_op_thread_affinities``) 0.992x and 1.003x, built first 1.002x.
 TRAINING_OPTIONS = {"flush_denormals": True}
+# what ``Trainer(..., **options)`` takes: a Session's options, CUDA graphs, the memory pattern
+TRAINER_OPTIONS = SESSION_OPTIONS | {"cuda_graph", "mem_pattern"}
+
+
+def check_options(options: Mapping[str, Any], allowed: frozenset) -> None:
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise TypeError(f"unknown Trainer option {unknown[0]!r}; options are: {', '.join(sorted(allowed))}")
 
 
 class TrainingFailed(GraphcError, RuntimeError):
@@ -195,6 +204,7 @@ class Trainer:
                  ray_address: Optional[str] = None, **options: Any):
         from graphc.backends import get_backend
 
+        check_options(options, TRAINER_OPTIONS)
         resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard)
         self._backend = get_backend(backend)
         self.backend = self._backend.name
@@ -276,6 +286,8 @@ class Trainer:
         self.step_count = 0
         self.epoch = 0
         self.batch_in_epoch = 0
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+            raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
         self.rng = np.random.default_rng(seed)
         self._loader_state: Optional[ckpt.LoaderState] = None
         self._progress = ckpt.EpochProgress()  # running sums of the epoch under way
@@ -484,6 +496,8 @@ class Trainer:
             raise ValueError(f"epochs must be a whole number >= 0 (the epoch to train to), got {epochs!r}")
         if checkpoint_every is not None and int(checkpoint_every) < 1:
             raise ValueError(f"checkpoint_every must be >= 1 steps, got {checkpoint_every}")
+        if checkpoint_every is not None and checkpoint is None:
+            raise ValueError("checkpoint_every needs checkpoint, the folder to save in")
         if self.epoch < epochs:
             check_batches(loader, "training loader")
         if eval_loader is not None:
