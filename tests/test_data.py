@@ -114,6 +114,13 @@ def test_bad_construction():
         DataLoader({"x": np.zeros((3, 2)), "y": np.zeros(4)}, batch_size=2)
     with pytest.raises(ValueError, match="batch_size"):
         DataLoader(arrays(), batch_size=0)
+    # once taken as int(2.5) = 2, True = 1, and a seed of -1 failed at the first shuffle
+    for option, value, least in (("batch_size", 2.5, 1), ("batch_size", True, 1), ("seed", -1, 0), ("prefetch", -1, 0)):
+        with pytest.raises(ValueError, match=rf"{option} must be a whole number >= {least}, got {value!r}"):
+            DataLoader(arrays(), **{"batch_size": 2, option: value})
+    assert len(DataLoader(arrays(), batch_size=np.int64(2))) > 0
+    with pytest.raises(TypeError, match="DataLoader takes a dict of arrays .*got ndarray"):
+        DataLoader(np.zeros((4, 2)), batch_size=2)
 
 
 def test_check_against_names_the_array_expected_and_got():

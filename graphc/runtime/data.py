@@ -11,6 +11,7 @@ without replaying the ones before it; this is what lets a checkpoint resume mid-
 
 from __future__ import annotations
 
+import numbers
 import queue
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,12 +49,13 @@ class DataLoader:
 
     def __init__(self, arrays: Mapping[str, np.ndarray], batch_size: int, shuffle: bool = True,
                  drop_last: bool = False, seed: int = 0, prefetch: int = 2):
+        if not isinstance(arrays, Mapping):
+            raise TypeError(f"DataLoader takes a dict of arrays (input name -> array), got {type(arrays).__name__}")
         if not arrays:
             raise ValueError("DataLoader needs at least one array")
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if int(prefetch) < 0:
-            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        for name, value, least in (("batch_size", batch_size, 1), ("prefetch", prefetch, 0), ("seed", seed, 0)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+                raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
         self.arrays = {name: np.asarray(a) for name, a in arrays.items()}
         lengths = {name: (a.shape[0] if a.ndim else None) for name, a in self.arrays.items()}
         if None in lengths.values() or len(set(lengths.values())) != 1:
