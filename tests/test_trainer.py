@@ -177,6 +177,8 @@ def test_bad_training_arguments_are_refused_before_any_step(tmp_path):
         gc.Trainer(bn_artifacts(), backend="ort-cpu", thread=2)  # once onnxruntime's prepare() complained
     with pytest.raises(ValueError, match="seed must be a whole number >= 0, got -1"):
         gc.Trainer(bn_artifacts(), backend="numpy", seed=-1)
+    with pytest.raises(gc.GraphError, match="to opset 99: onnx .* knows ai.onnx opsets 1 to"):
+        trainer.export_inference(tmp_path / "model.onnx", opset=99)  # once onnx's C++ assertion
     with pytest.raises(IsADirectoryError, match="it is a directory; give a file path such as"):
         trainer.export_inference(tmp_path)
     assert list(tmp_path.iterdir()) == []

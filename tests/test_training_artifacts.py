@@ -298,6 +298,10 @@ def test_save_load_round_trip(tmp_path):
             {**batch, **loaded.manifest.pack(loaded.state)} if key == "train_step" else batch)
         for name in a:
             np.testing.assert_array_equal(a[name], b[name])
+    (tmp_path / "file").write_text("kept")
+    with pytest.raises(FileExistsError, match="cannot save training artifacts into .*file: it is a file"):
+        arts.save(tmp_path / "file")  # once the bare FileExistsError of mkdir
+    assert (tmp_path / "file").read_text() == "kept"
 
 
 def test_unknown_names_are_reported():

@@ -32,6 +32,9 @@ def convert_opset(model: Model, target: int, hint: str = "") -> Model:
     current = model.opset
     if target == current:
         return model
+    if not 1 <= target <= onnx.defs.onnx_opset_version():
+        raise PassError(f"cannot convert model {model.name!r} to opset {target}: onnx {onnx.__version__} knows "
+                        f"ai.onnx opsets 1 to {onnx.defs.onnx_opset_version()}")
     if target < current:
         model = _with_integer_inputs_folded(model)
     try:

@@ -275,6 +275,8 @@ class TrainingArtifacts:
         from safetensors.numpy import save as st_save
 
         directory = Path(directory)
+        if directory.exists() and not directory.is_dir():
+            raise FileExistsError(f"cannot save training artifacts into {directory}: it is a file; give a folder")
         directory.mkdir(parents=True, exist_ok=True)
         for key, model in self.graphs.items():
             model.save(directory / GRAPH_FILES[key])
