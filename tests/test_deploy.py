@@ -129,6 +129,21 @@ def test_servers_get_opset_17_ir_8_unless_asked(tmp_path, opset, written):
         np.testing.assert_array_equal(got, want)
 
 
+def test_nodes_that_share_a_name_are_written_apart(tmp_path):
+    """ONNX lets nodes share a name; the onnxruntime inside a server refuses such a model, so
+    the deployed copy renames them (the model itself is not changed)."""
+    model = mixed_model()
+    for node in model.graph.node:
+        node.name = "op"
+    folder = gc.deploy.triton(model, tmp_path, "m")
+    names = [n.name for n in onnx.load(str(folder / "1" / "model.onnx")).graph.node]
+    assert len(set(names)) == len(names) == len(model.graph.node)
+    feeds = mixed_feeds(3)
+    for got, want in zip(ort_outputs(folder / "1" / "model.onnx", feeds), gc.Session(mixed_model()).run(feeds).values()):
+        np.testing.assert_array_equal(got, want)
+    assert {n.name for n in model.graph.node} == {"op"}
+
+
 def test_lower_opset_models_are_not_upgraded(tmp_path):
     model = mixed_model(opset=13)
     folder = gc.deploy.triton(model, tmp_path, "m")
