@@ -144,6 +144,13 @@ def test_cross_entropy_labels_outside_the_classes_are_refused(backend):
     some_ignored = data["y"].copy()
     some_ignored[:3] = -100
     assert np.isfinite(trainer.step({"x": data["x"], "y": some_ignored}))
+    rows = blobs(16)
+    rows["y"][11] = 5
+    with pytest.raises(gc.InputError, match=r"the training loader: label 'y' holds 5 at \(11,\)"):
+        trainer.fit(gc.data.DataLoader(rows, 4), 1, progress=False)  # the row in the data, before any step
+    with pytest.raises(gc.InputError, match=r"the eval loader: label 'y' holds 5 at \(11,\)"):
+        trainer.fit(gc.data.DataLoader(blobs(16), 4), 1, eval_loader=gc.data.DataLoader(rows, 4), progress=False)
+    assert trainer.step_count == 1
     summed = gc.training.generate(gc.load(imported_mlp()),
                                   gc.losses.cross_entropy("logits", label="y", reduction="sum"), gc.optim.SGD(0.1))
     assert gc.Trainer(summed, backend=backend).step({"x": data["x"], "y": np.full(8, -100)}) == 0.0

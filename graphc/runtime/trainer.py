@@ -500,8 +500,10 @@ class Trainer:
             raise ValueError("checkpoint_every needs checkpoint, the folder to save in")
         if self.epoch < epochs:
             check_batches(loader, "training loader")
+            check_labels(self.manifest, getattr(loader, "arrays", {}), "the training loader")  # rows, not batch rows
         if eval_loader is not None:
             check_batches(eval_loader, "eval loader")
+            check_labels(self.manifest, getattr(eval_loader, "arrays", {}), "the eval loader")
         if checkpoint is not None:
             ckpt.check_owner(checkpoint, self._expected)
             self._warn_unsaved_randomness()
