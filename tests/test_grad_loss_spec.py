@@ -46,6 +46,12 @@ def test_gradients_equal_those_of_the_training_artifacts(spec):
 def test_wrt_still_selects_the_parameters():
     g = gc.grad(training_models.mlp(), gc.losses.mse("logits", label="t"), wrt=["fc2.bias"])
     assert [s.name for s in g.outputs] == ["logits", "loss", "fc2.bias_grad"]
+    # one name as a string is that name (it was read letter by letter: "no input named 'f'")
+    g = gc.grad(training_models.mlp(), gc.losses.mse("logits", label="t"), wrt="fc2.bias")
+    assert [s.name for s in g.outputs] == ["logits", "loss", "fc2.bias_grad"]
+    arts = gc.training.generate(training_models.mlp(), gc.losses.mse("logits", label="t"), gc.optim.SGD(0.1),
+                                frozen="fc1.*")
+    assert sorted(arts.manifest.frozen) == ["fc1.bias", "fc1.weight"]
 
 
 @pytest.mark.parametrize("loss, error, message", [

@@ -39,6 +39,7 @@ def grad(model, loss: Union[str, LossSpec], wrt: Sequence[str] | None = None) ->
     from graphc.passes.autodiff import gradient_model
 
     from graphc.compile.opsets import convert_opset, emitted_opset
+    from graphc.compile.training import names
 
     if not isinstance(loss, (str, LossSpec)):
         raise TypeError("loss must be the name of a scalar output or a gc.losses spec such as "
@@ -49,7 +50,7 @@ def grad(model, loss: Union[str, LossSpec], wrt: Sequence[str] | None = None) ->
     model = emitted_opset(model, "gradient graphs")
     if isinstance(loss, LossSpec):
         model, loss = _with_loss(model, loss), LOSS
-    return Model(gradient_model(model.ir, loss, list(wrt) if wrt is not None else None))
+    return Model(gradient_model(model.ir, loss, names(wrt) if wrt is not None else None))
 
 
 def _with_loss(model: Model, spec: LossSpec) -> Model:

@@ -464,8 +464,8 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
     opt_json = _optimizer_json(optimizer)
     model = emitted_opset(model, "training graphs")
     built = artifacts.build(model.ir, loss_args, opt_json,
-                            trainable=None if trainable is None else list(trainable), frozen=list(frozen),
-                            fused=fused, recompute=recompute, params=list(params), batchnorm=batchnorm,
+                            trainable=None if trainable is None else names(trainable), frozen=names(frozen),
+                            fused=fused, recompute=recompute, params=names(params), batchnorm=batchnorm,
                             device=device, nchwc=_nchwc_block() if device == "cpu" else 0)
     graphs = {key: Model(m) for key, m in built.graphs.items()}
     manifest = Manifest(
@@ -554,6 +554,11 @@ def _default_metrics(loss: dict, evaluation: Model) -> list[str]:
     out = next((s for s in evaluation.outputs if s.name == loss.get("output")), None)
     classes = out.shape[1] if out is not None and out.shape is not None and len(out.shape) > 1 else None
     return metrics.default_names(loss.get("kind", ""), classes if isinstance(classes, int) else None) or []
+
+
+def names(given: Union[str, Iterable[str]]) -> list[str]:
+    """Param names or patterns as a list: one name given as a string is that one (not its letters)."""
+    return [given] if isinstance(given, str) else list(given)
 
 
 def _graph_entry(key: str, model: Model, roles: tuple[dict[str, str], dict[str, str]]) -> GraphEntry:
