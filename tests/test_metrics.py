@@ -101,6 +101,9 @@ def test_added_metrics_by_name_and_callable(classifier):
     assert metrics["worst_margin"] == pytest.approx(worst_margin(logits, data["y"]))
     with pytest.raises(ValueError, match="unknown metric 'f1'.*registered: accuracy"):
         gc.Trainer(classifier, backend="numpy", metrics=["f1"])
+    # one name or one callable alone (a name once read letter by letter: "unknown metric 't'")
+    for one, name in (("top3_accuracy", "top3_accuracy"), (worst_margin, "worst_margin")):
+        assert set(gc.Trainer(classifier, backend="numpy", metrics=one).evaluate(data)) == {"loss", name}
 
 
 @pytest.fixture()

@@ -53,9 +53,11 @@ def get(name: str) -> Metric:
 
 def resolve(metrics: Union[None, Iterable[Union[str, Metric]], Mapping[str, Metric]]) -> Optional[dict[str, Metric]]:
     """Names, callables (named by ``__name__``) or a name -> callable mapping as one mapping;
-    None stays None (the loss kind's defaults)."""
+    None stays None (the loss kind's defaults); one name or one callable alone is that metric."""
     if metrics is None:
         return None
+    if isinstance(metrics, str) or callable(metrics):
+        metrics = [metrics]
     if isinstance(metrics, Mapping):
         return {name: _checked(repr(name), fn) for name, fn in metrics.items()}
     out = {}
