@@ -162,3 +162,4 @@ def test_spec_validation_and_json_round_trip():
             gc.optim.SGD(**{"lr": 0.1, **bad})
     with pytest.raises(ValueError, match="finite number"):
         gc.optim.AdamW(0.1, eps=float("inf"))
+    assert gc.optim.AdamW(0.1, no_decay="*.bias").no_decay == ("*.bias",)  # one pattern, not a refusal

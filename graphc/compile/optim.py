@@ -23,6 +23,8 @@ class _Spec(BaseModel):
         # ``SGD(0.1)`` like ``torch.optim.SGD(params, 0.1)``: lr may be positional.
         if lr is not None:
             kwargs["lr"] = lr
+        if isinstance(kwargs.get("no_decay"), str):  # one pattern, as generate's frozen takes one name
+            kwargs["no_decay"] = (kwargs["no_decay"],)
         super().__init__(**kwargs)
 
     @property
