@@ -28,6 +28,13 @@ SESSION_OPTIONS = frozenset({"threads", "graph_optimization_level", "device_id",
 ModelLike = Union[Model, str, os.PathLike, bytes, onnx.ModelProto]
 
 
+def check_options(options: Mapping[str, Any], allowed: frozenset, owner: str) -> None:
+    """``TypeError`` naming the first of ``options`` that ``owner`` (Session, Trainer) does not take."""
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise TypeError(f"unknown {owner} option {unknown[0]!r}; options are: {', '.join(sorted(allowed))}")
+
+
 class Session:
     """A model prepared for repeated runs on one backend.
 
@@ -44,9 +51,7 @@ class Session:
     """
 
     def __init__(self, model_or_path: ModelLike, backend: str = "auto", **options: Any):
-        unknown = sorted(set(options) - SESSION_OPTIONS)
-        if unknown:
-            raise TypeError(f"unknown Session option {unknown[0]!r}; options are: {', '.join(sorted(SESSION_OPTIONS))}")
+        check_options(options, SESSION_OPTIONS, "Session")
         self.model = load(model_or_path)
         self._backend = get_backend(backend)
         self._executable = self._backend.prepare(self.model.proto, **options)

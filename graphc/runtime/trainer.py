@@ -67,7 +67,7 @@ from graphc.runtime.feeds import check_one, dtype_name
 from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
 from graphc.runtime.interrupts import DeferredInterrupt
-from graphc.runtime.session import SESSION_OPTIONS
+from graphc.runtime.session import SESSION_OPTIONS, check_options
 
 __all__ = ["History", "Trainer", "TrainingFailed"]
 
@@ -88,12 +88,6 @@ SIGNAL_HOOK_ENV = "GRAPHC_TEST_SIGNAL_AT_STEP"
 TRAINING_OPTIONS = {"flush_denormals": True}
 # what ``Trainer(..., **options)`` takes: a Session's options, CUDA graphs, the memory pattern
 TRAINER_OPTIONS = SESSION_OPTIONS | {"cuda_graph", "mem_pattern"}
-
-
-def check_options(options: Mapping[str, Any], allowed: frozenset) -> None:
-    unknown = sorted(set(options) - allowed)
-    if unknown:
-        raise TypeError(f"unknown Trainer option {unknown[0]!r}; options are: {', '.join(sorted(allowed))}")
 
 
 class TrainingFailed(GraphcError, RuntimeError):
@@ -204,7 +198,7 @@ class Trainer:
                  ray_address: Optional[str] = None, **options: Any):
         from graphc.backends import get_backend
 
-        check_options(options, TRAINER_OPTIONS)
+        check_options(options, TRAINER_OPTIONS, "Trainer")
         resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard)
         self._backend = get_backend(backend)
         self.backend = self._backend.name

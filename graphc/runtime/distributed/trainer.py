@@ -38,8 +38,9 @@ from graphc.runtime.data import DataLoader
 from graphc.runtime.distributed.replica import Replica, divisor
 from graphc.errors import ArtifactsError
 from graphc.runtime.history import History
+from graphc.runtime.session import check_options
 from graphc.runtime.trainer import (BATCH_ROLES, TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs,
-                                    check_labels, check_options, checked_lr, refuse_empty)
+                                    check_labels, checked_lr, refuse_empty)
 
 __all__ = ["DistributedTrainer"]
 
@@ -65,7 +66,7 @@ class DistributedTrainer(Trainer):
         if options.get("cuda_graph"):
             raise ValueError("cuda_graph is an option of the one-process Trainer (workers=1); its workers run "
                              "the gradients and update graphs separately, without CUDA graphs")
-        check_options(options, TRAINER_OPTIONS)
+        check_options(options, TRAINER_OPTIONS, "Trainer")
         resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard)
         self._check_gradients_graph()
         self.workers, self.max_restarts, self.timeout_s = workers, max_restarts, timeout_s
