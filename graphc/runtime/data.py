@@ -35,6 +35,13 @@ class _Failure:
         self.exc = exc
 
 
+def check_whole(name: str, value: Any, least: int, meaning: str = "") -> None:
+    """``ValueError`` unless ``value`` is a whole number (not a bool) of at least ``least``;
+    ``meaning`` follows the bound in the message (``" (the epoch to train to)"``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"{name} must be a whole number >= {least}{meaning}, got {value!r}")
+
+
 class DataLoader:
     """Iterate dicts of batches from ``arrays`` (all sharing their first dimension).
 
@@ -54,8 +61,7 @@ class DataLoader:
         if not arrays:
             raise ValueError("DataLoader needs at least one array")
         for name, value, least in (("batch_size", batch_size, 1), ("prefetch", prefetch, 0), ("seed", seed, 0)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-                raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+            check_whole(name, value, least)
         self.arrays = {name: np.asarray(a) for name, a in arrays.items()}
         lengths = {name: (a.shape[0] if a.ndim else None) for name, a in self.arrays.items()}
         if None in lengths.values() or len(set(lengths.values())) != 1:

@@ -63,6 +63,7 @@ from graphc.passes.training import optimizers
 from graphc.passes.training.in_place import in_place_outputs
 from graphc.runtime import checkpoint as ckpt
 from graphc.runtime import metrics as metrics_lib
+from graphc.runtime.data import check_whole
 from graphc.runtime.feeds import check_one, dtype_name
 from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
@@ -280,8 +281,7 @@ class Trainer:
         self.step_count = 0
         self.epoch = 0
         self.batch_in_epoch = 0
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-            raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
+        check_whole("seed", seed, 0)
         self.rng = np.random.default_rng(seed)
         self._loader_state: Optional[ckpt.LoaderState] = None
         self._progress = ckpt.EpochProgress()  # running sums of the epoch under way
@@ -486,8 +486,7 @@ class Trainer:
         from graphc.runtime.history import EpochLog, check_plot
         from graphc.runtime.progress import TrainProgress
 
-        if isinstance(epochs, bool) or not isinstance(epochs, numbers.Integral) or epochs < 0:
-            raise ValueError(f"epochs must be a whole number >= 0 (the epoch to train to), got {epochs!r}")
+        check_whole("epochs", epochs, 0, " (the epoch to train to)")
         if checkpoint_every is not None and int(checkpoint_every) < 1:
             raise ValueError(f"checkpoint_every must be >= 1 steps, got {checkpoint_every}")
         if checkpoint_every is not None and checkpoint is None:
