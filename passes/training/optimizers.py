@@ -179,15 +179,15 @@ def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, wei
     # its step at batch 32, not worth the odd node (with the first moment as its sum, Trainer
     # steps interleaved at batch 32, 64 px, built second / first: 1.004x / 1.013x); and
     # ``b1*m + (1-b1)*g`` (Mul, Mul, Add, reading one array fewer than the Sub): 1.034x /
-    # 0.996x.) The first moment kept as its sum,
-    # ``b1*exp_sum + g`` (two passes where the average takes three, its 1 - b1 in the scalar step
-    # size): Trainer steps interleaved, batch 32, 64 px, built second / first, ResNet-18 0.991x /
-    # 0.991x, ResNet-50 0.999x / 0.992x, ResNet-50's update 49.8 -> 46.9 ms of kernel time (15.6 ->
-    # 14.9 % of the step). The second moment as its sum too, ``b2*exp_sum_sq + g*g``, saved about
-    # 0.4 % more (ResNet-18, the average back: 0.999x / 1.008x); left out: that sum nears g*g / (1 -
-    # b2), past float16's range from |g| = 8 at b2 = 0.999 where the average lasts to 256, and a
-    # param whose exp_sum_sq is inf stops moving without a word. (The first sum's 1 / (1 - b1),
-    # 10 at b1 = 0.9, leaves float16 gradients up to 6,550.)
+    # 0.996x.) The first moment kept as its sum, ``b1*exp_sum + g`` (two passes where the
+    # average takes three, its 1 - b1 in the scalar step size): Trainer steps interleaved, batch
+    # 32, 64 px, built second / first, ResNet-18 0.991x / 0.991x, ResNet-50 0.999x / 0.992x,
+    # ResNet-50's update 49.8 -> 46.9 ms of kernel time (15.6 -> 14.9 % of the step). The second
+    # moment as its sum too, ``b2*exp_sum_sq + g*g``, saved about 0.4 % more (ResNet-18, the
+    # average back: 0.999x / 1.008x); left out: that sum nears g*g / (1 - b2), past float16's
+    # range from |g| = 8 at b2 = 0.999 where the average lasts to 256, and a param whose
+    # exp_sum_sq is inf stops moving without a word. (The first sum's 1 / (1 - b1), 10 at b1 =
+    # 0.9, leaves float16 gradients up to 6,550.)
     like = param if param is not None else grad  # typed (a per-param gradient may not be)
     b, c = ctx.b, lambda v: b.scalar(v, like)
     beta1, beta2 = betas
