@@ -66,6 +66,37 @@ def test_object_arrays_are_refused_without_unpickling(capsys, ws):
     assert "--input x" in err and "holds Python objects" in err and not marker.exists()
 
 
+def _header_only(shape) -> bytes:
+    """The bytes of a .npy file whose header declares float32 ``shape`` and holds 64 bytes of data."""
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return buf.getvalue() + b"\0" * 64
+
+
+def test_an_array_header_declaring_more_than_its_file_holds(capsys, ws):
+    # numpy allocates what the header declares before it reads: 16 TB here, a MemoryError
+    (ws / "huge.npy").write_bytes(_header_only((10**12, 4)))
+    err = one_line_error(run_cli(capsys, "run", ws / "mlp.onnx", "--backend", "numpy", "--input",
+                                 f"x={ws / 'huge.npy'}"))
+    assert "--input x" in err and "is truncated: its header declares float32[1000000000000, 4]" in err
+    assert "the file holds 64 bytes of data" in err
+    import zipfile
+
+    with zipfile.ZipFile(ws / "huge.npz", "w") as archive:
+        archive.writestr("x.npy", _header_only((10**12, 4)))
+        archive.writestr("y.npy", _header_only((16,)))
+    err = one_line_error(train(capsys, ws, "--data", ws / "huge.npz"))
+    assert "array 'x' is truncated" in err and "training on" not in err
+
+
+def test_os_errors_are_one_line(capsys, ws):
+    # an output under a file: mkdir's FileExistsError, once a traceback
+    result = run_cli(capsys, "optimize", ws / "mlp.onnx", "-o", ws / "data.npz" / "sub.onnx")
+    assert "FileExistsError" in one_line_error(result) and "data.npz" in result.err
+
+
 def test_run_input_given_as_an_npz(capsys, ws):
     err = one_line_error(run_cli(capsys, "run", ws / "mlp.onnx", "--input", f"x={ws / 'data.npz'}"))
     assert "--input x" in err and "expected one array saved with np.save (.npy), found an .npz archive" in err

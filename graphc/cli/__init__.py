@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
         app(args=args, standalone_mode=True)
     except SystemExit:
         raise
-    except (GraphcError, ValueError, FileNotFoundError, KeyError, TypeError) as exc:
+    except (GraphcError, ValueError, OSError, KeyError, TypeError, MemoryError) as exc:
         if state["debug"]:
             raise
         message = _one_line(exc)

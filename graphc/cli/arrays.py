@@ -7,6 +7,7 @@ restore) is one ``InputError`` naming the option, the file and the problem.
 
 from __future__ import annotations
 
+import math
 import zipfile
 from pathlib import Path
 from typing import BinaryIO
@@ -27,7 +28,7 @@ def load_npy(path: Path, option: str) -> np.ndarray:
         raise InputError(f"{option} {path}: expected one array saved with np.save (.npy), found {_FOUND[kind]}")
     try:
         with open(path, "rb") as f:
-            _check_header(f, f"{option} {path}: the array")
+            _check_header(f, f"{option} {path}: the array", path.stat().st_size)
             f.seek(0)
             return np.load(f, allow_pickle=False)
     except InputError:
@@ -56,7 +57,7 @@ def load_npz(path: Path, option: str, names: list[str]) -> dict[str, np.ndarray]
         with zipfile.ZipFile(path) as archive:
             for name in names:
                 with archive.open(f"{name}.npy") as f:
-                    _check_header(f, f"{option} {path}: array {name!r}")
+                    _check_header(f, f"{option} {path}: array {name!r}", archive.getinfo(f"{name}.npy").file_size)
                     f.seek(0)
                     out[name] = np.lib.format.read_array(f, allow_pickle=False)
     except InputError:
@@ -77,16 +78,22 @@ def _kind(path: Path, option: str) -> str:
     return "npy" if head == NPY_MAGIC else "npz" if head.startswith(ZIP_MAGIC) else "other"
 
 
-def _check_header(f: BinaryIO, what: str) -> None:
-    """Refuse an array whose dtype holds Python objects: only unpickling could read it."""
+def _check_header(f: BinaryIO, what: str, size: int) -> None:
+    """Refuse an array whose dtype holds Python objects (only unpickling could read it) or whose
+    header declares more data than the ``size`` bytes of its file hold (numpy would allocate all
+    of it first: a 100-byte file can ask for terabytes)."""
     version = np.lib.format.read_magic(f)
     readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
     if version not in readers:
         return  # format 3.0 (utf-8 field names): np.load's allow_pickle=False still refuses objects
-    _, _, dtype = readers[version](f)
+    shape, _, dtype = readers[version](f)
     if dtype.hasobject:
         raise InputError(f"{what} holds Python objects (dtype {dtype}), which only unpickling could read, and "
                          "graphc never unpickles; save numeric arrays (e.g. np.asarray(a, dtype=np.float32))")
+    declared, held = math.prod(shape) * dtype.itemsize, size - f.tell()
+    if declared > held:
+        raise InputError(f"{what} is truncated: its header declares {dtype}{list(shape)} ({declared:,} bytes) but "
+                         f"the file holds {max(held, 0):,} bytes of data")
 
 
 def _first_line(exc: BaseException) -> str:
