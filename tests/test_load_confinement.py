@@ -108,6 +108,7 @@ def test_a_repeated_key_is_refused_even_when_both_point_inside(seed):
     ("length", "-1", "not a non-negative integer"),
     ("length", "4096", "past the end"),
     ("length", "0x10", "not a non-negative integer"),
+    ("length", "4", "holds 4 bytes, but its FLOAT"),  # the dims take more: numpy's reshape failed later
     ("location", "w.bin\x00../../outside/secret.bin", "NUL byte"),
     ("location", "", "no 'location'"),
     ("location", "missing.bin", "cannot be read"),

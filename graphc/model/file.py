@@ -177,8 +177,23 @@ def check_external_data(proto: onnx.ModelProto, base_dir: Path | None) -> list[t
         elif offset + length > info.st_size:
             raise _fail(where, tensor, f"external-data range {offset}+{length} is past the end of {path} "
                                        f"({info.st_size} bytes)")
+        wanted = _data_bytes(tensor)
+        if wanted is not None and length != wanted:
+            shape = "x".join(map(str, tensor.dims)) or "scalar"
+            raise _fail(where, tensor, f"external-data range {offset}+{length} of {path} holds {length:,} bytes, but "
+                                       f"its {ir.DataType(tensor.data_type).name} {shape} data takes {wanted:,}")
         plan.append((tensor, _Extent(path, info.st_dev, info.st_ino, offset, length)))
     return plan
+
+
+def _data_bytes(tensor: onnx.TensorProto) -> int | None:
+    """How many bytes the tensor's dims take in raw form (sub-byte types packed); None for strings."""
+    if tensor.data_type == onnx.TensorProto.STRING:
+        return None
+    count = 1
+    for dim in tensor.dims:
+        count *= max(int(dim), 0)
+    return -(-count * ir.DataType(tensor.data_type).bitwidth // 8)
 
 
 def read_external_data(plan: list[tuple[onnx.TensorProto, _Extent]]) -> None:
