@@ -276,6 +276,32 @@ def test_symbolic_batch_full_and_partial():
 
 
 # -- save / load -----------------------------------------------------------------------------
+def test_a_failed_save_over_artifacts_changes_none_of_their_files(tmp_path, monkeypatch):
+    """A save that fails once some files are written (a full disk here) leaves the old folder as
+    it was: files were once replaced one by one, new graphs beside the old state and manifest."""
+    from graphc.compile import training
+
+    target = tmp_path / "arts"
+    loss = gc.losses.cross_entropy("logits", label="y")
+    gc.training.generate(training_models.batchnorm(), loss, gc.optim.AdamW(0.01)).save(target)
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    other = gc.training.generate(training_models.batchnorm(), loss, gc.optim.SGD(0.1, momentum=0.9))
+    real = training.write_synced
+
+    def full_disk(path, data, *args):
+        if path.name == training.STATE_FILE:
+            raise OSError(28, "No space left on device")
+        return real(path, data, *args)
+
+    monkeypatch.setattr(training, "write_synced", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        other.save(target)
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before  # no temp left either
+    monkeypatch.setattr(training, "write_synced", real)
+    other.save(target)
+    assert gc.training.load(target).manifest == other.manifest
+
+
 def test_save_load_round_trip(tmp_path):
     arts = gc.training.generate(training_models.batchnorm(), gc.losses.cross_entropy("logits", label="y"),
                                 gc.optim.AdamW(0.01))

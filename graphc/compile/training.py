@@ -63,7 +63,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from graphc.compile.losses import LossSpec
 from graphc.compile.opsets import emitted_opset
 from graphc.errors import ArtifactsError, PassError
-from graphc.fileio import atomic_write, remove_stale_temps
+from graphc.fileio import fsync_dir, remove_stale_temps, scratch_dir, write_synced
 from graphc.model import Model, value_spec
 from graphc.model.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
 
@@ -270,19 +270,25 @@ class TrainingArtifacts:
                 f"optimizer {m.optimizer.get('kind')}, loss {m.loss.get('kind')}>")
 
     def save(self, directory: Union[str, os.PathLike]) -> Path:
-        """Write the files (six, or seven with ``noise_shapes``) into ``directory``; each file is
-        replaced atomically."""
+        """Write the files (six, or seven with ``noise_shapes``) into ``directory``. All are
+        written and synced in a temp folder inside it first, then renamed over the old ones,
+        ``manifest.json`` last: a save that fails (a full disk, an error) changes nothing, where
+        replacing the files one by one had left a folder of new graphs and the old state."""
         from safetensors.numpy import save as st_save
 
         directory = Path(directory)
         if directory.exists() and not directory.is_dir():
             raise FileExistsError(f"cannot save training artifacts into {directory}: it is a file; give a folder")
         directory.mkdir(parents=True, exist_ok=True)
-        for key, model in self.graphs.items():
-            model.save(directory / GRAPH_FILES[key])
-        state = {k: np.asarray(v, order="C") for k, v in self.state.items()}  # keeps 0-d step/lr 0-d
-        atomic_write(directory / STATE_FILE, st_save(state))
-        atomic_write(directory / MANIFEST_FILE, self.manifest.model_dump_json(indent=2).encode())
+        with scratch_dir(directory / MANIFEST_FILE) as tmp:
+            for key, model in self.graphs.items():
+                model.save(tmp / GRAPH_FILES[key])
+            state = {k: np.asarray(v, order="C") for k, v in self.state.items()}  # keeps 0-d step/lr 0-d
+            write_synced(tmp / STATE_FILE, st_save(state))
+            write_synced(tmp / MANIFEST_FILE, self.manifest.model_dump_json(indent=2).encode())
+            for name in sorted(os.listdir(tmp), key=lambda n: n == MANIFEST_FILE):
+                os.replace(tmp / name, directory / name)
+        fsync_dir(directory)
         return directory
 
 
