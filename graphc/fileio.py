@@ -56,6 +56,26 @@ def scratch_dir(target: PathLike) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+class OutsideFolder(ValueError):
+    """An entry of a folder that leads outside it (``confined``)."""
+
+
+def confined(folder: PathLike, name: str, kind: str = "folder") -> Path:
+    """``folder / name`` where it may be read as one of the folder's own entries (it need not
+    exist): its real path (every symlink and '..' resolved) inside the folder's, and a file there of one hard link only (its other names may lie anywhere; onnx's
+    checker refuses hard-linked external data for the same reason). Else ``OutsideFolder``
+    says why, calling the folder ``kind``. For the files graphc finds in a folder by name (an artifact directory's manifest,
+    state and graphs, a checkpoint folder's file and ``artifacts/``), never for paths a user gives."""
+    folder = Path(folder)
+    root, real = folder.resolve(), (folder / name).resolve()
+    if not real.is_relative_to(root):
+        raise OutsideFolder(f"{name!r} resolves to {real}, outside the {kind} {root}; refusing to read it")
+    if real.is_file() and real.stat().st_nlink > 1:
+        raise OutsideFolder(f"{name!r} in the {kind} {root} has {real.stat().st_nlink} hard links; a hard-linked "
+                            "file may be one outside the folder, refusing to read it (copy it in)")
+    return folder / name
+
+
 def temp_path(target: Path) -> Path:
     """This writer's temp name for ``target``: recognisable, beside it, unique per thread."""
     return target.with_name(f".{target.name}.tmp-{threading.get_native_id()}-{os.getpid()}")

@@ -70,8 +70,10 @@ def test_a_killed_artifacts_save_leaves_a_named_temp_that_the_next_save_or_load_
     out = tmp_path / "out"
     kill_while_writing(tmp_path, "artifacts", saved, out)
     stale = temps(out)
-    assert len(stale) == 1 and stale[0].startswith(".train_step.onnx.tmp-")  # beside its target, named after it
-    assert (out / stale[0] / "train_step.onnx").is_file() and not (out / "train_step.onnx").exists()
+    # every file is written into one temp folder first, named after the manifest, renamed in last
+    assert len(stale) == 1 and stale[0].startswith(".manifest.json.tmp-")
+    assert [p.name for p in (out / stale[0]).glob("*/train_step.onnx")] == ["train_step.onnx"]
+    assert list(out.iterdir()) == [out / stale[0]]
     gc.training.load(saved).save(out)  # the next save removes it
     assert temps(out) == []
     kill_while_writing(tmp_path, "artifacts", saved, out)  # killed re-saving over complete artifacts
@@ -79,8 +81,8 @@ def test_a_killed_artifacts_save_leaves_a_named_temp_that_the_next_save_or_load_
     assert len(stale) == 1
     # Not graphc's temps, or not stale: a living writer's (our parent's pid), another name's
     # pattern, a user's file that merely looks alike; and a stale temp in another folder.
-    alive = f".train_step.onnx.tmp-1-{os.getppid()}"
-    keep = [alive, ".train_step.onnx.tmp-x-1", "train_step.onnx.tmp-1-999999", ".train_step.onnx.tmp-1-0"]
+    alive = f".manifest.json.tmp-1-{os.getppid()}"
+    keep = [alive, ".manifest.json.tmp-x-1", "manifest.json.tmp-1-999999", ".manifest.json.tmp-1-0"]
     for name in keep:
         (out / name).mkdir()
     (tmp_path / "elsewhere").mkdir()
@@ -107,6 +109,26 @@ def test_a_killed_checkpoint_save_keeps_the_previous_one_and_its_temp_is_removed
     assert len(stale) == 1 and stale[0].startswith(".artifacts.tmp-") and not (tmp_path / "fresh" / "artifacts").exists()
     trainer.save_checkpoint(tmp_path / "fresh")
     assert temps(tmp_path / "fresh") == [] and (tmp_path / "fresh" / "artifacts" / "manifest.json").is_file()
+
+
+def test_a_checkpoint_folder_whose_file_or_artifacts_lead_outside_is_refused(tmp_path, saved):
+    trainer = gc.Trainer(saved, backend="numpy")
+    ck = tmp_path / "ck"
+    trainer.save_checkpoint(ck)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.move(ck / ckpt.FILE_NAME, outside / ckpt.FILE_NAME)
+    os.symlink(outside / ckpt.FILE_NAME, ck / ckpt.FILE_NAME)
+    for read in (ckpt.load, ckpt.read_meta, trainer.load_checkpoint, lambda p: gc.Trainer(p, backend="numpy")):
+        with pytest.raises(ckpt.CheckpointError, match="'checkpoint.safetensors' resolves to .*outside/checkpoint.safetensors, outside the "
+                                                       "checkpoint folder"):
+            read(ck)
+    (ck / ckpt.FILE_NAME).unlink()
+    shutil.move(outside / ckpt.FILE_NAME, ck / ckpt.FILE_NAME)
+    shutil.move(ck / ckpt.ARTIFACTS_DIR, outside / ckpt.ARTIFACTS_DIR)
+    os.symlink(outside / ckpt.ARTIFACTS_DIR, ck / ckpt.ARTIFACTS_DIR)
+    with pytest.raises(ckpt.CheckpointError, match="'artifacts' resolves to .*, outside the checkpoint folder"):
+        gc.Trainer(ck, backend="numpy")
 
 
 def test_remove_stale_temps_needs_the_exact_pattern(tmp_path):

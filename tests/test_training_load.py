@@ -73,6 +73,28 @@ def test_a_symlink_is_followed_as_the_os_would(arts, saved):
     assert [s.name for s in gc.training.load(arts).eval.outputs] == ["loss", "logits"]
 
 
+@pytest.mark.parametrize("name", ["state.safetensors", "manifest.json"])
+@pytest.mark.parametrize("link", ["symlink", "hard link"])
+def test_the_state_and_manifest_must_be_the_folders_own_files(arts, name, link):
+    """Graph files were confined to the folder; the state and the manifest were read wherever a
+    link led (a Trainer took its params from the file outside)."""
+    outside = arts.parent.parent / "x" / name
+    shutil.move(arts / name, outside)
+    (os.symlink if link == "symlink" else os.link)(outside, arts / name)
+    expected = f"resolves to {outside}, outside the artifact directory" if link == "symlink" else "has 2 hard links"
+    for load in (gc.training.load, lambda d: gc.Trainer(d, backend="numpy")):
+        with pytest.raises(ArtifactsError, match=expected):
+            load(arts)
+
+
+def test_a_hard_linked_graph_file_is_refused(arts):
+    os.link(arts.parent.parent / "x" / "evil.onnx", arts / "other.onnx")
+    edit_manifest(arts, lambda m: m["graphs"]["inference"].update(file="other.onnx"))
+    with pytest.raises(ArtifactsError, match="the inference graph file 'other.onnx' in the artifact directory .* "
+                                             "has 2 hard links"):
+        gc.training.load(arts)
+
+
 def test_a_symlinked_artifact_directory_still_loads(arts):
     os.symlink(arts, arts.parent / "link")
     assert gc.training.load(arts.parent / "link").manifest.trainable

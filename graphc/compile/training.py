@@ -63,7 +63,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from graphc.compile.losses import LossSpec
 from graphc.compile.opsets import emitted_opset
 from graphc.errors import ArtifactsError, PassError
-from graphc.fileio import fsync_dir, remove_stale_temps, scratch_dir, write_synced
+from graphc.fileio import OutsideFolder, confined, fsync_dir, remove_stale_temps, scratch_dir, write_synced
 from graphc.model import Model, value_spec
 from graphc.model.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
 
@@ -300,21 +300,23 @@ def load(directory: Union[str, os.PathLike]) -> TrainingArtifacts:
 
     Raises:
         ArtifactsError: ``manifest.json`` is missing, not JSON or not a valid manifest, lacks one
-            of the four graphs, or names a graph file that resolves (symlinks followed) outside
-            ``directory``; ``state.safetensors`` has no readable header. Checked before any graph
+            of the four graphs; it, the state or a graph file it names leads outside ``directory``
+            (a symlink, '..', a hard link: ``fileio.confined``); ``state.safetensors`` has no
+            readable header. Checked before any graph
             is read. On first use of a graph: its inputs or outputs differ from the manifest's; of
             the state: a tensor's entry or data is bad (truncated, offsets outside the file).
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
     files = {key: _graph_file(directory, key, entry.file) for key, entry in manifest.graphs.items()}
-    for path in (*files.values(), directory / STATE_FILE, directory / MANIFEST_FILE):
+    state = _own_file(directory, STATE_FILE)
+    for path in (*files.values(), state, directory / MANIFEST_FILE):
         remove_stale_temps(path)  # what a save killed mid-way left beside them
     graphs = {key: partial(_load_graph, path, directory / MANIFEST_FILE, manifest.graphs[key])  # read on first use
               for key, path in files.items()}
     artifacts = TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"], graphs["inference"],
-                                  partial(_read_state, directory / STATE_FILE), manifest, graphs.get("noise_shapes"))
-    _check_state(directory / STATE_FILE)  # its header now, so an unreadable state fails here
+                                  partial(_read_state, state), manifest, graphs.get("noise_shapes"))
+    _check_state(state)  # its header now, so an unreadable state fails here
     return artifacts
 
 
@@ -340,7 +342,7 @@ def _check_state(path: Path) -> None:
 
 def read_manifest(directory: Union[str, os.PathLike]) -> Manifest:
     """The validated ``manifest.json`` of an artifact directory; ``ArtifactsError`` if it is not one."""
-    path = Path(directory) / MANIFEST_FILE
+    path = _own_file(Path(directory), MANIFEST_FILE)
     try:
         manifest = Manifest.model_validate_json(path.read_bytes())
     except OSError as exc:
@@ -393,15 +395,20 @@ def _same_type(entry: TensorEntry, spec: TensorSpec) -> bool:
 
 
 def _graph_file(directory: Path, key: str, name: str) -> Path:
-    """``directory / name``, refused unless it resolves (symlinks followed) inside ``directory``."""
-    root = directory.resolve()
-    target = (directory / name).resolve()
-    if os.path.isabs(name) or not target.is_relative_to(root):
-        raise ArtifactsError(f"{directory / MANIFEST_FILE}: the {key} graph file {name!r} resolves to {target}, "
-                             f"outside the artifact directory {root}; refusing to read it")
+    """``directory / name``, refused unless it is one of ``directory``'s own files (``confined``)."""
+    target = _own_file(directory, name, f"the {key} graph file ").resolve()
     if not target.is_file():
         raise ArtifactsError(f"{directory / MANIFEST_FILE}: the {key} graph file {name!r} is missing")
     return target
+
+
+def _own_file(directory: Path, name: str, what: str = "") -> Path:
+    """``directory / name`` if it lies in ``directory`` (``fileio.confined``), else ``ArtifactsError``."""
+    try:
+        return confined(directory, name, "artifact directory")
+    except OutsideFolder as exc:
+        where = directory / MANIFEST_FILE if what else directory
+        raise ArtifactsError(f"{where}: {what}{exc}") from None
 
 
 def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Iterable[str] | None = None,

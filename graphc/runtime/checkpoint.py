@@ -33,7 +33,7 @@ from pydantic import (BaseModel, NonNegativeFloat, NonNegativeInt, PositiveInt, 
                       model_validator)
 
 from graphc.errors import GraphcError
-from graphc.fileio import atomic_write, fsync_dir, remove_stale_temps, scratch_dir
+from graphc.fileio import OutsideFolder, atomic_write, confined, fsync_dir, remove_stale_temps, scratch_dir
 from graphc.tensorfile import DTYPES, read_header, read_tensors
 
 __all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "LoaderState", "artifacts_dir", "check_owner",
@@ -289,6 +289,8 @@ def save_artifacts_beside(target: Path, artifacts: Any) -> Path:
 
 
 def _existing_file(target: Path, given: PathLike) -> Path:
+    if target.parent == Path(given):  # found by name in the folder given: one of its own files
+        _own(target.parent, target.name)
     if target.is_file():
         return target
     if target.exists():
@@ -331,8 +333,16 @@ def _first_error(exc: ValidationError) -> str:
 def artifacts_dir(path: PathLike) -> Optional[Path]:
     """The training graphs stored beside a checkpoint, if it is a directory holding them."""
     folder = resolve(path).parent
-    candidate = folder / ARTIFACTS_DIR
+    candidate = _own(folder, ARTIFACTS_DIR)
     return candidate if (candidate / "manifest.json").is_file() else None
+
+
+def _own(folder: Path, name: str) -> Path:
+    """``folder / name`` if it lies in ``folder`` (``fileio.confined``), else ``CheckpointError``."""
+    try:
+        return confined(folder, name, "checkpoint folder")
+    except OutsideFolder as exc:
+        raise CheckpointError(f"{folder}: {exc}") from None
 
 
 def find_artifacts(path: PathLike) -> Optional[Path]:
