@@ -10,6 +10,7 @@ import onnx_ir.passes.common as common
 import pytest
 from onnx import TensorProto, helper
 
+import graphc as gc
 from graphc.passes.optimize.library import RemoveUnusedNodes
 from graphc.passes.optimize.shape_inference import _read_back, _tensor_shape, _tensor_type
 
@@ -124,6 +125,18 @@ def test_cse_and_identity_elimination_same_as_onnx_ir(kind):
     assert (ir.serde.serialize_model(ours).SerializeToString(deterministic=True)
             == ir.serde.serialize_model(theirs).SerializeToString(deterministic=True))
     assert [v.name for v in ours.graph.outputs] == ["y", "z"]
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_two_dropouts_of_one_input_stay_two_draws(level):
+    def two_masks(x):
+        a, b = gc.dropout(x, 0.5, training=True), gc.dropout(x, 0.5, training=True)
+        return {"diff": gc.abs(a - b).sum()}
+
+    x = np.ones((64, 64), np.float32)
+    model = gc.optimize(gc.capture(two_masks, x=x), level=level)
+    assert sum(n.op_type == "Dropout" for n in model.proto.graph.node) == 2
+    assert gc.Session(model, backend="numpy").run({"x": x})["diff"] > 0  # one merged mask gives 0
 
 
 def test_fold_constants_same_as_onnxscript():

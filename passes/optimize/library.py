@@ -247,8 +247,10 @@ class CommonSubexpressionElimination(Declared, ir.passes.InPlacePass):
         return (node.op_identifier(), len(node.outputs), tuple(map(id, node.inputs)), tuple(attributes))
 
 
+# Nodes that draw random numbers: two equal ones are two draws (onnx-ir's list, and Dropout, whose
+# training-mode masks are draws: two Dropouts of one input had been merged into one mask).
 _NON_DETERMINISTIC = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike",
-                                "Multinomial"})
+                                "Multinomial", "Dropout"})
 
 
 def _replace_node(graph: ir.Graph, node: ir.Node, values: Sequence[ir.Value]) -> None:
