@@ -225,9 +225,11 @@ def _tensor_table(header: dict) -> dict[str, tuple[str, list[int]]]:
             for name, info in header.items() if isinstance(info, dict) and isinstance(info.get("shape"), list)}
 
 
-def mismatch(expected: Mapping[str, Any], have: Mapping[str, tuple[str, list]]) -> Optional[str]:
-    """Why tensors ``have`` (name -> (dtype name, shape)) do not fit the carried manifest entries
-    ``expected`` (name -> ``TensorEntry``): the first missing or differently typed one; None if they fit."""
+def mismatch(expected: Mapping[str, Any], have: Mapping[str, tuple[str, list]],
+             roles: Mapping[str, str] = {}) -> Optional[str]:
+    """Why tensors ``have`` (name -> (dtype name, shape); ``roles`` name -> role where known) do
+    not fit the carried manifest entries ``expected`` (name -> ``TensorEntry``): the first missing
+    or differently typed one, else the first one they lack; None if they fit."""
     for name, entry in expected.items():
         if name not in have:
             return f"has no {entry.role} {name!r}"
@@ -236,7 +238,8 @@ def mismatch(expected: Mapping[str, Any], have: Mapping[str, tuple[str, list]]) 
         if dtype != entry.dtype or (fixed and list(shape) != list(entry.shape)):
             return (f"holds {entry.role} {name!r} as {dtype}{list(shape)}, the training graphs "
                     f"expect {entry.dtype}{entry.shape}")
-    return None
+    return next((f"has {roles.get(name, 'tensor')} {name!r}, which these training graphs lack"
+                 for name in have if name not in expected), None)
 
 
 def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
@@ -261,9 +264,7 @@ def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
         found.append((beside / MANIFEST_FILE, {n: (e.dtype, e.shape or []) for n, e in carried.items()},
                       {n: e.role for n, e in carried.items()}))
     for where, tensors, roles in found:
-        extra = next((f"has {role} {name!r}, which these training graphs lack" for name, role in roles.items()
-                      if name not in expected), None)
-        problem = mismatch(expected, tensors) or extra
+        problem = mismatch(expected, tensors, roles)
         if problem is not None and any(sum_name(n, expected) != n for n in tensors):
             raise CheckpointError(f"{path} holds training graphs of format 3 ({where.parent}), which keep Adam's first "
                                   "moment as an average: refusing to write these graphs' checkpoint beside them; "

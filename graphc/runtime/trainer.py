@@ -700,7 +700,9 @@ class Trainer:
         """Restore what ``save_checkpoint`` wrote; the next steps replay the original run."""
         tensors, meta = ckpt.load(path)
         tensors = optimizers.first_moments_as_sums(tensors, self.manifest.optimizer, self._expected)
-        problem = ckpt.mismatch(self._expected, {n: (dtype_name(a.dtype), list(a.shape)) for n, a in tensors.items()})
+        roles = {optimizers.sum_name(n, self._expected): r for n, r in meta.roles.items()}
+        problem = ckpt.mismatch(self._expected, {n: (dtype_name(a.dtype), list(a.shape)) for n, a in tensors.items()},
+                                roles)
         if problem is not None:
             raise ckpt.CheckpointError(f"{path}: the checkpoint {problem}; it was saved from different training graphs")
         self._reset_state(tensors, consume=True)
