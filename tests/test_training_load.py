@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 import graphc as gc
@@ -93,6 +94,26 @@ def test_a_hard_linked_graph_file_is_refused(arts):
     with pytest.raises(ArtifactsError, match="the inference graph file 'other.onnx' in the artifact directory .* "
                                              "has 2 hard links"):
         gc.training.load(arts)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.update({"step": t["step"].astype("float32")}), r"holds state 'step' as float32\[\], the training "
+                                                                 r"graphs expect int64\[\]"),
+    (lambda t: t.update({"lr": np.full(2, 0.1, "float32")}), r"holds hyper 'lr' as float32\[2\]"),
+    (lambda t: t.update({k: v.astype("float64") for k, v in t.items() if k.endswith("weight")}),
+     r"holds param '\S+weight' as float64"),
+])
+def test_a_state_file_that_does_not_fit_the_graphs_is_refused_at_open(arts, edit, message):
+    """It trained in its own dtype (float64 params on numpy; a checkpoint no Trainer could load
+    followed) or failed at the first step without naming the file."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(arts / "state.safetensors")
+    edit(tensors)
+    save_file(tensors, arts / "state.safetensors")
+    for backend in ("numpy", "ort-cpu"):
+        with pytest.raises(ArtifactsError, match=f"state.safetensors {message}"):
+            gc.Trainer(arts, backend=backend)
 
 
 def test_a_symlinked_artifact_directory_still_loads(arts):

@@ -294,6 +294,13 @@ class Trainer:
         missing = [n for n in self._expected if n not in tensors]
         if missing:
             raise ValueError(f"no initial value for train_step input(s) {missing} in the artifacts' state")
+        problem = ckpt.mismatch(self._expected, {n: (dtype_name(tensors[n].dtype), list(np.shape(tensors[n])))
+                                                 for n in self._expected})
+        if problem is not None:  # a state file edited or swapped: it trained in its own dtype, or failed mid-step
+            from graphc.compile.training import STATE_FILE
+
+            where = self.artifacts_path / STATE_FILE if self.artifacts_path else "the artifacts' state"
+            raise ArtifactsError(f"{where} {problem}; it is not these training graphs' state")
         return self.manifest.pack(tensors, consume=consume)
 
     def _reset_state(self, tensors: Mapping[str, np.ndarray], consume: bool = False) -> None:
