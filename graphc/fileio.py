@@ -62,9 +62,10 @@ class OutsideFolder(ValueError):
 
 def confined(folder: PathLike, name: str, kind: str = "folder") -> Path:
     """``folder / name`` where it may be read as one of the folder's own entries (it need not
-    exist): its real path (every symlink and '..' resolved) inside the folder's, and a file there of one hard link only (its other names may lie anywhere; onnx's
-    checker refuses hard-linked external data for the same reason). Else ``OutsideFolder``
-    says why, calling the folder ``kind``. For the files graphc finds in a folder by name (an artifact directory's manifest,
+    exist): its real path (every symlink and '..' resolved) inside the folder's, and a file there
+    of one hard link only (its other names may lie anywhere; onnx's checker refuses hard-linked
+    external data for the same reason). Else ``OutsideFolder`` says why, calling the folder
+    ``kind``. For the files graphc finds in a folder by name (an artifact directory's manifest,
     state and graphs, a checkpoint folder's file and ``artifacts/``), never for paths a user gives."""
     folder = Path(folder)
     root, real = folder.resolve(), (folder / name).resolve()

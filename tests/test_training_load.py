@@ -116,6 +116,27 @@ def test_a_state_file_that_does_not_fit_the_graphs_is_refused_at_open(arts, edit
             gc.Trainer(arts, backend=backend)
 
 
+def _drop_first_param_feed(m):
+    out = next(k for k, v in m["feeds"].items() if v == m["trainable"][0])
+    del m["feeds"][out]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_drop_first_param_feed, r"feeds gives the train_step param '\S+' 0 next values, not 1"),
+    (lambda m: m["feeds"].update({next(iter(m["feeds"])): "nope"}),
+     r"feeds maps '\S+' to 'nope', but train_step has no such"),
+    (lambda m: m["trainable"].append("ghost"), r"trainable lists \['ghost'\] beyond train_step's params"),
+    (lambda m: m["state"].remove(m["trainable"][0]), r"state lacks \['\S+'\] of what train_step carries"),
+    (lambda m: m["layout"][0]["shapes"][0].reverse(), r"layout '\S+' holds '\S+' as \[\d+, \d+\], not a param"),
+])
+def test_a_manifest_that_contradicts_its_train_step_is_refused(arts, edit, message):
+    """Edited by hand: without its feed a param never trained, silently; the others were accepted."""
+    edit_manifest(arts, edit)
+    for load in (gc.training.load, lambda d: gc.Trainer(d, backend="numpy")):
+        with pytest.raises(ArtifactsError, match=f"manifest.json: the manifest contradicts itself: {message}"):
+            load(arts)
+
+
 def test_a_symlinked_artifact_directory_still_loads(arts):
     os.symlink(arts, arts.parent / "link")
     assert gc.training.load(arts.parent / "link").manifest.trainable

@@ -50,6 +50,7 @@ Every graph is ``ai.onnx`` only and keeps symbolic dims symbolic (any batch size
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
@@ -360,7 +361,53 @@ def read_manifest(directory: Union[str, os.PathLike]) -> Manifest:
     if unknown:
         raise ArtifactsError(f"{path}: the manifest lists unknown graph(s) {', '.join(unknown)}; "
                              f"known: {', '.join(GRAPH_FILES)}")
+    problem = _inconsistency(manifest)
+    if problem is not None:  # a manifest edited by hand: a param without its feed never trained
+        raise ArtifactsError(f"{path}: the manifest contradicts itself: {problem}")
     return manifest
+
+
+def _inconsistency(m: Manifest) -> str | None:
+    """The first place where ``feeds``, ``trainable``, ``layout`` or ``state`` disagree with the
+    train_step graph the manifest lists, or None."""
+    step = m.graphs["train_step"]
+    inputs, outputs = {e.name: e for e in step.inputs}, {e.name: e for e in step.outputs}
+    for out, into in m.feeds.items():
+        source, target = outputs.get(out), inputs.get(into)
+        if source is None or target is None or target.role not in ("param", "state"):
+            return (f"feeds maps {out!r} to {into!r}, but train_step has no such output, or no such param or "
+                    "state input")
+        if (source.dtype, source.shape) != (target.dtype, target.shape):
+            return f"feeds maps {out!r} ({source.dtype}{source.shape}) to {into!r} ({target.dtype}{target.shape})"
+    fed = list(m.feeds.values())
+    for name, entry in inputs.items():
+        if entry.role in ("param", "state") and fed.count(name) != 1:
+            return f"feeds gives the train_step {entry.role} {name!r} {fed.count(name)} next values, not 1"
+    differs = _differs("trainable", m.trainable, [n for n, e in inputs.items() if e.role == "param"],
+                       "train_step's params")
+    if differs:
+        return differs
+    laid = [p for buf in m.layout for p in buf.params]
+    for buf in m.layout:
+        if len(buf.params) != len(buf.shapes):
+            return f"layout {buf.name!r} lists {len(buf.params)} params and {len(buf.shapes)} shapes"
+        for p, shape in zip(buf.params, buf.shapes):
+            if p not in inputs or inputs[p].shape != shape or laid.count(p) != 1:
+                return f"layout {buf.name!r} holds {p!r} as {shape}, not a param train_step takes once so"
+        size = sum(math.prod(s) for s in buf.shapes)
+        for name, _ in buf.tensors():
+            if name not in inputs or inputs[name].shape != [size]:
+                return f"layout {buf.name!r} needs a train_step state input {name!r} of [{size}]"
+    return _differs("state", m.state, m.carried(), "what train_step carries")
+
+
+def _differs(field: str, listed, wanted, what: str) -> str | None:
+    """Which names the manifest's ``field`` lists beyond ``wanted`` or lacks from it, or None."""
+    extra, lacking = sorted(set(listed) - set(wanted)), sorted(set(wanted) - set(listed))
+    if not extra and not lacking:
+        return None
+    return f"{field} lists {extra} beyond {what} and lacks {lacking}" if extra and lacking else (
+        f"{field} lists {extra} beyond {what}" if extra else f"{field} lacks {lacking} of {what}")
 
 
 def _load_graph(path: Path, manifest: Path, entry: GraphEntry) -> Model:
