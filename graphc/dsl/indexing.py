@@ -1,4 +1,9 @@
-"""``Tensor.__getitem__``: ints, slices, ``None``, ``...`` and integer index Tensors (Gather)."""
+"""``Tensor.__getitem__``: ints, slices, ``None``, ``...`` and integer index Tensors, as torch indexes.
+
+torch first applies the ints (select), slices and ``None`` (a new axis), then indexes the result
+with the index Tensors: one is a Gather on its axis; several are broadcast together and pick
+pointwise (GatherND), their result dims in their place if they index adjacent axes, else first.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,14 @@ from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
+from graphc.passes.infer import InferenceError, broadcast
 
 _INT_MAX = np.iinfo(np.int64).max
 
 
 def getitem(x: Tensor, index: Any) -> Tensor:
-    """``x[index]``: Slice for ints and slices, Gather for index Tensors, Unsqueeze for ``None``."""
+    """``x[index]``: Slice (and Squeeze) for ints and slices, Unsqueeze for ``None``, then Gather for
+    one index Tensor, GatherND for several."""
     items = list(index) if isinstance(index, tuple) else [index]
     if sum(i is Ellipsis for i in items) > 1:
         raise CaptureError(f"an index can have only one `...` (at {user_source()})")
@@ -30,16 +37,18 @@ def getitem(x: Tensor, index: Any) -> Tensor:
         items += [slice(None)] * (rank - consumed)
 
     starts, ends, axes, steps = [], [], [], []
-    squeeze_axes, gathers, new_axes = [], [], []
+    squeeze_axes, picks, new_axes = [], [], []
     axis = 0   # axis in x
-    out_axis = 0  # axis in the result
+    out_axis = 0  # axis after the ints, slices and Nones
     for item in items:
         if item is None:
             new_axes.append(out_axis)
             out_axis += 1
             continue
         if isinstance(item, Tensor):
-            gathers.append((axis, item))
+            if item.dtype not in ("int64", "int32"):
+                raise op_error("Gather", [x, item], "index tensors must be int64 or int32", user_source())
+            picks.append((out_axis, item))
         elif isinstance(item, (int, np.integer)):
             i = int(item)
             dim = x.shape[axis]
@@ -71,17 +80,43 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     if axes:
         y = ops.emit("Slice", [y, ops.const_i64(starts), ops.const_i64(ends), ops.const_i64(axes),
                                ops.const_i64(steps)])
-    # gathers on distinct axes, applied from the last axis so earlier axis numbers stay valid
-    for ax, idx in sorted(gathers, key=lambda g: -g[0]):
-        if idx.dtype not in ("int64", "int32"):
-            raise op_error("Gather", [x, idx], "index tensors must be int64 or int32", user_source())
-        y = ops.emit("Gather", [y, idx], {"axis": ax})
     if squeeze_axes:
-        if gathers:
-            raise CaptureError(f"mixing integer and tensor indices is not supported (at {user_source()})")
         y = ops.squeeze(y, squeeze_axes)
     if new_axes:
         y = ops.unsqueeze(y, new_axes)
+    if len(picks) == 1:
+        (ax, idx), = picks
+        y = ops.emit("Gather", [y, idx], {"axis": ax})
+    elif picks:
+        y = _pointwise(x, y, picks)
     if y is x:
         y = ops.emit("Identity", [x])
+    return y
+
+
+def _pointwise(x: Tensor, y: Tensor, picks: list[tuple[int, Tensor]]) -> Tensor:
+    """``y`` indexed by several index Tensors at once (``picks``: (axis, index) in axis order): the
+    axes moved first, one GatherND on the broadcast indices stacked as tuples, and the result dims
+    moved to the first indexed axis when the axes are adjacent (numpy's and torch's rule)."""
+    axes = [ax for ax, _ in picks]
+    idxs = [ops.cast(idx, "int64") if idx.dtype != "int64" else idx for _, idx in picks]
+    try:
+        shape = broadcast(*(idx.shape for idx in idxs))
+    except InferenceError as exc:
+        shapes = " and ".join(idx.type_str() for idx in idxs)
+        raise op_error("GatherND", [x, *idxs], f"index tensors {shapes} cannot broadcast together: {exc}",
+                       user_source()) from None
+    if shape is None:
+        raise op_error("GatherND", [x, *idxs], "index tensors need a known rank", user_source())
+    if any(idx.shape != shape for idx in idxs):  # broadcast: add zeros of the common shape
+        zeros = sum((idx * 0 for idx in idxs[1:]), idxs[0] * 0)
+        idxs = [idx + zeros for idx in idxs]
+    tuples = ops.concat([ops.unsqueeze(idx, [-1]) for idx in idxs], axis=-1)
+    rest = [d for d in range(y.ndim) if d not in axes]
+    if axes + rest != list(range(y.ndim)):
+        y = ops.transpose(y, axes + rest)
+    y = ops.emit("GatherND", [y, tuples])
+    nb, first = len(shape), axes[0]
+    if axes == list(range(first, first + len(axes))) and first:
+        y = ops.transpose(y, [*range(nb, nb + first), *range(nb), *range(nb + first, y.ndim)])
     return y
