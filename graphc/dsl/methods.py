@@ -44,7 +44,8 @@ def _transpose(self: Tensor, *dims: Any) -> Tensor:
 # ``np_array + t`` and ``np.add(np_array, t)`` build the same node as ``t.__radd__(np_array)``.
 _UFUNC_OPERATORS = {
     "add": ("__add__", "__radd__"), "subtract": ("__sub__", "__rsub__"), "multiply": ("__mul__", "__rmul__"),
-    "divide": ("__truediv__", "__rtruediv__"), "power": ("__pow__", "__rpow__"),
+    "divide": ("__truediv__", "__rtruediv__"),
+    "floor_divide": ("__floordiv__", "__rfloordiv__"), "power": ("__pow__", "__rpow__"),
     "matmul": ("__matmul__", "__rmatmul__"), "less": ("__lt__", "__gt__"), "less_equal": ("__le__", "__ge__"),
     "greater": ("__gt__", "__lt__"), "greater_equal": ("__ge__", "__le__"), "equal": ("__eq__", "__eq__"),
     "not_equal": ("__ne__", "__ne__"), "bitwise_and": ("__and__", "__and__"), "bitwise_or": ("__or__", "__or__"),
@@ -83,7 +84,8 @@ METHODS = {
     "__add__": lambda a, b: ops.binary("Add", a, b), "__radd__": lambda a, b: ops.binary("Add", b, a),
     "__sub__": lambda a, b: ops.binary("Sub", a, b), "__rsub__": lambda a, b: ops.binary("Sub", b, a),
     "__mul__": lambda a, b: ops.binary("Mul", a, b), "__rmul__": lambda a, b: ops.binary("Mul", b, a),
-    "__truediv__": lambda a, b: ops.binary("Div", a, b), "__rtruediv__": lambda a, b: ops.binary("Div", b, a),
+    "__truediv__": lambda a, b: ops.true_divide(a, b), "__rtruediv__": lambda a, b: ops.true_divide(b, a),
+    "__floordiv__": lambda a, b: ops.floor_divide(a, b), "__rfloordiv__": lambda a, b: ops.floor_divide(b, a),
     "__pow__": lambda a, b: ops.binary("Pow", a, b), "__rpow__": lambda a, b: ops.binary("Pow", b, a),
     "__matmul__": lambda a, b: ops.matmul(a, b), "__rmatmul__": lambda a, b: ops.matmul(b, a),
     "__neg__": lambda a: ops.unary("Neg", a), "__pos__": lambda a: a, "__abs__": lambda a: ops.abs(a),

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.model.dtypes import as_dtype, to_numpy
+from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, to_numpy
 from graphc.errors import CaptureError
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
@@ -30,7 +30,8 @@ def constant(array: Any) -> Tensor:
 
 
 def lift(x: Any, like: Tensor | None = None) -> Tensor:
-    """A Tensor for ``x``: Python/numpy scalars and arrays become constants of ``like``'s dtype."""
+    """A Tensor for ``x``: Python/numpy scalars and arrays become constants of ``like``'s dtype
+    (``_pair`` first promotes ``like`` where torch would)."""
     if isinstance(x, Tensor):
         return x
     if isinstance(x, (bool, int, float, np.number, np.bool_, np.ndarray, list, tuple)):
@@ -43,12 +44,34 @@ def lift(x: Any, like: Tensor | None = None) -> Tensor:
     raise CaptureError(f"cannot use {type(x).__name__} {x!r} as a tensor (at {user_source()})")
 
 
+# torch's dtype categories in promotion order, and each one's default dtype
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}
+_DEFAULT = {1: "int64", 2: "float32"}
+
+
+def _category(dtype: Any) -> int:
+    return 2 if dtype in FLOAT_DTYPES else 0 if dtype == "bool" else 1
+
+
 def _pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
+    """``a`` and ``b`` as Tensors. A constant (Python or numpy number or array) next to a Tensor
+    takes its dtype, as torch's Python scalars do, unless the constant is of a higher category
+    (bool < int < float): then both have that category's default dtype (int64, float32)."""
     if isinstance(a, Tensor):
+        a = _promote(a, b)
         return a, lift(b, a)
     if isinstance(b, Tensor):
+        b = _promote(b, a)
         return lift(a, b), b
     return lift(a), lift(b)
+
+
+def _promote(t: Tensor, other: Any) -> Tensor:
+    """``t``, cast to the default dtype of constant ``other``'s category where that is higher."""
+    if isinstance(other, Tensor):
+        return t
+    category = _CATEGORY.get(np.asarray(other).dtype.kind, 0)
+    return cast(t, _DEFAULT[category]) if category > _category(t.dtype) else t
 
 
 def broadcast_shape(op: str, a: Tensor, b: Tensor) -> None:
@@ -110,6 +133,38 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
     if op != "Pow":
         same_dtype(op, a, b)
     return emit(op, [a, b])
+
+
+def true_divide(a: Any, b: Any) -> Tensor:
+    """``a / b`` as torch divides: a bool or integer operand becomes float32 (or the other
+    operand's float dtype). Signature: ai.onnx@14::Div"""
+    a, b = _pair(a, b)
+    a, b = _to_float(a, b), _to_float(b, a)
+    return binary("Div", a, b)
+
+
+def floor_divide(a: Any, b: Any) -> Tensor:
+    """``a // b`` as torch: rounded down, not towards zero. Integers: ``(a - a mod b) / b``, exact
+    (ONNX Mod takes the divisor's sign). Floats: Python's and torch's ``(a - fmod(a, b)) / b``,
+    less 1 where the remainder's sign is not the divisor's, then rounded to the nearest whole
+    number (``floor(a / b)`` would give 10 for ``1 // 0.1``, not 9); ``a / b`` where ``b`` is 0."""
+    a, b = _pair(a, b)
+    if _category(a.dtype) < 2 and _category(b.dtype) < 2:
+        return binary("Div", binary("Sub", a, binary("Mod", a, b)), b)
+    a, b = _to_float(a, b), _to_float(b, a)
+    zero = scalar(0, a)
+    mod = emit("Mod", [a, b], {"fmod": 1})
+    wrong_sign = (mod != zero) & ((b < zero) ^ (mod < zero))
+    div = (a - mod) / b - cast(wrong_sign, a.dtype)
+    floor = unary("Floor", div)
+    floor = floor + cast(div - floor > scalar(0.5, a), a.dtype)
+    return where(b == zero, a / b, floor)
+
+
+def _to_float(t: Tensor, other: Tensor) -> Tensor:
+    if _category(t.dtype) == 2:
+        return t
+    return cast(t, other.dtype if _category(other.dtype) == 2 else "float32")
 
 
 def relu(x: Tensor) -> Tensor:
@@ -185,8 +240,12 @@ def minimum(a: Any, b: Any) -> Tensor:
 
 
 def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
-    """Clamp to [min, max] (either may be None). Signature: ai.onnx@13::Clip"""
+    """Clamp to [min, max] (either may be None); a float bound makes an integer ``x`` float32, as
+    in torch. Signature: ai.onnx@13::Clip"""
     x = lift(x)
+    for bound in (min, max):
+        if bound is not None:
+            x = _promote(x, bound)
     lo = None if min is None else lift(min, x)
     hi = None if max is None else lift(max, x)
     return emit("Clip", [x, lo, hi])

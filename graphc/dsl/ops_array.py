@@ -13,7 +13,7 @@ import numpy as np
 
 from graphc.model.dtypes import as_dtype
 from graphc.errors import CaptureError
-from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, exp, lift, log, maximum, mean, reshape,
+from graphc.dsl.ops import (binary, clip, concat, const_i64, constant, emit, exp, lift, log, maximum, mean, reshape,
                             same_dtype, scalar, sqrt, squeeze, transpose, unary, unsqueeze)
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops import sum as reduce_sum
@@ -39,11 +39,9 @@ def rsqrt(x: Tensor) -> Tensor:
 
 
 def pow(x: Any, exponent: Any) -> Tensor:  # noqa: A001 - torch's name
-    """``x ** exponent``; a Python exponent takes ``x``'s dtype. Signature: ai.onnx@15::Pow"""
-    if not isinstance(x, Tensor):
-        exponent = lift(exponent)
-        return emit("Pow", [lift(x, exponent), exponent])
-    return emit("Pow", [x, lift(exponent, x)])
+    """``x ** exponent``; a Python number takes the Tensor's dtype unless it is a float and the
+    Tensor an integer: then both are float32, as in torch. Signature: ai.onnx@15::Pow"""
+    return binary("Pow", x, exponent)
 
 
 def clamp(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 - torch's names
