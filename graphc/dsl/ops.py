@@ -30,8 +30,7 @@ def constant(array: Any) -> Tensor:
 
 
 def lift(x: Any, like: Tensor | None = None) -> Tensor:
-    """A Tensor for ``x``: Python/numpy scalars and arrays become constants of ``like``'s dtype
-    (``_pair`` first promotes ``like`` where torch would)."""
+    """A Tensor for ``x``: Python/numpy scalars and arrays become constants of ``like``'s dtype."""
     if isinstance(x, Tensor):
         return x
     if isinstance(x, (bool, int, float, np.number, np.bool_, np.ndarray, list, tuple)):
@@ -44,34 +43,41 @@ def lift(x: Any, like: Tensor | None = None) -> Tensor:
     raise CaptureError(f"cannot use {type(x).__name__} {x!r} as a tensor (at {user_source()})")
 
 
-# torch's dtype categories in promotion order, and each one's default dtype
-_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}
-_DEFAULT = {1: "int64", 2: "float32"}
-
-
 def _category(dtype: Any) -> int:
+    """bool 0 < integer 1 < float 2, torch's promotion categories."""
     return 2 if dtype in FLOAT_DTYPES else 0 if dtype == "bool" else 1
 
 
 def _pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
-    """``a`` and ``b`` as Tensors. A constant (Python or numpy number or array) next to a Tensor
-    takes its dtype, as torch's Python scalars do, unless the constant is of a higher category
-    (bool < int < float): then both have that category's default dtype (int64, float32)."""
+    """``a`` and ``b`` as Tensors; a constant (Python or numpy number or array) next to a Tensor
+    takes its dtype (``_fits``)."""
     if isinstance(a, Tensor):
-        a = _promote(a, b)
+        _fits(a, b)
         return a, lift(b, a)
     if isinstance(b, Tensor):
-        b = _promote(b, a)
+        _fits(b, a)
         return lift(a, b), b
     return lift(a), lift(b)
 
 
-def _promote(t: Tensor, other: Any) -> Tensor:
-    """``t``, cast to the default dtype of constant ``other``'s category where that is higher."""
-    if isinstance(other, Tensor):
-        return t
-    category = _CATEGORY.get(np.asarray(other).dtype.kind, 0)
-    return cast(t, _DEFAULT[category]) if category > _category(t.dtype) else t
+def _fits(t: Tensor, other: Any) -> None:
+    """Refuse a constant ``other`` that ``t``'s integer or bool dtype would change (``int_t * 0.5``
+    as ``int_t * 0``, ``int_t >= 0.5`` as ``int_t >= 0``, 300 in an int8): the constant takes the
+    Tensor's dtype, and torch would have promoted the Tensor instead, so the two silently
+    differed. Float Tensors round a constant to their precision, as torch does."""
+    if isinstance(other, (Tensor, bool, np.bool_)) or _category(t.dtype) == 2:
+        return
+    value = np.asarray(other)
+    if value.dtype.kind not in "biuf":
+        return
+    with np.errstate(all="ignore"):
+        kept = value.astype(to_numpy(t.dtype))
+        same = np.array_equal(kept.astype(value.dtype), value)
+    if not same:
+        shown = value if value.size <= 4 else f"an array of {value.dtype} {list(value.shape)}"
+        raise CaptureError(f"the constant {shown} would become {kept if value.size <= 4 else 'other values'} as a "
+                           f"{t.dtype} like the Tensor {t.type_str()}; cast the Tensor first, e.g. "
+                           f"t.astype('float32') (at {user_source()})")
 
 
 def broadcast_shape(op: str, a: Tensor, b: Tensor) -> None:
@@ -129,6 +135,8 @@ def unary(op: str, x: Tensor, **attrs: Any) -> Tensor:
 
 
 def binary(op: str, a: Any, b: Any) -> Tensor:
+    if op == "Pow" and isinstance(b, Tensor) and not isinstance(a, Tensor) and np.asarray(a).dtype.kind == "f":
+        return emit(op, [lift(a), b])  # a float base keeps its type (ONNX Pow's T): 2.0 ** int_t is float, as in torch
     a, b = _pair(a, b)
     if op != "Pow":
         same_dtype(op, a, b)
@@ -136,10 +144,11 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
 
 
 def true_divide(a: Any, b: Any) -> Tensor:
-    """``a / b`` as torch divides: a bool or integer operand becomes float32 (or the other
-    operand's float dtype). Signature: ai.onnx@14::Div"""
-    a, b = _pair(a, b)
-    a, b = _to_float(a, b), _to_float(b, a)
+    """``a / b`` as torch divides: a bool or integer Tensor becomes float32 (or the other
+    operand's float dtype) first, never a truncating integer Div. Signature: ai.onnx@14::Div"""
+    floats = [x.dtype for x in (a, b) if isinstance(x, Tensor) and _category(x.dtype) == 2]
+    a, b = (cast(x, floats[0] if floats else "float32") if isinstance(x, Tensor) and _category(x.dtype) < 2 else x
+            for x in (a, b))
     return binary("Div", a, b)
 
 
@@ -240,12 +249,12 @@ def minimum(a: Any, b: Any) -> Tensor:
 
 
 def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
-    """Clamp to [min, max] (either may be None); a float bound makes an integer ``x`` float32, as
-    in torch. Signature: ai.onnx@13::Clip"""
+    """Clamp to [min, max] (either may be None), bounds of ``x``'s dtype (``_fits``).
+    Signature: ai.onnx@13::Clip"""
     x = lift(x)
     for bound in (min, max):
         if bound is not None:
-            x = _promote(x, bound)
+            _fits(x, bound)
     lo = None if min is None else lift(min, x)
     hi = None if max is None else lift(max, x)
     return emit("Clip", [x, lo, hi])

@@ -39,8 +39,8 @@ def rsqrt(x: Tensor) -> Tensor:
 
 
 def pow(x: Any, exponent: Any) -> Tensor:  # noqa: A001 - torch's name
-    """``x ** exponent``; a Python number takes the Tensor's dtype unless it is a float and the
-    Tensor an integer: then both are float32, as in torch. Signature: ai.onnx@15::Pow"""
+    """``x ** exponent``; a Python exponent takes ``x``'s dtype (refused where that changes it), a
+    Python float base keeps float32. Signature: ai.onnx@15::Pow"""
     return binary("Pow", x, exponent)
 
 
