@@ -262,6 +262,51 @@ def test_adam_matches_torch_end_to_end():
     np.testing.assert_allclose(state["fc2.weight"], net[2].weight.detach().numpy(), rtol=1e-4, atol=1e-6)
 
 
+class _AuxHead(gc.nn.Module):
+    """A classifier with an auxiliary head the loss never reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = gc.nn.Linear(4, 3, dtype="float64")
+        self.aux = gc.nn.Linear(4, 3, dtype="float64")
+
+    def forward(self, x):
+        return {"logits": self.fc(x), "other": self.aux(x)}
+
+
+@pytest.mark.parametrize("kind", ["adamw", "adam", "sgd"])
+def test_trainable_params_the_loss_never_reads_stay_as_torch_leaves_them(kind):
+    # torch.optim skips a param whose grad is None (no step, no weight decay); graphc had decayed
+    # and stepped ``trainable=["*"]``'s aux head (AdamW: moved 2.3e-2, Adam 1.9e-1, SGD 6.4e-2)
+    torch = pytest.importorskip("torch")
+    model = gc.capture(_AuxHead(), x=gc.spec("float64", ("N", 4)))
+    ours = {"adamw": gc.optim.AdamW, "adam": gc.optim.Adam, "sgd": gc.optim.SGD}[kind]
+    theirs = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[kind]
+    options = {"momentum": 0.5} if kind == "sgd" else {}
+    with pytest.warns(UserWarning, match=r"\['aux.weight', 'aux.bias'\] do not reach the loss"):
+        arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"),
+                                    ours(0.0625, weight_decay=0.25, **options), trainable=["*"])
+    assert arts.manifest.trainable == ["fc.weight", "fc.bias"] and arts.manifest.frozen == ["aux.weight", "aux.bias"]
+    trainer = gc.Trainer(arts, backend="numpy")
+    fc, aux = torch.nn.Linear(4, 3, dtype=torch.float64), torch.nn.Linear(4, 3, dtype=torch.float64)
+    with torch.no_grad():
+        for name, p in [*(("fc." + n, p) for n, p in fc.named_parameters()),
+                        *(("aux." + n, p) for n, p in aux.named_parameters())]:
+            p.copy_(torch.from_numpy(model.params[name]))
+    opt = theirs([*fc.parameters(), *aux.parameters()], 0.0625, weight_decay=0.25, **options)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x, y = rng.normal(size=(5, 4)), rng.integers(0, 3, 5)
+        trainer.step({"x": x, "y": y})
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(fc(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+        opt.step()
+    expected = {**{"fc." + n: p for n, p in fc.named_parameters()}, **{"aux." + n: p for n, p in aux.named_parameters()}}
+    for name, p in expected.items():
+        np.testing.assert_allclose(trainer.params[name], p.detach().numpy(), rtol=0, atol=1e-12, err_msg=name)
+    np.testing.assert_array_equal(trainer.params["aux.weight"], model.params["aux.weight"])
+
+
 def test_symbolic_batch_full_and_partial():
     arts = gc.training.generate(training_models.mlp(), gc.losses.cross_entropy("logits", label="y"),
                                 gc.optim.SGD(0.1, momentum=0.9))

@@ -478,7 +478,8 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         optimizer: ``gc.optim.SGD``, ``Adam`` or ``AdamW``.
         trainable: param names (or glob patterns such as ``"encoder.*"``) to train; default every
             float initializer that reaches the loss and is no exporter constant (BatchNorm
-            running statistics are state, never trainable).
+            running statistics are state, never trainable). A param the loss never reads is not
+            updated even when named here (a warning says so): it has no gradient, as in torch.
         frozen: names or patterns excluded from ``trainable`` (they stay initializers).
         params: names or patterns trained though the rule above calls them constants.
         batchnorm: ``"train"`` (batch statistics, running ones updated: ``model.train()``) or

@@ -27,6 +27,7 @@ No DSL here: the caller (``graphc.compile.training``) turns specs into the plain
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -289,14 +290,23 @@ def _select_params(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, 
     frozen, forced = _matching(frozen, candidates, "frozen"), _matching(params, candidates, "params")
     constants = {n: why for n, why in imports.exporter_constants(model, candidates).items() if n not in forced}
     if trainable is None:
-        used = _loss_inputs(graph)
         trainable = [n for n in candidates if n in forced or (
-            graph.initializers[n] in used and n not in constants and not settings_only(graph.initializers[n]))]
+            n not in constants and not settings_only(graph.initializers[n]))]
     else:
         chosen = set(_matching(trainable, candidates, "trainable")) | set(forced)
         trainable = [n for n in candidates if n in chosen]
         constants = {n: why for n, why in constants.items() if n not in chosen}
+        forced = chosen
     trainable = [n for n in trainable if n not in frozen]
+    # a param the loss never reads has no gradient: as torch.optim skips a param whose grad is
+    # None, it gets no step and no weight decay (it stays in ``frozen``)
+    used = _loss_inputs(graph)
+    unread = [n for n in trainable if graph.initializers[n] not in used]
+    if any(n in forced for n in unread):
+        warnings.warn(f"params {unread} do not reach the loss: they have no gradient and are not updated (no step, "
+                      "no weight decay, as torch.optim skips a param whose grad is None); manifest.frozen lists them",
+                      UserWarning, stacklevel=4)
+    trainable = [n for n in trainable if n not in unread]
     if not trainable:
         raise PassError("no trainable parameters: every float initializer is frozen, an exporter constant or does "
                         "not reach the loss")
