@@ -1,8 +1,8 @@
 """Evaluation metrics: what ``Trainer.evaluate`` reports beside the loss.
 
 A metric is a function ``fn(pred, target) -> float``: the loss's model output and the label
-for one batch, as numpy arrays, to the batch's mean (``evaluate_loader`` averages batches by
-their size). For a cross-entropy loss ``pred`` is ``[M, C]`` logits and ``target`` ``[M]``
+for one batch, as numpy arrays, to the batch's mean (``evaluate_loader`` weights each batch by
+its count of examples, ``graphc.runtime.averaging.examples``). For a cross-entropy loss ``pred`` is ``[M, C]`` logits and ``target`` ``[M]``
 class ids, the extra dims of ``[N, C, d1...]`` outputs folded into ``M`` and labels equal to
 the loss's ``ignore_index`` left out.
 

@@ -61,7 +61,7 @@ from graphc.errors import ArtifactsError, GraphcError, InputError
 from graphc.model.dtypes import TensorSpec, to_numpy
 from graphc.passes.training import optimizers
 from graphc.passes.training.in_place import in_place_outputs
-from graphc.runtime import checkpoint as ckpt
+from graphc.runtime import averaging, checkpoint as ckpt
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.data import check_whole
 from graphc.runtime.feeds import check_one, dtype_name
@@ -463,16 +463,22 @@ class Trainer:
         return {"loss": float(out["loss"]), **metrics_lib.compute(self.manifest.loss, out, batch, self.metrics)}
 
     def evaluate_loader(self, loader) -> dict[str, float]:
-        """``evaluate`` over every batch of ``loader``, averaged by batch size."""
+        """``evaluate`` over every batch of ``loader``: the loss and metrics of the whole set as
+        one batch. Each batch counts by what its mean is over (``graphc.runtime.averaging``):
+        its rows, for cross-entropy its labels that are not ``ignore_index``; summed losses add up."""
         check_batches(loader, "eval loader")
+        loss_spec = self.manifest.loss
+        loss_sum = weight = count = 0.0
         totals: dict[str, float] = {}
-        count = 0
         for batch in loader.iter_epoch(0):
-            n = len(next(iter(batch.values())))
-            for key, value in self.evaluate(batch).items():
-                totals[key] = totals.get(key, 0.0) + value * n
-            count += n
-        return {key: value / max(count, 1) for key, value in totals.items()}
+            rows = len(next(iter(batch.values())))
+            result = self.evaluate(batch)
+            w, n = averaging.shard_weight(loss_spec, batch, rows), averaging.examples(loss_spec, batch, rows)
+            loss_sum, weight, count = loss_sum + result.pop("loss") * w, weight + w, count + n
+            for key, value in result.items():  # a batch of ignored labels only has NaN metrics, counted 0
+                totals[key] = totals.get(key, 0.0) + (value * n if n else 0.0)
+        return {"loss": loss_sum / averaging.divisor(loss_spec, weight),
+                **{key: value / count if count else float("nan") for key, value in totals.items()}}
 
     # -- the loop -------------------------------------------------------------------------------------
     def fit(self, loader, epochs: int, eval_loader=None, progress: bool = True,
@@ -602,7 +608,7 @@ class Trainer:
 
     def _add_train_metrics(self, batch: Mapping[str, np.ndarray], rows: int) -> None:
         """Add the metrics of the step just run, from its own prediction, times ``rows``, to the
-        epoch's running sums (as ``evaluate_loader`` weights batches)."""
+        epoch's running sums (divided by the epoch's samples at its end)."""
         outputs, self._step_outputs = self._step_outputs, None
         if outputs is None or self._prediction not in outputs:
             return

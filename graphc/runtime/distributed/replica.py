@@ -27,27 +27,8 @@ import numpy as np
 import onnx
 
 from graphc.compile.training import CARRIED_ROLES
-from graphc.errors import InputError
+from graphc.runtime.averaging import divisor, shard_weight
 from graphc.runtime.trainer import _predict_model, _without_initializers
-
-
-def shard_weight(loss: dict, shard: Mapping[str, np.ndarray], rows: int) -> float:
-    """How much a shard's loss and gradients count in the average: its rows for a mean loss
-    (for cross-entropy, its labels that are not ``ignore_index``), 1 for a summed loss."""
-    options = loss.get("options") or {}
-    if options.get("reduction") == "sum":
-        return 1.0 if rows else 0.0
-    if loss.get("kind") == "cross_entropy" and loss.get("label") in shard:
-        return float(np.count_nonzero(np.asarray(shard[loss["label"]]) != options.get("ignore_index", -100)))
-    return float(rows)
-
-
-def divisor(loss: dict, weight: float) -> float:
-    """What the shards' summed (weighted) losses and gradients are divided by: their total
-    weight for a mean loss, 1 for a summed one."""
-    if weight <= 0:
-        raise InputError("no sample of the batch counts in the loss (every label is the ignore_index)")
-    return 1.0 if (loss.get("options") or {}).get("reduction") == "sum" else weight
 
 
 class Replica:

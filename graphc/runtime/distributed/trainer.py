@@ -35,7 +35,8 @@ import numpy as np
 
 from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get
 from graphc.runtime.data import DataLoader
-from graphc.runtime.distributed.replica import Replica, divisor
+from graphc.runtime.averaging import divisor
+from graphc.runtime.distributed.replica import Replica
 from graphc.errors import ArtifactsError
 from graphc.runtime.history import History
 from graphc.runtime.session import check_options

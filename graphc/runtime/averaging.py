@@ -1,0 +1,35 @@
+"""How the losses and metrics of several batches (or of one batch's data-parallel shards)
+combine into those of all their examples at once: each part counts by what its mean is over."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from graphc.errors import InputError
+
+
+def examples(loss: dict, batch: Mapping[str, np.ndarray], rows: int) -> int:
+    """How many examples a batch's mean loss and metrics average over: for cross-entropy its
+    labels that are not ``ignore_index`` (every position of ``[N, d1...]`` labels), else its rows."""
+    if loss.get("kind") == "cross_entropy" and loss.get("label") in batch:
+        ignore = (loss.get("options") or {}).get("ignore_index", -100)
+        return int(np.count_nonzero(np.asarray(batch[loss["label"]]) != ignore))
+    return rows
+
+
+def shard_weight(loss: dict, shard: Mapping[str, np.ndarray], rows: int) -> float:
+    """How much a shard's (or batch's) loss and gradients count in the average: its
+    ``examples`` for a mean loss, 1 for a summed loss."""
+    if (loss.get("options") or {}).get("reduction") == "sum":
+        return 1.0 if rows else 0.0
+    return float(examples(loss, shard, rows))
+
+
+def divisor(loss: dict, weight: float) -> float:
+    """What the shards' summed (weighted) losses and gradients are divided by: their total
+    weight for a mean loss, 1 for a summed one."""
+    if weight <= 0:
+        raise InputError("no sample of the batch counts in the loss (every label is the ignore_index)")
+    return 1.0 if (loss.get("options") or {}).get("reduction") == "sum" else weight
