@@ -106,6 +106,17 @@ def test_two_workers_step_as_one_process_on_the_global_batch(ray_cluster, net, o
     assert dp.step_count == single.step_count
 
 
+def test_two_workers_keep_a_float64_models_loss_in_float64(ray_cluster):
+    # the workers' loss was cast to float32: 0.9790222644805908 for one process's 0.9790222393786381
+    model = gc.capture(nn.Linear(4, 3, dtype="float64"), x=gc.spec("float64", ("N", 4)))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.125))
+    batch = {"x": RNG.standard_normal((6, 4)), "y": RNG.standard_normal((6, 3))}
+    dp, single = gc.Trainer(arts, **{**WORKER, "backend": "numpy"}), gc.Trainer(arts, backend="numpy")
+    assert dp.predict(batch)["loss"].dtype == np.float64
+    assert dp.evaluate(batch)["loss"] == pytest.approx(single.evaluate(batch)["loss"], rel=1e-14)
+    dp.shutdown()
+
+
 class _BNDropNet(nn.Module):
     def __init__(self):
         super().__init__()

@@ -38,6 +38,7 @@ from graphc.runtime.data import DataLoader
 from graphc.runtime.averaging import divisor
 from graphc.runtime.distributed.replica import Replica
 from graphc.errors import ArtifactsError
+from graphc.model.dtypes import to_numpy
 from graphc.runtime.history import History
 from graphc.runtime.session import check_options
 from graphc.runtime.trainer import (BATCH_ROLES, TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs,
@@ -188,7 +189,8 @@ class DistributedTrainer(Trainer):
         out = {}
         if "loss" in done[0]:
             total = divisor(self.manifest.loss, sum(r["weight"] for r in done))
-            out["loss"] = np.asarray(sum(r["loss"] for r in done) / total, dtype=np.float32)
+            entry = next(e for e in self.manifest.graphs["eval"].outputs if e.role == "loss")
+            out["loss"] = np.asarray(sum(r["loss"] for r in done) / total, dtype=to_numpy(entry.dtype))
         for name in done[0]:
             if name not in ("loss", "weight"):
                 parts = [r[name] for r in done]
@@ -218,8 +220,6 @@ class DistributedTrainer(Trainer):
 
     @lr.setter
     def lr(self, value: float) -> None:
-        from graphc.model.dtypes import to_numpy
-
         array = np.asarray(checked_lr(value), dtype=to_numpy(self._entries["lr"].dtype))
         self._sync()
         self._get([r.set.remote({"lr": array}) for r in self._replicas], "setting lr")
