@@ -226,10 +226,10 @@ def train_cmd(
 
     Exits 1 when training fails (e.g. the loss becomes NaN)."""
     import graphc as gc
-    from graphc.runtime.checkpoint import CheckpointError, resolve
+    from graphc.runtime.checkpoint import resolve
     from graphc.runtime.history import check_plot, log_format
     from graphc.runtime.progress import plural
-    from graphc.runtime.trainer import TrainingFailed
+    from graphc.runtime.trainer import TrainingFailed, TrainingInterrupted
 
     if resume and checkpoint is None:
         raise ValueError("--resume needs --checkpoint DIR")
@@ -261,15 +261,11 @@ def train_cmd(
     try:
         history = trainer.fit(loader, epochs, eval_loader=eval_loader, progress=progress, plot=plot,
                               checkpoint=checkpoint, checkpoint_every=checkpoint_every, quiet=quiet, log=log)
+    except TrainingInterrupted as exc:  # fit saved the checkpoint once the step under way was done
+        saved = f"saved {checkpoint} (continue with --resume)" if exc.saved is not None else escape(exc.reason)
+        err_console.print(f"interrupted at step {exc.step}; {saved}", highlight=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     except KeyboardInterrupt:
-        if checkpoint is not None:
-            # the step under way finished first: --resume continues with the next batch, exactly
-            try:
-                trainer.save_checkpoint(checkpoint)
-                saved = f"saved {checkpoint} (continue with --resume)"
-            except CheckpointError as exc:  # a second Ctrl-C cut a step short
-                saved = escape(str(exc))
-            err_console.print(f"interrupted at step {trainer.step_count}; {saved}", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
     except TrainingFailed as exc:
         if checkpoint is not None and resolve(checkpoint).is_file():

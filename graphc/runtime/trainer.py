@@ -50,7 +50,8 @@ import numbers
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -70,7 +71,7 @@ from graphc.runtime.history import EpochRecord, History
 from graphc.runtime.interrupts import DeferredInterrupt
 from graphc.runtime.session import SESSION_OPTIONS, check_options
 
-__all__ = ["History", "Trainer", "TrainingFailed"]
+__all__ = ["History", "Trainer", "TrainingFailed", "TrainingInterrupted"]
 
 BATCH_ROLES = ("data", "label")
 NOISE_ROLE = "noise"
@@ -93,6 +94,15 @@ TRAINER_OPTIONS = SESSION_OPTIONS | {"cuda_graph", "mem_pattern"}
 
 class TrainingFailed(GraphcError, RuntimeError):
     """Training cannot go on: the loss became NaN or infinite."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped ``fit(checkpoint=...)`` at ``step``: ``saved`` is the checkpoint written
+    there, or None, with ``reason`` saying why it could not be (a second Ctrl-C tore the step)."""
+
+    def __init__(self, step: int, saved: Optional[Path], reason: str = ""):
+        super().__init__(f"at step {step}: " + (f"saved {saved}" if saved is not None else f"not saved: {reason}"))
+        self.step, self.saved, self.reason = step, saved, reason
 
 
 def _specs(entries, roles) -> list[TensorSpec]:
@@ -491,9 +501,10 @@ class Trainer:
         metrics (``self.metrics`` computed from each step's own training-mode prediction, as
         Keras does: no extra pass; not for artifacts before format 3 or data-parallel runs) and
         the eval loss and metrics (neither with ``quiet=True``); appends the same per epoch to ``log``
-        (``.jsonl`` or ``.csv``, ``gc.runtime.history.EpochLog``). Saves ``checkpoint`` after each epoch
-        and, with ``checkpoint_every=N``, every N steps too (what a killed run resumes from),
-        and a loss-curve PNG to ``plot`` when given. Raises ``TrainingFailed`` on a NaN/inf
+        (``.jsonl`` or ``.csv``, ``gc.runtime.history.EpochLog``). Saves ``checkpoint`` after each epoch,
+        with ``checkpoint_every=N`` every N steps too (what a killed run resumes from), and on
+        Ctrl-C once the step under way is done, then raises ``TrainingInterrupted`` (a
+        ``KeyboardInterrupt``); a loss-curve PNG goes to ``plot`` when given. Raises ``TrainingFailed`` on a NaN/inf
         loss; a ``checkpoint`` that could not be written or holds other training graphs'
         checkpoint, or a ``plot`` or ``log`` that could not be written, fails before the first step."""
         from graphc.runtime.history import EpochLog, check_plot
@@ -525,8 +536,8 @@ class Trainer:
         board = self._board()
         history = History(backend=self.backend)
         save = (lambda: self.save_checkpoint(checkpoint)) if checkpoint is not None else None
-        with self._interrupts.armed(), TrainProgress(epochs, len(loader), bar=progress and not quiet,
-                                                     lines=not quiet) as bar:
+        with self._saved_on_interrupt(checkpoint), self._interrupts.armed(), \
+                TrainProgress(epochs, len(loader), bar=progress and not quiet, lines=not quiet) as bar:
             while self.epoch < epochs:
                 self._fit_epoch(loader, history, bar, save if checkpoint_every else None, checkpoint_every)
                 metrics = self.evaluate_loader(eval_loader) if eval_loader is not None else {}
@@ -547,6 +558,21 @@ class Trainer:
         if plot is not None:
             history.plot(plot)
         return history
+
+    @contextmanager
+    def _saved_on_interrupt(self, checkpoint: Union[str, os.PathLike, None]) -> Iterator[None]:
+        """A Ctrl-C inside saves ``checkpoint`` (the state is whole: steps hold Ctrl-C to their
+        end) and becomes ``TrainingInterrupted``."""
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            if checkpoint is None:
+                raise
+            try:
+                saved, reason = self.save_checkpoint(checkpoint), ""
+            except ckpt.CheckpointError as error:  # a second Ctrl-C cut a step short
+                saved, reason = None, str(error)
+            raise TrainingInterrupted(self.step_count, saved, reason).with_traceback(exc.__traceback__) from None
 
     def _board(self):
         """The TensorBoard writer of ``self.tensorboard`` (None without one), opened on first use
