@@ -91,3 +91,24 @@ def test_no_rule_undoes_broadcasting_itself():
     assert rules
     offenders = [p.name for p in rules if "sum_to(" in p.read_text()]
     assert offenders == [], f"rules undo broadcasting themselves (the driver does it): {offenders}"
+
+
+class _ReluNet(gc.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = gc.nn.Linear(4, 3, dtype="float64")
+
+    def forward(self, x):
+        return {"out": gc.relu(self.fc(x))}
+
+
+def test_an_error_inside_a_rule_names_the_node_and_its_source_line(monkeypatch):
+    # a float32 operand in a float64 rule said only "operand dtypes differ (float vs double)"
+    def mixed(g, node, dy):
+        return (g.mul(dy, g.const(np.ones(3, np.float32))),)
+
+    monkeypatch.setitem(RULES, "Relu", GradRule("Relu", mixed))
+    model = gc.capture(_ReluNet(), x=gc.spec("float64", ("N", 4)))
+    with pytest.raises(gc.AutodiffError, match=r"the gradient rule of Relu \(node '[^']*' \(defined at "
+                                               r"\S*test_autodiff_rule_checks.py:\d+\)\) failed: operand dtypes differ"):
+        gc.grad(model, gc.losses.mse("out", label="y"))

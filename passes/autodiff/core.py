@@ -113,12 +113,16 @@ def _origin(node: ir.Node) -> str:
     return f" (inside the ONNX function body of {origin})" if origin else ""
 
 
+def _defined_at(node: ir.Node) -> str:
+    """`` (defined at file.py:LINE)`` for a node that records the user's source line, and its ``_origin``."""
+    source = node.metadata_props.get(SOURCE_KEY)
+    return (f" (defined at {source})" if source else "") + _origin(node)
+
+
 def _missing_rule(node: ir.Node) -> AutodiffError:
     """``MissingGradientRule`` naming the op, the node, its source line, where rules live on disk
     and the ops that have one (an RNN that cannot be unrolled: why not)."""
-    source = node.metadata_props.get(SOURCE_KEY)
-    where = f" (defined at {source})" if source else ""
-    where += _origin(node)
+    where = _defined_at(node)
     domain = f"{node.domain}::" if node.domain not in ("", "ai.onnx") else ""
     if node.op_type in UNROLLED and node.domain in ("", "ai.onnx"):
         reason = not_unrolled(node) or "it is inside a control-flow body"
@@ -234,7 +238,10 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
         except GraphError as exc:  # a rule's own error is an AutodiffError, said where it came from
             if isinstance(exc, AutodiffError) and not _origin(node):
                 raise
-            raise (type(exc) if isinstance(exc, AutodiffError) else AutodiffError)(f"{exc}{_origin(node)}") from exc
+            if isinstance(exc, AutodiffError):
+                raise type(exc)(f"{exc}{_origin(node)}") from exc
+            raise AutodiffError(f"the gradient rule of {node.op_type} (node {node.name!r}{_defined_at(node)}) "
+                                f"failed: {exc}") from exc
         for value, dx in _checked(g, rule, node, inputs, result):
             if value in needed:
                 pending.setdefault(value, []).append(dx)
