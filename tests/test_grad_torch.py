@@ -598,3 +598,67 @@ def test_spatial_transformer_matches_torch():
             torch.randn(n, 2, 5, 5, generator=gen, dtype=torch.float64)
 
     check(SpatialTransformer(), args, ["x", "t"], {}, batches=(2,))
+
+
+class _Float32BatchNormNet(graphc.nn.Module):
+    """A float64 network around a default (float32) BatchNorm1d: ONNX (opset 15 on) lets a
+    BatchNormalization's scale, bias and statistics have another float type than its input."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = graphc.nn.Linear(4, 6, dtype="float64")
+        self.bn = graphc.nn.BatchNorm1d(6)
+        self.fc2 = graphc.nn.Linear(6, 3, dtype="float64")
+
+    def forward(self, x):
+        return {"logits": self.fc2(graphc.relu(self.bn(self.fc1(x))))}
+
+
+def _compare_grads(got, model, modules, names, rtol64=1e-10):
+    """Each param's gradient against torch's float64 one: float32 params to float32 rounding,
+    float64 ones to ``rtol64``."""
+    for name in names:
+        module, attr = name.split(".")
+        want = getattr(modules[module], attr).grad.numpy()
+        f32 = model.params[name].dtype == np.float32
+        assert got[f"{name}_grad"].dtype == model.params[name].dtype
+        np.testing.assert_allclose(got[f"{name}_grad"], want, rtol=1e-6 if f32 else rtol64,
+                                   atol=1e-7 if f32 else 1e-12, err_msg=name)
+
+
+def test_float32_batchnorm_in_a_float64_network_trains_as_torch_in_float64():
+    # generate and gc.grad raised "operand dtypes differ (float vs double)", naming no node
+    model = graphc.capture(_Float32BatchNormNet(), seed=0, x=graphc.spec("float64", ("N", 4)))
+    assert model.params["bn.weight"].dtype == np.float32 and model.params["fc1.weight"].dtype == np.float64
+    loss_spec = graphc.losses.cross_entropy("logits", label="y")
+    arts = graphc.training.generate(model, loss_spec, graphc.optim.SGD(0.5))
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.standard_normal((8, 4)), "y": rng.integers(0, 3, 8)}
+    net = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3)).double()
+    modules = {"fc1": net[0], "bn": net[1], "fc2": net[3]}
+    with torch.no_grad():
+        for name, value in model.params.items():
+            module, attr = name.split(".")
+            getattr(modules[module], attr).copy_(torch.from_numpy(value.astype(np.float64)))
+    x, y = torch.from_numpy(batch["x"]), torch.from_numpy(batch["y"])
+
+    # gc.grad: the captured (inference-mode) BatchNorm, as torch's eval(); the numpy kernel
+    # takes its affine coefficient scale / sqrt(var + eps) in the float32 of scale and var
+    wrt = ["fc1.weight", "bn.weight", "bn.bias", "fc2.weight"]
+    got = graphc.Session(graphc.grad(model, loss_spec, wrt=wrt), backend="numpy").run(batch)
+    F.cross_entropy(net.eval()(x), y).backward()
+    _compare_grads(got, model, modules, wrt, rtol64=1e-6)
+    net.zero_grad()
+
+    # the training graphs: batch statistics, running statistics updated in their own float32
+    got = graphc.Session(arts.gradients, backend="numpy").run(batch)
+    trainer = graphc.Trainer(arts, backend="numpy")
+    trainer.step(batch)
+    loss = F.cross_entropy(net.train()(x), y)
+    loss.backward()
+    assert float(got["loss"]) == pytest.approx(loss.item(), rel=1e-12)
+    _compare_grads(got, model, modules, arts.manifest.trainable)
+    state = trainer.state_dict()
+    for stat in ("running_mean", "running_var"):
+        assert state[f"bn.{stat}"].dtype == np.float32
+        np.testing.assert_allclose(state[f"bn.{stat}"], getattr(net[1], stat).numpy(), rtol=1e-6, err_msg=stat)

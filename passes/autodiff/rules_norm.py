@@ -21,32 +21,42 @@ def _per_channel(g: GradBuilder, v: ir.Value, rank: int) -> ir.Value:
 
 @grad_rule("BatchNormalization", no_grad_outputs=(1, 2))
 def grad_batch_norm(g, node, dy):
-    # training_mode=1 (opset >= 14): batch statistics, the full gradient through mean and var;
-    # running-mean/var outputs carry no gradient (as in PyTorch).
-    # inference: y = (x - mean) * scale / sqrt(var + eps) + b with mean/var as inputs.
-    x, scale, bias, mean, var = node.inputs[:5]
+    # Since opset 15 scale and bias, mean and var may have float types other than x's (a float64
+    # network with a float32 BatchNorm): computed in x's type, each gradient cast back to its input's.
+    x = node.inputs[0]
+    params = [v if v.dtype == x.dtype else g.cast_like(v, x) for v in node.inputs[1:5]]
+    grads = _batch_norm_grads(g, node, dy, x, *params)
+    return tuple(d if d is None or v.dtype == x.dtype else g.cast_like(d, v) for d, v in zip(grads, node.inputs[:5]))
+
+
+def _batch_norm_grads(g, node, dy, x, scale, bias, mean, var):
+    """The gradients of ``node``'s five inputs, its ``scale``, ``bias``, ``mean`` and ``var`` given
+    in ``x``'s type. training_mode=1 (opset >= 14): batch statistics, the full gradient through
+    mean and var; running-mean/var outputs carry no gradient (as in PyTorch). Inference:
+    y = (x - mean) * scale / sqrt(var + eps) + b with mean/var as inputs."""
     rank = g.rank(x)
     axes = [0] + list(range(2, rank))
     if g.opset >= 14 and attr(node, "training_mode", 0):
-        return _batch_norm_training_grads(g, node, dy, axes) + (None, None)
+        return _batch_norm_training_grads(g, node, dy, axes, scale, bias) + (None, None)
+    wants_x, wants_scale, wants_bias, wants_mean, wants_var = (g.wants(v) for v in node.inputs[:5])
     eps = g.scalar(attr(node, "epsilon", 1e-5), dy)
     scale_c = _per_channel(g, scale, rank)
     xc = g.sub(x, _per_channel(g, mean, rank))
     invstd = g.op("Reciprocal", g.op("Sqrt", g.add(_per_channel(g, var, rank), eps)))
     xhat = g.mul(xc, invstd)
     dx = dscale = dbias = dmean = dvar = None
-    sum_dy = g.reduce("ReduceSum", dy, axes, keepdims=False) if g.wants(bias) or g.wants(mean) else None
-    if g.wants(x):
+    sum_dy = g.reduce("ReduceSum", dy, axes, keepdims=False) if wants_bias or wants_mean else None
+    if wants_x:
         dx = g.mul(dy, g.mul(scale_c, invstd))
-    if g.wants(scale):
+    if wants_scale:
         dscale = g.reduce("ReduceSum", g.mul(dy, xhat), axes, keepdims=False)
-    if g.wants(bias):
+    if wants_bias:
         dbias = sum_dy
-    if g.wants(mean) or g.wants(var):
+    if wants_mean or wants_var:
         inv = g.reshape_like(invstd, scale)
-        if g.wants(mean):
+        if wants_mean:
             dmean = g.neg(g.mul(sum_dy, g.mul(scale, inv)))
-        if g.wants(var):
+        if wants_var:
             sum_dy_xc = g.reduce("ReduceSum", g.mul(dy, xc), axes, keepdims=False)
             half_inv3 = g.mul(g.scalar(-0.5, dy), g.mul(inv, g.mul(inv, inv)))
             dvar = g.mul(sum_dy_xc, g.mul(scale, half_inv3))
@@ -119,8 +129,9 @@ def normalize(e, centred: ir.Value, scale: ir.Value, shift: ir.Value, zeros: ir.
     return e.op("Conv", centred, weight, shift, group=shape[1])
 
 
-def _batch_norm_training_grads(g, node, dy, axes):
-    """(dx, dscale, dbias) of training-mode BatchNormalization: with the per-channel sums
+def _batch_norm_training_grads(g, node, dy, axes, scale, bias):
+    """(dx, dscale, dbias) of training-mode BatchNormalization (``scale`` and ``bias`` in x's
+    type): with the per-channel sums
     s1 = sum(dy), s2 = sum(dy * xhat) over the N values of a channel, k = scale * invstd,
     dx = k * (dy - s1/N - xhat * s2/N), dscale = s2, dbias = s1.
 
@@ -142,7 +153,7 @@ def _batch_norm_training_grads(g, node, dy, axes):
     ReduceSum (``bench_lowerings.py --only bn_sums``, 2 threads, ms: [32,96,64,64] 18.3 / 52.8
     vs 10.1; [32,144,32,32] 6.5 / 17.8 vs 3.7; [2,96,32,32] 0.58 / 0.67 vs 0.21), and the
     variance as GlobalLpPool(p=2), squared, ran 16-25x slower than the Mul and ReduceSum."""
-    x, scale, bias = node.inputs[:3]
+    x = node.inputs[0]
     _, centred, var, zeros = batch_statistics(g, x, axes)
     eps = attr(node, "epsilon", 1e-5)
     invstd = g.op("Reciprocal", g.op("Sqrt", g.add(var, g.scalar(eps, dy))))
@@ -159,8 +170,8 @@ def _batch_norm_training_grads(g, node, dy, axes):
         rest = normalize(g, centred, slope, shift, zeros, g.squeeze(var, axes), eps,
                          affine_as_conv(centred, (scale, bias), fused=True, device=g.device))
         dx = g.add(g.mul(dy, k), rest)
-    dscale = g.reshape_like(s2, scale) if g.wants(scale) else None
-    dbias = g.reshape_like(s1, bias) if g.wants(bias) else None
+    dscale = g.reshape_like(s2, scale) if g.wants(node.inputs[1]) else None
+    dbias = g.reshape_like(s1, bias) if g.wants(node.inputs[2]) else None
     return dx, dscale, dbias
 
 

@@ -182,11 +182,14 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node, device: str)
                   affine_as_conv(x, (scale, bias), fused=_fused_after(node.outputs[0]), device=device))
     y.dtype, y.shape = x.dtype, ir.Shape(x.shape)  # what the BatchNorms lowered after this one read
 
-    # Running statistics (off the loss path, so autodiff never visits them).
+    # Running statistics (off the loss path, so autodiff never visits them), in their own type
+    # (opset 15 on, it may differ from x's).
     count = _values_per_channel(b, graph, x)
     unbias = b.op("Div", count, b.op("Sub", count, b.scalar(1.0, x)))
     batch_var = b.op("Mul", biased_var, unbias)
-    m, one_m = b.scalar(momentum, x), b.scalar(1.0 - momentum, x)
+    if mean_in.dtype != x.dtype:
+        batch_mean, batch_var = (b.op("Cast", v, to=mean_in.dtype) for v in (batch_mean, batch_var))
+    m, one_m = b.scalar(momentum, mean_in), b.scalar(1.0 - momentum, mean_in)
     new_mean = b.op("Add", b.op("Mul", mean_in, m), b.op("Mul", batch_mean, one_m))
     new_var = b.op("Add", b.op("Mul", var_in, m), b.op("Mul", batch_var, one_m))
 
