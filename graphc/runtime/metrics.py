@@ -2,9 +2,9 @@
 
 A metric is a function ``fn(pred, target) -> float``: the loss's model output and the label
 for one batch, as numpy arrays, to the batch's mean (``evaluate_loader`` weights each batch by
-its count of examples, ``graphc.runtime.averaging.examples``). For a cross-entropy loss ``pred`` is ``[M, C]`` logits and ``target`` ``[M]``
-class ids, the extra dims of ``[N, C, d1...]`` outputs folded into ``M`` and labels equal to
-the loss's ``ignore_index`` left out.
+its count of examples, ``graphc.runtime.averaging.examples``). For a cross-entropy loss
+``pred`` is ``[M, C]`` logits and ``target`` ``[M]`` class ids, the extra dims of ``[N, C,
+d1...]`` outputs folded into ``M`` and labels equal to the loss's ``ignore_index`` left out.
 
 By default a classifier (cross_entropy) reports ``accuracy`` and, with more than 5 classes,
 ``top5_accuracy``; a binary one (bce_with_logits) ``accuracy``; a regression (mse, l1,
