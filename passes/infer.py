@@ -1,3 +1,5 @@
+# Over 500 lines: one node's dtype and shape inference, the schema's dtypes and graphc's shape rules
+# (each a few lines, beside the driver that tests/test_infer.py checks them through).
 """Dtype and shape inference for one node: the one path the DSL's capture ``Builder`` and the
 passes' ``Emitter`` share.
 
@@ -10,7 +12,9 @@ strs (symbolic dims) and None (unknown dims), or None when even the rank is unkn
   decides (``Cast``, ``Constant``, ``ConstantOfShape``).
 - ``RULES`` gives shapes in pure Python (a few microseconds a node) for the ops graphc emits most,
   counted on the example models' capture and ``train_step``. A rule agrees with onnx's inference
-  wherever it answers (tests/test_infer.py checks that); where it cannot decide (an unknown rank,
+  wherever it answers (tests/test_infer.py checks that), but for two onnx 1.23 errors: a ceil_mode
+  pool's last window that starts in the padding (dropped, as torch checks) and a Conv or pool with
+  no window (refused; onnx answers 0 or less). Where it cannot decide (an unknown rank,
   an input that is not constant, an invalid attribute) it returns None. It raises
   ``InferenceError`` for dims that cannot agree (broadcasting, MatMul/Gemm inner dims, Concat).
 - ``fallback=True`` (the DSL) asks onnx's per-node inference (about 0.1 ms a node) for the other
@@ -56,8 +60,8 @@ def infer(node: ir.Node, opset: int, const: Callable[[ir.Value], np.ndarray | No
     rule = RULES.get(node.op_type)
     if rule is not None:
         dtype, shape = rule(_Node(node, const), dtypes[0])
-        if shape is not None or not fallback:
-            return [(dtype, shape)]
+        if shape is not None or not fallback:  # (MaxPool's Indices: a second output of the same shape)
+            return [(dtype, shape)] + [(other, shape) for other in dtypes[1:]]
     if fallback:
         return _onnx(node, opset, const)
     return [(dtype, None) for dtype in dtypes]
@@ -442,6 +446,44 @@ def _expand(n: _Node, dtype):
     return dtype, broadcast(n.shape(0), tuple(int(d) for d in target))
 
 
+def _window(n: _Node, dtype):
+    """Conv and the pools, explicit pads: ``(N, C, *sizes)`` to ``(N, C_out, *windows)``, a size
+    giving ``floor((size + pads - dilation * (kernel - 1) - 1) / stride) + 1`` windows. With
+    ``ceil_mode`` it rounds up, then drops a last window that would start in the right padding, as
+    the ONNX spec, onnxruntime and PyTorch count (onnx 1.23's inference keeps it: 4 windows for
+    7 wide, kernel 4, stride 3, pads 2, not 3). No window raises (onnx answers 0 or less)."""
+    x, conv = n.shape(0), n.node.op_type == "Conv"
+    w = n.shape(1) if conv else None
+    if x is None or len(x) < 3 or n.attr("auto_pad", "NOTSET") != "NOTSET":
+        return dtype, None
+    nd, channels = len(x) - 2, x[1]
+    if conv:  # onnx checks the input channels against the weight's
+        if w is None or len(w) != len(x) or not isinstance(x[1], int) or x[1] != w[1] * n.attr("group", 1):
+            return dtype, None
+        channels = w[0]
+    kernel = n.attr("kernel_shape") or (w[2:] if conv else None)
+    strides, dilations = n.attr("strides") or [1] * nd, n.attr("dilations") or [1] * nd
+    pads = n.attr("pads") or [0] * (2 * nd)
+    if (kernel is None or not all(isinstance(k, int) for k in kernel) or len(pads) != 2 * nd
+            or not len(kernel) == len(strides) == len(dilations) == nd or min(*kernel, *strides, *dilations) < 1
+            or min(pads) < 0):
+        return dtype, None
+    out: list[Dim] = [x[0], channels]
+    for i, size in enumerate(x[2:]):
+        if not isinstance(size, int):
+            out.append(None)
+            continue
+        span, stride = size + pads[i] + pads[nd + i] - dilations[i] * (kernel[i] - 1) - 1, strides[i]
+        count = (-(-span // stride) if n.attr("ceil_mode", 0) else span // stride) + 1
+        if n.attr("ceil_mode", 0) and (count - 1) * stride >= size + pads[i]:
+            count -= 1
+        if count < 1:
+            raise InferenceError(f"output size is too small: the window ({kernel[i]} wide, dilation {dilations[i]}) "
+                                 f"does not fit axis {i + 2} (size {size}, pads {pads[i]} and {pads[nd + i]})")
+        out.append(count)
+    return dtype, tuple(out)
+
+
 _Rule = Callable[[_Node, "ir.DataType | None"], Result]
 
 RULES: dict[str, _Rule] = {
@@ -456,7 +498,7 @@ RULES: dict[str, _Rule] = {
     "Cast": _cast, "Constant": _constant, "ConstantOfShape": _constant_of_shape, "Shape": _shape, "Size": _size,
     "Reshape": _reshape, "Transpose": _transpose, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
     "Concat": _concat, "Slice": _slice, "Pad": _pad, "MatMul": _matmul, "Gemm": _gemm, "Gather": _gather,
-    "Expand": _expand,
+    "Expand": _expand, **dict.fromkeys(["Conv", "MaxPool", "AveragePool", "LpPool"], _window),
 }
 
 

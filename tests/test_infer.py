@@ -3,7 +3,8 @@
 Every op in ``RULES`` runs on random and edge cases (broadcasting with 1s and symbolic dims,
 negative and repeated axes, Reshape's 0 and -1, constant and non-constant inputs, opsets with axes
 as attributes or inputs). Where a rule answers, onnx must give the same dtype and shape; where a
-rule raises ``InferenceError``, onnx must fail too."""
+rule raises ``InferenceError``, onnx must fail too. Conv and pool windows are checked against torch
+too (onnx's inference miscounts ceil_mode pools)."""
 
 import numpy as np
 import onnx
@@ -164,7 +165,40 @@ def case(op, rng):
     if op == "Expand":
         target = [int(rng.choice([1, 2, 3, 4])) for _ in range(int(rng.integers(0, 5)))]
         return [(F, base, None), _ints(target) if rng.random() < 0.85 else (I64, (len(target),), None)], {}, opset
+    if op in WINDOWED:
+        return _window_case(op, rng, opset)
     raise AssertionError(f"no cases for {op}")
+
+
+WINDOWED = ("Conv", "MaxPool", "AveragePool", "LpPool")
+
+
+def _window_case(op, rng, opset):
+    """A Conv or pool over 1 to 3 spatial dims, floor mode (onnx keeps a last ceil_mode window
+    that starts in the padding: test_pool_shapes_match_torch checks those), every window inside
+    the padded input where a size is fixed (with none the rule refuses and onnx answers 0)."""
+    nd = int(rng.integers(1, 4))
+    sizes = [DIMS[int(rng.integers(len(DIMS)))] for _ in range(nd)]
+    strides = [int(s) for s in rng.integers(1, 4, nd)]
+    dilations = [int(d) for d in rng.integers(1, 3, nd)] if op == "Conv" or opset >= 19 or \
+        (op != "AveragePool" and opset >= 18) else [1] * nd
+    pads = [int(p) for p in rng.integers(0, 3, 2 * nd)]
+    kernel = [int(k) for k in rng.integers(1, 4, nd)]
+    kernel = [min(k, (s + pads[i] + pads[nd + i] - 1) // d + 1) if isinstance(s, int) else k
+              for i, (k, s, d) in enumerate(zip(kernel, sizes, dilations))]
+    attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads}
+    if dilations != [1] * nd:
+        attrs["dilations"] = dilations
+    if op != "Conv":
+        x = (DIMS[int(rng.integers(len(DIMS)))], DIMS[int(rng.integers(len(DIMS)))], *sizes)
+        return [(F, x, None)], attrs, opset
+    group = int(rng.choice([1, 2]))
+    x = (DIMS[int(rng.integers(len(DIMS)))], 2 * group, *sizes)
+    out = DIMS[int(rng.integers(len(DIMS)))] if rng.random() < 0.3 else 2 * group
+    if rng.random() < 0.5:
+        del attrs["kernel_shape"]
+    bias = [(F, (out,), None)] if rng.random() < 0.5 else []
+    return [(F, x, None), (F, (out, 2, *kernel), None), *bias], {**attrs, "group": group}, opset
 
 
 def onnx_result(node, inputs, opset):
@@ -221,3 +255,40 @@ def test_an_output_typed_like_an_untyped_input_stays_unknown():
     x = ir.Value(name="x", type=ir.TensorType(F), shape=ir.Shape([3]))
     ((dtype, _),) = infer(make_node("Add", [target, x], {}, outputs=[ir.Value(name="y")], name="n"), 21)
     assert dtype == F
+
+
+def test_pool_shapes_match_torch():
+    """MaxPool/AveragePool/Conv window counts vs torch over kernel, stride, padding, dilation and
+    ceil_mode (a last ceil_mode window that would start in the padding is dropped: AveragePool over
+    7 wide, kernel 4, stride 3, pads 2 gives 3, onnx's inference 4); where torch finds the output
+    too small, the rule refuses."""
+    torch = pytest.importorskip("torch")
+    import itertools
+
+    checked = 0
+    for op, size, k, s, p, d, ceil in itertools.product(("MaxPool", "AveragePool", "Conv"), range(1, 9),
+                                                        range(1, 5), range(1, 4), range(3), (1, 2), (0, 1)):
+        if (op == "AveragePool" and d > 1) or (op == "Conv" and ceil) or (op != "Conv" and 2 * p > k):
+            continue  # torch: no dilated avg_pool or ceil_mode conv; pool pads at most half the kernel
+        x = ir.Value(name="x", type=ir.TensorType(F), shape=ir.Shape([1, 2, size, size + 1]))
+        attrs = {"kernel_shape": [k, k], "strides": [s, s], "pads": [p] * 4, "dilations": [d, d]}
+        inputs = [x]
+        if op == "Conv":
+            inputs.append(ir.Value(name="w", type=ir.TensorType(F), shape=ir.Shape([3, 2, k, k])))
+        else:
+            attrs["ceil_mode"] = ceil
+        node = make_node(op, inputs, attrs, outputs=[ir.Value(name="y")], name="n")
+        t = torch.zeros(1, 2, size, size + 1)
+        try:
+            want = tuple((torch.nn.functional.conv2d(t, torch.zeros(3, 2, k, k), None, s, p, d) if op == "Conv"
+                          else torch.nn.functional.max_pool2d(t, k, s, p, d, bool(ceil)) if op == "MaxPool"
+                          else torch.nn.functional.avg_pool2d(t, k, s, p, bool(ceil))).shape)
+        except RuntimeError as exc:
+            assert "too small" in str(exc) or "greater than actual input size" in str(exc)
+            with pytest.raises(InferenceError, match="output size is too small"):
+                infer(node, 21, fallback=True)
+            continue
+        ((_, shape),) = infer(node, 21, fallback=True)
+        assert shape == want, f"{op} size {size} kernel {k} stride {s} pad {p} dilation {d} ceil {ceil}"
+        checked += 1
+    assert checked > 1000
