@@ -28,11 +28,15 @@ SEL = np.array([2, 0], np.int64)
 Q = R.standard_normal((2, 2, 5, 4)).astype(np.float32)
 MASK = R.random((5, 5)) > 0.3
 np.fill_diagonal(MASK, True)
+DEAD_ROW = MASK.copy()
+DEAD_ROW[1] = False  # query 1 attends to no key: torch gives it zeros (and a zero gradient)
 
 
 def _attention(q, k, v, mask):
+    """Rows that attend to no key give zeros."""
     s = np.where(mask, q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1]), -np.inf)
-    return softmax(s) @ v
+    with np.errstate(invalid="ignore"):
+        return np.where(mask.any(-1)[:, None], softmax(s) @ v, 0)
 
 
 def _scatter_add(x, i):
@@ -101,6 +105,10 @@ CASES = [
      lambda q: _attention(q, q, q, np.tril(np.ones((5, 5), bool)))),
     ("sdpa_mask", lambda M, q, m: M.scaled_dot_product_attention(q, q, q, attn_mask=m), Q, {"m": MASK},
      lambda q, m: _attention(q, q, q, m)),
+    ("sdpa_dead_row", lambda M, q, m: M.scaled_dot_product_attention(q, q * 0.5, q, attn_mask=m), Q, {"m": DEAD_ROW},
+     lambda q, m: _attention(q, q * 0.5, q, m)),
+    ("sdpa_float_dead_row", lambda M, q, m: M.scaled_dot_product_attention(q, q, q, attn_mask=m), Q,
+     {"m": np.where(DEAD_ROW, 0, -np.inf).astype(np.float32)}, lambda q, m: _attention(q, q, q, m == 0)),
     ("sdpa_scale", lambda M, q: M.scaled_dot_product_attention(q, q, q, scale=0.3), Q[0], {},
      lambda q: softmax(q @ q.swapaxes(-1, -2) * 0.3) @ q),
 ]

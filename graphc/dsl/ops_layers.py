@@ -13,6 +13,7 @@ import numpy as np
 from graphc.errors import CaptureError
 from graphc.dsl.ops import (concat, const_i64, constant, emit, lift, matmul, mean, reshape, same_dtype, scalar,
                             sigmoid, softmax, sqrt, transpose, unary, where)
+from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops_array import ir_tensor, tril
 from graphc.dsl.ops_nn import ints
 from graphc.dsl.tensor import Tensor
@@ -305,6 +306,14 @@ def causal_mask(query: Tensor, key: Tensor, dim: int = -2) -> Tensor:
     return tril(ones)
 
 
+def _safe_softmax(scores: Tensor) -> Tensor:
+    """Softmax over the last axis, 0 on a row whose every key is masked (all -inf) as torch's
+    attention gives (onnx's Softmax: nan); such a row is softmaxed as zeros, so its gradient is 0."""
+    dead = emit("IsInf", [reduce_max(scores, -1, keepdims=True)], {"detect_positive": 0})
+    zero = scalar(0.0, scores)
+    return where(dead, zero, softmax(where(dead, zero, scores), -1))
+
+
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  training: bool = False) -> Tensor:
@@ -331,7 +340,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         attn_mask = lift(attn_mask)
         scores = (where(attn_mask, scores, scalar(-np.inf, scores)) if attn_mask.dtype == "bool"
                   else scores + lift(attn_mask, scores))
-    weights = softmax(scores, -1)
+    weights = softmax(scores, -1) if attn_mask is None else _safe_softmax(scores)
     if dropout_p and training:
         weights = dropout(weights, dropout_p, training=True)
     return matmul(weights, value)
