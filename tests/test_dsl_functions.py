@@ -30,6 +30,8 @@ MASK = R.random((5, 5)) > 0.3
 np.fill_diagonal(MASK, True)
 DEAD_ROW = MASK.copy()
 DEAD_ROW[1] = False  # query 1 attends to no key: torch gives it zeros (and a zero gradient)
+NEG = np.zeros(X.shape, bool)
+NEG[0, :, 1], NEG[1, 0] = True, True  # x[0, :, 1] all -inf: its logsumexp is -inf, as torch's
 
 
 def _attention(q, k, v, mask):
@@ -79,6 +81,8 @@ CASES = [
     ("roll", lambda M, x: M.roll(x, (1, -3), (1, 2)), X, {}, lambda x: np.roll(x, (1, -3), (1, 2))),
     ("logsumexp", lambda M, x: M.logsumexp(x * 30.0, 1), X, {},
      lambda x: np.log(np.exp(x * 30.0 - (x * 30).max(1, keepdims=True)).sum(1)) + (x * 30).max(1)),
+    ("logsumexp_inf", lambda M, x, m: M.logsumexp(M.masked_fill(x, m, -np.inf), 1), X, {"m": NEG},
+     lambda x, m: np.logaddexp.reduce(np.where(m, -np.inf, x), axis=1)),
     ("var", lambda M, x: M.var(x, (0, 2)), X, {}, lambda x: x.var((0, 2), ddof=1)),
     ("std", lambda M, x: M.std(x, 2, correction=0, keepdim=True), X, {}, lambda x: x.std(2, keepdims=True)),
     ("normalize", lambda M, x: M.normalize(x, dim=2), X, {},

@@ -14,7 +14,7 @@ import numpy as np
 from graphc.model.dtypes import as_dtype
 from graphc.errors import CaptureError
 from graphc.dsl.ops import (binary, clip, concat, const_i64, constant, emit, exp, lift, log, maximum, mean, reshape,
-                            same_dtype, scalar, sqrt, squeeze, transpose, unary, unsqueeze)
+                            same_dtype, scalar, sqrt, squeeze, transpose, unary, unsqueeze, where)
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.tensor import Tensor
@@ -361,9 +361,11 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True,
 
 
 def logsumexp(x: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
-    """``log(sum(exp(x)))`` over ``dim``, computed from the maximum so it never overflows."""
+    """``log(sum(exp(x)))`` over ``dim``, computed from the maximum so it never overflows; an
+    infinite maximum is taken as 0, as torch does, so a slice of -inf gives -inf (not nan)."""
     x = lift(x)
     top = reduce_max(x, dim, keepdims=True)
+    top = where(emit("IsInf", [top]), scalar(0.0, top), top)
     out = log(reduce_sum(exp(x - top), dim, keepdims=True)) + top
     return out if keepdim else squeeze(out, [dim] if isinstance(dim, int) else list(dim))
 
