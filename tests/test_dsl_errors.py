@@ -162,6 +162,16 @@ def test_other_mistakes_raise_graph_error(fn, match):
         gc.capture(fn, x=gc.spec("float32", (4, 3)))
 
 
+@pytest.mark.parametrize("conv, shape", [(nn.Conv1d(3, 4, 3, stride=2, padding="same"), (1, 3, 8)),
+                                         (nn.Conv2d(3, 4, 3, stride=(1, 2), padding="same"), (1, 3, 8, 8)),
+                                         (nn.Conv3d(3, 4, 3, stride=2, padding="same"), (1, 3, 4, 4, 4))])
+def test_same_padding_needs_stride_one(conv, shape):
+    """As torch refuses it (Conv2d took it, as an ``auto_pad`` onnxruntime also runs)."""
+    with pytest.raises(gc.CaptureError, match=r"padding='same' needs stride 1, as in PyTorch; got stride \[") as err:
+        gc.capture(conv, x=gc.spec("float32", shape))  # SAME
+    assert f"{HERE}:{_line_of('SAME')}" in str(err.value)
+
+
 def test_ops_outside_capture_and_bad_outputs():
     with pytest.raises(gc.GraphError, match="inside gc.capture"):
         gc.relu(np.ones(3))

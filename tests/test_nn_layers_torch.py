@@ -42,6 +42,8 @@ CASES = [
     ("Conv1dGroups", lambda: nn.Conv1d(4, 6, 3, groups=2, bias=False), "Conv1d(4, 6, 3, groups=2, bias=False)", X4,
      None),
     ("Conv2dSame", lambda: nn.Conv2d(3, 4, 4, padding="same"), "Conv2d(3, 4, 4, padding='same')", IMG, None),
+    ("Conv2dSameDilated", lambda: nn.Conv2d(3, 4, (3, 4), padding="same", dilation=(2, 1)),
+     "Conv2d(3, 4, (3, 4), padding='same', dilation=(2, 1))", IMG, None),
     ("Conv3d", lambda: nn.Conv3d(2, 3, 2, stride=(1, 2, 2), padding=1), "Conv3d(2, 3, 2, stride=(1, 2, 2), padding=1)",
      VOL, None),
     ("ConvTranspose1d", lambda: nn.ConvTranspose1d(3, 4, 3, stride=2, padding=1, output_padding=1),

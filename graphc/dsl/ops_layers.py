@@ -15,7 +15,7 @@ from graphc.dsl.ops import (concat, const_i64, constant, emit, lift, matmul, mea
                             sigmoid, softmax, sqrt, transpose, unary, where)
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops_array import ir_tensor, tril
-from graphc.dsl.ops_nn import ints
+from graphc.dsl.ops_nn import conv_pads, ints
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
 
@@ -42,20 +42,11 @@ def _conv(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, 
     if isinstance(x.shape[1], int) and x.shape[1] != in_channels:
         raise op_error(op, [x, weight], f"input has {x.shape[1]} channels, weight expects {in_channels} "
                        f"(groups={groups})", user_source())
-    kernel, dil = list(ws[2:]), ints(dilation, nd, "dilation")
-    if padding == "same":
-        if op != "Conv" or ints(stride, nd, "stride") != [1] * nd:
-            raise CaptureError(f"padding='same' needs a stride-1 Conv, as in PyTorch (at {user_source()})")
-        total = [d * (k - 1) for d, k in zip(dil, kernel)]
-        pads = [t // 2 for t in total] + [t - t // 2 for t in total]
-    elif padding == "valid":
-        pads = [0] * (2 * nd)
-    elif isinstance(padding, str):
-        raise CaptureError(f"padding={padding!r}; expected an int, {nd} ints, 'same' or 'valid' (at {user_source()})")
-    else:
-        pads = ints(padding, nd, "padding") * 2
-    attrs: dict[str, Any] = {"strides": ints(stride, nd, "stride"), "dilations": dil, "group": int(groups),
-                             "kernel_shape": kernel, "pads": pads}
+    kernel, strides, dil = list(ws[2:]), ints(stride, nd, "stride"), ints(dilation, nd, "dilation")
+    if padding == "same" and op != "Conv":
+        raise CaptureError(f"{op} takes no padding='same', as in PyTorch (at {user_source()})")
+    attrs: dict[str, Any] = {"strides": strides, "dilations": dil, "group": int(groups), "kernel_shape": kernel,
+                             "pads": conv_pads(padding, kernel, strides, dil)}
     if op == "ConvTranspose" and any(ints(output_padding, nd, "output_padding")):
         attrs["output_padding"] = ints(output_padding, nd, "output_padding")
     inputs = [x, weight] + ([bias] if bias is not None else [])

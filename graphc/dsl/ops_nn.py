@@ -27,6 +27,26 @@ def int_pair(v: Any, name: str) -> list[int]:
     return ints(v, 2, name)
 
 
+def conv_pads(padding: Any, kernel: list | None, strides: list[int], dilations: list[int]) -> list[int]:
+    """ONNX ``pads`` (begins, then ends) for torch's ``padding``: an int or one per spatial dim,
+    ``"valid"``, or ``"same"`` (stride 1 only, as torch; an odd total pads one more at the end, as
+    torch does; onnxruntime runs no dilated ``auto_pad=SAME_UPPER``)."""
+    nd = len(strides)
+    if padding == "same":
+        if strides != [1] * nd:
+            raise CaptureError(f"padding='same' needs stride 1, as in PyTorch; got stride {strides} "
+                               f"(at {user_source()})")
+        if kernel is None or not all(isinstance(k, int) for k in kernel):
+            raise CaptureError(f"padding='same' needs a static kernel size (at {user_source()})")
+        total = [d * (k - 1) for d, k in zip(dilations, kernel)]
+        return [t // 2 for t in total] + [t - t // 2 for t in total]
+    if padding == "valid":
+        return [0] * (2 * nd)
+    if isinstance(padding, str):
+        raise CaptureError(f"padding={padding!r}; expected an int, {nd} ints, 'same' or 'valid' (at {user_source()})")
+    return ints(padding, nd, "padding") * 2
+
+
 def _check_rank(op: str, x: Tensor, rank: int) -> None:
     if x.shape is not None and len(x.shape) != rank:
         raise op_error(op, [x], f"expects a rank-{rank} input (N, C, H, W), got rank {len(x.shape)}", user_source())
@@ -43,18 +63,10 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
     if x.shape is not None and ws is not None and isinstance(ws[1], int):
         ops.same_dim("Conv", [x, weight], x.shape[1], ws[1] * groups, f"input channels and weight channels "
                      f"x groups={groups}")
-    attrs: dict[str, Any] = {"strides": int_pair(stride, "stride"), "dilations": int_pair(dilation, "dilation"),
-                             "group": int(groups), "kernel_shape": list(ws[2:]) if ws is not None else None}
-    if isinstance(padding, str):
-        if padding == "valid":
-            attrs["pads"] = [0, 0, 0, 0]
-        elif padding == "same":
-            attrs["auto_pad"] = "SAME_UPPER"
-        else:
-            raise CaptureError(f"padding={padding!r}; expected an int, a pair, 'same' or 'valid' (at {user_source()})")
-    else:
-        ph, pw = int_pair(padding, "padding")
-        attrs["pads"] = [ph, pw, ph, pw]
+    kernel, strides, dilations = list(ws[2:]) if ws is not None else None, int_pair(stride, "stride"), \
+        int_pair(dilation, "dilation")
+    attrs: dict[str, Any] = {"strides": strides, "dilations": dilations, "group": int(groups), "kernel_shape": kernel,
+                             "pads": conv_pads(padding, kernel, strides, dilations)}
     inputs = [x, weight] + ([bias] if bias is not None else [])
     for t in inputs[1:]:
         ops.same_dtype("Conv", x, t)
