@@ -258,3 +258,18 @@ def test_modules_a_function_closes_over_get_unique_names():
     out = run_ort(model, {"x": X2[:, :4]})["output"]
     ref = np.maximum(X2[:, :4] @ p["linear.weight"].T + p["linear.bias"], 0) @ p["linear.weight_1"].T + p["linear.bias_1"]
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_layers_built_inside_forward():
+    """As a Linear built there: MultiheadAttention (and the Transformer layers holding one) set
+    its ``out_proj.bias`` init through an attribute that reads as a Tensor inside a capture."""
+    spec = gc.spec("float32", X3.shape)
+    model = gc.capture(lambda x: nn.MultiheadAttention(8, 2, batch_first=True)(x, x, x)[0], x=spec)
+    check(model)
+    p = {k.replace("multiheadattention.", "").replace("linear.", "out_proj."): v for k, v in model.params.items()}
+    assert not p["out_proj.bias"].any() and not p["in_proj_bias"].any()  # PyTorch's zeros
+    np.testing.assert_allclose(run_ort(model, {"x": X3})["output"], _mha(X3, p, 2)[0], rtol=1e-4, atol=1e-5)
+    model = gc.capture(lambda x: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)(x), x=spec)
+    out = run_ort(model, {"x": X3})["output"]
+    np.testing.assert_allclose(out, gc.Session(model, backend="numpy").run({"x": X3})["output"], rtol=1e-4, atol=1e-5)
+    assert out.shape == X3.shape

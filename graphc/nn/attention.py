@@ -37,8 +37,8 @@ class MultiheadAttention(Module):
         self.in_proj_weight = Parameter(shape=(3 * embed_dim, embed_dim), init=init.xavier_uniform(), dtype=dtype)
         self.in_proj_bias = Parameter(shape=(3 * embed_dim,), init=init.zeros, dtype=dtype) if bias else None
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
-        if bias:
-            self.out_proj.bias.init = init.zeros
+        if bias:  # zeros, as PyTorch's (a new Parameter: inside a capture ``out_proj.bias`` reads as a Tensor)
+            self.out_proj.bias = Parameter(shape=(embed_dim,), init=init.zeros, dtype=dtype)
 
     def _project(self, x: Tensor, i: int) -> Tensor:
         e = self.embed_dim
