@@ -172,6 +172,18 @@ def test_same_padding_needs_stride_one(conv, shape):
     assert f"{HERE}:{_line_of('SAME')}" in str(err.value)
 
 
+@pytest.mark.parametrize("fn, shape, opset, want", [
+    (lambda x: nn.GroupNorm(2, 4)(x), (2, 6, 4), 21,
+     "GroupNormalization(float32[2,6,4], float32[4]): weight must have one entry per channel (6,), got (4,)"),
+    (lambda x: nn.GroupNorm(2, 4)(x), (2, 6, 4), 18, "weight must have one entry per channel (6,), got (4,)"),
+], ids=["group_norm", "group_norm_written_out"])
+def test_arguments_torch_refuses_are_refused_at_capture(fn, shape, opset, want):
+    """They had captured, then failed in onnxruntime without a line (GroupNorm)."""
+    with pytest.raises(gc.CaptureError) as err:
+        gc.capture(fn, x=gc.spec("float32", shape), opset=opset)
+    assert want in str(err.value) and f"{HERE}:{fn.__code__.co_firstlineno}" in str(err.value)
+
+
 def test_ops_outside_capture_and_bad_outputs():
     with pytest.raises(gc.GraphError, match="inside gc.capture"):
         gc.relu(np.ones(3))

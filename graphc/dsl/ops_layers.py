@@ -148,6 +148,10 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
     one = np.ones(channels, x.dtype.numpy)
     weight = constant(one) if weight is None else lift(weight, x)
     bias = constant(np.zeros_like(one)) if bias is None else lift(bias, x)
+    for name, t in (("weight", weight), ("bias", bias)):  # onnx infers nothing to check them by
+        if t.shape is not None and (len(t.shape) != 1 or t.shape[0] != channels):
+            raise op_error("GroupNormalization", [x, t], f"{name} must have one entry per channel ({channels},), "
+                           f"got {tuple(t.shape)}", user_source())
     if current().opset >= 21:
         return emit("GroupNormalization", [x, weight, bias], {"num_groups": int(num_groups), "epsilon": float(eps)},
                     out_types=[(x.dtype, x.shape)])  # onnx infers no type for it
