@@ -176,9 +176,12 @@ def test_same_padding_needs_stride_one(conv, shape):
     (lambda x: nn.GroupNorm(2, 4)(x), (2, 6, 4), 21,
      "GroupNormalization(float32[2,6,4], float32[4]): weight must have one entry per channel (6,), got (4,)"),
     (lambda x: nn.GroupNorm(2, 4)(x), (2, 6, 4), 18, "weight must have one entry per channel (6,), got (4,)"),
-], ids=["group_norm", "group_norm_written_out"])
+    (lambda x: gc.nn.functional.index_select(x, 0, np.array([[1, 0]])), (3, 4), 21,
+     "Gather(float32[3,4], int64[1,2]): index_select takes a 1-D index, as torch, got rank 2"),
+], ids=["group_norm", "group_norm_written_out", "index_select"])
 def test_arguments_torch_refuses_are_refused_at_capture(fn, shape, opset, want):
-    """They had captured, then failed in onnxruntime without a line (GroupNorm)."""
+    """They had captured, then failed in onnxruntime without a line (GroupNorm), or gave
+    ``x[index]`` where torch raises (index_select)."""
     with pytest.raises(gc.CaptureError) as err:
         gc.capture(fn, x=gc.spec("float32", shape), opset=opset)
     assert want in str(err.value) and f"{HERE}:{fn.__code__.co_firstlineno}" in str(err.value)

@@ -64,6 +64,7 @@ CASES = [
      lambda x: x[..., :2] * x[..., 2:]),
     ("gather", lambda M, x, i: M.gather(x, 2, i), X, {"i": IDX}, lambda x, i: np.take_along_axis(x, i, 2)),
     ("index_select", lambda M, x, i: M.index_select(x, 1, i), X, {"i": SEL}, lambda x, i: x[:, i]),
+    ("index_select_0d", lambda M, x, i: M.index_select(x, 1, i), X, {"i": np.array(2)}, lambda x, i: x[:, [i]]),
     ("scatter", lambda M, x, i: M.scatter(x, 2, i, 7.0), X, {"i": IDX}, None),
     ("scatter_add", lambda M, x, i: M.scatter(x, 2, i, x[..., :2], reduce="add"), X, {"i": IDX}, _scatter_add),
     ("cumsum", lambda M, x: M.cumsum(x, 1), X, {}, lambda x: np.cumsum(x, 1)),

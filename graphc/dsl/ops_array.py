@@ -289,9 +289,16 @@ def gather(x: Tensor, dim: int, index: Tensor) -> Tensor:
 
 
 def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
-    """The entries of 1-D ``index`` along ``dim``. Signature: ai.onnx@13::Gather"""
+    """The entries of 1-D ``index`` along ``dim`` (a 0-D index is one entry: the dim stays, as in
+    torch). Signature: ai.onnx@13::Gather"""
     x = lift(x)
-    return emit("Gather", [x, _indices(index, "Gather", x)], {"axis": _dim(x, dim, "Gather")})
+    index = _indices(index, "Gather", x)
+    if index.shape is not None and len(index.shape) > 1:
+        raise op_error("Gather", [x, index], f"index_select takes a 1-D index, as torch, got rank {len(index.shape)} "
+                       "(x[index] picks rows by a multi-dim index)", user_source())
+    if index.shape == ():
+        index = reshape(index, [1])
+    return emit("Gather", [x, index], {"axis": _dim(x, dim, "Gather")})
 
 
 def scatter(x: Tensor, dim: int, index: Tensor, src: Any, reduce: str | None = None) -> Tensor:
