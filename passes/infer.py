@@ -37,7 +37,7 @@ import onnx_ir as ir
 from graphc.errors import InferenceError
 from graphc.passes.values import Dim, StaticShape, static_shape
 
-__all__ = ["InferenceError", "RULES", "infer", "known_array"]
+__all__ = ["InferenceError", "RULES", "infer", "known_array", "windows"]
 
 Result = tuple[ir.DataType | None, StaticShape | None]
 
@@ -446,6 +446,13 @@ def _expand(n: _Node, dtype):
     return dtype, broadcast(n.shape(0), tuple(int(d) for d in target))
 
 
+def windows(size: int, kernel: int, stride: int, dilation: int, begin: int, end: int, ceil_mode: int) -> int:
+    """How many windows a Conv or pool slides over ``size`` padded by ``begin`` and ``end`` (see ``_window``)."""
+    span = size + begin + end - dilation * (kernel - 1) - 1
+    count = (-(-span // stride) if ceil_mode else span // stride) + 1
+    return count - 1 if ceil_mode and (count - 1) * stride >= size + begin else count
+
+
 def _window(n: _Node, dtype):
     """Conv and the pools, explicit pads: ``(N, C, *sizes)`` to ``(N, C_out, *windows)``, a size
     giving ``floor((size + pads - dilation * (kernel - 1) - 1) / stride) + 1`` windows. With
@@ -473,10 +480,7 @@ def _window(n: _Node, dtype):
         if not isinstance(size, int):
             out.append(None)
             continue
-        span, stride = size + pads[i] + pads[nd + i] - dilations[i] * (kernel[i] - 1) - 1, strides[i]
-        count = (-(-span // stride) if n.attr("ceil_mode", 0) else span // stride) + 1
-        if n.attr("ceil_mode", 0) and (count - 1) * stride >= size + pads[i]:
-            count -= 1
+        count = windows(size, kernel[i], strides[i], dilations[i], pads[i], pads[nd + i], n.attr("ceil_mode", 0))
         if count < 1:
             raise InferenceError(f"output size is too small: the window ({kernel[i]} wide, dilation {dilations[i]}) "
                                  f"does not fit axis {i + 2} (size {size}, pads {pads[i]} and {pads[nd + i]})")

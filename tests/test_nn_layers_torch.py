@@ -28,6 +28,7 @@ SEQ = R.standard_normal((4, 2, 5)).astype(np.float32)  # (L, N, H_in)
 BSEQ = R.standard_normal((2, 4, 5)).astype(np.float32)  # (N, L, H_in)
 EMB = R.standard_normal((2, 5, 8)).astype(np.float32)
 TOK = np.array([[1, 0, 4], [9, 2, 0]], np.int64)
+X7 = np.random.default_rng(7).standard_normal((2, 3, 7)).astype(np.float32)  # ceil_mode pools: 3 windows, not 4
 
 
 def _sigmoid(x):
@@ -53,6 +54,10 @@ CASES = [
      "ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)", IMG4, None),
     ("MaxPool1d", lambda: nn.MaxPool1d(3, stride=2, padding=1), "MaxPool1d(3, stride=2, padding=1)", X1, None),
     ("AvgPool1d", lambda: nn.AvgPool1d(3), "AvgPool1d(3)", X1, lambda x, p: x.reshape(2, 3, 3, 3).mean(-1)),
+    ("MaxPool1dCeil", lambda: nn.MaxPool1d(4, 3, 2, ceil_mode=True), "MaxPool1d(4, 3, 2, ceil_mode=True)", X7, None),
+    ("AvgPool1dCeil", lambda: nn.AvgPool1d(4, 3, 2, ceil_mode=True), "AvgPool1d(4, 3, 2, ceil_mode=True)", X7, None),
+    ("AvgPool1dCeilPadsUncounted", lambda: nn.AvgPool1d(3, 2, 1, ceil_mode=True, count_include_pad=False),
+     "AvgPool1d(3, 2, 1, ceil_mode=True, count_include_pad=False)", X1, None),
     ("AdaptiveAvgPool1d", lambda: nn.AdaptiveAvgPool1d(3), "AdaptiveAvgPool1d(3)", X1,
      lambda x, p: x.reshape(2, 3, 3, 3).mean(-1)),
     ("AdaptiveAvgPool1dTo1", lambda: nn.AdaptiveAvgPool1d(1), "AdaptiveAvgPool1d(1)", X1,

@@ -15,7 +15,7 @@ from graphc.dsl.ops import (concat, const_i64, constant, emit, lift, matmul, mea
                             sigmoid, softmax, sqrt, transpose, unary, where)
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops_array import ir_tensor, tril
-from graphc.dsl.ops_nn import conv_pads, ints
+from graphc.dsl.ops_nn import conv_pads, drop_needless_ceil, ints
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
 
@@ -89,7 +89,7 @@ def _pool(op: str, x: Tensor, nd: int, kernel_size: Any, stride: Any, padding: A
     k = ints(kernel_size, nd, "kernel_size")
     attrs = {"kernel_shape": k, "strides": k if stride is None else ints(stride, nd, "stride"),
              "pads": ints(padding, nd, "padding") * 2, "ceil_mode": int(bool(ceil_mode)), **extra}
-    return emit(op, [x], attrs)
+    return emit(op, [x], drop_needless_ceil(x, attrs))
 
 
 def max_pool1d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,

@@ -10,6 +10,7 @@ from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
+from graphc.passes.infer import windows
 
 
 def ints(v: Any, n: int, name: str) -> list[int]:
@@ -80,6 +81,19 @@ def _pool_attrs(kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool) ->
     return {"kernel_shape": k, "strides": s, "pads": [ph, pw, ph, pw], "ceil_mode": int(bool(ceil_mode))}
 
 
+def drop_needless_ceil(x: Tensor, attrs: dict[str, Any]) -> dict[str, Any]:
+    """``attrs`` with ``ceil_mode`` 0 where it adds no window to floor mode on static dims: the same
+    windows, all inside the padded input, so also averaged over the same counts. onnx's and
+    onnxruntime's own shape inference count one window too many where a last ceil window would
+    start in the right padding (onnxruntime then refused a Gemm after the pool's Flatten)."""
+    dims, nd = x.shape[2:] if x.shape is not None else None, len(attrs["kernel_shape"])
+    if not attrs["ceil_mode"] or dims is None or not all(isinstance(d, int) for d in dims):
+        return attrs
+    axes = [(d, attrs["kernel_shape"][i], attrs["strides"][i], attrs.get("dilations", [1] * nd)[i],
+             attrs["pads"][i], attrs["pads"][nd + i]) for i, d in enumerate(dims)]
+    return {**attrs, "ceil_mode": int(any(windows(*a, 1) != windows(*a, 0) for a in axes))}
+
+
 def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
                ceil_mode: bool = False) -> Tensor:
     """Signature: ai.onnx@12::MaxPool (one output)."""
@@ -87,7 +101,7 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
     _check_rank("MaxPool", x, 4)
     attrs = _pool_attrs(kernel_size, stride, padding, ceil_mode)
     attrs["dilations"] = int_pair(dilation, "dilation")
-    return ops.emit("MaxPool", [x], attrs)
+    return ops.emit("MaxPool", [x], drop_needless_ceil(x, attrs))
 
 
 def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
@@ -97,7 +111,7 @@ def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
     _check_rank("AveragePool", x, 4)
     attrs = _pool_attrs(kernel_size, stride, padding, ceil_mode)
     attrs["count_include_pad"] = int(bool(count_include_pad))
-    return ops.emit("AveragePool", [x], attrs)
+    return ops.emit("AveragePool", [x], drop_needless_ceil(x, attrs))
 
 
 def global_avg_pool2d(x: Tensor) -> Tensor:
