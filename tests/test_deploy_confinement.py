@@ -3,12 +3,15 @@ full, a redeploy adds a version above the highest, and a failure leaves nothing 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import onnx
 import pytest
 
 import graphc as gc
+from graphc.serving import deploy
 from cli_util import one_line_error, run_cli
 from serve_util import fixed_model, mixed_model, parse_pbtxt
 
@@ -133,3 +136,60 @@ def test_a_failed_deploy_leaves_the_repository_as_it_was(layout, monkeypatch):
     with pytest.raises(gc.GraphError, match="cannot write model 'net'"):
         gc.deploy.triton(fixed_model(), repo, "net")
     assert sorted(os.listdir(repo / "net")) == ["1", "config.pbtxt"]
+
+
+def test_a_failed_first_deploy_keeps_what_a_concurrent_deploy_wrote(layout, monkeypatch):
+    repo, _ = layout
+    save = gc.Model.save
+    calls = []
+
+    def save_then_fail(self, path, **kwargs):
+        calls.append(path)
+        if len(calls) > 1:
+            return save(self, path, **kwargs)
+        # while this deploy writes, another thread's deploy of the name completes
+        other = threading.Thread(target=gc.deploy.triton, args=(fixed_model(), repo, "net"))
+        other.start()
+        other.join()
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gc.Model, "save", save_then_fail)
+    with pytest.raises(gc.GraphError, match="No space left on device"):
+        gc.deploy.triton(mixed_model(), repo, "net")
+    assert sorted(os.listdir(repo / "net")) == ["1", "config.pbtxt"]
+    assert onnx.load(str(repo / "net" / "1" / "model.onnx")).graph.input[0].name == "x"
+
+
+def race(repo, count: int = 6) -> list[object]:
+    """``count`` threads deploying one new name at once; what each returned or raised."""
+    barrier, results = threading.Barrier(count), []
+
+    def deploy(model):
+        barrier.wait()
+        try:
+            results.append(gc.deploy.triton(model, repo, "net"))
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            results.append(exc)
+
+    threads = [threading.Thread(target=deploy, args=(mixed_model() if i % 2 else fixed_model(),)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_concurrent_deploys_of_a_new_name_each_get_their_own_version(layout):
+    repo, _ = layout
+    assert race(repo) == [repo / "net"] * 6
+    assert sorted(os.listdir(repo / "net")) == ["1", "2", "3", "4", "5", "6", "config.pbtxt"]
+    for version in range(1, 7):
+        assert onnx.load(str(repo / "net" / str(version) / "model.onnx")).graph.input[0].name == "x"
+
+
+def test_without_the_lock_a_taken_version_number_is_skipped(layout, monkeypatch):
+    # Windows has no flock, and other tools writing versions take none: the rename retries.
+    repo, _ = layout
+    monkeypatch.setattr(deploy, "_repository_lock", lambda root: contextlib.nullcontext())
+    assert race(repo) == [repo / "net"] * 6
+    assert gc.deploy.triton_versions(repo / "net") == [1, 2, 3, 4, 5, 6]

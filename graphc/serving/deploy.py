@@ -10,10 +10,14 @@ Triton's bundled onnxruntime can be older than ours, so models go out at a conse
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Union
 
@@ -37,6 +41,7 @@ _TRITON_TYPES = {
     "float32": "TYPE_FP32", "float64": "TYPE_FP64", "string": "TYPE_STRING",
 }
 _NAME_MAX = 128
+_CLAIM_TRIES = 100
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,%d}" % (_NAME_MAX - 1))
 
 
@@ -154,16 +159,48 @@ def check_model_name(name: str) -> str:
     return name
 
 
-def _write_version(model: Model, model_dir: Path, version: int, external_data: bool | None) -> Path:
-    """Write ``model_dir/version/model.onnx`` through a staged folder renamed into place (its
-    temp name is ``graphc.fileio``'s, so a later deploy removes one a killed deploy left)."""
-    target = model_dir / str(version)
-    with scratch_dir(target) as staged:
-        model.save(staged / "model.onnx", external_data=external_data)
-        os.chmod(staged, 0o755)
-        os.rename(staged, target)  # fails if a writer beside us took the number
-    fsync_dir(model_dir)
-    return target
+@contextmanager
+def _repository_lock(root: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the repository folder itself (no lock file is left in it)
+    while a deploy numbers its version and writes the config, so that concurrent deploys, threads
+    or processes, take 1, 2, ... in turn and the config is the highest version's. Where there is no
+    ``fcntl`` (Windows) or the file system refuses the lock, the numbering's retry alone keeps
+    deploys apart."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # pragma: no cover - e.g. a network file system without flock
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _next_version(model_dir: Path) -> Path:
+    """The folder one above the highest version in ``model_dir``."""
+    return model_dir / str(max(triton_versions(model_dir), default=0) + 1)
+
+
+def _claim_version(staged: Path, model_dir: Path) -> Path:
+    """Rename ``staged`` to the next free version number in ``model_dir``; a number another
+    writer took first (one that holds no lock: another tool, or no ``flock`` here) is skipped."""
+    for _ in range(_CLAIM_TRIES):
+        target = _next_version(model_dir)
+        try:
+            os.rename(staged, target)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            continue
+        fsync_dir(model_dir)
+        return target
+    raise GraphError(f"{model_dir}: other writers took every version number tried ({_CLAIM_TRIES} tries)")
 
 
 def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[str, os.PathLike], name: str,
@@ -172,9 +209,10 @@ def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[s
     """Write ``repo_dir/name/config.pbtxt`` and ``repo_dir/name/<version>/model.onnx``; returns the model folder.
 
     The first deploy writes version 1; a redeploy writes a new version above the highest one
-    there (Triton serves the highest by default) and keeps the older ones. Every folder
-    written is a real folder inside ``repo_dir`` (no symlink is followed), and files are
-    written whole or not at all: a failure leaves the repository as it was.
+    there (Triton serves the highest by default) and keeps the older ones; concurrent deploys of
+    one name each get their own version. Every folder written is a real folder inside
+    ``repo_dir`` (no symlink is followed), and files are written whole or not at all: a failure
+    removes only what it wrote, leaving the repository as it was.
 
     Args:
         model_or_path: a ``gc.Model`` or anything ``gc.load`` takes.
@@ -207,13 +245,22 @@ def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[s
             created = True
         except FileExistsError:
             _real_dir(model_dir, root)
-        version = max(triton_versions(model_dir), default=0) + 1
-        version_dir = _write_version(model, model_dir, version, external_data)
-        atomic_write(model_dir / "config.pbtxt", config.encode())
+        # Staged under the next version's temp name (so a later deploy removes one a killed deploy
+        # left); the number is taken only when it is renamed in, under the repository's lock.
+        with scratch_dir(_next_version(model_dir)) as staged:
+            model.save(staged / "model.onnx", external_data=external_data)
+            os.chmod(staged, 0o755)
+            with _repository_lock(root):
+                version_dir = _claim_version(staged, model_dir)
+                atomic_write(model_dir / "config.pbtxt", config.encode())
     except BaseException as exc:
-        leftover = model_dir if created else version_dir
-        if leftover is not None:
-            shutil.rmtree(leftover, ignore_errors=True)
+        # Only what this call wrote goes: its version folder, and the model folder it made if
+        # nothing else is in it (a concurrent deploy's versions and config stay).
+        if version_dir is not None:
+            shutil.rmtree(version_dir, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                os.rmdir(model_dir)
         if isinstance(exc, OSError):
             raise GraphError(f"cannot write model {name!r} into the repository {root}: {exc.strerror or exc}"
                              + (f" ({exc.filename})" if exc.filename else "")) from None
