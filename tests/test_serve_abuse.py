@@ -10,6 +10,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -169,3 +170,47 @@ def test_the_default_read_timeout_is_at_most_30_s():
     assert inspect.signature(serving.serve).parameters["read_timeout"].default == server.DEFAULT_READ_TIMEOUT
     config = server.config(object())
     assert config.timeout_keep_alive <= server.DEFAULT_READ_TIMEOUT and config.backlog >= 4096
+
+
+def loop_model() -> onnx.ModelProto:
+    """y = x + n (float32[1]) by a Loop of n steps: a tiny body whose request takes as long as n says."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def info(name, kind, shape):
+        return helper.make_tensor_value_info(name, kind, shape)
+
+    body = helper.make_graph(
+        [helper.make_node("Add", ["v_in", "one"], ["v_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [info("i", TensorProto.INT64, []), info("cond_in", TensorProto.BOOL, []),
+                 info("v_in", TensorProto.FLOAT, [1])],
+        [info("cond_out", TensorProto.BOOL, []), info("v_out", TensorProto.FLOAT, [1])],
+        [numpy_helper.from_array(np.array([1.0], np.float32), "one")])
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["go"], value=numpy_helper.from_array(np.array(True), "go")),
+         helper.make_node("Loop", ["n", "go", "x"], ["y"], body=body)],
+        "loop", [info("n", TensorProto.INT64, []), info("x", TensorProto.FLOAT, [1])], [info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_slow_request_with_a_small_body_never_holds_up_other_connections(tmp_path):
+    # It is the model's first request, and a few hundred bytes: both once ran on the event loop.
+
+    onnx.save(loop_model(), str(tmp_path / "loop.onnx"))
+    body = {"inputs": [{"name": "n", "datatype": "INT64", "shape": [], "data": [3_000_000]},
+                       {"name": "x", "datatype": "FP32", "shape": [1], "data": [0.0]}]}
+    with serve_process(str(tmp_path / "loop.onnx"), "--backend", "ort-cpu") as (_, port):
+        base = f"http://127.0.0.1:{port}/v2"
+        replies: list[httpx.Response] = []
+        slow = threading.Thread(target=lambda: replies.append(httpx.post(f"{base}/models/loop/infer", json=body,
+                                                                        timeout=60)))
+        started = time.monotonic()
+        slow.start()
+        time.sleep(0.3)
+        assert httpx.get(f"{base}/health/live", timeout=10).status_code == 200
+        answered = time.monotonic() - started
+        slow.join()
+        took = time.monotonic() - started
+    assert replies[0].status_code == 200 and replies[0].json()["outputs"][0]["data"] == [3_000_000.0]
+    assert took > 1.0 and answered < 0.3 + 0.5, (answered, took)  # live answered while the model ran

@@ -61,7 +61,6 @@ class ServedModel:
         self._dtypes = {spec.name: to_numpy(spec.dtype) for spec in self.inputs}
         # onnxruntime's InferenceSession.run is thread-safe; other backends are serialised.
         self._lock = None if self.session.backend.startswith("ort") else threading.Lock()
-        self.recent_seconds = 0.0  # moving average of a request's time, kept by the app
         self.metadata = {
             "name": name, "versions": [version], "platform": self.platform,
             "inputs": [_tensor_metadata(s, name, "input") for s in self.inputs],
