@@ -23,8 +23,8 @@ def test_repository_serves_every_model_at_its_highest_version(tmp_path):
     (tmp_path / "notes").mkdir()     # not a model folder: ignored
     models = load_models(tmp_path, backend="numpy")
     assert sorted(models) == ["a", "b"]
-    assert models["a"].version == "3" and models["a"].metadata["versions"] == ["3"]
-    assert [i["name"] for i in models["a"].metadata["inputs"]] == ["x"]
+    assert list(models["a"]) == ["3"] and models["a"]["3"].metadata["versions"] == ["3"]
+    assert [i["name"] for i in models["a"]["3"].metadata["inputs"]] == ["x"]
     assert sorted(load_models(tmp_path, name="b")) == ["b"]
     assert sorted(load_models(tmp_path / "a")) == ["a"]  # one model's folder
     with pytest.raises(gc.ModelLoadError, match="has no model 'c'; it has a, b"):
@@ -38,7 +38,7 @@ def test_default_model_filename_from_config(tmp_path):
         load_models(tmp_path)
     config = folder / "config.pbtxt"
     config.write_text(config.read_text() + 'default_model_filename: "net.onnx"\n')
-    model = load_models(tmp_path)["m"]
+    model = load_models(tmp_path)["m"]["1"]
     feeds = mixed_feeds(2)
     from graphc.serving.kserve.protocol import DecodedRequest
 
@@ -76,3 +76,74 @@ def test_empty_folder_and_missing_path(tmp_path):
 def test_models_and_protos_are_served_under_their_graph_name_or_name():
     assert sorted(load_models(mixed_model())) == ["mixed"]
     assert sorted(load_models(gc.load(mixed_model()), name="other")) == ["other"]
+
+
+def add_model(value: float) -> onnx.ModelProto:
+    """y = x + value (float32[N]): which version answered shows in the output."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"])], "add",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])],
+                              [numpy_helper.from_array(np.array([value], np.float32), "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("policy, served", [
+    ("", ["3"]),
+    ("version_policy: { latest: { num_versions: 2 } }", ["2", "3"]),
+    ("version_policy: { all: { } }", ["1", "2", "3"]),
+    ("version_policy: { specific: { versions: [ 1 ] } }", ["1"]),
+    ("version_policy: { specific: { versions: [ 2, 1 ] } }", ["1", "2"]),
+])
+def test_version_policy_says_which_versions_are_served(tmp_path, policy, served):
+    import httpx
+
+    from graphc.serving.serve import create_app
+    from serve_util import running_server
+
+    for value in (10.0, 20.0, 30.0):  # versions 1, 2, 3
+        folder = gc.deploy.triton(add_model(value), tmp_path, "m")
+    (folder / "config.pbtxt").write_text((folder / "config.pbtxt").read_text() + policy + "\n")
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [0.0]}]}
+    with running_server(create_app(tmp_path, backend="numpy")) as address:
+        base = f"http://{address}/v2"
+        for version in ("1", "2", "3"):
+            reply = httpx.post(f"{base}/models/m/versions/{version}/infer", json=body)
+            if version in served:
+                assert reply.status_code == 200 and reply.json()["outputs"][0]["data"] == [10.0 * int(version)]
+                assert reply.json()["model_version"] == version
+            else:
+                assert reply.status_code == 404 and f"it serves {'versions' if len(served) > 1 else 'version'} " \
+                    f"{', '.join(served)}" in reply.json()["error"]
+        reply = httpx.post(f"{base}/models/m/infer", json=body)  # no version: the highest served
+        assert reply.json()["model_version"] == served[-1]
+        assert httpx.get(f"{base}/models/m").json()["versions"] == served
+        index = httpx.post(f"{base}/repository/index").json()
+        assert [(e["name"], e["version"]) for e in index] == [("m", v) for v in served]
+        config = httpx.get(f"{base}/models/m/config").json()["version_policy"]
+        assert config == ({"latest": {"num_versions": 1}} if not policy else
+                          json_of(policy))
+
+
+def json_of(policy: str) -> dict:
+    from graphc.serving.kserve import model_config
+
+    return model_config.to_json(model_config.parse(policy)[0])["version_policy"]
+
+
+@pytest.mark.parametrize("policy, message", [
+    ("specific: { versions: [ 1, 4 ] }", "specific lists versions [4] that hold 'model.onnx'; there are 1, 2"),
+    ("specific: { }", "specific lists no versions"),
+    ("latest: { num_versions: 0 }", "serves nothing"),
+    ("latest: { num_versions: 1 } all: { }", "sets latest and all; it takes one of"),
+])
+def test_a_version_policy_that_cannot_be_served_is_refused_by_name(tmp_path, policy, message):
+    for value in (10.0, 20.0):
+        folder = gc.deploy.triton(add_model(value), tmp_path, "m")
+    (folder / "config.pbtxt").write_text((folder / "config.pbtxt").read_text() + f"version_policy: {{ {policy} }}\n")
+    with pytest.raises(gc.ModelLoadError, match="version_policy") as failed:
+        load_models(tmp_path, backend="numpy")
+    assert message in str(failed.value)

@@ -28,17 +28,22 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "KServeApp", "cre
 
 
 class ModelRegistry:
-    """Look-ups by name and optional version, failing with a 404 that lists what exists."""
+    """Look-ups by name and optional version (none: the highest served), failing with a 404
+    that lists what exists."""
 
-    def __init__(self, models: dict[str, ServedModel]):
+    def __init__(self, models: dict[str, dict[str, ServedModel]]):
         self.models = models
 
     def get(self, name: str, version: str | None = None) -> ServedModel:
-        model = self.models.get(name)
-        if model is None:
+        versions = self.models.get(name)
+        if versions is None:
             raise ProtocolError(f"unknown model {name!r}; this server has {', '.join(sorted(self.models)) or 'none'}", 404)
-        if version not in (None, "", model.version):
-            raise ProtocolError(f"model {name!r} has no version {version!r}; it serves version {model.version}", 404)
+        if not version:
+            return versions[next(reversed(versions))]
+        model = versions.get(version)
+        if model is None:
+            raise ProtocolError(f"model {name!r} has no version {version!r}; it serves "
+                                f"{'version' if len(versions) == 1 else 'versions'} {', '.join(versions)}", 404)
         return model
 
 
@@ -157,9 +162,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(kind, lambda _, exc: _error(*error_reply(exc)))
 
 
-def create_app(models: dict[str, ServedModel], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+def create_app(models: dict[str, dict[str, ServedModel]], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> KServeApp:
-    """The KServe v2 app for already-loaded models (see ``graphc.serving.serve.create_app`` to load)."""
+    """The KServe v2 app for already-loaded models, name -> version -> model as
+    ``repository.load_models`` returns them (see ``graphc.serving.serve.create_app`` to load)."""
     from graphc import __version__
 
     registry = ModelRegistry(models)
@@ -181,7 +187,8 @@ def create_app(models: dict[str, ServedModel], max_body_bytes: int = DEFAULT_MAX
 
     @app.post("/v2/repository/index", response_model=list[schemas.RepositoryEntry])
     async def repository_index() -> list[dict[str, str]]:
-        return [{"name": m.name, "version": m.version, "state": "READY"} for m in models.values()]
+        return [{"name": m.name, "version": m.version, "state": "READY"}
+                for versions in models.values() for m in versions.values()]
 
     @app.get("/v2/models/{name}", response_model=schemas.ModelMetadata, responses=_ERRORS)
     @app.get("/v2/models/{name}/versions/{version}", response_model=schemas.ModelMetadata, responses=_ERRORS,

@@ -1,7 +1,9 @@
 """The models a server holds: one ``.onnx`` file, a ``gc.Model``, or a Triton model repository.
 
 Sessions are created once, at start. A repository folder holds one folder per model
-(``REPO/NAME/<version>/model.onnx`` + ``config.pbtxt``); the highest numeric version is served.
+(``REPO/NAME/<version>/model.onnx`` + ``config.pbtxt``); the versions served are those the
+config's ``version_policy`` names (by default the highest), and the highest of them answers
+requests that name no version.
 ``config.pbtxt`` is parsed as Triton's ``ModelConfig`` (``graphc.serving.kserve.model_config``): its
 ``default_model_filename`` and ``max_batch_size`` (enforced as Triton does) are used, and the
 config, completed from the model's inputs and outputs, is what ``GET .../config`` answers. No
@@ -90,10 +92,11 @@ def _derived_config(model: Model, name: str, max_batch_size: int) -> Any:
     """The configuration ``graphc deploy triton`` would write for ``model``; where Triton could
     not take the model (say a fixed batch dim with ``max_batch_size``), only its name."""
     try:
-        text = triton_config(model, name, max_batch_size)
+        config = model_config.parse(triton_config(model, name, max_batch_size))[0]
     except GraphError:
-        return model_config.ModelConfig(name=name, backend="onnxruntime", max_batch_size=max_batch_size)
-    return model_config.parse(text)[0]
+        config = model_config.ModelConfig(name=name, backend="onnxruntime", max_batch_size=max_batch_size)
+    config.version_policy.latest.num_versions = 1  # Triton's default, shown as Triton shows it
+    return config
 
 
 def _inside(path: Path, root: Path) -> Path:
@@ -130,31 +133,53 @@ def _model_config(model_dir: Path, root: Path) -> tuple[str, Any]:
     return filename, config
 
 
-def _latest_version(model_dir: Path, root: Path) -> tuple[str, Path, Any]:
-    """The highest numeric version folder holding the model file, that file, and the config."""
+def _served_versions(model_dir: Path, root: Path) -> tuple[list[tuple[str, Path]], Any]:
+    """The versions the config's ``version_policy`` serves, lowest first, each with its model file
+    (numeric folders without the file are not versions), and the parsed config. As Triton: ``latest
+    { num_versions: N }`` the N highest (the default: 1), ``all`` every one, ``specific { versions:
+    [...] }`` those listed, each of which must be there."""
     filename, config = _model_config(model_dir, root)
-    for number in reversed(triton_versions(model_dir)):
-        candidate = model_dir / str(number) / filename
-        if candidate.is_file():
-            return str(number), _inside(candidate, root), config
-    raise ModelLoadError(f"{model_dir}: no numeric version folder holds {filename!r} "
-                         f"(expected {model_dir}/1/{filename})")
+    present = [n for n in triton_versions(model_dir) if (model_dir / str(n) / filename).is_file()]
+    if not present:
+        raise ModelLoadError(f"{model_dir}: no numeric version folder holds {filename!r} "
+                             f"(expected {model_dir}/1/{filename})")
+    policy = model_config.ModelConfig().version_policy if config is None else config.version_policy
+    chosen = [kind for kind in ("latest", "all", "specific") if policy.HasField(kind)]
+    where = f"{model_dir / 'config.pbtxt'}: version_policy"
+    if len(chosen) > 1:
+        raise ModelLoadError(f"{where} sets {' and '.join(chosen)}; it takes one of latest, all, specific")
+    if chosen == ["all"]:
+        served = present
+    elif chosen == ["specific"]:
+        wanted = sorted(set(policy.specific.versions))
+        missing = [v for v in wanted if v not in present]
+        if not wanted or missing:
+            raise ModelLoadError(f"{where} specific lists {'no versions' if not wanted else f'versions {missing}'}"
+                                 f" that hold {filename!r}; there are {', '.join(map(str, present))}")
+        served = wanted
+    else:
+        count = policy.latest.num_versions if chosen else 1
+        if count < 1:
+            raise ModelLoadError(f"{where} latest {{ num_versions: {count} }} serves nothing; give 1 or more")
+        served = present[-count:]
+    return [(str(n), _inside(model_dir / str(n) / filename, root)) for n in served], config
 
 
 def _is_model_dir(path: Path) -> bool:
     return (path / "config.pbtxt").is_file() or any(p.is_dir() and p.name.isdigit() for p in path.iterdir())
 
 
-def _repository(root: Path, name: str | None) -> dict[str, tuple[str, Path, Any]]:
-    """name -> (version, model file, parsed config.pbtxt or None) for a repository folder or one model's folder."""
+def _repository(root: Path, name: str | None) -> dict[str, tuple[list[tuple[str, Path]], Any]]:
+    """name -> (its served versions and their model files, parsed config.pbtxt or None) for a
+    repository folder or one model's folder."""
     root = root.resolve()
     if _is_model_dir(root):
-        return {name or root.name: _latest_version(root, root)}
+        return {name or root.name: _served_versions(root, root)}
     found = {}
     for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         _inside(model_dir, root)
         if _is_model_dir(model_dir):
-            found[model_dir.name] = _latest_version(model_dir, root)
+            found[model_dir.name] = _served_versions(model_dir, root)
     if name is not None:
         if name not in found:
             raise ModelLoadError(f"repository {root} has no model {name!r}; it has {', '.join(found) or 'none'}")
@@ -165,23 +190,29 @@ def _repository(root: Path, name: str | None) -> dict[str, tuple[str, Path, Any]
 
 
 def load_models(source: Any, name: str | None = None, backend: str = "auto",
-                **options: Any) -> dict[str, ServedModel]:
-    """Open every model ``source`` holds, keyed by the name it is served under.
+                **options: Any) -> dict[str, dict[str, ServedModel]]:
+    """Open every model ``source`` holds: name served under -> version -> model, lowest version
+    first (the last one answers requests that name no version).
 
     ``source`` is a ``gc.Model`` (or anything ``gc.load`` takes), a ``.onnx`` file (served under
-    its stem unless ``name``), or a folder: a Triton repository (every model, under its folder
-    name; ``name`` picks one) or one model's folder from such a repository. ``options`` go to
-    every ``gc.Session``.
+    its stem unless ``name``, as version 1), or a folder: a Triton repository (every model, under its folder
+    name, at the versions its config's ``version_policy`` serves; ``name`` picks one) or one
+    model's folder from such a repository. ``options`` go to every ``gc.Session``.
     """
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if path.is_dir():
-            return {model_name: ServedModel(model_name, version, load(file), backend, config=config, **options)
-                    for model_name, (version, file, config) in _repository(path, name).items()}
+            found = {}
+            for model_name, (versions, config) in _repository(path, name).items():
+                found[model_name] = {version: ServedModel(model_name, version, load(file), backend, config=config,
+                                                          **options) for version, file in versions}
+                for model in found[model_name].values():
+                    model.metadata["versions"] = list(found[model_name])
+            return found
         if not path.is_file():
             raise ModelLoadError(f"{path}: no such model file or repository folder")
         model_name = name or path.stem
-        return {model_name: ServedModel(model_name, "1", load(path), backend, **options)}
+        return {model_name: {"1": ServedModel(model_name, "1", load(path), backend, **options)}}
     model = load(source)
     model_name = name or model.name
-    return {model_name: ServedModel(model_name, "1", model, backend, **options)}
+    return {model_name: {"1": ServedModel(model_name, "1", model, backend, **options)}}
