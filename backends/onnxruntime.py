@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import EncodeError
 
-from graphc.backends import denormals, nchwc, opsets, transposes
+from graphc.backends import bfloat16, denormals, nchwc, opsets, transposes
 from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
@@ -359,6 +359,8 @@ class OrtExecutable:
                                      f"{backend.provider} (it got {self.session.get_providers()})")
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
+        bf16 = any(v.type == bfloat16.TYPE for v in self.session.get_inputs() + self.session.get_outputs())
+        self._run = functools.partial(bfloat16.run, self.session, _ort()) if bf16 else self.session.run
         self._placement = {node.name: sub.ep_name for sub in self.session.get_provider_graph_assignment_info()
                            for node in sub.get_nodes()}
         self._bindings = Bindings(self.session, ort.OrtValue, self.device, self.device_id)
@@ -373,7 +375,7 @@ class OrtExecutable:
         contiguous = {k: np.asarray(v, order="C") for k, v in feeds.items()}
         try:
             with denormals.flushing(self._flush):
-                values = self.session.run(names, contiguous, self._run_options(None))
+                values = self._run(names, contiguous, self._run_options(None))
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, "failed while running") from None
         return dict(zip(names, values))

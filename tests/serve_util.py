@@ -40,6 +40,24 @@ def mixed_model(opset: int = 17) -> onnx.ModelProto:
     return model
 
 
+def bfloat16_model() -> onnx.ModelProto:
+    """x bfloat16[N], s float32[N] -> y = bfloat16(float(x) * 3 + s), z = x, w = bfloat16(s)."""
+    bf16, f32 = TensorProto.BFLOAT16, TensorProto.FLOAT
+    nodes = [helper.make_node("Cast", ["x"], ["xf"], to=f32),
+             helper.make_node("Mul", ["xf", "three"], ["x3"]),
+             helper.make_node("Add", ["x3", "s"], ["yf"]),
+             helper.make_node("Cast", ["yf"], ["y"], to=bf16),
+             helper.make_node("Identity", ["x"], ["z"]),
+             helper.make_node("Cast", ["s"], ["w"], to=bf16)]
+    graph = helper.make_graph(
+        nodes, "bf16", [helper.make_tensor_value_info("x", bf16, ["N"]), helper.make_tensor_value_info("s", f32, ["N"])],
+        [helper.make_tensor_value_info(n, bf16, ["N"]) for n in ("y", "z", "w")],
+        [helper.make_tensor("three", f32, [], [3.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def mixed_feeds(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {"x": rng.standard_normal((n, 4)).astype(np.float32),

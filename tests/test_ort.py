@@ -11,6 +11,7 @@ import graphc as gc
 from graphc.backends import onnxruntime as ort_backend
 from backend_params import EXACT_CUDA, on_cuda
 from onnx_graphs import linear_relu
+from serve_util import bfloat16_model
 
 X = np.random.default_rng(1).standard_normal((5, 3)).astype(np.float32)
 B = np.zeros((5, 2), np.float32)
@@ -304,3 +305,18 @@ def test_a_cuda_session_that_lands_on_cpu_is_refused(monkeypatch):
     monkeypatch.setattr(ort, "InferenceSession", cpu_only)
     with pytest.raises(gc.BackendUnavailable, match="ort-cuda: onnxruntime did not give the session CUDAExecutionProvider"):
         gc.Session(linear_relu(), backend="ort-cuda")
+
+
+@pytest.mark.parametrize("n", [5, 0])
+def test_bfloat16_feeds_and_results_cross_onnxruntimes_boundary(n):
+    # onnxruntime's Python run() has no numpy type for bfloat16 ("Numpy_type 256 can't be converted")
+    from graphc.model.dtypes import to_numpy
+
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal(n).astype(to_numpy("bfloat16")), "s": rng.standard_normal(n).astype(np.float32)}
+    got = gc.Session(bfloat16_model(), backend="ort-cpu").run(feeds)
+    want = gc.Session(bfloat16_model(), backend="numpy").run(feeds)
+    for name in ("y", "z", "w"):
+        assert got[name].dtype == to_numpy("bfloat16") and got[name].shape == (n,)
+        np.testing.assert_array_equal(got[name].view(np.uint16), want[name].view(np.uint16))
+    assert gc.Session(bfloat16_model(), backend="ort-cpu").run(feeds, outputs=["z"])["z"].tobytes() == feeds["x"].tobytes()

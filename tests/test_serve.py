@@ -336,3 +336,24 @@ def test_a_bad_config_pbtxt_is_named(tmp_path):
     (folder / "config.pbtxt").write_text('name: "m"\nmax_batch_size: "eight"\n')
     with pytest.raises(gc.ModelLoadError, match=r"config.pbtxt: not a Triton model configuration: 2:\d+"):
         create_app(tmp_path, backend="numpy")
+
+
+def test_bf16_models_answer_on_onnxruntime_as_on_numpy():
+    from graphc.model.dtypes import to_numpy
+    from serve_util import bfloat16_model
+
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4,)).astype(to_numpy("bfloat16")), "s": rng.standard_normal(4).astype(np.float32)}
+    want = gc.Session(bfloat16_model(), backend="numpy").run(feeds)
+    with running_server(create_app(bfloat16_model(), name="bf16", backend="ort-cpu")) as address:
+        client = httpclient.InferenceServerClient(address)
+        assert [i["datatype"] for i in client.get_model_metadata("bf16")["inputs"]] == ["BF16", "FP32"]
+        inputs = []
+        for name, datatype in (("x", "BF16"), ("s", "FP32")):
+            inputs.append(httpclient.InferInput(name, [4], datatype))
+            inputs[-1].set_data_from_numpy(feeds[name], binary_data=True)  # tritonclient sends BF16 only so
+        outputs = [httpclient.InferRequestedOutput(n, binary_data=True) for n in ("y", "z", "w")]
+        result = client.infer("bf16", inputs, outputs=outputs)
+        for name in ("y", "z", "w"):
+            np.testing.assert_array_equal(result.as_numpy(name).view(np.uint16), want[name].view(np.uint16))
+        client.close()
