@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -159,6 +160,31 @@ def test_serving_is_printed_only_once_it_listens(model_file):
         x = np.asarray(good_request(port).json()["outputs"][1]["data"])
         np.testing.assert_array_equal(x, (mixed_feeds(2)["idx"] + 1).ravel())
 
+
+
+@pytest.mark.parametrize("name", ["a/b", "x y", "..", "a\\b"])
+def test_a_name_no_url_can_reach_is_one_line_and_exit_2(model_file, name):
+    result = graphc_serve(str(model_file), "--name", name, "--port", "0")
+    assert result.returncode == 2 and result.stdout == "", result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"model name {name!r} must be a plain folder name" in lines[0], lines
+
+
+def test_port_0_prints_the_port_the_system_chose(model_file):
+    from serve_util import _first_line
+
+    proc = subprocess.Popen([sys.executable, "-c", "from graphc.cli import main; main()", "serve", str(model_file),
+                             "--backend", "numpy", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        line = _first_line(proc, 60)
+        port = int(re.search(r"on http://127\.0\.0\.1:(\d+)/v2 ", line).group(1))
+        assert port != 0, line
+        assert httpx.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=5).json() == {"live": True}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stdout.close()
 
 def test_the_default_read_timeout_is_at_most_30_s():
     import inspect

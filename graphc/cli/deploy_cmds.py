@@ -57,10 +57,11 @@ def serve_cmd(
         if value <= 0:
             raise ValueError(f"--{key.replace('_', '-')} must be positive, got {value}")
 
-    def ready() -> None:
+    def ready(address: tuple[str, int]) -> None:
         chosen = get_backend(backend).name  # what the models' sessions resolved "auto" to
         shown = backend if chosen == backend else f"{backend}: {chosen}"
-        console.print(f"serving {source} on http://{host}:{port}/v2 (backend {shown}); Ctrl-C stops",
+        bound = f"[{address[0]}]" if ":" in address[0] else address[0]
+        console.print(f"serving {source} on http://{bound}:{address[1]}/v2 (backend {shown}); Ctrl-C stops",
                       highlight=False, soft_wrap=True)
 
     serving.serve(source, host=host, port=port, backend=backend, name=name, on_ready=ready, **limits, **options)

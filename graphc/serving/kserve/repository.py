@@ -23,7 +23,7 @@ import numpy as np
 from graphc.errors import GraphError, InputError, ModelLoadError
 from graphc.model import Model, load
 from graphc.model.dtypes import TensorSpec, to_numpy
-from graphc.serving.deploy import feedable_inputs, require_tensor_interface, triton_config, triton_versions
+from graphc.serving.deploy import check_model_name, feedable_inputs, require_tensor_interface, triton_config, triton_versions
 from graphc.serving.kserve import model_config
 from graphc.serving.kserve.protocol import DATATYPES, DecodedRequest, ProtocolError, datatype_of
 
@@ -211,8 +211,18 @@ def load_models(source: Any, name: str | None = None, backend: str = "auto",
             return found
         if not path.is_file():
             raise ModelLoadError(f"{path}: no such model file or repository folder")
-        model_name = name or path.stem
+        model_name = _url_name(name or path.stem, name)
         return {model_name: {"1": ServedModel(model_name, "1", load(path), backend, **options)}}
     model = load(source)
-    model_name = name or model.name
+    model_name = _url_name(name or model.name, name)
     return {model_name: {"1": ServedModel(model_name, "1", model, backend, **options)}}
+
+
+def _url_name(model_name: str, given: str | None) -> str:
+    """``model_name`` if URLs can name it (deploy's rule for model folders), else ``ModelLoadError``
+    (a '/' in it: no route would reach the model)."""
+    try:
+        return check_model_name(model_name)
+    except ValueError as exc:
+        hint = "" if given is not None else " (the file's stem or the graph's name); choose one with name= / --name"
+        raise ModelLoadError(f"cannot serve the model: {exc}{hint}") from None

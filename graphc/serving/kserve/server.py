@@ -106,16 +106,17 @@ def listen(host: str, port: int, backlog: int = DEFAULT_BACKLOG) -> socket.socke
 
 
 class Server(uvicorn.Server):
-    """``uvicorn.Server`` that calls ``on_ready`` once it accepts connections."""
+    """``uvicorn.Server`` that calls ``on_ready((host, port))`` with the address it listens on
+    (the port the system chose for port 0) once it accepts connections."""
 
-    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None] | None = None):
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[tuple[str, int]], None] | None = None):
         super().__init__(config)
         self.on_ready = on_ready
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started and self.on_ready is not None:
-            self.on_ready()
+            self.on_ready(tuple(self.servers[0].sockets[0].getsockname()[:2]))
 
 
 def config(app: Any, read_timeout: float = DEFAULT_READ_TIMEOUT, backlog: int = DEFAULT_BACKLOG,
