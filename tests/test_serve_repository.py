@@ -147,3 +147,37 @@ def test_a_version_policy_that_cannot_be_served_is_refused_by_name(tmp_path, pol
     with pytest.raises(gc.ModelLoadError, match="version_policy") as failed:
         load_models(tmp_path, backend="numpy")
     assert message in str(failed.value)
+
+
+def neg_model(shape: list) -> onnx.ModelProto:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Neg", ["s"], ["y"])], "neg",
+                              [helper.make_tensor_value_info("s", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_the_configs_reshape_of_scalars_is_applied_to_requests(tmp_path):
+    # deploy writes a scalar (per batch item) as dims [ 1 ] with reshape { shape: [ ] }, as Triton needs
+    import httpx
+
+    from graphc.serving.serve import create_app
+    from serve_util import running_server
+
+    gc.deploy.triton(neg_model([]), tmp_path, "scalar")
+    gc.deploy.triton(neg_model(["N"]), tmp_path, "batched", max_batch_size=4)
+    cases = [("scalar", [1], []), ("scalar", [], []),             # as the config says; as the model says
+             ("batched", [2, 1], [2]), ("batched", [2], [2])]
+    with running_server(create_app(tmp_path, backend="numpy")) as address:
+        for name, shape, out in cases:
+            count = int(np.prod(shape))
+            body = {"inputs": [{"name": "s", "datatype": "FP32", "shape": shape, "data": [1.5] * count}]}
+            reply = httpx.post(f"http://{address}/v2/models/{name}/infer", json=body)
+            assert reply.status_code == 200, (name, shape, reply.text)
+            assert reply.json()["outputs"][0]["shape"] == out and reply.json()["outputs"][0]["data"] == [-1.5] * count
+        body = {"inputs": [{"name": "s", "datatype": "FP32", "shape": [5, 1], "data": [1.5] * 5}]}
+        reply = httpx.post(f"http://{address}/v2/models/batched/infer", json=body)
+        assert reply.status_code == 400 and "exceeds the max_batch_size" in reply.json()["error"]

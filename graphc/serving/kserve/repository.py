@@ -56,8 +56,12 @@ class ServedModel:
             require_tensor_interface(model, "the KServe v2 protocol")
         except GraphError as exc:
             raise ModelLoadError(str(exc)) from None
-        self.config = model_config.to_json(model_config.complete(
-            config if config is not None else model_config.ModelConfig(), _derived_config(model, name, max_batch_size)))
+        completed = model_config.complete(config if config is not None else model_config.ModelConfig(),
+                                          _derived_config(model, name, max_batch_size))
+        self.config = model_config.to_json(completed)
+        # name -> (dims, shape) of the config's reshapes: a tensor sent as dims reaches the model as shape
+        self._reshapes = {i.name: (list(i.dims), tuple(i.reshape.shape)) for i in completed.input
+                          if i.HasField("reshape")}
         self.session = Session(model, backend=backend, **options)
         self.inputs, self.outputs = feedable_inputs(model), model.outputs
         self._dtypes = {spec.name: to_numpy(spec.dtype) for spec in self.inputs}
@@ -78,6 +82,8 @@ class ServedModel:
             if self.max_batch_size and array.ndim and array.shape[0] > self.max_batch_size:
                 raise ProtocolError(f"input {name!r}: batch of {array.shape[0]} exceeds the max_batch_size of model "
                                     f"{self.name!r}, {self.max_batch_size} (config.pbtxt)")
+            if name in self._reshapes:
+                request.inputs[name] = _reshaped(name, array, *self._reshapes[name], batched=self.max_batch_size > 0)
         wanted = None if request.outputs is None else list(request.outputs)
         try:
             if self._lock is None:
@@ -86,6 +92,20 @@ class ServedModel:
                 return self.session.run(request.inputs, outputs=wanted)
         except InputError as exc:
             raise ProtocolError(f"model {self.name!r}: {exc}") from None
+
+
+def _reshaped(name: str, array: np.ndarray, dims: list[int], shape: tuple[int, ...], batched: bool) -> np.ndarray:
+    """``array`` (after its batch dim, if ``batched``) reshaped to ``shape`` when its shape is the
+    config's ``dims`` (-1: any size), as Triton applies ``reshape``; else as it came (the session
+    checks it against the model, so a request shaped as the model is still taken)."""
+    lead, item = (array.shape[:1], array.shape[1:]) if batched and array.ndim else ((), array.shape)
+    if len(item) != len(dims) or any(d != -1 and d != n for d, n in zip(dims, item)):
+        return array
+    try:
+        return array.reshape(lead + shape)
+    except ValueError:
+        raise ProtocolError(f"input {name!r} of shape {list(array.shape)} cannot take the config's reshape to "
+                            f"{list(shape)}") from None
 
 
 def _derived_config(model: Model, name: str, max_batch_size: int) -> Any:
