@@ -186,6 +186,32 @@ def test_port_0_prints_the_port_the_system_chose(model_file):
         proc.wait(timeout=30)
         proc.stdout.close()
 
+@pytest.mark.parametrize("takes_address", [True, False])
+def test_on_ready_gets_the_address_when_it_takes_one(takes_address):
+    """A callback of no argument (gc.serve's before the address was given) still works."""
+    import asyncio
+
+    from graphc.serving.kserve import server as kserver
+
+    async def app(scope, receive, send):  # nothing connects; uvicorn's lifespan probe only
+        if scope["type"] == "lifespan":
+            raise RuntimeError("no lifespan")
+
+    called = []
+    ready = (lambda address: called.append(address)) if takes_address else (lambda: called.append(None))
+    server = kserver.Server(kserver.config(app), on_ready=ready)
+    sock = kserver.listen("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not called and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.01)
+    server.should_exit = True
+    thread.join(timeout=10)
+    assert called == ([("127.0.0.1", port)] if takes_address else [None])
+
+
 def test_the_default_read_timeout_is_at_most_30_s():
     import inspect
 

@@ -36,7 +36,7 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
           name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
           max_json_bytes: int = DEFAULT_MAX_JSON_BYTES, read_timeout: float = DEFAULT_READ_TIMEOUT,
           log_level: str = "warning", access_log: bool = False,
-          on_ready: Callable[[tuple[str, int]], None] | None = None,
+          on_ready: Callable[..., None] | None = None,
           **session_options: Any) -> None:
     """Serve until SIGINT or SIGTERM, then finish in-flight requests and return normally.
 
@@ -55,7 +55,7 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
         read_timeout: seconds a connection has to send a whole request (or, once connected, its
             first byte; or to read a reply it stopped reading) before it is closed.
         on_ready: called once the server accepts connections, with the ``(host, port)`` it listens
-            on (for ``port=0``, the port the system chose).
+            on (for ``port=0``, the port the system chose) when it takes an argument.
         **session_options: given to every ``gc.Session`` (e.g. ``threads=1``).
     """
     from graphc.serving.kserve import server as kserver

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import inspect
 import resource
 import socket
 from typing import Any, Callable
@@ -107,16 +108,26 @@ def listen(host: str, port: int, backlog: int = DEFAULT_BACKLOG) -> socket.socke
 
 class Server(uvicorn.Server):
     """``uvicorn.Server`` that calls ``on_ready((host, port))`` with the address it listens on
-    (the port the system chose for port 0) once it accepts connections."""
+    (the port the system chose for port 0) once it accepts connections; a callback that takes
+    no argument (as before the address was given) is called without it."""
 
-    def __init__(self, config: uvicorn.Config, on_ready: Callable[[tuple[str, int]], None] | None = None):
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[..., None] | None = None):
         super().__init__(config)
         self.on_ready = on_ready
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started and self.on_ready is not None:
-            self.on_ready(tuple(self.servers[0].sockets[0].getsockname()[:2]))
+            address = tuple(self.servers[0].sockets[0].getsockname()[:2])
+            self.on_ready(*([address] if _takes_an_argument(self.on_ready) else []))
+
+
+def _takes_an_argument(fn: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: give it the address
+        return True
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters)
 
 
 def config(app: Any, read_timeout: float = DEFAULT_READ_TIMEOUT, backlog: int = DEFAULT_BACKLOG,
