@@ -187,8 +187,9 @@ def check_external_data(proto: onnx.ModelProto, base_dir: Path | None) -> list[t
 
 
 def _data_bytes(tensor: onnx.TensorProto) -> int | None:
-    """How many bytes the tensor's dims take in raw form (sub-byte types packed); None for strings."""
-    if tensor.data_type == onnx.TensorProto.STRING:
+    """How many bytes the tensor's dims take in raw form (sub-byte types packed); None for strings
+    and an undefined type (no size to check)."""
+    if tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
         return None
     count = 1
     for dim in tensor.dims:
