@@ -163,8 +163,21 @@ def test_train_prefers_the_validation_split_and_takes_eval_data(capsys, train_di
     assert "evaluating on x_val, y_val of" in r.out and "eval top5_accuracy" in r.out
     r = _train(capsys, train_dir, "--eval-data", train_dir / "held.npz", "--metric", "accuracy")
     assert r.code == 0, r.err
-    assert f"evaluating on --eval-data {train_dir / 'held.npz'}" in r.out and "eval accuracy" in r.out
+    assert f"evaluating on x, y of --eval-data {train_dir / 'held.npz'}" in r.out and "eval accuracy" in r.out
     assert "top5" not in r.out
+
+
+def test_eval_data_takes_one_set_of_rows_for_every_input(capsys, train_dir, classifier):
+    """x_val was once paired with y (other rows): a wrong evaluation, said nowhere."""
+    held = dict(np.load(train_dir / "held.npz"))
+    val = blobs(32, classes=CLASSES, seed=1)
+    np.savez(train_dir / "mixed.npz", x_val=val["x"], y_val=val["y"], y=held["y"])
+    r = _train(capsys, train_dir, "--eval-data", train_dir / "mixed.npz", "--metric", "accuracy")
+    assert r.code == 0, r.err
+    assert f"evaluating on x_val, y_val of --eval-data {train_dir / 'mixed.npz'}" in r.out
+    np.savez(train_dir / "split.npz", x_val=val["x"], y=held["y"])
+    err = one_line_error(_train(capsys, train_dir, "--eval-data", train_dir / "split.npz"))
+    assert "the inputs' arrays are from different sets" in err and "give every input with one suffix: x, y; " in err
 
 
 def test_train_eval_data_missing_an_input_is_one_line(capsys, train_dir):

@@ -124,10 +124,10 @@ def load_data(path: Path, names: list[str], eval_path: Optional[Path] = None
     evaluation arrays with where they came from: from ``eval_path`` (NAME, NAME_val or
     NAME_test) when given, else from ``path``'s ``NAME_val`` arrays, else its ``NAME_test``
     arrays (each set used only when every input has one)."""
-    train = _pick_arrays(path, "--data", names, ("", "_train"))
+    train, _ = _pick_arrays(path, "--data", names, ("", "_train"))
     if eval_path is not None:
-        arrays = _pick_arrays(eval_path, "--eval-data", names, ("", *(f"_{s}" for s in EVAL_SUFFIXES)))
-        return train, arrays, f"--eval-data {eval_path}"
+        arrays, keys = _pick_arrays(eval_path, "--eval-data", names, ("", *(f"_{s}" for s in EVAL_SUFFIXES)))
+        return train, arrays, f"{', '.join(keys)} of --eval-data {eval_path}"
     files = set(npz_names(path, "--data"))
     for suffix in EVAL_SUFFIXES:
         if all(f"{n}_{suffix}" in files for n in names):
@@ -137,18 +137,24 @@ def load_data(path: Path, names: list[str], eval_path: Optional[Path] = None
     return train, None, ""
 
 
-def _pick_arrays(path: Path, option: str, names: list[str], suffixes: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """For each input NAME the first array NAME+suffix the .npz ``path`` holds."""
+def _pick_arrays(path: Path, option: str, names: list[str], suffixes: tuple[str, ...]
+                 ) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Each input NAME's array NAME+suffix in the .npz ``path``, one suffix for every input (the
+    first that all have: ``x_val`` with ``y``, two different sets of rows, was once paired),
+    and the array names used."""
     files = set(npz_names(path, option))
-    keys = {}
-    for name in names:
-        found = [name + s for s in suffixes if name + s in files]
-        if not found:
-            raise ValueError(f"{option} {path}: no array {' or '.join(repr(name + s) for s in suffixes)} for the model "
-                             f"input {name!r}; arrays in the file: {', '.join(sorted(files))}")
-        keys[name] = found[0]
-    arrays = load_npz(path, option, list(keys.values()))
-    return {name: arrays[key] for name, key in keys.items()}
+    suffix = next((s for s in suffixes if all(name + s in files for name in names)), None)
+    if suffix is None:
+        for name in names:
+            if not any(name + s in files for s in suffixes):
+                raise ValueError(f"{option} {path}: no array {' or '.join(repr(name + s) for s in suffixes)} for the "
+                                 f"model input {name!r}; arrays in the file: {', '.join(sorted(files))}")
+        sets = "; ".join(", ".join(name + s for name in names) for s in suffixes)
+        raise ValueError(f"{option} {path}: the inputs' arrays are from different sets (arrays in the file: "
+                         f"{', '.join(sorted(files))}); give every input with one suffix: {sets}")
+    keys = [name + suffix for name in names]
+    arrays = load_npz(path, option, keys)
+    return {name: arrays[key] for name, key in zip(names, keys)}, keys
 
 
 def check_checkpoint(path: Path, resume: bool, artifacts: Path) -> None:
