@@ -65,6 +65,8 @@ def test_regression_train_metrics_equal_numpy_and_reach_history_and_the_log(tmp_
     # per-batch means weighted by batch size: the mean over all elements (every row has 2)
     assert history.epochs[0].metrics["mse"] == pytest.approx(np.mean(err ** 2), rel=1e-6)
     assert history.epochs[0].metrics["mae"] == pytest.approx(np.mean(np.abs(err)), rel=1e-6)
+    # the epoch's loss too (batches of 8, 8, 8 and 6): it was the plain mean of the four steps'
+    assert history.epochs[0].loss == pytest.approx(np.mean(err ** 2), rel=1e-6)
     assert json.loads(log.read_text())["metrics"] == history.epochs[0].metrics
 
 

@@ -72,7 +72,7 @@ class EpochProgress(BaseModel):
     """Running sums over the batches of the epoch under way (``Trainer.fit`` prints their mean)."""
 
     steps: NonNegativeInt = 0       # batches whose loss ``loss_sum`` holds
-    loss_sum: float = 0.0           # their losses added in order (float64)
+    loss_sum: float = 0.0           # their losses times their batch sizes, added in order (float64)
     samples: NonNegativeInt = 0
     seconds: NonNegativeFloat = 0.0  # train time so far
     metric_sums: dict[str, float] = {}  # train metric -> its batch values times batch size, added in order

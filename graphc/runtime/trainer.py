@@ -609,11 +609,11 @@ class Trainer:
                 now = time.perf_counter()
                 self.batch_in_epoch += 1
                 sums.steps += 1
-                sums.loss_sum += loss
+                sums.loss_sum += loss * rows  # weighted by batch size, as the train metrics and Keras
                 sums.samples += rows
                 sums.seconds += now - last
                 history.step_losses.append(loss)
-            bar.step(sums.loss_sum / sums.steps, sums.samples / max(sums.seconds, 1e-9))
+            bar.step(sums.loss_sum / max(sums.samples, 1), sums.samples / max(sums.seconds, 1e-9))
             if save is not None and self.step_count % every == 0:
                 save()
             last = time.perf_counter()  # the save's time is not train time
@@ -646,7 +646,7 @@ class Trainer:
         """The record of the epoch just trained (its whole run of batches, resumed or not); the
         loop position moves to the next epoch."""
         sums = self._progress
-        record = EpochRecord(epoch=self.epoch + 1, loss=sums.loss_sum / sums.steps if sums.steps else float("nan"),
+        record = EpochRecord(epoch=self.epoch + 1, loss=sums.loss_sum / sums.samples if sums.samples else float("nan"),
                              steps=sums.steps, samples=sums.samples, seconds=sums.seconds,
                              samples_per_s=sums.samples / sums.seconds if sums.seconds > 0 else 0.0, eval=metrics,
                              metrics={k: v / sums.samples for k, v in sums.metric_sums.items()} if sums.samples else {})
