@@ -87,6 +87,18 @@ def test_format_1_checkpoints_still_load(tmp_path):
     assert all(np.array_equal(got[k], v) for k, v in tensors().items())
 
 
+def test_format_2_progress_is_read_weighted_by_batch_size(tmp_path):
+    """Before format 3 an epoch's running loss sum was the plain sum of its steps' losses; fit
+    now keeps it weighted by batch size, and reads an earlier one as the mean times the samples."""
+    meta = ckpt.CheckpointMeta(format="graphc-checkpoint/2", epoch=0, batch_in_epoch=2,
+                               progress={"steps": 2, "loss_sum": 3.0, "samples": 32})
+    assert ckpt.batch_weighted(meta).loss_sum == 48.0  # (1.5 a step) x 32 samples
+    now = meta.model_copy(update={"format": ckpt.FORMAT})
+    assert ckpt.batch_weighted(now).loss_sum == 3.0
+    path = ckpt.save(tmp_path / "c.safetensors", tensors(), now)
+    assert ckpt.read_meta(path).format == "graphc-checkpoint/3"
+
+
 LOADER = {"seed": 0, "batch_size": 16, "shuffle": True, "drop_last": False, "num_samples": 100}  # 7 batches
 
 

@@ -36,15 +36,17 @@ from graphc.errors import GraphcError
 from graphc.fileio import OutsideFolder, atomic_write, confined, fsync_dir, remove_stale_temps, scratch_dir
 from graphc.tensorfile import DTYPES, read_header, read_tensors
 
-__all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "LoaderState", "artifacts_dir", "check_owner",
-           "check_writable", "find_artifacts", "load", "mismatch", "read_meta", "read_tensor_table", "resolve", "save",
-           "save_artifacts_beside", "trained_from"]
+__all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "LoaderState", "artifacts_dir",
+           "batch_weighted", "check_owner", "check_writable", "find_artifacts", "load", "mismatch", "read_meta",
+           "read_tensor_table", "resolve", "save", "save_artifacts_beside", "trained_from"]
 
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
-FORMAT = "graphc-checkpoint/2"
-# Format 1 (before the digest covered the header) is still read; its digest covers the tensors only.
+FORMAT = "graphc-checkpoint/3"
+# Formats 1 and 2 are still read. Format 1's digest covers the tensors only (not the header);
+# both keep ``progress.loss_sum`` as the plain sum of the steps' losses (``batch_weighted``).
 _TENSOR_ONLY_DIGEST_FORMAT = "graphc-checkpoint/1"
+FORMATS = (_TENSOR_ONLY_DIGEST_FORMAT, "graphc-checkpoint/2", FORMAT)
 _META_KEY = "graphc"
 
 PathLike = Union[str, os.PathLike]
@@ -83,6 +85,16 @@ class EpochProgress(BaseModel):
         if not math.isfinite(value):
             raise ValueError("must be finite")
         return value
+
+
+def batch_weighted(meta: "CheckpointMeta") -> EpochProgress:
+    """``meta.progress`` with ``loss_sum`` weighted by batch size, as fit keeps it from format 3
+    on: an earlier checkpoint's plain sum of the steps' losses becomes their mean times the
+    samples (exact where the batches were equal, as all but an epoch's last are)."""
+    sums = meta.progress.model_copy()
+    if meta.format != FORMAT and sums.steps:
+        sums.loss_sum = sums.loss_sum / sums.steps * sums.samples
+    return sums
 
 
 class CheckpointMeta(BaseModel):
@@ -312,9 +324,9 @@ def _parse_meta(target: Path, header: dict) -> CheckpointMeta:
     except ValueError as exc:
         raise CheckpointError(f"{target}: invalid checkpoint metadata (not JSON: {exc})") from None
     found = raw.get("format") if isinstance(raw, dict) else None
-    if found not in (FORMAT, _TENSOR_ONLY_DIGEST_FORMAT):
-        raise CheckpointError(f"{target}: unknown checkpoint format {found!r} (this graphc reads {FORMAT} and "
-                              f"{_TENSOR_ONLY_DIGEST_FORMAT})")
+    if found not in FORMATS:
+        raise CheckpointError(f"{target}: unknown checkpoint format {found!r} (this graphc reads "
+                              f"{', '.join(FORMATS)})")
     try:
         return CheckpointMeta.model_validate(raw)
     except ValidationError as exc:

@@ -746,7 +746,7 @@ class Trainer:
             raise ckpt.CheckpointError(f"{path}: the checkpoint {problem}; it was saved from different training graphs")
         self._reset_state(tensors, consume=True)
         self.step_count, self.epoch, self.batch_in_epoch = meta.step, meta.epoch, meta.batch_in_epoch
-        self._progress = meta.progress.model_copy()
+        self._progress = ckpt.batch_weighted(meta)
         self._loader_state = meta.loader
         if meta.rng:
             self.rng.bit_generator.state = meta.rng
