@@ -87,6 +87,17 @@ def test_regression_metrics_are_mse_and_mae():
     assert metrics["mae"] == pytest.approx(np.abs(pred - batch["t"]).mean())
 
 
+@pytest.mark.parametrize("loss, metric", [("huber", "accuracy"), ("mse", "top5_accuracy"),
+                                          ("cross_entropy", "mse"), ("bce_with_logits", "mae")])
+def test_a_built_in_metric_that_does_not_fit_the_loss_is_refused(loss, metric):
+    """An accuracy of an mse output (the sign of a regression) was reported as if it meant something."""
+    model = gc.capture(nn.Linear(8, 2), x=gc.spec("float32", ("N", 8)))
+    arts = gc.training.generate(model, getattr(gc.losses, loss)("output", label="t"), gc.optim.SGD(0.01))
+    with pytest.raises(ValueError, match=f"metric '{metric}' does not fit a {loss} loss"):
+        gc.Trainer(arts, backend="numpy", metrics=metric)
+    gc.Trainer(arts, backend="numpy", metrics={metric: lambda p, t: 0.0})  # the user's own: theirs to judge
+
+
 def _loss_oracle(kind: str, reduction: str, pred: np.ndarray, target: np.ndarray) -> float:
     """The loss of the whole set in numpy (cross-entropy: labels of -100 left out)."""
     if kind == "cross_entropy":
@@ -187,5 +198,4 @@ def test_train_eval_data_missing_an_input_is_one_line(capsys, train_dir):
     err = one_line_error(_train(capsys, train_dir, "--metric", "nope"))
     assert "unknown metric 'nope'" in err
     err = one_line_error(_train(capsys, train_dir, "--metric", "mae"))  # logits [N, 10] against class ids [N]
-    # the first train step's metrics find it, before any evaluation
-    assert "metric 'mae' failed on the 'logits' output float32[16, 10] and the 'y' label int64[16]" in err
+    assert "metric 'mae' does not fit a cross_entropy loss: it is for mse and l1 and huber losses" in err

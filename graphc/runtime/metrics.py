@@ -21,8 +21,8 @@ from typing import Optional, Union
 
 import numpy as np
 
-__all__ = ["Metric", "accuracy", "compute", "default_names", "defaults", "get", "mae", "mse", "names", "prepare", "register", "resolve",
-           "top_k_accuracy"]
+__all__ = ["Metric", "accuracy", "check_fits", "compute", "default_names", "defaults", "get", "mae", "mse", "names",
+           "prepare", "register", "resolve", "top_k_accuracy"]
 
 Metric = Callable[[np.ndarray, np.ndarray], float]
 _REGISTRY: dict[str, Metric] = {}
@@ -111,6 +111,24 @@ def mse(pred: np.ndarray, target: np.ndarray) -> float:
 def mae(pred: np.ndarray, target: np.ndarray) -> float:
     """Mean absolute error."""
     return float(np.mean(np.abs(pred.astype(np.float64) - target)))
+
+
+# The loss kinds each built-in metric means something for: a classifier's accuracy on an mse
+# output (the sign of a regression) or an mse of logits against class ids computes a number that
+# means nothing, once reported silently.
+_CLASSIFIERS, _REGRESSIONS = ("cross_entropy", "bce_with_logits"), ("mse", "l1", "huber")
+_FITS: dict[Metric, tuple[str, ...]] = {accuracy: _CLASSIFIERS, _REGISTRY["top5_accuracy"]: ("cross_entropy",),
+                                        mse: _REGRESSIONS, mae: _REGRESSIONS}
+
+
+def check_fits(metrics: Optional[Mapping[str, Metric]], kind: str) -> None:
+    """``ValueError`` when a built-in metric of ``metrics`` does not fit a loss of ``kind`` (a
+    model output as the loss, kind ``output``, fits any: its meaning is the user's)."""
+    for name, fn in (metrics or {}).items():
+        fits = _FITS.get(fn)
+        if fits is not None and kind in (*_CLASSIFIERS, *_REGRESSIONS) and kind not in fits:
+            raise ValueError(f"metric {name!r} does not fit a {kind} loss: it is for {' and '.join(fits)} losses "
+                             f"(the defaults for {kind}: {', '.join(default_names(kind, 10) or [])})")
 
 
 def default_names(kind: str, classes: Optional[int]) -> Optional[list[str]]:

@@ -285,6 +285,7 @@ class Trainer:
         self._step_outputs: Optional[dict[str, np.ndarray]] = None
         self._eval = self._predict = None
         self.metrics = metrics_lib.resolve(metrics if metrics is not None else (m.metrics or None))
+        metrics_lib.check_fits(self.metrics, m.loss.get("kind", ""))
         self.tensorboard = None if tensorboard is None else Path(tensorboard)
         self._state: dict[str, Any] = {}
         self._checked: set[tuple] = set()
