@@ -199,3 +199,18 @@ def test_train_eval_data_missing_an_input_is_one_line(capsys, train_dir):
     assert "unknown metric 'nope'" in err
     err = one_line_error(_train(capsys, train_dir, "--metric", "mae"))  # logits [N, 10] against class ids [N]
     assert "metric 'mae' does not fit a cross_entropy loss: it is for mse and l1 and huber losses" in err
+
+
+def test_train_a_model_of_fixed_batch_size_with_eval_arrays(capsys, tmp_path):
+    """Its eval loader was made of batches of 256, which the model cannot take, and its ragged
+    data asked for drop_last=True, which the CLI has no option for."""
+    model = gc.capture(nn.Linear(8, 3), x=gc.spec("float32", (8, 8)))
+    gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(0.1)).save(tmp_path / "arts")
+    train, val = blobs(20, classes=3), blobs(12, classes=3, seed=1)
+    np.savez(tmp_path / "data.npz", x=train["x"], y=train["y"], x_val=val["x"], y_val=val["y"])
+    r = _train(capsys, tmp_path, "--batch-size", "8")
+    assert r.code == 0, r.err
+    assert "the model takes batches of exactly 8: the last 4 of the 20 samples of --data are left out" in r.out
+    assert "the last 4 of the 12 samples of x_val, y_val of" in r.out and "eval accuracy" in r.out
+    err = one_line_error(_train(capsys, tmp_path, "--batch-size", "4"))
+    assert "--batch-size 4: the model takes batches of exactly 8" in err

@@ -157,6 +157,23 @@ def _pick_arrays(path: Path, option: str, names: list[str], suffixes: tuple[str,
     return {name: arrays[key] for name, key in zip(names, keys)}, keys
 
 
+def _fixed_batch(specs) -> Optional[int]:
+    """The batch size a model with a fixed first dim takes (None: any)."""
+    first = {spec.shape[0] for spec in specs if spec.shape and isinstance(spec.shape[0], int)}
+    return first.pop() if len(first) == 1 else None
+
+
+def _drops(fixed: Optional[int], arrays: Optional[dict[str, np.ndarray]], what: str) -> bool:
+    """Whether a loader over ``arrays`` drops its last partial batch: only for a model of
+    ``fixed`` batch size, which cannot take it, and said (the CLI has no drop_last option)."""
+    rows = len(next(iter(arrays.values()))) if arrays else 0
+    if fixed is None or not rows % fixed:
+        return False
+    console.print(f"the model takes batches of exactly {fixed}: the last {rows % fixed} of the {rows} samples of "
+                  f"{what} are left out", highlight=False, soft_wrap=True)
+    return True
+
+
 def check_checkpoint(path: Path, resume: bool, artifacts: Path) -> None:
     """Before training: a checkpoint of the training graphs in ``artifacts`` can be written at
     ``path`` (none of another model's is there); with ``resume`` one is there to continue,
@@ -253,12 +270,17 @@ def train_cmd(
         trainer.load_checkpoint(checkpoint)
         console.print(f"resumed from {checkpoint}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False, soft_wrap=True)
     train, test, test_source = load_data(data, [s.name for s in trainer.batch_specs], eval_data)
-    loader = gc.data.DataLoader(train, batch_size=batch_size, seed=seed)
+    fixed = _fixed_batch(trainer.batch_specs)
+    if fixed is not None and batch_size != fixed:
+        raise ValueError(f"--batch-size {batch_size}: the model takes batches of exactly {fixed} (its inputs' "
+                         f"first dim); pass --batch-size {fixed}")
+    loader = gc.data.DataLoader(train, batch_size=batch_size, seed=seed, drop_last=_drops(fixed, train, "--data"))
     problem = trainer.loader_mismatch(loader)
     if problem is not None:
         raise ValueError(f"--resume: {problem}; pass the same --data, --batch-size and --seed to continue the run "
                          "exactly, or start a new one in another --checkpoint folder")
-    eval_loader = gc.data.DataLoader(test, batch_size=max(batch_size, 256), shuffle=False) if test else None
+    eval_loader = gc.data.DataLoader(test, batch_size=fixed or max(batch_size, 256), shuffle=False,
+                                     drop_last=_drops(fixed, test, test_source)) if test else None
     todo = f", epochs {trainer.epoch + 1}-{epochs}" if trainer.epoch and trainer.epoch < epochs else ""
     console.print(f"training on {trainer.backend}: {plural(loader.num_samples, 'sample')}, batch {batch_size}, "
                   f"{plural(epochs, 'epoch')}{todo}", highlight=False, soft_wrap=True)
