@@ -55,12 +55,29 @@ def test_run_writes_npz(files):
     assert [p.name for p in target.parent.iterdir()] == ["y.npz"]  # no temp file left behind
 
 
+def test_run_writes_outputs_of_any_name(tmp_path):
+    """np.savez(f, **outputs) failed on an output named 'file' (its own argument's name)."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("file", "allow_pickle")]
+    nodes = [helper.make_node("Neg", ["x"], ["file"]), helper.make_node("Relu", ["x"], ["allow_pickle"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], outs), opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    np.save(tmp_path / "x.npy", np.array([-1.0, 2.0], np.float32))
+    assert graphc("run", tmp_path / "m.onnx", "-b", "numpy", "-i", f"x={tmp_path / 'x.npy'}", "-o",
+                  tmp_path / "y.npz") == 0
+    with np.load(tmp_path / "y.npz", allow_pickle=False) as saved:
+        assert saved["file"].tolist() == [1.0, -2.0] and saved["allow_pickle"].tolist() == [0.0, 2.0]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--input", "x"], "bad --input 'x'; expected NAME=FILE.npy"),
     (["--input", "x=missing.npy"], "no such file missing.npy"),
     (["--input", "x={x}"], "missing input 'b'"),
     (["--input", "x={x}", "--input", "b={x}"], "input 'b': expected b: float32[N,2]"),
     (["--input", "x={x}", "--input", "b={b}", "--backend", "tpu"], "unknown backend 'tpu'"),
+    (["--input", "x={x}", "--input", "x={b}", "--input", "b={b}"], "--input 'x' given twice"),  # the last had won
 ])
 def test_run_bad_input_exits_2_with_one_line(files, capsys, args, message):
     args = [a.format(x=files / "x.npy", b=files / "b.npy") for a in args]

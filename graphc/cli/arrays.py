@@ -7,6 +7,7 @@ restore) is one ``InputError`` naming the option, the file and the problem.
 
 from __future__ import annotations
 
+import io
 import math
 import zipfile
 from pathlib import Path
@@ -65,6 +66,17 @@ def load_npz(path: Path, option: str, names: list[str]) -> dict[str, np.ndarray]
     except _READ_ERRORS as exc:
         raise InputError(f"{option} {path}: not a readable .npz archive ({_first_line(exc)})") from None
     return out
+
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """An ``.npz`` archive of ``arrays`` by name, as ``np.savez`` writes one (without pickle), for
+    any names: ``np.savez(f, **arrays)`` fails on an array named ``file`` or ``allow_pickle``."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
+    return buffer.getvalue()
 
 
 _FOUND = {"npy": "a single-array .npy file", "npz": "an .npz archive", "other": "a file that is neither .npy nor .npz"}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Optional
 
@@ -13,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
-from graphc.cli.arrays import load_npy
+from graphc.cli.arrays import load_npy, npz_bytes
 from graphc.fileio import atomic_write
 
 
@@ -24,6 +23,8 @@ def parse_feeds(items: list[str]) -> dict[str, np.ndarray]:
         name, sep, file = item.partition("=")
         if not sep or not name or not file:
             raise ValueError(f"bad --input {item!r}; expected NAME=FILE.npy")
+        if name in feeds:
+            raise ValueError(f"--input {name!r} given twice; give each input once")
         feeds[name] = load_npy(Path(file), f"--input {name}")
     return feeds
 
@@ -82,9 +83,7 @@ def run_cmd(
         results = session.run(parse_feeds(inputs))
         ran_on = session.backend
     if output is not None:
-        buffer = io.BytesIO()
-        np.savez(buffer, **results)
-        atomic_write(output, buffer.getvalue())
+        atomic_write(output, npz_bytes(results))
         console.print(f"wrote {len(results)} output(s) to {output} (backend {ran_on})")
         return
     table = Table(title=f"{model.name} on {ran_on}")
