@@ -112,6 +112,12 @@ def test_parity_mismatch_exits_1_and_bisect_names_the_node(files, capsys, monkey
 def test_parity_bad_dim_exits_2(files, capsys):
     assert graphc("parity", files / "net.onnx", "--dim", "N") == 2
     assert "bad --dim 'N'" in capsys.readouterr().err
+    # a name the model lacks, or sizes for given arrays, were ignored
+    assert graphc("parity", files / "net.onnx", "--dim", "M=9") == 2
+    assert "the model's inputs have no dim named 'M'; their dim names: N" in " ".join(capsys.readouterr().err.split())
+    assert graphc("parity", files / "net.onnx", "--dim", "N=3", "-i", f"x={files / 'x.npy'}",
+                  "-i", f"b={files / 'b.npy'}") == 2
+    assert "with --input the arrays give every size" in capsys.readouterr().err
 
 
 def test_random_feeds_follow_the_specs():

@@ -130,10 +130,18 @@ def parity_cmd(
     from graphc.runtime.feeds import random_feeds, required_specs
 
     loaded = load(model)
+    if inputs and dims:
+        raise ValueError("--dim sizes the random inputs; with --input the arrays give every size (drop --dim)")
     if inputs:
         feeds = parse_feeds(inputs)
     else:
-        feeds = random_feeds(required_specs(loaded), parse_dims(dims), seed)
+        sizes, specs = parse_dims(dims), required_specs(loaded)
+        named = {d for spec in specs for d in (spec.shape or ()) if isinstance(d, str)}
+        unknown = sorted(set(sizes) - named)
+        if unknown:  # it was ignored, the dim taking the default size
+            raise ValueError(f"--dim: the model's inputs have no dim named {', '.join(map(repr, unknown))}; their dim "
+                             f"names: {', '.join(sorted(named)) or 'none (every dim is fixed)'}")
+        feeds = random_feeds(specs, sizes, seed)
     names = [b.strip() for b in backends.split(",") if b.strip()]
     report = parity.compare(loaded, feeds, backends=names, rtol=rtol, atol=atol, bisect=bisect)
     console.print(parity_table(names, report))
