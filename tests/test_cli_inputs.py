@@ -150,3 +150,17 @@ def test_resume_from_a_checkpoint_whose_header_is_nonsense(capsys, ws):
     result = train(capsys, ws, "--checkpoint", ws / "ck", "--resume")
     assert "invalid checkpoint metadata (step: Input should be greater than or equal to 0 (got -5))" in one_line_error(result)
     assert "training on" not in result.out
+
+
+def test_a_checkpoint_given_as_artifacts_resumes_and_says_so(capsys, ws):
+    """It resumed without a word, its loader error spoke of a --resume not given, and a run
+    already past --epochs trained nothing and said nothing."""
+    assert train(capsys, ws, "--checkpoint", ws / "ck").code == 0
+    again = ["train", ws / "ck", "--data", ws / "data.npz", "--batch-size", "16", "--backend", "numpy", "--no-progress"]
+    result = run_cli(capsys, *again, "--epochs", "1")
+    assert result.code == 0 and f"resumed from {ws / 'ck'}: step 4, epoch 1" in result.out
+    assert "nothing to train: the run has done 1 epoch of --epochs 1; raise --epochs to train on" in result.out
+    result = run_cli(capsys, *again, "--epochs", "2")
+    assert result.code == 0 and ", epoch 2" in result.out and "epoch 2/2" in result.out
+    err = one_line_error(run_cli(capsys, *again, "--epochs", "3", "--seed", "5"))
+    assert f"resuming {ws / 'ck'} (given as ARTIFACTS): the checkpoint's run used a loader with seed 0 (now 5)" in err

@@ -268,7 +268,10 @@ def train_cmd(
                          workers=workers, ray_address=ray_address, **({"cuda_graph": True} if cuda_graph else {}))
     if resume:
         trainer.load_checkpoint(checkpoint)
-        console.print(f"resumed from {checkpoint}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False, soft_wrap=True)
+    resumed = checkpoint if resume else trainer.resumed_from  # ARTIFACTS may be a checkpoint itself
+    if resumed is not None:
+        console.print(f"resumed from {resumed}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False,
+                      soft_wrap=True)
     train, test, test_source = load_data(data, [s.name for s in trainer.batch_specs], eval_data)
     fixed = _fixed_batch(trainer.batch_specs)
     if fixed is not None and batch_size != fixed:
@@ -277,11 +280,17 @@ def train_cmd(
     loader = gc.data.DataLoader(train, batch_size=batch_size, seed=seed, drop_last=_drops(fixed, train, "--data"))
     problem = trainer.loader_mismatch(loader)
     if problem is not None:
-        raise ValueError(f"--resume: {problem}; pass the same --data, --batch-size and --seed to continue the run "
+        where = "--resume" if resume else f"resuming {resumed} (given as ARTIFACTS)"
+        raise ValueError(f"{where}: {problem}; pass the same --data, --batch-size and --seed to continue the run "
                          "exactly, or start a new one in another --checkpoint folder")
     eval_loader = gc.data.DataLoader(test, batch_size=fixed or max(batch_size, 256), shuffle=False,
                                      drop_last=_drops(fixed, test, test_source)) if test else None
-    todo = f", epochs {trainer.epoch + 1}-{epochs}" if trainer.epoch and trainer.epoch < epochs else ""
+    if resumed is not None and trainer.epoch >= epochs:
+        console.print(f"nothing to train: the run has done {plural(trainer.epoch, 'epoch')} of --epochs {epochs}; "
+                      "raise --epochs to train on", highlight=False, soft_wrap=True)
+        return
+    todo = "" if not trainer.epoch else (f", epoch {epochs}" if trainer.epoch + 1 == epochs
+                                         else f", epochs {trainer.epoch + 1}-{epochs}")
     console.print(f"training on {trainer.backend}: {plural(loader.num_samples, 'sample')}, batch {batch_size}, "
                   f"{plural(epochs, 'epoch')}{todo}", highlight=False, soft_wrap=True)
     console.print(f"evaluating on {test_source}" if test else "no evaluation arrays (NAME_val or NAME_test in "

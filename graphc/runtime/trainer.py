@@ -245,6 +245,7 @@ class Trainer:
             self.artifacts.release()
         self._reset_state(state, consume=owned)
         del state
+        self.resumed_from = resume_from  # the checkpoint given in place of the artifacts, if one was
         if resume_from is not None:
             self.load_checkpoint(resume_from)
 
