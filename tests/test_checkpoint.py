@@ -99,6 +99,27 @@ def test_format_2_progress_is_read_weighted_by_batch_size(tmp_path):
     assert ckpt.read_meta(path).format == "graphc-checkpoint/3"
 
 
+def test_a_format_2_checkpoint_whose_loader_lacks_the_data_fingerprint_still_verifies(tmp_path):
+    """Its digest hashed a header without ``loader.data``: written here as that graphc wrote it."""
+    import hashlib
+
+    from safetensors.numpy import save_file
+
+    fields = {"format": "graphc-checkpoint/2", "step": 2, "epoch": 0, "batch_in_epoch": 2,
+              "loader": {"seed": 0, "batch_size": 16, "shuffle": True, "drop_last": False, "num_samples": 100}}
+    header = ckpt.CheckpointMeta(**fields).model_dump(exclude={"digest"})
+    del header["loader"]["data"]
+    h = hashlib.sha256(json.dumps(header, separators=(",", ":")).encode())
+    for name in sorted(tensors()):
+        a = tensors()[name]
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    save_file(tensors(), str(tmp_path / "c.safetensors"),
+              metadata={"graphc": json.dumps({**header, "digest": h.hexdigest()})})
+    _, meta = ckpt.load(tmp_path / "c.safetensors")
+    assert meta.loader.data == "" and meta.step == 2
+
+
 LOADER = {"seed": 0, "batch_size": 16, "shuffle": True, "drop_last": False, "num_samples": 100}  # 7 batches
 
 

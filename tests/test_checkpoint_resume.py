@@ -148,3 +148,17 @@ def test_an_unwritable_checkpoint_or_plot_fails_before_the_first_step(tmp_path, 
     with pytest.raises(MissingDependency, match="needs matplotlib"):
         trainer.fit(loader, 1, progress=False, plot=tmp_path / "loss.png")
     assert trainer.step_count == 0
+
+
+def test_resuming_with_other_data_of_the_same_length_is_named(tmp_path):
+    """README: a resume whose --data differs from its run's is an error; data of the same
+    length had passed (the loader's record held its settings and length only)."""
+    data = blobs(48)
+    trainer = gc.Trainer(bn_artifacts(), backend="numpy")
+    trainer.fit(gc.data.DataLoader(data, batch_size=16, seed=1), 1, progress=False, checkpoint=tmp_path / "ck")
+    resumed = gc.Trainer(tmp_path / "ck", backend="numpy")
+    same = {k: v.copy() for k, v in data.items()}
+    assert resumed.loader_mismatch(gc.data.DataLoader(same, batch_size=16, seed=1)) is None
+    other = {k: v[::-1].copy() for k, v in data.items()}
+    problem = resumed.loader_mismatch(gc.data.DataLoader(other, batch_size=16, seed=1))
+    assert problem == "the checkpoint's run used a loader with other data (arrays of the same length whose values differ)"

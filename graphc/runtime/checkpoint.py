@@ -64,6 +64,7 @@ class LoaderState(BaseModel):
     shuffle: bool
     drop_last: bool
     num_samples: NonNegativeInt
+    data: str = ""  # the arrays' ``DataLoader.fingerprint``; "" in checkpoints from before it was kept
 
     def batches(self) -> int:
         """Batches per epoch (as ``DataLoader.__len__``)."""
@@ -155,7 +156,9 @@ def _digest(tensors: dict[str, np.ndarray], meta: CheckpointMeta) -> str:
     fields other than the digest itself."""
     h = hashlib.sha256()
     if meta.format != _TENSOR_ONLY_DIGEST_FORMAT:
-        h.update(meta.model_dump_json(exclude={"digest"}).encode())
+        unkept = meta.loader is not None and not meta.loader.data  # the header as checkpoints before it hashed it
+        exclude = {"digest": True, **({"loader": {"data"}} if unkept else {})}
+        h.update(meta.model_dump_json(exclude=exclude).encode())
     for name in sorted(tensors):
         a = np.asarray(tensors[name], order="C")
         h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())

@@ -245,7 +245,6 @@ class Trainer:
             self.artifacts.release()
         self._reset_state(state, consume=owned)
         del state
-        self.resumed_from = resume_from  # the checkpoint given in place of the artifacts, if one was
         if resume_from is not None:
             self.load_checkpoint(resume_from)
 
@@ -298,6 +297,7 @@ class Trainer:
         self._loader_state: Optional[ckpt.LoaderState] = None
         self._progress = ckpt.EpochProgress()  # running sums of the epoch under way
         self._interrupts = DeferredInterrupt()
+        self.resumed_from = resume_from  # the checkpoint given in place of the artifacts, if one was
         return resume_from
 
     def _packed(self, tensors: Mapping[str, np.ndarray], consume: bool = False) -> dict[str, np.ndarray]:
@@ -660,9 +660,11 @@ class Trainer:
         resume with it would not replay that run's batches), or None."""
         if self._loader_state is None or not (self.epoch or self.batch_in_epoch):
             return None
-        state = _loader_state(loader)
-        diffs = [f"{field} {getattr(self._loader_state, field)} (now {getattr(state, field)})"
-                 for field in type(state).model_fields if getattr(state, field) != getattr(self._loader_state, field)]
+        state, then = _loader_state(loader), self._loader_state
+        diffs = [f"{field} {getattr(then, field)} (now {getattr(state, field)})" for field in type(state).model_fields
+                 if field != "data" and getattr(state, field) != getattr(then, field)]
+        if then.data and state.data and then.data != state.data:
+            diffs.append("other data (arrays of the same length whose values differ)")
         return f"the checkpoint's run used a loader with {', '.join(diffs)}" if diffs else None
 
     def _use_loader(self, loader) -> None:
@@ -776,8 +778,10 @@ class Trainer:
 
 
 def _loader_state(loader) -> ckpt.LoaderState:
+    fingerprint = getattr(loader, "fingerprint", None)
     return ckpt.LoaderState(seed=loader.seed, batch_size=loader.batch_size, shuffle=loader.shuffle,
-                            drop_last=loader.drop_last, num_samples=loader.num_samples)
+                            drop_last=loader.drop_last, num_samples=loader.num_samples,
+                            data=fingerprint() if callable(fingerprint) else "")
 
 
 def _signal_hook() -> Optional[tuple[int, int]]:
