@@ -193,3 +193,27 @@ def test_dead_use_removed_then_transpose_folded_at_level_2():
 
     out = gc.optimize(_transpose_model(dead_use=True), 2)
     assert [n.op_type for n in out.proto.graph.node] == ["Add"]
+
+
+def test_graph_input_that_is_an_output_keeps_its_name_at_every_level(tmp_path):
+    """OutputFix left a main-graph input that is also an output alone (onnx-ir's pass renamed
+    the input to ``x_orig``, which the pipeline rejects); a trained model's export too."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    outputs = [x, helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])]
+    weight = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], outputs,
+                              [onnx.numpy_helper.from_array(weight, "w")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(proto, full_check=True)
+    model, feed = gc.load(proto), {"x": np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)}
+    for level in range(4):
+        optimized = gc.optimize(model, level=level)
+        assert ([v.name for v in optimized.inputs], [v.name for v in optimized.outputs]) == (["x"], ["x", "y"])
+        out = gc.Session(optimized, backend="numpy").run(feed)
+        np.testing.assert_array_equal(out["x"], feed["x"])
+        np.testing.assert_allclose(out["y"], feed["x"] @ weight, rtol=1e-5)
+    trainer = gc.Trainer(gc.training.generate(model, gc.losses.mse("y", label="t"), gc.optim.SGD(0.1)), backend="numpy")
+    trainer.step({**feed, "t": np.zeros((2, 3), np.float32)})
+    exported = gc.load(trainer.export_inference(tmp_path / "trained.onnx"))
+    assert [v.name for v in exported.outputs] == ["x", "y"]
+    np.testing.assert_array_equal(gc.Session(exported, backend="numpy").run(feed)["x"], feed["x"])

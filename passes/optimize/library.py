@@ -518,16 +518,34 @@ class LiftConstantsToInitializers(Declared, ir.passes.InPlacePass):
         return result
 
 
+class OutputFix(Declared, ir.passes.InPlacePass):
+    """onnx-ir's ``OutputFixPass`` (an Identity for a value listed twice as a graph output, and
+    for a subgraph input returned as the subgraph's output), except for a main-graph input that is
+    also a main-graph output: ONNX allows that (``onnx.checker`` accepts it), and the library's
+    Identity would take the output's name and rename the input (``x`` to ``x_orig``)."""
+
+    name = "OutputFix"
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        outputs = model.graph.outputs
+        passed = [(i, v) for i, v in enumerate(outputs) if v.is_graph_input()]
+        for i, _ in reversed(passed):
+            outputs.pop(i)
+        result = common.OutputFixPass()(model)
+        for i, value in passed:
+            outputs.insert(i, value)
+        return result
+
+
 def finish_passes(protected: frozenset[str] = frozenset(), level: int = 1) -> list[ir.passes.PassBase]:
     """Run once after the loop: constants become initializers (a ``Constant`` node costs a kernel
-    launch in some runtimes; an initializer costs nothing), graph outputs that became an input or
-    initializer get an Identity back (ONNX needs an output produced by a node), then a stable
-    topological sort. (No second shape inference: values the rewrites created may lack a
+    launch in some runtimes; an initializer costs nothing), a value listed twice as an output gets
+    an Identity (``OutputFix``), then a stable topological sort. (No second shape inference: values the rewrites created may lack a
     shape annotation, which no runtime needs; the graph's inputs/outputs keep theirs.)"""
     return [
         LiftConstantsToInitializers(),
         dedup_pass(protected, level),
         RemoveUnusedNodes(),
-        LibraryPass(common.OutputFixPass(), "OutputFix"),
+        OutputFix(),
         TopologicalSort(),
     ]
