@@ -289,6 +289,49 @@ def test_torch_export_with_batchnorm_trains_like_torch():
     np.testing.assert_allclose(state["bn.running_var"], net.bn.running_var.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_fresh_batchnorm_export_tracks_its_running_statistics_like_torch(exporter, tmp_path):
+    """A fresh BatchNorm's running mean and var (zeros, ones) equal its bias and weight, and
+    torch.onnx merges equal initializers: TorchScript writes ``bn.running_mean = Identity(bn.bias)``,
+    dynamo passes bn.bias itself. Each statistic gets its own initializer, named as torch's
+    buffer: 3 SGD steps give torch's losses, params and running statistics, and the exported
+    model torch's eval-mode output."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    x, y = torch.randn(8, 5), torch.randn(8, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "dynamo":
+            proto = torch.onnx.export(net.eval(), (x,), dynamo=True, verbose=False, input_names=["x"],
+                                      output_names=["out"]).model_proto
+        else:
+            path = tmp_path / "net.onnx"
+            torch.onnx.export(net.eval(), (x,), str(path), dynamo=False, opset_version=17, input_names=["x"],
+                              output_names=["out"])
+            proto = onnx.load(path)
+    assert "2.running_mean" not in {i.name for i in proto.graph.initializer}  # merged with 2.bias
+    arts = gc.training.generate(gc.load(proto), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
+    assert arts.manifest.trainable == [n for n, _ in net.named_parameters()]
+    trainer = gc.Trainer(arts, backend="numpy")
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(net.train()(x), y)
+        loss.backward()
+        opt.step()
+        np.testing.assert_allclose(trainer.step({"x": x.numpy(), "y": y.numpy()}), loss.item(), rtol=1e-5)
+    state = trainer.state_dict()
+    for name, tensor in [*net.named_parameters(), *net.named_buffers()]:
+        if name != "2.num_batches_tracked":
+            np.testing.assert_allclose(state[name], tensor.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+    exported = gc.load(trainer.export_inference(tmp_path / "trained.onnx"))
+    with torch.no_grad():
+        expected = net.eval()(x).numpy()
+    np.testing.assert_allclose(gc.Session(exported, backend="numpy").run({"x": x.numpy()})["out"], expected,
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_torch_export_with_frozen_conv():
     model = gc.load("tests/data/torch_cnn_bn.onnx")
     arts = gc.training.generate(model, gc.losses.mse("y", label="target"), gc.optim.SGD(0.01, momentum=0.9),

@@ -43,6 +43,53 @@ def batchnorm_stats(graph: ir.Graph) -> list[str]:
     return names
 
 
+def own_batchnorm_stats(graph: ir.Graph) -> None:
+    """Give each BatchNormalization's running mean and var an initializer of its own, in place,
+    where they are an ``Identity`` of an initializer or an initializer read elsewhere too.
+    torch.onnx merges initializers of equal values, so a fresh BatchNorm's statistics (zeros and
+    ones) read its bias and weight: through an Identity (TorchScript) or as they are (dynamo),
+    and training would take the params for statistics or track none. The new initializer holds
+    a copy of the value, named as torch names the buffer: the Identity's output
+    (``bn.running_mean``), else ``<p>.running_mean``/``<p>.running_var`` for a scale
+    ``<p>.weight`` and bias ``<p>.bias``, else ``<node name>.running_mean``/``...var``."""
+    names = {*graph.initializers, *(v.name for v in graph.inputs), *(v.name for n in graph for v in n.outputs)}
+    for node in list(graph):
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
+            continue
+        for index, stat in ((3, "running_mean"), (4, "running_var")):
+            value = node.inputs[index] if len(node.inputs) > index else None
+            alias = value is not None and value.producer() is not None and value.producer().op_type == "Identity"
+            source = value.producer().inputs[0] if alias else value
+            if source is None or not source.is_initializer() or source.const_value is None or (
+                    not alias and len(value.uses()) == 1):
+                continue
+            own = ir.Value(type=ir.TensorType(source.dtype), shape=ir.Shape(source.const_value.shape),
+                           const_value=ir.tensor(source.const_value.numpy().copy()))
+            node.replace_input_with(index, own)
+            if alias and not value.uses() and not value.is_graph_output():
+                graph.remove(value.producer(), safe=True)
+                own.name = value.name
+            else:
+                own.name = _stat_name(node, stat, names)
+            names.add(own.name)
+            own.const_value.name = own.name
+            graph.register_initializer(own)
+
+
+def _stat_name(node: ir.Node, stat: str, taken: set[str]) -> str:
+    """``<p>.<stat>`` for a BatchNormalization of scale ``<p>.weight`` and bias ``<p>.bias``, else
+    ``<node name>.<stat>``, with a suffix while taken."""
+    scale, bias = (v.name or "" if v is not None else "" for v in node.inputs[1:3])
+    prefix = scale.removesuffix(".weight")
+    if not (scale.endswith(".weight") and bias == f"{prefix}.bias") or f"{prefix}.{stat}" in taken:
+        prefix = node.name or "BatchNormalization"
+    name, k = f"{prefix}.{stat}", 0
+    while name in taken:
+        k += 1
+        name = f"{prefix}.{stat}_{k}"
+    return name
+
+
 def set_inference_mode(graph: ir.Graph, ops: tuple[str, ...] = ("Dropout", "BatchNormalization")) -> None:
     """Inference mode for the nodes of types ``ops`` (see the module docstring)."""
     for node in list(graph):
