@@ -16,6 +16,7 @@ import pytest
 
 import graphc as gc
 from cli_util import run_cli
+from graphc.passes.training.imports import retie_folded_copies
 
 LOSS = gc.losses.cross_entropy("logits", label="y")
 GPT = Path(__file__).parent / "data" / "zoo" / "gpt_dynamo.onnx"
@@ -89,6 +90,39 @@ def test_torchscript_rule_and_zero_constants():
     other = gc.training.generate(_torchscript_like("another exporter"), LOSS, gc.optim.SGD(0.1)).manifest
     assert other.constants == {} and "onnx::Mul_8" in other.trainable  # no evidence: every initializer
     assert "h0" not in other.trainable
+
+
+def test_only_exact_folded_copies_of_a_weight_are_computed_from_it_again():
+    """TorchScript ``onnx::`` initializers: one equal to w transposed becomes Transpose(w), one
+    equal to w an Identity of it; a separate weight of w's shape and an identity matrix equal to
+    another param's (equal by construction) stay initializers, and another producer's names mean
+    nothing."""
+    rng = np.random.default_rng(0)
+    w, other = rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(4, 3)).astype(np.float32)
+    arrays = {"w": w, "eye": np.eye(3, dtype=np.float32), "onnx::MatMul_1": w.T, "onnx::Add_2": w,
+              "onnx::MatMul_3": other, "onnx::MatMul_4": np.eye(3, dtype=np.float32)}
+    nodes = [oh.make_node("MatMul", ["x", "w"], ["a"]), oh.make_node("MatMul", ["a", "onnx::MatMul_1"], ["b"]),
+             oh.make_node("MatMul", ["b", "w"], ["c"]), oh.make_node("Add", ["c", "onnx::Add_2"], ["d"]),
+             oh.make_node("MatMul", ["d", "onnx::MatMul_3"], ["e"]), oh.make_node("MatMul", ["e", "eye"], ["f"]),
+             oh.make_node("MatMul", ["f", "onnx::MatMul_4"], ["logits"])]
+
+    def model(producer):
+        graph = oh.make_graph(nodes, "ts", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 3])],
+                              [oh.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [3, 3])],
+                              [nh.from_array(a, n) for n, a in arrays.items()])
+        return gc.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], producer_name=producer))
+
+    ts = model("pytorch").ir
+    assert retie_folded_copies(ts) == ["onnx::MatMul_1", "onnx::Add_2"]
+    assert set(ts.graph.initializers) == {"w", "eye", "onnx::MatMul_3", "onnx::MatMul_4"}
+    assert [n.op_type for n in ts.graph][:2] == ["Identity", "Transpose"]
+    x = rng.normal(size=(3, 3)).astype(np.float32)
+    np.testing.assert_allclose(gc.Session(gc.Model(ts), backend="numpy").run({"x": x})["logits"],
+                               gc.Session(model("pytorch"), backend="numpy").run({"x": x})["logits"], rtol=1e-6)
+    with pytest.warns(UserWarning, match="'onnx::MatMul_4'"):  # its repeated values: a gathered table?
+        arts = gc.training.generate(model("pytorch"), gc.losses.mse("logits", label="y"), gc.optim.SGD(0.1))
+    assert arts.manifest.trainable == ["w", "eye", "onnx::MatMul_3", "onnx::MatMul_4"]
+    assert retie_folded_copies(model("another exporter").ir) == []
 
 
 def test_grad_command_reports_params_and_constants(capsys, tmp_path):

@@ -332,6 +332,42 @@ def test_fresh_batchnorm_export_tracks_its_running_statistics_like_torch(exporte
                                rtol=1e-5, atol=1e-6)
 
 
+def test_tied_weight_split_by_torchscript_constant_folding_trains_as_one_like_torch(tmp_path):
+    """An Embedding's weight shared with the output Linear: TorchScript's default constant
+    folding exports it as ``e.weight`` and ``onnx::MatMul_<N>`` (its transpose). The folded copy
+    is computed from e.weight again: 3 SGD steps give torch's losses and weight, and the exported
+    model torch's output."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    emb, out = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False)
+    out.weight = emb.weight
+    net = torch.nn.Sequential(emb, torch.nn.Tanh(), out)
+    ids, y = torch.tensor([[1, 3, 5], [2, 0, 9]]), torch.randn(2, 3, 10)
+    path = tmp_path / "tied.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (ids,), str(path), dynamo=False, opset_version=17, input_names=["ids"],
+                          output_names=["out"])
+    model = gc.load(path)
+    assert [n for n in model.params if n.startswith("onnx::MatMul")]  # the folded transpose
+    arts = gc.training.generate(model, gc.losses.mse("out", label="y"), gc.optim.SGD(0.5))
+    assert arts.manifest.trainable == ["0.weight"]
+    trainer = gc.Trainer(arts, backend="numpy")
+    opt = torch.optim.SGD(net.parameters(), lr=0.5)
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(net(ids), y)
+        loss.backward()
+        opt.step()
+        np.testing.assert_allclose(trainer.step({"ids": ids.numpy(), "y": y.numpy()}), loss.item(), rtol=1e-5)
+    np.testing.assert_allclose(trainer.state_dict()["0.weight"], emb.weight.detach().numpy(), rtol=1e-5, atol=1e-6)
+    exported = gc.load(trainer.export_inference(tmp_path / "trained.onnx"))
+    with torch.no_grad():
+        expected = net(ids).numpy()
+    np.testing.assert_allclose(gc.Session(exported, backend="numpy").run({"ids": ids.numpy()})["out"], expected,
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_torch_export_with_frozen_conv():
     model = gc.load("tests/data/torch_cnn_bn.onnx")
     arts = gc.training.generate(model, gc.losses.mse("y", label="target"), gc.optim.SGD(0.01, momentum=0.9),

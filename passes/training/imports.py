@@ -22,6 +22,9 @@ Exporters keep weights in odd places. This pass handles:
 6. parameters the exporter's constant folding merged with other tensors (a BatchNorm fused into
    the Conv before it, a table gathered by constant indices): the merged tensor trains, which
    is not what the source model trains; a warning names them (``warn_folded_parameters``).
+7. a weight shared by two layers that TorchScript's constant folding split in two (an Embedding
+   tied to the output Linear: ``e.weight`` and ``onnx::MatMul_6``, its transpose): the folded
+   copy is computed from the weight again (``retie_folded_copies``), so both train as one.
 
 Initializers listed as graph inputs (IR < 4 exports) keep working: they already are inputs.
 """
@@ -77,6 +80,48 @@ _SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
 _KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 _FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 _TORCHSCRIPT_FOLDED = "onnx::"  # the TorchScript exporter's names for values it computed
+
+
+def retie_folded_copies(model: ir.Model) -> list[str]:
+    """Rebuild each TorchScript ``onnx::`` initializer that holds exactly the values of another
+    float initializer, or of its transpose, from that one (an Identity or a Transpose of it, same
+    name), in place; returns their names. Constant folding turns a weight that two layers share
+    into two tensors (``onnx::MatMul_6`` is ``e.weight`` transposed), which would train apart.
+    Values with fewer than three distinct elements (zeros, ones, an identity matrix) are equal
+    by construction, not a copy, and stay."""
+    graph = model.graph
+    if model.producer_name != _TORCH or _SIGNATURE in graph.metadata_props:
+        return []
+    sources = [v for n, v in graph.initializers.items()
+               if not n.startswith(_TORCHSCRIPT_FOLDED) and is_float(v) and v.const_value is not None]
+    rebuilt = []
+    for name, value in list(graph.initializers.items()):
+        if not name.startswith(_TORCHSCRIPT_FOLDED) or not is_float(value) or value.const_value is None \
+                or value.is_graph_input():
+            continue
+        array = value.const_value.numpy()
+        match = next(((op, v) for v in sources if (op := _copy_op(v.const_value.numpy(), array))), None)
+        if match is None or np.unique(array).size < 3:
+            continue
+        op, source = match
+        copy = ir.node(op, [source], {"perm": [1, 0]} if op == "Transpose" else None).outputs[0]
+        copy.type, copy.shape = value.type, value.shape
+        graph.insert_before(next(iter(graph)), copy.producer())
+        graph.initializers.pop(name)
+        value.replace_all_uses_with(copy)
+        copy.name = name
+        rebuilt.append(name)
+    return rebuilt
+
+
+def _copy_op(source: np.ndarray, array: np.ndarray) -> str | None:
+    """``"Identity"`` when ``array`` equals ``source``, ``"Transpose"`` when it equals the 2-D
+    ``source`` transposed, else None."""
+    if source.shape == array.shape and np.array_equal(source, array):
+        return "Identity"
+    if source.ndim == 2 and source.T.shape == array.shape and np.array_equal(source.T, array):
+        return "Transpose"
+    return None
 
 
 def exporter_constants(model: ir.Model, names: Sequence[str]) -> dict[str, str]:
