@@ -332,6 +332,40 @@ def test_fresh_batchnorm_export_tracks_its_running_statistics_like_torch(exporte
                                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("fold", [False, True])
+def test_fresh_norm_layers_merged_by_torchscript_train_apart_like_torch(fold, tmp_path):
+    """An eval-mode TorchScript export merges every fresh norm layer's weight and bias (ones,
+    zeros) into the first one's: ``ln2.weight = Identity(bn1.weight)``. They trained as one
+    tensor (params 0.03 from torch after 3 steps); each gets its own initializer again."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.ReLU(), torch.nn.Linear(6, 6),
+                              torch.nn.BatchNorm1d(6), torch.nn.LayerNorm(6), torch.nn.ReLU(), torch.nn.LayerNorm(6),
+                              torch.nn.Linear(6, 3))
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    path = tmp_path / "net.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net.eval(), (x,), str(path), dynamo=False, do_constant_folding=fold, input_names=["x"],
+                          output_names=["out"])
+    merged = {n.output[0] for n in onnx.load(path).graph.node if n.op_type == "Identity"}
+    assert {"4.weight", "5.weight", "7.bias"} <= merged
+    arts = gc.training.generate(gc.load(path), gc.losses.cross_entropy("out", label="y"), gc.optim.SGD(0.1))
+    assert sorted(arts.manifest.trainable) == sorted(n for n, _ in net.named_parameters())
+    trainer = gc.Trainer(arts, backend="numpy")
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net.train()(x), y)
+        loss.backward()
+        opt.step()
+        np.testing.assert_allclose(trainer.step({"x": x.numpy(), "y": y.numpy()}), loss.item(), rtol=1e-5)
+    state = trainer.state_dict()
+    for name, tensor in [*net.named_parameters(), *net.named_buffers()]:
+        if not name.endswith("num_batches_tracked"):
+            np.testing.assert_allclose(state[name], tensor.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_tied_weight_split_by_torchscript_constant_folding_trains_as_one_like_torch(tmp_path):
     """An Embedding's weight shared with the output Linear: TorchScript's default constant
     folding exports it as ``e.weight`` and ``onnx::MatMul_<N>`` (its transpose). The folded copy

@@ -227,8 +227,9 @@ def _order_inputs(graph: ir.Graph, order: Sequence[str]) -> None:
 def _prepare(model: ir.Model) -> ir.Model:
     """A copy of ``model`` at opset >= 17, weights in initializers (and not graph inputs, as
     IR < 4 exports list them: training graphs re-expose the trainable ones), shared weights that
-    constant folding copied computed again from the weight (``imports.retie_folded_copies``), each
-    BatchNorm's running statistics its own (``modes.own_batchnorm_stats``), shapes inferred."""
+    constant folding copied computed again from the weight (``imports.retie_folded_copies``),
+    params an export merged for their equal values apart again (``imports.untie_merged_params``),
+    each BatchNorm's running statistics its own (``modes.own_batchnorm_stats``), shapes inferred."""
     opset = onnx_opset(model, 0)
     if opset < MIN_OPSET:
         base = _upgrade(model, opset)
@@ -237,6 +238,7 @@ def _prepare(model: ir.Model) -> ir.Model:
     RemoveInitializersFromInputsPass()(base)
     imports.promote_constant_weights(base)
     imports.retie_folded_copies(base)
+    imports.untie_merged_params(base)
     modes.own_batchnorm_stats(base.graph)
     _infer_shapes(base)
     if fold_integer_values(base):  # exporters' computed pads/shapes: static shapes downstream

@@ -24,7 +24,10 @@ Exporters keep weights in odd places. This pass handles:
    is not what the source model trains; a warning names them (``warn_folded_parameters``).
 7. a weight shared by two layers that TorchScript's constant folding split in two (an Embedding
    tied to the output Linear: ``e.weight`` and ``onnx::MatMul_6``, its transpose): the folded
-   copy is computed from the weight again (``retie_folded_copies``), so both train as one.
+   copy is computed from the weight again (``retie_folded_copies``), so both train as one;
+8. separate parameters that TorchScript merged for their equal values (an eval-mode export of
+   fresh norm layers: ``ln2.weight = Identity(bn1.weight)``): each gets its own initializer
+   again (``untie_merged_params``), so they train apart, as in torch.
 
 Initializers listed as graph inputs (IR < 4 exports) keep working: they already are inputs.
 """
@@ -112,6 +115,33 @@ def retie_folded_copies(model: ir.Model) -> list[str]:
         copy.name = name
         rebuilt.append(name)
     return rebuilt
+
+
+def untie_merged_params(model: ir.Model) -> list[str]:
+    """Give each TorchScript ``Identity`` of a float initializer whose output bears a module path
+    (``ln2.weight = Identity(bn1.weight)``) an initializer of its own holding a copy of the
+    value, in place; returns their names. An export in eval mode merges initializers of equal
+    values (every fresh norm layer's ones and zeros into the first one's), which would train
+    those layers as one; a parameter the model really shares is one initializer read twice,
+    never an Identity. (Dynamo merges them too, without an Identity: ``warn_shared_normalization_params``.)"""
+    graph = model.graph
+    if model.producer_name != _TORCH or _SIGNATURE in graph.metadata_props:
+        return []
+    untied = []
+    for node in list(graph):
+        source, out = (node.inputs[0] if node.inputs else None), node.outputs[0]
+        if node.op_type != "Identity" or node.domain not in ("", "ai.onnx") or source is None \
+                or not source.is_initializer() or source.is_graph_input() or source.const_value is None \
+                or not is_float(source) or out.name.startswith(_TORCHSCRIPT_FOLDED) or out.is_graph_output():
+            continue
+        own = ir.Value(name=out.name, type=ir.TensorType(source.dtype), shape=ir.Shape(source.const_value.shape),
+                       const_value=ir.tensor(source.const_value.numpy().copy(), name=out.name))
+        out.name = f"{out.name}/merged"
+        out.replace_all_uses_with(own)
+        graph.remove(node, safe=True)
+        graph.register_initializer(own)
+        untied.append(own.name)
+    return untied
 
 
 def _copy_op(source: np.ndarray, array: np.ndarray) -> str | None:
