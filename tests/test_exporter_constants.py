@@ -61,6 +61,9 @@ def test_constants_can_be_trained_and_params_frozen_by_pattern():
     assert {"ln1.weight", "lnf.bias"} <= set(arts.manifest.frozen)
     with pytest.raises(gc.GraphError, match="params: unknown parameter"):
         gc.training.generate(model, LOSS, gc.optim.SGD(0.1), params=["no_such_*"])
+    # named both ways: frozen had silently won
+    with pytest.raises(gc.GraphError, match=r"\['ln1.weight'\] matched by both frozen= \(--freeze\) and params="):
+        gc.training.generate(model, LOSS, gc.optim.SGD(0.1), params=["ln1.weight"], frozen=["ln*"])
 
 
 def _torchscript_like(producer: str) -> gc.Model:

@@ -294,6 +294,9 @@ def _select_params(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, 
     candidates = [n for n, v in graph.initializers.items() if imports.is_float(v) and n not in bn_stats]
     candidates.sort(key=lambda n: order.get(n, len(order)))
     frozen, forced = _matching(frozen, candidates, "frozen"), _matching(params, candidates, "params")
+    both = [n for n in forced if n in frozen]
+    if both:  # frozen had silently won
+        raise PassError(f"{both} matched by both frozen= (--freeze) and params= (--param): give each param one of them")
     constants = {n: why for n, why in imports.exporter_constants(model, candidates).items() if n not in forced}
     if trainable is None:
         trainable = [n for n in candidates if n in forced or (
