@@ -37,7 +37,7 @@ import onnx_ir as ir
 from graphc.errors import InferenceError
 from graphc.passes.values import Dim, StaticShape, static_shape
 
-__all__ = ["InferenceError", "RULES", "infer", "known_array", "windows"]
+__all__ = ["InferenceError", "RULES", "correct_onnx_shapes", "infer", "known_array", "windows"]
 
 Result = tuple[ir.DataType | None, StaticShape | None]
 
@@ -446,6 +446,24 @@ def _expand(n: _Node, dtype):
     return dtype, broadcast(n.shape(0), tuple(int(d) for d in target))
 
 
+def _einsum(n: _Node, dtype):
+    """Einsum without "...": each letter's dim broadcast over its operands, as numpy, torch and
+    onnxruntime do (onnx 1.23's inference takes the first operand's: ``ij,ij->ij`` of [2, 1] and
+    [2, 3] is [2, 1] there, [2, 3] when run); the implicit output is the letters used once, in
+    alphabetical order."""
+    eq = n.attr("equation", "").replace(" ", "")
+    lhs, out = eq.split("->") if "->" in eq else (eq, None)
+    terms, shapes = lhs.split(","), n.shapes()
+    if "." in eq or len(terms) != len(shapes) or any(s is None or len(s) != len(t) for s, t in zip(shapes, terms)):
+        return dtype, None
+    letters = [c for t in terms for c in t]
+    if out is None:
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    if not set(out) <= set(letters):
+        return dtype, None
+    return dtype, tuple(broadcast(*[(s[t.index(c)],) for t, s in zip(terms, shapes) if c in t])[0] for c in out)
+
+
 def windows(size: int, kernel: int, stride: int, dilation: int, begin: int, end: int, ceil_mode: int) -> int:
     """How many windows a Conv or pool slides over ``size`` padded by ``begin`` and ``end`` (see ``_window``)."""
     span = size + begin + end - dilation * (kernel - 1) - 1
@@ -502,8 +520,33 @@ RULES: dict[str, _Rule] = {
     "Cast": _cast, "Constant": _constant, "ConstantOfShape": _constant_of_shape, "Shape": _shape, "Size": _size,
     "Reshape": _reshape, "Transpose": _transpose, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
     "Concat": _concat, "Slice": _slice, "Pad": _pad, "MatMul": _matmul, "Gemm": _gemm, "Gather": _gather,
-    "Expand": _expand, **dict.fromkeys(["Conv", "MaxPool", "AveragePool", "LpPool"], _window),
+    "Expand": _expand, "Einsum": _einsum, **dict.fromkeys(["Conv", "MaxPool", "AveragePool", "LpPool"], _window),
 }
+# where onnx 1.23's inference gives a shape the op does not have when run (see ``_window``, ``_einsum``)
+_ONNX_MISCOUNTS = frozenset({"MaxPool", "AveragePool", "LpPool", "Einsum"})
+
+
+def correct_onnx_shapes(graph: ir.Graph, opset: int) -> int:
+    """Give the outputs of the ops onnx's inference miscounts (``_ONNX_MISCOUNTS``) the shapes
+    their rules find, and the values computed from those the shapes ``infer`` then finds, so the
+    shapes recorded are the ones every runtime computes. In place, main graph only; returns how
+    many values changed."""
+    changed: set[ir.Value] = set()
+    for node in graph:
+        if node.domain not in ("", "ai.onnx") or not (
+                node.op_type in _ONNX_MISCOUNTS or any(v in changed for v in node.inputs)):
+            continue
+        try:
+            results = infer(node, opset, fallback=node.op_type not in _ONNX_MISCOUNTS)
+        except InferenceError:
+            results = [(None, None)] * len(node.outputs)
+        for value, (dtype, shape) in zip(node.outputs, results):
+            if shape is not None and shape != static_shape(value):
+                value.shape = ir.Shape(list(shape))
+                changed.add(value)
+            if value.type is None and dtype is not None:  # (onnx failed on the shape it miscounted)
+                value.type = ir.TensorType(dtype)
+    return len(changed)
 
 
 # -- onnx's per-node inference ------------------------------------------------------------------

@@ -352,3 +352,31 @@ def test_settings_computed_from_constants_and_static_shapes_are_folded():
     plus = run_numpy(grads.proto, {"x": x, "w": base + eps * direction})["loss"]
     minus = run_numpy(grads.proto, {"x": x, "w": base - eps * direction})["loss"]
     np.testing.assert_allclose(np.sum(analytic * direction), (plus - minus) / (2 * eps), rtol=1e-6)
+
+
+def test_imported_ceil_mode_pool_is_recorded_with_the_windows_it_has():
+    """A ceil_mode MaxPool whose last window would start past the input (6 wide, kernel 2, stride
+    3): onnx 1.23's inference counts 3 windows, every runtime 2. The gradient and training graphs
+    record the pool's output as graphc's rule counts it (the numpy run and torch's max_pool2d)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[3, 2], strides=[2, 3], ceil_mode=1),
+             helper.make_node("Mul", ["p", "w"], ["y"]),
+             helper.make_node("ReduceSum", ["y"], ["total"], keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 6])],
+                              [helper.make_tensor_value_info("total", TensorProto.FLOAT, []),
+                               helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 2, 2])],
+                              [numpy_helper.from_array(rng.standard_normal((1, 2, 2, 2)).astype(np.float32), "w")])
+    model = graphc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]))
+    x = rng.standard_normal((1, 2, 5, 6)).astype(np.float32)
+    want = run_numpy(model.proto, {"x": x})["y"].shape
+    assert want == (1, 2, 2, 2)
+    torch = pytest.importorskip("torch")
+    assert tuple(torch.nn.functional.max_pool2d(torch.from_numpy(x), (3, 2), (2, 3), ceil_mode=True).shape) == want
+
+    def recorded(proto):
+        infos = {v.name: v for v in [*proto.graph.value_info, *proto.graph.output]}
+        return tuple(d.dim_value for d in infos["p"].type.tensor_type.shape.dim)
+
+    assert recorded(graphc.grad(model, "total", ["w"]).proto) == want
+    arts = graphc.training.generate(model, graphc.losses.mse("y", label="t"), graphc.optim.SGD(0.1))
+    assert recorded(arts.train_step.proto) == want

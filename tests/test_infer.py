@@ -165,6 +165,13 @@ def case(op, rng):
     if op == "Expand":
         target = [int(rng.choice([1, 2, 3, 4])) for _ in range(int(rng.integers(0, 5)))]
         return [(F, base, None), _ints(target) if rng.random() < 0.85 else (I64, (len(target),), None)], {}, opset
+    if op == "Einsum":  # each letter one dim in every operand (where they differ, onnx's inference is wrong)
+        dims = {c: DIMS[int(rng.integers(len(DIMS)))] for c in "ijkl"}
+        terms = ["".join(rng.permutation(list("ijkl"))[:int(rng.integers(1, 4))]) for _ in range(int(rng.integers(1, 4)))]
+        used = sorted(set("".join(terms)))
+        out = "".join(rng.permutation(used)[:int(rng.integers(0, len(used) + 1))]) if used else ""
+        equation = ",".join(terms) + ("->" + out if rng.random() < 0.7 else "")
+        return [(F, tuple(dims[c] for c in t), None) for t in terms], {"equation": equation}, opset
     if op in WINDOWED:
         return _window_case(op, rng, opset)
     raise AssertionError(f"no cases for {op}")
@@ -292,3 +299,18 @@ def test_pool_shapes_match_torch():
         assert shape == want, f"{op} size {size} kernel {k} stride {s} pad {p} dilation {d} ceil {ceil}"
         checked += 1
     assert checked > 1000
+
+
+
+@pytest.mark.parametrize("equation, shapes, want", [
+    ("bij,bjk->bki", [(1, 2, 3), (2, 3, 2)], (2, 2, 2)), ("ij,kj->ik", [(2, 1), (3, 4)], (2, 3)),
+    ("ij,jk", [(2, 1), (4, 3)], (2, 3)), ("ij,ij->ij", [("N", 1), ("N", 3)], ("N", 3))])
+def test_einsum_broadcasts_labelled_dims_as_numpy(equation, shapes, want):
+    """A labelled dim of 1 broadcasts against a larger one (numpy, torch and onnxruntime run it;
+    onnx 1.23's inference keeps the first operand's dim): the rule gives numpy's shape."""
+    values = [ir.Value(name=f"x{i}", type=ir.TensorType(F), shape=ir.Shape(list(s))) for i, s in enumerate(shapes)]
+    node = make_node("Einsum", values, {"equation": equation}, outputs=[ir.Value(name="y")], name="n")
+    ((_, shape),) = infer(node, 21)
+    assert shape == want
+    arrays = [np.zeros([d if isinstance(d, int) else 5 for d in s]) for s in shapes]
+    assert np.einsum(equation, *arrays).shape == tuple(5 if isinstance(d, str) else d for d in want)

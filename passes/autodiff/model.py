@@ -16,17 +16,21 @@ from graphc.passes.autodiff.recurrent import unroll_recurrent
 from graphc.passes.autodiff.registry import RULES
 from graphc.passes.evaluate import run_graph
 from graphc.passes.functions import expand_functions
+from graphc.passes.infer import correct_onnx_shapes
 from graphc.passes.values import fresh_name, onnx_opset
 
 
 def infer_shapes(model: ir.Model) -> ir.Model:
-    """A copy of ``model`` with inferred value shapes and types (the original if inference fails)."""
+    """A copy of ``model`` with inferred value shapes and types (the original if inference fails),
+    the shapes onnx miscounts corrected (``correct_onnx_shapes``)."""
     proto = ir.serde.serialize_model(model)
     try:
         proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
     except Exception:  # noqa: BLE001  (inference is best effort: rules fall back to Shape ops)
         pass
-    return ir.serde.deserialize_model(proto)
+    new = ir.serde.deserialize_model(proto)
+    correct_onnx_shapes(new.graph, onnx_opset(new, DEFAULT_OPSET))
+    return new
 
 
 _INTEGERS = frozenset({ir.DataType.INT64, ir.DataType.INT32, ir.DataType.BOOL})  # and conditions
