@@ -100,10 +100,18 @@ def _parse_einsum(equation: str, n_inputs: int) -> tuple[list[str], str] | None:
     return terms, out
 
 
+def _letter_dims(terms: list[str], shapes: list, letter: str, skip: int) -> list:
+    """The static dims ``letter`` has in the terms other than ``skip`` (where their shapes are known)."""
+    return [shape[term.index(letter)] for j, (term, shape) in enumerate(zip(terms, shapes))
+            if j != skip and letter in term and shape is not None and len(shape) == len(term)]
+
+
 @grad_rule("Einsum")
 def grad_einsum(g, node, dy):
     # d term_i = einsum(out, other terms -> term_i); a letter that only term_i has (summed away
-    # in the forward) is broadcast back by multiplying with ones of that operand's shape. With
+    # in the forward) is broadcast back by multiplying with ones of that operand's shape, as is
+    # one whose dim other operands have as 1 only (a labelled dim broadcast as numpy does). A
+    # labelled dim of 1 that the others have larger is marked broadcast: the driver sums it. With
     # "...", the operands' ellipsis dims broadcast: each gradient keeps them ("..." added to an
     # operand that has none), in a shape known at run time only, which the driver sums back.
     equation = attr(node, "equation")
@@ -112,6 +120,8 @@ def grad_einsum(g, node, dy):
         raise GraphError(f"gradient of Einsum {node.name!r} with equation {equation!r} is not supported "
                          "(a letter repeated within one operand)")
     terms, out = parsed
+    all_terms = [*terms, out]
+    shapes = [*(static_shape(v) for v in node.inputs), static_shape(node.outputs[0])]
     grads = []
     for i, (x, term) in enumerate(zip(node.inputs, terms)):
         if not g.wants(x):
@@ -123,10 +133,18 @@ def grad_einsum(g, node, dy):
         for t, v in others:
             operands.append(v)
             subs.append(t)
-        if not set(term) <= seen:  # letters only this operand has
+        sx = shapes[i] if "..." not in term else None
+        dims = {c: _letter_dims(all_terms, shapes, c, i) for c in term} if sx is not None else {}
+        spread = any(sx[k] != 1 and dims[c] and all(d == 1 for d in dims[c]) for k, c in enumerate(term)) \
+            if sx is not None else False
+        if not set(term) <= seen or spread:  # letters only this operand has (in a size > 1)
             operands.append(g.full(g.shape_of(x), 1.0, x))
             subs.append(term)
         target = term if "..." in term or not any("..." in t for t in subs) else "..." + term
         dx = g.op("Einsum", *operands, equation=",".join(subs) + "->" + target)
-        grads.append(g.broadcast_from(dx, None) if "..." in target else dx)
+        if "..." in target:
+            dx = g.broadcast_from(dx, None)
+        elif sx is not None and any(sx[k] == 1 and any(d != 1 for d in dims[c]) for k, c in enumerate(term)):
+            dx = g.broadcast_from(dx, tuple(d if d != 1 else None for d in sx))  # None: summed over
+        grads.append(dx)
     return tuple(grads)
