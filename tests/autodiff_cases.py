@@ -397,6 +397,10 @@ def _cases() -> list[GradCase]:
         c("SpaceToDepth", [T((2, 3, 4, 6))], {"blocksize": 2}),
         c("SpaceToDepth", [T((1, 2, 6, 3))], {"blocksize": 3, "mode": "CRD"}, opset=28, ort=False, tag="crd"),
         c("Pad", [T((2, 3, 4)), i64(2, 5, 1, 3), None, i64(1, 2)], {"mode": "wrap"}, opset=19, tag="wrap"),
+        # negative pads crop first, then wrap what is left
+        c("Pad", [T((2, 4, 6)), i64(0, -1, 3, 0, 2, -2)], {"mode": "wrap"}, opset=19, tag="wrap_crop"),
+        c("Pad", [T((2, 3, 5)), i64(-2, 1, 3, -1), None, i64(-1, -2)], {"mode": "wrap"}, opset=19,
+          tag="wrap_crop_axes"),
         c("Pad", [T((2, 5, 4)), i64(0, -2, 1, 0, 1, -1), np.array(0.5)], tag="crop_and_pad"),
         c("Pad", [T((2, 3, 5))], {"mode": "reflect", "pads": [0, 1, 2, 0, 2, 1]}, opset=10, tag="opset10_reflect"),
         c("Tile", [T((2, 3)), i64(2, 1)]),

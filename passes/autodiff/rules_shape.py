@@ -211,20 +211,23 @@ def _pad_matrices(g: GradBuilder, node: ir.Node, x: ir.Value, mode: str, axes, b
 
 
 def _pad_matrix(mode: str, size: int, before: int, after: int) -> np.ndarray:
-    """Which input element each output element of a 1-D Pad reads (none: a constant). Built
-    here rather than by running Pad on a basis: onnx's reference Pad refuses negative pads."""
+    """Which input element each output element of a 1-D Pad reads (none: a constant). Negative
+    pads crop first and the modes pad what is left (a wrap repeats the cropped part), as
+    onnxruntime and onnx's reference run it. Built here rather than by running Pad on a basis:
+    onnx's reference Pad refuses negative pads."""
+    first, kept = max(-before, 0), size - max(-before, 0) - max(-after, 0)
     matrix = np.zeros((size + before + after, size))
     for out in range(matrix.shape[0]):
-        i = out - before
+        i = out - max(before, 0)  # in the cropped part
         if mode == "edge":
-            i = min(max(i, 0), size - 1)
+            i = min(max(i, 0), kept - 1)
         elif mode == "wrap":
-            i %= size
+            i %= kept
         elif mode == "reflect":
-            while not 0 <= i < size:  # mirror about the end elements, which are not repeated
-                i = 0 if size == 1 else -i if i < 0 else 2 * (size - 1) - i
-        if 0 <= i < size:
-            matrix[out, i] = 1.0
+            while not 0 <= i < kept:  # mirror about the end elements, which are not repeated
+                i = 0 if kept == 1 else -i if i < 0 else 2 * (kept - 1) - i
+        if 0 <= i < kept:
+            matrix[out, first + i] = 1.0
     return matrix
 
 
