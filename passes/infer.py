@@ -37,7 +37,7 @@ import onnx_ir as ir
 from graphc.errors import InferenceError
 from graphc.passes.values import Dim, StaticShape, static_shape
 
-__all__ = ["InferenceError", "RULES", "correct_onnx_shapes", "infer", "known_array", "windows"]
+__all__ = ["InferenceError", "RULES", "correct_onnx_inference", "infer", "known_array", "windows"]
 
 Result = tuple[ir.DataType | None, StaticShape | None]
 
@@ -526,13 +526,21 @@ RULES: dict[str, _Rule] = {
 _ONNX_MISCOUNTS = frozenset({"MaxPool", "AveragePool", "LpPool", "Einsum"})
 
 
-def correct_onnx_shapes(graph: ir.Graph, opset: int) -> int:
-    """Give the outputs of the ops onnx's inference miscounts (``_ONNX_MISCOUNTS``) the shapes
-    their rules find, and the values computed from those the shapes ``infer`` then finds, so the
-    shapes recorded are the ones every runtime computes. In place, main graph only; returns how
-    many values changed."""
+def correct_onnx_inference(graph: ir.Graph, opset: int) -> int:
+    """Where onnx 1.23's inference is wrong or silent, what the ops compute when run: the outputs
+    of the ops it miscounts (``_ONNX_MISCOUNTS``) get the shapes their rules find, and the values
+    computed from those the shapes ``infer`` then finds; LayerNormalization's Mean and InvStdDev,
+    which it leaves untyped with ``stash_type=0`` (the spec names no dtype 0), get x's dtype, the
+    one the numpy backend computes them in (onnx's reference refuses stash_type 0; onnxruntime
+    infers no type for them, and runs a float32 one typed so). In place, main graph only;
+    returns how many values changed."""
     changed: set[ir.Value] = set()
     for node in graph:
+        if node.op_type == "LayerNormalization" and node.attributes.get_int("stash_type", 1) == 0:
+            for value in node.outputs[1:]:
+                if value.dtype in (None, ir.DataType.UNDEFINED) and node.inputs[0].dtype is not None:
+                    value.dtype = node.inputs[0].dtype
+                    changed.add(value)
         if node.domain not in ("", "ai.onnx") or not (
                 node.op_type in _ONNX_MISCOUNTS or any(v in changed for v in node.inputs)):
             continue
@@ -544,8 +552,9 @@ def correct_onnx_shapes(graph: ir.Graph, opset: int) -> int:
             if shape is not None and shape != static_shape(value):
                 value.shape = ir.Shape(list(shape))
                 changed.add(value)
-            if value.type is None and dtype is not None:  # (onnx failed on the shape it miscounted)
-                value.type = ir.TensorType(dtype)
+            if value.dtype in (None, ir.DataType.UNDEFINED) and dtype is not None:  # (where onnx failed)
+                value.dtype = dtype
+                changed.add(value)
     return len(changed)
 
 

@@ -514,6 +514,13 @@ def _cases() -> list[GradCase]:
         c("BatchNormalization", [T((4, 3)), T((3,)), T((3,)), T((3,)), T((3,), POSITIVE)], tag="inference"),
         c("LayerNormalization", [T((2, 3, 4)), T((4,)), T((4,))]),
         c("LayerNormalization", [T((2, 3, 4)), T((3, 4))], {"axis": 1, "epsilon": 1e-3}, tag="axis1"),
+        # the loss on the statistics: on Mean alone (dmean / n spread over each group), on both.
+        # stash_type 0 (computed in x's dtype, as the numpy backend does; onnx's inference leaves
+        # them untyped and its full checker refuses the type 0)
+        c("LayerNormalization", [T((2, 3, 4)), T((4,)), T((4,))], {"stash_type": 0}, n_out=3, use_outputs=(1,),
+          tag="stash0_mean_only", full_check=False),
+        c("LayerNormalization", [T((2, 3, 4, 2)), T((4, 2)), T((4, 2))], {"axis": -2, "stash_type": 0}, n_out=3,
+          use_outputs=(1, 2), tag="stash0_stats", full_check=False),
         c("InstanceNormalization", [T((2, 3, 4, 2)), T((3,)), T((3,))], {"epsilon": 1e-3}),
         c("LRN", [T((2, 5, 3, 3))], {"size": 3, "alpha": 0.5, "beta": 0.75, "bias": 1.5}),
         c("LpNormalization", [T((3, 4))], {"p": 2, "axis": 1}),

@@ -16,20 +16,20 @@ from graphc.passes.autodiff.recurrent import unroll_recurrent
 from graphc.passes.autodiff.registry import RULES
 from graphc.passes.evaluate import run_graph
 from graphc.passes.functions import expand_functions
-from graphc.passes.infer import correct_onnx_shapes
+from graphc.passes.infer import correct_onnx_inference
 from graphc.passes.values import fresh_name, onnx_opset
 
 
 def infer_shapes(model: ir.Model) -> ir.Model:
     """A copy of ``model`` with inferred value shapes and types (the original if inference fails),
-    the shapes onnx miscounts corrected (``correct_onnx_shapes``)."""
+    what onnx infers wrong corrected (``correct_onnx_inference``)."""
     proto = ir.serde.serialize_model(model)
     try:
         proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
     except Exception:  # noqa: BLE001  (inference is best effort: rules fall back to Shape ops)
         pass
     new = ir.serde.deserialize_model(proto)
-    correct_onnx_shapes(new.graph, onnx_opset(new, DEFAULT_OPSET))
+    correct_onnx_inference(new.graph, onnx_opset(new, DEFAULT_OPSET))
     return new
 
 

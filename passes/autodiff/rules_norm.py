@@ -221,6 +221,8 @@ def grad_layer_norm(g, node, dys):
                 cubed = g.mul(g.mul(invstd, invstd), invstd)
                 parts.append(g.neg(g.mul(g.mul(g.cast_like(dinv, x), cubed), g.mul(xc, inv_n))))
         dx = g.sum_values(parts) if parts else None
+        if dy is None and dinv is None and dx is not None:  # dmean / n alone: one value per group
+            dx = g.op("Expand", dx, g.shape_of(x))
     if g.wants(scale) and dy is not None:
         dscale = g.broadcast_from(g.mul(dy, xhat), y_shape)
     if g.wants(bias) and dy is not None:

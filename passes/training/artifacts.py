@@ -42,7 +42,7 @@ from graphc.passes.autodiff.core import DEFAULT_OPSET, backward, node_inputs
 from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks, fold_integer_values
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
-from graphc.passes.infer import correct_onnx_shapes
+from graphc.passes.infer import correct_onnx_inference
 from graphc.passes.training import broadcasts, dense_conv, flat, imports, modes, noise as noise_shapes, optimizers
 from graphc.passes.training import recompute as recomputation, reductions
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
@@ -285,7 +285,7 @@ def _infer_shapes(model: ir.Model) -> None:
         ShapeInferencePass(check_type=False, strict_mode=False)(model)
     except Exception:  # noqa: BLE001 - inference is a help: values it cannot type stay untyped
         pass
-    correct_onnx_shapes(model.graph, onnx_opset(model, DEFAULT_OPSET))
+    correct_onnx_inference(model.graph, onnx_opset(model, DEFAULT_OPSET))
 
 
 def _select_params(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, params,
