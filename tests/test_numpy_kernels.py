@@ -92,6 +92,12 @@ CASES = [
     ("reduce_prod", "ReduceProd", [r(3, 4), ints([1])], {}, 18, (F32, F64), 1),
     ("reduce_l2", "ReduceL2", [r(3, 4), ints([1])], {}, 18, (F32, F64), 1),
     ("reduce_lse", "ReduceLogSumExp", [r(3, 4, lo=-50, hi=50), ints([1])], {}, 18, (F32, F64), 1),
+    # noop_with_empty_axes: no reduction, the op's elementwise part still applied (x^2, |x|, log x)
+    *((f"{op.lower()}_noop{'' if axes else '_no_axes'}", op, [pos(3, 4) if op == "ReduceLogSum" else r(3, 4),
+       *([ints([])] if axes else [])], {"noop_with_empty_axes": 1}, 18, (F32, F64), 1)
+      for op in ("ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMean",
+                 "ReduceMax", "ReduceMin", "ReduceProd") for axes in (True, False)),
+    ("reducesum_noop", "ReduceSum", [r(3, 4), ints([])], {"noop_with_empty_axes": 1}, 13, (F32, F64), 1),
     ("argmax_last", "ArgMax", [ints([[1, 3, 3], [2, 2, 0]], np.float32)], {"axis": 1, "select_last_index": 1}, 21, (F32,), 1),
     ("argmin", "ArgMin", [r(3, 4)], {"axis": 0, "keepdims": 0}, 21, (F32, F64), 1),
     ("softmax", "Softmax", [r(2, 3, 4, lo=-20, hi=20)], {"axis": 1}, 21, (F32, F64), 1),

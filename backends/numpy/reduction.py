@@ -51,10 +51,8 @@ _REDUCERS = {
 
 def _reduce(fn, x, axes, keepdims, noop_with_empty_axes):
     axes = _axes_tuple(axes)
-    if axes is None:
-        if noop_with_empty_axes:
-            return (x,)
-        axes = tuple(range(x.ndim))
+    if axes is None:  # a no-op still applies the op's elementwise part (x^2, |x|, log x)
+        axes = () if noop_with_empty_axes else tuple(range(x.ndim))
     if x.dtype == np.bool_:
         return (fn(x.astype(np.uint8), axes, bool(keepdims)).astype(np.bool_),)
     out = np.asarray(fn(x, axes, bool(keepdims)))
