@@ -380,3 +380,25 @@ def test_imported_ceil_mode_pool_is_recorded_with_the_windows_it_has():
     assert recorded(graphc.grad(model, "total", ["w"]).proto) == want
     arts = graphc.training.generate(model, graphc.losses.mse("y", label="t"), graphc.optim.SGD(0.1))
     assert recorded(arts.train_step.proto) == want
+
+
+def test_clip6_bounds_take_the_input_dtype_when_upgraded():
+    """Clip-6 keeps min/max as attributes; onnx's version converter makes them float32 Constants
+    whatever x's dtype. A double model's gradient (and training graphs) build, with the bounds
+    in double, and the gradient is dy where -0.5 <= x <= 0.5 (float64 finite differences)."""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["xw"]), helper.make_node("Clip", ["xw"], ["y"], min=-0.5, max=0.5),
+             helper.make_node("ReduceSum", ["y"], ["total"], keepdims=0)]
+    graph = helper.make_graph(nodes, "clip6", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [3, 4])],
+                              [helper.make_tensor_value_info("total", TensorProto.DOUBLE, []),
+                               helper.make_tensor_value_info("y", TensorProto.DOUBLE, [3, 4])],
+                              [numpy_helper.from_array(np.full(4, 1.5), "w")])
+    model = graphc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)]))
+    grads = graphc.grad(model, "total", ["w"])
+    x = np.random.default_rng(0).standard_normal((3, 4))
+    analytic, eps = run_numpy(grads.proto, {"x": x})["w_grad"], 1e-6
+    numeric = [(run_numpy(grads.proto, {"x": x, "w": w + eps * d})["total"]
+                - run_numpy(grads.proto, {"x": x, "w": w - eps * d})["total"]) / (2 * eps)
+               for w, d in zip([np.full(4, 1.5)] * 4, np.eye(4))]
+    np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-8)
+    run_ort(grads.proto, {"x": x})  # onnxruntime loads it: one dtype per Clip
+    graphc.training.generate(model, graphc.losses.mse("y", label="t"), graphc.optim.SGD(0.1))

@@ -8,7 +8,7 @@ import onnx_ir as ir
 
 from graphc.errors import PassError
 from graphc.model import EMITTED_OPSETS, Model, load
-from graphc.model.file import all_graphs, tensor_types
+from graphc.model.file import all_graphs, clip_bounds_like_input, tensor_types
 from graphc.passes.functions import expand_functions
 from graphc.passes.values import fresh_name
 
@@ -46,6 +46,7 @@ def convert_opset(model: Model, target: int, hint: str = "") -> Model:
         _localize_constants(proto.graph, {}, _value_names(proto.graph))
         held = _hold_back(proto, current, target)
         converted = onnx.version_converter.convert_version(proto, target)
+        clip_bounds_like_input(converted)
         _restore(converted, held, target)
         _drop_default_attributes_unknown_at(converted, current, target)
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors from C++

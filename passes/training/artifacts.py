@@ -38,6 +38,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveInitializersFromInputsPass, RemoveUnusedNodesPass, ShapeInferencePass
 
 from graphc.errors import PassError
+from graphc.model.file import clip_bounds_like_input
 from graphc.passes.autodiff.core import DEFAULT_OPSET, backward, node_inputs
 from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks, fold_integer_values
 from graphc.passes.autodiff.registry import settings_only
@@ -257,6 +258,7 @@ def _upgrade(model: ir.Model, opset: int) -> ir.Model:
 
     try:
         proto = onnx.version_converter.convert_version(ir.serde.serialize_model(model), MIN_OPSET)
+        clip_bounds_like_input(proto)
     except Exception as exc:  # noqa: BLE001 - the converter raises RuntimeError/ConvertError
         raise PassError(f"training graphs need ai.onnx opset >= {MIN_OPSET}; the model uses opset {opset} "
                         f"and onnx's version converter could not upgrade it: {exc}") from exc
