@@ -151,6 +151,13 @@ CASES = [
     ("gather_neg", "Gather", [r(5, 3), ints([[0, -1], [2, 4]])], {"axis": 0}, 21, (F32,), 1),
     ("gather_elements", "GatherElements", [r(3, 4), ints([[0, 3], [1, -1], [2, 2]])], {"axis": 1}, 21, (F32,), 1),
     ("gather_nd_batch", "GatherND", [r(2, 3, 4), ints([[[1], [0]], [[2], [1]]])], {"batch_dims": 1}, 21, (F32,), 1),
+    ("gather_nd_full_index", "GatherND", [r(2, 3, 4), ints([1, -1, 2])], {}, 21, (F32,), 1),  # a scalar
+    ("gather_nd_empty_index", "GatherND", [r(2, 3, 4), ints(np.zeros((2, 0)))], {}, 21, (F32,), 1),
+    ("gather_nd_empty_index_batch", "GatherND", [r(2, 3, 4), ints(np.zeros((2, 3, 0)))], {"batch_dims": 1}, 21,
+     (F32,), 1),
+    ("gather_elements_smaller", "GatherElements", [r(2, 3, 4), ints([[[1, 0], [1, 1]]])], {"axis": 0}, 21, (F32,), 1),
+    ("gather_elements_smaller_neg", "GatherElements", [r(2, 3, 4), ints([[[-1, 0], [1, 3]]])], {"axis": 2}, 21,
+     (F32,), 1),
     ("scatter_elements_add", "ScatterElements", [r(3, 4), ints([[0, 1], [0, 3]]), r(2, 2)], {"axis": 1, "reduction": "add"}, 21, (F32,), 1),
     ("scatter_nd", "ScatterND", [r(4, 3), ints([[1], [3]]), r(2, 3)], {}, 21, (F32,), 1),
     ("one_hot", "OneHot", [ints([1, 0, -1]), ints(4), lambda dt: np.array([0, 5], dt)], {"axis": 0}, 21, (F32,), 1),

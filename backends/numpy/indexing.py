@@ -19,7 +19,8 @@ def gather(data, indices, *, axis=0):
 
 @kernel("GatherElements", since=11)
 def gather_elements(data, indices, *, axis=0):
-    return (np.take_along_axis(data, indices.astype(np.int64, copy=False), axis=axis),)
+    # indices may be smaller than data on the other axes too (take_along_axis wants them equal)
+    return (data[_element_index(indices, axis, data.shape)],)
 
 
 @kernel("GatherND", since=11)
@@ -30,8 +31,9 @@ def gather_nd(data, indices, *, batch_dims=0):
     idx = indices.reshape(nb, *indices.shape[batch_dims:]).astype(np.int64)
     k = idx.shape[-1]
     b = np.arange(nb).reshape(nb, *([1] * (idx.ndim - 2)))
-    out = d[(b, *np.moveaxis(idx, -1, 0))] if k else d[:, None].repeat(1, 1)
-    return (out.reshape(*batch, *indices.shape[batch_dims:-1], *data.shape[batch_dims + k:]),)
+    # k = 0: each empty index tuple picks its whole batch slice
+    out = d[(b, *np.moveaxis(idx, -1, 0))] if k else np.broadcast_to(d[b], (nb, *idx.shape[1:-1], *d.shape[1:]))
+    return (out.reshape((*batch, *indices.shape[batch_dims:-1], *data.shape[batch_dims + k:])),)
 
 
 def _element_index(indices, axis, data_shape):
