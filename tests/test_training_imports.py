@@ -289,6 +289,26 @@ def test_torch_export_with_batchnorm_trains_like_torch():
     np.testing.assert_allclose(state["bn.running_var"], net.bn.running_var.numpy(), rtol=1e-5, atol=1e-6)
 
 
+def _steps_match_torch(arts, net, x, y, loss_fn, steps: int = 3):
+    """``steps`` SGD (lr 0.1) steps of a Trainer on ``arts`` and of torch on ``net``, both on
+    (x, y): equal losses each step, then equal params and buffers; returns the Trainer."""
+    import torch
+
+    trainer = gc.Trainer(arts, backend="numpy")
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = loss_fn(net.train()(x), y)
+        loss.backward()
+        opt.step()
+        np.testing.assert_allclose(trainer.step({"x": x.numpy(), "y": y.numpy()}), loss.item(), rtol=1e-5)
+    state = trainer.state_dict()
+    for name, tensor in [*net.named_parameters(), *net.named_buffers()]:
+        if not name.endswith("num_batches_tracked"):
+            np.testing.assert_allclose(state[name], tensor.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+    return trainer
+
+
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_fresh_batchnorm_export_tracks_its_running_statistics_like_torch(exporter, tmp_path):
     """A fresh BatchNorm's running mean and var (zeros, ones) equal its bias and weight, and
@@ -313,18 +333,7 @@ def test_fresh_batchnorm_export_tracks_its_running_statistics_like_torch(exporte
     assert "2.running_mean" not in {i.name for i in proto.graph.initializer}  # merged with 2.bias
     arts = gc.training.generate(gc.load(proto), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
     assert arts.manifest.trainable == [n for n, _ in net.named_parameters()]
-    trainer = gc.Trainer(arts, backend="numpy")
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    for _ in range(3):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(net.train()(x), y)
-        loss.backward()
-        opt.step()
-        np.testing.assert_allclose(trainer.step({"x": x.numpy(), "y": y.numpy()}), loss.item(), rtol=1e-5)
-    state = trainer.state_dict()
-    for name, tensor in [*net.named_parameters(), *net.named_buffers()]:
-        if name != "2.num_batches_tracked":
-            np.testing.assert_allclose(state[name], tensor.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+    trainer = _steps_match_torch(arts, net, x, y, torch.nn.functional.mse_loss)
     exported = gc.load(trainer.export_inference(tmp_path / "trained.onnx"))
     with torch.no_grad():
         expected = net.eval()(x).numpy()
@@ -352,18 +361,7 @@ def test_fresh_norm_layers_merged_by_torchscript_train_apart_like_torch(fold, tm
     assert {"4.weight", "5.weight", "7.bias"} <= merged
     arts = gc.training.generate(gc.load(path), gc.losses.cross_entropy("out", label="y"), gc.optim.SGD(0.1))
     assert sorted(arts.manifest.trainable) == sorted(n for n, _ in net.named_parameters())
-    trainer = gc.Trainer(arts, backend="numpy")
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    for _ in range(3):
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net.train()(x), y)
-        loss.backward()
-        opt.step()
-        np.testing.assert_allclose(trainer.step({"x": x.numpy(), "y": y.numpy()}), loss.item(), rtol=1e-5)
-    state = trainer.state_dict()
-    for name, tensor in [*net.named_parameters(), *net.named_buffers()]:
-        if not name.endswith("num_batches_tracked"):
-            np.testing.assert_allclose(state[name], tensor.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+    _steps_match_torch(arts, net, x, y, torch.nn.functional.cross_entropy)
 
 
 def test_tied_weight_split_by_torchscript_constant_folding_trains_as_one_like_torch(tmp_path):
