@@ -125,6 +125,10 @@ CASES = [
     ("maxpool_indices", "MaxPool", [r(2, 2, 6, 5)], {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 0, 1]}, 21, (F32,), 2),
     ("avgpool_exclude_pad", "AveragePool", [r(2, 3, 7, 6)], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}, 21, (F32,), 1),
     ("avgpool_include_pad", "AveragePool", [r(2, 3, 7, 6)], {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1], "count_include_pad": 1}, 21, (F32,), 1),
+    # auto_pad's pads count too, as onnxruntime, onnx.reference and PyTorch's padded avg_pool2d count them
+    *[(f"avgpool_include_pad_{pad.lower()}", "AveragePool", [r(1, 2, 5, 6)],
+       {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": pad, "count_include_pad": 1}, 19, (F32,), 1)
+      for pad in ("SAME_UPPER", "SAME_LOWER")],
     ("avgpool_ceil", "AveragePool", [r(1, 1, 6, 6)], {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, 21, (F32,), 1),
     ("global_avg", "GlobalAveragePool", [r(2, 3, 5, 4)], {}, 21, (F32,), 1),
     ("global_max", "GlobalMaxPool", [r(2, 3, 5, 4)], {}, 21, (F32,), 1),

@@ -238,12 +238,12 @@ def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
     xp, begin, end, extra, out_shape, strides, dilations = _pool_setup(
         x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, 0)
     total = _window_sum(xp, kernel_shape, strides, dilations, out_shape)
-    explicit = count_include_pad and auto_pad not in ("SAME_UPPER", "SAME_LOWER")
     if not any(begin) and not any(end) and not any(extra):
         return ((total / math.prod(kernel_shape)).astype(x.dtype, copy=False),)
-    # how many elements of each window count: the input, plus explicit pads if asked
+    # how many elements of each window count: the input, plus the pads (explicit or auto_pad's,
+    # as onnxruntime, onnx.reference and PyTorch count them) if asked; never ceil_mode's extra
     mask = np.ones((1, 1, *x.shape[2:]), x.dtype)
-    if explicit:
+    if count_include_pad:
         mask = _pad_spatial(mask, begin, end, 1)
         mask = _pad_spatial(mask, [0] * len(begin), extra, 0)
     else:
