@@ -270,3 +270,18 @@ def test_inf_and_nan_results_are_values_not_warnings():
     np.testing.assert_allclose(got["y"], expected[0], rtol=1e-6)
     np.testing.assert_allclose(got["l"], expected[1], rtol=1e-6)
     assert np.isnan(got["y"][0]).all() and np.isnan(got["l"][1, 1:]).all()
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_LOWER", "SAME_UPPER"])
+def test_dilated_same_max_pool_matches_onnx_reference(auto_pad):
+    # SAME keeps ceil(5 / 1) x ceil(6 / 1) and pads for the dilated extent 3 (the spec's formula);
+    # onnxruntime 1.31 pads for the undilated kernel and gives [1, 2, 4, 5], so it is not the oracle.
+    from onnx.reference import ReferenceEvaluator
+
+    x = np.random.default_rng(0).standard_normal((1, 2, 5, 6)).astype(np.float32)
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], dilations=[2, 2], auto_pad=auto_pad)
+    model = _model([node], [_vi("x", shape=x.shape)], [_vi("y")])
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    got = NumpyBackend().prepare(model).run({"x": x})["y"]
+    assert got.shape == want.shape == (1, 2, 5, 6)
+    np.testing.assert_array_equal(got, want)
