@@ -369,6 +369,10 @@ def _cases() -> list[GradCase]:
         c("GatherND", [T((3, 4, 2)), np.array([[-1, 2], [2, -4], [-1, 2]], dtype=np.int64)], tag="negative"),
         c("GatherND", [T((2, 3, 4, 2)), np.array([[[1, 3]], [[2, 0]]], dtype=np.int64)], {"batch_dims": 1},
           tag="rows"),
+        # empty tuples: every one names all of data (with batch_dims, all of its batch's slice)
+        c("GatherND", [T((2, 3)), np.zeros((2, 2, 0), dtype=np.int64)], tag="empty_tuples"),
+        c("GatherND", [T((2, 3, 4)), np.zeros((2, 3, 0), dtype=np.int64)], {"batch_dims": 1},
+          tag="empty_tuples_batch_dims"),
         c("Gather", [T((2, 5, 3)), np.array([[4, -1], [0, 4]], dtype=np.int32)], {"axis": 1}, tag="int32_negative"),
         # each position once (a layout change): the gradient gathers dy back by the inverse
         c("Gather", [T((2, 6, 3)), np.array([[4, -1], [0, 2], [1, 3]], dtype=np.int64)], {"axis": 1},

@@ -90,7 +90,10 @@ def grad_gather_nd(g, node, dy):
         raise GraphError(f"gradient of GatherND {node.name!r} needs the length of its index tuples (the last dim "
                          f"of {idx.name!r}), got shape {sidx}")
     g.rank(data)  # known, or a clear error
-    return scatter_tuples(g, g.zeros_like(data), idx, dy, attr(node, "batch_dims", 0)), None
+    b = attr(node, "batch_dims", 0)
+    if sidx[-1] == 0:  # empty tuples: each names all of data[B...], so dy sums over idx's M axes
+        return g.reduce("ReduceSum", dy, list(range(b, len(sidx) - 1)), keepdims=False), None
+    return scatter_tuples(g, g.zeros_like(data), idx, dy, b), None
 
 
 @grad_rule("ScatterElements", "ScatterND")
