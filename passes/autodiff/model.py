@@ -10,6 +10,7 @@ import onnx_ir as ir
 
 from graphc.errors import AutodiffError
 from graphc.passes.autodiff.builder import FLOAT_TYPES, const_array, folded_array
+from graphc.passes.autodiff.ceil_pools import floor_ceil_pools
 from graphc.passes.autodiff.core import DEFAULT_OPSET, backward
 from graphc.passes.autodiff.loops import lower_sequences, unroll_static_loops
 from graphc.passes.autodiff.recurrent import unroll_recurrent
@@ -126,10 +127,11 @@ def expand_for_autodiff(model: ir.Model) -> int:
     """Rewrite, in place, ops without a gradient rule into ops with rules: ONNX function ops
     into their bodies (``expand_functions``), RNN/GRU/LSTM unrolled (``unroll_recurrent``),
     Loops whose step count the constants decide unrolled (``unroll_static_loops``; the Ifs in
-    their copies then fold), sequences of a known length as tensors (``lower_sequences``).
+    their copies then fold), sequences of a known length as tensors (``lower_sequences``); and
+    ceil_mode pools onnxruntime would mis-shape as floor pools (``floor_ceil_pools``).
     Returns how many nodes were rewritten."""
     count = (expand_functions(model, lambda node: node.op_type not in RULES and node.op_type not in _KEEP_UNEXPANDED)
-             + unroll_recurrent(model))
+             + unroll_recurrent(model) + floor_ceil_pools(model))
     loops = unroll_static_loops(model)
     if loops:
         while fold_integer_values(model):  # an inlined If may hold another If that now folds
