@@ -52,6 +52,22 @@ def test_classifier_train_metrics_equal_numpy_over_the_epochs_batches(backend):
         assert record.metrics["top5_accuracy"] == pytest.approx(top5 / rows, abs=1e-12)
 
 
+def test_train_metrics_count_only_the_labels_the_loss_counts():
+    """With ignored labels a batch's accuracy is a mean over its other labels; the epoch's was
+    weighted by rows (0.575 for 0.346 here, most of the first batch ignored)."""
+    arts = gc.training.generate(training_models.mlp(classes=7), gc.losses.cross_entropy("logits", label="y"),
+                                gc.optim.SGD(0.1))
+    data = blobs(40, classes=7)
+    data["y"][:14] = -100  # the first batch (no shuffle) mostly ignored
+    loader = gc.data.DataLoader(data, batch_size=16, shuffle=False)
+    trainer = gc.Trainer(arts, backend="numpy")
+    trainer.lr = 0.0
+    record = trainer.fit(loader, 1, progress=False).epochs[0]
+    kept = data["y"] != -100
+    logits = _forward(arts.state, data["x"][kept])
+    assert record.metrics["accuracy"] == pytest.approx(float((logits.argmax(1) == data["y"][kept]).mean()), abs=1e-12)
+
+
 def test_regression_train_metrics_equal_numpy_and_reach_history_and_the_log(tmp_path):
     arts = gc.training.generate(training_models.mlp(classes=2), gc.losses.mse("logits", label="t"), gc.optim.SGD(0.1))
     rng = np.random.default_rng(3)

@@ -78,7 +78,8 @@ class EpochProgress(BaseModel):
     loss_sum: float = 0.0           # their losses times their batch sizes, added in order (float64)
     samples: NonNegativeInt = 0
     seconds: NonNegativeFloat = 0.0  # train time so far
-    metric_sums: dict[str, float] = {}  # train metric -> its batch values times batch size, added in order
+    metric_sums: dict[str, float] = {}  # train metric -> its batch values times their examples, added in order
+    metric_examples: NonNegativeInt = 0  # those examples (``averaging.examples``: labels not ignored, else rows)
 
     @field_validator("loss_sum", "seconds")
     @classmethod
@@ -89,12 +90,13 @@ class EpochProgress(BaseModel):
 
 
 def batch_weighted(meta: "CheckpointMeta") -> EpochProgress:
-    """``meta.progress`` with ``loss_sum`` weighted by batch size, as fit keeps it from format 3
-    on: an earlier checkpoint's plain sum of the steps' losses becomes their mean times the
-    samples (exact where the batches were equal, as all but an epoch's last are)."""
+    """``meta.progress`` as fit keeps it from format 3 on: an earlier checkpoint's plain sum of
+    the steps' losses becomes their mean times the samples (exact where the batches were equal,
+    as all but an epoch's last are), and its metric sums, weighted by rows, cover its samples."""
     sums = meta.progress.model_copy()
     if meta.format != FORMAT and sums.steps:
         sums.loss_sum = sums.loss_sum / sums.steps * sums.samples
+        sums.metric_examples = sums.samples
     return sums
 
 
@@ -156,8 +158,11 @@ def _digest(tensors: dict[str, np.ndarray], meta: CheckpointMeta) -> str:
     fields other than the digest itself."""
     h = hashlib.sha256()
     if meta.format != _TENSOR_ONLY_DIGEST_FORMAT:
-        unkept = meta.loader is not None and not meta.loader.data  # the header as checkpoints before it hashed it
-        exclude = {"digest": True, **({"loader": {"data"}} if unkept else {})}
+        exclude: dict = {"digest": True}
+        if meta.format != FORMAT:  # the header as formats 1 and 2 hashed it, without format 3's fields
+            exclude["progress"] = {"metric_examples"}
+            if meta.loader is not None:
+                exclude["loader"] = {"data"}
         h.update(meta.model_dump_json(exclude=exclude).encode())
     for name in sorted(tensors):
         a = np.asarray(tensors[name], order="C")

@@ -635,14 +635,16 @@ class Trainer:
         return self._prediction is not None
 
     def _add_train_metrics(self, batch: Mapping[str, np.ndarray], rows: int) -> None:
-        """Add the metrics of the step just run, from its own prediction, times ``rows``, to the
-        epoch's running sums (divided by the epoch's samples at its end)."""
+        """Add the metrics of the step just run, from its own prediction, times the examples they
+        are a mean over (``averaging.examples``: rows, or labels not ignored), to the epoch's
+        running sums (divided by all the epoch's examples at its end, as ``evaluate_loader``)."""
         outputs, self._step_outputs = self._step_outputs, None
         if outputs is None or self._prediction not in outputs:
             return
-        sums = self._progress.metric_sums
+        progress, examples = self._progress, averaging.examples(self.manifest.loss, batch, rows)
         for name, value in metrics_lib.compute(self.manifest.loss, outputs, batch, self.metrics).items():
-            sums[name] = sums.get(name, 0.0) + value * rows
+            progress.metric_sums[name] = progress.metric_sums.get(name, 0.0) + (value * examples if examples else 0.0)
+        progress.metric_examples += examples
 
     def _end_epoch(self, metrics: dict[str, float]) -> EpochRecord:
         """The record of the epoch just trained (its whole run of batches, resumed or not); the
@@ -651,7 +653,8 @@ class Trainer:
         record = EpochRecord(epoch=self.epoch + 1, loss=sums.loss_sum / sums.samples if sums.samples else float("nan"),
                              steps=sums.steps, samples=sums.samples, seconds=sums.seconds,
                              samples_per_s=sums.samples / sums.seconds if sums.seconds > 0 else 0.0, eval=metrics,
-                             metrics={k: v / sums.samples for k, v in sums.metric_sums.items()} if sums.samples else {})
+                             metrics={k: v / sums.metric_examples for k, v in sums.metric_sums.items()}
+                             if sums.metric_examples else {})
         self.epoch, self.batch_in_epoch, self._progress = self.epoch + 1, 0, ckpt.EpochProgress()
         return record
 
