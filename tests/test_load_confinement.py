@@ -212,6 +212,17 @@ def test_a_tensor_of_an_unknown_data_type_is_a_load_error(seed, capsys):
         assert "ModelLoadError" in err and "226191198" in err and str(path) in err
 
 
+def test_an_external_tensor_of_undefined_type_is_a_load_error(seed):
+    """Inside a function (where onnx's checker does not look first): the external-data size
+    check asked onnx-ir for UNDEFINED's bit width, a TypeError (found by the load fuzzer)."""
+    path, audit = seed
+    proto = rich_model()
+    tensor = proto.functions[0].node[0].attribute[0].t
+    assert tensor.data_location == onnx.TensorProto.EXTERNAL
+    tensor.data_type = onnx.TensorProto.UNDEFINED
+    load_expecting_error(path, proto, "data_type field .* to UNDEFINED is not allowed", audit)
+
+
 def test_a_name_with_a_line_break_is_escaped_in_a_load_error(seed, capsys):
     """A place named with a line break (a node of a fuzzed file) is quoted escaped: the error
     stays one line."""
