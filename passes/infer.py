@@ -37,7 +37,8 @@ import onnx_ir as ir
 from graphc.errors import InferenceError
 from graphc.passes.values import Dim, StaticShape, static_shape
 
-__all__ = ["InferenceError", "RULES", "correct_onnx_inference", "infer", "known_array", "windows"]
+__all__ = ["InferenceError", "RULES", "ceil_adds_nothing", "correct_onnx_inference", "infer", "known_array",
+           "windows"]
 
 Result = tuple[ir.DataType | None, StaticShape | None]
 
@@ -469,6 +470,17 @@ def windows(size: int, kernel: int, stride: int, dilation: int, begin: int, end:
     span = size + begin + end - dilation * (kernel - 1) - 1
     count = (-(-span // stride) if ceil_mode else span // stride) + 1
     return count - 1 if ceil_mode and (count - 1) * stride >= size + begin else count
+
+
+def ceil_adds_nothing(dims: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+                      dilations: Sequence[int], pads: Sequence[int]) -> bool:
+    """Whether ceil_mode slides the same windows as floor mode over the static spatial ``dims``
+    (``pads``: begins, then ends): its extra window would start in the end padding, or none fits.
+    Those windows lie inside the padded input, so a pool may drop its ceil_mode, which onnx's and
+    onnxruntime's own inference miscount there (``_window``)."""
+    n = len(dims)
+    axes = [(d, kernel[i], strides[i], dilations[i], pads[i], pads[n + i]) for i, d in enumerate(dims)]
+    return all(windows(*a, 1) == windows(*a, 0) for a in axes)
 
 
 def _window(n: _Node, dtype):

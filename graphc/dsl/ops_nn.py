@@ -10,7 +10,7 @@ from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
-from graphc.passes.infer import windows
+from graphc.passes.infer import ceil_adds_nothing
 
 
 def ints(v: Any, n: int, name: str) -> list[int]:
@@ -89,9 +89,9 @@ def drop_needless_ceil(x: Tensor, attrs: dict[str, Any]) -> dict[str, Any]:
     dims, nd = x.shape[2:] if x.shape is not None else None, len(attrs["kernel_shape"])
     if not attrs["ceil_mode"] or dims is None or not all(isinstance(d, int) for d in dims):
         return attrs
-    axes = [(d, attrs["kernel_shape"][i], attrs["strides"][i], attrs.get("dilations", [1] * nd)[i],
-             attrs["pads"][i], attrs["pads"][nd + i]) for i, d in enumerate(dims)]
-    return {**attrs, "ceil_mode": int(any(windows(*a, 1) != windows(*a, 0) for a in axes))}
+    same = ceil_adds_nothing(dims, attrs["kernel_shape"], attrs["strides"], attrs.get("dilations", [1] * nd),
+                             attrs["pads"])
+    return {**attrs, "ceil_mode": int(not same)}
 
 
 def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
