@@ -146,9 +146,8 @@ def binary(op: str, a: Any, b: Any) -> Tensor:
 def true_divide(a: Any, b: Any) -> Tensor:
     """``a / b`` as torch divides: a bool or integer Tensor becomes float32 (or the other
     operand's float dtype) first, never a truncating integer Div. Signature: ai.onnx@14::Div"""
-    floats = [x.dtype for x in (a, b) if isinstance(x, Tensor) and _category(x.dtype) == 2]
-    a, b = (cast(x, floats[0] if floats else "float32") if isinstance(x, Tensor) and _category(x.dtype) < 2 else x
-            for x in (a, b))
+    a = _to_float(a, b) if isinstance(a, Tensor) else a
+    b = _to_float(b, a) if isinstance(b, Tensor) else b
     return binary("Div", a, b)
 
 
@@ -170,10 +169,11 @@ def floor_divide(a: Any, b: Any) -> Tensor:
     return where(b == zero, a / b, floor)
 
 
-def _to_float(t: Tensor, other: Tensor) -> Tensor:
+def _to_float(t: Tensor, other: Any) -> Tensor:
+    """``t``, a bool or integer Tensor cast to ``other``'s float dtype (a Tensor's), else float32."""
     if _category(t.dtype) == 2:
         return t
-    return cast(t, other.dtype if _category(other.dtype) == 2 else "float32")
+    return cast(t, other.dtype if isinstance(other, Tensor) and _category(other.dtype) == 2 else "float32")
 
 
 def relu(x: Tensor) -> Tensor:
