@@ -128,22 +128,23 @@ def load_data(path: Path, names: list[str], eval_path: Optional[Path] = None
     if eval_path is not None:
         arrays, keys = _pick_arrays(eval_path, "--eval-data", names, ("", *(f"_{s}" for s in EVAL_SUFFIXES)))
         return train, arrays, f"{', '.join(keys)} of --eval-data {eval_path}"
-    files = set(npz_names(path, "--data"))
-    for suffix in EVAL_SUFFIXES:
-        if all(f"{n}_{suffix}" in files for n in names):
-            keys = [f"{n}_{suffix}" for n in names]
-            arrays = load_npz(path, "--data", keys)
-            return train, dict(zip(names, arrays.values())), f"{', '.join(keys)} of {path}"
-    return train, None, ""
+    found = _pick_arrays(path, "--data", names, tuple(f"_{s}" for s in EVAL_SUFFIXES), required=False)
+    if found is None:
+        return train, None, ""
+    arrays, keys = found
+    return train, arrays, f"{', '.join(keys)} of {path}"
 
 
-def _pick_arrays(path: Path, option: str, names: list[str], suffixes: tuple[str, ...]
-                 ) -> tuple[dict[str, np.ndarray], list[str]]:
+def _pick_arrays(path: Path, option: str, names: list[str], suffixes: tuple[str, ...], required: bool = True
+                 ) -> Optional[tuple[dict[str, np.ndarray], list[str]]]:
     """Each input NAME's array NAME+suffix in the .npz ``path``, one suffix for every input (the
     first that all have: ``x_val`` with ``y``, two different sets of rows, was once paired),
-    and the array names used."""
+    and the array names used; where no suffix fits every input, an error, or None if not
+    ``required``."""
     files = set(npz_names(path, option))
     suffix = next((s for s in suffixes if all(name + s in files for name in names)), None)
+    if suffix is None and not required:
+        return None
     if suffix is None:
         for name in names:
             if not any(name + s in files for s in suffixes):
