@@ -85,6 +85,11 @@ _FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 _TORCHSCRIPT_FOLDED = "onnx::"  # the TorchScript exporter's names for values it computed
 
 
+def _torchscript(model: ir.Model) -> bool:
+    """Whether ``model`` is a TorchScript export (torch.onnx's, without dynamo's graph signature)."""
+    return model.producer_name == _TORCH and _SIGNATURE not in model.graph.metadata_props
+
+
 def retie_folded_copies(model: ir.Model) -> list[str]:
     """Rebuild each TorchScript ``onnx::`` initializer that holds exactly the values of another
     float initializer, or of its transpose, from that one (an Identity or a Transpose of it, same
@@ -93,7 +98,7 @@ def retie_folded_copies(model: ir.Model) -> list[str]:
     Values with fewer than three distinct elements (zeros, ones, an identity matrix) are equal
     by construction, not a copy, and stay."""
     graph = model.graph
-    if model.producer_name != _TORCH or _SIGNATURE in graph.metadata_props:
+    if not _torchscript(model):
         return []
     sources = [v for n, v in graph.initializers.items()
                if not n.startswith(_TORCHSCRIPT_FOLDED) and is_float(v) and v.const_value is not None]
@@ -125,7 +130,7 @@ def untie_merged_params(model: ir.Model) -> list[str]:
     those layers as one; a parameter the model really shares is one initializer read twice,
     never an Identity. (Dynamo merges them too, without an Identity: ``warn_shared_normalization_params``.)"""
     graph = model.graph
-    if model.producer_name != _TORCH or _SIGNATURE in graph.metadata_props:
+    if not _torchscript(model):
         return []
     untied = []
     for node in list(graph):
