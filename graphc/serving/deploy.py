@@ -17,7 +17,6 @@ import re
 import shutil
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Union
 
@@ -159,7 +158,7 @@ def check_model_name(name: str) -> str:
     return name
 
 
-@contextmanager
+@contextlib.contextmanager
 def _repository_lock(root: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on the repository folder itself (no lock file is left in it)
     while a deploy numbers its version and writes the config, so that concurrent deploys, threads
