@@ -81,10 +81,10 @@ def test_rows_give_the_convs_gradients_and_statistics(backend, dtype, rtol, batc
     # gradients') gone, forward and backward
     assert transposes(rows) < transposes(columns)
     moved = forward_transposes(rows)
-    if pixels:  # no columns transposed: x's pixels, the weights' taps outermost (2-D Transposes,
-        # then Gathers of rows); the channel-major form kept for the graph output alone
-        assert sorted(moved) == [("dense_conv", (0, 2, 1))] + [("dense_conv", (1, 0))] * 2 + [
-            ("pixel_major", (0, 3, 1, 2))]
+    if pixels:  # no columns transposed: x's pixels, the weights held taps outermost (no Transposes,
+        # passes/training/taps_params); the channel-major form kept for the graph output alone
+        assert sorted(moved) == [("dense_conv", (0, 2, 1)), ("pixel_major", (0, 3, 1, 2))]
+        assert rows.manifest.orders == {"c0.weight": [0, 2, 3, 1], "c2.weight": [0, 2, 3, 1]}
         assert "ScatterElements" not in {n.op_type for n in rows.train_step.proto.graph.node}
     else:  # the 3x3 convs' columns; the SiLU's output and the graph output channel-major
         assert sorted(moved) == [("dense_conv", (0, 2, 1, 3))] * 2 + [("pixel_major", (0, 3, 1, 2))] * 2

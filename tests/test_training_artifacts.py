@@ -354,7 +354,7 @@ def test_save_load_round_trip(tmp_path):
     files = sorted(p.name for p in (tmp_path / "arts").iterdir())
     assert files == ["eval.onnx", "gradients.onnx", "inference.onnx", "manifest.json", "state.safetensors",
                      "train_step.onnx"]
-    assert json.loads((tmp_path / "arts" / "manifest.json").read_text())["format"] == "graphc.training/4"
+    assert json.loads((tmp_path / "arts" / "manifest.json").read_text())["format"] == "graphc.training/5"
     loaded = gc.training.load(tmp_path / "arts")
     assert loaded.manifest == arts.manifest
     assert set(loaded.state) == set(arts.state)

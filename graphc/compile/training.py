@@ -68,9 +68,11 @@ from graphc.fileio import OutsideFolder, confined, fsync_dir, remove_stale_temps
 from graphc.model import Model, value_spec
 from graphc.model.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
 
-# Every format read, the last one written. /3: Adam's first moment as PyTorch's average
-# (``exp_avg``); /2: nor a train_step prediction output; /1: nor metrics, noise_shapes.
-FORMATS = ("graphc.training/1", "graphc.training/2", "graphc.training/3", "graphc.training/4")
+# Every format read, the last one written. /4: no ``orders`` (every param in the model's order);
+# /3: nor Adam's first moment as a sum (PyTorch's average, ``exp_avg``); /2: nor a train_step
+# prediction output; /1: nor metrics, noise_shapes.
+FORMATS = ("graphc.training/1", "graphc.training/2", "graphc.training/3", "graphc.training/4",
+           "graphc.training/5")
 FORMAT = FORMATS[-1]
 AVERAGED_FIRST_MOMENT = frozenset(FORMATS[:3])
 GRAPH_FILES = {
@@ -124,16 +126,26 @@ class FlatBuffer(BaseModel):
         dtype = to_numpy(self.dtype)
         return np.concatenate([np.asarray(tensors[p + suffix], dtype=dtype).reshape(-1) for p in self.params])
 
-    def unpack(self, buffers: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Per-param arrays (views) from the buffers ``pack`` made."""
+    def unpack(self, buffers: Mapping[str, np.ndarray],
+               orders: Mapping[str, list[int]] | None = None) -> dict[str, np.ndarray]:
+        """Per-param arrays from the buffers ``pack`` made: views, but copies in the model's order
+        of the params ``orders`` names (their pieces are in that order of axes)."""
         out = {}
         for buf, suffix in self.tensors():
             offset = 0
             for p, shape in zip(self.params, self.shapes):
                 size = int(np.prod(shape, dtype=np.int64))
-                out[p + suffix] = buffers[buf][offset:offset + size].reshape(shape)
+                out[p + suffix] = _model_order(buffers[buf][offset:offset + size], shape, (orders or {}).get(p))
                 offset += size
         return out
+
+
+def _model_order(piece: np.ndarray, shape: list[int], order: list[int] | None) -> np.ndarray:
+    """``piece`` as an array of the model's ``shape``: a view, or for a param held in ``order``
+    of its axes, a copy transposed back."""
+    if order is None:
+        return piece.reshape(shape)
+    return np.ascontiguousarray(piece.reshape([shape[i] for i in order]).transpose(np.argsort(order)))
 
 
 class Manifest(BaseModel):
@@ -155,6 +167,9 @@ class Manifest(BaseModel):
     metrics: list[str] = []  # what Trainer.evaluate reports by default (empty: the loss kind's defaults)
     model_outputs: list[str]
     layout: list[FlatBuffer] = []  # the fused update's flat buffers; empty: one input per param
+    # params (and their optimizer state) train_step holds in another order of axes, as np.transpose's
+    # axes from the model's: conv weights as their dense_conv reads them (passes/training/taps_params)
+    orders: dict[str, list[int]] = {}
     recompute: bool = False  # the backward recomputes cheap forward values (generate's option)
     device: Literal["cpu", "cuda"] = "cpu"  # whose kernels the backward's lowerings suit (generate's option)
 
@@ -166,6 +181,10 @@ class Manifest(BaseModel):
         dict its owner gives up; it becomes the result, each piece dropped once packed, so the
         pieces and the buffers are never all held at once."""
         out = tensors if consume else dict(tensors)
+        if graph in (None, "train_step"):  # the other graphs take the model's order
+            for name, order in self._held().items():
+                if name in out:
+                    out[name] = np.ascontiguousarray(np.asarray(out[name]).transpose(order))
         for buf in self.layout:
             for name, suffix in buf.tensors():
                 members = [p + suffix for p in buf.params]
@@ -179,15 +198,42 @@ class Manifest(BaseModel):
         return out
 
     def unpack(self, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The inverse of ``pack``: flat buffers split into per-param arrays (views)."""
+        """The inverse of ``pack`` (for train_step): flat buffers split into per-param arrays
+        (views), each in the model's order."""
         out = dict(tensors)
         for buf in self.layout:
-            out.update(buf.unpack({name: out.pop(name) for name, _ in buf.tensors()}))
+            out.update(buf.unpack({name: out.pop(name) for name, _ in buf.tensors()}, self.orders))
+        for name, order in self._held().items():
+            if name in tensors:  # a param, or its state without the fused layout
+                out[name] = np.ascontiguousarray(np.asarray(out[name]).transpose(np.argsort(order)))
         return out
+
+    def _held(self) -> dict[str, list[int]]:
+        """{name: order} of each tensor named per param that train_step holds in another order
+        (``orders``): the param and its optimizer state."""
+        from graphc.passes.training.optimizers import state_slots
+
+        slots = state_slots(self.optimizer) if self.orders else ()
+        return {name: order for p, order in self.orders.items() for name in (p, *(f"{p}.{s}" for s in slots))}
+
+    def in_model_order(self) -> "Manifest":
+        """This manifest as if train_step held every param in the model's order (no ``orders``):
+        what the gradients and update graphs (data-parallel training) take."""
+        if not self.orders:
+            return self
+        held = self._held()
+        step = self.graphs["train_step"]
+        inputs = [e.model_copy(update={"shape": [e.shape[i] for i in np.argsort(held[e.name])]})
+                  if e.name in held and e.shape is not None else e for e in step.inputs]
+        graphs = {**self.graphs, "train_step": step.model_copy(update={"inputs": inputs})}
+        return self.model_copy(update={"orders": {}, "graphs": graphs})
 
     def carried(self) -> dict[str, TensorEntry]:
         """What train_step carries from step to step (roles param, state, hyper) as checkpoints
-        name it: each flat buffer's params and state one by one, the rest as the input it is."""
+        name it: each flat buffer's params and state one by one, the rest as the input it is, in
+        the model's order."""
+        if self.orders:
+            return self.in_model_order().carried()
         buffers = {name: buf for buf in self.layout for name, _ in buf.tensors()}
         out = {}
         for entry in self.graphs["train_step"].inputs:
@@ -387,6 +433,11 @@ def _inconsistency(m: Manifest) -> str | None:
                        "train_step's params")
     if differs:
         return differs
+    for p, order in m.orders.items():
+        if p not in m.trainable or sorted(order) != list(range(len(inputs[p].shape or []))):
+            return f"orders holds {p!r} in the order {order}, not an order of a train_step param's axes"
+    m = m.in_model_order()
+    inputs = {e.name: e for e in m.graphs["train_step"].inputs}
     laid = [p for buf in m.layout for p in buf.params]
     for buf in m.layout:
         if len(buf.params) != len(buf.shapes):
@@ -538,7 +589,8 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         model_outputs=built.model_outputs, recompute=recompute, device=device,
         layout=[FlatBuffer(name=g.name, dtype=str(as_dtype(int(g.dtype))), params=g.params,
                            shapes=[list(s) for s in g.shapes], slots=list(built.slots),
-                           weight_decay=g.weight_decay) for g in built.layout])
+                           weight_decay=g.weight_decay) for g in built.layout],
+        orders=built.orders)
     return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
                              graphs["inference"], built.state, manifest, graphs.get("noise_shapes"))
 
@@ -549,6 +601,7 @@ def update_model(manifest: Manifest) -> Model:
     before it existed get it too."""
     from graphc.passes.training import artifacts, flat
 
+    manifest = manifest.in_model_order()
     params = [ir.Value(name=e.name, type=ir.TensorType(ir.DataType(to_onnx(e.dtype))), shape=ir.Shape(e.shape))
               for e in manifest.graphs["train_step"].inputs if e.role == "param"]
     groups = [flat.Group(b.name, ir.DataType(to_onnx(b.dtype)), list(b.params), [tuple(s) for s in b.shapes],

@@ -323,6 +323,7 @@ class Trainer:
         self._state = {n: self._train.to_device(np.asarray(packed.pop(n)), owned=n not in given)
                        for n in self._entries}
         self._spare: dict[str, Any] = {}  # last step's inputs: where the next step writes
+        self._in_model_order: Optional[dict[str, np.ndarray]] = None  # see _eval_state
 
     # -- running -----------------------------------------------------------------------------------
     def _batch_feeds(self, batch: Mapping[str, np.ndarray], specs: list[TensorSpec]) -> dict[str, Any]:
@@ -365,7 +366,7 @@ class Trainer:
                 if out not in self._in_place:
                     spare[out] = state[name]
                 state[name] = device[out]
-            self._spare = spare
+            self._spare, self._in_model_order = spare, None
             self.step_count += 1
             return float(host["loss"])
 
@@ -456,9 +457,21 @@ class Trainer:
         else:
             specs, outputs = self._eval_specs, self._eval_outputs
         feeds = self._batch_feeds(batch, specs)
-        feeds.update({n: self._state[n] for n in self._eval_carried})
+        feeds.update(self._eval_state())
         host, _ = exe.run_bound(feeds, outputs)
         return host
+
+    def _eval_state(self) -> dict[str, Any]:
+        """The carried tensors the eval graph reads, in the model's order: the params train_step
+        holds in another order (``manifest.orders``) transposed back on the host, once a step."""
+        feeds = {n: self._state[n] for n in self._eval_carried}
+        if self.manifest.orders:
+            if self._in_model_order is None:  # dropped by each step and each new state
+                self._in_model_order = {
+                    n: np.ascontiguousarray(np.asarray(self._train.to_host(feeds[n])).transpose(np.argsort(order)))
+                    for n, order in self.manifest.orders.items()}
+            feeds.update(self._in_model_order)
+        return feeds
 
     def evaluate(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
         """Loss on ``batch`` (inference mode) and the metrics (``self.metrics``, else the loss

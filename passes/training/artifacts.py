@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fnmatch import fnmatchcase
 
@@ -45,7 +45,7 @@ from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
 from graphc.passes.infer import correct_onnx_inference
 from graphc.passes.training import broadcasts, dense_conv, flat, imports, modes, noise as noise_shapes, optimizers
-from graphc.passes.training import recompute as recomputation, reductions
+from graphc.passes.training import recompute as recomputation, reductions, taps_params
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.values import onnx_opset
 
@@ -76,8 +76,9 @@ class Built:
     state: dict[str, np.ndarray]
     model_outputs: list[str]
     opset: int
-    layout: list[flat.Group]  # the flat param buffers (empty: one update per param)
+    layout: list[flat.Group]  # the flat param buffers (empty: one update per param), params in the model's order
     slots: tuple[str, ...]  # optimizer state per param or buffer: ``<name>.<slot>``
+    orders: dict[str, list[int]]  # params train_step holds in another axis order (``taps_params``)
 
 
 def build(model: ir.Model, loss: LossArgs, optimizer: dict,
@@ -107,15 +108,18 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     evaluation, eval_outputs = _eval_graph(base, params, bn_stats, model_outputs)
     noise: list[str] = []
     slot = [v.name for v in base.graph.outputs].index(loss.output)
-    step, gradients, grads, bn_next, grad_outputs = _backward_graphs(base, opset, params, bn_stats, noise, recompute,
-                                                                     batchnorm, device, nchwc)
+    step, gradients, grads, bn_next, grad_outputs, taps = _backward_graphs(base, opset, params, bn_stats, noise,
+                                                                           recompute, batchnorm, device, nchwc)
     # a pass that replaces the prediction (dense_conv) keeps its output slot, not its name
     step.graph.outputs[slot].name = loss.output
+    orders = taps_params.store(step.graph, opset, taps, grads)  # after gradients is cloned: its params as the model's
+    held = [replace(g, shapes=[tuple(s[i] for i in orders[p]) if p in orders else s for p, s in zip(g.params, g.shapes)])
+            for g in groups]
 
     slots = optimizers.state_slots(optimizer)
     param_values = {p: step.graph.initializers[p] for p in grads}
     step_outputs = [Output(LOSS, "loss"),
-                    *_append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, groups),
+                    *_append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, held),
                     *(Output(_expose(step.graph, value, f"{stat}.next", like=step.graph.initializers[stat]), "state",
                              stat) for stat, value in bn_next.items()),
                     # the training-mode prediction the loss reads: the Trainer's train metrics
@@ -150,7 +154,8 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
              for key, m in graphs.items()}
     feeds = {o.name: o.feeds for o in step_outputs if o.feeds is not None}
     state = _initial_state(gradients.graph, params, bn_stats, slots, optimizer)
-    return Built(graphs, roles, feeds, params, frozen_all, constants, state, model_outputs, opset, groups, slots)
+    return Built(graphs, roles, feeds, params, frozen_all, constants, state, model_outputs, opset, groups, slots,
+                 orders)
 
 
 def _decays(params: Sequence[str], no_decay: Sequence[str]) -> dict[str, bool]:
@@ -178,7 +183,8 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
                      nchwc: int = 0):
     """Training mode and the backward pass, in ``step`` itself; returns (step, the gradients
     graph cloned from it, {param: gradient value in step}, {BN stat: its updated value}, the
-    gradients graph's outputs).
+    gradients graph's outputs, {param: (its taps-outer chain's value, that value's gradient)}
+    for the params ``taps_params`` may hold in the chain's order).
     Dropout becomes ops on new noise inputs (their names are appended to ``noise``) before
     autodiff, so the gradient flows through plain Mul/Cast. ``batchnorm="frozen"`` keeps
     BatchNormalization in inference mode (running statistics in, none updated)."""
@@ -197,7 +203,10 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
         fill_unknown_ranks(step)  # a body's shape arithmetic can hide ranks from inference
     forward = {node.name for node in step.graph}
     convs = [node for node in step.graph if node.op_type == "Conv" and node.domain in ("", "ai.onnx")]
-    grads = backward(step.graph, _by_name(step.graph, LOSS), [step.graph.initializers[p] for p in params], device, nchwc)
+    chains = taps_params.chains(step.graph, params)
+    found = backward(step.graph, _by_name(step.graph, LOSS), [*(step.graph.initializers[p] for p in params),
+                                                              *chains.values()], device, nchwc)
+    grads = {p: found[p] for p in params}
     before = set(step.graph)
     if device == "cpu":
         dense_conv.gather_convs(step.graph, convs, opset, nchwc)
@@ -214,7 +223,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
                *(Output(_expose(graph, _by_name(graph, g.name), f"{p}_grad", like=graph.initializers[p]), "grad")
                  for p, g in grads.items()), *stats]
     _set_outputs(graph, outputs)
-    return step, gradients, grads, bn_next, outputs
+    return step, gradients, grads, bn_next, outputs, {p: (t, found[t.name]) for p, t in chains.items()}
 
 
 def _order_inputs(graph: ir.Graph, order: Sequence[str]) -> None:

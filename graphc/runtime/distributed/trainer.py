@@ -70,6 +70,7 @@ class DistributedTrainer(Trainer):
                              "the gradients and update graphs separately, without CUDA graphs")
         check_options(options, TRAINER_OPTIONS, "Trainer")
         resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard)
+        self.manifest = self.manifest.in_model_order()  # the workers run the gradients and update graphs
         self._check_gradients_graph()
         self.workers, self.max_restarts, self.timeout_s = workers, max_restarts, timeout_s
         self._seed = seed
