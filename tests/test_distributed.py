@@ -117,6 +117,25 @@ def test_two_workers_keep_a_float64_models_loss_in_float64(ray_cluster):
     dp.shutdown()
 
 
+def test_two_workers_train_weights_train_step_holds_in_another_order(ray_cluster, tmp_path):
+    """Workers run the gradients and update graphs, in the model's order; the checkpoint they
+    write resumes the one-process trainer, whose train_step holds the 3x3 weights taps outer."""
+    import test_taps_params as held
+
+    arts = held.generate(held.SPECS["adamw"])
+    assert arts.manifest.orders == held.HELD
+    dp, single = gc.Trainer(arts, **{**WORKER, "backend": "numpy"}), gc.Trainer(arts, backend="numpy")
+    data = held.batches(4, size=6)
+    for batch in data[:3]:
+        assert dp.step(batch) == pytest.approx(single.step(batch), rel=1e-5)
+    _close(dp.params, single.params, atol=1e-5)
+    dp.save_checkpoint(tmp_path / "ckpt.safetensors")
+    resumed = gc.Trainer(arts, backend="numpy")
+    resumed.load_checkpoint(tmp_path / "ckpt.safetensors")
+    assert resumed.step(data[3]) == pytest.approx(single.step(data[3]), rel=1e-5)
+    dp.shutdown()
+
+
 class _BNDropNet(nn.Module):
     def __init__(self):
         super().__init__()
