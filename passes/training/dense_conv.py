@@ -362,8 +362,9 @@ def _taps_outer(e: Emitter, w: ir.Value, co: int, ci: int, k: int) -> ir.Value:
     Transposes 29.5 -> 31.1 ms.) What these Transposes and Gathers cost at most, from graphs
     without them (the weight read as if stored [Co, K, Ci]; wrong values, timed only), Trainer
     steps interleaved at batch 32, 64 px, built second / first: ResNet-18 0.976x / 0.983x,
-    ResNet-50 0.986x / 0.985x. Storing such a param in that order would take a layout of its own
-    in train_step, gradients, checkpoints and exports; not built."""
+    ResNet-50 0.986x / 0.985x. train_step holds a trainable weight that only this chain reads in
+    that order instead (``taps_params``); the chain stays in the gradients graph (data-parallel
+    workers) and for weights also read otherwise."""
     taps = e.op("Transpose", e.op("Reshape", w, e.ints([co * ci, k])), perm=[1, 0])
     rows = e.const(np.arange(k)[None, :] * co + np.arange(co)[:, None], np.int64)
     return e.op("Gather", e.op("Reshape", taps, e.ints([k * co, ci])), rows, axis=0)
