@@ -282,3 +282,17 @@ def test_group_norm_of_a_large_mean_is_accurate_on_both_backends(opset):
     for backend in ("numpy", "ort-cpu"):
         got = gc.Session(model, backend=backend).run({"x": x})["output"]
         np.testing.assert_allclose(got, want, atol=1e-3, err_msg=backend)
+
+
+def test_instance_norm_unbatched_matches_torch_and_checks_its_input():
+    torch = pytest.importorskip("torch")
+    x = IMG[0] * 2 + 1  # (C, H, W): torch normalises each channel over (H, W)
+    layer = nn.InstanceNorm2d(3, affine=True)
+    layer.init_parameters(seed=3)
+    want = _torch_layer(torch, "InstanceNorm2d(3, affine=True)", layer.state_dict())(torch.from_numpy(x))
+    got = run_both(gc.capture(layer, x=x), {"x": x})["output"]
+    np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-4, atol=1e-5)
+    with pytest.raises(gc.GraphError, match=r"InstanceNorm2d.*input channels and num_features differ \(4 vs 3\)"):
+        gc.capture(layer, x=IMG4)
+    with pytest.raises(gc.GraphError, match=r"InstanceNorm2d.*\(C, H, W\) or \(N, C, H, W\) input, got rank 2"):
+        gc.capture(layer, x=x[0])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphc.dsl import ops_layers
+from graphc.dsl import ops, ops_layers
+from graphc.dsl.builder import op_error, user_source
 from graphc.errors import CaptureError
 from graphc.nn import init
 from graphc.nn.module import Module, Parameter
@@ -44,7 +45,15 @@ class InstanceNorm2d(Module):
         self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.instance_norm(x, self.weight, self.bias, self.eps)
+        """``(N, C, H, W)``, or an unbatched ``(C, H, W)`` as in PyTorch."""
+        x = ops.lift(x)
+        if x.ndim not in (3, 4):
+            raise op_error("InstanceNorm2d", [x], f"expects a (C, H, W) or (N, C, H, W) input, got rank {x.ndim}",
+                           user_source())
+        batched = ops.unsqueeze(x, [0]) if x.ndim == 3 else x
+        ops.same_dim("InstanceNorm2d", [x], batched.shape[1], self.num_features, "input channels and num_features")
+        y = ops_layers.instance_norm(batched, self.weight, self.bias, self.eps)
+        return ops.squeeze(y, [0]) if x.ndim == 3 else y
 
 
 class RMSNorm(Module):
