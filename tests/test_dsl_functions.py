@@ -30,6 +30,8 @@ MASK = R.random((5, 5)) > 0.3
 np.fill_diagonal(MASK, True)
 DEAD_ROW = MASK.copy()
 DEAD_ROW[1] = False  # query 1 attends to no key: torch gives it zeros (and a zero gradient)
+ZERO_ROW = X.copy()
+ZERO_ROW[0, 1] = 0  # normalize's gradient there is finite in torch (1/eps), not nan
 NEG = np.zeros(X.shape, bool)
 NEG[0, :, 1], NEG[1, 0] = True, True  # x[0, :, 1] all -inf: its logsumexp is -inf, as torch's
 
@@ -88,6 +90,8 @@ CASES = [
     ("std", lambda M, x: M.std(x, 2, correction=0, keepdim=True), X, {}, lambda x: x.std(2, keepdims=True)),
     ("normalize", lambda M, x: M.normalize(x, dim=2), X, {},
      lambda x: x / np.linalg.norm(x, axis=2, keepdims=True)),
+    ("normalize_zero_row", lambda M, x: M.normalize(x, dim=2), ZERO_ROW, {},
+     lambda x: x / np.maximum(np.linalg.norm(x, axis=2, keepdims=True), 1e-12)),
     ("clamp", lambda M, x: M.clamp(x, -0.5, 0.5), X, {}, lambda x: np.clip(x, -0.5, 0.5)),
     ("clamp_min", lambda M, x: M.clamp(x, min=0.1), X, {}, lambda x: np.maximum(x, 0.1)),
     ("pow", lambda M, x: M.pow(x, 3), X, {}, lambda x: x ** 3),

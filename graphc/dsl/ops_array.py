@@ -397,7 +397,8 @@ def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Te
     if p != 2.0:
         raise CaptureError(f"normalize supports p=2, got p={p} (at {user_source()})")
     x = lift(x)
-    return x / maximum(sqrt(reduce_sum(x * x, dim, keepdims=True)), scalar(eps, x))
+    # the max before the sqrt: no gradient reaches sqrt's infinite slope at 0 (torch's, 1/eps)
+    return x / sqrt(maximum(reduce_sum(x * x, dim, keepdims=True), scalar(eps * eps, x)))
 
 
 def einsum(equation: str, *operands: Any) -> Tensor:
