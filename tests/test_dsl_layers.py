@@ -192,6 +192,15 @@ def test_batchnorm_training_mode_node():
         assert set(model.ir.metadata_props["graphc.buffers"].split(",")) == {"0.running_mean", "0.running_var"}
 
 
+def test_batchnorm_captured_in_training_mode_runs_on_batch_statistics():
+    bn = nn.BatchNorm2d(3)
+    model = _capture(bn, IMG * 2 + 1, training=True)
+    want = (IMG - IMG.mean((0, 2, 3), keepdims=True)) / np.sqrt(IMG.var((0, 2, 3), keepdims=True) + 1e-5)
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(model, backend=backend).run({"x": IMG * 2 + 1})["output"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=backend)
+
+
 def test_default_initialisation_follows_pytorch():
     net = nn.Sequential(nn.Linear(100, 50), nn.Conv2d(4, 8, 3), nn.Embedding(20, 6), nn.LayerNorm(5),
                         nn.BatchNorm2d(8))

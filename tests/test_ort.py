@@ -320,3 +320,25 @@ def test_bfloat16_feeds_and_results_cross_onnxruntimes_boundary(n):
         assert got[name].dtype == to_numpy("bfloat16") and got[name].shape == (n,)
         np.testing.assert_array_equal(got[name].view(np.uint16), want[name].view(np.uint16))
     assert gc.Session(bfloat16_model(), backend="ort-cpu").run(feeds, outputs=["z"])["z"].tobytes() == feeds["x"].tobytes()
+
+
+@pytest.mark.parametrize("opset,shape", [(15, (4, 3)), (21, (4, 3, 5, 2))])
+@pytest.mark.parametrize("outputs", [("y",), ("y", "rm", "rv")])
+def test_training_mode_batchnorm_uses_the_batch_statistics(opset, shape, outputs):
+    """onnxruntime's optimized session got a fresh BatchNorm's output wrong where the running
+    statistics are not read (``backends/batchnorm.py``); the session's copy writes it out."""
+    h, f = onnx.helper, onnx.TensorProto.FLOAT
+    x = np.random.default_rng(2).normal(3, 2, shape).astype(np.float32)
+    params = [onnx.numpy_helper.from_array(np.full(3, v, np.float32), n)
+              for n, v in (("s", 1.0), ("b", 0.0), ("m", 0.0), ("v", 1.0))]  # a fresh BatchNorm's
+    node = h.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], "bn",
+                       training_mode=1, momentum=0.9)
+    graph = h.make_graph([node], "bn", [h.make_tensor_value_info("x", f, shape)],
+                         [h.make_tensor_value_info(n, f, shape if n == "y" else [3]) for n in outputs], params)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+    want = gc.Session(model, backend="numpy").run({"x": x})
+    got = gc.Session(model, backend="ort-cpu").run({"x": x})
+    axes = (0, *range(2, len(shape)))
+    np.testing.assert_allclose(want["y"].mean(axes), 0, atol=1e-5)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
