@@ -240,3 +240,11 @@ def test_op_matches_torch(name, fn, feeds, ref):
     with torch.no_grad():
         expected = _torch_refs(torch)[name](*(torch.from_numpy(v) for v in feeds.values()))
     np.testing.assert_allclose(out["output"], expected.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_dropout_drops_by_default_as_torchs():
+    """``F.dropout(x, p)`` is torch's ``training=True``: about p of the values become 0, the rest 1/(1-p)."""
+    x = np.ones((100, 100), np.float32)
+    for fn in (gc.dropout, gc.nn.functional.dropout):
+        out = gc.Session(gc.capture(lambda x: fn(x, 0.5), x=x), backend="numpy").run({"x": x})["output"]
+        assert 0.4 < (out == 0).mean() < 0.6 and set(np.unique(out)) == {0.0, 2.0}

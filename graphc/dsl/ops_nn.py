@@ -164,9 +164,10 @@ def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, b
     return ops.emit("LayerNormalization", inputs, {"axis": -len(shape), "epsilon": float(eps)})
 
 
-def dropout(x: Tensor, p: float = 0.5, training: bool = False) -> Tensor:
-    """ONNX ``Dropout`` with ``ratio`` and ``training_mode`` inputs; the node stays in the graph in
-    inference capture too (the training generator flips ``training_mode``)."""
+def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    """ONNX ``Dropout`` with ``ratio`` and ``training_mode`` inputs; ``training`` defaults to True,
+    as in ``torch.nn.functional.dropout`` (pass ``training=self.training`` in a module). The node
+    stays in the graph in inference capture too (the training generator flips ``training_mode``)."""
     if not 0.0 <= p < 1.0:
         raise CaptureError(f"dropout probability {p} must be in [0, 1) (at {user_source()})")
     x = ops.lift(x)
