@@ -296,3 +296,12 @@ def test_instance_norm_unbatched_matches_torch_and_checks_its_input():
         gc.capture(layer, x=IMG4)
     with pytest.raises(gc.GraphError, match=r"InstanceNorm2d.*\(C, H, W\) or \(N, C, H, W\) input, got rank 2"):
         gc.capture(layer, x=x[0])
+
+
+def test_group_norm_below_opset_21_takes_symbolic_spatial_dims():
+    layer = nn.GroupNorm(2, 4)
+    model = gc.capture(layer, x=gc.spec("float32", ("N", 4, "H", "W")), opset=17)
+    g = IMG4.astype(np.float64).reshape(2, 2, -1)
+    want = ((g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + 1e-5)).reshape(IMG4.shape)
+    np.testing.assert_allclose(run_both(model, {"x": IMG4})["output"], want, rtol=1e-4, atol=1e-5)
+    assert [d for d in model.outputs[0].shape] == ["N", 4, "H", "W"]

@@ -158,7 +158,7 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
     grouped = reshape(x, [x.shape[0], num_groups, -1])
     centered = grouped - mean(grouped, -1, keepdims=True)
     normed = centered / sqrt(mean(centered * centered, -1, keepdims=True) + scalar(eps, x))
-    normed = reshape(normed, list(x.shape))
+    normed = emit("Reshape", [normed, emit("Shape", [x])], out_types=[(x.dtype, x.shape)])  # H, W may be symbolic
     return normed * _channel_shape(x, weight) + _channel_shape(x, bias)
 
 
