@@ -305,3 +305,11 @@ def test_group_norm_below_opset_21_takes_symbolic_spatial_dims():
     want = ((g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + 1e-5)).reshape(IMG4.shape)
     np.testing.assert_allclose(run_both(model, {"x": IMG4})["output"], want, rtol=1e-4, atol=1e-5)
     assert [d for d in model.outputs[0].shape] == ["N", 4, "H", "W"]
+
+
+def test_mish_written_out_before_opset_18():
+    want = X1 * np.tanh(np.log1p(np.exp(X1)))
+    for fn in (nn.Mish(), gc.nn.functional.mish):
+        model = gc.capture(fn, x=X1, opset=17)
+        assert "Mish" not in [n.op_type for n in model.ir.graph]
+        np.testing.assert_allclose(run_both(model, {"x": X1})["output"], want, rtol=1e-5, atol=1e-6)

@@ -213,8 +213,11 @@ def silu(x: Tensor) -> Tensor:
 
 
 def mish(x: Tensor) -> Tensor:
-    """``x * tanh(softplus(x))``. Signature: ai.onnx@18::Mish"""
-    return unary("Mish", x)
+    """``x * tanh(softplus(x))``, written out before opset 18. Signature: ai.onnx@18::Mish"""
+    if current().opset >= 18:
+        return unary("Mish", x)
+    x = lift(x)
+    return x * unary("Tanh", unary("Softplus", x))
 
 
 def hardswish(x: Tensor) -> Tensor:
