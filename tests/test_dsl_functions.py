@@ -82,6 +82,7 @@ CASES = [
     ("tril", lambda M, x: M.tril(x, -1), X, {}, lambda x: np.tril(x, -1)),
     ("flip", lambda M, x: M.flip(x, (0, 2)), X, {}, lambda x: x[::-1, :, ::-1]),
     ("roll", lambda M, x: M.roll(x, (1, -3), (1, 2)), X, {}, lambda x: np.roll(x, (1, -3), (1, 2))),
+    ("roll_flat", lambda M, x: M.roll(x, 5), X, {}, lambda x: np.roll(x, 5)),
     ("logsumexp", lambda M, x: M.logsumexp(x * 30.0, 1), X, {},
      lambda x: np.log(np.exp(x * 30.0 - (x * 30).max(1, keepdims=True)).sum(1)) + (x * 30).max(1)),
     ("logsumexp_inf", lambda M, x, m: M.logsumexp(M.masked_fill(x, m, -np.inf), 1), X, {"m": NEG},

@@ -224,9 +224,13 @@ def flip(x: Tensor, dims: Sequence[int]) -> Tensor:
                           const_i64([-1] * k)])
 
 
-def roll(x: Tensor, shifts: Any, dims: Any) -> Tensor:
-    """``torch.roll`` along ``dims`` (static sizes): each a Slice pair joined end to front."""
+def roll(x: Tensor, shifts: Any, dims: Any = None) -> Tensor:
+    """``torch.roll`` along ``dims`` (static sizes): each a Slice pair joined end to front;
+    ``dims=None`` rolls the flattened tensor and restores its shape, as torch."""
     x = lift(x)
+    if dims is None:
+        flat = roll(reshape(x, [-1]), shifts, 0 if isinstance(shifts, int) else [0] * len(shifts))
+        return emit("Reshape", [flat, emit("Shape", [x])], out_types=[(x.dtype, x.shape)])
     shifts, dims = ([shifts], [dims]) if isinstance(shifts, int) else (list(shifts), list(dims))
     for shift, dim in zip(shifts, dims):
         dim = _dim(x, dim, "Slice")
