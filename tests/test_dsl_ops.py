@@ -248,3 +248,11 @@ def test_dropout_drops_by_default_as_torchs():
     for fn in (gc.dropout, gc.nn.functional.dropout):
         out = gc.Session(gc.capture(lambda x: fn(x, 0.5), x=x), backend="numpy").run({"x": x})["output"]
         assert 0.4 < (out == 0).mean() < 0.6 and set(np.unique(out)) == {0.0, 2.0}
+
+
+def test_squeeze_of_a_dim_that_is_not_1_keeps_it_as_torch():
+    x = X.reshape(3, 1, 4)
+    model = gc.capture(lambda x: {"kept": x.squeeze(2), "one": x.squeeze(1), "f": gc.nn.functional.squeeze(x, [0, 1])},
+                       x=x)
+    out = run_ort(model, {"x": x})
+    assert out["kept"].shape == (3, 1, 4) and out["one"].shape == (3, 4) and out["f"].shape == (3, 4)

@@ -330,6 +330,13 @@ def unsqueeze(x: Tensor, axes: Sequence[int]) -> Tensor:
 
 
 def squeeze(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
+    """Drop every size-1 dim, or those of ``axes``; an axis of another static size stays, as in torch."""
+    x = lift(x)
+    if axes is not None and x.shape is not None:
+        rank = len(x.shape)
+        axes = [a for a in axes if not (-rank <= a < rank and isinstance(x.shape[a], int) and x.shape[a] != 1)]
+        if not axes:
+            return x
     return emit("Squeeze", [x] + ([] if axes is None else [const_i64(axes)]))
 
 
