@@ -256,3 +256,10 @@ def test_squeeze_of_a_dim_that_is_not_1_keeps_it_as_torch():
                        x=x)
     out = run_ort(model, {"x": x})
     assert out["kept"].shape == (3, 1, 4) and out["one"].shape == (3, 4) and out["f"].shape == (3, 4)
+
+
+def test_sum_of_bools_counts_as_int64_as_torch():
+    model = gc.capture(lambda x: {"all": (x > 0).sum(), "rows": gc.sum(x > 0, 1)}, x=X)
+    out = run_ort(model, {"x": X})
+    assert out["all"].dtype == np.int64 and out["all"] == (X > 0).sum()
+    np.testing.assert_array_equal(out["rows"], (X > 0).sum(1))

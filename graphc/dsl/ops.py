@@ -449,8 +449,11 @@ def _reduce(op: str, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
 
 
 def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    """ReduceSum over ``axis`` (None: all). Signature: ai.onnx@13::ReduceSum"""
-    return _reduce("ReduceSum", x, axis, keepdims)
+    """ReduceSum over ``axis`` (None: all); a bool Tensor counts its Trues as int64, as torch.
+    Signature: ai.onnx@13::ReduceSum"""
+    x = lift(x)
+    counts = x.value.dtype is not None and x.dtype == "bool"  # an unknown dtype is left to ReduceSum
+    return _reduce("ReduceSum", cast(x, "int64") if counts else x, axis, keepdims)
 
 
 def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
