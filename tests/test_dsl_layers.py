@@ -286,3 +286,8 @@ def test_attention_layers_built_inside_forward():
     out = run_ort(model, {"x": X3})["output"]
     np.testing.assert_allclose(out, gc.Session(model, backend="numpy").run({"x": X3})["output"], rtol=1e-4, atol=1e-5)
     assert out.shape == X3.shape
+
+
+def test_batchnorm_momentum_none_is_refused_at_construction():
+    with pytest.raises(gc.GraphError, match=r"BatchNorm2d\(momentum=None\).*cumulative moving average"):
+        nn.BatchNorm2d(3, momentum=None)

@@ -95,6 +95,9 @@ class _BatchNorm(Module):
         super().__init__()
         if not track_running_stats:
             raise CaptureError("BatchNorm with track_running_stats=False is not supported")
+        if momentum is None:
+            raise CaptureError(f"{type(self).__name__}(momentum=None) (torch's cumulative moving average) is not "
+                               "supported; give a float momentum such as 0.1")
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.weight = Parameter(shape=(num_features,), init=init.ones, dtype=dtype) if affine else None
         self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine else None
