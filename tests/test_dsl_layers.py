@@ -57,6 +57,8 @@ CASES = [
      "AdaptiveAvgPool2d(1)"),
     ("AdaptiveAvgPool2d2", lambda: nn.AdaptiveAvgPool2d((2, 4)), IMG,
      lambda x, p: x.reshape(2, 3, 2, 4, 4, 2).mean((3, 5)), "AdaptiveAvgPool2d((2, 4))"),
+    ("AdaptiveAvgPool2dNone", lambda: nn.AdaptiveAvgPool2d((None, 2)), IMG,
+     lambda x, p: x.reshape(2, 3, 8, 2, 4).mean(4), "AdaptiveAvgPool2d((None, 2))"),
     ("BatchNorm1d", lambda: nn.BatchNorm1d(6), X2, _bn, "BatchNorm1d(6)"),
     ("BatchNorm2d", lambda: nn.BatchNorm2d(3), IMG, _bn, "BatchNorm2d(3)"),
     ("LayerNorm", lambda: nn.LayerNorm(8), X3,

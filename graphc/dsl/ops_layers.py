@@ -107,17 +107,19 @@ def avg_pool1d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
 
 def adaptive_avg_pool(x: Tensor, output_size: Any, nd: int) -> Tensor:
     """Output size 1 -> ``GlobalAveragePool``; else an ``AveragePool`` where the (static) input
-    size divides evenly, as PyTorch computes it in that case."""
+    size divides evenly, as PyTorch computes it in that case. A ``None`` size keeps the input's."""
     x = lift(x)
     _check_rank("AveragePool", x, nd + 2)
-    out = ints(output_size, nd, "output_size")
-    if out == [1] * nd:
+    sizes = output_size if isinstance(output_size, (tuple, list)) else ints(output_size, nd, "output_size")
+    if len(sizes) != nd:
+        raise CaptureError(f"output_size must be an int or {nd} sizes, got {output_size} (at {user_source()})")
+    if list(sizes) == [1] * nd:
         return emit("GlobalAveragePool", [x])
     dims = list(x.shape[2:])
-    if not all(isinstance(d, int) and d % o == 0 for d, o in zip(dims, out)):
-        raise op_error("AveragePool", [x], f"adaptive pooling to {tuple(out)} needs static spatial dims divisible "
+    if not all(o is None or isinstance(d, int) and d % o == 0 for d, o in zip(dims, sizes)):
+        raise op_error("AveragePool", [x], f"adaptive pooling to {tuple(sizes)} needs static spatial dims divisible "
                        "by the output size", user_source())
-    return _pool("AveragePool", x, nd, [d // o for d, o in zip(dims, out)], None, 0, False)
+    return _pool("AveragePool", x, nd, [1 if o is None else d // o for d, o in zip(dims, sizes)], None, 0, False)
 
 
 def adaptive_avg_pool1d(x: Tensor, output_size: Any) -> Tensor:
