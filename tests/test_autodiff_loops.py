@@ -367,3 +367,74 @@ def test_split_to_sequence_with_a_static_count_is_differentiated_as_split(split,
     np.testing.assert_allclose(got["x_grad"], want, rtol=1e-6)
     np.testing.assert_allclose(got["loss"], (x0[:, : ends[0]] * weights[0].reshape(2, -1)).sum()
                                + (x0[:, ends[-2]:] * weights[-1].reshape(2, -1)).sum(), rtol=1e-5)
+
+
+def _assert_gradients_match_central_differences(model: onnx.ModelProto, loss: str, feeds: dict, wrt: list[str]):
+    """Each ``wrt`` gradient of ``model`` on numpy and onnxruntime against float64 central
+    differences of its own loss along a random direction (``wrt`` may name initializers)."""
+    grads = gc.grad(model, loss, wrt=wrt)
+    base = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer} | feeds
+    rng, eps = np.random.default_rng(3), 1e-6
+    for backend in ("numpy", "ort-cpu"):
+        session = gc.Session(grads, backend=backend)
+        got = session.run(feeds)
+        for name in wrt:
+            direction = rng.standard_normal(base[name].shape)
+            numeric = (session.run({**feeds, name: base[name] + eps * direction})[loss]
+                       - session.run({**feeds, name: base[name] - eps * direction})[loss]) / (2 * eps)
+            np.testing.assert_allclose(np.sum(got[f"{name}_grad"] * direction), numeric, rtol=1e-6,
+                                       err_msg=f"{backend} {name}")
+
+
+@pytest.mark.parametrize("captured", [False, True], ids=["two_slots", "carried_and_captured"])
+def test_reverse_mode_loop_sums_the_gradients_of_a_value_it_reads_twice(captured):
+    """v <- v * W + u (u <- u / 2), or v <- v * W + x / 2, until sum(v) >= 10: x is the initial
+    value of both carried slots, or carried and read by the body; both paths reach its gradient."""
+    if captured:
+        step = [helper.make_node("Mul", ["x", "half"], ["u"]), helper.make_node("Add", ["vw", "u"], ["v_next"])]
+        carried, outs, slots = ["x"], ["v_final"], []
+    else:
+        step = [helper.make_node("Add", ["vw", "u"], ["v_next"]), helper.make_node("Mul", ["u", "half"], ["u_next"])]
+        carried, outs, slots = ["x", "x"], ["v_final", "u_final"], ["u"]
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["v", "W"], ["vw"]), *step, helper.make_node("ReduceSum", ["v_next"], ["s"], keepdims=0),
+         helper.make_node("Less", ["s", "limit"], ["cond_out"])], "step",
+        [helper.make_tensor_value_info("iter", I64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         *[helper.make_tensor_value_info(n, D, [3]) for n in ["v", *slots]]],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         *[helper.make_tensor_value_info(f"{n}_next", D, [3]) for n in ["v", *slots]]])
+    nodes = [_const("trips", np.array(8, np.int64)), _const("limit", np.array(10.0)), _const("half", np.array(0.5)),
+             helper.make_node("Loop", ["trips", "", *carried], outs, body=body),
+             *[helper.make_node("ReduceSum", [o], [f"{o}_sum"], keepdims=0) for o in outs],
+             helper.make_node("Sum", [f"{o}_sum" for o in outs], ["loss"])]
+    graph = helper.make_graph(nodes, "fanout", [helper.make_tensor_value_info("x", D, [3])],
+                              [helper.make_tensor_value_info("loss", D, [])],
+                              [numpy_helper.from_array(np.array([1.5, 1.2, 1.3]), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    _assert_gradients_match_central_differences(model, "loss", {"x": np.array([1.0, 0.5, 0.7])}, ["x", "W"])
+
+
+@pytest.mark.parametrize("twice", ["scanned", "carried_and_captured"])
+def test_reverse_mode_scan_sums_the_gradients_of_a_value_it_reads_twice(twice):
+    """h <- tanh(h * W + a_t + sin(b_t)) with xs scanned as both a and b, or h <- tanh(h * W + a_t
+    + h0 / 2) with h0 also the initial h, over a length known only at run time."""
+    scanned = ["xs", "xs"] if twice == "scanned" else ["xs"]
+    extra = ([helper.make_node("Sin", ["b_t"], ["e"])] if twice == "scanned"
+             else [helper.make_node("Mul", ["h0", "half"], ["e"])])
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["h", "W"], ["hw"]), helper.make_node("Add", ["hw", "a_t"], ["pre"]), *extra,
+         helper.make_node("Add", ["pre", "e"], ["pre2"]), helper.make_node("Tanh", ["pre2"], ["h_next"]),
+         helper.make_node("Identity", ["h_next"], ["y"])], "cell",
+        [helper.make_tensor_value_info(n, D, [2]) for n in ["h", "a_t", "b_t"][:1 + len(scanned)]],
+        [helper.make_tensor_value_info("h_next", D, [2]), helper.make_tensor_value_info("y", D, [2])])
+    nodes = [_const("half", np.array(0.5)),
+             helper.make_node("Scan", ["h0", *scanned], ["h_final", "ys"], body=body, num_scan_inputs=len(scanned)),
+             helper.make_node("ReduceSumSquare", ["ys"], ["squares"], keepdims=0),
+             helper.make_node("ReduceSum", ["h_final"], ["last"], keepdims=0), helper.make_node("Add", ["squares", "last"], ["loss"])]
+    graph = helper.make_graph(nodes, "fanout", [helper.make_tensor_value_info("xs", D, ["T", 2]),
+                                                helper.make_tensor_value_info("h0", D, [2])],
+                              [helper.make_tensor_value_info("loss", D, [])],
+                              [numpy_helper.from_array(np.array([0.7, -0.4]), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    feeds = {"xs": np.random.default_rng(0).standard_normal((4, 2)), "h0": np.array([0.2, -0.3])}
+    _assert_gradients_match_central_differences(model, "loss", feeds, ["xs", "h0", "W"])

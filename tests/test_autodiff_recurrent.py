@@ -196,6 +196,16 @@ def test_a_symbolic_sequence_length_gets_gradients_through_the_scans(config):
     _check_gradients(_symbolic_length(model, config[2]), x, params)
 
 
+@pytest.mark.parametrize("length", [T, "T"])
+def test_lstm_whose_initial_h_and_c_are_one_tensor_gets_both_gradients(length):
+    """initial_h and initial_c name the same initializer: at a run-time length the Scan carries
+    it in two slots, and its gradient is the sum of both (central differences)."""
+    model, x, params = recurrent_model("LSTM", "forward", 0, {"initial_h"}, {}, False, (0, 1))
+    model.graph.node[0].input.append("initial_h")
+    model = _symbolic_length(model, 0) if length == "T" else model
+    _check_gradients(model, x, params)
+
+
 @pytest.mark.parametrize("activation", ["Relu", "LeakyRelu", "ThresholdedRelu", "Elu", "Affine", "ScaledTanh",
                                         "HardSigmoid", "Softsign", "Softplus", "Sigmoid"])
 def test_every_activation_unrolls_like_onnxruntime_and_differentiates(activation):

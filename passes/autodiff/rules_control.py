@@ -231,9 +231,7 @@ def _reverse_loop(g: GradBuilder, node: ir.Node, dys) -> dict:
                 if dy is not None]
 
     dv, acc, _ = rev.run(steps, bind, scan_seeds, [], list(node.outputs[:n_carry]), dys[:n_carry])
-    result = {node.inputs[2 + k]: v for k, v in dv.items() if g.wants(node.inputs[2 + k])}
-    result.update(acc)
-    return result
+    return _summed(g, [*((node.inputs[2 + k], v) for k, v in dv.items()), *acc.items()])
 
 
 def _reverse_scan(g: GradBuilder, node: ir.Node, dys, n_carry: int, layout) -> dict:
@@ -275,8 +273,7 @@ def _reverse_scan(g: GradBuilder, node: ir.Node, dys, n_carry: int, layout) -> d
 
     sliced = list(body.inputs[n_carry:])
     dv, acc, stacks = rev.run(steps, bind, scan_seeds, sliced, list(node.outputs[:n_carry]), dys[:n_carry])
-    result = {node.inputs[k]: v for k, v in dv.items() if g.wants(node.inputs[k])}
-    result.update(acc)
+    pairs = [*((node.inputs[k], v) for k, v in dv.items()), *acc.items()]
     for x, stack, axis, reverse in zip(scanned, stacks, in_axes, in_dirs):
         if stack is None or not g.wants(x):
             continue
@@ -285,7 +282,17 @@ def _reverse_scan(g: GradBuilder, node: ir.Node, dys, n_carry: int, layout) -> d
         if axis:
             rank = g.rank(x)
             stack = g.transpose(stack, [*range(1, axis + 1), 0, *range(axis + 1, rank)])
-        result[x] = stack
+        pairs.append((x, stack))
+    return _summed(g, pairs)
+
+
+def _summed(g: GradBuilder, pairs) -> dict:
+    """{value: gradient} of (value, gradient) pairs, summed where the node reads a value twice
+    (two carried slots, carried and read in the body, scanned twice)."""
+    result: dict[ir.Value, ir.Value] = {}
+    for value, grad in pairs:
+        if g.wants(value):
+            result[value] = g.add(result[value], grad) if value in result else grad
     return result
 
 
