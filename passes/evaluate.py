@@ -71,9 +71,12 @@ def _opset(node: ir.Node) -> int:
 def folded_array(value: ir.Value | None, depth: int = 0) -> np.ndarray | None:
     """The value as numpy when it is known before the model runs: a constant, the ``Shape`` of
     a value with a static shape, or a deterministic node of such values (``run_node``), e.g.
-    Resize scales an exporter builds with Concat/Cast; None otherwise."""
+    Resize scales an exporter builds with Concat/Cast; None otherwise, and for a graph input
+    (its default is not known before run time: a caller may feed another)."""
+    if value is None or value.is_graph_input():
+        return None
     array = const_array(value)
-    if array is not None or value is None or depth > 16:
+    if array is not None or depth > 16:
         return array
     node = value.producer()
     if node is None or node.domain not in ("", "ai.onnx") or node.op_type in _NOT_FOLDED:

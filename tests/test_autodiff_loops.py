@@ -438,3 +438,25 @@ def test_reverse_mode_scan_sums_the_gradients_of_a_value_it_reads_twice(twice):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     feeds = {"xs": np.random.default_rng(0).standard_normal((4, 2)), "h0": np.array([0.2, -0.3])}
     _assert_gradients_match_central_differences(model, "loss", feeds, ["xs", "h0", "W"])
+
+
+def test_loop_whose_trip_count_is_an_input_with_a_default_runs_the_fed_count():
+    """v <- v * W for M steps, M a graph input whose initializer (2) is only a default: the
+    gradient graph runs the M it is fed (4), not the default."""
+    body = helper.make_graph([helper.make_node("Mul", ["v", "W"], ["v_next"]),
+                              helper.make_node("Identity", ["cond_in"], ["cond_out"])], "step",
+                             [helper.make_tensor_value_info("iter", I64, []),
+                              helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v", D, [3])],
+                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v_next", D, [3])])
+    nodes = [helper.make_node("Loop", ["M", "", "x"], ["v_final"], body=body),
+             helper.make_node("ReduceSumSquare", ["v_final"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "power", [helper.make_tensor_value_info("x", D, [3]),
+                                               helper.make_tensor_value_info("M", I64, [])],
+                              [helper.make_tensor_value_info("loss", D, [])],
+                              [numpy_helper.from_array(np.array([1.5, 1.2, 0.7]), "W"),
+                               numpy_helper.from_array(np.array(2, np.int64), "M")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    feeds = {"x": np.array([1.0, 2.0, 0.5]), "M": np.array(4, np.int64)}
+    _assert_gradients_match_central_differences(model, "loss", feeds, ["x", "W"])
