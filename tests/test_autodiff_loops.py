@@ -369,19 +369,30 @@ def test_split_to_sequence_with_a_static_count_is_differentiated_as_split(split,
                                + (x0[:, ends[-2]:] * weights[-1].reshape(2, -1)).sum(), rtol=1e-5)
 
 
-def _assert_gradients_match_central_differences(model: onnx.ModelProto, loss: str, feeds: dict, wrt: list[str]):
-    """Each ``wrt`` gradient of ``model`` on numpy and onnxruntime against float64 central
-    differences of its own loss along a random direction (``wrt`` may name initializers)."""
-    grads = gc.grad(model, loss, wrt=wrt)
-    base = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer} | feeds
+def _on_onnxruntime(model: onnx.ModelProto, output: str, fed: list[str]):
+    """``feeds -> output`` of ``model`` on onnxruntime, its initializers named in ``fed`` made
+    graph inputs (their values are the defaults)."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    model.ir_version = 10  # what this onnxruntime reads
+    for t in [t for t in model.graph.initializer if t.name in fed]:
+        model.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = {i.name for i in model.graph.input}
+    return lambda feeds: float(session.run([output], {k: v for k, v in feeds.items() if k in names})[0])
+
+
+def _assert_gradients_match_central_differences(grads: gc.Model, loss: str, feeds: dict, wrt: list[str], reference):
+    """The loss of the gradient model ``grads`` on numpy and onnxruntime equals ``reference(feeds)``,
+    and each ``<wrt>_grad`` float64 central differences of ``reference`` along a random direction."""
+    base = {t.name: numpy_helper.to_array(t) for t in grads.proto.graph.initializer} | feeds
     rng, eps = np.random.default_rng(3), 1e-6
     for backend in ("numpy", "ort-cpu"):
-        session = gc.Session(grads, backend=backend)
-        got = session.run(feeds)
+        got = gc.Session(grads, backend=backend).run(feeds)
+        np.testing.assert_allclose(got[loss], reference(base), rtol=1e-10, err_msg=f"{backend} loss")
         for name in wrt:
             direction = rng.standard_normal(base[name].shape)
-            numeric = (session.run({**feeds, name: base[name] + eps * direction})[loss]
-                       - session.run({**feeds, name: base[name] - eps * direction})[loss]) / (2 * eps)
+            numeric = (reference({**base, name: base[name] + eps * direction})
+                       - reference({**base, name: base[name] - eps * direction})) / (2 * eps)
             np.testing.assert_allclose(np.sum(got[f"{name}_grad"] * direction), numeric, rtol=1e-6,
                                        err_msg=f"{backend} {name}")
 
@@ -411,7 +422,9 @@ def test_reverse_mode_loop_sums_the_gradients_of_a_value_it_reads_twice(captured
                               [helper.make_tensor_value_info("loss", D, [])],
                               [numpy_helper.from_array(np.array([1.5, 1.2, 1.3]), "W")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    _assert_gradients_match_central_differences(model, "loss", {"x": np.array([1.0, 0.5, 0.7])}, ["x", "W"])
+    _assert_gradients_match_central_differences(gc.grad(model, "loss", wrt=["x", "W"]), "loss",
+                                                {"x": np.array([1.0, 0.5, 0.7])}, ["x", "W"],
+                                                _on_onnxruntime(model, "loss", ["W"]))
 
 
 @pytest.mark.parametrize("twice", ["scanned", "carried_and_captured"])
@@ -437,7 +450,8 @@ def test_reverse_mode_scan_sums_the_gradients_of_a_value_it_reads_twice(twice):
                               [numpy_helper.from_array(np.array([0.7, -0.4]), "W")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     feeds = {"xs": np.random.default_rng(0).standard_normal((4, 2)), "h0": np.array([0.2, -0.3])}
-    _assert_gradients_match_central_differences(model, "loss", feeds, ["xs", "h0", "W"])
+    _assert_gradients_match_central_differences(gc.grad(model, "loss", wrt=["xs", "h0", "W"]), "loss", feeds,
+                                                ["xs", "h0", "W"], _on_onnxruntime(model, "loss", ["W"]))
 
 
 def test_loop_whose_trip_count_is_an_input_with_a_default_runs_the_fed_count():
@@ -459,4 +473,37 @@ def test_loop_whose_trip_count_is_an_input_with_a_default_runs_the_fed_count():
                                numpy_helper.from_array(np.array(2, np.int64), "M")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     feeds = {"x": np.array([1.0, 2.0, 0.5]), "M": np.array(4, np.int64)}
-    _assert_gradients_match_central_differences(model, "loss", feeds, ["x", "W"])
+    _assert_gradients_match_central_differences(gc.grad(model, "loss", wrt=["x", "W"]), "loss", feeds, ["x", "W"],
+                                                _on_onnxruntime(model, "loss", ["W"]))
+
+
+@pytest.mark.parametrize("path", ["grad", "training"])
+@pytest.mark.parametrize("s", [[1.05, 1.05, 1.05], [3.0, 3.0, 3.0]])
+def test_loop_whose_exit_depends_on_params_runs_as_many_steps_as_the_fed_params_take(path, s):
+    """v <- v * S from V0 while sum(v) < 20: the step count depends on the params S and V0 alone,
+    which the gradient graph takes as inputs, so it is not unrolled by their initial values."""
+    body = helper.make_graph([helper.make_node("Mul", ["v", "S"], ["v_next"]),
+                              helper.make_node("ReduceSum", ["v_next"], ["total"], keepdims=0),
+                              helper.make_node("Less", ["total", "limit"], ["cond_out"])], "grow",
+                             [helper.make_tensor_value_info("iter", I64, []),
+                              helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v", D, [3])],
+                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v_next", D, [3])])
+    nodes = [_const("trips", np.array(50, np.int64)), _const("limit", np.array(20.0)),
+             helper.make_node("Loop", ["trips", "", "V0"], ["v_final"], body=body),
+             helper.make_node("Mul", ["v_final", "x"], ["vx"]),
+             helper.make_node("ReduceSumSquare", ["vx"], ["objective"], keepdims=0)]
+    graph = helper.make_graph(nodes, "grow", [helper.make_tensor_value_info("x", D, [3])],
+                              [helper.make_tensor_value_info("objective", D, [])],
+                              [numpy_helper.from_array(np.array([1.5, 1.2, 1.7]), "S"),
+                               numpy_helper.from_array(np.array([1.0, 2.0, 0.5]), "V0")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    feeds, objective = {"x": np.array([1.0, 0.5, 2.0]), "S": np.array(s)}, _on_onnxruntime(model, "objective", ["S", "V0"])
+    if path == "grad":
+        grads, loss, reference = gc.grad(model, "objective", wrt=["S", "V0"]), "objective", objective
+    else:  # mse against 0: objective^2
+        arts = gc.training.generate(gc.load(model), gc.losses.mse("objective", label="target"), gc.optim.SGD(1e-3))
+        grads, loss, reference = arts.gradients, "loss", lambda f: objective(f) ** 2
+        feeds["target"] = np.array(0.0)
+    _assert_gradients_match_central_differences(grads, loss, feeds, ["S", "V0"], reference)

@@ -147,11 +147,6 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     by default every floating-point initializer. The input model is not modified.
     """
     new = infer_shapes(model)
-    if fold_integer_values(new):
-        new = infer_shapes(new)
-    if expand_for_autodiff(new):
-        new = infer_shapes(new)
-        fill_unknown_ranks(new)
     graph = new.graph
     outputs = {v.name: v for v in graph.outputs}
     if loss not in outputs:
@@ -159,21 +154,26 @@ def gradient_model(model: ir.Model, loss: str, wrt: Sequence[str] | None = None)
     if wrt is None:
         wrt = [name for name, v in graph.initializers.items() if v.dtype in FLOAT_TYPES]
     inputs = {v.name: v for v in graph.inputs}
-    params = []
+    taken = {v.name for v in graph.outputs} | set(inputs)
     for name in wrt:
-        value = graph.initializers.get(name) or inputs.get(name)
-        if value is None:
+        if name not in graph.initializers and name not in inputs:
             raise AutodiffError(f"cannot differentiate with respect to {name!r}: no initializer or input "
                                 f"has that name; initializers: {sorted(graph.initializers)}")
-        params.append(value)
-    taken = {v.name for v in graph.outputs} | {v.name for v in graph.inputs}
+        if f"{name}_grad" in taken:
+            raise AutodiffError(f"output name {name + '_grad'!r} is already used in the model")
+        if name not in inputs:  # before the passes, so none reads a param's initial value as a constant
+            inputs[name] = graph.initializers[name]
+            graph.inputs.append(inputs[name])
+    if fold_integer_values(new):
+        new = infer_shapes(new)
+    if expand_for_autodiff(new):
+        new = infer_shapes(new)
+        fill_unknown_ranks(new)
+    graph = new.graph
+    values = {v.name: v for v in graph.inputs}
+    params = [values[name] for name in wrt]
+    grads = backward(graph, {v.name: v for v in graph.outputs}[loss], params)
     for p in params:
-        if f"{p.name}_grad" in taken:
-            raise AutodiffError(f"output name {p.name + '_grad'!r} is already used in the model")
-    grads = backward(graph, outputs[loss], params)
-    for p in params:
-        if not p.is_graph_input():
-            graph.inputs.append(p)
         node = ir.node("Identity", [grads[p.name]], name=f"{p.name}_grad/Identity")
         node.outputs[0].name = f"{p.name}_grad"
         node.outputs[0].shape, node.outputs[0].type = p.shape, p.type

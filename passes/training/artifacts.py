@@ -193,10 +193,10 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     # ops without a gradient rule that ONNX defines as functions (Mish, RMSNormalization,
     # Attention, ...) are differentiated through their bodies, RNN/GRU/LSTM unrolled (the eval
     # and inference graphs, cloned before, keep the ops themselves)
+    _expose_inputs(step.graph, [*params, *bn_stats])  # first: no pass may take their initial values as constants
     expanded = expand_for_autodiff(step)
     modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise, batchnorm=batchnorm != "frozen")
     dense_conv.densify_convs(step.graph, opset, device)
-    _expose_inputs(step.graph, [*params, *bn_stats])
     step.graph.sort()
     _infer_shapes(step)
     if expanded:
