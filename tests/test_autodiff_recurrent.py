@@ -206,6 +206,18 @@ def test_lstm_whose_initial_h_and_c_are_one_tensor_gets_both_gradients(length):
     _check_gradients(model, x, params)
 
 
+def test_sequence_lens_input_whose_default_is_the_full_length_masks_what_is_fed():
+    """sequence_lens is a graph input whose initializer (every sequence full) is only a default:
+    the gradient graph masks the lengths it is fed ([T, 1]); loss as the fused RNN computes it,
+    gradients central differences."""
+    model, x, params = recurrent_model("RNN", "forward", 0, {"B", "sequence_lens"}, {}, False, (0, 1))
+    model.graph.input.append(helper.make_tensor_value_info("sequence_lens", TensorProto.INT32, [N]))
+    feeds = feeds_for(model, x)
+    grads = gc.Model(gradient_model(ir.serde.deserialize_model(model), "loss", params)).proto
+    np.testing.assert_allclose(run_numpy(grads, feeds)["loss"], run_numpy(model, feeds)["loss"], rtol=1e-12)
+    _check_gradients(model, x, params)
+
+
 @pytest.mark.parametrize("activation", ["Relu", "LeakyRelu", "ThresholdedRelu", "Elu", "Affine", "ScaledTanh",
                                         "HardSigmoid", "Softsign", "Softplus", "Sigmoid"])
 def test_every_activation_unrolls_like_onnxruntime_and_differentiates(activation):

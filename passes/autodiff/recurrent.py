@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from graphc.passes.autodiff.builder import attr, const_array, static_shape
+from graphc.passes.autodiff.builder import attr, folded_array, static_shape
 from graphc.passes.emit import Emitter
 from graphc.passes.values import onnx_opset
 
@@ -141,7 +141,7 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
         shape = e.op("Concat", e.ints([1]), e.op("Slice", e.op("Shape", x), e.ints([1]), e.ints([2])),
                      e.ints([hidden]), axis=0)
         zero_state = e.op("ConstantOfShape", shape, value=ir.tensor(np.zeros(1, dtype=dtype)))
-    known = const_array(lens) if lens is not None else None
+    known = folded_array(lens)  # None for a graph input: its default may not be what is fed
     if lens is not None and known is not None and np.all(known == steps):
         lens = None  # every sequence is full: nothing to mask
     alive_lens = None if lens is None else e.op("Reshape", e.op("Cast", lens, to=int(ir.DataType.INT64)),
