@@ -507,3 +507,30 @@ def test_loop_whose_exit_depends_on_params_runs_as_many_steps_as_the_fed_params_
         grads, loss, reference = arts.gradients, "loss", lambda f: objective(f) ** 2
         feeds["target"] = np.array(0.0)
     _assert_gradients_match_central_differences(grads, loss, feeds, ["S", "V0"], reference)
+
+
+@pytest.mark.parametrize("taken", [True, False], ids=["then", "else"])
+@pytest.mark.parametrize("else_op", ["Mul", "Expand", "Concat"])
+def test_if_whose_branches_output_different_shapes_differentiates_either_branch(else_op, taken):
+    """The then branch outputs W * x [3], the else branch a [2, 3] built from W (broadcast Mul,
+    Expand, Concat); the If output's gradient takes the shape of the branch that runs, so
+    onnxruntime runs either one."""
+    made = {"Mul": [helper.make_node("Unsqueeze", ["W", "axis0"], ["wide"]), helper.make_node("Mul", ["wide", "X2"], ["e"])],
+            "Expand": [helper.make_node("Expand", ["W", "shape"], ["e"])],
+            "Concat": [helper.make_node("Unsqueeze", ["W", "axis0"], ["wide"]),
+                       helper.make_node("Concat", ["wide", "wide"], ["e"], axis=0)]}[else_op]
+    then_branch = helper.make_graph([helper.make_node("Mul", ["W", "x"], ["t"])], "then", [],
+                                    [helper.make_tensor_value_info("t", D, [3])])
+    else_branch = helper.make_graph(made, "else", [], [helper.make_tensor_value_info("e", D, [2, 3])])
+    nodes = [_const("axis0", np.array([0], np.int64)), _const("shape", np.array([2, 3], np.int64)),
+             helper.make_node("If", ["p"], ["o"], then_branch=then_branch, else_branch=else_branch),
+             helper.make_node("Mul", ["o", "X2"], ["weighted"]), helper.make_node("ReduceSumSquare", ["weighted"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "branches", [helper.make_tensor_value_info("x", D, [3]),
+                                                  helper.make_tensor_value_info("X2", D, [2, 3]),
+                                                  helper.make_tensor_value_info("p", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("loss", D, [])],
+                              [numpy_helper.from_array(np.array([0.5, -1.0, 2.0]), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    feeds = {"x": np.array([0.3, -0.6, 0.9]), "X2": np.array([[0.1, 0.2, 0.3], [-0.4, 0.5, 0.6]]), "p": np.array(taken)}
+    _assert_gradients_match_central_differences(gc.grad(model, "loss", wrt=["W", "X2"]), "loss", feeds, ["W", "X2"],
+                                                _on_onnxruntime(model, "loss", ["W"]))

@@ -29,7 +29,8 @@ def _branch_gradients(g: GradBuilder, branch: ir.Graph, dys, targets: list[ir.Va
             out.name = sub.fresh("fwd")
     seeds: dict[ir.Value, ir.Value] = {}
     for out, dy in zip(clone.outputs, dys):
-        if dy is not None:
+        if dy is not None:  # an Identity in the branch takes this branch's output shape, not dy itself
+            dy = sub.op("Identity", dy)
             seeds[out] = sub.add(seeds[out], dy) if out in seeds else dy
     nodes = list(clone)
     grads = backprop(sub, nodes, seeds, targets)
