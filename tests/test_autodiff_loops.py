@@ -337,6 +337,30 @@ def test_loop_of_run_time_length_carrying_a_sequence_is_refused_by_name():
         gc.grad(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), "objective", wrt=["W"])
 
 
+def test_loop_of_run_time_length_whose_carried_value_grows_is_refused_by_name():
+    """v <- Concat(v, v[-1:] * W) while sum(v) < 10: the tape could not stack the carried v,
+    whose shape changes every step, so gc.grad says so instead of building a graph that fails."""
+    body = helper.make_graph([helper.make_node("Slice", ["v", "minus_one", "end"], ["last"]),
+                              helper.make_node("Mul", ["last", "W"], ["scaled"]),
+                              helper.make_node("Concat", ["v", "scaled"], ["v_next"], axis=0),
+                              helper.make_node("ReduceSum", ["v_next"], ["total"], keepdims=0),
+                              helper.make_node("Less", ["total", "limit"], ["cond_out"])], "grow",
+                             [helper.make_tensor_value_info("iter", I64, []),
+                              helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v", D, [None])],
+                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v_next", D, [None])])
+    nodes = [_const("minus_one", np.array([-1], np.int64)), _const("end", np.array([1 << 30], np.int64)),
+             _const("limit", np.array(10.0)), _const("trips", np.array(5, np.int64)),
+             helper.make_node("Loop", ["trips", "", "x"], ["v_final"], body=body, name="grow"),
+             helper.make_node("ReduceSumSquare", ["v_final"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "grow", [helper.make_tensor_value_info("x", D, [1])],
+                              [helper.make_tensor_value_info("loss", D, [])],
+                              [numpy_helper.from_array(np.array([1.3]), "W")])
+    with pytest.raises(gc.GraphError, match=r"Loop 'grow'.* carried value 'v' changes shape between iterations"):
+        gc.grad(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), "loss", wrt=["W", "x"])
+
+
 @pytest.mark.parametrize(("split", "keepdims"), [(3, 1), ([2, 5, 1], 1), (None, 0)])
 def test_split_to_sequence_with_a_static_count_is_differentiated_as_split(split, keepdims):
     """torch.chunk through the dynamo exporter: SplitToSequence + SequenceAt at constant positions

@@ -14,9 +14,10 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
-from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, is_float, static_shape
+from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, is_float, is_static, static_shape
 from graphc.passes.autodiff.loops import copy_graph, copy_node
 from graphc.passes.autodiff.registry import grad_rule
+from graphc.passes.evaluate import run_graph
 
 
 def _branch_gradients(g: GradBuilder, branch: ir.Graph, dys, targets: list[ir.Value]) -> ir.Graph:
@@ -214,6 +215,7 @@ def _reverse_loop(g: GradBuilder, node: ir.Node, dys) -> dict:
     body = node.attributes["body"].value
     n_carry = len(node.inputs) - 2
     rev = _Reverse(g, node, body, list(body.inputs[2:]), list(body.outputs[1:1 + n_carry]))
+    _check_carried_shapes(g, node, body)
     tape_body = rev.taped_body([body.inputs[0], *body.inputs[2:]])
     outs = g.op("Loop", *node.inputs, num_outputs=len(node.outputs) + 1 + n_carry, body=tape_body)
     for out, like in zip(outs, [*node.outputs, body.inputs[0], *body.inputs[2:]]):
@@ -233,6 +235,35 @@ def _reverse_loop(g: GradBuilder, node: ir.Node, dys) -> dict:
 
     dv, acc, _ = rev.run(steps, bind, scan_seeds, [], list(node.outputs[:n_carry]), dys[:n_carry])
     return _summed(g, [*((node.inputs[2 + k], v) for k, v in dv.items()), *acc.items()])
+
+
+def _check_carried_shapes(g: GradBuilder, node: ir.Node, body: ir.Graph) -> None:
+    """Refuse a Loop whose carried values change shape from one step to the next (the tape
+    stacks them): found by running one step on zeros of their static shapes (outer constants
+    as they are); no check where a shape is not static or the step cannot be run."""
+    from graphc.passes.autodiff.core import captured_values
+
+    def probe(value: ir.Value) -> np.ndarray | None:
+        array = folded_array(value)
+        if array is None and value.dtype is not None and is_static(static_shape(value)):
+            array = np.zeros(static_shape(value), value.dtype.numpy())
+        return array
+
+    feeds = {body.inputs[0]: np.array(0, np.int64), body.inputs[1]: np.array(True)}
+    feeds.update((v, probe(outer)) for v, outer in zip(body.inputs[2:], node.inputs[2:]))
+    feeds.update((v, probe(v)) for v in captured_values(body))
+    if any(a is None for a in feeds.values()):
+        return
+    try:
+        values = run_graph(body, feeds, g.opset)
+    except Exception:  # noqa: BLE001 - a step the evaluator cannot run is not checked
+        return
+    for value, out in zip(body.inputs[2:], body.outputs[1:]):
+        before, after = list(np.shape(feeds[value])), list(np.shape(values[out]))
+        if before != after:
+            raise GraphError(f"gradient of Loop {node.name!r}: its number of steps is known only at run time, and its "
+                             f"carried value {value.name!r} changes shape between iterations ({before} -> {after} in "
+                             "one step), which reverse mode cannot record")
 
 
 def _reverse_scan(g: GradBuilder, node: ir.Node, dys, n_carry: int, layout) -> dict:
