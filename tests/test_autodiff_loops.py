@@ -82,6 +82,15 @@ def bags_model(insert_at: int | None = None, new_axis: int = 1, dtype=D, opset: 
     return model
 
 
+def _step_body(nodes: list, name: str, shape=(3,)) -> onnx.GraphProto:
+    """A Loop body of ``nodes``: (iter, cond_in, v [shape] double) in, (cond_out, v_next) out."""
+    return helper.make_graph(nodes, name, [helper.make_tensor_value_info("iter", I64, []),
+                                           helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                                           helper.make_tensor_value_info("v", D, list(shape))],
+                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v_next", D, list(shape))])
+
+
 def _expected_rows(insert_at):
     rows = []
     for b, (start, end) in enumerate(zip(OFFSETS, OFFSETS[1:])):
@@ -232,16 +241,11 @@ def test_loop_with_an_if_on_data_in_its_body_is_differentiated(x):
                                     [helper.make_tensor_value_info("scaled", D, [3])])
     else_branch = helper.make_graph([helper.make_node("Tanh", ["v"], ["squashed"])], "else", [],
                                     [helper.make_tensor_value_info("squashed", D, [3])])
-    body = helper.make_graph([helper.make_node("ReduceSum", ["v"], ["s"], keepdims=0),
-                              helper.make_node("Greater", ["s", "zero"], ["positive"]),
-                              helper.make_node("If", ["positive"], ["v_next"], then_branch=then_branch,
-                                               else_branch=else_branch),
-                              helper.make_node("Identity", ["cond_in"], ["cond_out"])], "step",
-                             [helper.make_tensor_value_info("iter", I64, []),
-                              helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-                              helper.make_tensor_value_info("v", D, [3])],
-                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-                              helper.make_tensor_value_info("v_next", D, [3])])
+    body = _step_body([helper.make_node("ReduceSum", ["v"], ["s"], keepdims=0),
+                      helper.make_node("Greater", ["s", "zero"], ["positive"]),
+                      helper.make_node("If", ["positive"], ["v_next"], then_branch=then_branch,
+                                       else_branch=else_branch),
+                      helper.make_node("Identity", ["cond_in"], ["cond_out"])], "step")
     nodes = [_const("trips", np.array(4, np.int64)), _const("zero", np.array(0.0)),
              helper.make_node("Loop", ["trips", "", "x"], ["v_final"], body=body),
              helper.make_node("ReduceSumSquare", ["v_final"], ["loss"], keepdims=0)]
@@ -340,16 +344,11 @@ def test_loop_of_run_time_length_carrying_a_sequence_is_refused_by_name():
 def test_loop_of_run_time_length_whose_carried_value_grows_is_refused_by_name():
     """v <- Concat(v, v[-1:] * W) while sum(v) < 10: the tape could not stack the carried v,
     whose shape changes every step, so gc.grad says so instead of building a graph that fails."""
-    body = helper.make_graph([helper.make_node("Slice", ["v", "minus_one", "end"], ["last"]),
-                              helper.make_node("Mul", ["last", "W"], ["scaled"]),
-                              helper.make_node("Concat", ["v", "scaled"], ["v_next"], axis=0),
-                              helper.make_node("ReduceSum", ["v_next"], ["total"], keepdims=0),
-                              helper.make_node("Less", ["total", "limit"], ["cond_out"])], "grow",
-                             [helper.make_tensor_value_info("iter", I64, []),
-                              helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-                              helper.make_tensor_value_info("v", D, [None])],
-                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-                              helper.make_tensor_value_info("v_next", D, [None])])
+    body = _step_body([helper.make_node("Slice", ["v", "minus_one", "end"], ["last"]),
+                      helper.make_node("Mul", ["last", "W"], ["scaled"]),
+                      helper.make_node("Concat", ["v", "scaled"], ["v_next"], axis=0),
+                      helper.make_node("ReduceSum", ["v_next"], ["total"], keepdims=0),
+                      helper.make_node("Less", ["total", "limit"], ["cond_out"])], "grow", [None])
     nodes = [_const("minus_one", np.array([-1], np.int64)), _const("end", np.array([1 << 30], np.int64)),
              _const("limit", np.array(10.0)), _const("trips", np.array(5, np.int64)),
              helper.make_node("Loop", ["trips", "", "x"], ["v_final"], body=body, name="grow"),
@@ -481,13 +480,8 @@ def test_reverse_mode_scan_sums_the_gradients_of_a_value_it_reads_twice(twice):
 def test_loop_whose_trip_count_is_an_input_with_a_default_runs_the_fed_count():
     """v <- v * W for M steps, M a graph input whose initializer (2) is only a default: the
     gradient graph runs the M it is fed (4), not the default."""
-    body = helper.make_graph([helper.make_node("Mul", ["v", "W"], ["v_next"]),
-                              helper.make_node("Identity", ["cond_in"], ["cond_out"])], "step",
-                             [helper.make_tensor_value_info("iter", I64, []),
-                              helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-                              helper.make_tensor_value_info("v", D, [3])],
-                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-                              helper.make_tensor_value_info("v_next", D, [3])])
+    body = _step_body([helper.make_node("Mul", ["v", "W"], ["v_next"]),
+                      helper.make_node("Identity", ["cond_in"], ["cond_out"])], "step")
     nodes = [helper.make_node("Loop", ["M", "", "x"], ["v_final"], body=body),
              helper.make_node("ReduceSumSquare", ["v_final"], ["loss"], keepdims=0)]
     graph = helper.make_graph(nodes, "power", [helper.make_tensor_value_info("x", D, [3]),
@@ -506,14 +500,9 @@ def test_loop_whose_trip_count_is_an_input_with_a_default_runs_the_fed_count():
 def test_loop_whose_exit_depends_on_params_runs_as_many_steps_as_the_fed_params_take(path, s):
     """v <- v * S from V0 while sum(v) < 20: the step count depends on the params S and V0 alone,
     which the gradient graph takes as inputs, so it is not unrolled by their initial values."""
-    body = helper.make_graph([helper.make_node("Mul", ["v", "S"], ["v_next"]),
-                              helper.make_node("ReduceSum", ["v_next"], ["total"], keepdims=0),
-                              helper.make_node("Less", ["total", "limit"], ["cond_out"])], "grow",
-                             [helper.make_tensor_value_info("iter", I64, []),
-                              helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-                              helper.make_tensor_value_info("v", D, [3])],
-                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-                              helper.make_tensor_value_info("v_next", D, [3])])
+    body = _step_body([helper.make_node("Mul", ["v", "S"], ["v_next"]),
+                      helper.make_node("ReduceSum", ["v_next"], ["total"], keepdims=0),
+                      helper.make_node("Less", ["total", "limit"], ["cond_out"])], "grow")
     nodes = [_const("trips", np.array(50, np.int64)), _const("limit", np.array(20.0)),
              helper.make_node("Loop", ["trips", "", "V0"], ["v_final"], body=body),
              helper.make_node("Mul", ["v_final", "x"], ["vx"]),
