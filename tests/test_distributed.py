@@ -230,6 +230,49 @@ def test_a_killed_worker_restarts_from_the_last_checkpoint(ray_cluster, tmp_path
         dp.fit(loader, epochs=4, progress=False)
 
 
+class _Pairs(nn.Module):
+    """Reads its rows in pairs: a shard with an odd number of rows fails on its worker."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        pairs = self.fc(x).reshape(-1, 2, 3)
+        return {"logits": (pairs - pairs.mean(axis=1, keepdims=True) * 0.5).reshape(-1, 3)}
+
+
+def test_a_failed_or_timed_out_step_applies_the_last_update_once(ray_cluster, tmp_path):
+    """The workers apply the previous update at the start of a step's call; a call that fails
+    on a worker, or that the driver stops waiting for, must not make them apply it again."""
+    model = gc.capture(_Pairs(), seed=0, x=gc.spec("float32", ("N", 8)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.5))
+    data = blobs(16, seed=2)
+    first, second = ({k: v[lo:lo + 8] for k, v in data.items()} for lo in (0, 8))
+    single, dp = gc.Trainer(arts, backend="ort-cpu"), gc.Trainer(arts, **WORKER)
+    for trainer in (single, dp):
+        trainer.step(first)
+    with pytest.raises(gc.GraphcError, match="Reshape"):  # 7 rows: rank 1's 3 rows fail, rank 0's 4 do not
+        dp.step({k: v[:7] for k, v in data.items()})
+    dp.timeout_s = 0
+    with pytest.raises(gc.GraphcError, match="a training step took more than 0 s"):
+        dp.step(second)  # the workers run it all the same
+    dp.timeout_s = WORKER["timeout_s"]
+    assert dp.step_count == 1
+    assert dp.step(second) == pytest.approx(single.step(second), rel=1e-5)
+    _close(dp.params, single.params)
+
+    dp.step(first)  # its update is pending
+    os.kill(dp.worker_pids()[1], signal.SIGKILL)
+    with pytest.raises(gc.distributed.WorkerLost):
+        dp.step(second)  # rank 0 applied the update, rank 1 is gone: no consistent state to save
+    for _ in range(2):
+        with pytest.raises(gc.distributed.WorkerLost):
+            dp.save_checkpoint(tmp_path / "ckpt.safetensors")
+    assert not (tmp_path / "ckpt.safetensors").exists()
+    dp.shutdown()
+
+
 def _stop():
     raise RuntimeError("stopped")
 

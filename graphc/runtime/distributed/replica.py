@@ -38,6 +38,7 @@ class Replica:
     def __init__(self, rank: int, seed: int):
         self.rank, self.seed = rank, seed
         self._loader = None
+        self._applied: Optional[int] = None  # the step whose update ``apply`` made last
 
     def setup(self, graphs: Mapping[str, bytes], backend: str, options: Mapping[str, Any]) -> str:
         """Prepare the graphs on ``backend`` (here, on this worker's node); returns its name."""
@@ -74,7 +75,7 @@ class Replica:
     def load(self, packed: Mapping[str, np.ndarray]) -> None:
         """Put the carried tensors (as train_step takes them: ``Manifest.pack``) on the device."""
         self._state = {n: self._grads.to_device(np.asarray(packed[n])) for n in self._carried}
-        self._spare = {}
+        self._spare, self._applied = {}, None
 
     def use_loader(self, loader: Any) -> None:
         """Keep ``loader`` (a ``gc.data.DataLoader``; its arrays are read-only views of the
@@ -91,7 +92,7 @@ class Replica:
         first row, end row of the loader's batch), with ``noise`` shapes to draw from the
         generator seeded ``(seed, step, rank)``. Returns ({loss, weight}, gradients)."""
         if previous:
-            self.apply(*previous)
+            self.apply(message["step"], *previous)
         if "read" in message:
             epoch, index, lo, hi = message["read"]
             shard = self._loader.batch(epoch, index, slice(lo, hi))
@@ -114,9 +115,14 @@ class Replica:
         grads = {name: grad * weight for name, grad in host.items()}
         return {"loss": loss * weight, "weight": weight}, {"weight": weight, "grads": grads, "stats": stats}
 
-    def apply(self, *gathered: Optional[dict]) -> None:
+    def apply(self, step: int, *gathered: Optional[dict]) -> None:
         """The optimizer update on the weighted average of every worker's gradients (rank
-        order, so every worker computes the same bits); BN statistics become rank 0's."""
+        order, so every worker computes the same bits); BN statistics become rank 0's. The
+        update that brings the state to ``step`` is made once: the driver sends it again after
+        a failed call, which this worker may have applied before failing."""
+        if self._applied == step:
+            return
+        self._applied = step
         done = [g for g in gathered if g is not None and g["weight"] > 0]
         scale = divisor(self.manifest.loss, sum(g["weight"] for g in done))
         feeds = {n: h for n, h in self._state.items() if n in self._update_inputs}

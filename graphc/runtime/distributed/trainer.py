@@ -118,9 +118,9 @@ class DistributedTrainer(Trainer):
 
     def _sync(self) -> None:
         """Apply the last step's update, which the workers otherwise apply at the next step."""
-        pending, self._pending = self._pending, []
-        if pending:
-            self._get([r.apply.remote(*pending) for r in self._replicas], "the optimizer update")
+        if self._pending:
+            self._get([r.apply.remote(self.step_count, *self._pending) for r in self._replicas], "the optimizer update")
+            self._pending = []
 
     def shutdown(self) -> None:
         """Stop the workers (they also stop when the trainer is garbage-collected)."""
@@ -167,15 +167,18 @@ class DistributedTrainer(Trainer):
         return out
 
     def step(self, batch: Mapping[str, np.ndarray]) -> float:
-        """One synchronous data-parallel step on the global ``batch``; returns its loss."""
+        """One synchronous data-parallel step on the global ``batch``; returns its loss. A step
+        that fails (or times out) changes nothing but the last update's place: the workers may
+        have applied it, and apply it once whatever the driver sends again. A Ctrl-C is raised
+        once the step is done, as in ``Trainer.step``."""
         messages = self._messages(batch, self.batch_specs, noise=True)
-        calls = [r.step.options(num_returns=2).remote(m, *self._pending) for r, m in zip(self._replicas, messages)]
-        infos = self._get([info for info, _ in calls], "a training step")
-        self._pending = []  # applied by the calls just made
-        total = divisor(self.manifest.loss, sum(i["weight"] for i in infos))  # before the next step applies them
-        self._pending = [grads for _, grads in calls]
-        self.step_count += 1
-        return sum(i["loss"] for i in infos) / total
+        with self._interrupts:
+            calls = [r.step.options(num_returns=2).remote(m, *self._pending) for r, m in zip(self._replicas, messages)]
+            infos = self._get([info for info, _ in calls], "a training step")
+            total = divisor(self.manifest.loss, sum(i["weight"] for i in infos))  # before the next step applies them
+            self._pending = [grads for _, grads in calls]
+            self.step_count += 1
+            return sum(i["loss"] for i in infos) / total
 
     def predict(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The eval graph on ``batch``, each worker on its shard: the loss (reduced as the
