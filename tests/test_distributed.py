@@ -136,6 +136,24 @@ def test_two_workers_train_weights_train_step_holds_in_another_order(ray_cluster
     dp.shutdown()
 
 
+class _SummedLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+
+    def forward(self, x, t):
+        p = self.fc(x)
+        return {"pred": p, "loss_out": ((p - t) * (p - t)).sum()}
+
+
+def test_a_scalar_output_loss_is_refused_as_its_shards_cannot_be_combined(ray_cluster):
+    """A summed loss output averaged as a per-row mean trained with 1/N of its gradient."""
+    model = gc.capture(_SummedLoss(), x=gc.spec("float32", ("N", 4)), t=gc.spec("float32", ("N", 1)))
+    arts = gc.training.generate(model, "loss_out", gc.optim.SGD(0.01))
+    with pytest.raises(gc.errors.ArtifactsError, match=r"scalar output 'loss_out'.*a mean\? a sum\?.*gc.losses spec"):
+        gc.Trainer(arts, **WORKER)
+
+
 class _BNDropNet(nn.Module):
     def __init__(self):
         super().__init__()

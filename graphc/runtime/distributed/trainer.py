@@ -71,8 +71,8 @@ class DistributedTrainer(Trainer):
         check_options(options, TRAINER_OPTIONS, "Trainer")
         resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard)
         self.manifest = self.manifest.in_model_order()  # the workers run the gradients and update graphs
-        self._check_gradients_graph()
         self.workers, self.max_restarts, self.timeout_s = workers, max_restarts, timeout_s
+        self._check_gradients_graph()
         self._seed = seed
         self._ray = ray = connect(ray_address, "gc.Trainer(workers=...)")
         check_resources(ray, workers, num_cpus, num_gpus)
@@ -93,7 +93,15 @@ class DistributedTrainer(Trainer):
 
     def _check_gradients_graph(self) -> None:
         """Artifacts written before the gradients graph output the BatchNorm statistics' updates
-        cannot keep them in step: say so instead of training with frozen statistics."""
+        cannot keep them in step: say so instead of training with frozen statistics. A loss that
+        is a scalar output cannot be split by rows: graphc cannot tell a mean from a sum."""
+        loss = self.manifest.loss
+        if loss.get("kind") == "output" and self.workers > 1:
+            raise ArtifactsError(f"the loss is the model's scalar output {loss['output']!r}: how it grows with the "
+                                 "batch's rows (a mean? a sum?) is unknown, so the workers' shards cannot be combined "
+                                 "into the whole batch's loss and gradients; generate the artifacts with a gc.losses "
+                                 "spec (gc.losses.mse, cross_entropy, ...) to train data-parallel, or train with one "
+                                 "worker")
         grads = self.manifest.graphs["gradients"]
         outputs = {e.name for e in grads.outputs}
         stats = [e.name for e in grads.inputs if e.role == "state" and f"{e.name}.next" not in outputs]
