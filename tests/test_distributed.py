@@ -206,6 +206,23 @@ def test_batchnorm_and_dropout_are_per_replica_as_in_ddp(ray_cluster, tmp_path):
     _close({s: got[s] for s in stats}, stats, rtol=1e-6)
 
 
+def test_a_resumed_run_draws_the_noise_of_the_checkpoints_seed(ray_cluster, tmp_path):
+    """The workers seed their Dropout noise with the trainer's seed: a resume without the
+    original ``seed=`` drew other noise."""
+    model = gc.capture(_BNDropNet(), seed=0, x=gc.spec("float32", ("N", 8)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
+    first, second = blobs(8, seed=1), blobs(8, seed=2)
+    dp = gc.Trainer(arts, seed=7, **WORKER)
+    dp.step(first)
+    dp.save_checkpoint(tmp_path / "ckpt")
+    want = dp.step(second)
+    dp.shutdown()
+    resumed = gc.Trainer(tmp_path / "ckpt", **WORKER)
+    assert resumed.step(second) == pytest.approx(want, rel=1e-6)
+    resumed.shutdown()
+    assert gc.checkpoint.read_meta(tmp_path / "ckpt").seed == 7
+
+
 def _before_step(trainer, at: int, action) -> list:
     """Make ``trainer`` call ``action()`` just before its step ``at``, once (``fit`` calls
     ``trainer.step``); the returned list holds the calls made."""

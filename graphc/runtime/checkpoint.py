@@ -110,6 +110,7 @@ class CheckpointMeta(BaseModel):
     loader: Optional[LoaderState] = None
     progress: EpochProgress = EpochProgress()  # sums over the first batch_in_epoch batches
     rng: dict[str, Any] = {}          # numpy PCG64 bit-generator state of the Trainer's RNG
+    seed: Optional[NonNegativeInt] = None  # the Trainer's seed= (data-parallel workers seed noise with it)
     graph_rng: dict[str, dict[str, Any]] = {}  # graph -> the numpy backend's generator for its random ops
     roles: dict[str, str] = {}        # tensor name -> manifest role (param, state)
     backend: str = ""
@@ -159,6 +160,8 @@ def _digest(tensors: dict[str, np.ndarray], meta: CheckpointMeta) -> str:
     h = hashlib.sha256()
     if meta.format != _TENSOR_ONLY_DIGEST_FORMAT:
         exclude: dict = {"digest": True}
+        if meta.seed is None:  # a header from before the seed was saved hashed without it
+            exclude["seed"] = True
         if meta.format != FORMAT:  # the header as formats 1 and 2 hashed it, without format 3's fields
             exclude["progress"] = {"metric_examples"}
             if meta.loader is not None:

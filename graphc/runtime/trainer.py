@@ -293,7 +293,7 @@ class Trainer:
         self.epoch = 0
         self.batch_in_epoch = 0
         check_whole("seed", seed, 0)
-        self.rng = np.random.default_rng(seed)
+        self.rng, self._seed = np.random.default_rng(seed), seed
         self._loader_state: Optional[ckpt.LoaderState] = None
         self._progress = ckpt.EpochProgress()  # running sums of the epoch under way
         self._interrupts = DeferredInterrupt()
@@ -749,7 +749,7 @@ class Trainer:
             ckpt.save_artifacts_beside(target, self.artifacts)
         meta = ckpt.CheckpointMeta(
             step=self.step_count, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch, progress=self._progress,
-            loader=self._loader_state, rng=self.rng.bit_generator.state,
+            loader=self._loader_state, rng=self.rng.bit_generator.state, seed=self._seed,
             graph_rng={key: rng.bit_generator.state for key, rng in self._graph_rngs().items()},
             roles=dict(self._roles), backend=self.backend, artifacts=str(self.artifacts_path or ""),
             interface=self.manifest.interface())
@@ -770,6 +770,8 @@ class Trainer:
         self._loader_state = meta.loader
         if meta.rng:
             self.rng.bit_generator.state = meta.rng
+        if meta.seed is not None:
+            self._seed = meta.seed
         if "eval" in meta.graph_rng and "train_step" in self._graph_rngs():  # a backend whose generators we reach
             self._eval_exe()
         for key, rng in self._graph_rngs().items():

@@ -35,8 +35,8 @@ class Replica:
     """The graphs of one worker. ``graphs`` holds serialized ``gradients``, ``update`` and
     ``eval`` models and the manifest's JSON."""
 
-    def __init__(self, rank: int, seed: int):
-        self.rank, self.seed = rank, seed
+    def __init__(self, rank: int):
+        self.rank = rank
         self._loader = None
         self._applied: Optional[int] = None  # the step whose update ``apply`` made last
 
@@ -100,7 +100,7 @@ class Replica:
             shard = dict(message["shard"])
         rows = message["rows"]
         if message.get("noise"):
-            rng = np.random.default_rng([self.seed, message["step"], self.rank])
+            rng = np.random.default_rng([message["seed"], message["step"], self.rank])
             shard.update({n: rng.random(shape, dtype=np.float32) for n, shape in message["noise"].items()})
         if rows == 0:
             return {"loss": 0.0, "weight": 0.0}, None

@@ -73,7 +73,6 @@ class DistributedTrainer(Trainer):
         self.manifest = self.manifest.in_model_order()  # the workers run the gradients and update graphs
         self.workers, self.max_restarts, self.timeout_s = workers, max_restarts, timeout_s
         self._check_gradients_graph()
-        self._seed = seed
         self._ray = ray = connect(ray_address, "gc.Trainer(workers=...)")
         check_resources(ray, workers, num_cpus, num_gpus)
         self._actor = ray.remote(Replica).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)
@@ -114,7 +113,7 @@ class DistributedTrainer(Trainer):
     def _start(self, tensors: Mapping[str, np.ndarray]) -> None:
         """Start the workers, prepare their graphs, load ``tensors`` (named per param)."""
         packed = self._ray.put(self._packed(tensors))
-        self._replicas = [self._actor.remote(rank, self._seed) for rank in range(self.workers)]
+        self._replicas = [self._actor.remote(rank) for rank in range(self.workers)]
         names = self._get([r.setup.remote(self._graphs, self._backend_name, self._options) for r in self._replicas],
                           "starting the workers")
         self.backend = names[0]
@@ -163,7 +162,7 @@ class DistributedTrainer(Trainer):
         given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
         out = []
         for lo, hi in self._bounds(rows):
-            message: dict[str, Any] = {"rows": hi - lo, "step": self.step_count}
+            message: dict[str, Any] = {"rows": hi - lo, "step": self.step_count, "seed": self._seed}
             if read:
                 message["read"] = (batch.epoch, batch.index, lo, hi)
                 shard = {n: a[lo:hi] for n, a in batch.items()}  # shape stand-ins: no data
