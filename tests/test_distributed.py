@@ -223,6 +223,16 @@ def test_a_resumed_run_draws_the_noise_of_the_checkpoints_seed(ray_cluster, tmp_
     assert gc.checkpoint.read_meta(tmp_path / "ckpt").seed == 7
 
 
+def test_fit_records_each_epochs_learning_rate(ray_cluster):
+    """The driver holds no state (the workers do): fit read no lr, History and logs said None."""
+    arts = _arts("mlp", "sgd-momentum")
+    dp = gc.Trainer(arts, **WORKER)
+    dp.lr = 0.02
+    history = dp.fit(gc.data.DataLoader(_data("mlp", 16), batch_size=8), epochs=2, progress=False, quiet=True)
+    assert [e.lr for e in history.epochs] == pytest.approx([0.02, 0.02])
+    dp.shutdown()
+
+
 def _before_step(trainer, at: int, action) -> list:
     """Make ``trainer`` call ``action()`` just before its step ``at``, once (``fit`` calls
     ``trainer.step``); the returned list holds the calls made."""

@@ -558,7 +558,7 @@ class Trainer:
                 metrics = self.evaluate_loader(eval_loader) if eval_loader is not None else {}
                 with self._interrupts:  # the epoch's line is printed and counted once, or not at all
                     record = self._end_epoch(metrics)
-                    record.lr = self.lr if "lr" in self._state else None
+                    record.lr = self.lr if "lr" in self._entries else None
                     history.epochs.append(record)
                     if board is not None:
                         board.epoch(record, history.step_losses[-record.steps:] if record.steps else [],
