@@ -233,6 +233,20 @@ def test_fit_records_each_epochs_learning_rate(ray_cluster):
     dp.shutdown()
 
 
+def test_frozen_batchnorm_trains_as_one_process(ray_cluster):
+    """batchnorm="frozen" statistics are never updated, so the gradients graph rightly leaves
+    them out: they were refused as artifacts from an older graphc."""
+    model = gc.capture(_BNDropNet(), seed=0, x=gc.spec("float32", ("N", 8)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1),
+                                batchnorm="frozen")
+    batch = blobs(8, seed=3)
+    dp, single = gc.Trainer(arts, **WORKER), gc.Trainer(arts, backend="ort-cpu")
+    noise = {arts.manifest.graphs["train_step"].inputs[-1].name: RNG.random((8, 16), dtype=np.float32)}
+    assert dp.step({**batch, **noise}) == pytest.approx(single.step({**batch, **noise}), rel=1e-5)
+    _close(dp.state_dict(), single.state_dict())
+    dp.shutdown()
+
+
 def _before_step(trainer, at: int, action) -> list:
     """Make ``trainer`` call ``action()`` just before its step ``at``, once (``fit`` calls
     ``trainer.step``); the returned list holds the calls made."""

@@ -103,7 +103,9 @@ class DistributedTrainer(Trainer):
                                  "worker")
         grads = self.manifest.graphs["gradients"]
         outputs = {e.name for e in grads.outputs}
-        stats = [e.name for e in grads.inputs if e.role == "state" and f"{e.name}.next" not in outputs]
+        updated = set(self.manifest.feeds.values())  # not the statistics of batchnorm="frozen"
+        stats = [e.name for e in grads.inputs if e.role == "state" and e.name in updated
+                 and f"{e.name}.next" not in outputs]
         if stats:
             raise ArtifactsError(f"the gradients graph does not output the updated BatchNorm statistics "
                                  f"{stats} (artifacts from an older graphc): generate them again "
