@@ -247,6 +247,25 @@ def test_frozen_batchnorm_trains_as_one_process(ray_cluster):
     dp.shutdown()
 
 
+def test_fit_on_a_loader_with_ignore_index_0_trains_as_one_process(ray_cluster):
+    """The driver checked a loader batch's labels on its stand-ins, all 0: every batch looked
+    as if every label were ignored."""
+    model = gc.capture(TwoLayerNet(64, 32, 10), seed=0, x=gc.spec("float32", ("N", 64)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y", ignore_index=0), gc.optim.SGD(0.1))
+    data = _data("mlp", 16)
+    data["y"][:3] = 0
+    loader = gc.data.DataLoader(data, batch_size=8, shuffle=False)
+    want = gc.Trainer(arts, backend="ort-cpu").fit(loader, epochs=1, progress=False, quiet=True)
+    dp = gc.Trainer(arts, **WORKER)
+    got = dp.fit(loader, epochs=1, progress=False, quiet=True)
+    np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=2e-5)
+    data["y"][8:] = 0  # the second batch ignores every label: its mean is over nothing
+    with pytest.raises(gc.InputError, match="no sample of the batch counts"), pytest.warns(match="other data"):
+        dp.fit(gc.data.DataLoader(data, batch_size=8, shuffle=False), epochs=2, progress=False, quiet=True)
+    assert dp.step_count == 3
+    dp.shutdown()
+
+
 def _before_step(trainer, at: int, action) -> list:
     """Make ``trainer`` call ``action()`` just before its step ``at``, once (``fit`` calls
     ``trainer.step``); the returned list holds the calls made."""

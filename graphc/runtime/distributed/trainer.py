@@ -156,11 +156,12 @@ class DistributedTrainer(Trainer):
         """Each worker's part of ``batch``: its shard (or, for a ``LoaderBatch``, where to read
         it), its rows and the shapes of the Dropout noise it draws."""
         feeds = self._batch_feeds(batch, specs)
+        read = isinstance(batch, LoaderBatch)
         if noise:  # a train step
             refuse_empty(feeds, "a train step")
-            check_labels(self.manifest, feeds, "a train step")
+            if not read:  # zeros stand in for its labels: fit checked the loader's, the workers weigh the real ones
+                check_labels(self.manifest, feeds, "a train step")
         rows = len(next(iter(feeds.values())))
-        read = isinstance(batch, LoaderBatch)
         given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
         out = []
         for lo, hi in self._bounds(rows):
