@@ -154,6 +154,41 @@ def test_a_scalar_output_loss_is_refused_as_its_shards_cannot_be_combined(ray_cl
         gc.Trainer(arts, **WORKER)
 
 
+class _Shared(nn.Module):
+    """``s`` holds no rows (a per-feature scale); ``mean_logit`` and ``by_class`` are not by rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x, s):
+        z = self.fc(x * s)
+        return {"logits": z, "mean_logit": z.mean(), "by_class": z.T}
+
+
+def _shared_model():
+    return gc.capture(_Shared(), seed=0, x=gc.spec("float32", ("N", 8)), s=gc.spec("float32", (8,)))
+
+
+def test_inputs_and_outputs_not_by_rows_are_not_split_or_joined(ray_cluster):
+    """Every input was cut along axis 0 (``s`` too: a crash) and every output joined along it
+    (a 0-d output was rank 0's, ``by_class`` stacked [6, 4] for [3, 8])."""
+    arts = gc.training.generate(_shared_model(), gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
+    batch = {**blobs(8, seed=4), "s": np.linspace(0.5, 1.5, 8, dtype=np.float32)}
+    dp, single = gc.Trainer(arts, **WORKER), gc.Trainer(arts, backend="ort-cpu")
+    assert dp.step(batch) == pytest.approx(single.step(batch), rel=1e-5)
+    _close(dp.params, single.params)
+    no_labels = {"x": batch["x"], "s": batch["s"]}
+    _close(dp.predict(no_labels), single.predict(no_labels), atol=1e-5)
+    assert dp.evaluate(batch) == pytest.approx(single.evaluate(batch), rel=1e-5)
+    dp.shutdown()
+    fixed = gc.capture(nn.Linear(8, 3), x=gc.spec("float32", (8, 8)))  # no symbolic batch dim to split
+    arts = gc.training.generate(fixed, gc.losses.mse("output", label="t"), gc.optim.SGD(0.1))
+    no_rows = r"no input .* starts with a symbolic batch dim \(x: float32\[8,8\]"
+    with pytest.raises(gc.errors.ArtifactsError, match=no_rows):
+        gc.Trainer(arts, **WORKER)
+
+
 class _BNDropNet(nn.Module):
     def __init__(self):
         super().__init__()

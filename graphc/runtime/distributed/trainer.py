@@ -37,6 +37,7 @@ from graphc.runtime.distributed.cluster import WorkerLost, check_resources, conn
 from graphc.runtime.data import DataLoader
 from graphc.runtime.averaging import divisor
 from graphc.runtime.distributed.replica import Replica
+from graphc.runtime.distributed.rows import batch_dim, by_rows
 from graphc.errors import ArtifactsError
 from graphc.model.dtypes import to_numpy
 from graphc.runtime.history import History
@@ -84,6 +85,7 @@ class DistributedTrainer(Trainer):
         self._backend_name, self._options = backend, {**TRAINING_OPTIONS, **options}
         eval_inputs = self.manifest.graphs["eval"].inputs
         self._eval_specs = _specs(eval_inputs, BATCH_ROLES)
+        self._split_rows()
         self._replicas: list = []
         self._pending: list = []
         self._start(self.artifacts.state)
@@ -110,6 +112,19 @@ class DistributedTrainer(Trainer):
             raise ArtifactsError(f"the gradients graph does not output the updated BatchNorm statistics "
                                  f"{stats} (artifacts from an older graphc): generate them again "
                                  "(`graphc grad` / gc.training.generate) to train them data-parallel")
+
+    def _split_rows(self) -> None:
+        """Which inputs are cut into shards and which outputs joined by rows (``rows``); the
+        eval outputs that are not (a scalar summary, say) are computed by one worker."""
+        dim = batch_dim(self.batch_specs)
+        if dim is None:
+            raise ArtifactsError("no input of the training graphs starts with a symbolic batch dim "
+                                 f"({'; '.join(str(s) for s in self.batch_specs)}), so a batch cannot be split "
+                                 "between workers; capture the inputs with the rows first (gc.spec(dtype, ('N', ...)))")
+        specs = [*self.batch_specs, *self._eval_specs, *self.noise_specs]
+        self._rows = {s.name for s in specs if by_rows(s, dim, computed=True)}
+        self._whole = [e.name for e in self.manifest.graphs["eval"].outputs
+                       if e.role != "loss" and not by_rows(e, dim)]
 
     # -- workers ------------------------------------------------------------------------------------
     def _start(self, tensors: Mapping[str, np.ndarray]) -> None:
@@ -147,30 +162,35 @@ class DistributedTrainer(Trainer):
         return self._get([r.state.remote() for r in self._replicas], "reading the workers' state")
 
     # -- steps --------------------------------------------------------------------------------------
-    def _bounds(self, rows: int) -> list[tuple[int, int]]:
-        """(first row, end row) of each worker's shard of a ``rows``-row batch."""
-        ends = np.cumsum([0] + [len(part) for part in np.array_split(np.arange(rows), self.workers)])
+    def _bounds(self, rows: int, whole: bool = False) -> list[tuple[int, int]]:
+        """(first row, end row) of each worker's shard of a ``rows``-row batch (``whole``: all on
+        rank 0)."""
+        sizes = [len(part) for part in np.array_split(np.arange(rows), self.workers)]
+        if whole:
+            sizes = [rows] + [0] * (self.workers - 1)
+        ends = np.cumsum([0] + sizes)
         return [(int(lo), int(hi)) for lo, hi in zip(ends[:-1], ends[1:])]
 
-    def _messages(self, batch: Mapping[str, np.ndarray], specs, noise: bool) -> list[dict]:
+    def _messages(self, batch: Mapping[str, np.ndarray], specs, noise: bool, whole: bool = False) -> list[dict]:
         """Each worker's part of ``batch``: its shard (or, for a ``LoaderBatch``, where to read
-        it), its rows and the shapes of the Dropout noise it draws."""
+        it; inputs not by rows whole), its rows and the shapes of the Dropout noise it draws."""
         feeds = self._batch_feeds(batch, specs)
         read = isinstance(batch, LoaderBatch)
         if noise:  # a train step
             refuse_empty(feeds, "a train step")
             if not read:  # zeros stand in for its labels: fit checked the loader's, the workers weigh the real ones
                 check_labels(self.manifest, feeds, "a train step")
-        rows = len(next(iter(feeds.values())))
+        rows = next((len(a) for n, a in feeds.items() if n in self._rows), 0)
         given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
         out = []
-        for lo, hi in self._bounds(rows):
+        for lo, hi in self._bounds(rows, whole):
             message: dict[str, Any] = {"rows": hi - lo, "step": self.step_count, "seed": self._seed}
             if read:
                 message["read"] = (batch.epoch, batch.index, lo, hi)
                 shard = {n: a[lo:hi] for n, a in batch.items()}  # shape stand-ins: no data
             else:
-                message["shard"] = shard = {n: a[lo:hi] for n, a in {**feeds, **given}.items()}
+                message["shard"] = shard = {n: a[lo:hi] if n in self._rows else a
+                                            for n, a in {**feeds, **given}.items()}
             if noise and self.noise_specs and hi > lo:
                 message["noise"] = self._noise_shapes(shard, shard)
             out.append(message)
@@ -193,11 +213,12 @@ class DistributedTrainer(Trainer):
     def predict(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The eval graph on ``batch``, each worker on its shard: the loss (reduced as the
         training loss) and the model outputs (the shards' outputs in order); only the outputs
-        when the batch holds no labels."""
+        when the batch holds no labels. Outputs not by rows (a scalar, say) cannot be joined:
+        with them, rank 0 runs the whole batch."""
         self._sync()
         labels = self._label_names()
         specs = self._eval_specs if labels <= set(batch) else [s for s in self._eval_specs if s.name not in labels]
-        messages = self._messages(batch, specs, noise=False)
+        messages = self._messages(batch, specs, noise=False, whole=bool(self._whole))
         refs = [r.predict.remote(m["shard"], m["rows"]) for r, m in zip(self._replicas, messages)]
         done = [r for r in self._get(refs, "evaluation") if r is not None]
         out = {}
@@ -208,7 +229,7 @@ class DistributedTrainer(Trainer):
         for name in done[0]:
             if name not in ("loss", "weight"):
                 parts = [r[name] for r in done]
-                out[name] = np.concatenate(parts) if parts[0].ndim else parts[0]
+                out[name] = np.concatenate(parts) if len(parts) > 1 else parts[0]
         return out
 
     def _eval_exe(self):
