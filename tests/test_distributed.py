@@ -157,17 +157,17 @@ def test_a_scalar_output_loss_is_refused_as_its_shards_cannot_be_combined(ray_cl
 class _Shared(nn.Module):
     """``s`` holds no rows (a per-feature scale); ``mean_logit`` and ``by_class`` are not by rows."""
 
-    def __init__(self):
+    def __init__(self, summaries: bool = True):
         super().__init__()
-        self.fc = nn.Linear(8, 3)
+        self.fc, self.summaries = nn.Linear(8, 3), summaries
 
     def forward(self, x, s):
         z = self.fc(x * s)
-        return {"logits": z, "mean_logit": z.mean(), "by_class": z.T}
+        return {"logits": z, "mean_logit": z.mean(), "by_class": z.T} if self.summaries else {"logits": z}
 
 
-def _shared_model():
-    return gc.capture(_Shared(), seed=0, x=gc.spec("float32", ("N", 8)), s=gc.spec("float32", (8,)))
+def _shared_model(summaries: bool = True):
+    return gc.capture(_Shared(summaries), seed=0, x=gc.spec("float32", ("N", 8)), s=gc.spec("float32", (8,)))
 
 
 def test_inputs_and_outputs_not_by_rows_are_not_split_or_joined(ray_cluster):
@@ -450,6 +450,23 @@ def test_cli_runs_batches_and_trains_on_workers(ray_cluster, tmp_path, capsys):
                      "--backend", "ort-cpu", "--workers", "2", "--no-progress", "--checkpoint", tmp_path / "ckpt")
     assert result.code == 0, result.err
     assert gc.Trainer(tmp_path / "ckpt").step_count == 4
+
+
+def test_map_batches_splits_only_inputs_by_rows_and_refuses_outputs_it_cannot_join(ray_cluster, tmp_path, capsys):
+    """``s`` (no rows) was cut into batches too, and a 0-d output crashed the join."""
+    data = {"x": RNG.standard_normal((10, 8), dtype=np.float32), "s": np.linspace(0.5, 1.5, 8, dtype=np.float32)}
+    model = _shared_model(summaries=False)
+    out = gc.distributed.map_batches(model, data, backend="ort-cpu", batch_size=4, workers=2, num_cpus=0.5)
+    _close(out, gc.Session(model, backend="ort-cpu").run(data), atol=1e-6)
+    refused = r"output\(s\) mean_logit: float32\[\]; by_class: float32\[3,N\] do not start with the batch dim 'N'"
+    with pytest.raises(gc.GraphError, match=refused):
+        gc.distributed.map_batches(_shared_model(), data, backend="ort-cpu", workers=1, num_cpus=0.5)
+    _shared_model().save(tmp_path / "m.onnx")
+    for name, array in data.items():
+        np.save(tmp_path / f"{name}.npy", array)
+    result = run_cli(capsys, "run", tmp_path / "m.onnx", "--backend", "ort-cpu", "--input", f"x={tmp_path / 'x.npy'}",
+                     "--input", f"s={tmp_path / 's.npy'}", "--workers", "2")
+    assert result.code == 2 and "mean_logit: float32[]" in one_line_error(result)
 
 
 def test_gpu_requests_fail_with_the_reason(ray_cluster):

@@ -5,8 +5,9 @@
 
 A ``ray.data.Dataset`` goes through Ray Data's ``map_batches`` with an actor pool of
 ``workers`` sessions (lazy, streamed; row order as Ray Data's ``preserve_order`` says). A dict
-of arrays is cut into ``batch_size`` rows, the batches are dealt to ``workers`` session actors
-and the outputs come back concatenated in input order.
+of arrays is cut into ``batch_size`` rows (the inputs by rows; others go whole with each), the
+batches are dealt to ``workers`` session actors and the outputs come back concatenated in input
+order.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from graphc.errors import InputError
+from graphc.errors import GraphError, InputError
 from graphc.runtime.distributed.cluster import check_resources, connect, get
+from graphc.runtime.distributed.rows import batch_dim, by_rows
 
 __all__ = ["map_batches"]
 
@@ -68,7 +70,8 @@ def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size
     Args:
         model_or_path: a ``gc.Model``, an ``.onnx`` path, its bytes or a ``ModelProto``.
         data: a ``ray.data.Dataset`` (returns one, lazily) or a dict of arrays with the same
-            number of rows (returns a dict of outputs, rows in input order).
+            number of rows (returns a dict of outputs, rows in input order). An input whose
+            first dim is not the batch's (``rows.batch_dim``) goes whole with every batch.
         backend, options: for each worker's ``gc.Session`` (``ort-cuda`` with ``num_gpus``).
         batch_size: rows per session run.
         workers: how many sessions; default the cluster's CPUs / ``num_cpus``.
@@ -77,18 +80,25 @@ def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size
         gc.BackendUnavailable: the backend cannot run on a worker with these resources (the
             reason, e.g. no GPU in the cluster); never a fallback to another backend.
         gc.InputError: the arrays of ``data`` differ in rows (and what ``gc.Session`` raises).
+        gc.GraphError: an output is not by rows (a scalar, say): batches' outputs cannot be joined.
     """
     from graphc.model import load
 
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    loaded = load(model_or_path)
+    dim = batch_dim(loaded.inputs)
+    whole = [str(s) for s in loaded.outputs if not by_rows(s, dim)]
+    if whole:
+        raise GraphError(f"map_batches: output(s) {'; '.join(whole)} do not start with the batch dim {dim!r} of the "
+                         "inputs, so the batches' outputs cannot be joined by rows; run gc.Session on the whole data")
     ray = connect(ray_address, "gc.distributed.map_batches")
     if workers is None:
         workers = max(1, int(ray.cluster_resources().get("CPU", 1.0) // max(num_cpus, 1e-9)))
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     check_resources(ray, workers, num_cpus, num_gpus)
-    model = ray.put(load(model_or_path).proto.SerializeToString())
+    model = ray.put(loaded.proto.SerializeToString())
     resources = {"num_cpus": num_cpus, "num_gpus": num_gpus}
     actor = ray.remote(SessionRunner).options(**resources, max_restarts=0)
     if _is_dataset(data):
@@ -100,13 +110,16 @@ def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size
     if not isinstance(data, Mapping):
         raise TypeError(f"map_batches takes a ray.data.Dataset or a dict of arrays, got {type(data).__name__}")
     arrays = {n: np.asarray(a) for n, a in data.items()}
-    rows = {n: (a.shape[0] if a.ndim else None) for n, a in arrays.items()}
+    split = {s.name for s in loaded.inputs if by_rows(s, dim, computed=True) and s.name in arrays}
+    rows = {n: (arrays[n].shape[0] if arrays[n].ndim else None) for n in split}
     if len(set(rows.values())) != 1 or None in rows.values():
-        raise InputError(f"map_batches: every input needs the same number of rows (dim 0); got {rows}")
+        raise InputError(f"map_batches: every input whose first dim is {dim!r} needs the same number of rows; "
+                         f"got {rows}")
     total = next(iter(rows.values()))
     runners = [actor.remote(model, backend, options) for _ in range(min(workers, max(1, -(-total // batch_size))))]
     get(ray, [r.backend.remote() for r in runners], timeout_s, "starting the sessions")
-    refs = [runners[i % len(runners)].__call__.remote({n: a[lo:lo + batch_size] for n, a in arrays.items()})
+    refs = [runners[i % len(runners)].__call__.remote({n: a[lo:lo + batch_size] if n in split else a
+                                                       for n, a in arrays.items()})
             for i, lo in enumerate(range(0, total, batch_size))]
     parts = get(ray, refs, timeout_s, "batch inference")
     for runner in runners:
