@@ -301,6 +301,18 @@ def test_fit_on_a_loader_with_ignore_index_0_trains_as_one_process(ray_cluster):
     dp.shutdown()
 
 
+def test_a_0_row_predict_is_empty_and_a_shut_down_trainer_says_so(ray_cluster):
+    """Both raised IndexError: no worker returned a shard, or there was no worker."""
+    arts = _arts("mlp", "sgd-momentum")
+    dp, single = gc.Trainer(arts, **WORKER), gc.Trainer(arts, backend="ort-cpu")
+    empty = {"x": np.zeros((0, 64), np.float32)}
+    _close(dp.predict(empty), single.predict(empty))
+    dp.shutdown()
+    for call in (lambda: dp.step(_data("mlp", 4)), lambda: dp.predict(empty), dp.state_dict):
+        with pytest.raises(gc.GraphcError, match=r"this trainer was shut down \(shutdown\(\)\)"):
+            call()
+
+
 def _before_step(trainer, at: int, action) -> list:
     """Make ``trainer`` call ``action()`` just before its step ``at``, once (``fit`` calls
     ``trainer.step``); the returned list holds the calls made."""

@@ -31,5 +31,6 @@ def divisor(loss: dict, weight: float) -> float:
     """What the shards' summed (weighted) losses and gradients are divided by: their total
     weight for a mean loss, 1 for a summed one."""
     if weight <= 0:
-        raise InputError("no sample of the batch counts in the loss (every label is the ignore_index)")
+        raise InputError("no sample of the batch counts in the loss (it has no rows, or every label is the "
+                         "ignore_index)")
     return 1.0 if (loss.get("options") or {}).get("reduction") == "sum" else weight

@@ -148,8 +148,9 @@ class Replica:
 
     def predict(self, shard: Mapping[str, np.ndarray], rows: int) -> Optional[dict]:
         """The eval graph on the shard: its outputs and the loss scaled by the shard's weight;
-        without the labels, the eval graph less the loss (``predict``)."""
-        if rows == 0:
+        without the labels, the eval graph less the loss (``predict``). Rank 0 runs even an
+        empty shard: a 0-row batch's outputs have 0 rows, as in one process."""
+        if rows == 0 and self.rank:
             return None
         key = "eval" if self._labels <= set(shard) else "predict"
         if key not in self._evals:

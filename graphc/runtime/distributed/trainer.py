@@ -38,7 +38,7 @@ from graphc.runtime.data import DataLoader
 from graphc.runtime.averaging import divisor
 from graphc.runtime.distributed.replica import Replica
 from graphc.runtime.distributed.rows import batch_dim, by_rows
-from graphc.errors import ArtifactsError
+from graphc.errors import ArtifactsError, GraphcError
 from graphc.model.dtypes import to_numpy
 from graphc.runtime.history import History
 from graphc.runtime.session import check_options
@@ -86,7 +86,7 @@ class DistributedTrainer(Trainer):
         eval_inputs = self.manifest.graphs["eval"].inputs
         self._eval_specs = _specs(eval_inputs, BATCH_ROLES)
         self._split_rows()
-        self._replicas: list = []
+        self._actors: Optional[list] = []  # by rank; None once shut down
         self._pending: list = []
         self._start(self.artifacts.state)
         if resume_from is not None:
@@ -130,12 +130,19 @@ class DistributedTrainer(Trainer):
     def _start(self, tensors: Mapping[str, np.ndarray]) -> None:
         """Start the workers, prepare their graphs, load ``tensors`` (named per param)."""
         packed = self._ray.put(self._packed(tensors))
-        self._replicas = [self._actor.remote(rank) for rank in range(self.workers)]
+        self._actors = [self._actor.remote(rank) for rank in range(self.workers)]
         names = self._get([r.setup.remote(self._graphs, self._backend_name, self._options) for r in self._replicas],
                           "starting the workers")
         self.backend = names[0]
         self._get([r.load.remote(packed) for r in self._replicas], "loading the workers' state")
         self._pending, self._loader_sent = [], None
+
+    @property
+    def _replicas(self) -> list:
+        if self._actors is None:
+            raise GraphcError("this trainer was shut down (shutdown()), its workers are gone; make a new gc.Trainer, "
+                              "from a checkpoint to go on")
+        return self._actors
 
     def _get(self, refs: Any, what: str) -> Any:
         return get(self._ray, refs, self.timeout_s, what)
@@ -147,10 +154,11 @@ class DistributedTrainer(Trainer):
             self._pending = []
 
     def shutdown(self) -> None:
-        """Stop the workers (they also stop when the trainer is garbage-collected)."""
-        for replica in self._replicas:
+        """Stop the workers (they also stop when the trainer is garbage-collected); the trainer
+        cannot be used after."""
+        for replica in self._actors or ():
             self._ray.kill(replica)
-        self._replicas, self._pending = [], []
+        self._actors, self._pending = None, []
 
     def worker_pids(self) -> list[int]:
         """The process id of each worker, by rank."""
