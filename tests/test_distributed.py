@@ -493,6 +493,19 @@ def test_gpu_requests_fail_with_the_reason(ray_cluster):
         gc.Trainer(arts, **{**WORKER, "backend": "ort-cuda", "workers": 1}, ray_address="auto")
 
 
+def test_an_address_where_no_cluster_listens_fails_at_once_naming_it(tmp_path):
+    """ray.init retried such an address for minutes (past any timeout_s)."""
+    gc.capture(nn.Linear(4, 2), x=gc.spec("float32", ("N", 4))).save(tmp_path / "m.onnx")
+    code = ("import graphc as gc, numpy as np\n"
+            "try:\n"
+            "    gc.distributed.map_batches('m.onnx', {'x': np.zeros((2, 4), np.float32)}, ray_address='127.0.0.1:1')\n"
+            "except gc.GraphcError as exc:\n"
+            "    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         cwd=tmp_path).stdout
+    assert "cannot reach the Ray cluster at '127.0.0.1:1': nothing accepts a connection" in out
+
+
 def test_the_cluster_listens_on_loopback_only_without_dashboard_or_usage_reports(ray_cluster):
     import psutil
 

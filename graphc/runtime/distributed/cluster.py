@@ -8,6 +8,7 @@ A cluster graphc starts itself (no address, none running) serves this machine on
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any, Optional
 
 from graphc.errors import BackendUnavailable, GraphcError, MissingDependency
@@ -16,6 +17,7 @@ INSTALL_HINT = 'pip install "graphc[ray]"'
 # A local cluster graphc starts: loopback only (Ray's switch for single-machine clusters), no
 # usage reporting. Set before Ray is imported: it reads them at import.
 LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+PROBE_S = 10.0  # how long a cluster's address may take to accept a connection (ray.init retries for minutes)
 
 
 class WorkerLost(GraphcError, RuntimeError):
@@ -40,6 +42,8 @@ def connect(address: Optional[str], feature: str):
             os.environ.setdefault(key, value)
     ray = require_ray(feature)
     if not ray.is_initialized():
+        if address is not None:
+            _probe(address)
         try:
             if address is None:
                 ray.init(include_dashboard=False, log_to_driver=False)
@@ -49,6 +53,20 @@ def connect(address: Optional[str], feature: str):
             where = f"reach the Ray cluster at {address!r}" if address else "start a local Ray cluster"
             raise GraphcError(f"cannot {where}: {exc}") from None
     return ray
+
+
+def _probe(address: str) -> None:
+    """Fail within ``PROBE_S``, naming ``address``, when nothing accepts a connection at its
+    ``host:port`` (``"auto"`` names none: Ray finds the cluster itself, or fails at once)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S).close()
+    except OSError as exc:
+        raise GraphcError(f"cannot reach the Ray cluster at {address!r}: nothing accepts a connection at "
+                          f"{host}:{port} within {PROBE_S:g} s ({exc or 'timed out'}); check the address "
+                          "(`ray start --head` prints it) and that the port is open") from None
 
 
 def check_resources(ray, workers: int, num_cpus: float, num_gpus: float) -> None:
