@@ -481,6 +481,16 @@ def test_map_batches_splits_only_inputs_by_rows_and_refuses_outputs_it_cannot_jo
     assert result.code == 2 and "mean_logit: float32[]" in one_line_error(result)
 
 
+def test_workers_whose_cpus_others_hold_fail_with_the_reason(ray_cluster):
+    """They waited for them until timeout_s, then said to raise it."""
+    arts = _arts("mlp", "sgd-momentum")
+    first = gc.Trainer(arts, **{**WORKER, "num_cpus": ray_cluster.cluster_resources()["CPU"] / 2})
+    held = r"the Ray cluster has [\d.]+, but others .* have held all but 0 for 1 s"
+    with pytest.raises(gc.BackendUnavailable, match=held):
+        gc.Trainer(arts, **{**WORKER, "timeout_s": 1})
+    first.shutdown()
+
+
 def test_gpu_requests_fail_with_the_reason(ray_cluster):
     arts = _arts("mlp", "adamw")
     with pytest.raises(gc.BackendUnavailable, match="GPU"):

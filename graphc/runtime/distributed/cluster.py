@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Any, Optional
 
 from graphc.errors import BackendUnavailable, GraphcError, MissingDependency
@@ -18,6 +19,7 @@ INSTALL_HINT = 'pip install "graphc[ray]"'
 # usage reporting. Set before Ray is imported: it reads them at import.
 LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 PROBE_S = 10.0  # how long a cluster's address may take to accept a connection (ray.init retries for minutes)
+BUSY_S = 30.0  # how long resources others hold may take to be freed (a trainer just shut down frees them late)
 
 
 class WorkerLost(GraphcError, RuntimeError):
@@ -69,16 +71,33 @@ def _probe(address: str) -> None:
                           "(`ray start --head` prints it) and that the port is open") from None
 
 
-def check_resources(ray, workers: int, num_cpus: float, num_gpus: float) -> None:
-    """Fail now, with the reason, when the cluster cannot hold ``workers`` actors asking for
-    these resources (Ray would leave them pending for ever)."""
+def check_resources(ray, workers: int, num_cpus: float, num_gpus: float, timeout_s: float) -> None:
+    """Fail, with the reason, when the cluster cannot hold ``workers`` actors asking for these
+    resources (Ray would leave them pending for ever), or when others hold them for ``BUSY_S``
+    or ``timeout_s`` if shorter (the workers would wait for them until a call timed out)."""
+    asked = [(kind, each) for kind, each in (("GPU", num_gpus), ("CPU", num_cpus)) if each > 0]
     total = ray.cluster_resources()
-    for kind, each in (("GPU", num_gpus), ("CPU", num_cpus)):
+    for kind, each in asked:
         have = float(total.get(kind, 0.0))
-        if each > 0 and have < each * workers:
+        if have < each * workers:
             detail = " (no GPU on any node: ort-cuda cannot run)" if kind == "GPU" and have == 0 else ""
             raise BackendUnavailable(f"{workers} worker(s) x {kind.lower()}s={each:g} need {each * workers:g} "
                                      f"{kind}(s); the Ray cluster has {have:g}{detail}")
+    busy_s = min(BUSY_S, timeout_s)
+    deadline = time.monotonic() + busy_s
+    while True:
+        free = ray.available_resources()
+        short = [(kind, each, float(free.get(kind, 0.0))) for kind, each in asked
+                 if float(free.get(kind, 0.0)) < each * workers - 1e-6]
+        if not short:
+            return
+        if time.monotonic() > deadline:
+            kind, each, have = short[0]
+            raise BackendUnavailable(f"{workers} worker(s) x {kind.lower()}s={each:g} need {each * workers:g} "
+                                     f"{kind}(s); the Ray cluster has {float(total[kind]):g}, but others (another "
+                                     f"trainer or job) have held all but {have:g} for {busy_s:g} s; stop them, or "
+                                     f"ask for fewer workers or {kind.lower()}s")
+        time.sleep(0.5)
 
 
 def get(ray, refs: Any, timeout: Optional[float], what: str) -> Any:

@@ -97,7 +97,7 @@ def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size
         workers = max(1, int(ray.cluster_resources().get("CPU", 1.0) // max(num_cpus, 1e-9)))
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-    check_resources(ray, workers, num_cpus, num_gpus)
+    check_resources(ray, workers, num_cpus, num_gpus, timeout_s)
     model = ray.put(loaded.proto.SerializeToString())
     resources = {"num_cpus": num_cpus, "num_gpus": num_gpus}
     actor = ray.remote(SessionRunner).options(**resources, max_restarts=0)

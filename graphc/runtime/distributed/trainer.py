@@ -75,7 +75,7 @@ class DistributedTrainer(Trainer):
         self.workers, self.max_restarts, self.timeout_s = workers, max_restarts, timeout_s
         self._check_gradients_graph()
         self._ray = ray = connect(ray_address, "gc.Trainer(workers=...)")
-        check_resources(ray, workers, num_cpus, num_gpus)
+        check_resources(ray, workers, num_cpus, num_gpus, timeout_s)
         self._actor = ray.remote(Replica).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)
         a = self.artifacts
         self._graphs = ray.put({"gradients": a.gradients.proto.SerializeToString(),
