@@ -385,6 +385,11 @@ def reshape(x: Tensor, shape: Sequence[Any]) -> Tensor:
     return emit("Reshape", [x, target], out_types=[(x.dtype, out_shape)])
 
 
+def reshape_like(x: Tensor, like: Tensor) -> Tensor:
+    """``x`` in ``like``'s shape, read at run time (its dims may be symbolic), typed as ``like``."""
+    return emit("Reshape", [x, emit("Shape", [like])], out_types=[(x.dtype, like.shape)])
+
+
 def _check_reshape(x: Tensor, out_shape: list, requested: Sequence[Any]) -> None:
     """Fill in a -1 (with the input's one unmatched dim name where the static sizes agree) and
     check element counts where they are static (symbols cancel)."""

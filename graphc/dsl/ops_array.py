@@ -14,7 +14,7 @@ import numpy as np
 from graphc.model.dtypes import as_dtype
 from graphc.errors import CaptureError
 from graphc.dsl.ops import (binary, clip, concat, const_i64, constant, emit, exp, lift, log, maximum, mean, reshape,
-                            same_dtype, scalar, sqrt, squeeze, transpose, unary, unsqueeze, where)
+                            reshape_like, same_dtype, scalar, sqrt, squeeze, transpose, unary, unsqueeze, where)
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.tensor import Tensor
@@ -230,7 +230,7 @@ def roll(x: Tensor, shifts: Any, dims: Any = None) -> Tensor:
     x = lift(x)
     if dims is None:
         flat = roll(reshape(x, [-1]), shifts, 0 if isinstance(shifts, int) else [0] * len(shifts))
-        return emit("Reshape", [flat, emit("Shape", [x])], out_types=[(x.dtype, x.shape)])
+        return reshape_like(flat, x)
     shifts, dims = ([shifts], [dims]) if isinstance(shifts, int) else (list(shifts), list(dims))
     for shift, dim in zip(shifts, dims):
         dim = _dim(x, dim, "Slice")

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from graphc.errors import CaptureError
-from graphc.dsl.ops import (concat, const_i64, constant, emit, lift, matmul, mean, reshape, same_dtype, scalar,
-                            sigmoid, softmax, sqrt, transpose, unary, where)
+from graphc.dsl.ops import (concat, const_i64, constant, emit, lift, matmul, mean, reshape, reshape_like, same_dtype,
+                            scalar, sigmoid, softmax, sqrt, transpose, unary, where)
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops_array import ir_tensor, tril
 from graphc.dsl.ops_nn import conv_pads, drop_needless_ceil, ints
@@ -160,7 +160,7 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
     grouped = reshape(x, [x.shape[0], num_groups, -1])
     centered = grouped - mean(grouped, -1, keepdims=True)
     normed = centered / sqrt(mean(centered * centered, -1, keepdims=True) + scalar(eps, x))
-    normed = emit("Reshape", [normed, emit("Shape", [x])], out_types=[(x.dtype, x.shape)])  # H, W may be symbolic
+    normed = reshape_like(normed, x)  # H, W may be symbolic
     return normed * _channel_shape(x, weight) + _channel_shape(x, bias)
 
 
