@@ -143,9 +143,13 @@ class FlatBuffer(BaseModel):
 def _model_order(piece: np.ndarray, shape: list[int], order: list[int] | None) -> np.ndarray:
     """``piece`` as an array of the model's ``shape``: a view, or for a param held in ``order``
     of its axes, a copy transposed back."""
-    if order is None:
-        return piece.reshape(shape)
-    return np.ascontiguousarray(piece.reshape([shape[i] for i in order]).transpose(np.argsort(order)))
+    return piece.reshape(shape) if order is None else to_model_order(piece.reshape([shape[i] for i in order]), order)
+
+
+def to_model_order(held: np.ndarray, order: list[int]) -> np.ndarray:
+    """An array train_step holds in ``order`` of its axes (``Manifest.orders``) back in the
+    model's order, as a contiguous copy."""
+    return np.ascontiguousarray(np.asarray(held).transpose(np.argsort(order)))
 
 
 class Manifest(BaseModel):
@@ -205,7 +209,7 @@ class Manifest(BaseModel):
             out.update(buf.unpack({name: out.pop(name) for name, _ in buf.tensors()}, self.orders))
         for name, order in self._held().items():
             if name in tensors:  # a param, or its state without the fused layout
-                out[name] = np.ascontiguousarray(np.asarray(out[name]).transpose(np.argsort(order)))
+                out[name] = to_model_order(out[name], order)
         return out
 
     def _held(self) -> dict[str, list[int]]:

@@ -467,9 +467,10 @@ class Trainer:
         feeds = {n: self._state[n] for n in self._eval_carried}
         if self.manifest.orders:
             if self._in_model_order is None:  # dropped by each step and each new state
-                self._in_model_order = {
-                    n: np.ascontiguousarray(np.asarray(self._train.to_host(feeds[n])).transpose(np.argsort(order)))
-                    for n, order in self.manifest.orders.items()}
+                from graphc.compile.training import to_model_order
+
+                self._in_model_order = {n: to_model_order(self._train.to_host(feeds[n]), order)
+                                        for n, order in self.manifest.orders.items()}
             feeds.update(self._in_model_order)
         return feeds
 
