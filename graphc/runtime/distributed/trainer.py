@@ -73,7 +73,7 @@ class DistributedTrainer(Trainer):
         resume_from = self._open(artifacts_or_dir, seed, metrics, tensorboard)
         self.manifest = self.manifest.in_model_order()  # the workers run the gradients and update graphs
         self.workers, self.max_restarts, self.timeout_s = workers, max_restarts, timeout_s
-        self._check_gradients_graph()
+        self._check_data_parallel()
         self._ray = ray = connect(ray_address, "gc.Trainer(workers=...)")
         check_resources(ray, workers, num_cpus, num_gpus, timeout_s)
         self._actor = ray.remote(Replica).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)
@@ -92,10 +92,11 @@ class DistributedTrainer(Trainer):
         if resume_from is not None:
             self.load_checkpoint(resume_from)
 
-    def _check_gradients_graph(self) -> None:
-        """Artifacts written before the gradients graph output the BatchNorm statistics' updates
-        cannot keep them in step: say so instead of training with frozen statistics. A loss that
-        is a scalar output cannot be split by rows: graphc cannot tell a mean from a sum."""
+    def _check_data_parallel(self) -> None:
+        """Refuse, saying why, artifacts the workers cannot train as one process would: a loss
+        that is a scalar output (graphc cannot tell a mean from a sum, so shards cannot be
+        combined), and a gradients graph from before it output the BatchNorm statistics' updates
+        (they would stay frozen)."""
         loss = self.manifest.loss
         if loss.get("kind") == "output" and self.workers > 1:
             raise ArtifactsError(f"the loss is the model's scalar output {loss['output']!r}: how it grows with the "
