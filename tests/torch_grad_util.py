@@ -40,7 +40,7 @@ class _Wrap(gc.nn.Module):
         super().__init__()
         self.fn, self.names = fn, list(params)
         for k, v in params.items():
-            setattr(self, k, gc.nn.Parameter(v))
+            setattr(self, k, gc.nn.Parameter(v, dtype=np.asarray(v).dtype.name))  # float64 stays float64
         if module is not None:
             self.m = module
 
@@ -60,3 +60,24 @@ def gc_grads(fn, params: dict, inputs: dict, c: np.ndarray, module=None, backend
     grads = gc.grad(model, "loss")
     out = gc.Session(grads, backend=backend).run({"c": c, **inputs})
     return {"out": out["out"], **{k.removesuffix("_grad"): v for k, v in out.items() if k.endswith("_grad")}}
+
+
+def assert_grads_match_central_differences(fn, x: np.ndarray, module=None, backends=("numpy", "ort-cpu")) -> None:
+    """float64 ``gc.grad`` of ``sum(fn(M, x) * c)`` (``M``: ``module``, else ``gc.nn.functional``)
+    with respect to ``x`` and each parameter of ``module`` (built in float64) against central
+    differences along a random direction, on each backend."""
+    import graphc.nn.functional as F
+
+    x = np.asarray(x, np.float64)
+    probe = gc.capture(lambda x: fn(module if module is not None else F, x), x=x)
+    c = np.random.default_rng(1).standard_normal(gc.Session(probe, backend="numpy").run({"x": x})["output"].shape)
+    grads = gc.grad(gc.capture(_Wrap(fn, {"x": x}, module), c=c), "loss")
+    params, rng, eps = grads.params, np.random.default_rng(2), 1e-6
+    for backend in backends:
+        session = gc.Session(grads, backend=backend)
+        got = session.run({"c": c})
+        for name, value in params.items():
+            t = rng.standard_normal(value.shape)
+            plus, minus = (session.run({"c": c, name: value + s * eps * t}, outputs=["loss"])["loss"] for s in (1, -1))
+            np.testing.assert_allclose(np.sum(got[f"{name}_grad"] * t), (plus - minus) / (2 * eps), rtol=1e-6,
+                                       atol=1e-8, err_msg=f"{backend}: d loss / d {name}")

@@ -256,13 +256,17 @@ def tril(x: Tensor, diagonal: int = 0) -> Tensor:
     return _trilu(x, diagonal, 0)
 
 
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
 def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
     """``torch.nn.functional.pad``: ``pad`` lists (left, right) pairs from the last dim backwards;
-    modes constant, reflect, replicate, circular. Signature: ai.onnx@19::Pad"""
+    modes constant, reflect, replicate, circular; negative pads crop, as in torch. Signature: ai.onnx@19::Pad"""
     x = lift(x)
-    modes = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
-    if mode not in modes:
-        raise CaptureError(f"pad mode={mode!r}; expected one of {sorted(modes)} (at {user_source()})")
+    if mode not in _PAD_MODES:
+        raise CaptureError(f"pad mode={mode!r}; expected one of {sorted(_PAD_MODES)} (at {user_source()})")
+    if mode != "constant" and value:
+        raise CaptureError(f"pad mode={mode!r} takes no value (got {value}), as in torch (at {user_source()})")
     pad = [int(p) for p in pad]
     if len(pad) % 2 or len(pad) // 2 > x.ndim:
         raise op_error("Pad", [x], f"pad {pad} must hold (left, right) pairs for at most {x.ndim} dims",
@@ -270,10 +274,38 @@ def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float | No
     begin, end = [0] * x.ndim, [0] * x.ndim
     for i in range(len(pad) // 2):
         begin[x.ndim - 1 - i], end[x.ndim - 1 - i] = pad[2 * i], pad[2 * i + 1]
-    inputs = [x, const_i64(begin + end)]
-    if mode == "constant" and value:
-        inputs.append(scalar(value, x))
-    return emit("Pad", inputs, {"mode": modes[mode]})
+    for axis, (before, after) in enumerate(zip(begin, end)):
+        _check_pad(x, mode, axis, before, after)
+    pads = begin + end
+    if mode == "reflect" and min(pads) < 0:
+        # torch mirrors within the whole dim and then crops; ONNX Pad crops first (and mirrors less)
+        if max(pads) > 0:
+            x = _pad_node(x, [max(p, 0) for p in pads], "reflect")
+        return _pad_node(x, [min(p, 0) for p in pads], "constant")
+    return _pad_node(x, pads, _PAD_MODES[mode], value if mode == "constant" else None)
+
+
+def _pad_node(x: Tensor, pads: list[int], mode: str, value: float | None = None) -> Tensor:
+    inputs = [x, const_i64(pads)] + ([scalar(value, x)] if value else [])
+    return emit("Pad", inputs, {"mode": mode})
+
+
+def _check_pad(x: Tensor, mode: str, axis: int, before: int, after: int) -> None:
+    """torch's limits on one dim's pads, where its size is static: no crop past the dim, reflect
+    pads smaller than the dim, circular ones no larger than what the crops leave of it."""
+    size = x.shape[axis] if x.shape is not None else None
+    if not isinstance(size, int) or before == after == 0:
+        return
+    kept = size - max(-before, 0) - max(-after, 0)
+    problem = None
+    if kept < 0 or size + before + after < 0:
+        problem = f"crops more than dim {axis}'s size {size}"
+    elif mode == "reflect" and max(before, after) >= size:
+        problem = f"reflect pads must be smaller than dim {axis}'s size {size}"
+    elif mode == "circular" and max(before, after) > kept:
+        problem = f"circular pads wrap around dim {axis} more than once (the crops leave {kept} of its {size})"
+    if problem:
+        raise op_error("Pad", [x], f"pad ({before}, {after}) {problem}", user_source())
 
 
 # -- indexing ---------------------------------------------------------------------------------
