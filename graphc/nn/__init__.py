@@ -25,6 +25,9 @@ from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList
 from graphc.nn.conv import Conv1d, Conv3d, ConvTranspose1d, ConvTranspose2d
 from graphc.nn.module import Module, Parameter
 from graphc.nn.norm import GroupNorm, InstanceNorm2d, RMSNorm
+from graphc.nn.padding import (CircularPad1d, CircularPad2d, CircularPad3d, ConstantPad1d, ConstantPad2d, ConstantPad3d,
+                               ReflectionPad1d, ReflectionPad2d, ReflectionPad3d, ReplicationPad1d, ReplicationPad2d,
+                               ReplicationPad3d, ZeroPad1d, ZeroPad2d, ZeroPad3d)
 from graphc.nn.pooling import AdaptiveAvgPool1d, AvgPool1d, MaxPool1d
 from graphc.nn.rnn import GRU, LSTM, RNN
 from graphc.nn.transformer import (TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
@@ -42,4 +45,8 @@ __all__ = [
     "PixelShuffle", "RMSNorm", "RNN", "SiLU", "Softplus", "TransformerDecoder", "TransformerDecoderLayer",
     "TransformerEncoder", "TransformerEncoderLayer",
     "Upsample", "functional",
+    # padding
+    "CircularPad1d", "CircularPad2d", "CircularPad3d", "ConstantPad1d", "ConstantPad2d", "ConstantPad3d",
+    "ReflectionPad1d", "ReflectionPad2d", "ReflectionPad3d", "ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d",
+    "ZeroPad1d", "ZeroPad2d", "ZeroPad3d",
 ]
