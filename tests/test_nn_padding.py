@@ -1,7 +1,7 @@
-"""The padding layers (``gc.nn.ZeroPad2d``, ``ReflectionPad1d``, ...) and ``F.pad`` in every mode:
-outputs on the numpy and ort-cpu backends and ``gc.grad`` input gradients against torch (several
-ranks, odd sizes, crops, unbatched inputs), float64 gradients against central differences, and
-torch's limits as clear errors."""
+"""The padding layers (``gc.nn.ZeroPad2d``, ``ReflectionPad1d``, ...), ``F.pad`` in every mode and
+the convolutions' ``padding_mode``: outputs on the numpy and ort-cpu backends and ``gc.grad``
+gradients against torch (several ranks, odd sizes, crops, unbatched inputs, strides, dilations),
+float64 gradients against central differences, and torch's limits as clear errors."""
 
 from __future__ import annotations
 
@@ -80,6 +80,66 @@ def test_functional_pad_matches_torch(mode, pad, x):
     np.testing.assert_array_equal(got, want)
 
 
+# (gc module and torch.nn constructor, input): padding_mode with int, tuple, 'same' and 'valid' padding
+CONVS = [
+    ("Conv1d(3, 4, 3, padding=2, padding_mode='reflect')", NCW),
+    ("Conv1d(3, 2, 4, padding='same', dilation=2, padding_mode='circular')", NCW),
+    ("Conv2d(3, 4, (3, 4), stride=2, padding=(2, 1), padding_mode='reflect')", NCHW),
+    ("Conv2d(3, 6, 3, padding='same', dilation=(2, 1), groups=3, padding_mode='replicate')", NCHW),
+    ("Conv2d(3, 2, 2, padding=1, bias=False, padding_mode='circular')", NCHW),
+    ("Conv2d(3, 2, 3, padding='valid', padding_mode='reflect')", NCHW),
+    ("Conv3d(2, 3, 3, padding=1, padding_mode='replicate')", NCDHW),
+    ("Conv3d(2, 2, (2, 3, 3), stride=(1, 2, 2), padding=(1, 2, 1), padding_mode='circular')", NCDHW),
+]
+
+
+@pytest.mark.parametrize("ctor,x", CONVS, ids=[c[0] for c in CONVS])
+def test_conv_padding_modes_and_their_gradients_match_torch(ctor, x):
+    torch = pytest.importorskip("torch")
+    layer = eval(f"nn.{ctor}", {"nn": nn})  # noqa: S307 - the constructors listed above
+    layer.init_parameters(seed=2)
+    for p in layer.parameters():  # keep these values through capture
+        p.data = p.numpy()
+    want_layer = eval(f"torch.nn.{ctor}", {"torch": torch})  # noqa: S307
+    want_layer.load_state_dict({k: torch.from_numpy(v) for k, v in layer.state_dict().items()})
+    xt = torch.tensor(x, requires_grad=True)
+    want = want_layer(xt)
+    c = R.standard_normal(tuple(want.shape)).astype(np.float32)
+    (want * torch.from_numpy(c)).sum().backward()
+    for backend in ("numpy", "ort-cpu"):
+        got = gc_grads(lambda m, x: m(x), {"x": x}, {}, c, module=layer, backend=backend)
+        np.testing.assert_allclose(got["out"], want.detach().numpy(), rtol=1e-4, atol=1e-5, err_msg=backend)
+        np.testing.assert_allclose(got["x"], xt.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=backend)
+        for k, p in want_layer.named_parameters():
+            np.testing.assert_allclose(got[f"m.{k}"], p.grad.numpy(), rtol=1e-4, atol=1e-4, err_msg=f"{backend} {k}")
+    model = gc.capture(layer, x=gc.spec("float32", ("N", *x.shape[1:])))
+    onnx.checker.check_model(model.proto, full_check=True)
+    np.testing.assert_allclose(run_both(model, {"x": x})["output"], want.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("layer,x", [
+    (lambda: nn.Conv1d(3, 2, 3, padding="same", dilation=2, padding_mode="reflect", dtype="float64"), NCW),
+    (lambda: nn.Conv2d(3, 2, 3, stride=2, padding=(1, 2), padding_mode="circular", dtype="float64"), NCHW),
+    (lambda: nn.Conv3d(2, 2, 2, padding=1, padding_mode="replicate", dtype="float64"), NCDHW),
+], ids=["reflect", "circular", "replicate"])
+def test_conv_padding_mode_gradients_match_central_differences(layer, x):
+    """On the numpy backend: onnxruntime's CPU Conv has no float64 kernel (its float32 gradients
+    are checked against torch above)."""
+    assert_grads_match_central_differences(lambda m, x: m(x), x, module=layer(), backends=("numpy",))
+
+
+@pytest.mark.parametrize("cls,args", [(nn.Conv1d, (3, 4, 3)), (nn.Conv2d, (3, 6, (3, 2), 1, 1, 1, 3)),
+                                      (nn.Conv3d, (2, 4, 3))])
+def test_padding_mode_keeps_parameters_and_init(cls, args):
+    """The state_dict (names, shapes, seeded values) is the one of padding_mode='zeros'."""
+    zeros, circular = cls(*args, padding_mode="zeros"), cls(*args, padding_mode="circular")
+    for m in (zeros, circular):
+        m.init_parameters(seed=5)
+    assert circular.padding_mode == "circular" and list(zeros.state_dict()) == list(circular.state_dict())
+    for k, v in zeros.state_dict().items():
+        np.testing.assert_array_equal(circular.state_dict()[k], v)
+
+
 @pytest.mark.parametrize("call,message", [
     (lambda x: gc.pad(x, (7, 0), mode="reflect"), r"pad \(7, 0\) reflect pads must be smaller than dim 2's size 7"),
     (lambda x: gc.pad(x, (8, 0), mode="circular"), r"circular pads wrap around dim 2 more than once"),
@@ -89,6 +149,11 @@ def test_functional_pad_matches_torch(mode, pad, x):
     (lambda x: nn.ReflectionPad2d(1)(x[0, 0]), r"ReflectionPad2d expects a \(C, H, W\) or \(N, C, H, W\) input, "
      "got rank 1"),
     (lambda x: nn.CircularPad1d((1, 2, 3)), r"padding must be an int or 2 ints, got \[1, 2, 3\]"),
+    (lambda x: nn.Conv1d(3, 4, 3, padding_mode="mirror"), r"Conv1d padding_mode='mirror'; expected one of \['zeros', "
+     r"'reflect', 'replicate', 'circular'\]"),
+    (lambda x: nn.ConvTranspose2d(3, 4, 3, padding_mode="reflect"), r"ConvTranspose2d supports padding_mode='zeros' "
+     "only"),
+    (lambda x: nn.Conv1d(3, 4, 3, padding=7, padding_mode="reflect")(x), r"reflect pads must be smaller than dim 2's"),
 ])
 def test_bad_pads_name_the_problem(call, message):
     with pytest.raises(gc.GraphError, match=message) as err:

@@ -9,7 +9,6 @@ from graphc.nn.layers import (
     AvgPool2d,
     BatchNorm1d,
     BatchNorm2d,
-    Conv2d,
     Dropout,
     Embedding,
     Flatten,
@@ -22,7 +21,7 @@ from graphc.nn.layers import (
     Tanh,
 )
 from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList, Sequential
-from graphc.nn.conv import Conv1d, Conv3d, ConvTranspose1d, ConvTranspose2d
+from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d
 from graphc.nn.module import Module, Parameter
 from graphc.nn.norm import GroupNorm, InstanceNorm2d, RMSNorm
 from graphc.nn.padding import (CircularPad1d, CircularPad2d, CircularPad3d, ConstantPad1d, ConstantPad2d, ConstantPad3d,

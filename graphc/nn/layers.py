@@ -6,7 +6,7 @@ from typing import Any
 
 from graphc.dsl import ops, ops_nn
 from graphc.dsl.ops_layers import adaptive_avg_pool2d
-from graphc.dsl.ops_nn import int_pair, linear
+from graphc.dsl.ops_nn import linear
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn import init
@@ -30,29 +30,6 @@ class Linear(Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
-
-
-class Conv2d(Module):
-    """NCHW convolution; ``weight`` is ``[out, in/groups, kh, kw]``."""
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1,
-                 padding: Any = 0, dilation: Any = 1, groups: int = 1, bias: bool = True, dtype: Any = "float32"):
-        super().__init__()
-        if in_channels % groups or out_channels % groups:
-            raise CaptureError(f"Conv2d channels ({in_channels}, {out_channels}) must divide by groups={groups}")
-        kh, kw = int_pair(kernel_size, "kernel_size")
-        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, (kh, kw)
-        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
-        self.weight = Parameter(shape=(out_channels, in_channels // groups, kh, kw), init=init.kaiming_uniform(),
-                                dtype=dtype)
-        fan_in = in_channels // groups * kh * kw
-        self.bias = Parameter(shape=(out_channels,), init=init.bias_uniform(fan_in), dtype=dtype) if bias else None
-
-    def forward(self, x: Tensor) -> Tensor:
-        return ops_nn.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-
-    def extra_repr(self) -> str:
-        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
 
 
 class MaxPool2d(Module):
