@@ -65,6 +65,10 @@ other (a 12.6 MB Add measured 11.4 instead of 1.7 ms). Cases:
   forward and gradients: Einsum vs Transposes and a MatMul batched over the channels.
 - ``nchwc``: a Conv whose weight is an input, on onnxruntime's generic kernel vs its NCHWc
   kernels with the weight reordered in the graph (``graphc.backends.nchwc``).
+- ``unfold``: ``F.unfold`` and ``F.fold`` forward + ``gc.grad`` backward (graphc's graphs): a Conv
+  (ConvTranspose) grouped by channel by a one-hot kernel, as ``graphc/dsl/ops_fold.py`` lowers them,
+  vs the image as N*C one-channel images, vs Pad and strided Slices stacked (each tap's block
+  Padded into place and summed).
 """
 
 from __future__ import annotations
@@ -93,11 +97,15 @@ def ints(name: str, value) -> onnx.NodeProto:
 
 
 def session(nodes, feeds: dict[str, np.ndarray], outputs: list[str], args: argparse.Namespace) -> ort.InferenceSession:
-    graph = h.make_graph(nodes, "case", [h.make_tensor_value_info(k, onnx.TensorProto.FLOAT, v.shape)
-                                         for k, v in feeds.items()],
-                         [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in outputs])
-    domains = [h.make_opsetid(d, 1) for d in sorted({n.domain for n in nodes} - {""})]  # onnxruntime's own ops
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), *domains], ir_version=8)
+    """A session of ``nodes`` (or of a whole model: graphc's own graphs) with ``feeds`` as inputs."""
+    if isinstance(nodes, onnx.ModelProto):
+        model = nodes
+    else:
+        graph = h.make_graph(nodes, "case", [h.make_tensor_value_info(k, onnx.TensorProto.FLOAT, v.shape)
+                                             for k, v in feeds.items()],
+                             [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in outputs])
+        domains = [h.make_opsetid(d, 1) for d in sorted({n.domain for n in nodes} - {""})]  # onnxruntime's own ops
+        model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), *domains], ir_version=8)
     options = ort.SessionOptions()
     options.intra_op_num_threads = args.threads
     options.log_severity_level = 3
@@ -982,12 +990,55 @@ def nchwc(args) -> None:
         compare(f"dW {n}x{c}ch {side}² {k}x{k}/{stride}", variants(conv, feeds), feeds, ["dw"], args)
 
 
+def unfold(args) -> None:
+    """``F.unfold``/``F.fold`` of [8, 64, 32, 32] by 3x3 (pad 1), forward + ``gc.grad`` backward."""
+    import graphc as gc
+    import graphc.nn.functional as F
+
+    n, c, side, k = 8, 64, 32, 3
+    hot = np.eye(k * k, dtype=np.float32).reshape(k * k, 1, k, k)
+
+    def batched_unfold(x):  # N*C one-channel images, an ungrouped Conv by the k*k one-hot taps
+        return gc.reshape(F.conv2d(gc.reshape(x, [-1, 1, side, side]), hot, padding=1), [-1, c * k * k, side * side])
+
+    def sliced_unfold(x):
+        padded = F.pad(x, (1, 1, 1, 1))
+        taps = [padded[:, :, i:i + side, j:j + side] for i in range(k) for j in range(k)]
+        return gc.reshape(gc.stack(taps, 2), [-1, c * k * k, side * side])
+
+    def batched_fold(cols):
+        image = F.conv_transpose2d(gc.reshape(cols, [-1, k * k, side, side]), hot, padding=1)
+        return gc.reshape(image, [-1, c, side, side])
+
+    def padded_fold(cols):
+        taps = gc.reshape(cols, [-1, c, k * k, side, side])
+        total = sum(F.pad(taps[:, :, i * k + j], (j, k - 1 - j, i, k - 1 - i)) for i in range(k) for j in range(k))
+        return total[:, :, 1:1 + side, 1:1 + side]
+
+    class Loss(gc.nn.Module):  # sum(fn(x) * w): its gradient is the backward of fn
+        def __init__(self, fn, x):
+            super().__init__()
+            self.fn, self.x = fn, gc.nn.Parameter(x)
+
+        def forward(self, w):
+            return {"loss": gc.sum(self.fn(self.x) * w)}
+
+    for label, x, out_shape, variants in [
+            ("unfold", normal(n, c, side, side), (n, c * k * k, side * side),
+             {"grouped": lambda x: F.unfold(x, k, padding=1), "batched": batched_unfold, "slices": sliced_unfold}),
+            ("fold", normal(n, c * k * k, side * side), (n, c, side, side),
+             {"grouped": lambda x: F.fold(x, side, k, padding=1), "batched": batched_fold, "pads": padded_fold})]:
+        w = normal(*out_shape)
+        models = {name: gc.grad(gc.capture(Loss(fn, x), w=w), "loss").proto for name, fn in variants.items()}
+        compare(f"{label} {n}x{c}ch {side}² {k}x{k}", models, {"x": x, "w": w}, ["loss", "x_grad"], args)
+
+
 CASES: dict[str, Callable] = {"bn": bn, "bn_stats": bn_stats, "bn_sums": bn_sums, "silu": silu, "gelu": gelu, "layer_norm": layer_norm, "leading_sum": leading_sum, "hardswish": hardswish, "relu": relu, "bn_affine": bn_affine, "max_pool": max_pool, "pointwise_dx": pointwise_dx, "pointwise_dw": pointwise_dw,
                               "strided_pointwise_dx": strided_pointwise_dx, "depthwise_dw": depthwise_dw,
                               "conv_dx": conv_dx, "gathered_conv": gathered_conv, "dense_dw": dense_dw,
                               "large_dw": large_dw, "grouped_dw": grouped_dw, "grouped_conv": grouped_conv,
                               "reaching_pads": reaching_pads, "row_conv": row_conv,
-                              "depthwise_product": depthwise_product, "nchwc": nchwc}
+                              "depthwise_product": depthwise_product, "nchwc": nchwc, "unfold": unfold}
 
 
 def main() -> None:

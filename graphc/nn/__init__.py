@@ -22,6 +22,7 @@ from graphc.nn.layers import (
 )
 from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList, Sequential
 from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d
+from graphc.nn.fold import Fold, Unfold
 from graphc.nn.module import Module, Parameter
 from graphc.nn.norm import GroupNorm, InstanceNorm2d, RMSNorm
 from graphc.nn.padding import (CircularPad1d, CircularPad2d, CircularPad3d, ConstantPad1d, ConstantPad2d, ConstantPad3d,
@@ -48,4 +49,5 @@ __all__ = [
     "CircularPad1d", "CircularPad2d", "CircularPad3d", "ConstantPad1d", "ConstantPad2d", "ConstantPad3d",
     "ReflectionPad1d", "ReflectionPad2d", "ReflectionPad3d", "ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d",
     "ZeroPad1d", "ZeroPad2d", "ZeroPad3d",
+    "Fold", "Unfold",
 ]

@@ -14,6 +14,7 @@ from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos
                                   full, full_like, gather, index_select, logsumexp, masked_fill, normalize, one_hot, ones, ones_like,
                                   pad, permute, pow, repeat, roll, rsqrt, scatter, sin, split, std, tile, topk, tril,
                                   triu, var, zeros, zeros_like)
+from graphc.dsl.ops_fold import fold, unfold
 from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, conv1d, conv3d,
                                    conv_transpose1d, conv_transpose2d, elu, group_norm, hardsigmoid, hardswish,
                                    instance_norm, interpolate, leaky_relu, max_pool1d, mish, pixel_shuffle, prelu,
@@ -51,5 +52,5 @@ __all__ = [
     "ones_like", "pad", "pixel_shuffle", "pow", "prelu", "relu", "repeat", "reshape", "rms_norm", "rsqrt",
     "scaled_dot_product_attention", "scatter", "sigmoid", "silu", "sin", "softmax", "softplus", "split", "sqrt",
     "squeeze", "stack", "sum", "tanh", "tile", "topk", "transpose", "tril", "triu", "unsqueeze", "where", "zeros",
-    "zeros_like", "cat", "permute", "flip", "logsumexp", "normalize", "roll", "std", "var", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss", "l1_loss", "mse_loss",
+    "zeros_like", "cat", "permute", "flip", "logsumexp", "normalize", "roll", "std", "var", "fold", "unfold", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss", "l1_loss", "mse_loss",
 ]
