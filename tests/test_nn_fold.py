@@ -14,9 +14,10 @@ import graphc as gc
 from graphc import nn
 
 try:
-    from torch_grad_util import assert_grads_match_central_differences, gc_grads, run_both
+    from torch_grad_util import assert_grads_match_central_differences, assert_module_matches_torch, run_both
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import assert_grads_match_central_differences, gc_grads, run_both
+    from tests.torch_grad_util import (assert_grads_match_central_differences, assert_module_matches_torch,
+                                       run_both)
 
 R = np.random.default_rng(8)
 
@@ -32,31 +33,13 @@ GEOMETRIES = [
 IDS = [f"{shape}-{kw}" for shape, kw in GEOMETRIES]
 
 
-def _torch_and_grad(torch, fn, x):
-    xt = torch.tensor(x, requires_grad=True)
-    out = fn(xt)
-    c = R.standard_normal(tuple(out.shape)).astype(np.float32)
-    (out * torch.from_numpy(c)).sum().backward()
-    return out.detach().numpy(), xt.grad.numpy(), c
-
-
-def _check_against_torch(layer, want, want_grad, c, x, batched):
-    for backend in ("numpy", "ort-cpu"):
-        got = gc_grads(lambda m, x: m(x), {"x": x}, {}, c, module=layer, backend=backend)
-        np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-6, err_msg=backend)
-        np.testing.assert_allclose(got["x"], want_grad, rtol=1e-5, atol=1e-5, err_msg=backend)
-    model = gc.capture(layer, x=gc.spec("float32", ("N", *x.shape[1:])) if batched else x)
-    onnx.checker.check_model(model.proto, full_check=True)
-    np.testing.assert_allclose(run_both(model, {"x": x})["output"], want, rtol=1e-5, atol=1e-6)
-
-
 @pytest.mark.parametrize("shape,kw", GEOMETRIES, ids=IDS)
 def test_unfold_and_its_gradient_match_torch(shape, kw):
     torch = pytest.importorskip("torch")
     x = R.standard_normal(shape).astype(np.float32)
     layer, want_layer = nn.Unfold(**kw), torch.nn.Unfold(**kw)
     assert repr(layer) == repr(want_layer)
-    _check_against_torch(layer, *_torch_and_grad(torch, want_layer, x), x, len(shape) == 4)
+    assert_module_matches_torch(layer, want_layer, x, batched=len(shape) == 4)
 
 
 @pytest.mark.parametrize("shape,kw", GEOMETRIES, ids=IDS)
@@ -66,7 +49,7 @@ def test_fold_and_its_gradient_match_torch(shape, kw):
     x = R.standard_normal(tuple(cols.shape)).astype(np.float32)
     layer, want_layer = nn.Fold(shape[-2:], **kw), torch.nn.Fold(shape[-2:], **kw)
     assert repr(layer) == repr(want_layer)
-    _check_against_torch(layer, *_torch_and_grad(torch, want_layer, x), x, len(shape) == 4)
+    assert_module_matches_torch(layer, want_layer, x, batched=len(shape) == 4)
 
 
 @pytest.mark.parametrize("shape,kw", GEOMETRIES[:3], ids=IDS[:3])

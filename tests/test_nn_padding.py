@@ -6,16 +6,17 @@ float64 gradients against central differences, and torch's limits as clear error
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 
 import graphc as gc
 from graphc import nn
 
 try:
-    from torch_grad_util import TorchNS, assert_grads_match_central_differences, gc_grads, run_both
+    from torch_grad_util import (TorchNS, assert_grads_match_central_differences, assert_module_matches_torch,
+                                 run_both)
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import TorchNS, assert_grads_match_central_differences, gc_grads, run_both
+    from tests.torch_grad_util import (TorchNS, assert_grads_match_central_differences,
+                                       assert_module_matches_torch, run_both)
 
 R = np.random.default_rng(21)
 NCW, CW = R.standard_normal((2, 3, 7)).astype(np.float32), R.standard_normal((3, 6)).astype(np.float32)
@@ -44,17 +45,7 @@ def test_pad_modules_and_their_gradients_match_torch(ctor, x):
     layer = eval(f"nn.{ctor}", {"nn": nn})  # noqa: S307 - the constructors listed above
     want_layer = eval(f"torch.nn.{ctor}", {"torch": torch})  # noqa: S307
     assert repr(layer) == repr(want_layer) and layer.state_dict() == {}
-    xt = torch.tensor(x, requires_grad=True)
-    want = want_layer(xt)
-    c = R.standard_normal(tuple(want.shape)).astype(np.float32)
-    (want * torch.from_numpy(c)).sum().backward()
-    for backend in ("numpy", "ort-cpu"):
-        got = gc_grads(lambda m, x: m(x), {"x": x}, {}, c, module=layer, backend=backend)
-        np.testing.assert_allclose(got["out"], want.detach().numpy(), rtol=1e-6, err_msg=backend)
-        np.testing.assert_allclose(got["x"], xt.grad.numpy(), rtol=1e-5, atol=1e-6, err_msg=backend)
-    model = gc.capture(layer, x=gc.spec("float32", ("N", *x.shape[1:])))
-    onnx.checker.check_model(model.proto, full_check=True)
-    np.testing.assert_allclose(run_both(model, {"x": x})["output"], want.detach().numpy(), rtol=1e-6)
+    assert_module_matches_torch(layer, want_layer, x)
 
 
 # (mode, pad, input): F.pad, the pads of up to three dims, crops included
@@ -102,19 +93,7 @@ def test_conv_padding_modes_and_their_gradients_match_torch(ctor, x):
         p.data = p.numpy()
     want_layer = eval(f"torch.nn.{ctor}", {"torch": torch})  # noqa: S307
     want_layer.load_state_dict({k: torch.from_numpy(v) for k, v in layer.state_dict().items()})
-    xt = torch.tensor(x, requires_grad=True)
-    want = want_layer(xt)
-    c = R.standard_normal(tuple(want.shape)).astype(np.float32)
-    (want * torch.from_numpy(c)).sum().backward()
-    for backend in ("numpy", "ort-cpu"):
-        got = gc_grads(lambda m, x: m(x), {"x": x}, {}, c, module=layer, backend=backend)
-        np.testing.assert_allclose(got["out"], want.detach().numpy(), rtol=1e-4, atol=1e-5, err_msg=backend)
-        np.testing.assert_allclose(got["x"], xt.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=backend)
-        for k, p in want_layer.named_parameters():
-            np.testing.assert_allclose(got[f"m.{k}"], p.grad.numpy(), rtol=1e-4, atol=1e-4, err_msg=f"{backend} {k}")
-    model = gc.capture(layer, x=gc.spec("float32", ("N", *x.shape[1:])))
-    onnx.checker.check_model(model.proto, full_check=True)
-    np.testing.assert_allclose(run_both(model, {"x": x})["output"], want.detach().numpy(), rtol=1e-4, atol=1e-5)
+    assert_module_matches_torch(layer, want_layer, x, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("layer,x", [

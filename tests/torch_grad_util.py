@@ -81,3 +81,28 @@ def assert_grads_match_central_differences(fn, x: np.ndarray, module=None, backe
             plus, minus = (session.run({"c": c, name: value + s * eps * t}, outputs=["loss"])["loss"] for s in (1, -1))
             np.testing.assert_allclose(np.sum(got[f"{name}_grad"] * t), (plus - minus) / (2 * eps), rtol=1e-6,
                                        atol=1e-8, err_msg=f"{backend}: d loss / d {name}")
+
+
+def assert_module_matches_torch(layer, torch_layer, x: np.ndarray, batched: bool = True, rtol: float = 1e-5,
+                                atol: float = 1e-5) -> None:
+    """The gc.nn ``layer`` against ``torch_layer`` holding the same weights, on ``x``: the output and
+    the gradients of ``sum(out * c)`` with respect to ``x`` and every parameter through ``gc.grad``
+    on the numpy and ort-cpu backends, and the layer captured (dim 0 symbolic where ``batched``),
+    through the full ONNX checker, run on both."""
+    import onnx
+    import torch
+
+    xt = torch.tensor(x, requires_grad=True)
+    want = torch_layer(xt)
+    c = np.random.default_rng(0).standard_normal(tuple(want.shape)).astype(np.float32)
+    (want * torch.from_numpy(c)).sum().backward()
+    want = want.detach().numpy()
+    for backend in ("numpy", "ort-cpu"):
+        got = gc_grads(lambda m, x: m(x), {"x": x}, {}, c, module=layer, backend=backend)
+        np.testing.assert_allclose(got["out"], want, rtol, atol, err_msg=backend)
+        np.testing.assert_allclose(got["x"], xt.grad.numpy(), rtol, atol, err_msg=f"{backend} x")
+        for k, p in torch_layer.named_parameters():
+            np.testing.assert_allclose(got[f"m.{k}"], p.grad.numpy(), rtol, atol, err_msg=f"{backend} {k}")
+    model = gc.capture(layer, x=gc.spec(x.dtype, ("N", *x.shape[1:])) if batched else x)
+    onnx.checker.check_model(model.proto, full_check=True)
+    np.testing.assert_allclose(run_both(model, {"x": x})["output"], want, rtol, atol)
