@@ -52,5 +52,6 @@ __all__ = [
     "ones_like", "pad", "pixel_shuffle", "pow", "prelu", "relu", "repeat", "reshape", "rms_norm", "rsqrt",
     "scaled_dot_product_attention", "scatter", "sigmoid", "silu", "sin", "softmax", "softplus", "split", "sqrt",
     "squeeze", "stack", "sum", "tanh", "tile", "topk", "transpose", "tril", "triu", "unsqueeze", "where", "zeros",
-    "zeros_like", "cat", "permute", "flip", "logsumexp", "normalize", "roll", "std", "var", "fold", "unfold", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss", "l1_loss", "mse_loss",
+    "zeros_like", "cat", "permute", "flip", "logsumexp", "normalize", "roll", "std", "var", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss", "l1_loss", "mse_loss",
+    "fold", "unfold",
 ]
