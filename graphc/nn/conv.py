@@ -96,7 +96,7 @@ class _ConvTransposeNd(_ConvNd):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.conv(x, self.weight, self.bias, self.stride, self.padding, self.output_padding,
-                               self.groups, self.dilation)
+                         self.groups, self.dilation)
 
 
 class ConvTranspose1d(_ConvTransposeNd):
