@@ -90,6 +90,39 @@ def test_dims_that_follow_an_input_symbol_are_not_reinferred():
     assert _pending(all_nodes(model.graph), {"N"}) == {}
 
 
+def _fed_shape_model() -> gc.Model:
+    """Shape(Reshape(x[12], shape)) where ``shape`` is a graph input whose initializer [2, 6]
+    is only a default: a caller may feed another."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Shape", ["r"], ["s"])]
+    return make_model(nodes, [("x", F, [12]), ("shape", onnx.TensorProto.INT64, [2])],
+                      [("s", onnx.TensorProto.INT64, [2])], [("shape", np.array([2, 6], I64))], opset=17)
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_a_default_a_caller_may_feed_is_not_folded(level):
+    model = _fed_shape_model()
+    out = gc.optimize(model, level)
+    x = np.zeros(12, np.float32)
+    for shape in ([3, 4], [2, 6], [12, 1]):
+        fed = {"x": x, "shape": np.array(shape, I64)}
+        assert_close(run_ort(model, fed), run_ort(out, fed), what=f"level {level} fed {shape}")
+        assert run_ort(out, fed)["s"].tolist() == shape
+    assert run_ort(out, {"x": x})["s"].tolist() == [2, 6]  # the default still applies
+
+
+@pytest.mark.parametrize("source", [False, True])
+def test_shape_inference_leaves_a_feedable_default_out(source):
+    # both ways the pass calls onnx's inference: on the caller's proto, and on the IR model
+    # serialized with its small initializers' data
+    from graphc.passes.optimize.shape_inference import ShapeInference
+
+    model = _fed_shape_model()
+    reshaped = next(n for n in model.ir.graph if n.op_type == "Reshape").outputs[0]
+    ShapeInference(model.proto if source else None)(model.ir)
+    assert reshaped.shape is None or not reshaped.shape.is_static(), reshaped.shape
+    assert model.ir.graph.initializers["shape"].const_value.numpy().tolist() == [2, 6]
+
+
 torch = pytest.importorskip("torch")  # the tests below export PyTorch models
 torch_blocks = pytest.importorskip("torch_blocks")
 

@@ -25,7 +25,8 @@ class ShapeInference(Declared, ir.passes.InPlacePass):
        output (and everything computed from it) folds in the next round.
 
     Sound: ONNX inference derives each dim from the graph's declared input shapes, so a static
-    dim it finds holds for every valid input. A dim that is a symbol of a graph input (``N``)
+    dim it finds holds for every valid input. It never sees the data of an initializer that is
+    also a graph input (a default a caller may feed), so no dim follows from a default. A dim that is a symbol of a graph input (``N``)
     is never replaced, and a rank is never changed. Runs only when some value is worth inferring
     (``_pending``) and, after the first run, the inputs of that value's node changed since
     inference last saw it (a new node, an input now constant or with a new shape): a gradient
@@ -63,7 +64,7 @@ class ShapeInference(Declared, ir.passes.InPlacePass):
         self._seen.update((v, inputs[name]) for name, v in pending.items())
         infer = lambda proto: onnx.shape_inference.infer_shapes(proto, data_prop=True)  # noqa: E731
         try:
-            if source is not None and source.ByteSize() <= self.SOURCE_BYTES:
+            if source is not None and source.ByteSize() <= self.SOURCE_BYTES and not _feedable_defaults(model):
                 inferred = infer(source)
             else:
                 inferred = _infer_without_big_data(infer, model)
@@ -180,13 +181,19 @@ def _read_back(proto: onnx.TypeProto, seen: dict[bytes, tuple]) -> tuple[ir.Type
     return type_, shape if shared else _tensor_shape(proto)
 
 
+def _feedable_defaults(model: ir.Model) -> bool:
+    """Whether an initializer of ``model`` is also a graph input (its data only a default)."""
+    return any(v.is_graph_input() for v in model.graph.initializers.values())
+
+
 BIG_TENSOR_BYTES = 1000  # an initializer's data above this is left out of the inference call
 
 
 def _infer_without_big_data(infer, model: ir.Model) -> onnx.ModelProto:
     """``infer`` run on ``model`` serialized with every initializer also a graph input (typed
     and shaped) and big ones without their data, so a model over protobuf's 2 GiB limit still
-    goes through; ``model`` is left as it was. (What onnx-ir's ``ShapeInferencePass`` does
+    goes through, nor those a caller may feed (already graph inputs: their data is a default,
+    which data propagation would take for the value); ``model`` is left as it was. (What onnx-ir's ``ShapeInferencePass`` does
     through a private helper; this pass needs the inferred proto itself, not its merge.)"""
     graph = model.graph
     initializers = tuple(graph.initializers.values())
@@ -197,9 +204,10 @@ def _infer_without_big_data(infer, model: ir.Model) -> onnx.ModelProto:
         if tensor is not None:
             value.shape = value.shape if value.shape is not None else tensor.shape
             value.dtype = value.dtype if value.dtype is not None else tensor.dtype
-        if value not in graph.inputs:
+        feedable = value.is_graph_input()
+        if not feedable:
             graph.inputs.append(value)
-        if tensor is None or tensor.nbytes > BIG_TENSOR_BYTES:
+        if tensor is None or tensor.nbytes > BIG_TENSOR_BYTES or feedable:
             value.const_value = None
             graph.initializers.pop(value.name)
     try:
