@@ -16,7 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
-from graphc.passes.values import const_array, node_attrs, onnx_opset, static_shape
+from graphc.passes.values import const_array, draws_random, node_attrs, onnx_opset, static_shape
 
 __all__ = ["folded_array", "run_graph", "run_node", "use_kernels"]
 
@@ -60,8 +60,7 @@ def _reference(op_type, inputs, attrs, opset, domain, num_outputs) -> list[np.nd
         raise GraphError(f"cannot evaluate {op_type}: {type(exc).__name__}: {exc}") from exc
 
 
-_NOT_FOLDED = frozenset({"If", "Loop", "Scan", "RandomNormal", "RandomUniform", "RandomNormalLike",
-                         "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"})
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 
 
 def _opset(node: ir.Node) -> int:
@@ -79,7 +78,8 @@ def folded_array(value: ir.Value | None, depth: int = 0) -> np.ndarray | None:
     if array is not None or depth > 16:
         return array
     node = value.producer()
-    if node is None or node.domain not in ("", "ai.onnx") or node.op_type in _NOT_FOLDED:
+    if (node is None or node.domain not in ("", "ai.onnx") or node.op_type in _CONTROL_FLOW
+            or draws_random(node)):
         return None
     if node.op_type == "Shape":
         shape = static_shape(node.inputs[0])

@@ -1,6 +1,6 @@
 """Small helpers every pass shares over onnx-ir values and graphs: the ai.onnx opset, a
 value's shape as a tuple, its constant as numpy, a node's constant axes, a value swapped for
-another, a node's attributes as plain values, fresh names.
+another, a node's attributes as plain values, fresh names, which nodes draw random numbers.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["const_array", "const_axes", "const_scalar", "fixed_array", "fresh_name", "node_attrs", "onnx_opset",
-           "replace_value", "static_shape"]
+__all__ = ["RANDOM_OPS", "const_array", "const_axes", "const_scalar", "draws_random", "fixed_array", "fresh_name",
+           "node_attrs", "onnx_opset", "replace_value", "static_shape"]
 
 Dim = int | str | None
 StaticShape = tuple[Dim, ...]
@@ -39,6 +39,24 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
         return None
     tensor = ir.convenience.get_const_tensor(value)
     return None if tensor is None else tensor.numpy()
+
+
+# ops whose kernels draw random numbers: each run draws anew, two equal nodes are two draws
+RANDOM_OPS = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli",
+                        "Multinomial"})
+
+
+def draws_random(node: ir.Node) -> bool:
+    """Whether ``node`` draws random numbers, so no pass may fold it or merge it with an equal
+    node: an op of ``RANDOM_OPS``, or a Dropout that may run in training mode (its
+    ``training_mode`` input is neither absent nor a constant false no caller can feed)."""
+    if node.op_type in RANDOM_OPS:
+        return True
+    if node.op_type != "Dropout" or len(node.inputs) < 3 or node.inputs[2] is None:
+        return False
+    mode = node.inputs[2]
+    array = None if mode.is_graph_input() else const_array(mode)
+    return array is None or bool(np.any(array))
 
 
 def const_scalar(value: ir.Value | None) -> float | None:

@@ -139,6 +139,67 @@ def test_two_dropouts_of_one_input_stay_two_draws(level):
     assert gc.Session(model, backend="numpy").run({"x": x})["diff"] > 0  # one merged mask gives 0
 
 
+RANDOM_CASES = {  # op -> its nodes reading a float "c" into "draw"
+    "Bernoulli": [helper.make_node("Bernoulli", ["c"], ["draw"])],
+    "RandomUniformLike": [helper.make_node("RandomUniformLike", ["c"], ["draw"])],
+    "Dropout": [helper.make_node("Constant", [], ["ratio"], value=onnx.numpy_helper.from_array(np.float32(0.5), "r")),
+                helper.make_node("Constant", [], ["train"], value=onnx.numpy_helper.from_array(np.array(True), "t")),
+                helper.make_node("Dropout", ["c", "ratio", "train"], ["draw"])],
+}
+
+
+def _random_model(op: str, twice: bool) -> onnx.ModelProto:
+    """``y = x + draw`` where draw is ``op`` of a constant (every input known before run time);
+    ``twice``: ``y = draw - draw'``, two equal nodes drawing from the same graph input c."""
+    c = onnx.numpy_helper.from_array(np.full(256, 0.5, np.float32), "c")
+    nodes = [*([] if twice else [helper.make_node("Constant", [], ["c"], value=c)]), *RANDOM_CASES[op]]
+    if twice:
+        nodes += [helper.make_node(n.op_type, n.input, ["draw2"], **{a.name: helper.get_attribute_value(a) for a in n.attribute})
+                  for n in RANDOM_CASES[op][-1:]]
+        nodes.append(helper.make_node("Sub", ["draw", "draw2"], ["y"]))
+    else:
+        nodes.append(helper.make_node("Add", ["x", "draw"], ["y"]))
+    inputs = [helper.make_tensor_value_info("c" if twice else "x", TensorProto.FLOAT, [256])]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+@pytest.mark.parametrize("op", sorted(RANDOM_CASES))
+def test_random_ops_are_never_folded(op, level):
+    # every input is constant, but each run must draw anew: folding bakes one draw into the model
+    out = gc.optimize(_random_model(op, twice=False), level=level)
+    assert op in [n.op_type for n in out.proto.graph.node]
+    session, x = gc.Session(out, backend="numpy"), {"x": np.zeros(256, np.float32)}
+    assert not np.array_equal(session.run(x)["y"], session.run(x)["y"])
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+@pytest.mark.parametrize("op", sorted(RANDOM_CASES))
+def test_two_random_draws_of_one_input_stay_two(op, level):
+    out = gc.optimize(_random_model(op, twice=True), level=level)
+    assert [n.op_type for n in out.proto.graph.node].count(op) == 2
+    c = {"c": np.full(256, 0.5, np.float32)}
+    assert np.count_nonzero(gc.Session(out, backend="numpy").run(c)["y"])  # one merged draw gives 0
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_training_dropout_of_a_parameter_stays_random(level):
+    # captured with training=True, a Dropout stays random at -O3 too (it was folded into one mask)
+    class Noisy(gc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos, self.drop = gc.nn.Parameter(np.ones((16, 16), np.float32)), gc.nn.Dropout(0.5)
+
+        def forward(self, x):
+            return x + self.drop(self.pos)
+
+    out = gc.optimize(gc.capture(Noisy(), x=gc.spec("float32", (16, 16)), training=True), level=level)
+    session, x = gc.Session(out, backend="numpy"), {"x": np.zeros((16, 16), np.float32)}
+    first, second = session.run(x)["output"], session.run(x)["output"]
+    assert set(np.unique(first)) == {0.0, 2.0} and not np.array_equal(first, second)
+
+
 def test_fold_constants_same_as_onnxscript():
     from onnxscript.optimizer import fold_constants_ir
 

@@ -40,17 +40,13 @@ import onnx_ir as ir
 
 from graphc.errors import BackendError
 from graphc.model.file import tensor_types
-
-# ops whose kernels draw random numbers: a replayed graph would draw the same ones each step
-RANDOM_OPS = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli",
-                        "Multinomial"})
+from graphc.passes.values import draws_random
 
 
 def random_nodes(graph: ir.Graph) -> list[ir.Node]:
-    """Nodes of ``graph`` (subgraphs included) that draw random numbers themselves; Dropout counts
-    when it has a ``training_mode`` input (it can train)."""
-    return [n for n in ir.traversal.RecursiveGraphIterator(graph) if n.domain in ("", "ai.onnx")
-            and (n.op_type in RANDOM_OPS or (n.op_type == "Dropout" and len(n.inputs) > 2))]
+    """Nodes of ``graph`` (subgraphs included) that draw random numbers themselves (a replayed
+    graph would draw the same ones each step): ``draws_random``'s, training-mode Dropout included."""
+    return [n for n in ir.traversal.RecursiveGraphIterator(graph) if n.domain in ("", "ai.onnx") and draws_random(n)]
 
 
 def specialize(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:

@@ -12,7 +12,8 @@ __all__ = ["LEVELS", "MAX_LEVEL", "build_pipeline"]
 # level -> what it adds to the level below (the report and `graphc optimize --help` show these)
 LEVELS: dict[int, str] = {
     0: "nothing: the model is copied unchanged",
-    1: "library cleanups: shape inference, constant folding (onnxscript), identity elimination, "
+    1: "library cleanups: shape inference, constant folding (onnxscript; never a random op or a "
+       "training-mode Dropout, nor a graph input's default, which a caller may feed), identity elimination, "
        "CSE, dead-node removal, initializer dedup (never parameters below level 3), constants "
        "lifted to initializers, topological sort (onnx-ir)",
     2: "algebraic simplification (x*1, x+0, Transpose/Reshape/Cast chains, Expand before a "
@@ -21,7 +22,8 @@ LEVELS: dict[int, str] = {
        "by a matrix through Reshapes), "
        "Transpose into Gemm attributes, shape-subgraph folding (symbolic dims kept), Gelu (opset >= 20) and LayerNormalization (>= 17) "
        "fusions; safe for training graphs",
-    3: "inference only: Conv/Gemm+BatchNormalization folding, Dropout removal, a constant per-column "
+    3: "inference only: Conv/Gemm+BatchNormalization folding, inference-mode Dropout removal "
+       "(a training-mode Dropout stays random), a constant per-column "
        "scale folded into the Gemm/MatMul before it, constant weight "
        "transposes (and every other constant subgraph, any size) pre-applied; equal parameters "
        "merged",

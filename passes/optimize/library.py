@@ -19,7 +19,7 @@ import onnx_ir.passes.common as common
 from onnxscript.optimizer import fold_constants_ir
 
 from graphc.passes.optimize.pipeline import SUBGRAPH_OPS, Declared, LibraryPass, all_nodes
-from graphc.passes.values import onnx_opset
+from graphc.passes.values import draws_random, onnx_opset
 
 __all__ = ["CommonSubexpressionElimination", "DeduplicateConstants", "IdentityElimination",
            "LiftConstantsToInitializers", "RemoveUnusedNodes", "cleanup_passes",
@@ -120,7 +120,9 @@ def fold_constants_pass(protected: frozenset[str] = frozenset(), level: int = 1)
     and partially evaluates shape ops (``Shape``, ``Gather``/``Concat`` of shapes, ``Size``)
     from the static dims it knows, keeping symbolic dims symbolic. It also turns a ``Dropout``
     that the ONNX spec defines as identity (opset >= 12, no or false ``training_mode``, or ratio
-    0) into Identity; training-mode Dropout is left as is.
+    0) into Identity. A node that draws random numbers (``draws_random``: a training-mode
+    Dropout, Bernoulli, RandomUniform, ...) is never folded, at any level: its value differs
+    from run to run.
 
     Below level 3, nodes reading a ``protected`` initializer (a parameter) are not folded, so
     the parameter keeps its name and layout for state dicts and a later
@@ -130,6 +132,8 @@ def fold_constants_pass(protected: frozenset[str] = frozenset(), level: int = 1)
     and reshapes are pre-applied, so the runtime never does them at load or run time."""
 
     def should_fold(node: ir.Node) -> bool | None:
+        if draws_random(node):
+            return False
         if protected and any(v is not None and v.name in protected and v.is_initializer() for v in node.inputs):
             return False
         if node.op_type == "Identity":
@@ -204,7 +208,8 @@ class CommonSubexpressionElimination(Declared, ir.passes.InPlacePass):
     """onnx-ir's CSE (``CommonSubexpressionEliminationPass``, main graph: two nodes with the
     same op, inputs and attributes compute the same values, so the second's uses read the
     first's outputs; control flow, random ops and tensor attributes over ``size_limit``
-    elements are left alone), with the same keys and effects, only cheaper: a small tensor
+    elements are left alone; graphc's random ops are ``draws_random``'s, which adds Bernoulli
+    and training-mode Dropout to onnx-ir's list), with the same keys and effects, only cheaper: a small tensor
     attribute (an exported graph's many ``Constant`` nodes) is keyed by its dtype, shape and
     serialized bytes instead of a numpy copy, and the per-node key is built in one pass over
     the attributes. Sound: the redirected uses read values equal to the ones they read before."""
@@ -228,7 +233,7 @@ class CommonSubexpressionElimination(Declared, ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified)
 
     def _key(self, node: ir.Node) -> tuple | None:
-        if node.op_type in _NON_DETERMINISTIC:  # any domain, as onnx-ir's pass
+        if draws_random(node):  # any domain, as onnx-ir's pass
             return None
         attributes = []
         for name, attr in node.attributes.items():
@@ -245,12 +250,6 @@ class CommonSubexpressionElimination(Declared, ir.passes.InPlacePass):
             attributes.append((name, value))
         attributes.sort()
         return (node.op_identifier(), len(node.outputs), tuple(map(id, node.inputs)), tuple(attributes))
-
-
-# Nodes that draw random numbers: two equal ones are two draws (onnx-ir's list, and Dropout, whose
-# training-mode masks are draws: two Dropouts of one input had been merged into one mask).
-_NON_DETERMINISTIC = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike",
-                                "Multinomial", "Dropout"})
 
 
 def _replace_node(graph: ir.Graph, node: ir.Node, values: Sequence[ir.Value]) -> None:
