@@ -182,6 +182,19 @@ def test_reshape_moves_through_elementwise_ops_only(middle, keep):
     check(m, 2, expected)
 
 
+@pytest.mark.parametrize("one_shape, expected", [((1,), ["Add", "Reshape"]), ((), ["Add"])])
+def test_reshapes_around_an_elementwise_op_on_a_scalar_keep_its_rank(one_shape, expected):
+    # Reshape(x[], [1]) -> Add(., one) -> Reshape(., []): Add(x, one[1]) is of rank 1, not x's 0,
+    # so the last Reshape stays (-O2 and -O3 raised PassError, the output's rank changed); with a
+    # scalar one both Reshapes go
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["r"]), helper.make_node("Add", ["r", "one"], ["a"]),
+             helper.make_node("Reshape", ["a", "s0"], ["y"])]
+    m = make_model(nodes, [("x", F, [])], [("y", F, [])],
+                   [("s1", np.array([1])), ("s0", np.array([], np.int64)), ("one", np.ones(one_shape, np.float32))])
+    for level in (2, 3):
+        check(m, level, expected, batches=(1,))
+
+
 def test_transpose_folded_into_gemm_attribute():
     nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
              helper.make_node("Gemm", ["xt", "W", "b"], ["y"])]

@@ -258,7 +258,8 @@ class ReshapeThroughElementwise(Declared, ir.passes.InPlacePass):
     has s1's shape (a one-element operand of rank <= 1 broadcasts to nothing bigger), each op
     maps each element alone, so it commutes with re-viewing the row-major data, and two
     Reshapes in a row are the last one (s2 holds no 0, whose "copy the input's dim" would read
-    the other shape). ``BatchedMatMulAddToGemm`` leaves ``Reshape`` -> activation -> ``Reshape``
+    the other shape). For a scalar x a rank-1 operand makes f(x) of rank 1, so the last Reshape
+    then stays even where s2 denotes x's shape. ``BatchedMatMulAddToGemm`` leaves ``Reshape`` -> activation -> ``Reshape``
     between two linear layers; this removes both. The first Reshape stays for other readers."""
 
     name = "ReshapeThroughElementwise"
@@ -273,30 +274,32 @@ class ReshapeThroughElementwise(Declared, ir.passes.InPlacePass):
             region = None if target is None or 0 in target else self._region(last)
             if region is None:
                 continue
-            first, ops, root = region
+            first, ops, root, operand_rank = region
             x = first.inputs[0]
             for op in ops:  # each now maps x's shape (a one-element operand of rank <= 1 keeps it)
                 for i, v in enumerate(op.inputs):
                     if v is first.outputs[0]:
                         op.replace_input_with(i, x)
                 op.outputs[0].shape = x.shape if x.shape is not None and len(x.shape) >= 1 else None
-            if self._denotes(target, x.shape) and last.outputs[0].is_graph_output():
+            same = self._denotes(target, x.shape) and len(x.shape) >= operand_rank
+            if same and last.outputs[0].is_graph_output():
                 # an Identity keeps the graph output's name; identity elimination removes it
                 identity = ir.Node("", "Identity", [root.outputs[0]], metadata_props=dict(last.metadata_props))
                 ir.convenience.replace_nodes_and_values(last.graph, last, [last], [identity], last.outputs,
                                                         identity.outputs)
-            elif self._denotes(target, x.shape):
+            elif same:
                 ir.convenience.replace_all_uses_with(last.outputs[0], root.outputs[0])
             modified = True
         return ir.passes.PassResult(model, modified)
 
-    def _region(self, last: ir.Node) -> tuple[ir.Node, list[ir.Node], ir.Node] | None:
-        """(the first Reshape, the region's ops, the op ``last`` reads), or None."""
+    def _region(self, last: ir.Node) -> tuple[ir.Node, list[ir.Node], ir.Node, int] | None:
+        """(the first Reshape, the region's ops, the op ``last`` reads, the highest rank of its
+        one-element operands), or None."""
         value = last.inputs[0]
         root = value.producer() if value is not None else None
         if root is None or len(value.uses()) != 1 or value.is_graph_output():
             return None
-        first, ops, seen, stack = None, [], set(), [root]
+        first, ops, seen, stack, operand_rank = None, [], set(), [root], 0
         while stack:
             node = stack.pop()
             if id(node) in seen:
@@ -313,7 +316,9 @@ class ReshapeThroughElementwise(Declared, ir.passes.InPlacePass):
                     if first not in (None, producer):
                         return None
                     first = producer
-                elif not _one_element(v):
+                elif _one_element(v):
+                    operand_rank = max(operand_rank, len(v.shape) if v.shape is not None else 1)
+                else:
                     if producer is None:
                         return None
                     stack.append(producer)
@@ -321,7 +326,7 @@ class ReshapeThroughElementwise(Declared, ir.passes.InPlacePass):
         if first is None or any(out.is_graph_output() or any(id(u.node) not in inside for u in out.uses())
                                 for op in ops for out in op.outputs):
             return None
-        return first, ops, root
+        return first, ops, root, operand_rank
 
     @staticmethod
     def _denotes(target: np.ndarray, shape: ir.Shape | None) -> bool:
