@@ -151,12 +151,15 @@ def _loop_model():
                   [_vi("acc", shape=[2]), _vi("trace")])
 
 
-def test_loop_with_scan_outputs_and_outer_scope():
+@pytest.mark.parametrize("trips", [4, 0])
+def test_loop_with_scan_outputs_and_outer_scope(trips):
+    # no trips: the scan output is empty in the body output's shape, [0, 2] (it was [0])
     model = _loop_model()
-    feeds = {"n": np.array(4, np.int64), "acc0": np.array([1.0, -1.0], np.float32),
+    feeds = {"n": np.array(trips, np.int64), "acc0": np.array([1.0, -1.0], np.float32),
              "scale": np.array([0.5, 2.0], np.float32)}
     got = NumpyBackend().prepare(model).run(feeds)
     want = run_ort(model, feeds)
+    assert [(a.shape, a.dtype) for a in (got["acc"], got["trace"])] == [(a.shape, a.dtype) for a in want]
     np.testing.assert_allclose(got["acc"], want[0])
     np.testing.assert_allclose(got["trace"], want[1])
 

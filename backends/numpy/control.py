@@ -14,9 +14,12 @@ def if_(ctx, cond, *, then_branch, else_branch):
     return tuple(branch.call(ctx, []))
 
 
-def _stack(items, dtype):
+def _stack(items, body, index):
+    """The values ``body``'s output ``index`` took, stacked on a new axis 0. None of them: an
+    empty tensor of its static shape (unknown dims 0, an unknown rank [0]), as onnxruntime's."""
     if not items:
-        return np.zeros((0,), dtype or np.float32)
+        dims = body.output_dims[index]
+        return np.zeros((0, *(dims or ())), body.output_dtypes[index] or np.float32)
     if isinstance(items[0], list):  # a sequence scanned out stays a list of sequences
         return items
     return np.stack(items)
@@ -38,8 +41,7 @@ def loop(ctx, max_trip_count=None, cond=None, *initial, body):
         for acc, value in zip(scanned, outs[1 + n_carried:]):
             acc.append(value)
         i += 1
-    dtypes = body.output_dtypes[1 + n_carried:]
-    return (*carried, *(_stack(acc, dt) for acc, dt in zip(scanned, dtypes)))
+    return (*carried, *(_stack(acc, body, 1 + n_carried + k) for k, acc in enumerate(scanned)))
 
 
 def _scan(ctx, states, xs, body, in_axes, in_dirs, out_axes, out_dirs):

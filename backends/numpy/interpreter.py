@@ -71,6 +71,15 @@ def _value_dtype(value: onnx.ValueInfoProto) -> np.dtype | None:
     return onnx.helper.tensor_dtype_to_np_dtype(elem) if elem else None
 
 
+def _value_dims(value: onnx.ValueInfoProto) -> tuple[int, ...] | None:
+    """A tensor's static dims, 0 for those not known (as onnxruntime sizes a Loop's scan output of
+    no iterations); None for an unknown rank."""
+    tensor = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not tensor.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else 0 for d in tensor.shape.dim)
+
+
 def _label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
@@ -185,6 +194,7 @@ class Plan:
         self.input_names = [v.name for v in graph.input]
         self.output_names = [v.name for v in graph.output]
         self.output_dtypes = [_value_dtype(v) for v in graph.output]
+        self.output_dims = [_value_dims(v) for v in graph.output]
         self.required = frozenset(n for n in self.input_names if n not in self.consts)
         steps = [Step(node, i, opsets, functions) for i, node in enumerate(graph.node)]
         defined = set(self.consts) | set(self.input_names)
