@@ -120,6 +120,15 @@ def test_parity_bad_dim_exits_2(files, capsys):
     assert "with --input the arrays give every size" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag, value", [("--rtol", "nan"), ("--atol", "-1e-3"), ("--rtol", "inf")])
+def test_parity_bad_tolerance_exits_2(files, capsys, flag, value):
+    # `--rtol nan` printed parity OK whatever the outputs were
+    assert graphc("parity", files / "net.onnx", flag, value) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip().startswith(f"error: ValueError: {flag[2:]} must be a finite number >= 0, got")
+    assert len(captured.err.strip().splitlines()) == 1 and "parity OK" not in captured.out
+
+
 def test_random_feeds_follow_the_specs():
     feeds = random_feeds([spec("float32", ("N", 3), name="x"), spec("int64", ("N",), name="ids"),
                           spec("bool", (None, 2), name="mask")], {"N": 5}, seed=1)

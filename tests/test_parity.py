@@ -62,6 +62,18 @@ def test_relative_error_does_not_explode_near_zero():
     assert d.ok and d.max_rel_err == pytest.approx(0.1, rel=1e-3)  # 1e-6 / atol 1e-5
 
 
+@pytest.mark.parametrize("name, value", [("rtol", float("nan")), ("atol", float("nan")), ("rtol", -1e-3),
+                                         ("atol", -1.0), ("rtol", float("inf")), ("atol", float("-inf"))])
+def test_non_finite_or_negative_tolerances_are_refused(name, value):
+    # a NaN tolerance made every comparison pass (and a negative one every comparison fail)
+    ref = np.ones(3, np.float32)
+    with pytest.raises(ValueError, match=f"^{name} must be a finite number >= 0, got {value}"):
+        diff("y", "b", ref, ref + 1, **{name: value})
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        gc.parity.compare(linear_relu(), FEEDS, backends=("ort-cpu", "ort-cpu"), **{name: value})
+    assert diff("y", "b", ref, ref + 1, **{name: 0.0}).ok is False  # zero is a tolerance
+
+
 # -- compare across backends -------------------------------------------------------------------------
 
 def test_compare_ort_against_itself_at_two_optimization_levels():

@@ -120,8 +120,10 @@ def parity_cmd(
     dims: list[str] = typer.Option([], "--dim", metavar="NAME=SIZE",
                                    help="Size of a dim name for random feeds, e.g. N=8 (default 2)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random feeds."),
-    rtol: Optional[float] = typer.Option(None, "--rtol", help="Relative tolerance (default: by dtype)."),
-    atol: Optional[float] = typer.Option(None, "--atol", help="Absolute tolerance (default: by dtype)."),
+    rtol: Optional[float] = typer.Option(None, "--rtol",
+                                         help="Relative tolerance, finite and >= 0 (default: by dtype)."),
+    atol: Optional[float] = typer.Option(None, "--atol",
+                                         help="Absolute tolerance, finite and >= 0 (default: by dtype)."),
     bisect: bool = typer.Option(False, "--bisect", help="Find the first node whose output diverges."),
 ) -> None:
     """Compare MODEL's outputs across backends; exit 1 on a mismatch."""

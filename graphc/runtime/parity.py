@@ -11,6 +11,7 @@ compared in topological order: the first node whose output disagrees is where th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,8 +32,18 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 }
 
 
+def check_tolerances(rtol: float | None, atol: float | None) -> None:
+    """Raise ``ValueError`` naming ``rtol`` or ``atol`` when it is given but not a finite number
+    >= 0 (a NaN tolerance lets every comparison pass, a negative one fails every comparison)."""
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
 def tolerances(dtype: str, rtol: float | None = None, atol: float | None = None) -> tuple[float, float]:
-    """The (rtol, atol) used for ``dtype``; explicit values win over the defaults."""
+    """The (rtol, atol) used for ``dtype``; explicit values (checked by ``check_tolerances``) win
+    over the defaults."""
+    check_tolerances(rtol, atol)
     default_rtol, default_atol = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
     return (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
 
@@ -141,16 +152,18 @@ def compare(model: Any, feeds: Mapping[str, Any], backends: Sequence[str] = ("nu
     Args:
         model: a ``gc.Model``, a path, bytes or ``ModelProto``.
         feeds: input name -> array (checked like ``Session.run`` does).
-        rtol, atol: override the per-dtype defaults of ``DEFAULT_TOLERANCES``.
+        rtol, atol: override the per-dtype defaults of ``DEFAULT_TOLERANCES``; finite, >= 0.
         bisect: also find the first node whose output diverges (``report.first_divergence``).
         **options: Session options for every backend (e.g. ``graph_optimization_level``).
 
     Raises:
         BackendUnavailable: a backend in ``backends`` cannot run here.
         InputError: the feeds do not match the model's inputs.
+        ValueError: fewer than two backends, or a tolerance that is NaN, infinite or negative.
     """
     from graphc.runtime.session import Session
 
+    check_tolerances(rtol, atol)
     backends = list(backends)
     if len(backends) < 2:
         raise ValueError(f"parity needs at least two backends, got {backends}")
