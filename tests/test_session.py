@@ -64,6 +64,19 @@ def test_python_lists_take_the_input_dtype(sess):
     np.testing.assert_allclose(out["y"], expected(), rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype, value", [(onnx.TensorProto.UINT8, 300), (onnx.TensorProto.UINT8, [-1]),
+                                          (onnx.TensorProto.INT32, [1, 2**40]), (onnx.TensorProto.INT64, 2**70)])
+def test_python_int_out_of_the_input_dtype_is_an_input_error(dtype, value):
+    # it raised numpy's bare OverflowError, naming no input
+    shape = ["N"] if isinstance(value, list) else []
+    k, y = (onnx.helper.make_tensor_value_info(name, dtype, shape) for name in "ky")
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["k"], ["y"])], "g", [k], [y])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    with pytest.raises(gc.InputError, match=r"input 'k': expected k: (uint8|int32|int64)\S*, got a value out of the "
+                                            r"range of (uint8|int32|int64) \(Python int"):
+        gc.Session(model, backend="numpy").run({"k": value})
+
+
 def test_outputs_selects_and_unknown_output_is_an_input_error(sess):
     assert list(sess.run({"x": X, "b": B}, outputs=["y"])) == ["y"]
     with pytest.raises(gc.InputError, match=r"unknown output 'z'.*y: float32\[N,2\]"):

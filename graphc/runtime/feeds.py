@@ -23,6 +23,9 @@ def _as_array(spec: TensorSpec, value: Any) -> np.ndarray:
         return np.asarray(value)
     try:  # Python scalars and lists take the input's dtype, as a convenience
         return np.asarray(value, dtype=to_numpy(spec.dtype))
+    except OverflowError as exc:
+        raise InputError(f"input {spec.name!r}: expected {spec}, got a value out of the range of {spec.dtype} "
+                         f"({exc})") from None
     except (TypeError, ValueError) as exc:
         raise InputError(f"input {spec.name!r}: expected {spec}, got a {type(value).__name__} "
                          f"that does not convert to an array ({exc})") from None
