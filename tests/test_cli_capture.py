@@ -58,6 +58,12 @@ def user_file(tmp_path_factory):
             return {"sum": x + y, "prod": x * y}
 
         CONSTANT = 3
+
+        def broken(x):
+            raise RuntimeError("not ready")
+
+        def misspelled(x):
+            return x.nope
     """))
     return folder / "net.py"
 
@@ -121,6 +127,10 @@ def test_console_script_bad_input_exits_2(tmp_path, args):
     (["capture", "no/such/file.py:X", "--input", "x:float32[3]"], "no such file"),
     (["capture", "models/two_layer_net.py", "--input", "x:float32[3]"], "FILE.py:OBJECT"),
     (["capture", "USER:CONSTANT", "--input", "x:float32[3]"], "expected a Module"),
+    # the user's code raising printed a traceback
+    (["capture", "USER:broken", "--input", "x:float32[3]"], "RuntimeError in the captured code at USER:22: not ready"),
+    (["capture", "USER:misspelled", "--input", "x:float32[3]"],
+     "AttributeError in the captured code at USER:25: 'Tensor' object has no attribute 'nope'"),
     (["inspect", "README.md"], "not a valid ONNX model"),
     (["inspect", "nothere.onnx"], "no such model file"),
 ])
@@ -134,7 +144,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, user_file, capsys, monkeypatc
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert needle in lines[0]
+    assert needle.replace("USER", str(user_file)) in lines[0]
     assert "Traceback" not in err
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 
 import numpy as np
 import pytest
@@ -205,3 +206,45 @@ def test_control_flow_errors():
         gc.capture(lambda x: gc.fori_loop(0, 3, lambda i, c: c.astype("int64"), x), x=gc.spec("float32", (3,)))
     with pytest.raises(gc.GraphError, match="predicate"):
         gc.capture(lambda x: gc.cond(x.sum(), lambda: x, lambda: x), x=gc.spec("float32", (3,)))
+
+
+class _Typo(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc3(x)  # attribute-error
+
+
+def _index(x):
+    return x * [1.0, 2.0][5]  # index-error
+
+
+def _divide(x):
+    return x * (1 / 0)  # zero-division
+
+
+def _runtime(x):
+    raise RuntimeError("not ready")  # runtime-error
+
+
+def _in_a_library(x):
+    return x * json.loads("{")  # in-a-library
+
+
+def _in_control_flow(x):
+    return gc.cond(x.sum() > 0, lambda: x * {}["k"], lambda: x)  # in-control-flow
+
+
+@pytest.mark.parametrize("fn, kind, marker", [
+    (_Typo(), AttributeError, "attribute-error"), (_index, IndexError, "index-error"),
+    (_divide, ZeroDivisionError, "zero-division"), (_runtime, RuntimeError, "runtime-error"),
+    (_in_a_library, json.JSONDecodeError, "in-a-library"), (_in_control_flow, KeyError, "in-control-flow"),
+])
+def test_an_exception_in_the_captured_code_is_a_capture_error_naming_its_line(fn, kind, marker):
+    # it left gc.capture as it was raised, and `graphc capture` printed its traceback
+    with pytest.raises(gc.CaptureError, match=rf"^{kind.__name__} in the captured code at \S*{HERE}:"
+                                              rf"{_line_of(marker)}: ") as err:
+        gc.capture(fn, x=gc.spec("float32", (3,)))
+    assert type(err.value.__cause__) is kind

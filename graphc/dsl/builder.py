@@ -15,6 +15,8 @@ import contextlib
 import functools
 import os
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,9 @@ _PKG_DIR = str(Path(__file__).resolve().parents[1]) + os.sep  # the graphc packa
 # Frames that are never the user's code: graphc's own, and numpy's (``np.sum(t)`` dispatches to
 # ``Tensor.__array_function__`` from numpy's Python wrappers).
 _NOT_USER = (_PKG_DIR, str(Path(np.__file__).resolve().parent) + os.sep)
+# Python's own and installed libraries: where user code calls them, the user's line is the call
+_LIBRARIES = tuple(sorted({str(Path(sysconfig.get_path(k)).resolve()) + os.sep
+                           for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
 _CURRENT: list["Builder"] = []
 
 
@@ -45,6 +50,16 @@ def user_source() -> str:
     if frame is None:
         return "<unknown>:0"
     return f"{_display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def raised_at(exc: BaseException) -> str:
+    """``file.py:LINE`` where ``exc`` was raised in the user's code: the innermost frame of its
+    traceback outside graphc and numpy, and outside Python's own and installed libraries when
+    the user's code called one (``json.loads`` raising); ``<unknown>:0`` when there is none."""
+    frames = [(frame.f_code.co_filename, line) for frame, line in traceback.walk_tb(exc.__traceback__)]
+    user = [f for f in frames if not f[0].startswith(_NOT_USER)]
+    own = [f for f in user if not os.path.realpath(f[0]).startswith(_LIBRARIES)] or user
+    return f"{_display_path(own[-1][0])}:{own[-1][1]}" if own else "<unknown>:0"
 
 
 @functools.lru_cache(maxsize=1024)

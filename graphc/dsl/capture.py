@@ -14,10 +14,10 @@ import onnx_ir as ir
 from graphc.dsl import methods  # noqa: F401  (binds gc.Tensor's operators before any Tensor is made)
 from graphc.dsl import methods_torch  # noqa: F401  (and PyTorch's Tensor methods: view, permute, masked_fill, ...)
 from graphc.dsl import ops
-from graphc.dsl.builder import Builder
+from graphc.dsl.builder import Builder, raised_at
 from graphc.dsl.tensor import Tensor
 from graphc.model.dtypes import TensorSpec, as_dtype
-from graphc.errors import CaptureError
+from graphc.errors import CaptureError, GraphcError
 from graphc.model import Model
 from graphc.nn.module import Module
 from graphc.version import __version__
@@ -74,7 +74,10 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     outputs; a single Tensor is ``"output"``; a tuple gives ``"output_0"``, ``"output_1"``, ...
     ``training``: None captures each module in its own mode (``.train()``/``.eval()``; modules
     start in eval mode); True or False puts every sub-module of a captured Module in that mode
-    for this capture only.
+    for this capture only. An exception the captured code raises (a ``RuntimeError``, an
+    ``AttributeError`` for a misspelled layer, ...) becomes a ``CaptureError`` naming its type,
+    message and ``file.py:LINE``, the original as its ``__cause__``; graphc's own errors pass as
+    they are.
 
         >>> import graphc as gc
         >>> m = gc.capture(lambda x: gc.relu(x) * 2, x=gc.spec("float32", ("N", 4)))
@@ -106,7 +109,12 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     else:
         graph_name = name or getattr(fn_or_module, "__name__", "model").replace("<lambda>", "lambda")
     with builder.activated(), _modes(forced, training):
-        result = _call(fn_or_module, tensors)
+        try:
+            result = _call(fn_or_module, tensors)
+        except GraphcError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the user's code raised it: say where, keep it as the cause
+            raise CaptureError(f"{type(exc).__name__} in the captured code at {raised_at(exc)}: {exc}") from exc
         outputs = _collect_outputs(builder, result, set(id(v) for v in graph_inputs))
     graph = ir.Graph(graph_inputs, outputs, nodes=builder.scopes[0].nodes,
                      initializers=builder.initializers, opset_imports={"": opset}, name=graph_name)
