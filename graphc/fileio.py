@@ -5,6 +5,7 @@ target, named ``.<target name>.tmp-<thread id>-<pid>``; it is fsync'ed, then ``o
 over the target, and the folder is fsync'ed so the rename survives a power loss. Temps of the
 same target whose writer is gone (killed, even by SIGKILL) match that pattern and are removed by
 the next write, or ``remove_stale_temps``: only entries of that pattern, only in the target's folder.
+An ``OSError`` on the temp names the target instead (the user asked for the target, not the temp).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def atomic_write(path: PathLike, data: bytes, mode: int = 0o644) -> Path:
     remove_stale_temps(target)
     tmp = temp_path(target)
     try:
-        write_synced(tmp, data, mode)
-        os.replace(tmp, target)
+        with _naming(tmp, target):
+            write_synced(tmp, data, mode)
+            os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -49,11 +51,26 @@ def scratch_dir(target: PathLike) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(target)
     tmp = temp_path(target)
-    tmp.mkdir()
     try:
-        yield tmp
+        with _naming(tmp, target):
+            tmp.mkdir()
+            yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def _naming(tmp: Path, target: Path) -> Iterator[None]:
+    """An ``OSError`` raised inside that names the temp ``tmp`` (or an entry in it) is raised
+    again naming ``target`` (or that entry under it), the original as its cause."""
+    try:
+        yield
+    except OSError as exc:
+        name = os.fspath(exc.filename) if isinstance(exc.filename, (str, os.PathLike)) else None
+        inside = isinstance(name, str) and (name == str(tmp) or name.startswith(f"{tmp}{os.sep}"))
+        if exc.errno is None or not inside:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(target) + name[len(str(tmp)):]) from exc
 
 
 class OutsideFolder(ValueError):

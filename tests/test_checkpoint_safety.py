@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import graphc as gc
 from graphc.runtime import checkpoint as ckpt
-from graphc.fileio import remove_stale_temps
+from graphc.fileio import atomic_write, remove_stale_temps, scratch_dir
 from cli_util import one_line_error, run_cli
 from trainer_models import blobs, bn_artifacts, imported_mlp
 
@@ -138,6 +138,23 @@ def test_remove_stale_temps_needs_the_exact_pattern(tmp_path):
         (tmp_path / name).write_text("")
     remove_stale_temps(target)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
+
+
+def test_a_failed_write_into_a_scratch_folder_names_the_target(tmp_path):
+    # the error named the temp folder (.arts.tmp-<tid>-<pid>/sub/f), which the user never asked for
+    with pytest.raises(FileNotFoundError) as err, scratch_dir(tmp_path / "arts") as scratch:
+        open(scratch / "sub" / "f", "wb")
+    assert err.value.filename == str(tmp_path / "arts" / "sub" / "f") and ".tmp-" not in str(err.value)
+    assert type(err.value.__cause__) is FileNotFoundError and os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no file can be created")
+@pytest.mark.parametrize("write", [lambda p: atomic_write(p, b"x"), lambda p: scratch_dir(p).__enter__()],
+                         ids=["atomic_write", "scratch_dir"])
+def test_a_target_that_cannot_be_created_is_named_not_its_temp(write):
+    with pytest.raises(FileNotFoundError) as err:
+        write("/proc/graphc-out")
+    assert err.value.filename == "/proc/graphc-out" and ".tmp-" not in str(err.value)
 
 
 def mlp_artifacts():

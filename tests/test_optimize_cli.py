@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,6 +57,17 @@ def test_invalid_model_exits_2_and_writes_nothing(tmp_path):
     assert exc.value.code == 2
     assert not out.exists() and bad.read_bytes() == b"not a model"
     assert [p.name for p in tmp_path.iterdir()] == ["bad.onnx"]  # no temp files left behind
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no file can be created")
+def test_an_output_that_cannot_be_written_is_named_not_its_temp_file(model_file, capsys):
+    from graphc.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["optimize", str(model_file), "-o", "/proc/o.onnx"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert err.strip() == "error: FileNotFoundError: [Errno 2] No such file or directory: '/proc/o.onnx'"
 
 
 def test_bad_level_is_usage_error(model_file, tmp_path):
