@@ -28,7 +28,7 @@ from graphc.backends import batchnorm, bfloat16, denormals, nchwc, opsets, trans
 from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
-from graphc.model import ir_version_for, node_source
+from graphc.model import ir_version_for, node_label, node_source
 from graphc.model.file import all_graphs, tensor_types, unique_node_names
 from graphc.model.dtypes import to_numpy
 
@@ -311,10 +311,10 @@ def _optimization_level(level: str | int):
 
 def _check_domains(model: onnx.ModelProto, backend: str) -> None:
     local_functions = {(f.domain, f.name) for f in model.functions}
-    for node in model.graph.node:
+    for index, node in enumerate(model.graph.node):
         if node.domain not in _KNOWN_DOMAINS and (node.domain, node.op_type) not in local_functions:
             raise BackendError(f"{backend} cannot run op '{node.domain}::{node.op_type}' "
-                               f"(node {node.name!r}{_at(node)}): onnxruntime has no kernels for "
+                               f"({node_label(node.name, index)}{_at(node)}): onnxruntime has no kernels for "
                                f"domain {node.domain!r}")
 
 
@@ -338,7 +338,7 @@ class OrtExecutable:
         self.backend_name = backend.name
         self.device = backend.device
         self.device_id = device_id
-        self._nodes = {n.name: n for n in model.graph.node if n.name}
+        self._nodes = list(model.graph.node)
         providers: list[Any] = [(backend.provider, provider_options)]
         if backend.provider != "CPUExecutionProvider":
             providers.append("CPUExecutionProvider")  # ops without a CUDA kernel run on CPU
@@ -437,15 +437,16 @@ class OrtExecutable:
     def _error(self, exc: Exception, what: str) -> BackendError:
         """Map an onnxruntime error to BackendError naming node, op and source line."""
         message = re.sub(r"^\[ONNXRuntimeError\] : \d+ : ", "", str(exc).strip())
-        m = re.search(r"[Nn]ode(?:\. Name)?[:\s]*[\(']([^'\)]+)['\)]", message) or \
-            re.search(r"node with name '([^']+)'", message)
-        node = self._nodes.get(m.group(1)) if m else None
-        if node is None:
+        m = re.search(r"[Nn]ode(?:\. Name)?[:\s]*[\(']([^'\)]*)['\)]|node with name '([^']*)'", message)
+        # a node without a name is '' there: named by its index if the only one of an op the message names
+        found = [(node_label(n.name, i), n) for i, n in enumerate(self._nodes) if m and n.name == m[m.lastindex]
+                 and (n.name or re.search(rf"\b{re.escape(n.op_type)}\b", message))]
+        if len(found) != 1:
             return BackendError(f"{self.backend_name} {what} the model: {message}")
-        detail = re.split(r"Status Message:\s*", message)[-1]
+        label, node = found[0]
         # drop onnxruntime's "/onnxruntime_src/...cc:91 ns::Function(args) " prefix
-        detail = re.sub(r"^/\S+:\d+ .*?\) (?=\w)", "", detail)
-        return BackendError(f"{self.backend_name} {what} node {node.name!r} ({node.op_type}{_at(node)}): {detail}")
+        detail = re.sub(r"^/\S+:\d+ .*?\) (?=\w)", "", re.split(r"Status Message:\s*", message)[-1])
+        return BackendError(f"{self.backend_name} {what} {label} ({node.op_type}{_at(node)}): {detail}")
 
 
 def _serialize_for_ort(model: onnx.ModelProto, folder: Path) -> bytes | str:

@@ -138,6 +138,16 @@ def test_bisect_names_the_node_with_the_planted_fault(faulty_numpy_relu):
     assert "node 'act' (Relu) at net.py:21" in str(report)
 
 
+def test_bisect_names_an_unnamed_node_by_index(faulty_numpy_relu):
+    # it printed "node '' (Relu)"
+    unnamed = _chain()
+    unnamed.graph.node[1].name = ""
+    feeds = {"x": np.random.default_rng(3).standard_normal((3, 5)).astype(np.float32)}
+    found = gc.parity.compare(unnamed, feeds, backends=("numpy", "ort-cpu"), bisect=True).first_divergence
+    assert str(found).startswith("unnamed node #1 (Relu) at net.py:21: output 'r' differs on ort-cpu")
+    assert (found.node, found.index, found.op_type) == ("", 1, "Relu")
+
+
 def test_the_planted_fault_does_not_outlive_its_test():
     feeds = {"x": np.random.default_rng(3).standard_normal((3, 5)).astype(np.float32)}
     assert gc.parity.compare(_chain(), feeds, bisect=True).first_divergence is None

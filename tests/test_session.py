@@ -155,6 +155,27 @@ def test_runtime_error_names_node_op_and_source_line():
         sess.run({"x": x, "s": np.array([3, 5])})
 
 
+def test_ort_errors_on_unnamed_nodes_name_the_index_and_op():
+    # onnxruntime says "node with name ''" / "Name:''", which graphc passed on
+    from onnx import TensorProto
+
+    from onnx_graphs import model, node, vi
+
+    proto = model([node("Neg", ["x"], ["n"], "", "net.py:2"), node("Acos", ["n"], ["y"], "", "net.py:3")],
+                  [vi("x", TensorProto.DOUBLE, [2])], [vi("y", TensorProto.DOUBLE, [2])])
+    with pytest.raises(gc.BackendError, match=r"ort-cpu cannot load unnamed node #1 \(Acos, at net.py:3\): "
+                                              r"NOT_IMPLEMENTED : Could not find an implementation"):
+        gc.Session(proto, backend="ort-cpu")
+    unnamed = reshape_model()
+    unnamed.graph.node[0].name = ""
+    with pytest.raises(gc.BackendError, match=r"ort-cpu failed while running unnamed node #0 \(Reshape, at net.py:42\): "):
+        gc.Session(unnamed, backend="ort-cpu").run({"x": np.zeros((2, 4), np.float32), "s": np.array([3, 5])})
+    custom = custom_op_model()
+    custom.graph.node[0].name = ""
+    with pytest.raises(gc.BackendError, match=r"\(unnamed node #0, at net.py:5\)"):
+        gc.Session(custom, backend="ort-cpu")
+
+
 def test_a_kernel_onnxruntime_lacks_is_named_at_creation():
     from onnx import TensorProto
 

@@ -66,6 +66,12 @@ def node_source(node: ir.Node | onnx.NodeProto) -> str | None:
     return node.metadata_props.get(SOURCE_KEY)
 
 
+def node_label(name: str, index: int | None = None) -> str:
+    """How a message names a node: ``node 'fc1'``, or ``unnamed node #3`` (its index in its graph)
+    for one without a name, which ONNX allows."""
+    return f"node {name!r}" if name or index is None else f"unnamed node #{index}"
+
+
 class Model:
     """A graph with its parameters. Wraps an ``onnx_ir.Model``; nothing is copied on access."""
 

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from pydantic import BaseModel, computed_field
 
-from graphc.model import Model, load, node_source
+from graphc.model import Model, load, node_label, node_source
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.runtime.feeds import dtype_name
 
@@ -65,9 +65,11 @@ class OutputDiff(BaseModel):
 
 
 class Divergence(BaseModel):
-    """The first node (in topological order) whose output differs between backends."""
+    """The first node (in topological order) whose output differs between backends; ``index``: its
+    position in the graph, set for a node without a name."""
 
     node: str
+    index: int | None = None
     op_type: str
     source: str | None
     output: str
@@ -78,7 +80,7 @@ class Divergence(BaseModel):
 
     def __str__(self) -> str:
         where = f" at {self.source}" if self.source else ""
-        return (f"node {self.node!r} ({self.op_type}){where}: output {self.output!r} differs on {self.backend} "
+        return (f"{node_label(self.node, self.index)} ({self.op_type}){where}: output {self.output!r} differs on {self.backend} "
                 f"(max abs err {self.max_abs_err:.3g}, max rel err {self.max_rel_err:.3g}, "
                 f"{self.mismatched} elements outside tolerance)")
 
@@ -230,7 +232,8 @@ def _bisect(model: Model, feeds: Mapping[str, Any], backends: list[str], rtol: f
             for b in backends[1:]:
                 d = diff(key, b, ref[key], results[b].get(key, np.array([])), rtol, atol)
                 if not d.ok:
-                    return compared, Divergence(node=node.name, op_type=node.op_type, source=node_source(node),
-                                                output=key, backend=b, max_abs_err=d.max_abs_err,
+                    index = None if node.name else list(model.proto.graph.node).index(node)  # equal protos
+                    return compared, Divergence(node=node.name, index=index, op_type=node.op_type,
+                                                source=node_source(node), output=key, backend=b, max_abs_err=d.max_abs_err,
                                                 max_rel_err=d.max_rel_err, mismatched=d.mismatched)
     return compared, None
