@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 
 from graphc.errors import CaptureError
-from graphc.dsl.ops import (concat, const_i64, constant, emit, lift, matmul, mean, reshape, reshape_like, same_dtype,
-                            scalar, sigmoid, softmax, sqrt, transpose, unary, where)
+from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, lift, matmul, mean, minimum, reshape,
+                            reshape_like, same_dtype, scalar, sigmoid, softmax, sqrt, transpose, unary, where)
 from graphc.dsl.ops import max as reduce_max
-from graphc.dsl.ops_array import ir_tensor, tril
+from graphc.dsl.ops_array import chunk, ir_tensor, tril
 from graphc.dsl.ops_nn import conv_pads, drop_needless_ceil, ints
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
@@ -242,6 +242,101 @@ def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     return where(x * scalar(beta, x) > scalar(threshold, x), x, soft)
 
 
+def hardtanh(x: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
+    """``x`` clamped to ``[min_val, max_val]``. Two Wheres, not a Clip: torch's gradient is 0 at the
+    bounds themselves (Clip's, as ``torch.clamp``'s, passes there); NaN stays NaN. ``inplace`` is
+    accepted for torch's signature (a graph has no in-place ops)."""
+    if not min_val < max_val:
+        raise CaptureError(f"hardtanh needs min_val < max_val, got {min_val} and {max_val} (at {user_source()})")
+    x = lift(x)
+    lo, hi = scalar(min_val, x), scalar(max_val, x)
+    return where(x <= lo, lo, where(x >= hi, hi, x))
+
+
+def relu6(x: Tensor, inplace: bool = False) -> Tensor:
+    """``hardtanh(x, 0, 6)``, as torch defines it (gradient 0 at 0 and at 6)."""
+    return hardtanh(x, 0.0, 6.0)
+
+
+def selu(x: Tensor, inplace: bool = False) -> Tensor:
+    """``scale * elu(x, alpha)`` with torch's constants (ONNX's defaults, float32).
+    Signature: ai.onnx@6::Selu"""
+    return unary("Selu", x)
+
+
+def celu(x: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+    """``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``; ONNX's Celu takes float32 only, so
+    other dtypes get its function body, ``alpha * elu(x / alpha)``. Signature: ai.onnx@12::Celu"""
+    if alpha == 0:
+        raise CaptureError(f"celu alpha must not be 0 (at {user_source()})")
+    x = lift(x)
+    if x.dtype == "float32":
+        return unary("Celu", x, alpha=float(alpha))
+    return elu(x / scalar(alpha, x)) * scalar(alpha, x)
+
+
+def glu(x: Tensor, dim: int = -1) -> Tensor:
+    """``a * sigmoid(b)`` for the halves ``a, b`` of ``dim`` (a static, even size)."""
+    x = lift(x)
+    size = x.shape[dim] if x.shape is not None and -x.ndim <= dim < x.ndim else None
+    if not isinstance(size, int) or size % 2:
+        raise op_error("Split", [x], f"glu halves dim {dim}, which needs a static even size, got {size}",
+                       user_source())
+    a, b = chunk(x, 2, dim)
+    return a * sigmoid(b)
+
+
+def logsigmoid(x: Tensor) -> Tensor:
+    """``log(sigmoid(x)) = min(x, 0) - log(1 + exp(-|x|))``: exp never overflows, and the gradient
+    is ``sigmoid(-x)`` to the last bit (Min's tie at 0 gives torch's 0.5; no Softplus: onnxruntime
+    has none in float64)."""
+    x = lift(x)
+    return minimum(x, scalar(0.0, x)) - unary("Log", unary("Exp", -unary("Abs", x)) + scalar(1.0, x))
+
+
+def softsign(x: Tensor) -> Tensor:
+    """``x / (1 + |x|)``. Signature: ai.onnx@1::Softsign"""
+    return unary("Softsign", x)
+
+
+def tanhshrink(x: Tensor) -> Tensor:
+    """``x - tanh(x)``."""
+    x = lift(x)
+    return x - unary("Tanh", x)
+
+
+def _check_lambd(fn: str, lambd: float) -> None:
+    if lambd < 0:
+        raise CaptureError(f"{fn} lambd must be >= 0, got {lambd} (at {user_source()})")
+
+
+def softshrink(x: Tensor, lambd: float = 0.5) -> Tensor:
+    """``x - lambd`` above ``lambd``, ``x + lambd`` below ``-lambd``, else 0: ``x - clamp(x, -lambd,
+    lambd)``, whose gradient is 0 on ``[-lambd, lambd]`` bounds included, as torch's (ONNX
+    ``Shrink`` says the same but onnxruntime runs it about 4x slower than these two nodes)."""
+    _check_lambd("softshrink", lambd)
+    x = lift(x)
+    return x - clip(x, -lambd, lambd)
+
+
+def hardshrink(x: Tensor, lambd: float = 0.5) -> Tensor:
+    """``x`` where ``|x| > lambd``, else 0."""
+    _check_lambd("hardshrink", lambd)
+    x = lift(x)
+    return where(unary("Abs", x) > scalar(lambd, x), x, scalar(0.0, x))
+
+
+def threshold(x: Tensor, threshold: float, value: float, inplace: bool = False) -> Tensor:
+    """``x`` where ``x > threshold``, else ``value`` (gradient 0 there, as torch)."""
+    x = lift(x)
+    return where(x > scalar(threshold, x), x, scalar(value, x))
+
+
+def softmin(x: Tensor, dim: int = -1) -> Tensor:
+    """``softmax(-x, dim)``."""
+    return softmax(-lift(x), dim)
+
+
 def prelu(x: Tensor, weight: Tensor) -> Tensor:
     """``max(0, x) + weight * min(0, x)``, one slope per channel (dim 1) or one for all.
     Signature: ai.onnx@16::PRelu"""
@@ -347,8 +442,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 
 
 __all__ = [
-    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "avg_pool1d", "causal_mask", "conv1d", "conv3d",
-    "conv_transpose1d", "conv_transpose2d", "elu", "group_norm", "hardsigmoid", "hardswish", "instance_norm",
-    "interpolate", "leaky_relu", "max_pool1d", "mish", "pixel_shuffle", "prelu", "rms_norm",
-    "scaled_dot_product_attention", "silu", "softplus",
+    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "avg_pool1d", "causal_mask", "celu", "conv1d", "conv3d",
+    "conv_transpose1d", "conv_transpose2d", "elu", "glu", "group_norm", "hardshrink", "hardsigmoid", "hardswish",
+    "hardtanh", "instance_norm", "interpolate", "leaky_relu", "logsigmoid", "max_pool1d", "mish", "pixel_shuffle",
+    "prelu", "relu6", "rms_norm", "scaled_dot_product_attention", "selu", "silu", "softmin", "softplus", "softshrink",
+    "softsign", "tanhshrink", "threshold",
 ]

@@ -1,7 +1,9 @@
 """`gc.nn`: modules and layers with PyTorch's names, layouts and default initialisation."""
 
 from graphc.nn import functional, init
-from graphc.nn.activation import ELU, Hardsigmoid, Hardswish, LeakyReLU, Mish, PReLU, SiLU, Softplus
+from graphc.nn.activation import (CELU, ELU, GLU, SELU, Hardshrink, Hardsigmoid, Hardswish, Hardtanh, LeakyReLU,
+                                  LogSigmoid, LogSoftmax, Mish, PReLU, ReLU6, SiLU, Softmin, Softplus, Softshrink,
+                                  Softsign, Tanhshrink, Threshold)
 from graphc.nn.attention import MultiheadAttention
 from graphc.nn.layers import (
     GELU,
@@ -50,4 +52,7 @@ __all__ = [
     "ReflectionPad1d", "ReflectionPad2d", "ReflectionPad3d", "ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d",
     "ZeroPad1d", "ZeroPad2d", "ZeroPad3d",
     "Fold", "Unfold",
+    # the rest of torch's common activations
+    "CELU", "GLU", "Hardshrink", "Hardtanh", "LogSigmoid", "LogSoftmax", "ReLU6", "SELU", "Softmin", "Softshrink",
+    "Softsign", "Tanhshrink", "Threshold",
 ]

@@ -15,10 +15,11 @@ from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos
                                   pad, permute, pow, repeat, roll, rsqrt, scatter, sin, split, std, tile, topk, tril,
                                   triu, var, zeros, zeros_like)
 from graphc.dsl.ops_fold import fold, unfold
-from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, conv1d, conv3d,
-                                   conv_transpose1d, conv_transpose2d, elu, group_norm, hardsigmoid, hardswish,
-                                   instance_norm, interpolate, leaky_relu, max_pool1d, mish, pixel_shuffle, prelu,
-                                   rms_norm, scaled_dot_product_attention, silu, softplus)
+from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, celu, conv1d, conv3d,
+                                   conv_transpose1d, conv_transpose2d, elu, glu, group_norm, hardshrink, hardsigmoid,
+                                   hardswish, hardtanh, instance_norm, interpolate, leaky_relu, logsigmoid, max_pool1d,
+                                   mish, pixel_shuffle, prelu, relu6, rms_norm, scaled_dot_product_attention, selu,
+                                   silu, softmin, softplus, softshrink, softsign, tanhshrink, threshold)
 from graphc.dsl.ops_nn import avg_pool2d, batch_norm, conv2d, dropout, embedding, layer_norm, linear, max_pool2d
 
 
@@ -54,4 +55,6 @@ __all__ = [
     "squeeze", "stack", "sum", "tanh", "tile", "topk", "transpose", "tril", "triu", "unsqueeze", "where", "zeros",
     "zeros_like", "cat", "permute", "flip", "logsumexp", "normalize", "roll", "std", "var", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss", "l1_loss", "mse_loss",
     "fold", "unfold",
+    "celu", "glu", "hardshrink", "hardtanh", "logsigmoid", "relu6", "selu", "softmin", "softshrink", "softsign",
+    "tanhshrink", "threshold",
 ]
