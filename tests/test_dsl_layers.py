@@ -19,6 +19,7 @@ R = rng(3)
 X2 = R.standard_normal((4, 6)).astype(np.float32)
 X3 = R.standard_normal((2, 5, 8)).astype(np.float32)
 IMG = R.standard_normal((2, 3, 8, 8)).astype(np.float32)
+VOL = R.standard_normal((2, 3, 3, 4, 4)).astype(np.float32)
 TOK = np.array([[1, 4, 0], [9, 2, 2]], np.int64)
 
 
@@ -61,6 +62,7 @@ CASES = [
      lambda x, p: x.reshape(2, 3, 8, 2, 4).mean(4), "AdaptiveAvgPool2d((None, 2))"),
     ("BatchNorm1d", lambda: nn.BatchNorm1d(6), X2, _bn, "BatchNorm1d(6)"),
     ("BatchNorm2d", lambda: nn.BatchNorm2d(3), IMG, _bn, "BatchNorm2d(3)"),
+    ("BatchNorm3d", lambda: nn.BatchNorm3d(3), VOL, _bn, "BatchNorm3d(3)"),
     ("LayerNorm", lambda: nn.LayerNorm(8), X3,
      lambda x, p: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * p["weight"] + p["bias"],
      "LayerNorm(8)"),
@@ -288,6 +290,14 @@ def test_attention_layers_built_inside_forward():
     out = run_ort(model, {"x": X3})["output"]
     np.testing.assert_allclose(out, gc.Session(model, backend="numpy").run({"x": X3})["output"], rtol=1e-4, atol=1e-5)
     assert out.shape == X3.shape
+
+
+@pytest.mark.parametrize("layer,x,layout", [(nn.BatchNorm1d(3), IMG, r"\(N, C\) or \(N, C, L\)"),
+                                            (nn.BatchNorm2d(3), VOL, r"\(N, C, H, W\)"),
+                                            (nn.BatchNorm3d(3), IMG, r"\(N, C, D, H, W\)")])
+def test_batchnorm_checks_the_rank_of_its_input(layer, x, layout):
+    with pytest.raises(gc.GraphError, match=rf"{type(layer).__name__}.*expects a {layout} input, got rank {x.ndim}"):
+        gc.capture(layer, x=x)
 
 
 def test_batchnorm_momentum_none_is_refused_at_construction():

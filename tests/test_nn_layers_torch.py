@@ -70,6 +70,17 @@ CASES = [
      lambda x, p: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * p["weight"]),
     ("RMSNormDefaultEps", lambda: nn.RMSNorm([5, 8]), "RMSNorm([5, 8])", EMB, None),
     ("BatchNorm1dNCL", lambda: nn.BatchNorm1d(4), "BatchNorm1d(4)", X4, None),
+    ("BatchNorm3d", lambda: nn.BatchNorm3d(2), "BatchNorm3d(2)", VOL, None),
+    ("BatchNorm3dNoBias", lambda: nn.BatchNorm3d(2, eps=1e-3, bias=False), "BatchNorm3d(2, eps=1e-3, bias=False)", VOL,
+     None),
+    ("InstanceNorm1d", lambda: nn.InstanceNorm1d(3), "InstanceNorm1d(3)", X1,
+     lambda x, p: (x - x.mean(2, keepdims=True)) / np.sqrt(x.var(2, keepdims=True) + 1e-5)),
+    ("InstanceNorm1dAffineNoBias", lambda: nn.InstanceNorm1d(4, affine=True, bias=False),
+     "InstanceNorm1d(4, affine=True, bias=False)", X4, None),
+    ("InstanceNorm3d", lambda: nn.InstanceNorm3d(2), "InstanceNorm3d(2)", VOL,
+     lambda x, p: (x - x.mean((2, 3, 4), keepdims=True)) / np.sqrt(x.var((2, 3, 4), keepdims=True) + 1e-5)),
+    ("InstanceNorm3dAffine", lambda: nn.InstanceNorm3d(2, eps=1e-3, affine=True),
+     "InstanceNorm3d(2, eps=1e-3, affine=True)", VOL, None),
     ("Embedding", lambda: nn.Embedding(10, 4, padding_idx=0), "Embedding(10, 4, padding_idx=0)", TOK,
      lambda x, p: p["weight"][x]),
     ("RNN", lambda: nn.RNN(5, 6), "RNN(5, 6)", SEQ, None),
@@ -284,17 +295,24 @@ def test_group_norm_of_a_large_mean_is_accurate_on_both_backends(opset):
         np.testing.assert_allclose(got, want, atol=1e-3, err_msg=backend)
 
 
-def test_instance_norm_unbatched_matches_torch_and_checks_its_input():
+@pytest.mark.parametrize("dims,layout,x", [(1, "L", X4[0]), (2, "H, W", IMG[0]), (3, "D, H, W", VOL[0])],
+                         ids=["1d", "2d", "3d"])
+def test_instance_norm_unbatched_matches_torch_and_checks_its_input(dims, layout, x):
     torch = pytest.importorskip("torch")
-    x = IMG[0] * 2 + 1  # (C, H, W): torch normalises each channel over (H, W)
-    layer = nn.InstanceNorm2d(3, affine=True)
+    name = f"InstanceNorm{dims}d"
+    x = x * 2 + 1  # (C, *spatial): torch normalises each channel over the spatial dims
+    channels = x.shape[0]
+    layer = getattr(nn, name)(channels, affine=True)
     layer.init_parameters(seed=3)
-    want = _torch_layer(torch, "InstanceNorm2d(3, affine=True)", layer.state_dict())(torch.from_numpy(x))
+    want = _torch_layer(torch, f"{name}({channels}, affine=True)", layer.state_dict())(torch.from_numpy(x))
     got = run_both(gc.capture(layer, x=x), {"x": x})["output"]
     np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-4, atol=1e-5)
-    with pytest.raises(gc.GraphError, match=r"InstanceNorm2d.*input channels and num_features differ \(4 vs 3\)"):
-        gc.capture(layer, x=IMG4)
-    with pytest.raises(gc.GraphError, match=r"InstanceNorm2d.*\(C, H, W\) or \(N, C, H, W\) input, got rank 2"):
+    wider = np.concatenate([x, x[:1]])
+    with pytest.raises(gc.GraphError, match=rf"{name}.*input channels and num_features differ \({channels + 1} vs "
+                                            rf"{channels}\)"):
+        gc.capture(layer, x=wider)
+    with pytest.raises(gc.GraphError, match=rf"{name}.*\(C, {layout}\) or \(N, C, {layout}\) input, got rank "
+                                            rf"{dims}"):
         gc.capture(layer, x=x[0])
 
 
@@ -313,3 +331,54 @@ def test_mish_written_out_before_opset_18():
         model = gc.capture(fn, x=X1, opset=17)
         assert "Mish" not in [n.op_type for n in model.ir.graph]
         np.testing.assert_allclose(run_both(model, {"x": X1})["output"], want, rtol=1e-5, atol=1e-6)
+
+
+class _Volume(nn.Module):
+    """Conv3d, BatchNorm3d, a mean over the volume and a Linear head (float64)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv3d(2, 3, 2, dtype="float64")
+        self.bn = nn.BatchNorm3d(3, momentum=0.25, dtype="float64")
+        self.fc = nn.Linear(3, 1, dtype="float64")
+
+    def forward(self, x):
+        return self.fc(self.bn(self.conv(x)).mean((2, 3, 4)))
+
+
+def test_batchnorm3d_trains_and_tracks_running_statistics_like_torch():
+    """Three SGD steps of gc.training.generate in training mode against torch.optim on the same
+    module in train(): parameters, running mean and (unbiased) running variance step for step;
+    then the eval graph uses the running statistics as torch's eval()."""
+    torch = pytest.importorskip("torch")
+    net = _Volume()
+    net.init_parameters(seed=6)
+    arts = gc.training.generate(gc.capture(net, x=gc.spec("float64", ("N", 2, 3, 4, 4))),  # rates exact in float32
+                                gc.losses.mse("output", label="y"), gc.optim.SGD(0.125, momentum=0.5))
+    assert arts.manifest.trainable == [k for k, _ in net.named_parameters()]
+    trainer = gc.Trainer(arts, backend="numpy")
+    f64 = {"dtype": torch.float64}
+    tnet = torch.nn.ModuleDict({"conv": torch.nn.Conv3d(2, 3, 2, **f64), "fc": torch.nn.Linear(3, 1, **f64),
+                                "bn": torch.nn.BatchNorm3d(3, momentum=0.25, **f64)})
+    tnet.load_state_dict({k: torch.from_numpy(v) for k, v in net.state_dict().items()})
+    opt = torch.optim.SGD(tnet.parameters(), lr=0.125, momentum=0.5)
+    rng = np.random.default_rng(4)
+    for step in range(3):
+        x, y = rng.standard_normal((3, 2, 3, 4, 4)) * 2 + 1, rng.standard_normal((3, 1))
+        loss = trainer.step({"x": x, "y": y})
+        opt.zero_grad()
+        want = torch.nn.functional.mse_loss(tnet.fc(tnet.bn(tnet.conv(torch.from_numpy(x))).mean((2, 3, 4))),
+                                            torch.from_numpy(y))  # ModuleDict starts in train()
+        want.backward()
+        opt.step()
+        np.testing.assert_allclose(loss, want.item(), rtol=1e-10, err_msg=f"step {step}")
+        state = trainer.state_dict()
+        for k, v in tnet.state_dict().items():
+            if "num_batches" not in k:
+                np.testing.assert_allclose(state[k], v.numpy(), rtol=1e-9, atol=1e-12, err_msg=f"step {step} {k}")
+    x = rng.standard_normal((2, 2, 3, 4, 4))
+    got = gc.Session(arts.eval, backend="numpy").run({"x": x, "y": np.zeros((2, 1)), **trainer.params,
+                                                      **{k: state[k] for k in ("bn.running_mean", "bn.running_var")}})
+    with torch.no_grad():
+        want = tnet.eval().fc(tnet.bn(tnet.conv(torch.from_numpy(x))).mean((2, 3, 4)))
+    np.testing.assert_allclose(got["output"], want.numpy(), rtol=1e-10)

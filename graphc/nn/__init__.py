@@ -11,6 +11,7 @@ from graphc.nn.layers import (
     AvgPool2d,
     BatchNorm1d,
     BatchNorm2d,
+    BatchNorm3d,
     Dropout,
     Embedding,
     Flatten,
@@ -26,7 +27,7 @@ from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList
 from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d
 from graphc.nn.fold import Fold, Unfold
 from graphc.nn.module import Module, Parameter
-from graphc.nn.norm import GroupNorm, InstanceNorm2d, RMSNorm
+from graphc.nn.norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, RMSNorm
 from graphc.nn.padding import (CircularPad1d, CircularPad2d, CircularPad3d, ConstantPad1d, ConstantPad2d, ConstantPad3d,
                                ReflectionPad1d, ReflectionPad2d, ReflectionPad3d, ReplicationPad1d, ReplicationPad2d,
                                ReplicationPad3d, ZeroPad1d, ZeroPad2d, ZeroPad3d)
@@ -55,4 +56,6 @@ __all__ = [
     # the rest of torch's common activations
     "CELU", "GLU", "Hardshrink", "Hardtanh", "LogSigmoid", "LogSoftmax", "ReLU6", "SELU", "Softmin", "Softshrink",
     "Softsign", "Tanhshrink", "Threshold",
+    # the other dims' norms
+    "BatchNorm3d", "InstanceNorm1d", "InstanceNorm3d",
 ]

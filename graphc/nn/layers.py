@@ -6,6 +6,7 @@ from typing import Any
 
 from graphc.dsl import ops, ops_nn
 from graphc.dsl.ops_layers import adaptive_avg_pool2d
+from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops_nn import linear
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
@@ -67,8 +68,11 @@ class AdaptiveAvgPool2d(Module):
 
 
 class _BatchNorm(Module):
+    _ranks: tuple[int, ...]  # the input ranks torch takes, and their layout
+    _layout: str
+
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, dtype: Any = "float32"):
+                 track_running_stats: bool = True, dtype: Any = "float32", *, bias: bool = True):
         super().__init__()
         if not track_running_stats:
             raise CaptureError("BatchNorm with track_running_stats=False is not supported")
@@ -77,15 +81,19 @@ class _BatchNorm(Module):
                                "supported; give a float momentum such as 0.1")
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.weight = Parameter(shape=(num_features,), init=init.ones, dtype=dtype) if affine else None
-        self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine else None
+        self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine and bias else None
         self.running_mean = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype, buffer=True)
         self.running_var = Parameter(shape=(num_features,), init=init.ones, dtype=dtype, buffer=True)
         # PyTorch's counter, kept so state_dict() keys are PyTorch's (the graph never reads it)
         self.num_batches_tracked = Parameter(shape=(), init=init.zeros, dtype="int64", buffer=True)
 
     def forward(self, x: Tensor) -> Tensor:
+        x = ops.lift(x)
+        if x.ndim not in self._ranks:
+            raise op_error(type(self).__name__, [x], f"expects a {self._layout} input, got rank {x.ndim}",
+                           user_source())
         return ops_nn.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                              training=self.training, momentum=self.momentum, eps=self.eps)
+                                 training=self.training, momentum=self.momentum, eps=self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
@@ -94,9 +102,19 @@ class _BatchNorm(Module):
 class BatchNorm1d(_BatchNorm):
     """Input ``(N, C)`` or ``(N, C, L)``."""
 
+    _ranks, _layout = (2, 3), "(N, C) or (N, C, L)"
+
 
 class BatchNorm2d(_BatchNorm):
     """Input ``(N, C, H, W)``."""
+
+    _ranks, _layout = (4,), "(N, C, H, W)"
+
+
+class BatchNorm3d(_BatchNorm):
+    """Input ``(N, C, D, H, W)``."""
+
+    _ranks, _layout = (5,), "(N, C, D, H, W)"
 
 
 class LayerNorm(Module):

@@ -1,4 +1,4 @@
-"""GroupNorm, InstanceNorm2d and RMSNorm with ``torch.nn``'s arguments, parameters and init."""
+"""GroupNorm, InstanceNorm1d/2d/3d and RMSNorm with ``torch.nn``'s arguments, parameters and init."""
 
 from __future__ import annotations
 
@@ -31,29 +31,45 @@ class GroupNorm(Module):
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}"
 
 
-class InstanceNorm2d(Module):
+class _InstanceNorm(Module):
     """PyTorch's defaults: ``affine=False``, no running statistics (the batch's own, in
     training and inference alike)."""
 
+    _spatial: str  # the layout after the channels, and the batched input's rank
+    _rank: int
+
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = False,
-                 track_running_stats: bool = False, dtype: Any = "float32"):
+                 track_running_stats: bool = False, dtype: Any = "float32", *, bias: bool = True):
         super().__init__()
         if track_running_stats:
-            raise CaptureError("InstanceNorm2d with track_running_stats=True is not supported")
+            raise CaptureError(f"{type(self).__name__} with track_running_stats=True is not supported")
         self.num_features, self.eps = num_features, eps
         self.weight = Parameter(shape=(num_features,), init=init.ones, dtype=dtype) if affine else None
-        self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine else None
+        self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine and bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        """``(N, C, H, W)``, or an unbatched ``(C, H, W)`` as in PyTorch."""
+        """``(N, C, *spatial)``, or an unbatched ``(C, *spatial)`` as in PyTorch."""
         x = ops.lift(x)
-        if x.ndim not in (3, 4):
-            raise op_error("InstanceNorm2d", [x], f"expects a (C, H, W) or (N, C, H, W) input, got rank {x.ndim}",
-                           user_source())
-        batched = ops.unsqueeze(x, [0]) if x.ndim == 3 else x
-        ops.same_dim("InstanceNorm2d", [x], batched.shape[1], self.num_features, "input channels and num_features")
+        name, rank = type(self).__name__, self._rank
+        if x.ndim not in (rank - 1, rank):
+            raise op_error(name, [x], f"expects a (C, {self._spatial}) or (N, C, {self._spatial}) input, got rank "
+                           f"{x.ndim}", user_source())
+        batched = ops.unsqueeze(x, [0]) if x.ndim < rank else x
+        ops.same_dim(name, [x], batched.shape[1], self.num_features, "input channels and num_features")
         y = ops_layers.instance_norm(batched, self.weight, self.bias, self.eps)
-        return ops.squeeze(y, [0]) if x.ndim == 3 else y
+        return ops.squeeze(y, [0]) if x.ndim < rank else y
+
+
+class InstanceNorm1d(_InstanceNorm):
+    _spatial, _rank = "L", 3
+
+
+class InstanceNorm2d(_InstanceNorm):
+    _spatial, _rank = "H, W", 4
+
+
+class InstanceNorm3d(_InstanceNorm):
+    _spatial, _rank = "D, H, W", 5
 
 
 class RMSNorm(Module):
