@@ -135,3 +135,32 @@ def test_grad_command_reports_params_and_constants(capsys, tmp_path):
     assert "exporter constants" in result.out and "trainable:" in result.out and "tok.weight" in result.out
     manifest = gc.training.read_manifest(tmp_path / "arts")
     assert manifest.constants and manifest.batchnorm == "train"
+
+
+class _Shifted(gc.nn.Module):
+    """A Linear whose output is shifted by a buffer, as torch's register_buffer: state, not trained."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = gc.nn.Linear(3, 2)
+        self.register_buffer("shift", np.array([0.5, -1.0], np.float32))
+
+    def forward(self, x):
+        return self.fc(x) + self.shift
+
+
+def test_module_buffers_are_not_trained_unless_named():
+    """A gc.nn buffer is a constant of the training graphs (torch.optim never sees it); it was
+    trained as a parameter. ``params=`` trains it anyway."""
+    model = gc.capture(_Shifted(), x=gc.spec("float32", ("N", 3)))
+    spec = gc.losses.mse("output", label="t")
+    arts = gc.training.generate(model, spec, gc.optim.SGD(0.5))
+    assert arts.manifest.trainable == ["fc.weight", "fc.bias"] and arts.manifest.frozen == []
+    assert arts.manifest.constants == {"shift": "a buffer of a gc.nn module, not a parameter"}
+    trainer = gc.Trainer(arts, backend="numpy")
+    rng = np.random.default_rng(0)
+    trainer.step({"x": rng.normal(size=(4, 3)).astype(np.float32), "t": rng.normal(size=(4, 2)).astype(np.float32)})
+    assert "shift" not in trainer.state_dict()
+    np.testing.assert_array_equal(arts.inference.params["shift"], [0.5, -1.0])
+    forced = gc.training.generate(model, spec, gc.optim.SGD(0.5), params=["shift"])
+    assert forced.manifest.trainable == ["fc.weight", "fc.bias", "shift"] and forced.manifest.constants == {}

@@ -18,7 +18,7 @@ from graphc.dsl.builder import Builder, raised_at
 from graphc.dsl.tensor import Tensor
 from graphc.model.dtypes import TensorSpec, as_dtype
 from graphc.errors import CaptureError, GraphcError
-from graphc.model import Model
+from graphc.model import BUFFERS_KEY, Model
 from graphc.nn.module import Module
 from graphc.version import __version__
 
@@ -121,7 +121,7 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     model = ir.Model(graph, ir_version=10, producer_name="graphc", producer_version=__version__)
     model.metadata_props["graphc.training"] = str(bool(training)).lower()
     if builder.buffers:
-        model.metadata_props["graphc.buffers"] = ",".join(builder.buffers)
+        model.metadata_props[BUFFERS_KEY] = ",".join(builder.buffers)
     return Model(model)
 
 

@@ -22,6 +22,7 @@ from graphc.model.file import check_external_data, densify_sparse_initializers, 
 from graphc.passes.values import onnx_opset, static_shape
 
 SOURCE_KEY = "graphc.source"
+BUFFERS_KEY = "graphc.buffers"  # model metadata: the initializers gc.capture made of module buffers, comma-separated
 # Models with more initializer bytes than this are saved with external data (protobuf caps a
 # single message at 2 GiB; staying well below keeps onnxruntime and the checker happy).
 EXTERNAL_DATA_THRESHOLD = 1 << 30

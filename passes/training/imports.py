@@ -18,7 +18,8 @@ Exporters keep weights in odd places. This pass handles:
    does it to every freshly initialized LayerNorm), so training would tie those layers. It
    stays as it is (the graph means exactly that) with a warning naming the layers.
 
-5. initializers that the exporter made, not the source model's parameters (``exporter_constants``);
+5. initializers that the exporter made, not the source model's parameters, and the buffers of
+   ``gc.nn`` modules (``exporter_constants``);
 6. parameters the exporter's constant folding merged with other tensors (a BatchNorm fused into
    the Conv before it, a table gathered by constant indices): the merged tensor trains, which
    is not what the source model trains; a warning names them (``warn_folded_parameters``).
@@ -42,7 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from graphc.model import SOURCE_KEY
+from graphc.model import BUFFERS_KEY, SOURCE_KEY
 from graphc.passes.autodiff.registry import settings_only
 
 _FLOAT = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
@@ -173,9 +174,14 @@ def exporter_constants(model: ir.Model, names: Sequence[str]) -> dict[str, str]:
        A float buffer keeps its module path too and trains unless frozen (``frozen=["pe"]``):
        this exporter records nothing that tells it from a parameter (checked with its defaults,
        ``training=TRAINING``, ``export_modules_as_functions`` and ``keep_initializers_as_inputs``);
-    3. any other producer: none (every float initializer is a parameter).
+    3. ``gc.capture``: the buffers of its modules (``register_buffer``, a loss's class weights; the
+       model's ``graphc.buffers``), which torch does not train either;
+    4. any other producer: none (every float initializer is a parameter).
     """
     graph = model.graph
+    buffers = set(model.metadata_props.get(BUFFERS_KEY, "").split(","))
+    if buffers & set(names):
+        return {n: "a buffer of a gc.nn module, not a parameter" for n in names if n in buffers}
     dynamo = _SIGNATURE in graph.metadata_props or any(
         _KIND in graph.initializers[n].metadata_props for n in names)
     if dynamo:
