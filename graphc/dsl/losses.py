@@ -1,8 +1,10 @@
-"""The losses of ``gc.losses`` on DSL Tensors (definitions in ``graphc/compile/losses.py``).
+"""The losses on DSL Tensors: ``gc.losses``' (definitions in ``graphc/compile/losses.py``) and the
+rest of ``torch.nn.functional``'s (``smooth_l1``, ``bce``, ``nll``, ``kl_div``).
 
 ``gc.training.generate`` captures these same functions to append a loss spec's graph to a
-model, so there is one definition of each formula; ``tests/test_losses.py`` checks them
-against closed forms and ``torch.nn.functional``.
+model, and ``gc.nn``'s loss modules and functional forms call them, so there is one definition of
+each formula; ``tests/test_losses.py`` and ``tests/test_nn_losses.py`` check them against closed
+forms and ``torch.nn.functional``.
 """
 
 from __future__ import annotations
@@ -10,71 +12,253 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.dsl import ops, ops_array
+from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.ops_layers import logsigmoid
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
+from graphc.model.dtypes import FLOAT_DTYPES
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def check_reduction(loss: str, reduction: str, allowed: tuple[str, ...] = REDUCTIONS) -> None:
+    """Refuse a ``reduction`` that ``loss`` does not take, naming it and the ones it does."""
+    if reduction not in allowed:
+        raise CaptureError(f"{loss}: reduction must be {', '.join(map(repr, allowed))}, got {reduction!r} "
+                           f"(at {user_source()})")
 
 
 def _reduce(x: Tensor, reduction: str) -> Tensor:
     if reduction == "mean":
         return ops.mean(x)
-    if reduction == "sum":
-        return ops.sum(x)
-    if reduction == "none":
-        return x
-    raise CaptureError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    return ops.sum(x) if reduction == "sum" else x
+
+
+def _like(t, like: Tensor) -> Tensor:
+    """``t`` (an array or a Tensor, such as a loss module's float32 weight buffer) in ``like``'s dtype."""
+    t = ops.lift(t, like)
+    return t if t.dtype == like.dtype else ops.cast(t, like.dtype)
+
+
+def _weighted(elem: Tensor, weight: Tensor | None) -> Tensor:
+    return elem if weight is None else elem * _like(weight, elem)
+
+
+def _same_shape(loss: str, x: Tensor, target: Tensor) -> None:
+    """Refuse a target whose static shape is not the input's, as torch does for this loss."""
+    if x.shape is not None and target.shape is not None:
+        if len(x.shape) != len(target.shape):
+            raise op_error(loss, [x, target], f"target must have the input's shape, got rank {len(target.shape)} "
+                           f"for rank {len(x.shape)}", user_source())
+        for a, b in zip(x.shape, target.shape):
+            ops.same_dim(loss, [x, target], a, b, "input and target dims")
 
 
 def mse(pred: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    check_reduction("mse", reduction)
     diff = pred - target
     return _reduce(diff * diff, reduction)
 
 
 def l1(pred: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    check_reduction("l1", reduction)
     return _reduce(ops.abs(pred - target), reduction)
 
 
 def huber(pred: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
+    check_reduction("huber", reduction)
+    if not delta > 0:
+        raise CaptureError(f"huber: delta must be > 0, got {delta} (at {user_source()})")
     d = ops.abs(pred - target)
     return _reduce(ops.where(d < delta, d * d * 0.5, (d - 0.5 * delta) * delta), reduction)
 
 
-def bce_with_logits(x: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
-    # max(x, 0) - x*y + log(1 + exp(-|x|)): exp never overflows, whatever |x|. max(x, 0) is
-    # written (x + |x|)/2 so the gradient at x = 0 is sigmoid(0) - y (a Relu would give -y there).
-    abs_x = ops.abs(x)
-    return _reduce(x * (0.5 - y) + abs_x * 0.5 + ops.log(ops.exp(-abs_x) + 1.0), reduction)
+def smooth_l1(pred: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
+    """``torch.nn.functional.smooth_l1_loss``: ``huber(delta=beta) / beta``, ``l1`` at ``beta=0``."""
+    check_reduction("smooth_l1", reduction)
+    if beta < 0:
+        raise CaptureError(f"smooth_l1: beta must be >= 0, got {beta} (at {user_source()})")
+    if beta == 0:
+        return l1(pred, target, reduction)
+    return _reduce(huber(pred, target, "none", beta) / beta, reduction)
 
 
-def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
-                  ignore_index: int = -100) -> Tensor:
-    shape = logits.shape
-    if shape is None or len(shape) < 2:
-        raise CaptureError(f"cross_entropy needs logits [N, C, ...], got {logits.type_str()}")
-    lsm = ops.log_softmax(logits, axis=1)
-    # each label's log-probability picked by GatherElements, so the gradient scatters one value
-    # per label where a one-hot of the labels (Equal, Cast, Mul, ReduceSum) made four passes
-    # over [N, C] and held that one-hot for the backward (GPT's [4096, 2048] logits: 32 MB).
-    # bench_zoo's GPT at batch 32, the loss's kernel time forward and backward (2 threads,
-    # profiles of two sessions each): 34.3 -> 20.7 ms a step (11.7 with LogSoftmax's sparse
-    # gradient, ``rules_reduce``).
-    # Labels outside [0, C), ignore_index among them, pick class 0 and count for nothing.
+def bce_with_logits(x: Tensor, y: Tensor, reduction: str = "mean", weight: Tensor | None = None,
+                    pos_weight: Tensor | None = None) -> Tensor:
+    """``(1 - y) x - (1 + (pos_weight - 1) y) logsigmoid(x)``, times ``weight``, as torch writes it:
+    stable at any ``|x|``, with the gradient ``sigmoid(x) - y`` at 0 (``logsigmoid``)."""
+    check_reduction("bce_with_logits", reduction)
+    x = ops.lift(x)
+    y = ops.lift(y, x)
+    _same_shape("bce_with_logits", x, y)
+    coef = 1.0 if pos_weight is None else (_like(pos_weight, x) - 1.0) * y + 1.0
+    return _reduce(_weighted((1.0 - y) * x - logsigmoid(x) * coef, weight), reduction)
+
+
+def _log_where_positive(t: Tensor) -> tuple[Tensor, Tensor]:
+    """``(t > 0, log(t) there)``: the log reads 1 elsewhere, so its gradient there is 0, not 0/0."""
+    positive = t > 0.0
+    return positive, ops.log(ops.where(positive, t, 1.0))
+
+
+def _clamped_log(p: Tensor) -> Tensor:
+    """``log(p)`` no lower than -100, as torch's binary_cross_entropy clamps it."""
+    positive, log = _log_where_positive(p)
+    return ops.where(positive, ops.clip(log, -100.0), -100.0)
+
+
+def bce(p: Tensor, y: Tensor, reduction: str = "mean", weight: Tensor | None = None) -> Tensor:
+    """``torch.nn.functional.binary_cross_entropy`` on probabilities: ``-(y log p + (1 - y)
+    log(1 - p))``, each log clamped at -100 (finite at ``p`` 0 or 1, where the clamped log's
+    gradient is 0 and torch divides by 1e-12)."""
+    check_reduction("bce", reduction)
+    p = ops.lift(p)
+    y = ops.lift(y, p)
+    _same_shape("bce", p, y)
+    return _reduce(_weighted(-(y * _clamped_log(p) + (1.0 - y) * _clamped_log(1.0 - p)), weight), reduction)
+
+
+def _class_terms(logp: Tensor, labels: Tensor, ignore_index: int, weight: Tensor | None):
+    """For log-probabilities ``[N, C, d...]`` and labels ``[N, d...]``: each label's ``-w[y] *
+    logp[y]``, 1 where the label is not ``ignore_index`` (else 0), and that times ``w[y]`` (what
+    ``"mean"`` divides by). Labels outside ``[0, C)``, ``ignore_index`` among them, pick class 0
+    and add nothing; torch raises on one that is not ``ignore_index``.
+
+    Each label's log-probability is picked by GatherElements, so the gradient scatters one value
+    per label where a one-hot of the labels (Equal, Cast, Mul, ReduceSum) made four passes over
+    [N, C] and held that one-hot for the backward (GPT's [4096, 2048] logits: 32 MB). bench_zoo's
+    GPT at batch 32, the loss's kernel time forward and backward (2 threads, profiles of two
+    sessions each): 34.3 -> 20.7 ms a step (11.7 with LogSoftmax's sparse gradient, ``rules_reduce``)."""
+    if labels.dtype not in ("int64", "int32"):
+        raise op_error("GatherElements", [logp, labels], f"class labels must be int64 or int32, got {labels.dtype}",
+                       user_source())
+    if logp.shape is not None and labels.shape is not None:
+        dims = [logp.shape[0], *logp.shape[2:]]  # the input's without C
+        if len(labels.shape) != len(dims):
+            raise op_error("GatherElements", [logp, labels], f"the target must have the input's dims without C "
+                           f"(rank {len(dims)}), got rank {len(labels.shape)}", user_source())
+        for a, b in zip(dims, labels.shape):
+            ops.same_dim("GatherElements", [logp, labels], a, b, "input and target dims")
     ids, zero = ops.unsqueeze(labels, [1]), ops.lift(np.asarray(0, dtype=labels.dtype))
-    hit = (ids >= zero) & (ids < _class_count(logits, labels.dtype))
-    picked = ops_array.gather(lsm, 1, ops.where(hit, ids, zero))
-    elem = -ops.squeeze(picked * ops.cast(hit, logits.dtype), [1])
-    if label_smoothing:
-        smooth = -ops.sum(lsm, axis=1) * label_smoothing / _class_count(logits)
-        elem = elem * (1.0 - label_smoothing) + smooth
-    keep = ops.cast(labels != ops.lift(np.asarray(ignore_index, dtype=labels.dtype)), logits.dtype)
-    elem = elem * keep
+    hit = (ids >= zero) & (ids < _dim_size(logp, 1, labels.dtype))
+    safe = ops.where(hit, ids, zero)
+    scale = ops.cast(hit, logp.dtype)
+    keep = ops.cast(labels != ops.lift(np.asarray(ignore_index, dtype=labels.dtype)), logp.dtype)
+    counted = keep
+    if weight is not None:
+        picked_weight = ops.emit("Gather", [_class_weight(weight, logp), safe], {"axis": 0})
+        scale, counted = scale * picked_weight, keep * ops.squeeze(picked_weight, [1])
+    return -ops.squeeze(ops_array.gather(logp, 1, safe) * scale, [1]), keep, counted
+
+
+def _batched(fn, logp: Tensor, target: Tensor, reduction: str, *args) -> Tensor:
+    """``fn`` on an unbatched ``[C]`` input (and a 0-d class label or ``[C]`` probabilities) as a
+    batch of one, as torch takes it; anything else of rank < 2 is refused."""
+    if logp.shape is None or len(logp.shape) >= 2:
+        return fn(logp, target, reduction, *args)
+    if len(logp.shape) == 1:
+        out = fn(ops.unsqueeze(logp, [0]), ops.unsqueeze(target, [0]), reduction, *args)
+        return ops.squeeze(out, [0]) if reduction == "none" else out
+    raise op_error("GatherElements", [logp], "needs an input [N, C, d...] or an unbatched [C]", user_source())
+
+
+def nll(logp: Tensor, labels: Tensor, reduction: str = "mean", weight: Tensor | None = None,
+        ignore_index: int = -100) -> Tensor:
+    """``torch.nn.functional.nll_loss``: ``-w[y] logp[y]`` per label; ``"mean"`` divides by the sum
+    of the picked weights of the labels that are not ``ignore_index``."""
+    check_reduction("nll", reduction)
+    return _batched(_nll, ops.lift(logp), ops.lift(labels), reduction, weight, ignore_index)
+
+
+def _nll(logp: Tensor, labels: Tensor, reduction: str, weight: Tensor | None, ignore_index: int) -> Tensor:
+    elem, keep, counted = _class_terms(logp, labels, ignore_index, weight)
+    return _mean_over(elem * keep, counted, reduction)
+
+
+def _mean_over(elem: Tensor, counted: Tensor, reduction: str) -> Tensor:
     if reduction == "mean":
-        return ops.sum(elem) / ops.sum(keep)  # mean over the labels not ignored, as PyTorch
+        return ops.sum(elem) / ops.sum(counted)  # over the labels not ignored (weighted), as torch
     return _reduce(elem, reduction)
 
 
-def _class_count(logits: Tensor, dtype=None):
-    """C, logits' axis 1: a float (a constant of ``dtype``, if given) where static, else read
-    from the shape and cast to the logits' dtype (or ``dtype``)."""
-    if isinstance(logits.shape[1], int):
-        return float(logits.shape[1]) if dtype is None else ops.lift(np.asarray(logits.shape[1], dtype=dtype))
-    return ops.cast(ops.emit("Shape", [logits], {"start": 1, "end": 2}), dtype or logits.dtype)
+def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
+                  ignore_index: int = -100, weight: Tensor | None = None) -> Tensor:
+    """``torch.nn.functional.cross_entropy`` over axis 1 of ``[N, C, d...]`` logits (or an
+    unbatched ``[C]``): ``labels`` are integer classes ``[N, d...]`` or float class probabilities
+    of the logits' shape. ``label_smoothing`` eps mixes ``(1 - eps) * nll`` with ``eps / C *
+    sum_c w[c] * -log_softmax``; ``weight`` ``[C]`` scales each class."""
+    check_reduction("cross_entropy", reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise CaptureError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing} "
+                           f"(at {user_source()})")
+    logits, labels = ops.lift(logits), ops.lift(labels)
+    if labels.dtype in FLOAT_DTYPES:
+        if ignore_index != -100:
+            raise CaptureError(f"cross_entropy: ignore_index={ignore_index} is for class labels, not the class "
+                               f"probabilities given (at {user_source()})")
+        return _batched(_soft_cross_entropy, logits, labels, reduction, label_smoothing, weight)
+    return _batched(_cross_entropy, logits, labels, reduction, label_smoothing, ignore_index, weight)
+
+
+def _class_weight(weight: Tensor, like: Tensor) -> Tensor:
+    """``weight`` in ``like``'s dtype, checked to be ``[C]`` for ``like [N, C, d...]``."""
+    weight = _like(weight, like)
+    if weight.shape is not None and len(weight.shape) != 1:
+        raise op_error("Gather", [like, weight], f"weight must be one value per class [C], got {weight.type_str()}",
+                       user_source())
+    if weight.shape is not None and like.shape is not None:
+        ops.same_dim("Gather", [like, weight], like.shape[1], weight.shape[0], "classes and weights")
+    return weight
+
+
+def _per_class(weight: Tensor, like: Tensor) -> Tensor:
+    """``weight [C]`` shaped ``[C, 1, ...]`` against ``like [N, C, d...]``."""
+    return ops.reshape(_class_weight(weight, like), [-1] + [1] * (like.ndim - 2))
+
+
+def _cross_entropy(logits: Tensor, labels: Tensor, reduction: str, eps: float, ignore_index: int,
+                   weight: Tensor | None) -> Tensor:
+    lsm = ops.log_softmax(logits, axis=1)
+    elem, keep, counted = _class_terms(lsm, labels, ignore_index, weight)
+    if eps:
+        spread = lsm if weight is None else lsm * _per_class(weight, lsm)
+        elem = elem * (1.0 - eps) - ops.sum(spread, axis=1) * eps / _dim_size(logits, 1)
+    return _mean_over(elem * keep, counted, reduction)
+
+
+def _soft_cross_entropy(logits: Tensor, probs: Tensor, reduction: str, eps: float, weight: Tensor | None) -> Tensor:
+    """``-sum_c w[c] p[c] log_softmax[c]`` with ``p`` smoothed to ``(1 - eps) p + eps / C``;
+    ``"mean"`` over ``N, d...``, as torch."""
+    _same_shape("cross_entropy", logits, probs)
+    ops.same_dtype("cross_entropy", logits, probs)
+    if eps:
+        probs = probs * (1.0 - eps) + eps / _dim_size(logits, 1)
+    terms = ops.log_softmax(logits, axis=1) * probs
+    if weight is not None:
+        terms = terms * _per_class(weight, terms)
+    return _reduce(-ops.sum(terms, axis=1), reduction)
+
+
+def kl_div(logp: Tensor, target: Tensor, reduction: str = "mean", log_target: bool = False) -> Tensor:
+    """``torch.nn.functional.kl_div``: ``target * (log(target) - logp)`` (0 where target is 0, where
+    the target's gradient is ``-logp``; torch's is nan), or ``exp(target) * (target - logp)`` with
+    ``log_target``; ``"batchmean"`` divides the sum by N."""
+    check_reduction("kl_div", reduction, (*REDUCTIONS, "batchmean"))
+    logp, target = ops.lift(logp), ops.lift(target)
+    if log_target:
+        elem = ops.exp(target) * (target - logp)
+    else:
+        positive, log = _log_where_positive(target)
+        elem = ops.where(positive, target * log, 0.0) - target * logp
+    if reduction != "batchmean":
+        return _reduce(elem, reduction)
+    total = ops.sum(elem)
+    return total if not elem.shape else total / _dim_size(elem, 0)
+
+
+def _dim_size(x: Tensor, axis: int, dtype=None):
+    """Dim ``axis`` of ``x``: a float (a constant of ``dtype``, if given) where static, else read
+    from the shape and cast to ``x``'s dtype (or ``dtype``)."""
+    if isinstance(x.shape[axis], int):
+        return float(x.shape[axis]) if dtype is None else ops.lift(np.asarray(x.shape[axis], dtype=dtype))
+    return ops.cast(ops.emit("Shape", [x], {"start": axis, "end": axis + 1}), dtype or x.dtype)

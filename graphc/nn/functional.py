@@ -3,17 +3,12 @@
 signature differs from torch's (``axis`` for ``dim``), the version here takes torch's."""
 
 from graphc.dsl import ops
-from graphc.dsl.losses import bce_with_logits as binary_cross_entropy_with_logits
-from graphc.dsl.losses import cross_entropy
-from graphc.dsl.losses import huber as huber_loss
-from graphc.dsl.losses import l1 as l1_loss
-from graphc.dsl.losses import mse as mse_loss
 from graphc.dsl.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, log, matmul, max, maximum, mean, min,
                             minimum, relu, reshape, sigmoid, sqrt, stack, sum, tanh, transpose, where)
 from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos, cumsum, einsum, expand, flip,
-                                  full, full_like, gather, index_select, logsumexp, masked_fill, normalize, one_hot, ones, ones_like,
-                                  pad, permute, pow, repeat, roll, rsqrt, scatter, sin, split, std, tile, topk, tril,
-                                  triu, var, zeros, zeros_like)
+                                  full, full_like, gather, index_select, logsumexp, masked_fill, normalize, one_hot,
+                                  ones, ones_like, pad, permute, pow, repeat, roll, rsqrt, scatter, sin, split, std,
+                                  tile, topk, tril, triu, var, zeros, zeros_like)
 from graphc.dsl.ops_fold import fold, unfold
 from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, celu, conv1d, conv3d,
                                    conv_transpose1d, conv_transpose2d, elu, glu, group_norm, hardshrink, hardsigmoid,
@@ -21,6 +16,8 @@ from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg
                                    mish, pixel_shuffle, prelu, relu6, rms_norm, scaled_dot_product_attention, selu,
                                    silu, softmin, softplus, softshrink, softsign, tanhshrink, threshold)
 from graphc.dsl.ops_nn import avg_pool2d, batch_norm, conv2d, dropout, embedding, layer_norm, linear, max_pool2d
+from graphc.nn.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, huber_loss, kl_div,
+                            l1_loss, mse_loss, nll_loss, smooth_l1_loss)
 
 
 def softmax(input, dim: int = -1):  # noqa: A002 - torch's names
@@ -53,7 +50,9 @@ __all__ = [
     "ones_like", "pad", "pixel_shuffle", "pow", "prelu", "relu", "repeat", "reshape", "rms_norm", "rsqrt",
     "scaled_dot_product_attention", "scatter", "sigmoid", "silu", "sin", "softmax", "softplus", "split", "sqrt",
     "squeeze", "stack", "sum", "tanh", "tile", "topk", "transpose", "tril", "triu", "unsqueeze", "where", "zeros",
-    "zeros_like", "cat", "permute", "flip", "logsumexp", "normalize", "roll", "std", "var", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss", "l1_loss", "mse_loss",
+    "zeros_like", "cat", "permute", "flip", "logsumexp", "normalize", "roll", "std", "var",
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss", "kl_div", "l1_loss",
+    "mse_loss", "nll_loss", "smooth_l1_loss",
     "fold", "unfold",
     "celu", "glu", "hardshrink", "hardtanh", "logsigmoid", "relu6", "selu", "softmin", "softshrink", "softsign",
     "tanhshrink", "threshold",

@@ -1,0 +1,188 @@
+"""Loss functions and modules with ``torch.nn.functional``'s and ``torch.nn``'s names, signatures
+and defaults (MSELoss ... KLDivLoss); the formulas are ``graphc/dsl/losses.py``'s.
+
+The deprecated ``size_average`` and ``reduce`` arguments override ``reduction`` as in torch.
+Class weights (``weight``, ``pos_weight``) are buffers, as torch registers them: in ``state_dict()``
+under torch's keys and never trained (``gc.training.generate`` keeps buffers constant)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphc.dsl import losses
+from graphc.dsl.tensor import Tensor
+from graphc.nn.module import Module, Parameter
+
+
+def _reduction(size_average: bool | None, reduce: bool | None, reduction: str) -> str:
+    """``reduction``, or what the deprecated ``size_average``/``reduce`` say when either is given
+    (torch's ``_Reduction.legacy_get_string``: each defaults to True)."""
+    if size_average is None and reduce is None:
+        return reduction
+    if reduce is False:
+        return "none"
+    return "sum" if size_average is False else "mean"
+
+
+# -- the functional forms (torch.nn.functional) --------------------------------------------------------------------
+
+
+def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,  # noqa: A002
+             reduction: str = "mean") -> Tensor:
+    return losses.mse(input, target, _reduction(size_average, reduce, reduction))
+
+
+def l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,  # noqa: A002
+            reduction: str = "mean") -> Tensor:
+    return losses.l1(input, target, _reduction(size_average, reduce, reduction))
+
+
+def smooth_l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None,  # noqa: A002
+                   reduce: bool | None = None, reduction: str = "mean", beta: float = 1.0) -> Tensor:
+    return losses.smooth_l1(input, target, _reduction(size_average, reduce, reduction), beta)
+
+
+def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:  # noqa: A002
+    return losses.huber(input, target, reduction, delta)
+
+
+def binary_cross_entropy(input: Tensor, target: Tensor, weight: Any = None,  # noqa: A002
+                         size_average: bool | None = None, reduce: bool | None = None,
+                         reduction: str = "mean") -> Tensor:
+    return losses.bce(input, target, _reduction(size_average, reduce, reduction), weight)
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Any = None,  # noqa: A002
+                                     size_average: bool | None = None, reduce: bool | None = None,
+                                     reduction: str = "mean", pos_weight: Any = None) -> Tensor:
+    return losses.bce_with_logits(input, target, _reduction(size_average, reduce, reduction), weight, pos_weight)
+
+
+def cross_entropy(input: Tensor, target: Tensor, weight: Any = None, size_average: bool | None = None,  # noqa: A002
+                  ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    return losses.cross_entropy(input, target, _reduction(size_average, reduce, reduction), label_smoothing,
+                                ignore_index, weight)
+
+
+def nll_loss(input: Tensor, target: Tensor, weight: Any = None, size_average: bool | None = None,  # noqa: A002
+             ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+    return losses.nll(input, target, _reduction(size_average, reduce, reduction), weight, ignore_index)
+
+
+def kl_div(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,  # noqa: A002
+           reduction: str = "mean", log_target: bool = False) -> Tensor:
+    return losses.kl_div(input, target, _reduction(size_average, reduce, reduction), log_target)
+
+
+# -- the modules (torch.nn) ---------------------------------------------------------------------------------------
+
+
+class _Loss(Module):
+    _reductions = losses.REDUCTIONS
+
+    def __init__(self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean"):
+        super().__init__()
+        self.reduction = _reduction(size_average, reduce, reduction)
+        losses.check_reduction(type(self).__name__, self.reduction, self._reductions)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}"
+
+
+def _buffer(value: Any) -> Parameter | None:
+    """A class-weight buffer (float32 from a float64 array, as ``gc.nn.Parameter``); None stays None."""
+    return None if value is None else Parameter(value, buffer=True)
+
+
+class _WeightedLoss(_Loss):
+    def __init__(self, weight: Any = None, size_average: bool | None = None, reduce: bool | None = None,
+                 reduction: str = "mean"):
+        super().__init__(size_average, reduce, reduction)
+        self.weight = _buffer(weight)
+
+
+class MSELoss(_Loss):
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return losses.mse(input, target, self.reduction)
+
+
+class L1Loss(_Loss):
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return losses.l1(input, target, self.reduction)
+
+
+class SmoothL1Loss(_Loss):
+    def __init__(self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
+                 beta: float = 1.0):
+        super().__init__(size_average, reduce, reduction)
+        self.beta = beta
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return losses.smooth_l1(input, target, self.reduction, self.beta)
+
+
+class HuberLoss(_Loss):
+    def __init__(self, reduction: str = "mean", delta: float = 1.0):
+        super().__init__(reduction=reduction)
+        self.delta = delta
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return losses.huber(input, target, self.reduction, self.delta)
+
+
+class BCELoss(_WeightedLoss):
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return losses.bce(input, target, self.reduction, self.weight)
+
+
+class BCEWithLogitsLoss(_WeightedLoss):
+    def __init__(self, weight: Any = None, size_average: bool | None = None, reduce: bool | None = None,
+                 reduction: str = "mean", pos_weight: Any = None):
+        super().__init__(weight, size_average, reduce, reduction)
+        self.pos_weight = _buffer(pos_weight)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return losses.bce_with_logits(input, target, self.reduction, self.weight, self.pos_weight)
+
+
+class _ClassLoss(_WeightedLoss):
+    def __init__(self, weight: Any = None, size_average: bool | None = None, ignore_index: int = -100,
+                 reduce: bool | None = None, reduction: str = "mean"):
+        super().__init__(weight, size_average, reduce, reduction)
+        self.ignore_index = ignore_index
+
+
+class NLLLoss(_ClassLoss):
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return losses.nll(input, target, self.reduction, self.weight, self.ignore_index)
+
+
+class CrossEntropyLoss(_ClassLoss):
+    def __init__(self, weight: Any = None, size_average: bool | None = None, ignore_index: int = -100,
+                 reduce: bool | None = None, reduction: str = "mean", label_smoothing: float = 0.0):
+        super().__init__(weight, size_average, ignore_index, reduce, reduction)
+        self.label_smoothing = label_smoothing
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return losses.cross_entropy(input, target, self.reduction, self.label_smoothing, self.ignore_index,
+                                    self.weight)
+
+
+class KLDivLoss(_Loss):
+    _reductions = (*losses.REDUCTIONS, "batchmean")
+
+    def __init__(self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
+                 log_target: bool = False):
+        super().__init__(size_average, reduce, reduction)
+        self.log_target = log_target
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return losses.kl_div(input, target, self.reduction, self.log_target)
+
+
+__all__ = [
+    "BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss", "L1Loss", "MSELoss", "NLLLoss",
+    "SmoothL1Loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss",
+    "kl_div", "l1_loss", "mse_loss", "nll_loss", "smooth_l1_loss",
+]
