@@ -64,17 +64,35 @@ def test_python_lists_take_the_input_dtype(sess):
     np.testing.assert_allclose(out["y"], expected(), rtol=1e-6)
 
 
+def identity_of(dtype: int, value) -> onnx.ModelProto:
+    """``y = Identity(k)``, ``k`` of ``dtype``: a scalar, or a vector where ``value`` is a list."""
+    k, y = (onnx.helper.make_tensor_value_info(name, dtype, ["N"] if isinstance(value, list) else [])
+            for name in "ky")
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["k"], ["y"])], "g", [k], [y])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+
 @pytest.mark.parametrize("dtype, value", [(onnx.TensorProto.UINT8, 300), (onnx.TensorProto.UINT8, [-1]),
                                           (onnx.TensorProto.INT32, [1, 2**40]), (onnx.TensorProto.INT64, 2**70)])
 def test_python_int_out_of_the_input_dtype_is_an_input_error(dtype, value):
     # it raised numpy's bare OverflowError, naming no input
-    shape = ["N"] if isinstance(value, list) else []
-    k, y = (onnx.helper.make_tensor_value_info(name, dtype, shape) for name in "ky")
-    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["k"], ["y"])], "g", [k], [y])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model = identity_of(dtype, value)
     with pytest.raises(gc.InputError, match=r"input 'k': expected k: (uint8|int32|int64)\S*, got a value out of the "
                                             r"range of (uint8|int32|int64) \(Python int"):
         gc.Session(model, backend="numpy").run({"k": value})
+
+
+@pytest.mark.parametrize("dtype, value", [(onnx.TensorProto.INT64, 1.5), (onnx.TensorProto.INT32, [1, 2.5]),
+                                          (onnx.TensorProto.BOOL, 0.5)])
+def test_python_float_an_integer_input_cannot_hold_is_an_input_error(dtype, value):
+    # numpy truncated 1.5 to 1 (and made 0.5 True) without a word
+    model = identity_of(dtype, value)
+    session = gc.Session(model, backend="numpy")
+    with pytest.raises(gc.InputError, match=r"input 'k': .* non-integral values, which (int64|int32|bool) cannot hold"):
+        session.run({"k": value})
+    whole = [1, 2.0] if isinstance(value, list) else 1.0  # integral floats still convert
+    assert session.run({"k": whole})["y"].tolist() == ([1, 2] if isinstance(value, list) else True if
+                                                         dtype == onnx.TensorProto.BOOL else 1)
 
 
 def test_outputs_selects_and_unknown_output_is_an_input_error(sess):

@@ -22,13 +22,19 @@ def _as_array(spec: TensorSpec, value: Any) -> np.ndarray:
     if isinstance(value, np.generic):
         return np.asarray(value)
     try:  # Python scalars and lists take the input's dtype, as a convenience
-        return np.asarray(value, dtype=to_numpy(spec.dtype))
+        array = np.asarray(value, dtype=to_numpy(spec.dtype))
     except OverflowError as exc:
         raise InputError(f"input {spec.name!r}: expected {spec}, got a value out of the range of {spec.dtype} "
                          f"({exc})") from None
     except (TypeError, ValueError) as exc:
         raise InputError(f"input {spec.name!r}: expected {spec}, got a {type(value).__name__} "
                          f"that does not convert to an array ({exc})") from None
+    if array.dtype.kind in "iub":  # numpy truncates 1.5 to 1 and makes 0.5 True: refuse what changes
+        given = np.asarray(value)
+        if given.dtype.kind in "fc" and not np.array_equal(given, array):
+            raise InputError(f"input {spec.name!r}: expected {spec}, got a {type(value).__name__} of non-integral "
+                             f"values, which {spec.dtype} cannot hold (e.g. {given.flat[0]!r}; round them first)")
+    return array
 
 
 def dtype_name(dtype: np.dtype) -> str:
