@@ -163,3 +163,67 @@ def test_spec_validation_and_json_round_trip():
     with pytest.raises(ValueError, match="finite number"):
         gc.optim.AdamW(0.1, eps=float("inf"))
     assert gc.optim.AdamW(0.1, no_decay="*.bias").no_decay == ("*.bias",)  # one pattern, not a refusal
+
+
+HALF_SPECS = [gc.optim.Adam(0.01), gc.optim.Adam(0.01, weight_decay=0.05), gc.optim.AdamW(0.02, weight_decay=0.1)]
+
+
+@pytest.mark.parametrize("spec", HALF_SPECS, ids=[f"{s.kind}-{i}" for i, s in enumerate(HALF_SPECS)])
+@pytest.mark.parametrize(("dtype", "backends"), [("float16", ("numpy", "ort-cpu")), ("bfloat16", ("numpy",))])
+def test_half_precision_adam_steps_in_float32_as_torch_fused(spec, dtype, backends):
+    """float16 and bfloat16 params take the Adam step in float32, their state stored in their
+    dtype, as torch.optim's fused Adam/AdamW: eps * sqrt(1 - b2^t) (3e-10) underflowed to 0 in
+    float16, so an element whose gradient had been 0 stepped by 0/0 = NaN on numpy (as torch's
+    single-tensor and foreach Adam do) and finitely on ort-cpu, which ran the float16 nodes in
+    float32 once onnxruntime merged the Cast down with its own Cast up."""
+    torch = pytest.importorskip("torch")
+    np_dtype = gc.model.dtypes.to_numpy(dtype)
+    p0, grads = _data(2)
+    for g in grads:
+        g[:, 1] = 0.0  # a column whose gradient is always zero (a ReLU that never fires, an unused input)
+    param = torch.nn.Parameter(torch.from_numpy(p0.astype(np.float32)).to(getattr(torch, dtype)))
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[spec.kind]
+    opt = cls([param], fused=True, **{k: v for k, v in spec.model_dump().items() if k not in ("kind", "no_decay")})
+    expected = []
+    for g in grads:
+        param.grad = torch.from_numpy(g.astype(np.float32)).to(param.dtype)
+        opt.step()
+        expected.append(param.detach().float().numpy())
+    for backend in backends:
+        got = run_steps(spec, backend, [g.astype(np.float32) for g in grads], p0.astype(np.float32).astype(np_dtype),
+                        dtype=np_dtype)
+        for t, ((p_graph, _), p_torch) in enumerate(zip(got, expected), start=1):
+            assert p_graph.dtype == np_dtype
+            p_graph = p_graph.astype(np.float32)
+            assert np.isfinite(p_graph).all(), f"{backend} step {t}: {p_graph}"
+            ulp = 2.0 ** -10 if dtype == "float16" else 2.0 ** -7
+            np.testing.assert_allclose(p_graph, p_torch, rtol=ulp, atol=0, err_msg=f"{backend} step {t}")
+
+
+def test_float16_trainer_steps_agree_across_backends_with_torch_fused():
+    """The Trainer's fused update (params and state in flat float16 buffers) steps in float32 too:
+    numpy gave NaN where a weight's gradient was 0, ort-cpu a finite value."""
+    torch = pytest.importorskip("torch")
+    model = gc.capture(gc.nn.Linear(3, 2, dtype="float16"), x=gc.spec("float16", ("N", 3)))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.Adam(0.01))
+    rng = np.random.default_rng(3)
+    batches = [{"x": np.stack([rng.normal(size=4), np.zeros(4), np.zeros(4)], axis=1).astype(np.float16),
+                "y": rng.normal(size=(4, 2)).astype(np.float16)} for _ in range(4)]  # x[:, 1:] = 0: no gradient there
+    linear = torch.nn.Linear(3, 2).half()
+    start = gc.Trainer(arts, backend="numpy").params
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(start["weight"])), linear.bias.copy_(torch.from_numpy(start["bias"]))
+    opt = torch.optim.Adam(linear.parameters(), 0.01, fused=True)
+    for batch in batches:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(linear(torch.from_numpy(batch["x"])), torch.from_numpy(batch["y"])).backward()
+        opt.step()
+    for backend in ("numpy", "ort-cpu"):
+        trainer = gc.Trainer(arts, backend=backend)
+        for batch in batches:
+            trainer.step(batch)
+        weight = trainer.params["weight"]
+        assert weight.dtype == np.float16
+        np.testing.assert_array_equal(weight[:, 1:], start["weight"][:, 1:], err_msg=backend)
+        np.testing.assert_allclose(weight.astype(np.float32), linear.weight.detach().float().numpy(), rtol=2.0 ** -9,
+                                   err_msg=backend)

@@ -131,7 +131,8 @@ def concat(b: Emitter, group: Group, values: Mapping[str, ir.Value], flat_alread
     parts = [values[p] if len(shape) == 1 or p in flat_already else b.op("Reshape", values[p], b.ints([-1]))
              for p, shape in zip(group.params, group.shapes)]
     flat = b.op("Concat", *parts, axis=0) if len(parts) > 1 else parts[0]
-    flat.dtype, flat.shape = group.dtype, ir.Shape([sum(group.sizes)])
+    # typed as ``values`` (a half-precision group's float32 step stays float32: ``optimizers._in_float32``)
+    flat.dtype, flat.shape = _dtype(parts[0], group), ir.Shape([sum(group.sizes)])
     return flat
 
 
@@ -146,8 +147,12 @@ def split(b: Emitter, group: Group, flat: ir.Value, keep_flat: Collection[str] =
     for p, part, shape in zip(group.params, parts, group.shapes):
         flat_piece = len(shape) == 1 or p in keep_flat
         out[p] = part if flat_piece else b.op("Reshape", part, b.ints(shape))
-        out[p].dtype, out[p].shape = group.dtype, ir.Shape([math.prod(shape)] if flat_piece else shape)
+        out[p].dtype, out[p].shape = _dtype(flat, group), ir.Shape([math.prod(shape)] if flat_piece else shape)
     return out
+
+
+def _dtype(value: ir.Value, group: Group) -> ir.DataType:
+    return value.dtype if value.dtype is not None else group.dtype
 
 
 def apply(b: Emitter, group: Group, params: Mapping[str, ir.Value], delta: ir.Value,

@@ -28,6 +28,7 @@ from graphc.passes.emit import Emitter
 STATE_SLOTS = {"sgd": ("momentum_buffer",), "adam": ("exp_sum", "exp_avg_sq"),
                "adamw": ("exp_sum", "exp_avg_sq")}
 AVERAGE = "exp_avg"  # the first moment as artifacts of format 3 and before hold it: exp_sum * (1 - b1)
+HALF_DTYPES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)  # params whose Adam step runs in float32 (``_in_float32``)
 
 
 def state_slots(optimizer: dict) -> tuple[str, ...]:
@@ -119,9 +120,27 @@ def step(ctx: StepContext, hyper: dict, grad: ir.Value, state: dict[str, ir.Valu
     if kind == "sgd":
         return sgd(ctx, param, grad, state, **_only(hyper, "momentum", "nesterov", "weight_decay"))
     if kind in ("adam", "adamw"):
-        return adam(ctx, param, grad, state, decoupled=kind == "adamw",
-                    **_only(hyper, "betas", "eps", "weight_decay", "first_moment"))
+        options = _only(hyper, "betas", "eps", "weight_decay", "first_moment")
+        dtype = (param if param is not None else grad).dtype
+        if dtype in HALF_DTYPES:
+            return _in_float32(ctx, dtype, param, grad, state, decoupled=kind == "adamw", **options)
+        return adam(ctx, param, grad, state, decoupled=kind == "adamw", **options)
     raise ValueError(f"unknown optimizer kind {kind!r}; expected sgd, adam or adamw")
+
+
+def _in_float32(ctx: StepContext, dtype: ir.DataType, param, grad, state, **options) -> Step:
+    """The Adam step of a float16 or bfloat16 param in float32, as torch.optim's fused Adam/AdamW
+    computes it: the state is stored in ``dtype``, ``delta`` and ``shrink`` stay float32 and
+    ``apply`` rounds the param once. In float16, eps * sqrt(1 - b2^t) (3e-10 at eps 1e-8) is 0,
+    so an element whose gradients were all 0 stepped by 0/0 = NaN (as torch's single-tensor and
+    foreach Adam do), where onnxruntime's CPU provider, which runs float16 arithmetic in float32
+    and merges a Cast down with its own Cast up, kept the eps and stepped by 0. In bfloat16,
+    b2 = 0.999 is 1.0 and AdamW's 1 - lr*wd = 0.998 is 0.996."""
+    b = ctx.b
+    wide = {name: b.op("Cast", v, to=ir.DataType.FLOAT, dtype=ir.DataType.FLOAT) if v is not None else None
+            for name, v in {"param": param, "grad": grad, **state}.items()}
+    s = adam(ctx, wide.pop("param"), wide.pop("grad"), wide, **options)
+    return Step(s.delta, s.shrink, {name: b.op("Cast", v, to=dtype, dtype=dtype) for name, v in s.state.items()})
 
 
 def apply(b: Emitter, param: ir.Value, delta: ir.Value, shrink: ir.Value | None) -> ir.Value:
@@ -132,7 +151,11 @@ def apply(b: Emitter, param: ir.Value, delta: ir.Value, shrink: ir.Value | None)
     result waits for the rest; ``(param - delta / shrink) * shrink`` (the 1 / shrink folded into
     AdamW's scalar step size) runs both nodes at the end: ResNet-50 at batch 32, 64 px, peak RSS
     1,565 -> 1,538 MB, ResNet-18 at batch 2 unchanged, ResNet-18's steps at batch 32 0.997x /
-    0.998x (built second / first); left out, for rounding as ``torch.optim.AdamW`` rounds."""
+    0.998x (built second / first); left out, for rounding as ``torch.optim.AdamW`` rounds. A
+    float16 or bfloat16 param with a float32 step is stepped in float32 and rounded once."""
+    if param.dtype in HALF_DTYPES and delta.dtype != param.dtype:  # a float32 step (``_in_float32``)
+        wide = b.op("Cast", param, to=delta.dtype, dtype=delta.dtype)
+        return b.op("Cast", apply(b, wide, delta, shrink), to=param.dtype, dtype=param.dtype)
     if shrink is None:
         return b.op("Sub", param, delta)
     return b.op("Sub", b.op("Mul", param, shrink), delta)
