@@ -214,3 +214,30 @@ def test_train_a_model_of_fixed_batch_size_with_eval_arrays(capsys, tmp_path):
     assert "the last 4 of the 12 samples of x_val, y_val of" in r.out and "eval accuracy" in r.out
     err = one_line_error(_train(capsys, tmp_path, "--batch-size", "4"))
     assert "--batch-size 4: the model takes batches of exactly 8" in err
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_evaluate_loader_counts_a_batch_of_ignored_labels_only_as_nothing(backend):
+    """A batch whose every label is the ignore index has no example to count: evaluate_loader (and
+    fit's evaluation) once refused it (the public evaluate's check). The set's loss and accuracy
+    are torch's over the labels not ignored."""
+    torch = pytest.importorskip("torch")
+    model = gc.capture(nn.Linear(8, CLASSES, dtype="float64"), x=gc.spec("float64", ("N", 8)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(0.1))
+    trainer = gc.Trainer(arts, backend=backend)
+    rng = np.random.default_rng(7)
+    data = {"x": rng.standard_normal((6, 8)), "y": rng.integers(0, CLASSES, 6)}
+    data["y"][2:4] = -100  # batch 1 of the batches of 2, and batches 2 and 3 of those of 1
+    logits = torch.from_numpy(trainer.predict({"x": data["x"]})["output"])
+    loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(data["y"])).item()
+    kept = data["y"] != -100
+    accuracy = float((logits.argmax(1).numpy()[kept] == data["y"][kept]).mean())
+    for size in (1, 2, 4):
+        result = trainer.evaluate_loader(gc.data.DataLoader(data, batch_size=size, shuffle=False))
+        assert result["loss"] == pytest.approx(loss, rel=1e-12), size
+        assert result["accuracy"] == pytest.approx(accuracy, rel=1e-12), size
+    history = trainer.fit(gc.data.DataLoader(data, batch_size=6), 1, progress=False, quiet=True,
+                          eval_loader=gc.data.DataLoader(data, batch_size=1, shuffle=False))
+    logits = torch.from_numpy(trainer.predict({"x": data["x"]})["output"])
+    assert history.epochs[0].eval["loss"] == pytest.approx(
+        torch.nn.functional.cross_entropy(logits, torch.from_numpy(data["y"])).item(), rel=1e-12)

@@ -491,17 +491,21 @@ class Trainer:
     def evaluate_loader(self, loader) -> dict[str, float]:
         """``evaluate`` over every batch of ``loader``: the loss and metrics of the whole set as
         one batch. Each batch counts by what its mean is over (``graphc.runtime.averaging``):
-        its rows, for cross-entropy its labels that are not ``ignore_index``; summed losses add up."""
+        its rows, for cross-entropy its labels that are not ``ignore_index``, so a batch of
+        ignored labels only counts for nothing (a mean loss's is not even computed: it is a mean
+        over no example, which ``evaluate`` refuses); summed losses add up."""
         check_batches(loader, "eval loader")
         loss_spec = self.manifest.loss
         loss_sum = weight = count = 0.0
         totals: dict[str, float] = {}
         for batch in loader.iter_epoch(0):
             rows = len(next(iter(batch.values())))
-            result = self.evaluate(batch)
             w, n = averaging.shard_weight(loss_spec, batch, rows), averaging.examples(loss_spec, batch, rows)
+            if not w:
+                continue
+            result = self.evaluate(batch)
             loss_sum, weight, count = loss_sum + result.pop("loss") * w, weight + w, count + n
-            for key, value in result.items():  # a batch of ignored labels only has NaN metrics, counted 0
+            for key, value in result.items():  # a summed loss's batch of ignored labels only: NaN metrics, counted 0
                 totals[key] = totals.get(key, 0.0) + (value * n if n else 0.0)
         return {"loss": loss_sum / averaging.divisor(loss_spec, weight),
                 **{key: value / count if count else float("nan") for key, value in totals.items()}}
