@@ -156,6 +156,32 @@ def test_cross_entropy_labels_outside_the_classes_are_refused(backend):
     assert gc.Trainer(summed, backend=backend).step({"x": data["x"], "y": np.full(8, -100)}) == 0.0
 
 
+@pytest.mark.parametrize("backend", ["ort-cpu", "numpy"])
+def test_fit_skips_a_batch_of_ignored_labels_only_with_a_warning(backend):
+    """A mean cross-entropy over a batch whose every label is ignored is NaN (as PyTorch's) and its
+    gradient in the graph 0 * inf = NaN: fit once stopped there with the InputError of step. It
+    now skips the batch, saying so: no update (Adam's moments and step count untouched), no loss
+    in the history, its rows not in the epoch's samples; as if the loader had not given it."""
+    arts = gc.training.generate(gc.load(imported_mlp()), gc.losses.cross_entropy("logits", label="y"),
+                                gc.optim.Adam(0.05))
+    data = blobs(12)
+    data["y"][4:8] = -100  # the second batch of 4
+    trainer = gc.Trainer(arts, backend=backend)
+    with pytest.warns(UserWarning, match=r"epoch [12], batch 2 of 3: every label in 'y' is the ignore index -100; "
+                                         r"skipped \(no step: ") as caught:
+        history = trainer.fit(gc.data.DataLoader(data, 4, shuffle=False), 2, progress=False, quiet=True)
+    assert len([w for w in caught if "ignore index" in str(w.message)]) == 2
+    oracle = gc.Trainer(arts, backend=backend)
+    kept = [{k: v[i:i + 4] for k, v in data.items()} for i in (0, 8)]
+    losses = [oracle.step(batch) for _ in range(2) for batch in kept]
+    assert history.step_losses == losses
+    assert trainer.step_count == oracle.step_count == 4 and trainer.epoch == 2 and trainer.batch_in_epoch == 0
+    for name, value in oracle.state_dict().items():
+        np.testing.assert_array_equal(trainer.state_dict()[name], value, err_msg=name)
+    assert [(e.steps, e.samples) for e in history.epochs] == [(2, 8), (2, 8)]
+    assert history.epochs[1].loss == pytest.approx((losses[2] + losses[3]) / 2, rel=1e-6)
+
+
 def test_bad_training_arguments_are_refused_before_any_step(tmp_path):
     """A NaN, infinite or negative lr (NaN params at the next step, or ascent), epochs below 0,
     a loader with no batch (an epoch of nothing, recorded with a NaN loss) and checkpoint_every

@@ -524,8 +524,9 @@ class Trainer:
         (``.jsonl`` or ``.csv``, ``gc.runtime.history.EpochLog``). Saves ``checkpoint`` after each epoch,
         with ``checkpoint_every=N`` every N steps too (what a killed run resumes from), and on
         Ctrl-C once the step under way is done, then raises ``TrainingInterrupted`` (a
-        ``KeyboardInterrupt``); a loss-curve PNG goes to ``plot`` when given. Raises ``TrainingFailed`` on a NaN/inf
-        loss; a ``checkpoint`` that could not be written or holds other training graphs'
+        ``KeyboardInterrupt``); a loss-curve PNG goes to ``plot`` when given. A batch of ignored
+        cross-entropy labels only (a mean over no example) is skipped with a warning: no step, no
+        loss, its rows not counted. Raises ``TrainingFailed`` on a NaN/inf loss; a ``checkpoint`` that could not be written or holds other training graphs'
         checkpoint, or a ``plot`` or ``log`` that could not be written, fails before the first step."""
         from graphc.runtime.history import EpochLog, check_plot
         from graphc.runtime.progress import TrainProgress
@@ -617,6 +618,11 @@ class Trainer:
         bar.start_epoch(self.epoch, self.batch_in_epoch, sums.loss_sum / sums.steps if sums.steps else None)
         last = time.perf_counter()
         for batch in loader.iter_epoch(self.epoch, self.batch_in_epoch):
+            if self._counts_nothing(batch):
+                self._skip(len(loader))
+                bar.step(sums.loss_sum / max(sums.samples, 1), sums.samples / max(sums.seconds, 1e-9))
+                last = time.perf_counter()
+                continue
             with self._interrupts:
                 loss = self.step(batch)
                 if hook is not None and self.step_count == hook[1]:
@@ -637,6 +643,26 @@ class Trainer:
             if save is not None and self.step_count % every == 0:
                 save()
             last = time.perf_counter()  # the save's time is not train time
+
+    def _counts_nothing(self, batch: Mapping[str, np.ndarray]) -> bool:
+        """Whether ``batch`` holds no example a mean loss counts (cross-entropy labels that are all
+        the ignore index): its loss is NaN, as PyTorch's, and so is its gradient in the graph (0 *
+        inf, where PyTorch's is 0)."""
+        label = self.manifest.loss.get("label")
+        rows = len(batch[label]) if label in batch else 0
+        return rows > 0 and not averaging.shard_weight(self.manifest.loss, batch, rows)
+
+    def _skip(self, batches: int) -> None:
+        """Pass over the batch at ``self.batch_in_epoch`` (of ``batches``) with no step, saying so."""
+        import warnings
+
+        loss = self.manifest.loss
+        ignore = loss.get("options", {}).get("ignore_index", -100)
+        with self._interrupts:
+            warnings.warn(f"epoch {self.epoch + 1}, batch {self.batch_in_epoch + 1} of {batches}: every label in "
+                          f"{loss['label']!r} is the ignore index {ignore}; skipped (no step: its mean loss is over no "
+                          "example, NaN, and would make every param NaN)", stacklevel=4)
+            self.batch_in_epoch += 1
 
     def _train_metrics_wanted(self) -> bool:
         """Whether fit computes train metrics: there are metrics, and the train_step graph gives

@@ -311,6 +311,11 @@ class DistributedTrainer(Trainer):
             loader = _ReadOnWorkers(loader)
         super()._fit_epoch(loader, history, *args)
 
+    def _counts_nothing(self, batch: Mapping[str, np.ndarray]) -> bool:
+        # a LoaderBatch's labels are zero stand-ins: the workers weigh the real ones, and a batch
+        # of ignored labels only fails its step (``averaging.divisor``)
+        return not isinstance(batch, LoaderBatch) and super()._counts_nothing(batch)
+
     def _end_epoch(self, metrics: dict[str, float]):
         record = super()._end_epoch(metrics)
         self._remember()
