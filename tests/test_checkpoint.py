@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from graphc.runtime import checkpoint as ckpt
+from graphc.tensorfile import read_header
 
 
 def tensors(seed=0, n=1000):
@@ -36,6 +37,27 @@ def test_round_trip_file_and_directory(tmp_path):
         assert got_meta.rng == rng
     assert (tmp_path / "ckdir" / "checkpoint.safetensors").is_file()
     assert not list(tmp_path.glob("**/.*tmp*"))  # no temp files left behind
+
+
+def test_non_finite_train_metric_sums_round_trip_exactly(tmp_path):
+    """A train metric undefined on a batch (NaN), or infinite, makes its running sum so: pydantic
+    wrote such a sum as null, which the loader refused, so the checkpoint fit saved could not be
+    resumed. Now written as the strings "NaN", "Infinity", "-Infinity" (the header stays JSON) and
+    read back as they were; a null, a word, a non-finite loss sum or time are still refused."""
+    sums = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "fine": -0.25}
+    meta = ckpt.CheckpointMeta(step=3, batch_in_epoch=3, progress={"steps": 3, "metric_sums": sums})
+    path = ckpt.save(tmp_path / "c.safetensors", tensors(), meta)
+    header = json.loads(read_header(path)[0]["__metadata__"]["graphc"], parse_constant=pytest.fail)
+    assert header["progress"]["metric_sums"] == {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity", "fine": -0.25}
+    got = ckpt.load(path)[1].progress.metric_sums
+    assert np.isnan(got.pop("nan")) and got == {"inf": float("inf"), "-inf": float("-inf"), "fine": -0.25}
+    for bad, message in ((None, "Input should be a valid number"), ("many", "Input should be a valid number")):
+        forged = forge(tmp_path / "f.safetensors", tensors(), progress={"metric_sums": {"acc": bad}})
+        with pytest.raises(ckpt.CheckpointError, match=rf"progress\.metric_sums\.acc: {message}"):
+            ckpt.load(forged)
+    for field in ("loss_sum", "seconds"):
+        with pytest.raises(ValueError, match="must be finite"):
+            ckpt.EpochProgress(**{field: float("inf")})
 
 
 def test_missing_and_corrupted_checkpoints_fail_clearly(tmp_path):

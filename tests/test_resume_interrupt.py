@@ -18,7 +18,7 @@ import graphc as gc
 from graphc.runtime import checkpoint as ckpt
 from graphc.runtime.trainer import SIGNAL_HOOK_ENV, TrainingInterrupted
 from cli_util import one_line_error, run_cli
-from trainer_models import blobs, drop_bn_artifacts, drop_bn_workdir
+from trainer_models import blobs, drop_bn_artifacts, drop_bn_workdir, imported_mlp
 
 GRAPHC = str(Path(sys.executable).parent / "graphc")
 EPOCHS, BATCH, SAMPLES = 3, 16, 100  # 7 batches an epoch (the last one of 4): 21 steps
@@ -148,6 +148,39 @@ def test_fit_stopped_and_resumed_in_process_equals_the_uninterrupted_run(tmp_pat
         assert replayed(history) == expected[start:]  # whole epochs: the resumed one's loss covers all its batches
         for name, value in straight.state_dict().items():
             assert second.state_dict()[name].tobytes() == value.tobytes(), name
+
+
+def recall_of_class_0(pred, target):
+    """NaN on a batch without class 0, as recall is undefined there (sklearn warns and gives 0)."""
+    mask = target == 0
+    return float((pred.argmax(1)[mask] == 0).mean()) if mask.any() else float("nan")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_a_checkpoint_whose_train_metric_sum_is_nan_resumes_exactly(tmp_path, monkeypatch, backend):
+    """The epoch's running sum of a metric that was NaN on a batch is NaN: fit saved such a
+    checkpoint on Ctrl-C but no Trainer could read it back (pydantic wrote the NaN as null)."""
+    data = blobs(SAMPLES)
+    data = {k: v[np.argsort(data["y"] == 0, kind="stable")] for k, v in data.items()}  # class 0 last: NaN early on
+    arts = gc.training.generate(gc.load(imported_mlp()), gc.losses.cross_entropy("logits", label="y"),
+                                gc.optim.Adam(0.01))
+
+    def run(trainer, **kwargs):
+        return trainer.fit(gc.data.DataLoader(data, batch_size=BATCH, shuffle=False), 2, progress=False, quiet=True,
+                           **kwargs)
+
+    metrics = ["accuracy", recall_of_class_0]
+    expected = replayed(run(gc.Trainer(arts, backend=backend, metrics=metrics)))
+    assert np.isnan(expected[0][2]["recall_of_class_0"])  # the NaN reaches the epoch's record
+    first = gc.Trainer(arts, backend=backend, metrics=metrics)
+    monkeypatch.setenv(SIGNAL_HOOK_ENV, "INT:3")
+    with pytest.raises(TrainingInterrupted):
+        run(first, checkpoint=tmp_path / "ck")
+    monkeypatch.delenv(SIGNAL_HOOK_ENV)
+    assert np.isnan(ckpt.read_meta(tmp_path / "ck").progress.metric_sums["recall_of_class_0"])
+    second = gc.Trainer(tmp_path / "ck", backend=backend, metrics=metrics)
+    assert (second.epoch, second.batch_in_epoch) == (0, 3)
+    np.testing.assert_equal(replayed(run(second)), expected)  # NaN equals NaN here
 
 
 def random_op_artifacts():

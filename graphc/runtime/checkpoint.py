@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
-from pydantic import (BaseModel, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError,
+                      field_validator, model_validator)
 
 from graphc.errors import GraphcError
 from graphc.fileio import OutsideFolder, atomic_write, confined, fsync_dir, remove_stale_temps, scratch_dir
@@ -72,7 +72,12 @@ class LoaderState(BaseModel):
 
 
 class EpochProgress(BaseModel):
-    """Running sums over the batches of the epoch under way (``Trainer.fit`` prints their mean)."""
+    """Running sums over the batches of the epoch under way (``Trainer.fit`` prints their mean).
+    A train metric's sum is NaN or infinite where the metric was on a batch (undefined there, say)
+    and is written as the JSON strings "NaN", "Infinity", "-Infinity" (pydantic's default, null,
+    would not read back); the loss sum and the time are finite (``fit`` stops at a NaN loss)."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
 
     steps: NonNegativeInt = 0       # batches whose loss ``loss_sum`` holds
     loss_sum: float = 0.0           # their losses times their batch sizes, added in order (float64)
