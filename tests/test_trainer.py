@@ -217,6 +217,68 @@ def test_bad_training_arguments_are_refused_before_any_step(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_fit_trains_from_a_data_loader_and_evaluation_takes_any_iterable_of_batches():
+    """fit given a list of batch dicts or a generator (or a torch DataLoader) failed inside with
+    AttributeError / TypeError. Training takes a gc.data.DataLoader, whose order a checkpoint
+    replays mid-epoch; evaluation, which never resumes, takes any iterable of batch dicts (a
+    one-shot iterator for one evaluation only)."""
+    trainer = gc.Trainer(gc.training.generate(gc.load(imported_mlp()), gc.losses.cross_entropy("logits", label="y"),
+                                              gc.optim.SGD(0.1)), backend="numpy")
+    data = blobs(12)
+    batches = [{k: v[i:i + 4] for k, v in data.items()} for i in (0, 4, 8)]
+    for loader, kind in ((batches, "list"), (iter(batches), "list_iterator"), ((b for b in batches), "generator")):
+        with pytest.raises(TypeError, match=rf"fit trains from a gc\.data\.DataLoader .*; got {kind}: make one from "
+                                            r"the arrays, gc\.data\.DataLoader\(\{'x': x, 'y': y\}, batch_size=64\)"):
+            trainer.fit(loader, 1, progress=False)
+    whole = trainer.evaluate(data)
+    for loader in (batches, tuple(batches), (b for b in batches)):
+        result = trainer.evaluate_loader(loader)
+        assert result == trainer.evaluate_loader(gc.data.DataLoader(data, 4, shuffle=False))
+        for name, value in whole.items():
+            assert result[name] == pytest.approx(value, rel=1e-6), name
+    spent = iter(batches)
+    trainer.evaluate_loader(spent)
+    with pytest.raises(ValueError, match=r"the eval loader gives no batch \(an iterator gives its batches once"):
+        trainer.evaluate_loader(spent)
+    loader = gc.data.DataLoader(data, 4)
+    with pytest.raises(TypeError, match=r"the eval loader is a one-shot iterator \(generator\) .* after each of 2 "
+                                        r"epochs: pass a list of batch dicts or a gc\.data\.DataLoader"):
+        trainer.fit(loader, 2, eval_loader=(b for b in batches), progress=False)
+    assert trainer.step_count == 0
+    history = trainer.fit(loader, 1, eval_loader=(b for b in batches), progress=False)
+    assert history.epochs[0].eval == trainer.evaluate_loader(batches)
+    history = trainer.fit(loader, 3, eval_loader=batches, progress=False)
+    assert [e.eval for e in history.epochs][-1] == trainer.evaluate_loader(batches)
+    for bad, message in ((data, "the eval loader is a dict, one batch"), (5, "got int"), ([data["x"]], "batch 1 of "
+                         "the eval loader is numpy.ndarray, not a dict of arrays by input name"),
+                         ([], "the eval loader gives no batch")):
+        with pytest.raises((TypeError, ValueError), match=message):
+            trainer.evaluate_loader(bad)
+
+
+def test_a_torch_data_loader_of_dicts_evaluates_and_one_of_tuples_is_named():
+    torch = pytest.importorskip("torch")
+    trainer = gc.Trainer(gc.training.generate(gc.load(imported_mlp()), gc.losses.cross_entropy("logits", label="y"),
+                                              gc.optim.SGD(0.1)), backend="numpy")
+    data = blobs(12)
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            return {k: torch.from_numpy(v[i:i + 1]).squeeze(0) for k, v in data.items()}
+
+    assert trainer.evaluate_loader(torch.utils.data.DataLoader(Rows(), batch_size=5)) == pytest.approx(
+        trainer.evaluate(data), rel=1e-6)
+    pairs = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*map(torch.from_numpy, data.values())), 5)
+    with pytest.raises(TypeError, match="batch 1 of the eval loader is list, not a dict of arrays by input name"):
+        trainer.evaluate_loader(pairs)
+    with pytest.raises(TypeError, match=r"fit trains from a gc\.data\.DataLoader .*; "
+                                        r"got torch\.utils\.data\.dataloader\.DataLoader"):
+        trainer.fit(pairs, 1, progress=False)
+
+
 def test_params_and_lr_are_host_copies():
     trainer = gc.Trainer(bn_artifacts(gc.optim.SGD(0.1)), backend="numpy")
     params = trainer.params

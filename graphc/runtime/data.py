@@ -15,7 +15,7 @@ import hashlib
 import numbers
 import queue
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -191,6 +191,59 @@ class DataLoader:
                     f"the data has no array {spec.name!r} for the model input {spec}; "
                     f"arrays given: {', '.join(sorted(self.arrays))}")
             _check_array(spec, self.arrays[spec.name], self)
+
+
+def check_training_loader(loader: Any) -> None:
+    """``TypeError`` unless ``loader`` is a ``DataLoader``: a checkpoint records its settings and a
+    resumed run replays its order from them, mid-epoch, which no other iterable allows."""
+    if not isinstance(loader, DataLoader):
+        raise TypeError("fit trains from a gc.data.DataLoader (a checkpoint records its settings, and a resumed run "
+                        "replays its batches from them, from the middle of an epoch on, which a list, a generator or a "
+                        f"torch DataLoader cannot do); got {_kind(loader)}: make one from the arrays, "
+                        "gc.data.DataLoader({'x': x, 'y': y}, batch_size=64)")
+
+
+def check_eval_loader(loader: Any, passes: int = 1) -> None:
+    """``TypeError`` unless ``loader`` is what an evaluation reads (``eval_batches``) and gives
+    its batches ``passes`` times (an iterator gives them once)."""
+    if isinstance(loader, DataLoader):
+        return
+    if isinstance(loader, Mapping):
+        raise TypeError("the eval loader is a dict, one batch: give an iterable of batch dicts (a list of them, a "
+                        "gc.data.DataLoader), or evaluate the batch with Trainer.evaluate(batch)")
+    if not isinstance(loader, Iterable):
+        raise TypeError("the eval loader must be a gc.data.DataLoader or an iterable of batch dicts; "
+                        f"got {_kind(loader)}")
+    if passes > 1 and iter(loader) is loader:
+        raise TypeError(f"the eval loader is a one-shot iterator ({_kind(loader)}) that gives its batches once, and "
+                        f"fit evaluates after each of {passes} epochs: pass a list of batch dicts or a "
+                        "gc.data.DataLoader")
+
+
+def eval_batches(loader: Any) -> Iterator[Mapping[str, Any]]:
+    """The batches an evaluation reads from ``loader``: a ``DataLoader``'s (epoch 0), or any other
+    iterable's dicts of arrays by input name (a list of them, a generator, a torch DataLoader whose
+    dataset gives dicts); ``TypeError`` for one that is not a dict, ``ValueError`` for none at all."""
+    if isinstance(loader, DataLoader):
+        yield from loader.iter_epoch(0)
+        return
+    check_eval_loader(loader)
+    count = 0
+    for count, batch in enumerate(loader, start=1):
+        if not isinstance(batch, Mapping):
+            raise TypeError(f"batch {count} of the eval loader is {_kind(batch)}, not a dict of arrays by input name "
+                            "(a torch DataLoader gives dicts when its dataset's items are dicts)")
+        yield batch
+    if not count:
+        spent = iter(loader) is loader
+        raise ValueError("the eval loader gives no batch" + (" (an iterator gives its batches once, and this one is "
+                                                             "used up)" if spent else ""))
+
+
+def _kind(value: Any) -> str:
+    """The type of ``value`` as a message names it: ``list``, ``torch.utils.data.dataloader.DataLoader``."""
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _check_array(spec: TensorSpec, array: np.ndarray, loader: DataLoader) -> None:

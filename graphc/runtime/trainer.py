@@ -64,7 +64,7 @@ from graphc.passes.training import optimizers
 from graphc.passes.training.in_place import in_place_outputs
 from graphc.runtime import averaging, checkpoint as ckpt
 from graphc.runtime import metrics as metrics_lib
-from graphc.runtime.data import check_whole
+from graphc.runtime.data import DataLoader, check_eval_loader, check_training_loader, check_whole, eval_batches
 from graphc.runtime.feeds import check_one, dtype_name
 from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
@@ -489,16 +489,18 @@ class Trainer:
         return {"loss": float(out["loss"]), **metrics_lib.compute(self.manifest.loss, out, batch, self.metrics)}
 
     def evaluate_loader(self, loader) -> dict[str, float]:
-        """``evaluate`` over every batch of ``loader``: the loss and metrics of the whole set as
+        """``evaluate`` over every batch of ``loader`` (a ``gc.data.DataLoader``, or any iterable of
+        batch dicts: ``graphc.runtime.data.eval_batches``): the loss and metrics of the whole set as
         one batch. Each batch counts by what its mean is over (``graphc.runtime.averaging``):
         its rows, for cross-entropy its labels that are not ``ignore_index``, so a batch of
         ignored labels only counts for nothing (a mean loss's is not even computed: it is a mean
         over no example, which ``evaluate`` refuses); summed losses add up."""
-        check_batches(loader, "eval loader")
+        if isinstance(loader, DataLoader):
+            check_batches(loader, "eval loader")
         loss_spec = self.manifest.loss
         loss_sum = weight = count = 0.0
         totals: dict[str, float] = {}
-        for batch in loader.iter_epoch(0):
+        for batch in eval_batches(loader):
             rows = len(next(iter(batch.values())))
             w, n = averaging.shard_weight(loss_spec, batch, rows), averaging.examples(loss_spec, batch, rows)
             if not w:
@@ -515,8 +517,9 @@ class Trainer:
             plot: Union[str, os.PathLike, None] = None,
             checkpoint: Union[str, os.PathLike, None] = None, checkpoint_every: Optional[int] = None,
             quiet: bool = False, log: Union[str, os.PathLike, None] = None) -> History:
-        """Train until ``epochs`` epochs are done (counted from the first, so a resumed trainer
-        continues where its checkpoint stopped). Prints a progress bar within each epoch (not
+        """Train from ``loader``, a ``gc.data.DataLoader`` (whose order a checkpoint replays), until
+        ``epochs`` epochs are done (counted from the first, so a resumed trainer continues where its
+        checkpoint stopped); ``eval_loader`` is what ``evaluate_loader`` takes. Prints a progress bar within each epoch (not
         with ``progress=False``) and one line per epoch with the mean train loss, the train
         metrics (``self.metrics`` computed from each step's own training-mode prediction, as
         Keras does: no extra pass; not for artifacts before format 3 or data-parallel runs) and
@@ -536,19 +539,22 @@ class Trainer:
             raise ValueError(f"checkpoint_every must be >= 1 steps, got {checkpoint_every}")
         if checkpoint_every is not None and checkpoint is None:
             raise ValueError("checkpoint_every needs checkpoint, the folder to save in")
+        check_training_loader(loader)
         if self.epoch < epochs:
             check_batches(loader, "training loader")
-            check_labels(self.manifest, getattr(loader, "arrays", {}), "the training loader")  # rows, not batch rows
-        if eval_loader is not None:
+            check_labels(self.manifest, loader.arrays, "the training loader")  # rows, not batch rows
+        if isinstance(eval_loader, DataLoader):
             check_batches(eval_loader, "eval loader")
-            check_labels(self.manifest, getattr(eval_loader, "arrays", {}), "the eval loader")
+            check_labels(self.manifest, eval_loader.arrays, "the eval loader")
+        elif eval_loader is not None:
+            check_eval_loader(eval_loader, passes=epochs - self.epoch)
         if checkpoint is not None:
             ckpt.check_owner(checkpoint, self._expected)
             self._warn_unsaved_randomness()
         if plot is not None:
             check_plot(plot)
         loader.check_against(self.batch_specs)
-        if eval_loader is not None:
+        if isinstance(eval_loader, DataLoader):
             self._eval_exe()
             eval_loader.check_against(self._eval_specs)
         self._use_loader(loader)
