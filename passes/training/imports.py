@@ -83,6 +83,9 @@ _TORCH = "pytorch"
 _SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
 _KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 _FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
+_NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # a node's module path: ['', 'emb', 'embedding']
+_FX_NODE = "pkg.torch.onnx.fx_node"  # the torch.export node it came from, its inputs as %placeholders
+_PLACEHOLDER = "pkg.torch.onnx.original_node_name"  # an initializer's placeholder there (p_emb_weight)
 _TORCHSCRIPT_FOLDED = "onnx::"  # the TorchScript exporter's names for values it computed
 
 
@@ -92,24 +95,31 @@ def _torchscript(model: ir.Model) -> bool:
 
 
 def retie_folded_copies(model: ir.Model) -> list[str]:
-    """Rebuild each TorchScript ``onnx::`` initializer that holds exactly the values of another
-    float initializer, or of its transpose, from that one (an Identity or a Transpose of it, same
-    name), in place; returns their names. Constant folding turns a weight that two layers share
-    into two tensors (``onnx::MatMul_6`` is ``e.weight`` transposed), which would train apart.
-    Values with fewer than three distinct elements (zeros, ones, an identity matrix) are equal
-    by construction, not a copy, and stay."""
+    """Rebuild each folded copy of another float initializer (its values, or its transpose's)
+    from that one (an Identity or a Transpose of it, same name), in place; returns their names.
+    Constant folding turns a weight that two layers share into two tensors, which would train
+    apart: TorchScript's ``onnx::MatMul_6`` is ``e.weight`` transposed (any float initializer
+    without an ``onnx::`` name may be the source), onnxscript's ``val_0`` records its source
+    (``folded_from``: one initializer) in a dynamo export. Values with fewer than three distinct
+    elements (zeros, ones, an identity matrix) are equal by construction, not a copy, and stay."""
     graph = model.graph
-    if not _torchscript(model):
+    if _torchscript(model):
+        sources = [v for n, v in graph.initializers.items()
+                   if not n.startswith(_TORCHSCRIPT_FOLDED) and is_float(v) and v.const_value is not None]
+        copies = {n: sources for n in graph.initializers if n.startswith(_TORCHSCRIPT_FOLDED)}
+    elif _SIGNATURE in graph.metadata_props:
+        copies = {n: [graph.initializers[s] for s in found] for n, v in graph.initializers.items()
+                  if len(found := _sources(v)) == 1 and found <= set(graph.initializers) - {n}}
+    else:
         return []
-    sources = [v for n, v in graph.initializers.items()
-               if not n.startswith(_TORCHSCRIPT_FOLDED) and is_float(v) and v.const_value is not None]
     rebuilt = []
-    for name, value in list(graph.initializers.items()):
-        if not name.startswith(_TORCHSCRIPT_FOLDED) or not is_float(value) or value.const_value is None \
-                or value.is_graph_input():
+    for name, candidates in copies.items():
+        value = graph.initializers[name]
+        if not is_float(value) or value.const_value is None or value.is_graph_input():
             continue
         array = value.const_value.numpy()
-        match = next(((op, v) for v in sources if (op := _copy_op(v.const_value.numpy(), array))), None)
+        match = next(((op, v) for v in candidates if v.const_value is not None
+                      and (op := _copy_op(v.const_value.numpy(), array))), None)
         if match is None or np.unique(array).size < 3:
             continue
         op, source = match
@@ -268,7 +278,8 @@ def folded_parameters(model: ir.Model, params: Sequence[str]) -> list[str]:
         sources = {name: _sources(value) for name, value in graph.initializers.items()}
         found = [f"{name!r} (copies of {', '.join(sorted(sources[name] & signature))})" for name in params
                  if sources.get(name, set()) & signature and _repeats(graph.initializers[name])]
-        gone = sorted(signature - set(graph.initializers) - {s for group in sources.values() for s in group})
+        gone = sorted(signature - set(graph.initializers) - {s for group in sources.values() for s in group}
+                      - _tied_parameters(graph, signature))
         return found + ([f"parameters {', '.join(gone)} (folded into other tensors)"] if gone else [])
     if model.producer_name != _TORCH:
         return []
@@ -278,6 +289,31 @@ def folded_parameters(model: ir.Model, params: Sequence[str]) -> list[str]:
             if _repeats(graph.initializers[name]) or any(node.op_type in _COMPUTED_WEIGHTS for node in readers):
                 found.append(f"{name!r} (read by {', '.join(repr(n.name or n.op_type) for n in readers)})")
     return found
+
+
+def _tied_parameters(graph: ir.Graph, signature: set[str]) -> set[str]:
+    """Parameters of a dynamo export's ``signature`` kept as another's initializer because the
+    source model ties them: a node of the parameter's module (its recorded name scopes) reads
+    another module's initializer of the same attribute name, and so did torch.export's node it
+    came from (its placeholder in the recorded ``fx_node``): the embedding ``0`` reads ``2.weight``
+    (``%p_2_weight``). Equal values that onnxscript's optimizer merged read another placeholder
+    there (``ln2`` reads ``ln1.weight`` where torch read ``%p_ln2_weight``): not a tie."""
+    tied = set()
+    for node in graph:
+        try:
+            scopes = ast.literal_eval(node.metadata_props.get(_NAME_SCOPES, "[]"))
+        except (ValueError, SyntaxError):
+            continue
+        module = ".".join(map(str, scopes[1:-1]))
+        read = set(re.findall(r"%(\w+)", node.metadata_props.get(_FX_NODE, "")))
+        for value in node.inputs:
+            if value is None or not value.is_initializer() or value.name not in signature \
+                    or value.metadata_props.get(_PLACEHOLDER) not in read:
+                continue
+            owner, _, attribute = value.name.rpartition(".")
+            if module and owner != module and f"{module}.{attribute}" in signature:
+                tied.add(f"{module}.{attribute}")
+    return tied
 
 
 def _repeats(value: ir.Value) -> bool:
