@@ -341,6 +341,33 @@ def test_fresh_batchnorm_export_tracks_its_running_statistics_like_torch(exporte
                                rtol=1e-5, atol=1e-6)
 
 
+def test_a_fresh_batchnorm_merged_with_a_layernorm_by_dynamo_names_its_statistics_as_torch():
+    """onnxscript's optimizer merges a fresh BatchNorm's scale, bias and running statistics
+    (ones, zeros) with the LayerNorm's before it: the BatchNorm reads ``1.weight``, ``1.bias``.
+    Its statistics, split out, were named after the LayerNorm (``1.running_mean``); the export
+    records the BatchNorm's module (``3``), so they are torch's buffers ``3.running_mean`` and
+    ``3.running_var``, and a step updates them as torch's."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.LayerNorm(4), torch.nn.ReLU(), torch.nn.BatchNorm1d(4),
+                              torch.nn.Linear(4, 2))
+    x, y = torch.randn(8, 5), torch.randn(8, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        proto = torch.onnx.export(net.eval(), (x,), dynamo=True, verbose=False, input_names=["x"],
+                                  output_names=["out"]).model_proto
+        arts = gc.training.generate(gc.load(proto), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
+    bn = next(n for n in proto.graph.node if n.op_type == "BatchNormalization")
+    assert list(bn.input[1:]) == ["1.weight", "1.bias", "1.bias", "1.weight"]  # merged with the LayerNorm's
+    stats = [e.name for e in arts.manifest.graphs["train_step"].inputs if e.role == "state" and e.name != "step"]
+    assert stats == ["3.running_mean", "3.running_var"]
+    trainer = gc.Trainer(arts, backend="numpy")
+    trainer.step({"x": x.numpy(), "y": y.numpy()})
+    net.train()(x)  # the statistics of the first step's forward, the params still equal
+    for name in stats:
+        np.testing.assert_allclose(trainer.state_dict()[name], net.state_dict()[name].numpy(), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("fold", [False, True])
 def test_fresh_norm_layers_merged_by_torchscript_train_apart_like_torch(fold, tmp_path):
     """An eval-mode TorchScript export merges every fresh norm layer's weight and bias (ones,

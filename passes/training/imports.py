@@ -195,7 +195,7 @@ def exporter_constants(model: ir.Model, names: Sequence[str]) -> dict[str, str]:
     dynamo = _SIGNATURE in graph.metadata_props or any(
         _KIND in graph.initializers[n].metadata_props for n in names)
     if dynamo:
-        params = set(re.findall(r"PARAMETER target='([^']+)'", graph.metadata_props.get(_SIGNATURE, "")))
+        params = signature_targets(graph, "PARAMETER")
         params |= {n for n in names if graph.initializers[n].metadata_props.get(_KIND) == "PARAMETER"}
         return {n: why for n in names if (why := _dynamo_constant(graph.initializers[n], params))}
     if model.producer_name != _TORCH:
@@ -274,7 +274,7 @@ def folded_parameters(model: ir.Model, params: Sequence[str]) -> list[str]:
     graph = model.graph
     found = []
     if _SIGNATURE in graph.metadata_props:
-        signature = set(re.findall(r"PARAMETER target='([^']+)'", graph.metadata_props[_SIGNATURE]))
+        signature = signature_targets(graph, "PARAMETER")
         sources = {name: _sources(value) for name, value in graph.initializers.items()}
         found = [f"{name!r} (copies of {', '.join(sorted(sources[name] & signature))})" for name in params
                  if sources.get(name, set()) & signature and _repeats(graph.initializers[name])]
@@ -291,6 +291,21 @@ def folded_parameters(model: ir.Model, params: Sequence[str]) -> list[str]:
     return found
 
 
+def signature_targets(graph: ir.Graph, kind: str) -> set[str]:
+    """The names a dynamo export's signature gives its inputs of ``kind`` (``PARAMETER``,
+    ``BUFFER``): ``fc.weight``, ``bn.running_mean``; empty for other models."""
+    return set(re.findall(rf"{kind} target='([^']+)'", graph.metadata_props.get(_SIGNATURE, "")))
+
+
+def module_path(node: ir.Node) -> str:
+    """The module a dynamo export recorded ``node`` under (``emb``, ``layer1.0.bn1``), else ""."""
+    try:
+        scopes = ast.literal_eval(node.metadata_props.get(_NAME_SCOPES, "[]"))
+    except (ValueError, SyntaxError):
+        return ""
+    return ".".join(map(str, scopes[1:-1])) if isinstance(scopes, list) else ""
+
+
 def _tied_parameters(graph: ir.Graph, signature: set[str]) -> set[str]:
     """Parameters of a dynamo export's ``signature`` kept as another's initializer because the
     source model ties them: a node of the parameter's module (its recorded name scopes) reads
@@ -300,11 +315,7 @@ def _tied_parameters(graph: ir.Graph, signature: set[str]) -> set[str]:
     there (``ln2`` reads ``ln1.weight`` where torch read ``%p_ln2_weight``): not a tie."""
     tied = set()
     for node in graph:
-        try:
-            scopes = ast.literal_eval(node.metadata_props.get(_NAME_SCOPES, "[]"))
-        except (ValueError, SyntaxError):
-            continue
-        module = ".".join(map(str, scopes[1:-1]))
+        module = module_path(node)
         read = set(re.findall(r"%(\w+)", node.metadata_props.get(_FX_NODE, "")))
         for value in node.inputs:
             if value is None or not value.is_initializer() or value.name not in signature \

@@ -29,6 +29,7 @@ import onnx_ir as ir
 
 from graphc.passes.autodiff.rules_norm import affine_as_conv, batch_statistics, normalize
 from graphc.passes.emit import Emitter
+from graphc.passes.training import imports
 from graphc.passes.values import replace_value, static_shape
 
 
@@ -50,9 +51,12 @@ def own_batchnorm_stats(graph: ir.Graph) -> None:
     ones) read its bias and weight: through an Identity (TorchScript) or as they are (dynamo),
     and training would take the params for statistics or track none. The new initializer holds
     a copy of the value, named as torch names the buffer: the Identity's output
-    (``bn.running_mean``), else ``<p>.running_mean``/``<p>.running_var`` for a scale
-    ``<p>.weight`` and bias ``<p>.bias``, else ``<node name>.running_mean``/``...var``."""
+    (``bn.running_mean``), else the buffer a dynamo export's signature lists for the node's
+    module (a fresh BatchNorm's scale and bias merged with a LayerNorm's name the LayerNorm),
+    else ``<p>.running_mean``/``<p>.running_var`` for a scale ``<p>.weight`` and bias
+    ``<p>.bias``, else ``<node name>.running_mean``/``...var``."""
     names = {*graph.initializers, *(v.name for v in graph.inputs), *(v.name for n in graph for v in n.outputs)}
+    buffers = imports.signature_targets(graph, "BUFFER")
     for node in list(graph):
         if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
             continue
@@ -70,18 +74,21 @@ def own_batchnorm_stats(graph: ir.Graph) -> None:
                 graph.remove(value.producer(), safe=True)
                 own.name = value.name
             else:
-                own.name = _stat_name(node, stat, names)
+                own.name = _stat_name(node, stat, names, buffers)
             names.add(own.name)
             own.const_value.name = own.name
             graph.register_initializer(own)
 
 
-def _stat_name(node: ir.Node, stat: str, taken: set[str]) -> str:
-    """``<p>.<stat>`` for a BatchNormalization of scale ``<p>.weight`` and bias ``<p>.bias``, else
-    ``<node name>.<stat>``, with a suffix while taken."""
+def _stat_name(node: ir.Node, stat: str, taken: set[str], buffers: set[str]) -> str:
+    """``<m>.<stat>`` for a BatchNormalization a dynamo export recorded under module ``<m>``, when
+    ``buffers`` (its signature's) hold that name; else ``<p>.<stat>`` for one of scale
+    ``<p>.weight`` and bias ``<p>.bias``; else ``<node name>.<stat>``; with a suffix while taken."""
     scale, bias = (v.name or "" if v is not None else "" for v in node.inputs[1:3])
     prefix = scale.removesuffix(".weight")
-    if not (scale.endswith(".weight") and bias == f"{prefix}.bias") or f"{prefix}.{stat}" in taken:
+    if f"{imports.module_path(node)}.{stat}" in buffers - taken:
+        prefix = imports.module_path(node)
+    elif not (scale.endswith(".weight") and bias == f"{prefix}.bias") or f"{prefix}.{stat}" in taken:
         prefix = node.name or "BatchNormalization"
     name, k = f"{prefix}.{stat}", 0
     while name in taken:
