@@ -132,6 +132,30 @@ def test_trainer_from_a_checkpoint_file_finds_the_recorded_artifacts(tmp_path):
         np.testing.assert_array_equal(resumed.state_dict()[name], value)
 
 
+def test_a_checkpoint_file_of_in_memory_artifacts_says_how_to_load_it(tmp_path):
+    """A checkpoint file saved from artifacts held in memory records no artifacts folder: gc.Trainer
+    given it said "no training artifacts here (no manifest.json)", as for any folder. It says what
+    the file is and how to load it; so it does when the folder it records is gone."""
+    arts = bn_artifacts()
+    trainer = gc.Trainer(arts, backend="numpy")
+    trainer.step(blobs(16))
+    trainer.save_checkpoint(tmp_path / "one.safetensors")
+    with pytest.raises(FileNotFoundError, match=r"one\.safetensors is a checkpoint that records no training "
+                                                r"artifacts \(saved from artifacts held in memory\); load it into a "
+                                                r"Trainer of its artifacts: trainer = gc\.Trainer\(artifacts\); "
+                                                r"trainer\.load_checkpoint\('.*one\.safetensors'\)"):
+        gc.Trainer(tmp_path / "one.safetensors", backend="numpy")
+    resumed = gc.Trainer(arts, backend="numpy")
+    resumed.load_checkpoint(tmp_path / "one.safetensors")
+    assert resumed.step_count == 1
+    arts.save(tmp_path / "arts")
+    gc.Trainer(tmp_path / "arts", backend="numpy").save_checkpoint(tmp_path / "two.safetensors")
+    (tmp_path / "arts" / "manifest.json").rename(tmp_path / "arts" / "moved.json")
+    with pytest.raises(FileNotFoundError, match=r"two\.safetensors is a checkpoint of the training artifacts in "
+                                                r".*arts, which hold none now \(no manifest\.json\); load it into"):
+        gc.Trainer(tmp_path / "two.safetensors", backend="numpy")
+
+
 def test_an_unwritable_checkpoint_or_plot_fails_before_the_first_step(tmp_path, monkeypatch):
     trainer = gc.Trainer(bn_artifacts(), backend="numpy")
     loader = gc.data.DataLoader(blobs(32), batch_size=16)

@@ -261,6 +261,8 @@ class Trainer:
             path = Path(artifacts_or_dir)
             if not (path / training.MANIFEST_FILE).is_file() and ckpt.resolve(path).is_file():
                 resume_from, path = path, ckpt.find_artifacts(path) or path
+                if path == resume_from:
+                    raise FileNotFoundError(_without_artifacts(path, ckpt.read_meta(path).artifacts))
             if not (path / training.MANIFEST_FILE).is_file():
                 raise FileNotFoundError(f"{artifacts_or_dir}: no training artifacts here "
                                         f"(no {training.MANIFEST_FILE}); write them with "
@@ -830,6 +832,17 @@ class Trainer:
     def __repr__(self) -> str:
         return (f"<gc.Trainer backend={self.backend!r} step={self.step_count} epoch={self.epoch} "
                 f"{len(self.manifest.trainable)} trainable>")
+
+
+def _without_artifacts(path: Path, recorded: str) -> str:
+    """Why the checkpoint ``path`` alone cannot start a Trainer: no training graphs beside it, and
+    none where its header says (``recorded``), and how to load it."""
+    from graphc.compile.training import MANIFEST_FILE
+
+    where = (f"of the training artifacts in {recorded}, which hold none now (no {MANIFEST_FILE})" if recorded else
+             "that records no training artifacts (saved from artifacts held in memory)")
+    return (f"{path} is a checkpoint {where}; load it into a Trainer of its artifacts: trainer = "
+            f"gc.Trainer(artifacts); trainer.load_checkpoint({str(path)!r})")
 
 
 def _loader_state(loader) -> ckpt.LoaderState:
