@@ -194,6 +194,32 @@ def test_training_into_another_models_checkpoint_is_refused_before_the_first_ste
     assert (tmp_path / "ck" / ckpt.FILE_NAME).read_bytes() == before
 
 
+def test_a_checkpoint_is_never_written_into_an_artifacts_folder(tmp_path, capsys):
+    """fit(checkpoint=<the artifacts folder itself>) wrote checkpoint.safetensors and a second
+    copy of the graphs (artifacts/) into it, and gc.Trainer(folder), reading the artifacts there,
+    silently started again from step 0. A checkpoint file may not go into a folder of training
+    artifacts (one holding manifest.json): refused before the first step, by the Trainer and by
+    `graphc train`; a sub-folder of it is a checkpoint folder like any other."""
+    arts = bn_artifacts().save(tmp_path / "arts")
+    listing = sorted(p.name for p in arts.iterdir())
+    trainer = gc.Trainer(arts, backend="numpy")
+    loader = gc.data.DataLoader(blobs(32), batch_size=16)
+    for target in (arts, arts / ckpt.FILE_NAME, arts / "one.safetensors"):
+        with pytest.raises(ckpt.CheckpointError, match=rf"{target.name}: a checkpoint is not written into a folder of "
+                                                       r"training artifacts \(.*arts holds manifest\.json\), where "
+                                                       r"gc\.Trainer\(folder\) would start from the artifacts"):
+            trainer.fit(loader, 1, progress=False, checkpoint=target)
+        with pytest.raises(ckpt.CheckpointError, match="a checkpoint is not written into a folder of training"):
+            trainer.save_checkpoint(target)
+    assert trainer.step_count == 0 and sorted(p.name for p in arts.iterdir()) == listing
+    trainer.fit(loader, 1, progress=False, checkpoint=arts / "ck")
+    assert gc.Trainer(arts / "ck", backend="numpy").step_count == 2
+    np.savez(tmp_path / "data.npz", **blobs(32))
+    err = one_line_error(run_cli(capsys, "train", arts, "--data", tmp_path / "data.npz", "--epochs", 1, "--batch-size",
+                                 16, "--backend", "numpy", "--no-progress", "--checkpoint", arts))
+    assert "a checkpoint is not written into a folder of training artifacts" in err
+
+
 def test_an_artifacts_folder_with_another_models_train_step_is_refused(tmp_path, saved, capsys):
     arts = shutil.copytree(saved, tmp_path / "arts")
     mlp_artifacts().save(tmp_path / "other")

@@ -42,6 +42,7 @@ __all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "L
 
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
+ARTIFACTS_MANIFEST = "manifest.json"  # what makes a folder one of training artifacts (``compile.training``)
 FORMAT = "graphc-checkpoint/3"
 # Formats 1 and 2 are still read. Format 1's digest covers the tensors only (not the header);
 # both keep ``progress.loss_sum`` as the plain sum of the steps' losses (``batch_weighted``).
@@ -195,8 +196,15 @@ def save(path: PathLike, tensors: dict[str, np.ndarray], meta: CheckpointMeta) -
 def check_writable(path: PathLike) -> Path:
     """The checkpoint file for ``path`` if a checkpoint may be written there: nothing is there
     yet, or a graphc checkpoint (which is replaced). ``CheckpointError`` for anything else (a
-    directory, another kind of file), so nothing that is not a checkpoint is overwritten."""
+    directory, another kind of file), so nothing that is not a checkpoint is overwritten, and for
+    a file in a folder of training artifacts: ``gc.Trainer(folder)`` reads the artifacts there and
+    would start from them, not resume (and a checkpoint folder's ``artifacts/`` would nest in it)."""
     target = resolve(path)
+    if (target.parent / ARTIFACTS_MANIFEST).is_file():
+        raise CheckpointError(f"{path}: a checkpoint is not written into a folder of training artifacts "
+                              f"({target.parent} holds {ARTIFACTS_MANIFEST}), where gc.Trainer(folder) would start "
+                              f"from the artifacts and not resume; choose another folder, such as "
+                              f"{target.parent / 'checkpoint'}")
     if target.exists() or target.is_symlink():
         _existing_file(target, path)
         try:
@@ -363,7 +371,7 @@ def artifacts_dir(path: PathLike) -> Optional[Path]:
     """The training graphs stored beside a checkpoint, if it is a directory holding them."""
     folder = resolve(path).parent
     candidate = _own(folder, ARTIFACTS_DIR)
-    return candidate if (candidate / "manifest.json").is_file() else None
+    return candidate if (candidate / ARTIFACTS_MANIFEST).is_file() else None
 
 
 def _own(folder: Path, name: str) -> Path:
@@ -380,7 +388,7 @@ def find_artifacts(path: PathLike) -> Optional[Path]:
     if beside is not None:
         return beside
     recorded = read_meta(path).artifacts
-    return Path(recorded) if recorded and (Path(recorded) / "manifest.json").is_file() else None
+    return Path(recorded) if recorded and (Path(recorded) / ARTIFACTS_MANIFEST).is_file() else None
 
 
 def trained_from(artifacts: PathLike, near: Iterable[PathLike]) -> list[Path]:
