@@ -92,35 +92,3 @@ def test_exports_without_folding_train_silently(path):
     params = [n for n, v in model.ir.graph.initializers.items() if imports.is_float(v)]
     assert imports.folded_parameters(model.ir, params) == []
 
-
-@pytest.mark.parametrize("optimize", [False, True])
-def test_a_dynamo_export_of_a_tied_weight_trains_as_one_without_a_warning(optimize, tmp_path):
-    """An Embedding's weight shared with the output Linear: the dynamo exporter keeps one
-    initializer (``2.weight``) and the signature lists both parameters, so ``0.weight`` was
-    warned about as "folded into other tensors" though the tie trained as torch's. With
-    onnxscript's optimizer the Linear reads a folded transpose of it (``val_0``), which trained
-    apart from the weight. Now: no warning, and 3 SGD steps give torch's losses and weight."""
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    emb, out = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False)
-    out.weight = emb.weight
-    net = torch.nn.Sequential(emb, torch.nn.Tanh(), out)
-    ids, y = torch.tensor([[1, 3, 5], [2, 0, 9]]), torch.randn(2, 3, 10)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        proto = torch.onnx.export(net, (ids,), dynamo=True, optimize=optimize, verbose=False, input_names=["ids"],
-                                  output_names=["out"]).model_proto
-    assert [i.name for i in proto.graph.initializer][0] == "2.weight"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        arts = gc.training.generate(gc.load(proto), gc.losses.mse("out", label="y"), gc.optim.SGD(0.5))
-    assert arts.manifest.trainable == ["2.weight"]
-    trainer = gc.Trainer(arts, backend="numpy")
-    opt = torch.optim.SGD(net.parameters(), lr=0.5)
-    for _ in range(3):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(net(ids), y)
-        loss.backward()
-        opt.step()
-        np.testing.assert_allclose(trainer.step({"ids": ids.numpy(), "y": y.numpy()}), loss.item(), rtol=1e-5)
-    np.testing.assert_allclose(trainer.state_dict()["2.weight"], emb.weight.detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -391,11 +391,14 @@ def test_fresh_norm_layers_merged_by_torchscript_train_apart_like_torch(fold, tm
     _steps_match_torch(arts, net, x, y, torch.nn.functional.cross_entropy)
 
 
-def test_tied_weight_split_by_torchscript_constant_folding_trains_as_one_like_torch(tmp_path):
-    """An Embedding's weight shared with the output Linear: TorchScript's default constant
-    folding exports it as ``e.weight`` and ``onnx::MatMul_<N>`` (its transpose). The folded copy
-    is computed from e.weight again: 3 SGD steps give torch's losses and weight, and the exported
-    model torch's output."""
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo", "dynamo-unoptimized"])
+def test_a_tied_weight_trains_as_one_like_torch(exporter, tmp_path):
+    """An Embedding's weight shared with the output Linear. TorchScript's default constant
+    folding exports it as ``0.weight`` and ``onnx::MatMul_<N>`` (its transpose); onnxscript's
+    optimizer (dynamo) as ``2.weight`` and a folded transpose ``val_0``: the copy is computed from
+    the weight again. The dynamo exporter keeps one initializer and lists both parameters, and
+    ``0.weight`` was warned about as "folded into other tensors". No warning now; 3 SGD steps give
+    torch's losses and weight, and the exported model torch's output."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     emb, out = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False)
@@ -405,12 +408,20 @@ def test_tied_weight_split_by_torchscript_constant_folding_trains_as_one_like_to
     path = tmp_path / "tied.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(net, (ids,), str(path), dynamo=False, opset_version=17, input_names=["ids"],
-                          output_names=["out"])
+        if exporter == "torchscript":
+            torch.onnx.export(net, (ids,), str(path), dynamo=False, opset_version=17, input_names=["ids"],
+                              output_names=["out"])
+        else:
+            torch.onnx.export(net, (ids,), dynamo=True, optimize=exporter == "dynamo", verbose=False,
+                              input_names=["ids"], output_names=["out"]).save(path)
     model = gc.load(path)
-    assert [n for n in model.params if n.startswith("onnx::MatMul")]  # the folded transpose
-    arts = gc.training.generate(model, gc.losses.mse("out", label="y"), gc.optim.SGD(0.5))
-    assert arts.manifest.trainable == ["0.weight"]
+    folded = [n for n in model.params if n.startswith("onnx::MatMul") or n.startswith("val_")]
+    assert len(folded) == (exporter != "dynamo-unoptimized")  # the folded transpose
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        arts = gc.training.generate(model, gc.losses.mse("out", label="y"), gc.optim.SGD(0.5))
+    weight = "0.weight" if exporter == "torchscript" else "2.weight"  # the dynamo exporter names it once, last
+    assert arts.manifest.trainable == [weight]
     trainer = gc.Trainer(arts, backend="numpy")
     opt = torch.optim.SGD(net.parameters(), lr=0.5)
     for _ in range(3):
@@ -419,7 +430,7 @@ def test_tied_weight_split_by_torchscript_constant_folding_trains_as_one_like_to
         loss.backward()
         opt.step()
         np.testing.assert_allclose(trainer.step({"ids": ids.numpy(), "y": y.numpy()}), loss.item(), rtol=1e-5)
-    np.testing.assert_allclose(trainer.state_dict()["0.weight"], emb.weight.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(trainer.state_dict()[weight], emb.weight.detach().numpy(), rtol=1e-5, atol=1e-6)
     exported = gc.load(trainer.export_inference(tmp_path / "trained.onnx"))
     with torch.no_grad():
         expected = net(ids).numpy()
