@@ -521,18 +521,20 @@ class Trainer:
             quiet: bool = False, log: Union[str, os.PathLike, None] = None) -> History:
         """Train from ``loader``, a ``gc.data.DataLoader`` (whose order a checkpoint replays), until
         ``epochs`` epochs are done (counted from the first, so a resumed trainer continues where its
-        checkpoint stopped); ``eval_loader`` is what ``evaluate_loader`` takes. Prints a progress bar within each epoch (not
-        with ``progress=False``) and one line per epoch with the mean train loss, the train
-        metrics (``self.metrics`` computed from each step's own training-mode prediction, as
-        Keras does: no extra pass; not for artifacts before format 3 or data-parallel runs) and
-        the eval loss and metrics (neither with ``quiet=True``); appends the same per epoch to ``log``
-        (``.jsonl`` or ``.csv``, ``gc.runtime.history.EpochLog``). Saves ``checkpoint`` after each epoch,
-        with ``checkpoint_every=N`` every N steps too (what a killed run resumes from), and on
-        Ctrl-C once the step under way is done, then raises ``TrainingInterrupted`` (a
+        checkpoint stopped); ``eval_loader`` is what ``evaluate_loader`` takes. Prints a progress
+        bar within each epoch (not with ``progress=False``) and one line per epoch with the mean
+        train loss, the train metrics (``self.metrics`` computed from each step's own
+        training-mode prediction, as Keras does: no extra pass; not for artifacts before format 3
+        or data-parallel runs) and the eval loss and metrics (neither with ``quiet=True``);
+        appends the same per epoch to ``log`` (``.jsonl`` or ``.csv``,
+        ``gc.runtime.history.EpochLog``). Saves ``checkpoint`` after each epoch, with
+        ``checkpoint_every=N`` every N steps too (what a killed run resumes from), and on Ctrl-C
+        once the step under way is done, then raises ``TrainingInterrupted`` (a
         ``KeyboardInterrupt``); a loss-curve PNG goes to ``plot`` when given. A batch of ignored
         cross-entropy labels only (a mean over no example) is skipped with a warning: no step, no
-        loss, its rows not counted. Raises ``TrainingFailed`` on a NaN/inf loss; a ``checkpoint`` that could not be written or holds other training graphs'
-        checkpoint, or a ``plot`` or ``log`` that could not be written, fails before the first step."""
+        loss, its rows not counted. Raises ``TrainingFailed`` on a NaN/inf loss; a ``checkpoint``
+        that could not be written or holds other training graphs' checkpoint, or a ``plot`` or
+        ``log`` that could not be written, fails before the first step."""
         from graphc.runtime.history import EpochLog, check_plot
         from graphc.runtime.progress import TrainProgress
 
