@@ -357,3 +357,42 @@ def test_bf16_models_answer_on_onnxruntime_as_on_numpy():
         for name in ("y", "z", "w"):
             np.testing.assert_array_equal(result.as_numpy(name).view(np.uint16), want[name].view(np.uint16))
         client.close()
+
+
+def _grid_model() -> onnx.ModelProto:
+    """x float32[N,T,2,3] -> y = 2x, and the sum of each item's grid, s float32[N] (a scalar per item)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["y"]), helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0)],
+        "grid", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "T", 2, 3]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, ["N"])],
+        [helper.make_tensor("axes", TensorProto.INT64, [3], [1, 2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_outputs_are_reshaped_to_their_config_dims_as_triton_does(tmp_path):
+    """Triton returns an output shaped as its config's dims (a -1 takes the reshape's variable
+    sizes in order): the model gives y [B, T, 2, 3] and s [B]; the client sees [B, T, 6] and [B, 1]."""
+    folder = gc.deploy.triton(_grid_model(), tmp_path, "grid", max_batch_size=8)
+    config = (folder / "config.pbtxt").read_text()
+    config = config.replace("dims: [ -1, 2, 3 ]", "dims: [ -1, 6 ]\n    reshape: { shape: [ -1, 2, 3 ] }")
+    assert config.count("reshape") == 3  # x, y and deploy's own for the scalar s
+    (folder / "config.pbtxt").write_text(config)
+    x = np.random.default_rng(0).standard_normal((3, 5, 6)).astype(np.float32)
+    with running_server(create_app(tmp_path, backend="numpy")) as address:
+        client = httpclient.InferenceServerClient(address)
+        meta = client.get_model_metadata("grid")
+        assert [(o["name"], o["shape"]) for o in meta["outputs"]] == [("y", [-1, -1, 6]), ("s", [-1, 1])]
+        assert meta["inputs"][0]["shape"] == [-1, -1, 6]
+        for binary in (True, False):
+            item = httpclient.InferInput("x", list(x.shape), "FP32")
+            item.set_data_from_numpy(x, binary_data=binary)
+            outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("y", "s")]
+            result = client.infer("grid", [item], outputs=outputs)
+            np.testing.assert_array_equal(result.as_numpy("y"), 2 * x)
+            np.testing.assert_allclose(result.as_numpy("s"), x.sum(axis=(1, 2))[:, None], rtol=1e-5)
+        client.close()

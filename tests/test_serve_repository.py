@@ -160,8 +160,9 @@ def neg_model(shape: list) -> onnx.ModelProto:
     return model
 
 
-def test_the_configs_reshape_of_scalars_is_applied_to_requests(tmp_path):
-    # deploy writes a scalar (per batch item) as dims [ 1 ] with reshape { shape: [ ] }, as Triton needs
+def test_the_configs_reshape_of_scalars_is_applied_to_requests_and_replies(tmp_path):
+    # deploy writes a scalar (per batch item) as dims [ 1 ] with reshape { shape: [ ] }, as Triton
+    # needs; Triton then takes the input and gives the output as dims say
     import httpx
 
     from graphc.serving.serve import create_app
@@ -169,8 +170,8 @@ def test_the_configs_reshape_of_scalars_is_applied_to_requests(tmp_path):
 
     gc.deploy.triton(neg_model([]), tmp_path, "scalar")
     gc.deploy.triton(neg_model(["N"]), tmp_path, "batched", max_batch_size=4)
-    cases = [("scalar", [1], []), ("scalar", [], []),             # as the config says; as the model says
-             ("batched", [2, 1], [2]), ("batched", [2], [2])]
+    cases = [("scalar", [1], [1]), ("scalar", [], [1]),             # as the config says; as the model says
+             ("batched", [2, 1], [2, 1]), ("batched", [2], [2, 1])]
     with running_server(create_app(tmp_path, backend="numpy")) as address:
         for name, shape, out in cases:
             count = int(np.prod(shape))
@@ -181,3 +182,22 @@ def test_the_configs_reshape_of_scalars_is_applied_to_requests(tmp_path):
         body = {"inputs": [{"name": "s", "datatype": "FP32", "shape": [5, 1], "data": [1.5] * 5}]}
         reply = httpx.post(f"http://{address}/v2/models/batched/infer", json=body)
         assert reply.status_code == 400 and "exceeds the max_batch_size" in reply.json()["error"]
+
+
+def test_a_reshape_that_cannot_hold_its_dims_or_the_models_output_is_named(tmp_path):
+    from graphc.serving.kserve.protocol import DecodedRequest, ProtocolError
+
+    config = gc.deploy.triton(neg_model(["N", 6]), tmp_path, "m", max_batch_size=4) / "config.pbtxt"
+    text = config.read_text()
+    config.write_text(text.replace("dims: [ 6 ]\n  }\n]\ninstance", "dims: [ 5 ]\n    reshape: { shape: [ 2, 3 ] }\n"
+                                   "  }\n]\ninstance"))
+    with pytest.raises(gc.ModelLoadError, match=r"gives output 'y' dims \[5\] and reshape \[2, 3\], which do not "
+                                                r"hold the same elements"):
+        load_models(tmp_path)
+    config.write_text(text.replace("dims: [ 6 ]\n  }\n]\ninstance", "dims: [ 6 ]\n    reshape: { shape: [ 3, 2 ] }\n"
+                                   "  }\n]\ninstance"))
+    model = load_models(tmp_path)["m"]["1"]
+    with pytest.raises(ProtocolError, match=r"output 'y' has shape \[2, 6\], which its config.pbtxt reshape "
+                                            r"\[3, 2\] does not fit after the batch dim") as caught:
+        model.infer(DecodedRequest(None, {"s": np.zeros((2, 6), np.float32)}, (None, False)))
+    assert caught.value.status == 500

@@ -31,7 +31,8 @@ _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlev
 
 
 class ProtocolError(Exception):
-    """A request the server rejects; ``status`` is the HTTP code (4xx), the message names why."""
+    """A request the server rejects; ``status`` is the HTTP code (4xx; 500 where a model contradicts its
+    config), the message names why."""
 
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)

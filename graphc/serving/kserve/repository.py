@@ -12,6 +12,7 @@ file outside the repository folder is ever opened: symlinks that lead out are re
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import warnings
@@ -28,14 +29,47 @@ from graphc.serving.kserve import model_config
 from graphc.serving.kserve.protocol import DATATYPES, DecodedRequest, ProtocolError, datatype_of
 
 _CONFIG_LIMIT = 1 << 20  # bytes of config.pbtxt read at most
+_Reshapes = dict[str, tuple[tuple[int, ...], tuple[int, ...]]]  # name -> (client's shape, model's shape)
 
 
-def _tensor_metadata(spec: TensorSpec, model: str, kind: str) -> dict[str, Any]:
+def _tensor_metadata(spec: TensorSpec, model: str, kind: str, dims: list[int] | None) -> dict[str, Any]:
+    """``spec`` as the metadata route lists it; ``dims`` (the batch dim included), where its config
+    reshapes it, are the shape clients see, as Triton lists them."""
     if spec.dtype not in DATATYPES.values():
         raise ModelLoadError(f"model {model!r}: {kind} {spec.name!r} has dtype {spec.dtype}, which the KServe "
                              f"v2 protocol cannot carry here (served dtypes: {', '.join(DATATYPES.values())})")
     shape = [-1] if spec.shape is None else [d if isinstance(d, int) else -1 for d in spec.shape]
-    return {"name": spec.name, "datatype": datatype_of(spec.dtype), "shape": shape}
+    return {"name": spec.name, "datatype": datatype_of(spec.dtype), "shape": shape if dims is None else dims}
+
+
+def _reshapes(model: str, kind: str, tensors: Any) -> _Reshapes:
+    """name -> (client's shape, model's shape) after the batch dim, for each of ``tensors`` (a
+    config's inputs or outputs) with a ``reshape``: an input is sent as its ``dims`` and reaches
+    the model as ``reshape.shape``; an output leaves the model as ``reshape.shape`` and is sent as
+    ``dims``. ``ModelLoadError`` where the two cannot hold the same elements, as Triton checks."""
+    found = {}
+    for tensor in tensors:
+        if tensor.HasField("reshape"):
+            dims, shape = tuple(tensor.dims), tuple(tensor.reshape.shape)
+            if dims.count(-1) != shape.count(-1) or math.prod(d for d in dims if d != -1) != math.prod(
+                    d for d in shape if d != -1):
+                raise ModelLoadError(f"model {model!r}: config.pbtxt gives {kind} {tensor.name!r} dims {list(dims)} "
+                                     f"and reshape {list(shape)}, which do not hold the same elements (as many -1 "
+                                     "dims, the same product of the others)")
+            found[tensor.name] = (dims, shape)
+    return found
+
+
+def _triton_reshape(shape: tuple[int, ...], batched: bool, src: tuple[int, ...],
+                    dst: tuple[int, ...]) -> tuple[int, ...] | None:
+    """``shape`` as Triton's ``reshape`` turns ``src`` into ``dst`` (after the batch dim, if
+    ``batched``): ``dst``'s dims, each -1 taking the next of the sizes ``src``'s -1s matched;
+    None when ``shape`` is not ``src`` (-1: any size)."""
+    lead, item = (shape[:1], shape[1:]) if batched and shape else ((), shape)
+    if len(item) != len(src) or any(d != -1 and d != n for d, n in zip(src, item)):
+        return None
+    sizes = iter([n for d, n in zip(src, item) if d == -1])
+    return lead + tuple(next(sizes) if d == -1 else d for d in dst)
 
 
 class ServedModel:
@@ -59,9 +93,8 @@ class ServedModel:
         completed = model_config.complete(config if config is not None else model_config.ModelConfig(),
                                           _derived_config(model, name, max_batch_size))
         self.config = model_config.to_json(completed)
-        # name -> (dims, shape) of the config's reshapes: a tensor sent as dims reaches the model as shape
-        self._reshapes = {i.name: (list(i.dims), tuple(i.reshape.shape)) for i in completed.input
-                          if i.HasField("reshape")}
+        self._in_reshapes = _reshapes(name, "input", completed.input)
+        self._out_reshapes = _reshapes(name, "output", completed.output)
         self.session = Session(model, backend=backend, **options)
         self.inputs, self.outputs = feedable_inputs(model), model.outputs
         self._dtypes = {spec.name: to_numpy(spec.dtype) for spec in self.inputs}
@@ -69,9 +102,17 @@ class ServedModel:
         self._lock = None if self.session.backend.startswith("ort") else threading.Lock()
         self.metadata = {
             "name": name, "versions": [version], "platform": self.platform,
-            "inputs": [_tensor_metadata(s, name, "input") for s in self.inputs],
-            "outputs": [_tensor_metadata(s, name, "output") for s in self.outputs],
+            "inputs": [_tensor_metadata(s, name, "input", self._client_dims(self._in_reshapes, s.name))
+                       for s in self.inputs],
+            "outputs": [_tensor_metadata(s, name, "output", self._client_dims(self._out_reshapes, s.name))
+                        for s in self.outputs],
         }
+
+    def _client_dims(self, reshapes: _Reshapes, name: str) -> list[int] | None:
+        """The shape clients see of a reshaped tensor, batch dim included; None if not reshaped."""
+        if name not in reshapes:
+            return None
+        return [-1] * (self.max_batch_size > 0) + list(reshapes[name][0])
 
     def infer(self, request: DecodedRequest) -> dict[str, np.ndarray]:
         for name, array in request.inputs.items():  # in the protocol's terms; the rest is Session's
@@ -82,30 +123,28 @@ class ServedModel:
             if self.max_batch_size and array.ndim and array.shape[0] > self.max_batch_size:
                 raise ProtocolError(f"input {name!r}: batch of {array.shape[0]} exceeds the max_batch_size of model "
                                     f"{self.name!r}, {self.max_batch_size} (config.pbtxt)")
-            if name in self._reshapes:
-                request.inputs[name] = _reshaped(name, array, *self._reshapes[name], batched=self.max_batch_size > 0)
+            if name in self._in_reshapes:  # shaped as the model wants, not as dims: the session checks it
+                shape = _triton_reshape(array.shape, self.max_batch_size > 0, *self._in_reshapes[name])
+                request.inputs[name] = array if shape is None else array.reshape(shape)
         wanted = None if request.outputs is None else list(request.outputs)
         try:
             if self._lock is None:
-                return self.session.run(request.inputs, outputs=wanted)
-            with self._lock:
-                return self.session.run(request.inputs, outputs=wanted)
+                results = self.session.run(request.inputs, outputs=wanted)
+            else:
+                with self._lock:
+                    results = self.session.run(request.inputs, outputs=wanted)
         except InputError as exc:
             raise ProtocolError(f"model {self.name!r}: {exc}") from None
-
-
-def _reshaped(name: str, array: np.ndarray, dims: list[int], shape: tuple[int, ...], batched: bool) -> np.ndarray:
-    """``array`` (after its batch dim, if ``batched``) reshaped to ``shape`` when its shape is the
-    config's ``dims`` (-1: any size), as Triton applies ``reshape``; else as it came (the session
-    checks it against the model, so a request shaped as the model is still taken)."""
-    lead, item = (array.shape[:1], array.shape[1:]) if batched and array.ndim else ((), array.shape)
-    if len(item) != len(dims) or any(d != -1 and d != n for d, n in zip(dims, item)):
-        return array
-    try:
-        return array.reshape(lead + shape)
-    except ValueError:
-        raise ProtocolError(f"input {name!r} of shape {list(array.shape)} cannot take the config's reshape to "
-                            f"{list(shape)}") from None
+        for name, array in results.items():
+            if name in self._out_reshapes:
+                dims, shape = self._out_reshapes[name]
+                to = _triton_reshape(array.shape, self.max_batch_size > 0, shape, dims)
+                if to is None:
+                    after = " after the batch dim" if self.max_batch_size > 0 else ""
+                    raise ProtocolError(f"model {self.name!r}: output {name!r} has shape {list(array.shape)}, which "
+                                        f"its config.pbtxt reshape {list(shape)} does not fit{after}", 500)
+                results[name] = array.reshape(to)
+        return results
 
 
 def _derived_config(model: Model, name: str, max_batch_size: int) -> Any:
