@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -266,3 +267,50 @@ def test_a_slow_request_with_a_small_body_never_holds_up_other_connections(tmp_p
         took = time.monotonic() - started
     assert replies[0].status_code == 200 and replies[0].json()["outputs"][0]["data"] == [3_000_000.0]
     assert took > 1.0 and answered < 0.3 + 0.5, (answered, took)  # live answered while the model ran
+
+
+def _reply(sock: socket.socket) -> bytes:
+    """One whole HTTP reply (head and Content-Length bytes of body) read from ``sock``."""
+    reply = b""
+    while b"\r\n\r\n" not in reply or len(reply.split(b"\r\n\r\n", 1)[1]) < int(
+            re.search(rb"(?i)content-length: *(\d+)", reply).group(1)):
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection in its reply: {reply[:200]!r}"
+        reply += chunk
+    return reply
+
+
+def _headed(port: int, head_length: int) -> socket.socket:
+    """A connection that sent an infer request's head (``Expect: 100-continue``) and got the
+    server's 100: the app is reading its body."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(b"POST /v2/models/loop/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % head_length)
+    assert sock.recv(1024).startswith(b"HTTP/1.1 100"), "the server did not ask for the body"
+    return sock
+
+
+def test_sigterm_is_prompt_with_a_stalled_body_and_answers_whole_requests(tmp_path):
+    """A connection that sent its head and part of its body, then stalls, once held the shutdown
+    for the whole read timeout (30 s); a request received whole before SIGTERM is still answered."""
+    onnx.save(loop_model(), str(tmp_path / "loop.onnx"))
+    body = json.dumps({"inputs": [{"name": "n", "datatype": "INT64", "shape": [], "data": [1_000_000]},
+                                  {"name": "x", "datatype": "FP32", "shape": [1], "data": [0.5]}]}).encode()
+    with serve_process(str(tmp_path / "loop.onnx"), "--backend", "ort-cpu") as (proc, port):
+        stalled = _headed(port, 1000)
+        stalled.sendall(b'{"inputs": [')
+        whole = _headed(port, len(body))
+        whole.sendall(body)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        reply = _reply(whole)
+        answered = time.monotonic() - start
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - start
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["outputs"][0]["data"] == [1_000_000.5]
+    assert closed_by_server(stalled, time.monotonic() + 1)
+    # the stalled one is closed 2 s after it last sent a byte, not after the read timeout (30 s)
+    assert code == 0 and took - answered < 10 and took < 25, (answered, took)
+    stalled.close()
+    whole.close()

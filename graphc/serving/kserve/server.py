@@ -21,6 +21,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from graphc.errors import ServeError
 
 DEFAULT_READ_TIMEOUT = 30.0
+# At shutdown, seconds a request still arriving may go without sending a byte before it is closed.
+SHUTDOWN_IDLE = 2.0
 DEFAULT_BACKLOG = 4096
 _TIMEOUT_BODY = b'{"error": "request not received in time"}'
 _TIMEOUT_REPLY = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
@@ -31,13 +33,16 @@ class DeadlineProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol that closes a connection when a request (headers and body) is
     not in within ``read_timeout`` seconds of its first byte, when a new connection sends nothing
     for that long, or when the client stops reading a reply for that long. A request cut off
-    before its headers are complete gets a 408 first."""
+    before its headers are complete gets a 408 first. At shutdown, a request whose body is still
+    arriving is closed once it sends nothing for ``SHUTDOWN_IDLE`` seconds: uvicorn would wait
+    for it, so a stalled client held the shutdown for the whole read timeout."""
 
     def __init__(self, *args: Any, read_timeout: float = DEFAULT_READ_TIMEOUT, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.read_timeout = read_timeout
         self._read_deadline: asyncio.TimerHandle | None = None
         self._write_deadline: asyncio.TimerHandle | None = None
+        self._idle_deadline: asyncio.TimerHandle | None = None  # armed at shutdown, reset by each byte
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -51,6 +56,21 @@ class DeadlineProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._cancel("_read_deadline")
+        self._cancel("_idle_deadline")
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._idle_deadline is not None:
+            self._idle_deadline.cancel()
+            self._idle_deadline = self.loop.call_later(SHUTDOWN_IDLE, self._expire)
+
+    def shutdown(self) -> None:
+        """uvicorn's: close an idle connection, let a request it runs finish; and a request the
+        app is still reading (not one queued behind another) gets ``SHUTDOWN_IDLE`` seconds a byte."""
+        super().shutdown()
+        receiving = self._read_deadline is not None and not self.pipeline
+        if receiving and self.cycle is not None and not self.cycle.response_complete:
+            self._idle_deadline = self.loop.call_later(SHUTDOWN_IDLE, self._expire)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -64,6 +84,7 @@ class DeadlineProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel("_read_deadline")
         self._cancel("_write_deadline")
+        self._cancel("_idle_deadline")
         super().connection_lost(exc)
 
     def _cancel(self, name: str) -> None:
