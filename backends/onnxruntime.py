@@ -1,11 +1,10 @@
 """onnxruntime backends: "ort-cpu" (CPUExecutionProvider) and "ort-cuda" (CUDAExecutionProvider).
 
 Sessions are built from the model's bytes (a model over protobuf's 2 GiB limit: from a temporary file
-with external data), stamped with the lowest IR version its opsets need
-(onnxruntime 1.31 refuses IR 14). Each session records which execution provider runs each node
-(``session.record_ep_graph_assignment_info``) and, on a device, how many host/device copy nodes
-onnxruntime inserted. Values that should stay on the device (the Trainer's params and optimizer
-state) go through ``to_device`` / ``run_bound`` (IOBinding).
+with external data), stamped with the lowest IR version its opsets need (onnxruntime 1.31 refuses IR 14).
+Each session records which execution provider runs each node (``session.record_ep_graph_assignment_info``)
+and, on a device, how many host/device copy nodes onnxruntime inserted. Values that should stay on the
+device (the Trainer's params and optimizer state) go through ``to_device`` / ``run_bound`` (IOBinding).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import EncodeError
 
-from graphc.backends import batchnorm, bfloat16, denormals, nchwc, opsets, transposes
+from graphc.backends import batchnorm, bfloat16, denormals, nchwc, opsets, scans, transposes
 from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
@@ -172,7 +171,8 @@ class _OrtBackend:
         if cuda_graph and self.device != "cuda":
             raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {self.name!r}")
         _check_domains(model, self.name)
-        model = batchnorm.lower_training_mode(opsets.within_reach(unique_node_names(model), self.name), self.name)
+        model = opsets.within_reach(unique_node_names(model), self.name)
+        model = scans.guard_empty(batchnorm.lower_training_mode(model, self.name))
         ort = _ort()
         options = ort.SessionOptions()
         options.log_severity_level = _ORT_QUIET

@@ -547,3 +547,20 @@ def test_if_whose_branches_output_different_shapes_differentiates_either_branch(
     feeds = {"x": np.array([0.3, -0.6, 0.9]), "X2": np.array([[0.1, 0.2, 0.3], [-0.4, 0.5, 0.6]]), "p": np.array(taken)}
     _assert_gradients_match_central_differences(gc.grad(model, "loss", wrt=["W", "X2"]), "loss", feeds, ["W", "X2"],
                                                 _on_onnxruntime(model, "loss", ["W"]))
+
+
+@pytest.mark.parametrize("in_axis, in_dir, out_axis, out_dir", [(0, 0, 0, 0), (0, 1, 0, 0), (1, 0, 1, 1), (1, 1, 0, 1)])
+def test_scan_of_no_steps_and_its_gradients(in_axis, in_dir, out_axis, out_dir):
+    """A run-time length of 0: the final state is the initial one and ys is empty (ONNX), so
+    objective = sum(h0^2): its gradient is 2 h0 for h0, zeros for W and U, and x's is empty."""
+    model = _rnn_scan_model("T", in_axis, in_dir, out_axis, out_dir)
+    h0 = next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == "h0")
+    reverse = gc.grad(model, "objective", wrt=["W", "U", "h0", "x"])
+    x = np.zeros([0, 2, 3] if in_axis == 0 else [2, 0, 3])
+    for backend in ("numpy", "ort-cpu"):
+        for got in (gc.Session(model, backend=backend).run({"x": x}), gc.Session(reverse, backend=backend).run({"x": x})):
+            np.testing.assert_allclose(got["objective"], np.sum(h0 ** 2), rtol=1e-12, err_msg=backend)
+            assert got["ys"].shape == ((0, 2, 4) if out_axis == 0 else (2, 0, 4)), backend
+        np.testing.assert_allclose(got["h0_grad"], 2 * h0, rtol=1e-12, err_msg=backend)
+        assert not got["W_grad"].any() and not got["U_grad"].any(), backend
+        assert got["x_grad"].shape == x.shape, backend

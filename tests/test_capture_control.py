@@ -160,3 +160,22 @@ def test_scan_with_tuple_xs_and_outputs():
     np.testing.assert_allclose(out["output_1"], np.stack(cs), rtol=1e-5)
     np.testing.assert_allclose(out["output_2"], X - b, rtol=1e-6)
     assert model.outputs[1].shape == ("T", 3)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_scan_over_no_rows_gives_the_initial_carry_and_empty_ys(backend):
+    """ONNX's Scan of length 0: the final state is the initial one, each scan output has length
+    0 (onnxruntime itself fails such a Scan; graphc's sessions guard it)."""
+    def f(h, x):
+        return gc.scan(lambda c, row: (c + row, gc.relu(c * row)), h, x)
+
+    h, x = rng(2).standard_normal(3).astype(np.float32), np.zeros((0, 3), np.float32)
+    model = gc.capture(f, h=gc.spec("float32", (3,)), x=gc.spec("float32", ("T", 3)))
+    check(model)
+    out = gc.Session(model, backend=backend).run({"h": h, "x": x})
+    np.testing.assert_array_equal(out["output_0"], h)
+    assert out["output_1"].shape == (0, 3) and out["output_1"].dtype == np.float32
+    np.testing.assert_allclose(gc.Session(model, backend=backend).run({"h": h, "x": X})["output_0"], h + X.sum(0),
+                               rtol=1e-6)  # with rows, as before
+    eager = gc.capture(f, h=h, x=x)
+    assert [s.shape for s in eager.outputs] == [(3,), (0, 3)]

@@ -342,3 +342,19 @@ def test_training_mode_batchnorm_uses_the_batch_statistics(opset, shape, outputs
     np.testing.assert_allclose(want["y"].mean(axes), 0, atol=1e-5)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
+
+
+def test_only_scans_of_a_length_not_known_nonzero_are_guarded_and_the_copy_is_valid():
+    """backends/scans.py puts an If around a Scan whose length may be 0 (onnxruntime fails those);
+    a Scan declared to have steps keeps running bare (the If costs a run about 9 us)."""
+    from graphc.backends import scans
+
+    def scan_model(length):
+        return gc.capture(lambda h, x: gc.scan(lambda c, row: (c + row, c * row), h, x),
+                          h=gc.spec("float32", (3,)), x=gc.spec("float32", (length, 3))).proto
+
+    fixed = scan_model(4)
+    assert scans.guard_empty(fixed) is fixed
+    guarded = scans.guard_empty(scan_model("T"))
+    assert [n.op_type for n in guarded.graph.node] == ["Constant", "Constant", "Shape", "Gather", "Equal", "If"]
+    onnx.checker.check_model(guarded, full_check=True)

@@ -55,10 +55,8 @@ def _scan(ctx, states, xs, body, in_axes, in_dirs, out_axes, out_dirs):
         for acc, value in zip(collected, outs[n_state:]):
             acc.append(value)
     results = []
-    for acc, axis, backward in zip(collected, out_axes, out_dirs):
-        if backward:
-            acc = acc[::-1]
-        stacked = np.stack(acc)
+    for k, (acc, axis, backward) in enumerate(zip(collected, out_axes, out_dirs)):
+        stacked = _stack(acc[::-1] if backward else acc, body, n_state + k)
         results.append(np.moveaxis(stacked, 0, axis % stacked.ndim))
     return (*states, *results)
 

@@ -192,13 +192,19 @@ def scan(fn: Callable, init: Any, xs: Any) -> tuple[Any, Any]:
             state = res[:n_carry]
             for k, y in enumerate(res[n_carry:]):
                 ys[k].append(y)
-        stacked = [np.stack(y) if y else np.zeros((0,), o.dtype.numpy) for y, o in zip(ys, outs[n_carry:])]
+        stacked = [np.stack(y) if y else _no_steps(o) for y, o in zip(ys, outs[n_carry:])]
         return state + stacked
 
     results = _emit_list("Scan", [*carry, *x_items], {"body": graph, "num_scan_inputs": len(x_items)},
                          len(out_types), out_types=out_types, source=source, evaluator=evaluate)
     final = _rebuild(results[:n_carry], carry_seq)
     return final, _rebuild(results[n_carry:], y_seq_box[0])
+
+
+def _no_steps(y: Tensor) -> np.ndarray:
+    """A scan output of no steps: empty, of ``y``'s static dims (unknown ones 0), as the backends give it."""
+    dims = () if y.shape is None else tuple(d if isinstance(d, int) else 0 for d in y.shape)
+    return np.zeros((0, *dims), y.dtype.numpy)
 
 
 # -- eager interpretation of body graphs ----------------------------------------------------------

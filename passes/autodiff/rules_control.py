@@ -360,7 +360,7 @@ class _Reverse:
         position = {v: i for i, v in enumerate(self.body.inputs)}
         for value in recorded:
             copy = ir.node("Identity", [tape.inputs[position[value]]], name=g.fresh("Identity"))
-            copy.outputs[0].name, copy.outputs[0].type = g.fresh("tape"), value.type
+            copy.outputs[0].name, copy.outputs[0].type, copy.outputs[0].shape = g.fresh("tape"), value.type, value.shape
             tape.append(copy)
             tape.outputs.append(copy.outputs[0])
         tape.name = g.fresh("tape_body")

@@ -1,0 +1,92 @@
+"""Scans of no steps, in an onnxruntime session's copy of a model.
+
+onnxruntime 1.31 fails a Scan whose scanned inputs have length 0 ("Invalid dim0_offset of 0"),
+where ONNX makes the final states the initial ones and the scan outputs of length 0 (a
+``gc.scan`` over an empty batch of sequences, and the tape of its gradient). The session's copy
+runs each Scan of the main graph as the else branch of an If on that length; the then branch
+gives the states as they came and each scan output empty, of the body's static dims (unknown
+dims 0) with 0 at its axis: the shape onnxruntime gives a Loop's scan output of no iterations.
+A Scan whose body leaves a scan output's rank or type unknown is left as it is.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import onnx
+from onnx import helper
+
+from graphc.model.file import ai_onnx_opset, with_nodes
+
+__all__ = ["guard_empty"]
+
+
+def guard_empty(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself when its main graph has no Scan to guard, else a copy in which each runs
+    under an If on its length (the module docstring)."""
+    if not any(_is_scan(n) for n in model.graph.node) or ai_onnx_opset(model) < 9:  # Scan-8: not rewritten
+        return model
+    declared = {v.name: v.type.tensor_type for v in [*model.graph.input, *model.graph.value_info]}
+    nodes, changed = [], False
+    for node in model.graph.node:
+        guarded = _guarded(node) if _is_scan(node) and not _steps(node, declared) else None
+        nodes += guarded or [node]
+        changed = changed or guarded is not None
+    return with_nodes(model, nodes) if changed else model
+
+
+def _is_scan(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Scan" and node.domain in ("", "ai.onnx")
+
+
+def _steps(node: onnx.NodeProto, declared: dict) -> bool:
+    """Whether the Scan's scanned length is declared, and not 0 (then it needs no guard: an If
+    costs onnxruntime about 9 us a run)."""
+    m = next(a.i for a in node.attribute if a.name == "num_scan_inputs")
+    axes = next((list(a.ints) for a in node.attribute if a.name == "scan_input_axes"), None) or [0]
+    t = declared.get(node.input[len(node.input) - m])
+    if t is None or not t.HasField("shape") or not -len(t.shape.dim) <= axes[0] < len(t.shape.dim):
+        return False
+    return t.shape.dim[axes[0]].dim_value > 0
+
+
+def _guarded(node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    body, m = attrs["body"], attrs["num_scan_inputs"]
+    n_state = len(node.input) - m
+    outs = list(body.output[n_state:])
+    types = [o.type.tensor_type for o in outs]
+    if any(not t.elem_type or not t.HasField("shape") for t in types):
+        return None
+    p = f"{node.output[0] or node.name}/scan_guard/"
+    made: list[onnx.NodeProto] = []
+    names = itertools.count()
+
+    def op(op_type: str, *inputs: str, into: list[onnx.NodeProto] = made, **kw) -> str:
+        into.append(helper.make_node(op_type, list(inputs), [f"{p}{next(names)}"], **kw))
+        into[-1].metadata_props.extend(node.metadata_props)  # the user's line, for errors
+        return into[-1].output[0]
+
+    axis = list(attrs.get("scan_input_axes") or [0])[0]
+    index = op("Constant", value=helper.make_tensor(f"{p}axis", onnx.TensorProto.INT64, [], [axis]))
+    zero = op("Constant", value=helper.make_tensor(f"{p}zero", onnx.TensorProto.INT64, [], [0]))
+    length = op("Gather", op("Shape", node.input[n_state]), index)
+    empty_branch: list[onnx.NodeProto] = []
+    results = [op("Identity", state, into=empty_branch) for state in node.input[:n_state]]
+    out_axes = list(attrs.get("scan_output_axes") or [0] * len(outs))
+    for t, out_axis in zip(types, out_axes):
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim]
+        dims.insert(out_axis % (len(dims) + 1), 0)
+        results.append(op("Constant", into=empty_branch, value=helper.make_tensor(f"{p}empty", t.elem_type, dims, [])))
+    scan = onnx.NodeProto()
+    scan.CopyFrom(node)
+    scan.output[:] = [f"{p}scan{k}" for k in range(len(node.output))]
+    types_out = [o.type.tensor_type.elem_type for o in body.output]
+    branches = {name: helper.make_graph(nodes, f"{p}{name}", [], [helper.make_tensor_value_info(v, e, None)
+                                                                   for v, e in zip(values, types_out)])
+                for name, nodes, values in (("then_branch", empty_branch, results),
+                                            ("else_branch", [scan], list(scan.output)))}
+    outputs = [name or f"{p}unused{k}" for k, name in enumerate(node.output)]
+    made.append(helper.make_node("If", [op("Equal", length, zero)], outputs, f"{p}if", **branches))
+    made[-1].metadata_props.extend(node.metadata_props)
+    return made
