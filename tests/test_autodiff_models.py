@@ -402,3 +402,47 @@ def test_clip6_bounds_take_the_input_dtype_when_upgraded():
     np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-8)
     run_ort(grads.proto, {"x": x})  # onnxruntime loads it: one dtype per Clip
     graphc.training.generate(model, graphc.losses.mse("y", label="t"), graphc.optim.SGD(0.1))
+
+
+def _branch_tile_model(axes_as: str) -> onnx.ModelProto:
+    """loss = sum(y^2), y = If(sum(x) > 0, tile(unsqueeze(x * w, axes), reps), tile(unsqueeze(x - w,
+    axes), reps)): the branches read ``axes`` and ``reps`` from the main graph (``axes`` a Constant
+    node or an initializer), as exporters write them; onnx's inference sees no data across scopes."""
+    D = TensorProto.DOUBLE
+
+    def branch(name, op):
+        return helper.make_graph([helper.make_node(op, ["x", "w"], [f"{name}_v"]),
+                                  helper.make_node("Unsqueeze", [f"{name}_v", "axes"], [f"{name}_u"]),
+                                  helper.make_node("Tile", [f"{name}_u", "reps"], [f"{name}_t"])], name, [],
+                                 [helper.make_tensor_value_info(f"{name}_t", D, None)])
+
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    inits = [numpy_helper.from_array(np.linspace(-1, 1, 6).reshape(2, 3), "w"),
+             numpy_helper.from_array(np.array([2, 1, 1], np.int64), "reps")] + ([axes] if axes_as == "initializer" else [])
+    nodes = ([helper.make_node("Constant", [], ["axes"], value=axes)] if axes_as == "constant" else []) + [
+        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+        helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.array(0.0))),
+        helper.make_node("Greater", ["s", "zero"], ["p"]),
+        helper.make_node("If", ["p"], ["y"], then_branch=branch("a", "Mul"), else_branch=branch("b", "Sub")),
+        helper.make_node("Mul", ["y", "y"], ["yy"]), helper.make_node("ReduceSum", ["yy"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "branch_tile", [helper.make_tensor_value_info("x", D, [2, 3])],
+                              [helper.make_tensor_value_info("loss", D, [])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("axes_as", ["constant", "initializer"])
+def test_tile_in_a_branch_on_main_graph_axes_gets_gradients_and_trains(axes_as):
+    """Tile's rule needs its input's static shape; inside the branch that shape comes from an
+    Unsqueeze by a main-graph constant, which the branches now see (float64 central differences)."""
+    model = _branch_tile_model(axes_as)
+    grads = graphc.grad(model, "loss", wrt=["w"])
+    onnx.checker.check_model(grads.proto, full_check=True)
+    w = numpy_helper.to_array(model.graph.initializer[0])
+    gradients = graphc.training.generate(graphc.load(model), "loss", graphc.optim.SGD(0.1), trainable=["w"]).gradients
+    for x in (np.full((2, 3), 0.5), np.full((2, 3), -0.5)):  # each branch
+        numeric = numeric_grad(grads.proto, {"x": x}, "w", w)
+        for backend in ("numpy", "ort-cpu"):
+            np.testing.assert_allclose(graphc.Session(grads, backend=backend).run({"x": x})["w_grad"], numeric,
+                                       rtol=1e-6, atol=1e-9, err_msg=backend)
+        np.testing.assert_allclose(graphc.Session(gradients, backend="ort-cpu").run({"x": x})["w_grad"], numeric,
+                                   rtol=1e-6, atol=1e-9)

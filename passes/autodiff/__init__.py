@@ -28,7 +28,9 @@ Conventions (each written next to its rule too):
   rows it discards, as torch's scaled_dot_product_attention does.
 - integer values computed from constants only (pads, shapes, axes exporters build with
   ConstantOfShape/Concat/Transpose/Cast) are folded into initializers first
-  (``model.fold_integer_values``), so shape inference sees the shapes they produce.
+  (``model.fold_integer_values``), so shape inference sees the shapes they produce; small
+  integer constants a subgraph reads from an outer graph (a branch's Unsqueeze axes) are copied
+  into it, since onnx's inference reads no data across scopes.
 - a ``wrt`` value with no path to the loss gets zeros of its shape; an op without a rule on a
   path raises ``GraphError`` naming op, node and ``graphc.source`` line (and, for a body node,
   the op it was expanded from); so does a gradient reaching an output its rule does not cover

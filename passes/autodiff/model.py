@@ -35,15 +35,50 @@ def infer_shapes(model: ir.Model) -> ir.Model:
 
 
 _INTEGERS = frozenset({ir.DataType.INT64, ir.DataType.INT32, ir.DataType.BOOL})  # and conditions
+_LOCAL_SIZE = 64  # elements at most of a constant copied into a subgraph: axes, shapes, pads, repeats
+
+
+def localize_outer_constants(model: ir.Model) -> int:
+    """Give each subgraph (If branches, Loop and Scan bodies) a Constant of its own for each
+    small integer constant it reads from an outer graph (an Unsqueeze's axes, a Reshape's shape,
+    a Tile's repeats): onnx's shape inference reads no data across scopes, so a branch's
+    Unsqueeze by a main-graph axes constant, and everything after it, went unshaped, and
+    rules that need static shapes (Tile's) failed. In place; returns how many constants were
+    copied."""
+    nodes = [n for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.graph is not model.graph]
+    if not nodes:
+        return 0
+    taken = {v.name for n in ir.traversal.RecursiveGraphIterator(model.graph) for v in n.outputs}
+    taken |= {v.name for v in [*model.graph.inputs, *model.graph.initializers.values()]}
+    copies: dict[tuple[int, ir.Value], ir.Value] = {}
+    for node in nodes:
+        for i, value in enumerate(node.inputs):
+            if value is None or value.graph is node.graph or value.is_graph_input():
+                continue
+            array = const_array(value)
+            if array is None or array.size > _LOCAL_SIZE or array.dtype.kind not in "iub":
+                continue
+            key = (id(node.graph), value)
+            if key not in copies:
+                const = ir.node("Constant", [], attributes={"value": ir.tensor(array)},
+                                name=fresh_name(taken, f"{value.name}_local/Constant"))
+                const.outputs[0].name = fresh_name(taken, f"{value.name}_local")
+                const.outputs[0].type, const.outputs[0].shape = value.type, ir.Shape(array.shape)
+                node.graph.insert_before(node, const)
+                copies[key] = const.outputs[0]
+            node.replace_input_with(i, copies[key])
+    return len(copies)
 
 
 def fold_integer_values(model: ir.Model) -> int:
     """Replace integer and boolean values the model computes from constants alone (pads, shapes,
     axes that exporters build with ConstantOfShape/Concat/Transpose/Cast, the Shape of a static
     value, a rank test) by initializers, so that shape inference, which cannot evaluate such
-    chains, sees them; an If whose condition is then constant is replaced by its branch. Only
-    integers and booleans: float subgraphs of weights stay as they are (their initializers are
-    the params). Needs dtypes (run shape inference first); returns how many nodes went away."""
+    chains, sees them; an If whose condition is then constant is replaced by its branch; and
+    subgraphs get copies of the small integer constants they read from outer graphs
+    (``localize_outer_constants``). Only integers and booleans: float subgraphs of weights stay
+    as they are (their initializers are the params). Needs dtypes (run shape inference first);
+    returns how many nodes went away or were copied."""
     graph = model.graph
     taken = {v.name for n in graph for v in n.outputs} | set(graph.initializers) | {v.name for v in graph.inputs}
     count, folded_here = 0, set()
@@ -64,7 +99,7 @@ def fold_integer_values(model: ir.Model) -> int:
             folded_here.add(folded)
         graph.remove(node, safe=True)
         count += 1
-    return count + _inline_constant_ifs(graph, folded_here)
+    return count + _inline_constant_ifs(graph, folded_here) + localize_outer_constants(model)
 
 
 def _inline_constant_ifs(graph: ir.Graph, conditions: set[ir.Value]) -> int:
