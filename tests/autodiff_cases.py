@@ -495,6 +495,12 @@ def _cases() -> list[GradCase]:
         c("ConvTranspose", [T((1, 4, 5)), T((4, 1, 3))], {"group": 4, "strides": [2]}, tag="depthwise"),
         c("ConvTranspose", [T((2, 4, 3, 3)), T((4, 3, 2, 2)), T((6,))], {"group": 2, "pads": [1, 0, 0, 0]},
           tag="groups"),
+        # output_shape sets the pads: total = full size - output_shape, the odd one at the start
+        c("ConvTranspose", [T((1, 2, 4, 5)), T((2, 3, 3, 2)), T((3,))], {"strides": [2, 3], "output_shape": [8, 14]},
+          tag="output_shape"),
+        c("ConvTranspose", [T((2, 2, 3, 4)), T((2, 2, 3, 3))],
+          {"strides": [2, 2], "output_padding": [1, 0], "dilations": [1, 2], "output_shape": [7, 9]},
+          tag="output_shape_dilated"),
         c("MaxPool", [T((2, 3, 4, 4))], {"kernel_shape": [2, 2], "strides": [2, 2]}),
         c("MaxPool", [T((1, 2, 9))], {"kernel_shape": [3], "strides": [2], "dilations": [2], "pads": [1, 1]},
           tag="1d_dilated"),

@@ -39,7 +39,8 @@ Conventions (each written next to its rule too):
   (``loops.lower_sequences``); any other has a gradient of its own, a sequence of its elements'
   gradients (``rules_sequence.py``), summed and zero-filled with ``SequenceMap`` (opset >= 17).
 - limits: Conv/ConvTranspose/pooling need static spatial dims and channels (the batch may be
-  symbolic); a Loop whose number of steps is known before run time (a constant trip count, or an
+  symbolic); ConvTranspose explicit pads or an ``output_shape`` no larger than its size without
+  pads (not ``auto_pad``); a Loop whose number of steps is known before run time (a constant trip count, or an
   exit condition computed from constants and integers it carries, as dynamo's EmbeddingBag writes)
   is unrolled (``loops.py``: Ifs in the body included, the sequences it builds lowered to Concat);
   any other Loop, and a Scan whose length is known only at run time, get reverse mode through a

@@ -815,25 +815,27 @@ def grad_conv_transpose(g, node, dy):
     x, w = node.inputs[0], node.inputs[1]
     b = node.inputs[2] if len(node.inputs) > 2 else None
     w_shape, sx = static_shape(w), static_shape(x)
-    if (w_shape is None or not all(isinstance(d, int) for d in w_shape) or sx is None
-            or attr(node, "output_shape") is not None or attr(node, "auto_pad", "NOTSET") != "NOTSET"):
-        raise GraphError(f"gradient of ConvTranspose {node.name!r} needs a static weight shape, explicit "
-                         "pads and no output_shape")
+    if w_shape is None or not all(isinstance(d, int) for d in w_shape) or sx is None:
+        raise GraphError(f"gradient of ConvTranspose {node.name!r} needs a static weight shape and a known rank")
+    if attr(node, "auto_pad", "NOTSET") != "NOTSET":
+        raise GraphError(f"gradient of ConvTranspose {node.name!r} needs explicit pads or output_shape, not "
+                         f"auto_pad={attr(node, 'auto_pad')!r}")
     n_sp = len(w_shape) - 2
     kernel = list(w_shape[2:])
     strides = list(attr(node, "strides", None) or [1] * n_sp)
     dilations = list(attr(node, "dilations", None) or [1] * n_sp)
-    pads = list(attr(node, "pads", None) or [0] * (2 * n_sp))
+    out_pad = list(attr(node, "output_padding", None) or [0] * n_sp)
+    full = None if not all(isinstance(d, int) for d in sx[2:]) else [
+        strides[i] * (sx[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1 for i in range(n_sp)]
+    pads = _transposed_pads(node, full, n_sp)
     group = attr(node, "group", 1)
     dx = dw = db = None
     if g.wants(x):
         dx = g.op("Conv", dy, w, strides=strides, dilations=dilations, pads=pads, group=group if group != 1 else None)
     if g.wants(w):
-        if not all(isinstance(d, int) for d in sx[2:]):
+        if full is None:
             raise GraphError(f"gradient of ConvTranspose {node.name!r} needs static spatial dims, got {sx}")
-        out_pad = list(attr(node, "output_padding", None) or [0] * n_sp)
-        spatial_y = [strides[i] * (sx[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1
-                     - pads[i] - pads[n_sp + i] for i in range(n_sp)]
+        spatial_y = [full[i] - pads[i] - pads[n_sp + i] for i in range(n_sp)]
         dyt = _groups_over_batch(g, dy, group, w_shape[1], spatial_y)
         full = g.op("Conv", dyt, _swap01(g, x, n_sp), strides=dilations, dilations=strides, pads=pads,
                     group=group if group != 1 else None)
@@ -842,6 +844,20 @@ def grad_conv_transpose(g, node, dy):
     if g.wants(b):
         db = g.reduce("ReduceSum", dy, [0] + list(range(2, 2 + n_sp)), keepdims=False)
     return dx, dw, db
+
+
+def _transposed_pads(node: ir.Node, full: list[int] | None, n_sp: int) -> list[int]:
+    """A ConvTranspose's pads (begins, then ends): its ``pads``, or those its ``output_shape``
+    (the spatial dims) sets, as ONNX computes them: the ``full`` size (no pads) less the
+    output_shape, the odd one at the start."""
+    output_shape = attr(node, "output_shape")
+    if output_shape is None:
+        return list(attr(node, "pads", None) or [0] * (2 * n_sp))
+    total = None if full is None else [f - t for f, t in zip(full, output_shape)]
+    if total is None or any(t < 0 for t in total):
+        raise GraphError(f"gradient of ConvTranspose {node.name!r}: output_shape {list(output_shape)} needs static "
+                         f"spatial dims of at least it, the size without pads; got {full}")
+    return [t - t // 2 for t in total] + [t // 2 for t in total]
 
 
 # -- pooling ----------------------------------------------------------------------------------
