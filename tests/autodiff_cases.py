@@ -343,6 +343,9 @@ def _cases() -> list[GradCase]:
         c("LogSoftmax", [T((3, 5))]),
         c("GlobalAveragePool", [T((2, 3, 4, 5))]),
         c("GlobalMaxPool", [T((2, 3, 4, 5))]),
+        c("GlobalLpPool", [T((2, 3, 4, 5))]),
+        c("GlobalLpPool", [T((2, 2, 3, 4), AWAY)], {"p": 3}, tag="p3"),
+        c("GlobalLpPool", [T((2, 3, 5), AWAY)], {"p": 1}, tag="p1_1d"),
         # shapes
         c("Reshape", [T((2, 3, 4)), i64(6, -1)]),
         c("Flatten", [T((2, 3, 4))], {"axis": 2}),

@@ -1156,14 +1156,28 @@ def _tap_pixel(g: GradBuilder, tap: ir.Value, size: int, padding: str, align: in
     return index, _row(g, g.cast_like(valid, tap))
 
 
+def _lp_factors(g: GradBuilder, node: ir.Node, dy: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(dy y^(1-p), sign(x) |x|^(p-1)) of an Lp pool y = (sum over a window of |x|^p)^(1/p),
+    whose gradient is the first spread over each window times the second."""
+    x, y, p = node.inputs[0], node.outputs[0], attr(node, "p", 2)
+    slope = g.mul(g.op("Sign", x), g.op("Pow", g.op("Abs", x), g.scalar(p - 1.0, x)))
+    return g.mul(dy, g.op("Pow", y, g.scalar(1.0 - p, y))), slope
+
+
 @grad_rule("LpPool")
 def grad_lp_pool(g, node, dy):
-    # y = (sum over a window of |x|^p)^(1/p): dx = sign(x) |x|^(p-1) * W^T(dy * y^(1-p)), W^T
-    # spreading each window's value back over its elements (the AveragePool windows, summed)
-    x, y = node.inputs[0], node.outputs[0]
-    kernel, p = list(attr(node, "kernel_shape")), attr(node, "p", 2)
+    # dx = sign(x) |x|^(p-1) * W^T(dy * y^(1-p)), W^T spreading each window's value back over its
+    # elements (the AveragePool windows, summed)
+    x = node.inputs[0]
+    kernel = list(attr(node, "kernel_shape"))
     spatial, strides, dilations, begin, end = window(g, node, x, kernel)
     sums = _pool_matrices(g, node, spatial, kernel, strides, dilations, begin, end, windows_only=True)
-    spread = contract(g, g.mul(dy, g.op("Pow", y, g.scalar(1.0 - p, y))), sums, 2 + len(spatial), x.dtype)
-    slope = g.mul(g.op("Sign", x), g.op("Pow", g.op("Abs", x), g.scalar(p - 1.0, x)))
-    return (g.mul(spread, slope),)
+    scaled, slope = _lp_factors(g, node, dy)
+    return (g.mul(contract(g, scaled, sums, 2 + len(spatial), x.dtype), slope),)
+
+
+@grad_rule("GlobalLpPool")
+def grad_global_lp_pool(g, node, dy):
+    # one window over all spatial dims: dy y^(1-p), [N, C, 1, ...], broadcast over it
+    scaled, slope = _lp_factors(g, node, dy)
+    return (g.mul(scaled, slope),)
