@@ -354,6 +354,44 @@ def test_settings_computed_from_constants_and_static_shapes_are_folded():
     np.testing.assert_allclose(np.sum(analytic * direction), (plus - minus) / (2 * eps), rtol=1e-6)
 
 
+
+def _resize_sizes_model(sizes_nodes: list, inputs: list, **resize_attrs) -> onnx.ModelProto:
+    """loss = sum(Resize(x * w, sizes)^2), double, x [N, 2, 3, 4]; ``sizes_nodes`` make "sizes"."""
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((1, 2, 3, 4)), "w")
+    nodes = [helper.make_node("Mul", ["x", "w"], ["c"]), *sizes_nodes,
+             helper.make_node("Resize", ["c", "", "", "sizes"], ["r"], mode="linear", name="up", **resize_attrs),
+             helper.make_node("ReduceSumSquare", ["r"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "resize", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 2, 3, 4]),
+                                                *inputs],
+                              [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])],
+                              [w, numpy_helper.from_array(np.array([7], np.int64), "seven")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_resize_sizes_from_shape_inference_follow_the_axes():
+    """Resize sizes computed at run time for axes [0, 3] (the batch, from Shape(x), and 7):
+    shape inference knows the output's last dim is 7, and the gradient reads it for axis 3, not
+    the third dim of the output (which broke the rule: 'inner dimensions differ (7 vs 2)')."""
+    sizes = [helper.make_node("Shape", ["x"], ["n"], start=0, end=1),
+             helper.make_node("Concat", ["n", "seven"], ["sizes"], axis=0)]
+    grads = graphc.grad(_resize_sizes_model(sizes, [], axes=[0, 3]), "loss", wrt=["w"])
+    rng = np.random.default_rng(1)
+    x, w, direction, eps = rng.standard_normal((2, 2, 3, 4)), rng.standard_normal((1, 2, 3, 4)), \
+        rng.standard_normal((1, 2, 3, 4)), 1e-6
+    analytic = run_numpy(grads.proto, {"x": x, "w": w})["w_grad"]
+    plus = run_numpy(grads.proto, {"x": x, "w": w + eps * direction})["loss"]
+    minus = run_numpy(grads.proto, {"x": x, "w": w - eps * direction})["loss"]
+    np.testing.assert_allclose(np.sum(analytic * direction), (plus - minus) / (2 * eps), rtol=1e-6)
+
+
+def test_resize_sizes_fed_at_run_time_are_a_clear_error():
+    """Sizes fed as a graph input: shape inference cannot tell the resized dims, so the rule
+    cannot build its interpolation matrices. It says so, naming the node, where it took the
+    unknown dims for unchanged ones and returned dy as the gradient (of the output's shape)."""
+    model = _resize_sizes_model([], [helper.make_tensor_value_info("sizes", TensorProto.INT64, [4])])
+    with pytest.raises(graphc.AutodiffError, match=r"rule of Resize \(node 'up'\) failed: .* known before run time"):
+        graphc.grad(model, "loss", wrt=["w"])
+
 def test_imported_ceil_mode_pool_is_recorded_with_the_windows_it_has():
     """A ceil_mode MaxPool whose last window would start past the input (6 wide, kernel 2, stride
     3): onnx 1.23's inference counts 3 windows, every runtime 2. The gradient and training graphs

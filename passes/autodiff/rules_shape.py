@@ -325,16 +325,19 @@ class _ResizePlan:
             extra = [None, *extra[:1]]
         extra += [None] * (3 - len(extra))
         roi, scales, sizes = (folded_array(v) for v in extra)
+        axes = attr(node, "axes")
+        axes = [] if rank is None else list(range(rank)) if axes is None else [int(a) % rank for a in axes]
         if sizes is None and extra[2] is not None and sy is not None and len(sy) == rank:
             # sizes computed at run time (Concat of Shape(x)[:2] and constants, as torch.onnx
-            # writes F.interpolate(size=...) with a dynamic batch): shape inference has them
-            sizes = np.array([d if isinstance(d, int) else -1 for d in sy], np.int64)
+            # writes F.interpolate(size=...) with a dynamic batch): shape inference has them. An
+            # output dim it cannot tell is a run-time dim kept as it is only where the input's is
+            # one too (the batch); where the input's is static, the size is unknown until run time.
+            if all(isinstance(sy[a], int) or not isinstance(self.sx[a], int) for a in axes):
+                sizes = np.array([sy[a] if isinstance(sy[a], int) else -1 for a in axes], np.int64)
         if rank is None or rank < 2 or any(v is not None and a is None for v, a in zip(extra, (roi, scales, sizes))):
             raise GraphError(f"gradient of {node.op_type} {node.name!r} needs a known rank >= 2 and roi/scales/sizes "
                              "known before run time")
         self.sizes = sizes if sizes is not None and sizes.size else None
-        axes = attr(node, "axes")
-        axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
         self.scales, self.roi, out = [1.0] * rank, [0.0] * rank + [1.0] * rank, list(self.sx)
         self.policy = attr(node, "keep_aspect_ratio_policy", "stretch") if self.sizes is not None else "stretch"
         if self.policy != "stretch":
