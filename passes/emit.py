@@ -26,6 +26,10 @@ __all__ = ["AXES_AS_INPUT", "Emitter", "SOURCE_KEY", "make_node"]
 AXES_AS_INPUT = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "Split": 13}
 _REDUCE_AXES_AS_INPUT = 18
 
+# floats onnxruntime's CPU provider (1.31) has no reducing ScatterElements for ("MLFloat16 data type
+# is not supported ... when reduction is 'add'"): ``Emitter.scatter_elements`` widens them
+_NARROW_FLOATS = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+
 # ops whose output is a sequence: a dtype recorded for it is its elements'
 _SEQUENCE_OUTPUTS = frozenset({"SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceErase", "SplitToSequence",
                                "SequenceMap"})
@@ -105,6 +109,18 @@ class Emitter:
         if like.dtype is not None:
             return self.const(x, like.dtype)
         return self.op("CastLike", self.const(x, np.float32), like)
+
+    def scatter_elements(self, data: ir.Value, indices: ir.Value, updates: ir.Value, axis: int,
+                         reduction: str = "add") -> ir.Value:
+        """``ScatterElements(data, indices, updates, axis, reduction)``. A float16 or bfloat16 reduction
+        runs in float32 and is cast back once (``_NARROW_FLOATS``: onnxruntime's CPU provider has no
+        16-bit kernel for it, and each sum then rounds once, not at every add)."""
+        dtype = data.dtype
+        if reduction == "none" or dtype not in _NARROW_FLOATS:
+            return self.op("ScatterElements", data, indices, updates, axis=axis, reduction=reduction)
+        wide = [self.op("Cast", v, to=ir.DataType.FLOAT) for v in (data, updates)]
+        summed = self.op("ScatterElements", wide[0], indices, wide[1], axis=axis, reduction=reduction)
+        return self.op("Cast", summed, to=dtype)
 
     # -- opset-dependent forms ---------------------------------------------------------------
     def axes_as_input(self, op_type: str) -> bool:

@@ -64,8 +64,7 @@ def scatter_tuples(e: Emitter, data: ir.Value, idx: ir.Value, updates: ir.Value,
     flat = e.op("Reshape", flat, e.ints([0] * b + [-1] + [1] * (r - b - k)))
     rows = e.op("Reshape", updates, merged_shape(e, updates, b, q - 1))
     target = e.op("Reshape", data, merged_shape(e, data, b, b + k))
-    summed = e.op("ScatterElements", target, e.op("Expand", flat, e.op("Shape", rows)), rows, axis=b,
-                  reduction=reduction)
+    summed = e.scatter_elements(target, e.op("Expand", flat, e.op("Shape", rows)), rows, b, reduction)
     return e.op("Reshape", summed, e.op("Shape", data), allowzero=1)
 
 

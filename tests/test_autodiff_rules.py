@@ -91,6 +91,25 @@ def test_gather_by_a_permutation_needs_no_scatter(case: GradCase):
     assert ops.count("Gather") == (2 if "permutation" in case.tag else 1), ops
 
 
+
+# gradients that sum into positions an index may repeat (a reducing ScatterElements)
+SCATTER_ADD_CASES = ["Gather-embedding", "GatherElements", "GatherND-repeated_tuples", "MaxPool-overlap_indices",
+                     "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "GridSample"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in SCATTER_ADD_CASES], ids=lambda c: c.id)
+def test_float16_scatter_add_gradients_run_on_onnxruntime(case: GradCase):
+    """onnxruntime's CPU provider has no float16 ScatterElements with reduction='add': the sum
+    runs in float32. The float16 gradient, on numpy and onnxruntime, is the float64 one (which
+    the finite-difference test checks) to float16's precision."""
+    proto, params = grad_proto(case, np.float16)
+    want = run_numpy(grad_proto(case, np.float64)[0], feeds(case))
+    for got in (run_numpy(proto, feeds(case)), run_ort(proto, feeds(case))):
+        for name in params:
+            grad, ref = got[f"{name}_grad"], want[f"{name}_grad"]
+            assert grad.dtype == np.float16, name
+            np.testing.assert_allclose(grad, ref, rtol=2e-2, atol=1e-2 * np.abs(ref).max(), err_msg=name)
+
 def test_every_rule_has_a_generated_case():
     covered = {c.op for c in CASES}
     assert set(RULES) - covered == set()

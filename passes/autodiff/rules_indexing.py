@@ -38,7 +38,7 @@ def grad_gather(g, node, dy):
     idx = non_negative(g, idx, g.dim(data, axis))
     flat = g.op("Reshape", idx, g.ints([1] * axis + [-1] + [1] * (r - axis - 1)))
     spread = g.op("Expand", flat, g.op("Shape", dy))
-    return g.op("ScatterElements", g.zeros_like(data), spread, dy, axis=axis, reduction="add"), None
+    return g.scatter_elements(g.zeros_like(data), spread, dy, axis), None
 
 
 def _inverse_permutation(idx: ir.Value, dim) -> np.ndarray | None:
@@ -58,7 +58,7 @@ def grad_gather_elements(g, node, dy):
     data, idx = node.inputs
     g.require_opset(16, ADD_SCATTER)
     zeros = g.zeros_like(data)
-    return g.op("ScatterElements", zeros, idx, dy, axis=attr(node, "axis", 0), reduction="add"), None
+    return g.scatter_elements(zeros, idx, dy, attr(node, "axis", 0)), None
 
 
 def scattered(dy: ir.Value) -> tuple[ir.Value, ir.Value, int] | None:

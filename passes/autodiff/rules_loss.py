@@ -66,7 +66,7 @@ def _minus_at_labels(g: GradBuilder, base: ir.Value, labels: ir.Value, per: ir.V
     SoftmaxCrossEntropyLoss 58.6 / 25.8, LogSoftmax then NegativeLogLikelihoodLoss 69.5 / 34.1."""
     if g.opset < 16:
         return g.sub(base, g.mul(per, _one_hot(g, labels, scores, scores)))
-    return g.op("ScatterElements", base, g.unsqueeze(labels, [1]), g.neg(per), axis=1, reduction="add")
+    return g.scatter_elements(base, g.unsqueeze(labels, [1]), g.neg(per), 1)
 
 
 @grad_rule("SoftmaxCrossEntropyLoss", multi_output=True)

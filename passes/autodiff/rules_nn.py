@@ -929,8 +929,8 @@ def grad_max_pool(g, node, dy):
     indices = node.outputs[1]
     if attr(node, "storage_order", 0):
         indices = _row_major_indices(g, node, indices)
-    flat = g.op("ScatterElements", g.flat_zeros_like(x, dy), g.op("Reshape", indices, g.ints([-1])),
-                g.op("Reshape", dy, g.ints([-1])), axis=0, reduction="add")
+    flat = g.scatter_elements(g.flat_zeros_like(x, dy), g.op("Reshape", indices, g.ints([-1])),
+                              g.op("Reshape", dy, g.ints([-1])), 0)
     return (g.reshape_like(flat, x),)
 
 
@@ -1055,7 +1055,7 @@ def grad_grid_sample(g, node, dy):
         indices = g.op("Concat", *[taps[c][0] for c in combos], axis=2)
         updates = g.op("Concat", *[g.mul(flat_dy, taps[c][1]) if taps[c][1] is not None else flat_dy
                                    for c in combos], axis=2)
-        dx = g.reshape_like(g.op("ScatterElements", zeros, indices, updates, axis=2, reduction="add"), x)
+        dx = g.reshape_like(g.scatter_elements(zeros, indices, updates, 2), x)
     if g.wants(grid) and mode != "nearest":
         values = {c: g.op("GatherElements", flat_x, taps[c][0], axis=2) for c in combos}
         parts = []

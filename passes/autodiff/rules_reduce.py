@@ -161,7 +161,7 @@ def grad_log_softmax(g, node, dy):
     if sparse is not None and axes == [sparse[2]]:
         idx, updates, axis = sparse
         s = g.reduce("ReduceSum", updates, axes, keepdims=True)
-        return (g.op("ScatterElements", g.mul(g.op("Exp", y), g.neg(s)), idx, updates, axis=axis, reduction="add"),)
+        return (g.scatter_elements(g.mul(g.op("Exp", y), g.neg(s)), idx, updates, axis),)
     s = g.reduce("ReduceSum", dy, axes, keepdims=True)
     return (g.sub(dy, g.mul(g.op("Exp", y), s)),)
 
