@@ -1,4 +1,5 @@
-"""VJP rules of reductions (ReduceSum/Mean/Max/Min/Prod, global pools) and Softmax/LogSoftmax.
+"""VJP rules of reductions (ReduceSum/Mean/Max/Min/Prod/L1/L2/LogSum/LogSumExp/SumSquare, global pools)
+and Softmax/LogSoftmax.
 
 Axes come from the attribute (ReduceSum before opset 13, the others before 18) or from the
 second input; ``keepdims=0`` outputs are unsqueezed back before broadcasting to the input.
@@ -176,6 +177,24 @@ def grad_reduce_l2(g, node, dy):
     zero = g.scalar(0.0, y)
     safe = g.op("Where", g.op("Equal", y, zero), g.scalar(1.0, y), y)
     return g.op("Where", g.op("Equal", y, zero), zero, g.mul(dyk, g.div(x, safe))), None
+
+
+@grad_rule("ReduceL1")
+def grad_reduce_l1(g, node, dy):
+    # dx = dy * sign(x): 0 at x == 0, as PyTorch's norm backward (a rule: before opset 18 ONNX
+    # gives ReduceL1 no function body to differentiate)
+    axes, noop = _reduce_axes(g, node)
+    return g.mul(dy if noop else _expand_back(g, node, dy, axes), g.op("Sign", node.inputs[0])), None
+
+
+@grad_rule("ReduceLogSum")
+def grad_reduce_log_sum(g, node, dy):
+    # y = log(sum(x)): dx = dy / sum(x) = dy / exp(y), spread over the summed axes
+    axes, noop = _reduce_axes(g, node)
+    if noop:
+        return g.div(dy, g.op("Exp", node.outputs[0])), None
+    y = _expand_back(g, node, node.outputs[0], axes)
+    return g.op("Expand", g.div(_expand_back(g, node, dy, axes), g.op("Exp", y)), g.shape_of(node.inputs[0])), None
 
 
 @grad_rule("ReduceLogSumExp")
