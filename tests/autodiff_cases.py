@@ -314,6 +314,13 @@ def _cases() -> list[GradCase]:
         c("Einsum", [T((2, 1)), T((3, 4))], {"equation": "ij,kj->ik"}, tag="label_broadcast_summed",
           full_check=False),
         c("Einsum", [T((2, 1)), T((2, 3))], {"equation": "ij,ij->ij"}, tag="label_broadcast_kept", full_check=False),
+        # diagonals: a letter repeated within one operand (read through identity matrices)
+        c("Einsum", [T((3, 3))], {"equation": "ii->i"}, tag="diagonal"),
+        c("Einsum", [T((3, 3))], {"equation": "ii"}, tag="trace_implicit"),
+        c("Einsum", [T((3, 2, 3))], {"equation": "iji->j"}, tag="diagonal_apart"),
+        c("Einsum", [T((2, 2, 3)), T((3,))], {"equation": "iij,j->i"}, tag="diagonal_contracted"),
+        c("Einsum", [T((3, 3, 3))], {"equation": "iii->i"}, tag="diagonal_of_three"),
+        c("Einsum", [T((3, 2, 4, 3))], {"equation": "i...i->..."}, tag="diagonal_around_ellipsis"),
         # reductions and softmax
         c("ReduceSum", [T((2, 3, 4)), i64(1)], {"keepdims": 0}),
         c("ReduceSum", [T((2, 3, 4))], {"keepdims": 1}, tag="all"),

@@ -46,9 +46,9 @@ Conventions (each written next to its rule too):
   any other Loop, and a Scan whose length is known only at run time, get reverse mode through a
   recorded tape (a backward Loop), if the body carries no sequence; a Scan of static length is
   unrolled; Resize needs static sizes on the axes it resizes and scales/sizes known before run
-  time (an aspect-ratio policy not with tf_crop_and_resize); Einsum no letter repeated in one
-  operand (a diagonal); CumProd a constant axis with a static length; Pad constant pads (and in
-  edge/reflect/wrap mode static sizes on the padded axes); Gather, GatherElements, GatherND and MaxPool
+  time (an aspect-ratio policy not with tf_crop_and_resize); Einsum a static size for a letter
+  repeated in one operand (a diagonal); CumProd a constant axis with a static length; Pad constant
+  pads (and in edge/reflect/wrap mode static sizes on the padded axes); Gather, GatherElements, GatherND and MaxPool
   need opset >= 16 (ScatterElements with reduction).
 """
 

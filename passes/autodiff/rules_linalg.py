@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import string
+
+import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
@@ -87,7 +90,7 @@ def grad_gemm(g, node, dy):
 def _parse_einsum(equation: str, n_inputs: int) -> tuple[list[str], str] | None:
     """Operand subscripts and output subscripts (the implicit output made explicit: the letters
     used once, in alphabetical order, after the ellipsis if any, as numpy and ONNX define it),
-    or None for a letter repeated within one operand (a diagonal: no simple adjoint)."""
+    or None for a letter repeated in the output."""
     eq = equation.replace(" ", "")
     lhs, out = eq.split("->") if "->" in eq else (eq, None)
     terms = lhs.split(",")
@@ -95,9 +98,31 @@ def _parse_einsum(equation: str, n_inputs: int) -> tuple[list[str], str] | None:
     if out is None:
         once = sorted(c for c in set(letters) if letters.count(c) == 1)
         out = ("..." if "..." in lhs else "") + "".join(once)
-    if len(terms) != n_inputs or any(len(set(t.replace("...", ""))) != len(t.replace("...", "")) for t in [*terms, out]):
+    if len(terms) != n_inputs or len(set(out.replace("...", ""))) != len(out.replace("...", "")):
         return None
     return terms, out
+
+
+def _diagonals(g: GradBuilder, node: ir.Node, terms: list[str], out: str) -> tuple[list[str], list]:
+    """The terms with each repeat of a letter within one (a diagonal, ``ii->i``) relabelled by a
+    fresh letter, and the identity matrices ``(subscripts, value)`` that tie each fresh letter to
+    the one it repeats: the einsum of the relabelled terms and the identities is the node's."""
+    used = set("".join(terms) + out)
+    fresh = iter(c for c in string.ascii_letters if c not in used)
+    relabelled, eyes = [], []
+    for term, x in zip(terms, node.inputs):
+        shape, chars = static_shape(x), list(term)
+        for k, c in enumerate(term):
+            if c == "." or c not in term[:k]:
+                continue
+            axis = k if "..." not in term or k < term.index("...") else len(shape or ()) - (len(term) - k)
+            if shape is None or not isinstance(shape[axis], int):
+                raise GraphError(f"gradient of Einsum {node.name!r}: the diagonal of {c!r} in {term!r} needs a "
+                                 f"static size (input {x.name!r} has shape {shape})")
+            chars[k] = next(fresh)
+            eyes.append((c + chars[k], g.const(np.eye(shape[axis]), x.dtype)))
+        relabelled.append("".join(chars))
+    return relabelled, eyes
 
 
 def _letter_dims(terms: list[str], shapes: list, letter: str, skip: int) -> list:
@@ -113,21 +138,24 @@ def grad_einsum(g, node, dy):
     # one whose dim other operands have as 1 only (a labelled dim broadcast as numpy does). A
     # labelled dim of 1 that the others have larger is marked broadcast: the driver sums it. With
     # "...", the operands' ellipsis dims broadcast: each gradient keeps them ("..." added to an
-    # operand that has none), in a shape known at run time only, which the driver sums back.
+    # operand that has none), in a shape known at run time only, which the driver sums back. A
+    # diagonal (a letter repeated in one operand) is read through identity matrices (``_diagonals``),
+    # which put each gradient back on it.
     equation = attr(node, "equation")
     parsed = _parse_einsum(equation, len(node.inputs))
     if parsed is None:
         raise GraphError(f"gradient of Einsum {node.name!r} with equation {equation!r} is not supported "
-                         "(a letter repeated within one operand)")
-    terms, out = parsed
-    all_terms = [*terms, out]
-    shapes = [*(static_shape(v) for v in node.inputs), static_shape(node.outputs[0])]
+                         "(a letter repeated in the output)")
+    terms, eyes = _diagonals(g, node, *parsed)
+    out = parsed[1]
+    all_terms = [*terms, *(t for t, _ in eyes), out]
+    shapes = [*(static_shape(v) for v in [*node.inputs, *(e for _, e in eyes)]), static_shape(node.outputs[0])]
     grads = []
     for i, (x, term) in enumerate(zip(node.inputs, terms)):
         if not g.wants(x):
             grads.append(None)
             continue
-        others = [(t, v) for j, (t, v) in enumerate(zip(terms, node.inputs)) if j != i]
+        others = [(t, v) for j, (t, v) in enumerate(zip(terms, node.inputs)) if j != i] + eyes
         seen = set(out) | {c for t, _ in others for c in t}
         operands, subs = [dy], [out]
         for t, v in others:
