@@ -61,6 +61,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_layers", op) for op in _LAYER_OPS},
     **{op: ("graphc.dsl.ops_fold", op) for op in ("unfold", "fold")},
     **{op: ("graphc.dsl.ops", op) for op in ("erf", "flatten")},
+    **{op: ("graphc.dsl.ops_divide", op) for op in ("remainder", "fmod")},
     **{op: ("graphc.dsl.ops_nn", op) for op in _NN_OPS},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),

@@ -1,4 +1,4 @@
-"""Mixed dtypes in DSL arithmetic: ``/`` of integers is a float32 true division and ``//`` rounds
+"""Mixed dtypes in DSL arithmetic: ``/`` of integers is a float32 true division, ``//`` and ``%`` round
 down, as in torch; a Python number takes the Tensor's dtype (API.md), and is refused where that
 would change its value (``int_t * 0.5``), where torch promotes the Tensor instead. Against numpy
 (values, and the dtype torch gives) and, with torch installed, against torch's own results."""
@@ -40,6 +40,15 @@ CASES = [
     ("-7//int", lambda M, b: -7 // b, "int64", lambda b: -7 // b),
     ("float//float", lambda M, f, g: f // g, "float32", lambda f, g: f // g),
     ("float//float, quotient rounded up", lambda M, e, d: e // d, "float32", lambda e, d: e // d),
+    ("int%int", lambda M, a, b: a % b, "int64", lambda a, b: a % b),
+    ("int32%int32", lambda M, a32, b32: a32 % b32, "int32", lambda a32, b32: a32 % b32),
+    ("int%-3", lambda M, a: a % -3, "int64", lambda a: a % -3),
+    ("-7%int", lambda M, b: -7 % b, "int64", lambda b: -7 % b),
+    ("float%float", lambda M, f, g: f % g, "float32", lambda f, g: f % g),
+    ("float%-0.75", lambda M, f: f % -0.75, "float32", lambda f: f % np.float32(-0.75)),
+    ("remainder(int,int)", lambda M, a, b: M.remainder(a, b), "int64", lambda a, b: np.remainder(a, b)),
+    ("fmod(int,int)", lambda M, a, b: M.fmod(a, b), "int64", lambda a, b: np.fmod(a, b)),
+    ("fmod(float,float)", lambda M, f, g: M.fmod(f, g), "float32", lambda f, g: np.fmod(f, g)),
     ("pow(2.0,int)", lambda M, b: M.pow(2.0, b), "float32", lambda b: 2.0 ** b),
     ("clip(int,-2,3)", lambda M, a: M.clip(a, -2, 3), "int64", lambda a: np.clip(a, -2, 3)),
 ]
@@ -47,7 +56,7 @@ IDS = [c[0] for c in CASES]
 # a Python number the Tensor's integer or bool dtype would change: torch promotes the Tensor
 REFUSED = {
     "int*0.5": lambda a: a * 0.5, "0.5-int": lambda a: 0.5 - a, "int>=0.5": lambda a: a >= 0.5,
-    "int//2.5": lambda a: a // 2.5, "int**0.5": lambda a: a ** 0.5, "pow(int,0.5)": lambda a: gc.pow(a, 0.5),
+    "int//2.5": lambda a: a // 2.5, "int%2.5": lambda a: a % 2.5, "int**0.5": lambda a: a ** 0.5, "pow(int,0.5)": lambda a: gc.pow(a, 0.5),
     "clip(int,-2.5,3.5)": lambda a: gc.clip(a, -2.5, 3.5), "where(int,0.5)": lambda a: gc.where(a > 0, a, 0.5),
     "int8+300": lambda a: a.astype("int8") + 300, "bool*0.5": lambda a: (a > 0) * 0.5,
 }

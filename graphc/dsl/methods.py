@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import ops, ops_nn
+from graphc.dsl import ops, ops_array, ops_divide, ops_nn
 from graphc.dsl.builder import user_source
 from graphc.dsl.indexing import getitem
 from graphc.dsl.tensor import Tensor
@@ -45,7 +45,8 @@ def _transpose(self: Tensor, *dims: Any) -> Tensor:
 _UFUNC_OPERATORS = {
     "add": ("__add__", "__radd__"), "subtract": ("__sub__", "__rsub__"), "multiply": ("__mul__", "__rmul__"),
     "divide": ("__truediv__", "__rtruediv__"),
-    "floor_divide": ("__floordiv__", "__rfloordiv__"), "power": ("__pow__", "__rpow__"),
+    "floor_divide": ("__floordiv__", "__rfloordiv__"), "remainder": ("__mod__", "__rmod__"),
+    "power": ("__pow__", "__rpow__"),
     "matmul": ("__matmul__", "__rmatmul__"), "less": ("__lt__", "__gt__"), "less_equal": ("__le__", "__ge__"),
     "greater": ("__gt__", "__lt__"), "greater_equal": ("__ge__", "__le__"), "equal": ("__eq__", "__eq__"),
     "not_equal": ("__ne__", "__ne__"), "bitwise_and": ("__and__", "__and__"), "bitwise_or": ("__or__", "__or__"),
@@ -75,7 +76,8 @@ def _array_function(self: Tensor, func: Any, types: Any, args: Any, kwargs: Any)
 def _numpy_refused(what: str, name: str, tensor: Tensor) -> CaptureError:
     """CaptureError for a numpy function given a traced value, suggesting the gc.* function."""
     gc_name = _GC_NAMES.get(name, name)
-    hint = f"use gc.{gc_name}(...) instead" if gc_name in ops.__all__ or gc_name in ops_nn.__all__ else "graphc has no function of that name: build it from gc.* ops"
+    known = any(gc_name in module.__all__ for module in (ops, ops_array, ops_divide, ops_nn))
+    hint = f"use gc.{gc_name}(...) instead" if known else "graphc has no function of that name: build it from gc.* ops"
     return CaptureError(f"{what} cannot run on traced value {tensor.value.name}: {tensor.type_str()} at "
                       f"{user_source()}: numpy cannot see inside the graph being captured; {hint}")
 
@@ -84,8 +86,11 @@ METHODS = {
     "__add__": lambda a, b: ops.binary("Add", a, b), "__radd__": lambda a, b: ops.binary("Add", b, a),
     "__sub__": lambda a, b: ops.binary("Sub", a, b), "__rsub__": lambda a, b: ops.binary("Sub", b, a),
     "__mul__": lambda a, b: ops.binary("Mul", a, b), "__rmul__": lambda a, b: ops.binary("Mul", b, a),
-    "__truediv__": lambda a, b: ops.true_divide(a, b), "__rtruediv__": lambda a, b: ops.true_divide(b, a),
-    "__floordiv__": lambda a, b: ops.floor_divide(a, b), "__rfloordiv__": lambda a, b: ops.floor_divide(b, a),
+    "__truediv__": lambda a, b: ops_divide.true_divide(a, b),
+    "__rtruediv__": lambda a, b: ops_divide.true_divide(b, a),
+    "__floordiv__": lambda a, b: ops_divide.floor_divide(a, b),
+    "__rfloordiv__": lambda a, b: ops_divide.floor_divide(b, a),
+    "__mod__": lambda a, b: ops_divide.remainder(a, b), "__rmod__": lambda a, b: ops_divide.remainder(b, a),
     "__pow__": lambda a, b: ops.binary("Pow", a, b), "__rpow__": lambda a, b: ops.binary("Pow", b, a),
     "__matmul__": lambda a, b: ops.matmul(a, b), "__rmatmul__": lambda a, b: ops.matmul(b, a),
     "__neg__": lambda a: ops.unary("Neg", a), "__pos__": lambda a: a, "__abs__": lambda a: ops.abs(a),

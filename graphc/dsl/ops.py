@@ -48,7 +48,7 @@ def _category(dtype: Any) -> int:
     return 2 if dtype in FLOAT_DTYPES else 0 if dtype == "bool" else 1
 
 
-def _pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
+def operand_pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
     """``a`` and ``b`` as Tensors; a constant (Python or numpy number or array) next to a Tensor
     takes its dtype (``_fits``)."""
     if isinstance(a, Tensor):
@@ -137,43 +137,10 @@ def unary(op: str, x: Tensor, **attrs: Any) -> Tensor:
 def binary(op: str, a: Any, b: Any) -> Tensor:
     if op == "Pow" and isinstance(b, Tensor) and not isinstance(a, Tensor) and np.asarray(a).dtype.kind == "f":
         return emit(op, [lift(a), b])  # a float base keeps its type (ONNX Pow's T): 2.0 ** int_t is float, as in torch
-    a, b = _pair(a, b)
+    a, b = operand_pair(a, b)
     if op != "Pow":
         same_dtype(op, a, b)
     return emit(op, [a, b])
-
-
-def true_divide(a: Any, b: Any) -> Tensor:
-    """``a / b`` as torch divides: a bool or integer Tensor becomes float32 (or the other
-    operand's float dtype) first, never a truncating integer Div. Signature: ai.onnx@14::Div"""
-    a = _to_float(a, b) if isinstance(a, Tensor) else a
-    b = _to_float(b, a) if isinstance(b, Tensor) else b
-    return binary("Div", a, b)
-
-
-def floor_divide(a: Any, b: Any) -> Tensor:
-    """``a // b`` as torch: rounded down, not towards zero. Integers: ``(a - a mod b) / b``, exact
-    (ONNX Mod takes the divisor's sign). Floats: Python's and torch's ``(a - fmod(a, b)) / b``,
-    less 1 where the remainder's sign is not the divisor's, then rounded to the nearest whole
-    number (``floor(a / b)`` would give 10 for ``1 // 0.1``, not 9); ``a / b`` where ``b`` is 0."""
-    a, b = _pair(a, b)
-    if _category(a.dtype) < 2 and _category(b.dtype) < 2:
-        return binary("Div", binary("Sub", a, binary("Mod", a, b)), b)
-    a, b = _to_float(a, b), _to_float(b, a)
-    zero = scalar(0, a)
-    mod = emit("Mod", [a, b], {"fmod": 1})
-    wrong_sign = (mod != zero) & ((b < zero) ^ (mod < zero))
-    div = (a - mod) / b - cast(wrong_sign, a.dtype)
-    floor = unary("Floor", div)
-    floor = floor + cast(div - floor > scalar(0.5, a), a.dtype)
-    return where(b == zero, a / b, floor)
-
-
-def _to_float(t: Tensor, other: Any) -> Tensor:
-    """``t``, a bool or integer Tensor cast to ``other``'s float dtype (a Tensor's), else float32."""
-    if _category(t.dtype) == 2:
-        return t
-    return cast(t, other.dtype if isinstance(other, Tensor) and _category(other.dtype) == 2 else "float32")
 
 
 def relu(x: Tensor) -> Tensor:
@@ -262,7 +229,7 @@ def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
 
 def where(cond: Any, a: Any, b: Any) -> Tensor:
     """``a`` where ``cond`` else ``b``. Signature: ai.onnx@16::Where"""
-    a, b = _pair(a, b)
+    a, b = operand_pair(a, b)
     cond = lift(cond)
     if cond.dtype != "bool":
         raise op_error("Where", [cond, a, b], f"condition must be bool, got {cond.dtype}", user_source())
@@ -282,7 +249,7 @@ def cast(x: Tensor, dtype: Any) -> Tensor:
 
 def matmul(a: Any, b: Any) -> Tensor:
     """numpy-style matmul (batched, broadcast). Signature: ai.onnx@13::MatMul"""
-    a, b = _pair(a, b)
+    a, b = operand_pair(a, b)
     same_dtype("MatMul", a, b)
     sa, sb = a.shape, b.shape
     if sa is not None and sb is not None:

@@ -9,6 +9,7 @@ from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos
                                   full, full_like, gather, index_select, logsumexp, masked_fill, normalize, one_hot,
                                   ones, ones_like, pad, permute, pow, repeat, roll, rsqrt, scatter, sin, split, std,
                                   tile, topk, tril, triu, var, zeros, zeros_like)
+from graphc.dsl.ops_divide import fmod, remainder
 from graphc.dsl.ops_fold import fold, unfold
 from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, celu, conv1d, conv3d,
                                    conv_transpose1d, conv_transpose2d, elu, glu, group_norm, hardshrink, hardsigmoid,
@@ -53,7 +54,7 @@ __all__ = [
     "zeros_like", "cat", "permute", "flip", "logsumexp", "normalize", "roll", "std", "var",
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss", "kl_div", "l1_loss",
     "mse_loss", "nll_loss", "smooth_l1_loss",
-    "fold", "unfold",
+    "fold", "unfold", "fmod", "remainder",
     "celu", "glu", "hardshrink", "hardtanh", "logsigmoid", "relu6", "selu", "softmin", "softshrink", "softsign",
     "tanhshrink", "threshold",
 ]
