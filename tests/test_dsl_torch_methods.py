@@ -29,6 +29,11 @@ CASES = [
     ("remainder_scalar", lambda M, x: x % -0.7, (X,), {}),
     ("remainder_fn", lambda M, x, d: M.remainder(x, d), (X * 5, D), {}),
     ("fmod", lambda M, x, d: M.fmod(x, d), (X * 5, D), {}),
+    ("clamp_tensor_bounds", lambda M, x, lo, hi: x.clamp(min=lo, max=hi), (X, X[:, :1] * 0.5, Y[:1] + 0.5), {}),
+    ("clamp_tensor_min_over_max", lambda M, x, lo, hi: M.clamp(x, lo, hi), (X, Y, Y - 0.3), {}),
+    ("clamp_tensor_min_broadcasts_x", lambda M, x, lo: x.clamp(lo), (X[0], Y * 0.2), {}),
+    ("clamp_tensor_max_only", lambda M, x, hi: x.clamp(max=hi), (X, Y[0, 0]), {}),
+    ("flatten_0d", lambda M, x: (x * 2).sum().flatten(), (X,), {}),
 ]
 IDS = [c[0] for c in CASES]
 

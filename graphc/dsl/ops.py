@@ -224,7 +224,18 @@ def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
             _fits(x, bound)
     lo = None if min is None else lift(min, x)
     hi = None if max is None else lift(max, x)
+    if any(t is not None and t.ndim for t in (lo, hi)):
+        return _clip_by_tensors(x, lo, hi)
     return emit("Clip", [x, lo, hi])
+
+
+def _clip_by_tensors(x: Tensor, lo: Tensor | None, hi: Tensor | None) -> Tensor:
+    """``torch.clamp`` with bounds of rank >= 1 (ONNX Clip takes scalar bounds): two Wheres, in
+    the broadcast shape of all three; their gradients are clamp's (``x`` keeps its gradient on
+    a boundary, ``hi`` gets all of it where ``lo > hi``)."""
+    if lo is not None:
+        x = where(x < lo, lo, x)
+    return x if hi is None else where(x > hi, hi, x)
 
 
 def where(cond: Any, a: Any, b: Any) -> Tensor:
@@ -389,6 +400,8 @@ def _check_reshape(x: Tensor, out_shape: list, requested: Sequence[Any]) -> None
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     x = lift(x)
     rank = x.ndim
+    if rank == 0:  # torch: a scalar flattens to one element
+        return reshape(x, [1])
     start, end = start_dim % rank, end_dim % rank
     if end == rank - 1:
         if start == 0:
