@@ -1,6 +1,6 @@
 """``x[...]`` with index Tensors against numpy and torch: several index Tensors pick pointwise
 (broadcast together, result dims in place when adjacent, else first), mixed with ints, slices,
-``None``, ``...`` and negative indices; forward on the numpy and ort-cpu backends, and with torch
+``None``, ``...`` and negative indices; index lists; bool masks (one index Tensor per axis they cover); forward on the numpy and ort-cpu backends, and with torch
 installed, ``gc.grad``'s gradient too."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ except ImportError:  # tests/ collected as a package
 X = rng(3).standard_normal((4, 5, 6)).astype(np.float32)
 IDX = {"i": np.array([3, 0, -1]), "j": np.array([4, -3, 0]), "k": np.array([5, 1, -6]),
        "i2": np.array([[1, 2], [-1, 0]]), "jrow": np.array([4, 2]), "jcol": np.array([[0], [2]]),
-       "j32": np.array([1, -2, 3], np.int32)}
+       "j32": np.array([1, -2, 3], np.int32), "m0": X[:, 0, 0] > 0, "m01": X[:, :, 0] > 0, "mall": X > 0.5,
+       "m2": X[0, 0] > 0}
 _ = slice(None)
 # templates: a str names an index Tensor of IDX
 NUMPY_CASES = [
@@ -29,6 +30,8 @@ NUMPY_CASES = [
     (_, "i2", None), (None, "i", "j"), ("i", None, "j"), ("jcol", "i"), ("i2", _, "jrow"), (slice(1, None), "i", "j"),
     ("i", _, slice(1, None, 2)), (_, "i", 0), ("i", 0), ("i", 1, "j"), (-1, "i2", None), ("i", "j32"),
     (None, "i2", "jcol", None),
+    ([3, 0, -1],), (_, [[1, 2], [0, 0]]), ([1, 0], _, [5, 5]), ("m0",), ("m01",), ("mall",), (_, _, "m2"),
+    (Ellipsis, "m2"), (None, "m01", 2), ("m0", _, [True, False, True, True, False, False]),
 ]
 TORCH_ONLY_CASES = [(0, _, "i"), (1, Ellipsis, "i2")]  # torch applies ints first; numpy treats them as index arrays
 
@@ -71,3 +74,11 @@ def test_index_tensors_that_cannot_broadcast_are_a_capture_error():
     message = r"GatherND.*int64\[3\] and int64\[2\] cannot broadcast.*test_dsl_indexing"
     with pytest.raises(gc.CaptureError, match=message):
         gc.capture(lambda x, i, j: x[i, j], x=X, i=IDX["i"], j=IDX["jrow"])
+
+
+def test_a_mask_that_does_not_fit_its_axes_is_a_capture_error():
+    message = r"the mask's dim 1 \(4\) does not match axis 1 of the indexed tensor \(5\).*test_dsl_indexing"
+    with pytest.raises(gc.CaptureError, match=message):
+        gc.capture(lambda x, m: x[m], x=X, m=np.ones((4, 4), bool))
+    with pytest.raises(gc.CaptureError, match=r"index list or array must hold ints or bools, got float64"):
+        gc.capture(lambda x: x[[0.5, 1.0]], x=X)

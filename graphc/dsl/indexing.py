@@ -1,8 +1,11 @@
-"""``Tensor.__getitem__``: ints, slices, ``None``, ``...`` and integer index Tensors, as torch indexes.
+"""``Tensor.__getitem__``: ints, slices, ``None``, ``...``, integer index Tensors (or lists) and bool
+masks, as torch indexes.
 
 torch first applies the ints (select), slices and ``None`` (a new axis), then indexes the result
 with the index Tensors: one is a Gather on its axis; several are broadcast together and pick
 pointwise (GatherND), their result dims in their place if they index adjacent axes, else first.
+A bool mask over k axes is the k index Tensors of its ``NonZero`` (the result's length is known
+only at run time).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     if sum(i is Ellipsis for i in items) > 1:
         raise CaptureError(f"an index can have only one `...` (at {user_source()})")
     rank = x.ndim
-    consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
+    items = [_as_index(i) for i in items]
+    consumed = sum(_width(i) for i in items)
     if consumed > rank:
         raise op_error("Slice", [x], f"too many indices ({consumed}) for rank {rank}", user_source())
     if any(i is Ellipsis for i in items):  # not `in`: Tensor.__eq__ builds a node
@@ -45,9 +49,16 @@ def getitem(x: Tensor, index: Any) -> Tensor:
             new_axes.append(out_axis)
             out_axis += 1
             continue
+        if isinstance(item, Tensor) and item.dtype == "bool":
+            for idx in _mask_indices(x, item, axis):
+                picks.append((out_axis, idx))
+                out_axis += 1
+            axis += item.ndim
+            continue
         if isinstance(item, Tensor):
             if item.dtype not in ("int64", "int32"):
-                raise op_error("Gather", [x, item], "index tensors must be int64 or int32", user_source())
+                raise op_error("Gather", [x, item], f"index tensors must be int64, int32 or bool, got {item.dtype}",
+                               user_source())
             picks.append((out_axis, item))
         elif isinstance(item, (int, np.integer)):
             i = int(item)
@@ -94,6 +105,37 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     return y
 
 
+def _as_index(item: Any) -> Any:
+    """A list or numpy array of ints or bools as a constant index Tensor; other items as given."""
+    if isinstance(item, (list, np.ndarray)):
+        array = np.asarray(item)
+        if array.dtype.kind not in "biu":
+            raise CaptureError(f"an index list or array must hold ints or bools, got {array.dtype} {item!r} "
+                               f"(at {user_source()})")
+        return ops.constant(array if array.dtype == bool else array.astype(np.int64))
+    return item
+
+
+def _width(item: Any) -> int:
+    """How many axes of ``x`` an index item consumes: a bool mask its rank, ``None``/``...`` none."""
+    if item is None or item is Ellipsis:
+        return 0
+    return item.ndim if isinstance(item, Tensor) and item.dtype == "bool" else 1
+
+
+def _mask_indices(x: Tensor, mask: Tensor, axis: int) -> list[Tensor]:
+    """A bool ``mask`` over ``x``'s axes from ``axis`` on as one int64 index Tensor per axis
+    (``NonZero``'s rows): torch's ``x[mask]`` is ``x`` indexed by ``mask.nonzero()``'s columns."""
+    if mask.ndim == 0:
+        raise op_error("NonZero", [x, mask], "a 0-d bool index is not supported; use gc.where", user_source())
+    for k, (dm, dx) in enumerate(zip(mask.shape, x.shape[axis:])):
+        if isinstance(dm, int) and isinstance(dx, int) and dm != dx:
+            raise op_error("NonZero", [x, mask], f"the mask's dim {k} ({dm}) does not match axis {axis + k} of the "
+                           f"indexed tensor ({dx})", user_source())
+    rows = ops.emit("NonZero", [mask])
+    return [ops.emit("Gather", [rows, ops.constant(np.asarray(k, np.int64))], {"axis": 0}) for k in range(mask.ndim)]
+
+
 def _pointwise(x: Tensor, y: Tensor, picks: list[tuple[int, Tensor]]) -> Tensor:
     """``y`` indexed by several index Tensors at once (``picks``: (axis, index) in axis order): the
     axes moved first, one GatherND on the broadcast indices stacked as tuples, and the result dims
@@ -108,7 +150,8 @@ def _pointwise(x: Tensor, y: Tensor, picks: list[tuple[int, Tensor]]) -> Tensor:
                        user_source()) from None
     if shape is None:
         raise op_error("GatherND", [x, *idxs], "index tensors need a known rank", user_source())
-    if any(idx.shape != shape for idx in idxs):  # broadcast: add zeros of the common shape
+    # broadcast by adding zeros of the common shape (also where a length is unknown, as a mask's)
+    if any(idx.shape != shape or None in idx.shape for idx in idxs):
         zeros = sum((idx * 0 for idx in idxs[1:]), idxs[0] * 0)
         idxs = [idx + zeros for idx in idxs]
     tuples = ops.concat([ops.unsqueeze(idx, [-1]) for idx in idxs], axis=-1)
