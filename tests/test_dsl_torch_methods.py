@@ -34,6 +34,17 @@ CASES = [
     ("clamp_tensor_min_broadcasts_x", lambda M, x, lo: x.clamp(lo), (X[0], Y * 0.2), {}),
     ("clamp_tensor_max_only", lambda M, x, hi: x.clamp(max=hi), (X, Y[0, 0]), {}),
     ("flatten_0d", lambda M, x: (x * 2).sum().flatten(), (X,), {}),
+    ("sum_dim_keepdim", lambda M, x: x.sum(dim=(0, 2), keepdim=True), (X,), {}),
+    ("sum_dim_positional_keepdim", lambda M, x: x.sum(-1, True), (X,), {}),
+    ("mean_dim", lambda M, x: x.mean(dim=1), (X,), {}),
+    ("max_dim_keepdim_values", lambda M, x: x.amax(dim=1, keepdim=True) if M is not F else x.max(dim=1, keepdim=True),
+     (X,), {}),
+    ("min_dim", lambda M, x: x.amin(-1) if M is not F else x.min(dim=-1), (X,), {}),
+    ("max_elementwise", lambda M, x, y: x.max(y), (X, Y), {}),
+    ("min_elementwise", lambda M, x, y: x.min(y), (X, Y), {}),
+    ("softmax_dim", lambda M, x: x.softmax(dim=1), (X,), {}),
+    ("log_softmax_dim", lambda M, x: x.log_softmax(dim=-1), (X,), {}),
+    ("cumsum_bool", lambda M, x: (x > 0).cumsum(1), (X,), {}),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -66,3 +77,12 @@ def test_output_and_gradients_match_torch(name, fn, params, inputs):
     grads = gc_grads(fn, dict(zip(names, params)), inputs, c)
     for n, dp in zip(names, dparams):
         np.testing.assert_allclose(grads[n], 0 if dp is None else dp, rtol=1e-4, atol=1e-5, err_msg=n)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda x: x.sum(1, dim=2), "as axis= or dim=, not both"),
+])
+def test_bad_arguments_name_the_problem(call, message):
+    with pytest.raises(gc.GraphError, match=message) as err:
+        gc.capture(call, x=gc.spec("float32", ("N", 3, 4)))
+    assert "test_dsl_torch_methods.py" in str(err.value)

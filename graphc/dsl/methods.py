@@ -40,6 +40,25 @@ def _transpose(self: Tensor, *dims: Any) -> Tensor:
     return ops.transpose(self, list(dims))
 
 
+def _reduction(reduce: Any, elementwise: Any = None) -> Any:
+    """A reduction method under numpy's and torch's keywords: ``x.sum(axis, keepdims)`` or
+    ``x.sum(dim=1, keepdim=True)``; with ``elementwise``, a Tensor argument is torch's binary form
+    (``x.max(y)`` is ``gc.maximum(x, y)``)."""
+    def method(self: Tensor, axis: Any = None, keepdims: bool = False, *, dim: Any = None,
+               keepdim: bool | None = None) -> Tensor:
+        if elementwise is not None and isinstance(axis, Tensor):
+            return elementwise(self, axis)
+        if dim is not None and axis is not None:
+            raise CaptureError(f"give the reduced dims once, as axis= or dim=, not both (at {user_source()})")
+        return reduce(self, axis if dim is None else dim, keepdims if keepdim is None else keepdim)
+    return method
+
+
+def _softmax_method(softmax: Any) -> Any:
+    """``x.softmax(axis)``, also as torch's ``x.softmax(dim=-1)``."""
+    return lambda self, axis=-1, *, dim=None: softmax(self, axis if dim is None else dim)
+
+
 # numpy ufuncs that are Python operators on a Tensor: (method, reflected method), so
 # ``np_array + t`` and ``np.add(np_array, t)`` build the same node as ``t.__radd__(np_array)``.
 _UFUNC_OPERATORS = {
@@ -105,13 +124,11 @@ METHODS = {
     "T": property(lambda a: ops.transpose(a)),
     "reshape": _reshape, "transpose": _transpose,
     "flatten": lambda a, start_dim=0, end_dim=-1: ops.flatten(a, start_dim, end_dim),
-    "sum": lambda a, axis=None, keepdims=False: ops.sum(a, axis, keepdims),
-    "mean": lambda a, axis=None, keepdims=False: ops.mean(a, axis, keepdims),
-    "max": lambda a, axis=None, keepdims=False: ops.max(a, axis, keepdims),
-    "min": lambda a, axis=None, keepdims=False: ops.min(a, axis, keepdims),
+    "sum": _reduction(ops.sum), "mean": _reduction(ops.mean),
+    "max": _reduction(ops.max, ops.maximum), "min": _reduction(ops.min, ops.minimum),
     "astype": lambda a, dtype: ops.cast(a, dtype),
     "relu": ops.relu, "exp": ops.exp, "log": ops.log, "sqrt": ops.sqrt,
-    "softmax": lambda a, axis=-1: ops.softmax(a, axis),
+    "softmax": _softmax_method(ops.softmax), "log_softmax": _softmax_method(ops.log_softmax),
 }
 
 for _name, _method in METHODS.items():

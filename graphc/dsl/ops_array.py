@@ -371,8 +371,9 @@ def one_hot(x: Tensor, num_classes: int = -1) -> Tensor:
 
 
 def cumsum(x: Tensor, dim: int) -> Tensor:
-    """Running sum along ``dim``. Signature: ai.onnx@14::CumSum"""
+    """Running sum along ``dim``; of a bool Tensor, an int64 count as torch's. Signature: ai.onnx@14::CumSum"""
     x = lift(x)
+    x = x.astype("int64") if x.dtype == "bool" else x
     return emit("CumSum", [x, constant(np.asarray(_dim(x, dim, "CumSum"), np.int64))])
 
 
