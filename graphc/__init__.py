@@ -53,6 +53,10 @@ _ARRAY_OPS = (
     "permute flip roll logsumexp var std"
 ).split()
 _LAYER_OPS = "interpolate scaled_dot_product_attention".split()
+_MATH_OPS = ("square reciprocal neg sign floor ceil round trunc frac logaddexp logical_not logical_and logical_or "
+             "logical_xor isnan isinf isfinite nan_to_num prod amax amin any all norm").split()
+_VIEW_OPS = ("unflatten movedim narrow select t expand_as diff sort argsort outer addmm baddbmm index_add index_copy "
+             "repeat_interleave").split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -62,6 +66,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_fold", op) for op in ("unfold", "fold")},
     **{op: ("graphc.dsl.ops", op) for op in ("erf", "flatten")},
     **{op: ("graphc.dsl.ops_divide", op) for op in ("remainder", "fmod")},
+    **{op: ("graphc.dsl.ops_math", op) for op in _MATH_OPS},
+    **{op: ("graphc.dsl.ops_views", op) for op in _VIEW_OPS},
     **{op: ("graphc.dsl.ops_nn", op) for op in _NN_OPS},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),

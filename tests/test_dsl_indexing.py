@@ -1,6 +1,7 @@
 """``x[...]`` with index Tensors against numpy and torch: several index Tensors pick pointwise
 (broadcast together, result dims in place when adjacent, else first), mixed with ints, slices,
-``None``, ``...`` and negative indices; index lists; bool masks (one index Tensor per axis they cover); forward on the numpy and ort-cpu backends, and with torch
+``None``, ``...`` and negative indices; index lists; bool masks (one index Tensor per axis they
+cover); forward on the numpy and ort-cpu backends, and with torch
 installed, ``gc.grad``'s gradient too."""
 
 from __future__ import annotations

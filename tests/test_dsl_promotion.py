@@ -56,7 +56,8 @@ IDS = [c[0] for c in CASES]
 # a Python number the Tensor's integer or bool dtype would change: torch promotes the Tensor
 REFUSED = {
     "int*0.5": lambda a: a * 0.5, "0.5-int": lambda a: 0.5 - a, "int>=0.5": lambda a: a >= 0.5,
-    "int//2.5": lambda a: a // 2.5, "int%2.5": lambda a: a % 2.5, "int**0.5": lambda a: a ** 0.5, "pow(int,0.5)": lambda a: gc.pow(a, 0.5),
+    "int//2.5": lambda a: a // 2.5, "int%2.5": lambda a: a % 2.5, "int**0.5": lambda a: a ** 0.5,
+    "pow(int,0.5)": lambda a: gc.pow(a, 0.5),
     "clip(int,-2.5,3.5)": lambda a: gc.clip(a, -2.5, 3.5), "where(int,0.5)": lambda a: gc.where(a > 0, a, 0.5),
     "int8+300": lambda a: a.astype("int8") + 300, "bool*0.5": lambda a: (a > 0) * 0.5,
 }

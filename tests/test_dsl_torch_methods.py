@@ -22,6 +22,15 @@ X = R.standard_normal((2, 3, 4)).astype(np.float32)
 Y = R.standard_normal((2, 3, 4)).astype(np.float32)
 # divisors kept away from 0 and quotients away from whole numbers (the jumps of % and //)
 D = (np.sign(Y) * (np.abs(Y) + 0.5)).astype(np.float32)
+I = np.array([[-3, 0, 2, 5], [1, -1, 0, 4]], np.int64)
+SPECIAL = np.array([[np.nan, np.inf, -np.inf, 1.5], [-2.0, 0.0, np.nan, -np.inf]], np.float32)
+TIES = np.array([[1.0, 3.0, 3.0, -2.0], [0.5, 0.5, 0.5, 0.5], [-1.0, 2.0, -1.0, 0.0]], np.float32)
+ZERO_ROW = X.copy()
+ZERO_ROW[1, 2] = 0  # a zero vector: its 2-norm's gradient is 0 in torch, not nan
+WITH_ZERO = X.copy()
+WITH_ZERO[0, 1, 2] = 0  # prod's gradient there is the product of the others
+M34 = R.standard_normal((3, 4)).astype(np.float32)
+IDX = np.array([2, 0, 2], np.int64)  # repeated: index_add sums both
 
 # (id, fn(M, *params, **inputs), params (differentiated), inputs (graph inputs, not differentiated))
 CASES = [
@@ -45,6 +54,74 @@ CASES = [
     ("softmax_dim", lambda M, x: x.softmax(dim=1), (X,), {}),
     ("log_softmax_dim", lambda M, x: x.log_softmax(dim=-1), (X,), {}),
     ("cumsum_bool", lambda M, x: (x > 0).cumsum(1), (X,), {}),
+    # elementwise math
+    ("square", lambda M, x: x.square() + M.square(x[0]), (X,), {}),
+    ("reciprocal", lambda M, x: (x.abs() + 0.5).reciprocal(), (X,), {}),
+    ("reciprocal_int", lambda M, i: M.reciprocal(i + 10), (), {"i": I}),
+    ("neg", lambda M, x: x.neg() * M.neg(x) + x.negative(), (X,), {}),
+    ("sign", lambda M, x: x.sign() * x, (X,), {}),
+    ("floor", lambda M, x: M.floor(x * 3), (X,), {}),
+    ("floor_ceil", lambda M, x: x.floor() * x + x.ceil(), (X * 3,), {}),
+    ("round", lambda M, x: M.round(x * 3), (X,), {}),
+    ("round_half_even", lambda M, x: x.round(), (np.array([0.5, 1.5, 2.5, -0.5, -1.5, 0.49], np.float32),), {}),
+    ("round_decimals", lambda M, x: x.round(decimals=1) * x, (X,), {}),
+    ("trunc_frac", lambda M, x: x.trunc() * 2 + x.frac() * x, (X * 3,), {}),
+    ("rounding_int", lambda M, i: M.floor(i) + i.ceil() + i.round() + i.trunc(), (), {"i": I}),
+    ("logaddexp", lambda M, x, y: M.logaddexp(x * 30, y), (X, Y), {}),
+    ("logaddexp_ties", lambda M, x: x.logaddexp(x), (X,), {}),
+    ("logaddexp_infinities", lambda M, s: M.logaddexp(s, s), (), {"s": SPECIAL}),
+    ("remainder_method", lambda M, x, d: x.remainder(d) + x.fmod(d), (X * 5, D), {}),
+    ("maximum_minimum_where", lambda M, x, y: x.maximum(y) * x.minimum(y) + x.where(x > y, y), (X, Y), {}),
+    # logic and tests
+    ("logical", lambda M, x, i: M.logical_and(x > 0, i) ^ x.logical_or(i).logical_not() | M.logical_xor(i, x < 0.5),
+     (), {"x": X[0, :2], "i": I}),
+    ("isnan_isinf_isfinite", lambda M, s: M.stack([s.isnan(), M.isinf(s), s.isfinite()]), (), {"s": SPECIAL}),
+    ("isnan_int", lambda M, i: M.stack([i.isnan(), i.isinf(), i.isfinite()]), (), {"i": I}),
+    ("nan_to_num", lambda M, x: M.nan_to_num(x) * 1e-30, (SPECIAL,), {}),
+    ("nan_to_num_values", lambda M, x: x.nan_to_num(nan=1.0, posinf=5.0, neginf=-5.0) * 2, (SPECIAL,), {}),
+    # reductions
+    ("prod", lambda M, x: x.prod(1) + M.prod(x, -1, keepdim=True).sum(), (X,), {}),
+    ("prod_all_with_zero", lambda M, x: M.prod(x[0]) + x.prod(2), (WITH_ZERO,), {}),
+    ("amax_amin_ties", lambda M, x: x.amax(1) + M.amin(x, 0, keepdim=True).sum() + x.amax(), (TIES,), {}),
+    ("amax_dims", lambda M, x: M.amax(x, (0, 2)) - x.amin(dim=(-1, 1), keepdim=True).sum(), (X,), {}),
+    ("any_all", lambda M, x, i: M.stack([(x > 0).any(1), M.all(x > -1, dim=1), i.any(1), M.all(i, 1)]), (),
+     {"x": X[0, :2], "i": I}),
+    ("any_all_everything", lambda M, x: M.stack([x.any(), (x > -3).all(), M.any(x > 5)]), (), {"x": X}),
+    ("norm", lambda M, x: x.norm() + M.norm(x, dim=-1).sum(), (X,), {}),
+    ("norm_zero_vector", lambda M, x: M.norm(x, dim=2, keepdim=True), (ZERO_ROW,), {}),
+    ("norm_p", lambda M, x: M.stack([x.norm(p=1, dim=1), x.norm(p=float("inf"), dim=1), x.norm(p=3, dim=1),
+                                     M.norm(x, p=-float("inf"), dim=1)]), (X,), {}),
+    ("norm_p0", lambda M, x: x.norm(p=0, dim=(0, 2)), (ZERO_ROW,), {}),
+    ("var_std", lambda M, x: x.var(1) + x.std(dim=1, unbiased=False) + M.var(x, 1, correction=2) * 0.5, (X,), {}),
+    ("var_std_all_keepdim", lambda M, x: x.var(dim=(0, 2), keepdim=True) * M.std(x, unbiased=True), (X,), {}),
+    ("logsumexp_method", lambda M, x: x.logsumexp(1) + x.logsumexp(dim=-1, keepdim=True).sum(), (X,), {}),
+    # shapes, selection, sorting
+    ("flip_roll", lambda M, x: x.flip(0) * x.flip(0, 2) + x.flip([1]).roll(1, 2), (X,), {}),
+    ("unflatten", lambda M, x: x.unflatten(2, (2, 2)) * M.unflatten(x, 1, (1, -1)).sum(), (X,), {}),
+    ("movedim", lambda M, x: x.movedim(0, -1) * M.movedim(x, (0, 1), (2, 0)), (X,), {}),
+    ("moveaxis", lambda M, x: x.moveaxis(2, 0), (X,), {}),
+    ("narrow", lambda M, x: x.narrow(2, 1, 2) * M.narrow(x, -1, -3, 2), (X,), {}),
+    ("select", lambda M, x: x.select(1, -1) * M.select(x, 2, 0).sum(), (X,), {}),
+    ("t_mT", lambda M, x: x[0].t() @ x[1] + x.mT.sum(0) @ x[0] + x[0, 0].t(), (X,), {}),
+    ("diff", lambda M, x: x.diff() * M.diff(x, n=2, dim=-1).sum() + x.diff(dim=0).sum(), (X,), {}),
+    ("sort", lambda M, x: x.sort(dim=1).values * M.sort(x, descending=True)[0][:, :1, :1], (X,), {}),
+    ("sort_indices_ties", lambda M, x: M.stack([x.sort(stable=True).indices, M.argsort(x, dim=-1, stable=True),
+                                                 x.sort(descending=True, stable=True)[1]]), (), {"x": TIES}),
+    ("outer", lambda M, x, y: M.outer(x, y) + x.outer(y * 2), (X[0, 0], Y[1, 1]), {}),
+    ("addmm", lambda M, b, x, y: M.addmm(b, x, y) + b.addmm(x, y, beta=0.5, alpha=-2.0), (Y[0, :, :3], M34, X[0].T),
+     {}),
+    ("addmm_beta0_ignores_nan", lambda M, x, y, b: M.addmm(b, x, y, beta=0), (M34, X[0].T), {"b": SPECIAL[:1, :3]}),
+    ("baddbmm", lambda M, b, x, y: M.baddbmm(b, x, y, alpha=0.5) + b.baddbmm(x, y),
+     (Y[:, :, :3], X, Y.transpose(0, 2, 1)), {}),
+    ("index_add", lambda M, x, s, i: x.index_add(1, i, s) + M.index_add(x, 1, i, s, alpha=2.0), (X, Y), {"i": IDX}),
+    ("index_add_last_dim", lambda M, x, s, i: M.index_add(x, -1, i, s), (X, Y[..., :3]), {"i": IDX}),
+    ("index_copy", lambda M, x, s, i: x.index_copy(2, i, s), (X, Y[..., :2]), {"i": IDX[:2]}),
+    ("repeat_interleave", lambda M, x: x.repeat_interleave(2, dim=1) + M.repeat_interleave(x, 3).sum(), (X,), {}),
+    ("as_shapes", lambda M, x, y: x[:1, :, :1].expand_as(y) * y.view_as(y.reshape(4, 6)).reshape_as(x), (X, Y), {}),
+    ("new_tensors", lambda M, x: x + x.new_zeros(3, 4) + x.new_ones((4,)) * x.new_full((3, 1), 2.5), (X,), {}),
+    ("new_zeros_dtype", lambda M, x: x.new_zeros((2, 2), dtype=M.int64 if hasattr(M, "int64") else "int64") + 1, (),
+     {"x": X}),
+    ("clone_numel", lambda M, x: x.clone() * x.numel() + x.contiguous(), (X,), {}),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -63,6 +140,7 @@ def _torch(fn, params, inputs, c=None):
 def test_output_and_gradients_match_torch(name, fn, params, inputs):
     pytest.importorskip("torch")
     want, _ = _torch(fn, params, inputs)
+    want = np.asarray(want)
     names = [f"p{i}" for i in range(len(params))]
     feeds = {**dict(zip(names, params)), **inputs}
     model = gc.capture(lambda **kw: fn(F, *(kw.pop(n) for n in names), **kw), **feeds)
@@ -70,7 +148,7 @@ def test_output_and_gradients_match_torch(name, fn, params, inputs):
     got = run_both(model, feeds)["output"]
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    if want.dtype.kind != "f":
+    if want.dtype.kind != "f" or not params:
         return
     c = R.standard_normal(want.shape).astype(want.dtype)
     _, dparams = _torch(fn, params, inputs, c)
@@ -81,6 +159,22 @@ def test_output_and_gradients_match_torch(name, fn, params, inputs):
 
 @pytest.mark.parametrize("call,message", [
     (lambda x: x.sum(1, dim=2), "as axis= or dim=, not both"),
+    (lambda x: x.movedim((0, 1), 2), r"movedim: source \(0, 1\) and destination 2 differ in length"),
+    (lambda x: x.movedim((0, 1), (2, 2)), "repeated dims"),
+    (lambda x: x.narrow(1, 2, 2), r"narrow\(1, 2, 2\) is outside dim 1 of size 3"),
+    (lambda x: x.narrow(0, -1, 1), "symbolic dim 0 takes a start >= 0"),
+    (lambda x: x.select(2, 4), "select index 4 out of range for dim 2 of size 4"),
+    (lambda x: x.t(), r"t\(\) takes a Tensor of rank <= 2, got rank 3"),
+    (lambda x: gc.outer(x, x), "outer takes two 1-D Tensors"),
+    (lambda x: gc.addmm(x, x, x), "addmm takes two 2-D Tensors, got ranks 3 and 3"),
+    (lambda x: x.index_add(1, x, x), "index_add takes a 1-D int64 or int32 index, got float32"),
+    (lambda x: x.repeat_interleave(x), "repeat_interleave takes an int repeats"),
+    (lambda x: x.norm(p="nuc"), "norm p='nuc'; expected 'fro' or a number"),
+    (lambda x: x.numel(), r"numel\(\) needs static dims"),
+    (lambda x: x.expand_as(x[:, :2, :1].sum(0)), "Expand"),
+    (lambda x: x % (x > 0), "dtype mismatch float32 vs bool"),
+    (lambda x: gc.fmod(x > 0, x > 1), "fmod takes integer or float Tensors, got bool"),
+    (lambda x: x[x[0] > 0], r"the mask's dim 1 \(4\) does not match axis 1 of the indexed tensor \(3\)"),
 ])
 def test_bad_arguments_name_the_problem(call, message):
     with pytest.raises(gc.GraphError, match=message) as err:

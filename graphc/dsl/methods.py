@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import ops, ops_array, ops_divide, ops_nn
+from graphc.dsl import ops, ops_array, ops_divide, ops_math, ops_nn, ops_views
 from graphc.dsl.builder import user_source
 from graphc.dsl.indexing import getitem
 from graphc.dsl.tensor import Tensor
@@ -74,7 +74,7 @@ _UFUNC_OPERATORS = {
 }
 # numpy names whose graphc function is spelled differently
 _GC_NAMES = {"absolute": "abs", "concatenate": "concat", "power": "pow", "arccos": "acos", "arcsin": "asin",
-             "arctan": "atan", "amax": "max", "amin": "min", "square": "pow"}
+             "arctan": "atan", "moveaxis": "movedim", "repeat": "repeat_interleave"}
 
 
 def _array_ufunc(self: Tensor, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
@@ -95,7 +95,7 @@ def _array_function(self: Tensor, func: Any, types: Any, args: Any, kwargs: Any)
 def _numpy_refused(what: str, name: str, tensor: Tensor) -> CaptureError:
     """CaptureError for a numpy function given a traced value, suggesting the gc.* function."""
     gc_name = _GC_NAMES.get(name, name)
-    known = any(gc_name in module.__all__ for module in (ops, ops_array, ops_divide, ops_nn))
+    known = any(gc_name in module.__all__ for module in (ops, ops_array, ops_divide, ops_math, ops_nn, ops_views))
     hint = f"use gc.{gc_name}(...) instead" if known else "graphc has no function of that name: build it from gc.* ops"
     return CaptureError(f"{what} cannot run on traced value {tensor.value.name}: {tensor.type_str()} at "
                       f"{user_source()}: numpy cannot see inside the graph being captured; {hint}")

@@ -5,9 +5,11 @@ already defines keeps its definition there."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from graphc.dsl import ops, ops_array
+from graphc.dsl import ops, ops_array, ops_divide, ops_math, ops_views
+from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.tensor import Tensor
 
 
@@ -18,6 +20,19 @@ def _dims(dims: tuple) -> list:
 def _size(self: Tensor, dim: int | None = None) -> Any:
     """``x.size()`` is the shape (ints and dim names); ``x.size(d)`` one dim."""
     return tuple(self.shape) if dim is None else self.shape[dim]
+
+
+def _numel(self: Tensor) -> int:
+    """``x.numel()``, where every dim is static."""
+    if self.shape is None or not all(isinstance(d, int) for d in self.shape):
+        raise op_error("Size", [self], "numel() needs static dims; gc.sum(gc.ones_like(x)) counts at run time",
+                       user_source())
+    return math.prod(self.shape)
+
+
+def _new_full(self: Tensor, size: Any, fill_value: Any, dtype: Any = None) -> Tensor:
+    """``x.new_full(size, fill_value)``: a constant of ``x``'s dtype unless ``dtype`` says otherwise."""
+    return ops_array.full(size, fill_value, self.dtype if dtype is None else dtype)
 
 
 METHODS = {
@@ -40,6 +55,27 @@ METHODS = {
     "gather": ops_array.gather, "index_select": ops_array.index_select, "scatter": ops_array.scatter,
     "tril": ops_array.tril, "triu": ops_array.triu, "sin": ops_array.sin, "cos": ops_array.cos,
     "rsqrt": ops_array.rsqrt,
+    "var": ops_array.var, "std": ops_array.std, "logsumexp": ops_array.logsumexp, "roll": ops_array.roll,
+    "flip": lambda a, *dims: ops_array.flip(a, _dims(dims)),
+    "remainder": ops_divide.remainder, "fmod": ops_divide.fmod,
+    "maximum": ops.maximum, "minimum": ops.minimum, "where": lambda a, condition, other: ops.where(condition, a, other),
+    "square": ops_math.square, "reciprocal": ops_math.reciprocal, "neg": ops_math.neg, "negative": ops_math.neg,
+    "sign": ops_math.sign, "floor": ops_math.floor, "ceil": ops_math.ceil, "round": ops_math.round,
+    "trunc": ops_math.trunc, "frac": ops_math.frac, "logaddexp": ops_math.logaddexp,
+    "logical_not": ops_math.logical_not, "logical_and": ops_math.logical_and, "logical_or": ops_math.logical_or,
+    "logical_xor": ops_math.logical_xor, "isnan": ops_math.isnan, "isinf": ops_math.isinf,
+    "isfinite": ops_math.isfinite, "nan_to_num": ops_math.nan_to_num,
+    "prod": ops_math.prod, "amax": ops_math.amax, "amin": ops_math.amin, "any": ops_math.any, "all": ops_math.all,
+    "norm": ops_math.norm,
+    "unflatten": ops_views.unflatten, "movedim": ops_views.movedim, "moveaxis": ops_views.movedim,
+    "narrow": ops_views.narrow, "select": ops_views.select, "t": ops_views.t, "mT": property(ops_views.swap_last),
+    "diff": ops_views.diff, "sort": ops_views.sort, "argsort": ops_views.argsort, "outer": ops_views.outer,
+    "addmm": ops_views.addmm, "baddbmm": ops_views.baddbmm, "index_add": ops_views.index_add,
+    "index_copy": ops_views.index_copy, "repeat_interleave": ops_views.repeat_interleave,
+    "expand_as": ops_views.expand_as, "view_as": ops.reshape_like, "reshape_as": ops.reshape_like,
+    "new_zeros": lambda a, *size, dtype=None: _new_full(a, _dims(size), 0, dtype),
+    "new_ones": lambda a, *size, dtype=None: _new_full(a, _dims(size), 1, dtype),
+    "new_full": _new_full, "clone": lambda a: a, "numel": _numel,
 }
 
 for _name, _method in METHODS.items():

@@ -417,7 +417,8 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 # -- reductions -------------------------------------------------------------------------------
 
 
-def _reduce(op: str, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
+def reduction(op: str, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
+    """The ONNX reduction ``op`` over ``axis`` (None: all); the axes an input or an attribute by opset."""
     x = lift(x)
     attrs: dict[str, Any] = {"keepdims": int(bool(keepdims))}
     axes = None if axis is None else ([axis] if isinstance(axis, int) else list(axis))
@@ -438,22 +439,22 @@ def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa:
     Signature: ai.onnx@13::ReduceSum"""
     x = lift(x)
     counts = x.value.dtype is not None and x.dtype == "bool"  # an unknown dtype is left to ReduceSum
-    return _reduce("ReduceSum", cast(x, "int64") if counts else x, axis, keepdims)
+    return reduction("ReduceSum", cast(x, "int64") if counts else x, axis, keepdims)
 
 
 def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     """ReduceMean over ``axis`` (None: all); axes are an input from opset 18, an attribute before."""
-    return _reduce("ReduceMean", x, axis, keepdims)
+    return reduction("ReduceMean", x, axis, keepdims)
 
 
 def max(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """ReduceMax over ``axis`` (None: all). For the elementwise max use ``gc.maximum``."""
-    return _reduce("ReduceMax", x, axis, keepdims)
+    return reduction("ReduceMax", x, axis, keepdims)
 
 
 def min(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """ReduceMin over ``axis`` (None: all). For the elementwise min use ``gc.minimum``."""
-    return _reduce("ReduceMin", x, axis, keepdims)
+    return reduction("ReduceMin", x, axis, keepdims)
 
 
 __all__ = [

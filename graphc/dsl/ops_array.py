@@ -129,13 +129,15 @@ def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None) -> Ten
 # -- shapes -----------------------------------------------------------------------------------
 
 
-def _dim(x: Tensor, dim: int, op: str) -> int:
+def dim_index(x: Tensor, dim: int, op: str) -> int:
+    """``dim`` of ``x`` as a non-negative axis; a GraphError for ``op`` when it is out of range."""
     if not -x.ndim <= dim < max(x.ndim, 1):
         raise op_error(op, [x], f"dim {dim} out of range for rank {x.ndim}", user_source())
     return dim % max(x.ndim, 1)
 
 
-def _static_dim(x: Tensor, dim: int, op: str) -> int:
+def static_dim(x: Tensor, dim: int, op: str) -> int:
+    """The static size of ``x``'s ``dim``; a GraphError for ``op`` when it is symbolic or unknown."""
     size = x.shape[dim] if x.shape is not None else None
     if not isinstance(size, int):
         raise op_error(op, [x], f"needs a static size on dim {dim}", user_source())
@@ -146,8 +148,8 @@ def split(x: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor,
     """``torch.split``: pieces of ``split_size`` (the last one smaller) or of the listed sizes.
     Signature: ai.onnx@18::Split"""
     x = lift(x)
-    dim = _dim(x, dim, "Split")
-    size = _static_dim(x, dim, "Split")
+    dim = dim_index(x, dim, "Split")
+    size = static_dim(x, dim, "Split")
     if isinstance(split_size_or_sections, (int, np.integer)):
         step = int(split_size_or_sections)
         sizes = [min(step, size - i) for i in range(0, size, step)]
@@ -164,7 +166,7 @@ def split(x: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor,
 def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     """``torch.chunk``: ``chunks`` pieces of ``ceil(size / chunks)`` (fewer when that covers it)."""
     x = lift(x)
-    size = _static_dim(x, _dim(x, dim, "Split"), "Split")
+    size = static_dim(x, dim_index(x, dim, "Split"), "Split")
     return split(x, max(1, math.ceil(size / chunks)), dim)
 
 
@@ -218,7 +220,7 @@ def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
 def flip(x: Tensor, dims: Sequence[int]) -> Tensor:
     """Reverse the order along each of ``dims``. Signature: ai.onnx@13::Slice (step -1)"""
     x = lift(x)
-    dims = [_dim(x, d, "Slice") for d in ([dims] if isinstance(dims, int) else dims)]
+    dims = [dim_index(x, d, "Slice") for d in ([dims] if isinstance(dims, int) else dims)]
     k = len(dims)
     return emit("Slice", [x, const_i64([-1] * k), const_i64([np.iinfo(np.int64).min] * k), const_i64(dims),
                           const_i64([-1] * k)])
@@ -233,8 +235,8 @@ def roll(x: Tensor, shifts: Any, dims: Any = None) -> Tensor:
         return reshape_like(flat, x)
     shifts, dims = ([shifts], [dims]) if isinstance(shifts, int) else (list(shifts), list(dims))
     for shift, dim in zip(shifts, dims):
-        dim = _dim(x, dim, "Slice")
-        shift %= _static_dim(x, dim, "Slice")
+        dim = dim_index(x, dim, "Slice")
+        shift %= static_dim(x, dim, "Slice")
         if shift:
             head, tail = ((emit("Slice", [x, const_i64([a]), const_i64([b]), const_i64([dim])]))
                           for a, b in ((-shift, np.iinfo(np.int64).max), (0, -shift)))
@@ -321,7 +323,8 @@ def _indices(index: Tensor, op: str, x: Tensor) -> Tensor:
 def gather(x: Tensor, dim: int, index: Tensor) -> Tensor:
     """``torch.gather``: ``out[i][j] = x[index[i][j]][j]`` for ``dim=0``. Signature: ai.onnx@13::GatherElements"""
     x = lift(x)
-    return emit("GatherElements", [x, _indices(index, "GatherElements", x)], {"axis": _dim(x, dim, "GatherElements")})
+    axis = dim_index(x, dim, "GatherElements")
+    return emit("GatherElements", [x, _indices(index, "GatherElements", x)], {"axis": axis})
 
 
 def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
@@ -334,7 +337,7 @@ def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
                        "(x[index] picks rows by a multi-dim index)", user_source())
     if index.shape == ():
         index = reshape(index, [1])
-    return emit("Gather", [x, index], {"axis": _dim(x, dim, "Gather")})
+    return emit("Gather", [x, index], {"axis": dim_index(x, dim, "Gather")})
 
 
 def scatter(x: Tensor, dim: int, index: Tensor, src: Any, reduce: str | None = None) -> Tensor:
@@ -349,7 +352,7 @@ def scatter(x: Tensor, dim: int, index: Tensor, src: Any, reduce: str | None = N
     reductions = {None: "none", "add": "add", "multiply": "mul"}
     if reduce not in reductions:
         raise CaptureError(f"scatter reduce={reduce!r}; expected None, 'add' or 'multiply' (at {user_source()})")
-    attrs = {"axis": _dim(x, dim, "ScatterElements")}
+    attrs = {"axis": dim_index(x, dim, "ScatterElements")}
     if reduce is not None:
         attrs["reduction"] = reductions[reduce]
     return emit("ScatterElements", [x, index, src], attrs)
@@ -374,14 +377,14 @@ def cumsum(x: Tensor, dim: int) -> Tensor:
     """Running sum along ``dim``; of a bool Tensor, an int64 count as torch's. Signature: ai.onnx@14::CumSum"""
     x = lift(x)
     x = x.astype("int64") if x.dtype == "bool" else x
-    return emit("CumSum", [x, constant(np.asarray(_dim(x, dim, "CumSum"), np.int64))])
+    return emit("CumSum", [x, constant(np.asarray(dim_index(x, dim, "CumSum"), np.int64))])
 
 
 def _arg(op: str, x: Tensor, dim: int | None, keepdim: bool) -> Tensor:
     x = lift(x)
     if dim is None:  # over the flattened tensor, as PyTorch
         return emit(op, [reshape(x, [-1])], {"axis": 0, "keepdims": 0})
-    return emit(op, [x], {"axis": _dim(x, dim, op), "keepdims": int(bool(keepdim))})
+    return emit(op, [x], {"axis": dim_index(x, dim, op), "keepdims": int(bool(keepdim))})
 
 
 def argmax(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
@@ -399,7 +402,8 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True,
     """``(values, indices)`` of the ``k`` largest (or smallest) along ``dim``. Signature: ai.onnx@11::TopK"""
     x = lift(x)
     values, indices = emit("TopK", [x, const_i64([int(k)])],
-                           {"axis": _dim(x, dim, "TopK"), "largest": int(bool(largest)), "sorted": int(bool(sorted))},
+                           {"axis": dim_index(x, dim, "TopK"), "largest": int(bool(largest)),
+                            "sorted": int(bool(sorted))},
                            num_outputs=2)
     return values, indices
 
@@ -414,19 +418,22 @@ def logsumexp(x: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
     return out if keepdim else squeeze(out, [dim] if isinstance(dim, int) else list(dim))
 
 
-def var(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False) -> Tensor:
+def var(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False, *,
+        unbiased: bool | None = None) -> Tensor:
     """``torch.var``: mean squared deviation over ``dim`` (None: all), divided by ``n - correction``
-    (static ``n``)."""
+    (static ``n``); torch's older ``unbiased=False`` is ``correction=0``."""
     x = lift(x)
+    correction = correction if unbiased is None else int(bool(unbiased))
     dims = list(range(x.ndim)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
-    n = math.prod(_static_dim(x, d, "ReduceSum") for d in dims)
+    n = math.prod(static_dim(x, d, "ReduceSum") for d in dims)
     centered = x - mean(x, dims, keepdims=True)
     return reduce_sum(centered * centered, dims, keepdims=keepdim) / scalar(n - correction, x)
 
 
-def std(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False) -> Tensor:
+def std(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False, *,
+        unbiased: bool | None = None) -> Tensor:
     """``torch.std``: the square root of ``var``."""
-    return sqrt(var(x, dim, correction, keepdim))
+    return sqrt(var(x, dim, correction, keepdim, unbiased=unbiased))
 
 
 def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:

@@ -11,6 +11,11 @@ from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos
                                   tile, topk, tril, triu, var, zeros, zeros_like)
 from graphc.dsl.ops_divide import fmod, remainder
 from graphc.dsl.ops_fold import fold, unfold
+from graphc.dsl.ops_math import (all, amax, amin, any, ceil, floor, frac, isfinite, isinf, isnan, logaddexp,
+                                 logical_and, logical_not, logical_or, logical_xor, nan_to_num, neg, norm, prod,
+                                 reciprocal, round, sign, square, trunc)
+from graphc.dsl.ops_views import (addmm, argsort, baddbmm, diff, expand_as, index_add, index_copy, movedim, narrow,
+                                  outer, repeat_interleave, select, sort, t, unflatten)
 from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, celu, conv1d, conv3d,
                                    conv_transpose1d, conv_transpose2d, elu, glu, group_norm, hardshrink, hardsigmoid,
                                    hardswish, hardtanh, instance_norm, interpolate, leaky_relu, logsigmoid, max_pool1d,
@@ -55,6 +60,11 @@ __all__ = [
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss", "kl_div", "l1_loss",
     "mse_loss", "nll_loss", "smooth_l1_loss",
     "fold", "unfold", "fmod", "remainder",
+    "all", "amax", "amin", "any", "ceil", "floor", "frac", "isfinite", "isinf", "isnan", "logaddexp", "logical_and",
+    "logical_not", "logical_or", "logical_xor", "nan_to_num", "neg", "norm", "prod", "reciprocal", "round", "sign",
+    "square", "trunc",
+    "addmm", "argsort", "baddbmm", "diff", "expand_as", "index_add", "index_copy", "movedim", "narrow", "outer",
+    "repeat_interleave", "select", "sort", "t", "unflatten",
     "celu", "glu", "hardshrink", "hardtanh", "logsigmoid", "relu6", "selu", "softmin", "softshrink", "softsign",
     "tanhshrink", "threshold",
 ]
