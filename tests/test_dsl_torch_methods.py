@@ -180,3 +180,28 @@ def test_bad_arguments_name_the_problem(call, message):
     with pytest.raises(gc.GraphError, match=message) as err:
         gc.capture(call, x=gc.spec("float32", ("N", 3, 4)))
     assert "test_dsl_torch_methods.py" in str(err.value)
+
+
+def test_symbolic_batch_dims():
+    """The functions that read a size (sort's length, repeat_interleave's, unflatten's, a mask's
+    count) on a symbolic batch dim: one graph runs at two batch sizes, against numpy."""
+    def fn(x, i):
+        return {"sort": x.sort(dim=0).values, "argsort": x.argsort(dim=0), "ri": x.repeat_interleave(2, dim=0),
+                "unflatten": x.unflatten(2, (2, 2)), "narrow": x.narrow(0, 1, 1), "diff": x.diff(dim=0),
+                "masked": x[x > 0], "expand_as": x[:1].expand_as(x), "movedim": x.movedim(0, 2),
+                "index_add": x.index_add(0, i, x[:2] * 2)}
+    model = gc.capture(fn, x=gc.spec("float32", ("N", 3, 4)), i=gc.spec("int64", [2]))
+    onnx.checker.check_model(model.proto, full_check=True)
+    shapes = {o.name: tuple(o.shape) for o in model.outputs}
+    assert shapes["sort"] == shapes["argsort"] == shapes["index_add"] == ("N", 3, 4)
+    assert shapes["unflatten"] == ("N", 3, 2, 2) and shapes["movedim"] == (3, 4, "N")
+    for n in (2, 5):
+        x = R.standard_normal((n, 3, 4)).astype(np.float32)
+        out = run_both(model, {"x": x, "i": np.array([1, 1])})
+        added = x.copy()
+        added[1] += 2 * (x[0] + x[1])
+        want = {"sort": np.sort(x, 0), "argsort": np.argsort(x, 0, kind="stable"), "ri": np.repeat(x, 2, 0),
+                "unflatten": x.reshape(n, 3, 2, 2), "narrow": x[1:2], "diff": np.diff(x, axis=0), "masked": x[x > 0],
+                "expand_as": np.broadcast_to(x[:1], x.shape), "movedim": np.moveaxis(x, 0, 2), "index_add": added}
+        for k, v in want.items():
+            np.testing.assert_allclose(out[k], v, rtol=1e-6, err_msg=f"{k} at N={n}")

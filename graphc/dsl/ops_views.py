@@ -122,7 +122,7 @@ def sort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = Fals
     k = const_i64([size]) if isinstance(size, int) else \
         emit("Slice", [emit("Shape", [x]), const_i64([dim]), const_i64([dim + 1])])
     values, indices = emit("TopK", [x, k], {"axis": dim, "largest": int(bool(descending)), "sorted": 1},
-                           num_outputs=2)
+                           num_outputs=2, out_types=[(x.dtype, x.shape), ("int64", x.shape)])
     return Sorted(values, indices)
 
 
