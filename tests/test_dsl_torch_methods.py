@@ -20,7 +20,7 @@ except ImportError:  # tests/ collected as a package
 R = np.random.default_rng(11)
 X = R.standard_normal((2, 3, 4)).astype(np.float32)
 Y = R.standard_normal((2, 3, 4)).astype(np.float32)
-# divisors kept away from 0 and quotients away from whole numbers (the jumps of % and //)
+# divisors kept away from 0 (% jumps where a quotient is whole, which random data misses)
 D = (np.sign(Y) * (np.abs(Y) + 0.5)).astype(np.float32)
 I = np.array([[-3, 0, 2, 5], [1, -1, 0, 4]], np.int64)
 SPECIAL = np.array([[np.nan, np.inf, -np.inf, 1.5], [-2.0, 0.0, np.nan, -np.inf]], np.float32)
@@ -31,6 +31,12 @@ WITH_ZERO = X.copy()
 WITH_ZERO[0, 1, 2] = 0  # prod's gradient there is the product of the others
 M34 = R.standard_normal((3, 4)).astype(np.float32)
 IDX = np.array([2, 0, 2], np.int64)  # repeated: index_add sums both
+
+
+def _values(result):
+    """torch's ``max(x, dim)`` gives ``(values, indices)``, the DSL's the values (as numpy's)."""
+    return getattr(result, "values", result)
+
 
 # (id, fn(M, *params, **inputs), params (differentiated), inputs (graph inputs, not differentiated))
 CASES = [
@@ -51,6 +57,9 @@ CASES = [
     ("min_dim", lambda M, x: x.amin(-1) if M is not F else x.min(dim=-1), (X,), {}),
     ("max_elementwise", lambda M, x, y: x.max(y), (X, Y), {}),
     ("min_elementwise", lambda M, x, y: x.min(y), (X, Y), {}),
+    ("functional_reductions", lambda M, x: M.sum(x, dim=1, keepdim=True) * M.mean(x, dim=(0, 2)).sum()
+     + M.max(x, x * 0.5) - _values(M.min(x, -1, keepdim=True)) + M.max(x), (X,), {}),
+    ("functional_transpose", lambda M, x: M.transpose(x, 0, 2).sum() * M.transpose(x, -1, 1), (X,), {}),
     ("softmax_dim", lambda M, x: x.softmax(dim=1), (X,), {}),
     ("log_softmax_dim", lambda M, x: x.log_softmax(dim=-1), (X,), {}),
     ("cumsum_bool", lambda M, x: (x > 0).cumsum(1), (X,), {}),
@@ -159,6 +168,8 @@ def test_output_and_gradients_match_torch(name, fn, params, inputs):
 
 @pytest.mark.parametrize("call,message", [
     (lambda x: x.sum(1, dim=2), "as axis= or dim=, not both"),
+    (lambda x: gc.max(x, x), r"ReduceMax.*the axes must be ints, not a Tensor \(for the elementwise max or min of two "
+                             r"Tensors use gc\.maximum or gc\.minimum\)"),
     (lambda x: x.movedim((0, 1), 2), r"movedim: source \(0, 1\) and destination 2 differ in length"),
     (lambda x: x.movedim((0, 1), (2, 2)), "repeated dims"),
     (lambda x: x.narrow(1, 2, 2), r"narrow\(1, 2, 2\) is outside dim 1 of size 3"),

@@ -420,6 +420,9 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 def reduction(op: str, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
     """The ONNX reduction ``op`` over ``axis`` (None: all); the axes an input or an attribute by opset."""
     x = lift(x)
+    if isinstance(axis, Tensor):
+        raise op_error(op, [x, axis], "the axes must be ints, not a Tensor (for the elementwise max or min of two "
+                       "Tensors use gc.maximum or gc.minimum)", user_source())
     attrs: dict[str, Any] = {"keepdims": int(bool(keepdims))}
     axes = None if axis is None else ([axis] if isinstance(axis, int) else list(axis))
     if axes is not None and x.shape is not None:

@@ -3,8 +3,8 @@
 signature differs from torch's (``axis`` for ``dim``), the version here takes torch's."""
 
 from graphc.dsl import ops
-from graphc.dsl.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, log, matmul, max, maximum, mean, min,
-                            minimum, relu, reshape, sigmoid, sqrt, stack, sum, tanh, transpose, where)
+from graphc.dsl.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, log, matmul, maximum, minimum, relu,
+                            reshape, sigmoid, sqrt, stack, tanh, where)
 from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos, cumsum, einsum, expand, flip,
                                   full, full_like, gather, index_select, logsumexp, masked_fill, normalize, one_hot,
                                   ones, ones_like, pad, permute, pow, repeat, roll, rsqrt, scatter, sin, split, std,
@@ -34,6 +34,33 @@ def softmax(input, dim: int = -1):  # noqa: A002 - torch's names
 def log_softmax(input, dim: int = -1):  # noqa: A002
     """``torch.nn.functional.log_softmax(input, dim)``."""
     return ops.log_softmax(input, dim)
+
+
+def sum(input, *args, **kwargs):  # noqa: A001, A002 - torch's names
+    """``torch.sum(input, dim=None, keepdim=False)`` (``axis=``/``keepdims=`` too): ``Tensor.sum``."""
+    return ops.lift(input).sum(*args, **kwargs)
+
+
+def mean(input, *args, **kwargs):  # noqa: A002
+    """``torch.mean(input, dim=None, keepdim=False)``: ``Tensor.mean``."""
+    return ops.lift(input).mean(*args, **kwargs)
+
+
+def max(input, *args, **kwargs):  # noqa: A001, A002
+    """``torch.max(input, dim=None, keepdim=False)`` (the values only, as ``Tensor.max``), or
+    ``torch.max(input, other)``, the elementwise maximum."""
+    return ops.lift(input).max(*args, **kwargs)
+
+
+def min(input, *args, **kwargs):  # noqa: A001, A002
+    """``torch.min``, as ``max``."""
+    return ops.lift(input).min(*args, **kwargs)
+
+
+def transpose(input, *dims):  # noqa: A002
+    """``torch.transpose(input, dim0, dim1)``: two dims swapped; a permutation, or none (all
+    axes reversed), as ``gc.transpose``: ``Tensor.transpose``."""
+    return ops.lift(input).transpose(*dims)
 
 
 def unsqueeze(input, dim):  # noqa: A002
