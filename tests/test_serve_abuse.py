@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import signal
 import socket
@@ -314,3 +315,60 @@ def test_sigterm_is_prompt_with_a_stalled_body_and_answers_whole_requests(tmp_pa
     assert code == 0 and took - answered < 10 and took < 25, (answered, took)
     stalled.close()
     whole.close()
+
+
+def fill_model() -> onnx.ModelProto:
+    """y = n float32 values of 1.5 (ConstantOfShape): a request of a few bytes, a reply as large as n says."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["n"], ["y"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.5]))],
+        "fill", [helper.make_tensor_value_info("n", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def open_descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _descriptors_become(pid: int, wanted, seconds: float) -> bool:
+    """Whether the count of ``pid``'s open descriptors satisfies ``wanted`` within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not wanted(open_descriptors(pid)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _not_reading(port: int, values: int) -> socket.socket:
+    """A connection that asks for a reply of ``values`` float32s (binary) and never reads it."""
+    head = json.dumps({"inputs": [{"name": "n", "shape": [1], "datatype": "INT64", "data": [values]}],
+                       "parameters": {"binary_data_output": True}}).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.sendall(b"POST /v2/models/fill/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(head), head))
+    return sock
+
+
+def test_a_client_that_never_reads_its_reply_is_cut_off_at_the_read_timeout(tmp_path):
+    """Its 40 MB reply, buffered by the server, once held the connection (and the memory) for good:
+    the deadline closed the transport gracefully, which waits for the unread reply to be sent."""
+    onnx.save(fill_model(), str(tmp_path / "fill.onnx"))
+    with serve_process(str(tmp_path / "fill.onnx"), "--backend", "ort-cpu", "--read-timeout", "2") as (proc, port):
+        idle = open_descriptors(proc.pid)
+        sock = _not_reading(port, 10_000_000)
+        assert _descriptors_become(proc.pid, lambda n: n > idle, 10), "the server never took the connection"
+        closed = _descriptors_become(proc.pid, lambda n: n == idle, 2 + 15)  # slack for a loaded machine
+        assert good_request_to(port, "fill").status_code == 200
+        sock.close()
+    assert closed, "the connection that stopped reading its reply is still open past the read timeout"
+
+
+def good_request_to(port: int, model: str) -> httpx.Response:
+    return httpx.post(f"http://127.0.0.1:{port}/v2/models/{model}/infer", timeout=10,
+                      json={"inputs": [{"name": "n", "shape": [1], "datatype": "INT64", "data": [3]}]})
+

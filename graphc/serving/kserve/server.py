@@ -74,8 +74,16 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def pause_writing(self) -> None:
         super().pause_writing()
+        self._arm_write_deadline()
+
+    def _arm_write_deadline(self) -> None:
         self._cancel("_write_deadline")
-        self._write_deadline = self.loop.call_later(self.read_timeout, self._expire)
+        self._write_deadline = self.loop.call_later(self.read_timeout, self._abort)
+
+    def _abort(self) -> None:
+        """The client stopped reading its reply: drop the connection and the reply buffered for it
+        (``close`` waits for the buffer to go out, so an unread reply held both for good)."""
+        self.transport.abort()
 
     def resume_writing(self) -> None:
         super().resume_writing()
