@@ -372,3 +372,19 @@ def good_request_to(port: int, model: str) -> httpx.Response:
     return httpx.post(f"http://127.0.0.1:{port}/v2/models/{model}/infer", timeout=10,
                       json={"inputs": [{"name": "n", "shape": [1], "datatype": "INT64", "data": [3]}]})
 
+
+def test_sigterm_is_prompt_with_a_client_that_never_reads_its_reply(tmp_path):
+    """A reply its client stopped reading once held a graceful shutdown for the whole read timeout
+    (30 s here); it is dropped 2 s after the client last read, as a stalled request body is."""
+    onnx.save(fill_model(), str(tmp_path / "fill.onnx"))
+    with serve_process(str(tmp_path / "fill.onnx"), "--backend", "ort-cpu") as (proc, port):
+        idle = open_descriptors(proc.pid)
+        sock = _not_reading(port, 10_000_000)
+        assert _descriptors_become(proc.pid, lambda n: n > idle, 10), "the server never took the connection"
+        time.sleep(0.5)  # the reply is computed and buffered
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - start
+        sock.close()
+    assert code == 0 and took < 15, took

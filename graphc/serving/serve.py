@@ -39,7 +39,8 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
           on_ready: Callable[..., None] | None = None,
           **session_options: Any) -> None:
     """Serve until SIGINT or SIGTERM, then finish in-flight requests and return normally (a
-    request whose body stops arriving for ``SHUTDOWN_IDLE`` seconds is closed unanswered).
+    request whose body stops arriving, or a reply its client stops reading, for ``SHUTDOWN_IDLE``
+    seconds is dropped).
 
     Models load and the port is bound before anything else, so a bad model or a port in use
     raises (``gc.ModelLoadError``, ``graphc.errors.ServeError``) before the server starts.

@@ -34,8 +34,9 @@ class DeadlineProtocol(HttpToolsProtocol):
     not in within ``read_timeout`` seconds of its first byte, when a new connection sends nothing
     for that long, or when the client stops reading a reply for that long. A request cut off
     before its headers are complete gets a 408 first. At shutdown, a request whose body is still
-    arriving is closed once it sends nothing for ``SHUTDOWN_IDLE`` seconds: uvicorn would wait
-    for it, so a stalled client held the shutdown for the whole read timeout."""
+    arriving is closed once it sends nothing for ``SHUTDOWN_IDLE`` seconds, and a reply the
+    client stops reading is dropped after as long: uvicorn would wait for them, so a stalled
+    client held the shutdown for the whole read timeout."""
 
     def __init__(self, *args: Any, read_timeout: float = DEFAULT_READ_TIMEOUT, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -43,6 +44,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._read_deadline: asyncio.TimerHandle | None = None
         self._write_deadline: asyncio.TimerHandle | None = None
         self._idle_deadline: asyncio.TimerHandle | None = None  # armed at shutdown, reset by each byte
+        self._write_wait = read_timeout  # seconds a reply may go unread; SHUTDOWN_IDLE once shutting down
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -71,6 +73,9 @@ class DeadlineProtocol(HttpToolsProtocol):
         receiving = self._read_deadline is not None and not self.pipeline
         if receiving and self.cycle is not None and not self.cycle.response_complete:
             self._idle_deadline = self.loop.call_later(SHUTDOWN_IDLE, self._expire)
+        self._write_wait = SHUTDOWN_IDLE
+        if self._write_deadline is not None:  # a reply the client is not reading
+            self._arm_write_deadline()
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -78,7 +83,7 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def _arm_write_deadline(self) -> None:
         self._cancel("_write_deadline")
-        self._write_deadline = self.loop.call_later(self.read_timeout, self._abort)
+        self._write_deadline = self.loop.call_later(self._write_wait, self._abort)
 
     def _abort(self) -> None:
         """The client stopped reading its reply: drop the connection and the reply buffered for it
