@@ -388,3 +388,28 @@ def test_sigterm_is_prompt_with_a_client_that_never_reads_its_reply(tmp_path):
         took = time.monotonic() - start
         sock.close()
     assert code == 0 and took < 15, took
+
+
+MALFORMED = {  # what the client sent after the request line and Host, what the parser says of it
+    "chunk size": (b"Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n", "invalid character in chunk size"),
+    "Content-Length": (b"Content-Length: 99999999999999999999\r\n\r\n{}", "content-length"),
+    "both lengths": (b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n", "content-length"),
+    "header value": (b"X-Bad: a\x01b\r\nContent-Length: 2\r\n\r\n{}", "header value"),
+}
+
+
+def test_a_request_the_http_parser_refuses_gets_a_json_400_naming_why(model_file):
+    """uvicorn answered these with a text/plain "Invalid HTTP request received.", not the
+    {"error": ...} every other error is, and without saying what was wrong."""
+    with serve_process(str(model_file), "--backend", "numpy") as (_, port):
+        for case, (rest, why) in MALFORMED.items():
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock.sendall(b"POST /v2/models/mixed/infer HTTP/1.1\r\nHost: x\r\n" + rest)
+            reply = _reply(sock)
+            assert closed_by_server(sock, time.monotonic() + 5), case
+            sock.close()
+            head, body = reply.split(b"\r\n\r\n", 1)
+            assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), (case, reply)
+            message = json.loads(body)["error"]
+            assert message.startswith("invalid HTTP request: ") and why in message.lower(), (case, message)
+        assert good_request(port).status_code == 200

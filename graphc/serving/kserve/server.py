@@ -13,12 +13,14 @@ import errno
 import inspect
 import resource
 import socket
+import sys
 from typing import Any, Callable
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from graphc.errors import ServeError
+from graphc.serving.kserve.protocol import error_body
 
 DEFAULT_READ_TIMEOUT = 30.0
 # At shutdown, seconds a request still arriving may go without sending a byte before it is closed.
@@ -99,6 +101,16 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._cancel("_write_deadline")
         self._cancel("_idle_deadline")
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's reply to a request its HTTP parser refuses, as ``{"error": ...}`` like every
+        other error, naming what the parser found (it is called while handling the parser's error)."""
+        found = sys.exc_info()[1]
+        body = error_body(f"invalid HTTP request: {found}" if found is not None and str(found) else msg)
+        head = [b"%s: %s\r\n" % pair for pair in self.server_state.default_headers]
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\n%scontent-type: application/json\r\ncontent-length: %d\r\n"
+                             b"connection: close\r\n\r\n%s" % (b"".join(head), len(body), body))
+        self.transport.close()
 
     def _cancel(self, name: str) -> None:
         handle = getattr(self, name)
