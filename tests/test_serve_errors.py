@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
 
 import httpx
 import numpy as np
@@ -192,6 +193,27 @@ def test_oversized_body_by_content_length(http):
 def test_oversized_body_while_streaming(http):
     chunks = (b"x" * 4096 for _ in range(LIMIT // 4096 + 4))  # chunked: no Content-Length to check
     check(http, http.post("/v2/models/mixed/infer", content=chunks), 413, "exceeds the server's limit")
+
+
+@pytest.mark.parametrize("path, length", [("/v2/models/mixed/infer", 10 * LIMIT), ("/v2/models/nope/infer", 100),
+                                          ("/v2/health/live", 100)])
+def test_an_answer_before_the_100_continue_closes_the_connection(http, path, length):
+    """A client that waits for ``100 Continue`` and gets an answer instead never sends its body;
+    the connection stayed open for it, and the client's next request on it was read as that body."""
+    sock = socket.create_connection((http.base_url.host, http.base_url.port), timeout=10)
+    sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nExpect: 100-Continue\r\n\r\n"
+                 % (path.encode(), length))
+    reply = b""
+    sock.settimeout(5)
+    try:
+        while chunk := sock.recv(65536):
+            reply += chunk
+    except TimeoutError:
+        pytest.fail(f"the connection was kept open after {reply[:60]!r}")
+    finally:
+        sock.close()
+    head = reply.split(b"\r\n\r\n", 1)[0].lower()
+    assert not head.startswith(b"http/1.1 100") and b"connection: close" in head, reply
 
 
 def test_gzip_bodies_are_read_and_bombs_refused(http):

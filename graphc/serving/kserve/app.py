@@ -63,6 +63,8 @@ class KServeApp(FastAPI):
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
+        if (b"expect", b"100-continue") in ((k, v.lower()) for k, v in scope["headers"]):
+            receive, send = _closing_unless_continued(receive, send)
         if scope["method"] == "POST" and await self._infer(scope, receive, send):
             return
         started = False
@@ -130,6 +132,26 @@ def _describe_infer(schema: dict[str, Any]) -> None:
                               ("415", "Unsupported Content-Encoding"), ("500", "Internal error"),
                               ("503", "Backend unavailable"))}},
         }
+
+
+def _closing_unless_continued(receive: Any, send: Any) -> tuple[Any, Any]:
+    """``receive`` and ``send`` for a request that waits for ``100 Continue`` (the server sends it
+    when the app first reads the body): answered without it, the client never sends the body, so
+    the reply says ``connection: close``; the connection would otherwise wait for that body, and
+    read the client's next request as it."""
+    continued = False
+
+    async def reading() -> Any:
+        nonlocal continued
+        continued = True
+        return await receive()
+
+    async def sending(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start" and not continued:
+            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+        await send(message)
+
+    return reading, sending
 
 
 class _AsgiEndpoint:
