@@ -322,7 +322,8 @@ def fill_model() -> onnx.ModelProto:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("ConstantOfShape", ["n"], ["y"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.5]))],
+        [helper.make_node("ConstantOfShape", ["n"], ["y"],
+                          value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.5]))],
         "fill", [helper.make_tensor_value_info("n", TensorProto.INT64, [1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
