@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
+import onnx.shape_inference
 import onnx_ir as ir
 from onnx_ir.passes.common import InlinePass
 
@@ -129,7 +132,59 @@ def _body(node: ir.Node, opset: int) -> onnx.FunctionProto | None:
             body.node.append(onnx.helper.make_node("Constant", [], [name], value=onnx.helper.make_tensor(name, 1, [0], [])))
     del body.opset_import[:]
     body.opset_import.append(onnx.helper.make_opsetid("", opset))
+    return _typed(body, node, schema)
+
+
+def _typed(body: onnx.FunctionProto, node: ir.Node, schema: onnx.defs.OpSchema) -> onnx.FunctionProto:
+    """``body`` with its float32 Constants in the type of the node's float inputs where onnx writes
+    them float32 whatever that type is and the body then fails type inference
+    (MeanVarianceNormalization's epsilon, added to a double or float16 input); ``body`` as it is
+    where it type-checks, its inputs are untyped, or retyping does not make it type-check."""
+    inputs = [v for v in node.inputs if v is not None]
+    if not _infers(body, inputs, node, schema):
+        floats = {v.dtype for v in inputs if v.dtype is not None and v.dtype.is_floating_point()}
+        if len(floats) == 1 and (dtype := floats.pop()) != ir.DataType.FLOAT:
+            retyped = onnx.FunctionProto()
+            retyped.CopyFrom(body)
+            for inner in retyped.node:
+                if inner.op_type == "Constant" and inner.domain in _STANDARD:
+                    _retype_constant(inner, dtype.numpy())
+            if _infers(retyped, inputs, node, schema):
+                return retyped
     return body
+
+
+def _infers(body: onnx.FunctionProto, inputs: list[ir.Value], node: ir.Node, schema: onnx.defs.OpSchema) -> bool:
+    """Whether onnx's type inference accepts ``body`` on the node's input types and attributes
+    (true where an input is untyped: nothing to check against)."""
+    if any(v.type is None for v in inputs):
+        return True
+    attributes = {name: a.default_value for name, a in schema.attributes.items() if a.default_value.HasField("name")}
+    for name, attribute in node.attributes.items():
+        attributes[name] = ir.serde.serialize_attribute(attribute)
+    types = [ir.serde.serialize_value(v).type for v in inputs]
+    try:
+        onnx.shape_inference.infer_function_output_types(body, types, list(attributes.values()))
+    except onnx.shape_inference.InferenceError:
+        return False
+    return True
+
+
+def _retype_constant(node: onnx.NodeProto, dtype) -> None:
+    """A float32 ``Constant`` (``value``, ``value_float`` or ``value_floats``) turned, in place,
+    into one of ``dtype``."""
+    for i, attribute in enumerate(node.attribute):
+        if attribute.ref_attr_name:  # the node's own attribute (MeanVarianceNormalization's axes)
+            continue
+        value = onnx.helper.get_attribute_value(attribute)
+        if attribute.name == "value" and value.data_type == onnx.TensorProto.FLOAT:
+            array = onnx.numpy_helper.to_array(value)
+        elif attribute.name in ("value_float", "value_floats"):
+            array = np.asarray(value, np.float32)
+        else:
+            continue
+        tensor = onnx.numpy_helper.from_array(array.astype(dtype), attribute.name)
+        node.attribute[i].CopyFrom(onnx.helper.make_attribute("value", tensor))
 
 
 def _registered(versions, opset: int) -> int | None:

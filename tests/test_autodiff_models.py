@@ -442,6 +442,42 @@ def test_clip6_bounds_take_the_input_dtype_when_upgraded():
     graphc.training.generate(model, graphc.losses.mse("y", label="t"), graphc.optim.SGD(0.1))
 
 
+
+def _mvn_model(dtype) -> onnx.ModelProto:
+    """total = sum(MeanVarianceNormalization(x * w) * c), all in ``dtype``."""
+    rng = np.random.default_rng(0)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    nodes = [helper.make_node("Mul", ["x", "w"], ["xw"]), helper.make_node("MeanVarianceNormalization", ["xw"], ["y"]),
+             helper.make_node("Mul", ["y", "c"], ["yc"]), helper.make_node("ReduceSum", ["yc"], ["total"], keepdims=0)]
+    inits = [numpy_helper.from_array(rng.uniform(0.5, 1.5, (3, 4, 1)).astype(dtype), "w"),
+             numpy_helper.from_array(rng.standard_normal((2, 3, 4, 1)).astype(dtype), "c")]
+    graph = helper.make_graph(nodes, "mvn", [helper.make_tensor_value_info("x", elem, [2, 3, 4, 1])],
+                              [helper.make_tensor_value_info("total", elem, [])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_mean_variance_normalization_gradient_is_typed_by_its_input(dtype):
+    """MeanVarianceNormalization has no rule: autodiff goes through onnx's function body, whose
+    epsilon is a float32 Constant whatever x's type. The expansion takes x's type, so the double
+    and float16 gradients are valid ONNX, run on onnxruntime and keep the param's dtype; the
+    double one matches float64 central differences, the float16 one the double one."""
+    model = graphc.load(_mvn_model(dtype))
+    grads = graphc.grad(model, "total", ["w"])
+    onnx.checker.check_model(grads.proto, full_check=True)
+    x = np.random.default_rng(1).standard_normal((2, 3, 4, 1))
+    analytic = run_numpy(grads.proto, {"x": x.astype(dtype)})["w_grad"]
+    assert analytic.dtype == dtype
+    np.testing.assert_allclose(run_ort(grads.proto, {"x": x.astype(dtype)})["w_grad"], analytic,
+                               **({"rtol": 1e-9, "atol": 1e-12} if dtype == np.float64 else {"rtol": 0.05, "atol": 0.02}))
+    exact = graphc.grad(graphc.load(_mvn_model(np.float64)), "total", ["w"]).proto
+    w, eps = model.params["w"].astype(np.float64), 1e-6
+    numeric = np.array([(run_numpy(exact, {"x": x, "w": w + eps * d})["total"]
+                         - run_numpy(exact, {"x": x, "w": w - eps * d})["total"]) / (2 * eps)
+                        for d in np.eye(w.size).reshape(w.size, *w.shape)]).reshape(w.shape)
+    np.testing.assert_allclose(analytic, numeric, **({"rtol": 1e-6, "atol": 1e-8} if dtype == np.float64
+                                                     else {"rtol": 0.05, "atol": 0.02}))
+
 def _branch_tile_model(axes_as: str) -> onnx.ModelProto:
     """loss = sum(y^2), y = If(sum(x) > 0, tile(unsqueeze(x * w, axes), reps), tile(unsqueeze(x - w,
     axes), reps)): the branches read ``axes`` and ``reps`` from the main graph (``axes`` a Constant
