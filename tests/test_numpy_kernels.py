@@ -202,6 +202,13 @@ CASES = [
        [r(1, 2, 3, 4), None, lambda dt: np.array([1, 1, 1.7, 0.6], np.float32)],
        {"mode": mode, "coordinate_transformation_mode": "align_corners"}, 19, (F32,), 1)
       for mode in ("linear", "cubic", "nearest")],
+    # tf_half_pixel_for_nn (opsets 11-17): x_in = (x_out + 0.5) / scale; scales without ties at float32 vs float64
+    *[(f"resize_tf_half_pixel_for_nn_{mode}_{nearest}_{i}", "Resize",
+       [r(1, 2, 4, 5), None, lambda dt, s=scales: np.array([1, 1, *s], np.float32)],
+       {"mode": mode, "nearest_mode": nearest, "coordinate_transformation_mode": "tf_half_pixel_for_nn"}, 13, (F32,), 1)
+      for mode, nearest in [("nearest", n) for n in ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")]
+      + [("linear", "round_prefer_floor")]
+      for i, scales in enumerate([(1.5, 0.8), (2.0, 3.0), (0.5, 0.75)])],
     ("resize_policy_align_corners", "Resize", [r(2, 4, 3), None, None, ints([5, 7])],
      {"mode": "linear", "axes": [2, 1], "keep_aspect_ratio_policy": "not_larger",
       "coordinate_transformation_mode": "align_corners"}, 19, (F32,), 1),

@@ -29,6 +29,8 @@ def _source_coords(out_len, in_len, scale, mode, roi_start=0.0, roi_end=1.0):
         return o * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros(out_len)
     if mode == "asymmetric":
         return o / scale
+    if mode == "tf_half_pixel_for_nn":  # opsets 11-17
+        return (o + 0.5) / scale
     if mode == "tf_crop_and_resize":
         if out_len > 1:
             return roi_start * (in_len - 1) + o * (roi_end - roi_start) * (in_len - 1) / (out_len - 1)
