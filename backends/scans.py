@@ -3,9 +3,10 @@
 onnxruntime 1.31 fails a Scan whose scanned inputs have length 0 ("Invalid dim0_offset of 0"),
 where ONNX makes the final states the initial ones and the scan outputs of length 0 (a
 ``gc.scan`` over an empty batch of sequences, and the tape of its gradient). The session's copy
-runs each Scan of the main graph as the else branch of an If on that length; the then branch
-gives the states as they came and each scan output empty, of the body's static dims (unknown
-dims 0) with 0 at its axis: the shape onnxruntime gives a Loop's scan output of no iterations.
+runs each Scan, in the main graph and in subgraphs (a Loop's body, an If's branches), as the
+else branch of an If on that length; the then branch gives the states as they came and each
+scan output empty, of the body's static dims (unknown dims 0) with 0 at its axis: the shape
+onnxruntime gives a Loop's scan output of no iterations.
 A Scan whose body leaves a scan output's rank or type unknown is left as it is.
 """
 
@@ -22,17 +23,50 @@ __all__ = ["guard_empty"]
 
 
 def guard_empty(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` itself when its main graph has no Scan to guard, else a copy in which each runs
-    under an If on its length (the module docstring)."""
-    if not any(_is_scan(n) for n in model.graph.node) or ai_onnx_opset(model) < 9:  # Scan-8: not rewritten
+    """``model`` itself when it has no Scan to guard, else a copy in which each runs under an If
+    on its length (the module docstring), in the main graph and in every subgraph (Loop and If
+    bodies, Scan bodies)."""
+    if ai_onnx_opset(model) < 9:  # Scan-8: not rewritten
         return model
-    declared = {v.name: v.type.tensor_type for v in [*model.graph.input, *model.graph.value_info]}
-    nodes, changed = [], False
-    for node in model.graph.node:
-        guarded = _guarded(node) if _is_scan(node) and not _steps(node, declared) else None
-        nodes += guarded or [node]
-        changed = changed or guarded is not None
-    return with_nodes(model, nodes) if changed else model
+    nodes = _guard_nodes(model.graph.node, _declared(model.graph, {}))
+    return model if nodes is None else with_nodes(model, nodes)
+
+
+def _declared(graph: onnx.GraphProto, outer: dict) -> dict:
+    """Name -> declared tensor type of the values ``graph`` sees: its own inputs and value_info
+    over the enclosing graphs' (a subgraph reads outer values by name)."""
+    return {**outer, **{v.name: v.type.tensor_type for v in [*graph.input, *graph.value_info]}}
+
+
+def _guard_nodes(nodes, declared: dict) -> list[onnx.NodeProto] | None:
+    """``nodes`` with each Scan whose length may be 0 guarded, subgraphs included; None when
+    none is."""
+    out, changed = [], False
+    for node in nodes:
+        inner = _with_guarded_subgraphs(node, declared)
+        guarded = _guarded(inner) if _is_scan(inner) and not _steps(inner, declared) else None
+        out += guarded or [inner]
+        changed = changed or guarded is not None or inner is not node
+    return out if changed else None
+
+
+def _with_guarded_subgraphs(node: onnx.NodeProto, declared: dict) -> onnx.NodeProto:
+    """``node`` itself when no graph attribute of it holds a Scan to guard, else a copy whose
+    graph attributes have theirs guarded."""
+    rewritten = {}
+    for i, attribute in enumerate(node.attribute):
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            nodes = _guard_nodes(attribute.g.node, _declared(attribute.g, declared))
+            if nodes is not None:
+                rewritten[i] = nodes
+    if not rewritten:
+        return node
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    for i, nodes in rewritten.items():
+        del copy.attribute[i].g.node[:]
+        copy.attribute[i].g.node.extend(nodes)
+    return copy
 
 
 def _is_scan(node: onnx.NodeProto) -> bool:

@@ -4,6 +4,7 @@ and compared with the same computation in plain Python, in symbolic and eager ca
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 import graphc as gc
@@ -179,3 +180,29 @@ def test_scan_over_no_rows_gives_the_initial_carry_and_empty_ys(backend):
                                rtol=1e-6)  # with rows, as before
     eager = gc.capture(f, h=h, x=x)
     assert [s.shape for s in eager.outputs] == [(3,), (0, 3)]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("inside", ["if", "loop"])
+def test_scan_over_no_rows_inside_a_subgraph(backend, inside):
+    """A Scan in an If branch or a Loop body over a run-time length of 0 gives its initial carry
+    (graphc's onnxruntime sessions guard Scans in subgraphs too, and the guarded copy is valid)."""
+    from graphc.backends import scans
+
+    def scan_sum(h, x):
+        return gc.scan(lambda c, row: (c + row, gc.relu(c * row)), h, x)[0]
+
+    def f(p, h, x):
+        if inside == "if":
+            return gc.cond(p, scan_sum, lambda h, x: h * 2.0, h, x)
+        return gc.fori_loop(0, 2, lambda i, c: gc.where(p, scan_sum(c, x), c * 2.0), h)
+
+    model = gc.capture(f, p=gc.spec("bool", ()), h=gc.spec("float32", (3,)), x=gc.spec("float32", ("T", 3)))
+    check(model)
+    onnx.checker.check_model(scans.guard_empty(model.proto), full_check=True)
+    session, h = gc.Session(model, backend=backend), rng(3).standard_normal(3).astype(np.float32)
+    steps = 2 if inside == "loop" else 1
+    for x in (np.zeros((0, 3), np.float32), X):
+        np.testing.assert_allclose(session.run({"p": np.array(True), "h": h, "x": x})["output"], h + steps * x.sum(0),
+                                   rtol=1e-6)
+    np.testing.assert_allclose(session.run({"p": np.array(False), "h": h, "x": X})["output"], h * 2.0 ** steps)
