@@ -288,3 +288,23 @@ def test_dilated_same_max_pool_matches_onnx_reference(auto_pad):
     got = NumpyBackend().prepare(model).run({"x": x})["y"]
     assert got.shape == want.shape == (1, 2, 5, 6)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("coordinates", ["half_pixel", "asymmetric", "pytorch_half_pixel"])
+@pytest.mark.parametrize(("n", "scale"), [(5, 1.4), (10, 0.7), (10, 1.3), (10, 0.9)])
+def test_resize_size_from_a_float32_scale_matches_onnx_reference(n, scale, mode, coordinates):
+    # output = floor(n * scale) with the float32 scale multiplied in double, as onnx's shape
+    # inference and reference have it: 5 * 1.4f = 6.99999988 -> 6. onnxruntime 1.31 multiplies in
+    # float32 (5 * 1.4f rounds to 7.0 -> 7), so it is not the oracle for these sizes.
+    from onnx.reference import ReferenceEvaluator
+
+    x = np.random.default_rng(0).standard_normal((1, 2, 3, n)).astype(np.float32)
+    scales = helper.make_tensor("scales", TensorProto.FLOAT, [4], [1, 1, 1, scale])
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode, coordinate_transformation_mode=coordinates)
+    model = _model([node], [_vi("x", shape=x.shape)], [_vi("y")], [scales], opset=19)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0].type.tensor_type.shape
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    got = NumpyBackend().prepare(model).run({"x": x})["y"]
+    assert got.shape == want.shape == tuple(d.dim_value for d in inferred.dim) == (1, 2, 3, round(n * scale) - 1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -123,8 +123,8 @@ def _plan_sizes(x, scales, sizes, axes, policy):
             out[a], full_scales[a] = sizes[i], ratios[i]
     else:
         scales = [float(v) for v in np.asarray(scales).ravel()]
-        for i, a in enumerate(axes):
-            out[a] = int(math.floor(x.shape[a] * scales[i]))
+        for i, a in enumerate(axes):  # the float32 scale times the dim in double, as onnx's shape inference
+            out[a] = int(math.floor(x.shape[a] * scales[i]))  # and reference have it (onnxruntime: in float32)
             full_scales[a] = scales[i]
     return out, full_scales
 
