@@ -32,6 +32,7 @@ DEAD_ROW = MASK.copy()
 DEAD_ROW[1] = False  # query 1 attends to no key: torch gives it zeros (and a zero gradient)
 ZERO_ROW = X.copy()
 ZERO_ROW[0, 1] = 0  # normalize's gradient there is finite in torch (1/eps), not nan
+IMG_5X10 = np.random.default_rng(7).standard_normal((1, 2, 5, 10)).astype(np.float32)
 NEG = np.zeros(X.shape, bool)
 NEG[0, :, 1], NEG[1, 0] = True, True  # x[0, :, 1] all -inf: its logsumexp is -inf, as torch's
 
@@ -109,6 +110,10 @@ CASES = [
     ("interpolate_align", lambda M, x: M.interpolate(x, size=(5, 7), mode="bilinear", align_corners=True), IMG, {},
      None),
     ("interpolate_linear", lambda M, x: M.interpolate(x, size=7, mode="linear"), X, {}, None),
+    # 5 * 1.4 and 10 * 0.7: float32 scales would floor to 6 (ONNX) where PyTorch gives 7
+    *[(f"interpolate_{mode}_float32_scale_{sf}",
+       lambda M, x, mode=mode, sf=sf: M.interpolate(x, scale_factor=sf, mode=mode), IMG_5X10, {}, None)
+      for mode in ("nearest", "bilinear") for sf in (1.4, (1.4, 0.7))],
     ("sdpa", lambda M, q: M.scaled_dot_product_attention(q, q * 0.5, q), Q, {},
      lambda q: _attention(q, q * 0.5, q, np.ones((5, 5), bool))),
     ("sdpa_causal", lambda M, q: M.scaled_dot_product_attention(q, q, q, is_causal=True), Q, {},

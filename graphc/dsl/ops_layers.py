@@ -377,16 +377,31 @@ def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str
         if mode == "bicubic":
             attrs["cubic_coeff_a"] = -0.75
     if scale_factor is not None:
-        scales = [1.0, 1.0] + [float(s) for s in (scale_factor if isinstance(scale_factor, (tuple, list))
-                                                  else [scale_factor] * nd)]
-        return emit("Resize", [x, None, constant(np.asarray(scales, np.float32))], attrs)
-    sizes = ints(size, nd, "size")
+        factors = [float(s) for s in (scale_factor if isinstance(scale_factor, (tuple, list)) else [scale_factor] * nd)]
+        sizes = _sizes_scales_miss(x, factors)
+        if sizes is None:
+            return emit("Resize", [x, None, constant(np.asarray([1.0, 1.0, *factors], np.float32))], attrs)
+    else:
+        sizes = ints(size, nd, "size")
     if current().opset >= 18:  # the spatial sizes alone (``axes``), so N and C may be symbolic
         attrs["axes"] = list(range(2, nd + 2))
         return emit("Resize", [x, None, None, const_i64(sizes)], attrs)
     lead = emit("Slice", [emit("Shape", [x]), const_i64([0]), const_i64([2])])
     return emit("Resize", [x, None, None, concat([lead, const_i64(sizes)])], attrs)
 
+
+
+def _sizes_scales_miss(x: Tensor, factors: list[float]) -> list[int] | None:
+    """PyTorch's output sizes, ``floor(n * factor)`` in double, where the float32 scales would give
+    others: ONNX floors ``n * float32(factor)`` (onnx's shape inference and reference, the numpy
+    backend), so 5 * 1.4 gives 6 (onnxruntime's float32 product gives 7). Such sizes are written
+    as ``sizes``, whose implied scales are the factors to within float32 rounding. None where the
+    scales give PyTorch's sizes, or a spatial dim is symbolic (the scales are kept)."""
+    dims = x.shape[2:]
+    if not all(isinstance(n, int) for n in dims):
+        return None
+    want = [math.floor(n * f) for n, f in zip(dims, factors)]
+    return want if want != [math.floor(n * float(np.float32(f))) for n, f in zip(dims, factors)] else None
 
 # -- attention --------------------------------------------------------------------------------
 
