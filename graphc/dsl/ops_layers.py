@@ -390,7 +390,6 @@ def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str
     return emit("Resize", [x, None, None, concat([lead, const_i64(sizes)])], attrs)
 
 
-
 def _sizes_scales_miss(x: Tensor, factors: list[float]) -> list[int] | None:
     """PyTorch's output sizes, ``floor(n * factor)`` in double, where the float32 scales would give
     others: ONNX floors ``n * float32(factor)`` (onnx's shape inference and reference, the numpy
@@ -402,6 +401,7 @@ def _sizes_scales_miss(x: Tensor, factors: list[float]) -> list[int] | None:
         return None
     want = [math.floor(n * f) for n, f in zip(dims, factors)]
     return want if want != [math.floor(n * float(np.float32(f))) for n, f in zip(dims, factors)] else None
+
 
 # -- attention --------------------------------------------------------------------------------
 
