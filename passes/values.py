@@ -1,6 +1,7 @@
 """Small helpers every pass shares over onnx-ir values and graphs: the ai.onnx opset, a
 value's shape as a tuple, its constant as numpy, a node's constant axes, a value swapped for
-another, a node's attributes as plain values, fresh names, which nodes draw random numbers.
+another, a node's attributes as plain values, fresh names, which nodes draw random numbers,
+which nodes stop gradients.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["RANDOM_OPS", "const_array", "const_axes", "const_scalar", "draws_random", "fixed_array", "fresh_name",
-           "node_attrs", "onnx_opset", "replace_value", "static_shape"]
+__all__ = ["RANDOM_OPS", "STOP_GRADIENT_KEY", "const_array", "const_axes", "const_scalar", "draws_random",
+           "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "replace_value", "static_shape", "stops_gradient"]
 
 Dim = int | str | None
 StaticShape = tuple[Dim, ...]
@@ -39,6 +40,16 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
         return None
     tensor = ir.convenience.get_const_tensor(value)
     return None if tensor is None else tensor.numpy()
+
+
+# node metadata: an Identity that passes its value forward and no gradient back (``gc.detach``);
+# ONNX has no stop-gradient op, so the mark is on the node and survives save and load
+STOP_GRADIENT_KEY = "graphc.stop_gradient"
+
+
+def stops_gradient(node: ir.Node) -> bool:
+    """Whether ``node`` is a ``gc.detach`` Identity: autodiff sends no gradient through it."""
+    return node.op_type == "Identity" and node.metadata_props.get(STOP_GRADIENT_KEY) == "true"
 
 
 # ops whose kernels draw random numbers: each run draws anew, two equal nodes are two draws

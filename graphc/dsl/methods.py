@@ -126,7 +126,7 @@ METHODS = {
     "flatten": lambda a, start_dim=0, end_dim=-1: ops.flatten(a, start_dim, end_dim),
     "sum": _reduction(ops.sum), "mean": _reduction(ops.mean),
     "max": _reduction(ops.max, ops.maximum), "min": _reduction(ops.min, ops.minimum),
-    "astype": lambda a, dtype: ops.cast(a, dtype),
+    "astype": lambda a, dtype: ops.cast(a, dtype), "detach": ops.detach,
     "relu": ops.relu, "exp": ops.exp, "log": ops.log, "sqrt": ops.sqrt,
     "softmax": _softmax_method(ops.softmax), "log_softmax": _softmax_method(ops.log_softmax),
 }

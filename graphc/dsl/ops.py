@@ -18,6 +18,7 @@ from graphc.errors import CaptureError
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.passes.infer import InferenceError, broadcast
+from graphc.passes.values import STOP_GRADIENT_KEY
 
 # -- operands ---------------------------------------------------------------------------------
 
@@ -255,6 +256,16 @@ def cast(x: Tensor, dtype: Any) -> Tensor:
     return emit("Cast", [lift(x)], {"to": as_dtype(dtype).onnx})
 
 
+def detach(x: Tensor) -> Tensor:
+    """``x``'s value, through which no gradient flows back (``torch.Tensor.detach``,
+    ``jax.lax.stop_gradient``): ``x + (q - x).detach()`` is a straight-through estimator.
+    An Identity node marked ``graphc.stop_gradient`` in its metadata, so the mark survives save
+    and load. Signature: ai.onnx@21::Identity"""
+    y = emit("Identity", [lift(x)], name_hint="detach")
+    y.value.producer().metadata_props[STOP_GRADIENT_KEY] = "true"
+    return y
+
+
 # -- linear algebra ---------------------------------------------------------------------------
 
 
@@ -461,7 +472,7 @@ def min(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa:
 
 
 __all__ = [
-    "abs", "cast", "clip", "concat", "exp", "gelu", "log", "log_softmax", "matmul", "max", "maximum",
+    "abs", "cast", "clip", "concat", "detach", "exp", "gelu", "log", "log_softmax", "matmul", "max", "maximum",
     "mean", "min", "minimum", "relu", "reshape", "sigmoid", "softmax", "sqrt", "stack", "sum",
     "tanh", "transpose", "where", "flatten", "squeeze", "unsqueeze", "erf",
 ]

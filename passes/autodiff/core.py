@@ -3,7 +3,8 @@
 ``backward(graph, loss, wrt)`` appends the gradient nodes to ``graph`` in place:
 
 1. restrict to the nodes on a path from a ``wrt`` value to the loss; paths through integer or
-   boolean values carry no gradient (shape arithmetic from Shape/Gather/Concat is skipped);
+   boolean values carry no gradient (shape arithmetic from Shape/Gather/Concat is skipped), nor
+   do paths through a ``gc.detach`` Identity (``stops_gradient``);
 2. walk those nodes in reverse graph order, calling each op type's VJP rule (``RULES``);
 3. undo broadcasting once, here: a gradient a rule returns in a broadcast shape (see
    ``registry``) is summed down to its input's shape (``GradBuilder.sum_to``: ReduceSum over
@@ -28,7 +29,7 @@ from graphc.passes.autodiff.builder import SOURCE_KEY, GradBuilder, is_float, st
 from graphc.passes.autodiff.recurrent import UNROLLED, not_unrolled
 from graphc.passes.autodiff.registry import RULES, GradRule
 from graphc.passes.functions import EXPANDED_FROM
-from graphc.passes.values import onnx_opset
+from graphc.passes.values import onnx_opset, stops_gradient
 
 DEFAULT_OPSET = 21
 RULES_DIR = Path(__file__).resolve().parent  # where the rule files are, as installed
@@ -89,10 +90,11 @@ def own_subgraph_outputs(g: GradBuilder, branch: ir.Graph, outer: ir.Graph) -> N
 
 
 def _on_path(nodes: Sequence[ir.Node], sources: Sequence[ir.Value], sinks: Sequence[ir.Value]):
-    """Nodes on a float path from ``sources`` to ``sinks``, and the values on such paths."""
+    """Nodes on a float path from ``sources`` to ``sinks`` that no stop-gradient node cuts, and
+    the values on such paths."""
     forward = {v for v in sources if is_float(v)}
     for node in nodes:
-        if any(v in forward for v in node_inputs(node)):
+        if not stops_gradient(node) and any(v in forward for v in node_inputs(node)):
             forward.update(v for v in node.outputs if is_float(v))
     needed = {v for v in sinks if v in forward}
     path: list[ir.Node] = []

@@ -47,7 +47,7 @@ from graphc.passes.infer import correct_onnx_inference
 from graphc.passes.training import broadcasts, dense_conv, flat, imports, modes, noise as noise_shapes, optimizers
 from graphc.passes.training import recompute as recomputation, reductions, taps_params
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
-from graphc.passes.values import onnx_opset
+from graphc.passes.values import onnx_opset, stops_gradient
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
 STEP = "step"
@@ -320,13 +320,14 @@ def _select_params(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, 
         constants = {n: why for n, why in constants.items() if n not in chosen}
         forced = chosen
     trainable = [n for n in trainable if n not in frozen]
-    # a param the loss never reads has no gradient: as torch.optim skips a param whose grad is
-    # None, it gets no step and no weight decay (it stays in ``frozen``)
+    # a param the loss never reads (or reads only through gc.detach) has no gradient: as
+    # torch.optim skips a param whose grad is None, it gets no step and no weight decay (it stays in ``frozen``)
     used = _loss_inputs(graph)
     unread = [n for n in trainable if graph.initializers[n] not in used]
     if any(n in forced for n in unread):
-        warnings.warn(f"params {unread} do not reach the loss: they have no gradient and are not updated (no step, "
-                      "no weight decay, as torch.optim skips a param whose grad is None); manifest.frozen lists them",
+        warnings.warn(f"params {unread} do not reach the loss (or only through gc.detach): they have no gradient and "
+                      "are not updated (no step, no weight decay, as torch.optim skips a param whose grad is None); "
+                      "manifest.frozen lists them",
                       UserWarning, stacklevel=4)
     trainable = [n for n in trainable if n not in unread]
     if not trainable:
@@ -348,9 +349,10 @@ def _matching(patterns: Iterable[str], candidates: Sequence[str], option: str) -
 
 
 def _loss_inputs(graph: ir.Graph) -> set[ir.Value]:
+    """The values the loss reads differentiably: not through a ``gc.detach`` (``stops_gradient``)."""
     needed = {_by_name(graph, LOSS)}
     for node in reversed(list(graph)):
-        if any(v in needed for v in node.outputs):
+        if not stops_gradient(node) and any(v in needed for v in node.outputs):
             needed.update(node_inputs(node))
     return needed
 
