@@ -1,5 +1,6 @@
 """``gc.detach`` / ``Tensor.detach()``: the value passes, no gradient flows back, against
-torch.autograd and torch.optim (float64); the stop-gradient mark survives save/load."""
+torch.autograd and torch.optim (float64); the stop-gradient mark survives save/load and
+``gc.optimize`` below level 3."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def _check_grads(model: gc.Model, state: dict, x: np.ndarray) -> None:
         np.testing.assert_allclose(got[f"{name}_grad"], expected, rtol=1e-10, atol=1e-12, err_msg=name)
 
 
-@pytest.mark.parametrize("level", [None])
+@pytest.mark.parametrize("level", [None, 1, 2])
 def test_gradients_stop_at_detach_like_torch(level):
     """capture (-> optimize) -> grad: the STE's gradient is the identity's, the target network
     gets none (zeros, where torch leaves ``.grad`` None)."""
@@ -75,6 +76,15 @@ def test_mark_survives_save_and_load(tmp_path):
     marked = [n for n in proto.graph.node if any(p.key == STOP_GRADIENT_KEY for p in n.metadata_props)]
     assert [n.op_type for n in marked] == ["Identity", "Identity"]
     _check_grads(gc.load(path), net.state_dict(), x)
+
+
+def test_inference_level_drops_the_marks_not_the_values():
+    net, x = _net_and_batch()
+    model = gc.capture(net, x=gc.spec("float64", ("N", 4)))
+    optimized = gc.optimize(model, level=3)
+    assert "Identity" not in [n.op_type for n in optimized.ir.graph]
+    np.testing.assert_allclose(gc.Session(optimized, backend="ort-cpu").run({"x": x})["output"],
+                               _torch_loss(net.state_dict(), x)[0].item(), rtol=1e-12)
 
 
 def test_training_steps_match_torch_and_detached_params_stay_put():
@@ -106,3 +116,21 @@ def test_training_steps_match_torch_and_detached_params_stay_put():
                                        err_msg=f"step {step} {name}")
     np.testing.assert_array_equal(leaves["target.weight"].detach().numpy(), state["target.weight"])
 
+
+def test_cse_keeps_a_detach_apart_from_a_plain_identity_of_the_same_value():
+    """An imported graph's own Identity and a marked one read the same value: merging them
+    would lose (or add) the stop-gradient. d/dw sum(x*w + detach(x*w)**2) = x."""
+    h = onnx.helper
+    marked = h.make_node("Identity", ["h"], ["s"])
+    marked.metadata_props.add(key=STOP_GRADIENT_KEY, value="true")
+    graph = h.make_graph(
+        [h.make_node("Mul", ["x", "w"], ["h"]), h.make_node("Identity", ["h"], ["p"]), marked,
+         h.make_node("Mul", ["s", "s"], ["s2"]), h.make_node("Add", ["p", "s2"], ["t"]),
+         h.make_node("ReduceSum", ["t"], ["loss"], keepdims=0)], "g",
+        [h.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, [3])],
+        [h.make_tensor_value_info("loss", onnx.TensorProto.DOUBLE, [])],
+        [onnx.numpy_helper.from_array(np.array([0.5, -1.5, 2.0]), "w")])
+    model = gc.optimize(gc.load(h.make_model(graph, opset_imports=[h.make_opsetid("", 21)])), level=1)
+    x = np.array([1.0, 2.0, -3.0])
+    got = gc.Session(gc.grad(model, "loss", wrt=["w"]), backend="numpy").run({"x": x})
+    np.testing.assert_allclose(got["w_grad"], x, rtol=1e-12)

@@ -260,7 +260,7 @@ def detach(x: Tensor) -> Tensor:
     """``x``'s value, through which no gradient flows back (``torch.Tensor.detach``,
     ``jax.lax.stop_gradient``): ``x + (q - x).detach()`` is a straight-through estimator.
     An Identity node marked ``graphc.stop_gradient`` in its metadata, so the mark survives save
-    and load. Signature: ai.onnx@21::Identity"""
+    and load; ``gc.optimize`` keeps it below level 3. Signature: ai.onnx@21::Identity"""
     y = emit("Identity", [lift(x)], name_hint="detach")
     y.value.producer().metadata_props[STOP_GRADIENT_KEY] = "true"
     return y

@@ -11,9 +11,9 @@ from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
 from graphc.passes.optimize.pipeline import Declared, all_nodes
 from graphc.passes.optimize.rules import RulePass, initializer
-from graphc.passes.values import fixed_array
+from graphc.passes.values import STOP_GRADIENT_KEY, fixed_array, stops_gradient
 
-__all__ = ["ScaleIntoLinear", "inference_pass"]
+__all__ = ["ScaleIntoLinear", "StopGradientRemoval", "inference_pass"]
 
 
 class FoldBatchNorm(RewriteRuleClassBase):
@@ -200,6 +200,20 @@ def inference_pass() -> RulePass:
     folds = [FoldBatchNorm(op_type) for op_type in ("Conv", "ConvTranspose", "Gemm")]
     biases = [ConvAddBias(op_type) for op_type in ("Conv", "ConvTranspose")]
     return RulePass("InferenceRewrites", [*folds, *biases, DropoutInference()], commute=True)
+
+
+class StopGradientRemoval(Declared, ir.passes.InPlacePass):
+    """``gc.detach``'s stop-gradient marks dropped: an inference graph has no gradient to stop,
+    and each marked Identity becomes a plain one that identity elimination removes."""
+
+    name = "StopGradientRemoval"
+    idempotent = True
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        marked = [node for node in all_nodes(model.graph) if stops_gradient(node)]
+        for node in marked:
+            del node.metadata_props[STOP_GRADIENT_KEY]
+        return ir.passes.PassResult(model, bool(marked))
 
 
 class ScaleIntoLinear(Declared, ir.passes.InPlacePass):

@@ -22,7 +22,8 @@ LEVELS: dict[int, str] = {
        "by a matrix through Reshapes), "
        "Transpose into Gemm attributes, shape-subgraph folding (symbolic dims kept), Gelu (opset >= 20) and LayerNormalization (>= 17) "
        "fusions; safe for training graphs",
-    3: "inference only: Conv/Gemm+BatchNormalization folding, inference-mode Dropout removal "
+    3: "inference only: gc.detach marks dropped (its Identities removed), Conv/Gemm+BatchNormalization "
+       "folding, inference-mode Dropout removal "
        "(a training-mode Dropout stays random), a constant per-column "
        "scale folded into the Gemm/MatMul before it, constant weight "
        "transposes (and every other constant subgraph, any size) pre-applied; equal parameters "
@@ -55,7 +56,7 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
         gemm_pass,
     )
     from graphc.passes.optimize.fusions import fusion_passes
-    from graphc.passes.optimize.inference import ScaleIntoLinear, inference_pass
+    from graphc.passes.optimize.inference import ScaleIntoLinear, StopGradientRemoval, inference_pass
     from graphc.passes.optimize.library import cleanup_passes, finish_passes
     from graphc.passes.optimize.shape_folding import ShapeFolding
     from graphc.passes.optimize.shape_inference import ShapeInference
@@ -65,7 +66,7 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
     if level >= 3:
         # first: what BatchNormalization/Dropout folding leaves (dead statistics, duplicate
         # weights) is cleaned up in the same round, not one round later
-        loop = [inference_pass(), *loop]
+        loop = [StopGradientRemoval(), inference_pass(), *loop]
     # First in every round: ONNX shape inference fills the types and shapes the rewrites' checks
     # need, then (later rounds) the static dims that the previous round's folding made
     # computable, so that shape arithmetic on them folds in this round.

@@ -19,7 +19,7 @@ import onnx_ir.passes.common as common
 from onnxscript.optimizer import fold_constants_ir
 
 from graphc.passes.optimize.pipeline import SUBGRAPH_OPS, Declared, LibraryPass, all_nodes
-from graphc.passes.values import draws_random, onnx_opset
+from graphc.passes.values import draws_random, onnx_opset, stops_gradient
 
 __all__ = ["CommonSubexpressionElimination", "DeduplicateConstants", "IdentityElimination",
            "LiftConstantsToInitializers", "RemoveUnusedNodes", "cleanup_passes",
@@ -55,10 +55,13 @@ class FoldConstants(Declared, ir.passes.InPlacePass):
     constant), and dead-node removal is ignored until the folder runs again. It folds in node
     order, so what a fold makes constant folds in the same run (``idempotent``).
 
-    One local fix: onnxscript 0.7's SplitToSequence evaluator (since microsoft/onnxscript#2544)
+    Two local fixes: onnxscript 0.7's SplitToSequence evaluator (since microsoft/onnxscript#2544)
     fails the whole fold on a split that is not constant but has a static shape of rank other
     than 1 (it reads ``.ndim`` of the missing value): such a split's shape is hidden from the
-    folder while it runs, so it leaves the node alone, as it does for an unknown shape."""
+    folder while it runs, so it leaves the node alone, as it does for an unknown shape. And its
+    Identity evaluator bypasses every Identity, whatever ``should_fold`` says: a ``gc.detach``
+    Identity (``stops_gradient``) is moved to a domain the model does not import while it runs,
+    which the folder skips, so the stop-gradient mark stays where autodiff will look for it."""
 
     name = "FoldConstants"
     idempotent = True
@@ -78,15 +81,23 @@ class FoldConstants(Declared, ir.passes.InPlacePass):
         hidden = [(v, v.shape) for v in _unfoldable_splits(model)]
         for value, _ in hidden:
             value.shape = None
+        stops = [(node, node.domain) for node in all_nodes(model.graph) if stops_gradient(node)]
+        for node, _ in stops:
+            node.domain = _UNIMPORTED
         try:
             result = fold_constants_ir(model, onnx_shape_inference=False, input_size_limit=self.input_size_limit,
                                        output_size_limit=self.output_size_limit, should_fold=self.should_fold)
         finally:
             for value, shape in hidden:
                 value.shape = shape
+            for node, domain in stops:
+                node.domain = domain
         if self.size_gated:
             self._blocked = _has_constant_node(model)
         return ir.passes.PassResult(model, result.modified)
+
+
+_UNIMPORTED = "graphc.unimported"  # a domain no model imports: the folder leaves its nodes alone
 
 
 def _unfoldable_splits(model: ir.Model) -> list[ir.Value]:
@@ -249,7 +260,9 @@ class CommonSubexpressionElimination(Declared, ir.passes.InPlacePass):
                          value.numpy().tobytes() if value.dtype == ir.DataType.STRING else value.tobytes())
             attributes.append((name, value))
         attributes.sort()
-        return (node.op_identifier(), len(node.outputs), tuple(map(id, node.inputs)), tuple(attributes))
+        # a gc.detach Identity is not a plain one: merging the two would drop or add a stop-gradient
+        return (node.op_identifier(), len(node.outputs), tuple(map(id, node.inputs)), tuple(attributes),
+                stops_gradient(node))
 
 
 def _replace_node(graph: ir.Graph, node: ir.Node, values: Sequence[ir.Value]) -> None:
@@ -281,8 +294,9 @@ class IdentityElimination(Declared, ir.passes.InPlacePass):
     two output Identities), renaming x would merge two outputs into one name; if no node of
     y's own graph produces x (x is an outer-scope value in an If/Loop body, or an
     initializer), the body would return a value it does not compute, which ONNX forbids, and
-    the renaming would rename the outer value. Such a node stays. (Written here because the
-    library pass has no hook for that condition.)"""
+    the renaming would rename the outer value. Such a node stays, and so does a ``gc.detach``
+    Identity (``stops_gradient``) until level 3 drops its mark (``StopGradientRemoval``).
+    (Written here because the library pass has no hook for those conditions.)"""
 
     name = "IdentityElimination"
     effect = IDENTITY
@@ -301,7 +315,8 @@ class IdentityElimination(Declared, ir.passes.InPlacePass):
 
 
 def _eliminate_identity(node: ir.Node) -> bool:
-    if node.op_type != "Identity" or node.domain != "" or len(node.inputs) != 1 or len(node.outputs) != 1:
+    if node.op_type != "Identity" or node.domain != "" or len(node.inputs) != 1 or len(node.outputs) != 1 \
+            or stops_gradient(node):
         return False
     x, y = node.inputs[0], node.outputs[0]
     if x is None:
