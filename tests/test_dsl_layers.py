@@ -299,7 +299,3 @@ def test_batchnorm_checks_the_rank_of_its_input(layer, x, layout):
     with pytest.raises(gc.GraphError, match=rf"{type(layer).__name__}.*expects a {layout} input, got rank {x.ndim}"):
         gc.capture(layer, x=x)
 
-
-def test_batchnorm_momentum_none_is_refused_at_construction():
-    with pytest.raises(gc.GraphError, match=r"BatchNorm2d\(momentum=None\).*cumulative moving average"):
-        nn.BatchNorm2d(3, momentum=None)

@@ -23,6 +23,10 @@ from graphc.passes.values import onnx_opset, static_shape
 
 SOURCE_KEY = "graphc.source"
 BUFFERS_KEY = "graphc.buffers"  # model metadata: the initializers gc.capture made of module buffers, comma-separated
+# BatchNormalization node metadata of torch's cumulative moving average (``momentum=None``): the
+# name of its ``num_batches_tracked`` counter, and the count at capture (training graphs step it)
+COUNTER_KEY = "graphc.num_batches_tracked"
+COUNT_KEY = "graphc.batches_tracked"
 # Models with more initializer bytes than this are saved with external data (protobuf caps a
 # single message at 2 GiB; staying well below keeps onnxruntime and the checker happy).
 EXTERNAL_DATA_THRESHOLD = 1 << 30

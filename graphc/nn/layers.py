@@ -10,6 +10,7 @@ from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops_nn import linear
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
+from graphc.model import COUNT_KEY, COUNTER_KEY
 from graphc.nn import init
 from graphc.nn.module import Module, Parameter
 
@@ -76,15 +77,14 @@ class _BatchNorm(Module):
         super().__init__()
         if not track_running_stats:
             raise CaptureError("BatchNorm with track_running_stats=False is not supported")
-        if momentum is None:
-            raise CaptureError(f"{type(self).__name__}(momentum=None) (torch's cumulative moving average) is not "
-                               "supported; give a float momentum such as 0.1")
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.weight = Parameter(shape=(num_features,), init=init.ones, dtype=dtype) if affine else None
         self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine and bias else None
         self.running_mean = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype, buffer=True)
         self.running_var = Parameter(shape=(num_features,), init=init.ones, dtype=dtype, buffer=True)
-        # PyTorch's counter, kept so state_dict() keys are PyTorch's (the graph never reads it)
+        # PyTorch's counter, kept so state_dict() keys are PyTorch's; with momentum=None (the
+        # cumulative average, factor 1/num_batches_tracked) the BatchNormalization node names it
+        # and its count in metadata, and the training graphs step it as optimizer state
         self.num_batches_tracked = Parameter(shape=(), init=init.zeros, dtype="int64", buffer=True)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -92,8 +92,14 @@ class _BatchNorm(Module):
         if x.ndim not in self._ranks:
             raise op_error(type(self).__name__, [x], f"expects a {self._layout} input, got rank {x.ndim}",
                            user_source())
-        return ops_nn.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                                 training=self.training, momentum=self.momentum, eps=self.eps)
+        y = ops_nn.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                              training=self.training, momentum=0.0 if self.momentum is None else self.momentum,
+                              eps=self.eps)
+        if self.momentum is None:
+            counter = self._parameters["num_batches_tracked"]  # the Parameter: attribute access gives a Tensor
+            y.value.producer().metadata_props.update(
+                {COUNTER_KEY: counter.qualname, COUNT_KEY: str(int(counter.numpy()))})
+        return y
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"

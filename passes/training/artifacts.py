@@ -106,6 +106,8 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     groups = flat.plan(base.graph, params, decays) if fused else []
 
     evaluation, eval_outputs = _eval_graph(base, params, bn_stats, model_outputs)
+    # momentum=None BatchNorms' counters: state of the training graphs only (eval reads none)
+    bn_stats = [*bn_stats, *(modes.add_batch_counters(base.graph) if batchnorm != "frozen" else [])]
     noise: list[str] = []
     slot = [v.name for v in base.graph.outputs].index(loss.output)
     step, gradients, grads, bn_next, grad_outputs, taps = _backward_graphs(base, opset, params, bn_stats, noise,

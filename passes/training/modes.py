@@ -18,8 +18,11 @@
   (``rules_norm.normalize``). Batch statistics normalise the input (biased variance, as
   PyTorch); the running statistics are updated as PyTorch does:
   ``running = m*running + (1-m)*batch`` with ONNX's momentum ``m`` (PyTorch's 1 - momentum) and
-  the *unbiased* batch variance for ``running_var``. It returns ``{stat name: updated value}``
-  for the step to output.
+  the *unbiased* batch variance for ``running_var``; for torch's cumulative moving average
+  (``momentum=None``, the node names its ``num_batches_tracked`` counter in metadata:
+  ``add_batch_counters`` made it an int64 initializer) ``1 - m`` is ``1/num_batches_tracked``
+  after the counter's increment, as torch's. It returns ``{stat name: updated value}`` (the
+  counters' included) for the step to output.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from graphc.errors import PassError
+from graphc.model import COUNT_KEY, COUNTER_KEY
 from graphc.passes.autodiff.rules_norm import affine_as_conv, batch_statistics, normalize
 from graphc.passes.emit import Emitter
 from graphc.passes.training import imports
@@ -42,6 +47,26 @@ def batchnorm_stats(graph: ir.Graph) -> list[str]:
                 if value is not None and value.is_initializer() and value.name not in names:
                     names.append(value.name)
     return names
+
+
+def add_batch_counters(graph: ir.Graph) -> list[str]:
+    """An int64 scalar initializer for each ``num_batches_tracked`` counter a BatchNormalization
+    with torch's cumulative moving average names (``COUNTER_KEY``), holding its count at capture
+    (``COUNT_KEY``), in place; their names."""
+    counters: list[str] = []
+    for node in graph:
+        name = node.metadata_props.get(COUNTER_KEY)
+        if node.op_type != "BatchNormalization" or name is None:
+            continue
+        if name in counters or name in graph.initializers:
+            raise PassError(f"BatchNormalization {node.name!r}: its counter {name!r} (momentum=None) is read by "
+                            "another BatchNormalization or names an existing tensor; a BatchNorm module with "
+                            "momentum=None may run once per forward")
+        count = np.array(int(node.metadata_props.get(COUNT_KEY, "0")), dtype=np.int64)
+        graph.initializers[name] = ir.Value(name=name, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]),
+                                            const_value=ir.tensor(count, name=name))
+        counters.append(name)
+    return counters
 
 
 def own_batchnorm_stats(graph: ir.Graph) -> None:
@@ -243,7 +268,15 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node, device: str)
     batch_var = b.op("Mul", biased_var, unbias)
     if mean_in.dtype != x.dtype:
         batch_mean, batch_var = (b.op("Cast", v, to=mean_in.dtype) for v in (batch_mean, batch_var))
-    m, one_m = b.scalar(momentum, mean_in), b.scalar(1.0 - momentum, mean_in)
+    counter = node.metadata_props.get(COUNTER_KEY)
+    updated = {}
+    if counter is None:
+        m, one_m = b.scalar(momentum, mean_in), b.scalar(1.0 - momentum, mean_in)
+    else:  # torch's cumulative average: factor 1/num_batches_tracked, the counter stepped first
+        count = graph.initializers[counter]
+        updated[counter] = b.op("Add", count, b.scalar(1, count))
+        one_m = b.op("Reciprocal", b.op("Cast", updated[counter], to=mean_in.dtype))
+        m = b.op("Sub", b.scalar(1.0, mean_in), one_m)
     new_mean = b.op("Add", b.op("Mul", mean_in, m), b.op("Mul", batch_mean, one_m))
     new_var = b.op("Add", b.op("Mul", var_in, m), b.op("Mul", batch_var, one_m))
 
@@ -252,7 +285,8 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node, device: str)
         if old is not None:
             replace_value(old, new)
     graph.remove(node, safe=True)
-    return {v.name: new for v, new in ((mean_in, new_mean), (var_in, new_var)) if v.is_initializer()}
+    updated.update({v.name: new for v, new in ((mean_in, new_mean), (var_in, new_var)) if v.is_initializer()})
+    return updated
 
 
 def _fused_after(value: ir.Value) -> bool:
