@@ -91,8 +91,10 @@ def bce_with_logits(x: Tensor, y: Tensor, reduction: str = "mean", weight: Tenso
     x = ops.lift(x)
     y = ops.lift(y, x)
     _same_shape("bce_with_logits", x, y)
-    coef = 1.0 if pos_weight is None else (_like(pos_weight, x) - 1.0) * y + 1.0
-    return _reduce(_weighted((1.0 - y) * x - logsigmoid(x) * coef, weight), reduction)
+    scaled = logsigmoid(x)  # no Mul by 1 without pos_weight: the DSL would emit it, and its gradient
+    if pos_weight is not None:
+        scaled = scaled * ((_like(pos_weight, x) - 1.0) * y + 1.0)
+    return _reduce(_weighted((1.0 - y) * x - scaled, weight), reduction)
 
 
 def _log_where_positive(t: Tensor) -> tuple[Tensor, Tensor]:

@@ -16,8 +16,8 @@ from graphc.model.dtypes import FLOAT_DTYPES
 def true_divide(a: Any, b: Any) -> Tensor:
     """``a / b`` as torch divides: a bool or integer Tensor becomes float32 (or the other
     operand's float dtype) first, never a truncating integer Div. Signature: ai.onnx@14::Div"""
-    a = _to_float(a, b) if isinstance(a, Tensor) else a
-    b = _to_float(b, a) if isinstance(b, Tensor) else b
+    a = to_float(a, b) if isinstance(a, Tensor) else a
+    b = to_float(b, a) if isinstance(b, Tensor) else b
     return binary("Div", a, b)
 
 
@@ -29,7 +29,7 @@ def floor_divide(a: Any, b: Any) -> Tensor:
     a, b = operand_pair(a, b)
     if a.dtype not in FLOAT_DTYPES and b.dtype not in FLOAT_DTYPES:
         return binary("Div", binary("Sub", a, binary("Mod", a, b)), b)
-    a, b = _to_float(a, b), _to_float(b, a)
+    a, b = to_float(a, b), to_float(b, a)
     zero = scalar(0, a)
     mod, wrong_sign = _fmod_and_wrong_sign(a, b)
     div = (a - mod) / b - cast(wrong_sign, a.dtype)
@@ -73,11 +73,11 @@ def _fmod_and_wrong_sign(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return mod, (mod != zero) & ((b < zero) ^ (mod < zero))
 
 
-def _to_float(t: Tensor, other: Any) -> Tensor:
+def to_float(t: Tensor, other: Any = None) -> Tensor:
     """``t``, a bool or integer Tensor cast to ``other``'s float dtype (a Tensor's), else float32."""
     if t.dtype in FLOAT_DTYPES:
         return t
     return cast(t, other.dtype if isinstance(other, Tensor) and other.dtype in FLOAT_DTYPES else "float32")
 
 
-__all__ = ["fmod", "remainder"]
+__all__ = ["fmod", "remainder", "to_float"]

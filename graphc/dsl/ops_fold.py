@@ -15,6 +15,7 @@ from graphc.dsl.ops import constant, lift, reshape, squeeze, unsqueeze
 from graphc.dsl.ops_layers import conv_transpose2d
 from graphc.dsl.ops_nn import conv2d, ints
 from graphc.dsl.tensor import Tensor
+from graphc.passes.infer import windows
 
 # Lowering, measured on onnxruntime 1.31 CPU (1 thread), [8, 64, 32, 32] by 3x3 pad 1, forward and
 # gc.grad backward (scripts/bench_lowerings.py --only unfold; quietest of three runs, same order in
@@ -32,7 +33,7 @@ def _blocks(op: str, x: Tensor, size: tuple, kernel: list[int], dilation: list[i
                        f"padding {padding} non-negative", user_source())
     if not all(isinstance(d, int) for d in size):
         return [None, None]
-    grid = [(n + 2 * p - d * (k - 1) - 1) // s + 1 for n, k, d, p, s in zip(size, kernel, dilation, padding, stride)]
+    grid = [windows(n, k, s, d, p, p, 0) for n, k, d, p, s in zip(size, kernel, dilation, padding, stride)]
     if min(grid) < 1:
         raise op_error(op, [x], f"a {tuple(size)} image padded by {padding} holds {grid} blocks of kernel_size "
                        f"{kernel} at dilation {dilation}; each must be at least one", user_source())

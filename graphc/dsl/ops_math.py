@@ -18,6 +18,7 @@ from graphc.dsl.ops import min as reduce_min
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.ops import unary, where
 from graphc.dsl.ops_array import full_like
+from graphc.dsl.ops_divide import to_float
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, to_numpy
@@ -33,7 +34,7 @@ def square(x: Tensor) -> Tensor:
 
 def reciprocal(x: Tensor) -> Tensor:
     """``1 / x``; an integer or bool Tensor becomes float32 first, as torch's. Signature: ai.onnx@13::Reciprocal"""
-    return unary("Reciprocal", _float(lift(x)))
+    return unary("Reciprocal", to_float(lift(x)))
 
 
 def neg(x: Tensor) -> Tensor:
@@ -94,10 +95,6 @@ def logaddexp(a: Any, b: Any) -> Tensor:
     diff = a - b
     diff = where(unary("IsNaN", diff), scalar(0, diff), diff)
     return maximum(a, b) + log(scalar(1, diff) + exp(-abs_(diff)))
-
-
-def _float(x: Tensor) -> Tensor:
-    return x if x.dtype in FLOAT_DTYPES else cast(x, "float32")
 
 
 # -- logic and tests --------------------------------------------------------------------------
@@ -194,7 +191,7 @@ def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> T
     """``torch.norm`` / ``torch.linalg.vector_norm`` over ``dim`` (None: all): ``p`` 2 or "fro"
     (its gradient at a zero vector is 0, as torch's, not nan), 1, ``inf``, ``-inf``, 0 (the count
     of nonzeros) or any other number (``sum(|x|**p)**(1/p)``)."""
-    x = _float(lift(x))
+    x = to_float(lift(x))
     if p in (2, "fro"):
         total = reduce_sum(x * x, dim, keepdim)
         zero = total == scalar(0, total)
