@@ -141,17 +141,17 @@ def _typed(body: onnx.FunctionProto, node: ir.Node, schema: onnx.defs.OpSchema) 
     (MeanVarianceNormalization's epsilon, added to a double or float16 input); ``body`` as it is
     where it type-checks, its inputs are untyped, or retyping does not make it type-check."""
     inputs = [v for v in node.inputs if v is not None]
-    if not _infers(body, inputs, node, schema):
-        floats = {v.dtype for v in inputs if v.dtype is not None and v.dtype.is_floating_point()}
-        if len(floats) == 1 and (dtype := floats.pop()) != ir.DataType.FLOAT:
-            retyped = onnx.FunctionProto()
-            retyped.CopyFrom(body)
-            for inner in retyped.node:
-                if inner.op_type == "Constant" and inner.domain in _STANDARD:
-                    _retype_constant(inner, dtype.numpy())
-            if _infers(retyped, inputs, node, schema):
-                return retyped
-    return body
+    floats = {v.dtype for v in inputs if v.dtype is not None and v.dtype.is_floating_point()}
+    # only a body whose float inputs share one type other than float32 can need retyping: the
+    # usual float32 body is returned without running onnx's inference on it
+    if len(floats) != 1 or (dtype := floats.pop()) == ir.DataType.FLOAT or _infers(body, inputs, node, schema):
+        return body
+    retyped = onnx.FunctionProto()
+    retyped.CopyFrom(body)
+    for inner in retyped.node:
+        if inner.op_type == "Constant" and inner.domain in _STANDARD:
+            _retype_constant(inner, dtype.numpy())
+    return retyped if _infers(retyped, inputs, node, schema) else body
 
 
 def _infers(body: onnx.FunctionProto, inputs: list[ir.Value], node: ir.Node, schema: onnx.defs.OpSchema) -> bool:
