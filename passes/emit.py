@@ -19,16 +19,18 @@ from graphc.errors import PassError
 from graphc.model import SOURCE_KEY
 from graphc.passes.infer import infer
 
-__all__ = ["AXES_AS_INPUT", "Emitter", "SOURCE_KEY", "make_node"]
+__all__ = ["AXES_AS_INPUT", "Emitter", "HALF_DTYPES", "SOURCE_KEY", "make_node"]
 
 # Opset from which an op takes its axes (or split sizes) as an input instead of an attribute;
 # the other Reduce* ops moved at opset 18.
 AXES_AS_INPUT = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "Split": 13}
 _REDUCE_AXES_AS_INPUT = 18
 
-# floats onnxruntime's CPU provider (1.31) has no reducing ScatterElements for ("MLFloat16 data type
-# is not supported ... when reduction is 'add'"): ``Emitter.scatter_elements`` widens them
-_NARROW_FLOATS = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+# the half-precision floats: onnxruntime's CPU provider (1.31) has no reducing ScatterElements for
+# them ("MLFloat16 data type is not supported ... when reduction is 'add'"), so
+# ``Emitter.scatter_elements`` widens them; the Adam step of such params runs in float32 too
+# (``training.optimizers._in_float32``)
+HALF_DTYPES = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
 # ops whose output is a sequence: a dtype recorded for it is its elements'
 _SEQUENCE_OUTPUTS = frozenset({"SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceErase", "SplitToSequence",
@@ -113,10 +115,10 @@ class Emitter:
     def scatter_elements(self, data: ir.Value, indices: ir.Value, updates: ir.Value, axis: int,
                          reduction: str = "add") -> ir.Value:
         """``ScatterElements(data, indices, updates, axis, reduction)``. A float16 or bfloat16 reduction
-        runs in float32 and is cast back once (``_NARROW_FLOATS``: onnxruntime's CPU provider has no
+        runs in float32 and is cast back once (``HALF_DTYPES``: onnxruntime's CPU provider has no
         16-bit kernel for it, and each sum then rounds once, not at every add)."""
         dtype = data.dtype
-        if reduction == "none" or dtype not in _NARROW_FLOATS:
+        if reduction == "none" or dtype not in HALF_DTYPES:
             return self.op("ScatterElements", data, indices, updates, axis=axis, reduction=reduction)
         wide = [self.op("Cast", v, to=ir.DataType.FLOAT) for v in (data, updates)]
         summed = self.op("ScatterElements", wide[0], indices, wide[1], axis=axis, reduction=reduction)

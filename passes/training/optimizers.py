@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from graphc.passes.emit import Emitter
+from graphc.passes.emit import HALF_DTYPES, Emitter
 
 STATE_SLOTS = {"sgd": ("momentum_buffer",), "adam": ("exp_sum", "exp_avg_sq"),
                "adamw": ("exp_sum", "exp_avg_sq")}
 AVERAGE = "exp_avg"  # the first moment as artifacts of format 3 and before hold it: exp_sum * (1 - b1)
-HALF_DTYPES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)  # params whose Adam step runs in float32 (``_in_float32``)
 
 
 def state_slots(optimizer: dict) -> tuple[str, ...]:
