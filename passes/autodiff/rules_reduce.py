@@ -190,11 +190,8 @@ def grad_reduce_l1(g, node, dy):
 @grad_rule("ReduceLogSum")
 def grad_reduce_log_sum(g, node, dy):
     # y = log(sum(x)): dx = dy / sum(x) = dy / exp(y), spread over the summed axes
-    axes, noop = _reduce_axes(g, node)
-    if noop:
-        return g.div(dy, g.op("Exp", node.outputs[0])), None
-    y = _expand_back(g, node, node.outputs[0], axes)
-    return g.op("Expand", g.div(_expand_back(g, node, dy, axes), g.op("Exp", y)), g.shape_of(node.inputs[0])), None
+    q = g.div(dy, g.op("Exp", node.outputs[0]))
+    return _unless_noop(g, node, q, lambda axes: _broadcast_back(g, node, q, axes))
 
 
 @grad_rule("ReduceLogSumExp")
