@@ -825,17 +825,17 @@ def grad_conv_transpose(g, node, dy):
     strides = list(attr(node, "strides", None) or [1] * n_sp)
     dilations = list(attr(node, "dilations", None) or [1] * n_sp)
     out_pad = list(attr(node, "output_padding", None) or [0] * n_sp)
-    full = None if not all(isinstance(d, int) for d in sx[2:]) else [
+    unpadded = None if not all(isinstance(d, int) for d in sx[2:]) else [
         strides[i] * (sx[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1 for i in range(n_sp)]
-    pads = _transposed_pads(node, full, n_sp)
+    pads = _transposed_pads(node, unpadded, n_sp)
     group = attr(node, "group", 1)
     dx = dw = db = None
     if g.wants(x):
         dx = g.op("Conv", dy, w, strides=strides, dilations=dilations, pads=pads, group=group if group != 1 else None)
     if g.wants(w):
-        if full is None:
+        if unpadded is None:
             raise GraphError(f"gradient of ConvTranspose {node.name!r} needs static spatial dims, got {sx}")
-        spatial_y = [full[i] - pads[i] - pads[n_sp + i] for i in range(n_sp)]
+        spatial_y = [unpadded[i] - pads[i] - pads[n_sp + i] for i in range(n_sp)]
         dyt = _groups_over_batch(g, dy, group, w_shape[1], spatial_y)
         full = g.op("Conv", dyt, _swap01(g, x, n_sp), strides=dilations, dilations=strides, pads=pads,
                     group=group if group != 1 else None)
