@@ -846,17 +846,17 @@ def grad_conv_transpose(g, node, dy):
     return dx, dw, db
 
 
-def _transposed_pads(node: ir.Node, full: list[int] | None, n_sp: int) -> list[int]:
+def _transposed_pads(node: ir.Node, unpadded: list[int] | None, n_sp: int) -> list[int]:
     """A ConvTranspose's pads (begins, then ends): its ``pads``, or those its ``output_shape``
-    (the spatial dims) sets, as ONNX computes them: the ``full`` size (no pads) less the
+    (the spatial dims) sets, as ONNX computes them: the ``unpadded`` size less the
     output_shape, the odd one at the start."""
     output_shape = attr(node, "output_shape")
     if output_shape is None:
         return list(attr(node, "pads", None) or [0] * (2 * n_sp))
-    total = None if full is None else [f - t for f, t in zip(full, output_shape)]
+    total = None if unpadded is None else [u - t for u, t in zip(unpadded, output_shape)]
     if total is None or any(t < 0 for t in total):
         raise GraphError(f"gradient of ConvTranspose {node.name!r}: output_shape {list(output_shape)} needs static "
-                         f"spatial dims of at least it, the size without pads; got {full}")
+                         f"spatial dims of at least it, the size without pads; got {unpadded}")
     return [t - t // 2 for t in total] + [t // 2 for t in total]
 
 
