@@ -292,24 +292,23 @@ def clip_bounds_like_input(model: onnx.ModelProto) -> None:
     input's element type: onnx's version converter turns Clip-6's ``min``/``max`` attributes into
     float32 Constants whatever the input's type (a double Clip then mixes dtypes)."""
     clips = [n for n in model.graph.node if n.op_type == "Clip" and n.domain in ("", "ai.onnx") and len(n.input) > 1]
-    types = tensor_types(model) if clips else None
-    if not types:
-        return
     readers: dict[str, int] = {}
     for node in model.graph.node:
         for name in node.input:
             readers[name] = readers.get(name, 0) + 1
     constants = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant" and n.output}
-    for clip in clips:
+    bounds = [(clip, const) for clip in clips for name in clip.input[1:]
+              if (const := constants.get(name)) is not None and readers[name] == 1
+              and const.attribute[0].name == "value"]
+    types = tensor_types(model) if bounds else None  # shape inference only where a bound may need it
+    if not types:
+        return
+    for clip, const in bounds:
         elem = types.get(clip.input[0], (0, None))[0]
-        for name in clip.input[1:]:
-            const = constants.get(name)
-            if not elem or const is None or readers[name] != 1 or const.attribute[0].name != "value":
-                continue
-            tensor = const.attribute[0].t
-            if tensor.data_type != elem:
-                array = numpy_helper.to_array(tensor).astype(onnx.helper.tensor_dtype_to_np_dtype(elem))
-                tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
+        tensor = const.attribute[0].t
+        if elem and tensor.data_type != elem:
+            array = numpy_helper.to_array(tensor).astype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+            tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
 
 
 def densify_sparse_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
