@@ -285,7 +285,7 @@ def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
     that holds Adam's first moment as earlier graphc named it (``sum_name``) fits, as
     ``Trainer.load_checkpoint`` resumes it; the graphs of format 3 beside one do not: the folder
     would hold a checkpoint they cannot read."""
-    from graphc.compile.training import MANIFEST_FILE, read_manifest
+    from graphc.compile.training import read_manifest
     from graphc.passes.training.optimizers import sum_name
 
     target = check_writable(path)
@@ -297,7 +297,7 @@ def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
     beside = artifacts_dir(target) if target.name == FILE_NAME else None
     if beside is not None:
         carried = read_manifest(beside).carried()
-        found.append((beside / MANIFEST_FILE, {n: (e.dtype, e.shape or []) for n, e in carried.items()},
+        found.append((beside / ARTIFACTS_MANIFEST, {n: (e.dtype, e.shape or []) for n, e in carried.items()},
                       {n: e.role for n, e in carried.items()}))
     for where, tensors, roles in found:
         problem = mismatch(expected, tensors, roles)
