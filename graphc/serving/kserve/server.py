@@ -26,7 +26,7 @@ DEFAULT_READ_TIMEOUT = 30.0
 # At shutdown, seconds a request still arriving may go without sending a byte before it is closed.
 SHUTDOWN_IDLE = 2.0
 DEFAULT_BACKLOG = 4096
-_TIMEOUT_BODY = b'{"error": "request not received in time"}'
+_TIMEOUT_BODY = error_body("request not received in time")
 _TIMEOUT_REPLY = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
                   b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_TIMEOUT_BODY), _TIMEOUT_BODY))
 
