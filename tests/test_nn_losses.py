@@ -28,7 +28,9 @@ def _pair(shape=(6, 5)):
 
 
 def _probs(shape=(6, 5)):
-    return 1 / (1 + np.exp(-R.standard_normal(shape) * 2)), R.uniform(0, 1, shape)
+    """Probabilities in [0.05, 0.95]: nearer 0 or 1, log's third derivative (~2/p^3) makes the
+    float64 central differences miss by more than their rtol, whichever draws the test order gives."""
+    return 1 / (1 + np.exp(-R.uniform(-3, 3, shape))), R.uniform(0, 1, shape)
 
 
 def _labels(shape=(6, 4), extra=(), ignored=()):
