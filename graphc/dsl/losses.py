@@ -258,6 +258,54 @@ def kl_div(logp: Tensor, target: Tensor, reduction: str = "mean", log_target: bo
     return total if not elem.shape else total / _dim_size(elem, 0)
 
 
+def poisson_nll(x: Tensor, target: Tensor, log_input: bool = True, full: bool = False, eps: float = 1e-8,
+                reduction: str = "mean") -> Tensor:
+    """``torch.nn.functional.poisson_nll_loss``: ``exp(x) - target x`` for a log-rate ``x`` (else
+    ``x - target log(x + eps)``); ``full`` adds Stirling's ``t log t - t + log(2 pi t) / 2`` where
+    the target is above 1 (its log reads 2 elsewhere: the target's gradient at 0 is 0, torch's nan)."""
+    check_reduction("poisson_nll", reduction)
+    x = ops.lift(x)
+    target = ops.lift(target, x)
+    elem = ops.exp(x) - target * x if log_input else x - target * ops.log(x + eps)
+    if full:
+        above = target > 1.0
+        t = ops.where(above, target, 2.0)
+        elem = elem + ops.where(above, t * ops.log(t) - t + 0.5 * ops.log(t * (2 * np.pi)), 0.0)
+    return _reduce(elem, reduction)
+
+
+def _gaussian_var(x: Tensor, var) -> Tensor:
+    """``var`` (a float, or a Tensor of ``x``'s shape, of it without the last dim, or with one dim
+    1) shaped to broadcast against ``x``, as torch's gaussian_nll_loss checks it."""
+    if isinstance(var, (int, float)):
+        if var < 0:
+            raise CaptureError(f"gaussian_nll: var must be >= 0, got {var} (at {user_source()})")
+        return ops.lift(float(var), x)
+    var = _like(var, x)
+    if x.shape is None or var.shape is None or var.shape == x.shape:
+        return var
+    if var.shape == x.shape[:-1]:
+        return ops.unsqueeze(var, [-1])
+    if len(var.shape) == len(x.shape) and sum(b for a, b in zip(x.shape, var.shape) if a != b) == 1:
+        return var
+    raise op_error("gaussian_nll", [x, var], "var must have the input's shape, that without its last dim, or that "
+                   "with one dim 1", user_source())
+
+
+def gaussian_nll(x: Tensor, target: Tensor, var, full: bool = False, eps: float = 1e-6,
+                 reduction: str = "mean") -> Tensor:
+    """``torch.nn.functional.gaussian_nll_loss``: ``(log v + (x - target)^2 / v) / 2`` (plus
+    ``log(2 pi) / 2`` with ``full``), ``v`` the variance clamped at ``eps`` as torch does it, with
+    no effect on the gradient (its gradient is the unclamped variance's)."""
+    check_reduction("gaussian_nll", reduction)
+    x = ops.lift(x)
+    target, var = ops.lift(target, x), _gaussian_var(x, var)
+    var = ops.detach(ops.maximum(var, eps)) + (var - ops.detach(var))
+    diff = x - target
+    elem = (ops.log(var) + diff * diff / var) * 0.5
+    return _reduce(elem + 0.5 * float(np.log(2 * np.pi)) if full else elem, reduction)
+
+
 def _dim_size(x: Tensor, axis: int, dtype=None):
     """Dim ``axis`` of ``x``: a float (a constant of ``dtype``, if given) where static, else read
     from the shape and cast to ``x``'s dtype (or ``dtype``)."""

@@ -26,8 +26,10 @@ from graphc.nn.layers import (
 from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList, Sequential
 from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d
 from graphc.nn.fold import Fold, Unfold
-from graphc.nn.loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, KLDivLoss, L1Loss, MSELoss,
-                            NLLLoss, SmoothL1Loss)
+from graphc.nn.loss import (BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, CrossEntropyLoss, GaussianNLLLoss,
+                            HingeEmbeddingLoss, HuberLoss, KLDivLoss, L1Loss, MarginRankingLoss, MSELoss,
+                            MultiLabelMarginLoss, MultiLabelSoftMarginLoss, MultiMarginLoss, NLLLoss, PoissonNLLLoss,
+                            SmoothL1Loss, SoftMarginLoss, TripletMarginLoss, TripletMarginWithDistanceLoss)
 from graphc.nn.module import Module, Parameter
 from graphc.nn.norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, RMSNorm
 from graphc.nn.padding import (CircularPad1d, CircularPad2d, CircularPad3d, ConstantPad1d, ConstantPad2d, ConstantPad3d,
@@ -63,4 +65,8 @@ __all__ = [
     # losses
     "BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss", "L1Loss", "MSELoss", "NLLLoss",
     "SmoothL1Loss",
+    # the other losses
+    "CosineEmbeddingLoss", "GaussianNLLLoss", "HingeEmbeddingLoss", "MarginRankingLoss", "MultiLabelMarginLoss",
+    "MultiLabelSoftMarginLoss", "MultiMarginLoss", "PoissonNLLLoss", "SoftMarginLoss", "TripletMarginLoss",
+    "TripletMarginWithDistanceLoss",
 ]

@@ -22,8 +22,12 @@ from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg
                                    mish, pixel_shuffle, prelu, relu6, rms_norm, scaled_dot_product_attention, selu,
                                    silu, softmin, softplus, softshrink, softsign, tanhshrink, threshold)
 from graphc.dsl.ops_nn import avg_pool2d, batch_norm, conv2d, dropout, embedding, layer_norm, linear, max_pool2d
-from graphc.nn.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, huber_loss, kl_div,
-                            l1_loss, mse_loss, nll_loss, smooth_l1_loss)
+from graphc.dsl.losses_margin import pairwise_distance
+from graphc.nn.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cosine_embedding_loss,
+                            cross_entropy, gaussian_nll_loss, hinge_embedding_loss, huber_loss, kl_div, l1_loss,
+                            margin_ranking_loss, mse_loss, multi_margin_loss, multilabel_margin_loss,
+                            multilabel_soft_margin_loss, nll_loss, poisson_nll_loss, smooth_l1_loss,
+                            soft_margin_loss, triplet_margin_loss, triplet_margin_with_distance_loss)
 
 
 def softmax(input, dim: int = -1):  # noqa: A002 - torch's names
@@ -94,4 +98,7 @@ __all__ = [
     "repeat_interleave", "select", "sort", "t", "unflatten",
     "celu", "glu", "hardshrink", "hardtanh", "logsigmoid", "relu6", "selu", "softmin", "softshrink", "softsign",
     "tanhshrink", "threshold",
+    "cosine_embedding_loss", "gaussian_nll_loss", "hinge_embedding_loss", "margin_ranking_loss", "multi_margin_loss",
+    "multilabel_margin_loss", "multilabel_soft_margin_loss", "pairwise_distance", "poisson_nll_loss",
+    "soft_margin_loss", "triplet_margin_loss", "triplet_margin_with_distance_loss",
 ]

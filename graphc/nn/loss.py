@@ -1,5 +1,6 @@
 """Loss functions and modules with ``torch.nn.functional``'s and ``torch.nn``'s names, signatures
-and defaults (MSELoss ... KLDivLoss); the formulas are ``graphc/dsl/losses.py``'s.
+and defaults (MSELoss ... TripletMarginWithDistanceLoss); the formulas are ``graphc/dsl/losses.py``'s
+and ``graphc/dsl/losses_margin.py``'s.
 
 The deprecated ``size_average`` and ``reduce`` arguments override ``reduction`` as in torch.
 Class weights (``weight``, ``pos_weight``) are buffers, as torch registers them: in ``state_dict()``
@@ -7,10 +8,12 @@ under torch's keys and never trained (``gc.training.generate`` keeps buffers con
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from graphc.dsl import losses
+from graphc.dsl import losses, losses_margin
+from graphc.dsl.losses_margin import positive_margin
 from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
 from graphc.nn.module import Module, Parameter
 
 
@@ -73,6 +76,71 @@ def nll_loss(input: Tensor, target: Tensor, weight: Any = None, size_average: bo
 def kl_div(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,  # noqa: A002
            reduction: str = "mean", log_target: bool = False) -> Tensor:
     return losses.kl_div(input, target, _reduction(size_average, reduce, reduction), log_target)
+
+
+def poisson_nll_loss(input: Tensor, target: Tensor, log_input: bool = True, full: bool = False,  # noqa: A002
+                     size_average: bool | None = None, eps: float = 1e-8, reduce: bool | None = None,
+                     reduction: str = "mean") -> Tensor:
+    return losses.poisson_nll(input, target, log_input, full, eps, _reduction(size_average, reduce, reduction))
+
+
+def gaussian_nll_loss(input: Tensor, target: Tensor, var: Any, full: bool = False, eps: float = 1e-6,  # noqa: A002
+                      reduction: str = "mean") -> Tensor:
+    return losses.gaussian_nll(input, target, var, full, eps, reduction)
+
+
+def cosine_embedding_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0,
+                          size_average: bool | None = None, reduce: bool | None = None,
+                          reduction: str = "mean") -> Tensor:
+    return losses_margin.cosine_embedding(input1, input2, target, margin, _reduction(size_average, reduce, reduction))
+
+
+def margin_ranking_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0,
+                        size_average: bool | None = None, reduce: bool | None = None,
+                        reduction: str = "mean") -> Tensor:
+    return losses_margin.margin_ranking(input1, input2, target, margin, _reduction(size_average, reduce, reduction))
+
+
+def hinge_embedding_loss(input: Tensor, target: Tensor, margin: float = 1.0,  # noqa: A002
+                         size_average: bool | None = None, reduce: bool | None = None,
+                         reduction: str = "mean") -> Tensor:
+    return losses_margin.hinge_embedding(input, target, margin, _reduction(size_average, reduce, reduction))
+
+
+def soft_margin_loss(input: Tensor, target: Tensor, size_average: bool | None = None,  # noqa: A002
+                     reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+    return losses_margin.soft_margin(input, target, _reduction(size_average, reduce, reduction))
+
+
+def multilabel_soft_margin_loss(input: Tensor, target: Tensor, weight: Any = None,  # noqa: A002
+                                size_average: bool | None = None, reduce: bool | None = None,
+                                reduction: str = "mean") -> Tensor:
+    return losses_margin.multilabel_soft_margin(input, target, weight, _reduction(size_average, reduce, reduction))
+
+
+def multilabel_margin_loss(input: Tensor, target: Tensor, size_average: bool | None = None,  # noqa: A002
+                           reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+    return losses_margin.multilabel_margin(input, target, _reduction(size_average, reduce, reduction))
+
+
+def multi_margin_loss(input: Tensor, target: Tensor, p: int = 1, margin: float = 1.0, weight: Any = None,  # noqa: A002
+                      size_average: bool | None = None, reduce: bool | None = None,
+                      reduction: str = "mean") -> Tensor:
+    return losses_margin.multi_margin(input, target, p, margin, weight, _reduction(size_average, reduce, reduction))
+
+
+def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor, margin: float = 1.0, p: float = 2,
+                        eps: float = 1e-6, swap: bool = False, size_average: bool | None = None,
+                        reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+    return losses_margin.triplet_margin(anchor, positive, negative, margin, p, eps, swap,
+                                        _reduction(size_average, reduce, reduction))
+
+
+def triplet_margin_with_distance_loss(anchor: Tensor, positive: Tensor, negative: Tensor, *,
+                                      distance_function: Callable[[Tensor, Tensor], Tensor] | None = None,
+                                      margin: float = 1.0, swap: bool = False, reduction: str = "mean") -> Tensor:
+    return losses_margin.triplet_margin_with_distance(anchor, positive, negative, distance_function, margin, swap,
+                                                      reduction)
 
 
 # -- the modules (torch.nn) ---------------------------------------------------------------------------------------
@@ -181,8 +249,120 @@ class KLDivLoss(_Loss):
         return losses.kl_div(input, target, self.reduction, self.log_target)
 
 
+class PoissonNLLLoss(_Loss):
+    def __init__(self, log_input: bool = True, full: bool = False, size_average: bool | None = None,
+                 eps: float = 1e-8, reduce: bool | None = None, reduction: str = "mean"):
+        super().__init__(size_average, reduce, reduction)
+        self.log_input, self.full, self.eps = log_input, full, eps
+
+    def forward(self, log_input: Tensor, target: Tensor) -> Tensor:
+        return losses.poisson_nll(log_input, target, self.log_input, self.full, self.eps, self.reduction)
+
+
+class GaussianNLLLoss(_Loss):
+    def __init__(self, *, full: bool = False, eps: float = 1e-6, reduction: str = "mean"):
+        super().__init__(reduction=reduction)
+        self.full, self.eps = full, eps
+
+    def forward(self, input: Tensor, target: Tensor, var: Any) -> Tensor:  # noqa: A002
+        return losses.gaussian_nll(input, target, var, self.full, self.eps, self.reduction)
+
+
+class _MarginLoss(_Loss):
+    def __init__(self, margin: float, size_average: bool | None = None, reduce: bool | None = None,
+                 reduction: str = "mean"):
+        super().__init__(size_average, reduce, reduction)
+        self.margin = margin
+
+
+class CosineEmbeddingLoss(_MarginLoss):
+    def __init__(self, margin: float = 0.0, size_average: bool | None = None, reduce: bool | None = None,
+                 reduction: str = "mean"):
+        super().__init__(margin, size_average, reduce, reduction)
+
+    def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
+        return losses_margin.cosine_embedding(input1, input2, target, self.margin, self.reduction)
+
+
+class MarginRankingLoss(_MarginLoss):
+    def __init__(self, margin: float = 0.0, size_average: bool | None = None, reduce: bool | None = None,
+                 reduction: str = "mean"):
+        super().__init__(margin, size_average, reduce, reduction)
+
+    def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
+        return losses_margin.margin_ranking(input1, input2, target, self.margin, self.reduction)
+
+
+class HingeEmbeddingLoss(_MarginLoss):
+    def __init__(self, margin: float = 1.0, size_average: bool | None = None, reduce: bool | None = None,
+                 reduction: str = "mean"):
+        super().__init__(margin, size_average, reduce, reduction)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return losses_margin.hinge_embedding(input, target, self.margin, self.reduction)
+
+
+class SoftMarginLoss(_Loss):
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return losses_margin.soft_margin(input, target, self.reduction)
+
+
+class MultiLabelSoftMarginLoss(_WeightedLoss):
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return losses_margin.multilabel_soft_margin(input, target, self.weight, self.reduction)
+
+
+class MultiLabelMarginLoss(_Loss):
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return losses_margin.multilabel_margin(input, target, self.reduction)
+
+
+class MultiMarginLoss(_WeightedLoss):
+    def __init__(self, p: int = 1, margin: float = 1.0, weight: Any = None, size_average: bool | None = None,
+                 reduce: bool | None = None, reduction: str = "mean"):
+        super().__init__(weight, size_average, reduce, reduction)
+        if p not in (1, 2):
+            raise CaptureError(f"MultiMarginLoss: p must be 1 or 2, got {p}")
+        if self.weight is not None and len(self.weight.shape) != 1:
+            raise CaptureError(f"MultiMarginLoss: weight must be one value per class [C], got shape "
+                               f"{list(self.weight.shape)}")
+        self.p, self.margin = p, margin
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        return losses_margin.multi_margin(input, target, self.p, self.margin, self.weight, self.reduction)
+
+
+class TripletMarginLoss(_MarginLoss):
+    def __init__(self, margin: float = 1.0, p: float = 2.0, eps: float = 1e-6, swap: bool = False,
+                 size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean"):
+        super().__init__(margin, size_average, reduce, reduction)
+        positive_margin(type(self).__name__, margin)
+        self.p, self.eps, self.swap = p, eps, swap
+
+    def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
+        return losses_margin.triplet_margin(anchor, positive, negative, self.margin, self.p, self.eps, self.swap,
+                                            self.reduction)
+
+
+class TripletMarginWithDistanceLoss(_MarginLoss):
+    def __init__(self, *, distance_function: Callable[[Tensor, Tensor], Tensor] | None = None, margin: float = 1.0,
+                 swap: bool = False, reduction: str = "mean"):
+        super().__init__(margin, reduction=reduction)
+        positive_margin(type(self).__name__, margin)
+        self.distance_function, self.swap = distance_function, swap
+
+    def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
+        return losses_margin.triplet_margin_with_distance(anchor, positive, negative, self.distance_function,
+                                                          self.margin, self.swap, self.reduction)
+
+
 __all__ = [
     "BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss", "L1Loss", "MSELoss", "NLLLoss",
     "SmoothL1Loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss",
     "kl_div", "l1_loss", "mse_loss", "nll_loss", "smooth_l1_loss",
+    "CosineEmbeddingLoss", "GaussianNLLLoss", "HingeEmbeddingLoss", "MarginRankingLoss", "MultiLabelMarginLoss",
+    "MultiLabelSoftMarginLoss", "MultiMarginLoss", "PoissonNLLLoss", "SoftMarginLoss", "TripletMarginLoss",
+    "TripletMarginWithDistanceLoss", "cosine_embedding_loss", "gaussian_nll_loss", "hinge_embedding_loss",
+    "margin_ranking_loss", "multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
+    "poisson_nll_loss", "soft_margin_loss", "triplet_margin_loss", "triplet_margin_with_distance_loss",
 ]
