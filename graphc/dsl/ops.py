@@ -448,12 +448,18 @@ def reduction(op: str, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
     return emit(op, inputs, attrs)
 
 
+def int64_accumulated(x: Tensor) -> Tensor:
+    """``x`` cast to int64 when it is bool or a narrower integer: torch sums, multiplies and
+    accumulates those in int64. An unknown dtype is left as it is."""
+    if x.value.dtype is not None and x.dtype not in FLOAT_DTYPES and x.dtype not in ("int64", "uint64"):
+        return cast(x, "int64")
+    return x
+
+
 def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    """ReduceSum over ``axis`` (None: all); a bool Tensor counts its Trues as int64, as torch.
-    Signature: ai.onnx@13::ReduceSum"""
-    x = lift(x)
-    counts = x.value.dtype is not None and x.dtype == "bool"  # an unknown dtype is left to ReduceSum
-    return reduction("ReduceSum", cast(x, "int64") if counts else x, axis, keepdims)
+    """ReduceSum over ``axis`` (None: all); bool and integer Tensors sum in int64 (a bool counts
+    its Trues), as torch. Signature: ai.onnx@13::ReduceSum"""
+    return reduction("ReduceSum", int64_accumulated(lift(x)), axis, keepdims)
 
 
 def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:

@@ -13,8 +13,9 @@ import numpy as np
 
 from graphc.model.dtypes import as_dtype
 from graphc.errors import CaptureError
-from graphc.dsl.ops import (binary, clip, concat, const_i64, constant, emit, exp, lift, log, maximum, mean, reshape,
-                            reshape_like, same_dtype, scalar, sqrt, squeeze, transpose, unary, unsqueeze, where)
+from graphc.dsl.ops import (binary, clip, concat, const_i64, constant, emit, exp, int64_accumulated, lift, log, maximum,
+                            mean, reshape, reshape_like, same_dtype, scalar, sqrt, squeeze, transpose, unary, unsqueeze,
+                            where)
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.tensor import Tensor
@@ -374,9 +375,8 @@ def one_hot(x: Tensor, num_classes: int = -1) -> Tensor:
 
 
 def cumsum(x: Tensor, dim: int) -> Tensor:
-    """Running sum along ``dim``; of a bool Tensor, an int64 count as torch's. Signature: ai.onnx@14::CumSum"""
-    x = lift(x)
-    x = x.astype("int64") if x.dtype == "bool" else x
+    """Running sum along ``dim``; of a bool or integer Tensor, in int64 as torch's. Signature: ai.onnx@14::CumSum"""
+    x = int64_accumulated(lift(x))
     return emit("CumSum", [x, constant(np.asarray(dim_index(x, dim, "CumSum"), np.int64))])
 
 

@@ -12,7 +12,8 @@ import numpy as np
 
 from graphc.dsl.builder import user_source
 from graphc.dsl.ops import abs as abs_
-from graphc.dsl.ops import cast, emit, exp, lift, log, maximum, operand_pair, reduction, same_dtype, scalar, sqrt
+from graphc.dsl.ops import (cast, emit, exp, int64_accumulated, lift, log, maximum, operand_pair, reduction, same_dtype,
+                            scalar, sqrt)
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops import min as reduce_min
 from graphc.dsl.ops import sum as reduce_sum
@@ -161,9 +162,10 @@ def nan_to_num(x: Tensor, nan: float = 0.0, posinf: float | None = None, neginf:
 
 
 def prod(x: Tensor, dim: int | None = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
-    """Product over ``dim`` (None: all); ``dtype`` casts first. Signature: ai.onnx@18::ReduceProd"""
+    """Product over ``dim`` (None: all); ``dtype`` casts first, else bool and integer Tensors
+    multiply in int64, as torch. Signature: ai.onnx@18::ReduceProd"""
     x = lift(x)
-    return reduction("ReduceProd", x if dtype is None else cast(x, dtype), dim, keepdim)
+    return reduction("ReduceProd", int64_accumulated(x) if dtype is None else cast(x, dtype), dim, keepdim)
 
 
 def amax(x: Tensor, dim: Any = (), keepdim: bool = False) -> Tensor:
