@@ -28,20 +28,21 @@ def check_reduction(loss: str, reduction: str, allowed: tuple[str, ...] = REDUCT
                            f"(at {user_source()})")
 
 
-def _reduce(x: Tensor, reduction: str) -> Tensor:
+def reduce_loss(x: Tensor, reduction: str) -> Tensor:
+    """``x``'s mean, sum, or ``x`` itself, as ``reduction`` ("mean", "sum", "none") says."""
     if reduction == "mean":
         return ops.mean(x)
     return ops.sum(x) if reduction == "sum" else x
 
 
-def _like(t, like: Tensor) -> Tensor:
+def like_dtype(t, like: Tensor) -> Tensor:
     """``t`` (an array or a Tensor, such as a loss module's float32 weight buffer) in ``like``'s dtype."""
     t = ops.lift(t, like)
     return t if t.dtype == like.dtype else ops.cast(t, like.dtype)
 
 
 def _weighted(elem: Tensor, weight: Tensor | None) -> Tensor:
-    return elem if weight is None else elem * _like(weight, elem)
+    return elem if weight is None else elem * like_dtype(weight, elem)
 
 
 def _same_shape(loss: str, x: Tensor, target: Tensor) -> None:
@@ -57,12 +58,12 @@ def _same_shape(loss: str, x: Tensor, target: Tensor) -> None:
 def mse(pred: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     check_reduction("mse", reduction)
     diff = pred - target
-    return _reduce(diff * diff, reduction)
+    return reduce_loss(diff * diff, reduction)
 
 
 def l1(pred: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     check_reduction("l1", reduction)
-    return _reduce(ops.abs(pred - target), reduction)
+    return reduce_loss(ops.abs(pred - target), reduction)
 
 
 def huber(pred: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
@@ -70,7 +71,7 @@ def huber(pred: Tensor, target: Tensor, reduction: str = "mean", delta: float = 
     if not delta > 0:
         raise CaptureError(f"huber: delta must be > 0, got {delta} (at {user_source()})")
     d = ops.abs(pred - target)
-    return _reduce(ops.where(d < delta, d * d * 0.5, (d - 0.5 * delta) * delta), reduction)
+    return reduce_loss(ops.where(d < delta, d * d * 0.5, (d - 0.5 * delta) * delta), reduction)
 
 
 def smooth_l1(pred: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
@@ -80,7 +81,7 @@ def smooth_l1(pred: Tensor, target: Tensor, reduction: str = "mean", beta: float
         raise CaptureError(f"smooth_l1: beta must be >= 0, got {beta} (at {user_source()})")
     if beta == 0:
         return l1(pred, target, reduction)
-    return _reduce(huber(pred, target, "none", beta) / beta, reduction)
+    return reduce_loss(huber(pred, target, "none", beta) / beta, reduction)
 
 
 def bce_with_logits(x: Tensor, y: Tensor, reduction: str = "mean", weight: Tensor | None = None,
@@ -93,8 +94,8 @@ def bce_with_logits(x: Tensor, y: Tensor, reduction: str = "mean", weight: Tenso
     _same_shape("bce_with_logits", x, y)
     scaled = logsigmoid(x)  # no Mul by 1 without pos_weight: the DSL would emit it, and its gradient
     if pos_weight is not None:
-        scaled = scaled * ((_like(pos_weight, x) - 1.0) * y + 1.0)
-    return _reduce(_weighted((1.0 - y) * x - scaled, weight), reduction)
+        scaled = scaled * ((like_dtype(pos_weight, x) - 1.0) * y + 1.0)
+    return reduce_loss(_weighted((1.0 - y) * x - scaled, weight), reduction)
 
 
 def _log_where_positive(t: Tensor) -> tuple[Tensor, Tensor]:
@@ -117,7 +118,7 @@ def bce(p: Tensor, y: Tensor, reduction: str = "mean", weight: Tensor | None = N
     p = ops.lift(p)
     y = ops.lift(y, p)
     _same_shape("bce", p, y)
-    return _reduce(_weighted(-(y * _clamped_log(p) + (1.0 - y) * _clamped_log(1.0 - p)), weight), reduction)
+    return reduce_loss(_weighted(-(y * _clamped_log(p) + (1.0 - y) * _clamped_log(1.0 - p)), weight), reduction)
 
 
 def _class_terms(logp: Tensor, labels: Tensor, ignore_index: int, weight: Tensor | None):
@@ -142,7 +143,7 @@ def _class_terms(logp: Tensor, labels: Tensor, ignore_index: int, weight: Tensor
         for a, b in zip(dims, labels.shape):
             ops.same_dim("GatherElements", [logp, labels], a, b, "input and target dims")
     ids, zero = ops.unsqueeze(labels, [1]), ops.lift(np.asarray(0, dtype=labels.dtype))
-    hit = (ids >= zero) & (ids < _dim_size(logp, 1, labels.dtype))
+    hit = (ids >= zero) & (ids < dim_size(logp, 1, labels.dtype))
     safe = ops.where(hit, ids, zero)
     scale = ops.cast(hit, logp.dtype)
     keep = ops.cast(labels != ops.lift(np.asarray(ignore_index, dtype=labels.dtype)), logp.dtype)
@@ -180,7 +181,7 @@ def _nll(logp: Tensor, labels: Tensor, reduction: str, weight: Tensor | None, ig
 def _mean_over(elem: Tensor, counted: Tensor, reduction: str) -> Tensor:
     if reduction == "mean":
         return ops.sum(elem) / ops.sum(counted)  # over the labels not ignored (weighted), as torch
-    return _reduce(elem, reduction)
+    return reduce_loss(elem, reduction)
 
 
 def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
@@ -204,7 +205,7 @@ def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean", label
 
 def _class_weight(weight: Tensor, like: Tensor) -> Tensor:
     """``weight`` in ``like``'s dtype, checked to be ``[C]`` for ``like [N, C, d...]``."""
-    weight = _like(weight, like)
+    weight = like_dtype(weight, like)
     if weight.shape is not None and len(weight.shape) != 1:
         raise op_error("Gather", [like, weight], f"weight must be one value per class [C], got {weight.type_str()}",
                        user_source())
@@ -224,7 +225,7 @@ def _cross_entropy(logits: Tensor, labels: Tensor, reduction: str, eps: float, i
     elem, keep, counted = _class_terms(lsm, labels, ignore_index, weight)
     if eps:
         spread = lsm if weight is None else lsm * _per_class(weight, lsm)
-        elem = elem * (1.0 - eps) - ops.sum(spread, axis=1) * eps / _dim_size(logits, 1)
+        elem = elem * (1.0 - eps) - ops.sum(spread, axis=1) * eps / dim_size(logits, 1)
     return _mean_over(elem * keep, counted, reduction)
 
 
@@ -234,11 +235,11 @@ def _soft_cross_entropy(logits: Tensor, probs: Tensor, reduction: str, eps: floa
     _same_shape("cross_entropy", logits, probs)
     ops.same_dtype("cross_entropy", logits, probs)
     if eps:
-        probs = probs * (1.0 - eps) + eps / _dim_size(logits, 1)
+        probs = probs * (1.0 - eps) + eps / dim_size(logits, 1)
     terms = ops.log_softmax(logits, axis=1) * probs
     if weight is not None:
         terms = terms * _per_class(weight, terms)
-    return _reduce(-ops.sum(terms, axis=1), reduction)
+    return reduce_loss(-ops.sum(terms, axis=1), reduction)
 
 
 def kl_div(logp: Tensor, target: Tensor, reduction: str = "mean", log_target: bool = False) -> Tensor:
@@ -253,9 +254,9 @@ def kl_div(logp: Tensor, target: Tensor, reduction: str = "mean", log_target: bo
         positive, log = _log_where_positive(target)
         elem = ops.where(positive, target * log, 0.0) - target * logp
     if reduction != "batchmean":
-        return _reduce(elem, reduction)
+        return reduce_loss(elem, reduction)
     total = ops.sum(elem)
-    return total if not elem.shape else total / _dim_size(elem, 0)
+    return total if not elem.shape else total / dim_size(elem, 0)
 
 
 def poisson_nll(x: Tensor, target: Tensor, log_input: bool = True, full: bool = False, eps: float = 1e-8,
@@ -271,7 +272,7 @@ def poisson_nll(x: Tensor, target: Tensor, log_input: bool = True, full: bool = 
         above = target > 1.0
         t = ops.where(above, target, 2.0)
         elem = elem + ops.where(above, t * ops.log(t) - t + 0.5 * ops.log(t * (2 * np.pi)), 0.0)
-    return _reduce(elem, reduction)
+    return reduce_loss(elem, reduction)
 
 
 def _gaussian_var(x: Tensor, var) -> Tensor:
@@ -281,7 +282,7 @@ def _gaussian_var(x: Tensor, var) -> Tensor:
         if var < 0:
             raise CaptureError(f"gaussian_nll: var must be >= 0, got {var} (at {user_source()})")
         return ops.lift(float(var), x)
-    var = _like(var, x)
+    var = like_dtype(var, x)
     if x.shape is None or var.shape is None or var.shape == x.shape:
         return var
     if var.shape == x.shape[:-1]:
@@ -303,10 +304,10 @@ def gaussian_nll(x: Tensor, target: Tensor, var, full: bool = False, eps: float 
     var = ops.detach(ops.maximum(var, eps)) + (var - ops.detach(var))
     diff = x - target
     elem = (ops.log(var) + diff * diff / var) * 0.5
-    return _reduce(elem + 0.5 * float(np.log(2 * np.pi)) if full else elem, reduction)
+    return reduce_loss(elem + 0.5 * float(np.log(2 * np.pi)) if full else elem, reduction)
 
 
-def _dim_size(x: Tensor, axis: int, dtype=None):
+def dim_size(x: Tensor, axis: int, dtype=None):
     """Dim ``axis`` of ``x``: a float (a constant of ``dtype``, if given) where static, else read
     from the shape and cast to ``x``'s dtype (or ``dtype``)."""
     if isinstance(x.shape[axis], int):

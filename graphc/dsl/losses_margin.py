@@ -11,7 +11,7 @@ from typing import Callable
 
 from graphc.dsl import ops, ops_array
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.losses import _dim_size, _like, _reduce, check_reduction
+from graphc.dsl.losses import check_reduction, dim_size, like_dtype, reduce_loss
 from graphc.dsl.ops_layers import logsigmoid
 from graphc.dsl.ops_math import norm
 from graphc.dsl.tensor import Tensor
@@ -35,7 +35,7 @@ def positive_margin(loss: str, margin: float) -> None:
 def _class_ids(x: Tensor) -> Tensor:
     """``[0, C)`` as int64 for ``x [N, C]``."""
     size = x.shape[1]
-    return ops_array.arange(size if isinstance(size, int) else _dim_size(x, 1, "int64"))
+    return ops_array.arange(size if isinstance(size, int) else dim_size(x, 1, "int64"))
 
 
 def _int64_labels(loss: str, x: Tensor, target: Tensor) -> Tensor:
@@ -57,8 +57,8 @@ def _per_sample(fn, x: Tensor, target: Tensor, target_rank: int, reduction: str,
         x = ops.unsqueeze(x, [0])
     if one:
         target = ops.unsqueeze(target, [0])
-    elem = fn(x, target, *args) / _dim_size(x, 1)
-    return _reduce(ops.squeeze(elem, [0]) if one else elem, reduction)
+    elem = fn(x, target, *args) / dim_size(x, 1)
+    return reduce_loss(ops.squeeze(elem, [0]) if one else elem, reduction)
 
 
 def cosine_embedding(x1: Tensor, x2: Tensor, target: Tensor, margin: float = 0.0, reduction: str = "mean") -> Tensor:
@@ -78,7 +78,7 @@ def cosine_embedding(x1: Tensor, x2: Tensor, target: Tensor, margin: float = 0.0
     dot = ops.sum(x1 * x2, axis=-1)
     cos = dot / ops.sqrt((ops.sum(x1 * x1, axis=-1) + _EPS) * (ops.sum(x2 * x2, axis=-1) + _EPS))
     elem = ops.where(target == 1.0, 1.0 - cos, 0.0) + ops.where(target == -1.0, ops.relu(cos - margin), 0.0)
-    return _reduce(elem, reduction)
+    return reduce_loss(elem, reduction)
 
 
 def margin_ranking(x1: Tensor, x2: Tensor, target: Tensor, margin: float = 0.0, reduction: str = "mean") -> Tensor:
@@ -87,7 +87,7 @@ def margin_ranking(x1: Tensor, x2: Tensor, target: Tensor, margin: float = 0.0, 
     x1 = ops.lift(x1)
     x2, target = ops.lift(x2, x1), ops.lift(target, x1)
     _same_rank("margin_ranking", [x1, x2, target], "input1, input2 and target")
-    return _reduce(ops.relu(margin - target * (x1 - x2)), reduction)
+    return reduce_loss(ops.relu(margin - target * (x1 - x2)), reduction)
 
 
 def hinge_embedding(x: Tensor, target: Tensor, margin: float = 1.0, reduction: str = "mean") -> Tensor:
@@ -97,14 +97,14 @@ def hinge_embedding(x: Tensor, target: Tensor, margin: float = 1.0, reduction: s
     x = ops.lift(x)
     target = ops.lift(target, x)
     elem = ops.where(target != 1.0, ops.relu(margin - x), 0.0) + ops.where(target != -1.0, x, 0.0)
-    return _reduce(elem, reduction)
+    return reduce_loss(elem, reduction)
 
 
 def soft_margin(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     """``log(1 + exp(-target x))``, as ``-logsigmoid(target x)`` (no overflow at any ``|x|``)."""
     check_reduction("soft_margin", reduction)
     x = ops.lift(x)
-    return _reduce(-logsigmoid(ops.lift(target, x) * x), reduction)
+    return reduce_loss(-logsigmoid(ops.lift(target, x) * x), reduction)
 
 
 def multilabel_soft_margin(x: Tensor, target: Tensor, weight: Tensor | None = None,
@@ -116,8 +116,8 @@ def multilabel_soft_margin(x: Tensor, target: Tensor, weight: Tensor | None = No
     target = ops.lift(target, x)
     elem = -(target * logsigmoid(x) + (1.0 - target) * logsigmoid(-x))
     if weight is not None:
-        elem = elem * _like(weight, x)
-    return _reduce(ops.sum(elem, axis=-1) / _dim_size(elem, -1), reduction)
+        elem = elem * like_dtype(weight, x)
+    return reduce_loss(ops.sum(elem, axis=-1) / dim_size(elem, -1), reduction)
 
 
 def multilabel_margin(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
@@ -162,7 +162,7 @@ def multi_margin(x: Tensor, target: Tensor, p: int = 1, margin: float = 1.0, wei
             ops.same_dim("multi_margin", [x, target], x.shape[0] if x.ndim == 2 else 1, target.shape[0],
                          "input and target batch sizes")
     if weight is not None:
-        weight = _like(weight, x)
+        weight = like_dtype(weight, x)
         if weight.shape is not None and x.shape is not None:
             if weight.ndim != 1:
                 raise op_error("multi_margin", [x, weight], f"weight must be [C], got rank {weight.ndim}",
@@ -201,7 +201,7 @@ def triplet_margin_with_distance(anchor: Tensor, positive: Tensor, negative: Ten
     far = dist(anchor, negative)
     if swap:
         far = ops.minimum(far, dist(positive, negative))
-    return _reduce(ops.relu(margin + dist(anchor, positive) - far), reduction)
+    return reduce_loss(ops.relu(margin + dist(anchor, positive) - far), reduction)
 
 
 def triplet_margin(anchor: Tensor, positive: Tensor, negative: Tensor, margin: float = 1.0, p: float = 2.0,
