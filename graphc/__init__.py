@@ -69,6 +69,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_math", op) for op in _MATH_OPS},
     **{op: ("graphc.dsl.ops_views", op) for op in _VIEW_OPS},
     **{op: ("graphc.dsl.ops_nn", op) for op in _NN_OPS},
+    **{op: ("graphc.dsl.ops_order", op) for op in ("median", "nanmedian", "cummax", "cummin")},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import ops, ops_array, ops_divide, ops_math, ops_nn, ops_views
+from graphc.dsl import ops, ops_array, ops_divide, ops_math, ops_nn, ops_order, ops_views
 from graphc.dsl.builder import user_source
 from graphc.dsl.indexing import getitem
 from graphc.dsl.tensor import Tensor
@@ -40,17 +40,21 @@ def _transpose(self: Tensor, *dims: Any) -> Tensor:
     return ops.transpose(self, list(dims))
 
 
-def _reduction(reduce: Any, elementwise: Any = None) -> Any:
+def _reduction(reduce: Any, elementwise: Any = None, indexed: Any = None) -> Any:
     """A reduction method under numpy's and torch's keywords: ``x.sum(axis, keepdims)`` or
     ``x.sum(dim=1, keepdim=True)``; with ``elementwise``, a Tensor argument is torch's binary form
-    (``x.max(y)`` is ``gc.maximum(x, y)``)."""
+    (``x.max(y)`` is ``gc.maximum(x, y)``); with ``indexed``, one int dim gives torch's
+    ``(values, indices)`` (``ops_order.ValuesIndices``, also the values Tensor)."""
     def method(self: Tensor, axis: Any = None, keepdims: bool = False, *, dim: Any = None,
                keepdim: bool | None = None) -> Tensor:
         if elementwise is not None and isinstance(axis, Tensor):
             return elementwise(self, axis)
         if dim is not None and axis is not None:
             raise CaptureError(f"give the reduced dims once, as axis= or dim=, not both (at {user_source()})")
-        return reduce(self, axis if dim is None else dim, keepdims if keepdim is None else keepdim)
+        axis, keepdims = axis if dim is None else dim, keepdims if keepdim is None else keepdim
+        if indexed is not None and isinstance(axis, int):
+            return indexed(self, axis, keepdims)
+        return reduce(self, axis, keepdims)
     return method
 
 
@@ -95,7 +99,8 @@ def _array_function(self: Tensor, func: Any, types: Any, args: Any, kwargs: Any)
 def _numpy_refused(what: str, name: str, tensor: Tensor) -> CaptureError:
     """CaptureError for a numpy function given a traced value, suggesting the gc.* function."""
     gc_name = _GC_NAMES.get(name, name)
-    known = any(gc_name in module.__all__ for module in (ops, ops_array, ops_divide, ops_math, ops_nn, ops_views))
+    known = any(gc_name in module.__all__ for module in (ops, ops_array, ops_divide, ops_math, ops_nn, ops_order,
+                                                         ops_views))
     hint = f"use gc.{gc_name}(...) instead" if known else "graphc has no function of that name: build it from gc.* ops"
     return CaptureError(f"{what} cannot run on traced value {tensor.value.name}: {tensor.type_str()} at "
                       f"{user_source()}: numpy cannot see inside the graph being captured; {hint}")
@@ -125,7 +130,8 @@ METHODS = {
     "reshape": _reshape, "transpose": _transpose,
     "flatten": lambda a, start_dim=0, end_dim=-1: ops.flatten(a, start_dim, end_dim),
     "sum": _reduction(ops.sum), "mean": _reduction(ops.mean),
-    "max": _reduction(ops.max, ops.maximum), "min": _reduction(ops.min, ops.minimum),
+    "max": _reduction(ops.max, ops.maximum, ops_order.max_dim),
+    "min": _reduction(ops.min, ops.minimum, ops_order.min_dim),
     "astype": lambda a, dtype: ops.cast(a, dtype), "detach": ops.detach,
     "relu": ops.relu, "exp": ops.exp, "log": ops.log, "sqrt": ops.sqrt,
     "softmax": _softmax_method(ops.softmax), "log_softmax": _softmax_method(ops.log_softmax),

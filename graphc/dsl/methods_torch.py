@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from graphc.dsl import ops, ops_array, ops_divide, ops_math, ops_views
+from graphc.dsl import ops, ops_array, ops_divide, ops_math, ops_order, ops_views
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.tensor import Tensor
 
@@ -76,6 +76,8 @@ METHODS = {
     "new_zeros": lambda a, *size, dtype=None: _new_full(a, _dims(size), 0, dtype),
     "new_ones": lambda a, *size, dtype=None: _new_full(a, _dims(size), 1, dtype),
     "new_full": _new_full, "clone": lambda a: a, "numel": _numel,
+    "median": ops_order.median, "nanmedian": ops_order.nanmedian, "cummax": ops_order.cummax,
+    "cummin": ops_order.cummin,
 }
 
 for _name, _method in METHODS.items():

@@ -10,6 +10,7 @@ from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos
                                   ones, ones_like, pad, permute, pow, repeat, roll, rsqrt, scatter, sin, split, std,
                                   tile, topk, tril, triu, var, zeros, zeros_like)
 from graphc.dsl.ops_divide import fmod, remainder
+from graphc.dsl.ops_order import cummax, cummin, median, nanmedian
 from graphc.dsl.ops_fold import fold, unfold
 from graphc.dsl.ops_math import (all, amax, amin, any, ceil, floor, frac, isfinite, isinf, isnan, logaddexp,
                                  logical_and, logical_not, logical_or, logical_xor, nan_to_num, neg, norm, prod,
@@ -51,8 +52,9 @@ def mean(input, *args, **kwargs):  # noqa: A002
 
 
 def max(input, *args, **kwargs):  # noqa: A001, A002
-    """``torch.max(input, dim=None, keepdim=False)`` (the values only, as ``Tensor.max``), or
-    ``torch.max(input, other)``, the elementwise maximum."""
+    """``torch.max(input)``, the largest value; ``torch.max(input, dim, keepdim=False)``, torch's
+    ``(values, indices)`` (also the values Tensor, as ``Tensor.max``); or ``torch.max(input,
+    other)``, the elementwise maximum."""
     return ops.lift(input).max(*args, **kwargs)
 
 
@@ -101,4 +103,5 @@ __all__ = [
     "cosine_embedding_loss", "gaussian_nll_loss", "hinge_embedding_loss", "margin_ranking_loss", "multi_margin_loss",
     "multilabel_margin_loss", "multilabel_soft_margin_loss", "pairwise_distance", "poisson_nll_loss",
     "soft_margin_loss", "triplet_margin_loss", "triplet_margin_with_distance_loss",
+    "cummax", "cummin", "median", "nanmedian",
 ]
