@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphc.dsl import ops, ops_layers
+import numpy as np
+
+from graphc.dsl import ops, ops_layers, ops_nn
 from graphc.dsl.builder import op_error, user_source
 from graphc.errors import CaptureError
+from graphc.model.dtypes import to_numpy
 from graphc.nn import init
 from graphc.nn.module import Module, Parameter
 from graphc.dsl.tensor import Tensor
@@ -32,20 +35,26 @@ class GroupNorm(Module):
 
 
 class _InstanceNorm(Module):
-    """PyTorch's defaults: ``affine=False``, no running statistics (the batch's own, in
-    training and inference alike)."""
+    """PyTorch's defaults: ``affine=False``, no running statistics (the batch's own, in training
+    and inference alike). With ``track_running_stats`` the buffers ``running_mean``/``running_var``
+    (zeros, ones) and ``num_batches_tracked`` (never stepped, as torch's) are torch's: training
+    mode normalises each sample by its own statistics and updates the running ones by their mean
+    over the batch, eval mode normalises by the running ones."""
 
     _spatial: str  # the layout after the channels, and the batched input's rank
     _rank: int
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = False,
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
                  track_running_stats: bool = False, dtype: Any = "float32", *, bias: bool = True):
         super().__init__()
-        if track_running_stats:
-            raise CaptureError(f"{type(self).__name__} with track_running_stats=True is not supported")
-        self.num_features, self.eps = num_features, eps
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.track_running_stats = track_running_stats
         self.weight = Parameter(shape=(num_features,), init=init.ones, dtype=dtype) if affine else None
         self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine and bias else None
+        if track_running_stats:
+            self.running_mean = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype, buffer=True)
+            self.running_var = Parameter(shape=(num_features,), init=init.ones, dtype=dtype, buffer=True)
+            self.num_batches_tracked = Parameter(shape=(), init=init.zeros, dtype="int64", buffer=True)
 
     def forward(self, x: Tensor) -> Tensor:
         """``(N, C, *spatial)``, or an unbatched ``(C, *spatial)`` as in PyTorch."""
@@ -56,8 +65,28 @@ class _InstanceNorm(Module):
                            f"{x.ndim}", user_source())
         batched = ops.unsqueeze(x, [0]) if x.ndim < rank else x
         ops.same_dim(name, [x], batched.shape[1], self.num_features, "input channels and num_features")
-        y = ops_layers.instance_norm(batched, self.weight, self.bias, self.eps)
+        if self.track_running_stats:
+            y = self._tracked(batched)
+        else:
+            y = ops_layers.instance_norm(batched, self.weight, self.bias, self.eps)
         return ops.squeeze(y, [0]) if x.ndim < rank else y
+
+    def _tracked(self, x: Tensor) -> Tensor:
+        """As torch's ``instance_norm``: a BatchNormalization of ``x`` as ``[1, N*C, *spatial]``
+        with the running statistics tiled N times (in training mode each sample's channel is a
+        channel of its own; the training graphs average the tiled statistics' updates over the
+        batch, ``passes/training/modes.py``), then the affine per channel."""
+        ones = np.ones(self.num_features, to_numpy(x.dtype))
+        batch = ops.emit("Slice", [ops.emit("Shape", [x]), ops.const_i64([0]), ops.const_i64([1])])
+        tiled = [ops.emit("Tile", [ops.lift(t, x), batch])
+                 for t in (self.running_mean, self.running_var, ones, np.zeros_like(ones))]
+        rows = ops.emit("Reshape", [x, ops.const_i64([1, -1] + [0] * (x.ndim - 2))])
+        y = ops.reshape_like(ops_nn.batch_norm(rows, *tiled, training=self.training, eps=self.eps,
+                                               momentum=0.0 if self.momentum is None else self.momentum), x)
+        per_channel = [self.num_features] + [1] * (x.ndim - 2)
+        if self.weight is not None:
+            y = y * ops.reshape(ops.lift(self.weight, x), per_channel)
+        return y if self.bias is None else y + ops.reshape(ops.lift(self.bias, x), per_channel)
 
 
 class InstanceNorm1d(_InstanceNorm):

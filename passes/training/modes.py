@@ -21,8 +21,9 @@
   the *unbiased* batch variance for ``running_var``; for torch's cumulative moving average
   (``momentum=None``, the node names its ``num_batches_tracked`` counter in metadata:
   ``add_batch_counters`` made it an int64 initializer) ``1 - m`` is ``1/num_batches_tracked``
-  after the counter's increment, as torch's. It returns ``{stat name: updated value}`` (the
-  counters' included) for the step to output.
+  after the counter's increment, as torch's. A statistic tiled N times (an instance norm with
+  running statistics, ``tracked_stat``) is updated by the mean of its N updates. It returns
+  ``{stat name: updated value}`` (the counters' included) for the step to output.
 """
 
 from __future__ import annotations
@@ -44,9 +45,22 @@ def batchnorm_stats(graph: ir.Graph) -> list[str]:
     for node in graph:
         if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
             for value in node.inputs[3:5]:
-                if value is not None and value.is_initializer() and value.name not in names:
-                    names.append(value.name)
+                stat = tracked_stat(value)
+                if stat is not None and stat.name not in names:
+                    names.append(stat.name)
     return names
+
+
+def tracked_stat(value: ir.Value | None) -> ir.Value | None:
+    """The initializer a BatchNormalization's running statistic is, or tiles along its one axis
+    (``gc.nn.InstanceNorm*d(track_running_stats=True)``, torch's instance norm: a BatchNorm of
+    ``[1, N*C, ...]`` on the statistics tiled N times); else None."""
+    if value is None or value.is_initializer():
+        return value
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Tile" and producer.inputs[0].is_initializer():
+        return producer.inputs[0]
+    return None
 
 
 def add_batch_counters(graph: ir.Graph) -> list[str]:
@@ -285,7 +299,12 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node, device: str)
         if old is not None:
             replace_value(old, new)
     graph.remove(node, safe=True)
-    updated.update({v.name: new for v, new in ((mean_in, new_mean), (var_in, new_var)) if v.is_initializer()})
+    for value, new in ((mean_in, new_mean), (var_in, new_var)):
+        stat = tracked_stat(value)
+        if stat is not None and stat is not value:  # tiled per sample: the samples' updates averaged, as torch
+            new = b.reduce("ReduceMean", b.op("Reshape", new, b.ints([-1, stat.shape[0]])), [0], keepdims=0)
+        if stat is not None:
+            updated[stat.name] = new
     return updated
 
 
