@@ -15,9 +15,9 @@ import graphc.nn.functional as F
 from graphc import nn
 
 try:
-    from torch_grad_util import gc_grads, run_both
+    from torch_grad_util import assert_directional_derivatives, gc_grads, run_both
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import gc_grads, run_both
+    from tests.torch_grad_util import assert_directional_derivatives, gc_grads, run_both
 
 R = np.random.default_rng(21)
 W4 = R.uniform(0.2, 2.0, 4)  # class weights
@@ -145,13 +145,7 @@ def test_gradients_match_float64_finite_differences(name, fn, make, wrt):
     rng = np.random.default_rng(len(name))
     c = np.asarray(rng.standard_normal(model.outputs[0].shape))
     grads = _ours(fn, x, y, wrt, c, "numpy")
-    eps = 1e-6
-    for _ in range(2):
-        t = {k: rng.standard_normal(np.shape(v)) for k, v in (("x", x), ("y", y)) if k in wrt}
-        f = [float((sess.run({k: v + s * eps * t[k] if k in t else v for k, v in (("x", x), ("y", y))})["output"]
-                    * c).sum()) for s in (1, -1)]
-        predicted = sum(float((grads[k] * t[k]).sum()) for k in t)
-        np.testing.assert_allclose(predicted, (f[0] - f[1]) / (2 * eps), rtol=1e-6, atol=1e-8)
+    assert_directional_derivatives(sess, {"x": x, "y": y}, grads, [k for k in "xy" if k in wrt], c, rng)
 
 
 def test_weighted_mean_divides_by_the_picked_weights():

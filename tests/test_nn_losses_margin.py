@@ -14,9 +14,9 @@ import graphc.nn.functional as F
 from graphc import nn
 
 try:
-    from torch_grad_util import gc_grads, run_both
+    from torch_grad_util import assert_directional_derivatives, gc_grads, run_both
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import gc_grads, run_both
+    from tests.torch_grad_util import assert_directional_derivatives, gc_grads, run_both
 
 R = np.random.default_rng(47)
 REDUCTIONS = ("none", "mean", "sum")
@@ -159,13 +159,7 @@ def test_gradients_match_float64_finite_differences(case):
     rng = np.random.default_rng(len(name))
     c = np.asarray(rng.standard_normal(model.outputs[0].shape))
     grads = _ours(fn, reduction, xs, wrt, c, "numpy")
-    eps = 1e-6
-    for _ in range(2):
-        t = {f"a{i}": rng.standard_normal(np.shape(xs[i])) for i in (fd[0] if fd else wrt)}
-        f = [float((sess.run({k: v + s * eps * t[k] if k in t else v for k, v in feeds.items()})["output"]
-                    * c).sum()) for s in (1, -1)]
-        predicted = sum(float((grads[k] * t[k]).sum()) for k in t)
-        np.testing.assert_allclose(predicted, (f[0] - f[1]) / (2 * eps), rtol=1e-6, atol=1e-8)
+    assert_directional_derivatives(sess, feeds, grads, [f"a{i}" for i in (fd[0] if fd else wrt)], c, rng)
 
 
 W4 = R.uniform(0.2, 2.0, 4)

@@ -83,6 +83,18 @@ def assert_grads_match_central_differences(fn, x: np.ndarray, module=None, backe
                                        atol=1e-8, err_msg=f"{backend}: d loss / d {name}")
 
 
+def assert_directional_derivatives(session: gc.Session, feeds: dict, grads: dict, wrt, c: np.ndarray,
+                                   rng: np.random.Generator, eps: float = 1e-6) -> None:
+    """Along two random directions ``t`` of the feeds named in ``wrt``: ``sum(grads * t)`` against
+    central differences of ``sum(output * c)``, ``session``'s forward (float64)."""
+    for _ in range(2):
+        t = {k: rng.standard_normal(np.shape(feeds[k])) for k in wrt}
+        f = [float((session.run({k: v + s * eps * t[k] if k in t else v for k, v in feeds.items()})["output"]
+                    * c).sum()) for s in (1, -1)]
+        predicted = sum(float((grads[k] * t[k]).sum()) for k in t)
+        np.testing.assert_allclose(predicted, (f[0] - f[1]) / (2 * eps), rtol=1e-6, atol=1e-8)
+
+
 def assert_module_matches_torch(layer, torch_layer, x: np.ndarray, batched: bool = True, rtol: float = 1e-5,
                                 atol: float = 1e-5) -> None:
     """The gc.nn ``layer`` against ``torch_layer`` holding the same weights, on ``x``: the output and

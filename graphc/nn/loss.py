@@ -269,34 +269,26 @@ class GaussianNLLLoss(_Loss):
 
 
 class _MarginLoss(_Loss):
-    def __init__(self, margin: float, size_average: bool | None = None, reduce: bool | None = None,
+    _margin = 0.0  # torch's default margin for the loss
+
+    def __init__(self, margin: float | None = None, size_average: bool | None = None, reduce: bool | None = None,
                  reduction: str = "mean"):
         super().__init__(size_average, reduce, reduction)
-        self.margin = margin
+        self.margin = self._margin if margin is None else margin
 
 
 class CosineEmbeddingLoss(_MarginLoss):
-    def __init__(self, margin: float = 0.0, size_average: bool | None = None, reduce: bool | None = None,
-                 reduction: str = "mean"):
-        super().__init__(margin, size_average, reduce, reduction)
-
     def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
         return losses_margin.cosine_embedding(input1, input2, target, self.margin, self.reduction)
 
 
 class MarginRankingLoss(_MarginLoss):
-    def __init__(self, margin: float = 0.0, size_average: bool | None = None, reduce: bool | None = None,
-                 reduction: str = "mean"):
-        super().__init__(margin, size_average, reduce, reduction)
-
     def forward(self, input1: Tensor, input2: Tensor, target: Tensor) -> Tensor:
         return losses_margin.margin_ranking(input1, input2, target, self.margin, self.reduction)
 
 
 class HingeEmbeddingLoss(_MarginLoss):
-    def __init__(self, margin: float = 1.0, size_average: bool | None = None, reduce: bool | None = None,
-                 reduction: str = "mean"):
-        super().__init__(margin, size_average, reduce, reduction)
+    _margin = 1.0
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
         return losses_margin.hinge_embedding(input, target, self.margin, self.reduction)
