@@ -75,6 +75,26 @@ def fixed_model() -> onnx.ModelProto:
     return model
 
 
+def loop_model() -> onnx.ModelProto:
+    """y = x + n (float32[1]) by a Loop of n steps: a tiny body whose request takes as long as n says."""
+    def info(name, kind, shape):
+        return helper.make_tensor_value_info(name, kind, shape)
+
+    body = helper.make_graph(
+        [helper.make_node("Add", ["v_in", "one"], ["v_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [info("i", TensorProto.INT64, []), info("cond_in", TensorProto.BOOL, []),
+                 info("v_in", TensorProto.FLOAT, [1])],
+        [info("cond_out", TensorProto.BOOL, []), info("v_out", TensorProto.FLOAT, [1])],
+        [numpy_helper.from_array(np.array([1.0], np.float32), "one")])
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["go"], value=numpy_helper.from_array(np.array(True), "go")),
+         helper.make_node("Loop", ["n", "go", "x"], ["y"], body=body)],
+        "loop", [info("n", TensorProto.INT64, []), info("x", TensorProto.FLOAT, [1])], [info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 # -- text protobuf ------------------------------------------------------------------------------
 
 _TOKEN = re.compile(r'\s*(?:(#[^\n]*)|("(?:[^"\\]|\\.)*")|([A-Za-z_][\w.]*)|(-?\d+(?:\.\d+)?)|([:{}\[\],]))')
@@ -209,3 +229,37 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def closed_by_server(sock: socket.socket, deadline: float) -> bool:
+    """Whether the server closes ``sock`` (EOF or reset, after any 408 reply) before ``deadline``."""
+    sock.settimeout(max(0.01, deadline - time.monotonic()))
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def read_reply(sock: socket.socket) -> bytes:
+    """One whole HTTP reply (head and Content-Length bytes of body) read from ``sock``."""
+    reply = b""
+    while b"\r\n\r\n" not in reply or len(reply.split(b"\r\n\r\n", 1)[1]) < int(
+            re.search(rb"(?i)content-length: *(\d+)", reply).group(1)):
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection in its reply: {reply[:200]!r}"
+        reply += chunk
+    return reply
+
+
+def headed(port: int, head_length: int, model: str = "loop") -> socket.socket:
+    """A connection that sent an infer request's head (``Expect: 100-continue``) and got the
+    server's 100: the app is reading its body."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % (model.encode(), head_length))
+    assert sock.recv(1024).startswith(b"HTTP/1.1 100"), "the server did not ask for the body"
+    return sock

@@ -21,7 +21,8 @@ import numpy as np
 import onnx
 import pytest
 
-from serve_util import mixed_feeds, mixed_model, rss_mb, serve_process
+from serve_util import (closed_by_server, headed, loop_model, mixed_feeds, mixed_model, read_reply, rss_mb,
+                        serve_process)
 
 READ_TIMEOUT = 3.0
 
@@ -51,19 +52,6 @@ def half_open(port: int, kind: str) -> socket.socket:
     elif kind == "body":
         sock.sendall(b"POST /v2/models/mixed/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs\": [")
     return sock
-
-
-def closed_by_server(sock: socket.socket, deadline: float) -> bool:
-    """Whether the server closes ``sock`` (EOF or reset, after any 408 reply) before ``deadline``."""
-    sock.settimeout(max(0.01, deadline - time.monotonic()))
-    try:
-        while sock.recv(4096):
-            pass
-        return True
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
 
 
 def still_open(sock: socket.socket) -> bool:
@@ -226,28 +214,6 @@ def test_the_default_read_timeout_is_at_most_30_s():
     assert config.timeout_keep_alive <= server.DEFAULT_READ_TIMEOUT and config.backlog >= 4096
 
 
-def loop_model() -> onnx.ModelProto:
-    """y = x + n (float32[1]) by a Loop of n steps: a tiny body whose request takes as long as n says."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    def info(name, kind, shape):
-        return helper.make_tensor_value_info(name, kind, shape)
-
-    body = helper.make_graph(
-        [helper.make_node("Add", ["v_in", "one"], ["v_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"])],
-        "body", [info("i", TensorProto.INT64, []), info("cond_in", TensorProto.BOOL, []),
-                 info("v_in", TensorProto.FLOAT, [1])],
-        [info("cond_out", TensorProto.BOOL, []), info("v_out", TensorProto.FLOAT, [1])],
-        [numpy_helper.from_array(np.array([1.0], np.float32), "one")])
-    graph = helper.make_graph(
-        [helper.make_node("Constant", [], ["go"], value=numpy_helper.from_array(np.array(True), "go")),
-         helper.make_node("Loop", ["n", "go", "x"], ["y"], body=body)],
-        "loop", [info("n", TensorProto.INT64, []), info("x", TensorProto.FLOAT, [1])], [info("y", TensorProto.FLOAT, [1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
 def test_a_slow_request_with_a_small_body_never_holds_up_other_connections(tmp_path):
     # It is the model's first request, and a few hundred bytes: both once ran on the event loop.
 
@@ -270,27 +236,6 @@ def test_a_slow_request_with_a_small_body_never_holds_up_other_connections(tmp_p
     assert took > 1.0 and answered < 0.3 + 0.5, (answered, took)  # live answered while the model ran
 
 
-def _reply(sock: socket.socket) -> bytes:
-    """One whole HTTP reply (head and Content-Length bytes of body) read from ``sock``."""
-    reply = b""
-    while b"\r\n\r\n" not in reply or len(reply.split(b"\r\n\r\n", 1)[1]) < int(
-            re.search(rb"(?i)content-length: *(\d+)", reply).group(1)):
-        chunk = sock.recv(65536)
-        assert chunk, f"the server closed the connection in its reply: {reply[:200]!r}"
-        reply += chunk
-    return reply
-
-
-def _headed(port: int, head_length: int) -> socket.socket:
-    """A connection that sent an infer request's head (``Expect: 100-continue``) and got the
-    server's 100: the app is reading its body."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    sock.sendall(b"POST /v2/models/loop/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % head_length)
-    assert sock.recv(1024).startswith(b"HTTP/1.1 100"), "the server did not ask for the body"
-    return sock
-
-
 def test_sigterm_is_prompt_with_a_stalled_body_and_answers_whole_requests(tmp_path):
     """A connection that sent its head and part of its body, then stalls, once held the shutdown
     for the whole read timeout (30 s); a request received whole before SIGTERM is still answered."""
@@ -298,13 +243,13 @@ def test_sigterm_is_prompt_with_a_stalled_body_and_answers_whole_requests(tmp_pa
     body = json.dumps({"inputs": [{"name": "n", "datatype": "INT64", "shape": [], "data": [1_000_000]},
                                   {"name": "x", "datatype": "FP32", "shape": [1], "data": [0.5]}]}).encode()
     with serve_process(str(tmp_path / "loop.onnx"), "--backend", "ort-cpu") as (proc, port):
-        stalled = _headed(port, 1000)
+        stalled = headed(port, 1000)
         stalled.sendall(b'{"inputs": [')
-        whole = _headed(port, len(body))
+        whole = headed(port, len(body))
         whole.sendall(body)
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        reply = _reply(whole)
+        reply = read_reply(whole)
         answered = time.monotonic() - start
         code = proc.wait(timeout=60)
         took = time.monotonic() - start
@@ -374,7 +319,7 @@ def good_request_to(port: int, model: str) -> httpx.Response:
                       json={"inputs": [{"name": "n", "shape": [1], "datatype": "INT64", "data": [3]}]})
 
 
-def test_sigterm_is_prompt_with_a_client_that_never_reads_its_reply(tmp_path):
+def test_sigterm_is_prompt_with_a_client_that_never_reads_itsread_reply(tmp_path):
     """A reply its client stopped reading once held a graceful shutdown for the whole read timeout
     (30 s here); it is dropped 2 s after the client last read, as a stalled request body is."""
     onnx.save(fill_model(), str(tmp_path / "fill.onnx"))
@@ -406,7 +351,7 @@ def test_a_request_the_http_parser_refuses_gets_a_json_400_naming_why(model_file
         for case, (rest, why) in MALFORMED.items():
             sock = socket.create_connection(("127.0.0.1", port), timeout=10)
             sock.sendall(b"POST /v2/models/mixed/infer HTTP/1.1\r\nHost: x\r\n" + rest)
-            reply = _reply(sock)
+            reply = read_reply(sock)
             assert closed_by_server(sock, time.monotonic() + 5), case
             sock.close()
             head, body = reply.split(b"\r\n\r\n", 1)
