@@ -35,7 +35,7 @@ class DeadlineProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol that closes a connection when a request (headers and body) is
     not in within ``read_timeout`` seconds of its first byte, when a new connection sends nothing
     for that long, or when the client stops reading a reply for that long. A request cut off
-    before its headers are complete gets a 408 first. At shutdown, a request whose body is still
+    in its headers or its body gets a 408 first. At shutdown, a request whose body is still
     arriving is closed once it sends nothing for ``SHUTDOWN_IDLE`` seconds, and a reply the
     client stops reading is dropped after as long: uvicorn would wait for them, so a stalled
     client held the shutdown for the whole read timeout."""
@@ -121,8 +121,10 @@ class DeadlineProtocol(HttpToolsProtocol):
     def _expire(self) -> None:
         if self.transport.is_closing():
             return
-        # No request of this connection owns the reply yet (it is still in its headers): say why.
-        if self._write_deadline is None and (self.cycle is None or self.cycle.response_complete):
+        # No reply is under way (the request is still in its headers, or the app still waits for its
+        # body): say why. The app then reads a disconnect, and uvicorn drops whatever it sends.
+        replying = self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete
+        if self._write_deadline is None and not replying:
             self.transport.write(_TIMEOUT_REPLY)
         self.transport.close()
 

@@ -1,0 +1,65 @@
+"""How many requests `graphc serve` holds, and what a stalled request leaves behind, against the
+server in its own process: past ``--max-queue`` requests are refused from their headers with a
+503 while the held ones are answered; a body that stops arriving gets a 408 and its bytes go."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import onnx
+
+from serve_util import closed_by_server, headed, loop_model, mixed_model, read_reply, rss_mb, serve_process
+
+
+def loop_body(n: int, x: float) -> bytes:
+    return json.dumps({"inputs": [{"name": "n", "datatype": "INT64", "shape": [], "data": [n]},
+                                  {"name": "x", "datatype": "FP32", "shape": [1], "data": [x]}]}).encode()
+
+
+def post(port: int, body: bytes, length: int | None = None) -> socket.socket:
+    """A connection that sent an infer request for the loop model: its head (Content-Length
+    ``length``, the body's by default) and ``body``."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.sendall(b"POST /v2/models/loop/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                 % (len(body) if length is None else length, body))
+    return sock
+
+
+def split(reply: bytes) -> tuple[bytes, dict]:
+    head, body = reply.split(b"\r\n\r\n", 1)
+    return head.lower(), json.loads(body)
+
+
+def test_a_body_that_stalls_gets_a_408_and_its_bytes_are_freed(tmp_path):
+    """20 requests that each send 8 MB of a 16 MB binary body, then nothing: each is answered 408
+    and closed at the read timeout, and the server's memory comes back down."""
+    onnx.save(mixed_model(), str(tmp_path / "mixed.onnx"))
+    header = json.dumps({"inputs": [{"name": "x", "shape": [4 << 20, 1], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 16 << 20}}]}).encode()
+    with serve_process(str(tmp_path / "mixed.onnx"), "--backend", "numpy", "--read-timeout", "6") as (proc, port):
+        before = rss_mb(proc.pid)
+        stalled = []
+        for _ in range(20):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+            sock.sendall(b"POST /v2/models/mixed/infer HTTP/1.1\r\nHost: x\r\nInference-Header-Content-Length: %d\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(header), len(header) + (16 << 20), header))
+            sock.sendall(bytes(8 << 20))
+            stalled.append(sock)
+        deadline = time.monotonic() + 30  # until the server has read what was sent
+        while (grown := rss_mb(proc.pid)) - before < 100 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for sock in stalled:
+            reply = read_reply(sock)
+            assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+            assert split(reply)[1] == {"error": "request not received in time"}
+            assert closed_by_server(sock, time.monotonic() + 30)
+            sock.close()
+        deadline = time.monotonic() + 30
+        while rss_mb(proc.pid) - before > 50 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        after = rss_mb(proc.pid)
+        assert grown - before > 100, (before, grown)  # the partial bodies were held
+        assert after - before < 50, f"RSS {before:.0f} MB before, {grown:.0f} MB stalled, {after:.0f} MB after"
