@@ -33,6 +33,43 @@ def split(reply: bytes) -> tuple[bytes, dict]:
     return head.lower(), json.loads(body)
 
 
+def test_requests_past_max_queue_are_refused_at_once_and_the_held_ones_answered(tmp_path):
+    onnx.save(loop_model(), str(tmp_path / "loop.onnx"))
+    with serve_process(str(tmp_path / "loop.onnx"), "--backend", "ort-cpu", "--max-queue", "2") as (_, port):
+        bodies = [loop_body(200_000, 0.5), loop_body(100_000, 1.5)]
+        held = [headed(port, len(body)) for body in bodies]  # the server reads both bodies: the queue is full
+        refused = [post(port, loop_body(5, 0.0)) for _ in range(3)]
+        # headers only, announcing a 200 MB body: refused without waiting for a byte of it
+        refused.append(post(port, b"", length=200 << 20))
+        for sock in refused:
+            head, error = split(read_reply(sock))
+            assert head.startswith(b"http/1.1 503") and b"connection: close" in head, head
+            assert "already holds 2 infer requests" in error["error"] and "--max-queue" in error["error"], error
+            assert closed_by_server(sock, time.monotonic() + 30)
+            sock.close()
+        assert httpx.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=30).status_code == 200
+        for sock, body, want in zip(held, bodies, (200_000.5, 100_001.5)):
+            sock.sendall(body)
+            head, reply = split(read_reply(sock))
+            assert head.startswith(b"http/1.1 200") and reply["outputs"][0]["data"] == [want], (head, reply)
+            sock.close()
+        # the held requests gave their places back
+        for _ in range(3):
+            sock = post(port, loop_body(7, 1.0))
+            head, reply = split(read_reply(sock))
+            assert head.startswith(b"http/1.1 200") and reply["outputs"][0]["data"] == [8.0], (head, reply)
+            sock.close()
+
+
+def test_the_default_queue_limit_holds_more_than_a_thread_pool():
+    import inspect
+
+    from graphc.serving import serve as serving
+    from graphc.serving.kserve import infer
+
+    assert 32 < infer.DEFAULT_MAX_QUEUE == inspect.signature(serving.serve).parameters["max_queue"].default
+
+
 def test_a_body_that_stalls_gets_a_408_and_its_bytes_are_freed(tmp_path):
     """20 requests that each send 8 MB of a 16 MB binary body, then nothing: each is answered 408
     and closed at the read timeout, and the server's memory comes back down."""

@@ -13,29 +13,30 @@ import signal
 import threading
 from typing import Any, Callable
 
-from graphc.serving.kserve.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES
+from graphc.serving.kserve.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_QUEUE
 from graphc.serving.kserve.repository import load_models
 from graphc.serving.kserve.server import DEFAULT_READ_TIMEOUT
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_READ_TIMEOUT", "create_app", "serve"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_QUEUE", "DEFAULT_READ_TIMEOUT", "create_app",
+           "serve"]
 
 
 def create_app(model_or_path_or_repo: Any, backend: str = "auto", name: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
-               **session_options: Any):
+               max_queue: int = DEFAULT_MAX_QUEUE, **session_options: Any):
     """The FastAPI app serving ``model_or_path_or_repo`` (a ``gc.Model``, an ``.onnx`` file or a
     Triton repository folder); sessions are created here, once, with ``session_options``
     (``gc.Session``'s, e.g. ``threads``)."""
     from graphc.serving.kserve.app import create_app as _create
 
     models = load_models(model_or_path_or_repo, name=name, backend=backend, **session_options)
-    return _create(models, max_body_bytes, max_json_bytes)
+    return _create(models, max_body_bytes, max_json_bytes, max_queue)
 
 
 def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000, backend: str = "auto",
           name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-          max_json_bytes: int = DEFAULT_MAX_JSON_BYTES, read_timeout: float = DEFAULT_READ_TIMEOUT,
-          log_level: str = "warning", access_log: bool = False,
+          max_json_bytes: int = DEFAULT_MAX_JSON_BYTES, max_queue: int = DEFAULT_MAX_QUEUE,
+          read_timeout: float = DEFAULT_READ_TIMEOUT, log_level: str = "warning", access_log: bool = False,
           on_ready: Callable[..., None] | None = None,
           **session_options: Any) -> None:
     """Serve until SIGINT or SIGTERM, then finish in-flight requests and return normally (a
@@ -54,6 +55,8 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
             read in full.
         max_json_bytes: the largest JSON part of a request (JSON tensor data costs far more
             memory than its bytes; large tensors belong in the binary section).
+        max_queue: the most infer requests held at once (being received, waiting or running);
+            past it a request gets 503 from its headers alone, and its connection closes.
         read_timeout: seconds a connection has to send a whole request (or, once connected, its
             first byte; or to read a reply it stopped reading) before it is closed.
         on_ready: called once the server accepts connections, with the ``(host, port)`` it listens
@@ -63,7 +66,7 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
     from graphc.serving.kserve import server as kserver
 
     app = create_app(model_or_path_or_repo, backend=backend, name=name, max_body_bytes=max_body_bytes,
-                     max_json_bytes=max_json_bytes, **session_options)
+                     max_json_bytes=max_json_bytes, max_queue=max_queue, **session_options)
     # Every held connection is a descriptor: allow as many as the system does.
     kserver.raise_descriptor_limit()
     sock = kserver.listen(host, port)

@@ -19,12 +19,12 @@ from starlette.exceptions import HTTPException
 
 from graphc.errors import GraphcError
 from graphc.serving.kserve import schemas
-from graphc.serving.kserve.infer import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, INFER_PATH, Limits, error_reply,
-                                 forget, handle_infer, send_reply)
+from graphc.serving.kserve.infer import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_QUEUE, INFER_PATH,
+                                         Limits, error_reply, forget, handle_infer, send_reply)
 from graphc.serving.kserve.protocol import ProtocolError
 from graphc.serving.kserve.repository import ServedModel
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "KServeApp", "create_app"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_QUEUE", "KServeApp", "create_app"]
 
 
 class ModelRegistry:
@@ -130,7 +130,7 @@ def _describe_infer(schema: dict[str, Any]) -> None:
                               ("400", "Malformed request"), ("404", "Unknown model or version"),
                               ("413", "Body or JSON larger than the server's limit"),
                               ("415", "Unsupported Content-Encoding"), ("500", "Internal error"),
-                              ("503", "Backend unavailable"))}},
+                              ("503", "Backend unavailable, or the server holds --max-queue requests"))}},
         }
 
 
@@ -147,8 +147,9 @@ def _closing_unless_continued(receive: Any, send: Any) -> tuple[Any, Any]:
         return await receive()
 
     async def sending(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start" and not continued:
-            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+        headers = message.get("headers", ())
+        if message["type"] == "http.response.start" and not continued and (b"connection", b"close") not in headers:
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
         await send(message)
 
     return reading, sending
@@ -185,13 +186,13 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def create_app(models: dict[str, dict[str, ServedModel]], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> KServeApp:
+               max_json_bytes: int = DEFAULT_MAX_JSON_BYTES, max_queue: int = DEFAULT_MAX_QUEUE) -> KServeApp:
     """The KServe v2 app for already-loaded models, name -> version -> model as
     ``repository.load_models`` returns them (see ``graphc.serving.serve.create_app`` to load)."""
     from graphc import __version__
 
     registry = ModelRegistry(models)
-    app = KServeApp(registry, Limits(max_body_bytes, max_json_bytes), title="graphc KServe v2 server",
+    app = KServeApp(registry, Limits(max_body_bytes, max_json_bytes, max_queue), title="graphc KServe v2 server",
                     version=__version__, docs_url=None, redoc_url=None)
     _install_error_handlers(app)
 

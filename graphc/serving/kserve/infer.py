@@ -37,6 +37,10 @@ HEAVY_BYTES = 1 << 20
 DEFAULT_MAX_BODY_BYTES = 256 << 20
 DEFAULT_MAX_JSON_BYTES = 32 << 20
 HEAVY_AT_ONCE = 4
+# Infer requests held at once (being received, waiting for a thread or running); past it a request
+# is refused with 503 from its headers, before its body is read, so a flood of them cannot hold
+# memory or queue without end. 128 keeps a few threads' worth of work queued behind the running ones.
+DEFAULT_MAX_QUEUE = 128
 _log = logging.getLogger("graphc.serve")
 
 
@@ -52,11 +56,14 @@ def error_reply(exc: Exception) -> tuple[int, str]:
 
 class Limits:
     """What one request may cost: body bytes (also after decompression), bytes of JSON, and how
-    many requests larger than ``HEAVY_BYTES`` decode and run at once."""
+    many requests larger than ``HEAVY_BYTES`` decode and run at once; and how many infer requests
+    the server holds at once (``queue``; ``held`` counts them)."""
 
-    def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES):
-        self.body, self.json = max_body_bytes, max_json_bytes
+    def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
+                 max_queue: int = DEFAULT_MAX_QUEUE):
+        self.body, self.json, self.queue = max_body_bytes, max_json_bytes, max_queue
         self.heavy = CapacityLimiter(HEAVY_AT_ONCE)
+        self.held = 0
 
 
 def forget(exc: BaseException) -> None:
@@ -165,6 +172,22 @@ async def _send(send: Callable, status: int, body: bytes, content_type: bytes,
 
 async def handle_infer(lookup: Callable[[str, str | None], ServedModel], limits: Limits, match: re.Match,
                        scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+    """Answer one infer request, or refuse it with 503 and ``connection: close`` without reading its
+    body when ``limits.queue`` requests are already held."""
+    if limits.held >= limits.queue:
+        await _send(send, 503, error_body(f"the server already holds {limits.queue} infer requests, its limit "
+                                          "(--max-queue); retry later"), b"application/json",
+                    [(b"connection", b"close"), (b"retry-after", b"1")])
+        return
+    limits.held += 1
+    try:
+        await _answer(lookup, limits, match, scope, receive, send)
+    finally:
+        limits.held -= 1
+
+
+async def _answer(lookup: Callable[[str, str | None], ServedModel], limits: Limits, match: re.Match,
+                  scope: dict[str, Any], receive: Callable, send: Callable) -> None:
     """Answer one infer request; every failure becomes ``{"error": ...}`` with a 4xx/5xx, and
     frees what the request allocated before the reply goes out."""
     try:
