@@ -3,6 +3,7 @@ binary tensors, FP32/INT64/BOOL, batch 1 and 64, concurrency; outputs equal gc.S
 
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
@@ -396,3 +397,33 @@ def test_outputs_are_reshaped_to_their_config_dims_as_triton_does(tmp_path):
             np.testing.assert_array_equal(result.as_numpy("y"), 2 * x)
             np.testing.assert_allclose(result.as_numpy("s"), x.sum(axis=(1, 2))[:, None], rtol=1e-5)
         client.close()
+
+
+def test_nan_and_infinity_outputs_are_written_as_triton_writes_them(tmp_path):
+    """JSON has no NaN: Triton (since server PR 3870) writes the tokens NaN, Infinity and -Infinity, which
+    tritonclient (rapidjson) and Python's json read back; binary outputs carry the exact bits."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Log", ["x"], ["y"])], "log",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "log.onnx"))
+    x = np.array([-1.0, 0.0, np.inf, 2.0], np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = np.log(x)  # nan, -inf, inf, 0.693...
+    with running_server(create_app(tmp_path / "log.onnx", backend="ort-cpu")) as address:
+        client = httpclient.InferenceServerClient(address)
+        feed = httpclient.InferInput("x", list(x.shape), "FP32")
+        feed.set_data_from_numpy(x, binary_data=True)  # JSON data refuses non-finite numbers (a strict request)
+        for binary in (False, True):
+            result = client.infer("log", [feed], outputs=[httpclient.InferRequestedOutput("y", binary_data=binary)])
+            np.testing.assert_array_equal(result.as_numpy("y"), want)
+        client.close()
+        header = b'{"inputs":[{"name":"x","shape":[4],"datatype":"FP32","parameters":{"binary_data_size":16}}]}'
+        reply = httpx.post(f"http://{address}/v2/models/log/infer", content=header + x.tobytes(),
+                           headers={"Inference-Header-Content-Length": str(len(header))}, timeout=30)
+    text = reply.text
+    assert reply.status_code == 200 and '"data":[NaN,-Infinity,Infinity,0.69' in text, text
+    np.testing.assert_array_equal(np.array(json.loads(text)["outputs"][0]["data"], np.float32), want)
