@@ -1,6 +1,7 @@
 """How many requests `graphc serve` holds, and what a stalled request leaves behind, against the
 server in its own process: past ``--max-queue`` requests are refused from their headers with a
-503 while the held ones are answered; a body that stops arriving gets a 408 and its bytes go."""
+503 while the held ones are answered; a body that stops arriving gets a 408 and its bytes go; a
+request head past ``MAX_HEAD_BYTES`` gets a 431."""
 
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ def loop_body(n: int, x: float) -> bytes:
                                   {"name": "x", "datatype": "FP32", "shape": [1], "data": [x]}]}).encode()
 
 
-def post(port: int, body: bytes, length: int | None = None) -> socket.socket:
+def post(port: int, body: bytes, length: int | None = None, headers: bytes = b"") -> socket.socket:
     """A connection that sent an infer request for the loop model: its head (Content-Length
-    ``length``, the body's by default) and ``body``."""
+    ``length``, the body's by default; ``headers`` more lines) and ``body``."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
-    sock.sendall(b"POST /v2/models/loop/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
-                 % (len(body) if length is None else length, body))
+    sock.sendall(b"POST /v2/models/loop/infer HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s"
+                 % (headers, len(body) if length is None else length, body))
     return sock
 
 
@@ -104,3 +105,28 @@ def test_a_body_that_stalls_gets_a_408_and_its_bytes_are_freed(tmp_path):
                 sock.close()
             after.append(rss_mb(proc.pid))
         assert after[-1] - after[0] < 50, f"RSS {before:.0f} MB at first, then {after} MB after each round"
+
+
+def test_a_head_past_the_limit_gets_a_431_at_once_and_one_within_it_is_served(tmp_path):
+    """httptools bounds neither a header nor the header list: a client sent 1.4 GB of headers in
+    4 s, all held by the server (RSS 125 MB -> 1.5 GB) until the read timeout."""
+    from graphc.serving.kserve.server import MAX_HEAD_BYTES
+
+    onnx.save(loop_model(), str(tmp_path / "loop.onnx"))
+    body = loop_body(3, 0.5)
+    with serve_process(str(tmp_path / "loop.onnx"), "--backend", "numpy", "--read-timeout", "120") as (_, port):
+        for extra in (b"X-Big: %s\r\n" % (b"b" * MAX_HEAD_BYTES),                   # one large header
+                      b"".join(b"X-%d: %s\r\n" % (i, b"a" * 90) for i in range(1000))):  # many small ones
+            sock = socket.create_connection(("127.0.0.1", port), timeout=60)  # well within the read timeout
+            sock.sendall(b"POST /v2/models/loop/infer HTTP/1.1\r\nHost: x\r\n" + extra)  # the head goes on
+            head, error = split(read_reply(sock))
+            assert head.startswith(b"http/1.1 431") and b"connection: close" in head, head
+            assert error == {"error": f"the request line and headers exceed the server's limit of {MAX_HEAD_BYTES} "
+                                      "bytes"}, error
+            assert closed_by_server(sock, time.monotonic() + 30)
+            sock.close()
+        headers = b"".join(b"X-%d: %s\r\n" % (i, b"a" * 90) for i in range(MAX_HEAD_BYTES // 100 - 20))
+        sock = post(port, body, headers=headers)
+        head, reply = split(read_reply(sock))
+        assert head.startswith(b"http/1.1 200") and reply["outputs"][0]["data"] == [3.5], (head, reply)
+        sock.close()

@@ -17,7 +17,7 @@ import sys
 from typing import Any, Callable
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from graphc.errors import ServeError
 from graphc.serving.kserve.protocol import error_body
@@ -26,16 +26,27 @@ DEFAULT_READ_TIMEOUT = 30.0
 # At shutdown, seconds a request still arriving may go without sending a byte before it is closed.
 SHUTDOWN_IDLE = 2.0
 DEFAULT_BACKLOG = 4096
-_TIMEOUT_BODY = error_body("request not received in time")
-_TIMEOUT_REPLY = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                  b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_TIMEOUT_BODY), _TIMEOUT_BODY))
+# The most bytes of a request line and headers (httptools sets no bound, so a client could send
+# gigabytes of headers within the read timeout); above it a 431. Node allows 16 KiB, Go 1 MiB.
+MAX_HEAD_BYTES = 64 << 10
+
+
+def closing_reply(status: int, message: str, head: bytes = b"") -> bytes:
+    """The bytes of a JSON error reply that closes its connection; ``head``: more header lines."""
+    body = error_body(message)
+    return b"%s%scontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (
+        STATUS_LINE[status], head, len(body), body)
+
+
+_TIMEOUT_REPLY = closing_reply(408, "request not received in time")
+_HEAD_TOO_LARGE = closing_reply(431, f"the request line and headers exceed the server's limit of {MAX_HEAD_BYTES} bytes")
 
 
 class DeadlineProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol that closes a connection when a request (headers and body) is
     not in within ``read_timeout`` seconds of its first byte, when a new connection sends nothing
     for that long, or when the client stops reading a reply for that long. A request cut off
-    in its headers or its body gets a 408 first. At shutdown, a request whose body is still
+    in its headers or its body gets a 408 first; one whose head passes ``MAX_HEAD_BYTES``, a 431. At shutdown, a request whose body is still
     arriving is closed once it sends nothing for ``SHUTDOWN_IDLE`` seconds, and a reply the
     client stops reading is dropped after as long: uvicorn would wait for them, so a stalled
     client held the shutdown for the whole read timeout."""
@@ -47,6 +58,8 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._write_deadline: asyncio.TimerHandle | None = None
         self._idle_deadline: asyncio.TimerHandle | None = None  # armed at shutdown, reset by each byte
         self._write_wait = read_timeout  # seconds a reply may go unread; SHUTDOWN_IDLE once shutting down
+        self._head_bytes = 0  # bytes received since the current request's head began
+        self._in_body = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -57,13 +70,23 @@ class DeadlineProtocol(HttpToolsProtocol):
         if self._read_deadline is None:  # a later request on a kept-alive connection: its own deadline
             self._read_deadline = self.loop.call_later(self.read_timeout, self._expire)
 
+    def on_headers_complete(self) -> None:
+        self._in_body, self._head_bytes = True, 0
+        super().on_headers_complete()
+
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self._in_body = False
         self._cancel("_read_deadline")
         self._cancel("_idle_deadline")
 
     def data_received(self, data: bytes) -> None:
+        in_head = not self._in_body
+        if in_head:
+            self._head_bytes += len(data)
         super().data_received(data)
+        if in_head and not self._in_body and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+            self._reply_and_close(_HEAD_TOO_LARGE)  # still in the head after all these bytes
         if self._idle_deadline is not None:
             self._idle_deadline.cancel()
             self._idle_deadline = self.loop.call_later(SHUTDOWN_IDLE, self._expire)
@@ -106,10 +129,9 @@ class DeadlineProtocol(HttpToolsProtocol):
         """uvicorn's reply to a request its HTTP parser refuses, as ``{"error": ...}`` like every
         other error, naming what the parser found (it is called while handling the parser's error)."""
         found = sys.exc_info()[1]
-        body = error_body(f"invalid HTTP request: {found}" if found is not None and str(found) else msg)
-        head = [b"%s: %s\r\n" % pair for pair in self.server_state.default_headers]
-        self.transport.write(b"HTTP/1.1 400 Bad Request\r\n%scontent-type: application/json\r\ncontent-length: %d\r\n"
-                             b"connection: close\r\n\r\n%s" % (b"".join(head), len(body), body))
+        head = b"".join(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers)
+        self.transport.write(closing_reply(400, f"invalid HTTP request: {found}" if found is not None and str(found)
+                                           else msg, head))
         self.transport.close()
 
     def _cancel(self, name: str) -> None:
@@ -119,13 +141,16 @@ class DeadlineProtocol(HttpToolsProtocol):
             setattr(self, name, None)
 
     def _expire(self) -> None:
-        if self.transport.is_closing():
-            return
-        # No reply is under way (the request is still in its headers, or the app still waits for its
-        # body): say why. The app then reads a disconnect, and uvicorn drops whatever it sends.
+        if not self.transport.is_closing():
+            self._reply_and_close(_TIMEOUT_REPLY)
+
+    def _reply_and_close(self, reply: bytes) -> None:
+        """Send ``reply`` when no reply is under way (the request is still in its head, or the app
+        still waits for its body), then close. The app then reads a disconnect, and uvicorn drops
+        whatever it sends."""
         replying = self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete
         if self._write_deadline is None and not replying:
-            self.transport.write(_TIMEOUT_REPLY)
+            self.transport.write(reply)
         self.transport.close()
 
 
