@@ -89,7 +89,8 @@ def loop_model() -> onnx.ModelProto:
     graph = helper.make_graph(
         [helper.make_node("Constant", [], ["go"], value=numpy_helper.from_array(np.array(True), "go")),
          helper.make_node("Loop", ["n", "go", "x"], ["y"], body=body)],
-        "loop", [info("n", TensorProto.INT64, []), info("x", TensorProto.FLOAT, [1])], [info("y", TensorProto.FLOAT, [1])])
+        "loop", [info("n", TensorProto.INT64, []), info("x", TensorProto.FLOAT, [1])],
+        [info("y", TensorProto.FLOAT, [1])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model

@@ -17,8 +17,8 @@ from graphc.serving.kserve.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_B
 from graphc.serving.kserve.repository import load_models
 from graphc.serving.kserve.server import DEFAULT_READ_TIMEOUT
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_QUEUE", "DEFAULT_READ_TIMEOUT", "create_app",
-           "serve"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_QUEUE", "DEFAULT_READ_TIMEOUT",
+           "create_app", "serve"]
 
 
 def create_app(model_or_path_or_repo: Any, backend: str = "auto", name: str | None = None,

@@ -26,8 +26,10 @@ DEFAULT_READ_TIMEOUT = 30.0
 # At shutdown, seconds a request still arriving may go without sending a byte before it is closed.
 SHUTDOWN_IDLE = 2.0
 DEFAULT_BACKLOG = 4096
-# The most bytes of a request line and headers (httptools sets no bound, so a client could send
-# gigabytes of headers within the read timeout); above it a 431. Node allows 16 KiB, Go 1 MiB.
+# The most bytes of a request that are not body: its request line and headers, and of a chunked
+# body its chunk framing and trailers beyond the body's own size. httptools bounds none of them, so
+# a client could send gigabytes of headers or trailers within the read timeout, all held; above it
+# a 431. (Node allows 16 KiB of headers, Go 1 MiB.)
 MAX_HEAD_BYTES = 64 << 10
 
 
@@ -39,14 +41,16 @@ def closing_reply(status: int, message: str, head: bytes = b"") -> bytes:
 
 
 _TIMEOUT_REPLY = closing_reply(408, "request not received in time")
-_HEAD_TOO_LARGE = closing_reply(431, f"the request line and headers exceed the server's limit of {MAX_HEAD_BYTES} bytes")
+_HEAD_TOO_LARGE = closing_reply(431, f"the request line and headers (trailers included) exceed the server's limit "
+                                        f"of {MAX_HEAD_BYTES} bytes")
 
 
 class DeadlineProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol that closes a connection when a request (headers and body) is
     not in within ``read_timeout`` seconds of its first byte, when a new connection sends nothing
     for that long, or when the client stops reading a reply for that long. A request cut off
-    in its headers or its body gets a 408 first; one whose head passes ``MAX_HEAD_BYTES``, a 431. At shutdown, a request whose body is still
+    in its headers or its body gets a 408 first; one that sends more than ``MAX_HEAD_BYTES`` bytes
+    besides its body (and as many as its body), a 431. At shutdown, a request whose body is still
     arriving is closed once it sends nothing for ``SHUTDOWN_IDLE`` seconds, and a reply the
     client stops reading is dropped after as long: uvicorn would wait for them, so a stalled
     client held the shutdown for the whole read timeout."""
@@ -58,8 +62,8 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._write_deadline: asyncio.TimerHandle | None = None
         self._idle_deadline: asyncio.TimerHandle | None = None  # armed at shutdown, reset by each byte
         self._write_wait = read_timeout  # seconds a reply may go unread; SHUTDOWN_IDLE once shutting down
-        self._head_bytes = 0  # bytes received since the current request's head began
-        self._in_body = False
+        self._other_bytes = self._body_bytes = 0  # of the request being received
+        self._completed = False  # a request ended in the data being parsed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -70,23 +74,26 @@ class DeadlineProtocol(HttpToolsProtocol):
         if self._read_deadline is None:  # a later request on a kept-alive connection: its own deadline
             self._read_deadline = self.loop.call_later(self.read_timeout, self._expire)
 
-    def on_headers_complete(self) -> None:
-        self._in_body, self._head_bytes = True, 0
-        super().on_headers_complete()
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._in_body = False
+        self._other_bytes = self._body_bytes = 0
+        self._completed = True
         self._cancel("_read_deadline")
         self._cancel("_idle_deadline")
 
     def data_received(self, data: bytes) -> None:
-        in_head = not self._in_body
-        if in_head:
-            self._head_bytes += len(data)
+        body_before, self._completed = self._body_bytes, False
         super().data_received(data)
-        if in_head and not self._in_body and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
-            self._reply_and_close(_HEAD_TOO_LARGE)  # still in the head after all these bytes
+        # The bytes after a request that ended in ``data`` belong to the next one, uncounted (at most
+        # one read's worth).
+        if not self._completed:
+            self._other_bytes += len(data) - (self._body_bytes - body_before)
+            if self._other_bytes > MAX_HEAD_BYTES + self._body_bytes and not self.transport.is_closing():
+                self._reply_and_close(_HEAD_TOO_LARGE)
         if self._idle_deadline is not None:
             self._idle_deadline.cancel()
             self._idle_deadline = self.loop.call_later(SHUTDOWN_IDLE, self._expire)
