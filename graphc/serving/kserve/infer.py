@@ -175,7 +175,7 @@ async def handle_infer(lookup: Callable[[str, str | None], ServedModel], limits:
     """Answer one infer request, or refuse it with 503 and ``connection: close`` without reading its
     body when ``limits.queue`` requests are already held."""
     if limits.held >= limits.queue:
-        await _send(send, 503, error_body(f"the server already holds {limits.queue} infer requests, its limit "
+        await _send(send, 503, error_body(f"the server holds its limit of {limits.queue} infer requests at once "
                                           "(--max-queue); retry later"), b"application/json",
                     [(b"connection", b"close"), (b"retry-after", b"1")])
         return
