@@ -35,9 +35,9 @@ def create_app(model_or_path_or_repo: Any, backend: str = "auto", name: str | No
 
 def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000, backend: str = "auto",
           name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-          max_json_bytes: int = DEFAULT_MAX_JSON_BYTES, max_queue: int = DEFAULT_MAX_QUEUE,
-          read_timeout: float = DEFAULT_READ_TIMEOUT, log_level: str = "warning", access_log: bool = False,
-          on_ready: Callable[..., None] | None = None,
+          max_json_bytes: int = DEFAULT_MAX_JSON_BYTES, read_timeout: float = DEFAULT_READ_TIMEOUT,
+          log_level: str = "warning", access_log: bool = False,
+          on_ready: Callable[..., None] | None = None, max_queue: int = DEFAULT_MAX_QUEUE,
           **session_options: Any) -> None:
     """Serve until SIGINT or SIGTERM, then finish in-flight requests and return normally (a
     request whose body stops arriving, or a reply its client stops reading, for ``SHUTDOWN_IDLE``
@@ -55,12 +55,12 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
             read in full.
         max_json_bytes: the largest JSON part of a request (JSON tensor data costs far more
             memory than its bytes; large tensors belong in the binary section).
-        max_queue: the most infer requests held at once (being received, waiting or running);
-            past it a request gets 503 from its headers alone, and its connection closes.
         read_timeout: seconds a connection has to send a whole request (or, once connected, its
             first byte; or to read a reply it stopped reading) before it is closed.
         on_ready: called once the server accepts connections, with the ``(host, port)`` it listens
             on (for ``port=0``, the port the system chose) when it takes an argument.
+        max_queue: the most infer requests held at once (being received, waiting or running);
+            past it a request gets 503 from its headers alone, and its connection closes.
         **session_options: given to every ``gc.Session`` (e.g. ``threads=1``).
     """
     from graphc.serving.kserve import server as kserver
