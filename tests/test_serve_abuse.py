@@ -233,7 +233,9 @@ def test_a_slow_request_with_a_small_body_never_holds_up_other_connections(tmp_p
         slow.join()
         took = time.monotonic() - started
     assert replies[0].status_code == 200 and replies[0].json()["outputs"][0]["data"] == [3_000_000.0]
-    assert took > 1.0 and answered < 0.3 + 0.5, (answered, took)  # live answered while the model ran
+    # live answered while the model ran: well before the slow reply (a loaded machine stretches both), where a model
+    # run on the event loop answers it only once the run ends
+    assert took > 1.0 and answered < 0.5 * took, (answered, took)
 
 
 def test_sigterm_is_prompt_with_a_stalled_body_and_answers_whole_requests(tmp_path):
