@@ -294,11 +294,28 @@ def test_fit_on_a_loader_with_ignore_index_0_trains_as_one_process(ray_cluster):
     dp = gc.Trainer(arts, **WORKER)
     got = dp.fit(loader, epochs=1, progress=False, quiet=True)
     np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=2e-5)
-    data["y"][8:] = 0  # the second batch ignores every label: its mean is over nothing
-    with pytest.raises(gc.InputError, match="no sample of the batch counts"), pytest.warns(match="other data"):
-        dp.fit(gc.data.DataLoader(data, batch_size=8, shuffle=False), epochs=2, progress=False, quiet=True)
-    assert dp.step_count == 3
     dp.shutdown()
+
+
+def test_fit_skips_a_batch_of_ignored_labels_and_weighs_a_shard_of_them_as_one_process(ray_cluster):
+    """A batch whose every label is ignore_index is skipped with a warning, as by one process
+    (the workers' fit raised "no sample of the batch counts"); a batch whose first shard holds only
+    ignored labels steps as one process does on the whole batch (torch's mean over the labels kept)."""
+    arts = _arts("mlp", "sgd-momentum")
+    data = _data("mlp", 32)
+    data["y"][8:12] = IGNORED   # batch 2: its first worker's shard counts nothing
+    data["y"][16:24] = IGNORED  # batch 3: nothing counts
+    loader = gc.data.DataLoader(data, batch_size=8, shuffle=False)
+    runs = []
+    for trainer in (gc.Trainer(arts, backend="ort-cpu"), gc.Trainer(arts, **WORKER)):
+        with pytest.warns(UserWarning, match=r"epoch 1, batch 3 of 4: every label in 'y' is the ignore index 3; skip"):
+            history = trainer.fit(loader, epochs=1, progress=False, quiet=True)
+        runs.append((history, trainer.params, trainer.step_count))
+    (want, want_params, want_steps), (got, got_params, got_steps) = runs
+    assert got_steps == want_steps == 3
+    np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=2e-5)
+    assert got.epochs[0].samples == want.epochs[0].samples == 24
+    _close(got_params, want_params)
 
 
 def test_a_0_row_predict_is_empty_and_a_shut_down_trainer_says_so(ray_cluster):

@@ -110,14 +110,23 @@ class DataLoader:
         ``rows`` (a data-parallel worker's shard)."""
         return self._gather(self.order(epoch), index, rows)
 
-    def _gather(self, order: np.ndarray, index: int, rows: slice = slice(None)) -> dict[str, np.ndarray]:
+    def column(self, epoch: int, index: int, name: str) -> np.ndarray:
+        """Array ``name`` of batch ``index`` of ``epoch`` alone (a data-parallel driver reads the
+        labels so, the workers the rest)."""
+        return np.ascontiguousarray(self.arrays[name][self._span(self.order(epoch), index, slice(None))])
+
+    def _span(self, order: np.ndarray, index: int, rows: slice) -> slice | np.ndarray:
+        """Where ``rows`` of batch ``index`` lie in the arrays: a slice, or indices when shuffled."""
         start = index * self.batch_size
         lo, hi, _ = rows.indices(min(self.batch_size, self.num_samples - start))
         lo, hi = start + lo, start + max(hi, lo)
-        if not self.shuffle:
-            return {name: np.ascontiguousarray(a[lo:hi]) for name, a in self.arrays.items()}
-        idx = order[lo:hi]
-        return {name: a[idx] for name, a in self.arrays.items()}
+        return slice(lo, hi) if not self.shuffle else order[lo:hi]
+
+    def _gather(self, order: np.ndarray, index: int, rows: slice = slice(None)) -> dict[str, np.ndarray]:
+        span = self._span(order, index, rows)
+        if isinstance(span, slice):
+            return {name: np.ascontiguousarray(a[span]) for name, a in self.arrays.items()}
+        return {name: a[span] for name, a in self.arrays.items()}
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:

@@ -187,8 +187,7 @@ class DistributedTrainer(Trainer):
         read = isinstance(batch, LoaderBatch)
         if noise:  # a train step
             refuse_empty(feeds, "a train step")
-            if not read:  # zeros stand in for its labels: fit checked the loader's, the workers weigh the real ones
-                check_labels(self.manifest, feeds, "a train step")
+            check_labels(self.manifest, feeds, "a train step")
         rows = next((len(a) for n, a in feeds.items() if n in self._rows), 0)
         given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
         out = []
@@ -308,13 +307,8 @@ class DistributedTrainer(Trainer):
                 shared = self._ray.put(loader)
                 self._get([r.use_loader.remote(shared) for r in self._replicas], "sending the data loader")
                 self._loader_sent = loader
-            loader = _ReadOnWorkers(loader)
+            loader = _ReadOnWorkers(loader, self._label_names())
         super()._fit_epoch(loader, history, *args)
-
-    def _counts_nothing(self, batch: Mapping[str, np.ndarray]) -> bool:
-        # a LoaderBatch's labels are zero stand-ins: the workers weigh the real ones, and a batch
-        # of ignored labels only fails its step (``averaging.divisor``)
-        return not isinstance(batch, LoaderBatch) and super()._counts_nothing(batch)
 
     def _end_epoch(self, metrics: dict[str, float]):
         record = super()._end_epoch(metrics)
@@ -342,13 +336,15 @@ class DistributedTrainer(Trainer):
 
 
 class LoaderBatch(dict):
-    """Batch ``index`` of ``epoch`` of the loader the workers hold: each array's name maps to a
-    zero-stride stand-in with the batch's shape and dtype, so the driver checks the batch and
-    counts its rows without the data, which each worker reads for its own rows."""
+    """Batch ``index`` of ``epoch`` of the loader the workers hold: the ``labels`` arrays are the
+    batch's own (so the driver skips a batch of ignored labels, as one process does), each other
+    array's name maps to a zero-stride stand-in with the batch's shape and dtype, so the driver
+    checks the batch and counts its rows without the data, which each worker reads for its own rows."""
 
-    def __init__(self, loader: DataLoader, epoch: int, index: int):
+    def __init__(self, loader: DataLoader, epoch: int, index: int, labels: set[str]):
         rows = min(loader.batch_size, loader.num_samples - index * loader.batch_size)
-        super().__init__({n: np.broadcast_to(np.zeros((), a.dtype), (rows, *a.shape[1:]))
+        super().__init__({n: loader.column(epoch, index, n) if n in labels else
+                          np.broadcast_to(np.zeros((), a.dtype), (rows, *a.shape[1:]))
                           for n, a in loader.arrays.items()})
         self.epoch, self.index = epoch, index
 
@@ -356,8 +352,11 @@ class LoaderBatch(dict):
 class _ReadOnWorkers:
     """``loader`` as ``Trainer._fit_epoch`` iterates it, yielding ``LoaderBatch`` positions."""
 
-    def __init__(self, loader: DataLoader):
-        self.loader = loader
+    def __init__(self, loader: DataLoader, labels: set[str]):
+        self.loader, self.labels = loader, labels
+
+    def __len__(self) -> int:
+        return len(self.loader)
 
     def iter_epoch(self, epoch: int, start: int = 0):
-        return (LoaderBatch(self.loader, epoch, index) for index in range(start, len(self.loader)))
+        return (LoaderBatch(self.loader, epoch, index, self.labels) for index in range(start, len(self.loader)))
