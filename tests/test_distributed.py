@@ -241,6 +241,40 @@ def test_batchnorm_and_dropout_are_per_replica_as_in_ddp(ray_cluster, tmp_path):
     _close({s: got[s] for s in stats}, stats, rtol=1e-6)
 
 
+class _CumulativeBNNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn, self.fc2 = nn.Linear(8, 16), nn.BatchNorm1d(16, momentum=None), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return {"logits": self.fc2(gc.relu(self.bn(self.fc1(x))))}
+
+
+def test_cumulative_batchnorm_statistics_and_counter_are_rank_0s_as_in_ddp(ray_cluster, tmp_path):
+    """BatchNorm(momentum=None) averages every batch statistic so far (factor 1/num_batches_tracked):
+    after each data-parallel step the statistics and the counter are what one process makes from the
+    same state on rank 0's shard (DDP's broadcast_buffers), the counter counts steps (not shards),
+    and the params those of the 2-worker average."""
+    model = gc.capture(_CumulativeBNNet(), seed=0, x=gc.spec("float32", ("N", 8)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
+    dp = gc.Trainer(arts, **WORKER)
+    buffers = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
+    for step in range(3):
+        batch = blobs(11, seed=10 + step)
+        dp.save_checkpoint(tmp_path / f"before{step}")
+        one = gc.Trainer(arts, backend="ort-cpu")
+        one.load_checkpoint(tmp_path / f"before{step}")
+        one.step({k: v[:6] for k, v in batch.items()})  # rank 0's shard of 11 rows
+        dp.step(batch)
+        got, want = dp.state_dict(), one.state_dict()
+        _close({b: got[b] for b in buffers}, {b: want[b] for b in buffers}, rtol=1e-6)
+        assert int(got["bn.num_batches_tracked"]) == step + 1
+        first, second = dp.worker_states()
+        for name in buffers:
+            np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+    dp.shutdown()
+
+
 def test_a_resumed_run_draws_the_noise_of_the_checkpoints_seed(ray_cluster, tmp_path):
     """The workers seed their Dropout noise with the trainer's seed: a resume without the
     original ``seed=`` drew other noise."""
