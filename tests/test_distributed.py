@@ -18,6 +18,7 @@ import pytest
 
 import graphc as gc
 from graphc import nn
+from graphc.errors import ArtifactsError
 from graphc.runtime.distributed.cluster import LOCAL_ENV, connect
 from graphc.models.cnn import LeNet
 from graphc.models.two_layer_net import TwoLayerNet
@@ -350,6 +351,41 @@ def test_fit_skips_a_batch_of_ignored_labels_and_weighs_a_shard_of_them_as_one_p
     np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=2e-5)
     assert got.epochs[0].samples == want.epochs[0].samples == 24
     _close(got_params, want_params)
+
+
+class _Tagger(nn.Module):
+    """An RNN tagger: logits [N, C, L] batch-first, [L, C, N] time-major, labels [N, L] / [L, N]."""
+
+    def __init__(self, batch_first: bool):
+        super().__init__()
+        self.rnn, self.fc = nn.RNN(4, 6, batch_first=batch_first), nn.Linear(6, 3)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return {"logits": self.fc(out).transpose(1, 2)}
+
+
+def test_a_time_major_rnn_is_refused_and_its_batch_first_twin_steps_as_one_process(ray_cluster):
+    """Time-major inputs [L, N, ...] start with the sequence dim, which the workers split: each
+    ran a piece of every sequence from a zero state, a step unlike one process's (silently)."""
+    def arts(batch_first):
+        shape = ("N", "L", 4) if batch_first else ("L", "N", 4)
+        model = gc.capture(_Tagger(batch_first), seed=0, x=gc.spec("float32", shape))
+        return model, gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
+
+    model, time_major = arts(False)
+    with pytest.raises(ArtifactsError, match=r"gc.Trainer\(workers=2\): RNN node .* runs over the inputs' first "
+                                                r"dim 'L' .*time-major.*batch_first=True"):
+        gc.Trainer(time_major, **WORKER)
+    x = RNG.standard_normal((5, 4, 4), dtype=np.float32)  # [L, N, 4]
+    with pytest.raises(gc.GraphError, match="map_batches: RNN node .*time-major"):
+        gc.distributed.map_batches(model, {"x": x}, backend="ort-cpu", batch_size=2, workers=2, num_cpus=0.5)
+    _, batch_first = arts(True)
+    batch = {"x": x.transpose(1, 0, 2).copy(), "y": RNG.integers(0, 3, (4, 5))}
+    dp, single = gc.Trainer(batch_first, **WORKER), gc.Trainer(batch_first, backend="ort-cpu")
+    assert dp.step(batch) == pytest.approx(single.step(batch), rel=1e-5)
+    _close(dp.params, single.params, atol=1e-6)
+    dp.shutdown()
 
 
 def test_a_0_row_predict_is_empty_and_a_shut_down_trainer_says_so(ray_cluster):

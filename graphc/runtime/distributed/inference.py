@@ -19,7 +19,7 @@ import numpy as np
 
 from graphc.errors import GraphError, InputError
 from graphc.runtime.distributed.cluster import check_resources, connect, get
-from graphc.runtime.distributed.rows import batch_dim, by_rows
+from graphc.runtime.distributed.rows import batch_dim, by_rows, time_major
 
 __all__ = ["map_batches"]
 
@@ -80,7 +80,8 @@ def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size
         gc.BackendUnavailable: the backend cannot run on a worker with these resources (the
             reason, e.g. no GPU in the cluster); never a fallback to another backend.
         gc.InputError: the arrays of ``data`` differ in rows (and what ``gc.Session`` raises).
-        gc.GraphError: an output is not by rows (a scalar, say): batches' outputs cannot be joined.
+        gc.GraphError: an output is not by rows (a scalar, say): batches' outputs cannot be joined; a
+            recurrent layer runs over the rows (a time-major model): batches would cut its sequences.
     """
     from graphc.model import load
 
@@ -88,6 +89,9 @@ def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     loaded = load(model_or_path)
     dim = batch_dim(loaded.inputs)
+    cut = time_major(loaded.ir.graph, dim)
+    if cut is not None:
+        raise GraphError(f"map_batches: {cut}")
     whole = [str(s) for s in loaded.outputs if not by_rows(s, dim)]
     if whole:
         raise GraphError(f"map_batches: output(s) {'; '.join(whole)} do not start with the batch dim {dim!r} of the "

@@ -37,7 +37,7 @@ from graphc.runtime.distributed.cluster import WorkerLost, check_resources, conn
 from graphc.runtime.data import DataLoader
 from graphc.runtime.averaging import divisor
 from graphc.runtime.distributed.replica import Replica
-from graphc.runtime.distributed.rows import batch_dim, by_rows
+from graphc.runtime.distributed.rows import batch_dim, by_rows, time_major
 from graphc.errors import ArtifactsError, GraphcError
 from graphc.model.dtypes import to_numpy
 from graphc.runtime.history import History
@@ -122,6 +122,9 @@ class DistributedTrainer(Trainer):
             raise ArtifactsError("no input of the training graphs starts with a symbolic batch dim "
                                  f"({'; '.join(str(s) for s in self.batch_specs)}), so a batch cannot be split "
                                  "between workers; capture the inputs with the rows first (gc.spec(dtype, ('N', ...)))")
+        cut = time_major(self.artifacts.inference.ir.graph, dim) if self.workers > 1 else None
+        if cut is not None:
+            raise ArtifactsError(f"gc.Trainer(workers={self.workers}): {cut}")
         specs = [*self.batch_specs, *self._eval_specs, *self.noise_specs]
         self._rows = {s.name for s in specs if by_rows(s, dim, computed=True)}
         self._whole = [e.name for e in self.manifest.graphs["eval"].outputs
