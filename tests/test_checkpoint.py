@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,12 +53,36 @@ def test_non_finite_train_metric_sums_round_trip_exactly(tmp_path):
     got = ckpt.load(path)[1].progress.metric_sums
     assert np.isnan(got.pop("nan")) and got == {"inf": float("inf"), "-inf": float("-inf"), "fine": -0.25}
     for bad, message in ((None, "Input should be a valid number"), ("many", "Input should be a valid number")):
-        forged = forge(tmp_path / "f.safetensors", tensors(), progress={"metric_sums": {"acc": bad}})
+        forged = forge(tmp_path / "f.safetensors", tensors(), format=ckpt.FORMAT, progress={"metric_sums": {"acc": bad}})
         with pytest.raises(ckpt.CheckpointError, match=rf"progress\.metric_sums\.acc: {message}"):
             ckpt.load(forged)
     for field in ("loss_sum", "seconds"):
         with pytest.raises(ValueError, match="must be finite"):
             ckpt.EpochProgress(**{field: float("inf")})
+
+
+def test_a_format_3_checkpoint_with_a_null_metric_sum_loads_it_as_nan(tmp_path):
+    """Before format 4 pydantic wrote a NaN or infinite train-metric sum as null, which the loader
+    refused as not a number: the checkpoint fit had saved could not be resumed. The fixture was
+    written by graphc's checkpoint.save of 0210270~1; its digest hashed the null, and still verifies.
+    Format 4 writes "NaN" and refuses a null (above)."""
+    fixture = Path(__file__).parent / "data" / "checkpoint_null_metric_sum.safetensors"
+    assert '"recall":null' in read_header(fixture)[0]["__metadata__"]["graphc"]
+    got, meta = ckpt.load(fixture)
+    assert meta.format == "graphc-checkpoint/3" and meta.step == 3
+    sums = dict(meta.progress.metric_sums)
+    assert np.isnan(sums.pop("recall")) and sums == {"accuracy": 30.0}
+    assert ckpt.batch_weighted(meta).loss_sum == 4.5  # format 3's sums are weighted already
+    np.testing.assert_array_equal(got["w"], np.arange(6, dtype=np.float32).reshape(2, 3))
+    tampered = tmp_path / "t.safetensors"
+    data = fixture.read_bytes()
+    assert data.count(b'\\"accuracy\\":30.0') == 1
+    tampered.write_bytes(data.replace(b'\\"accuracy\\":30.0', b'\\"accuracy\\":31.0'))
+    with pytest.raises(ckpt.CheckpointError, match="does not match its recorded SHA-256"):
+        ckpt.load(tampered)
+    resaved = ckpt.save(tmp_path / "again.safetensors", got, meta)  # written now: format 4, "NaN"
+    assert '"recall":"NaN"' in read_header(resaved)[0]["__metadata__"]["graphc"]
+    assert np.isnan(ckpt.load(resaved)[1].progress.metric_sums["recall"])
 
 
 def test_missing_and_corrupted_checkpoints_fail_clearly(tmp_path):
@@ -118,7 +143,7 @@ def test_format_2_progress_is_read_weighted_by_batch_size(tmp_path):
     now = meta.model_copy(update={"format": ckpt.FORMAT})
     assert ckpt.batch_weighted(now).loss_sum == 3.0
     path = ckpt.save(tmp_path / "c.safetensors", tensors(), now)
-    assert ckpt.read_meta(path).format == "graphc-checkpoint/3"
+    assert ckpt.read_meta(path).format == "graphc-checkpoint/4"
 
 
 def test_a_format_2_checkpoint_without_format_3_fields_still_verifies(tmp_path):

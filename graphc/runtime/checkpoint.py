@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
-from pydantic import (BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError,
-                      field_validator, model_validator)
+from pydantic import (BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, PositiveInt, PrivateAttr,
+                      SerializationInfo, ValidationError, field_serializer, field_validator, model_validator)
 
 from graphc.errors import GraphcError
 from graphc.fileio import OutsideFolder, atomic_write, confined, fsync_dir, remove_stale_temps, scratch_dir
@@ -43,11 +43,15 @@ __all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "L
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
 ARTIFACTS_MANIFEST = "manifest.json"  # what makes a folder one of training artifacts (``compile.training``)
-FORMAT = "graphc-checkpoint/3"
-# Formats 1 and 2 are still read. Format 1's digest covers the tensors only (not the header);
-# both keep ``progress.loss_sum`` as the plain sum of the steps' losses (``batch_weighted``).
+FORMAT = "graphc-checkpoint/4"
+# Formats 1 to 3 are still read. Format 1's digest covers the tensors only (not the header);
+# 1 and 2 keep ``progress.loss_sum`` as the plain sum of the steps' losses (``batch_weighted``)
+# and lack format 3's fields; up to 3 a non-finite train-metric sum may be written as null
+# (pydantic's default then; format 4 writes "NaN", "Infinity", "-Infinity"), read as NaN.
 _TENSOR_ONLY_DIGEST_FORMAT = "graphc-checkpoint/1"
-FORMATS = (_TENSOR_ONLY_DIGEST_FORMAT, "graphc-checkpoint/2", FORMAT)
+_UNWEIGHTED_FORMATS = (_TENSOR_ONLY_DIGEST_FORMAT, "graphc-checkpoint/2")
+FORMATS = (*_UNWEIGHTED_FORMATS, "graphc-checkpoint/3", FORMAT)
+_NULL_SUM_FORMATS = FORMATS[:3]
 _META_KEY = "graphc"
 
 PathLike = Union[str, os.PathLike]
@@ -87,6 +91,14 @@ class EpochProgress(BaseModel):
     metric_sums: dict[str, float] = {}  # train metric -> its batch values times their examples, added in order
     metric_examples: NonNegativeInt = 0  # those examples (``averaging.examples``: labels not ignored, else rows)
 
+    @field_serializer("metric_sums", when_used="json")
+    def _sums_as_written(self, sums: dict[str, float], info: SerializationInfo) -> dict[str, Optional[float]]:
+        """With the context ``nulls`` (a checkpoint from before format 4 that held them), a
+        non-finite sum as null, as its digest hashed it."""
+        if (info.context or {}).get("nulls"):
+            return {name: value if math.isfinite(value) else None for name, value in sums.items()}
+        return sums
+
     @field_validator("loss_sum", "seconds")
     @classmethod
     def _finite(cls, value: float) -> float:
@@ -100,7 +112,7 @@ def batch_weighted(meta: "CheckpointMeta") -> EpochProgress:
     the steps' losses becomes their mean times the samples (exact where the batches were equal,
     as all but an epoch's last are), and its metric sums, weighted by rows, cover its samples."""
     sums = meta.progress.model_copy()
-    if meta.format != FORMAT and sums.steps:
+    if meta.format in _UNWEIGHTED_FORMATS and sums.steps:
         sums.loss_sum = sums.loss_sum / sums.steps * sums.samples
         sums.metric_examples = sums.samples
     return sums
@@ -123,6 +135,7 @@ class CheckpointMeta(BaseModel):
     artifacts: str = ""               # where the training graphs were loaded from, if anywhere
     interface: str = ""               # digest of the train_step interface the tensors fit
     digest: str = ""                  # sha256 over the tensor data and the fields above (filled in by save)
+    _nulls: bool = PrivateAttr(False)  # read from a header that wrote a non-finite metric sum as null
 
     @field_validator("rng")
     @classmethod
@@ -168,11 +181,12 @@ def _digest(tensors: dict[str, np.ndarray], meta: CheckpointMeta) -> str:
         exclude: dict = {"digest": True}
         if meta.seed is None:  # a header from before the seed was saved hashed without it
             exclude["seed"] = True
-        if meta.format != FORMAT:  # the header as formats 1 and 2 hashed it, without format 3's fields
+        if meta.format in _UNWEIGHTED_FORMATS:  # the header as formats 1 and 2 hashed it, without format 3's fields
             exclude["progress"] = {"metric_examples"}
             if meta.loader is not None:
                 exclude["loader"] = {"data"}
-        h.update(meta.model_dump_json(exclude=exclude).encode())
+        nulls = meta._nulls and meta.format in _NULL_SUM_FORMATS  # as read, not as written again
+        h.update(meta.model_dump_json(exclude=exclude, context={"nulls": nulls}).encode())
     for name in sorted(tensors):
         a = np.asarray(tensors[name], order="C")
         h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
@@ -351,10 +365,16 @@ def _parse_meta(target: Path, header: dict) -> CheckpointMeta:
     if found not in FORMATS:
         raise CheckpointError(f"{target}: unknown checkpoint format {found!r} (this graphc reads "
                               f"{', '.join(FORMATS)})")
+    sums = (raw.get("progress") or {}).get("metric_sums") if found in _NULL_SUM_FORMATS else None
+    nulls = isinstance(sums, dict) and None in sums.values()
+    if nulls:  # a NaN or infinite sum as pydantic wrote it then: NaN (an infinity's sign is lost)
+        raw["progress"]["metric_sums"] = {name: math.nan if value is None else value for name, value in sums.items()}
     try:
-        return CheckpointMeta.model_validate(raw)
+        meta = CheckpointMeta.model_validate(raw)
     except ValidationError as exc:
         raise CheckpointError(f"{target}: invalid checkpoint metadata ({_first_error(exc)})") from None
+    meta._nulls = nulls
+    return meta
 
 
 def _first_error(exc: ValidationError) -> str:
