@@ -241,3 +241,7 @@ def test_evaluate_loader_counts_a_batch_of_ignored_labels_only_as_nothing(backen
     logits = torch.from_numpy(trainer.predict({"x": data["x"]})["output"])
     assert history.epochs[0].eval["loss"] == pytest.approx(
         torch.nn.functional.cross_entropy(logits, torch.from_numpy(data["y"])).item(), rel=1e-12)
+    ignored = {k: v[2:4] for k, v in data.items()}  # torch's mean over them is NaN: refused, naming the loader
+    for loader in (gc.data.DataLoader(ignored, batch_size=1), [ignored]):
+        with pytest.raises(gc.InputError, match="no sample of the eval loader counts in the loss"):
+            trainer.evaluate_loader(loader)

@@ -27,10 +27,10 @@ def shard_weight(loss: dict, shard: Mapping[str, np.ndarray], rows: int) -> floa
     return float(examples(loss, shard, rows))
 
 
-def divisor(loss: dict, weight: float) -> float:
-    """What the shards' summed (weighted) losses and gradients are divided by: their total
-    weight for a mean loss, 1 for a summed one."""
+def divisor(loss: dict, weight: float, what: str = "the batch") -> float:
+    """What the shards' (or ``what``'s batches') summed weighted losses and gradients are divided
+    by: their total weight for a mean loss, 1 for a summed one."""
     if weight <= 0:
-        raise InputError("no sample of the batch counts in the loss (it has no rows, or every label is the "
+        raise InputError(f"no sample of {what} counts in the loss (it has no rows, or every label is the "
                          "ignore_index)")
     return 1.0 if (loss.get("options") or {}).get("reduction") == "sum" else weight

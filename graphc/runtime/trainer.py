@@ -511,7 +511,7 @@ class Trainer:
             loss_sum, weight, count = loss_sum + result.pop("loss") * w, weight + w, count + n
             for key, value in result.items():  # a summed loss's batch of ignored labels only: NaN metrics, counted 0
                 totals[key] = totals.get(key, 0.0) + (value * n if n else 0.0)
-        return {"loss": loss_sum / averaging.divisor(loss_spec, weight),
+        return {"loss": loss_sum / averaging.divisor(loss_spec, weight, "the eval loader"),
                 **{key: value / count if count else float("nan") for key, value in totals.items()}}
 
     # -- the loop -------------------------------------------------------------------------------------
