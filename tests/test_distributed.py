@@ -118,6 +118,21 @@ def test_two_workers_keep_a_float64_models_loss_in_float64(ray_cluster):
     dp.shutdown()
 
 
+def test_two_workers_average_float16_gradients_without_overflow(ray_cluster):
+    """Each worker scaled its gradients by its shard's example count before the average: in
+    float16 a weight gradient of ~300 times 512 labels is inf, where one process's mean is finite."""
+    model = gc.capture(nn.Linear(8, 3, dtype="float16"), x=gc.spec("float16", ("N", 8)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(1e-4))
+    batch = {"x": ((RNG.standard_normal((1024, 8)) + 3) * 100).astype(np.float16), "y": np.zeros(1024, np.int64)}
+    dp, single = gc.Trainer(arts, **WORKER), gc.Trainer(arts, backend="ort-cpu")
+    assert dp.step(batch) == pytest.approx(single.step(batch), rel=2e-3)
+    got, want = dp.params, single.params
+    for name in want:  # a float16 rounding of the averaged gradient: at most 1e-3 of the param
+        np.testing.assert_allclose(got[name].astype(np.float32), want[name].astype(np.float32), rtol=2e-3,
+                                   atol=1e-4, err_msg=name)
+    dp.shutdown()
+
+
 def test_two_workers_train_weights_train_step_holds_in_another_order(ray_cluster, tmp_path):
     """Workers run the gradients and update graphs, in the model's order; the checkpoint they
     write resumes the one-process trainer, whose train_step holds the 3x3 weights taps outer."""

@@ -3,11 +3,11 @@ that backend's device. Plain Python: ``DistributedTrainer`` runs it as a Ray act
 
 One call per step (``step``): the worker first applies the previous step's update, then runs
 ``gradients`` on its shard of this step's global batch (params bound from the device) and
-returns two objects: a few bytes for the driver (its loss and weight) and its gradients, scaled
-by the weight, which stay in Ray's object store. The next call gets every worker's gradients
+returns two objects: a few bytes for the driver (its loss and weight) and its gradients with
+their weight, which stay in Ray's object store. The next call gets every worker's gradients
 refs as arguments: Ray hands each worker the others' objects (shared memory on one node, pulled
-from the node that made them otherwise), and each worker sums them in rank order and divides by
-the total weight, so every worker applies the bit-identical average and runs the optimizer
+from the node that made them otherwise), and each worker sums them in rank order, each times its
+share of the total weight (``weighted_sum``), so every worker applies the bit-identical average and runs the optimizer
 ``update`` graph, params and optimizer state staying on the device. The driver never holds the
 gradients. BatchNorm running statistics are replaced by rank 0's (PyTorch DDP's
 ``broadcast_buffers``).
@@ -112,8 +112,7 @@ class Replica:
         stats = {n: host.pop(n) for n in list(host) if n in self._stats}
         if weight == 0:  # every label ignored: the shard's mean loss is 0/0, it counts for nothing
             return {"loss": 0.0, "weight": 0.0}, {"weight": 0.0, "grads": {}, "stats": stats}
-        grads = {name: grad * weight for name, grad in host.items()}
-        return {"loss": loss * weight, "weight": weight}, {"weight": weight, "grads": grads, "stats": stats}
+        return {"loss": loss * weight, "weight": weight}, {"weight": weight, "grads": host, "stats": stats}
 
     def apply(self, step: int, *gathered: Optional[dict]) -> None:
         """The optimizer update on the weighted average of every worker's gradients (rank
@@ -124,13 +123,10 @@ class Replica:
             return
         self._applied = step
         done = [g for g in gathered if g is not None and g["weight"] > 0]
-        scale = divisor(self.manifest.loss, sum(g["weight"] for g in done))
+        total = divisor(self.manifest.loss, sum(g["weight"] for g in done))
         feeds = {n: h for n, h in self._state.items() if n in self._update_inputs}
         for name in done[0]["grads"]:
-            acc = done[0]["grads"][name].copy()
-            for g in done[1:]:
-                acc += g["grads"][name]
-            feeds[name] = acc / np.asarray(scale, dtype=acc.dtype)
+            feeds[name] = weighted_sum([g["grads"][name] for g in done], [g["weight"] / total for g in done])
         _, device = self._update.run_bound(feeds, (), self._update_outputs, into=self._spare)
         spare = {}
         for out in self._update_outputs:
@@ -167,3 +163,13 @@ class Replica:
         if "loss" in host:
             host["loss"] = float(host["loss"]) * weight if weight else 0.0
         return {**host, "weight": weight}
+
+
+def weighted_sum(parts: list[np.ndarray], shares: list[float]) -> np.ndarray:
+    """``sum(part * share)`` in order, in the parts' dtype, added up in float32 at least: a half
+    float gradient times its shard's example count overflowed (a float16 weight gradient of 300
+    times 512 labels is inf) where the one-process mean is finite."""
+    acc = np.zeros(parts[0].shape, np.result_type(parts[0].dtype, np.float32))
+    for part, share in zip(parts, shares):
+        acc += part.astype(acc.dtype) * share
+    return acc.astype(parts[0].dtype)
