@@ -53,7 +53,8 @@ def test_non_finite_train_metric_sums_round_trip_exactly(tmp_path):
     got = ckpt.load(path)[1].progress.metric_sums
     assert np.isnan(got.pop("nan")) and got == {"inf": float("inf"), "-inf": float("-inf"), "fine": -0.25}
     for bad, message in ((None, "Input should be a valid number"), ("many", "Input should be a valid number")):
-        forged = forge(tmp_path / "f.safetensors", tensors(), format=ckpt.FORMAT, progress={"metric_sums": {"acc": bad}})
+        forged = forge(tmp_path / "f.safetensors", tensors(), format=ckpt.FORMAT,
+                       progress={"metric_sums": {"acc": bad}})
         with pytest.raises(ckpt.CheckpointError, match=rf"progress\.metric_sums\.acc: {message}"):
             ckpt.load(forged)
     for field in ("loss_sum", "seconds"):
