@@ -37,6 +37,7 @@ from graphc.nn.padding import (CircularPad1d, CircularPad2d, CircularPad3d, Cons
                                ReplicationPad3d, ZeroPad1d, ZeroPad2d, ZeroPad3d)
 from graphc.nn.pooling import AdaptiveAvgPool1d, AvgPool1d, MaxPool1d
 from graphc.nn.rnn import GRU, LSTM, RNN
+from graphc.nn.rnn_cells import GRUCell, LSTMCell, RNNCell
 from graphc.nn.transformer import (TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
                                    TransformerEncoderLayer)
 from graphc.nn.upsampling import PixelShuffle, Upsample
@@ -69,4 +70,6 @@ __all__ = [
     "CosineEmbeddingLoss", "GaussianNLLLoss", "HingeEmbeddingLoss", "MarginRankingLoss", "MultiLabelMarginLoss",
     "MultiLabelSoftMarginLoss", "MultiMarginLoss", "PoissonNLLLoss", "SoftMarginLoss", "TripletMarginLoss",
     "TripletMarginWithDistanceLoss",
+    # recurrent cells
+    "GRUCell", "LSTMCell", "RNNCell",
 ]

@@ -25,6 +25,19 @@ from graphc.dsl.builder import op_error, user_source
 _GATES = {"RNN": (1, [0]), "LSTM": (4, [0, 3, 1, 2]), "GRU": (3, [1, 0, 2])}
 
 
+def add_gate_parameters(module: Module, suffix: str, gates: int, input_size: int, hidden_size: int, bias: bool,
+                        dtype: Any) -> None:
+    """``weight_ih{suffix} [gates*H, input_size]``, ``weight_hh{suffix} [gates*H, H]`` and, with
+    ``bias``, ``bias_ih{suffix}``, ``bias_hh{suffix} [gates*H]``: PyTorch's, each U(+-1/sqrt(H))."""
+    rows = gates * hidden_size
+    draw = init.uniform(1.0 / math.sqrt(hidden_size))
+    setattr(module, f"weight_ih{suffix}", Parameter(shape=(rows, input_size), init=draw, dtype=dtype))
+    setattr(module, f"weight_hh{suffix}", Parameter(shape=(rows, hidden_size), init=draw, dtype=dtype))
+    if bias:
+        setattr(module, f"bias_ih{suffix}", Parameter(shape=(rows,), init=draw, dtype=dtype))
+        setattr(module, f"bias_hh{suffix}", Parameter(shape=(rows,), init=draw, dtype=dtype))
+
+
 class _RNNBase(Module):
     op = ""
 
@@ -39,16 +52,10 @@ class _RNNBase(Module):
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, dropout
         self.bidirectional, self.nonlinearity = bidirectional, nonlinearity
-        gates = _GATES[self.op][0] * hidden_size
-        draw = init.uniform(1.0 / math.sqrt(hidden_size))  # PyTorch: every weight U(+-1/sqrt(hidden))
         for layer in range(num_layers):
             for suffix in self._suffixes(layer):
                 inputs = input_size if layer == 0 else hidden_size * self.directions
-                setattr(self, f"weight_ih{suffix}", Parameter(shape=(gates, inputs), init=draw, dtype=dtype))
-                setattr(self, f"weight_hh{suffix}", Parameter(shape=(gates, hidden_size), init=draw, dtype=dtype))
-                if bias:
-                    setattr(self, f"bias_ih{suffix}", Parameter(shape=(gates,), init=draw, dtype=dtype))
-                    setattr(self, f"bias_hh{suffix}", Parameter(shape=(gates,), init=draw, dtype=dtype))
+                add_gate_parameters(self, suffix, _GATES[self.op][0], inputs, hidden_size, bias, dtype)
 
     @property
     def directions(self) -> int:

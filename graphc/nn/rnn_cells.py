@@ -1,0 +1,108 @@
+"""RNNCell, LSTMCell and GRUCell: one time step with ``torch.nn``'s arguments, parameter names
+(``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh``, gates stacked in PyTorch's order
+``i f g o`` and ``r z n``), init and return values, written out in MatMul/Gemm and elementwise ops
+so a Python loop over time steps captures an unrolled graph that autodiff differentiates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphc.dsl import ops
+from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.ops_array import chunk
+from graphc.dsl.ops_nn import linear
+from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
+from graphc.nn.module import Module
+from graphc.nn.rnn import add_gate_parameters
+
+_NONLINEARITIES = {"tanh": ops.tanh, "relu": ops.relu}
+
+
+class _Cell(Module):
+    gates = 1
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, dtype: Any = "float32"):
+        super().__init__()
+        self.input_size, self.hidden_size, self.bias = input_size, hidden_size, bias
+        add_gate_parameters(self, "", self.gates, input_size, hidden_size, bias, dtype)
+
+    def _checked(self, x: Any, states: tuple[Any, ...]) -> tuple[Tensor, list[Tensor]]:
+        """``x`` and the states (zeros where not given, as PyTorch), checked against torch's rules:
+        ``x`` is ``(N, input_size)`` or unbatched ``(input_size,)``; each state ``(N, hidden_size)``
+        or ``(hidden_size,)``, of ``x``'s rank."""
+        name = type(self).__name__
+        x = ops.lift(x)
+        if x.shape is not None and (len(x.shape) not in (1, 2) or x.shape[-1] != self.input_size):
+            raise op_error(name, [x], f"expects input (N, {self.input_size}) or ({self.input_size},), got "
+                           f"shape {list(x.shape)}", user_source())
+        out = []
+        for s in states:
+            if s is None:  # zeros of [hidden] broadcast over the batch, as torch's zero state
+                out.append(ops.lift(np.zeros(self.hidden_size), x))
+                continue
+            s = ops.lift(s, x)
+            if s.shape is not None and (len(s.shape) != len(x.shape) or s.shape[-1] != self.hidden_size):
+                want = f"(N, {self.hidden_size})" if x.ndim == 2 else f"({self.hidden_size},)"
+                raise op_error(name, [x, s], f"expects hidden state {want} for a rank-{x.ndim} input, got shape "
+                               f"{list(s.shape)}", user_source())
+            out.append(s)
+        return x, out
+
+    def _gates(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """``x @ weight_ih.T + bias_ih`` and ``h @ weight_hh.T + bias_hh``."""
+        return (linear(x, self.weight_ih, self.bias_ih if self.bias else None),
+                linear(h, self.weight_hh, self.bias_hh if self.bias else None))
+
+    def extra_repr(self) -> str:
+        return f"{self.input_size}, {self.hidden_size}" + ("" if self.bias else ", bias=False")
+
+
+class RNNCell(_Cell):
+    """``h' = nonlinearity(x @ weight_ih.T + bias_ih + h @ weight_hh.T + bias_hh)``;
+    ``forward(input, hx=None) -> h'``."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh",
+                 dtype: Any = "float32"):
+        if nonlinearity not in _NONLINEARITIES:
+            raise CaptureError(f"RNNCell nonlinearity={nonlinearity!r}; expected 'tanh' or 'relu'")
+        super().__init__(input_size, hidden_size, bias, dtype)
+        self.nonlinearity = nonlinearity
+
+    def forward(self, input: Any, hx: Any = None) -> Tensor:  # noqa: A002 - torch's names
+        x, (h,) = self._checked(input, (hx,))
+        gi, gh = self._gates(x, h)
+        return _NONLINEARITIES[self.nonlinearity](gi + gh)
+
+
+class LSTMCell(_Cell):
+    """``forward(input, hx=None) -> (h', c')`` with ``hx = (h, c)``: gates ``i f g o`` from
+    ``x @ weight_ih.T + bias_ih + h @ weight_hh.T + bias_hh``; ``c' = f c + i g``, ``h' = o tanh(c')``."""
+
+    gates = 4
+
+    def forward(self, input: Any, hx: Any = None) -> tuple[Tensor, Tensor]:  # noqa: A002
+        if hx is not None and (not isinstance(hx, (tuple, list)) or len(hx) != 2):
+            raise CaptureError(f"LSTMCell hx must be a pair (h, c), got {type(hx).__name__} (at {user_source()})")
+        x, (h, c) = self._checked(input, (None, None) if hx is None else tuple(hx))
+        gi, gh = self._gates(x, h)
+        i, f, g, o = chunk(gi + gh, 4, dim=-1)
+        c = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(g)
+        return ops.sigmoid(o) * ops.tanh(c), c
+
+
+class GRUCell(_Cell):
+    """``forward(input, hx=None) -> h'``: gates ``r z n``, ``n = tanh(x_n + r (h @ W_hn.T + b_hn))``,
+    ``h' = (1 - z) n + z h``."""
+
+    gates = 3
+
+    def forward(self, input: Any, hx: Any = None) -> Tensor:  # noqa: A002
+        x, (h,) = self._checked(input, (hx,))
+        gi, gh = self._gates(x, h)
+        (i_r, i_z, i_n), (h_r, h_z, h_n) = chunk(gi, 3, dim=-1), chunk(gh, 3, dim=-1)
+        r, z = ops.sigmoid(i_r + h_r), ops.sigmoid(i_z + h_z)
+        n = ops.tanh(i_n + r * h_n)
+        return n + z * (h - n)
