@@ -38,7 +38,7 @@ from graphc.nn.padding import (CircularPad1d, CircularPad2d, CircularPad3d, Cons
 from graphc.nn.pooling import AdaptiveAvgPool1d, AvgPool1d, MaxPool1d
 from graphc.nn.rnn import GRU, LSTM, RNN
 from graphc.nn.rnn_cells import GRUCell, LSTMCell, RNNCell
-from graphc.nn.transformer import (TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
+from graphc.nn.transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
                                    TransformerEncoderLayer)
 from graphc.nn.upsampling import PixelShuffle, Upsample
 
@@ -72,4 +72,5 @@ __all__ = [
     "TripletMarginWithDistanceLoss",
     # recurrent cells
     "GRUCell", "LSTMCell", "RNNCell",
+    "Transformer",
 ]

@@ -1,5 +1,5 @@
 """TransformerEncoderLayer and TransformerDecoderLayer (and their stacks TransformerEncoder and
-TransformerDecoder) with ``torch.nn``'s arguments, sub-module
+TransformerDecoder, and the encoder-decoder Transformer) with ``torch.nn``'s arguments, sub-module
 names (``self_attn``, ``linear1``, ``norm1``, ...), post- or pre-norm (``norm_first``), masks and
 causal attention."""
 
@@ -9,8 +9,13 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from graphc.dsl import ops
+from graphc.dsl.builder import op_error, user_source
 from graphc.errors import CaptureError
+from graphc.model.dtypes import as_dtype, to_numpy
+from graphc.nn import init
 from graphc.nn.attention import MultiheadAttention
 from graphc.nn.containers import ModuleList
 from graphc.nn.layers import Dropout, LayerNorm, Linear
@@ -162,3 +167,67 @@ class TransformerDecoder(_Stack):
             tgt = layer(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
                         bool(tgt_is_causal), memory_is_causal)
         return self._finish(tgt)
+
+
+class Transformer(Module):
+    """``torch.nn.Transformer``: ``encoder`` (a ``TransformerEncoder`` of ``num_encoder_layers``
+    layers and a final ``LayerNorm``) and ``decoder`` (likewise), or ``custom_encoder`` /
+    ``custom_decoder``. As PyTorch, every parameter of rank 2 or more starts xavier-uniform.
+    ``forward(src, tgt, src_mask=None, tgt_mask=None, memory_mask=None, src_key_padding_mask=None,
+    tgt_key_padding_mask=None, memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
+    memory_is_causal=False)`` returns the decoder's output."""
+
+    def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
+                 dim_feedforward: int = 2048, dropout: float = 0.1, activation: Any = "relu",
+                 custom_encoder: Module | None = None, custom_decoder: Module | None = None,
+                 layer_norm_eps: float = 1e-5, batch_first: bool = False, norm_first: bool = False, bias: bool = True,
+                 dtype: Any = "float32"):
+        super().__init__()
+        layer_args = (d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first,
+                      bias, dtype)
+        self.encoder = custom_encoder or TransformerEncoder(
+            TransformerEncoderLayer(*layer_args), num_encoder_layers,
+            LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype))
+        self.decoder = custom_decoder or TransformerDecoder(
+            TransformerDecoderLayer(*layer_args), num_decoder_layers,
+            LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype))
+        for p in self.parameters():
+            if len(p.shape) > 1:
+                p.init = init.xavier_uniform()
+        self.d_model, self.nhead, self.batch_first = d_model, nhead, batch_first
+
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+                tgt_key_padding_mask: Tensor | None = None, memory_key_padding_mask: Tensor | None = None,
+                src_is_causal: bool | None = None, tgt_is_causal: bool | None = None,
+                memory_is_causal: bool = False) -> Tensor:
+        src, tgt = ops.lift(src), ops.lift(tgt)
+        self._check(src, tgt)
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask,
+                              is_causal=src_is_causal)
+        return self.decoder(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                            tgt_key_padding_mask=tgt_key_padding_mask,
+                            memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=tgt_is_causal,
+                            memory_is_causal=memory_is_causal)
+
+    def _check(self, src: Tensor, tgt: Tensor) -> None:
+        """PyTorch's checks: batched ``src`` and ``tgt`` of one batch size, both ``d_model`` features."""
+        if src.shape is None or tgt.shape is None:
+            return
+        if len(src.shape) == 3 and len(tgt.shape) == 3:
+            batch = 0 if self.batch_first else 1
+            ops.same_dim("Transformer", [src, tgt], src.shape[batch], tgt.shape[batch], "src and tgt batch sizes")
+        for name, t in (("src", src), ("tgt", tgt)):
+            if t.shape[-1] != self.d_model:
+                raise op_error("Transformer", [src, tgt], f"the feature number of {name} ({t.shape[-1]}) must "
+                               f"equal d_model ({self.d_model})", user_source())
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz: int, device: Any = None, dtype: Any = None) -> np.ndarray:
+        """``[sz, sz]``: ``-inf`` above the diagonal, 0 elsewhere (a float attention mask, float32
+        unless ``dtype``); ``device`` is accepted for torch's signature (a graph runs where its
+        session does)."""
+        return np.triu(np.full((sz, sz), -np.inf, dtype=to_numpy(as_dtype(dtype or "float32"))), 1)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, nhead={self.nhead}, batch_first={self.batch_first}"
