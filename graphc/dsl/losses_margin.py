@@ -1,7 +1,7 @@
 """The margin, ranking and embedding losses of ``torch.nn.functional`` on DSL Tensors
 (``cosine_embedding``, ``margin_ranking``, ``hinge_embedding``, ``soft_margin``,
 ``multilabel_soft_margin``, ``multilabel_margin``, ``multi_margin``, ``triplet_margin`` and
-``triplet_margin_with_distance``) and ``pairwise_distance``, written once in standard ONNX ops;
+``triplet_margin_with_distance``), written once in standard ONNX ops;
 ``gc.nn``'s loss modules and functional forms call them. ``tests/test_nn_losses_margin.py``
 checks them against torch and float64 central differences."""
 
@@ -13,7 +13,7 @@ from graphc.dsl import ops, ops_array
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.losses import check_reduction, dim_size, like_dtype, reduce_loss
 from graphc.dsl.ops_layers import logsigmoid
-from graphc.dsl.ops_math import norm
+from graphc.dsl.ops_distance import pairwise_distance
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 
@@ -179,12 +179,6 @@ def _multi_margin(x: Tensor, target: Tensor, p: int, margin: float, weight: Tens
     if weight is not None:
         hinge = hinge * ops.emit("Gather", [weight, label], {"axis": 0})
     return ops.sum(ops.where(_class_ids(x) == label, 0.0, hinge), axis=1)
-
-
-def pairwise_distance(x1: Tensor, x2: Tensor, p: float = 2.0, eps: float = 1e-6, keepdim: bool = False) -> Tensor:
-    """``torch.nn.functional.pairwise_distance``: the ``p``-norm of ``x1 - x2 + eps`` over the last dim."""
-    x1 = ops.lift(x1)
-    return norm(x1 - ops.lift(x2, x1) + eps, p, -1, keepdim)
 
 
 def triplet_margin_with_distance(anchor: Tensor, positive: Tensor, negative: Tensor,

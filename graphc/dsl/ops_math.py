@@ -190,14 +190,12 @@ def all(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:  # noqa: A
 
 
 def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> Tensor:
-    """``torch.norm`` / ``torch.linalg.vector_norm`` over ``dim`` (None: all): ``p`` 2 or "fro"
-    (its gradient at a zero vector is 0, as torch's, not nan), 1, ``inf``, ``-inf``, 0 (the count
-    of nonzeros) or any other number (``sum(|x|**p)**(1/p)``)."""
+    """``torch.norm`` / ``torch.linalg.vector_norm`` over ``dim`` (None: all): ``p`` 2 or "fro", 1,
+    ``inf``, ``-inf``, 0 (the count of nonzeros) or any other number (``sum(|x|**p)**(1/p)``); the
+    gradient at a zero vector is 0, as torch's, not nan."""
     x = to_float(lift(x))
     if p in (2, "fro"):
-        total = reduce_sum(x * x, dim, keepdim)
-        zero = total == scalar(0, total)
-        return where(zero, scalar(0, total), sqrt(where(zero, scalar(1, total), total)))
+        return _root_or_zero(reduce_sum(x * x, dim, keepdim), sqrt)
     if not isinstance(p, (int, float)):
         raise CaptureError(f"norm p={p!r}; expected 'fro' or a number (at {user_source()})")
     if p == 1:
@@ -206,7 +204,14 @@ def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> T
         return (amax if p > 0 else amin)(abs_(x), () if dim is None else dim, keepdim)
     if p == 0:
         return reduce_sum(cast(x != scalar(0, x), x.dtype), dim, keepdim)
-    return reduce_sum(abs_(x) ** scalar(p, x), dim, keepdim) ** scalar(1 / p, x)
+    return _root_or_zero(reduce_sum(abs_(x) ** scalar(p, x), dim, keepdim), lambda t: t ** scalar(1 / p, t))
+
+
+def _root_or_zero(total: Tensor, root: Any) -> Tensor:
+    """``root(total)``, whose gradient at a zero ``total`` is 0 (torch's), not nan: the root's
+    infinite slope there is never evaluated."""
+    zero = total == scalar(0, total)
+    return where(zero, scalar(0, total), root(where(zero, scalar(1, total), total)))
 
 
 __all__ = [

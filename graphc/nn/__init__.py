@@ -24,6 +24,7 @@ from graphc.nn.layers import (
     Tanh,
 )
 from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList, Sequential
+from graphc.nn.distance import Bilinear, CosineSimilarity, PairwiseDistance
 from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d
 from graphc.nn.fold import Fold, Unfold
 from graphc.nn.loss import (BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, CrossEntropyLoss, GaussianNLLLoss,
@@ -73,4 +74,6 @@ __all__ = [
     # recurrent cells
     "GRUCell", "LSTMCell", "RNNCell",
     "Transformer",
+    # bilinear maps and distances
+    "Bilinear", "CosineSimilarity", "PairwiseDistance",
 ]

@@ -12,6 +12,7 @@ from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos
 from graphc.dsl.ops_divide import fmod, remainder
 from graphc.dsl.ops_order import cummax, cummin, median, nanmedian
 from graphc.dsl.ops_fold import fold, unfold
+from graphc.dsl.ops_distance import bilinear, cosine_similarity, pairwise_distance, pdist
 from graphc.dsl.ops_math import (all, amax, amin, any, ceil, floor, frac, isfinite, isinf, isnan, logaddexp,
                                  logical_and, logical_not, logical_or, logical_xor, nan_to_num, neg, norm, prod,
                                  reciprocal, round, sign, square, trunc)
@@ -23,7 +24,6 @@ from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg
                                    mish, pixel_shuffle, prelu, relu6, rms_norm, scaled_dot_product_attention, selu,
                                    silu, softmin, softplus, softshrink, softsign, tanhshrink, threshold)
 from graphc.dsl.ops_nn import avg_pool2d, batch_norm, conv2d, dropout, embedding, layer_norm, linear, max_pool2d
-from graphc.dsl.losses_margin import pairwise_distance
 from graphc.nn.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cosine_embedding_loss,
                             cross_entropy, gaussian_nll_loss, hinge_embedding_loss, huber_loss, kl_div, l1_loss,
                             margin_ranking_loss, mse_loss, multi_margin_loss, multilabel_margin_loss,
@@ -101,7 +101,8 @@ __all__ = [
     "celu", "glu", "hardshrink", "hardtanh", "logsigmoid", "relu6", "selu", "softmin", "softshrink", "softsign",
     "tanhshrink", "threshold",
     "cosine_embedding_loss", "gaussian_nll_loss", "hinge_embedding_loss", "margin_ranking_loss", "multi_margin_loss",
-    "multilabel_margin_loss", "multilabel_soft_margin_loss", "pairwise_distance", "poisson_nll_loss",
+    "multilabel_margin_loss", "multilabel_soft_margin_loss", "poisson_nll_loss",
     "soft_margin_loss", "triplet_margin_loss", "triplet_margin_with_distance_loss",
     "cummax", "cummin", "median", "nanmedian",
+    "bilinear", "cosine_similarity", "pairwise_distance", "pdist",
 ]
