@@ -41,6 +41,7 @@ from graphc.nn.rnn import GRU, LSTM, RNN
 from graphc.nn.rnn_cells import GRUCell, LSTMCell, RNNCell
 from graphc.nn.transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
                                    TransformerEncoderLayer)
+from graphc.nn.sparse import EmbeddingBag
 from graphc.nn.upsampling import PixelShuffle, Upsample
 
 __all__ = [
@@ -76,4 +77,5 @@ __all__ = [
     "Transformer",
     # bilinear maps and distances
     "Bilinear", "CosineSimilarity", "PairwiseDistance",
+    "EmbeddingBag",
 ]

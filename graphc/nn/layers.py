@@ -13,6 +13,7 @@ from graphc.errors import CaptureError
 from graphc.model import COUNT_KEY, COUNTER_KEY
 from graphc.nn import init
 from graphc.nn.module import Module, Parameter
+from graphc.nn.sparse import padding_row_init
 
 
 class Linear(Module):
@@ -155,19 +156,8 @@ class Embedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
                  dtype: Any = "float32"):
         super().__init__()
-        if padding_idx is not None:
-            if not -num_embeddings <= padding_idx < num_embeddings:
-                raise CaptureError(f"Embedding padding_idx {padding_idx} is outside [-{num_embeddings}, "
-                                 f"{num_embeddings})")
-            padding_idx %= num_embeddings
+        padding_idx, draw = padding_row_init("Embedding", num_embeddings, padding_idx)
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
-        normal = init.normal()
-
-        def draw(rng, shape, dt):
-            w = normal(rng, shape, dt)
-            if padding_idx is not None:
-                w[padding_idx] = 0  # PyTorch zeroes the padding row
-            return w
         self.weight = Parameter(shape=(num_embeddings, embedding_dim), init=draw, dtype=dtype)
 
     def forward(self, indices: Tensor) -> Tensor:

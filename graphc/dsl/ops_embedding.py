@@ -1,0 +1,103 @@
+"""``embedding_bag`` with ``torch.nn.functional``'s signature: sums, means or maxima of bags of
+embedding rows, written as Gather, a bag-membership mask and one MatMul (sum, mean) or a masked
+ReduceMax (max), so the existing kernels and gradient rules apply."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.ops import cast, concat, const_i64, emit, lift, matmul, maximum, scalar, squeeze, unsqueeze, where
+from graphc.dsl.ops import max as reduce_max
+from graphc.dsl.ops import sum as reduce_sum
+from graphc.dsl.ops_array import cumsum, ones_like
+from graphc.dsl.ops_math import any as reduce_any
+from graphc.dsl.ops_nn import embedding
+from graphc.dsl.tensor import Tensor
+
+MODES = ("sum", "mean", "max")
+
+
+def embedding_bag(input: Tensor, weight: Tensor, offsets: Any = None, max_norm: float | None = None,  # noqa: A002
+                  norm_type: float = 2, scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False,
+                  per_sample_weights: Any = None, include_last_offset: bool = False,
+                  padding_idx: int | None = None) -> Tensor:
+    """``torch.nn.functional.embedding_bag``: ``[B, D]``, bag ``b`` reduced by ``mode``. Bags are the
+    rows of a 2-D ``input [B, L]``, or the runs of a 1-D ``input`` that ``offsets`` start (with
+    ``include_last_offset`` its last entry ends the last bag). Entries equal to ``padding_idx`` are
+    left out (and uncounted in a mean); an empty bag gives zeros. ``per_sample_weights`` (``input``'s
+    shape) scale the rows of a ``"sum"``. ``sparse`` is accepted (gradients are dense tensors);
+    ``max_norm`` and ``scale_grad_by_freq`` are refused."""
+    idx, w = lift(input), lift(weight)
+    _check(idx, w, offsets, max_norm, scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+    rows = embedding(idx, w)
+    keep = None if padding_idx is None else idx != lift(padding_idx % w.shape[0], idx)
+    if idx.ndim == 2:
+        bags, mask = rows, keep  # [B, L, D], [B, L]
+    else:
+        mask = _members(idx, lift(offsets), include_last_offset)  # [B, T]
+        mask = mask if keep is None else mask & unsqueeze(keep, [0])
+        bags = unsqueeze(rows, [0])  # [1, T, D]
+    mask = ones_like(idx, "bool") if mask is None else mask
+    if mode == "max":
+        picked = reduce_max(where(unsqueeze(mask, [-1]), bags, scalar(-np.inf, bags)), -2)
+        return where(reduce_any(mask, -1, keepdim=True), picked, scalar(0.0, picked))
+    scale = cast(mask, w.dtype)
+    if per_sample_weights is not None:
+        scale = scale * lift(per_sample_weights, w)
+    total = squeeze(matmul(unsqueeze(scale, [-2]), bags), [-2])  # [B, 1, T] @ [B or 1, T, D]
+    if mode == "sum":
+        return total
+    count = reduce_sum(cast(mask, w.dtype), -1, keepdims=True)
+    return total / maximum(count, scalar(1.0, count))
+
+
+def _members(idx: Tensor, offsets: Tensor, include_last_offset: bool) -> Tensor:
+    """``[B, T]``: whether position ``t`` of a 1-D ``idx`` is in bag ``b`` (``starts[b] <= t < ends[b]``)."""
+    offsets = cast(offsets, "int64")
+    positions = unsqueeze(cumsum(ones_like(idx, "int64"), 0) - const_i64([1]), [0])
+    if include_last_offset:
+        starts, ends = offsets[:-1], offsets[1:]
+    else:
+        starts, ends = offsets, concat([offsets[1:], emit("Shape", [idx])], 0)
+    return (positions >= unsqueeze(starts, [1])) & (positions < unsqueeze(ends, [1]))
+
+
+def _check(idx: Tensor, w: Tensor, offsets: Any, max_norm: Any, scale_grad_by_freq: bool, mode: str,
+           per_sample_weights: Any, padding_idx: int | None) -> None:
+    """torch's refusals, naming the argument."""
+    def fail(message: str):
+        raise op_error("embedding_bag", [idx, w], message, user_source())
+
+    if mode not in MODES:
+        fail(f"mode={mode!r}; expected 'sum', 'mean' or 'max'")
+    if max_norm is not None or scale_grad_by_freq:
+        fail("max_norm and scale_grad_by_freq are not supported")
+    if w.shape is None or len(w.shape) != 2 or not isinstance(w.shape[0], int):
+        fail("weight has to be [num_embeddings, embedding_dim] with a static num_embeddings")
+    rows = w.shape[0]
+    if padding_idx is not None and not -rows <= padding_idx < rows:
+        fail(f"padding_idx {padding_idx} is outside [-{rows}, {rows})")
+    if idx.ndim not in (1, 2):
+        fail(f"input has to be 1D or 2D, got rank {idx.ndim}")
+    if idx.ndim == 2 and offsets is not None:
+        fail("a 2-D input is a batch of fixed-length bags: offsets has to be None")
+    if idx.ndim == 1:
+        if offsets is None:
+            fail("a 1-D input needs offsets (the start of each bag)")
+        if isinstance(offsets, Tensor) and offsets.ndim != 1 or not isinstance(offsets, Tensor) and \
+                np.ndim(offsets) != 1:
+            fail("offsets has to be a 1-D tensor")
+        if not isinstance(offsets, Tensor) and len(offsets) and int(np.asarray(offsets)[0]) != 0:
+            fail(f"offsets[0] has to be 0 (the first bag starts at position 0), got {int(np.asarray(offsets)[0])}")
+    if per_sample_weights is not None:
+        if mode != "sum":
+            fail(f"per_sample_weights is only supported for mode='sum', got mode={mode!r}")
+        shape = per_sample_weights.shape if isinstance(per_sample_weights, Tensor) else np.shape(per_sample_weights)
+        if idx.shape is not None and shape is not None and tuple(shape) != tuple(idx.shape):
+            fail(f"per_sample_weights has shape {list(shape)}; expected input's {list(idx.shape)}")
+
+
+__all__ = ["embedding_bag"]

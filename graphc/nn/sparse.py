@@ -1,0 +1,56 @@
+"""EmbeddingBag with ``torch.nn``'s arguments, parameter name and init; the formula is
+``graphc/dsl/ops_embedding.py``'s ``embedding_bag``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphc.dsl.ops_embedding import MODES, embedding_bag
+from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
+from graphc.nn import init
+from graphc.nn.module import Module, Parameter
+
+
+def padding_row_init(layer: str, num_embeddings: int, padding_idx: int | None) -> tuple[int | None, init.Init]:
+    """``padding_idx`` made non-negative (refused outside ``[-num_embeddings, num_embeddings)``) and
+    PyTorch's embedding init: N(0, 1) with the padding row zeroed."""
+    if padding_idx is not None:
+        if not -num_embeddings <= padding_idx < num_embeddings:
+            raise CaptureError(f"{layer} padding_idx {padding_idx} is outside [-{num_embeddings}, {num_embeddings})")
+        padding_idx %= num_embeddings
+    normal = init.normal()
+
+    def draw(rng, shape, dt):
+        w = normal(rng, shape, dt)
+        if padding_idx is not None:
+            w[padding_idx] = 0
+        return w
+    return padding_idx, draw
+
+
+class EmbeddingBag(Module):
+    """``weight [num_embeddings, embedding_dim]`` drawn from N(0, 1) (the ``padding_idx`` row zero);
+    ``forward(input, offsets=None, per_sample_weights=None)`` is ``F.embedding_bag`` with the
+    module's ``mode``, ``include_last_offset`` and ``padding_idx``."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, max_norm: float | None = None,
+                 norm_type: float = 2.0, scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False,
+                 include_last_offset: bool = False, padding_idx: int | None = None, dtype: Any = "float32"):
+        super().__init__()
+        if mode not in MODES:
+            raise CaptureError(f"EmbeddingBag mode={mode!r}; expected 'sum', 'mean' or 'max'")
+        if max_norm is not None or scale_grad_by_freq:
+            raise CaptureError("EmbeddingBag max_norm and scale_grad_by_freq are not supported")
+        padding_idx, draw = padding_row_init("EmbeddingBag", num_embeddings, padding_idx)
+        self.num_embeddings, self.embedding_dim, self.mode = num_embeddings, embedding_dim, mode
+        self.sparse, self.include_last_offset, self.padding_idx = sparse, include_last_offset, padding_idx
+        self.weight = Parameter(shape=(num_embeddings, embedding_dim), init=draw, dtype=dtype)
+
+    def forward(self, input: Tensor, offsets: Any = None, per_sample_weights: Any = None) -> Tensor:  # noqa: A002
+        return embedding_bag(input, self.weight, offsets, mode=self.mode, sparse=self.sparse,
+                             per_sample_weights=per_sample_weights, include_last_offset=self.include_last_offset,
+                             padding_idx=self.padding_idx)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}"
