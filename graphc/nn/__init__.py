@@ -2,8 +2,8 @@
 
 from graphc.nn import functional, init
 from graphc.nn.activation import (CELU, ELU, GLU, SELU, Hardshrink, Hardsigmoid, Hardswish, Hardtanh, LeakyReLU,
-                                  LogSigmoid, LogSoftmax, Mish, PReLU, ReLU6, SiLU, Softmin, Softplus, Softshrink,
-                                  Softsign, Tanhshrink, Threshold)
+                                  LogSigmoid, LogSoftmax, Mish, PReLU, ReLU6, RReLU, SiLU, Softmin, Softplus,
+                                  Softshrink, Softsign, Tanhshrink, Threshold)
 from graphc.nn.attention import MultiheadAttention
 from graphc.nn.layers import (
     GELU,
@@ -78,4 +78,5 @@ __all__ = [
     # bilinear maps and distances
     "Bilinear", "CosineSimilarity", "PairwiseDistance",
     "EmbeddingBag",
+    "RReLU",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphc.dsl import ops, ops_layers
+from graphc.dsl.ops_random import rrelu
 from graphc.nn.init import constant as _constant
 from graphc.nn.module import Module, Parameter
 from graphc.dsl.tensor import Tensor
@@ -177,3 +178,18 @@ class Softmin(_AlongDim):
 class LogSoftmax(_AlongDim):
     def forward(self, x: Tensor) -> Tensor:
         return ops.log_softmax(x, self.dim)
+
+
+class RReLU(Module):
+    """``F.rrelu(x, lower, upper, training=self.training)``: a slope drawn per element from
+    U(lower, upper) in training mode, ``(lower + upper) / 2`` in eval mode."""
+
+    def __init__(self, lower: float = 1.0 / 8, upper: float = 1.0 / 3, inplace: bool = False):
+        super().__init__()
+        self.lower, self.upper = lower, upper
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rrelu(x, self.lower, self.upper, training=self.training)
+
+    def extra_repr(self) -> str:
+        return f"lower={self.lower}, upper={self.upper}"

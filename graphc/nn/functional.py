@@ -14,6 +14,7 @@ from graphc.dsl.ops_order import cummax, cummin, median, nanmedian
 from graphc.dsl.ops_fold import fold, unfold
 from graphc.dsl.ops_distance import bilinear, cosine_similarity, pairwise_distance, pdist
 from graphc.dsl.ops_embedding import embedding_bag
+from graphc.dsl.ops_random import gumbel_softmax, rrelu
 from graphc.dsl.ops_math import (all, amax, amin, any, ceil, floor, frac, isfinite, isinf, isnan, logaddexp,
                                  logical_and, logical_not, logical_or, logical_xor, nan_to_num, neg, norm, prod,
                                  reciprocal, round, sign, square, trunc)
@@ -107,4 +108,5 @@ __all__ = [
     "cummax", "cummin", "median", "nanmedian",
     "bilinear", "cosine_similarity", "pairwise_distance", "pdist",
     "embedding_bag",
+    "gumbel_softmax", "rrelu",
 ]
