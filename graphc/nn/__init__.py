@@ -27,6 +27,9 @@ from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList
 from graphc.nn.distance import Bilinear, CosineSimilarity, PairwiseDistance
 from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d
 from graphc.nn.fold import Fold, Unfold
+from graphc.nn.lazy import (LazyBatchNorm1d, LazyBatchNorm2d, LazyBatchNorm3d, LazyConv1d, LazyConv2d, LazyConv3d,
+                             LazyConvTranspose1d, LazyConvTranspose2d, LazyInstanceNorm1d, LazyInstanceNorm2d,
+                             LazyInstanceNorm3d, LazyLinear)
 from graphc.nn.loss import (BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, CrossEntropyLoss, GaussianNLLLoss,
                             HingeEmbeddingLoss, HuberLoss, KLDivLoss, L1Loss, MarginRankingLoss, MSELoss,
                             MultiLabelMarginLoss, MultiLabelSoftMarginLoss, MultiMarginLoss, NLLLoss, PoissonNLLLoss,
@@ -79,4 +82,8 @@ __all__ = [
     "Bilinear", "CosineSimilarity", "PairwiseDistance",
     "EmbeddingBag",
     "RReLU",
+    # lazy modules
+    "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d", "LazyConv1d", "LazyConv2d", "LazyConv3d",
+    "LazyConvTranspose1d", "LazyConvTranspose2d", "LazyInstanceNorm1d", "LazyInstanceNorm2d", "LazyInstanceNorm3d",
+    "LazyLinear",
 ]
