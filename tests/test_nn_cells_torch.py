@@ -11,9 +11,9 @@ import pytest
 import graphc as gc
 from graphc import nn
 try:
-    from torch_grad_util import gc_grads
+    from torch_grad_util import gc_grads, torch_twin
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import gc_grads
+    from tests.torch_grad_util import gc_grads, torch_twin
 
 R = np.random.default_rng(3)
 X = R.standard_normal((3, 5)).astype(np.float32)
@@ -38,24 +38,12 @@ def _step(m, x, *states):
     return torch.cat([h, c], -1)
 
 
-def _pair(torch, ctor, seed):
-    cell = eval(f"nn.{ctor}", {"nn": nn})  # noqa: S307 - the constructors listed above
-    cell.init_parameters(seed=seed)
-    state = cell.state_dict()
-    tcell = eval(f"torch.nn.{ctor}", {"torch": torch})  # noqa: S307
-    assert list(state) == list(tcell.state_dict())
-    tcell.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
-    for p in cell.parameters():  # keep these values through capture
-        p.data = p.numpy()
-    return cell, tcell
-
-
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "unbatched"])
 @pytest.mark.parametrize("given", [True, False], ids=["hx", "no-hx"])
 @pytest.mark.parametrize("name,ctor", CASES, ids=[c[0] for c in CASES])
 def test_cell_step_and_gradients_match_torch(name, ctor, given, batched):
     torch = pytest.importorskip("torch")
-    cell, tcell = _pair(torch, ctor, seed=1)
+    cell, tcell = torch_twin(ctor, seed=1)
     states = ([H, C] if "LSTM" in name else [H]) if given else []
     x, states = (X, states) if batched else (X[0], [s[0] for s in states])
     params = {"x": x, **{f"s{i}": s for i, s in enumerate(states)}}

@@ -14,32 +14,19 @@ import pytest
 import graphc as gc
 from graphc import nn
 try:
-    from torch_grad_util import gc_grads, run_both
+    from torch_grad_util import gc_grads, run_both, torch_twin
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import gc_grads, run_both
+    from tests.torch_grad_util import gc_grads, run_both, torch_twin
 
 R = np.random.default_rng(5)
 ARGS = "d_model=8, nhead=2, num_encoder_layers=2, num_decoder_layers=1, dim_feedforward=16, dropout=0.0"
-
-
-def _pair(torch, extra):
-    ctor = f"Transformer({ARGS}{extra})"
-    model = eval(f"nn.{ctor}", {"nn": nn})  # noqa: S307 - the constructors below
-    model.init_parameters(seed=3)
-    state = model.state_dict()
-    tmodel = eval(f"torch.nn.{ctor}", {"torch": torch})  # noqa: S307
-    assert list(state) == list(tmodel.state_dict())
-    tmodel.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
-    for p in model.parameters():  # keep these values through capture
-        p.data = p.numpy()
-    return model, tmodel
 
 
 @pytest.mark.parametrize("extra", ["", ", batch_first=True", ", norm_first=True, activation='gelu'"],
                          ids=["post-norm", "batch-first", "pre-norm-gelu"])
 def test_transformer_and_gradients_match_torch(extra):
     torch = pytest.importorskip("torch")
-    model, tmodel = _pair(torch, extra)
+    model, tmodel = torch_twin(f"Transformer({ARGS}{extra})", seed=3)
     first = "batch_first" in extra
     src, tgt = R.standard_normal((2, 5, 8)).astype(np.float32), R.standard_normal((2, 4, 8)).astype(np.float32)
     if not first:

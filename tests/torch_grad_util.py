@@ -118,3 +118,20 @@ def assert_module_matches_torch(layer, torch_layer, x: np.ndarray, batched: bool
     model = gc.capture(layer, x=gc.spec(x.dtype, ("N", *x.shape[1:])) if batched else x)
     onnx.checker.check_model(model.proto, full_check=True)
     np.testing.assert_allclose(run_both(model, {"x": x})["output"], want, rtol, atol)
+
+
+def torch_twin(ctor: str, seed: int = 0):
+    """``(gc.nn.<ctor>, torch.nn.<ctor>)``: the gc module drawn with ``seed`` (its values pinned, so
+    captures keep them) and torch's loaded with them, after checking the two have the same
+    ``state_dict`` keys, in order, and shapes."""
+    import torch
+
+    layer = eval(f"gc.nn.{ctor}", {"gc": gc})  # noqa: S307 - constructors written in the tests
+    state = layer.init_parameters(seed=seed).state_dict()
+    twin = eval(f"torch.nn.{ctor}", {"torch": torch})  # noqa: S307
+    assert list(state) == list(twin.state_dict()), ctor
+    assert all(tuple(v.shape) == state[k].shape for k, v in twin.state_dict().items()), ctor
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    for p in layer.parameters():
+        p.data = p.numpy()
+    return layer, twin
