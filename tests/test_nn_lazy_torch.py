@@ -30,7 +30,8 @@ CASES = [("LazyLinear(4)", VEC, nn.Linear), ("LazyLinear(4, bias=False)", SEQ, n
          ("LazyConvTranspose1d(2, 3, stride=2)", SEQ, nn.ConvTranspose1d),
          ("LazyConvTranspose2d(4, 2, stride=2, output_padding=1)", IMG, nn.ConvTranspose2d),
          ("LazyBatchNorm1d()", SEQ, nn.BatchNorm1d), ("LazyBatchNorm2d(eps=1e-3)", IMG, nn.BatchNorm2d),
-         ("LazyBatchNorm3d()", VOL, nn.BatchNorm3d), ("LazyInstanceNorm1d(track_running_stats=False)", SEQ, nn.InstanceNorm1d),
+         ("LazyBatchNorm3d()", VOL, nn.BatchNorm3d),
+         ("LazyInstanceNorm1d(track_running_stats=False)", SEQ, nn.InstanceNorm1d),
          ("LazyInstanceNorm2d(track_running_stats=False)", IMG, nn.InstanceNorm2d),
          ("LazyInstanceNorm3d(affine=False, track_running_stats=False)", VOL, nn.InstanceNorm3d)]
 

@@ -87,11 +87,10 @@ def _check(idx: Tensor, w: Tensor, offsets: Any, max_norm: Any, scale_grad_by_fr
     if idx.ndim == 1:
         if offsets is None:
             fail("a 1-D input needs offsets (the start of each bag)")
-        if isinstance(offsets, Tensor) and offsets.ndim != 1 or not isinstance(offsets, Tensor) and \
-                np.ndim(offsets) != 1:
+        if (offsets.ndim if isinstance(offsets, Tensor) else np.ndim(offsets)) != 1:
             fail("offsets has to be a 1-D tensor")
-        if not isinstance(offsets, Tensor) and len(offsets) and int(np.asarray(offsets)[0]) != 0:
-            fail(f"offsets[0] has to be 0 (the first bag starts at position 0), got {int(np.asarray(offsets)[0])}")
+        if not isinstance(offsets, Tensor) and len(offsets) and (first := int(np.asarray(offsets)[0])) != 0:
+            fail(f"offsets[0] has to be 0 (the first bag starts at position 0), got {first}")
     if per_sample_weights is not None:
         if mode != "sum":
             fail(f"per_sample_weights is only supported for mode='sum', got mode={mode!r}")
