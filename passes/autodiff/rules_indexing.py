@@ -99,13 +99,15 @@ def grad_gather_nd(g, node, dy):
 @grad_rule("ScatterElements", "ScatterND")
 def grad_scatter(g, node, dy):
     # reduction none: dy passes where data was not overwritten (zeros scattered over it) and the
-    # updates get dy at their positions (a Gather); "add": data gets all of dy. The other
-    # reductions (mul, max, min) have no rule. Duplicate indices without a reduction write in an
-    # unspecified order: each update is then given the gradient of its position.
+    # updates get dy at their positions (a Gather); "add": data gets all of dy; mul, max, min:
+    # ``_grad_scatter_mul``, ``_grad_scatter_extreme``. Duplicate indices without a reduction write in
+    # an unspecified order: each update is then given the gradient of its position.
     data, idx, updates = node.inputs
     reduction = attr(node, "reduction", "none")
-    if reduction not in ("none", "add"):
-        raise GraphError(f"gradient of {node.op_type} {node.name!r} with reduction={reduction!r} is not supported")
+    if reduction == "mul":
+        return _grad_scatter_mul(g, dy, data, updates, *_scatter_gather(g, node))
+    if reduction in ("max", "min"):
+        return _grad_scatter_extreme(g, dy, data, updates, node.outputs[0], *_scatter_gather(g, node))
     elements = node.op_type == "ScatterElements"
     axis = {"axis": attr(node, "axis", 0)} if elements else {}
     ddata = dupdates = None
@@ -113,4 +115,51 @@ def grad_scatter(g, node, dy):
         ddata = dy if reduction == "add" else g.op(node.op_type, dy, idx, g.zeros_like(updates), **axis)
     if g.wants(updates):
         dupdates = g.op("GatherElements" if elements else "GatherND", dy, idx, **axis)
+    return ddata, None, dupdates
+
+
+def _scatter_gather(g, node):
+    """(scatter(target, values, reduction), gather(x)) along the node's indices: a reducing scatter
+    of values shaped like its updates into a tensor shaped like its data, and the read back."""
+    idx = node.inputs[1]
+    if node.op_type == "ScatterElements":
+        axis = attr(node, "axis", 0)
+        return (lambda target, values, reduction: g.scatter_elements(target, idx, values, axis, reduction),
+                lambda x: g.op("GatherElements", x, idx, axis=axis))
+    sidx = static_shape(idx)
+    if sidx is None or not isinstance(sidx[-1], int):
+        raise GraphError(f"gradient of ScatterND {node.name!r} needs the length of its index tuples (the last dim "
+                         f"of {idx.name!r}), got shape {sidx}")
+    g.rank(node.inputs[0])  # known, or a clear error
+    return (lambda target, values, reduction: scatter_tuples(g, target, idx, values, 0, reduction),
+            lambda x: g.op("GatherND", x, idx))
+
+
+def _grad_scatter_mul(g, dy, data, updates, scatter, gather):
+    """y[p] = data[p] * the product of the updates u_j sent to p. data gets dy times that product,
+    u_j gets dy * data * the product of the others, written without dividing by a zero: y / u_j
+    where no update at p is 0; the product of the rest for the only zero at p; nothing for any
+    update at a position with two zeros (as torch's scatter_reduce "prod")."""
+    ddata = dupdates = None
+    if g.wants(data):
+        ddata = g.mul(dy, scatter(g.full(g.shape_of(data), 1.0, data), updates, "mul"))
+    if g.wants(updates):
+        zero = g.op("Equal", updates, g.scalar(0.0, updates))
+        zeros_at = gather(scatter(g.zeros_like(data), g.cast_like(zero, updates), "add"))  # zero updates at u_j's p
+        nonzero = scatter(data, g.op("Where", zero, g.scalar(1.0, updates), updates), "mul")
+        only_zero = g.cast_like(g.op("Equal", zeros_at, g.scalar(1.0, updates)), updates)
+        no_zero = g.cast_like(g.op("Equal", zeros_at, g.scalar(0.0, updates)), updates)
+        rest = g.op("Where", zero, only_zero, g.div(no_zero, g.op("Where", zero, g.scalar(1.0, updates), updates)))
+        dupdates = g.mul(gather(g.mul(dy, nonzero)), rest)
+    return ddata, None, dupdates
+
+
+def _grad_scatter_extreme(g, dy, data, updates, y, scatter, gather):
+    """y[p] = max (min) of data[p] and the updates sent to p: the winners, those equal to y[p],
+    share dy[p] evenly (torch's scatter_reduce "amax"/"amin" with include_self=True)."""
+    data_wins = g.cast_like(g.op("Equal", data, y), data)
+    update_wins = g.cast_like(g.op("Equal", updates, gather(y)), updates)
+    share = g.div(dy, scatter(data_wins, update_wins, "add"))
+    ddata = g.mul(share, data_wins) if g.wants(data) else None
+    dupdates = g.mul(gather(share), update_wins) if g.wants(updates) else None
     return ddata, None, dupdates
