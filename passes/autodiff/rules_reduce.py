@@ -2,7 +2,8 @@
 and Softmax/LogSoftmax.
 
 Axes come from the attribute (ReduceSum before opset 13, the others before 18) or from the
-second input; ``keepdims=0`` outputs are unsqueezed back before broadcasting to the input.
+second input, a constant or a value known only at run time; ``keepdims=0`` outputs are unsqueezed
+back at those axes before broadcasting to the input.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import math
 
 import onnx_ir as ir
 
-from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, is_static, static_shape
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.autodiff.rules_indexing import scattered
@@ -35,9 +35,8 @@ def _expand_back(g: GradBuilder, node: ir.Node, dy: ir.Value, axes) -> ir.Value:
     """dy with the reduced axes restored (size 1), ready to broadcast against the input."""
     if attr(node, "keepdims", 1):
         return dy
-    if isinstance(axes, ir.Value):
-        raise GraphError(f"{node.op_type} {node.name!r}: keepdims=0 with axes computed at run time "
-                         "has no gradient rule; make the axes a constant")
+    if isinstance(axes, ir.Value):  # counted in the input's rank, as Unsqueeze's output has it
+        return g.op("Unsqueeze", dy, axes)
     if axes is None:  # reduced to a scalar, which broadcasts as it is
         return dy
     return g.unsqueeze(dy, axes)
@@ -78,8 +77,16 @@ def _select_reduced(g: GradBuilder, node: ir.Node, dy: ir.Value, axes) -> ir.Val
     x = node.inputs[0]
     y = _expand_back(g, node, node.outputs[0], axes)
     mask = g.cast_like(g.op("Equal", x, y), dy)
-    count = g.reduce("ReduceSum", mask, axes, keepdims=True)
+    count = _reduce_kept(g, node, "ReduceSum", mask, axes)
     return g.mul(mask, g.div(_expand_back(g, node, dy, axes), count))
+
+
+def _reduce_kept(g: GradBuilder, node: ir.Node, op_type: str, x: ir.Value, axes) -> ir.Value:
+    """``op_type`` over the node's ``axes`` with keepdims; axes known only at run time may be
+    empty, which then means what the node's ``noop_with_empty_axes`` says."""
+    if isinstance(axes, ir.Value):
+        return g.op(op_type, x, axes, keepdims=1, noop_with_empty_axes=attr(node, "noop_with_empty_axes", 0))
+    return g.reduce(op_type, x, axes, keepdims=True)
 
 
 @grad_rule("ReduceMax", "ReduceMin")
@@ -216,9 +223,9 @@ def grad_reduce_prod(g, node, dy):
     x = node.inputs[0]
     zero, one = g.scalar(0.0, x), g.scalar(1.0, x)
     is_zero = g.op("Equal", x, zero)
-    zeros = g.reduce("ReduceSum", g.cast_like(is_zero, x), axes, keepdims=True)
+    zeros = _reduce_kept(g, node, "ReduceSum", g.cast_like(is_zero, x), axes)
     safe = g.op("Where", is_zero, one, x)
-    nonzero_product = g.reduce("ReduceProd", safe, axes, keepdims=True)
+    nonzero_product = _reduce_kept(g, node, "ReduceProd", safe, axes)
     lone_zero = g.op("And", is_zero, g.op("Equal", zeros, one))
     others = g.op("Where", g.op("Equal", zeros, zero), g.div(nonzero_product, safe),
                   g.op("Where", lone_zero, g.op("Expand", nonzero_product, g.shape_of(x)), zero))
