@@ -161,11 +161,12 @@ def grad_cumprod(g, node, dy):
 
 @grad_rule("Pad")
 def grad_pad(g, node, dy):
-    # Constant pads are needed. Constant mode slices the padding back off (a crop too: dy is
-    # padded by the opposite amounts); edge/reflect/wrap are linear and separable in x, so dx is
-    # dy contracted with each padded axis' [out, in] 0/1 matrix (the border repeated, mirrored
-    # or circular copies summed back). The constant value gets the gradient of every element it
-    # fills.
+    # Constant mode slices the padding back off (a crop too: dy is padded by the opposite
+    # amounts, the pads negated at run time when only then known); edge/reflect/wrap are linear
+    # and separable in x, so dx is dy contracted with each padded axis' [out, in] 0/1 matrix (the
+    # border repeated, mirrored or circular copies summed back), or, where the pads or a padded
+    # size are known only at run time, dy summed back into the positions the same Pad of x's flat
+    # positions reads. The constant value gets the gradient of every element it fills.
     x = node.inputs[0]
     if g.opset < 11:  # Pad-2: pads is an attribute
         pads = np.asarray(attr(node, "pads"), np.int64) if attr(node, "pads") is not None else None
@@ -174,20 +175,14 @@ def grad_pad(g, node, dy):
     has_axes = len(node.inputs) > 3 and node.inputs[3] is not None
     axes = folded_array(node.inputs[3]) if has_axes else None
     mode = attr(node, "mode", "constant")
-    if pads is None or (has_axes and axes is None):
-        raise GraphError(f"gradient of Pad {node.name!r} needs constant pads (and axes)")
     rank = g.rank(x)
-    axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
-    n = len(axes)
-    begin, end = [int(p) for p in pads[:n]], [int(p) for p in pads[n:]]
-    if mode == "constant" and min(begin + end) >= 0:
-        ends = g.add(g.op("Gather", g.shape_of(x), g.ints(axes)), g.ints(begin))
-        dx = g.op("Slice", dy, g.ints(begin), ends, g.ints(axes))
-    elif mode == "constant":  # a crop too: the adjoint pads dy by the opposite amounts (any shape)
-        g.require_opset(11, "Pad with negative pads")
-        dx = g.op("Pad", dy, g.ints([-p for p in begin + end]), *([None, g.ints(axes)] if has_axes else []))
+    if pads is None or (has_axes and axes is None):
+        dx = (g.op("Pad", dy, g.neg(node.inputs[1]), None, *node.inputs[3:]) if mode == "constant"
+              else _pad_scattered(g, node, dy))
     else:
-        dx = contract(g, dy, _pad_matrices(g, node, x, mode, axes, begin, end), rank)
+        axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
+        n = len(axes)
+        dx = _known_pads_grad(g, node, dy, mode, axes, [int(p) for p in pads[:n]], [int(p) for p in pads[n:]])
     grads = [dx, None, None, None][:len(node.inputs)]
     if mode == "constant" and len(node.inputs) > 2 and g.wants(node.inputs[2]):
         # every padded element is the constant value: it gets the gradient of all of them
@@ -196,18 +191,42 @@ def grad_pad(g, node, dy):
     return tuple(grads)
 
 
-def _pad_matrices(g: GradBuilder, node: ir.Node, x: ir.Value, mode: str, axes, begin, end) -> dict[int, np.ndarray]:
-    """{axis: [out, in] 0/1 matrix} of the Pad along each axis it changes."""
+def _known_pads_grad(g: GradBuilder, node: ir.Node, dy: ir.Value, mode: str, axes: list[int], begin: list[int],
+                     end: list[int]) -> ir.Value:
+    """dx of a Pad whose pads and axes are constants."""
+    x = node.inputs[0]
+    if mode == "constant" and min(begin + end) >= 0:
+        ends = g.add(g.op("Gather", g.shape_of(x), g.ints(axes)), g.ints(begin))
+        return g.op("Slice", dy, g.ints(begin), ends, g.ints(axes))
+    if mode == "constant":  # a crop too: the adjoint pads dy by the opposite amounts (any shape)
+        g.require_opset(11, "Pad with negative pads")
+        has_axes = len(node.inputs) > 3 and node.inputs[3] is not None
+        return g.op("Pad", dy, g.ints([-p for p in begin + end]), *([None, g.ints(axes)] if has_axes else []))
     shape = static_shape(x)
-    matrices = {}
-    for axis, before, after in zip(axes, begin, end):
-        if before == after == 0:
-            continue
-        if shape is None or not isinstance(shape[axis], int):
-            raise GraphError(f"gradient of Pad {node.name!r} in mode {mode!r} needs a static size on padded axis "
-                             f"{axis} (got {shape})")
-        matrices[axis] = _pad_matrix(mode, shape[axis], before, after)
-    return matrices
+    if any(not isinstance(shape[a], int) for a, b, e in zip(axes, begin, end) if b or e):
+        return _pad_scattered(g, node, dy)
+    return contract(g, dy, _pad_matrices(shape, mode, axes, begin, end), len(shape))
+
+
+def _pad_scattered(g: GradBuilder, node: ir.Node, dy: ir.Value) -> ir.Value:
+    """dx of an edge/reflect/wrap Pad: the Pad of x's flat positions says which element of x each
+    output element reads, and dy sums back into those (ScatterElements, add)."""
+    g.require_opset(16, "ScatterElements with reduction='add' (a Pad's gradient with pads or sizes known at "
+                        "run time only)")
+    x = node.inputs[0]
+    shape = g.shape_of(x)
+    positions = g.reshape_to(g.op("Range", g.const(0, np.int64), g.op("Size", x), g.const(1, np.int64)), shape,
+                             static_shape(x))
+    read = g.op("Pad", positions, node.inputs[1], None, *node.inputs[3:], mode=attr(node, "mode"))
+    flat = g.scatter_elements(g.flat_zeros_like(x, dy), g.op("Reshape", read, g.ints([-1])),
+                              g.op("Reshape", dy, g.ints([-1])), 0)
+    return g.reshape_to(flat, shape, static_shape(x))
+
+
+def _pad_matrices(shape, mode: str, axes, begin, end) -> dict[int, np.ndarray]:
+    """{axis: [out, in] 0/1 matrix} of the Pad along each axis it changes (their sizes static)."""
+    return {axis: _pad_matrix(mode, shape[axis], before, after)
+            for axis, before, after in zip(axes, begin, end) if before or after}
 
 
 def _pad_matrix(mode: str, size: int, before: int, after: int) -> np.ndarray:
@@ -255,14 +274,17 @@ def grad_depth_space(g, node, dy):
 
 @grad_rule("Tile")
 def grad_tile(g, node, dy):
-    # dy viewed as [r0, d0, r1, d1, ...] summed over the repeat axes (static shape and repeats)
-    x = node.inputs[0]
-    shape, repeats = static_shape(x), folded_array(node.inputs[1])
-    if not is_static(shape) or repeats is None:
-        raise GraphError(f"gradient of Tile {node.name!r} needs a static input shape and constant repeats")
-    split = [v for r, d in zip(repeats, shape) for v in (int(r), d)]
-    summed = g.reduce("ReduceSum", g.op("Reshape", dy, g.ints(split)), list(range(0, 2 * len(shape), 2)),
-                      keepdims=False)
+    # dy viewed as [r0, d0, r1, d1, ...] summed over the repeat axes; that view built at run time
+    # (repeats and x's shape interleaved) where either is known only then
+    x, repeats = node.inputs
+    shape, known = static_shape(x), folded_array(repeats)
+    rank = g.rank(x)
+    if is_static(shape) and known is not None:
+        split = g.ints([v for r, d in zip(known, shape) for v in (int(r), d)])
+    else:
+        pairs = g.op("Concat", g.unsqueeze(repeats, [1]), g.unsqueeze(g.op("Shape", x), [1]), axis=1)
+        split = g.op("Reshape", pairs, g.ints([-1]))
+    summed = g.reduce("ReduceSum", g.op("Reshape", dy, split), list(range(0, 2 * rank, 2)), keepdims=False)
     return summed, None
 
 
