@@ -817,9 +817,6 @@ def grad_conv_transpose(g, node, dy):
     w_shape, sx = static_shape(w), static_shape(x)
     if w_shape is None or not all(isinstance(d, int) for d in w_shape) or sx is None:
         raise GraphError(f"gradient of ConvTranspose {node.name!r} needs a static weight shape and a known rank")
-    if attr(node, "auto_pad", "NOTSET") != "NOTSET":
-        raise GraphError(f"gradient of ConvTranspose {node.name!r} needs explicit pads or output_shape, not "
-                         f"auto_pad={attr(node, 'auto_pad')!r}")
     n_sp = len(w_shape) - 2
     kernel = list(w_shape[2:])
     strides = list(attr(node, "strides", None) or [1] * n_sp)
@@ -827,7 +824,7 @@ def grad_conv_transpose(g, node, dy):
     out_pad = list(attr(node, "output_padding", None) or [0] * n_sp)
     unpadded = None if not all(isinstance(d, int) for d in sx[2:]) else [
         strides[i] * (sx[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1 for i in range(n_sp)]
-    pads = _transposed_pads(node, unpadded, n_sp)
+    pads = _transposed_pads(node, unpadded, [d * st if isinstance(d, int) else None for d, st in zip(sx[2:], strides)])
     group = attr(node, "group", 1)
     dx = dw = db = None
     if g.wants(x):
@@ -846,17 +843,27 @@ def grad_conv_transpose(g, node, dy):
     return dx, dw, db
 
 
-def _transposed_pads(node: ir.Node, unpadded: list[int] | None, n_sp: int) -> list[int]:
-    """A ConvTranspose's pads (begins, then ends): its ``pads``, or those its ``output_shape``
-    (the spatial dims) sets, as ONNX computes them: the ``unpadded`` size less the
-    output_shape, the odd one at the start."""
+def _transposed_pads(node: ir.Node, unpadded: list[int] | None, same: list) -> list[int]:
+    """A ConvTranspose's pads (begins, then ends): its ``pads``, none for auto_pad VALID, or those
+    its ``output_shape`` (the spatial dims; ``same``, input dims times strides, for auto_pad
+    SAME_*) sets, as ONNX computes them: the ``unpadded`` size less the output_shape, the odd one
+    at the end for SAME_UPPER, else at the start."""
+    n_sp = len(same)
+    auto_pad = attr(node, "auto_pad", "NOTSET")
     output_shape = attr(node, "output_shape")
+    if output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        output_shape = same
     if output_shape is None:
-        return list(attr(node, "pads", None) or [0] * (2 * n_sp))
+        return [0] * (2 * n_sp) if auto_pad == "VALID" else list(attr(node, "pads", None) or [0] * (2 * n_sp))
+    output_shape = list(output_shape)[-n_sp:]
     total = None if unpadded is None else [u - t for u, t in zip(unpadded, output_shape)]
     if total is None or any(t < 0 for t in total):
-        raise GraphError(f"gradient of ConvTranspose {node.name!r}: output_shape {list(output_shape)} needs static "
-                         f"spatial dims of at least it, the size without pads; got {unpadded}")
+        setting = f"output_shape {output_shape}" if attr(node, "output_shape") is not None else \
+            f"auto_pad={auto_pad!r} (output dims {output_shape})"
+        raise GraphError(f"gradient of ConvTranspose {node.name!r}: {setting} needs static spatial dims of at "
+                         f"least it, the size without pads; got {unpadded}")
+    if auto_pad == "SAME_UPPER":
+        return [t // 2 for t in total] + [t - t // 2 for t in total]
     return [t - t // 2 for t in total] + [t // 2 for t in total]
 
 
