@@ -567,8 +567,8 @@ def _cases() -> list[GradCase]:
           tag="same_upper_depthwise"),
         c("ConvTranspose", [T((1, 2, 3, 4)), T((2, 3, 3, 3))], {"strides": [2, 2], "output_padding": [1, 0],
                                                                "auto_pad": "VALID"}, tag="valid"),
-        c("ConvTranspose", [T((1, 2, 4, 4)), T((2, 2, 3, 3))], {"strides": [2, 2], "output_shape": [8, 7],
-                                                               "auto_pad": "SAME_UPPER"}, tag="output_shape_same_upper"),
+        c("ConvTranspose", [T((1, 2, 4, 4)), T((2, 2, 3, 3))],
+          {"strides": [2, 2], "output_shape": [8, 7], "auto_pad": "SAME_UPPER"}, tag="output_shape_same_upper"),
         # pools with auto_pad SAME_* and dilations (onnxruntime 1.31 leaves the dilations out of SAME_*'s pads:
         # its output is smaller than ONNX's, [1, 2, 5, 5] for [1, 2, 7, 6] here)
         c("MaxPool", [T((1, 2, 5, 6))], {"kernel_shape": [3, 2], "strides": [2, 2], "auto_pad": "SAME_UPPER"},

@@ -35,18 +35,33 @@ _DEFAULT_PARAMS = {"affine": (1.0, 0.0), "leakyrelu": (0.01, 0.0), "thresholdedr
                    "scaledtanh": (1.0, 1.0), "hardsigmoid": (0.2, 0.5), "elu": (1.0, 0.0)}
 
 
-def _activations(names, alphas, betas, defaults, num_directions):
-    names = list(names or defaults * num_directions)
+def activation_params(names, alphas, betas) -> list[tuple[float, float]]:
+    """Each activation's (alpha, beta): ``activation_alpha``/``activation_beta`` taken in order by
+    the activations that have them, where they run out the defaults of the ONNX op of that name
+    (ThresholdedRelu alpha 1, Affine 1 and 0, ScaledTanh 1 and 1, ...)."""
     alphas, betas = list(alphas or []), list(betas or [])
-    fns = []
+    params = []
     for name in names:
-        fn, n_params = _ACTIVATIONS[name.lower()]
+        n_params = _ACTIVATIONS[name.lower()][1]
         a, b = _DEFAULT_PARAMS.get(name.lower(), (0.0, 0.0))
         if n_params >= 1 and alphas:
             a = alphas.pop(0)
         if n_params >= 2 and betas:
             b = betas.pop(0)
-        fns.append(lambda x, fn=fn, a=a, b=b: fn(x, a, b))
+        params.append((a, b))
+    return params
+
+
+def takes_params(name: str) -> int | None:
+    """How many of (alpha, beta) the activation ``name`` takes; None where ONNX has none of that name."""
+    known = _ACTIVATIONS.get(name.lower())
+    return None if known is None else known[1]
+
+
+def _activations(names, alphas, betas, defaults, num_directions):
+    names = list(names or defaults * num_directions)
+    fns = [lambda x, fn=_ACTIVATIONS[name.lower()][0], a=a, b=b: fn(x, a, b)
+           for name, (a, b) in zip(names, activation_params(names, alphas, betas))]
     per = len(defaults)
     return [fns[d * per:(d + 1) * per] for d in range(num_directions)]
 
