@@ -69,7 +69,8 @@ NOT_DIFFERENTIABLE = {
                                             "convention) and this case's loss uses them",
 }
 FLOATS = (np.float16, np.float32, np.float64)
-NO_GRADIENT = {"Resize": {1, 2}, "Dropout": {1}}  # roi/scales, ratio: settings without a gradient
+NO_GRADIENT = {"Resize": {1, 2}, "Dropout": {1},  # roi/scales, ratio: settings without a gradient
+               "OneHot": {0, 1}}  # indices and depth, float in some cases: the output steps with them
 
 
 def _runnable(case) -> bool:

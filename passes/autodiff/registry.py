@@ -69,13 +69,13 @@ def get_grad_rule(op_type: str) -> GradRule | None:
 # Float inputs that set how an op behaves rather than carry learned values: PyTorch keeps these
 # as constants or buffers (clamp bounds, interpolation roi/scales, a pad value, class weights of
 # a loss, a dropout rate, an exponent: x.pow(2), LPPool's p, which torch.onnx's dynamo exporter
-# writes as initializers). An initializer read only through them is not trained by default
+# writes as initializers; OneHot's [off, on] values). An initializer read only through them is not trained by default
 # (``gc.training.generate`` with no ``trainable``); named in ``trainable`` it trains with its
 # exact gradient where the rule has one (Resize's roi/scales and Dropout's ratio get none).
 SETTING_INPUTS: dict[str, frozenset[int]] = {
     "Clip": frozenset({1, 2}), "Resize": frozenset({1, 2}), "Upsample": frozenset({1}), "Pad": frozenset({2}),
     "SoftmaxCrossEntropyLoss": frozenset({2}), "NegativeLogLikelihoodLoss": frozenset({2}),
-    "Dropout": frozenset({1}), "Pow": frozenset({1}),
+    "Dropout": frozenset({1}), "Pow": frozenset({1}), "OneHot": frozenset({2}),
 }
 
 

@@ -1,4 +1,4 @@
-"""VJP rules of the indexing ops: Gather, GatherElements, GatherND, ScatterElements and ScatterND.
+"""VJP rules of the indexing ops: Gather, GatherElements, GatherND, ScatterElements, ScatterND and OneHot.
 
 A gradient that sums dy into positions an index may repeat (an embedding's rows) is a
 ScatterElements with reduction="add", never a ScatterND, which onnxruntime's CPU provider runs with
@@ -163,3 +163,16 @@ def _grad_scatter_extreme(g, dy, data, updates, y, scatter, gather):
     ddata = g.mul(share, data_wins) if g.wants(data) else None
     dupdates = g.mul(gather(share), update_wins) if g.wants(updates) else None
     return ddata, None, dupdates
+
+
+@grad_rule("OneHot")
+def grad_one_hot(g, node, dy):
+    # y = on where the index picks, else off: values = [off, on] gets dy summed over the picked
+    # positions (on) and over the rest (off); the indices and depth have none
+    indices, depth, values = node.inputs
+    if not g.wants(values):
+        return None, None, None
+    picked = g.op("OneHot", indices, depth, g.const(np.array([0.0, 1.0]), values.dtype), axis=attr(node, "axis", -1))
+    on = g.reduce("ReduceSum", g.mul(dy, picked), None, keepdims=False)
+    off = g.sub(g.reduce("ReduceSum", dy, None, keepdims=False), on)
+    return None, None, g.op("Concat", g.unsqueeze(off, [0]), g.unsqueeze(on, [0]), axis=0)

@@ -1,4 +1,4 @@
-"""VJP rules of MatMul (batched, broadcast, 1-D operands), Gemm (transA/transB/alpha/beta) and Einsum."""
+"""VJP rules of MatMul (batched, broadcast, 1-D operands), Gemm (transA/transB/alpha/beta), Einsum and Det."""
 
 from __future__ import annotations
 
@@ -176,3 +176,24 @@ def grad_einsum(g, node, dy):
             dx = g.broadcast_from(dx, tuple(d if d != 1 else None for d in sx))  # None: summed over
         grads.append(dx)
     return tuple(grads)
+
+
+@grad_rule("Det")
+def grad_det(g, node, dy):
+    # d det(A) / dA = the cofactor matrix, C[i, j] = (-1)^(i+j) det(A without row i and column j):
+    # no inverse (ONNX has none, and det * inv(A)^T is undefined where A is singular, where the
+    # cofactors are exact). All n^2 minors come from two Gathers of the other rows and columns.
+    a = node.inputs[0]
+    shape, rank = static_shape(a), g.rank(a)
+    n = shape[-1]
+    if not isinstance(n, int):
+        raise GraphError(f"gradient of Det {node.name!r} needs the matrix size static, got shape {shape}")
+    dy = g.unsqueeze(dy, [rank - 2, rank - 1])
+    if n == 1:
+        return (g.op("Expand", dy, g.shape_of(a)),)
+    others = g.const(np.array([[k for k in range(n) if k != i] for i in range(n)], np.int64))  # [n, n-1]
+    minors = g.op("Gather", g.op("Gather", a, others, axis=rank - 2), others, axis=rank)  # [..., i, r, j, c]
+    lead = list(range(rank - 2))
+    cofactors = g.op("Det", g.transpose(minors, lead + [rank - 2, rank, rank - 1, rank + 1]))
+    signs = g.const(np.fromfunction(lambda i, j: (-1.0) ** (i + j), (n, n)), a.dtype)
+    return (g.mul(dy, g.mul(cofactors, signs)),)
