@@ -1,0 +1,61 @@
+"""Double-precision MeanVarianceNormalization written out for onnxruntime, in a session's copy of a model.
+
+onnxruntime 1.31 has no double kernel for MeanVarianceNormalization ("Could not find an
+implementation for MeanVarianceNormalization(13)"), and so cannot load such a model. The session's
+copy computes it in standard ops instead, as the numpy kernel does: ``y = (x - mean) / (std + 1e-9)``,
+the mean and the (biased) standard deviation over ``axes`` (default [0, 2, 3]). Nodes in the main
+graph only; float, float16 and bfloat16 ones run on onnxruntime's kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from graphc.model.file import ai_onnx_opset, tensor_types, with_nodes
+
+__all__ = ["lower_double"]
+
+
+def _is_mvn(node: onnx.NodeProto) -> bool:
+    return node.op_type == "MeanVarianceNormalization" and node.domain in ("", "ai.onnx")
+
+
+def lower_double(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself when its main graph has no double MeanVarianceNormalization, else a copy with
+    each written out (the module docstring)."""
+    if not any(_is_mvn(node) for node in model.graph.node):
+        return model
+    types = tensor_types(model) or {}
+    double = [n for n in model.graph.node
+              if _is_mvn(n) and types.get(n.input[0], (None,))[0] == onnx.TensorProto.DOUBLE]
+    if not double:
+        return model
+    nodes = []
+    for node in model.graph.node:
+        nodes += _written_out(node, ai_onnx_opset(model)) if node in double else [node]
+    return with_nodes(model, nodes)
+
+
+def _written_out(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
+    axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), [0, 2, 3])
+    p = f"{node.output[0]}/mvn/"
+    nodes: list[onnx.NodeProto] = []
+
+    def op(op_type: str, *inputs: str, **kw) -> str:
+        nodes.append(helper.make_node(op_type, list(inputs), [f"{p}{len(nodes)}"], f"{p}{len(nodes)}", **kw))
+        nodes[-1].metadata_props.extend(node.metadata_props)  # the user's line, for errors
+        return nodes[-1].output[0]
+
+    def reduce_mean(v: str) -> str:
+        if opset >= 18:
+            return op("ReduceMean", v, op("Constant", value=numpy_helper.from_array(np.asarray(axes, np.int64))))
+        return op("ReduceMean", v, axes=axes)
+
+    centred = op("Sub", node.input[0], reduce_mean(node.input[0]))
+    std = op("Sqrt", reduce_mean(op("Mul", centred, centred)))
+    eps = op("Constant", value=numpy_helper.from_array(np.asarray(1e-9, np.float64)))
+    nodes.append(helper.make_node("Div", [centred, op("Add", std, eps)], [node.output[0]], f"{p}out"))
+    nodes[-1].metadata_props.extend(node.metadata_props)
+    return nodes
