@@ -575,7 +575,8 @@ def _cases() -> list[GradCase]:
         c("ConvTranspose", [T((1, 2, 4, 4)), T((2, 2, 3, 3))],
           {"strides": [2, 2], "output_shape": [8, 7], "auto_pad": "SAME_UPPER"}, tag="output_shape_same_upper"),
         # pools with auto_pad SAME_* and dilations (onnxruntime 1.31 leaves the dilations out of SAME_*'s pads:
-        # its output is smaller than ONNX's, [1, 2, 5, 5] for [1, 2, 7, 6] here)
+        # its output is smaller than ONNX's, [1, 2, 5, 5] for [1, 2, 7, 6] here; graphc's ort-cpu backend states
+        # the pads, tests/test_pool_same_dilations.py, but the check here runs a bare onnxruntime session)
         c("MaxPool", [T((1, 2, 5, 6))], {"kernel_shape": [3, 2], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
           tag="same_upper"),
         c("MaxPool", [T((1, 2, 7, 6))], {"kernel_shape": [3, 2], "dilations": [2, 2], "auto_pad": "SAME_LOWER"},
