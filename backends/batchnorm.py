@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
+from graphc.backends.written_out import Writer
 from graphc.errors import BackendError
 from graphc.model.file import ai_onnx_opset, tensor_types, with_nodes
 
@@ -51,26 +52,12 @@ def _written_out(node: onnx.NodeProto, types: dict, opset: int, backend: str) ->
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     eps, m = attrs.get("epsilon", 1e-5), attrs.get("momentum", 0.9)
     axes = [0, *range(2, len(dims))]
-    p = f"{node.output[0]}/bn_train/"
-    nodes: list[onnx.NodeProto] = []
-
-    def op(op_type: str, *inputs: str, **kw) -> str:
-        nodes.append(helper.make_node(op_type, list(inputs), [f"{p}{len(nodes)}"], f"{p}{len(nodes)}", **kw))
-        nodes[-1].metadata_props.extend(node.metadata_props)  # the user's line, for errors
-        return nodes[-1].output[0]
-
-    def const(value, dtype) -> str:
-        return op("Constant", value=numpy_helper.from_array(np.asarray(value, dtype)))
-
-    def reduce_mean(v: str) -> str:  # keeps dims: [1, C, 1, ...]
-        if opset >= 18:
-            return op("ReduceMean", v, const(axes, np.int64), keepdims=1)
-        return op("ReduceMean", v, axes=axes, keepdims=1)
-
+    w = Writer(node, "bn_train", opset)
+    op, const = w.op, w.const
     x_type = helper.tensor_dtype_to_np_dtype(elem)
-    mean = reduce_mean(x)
+    mean = w.reduce_mean(x, axes)  # keeps dims: [1, C, 1, ...]
     centred = op("Sub", x, mean)
-    var = reduce_mean(op("Mul", centred, centred))
+    var = w.reduce_mean(op("Mul", centred, centred), axes)
     per_channel = const([-1] + [1] * (len(dims) - 2), np.int64)
     normed = op("Div", centred, op("Sqrt", op("Add", var, const(eps, x_type))))
     y = op("Add", op("Mul", normed, op("Reshape", scale, per_channel)), op("Reshape", bias, per_channel))
@@ -83,5 +70,5 @@ def _written_out(node: onnx.NodeProto, types: dict, opset: int, backend: str) ->
         outputs.append(op("Add", op("Mul", running, const(m, stat_type)), op("Mul", batch, const(1 - m, stat_type))))
     for old, new in zip(node.output, outputs):
         if old:
-            nodes.append(helper.make_node("Identity", [new], [old], f"{p}{old}"))
-    return nodes
+            op("Identity", new, output=old)
+    return w.nodes

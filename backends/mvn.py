@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
 
+from graphc.backends.written_out import Writer
 from graphc.model.file import ai_onnx_opset, tensor_types, with_nodes
 
 __all__ = ["lower_double"]
@@ -40,22 +40,8 @@ def lower_double(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _written_out(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
     axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), [0, 2, 3])
-    p = f"{node.output[0]}/mvn/"
-    nodes: list[onnx.NodeProto] = []
-
-    def op(op_type: str, *inputs: str, **kw) -> str:
-        nodes.append(helper.make_node(op_type, list(inputs), [f"{p}{len(nodes)}"], f"{p}{len(nodes)}", **kw))
-        nodes[-1].metadata_props.extend(node.metadata_props)  # the user's line, for errors
-        return nodes[-1].output[0]
-
-    def reduce_mean(v: str) -> str:
-        if opset >= 18:
-            return op("ReduceMean", v, op("Constant", value=numpy_helper.from_array(np.asarray(axes, np.int64))))
-        return op("ReduceMean", v, axes=axes)
-
-    centred = op("Sub", node.input[0], reduce_mean(node.input[0]))
-    std = op("Sqrt", reduce_mean(op("Mul", centred, centred)))
-    eps = op("Constant", value=numpy_helper.from_array(np.asarray(1e-9, np.float64)))
-    nodes.append(helper.make_node("Div", [centred, op("Add", std, eps)], [node.output[0]], f"{p}out"))
-    nodes[-1].metadata_props.extend(node.metadata_props)
-    return nodes
+    w = Writer(node, "mvn", opset)
+    centred = w.op("Sub", node.input[0], w.reduce_mean(node.input[0], axes))
+    std = w.op("Sqrt", w.reduce_mean(w.op("Mul", centred, centred), axes))
+    w.op("Div", centred, w.op("Add", std, w.const(1e-9, np.float64)), output=node.output[0])
+    return w.nodes
