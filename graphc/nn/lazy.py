@@ -12,7 +12,6 @@ from typing import Any
 
 from graphc.dsl import ops
 from graphc.dsl.builder import active, op_error, user_source
-from graphc.errors import CaptureError
 from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d
 from graphc.nn.layers import BatchNorm1d, BatchNorm2d, BatchNorm3d, Linear
 from graphc.nn.module import Module
@@ -123,16 +122,12 @@ class LazyBatchNorm3d(_Lazy):
 
 
 class _LazyInstanceNorm(_Lazy):
-    """torch's defaults differ from the instance norms': ``affine=True, track_running_stats=True``;
-    running statistics are not supported (as ``InstanceNorm*d``), so ``track_running_stats=False``
-    must be given."""
+    """torch's defaults, which differ from the instance norms': ``affine=True,
+    track_running_stats=True``."""
 
-    def __init__(self, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
+    def __init__(self, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                  track_running_stats: bool = True, dtype: Any = "float32"):
-        if track_running_stats:
-            raise CaptureError(f"{type(self).__name__} with track_running_stats=True (torch's default for the lazy "
-                               "instance norms) is not supported; pass track_running_stats=False")
-        super().__init__(eps, momentum, affine, False, dtype)
+        super().__init__(eps, momentum, affine, track_running_stats, dtype)
 
     def _size_dim(self, x: Any) -> int:
         """dim 0 of an unbatched ``(C, *spatial)`` input."""
