@@ -9,8 +9,8 @@ import onnx_ir as ir
 from graphc.errors import PassError
 from graphc.model import EMITTED_OPSETS, Model, load
 from graphc.model.file import all_graphs, clip_bounds_like_input, tensor_types
+from graphc.passes.autodiff.model import fold_integer_values, infer_shapes, localize_outer_constants
 from graphc.passes.functions import expand_functions
-from graphc.passes.values import fresh_name
 
 __all__ = ["convert_opset"]
 
@@ -43,7 +43,7 @@ def convert_opset(model: Model, target: int, hint: str = "") -> Model:
             if node.domain in ("", "ai.onnx") and not _exists_at(node.op_type, target):
                 raise ValueError(f"{node.op_type} node {node.name!r}: ONNX has no {node.op_type} before opset "
                                  f"{onnx.defs.get_schema(node.op_type).since_version} and no function body for it")
-        _localize_constants(proto.graph, {}, _value_names(proto.graph))
+        proto = _with_outer_constants_localized(proto)
         held = _hold_back(proto, current, target)
         converted = onnx.version_converter.convert_version(proto, target)
         clip_bounds_like_input(converted)
@@ -167,44 +167,15 @@ def _drop_default_attributes_unknown_at(proto: onnx.ModelProto, current: int, ta
             node.attribute.extend(kept)
 
 
-def _localize_constants(graph: onnx.GraphProto, outer: dict[str, onnx.TensorProto], taken: set[str]) -> None:
-    """Give, in place, each subgraph (Loop/Scan body, If branch) a Constant node of its own for
-    every small integer constant of an enclosing graph it reads. The converter's adapters that turn
+def _with_outer_constants_localized(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with each subgraph given Constants of its own for the small integer constants it
+    reads from an enclosing graph (``localize_outer_constants``): the converter's adapters that turn
     an input into an attribute (Reduce* axes, Squeeze/Unsqueeze axes, Split sizes going below
     opset 13/18) look for the constant in the node's own graph only, and stop with an assertion
     for an outer one (torch.onnx's dynamo exporter writes EmbeddingBag's ReduceSum that way).
-    ``taken``: every value name in the model (the copies get new ones)."""
-    local = {t.name: t for t in graph.initializer if _small_integers(t)}
-    for node in graph.node:
-        if node.op_type == "Constant" and [a.name for a in node.attribute] == ["value"] \
-                and _small_integers(node.attribute[0].t):
-            local[node.output[0]] = node.attribute[0].t
-    copies: dict[str, str] = {}
-    for node in graph.node:
-        for i, name in enumerate(node.input):
-            if name in outer and name not in local:
-                if name not in copies:
-                    copies[name] = fresh_name(taken, f"{name}_local")
-                node.input[i] = copies[name]
-        for attribute in node.attribute:
-            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)):
-                _localize_constants(sub, {**outer, **local}, taken)
-    for name, copy in reversed(copies.items()):
-        graph.node.insert(0, onnx.helper.make_node("Constant", [], [copy], value=outer[name]))
-
-
-def _value_names(graph: onnx.GraphProto) -> set[str]:
-    names: set[str] = set()
-    for g in all_graphs(graph):
-        names.update(t.name for t in g.initializer)
-        names.update(i.name for i in g.input)
-        names.update(o for node in g.node for o in node.output)
-    return names
-
-
-def _small_integers(tensor: onnx.TensorProto) -> bool:
-    """An int32/int64 tensor of at most 64 elements: axes, sizes, pads (an index table stays put)."""
-    return tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and int(np.prod(tensor.dims)) <= 64
+    ``proto`` itself where nothing is copied."""
+    copy = ir.serde.deserialize_model(proto)
+    return ir.serde.serialize_model(copy) if localize_outer_constants(copy) else proto
 
 
 def _with_integer_inputs_folded(model: Model) -> Model:
@@ -212,8 +183,6 @@ def _with_integer_inputs_folded(model: Model) -> Model:
     ``Reshape(Constant)``, as torch.onnx's dynamo exporter writes them with ``optimize=False``)
     made initializers: the converter's adapters that turn such an input into an attribute take
     only an initializer or a Constant. A copy when anything folds, else ``model`` itself."""
-    from graphc.passes.autodiff.model import fold_integer_values, infer_shapes
-
     copy = infer_shapes(model.ir)
     return Model(copy) if fold_integer_values(copy) else model
 
