@@ -79,7 +79,12 @@ def fold_integer_values(model: ir.Model) -> int:
     (``localize_outer_constants``). Only integers and booleans: float subgraphs of weights stay
     as they are (their initializers are the params). Needs dtypes (run shape inference first);
     returns how many nodes went away or were copied."""
-    graph = model.graph
+    return _fold_main_graph(model.graph) + localize_outer_constants(model)
+
+
+def _fold_main_graph(graph: ir.Graph) -> int:
+    """``fold_integer_values`` on ``graph``'s own nodes, without the subgraph copies; returns how
+    many nodes went away."""
     taken = {v.name for n in graph for v in n.outputs} | set(graph.initializers) | {v.name for v in graph.inputs}
     count, folded_here = 0, set()
     for node in list(graph):  # in order: a folded producer makes its consumers constant too
@@ -99,7 +104,7 @@ def fold_integer_values(model: ir.Model) -> int:
             folded_here.add(folded)
         graph.remove(node, safe=True)
         count += 1
-    return count + _inline_constant_ifs(graph, folded_here) + localize_outer_constants(model)
+    return count + _inline_constant_ifs(graph, folded_here)
 
 
 def _inline_constant_ifs(graph: ir.Graph, conditions: set[ir.Value]) -> int:
@@ -169,8 +174,9 @@ def expand_for_autodiff(model: ir.Model) -> int:
              + unroll_recurrent(model) + floor_ceil_pools(model))
     loops = unroll_static_loops(model)
     if loops:
-        while fold_integer_values(model):  # an inlined If may hold another If that now folds
+        while _fold_main_graph(model.graph):  # an inlined If may hold another If that now folds
             pass
+        localize_outer_constants(model)  # once: folding reads and writes the main graph only
     return count + loops + lower_sequences(model)
 
 
