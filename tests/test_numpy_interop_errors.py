@@ -5,6 +5,7 @@ or ValueError comes out of the numpy backend as BackendError naming node, op and
 from __future__ import annotations
 
 import inspect
+import re
 
 import numpy as np
 import pytest
@@ -100,3 +101,46 @@ def test_a_huge_expand_is_a_backend_error_naming_node_op_and_shape():
 def test_a_kernel_value_error_names_the_input_shapes():
     with pytest.raises(gc.BackendError, match=r"node 'expand_big' \(Expand\).*inputs \(float32\[1\], int64\[2\]\).*ValueError"):
         _expand_then_relu().run({"x": np.ones(1, np.float32), "shape": np.array([-5, 3])})
+
+
+_SUGGESTED = re.compile(r"use gc\.(\w+)\(\.\.\.\) instead|use the Tensor method \.(\w+)\(\.\.\.\) instead")
+
+
+def _suggestion(message: str) -> str | None:
+    """What a refusal suggests: ``gc.NAME`` or ``Tensor.NAME``, checked to exist; None when it
+    says graphc has nothing."""
+    match = _SUGGESTED.search(message)
+    if match is None:
+        assert "graphc has no function of that name" in message, message
+        return None
+    function, method = match.groups()
+    assert hasattr(gc, function) if function else hasattr(gc.Tensor, method), f"no such name: {match.group(0)}"
+    return f"gc.{function}" if function else f"Tensor.{method}"
+
+
+@pytest.mark.parametrize("call, suggested", [
+    (lambda x: np.squeeze(x), "Tensor.squeeze"), (lambda x: np.expand_dims(x, 0), "Tensor.unsqueeze"),
+    (lambda x: np.moveaxis(x, 0, 1), "gc.movedim"), (lambda x: np.repeat(x, 2), "gc.repeat_interleave"),
+    (lambda x: np.around(x), "gc.round"), (lambda x: np.ravel(x), "gc.flatten"), (lambda x: np.cumsum(x), "gc.cumsum"),
+    (lambda x: np.clip(x, 0, 1), "gc.clip"), (lambda x: np.sort(x), "gc.sort"), (lambda x: np.arccos(x), None),
+    (lambda x: np.sinc(x), None),
+])
+def test_a_refused_numpy_function_suggests_a_name_graphc_has(call, suggested):
+    with pytest.raises(gc.GraphError) as err:
+        gc.capture(call, x=gc.spec("float32", [2, 3]))
+    assert _suggestion(str(err.value)) == suggested
+
+
+def test_every_numpy_function_refused_suggests_only_names_graphc_has():
+    from graphc.dsl.methods import _numpy_refused
+
+    names = [n for n in dir(np) if not n.startswith("_") and callable(getattr(np, n))]
+    suggested = {}
+
+    def refuse_all(x):
+        for name in names:
+            suggested[name] = _suggestion(str(_numpy_refused(f"np.{name}", name, x)))
+        return x
+
+    gc.capture(refuse_all, x=gc.spec("float32", [2, 3]))
+    assert suggested["tanh"] == "gc.tanh" and suggested["concatenate"] == "gc.concat"

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import ops, ops_array, ops_divide, ops_math, ops_nn, ops_order, ops_views
+import graphc
+from graphc.dsl import ops, ops_divide, ops_order
 from graphc.dsl.builder import user_source
 from graphc.dsl.indexing import getitem
 from graphc.dsl.tensor import Tensor
@@ -76,9 +77,9 @@ _UFUNC_OPERATORS = {
     "bitwise_xor": ("__xor__", "__xor__"), "negative": ("__neg__",), "positive": ("__pos__",),
     "absolute": ("__abs__",), "invert": ("__invert__",),
 }
-# numpy names whose graphc function is spelled differently
-_GC_NAMES = {"absolute": "abs", "concatenate": "concat", "power": "pow", "arccos": "acos", "arcsin": "asin",
-             "arctan": "atan", "moveaxis": "movedim", "repeat": "repeat_interleave"}
+# numpy names whose graphc function or Tensor method is spelled differently
+_GC_NAMES = {"absolute": "abs", "concatenate": "concat", "power": "pow", "moveaxis": "movedim",
+             "repeat": "repeat_interleave", "expand_dims": "unsqueeze", "around": "round", "ravel": "flatten"}
 
 
 def _array_ufunc(self: Tensor, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
@@ -97,11 +98,15 @@ def _array_function(self: Tensor, func: Any, types: Any, args: Any, kwargs: Any)
 
 
 def _numpy_refused(what: str, name: str, tensor: Tensor) -> CaptureError:
-    """CaptureError for a numpy function given a traced value, suggesting the gc.* function."""
-    gc_name = _GC_NAMES.get(name, name)
-    known = any(gc_name in module.__all__ for module in (ops, ops_array, ops_divide, ops_math, ops_nn, ops_order,
-                                                         ops_views))
-    hint = f"use gc.{gc_name}(...) instead" if known else "graphc has no function of that name: build it from gc.* ops"
+    """CaptureError for a numpy function given a traced value, suggesting what graphc has under
+    that name (or its spelling in ``_GC_NAMES``): a ``gc.*`` function, else a Tensor method."""
+    spelled = _GC_NAMES.get(name, name)
+    if spelled in graphc.__all__:
+        hint = f"use gc.{spelled}(...) instead"
+    elif hasattr(Tensor, spelled):
+        hint = f"use the Tensor method .{spelled}(...) instead"
+    else:
+        hint = "graphc has no function of that name: build it from gc.* ops"
     return CaptureError(f"{what} cannot run on traced value {tensor.value.name}: {tensor.type_str()} at "
                       f"{user_source()}: numpy cannot see inside the graph being captured; {hint}")
 
