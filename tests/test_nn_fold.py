@@ -77,7 +77,7 @@ def test_fold_of_unfold_counts_each_pixel_s_blocks():
 
 @pytest.mark.parametrize("call,message", [
     (lambda x: gc.unfold(x, 4), r"a \(3, 3\) image padded by \[0, 0\] holds \[0, 0\] blocks of kernel_size \[4, 4\]"),
-    (lambda x: gc.unfold(x[0, 0], 2), r"expects a \(N, C, H, W\) input \(rank 4, or 3 unbatched\), got rank 2"),
+    (lambda x: gc.unfold(x[0, 0], 2), r"expects a \(C, H, W\) or \(N, C, H, W\) input, got rank 2"),
     (lambda x: gc.unfold(x, 2, stride=0), r"stride \[0, 0\] must be positive"),
     (lambda x: gc.fold(gc.unfold(x, 2), (3, 3), 3), r"fold needs a static dim 1 divisible by the kernel's 9 taps"),
     (lambda x: gc.fold(gc.unfold(x, 2), (4, 3), 2), r"dim 2 must be the 3 x 2 = 6 blocks of output_size \[4, 3\]"),

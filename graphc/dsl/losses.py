@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.dsl import ops, ops_array
+from graphc.dsl.batching import batch_of_one
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops_layers import logsigmoid
 from graphc.dsl.tensor import Tensor
@@ -155,14 +156,11 @@ def _class_terms(logp: Tensor, labels: Tensor, ignore_index: int, weight: Tensor
 
 
 def _batched(fn, logp: Tensor, target: Tensor, reduction: str, *args) -> Tensor:
-    """``fn`` on an unbatched ``[C]`` input (and a 0-d class label or ``[C]`` probabilities) as a
-    batch of one, as torch takes it; anything else of rank < 2 is refused."""
-    if logp.shape is None or len(logp.shape) >= 2:
+    """``fn`` on ``[N, C, d...]``, or on an unbatched ``[C]`` input (and a 0-d class label or ``[C]``
+    probabilities) as a batch of one, as torch takes it; a 0-d input is refused."""
+    if logp.shape is None or len(logp.shape) > 2:
         return fn(logp, target, reduction, *args)
-    if len(logp.shape) == 1:
-        out = fn(ops.unsqueeze(logp, [0]), ops.unsqueeze(target, [0]), reduction, *args)
-        return ops.squeeze(out, [0]) if reduction == "none" else out
-    raise op_error("GatherElements", [logp], "needs an input [N, C, d...] or an unbatched [C]", user_source())
+    return batch_of_one("GatherElements", logp, "C", lambda lp, t: fn(lp, t, reduction, *args), target)
 
 
 def nll(logp: Tensor, labels: Tensor, reduction: str = "mean", weight: Tensor | None = None,

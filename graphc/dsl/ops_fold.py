@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops import constant, lift, reshape, squeeze, unsqueeze
+from graphc.dsl.batching import batch_of_one
+from graphc.dsl.ops import constant, reshape
 from graphc.dsl.ops_layers import conv_transpose2d
 from graphc.dsl.ops_nn import conv2d, ints
 from graphc.dsl.tensor import Tensor
@@ -47,19 +48,13 @@ def _one_hot_kernel(channels: int, kernel: list[int], dtype: np.dtype) -> Tensor
     return constant(np.tile(np.eye(taps, dtype=dtype).reshape(taps, 1, *kernel), (channels, 1, 1, 1)))
 
 
-def _batched(op: str, x: Any, ranks: tuple[int, int], layout: str) -> tuple[Tensor, bool]:
-    """``x`` with a batch dim (unbatched inputs get one, as torch takes them) and whether it had one."""
-    x = lift(x)
-    if x.ndim not in ranks:
-        raise op_error(op, [x], f"expects a {layout} input (rank {ranks[1]}, or {ranks[0]} unbatched), got rank "
-                       f"{x.ndim}", user_source())
-    return (x, True) if x.ndim == ranks[1] else (unsqueeze(x, [0]), False)
-
-
 def unfold(x: Tensor, kernel_size: Any, dilation: Any = 1, padding: Any = 0, stride: Any = 1) -> Tensor:
     """The sliding ``kernel_size`` blocks of ``x`` ``[N, C, H, W]`` (or ``[C, H, W]``) as columns
     ``[N, C * kh * kw, L]``, L blocks in row-major order. Signature: ai.onnx@11::Conv (one-hot kernel)"""
-    x, batched = _batched("Conv", x, (3, 4), "(N, C, H, W)")
+    return batch_of_one("Conv", x, "C, H, W", lambda x: _unfold(x, kernel_size, dilation, padding, stride))
+
+
+def _unfold(x: Tensor, kernel_size: Any, dilation: Any, padding: Any, stride: Any) -> Tensor:
     channels = x.shape[1]
     if not isinstance(channels, int):
         raise op_error("Conv", [x], "unfold needs a static channel count", user_source())
@@ -67,14 +62,17 @@ def unfold(x: Tensor, kernel_size: Any, dilation: Any = 1, padding: Any = 0, str
     pads, strides = ints(padding, 2, "padding"), ints(stride, 2, "stride")
     _blocks("Conv", x, x.shape[2:], kernel, dil, pads, strides)
     cols = conv2d(x, _one_hot_kernel(channels, kernel, x.dtype.numpy), None, strides, pads, dil, channels)
-    cols = reshape(cols, [x.shape[0], channels * math.prod(kernel), -1])
-    return cols if batched else squeeze(cols, [0])
+    return reshape(cols, [x.shape[0], channels * math.prod(kernel), -1])
 
 
 def fold(x: Tensor, output_size: Any, kernel_size: Any, dilation: Any = 1, padding: Any = 0, stride: Any = 1) -> Tensor:
     """Columns ``[N, C * kh * kw, L]`` (or ``[C * kh * kw, L]``) summed into ``[N, C, *output_size]``
     at their blocks: ``unfold``'s adjoint (overlaps add up). Signature: ai.onnx@11::ConvTranspose (one-hot kernel)"""
-    x, batched = _batched("ConvTranspose", x, (2, 3), "(N, C * kh * kw, L)")
+    return batch_of_one("ConvTranspose", x, "C * kh * kw, L",
+                        lambda x: _fold(x, output_size, kernel_size, dilation, padding, stride))
+
+
+def _fold(x: Tensor, output_size: Any, kernel_size: Any, dilation: Any, padding: Any, stride: Any) -> Tensor:
     kernel, dil = ints(kernel_size, 2, "kernel_size"), ints(dilation, 2, "dilation")
     pads, strides, size = ints(padding, 2, "padding"), ints(stride, 2, "stride"), ints(output_size, 2, "output_size")
     taps, (rows, length) = math.prod(kernel), x.shape[1:]
@@ -90,9 +88,8 @@ def fold(x: Tensor, output_size: Any, kernel_size: Any, dilation: Any = 1, paddi
     extra = [n + 2 * p - (g - 1) * s - d * (k - 1) - 1
              for n, g, k, d, p, s in zip(size, grid, kernel, dil, pads, strides)]
     channels = rows // taps
-    image = conv_transpose2d(reshape(x, [x.shape[0], rows, *grid]), _one_hot_kernel(channels, kernel, x.dtype.numpy),
-                             None, strides, pads, extra, channels, dil)
-    return image if batched else squeeze(image, [0])
+    return conv_transpose2d(reshape(x, [x.shape[0], rows, *grid]), _one_hot_kernel(channels, kernel, x.dtype.numpy),
+                            None, strides, pads, extra, channels, dil)
 
 
 __all__ = ["fold", "unfold"]

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl import ops, ops_layers, ops_nn
-from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.batching import batch_of_one
 from graphc.errors import CaptureError
 from graphc.model.dtypes import to_numpy
 from graphc.nn import init
@@ -41,8 +41,7 @@ class _InstanceNorm(Module):
     mode normalises each sample by its own statistics and updates the running ones by their mean
     over the batch, eval mode normalises by the running ones."""
 
-    _spatial: str  # the layout after the channels, and the batched input's rank
-    _rank: int
+    _spatial: str  # the layout after the channels
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
                  track_running_stats: bool = False, dtype: Any = "float32", *, bias: bool = True):
@@ -58,18 +57,13 @@ class _InstanceNorm(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(N, C, *spatial)``, or an unbatched ``(C, *spatial)`` as in PyTorch."""
-        x = ops.lift(x)
-        name, rank = type(self).__name__, self._rank
-        if x.ndim not in (rank - 1, rank):
-            raise op_error(name, [x], f"expects a (C, {self._spatial}) or (N, C, {self._spatial}) input, got rank "
-                           f"{x.ndim}", user_source())
-        batched = ops.unsqueeze(x, [0]) if x.ndim < rank else x
-        ops.same_dim(name, [x], batched.shape[1], self.num_features, "input channels and num_features")
+        return batch_of_one(type(self).__name__, x, f"C, {self._spatial}", self._normalize)
+
+    def _normalize(self, x: Tensor) -> Tensor:
+        ops.same_dim(type(self).__name__, [x], x.shape[1], self.num_features, "input channels and num_features")
         if self.track_running_stats:
-            y = self._tracked(batched)
-        else:
-            y = ops_layers.instance_norm(batched, self.weight, self.bias, self.eps)
-        return ops.squeeze(y, [0]) if x.ndim < rank else y
+            return self._tracked(x)
+        return ops_layers.instance_norm(x, self.weight, self.bias, self.eps)
 
     def _tracked(self, x: Tensor) -> Tensor:
         """As torch's ``instance_norm``: a BatchNormalization of ``x`` as ``[1, N*C, *spatial]``
@@ -90,15 +84,15 @@ class _InstanceNorm(Module):
 
 
 class InstanceNorm1d(_InstanceNorm):
-    _spatial, _rank = "L", 3
+    _spatial = "L"
 
 
 class InstanceNorm2d(_InstanceNorm):
-    _spatial, _rank = "H, W", 4
+    _spatial = "H, W"
 
 
 class InstanceNorm3d(_InstanceNorm):
-    _spatial, _rank = "D, H, W", 5
+    _spatial = "D, H, W"
 
 
 class RMSNorm(Module):
