@@ -22,9 +22,14 @@ def examples(loss: dict, batch: Mapping[str, np.ndarray], rows: int) -> int:
 def shard_weight(loss: dict, shard: Mapping[str, np.ndarray], rows: int) -> float:
     """How much a shard's (or batch's) loss and gradients count in the average: its
     ``examples`` for a mean loss, 1 for a summed loss."""
+    return weight(loss, examples(loss, shard, rows), rows)
+
+
+def weight(loss: dict, count: int, rows: int) -> float:
+    """``shard_weight`` of a part of ``rows`` rows whose ``examples`` are ``count``."""
     if (loss.get("options") or {}).get("reduction") == "sum":
         return 1.0 if rows else 0.0
-    return float(examples(loss, shard, rows))
+    return float(count)
 
 
 def divisor(loss: dict, weight: float, what: str = "the batch") -> float:

@@ -504,7 +504,8 @@ class Trainer:
         totals: dict[str, float] = {}
         for batch in eval_batches(loader):
             rows = len(next(iter(batch.values())))
-            w, n = averaging.shard_weight(loss_spec, batch, rows), averaging.examples(loss_spec, batch, rows)
+            n = averaging.examples(loss_spec, batch, rows)
+            w = averaging.weight(loss_spec, n, rows)
             if not w:
                 continue
             result = self.evaluate(batch)
@@ -628,7 +629,10 @@ class Trainer:
         bar.start_epoch(self.epoch, self.batch_in_epoch, sums.loss_sum / sums.steps if sums.steps else None)
         last = time.perf_counter()
         for batch in loader.iter_epoch(self.epoch, self.batch_in_epoch):
-            if self._counts_nothing(batch):
+            first = self._batch_names[0] if self._batch_names else None
+            rows = len(batch[first]) if first in batch else 0  # one missing: the step says which
+            examples = averaging.examples(self.manifest.loss, batch, rows)  # once: the skip test, the train metrics
+            if self._counts_nothing(batch, rows, examples):
                 self._skip(len(loader))
                 bar.step(sums.loss_sum / max(sums.samples, 1), sums.samples / max(sums.seconds, 1e-9))
                 last = time.perf_counter()
@@ -640,8 +644,7 @@ class Trainer:
                 if not math.isfinite(loss):
                     raise TrainingFailed(f"the loss became {loss} at step {self.step_count} (epoch {self.epoch + 1}, "
                                          f"batch {self.batch_in_epoch + 1}); lower the learning rate or check the data")
-                rows = len(batch[self._batch_names[0]]) if self._batch_names else 0
-                self._add_train_metrics(batch, rows)
+                self._add_train_metrics(batch, examples)
                 now = time.perf_counter()
                 self.batch_in_epoch += 1
                 sums.steps += 1
@@ -654,13 +657,11 @@ class Trainer:
                 save()
             last = time.perf_counter()  # the save's time is not train time
 
-    def _counts_nothing(self, batch: Mapping[str, np.ndarray]) -> bool:
-        """Whether ``batch`` holds no example a mean loss counts (cross-entropy labels that are all
-        the ignore index): its loss is NaN, as PyTorch's, and so is its gradient in the graph (0 *
-        inf, where PyTorch's is 0)."""
-        label = self.manifest.loss.get("label")
-        rows = len(batch[label]) if label in batch else 0
-        return rows > 0 and not averaging.shard_weight(self.manifest.loss, batch, rows)
+    def _counts_nothing(self, batch: Mapping[str, np.ndarray], rows: int, examples: int) -> bool:
+        """Whether ``batch`` (``rows`` rows, ``examples`` as ``averaging.examples`` counts them) holds
+        no example a mean loss counts (cross-entropy labels that are all the ignore index): its loss
+        is NaN, as PyTorch's, and so is its gradient in the graph (0 * inf, where PyTorch's is 0)."""
+        return rows > 0 and not averaging.weight(self.manifest.loss, examples, rows)
 
     def _skip(self, batches: int) -> None:
         """Pass over the batch at ``self.batch_in_epoch`` (of ``batches``) with no step, saying so."""
@@ -688,14 +689,14 @@ class Trainer:
                           "(gc.training.generate(...).save(dir) or `graphc grad`) for train metrics", stacklevel=4)
         return self._prediction is not None
 
-    def _add_train_metrics(self, batch: Mapping[str, np.ndarray], rows: int) -> None:
-        """Add the metrics of the step just run, from its own prediction, times the examples they
-        are a mean over (``averaging.examples``: rows, or labels not ignored), to the epoch's
+    def _add_train_metrics(self, batch: Mapping[str, np.ndarray], examples: int) -> None:
+        """Add the metrics of the step just run, from its own prediction, times the ``examples``
+        they are a mean over (``averaging.examples``: rows, or labels not ignored), to the epoch's
         running sums (divided by all the epoch's examples at its end, as ``evaluate_loader``)."""
         outputs, self._step_outputs = self._step_outputs, None
         if outputs is None or self._prediction not in outputs:
             return
-        progress, examples = self._progress, averaging.examples(self.manifest.loss, batch, rows)
+        progress = self._progress
         for name, value in metrics_lib.compute(self.manifest.loss, outputs, batch, self.metrics).items():
             progress.metric_sums[name] = progress.metric_sums.get(name, 0.0) + (value * examples if examples else 0.0)
         progress.metric_examples += examples
