@@ -11,7 +11,7 @@ from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
 
 from graphc.passes.optimize.pipeline import Declared, all_nodes
 from graphc.passes.optimize.rules import RulePass, initializer
-from graphc.passes.values import STOP_GRADIENT_KEY, fixed_array, stops_gradient
+from graphc.passes.values import STOP_GRADIENT_KEY, draws_random, fixed_array, stops_gradient
 
 __all__ = ["ScaleIntoLinear", "StopGradientRemoval", "inference_pass"]
 
@@ -110,22 +110,17 @@ def _array(value: ir.Value) -> np.ndarray:
 
 
 class DropoutInference(RewriteRuleClassBase):
-    """``Dropout(x)`` -> x when its mask output is unused and it cannot be in training mode:
-    before opset 12 Dropout has no training switch and inference runtimes apply it as identity;
-    from 12 on, ``training_mode`` must be absent or a constant false (onnxscript's folder
-    already handles those; this covers the older opsets too)."""
+    """``Dropout(x)`` -> x when its mask output is unused and it cannot be in training mode (it
+    does not ``draws_random``): before opset 12 Dropout has no training switch and inference
+    runtimes apply it as identity; from 12 on, ``training_mode`` must be absent or a constant
+    false (onnxscript's folder already handles those; this covers the older opsets too)."""
 
     def pattern(self, op, x):
         return op.Dropout(x, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
 
     def check(self, context, x, y) -> MatchResult:
         result = MatchResult()
-        node = y.producer()
-        if len(node.inputs) > 2 and node.inputs[2] is not None:
-            mode = fixed_array(node.inputs[2])
-            if mode is None or bool(mode.reshape(-1)[0]):
-                return result.fail("training_mode may be true")
-        return result
+        return result.fail("training_mode may be true") if draws_random(y.producer()) else result
 
     def rewrite(self, op, x, **_):
         return op.Identity(x)
