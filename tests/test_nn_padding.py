@@ -125,8 +125,8 @@ def test_padding_mode_keeps_parameters_and_init(cls, args):
     (lambda x: gc.pad(x, (3, -5), mode="circular"), r"the crops leave 2 of its 7"),
     (lambda x: gc.pad(x, (-4, -4)), r"pad \(-4, -4\) crops more than dim 2's size 7"),
     (lambda x: gc.pad(x, (1, 1), mode="replicate", value=2.0), r"pad mode='replicate' takes no value"),
-    (lambda x: nn.ReflectionPad2d(1)(x[0, 0]), r"ReflectionPad2d expects a \(C, H, W\) or \(N, C, H, W\) input, "
-     "got rank 1"),
+    (lambda x: nn.ReflectionPad2d(1)(x[0, 0]), r"ReflectionPad2d\(float32\[7\]\): expects a \(C, H, W\) or "
+     r"\(N, C, H, W\) input, got rank 1"),
     (lambda x: nn.CircularPad1d((1, 2, 3)), r"padding must be an int or 2 ints, got \[1, 2, 3\]"),
     (lambda x: nn.Conv1d(3, 4, 3, padding_mode="mirror"), r"Conv1d padding_mode='mirror'; expected one of \['zeros', "
      r"'reflect', 'replicate', 'circular'\]"),

@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from graphc.dsl import ops
-from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.batching import batch_rank
 from graphc.dsl.ops_array import pad
 from graphc.dsl.ops_nn import ints
 from graphc.dsl.tensor import Tensor
 from graphc.nn.module import Module
 
-_LAYOUTS = {1: ("(C, W)", "(N, C, W)"), 2: ("(C, H, W)", "(N, C, H, W)"), 3: ("(C, D, H, W)", "(N, C, D, H, W)")}
+_LAYOUTS = {1: "C, W", 2: "C, H, W", 3: "C, D, H, W"}  # after the batch dim
 
 
 class _PadNd(Module):
@@ -30,10 +30,8 @@ class _PadNd(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = ops.lift(x)
-        if self.mode != "constant" and x.ndim not in (self.nd + 1, self.nd + 2):
-            unbatched, batched = _LAYOUTS[self.nd]
-            raise op_error("Pad", [x], f"{type(self).__name__} expects a {unbatched} or {batched} input, got rank "
-                           f"{x.ndim}", user_source())
+        if self.mode != "constant":
+            batch_rank(type(self).__name__, x, _LAYOUTS[self.nd])
         return pad(x, self.padding, self.mode, self.value)
 
     def extra_repr(self) -> str:
