@@ -8,11 +8,11 @@ build the same nodes; any other numpy function is refused, naming the ``gc.*`` f
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 
-import graphc
 from graphc.dsl import ops, ops_divide, ops_order
 from graphc.dsl.builder import user_source
 from graphc.dsl.indexing import getitem
@@ -101,7 +101,9 @@ def _numpy_refused(what: str, name: str, tensor: Tensor) -> CaptureError:
     """CaptureError for a numpy function given a traced value, suggesting what graphc has under
     that name (or its spelling in ``_GC_NAMES``): a ``gc.*`` function, else a Tensor method."""
     spelled = _GC_NAMES.get(name, name)
-    if spelled in graphc.__all__:
+    # the public names, read from the front (loaded before any of its sub-packages), not imported:
+    # the DSL's layers never import upward
+    if spelled in sys.modules["graphc"].__all__:
         hint = f"use gc.{spelled}(...) instead"
     elif hasattr(Tensor, spelled):
         hint = f"use the Tensor method .{spelled}(...) instead"
