@@ -15,7 +15,7 @@ from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, lift, matmu
                             reshape_like, same_dtype, scalar, sigmoid, softmax, sqrt, transpose, unary, where)
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops_array import chunk, ir_tensor, tril
-from graphc.dsl.ops_nn import conv_pads, drop_needless_ceil, ints
+from graphc.dsl.ops_nn import conv_pads, drop_needless_ceil, ints, max_pool
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
 
@@ -23,7 +23,7 @@ from graphc.dsl.builder import current, op_error, user_source
 _LAYOUTS = {3: "N, C, L", 4: "N, C, H, W", 5: "N, C, D, H, W"}
 
 
-def _check_rank(op: str, x: Tensor, rank: int) -> None:
+def check_rank(op: str, x: Tensor, rank: int) -> None:
     if x.shape is not None and len(x.shape) != rank:
         raise op_error(op, [x], f"expects a rank-{rank} input ({_LAYOUTS[rank]}), got rank {len(x.shape)}",
                        user_source())
@@ -36,7 +36,7 @@ def _conv(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, 
           groups: int, nd: int, output_padding: Any = 0) -> Tensor:
     x = lift(x)
     weight, bias = lift(weight, x), None if bias is None else lift(bias, x)
-    _check_rank(op, x, nd + 2)
+    check_rank(op, x, nd + 2)
     ws = weight.shape
     in_channels = ws[1] * groups if op == "Conv" else ws[0]
     if isinstance(x.shape[1], int) and x.shape[1] != in_channels:
@@ -79,29 +79,40 @@ def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stri
     return _conv("ConvTranspose", x, weight, bias, stride, padding, dilation, groups, 2, output_padding)
 
 
+def conv_transpose3d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
+                     output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
+    """Weight ``[in, out/groups, kd, kh, kw]``. Signature: ai.onnx@11::ConvTranspose"""
+    return _conv("ConvTranspose", x, weight, bias, stride, padding, dilation, groups, 3, output_padding)
+
+
 # -- pooling ----------------------------------------------------------------------------------
 
 
-def _pool(op: str, x: Tensor, nd: int, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
-          **extra: Any) -> Tensor:
+def pool(op: str, x: Tensor, nd: int, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
+         return_indices: bool = False, **extra: Any) -> Any:
+    """An ``nd``-D AveragePool, LpPool or MaxPool (``max_pool``: with torch's indices if asked) with
+    torch's ``kernel_size``, ``stride`` (None: the kernel), ``padding`` and ``ceil_mode``."""
     x = lift(x)
-    _check_rank(op, x, nd + 2)
+    check_rank(op, x, nd + 2)
     k = ints(kernel_size, nd, "kernel_size")
     attrs = {"kernel_shape": k, "strides": k if stride is None else ints(stride, nd, "stride"),
              "pads": ints(padding, nd, "padding") * 2, "ceil_mode": int(bool(ceil_mode)), **extra}
+    if op == "MaxPool":
+        return max_pool(x, attrs, return_indices)
     return emit(op, [x], drop_needless_ceil(x, attrs))
 
 
 def max_pool1d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
-               ceil_mode: bool = False) -> Tensor:
-    """Signature: ai.onnx@12::MaxPool (one output)."""
-    return _pool("MaxPool", x, 1, kernel_size, stride, padding, ceil_mode, dilations=ints(dilation, 1, "dilation"))
+               ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    """With ``return_indices``, ``(output, indices)`` as torch's. Signature: ai.onnx@12::MaxPool"""
+    return pool("MaxPool", x, 1, kernel_size, stride, padding, ceil_mode, return_indices,
+                dilations=ints(dilation, 1, "dilation"))
 
 
 def avg_pool1d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True) -> Tensor:
     """Signature: ai.onnx@19::AveragePool"""
-    return _pool("AveragePool", x, 1, kernel_size, stride, padding, ceil_mode,
+    return pool("AveragePool", x, 1, kernel_size, stride, padding, ceil_mode,
                  count_include_pad=int(bool(count_include_pad)))
 
 
@@ -109,7 +120,7 @@ def adaptive_avg_pool(x: Tensor, output_size: Any, nd: int) -> Tensor:
     """Output size 1 -> ``GlobalAveragePool``; else an ``AveragePool`` where the (static) input
     size divides evenly, as PyTorch computes it in that case. A ``None`` size keeps the input's."""
     x = lift(x)
-    _check_rank("AveragePool", x, nd + 2)
+    check_rank("AveragePool", x, nd + 2)
     sizes = output_size if isinstance(output_size, (tuple, list)) else ints(output_size, nd, "output_size")
     if len(sizes) != nd:
         raise CaptureError(f"output_size must be an int or {nd} sizes, got {output_size} (at {user_source()})")
@@ -119,7 +130,7 @@ def adaptive_avg_pool(x: Tensor, output_size: Any, nd: int) -> Tensor:
     if not all(o is None or isinstance(d, int) and d % o == 0 for d, o in zip(dims, sizes)):
         raise op_error("AveragePool", [x], f"adaptive pooling to {tuple(sizes)} needs static spatial dims divisible "
                        "by the output size", user_source())
-    return _pool("AveragePool", x, nd, [1 if o is None else d // o for d, o in zip(dims, sizes)], None, 0, False)
+    return pool("AveragePool", x, nd, [1 if o is None else d // o for d, o in zip(dims, sizes)], None, 0, False)
 
 
 def adaptive_avg_pool1d(x: Tensor, output_size: Any) -> Tensor:
@@ -461,5 +472,5 @@ __all__ = [
     "conv_transpose1d", "conv_transpose2d", "elu", "glu", "group_norm", "hardshrink", "hardsigmoid", "hardswish",
     "hardtanh", "instance_norm", "interpolate", "leaky_relu", "logsigmoid", "max_pool1d", "mish", "pixel_shuffle",
     "prelu", "relu6", "rms_norm", "scaled_dot_product_attention", "selu", "silu", "softmin", "softplus", "softshrink",
-    "softsign", "tanhshrink", "threshold",
+    "softsign", "tanhshrink", "threshold", "conv_transpose3d", "check_rank", "pool",
 ]

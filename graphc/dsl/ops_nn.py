@@ -94,14 +94,31 @@ def drop_needless_ceil(x: Tensor, attrs: dict[str, Any]) -> dict[str, Any]:
     return {**attrs, "ceil_mode": int(not same)}
 
 
+def max_pool(x: Tensor, attrs: dict[str, Any], return_indices: bool = False) -> Any:
+    """A MaxPool node with ``attrs``; with ``return_indices`` also torch's indices: each maximum's
+    flat position within its (unpadded) channel plane, ONNX's ``Indices`` (flat over the whole
+    tensor) modulo the plane's size."""
+    attrs = drop_needless_ceil(x, attrs)
+    if not return_indices:
+        return ops.emit("MaxPool", [x], attrs)
+    y, indices = ops.emit("MaxPool", [x], attrs, 2)
+    spatial = list(x.shape[2:])
+    if all(isinstance(d, int) for d in spatial):
+        plane = ops.const_i64([int(np.prod(spatial))])
+    else:
+        plane = ops.emit("ReduceProd", [ops.emit("Slice", [ops.emit("Shape", [x]), ops.const_i64([2]),
+                                                           ops.const_i64([x.ndim])])], {"keepdims": 1})
+    return y, ops.emit("Mod", [indices, plane])
+
+
 def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
-               ceil_mode: bool = False) -> Tensor:
-    """Signature: ai.onnx@12::MaxPool (one output)."""
+               ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    """With ``return_indices``, ``(output, indices)`` as torch's. Signature: ai.onnx@12::MaxPool"""
     x = ops.lift(x)
     _check_rank("MaxPool", x, 4)
     attrs = _pool_attrs(kernel_size, stride, padding, ceil_mode)
     attrs["dilations"] = int_pair(dilation, "dilation")
-    return ops.emit("MaxPool", [x], drop_needless_ceil(x, attrs))
+    return max_pool(x, attrs, return_indices)
 
 
 def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
@@ -202,4 +219,4 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 __all__ = ["avg_pool2d", "batch_norm", "conv2d", "dropout", "embedding", "layer_norm", "linear", "max_pool2d",
-           "global_avg_pool2d"]
+           "global_avg_pool2d", "max_pool"]

@@ -25,7 +25,7 @@ from graphc.nn.layers import (
 )
 from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList, Sequential
 from graphc.nn.distance import Bilinear, CosineSimilarity, PairwiseDistance
-from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d
+from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from graphc.nn.fold import Fold, Unfold
 from graphc.nn.lazy import (LazyBatchNorm1d, LazyBatchNorm2d, LazyBatchNorm3d, LazyConv1d, LazyConv2d, LazyConv3d,
                              LazyConvTranspose1d, LazyConvTranspose2d, LazyInstanceNorm1d, LazyInstanceNorm2d,
@@ -39,7 +39,9 @@ from graphc.nn.norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNo
 from graphc.nn.padding import (CircularPad1d, CircularPad2d, CircularPad3d, ConstantPad1d, ConstantPad2d, ConstantPad3d,
                                ReflectionPad1d, ReflectionPad2d, ReflectionPad3d, ReplicationPad1d, ReplicationPad2d,
                                ReplicationPad3d, ZeroPad1d, ZeroPad2d, ZeroPad3d)
-from graphc.nn.pooling import AdaptiveAvgPool1d, AvgPool1d, MaxPool1d
+from graphc.nn.pooling import (AdaptiveAvgPool1d, AdaptiveAvgPool3d, AdaptiveMaxPool1d, AdaptiveMaxPool2d,
+                               AdaptiveMaxPool3d, AvgPool1d, AvgPool3d, LocalResponseNorm, LPPool1d, LPPool2d, LPPool3d,
+                               MaxPool1d, MaxPool3d, MaxUnpool1d, MaxUnpool2d, MaxUnpool3d)
 from graphc.nn.rnn import GRU, LSTM, RNN
 from graphc.nn.rnn_cells import GRUCell, LSTMCell, RNNCell
 from graphc.nn.transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
@@ -86,4 +88,7 @@ __all__ = [
     "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d", "LazyConv1d", "LazyConv2d", "LazyConv3d",
     "LazyConvTranspose1d", "LazyConvTranspose2d", "LazyInstanceNorm1d", "LazyInstanceNorm2d", "LazyInstanceNorm3d",
     "LazyLinear",
+    # pooling, conv and shape layers
+    "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "AvgPool3d", "ConvTranspose3d",
+    "LocalResponseNorm", "LPPool1d", "LPPool2d", "LPPool3d", "MaxPool3d", "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d",
 ]

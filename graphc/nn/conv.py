@@ -107,3 +107,8 @@ class ConvTranspose1d(_ConvTransposeNd):
 class ConvTranspose2d(_ConvTransposeNd):
     nd = 2
     conv = staticmethod(ops_layers.conv_transpose2d)
+
+
+class ConvTranspose3d(_ConvTransposeNd):
+    nd = 3
+    conv = staticmethod(ops_layers.conv_transpose3d)

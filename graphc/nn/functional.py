@@ -21,10 +21,16 @@ from graphc.dsl.ops_math import (all, amax, amin, any, ceil, floor, frac, isfini
 from graphc.dsl.ops_views import (addmm, argsort, baddbmm, diff, expand_as, index_add, index_copy, movedim, narrow,
                                   outer, repeat_interleave, select, sort, t, unflatten)
 from graphc.dsl.ops_layers import (adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, celu, conv1d, conv3d,
-                                   conv_transpose1d, conv_transpose2d, elu, glu, group_norm, hardshrink, hardsigmoid,
+                                   conv_transpose1d, conv_transpose2d, conv_transpose3d, elu, glu, group_norm,
+                                   hardshrink, hardsigmoid,
                                    hardswish, hardtanh, instance_norm, interpolate, leaky_relu, logsigmoid, max_pool1d,
                                    mish, pixel_shuffle, prelu, relu6, rms_norm, scaled_dot_product_attention, selu,
                                    silu, softmin, softplus, softshrink, softsign, tanhshrink, threshold)
+from graphc.dsl.ops_pool import (adaptive_avg_pool3d, adaptive_max_pool1d, adaptive_max_pool1d_with_indices,
+                                 adaptive_max_pool2d, adaptive_max_pool2d_with_indices, adaptive_max_pool3d,
+                                 adaptive_max_pool3d_with_indices, avg_pool3d, local_response_norm, lp_pool1d,
+                                 lp_pool2d, lp_pool3d, max_pool1d_with_indices, max_pool2d_with_indices, max_pool3d,
+                                 max_pool3d_with_indices, max_unpool1d, max_unpool2d, max_unpool3d)
 from graphc.dsl.ops_nn import avg_pool2d, batch_norm, conv2d, dropout, embedding, layer_norm, linear, max_pool2d
 from graphc.nn.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cosine_embedding_loss,
                             cross_entropy, gaussian_nll_loss, hinge_embedding_loss, huber_loss, kl_div, l1_loss,
@@ -109,4 +115,8 @@ __all__ = [
     "bilinear", "cosine_similarity", "pairwise_distance", "pdist",
     "embedding_bag",
     "gumbel_softmax", "rrelu",
+    "adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool1d_with_indices", "adaptive_max_pool2d",
+    "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d", "adaptive_max_pool3d_with_indices", "avg_pool3d",
+    "conv_transpose3d", "local_response_norm", "lp_pool1d", "lp_pool2d", "lp_pool3d", "max_pool1d_with_indices",
+    "max_pool2d_with_indices", "max_pool3d", "max_pool3d_with_indices", "max_unpool1d", "max_unpool2d", "max_unpool3d",
 ]

@@ -36,14 +36,18 @@ class Linear(Module):
 
 
 class MaxPool2d(Module):
+    """torch's arguments, in its order (``return_indices`` before ``ceil_mode``); with
+    ``return_indices`` the output is ``(values, indices)``, torch's flat indices in each plane."""
+
     def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
-                 ceil_mode: bool = False):
+                 return_indices: bool = False, ceil_mode: bool = False):
         super().__init__()
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
-        self.dilation, self.ceil_mode = dilation, ceil_mode
+        self.dilation, self.return_indices, self.ceil_mode = dilation, return_indices, ceil_mode
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops_nn.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        return ops_nn.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+                                 self.return_indices)
 
 
 class AvgPool2d(Module):
