@@ -2,8 +2,8 @@
 
 from graphc.nn import functional, init
 from graphc.nn.activation import (CELU, ELU, GLU, SELU, Hardshrink, Hardsigmoid, Hardswish, Hardtanh, LeakyReLU,
-                                  LogSigmoid, LogSoftmax, Mish, PReLU, ReLU6, RReLU, SiLU, Softmin, Softplus,
-                                  Softshrink, Softsign, Tanhshrink, Threshold)
+                                  LogSigmoid, LogSoftmax, Mish, PReLU, ReLU6, RReLU, SiLU, Softmax2d, Softmin,
+                                  Softplus, Softshrink, Softsign, Tanhshrink, Threshold)
 from graphc.nn.attention import MultiheadAttention
 from graphc.nn.layers import (
     GELU,
@@ -22,6 +22,7 @@ from graphc.nn.layers import (
     Sigmoid,
     Softmax,
     Tanh,
+    Unflatten,
 )
 from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList, Sequential
 from graphc.nn.distance import Bilinear, CosineSimilarity, PairwiseDistance
@@ -47,7 +48,8 @@ from graphc.nn.rnn_cells import GRUCell, LSTMCell, RNNCell
 from graphc.nn.transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
                                    TransformerEncoderLayer)
 from graphc.nn.sparse import EmbeddingBag
-from graphc.nn.upsampling import PixelShuffle, Upsample
+from graphc.nn.upsampling import (ChannelShuffle, PixelShuffle, PixelUnshuffle, Upsample, UpsamplingBilinear2d,
+                                  UpsamplingNearest2d)
 
 __all__ = [
     "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding",
@@ -91,4 +93,5 @@ __all__ = [
     # pooling, conv and shape layers
     "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "AvgPool3d", "ConvTranspose3d",
     "LocalResponseNorm", "LPPool1d", "LPPool2d", "LPPool3d", "MaxPool3d", "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d",
+    "ChannelShuffle", "PixelUnshuffle", "Softmax2d", "Unflatten", "UpsamplingBilinear2d", "UpsamplingNearest2d",
 ]

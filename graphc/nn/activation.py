@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphc.dsl import ops, ops_layers
+from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops_random import rrelu
 from graphc.nn.init import constant as _constant
 from graphc.nn.module import Module, Parameter
@@ -193,3 +194,14 @@ class RReLU(Module):
 
     def extra_repr(self) -> str:
         return f"lower={self.lower}, upper={self.upper}"
+
+
+class Softmax2d(Module):
+    """Softmax over the channels of a ``(N, C, H, W)`` or ``(C, H, W)`` input (dim -3)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = ops.lift(x)
+        if x.ndim not in (3, 4):
+            raise op_error("Softmax", [x], f"Softmax2d expects a (C, H, W) or (N, C, H, W) input, got rank {x.ndim}",
+                           user_source())
+        return ops.softmax(x, -3)

@@ -8,6 +8,7 @@ from graphc.dsl import ops, ops_nn
 from graphc.dsl.ops_layers import adaptive_avg_pool2d
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops_nn import linear
+from graphc.dsl.ops_views import unflatten
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model import COUNT_KEY, COUNTER_KEY
@@ -215,3 +216,14 @@ class Flatten(Module):
         return ops.flatten(x, self.start_dim, self.end_dim)
 
 
+
+
+class Unflatten(Module):
+    """``dim`` split into ``unflattened_size`` (one entry may be -1)."""
+
+    def __init__(self, dim: int, unflattened_size: Any):
+        super().__init__()
+        self.dim, self.unflattened_size = dim, tuple(unflattened_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return unflatten(x, self.dim, self.unflattened_size)
