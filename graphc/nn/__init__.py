@@ -27,6 +27,7 @@ from graphc.nn.layers import (
 from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList, Sequential
 from graphc.nn.distance import Bilinear, CosineSimilarity, PairwiseDistance
 from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
+from graphc.nn.dropout import AlphaDropout, Dropout1d, Dropout2d, Dropout3d, FeatureAlphaDropout
 from graphc.nn.fold import Fold, Unfold
 from graphc.nn.lazy import (LazyBatchNorm1d, LazyBatchNorm2d, LazyBatchNorm3d, LazyConv1d, LazyConv2d, LazyConv3d,
                              LazyConvTranspose1d, LazyConvTranspose2d, LazyInstanceNorm1d, LazyInstanceNorm2d,
@@ -94,4 +95,5 @@ __all__ = [
     "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "AvgPool3d", "ConvTranspose3d",
     "LocalResponseNorm", "LPPool1d", "LPPool2d", "LPPool3d", "MaxPool3d", "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d",
     "ChannelShuffle", "PixelUnshuffle", "Softmax2d", "Unflatten", "UpsamplingBilinear2d", "UpsamplingNearest2d",
+    "AlphaDropout", "Dropout1d", "Dropout2d", "Dropout3d", "FeatureAlphaDropout",
 ]

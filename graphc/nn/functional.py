@@ -33,6 +33,7 @@ from graphc.dsl.ops_pool import (adaptive_avg_pool3d, adaptive_max_pool1d, adapt
                                  max_pool3d_with_indices, max_unpool1d, max_unpool2d, max_unpool3d)
 from graphc.dsl.ops_spatial import (affine_grid, channel_shuffle, grid_sample, pixel_unshuffle, upsample,
                                     upsample_bilinear, upsample_nearest)
+from graphc.dsl.ops_dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
 from graphc.dsl.ops_nn import avg_pool2d, batch_norm, conv2d, dropout, embedding, layer_norm, linear, max_pool2d
 from graphc.nn.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cosine_embedding_loss,
                             cross_entropy, gaussian_nll_loss, hinge_embedding_loss, huber_loss, kl_div, l1_loss,
@@ -123,4 +124,5 @@ __all__ = [
     "max_pool2d_with_indices", "max_pool3d", "max_pool3d_with_indices", "max_unpool1d", "max_unpool2d", "max_unpool3d",
     "affine_grid", "channel_shuffle", "grid_sample", "pixel_unshuffle", "upsample", "upsample_bilinear",
     "upsample_nearest",
+    "alpha_dropout", "dropout1d", "dropout2d", "dropout3d", "feature_alpha_dropout",
 ]
