@@ -12,11 +12,11 @@ import graphc as gc
 from graphc import nn
 
 try:
-    from torch_grad_util import (TorchNS, assert_grads_match_central_differences, assert_module_matches_torch,
-                                 run_both)
+    from torch_grad_util import (TorchNS, assert_constructed_matches_torch, assert_grads_match_central_differences,
+                                 assert_module_matches_torch, run_both)
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import (TorchNS, assert_grads_match_central_differences,
-                                       assert_module_matches_torch, run_both)
+    from tests.torch_grad_util import (TorchNS, assert_constructed_matches_torch,
+                                       assert_grads_match_central_differences, assert_module_matches_torch, run_both)
 
 R = np.random.default_rng(21)
 NCW, CW = R.standard_normal((2, 3, 7)).astype(np.float32), R.standard_normal((3, 6)).astype(np.float32)
@@ -86,14 +86,8 @@ CONVS = [
 
 @pytest.mark.parametrize("ctor,x", CONVS, ids=[c[0] for c in CONVS])
 def test_conv_padding_modes_and_their_gradients_match_torch(ctor, x):
-    torch = pytest.importorskip("torch")
-    layer = eval(f"nn.{ctor}", {"nn": nn})  # noqa: S307 - the constructors listed above
-    layer.init_parameters(seed=2)
-    for p in layer.parameters():  # keep these values through capture
-        p.data = p.numpy()
-    want_layer = eval(f"torch.nn.{ctor}", {"torch": torch})  # noqa: S307
-    want_layer.load_state_dict({k: torch.from_numpy(v) for k, v in layer.state_dict().items()})
-    assert_module_matches_torch(layer, want_layer, x, rtol=1e-4, atol=1e-4)
+    pytest.importorskip("torch")
+    assert_constructed_matches_torch(ctor, x, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("layer,x", [

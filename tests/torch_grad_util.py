@@ -135,3 +135,11 @@ def torch_twin(ctor: str, seed: int = 0):
     for p in layer.parameters():
         p.data = p.numpy()
     return layer, twin
+
+
+def assert_constructed_matches_torch(ctor: str, x: np.ndarray, seed: int = 2, batched: bool = True,
+                                     rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    """``gc.nn.<ctor>`` against ``torch.nn.<ctor>`` (the same constructor text) holding our seeded
+    initial weights (``torch_twin``), by ``assert_module_matches_torch``."""
+    layer, twin = torch_twin(ctor, seed)
+    assert_module_matches_torch(layer, twin, x, batched, rtol, atol)
