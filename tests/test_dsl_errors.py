@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import operator
 
 import numpy as np
 import pytest
@@ -248,3 +249,10 @@ def test_an_exception_in_the_captured_code_is_a_capture_error_naming_its_line(fn
                                               rf"{_line_of(marker)}: ") as err:
         gc.capture(fn, x=gc.spec("float32", (3,)))
     assert type(err.value.__cause__) is kind
+
+
+def test_an_exception_with_no_user_frame_names_graphcs_innermost_line(monkeypatch):
+    # a layer's own defect (the lazy instance norms once read a removed attribute) said "at <unknown>:0"
+    monkeypatch.setattr(gc.nn.ReLU, "forward", operator.itemgetter(5))  # a builtin: no Python frame of the test's
+    with pytest.raises(gc.CaptureError, match=r"^TypeError in the captured code at \S*graphc[/\\]nn[/\\]module\.py:\d+: "):
+        gc.capture(gc.nn.ReLU(), x=gc.spec("float32", (3,)))

@@ -29,6 +29,7 @@ CASES = [("LazyLinear(4)", VEC, nn.Linear), ("LazyLinear(4, bias=False)", SEQ, n
          ("LazyConv3d(3, 2, bias=False)", VOL, nn.Conv3d),
          ("LazyConvTranspose1d(2, 3, stride=2)", SEQ, nn.ConvTranspose1d),
          ("LazyConvTranspose2d(4, 2, stride=2, output_padding=1)", IMG, nn.ConvTranspose2d),
+         ("LazyConvTranspose3d(2, 2, stride=(1, 2, 1))", VOL, nn.ConvTranspose3d),
          ("LazyBatchNorm1d()", SEQ, nn.BatchNorm1d), ("LazyBatchNorm2d(eps=1e-3)", IMG, nn.BatchNorm2d),
          ("LazyBatchNorm3d()", VOL, nn.BatchNorm3d),
          ("LazyInstanceNorm1d()", SEQ, nn.InstanceNorm1d),

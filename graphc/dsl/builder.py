@@ -55,10 +55,11 @@ def user_source() -> str:
 def raised_at(exc: BaseException) -> str:
     """``file.py:LINE`` where ``exc`` was raised in the user's code: the innermost frame of its
     traceback outside graphc and numpy, and outside Python's own and installed libraries when
-    the user's code called one (``json.loads`` raising); ``<unknown>:0`` when there is none."""
+    the user's code called one (``json.loads`` raising); graphc's own innermost frame when no user
+    code is on the way (a layer's defect); ``<unknown>:0`` when there is no traceback."""
     frames = [(frame.f_code.co_filename, line) for frame, line in traceback.walk_tb(exc.__traceback__)]
     user = [f for f in frames if not f[0].startswith(_NOT_USER)]
-    own = [f for f in user if not os.path.realpath(f[0]).startswith(_LIBRARIES)] or user
+    own = [f for f in user if not os.path.realpath(f[0]).startswith(_LIBRARIES)] or user or frames
     return f"{_display_path(own[-1][0])}:{own[-1][1]}" if own else "<unknown>:0"
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from graphc.dsl import ops
 from graphc.dsl.builder import active, op_error, user_source
-from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d
+from graphc.dsl.batching import batch_rank
+from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from graphc.nn.layers import BatchNorm1d, BatchNorm2d, BatchNorm3d, Linear
 from graphc.nn.module import Module
 from graphc.nn.norm import InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
@@ -106,6 +107,10 @@ class LazyConvTranspose2d(_Lazy):
     cls_to_become = ConvTranspose2d
 
 
+class LazyConvTranspose3d(_Lazy):
+    cls_to_become = ConvTranspose3d
+
+
 class LazyBatchNorm1d(_Lazy):
     """``LazyBatchNorm1d(eps=1e-5, momentum=0.1, affine=True, track_running_stats=True)``; so are the
     other batch and instance norms."""
@@ -131,7 +136,8 @@ class _LazyInstanceNorm(_Lazy):
 
     def _size_dim(self, x: Any) -> int:
         """dim 0 of an unbatched ``(C, *spatial)`` input."""
-        return 0 if x.ndim == self.cls_to_become._rank - 1 else 1
+        layout = f"C, {self.cls_to_become._spatial}"
+        return 0 if x.ndim == batch_rank(type(self).__name__, x, layout) - 1 else 1
 
 
 class LazyInstanceNorm1d(_LazyInstanceNorm):
