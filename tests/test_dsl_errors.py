@@ -254,5 +254,6 @@ def test_an_exception_in_the_captured_code_is_a_capture_error_naming_its_line(fn
 def test_an_exception_with_no_user_frame_names_graphcs_innermost_line(monkeypatch):
     # a layer's own defect (the lazy instance norms once read a removed attribute) said "at <unknown>:0"
     monkeypatch.setattr(gc.nn.ReLU, "forward", operator.itemgetter(5))  # a builtin: no Python frame of the test's
-    with pytest.raises(gc.CaptureError, match=r"^TypeError in the captured code at \S*graphc[/\\]nn[/\\]module\.py:\d+: "):
+    with pytest.raises(gc.CaptureError,
+                       match=r"^TypeError in the captured code at \S*graphc[/\\]nn[/\\]module\.py:\d+: "):
         gc.capture(gc.nn.ReLU(), x=gc.spec("float32", (3,)))
