@@ -86,6 +86,18 @@ def test_a_format_3_checkpoint_with_a_null_metric_sum_loads_it_as_nan(tmp_path):
     assert np.isnan(ckpt.load(resaved)[1].progress.metric_sums["recall"])
 
 
+@pytest.mark.parametrize("progress", ["x", [1], 5])
+def test_a_format_3_header_whose_progress_is_not_an_object_is_invalid_metadata(tmp_path, progress):
+    # reading format 3's null sums took progress for a dict: AttributeError, not the CheckpointError
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "c.safetensors"
+    save_file({"w": np.zeros(2, np.float32)}, str(path),
+              metadata={ckpt._META_KEY: json.dumps({"format": "graphc-checkpoint/3", "progress": progress})})
+    with pytest.raises(ckpt.CheckpointError, match=r"invalid checkpoint metadata \(progress"):
+        ckpt.read_meta(path)
+
+
 def test_missing_and_corrupted_checkpoints_fail_clearly(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="no checkpoint here"):
         ckpt.load(tmp_path / "nothing")

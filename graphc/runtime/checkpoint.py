@@ -365,7 +365,8 @@ def _parse_meta(target: Path, header: dict) -> CheckpointMeta:
     if found not in FORMATS:
         raise CheckpointError(f"{target}: unknown checkpoint format {found!r} (this graphc reads "
                               f"{', '.join(FORMATS)})")
-    sums = (raw.get("progress") or {}).get("metric_sums") if found in _NULL_SUM_FORMATS else None
+    progress = raw.get("progress")
+    sums = progress.get("metric_sums") if found in _NULL_SUM_FORMATS and isinstance(progress, dict) else None
     nulls = isinstance(sums, dict) and None in sums.values()
     if nulls:  # a NaN or infinite sum as pydantic wrote it then: NaN (an infinity's sign is lost)
         raw["progress"]["metric_sums"] = {name: math.nan if value is None else value for name, value in sums.items()}
