@@ -170,6 +170,7 @@ def weighted_sum(parts: list[np.ndarray], shares: list[float]) -> np.ndarray:
     float gradient times its shard's example count overflowed (a float16 weight gradient of 300
     times 512 labels is inf) where the one-process mean is finite."""
     acc = np.zeros(parts[0].shape, np.result_type(parts[0].dtype, np.float32))
+    term = np.empty_like(acc)  # one scratch buffer: this runs per gradient, every step
     for part, share in zip(parts, shares):
-        acc += part.astype(acc.dtype) * share
-    return acc.astype(parts[0].dtype)
+        acc += np.multiply(part, share, out=term, dtype=acc.dtype)
+    return acc.astype(parts[0].dtype, copy=False)
