@@ -628,8 +628,8 @@ class Trainer:
         sums = self._progress
         bar.start_epoch(self.epoch, self.batch_in_epoch, sums.loss_sum / sums.steps if sums.steps else None)
         last = time.perf_counter()
+        first = self._batch_names[0] if self._batch_names else None
         for batch in loader.iter_epoch(self.epoch, self.batch_in_epoch):
-            first = self._batch_names[0] if self._batch_names else None
             rows = len(batch[first]) if first in batch else 0  # one missing: the step says which
             examples = averaging.examples(self.manifest.loss, batch, rows)  # once: the skip test, the train metrics
             if self._counts_nothing(batch, rows, examples):

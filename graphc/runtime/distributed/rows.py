@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Optional
 
+import onnx_ir as ir
+
 RECURRENT_OPS = ("RNN", "LSTM", "GRU")
 
 
@@ -32,10 +34,13 @@ def time_major(graph: Any, dim: Optional[str]) -> Optional[str]:
     """Why splitting by the batch dim ``dim`` would cut sequences: a recurrent node of ``graph``
     (an ``onnx_ir`` graph; ONNX RNN, LSTM, GRU of layout 0 read ``[seq, batch, ...]``) runs over
     ``dim``, so each worker would run a piece of every sequence from a zero state; else None."""
-    for node in graph:
-        layout = node.attributes.get("layout")
-        x = node.inputs[0] if node.op_type in RECURRENT_OPS and node.inputs else None
-        if dim is None or x is None or (layout is not None and layout.as_int()) or not x.shape:
+    if dim is None:
+        return None
+    for node in ir.traversal.RecursiveGraphIterator(graph):  # a cond's or scan's body too
+        if node.op_type not in RECURRENT_OPS or node.domain not in ("", "ai.onnx") or not node.inputs:
+            continue
+        layout, x = node.attributes.get("layout"), node.inputs[0]
+        if x is None or (layout is not None and layout.as_int()) or not x.shape:
             continue
         if getattr(x.shape[0], "value", x.shape[0]) == dim:
             return (f"{node.op_type} node {node.name!r} runs over the inputs' first dim {dim!r} (its input {x.name!r} "
