@@ -23,7 +23,8 @@ import numpy as np
 import onnx
 from google.protobuf.message import EncodeError
 
-from graphc.backends import batchnorm, bfloat16, denormals, mvn, nchwc, opsets, pools, recurrent, scans, transposes
+from graphc.backends import (batchnorm, bfloat16, denormals, dropout, mvn, nchwc, opsets, pools, recurrent, scans,
+                             transposes)
 from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
@@ -37,9 +38,8 @@ _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
 _KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc", "ai.onnx.training"}
 _COPY_OPS = {"MemcpyToHost", "MemcpyFromHost"}
 _PROTOBUF_LIMIT = (1 << 31) - (1 << 20)  # a serialized message must stay below 2 GiB
-# Session log severity: fatal only. Run-time errors reach the caller as BackendError, so
+_ORT_QUIET = 4  # session log severity fatal: run-time errors reach the caller as BackendError, so
 # onnxruntime's own copy of them (and its "nodes placed on CPU" warnings) would be noise.
-_ORT_QUIET = 4
 
 
 def _ort():
@@ -194,10 +194,10 @@ class _OrtBackend:
             options.add_session_config_entry("session.set_denormal_as_zero", "1")
         if exact_arena and self.device == "cpu" and _exact_cpu_arena():
             options.add_session_config_entry("session.use_env_allocators", "1")
-        disabled = ()
+        disabled = dropout.eliminating(model)  # a Dropout that may train must stay (``dropout``)
         if keep_recomputation:
             options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-            disabled = ("CommonSubexpressionElimination",)
+            disabled += ("CommonSubexpressionElimination",)
         provider_options = {**({"device_id": int(device_id)} if self.device == "cuda" else {}),
                             **({"enable_cuda_graph": "1"} if cuda_graph else {}),
                             **(EXACT_CUDA_ARENA if exact_arena and self.device == "cuda" else {}),
