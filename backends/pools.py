@@ -1,21 +1,31 @@
-"""Pools with auto_pad SAME_* and dilations given explicit pads, in an onnxruntime session's copy of a model.
+"""Pools onnxruntime would shape differently from ONNX's kernels, given explicit pads in an
+onnxruntime session's copy of a model (nodes in the main graph with static spatial dims only).
 
-ONNX pads a SAME_* pool so that its output has ceil(input / stride) positions, counting the
-window's dilated extent, (kernel - 1) * dilation + 1; onnxruntime 1.31 leaves the dilations out of
-those pads and returns a smaller output (MaxPool, AveragePool and LpPool of kernel [3, 2],
-dilations [2, 2] on 7 x 6: 5 x 5, not 7 x 6). The session's copy states the pads ONNX computes
-(the odd one at the end for SAME_UPPER, at the start for SAME_LOWER) where the input's spatial dims
-are static; nodes in the main graph only.
+Dilated SAME_*: ONNX pads a SAME_* pool so that its output has ceil(input / stride) positions,
+counting the window's dilated extent, (kernel - 1) * dilation + 1; onnxruntime 1.31 leaves the
+dilations out of those pads and returns a smaller output (MaxPool, AveragePool and LpPool of
+kernel [3, 2], dilations [2, 2] on 7 x 6: 5 x 5, not 7 x 6). The copy states the pads ONNX
+computes (the odd one at the end for SAME_UPPER, at the start for SAME_LOWER).
+
+ceil_mode: a last ceil window that would start in the end padding is dropped by the kernels
+(onnxruntime's, onnx.reference's, PyTorch's, the numpy backend's), but onnx 1.23's shape formula,
+which onnxruntime's optimizer plans with, counts it: ``Shape`` of a MaxPool(3, 3, padding=1,
+ceil_mode) of 5 x 5 folded to 3 x 3 on a 2 x 2 output. Where an axis drops such a window, the copy
+has ceil_mode=0 and end pads that slide the kernels' windows (those ceil mode adds inside the
+input stay); an AveragePool that counts pads and gains end pads reads the input zero-padded by its
+own pads (a Pad node) and counts no pads, so the extra ones are not counted, as in ceil mode.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import helper
 
-from graphc.model.file import tensor_types, with_nodes
+from graphc.backends.written_out import Writer
+from graphc.model.file import ai_onnx_opset, tensor_types, with_nodes
 
-__all__ = ["explicit_same_pads"]
+__all__ = ["explicit_pads"]
 
 _POOLS = frozenset({"MaxPool", "AveragePool", "LpPool"})
 
@@ -27,20 +37,71 @@ def _dilated_same(node: onnx.NodeProto) -> bool:
             and any(d != 1 for d in attrs["dilations"].ints))
 
 
-def explicit_same_pads(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` itself when its main graph has no dilated SAME_* pool, else a copy in which each
-    whose input's spatial dims are static has explicit pads (the module docstring)."""
-    if not any(_dilated_same(node) for node in model.graph.node):
+def _ceil_mode(node: onnx.NodeProto) -> bool:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return (node.op_type in _POOLS and node.domain in ("", "ai.onnx") and attrs.get("ceil_mode") == 1
+            and attrs.get("auto_pad", b"NOTSET") == b"NOTSET")
+
+
+def explicit_pads(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself when its main graph has no dilated SAME_* or ceil_mode pool, else a copy in
+    which each whose input's spatial dims are static has explicit pads (the module docstring)."""
+    if not any(_dilated_same(node) or _ceil_mode(node) for node in model.graph.node):
         return model
-    types = tensor_types(model) or {}
-    nodes = [_with_pads(node, types.get(node.input[0])) if _dilated_same(node) else node for node in model.graph.node]
+    types, opset = tensor_types(model) or {}, ai_onnx_opset(model)
+    nodes = []
+    for node in model.graph.node:
+        typed = types.get(node.input[0]) if node.input else None
+        nodes += ([_with_pads(node, typed)] if _dilated_same(node) else _as_floor(node, typed, opset)
+                  if _ceil_mode(node) else [node])
     return with_nodes(model, nodes)
+
+
+def _static(typed) -> list[int] | None:
+    spatial = None if typed is None else typed[1][2:]
+    return spatial if spatial and all(isinstance(d, int) for d in spatial) else None
+
+
+def _as_floor(node: onnx.NodeProto, typed, opset: int) -> list[onnx.NodeProto]:
+    """A ceil_mode pool as nodes with ceil_mode=0 where an axis drops a window ONNX's formula
+    counts; ``[node]`` where none does (or a dim is not static, or no window fits)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    spatial = _static(typed)
+    if spatial is None:
+        return [node]
+    n = len(spatial)
+    strides, dilations = attrs.get("strides") or [1] * n, attrs.get("dilations") or [1] * n
+    pads = list(attrs.get("pads") or [0] * (2 * n))
+    extra, dropped = [], False
+    for i, (d, k, s, dil) in enumerate(zip(spatial, attrs["kernel_shape"], strides, dilations)):
+        extent, size = (k - 1) * dil + 1, d + pads[i] + pads[n + i]
+        if size < extent:
+            return [node]
+        count = -(-(size - extent) // s) + 1  # ONNX's formula
+        if (count - 1) * s >= d + pads[i]:  # the last window starts in the end padding: the kernels drop it
+            count, dropped = count - 1, True
+        extra.append(max(0, (count - 1) * s + extent - size))
+    if not dropped:
+        return [node]
+    source, before = node.input[0], []
+    if node.op_type == "AveragePool" and attrs.get("count_include_pad", 0) and any(extra):
+        if any(pads):
+            w = Writer(node, "ceil_pads", opset)
+            widths = [0, 0, *pads[:n], 0, 0, *pads[n:]]
+            source = (w.op("Pad", source, w.const(widths, np.int64)) if opset >= 11
+                      else w.op("Pad", source, pads=widths))
+            before, pads = w.nodes, [0] * (2 * n)
+        attrs["count_include_pad"] = 0
+    attrs.update(ceil_mode=0, pads=pads[:n] + [e + x for e, x in zip(pads[n:], extra)])
+    copy = helper.make_node(node.op_type, [source, *node.input[1:]], list(node.output), node.name, **attrs)
+    copy.metadata_props.extend(node.metadata_props)
+    return [*before, copy]
 
 
 def _with_pads(node: onnx.NodeProto, typed) -> onnx.NodeProto:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    spatial = None if typed is None else typed[1][2:]
-    if not spatial or any(not isinstance(d, int) for d in spatial):
+    spatial = _static(typed)
+    if spatial is None:
         return node
     n = len(spatial)
     kernel, dilations = attrs["kernel_shape"], attrs["dilations"]
