@@ -62,7 +62,8 @@ def test_values_and_the_shape_a_graph_reads_are_torchs(case, backend):
     nodes = [_pool_node(case, "x", "y"), helper.make_node("Shape", ["y"], ["shape"]),
              helper.make_node("ReduceProd", ["shape"], ["count"], keepdims=0),
              helper.make_node("Cast", ["count"], ["n"], to=onnx.TensorProto.FLOAT),
-             helper.make_node("ReduceSum", ["y"], ["total"], keepdims=0), helper.make_node("Div", ["total", "n"], ["mean"])]
+             helper.make_node("ReduceSum", ["y"], ["total"], keepdims=0),
+             helper.make_node("Div", ["total", "n"], ["mean"])]
     model = _model(nodes, [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, shape)],
                    [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [f"d{i}" for i in range(len(shape))]),
                     helper.make_tensor_value_info("shape", onnx.TensorProto.INT64, [len(shape)]),
