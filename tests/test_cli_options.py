@@ -106,6 +106,7 @@ CLI_ONLY = {
     ("serve", "max_json_bytes"): "None: serve's own max_json_bytes",
     ("serve", "read_timeout"): "None: serve's own read_timeout",
     ("serve", "max_queue"): "None: serve's own max_queue",
+    ("serve", "max_reply_bytes"): "None: serve's own max_reply_bytes",
 }
 
 

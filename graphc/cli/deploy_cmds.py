@@ -43,6 +43,7 @@ def serve_cmd(
     max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help="Largest request body, also once decompressed (413 above)."),
     max_json_bytes: Optional[int] = typer.Option(None, "--max-json-bytes", help="Largest JSON part of a request (413 above)."),
     max_queue: Optional[int] = typer.Option(None, "--max-queue", help="Most infer requests held at once (503 above; default 128)."),
+    max_reply_bytes: Optional[int] = typer.Option(None, "--max-reply-bytes", help="Largest reply body (400 above; default 1 GiB)."),
     read_timeout: Optional[float] = typer.Option(None, "--read-timeout", help="Seconds a connection has to send a whole request (default 30)."),
 ) -> None:
     """Serve SOURCE over KServe v2 / Open Inference Protocol HTTP until SIGINT or SIGTERM."""
@@ -53,7 +54,8 @@ def serve_cmd(
         raise FileNotFoundError(f"{source}: no such model file or repository folder")
     options = {} if threads is None else {"threads": threads}
     limits = {key: value for key, value in (("max_body_bytes", max_body_bytes), ("max_json_bytes", max_json_bytes),
-                                            ("max_queue", max_queue), ("read_timeout", read_timeout)) if value is not None}
+                                            ("max_queue", max_queue), ("max_reply_bytes", max_reply_bytes),
+                                            ("read_timeout", read_timeout)) if value is not None}
     for key, value in limits.items():
         if value <= 0:
             raise ValueError(f"--{key.replace('_', '-')} must be positive, got {value}")

@@ -19,12 +19,14 @@ from starlette.exceptions import HTTPException
 
 from graphc.errors import GraphcError
 from graphc.serving.kserve import schemas
-from graphc.serving.kserve.infer import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_QUEUE, INFER_PATH,
-                                         Limits, error_reply, forget, handle_infer, send_reply)
+from graphc.serving.kserve.infer import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_QUEUE,
+                                         DEFAULT_MAX_REPLY_BYTES, INFER_PATH, Limits, error_reply, forget, handle_infer,
+                                         send_reply)
 from graphc.serving.kserve.protocol import ProtocolError
 from graphc.serving.kserve.repository import ServedModel
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_QUEUE", "KServeApp", "create_app"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_QUEUE", "DEFAULT_MAX_REPLY_BYTES",
+           "KServeApp", "create_app"]
 
 
 class ModelRegistry:
@@ -186,14 +188,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def create_app(models: dict[str, dict[str, ServedModel]], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               max_json_bytes: int = DEFAULT_MAX_JSON_BYTES, max_queue: int = DEFAULT_MAX_QUEUE) -> KServeApp:
+               max_json_bytes: int = DEFAULT_MAX_JSON_BYTES, max_queue: int = DEFAULT_MAX_QUEUE,
+               max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> KServeApp:
     """The KServe v2 app for already-loaded models, name -> version -> model as
     ``repository.load_models`` returns them (see ``graphc.serving.serve.create_app`` to load)."""
     from graphc import __version__
 
     registry = ModelRegistry(models)
-    app = KServeApp(registry, Limits(max_body_bytes, max_json_bytes, max_queue), title="graphc KServe v2 server",
-                    version=__version__, docs_url=None, redoc_url=None)
+    app = KServeApp(registry, Limits(max_body_bytes, max_json_bytes, max_queue, max_reply_bytes),
+                    title="graphc KServe v2 server", version=__version__, docs_url=None, redoc_url=None)
     _install_error_handlers(app)
 
     @app.get("/v2/health/live", response_model=schemas.Live)

@@ -41,6 +41,9 @@ HEAVY_AT_ONCE = 4
 # is refused with 503 from its headers, before its body is read, so a flood of them cannot hold
 # memory or queue without end. 128 keeps a few threads' worth of work queued behind the running ones.
 DEFAULT_MAX_QUEUE = 128
+# The largest reply body: an output's size may depend on the data (a Range or Expand of a fed
+# size), so a tiny request could ask for gigabytes; past it the request gets 400, the reply unbuilt.
+DEFAULT_MAX_REPLY_BYTES = 1 << 30
 _log = logging.getLogger("graphc.serve")
 
 
@@ -55,13 +58,13 @@ def error_reply(exc: Exception) -> tuple[int, str]:
 
 
 class Limits:
-    """What one request may cost: body bytes (also after decompression), bytes of JSON, and how
-    many requests larger than ``HEAVY_BYTES`` decode and run at once; and how many infer requests
-    the server holds at once (``queue``; ``held`` counts them)."""
+    """What one request may cost: body bytes (also after decompression), bytes of JSON, bytes of
+    its reply, and how many requests larger than ``HEAVY_BYTES`` decode and run at once; and how
+    many infer requests the server holds at once (``queue``; ``held`` counts them)."""
 
     def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
-                 max_queue: int = DEFAULT_MAX_QUEUE):
-        self.body, self.json, self.queue = max_body_bytes, max_json_bytes, max_queue
+                 max_queue: int = DEFAULT_MAX_QUEUE, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES):
+        self.body, self.json, self.queue, self.reply = max_body_bytes, max_json_bytes, max_queue, max_reply_bytes
         self.heavy = CapacityLimiter(HEAVY_AT_ONCE)
         self.held = 0
 
@@ -152,10 +155,11 @@ def _decompress(body: bytes, encoding: str, limit: int, header_length: int | Non
     raise ProtocolError(message)
 
 
-def run_request(model: ServedModel, body: bytes, header_length: int | None) -> tuple[bytes, int | None]:
-    """Decode, run and encode one request."""
+def run_request(model: ServedModel, body: bytes, header_length: int | None,
+                max_reply_bytes: int | None = None) -> tuple[bytes, int | None]:
+    """Decode, run and encode one request (a reply over ``max_reply_bytes`` is a ``ProtocolError``)."""
     request = decode_request(body, header_length)
-    return encode_response(model.name, model.version, request, model.infer(request))
+    return encode_response(model.name, model.version, request, model.infer(request), max_reply_bytes)
 
 
 async def send_reply(send: Callable, status: int, message: str) -> None:
@@ -196,11 +200,11 @@ async def _answer(lookup: Callable[[str, str | None], ServedModel], limits: Limi
         header_length = _int_header(headers, b"inference-header-content-length", "Inference-Header-Content-Length")
         body = await _read_body(headers, receive, limits.body, limits.json, header_length)
         if len(body) > HEAVY_BYTES:
-            payload, json_length = await to_thread.run_sync(run_request, model, body, header_length,
+            payload, json_length = await to_thread.run_sync(run_request, model, body, header_length, limits.reply,
                                                             limiter=limits.heavy)
         else:
             payload, json_length = await asyncio.get_running_loop().run_in_executor(
-                None, run_request, model, body, header_length)
+                None, run_request, model, body, header_length, limits.reply)
         del body
     except Exception as exc:  # noqa: BLE001 - every failure is answered, never raised into uvicorn
         status, message = error_reply(exc)

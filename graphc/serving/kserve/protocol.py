@@ -164,29 +164,69 @@ def _requested_outputs(request: InferRequest) -> tuple[dict[str, bool] | None, b
 
 
 def encode_response(model_name: str, model_version: str, request: DecodedRequest,
-                    results: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
-    """The response body and, when it carries binary tensors, the JSON header's length."""
+                    results: dict[str, np.ndarray], max_bytes: int | None = None) -> tuple[bytes, int | None]:
+    """The response body and, when it carries binary tensors, the JSON header's length. Past
+    ``max_bytes`` (None: no limit) a ``ProtocolError`` names the output that crossed it: a binary
+    tensor is counted before its bytes are copied, JSON ``data`` as it is written, a chunk at a time."""
+    limit = _ReplyLimit(max_bytes)
     outputs, chunks = [], []
     wanted = request.outputs
     for name in (results if wanted is None else wanted):
         array = np.asarray(results[name])
         binary = request.binary_default if wanted is None else wanted[name]
-        entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array.dtype), "shape": list(array.shape)}
+        entry = json.dumps({"name": name, "datatype": datatype_of(array.dtype), "shape": list(array.shape)},
+                           separators=(",", ":"))[:-1]
         if binary:
+            limit.take(name, array.nbytes)
             raw = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
-            entry["parameters"] = {"binary_data_size": len(raw)}
+            outputs.append(f'{entry},"parameters":{{"binary_data_size":{len(raw)}}}}}')
             chunks.append(raw)
         else:
-            entry["data"] = array.ravel().tolist()
-        outputs.append(entry)
+            outputs.append(f'{entry},"data":[{",".join(_json_data(name, array.ravel(), limit))}]}}')
     head: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:
         head["id"] = request.id
-    head["outputs"] = outputs
-    header = json.dumps(head, separators=(",", ":")).encode()
+    header = f'{json.dumps(head, separators=(",", ":"))[:-1]},"outputs":[{",".join(outputs)}]}}'.encode()
+    limit.settle(len(header) + sum(map(len, chunks)))
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
+
+
+# JSON ``data`` is written this many elements at a time: Python objects cost about 40 bytes of
+# memory per number, so a reply over the limit never holds more than one chunk of them.
+_JSON_CHUNK = 1 << 16
+
+
+def _json_data(name: str, flat: np.ndarray, limit: _ReplyLimit) -> list[str]:
+    """``flat``'s elements as JSON text, in chunks of ``_JSON_CHUNK`` joined by commas."""
+    parts = []
+    for start in range(0, flat.size, _JSON_CHUNK):
+        parts.append(json.dumps(flat[start:start + _JSON_CHUNK].tolist(), separators=(",", ":"))[1:-1])
+        limit.take(name, len(parts[-1]) + 1)
+    return parts
+
+
+class _ReplyLimit:
+    """Bytes of a reply written so far against the server's limit for one reply."""
+
+    def __init__(self, max_bytes: int | None):
+        self.max_bytes, self.used = max_bytes, 0
+
+    def take(self, output: str, size: int) -> None:
+        """``size`` more bytes for ``output``."""
+        self.used += size
+        if self.max_bytes is not None and self.used > self.max_bytes:
+            raise ProtocolError(f"output {output!r} takes the reply past {self._limit()}")
+
+    def settle(self, size: int) -> None:
+        """The whole reply's size, once written."""
+        if self.max_bytes is not None and size > self.max_bytes:
+            raise ProtocolError(f"the reply of {size} bytes exceeds {self._limit()}")
+
+    def _limit(self) -> str:
+        return (f"the server's limit of {self.max_bytes} bytes for one reply (--max-reply-bytes); ask for fewer or "
+                "smaller outputs")
 
 
 def error_body(message: str) -> bytes:
