@@ -194,7 +194,7 @@ class _OrtBackend:
             options.add_session_config_entry("session.set_denormal_as_zero", "1")
         if exact_arena and self.device == "cpu" and _exact_cpu_arena():
             options.add_session_config_entry("session.use_env_allocators", "1")
-        disabled = dropout.eliminating(model)  # a Dropout that may train must stay (``dropout``)
+        disabled = dropout.eliminating(model) + pools.fusion_refused(model)  # ``dropout``, ``pools``
         if keep_recomputation:
             options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
             disabled += ("CommonSubexpressionElimination",)

@@ -62,3 +62,36 @@ def test_dilated_same_pool_runs_as_onnx_defines_it_on_both_backends(op, auto_pad
     ref, ort = (gc.Session(grads, backend=b).run({"x": X})["w_grad"] for b in ("numpy", "ort-cpu"))
     assert np.abs(ref).max() > 0
     np.testing.assert_allclose(ort, ref, rtol=1e-4, atol=1e-5)
+
+
+def _pool_model(op: str, size: int, **attrs) -> gc.Model:
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], **attrs)], op,
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, 2, size, size))],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [None] * 4)])
+    return gc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]))
+
+
+@pytest.mark.parametrize("ceil_mode", [0, 1])
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
+@pytest.mark.parametrize("op, extra", [("MaxPool", {}), ("AveragePool", {}), ("AveragePool", {"count_include_pad": 1}),
+                                       ("LpPool", {})])
+def test_a_pad_as_wide_as_the_kernel_runs_on_ort_as_on_numpy(op, extra, auto_pad, ceil_mode):
+    # kernel 2 dilated by 3 on 7 (stride 1) pads 1 and 2: onnxruntime refused to load the pads backends/pools.py
+    # states ("Pad should be smaller than kernel"); they now go into a Pad node in front (not fused back into it)
+    x = np.random.default_rng(2).standard_normal((1, 2, 7, 7)).astype(np.float32)
+    model = _pool_model(op, 7, kernel_shape=[2, 3], dilations=[3, 2], auto_pad=auto_pad, ceil_mode=ceil_mode, **extra)
+    want = gc.Session(model, backend="numpy").run({"x": x})["y"]
+    assert want.shape == (1, 2, 7, 7)
+    np.testing.assert_allclose(gc.Session(model, backend="ort-cpu").run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_max_pool_with_indices_and_a_pad_as_wide_as_the_kernel_is_refused_clearly_on_ort():
+    graph = helper.make_graph([helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2], dilations=[3, 3],
+                                                auto_pad="SAME_UPPER")], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, 1, 7, 7))],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [None] * 4),
+                               helper.make_tensor_value_info("i", onnx.TensorProto.INT64, [None] * 4)])
+    model = gc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]))
+    with pytest.raises(gc.BackendError, match=r"MaxPool node .*refuses pads \[1, 1, 2, 2\] not smaller than the "
+                                              r"kernel \[2, 2\], and its Indices output"):
+        gc.Session(model, backend="ort-cpu")
