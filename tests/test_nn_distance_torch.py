@@ -122,3 +122,18 @@ def test_refusals_name_the_argument():
         gc.capture(F.pdist, x=gc.spec("float32", ("N", 5)))
     with pytest.raises(gc.GraphError, match=r"pdist.*p must be a number >= 0, got -1"):
         gc.capture(lambda x: F.pdist(x, -1), x=A)
+
+
+@pytest.mark.parametrize("fn", ["cosine_similarity", "pairwise_distance"])
+def test_numpy_operand_takes_the_tensors_dtype(fn):
+    """A numpy second operand is a constant of the first's dtype (float64 here), as torch's result."""
+    torch = pytest.importorskip("torch")
+    x, other = A.astype(np.float64), np.ones((4, 5))
+    model = gc.capture(lambda x: getattr(gc.nn.functional, fn)(x, other), x=x)
+    onnx.checker.check_model(model.proto, full_check=True)
+    want = getattr(torch.nn.functional, fn)(torch.from_numpy(x), torch.from_numpy(other)).numpy()
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(model, backend=backend).run({"x": x})
+        (out,) = got.values()
+        assert out.dtype == np.float64, backend
+        np.testing.assert_allclose(out, want, rtol=1e-12, err_msg=backend)

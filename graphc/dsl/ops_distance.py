@@ -41,7 +41,7 @@ def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
     """``sum(x1 / max(||x1||, eps) * x2 / max(||x2||, eps), dim)`` as torch: each norm clamped at
     ``eps`` in value only, its gradient the norm's (torch clamps the norms in place without grad)."""
-    x1, x2 = lift(x1), lift(x2)
+    x1 = lift(x1)
     x2 = lift(x2, x1)
 
     def unit(x: Tensor) -> Tensor:
