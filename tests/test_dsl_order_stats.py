@@ -138,3 +138,20 @@ def test_max_over_a_dim_keeps_working_as_its_values():
     assert got["all"] == X[0].max()
     with pytest.raises(gc.GraphError, match=r"\[0\] of a \(values, indices\) result is ambiguous: write .values"):
         gc.capture(lambda x: x.max(1)[0], x=X[0])
+
+
+ARGS = {"argmax": lambda M, x: M.argmax(x, 1), "argmin_keepdim": lambda M, x: M.argmin(x, dim=0, keepdim=True),
+        "argmax_flat": lambda M, x: M.argmax(x), "argmin_flat": lambda M, x: M.argmin(x),
+        "method_argmax": lambda M, x: x.argmax(dim=-1), "method_argmin": lambda M, x: x.argmin(1),
+        "max_indices": lambda M, x: x.max(1).indices, "min_indices": lambda M, x: x.min(dim=1).indices}
+
+
+@pytest.mark.parametrize("data", [NANS, np.array([[1.0, np.nan, 3], [2, 0, 1]])], ids=["nans", "one-nan"])
+@pytest.mark.parametrize("name", ARGS)
+def test_argmax_argmin_pick_a_nan_as_torch(name, data):
+    """A NaN is the largest and the smallest entry (its first index), as torch's, on both backends."""
+    torch = pytest.importorskip("torch")
+    fn = ARGS[name]
+    model = gc.capture(lambda x: fn(gc, x), x=gc.spec("float64", ("N", data.shape[1])))
+    onnx.checker.check_model(model.proto, full_check=True)
+    np.testing.assert_array_equal(run_both(model, {"x": data})["output"], fn(torch, torch.from_numpy(data)).numpy())

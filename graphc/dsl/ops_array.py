@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.model.dtypes import as_dtype
+from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
 from graphc.errors import CaptureError
 from graphc.dsl.ops import (binary, clip, concat, const_i64, constant, emit, exp, int64_accumulated, lift, log, maximum,
                             mean, reshape, reshape_like, same_dtype, scalar, sqrt, squeeze, transpose, unary, unsqueeze,
@@ -380,21 +380,29 @@ def cumsum(x: Tensor, dim: int) -> Tensor:
     return emit("CumSum", [x, constant(np.asarray(dim_index(x, dim, "CumSum"), np.int64))])
 
 
-def _arg(op: str, x: Tensor, dim: int | None, keepdim: bool) -> Tensor:
+def nan_as(x: Tensor, fill: float) -> Tensor:
+    """``x`` with each NaN read as ``fill`` (a float ``x``; other dtypes have none)."""
+    return where(unary("IsNaN", x), scalar(fill, x), x) if x.dtype in FLOAT_DTYPES else x
+
+
+def arg_index(op: str, x: Tensor, dim: int | None, keepdim: bool) -> Tensor:
+    """``op`` ArgMax/ArgMin's first index along ``dim`` (of the flattened ``x`` when None, as
+    PyTorch), a NaN counting as the largest (ArgMax) or smallest (ArgMin) entry, as torch's."""
     x = lift(x)
-    if dim is None:  # over the flattened tensor, as PyTorch
-        return emit(op, [reshape(x, [-1])], {"axis": 0, "keepdims": 0})
-    return emit(op, [x], {"axis": dim_index(x, dim, op), "keepdims": int(bool(keepdim))})
+    key = nan_as(x, np.inf if op == "ArgMax" else -np.inf)
+    if dim is None:
+        return emit(op, [reshape(key, [-1])], {"axis": 0, "keepdims": 0})
+    return emit(op, [key], {"axis": dim_index(x, dim, op), "keepdims": int(bool(keepdim))})
 
 
 def argmax(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
-    """int64 index of the largest entry (first on ties). Signature: ai.onnx@13::ArgMax"""
-    return _arg("ArgMax", x, dim, keepdim)
+    """int64 index of the largest entry (first on ties; a NaN's first). Signature: ai.onnx@13::ArgMax"""
+    return arg_index("ArgMax", x, dim, keepdim)
 
 
 def argmin(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
-    """int64 index of the smallest entry (first on ties). Signature: ai.onnx@13::ArgMin"""
-    return _arg("ArgMin", x, dim, keepdim)
+    """int64 index of the smallest entry (first on ties; a NaN's first). Signature: ai.onnx@13::ArgMin"""
+    return arg_index("ArgMin", x, dim, keepdim)
 
 
 def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True,

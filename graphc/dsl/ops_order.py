@@ -15,7 +15,7 @@ from graphc.dsl.ops import cast, const_i64, detach, emit, lift, reshape, scalar,
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops import min as reduce_min
 from graphc.dsl.ops import sum as reduce_sum
-from graphc.dsl.ops_array import arange, dim_index, gather
+from graphc.dsl.ops_array import arange, arg_index, dim_index, gather, nan_as
 from graphc.dsl.ops_math import isnan
 from graphc.dsl.ops_views import movedim, sort
 from graphc.dsl.tensor import Tensor
@@ -49,11 +49,6 @@ class ValuesIndices(Tensor):
         return self.values[key]
 
 
-def _nan_as(x: Tensor, fill: float) -> Tensor:
-    """``x`` with each NaN read as ``fill`` (a float ``x``; other dtypes have none)."""
-    return where(isnan(x), scalar(fill, x), x) if x.dtype in FLOAT_DTYPES else x
-
-
 def _picked(x: Tensor, index: Tensor, dim: int, keepdim: bool) -> ValuesIndices:
     """``x`` at ``index`` (``x``'s rank, size 1 along ``dim`` unless a cumulative op's) and the index."""
     values = gather(x, dim, index)
@@ -66,8 +61,7 @@ def _arg(op: str, x: Tensor, dim: int, keepdim: bool) -> ValuesIndices:
     """``op`` ArgMax/ArgMin's first index along ``dim`` (a NaN's first, as torch) and the value there."""
     x = lift(x)
     dim = dim_index(x, dim, op)
-    index = emit(op, [_nan_as(x, np.inf if op == "ArgMax" else -np.inf)], {"axis": dim, "keepdims": 1})
-    return _picked(x, index, dim, keepdim)
+    return _picked(x, arg_index(op, x, dim, keepdim=True), dim, keepdim)
 
 
 def max_dim(x: Tensor, dim: int, keepdim: bool = False) -> ValuesIndices:
@@ -92,7 +86,7 @@ def _median(x: Tensor, dim: Any, keepdim: bool, skip_nan: bool) -> Tensor:
     if dim is None:
         return _evenly(x, _median(reshape(x, [-1]), 0, False, skip_nan).values)
     dim = dim_index(x, dim, "TopK")
-    order = sort(_nan_as(x, np.inf), dim).indices  # NaNs last
+    order = sort(nan_as(x, np.inf), dim).indices  # NaNs last
     nan = isnan(x) if x.dtype in FLOAT_DTYPES else None
     two = const_i64([2])
     if skip_nan and nan is not None:  # each row's own count; truncated, 0 for a row of NaNs
@@ -135,7 +129,7 @@ def _cumulative(x: Tensor, dim: int, largest: bool) -> ValuesIndices:
     x = lift(x)
     op = "CumMax" if largest else "CumMin"
     dim = dim_index(x, dim, op)
-    key = movedim(_nan_as(x, np.inf if largest else -np.inf), dim, -1)
+    key = movedim(nan_as(x, np.inf if largest else -np.inf), dim, -1)
     steps = arange(x.shape[dim]) if isinstance(x.shape[dim], int) else arange(reshape(_size(x, dim), []))
     source, upto = unsqueeze(steps, [1]), unsqueeze(steps, [0])
     seen = source <= upto  # [i, j]: i at or before j
