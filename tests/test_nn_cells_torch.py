@@ -133,3 +133,9 @@ def test_refusals_name_the_argument():
         gc.capture(lambda x, h: cell(x, h), x=X, h=X)
     with pytest.raises(gc.GraphError, match=r"LSTMCell hx must be a pair \(h, c\), got Tensor"):
         gc.capture(lambda x, h: lstm(x, h), x=X, h=H)
+    for layer in (cell, lstm, nn.RNNCell(5, 4)):  # an unknown rank, with a state or without
+        name = type(layer).__name__
+        with pytest.raises(gc.GraphError, match=rf"{name}.*expects input \(N, 5\) or \(5,\), got unknown rank"):
+            gc.capture(lambda x, h: layer(x, (h, h) if layer is lstm else h), x=gc.spec("float32", None), h=H)
+        with pytest.raises(gc.GraphError, match=rf"{name}.*expects input \(N, 5\) or \(5,\), got unknown rank"):
+            gc.capture(layer, x=gc.spec("float32", None))

@@ -32,19 +32,21 @@ class _Cell(Module):
     def _checked(self, x: Any, states: tuple[Any, ...]) -> tuple[Tensor, list[Tensor]]:
         """``x`` and the states (zeros where not given, as PyTorch), checked against torch's rules:
         ``x`` is ``(N, input_size)`` or unbatched ``(input_size,)``; each state ``(N, hidden_size)``
-        or ``(hidden_size,)``, of ``x``'s rank."""
+        or ``(hidden_size,)``, of ``x``'s rank. An unknown rank is refused, as ``nn.RNN`` does: the
+        states' rank follows it."""
         name = type(self).__name__
         x = ops.lift(x)
-        if x.shape is not None and (len(x.shape) not in (1, 2) or x.shape[-1] != self.input_size):
-            raise op_error(name, [x], f"expects input (N, {self.input_size}) or ({self.input_size},), got "
-                           f"shape {list(x.shape)}", user_source())
+        if x.shape is None or len(x.shape) not in (1, 2) or x.shape[-1] != self.input_size:
+            got = "unknown rank" if x.shape is None else f"shape {list(x.shape)}"
+            raise op_error(name, [x], f"expects input (N, {self.input_size}) or ({self.input_size},), got {got}",
+                           user_source())
         out = []
         for s in states:
             if s is None:  # zeros of [hidden] broadcast over the batch, as torch's zero state
                 out.append(ops.lift(np.zeros(self.hidden_size), x))
                 continue
             s = ops.lift(s, x)
-            if s.shape is not None and (len(s.shape) != len(x.shape) or s.shape[-1] != self.hidden_size):
+            if s.shape is not None and (len(s.shape) != x.ndim or s.shape[-1] != self.hidden_size):
                 want = f"(N, {self.hidden_size})" if x.ndim == 2 else f"({self.hidden_size},)"
                 raise op_error(name, [x, s], f"expects hidden state {want} for a rank-{x.ndim} input, got shape "
                                f"{list(s.shape)}", user_source())
