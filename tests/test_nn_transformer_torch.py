@@ -78,3 +78,14 @@ def test_refusals_name_the_inputs():
         gc.capture(model, src=np.zeros((5, 2, 8), np.float32), tgt=np.zeros((4, 3, 8), np.float32))
     with pytest.raises(gc.GraphError, match=r"Transformer.*feature number of tgt \(6\) must equal d_model \(8\)"):
         gc.capture(model, src=np.zeros((5, 2, 8), np.float32), tgt=np.zeros((4, 2, 6), np.float32))
+
+
+@pytest.mark.parametrize("custom", ["encoder", "decoder"])
+def test_an_empty_custom_module_is_kept_as_torchs(custom):
+    """An empty ``nn.Sequential`` (falsy: no layers) given as ``custom_encoder``/``custom_decoder``
+    is used, not replaced by the default stack: the same state_dict keys as torch's."""
+    torch = pytest.importorskip("torch")
+    model = nn.Transformer(8, 2, 1, 1, 16, **{f"custom_{custom}": nn.Sequential()})
+    tmodel = torch.nn.Transformer(8, 2, 1, 1, 16, **{f"custom_{custom}": torch.nn.Sequential()})
+    assert isinstance(getattr(model, custom), nn.Sequential)
+    assert sorted(model.init_parameters(seed=0).state_dict()) == sorted(tmodel.state_dict())

@@ -185,10 +185,10 @@ class Transformer(Module):
         super().__init__()
         layer_args = (d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first,
                       bias, dtype)
-        self.encoder = custom_encoder or TransformerEncoder(
+        self.encoder = custom_encoder if custom_encoder is not None else TransformerEncoder(
             TransformerEncoderLayer(*layer_args), num_encoder_layers,
             LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype))
-        self.decoder = custom_decoder or TransformerDecoder(
+        self.decoder = custom_decoder if custom_decoder is not None else TransformerDecoder(
             TransformerDecoderLayer(*layer_args), num_decoder_layers,
             LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype))
         for p in self.parameters():
