@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphc.dsl import ops, ops_layers
-from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.batching import batch_rank
 from graphc.dsl.ops_random import rrelu
 from graphc.nn.init import constant as _constant
 from graphc.nn.module import Module, Parameter
@@ -201,7 +201,5 @@ class Softmax2d(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = ops.lift(x)
-        if x.ndim not in (3, 4):
-            raise op_error("Softmax", [x], f"Softmax2d expects a (C, H, W) or (N, C, H, W) input, got rank {x.ndim}",
-                           user_source())
+        batch_rank("Softmax2d", x, "C, H, W")
         return ops.softmax(x, -3)
