@@ -32,6 +32,12 @@ def positive_margin(loss: str, margin: float) -> None:
         raise CaptureError(f"{loss}: margin must be > 0, got {margin} (at {user_source()})")
 
 
+def margin_power(loss: str, p: int) -> None:
+    """``p`` of a multi-class margin loss: 1 or 2, as torch's."""
+    if p not in (1, 2):
+        raise CaptureError(f"{loss}: p must be 1 or 2, got {p} (at {user_source()})")
+
+
 def _class_ids(x: Tensor) -> Tensor:
     """``[0, C)`` as int64 for ``x [N, C]``."""
     size = x.shape[1]
@@ -150,8 +156,7 @@ def multi_margin(x: Tensor, target: Tensor, p: int = 1, margin: float = 1.0, wei
     """``sum_{i != y} w[y] max(0, margin - x[y] + x[i])^p / C`` for each sample's int64 class
     ``y`` (``p`` 1 or 2, ``weight`` one value per class)."""
     check_reduction("multi_margin", reduction)
-    if p not in (1, 2):
-        raise CaptureError(f"multi_margin: p must be 1 or 2, got {p} (at {user_source()})")
+    margin_power("multi_margin", p)
     x = ops.lift(x)
     target = _int64_labels("multi_margin", x, target)
     if x.shape is not None and target.shape is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from graphc.dsl import losses, losses_margin
-from graphc.dsl.losses_margin import positive_margin
+from graphc.dsl.losses_margin import margin_power, positive_margin
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn.module import Module, Parameter
@@ -313,8 +313,7 @@ class MultiMarginLoss(_WeightedLoss):
     def __init__(self, p: int = 1, margin: float = 1.0, weight: Any = None, size_average: bool | None = None,
                  reduce: bool | None = None, reduction: str = "mean"):
         super().__init__(weight, size_average, reduce, reduction)
-        if p not in (1, 2):
-            raise CaptureError(f"MultiMarginLoss: p must be 1 or 2, got {p}")
+        margin_power(type(self).__name__, p)
         if self.weight is not None and len(self.weight.shape) != 1:
             raise CaptureError(f"MultiMarginLoss: weight must be one value per class [C], got shape "
                                f"{list(self.weight.shape)}")
