@@ -136,8 +136,7 @@ class _LazyInstanceNorm(_Lazy):
 
     def _size_dim(self, x: Any) -> int:
         """dim 0 of an unbatched ``(C, *spatial)`` input."""
-        layout = f"C, {self.cls_to_become._spatial}"
-        return 0 if x.ndim == batch_rank(type(self).__name__, x, layout) - 1 else 1
+        return 0 if x.ndim == batch_rank(type(self).__name__, x, self.cls_to_become.layout) - 1 else 1
 
 
 class LazyInstanceNorm1d(_LazyInstanceNorm):

@@ -41,7 +41,7 @@ class _InstanceNorm(Module):
     mode normalises each sample by its own statistics and updates the running ones by their mean
     over the batch, eval mode normalises by the running ones."""
 
-    _spatial: str  # the layout after the channels
+    layout: str  # an unbatched input's, for batching.batch_rank
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
                  track_running_stats: bool = False, dtype: Any = "float32", *, bias: bool = True):
@@ -57,7 +57,7 @@ class _InstanceNorm(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(N, C, *spatial)``, or an unbatched ``(C, *spatial)`` as in PyTorch."""
-        return batch_of_one(type(self).__name__, x, f"C, {self._spatial}", self._normalize)
+        return batch_of_one(type(self).__name__, x, self.layout, self._normalize)
 
     def _normalize(self, x: Tensor) -> Tensor:
         ops.same_dim(type(self).__name__, [x], x.shape[1], self.num_features, "input channels and num_features")
@@ -84,15 +84,15 @@ class _InstanceNorm(Module):
 
 
 class InstanceNorm1d(_InstanceNorm):
-    _spatial = "L"
+    layout = "C, L"
 
 
 class InstanceNorm2d(_InstanceNorm):
-    _spatial = "H, W"
+    layout = "C, H, W"
 
 
 class InstanceNorm3d(_InstanceNorm):
-    _spatial = "D, H, W"
+    layout = "C, D, H, W"
 
 
 class RMSNorm(Module):
