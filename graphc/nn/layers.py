@@ -216,8 +216,6 @@ class Flatten(Module):
         return ops.flatten(x, self.start_dim, self.end_dim)
 
 
-
-
 class Unflatten(Module):
     """``dim`` split into ``unflattened_size`` (one entry may be -1)."""
 
