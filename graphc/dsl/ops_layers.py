@@ -116,21 +116,31 @@ def avg_pool1d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
                  count_include_pad=int(bool(count_include_pad)))
 
 
-def adaptive_avg_pool(x: Tensor, output_size: Any, nd: int) -> Tensor:
-    """Output size 1 -> ``GlobalAveragePool``; else an ``AveragePool`` where the (static) input
-    size divides evenly, as PyTorch computes it in that case. A ``None`` size keeps the input's."""
+def adaptive_pool(op: str, x: Tensor, output_size: Any, nd: int, return_indices: bool = False,
+                  static_dims: bool = False) -> Any:
+    """Adaptive ``op`` (AveragePool or MaxPool): output size 1 -> ``Global<op>`` (without
+    indices); else an ``op`` whose kernel and stride are input size / output size, where the
+    (static) input size divides evenly: then torch's windows are exactly those. A ``None`` size
+    keeps the input's, on a symbolic dim too unless ``static_dims``."""
     x = lift(x)
-    check_rank("AveragePool", x, nd + 2)
-    sizes = output_size if isinstance(output_size, (tuple, list)) else ints(output_size, nd, "output_size")
+    check_rank(op, x, nd + 2)
+    sizes = list(output_size) if isinstance(output_size, (tuple, list)) else ints(output_size, nd, "output_size")
     if len(sizes) != nd:
         raise CaptureError(f"output_size must be an int or {nd} sizes, got {output_size} (at {user_source()})")
-    if list(sizes) == [1] * nd:
-        return emit("GlobalAveragePool", [x])
+    if sizes == [1] * nd and not return_indices:
+        return emit(f"Global{op}", [x])
     dims = list(x.shape[2:])
-    if not all(o is None or isinstance(d, int) and d % o == 0 for d, o in zip(dims, sizes)):
-        raise op_error("AveragePool", [x], f"adaptive pooling to {tuple(sizes)} needs static spatial dims divisible "
+    if not all((isinstance(d, int) or (o is None and not static_dims)) and (o is None or d % o == 0)
+               for d, o in zip(dims, sizes)):
+        raise op_error(op, [x], f"adaptive pooling to {tuple(sizes)} needs static spatial dims divisible "
                        "by the output size", user_source())
-    return pool("AveragePool", x, nd, [1 if o is None else d // o for d, o in zip(dims, sizes)], None, 0, False)
+    kernel = [1 if o is None else d // o for d, o in zip(dims, sizes)]
+    return pool(op, x, nd, kernel, None, 0, False, return_indices)
+
+
+def adaptive_avg_pool(x: Tensor, output_size: Any, nd: int) -> Tensor:
+    """``adaptive_pool`` with AveragePool, as PyTorch computes it where the input size divides evenly."""
+    return adaptive_pool("AveragePool", x, output_size, nd)
 
 
 def adaptive_avg_pool1d(x: Tensor, output_size: Any) -> Tensor:

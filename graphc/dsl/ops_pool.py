@@ -13,7 +13,7 @@ import numpy as np
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import concat, const_i64, emit, lift, reshape, reshape_like, scalar, unsqueeze
 from graphc.dsl.ops_array import ir_tensor
-from graphc.dsl.ops_layers import adaptive_avg_pool, check_rank, max_pool1d, pool
+from graphc.dsl.ops_layers import adaptive_avg_pool, adaptive_pool, check_rank, max_pool1d, pool
 from graphc.dsl.ops_nn import ints, max_pool2d
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
@@ -58,22 +58,9 @@ max_pool3d_with_indices = _with_indices(max_pool3d)
 
 
 def adaptive_max_pool(x: Tensor, output_size: Any, nd: int, return_indices: bool = False) -> Any:
-    """Output size 1 -> ``GlobalMaxPool`` (without indices); else a ``MaxPool`` whose kernel and
-    stride are input size / output size, where the (static) input size divides evenly: then
-    torch's windows are exactly those. A ``None`` size keeps the input's."""
-    x = lift(x)
-    check_rank("MaxPool", x, nd + 2)
-    sizes = list(output_size) if isinstance(output_size, (tuple, list)) else ints(output_size, nd, "output_size")
-    if len(sizes) != nd:
-        raise CaptureError(f"output_size must be an int or {nd} sizes, got {output_size} (at {user_source()})")
-    if sizes == [1] * nd and not return_indices:
-        return emit("GlobalMaxPool", [x])
-    dims = list(x.shape[2:])
-    if not all(isinstance(d, int) and (o is None or d % o == 0) for d, o in zip(dims, sizes)):
-        raise op_error("MaxPool", [x], f"adaptive pooling to {tuple(sizes)} needs static spatial dims divisible "
-                       "by the output size", user_source())
-    kernel = [1 if o is None else d // o for d, o in zip(dims, sizes)]
-    return pool("MaxPool", x, nd, kernel, None, 0, False, return_indices)
+    """``adaptive_pool`` with MaxPool (``(output, indices)`` with ``return_indices``); every spatial
+    dim static, a ``None`` size's too."""
+    return adaptive_pool("MaxPool", x, output_size, nd, return_indices, static_dims=True)
 
 
 def adaptive_max_pool1d(x: Tensor, output_size: Any, return_indices: bool = False) -> Any:
