@@ -137,6 +137,13 @@ def dim_index(x: Tensor, dim: int, op: str) -> int:
     return dim % max(x.ndim, 1)
 
 
+def dim_length(x: Tensor, dim: int) -> Tensor:
+    """Dim ``dim`` (non-negative) of ``x`` as an int64 ``[1]``, read at run time when symbolic."""
+    size = x.shape[dim]
+    return const_i64([size]) if isinstance(size, int) else \
+        emit("Slice", [emit("Shape", [x]), const_i64([dim]), const_i64([dim + 1])])
+
+
 def static_dim(x: Tensor, dim: int, op: str) -> int:
     """The static size of ``x``'s ``dim``; a GraphError for ``op`` when it is symbolic or unknown."""
     size = x.shape[dim] if x.shape is not None else None

@@ -15,7 +15,7 @@ from graphc.dsl.ops import cast, const_i64, detach, emit, lift, reshape, scalar,
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops import min as reduce_min
 from graphc.dsl.ops import sum as reduce_sum
-from graphc.dsl.ops_array import arange, arg_index, dim_index, gather, nan_as
+from graphc.dsl.ops_array import arange, arg_index, dim_index, dim_length, gather, nan_as
 from graphc.dsl.ops_math import isnan
 from graphc.dsl.ops_views import movedim, sort
 from graphc.dsl.tensor import Tensor
@@ -74,13 +74,6 @@ def min_dim(x: Tensor, dim: int, keepdim: bool = False) -> ValuesIndices:
     return _arg("ArgMin", x, dim, keepdim)
 
 
-def _size(x: Tensor, dim: int) -> Tensor:
-    """Dim ``dim`` of ``x`` as an int64 ``[1]``, read at run time when symbolic."""
-    size = x.shape[dim]
-    return const_i64([size]) if isinstance(size, int) else \
-        emit("Slice", [emit("Shape", [x]), const_i64([dim]), const_i64([dim + 1])])
-
-
 def _median(x: Tensor, dim: Any, keepdim: bool, skip_nan: bool) -> Tensor:
     x = lift(x)
     if dim is None:
@@ -92,7 +85,7 @@ def _median(x: Tensor, dim: Any, keepdim: bool, skip_nan: bool) -> Tensor:
     if skip_nan and nan is not None:  # each row's own count; truncated, 0 for a row of NaNs
         index = gather(order, dim, emit("Div", [reduce_sum(cast(~nan, "int64"), dim, keepdims=True) - 1, two]))
     else:
-        pos = emit("Div", [_size(x, dim) - 1, two])
+        pos = emit("Div", [dim_length(x, dim) - 1, two])
         index = emit("Slice", [order, pos, pos + 1, const_i64([dim])])
     if nan is not None and not skip_nan:
         nans = cast(nan, "int32")
@@ -130,7 +123,7 @@ def _cumulative(x: Tensor, dim: int, largest: bool) -> ValuesIndices:
     op = "CumMax" if largest else "CumMin"
     dim = dim_index(x, dim, op)
     key = movedim(nan_as(x, np.inf if largest else -np.inf), dim, -1)
-    steps = arange(x.shape[dim]) if isinstance(x.shape[dim], int) else arange(reshape(_size(x, dim), []))
+    steps = arange(x.shape[dim] if isinstance(x.shape[dim], int) else dim_length(x, dim))
     source, upto = unsqueeze(steps, [1]), unsqueeze(steps, [0])
     seen = source <= upto  # [i, j]: i at or before j
     if key.dtype in FLOAT_DTYPES:

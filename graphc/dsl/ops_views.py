@@ -12,7 +12,7 @@ import numpy as np
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import (broadcast_shape, const_i64, constant, emit, lift, matmul, reshape, same_dtype, scalar,
                             transpose, unsqueeze)
-from graphc.dsl.ops_array import dim_index
+from graphc.dsl.ops_array import dim_index, dim_length
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 
@@ -118,10 +118,7 @@ def sort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = Fals
     equal values keep their order (``stable`` is always true). Signature: ai.onnx@11::TopK"""
     x = lift(x)
     dim = dim_index(x, dim, "TopK")
-    size = x.shape[dim]
-    k = const_i64([size]) if isinstance(size, int) else \
-        emit("Slice", [emit("Shape", [x]), const_i64([dim]), const_i64([dim + 1])])
-    values, indices = emit("TopK", [x, k], {"axis": dim, "largest": int(bool(descending)), "sorted": 1},
+    values, indices = emit("TopK", [x, dim_length(x, dim)], {"axis": dim, "largest": int(bool(descending)), "sorted": 1},
                            num_outputs=2, out_types=[(x.dtype, x.shape), ("int64", x.shape)])
     return Sorted(values, indices)
 
