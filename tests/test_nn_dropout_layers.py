@@ -134,3 +134,10 @@ def test_training_graphs_read_noise_of_the_mask_shape(name, backend):
     np.testing.assert_allclose(got["loss"], np.mean((out - y) ** 2), rtol=1e-5)
     want = (2 * (out - y) / out.size * np.where(keep, slope * x, 0)).sum((0, 2, 3)).reshape(4, 1, 1)
     np.testing.assert_allclose(got["weight_grad"], want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn,rank,layout", [("dropout1d", 4, r"\(C, L\) or \(N, C, L\)"),
+                                            ("dropout3d", 3, r"\(C, D, H, W\) or \(N, C, D, H, W\)")])
+def test_channel_dropouts_refuse_other_ranks_by_layout(fn, rank, layout):
+    with pytest.raises(gc.GraphError, match=rf"{fn}.*expects a {layout} input, got rank {rank}"):
+        gc.capture(getattr(gc.nn.functional, fn), x=np.zeros((2,) * rank, np.float32))

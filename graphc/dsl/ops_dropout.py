@@ -9,9 +9,10 @@ import math
 
 import numpy as np
 
+from graphc.dsl.batching import batch_rank
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import concat, const_i64, emit, lift, scalar
-from graphc.dsl.ops_array import ir_tensor
+from graphc.dsl.ops_array import ir_tensor, ones_like
 from graphc.dsl.ops_nn import dropout
 from graphc.dsl.tensor import Tensor
 
@@ -22,14 +23,11 @@ def _kept(x: Tensor, p: float, training: bool, features: int | None) -> Tensor:
     """``Dropout(ones)``: ``keep / (1 - p)`` with ``keep`` drawn per element (``features`` None) or
     per entry of the first ``features`` dims (the mask's other dims 1), 1 where not training."""
     if features is None:
-        shape = emit("Shape", [x])
-        dims = x.shape
-    else:
-        lead = emit("Slice", [emit("Shape", [x]), const_i64([0]), const_i64([features])])
-        shape = concat([lead, const_i64([1] * (x.ndim - features))])
-        dims = [*x.shape[:features], *[1] * (x.ndim - features)]
+        return dropout(ones_like(x), p, training)
+    lead = emit("Slice", [emit("Shape", [x]), const_i64([0]), const_i64([features])])
+    shape = concat([lead, const_i64([1] * (x.ndim - features))])
     ones = emit("ConstantOfShape", [shape], {"value": ir_tensor(np.ones(1, x.dtype.numpy))},
-                out_types=[(x.dtype, dims)])
+                out_types=[(x.dtype, [*x.shape[:features], *[1] * (x.ndim - features)])])
     return dropout(ones, p, training)
 
 
@@ -42,7 +40,7 @@ def dropout1d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = 
     """Whole channels of a ``(N, C, L)`` or ``(C, L)`` input zeroed with probability ``p``, the
     others scaled by ``1 / (1 - p)``."""
     x = lift(x)
-    _check_rank("dropout1d", x, (2, 3), "(N, C, L) or (C, L)")
+    batch_rank("dropout1d", x, "C, L")
     return x * _kept(x, p, training, x.ndim - 1)
 
 
@@ -57,7 +55,7 @@ def dropout2d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = 
 def dropout3d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     """``dropout1d`` over ``(N, C, D, H, W)`` or ``(C, D, H, W)``."""
     x = lift(x)
-    _check_rank("dropout3d", x, (4, 5), "(N, C, D, H, W) or (C, D, H, W)")
+    batch_rank("dropout3d", x, "C, D, H, W")
     return x * _kept(x, p, training, x.ndim - 3)
 
 
