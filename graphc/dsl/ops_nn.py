@@ -23,6 +23,13 @@ def ints(v: Any, n: int, name: str) -> list[int]:
     return v
 
 
+def positive_int(fn: str, name: str, value: Any) -> int:
+    """``value`` of ``fn``'s argument ``name`` as an int >= 1 (a whole float too)."""
+    if int(value) != value or value < 1:
+        raise CaptureError(f"{fn} {name} must be a positive int, got {value} (at {user_source()})")
+    return int(value)
+
+
 def int_pair(v: Any, name: str) -> list[int]:
     """``v`` as ``[int, int]`` (an int is repeated); ``name`` is the argument in the error."""
     return ints(v, 2, name)

@@ -14,7 +14,7 @@ from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import concat, const_i64, emit, lift, reshape, reshape_like, scalar, unsqueeze
 from graphc.dsl.ops_array import ir_tensor
 from graphc.dsl.ops_layers import adaptive_avg_pool, adaptive_pool, check_rank, max_pool1d, pool
-from graphc.dsl.ops_nn import ints, max_pool2d
+from graphc.dsl.ops_nn import ints, max_pool2d, positive_int
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 
@@ -197,8 +197,7 @@ def local_response_norm(x: Tensor, size: int, alpha: float = 1e-4, beta: float =
     if x.shape is not None and len(x.shape) < 3:
         raise op_error("LRN", [x], f"local_response_norm expects an input of rank 3 or more (N, C, ...), got rank "
                        f"{len(x.shape)}", user_source())
-    if int(size) != size or size < 1:
-        raise CaptureError(f"local_response_norm size must be a positive int, got {size} (at {user_source()})")
+    size = positive_int("local_response_norm", "size", size)
     squares = emit("Reshape", [unsqueeze(x * x, [1]), const_i64([0, 0, 0, -1])])
     summed = emit("AveragePool", [squares], {"kernel_shape": [size, 1], "pads": [size // 2, 0, (size - 1) // 2, 0],
                                              "count_include_pad": 1})

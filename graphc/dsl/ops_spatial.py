@@ -13,21 +13,16 @@ from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.ops import constant, emit, lift, matmul, reshape, reshape_like, same_dtype, transpose
 from graphc.dsl.ops_array import static_dim
 from graphc.dsl.ops_layers import interpolate
+from graphc.dsl.ops_nn import positive_int
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
-
-
-def _positive(fn: str, name: str, value: Any) -> int:
-    if int(value) != value or value < 1:
-        raise CaptureError(f"{fn} {name} must be a positive int, got {value} (at {user_source()})")
-    return int(value)
 
 
 def pixel_unshuffle(x: Tensor, downscale_factor: int) -> Tensor:
     """``[*, C, H r, W r] -> [*, C r^2, H, W]``, the inverse of ``pixel_shuffle`` (channel ``c r^2
     + i r + j`` holds the pixels at row offset ``i``, column offset ``j``): a Reshape, a Transpose
     and a Reshape (ONNX ``SpaceToDepth`` orders the channels offsets first). Static C, H, W."""
-    r = _positive("pixel_unshuffle", "downscale_factor", downscale_factor)
+    r = positive_int("pixel_unshuffle", "downscale_factor", downscale_factor)
     x = lift(x)
     if x.shape is None or x.ndim < 3:
         raise op_error("SpaceToDepth", [x], "pixel_unshuffle expects an input of rank 3 or more (*, C, H, W)",
@@ -45,7 +40,7 @@ def pixel_unshuffle(x: Tensor, downscale_factor: int) -> Tensor:
 def channel_shuffle(x: Tensor, groups: int) -> Tensor:
     """``[N, C, *]`` with its channels, read as ``[groups, C / groups]``, transposed (torch's
     ``ChannelShuffle``): a Reshape, a Transpose and a Reshape. Static C."""
-    g = _positive("channel_shuffle", "groups", groups)
+    g = positive_int("channel_shuffle", "groups", groups)
     x = lift(x)
     if x.shape is None or x.ndim < 3:
         raise op_error("Transpose", [x], "channel_shuffle expects an input of rank 3 or more (N, C, *)",
