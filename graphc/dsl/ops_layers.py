@@ -15,18 +15,9 @@ from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, lift, matmu
                             reshape_like, same_dtype, scalar, sigmoid, softmax, sqrt, transpose, unary, where)
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops_array import chunk, ir_tensor, tril
-from graphc.dsl.ops_nn import conv_pads, drop_needless_ceil, ints, max_pool
+from graphc.dsl.ops_nn import check_rank, conv_pads, drop_needless_ceil, ints, max_pool
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
-
-
-_LAYOUTS = {3: "N, C, L", 4: "N, C, H, W", 5: "N, C, D, H, W"}
-
-
-def check_rank(op: str, x: Tensor, rank: int) -> None:
-    if x.shape is not None and len(x.shape) != rank:
-        raise op_error(op, [x], f"expects a rank-{rank} input ({_LAYOUTS[rank]}), got rank {len(x.shape)}",
-                       user_source())
 
 
 # -- convolution ------------------------------------------------------------------------------
@@ -482,5 +473,5 @@ __all__ = [
     "conv_transpose1d", "conv_transpose2d", "elu", "glu", "group_norm", "hardshrink", "hardsigmoid", "hardswish",
     "hardtanh", "instance_norm", "interpolate", "leaky_relu", "logsigmoid", "max_pool1d", "mish", "pixel_shuffle",
     "prelu", "relu6", "rms_norm", "scaled_dot_product_attention", "selu", "silu", "softmin", "softplus", "softshrink",
-    "softsign", "tanhshrink", "threshold", "conv_transpose3d", "check_rank", "pool",
+    "softsign", "tanhshrink", "threshold", "conv_transpose3d", "pool",
 ]

@@ -55,9 +55,14 @@ def conv_pads(padding: Any, kernel: list | None, strides: list[int], dilations: 
     return ints(padding, nd, "padding") * 2
 
 
-def _check_rank(op: str, x: Tensor, rank: int) -> None:
+_LAYOUTS = {3: "N, C, L", 4: "N, C, H, W", 5: "N, C, D, H, W"}
+
+
+def check_rank(op: str, x: Tensor, rank: int) -> None:
+    """A GraphError for ``op`` unless ``x`` (of known rank) is ``(N, C, <rank - 2 spatial dims>)``."""
     if x.shape is not None and len(x.shape) != rank:
-        raise op_error(op, [x], f"expects a rank-{rank} input (N, C, H, W), got rank {len(x.shape)}", user_source())
+        raise op_error(op, [x], f"expects a rank-{rank} input ({_LAYOUTS[rank]}), got rank {len(x.shape)}",
+                       user_source())
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
@@ -66,7 +71,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 
     x = ops.lift(x)
     weight = ops.lift(weight, x)
     bias = None if bias is None else ops.lift(bias, x)
-    _check_rank("Conv", x, 4)
+    check_rank("Conv", x, 4)
     ws = weight.shape
     if x.shape is not None and ws is not None and isinstance(ws[1], int):
         ops.same_dim("Conv", [x, weight], x.shape[1], ws[1] * groups, f"input channels and weight channels "
@@ -122,7 +127,7 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
                ceil_mode: bool = False, return_indices: bool = False) -> Any:
     """With ``return_indices``, ``(output, indices)`` as torch's. Signature: ai.onnx@12::MaxPool"""
     x = ops.lift(x)
-    _check_rank("MaxPool", x, 4)
+    check_rank("MaxPool", x, 4)
     attrs = _pool_attrs(kernel_size, stride, padding, ceil_mode)
     attrs["dilations"] = int_pair(dilation, "dilation")
     return max_pool(x, attrs, return_indices)
@@ -132,7 +137,7 @@ def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
                count_include_pad: bool = True) -> Tensor:
     """Signature: ai.onnx@19::AveragePool"""
     x = ops.lift(x)
-    _check_rank("AveragePool", x, 4)
+    check_rank("AveragePool", x, 4)
     attrs = _pool_attrs(kernel_size, stride, padding, ceil_mode)
     attrs["count_include_pad"] = int(bool(count_include_pad))
     return ops.emit("AveragePool", [x], drop_needless_ceil(x, attrs))

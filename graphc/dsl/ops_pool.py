@@ -13,8 +13,8 @@ import numpy as np
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import concat, const_i64, emit, lift, reshape, reshape_like, scalar, unsqueeze
 from graphc.dsl.ops_array import ir_tensor
-from graphc.dsl.ops_layers import adaptive_avg_pool, adaptive_pool, check_rank, max_pool1d, pool
-from graphc.dsl.ops_nn import ints, max_pool2d, positive_int
+from graphc.dsl.ops_layers import adaptive_avg_pool, adaptive_pool, max_pool1d, pool
+from graphc.dsl.ops_nn import check_rank, ints, max_pool2d, positive_int
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 
