@@ -316,6 +316,8 @@ def test_bad_arguments_are_refused_by_name():
         (lambda: F.nll_loss(x, y.astype(np.float64)), r"class labels must be int64 or int32, got float32"),
         (lambda: F.binary_cross_entropy(p, t[:, :3]), r"bce.*input and target dims differ \(4 vs 3\)"),
         (lambda: F.binary_cross_entropy_with_logits(p, t[0]), r"target must have the input's shape, got rank 1"),
+        (lambda: F.nll_loss(x[0, 0], y[0]), r"expects a \(C\), \(N, C\) or \(N, C, d...\) input, got rank 0"),
+        (lambda: F.cross_entropy(x[0, 0], y[0]), r"expects a \(C\), \(N, C\) or \(N, C, d...\) input, got rank 0"),
     ]
     for call, match in cases:
         with pytest.raises(gc.GraphError, match=match):

@@ -160,6 +160,9 @@ def _batched(fn, logp: Tensor, target: Tensor, reduction: str, *args) -> Tensor:
     probabilities) as a batch of one, as torch takes it; a 0-d input is refused."""
     if logp.shape is None or len(logp.shape) > 2:
         return fn(logp, target, reduction, *args)
+    if not logp.shape:  # batch_of_one's refusal would name (C) and (N, C) only
+        raise op_error("GatherElements", [logp], "expects a (C), (N, C) or (N, C, d...) input, got rank 0",
+                       user_source())
     return batch_of_one("GatherElements", logp, "C", lambda lp, t: fn(lp, t, reduction, *args), target)
 
 
