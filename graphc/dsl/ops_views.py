@@ -118,8 +118,9 @@ def sort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = Fals
     equal values keep their order (``stable`` is always true). Signature: ai.onnx@11::TopK"""
     x = lift(x)
     dim = dim_index(x, dim, "TopK")
-    values, indices = emit("TopK", [x, dim_length(x, dim)], {"axis": dim, "largest": int(bool(descending)), "sorted": 1},
-                           num_outputs=2, out_types=[(x.dtype, x.shape), ("int64", x.shape)])
+    attrs = {"axis": dim, "largest": int(bool(descending)), "sorted": 1}
+    values, indices = emit("TopK", [x, dim_length(x, dim)], attrs, num_outputs=2,
+                           out_types=[(x.dtype, x.shape), ("int64", x.shape)])
     return Sorted(values, indices)
 
 
