@@ -28,14 +28,15 @@ def lower_double(model: onnx.ModelProto) -> onnx.ModelProto:
     if not any(_is_mvn(node) for node in model.graph.node):
         return model
     types = tensor_types(model) or {}
-    double = [n for n in model.graph.node
-              if _is_mvn(n) and types.get(n.input[0], (None,))[0] == onnx.TensorProto.DOUBLE]
-    if not double:
+
+    def double(node: onnx.NodeProto) -> bool:
+        return _is_mvn(node) and types.get(node.input[0], (None,))[0] == onnx.TensorProto.DOUBLE
+
+    if not any(double(node) for node in model.graph.node):
         return model
-    nodes = []
-    for node in model.graph.node:
-        nodes += _written_out(node, ai_onnx_opset(model)) if node in double else [node]
-    return with_nodes(model, nodes)
+    opset = ai_onnx_opset(model)
+    return with_nodes(model, [n for node in model.graph.node
+                              for n in (_written_out(node, opset) if double(node) else [node])])
 
 
 def _written_out(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:

@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from graphc.backends.numpy.conv import geometry
 from graphc.backends.written_out import Writer
 from graphc.errors import BackendError
 from graphc.model.file import ai_onnx_opset, tensor_types, with_nodes
@@ -111,15 +112,8 @@ def _with_pads(node: onnx.NodeProto, typed) -> onnx.NodeProto:
     spatial = _static(typed)
     if spatial is None:
         return node
-    n = len(spatial)
-    kernel, dilations = attrs["kernel_shape"], attrs["dilations"]
-    strides = attrs.get("strides") or [1] * n
-    begin, end = [], []
-    for d, k, s, dil in zip(spatial, kernel, strides, dilations):
-        total = max(0, (-(-d // s) - 1) * s + (k - 1) * dil + 1 - d)
-        small = total // 2
-        begin.append(small if attrs["auto_pad"] == b"SAME_UPPER" else total - small)
-        end.append(total - begin[-1])
+    begin, end, *_ = geometry(spatial, attrs["kernel_shape"], attrs.get("strides"), attrs["dilations"], None,
+                              attrs["auto_pad"].decode())
     copy = onnx.NodeProto()
     copy.CopyFrom(node)
     kept = [a for a in copy.attribute if a.name not in ("auto_pad", "pads")]

@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 from graphc.backends.numpy.kernels import kernel
 
 
-def _geometry(spatial, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode=0):
+def geometry(spatial, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode=0):
     """(pads_begin, pads_end, out_shape) for a conv or pool over ``spatial``."""
     d = len(spatial)
     strides = list(strides or [1] * d)
@@ -97,7 +97,7 @@ _IM2COL_BYTES = 1 << 20
 def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
          pads=None, strides=None):
     kshape = list(kernel_shape or w.shape[2:])
-    begin, end, out_shape, strides, dilations = _geometry(
+    begin, end, out_shape, strides, dilations = geometry(
         x.shape[2:], kshape, strides, dilations, pads, auto_pad)
     xc = _channels_first(x, begin, end)
     m, n = w.shape[0], x.shape[0]
@@ -163,7 +163,7 @@ def _transpose_crop(full, spatial, strides, pads, auto_pad, output_shape):
 
 # -- pooling ------------------------------------------------------------------------------------
 def _pool_setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, fill):
-    begin, end, out_shape, strides, dilations = _geometry(
+    begin, end, out_shape, strides, dilations = geometry(
         x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     # ceil_mode may need room past the explicit end padding for the last window.
     extra = [max((o - 1) * s + (k - 1) * dl + 1 - (n + b + e), 0)
