@@ -15,7 +15,7 @@ from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, lift, matmu
                             reshape_like, same_dtype, scalar, sigmoid, softmax, sqrt, transpose, unary, where)
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops_array import chunk, ir_tensor, tril
-from graphc.dsl.ops_nn import check_rank, conv_pads, drop_needless_ceil, ints, max_pool
+from graphc.dsl.ops_nn import check_rank, conv_pads, ints, max_pool, pool_node
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
 
@@ -90,7 +90,7 @@ def pool(op: str, x: Tensor, nd: int, kernel_size: Any, stride: Any, padding: An
              "pads": ints(padding, nd, "padding") * 2, "ceil_mode": int(bool(ceil_mode)), **extra}
     if op == "MaxPool":
         return max_pool(x, attrs, return_indices)
-    return emit(op, [x], drop_needless_ceil(x, attrs))
+    return pool_node(op, x, attrs)
 
 
 def max_pool1d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,

@@ -10,7 +10,7 @@ from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
-from graphc.passes.infer import ceil_adds_nothing
+from graphc.passes.infer import windows
 
 
 def ints(v: Any, n: int, name: str) -> list[int]:
@@ -93,27 +93,50 @@ def _pool_attrs(kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool) ->
     return {"kernel_shape": k, "strides": s, "pads": [ph, pw, ph, pw], "ceil_mode": int(bool(ceil_mode))}
 
 
-def drop_needless_ceil(x: Tensor, attrs: dict[str, Any]) -> dict[str, Any]:
-    """``attrs`` with ``ceil_mode`` 0 where it adds no window to floor mode on static dims: the same
-    windows, all inside the padded input, so also averaged over the same counts. onnx's and
-    onnxruntime's own shape inference count one window too many where a last ceil window would
-    start in the right padding (onnxruntime then refused a Gemm after the pool's Flatten)."""
+def pool_node(op: str, x: Tensor, attrs: dict[str, Any], outputs: int = 1) -> Any:
+    """A MaxPool, AveragePool or LpPool node of ``x`` with ``attrs``, its ceil_mode as ``floor_ceil``
+    writes it."""
+    x, attrs = floor_ceil(x, attrs)
+    return ops.emit(op, [x], attrs, outputs) if outputs > 1 else ops.emit(op, [x], attrs)
+
+
+def floor_ceil(x: Tensor, attrs: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
+    """``x`` and ``attrs`` of a ceil_mode pool over static dims that onnx's shape formula agrees with.
+    That formula counts a last window starting in the end padding, which the kernels and torch drop
+    (onnx's and onnxruntime's inference then disagree with the output; onnxruntime once refused a
+    Gemm after such a pool's Flatten, and ``check_model`` refuses the file). Where ceil mode adds no
+    window, ceil_mode=0: the same windows, inside the padded input, so averaged over the same counts.
+    Where an axis drops such a window while another gains one, floor mode with end pads that slide
+    ceil's windows: a pad-counting AveragePool then reads ``x`` zero-padded by its own pads and
+    counts no pads, so ceil's overhang stays uncounted, as torch's."""
     dims, nd = x.shape[2:] if x.shape is not None else None, len(attrs["kernel_shape"])
     if not attrs["ceil_mode"] or dims is None or not all(isinstance(d, int) for d in dims):
-        return attrs
-    same = ceil_adds_nothing(dims, attrs["kernel_shape"], attrs["strides"], attrs.get("dilations", [1] * nd),
-                             attrs["pads"])
-    return {**attrs, "ceil_mode": int(not same)}
+        return x, attrs
+    pads, dilations = list(attrs["pads"]), attrs.get("dilations", [1] * nd)
+    axes = [(d, k, s, dl, pads[i], pads[nd + i])
+            for i, (d, k, s, dl) in enumerate(zip(dims, attrs["kernel_shape"], attrs["strides"], dilations))]
+    if all(windows(*a, 1) == windows(*a, 0) for a in axes):
+        return x, {**attrs, "ceil_mode": 0}
+    spans = [d + b + e - dl * (k - 1) - 1 for d, k, s, dl, b, e in axes]
+    if all(windows(*a, 1) == -(-span // a[2]) + 1 for a, span in zip(axes, spans)):
+        return x, attrs  # no window dropped: onnx's formula counts as the kernels do
+    extra = [max(0, (windows(*a, 1) - 1) * a[2] - span) for a, span in zip(axes, spans)]
+    attrs = dict(attrs)
+    if attrs.get("count_include_pad") and any(extra):
+        if any(pads):
+            x = ops.emit("Pad", [x, ops.const_i64([0, 0, *pads[:nd], 0, 0, *pads[nd:]])])
+            pads = [0] * (2 * nd)
+        attrs["count_include_pad"] = 0
+    return x, {**attrs, "ceil_mode": 0, "pads": pads[:nd] + [e + more for e, more in zip(pads[nd:], extra)]}
 
 
 def max_pool(x: Tensor, attrs: dict[str, Any], return_indices: bool = False) -> Any:
     """A MaxPool node with ``attrs``; with ``return_indices`` also torch's indices: each maximum's
     flat position within its (unpadded) channel plane, ONNX's ``Indices`` (flat over the whole
     tensor) modulo the plane's size."""
-    attrs = drop_needless_ceil(x, attrs)
     if not return_indices:
-        return ops.emit("MaxPool", [x], attrs)
-    y, indices = ops.emit("MaxPool", [x], attrs, 2)
+        return pool_node("MaxPool", x, attrs)
+    y, indices = pool_node("MaxPool", x, attrs, 2)
     spatial = list(x.shape[2:])
     if all(isinstance(d, int) for d in spatial):
         plane = ops.const_i64([int(np.prod(spatial))])
@@ -140,7 +163,7 @@ def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
     check_rank("AveragePool", x, 4)
     attrs = _pool_attrs(kernel_size, stride, padding, ceil_mode)
     attrs["count_include_pad"] = int(bool(count_include_pad))
-    return ops.emit("AveragePool", [x], drop_needless_ceil(x, attrs))
+    return pool_node("AveragePool", x, attrs)
 
 
 def global_avg_pool2d(x: Tensor) -> Tensor:
