@@ -13,6 +13,11 @@ import graphc as gc
 
 torch = pytest.importorskip("torch")
 
+try:
+    from torch_grad_util import assert_step_matches_torch
+except ImportError:  # tests/ collected as a package
+    from tests.torch_grad_util import assert_step_matches_torch
+
 F64 = {"dtype": "float64"}
 NORMS = {1: (5,), 2: (3, 4), 3: (2, 3, 2)}  # spatial dims per kind
 
@@ -94,16 +99,10 @@ def test_three_training_steps_and_eval_match_torch(dims, momentum, backend):
     rng = np.random.default_rng(dims)
     for step in range(3):
         batch = {"x": rng.standard_normal((4, *shape)) * 2 + 1, "y": rng.standard_normal((4, 1))}
-        loss = trainer.step(batch)
-        opt.zero_grad()
-        want = torch.nn.functional.mse_loss(_torch_forward(twin, batch["x"]), torch.from_numpy(batch["y"]))
-        want.backward()
-        opt.step()
-        np.testing.assert_allclose(loss, want.item(), rtol=1e-9, err_msg=f"step {step}")
-        state = trainer.state_dict()
-        for k, v in twin.state_dict().items():
-            if k != "norm.num_batches_tracked":
-                np.testing.assert_allclose(state[k], v.numpy(), rtol=1e-9, atol=1e-12, err_msg=f"step {step} {k}")
+        state = assert_step_matches_torch(
+            trainer, batch, opt, lambda: torch.nn.functional.mse_loss(_torch_forward(twin, batch["x"]),
+                                                                      torch.from_numpy(batch["y"])),
+            twin, step, rtol=1e-9, skip=("norm.num_batches_tracked",))
     x = rng.standard_normal((3, *shape))
     got = gc.Session(arts.eval, backend=backend).run({"x": x, "y": np.zeros((3, 1)), **trainer.params,
                                                       **{k: state[k] for k in ("norm.running_mean", "norm.running_var")}})

@@ -11,9 +11,9 @@ import pytest
 import graphc as gc
 from graphc import nn
 try:
-    from torch_grad_util import gc_grads, torch_twin
+    from torch_grad_util import assert_step_matches_torch, gc_grads, torch_twin
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import gc_grads, torch_twin
+    from tests.torch_grad_util import assert_step_matches_torch, gc_grads, torch_twin
 
 R = np.random.default_rng(3)
 X = R.standard_normal((3, 5)).astype(np.float32)
@@ -105,18 +105,14 @@ def test_unrolled_loop_trains_like_torch(kind):
     rng = np.random.default_rng(4)
     for step in range(3):
         x, y = rng.standard_normal((6, 5, 3)), rng.standard_normal((6, 1))
-        loss = trainer.step({"x": x, "y": y})
-        h, xt = None, torch.from_numpy(x)
-        for t in range(5):
-            h = tnet.cell(xt[:, t], h)
-        want = torch.nn.functional.mse_loss(tnet.head(h[0] if kind == "LSTMCell" else h), torch.from_numpy(y))
-        opt.zero_grad()
-        want.backward()
-        opt.step()
-        np.testing.assert_allclose(loss, want.item(), rtol=1e-10, err_msg=f"step {step}")
-        state = trainer.state_dict()
-        for k, v in tnet.state_dict().items():
-            np.testing.assert_allclose(state[k], v.numpy(), rtol=1e-9, atol=1e-12, err_msg=f"step {step} {k}")
+
+        def unrolled(x=x, y=y):
+            h, xt = None, torch.from_numpy(x)
+            for t in range(5):
+                h = tnet.cell(xt[:, t], h)
+            return torch.nn.functional.mse_loss(tnet.head(h[0] if kind == "LSTMCell" else h), torch.from_numpy(y))
+
+        assert_step_matches_torch(trainer, {"x": x, "y": y}, opt, unrolled, tnet, step)
 
 
 def test_refusals_name_the_argument():

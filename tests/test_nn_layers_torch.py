@@ -14,9 +14,9 @@ import pytest
 import graphc as gc
 from graphc import nn
 try:
-    from torch_grad_util import gc_grads, run_both
+    from torch_grad_util import assert_step_matches_torch, gc_grads, run_both
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import gc_grads, run_both
+    from tests.torch_grad_util import assert_step_matches_torch, gc_grads, run_both
 
 R = np.random.default_rng(11)
 X1 = R.standard_normal((2, 3, 9)).astype(np.float32)
@@ -365,17 +365,11 @@ def test_batchnorm3d_trains_and_tracks_running_statistics_like_torch():
     rng = np.random.default_rng(4)
     for step in range(3):
         x, y = rng.standard_normal((3, 2, 3, 4, 4)) * 2 + 1, rng.standard_normal((3, 1))
-        loss = trainer.step({"x": x, "y": y})
-        opt.zero_grad()
-        want = torch.nn.functional.mse_loss(tnet.fc(tnet.bn(tnet.conv(torch.from_numpy(x))).mean((2, 3, 4))),
-                                            torch.from_numpy(y))  # ModuleDict starts in train()
-        want.backward()
-        opt.step()
-        np.testing.assert_allclose(loss, want.item(), rtol=1e-10, err_msg=f"step {step}")
-        state = trainer.state_dict()
-        for k, v in tnet.state_dict().items():
-            if "num_batches" not in k:
-                np.testing.assert_allclose(state[k], v.numpy(), rtol=1e-9, atol=1e-12, err_msg=f"step {step} {k}")
+        state = assert_step_matches_torch(  # ModuleDict starts in train()
+            trainer, {"x": x, "y": y}, opt,
+            lambda: torch.nn.functional.mse_loss(tnet.fc(tnet.bn(tnet.conv(torch.from_numpy(x))).mean((2, 3, 4))),
+                                                 torch.from_numpy(y)),
+            tnet, step, skip=("bn.num_batches_tracked",))
     x = rng.standard_normal((2, 2, 3, 4, 4))
     got = gc.Session(arts.eval, backend="numpy").run({"x": x, "y": np.zeros((2, 1)), **trainer.params,
                                                       **{k: state[k] for k in ("bn.running_mean", "bn.running_var")}})

@@ -143,3 +143,21 @@ def assert_constructed_matches_torch(ctor: str, x: np.ndarray, seed: int = 2, ba
     initial weights (``torch_twin``), by ``assert_module_matches_torch``."""
     layer, twin = torch_twin(ctor, seed)
     assert_module_matches_torch(layer, twin, x, batched, rtol, atol)
+
+
+def assert_step_matches_torch(trainer: gc.Trainer, batch: dict, opt, torch_loss, twin, step: int, rtol: float = 1e-10,
+                              state_rtol: float = 1e-9, skip: tuple[str, ...] = ()) -> dict:
+    """One ``trainer.step(batch)`` against one step of the torch optimizer ``opt`` on
+    ``torch_loss()`` (the torch loss, built when called): the losses to ``rtol``, then each entry
+    of ``twin``'s state_dict but those in ``skip`` to ``state_rtol``; returns the trainer's state."""
+    loss = trainer.step(batch)
+    opt.zero_grad()
+    want = torch_loss()
+    want.backward()
+    opt.step()
+    np.testing.assert_allclose(loss, want.item(), rtol=rtol, err_msg=f"step {step}")
+    state = trainer.state_dict()
+    for k, v in twin.state_dict().items():
+        if k not in skip:
+            np.testing.assert_allclose(state[k], v.numpy(), rtol=state_rtol, atol=1e-12, err_msg=f"step {step} {k}")
+    return state
