@@ -31,6 +31,7 @@ from graphc.backends.numpy.conv import geometry
 from graphc.backends.written_out import Writer
 from graphc.errors import BackendError
 from graphc.model.file import ai_onnx_opset, tensor_types, with_nodes
+from graphc.model.windows import ceil_as_floor_pads
 
 __all__ = ["explicit_pads", "fusion_refused"]
 
@@ -80,28 +81,20 @@ def _as_floor(node: onnx.NodeProto, typed, opset: int) -> list[onnx.NodeProto]:
     if spatial is None:
         return [node]
     n = len(spatial)
-    strides, dilations = attrs.get("strides") or [1] * n, attrs.get("dilations") or [1] * n
     pads = list(attrs.get("pads") or [0] * (2 * n))
-    extra, dropped = [], False
-    for i, (d, k, s, dil) in enumerate(zip(spatial, attrs["kernel_shape"], strides, dilations)):
-        extent, size = (k - 1) * dil + 1, d + pads[i] + pads[n + i]
-        if size < extent:
-            return [node]
-        count = -(-(size - extent) // s) + 1  # ONNX's formula
-        if (count - 1) * s >= d + pads[i]:  # the last window starts in the end padding: the kernels drop it
-            count, dropped = count - 1, True
-        extra.append(max(0, (count - 1) * s + extent - size))
-    if not dropped:
+    floor = ceil_as_floor_pads(spatial, attrs["kernel_shape"], attrs.get("strides") or [1] * n,
+                               attrs.get("dilations") or [1] * n, pads)
+    if floor is None:
         return [node]
     source, before = node.input[0], []
-    if node.op_type == "AveragePool" and attrs.get("count_include_pad", 0) and any(extra):
+    if node.op_type == "AveragePool" and attrs.get("count_include_pad", 0) and floor != pads:
         if any(pads):
             w = Writer(node, "ceil_pads", opset)
             widths = [0, 0, *pads[:n], 0, 0, *pads[n:]]
             source = _padded(w, source, widths, 0, helper.tensor_dtype_to_np_dtype(typed[0]), opset)
-            before, pads = w.nodes, [0] * (2 * n)
+            before, floor = w.nodes, [0] * n + [f - p for f, p in zip(floor[n:], pads[n:])]
         attrs["count_include_pad"] = 0
-    attrs.update(ceil_mode=0, pads=pads[:n] + [e + x for e, x in zip(pads[n:], extra)])
+    attrs.update(ceil_mode=0, pads=floor)
     copy = helper.make_node(node.op_type, [source, *node.input[1:]], list(node.output), node.name, **attrs)
     copy.metadata_props.extend(node.metadata_props)
     return [*before, copy]

@@ -35,10 +35,10 @@ import onnx
 import onnx_ir as ir
 
 from graphc.errors import InferenceError
+from graphc.model.windows import windows
 from graphc.passes.values import Dim, StaticShape, static_shape
 
-__all__ = ["InferenceError", "RULES", "ceil_adds_nothing", "correct_onnx_inference", "infer", "known_array",
-           "windows"]
+__all__ = ["InferenceError", "RULES", "ceil_adds_nothing", "correct_onnx_inference", "infer", "known_array"]
 
 Result = tuple[ir.DataType | None, StaticShape | None]
 
@@ -463,13 +463,6 @@ def _einsum(n: _Node, dtype):
     if not set(out) <= set(letters):
         return dtype, None
     return dtype, tuple(broadcast(*[(s[t.index(c)],) for t, s in zip(terms, shapes) if c in t])[0] for c in out)
-
-
-def windows(size: int, kernel: int, stride: int, dilation: int, begin: int, end: int, ceil_mode: int) -> int:
-    """How many windows a Conv or pool slides over ``size`` padded by ``begin`` and ``end`` (see ``_window``)."""
-    span = size + begin + end - dilation * (kernel - 1) - 1
-    count = (-(-span // stride) if ceil_mode else span // stride) + 1
-    return count - 1 if ceil_mode and (count - 1) * stride >= size + begin else count
 
 
 def ceil_adds_nothing(dims: Sequence[int], kernel: Sequence[int], strides: Sequence[int],

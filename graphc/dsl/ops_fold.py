@@ -16,7 +16,7 @@ from graphc.dsl.ops import constant, reshape
 from graphc.dsl.ops_layers import conv_transpose2d
 from graphc.dsl.ops_nn import conv2d, ints
 from graphc.dsl.tensor import Tensor
-from graphc.passes.infer import windows
+from graphc.model.windows import windows
 
 # Lowering, measured on onnxruntime 1.31 CPU (1 thread), [8, 64, 32, 32] by 3x3 pad 1, forward and
 # gc.grad backward (scripts/bench_lowerings.py --only unfold; quietest of three runs, same order in

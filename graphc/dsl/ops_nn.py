@@ -10,7 +10,8 @@ from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
-from graphc.passes.infer import windows
+from graphc.model.windows import ceil_as_floor_pads
+from graphc.passes.infer import ceil_adds_nothing
 
 
 def ints(v: Any, n: int, name: str) -> list[int]:
@@ -113,21 +114,18 @@ def floor_ceil(x: Tensor, attrs: dict[str, Any]) -> tuple[Tensor, dict[str, Any]
     if not attrs["ceil_mode"] or dims is None or not all(isinstance(d, int) for d in dims):
         return x, attrs
     pads, dilations = list(attrs["pads"]), attrs.get("dilations", [1] * nd)
-    axes = [(d, k, s, dl, pads[i], pads[nd + i])
-            for i, (d, k, s, dl) in enumerate(zip(dims, attrs["kernel_shape"], attrs["strides"], dilations))]
-    if all(windows(*a, 1) == windows(*a, 0) for a in axes):
+    if ceil_adds_nothing(dims, attrs["kernel_shape"], attrs["strides"], dilations, pads):
         return x, {**attrs, "ceil_mode": 0}
-    spans = [d + b + e - dl * (k - 1) - 1 for d, k, s, dl, b, e in axes]
-    if all(windows(*a, 1) == -(-span // a[2]) + 1 for a, span in zip(axes, spans)):
+    floor = ceil_as_floor_pads(dims, attrs["kernel_shape"], attrs["strides"], dilations, pads)
+    if floor is None:
         return x, attrs  # no window dropped: onnx's formula counts as the kernels do
-    extra = [max(0, (windows(*a, 1) - 1) * a[2] - span) for a, span in zip(axes, spans)]
     attrs = dict(attrs)
-    if attrs.get("count_include_pad") and any(extra):
+    if attrs.get("count_include_pad") and floor != pads:
         if any(pads):
             x = ops.emit("Pad", [x, ops.const_i64([0, 0, *pads[:nd], 0, 0, *pads[nd:]])])
-            pads = [0] * (2 * nd)
+            floor = [0] * nd + [f - p for f, p in zip(floor[nd:], pads[nd:])]
         attrs["count_include_pad"] = 0
-    return x, {**attrs, "ceil_mode": 0, "pads": pads[:nd] + [e + more for e, more in zip(pads[nd:], extra)]}
+    return x, {**attrs, "ceil_mode": 0, "pads": floor}
 
 
 def max_pool(x: Tensor, attrs: dict[str, Any], return_indices: bool = False) -> Any:
