@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops import (broadcast_shape, const_i64, constant, emit, lift, matmul, reshape, same_dtype, scalar,
-                            transpose, unsqueeze)
+from graphc.dsl.ops import (broadcast_shape, const_i64, constant, emit, lift, matmul, reshape, same_dim, same_dtype,
+                            scalar, transpose, unsqueeze)
 from graphc.dsl.ops_array import dim_index, dim_length
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
@@ -139,23 +139,30 @@ def outer(a: Tensor, b: Tensor) -> Tensor:
 
 def addmm(input: Any, mat1: Tensor, mat2: Tensor, *, beta: float = 1, alpha: float = 1) -> Tensor:  # noqa: A002
     """``beta * input + alpha * (mat1 @ mat2)`` (2-D ``mat1``, ``mat2``), as torch's."""
-    return _scaled_sum(input, _product("addmm", mat1, mat2, 2), beta, alpha)
+    return scaled_sum(input, ranked_matmul("addmm", mat1, mat2, (2, 2)), beta, alpha)
 
 
 def baddbmm(input: Any, batch1: Tensor, batch2: Tensor, *, beta: float = 1, alpha: float = 1) -> Tensor:  # noqa: A002
     """``beta * input + alpha * (batch1 @ batch2)`` (3-D batches of matrices), as torch's."""
-    return _scaled_sum(input, _product("baddbmm", batch1, batch2, 3), beta, alpha)
+    return scaled_sum(input, ranked_matmul("baddbmm", batch1, batch2, (3, 3)), beta, alpha)
 
 
-def _product(fn: str, a: Tensor, b: Tensor, rank: int) -> Tensor:
+def ranked_matmul(fn: str, a: Any, b: Any, ranks: tuple[int, int]) -> Tensor:
+    """``a @ b`` for torch's ``fn``, which takes operands of exactly ``ranks`` (``mm``: 2 and 2,
+    ``mv``: 2 and 1) and, for two batches of matrices, equal batch sizes (torch's ``bmm`` does not
+    broadcast them)."""
     a, b = lift(a), lift(b)
-    if a.ndim != rank or b.ndim != rank:
-        raise op_error("MatMul", [a, b], f"{fn} takes two {rank}-D Tensors, got ranks {a.ndim} and {b.ndim}",
+    if (a.ndim, b.ndim) != tuple(ranks):
+        want = f"two {ranks[0]}-D Tensors" if ranks[0] == ranks[1] else f"a {ranks[0]}-D and a {ranks[1]}-D Tensor"
+        raise op_error("MatMul", [a, b], f"{fn} takes {want}, got ranks {a.ndim} and {b.ndim}",
                        user_source())
+    if ranks == (3, 3):
+        same_dim("MatMul", [a, b], a.shape[0], b.shape[0], f"{fn} batch sizes")
     return matmul(a, b)
 
 
-def _scaled_sum(input: Any, product: Tensor, beta: float, alpha: float) -> Tensor:  # noqa: A002
+def scaled_sum(input: Any, product: Tensor, beta: float, alpha: float) -> Tensor:  # noqa: A002
+    """``beta * input + alpha * product``, torch's ``addmm`` family."""
     if alpha != 1:
         product = product * scalar(alpha, product)
     if beta == 0:  # torch ignores input then (nan and inf in it do not propagate)
