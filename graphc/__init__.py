@@ -57,6 +57,8 @@ _MATH_OPS = ("square reciprocal neg sign floor ceil round trunc frac logaddexp l
              "logical_xor isnan isinf isfinite nan_to_num prod amax amin any all norm").split()
 _VIEW_OPS = ("unflatten movedim narrow select t expand_as diff sort argsort outer addmm baddbmm index_add index_copy "
              "repeat_interleave").split()
+_LINALG_OPS = ("mm bmm mv dot vdot inner kron cross diag diagonal diag_embed diagflat trace addmv addr addbmm "
+               "chain_matmul det logdet slogdet cumprod logcumsumexp").split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -70,6 +72,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_views", op) for op in _VIEW_OPS},
     **{op: ("graphc.dsl.ops_nn", op) for op in _NN_OPS},
     **{op: ("graphc.dsl.ops_order", op) for op in ("median", "nanmedian", "cummax", "cummin")},
+    **{op: ("graphc.dsl.ops_linalg", op) for op in _LINALG_OPS},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

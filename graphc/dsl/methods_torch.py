@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from graphc.dsl import ops, ops_array, ops_divide, ops_math, ops_order, ops_views
+from graphc.dsl import ops, ops_array, ops_divide, ops_linalg, ops_math, ops_order, ops_views
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.tensor import Tensor
 
@@ -47,7 +47,7 @@ METHODS = {
     "half": lambda a: ops.cast(a, "float16"), "long": lambda a: ops.cast(a, "int64"),
     "int": lambda a: ops.cast(a, "int32"), "bool": lambda a: ops.cast(a, "bool"),
     "type_as": lambda a, other: ops.cast(a, other.dtype),
-    "matmul": ops.matmul, "mm": ops.matmul, "bmm": ops.matmul,
+    "matmul": ops.matmul, "mm": ops_linalg.mm, "bmm": ops_linalg.bmm,
     "sigmoid": ops.sigmoid, "tanh": ops.tanh, "abs": ops.abs, "erf": ops.erf,
     "masked_fill": ops_array.masked_fill, "split": ops_array.split, "chunk": ops_array.chunk,
     "expand": ops_array.expand, "repeat": ops_array.repeat, "pow": ops_array.pow, "clamp": ops_array.clamp,
@@ -78,6 +78,13 @@ METHODS = {
     "new_full": _new_full, "clone": lambda a: a, "numel": _numel,
     "median": ops_order.median, "nanmedian": ops_order.nanmedian, "cummax": ops_order.cummax,
     "cummin": ops_order.cummin,
+    # matrix products, diagonals, determinants, cumulative products (ops_linalg)
+    "mv": ops_linalg.mv, "dot": ops_linalg.dot, "vdot": ops_linalg.vdot, "inner": ops_linalg.inner,
+    "kron": ops_linalg.kron, "cross": ops_linalg.cross, "diag": ops_linalg.diag, "diagonal": ops_linalg.diagonal,
+    "diag_embed": ops_linalg.diag_embed, "diagflat": ops_linalg.diagflat, "trace": ops_linalg.trace,
+    "addmv": ops_linalg.addmv, "addr": ops_linalg.addr, "addbmm": ops_linalg.addbmm, "det": ops_linalg.det,
+    "logdet": ops_linalg.logdet, "slogdet": ops_linalg.slogdet, "cumprod": ops_linalg.cumprod,
+    "logcumsumexp": ops_linalg.logcumsumexp,
 }
 
 for _name, _method in METHODS.items():

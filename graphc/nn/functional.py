@@ -34,6 +34,9 @@ from graphc.dsl.ops_pool import (adaptive_avg_pool3d, adaptive_max_pool1d, adapt
 from graphc.dsl.ops_spatial import (affine_grid, channel_shuffle, grid_sample, pixel_unshuffle, upsample,
                                     upsample_bilinear, upsample_nearest)
 from graphc.dsl.ops_dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
+from graphc.dsl.ops_linalg import (addbmm, addmv, addr, bmm, chain_matmul, cross, cumprod, det, diag, diag_embed,
+                                  diagflat, diagonal, dot, inner, kron, logcumsumexp, logdet, mm, mv, slogdet, trace,
+                                  vdot)
 from graphc.dsl.ops_nn import avg_pool2d, batch_norm, conv2d, dropout, embedding, layer_norm, linear, max_pool2d
 from graphc.nn.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cosine_embedding_loss,
                             cross_entropy, gaussian_nll_loss, hinge_embedding_loss, huber_loss, kl_div, l1_loss,
@@ -125,4 +128,6 @@ __all__ = [
     "affine_grid", "channel_shuffle", "grid_sample", "pixel_unshuffle", "upsample", "upsample_bilinear",
     "upsample_nearest",
     "alpha_dropout", "dropout1d", "dropout2d", "dropout3d", "feature_alpha_dropout",
+    "addbmm", "addmv", "addr", "bmm", "chain_matmul", "cross", "cumprod", "det", "diag", "diag_embed", "diagflat",
+    "diagonal", "dot", "inner", "kron", "logcumsumexp", "logdet", "mm", "mv", "slogdet", "trace", "vdot",
 ]
