@@ -195,6 +195,7 @@ ERRORS = [
     (lambda x: x.mm(x[0]), A, r"mm takes two 2-D Tensors, got ranks 2 and 1"),
     (lambda x: x.bmm(x[0]), BA, r"bmm takes two 3-D Tensors, got ranks 3 and 2"),
     (lambda x: gc.bmm(x[:1], x.transpose(1, 2)), BA, r"bmm batch sizes differ \(1 vs 2\)"),
+    (lambda x: gc.baddbmm(x, x[:1], x.transpose(1, 2)), BA, r"baddbmm batch sizes differ \(1 vs 2\)"),
     (lambda x: gc.mv(x, x), A, r"mv takes a 2-D and a 1-D Tensor, got ranks 2 and 2"),
     (lambda x: gc.dot(x, x[:3]), U4, r"inner dimensions differ \(4 vs 3\)"),
     (lambda x: gc.dot(x, x.astype("float32")), U4, r"dtype mismatch float64 vs float32"),
