@@ -49,7 +49,7 @@ class ValuesIndices(Tensor):
         return self.values[key]
 
 
-def _picked(x: Tensor, index: Tensor, dim: int, keepdim: bool) -> ValuesIndices:
+def picked(x: Tensor, index: Tensor, dim: int, keepdim: bool) -> ValuesIndices:
     """``x`` at ``index`` (``x``'s rank, size 1 along ``dim`` unless a cumulative op's) and the index."""
     values = gather(x, dim, index)
     if not keepdim:
@@ -61,7 +61,7 @@ def _arg(op: str, x: Tensor, dim: int, keepdim: bool) -> ValuesIndices:
     """``op`` ArgMax/ArgMin's first index along ``dim`` (a NaN's first, as torch) and the value there."""
     x = lift(x)
     dim = dim_index(x, dim, op)
-    return _picked(x, arg_index(op, x, dim, keepdim=True), dim, keepdim)
+    return picked(x, arg_index(op, x, dim, keepdim=True), dim, keepdim)
 
 
 def max_dim(x: Tensor, dim: int, keepdim: bool = False) -> ValuesIndices:
@@ -91,7 +91,7 @@ def _median(x: Tensor, dim: Any, keepdim: bool, skip_nan: bool) -> Tensor:
         nans = cast(nan, "int32")
         index = where(reduce_max(nans, dim, True) > 0,
                       emit("ArgMax", [nans], {"axis": dim, "keepdims": 1}), index)
-    return _picked(x, index, dim, keepdim)
+    return picked(x, index, dim, keepdim)
 
 
 def _evenly(x: Tensor, value: Tensor) -> Tensor:
@@ -133,7 +133,7 @@ def _cumulative(x: Tensor, dim: int, largest: bool) -> ValuesIndices:
     ahead = unsqueeze(key, [-1])  # [..., i, 1]
     best = (reduce_max if largest else reduce_min)(where(seen, ahead, scalar(fill, key)), -2, True)
     index = reduce_max(where(seen & (ahead == best), source, scalar(-1, source)), -2)  # the last i reaching it
-    return _picked(x, movedim(index, -1, dim), dim, keepdim=True)
+    return picked(x, movedim(index, -1, dim), dim, keepdim=True)
 
 
 def cummax(x: Tensor, dim: int) -> ValuesIndices:
