@@ -18,6 +18,7 @@ from graphc.dsl.ops import (binary, clip, concat, const_i64, constant, emit, exp
                             where)
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops import sum as reduce_sum
+from graphc.dsl.ops_divide import to_float
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import op_error, user_source
 
@@ -425,8 +426,9 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True,
 
 def logsumexp(x: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
     """``log(sum(exp(x)))`` over ``dim``, computed from the maximum so it never overflows; an
-    infinite maximum is taken as 0, as torch does, so a slice of -inf gives -inf (not nan)."""
-    x = lift(x)
+    infinite maximum is taken as 0, as torch does, so a slice of -inf gives -inf (not nan); an integer
+    Tensor is read as float32, as torch's."""
+    x = to_float(lift(x))
     top = reduce_max(x, dim, keepdims=True)
     top = where(emit("IsInf", [top]), scalar(0.0, top), top)
     out = log(reduce_sum(exp(x - top), dim, keepdims=True)) + top
@@ -436,8 +438,10 @@ def logsumexp(x: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
 def var(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False, *,
         unbiased: bool | None = None) -> Tensor:
     """``torch.var``: mean squared deviation over ``dim`` (None: all), divided by ``n - correction``
-    (static ``n``); torch's older ``unbiased=False`` is ``correction=0``."""
+    (static ``n``); torch's older ``unbiased=False`` is ``correction=0``, ``var(x, False)`` too."""
     x = lift(x)
+    if isinstance(dim, bool):  # torch.var(x, unbiased)
+        dim, unbiased = None, dim
     correction = correction if unbiased is None else int(bool(unbiased))
     dims = list(range(x.ndim)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
     n = math.prod(static_dim(x, d, "ReduceSum") for d in dims)
