@@ -59,6 +59,8 @@ _VIEW_OPS = ("unflatten movedim narrow select t expand_as diff sort argsort oute
              "repeat_interleave").split()
 _LINALG_OPS = ("mm bmm mv dot vdot inner kron cross diag diagonal diag_embed diagflat trace addmv addr addbmm "
                "chain_matmul det logdet slogdet cumprod logcumsumexp").split()
+_STATS_OPS = ("nansum nanmean count_nonzero aminmax var_mean std_mean quantile nanquantile kthvalue mode cov corrcoef "
+              "dist histc").split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -73,6 +75,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_nn", op) for op in _NN_OPS},
     **{op: ("graphc.dsl.ops_order", op) for op in ("median", "nanmedian", "cummax", "cummin")},
     **{op: ("graphc.dsl.ops_linalg", op) for op in _LINALG_OPS},
+    **{op: ("graphc.dsl.ops_stats", op) for op in _STATS_OPS},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

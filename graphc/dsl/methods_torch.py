@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from graphc.dsl import ops, ops_array, ops_divide, ops_linalg, ops_math, ops_order, ops_views
+from graphc.dsl import ops, ops_array, ops_divide, ops_linalg, ops_math, ops_order, ops_stats, ops_views
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.tensor import Tensor
 
@@ -85,6 +85,11 @@ METHODS = {
     "addmv": ops_linalg.addmv, "addr": ops_linalg.addr, "addbmm": ops_linalg.addbmm, "det": ops_linalg.det,
     "logdet": ops_linalg.logdet, "slogdet": ops_linalg.slogdet, "cumprod": ops_linalg.cumprod,
     "logcumsumexp": ops_linalg.logcumsumexp,
+    # NaN-aware reductions, quantiles and statistics
+    "nansum": ops_stats.nansum, "nanmean": ops_stats.nanmean, "count_nonzero": ops_stats.count_nonzero,
+    "aminmax": ops_stats.aminmax, "quantile": ops_stats.quantile, "nanquantile": ops_stats.nanquantile,
+    "kthvalue": ops_stats.kthvalue, "mode": ops_stats.mode, "cov": ops_stats.cov, "corrcoef": ops_stats.corrcoef,
+    "dist": ops_stats.dist, "histc": ops_stats.histc,
 }
 
 for _name, _method in METHODS.items():

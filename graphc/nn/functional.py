@@ -37,6 +37,8 @@ from graphc.dsl.ops_dropout import alpha_dropout, dropout1d, dropout2d, dropout3
 from graphc.dsl.ops_linalg import (addbmm, addmv, addr, bmm, chain_matmul, cross, cumprod, det, diag, diag_embed,
                                   diagflat, diagonal, dot, inner, kron, logcumsumexp, logdet, mm, mv, slogdet, trace,
                                   vdot)
+from graphc.dsl.ops_stats import (aminmax, corrcoef, count_nonzero, cov, dist, histc, kthvalue, mode, nanmean,
+                                  nanquantile, nansum, quantile, std_mean, var_mean)
 from graphc.dsl.ops_nn import avg_pool2d, batch_norm, conv2d, dropout, embedding, layer_norm, linear, max_pool2d
 from graphc.nn.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cosine_embedding_loss,
                             cross_entropy, gaussian_nll_loss, hinge_embedding_loss, huber_loss, kl_div, l1_loss,
@@ -130,4 +132,6 @@ __all__ = [
     "alpha_dropout", "dropout1d", "dropout2d", "dropout3d", "feature_alpha_dropout",
     "addbmm", "addmv", "addr", "bmm", "chain_matmul", "cross", "cumprod", "det", "diag", "diag_embed", "diagflat",
     "diagonal", "dot", "inner", "kron", "logcumsumexp", "logdet", "mm", "mv", "slogdet", "trace", "vdot",
+    "aminmax", "corrcoef", "count_nonzero", "cov", "dist", "histc", "kthvalue", "mode", "nanmean", "nanquantile",
+    "nansum", "quantile", "std_mean", "var_mean",
 ]
