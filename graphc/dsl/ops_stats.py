@@ -216,7 +216,7 @@ def nanquantile(x: Tensor, q: Any, dim: int | None = None, keepdim: bool = False
 def cov(x: Tensor, *, correction: int = 1, fweights: Tensor | None = None, aweights: Tensor | None = None) -> Tensor:
     """``torch.cov``: the covariance of the rows (variables) of ``x`` over its columns (observations),
     weighted by integer ``fweights`` and float ``aweights``, divided by the weighted count less
-    ``correction`` (0 where that is not positive, as torch); one variable gives a scalar. An integer
+    ``correction`` (0 where that is not positive, as torch); one (static) variable gives a scalar. An integer
     ``x`` is read as float32. Signature: ai.onnx@12::Einsum"""
     x = to_float(lift(x))
     if x.ndim > 2:
@@ -270,8 +270,9 @@ def dist(a: Tensor, b: Tensor, p: float = 2) -> Tensor:
 
 def histc(x: Tensor, bins: int = 100, min: float = 0, max: float = 0) -> Tensor:  # noqa: A002 - torch's names
     """``torch.histc``: counts (in ``x``'s float dtype) of the entries in ``bins`` equal bins from
-    ``min`` to ``max`` (both equal: the data's least and greatest, widened by 1 each way when they
-    are equal too); entries outside or NaN are not counted, ``max`` is in the last bin. Bin
+    ``min`` to ``max`` (both equal: the least and greatest entries not NaN, where torch refuses NaN,
+    widened by 1 each way when they are equal too); entries outside or NaN are not counted, ``max``
+    is in the last bin. Bin
     ``floor((v - min) * bins / (max - min))`` as torch's first guess: a value within rounding of an
     inner edge may land one bin from torch's. No gradient, as torch. Signature: ai.onnx@18::ScatterElements"""
     x = detach(lift(x))
@@ -282,14 +283,14 @@ def histc(x: Tensor, bins: int = 100, min: float = 0, max: float = 0) -> Tensor:
                            f"finite min <= max (at {user_source()})")
     flat = reshape(x, [-1])
     lo, hi = scalar(min, x), scalar(max, x)
-    if min == max:
-        lo, hi = reduce_min(flat), reduce_max(flat)
+    if min == max:  # the range of the entries not NaN
+        lo, hi = reduce_min(nan_as(flat, np.inf)), reduce_max(nan_as(flat, -np.inf))
         same = lo == hi
-        lo, hi = where(same, lo - scalar(1, x), lo), where(same, hi + scalar(1, x), hi)
-    inside = (flat >= lo) & (flat <= hi)
+        lo, hi = where(same, lo - 1, lo), where(same, hi + 1, hi)
     pos = emit("Floor", [(flat - lo) * scalar(bins, x) / (hi - lo)])
-    pos = cast(where(inside, emit("Clip", [pos, scalar(0, x), scalar(bins - 1, x)]), scalar(0, x)), "int64")
-    return emit("ScatterElements", [full([bins], 0, x.dtype), pos, cast(inside, x.dtype)], {"reduction": "add"})
+    counted = (flat >= lo) & (flat <= hi) & ~isnan(pos)  # NaN: a NaN entry, or an infinite one at an infinite edge
+    pos = cast(where(counted, emit("Clip", [pos, scalar(0, x), scalar(bins - 1, x)]), scalar(0, x)), "int64")
+    return emit("ScatterElements", [full([bins], 0, x.dtype), pos, cast(counted, x.dtype)], {"reduction": "add"})
 
 
 __all__ = [
