@@ -95,6 +95,7 @@ VALUES = [
     ("histc_range", lambda M, x: x.histc(bins=6, min=-1, max=1.5), [NANS]),
     ("histc_constant", lambda M, x: M.histc(x, 4), [np.full((3,), 2.0)]),
     ("histc_float32", lambda M, x: M.histc(x, 5, -2, 2), [X.astype(np.float32)]),
+    ("histc_edges", lambda M, x: M.histc(x, 7, -0.3, 2.1), [np.linspace(-0.3, 2.1, 8).astype(np.float32)]),
     ("logsumexp_int", lambda M, x: M.logsumexp(x, 1), [INTS]),
     ("logsumexp_dims_keepdim", lambda M, x: x.logsumexp((0, -1), keepdim=True), [X]),
     ("logsumexp_infs", lambda M, x: M.logsumexp(x, -1), [np.nan_to_num(INFS, nan=-np.inf)]),
@@ -184,6 +185,23 @@ def test_gradients_match_torch(name, fn, x, inputs):
         got = gc_grads(lambda M, x, **kw: fn(M, x, **kw), {"x": x}, inputs, c, backend=backend)
         np.testing.assert_allclose(got["out"], out.detach().numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
         np.testing.assert_allclose(got["x"], xt.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=backend)
+
+
+@pytest.mark.parametrize("interpolation", INTERPOLATIONS)
+def test_quantile_gradient_reaches_a_tensor_q_as_torch(interpolation):
+    """``q`` as a parameter: torch differentiates its interpolation weight (linear only)."""
+    torch = pytest.importorskip("torch")
+    q = np.array([0.1, 0.45, 0.8])
+    xt, qt = torch.tensor(X, requires_grad=True), torch.tensor(q, requires_grad=True)
+    out = torch.nanquantile(xt, qt, dim=1, interpolation=interpolation)
+    c = np.asarray(R.standard_normal(tuple(out.shape)))
+    (out * torch.from_numpy(c)).sum().backward()
+    for backend in ("numpy", "ort-cpu"):
+        got = gc_grads(lambda M, x, q: M.nanquantile(x, q, dim=1, interpolation=interpolation), {"x": X, "q": q}, {},
+                       c, backend=backend)
+        np.testing.assert_allclose(got["x"], xt.grad.numpy(), rtol=1e-12, atol=1e-15, err_msg=backend)
+        want_q = np.zeros_like(q) if qt.grad is None else qt.grad.numpy()
+        np.testing.assert_allclose(got["q"], want_q, rtol=1e-12, atol=1e-14, err_msg=backend)
 
 
 FD = [g for g in GRADS if g[2] is not TIES and g[0] not in ("nansum", "nanmean", "nanquantile")]
