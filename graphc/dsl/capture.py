@@ -13,6 +13,7 @@ import onnx_ir as ir
 
 from graphc.dsl import methods  # noqa: F401  (binds gc.Tensor's operators before any Tensor is made)
 from graphc.dsl import methods_torch  # noqa: F401  (and PyTorch's Tensor methods: view, permute, masked_fill, ...)
+from graphc.dsl import inplace  # noqa: F401  (and in-place writes: x[i] = v, x += y, x.add_(y), ...)
 from graphc.dsl import ops
 from graphc.dsl.builder import Builder, raised_at
 from graphc.dsl.tensor import Tensor

@@ -75,7 +75,7 @@ METHODS = {
     "expand_as": ops_views.expand_as, "view_as": ops.reshape_like, "reshape_as": ops.reshape_like,
     "new_zeros": lambda a, *size, dtype=None: _new_full(a, _dims(size), 0, dtype),
     "new_ones": lambda a, *size, dtype=None: _new_full(a, _dims(size), 1, dtype),
-    "new_full": _new_full, "clone": lambda a: a, "numel": _numel,
+    "new_full": _new_full, "clone": lambda a, memory_format=None: Tensor(a.value, a.eager_value), "numel": _numel,
     "median": ops_order.median, "nanmedian": ops_order.nanmedian, "cummax": ops_order.cummax,
     "cummin": ops_order.cummin,
     # matrix products, diagonals, determinants, cumulative products (ops_linalg)

@@ -15,7 +15,7 @@ import numpy as np
 
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, to_numpy
 from graphc.errors import CaptureError
-from graphc.dsl.tensor import Tensor
+from graphc.dsl.tensor import VIEW_OPS, Tensor, note_views
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.passes.infer import InferenceError, broadcast
 from graphc.passes.values import STOP_GRADIENT_KEY
@@ -117,6 +117,9 @@ def emit(op: str, inputs: Sequence[Tensor | None], attrs: dict | None = None, nu
     values = builder.emit(op, [None if t is None else t.value for t in inputs], attrs, num_outputs,
                           operands=inputs, **kw)
     outs = [Tensor(v, builder.eager_value(v)) for v in values]
+    if op in VIEW_OPS and inputs[0] is not None:
+        steps = builder.consts.get(id(inputs[4].value)) if op == "Slice" and len(inputs) > 4 else 1
+        note_views(op, list(inputs), attrs, outs, steps)
     return outs[0] if num_outputs == 1 else outs
 
 

@@ -7,6 +7,7 @@ bound to the class by ``graphc.dsl.methods``, which every capture imports first.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -25,12 +26,22 @@ class Tensor:
     In eager capture (``gc.capture`` given example arrays) ``.numpy()`` returns the value.
     """
 
-    __slots__ = ("value", "_value")
+    # _view: (base, (op, inputs, attrs)) when torch's result would share ``base``'s storage; _views: weak
+    # references to the views made of this one; _stale: why the value is out of date (``graphc.dsl.inplace``)
+    __slots__ = ("_ir", "_value", "_view", "_views", "_stale", "__weakref__")
     __array_priority__ = 1000  # numpy scalars/arrays on the left defer to our reflected ops
 
     def __init__(self, value: ir.Value, eager_value: np.ndarray | None = None):
-        self.value = value
+        self._ir = value
         self._value = eager_value
+        self._view = self._views = self._stale = None
+
+    @property
+    def value(self) -> ir.Value:
+        """The ONNX value; ``CaptureError`` when an in-place write made this view out of date."""
+        if self._stale is not None:
+            raise CaptureError(f"{self._stale}; it is used at {user_source()}")
+        return self._ir
 
     # -- type -----------------------------------------------------------------------------------
     @property
@@ -62,11 +73,13 @@ class Tensor:
     @property
     def eager_value(self) -> np.ndarray | None:
         """The example value in eager capture, else None."""
+        if self._stale is not None:
+            self.value  # noqa: B018 - raises: the value is out of date
         return self._value
 
     def numpy(self) -> np.ndarray:
         """The example value (eager capture only)."""
-        if self._value is None:
+        if self.eager_value is None:
             raise CaptureError(f"{self.value.name}: {self.type_str()} has no value; pass example np.ndarrays "
                              f"to gc.capture for eager values (at {user_source()})")
         return self._value
@@ -101,3 +114,21 @@ class Tensor:
         hint = "; .numpy() gives its example value in eager capture" if self._value is not None else ""
         raise CaptureError(f"traced value {self.value.name}: {self.type_str()} cannot become a numpy array at "
                          f"{user_source()}: inside forward use gc.* functions on it{hint}")
+
+
+# ops whose output torch would make a view of the first input (a Slice only with positive steps: torch has no
+# negative-step views, and ``flip`` copies)
+VIEW_OPS = frozenset({"Slice", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Identity",
+                      "Split"})
+
+
+def note_views(op: str, inputs: list, attrs: dict | None, outs: list[Tensor], steps: Any = None) -> None:
+    """Record each of ``outs`` as a view of ``inputs[0]`` made by ``op`` (``steps``: a Slice's, when known)."""
+    base = inputs[0]
+    if op == "Slice" and (steps is None or (np.asarray(steps) < 0).any()):
+        return
+    if base._views is None or len(base._views) > 64:
+        base._views = [ref for ref in base._views or () if ref() is not None]
+    for out in outs:
+        out._view = (base, (op, inputs, attrs or {}))
+        base._views.append(weakref.ref(out))

@@ -135,3 +135,12 @@ __all__ = [
     "aminmax", "corrcoef", "count_nonzero", "cov", "dist", "histc", "kthvalue", "mode", "nanmean", "nanquantile",
     "nansum", "quantile", "std_mean", "var_mean",
 ]
+
+
+# in-place activations (graphc.dsl.inplace): the input rebound to the result and returned, as torch's
+from graphc.dsl.inplace import in_place as _in_place  # noqa: E402
+from graphc.dsl.ops_layers import elu as _elu  # noqa: E402
+
+relu_, elu_, leaky_relu_, hardtanh_, celu_, selu_, rrelu_, threshold_ = (
+    _in_place(fn) for fn in (relu, _elu, leaky_relu, hardtanh, celu, selu, rrelu, threshold))
+__all__ += ["relu_", "elu_", "leaky_relu_", "hardtanh_", "celu_", "selu_", "rrelu_", "threshold_"]

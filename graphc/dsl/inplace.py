@@ -1,0 +1,204 @@
+"""In-place writes in a captured forward: ``x[index] = v``, ``x += y`` and torch's ``_`` methods
+(``x.add_(y)``, ``x.clamp_(0, 1)``, ``x.zero_()``, ...), bound to ``gc.Tensor`` at import.
+
+A graph has no in-place ops, so a write is functional: the Tensor object is rebound to a new value
+(a ScatterND of ``v`` into the positions ``index`` picks, or a Where for a bool mask), and returns
+itself, so every name bound to that object sees the write, as in torch. Views follow torch too
+(``tensor.VIEW_OPS`` records them): a write into a view also writes its base (``x[0] += 1``,
+``y = x.view(-1); y[3] = 0``), through basic indexing, reshapes, transposes and (un)squeezes; any
+other live view of the written storage is then out of date, and using it is a ``CaptureError``
+naming the write's line (take the view again after the write, or ``.clone()`` it before). Writes
+into a parameter or buffer, or through an ``expand``/``split`` view, are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphc.dsl import ops, ops_array, ops_divide, ops_views
+from graphc.dsl.builder import current, op_error, user_source
+from graphc.dsl.indexing import getitem
+from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
+from graphc.model.dtypes import to_numpy
+from graphc.passes.infer import InferenceError, broadcast
+
+
+def setitem(x: Tensor, index: Any, value: Any) -> None:
+    """``x[index] = value`` as torch writes it: ``value`` (a Python number or array takes ``x``'s
+    dtype; a Tensor must have it) broadcast to ``x[index]``'s shape. Any index ``x[index]`` reads:
+    a bool mask over leading axes with a value that broadcasts to the trailing ones is a Where,
+    everything else a ScatterND into the positions the same index picks from ``x``'s flat iota."""
+    v = _as_value(x, value)
+    mask = index[0] if isinstance(index, tuple) and len(index) == 1 else index
+    if isinstance(mask, Tensor) and mask.dtype == "bool" and v.ndim <= x.ndim - mask.ndim:
+        ops.broadcast_shape("Where", x, mask)
+        mask = ops.unsqueeze(mask, list(range(mask.ndim, x.ndim))) if mask.ndim < x.ndim else mask
+        write(x, ops.where(mask, v, x))
+    else:
+        write(x, _put(x, lambda positions: getitem(positions, index), v))
+
+
+def write(t: Tensor, new: Any) -> Tensor:
+    """Rebind ``t`` to ``new`` (same dtype and shape) in place, writing through ``t``'s bases; the other
+    live views of what was written become out of date. Returns ``t``."""
+    new = ops.lift(new, t)
+    if new.dtype != t.dtype:
+        raise op_error("in-place", [t, new], f"the result's dtype {new.dtype} is not the written tensor's "
+                       f"{t.dtype} (torch refuses to cast it back); write out of place: y = ...", user_source())
+    if new.shape is None or len(new.shape) != t.ndim or any(
+            isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(new.shape, t.shape)):
+        raise op_error("in-place", [t, new], f"the result's shape {new.shape} is not the written tensor's "
+                       f"{t.shape}; write out of place: y = ...", user_source())
+    _check_writable(t)
+    _assign(t, new, None, f"{t.name} was written in place at {user_source()}")
+    return t
+
+
+def _assign(t: Tensor, new: Tensor, keep: Tensor | None, why: str) -> None:
+    for ref in t._views or ():
+        view = ref()
+        if view is not None and view is not keep:
+            _mark_stale(view, why)
+    if t._view is not None:
+        base, how = t._view
+        _assign(base, _unview(base, how, new), t, why)
+    t._ir, t._value = new.value, new.eager_value
+
+
+def _mark_stale(t: Tensor, why: str) -> None:
+    t._stale = (f"{t._ir.name} is a view of a tensor that changed after it was taken ({why}): torch would see "
+                f"the write through the view, a captured graph cannot; take the view again after the write, or "
+                f".clone() it before")
+    for ref in t._views or ():
+        if ref() is not None:
+            _mark_stale(ref(), why)
+
+
+def _check_writable(t: Tensor) -> None:
+    """Refuse a write into a parameter or buffer (it would not persist: the graph's initializers are
+    its inputs) or through a view torch cannot write (several elements of one memory location)."""
+    while t._view is not None:
+        t, (op, _, _) = t._view[0], t._view[1]
+        if op in ("Expand", "Split"):
+            raise CaptureError(f"in-place write into a view made by {'expand' if op == 'Expand' else 'split'} of "
+                               f"{t.name}: {t.type_str()} at {user_source()}; .clone() the view first")
+    if any(t._ir is v for v in current().initializers):
+        raise CaptureError(f"in-place write into the parameter or buffer {t.name} at {user_source()}: a captured "
+                           f"graph reads it, never stores it, so the write would not persist; compute a new "
+                           f"tensor (w = {t.name.rsplit('.', 1)[-1]} * ...) or .clone() it first")
+
+
+def _unview(base: Tensor, how: tuple, new: Tensor) -> Tensor:
+    """``base`` with its view by ``how`` (op type, inputs, attributes) replaced by ``new``."""
+    op, inputs, attrs = how
+    if op == "Slice":
+        return _put(base, lambda positions: ops.emit("Slice", [positions, *inputs[1:]]), new)
+    if op == "Transpose":
+        perm = attrs.get("perm", list(range(new.ndim))[::-1])
+        return ops.transpose(new, [int(p) for p in np.argsort(perm)])
+    return ops.reshape_like(new, base)  # Reshape, Flatten, Squeeze, Unsqueeze, Identity
+
+
+def _put(x: Tensor, select: Any, v: Tensor) -> Tensor:
+    """``x`` with ``v`` written at the flat positions ``select`` picks from ``x``'s iota: one ScatterND."""
+    iota = ops.emit("Range", [ops.constant(np.asarray(0, np.int64)), ops.emit("Size", [x]),
+                              ops.constant(np.asarray(1, np.int64))])
+    positions = select(ops.reshape_like(iota, x))
+    v = _broadcast_to(v, positions, x)
+    flat = ops.reshape(x, [-1])
+    scattered = ops.emit("ScatterND", [flat, ops.reshape(positions, [-1, 1]), ops.reshape(v, [-1])])
+    return ops.reshape_like(scattered, x)
+
+
+def _broadcast_to(v: Tensor, positions: Tensor, x: Tensor) -> Tensor:
+    """``v`` expanded to the written slots' shape; leading size-1 dims beyond it dropped, as torch does."""
+    shape = positions.shape
+    while v.ndim > len(shape) and v.shape[0] == 1:
+        v = ops.squeeze(v, [0])
+    try:
+        fits = v.ndim <= len(shape) and broadcast(v.shape, shape) == tuple(shape)
+    except InferenceError:
+        fits = False
+    if not fits:
+        raise op_error("ScatterND", [x, v], f"the value of shape {list(v.shape)} cannot be written into "
+                       f"{x.name}[...] of shape {list(shape)}", user_source())
+    return ops_views.expand_as(v, positions) if v.shape != shape else v
+
+
+def _as_value(x: Tensor, value: Any) -> Tensor:
+    """A Tensor ``value`` of ``x``'s dtype as it is; a Python or numpy value cast to it, as torch casts."""
+    if isinstance(value, Tensor):
+        ops.same_dtype("ScatterND", x, value)
+        return value
+    return ops.constant(np.asarray(value).astype(to_numpy(x.dtype)))
+
+
+def in_place(fn: Any) -> Any:
+    """The in-place form of ``fn(t, *args)``: ``t`` rebound to the result (``write``), and returned."""
+    def method(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return write(self, fn(self, *args, **kwargs))
+    method.__doc__ = f"In place: ``t`` rebound to ``{getattr(fn, '__name__', 'fn')}(t, ...)``; returns ``t``."
+    return method
+
+
+def _reshaped_in_place(fn: Any) -> Any:
+    """``unsqueeze_``/``squeeze_``/``t_``: only ``t``'s shape changes, so a view or a viewed ``t`` is refused."""
+    def method(self: Tensor, *args: Any) -> Tensor:
+        if self._view is not None or any(ref() is not None for ref in self._views or ()):
+            raise CaptureError(f"a shape-changing in-place method on {self.name}, which is or has a view, at "
+                               f"{user_source()}; rebind the name instead: t = t.unsqueeze(...)")
+        new = fn(self, *args)
+        self._ir, self._value = new.value, new.eager_value
+        return self
+    return method
+
+
+def _fill(t: Tensor, value: Any) -> Tensor:
+    return ops_views.expand_as(_as_value(t, value), t)
+
+
+def _copy(t: Tensor, src: Tensor, non_blocking: bool = False) -> Tensor:
+    if not isinstance(src, Tensor):
+        raise CaptureError(f"copy_ takes a Tensor src, got {type(src).__name__} (at {user_source()})")
+    return _broadcast_to(_as_value(t, src), t, t)
+
+
+def _add(a: Tensor, b: Any, *, alpha: Any = 1) -> Tensor:
+    return a + (b if alpha == 1 else b * alpha)
+
+
+def _sub(a: Tensor, b: Any, *, alpha: Any = 1) -> Tensor:
+    return a - (b if alpha == 1 else b * alpha)
+
+
+def _div(a: Tensor, b: Any, rounding_mode: str | None = None) -> Tensor:
+    if rounding_mode not in (None, "floor"):
+        raise CaptureError(f"div_ rounding_mode={rounding_mode!r}: expected None or 'floor' (at {user_source()})")
+    return ops_divide.true_divide(a, b) if rounding_mode is None else ops_divide.floor_divide(a, b)
+
+
+METHODS = {
+    "__setitem__": setitem,
+    "__iadd__": in_place(_add), "__isub__": in_place(_sub), "__imul__": in_place(lambda a, b: a * b),
+    "__itruediv__": in_place(ops_divide.true_divide), "__ifloordiv__": in_place(ops_divide.floor_divide),
+    "__imod__": in_place(ops_divide.remainder), "__ipow__": in_place(lambda a, b: a ** b),
+    "__iand__": in_place(lambda a, b: a & b), "__ior__": in_place(lambda a, b: a | b),
+    "__ixor__": in_place(lambda a, b: a ^ b),
+    "add_": in_place(_add), "sub_": in_place(_sub), "mul_": in_place(lambda a, b: a * b), "div_": in_place(_div),
+    "clamp_": in_place(ops_array.clamp), "clamp_min_": in_place(lambda a, m: ops_array.clamp(a, min=m)),
+    "clamp_max_": in_place(lambda a, m: ops_array.clamp(a, max=m)), "fill_": in_place(_fill),
+    "zero_": in_place(lambda a: _fill(a, 0)), "masked_fill_": in_place(ops_array.masked_fill),
+    "copy_": in_place(_copy), "relu_": in_place(ops.relu), "sigmoid_": in_place(ops.sigmoid),
+    "tanh_": in_place(ops.tanh), "exp_": in_place(ops.exp), "log_": in_place(ops.log), "sqrt_": in_place(ops.sqrt),
+    "pow_": in_place(ops_array.pow), "neg_": in_place(lambda a: -a), "abs_": in_place(ops.abs),
+    "index_add_": in_place(ops_views.index_add), "scatter_": in_place(ops_array.scatter),
+    "unsqueeze_": _reshaped_in_place(lambda a, dim: ops.unsqueeze(a, [dim])),
+    "squeeze_": _reshaped_in_place(lambda a, dim=None: ops.squeeze(a, None if dim is None else [dim])),
+    "t_": _reshaped_in_place(ops_views.t),
+}
+
+for _name, _method in METHODS.items():
+    setattr(Tensor, _name, _method)
