@@ -13,9 +13,9 @@ import graphc as gc
 import graphc.nn.functional as F
 
 try:
-    from torch_grad_util import TorchNS, gc_grads, run_both
+    from torch_grad_util import assert_matches_torch, run_both
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import TorchNS, gc_grads, run_both
+    from tests.torch_grad_util import assert_matches_torch, run_both
 
 R = np.random.default_rng(11)
 X = R.standard_normal((2, 3, 4)).astype(np.float32)
@@ -135,35 +135,9 @@ CASES = [
 IDS = [c[0] for c in CASES]
 
 
-def _torch(fn, params, inputs, c=None):
-    import torch
-
-    ts = [torch.tensor(p, requires_grad=True) for p in params]
-    out = fn(TorchNS(torch), *ts, **{k: torch.from_numpy(np.asarray(v)) for k, v in inputs.items()})
-    if c is not None:
-        (out * torch.from_numpy(c)).sum().backward()
-    return out.detach().numpy(), [None if t.grad is None else t.grad.numpy() for t in ts]
-
-
 @pytest.mark.parametrize("name,fn,params,inputs", CASES, ids=IDS)
 def test_output_and_gradients_match_torch(name, fn, params, inputs):
-    pytest.importorskip("torch")
-    want, _ = _torch(fn, params, inputs)
-    want = np.asarray(want)
-    names = [f"p{i}" for i in range(len(params))]
-    feeds = {**dict(zip(names, params)), **inputs}
-    model = gc.capture(lambda **kw: fn(F, *(kw.pop(n) for n in names), **kw), **feeds)
-    onnx.checker.check_model(model.proto, full_check=True)
-    got = run_both(model, feeds)["output"]
-    assert got.dtype == want.dtype and got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    if want.dtype.kind != "f" or not params:
-        return
-    c = R.standard_normal(want.shape).astype(want.dtype)
-    _, dparams = _torch(fn, params, inputs, c)
-    grads = gc_grads(fn, dict(zip(names, params)), inputs, c)
-    for n, dp in zip(names, dparams):
-        np.testing.assert_allclose(grads[n], 0 if dp is None else dp, rtol=1e-4, atol=1e-5, err_msg=n)
+    assert_matches_torch(fn, params, inputs, R)
 
 
 @pytest.mark.parametrize("call,message", [

@@ -62,6 +62,46 @@ def gc_grads(fn, params: dict, inputs: dict, c: np.ndarray, module=None, backend
     return {"out": out["out"], **{k.removesuffix("_grad"): v for k, v in out.items() if k.endswith("_grad")}}
 
 
+def _torch_case(fn, params, inputs, c=None):
+    """torch's output of ``fn(torch, *params, **inputs)`` and, given ``c``, the gradients of
+    ``sum(out * c)`` with respect to ``params`` (None where none reaches one)."""
+    import torch
+
+    ts = [torch.tensor(p, requires_grad=True) for p in params]
+    out = fn(TorchNS(torch), *ts, **{k: torch.from_numpy(np.asarray(v)) for k, v in inputs.items()})
+    if c is not None:
+        (out * torch.from_numpy(c)).sum().backward()
+    return out.detach().numpy(), [None if t.grad is None else t.grad.numpy() for t in ts]
+
+
+def assert_matches_torch(fn, params, inputs, rng: np.random.Generator) -> None:
+    """``fn(M, *params, **inputs)`` captured with ``M = gc.nn.functional`` (eagerly, every argument a
+    graph input), through the full ONNX checker, run on numpy and ort-cpu against torch's value,
+    dtype and shape; for a float output, ``gc.grad``'s gradients of ``sum(out * c)`` (``c`` drawn
+    from ``rng``) with respect to every param against torch.autograd's."""
+    import onnx
+    import pytest
+
+    import graphc.nn.functional as F
+
+    pytest.importorskip("torch")
+    want = np.asarray(_torch_case(fn, params, inputs)[0])
+    names = [f"p{i}" for i in range(len(params))]
+    feeds = {**dict(zip(names, params)), **inputs}
+    model = gc.capture(lambda **kw: fn(F, *(kw.pop(n) for n in names), **kw), **feeds)
+    onnx.checker.check_model(model.proto, full_check=True)
+    got = run_both(model, feeds)["output"]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    if want.dtype.kind != "f" or not params:
+        return
+    c = rng.standard_normal(want.shape).astype(want.dtype)
+    _, dparams = _torch_case(fn, params, inputs, c)
+    grads = gc_grads(fn, dict(zip(names, params)), inputs, c)
+    for n, dp in zip(names, dparams):
+        np.testing.assert_allclose(grads[n], 0 if dp is None else dp, rtol=1e-4, atol=1e-5, err_msg=n)
+
+
 def assert_grads_match_central_differences(fn, x: np.ndarray, module=None, backends=("numpy", "ort-cpu")) -> None:
     """float64 ``gc.grad`` of ``sum(fn(M, x) * c)`` (``M``: ``module``, else ``gc.nn.functional``)
     with respect to ``x`` and each parameter of ``module`` (built in float64) against central
