@@ -61,6 +61,11 @@ _LINALG_OPS = ("mm bmm mv dot vdot inner kron cross diag diagonal diag_embed dia
                "chain_matmul det logdet slogdet cumprod logcumsumexp").split()
 _STATS_OPS = ("nansum nanmean count_nonzero aminmax var_mean std_mean quantile nanquantile kthvalue mode cov corrcoef "
               "dist histc").split()
+_RESHAPE_OPS = ("unbind tensor_split hsplit vsplit dsplit split_with_sizes squeeze unsqueeze swapaxes swapdims moveaxis "
+                "rot90 fliplr flipud ravel broadcast_to broadcast_tensors atleast_1d atleast_2d atleast_3d clone "
+                "take_along_dim take numel is_floating_point").split()
+_SCATTER_OPS = ("scatter_add scatter_reduce index_fill index_put select_scatter slice_scatter diagonal_scatter "
+                "masked_scatter masked_select nonzero argwhere").split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -76,6 +81,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_order", op) for op in ("median", "nanmedian", "cummax", "cummin")},
     **{op: ("graphc.dsl.ops_linalg", op) for op in _LINALG_OPS},
     **{op: ("graphc.dsl.ops_stats", op) for op in _STATS_OPS},
+    **{op: ("graphc.dsl.ops_reshape", op) for op in _RESHAPE_OPS},
+    **{op: ("graphc.dsl.ops_scatter", op) for op in _SCATTER_OPS},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

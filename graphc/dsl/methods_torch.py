@@ -5,12 +5,15 @@ already defines keeps its definition there."""
 
 from __future__ import annotations
 
-import math
+import re
 from typing import Any
 
-from graphc.dsl import ops, ops_array, ops_divide, ops_linalg, ops_math, ops_order, ops_stats, ops_views
-from graphc.dsl.builder import op_error, user_source
+from graphc.dsl import (ops, ops_array, ops_divide, ops_linalg, ops_math, ops_order, ops_reshape, ops_scatter,
+                        ops_stats, ops_views)
+from graphc.dsl.builder import user_source
 from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
+from graphc.model.dtypes import as_dtype
 
 
 def _dims(dims: tuple) -> list:
@@ -22,17 +25,60 @@ def _size(self: Tensor, dim: int | None = None) -> Any:
     return tuple(self.shape) if dim is None else self.shape[dim]
 
 
-def _numel(self: Tensor) -> int:
-    """``x.numel()``, where every dim is static."""
-    if self.shape is None or not all(isinstance(d, int) for d in self.shape):
-        raise op_error("Size", [self], "numel() needs static dims; gc.sum(gc.ones_like(x)) counts at run time",
-                       user_source())
-    return math.prod(self.shape)
-
-
 def _new_full(self: Tensor, size: Any, fill_value: Any, dtype: Any = None) -> Tensor:
     """``x.new_full(size, fill_value)``: a constant of ``x``'s dtype unless ``dtype`` says otherwise."""
     return ops_array.full(size, fill_value, self.dtype if dtype is None else dtype)
+
+
+# torch's device types: ``x.to("cuda:0")`` captures as ``x`` (the backend a gc.Session picks runs the graph)
+_DEVICE = re.compile(r"(cpu|cuda|mps|xpu|hip|meta)(:\d+)?")
+# torch's legacy tensor type names (``x.type()``) by dtype
+_TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor",
+               "bfloat16": "BFloat16Tensor", "int64": "LongTensor", "int32": "IntTensor", "int16": "ShortTensor",
+               "int8": "CharTensor", "uint8": "ByteTensor", "bool": "BoolTensor"}
+
+
+def _dtype_or_device(arg: Any) -> tuple[Any, bool]:
+    """``(dtype, False)`` for a dtype (a gc dtype, its name, a numpy or torch dtype), ``(None, True)``
+    for a torch device or its name; a CaptureError for anything else."""
+    text = str(arg).removeprefix("torch.")
+    try:
+        return as_dtype(text if text != str(arg) else arg), False
+    except TypeError:
+        pass
+    if _DEVICE.fullmatch(text) or _DEVICE.fullmatch(str(getattr(arg, "type", ""))):
+        return None, True
+    raise CaptureError(f"to() takes a dtype, a device (cpu, cuda[:N], mps, xpu, hip, meta) or a Tensor, got "
+                       f"{arg!r} (at {user_source()})")
+
+
+def _to(self: Tensor, *args: Any, dtype: Any = None, device: Any = None, non_blocking: bool = False,
+        copy: bool = False, memory_format: Any = None) -> Tensor:
+    """``x.to(dtype)``, ``x.to(other)`` (its dtype), ``x.to(device, dtype=None)``: a Cast when the
+    dtype changes; a device is accepted and ignored (graphs are device-free: a gc.Session's backend
+    places them)."""
+    targets = [dtype] if dtype is not None else []
+    for arg in ([device] if device is not None else []) + list(args):
+        if isinstance(arg, Tensor):
+            targets.append(arg.dtype)
+        else:
+            found, _ = _dtype_or_device(arg)
+            targets += [found] if found is not None else []
+    if len(targets) > 1:
+        raise CaptureError(f"to() got more than one dtype: {targets} (at {user_source()})")
+    return ops.cast(self, targets[0]) if targets and targets[0] != self.dtype else self
+
+
+def _type(self: Tensor, dtype: Any = None, non_blocking: bool = False) -> Any:
+    """``x.type()``: torch's type name (``"torch.FloatTensor"``); ``x.type(dtype)``: ``x`` cast, the
+    dtype also as such a name."""
+    if dtype is None:
+        return f"torch.{_TYPE_NAMES.get(self.dtype, self.dtype)}"
+    names = {f"torch.{v}": k for k, v in _TYPE_NAMES.items()}
+    found, device = _dtype_or_device(names.get(str(dtype), dtype))
+    if device:
+        raise CaptureError(f"type() takes a dtype, got the device {dtype!r} (at {user_source()})")
+    return ops.cast(self, found) if found != self.dtype else self
 
 
 METHODS = {
@@ -40,8 +86,8 @@ METHODS = {
     "permute": lambda a, *dims: ops.transpose(a, _dims(dims)),
     "size": _size,
     "dim": lambda a: a.ndim,
-    "unsqueeze": lambda a, dim: ops.unsqueeze(a, [dim]),
-    "squeeze": lambda a, dim=None: ops.squeeze(a, None if dim is None else [dim]),
+    "unsqueeze": ops_reshape.unsqueeze,
+    "squeeze": lambda a, *dims: ops_reshape.squeeze(a, _dims(dims) if dims else None),
     "contiguous": lambda a: a,
     "float": lambda a: ops.cast(a, "float32"), "double": lambda a: ops.cast(a, "float64"),
     "half": lambda a: ops.cast(a, "float16"), "long": lambda a: ops.cast(a, "int64"),
@@ -75,7 +121,7 @@ METHODS = {
     "expand_as": ops_views.expand_as, "view_as": ops.reshape_like, "reshape_as": ops.reshape_like,
     "new_zeros": lambda a, *size, dtype=None: _new_full(a, _dims(size), 0, dtype),
     "new_ones": lambda a, *size, dtype=None: _new_full(a, _dims(size), 1, dtype),
-    "new_full": _new_full, "clone": lambda a, memory_format=None: Tensor(a.value, a.eager_value), "numel": _numel,
+    "new_full": _new_full, "clone": ops_reshape.clone, "numel": ops_reshape.numel,
     "median": ops_order.median, "nanmedian": ops_order.nanmedian, "cummax": ops_order.cummax,
     "cummin": ops_order.cummin,
     # matrix products, diagonals, determinants, cumulative products (ops_linalg)
@@ -90,6 +136,22 @@ METHODS = {
     "aminmax": ops_stats.aminmax, "quantile": ops_stats.quantile, "nanquantile": ops_stats.nanquantile,
     "kthvalue": ops_stats.kthvalue, "mode": ops_stats.mode, "cov": ops_stats.cov, "corrcoef": ops_stats.corrcoef,
     "dist": ops_stats.dist, "histc": ops_stats.histc,
+    # arrays: reshaping, splitting, scattering, masks and dtypes
+    "unbind": ops_reshape.unbind, "tensor_split": ops_reshape.tensor_split, "hsplit": ops_reshape.hsplit,
+    "vsplit": ops_reshape.vsplit, "dsplit": ops_reshape.dsplit, "split_with_sizes": ops_reshape.split_with_sizes,
+    "swapaxes": ops_reshape.swapaxes, "swapdims": ops_reshape.swapdims, "rot90": ops_reshape.rot90,
+    "fliplr": ops_reshape.fliplr, "flipud": ops_reshape.flipud, "ravel": ops_reshape.ravel,
+    "broadcast_to": ops_reshape.broadcast_to, "take_along_dim": ops_reshape.take_along_dim, "take": ops_reshape.take,
+    "scatter_add": ops_scatter.scatter_add, "scatter_reduce": ops_scatter.scatter_reduce,
+    "index_fill": ops_scatter.index_fill, "index_put": ops_scatter.index_put,
+    "select_scatter": ops_scatter.select_scatter, "slice_scatter": ops_scatter.slice_scatter,
+    "diagonal_scatter": ops_scatter.diagonal_scatter, "masked_scatter": ops_scatter.masked_scatter,
+    "masked_select": ops_scatter.masked_select, "nonzero": ops_scatter.nonzero, "argwhere": ops_scatter.argwhere,
+    "short": lambda a: ops.cast(a, "int16"), "byte": lambda a: ops.cast(a, "uint8"),
+    "char": lambda a: ops.cast(a, "int8"), "bfloat16": lambda a: ops.cast(a, "bfloat16"),
+    "to": _to, "type": _type, "ndimension": lambda a: a.ndim, "nelement": ops_reshape.numel,
+    "element_size": lambda a: a.dtype.numpy.itemsize, "is_floating_point": ops_reshape.is_floating_point,
+    "is_complex": lambda a: False,
 }
 
 for _name, _method in METHODS.items():

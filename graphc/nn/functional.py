@@ -39,6 +39,12 @@ from graphc.dsl.ops_linalg import (addbmm, addmv, addr, bmm, chain_matmul, cross
                                   vdot)
 from graphc.dsl.ops_stats import (aminmax, corrcoef, count_nonzero, cov, dist, histc, kthvalue, mode, nanmean,
                                   nanquantile, nansum, quantile, std_mean, var_mean)
+from graphc.dsl.ops_reshape import (atleast_1d, atleast_2d, atleast_3d, broadcast_tensors, broadcast_to, clone, dsplit,
+                                   fliplr, flipud, hsplit, is_floating_point, moveaxis, numel, ravel, rot90,
+                                   split_with_sizes, squeeze, swapaxes, swapdims, take, take_along_dim, tensor_split,
+                                   unbind, unsqueeze, vsplit)
+from graphc.dsl.ops_scatter import (argwhere, diagonal_scatter, index_fill, index_put, masked_scatter, masked_select,
+                                   nonzero, scatter_add, scatter_reduce, select_scatter, slice_scatter)
 from graphc.dsl.ops_nn import avg_pool2d, batch_norm, conv2d, dropout, embedding, layer_norm, linear, max_pool2d
 from graphc.nn.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cosine_embedding_loss,
                             cross_entropy, gaussian_nll_loss, hinge_embedding_loss, huber_loss, kl_div, l1_loss,
@@ -85,16 +91,6 @@ def transpose(input, *dims):  # noqa: A002
     return ops.lift(input).transpose(*dims)
 
 
-def unsqueeze(input, dim):  # noqa: A002
-    """``torch.unsqueeze(input, dim)`` (``dim`` an int, or a list of them)."""
-    return ops.unsqueeze(input, [dim] if isinstance(dim, int) else list(dim))
-
-
-def squeeze(input, dim=None):  # noqa: A002
-    """``torch.squeeze(input, dim=None)``: every size-1 dim, or ``dim`` (an int or a list)."""
-    return ops.squeeze(input, None if dim is None else [dim] if isinstance(dim, int) else list(dim))
-
-
 __all__ = [
     "abs", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "arange", "argmax", "argmin", "avg_pool1d", "avg_pool2d",
     "batch_norm", "cast", "chunk", "clamp", "clip", "concat", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
@@ -134,6 +130,11 @@ __all__ = [
     "diagonal", "dot", "inner", "kron", "logcumsumexp", "logdet", "mm", "mv", "slogdet", "trace", "vdot",
     "aminmax", "corrcoef", "count_nonzero", "cov", "dist", "histc", "kthvalue", "mode", "nanmean", "nanquantile",
     "nansum", "quantile", "std_mean", "var_mean",
+    "atleast_1d", "atleast_2d", "atleast_3d", "broadcast_tensors", "broadcast_to", "clone", "dsplit", "fliplr",
+    "flipud", "hsplit", "is_floating_point", "moveaxis", "numel", "ravel", "rot90", "split_with_sizes", "swapaxes",
+    "swapdims", "take", "take_along_dim", "tensor_split", "unbind", "vsplit",
+    "argwhere", "diagonal_scatter", "index_fill", "index_put", "masked_scatter", "masked_select", "nonzero",
+    "scatter_add", "scatter_reduce", "select_scatter", "slice_scatter",
 ]
 
 
