@@ -228,8 +228,10 @@ atleast_1d, atleast_2d, atleast_3d = (_at_least(r) for r in (1, 2, 3))
 
 
 def clone(x: Tensor, *, memory_format: Any = None) -> Tensor:
-    """``torch.clone``: a copy, so an in-place write to either never reaches the other. Signature: ai.onnx@21::Identity"""
-    return emit("Identity", [lift(x)])
+    """``torch.clone``: a copy, so an in-place write to either never reaches the other (a new Tensor of the same
+    value, not an ``Identity``, which ``inplace`` takes for a view)."""
+    x = lift(x)
+    return Tensor(x.value, x.eager_value)
 
 
 # -- picking ----------------------------------------------------------------------------------
