@@ -12,11 +12,11 @@ A Scan whose body leaves a scan output's rank or type unknown is left as it is.
 
 from __future__ import annotations
 
-import itertools
-
+import numpy as np
 import onnx
 from onnx import helper
 
+from graphc.backends.written_out import Writer
 from graphc.model.file import ai_onnx_opset, with_nodes
 
 __all__ = ["guard_empty"]
@@ -26,9 +26,10 @@ def guard_empty(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` itself when it has no Scan to guard, else a copy in which each runs under an If
     on its length (the module docstring), in the main graph and in every subgraph (Loop and If
     bodies, Scan bodies)."""
-    if ai_onnx_opset(model) < 9:  # Scan-8: not rewritten
+    opset = ai_onnx_opset(model)
+    if opset < 9:  # Scan-8: not rewritten
         return model
-    nodes = _guard_nodes(model.graph.node, _declared(model.graph, {}))
+    nodes = _guard_nodes(model.graph.node, _declared(model.graph, {}), opset)
     return model if nodes is None else with_nodes(model, nodes)
 
 
@@ -38,25 +39,25 @@ def _declared(graph: onnx.GraphProto, outer: dict) -> dict:
     return {**outer, **{v.name: v.type.tensor_type for v in [*graph.input, *graph.value_info]}}
 
 
-def _guard_nodes(nodes, declared: dict) -> list[onnx.NodeProto] | None:
+def _guard_nodes(nodes, declared: dict, opset: int) -> list[onnx.NodeProto] | None:
     """``nodes`` with each Scan whose length may be 0 guarded, subgraphs included; None when
     none is."""
     out, changed = [], False
     for node in nodes:
-        inner = _with_guarded_subgraphs(node, declared)
-        guarded = _guarded(inner) if _is_scan(inner) and not _steps(inner, declared) else None
+        inner = _with_guarded_subgraphs(node, declared, opset)
+        guarded = _guarded(inner, opset) if _is_scan(inner) and not _steps(inner, declared) else None
         out += guarded or [inner]
         changed = changed or guarded is not None or inner is not node
     return out if changed else None
 
 
-def _with_guarded_subgraphs(node: onnx.NodeProto, declared: dict) -> onnx.NodeProto:
+def _with_guarded_subgraphs(node: onnx.NodeProto, declared: dict, opset: int) -> onnx.NodeProto:
     """``node`` itself when no graph attribute of it holds a Scan to guard, else a copy whose
     graph attributes have theirs guarded."""
     rewritten = {}
     for i, attribute in enumerate(node.attribute):
         if attribute.type == onnx.AttributeProto.GRAPH:
-            nodes = _guard_nodes(attribute.g.node, _declared(attribute.g, declared))
+            nodes = _guard_nodes(attribute.g.node, _declared(attribute.g, declared), opset)
             if nodes is not None:
                 rewritten[i] = nodes
     if not rewritten:
@@ -84,7 +85,7 @@ def _steps(node: onnx.NodeProto, declared: dict) -> bool:
     return t.shape.dim[axes[0]].dim_value > 0
 
 
-def _guarded(node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+def _guarded(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto] | None:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     body, m = attrs["body"], attrs["num_scan_inputs"]
     n_state = len(node.input) - m
@@ -92,26 +93,19 @@ def _guarded(node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
     types = [o.type.tensor_type for o in outs]
     if any(not t.elem_type or not t.HasField("shape") for t in types):
         return None
-    p = f"{node.output[0] or node.name}/scan_guard/"
-    made: list[onnx.NodeProto] = []
-    names = itertools.count()
-
-    def op(op_type: str, *inputs: str, into: list[onnx.NodeProto] = made, **kw) -> str:
-        into.append(helper.make_node(op_type, list(inputs), [f"{p}{next(names)}"], **kw))
-        into[-1].metadata_props.extend(node.metadata_props)  # the user's line, for errors
-        return into[-1].output[0]
-
+    w = Writer(node, "scan_guard", opset)
+    p = w.prefix
     axis = list(attrs.get("scan_input_axes") or [0])[0]
-    index = op("Constant", value=helper.make_tensor(f"{p}axis", onnx.TensorProto.INT64, [], [axis]))
-    zero = op("Constant", value=helper.make_tensor(f"{p}zero", onnx.TensorProto.INT64, [], [0]))
-    length = op("Gather", op("Shape", node.input[n_state]), index)
+    index, zero = w.const(axis, np.int64), w.const(0, np.int64)
+    length = w.op("Gather", w.op("Shape", node.input[n_state]), index)
     empty_branch: list[onnx.NodeProto] = []
-    results = [op("Identity", state, into=empty_branch) for state in node.input[:n_state]]
+    results = [w.op("Identity", state, into=empty_branch) for state in node.input[:n_state]]
     out_axes = list(attrs.get("scan_output_axes") or [0] * len(outs))
     for t, out_axis in zip(types, out_axes):
         dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim]
         dims.insert(out_axis % (len(dims) + 1), 0)
-        results.append(op("Constant", into=empty_branch, value=helper.make_tensor(f"{p}empty", t.elem_type, dims, [])))
+        empty = helper.make_tensor(f"{p}empty", t.elem_type, dims, [])
+        results.append(w.op("Constant", into=empty_branch, value=empty))
     scan = onnx.NodeProto()
     scan.CopyFrom(node)
     scan.output[:] = [f"{p}scan{k}" for k in range(len(node.output))]
@@ -121,6 +115,5 @@ def _guarded(node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
                 for name, nodes, values in (("then_branch", empty_branch, results),
                                             ("else_branch", [scan], list(scan.output)))}
     outputs = [name or f"{p}unused{k}" for k, name in enumerate(node.output)]
-    made.append(helper.make_node("If", [op("Equal", length, zero)], outputs, f"{p}if", **branches))
-    made[-1].metadata_props.extend(node.metadata_props)
-    return made
+    w.op("If", w.op("Equal", length, zero), output=outputs, **branches)
+    return w.nodes
