@@ -129,15 +129,17 @@ class Emitter:
         return self.opset >= AXES_AS_INPUT.get(op_type, _REDUCE_AXES_AS_INPUT)
 
     def reduce(self, op_type: str, x: ir.Value, axes: Sequence[int] | ir.Value | None,
-               keepdims: bool = True) -> ir.Value:
-        """``op_type`` (ReduceSum, ReduceMean, ...) over ``axes`` (None: all axes; []: ``x`` itself)."""
+               keepdims: bool = True, empty_is_noop: bool = True) -> ir.Value:
+        """``op_type`` (ReduceSum, ReduceMean, ...) over ``axes`` (None: all axes; []: ``x`` itself).
+        Axes known only at run time (a Value) that come out empty give ``x`` itself too, or with
+        ``empty_is_noop=False`` the reduction over all axes (ONNX's ``noop_with_empty_axes=0``)."""
         keep = int(keepdims)
         if axes is None:
             return self.op(op_type, x, keepdims=keep)
         if isinstance(axes, ir.Value):
             if not self.axes_as_input(op_type):
                 raise PassError(f"{op_type} with dynamic axes needs opset >= 13/18 (graph has {self.opset})")
-            return self.op(op_type, x, axes, keepdims=keep)
+            return self.op(op_type, x, axes, keepdims=keep, noop_with_empty_axes=int(empty_is_noop))
         return self._axes_op(op_type, x, axes, keepdims=keep)
 
     def split(self, x: ir.Value, sizes: Sequence[int], axis: int, count: int) -> tuple[ir.Value, ...]:

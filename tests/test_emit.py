@@ -49,3 +49,30 @@ def test_emitters_of_one_scope_name_their_nodes_apart():
     names = [node.name for node in graph] + [v.name for v in graph.outputs]
     assert len(names) == len(set(names)), names
     onnx.checker.check_model(ir.serde.serialize_model(ir.Model(graph, ir_version=10)), full_check=True)
+
+
+@pytest.mark.parametrize("op_type", ["ReduceSum", "ReduceMean", "ReduceMax"])
+@pytest.mark.parametrize("empty_is_noop", [True, False])
+def test_reduce_over_run_time_axes_that_come_out_empty(op_type, empty_is_noop):
+    """``Emitter.reduce`` over axes known only at run time: empty ones give ``x`` itself, as a
+    static ``[]`` does, or with ``empty_is_noop=False`` the reduction over all axes (ONNX's
+    default, ``noop_with_empty_axes=0``); non-empty ones reduce over them. On onnxruntime against
+    numpy."""
+    import onnxruntime as ort
+
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2, 3]))
+    axes = ir.Value(name="axes", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape(["K"]))
+    graph = ir.Graph([x, axes], [], nodes=[], name="g", opset_imports={"": 21})
+    flag = {} if empty_is_noop else {"empty_is_noop": False}  # the default: x itself
+    y = Emitter(graph, 21).reduce(op_type, x, axes, keepdims=True, **flag)
+    y.shape = ir.Shape([None, None])  # keepdims: rank 2, dims known at run time
+    graph.outputs.append(y)
+    proto = ir.serde.serialize_model(ir.Model(graph, ir_version=10))
+    onnx.checker.check_model(proto, full_check=True)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    xs = np.random.default_rng(0).normal(size=(2, 3)).astype(np.float32)
+    fn = {"ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": np.max}[op_type]
+    for over in ([], [1], [0, 1]):
+        want = xs if not over and empty_is_noop else fn(xs, axis=tuple(over) or None, keepdims=True)
+        got, = session.run(None, {"x": xs, "axes": np.array(over, np.int64)})
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=str(over))

@@ -322,6 +322,6 @@ class GradBuilder(Emitter):
         sx_padded = self.op("Concat", ones, sx, axis=0)
         mask = self.op("Not", self.op("Equal", sx_padded, sy))
         axes = self.op("Reshape", self.op("NonZero", mask), self.ints([-1]))
-        summed = self.op("ReduceSum", dx, axes, keepdims=1, noop_with_empty_axes=1)
+        summed = self.reduce("ReduceSum", dx, axes)
         return self.reshape_to(summed, sx)
 

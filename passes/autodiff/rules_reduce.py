@@ -84,9 +84,7 @@ def _select_reduced(g: GradBuilder, node: ir.Node, dy: ir.Value, axes) -> ir.Val
 def _reduce_kept(g: GradBuilder, node: ir.Node, op_type: str, x: ir.Value, axes) -> ir.Value:
     """``op_type`` over the node's ``axes`` with keepdims; axes known only at run time may be
     empty, which then means what the node's ``noop_with_empty_axes`` says."""
-    if isinstance(axes, ir.Value):
-        return g.op(op_type, x, axes, keepdims=1, noop_with_empty_axes=attr(node, "noop_with_empty_axes", 0))
-    return g.reduce(op_type, x, axes, keepdims=True)
+    return g.reduce(op_type, x, axes, keepdims=True, empty_is_noop=bool(attr(node, "noop_with_empty_axes", 0)))
 
 
 @grad_rule("ReduceMax", "ReduceMin")
