@@ -57,11 +57,11 @@ def _static_slice_pads(node: ir.Node) -> list[int] | None:
     if not is_static(shape) or len(node.inputs) < 3:
         return None
     starts, ends = folded_array(node.inputs[1]), folded_array(node.inputs[2])
-    axes = folded_array(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
-    steps = folded_array(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
-    if starts is None or ends is None or (len(node.inputs) > 3 and node.inputs[3] is not None and axes is None):
+    has_axes, axes = _constant_input(node, 3)
+    has_steps, steps = _constant_input(node, 4)
+    if starts is None or ends is None or (has_axes and axes is None):
         return None
-    if len(node.inputs) > 4 and node.inputs[4] is not None and (steps is None or np.any(steps != 1)):
+    if has_steps and (steps is None or np.any(steps != 1)):
         return None
     rank = len(shape)
     axes = range(len(starts)) if axes is None else [int(a) % rank for a in axes]
@@ -75,6 +75,26 @@ def _static_slice_pads(node: ir.Node) -> list[int] | None:
     return before + after
 
 
+def _constant_input(node: ir.Node, i: int) -> tuple[bool, np.ndarray | None]:
+    """(whether ``node`` is given its optional input ``i``, that input's value when a constant)."""
+    value = node.inputs[i] if len(node.inputs) > i else None
+    return value is not None, None if value is None else folded_array(value)
+
+
+def _scattered_back(g: GradBuilder, x: ir.Value, dy: ir.Value, read, add: bool) -> ir.Value:
+    """dx of an op whose output element k is x's element at ``read(positions)[k]``, ``read``
+    applied to x's flat positions (shaped as x): dy scattered into zeros of x's size, summed where
+    several read one element (``add``; opset >= 16), else each written once."""
+    shape = g.shape_of(x)
+    positions = g.reshape_to(g.op("Range", g.const(0, np.int64), g.op("Size", x), g.const(1, np.int64)), shape,
+                             static_shape(x))
+    zeros, index = g.flat_zeros_like(x, dy), g.op("Reshape", read(positions), g.ints([-1]))
+    flat_dy = g.op("Reshape", dy, g.ints([-1]))
+    flat = (g.scatter_elements(zeros, index, flat_dy, 0) if add
+            else g.op("ScatterElements", zeros, index, flat_dy, axis=0))
+    return g.reshape_to(flat, shape, static_shape(x))
+
+
 @grad_rule("Slice")
 def grad_slice(g, node, dy):
     # Scatter dy into zeros at the sliced positions: Pad when bounds are static with unit
@@ -84,14 +104,8 @@ def grad_slice(g, node, dy):
     pads = _static_slice_pads(node)
     if pads is not None:
         return (g.op("Pad", dy, g.ints(pads)),) + rest
-    size = g.op("Size", x)
-    shape = g.shape_of(x)
-    flat_index = g.reshape_to(g.op("Range", g.const(0, np.int64), size, g.const(1, np.int64)), shape,
-                              static_shape(x))
-    picked = g.op("Slice", flat_index, *node.inputs[1:])
-    flat = g.op("ScatterElements", g.flat_zeros_like(x, dy), g.op("Reshape", picked, g.ints([-1])),
-                g.op("Reshape", dy, g.ints([-1])), axis=0)
-    return (g.reshape_to(flat, shape, static_shape(x)),) + rest
+    dx = _scattered_back(g, x, dy, lambda positions: g.op("Slice", positions, *node.inputs[1:]), add=False)
+    return (dx,) + rest
 
 
 @grad_rule("Col2Im")
@@ -172,8 +186,7 @@ def grad_pad(g, node, dy):
         pads = np.asarray(attr(node, "pads"), np.int64) if attr(node, "pads") is not None else None
     else:
         pads = folded_array(node.inputs[1]) if len(node.inputs) > 1 else None
-    has_axes = len(node.inputs) > 3 and node.inputs[3] is not None
-    axes = folded_array(node.inputs[3]) if has_axes else None
+    has_axes, axes = _constant_input(node, 3)
     mode = attr(node, "mode", "constant")
     rank = g.rank(x)
     if pads is None or (has_axes and axes is None):
@@ -200,7 +213,7 @@ def _known_pads_grad(g: GradBuilder, node: ir.Node, dy: ir.Value, mode: str, axe
         return g.op("Slice", dy, g.ints(begin), ends, g.ints(axes))
     if mode == "constant":  # a crop too: the adjoint pads dy by the opposite amounts (any shape)
         g.require_opset(11, "Pad with negative pads")
-        has_axes = len(node.inputs) > 3 and node.inputs[3] is not None
+        has_axes, _ = _constant_input(node, 3)
         return g.op("Pad", dy, g.ints([-p for p in begin + end]), *([None, g.ints(axes)] if has_axes else []))
     shape = static_shape(x)
     if any(not isinstance(shape[a], int) for a, b, e in zip(axes, begin, end) if b or e):
@@ -213,14 +226,8 @@ def _pad_scattered(g: GradBuilder, node: ir.Node, dy: ir.Value) -> ir.Value:
     output element reads, and dy sums back into those (ScatterElements, add)."""
     g.require_opset(16, "ScatterElements with reduction='add' (a Pad's gradient with pads or sizes known at "
                         "run time only)")
-    x = node.inputs[0]
-    shape = g.shape_of(x)
-    positions = g.reshape_to(g.op("Range", g.const(0, np.int64), g.op("Size", x), g.const(1, np.int64)), shape,
-                             static_shape(x))
-    read = g.op("Pad", positions, node.inputs[1], None, *node.inputs[3:], mode=attr(node, "mode"))
-    flat = g.scatter_elements(g.flat_zeros_like(x, dy), g.op("Reshape", read, g.ints([-1])),
-                              g.op("Reshape", dy, g.ints([-1])), 0)
-    return g.reshape_to(flat, shape, static_shape(x))
+    return _scattered_back(g, node.inputs[0], dy, lambda positions: g.op(
+        "Pad", positions, node.inputs[1], None, *node.inputs[3:], mode=attr(node, "mode")), add=True)
 
 
 def _pad_matrices(shape, mode: str, axes, begin, end) -> dict[int, np.ndarray]:
