@@ -67,3 +67,21 @@ def test_gradient_with_symbolic_dims_runs_on_onnxruntime(name):
     proto = _grad_model(op, inputs, attrs, out_shape, np.float32, opset)
     want, got = run_numpy(proto, {"shape": SHAPE}), run_ort(proto, {"shape": SHAPE})
     np.testing.assert_allclose(got["w_grad"], want["w_grad"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["GatherND", "ScatterND"])
+def test_gradient_of_index_tuples_of_unknown_length_names_the_indices(op):
+    """GatherND's and a reducing ScatterND's rules need the length of the index tuples (the
+    indices' last dim) at build time; where it is symbolic the error names the op and the indices."""
+    f = onnx.TensorProto.FLOAT
+    inits = [onnx.numpy_helper.from_array(np.ones((3, 4), np.float32), "w")]
+    inputs = [helper.make_tensor_value_info("idx", onnx.TensorProto.INT64, [2, "K"])]
+    if op == "ScatterND":
+        inputs.append(helper.make_tensor_value_info("u", f, [2, 4]))
+    scatter = {"reduction": "mul"} if op == "ScatterND" else {}  # a reducing ScatterND reads the tuples back
+    nodes = [helper.make_node(op, ["w", "idx", *(["u"] if scatter else [])], ["y"], name="n", **scatter),
+             helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, op, inputs, [helper.make_tensor_value_info("loss", f, [])], initializer=inits)
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    with pytest.raises(graphc.GraphError, match=rf"{op} 'n' needs the length of its index tuples .*'idx'"):
+        gradient_model(model, "loss", ["w"])

@@ -13,10 +13,10 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
-from graphc.passes.autodiff.builder import attr, static_shape
+from graphc.passes.autodiff.builder import GradBuilder, attr, static_shape
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.scatters import merged_shape, non_negative, scatter_tuples
-from graphc.passes.values import const_array
+from graphc.passes.values import StaticShape, const_array
 
 ADD_SCATTER = "ScatterElements with reduction='add'"
 
@@ -85,15 +85,23 @@ def grad_gather_nd(g, node, dy):
     # batch_dims leading axes shared: ScatterND(zeros, idx, dy, "add") written race-free.
     data, idx = node.inputs
     g.require_opset(16, ADD_SCATTER)
-    sidx = static_shape(idx)
-    if sidx is None or not isinstance(sidx[-1], int):
-        raise GraphError(f"gradient of GatherND {node.name!r} needs the length of its index tuples (the last dim "
-                         f"of {idx.name!r}), got shape {sidx}")
-    g.rank(data)  # known, or a clear error
+    sidx = _tuples_shape(g, node)
     b = attr(node, "batch_dims", 0)
     if sidx[-1] == 0:  # empty tuples: each names all of data[B...], so dy sums over idx's M axes
         return g.reduce("ReduceSum", dy, list(range(b, len(sidx) - 1)), keepdims=False), None
     return scatter_tuples(g, g.zeros_like(data), idx, dy, b), None
+
+
+def _tuples_shape(g: GradBuilder, node: ir.Node) -> StaticShape:
+    """The static shape of a GatherND's or ScatterND's indices, whose last dim (the length of its
+    index tuples) must be known, as must the rank of its data; a GraphError naming them if not."""
+    data, idx = node.inputs[:2]
+    sidx = static_shape(idx)
+    if sidx is None or not isinstance(sidx[-1], int):
+        raise GraphError(f"gradient of {node.op_type} {node.name!r} needs the length of its index tuples (the last "
+                         f"dim of {idx.name!r}), got shape {sidx}")
+    g.rank(data)  # known, or a clear error
+    return sidx
 
 
 @grad_rule("ScatterElements", "ScatterND")
@@ -126,11 +134,7 @@ def _scatter_gather(g, node):
         axis = attr(node, "axis", 0)
         return (lambda target, values, reduction: g.scatter_elements(target, idx, values, axis, reduction),
                 lambda x: g.op("GatherElements", x, idx, axis=axis))
-    sidx = static_shape(idx)
-    if sidx is None or not isinstance(sidx[-1], int):
-        raise GraphError(f"gradient of ScatterND {node.name!r} needs the length of its index tuples (the last dim "
-                         f"of {idx.name!r}), got shape {sidx}")
-    g.rank(node.inputs[0])  # known, or a clear error
+    _tuples_shape(g, node)
     return (lambda target, values, reduction: scatter_tuples(g, target, idx, values, 0, reduction),
             lambda x: g.op("GatherND", x, idx))
 
