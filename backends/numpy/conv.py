@@ -187,11 +187,7 @@ def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape,
         best, arg = _max_and_index(xp, x.shape, kernel_shape, begin, strides, dilations,
                                    out_shape, storage_order)
         return best, arg
-    best = None
-    for kpos in _kernel_positions(kernel_shape):
-        window = xp[_window_slices(kpos, strides, dilations, out_shape)]
-        best = window.copy() if best is None else np.maximum(best, window, out=best)
-    return (best,)
+    return (_window_fold(np.maximum, xp, kernel_shape, strides, dilations, out_shape),)
 
 
 def _max_and_index(xp, shape, kernel_shape, begin, strides, dilations, out_shape, storage_order):
@@ -224,11 +220,12 @@ def _flat_index(kpos, like, shape, begin, strides, dilations, storage_order):
     return nc * math.prod(spatial) + flat
 
 
-def _window_sum(xp, kernel_shape, strides, dilations, out_shape):
+def _window_fold(ufunc, xp, kernel_shape, strides, dilations, out_shape):
+    """``ufunc`` (np.add, np.maximum) folded over each window of ``xp``: one strided view a kernel position."""
     total = None
     for kpos in _kernel_positions(kernel_shape):
         window = xp[_window_slices(kpos, strides, dilations, out_shape)]
-        total = window.copy() if total is None else np.add(total, window, out=total)
+        total = window.copy() if total is None else ufunc(total, window, out=total)
     return total
 
 
@@ -237,7 +234,7 @@ def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
                  kernel_shape, pads=None, strides=None):
     xp, begin, end, extra, out_shape, strides, dilations = _pool_setup(
         x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, 0)
-    total = _window_sum(xp, kernel_shape, strides, dilations, out_shape)
+    total = _window_fold(np.add, xp, kernel_shape, strides, dilations, out_shape)
     if not any(begin) and not any(end) and not any(extra):
         return ((total / math.prod(kernel_shape)).astype(x.dtype, copy=False),)
     # how many elements of each window count: the input, plus the pads (explicit or auto_pad's,
@@ -248,7 +245,7 @@ def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
         mask = _pad_spatial(mask, [0] * len(begin), extra, 0)
     else:
         mask = _pad_spatial(mask, begin, [e + ex for e, ex in zip(end, extra)], 0)
-    counts = _window_sum(mask, kernel_shape, strides, dilations, out_shape)
+    counts = _window_fold(np.add, mask, kernel_shape, strides, dilations, out_shape)
     return ((total / counts).astype(x.dtype, copy=False),)
 
 
@@ -257,7 +254,7 @@ def lp_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, 
             pads=None, strides=None):
     xp, _, _, _, out_shape, strides, dilations = _pool_setup(
         x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, 0)
-    total = _window_sum(np.abs(xp) ** p, kernel_shape, strides, dilations, out_shape)
+    total = _window_fold(np.add, np.abs(xp) ** p, kernel_shape, strides, dilations, out_shape)
     return ((total ** (1.0 / p)).astype(x.dtype, copy=False),)
 
 
