@@ -37,7 +37,7 @@ def _expand_back(g: GradBuilder, node: ir.Node, dy: ir.Value, axes) -> ir.Value:
         return dy
     if isinstance(axes, ir.Value):  # counted in the input's rank, as Unsqueeze's output has it
         return g.op("Unsqueeze", dy, axes)
-    if axes is None:  # reduced to a scalar, which broadcasts as it is
+    if axes is None:  # reduced to a scalar, which broadcasts as it is, or not reduced (noop)
         return dy
     return g.unsqueeze(dy, axes)
 
@@ -94,12 +94,9 @@ def grad_reduce_extreme(g, node, dy):
 
 @grad_rule("ReduceSumSquare")
 def grad_reduce_sum_square(g, node, dy):
-    axes, noop = _reduce_axes(g, node)
+    axes, _ = _reduce_axes(g, node)  # a noop still squares: dy * 2x (its axes None: dy as it is)
     x = node.inputs[0]
-    two_x = g.mul(x, g.scalar(2.0, x))
-    if noop:
-        return g.mul(dy, two_x), None
-    return g.mul(_expand_back(g, node, dy, axes), two_x), None
+    return g.mul(_expand_back(g, node, dy, axes), g.mul(x, g.scalar(2.0, x))), None
 
 
 @grad_rule("GlobalAveragePool")
@@ -175,10 +172,9 @@ def grad_log_softmax(g, node, dy):
 @grad_rule("ReduceL2")
 def grad_reduce_l2(g, node, dy):
     # dx = dy * x / y; 0 where y == 0 (PyTorch's norm backward gives 0 there rather than nan)
-    axes, noop = _reduce_axes(g, node)
+    axes, _ = _reduce_axes(g, node)  # a noop's axes are None: y and dy as they are
     x = node.inputs[0]
-    y = _expand_back(g, node, node.outputs[0], axes) if not noop else node.outputs[0]
-    dyk = _expand_back(g, node, dy, axes) if not noop else dy
+    y, dyk = _expand_back(g, node, node.outputs[0], axes), _expand_back(g, node, dy, axes)
     zero = g.scalar(0.0, y)
     safe = g.op("Where", g.op("Equal", y, zero), g.scalar(1.0, y), y)
     return g.op("Where", g.op("Equal", y, zero), zero, g.mul(dyk, g.div(x, safe))), None
@@ -188,8 +184,8 @@ def grad_reduce_l2(g, node, dy):
 def grad_reduce_l1(g, node, dy):
     # dx = dy * sign(x): 0 at x == 0, as PyTorch's norm backward (a rule: before opset 18 ONNX
     # gives ReduceL1 no function body to differentiate)
-    axes, noop = _reduce_axes(g, node)
-    return g.mul(dy if noop else _expand_back(g, node, dy, axes), g.op("Sign", node.inputs[0])), None
+    axes, _ = _reduce_axes(g, node)  # a noop's axes are None: dy as it is
+    return g.mul(_expand_back(g, node, dy, axes), g.op("Sign", node.inputs[0])), None
 
 
 @grad_rule("ReduceLogSum")
@@ -202,22 +198,20 @@ def grad_reduce_log_sum(g, node, dy):
 @grad_rule("ReduceLogSumExp")
 def grad_reduce_log_sum_exp(g, node, dy):
     # dx = dy * exp(x - y): the softmax over the reduced axes
-    axes, noop = _reduce_axes(g, node)
-    x = node.inputs[0]
-    if noop:
-        return dy, None
-    y = _expand_back(g, node, node.outputs[0], axes)
-    return g.mul(_expand_back(g, node, dy, axes), g.op("Exp", g.sub(x, y))), None
+    x, y = node.inputs[0], node.outputs[0]
+    return _unless_noop(g, node, dy, lambda axes: g.mul(
+        _expand_back(g, node, dy, axes), g.op("Exp", g.sub(x, _expand_back(g, node, y, axes)))))
 
 
 @grad_rule("ReduceProd")
 def grad_reduce_prod(g, node, dy):
-    # d x_i = dy * (product of the group's other elements), exact with zeros as well: with no
-    # zero in the group it is prod / x_i; with one zero, the zero gets the product of the
-    # nonzero elements and the rest 0; with two or more, every element gets 0
-    axes, noop = _reduce_axes(g, node)
-    if noop:
-        return dy, None
+    return _unless_noop(g, node, dy, lambda axes: _prod_backward(g, node, dy, axes))
+
+
+def _prod_backward(g: GradBuilder, node: ir.Node, dy: ir.Value, axes) -> ir.Value:
+    """d x_i = dy * (product of the group's other elements), exact with zeros as well: with no
+    zero in the group it is prod / x_i; with one zero, the zero gets the product of the nonzero
+    elements and the rest 0; with two or more, every element gets 0."""
     x = node.inputs[0]
     zero, one = g.scalar(0.0, x), g.scalar(1.0, x)
     is_zero = g.op("Equal", x, zero)
@@ -227,4 +221,4 @@ def grad_reduce_prod(g, node, dy):
     lone_zero = g.op("And", is_zero, g.op("Equal", zeros, one))
     others = g.op("Where", g.op("Equal", zeros, zero), g.div(nonzero_product, safe),
                   g.op("Where", lone_zero, g.op("Expand", nonzero_product, g.shape_of(x)), zero))
-    return g.mul(_expand_back(g, node, dy, axes), others), None
+    return g.mul(_expand_back(g, node, dy, axes), others)
