@@ -413,13 +413,15 @@ class _ResizePlan:
         """M_a, the [out_a, in_a] interpolation matrix of axis ``a`` (``axis_matrix``: the basis
         vectors ride on another axis, which a run with scale 1 there leaves unchanged in every
         mode), with extrapolation 0 (outside a tf_crop_and_resize box the output is a constant)."""
+        matrix = self._stretch_matrix(a) if self.policy == "stretch" else self._policy_matrix(a)
+        if matrix.shape[0] != self.sy[a]:
+            raise GraphError(f"gradient of {self.node.op_type} {self.node.name!r}: the interpolation along axis "
+                             f"{a} gives {matrix.shape[0]} elements, the model says {self.sy[a]}")
+        return matrix
+
+    def _stretch_matrix(self, a: int) -> np.ndarray:
+        """M_a without an aspect-ratio policy: a run of the node's own Resize along ``a``."""
         rank, n, out = self.rank, self.sx[a], self.sy[a]
-        if self.policy != "stretch":
-            matrix = self._policy_matrix(a)
-            if matrix.shape[0] != out:
-                raise GraphError(f"gradient of Resize {self.node.name!r}: the interpolation along axis {a} gives "
-                                 f"{matrix.shape[0]} elements, the model says {out}")
-            return matrix
         carrier = rank - 1 if a != rank - 1 else rank - 2
         scales = [1.0] * rank
         scales[a] = self.scales[a]
@@ -434,11 +436,7 @@ class _ResizePlan:
         else:
             extra = [np.array(roi), np.array(scales, np.float32)]
         attrs = node_attrs(self.node, drop=("axes", "keep_aspect_ratio_policy", "extrapolation_value"))
-        matrix = axis_matrix("Resize", attrs, rank, a, carrier, n, extra, self.g.opset)
-        if matrix.shape[0] != out:
-            raise GraphError(f"gradient of {self.node.op_type} {self.node.name!r}: the interpolation along axis "
-                             f"{a} gives {matrix.shape[0]} elements, the model says {out}")
-        return matrix
+        return axis_matrix("Resize", attrs, rank, a, carrier, n, extra, self.g.opset)
 
     def _policy_matrix(self, a: int) -> np.ndarray:
         """M_a under an aspect-ratio policy: the scale comes from the deciding axis, so the basis
