@@ -66,14 +66,20 @@ def promote_constant_weights(model: ir.Model) -> list[str]:
         out = node.outputs[0]
         if out.is_graph_output() or out.name in graph.initializers or settings_only(out):
             continue
-        name, out.name = out.name, f"{out.name}/constant"
-        value = ir.Value(name=name, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype),
-                         const_value=tensor)
-        out.replace_all_uses_with(value)
-        graph.remove(node, safe=True)
-        graph.register_initializer(value)
-        promoted.append(value.name)
+        promoted.append(_as_initializer(graph, node, tensor, "constant").name)
     return promoted
+
+
+def _as_initializer(graph: ir.Graph, node: ir.Node, tensor: ir.TensorProtocol, suffix: str) -> ir.Value:
+    """``node`` replaced by an initializer holding ``tensor``, under its output's name (the old
+    output renamed ``<name>/<suffix>``); returns that initializer."""
+    out = node.outputs[0]
+    value = ir.Value(name=out.name, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
+    out.name = f"{out.name}/{suffix}"
+    out.replace_all_uses_with(value)
+    graph.remove(node, safe=True)
+    graph.register_initializer(value)
+    return value
 
 
 # What torch.onnx records (evidence read by ``exporter_constants``). The dynamo exporter writes
@@ -150,13 +156,8 @@ def untie_merged_params(model: ir.Model) -> list[str]:
                 or not source.is_initializer() or source.is_graph_input() or source.const_value is None \
                 or not is_float(source) or out.name.startswith(_TORCHSCRIPT_FOLDED) or out.is_graph_output():
             continue
-        own = ir.Value(name=out.name, type=ir.TensorType(source.dtype), shape=ir.Shape(source.const_value.shape),
-                       const_value=ir.tensor(source.const_value.numpy().copy(), name=out.name))
-        out.name = f"{out.name}/merged"
-        out.replace_all_uses_with(own)
-        graph.remove(node, safe=True)
-        graph.register_initializer(own)
-        untied.append(own.name)
+        own = ir.tensor(source.const_value.numpy().copy(), dtype=source.dtype, name=out.name)
+        untied.append(_as_initializer(graph, node, own, "merged").name)
     return untied
 
 
