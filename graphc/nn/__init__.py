@@ -36,6 +36,7 @@ from graphc.nn.loss import (BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, Cro
                             HingeEmbeddingLoss, HuberLoss, KLDivLoss, L1Loss, MarginRankingLoss, MSELoss,
                             MultiLabelMarginLoss, MultiLabelSoftMarginLoss, MultiMarginLoss, NLLLoss, PoissonNLLLoss,
                             SmoothL1Loss, SoftMarginLoss, TripletMarginLoss, TripletMarginWithDistanceLoss)
+from graphc.nn.loss import CTCLoss
 from graphc.nn.module import Module, Parameter
 from graphc.nn.norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, RMSNorm
 from graphc.nn.padding import (CircularPad1d, CircularPad2d, CircularPad3d, ConstantPad1d, ConstantPad2d, ConstantPad3d,
@@ -97,4 +98,5 @@ __all__ = [
     "LocalResponseNorm", "LPPool1d", "LPPool2d", "LPPool3d", "MaxPool3d", "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d",
     "ChannelShuffle", "PixelUnshuffle", "Softmax2d", "Unflatten", "UpsamplingBilinear2d", "UpsamplingNearest2d",
     "AlphaDropout", "Dropout1d", "Dropout2d", "Dropout3d", "FeatureAlphaDropout",
+    "CTCLoss",
 ]

@@ -51,6 +51,7 @@ from graphc.nn.loss import (binary_cross_entropy, binary_cross_entropy_with_logi
                             margin_ranking_loss, mse_loss, multi_margin_loss, multilabel_margin_loss,
                             multilabel_soft_margin_loss, nll_loss, poisson_nll_loss, smooth_l1_loss,
                             soft_margin_loss, triplet_margin_loss, triplet_margin_with_distance_loss)
+from graphc.dsl.ctc import ctc_loss
 
 
 def softmax(input, dim: int = -1):  # noqa: A002 - torch's names
@@ -135,6 +136,7 @@ __all__ = [
     "swapdims", "take", "take_along_dim", "tensor_split", "unbind", "vsplit",
     "argwhere", "diagonal_scatter", "index_fill", "index_put", "masked_scatter", "masked_select", "nonzero",
     "scatter_add", "scatter_reduce", "select_scatter", "slice_scatter",
+    "ctc_loss",
 ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from graphc.dsl import losses, losses_margin
+from graphc.dsl.ctc import ctc_loss
 from graphc.dsl.losses_margin import margin_power, positive_margin
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
@@ -347,6 +348,18 @@ class TripletMarginWithDistanceLoss(_MarginLoss):
                                                           self.margin, self.swap, self.reduction)
 
 
+class CTCLoss(_Loss):
+    """``torch.nn.CTCLoss``; the formula is ``graphc/dsl/ctc.py``'s ``ctc_loss``."""
+
+    def __init__(self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False):
+        super().__init__(reduction=reduction)
+        self.blank, self.zero_infinity = blank, zero_infinity
+
+    def forward(self, log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths: Any) -> Tensor:
+        return ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank, self.reduction,
+                        self.zero_infinity)
+
+
 __all__ = [
     "BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss", "L1Loss", "MSELoss", "NLLLoss",
     "SmoothL1Loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "cross_entropy", "huber_loss",
@@ -356,4 +369,5 @@ __all__ = [
     "TripletMarginWithDistanceLoss", "cosine_embedding_loss", "gaussian_nll_loss", "hinge_embedding_loss",
     "margin_ranking_loss", "multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
     "poisson_nll_loss", "soft_margin_loss", "triplet_margin_loss", "triplet_margin_with_distance_loss",
+    "CTCLoss",
 ]
