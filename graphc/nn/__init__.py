@@ -25,6 +25,7 @@ from graphc.nn.layers import (
     Unflatten,
 )
 from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList, Sequential
+from graphc.nn.containers import ParameterDict
 from graphc.nn.distance import Bilinear, CosineSimilarity, PairwiseDistance
 from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from graphc.nn.dropout import AlphaDropout, Dropout1d, Dropout2d, Dropout3d, FeatureAlphaDropout
@@ -99,4 +100,5 @@ __all__ = [
     "ChannelShuffle", "PixelUnshuffle", "Softmax2d", "Unflatten", "UpsamplingBilinear2d", "UpsamplingNearest2d",
     "AlphaDropout", "Dropout1d", "Dropout2d", "Dropout3d", "FeatureAlphaDropout",
     "CTCLoss",
+    "ParameterDict",
 ]

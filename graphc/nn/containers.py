@@ -1,5 +1,5 @@
 """Containers with ``torch.nn``'s names, indexing and state_dict keys: ``Sequential``,
-``ModuleList``, ``ModuleDict``, ``ParameterList``; and ``Identity``.
+``ModuleList``, ``ModuleDict``, ``ParameterList``, ``ParameterDict``; and ``Identity``.
 
 Entries register as sub-modules (or parameters) named ``"0"``, ``"1"``, ... or by their keys, so
 ``layers.0.weight`` is the key PyTorch uses for the same tree.
@@ -98,7 +98,71 @@ class Sequential(_ModuleSequence):
         return x
 
 
-class ModuleDict(Module):
+class _Dict(Module):
+    """Entries by key, in insertion order, with ``dict``'s methods; ``_store`` names the
+    registry they live in (``_modules`` or ``_parameters``); a key set again keeps its place."""
+
+    _store = "_modules"
+
+    def _entries(self) -> dict:
+        return self.__dict__[self._store]
+
+    def _entry(self, value: Any) -> Any:
+        return value
+
+    def __len__(self) -> int:
+        return len(self._entries())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._entries()))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries()
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._entries():
+            raise KeyError(key)
+        return Module.__getattr__(self, key)  # a parameter is its Tensor inside capture
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        value = self._entry(value)
+        if key in self._entries():
+            self._entries()[key] = value
+        else:
+            self.__setattr__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        del self._entries()[key]
+
+    def keys(self):
+        return self._entries().keys()
+
+    def values(self) -> list[Any]:
+        return [self[k] for k in self]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, self[k]) for k in self]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+    def pop(self, key: str) -> Any:
+        value = self[key]
+        del self[key]
+        return value
+
+    def clear(self) -> None:
+        self._entries().clear()
+
+    def _pairs(self, entries: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> Iterable[tuple[Any, Any]]:
+        return entries.items() if isinstance(entries, Mapping) else entries
+
+    def update(self, entries: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        for key, value in self._pairs(entries):
+            self[str(key)] = value
+
+
+class ModuleDict(_Dict):
     """Sub-modules by name (insertion order), with ``dict``'s methods."""
 
     def __init__(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]] | None = None):
@@ -106,39 +170,33 @@ class ModuleDict(Module):
         if modules is not None:
             self.update(modules)
 
-    def __len__(self) -> int:
-        return len(self._modules)
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(self._modules))
+class ParameterDict(_Dict):
+    """Parameters by name, with ``dict``'s methods, as ``torch.nn.ParameterDict``: arrays are
+    wrapped in ``Parameter``s; ``pdict[key]`` inside capture is the Tensor, and the initializer is
+    named ``<path>.<key>`` as PyTorch's ``state_dict`` key. A plain ``dict`` given to ``update``
+    (or the constructor) is taken in sorted key order, as torch does; an ``OrderedDict``, a
+    ``ParameterDict`` or pairs in their own order."""
 
-    def __contains__(self, key: str) -> bool:
-        return key in self._modules
+    _store = "_parameters"
 
-    def __getitem__(self, key: str) -> Module:
-        return self._modules[key]
+    def __init__(self, parameters: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None):
+        super().__init__()
+        if parameters is not None:
+            self.update(parameters)
 
-    def __setitem__(self, key: str, module: Module) -> None:
-        self.add_module(key, module)
+    def _entry(self, value: Any) -> Parameter:
+        return value if isinstance(value, Parameter) else Parameter(value)
 
-    def __delitem__(self, key: str) -> None:
-        del self._modules[key]
+    def _pairs(self, entries: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> Iterable[tuple[Any, Any]]:
+        if isinstance(entries, Mapping) and not isinstance(entries, (OrderedDict, ParameterDict)):
+            return sorted(entries.items())
+        return super()._pairs(entries)
 
-    def keys(self):
-        return self._modules.keys()
-
-    def values(self):
-        return self._modules.values()
-
-    def items(self):
-        return self._modules.items()
-
-    def pop(self, key: str) -> Module:
-        return self._modules.pop(key)
-
-    def update(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]]) -> None:
-        for key, m in (modules.items() if isinstance(modules, Mapping) else modules):
-            self.add_module(str(key), m)
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
 
 
 class ParameterList(Module):
@@ -178,4 +236,4 @@ class Identity(Module):
         return x
 
 
-__all__ = ["Identity", "ModuleDict", "ModuleList", "ParameterList", "Sequential"]
+__all__ = ["Identity", "ModuleDict", "ModuleList", "ParameterDict", "ParameterList", "Sequential"]

@@ -264,7 +264,8 @@ def _refuse_plain_container(owner: Module, name: str, value: Any) -> None:
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
     kinds = {type(v).__name__ for v in items if isinstance(v, (Module, Parameter))}
     if kinds:
-        fix = "ParameterList" if kinds == {"Parameter"} else "ModuleDict" if isinstance(value, dict) else "ModuleList"
+        kind = "Parameter" if kinds == {"Parameter"} else "Module"
+        fix = kind + ("Dict" if isinstance(value, dict) else "List")
         raise CaptureError(f"{type(owner).__name__}.{name} is a plain {type(value).__name__} holding "
                          f"{', '.join(sorted(kinds))}; it would not be registered (not in state_dict(), not "
                          f"trained, named by class at capture). Use gc.nn.{fix}(...) (at {user_source()})")
