@@ -4,6 +4,7 @@ from graphc.nn import functional, init
 from graphc.nn.activation import (CELU, ELU, GLU, SELU, Hardshrink, Hardsigmoid, Hardswish, Hardtanh, LeakyReLU,
                                   LogSigmoid, LogSoftmax, Mish, PReLU, ReLU6, RReLU, SiLU, Softmax2d, Softmin,
                                   Softplus, Softshrink, Softsign, Tanhshrink, Threshold)
+from graphc.nn.adaptive import AdaptiveLogSoftmaxWithLoss
 from graphc.nn.attention import MultiheadAttention
 from graphc.nn.layers import (
     GELU,
@@ -101,4 +102,5 @@ __all__ = [
     "AlphaDropout", "Dropout1d", "Dropout2d", "Dropout3d", "FeatureAlphaDropout",
     "CTCLoss",
     "ParameterDict",
+    "AdaptiveLogSoftmaxWithLoss",
 ]
