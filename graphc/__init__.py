@@ -66,6 +66,10 @@ _RESHAPE_OPS = ("unbind tensor_split hsplit vsplit dsplit split_with_sizes squee
                 "take_along_dim take numel is_floating_point").split()
 _SCATTER_OPS = ("scatter_add scatter_reduce index_fill index_put select_scatter slice_scatter diagonal_scatter "
                 "masked_scatter masked_select nonzero argwhere").split()
+_BINARY_OPS = ("add sub subtract mul multiply div divide true_divide floor_divide atan2 arctan2 hypot xlogy lerp "
+               "addcmul addcdiv copysign fmax fmin float_power heaviside logaddexp2 isclose allclose equal eq ne "
+               "not_equal lt less le less_equal gt greater ge greater_equal bitwise_and bitwise_or bitwise_xor "
+               "bitwise_not bitwise_left_shift bitwise_right_shift gcd lcm").split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -83,6 +87,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_stats", op) for op in _STATS_OPS},
     **{op: ("graphc.dsl.ops_reshape", op) for op in _RESHAPE_OPS},
     **{op: ("graphc.dsl.ops_scatter", op) for op in _SCATTER_OPS},
+    **{op: ("graphc.dsl.ops_binary", op) for op in _BINARY_OPS},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import ops, ops_divide, ops_order
+from graphc.dsl import ops, ops_binary, ops_divide, ops_order
 from graphc.dsl.builder import user_source
 from graphc.dsl.indexing import getitem
 from graphc.dsl.tensor import Tensor
@@ -74,7 +74,8 @@ _UFUNC_OPERATORS = {
     "matmul": ("__matmul__", "__rmatmul__"), "less": ("__lt__", "__gt__"), "less_equal": ("__le__", "__ge__"),
     "greater": ("__gt__", "__lt__"), "greater_equal": ("__ge__", "__le__"), "equal": ("__eq__", "__eq__"),
     "not_equal": ("__ne__", "__ne__"), "bitwise_and": ("__and__", "__and__"), "bitwise_or": ("__or__", "__or__"),
-    "bitwise_xor": ("__xor__", "__xor__"), "negative": ("__neg__",), "positive": ("__pos__",),
+    "bitwise_xor": ("__xor__", "__xor__"), "left_shift": ("__lshift__", "__rlshift__"),
+    "right_shift": ("__rshift__", "__rrshift__"), "negative": ("__neg__",), "positive": ("__pos__",),
     "absolute": ("__abs__",), "invert": ("__invert__",),
 }
 # numpy names whose graphc function or Tensor method is spelled differently
@@ -129,8 +130,12 @@ METHODS = {
     "__gt__": lambda a, b: ops.binary("Greater", a, b), "__ge__": lambda a, b: ops.binary("GreaterOrEqual", a, b),
     "__eq__": lambda a, b: ops.binary("Equal", a, b),
     "__ne__": lambda a, b: ops.unary("Not", ops.binary("Equal", a, b)),
-    "__invert__": lambda a: ops.unary("Not", a), "__and__": lambda a, b: ops.binary("And", a, b),
-    "__or__": lambda a, b: ops.binary("Or", a, b), "__xor__": lambda a, b: ops.binary("Xor", a, b),
+    "__invert__": ops_binary.bitwise_not,
+    "__and__": ops_binary.bitwise_and, "__rand__": lambda a, b: ops_binary.bitwise_and(b, a),
+    "__or__": ops_binary.bitwise_or, "__ror__": lambda a, b: ops_binary.bitwise_or(b, a),
+    "__xor__": ops_binary.bitwise_xor, "__rxor__": lambda a, b: ops_binary.bitwise_xor(b, a),
+    "__lshift__": ops_binary.bitwise_left_shift, "__rlshift__": lambda a, b: ops_binary.bitwise_left_shift(b, a),
+    "__rshift__": ops_binary.bitwise_right_shift, "__rrshift__": lambda a, b: ops_binary.bitwise_right_shift(b, a),
     "__getitem__": getitem,
     "__array_ufunc__": _array_ufunc, "__array_function__": _array_function,
     "T": property(lambda a: ops.transpose(a)),

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from graphc.dsl import (ops, ops_array, ops_divide, ops_linalg, ops_math, ops_order, ops_reshape, ops_scatter,
-                        ops_stats, ops_views)
+from graphc.dsl import (ops, ops_array, ops_binary, ops_divide, ops_linalg, ops_math, ops_order, ops_reshape,
+                        ops_scatter, ops_stats, ops_views)
 from graphc.dsl.builder import user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
@@ -152,6 +152,8 @@ METHODS = {
     "to": _to, "type": _type, "ndimension": lambda a: a.ndim, "nelement": ops_reshape.numel,
     "element_size": lambda a: a.dtype.numpy.itemsize, "is_floating_point": ops_reshape.is_floating_point,
     "is_complex": lambda a: False,
+    # elementwise functions of two or three Tensors, comparisons and bitwise ops (ops_binary)
+    **{name: getattr(ops_binary, name) for name in ops_binary.__all__},
 }
 
 for _name, _method in METHODS.items():

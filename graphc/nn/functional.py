@@ -46,6 +46,11 @@ from graphc.dsl.ops_reshape import (atleast_1d, atleast_2d, atleast_3d, broadcas
 from graphc.dsl.ops_scatter import (argwhere, diagonal_scatter, index_fill, index_put, masked_scatter, masked_select,
                                    nonzero, scatter_add, scatter_reduce, select_scatter, slice_scatter)
 from graphc.dsl.ops_nn import avg_pool2d, batch_norm, conv2d, dropout, embedding, layer_norm, linear, max_pool2d
+from graphc.dsl.ops_binary import (add, addcdiv, addcmul, allclose, arctan2, atan2, bitwise_and, bitwise_left_shift,
+                                   bitwise_not, bitwise_or, bitwise_right_shift, bitwise_xor, copysign, div, divide,
+                                   eq, equal, float_power, floor_divide, fmax, fmin, gcd, ge, greater, greater_equal,
+                                   gt, heaviside, hypot, isclose, lcm, le, lerp, less, less_equal, logaddexp2, lt,
+                                   mul, multiply, ne, not_equal, sub, subtract, true_divide, xlogy)
 from graphc.nn.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cosine_embedding_loss,
                             cross_entropy, gaussian_nll_loss, hinge_embedding_loss, huber_loss, kl_div, l1_loss,
                             margin_ranking_loss, mse_loss, multi_margin_loss, multilabel_margin_loss,
@@ -137,6 +142,11 @@ __all__ = [
     "argwhere", "diagonal_scatter", "index_fill", "index_put", "masked_scatter", "masked_select", "nonzero",
     "scatter_add", "scatter_reduce", "select_scatter", "slice_scatter",
     "ctc_loss",
+    "add", "addcdiv", "addcmul", "allclose", "arctan2", "atan2", "bitwise_and", "bitwise_left_shift", "bitwise_not",
+    "bitwise_or", "bitwise_right_shift", "bitwise_xor", "copysign", "div", "divide", "eq", "equal", "float_power",
+    "floor_divide", "fmax", "fmin", "gcd", "ge", "greater", "greater_equal", "gt", "heaviside", "hypot", "isclose",
+    "lcm", "le", "lerp", "less", "less_equal", "logaddexp2", "lt", "mul", "multiply", "ne", "not_equal", "sub",
+    "subtract", "true_divide", "xlogy",
 ]
 
 
