@@ -28,8 +28,10 @@ D = (np.sign(Y) * (np.abs(Y) + 0.5)).astype(np.float32)  # divisors away from 0
 W = R.random((3, 4)).astype(np.float32)
 NAN, INF = np.nan, np.inf
 # both signs of zero, nan, infinities and ties, against every kind of other value
-SA = np.array([0.0, -0.0, 0.0, 1.0, -1.0, 2.0, NAN, 3.0, INF, -INF, 0.0, -2.0], np.float32)
-SB = np.array([0.0, 0.0, -1.0, -0.0, 0.0, 2.0, 1.0, NAN, 1.0, 2.0, NAN, -3.0], np.float32)
+SA = np.array([0.0, -0.0, 0.0, 1.0, -1.0, 2.0, NAN, 3.0, INF, -INF, 0.0, -2.0, -0.0, -0.0, 0.0, INF, -INF, INF, NAN,
+               -0.0, 2e38, -INF], np.float32)
+SB = np.array([0.0, 0.0, -1.0, -0.0, 0.0, 2.0, 1.0, NAN, 1.0, 2.0, NAN, -3.0, -1.0, -0.0, -0.0, INF, -INF, NAN, INF,
+               1.0, 2e38, -1.0], np.float32)
 WITH_TIES = X.copy()
 WITH_TIES[0, 1] = Y[0, 1]
 WITH_NAN = X.copy()
@@ -138,6 +140,8 @@ def test_output_and_gradients_match_torch(name, fn, params, inputs):
     onnx.checker.check_model(model.proto, full_check=True)
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    signed = ~np.isnan(want) if want.dtype.kind == "f" else np.ones(want.shape, bool)
+    np.testing.assert_array_equal(np.signbit(got[signed]), np.signbit(want[signed]), err_msg="signs (of zeros)")
     if want.dtype.kind != "f" or not params:
         return
     c = R.standard_normal(want.shape).astype(want.dtype)

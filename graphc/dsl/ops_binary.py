@@ -121,23 +121,29 @@ def _to_float_pair(fn: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:
 
 
 def atan2(input: Any, other: Any) -> Tensor:  # noqa: A002
-    """The angle of the point ``(other, input)``, in ``[-pi, pi]``; integers become float32. Where
-    ``|other| >= |input|`` it is ``atan(input / other)`` moved by pi when ``other < 0``, else
-    ``sign(input) pi/2 - atan(other / input)``, so no division is by 0 and the gradient is torch's
-    (a signed zero ``input`` counts as +0)."""
+    """The angle of the point ``(other, input)``, in ``[-pi, pi]``, signed zeros and infinities as
+    torch's; integers become float32. Where ``|other| >= |input|`` it is ``atan(input / other)``,
+    turned by pi when ``other``'s sign bit is set, else ``sign(input) pi/2 - atan(other / input)``,
+    so no division is by 0 and the gradient is torch's."""
     y, x = _to_float_pair("atan2", input, other)
-    one, zero = scalar(1, x), scalar(0, x)
+    one = scalar(1, x)
     by_x = abs_(x) >= abs_(y)
-    near = unary("Atan", y / where(by_x, x, one))
-    near = near + where(x < zero, where(y < zero, scalar(-math.pi, x), scalar(math.pi, x)), zero)
+    near = unary("Atan", y / where(by_x & (x != scalar(0, x)), x, one))  # x == 0 here means y == 0
+    near = where(_sign_bit(x), near + where(_sign_bit(y), scalar(-math.pi, x), scalar(math.pi, x)), near)
     far = unary("Sign", y) * scalar(math.pi / 2, x) - unary("Atan", x / where(by_x, one, y))
-    return where(by_x & (x != zero), near, where(by_x, zero, far))
+    corner = unary("Sign", y) * where(_sign_bit(x), scalar(3 * math.pi / 4, x), scalar(math.pi / 4, x))
+    return where(unary("IsInf", x) & unary("IsInf", y), corner, where(by_x, near, far))
 
 
 def hypot(input: Any, other: Any) -> Tensor:  # noqa: A002
-    """``sqrt(input**2 + other**2)``; float Tensors only, as torch."""
+    """``sqrt(input**2 + other**2)`` without overflow, as C's ``hypot``: ``m sqrt(1 + (n / m)**2)``
+    with ``m``, ``n`` the larger and smaller magnitude; infinite where either is (even with a nan).
+    Float Tensors only, as torch."""
     a, b = _float_pair("hypot", input, other)
-    return sqrt(a * a + b * b)
+    big, small = maximum(abs_(a), abs_(b)), minimum(abs_(a), abs_(b))
+    ratio = small / where(big == scalar(0, big), scalar(1, big), big)
+    length = where(isnan(a) | isnan(b), a + b, big * sqrt(scalar(1, a) + ratio * ratio))
+    return where(unary("IsInf", a) | unary("IsInf", b), scalar(math.inf, a), length)
 
 
 def xlogy(input: Any, other: Any) -> Tensor:  # noqa: A002
@@ -152,9 +158,13 @@ def copysign(input: Any, other: Any) -> Tensor:  # noqa: A002
     """``|input|`` with the sign of ``other`` (-0.0 counts as negative, as torch); integers become
     float32. The gradient to ``input`` is the sign change (0 at 0), none to ``other``, as torch's."""
     a, b = _to_float_pair("copysign", input, other)
-    zero = scalar(0, b)
-    negative = (b < zero) | ((b == zero) & (unary("Reciprocal", b) < zero))
-    return where(negative, -abs_(a), abs_(a))
+    return where(_sign_bit(b), -abs_(a), abs_(a))
+
+
+def _sign_bit(t: Tensor) -> Tensor:
+    """Where ``t`` is negative, -0.0 included (``1 / -0.0`` is -inf); nan counts as positive."""
+    zero = scalar(0, t)
+    return (t < zero) | ((t == zero) & (unary("Reciprocal", t) < zero))
 
 
 def fmax(input: Any, other: Any) -> Tensor:  # noqa: A002
