@@ -52,6 +52,8 @@ CASES = [
     ("add_alpha", lambda M, x, y: M.add(x, y, alpha=2.5) + x.add(y[0]) + M.add(x, 1.5), (X, Y), {}),
     ("sub_alpha", lambda M, x, y: M.sub(x, y, alpha=-0.5) * x.subtract(y, alpha=2) - M.subtract(x, 3), (X, Y), {}),
     ("add_int_alpha", lambda M, i, j: M.add(i, j, alpha=3) - i.sub(j, alpha=-2), (), {"i": I, "j": J}),
+    ("add_mul_bool", lambda M, a, b: M.stack([M.add(a, b), a.mul(b), M.multiply(a, True), a.add(False)]), (),
+     {"a": B1, "b": B2}),
     ("mul", lambda M, x, y: M.mul(x, y[:, :1]) + x.multiply(2.0) * M.multiply(y, x), (X, Y), {}),
     ("div", lambda M, x, d: M.div(x, d) + x.divide(d[0]) + M.true_divide(x, 3.0) + x.true_divide(d), (X, D), {}),
     ("div_rounding", lambda M, x, d: M.div(x * 5, d, rounding_mode="trunc") + x.div(d, rounding_mode="floor")
@@ -191,6 +193,7 @@ def test_allclose_and_equal_give_bool_scalar_tensors():
 @pytest.mark.parametrize("call,message", [
     (lambda x, i: gc.add(i, i, alpha=0.5), "add: alpha=0.5 is not an integer, and the Tensors are int64"),
     (lambda x, i: gc.sub(x, x, alpha=x), "sub alpha= takes a Python number, got Tensor"),
+    (lambda x, i: gc.sub(x > 0, x < 0), "sub of bool Tensors is not defined"),
     (lambda x, i: gc.div(x, x, rounding_mode="round"), "div rounding_mode='round'; expected None, 'trunc' or 'floor'"),
     (lambda x, i: gc.addcdiv(x, i, i), "addcdiv takes float tensor1 and tensor2"),
     (lambda x, i: gc.hypot(i, i), "hypot takes float Tensors, got int64 and int64"),

@@ -39,20 +39,28 @@ def _scaled(t: Tensor, factor: Any, arg: str, fn: str) -> Tensor:
 
 
 def add(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:  # noqa: A002 - torch's names
-    """``input + alpha * other``. Signature: ai.onnx@14::Add"""
+    """``input + alpha * other``; on bool Tensors their logical or, as torch. Signature: ai.onnx@14::Add"""
     a, b = operand_pair(input, other)
+    if a.dtype == "bool" and b.dtype == "bool" and isinstance(alpha, int) and alpha == 1:
+        return emit("Or", [a, b])
     return binary("Add", a, _scaled(b, alpha, "alpha", "add"))
 
 
 def sub(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:  # noqa: A002
-    """``input - alpha * other``. Signature: ai.onnx@14::Sub"""
+    """``input - alpha * other``; bool Tensors are refused, as torch. Signature: ai.onnx@14::Sub"""
     a, b = operand_pair(input, other)
+    if a.dtype == "bool":
+        raise op_error("Sub", [a, b], "sub of bool Tensors is not defined (as in torch); use gc.bitwise_xor or "
+                       "gc.logical_xor", user_source())
     return binary("Sub", a, _scaled(b, alpha, "alpha", "sub"))
 
 
 def mul(input: Any, other: Any) -> Tensor:  # noqa: A002
-    """``input * other``. Signature: ai.onnx@14::Mul"""
-    return binary("Mul", input, other)
+    """``input * other``; on bool Tensors their logical and, as torch. Signature: ai.onnx@14::Mul"""
+    a, b = operand_pair(input, other)
+    if a.dtype == "bool" and b.dtype == "bool":
+        return emit("And", [a, b])
+    return binary("Mul", a, b)
 
 
 def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor:  # noqa: A002
