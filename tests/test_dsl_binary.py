@@ -218,3 +218,22 @@ def test_integer_bitwise_ops_need_opset_18():
         gc.capture(lambda i: i & i, i=gc.spec("int64", [3]), opset=17)
     model = gc.capture(lambda b: b & ~b, b=gc.spec("bool", [3]), opset=17)  # bools: And, Not, from opset 1
     onnx.checker.check_model(model.proto, full_check=True)
+
+
+def test_symbolic_batch_dims():
+    """Euclid's Loop, the shifts and atan2 on a symbolic batch dim: one graph at two batch sizes, against numpy."""
+    def fn(i, j, x):
+        return {"gcd": gc.gcd(i, j), "lcm": i.lcm(j), "shl": i << (j & 7), "shr": i >> (j & 7),
+                "atan2": gc.atan2(x, x[:1] - 0.5), "same": gc.equal(i, i)}
+    model = gc.capture(fn, i=gc.spec("int64", ("N", 3)), j=gc.spec("int64", ("N", 3)), x=gc.spec("float32", ("N", 3)))
+    onnx.checker.check_model(model.proto, full_check=True)
+    assert all(tuple(o.shape) == ("N", 3) for o in model.outputs if o.name in ("gcd", "lcm", "shl", "shr"))
+    rng = np.random.default_rng(3)
+    for n in (1, 4):
+        i, j = (rng.integers(-1000, 1000, (n, 3)) for _ in range(2))
+        x = rng.standard_normal((n, 3)).astype(np.float32)
+        out = run_both(model, {"i": i, "j": j, "x": x})
+        want = {"gcd": np.gcd(i, j), "lcm": np.lcm(i, j), "shl": i << (j & 7), "shr": i >> (j & 7),
+                "atan2": np.arctan2(x, x[:1] - 0.5), "same": np.asarray(True)}
+        for k, v in want.items():
+            np.testing.assert_allclose(out[k], v, rtol=1e-6, err_msg=f"{k} at N={n}")
