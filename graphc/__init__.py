@@ -70,6 +70,9 @@ _BINARY_OPS = ("add sub subtract mul multiply div divide true_divide floor_divid
                "addcmul addcdiv copysign fmax fmin float_power heaviside logaddexp2 isclose allclose equal eq ne "
                "not_equal lt less le less_equal gt greater ge greater_equal bitwise_and bitwise_or bitwise_xor "
                "bitwise_not bitwise_left_shift bitwise_right_shift gcd lcm").split()
+_ELEMENTWISE_OPS = ("tan sinh cosh asin acos atan asinh acosh atanh arcsin arccos arctan arcsinh arccosh arctanh "
+                    "log1p expm1 log2 log10 exp2 erfc sinc logit deg2rad rad2deg sgn signbit positive negative "
+                    "absolute fix isneginf isposinf isreal clamp_min clamp_max").split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -88,6 +91,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_reshape", op) for op in _RESHAPE_OPS},
     **{op: ("graphc.dsl.ops_scatter", op) for op in _SCATTER_OPS},
     **{op: ("graphc.dsl.ops_binary", op) for op in _BINARY_OPS},
+    **{op: ("graphc.dsl.ops_elementwise", op) for op in _ELEMENTWISE_OPS},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

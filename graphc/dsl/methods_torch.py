@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from graphc.dsl import (ops, ops_array, ops_binary, ops_divide, ops_linalg, ops_math, ops_order, ops_reshape,
-                        ops_scatter, ops_stats, ops_views)
+from graphc.dsl import (ops, ops_array, ops_binary, ops_divide, ops_elementwise, ops_layers, ops_linalg, ops_math,
+                        ops_order, ops_reshape, ops_scatter, ops_stats, ops_views)
 from graphc.dsl.builder import user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
@@ -154,6 +154,9 @@ METHODS = {
     "is_complex": lambda a: False,
     # elementwise functions of two or three Tensors, comparisons and bitwise ops (ops_binary)
     **{name: getattr(ops_binary, name) for name in ops_binary.__all__},
+    # one-input elementwise math (ops_elementwise)
+    **{name: getattr(ops_elementwise, name) for name in ops_elementwise.__all__},
+    "hardshrink": ops_layers.hardshrink,
 }
 
 for _name, _method in METHODS.items():

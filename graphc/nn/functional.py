@@ -57,6 +57,10 @@ from graphc.nn.loss import (binary_cross_entropy, binary_cross_entropy_with_logi
                             multilabel_soft_margin_loss, nll_loss, poisson_nll_loss, smooth_l1_loss,
                             soft_margin_loss, triplet_margin_loss, triplet_margin_with_distance_loss)
 from graphc.dsl.ctc import ctc_loss
+from graphc.dsl.ops_elementwise import (absolute, acos, acosh, arccos, arccosh, arcsin, arcsinh, arctan, arctanh,
+                                        asin, asinh, atan, atanh, clamp_max, clamp_min, cosh, deg2rad, erfc, exp2,
+                                        expm1, fix, isneginf, isposinf, isreal, log1p, log2, log10, logit, negative,
+                                        positive, rad2deg, sgn, signbit, sinc, sinh, tan)
 
 
 def softmax(input, dim: int = -1):  # noqa: A002 - torch's names
@@ -147,6 +151,10 @@ __all__ = [
     "floor_divide", "fmax", "fmin", "gcd", "ge", "greater", "greater_equal", "gt", "heaviside", "hypot", "isclose",
     "lcm", "le", "lerp", "less", "less_equal", "logaddexp2", "lt", "mul", "multiply", "ne", "not_equal", "sub",
     "subtract", "true_divide", "xlogy",
+    "absolute", "acos", "acosh", "arccos", "arccosh", "arcsin", "arcsinh", "arctan", "arctanh", "asin", "asinh",
+    "atan", "atanh", "clamp_max", "clamp_min", "cosh", "deg2rad", "erfc", "exp2", "expm1", "fix", "isneginf",
+    "isposinf", "isreal", "log10", "log1p", "log2", "logit", "negative", "positive", "rad2deg", "sgn", "signbit",
+    "sinc", "sinh", "tan",
 ]
 
 
