@@ -219,9 +219,23 @@ def test_every_function_captures_at_the_opset_range_ends(opset):
     np.testing.assert_allclose(out["log1p_15"], np.log1p(X), rtol=1e-6)
 
 
+UFUNCS = ["tan", "sinh", "cosh", "arcsin", "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "log1p", "expm1",
+          "log2", "log10", "exp2", "deg2rad", "rad2deg", "signbit"]
+
+
+@pytest.mark.parametrize("ufunc", [*UFUNCS, "radians", "degrees"])
+def test_numpy_ufuncs_build_the_methods_nodes(ufunc):
+    method = {"radians": "deg2rad", "degrees": "rad2deg"}.get(ufunc, ufunc)
+    spec = gc.spec("float32", ("N", 3))
+    ops = [[n.op_type for n in gc.capture(fn, x=spec).proto.graph.node]
+           for fn in (lambda x: getattr(np, ufunc)(x), lambda x: getattr(x, method)())]
+    assert ops[0] == ops[1]
+
+
 @pytest.mark.parametrize("call,message", [
     (lambda x: gc.logit(x, eps="small"), r"logit eps='small'; expected a number or None"),
     (lambda x: gc.positive(x > 0), r"positive \(\+x\) on a bool Tensor bool\[N,3\] is not supported"),
+    (lambda x: np.sinc(x), r"np\.sinc cannot run on traced value .*use gc\.sinc\(\.\.\.\) instead"),
 ])
 def test_bad_arguments_name_the_problem(call, message):
     with pytest.raises(gc.GraphError, match=message) as err:

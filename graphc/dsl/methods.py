@@ -64,7 +64,7 @@ def _softmax_method(softmax: Any) -> Any:
     return lambda self, axis=-1, *, dim=None: softmax(self, axis if dim is None else dim)
 
 
-# numpy ufuncs that are Python operators on a Tensor: (method, reflected method), so
+# numpy ufuncs that are Python operators or methods on a Tensor: (method, reflected method), so
 # ``np_array + t`` and ``np.add(np_array, t)`` build the same node as ``t.__radd__(np_array)``.
 _UFUNC_OPERATORS = {
     "add": ("__add__", "__radd__"), "subtract": ("__sub__", "__rsub__"), "multiply": ("__mul__", "__rmul__"),
@@ -77,6 +77,11 @@ _UFUNC_OPERATORS = {
     "bitwise_xor": ("__xor__", "__xor__"), "left_shift": ("__lshift__", "__rlshift__"),
     "right_shift": ("__rshift__", "__rrshift__"), "negative": ("__neg__",), "positive": ("__pos__",),
     "absolute": ("__abs__",), "invert": ("__invert__",),
+    # one-input math ufuncs: the Tensor method of the same name (or torch's, for radians and degrees)
+    **{name: (name,) for name in ("tan", "sinh", "cosh", "arcsin", "arccos", "arctan", "arcsinh", "arccosh",
+                                  "arctanh", "log1p", "expm1", "log2", "log10", "exp2", "deg2rad", "rad2deg",
+                                  "signbit")},
+    "radians": ("deg2rad",), "degrees": ("rad2deg",),
 }
 # numpy names whose graphc function or Tensor method is spelled differently
 _GC_NAMES = {"absolute": "abs", "concatenate": "concat", "power": "pow", "moveaxis": "movedim",
