@@ -71,7 +71,7 @@ _BINARY_OPS = ("add sub subtract mul multiply div divide true_divide floor_divid
                "not_equal lt less le less_equal gt greater ge greater_equal bitwise_and bitwise_or bitwise_xor "
                "bitwise_not bitwise_left_shift bitwise_right_shift gcd lcm").split()
 _ELEMENTWISE_OPS = ("tan sinh cosh asin acos atan asinh acosh atanh arcsin arccos arctan arcsinh arccosh arctanh "
-                    "log1p expm1 log2 log10 exp2 erfc sinc logit deg2rad rad2deg sgn signbit positive negative "
+                    "log1p expm1 log2 log10 exp2 erfc erfinv sinc logit deg2rad rad2deg sgn signbit positive negative "
                     "absolute fix isneginf isposinf isreal clamp_min clamp_max").split()
 
 # public name -> (module, attribute); attribute None means the module itself.

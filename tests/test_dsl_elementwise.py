@@ -37,7 +37,7 @@ CASES = [
     ("arcsin", UNIT, {}), ("arccos", UNIT, {}), ("arctan", X, {}), ("arcsinh", X, {}), ("arccosh", ABOVE_ONE, {}),
     ("arctanh", UNIT, {}),
     ("log1p", PROB * 4 - 0.9, {}), ("expm1", X * 3, {}), ("log2", POSITIVE, {}), ("log10", POSITIVE, {}),
-    ("exp2", X * 3, {}), ("erfc", X * 3, {}), ("sinc", WITH_ZERO * 2, {}),
+    ("exp2", X * 3, {}), ("erfc", X * 3, {}), ("erfinv", UNIT, {}), ("sinc", WITH_ZERO * 2, {}),
     ("logit", PROB, {}), ("logit", PROB, {"eps": 0.2}), ("logit", PROB, {"eps": -0.1}),
     ("deg2rad", X * 100, {}), ("rad2deg", X, {}), ("sgn", WITH_ZERO, {}), ("signbit", SPECIAL, {}),
     ("positive", X, {}), ("negative", X, {}), ("absolute", X, {}), ("fix", X * 3, {}),
@@ -46,7 +46,7 @@ CASES = [
 ]
 IDS = [f"{n}{'_' + '_'.join(map(str, kw.values())) if kw else ''}" for n, _, kw in CASES]
 FLOAT_FUNCTIONS = ["tan", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "log1p", "expm1", "log2",
-                   "log10", "exp2", "erfc", "sinc", "logit", "deg2rad", "rad2deg"]
+                   "log10", "exp2", "erfc", "erfinv", "sinc", "logit", "deg2rad", "rad2deg"]
 
 
 def _function(name, kw):
@@ -162,6 +162,24 @@ def test_erfc_keeps_relative_accuracy_in_the_tail():
     np.testing.assert_allclose(got, torch.erfc(torch.from_numpy(x64)).numpy(), rtol=2e-7, atol=0)
 
 
+def test_erfinv_is_accurate_up_to_the_edges():
+    """Within 3e-7 of torch's relative error in float32 from 1e-30 to 1 - 6e-8 (both polynomials),
+    +-inf at +-1 (with torch's infinite gradient) and nan beyond."""
+    torch = pytest.importorskip("torch")
+    x = np.concatenate([np.linspace(-1, 1, 2001), 1 - np.logspace(-7.2, -1, 100), np.logspace(-30, -1, 50),
+                        [1.5, -2.0, np.nan]]).astype(np.float32)
+    model = gc.capture(gc.erfinv, x=gc.spec("float32", ["N"]))
+    want = torch.erfinv(torch.from_numpy(x)).numpy()
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(model, backend=backend).run({"x": x})["output"]
+        np.testing.assert_allclose(got, want, rtol=3e-7, atol=0, err_msg=backend)
+    edges = np.array([1.0, -1.0, 0.5], np.float32)
+    c = np.ones(3, np.float32)
+    _, want_dx = _torch(_function("erfinv", {}), edges, c)
+    got = gc_grads(_function("erfinv", {}), {"x": edges}, {}, c)
+    np.testing.assert_allclose(got["x"], want_dx, rtol=1e-5)
+
+
 def test_log2_log10_of_powers_are_exact():
     """As torch's: log2(2**k) == k, log10(10**k) == k in float32 (the log is taken in float64)."""
     k = np.arange(-20, 21)
@@ -178,6 +196,7 @@ def test_log2_log10_of_powers_are_exact():
     ("log1p", lambda M, x: M.log1p(x), np.concatenate([PROB.ravel() * 4 - 0.9, [1e-9, -1e-12]]), ("numpy", "ort-cpu")),
     ("expm1", lambda M, x: M.expm1(x * 3), np.concatenate([X.ravel(), [1e-9, -1e-12]]), ("numpy", "ort-cpu")),
     ("erfc", lambda M, x: M.erfc(x * 3), X.ravel(), ("numpy",)),  # onnxruntime has no double Erf
+    ("erfinv", lambda M, x: M.erfinv(x), np.concatenate([UNIT.ravel(), [0.0, 0.998, -0.999]]), ("numpy", "ort-cpu")),
     ("sinc", lambda M, x: M.sinc(x), np.concatenate([X.ravel(), [0.0, 1.0]]), ("numpy", "ort-cpu")),
     ("logit_eps", lambda M, x: M.logit(x, eps=0.1), PROB.ravel(), ("numpy", "ort-cpu")),
     ("log2_log10_exp2", lambda M, x: M.log2(x) + M.log10(x) * M.exp2(x), POSITIVE.ravel(), ("numpy", "ort-cpu")),

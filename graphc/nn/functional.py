@@ -58,9 +58,9 @@ from graphc.nn.loss import (binary_cross_entropy, binary_cross_entropy_with_logi
                             soft_margin_loss, triplet_margin_loss, triplet_margin_with_distance_loss)
 from graphc.dsl.ctc import ctc_loss
 from graphc.dsl.ops_elementwise import (absolute, acos, acosh, arccos, arccosh, arcsin, arcsinh, arctan, arctanh,
-                                        asin, asinh, atan, atanh, clamp_max, clamp_min, cosh, deg2rad, erfc, exp2,
-                                        expm1, fix, isneginf, isposinf, isreal, log1p, log2, log10, logit, negative,
-                                        positive, rad2deg, sgn, signbit, sinc, sinh, tan)
+                                        asin, asinh, atan, atanh, clamp_max, clamp_min, cosh, deg2rad, erfc, erfinv,
+                                        exp2, expm1, fix, isneginf, isposinf, isreal, log1p, log2, log10, logit,
+                                        negative, positive, rad2deg, sgn, signbit, sinc, sinh, tan)
 
 
 def softmax(input, dim: int = -1):  # noqa: A002 - torch's names
@@ -152,9 +152,9 @@ __all__ = [
     "lcm", "le", "lerp", "less", "less_equal", "logaddexp2", "lt", "mul", "multiply", "ne", "not_equal", "sub",
     "subtract", "true_divide", "xlogy",
     "absolute", "acos", "acosh", "arccos", "arccosh", "arcsin", "arcsinh", "arctan", "arctanh", "asin", "asinh",
-    "atan", "atanh", "clamp_max", "clamp_min", "cosh", "deg2rad", "erfc", "exp2", "expm1", "fix", "isneginf",
-    "isposinf", "isreal", "log10", "log1p", "log2", "logit", "negative", "positive", "rad2deg", "sgn", "signbit",
-    "sinc", "sinh", "tan",
+    "atan", "atanh", "clamp_max", "clamp_min", "cosh", "deg2rad", "erfc", "erfinv", "exp2", "expm1", "fix",
+    "isneginf", "isposinf", "isreal", "log10", "log1p", "log2", "logit", "negative", "positive", "rad2deg", "sgn",
+    "signbit", "sinc", "sinh", "tan",
 ]
 
 
