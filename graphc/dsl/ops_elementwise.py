@@ -44,7 +44,8 @@ negative, absolute, fix = neg, abs_, trunc
 
 
 def _small(x: Tensor) -> Tensor:
-    """``x`` where ``|x| < 1``, else 0 (where ``1 + x`` and ``exp(x)`` round exactly)."""
+    """``x`` where ``|x| < 1``, else 0, at which the corrections below vanish exactly (``1 + 0`` and
+    ``exp(0)`` are exact)."""
     return where(abs_(x) < scalar(1, x), x, scalar(0, x))
 
 
