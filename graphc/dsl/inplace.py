@@ -136,6 +136,16 @@ def _as_value(x: Tensor, value: Any) -> Tensor:
     return ops.constant(np.asarray(value).astype(to_numpy(x.dtype)))
 
 
+def into(x: Any, out: Tensor, inplace: bool) -> Tensor:
+    """``out``; with torch's ``inplace=True``, ``x`` rebound to it (``write``) and returned, as torch's."""
+    if not inplace or out is x:
+        return out
+    if not isinstance(x, Tensor):
+        raise CaptureError(f"inplace=True writes the result into the input, which must be a Tensor, got "
+                           f"{type(x).__name__} (at {user_source()})")
+    return write(x, out)
+
+
 def in_place(fn: Any) -> Any:
     """The in-place form of ``fn(t, *args)``: ``t`` rebound to the result (``write``), and returned."""
     def method(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:

@@ -11,6 +11,7 @@ import numpy as np
 
 from graphc.dsl.batching import batch_rank
 from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.inplace import into
 from graphc.dsl.ops import concat, const_i64, emit, lift, scalar
 from graphc.dsl.ops_array import ir_tensor, ones_like
 from graphc.dsl.ops_nn import dropout
@@ -41,7 +42,7 @@ def dropout1d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = 
     others scaled by ``1 / (1 - p)``."""
     x = lift(x)
     batch_rank("dropout1d", x, "C, L")
-    return x * _kept(x, p, training, x.ndim - 1)
+    return into(x, x * _kept(x, p, training, x.ndim - 1), inplace)
 
 
 def dropout2d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
@@ -49,14 +50,14 @@ def dropout2d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = 
     3-D input is read as ``(N, C, L)``, as torch does today (it warns that this will change)."""
     x = lift(x)
     _check_rank("dropout2d", x, tuple(range(2, 9)), "(N, C, H, W)")
-    return x * _kept(x, p, training, 2)
+    return into(x, x * _kept(x, p, training, 2), inplace)
 
 
 def dropout3d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     """``dropout1d`` over ``(N, C, D, H, W)`` or ``(C, D, H, W)``."""
     x = lift(x)
     batch_rank("dropout3d", x, "C, D, H, W")
-    return x * _kept(x, p, training, x.ndim - 3)
+    return into(x, x * _kept(x, p, training, x.ndim - 3), inplace)
 
 
 def _alpha(x: Tensor, p: float, training: bool, features: int | None) -> Tensor:
@@ -77,14 +78,14 @@ def _alpha(x: Tensor, p: float, training: bool, features: int | None) -> Tensor:
 
 def alpha_dropout(x: Tensor, p: float = 0.5, training: bool = False, inplace: bool = False) -> Tensor:
     """Alpha dropout per element (see ``_alpha``); ``training`` defaults to False, as torch's."""
-    return _alpha(x, p, training, None)
+    return into(x, _alpha(x, p, training, None), inplace)
 
 
 def feature_alpha_dropout(x: Tensor, p: float = 0.5, training: bool = False, inplace: bool = False) -> Tensor:
     """Alpha dropout of whole channels (the mask per entry of the first two dims)."""
     x = lift(x)
     _check_rank("feature_alpha_dropout", x, tuple(range(2, 9)), "(N, C, *)")
-    return _alpha(x, p, training, 2)
+    return into(x, _alpha(x, p, training, 2), inplace)
 
 
 __all__ = ["alpha_dropout", "dropout1d", "dropout2d", "dropout3d", "feature_alpha_dropout"]

@@ -14,6 +14,7 @@ from graphc.errors import CaptureError
 from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, lift, matmul, mean, minimum, reshape,
                             reshape_like, same_dtype, scalar, sigmoid, softmax, sqrt, transpose, unary, where)
 from graphc.dsl.ops import max as reduce_max
+from graphc.dsl.inplace import into
 from graphc.dsl.ops_array import chunk, ir_tensor, tril
 from graphc.dsl.ops_nn import check_rank, conv_pads, ints, max_pool, pool_node
 from graphc.dsl.tensor import Tensor
@@ -210,38 +211,37 @@ def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps
 # -- activations ------------------------------------------------------------------------------
 
 
-def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
     """Signature: ai.onnx@16::LeakyRelu"""
-    return unary("LeakyRelu", x, alpha=float(negative_slope))
+    return into(x, unary("LeakyRelu", x, alpha=float(negative_slope)), inplace)
 
 
-def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
+def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     """Signature: ai.onnx@6::Elu"""
-    return unary("Elu", x, alpha=float(alpha))
+    return into(x, unary("Elu", x, alpha=float(alpha)), inplace)
 
 
-def silu(x: Tensor) -> Tensor:
+def silu(x: Tensor, inplace: bool = False) -> Tensor:
     """``x * sigmoid(x)``."""
     x = lift(x)
-    return x * sigmoid(x)
+    return into(x, x * sigmoid(x), inplace)
 
 
-def mish(x: Tensor) -> Tensor:
+def mish(x: Tensor, inplace: bool = False) -> Tensor:
     """``x * tanh(softplus(x))``, written out before opset 18. Signature: ai.onnx@18::Mish"""
-    if current().opset >= 18:
-        return unary("Mish", x)
     x = lift(x)
-    return x * unary("Tanh", unary("Softplus", x))
+    out = unary("Mish", x) if current().opset >= 18 else x * unary("Tanh", unary("Softplus", x))
+    return into(x, out, inplace)
 
 
-def hardswish(x: Tensor) -> Tensor:
+def hardswish(x: Tensor, inplace: bool = False) -> Tensor:
     """``x * relu6(x + 3) / 6``. Signature: ai.onnx@14::HardSwish"""
-    return unary("HardSwish", x)
+    return into(x, unary("HardSwish", x), inplace)
 
 
-def hardsigmoid(x: Tensor) -> Tensor:
+def hardsigmoid(x: Tensor, inplace: bool = False) -> Tensor:
     """``relu6(x + 3) / 6``. Signature: ai.onnx@6::HardSigmoid"""
-    return unary("HardSigmoid", x, alpha=1.0 / 6.0, beta=0.5)
+    return into(x, unary("HardSigmoid", x, alpha=1.0 / 6.0, beta=0.5), inplace)
 
 
 def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
@@ -256,24 +256,23 @@ def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
 
 def hardtanh(x: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
     """``x`` clamped to ``[min_val, max_val]``. Two Wheres, not a Clip: torch's gradient is 0 at the
-    bounds themselves (Clip's, as ``torch.clamp``'s, passes there); NaN stays NaN. ``inplace`` is
-    accepted for torch's signature (a graph has no in-place ops)."""
+    bounds themselves (Clip's, as ``torch.clamp``'s, passes there); NaN stays NaN."""
     if not min_val < max_val:
         raise CaptureError(f"hardtanh needs min_val < max_val, got {min_val} and {max_val} (at {user_source()})")
     x = lift(x)
     lo, hi = scalar(min_val, x), scalar(max_val, x)
-    return where(x <= lo, lo, where(x >= hi, hi, x))
+    return into(x, where(x <= lo, lo, where(x >= hi, hi, x)), inplace)
 
 
 def relu6(x: Tensor, inplace: bool = False) -> Tensor:
     """``hardtanh(x, 0, 6)``, as torch defines it (gradient 0 at 0 and at 6)."""
-    return hardtanh(x, 0.0, 6.0)
+    return hardtanh(x, 0.0, 6.0, inplace)
 
 
 def selu(x: Tensor, inplace: bool = False) -> Tensor:
     """``scale * elu(x, alpha)`` with torch's constants (ONNX's defaults, float32).
     Signature: ai.onnx@6::Selu"""
-    return unary("Selu", x)
+    return into(x, unary("Selu", x), inplace)
 
 
 def celu(x: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
@@ -283,8 +282,8 @@ def celu(x: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
         raise CaptureError(f"celu alpha must not be 0 (at {user_source()})")
     x = lift(x)
     if x.dtype == "float32":
-        return unary("Celu", x, alpha=float(alpha))
-    return elu(x / scalar(alpha, x)) * scalar(alpha, x)
+        return into(x, unary("Celu", x, alpha=float(alpha)), inplace)
+    return into(x, elu(x / scalar(alpha, x)) * scalar(alpha, x), inplace)
 
 
 def glu(x: Tensor, dim: int = -1) -> Tensor:
@@ -341,7 +340,7 @@ def hardshrink(x: Tensor, lambd: float = 0.5) -> Tensor:
 def threshold(x: Tensor, threshold: float, value: float, inplace: bool = False) -> Tensor:
     """``x`` where ``x > threshold``, else ``value`` (gradient 0 there, as torch)."""
     x = lift(x)
-    return where(x > scalar(threshold, x), x, scalar(value, x))
+    return into(x, where(x > scalar(threshold, x), x, scalar(value, x)), inplace)
 
 
 def softmin(x: Tensor, dim: int = -1) -> Tensor:

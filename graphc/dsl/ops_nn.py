@@ -8,6 +8,7 @@ import numpy as np
 
 from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.inplace import into
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.windows import ceil_as_floor_pads
@@ -214,7 +215,7 @@ def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, b
     return ops.emit("LayerNormalization", inputs, {"axis": -len(shape), "epsilon": float(eps)})
 
 
-def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     """ONNX ``Dropout`` with ``ratio`` and ``training_mode`` inputs; ``training`` defaults to True,
     as in ``torch.nn.functional.dropout`` (pass ``training=self.training`` in a module). The node
     stays in the graph in inference capture too (the training generator flips ``training_mode``)."""
@@ -223,7 +224,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     x = ops.lift(x)
     ratio = ops.scalar(p, x)
     mode = ops.constant(np.asarray(bool(training)))
-    return ops.emit("Dropout", [x, ratio, mode], name_hint="dropout")
+    return into(x, ops.emit("Dropout", [x, ratio, mode], name_hint="dropout"), inplace)
 
 
 def embedding(indices: Tensor, weight: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.inplace import into
 from graphc.dsl.ops import detach, emit, lift, log, scalar, softmax, where
 from graphc.dsl.ops_array import argmax, scatter, zeros_like
 from graphc.dsl.tensor import Tensor
@@ -26,7 +27,7 @@ def rrelu(input: Tensor, lower: float = 1.0 / 8, upper: float = 1.0 / 3, trainin
     if not lower <= upper:
         raise op_error("rrelu", [x], f"lower ({lower}) must be <= upper ({upper})", user_source())
     slope = uniform_like(x, lower, upper) if training else scalar((lower + upper) / 2, x)
-    return where(x > scalar(0.0, x), x, slope * x)
+    return into(x, where(x > scalar(0.0, x), x, slope * x), inplace)
 
 
 def gumbel_softmax(logits: Tensor, tau: float = 1.0, hard: bool = False, eps: float = 1e-10,

@@ -1,5 +1,5 @@
-"""Activation layers with ``torch.nn``'s names and arguments (LeakyReLU ... LogSoftmax). An ``inplace``
-argument is accepted for torch's signature: a graph has no in-place ops."""
+"""Activation layers with ``torch.nn``'s names and arguments (LeakyReLU ... LogSoftmax). Those with
+torch's ``inplace`` argument are ``InPlace`` layers."""
 
 from __future__ import annotations
 
@@ -13,42 +13,67 @@ from graphc.nn.module import Module, Parameter
 from graphc.dsl.tensor import Tensor
 
 
-class LeakyReLU(Module):
-    def __init__(self, negative_slope: float = 0.01):
+class InPlace(Module):
+    """A layer with torch's ``inplace`` argument: ``inplace=True`` writes the result into the input
+    (``graphc.dsl.inplace``: a later read of it, or of its base through a view, sees the result) and
+    returns it, as torch's. Its repr shows ``shown`` then ``inplace=True``, as torch's."""
+
+    shown: tuple[str, ...] = ()
+
+    def __init__(self, inplace: bool = False):
         super().__init__()
+        self.inplace = inplace
+
+    def extra_repr(self) -> str:
+        return ", ".join([f"{a}={getattr(self, a)}" for a in self.shown] + ["inplace=True"] * bool(self.inplace))
+
+
+class LeakyReLU(InPlace):
+    shown = ("negative_slope",)
+
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False):
+        super().__init__(inplace)
         self.negative_slope = negative_slope
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.leaky_relu(x, self.negative_slope)
+        return ops_layers.leaky_relu(x, self.negative_slope, self.inplace)
 
 
-class ELU(Module):
-    def __init__(self, alpha: float = 1.0):
-        super().__init__()
+class ELU(InPlace):
+    shown = ("alpha",)
+
+    def __init__(self, alpha: float = 1.0, inplace: bool = False):
+        super().__init__(inplace)
         self.alpha = alpha
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.elu(x, self.alpha)
+        return ops_layers.elu(x, self.alpha, self.inplace)
 
 
-class SiLU(Module):
+class SiLU(InPlace):
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.silu(x)
+        return ops_layers.silu(x, self.inplace)
 
 
-class Mish(Module):
+class Mish(InPlace):
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.mish(x)
+        return ops_layers.mish(x, self.inplace)
 
 
-class Hardswish(Module):
+class Hardswish(InPlace):
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.hardswish(x)
+        return ops_layers.hardswish(x, self.inplace)
+
+    def extra_repr(self) -> str:
+        return ""  # torch's shows no inplace
 
 
-class Hardsigmoid(Module):
+class Hardsigmoid(InPlace):
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.hardsigmoid(x)
+        return ops_layers.hardsigmoid(x, self.inplace)
+
+    def extra_repr(self) -> str:
+        return ""  # torch's shows no inplace
 
 
 class Softplus(Module):
@@ -73,38 +98,38 @@ class PReLU(Module):
 
 
 
-class Hardtanh(Module):
+class Hardtanh(InPlace):
+    shown = ("min_val", "max_val")
+
     def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False):
-        super().__init__()
+        super().__init__(inplace)
         self.min_val, self.max_val = min_val, max_val
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.hardtanh(x, self.min_val, self.max_val)
-
-    def extra_repr(self) -> str:
-        return f"min_val={self.min_val}, max_val={self.max_val}"
+        return ops_layers.hardtanh(x, self.min_val, self.max_val, self.inplace)
 
 
 class ReLU6(Hardtanh):
+    shown = ()
+
     def __init__(self, inplace: bool = False):
-        super().__init__(0.0, 6.0)
+        super().__init__(0.0, 6.0, inplace)
 
 
-class SELU(Module):
-    def __init__(self, inplace: bool = False):
-        super().__init__()
-
+class SELU(InPlace):
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.selu(x)
+        return ops_layers.selu(x, self.inplace)
 
 
-class CELU(Module):
+class CELU(InPlace):
+    shown = ("alpha",)
+
     def __init__(self, alpha: float = 1.0, inplace: bool = False):
-        super().__init__()
+        super().__init__(inplace)
         self.alpha = alpha
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.celu(x, self.alpha)
+        return ops_layers.celu(x, self.alpha, self.inplace)
 
 
 class GLU(Module):
@@ -150,13 +175,15 @@ class Hardshrink(_Shrink):
         return ops_layers.hardshrink(x, self.lambd)
 
 
-class Threshold(Module):
+class Threshold(InPlace):
+    shown = ("threshold", "value")
+
     def __init__(self, threshold: float, value: float, inplace: bool = False):
-        super().__init__()
+        super().__init__(inplace)
         self.threshold, self.value = threshold, value
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.threshold(x, self.threshold, self.value)
+        return ops_layers.threshold(x, self.threshold, self.value, self.inplace)
 
 
 class _AlongDim(Module):
@@ -181,19 +208,18 @@ class LogSoftmax(_AlongDim):
         return ops.log_softmax(x, self.dim)
 
 
-class RReLU(Module):
+class RReLU(InPlace):
     """``F.rrelu(x, lower, upper, training=self.training)``: a slope drawn per element from
     U(lower, upper) in training mode, ``(lower + upper) / 2`` in eval mode."""
 
+    shown = ("lower", "upper")
+
     def __init__(self, lower: float = 1.0 / 8, upper: float = 1.0 / 3, inplace: bool = False):
-        super().__init__()
+        super().__init__(inplace)
         self.lower, self.upper = lower, upper
 
     def forward(self, x: Tensor) -> Tensor:
-        return rrelu(x, self.lower, self.upper, training=self.training)
-
-    def extra_repr(self) -> str:
-        return f"lower={self.lower}, upper={self.upper}"
+        return rrelu(x, self.lower, self.upper, self.training, self.inplace)
 
 
 class Softmax2d(Module):

@@ -3,8 +3,9 @@
 signature differs from torch's (``axis`` for ``dim``), the version here takes torch's."""
 
 from graphc.dsl import ops
-from graphc.dsl.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, log, matmul, maximum, minimum, relu,
-                            reshape, sigmoid, sqrt, stack, tanh, where)
+from graphc.dsl.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, log, matmul, maximum, minimum, reshape,
+                            sigmoid, sqrt, stack, tanh, where)
+from graphc.dsl.inplace import into
 from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos, cumsum, einsum, expand, flip,
                                   full, full_like, gather, index_select, logsumexp, masked_fill, normalize, one_hot,
                                   ones, ones_like, pad, permute, pow, repeat, roll, rsqrt, scatter, sin, split, std,
@@ -61,6 +62,11 @@ from graphc.dsl.ops_elementwise import (absolute, acos, acosh, arccos, arccosh, 
                                         asin, asinh, atan, atanh, clamp_max, clamp_min, cosh, deg2rad, erfc, erfinv,
                                         exp2, expm1, fix, isneginf, isposinf, isreal, log1p, log2, log10, logit,
                                         negative, positive, rad2deg, sgn, signbit, sinc, sinh, tan)
+
+
+def relu(input, inplace: bool = False):  # noqa: A002
+    """``torch.nn.functional.relu(input, inplace=False)``: ``inplace=True`` writes into ``input`` and returns it."""
+    return into(input, ops.relu(input), inplace)
 
 
 def softmax(input, dim: int = -1):  # noqa: A002 - torch's names

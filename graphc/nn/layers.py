@@ -7,12 +7,15 @@ from typing import Any
 from graphc.dsl import ops, ops_nn
 from graphc.dsl.ops_layers import adaptive_avg_pool2d
 from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.inplace import into
 from graphc.dsl.ops_nn import linear
 from graphc.dsl.ops_views import unflatten
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model import COUNT_KEY, COUNTER_KEY
 from graphc.nn import init
+from graphc.nn.activation import InPlace
+from graphc.nn.dropout import DropoutLayer
 from graphc.nn.module import Module, Parameter
 from graphc.nn.sparse import padding_row_init
 
@@ -145,13 +148,8 @@ class LayerNorm(Module):
         return f"{self.normalized_shape}, eps={self.eps}"
 
 
-class Dropout(Module):
-    def __init__(self, p: float = 0.5):
-        super().__init__()
-        self.p = p
-
-    def forward(self, x: Tensor) -> Tensor:
-        return ops_nn.dropout(x, self.p, training=self.training)
+class Dropout(DropoutLayer):
+    fn = staticmethod(ops_nn.dropout)
 
 
 class Embedding(Module):
@@ -174,9 +172,9 @@ class Embedding(Module):
         return ops.where(is_pad, ops.lift(row, out), out)
 
 
-class ReLU(Module):
+class ReLU(InPlace):
     def forward(self, x: Tensor) -> Tensor:
-        return ops.relu(x)
+        return into(x, ops.relu(x), self.inplace)
 
 
 class GELU(Module):
