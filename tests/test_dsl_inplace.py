@@ -224,3 +224,60 @@ def test_model_with_writes_trains_like_torch():
     want.backward()
     np.testing.assert_allclose(loss, want.item(), rtol=1e-5)
     np.testing.assert_allclose(trainer.params["w"], (w - 0.1 * w.grad).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _loop_writes_outer(x):
+    acc = x * 1
+
+    def body(i, c):
+        acc[0] += 1.0
+        return c + 1.0
+    return gc.fori_loop(0, 3, body, x)
+
+
+def _scan_writes_outer_view(x):
+    acc = x * 1
+
+    def step(c, row):
+        view = acc[1:]
+        view.mul_(2.0)
+        return c + row, row
+    return gc.scan(step, x[0], x)[0]
+
+
+@pytest.mark.parametrize("fn", [
+    _loop_writes_outer, _scan_writes_outer_view,
+    lambda x: gc.cond(x.sum() > 0, lambda a: a.relu_(), lambda a: a * 2, x * 1),
+    lambda x: gc.cond(x.sum() > 0, lambda: F.relu(x, inplace=True), lambda: x),
+    lambda x: gc.fori_loop(0, 2, lambda i, c: c + x.unsqueeze_(0).sum(0), x),
+], ids=["fori_loop", "scan_view", "cond_operand", "cond_inplace_relu", "shape_method"])
+def test_write_in_a_body_to_an_outer_tensor_refused(fn):
+    with pytest.raises(gc.GraphError, match=r"in-place write into \S+, a value from outside the gc.cond/gc.fori_loop/"
+                                            r"gc.scan body being traced, at .*test_dsl_inplace.py:\d+: .*return the "
+                                            r"new value from the body instead"):
+        gc.capture(fn, x=X)
+
+
+def _local_writes(lib, x):
+    """Writes in bodies to their own values: a carried value, a value made in the body, a branch's clone."""
+    def body(i, c):
+        c[0] += 1.0
+        t = c * 2
+        t[:, 1:] = 0.5
+        return c + t
+    if lib is gc:
+        loop = gc.fori_loop(0, 3, body, x * 1)
+        branch = gc.cond(x.sum() > 0, lambda a: a.clone().clamp_(-0.5, 0.5), lambda a: a, x)
+        scanned = gc.scan(lambda c, row: (c.add_(row), F.relu(row * 1, inplace=True)), x[0] * 0, x)
+    else:
+        loop = x * 1
+        for i in range(3):
+            loop = body(i, loop)
+        branch = x.clone().clamp_(-0.5, 0.5) if x.sum() > 0 else x
+        scanned = (x.sum(0), torch.relu(x))
+    return loop + branch + scanned[0] + scanned[1]
+
+
+def test_writes_in_a_body_to_its_own_values_match_torch():
+    np.testing.assert_allclose(_run(lambda x: _local_writes(gc, x), x=X), _local_writes(torch, torch.tensor(X)),
+                               rtol=1e-5, atol=1e-5)

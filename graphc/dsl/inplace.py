@@ -8,7 +8,8 @@ itself, so every name bound to that object sees the write, as in torch. Views fo
 ``y = x.view(-1); y[3] = 0``), through basic indexing, reshapes, transposes and (un)squeezes; any
 other live view of the written storage is then out of date, and using it is a ``CaptureError``
 naming the write's line (take the view again after the write, or ``.clone()`` it before). Writes
-into a parameter or buffer, or through an ``expand``/``split`` view, are refused.
+into a parameter or buffer, through an ``expand``/``split`` view, or inside a ``gc.cond``/
+``gc.fori_loop``/``gc.scan`` body into a Tensor from outside it, are refused.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def _mark_stale(t: Tensor, why: str) -> None:
 def _check_writable(t: Tensor) -> None:
     """Refuse a write into a parameter or buffer (it would not persist: the graph's initializers are
     its inputs) or through a view torch cannot write (several elements of one memory location)."""
+    _check_in_body(t)
     while t._view is not None:
         t, (op, _, _) = t._view[0], t._view[1]
         if op in ("Expand", "Split"):
@@ -89,6 +91,19 @@ def _check_writable(t: Tensor) -> None:
         raise CaptureError(f"in-place write into the parameter or buffer {t.name} at {user_source()}: a captured "
                            f"graph reads it, never stores it, so the write would not persist; compute a new "
                            f"tensor (w = {t.name.rsplit('.', 1)[-1]} * ...) or .clone() it first")
+
+
+def _check_in_body(t: Tensor) -> None:
+    """Refuse a write, inside a control-flow body, into a Tensor made outside it (or through a view of
+    one): the body is traced once into a subgraph, which cannot rebind an outer Tensor."""
+    builder = current()
+    while len(builder.scopes) > 1 and t is not None:
+        if t._scope != builder.scope.id:
+            raise CaptureError(f"in-place write into {t.name}, a value from outside the gc.cond/gc.fori_loop/"
+                               f"gc.scan body being traced, at {user_source()}: a body cannot change an outer "
+                               f"value; return the new value from the body instead (a carried value or a branch "
+                               f"output)")
+        t = t._view[0] if t._view is not None else None
 
 
 def _unview(base: Tensor, how: tuple, new: Tensor) -> Tensor:
@@ -160,6 +175,7 @@ def _reshaped_in_place(fn: Any) -> Any:
         if self._view is not None or any(ref() is not None for ref in self._views or ()):
             raise CaptureError(f"a shape-changing in-place method on {self.name}, which is or has a view, at "
                                f"{user_source()}; rebind the name instead: t = t.unsqueeze(...)")
+        _check_in_body(self)
         new = fn(self, *args)
         self._ir, self._value = new.value, new.eager_value
         return self

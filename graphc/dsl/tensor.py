@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from graphc.dsl.builder import type_str, user_source
+from graphc.dsl.builder import active, type_str, user_source
 from graphc.errors import CaptureError
 from graphc.model.dtypes import DType, as_dtype
 from graphc.passes.values import static_shape
@@ -27,14 +27,17 @@ class Tensor:
     """
 
     # _view: (base, (op, inputs, attrs)) when torch's result would share ``base``'s storage; _views: weak
-    # references to the views made of this one; _stale: why the value is out of date (``graphc.dsl.inplace``)
-    __slots__ = ("_ir", "_value", "_view", "_views", "_stale", "__weakref__")
+    # references to the views made of this one; _stale: why the value is out of date; _scope: the id of the
+    # scope (main graph or control-flow body) it was made in (``graphc.dsl.inplace``)
+    __slots__ = ("_ir", "_value", "_view", "_views", "_stale", "_scope", "__weakref__")
     __array_priority__ = 1000  # numpy scalars/arrays on the left defer to our reflected ops
 
     def __init__(self, value: ir.Value, eager_value: np.ndarray | None = None):
         self._ir = value
         self._value = eager_value
         self._view = self._views = self._stale = None
+        builder = active()
+        self._scope = None if builder is None else builder.scope.id
 
     @property
     def value(self) -> ir.Value:
