@@ -159,13 +159,17 @@ METHODS = [
     ("exp_", ()), ("neg_", ()), ("abs_", ()), ("pow_", (2.0,)), ("log_", ()), ("sqrt_", ()),
     ("index_add_", (1, "index", "source")), ("scatter_", (2, "index3", 0.5)),
     ("unsqueeze_", (1,)), ("t_", ()), ("__iadd__", ("y",)), ("__imul__", (0.5,)), ("__itruediv__", ("pos",)),
+    ("index_copy_", (1, "index", "source")), ("ceil_", ()), ("floor_", ()), ("round_", ()), ("trunc_", ()),
+    ("frac_", ()), ("reciprocal_", ()), ("square_", ()), ("rsqrt_", ()), ("sin_", ()), ("cos_", ()), ("erf_", ()),
+    ("sign_", ()), ("fmod_", (0.7,)), ("remainder_", (0.7,)), ("nan_to_num_", ()), ("tril_", ()), ("triu_", (1,)),
+    ("cumsum_", (1,)), ("cumprod_", (2,)),
 ]
 
 
 @pytest.mark.parametrize("name, args", METHODS, ids=[m[0] for m in METHODS])
 def test_in_place_methods_match_torch(name, args):
     def fn(x, y, index, index3):
-        x = (x.abs() + 0.1) if name in ("log_", "sqrt_") else x * 1
+        x = (x.abs() + 0.1) if name in ("log_", "sqrt_", "rsqrt_") else x * 1
         x = x.sum(0) if name == "t_" else x
         alias = x
         named = {"y": y, "mask": x > 0, "row": y[0], "pos": y.abs() + 1, "index": index,

@@ -169,6 +169,14 @@ def in_place(fn: Any) -> Any:
     return method
 
 
+def _method_in_place(name: str) -> Any:
+    """``t.<name>_(...)``: ``t`` rebound to ``t.<name>(...)``."""
+    def fn(t: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return getattr(t, name)(*args, **kwargs)
+    fn.__name__ = name
+    return in_place(fn)
+
+
 def _reshaped_in_place(fn: Any) -> Any:
     """``unsqueeze_``/``squeeze_``/``t_``: only ``t``'s shape changes, so a view or a viewed ``t`` is refused."""
     def method(self: Tensor, *args: Any) -> Tensor:
@@ -225,6 +233,9 @@ METHODS = {
     "squeeze_": _reshaped_in_place(lambda a, dim=None: ops.squeeze(a, None if dim is None else [dim])),
     "t_": _reshaped_in_place(ops_views.t),
 }
+METHODS.update({f"{name}_": _method_in_place(name) for name in (
+    "index_copy", "ceil", "floor", "round", "trunc", "frac", "reciprocal", "square", "rsqrt", "sin", "cos", "erf",
+    "sign", "fmod", "remainder", "nan_to_num", "tril", "triu", "cumsum", "cumprod")})
 
 for _name, _method in METHODS.items():
     setattr(Tensor, _name, _method)
