@@ -230,6 +230,8 @@ def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
     hi = None if max is None else lift(max, x)
     if any(t is not None and t.ndim for t in (lo, hi)):
         return _clip_by_tensors(x, lo, hi)
+    if x.dtype in FLOAT_DTYPES and (lo is None) != (hi is None):  # ONNX's default bound is the largest
+        lo, hi = (scalar(-np.inf, x), hi) if lo is None else (lo, scalar(np.inf, x))  # so inf stays inf
     return emit("Clip", [x, lo, hi])
 
 
@@ -470,14 +472,25 @@ def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     return reduction("ReduceMean", x, axis, keepdims)
 
 
+def nan_if_any(found: Tensor, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
+    """``found`` (``x``'s max or min over ``axis``) as NaN where those entries hold one, as torch's."""
+    if x.dtype not in FLOAT_DTYPES:
+        return found
+    nans = unary("IsNaN", x)  # ReduceMax takes bool from opset 20
+    nans = reduction("ReduceMax", nans if current().opset >= 20 else cast(nans, "int32"), axis, keepdims)
+    return where(nans if nans.dtype == "bool" else nans > scalar(0, nans), scalar(np.nan, found), found)
+
+
 def max(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    """ReduceMax over ``axis`` (None: all). For the elementwise max use ``gc.maximum``."""
-    return reduction("ReduceMax", x, axis, keepdims)
+    """ReduceMax over ``axis`` (None: all), NaN where a NaN is; the elementwise max is ``gc.maximum``."""
+    x = lift(x)
+    return nan_if_any(reduction("ReduceMax", x, axis, keepdims), x, axis, keepdims)
 
 
 def min(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    """ReduceMin over ``axis`` (None: all). For the elementwise min use ``gc.minimum``."""
-    return reduction("ReduceMin", x, axis, keepdims)
+    """ReduceMin over ``axis`` (None: all), NaN where a NaN is; the elementwise min is ``gc.minimum``."""
+    x = lift(x)
+    return nan_if_any(reduction("ReduceMin", x, axis, keepdims), x, axis, keepdims)
 
 
 __all__ = [

@@ -13,10 +13,9 @@ import numpy as np
 
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
 from graphc.errors import CaptureError
-from graphc.dsl.ops import (binary, clip, concat, const_i64, constant, emit, exp, int64_accumulated, lift, log, maximum,
-                            mean, reshape, reshape_like, same_dtype, scalar, sqrt, squeeze, transpose, unary, unsqueeze,
-                            where)
-from graphc.dsl.ops import max as reduce_max
+from graphc.dsl.ops import (binary, cast, clip, concat, const_i64, constant, emit, exp, int64_accumulated, lift, log,
+                            maximum, mean, reduction, reshape, reshape_like, same_dtype, scalar, sqrt, squeeze,
+                            transpose, unary, unsqueeze, where)
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.ops_divide import to_float
 from graphc.dsl.tensor import Tensor
@@ -395,12 +394,16 @@ def nan_as(x: Tensor, fill: float) -> Tensor:
 
 def arg_index(op: str, x: Tensor, dim: int | None, keepdim: bool) -> Tensor:
     """``op`` ArgMax/ArgMin's first index along ``dim`` (of the flattened ``x`` when None, as
-    PyTorch), a NaN counting as the largest (ArgMax) or smallest (ArgMin) entry, as torch's."""
+    PyTorch), where there is a NaN the first NaN's (beyond every value, infs too), as torch's."""
     x = lift(x)
-    key = nan_as(x, np.inf if op == "ArgMax" else -np.inf)
     if dim is None:
-        return emit(op, [reshape(key, [-1])], {"axis": 0, "keepdims": 0})
-    return emit(op, [key], {"axis": dim_index(x, dim, op), "keepdims": int(bool(keepdim))})
+        x, dim, keepdim = reshape(x, [-1]), 0, False
+    attrs = {"axis": dim_index(x, dim, op), "keepdims": int(bool(keepdim))}
+    if x.dtype not in FLOAT_DTYPES:
+        return emit(op, [x], attrs)
+    index, nans = emit(op, [x], attrs), cast(emit("IsNaN", [x]), "int32")
+    return where(reduction("ReduceMax", nans, [attrs["axis"]], bool(keepdim)) > scalar(0, nans),
+                 emit("ArgMax", [nans], attrs), index)
 
 
 def argmax(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
@@ -417,11 +420,27 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True,
          sorted: bool = True) -> tuple[Tensor, Tensor]:  # noqa: A002 - torch's name
     """``(values, indices)`` of the ``k`` largest (or smallest) along ``dim``. Signature: ai.onnx@11::TopK"""
     x = lift(x)
-    values, indices = emit("TopK", [x, const_i64([int(k)])],
-                           {"axis": dim_index(x, dim, "TopK"), "largest": int(bool(largest)),
-                            "sorted": int(bool(sorted))},
-                           num_outputs=2)
-    return values, indices
+    attrs = {"axis": dim_index(x, dim, "TopK"), "largest": int(bool(largest)), "sorted": int(bool(sorted))}
+    if x.dtype not in FLOAT_DTYPES:
+        return tuple(emit("TopK", [x, const_i64([int(k)])], attrs, num_outputs=2))
+    index = emit("TopK", [sort_key(x), const_i64([int(k)])], attrs, num_outputs=2)[1]
+    return gather(x, attrs["axis"], index), index
+
+
+def sort_key(x: Tensor) -> Tensor:
+    """A TopK key ordering a float ``x`` as torch (onnxruntime's TopK places NaNs by position): ``x`` in
+    float64, +inf as float64's largest finite value (ties it), NaN as +inf, so NaN is the largest."""
+    key = cast(x, "float64")
+    key = where(emit("IsInf", [x], {"detect_negative": 0}), scalar(np.finfo(np.float64).max, key), key)
+    return where(emit("IsNaN", [x]), scalar(np.inf, key), key)
+
+
+def sort_order(x: Tensor, dim: int, descending: bool) -> Tensor:
+    """The int64 indices that sort ``x`` along ``dim`` (>= 0) as torch's stable sort, a NaN the
+    largest (``sort_key``); equal values in their order, as TopK keeps them."""
+    key = sort_key(x) if x.dtype in FLOAT_DTYPES else x
+    return emit("TopK", [key, dim_length(x, dim)], {"axis": dim, "largest": int(bool(descending)), "sorted": 1},
+                num_outputs=2, out_types=[(key.dtype, x.shape), ("int64", x.shape)])[1]
 
 
 def logsumexp(x: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
@@ -429,7 +448,7 @@ def logsumexp(x: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
     infinite maximum is taken as 0, as torch does, so a slice of -inf gives -inf (not nan); an integer
     Tensor is read as float32, as torch's."""
     x = to_float(lift(x))
-    top = reduce_max(x, dim, keepdims=True)
+    top = reduction("ReduceMax", x, dim, True)  # a NaN the sum carries: no NaN step (gc.max's) needed
     top = where(emit("IsInf", [top]), scalar(0.0, top), top)
     out = log(reduce_sum(exp(x - top), dim, keepdims=True)) + top
     return out if keepdim else squeeze(out, [dim] if isinstance(dim, int) else list(dim))

@@ -133,6 +133,9 @@ def _cumulative(x: Tensor, dim: int, largest: bool) -> ValuesIndices:
     ahead = unsqueeze(key, [-1])  # [..., i, 1]
     best = (reduce_max if largest else reduce_min)(where(seen, ahead, scalar(fill, key)), -2, True)
     index = reduce_max(where(seen & (ahead == best), source, scalar(-1, source)), -2)  # the last i reaching it
+    if x.dtype in FLOAT_DTYPES:  # the last NaN from the first on, past the infs NaNs were read as
+        nan = reduce_max(where(seen & unsqueeze(isnan(movedim(x, dim, -1)), [-1]), source, scalar(-1, source)), -2)
+        index = where(nan >= scalar(0, nan), nan, index)
     return picked(x, movedim(index, -1, dim), dim, keepdim=True)
 
 

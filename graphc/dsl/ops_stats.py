@@ -17,11 +17,11 @@ from graphc.dsl.ops import mean as reduce_mean
 from graphc.dsl.ops import min as reduce_min
 from graphc.dsl.ops import sqrt, where
 from graphc.dsl.ops import sum as reduce_sum
-from graphc.dsl.ops_array import arange, dim_index, dim_length, full, gather, nan_as, var
+from graphc.dsl.ops_array import arange, dim_index, dim_length, full, gather, nan_as, sort_order, var
 from graphc.dsl.ops_divide import to_float
 from graphc.dsl.ops_math import amax, amin, isnan, norm
 from graphc.dsl.ops_order import ValuesIndices, picked
-from graphc.dsl.ops_views import movedim, sort
+from graphc.dsl.ops_views import movedim
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, to_numpy
@@ -61,15 +61,11 @@ def count_nonzero(x: Tensor, dim: Any = None) -> Tensor:
 
 
 def aminmax(x: Tensor, *, dim: int | None = None, keepdim: bool = False) -> Aminmax:
-    """``torch.aminmax``: ``(min, max)`` over ``dim`` (None: all), NaN where a NaN is (onnxruntime's
-    ReduceMin/ReduceMax skip it); ties share the gradient, as torch's."""
+    """``torch.aminmax``: ``(min, max)`` over ``dim`` (None: all), NaN where a NaN is (``amin``'s and
+    ``amax``'s); ties share the gradient, as torch's."""
     x = lift(x)
     dims = list(range(x.ndim)) if dim is None else dim
-    found = [amin(x, dims, keepdim), amax(x, dims, keepdim)]
-    if x.dtype in FLOAT_DTYPES:
-        nan = reduce_max(cast(isnan(x), "int32"), dims, keepdim) > 0
-        found = [where(nan, scalar(np.nan, t), t) for t in found]
-    return Aminmax(*found)
+    return Aminmax(amin(x, dims, keepdim), amax(x, dims, keepdim))
 
 
 def var_mean(x: Tensor, dim: Any = None, correction: float = 1, keepdim: bool = False, *,
@@ -89,15 +85,6 @@ def std_mean(x: Tensor, dim: Any = None, correction: float = 1, keepdim: bool = 
 # -- sorting --------------------------------------------------------------------------------
 
 
-def _ascending(x: Tensor, dim: int) -> Tensor:
-    """The int64 indices that sort ``x`` along ``dim`` as torch's sort: ascending, equal values in
-    their order, NaNs after everything (+inf too: a second, stable sort on the NaN flag)."""
-    order = sort(nan_as(x, np.inf), dim).indices
-    if x.dtype not in FLOAT_DTYPES:
-        return order
-    return gather(order, dim, sort(gather(cast(isnan(x), x.dtype), dim, order), dim).indices)
-
-
 def kthvalue(x: Tensor, k: int, dim: int = -1, keepdim: bool = False) -> ValuesIndices:
     """``torch.kthvalue``: the ``k``-th smallest value along ``dim`` (1-based; NaN the largest) and
     its index. On ties the index is the ``k``-th in a stable sort, which may differ from torch's
@@ -108,7 +95,7 @@ def kthvalue(x: Tensor, k: int, dim: int = -1, keepdim: bool = False) -> ValuesI
     if not isinstance(k, int) or (isinstance(size, int) and not 1 <= k <= size):
         raise CaptureError(f"kthvalue k={k!r}: expected an int from 1 to the size of dim {dim} ({size}) "
                            f"(at {user_source()})")
-    index = emit("Slice", [_ascending(x, dim), _i64(k - 1), _i64(k), _i64(dim)])
+    index = emit("Slice", [sort_order(x, dim, False), _i64(k - 1), _i64(k), _i64(dim)])
     return picked(x, index, dim, keepdim)
 
 
@@ -164,7 +151,7 @@ def _quantile(x: Tensor, q: Any, dim: int | None, keepdim: bool, interpolation: 
     last = rows.ndim - 1
     if rows.shape[last] == 0:
         raise CaptureError(f"{fn} input: expected a non-empty Tensor (at {user_source()})")
-    data = gather(rows, last, _ascending(rows, last))
+    data = gather(rows, last, sort_order(rows, last, False))
     ranks = _ranks(rows, q, fn == "nanquantile")
     if _INTERPOLATIONS[interpolation]:
         ranks = emit(_INTERPOLATIONS[interpolation], [ranks])

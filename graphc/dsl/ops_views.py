@@ -12,7 +12,7 @@ import numpy as np
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import (broadcast_shape, const_i64, constant, emit, lift, matmul, reshape, same_dim, same_dtype,
                             scalar, transpose, unsqueeze)
-from graphc.dsl.ops_array import dim_index, dim_length
+from graphc.dsl.ops_array import dim_index, gather, sort_order
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 
@@ -115,13 +115,12 @@ def diff(x: Tensor, n: int = 1, dim: int = -1) -> Tensor:
 
 def sort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Sorted:
     """``(values, indices)`` along ``dim`` (its whole length, read at run time when symbolic);
-    equal values keep their order (``stable`` is always true). Signature: ai.onnx@11::TopK"""
+    equal values keep their order (``stable`` is always true), a NaN is the largest (``sort_order``).
+    Signature: ai.onnx@11::TopK"""
     x = lift(x)
     dim = dim_index(x, dim, "TopK")
-    attrs = {"axis": dim, "largest": int(bool(descending)), "sorted": 1}
-    values, indices = emit("TopK", [x, dim_length(x, dim)], attrs, num_outputs=2,
-                           out_types=[(x.dtype, x.shape), ("int64", x.shape)])
-    return Sorted(values, indices)
+    indices = sort_order(x, dim, descending)
+    return Sorted(gather(x, dim, indices), indices)
 
 
 def argsort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
