@@ -13,8 +13,8 @@ import numpy as np
 from graphc.errors import CaptureError
 from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, lift, matmul, mean, minimum, reshape,
                             reshape_like, same_dtype, scalar, sigmoid, softmax, sqrt, transpose, unary, where)
-from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.inplace import into
+from graphc.dsl.ops import nan_if_any, reduction
 from graphc.dsl.ops_array import chunk, ir_tensor, tril
 from graphc.dsl.ops_nn import check_rank, conv_pads, ints, max_pool, pool_node
 from graphc.dsl.tensor import Tensor
@@ -120,7 +120,8 @@ def adaptive_pool(op: str, x: Tensor, output_size: Any, nd: int, return_indices:
     if len(sizes) != nd:
         raise CaptureError(f"output_size must be an int or {nd} sizes, got {output_size} (at {user_source()})")
     if sizes == [1] * nd and not return_indices:
-        return emit(f"Global{op}", [x])
+        y = emit(f"Global{op}", [x])
+        return nan_if_any(y, x, list(range(2, nd + 2)), True) if op == "MaxPool" else y
     dims = list(x.shape[2:])
     if not all((isinstance(d, int) or (o is None and not static_dims)) and (o is None or d % o == 0)
                for d, o in zip(dims, sizes)):
@@ -338,9 +339,9 @@ def hardshrink(x: Tensor, lambd: float = 0.5) -> Tensor:
 
 
 def threshold(x: Tensor, threshold: float, value: float, inplace: bool = False) -> Tensor:
-    """``x`` where ``x > threshold``, else ``value`` (gradient 0 there, as torch)."""
+    """``x`` where ``x > threshold`` or NaN, else ``value`` (gradient 0 there), as torch."""
     x = lift(x)
-    return into(x, where(x > scalar(threshold, x), x, scalar(value, x)), inplace)
+    return into(x, where(x <= scalar(threshold, x), scalar(value, x), x), inplace)
 
 
 def softmin(x: Tensor, dim: int = -1) -> Tensor:
@@ -430,7 +431,7 @@ def causal_mask(query: Tensor, key: Tensor, dim: int = -2) -> Tensor:
 def _safe_softmax(scores: Tensor) -> Tensor:
     """Softmax over the last axis, 0 on a row whose every key is masked (all -inf) as torch's
     attention gives (onnx's Softmax: nan); such a row is softmaxed as zeros, so its gradient is 0."""
-    dead = emit("IsInf", [reduce_max(scores, -1, keepdims=True)], {"detect_positive": 0})
+    dead = emit("IsInf", [reduction("ReduceMax", scores, [-1], True)], {"detect_positive": 0})
     zero = scalar(0.0, scores)
     return where(dead, zero, softmax(where(dead, zero, scores), -1))
 

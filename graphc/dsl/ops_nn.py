@@ -11,6 +11,7 @@ from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.inplace import into
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
+from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.model.windows import ceil_as_floor_pads
 from graphc.passes.infer import ceil_adds_nothing
 
@@ -132,10 +133,18 @@ def floor_ceil(x: Tensor, attrs: dict[str, Any]) -> tuple[Tensor, dict[str, Any]
 def max_pool(x: Tensor, attrs: dict[str, Any], return_indices: bool = False) -> Any:
     """A MaxPool node with ``attrs``; with ``return_indices`` also torch's indices: each maximum's
     flat position within its (unpadded) channel plane, ONNX's ``Indices`` (flat over the whole
-    tensor) modulo the plane's size."""
+    tensor) modulo the plane's size. A window holding a NaN gives NaN (and a NaN's index), as
+    torch's: a MaxPool of ``x``'s NaN flags finds them (onnxruntime's MaxPool skips NaNs)."""
+    nans = ops.cast(ops.unary("IsNaN", x), x.dtype) if x.dtype in FLOAT_DTYPES else None
     if not return_indices:
-        return pool_node("MaxPool", x, attrs)
+        y = pool_node("MaxPool", x, attrs)
+        return y if nans is None else ops.where(pool_node("MaxPool", nans, attrs) > ops.scalar(0, y),
+                                                ops.scalar(np.nan, y), y)
     y, indices = pool_node("MaxPool", x, attrs, 2)
+    if nans is not None:
+        found, where_found = pool_node("MaxPool", nans, attrs, 2)
+        nan = found > ops.scalar(0, found)
+        y, indices = ops.where(nan, ops.scalar(np.nan, y), y), ops.where(nan, where_found, indices)
     spatial = list(x.shape[2:])
     if all(isinstance(d, int) for d in spatial):
         plane = ops.const_i64([int(np.prod(spatial))])
