@@ -163,6 +163,14 @@ METHODS = [
     ("frac_", ()), ("reciprocal_", ()), ("square_", ()), ("rsqrt_", ()), ("sin_", ()), ("cos_", ()), ("erf_", ()),
     ("sign_", ()), ("fmod_", (0.7,)), ("remainder_", (0.7,)), ("nan_to_num_", ()), ("tril_", ()), ("triu_", (1,)),
     ("cumsum_", (1,)), ("cumprod_", (2,)),
+    ("scatter_add_", (2, "index3", "y")), ("scatter_reduce_", (2, "index3", "y", "amax")),
+    ("index_fill_", (1, "index", -1.0)), ("masked_scatter_", ("mask", "y")), ("lerp_", ("y", 0.3)),
+    ("addcmul_", ("y", "y")), ("addcdiv_", ("y", "pos")), ("atan2_", ("y",)), ("hypot_", ("y",)),
+    ("copysign_", ("y",)), ("xlogy_", ("pos",)), ("floor_divide_", ("pos",)), ("true_divide_", ("pos",)),
+    ("heaviside_", ("y",)), ("tan_", ()), ("sinh_", ()), ("cosh_", ()), ("asin_", ()), ("acos_", ()), ("atan_", ()),
+    ("asinh_", ()), ("acosh_", ()), ("atanh_", ()), ("log1p_", ()), ("expm1_", ()), ("log2_", ()), ("log10_", ()),
+    ("exp2_", ()), ("erfc_", ()), ("erfinv_", ()), ("logit_", ()), ("sinc_", ()), ("deg2rad_", ()), ("rad2deg_", ()),
+    ("sgn_", ()), ("fix_", ()),
 ]
 
 

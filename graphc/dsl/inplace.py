@@ -235,7 +235,11 @@ METHODS = {
 }
 METHODS.update({f"{name}_": _method_in_place(name) for name in (
     "index_copy", "ceil", "floor", "round", "trunc", "frac", "reciprocal", "square", "rsqrt", "sin", "cos", "erf",
-    "sign", "fmod", "remainder", "nan_to_num", "tril", "triu", "cumsum", "cumprod")})
+    "sign", "fmod", "remainder", "nan_to_num", "tril", "triu", "cumsum", "cumprod",
+    "scatter_add", "scatter_reduce", "index_fill", "masked_scatter", "lerp", "addcmul", "addcdiv", "atan2", "hypot",
+    "copysign", "xlogy", "floor_divide", "true_divide", "heaviside", "tan", "sinh", "cosh", "asin", "acos", "atan",
+    "asinh", "acosh", "atanh", "log1p", "expm1", "log2", "log10", "exp2", "erfc", "erfinv", "logit", "sinc", "deg2rad",
+    "rad2deg", "sgn", "fix")})
 
 for _name, _method in METHODS.items():
     setattr(Tensor, _name, _method)
