@@ -34,6 +34,8 @@ SB = np.array([0.0, 0.0, -1.0, -0.0, 0.0, 2.0, 1.0, NAN, 1.0, 2.0, NAN, -3.0, -1
                1.0, 2e38, -1.0], np.float32)
 WITH_TIES = X.copy()
 WITH_TIES[0, 1] = Y[0, 1]
+WITH_ZERO = X.copy()
+WITH_ZERO[0, :2] = 0
 WITH_NAN = X.copy()
 WITH_NAN[1, 2, 1:3] = NAN
 I = np.array([[-7, 0, 5, 12, -128], [9, -3, 7, 1, 64]], np.int64)
@@ -81,6 +83,7 @@ CASES = [
     ("xlogy", lambda M, x, y: M.xlogy(x, y) + x.xlogy(y[0] * 2), (X, POS), {}),
     ("xlogy_zero_x", lambda M, x, y: M.xlogy(x * 0, y) + x.xlogy(3.0), (X, POS), {}),
     ("xlogy_special", lambda M, a, b: M.xlogy(a, b), (), {"a": SA, "b": SB}),
+    ("xlogy_zero_x_grad", lambda M, x, y: M.xlogy(x, y), (WITH_ZERO, POS), {}),  # d/dx at x == 0 is log(y)
     ("xlogy_int", lambda M, i, j: M.xlogy(i.abs(), j.abs()), (), {"i": I, "j": J}),
     ("copysign", lambda M, x, y: M.copysign(x, y) + x.copysign(-1.0) * M.copysign(x, y[1]), (X, Y), {}),
     ("copysign_special", lambda M, a, b: M.copysign(a, b), (), {"a": SA, "b": SB}),

@@ -156,10 +156,13 @@ def hypot(input: Any, other: Any) -> Tensor:  # noqa: A002
 
 def xlogy(input: Any, other: Any) -> Tensor:  # noqa: A002
     """``input * log(other)``, 0 where ``input`` is 0 unless ``other`` is nan (then nan), as torch;
-    integers become float32. The log there is never evaluated, so no nan gradient leaks from it."""
+    integers become float32. Where ``0 * log(other)`` would not be 0 (``other`` <= 0 or inf) the log
+    reads 1, so no nan gradient leaks from it; elsewhere the gradient to ``input`` is ``log(other)``,
+    at 0 too, as torch's (the 0 is ``0 * log(other) + 0``: +0, as torch's, with that gradient)."""
     x, y = _to_float_pair("xlogy", input, other)
     zero = (x == scalar(0, x)) & unary("Not", isnan(y))
-    return where(zero, scalar(0, x), x * log(where(zero, scalar(1, y), y)))
+    product = x * log(where(zero & ((y <= scalar(0, y)) | unary("IsInf", y)), scalar(1, y), y))
+    return where(zero, product + scalar(0, x), product)
 
 
 def copysign(input: Any, other: Any) -> Tensor:  # noqa: A002
