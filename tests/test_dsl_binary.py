@@ -77,6 +77,8 @@ CASES = [
     ("atan2_special", lambda M, a, b: M.atan2(a, b), (), {"a": SA, "b": SB}),
     ("atan2_axes", lambda M, a, b: M.atan2(a, b) * 2, (np.array([0, 1, 0, -1, 2, -3], np.float32),
                                                       np.array([1, 0, -1, 0, -2, 3], np.float32)), {}),
+    ("atan2_origin", lambda M, a, b: M.atan2(a, b), (np.array([0, -0.0, 0, 1], np.float32),  # gradients 0 at 0
+                                                     np.array([0, 0, -0.0, 0], np.float32)), {}),
     ("atan2_int", lambda M, i, j: M.atan2(i, j), (), {"i": I, "j": J}),
     ("hypot", lambda M, x, y: M.hypot(x, y[0]) + x.hypot(y), (X, Y), {}),
     ("hypot_special", lambda M, a, b: M.hypot(a, b), (), {"a": SA, "b": SB}),

@@ -132,11 +132,12 @@ def atan2(input: Any, other: Any) -> Tensor:  # noqa: A002
     """The angle of the point ``(other, input)``, in ``[-pi, pi]``, signed zeros and infinities as
     torch's; integers become float32. Where ``|other| >= |input|`` it is ``atan(input / other)``,
     turned by pi when ``other``'s sign bit is set, else ``sign(input) pi/2 - atan(other / input)``,
-    so no division is by 0 and the gradient is torch's."""
+    so no division is by 0 and the gradient is torch's (0 at the origin, where ``y * 0`` is divided)."""
     y, x = _to_float_pair("atan2", input, other)
     one = scalar(1, x)
     by_x = abs_(x) >= abs_(y)
-    near = unary("Atan", y / where(by_x & (x != scalar(0, x)), x, one))  # x == 0 here means y == 0
+    divides = by_x & (x != scalar(0, x))  # x == 0 where by_x means y == 0
+    near = unary("Atan", where(divides, y, y * scalar(0, y)) / where(divides, x, one))
     near = where(_sign_bit(x), near + where(_sign_bit(y), scalar(-math.pi, x), scalar(math.pi, x)), near)
     far = unary("Sign", y) * scalar(math.pi / 2, x) - unary("Atan", x / where(by_x, one, y))
     corner = unary("Sign", y) * where(_sign_bit(x), scalar(3 * math.pi / 4, x), scalar(math.pi / 4, x))
