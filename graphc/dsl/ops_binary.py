@@ -19,6 +19,7 @@ from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import (binary, cast, constant, detach, emit, lift, log, maximum, minimum, operand_pair, same_dtype,
                             scalar, sqrt, unary, where)
 from graphc.dsl.ops_divide import floor_divide, to_float, true_divide
+from graphc.dsl.ops_elementwise import signbit
 from graphc.dsl.ops_math import all as all_
 from graphc.dsl.ops_math import isfinite, isnan, logaddexp, trunc
 from graphc.dsl.tensor import Tensor
@@ -138,9 +139,9 @@ def atan2(input: Any, other: Any) -> Tensor:  # noqa: A002
     by_x = abs_(x) >= abs_(y)
     divides = by_x & (x != scalar(0, x))  # x == 0 where by_x means y == 0
     near = unary("Atan", where(divides, y, y * scalar(0, y)) / where(divides, x, one))
-    near = where(_sign_bit(x), near + where(_sign_bit(y), scalar(-math.pi, x), scalar(math.pi, x)), near)
+    near = where(signbit(x), near + where(signbit(y), scalar(-math.pi, x), scalar(math.pi, x)), near)
     far = unary("Sign", y) * scalar(math.pi / 2, x) - unary("Atan", x / where(by_x, one, y))
-    corner = unary("Sign", y) * where(_sign_bit(x), scalar(3 * math.pi / 4, x), scalar(math.pi / 4, x))
+    corner = unary("Sign", y) * where(signbit(x), scalar(3 * math.pi / 4, x), scalar(math.pi / 4, x))
     return where(unary("IsInf", x) & unary("IsInf", y), corner, where(by_x, near, far))
 
 
@@ -170,13 +171,7 @@ def copysign(input: Any, other: Any) -> Tensor:  # noqa: A002
     """``|input|`` with the sign of ``other`` (-0.0 counts as negative, as torch); integers become
     float32. The gradient to ``input`` is the sign change (0 at 0), none to ``other``, as torch's."""
     a, b = _to_float_pair("copysign", input, other)
-    return where(_sign_bit(b), -abs_(a), abs_(a))
-
-
-def _sign_bit(t: Tensor) -> Tensor:
-    """Where ``t`` is negative, -0.0 included (``1 / -0.0`` is -inf); nan counts as positive."""
-    zero = scalar(0, t)
-    return (t < zero) | ((t == zero) & (unary("Reciprocal", t) < zero))
+    return where(signbit(b), -abs_(a), abs_(a))
 
 
 def fmax(input: Any, other: Any) -> Tensor:  # noqa: A002
