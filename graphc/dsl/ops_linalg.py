@@ -22,7 +22,6 @@ from graphc.dsl.ops_views import movedim, outer, ranked_matmul, scaled_sum
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
-from graphc.passes.infer import broadcast
 
 
 class SignLogAbsDet(NamedTuple):
@@ -98,7 +97,7 @@ def kron(input: Any, other: Any) -> Tensor:  # noqa: A002
 
 def cross(input: Any, other: Any, dim: int | None = None) -> Tensor:  # noqa: A002
     """The cross product of 3-vectors along ``dim`` of two operands of one rank, broadcast;
-    ``dim=None``, torch's deprecated default, is the first dim of size 3. Signature: ai.onnx@13::Gather"""
+    ``dim=None``, torch's deprecated default, is ``input``'s first dim of size 3. Signature: ai.onnx@13::Gather"""
     a, b = lift(input), lift(other)
     same_dtype("Mul", a, b)
     if a.ndim != b.ndim:
@@ -106,9 +105,9 @@ def cross(input: Any, other: Any, dim: int | None = None) -> Tensor:  # noqa: A0
                        user_source())
     broadcast_shape("Mul", a, b)
     if dim is None:
-        dim = next((d for d, n in enumerate(broadcast(a.shape, b.shape)) if n == 3), None)
+        dim = next((d for d, n in enumerate(a.shape) if n == 3), None)
         if dim is None:
-            raise op_error("Gather", [a, b], "cross: no dim of size 3 in the broadcast shape", user_source())
+            raise op_error("Gather", [a, b], "cross: no dim of size 3 in input", user_source())
     dim = dim_index(a, dim, "Gather")
     if a.shape[dim] != 3 or b.shape[dim] != 3:
         raise op_error("Gather", [a, b], f"cross: dim {dim} must have size 3 in both operands, got "
