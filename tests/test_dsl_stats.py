@@ -79,6 +79,7 @@ VALUES = [
     ("mode", lambda M, x: tuple(M.mode(x)), [TIES]),
     ("mode_dim_keepdim", lambda M, x: tuple(x.mode(0, keepdim=True)), [TIES]),
     ("mode_ints", lambda M, x: tuple(M.mode(x, 1)), [INTS]),
+    ("mode_bools", lambda M, x: tuple(M.mode(x, 0)), [INTS > 0]),
     ("cov", lambda M, x: M.cov(x), [X[0]]),
     ("cov_vector", lambda M, x: M.cov(x), [X[0, 0]]),
     ("cov_ints", lambda M, x: x.cov(correction=0), [INTS]),

@@ -109,7 +109,7 @@ def mode(x: Tensor, dim: int = -1, keepdim: bool = False) -> ValuesIndices:
     It compares every pair along ``dim``: memory ``n`` times ``x``'s. NaNs each count once."""
     x = lift(x)
     dim = dim_index(x, dim, "Mode")
-    key = movedim(x, dim, -1)
+    key = movedim(cast(x, "int32") if x.dtype == "bool" else x, dim, -1)  # onnxruntime has no bool Where
     counts = reduce_sum(unsqueeze(key, [-1]) == unsqueeze(key, [-2]), -1)  # [..., i]: entries equal to i
     top = counts == reduce_max(counts, -1, True)
     sortable = nan_as(key, np.inf)
