@@ -140,6 +140,8 @@ CASES = [
      {"x": X * (np.abs(X) > 0.5)}),
     ("nonzero_tuple", lambda M, x: M.stack([*M.nonzero(x, as_tuple=True), *x.nonzero(as_tuple=True)]), (),
      {"x": I8}),
+    ("nonzero_float64_nan_and_minus_zero", lambda M, x: M.nonzero(x), (),
+     {"x": np.array([[0.0, np.nan], [-0.0, 2.0]])}),
 ]
 IDS = [c[0] for c in CASES]
 

@@ -222,11 +222,12 @@ def masked_select(x: Tensor, mask: Tensor) -> Tensor:
 
 def nonzero(x: Tensor, *, as_tuple: bool = False) -> Any:
     """``torch.nonzero``: the int64 ``[count, rank]`` indices of ``x``'s nonzero (true) entries in
-    row-major order, or with ``as_tuple`` one 1-D Tensor per dim. Signature: ai.onnx@9::NonZero"""
+    row-major order, or with ``as_tuple`` one 1-D Tensor per dim (of ``x`` cast to bool: onnxruntime's
+    NonZero takes few dtypes, not float64). Signature: ai.onnx@9::NonZero"""
     x = lift(x)
     if x.ndim == 0:
         raise op_error("NonZero", [x], "nonzero of a 0-D Tensor is not supported; reshape it to [1]", user_source())
-    rows = emit("NonZero", [x])
+    rows = emit("NonZero", [cast(x, "bool")])
     if as_tuple:
         return tuple(emit("Gather", [rows, constant(np.asarray(k, np.int64))], {"axis": 0}) for k in range(x.ndim))
     return transpose(rows, [1, 0])
