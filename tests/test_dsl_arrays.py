@@ -172,11 +172,12 @@ def test_symbolic_batch_dims():
         a, b = gc.broadcast_tensors(x, m[0].astype("float32"))
         return {"select": gc.masked_select(x, m), "nonzero": gc.nonzero(m), "fill": x.index_fill(0, i, 7.0),
                 "broadcast": a + b, "squeeze": x[:, :1].squeeze(1), "take": gc.take_along_dim(x, i[None], 0),
-                "put": gc.index_put(x, (i,), x[0], accumulate=True), "ravel": x.ravel(), "swap": x.swapaxes(0, 1)}
+                "put": gc.index_put(x, (i,), x[0], accumulate=True), "ravel": x.ravel(), "swap": x.swapaxes(0, 1),
+                "squeeze_all": gc.squeeze(x[:, None, :1])}
     model = gc.capture(fn, x=gc.spec("float32", ("N", 3)), m=gc.spec("bool", ("N", 3)), i=gc.spec("int64", [1]))
     onnx.checker.check_model(model.proto, full_check=True)
     shapes = {o.name: tuple(o.shape) for o in model.outputs}
-    assert shapes["fill"] == shapes["broadcast"] == ("N", 3) and shapes["squeeze"] == ("N",)
+    assert shapes["fill"] == shapes["broadcast"] == ("N", 3) and shapes["squeeze"] == shapes["squeeze_all"] == ("N",)
     rng = np.random.default_rng(0)
     for n in (2, 5):
         x = rng.standard_normal((n, 3)).astype(np.float32)
@@ -186,7 +187,7 @@ def test_symbolic_batch_dims():
         filled[-1] = 7
         put[-1] += x[0]
         want = {"select": x[m], "nonzero": np.argwhere(m), "fill": filled, "broadcast": x + m[0], "squeeze": x[:, 0],
-                "take": x[-1:], "put": put, "ravel": x.ravel(), "swap": x.T}
+                "take": x[-1:], "put": put, "ravel": x.ravel(), "swap": x.T, "squeeze_all": x[:, 0]}
         for k, v in want.items():
             np.testing.assert_allclose(out[k], v, rtol=1e-6, err_msg=f"{k} at N={n}")
 

@@ -100,10 +100,11 @@ def split_with_sizes(x: Tensor, split_sizes: Sequence[int], dim: int = 0) -> tup
 
 def squeeze(x: Tensor, dim: Any = None) -> Tensor:
     """``torch.squeeze``: every size-1 dim, or those of ``dim`` (an int or a tuple); a listed dim of
-    another size stays, as in torch. Signature: ai.onnx@21::Squeeze"""
+    another size stays, as in torch. Without ``dim`` a symbolic dim is taken not to be 1 and stays,
+    so the result has a known rank. Signature: ai.onnx@21::Squeeze"""
     x = lift(x)
     if dim is None:
-        return squeeze_axes(x)
+        return squeeze_axes(x, None if x.shape is None else [d for d, n in enumerate(x.shape) if n == 1])
     dims = [dim] if isinstance(dim, (int, np.integer)) else list(dim)
     return squeeze_axes(x, [dim_index(x, int(d), "Squeeze") for d in dims]) if x.ndim else x
 
