@@ -150,11 +150,15 @@ def _diagonal(x: Tensor, offset: int, dim1: int, dim2: int) -> Tensor:
         raise op_error("Gather", [x], f"diagonal: dim1 and dim2 are the same dim ({dim1}, {dim2})", user_source())
     rows, cols = static_dim(x, d1, "Gather"), static_dim(x, d2, "Gather")
     x = movedim(x, (d1, d2), (-2, -1))
-    first_row, first_col = max(-offset, 0), max(offset, 0)
-    length = max(min(rows - first_row, cols - first_col), 0)
     flat = reshape(x, [*x.shape[:-2], rows * cols])
-    at = [(first_row + i) * cols + first_col + i for i in range(length)]
+    at = [r * cols + c for r, c in diagonal_cells(rows, cols, offset)]
     return emit("Gather", [flat, constant(np.asarray(at, np.int64))], {"axis": flat.ndim - 1})
+
+
+def diagonal_cells(rows: int, cols: int, offset: int) -> list[tuple[int, int]]:
+    """The (row, column) pairs of diagonal ``offset`` of a ``rows`` x ``cols`` matrix, as torch's ``diagonal``."""
+    first_row, first_col = max(-offset, 0), max(offset, 0)
+    return [(first_row + k, first_col + k) for k in range(max(min(rows - first_row, cols - first_col), 0))]
 
 
 def diag_embed(input: Any, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Tensor:  # noqa: A002

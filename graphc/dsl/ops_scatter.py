@@ -18,6 +18,7 @@ from graphc.dsl.ops import (cast, concat, const_i64, constant, emit, lift, reduc
                             scalar, transpose, unsqueeze, where)
 from graphc.dsl.ops_array import cumsum, dim_index, dim_length, full_like, ones_like, static_dim, zeros_like
 from graphc.dsl.ops_divide import floor_divide
+from graphc.dsl.ops_linalg import diagonal_cells
 from graphc.dsl.ops_reshape import broadcast_tensors
 from graphc.dsl.ops_views import index_copy, movedim
 from graphc.dsl.tensor import Tensor
@@ -184,9 +185,7 @@ def diagonal_scatter(x: Tensor, src: Tensor, offset: int = 0, dim1: int = 0, dim
         raise op_error("ScatterND", [x], f"diagonal_scatter dim1 and dim2 must differ, got {dim1} and {dim2}",
                        user_source())
     rows, cols = static_dim(x, a, "ScatterND"), static_dim(x, b, "ScatterND")
-    first_row, first_col = max(-offset, 0), max(offset, 0)
-    length = max(min(rows - first_row, cols - first_col), 0)
-    pairs = constant(np.asarray([[first_row + k, first_col + k] for k in range(length)], np.int64).reshape(-1, 2))
+    pairs = constant(np.asarray(diagonal_cells(rows, cols, offset), np.int64).reshape(-1, 2))
     moved = movedim(x, (a, b), (0, 1))
     updates = movedim(src, -1, 0)
     out = emit("ScatterND", [moved, pairs, updates])
