@@ -109,6 +109,30 @@ def test_writes_through_views_match_torch():
     np.testing.assert_allclose(_run(_views, x=X), _torch(_views, x=X), rtol=1e-6)
 
 
+# (id, a reshape of a view): torch's reshape, flatten and contiguous copy where the strides allow no view
+RESHAPED_VIEWS = [
+    ("transpose_reshape_copies", lambda y: y.transpose(0, 2).reshape(-1)),
+    ("transpose_flatten_copies", lambda y: y.transpose(1, 2).flatten(1)),
+    ("transpose_contiguous_copies", lambda y: y.transpose(0, 1).contiguous()),
+    ("columns_reshape_copies", lambda y: y[:, :, :4].reshape(4, -1)),
+    ("permute_reshape_views", lambda y: y.permute(2, 0, 1).reshape(6, 2, 2, 5)),
+    ("columns_reshape_views", lambda y: y[:, 1:3].reshape(4, 2, 3, 2)),
+    ("rows_flatten_views", lambda y: y[1:3].flatten()),
+    ("sliced_contiguous_views", lambda y: y[2:].contiguous()),
+]
+
+
+@pytest.mark.parametrize("reshaped", [c[1] for c in RESHAPED_VIEWS], ids=[c[0] for c in RESHAPED_VIEWS])
+def test_write_into_a_reshaped_view_reaches_the_base_as_torch(reshaped):
+    def fn(x):
+        y = x * 1
+        r = reshaped(y)
+        r.mul_(3.0)
+        r[0] = -1.0
+        return y * 2 + r.sum()
+    np.testing.assert_allclose(_run(fn, x=X), _torch(fn, x=X), rtol=1e-5)
+
+
 def _use_stale(x):
     v = x.view(-1)
     x[0] = 1.0

@@ -11,7 +11,7 @@ from typing import Any
 from graphc.dsl import (ops, ops_array, ops_binary, ops_divide, ops_elementwise, ops_layers, ops_linalg, ops_math,
                         ops_order, ops_reshape, ops_scatter, ops_stats, ops_views)
 from graphc.dsl.builder import user_source
-from graphc.dsl.tensor import Tensor
+from graphc.dsl.tensor import Tensor, is_contiguous
 from graphc.errors import CaptureError
 from graphc.model.dtypes import as_dtype
 
@@ -88,7 +88,7 @@ METHODS = {
     "dim": lambda a: a.ndim,
     "unsqueeze": ops_reshape.unsqueeze,
     "squeeze": lambda a, *dims: ops_reshape.squeeze(a, _dims(dims) if dims else None),
-    "contiguous": lambda a: a,
+    "contiguous": lambda a: a if is_contiguous(a) else ops_reshape.clone(a),
     "float": lambda a: ops.cast(a, "float32"), "double": lambda a: ops.cast(a, "float64"),
     "half": lambda a: ops.cast(a, "float16"), "long": lambda a: ops.cast(a, "int64"),
     "int": lambda a: ops.cast(a, "int32"), "bool": lambda a: ops.cast(a, "bool"),

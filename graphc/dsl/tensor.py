@@ -7,13 +7,14 @@ bound to the class by ``graphc.dsl.methods``, which every capture imports first.
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-from graphc.dsl.builder import active, type_str, user_source
+from graphc.dsl.builder import active, current, type_str, user_source
 from graphc.errors import CaptureError
 from graphc.model.dtypes import DType, as_dtype
 from graphc.passes.values import static_shape
@@ -120,7 +121,7 @@ class Tensor:
 
 
 # ops whose output torch would make a view of the first input (a Slice only with positive steps: torch has no
-# negative-step views, and ``flip`` copies)
+# negative-step views, and ``flip`` copies; a Reshape or Flatten only where the strides allow one)
 VIEW_OPS = frozenset({"Slice", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Identity",
                       "Split"})
 
@@ -130,8 +131,90 @@ def note_views(op: str, inputs: list, attrs: dict | None, outs: list[Tensor], st
     base = inputs[0]
     if op == "Slice" and (steps is None or (np.asarray(steps) < 0).any()):
         return
+    if op in ("Reshape", "Flatten") and base._view is not None and not _viewable(base, outs[0].shape):
+        return  # torch's reshape copies
     if base._views is None or len(base._views) > 64:
         base._views = [ref for ref in base._views or () if ref() is not None]
     for out in outs:
         out._view = (base, (op, inputs, attrs or {}))
         base._views.append(weakref.ref(out))
+
+
+def _viewable(base: Tensor, shape: tuple | None) -> bool:
+    """Whether torch can view ``base`` as ``shape`` (True where either's strides are unknown)."""
+    old = strides(base)
+    if old is None or shape is None or not all(isinstance(d, int) for d in shape):
+        return True
+    return view_strides(base.shape, old, shape) is not None
+
+
+# -- torch's strides of a view, read from the ops that made it (``Tensor._view``): whether a reshape of a view
+# is itself a view (torch's ``computeStride``; else ``reshape``/``flatten`` copy) and whether a Tensor is
+# contiguous. Static shapes only: where a shape or a Slice's steps are unknown, so are the strides.
+
+
+def strides(t: Any) -> tuple[int, ...] | None:
+    """``t``'s strides in the storage of the Tensor it is a view of, as torch's; None where unknown (a
+    symbolic dim, a Slice's axes or steps not constants, an ``expand``)."""
+    shape = t.shape
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    if t._view is None:
+        return contiguous_strides(shape)
+    base, (op, inputs, attrs) = t._view
+    old = strides(base)
+    if old is None or op == "Expand":
+        return None
+    if op in ("Identity", "Split"):
+        return old
+    if op == "Transpose":
+        return tuple(old[p] for p in attrs.get("perm", range(len(old))[::-1]))
+    if op == "Slice":
+        return _sliced(old, inputs)
+    return view_strides(base.shape, old, shape)  # Reshape, Flatten, Squeeze, Unsqueeze
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides of ``shape``."""
+    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+
+
+def is_contiguous(t: Any) -> bool:
+    """Whether ``t`` is contiguous, as torch's ``is_contiguous`` (size-1 dims' strides do not count); True
+    where its strides are unknown."""
+    found = strides(t)
+    return found is None or all(s == c for s, c, d in zip(found, contiguous_strides(t.shape), t.shape) if d != 1)
+
+
+def view_strides(old_shape: tuple[int, ...], old: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The strides of ``old_shape`` (strides ``old``) viewed as ``shape``, or None where no view can be,
+    so torch's ``reshape`` copies: torch's ``computeStride``, chunk by chunk of dims that are contiguous
+    with each other."""
+    if math.prod(old_shape) == 0 or not old_shape:
+        return contiguous_strides(shape)
+    new = [0] * len(shape)
+    view_d, chunk_stride, tensor_numel, view_numel = len(shape) - 1, old[-1], 1, 1
+    for tensor_d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= old_shape[tensor_d]
+        if tensor_d == 0 or (old_shape[tensor_d - 1] != 1 and old[tensor_d - 1] != tensor_numel * chunk_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or shape[view_d] == 1):
+                new[view_d] = view_numel * chunk_stride
+                view_numel *= shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if tensor_d > 0:
+                chunk_stride, tensor_numel, view_numel = old[tensor_d - 1], 1, 1
+    return tuple(new) if view_d == -1 else None
+
+
+def _sliced(old: tuple[int, ...], inputs: list) -> tuple[int, ...] | None:
+    consts = current().consts
+    axes = consts.get(id(inputs[3]._ir)) if len(inputs) > 3 and inputs[3] is not None else range(len(old))
+    steps = consts.get(id(inputs[4]._ir)) if len(inputs) > 4 and inputs[4] is not None else np.ones(len(old))
+    if axes is None or steps is None:
+        return None
+    out = list(old)
+    for axis, step in zip(np.asarray(axes).tolist(), np.asarray(steps).tolist()):
+        out[axis] *= int(step)
+    return tuple(out)
