@@ -133,6 +133,15 @@ def test_write_into_a_reshaped_view_reaches_the_base_as_torch(reshaped):
     np.testing.assert_allclose(_run(fn, x=X), _torch(fn, x=X), rtol=1e-5)
 
 
+def test_write_into_select_reaches_the_base_as_torch():
+    def fn(x):
+        y = x * 1
+        y.select(1, -2).zero_()
+        y.select(2, 3)[1:] += 5.0
+        return y
+    np.testing.assert_allclose(_run(fn, x=X), _torch(fn, x=X), rtol=1e-6)
+
+
 def _use_stale(x):
     v = x.view(-1)
     x[0] = 1.0

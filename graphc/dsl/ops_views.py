@@ -10,7 +10,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops import (broadcast_shape, const_i64, constant, emit, lift, matmul, reshape, same_dim, same_dtype,
+from graphc.dsl.indexing import getitem
+from graphc.dsl.ops import (broadcast_shape, const_i64, emit, lift, matmul, reshape, same_dim, same_dtype,
                             scalar, transpose, unsqueeze)
 from graphc.dsl.ops_array import dim_index, gather, sort_order
 from graphc.dsl.tensor import Tensor
@@ -68,14 +69,15 @@ def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
 
 
 def select(x: Tensor, dim: int, index: int) -> Tensor:
-    """``x`` at ``index`` of ``dim``, which goes away (``x[:, index]`` for ``dim=1``). Signature: ai.onnx@13::Gather"""
+    """``x`` at ``index`` of ``dim``, which goes away: ``x[:, index]`` for ``dim=1``, a view as torch's (an
+    in-place write into it reaches ``x``). Signature: ai.onnx@13::Slice"""
     x = lift(x)
-    dim = dim_index(x, dim, "Gather")
+    dim = dim_index(x, dim, "Slice")
     size = x.shape[dim]
     if isinstance(size, int) and not -size <= index < size:
-        raise op_error("Gather", [x], f"select index {index} out of range for dim {dim} of size {size}",
+        raise op_error("Slice", [x], f"select index {index} out of range for dim {dim} of size {size}",
                        user_source())
-    return emit("Gather", [x, constant(np.asarray(index, np.int64))], {"axis": dim})
+    return getitem(x, (slice(None),) * dim + (int(index),))
 
 
 def t(x: Tensor) -> Tensor:
