@@ -97,6 +97,8 @@ CASES = [
     ("max_float64", lambda M, x: M.amax(x, 0), ROWS.astype(np.float64)),
     ("sort_float64", lambda M, x: M.sort(x, dim=1, descending=True, stable=True).values, ROWS.astype(np.float64)),
     ("max_pool2d_float64", lambda M, x: M.max_pool2d(x, 2), IMAGES.astype(np.float64)),
+    ("argmin_all_keepdim", lambda M, x: M.argmin(x, keepdim=True), ROWS),
+    ("argmax_all_keepdim", lambda M, x: x.argmax(None, True), IMAGES),
 ]
 
 

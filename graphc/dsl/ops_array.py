@@ -393,11 +393,11 @@ def nan_as(x: Tensor, fill: float) -> Tensor:
 
 
 def arg_index(op: str, x: Tensor, dim: int | None, keepdim: bool) -> Tensor:
-    """``op`` ArgMax/ArgMin's first index along ``dim`` (of the flattened ``x`` when None, as
-    PyTorch), where there is a NaN the first NaN's (beyond every value, infs too), as torch's."""
+    """ArgMax/ArgMin's first index along ``dim`` (None: of all, ``keepdim`` keeping all dims as 1); a NaN's if any."""
     x = lift(x)
     if dim is None:
-        x, dim, keepdim = reshape(x, [-1]), 0, False
+        flat = arg_index(op, reshape(x, [-1]), 0, False)
+        return reshape(flat, [1] * x.ndim) if keepdim else flat
     attrs = {"axis": dim_index(x, dim, op), "keepdims": int(bool(keepdim))}
     if x.dtype not in FLOAT_DTYPES:
         return emit(op, [x], attrs)
