@@ -204,6 +204,8 @@ LP = np.zeros((5, 2, 4), np.float32)
     ((LP, np.ones((2, 2), np.int64), [5, 5], [3, 2]), {}, r"must be at most S = 2"),
     ((LP, np.ones(3, np.int64), [5, 5], [2, 2]), {}, r"sum\(target_lengths\) = 4 labels, got 3"),
     ((LP, np.ones((2, 2), np.float32), [5, 5], [2, 2]), {}, "targets must be int64 or int32"),
+    ((LP, np.ones((2, 2), np.int64), [5, 5], [2, 2]), {"blank": 4}, r"blank must be in \[0, C = 4\), got 4"),
+    ((LP, np.ones((2, 2), np.int64), [5, 5], [2, 2]), {"blank": -1}, r"blank must be in \[0, C = 4\), got -1"),
 ])
 def test_refusals_name_the_argument(args, kw, match):
     with pytest.raises(gc.GraphError, match=match):

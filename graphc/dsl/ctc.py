@@ -47,6 +47,9 @@ def ctc_loss(log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths
     if lp.ndim not in (2, 3):
         raise op_error(_OP, [lp], f"log_probs must be (T, N, C) or unbatched (T, C), got rank {lp.ndim}",
                        user_source())
+    classes = lp.shape[-1]
+    if blank < 0 or (isinstance(classes, int) and blank >= classes):
+        raise CaptureError(f"{_OP}: blank must be in [0, C = {classes}), got {blank} (at {user_source()})")
     batched = lp.ndim == 3
     lp = lp if batched else ops.unsqueeze(lp, [1])
     t_len = lp.shape[0]
