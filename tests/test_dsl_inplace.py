@@ -142,6 +142,32 @@ def test_write_into_select_reaches_the_base_as_torch():
     np.testing.assert_allclose(_run(fn, x=X), _torch(fn, x=X), rtol=1e-6)
 
 
+def _diagonal_writes(x):
+    y = x * 1
+    y.diagonal(0, -2, -1).fill_(0.0)      # the main diagonal of each matrix
+    y.diagonal(1, 1, 2).mul_(3.0)         # above it
+    y[0].diagonal(-2)[1:] += 5.0          # below it, through a slice of a view
+    return y * y
+
+
+def test_write_into_diagonal_reaches_the_base_as_torch():
+    np.testing.assert_allclose(_run(_diagonal_writes, x=X), _torch(_diagonal_writes, x=X), rtol=1e-6)
+
+    class Net(gc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = gc.nn.Parameter(X)
+
+        def forward(self, c):
+            return {"loss": (_diagonal_writes(self.a) * c).sum()}
+
+    c = np.random.default_rng(6).standard_normal(X.shape).astype(np.float32)
+    grads = gc.Session(gc.grad(gc.capture(Net(), c=c), "loss"), backend="ort-cpu").run({"c": c})
+    a = torch.tensor(X, requires_grad=True)
+    (_diagonal_writes(a) * torch.tensor(c)).sum().backward()
+    np.testing.assert_allclose(grads["a_grad"], a.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def _use_stale(x):
     v = x.view(-1)
     x[0] = 1.0

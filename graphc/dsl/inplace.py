@@ -111,6 +111,8 @@ def _unview(base: Tensor, how: tuple, new: Tensor) -> Tensor:
     op, inputs, attrs = how
     if op == "Slice":
         return _put(base, lambda positions: ops.emit("Slice", [positions, *inputs[1:]]), new)
+    if op == "Diagonal":
+        return _put(base, attrs["pick"], new)
     if op == "Transpose":
         perm = attrs.get("perm", list(range(new.ndim))[::-1])
         return ops.transpose(new, [int(p) for p in np.argsort(perm)])

@@ -19,7 +19,7 @@ from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.ops_array import arange, dim_index, dim_length, einsum, logsumexp, pad, static_dim
 from graphc.dsl.ops_views import movedim, outer, ranked_matmul, scaled_sum
-from graphc.dsl.tensor import Tensor
+from graphc.dsl.tensor import Tensor, note_views
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 
@@ -139,9 +139,13 @@ def addbmm(input: Any, batch1: Any, batch2: Any, *, beta: float = 1, alpha: floa
 
 def diagonal(input: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:  # noqa: A002
     """The diagonal of the matrices in ``dim1`` and ``dim2`` (above the main one for ``offset > 0``),
-    those dims removed and the diagonal appended last; their sizes must be static.
+    those dims removed and the diagonal appended last; their sizes must be static. A view of ``input``, as
+    torch's: a write into it (``x.diagonal().fill_(0)``) writes ``input``'s diagonal.
     Signature: ai.onnx@13::Gather"""
-    return _diagonal(lift(input), offset, dim1, dim2)
+    x = lift(input)
+    out = _diagonal(x, offset, dim1, dim2)
+    note_views("Diagonal", [x], {"pick": lambda positions: _diagonal(positions, offset, dim1, dim2)}, [out])
+    return out
 
 
 def _diagonal(x: Tensor, offset: int, dim1: int, dim2: int) -> Tensor:

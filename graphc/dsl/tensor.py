@@ -155,7 +155,7 @@ def _viewable(base: Tensor, shape: tuple | None) -> bool:
 
 def strides(t: Any) -> tuple[int, ...] | None:
     """``t``'s strides in the storage of the Tensor it is a view of, as torch's; None where unknown (a
-    symbolic dim, a Slice's axes or steps not constants, an ``expand``)."""
+    symbolic dim, a Slice's axes or steps not constants, an ``expand`` or a ``diagonal``)."""
     shape = t.shape
     if shape is None or not all(isinstance(d, int) for d in shape):
         return None
@@ -163,7 +163,7 @@ def strides(t: Any) -> tuple[int, ...] | None:
         return contiguous_strides(shape)
     base, (op, inputs, attrs) = t._view
     old = strides(base)
-    if old is None or op == "Expand":
+    if old is None or op in ("Expand", "Diagonal"):
         return None
     if op in ("Identity", "Split"):
         return old
