@@ -7,6 +7,8 @@ lowerings are also checked against float64 central differences."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -242,3 +244,15 @@ def test_symbolic_batch_dims():
                 "atan2": np.arctan2(x, x[:1] - 0.5), "same": np.asarray(True)}
         for k, v in want.items():
             np.testing.assert_allclose(out[k], v, rtol=1e-6, err_msg=f"{k} at N={n}")
+
+
+def test_gcd_at_the_int64_minimum_does_not_trap():
+    """|INT_MIN| is INT_MIN, so Euclid's steps can reach INT_MIN % -1, which traps the CPU (SIGFPE kills
+    the process on onnxruntime); the gcd is Python's where it fits in int64."""
+    low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    a = np.array([low, low, -7, 12, high], np.int64)
+    b = np.array([high, 3, low, low, -1], np.int64)
+    model = gc.capture(F.gcd, input=a, other=b)
+    want = [math.gcd(int(p), int(q)) for p, q in zip(a, b)]
+    for backend in ("numpy", "ort-cpu"):
+        np.testing.assert_array_equal(gc.Session(model, backend=backend).run({"input": a, "other": b})["output"], want)

@@ -375,9 +375,11 @@ def gcd(input: Any, other: Any) -> Tensor:  # noqa: A002
     def step(_, carry):
         x, y = carry
         done = y == scalar(0, y)
-        return where(done, x, y), where(done, y, emit("Mod", [x, where(done, scalar(1, y), y)]))
+        # x % -1 is 0, as x % 1, but the CPU traps INT_MIN % -1 (a -1 remainder after |INT_MIN|, still INT_MIN)
+        divisor = where(done | (y == scalar(-1, y)), scalar(1, y), y)
+        return where(done, x, y), where(done, y, emit("Mod", [x, divisor]))
 
-    return control.fori_loop(0, _euclid_steps(a.dtype), step, (a, b))[0]
+    return abs_(control.fori_loop(0, _euclid_steps(a.dtype), step, (a, b))[0])  # negative after a |INT_MIN|
 
 
 def lcm(input: Any, other: Any) -> Tensor:  # noqa: A002
