@@ -17,9 +17,9 @@ import graphc as gc
 import graphc.nn.functional as F
 
 try:
-    from torch_grad_util import TorchNS, assert_grads_match_central_differences, gc_grads, run_both
+    from torch_grad_util import assert_grads_match_central_differences, assert_matches_torch, run_both
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import TorchNS, assert_grads_match_central_differences, gc_grads, run_both
+    from tests.torch_grad_util import assert_grads_match_central_differences, assert_matches_torch, run_both
 
 R = np.random.default_rng(23)
 X = R.standard_normal((2, 3, 4)).astype(np.float32)
@@ -127,37 +127,9 @@ CASES = [
 IDS = [c[0] for c in CASES]
 
 
-def _torch(fn, params, inputs, c=None):
-    import torch
-
-    ts = [torch.tensor(p, requires_grad=True) for p in params]
-    out = fn(TorchNS(torch), *ts, **{k: torch.from_numpy(np.asarray(v)) for k, v in inputs.items()})
-    if c is not None:
-        (out * torch.from_numpy(c)).sum().backward()
-    return out.detach().numpy(), [None if t.grad is None else t.grad.numpy() for t in ts]
-
-
 @pytest.mark.parametrize("name,fn,params,inputs", CASES, ids=IDS)
 def test_output_and_gradients_match_torch(name, fn, params, inputs):
-    pytest.importorskip("torch")
-    want, _ = _torch(fn, params, inputs)
-    names = [f"p{i}" for i in range(len(params))]
-    feeds = {**dict(zip(names, params)), **inputs}
-    with np.errstate(all="ignore"):  # nan, inf and 0 in the special values: the eager capture and the numpy run
-        model = gc.capture(lambda **kw: fn(F, *(kw.pop(n) for n in names), **kw), **feeds)
-        got = run_both(model, feeds)["output"]
-    onnx.checker.check_model(model.proto, full_check=True)
-    assert got.dtype == want.dtype and got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    signed = ~np.isnan(want) if want.dtype.kind == "f" else np.ones(want.shape, bool)
-    np.testing.assert_array_equal(np.signbit(got[signed]), np.signbit(want[signed]), err_msg="signs (of zeros)")
-    if want.dtype.kind != "f" or not params:
-        return
-    c = R.standard_normal(want.shape).astype(want.dtype)
-    _, dparams = _torch(fn, params, inputs, c)
-    grads = gc_grads(fn, dict(zip(names, params)), inputs, c)
-    for n, dp in zip(names, dparams):
-        np.testing.assert_allclose(grads[n], 0 if dp is None else dp, rtol=1e-4, atol=1e-5, err_msg=n)
+    assert_matches_torch(fn, params, inputs, R, signed_zeros=True)
 
 
 # the new lowerings of differentiable functions, on one float64 input ``x`` split into their operands;

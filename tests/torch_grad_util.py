@@ -74,11 +74,12 @@ def _torch_case(fn, params, inputs, c=None):
     return out.detach().numpy(), [None if t.grad is None else t.grad.numpy() for t in ts]
 
 
-def assert_matches_torch(fn, params, inputs, rng: np.random.Generator) -> None:
+def assert_matches_torch(fn, params, inputs, rng: np.random.Generator, signed_zeros: bool = False) -> None:
     """``fn(M, *params, **inputs)`` captured with ``M = gc.nn.functional`` (eagerly, every argument a
     graph input), through the full ONNX checker, run on numpy and ort-cpu against torch's value,
     dtype and shape; for a float output, ``gc.grad``'s gradients of ``sum(out * c)`` (``c`` drawn
-    from ``rng``) with respect to every param against torch.autograd's."""
+    from ``rng``) with respect to every param against torch.autograd's. ``signed_zeros``: the signs
+    of the non-NaN outputs (zeros included) must be torch's too."""
     import onnx
     import pytest
 
@@ -88,11 +89,15 @@ def assert_matches_torch(fn, params, inputs, rng: np.random.Generator) -> None:
     want = np.asarray(_torch_case(fn, params, inputs)[0])
     names = [f"p{i}" for i in range(len(params))]
     feeds = {**dict(zip(names, params)), **inputs}
-    model = gc.capture(lambda **kw: fn(F, *(kw.pop(n) for n in names), **kw), **feeds)
+    with np.errstate(all="ignore"):  # nan, inf and 0 among the inputs: the eager capture and the numpy run
+        model = gc.capture(lambda **kw: fn(F, *(kw.pop(n) for n in names), **kw), **feeds)
+        got = run_both(model, feeds)["output"]
     onnx.checker.check_model(model.proto, full_check=True)
-    got = run_both(model, feeds)["output"]
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    if signed_zeros:
+        signed = ~np.isnan(want) if want.dtype.kind == "f" else np.ones(want.shape, bool)
+        np.testing.assert_array_equal(np.signbit(got[signed]), np.signbit(want[signed]), err_msg="signs (of zeros)")
     if want.dtype.kind != "f" or not params:
         return
     c = rng.standard_normal(want.shape).astype(want.dtype)
