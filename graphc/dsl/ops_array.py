@@ -1,3 +1,5 @@
+# Over 500 lines: torch's array functions beside the dim, shape and sort-key helpers they and the other
+# function modules share (dim_index, dim_length, dim_positions, static_dim, sort_key).
 """Array functions with ``torch``'s names and signatures (``gc.pad``, ``gc.split``, ``gc.gather``,
 ``gc.arange``, ``gc.masked_fill``, ...), each recorded as standard ONNX ops so the existing
 kernels and gradient rules apply. ``dim`` follows PyTorch; integer and bool tensors work where
@@ -142,6 +144,12 @@ def dim_length(x: Tensor, dim: int) -> Tensor:
     size = x.shape[dim]
     return const_i64([size]) if isinstance(size, int) else \
         emit("Slice", [emit("Shape", [x]), const_i64([dim]), const_i64([dim + 1])])
+
+
+def dim_positions(x: Tensor, dim: int) -> Tensor:
+    """``0 .. size - 1`` along dim ``dim`` (non-negative) of ``x``, int64: a constant when it is static."""
+    size = x.shape[dim]
+    return arange(size if isinstance(size, int) else dim_length(x, dim))
 
 
 def static_dim(x: Tensor, dim: int, op: str) -> int:

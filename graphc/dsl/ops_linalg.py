@@ -17,7 +17,7 @@ from graphc.dsl.ops import (binary, broadcast_shape, cast, constant, emit, int64
                             reshape, same_dim, same_dtype, scalar, unsqueeze, where)
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import sum as reduce_sum
-from graphc.dsl.ops_array import arange, dim_index, dim_length, einsum, logsumexp, pad, static_dim
+from graphc.dsl.ops_array import arange, dim_index, dim_positions, einsum, logsumexp, pad, static_dim
 from graphc.dsl.ops_views import movedim, outer, ranked_matmul, scaled_sum
 from graphc.dsl.tensor import Tensor, note_views
 from graphc.errors import CaptureError
@@ -252,7 +252,7 @@ def _running_window(x: Tensor, dim: int, fill: float) -> tuple[Tensor, int]:
     if isinstance(size, int):
         mask = constant(np.tril(np.ones((size, size), bool)))
     else:
-        at = arange(dim_length(x, dim))
+        at = dim_positions(x, dim)
         mask = emit("GreaterOrEqual", [unsqueeze(at, [1]), unsqueeze(at, [0])])
     mask = unsqueeze(mask, list(range(2, x.ndim - dim + 1))) if dim < x.ndim - 1 else mask
     return where(mask, unsqueeze(x, [dim]), scalar(fill, x)), dim + 1

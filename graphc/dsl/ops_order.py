@@ -15,7 +15,7 @@ from graphc.dsl.ops import cast, const_i64, detach, emit, lift, reshape, scalar,
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops import min as reduce_min
 from graphc.dsl.ops import sum as reduce_sum
-from graphc.dsl.ops_array import arange, arg_index, dim_index, dim_length, gather, nan_as
+from graphc.dsl.ops_array import arg_index, dim_index, dim_length, dim_positions, gather, nan_as
 from graphc.dsl.ops_math import isnan
 from graphc.dsl.ops_views import movedim, sort
 from graphc.dsl.tensor import Tensor
@@ -123,7 +123,7 @@ def _cumulative(x: Tensor, dim: int, largest: bool) -> ValuesIndices:
     op = "CumMax" if largest else "CumMin"
     dim = dim_index(x, dim, op)
     key = movedim(nan_as(x, np.inf if largest else -np.inf), dim, -1)
-    steps = arange(x.shape[dim] if isinstance(x.shape[dim], int) else dim_length(x, dim))
+    steps = dim_positions(x, dim)
     source, upto = unsqueeze(steps, [1]), unsqueeze(steps, [0])
     seen = source <= upto  # [i, j]: i at or before j
     if key.dtype in FLOAT_DTYPES:

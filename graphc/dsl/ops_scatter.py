@@ -16,7 +16,8 @@ from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.indexing import getitem
 from graphc.dsl.ops import (cast, concat, const_i64, constant, emit, lift, reduction, reshape, reshape_like, same_dtype,
                             scalar, transpose, unsqueeze, where)
-from graphc.dsl.ops_array import cumsum, dim_index, dim_length, full_like, ones_like, static_dim, zeros_like
+from graphc.dsl.ops_array import (cumsum, dim_index, dim_length, dim_positions, full_like, ones_like, static_dim,
+                                  zeros_like)
 from graphc.dsl.ops_divide import floor_divide
 from graphc.dsl.ops_linalg import diagonal_cells
 from graphc.dsl.ops_reshape import broadcast_tensors
@@ -93,7 +94,7 @@ def _dim_mask(x: Tensor, dim: int, index: Tensor) -> Tensor:
     """A bool Tensor, true along ``dim`` at the entries of the 1-D ``index`` (negative counts from
     the end), of size 1 on ``x``'s other dims."""
     size = dim_length(x, dim)
-    positions = emit("Range", [constant(np.asarray(0, np.int64)), reshape(size, []), constant(np.asarray(1, np.int64))])
+    positions = dim_positions(x, dim)
     index = cast(index, "int64")
     index = where(index < scalar(0, index), index + size, index)
     hit = emit("Equal", [unsqueeze(positions, [1]), unsqueeze(index, [0])])

@@ -17,7 +17,7 @@ from graphc.dsl.ops import mean as reduce_mean
 from graphc.dsl.ops import min as reduce_min
 from graphc.dsl.ops import sqrt, where
 from graphc.dsl.ops import sum as reduce_sum
-from graphc.dsl.ops_array import arange, dim_index, dim_length, full, gather, nan_as, sort_order, var
+from graphc.dsl.ops_array import dim_index, dim_length, dim_positions, full, gather, nan_as, sort_order, var
 from graphc.dsl.ops_divide import to_float
 from graphc.dsl.ops_math import amax, amin, isnan, norm
 from graphc.dsl.ops_order import ValuesIndices, picked
@@ -115,8 +115,7 @@ def mode(x: Tensor, dim: int = -1, keepdim: bool = False) -> ValuesIndices:
     sortable = nan_as(key, np.inf)
     fill = np.inf if key.dtype in FLOAT_DTYPES else np.iinfo(to_numpy(key.dtype)).max
     value = reduce_min(where(top, sortable, scalar(fill, key)), -1, True)
-    size = x.shape[dim]
-    steps = arange(size if isinstance(size, int) else dim_length(x, dim))
+    steps = dim_positions(x, dim)
     index = reduce_max(where(top & (sortable == value), steps, scalar(-1, steps)), -1, True)
     return picked(x, movedim(index, -1, dim), dim, keepdim)
 
@@ -244,7 +243,7 @@ def corrcoef(x: Tensor) -> Tensor:
     c = cov(x)
     if c.ndim == 0:
         return c / c
-    steps = arange(c.shape[0] if isinstance(c.shape[0], int) else dim_length(c, 0))
+    steps = dim_positions(c, 0)
     std = sqrt(squeeze(gather(c, 1, unsqueeze(steps, [1])), [1]))
     return emit("Clip", [c / unsqueeze(std, [1]) / unsqueeze(std, [0]), scalar(-1, c), scalar(1, c)])
 
