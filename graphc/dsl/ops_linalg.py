@@ -178,7 +178,8 @@ def diag_embed(input: Any, offset: int = 0, dim1: int = -2, dim2: int = -1) -> T
         raise op_error("Gather", [x], f"diag_embed: dim1 and dim2 are the same dim ({dim1}, {dim2})", user_source())
     size = n + abs(offset)
     at = np.full((size, size), n, np.int64)  # index n reads the zero appended below
-    at[np.arange(n) + max(-offset, 0), np.arange(n) + max(offset, 0)] = np.arange(n)
+    for k, cell in enumerate(diagonal_cells(size, size, offset)):  # the n cells of diagonal offset
+        at[cell] = k
     out = emit("Gather", [pad(x, (0, 1)), constant(at)], {"axis": x.ndim - 1})
     return movedim(out, (rank - 2, rank - 1), (d1, d2))
 
