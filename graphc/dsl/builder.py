@@ -132,6 +132,8 @@ class Builder:
         self.buffers: list[str] = []
         self.module_path: list[str] = []
         self.rng = np.random.default_rng(seed)
+        self.node_seeds = np.random.SeedSequence(seed)  # random nodes' seed attributes (ops_random.node_seed)
+        self.dim_sources: dict[str, tuple[ir.Value, int]] = {}  # a dim name -> (a graph input, its axis)
         self.values: dict[int, np.ndarray] = {}
         self.consts: dict[int, np.ndarray] = {}
         self._const_cache: dict[tuple, ir.Value] = {}

@@ -100,6 +100,9 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     for key, (sp, arr) in specs.items():
         value = builder.new_value(builder.reserve(key), sp.dtype, sp.shape)
         graph_inputs.append(value)
+        for axis, dim in enumerate(sp.shape or ()):
+            if isinstance(dim, str):
+                builder.dim_sources.setdefault(dim, (value, axis))
         tensors[key] = Tensor(value, eager_value=arr)
         if arr is not None:
             builder.values[id(value)] = arr

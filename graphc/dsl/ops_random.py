@@ -1,22 +1,32 @@
 """Functions that draw random numbers, with ``torch.nn.functional``'s names and signatures:
 ``rrelu`` (a random negative slope in training) and ``gumbel_softmax``. The noise is a
 ``RandomUniformLike`` node fed through ``gc.detach``: each run draws anew (from the numpy
-backend's seeded generator, or onnxruntime's), and no gradient flows into the noise."""
+backend's seeded generator, or onnxruntime's, which the node's ``seed`` attribute seeds), and no
+gradient flows into the noise."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.inplace import into
 from graphc.dsl.ops import detach, emit, lift, log, scalar, softmax, where
 from graphc.dsl.ops_array import argmax, scatter, zeros_like
 from graphc.dsl.tensor import Tensor
 
 
+def node_seed() -> float:
+    """The ``seed`` attribute of a new random node, the next one drawn from the capture's ``seed``.
+    onnxruntime seeds each random node's generator with it once per session (unset, it uses one
+    per-process clock value plus the node's index, so two nodes' first draws nearly agree); the
+    numpy backend draws all nodes from the session's one seeded generator and ignores it. An integer below
+    2**24, exact as the attribute's float32."""
+    return float(current().node_seeds.spawn(1)[0].generate_state(1)[0] % 2**24)
+
+
 def uniform_like(x: Tensor, low: float, high: float) -> Tensor:
     """Fresh U[low, high) noise of ``x``'s shape and dtype. Signature: ai.onnx@1::RandomUniformLike"""
-    return emit("RandomUniformLike", [detach(x)], {"low": float(low), "high": float(high)})
+    return emit("RandomUniformLike", [detach(x)], {"low": float(low), "high": float(high), "seed": node_seed()})
 
 
 def rrelu(input: Tensor, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: bool = False,  # noqa: A002
