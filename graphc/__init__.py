@@ -73,6 +73,7 @@ _BINARY_OPS = ("add sub subtract mul multiply div divide true_divide floor_divid
 _ELEMENTWISE_OPS = ("tan sinh cosh asin acos atan asinh acosh atanh arcsin arccos arctan arcsinh arccosh arctanh "
                     "log1p expm1 log2 log10 exp2 erfc erfinv sinc logit deg2rad rad2deg sgn signbit positive negative "
                     "absolute fix isneginf isposinf isreal clamp_min clamp_max").split()
+_SAMPLE_OPS = "rand randn randint rand_like randn_like randint_like randperm normal bernoulli multinomial".split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -92,6 +93,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_scatter", op) for op in _SCATTER_OPS},
     **{op: ("graphc.dsl.ops_binary", op) for op in _BINARY_OPS},
     **{op: ("graphc.dsl.ops_elementwise", op) for op in _ELEMENTWISE_OPS},
+    **{op: ("graphc.dsl.ops_sample", op) for op in _SAMPLE_OPS},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

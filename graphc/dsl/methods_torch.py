@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from graphc.dsl import (ops, ops_array, ops_binary, ops_divide, ops_elementwise, ops_layers, ops_linalg, ops_math,
-                        ops_order, ops_reshape, ops_scatter, ops_stats, ops_views)
+                        ops_order, ops_reshape, ops_sample, ops_scatter, ops_stats, ops_views)
 from graphc.dsl.builder import user_source
 from graphc.dsl.tensor import Tensor, is_contiguous
 from graphc.errors import CaptureError
@@ -157,6 +157,11 @@ METHODS = {
     # one-input elementwise math (ops_elementwise)
     **{name: getattr(ops_elementwise, name) for name in ops_elementwise.__all__},
     "hardshrink": ops_layers.hardshrink,
+    # random numbers: sampling from a tensor, and refilling it in place (ops_sample.py)
+    "bernoulli": ops_sample.bernoulli, "multinomial": ops_sample.multinomial, "uniform_": ops_sample.uniform_,
+    "normal_": ops_sample.normal_, "bernoulli_": ops_sample.bernoulli_, "exponential_": ops_sample.exponential_,
+    "geometric_": ops_sample.geometric_, "cauchy_": ops_sample.cauchy_, "log_normal_": ops_sample.log_normal_,
+    "random_": ops_sample.random_,
 }
 
 for _name, _method in METHODS.items():
