@@ -201,7 +201,7 @@ def bernoulli(input: Tensor, p: Any = None) -> Tensor:  # noqa: A002
 def multinomial(input: Tensor, num_samples: int, replacement: bool = False) -> Tensor:  # noqa: A002
     """``num_samples`` category indices (int64) per row of the non-negative weights ``input`` ([C] or
     [B, C]). Without replacement: the ``num_samples`` largest ``w / e``, ``e ~ Exp(1)`` (Gumbel-top-k,
-    in draw order); with: ONNX ``Multinomial`` on ``log(w)``. Signature: ai.onnx@7::Multinomial"""
+    in draw order); with: ONNX ``Multinomial`` on float32 ``log(w)``. Signature: ai.onnx@7::Multinomial"""
     x = lift(input)
     if x.dtype not in FLOAT_DTYPES:
         raise _fail("multinomial", [x], f"input must be floating point (the weights), got {x.dtype}")
@@ -218,7 +218,8 @@ def multinomial(input: Tensor, num_samples: int, replacement: bool = False) -> T
         keys = w / _exponential(*_shape_of(w), w.dtype)
         return emit("TopK", [keys, const_i64([num_samples])], {"axis": -1}, num_outputs=2)[1]
     rows = w if w.ndim == 2 else unsqueeze(w, 0)
-    drawn = emit("Multinomial", [log(rows)], {"sample_size": int(num_samples), "dtype": as_dtype("int64").onnx,
+    logits = log(rows if rows.dtype == "float32" else cast(rows, "float32"))  # onnxruntime's kernel: float32
+    drawn = emit("Multinomial", [logits], {"sample_size": int(num_samples), "dtype": as_dtype("int64").onnx,
                                               "seed": node_seed()})
     return drawn if w.ndim == 2 else squeeze(drawn, 0)
 
