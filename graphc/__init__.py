@@ -74,6 +74,10 @@ _ELEMENTWISE_OPS = ("tan sinh cosh asin acos atan asinh acosh atanh arcsin arcco
                     "log1p expm1 log2 log10 exp2 erfc erfinv sinc logit deg2rad rad2deg sgn signbit positive negative "
                     "absolute fix isneginf isposinf isreal clamp_min clamp_max").split()
 _SAMPLE_OPS = "rand randn randint rand_like randn_like randint_like randperm normal bernoulli multinomial".split()
+_FACTORIES_OPS = ("eye linspace logspace range empty empty_like scalar_tensor tensor as_tensor asarray tril_indices "
+                  "triu_indices meshgrid cartesian_prod combinations block_diag vander unravel_index tensordot "
+                  "column_stack hstack vstack row_stack dstack concatenate result_type promote_types can_cast "
+                  "broadcast_shapes").split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -94,6 +98,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_binary", op) for op in _BINARY_OPS},
     **{op: ("graphc.dsl.ops_elementwise", op) for op in _ELEMENTWISE_OPS},
     **{op: ("graphc.dsl.ops_sample", op) for op in _SAMPLE_OPS},
+    **{op: ("graphc.dsl.ops_factories", op) for op in _FACTORIES_OPS},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

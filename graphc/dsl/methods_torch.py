@@ -8,8 +8,23 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from graphc.dsl import (ops, ops_array, ops_binary, ops_divide, ops_elementwise, ops_layers, ops_linalg, ops_math,
-                        ops_order, ops_reshape, ops_sample, ops_scatter, ops_stats, ops_views)
+from graphc.dsl import (
+    ops,
+    ops_array,
+    ops_binary,
+    ops_divide,
+    ops_elementwise,
+    ops_factories,
+    ops_layers,
+    ops_linalg,
+    ops_math,
+    ops_order,
+    ops_reshape,
+    ops_sample,
+    ops_scatter,
+    ops_stats,
+    ops_views,
+)
 from graphc.dsl.builder import user_source
 from graphc.dsl.tensor import Tensor, is_contiguous
 from graphc.errors import CaptureError
@@ -162,6 +177,8 @@ METHODS = {
     "normal_": ops_sample.normal_, "bernoulli_": ops_sample.bernoulli_, "exponential_": ops_sample.exponential_,
     "geometric_": ops_sample.geometric_, "cauchy_": ops_sample.cauchy_, "log_normal_": ops_sample.log_normal_,
     "random_": ops_sample.random_,
+    # creation and combinatorics (ops_factories.py)
+    "new_tensor": ops_factories.new_tensor, "new_empty": ops_factories.new_empty,
 }
 
 for _name, _method in METHODS.items():
