@@ -238,7 +238,8 @@ INT_CASES = [
     ("unravel_index_wraps", lambda M, i: M.stack(M.unravel_index(i, (2, 3))), [np.array([-1, 7, -7, 6])]),
     ("unravel_index_int32_0d", lambda M, i: M.stack(M.unravel_index(i, (4, 2, 3))), [np.asarray(17, np.int32)]),
     ("unravel_index_1d_shape", lambda M, i: M.unravel_index(i, (5,))[0], [np.array([[1, 4], [3, 0]])]),
-    ("tensordot_int", lambda M, a, b: M.tensordot(a, b, dims=1), [np.arange(6).reshape(2, 3), np.arange(6).reshape(3, 2)]),
+    ("tensordot_int", lambda M, a, b: M.tensordot(a, b, dims=1),
+     [np.arange(6).reshape(2, 3), np.arange(-3, 3).reshape(3, 2)]),
     ("combinations_bool", lambda M, x: M.combinations(x), [np.array([True, False, True])]),
     ("meshgrid_int", lambda M, a, b: M.stack(M.meshgrid(a, b, indexing="ij")), [np.arange(3), np.arange(2)]),
     ("block_diag_int", lambda M, a, b: M.block_diag(a, b), [np.ones((2, 2), np.int64), np.arange(3)]),
@@ -327,6 +328,7 @@ ERRORS = [
     (lambda x: gc.tril_indices(-2, 3), "tril_indices: row must be a non-negative int"),
     (lambda x: gc.tensor([x, x]), "tensor takes Python or numpy data, got a Tensor"),
     (lambda x: gc.tensor("ab"), "tensor: cannot make a Tensor of str"),
+    (lambda x: gc.scalar_tensor(x), "scalar_tensor: s must be a Python number, got Tensor"),
     (lambda x: gc.meshgrid(x, x, indexing="foo"), "meshgrid: indexing must be 'ij' or 'xy', got 'foo'"),
     (lambda x: gc.meshgrid(x.reshape(2, 2), x, indexing="ij"), "tensor 0 has rank 2; meshgrid takes ranks"),
     (lambda x: gc.combinations(x.reshape(2, 2)), "tensor 0 has rank 2; combinations takes ranks \\[1\\]"),
@@ -353,3 +355,19 @@ def test_bad_arguments_name_the_argument_and_the_line(fn, match):
     with pytest.raises(gc.CaptureError, match=match) as info:
         gc.capture(fn, x=np.ones(4, np.float32))
     assert "test_dsl_factories.py:" in str(info.value)
+
+
+def test_lowerings_run_at_opset_17():
+    a, b = A3.astype(np.float32), B4.astype(np.float32)
+
+    def fn(M, a, b):
+        grid = M.stack(M.meshgrid(a, b, indexing="xy"))
+        parts = [grid.sum(), M.cartesian_prod(a, b).sum(), M.combinations(b, 3).sum(), M.block_diag(a, b).sum(),
+                 M.vander(a).sum(), M.tensordot(M.outer(a, b), M.outer(a, b)), M.hstack([a, b]).sum(),
+                 M.stack(M.unravel_index(M.tensor([5, -1, 9]), (3, 4))).sum().to(M.float32)]
+        return M.stack(parts)
+
+    model = gc.capture(lambda a, b: fn(gc, a, b), a=a, b=b, opset=17)
+    onnx.checker.check_model(model.proto, full_check=True)
+    want = fn(torch, torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    np.testing.assert_allclose(run_both(model, {"a": a, "b": b})["output"], want, rtol=1e-5)

@@ -109,6 +109,8 @@ def empty_like(x: Tensor, dtype: Any = None) -> Tensor:
 
 def scalar_tensor(s: Any, dtype: Any = None) -> Tensor:
     """``torch.scalar_tensor``: a 0-D constant, float32 unless ``dtype`` (a bool or int too, as torch)."""
+    if isinstance(s, Tensor) or not isinstance(s, (bool, int, float, np.number)):
+        raise CaptureError(f"scalar_tensor: s must be a Python number, got {type(s).__name__} (at {user_source()})")
     return constant(np.asarray(s, _dtype(dtype).numpy))
 
 
@@ -189,7 +191,7 @@ def meshgrid(*tensors: Any, indexing: str = "ij") -> tuple[Tensor, ...]:
     sizes (symbolic sizes too); ``indexing="xy"`` swaps the first two dims. Signature: ai.onnx@13::Expand"""
     if indexing not in ("ij", "xy"):
         raise CaptureError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r} (at {user_source()})")
-    items = [reshape(t, [-1]) for t in _tensor_list(tensors, "meshgrid", (0, 1))]
+    items = [t if t.ndim == 1 else reshape(t, [-1]) for t in _tensor_list(tensors, "meshgrid", (0, 1))]
     order = list(builtins.range(len(items)))
     if indexing == "xy" and len(items) > 1:
         order[0], order[1] = 1, 0
