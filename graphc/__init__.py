@@ -78,6 +78,7 @@ _FACTORIES_OPS = ("eye linspace logspace range empty empty_like scalar_tensor te
                   "triu_indices meshgrid cartesian_prod combinations block_diag vander unravel_index tensordot "
                   "column_stack hstack vstack row_stack dstack concatenate result_type promote_types can_cast "
                   "broadcast_shapes").split()
+_SPECTRAL_OPS = "hann_window hamming_window blackman_window bartlett_window kaiser_window stft istft".split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -99,6 +100,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_elementwise", op) for op in _ELEMENTWISE_OPS},
     **{op: ("graphc.dsl.ops_sample", op) for op in _SAMPLE_OPS},
     **{op: ("graphc.dsl.ops_factories", op) for op in _FACTORIES_OPS},
+    **{op: ("graphc.dsl.ops_spectral", op) for op in _SPECTRAL_OPS},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

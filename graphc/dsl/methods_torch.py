@@ -22,6 +22,7 @@ from graphc.dsl import (
     ops_reshape,
     ops_sample,
     ops_scatter,
+    ops_spectral,
     ops_stats,
     ops_views,
 )
@@ -179,6 +180,8 @@ METHODS = {
     "random_": ops_sample.random_,
     # creation and combinatorics (ops_factories.py)
     "new_tensor": ops_factories.new_tensor, "new_empty": ops_factories.new_empty,
+    # short-time Fourier transforms (ops_spectral.py)
+    "stft": ops_spectral.stft, "istft": ops_spectral.istft,
 }
 
 for _name, _method in METHODS.items():

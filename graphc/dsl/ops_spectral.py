@@ -1,8 +1,9 @@
 """torch's window functions, ``torch.stft`` and ``torch.istft`` in standard ONNX ops. graphc has no
 complex dtype: spectra are torch's real layout ``[..., freq, frames, 2]`` (``view_as_real``).
-``stft`` is one strided Conv by the windowed cos/sin basis, ``istft`` one ConvTranspose by the
-windowed inverse basis (the overlap-add for free) divided by the window's squared envelope, so
-the existing Conv and ConvTranspose kernels and gradient rules apply."""
+In float32 ``stft`` is one strided Conv by the windowed cos/sin basis and ``istft`` one
+ConvTranspose by the windowed inverse basis (the overlap-add for free) divided by the window's
+squared envelope; in float64 the frames are gathered and the overlaps added by ScatterElements
+around a MatMul. Existing kernels and gradient rules apply to all of them."""
 
 from __future__ import annotations
 
@@ -11,20 +12,28 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.builder import current, op_error, user_source
-from graphc.dsl.ops import concat, constant, lift, reshape, squeeze, transpose, unsqueeze
-from graphc.dsl.ops_array import flip, full_like, pad, tile
+from graphc.dsl.ops import concat, const_i64, constant, emit, lift, matmul, reshape, squeeze, transpose, unsqueeze
+from graphc.dsl.ops_array import arange, dim_length, dim_positions, flip, full_like, ir_tensor, pad, tile
 from graphc.dsl.ops_layers import conv1d, conv_transpose1d
+from graphc.dsl.ops_views import index_add
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
 
-# stft's lowering, measured on onnxruntime 1.31 CPU (1 thread; median of 7, two rounds agreeing),
-# [4, 160000] float32, n_fft 400, hop 160, Hann (Whisper's frontend), reflect-padded by Slices:
-# forward, ONNX STFT (opset 17; then a Transpose to torch's layout) 122 ms, frames by one Gather of
-# [frames, n_fft] indices then one MatMul by the [n_fft, 2 freq] basis 11.1 ms, one strided Conv by
-# the [2 freq, 1, n_fft] basis 6.6 ms; forward + gc.grad backward, Gather + MatMul 36.8 ms, Conv
-# 23.3 ms (ONNX STFT has no gradient rule). The centre padding is Slices and a Concat, not ONNX Pad:
-# Pad's reflect gradient is a dense [L + n_fft, L] matrix (191 GiB for this signal).
+# Lowerings, measured on onnxruntime 1.31 CPU (1 thread, medians of 7 on a shared machine),
+# float32, [4, 160000] samples, n_fft 400, hop 160, Hann (Whisper's frontend). stft forward: ONNX
+# STFT (opset 17, then a Transpose to torch's layout; it has no gradient rule) 122 ms, frames by
+# one Gather of [frames, n_fft] indices then one MatMul by the [n_fft, 2 freq] basis 11.1, one
+# strided Conv by the [2 freq, 1, n_fft] basis 6.6; forward + gc.grad backward, Gather + MatMul
+# 36.8, Conv 23.3. istft of that spectrum, forward and forward + backward: one ConvTranspose
+# 22.1 and 45.9, MatMul then ScatterElements (add) 38.2 and 54.9. onnxruntime has no float64
+# Conv or ConvTranspose, so float64 takes the Gather / ScatterElements forms. The centre padding
+# is Slices and a Concat, not ONNX Pad: Pad's reflect gradient on a static length is a dense
+# [L + n_fft, L] matrix (191 GiB for this signal).
+
+
+# the dtypes that take the Conv / ConvTranspose lowering (onnxruntime has no float64 kernels)
+_CONV_DTYPES = ("float32",)
 
 
 # -- windows --------------------------------------------------------------------------------
@@ -109,10 +118,10 @@ def _window_array(fn: str, operand: Tensor, window: Any, n_fft: int, win: int) -
         raise op_error(fn, [operand, window] if isinstance(window, Tensor) else [operand],
                        f"window: expected a 1-D window of size win_length={win}, got shape {tuple(window.shape)}",
                        user_source())
-    known = window if isinstance(window, np.ndarray) else current().consts.get(id(window.value))
     if isinstance(window, Tensor) and window.dtype != operand.dtype:
         raise op_error(fn, [operand, window], f"window: expected the input's dtype {operand.dtype}, got "
                        f"{window.dtype}", user_source())
+    known = window if isinstance(window, np.ndarray) else current().consts.get(id(window.value))
     left = (n_fft - win) // 2
     if known is not None:
         return np.pad(np.asarray(known, np.float64), (left, n_fft - win - left))
@@ -146,7 +155,8 @@ def _centred(x: Tensor, half: int, mode: str) -> Tensor:
     """``x`` ``[B, L]`` padded by ``half`` at both ends as torch's ``F.pad`` modes do, written as
     Slices and a Concat: ONNX Pad's gradient for reflect/edge/wrap is an ``[L + 2 half, L]`` matrix."""
     length = x.shape[1]
-    if isinstance(length, int) and (half >= length if mode == "reflect" else half > length and mode == "circular"):
+    longest = {"reflect": length - 1, "circular": length}.get(mode) if isinstance(length, int) else None
+    if longest is not None and half > longest:
         raise op_error("stft", [x], f"center pads {half} (n_fft // 2) with pad_mode={mode!r}, which needs a signal "
                        f"longer than that, got {length} samples", user_source())
     if mode == "constant":
@@ -188,10 +198,21 @@ def stft(input: Tensor, n_fft: int, hop_length: int | None = None, win_length: i
                        f"{signal.shape[1]}, got {n_fft}", user_source())
     freqs = n_fft // 2 + 1 if onesided is None or onesided else n_fft
     scale = np.full(freqs, n_fft ** -0.5 if normalized else 1.0)
-    basis = _basis(window, n_fft, scale, x.dtype.numpy)
-    spectrum = conv1d(unsqueeze(signal, [1]), basis, stride=hop)  # [B, 2 freqs, frames]
-    out = transpose(reshape(spectrum, [signal.shape[0], freqs, 2, spectrum.shape[2]]), [0, 1, 3, 2])
+    basis = _basis(window, n_fft, scale, x.dtype.numpy)  # [2 freqs, 1, n_fft]
+    if x.dtype in _CONV_DTYPES:
+        spectrum = conv1d(unsqueeze(signal, [1]), basis, stride=hop)  # [B, 2 freqs, frames]
+    else:  # frames gathered, times the basis: [B, frames, 2 freqs]
+        starts = arange(0, _count(signal, 1, 1 - n_fft), hop)
+        frames = emit("Gather", [signal, unsqueeze(starts, [1]) + constant(np.arange(n_fft))], {"axis": 1})
+        spectrum = transpose(matmul(frames, transpose(reshape(basis, [2 * freqs, n_fft]))), [0, 2, 1])
+    out = transpose(reshape(spectrum, [signal.shape[0], freqs, 2, -1]), [0, 1, 3, 2])
     return out if x.ndim == 2 else squeeze(out, [0])
+
+
+def _count(x: Tensor, dim: int, plus: int) -> Any:
+    """``x``'s size along ``dim`` plus ``plus``: an int when static, else an int64 ``[1]`` Tensor."""
+    size = x.shape[dim]
+    return size + plus if isinstance(size, int) else dim_length(x, dim) + plus
 
 
 # -- istft ----------------------------------------------------------------------------------
@@ -252,20 +273,29 @@ def istft(input: Tensor, n_fft: int, hop_length: int | None = None, win_length: 
     scale = scale / (np.sqrt(n_fft) if normalized else n_fft)
     dtype = x.dtype.numpy
     basis = _basis(window, n_fft, scale, dtype)
-    columns = reshape(transpose(spectrum, [0, 1, 3, 2]), [spectrum.shape[0], 2 * half, frames])
-    signal = squeeze(conv_transpose1d(columns, basis, stride=hop), [1])  # [B, total]
+    columns = reshape(transpose(spectrum, [0, 1, 3, 2]), [spectrum.shape[0], 2 * half, -1])
     squared = window ** 2 if isinstance(window, np.ndarray) else window * window
-    ones = full_like(columns[:1, :1], 1.0)
-    envelope = squeeze(conv_transpose1d(ones, _squared_kernel(squared, n_fft, dtype), stride=hop), [1])
+    squared = constant(squared.astype(dtype)) if isinstance(squared, np.ndarray) else squared
+    ones = full_like(columns[:1, :1], 1.0)  # [1, 1, frames]
+    signal = _overlap_add(columns, basis, hop)
+    envelope = _overlap_add(ones, reshape(squared, [1, 1, n_fft]), hop)
     y = signal[:, cut] / envelope[:, cut]
     y = _fit(y, length) if length is not None else y
     return y if x.ndim == 4 else squeeze(y, [0])
 
 
-def _squared_kernel(squared: Tensor | np.ndarray, n_fft: int, dtype: np.dtype) -> Tensor:
-    if isinstance(squared, np.ndarray):
-        return constant(squared.reshape(1, 1, n_fft).astype(dtype))
-    return reshape(squared, [1, 1, n_fft])
+def _overlap_add(columns: Tensor, kernel: Tensor, hop: int) -> Tensor:
+    """``[B, rows, frames]`` columns times the ``[rows, 1, n_fft]`` kernel, each frame's ``n_fft``
+    samples added in at ``frame * hop``: ``[B, n_fft + hop * (frames - 1)]``."""
+    if columns.dtype in _CONV_DTYPES:
+        return squeeze(conv_transpose1d(columns, kernel, stride=hop), [1])
+    n_fft = kernel.shape[2]
+    frames = matmul(transpose(columns, [0, 2, 1]), reshape(kernel, [kernel.shape[0], n_fft]))  # [B, frames, n_fft]
+    positions = unsqueeze(dim_positions(columns, 2) * hop, [1]) + constant(np.arange(n_fft))
+    total = concat([dim_length(columns, 0), const_i64([n_fft - hop]) + _count(columns, 2, 0) * hop], 0)
+    zeros = emit("ConstantOfShape", [total], {"value": ir_tensor(np.zeros(1, columns.dtype.numpy))})
+    flat = emit("Reshape", [frames, const_i64([0, -1])])  # [B, frames * n_fft]
+    return index_add(zeros, 1, reshape(positions, [-1]), flat)
 
 
 __all__ = ["bartlett_window", "blackman_window", "hamming_window", "hann_window", "istft", "kaiser_window", "stft"]
