@@ -165,6 +165,19 @@ def test_round_trip_recovers_the_signal():
     np.testing.assert_allclose(run_both(gc.capture(round_trip, x=x), {"x": x})["output"], x, atol=2e-6)
 
 
+@pytest.mark.parametrize("dtype, stft_op, istft_op", [("float32", "Conv", "ConvTranspose"),
+                                                      ("float64", "Gather", "ScatterElements")])
+def test_lowering_by_dtype(dtype, stft_op, istft_op):
+    """float32 takes the measured-faster Conv / ConvTranspose; float64, which onnxruntime has no
+    Conv kernels for, Gather and ScatterElements around a MatMul."""
+    x = SIGNAL.astype(dtype)
+    spec = gc.capture(lambda x: gc.stft(x, 16, return_complex=False), x=x)
+    back = gc.capture(lambda s: gc.istft(s, 16), s=np.ones((3, 9, 17, 2), dtype))
+    ops = {n.op_type for n in spec.proto.graph.node}, {n.op_type for n in back.proto.graph.node}
+    assert stft_op in ops[0] and not {"Conv", "Gather"} - {stft_op} & ops[0]
+    assert istft_op in ops[1] and not {"ConvTranspose", "ScatterElements"} - {istft_op} & ops[1]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_opset_17(dtype):
     """Both lowerings (float32's Conv, float64's Gather and ScatterElements) at opset 17."""
