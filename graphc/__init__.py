@@ -79,6 +79,23 @@ _FACTORIES_OPS = ("eye linspace logspace range empty empty_like scalar_tensor te
                   "column_stack hstack vstack row_stack dstack concatenate result_type promote_types can_cast "
                   "broadcast_shapes").split()
 _SPECTRAL_OPS = "hann_window hamming_window blackman_window bartlett_window kaiser_window stft istft".split()
+# torch's remaining top-level aliases, in-place forms and *_copy functions (graphc.dsl.ops_aliases)
+_ALIASES_OPS = (
+    "adaptive_avg_pool1d avg_pool1d bilinear celu channel_shuffle conv1d conv3d conv_transpose1d conv_transpose2d "
+    "conv_transpose3d cosine_similarity hardshrink max_pool1d max_pool1d_with_indices max_pool3d pairwise_distance "
+    "pdist pixel_shuffle pixel_unshuffle prelu rms_norm selu threshold group_norm instance_norm kl_div "
+    "binary_cross_entropy_with_logits cosine_embedding_loss hinge_embedding_loss margin_ranking_loss "
+    "triplet_margin_loss poisson_nll_loss ctc_loss adaptive_max_pool1d constant_pad_nd grid_sampler "
+    "affine_grid_generator rsub rrelu alpha_dropout feature_alpha_dropout feature_dropout native_channel_shuffle "
+    "abs_ acos_ acosh_ addmv_ arccos_ arccosh_ arcsin_ arcsinh_ arctan_ arctanh_ asin_ asinh_ atan_ atanh_ ceil_ "
+    "clamp_ clamp_max_ clamp_min_ clip_ cos_ cosh_ deg2rad_ detach_ erf_ erfc_ exp2_ exp_ expm1_ fill_ fix_ floor_ "
+    "frac_ gcd_ index_put_ lcm_ log10_ log1p_ log2_ log_ logit_ nan_to_num_ neg_ negative_ rad2deg_ reciprocal_ "
+    "round_ rsqrt_ sigmoid_ sin_ sinc_ sinh_ sqrt_ square_ tan_ tanh_ trunc_ xlogy_ zero_ conj_physical_ relu_ "
+    "selu_ celu_ threshold_ rrelu_ dropout_ alpha_dropout_ feature_alpha_dropout_ feature_dropout_ fill conj "
+    "resolve_conj resolve_neg real conj_physical imag is_conj is_neg is_complex is_same_size is_signed adjoint "
+    "msort narrow_copy ger alias_copy detach_copy diagonal_copy expand_copy permute_copy select_copy slice_copy "
+    "split_copy split_with_sizes_copy squeeze_copy t_copy transpose_copy unbind_copy unsqueeze_copy view_copy"
+).split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -101,6 +118,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_sample", op) for op in _SAMPLE_OPS},
     **{op: ("graphc.dsl.ops_factories", op) for op in _FACTORIES_OPS},
     **{op: ("graphc.dsl.ops_spectral", op) for op in _SPECTRAL_OPS},
+    **{op: ("graphc.dsl.ops_aliases", op) for op in _ALIASES_OPS},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

@@ -171,7 +171,7 @@ def in_place(fn: Any) -> Any:
     return method
 
 
-def _method_in_place(name: str) -> Any:
+def method_in_place(name: str) -> Any:
     """``t.<name>_(...)``: ``t`` rebound to ``t.<name>(...)``."""
     def fn(t: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         return getattr(t, name)(*args, **kwargs)
@@ -179,7 +179,7 @@ def _method_in_place(name: str) -> Any:
     return in_place(fn)
 
 
-def _reshaped_in_place(fn: Any) -> Any:
+def reshaped_in_place(fn: Any) -> Any:
     """``unsqueeze_``/``squeeze_``/``t_``: only ``t``'s shape changes, so a view or a viewed ``t`` is refused."""
     def method(self: Tensor, *args: Any) -> Tensor:
         if self._view is not None or any(ref() is not None for ref in self._views or ()):
@@ -231,11 +231,11 @@ METHODS = {
     "tanh_": in_place(ops.tanh), "exp_": in_place(ops.exp), "log_": in_place(ops.log), "sqrt_": in_place(ops.sqrt),
     "pow_": in_place(ops_array.pow), "neg_": in_place(lambda a: -a), "abs_": in_place(ops.abs),
     "index_add_": in_place(ops_views.index_add), "scatter_": in_place(ops_array.scatter),
-    "unsqueeze_": _reshaped_in_place(lambda a, dim: ops.unsqueeze(a, [dim])),
-    "squeeze_": _reshaped_in_place(lambda a, dim=None: ops.squeeze(a, None if dim is None else [dim])),
-    "t_": _reshaped_in_place(ops_views.t),
+    "unsqueeze_": reshaped_in_place(lambda a, dim: ops.unsqueeze(a, [dim])),
+    "squeeze_": reshaped_in_place(lambda a, dim=None: ops.squeeze(a, None if dim is None else [dim])),
+    "t_": reshaped_in_place(ops_views.t),
 }
-METHODS.update({f"{name}_": _method_in_place(name) for name in (
+METHODS.update({f"{name}_": method_in_place(name) for name in (
     "index_copy", "ceil", "floor", "round", "trunc", "frac", "reciprocal", "square", "rsqrt", "sin", "cos", "erf",
     "sign", "fmod", "remainder", "nan_to_num", "tril", "triu", "cumsum", "cumprod",
     "scatter_add", "scatter_reduce", "index_fill", "masked_scatter", "lerp", "addcmul", "addcdiv", "atan2", "hypot",

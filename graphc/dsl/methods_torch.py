@@ -10,6 +10,7 @@ from typing import Any
 
 from graphc.dsl import (
     ops,
+    ops_aliases,
     ops_array,
     ops_binary,
     ops_divide,
@@ -182,6 +183,8 @@ METHODS = {
     "new_tensor": ops_factories.new_tensor, "new_empty": ops_factories.new_empty,
     # short-time Fourier transforms (ops_spectral.py)
     "stft": ops_spectral.stft, "istft": ops_spectral.istft,
+    # simple methods, in-place forms and the conjugate family of real dtypes (ops_aliases.py)
+    **ops_aliases.METHODS,
 }
 
 for _name, _method in METHODS.items():

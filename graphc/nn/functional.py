@@ -34,6 +34,7 @@ from graphc.dsl.ops_pool import (adaptive_avg_pool3d, adaptive_max_pool1d, adapt
                                  max_pool3d_with_indices, max_unpool1d, max_unpool2d, max_unpool3d)
 from graphc.dsl.ops_spatial import (affine_grid, channel_shuffle, grid_sample, pixel_unshuffle, upsample,
                                     upsample_bilinear, upsample_nearest)
+from graphc.dsl.ops_aliases import native_channel_shuffle
 from graphc.dsl.ops_dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
 from graphc.dsl.ops_linalg import (addbmm, addmv, addr, bmm, chain_matmul, cross, cumprod, det, diag, diag_embed,
                                   diagflat, diagonal, dot, inner, kron, logcumsumexp, logdet, mm, mv, slogdet, trace,
@@ -139,7 +140,8 @@ __all__ = [
     "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d", "adaptive_max_pool3d_with_indices", "avg_pool3d",
     "conv_transpose3d", "local_response_norm", "lp_pool1d", "lp_pool2d", "lp_pool3d", "max_pool1d_with_indices",
     "max_pool2d_with_indices", "max_pool3d", "max_pool3d_with_indices", "max_unpool1d", "max_unpool2d", "max_unpool3d",
-    "affine_grid", "channel_shuffle", "grid_sample", "pixel_unshuffle", "upsample", "upsample_bilinear",
+    "affine_grid", "channel_shuffle", "grid_sample", "native_channel_shuffle", "pixel_unshuffle", "upsample",
+    "upsample_bilinear",
     "upsample_nearest",
     "alpha_dropout", "dropout1d", "dropout2d", "dropout3d", "feature_alpha_dropout",
     "addbmm", "addmv", "addr", "bmm", "chain_matmul", "cross", "cumprod", "det", "diag", "diag_embed", "diagflat",
