@@ -52,8 +52,8 @@ CASES = [
     ("hinge_embedding_loss", lambda M, a, t: M.hinge_embedding_loss(a, t, 1.0, 2), [A2], {"t": SIGNS[:, None]}),
     ("margin_ranking_loss", lambda M, a, b, t: M.margin_ranking_loss(a, b, t, 0.2, 1), [A2[:, 0], B2[:, 0]],
      {"t": SIGNS}),
-    ("triplet_margin_loss", lambda M, a, p, n: M.triplet_margin_loss(a, p, n, 1.0, 2.0, 1e-6, True, 0), [A2, B2, _r(4, 3)],
-     {}),
+    ("triplet_margin_loss", lambda M, a, p, n: M.triplet_margin_loss(a, p, n, 1.0, 2.0, 1e-6, True, 0),
+     [A2, B2, _r(4, 3)], {}),
     ("poisson_nll_loss", lambda M, x, t: M.poisson_nll_loss(x, t, True, True, 1e-8, 1), [A2],
      {"t": np.abs(_r(4, 3)) * 3}),
     ("ctc_loss", lambda M, lp, t: M.ctc_loss(lp.log_softmax(-1), t, [6, 5], [3, 2], 0, 1, False), [CTC_LP],
@@ -212,3 +212,172 @@ def test_symbolic_batch():
                 "d": torch.slice_copy(tx, 2, 1, 4), "e": tx.mH}
         for k, v in want.items():
             np.testing.assert_allclose(got[k], v.numpy(), rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+# (id, call(L, v, y, index) with L gc or torch, view): the in-place call on ``v``, which is ``t[1]`` (a view,
+# so the write must reach ``t``) or ``t`` itself; ``t`` is returned and must equal torch's
+INPLACE = [
+    ("absolute_", lambda L, v, y, i: v.absolute_(), True),
+    ("arccos_", lambda L, v, y, i: v.tanh_().arccos_(), True),
+    ("arcsin_", lambda L, v, y, i: v.tanh_().arcsin_(), True),
+    ("arctanh_", lambda L, v, y, i: v.tanh_().arctanh_(), True),
+    ("arccosh_", lambda L, v, y, i: v.abs_().add_(1).arccosh_(), True),
+    ("arcsinh_arctan_", lambda L, v, y, i: v.arcsinh_().arctan_(), True),
+    ("arctan2_", lambda L, v, y, i: v.arctan2_(y[1]), True),
+    ("negative_", lambda L, v, y, i: v.negative_(), True),
+    ("multiply_", lambda L, v, y, i: v.multiply_(y[1]), True),
+    ("subtract_", lambda L, v, y, i: v.subtract_(y[1], alpha=2), True),
+    ("divide_", lambda L, v, y, i: v.divide_(y[1].abs() + 1), True),
+    ("clip_", lambda L, v, y, i: v.clip_(-0.3, 0.3), True),
+    ("addmm_", lambda L, v, y, i: v.addmm_(y[0, :, :3], y[1, :3, :]), True),
+    ("addmv_", lambda L, v, y, i: (v[0].addmv_(y.flatten()[:20].view(5, 4), y[1, :, 0]), v)[1], True),  # view of a view
+    ("addr_", lambda L, v, y, i: v.addr_(y[0, :, 0], y[0, 0, :]), True),
+    ("addbmm_", lambda L, v, y, i: v.addbmm_(y[:, :, :3], y[:, :3, :]), True),
+    ("baddbmm_", lambda L, v, y, i: v.baddbmm_(y[:, :, :4], y[:, :4, :]), False),
+    ("index_put_", lambda L, v, y, i: v.index_put_((i,), y[1, 0]), True),
+    ("conj_physical_", lambda L, v, y, i: v.conj_physical_(), True),
+    ("eq_", lambda L, v, y, i: v.round_().eq_(y[1].round()), True),
+    ("ne_not_equal_", lambda L, v, y, i: v.round_().ne_(0).not_equal_(y[1].round()), True),
+    ("lt_less_", lambda L, v, y, i: v.lt_(y[1]).less_(0.5), True),
+    ("le_less_equal_", lambda L, v, y, i: v.le_(y[1]).less_equal_(0), True),
+    ("gt_greater_", lambda L, v, y, i: v.gt_(y[1]).greater_(0.5), True),
+    ("ge_greater_equal_", lambda L, v, y, i: v.ge_(y[1]).greater_equal_(1), True),
+    ("logical_", lambda L, v, y, i: v.logical_and_(y[1] > 0).logical_or_(y[0] > 1).logical_xor_(y[1]), True),
+    ("logical_not_", lambda L, v, y, i: v.relu_().logical_not_(), True),
+    ("transpose_", lambda L, v, y, i: v.transpose_(0, 2), False),
+    ("swapaxes_swapdims_", lambda L, v, y, i: v.swapaxes_(0, 1).swapdims_(1, 2), False),
+    ("detach_", lambda L, v, y, i: v.detach_(), False),
+    # torch's top-level in-place functions
+    ("torch.abs_", lambda L, v, y, i: L.abs_(v), True),
+    ("torch.clamp_clip_", lambda L, v, y, i: L.clip_(L.clamp_(v, -0.5, 0.5), min=-0.2), True),
+    ("torch.fill_", lambda L, v, y, i: L.fill_(v, 2.0), True),
+    ("torch.zero_", lambda L, v, y, i: L.zero_(v), True),
+    ("torch.xlogy_", lambda L, v, y, i: L.xlogy_(v, y[1].abs() + 0.5), True),
+    ("torch.sigmoid_exp_", lambda L, v, y, i: L.exp_(L.sigmoid_(v)), True),
+    ("torch.index_put_", lambda L, v, y, i: L.index_put_(v, (i,), y[1, 0], True), True),
+    ("torch.conj_physical_", lambda L, v, y, i: L.conj_physical_(v), True),
+    ("torch.relu_", lambda L, v, y, i: L.relu_(v), True),
+    ("torch.selu_", lambda L, v, y, i: L.selu_(v), True),
+    ("torch.celu_", lambda L, v, y, i: L.celu_(v, 0.5), True),
+    ("torch.threshold_", lambda L, v, y, i: L.threshold_(v, 0.1, -1.0), True),
+    ("torch.rrelu_", lambda L, v, y, i: L.rrelu_(v, 0.1, 0.3, False), True),
+    ("torch.dropout_", lambda L, v, y, i: L.dropout_(v, 0.3, False), True),
+    ("torch.alpha_dropout_", lambda L, v, y, i: L.alpha_dropout_(v, 0.3, False), True),
+    ("torch.feature_dropout_", lambda L, v, y, i: L.feature_alpha_dropout_(L.feature_dropout_(v, 0.3, False), 0.2,
+                                                                          False), False),
+    ("torch.detach_", lambda L, v, y, i: L.detach_(v), False),
+    ("torch.negative_neg_", lambda L, v, y, i: L.neg_(L.negative_(v)), True),
+]
+
+
+@pytest.mark.parametrize("call, view", [c[1:] for c in INPLACE], ids=[c[0] for c in INPLACE])
+def test_in_place_writes_match_torch(call, view):
+    def fn(L, x, y, index):
+        t = x * 1
+        v = t[1] if view else t
+        result = call(L, v, y, index)
+        assert result is v
+        return t
+    feeds = {"x": X3.astype(np.float32), "y": Y3.astype(np.float32), "index": np.array([0, 2])}
+    want = fn(torch, *(torch.tensor(v) for v in feeds.values())).numpy()
+    model = gc.capture(lambda x, y, index: fn(gc, x, y, index), **feeds)
+    onnx.checker.check_model(model.proto, full_check=True)
+    got = run_both(model, feeds)["output"]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("call", [
+    lambda L, v, y: v.gcd_(y[1]).lcm_(y[0]),
+    lambda L, v, y: L.lcm_(L.gcd_(v, y[1]), y[0]),
+    lambda L, v, y: v.bitwise_and_(y[1]).bitwise_or_(y[0]).bitwise_xor_(5).bitwise_not_(),
+    lambda L, v, y: v.bitwise_left_shift_(2).bitwise_right_shift_(1),
+    lambda L, v, y: v.eq_(y[1]),
+], ids=["gcd_lcm_", "torch.gcd_lcm_", "bitwise_", "shifts_", "eq_int"])
+def test_integer_in_place_writes_match_torch(call):
+    def fn(L, x, y):
+        t = x * 1
+        v = t[1]
+        assert call(L, v, y) is v
+        return t
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.integers(-20, 20, (2, 4, 5)), "y": rng.integers(0, 20, (2, 4, 5))}
+    want = fn(torch, *(torch.tensor(v) for v in feeds.values())).numpy()
+    got = run_both(gc.capture(lambda x, y: fn(gc, x, y), **feeds), feeds)["output"]
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_float_power_in_place_on_float64_matches_torch():
+    def fn(L, x):
+        t = x * 1
+        t[1].float_power_(2)
+        return t
+    x = X3.astype(np.float64)
+    got = run_both(gc.capture(lambda x: fn(gc, x), x=x), {"x": x})["output"]
+    np.testing.assert_allclose(got, fn(torch, torch.tensor(x)).numpy(), rtol=1e-12)
+
+
+def test_copies_are_not_views():
+    """A write into a ``*_copy``'s result leaves the input as it was, as torch's; into the view it reaches it."""
+    def fn(L, x):
+        t = x * 1
+        L.select_copy(t, 0, 1).fill_(5.0)
+        L.unbind_copy(t, 1)[0].zero_()
+        t.narrow_copy(2, 0, 2).mul_(3)
+        L.select(t, 2, 4).fill_(-1.0)
+        return t
+    x = X3.astype(np.float32)
+    got = run_both(gc.capture(lambda x: fn(gc, x), x=x), {"x": x})["output"]
+    np.testing.assert_array_equal(got, fn(torch, torch.tensor(x)).numpy())
+
+
+def test_predicates_match_torch():
+    """Python values at capture, each as torch's on the same Tensors."""
+    def preds(L, x, y, i, b):
+        return [L.is_same_size(x, y), x.is_same_size(x[0]), L.is_signed(x), i.is_signed(), b.is_signed(),
+                L.is_conj(x), x.is_neg(), L.is_complex(x), L.conj(x) is x, L.resolve_conj(x) is x,
+                L.resolve_neg(x) is x, x.real is x, x.is_contiguous(), x.transpose(0, 1).is_contiguous()]
+    feeds = {"x": X3.astype(np.float32), "y": Y3.astype(np.float32), "i": np.ones(2, np.int8),
+             "b": np.ones(2, np.uint8)}
+    want = preds(torch, *(torch.tensor(v) for v in feeds.values()))
+    got = []
+    gc.capture(lambda x, y, i, b: got.extend(preds(gc, x, y, i, b)) or x, **feeds)
+    assert got == want
+
+
+# (id, fn(L, x), pattern naming what is wrong, whether torch refuses it too)
+ERRORS = [
+    ("kl_div_string_reduction", lambda L, x: L.kl_div(x, x, "mean"), r"kl_div reduction='mean': expected an int code",
+     True),
+    ("grid_sampler_mode", lambda L, x: L.grid_sampler(x[None], x[None, :, :, :2], 3, 0, False),
+     r"grid_sampler interpolation_mode=3", False),
+    ("imag", lambda L, x: L.imag(x), r"imag is not implemented for tensors with non-complex dtypes", True),
+    ("H_3d", lambda L, x: x.H, r"tensor.H is only supported on matrices .* got a 3-D", True),
+    ("adjoint_1d", lambda L, x: L.adjoint(x[0, 0]), r"only supported on matrices or batches of matrices, got a 1-D",
+     True),
+    ("sum_to_size", lambda L, x: x.sum_to_size(2, 4, 6), r"size \[2, 4, 6\] is not expandable", True),
+    ("float_power_float32", lambda L, x: (x * 1).float_power_(2), r"dtype float64 is not the written tensor's float32",
+     True),
+    ("detach_view", lambda L, x: (x * 1)[0].detach_(), r"detach_ of .*a view", True),
+    ("transpose_view", lambda L, x: (x * 1)[0].transpose_(0, 1), r"shape-changing in-place method", False),
+    ("torch_level_non_tensor", lambda L, x: L.abs_(np.ones(3, np.float32)), r"abs_ takes a Tensor input, got ndarray",
+     True),
+    ("rsub_non_tensor", lambda L, x: L.rsub(2.0, x), r"rsub takes a Tensor input, got float", True),
+    ("requires_grad_", lambda L, x: x.requires_grad_(), r"requires_grad_ on .*no autograd flags.*gc.grad", False),
+    ("rrelu_generator", lambda L, x: L.rrelu(x, 0.1, 0.3, True, L.Generator() if L is torch else object()),
+     r"rrelu generator=.*pass None", False),
+    ("instance_norm_running_update", lambda L, x: L.instance_norm(x, None, None, x[0, :, 0], x[0, :, 0], True, 0.1,
+                                                                 1e-5, False), r"running_mean/running_var", False),
+]
+
+
+@pytest.mark.parametrize("fn, pattern, torch_refuses", [e[1:] for e in ERRORS], ids=[e[0] for e in ERRORS])
+def test_errors(fn, pattern, torch_refuses):
+    x = X3.astype(np.float32)
+    if torch_refuses:
+        with pytest.raises((RuntimeError, TypeError, ValueError, NotImplementedError)):
+            fn(torch, torch.tensor(x))
+    with pytest.raises(gc.CaptureError, match=pattern) as info:
+        gc.capture(lambda x: fn(gc, x), x=x)
+    assert "test_dsl_aliases.py:" in str(info.value)

@@ -224,7 +224,7 @@ def _detach_(t: Tensor) -> Tensor:
     if t._view is not None:
         raise CaptureError(f"detach_ of {t.name}, a view, at {user_source()}: torch cannot detach views in place; "
                            f"use .detach()")
-    return write(t, ops.detach(t))
+    return write(t, ops_reshape.clone(ops.detach(t)))
 
 
 def _requires_grad_(t: Tensor, requires_grad: bool = True) -> Tensor:
