@@ -96,6 +96,8 @@ _ALIASES_OPS = (
     "msort narrow_copy ger alias_copy detach_copy diagonal_copy expand_copy permute_copy select_copy slice_copy "
     "split_copy split_with_sizes_copy squeeze_copy t_copy transpose_copy unbind_copy unsqueeze_copy view_copy"
 ).split()
+_SEARCH_OPS = ("searchsorted bucketize isin histogram cdist trapezoid trapz cumulative_trapezoid gradient put "
+               "index_reduce renorm").split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -119,6 +121,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_factories", op) for op in _FACTORIES_OPS},
     **{op: ("graphc.dsl.ops_spectral", op) for op in _SPECTRAL_OPS},
     **{op: ("graphc.dsl.ops_aliases", op) for op in _ALIASES_OPS},
+    **{op: ("graphc.dsl.ops_search", op) for op in _SEARCH_OPS},
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

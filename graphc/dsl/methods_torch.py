@@ -23,11 +23,13 @@ from graphc.dsl import (
     ops_reshape,
     ops_sample,
     ops_scatter,
+    ops_search,
     ops_spectral,
     ops_stats,
     ops_views,
 )
 from graphc.dsl.builder import user_source
+from graphc.dsl.inplace import in_place
 from graphc.dsl.tensor import Tensor, is_contiguous
 from graphc.errors import CaptureError
 from graphc.model.dtypes import as_dtype
@@ -185,6 +187,11 @@ METHODS = {
     "stft": ops_spectral.stft, "istft": ops_spectral.istft,
     # simple methods, in-place forms and the conjugate family of real dtypes (ops_aliases.py)
     **ops_aliases.METHODS,
+    # searching, binning, distances, windows over a dim and index writes (ops_search.py)
+    "unfold": ops_search.windows, "put": ops_search.put, "put_": in_place(ops_search.put),
+    "index_reduce": ops_search.index_reduce, "index_reduce_": in_place(ops_search.index_reduce),
+    "fill_diagonal_": in_place(ops_search.fill_diagonal), "renorm": ops_search.renorm,
+    "renorm_": in_place(ops_search.renorm), "histogram": ops_search.histogram,
 }
 
 for _name, _method in METHODS.items():
