@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.builder import user_source
 from graphc.dsl.ops import (cast, const_i64, constant, detach, emit, lift, minimum, reshape, reshape_like, scalar,
                             squeeze, unsqueeze, where)
 from graphc.dsl.ops import max as reduce_max
@@ -279,7 +279,8 @@ def cumulative_trapezoid(y: Tensor, x: Any = None, *, dx: float | None = None, d
     return cumsum(areas, dim)
 
 
-def gradient(input: Tensor, *, spacing: Any = 1, dim: Any = None, edge_order: int = 1) -> tuple[Tensor, ...]:  # noqa: A002
+def gradient(input: Tensor, *, spacing: Any = 1, dim: Any = None,  # noqa: A002 - torch's names
+             edge_order: int = 1) -> tuple[Tensor, ...]:
     """``torch.gradient``: the derivative of ``input`` along each of ``dim`` (None: all), by central
     differences inside and one-sided ones (``edge_order`` 1 or 2) at the ends; ``spacing`` a number, one
     per dim, or one 1-D Tensor of coordinates per dim. Integers become float32."""
