@@ -83,7 +83,7 @@ _SPECTRAL_OPS = "hann_window hamming_window blackman_window bartlett_window kais
 _ALIASES_OPS = (
     "adaptive_avg_pool1d avg_pool1d bilinear celu channel_shuffle conv1d conv3d conv_transpose1d conv_transpose2d "
     "conv_transpose3d cosine_similarity hardshrink max_pool1d max_pool1d_with_indices max_pool3d pairwise_distance "
-    "pdist pixel_shuffle pixel_unshuffle prelu rms_norm selu threshold group_norm instance_norm kl_div "
+    "pixel_shuffle pixel_unshuffle prelu rms_norm selu threshold group_norm instance_norm kl_div "
     "binary_cross_entropy_with_logits cosine_embedding_loss hinge_embedding_loss margin_ranking_loss "
     "triplet_margin_loss poisson_nll_loss ctc_loss adaptive_max_pool1d constant_pad_nd grid_sampler "
     "affine_grid_generator rsub rrelu alpha_dropout feature_alpha_dropout feature_dropout native_channel_shuffle "
@@ -96,7 +96,7 @@ _ALIASES_OPS = (
     "msort narrow_copy ger alias_copy detach_copy diagonal_copy expand_copy permute_copy select_copy slice_copy "
     "split_copy split_with_sizes_copy squeeze_copy t_copy transpose_copy unbind_copy unsqueeze_copy view_copy"
 ).split()
-_SEARCH_OPS = ("searchsorted bucketize isin histogram cdist trapezoid trapz cumulative_trapezoid gradient put "
+_SEARCH_OPS = ("searchsorted bucketize isin histogram cdist pdist trapezoid trapz cumulative_trapezoid gradient put "
                "index_reduce renorm").split()
 
 # public name -> (module, attribute); attribute None means the module itself.

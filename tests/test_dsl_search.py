@@ -68,6 +68,7 @@ VALUES = [
     ("histogram_method_float32", lambda M, x: tuple(x.histogram(5)), [X.astype(np.float32)]),
     *[(f"cdist_p{p}", lambda M, a, b, p=p: M.cdist(a, b, p), [X, Y]) for p in (0, 1, 2, 3, 0.5, np.inf)],
     ("cdist_batched", lambda M, a, b: M.cdist(a, b), [BATCH, BATCH[:1, :2]]),
+    *[(f"pdist_p{p}", lambda M, x, p=p: M.pdist(x, p), [Y]) for p in (0, 1, 2, 0.5, np.inf)],
     ("trapezoid", lambda M, y: M.trapezoid(y), [X]),
     ("trapezoid_dx", lambda M, y: M.trapezoid(y, dx=0.5, dim=0), [X]),
     ("trapezoid_x", lambda M, y, x: M.trapezoid(y, x), [X, COORDS]),
@@ -157,6 +158,8 @@ GRADS = [
     *[(f"cdist_p{p}", lambda M, x, p=p: M.cdist(x, x[1:] * 0.5, p), X, {}) for p in (1, 2, 3, 0.5, np.inf)],
     *[(f"cdist_equal_points_p{p}", lambda M, x, p=p: M.cdist(x, x[:2], p), TIES, {}) for p in (2, 3, 0.5, np.inf)],
     ("cdist_p0", lambda M, x: M.cdist(x, x[:2] * 2, 0) + x.sum(), X, {}),
+    *[(f"pdist_equal_points_p{p}", lambda M, x, p=p: M.pdist(x, p), np.vstack([TIES, [[1.0, 3.0, 1.0]]]), {})
+      for p in (1, 2, 3, 0.5, np.inf)],
     ("trapezoid", lambda M, x: M.trapezoid(x, dx=0.5), X, {}),
     ("trapezoid_x", lambda M, x: M.trapezoid(x[1:], x[0].cumsum(0)), np.abs(X), {}),
     ("cumulative_trapezoid", lambda M, x, co: M.cumulative_trapezoid(x, co), X, {"co": COORDS}),

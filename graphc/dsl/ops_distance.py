@@ -1,18 +1,16 @@
 """Bilinear maps, similarities and distances with ``torch.nn.functional``'s names and
-signatures: ``bilinear``, ``cosine_similarity``, ``pairwise_distance`` and ``pdist``, each
-standard ONNX ops (Einsum, Gather, reductions), so the kernels and gradient rules apply."""
+signatures: ``bilinear``, ``cosine_similarity``, ``pairwise_distance`` and ``pdist`` (from ``ops_search``,
+beside ``cdist``), each standard ONNX ops (Einsum, Gather, reductions), so the kernels and gradient rules apply."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops import const_i64, detach, emit, lift, maximum, same_dim, scalar, unsqueeze
+from graphc.dsl.ops import detach, emit, lift, maximum, same_dim, scalar, unsqueeze
 from graphc.dsl.ops import sum as reduce_sum
-from graphc.dsl.ops_array import index_select
 from graphc.dsl.ops_math import norm
+from graphc.dsl.ops_search import pdist
 from graphc.dsl.tensor import Tensor
 
 
@@ -57,19 +55,6 @@ def pairwise_distance(x1: Tensor, x2: Tensor, p: float = 2.0, eps: float = 1e-6,
     x1 = lift(x1)
     diff = x1 - lift(x2, x1)
     return norm(diff + scalar(eps, diff), p, -1, keepdim)
-
-
-def pdist(input: Tensor, p: float = 2.0) -> Tensor:  # noqa: A002 - torch's names
-    """``||input[i] - input[j]||_p`` for every row pair ``i < j`` of an ``[N, M]`` input (static
-    ``N``), in torch's order ``(0, 1), (0, 2), ..., (N-2, N-1)``: ``[N (N - 1) / 2]``."""
-    x = lift(input)
-    if x.shape is None or len(x.shape) != 2 or not isinstance(x.shape[0], int):
-        got = "unknown rank" if x.shape is None else f"shape {list(x.shape)}"
-        raise op_error("pdist", [x], f"expects a 2-D input [N, M] with a static N, got {got}", user_source())
-    if not (isinstance(p, (int, float)) and p >= 0):
-        raise op_error("pdist", [x], f"p must be a number >= 0, got {p!r}", user_source())
-    rows, cols = np.triu_indices(x.shape[0], 1)
-    return norm(index_select(x, 0, const_i64(rows)) - index_select(x, 0, const_i64(cols)), p, -1)
 
 
 __all__ = ["bilinear", "cosine_similarity", "pairwise_distance", "pdist"]

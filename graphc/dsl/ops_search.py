@@ -1,5 +1,5 @@
 """torch's searching, binning, distances, windows over a dim and index writes: ``searchsorted``,
-``bucketize``, ``isin``, ``histogram``, ``cdist``, ``trapezoid``/``trapz``, ``cumulative_trapezoid``,
+``bucketize``, ``isin``, ``histogram``, ``cdist``, ``pdist``, ``trapezoid``/``trapz``, ``cumulative_trapezoid``,
 ``gradient``, ``put``, ``index_reduce`` and ``renorm``, plus ``Tensor.unfold`` and
 ``Tensor.fill_diagonal_`` (``windows`` and ``fill_diagonal`` here). Searches unroll torch's binary
 search (a Gather per halving); the rest are Slice, Gather, ScatterND/ScatterElements, Where and
@@ -12,13 +12,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from graphc.dsl.builder import user_source
+from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import (cast, const_i64, constant, detach, emit, lift, minimum, reshape, reshape_like, scalar,
                             squeeze, unsqueeze, where)
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops import min as reduce_min
 from graphc.dsl.ops import sum as reduce_sum
-from graphc.dsl.ops_array import cumsum, dim_index, full, nan_as, static_dim
+from graphc.dsl.ops_array import cumsum, dim_index, full, index_select, nan_as, static_dim
 from graphc.dsl.ops_divide import to_float
 from graphc.dsl.ops_math import any as reduce_any
 from graphc.dsl.ops_math import norm
@@ -236,6 +236,20 @@ def cdist(x1: Tensor, x2: Tensor, p: float = 2.0, compute_mode: str = _COMPUTE_M
     return minkowski(unsqueeze(x1, [-2]) - unsqueeze(x2, [-3]), p)
 
 
+def pdist(input: Tensor, p: float = 2.0) -> Tensor:  # noqa: A002 - torch's names
+    """``torch.pdist``: ``||input[i] - input[j]||_p`` for every row pair ``i < j`` of an ``[N, M]`` input
+    (static ``N``), in torch's order ``(0, 1), (0, 2), ..., (N-2, N-1)``: ``[N (N - 1) / 2]``; gradients
+    as ``cdist``'s (``minkowski``)."""
+    x = lift(input)
+    if x.shape is None or len(x.shape) != 2 or not isinstance(x.shape[0], int):
+        got = "unknown rank" if x.shape is None else f"shape {list(x.shape)}"
+        raise op_error("pdist", [x], f"expects a 2-D input [N, M] with a static N, got {got}", user_source())
+    if not (isinstance(p, (int, float)) and p >= 0):
+        raise op_error("pdist", [x], f"p must be a number >= 0, got {p!r}", user_source())
+    rows, cols = np.triu_indices(x.shape[0], 1)
+    return minkowski(index_select(x, 0, const_i64(rows)) - index_select(x, 0, const_i64(cols)), p)
+
+
 # -- integrals and derivatives along a dim ------------------------------------------------------
 
 
@@ -433,5 +447,5 @@ def renorm(input: Tensor, p: float, dim: int, maxnorm: float) -> Tensor:  # noqa
 
 __all__ = [
     "Histogram", "bucketize", "cdist", "cumulative_trapezoid", "fill_diagonal", "gradient", "histogram",
-    "index_reduce", "isin", "minkowski", "put", "renorm", "searchsorted", "trapezoid", "trapz", "windows",
+    "index_reduce", "isin", "minkowski", "pdist", "put", "renorm", "searchsorted", "trapezoid", "trapz", "windows",
 ]
