@@ -139,7 +139,7 @@ def test_searchsorted_with_a_symbolic_batch_and_opset_17():
     for opset in (17, 21):
         for name, fn in cases.items():
             spec = gc.spec("float64", ("N", 4))
-            model = gc.capture(lambda s, v: fn(gc, s, v), s=spec, v=spec, opset=opset)
+            model = gc.capture(lambda s, v, fn=fn: fn(gc, s, v), s=spec, v=spec, opset=opset)
             onnx.checker.check_model(model.proto, full_check=True)
             want = fn(torch, torch.from_numpy(s), torch.from_numpy(v)).numpy()
             np.testing.assert_allclose(run_both(model, {"s": s, "v": v})["output"], want, rtol=1e-12,

@@ -4,10 +4,8 @@ beside ``cdist``), each standard ONNX ops (Einsum, Gather, reductions), so the k
 
 from __future__ import annotations
 
-from typing import Any
-
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops import detach, emit, lift, maximum, same_dim, scalar, unsqueeze
+from graphc.dsl.ops import detach, emit, lift, maximum, same_dim, scalar
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.ops_math import norm
 from graphc.dsl.ops_search import pdist
