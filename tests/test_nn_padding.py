@@ -132,3 +132,19 @@ def test_bad_pads_name_the_problem(call, message):
     with pytest.raises(gc.GraphError, match=message) as err:
         gc.capture(call, x=NCW)
     assert "test_nn_padding.py" in str(err.value)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_a_long_axis_pad_gradient_is_linear_in_its_size(mode):
+    # a [2, 200000] signal: the [out, in] matrix along it would hold 4e10 entries (the rule asked for
+    # 191 GiB); dy is summed back by a scatter instead, equal to the adjoint written out with np.add.at
+    n, pad = 200_000, (300, 7)
+    model = gc.capture(lambda x, c: (gc.nn.functional.pad(x, pad, mode=mode) * c).sum(),
+                       x=gc.spec("float32", (2, n)), c=gc.spec("float32", (2, n + sum(pad))))
+    grads = gc.grad(model, "output", wrt=["x"])
+    assert len(grads.proto.SerializeToString()) < 1 << 20
+    x, c = R.standard_normal((2, n)).astype(np.float32), R.standard_normal((2, n + sum(pad))).astype(np.float32)
+    positions = np.pad(np.arange(n), pad, mode={"replicate": "edge", "circular": "wrap"}.get(mode, mode))
+    expected = np.zeros((2, n), np.float64)
+    np.add.at(expected, (slice(None), positions), c.astype(np.float64))
+    np.testing.assert_allclose(run_both(grads, {"x": x, "c": c})["x_grad"], expected, rtol=1e-5, atol=1e-4)
