@@ -98,6 +98,7 @@ _ALIASES_OPS = (
 ).split()
 _SEARCH_OPS = ("searchsorted bucketize isin histogram cdist pdist trapezoid trapz cumulative_trapezoid gradient put "
                "index_reduce renorm").split()
+_SPECIAL_OPS = "lgamma digamma polygamma mvlgamma multigammaln i0 igamma igammac frexp ldexp".split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -122,6 +123,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_spectral", op) for op in _SPECTRAL_OPS},
     **{op: ("graphc.dsl.ops_aliases", op) for op in _ALIASES_OPS},
     **{op: ("graphc.dsl.ops_search", op) for op in _SEARCH_OPS},
+    **{op: ("graphc.dsl.ops_special", op) for op in _SPECIAL_OPS},
+    "special": ("graphc.dsl.special", None),
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

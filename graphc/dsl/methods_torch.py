@@ -24,6 +24,7 @@ from graphc.dsl import (
     ops_sample,
     ops_scatter,
     ops_search,
+    ops_special,
     ops_spectral,
     ops_stats,
     ops_views,
@@ -192,6 +193,13 @@ METHODS = {
     "index_reduce": ops_search.index_reduce, "index_reduce_": in_place(ops_search.index_reduce),
     "fill_diagonal_": in_place(ops_search.fill_diagonal), "renorm": ops_search.renorm,
     "renorm_": in_place(ops_search.renorm), "histogram": ops_search.histogram,
+    # special functions (ops_special.py), and their in-place forms
+    "lgamma": ops_special.lgamma, "digamma": ops_special.digamma, "i0": ops_special.i0, "igamma": ops_special.igamma,
+    "igammac": ops_special.igammac, "mvlgamma": ops_special.mvlgamma, "frexp": ops_special.frexp,
+    "ldexp": ops_special.ldexp, "polygamma": lambda a, n: ops_special.polygamma(n, a),
+    **{f"{name}_": in_place(getattr(ops_special, name))
+       for name in ("lgamma", "digamma", "i0", "igamma", "igammac", "mvlgamma", "ldexp")},
+    "polygamma_": in_place(lambda a, n: ops_special.polygamma(n, a)),
 }
 
 for _name, _method in METHODS.items():
