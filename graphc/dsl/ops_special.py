@@ -202,14 +202,14 @@ def _zeta64(s: Tensor, q: Tensor) -> Tensor:
     valid = (s > scalar(1, s)) & (q > scalar(0, q)) & ~isinf(q)
     value = hurwitz_zeta(where(valid, s, scalar(2, s)), where(valid, q, scalar(1, q)))
     inf, nan = scalar(math.inf, q), scalar(math.nan, q)
-    value = where(valid, value, where((q == inf) & (s > scalar(1, s)), scalar(0, q), nan))
+    value = where(valid, value, nan)
     return where(s == scalar(1, s), inf, where((s > scalar(1, s)) & integer_q, inf, value))
 
 
 def zeta(input: Any, other: Any) -> Tensor:  # noqa: A002 - torch's names
     """``torch.special.zeta(x, q)``, Hurwitz's ``sum_k (q + k)**-x`` for ``x > 1``: Cephes'
     Euler-Maclaurin sum, as torch; inf at ``x = 1`` and at ``q`` = 0 or a negative integer, nan for
-    ``x < 1``, 0 at ``q = inf``. ``q < 0`` otherwise gives nan (torch sums the series there for an
+    ``x < 1`` and at ``q = inf``, as torch. ``q < 0`` otherwise gives nan (torch sums the series there for an
     integer ``x``). Gradients reach ``q`` and ``x`` (the lowering's; torch has none for ``x``)."""
     s, q = float_pair("zeta", input, other)
     return in_float64(_zeta64, s, q)
