@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import EncodeError
 
-from graphc.backends import (batchnorm, bfloat16, denormals, dropout, matmuls, mvn, nchwc, opsets, pools, recurrent,
+from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, matmuls, nchwc, opsets, pools, recurrent,
                              scans, transposes)
 from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
@@ -172,7 +172,7 @@ class _OrtBackend:
             raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {self.name!r}")
         _check_domains(model, self.name)
         model = batchnorm.lower_training_mode(opsets.within_reach(unique_node_names(model), self.name), self.name)
-        model = pools.explicit_pads(mvn.lower_double(recurrent.with_full_params(scans.guard_empty(model))))
+        model = pools.explicit_pads(doubles.lower_double(recurrent.with_full_params(scans.guard_empty(model))))
         ort = _ort()
         options = ort.SessionOptions()
         options.log_severity_level = _ORT_QUIET

@@ -1,5 +1,5 @@
-"""One node written out in standard ops, in a backend's copy of a model (``batchnorm``, ``mvn``, ``pools``,
-``scans``).
+"""One node written out in standard ops, in a backend's copy of a model (``batchnorm``, ``doubles``, ``mvn``,
+``pools``, ``scans``).
 
 ``Writer`` appends each new node to ``nodes`` (or to a list of the caller's, such as a branch's
 body), names it after the node's first output and a tag, and stamps it with the node's metadata
@@ -9,12 +9,15 @@ body), names it after the node's first output and a tag, and stamps it with the 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["Writer"]
+from graphc.model.file import ai_onnx_opset, tensor_types, with_nodes
+
+__all__ = ["Writer", "lower_doubles"]
 
 
 class Writer:
@@ -42,3 +45,32 @@ class Writer:
         if self.opset >= 18:
             return self.op("ReduceMean", v, self.const(axes, np.int64), keepdims=1)
         return self.op("ReduceMean", v, axes=axes, keepdims=1)
+
+
+Lowering = Callable[[Writer, onnx.NodeProto, dict], None]
+
+
+def lower_doubles(model: onnx.ModelProto, lowerings: Mapping[str, Lowering]) -> onnx.ModelProto:
+    """``model`` itself when no node of its main graph is of an ai.onnx op in ``lowerings`` with a double first
+    input, else a copy with each such node replaced by what ``lowerings[op_type](writer, node, types)`` writes
+    (``types``: ``tensor_types(model)``); the others run as they are."""
+    if not any(node.op_type in lowerings and node.domain in ("", "ai.onnx") for node in model.graph.node):
+        return model
+    types = tensor_types(model) or {}
+
+    def double(node: onnx.NodeProto) -> bool:
+        return node.op_type in lowerings and node.domain in ("", "ai.onnx") and \
+            types.get(node.input[0], (None,))[0] == onnx.TensorProto.DOUBLE
+
+    if not any(double(node) for node in model.graph.node):
+        return model
+    opset = ai_onnx_opset(model)
+    nodes = []
+    for node in model.graph.node:
+        if double(node):
+            writer = Writer(node, node.op_type.lower(), opset)
+            lowerings[node.op_type](writer, node, types)
+            nodes += writer.nodes
+        else:
+            nodes.append(node)
+    return with_nodes(model, nodes)
