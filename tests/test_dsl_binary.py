@@ -133,11 +133,10 @@ def test_output_and_gradients_match_torch(name, fn, params, inputs):
 
 
 # the new lowerings of differentiable functions, on one float64 input ``x`` split into their operands;
-# atan2 on numpy only: onnxruntime has no double Atan kernel ("Could not find an implementation for Atan(7)")
 BOTH = ("numpy", "ort-cpu")
 FD_CASES = [
-    ("atan2", lambda M, x: M.atan2(x[0], x[1]), np.stack([X, Y]), ("numpy",)),
-    ("atan2_steep", lambda M, x: M.atan2(x[0], x[1] * 0.01), np.stack([X, Y]), ("numpy",)),
+    ("atan2", lambda M, x: M.atan2(x[0], x[1]), np.stack([X, Y]), BOTH),
+    ("atan2_steep", lambda M, x: M.atan2(x[0], x[1] * 0.01), np.stack([X, Y]), BOTH),
     ("xlogy", lambda M, x: M.xlogy(x[0], x[1].abs() + 0.1), np.stack([X, Y]), BOTH),
     ("copysign", lambda M, x: M.copysign(x[0], x[1]), np.stack([X, Y]), BOTH),
     ("fmax_fmin", lambda M, x: M.fmax(x[0], x[1]) * M.fmin(x[1], x[0] + 0.1), np.stack([X, Y]), BOTH),

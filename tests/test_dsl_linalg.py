@@ -98,8 +98,7 @@ def _torch_out(torch, fn, xs, grad: bool):
 
 @pytest.mark.parametrize("name,fn,xs", CASES, ids=[c[0] for c in CASES])
 def test_values_and_gradients_match_torch(name, fn, xs):
-    """float32 values on both backends; float64 gradients (float32 for the determinants on
-    onnxruntime, which has no double Det kernel)."""
+    """float32 values on both backends; float64 gradients."""
     torch = pytest.importorskip("torch")
     ts, want = _torch_out(torch, fn, xs, grad=True)
     c = np.asarray(R.standard_normal(tuple(want.shape)))
@@ -110,12 +109,10 @@ def test_values_and_gradients_match_torch(name, fn, xs):
     got = run_both(model, {k: x.astype(np.float32) for k, x in zip(names, xs)})["output"]
     np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-4, atol=1e-5)
     for backend in ("numpy", "ort-cpu"):
-        dtype, rtol, atol = (np.float32, 1e-4, 1e-5) if backend == "ort-cpu" and "det" in name else (np.float64, 1e-9,
-                                                                                                        1e-12)
-        grads = gc_grads(fn, {k: x.astype(dtype) for k, x in zip(names, xs)}, {}, c.astype(dtype), backend=backend)
-        np.testing.assert_allclose(grads["out"], want.detach().numpy(), rtol, atol, err_msg=backend)
+        grads = gc_grads(fn, {k: x.astype(np.float64) for k, x in zip(names, xs)}, {}, c, backend=backend)
+        np.testing.assert_allclose(grads["out"], want.detach().numpy(), 1e-9, 1e-12, err_msg=backend)
         for k, t in zip(names, ts):
-            np.testing.assert_allclose(grads[k], t.grad.numpy(), rtol, atol, err_msg=f"{backend} {k}")
+            np.testing.assert_allclose(grads[k], t.grad.numpy(), 1e-9, 1e-12, err_msg=f"{backend} {k}")
 
 
 # one-input functions whose lowering is new: float64 central differences (no torch needed)
@@ -136,7 +133,7 @@ FINITE = {
 @pytest.mark.parametrize("name", FINITE)
 def test_gradients_match_float64_central_differences(name):
     fn, x = FINITE[name]
-    assert_grads_match_central_differences(fn, x, backends=("numpy",) if "det" in name else ("numpy", "ort-cpu"))
+    assert_grads_match_central_differences(fn, x, backends=("numpy", "ort-cpu"))
 
 
 def test_symbolic_dims_match_torch():
@@ -177,7 +174,7 @@ def test_determinant_signs_and_singular_matrices_match_torch():
     there and the sign elsewhere, as torch's."""
     torch = pytest.importorskip("torch")
     x = np.stack([[[0.0, 1.0], [1.0, 0.0]], np.zeros((2, 2)), [[2.0, 1.0], [1.0, 3.0]],
-                  [[1.0, 2.0], [2.0, 4.0]]]).astype(np.float32)  # onnxruntime has no double Det
+                  [[1.0, 2.0], [2.0, 4.0]]])
     model = gc.capture(lambda x: {"logdet": gc.logdet(x), "sign": gc.slogdet(x).sign,
                                   "logabsdet": x.slogdet().logabsdet}, x=x)
     onnx.checker.check_model(model.proto, full_check=True)
