@@ -17,6 +17,7 @@ from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, to_numpy
 from graphc.errors import CaptureError
 from graphc.dsl.tensor import VIEW_OPS, Tensor, note_views
 from graphc.dsl.builder import current, op_error, user_source
+from graphc.dsl.dims import dim_index, one_element
 from graphc.passes.infer import InferenceError, broadcast
 from graphc.passes.values import STOP_GRADIENT_KEY
 
@@ -199,11 +200,13 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     return scalar(0.5, x) * x * (scalar(1.0, x) + erf(x * scalar(1.0 / math.sqrt(2.0), x)))
 
 
+@one_element("axis")
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Softmax along ``axis``. Signature: ai.onnx@13::Softmax"""
     return emit("Softmax", [x], {"axis": axis})
 
 
+@one_element("axis")
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Signature: ai.onnx@13::LogSoftmax"""
     return emit("LogSoftmax", [x], {"axis": axis})
@@ -291,12 +294,6 @@ def matmul(a: Any, b: Any) -> Tensor:
 
 
 # -- shapes -----------------------------------------------------------------------------------
-
-
-def _axis(axis: int, rank: int, op: str, x: Tensor) -> int:
-    if not -rank <= axis < rank:
-        raise op_error(op, [x], f"axis {axis} out of range for rank {rank}", user_source())
-    return axis % rank
 
 
 def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
@@ -442,7 +439,8 @@ def reduction(op: str, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
     attrs: dict[str, Any] = {"keepdims": int(bool(keepdims))}
     axes = None if axis is None else ([axis] if isinstance(axis, int) else list(axis))
     if axes is not None and x.shape is not None:
-        axes = [_axis(a, len(x.shape), op, x) for a in axes]
+        axes = [dim_index(x, a, op) for a in axes]
+        axes = axes if x.shape else None  # 0-d: its one element, reduced over no axis, as torch
     inputs = [x]
     # NOTE: ReduceSum takes axes as an input from opset 13, the other reductions from opset 18.
     if axes is not None:

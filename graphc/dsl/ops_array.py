@@ -1,5 +1,5 @@
 # Over 500 lines: torch's array functions beside the dim, shape and sort-key helpers they and the other
-# function modules share (dim_index, dim_length, dim_positions, static_dim, sort_key).
+# function modules share (dim_length, dim_positions, static_dim, sort_key; dim_index from ``dims``).
 """Array functions with ``torch``'s names and signatures (``gc.pad``, ``gc.split``, ``gc.gather``,
 ``gc.arange``, ``gc.masked_fill``, ...), each recorded as standard ONNX ops so the existing
 kernels and gradient rules apply. ``dim`` follows PyTorch; integer and bool tensors work where
@@ -19,6 +19,7 @@ from graphc.dsl.ops import (binary, cast, clip, concat, const_i64, constant, emi
                             maximum, mean, reduction, reshape, reshape_like, same_dtype, scalar, sqrt, squeeze,
                             transpose, unary, unsqueeze, where)
 from graphc.dsl.ops import sum as reduce_sum
+from graphc.dsl.dims import dim_index, one_element
 from graphc.dsl.ops_divide import to_float
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import op_error, user_source
@@ -132,13 +133,6 @@ def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None) -> Ten
 # -- shapes -----------------------------------------------------------------------------------
 
 
-def dim_index(x: Tensor, dim: int, op: str) -> int:
-    """``dim`` of ``x`` as a non-negative axis; a GraphError for ``op`` when it is out of range."""
-    if not -x.ndim <= dim < max(x.ndim, 1):
-        raise op_error(op, [x], f"dim {dim} out of range for rank {x.ndim}", user_source())
-    return dim % max(x.ndim, 1)
-
-
 def dim_length(x: Tensor, dim: int) -> Tensor:
     """Dim ``dim`` (non-negative) of ``x`` as an int64 ``[1]``, read at run time when symbolic."""
     size = x.shape[dim]
@@ -233,6 +227,7 @@ def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
     return transpose(x, list(dims))
 
 
+@one_element("dims")
 def flip(x: Tensor, dims: Sequence[int]) -> Tensor:
     """Reverse the order along each of ``dims``. Signature: ai.onnx@13::Slice (step -1)"""
     x = lift(x)
@@ -336,6 +331,7 @@ def _indices(index: Tensor, op: str, x: Tensor) -> Tensor:
     return index
 
 
+@one_element()
 def gather(x: Tensor, dim: int, index: Tensor) -> Tensor:
     """``torch.gather``: ``out[i][j] = x[index[i][j]][j]`` for ``dim=0``. Signature: ai.onnx@13::GatherElements"""
     x = lift(x)
@@ -343,6 +339,7 @@ def gather(x: Tensor, dim: int, index: Tensor) -> Tensor:
     return emit("GatherElements", [x, _indices(index, "GatherElements", x)], {"axis": axis})
 
 
+@one_element()
 def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
     """The entries of 1-D ``index`` along ``dim`` (a 0-D index is one entry: the dim stays, as in
     torch). Signature: ai.onnx@13::Gather"""
@@ -356,6 +353,7 @@ def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
     return emit("Gather", [x, index], {"axis": dim_index(x, dim, "Gather")})
 
 
+@one_element()
 def scatter(x: Tensor, dim: int, index: Tensor, src: Any, reduce: str | None = None) -> Tensor:
     """``torch.scatter``: ``x`` with ``src`` (a tensor, or a scalar spread over ``index``'s shape)
     written at ``index`` along ``dim``; ``reduce`` "add"/"multiply". Signature: ai.onnx@18::ScatterElements"""
@@ -389,6 +387,7 @@ def one_hot(x: Tensor, num_classes: int = -1) -> Tensor:
 # -- reductions and scans ---------------------------------------------------------------------
 
 
+@one_element()
 def cumsum(x: Tensor, dim: int) -> Tensor:
     """Running sum along ``dim``; of a bool or integer Tensor, in int64 as torch's. Signature: ai.onnx@14::CumSum"""
     x = int64_accumulated(lift(x))
@@ -414,16 +413,19 @@ def arg_index(op: str, x: Tensor, dim: int | None, keepdim: bool) -> Tensor:
                  emit("ArgMax", [nans], attrs), index)
 
 
+@one_element()
 def argmax(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     """int64 index of the largest entry (first on ties; a NaN's first). Signature: ai.onnx@13::ArgMax"""
     return arg_index("ArgMax", x, dim, keepdim)
 
 
+@one_element()
 def argmin(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     """int64 index of the smallest entry (first on ties; a NaN's first). Signature: ai.onnx@13::ArgMin"""
     return arg_index("ArgMin", x, dim, keepdim)
 
 
+@one_element()
 def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True,
          sorted: bool = True) -> tuple[Tensor, Tensor]:  # noqa: A002 - torch's name
     """``(values, indices)`` of the ``k`` largest (or smallest) along ``dim``. Signature: ai.onnx@11::TopK"""
@@ -451,6 +453,7 @@ def sort_order(x: Tensor, dim: int, descending: bool) -> Tensor:
                 num_outputs=2, out_types=[(key.dtype, x.shape), ("int64", x.shape)])[1]
 
 
+@one_element()
 def logsumexp(x: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
     """``log(sum(exp(x)))`` over ``dim``, computed from the maximum so it never overflows; an
     infinite maximum is taken as 0, as torch does, so a slice of -inf gives -inf (not nan); an integer
@@ -462,6 +465,7 @@ def logsumexp(x: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
     return out if keepdim else squeeze(out, [dim] if isinstance(dim, int) else list(dim))
 
 
+@one_element()
 def var(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False, *,
         unbiased: bool | None = None) -> Tensor:
     """``torch.var``: mean squared deviation over ``dim`` (None: all), divided by ``n - correction``
@@ -476,10 +480,13 @@ def var(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False, 
     return reduce_sum(centered * centered, dims, keepdims=keepdim) / scalar(n - correction, x)
 
 
+@one_element()
 def std(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False, *,
         unbiased: bool | None = None) -> Tensor:
-    """``torch.std``: the square root of ``var``."""
-    return sqrt(var(x, dim, correction, keepdim, unbiased=unbiased))
+    """``torch.std``: the square root of ``var``; where that is 0, a 0 gradient (torch's), not sqrt's NaN."""
+    v = var(x, dim, correction, keepdim, unbiased=unbiased)
+    zero = v == scalar(0.0, v)
+    return where(zero, scalar(0.0, v), sqrt(where(zero, scalar(1.0, v), v)))
 
 
 def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:

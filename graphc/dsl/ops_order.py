@@ -19,6 +19,7 @@ from graphc.dsl.ops_array import arg_index, dim_index, dim_length, dim_positions
 from graphc.dsl.ops_math import isnan
 from graphc.dsl.ops_views import movedim, sort
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.dims import one_element
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, to_numpy
 
@@ -64,11 +65,13 @@ def _arg(op: str, x: Tensor, dim: int, keepdim: bool) -> ValuesIndices:
     return picked(x, arg_index(op, x, dim, keepdim=True), dim, keepdim)
 
 
+@one_element()
 def max_dim(x: Tensor, dim: int, keepdim: bool = False) -> ValuesIndices:
     """``torch.max(x, dim)``: the largest value along ``dim`` and its first index. Signature: ai.onnx@13::ArgMax"""
     return _arg("ArgMax", x, dim, keepdim)
 
 
+@one_element()
 def min_dim(x: Tensor, dim: int, keepdim: bool = False) -> ValuesIndices:
     """``torch.min(x, dim)``: the smallest value along ``dim`` and its first index. Signature: ai.onnx@13::ArgMin"""
     return _arg("ArgMin", x, dim, keepdim)
@@ -104,12 +107,14 @@ def _evenly(x: Tensor, value: Tensor) -> Tensor:
     return value + reduce_sum(where(hit, x - detach(x), scalar(0, x))) / reduce_sum(cast(hit, x.dtype))
 
 
+@one_element()
 def median(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     """``torch.median``: the lower median (the ``(n - 1) // 2``-th smallest), NaN where there is
     one; over all entries the value, along ``dim`` the value and its index (``ValuesIndices``)."""
     return _median(x, dim, keepdim, skip_nan=False)
 
 
+@one_element()
 def nanmedian(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     """``torch.nanmedian``: ``median`` of the entries that are not NaN (NaN where all are)."""
     return _median(x, dim, keepdim, skip_nan=True)
@@ -139,11 +144,13 @@ def _cumulative(x: Tensor, dim: int, largest: bool) -> ValuesIndices:
     return picked(x, movedim(index, -1, dim), dim, keepdim=True)
 
 
+@one_element()
 def cummax(x: Tensor, dim: int) -> ValuesIndices:
     """``torch.cummax``: the running maximum along ``dim`` and the last index it was reached at."""
     return _cumulative(x, dim, largest=True)
 
 
+@one_element()
 def cummin(x: Tensor, dim: int) -> ValuesIndices:
     """``torch.cummin``: the running minimum along ``dim`` and the last index it was reached at."""
     return _cumulative(x, dim, largest=False)

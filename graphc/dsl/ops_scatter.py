@@ -23,6 +23,7 @@ from graphc.dsl.ops_linalg import diagonal_cells
 from graphc.dsl.ops_reshape import broadcast_tensors
 from graphc.dsl.ops_views import index_copy, movedim
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.dims import one_element
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 
@@ -50,6 +51,7 @@ def _scatter_operands(fn: str, x: Any, index: Any, src: Any) -> tuple[Tensor, Te
     return x, index, src
 
 
+@one_element()
 def scatter_add(x: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
     """``torch.scatter_add``: ``x`` with each ``src[i][j]`` added at ``index[i][j]`` along ``dim``.
     Signature: ai.onnx@18::ScatterElements (reduction="add")"""

@@ -23,6 +23,7 @@ from graphc.dsl.ops_math import amax, amin, isnan, norm
 from graphc.dsl.ops_order import ValuesIndices, picked
 from graphc.dsl.ops_views import movedim
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.dims import one_element
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, to_numpy
 
@@ -85,6 +86,7 @@ def std_mean(x: Tensor, dim: Any = None, correction: float = 1, keepdim: bool = 
 # -- sorting --------------------------------------------------------------------------------
 
 
+@one_element()
 def kthvalue(x: Tensor, k: int, dim: int = -1, keepdim: bool = False) -> ValuesIndices:
     """``torch.kthvalue``: the ``k``-th smallest value along ``dim`` (1-based; NaN the largest) and
     its index. On ties the index is the ``k``-th in a stable sort, which may differ from torch's
@@ -103,6 +105,7 @@ def _i64(value: int) -> Tensor:
     return constant(np.asarray([value], np.int64))
 
 
+@one_element()
 def mode(x: Tensor, dim: int = -1, keepdim: bool = False) -> ValuesIndices:
     """``torch.mode``: the most frequent value along ``dim`` (the smallest on ties) and the last
     index holding it (torch's for up to 16 entries; beyond, torch's depends on its unstable sort).

@@ -15,6 +15,7 @@ from graphc.dsl.ops import (broadcast_shape, const_i64, emit, lift, matmul, resh
                             scalar, transpose, unsqueeze)
 from graphc.dsl.ops_array import dim_index, gather, sort_order
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.dims import one_element
 from graphc.errors import CaptureError
 
 _INT_MAX = np.iinfo(np.int64).max
@@ -115,6 +116,7 @@ def diff(x: Tensor, n: int = 1, dim: int = -1) -> Tensor:
     return x
 
 
+@one_element()
 def sort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Sorted:
     """``(values, indices)`` along ``dim`` (its whole length, read at run time when symbolic);
     equal values keep their order (``stable`` is always true), a NaN is the largest (``sort_order``).
@@ -125,6 +127,7 @@ def sort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = Fals
     return Sorted(gather(x, dim, indices), indices)
 
 
+@one_element()
 def argsort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
     """The int64 indices that sort ``x`` along ``dim`` (``sort``'s)."""
     return sort(x, dim, descending).indices

@@ -1,0 +1,105 @@
+"""Edge cases where graphc followed torch only partly: functions given a dim on 0-d Tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc as gc
+import graphc.nn.functional as F
+from torch_grad_util import TorchNS, assert_matches_torch
+
+R = np.random.default_rng(0)
+S = np.array(1.7)  # a 0-d float64 Tensor
+IDX = np.array(0)  # a 0-d int64 index
+
+# fn(M, x) on a 0-d x with dim 0 or -1: torch accepts each (values, shape, gradient)
+ZERO_D = {
+    "cumsum": lambda M, x, d: M.cumsum(x, d),
+    "cumprod": lambda M, x, d: M.cumprod(x, d),
+    "sort_values": lambda M, x, d: M.sort(x, d).values,
+    "sort_indices": lambda M, x, d: M.sort(x, d).indices,
+    "sort_descending": lambda M, x, d: M.sort(x, d, descending=True).values,
+    "argsort": lambda M, x, d: M.argsort(x, d),
+    "topk_values": lambda M, x, d: M.topk(x, 1, d)[0],
+    "topk_indices": lambda M, x, d: M.topk(x, 1, d)[1],
+    "kthvalue_values": lambda M, x, d: M.kthvalue(x, 1, d).values,
+    "kthvalue_indices": lambda M, x, d: M.kthvalue(x, 1, d).indices,
+    "softmax": lambda M, x, d: M.softmax(x, d),
+    "log_softmax": lambda M, x, d: M.log_softmax(x, d),
+    "logsumexp": lambda M, x, d: M.logsumexp(x, d),
+    "logsumexp_keepdim": lambda M, x, d: M.logsumexp(x, d, keepdim=True),
+    "sum": lambda M, x, d: M.sum(x, d),
+    "sum_keepdim": lambda M, x, d: M.sum(x, d, keepdim=True),
+    "sum_dims": lambda M, x, d: M.sum(x, [d]),
+    "mean": lambda M, x, d: M.mean(x, d),
+    "prod": lambda M, x, d: M.prod(x, d),
+    "amax": lambda M, x, d: M.amax(x, d),
+    "amin": lambda M, x, d: M.amin(x, d),
+    "max_values": lambda M, x, d: M.max(x, d).values,
+    "max_indices": lambda M, x, d: M.max(x, d).indices,
+    "min_values": lambda M, x, d: M.min(x, d).values,
+    "argmax": lambda M, x, d: M.argmax(x, d),
+    "argmin": lambda M, x, d: M.argmin(x, d),
+    "argmax_keepdim": lambda M, x, d: M.argmax(x, d, keepdim=True),
+    "var": lambda M, x, d: M.var(x, d, correction=0),
+    "std": lambda M, x, d: M.std(x, d, correction=0),
+    "norm": lambda M, x, d: M.norm(x, dim=d),
+    "cummax_values": lambda M, x, d: M.cummax(x, d).values,
+    "cummin_indices": lambda M, x, d: M.cummin(x, d).indices,
+    "logcumsumexp": lambda M, x, d: M.logcumsumexp(x, d),
+    "gather": lambda M, x, d: M.gather(x, d, M.zeros_like(x).long()),
+    "scatter_add": lambda M, x, d: M.scatter_add(x, d, M.zeros_like(x).long(), x * 2),
+    "scatter": lambda M, x, d: M.scatter(x, d, M.zeros_like(x).long(), x * 3),
+    "index_select": lambda M, x, d: M.index_select(x, d, M.zeros([1]).long()),
+    "any": lambda M, x, d: M.any(x > 1, d),
+    "all": lambda M, x, d: M.all(x > 1, d),
+    "count_nonzero": lambda M, x, d: M.count_nonzero(x, d),
+    "flip": lambda M, x, d: M.flip(x, [d]),
+    "squeeze": lambda M, x, d: M.squeeze(x, d),
+    "unsqueeze": lambda M, x, d: M.unsqueeze(x, d),
+    "median": lambda M, x, d: M.median(x, d).values,
+    "nanmedian": lambda M, x, d: M.nanmedian(x, d).values,
+    "mode": lambda M, x, d: M.mode(x, d).values,
+}
+
+
+@pytest.mark.parametrize("dim", [0, -1])
+@pytest.mark.parametrize("name", ZERO_D)
+def test_functions_given_a_dim_on_a_0d_tensor_are_torch(name, dim):
+    fn = ZERO_D[name]
+    assert_matches_torch(lambda M, x: fn(M, x, dim), [S], {}, R)
+
+
+def test_std_of_equal_values_has_torch_s_zero_gradient():
+    """std is 0 there and torch's gradient 0 (sqrt's slope is infinite at 0); 0-d, [1] and equal values."""
+    for x in (S, np.array([2.5]), np.full((2, 3), 0.5)):
+        assert_matches_torch(lambda M, x: M.std(x, -1, correction=0), [x], {}, R)
+
+
+def test_var_of_a_0d_tensor_reads_a_bool_second_argument_as_unbiased():
+    assert_matches_torch(lambda M, x: M.var(x, False), [S], {}, R)
+
+
+REFUSED_0D = {  # torch refuses these on a 0-d Tensor
+    "cumsum_dim_1": lambda F, x: F.cumsum(x, 1),
+    "softmax_dim_-2": lambda F, x: F.softmax(x, -2),
+    "sum_dim_1": lambda F, x: F.sum(x, 1),
+    "sort_dim_1": lambda F, x: F.sort(x, 1),
+    "gather_dim_2": lambda F, x: F.gather(x, 2, x.long()),
+    "roll": lambda F, x: F.roll(x, 1, 0),
+    "narrow": lambda F, x: F.narrow(x, 0, 0, 1),
+    "select": lambda F, x: F.select(x, 0, 0),
+    "unbind": lambda F, x: F.unbind(x, 0),
+    "diff": lambda F, x: F.diff(x, dim=0),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED_0D)
+def test_dims_torch_refuses_on_a_0d_tensor_are_capture_errors(name):
+    torch = pytest.importorskip("torch")
+    fn = REFUSED_0D[name]
+    with pytest.raises((IndexError, RuntimeError)):
+        fn(TorchNS(torch), torch.tensor(S))
+    with pytest.raises(gc.CaptureError, match=r"test_dsl_edges.py"):
+        gc.capture(lambda x: fn(F, x), x=S)
