@@ -103,3 +103,31 @@ def test_dims_torch_refuses_on_a_0d_tensor_are_capture_errors(name):
         fn(TorchNS(torch), torch.tensor(S))
     with pytest.raises(gc.CaptureError, match=r"test_dsl_edges.py"):
         gc.capture(lambda x: fn(F, x), x=S)
+
+
+A = np.linspace(-1, 1, 24).reshape(2, 3, 4).astype(np.float32)
+INPLACE = ["relu", "leaky_relu", "elu", "silu", "mish", "hardswish", "hardsigmoid", "hardtanh", "relu6", "selu", "celu",
+           "rrelu", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"]
+UNDERSCORED = ["relu_", "elu_", "leaky_relu_", "hardtanh_", "selu_", "celu_", "rrelu_"]
+
+
+@pytest.mark.parametrize("name", INPLACE)
+def test_inplace_true_on_a_numpy_array_is_refused_as_torch(name):
+    """torch writes only into a Tensor; graphc lifted the array to a constant and wrote into that, silently."""
+    torch = pytest.importorskip("torch")
+    a = A[None] if name == "dropout3d" else A
+    with pytest.raises((TypeError, AttributeError)):
+        getattr(torch.nn.functional, name)(a, inplace=True)
+    with pytest.raises(gc.CaptureError, match=rf"{name}\(inplace=True\) writes its result into its argument "
+                                              r"'(x|input)', which must be a Tensor .*got ndarray.*test_dsl_edges.py"):
+        gc.capture(lambda x: x + getattr(F, name)(a, inplace=True), x=a)
+
+
+@pytest.mark.parametrize("name", UNDERSCORED)
+def test_underscore_functions_on_a_numpy_array_are_refused_as_torch(name):
+    torch = pytest.importorskip("torch")
+    with pytest.raises((TypeError, AttributeError)):
+        getattr(torch.nn.functional, name)(A)
+    with pytest.raises(gc.CaptureError, match=rf"{name} writes its result into its first argument, which must be a "
+                                              r"Tensor .*got ndarray.*test_dsl_edges.py"):
+        gc.capture(lambda x: x + getattr(F, name)(A), x=A)

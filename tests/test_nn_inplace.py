@@ -111,8 +111,8 @@ def test_inplace_false_leaves_the_input():
 
 
 def test_inplace_needs_a_tensor():
-    with pytest.raises(gc.GraphError, match=r"inplace=True writes the result into the input, which must be a "
-                                             r"Tensor, got ndarray"):
+    with pytest.raises(gc.GraphError, match=r"relu\(inplace=True\) writes its result into its argument 'input', "
+                                             r"which must be a Tensor \(as torch's\), got ndarray"):
         gc.capture(lambda x: x + F.relu(np.ones(3, np.float32), inplace=True), x=np.ones(3, np.float32))
 
 

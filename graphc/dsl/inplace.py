@@ -14,6 +14,8 @@ into a parameter or buffer, through an ``expand``/``split`` view, or inside a ``
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import numpy as np
@@ -153,19 +155,38 @@ def _as_value(x: Tensor, value: Any) -> Tensor:
     return ops.constant(np.asarray(value).astype(to_numpy(x.dtype)))
 
 
-def into(x: Any, out: Tensor, inplace: bool) -> Tensor:
-    """``out``; with torch's ``inplace=True``, ``x`` rebound to it (``write``) and returned, as torch's."""
-    if not inplace or out is x:
-        return out
+def _refuse_non_tensor(what: str, name: str, x: Any) -> None:
     if not isinstance(x, Tensor):
-        raise CaptureError(f"inplace=True writes the result into the input, which must be a Tensor, got "
-                           f"{type(x).__name__} (at {user_source()})")
-    return write(x, out)
+        raise CaptureError(f"{what} writes its result into {name}, which must be a Tensor (as torch's), got "
+                           f"{type(x).__name__}; write out of place: y = ... (at {user_source()})")
+
+
+def writes_input(fn: Any) -> Any:
+    """Decorator for a function with torch's ``inplace`` flag: with ``inplace=True`` its first argument,
+    which ``into`` rebinds to the result, must be a Tensor (checked before the function lifts it: a Python
+    or numpy value would become a constant and the write be lost); a CaptureError names it otherwise."""
+    signature = inspect.signature(fn)
+    first = next(iter(signature.parameters))
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        if bound.arguments.get("inplace"):
+            _refuse_non_tensor(f"{fn.__name__}(inplace=True)", f"its argument {first!r}", bound.arguments.get(first))
+        return fn(*args, **kwargs)
+    return run
+
+
+def into(x: Tensor, out: Tensor, inplace: bool) -> Tensor:
+    """``out``; with torch's ``inplace=True``, ``x`` (a Tensor: ``writes_input``) rebound to it (``write``)
+    and returned, as torch's."""
+    return write(x, out) if inplace and out is not x else out
 
 
 def in_place(fn: Any) -> Any:
-    """The in-place form of ``fn(t, *args)``: ``t`` rebound to the result (``write``), and returned."""
+    """The in-place form of ``fn(t, *args)``: ``t`` (a Tensor) rebound to the result (``write``), and returned."""
     def method(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        _refuse_non_tensor(f"{getattr(fn, '__name__', 'fn')}_", "its first argument", self)
         return write(self, fn(self, *args, **kwargs))
     method.__doc__ = f"In place: ``t`` rebound to ``{getattr(fn, '__name__', 'fn')}(t, ...)``; returns ``t``."
     return method

@@ -11,7 +11,7 @@ import numpy as np
 
 from graphc.dsl.batching import batch_rank
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.inplace import into
+from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.ops import concat, const_i64, emit, lift, scalar
 from graphc.dsl.ops_array import ir_tensor, ones_like
 from graphc.dsl.ops_nn import dropout
@@ -37,6 +37,7 @@ def _check_rank(fn: str, x: Tensor, ranks: tuple[int, ...], layout: str) -> None
         raise op_error("Dropout", [x], f"{fn} expects a {layout} input, got rank {x.ndim}", user_source())
 
 
+@writes_input
 def dropout1d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     """Whole channels of a ``(N, C, L)`` or ``(C, L)`` input zeroed with probability ``p``, the
     others scaled by ``1 / (1 - p)``."""
@@ -45,6 +46,7 @@ def dropout1d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = 
     return into(x, x * _kept(x, p, training, x.ndim - 1), inplace)
 
 
+@writes_input
 def dropout2d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     """``dropout1d`` over ``(N, C, H, W)``: the mask is per entry of the first two dims, so a
     3-D input is read as ``(N, C, L)``, as torch does today (it warns that this will change)."""
@@ -53,6 +55,7 @@ def dropout2d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = 
     return into(x, x * _kept(x, p, training, 2), inplace)
 
 
+@writes_input
 def dropout3d(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     """``dropout1d`` over ``(N, C, D, H, W)`` or ``(C, D, H, W)``."""
     x = lift(x)
@@ -76,11 +79,13 @@ def _alpha(x: Tensor, p: float, training: bool, features: int | None) -> Tensor:
     return x + (d - scalar(1.0, x)) * slope
 
 
+@writes_input
 def alpha_dropout(x: Tensor, p: float = 0.5, training: bool = False, inplace: bool = False) -> Tensor:
     """Alpha dropout per element (see ``_alpha``); ``training`` defaults to False, as torch's."""
     return into(x, _alpha(x, p, training, None), inplace)
 
 
+@writes_input
 def feature_alpha_dropout(x: Tensor, p: float = 0.5, training: bool = False, inplace: bool = False) -> Tensor:
     """Alpha dropout of whole channels (the mask per entry of the first two dims)."""
     x = lift(x)

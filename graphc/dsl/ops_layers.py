@@ -13,7 +13,7 @@ import numpy as np
 from graphc.errors import CaptureError
 from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, lift, matmul, mean, minimum, reshape,
                             reshape_like, same_dtype, scalar, sigmoid, softmax, sqrt, transpose, unary, where)
-from graphc.dsl.inplace import into
+from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.ops import nan_if_any, reduction
 from graphc.dsl.ops_array import chunk, ir_tensor, tril
 from graphc.dsl.ops_nn import check_rank, conv_pads, ints, max_pool, pool_node
@@ -212,22 +212,26 @@ def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps
 # -- activations ------------------------------------------------------------------------------
 
 
+@writes_input
 def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
     """Signature: ai.onnx@16::LeakyRelu"""
     return into(x, unary("LeakyRelu", x, alpha=float(negative_slope)), inplace)
 
 
+@writes_input
 def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     """Signature: ai.onnx@6::Elu"""
     return into(x, unary("Elu", x, alpha=float(alpha)), inplace)
 
 
+@writes_input
 def silu(x: Tensor, inplace: bool = False) -> Tensor:
     """``x * sigmoid(x)``."""
     x = lift(x)
     return into(x, x * sigmoid(x), inplace)
 
 
+@writes_input
 def mish(x: Tensor, inplace: bool = False) -> Tensor:
     """``x * tanh(softplus(x))``, written out before opset 18. Signature: ai.onnx@18::Mish"""
     x = lift(x)
@@ -235,11 +239,13 @@ def mish(x: Tensor, inplace: bool = False) -> Tensor:
     return into(x, out, inplace)
 
 
+@writes_input
 def hardswish(x: Tensor, inplace: bool = False) -> Tensor:
     """``x * relu6(x + 3) / 6``. Signature: ai.onnx@14::HardSwish"""
     return into(x, unary("HardSwish", x), inplace)
 
 
+@writes_input
 def hardsigmoid(x: Tensor, inplace: bool = False) -> Tensor:
     """``relu6(x + 3) / 6``. Signature: ai.onnx@6::HardSigmoid"""
     return into(x, unary("HardSigmoid", x, alpha=1.0 / 6.0, beta=0.5), inplace)
@@ -255,6 +261,7 @@ def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     return where(x * scalar(beta, x) > scalar(threshold, x), x, soft)
 
 
+@writes_input
 def hardtanh(x: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
     """``x`` clamped to ``[min_val, max_val]``. Two Wheres, not a Clip: torch's gradient is 0 at the
     bounds themselves (Clip's, as ``torch.clamp``'s, passes there); NaN stays NaN."""
@@ -265,17 +272,20 @@ def hardtanh(x: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bo
     return into(x, where(x <= lo, lo, where(x >= hi, hi, x)), inplace)
 
 
+@writes_input
 def relu6(x: Tensor, inplace: bool = False) -> Tensor:
     """``hardtanh(x, 0, 6)``, as torch defines it (gradient 0 at 0 and at 6)."""
     return hardtanh(x, 0.0, 6.0, inplace)
 
 
+@writes_input
 def selu(x: Tensor, inplace: bool = False) -> Tensor:
     """``scale * elu(x, alpha)`` with torch's constants (ONNX's defaults, float32).
     Signature: ai.onnx@6::Selu"""
     return into(x, unary("Selu", x), inplace)
 
 
+@writes_input
 def celu(x: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     """``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``; ONNX's Celu takes float32 only, so
     other dtypes get its function body, ``alpha * elu(x / alpha)``. Signature: ai.onnx@12::Celu"""
@@ -338,6 +348,7 @@ def hardshrink(x: Tensor, lambd: float = 0.5) -> Tensor:
     return where(unary("Abs", x) > scalar(lambd, x), x, scalar(0.0, x))
 
 
+@writes_input
 def threshold(x: Tensor, threshold: float, value: float, inplace: bool = False) -> Tensor:
     """``x`` where ``x > threshold`` or NaN, else ``value`` (gradient 0 there), as torch."""
     x = lift(x)

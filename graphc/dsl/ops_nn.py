@@ -8,7 +8,7 @@ import numpy as np
 
 from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.inplace import into
+from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
@@ -224,6 +224,7 @@ def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, b
     return ops.emit("LayerNormalization", inputs, {"axis": -len(shape), "epsilon": float(eps)})
 
 
+@writes_input
 def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     """ONNX ``Dropout`` with ``ratio`` and ``training_mode`` inputs; ``training`` defaults to True,
     as in ``torch.nn.functional.dropout`` (pass ``training=self.training`` in a module). The node

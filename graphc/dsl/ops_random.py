@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.dsl.builder import current, op_error, user_source
-from graphc.dsl.inplace import into
+from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.ops import detach, emit, lift, log, scalar, softmax, where
 from graphc.dsl.ops_array import argmax, scatter, zeros_like
 from graphc.dsl.tensor import Tensor
@@ -29,6 +29,7 @@ def uniform_like(x: Tensor, low: float, high: float) -> Tensor:
     return emit("RandomUniformLike", [detach(x)], {"low": float(low), "high": float(high), "seed": node_seed()})
 
 
+@writes_input
 def rrelu(input: Tensor, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: bool = False,  # noqa: A002
           inplace: bool = False) -> Tensor:
     """``x`` where ``x > 0``, else ``a x``: in training ``a ~ U(lower, upper)`` drawn per element

@@ -5,7 +5,7 @@ signature differs from torch's (``axis`` for ``dim``), the version here takes to
 from graphc.dsl import ops
 from graphc.dsl.ops import (abs, cast, clip, concat, erf, exp, flatten, gelu, log, matmul, maximum, minimum, reshape,
                             sigmoid, sqrt, stack, tanh, where)
-from graphc.dsl.inplace import into
+from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.ops_array import (arange, argmax, argmin, cat, chunk, clamp, cos, cumsum, einsum, expand, flip,
                                   full, full_like, gather, index_select, logsumexp, masked_fill, normalize, one_hot,
                                   ones, ones_like, pad, permute, pow, repeat, roll, rsqrt, scatter, sin, split, std,
@@ -65,6 +65,7 @@ from graphc.dsl.ops_elementwise import (absolute, acos, acosh, arccos, arccosh, 
                                         negative, positive, rad2deg, sgn, signbit, sinc, sinh, tan)
 
 
+@writes_input
 def relu(input, inplace: bool = False):  # noqa: A002
     """``torch.nn.functional.relu(input, inplace=False)``: ``inplace=True`` writes into ``input`` and returns it."""
     return into(input, ops.relu(input), inplace)
