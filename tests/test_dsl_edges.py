@@ -131,3 +131,40 @@ def test_underscore_functions_on_a_numpy_array_are_refused_as_torch(name):
     with pytest.raises(gc.CaptureError, match=rf"{name} writes its result into its first argument, which must be a "
                                               r"Tensor .*got ndarray.*test_dsl_edges.py"):
         gc.capture(lambda x: x + getattr(F, name)(A), x=A)
+
+
+VIEWS = {  # x: [2, 3, 4]
+    "transposed_flat": lambda x: x.transpose(0, 1).view(-1),
+    "transposed_split_last": lambda x: x.transpose(0, 1).view(3, 2, 2, 2),
+    "transposed_kept": lambda x: x.transpose(0, 1).view(3, 2, 4),
+    "permuted_merge": lambda x: x.permute(2, 0, 1).view(4, 6),
+    "permuted_flat": lambda x: x.permute(2, 0, 1).view(24),
+    "strided_flat": lambda x: x[:, :, ::2].view(-1),
+    "strided_rows": lambda x: x[:, ::2].view(-1),
+    "sliced_rows": lambda x: x[:, 1:].view(2, 8),
+    "sliced_cols": lambda x: x[:, :, 1:].view(6, 3),
+    "sliced_cols_flat": lambda x: x[:, :, 1:].view(-1),
+    "contiguous": lambda x: x.view(6, 4),
+    "mT_view_as": lambda x: x.mT.view_as(x.mT.contiguous()),
+    "mT_view_as_other": lambda x: x.transpose(1, 2).view_as(x),
+    "contiguous_after": lambda x: x.transpose(0, 1).contiguous().view(-1),
+    "unsqueezed": lambda x: x.transpose(0, 1).unsqueeze(1).view(3, 1, 2, 4),
+}
+
+
+@pytest.mark.parametrize("name", VIEWS)
+def test_view_refuses_what_torch_refuses_and_views_the_rest(name):
+    """torch's view raises where the strides of a transposed or strided view cannot be viewed as the new
+    shape; graphc copied silently (reshape's semantics). Where torch views, values and gradients match."""
+    torch = pytest.importorskip("torch")
+    x = np.arange(24, dtype=np.float64).reshape(2, 3, 4)
+    fn = VIEWS[name]
+    try:
+        fn(torch.from_numpy(x))
+    except RuntimeError as exc:
+        assert "view size is not compatible" in str(exc)
+        with pytest.raises(gc.CaptureError, match=r"view size .* is not compatible with the input's size .* and "
+                                                  r"strides .*as torch's; use .reshape.*test_dsl_edges.py"):
+            gc.capture(fn, x=x)
+        return
+    assert_matches_torch(lambda M, x: fn(x) * 1.0, [x], {}, R)

@@ -29,15 +29,28 @@ from graphc.dsl import (
     ops_stats,
     ops_views,
 )
-from graphc.dsl.builder import user_source
+from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.inplace import in_place
-from graphc.dsl.tensor import Tensor, is_contiguous
+from graphc.dsl.tensor import Tensor, is_contiguous, strides, view_strides
 from graphc.errors import CaptureError
 from graphc.model.dtypes import as_dtype
 
 
 def _dims(dims: tuple) -> list:
     return list(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else list(dims)
+
+
+def _view(self: Tensor, *shape: Any) -> Tensor:
+    """``x.view(*shape)``: a Reshape, where torch can view ``x``'s strides as ``shape``; where it cannot (a
+    transposed or strided view spanning the merged dims), torch's error, not a silent copy as ``reshape``."""
+    out = ops.reshape(self, _dims(shape))
+    old = strides(self)
+    static = out.shape is not None and all(isinstance(d, int) for d in out.shape)
+    if old is not None and static and view_strides(self.shape, old, out.shape) is None:
+        raise op_error("view", [self], f"view size {list(out.shape)} is not compatible with the input's size "
+                       f"{list(self.shape)} and strides {list(old)} (at least one dimension spans across two "
+                       f"contiguous subspaces), as torch's; use .reshape(...) to copy", user_source())
+    return out
 
 
 def _size(self: Tensor, dim: int | None = None) -> Any:
@@ -102,7 +115,7 @@ def _type(self: Tensor, dtype: Any = None, non_blocking: bool = False) -> Any:
 
 
 METHODS = {
-    "view": lambda a, *shape: ops.reshape(a, _dims(shape)),
+    "view": _view,
     "permute": lambda a, *dims: ops.transpose(a, _dims(dims)),
     "size": _size,
     "dim": lambda a: a.ndim,
@@ -138,7 +151,7 @@ METHODS = {
     "diff": ops_views.diff, "sort": ops_views.sort, "argsort": ops_views.argsort, "outer": ops_views.outer,
     "addmm": ops_views.addmm, "baddbmm": ops_views.baddbmm, "index_add": ops_views.index_add,
     "index_copy": ops_views.index_copy, "repeat_interleave": ops_views.repeat_interleave,
-    "expand_as": ops_views.expand_as, "view_as": ops.reshape_like, "reshape_as": ops.reshape_like,
+    "expand_as": ops_views.expand_as, "view_as": lambda a, other: _view(a, other.shape), "reshape_as": ops.reshape_like,
     "new_zeros": lambda a, *size, dtype=None: _new_full(a, _dims(size), 0, dtype),
     "new_ones": lambda a, *size, dtype=None: _new_full(a, _dims(size), 1, dtype),
     "new_full": _new_full, "clone": ops_reshape.clone, "numel": ops_reshape.numel,
