@@ -168,3 +168,49 @@ def test_view_refuses_what_torch_refuses_and_views_the_rest(name):
             gc.capture(fn, x=x)
         return
     assert_matches_torch(lambda M, x: fn(x) * 1.0, [x], {}, R)
+
+
+@pytest.mark.parametrize("cuts", [[2, 5], [7, -2, 20], [5, 2, 5], [0], [10, 10]])
+def test_tensor_split_by_a_tensor_of_indices_is_torch(cuts):
+    """Each piece x[a:b] between consecutive cuts, read at run time; weighted so the values and gradients
+    show which piece each element went to."""
+    x = R.standard_normal((10, 3))
+    assert_matches_torch(lambda M, x, i: M.cat([p * (k + 1.0) for k, p in enumerate(M.tensor_split(x, i))]),
+                         [x], {"i": np.array(cuts)}, R)
+    model = gc.capture(lambda x, i: gc.tensor_split(x, i, 1), x=x.T, i=np.array(cuts))
+    assert len(model.outputs) == len(cuts) + 1
+
+
+def test_tensor_split_by_a_0d_constant_is_its_sections():
+    torch = pytest.importorskip("torch")
+    x = np.arange(10.0)
+    model = gc.capture(lambda x: gc.tensor_split(x, gc.full((), 3, dtype="int64")), x=x)
+    got = gc.Session(model, backend="ort-cpu").run({"x": x})
+    want = torch.tensor_split(torch.from_numpy(x), torch.tensor(3))
+    assert len(got) == len(want)
+    for g, w in zip(got.values(), want):
+        np.testing.assert_array_equal(g, w.numpy())
+
+
+@pytest.mark.parametrize("index,match", [
+    (np.array([2, 5], np.int32), "int64 Tensor of rank 0 or 1"),
+    (np.array([2.0, 5.0]), "int64 Tensor of rank 0 or 1"),
+    (np.array([[2, 5]]), "int64 Tensor of rank 0 or 1"),
+    (np.array(3), "0-d Tensor of sections only as a constant"),
+])
+def test_tensor_split_refuses_index_tensors_as_torch_or_of_unknown_count(index, match):
+    torch = pytest.importorskip("torch")
+    if index.ndim:  # torch refuses these; a 0-d graph input it takes, but the piece count is the graph's
+        with pytest.raises(RuntimeError):
+            torch.tensor_split(torch.arange(10), torch.from_numpy(index))
+    with pytest.raises(gc.CaptureError, match=match + ".*test_dsl_edges.py"):
+        gc.capture(lambda x, i: gc.tensor_split(x, i), x=np.arange(10.0), i=index)
+
+
+def test_index_put_with_none_in_the_indices_is_refused_as_torch():
+    torch = pytest.importorskip("torch")
+    x, i = np.zeros((2, 3)), np.array([0, 2])
+    with pytest.raises(TypeError, match="got NoneType"):
+        torch.from_numpy(x).index_put((None, torch.from_numpy(i)), torch.tensor(1.0, dtype=torch.float64))
+    with pytest.raises(gc.CaptureError, match=r"index_put indices\[0\] is None.*x\[:, idx\] = values.*test_dsl_edges"):
+        gc.capture(lambda x, i: x.index_put((None, i), gc.full((), 1.0, dtype="float64")), x=x, i=i)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.ops import const_i64, constant, emit, lift, reshape, transpose
 from graphc.dsl.ops import squeeze as squeeze_axes
 from graphc.dsl.ops import unsqueeze as unsqueeze_axes
@@ -41,10 +41,18 @@ def _slice(x: Tensor, dim: int, start: int, end: int) -> Tensor:
 
 def tensor_split(x: Tensor, indices_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
     """``torch.tensor_split``: an int ``n`` gives ``n`` pieces, the first ``size % n`` one longer;
-    a list of indices cuts before each (pieces may be empty, as torch's). One Slice per piece.
-    Signature: ai.onnx@13::Slice"""
+    a list of indices cuts before each (pieces may be empty, as torch's), and so does a 1-D int64
+    Tensor of them (of static length; the cuts read at run time, the dim's size may be symbolic); a
+    0-d one is an int, when a constant. One Slice per piece. Signature: ai.onnx@13::Slice"""
     x = lift(x)
     dim = dim_index(x, dim, "Slice")
+    if isinstance(indices_or_sections, Tensor):
+        indices_or_sections = _sections_or_cuts(x, indices_or_sections)
+        if isinstance(indices_or_sections, Tensor):
+            cuts = [emit("Slice", [indices_or_sections, const_i64([i]), const_i64([i + 1])])
+                    for i in range(indices_or_sections.shape[0])]
+            bounds = [const_i64([0]), *cuts, const_i64([np.iinfo(np.int64).max])]
+            return tuple(emit("Slice", [x, a, b, const_i64([dim])]) for a, b in zip(bounds, bounds[1:]))
     size = static_dim(x, dim, "Slice")
     if isinstance(indices_or_sections, (int, np.integer)) and not isinstance(indices_or_sections, bool):
         n = int(indices_or_sections)
@@ -59,6 +67,24 @@ def tensor_split(x: Tensor, indices_or_sections: Any, dim: int = 0) -> tuple[Ten
                            f"{indices_or_sections!r} (at {user_source()})")
     bounds = [0, *cuts, size]
     return tuple(_slice(x, dim, a, b) for a, b in zip(bounds, bounds[1:]))
+
+
+def _sections_or_cuts(x: Tensor, t: Tensor) -> Tensor | int:
+    """A Tensor ``indices_or_sections`` checked as torch's: int64, 1-D (returned; its length static) or 0-d
+    (its int, which must be a constant: the number of pieces is the graph's)."""
+    if t.dtype != "int64" or t.shape is None or len(t.shape) > 1:
+        raise op_error("Slice", [x, t], "tensor_split takes as indices_or_sections an int64 Tensor of rank 0 or 1, "
+                       "as torch's", user_source())
+    if len(t.shape) == 1:
+        if not isinstance(t.shape[0], int):
+            raise op_error("Slice", [x, t], "tensor_split needs a static number of indices (the number of pieces)",
+                           user_source())
+        return t
+    sections = current().consts.get(id(t.value))
+    if sections is None:
+        raise op_error("Slice", [x, t], "tensor_split takes a 0-d Tensor of sections only as a constant: the number "
+                       "of pieces must be known at capture (pass an int)", user_source())
+    return int(sections)
 
 
 def _split_at(fn: str, dim: int, min_rank: int):

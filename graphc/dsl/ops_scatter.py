@@ -129,7 +129,10 @@ def index_put(x: Tensor, indices: Sequence[Tensor], values: Any, accumulate: boo
     if not isinstance(indices, (tuple, list)) or not indices:
         raise CaptureError(f"index_put takes a tuple of index Tensors, got {indices!r} (at {user_source()})")
     rows, axis = [], 0
-    for item in indices:
+    for k, item in enumerate(indices):
+        if item is None:  # torch's index_put: "expected Tensor as element 0 ..., but got NoneType"
+            raise op_error("ScatterND", [x], f"index_put indices[{k}] is None: torch's index_put takes index Tensors "
+                           f"only; for every position along a dim write x[:, idx] = values", user_source())
         item = lift(item)
         if item.dtype == "bool":
             mask_rows = emit("NonZero", [item])
