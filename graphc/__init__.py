@@ -99,6 +99,8 @@ _ALIASES_OPS = (
 _SEARCH_OPS = ("searchsorted bucketize isin histogram cdist pdist trapezoid trapz cumulative_trapezoid gradient put "
                "index_reduce renorm").split()
 _SPECIAL_OPS = "lgamma digamma polygamma mvlgamma multigammaln i0 igamma igammac frexp ldexp".split()
+_SOLVE_OPS = ("inverse lu_unpack triangular_solve cholesky cholesky_solve cholesky_inverse matrix_power "
+              "matrix_exp").split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -125,6 +127,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_search", op) for op in _SEARCH_OPS},
     **{op: ("graphc.dsl.ops_special", op) for op in _SPECIAL_OPS},
     "special": ("graphc.dsl.special", None),
+    **{op: ("graphc.dsl.ops_solve", op) for op in _SOLVE_OPS},
+    "linalg": ("graphc.dsl.linalg", None),
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

@@ -24,6 +24,7 @@ from graphc.dsl import (
     ops_sample,
     ops_scatter,
     ops_search,
+    ops_solve,
     ops_special,
     ops_spectral,
     ops_stats,
@@ -213,6 +214,11 @@ METHODS = {
     **{f"{name}_": in_place(getattr(ops_special, name))
        for name in ("lgamma", "digamma", "i0", "igamma", "igammac", "mvlgamma", "ldexp")},
     "polygamma_": in_place(lambda a, n: ops_special.polygamma(n, a)),
+    # solvers and factorizations (ops_solve.py)
+    "inverse": ops_solve.inverse, "cholesky": ops_solve.cholesky, "cholesky_solve": ops_solve.cholesky_solve,
+    "cholesky_inverse": ops_solve.cholesky_inverse, "matrix_power": ops_solve.matrix_power,
+    "matrix_exp": ops_solve.matrix_exp, "triangular_solve": ops_solve.triangular_solve,
+    "lu_solve": lambda b, LU_data, LU_pivots: ops_solve.lu_solve(LU_data, LU_pivots, b),  # noqa: N803
 }
 
 for _name, _method in METHODS.items():

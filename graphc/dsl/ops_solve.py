@@ -12,8 +12,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops import binary, cast, concat, constant, emit, lift, matmul, same_dtype, scalar, sqrt, squeeze, \
-    unsqueeze, where
+from graphc.dsl.ops import binary, cast, clip, concat, constant, detach, emit, lift, log, matmul, reduction, same_dtype, \
+    scalar, sqrt, squeeze, unsqueeze, where
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops_views import swap_last
 from graphc.dsl.tensor import Tensor
@@ -305,6 +305,41 @@ def matrix_power(A: Any, n: int) -> Tensor:  # noqa: N803
     return eye_like(a, size) if out is None else out
 
 
+# Higham (2005)'s degree-13 Pade coefficients and the 1-norm up to which it needs no squaring
+_PADE13 = (64764752532480000.0, 32382376266240000.0, 7771770303897600.0, 1187353796428800.0, 129060195264000.0,
+           10559470521600.0, 670442572800.0, 33522128640.0, 1323241920.0, 40840800.0, 960960.0, 16380.0, 182.0, 1.0)
+_THETA13 = 5.371920351148152
+MAX_SQUARINGS = 40  # exact for 1-norms up to 5.4 * 2**40; each squaring is one MatMul whether used or not
+
+
+def matrix_exp(A: Any) -> Tensor:  # noqa: N803
+    """``torch.linalg.matrix_exp``: scaling and squaring with Higham's degree-13 Pade approximant. The
+    number of squarings ``s`` comes from each matrix's 1-norm at run time; the graph holds
+    ``MAX_SQUARINGS`` masked squarings, of which each matrix takes its first ``s``."""
+    a, n = square_matrices("linalg.matrix_exp", A)
+    norm = detach(reduction("ReduceMax", reduction("ReduceSum", abs_(a), -2, True), -1, True))
+    steps = emit("Ceil", [log(binary("Div", norm, scalar(_THETA13, a))) / scalar(np.log(2.0), a)])
+    steps = clip(steps, scalar(0, a), scalar(MAX_SQUARINGS, a))  # log(0) = -inf: no squaring
+    a = a * binary("Pow", scalar(2.0, a), -steps)
+    eye = constant(np.eye(n, dtype=a.dtype.numpy))
+    a2 = matmul(a, a)
+    a4 = matmul(a2, a2)
+    a6 = matmul(a4, a2)
+
+    def terms(c: tuple[float, ...]) -> Tensor:  # c[0] A^6 + c[1] A^4 + c[2] A^2 (+ c[3] I)
+        out = a6 * scalar(c[0], a) + a4 * scalar(c[1], a) + a2 * scalar(c[2], a)
+        return out + eye * scalar(c[3], a) if len(c) > 3 else out
+
+    b = _PADE13
+    u = matmul(a, matmul(a6, terms(b[13:8:-2])) + terms(b[7::-2][:4]))
+    v = matmul(a6, terms(b[12:7:-2])) + terms(b[6::-2])
+    packed, perm, _ = lu_steps(v - u, n)
+    x = lu_solve_perm(packed, perm, u + v, n)
+    for i in range(MAX_SQUARINGS):
+        x = where(steps > scalar(i, a), matmul(x, x), x)
+    return x
+
+
 # -- triangular systems -----------------------------------------------------------------------
 
 
@@ -372,8 +407,8 @@ def cholesky_inverse(L: Any, upper: bool = False) -> Tensor:  # noqa: N803
 
 
 __all__ = [
-    "LUFactor", "MAX_N", "PLU", "TriangularSolve", "cholesky", "cholesky_inverse", "cholesky_lower", "cholesky_solve",
+    "LUFactor", "MAX_N", "MAX_SQUARINGS", "PLU", "TriangularSolve", "cholesky", "cholesky_inverse", "cholesky_lower", "cholesky_solve",
     "entry", "eye_like", "inv", "inverse", "lu", "lu_factor", "lu_solve", "lu_solve_perm", "lu_steps", "lu_unpack",
-    "mask", "matrix_dims", "matrix_power", "permutation_rows", "pick", "right_hand_side", "solve", "solve_triangular",
+    "mask", "matrix_dims", "matrix_exp", "matrix_power", "permutation_rows", "pick", "right_hand_side", "solve", "solve_triangular",
     "square_matrices", "substitute", "triangular_solve",
 ]
