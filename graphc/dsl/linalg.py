@@ -65,7 +65,7 @@ def householder(a: Tensor, m: int, n: int) -> tuple[Tensor, Tensor]:
     return q, where(mask(upper), r, scalar(0, a))
 
 
-def qr(A: Any, mode: str = "reduced") -> QR:  # noqa: N803 - torch's names
+def qr(A: Any, mode: str = "reduced") -> QR:
     """``torch.linalg.qr`` by Householder reflections, ``(..., m, n)`` with static ``m`` and ``n``:
     ``mode`` "reduced" (``Q`` ``m x k``, ``R`` ``k x n``, ``k = min(m, n)``), "complete" (``Q`` ``m x m``,
     ``R`` ``m x n``) or "r" (``R`` reduced, ``Q`` empty)."""
@@ -81,7 +81,7 @@ def qr(A: Any, mode: str = "reduced") -> QR:  # noqa: N803 - torch's names
     return QR(constant(np.zeros(0, a.dtype.numpy)) if mode == "r" else q if k == m else narrow(q, -1, 0, k), r)
 
 
-def lstsq(A: Any, B: Any, rcond: float | None = None, *, driver: str | None = None) -> Lstsq:  # noqa: N803
+def lstsq(A: Any, B: Any, rcond: float | None = None, *, driver: str | None = None) -> Lstsq:
     """``torch.linalg.lstsq`` for full-rank ``(..., m, n)`` ``A`` with ``m >= n``: ``R^-1 Q^T B`` from the
     reduced QR (``rcond`` and ``driver`` are accepted and ignored: no rank is estimated)."""
     fn = "linalg.lstsq"
@@ -114,7 +114,7 @@ def vector_norm(x: Any, ord: float = 2, dim: Any = None, keepdim: bool = False, 
     return _norm(_floating("linalg.vector_norm", x, dtype), ord, dim, keepdim)
 
 
-def matrix_norm(A: Any, ord: Any = "fro", dim: tuple[int, int] = (-2, -1), keepdim: bool = False, *,  # noqa: A002, N803
+def matrix_norm(A: Any, ord: Any = "fro", dim: tuple[int, int] = (-2, -1), keepdim: bool = False, *,  # noqa: A002
                 dtype: Any = None) -> Tensor:
     """``torch.linalg.matrix_norm``: ``ord`` "fro", 1 / -1 (largest / smallest column sum of ``|A|``),
     inf / -inf (row sums); "nuc", 2 and -2 need an SVD, which graphc does not have."""
@@ -138,7 +138,8 @@ def matrix_norm(A: Any, ord: Any = "fro", dim: tuple[int, int] = (-2, -1), keepd
     return out if keepdim else squeeze(out, sorted((d0, d1)))
 
 
-def norm(A: Any, ord: Any = None, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:  # noqa: A002, N803
+def norm(A: Any, ord: Any = None, dim: Any = None, keepdim: bool = False, *,  # noqa: A002
+         dtype: Any = None) -> Tensor:
     """``torch.linalg.norm``: a vector norm over one dim (or all, flattened, when ``ord`` and ``dim`` are
     None), a matrix norm over two; with ``ord`` and no ``dim``, ``A`` must be 1-D or 2-D."""
     a = lift(A)
@@ -189,7 +190,7 @@ def cross(input: Any, other: Any, *, dim: int = -1) -> Tensor:  # noqa: A002
     return _cross(input, other, dim)
 
 
-def diagonal(A: Any, *, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Tensor:  # noqa: N803
+def diagonal(A: Any, *, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Tensor:
     """``torch.linalg.diagonal``: ``gc.diagonal`` with the last two dims as default."""
     return _diagonal(A, offset, dim1, dim2)
 
@@ -200,7 +201,7 @@ def _static_prod(fn: str, a: Tensor, dims: Any) -> int:
     return int(np.prod(dims, dtype=np.int64))
 
 
-def tensorinv(A: Any, ind: int = 2) -> Tensor:  # noqa: N803
+def tensorinv(A: Any, ind: int = 2) -> Tensor:
     """``torch.linalg.tensorinv``: the inverse of ``A`` read as a matrix (its first ``ind`` dims the rows),
     with shape ``A.shape[ind:] + A.shape[:ind]``."""
     a = lift(A)
@@ -212,7 +213,7 @@ def tensorinv(A: Any, ind: int = 2) -> Tensor:  # noqa: N803
     return reshape(inv(matrix), [*cols, *rows])
 
 
-def tensorsolve(A: Any, B: Any, dims: Any = None) -> Tensor:  # noqa: N803
+def tensorsolve(A: Any, B: Any, dims: Any = None) -> Tensor:
     """``torch.linalg.tensorsolve``: ``X`` with ``tensordot(A, X, X.ndim) = B`` (``dims`` of ``A`` moved last
     first), through ``solve`` on ``A`` read as a square matrix."""
     a, b = lift(A), lift(B, lift(A))

@@ -218,7 +218,7 @@ METHODS = {
     "inverse": ops_solve.inverse, "cholesky": ops_solve.cholesky, "cholesky_solve": ops_solve.cholesky_solve,
     "cholesky_inverse": ops_solve.cholesky_inverse, "matrix_power": ops_solve.matrix_power,
     "matrix_exp": ops_solve.matrix_exp, "triangular_solve": ops_solve.triangular_solve,
-    "lu_solve": lambda b, LU_data, LU_pivots: ops_solve.lu_solve(LU_data, LU_pivots, b),  # noqa: N803
+    "lu_solve": lambda b, LU_data, LU_pivots: ops_solve.lu_solve(LU_data, LU_pivots, b),
 }
 
 for _name, _method in METHODS.items():

@@ -12,8 +12,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops import binary, cast, clip, concat, constant, detach, emit, lift, log, matmul, reduction, same_dtype, \
-    scalar, sqrt, squeeze, unsqueeze, where
+from graphc.dsl.ops import (binary, cast, clip, concat, constant, detach, emit, lift, log, matmul, reduction,
+                            same_dtype, scalar, sqrt, squeeze, unsqueeze, where)
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops_views import swap_last
 from graphc.dsl.tensor import Tensor
@@ -182,7 +182,7 @@ def lu_solve_perm(lu: Tensor, perm: Tensor, b: Tensor, n: int, adjoint: bool = F
 # -- LU ---------------------------------------------------------------------------------------
 
 
-def lu_factor(A: Any, *, pivot: bool = True) -> LUFactor:  # noqa: N803 - torch's names
+def lu_factor(A: Any, *, pivot: bool = True) -> LUFactor:
     """``torch.linalg.lu_factor``: the packed ``LU`` and LAPACK's 1-based int32 ``pivots`` of square ``A``
     (torch takes rectangular ones too; graphc only square)."""
     a, n = square_matrices("linalg.lu_factor", A)
@@ -196,7 +196,7 @@ def _pivoting(fn: str, a: Tensor, pivot: bool) -> None:
         raise op_error(fn, [a], "pivot=False is not supported (torch has it on CUDA only)", user_source())
 
 
-def lu(A: Any, *, pivot: bool = True) -> PLU:  # noqa: N803
+def lu(A: Any, *, pivot: bool = True) -> PLU:
     """``torch.linalg.lu``: ``(P, L, U)`` with ``A = P @ L @ U``, square ``A`` only."""
     a, n = square_matrices("linalg.lu", A)
     _pivoting("linalg.lu", a, pivot)
@@ -226,7 +226,7 @@ def _perm_of_pivots(fn: str, a: Tensor, pivots: Any, n: int) -> Tensor:
     return at if perm is None else perm
 
 
-def lu_unpack(LU_data: Any, LU_pivots: Any, unpack_data: bool = True, unpack_pivots: bool = True) -> PLU:  # noqa: N803
+def lu_unpack(LU_data: Any, LU_pivots: Any, unpack_data: bool = True, unpack_pivots: bool = True) -> PLU:
     """``torch.lu_unpack``: ``(P, L, U)`` of ``lu_factor``'s result (square only); a part not unpacked is
     an empty Tensor, as torch's."""
     a, n = square_matrices("lu_unpack", LU_data, "LU_data")
@@ -236,7 +236,7 @@ def lu_unpack(LU_data: Any, LU_pivots: Any, unpack_data: bool = True, unpack_piv
     return PLU(p, *(_unpacked(a, n) if unpack_data else (empty, empty)))
 
 
-def lu_solve(LU: Any, pivots: Any, B: Any, *, left: bool = True, adjoint: bool = False) -> Tensor:  # noqa: N803
+def lu_solve(LU: Any, pivots: Any, B: Any, *, left: bool = True, adjoint: bool = False) -> Tensor:
     """``torch.linalg.lu_solve``: ``X`` with ``A @ X = B`` from ``lu_factor(A)``; ``adjoint`` solves with
     ``A^T``, ``left=False`` solves ``X @ A = B``."""
     fn = "linalg.lu_solve"
@@ -255,7 +255,7 @@ def lu_solve(LU: Any, pivots: Any, B: Any, *, left: bool = True, adjoint: bool =
 # -- solve and inverse ------------------------------------------------------------------------
 
 
-def solve(A: Any, B: Any, *, left: bool = True) -> Tensor:  # noqa: N803
+def solve(A: Any, B: Any, *, left: bool = True) -> Tensor:
     """``torch.linalg.solve``: ``X`` with ``A @ X = B`` (``X @ A = B`` when not ``left``), by LU with
     partial pivoting; ``B`` a batch of vectors ``(..., n)`` when it has one dim less than ``A`` (or is 1-D),
     else ``(..., n, k)``; batch dims broadcast."""
@@ -274,7 +274,7 @@ def solve(A: Any, B: Any, *, left: bool = True) -> Tensor:  # noqa: N803
     return squeeze(x, [x.ndim - 1 if left else x.ndim - 2]) if vector else x
 
 
-def inv(A: Any) -> Tensor:  # noqa: N803
+def inv(A: Any) -> Tensor:
     """``torch.linalg.inv`` / ``torch.inverse``: ``solve(A, I)``."""
     a, n = square_matrices("linalg.inv", A)
     packed, perm, _ = lu_steps(a, n)
@@ -286,7 +286,7 @@ def inverse(input: Any) -> Tensor:  # noqa: A002
     return inv(input)
 
 
-def matrix_power(A: Any, n: int) -> Tensor:  # noqa: N803
+def matrix_power(A: Any, n: int) -> Tensor:
     """``torch.linalg.matrix_power``: ``A`` multiplied by itself ``n`` times by repeated squaring (the
     identity for 0, powers of the inverse for ``n < 0``)."""
     fn = "linalg.matrix_power"
@@ -312,7 +312,7 @@ _THETA13 = 5.371920351148152
 MAX_SQUARINGS = 40  # exact for 1-norms up to 5.4 * 2**40; each squaring is one MatMul whether used or not
 
 
-def matrix_exp(A: Any) -> Tensor:  # noqa: N803
+def matrix_exp(A: Any) -> Tensor:
     """``torch.linalg.matrix_exp``: scaling and squaring with Higham's degree-13 Pade approximant. The
     number of squarings ``s`` comes from each matrix's 1-norm at run time; the graph holds
     ``MAX_SQUARINGS`` masked squarings, of which each matrix takes its first ``s``."""
@@ -343,7 +343,8 @@ def matrix_exp(A: Any) -> Tensor:  # noqa: N803
 # -- triangular systems -----------------------------------------------------------------------
 
 
-def solve_triangular(A: Any, B: Any, *, upper: bool, left: bool = True, unitriangular: bool = False) -> Tensor:  # noqa: N803
+def solve_triangular(A: Any, B: Any, *, upper: bool, left: bool = True,
+                     unitriangular: bool = False) -> Tensor:
     """``torch.linalg.solve_triangular``: ``X`` with ``A @ X = B`` (``X @ A = B`` when not ``left``), reading
     only ``A``'s ``upper`` or lower triangle (and not its diagonal when ``unitriangular``)."""
     fn = "linalg.solve_triangular"
@@ -354,7 +355,7 @@ def solve_triangular(A: Any, B: Any, *, upper: bool, left: bool = True, unitrian
     return swap_last(substitute(swap_last(a), b, n, upper, unitriangular))
 
 
-def triangular_solve(b: Any, A: Any, upper: bool = True, transpose: bool = False,  # noqa: N803
+def triangular_solve(b: Any, A: Any, upper: bool = True, transpose: bool = False,
                      unitriangular: bool = False) -> TriangularSolve:
     """``torch.triangular_solve`` (deprecated there): ``(X, A)`` with ``A @ X = b`` (``A^T @ X = b`` when
     ``transpose``)."""
@@ -378,14 +379,14 @@ def cholesky_lower(a: Tensor, n: int) -> Tensor:
     return where(mask(rows[:, None] >= rows[None, :]), a, scalar(0, a))
 
 
-def cholesky(A: Any, upper: bool = False) -> Tensor:  # noqa: N803
+def cholesky(A: Any, upper: bool = False) -> Tensor:
     """``torch.linalg.cholesky`` (and the old ``torch.cholesky``): lower ``L`` with ``A = L @ L^T`` from
     ``A``'s lower triangle, or upper ``U = L^T`` from its upper triangle."""
     a, n = square_matrices("linalg.cholesky", A)
     return swap_last(cholesky_lower(swap_last(a), n)) if upper else cholesky_lower(a, n)
 
 
-def _factor(fn: str, L: Any, upper: bool) -> tuple[Tensor, int]:  # noqa: N803
+def _factor(fn: str, L: Any, upper: bool) -> tuple[Tensor, int]:
     """The lower Cholesky factor given as ``L`` (lower, or upper when ``upper``) and ``n``."""
     f, n = square_matrices(fn, L, "L")
     rows = np.arange(n)
@@ -393,22 +394,22 @@ def _factor(fn: str, L: Any, upper: bool) -> tuple[Tensor, int]:  # noqa: N803
     return where(mask(rows[:, None] >= rows[None, :]), f, scalar(0, f)), n
 
 
-def cholesky_solve(B: Any, L: Any, upper: bool = False) -> Tensor:  # noqa: N803
+def cholesky_solve(B: Any, L: Any, upper: bool = False) -> Tensor:
     """``torch.cholesky_solve``: ``X`` with ``L @ L^T @ X = B`` (``U^T @ U`` when ``upper``)."""
     low, n = _factor("cholesky_solve", L, upper)
     b = right_hand_side("cholesky_solve", low, B, n)
     return substitute(swap_last(low), substitute(low, b, n, lower=True), n, lower=False)
 
 
-def cholesky_inverse(L: Any, upper: bool = False) -> Tensor:  # noqa: N803
+def cholesky_inverse(L: Any, upper: bool = False) -> Tensor:
     """``torch.cholesky_inverse``: the inverse of ``L @ L^T`` (``U^T @ U`` when ``upper``)."""
     low, n = _factor("cholesky_inverse", L, upper)
     return substitute(swap_last(low), substitute(low, eye_like(low, n), n, lower=True), n, lower=False)
 
 
 __all__ = [
-    "LUFactor", "MAX_N", "MAX_SQUARINGS", "PLU", "TriangularSolve", "cholesky", "cholesky_inverse", "cholesky_lower", "cholesky_solve",
-    "entry", "eye_like", "inv", "inverse", "lu", "lu_factor", "lu_solve", "lu_solve_perm", "lu_steps", "lu_unpack",
-    "mask", "matrix_dims", "matrix_exp", "matrix_power", "permutation_rows", "pick", "right_hand_side", "solve", "solve_triangular",
-    "square_matrices", "substitute", "triangular_solve",
+    "MAX_N", "MAX_SQUARINGS", "PLU", "LUFactor", "TriangularSolve", "cholesky", "cholesky_inverse", "cholesky_lower",
+    "cholesky_solve", "entry", "eye_like", "inv", "inverse", "lu", "lu_factor", "lu_solve", "lu_solve_perm",
+    "lu_steps", "lu_unpack", "mask", "matrix_dims", "matrix_exp", "matrix_power", "permutation_rows", "pick",
+    "right_hand_side", "solve", "solve_triangular", "square_matrices", "substitute", "triangular_solve",
 ]
