@@ -18,7 +18,7 @@ from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops_views import swap_last
 from graphc.dsl.tensor import Tensor
 
-MAX_N = 64  # the unrolled graphs grow as n^2 nodes (an inverse of n = 64 is about 3,900 nodes)
+MAX_N = 128  # nodes grow as n (an inverse of n = 128 is about 6,200), the masks they use as n^3 bytes
 
 
 class LUFactor(NamedTuple):
