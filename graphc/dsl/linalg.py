@@ -1,8 +1,8 @@
 """``gc.linalg``: torch.linalg's functions under its names. The solvers and factorizations come from
 ``ops_solve`` (unrolled over a static matrix size ``n``), the determinants, ``cross`` and ``diagonal``
 from ``ops_linalg``; here are the Householder QR, ``lstsq`` through it, the norms, ``vecdot``,
-``multi_dot``, ``tensorinv`` and ``tensorsolve``. Nothing that needs an SVD or an eigensolver
-(``svd``, ``eigh``, ``pinv``, ``matrix_rank``, ``cond``, the 2- and nuclear matrix norms)."""
+``multi_dot``, ``tensorinv`` and ``tensorsolve``, and from ``ops_eigen``'s Jacobi ``eigh`` and ``svd``:
+``pinv``, ``matrix_rank``, ``cond`` and the 2- and nuclear matrix norms."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops import cast, constant, lift, matmul, reshape, same_dtype, scalar, sqrt, squeeze, unsqueeze, where
+from graphc.dsl.ops import (cast, constant, lift, matmul, maximum, reshape, same_dtype, scalar, sqrt, squeeze,
+                            unsqueeze, where)
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.ops_linalg import det, slogdet
 from graphc.dsl.ops_linalg import cross as _cross
 from graphc.dsl.ops_linalg import diagonal as _diagonal
+from graphc.dsl.ops_eigen import eigh, eigvalsh, svd, svdvals
 from graphc.dsl.ops_math import amax, amin
 from graphc.dsl.ops_math import norm as _norm
 from graphc.dsl.ops_solve import (cholesky, eye_like, inv, lu, lu_factor, lu_solve, mask, matrix_dims, matrix_exp,
@@ -117,7 +119,7 @@ def vector_norm(x: Any, ord: float = 2, dim: Any = None, keepdim: bool = False, 
 def matrix_norm(A: Any, ord: Any = "fro", dim: tuple[int, int] = (-2, -1), keepdim: bool = False, *,  # noqa: A002
                 dtype: Any = None) -> Tensor:
     """``torch.linalg.matrix_norm``: ``ord`` "fro", 1 / -1 (largest / smallest column sum of ``|A|``),
-    inf / -inf (row sums); "nuc", 2 and -2 need an SVD, which graphc does not have."""
+    inf / -inf (row sums), "nuc" / 2 / -2 (sum, largest, smallest singular value)."""
     fn = "linalg.matrix_norm"
     a = _floating(fn, A, dtype)
     if a.ndim < 2 or len(dim) != 2:
@@ -129,9 +131,12 @@ def matrix_norm(A: Any, ord: Any = "fro", dim: tuple[int, int] = (-2, -1), keepd
                        user_source())
     if ord == "fro":
         return _norm(a, 2, [d0, d1], keepdim)
+    if ord in ("nuc", 2, -2):
+        s = svdvals(movedim(a, (d0, d1), (-2, -1)))
+        out = reduce_sum(s, [-1]) if ord == "nuc" else (amax if ord == 2 else amin)(s, -1, False)
+        return unsqueeze(out, sorted((d0, d1))) if keepdim else out
     if ord not in (1, -1, math.inf, -math.inf):
-        raise op_error(fn, [a], f"ord must be 'fro', 1, -1, inf or -inf, got {ord!r} ('nuc', 2 and -2 need an SVD, "
-                       "which graphc does not have)", user_source())
+        raise op_error(fn, [a], f"ord must be 'fro', 'nuc', 1, -1, 2, -2, inf or -inf, got {ord!r}", user_source())
     summed, across = (d0, d1) if abs(ord) == 1 else (d1, d0)
     sums = reduce_sum(abs_(a), [summed], keepdims=True)
     out = (amax if ord > 0 else amin)(sums, across, True)
@@ -195,6 +200,59 @@ def diagonal(A: Any, *, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Tens
     return _diagonal(A, offset, dim1, dim2)
 
 
+def _tolerance(fn: str, a: Tensor, s: Tensor, atol: float | None, rtol: float | None) -> Tensor:
+    """torch's cut-off for ``pinv`` and ``matrix_rank``: ``max(atol, rtol * largest |s|)`` with ``rtol``
+    ``eps * max(m, n)`` when neither is given, 0 when only ``atol`` is (Python numbers only)."""
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if value is not None and not isinstance(value, (int, float)):
+            raise op_error(fn, [a], f"{name} must be a Python number or None here, got {type(value).__name__}",
+                           user_source())
+    if rtol is None:
+        rtol = 0.0 if atol is not None and atol > 0 else float(np.finfo(a.dtype.numpy).eps) * max(a.shape[-2:])
+    largest = amax(abs_(s), -1, True)
+    return maximum(largest * scalar(rtol, s), scalar(0.0 if atol is None else atol, s))
+
+
+def _spectrum(fn: str, a: Tensor, hermitian: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``(U, s, Vh)`` with ``A = U diag(s) Vh``: the SVD, or for ``hermitian`` the eigendecomposition."""
+    if hermitian:
+        w, v = eigh(a)
+        return v, w, swap_last(v)
+    return svd(a, full_matrices=False)
+
+
+def pinv(A: Any, *, atol: float | None = None, rtol: float | None = None, hermitian: bool = False) -> Tensor:
+    """``torch.linalg.pinv``: ``V diag(1/s) U^T`` over the singular values (eigenvalues when ``hermitian``)
+    above torch's tolerance."""
+    a = lift(A)
+    matrix_dims("linalg.pinv", a, "A")
+    u, s, vh = _spectrum("linalg.pinv", a, hermitian)
+    keep = abs_(s) > _tolerance("linalg.pinv", a, s, atol, rtol)
+    inverse = where(keep, scalar(1, s) / where(keep, s, scalar(1, s)), scalar(0, s))
+    return matmul(swap_last(vh) * unsqueeze(inverse, [-2]), swap_last(u))
+
+
+def matrix_rank(A: Any, *, atol: float | None = None, rtol: float | None = None,
+                hermitian: bool = False) -> Tensor:
+    """``torch.linalg.matrix_rank``: the count (int64) of singular values (eigenvalues when ``hermitian``)
+    above torch's tolerance."""
+    a = lift(A)
+    matrix_dims("linalg.matrix_rank", a, "A")
+    s = _spectrum("linalg.matrix_rank", a, hermitian)[1]
+    return reduce_sum(cast(abs_(s) > _tolerance("linalg.matrix_rank", a, s, atol, rtol), "int64"), [-1])
+
+
+def cond(A: Any, p: Any = None) -> Tensor:
+    """``torch.linalg.cond``: the ratio of the largest to the smallest singular value (``p`` None or 2;
+    -2 the inverse), else ``matrix_norm(A, p) * matrix_norm(inv(A), p)`` (square ``A``)."""
+    a = lift(A)
+    if p in (None, 2, -2):
+        s = svdvals(a)
+        big, small = amax(s, -1, False), amin(s, -1, False)
+        return big / small if p != -2 else small / big
+    return matrix_norm(a, p) * matrix_norm(inv(a), p)
+
+
 def _static_prod(fn: str, a: Tensor, dims: Any) -> int:
     if not all(isinstance(d, int) for d in dims):
         raise op_error(fn, [a], f"needs static dims, got {a.type_str()}", user_source())
@@ -227,7 +285,8 @@ def tensorsolve(A: Any, B: Any, dims: Any = None) -> Tensor:
 
 
 __all__ = [
-    "QR", "Lstsq", "cholesky", "cross", "det", "diagonal", "householder", "inv", "lstsq", "lu", "lu_factor",
-    "lu_solve", "matrix_exp", "matrix_norm", "matrix_power", "multi_dot", "norm", "qr", "slogdet", "solve",
-    "solve_triangular", "tensorinv", "tensorsolve", "vecdot", "vector_norm",
+    "QR", "Lstsq", "cholesky", "cond", "cross", "det", "diagonal", "eigh", "eigvalsh", "householder", "inv", "lstsq",
+    "lu", "lu_factor", "lu_solve", "matrix_exp", "matrix_norm", "matrix_power", "matrix_rank", "multi_dot", "norm",
+    "pinv", "qr", "slogdet", "solve", "solve_triangular", "svd", "svdvals", "tensorinv", "tensorsolve", "vecdot",
+    "vector_norm",
 ]
