@@ -40,6 +40,11 @@ def _spd(G, x):
     return x @ x.mT + (G.from_numpy(eye).to(x.dtype) if G is not gc else eye)
 
 
+def _projector(w, v):
+    """``V diag(w) V^T``, which the eigenvectors' signs leave alone."""
+    return v @ (w.unsqueeze(-1) * v.mT)
+
+
 def _lu_solve(G, lu, b, **kw):
     packed, pivots = G.linalg.lu_factor(lu)
     return G.linalg.lu_solve(packed, pivots, b, **kw)
@@ -126,6 +131,28 @@ CASES = [
                                                                  _r(2, 3)], True),
     ("tensorsolve_dims", lambda G, a, b: G.linalg.tensorsolve(a, b, dims=(0,)),
      [_r(6, 2, 3) + np.eye(6).reshape(6, 2, 3) * 3, _r(2, 3)], True),
+    ("eigvalsh", lambda G, x: G.linalg.eigvalsh(x + x.mT), [SQ], True),
+    ("eigvalsh_upper", lambda G, x: G.linalg.eigvalsh(x + x.mT, UPLO="U"), [SQ], True),
+    ("eigvalsh_upper_reads_upper", lambda G, x: G.linalg.eigvalsh(x, UPLO="U"), [SQ], False),
+    ("eigh_values_reads_lower", lambda G, x: G.linalg.eigh(x).eigenvalues, [_r(5, 5)], False),
+    ("eigh_projector", lambda G, x: _projector(*G.linalg.eigh(x + x.mT)), [SQ], True),
+    ("svdvals", lambda G, x: G.linalg.svdvals(x), [TALL], True),
+    ("svdvals_wide", lambda G, x: G.linalg.svd(x, full_matrices=False).S, [WIDE], True),
+    ("svd_square_U_Vh", lambda G, x: (lambda u, s, vh: u @ vh)(*G.linalg.svd(x)), [SQ], True),
+    ("svd_wide_U_S_Vh", lambda G, x: (lambda u, s, vh: (u * s.unsqueeze(-2)) @ vh)(*G.linalg.svd(x, False)), [WIDE],
+     True),
+    ("pinv", lambda G, x: G.linalg.pinv(x), [TALL], True),
+    ("pinv_rank_deficient", lambda G, x: G.linalg.pinv(x), [TALL @ _r(3, 4)], False),
+    ("pinv_hermitian", lambda G, x: G.linalg.pinv(x @ x.mT, hermitian=True), [TALL], False),
+    ("matrix_rank", lambda G, x: G.linalg.matrix_rank(x), [TALL @ _r(2, 3, 4)], False),
+    ("matrix_rank_tol", lambda G, x: G.linalg.matrix_rank(x, atol=1.0, rtol=0.1), [TALL], False),
+    ("matrix_rank_hermitian", lambda G, x: G.linalg.matrix_rank(x @ x.mT, hermitian=True), [TALL], False),
+    ("cond", lambda G, x: G.linalg.cond(x), [SQ], True),
+    ("cond_neg2", lambda G, x: G.linalg.cond(x, -2), [TALL], True),
+    ("cond_1", lambda G, x: G.linalg.cond(x, 1), [SQ], False),  # torch.autograd fails on it (in-place inverse)
+    ("matrix_norm_nuc", lambda G, x: G.linalg.matrix_norm(x, "nuc"), [TALL], True),
+    ("matrix_norm_2", lambda G, x: G.linalg.matrix_norm(x, 2, dim=(0, 2), keepdim=True), [TALL], True),
+    ("matrix_norm_neg2", lambda G, x: G.linalg.norm(x, -2, dim=(-1, -2)), [TALL], True),
 ]
 
 
@@ -187,6 +214,10 @@ FINITE = {
     "matrix_power": (lambda G, x: G.linalg.matrix_power(x, -2), SQ),
     "matrix_exp": (lambda G, x: G.linalg.matrix_exp(x), SQ),
     "matrix_norm": (lambda G, x: G.linalg.matrix_norm(x, 1), TALL),
+    "eigh": (lambda G, x: _projector(*G.linalg.eigh(x + x.mT)) + G.linalg.eigvalsh(x).unsqueeze(-1), SQ),
+    "svd": (lambda G, x: (lambda u, s, vh: u @ vh * 2 + s.unsqueeze(-2))(*G.linalg.svd(x, full_matrices=False)),
+            TALL),
+    "pinv": (lambda G, x: G.linalg.pinv(x), TALL),
 }
 
 
@@ -202,7 +233,8 @@ def test_symbolic_batch_matches_torch():
     cases = {"inv": lambda G, a: G.linalg.inv(a), "pivots": lambda G, a: G.linalg.lu_factor(a).pivots,
              "lu_P": lambda G, a: G.linalg.lu(a).P, "qr_Q": lambda G, a: G.linalg.qr(a).Q,
              "power_0": lambda G, a: G.linalg.matrix_power(a, 0), "matrix_exp": lambda G, a: G.matrix_exp(a),
-             "cholesky_inverse": lambda G, a: G.cholesky_inverse(G.linalg.cholesky(_spd(G, a)))}
+             "cholesky_inverse": lambda G, a: G.cholesky_inverse(G.linalg.cholesky(_spd(G, a))),
+             "eigvalsh": lambda G, a: G.linalg.eigvalsh(a), "svdvals": lambda G, a: G.linalg.svdvals(a)}
     for name, fn in cases.items():
         model = gc.capture(lambda x, fn=fn: fn(gc, x), x=gc.spec("float64", ("N", 4, 4)))
         onnx.checker.check_model(model.proto, full_check=True)
@@ -268,8 +300,10 @@ ERRORS = [
     (lambda x: gc.linalg.matrix_power(x, 1.5), SQ1, r"n must be a Python int, got 1.5"),
     (lambda x: gc.linalg.qr(x, mode="full"), SQ1, r"mode must be 'reduced', 'complete' or 'r', got 'full'"),
     (lambda x: gc.linalg.lstsq(x, x), WIDE, r"at least as many rows as columns .*got 3 x 5"),
-    (lambda x: gc.linalg.matrix_norm(x, "nuc"), SQ1, r"'nuc', 2 and -2 need an SVD"),
-    (lambda x: gc.linalg.matrix_norm(x, 2), SQ1, r"ord must be 'fro', 1, -1, inf or -inf, got 2"),
+    (lambda x: gc.linalg.matrix_norm(x, 3), SQ1, r"ord must be 'fro', 'nuc', 1, -1, 2, -2, inf or -inf, got 3"),
+    (lambda x: gc.linalg.eigh(x, UPLO="X"), SQ1, r"UPLO must be 'L' or 'U', got 'X'"),
+    (lambda x: gc.linalg.svd(x), WIDE, r"full_matrices=True needs square matrices here, got 3 x 5"),
+    (lambda x: gc.linalg.pinv(x, atol=x[0, 0]), SQ1, r"atol must be a Python number or None here, got Tensor"),
     (lambda x: gc.linalg.matrix_norm(x, dim=(1, -1)), SQ1, r"dim must be two different dims"),
     (lambda x: gc.linalg.vector_norm(x.astype("int64")), SQ1, r"expects a floating-point input, got int64"),
     (lambda x: gc.linalg.norm(x, 1), SQ, r"with ord=1 and no dim, A must be 1-D or 2-D, got rank 3"),
@@ -285,6 +319,36 @@ def test_bad_arguments_name_the_problem_and_the_line(fn, x, match):
     with pytest.raises(gc.CaptureError, match=match) as info:
         gc.capture(fn, x=x)
     assert "test_dsl_solve.py:" in str(info.value)
+
+
+def test_eigenvectors_and_singular_vectors_match_torch_up_to_sign():
+    """Each column made positive at its largest |entry|: the vectors are torch's (distinct values)."""
+    torch = pytest.importorskip("torch")
+
+    def signed(v):
+        top = np.take_along_axis(v, np.abs(v).argmax(-2)[..., None, :], -2)
+        return v * np.sign(top)
+
+    x = SQ + SQ.swapaxes(-1, -2)
+    model = _capture(lambda G, a, b: {"v": G.linalg.eigh(a).eigenvectors, "u": G.linalg.svd(b, False).U,
+                                      "vh": G.linalg.svd(b, False).Vh}, {"a": x, "b": TALL})
+    got = run_both(model, {"a": x, "b": TALL})
+    u, _, vh = torch.linalg.svd(torch.from_numpy(TALL), full_matrices=False)
+    np.testing.assert_allclose(signed(got["v"]), signed(torch.linalg.eigh(torch.from_numpy(x))[1].numpy()), atol=1e-12)
+    np.testing.assert_allclose(signed(got["u"]), signed(u.numpy()), atol=1e-12)
+    np.testing.assert_allclose(signed(got["vh"].swapaxes(-1, -2)), signed(vh.mT.numpy()), atol=1e-12)
+
+
+def test_jacobi_converges_for_larger_and_clustered_spectra():
+    """n = 16 with a cluster of equal eigenvalues: within 1e-12 of torch's eigenvalues, and the
+    vectors orthonormal and reconstructing ``A``."""
+    torch = pytest.importorskip("torch")
+    q, y = np.linalg.qr(_r(16, 16))[0], _r(16, 16)
+    x = np.stack([q @ np.diag(np.r_[np.ones(6), np.arange(10.0)]) @ q.T, y + y.T])
+    got = run_both(_capture(lambda G, a: dict(zip("wv", G.linalg.eigh(a))), {"a": x}), {"a": x})
+    np.testing.assert_allclose(got["w"], torch.linalg.eigvalsh(torch.from_numpy(x)).numpy(), atol=1e-12)
+    np.testing.assert_allclose(got["v"].swapaxes(-1, -2) @ got["v"], np.broadcast_to(np.eye(16), x.shape), atol=1e-12)
+    np.testing.assert_allclose(got["v"] @ (got["w"][..., None] * got["v"].swapaxes(-1, -2)), x, atol=1e-12)
 
 
 def test_symbolic_matrix_size_is_refused():

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops import binary, concat, constant, emit, lift, matmul, scalar, sqrt, unsqueeze, where
+from graphc.dsl.ops import concat, constant, emit, lift, matmul, scalar, sqrt, unsqueeze, where
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.ops_solve import eye_like, mask, matrix_dims, square_matrices
@@ -57,10 +57,12 @@ def _rounds(n: int) -> list[list[tuple[int, int]]]:
 def _rotation(app: Tensor, aqq: Tensor, apq: Tensor, pairs: list[tuple[int, int]], n: int) -> Tensor:
     """The ``n x n`` rotation that zeroes entry (p, q) of each pair's symmetric 2 x 2 block
     ``[[app, apq], [apq, aqq]]`` (Golub and Van Loan's ``sym.schur2``; none where ``apq`` is 0)."""
-    zero = apq == scalar(0, apq)
-    tau = binary("Div", aqq - app, scalar(2, apq) * where(zero, scalar(1, apq), apq))
-    sign = where(tau >= scalar(0, tau), scalar(1, tau), scalar(-1, tau))
-    t = where(zero, scalar(0, tau), sign / (abs_(tau) + sqrt(scalar(1, tau) + tau * tau)))
+    d = aqq - app  # t = tan(angle) = sign(d) 2 apq / (|d| + sqrt(d^2 + 4 apq^2)), no overflow as apq -> 0
+    twice = apq * scalar(2, apq)
+    den = abs_(d) + sqrt(d * d + twice * twice)
+    zero = den == scalar(0, den)  # a 2 x 2 block that is already diagonal, equal entries
+    sign = where(d >= scalar(0, d), scalar(1, d), scalar(-1, d))
+    t = where(zero, scalar(0, d), sign * twice / where(zero, scalar(1, d), den))
     c = scalar(1, t) / sqrt(scalar(1, t) + t * t)
     s = t * c
     r = len(pairs)
