@@ -45,6 +45,15 @@ def _projector(w, v):
     return v @ (w.unsqueeze(-1) * v.mT)
 
 
+def _rotation_part(u, s, vh):
+    """``U @ Vh``, which the singular vectors' signs leave alone."""
+    return u @ vh
+
+
+def _product(u, s, vh):
+    return (u * s.unsqueeze(-2)) @ vh
+
+
 def _lu_solve(G, lu, b, **kw):
     packed, pivots = G.linalg.lu_factor(lu)
     return G.linalg.lu_solve(packed, pivots, b, **kw)
@@ -138,9 +147,8 @@ CASES = [
     ("eigh_projector", lambda G, x: _projector(*G.linalg.eigh(x + x.mT)), [SQ], True),
     ("svdvals", lambda G, x: G.linalg.svdvals(x), [TALL], True),
     ("svdvals_wide", lambda G, x: G.linalg.svd(x, full_matrices=False).S, [WIDE], True),
-    ("svd_square_U_Vh", lambda G, x: (lambda u, s, vh: u @ vh)(*G.linalg.svd(x)), [SQ], True),
-    ("svd_wide_U_S_Vh", lambda G, x: (lambda u, s, vh: (u * s.unsqueeze(-2)) @ vh)(*G.linalg.svd(x, False)), [WIDE],
-     True),
+    ("svd_square_U_Vh", lambda G, x: _rotation_part(*G.linalg.svd(x)), [SQ], True),
+    ("svd_wide_U_S_Vh", lambda G, x: _product(*G.linalg.svd(x, False)), [WIDE], True),
     ("pinv", lambda G, x: G.linalg.pinv(x), [TALL], True),
     ("pinv_rank_deficient", lambda G, x: G.linalg.pinv(x), [TALL @ _r(3, 4)], False),
     ("pinv_hermitian", lambda G, x: G.linalg.pinv(x @ x.mT, hermitian=True), [TALL], False),
@@ -215,7 +223,7 @@ FINITE = {
     "matrix_exp": (lambda G, x: G.linalg.matrix_exp(x), SQ),
     "matrix_norm": (lambda G, x: G.linalg.matrix_norm(x, 1), TALL),
     "eigh": (lambda G, x: _projector(*G.linalg.eigh(x + x.mT)) + G.linalg.eigvalsh(x).unsqueeze(-1), SQ),
-    "svd": (lambda G, x: (lambda u, s, vh: u @ vh * 2 + s.unsqueeze(-2))(*G.linalg.svd(x, full_matrices=False)),
+    "svd": (lambda G, x: _rotation_part(*G.linalg.svd(x, full_matrices=False)) * 2 + G.linalg.svdvals(x).unsqueeze(-2),
             TALL),
     "pinv": (lambda G, x: G.linalg.pinv(x), TALL),
 }
