@@ -335,8 +335,8 @@ def matrix_exp(A: Any) -> Tensor:
     v = matmul(a6, terms(b[12:7:-2])) + terms(b[6::-2])
     packed, perm, _ = lu_steps(v - u, n)
     x = lu_solve_perm(packed, perm, u + v, n)
-    for i in range(MAX_SQUARINGS):
-        x = where(steps > scalar(i, a), matmul(x, x), x)
+    for i in range(MAX_SQUARINGS):  # X @ X for the first ``steps``, I @ X after (no overflow from unused squarings)
+        x = matmul(where(steps > scalar(i, a), x, eye), x)
     return x
 
 
