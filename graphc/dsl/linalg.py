@@ -45,7 +45,7 @@ class Lstsq(NamedTuple):
     singular_values: Tensor
 
 
-def householder(a: Tensor, m: int, n: int) -> tuple[Tensor, Tensor]:
+def _householder(a: Tensor, m: int, n: int) -> tuple[Tensor, Tensor]:
     """``(Q, R)`` with ``A = Q @ R``, ``Q`` ``m x m`` orthogonal and ``R`` ``m x n`` upper triangular, from
     LAPACK's reflectors (geqrf's ``beta = -sign(alpha) * norm``, none where a column is already zero
     below the diagonal), so the signs are torch's."""
@@ -75,7 +75,7 @@ def qr(A: Any, mode: str = "reduced") -> QR:
     m, n = matrix_dims("linalg.qr", a, "A")
     if mode not in ("reduced", "complete", "r"):
         raise op_error("linalg.qr", [a], f"mode must be 'reduced', 'complete' or 'r', got {mode!r}", user_source())
-    q, r = householder(a, m, n)
+    q, r = _householder(a, m, n)
     k = min(m, n)
     if mode == "complete":
         return QR(q, r)
@@ -285,7 +285,7 @@ def tensorsolve(A: Any, B: Any, dims: Any = None) -> Tensor:
 
 
 __all__ = [
-    "QR", "Lstsq", "cholesky", "cond", "cross", "det", "diagonal", "eigh", "eigvalsh", "householder", "inv", "lstsq",
+    "QR", "Lstsq", "cholesky", "cond", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "lstsq",
     "lu", "lu_factor", "lu_solve", "matrix_exp", "matrix_norm", "matrix_power", "matrix_rank", "multi_dot", "norm",
     "pinv", "qr", "slogdet", "solve", "solve_triangular", "svd", "svdvals", "tensorinv", "tensorsolve", "vecdot",
     "vector_norm",
