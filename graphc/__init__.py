@@ -129,6 +129,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "special": ("graphc.dsl.special", None),
     **{op: ("graphc.dsl.ops_solve", op) for op in _SOLVE_OPS},
     "linalg": ("graphc.dsl.linalg", None),
+    "distributions": ("graphc.dsl.distributions", None),
     "Tensor": ("graphc.dsl.tensor", "Tensor"),
     "capture": ("graphc.dsl.capture", "capture"),
     "cond": ("graphc.dsl.control", "cond"),

@@ -1,0 +1,165 @@
+"""The ``Distribution`` base of ``gc.distributions``: parameters broadcast as torch's ``broadcast_all``,
+shapes, the sample shape, and the capture-time checks of ``validate_args`` (of constant values only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphc.dsl.builder import current, op_error, user_source
+from graphc.dsl.ops import cast, constant, detach, sqrt
+from graphc.dsl.ops import sum as sum_
+from graphc.dsl.ops_array import expand
+from graphc.dsl.ops_factories import promote_types
+from graphc.dsl.ops_reshape import broadcast_tensors
+from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
+from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, to_numpy
+from graphc.passes.infer import InferenceError, broadcast
+
+# torch's constraints, as checks of a constant's values: (name, test)
+REAL = ("real", lambda v, d: v == v)
+POSITIVE = ("positive", lambda v, d: v > 0)
+NONNEGATIVE = ("nonnegative", lambda v, d: v >= 0)
+UNIT_INTERVAL = ("unit_interval", lambda v, d: (v >= 0) & (v <= 1))
+BOOLEAN = ("boolean", lambda v, d: (v == 0) | (v == 1))
+
+
+def fail(dist: str, operands: list, msg: str) -> CaptureError:
+    return op_error(dist, operands, msg, user_source())
+
+
+def known(t: Tensor) -> np.ndarray | None:
+    """``t``'s values where it is a constant of the graph (a Python number or array), expanded or not, else None."""
+    value, consts = t.value, current().consts
+    node = value.producer()
+    if node is not None and node.op_type == "Expand":
+        value = node.inputs[0]
+    return consts.get(id(value))
+
+
+def check(dist: str, name: str, t: Tensor, constraint: tuple, extra: Any = None) -> None:
+    """Refuse a constant ``t`` with values outside ``constraint``, as torch's ``validate_args``."""
+    value = known(t)
+    if value is None:
+        return
+    with np.errstate(all="ignore"):
+        ok = np.all(constraint[1](np.asarray(value), extra))
+    if not ok:
+        raise fail(dist, [t], f"{name} must satisfy constraints.{constraint[0]}, got {np.asarray(value)}")
+
+
+def params(dist: str, **values: Any) -> list[Tensor]:
+    """torch's ``broadcast_all``: Python numbers take the first Tensor's dtype (float32 if none), integer
+    Tensors become float, mixed floats promote; all are expanded to their common shape."""
+    tensors = [v for v in values.values() if isinstance(v, Tensor)]
+    for name, v in values.items():
+        if not isinstance(v, (Tensor, bool, int, float, np.number, np.ndarray, list, tuple)):
+            raise fail(dist, [], f"{name} must be a Tensor or a number, got {type(v).__name__}")
+    dtype = as_dtype("float32")
+    if tensors:
+        dtype = tensors[0].dtype if tensors[0].dtype in FLOAT_DTYPES else dtype
+        for t in tensors[1:]:
+            dtype = promote_types(dtype, t.dtype) if t.dtype in FLOAT_DTYPES else dtype
+    lifted = [cast(v, dtype) if isinstance(v, Tensor) and v.dtype != dtype else
+              v if isinstance(v, Tensor) else constant(np.asarray(v, to_numpy(dtype))) for v in values.values()]
+    try:
+        broadcast(*(t.shape for t in lifted))
+    except InferenceError as exc:
+        shapes = ", ".join(f"{n}={t.type_str()}" for n, t in zip(values, lifted))
+        raise fail(dist, lifted, f"the parameters {shapes} do not broadcast: {exc}") from None
+    return list(broadcast_tensors(*lifted)) if len(lifted) > 1 else lifted
+
+
+def sample_shape_of(dist: str, sample_shape: Any) -> tuple:
+    shape = (sample_shape,) if isinstance(sample_shape, (int, np.integer)) else tuple(sample_shape)
+    for d in shape:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
+            raise fail(dist, [], f"sample_shape must be ints >= 0, got {sample_shape!r}")
+    return tuple(int(d) for d in shape)
+
+
+def event_dims_match(dist: str, value: Tensor, shape: tuple) -> None:
+    """torch's ``_validate_sample`` shape check: ``value`` must broadcast with ``batch_shape + event_shape``."""
+    if value.shape is None:
+        return
+    try:
+        broadcast(value.shape, shape)
+    except InferenceError:
+        raise fail(dist, [value], f"value {value.type_str()} does not broadcast with the batch and event shape "
+                                  f"{tuple(shape)}") from None
+
+
+class Distribution:
+    """torch.distributions.Distribution's interface; ``stddev`` is ``sqrt(variance)`` unless a family says."""
+
+    has_rsample = False
+    support: tuple | None = None
+
+    def __init__(self, batch_shape: tuple = (), event_shape: tuple = (), validate_args: bool | None = None):
+        self._batch_shape, self._event_shape = tuple(batch_shape), tuple(event_shape)
+        self._validate_args = True if validate_args is None else bool(validate_args)
+
+    @property
+    def batch_shape(self) -> tuple:
+        return self._batch_shape
+
+    @property
+    def event_shape(self) -> tuple:
+        return self._event_shape
+
+    @property
+    def stddev(self) -> Tensor:
+        return sqrt(self.variance)
+
+    def _name(self) -> str:
+        return type(self).__name__
+
+    def _shape(self, sample_shape: Any) -> tuple:
+        return sample_shape_of(self._name(), sample_shape) + self._batch_shape + self._event_shape
+
+    def _expanded(self, t: Tensor, sample_shape: Any) -> Tensor:
+        """``t`` (batch (+ event) shaped) expanded by ``sample_shape`` in front."""
+        extra = sample_shape_of(self._name(), sample_shape)
+        return expand(t, *extra, *([-1] * t.ndim)) if extra else t
+
+    def _value(self, value: Any, like: Tensor) -> Tensor:
+        """``value`` for ``log_prob``/``cdf`` in the parameters' dtype (``like``'s), its shape and, if constant,
+        its support checked."""
+        value = self._prob(value, like)
+        if self._validate_args:
+            event_dims_match(self._name(), value, self._batch_shape + self._event_shape)
+            if self.support is not None:
+                check(self._name(), "value", value, self.support, self)
+        return value
+
+    def _prob(self, value: Any, like: Tensor) -> Tensor:
+        """An ``icdf`` argument in the parameters' dtype (``like``'s); not validated, as torch's."""
+        value = value if isinstance(value, Tensor) else constant(np.asarray(value, to_numpy(like.dtype)))
+        return value if value.dtype == like.dtype else cast(value, like.dtype)
+
+    def rsample(self, sample_shape: Any = ()) -> Tensor:
+        raise fail(self._name(), [], "has no rsample (it is not reparameterizable); use sample()")
+
+    def sample(self, sample_shape: Any = ()) -> Tensor:
+        """A draw of ``sample_shape + batch_shape + event_shape``, without gradient."""
+        return detach(self.rsample(sample_shape))
+
+    def cdf(self, value: Any) -> Tensor:
+        raise fail(self._name(), [], "has no cdf (torch's has none either)")
+
+    def icdf(self, value: Any) -> Tensor:
+        raise fail(self._name(), [], "has no icdf (torch's has none either)")
+
+    def __repr__(self) -> str:
+        return f"{self._name()}(batch_shape={self._batch_shape}, event_shape={self._event_shape})"
+
+
+def sum_rightmost(t: Tensor, n: int) -> Tensor:
+    """``t`` summed over its last ``n`` dims."""
+    return sum_(t, axis=list(range(-n, 0))) if n > 0 else t
+
+
+__all__ = ["BOOLEAN", "NONNEGATIVE", "POSITIVE", "REAL", "UNIT_INTERVAL", "Distribution", "check", "event_dims_match",
+           "fail", "known", "params", "sample_shape_of", "sum_rightmost"]
