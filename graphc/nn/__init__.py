@@ -1,6 +1,6 @@
 """`gc.nn`: modules and layers with PyTorch's names, layouts and default initialisation."""
 
-from graphc.nn import functional, init
+from graphc.nn import functional, init, utils
 from graphc.nn.activation import (CELU, ELU, GLU, SELU, Hardshrink, Hardsigmoid, Hardswish, Hardtanh, LeakyReLU,
                                   LogSigmoid, LogSoftmax, Mish, PReLU, ReLU6, RReLU, SiLU, Softmax2d, Softmin,
                                   Softplus, Softshrink, Softsign, Tanhshrink, Threshold)
@@ -59,7 +59,7 @@ __all__ = [
     "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding",
     "Flatten", "GELU", "Identity", "LayerNorm", "Linear", "MaxPool2d", "Module", "ModuleDict", "ModuleList",
     "MultiheadAttention", "Parameter", "ParameterList",
-    "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "init",
+    "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "init", "utils",
     # issue 12's layers
     "AdaptiveAvgPool1d", "AvgPool1d", "Conv1d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ELU", "GRU",
     "GroupNorm", "Hardsigmoid", "Hardswish", "InstanceNorm2d", "LSTM", "LeakyReLU", "MaxPool1d", "Mish", "PReLU",

@@ -20,6 +20,7 @@ from graphc.nn.module import Module, Parameter
 from graphc.dsl.ops_nn import dropout
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import op_error, user_source
+from graphc.nn.utils.rnn import PackedSequence
 
 # op -> (gates, ONNX gate order as indices into PyTorch's)
 _GATES = {"RNN": (1, [0]), "LSTM": (4, [0, 3, 1, 2]), "GRU": (3, [1, 0, 2])}
@@ -79,8 +80,9 @@ class _RNNBase(Module):
             per_dir.append(ops.unsqueeze(parts[0] if len(parts) == 1 else ops.concat(parts, axis=0), [0]))
         return per_dir[0] if len(per_dir) == 1 else ops.concat(per_dir, axis=0)
 
-    def _layer(self, layer: int, x: Tensor, h0: Tensor | None, c0: Tensor | None) -> list[Tensor]:
-        """One ONNX node: ``[Y (T, N, D*H), Y_h, (Y_c)]``."""
+    def _layer(self, layer: int, x: Tensor, h0: Tensor | None, c0: Tensor | None,
+               lengths: Tensor | None) -> list[Tensor]:
+        """One ONNX node: ``[Y (T, N, D*H), Y_h, (Y_c)]``; ``lengths`` (int32): ``sequence_lens``."""
         attrs: dict[str, Any] = {"hidden_size": self.hidden_size,
                                  "direction": "bidirectional" if self.bidirectional else "forward"}
         if self.op == "GRU":
@@ -88,7 +90,7 @@ class _RNNBase(Module):
         if self.op == "RNN":
             attrs["activations"] = ["Relu" if self.nonlinearity == "relu" else "Tanh"] * self.directions
         b = self._stacked(layer, ("bias_ih", "bias_hh")) if self.bias else None
-        inputs = [x, self._stacked(layer, ("weight_ih",)), self._stacked(layer, ("weight_hh",)), b, None, h0]
+        inputs = [x, self._stacked(layer, ("weight_ih",)), self._stacked(layer, ("weight_hh",)), b, lengths, h0]
         if self.op == "LSTM":
             inputs.append(c0)
         outs = ops.emit(self.op, inputs, attrs, num_outputs=3 if self.op == "LSTM" else 2)
@@ -98,27 +100,35 @@ class _RNNBase(Module):
                      out_types=[(y.dtype, [y.shape[0], y.shape[1], width] if y.shape else None)])
         return [y, *outs[1:]]
 
-    def _run(self, x: Tensor, hx: Any) -> tuple[Tensor, list[Tensor]]:
-        if x.shape is not None and (len(x.shape) not in (2, 3) or x.shape[-1] != self.input_size):
-            raise op_error(self.op, [x], f"expects a rank-3 input with {self.input_size} features "
-                           f"({'N, L' if self.batch_first else 'L, N'}, H_in) or an unbatched (L, H_in) one",
-                           user_source())
+    def _run(self, x: Tensor | PackedSequence, hx: Any) -> tuple[Tensor | PackedSequence, list[Tensor]]:
+        """The output and final states; a PackedSequence in gives one out (torch's packed run: each
+        sequence stops at its length, whatever ``batch_first``)."""
         h0, c0 = (hx if isinstance(hx, (tuple, list)) else (hx, None))
+        if isinstance(x, PackedSequence):
+            self._check_input(x.padded, "(L, N, H_in)")
+            out, finals = self._run_batched(x.padded, h0, c0, False, ops.cast(x.lengths, "int32"))
+            return x.with_padded(out), finals
+        self._check_input(x, f"({'N, L' if self.batch_first else 'L, N'}, H_in) or an unbatched (L, H_in) one")
         if x.ndim == 2:  # unbatched, as PyTorch: a batch of one, states without their batch dim
             h0, c0 = (None if s is None else ops.unsqueeze(s, [1]) for s in (h0, c0))
             out, finals = self._run_batched(ops.unsqueeze(x, [1]), h0, c0, batch_first=False)
             return ops.squeeze(out, [1]), [ops.squeeze(f, [1]) for f in finals]
         return self._run_batched(x, h0, c0, self.batch_first)
 
-    def _run_batched(self, x: Tensor, h0: Tensor | None, c0: Tensor | None,
-                     batch_first: bool) -> tuple[Tensor, list[Tensor]]:
+    def _check_input(self, x: Tensor, layouts: str) -> None:
+        if x.shape is not None and (len(x.shape) not in (2, 3) or x.shape[-1] != self.input_size):
+            raise op_error(self.op, [x], f"expects a rank-3 input with {self.input_size} features "
+                           f"{layouts}", user_source())
+
+    def _run_batched(self, x: Tensor, h0: Tensor | None, c0: Tensor | None, batch_first: bool,
+                     lengths: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
         if batch_first:
             x = ops.transpose(x, [1, 0, 2])
         finals: list[list[Tensor]] = []
         d = self.directions
         for layer in range(self.num_layers):
             state = [None if s is None else s[layer * d:(layer + 1) * d] for s in (h0, c0)]
-            x, *last = self._layer(layer, x, *state)
+            x, *last = self._layer(layer, x, *state, lengths)
             finals.append(last)
             if self.dropout and self.training and layer < self.num_layers - 1:
                 x = dropout(x, self.dropout, training=True)
