@@ -173,7 +173,8 @@ def test_pack_unpack_unpad_round_trips_as_torch(fed):
 
 def test_unpad_sequence_with_lengths_fed_matches_torch():
     lens = np.array([3, 5, 1])
-    got = run_both(gc.capture(lambda x, lens: tuple(gr.unpad_sequence(x, lens)), x=X, lens=lens), {"x": X, "lens": lens})
+    model = gc.capture(lambda x, lens: tuple(gr.unpad_sequence(x, lens)), x=X, lens=lens)
+    got = run_both(model, {"x": X, "lens": lens})
     for g, want in zip(got.values(), tr.unpad_sequence(torch.from_numpy(X), torch.from_numpy(lens))):
         np.testing.assert_array_equal(g, want.numpy())
 

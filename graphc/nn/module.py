@@ -113,6 +113,8 @@ class Module:
             return param if builder is None else _param_tensor(builder, self, name, param)
         if "_modules" in d and name in d["_modules"]:
             return d["_modules"][name]
+        if name in d.get("_computed", {}):
+            return d["_computed"][name](self)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __delattr__(self, name: str) -> None:
@@ -126,6 +128,16 @@ class Module:
 
     def register_buffer(self, name: str, value: Any) -> None:
         self.__setattr__(name, Parameter(value, buffer=True))
+
+    def register_computed(self, name: str, compute: Any) -> None:
+        """Make ``self.<name>`` read ``compute(self)`` (``compute=None``: forget it): a weight made
+        from other parameters each time it is read, as torch's weight_norm/spectral_norm hooks and
+        parametrizations make it before each forward."""
+        computed = self.__dict__.setdefault("_computed", {})
+        if compute is None:
+            computed.pop(name, None)
+        else:
+            computed[name] = compute
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
         self.__setattr__(name, param)

@@ -1,0 +1,174 @@
+"""``gc.nn.utils.weight_norm``/``spectral_norm`` and their ``remove_*``: torch's hook forms, with its
+parameter and buffer names (``weight_g``, ``weight_v``; ``weight_orig``, ``weight_u``, ``weight_v``),
+so torch checkpoints load. The weight is computed from them each time ``forward`` reads it
+(``Module.register_computed``): captured, as ONNX ops autodiff differentiates; outside a capture, in numpy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphc.dsl import ops
+from graphc.dsl.builder import user_source
+from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
+from graphc.nn.module import Module, Parameter
+
+__all__ = ["remove_spectral_norm", "remove_weight_norm", "spectral_norm", "weight_norm"]
+
+
+def norm_except_dim(v: Any, dim: int | None) -> Any:
+    """The 2-norm of ``v`` over every dim but ``dim`` (kept, the others size 1); over all of it,
+    a scalar, for ``dim`` None or -1, as torch's ``_weight_norm``."""
+    if isinstance(v, Tensor):
+        if dim is None or dim == -1:
+            return ops.sqrt(ops.sum(v * v))
+        return ops.sqrt(ops.sum(v * v, axis=[a for a in range(v.ndim) if a != dim % v.ndim], keepdims=True))
+    if dim is None or dim == -1:
+        return np.sqrt(np.sum(v * v))
+    return np.sqrt(np.sum(v * v, axis=tuple(a for a in range(v.ndim) if a != dim % v.ndim), keepdims=True))
+
+
+def normed_weight(g: Any, v: Any, dim: int | None) -> Any:
+    """``v * (g / ||v||)``, the norm over every dim but ``dim``."""
+    return v * (g / norm_except_dim(v, dim))
+
+
+def read(module: Module, name: str) -> Any:
+    """``module.<name>``: its Tensor in a capture, else its value."""
+    value = getattr(module, name)
+    return value.numpy() if isinstance(value, Parameter) else value
+
+
+def weight_value(param: Parameter) -> np.ndarray:
+    """The parameter's value, drawn now from its init if it has none yet."""
+    if param.data is None:
+        param.draw(np.random.default_rng(0))
+    return param.numpy()
+
+
+def take_weight(module: Module, name: str, fn: str) -> Parameter:
+    """``module``'s parameter ``name``, removed from it; a CaptureError where there is none or a
+    norm is computed under that name already."""
+    if name in module.__dict__.get("_computed", {}):
+        raise CaptureError(f"{fn}: {type(module).__name__}.{name} has a weight_norm or spectral_norm already; "
+                           f"torch refuses two on the same parameter (at {user_source()})")
+    param = module._parameters.get(name)
+    if param is None:
+        raise CaptureError(f"{fn}: {type(module).__name__} has no parameter {name!r} (at {user_source()})")
+    delattr(module, name)
+    return param
+
+
+def _param_like(value: np.ndarray, param: Parameter, buffer: bool = False) -> Parameter:
+    return Parameter(np.asarray(value, param.dtype.numpy), dtype=param.dtype, buffer=buffer)
+
+
+def weight_norm(module: Module, name: str = "weight", dim: int | None = 0) -> Module:
+    """``torch.nn.utils.weight_norm``: ``name`` becomes ``name_g * name_v / ||name_v||`` (the norm
+    over every dim but ``dim``; over all for ``dim`` None or -1, as torch), ``name_g`` and
+    ``name_v`` taken from the weight's value. Returns ``module``."""
+    weight = take_weight(module, name, "weight_norm")
+    v = weight_value(weight)
+    setattr(module, f"{name}_g", _param_like(norm_except_dim(v, dim), weight))
+    setattr(module, f"{name}_v", _param_like(v, weight))
+    module.register_computed(name, lambda m: normed_weight(read(m, f"{name}_g"), read(m, f"{name}_v"), dim))
+    module.__dict__.setdefault("_norms", {})[name] = ("weight_norm", dim)
+    return module
+
+
+def _undo(module: Module, name: str, kind: str, suffixes: tuple[str, ...]) -> Module:
+    """``name`` a plain parameter again, of the computed weight's value; the ``name + suffixes``
+    parameters and buffers removed."""
+    if module.__dict__.get("_norms", {}).get(name, (None,))[0] != kind:
+        raise CaptureError(f"remove_{kind}: {kind} of {name!r} not found in {type(module).__name__} "
+                           f"(at {user_source()})")
+    dtype = module._parameters[name + suffixes[0]].dtype
+    weight = getattr(module, name)
+    module.register_computed(name, None)
+    del module.__dict__["_norms"][name]
+    for suffix in suffixes:
+        delattr(module, name + suffix)
+    setattr(module, name, Parameter(np.asarray(weight, dtype.numpy), dtype=dtype))
+    return module
+
+
+def remove_weight_norm(module: Module, name: str = "weight") -> Module:
+    """``torch.nn.utils.remove_weight_norm``: ``name`` a plain parameter again, of the computed value."""
+    return _undo(module, name, "weight_norm", ("_g", "_v"))
+
+
+def spectral_dim(module: Module, dim: int | None) -> int:
+    """torch's default: 1 for the ConvTranspose layers (their weight is (in, out, ...)), else 0."""
+    if dim is not None:
+        return dim
+    return 1 if type(module).__name__.startswith("ConvTranspose") else 0
+
+
+def as_matrix(w: Any, dim: int) -> Any:
+    """``w`` with ``dim`` first, flattened to ``(w.shape[dim], -1)``."""
+    perm = [dim, *(a for a in range(w.ndim) if a != dim)]
+    if isinstance(w, Tensor):
+        return ops.reshape(ops.transpose(w, perm) if dim else w, [w.shape[dim], -1])
+    return np.transpose(w, perm).reshape(w.shape[dim], -1)
+
+
+def spectral_weight(module: Module, w: Any, u: Any, v: Any, dim: int, what: str) -> Any:
+    """``w / (u . (W v))``, ``W`` = ``w`` as a matrix, with the stored ``u`` and ``v``: torch's
+    forward in eval mode. In training mode torch updates ``u``/``v`` in place each forward, which a
+    graphc training graph does not carry (only BatchNorm's running statistics are), so it is refused."""
+    if module.training and isinstance(w, Tensor):
+        raise CaptureError(f"{what} in training mode: torch's power iteration updates its u and v buffers in place "
+                           f"each forward, which graphc's training graphs do not carry from step to step; capture "
+                           f"the module in eval mode (its u and v as loaded, e.g. from a torch checkpoint), or "
+                           f"train without spectral_norm (at {user_source()})")
+    mat = as_matrix(w, dim)
+    if isinstance(w, Tensor):
+        sigma = ops.sum(u * ops.matmul(mat, v))
+    else:
+        sigma = np.dot(u, mat @ v)
+    return w / sigma
+
+
+def _unit(x: np.ndarray, eps: float) -> np.ndarray:
+    return x / max(float(np.linalg.norm(x)), eps)
+
+
+def power_iteration(w: np.ndarray, dim: int, eps: float, iterations: int = 15,
+                    seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Initial ``(u, v)``: normal draws normalised, then ``iterations`` of the power iteration, as
+    torch starts them (its draws come from its own generator; load its u and v for the same values)."""
+    mat = as_matrix(w, dim).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    u, v = (_unit(rng.standard_normal(n), eps) for n in mat.shape)
+    for _ in range(iterations):
+        v = _unit(mat.T @ u, eps)
+        u = _unit(mat @ v, eps)
+    return u, v
+
+
+def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int = 1, eps: float = 1e-12,
+                  dim: int | None = None) -> Module:
+    """``torch.nn.utils.spectral_norm``: ``name`` becomes ``name_orig / sigma``, ``sigma`` from the
+    buffers ``name_u``, ``name_v`` (torch's forward in eval mode; training mode is refused, see
+    ``spectral_weight``). ``n_power_iterations`` must be positive, as torch's."""
+    if n_power_iterations <= 0:
+        raise CaptureError(f"spectral_norm: n_power_iterations must be positive, got {n_power_iterations} "
+                           f"(at {user_source()})")
+    weight = take_weight(module, name, "spectral_norm")
+    w, dim = weight_value(weight), spectral_dim(module, dim)
+    u, v = power_iteration(w, dim, eps)
+    setattr(module, f"{name}_orig", _param_like(w, weight))
+    setattr(module, f"{name}_u", _param_like(u, weight, buffer=True))
+    setattr(module, f"{name}_v", _param_like(v, weight, buffer=True))
+    module.register_computed(name, lambda m: spectral_weight(
+        m, *(read(m, f"{name}{s}") for s in ("_orig", "_u", "_v")), dim, "spectral_norm"))
+    module.__dict__.setdefault("_norms", {})[name] = ("spectral_norm", dim)
+    return module
+
+
+def remove_spectral_norm(module: Module, name: str = "weight") -> Module:
+    """``torch.nn.utils.remove_spectral_norm``: ``name`` a plain parameter of the normalised value."""
+    return _undo(module, name, "spectral_norm", ("_orig", "_u", "_v"))

@@ -1,0 +1,202 @@
+"""``gc.nn.utils`` against ``torch.nn.utils``: weight and spectral norm (hook and parametrization
+forms: state_dict keys, forward on numpy and ort-cpu, gradients w.r.t. their parameters, removal)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+import onnx
+import pytest
+
+import graphc as gc
+import graphc.nn.utils.parametrizations  # noqa: F401 - importable as torch's
+from graphc.nn import utils as U
+from torch_grad_util import assert_grads_match_central_differences, gc_grads, run_both
+
+torch = pytest.importorskip("torch")
+
+R = np.random.default_rng(0)
+INPUTS = {"Linear(3, 4)": R.standard_normal((2, 3)), "Conv2d(2, 3, 3)": R.standard_normal((2, 2, 5, 5)),
+          "ConvTranspose2d(2, 3, 3)": R.standard_normal((2, 2, 4, 4)), "Conv1d(2, 3, 2)": R.standard_normal((2, 2, 5))}
+
+WEIGHT_NORM = {"old": (U.weight_norm, lambda: torch.nn.utils.weight_norm),
+               "parametrizations": (U.parametrizations.weight_norm,
+                                    lambda: torch.nn.utils.parametrizations.weight_norm)}
+SPECTRAL_NORM = {"old": (U.spectral_norm, lambda: torch.nn.utils.spectral_norm),
+                 "parametrizations": (U.parametrizations.spectral_norm,
+                                      lambda: torch.nn.utils.parametrizations.spectral_norm)}
+
+
+def _pinned(ctor: str, dtype: str = "float32", seed: int = 1):
+    """``gc.nn.<ctor>`` drawn with ``seed`` and ``torch.nn.<ctor>`` holding the same weights."""
+    layer = eval(f"gc.nn.{ctor[:-1]}, dtype={dtype!r})", {"gc": gc})  # noqa: S307 - the tests' constructors
+    layer.init_parameters(seed)
+    twin = eval(f"torch.nn.{ctor}", {"torch": torch}).to(getattr(torch, dtype))  # noqa: S307
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in layer.state_dict().items()})
+    return layer, twin
+
+
+def _backends(ctor: str) -> tuple[str, ...]:
+    """onnxruntime has no float64 Conv kernels: the float64 checks of a conv run on numpy (a float32
+    test runs them on both)."""
+    return ("numpy", "ort-cpu") if ctor.startswith("Linear") else ("numpy",)
+
+
+def _pin(layer) -> None:
+    """Keep the values as they are when captured (not redrawn by the capture's seed)."""
+    for _, p in layer._named_tensors():
+        p.data = p.numpy()
+
+
+@pytest.mark.parametrize("api", list(WEIGHT_NORM))
+@pytest.mark.parametrize("ctor, dim", [("Linear(3, 4)", 0), ("Linear(3, 4)", 1), ("Linear(3, 4)", None),
+                                       ("Conv2d(2, 3, 3)", 0), ("Conv2d(2, 3, 3)", -1), ("Conv1d(2, 3, 2)", 1),
+                                       ("ConvTranspose2d(2, 3, 3)", 1)])
+def test_weight_norm_matches_torch(api, ctor, dim):
+    """state_dict keys and values, the forward, and the gradients w.r.t. g and v (float64)."""
+    ours, theirs = WEIGHT_NORM[api]
+    layer, twin = _pinned(ctor, "float64")
+    ours(layer, dim=dim)
+    with pytest.warns(FutureWarning) if api == "old" else nullcontext():
+        theirs()(twin, dim=dim)
+    state = layer.state_dict()
+    assert list(state) == list(twin.state_dict())
+    for k, v in twin.state_dict().items():
+        np.testing.assert_allclose(state[k], v.numpy(), rtol=1e-12, err_msg=k)
+    _pin(layer)
+    x = INPUTS[ctor]
+    xt = torch.from_numpy(x)
+    want = twin(xt)
+    c = R.standard_normal(tuple(want.shape))
+    (want * torch.from_numpy(c)).sum().backward()
+
+    class Loss(gc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = layer
+
+        def forward(self, x, c):
+            out = self.m(x)
+            return {"out": out, "loss": gc.sum(out * c)}
+
+    model = gc.capture(Loss(), x=x, c=c)
+    onnx.checker.check_model(model.proto, full_check=True)
+    grads = gc.grad(model, "loss")
+    for backend in _backends(ctor):
+        got = gc.Session(grads, backend=backend).run({"x": x, "c": c})
+        np.testing.assert_allclose(got["out"], want.detach().numpy(), rtol=1e-10, atol=1e-12)
+        for k, p in twin.named_parameters():
+            np.testing.assert_allclose(got[f"m.{k}_grad"], p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=k)
+
+
+@pytest.mark.parametrize("api", list(WEIGHT_NORM))
+def test_weight_norm_gradients_match_central_differences(api):
+    layer = gc.nn.Linear(3, 4, dtype="float64")
+    WEIGHT_NORM[api][0](layer, dim=1)
+    assert_grads_match_central_differences(lambda m, x: m(x), INPUTS["Linear(3, 4)"], module=layer)
+
+
+@pytest.mark.parametrize("api", list(WEIGHT_NORM))
+@pytest.mark.parametrize("norm", [WEIGHT_NORM, SPECTRAL_NORM], ids=["weight_norm", "spectral_norm"])
+def test_float32_conv_runs_on_both_backends_with_a_symbolic_batch(api, norm):
+    layer, twin = _pinned("Conv2d(2, 3, 3)")
+    norm[api][0](layer)
+    with pytest.warns(FutureWarning) if api == "old" and norm is WEIGHT_NORM else nullcontext():
+        norm[api][1]()(twin)
+    twin.eval()
+    layer.load_state_dict({k: v.numpy() for k, v in twin.state_dict().items()})
+    x = INPUTS["Conv2d(2, 3, 3)"].astype(np.float32)
+    model = gc.capture(layer, x=gc.spec("float32", ("N", 2, 5, 5)))
+    onnx.checker.check_model(model.proto, full_check=True)
+    np.testing.assert_allclose(run_both(model, {"x": x})["output"], twin(torch.from_numpy(x)).detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_remove_weight_norm_keeps_the_weight_as_torch():
+    layer, twin = _pinned("Linear(3, 4)", "float64")
+    U.weight_norm(layer, dim=None)
+    layer.weight_g.data = np.array(2.5)  # the weight it leaves is g * v / ||v||
+    with pytest.warns(FutureWarning):
+        torch.nn.utils.weight_norm(twin, dim=None)
+    with torch.no_grad():
+        twin.weight_g.fill_(2.5)
+    U.remove_weight_norm(layer)
+    torch.nn.utils.remove_weight_norm(twin)
+    assert list(layer.state_dict()) == list(twin.state_dict()) == ["bias", "weight"]
+    np.testing.assert_allclose(layer.state_dict()["weight"], twin.weight.detach().numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("api", list(SPECTRAL_NORM))
+@pytest.mark.parametrize("ctor", ["Linear(3, 4)", "Conv2d(2, 3, 3)", "ConvTranspose2d(2, 3, 3)"])
+def test_spectral_norm_eval_matches_torch_from_its_state(api, ctor):
+    """torch's u and v (its own draws) loaded: keys, shapes, the eval forward on both backends and
+    the gradient w.r.t. the original weight."""
+    ours, theirs = SPECTRAL_NORM[api]
+    layer, twin = _pinned(ctor, "float64")
+    ours(layer)
+    theirs()(twin)
+    twin.eval()
+    assert {k: tuple(v.shape) for k, v in twin.state_dict().items()} == \
+        {k: v.shape for k, v in layer.state_dict().items()}
+    assert list(layer.state_dict()) == list(twin.state_dict())
+    layer.load_state_dict({k: v.numpy() for k, v in twin.state_dict().items()})
+    x = INPUTS[ctor]
+    want = twin(torch.from_numpy(x))
+    c = R.standard_normal(tuple(want.shape))
+    (want * torch.from_numpy(c)).sum().backward()
+    for backend in _backends(ctor):
+        got = gc_grads(lambda m, x: m(x), {}, {"x": x}, c, module=layer, backend=backend)
+        np.testing.assert_allclose(got["out"], want.detach().numpy(), rtol=1e-10, atol=1e-12)
+        for k, p in twin.named_parameters():
+            np.testing.assert_allclose(got[f"m.{k}"], p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=k)
+
+
+@pytest.mark.parametrize("api", list(SPECTRAL_NORM))
+def test_spectral_norm_starts_at_the_top_singular_pair(api):
+    """u and v start (15 power iterations, as torch) at the weight's top singular vectors: sigma
+    is its largest singular value."""
+    layer = gc.nn.Linear(5, 4, dtype="float64")
+    SPECTRAL_NORM[api][0](layer)
+    weight = layer.weight
+    assert isinstance(weight, np.ndarray)
+    original = layer.state_dict()["weight_orig" if api == "old" else "parametrizations.weight.original"]
+    np.testing.assert_allclose(original / weight, np.linalg.svd(original, compute_uv=False)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("api", list(SPECTRAL_NORM))
+def test_spectral_norm_in_training_mode_is_refused(api):
+    layer = SPECTRAL_NORM[api][0](gc.nn.Linear(3, 4)).train()
+    with pytest.raises(gc.CaptureError, match="training mode: torch's power iteration updates its u and v") as err:
+        gc.capture(layer, x=INPUTS["Linear(3, 4)"].astype(np.float32))
+    assert "test_nn_utils.py" in str(err.value)
+
+
+def test_remove_spectral_norm_keeps_the_normalised_weight():
+    layer = U.spectral_norm(gc.nn.Linear(3, 4, dtype="float64"))
+    weight = layer.weight
+    U.remove_spectral_norm(layer)
+    assert list(layer.state_dict()) == ["bias", "weight"]  # as torch's: the weight registered again, last
+    np.testing.assert_array_equal(layer.state_dict()["weight"], weight)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda m: U.weight_norm(U.weight_norm(m)), "Linear.weight has a weight_norm or spectral_norm already"),
+    (lambda m: U.spectral_norm(U.weight_norm(m)), "Linear.weight has a weight_norm or spectral_norm already"),
+    (lambda m: U.weight_norm(m, name="nope"), "weight_norm: Linear has no parameter 'nope'"),
+    (lambda m: U.remove_weight_norm(m), "remove_weight_norm: weight_norm of 'weight' not found in Linear"),
+    (lambda m: U.remove_spectral_norm(U.weight_norm(m)), "spectral_norm of 'weight' not found"),
+    (lambda m: U.spectral_norm(m, n_power_iterations=0), "n_power_iterations must be positive, got 0"),
+    (lambda m: U.parametrizations.spectral_norm(m, name="bias"), "of a 1-D 'bias' is not supported"),
+])
+def test_bad_use_is_refused_naming_it_and_the_line(call, match):
+    with pytest.raises(gc.CaptureError, match=match) as err:
+        call(gc.nn.Linear(3, 4))
+    assert "test_nn_utils.py" in str(err.value)
+
+
+def test_registered_as_torch_s():
+    from graphc.nn.utils import rnn
+
+    assert gc.nn.utils.rnn is rnn and gc.nn.utils.rnn.pad_sequence is rnn.pad_sequence
+    assert gc.nn.utils.parametrizations.weight_norm is U.parametrizations.weight_norm
