@@ -200,3 +200,102 @@ def test_registered_as_torch_s():
 
     assert gc.nn.utils.rnn is rnn and gc.nn.utils.rnn.pad_sequence is rnn.pad_sequence
     assert gc.nn.utils.parametrizations.weight_norm is U.parametrizations.weight_norm
+
+
+def _eval_twins(*ctors: str):
+    """gc and torch modules (eval mode) holding the same drawn values, BatchNorm statistics set."""
+    pairs = []
+    for i, ctor in enumerate(ctors):
+        layer, twin = _pinned(ctor, seed=i)
+        for name in ("running_mean", "running_var", "weight", "bias"):
+            if "BatchNorm" in ctor and name in layer._parameters:
+                value = R.uniform(0.5, 2.0, layer._parameters[name].shape).astype(np.float32)
+                layer._parameters[name].data = value
+        twin.load_state_dict({k: torch.from_numpy(v) for k, v in layer.state_dict().items()})
+        pairs.append((layer, twin.eval()))
+    return pairs
+
+
+@pytest.mark.parametrize("conv, bn, x, transpose", [
+    ("Conv2d(2, 3, 3)", "BatchNorm2d(3)", R.standard_normal((2, 2, 5, 5)), False),
+    ("Conv2d(2, 4, 3, bias=False, groups=2)", "BatchNorm2d(4)", R.standard_normal((2, 2, 5, 5)), False),
+    ("ConvTranspose2d(2, 3, 3)", "BatchNorm2d(3)", R.standard_normal((2, 2, 4, 4)), True),
+    ("Conv1d(2, 3, 2)", "BatchNorm1d(3)", R.standard_normal((2, 2, 5)), False),
+])
+def test_fuse_conv_bn_eval_equals_conv_then_bn(conv, bn, x, transpose):
+    """The fused conv equals conv -> bn (eval) on both backends, and torch's fused conv."""
+    (c, tc), (b, tb) = _eval_twins(conv, bn)
+    x = x.astype(np.float32)
+    before = {k: v.copy() for k, v in c.state_dict().items()}
+    fused = U.fuse_conv_bn_eval(c, b, transpose=transpose)
+    model = gc.capture(lambda x: {"fused": fused(x), "unfused": b(c(x))}, x=gc.spec("float32", ("N", *x.shape[1:])))
+    onnx.checker.check_model(model.proto, full_check=True)
+    got = run_both(model, {"x": x})
+    np.testing.assert_allclose(got["fused"], got["unfused"], rtol=1e-5, atol=1e-5)
+    want = torch.nn.utils.fuse_conv_bn_eval(tc, tb, transpose=transpose)
+    for k, v in want.state_dict().items():
+        np.testing.assert_allclose(fused.state_dict()[k], v.numpy(), rtol=1e-6, atol=1e-7, err_msg=k)
+    assert list(c.state_dict()) == list(before)  # the conv given is left as it was
+    for k, v in before.items():
+        np.testing.assert_array_equal(c.state_dict()[k], v)
+
+
+def test_fuse_linear_bn_eval_equals_linear_then_bn():
+    (lin, tlin), (b, tb) = _eval_twins("Linear(3, 4)", "BatchNorm1d(4)")
+    x = R.standard_normal((5, 3)).astype(np.float32)
+    fused = U.fuse_linear_bn_eval(lin, b)
+    got = run_both(gc.capture(lambda x: {"fused": fused(x), "unfused": b(lin(x))}, x=x), {"x": x})
+    np.testing.assert_allclose(got["fused"], got["unfused"], rtol=1e-5, atol=1e-5)
+    want = torch.nn.utils.fuse_linear_bn_eval(tlin, tb)
+    for k, v in want.state_dict().items():
+        np.testing.assert_allclose(fused.state_dict()[k], v.detach().numpy(), rtol=1e-6, atol=1e-7, err_msg=k)
+
+
+def test_fuse_weights_on_arrays_match_torch():
+    w, b, rm, bw, bb = (R.standard_normal(s).astype(np.float32) for s in ((3, 2, 3, 3), (3,), (3,), (3,), (3,)))
+    rv = R.uniform(0.5, 2.0, 3).astype(np.float32)
+    got = U.fuse_conv_bn_weights(w, b, rm, rv, 1e-3, bw, bb)
+    want = torch.nn.utils.fuse_conv_bn_weights(*(torch.from_numpy(a) for a in (w, b, rm, rv)), 1e-3,
+                                               *(torch.from_numpy(a) for a in (bw, bb)))
+    for g, t in zip(got, want):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, t.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_fusion_refuses_training_mode():
+    (c, _), (b, _) = _eval_twins("Conv2d(2, 3, 3)", "BatchNorm2d(3)")
+    with pytest.raises(gc.CaptureError, match="fusion only for eval") as err:
+        U.fuse_conv_bn_eval(c, b.train())
+    assert "test_nn_utils.py" in str(err.value)
+
+
+def test_parameters_to_vector_and_back_as_torch():
+    (layer, twin), = _eval_twins("Conv2d(2, 3, 3)")
+    vec = U.parameters_to_vector(layer.parameters())
+    np.testing.assert_array_equal(vec, torch.nn.utils.parameters_to_vector(twin.parameters()).detach().numpy())
+    new = R.standard_normal(vec.shape).astype(np.float32)
+    U.vector_to_parameters(new, layer.parameters())
+    torch.nn.utils.vector_to_parameters(torch.from_numpy(new), twin.parameters())
+    for k, v in twin.state_dict().items():
+        np.testing.assert_array_equal(layer.state_dict()[k], v.numpy(), err_msg=k)
+    x = INPUTS["Conv2d(2, 3, 3)"].astype(np.float32)
+    model = gc.capture(lambda x: U.parameters_to_vector([layer.weight, layer.bias]) * gc.sum(x), x=x)
+    np.testing.assert_allclose(run_both(model, {"x": x})["output"], new * x.sum(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: U.vector_to_parameters(np.zeros(3), gc.nn.Linear(3, 4).parameters()), "1-D with 16 elements"),
+    (lambda: U.parameters_to_vector([gc.nn.Parameter(np.zeros(2)), np.zeros(2)]), "all gc.nn.Parameters or all"),
+    (lambda: U.clip_grad_norm_(gc.nn.Linear(3, 4).parameters(), 1.0), "clip_grad_norm_: a graphc Parameter has no"),
+    (lambda: U.clip_grad_value_(gc.nn.Linear(3, 4).parameters(), 1.0), "clip_grad_value_: .* no gradient clipping"),
+    (lambda: U.fuse_linear_bn_eval(gc.nn.Linear(3, 4), gc.nn.BatchNorm1d(3)), "num_features=3 must equal"),
+])
+def test_refused_uses_name_the_argument_and_the_line(call, match):
+    with pytest.raises(gc.CaptureError, match=match) as err:
+        call()
+    assert "test_nn_utils.py" in str(err.value)
+
+
+def test_skip_init_leaves_the_parameters_to_be_set():
+    layer = U.skip_init(gc.nn.Linear, 3, 4)
+    assert isinstance(layer, gc.nn.Linear) and all(p.data is None for p in layer.parameters())

@@ -97,10 +97,9 @@ class Module:
         params, modules = self.__dict__["_parameters"], self.__dict__["_modules"]
         params.pop(name, None)
         modules.pop(name, None)
-        if isinstance(value, Parameter):
-            params[name] = value
-        elif isinstance(value, Module):
-            modules[name] = value
+        if isinstance(value, (Parameter, Module)):
+            self.__dict__.pop(name, None)  # a plain attribute of that name (``self.bias = None``) would hide it
+            (params if isinstance(value, Parameter) else modules)[name] = value
         else:
             _refuse_plain_container(self, name, value)
             object.__setattr__(self, name, value)
