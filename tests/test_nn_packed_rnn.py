@@ -196,3 +196,24 @@ def test_bad_input_is_refused_naming_it_and_the_line(call, match):
     with pytest.raises(gc.CaptureError, match=match) as err:
         gc.capture(call, x=X)
     assert "test_nn_packed_rnn.py" in str(err.value)
+
+
+def test_symbolic_steps_and_batch_match_torch():
+    """Time and batch symbolic, lengths fed: ``total_length`` pads at run time; a packed GRU."""
+    layer, twin = _twin("GRU", dict(bidirectional=True), "float32")
+    lens = np.array([3, 5, 2])
+
+    def fn(x, lens):
+        p = gr.pack_padded_sequence(x, lens, enforce_sorted=False)
+        out, h = layer(p)
+        return {"long": gr.pad_packed_sequence(p, total_length=7, padding_value=3.0)[0],
+                "y": gr.pad_packed_sequence(out, padding_value=-2.0)[0], "h": h}
+
+    model = gc.capture(fn, x=gc.spec("float32", ("T", "N", 4)), lens=gc.spec("int64", ("N",)))
+    onnx.checker.check_model(model.proto, full_check=True)
+    got = run_both(model, {"x": X, "lens": lens})
+    p = tr.pack_padded_sequence(torch.from_numpy(X), torch.from_numpy(lens), enforce_sorted=False)
+    np.testing.assert_array_equal(got["long"], tr.pad_packed_sequence(p, total_length=7, padding_value=3.0)[0].numpy())
+    _, y, (h,), _, _ = _torch_run(twin, X, lens, False, False)
+    np.testing.assert_allclose(got["y"], y.detach().numpy().transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["h"], h.detach().numpy(), rtol=1e-5, atol=1e-6)
