@@ -15,7 +15,7 @@ import math
 
 import onnx
 
-from graphc.model.file import all_graphs
+from graphc.model.file import all_graphs, function_graphs
 
 __all__ = ["eliminating"]
 
@@ -23,7 +23,7 @@ __all__ = ["eliminating"]
 def eliminating(model: onnx.ModelProto) -> tuple[str, ...]:
     """``("EliminateDropout",)`` when a Dropout of ``model`` (in any graph or local function) may
     train: its ``training_mode`` is given and is not a constant false; else ``()``."""
-    graphs = list(all_graphs(model.graph)) + [g for f in model.functions for g in _function_graphs(f)]
+    graphs = list(all_graphs(model.graph)) + [g for f in model.functions for g in function_graphs(f)]
     fed = {i.name for g in graphs for i in g.input}
     false = {t.name for g in graphs for t in g.initializer if t.name not in fed and _is_false(t)}
     false |= {node.output[0] for g in graphs for node in g.node if node.op_type == "Constant" and node.domain in (
@@ -31,13 +31,6 @@ def eliminating(model: onnx.ModelProto) -> tuple[str, ...]:
     training = any(node.op_type == "Dropout" and node.domain in ("", "ai.onnx") and len(node.input) > 2
                    and node.input[2] and node.input[2] not in false for g in graphs for node in g.node)
     return ("EliminateDropout",) if training else ()
-
-
-def _function_graphs(function: onnx.FunctionProto) -> list[onnx.GraphProto]:
-    """A local function's nodes (and their subgraphs) as graphs, its inputs as fed values."""
-    graph = onnx.helper.make_graph(list(function.node), function.name, [], [])
-    graph.input.extend(onnx.helper.make_empty_tensor_value_info(name) for name in function.input)
-    return list(all_graphs(graph))
 
 
 def _is_false(tensor: onnx.TensorProto) -> bool:

@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from google.protobuf.message import EncodeError
 
-from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, matmuls, nchwc, opsets, pools, recurrent,
-                             scans, transposes)
+from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, fusions, matmuls, nchwc, opsets, pools,
+                             recurrent, scans, transposes)
 from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
@@ -194,7 +194,7 @@ class _OrtBackend:
             options.add_session_config_entry("session.set_denormal_as_zero", "1")
         if exact_arena and self.device == "cpu" and _exact_cpu_arena():
             options.add_session_config_entry("session.use_env_allocators", "1")
-        disabled = dropout.eliminating(model) + pools.fusion_refused(model) + matmuls.fusion_refused(model)
+        disabled = dropout.eliminating(model) + sum((m.fusion_refused(model) for m in (pools, matmuls, fusions)), ())
         if keep_recomputation:
             options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
             disabled += ("CommonSubexpressionElimination",)
@@ -202,8 +202,8 @@ class _OrtBackend:
                             **({"enable_cuda_graph": "1"} if cuda_graph else {}),
                             **(EXACT_CUDA_ARENA if exact_arena and self.device == "cuda" else {}),
                             **dict(providers_options or {})}
-        return OrtExecutable(self, model, options, provider_options, int(device_id), disabled, cuda_graph,
-                             flush_denormals)
+        return OrtExecutable(self, model, options, provider_options, int(device_id), tuple(dict.fromkeys(disabled)),
+                             cuda_graph, flush_denormals)
 
 
 class CpuBackend(_OrtBackend):

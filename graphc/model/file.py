@@ -231,6 +231,13 @@ def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from all_graphs(sub)
 
 
+def function_graphs(function: onnx.FunctionProto) -> list[onnx.GraphProto]:
+    """A local function's nodes (and their subgraphs) as graphs, its inputs as the first one's inputs."""
+    graph = onnx.helper.make_graph(list(function.node), function.name, [], [])
+    graph.input.extend(onnx.helper.make_empty_tensor_value_info(name) for name in function.input)
+    return list(all_graphs(graph))
+
+
 def unique_node_names(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` itself when no two of its nodes (subgraphs included) share a non-empty name;
     else a copy in which each repeat gets a suffix (``n`` and ``n_1``). ONNX lets nodes share a

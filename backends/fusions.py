@@ -1,0 +1,131 @@
+"""onnxruntime rewrites that get some models wrong, and which sessions run without them.
+
+A sweep of small models through onnxruntime 1.31's CPU graph rewrites (each session at level
+"all" against one with optimizations off, and numpy) found these; each is turned off only for a
+model that holds its pattern (in any graph or local function), every other model keeps it:
+
+- ``DivMulFusion`` rewrites ``Mul(Div(1, x), y)`` as ``Div(y, x)``. For integers that is another
+  number (``trunc(1 / 2) * 6`` is 0, ``6 / 2`` is 3), and a 1 of higher rank than ``x`` and ``y``
+  no longer broadcasts the output up (``ones(1, 1) / x * y`` of vectors: shape [4], not [1, 4]).
+- ``FuseReluClip`` folds a Relu into the Clip that reads it, and fails the session ("Unexpected
+  data type for Clip 'min' input") where the Clip's min is a constant neither float nor float16
+  (float64, int32): ``F.relu(x).clamp(-1, 1)`` in float64 did not load.
+- ``Pad_Fusion`` folds a constant Pad of zeros into the MaxPool that reads it (through a Cast or
+  not) as the pool's own pads, which a MaxPool never picks: a window of negative values over
+  the padding gave their largest, not the pad's 0.
+- ``LayerNormFusionL1`` fuses ``(x - mean) / sqrt(mean((x - mean) ** p) + eps) * g + b`` into a
+  LayerNormalization whatever the exponent ``p`` (3 came out as a layer norm).
+- ``SimplifiedLayerNormFusion`` fuses a float64 ``x / sqrt(mean(x ** 2) + eps) * g`` into a
+  SimplifiedLayerNormalization whose epsilon is its default, 1e-5, not ``eps``.
+- ``CommonSubexpressionElimination`` merges unseeded Bernoulli nodes of one input: they drew the
+  same sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from graphc.model.file import all_graphs, function_graphs, tensor_types
+
+__all__ = ["fusion_refused"]
+
+_FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)  # FuseReluClip's types for a Clip's min
+
+
+def fusion_refused(model: onnx.ModelProto) -> tuple[str, ...]:
+    """The names of the rewrites above that ``model`` holds a pattern of, in that order."""
+    graphs = list(all_graphs(model.graph)) + [g for f in model.functions for g in function_graphs(f)]
+    nodes = [node for g in graphs for node in g.node if node.domain in ("", "ai.onnx")]
+    consts = _constants(graphs)
+    producers = {out: node for node in nodes for out in node.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    checks = {
+        "DivMulFusion": lambda: any(_inexact_reciprocal(node, consts) for node in nodes),
+        "FuseReluClip": lambda: any(_clip_after_relu_refused(node, consts, producers) for node in nodes),
+        "Pad_Fusion": lambda: any(_zero_pad_before_max_pool(node, consts, readers) for node in nodes),
+        "LayerNormFusionL1": lambda: any(_central_power(node, consts, producers, readers) for node in nodes),
+        "SimplifiedLayerNormFusion": lambda: _double_mean_power(model, nodes, readers),
+        "CommonSubexpressionElimination": lambda: _repeated_unseeded_bernoulli(nodes),
+    }
+    return tuple(name for name, holds in checks.items() if holds())
+
+
+def _constants(graphs: list[onnx.GraphProto]) -> dict[str, np.ndarray]:
+    """Value name -> array, for the one-element initializers that are not fed and ``Constant``
+    nodes' tensors (every pattern's constant is one value; a weight is not read)."""
+    fed = {i.name for g in graphs for i in g.input}
+    out = {t.name: t for g in graphs for t in g.initializer if t.name not in fed}
+    out.update({node.output[0]: a.t for g in graphs for node in g.node if node.op_type == "Constant"
+                and node.domain in ("", "ai.onnx") for a in node.attribute if a.name == "value"})
+    return {name: numpy_helper.to_array(t) for name, t in out.items() if math.prod(t.dims) == 1 and not t.external_data}
+
+
+def _ops(node: onnx.NodeProto | None, *op_types: str) -> bool:
+    return node is not None and node.op_type in op_types and node.domain in ("", "ai.onnx")
+
+
+def _inexact_reciprocal(node: onnx.NodeProto, consts) -> bool:
+    """A Div of a constant 1 (one element) that is an integer or has a rank."""
+    one = consts.get(node.input[0]) if _ops(node, "Div") else None
+    return (one is not None and one.size == 1 and one.reshape(-1)[0] == 1
+            and (one.ndim > 0 or not np.issubdtype(one.dtype, np.floating)))
+
+
+def _clip_after_relu_refused(node: onnx.NodeProto, consts, producers) -> bool:
+    """A Clip of a Relu's output whose min is a constant of a type FuseReluClip fails on."""
+    if not (_ops(node, "Clip") and len(node.input) > 1 and node.input[1] in consts):
+        return False
+    return _ops(producers.get(node.input[0]), "Relu") and \
+        onnx.helper.np_dtype_to_tensor_dtype(consts[node.input[1]].dtype) not in _FLOATS
+
+
+def _zero_pad_before_max_pool(node: onnx.NodeProto, consts, readers) -> bool:
+    """A constant-mode Pad of zeros (or of a value not known) read by a MaxPool, or by a Cast a
+    MaxPool reads."""
+    if not _ops(node, "Pad"):
+        return False
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("mode", b"constant") != b"constant":
+        return False
+    value = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else np.float32(attrs.get("value", 0))
+    if value is not None and np.any(value != 0):
+        return False
+    after = readers.get(node.output[0], [])
+    after = after + [r for n in after if _ops(n, "Cast") for r in readers.get(n.output[0], [])]
+    return any(_ops(n, "MaxPool") for n in after)
+
+
+def _central_power(node: onnx.NodeProto, consts, producers, readers) -> bool:
+    """A Pow of a Sub's output by an exponent not known to be 2, whose output a ReduceMean reads
+    (a layer norm's variance, but for the exponent)."""
+    if not (_ops(node, "Pow") and _ops(producers.get(node.input[0]), "Sub")):
+        return False
+    exponent = consts.get(node.input[1])
+    if exponent is not None and exponent.size == 1 and exponent.reshape(-1)[0] == 2:
+        return False
+    return any(_ops(n, "ReduceMean") for n in readers.get(node.output[0], []))
+
+
+def _double_mean_power(model: onnx.ModelProto, nodes, readers) -> bool:
+    """A Pow whose output a ReduceMean reads and whose base is float64 or of a type not known."""
+    powers = [n for n in nodes
+              if _ops(n, "Pow") and any(_ops(r, "ReduceMean") for r in readers.get(n.output[0], []))]
+    if not powers:
+        return False
+    types = tensor_types(model, subgraphs=True) or {}
+    return any(types.get(n.input[0], (TensorProto.DOUBLE,))[0] == TensorProto.DOUBLE for n in powers)
+
+
+def _repeated_unseeded_bernoulli(nodes) -> bool:
+    """Two Bernoulli nodes without a seed that read the same probabilities."""
+    unseeded = Counter(n.input[0] for n in nodes
+                       if _ops(n, "Bernoulli") and not any(a.name == "seed" for a in n.attribute))
+    return any(count > 1 for count in unseeded.values())
