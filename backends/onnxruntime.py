@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from google.protobuf.message import EncodeError
 
-from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, fusions, matmuls, nchwc, opsets, pools,
-                             recurrent, scans, transposes)
+from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, fusions, matmuls, nchwc, opsets,
+                             pad_axes, pools, recurrent, scans, transposes)
 from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
@@ -51,8 +51,7 @@ def _ort():
 # -- availability ----------------------------------------------------------------------------------
 
 class _CaptureOutput:
-    """Capture what onnxruntime prints while probing: its C++ logger writes to file descriptor
-    2, ``preload_dlls`` prints to ``sys.stdout``."""
+    """Capture what onnxruntime prints while probing: its C++ logger writes to fd 2, ``preload_dlls`` to stdout."""
 
     def __enter__(self) -> _CaptureOutput:
         self._tmp = tempfile.TemporaryFile()
@@ -173,6 +172,7 @@ class _OrtBackend:
         _check_domains(model, self.name)
         model = batchnorm.lower_training_mode(opsets.within_reach(unique_node_names(model), self.name), self.name)
         model = pools.explicit_pads(doubles.lower_double(recurrent.with_full_params(scans.guard_empty(model))))
+        model = pad_axes.without_axes(model)
         ort = _ort()
         options = ort.SessionOptions()
         options.log_severity_level = _ORT_QUIET

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 
 import graphc as gc
 import graphc.nn.functional as F
-from graphc.backends import fusions
+from graphc.backends import fusions, pad_axes
 from onnx_graphs import model, vi
 
 R = np.random.default_rng(11)
@@ -182,3 +182,33 @@ def test_a_training_graph_keeps_every_rewrite():
     arts = gc.training.generate(mlp, gc.losses.mse("output", label="y"), gc.optim.SGD(0.1))
     assert fusions.fusion_refused(arts.train_step.proto) == ()
     assert fusions.fusion_refused(mlp.proto) == ()
+
+
+@pytest.mark.parametrize("axes", [[1], [-1], [0, 2], [2, -3]])
+@pytest.mark.parametrize("mode,value", [("constant", None), ("constant", 1.5), ("edge", None)])
+def test_a_pad_given_axes_between_transposes_matches_numpy(axes, mode, value):
+    x = R.standard_normal((2, 3, 4)).astype(np.float32)
+    before, after = [1] * len(axes), [2] * len(axes)
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("Pad", ["t", "pads", "value" if value is not None else "", "axes"], ["p"], mode=mode),
+             helper.make_node("Transpose", ["p"], ["y"], perm=[1, 0, 2])]
+    inits = {"pads": np.array(before + after, np.int64), "axes": np.array(axes, np.int64),
+             **({"value": np.float32(value)} if value is not None else {})}
+    widths = [(0, 0)] * 3
+    for axis, b, a in zip(axes, before, after):
+        widths[axis % 3] = (b, a)
+    t = np.pad(x.transpose(1, 0, 2), widths, mode=mode, **({"constant_values": value or 0} if mode == "constant" else {}))
+    np.testing.assert_array_equal(_ort(_built(nodes, {"x": x}, inits), {"x": x}), t.transpose(1, 0, 2))
+
+
+def test_only_pads_given_constant_axes_of_a_known_rank_are_written_out():
+    pad = helper.make_node("Pad", ["x", "pads", "", "axes"], ["y"])
+    inits = {"pads": np.array([1, 2], np.int64), "axes": np.array([-1], np.int64)}
+    plain = model([helper.make_node("Pad", ["x", "pads"], ["y"])], [vi("x", shape=[2, 3])], [vi("y")],
+                  {"pads": np.array([0, 1, 0, 2], np.int64)})
+    unranked = model([pad], [vi("x")], [vi("y")], inits)
+    assert pad_axes.without_axes(plain) is plain and pad_axes.without_axes(unranked) is unranked
+    written = pad_axes.without_axes(model([pad], [vi("x", shape=[2, 3])], [vi("y")], inits))
+    assert [n.op_type for n in written.graph.node] == ["Constant", "Pad"]
+    assert len(written.graph.node[1].input) == 2
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(written.graph.node[0].attribute[0].t), [0, 1, 0, 2])
