@@ -48,7 +48,7 @@ def fusion_refused(model: onnx.ModelProto) -> tuple[str, ...]:
         for name in node.input:
             readers.setdefault(name, []).append(node)
     checks = {
-        "DivMulFusion": lambda: any(_inexact_reciprocal(node, consts) for node in nodes),
+        "DivMulFusion": lambda: any(_inexact_reciprocal(node, consts, readers) for node in nodes),
         "FuseReluClip": lambda: any(_clip_after_relu_refused(node, consts, producers) for node in nodes),
         "Pad_Fusion": lambda: any(_zero_pad_before_max_pool(node, consts, readers) for node in nodes),
         "LayerNormFusionL1": lambda: any(_central_power(node, consts, producers, readers) for node in nodes),
@@ -65,18 +65,19 @@ def _constants(graphs: list[onnx.GraphProto]) -> dict[str, np.ndarray]:
     out = {t.name: t for g in graphs for t in g.initializer if t.name not in fed}
     out.update({node.output[0]: a.t for g in graphs for node in g.node if node.op_type == "Constant"
                 and node.domain in ("", "ai.onnx") for a in node.attribute if a.name == "value"})
-    return {name: numpy_helper.to_array(t) for name, t in out.items() if math.prod(t.dims) == 1 and not t.external_data}
+    return {name: numpy_helper.to_array(t) for name, t in out.items()
+            if math.prod(t.dims) == 1 and not t.external_data}
 
 
 def _ops(node: onnx.NodeProto | None, *op_types: str) -> bool:
-    return node is not None and node.op_type in op_types and node.domain in ("", "ai.onnx")
+    return node is not None and node.op_type in op_types
 
 
-def _inexact_reciprocal(node: onnx.NodeProto, consts) -> bool:
-    """A Div of a constant 1 (one element) that is an integer or has a rank."""
+def _inexact_reciprocal(node: onnx.NodeProto, consts, readers) -> bool:
+    """A Div of a constant 1 that is an integer or has a rank, whose output a Mul reads."""
     one = consts.get(node.input[0]) if _ops(node, "Div") else None
-    return (one is not None and one.size == 1 and one.reshape(-1)[0] == 1
-            and (one.ndim > 0 or not np.issubdtype(one.dtype, np.floating)))
+    return (one is not None and one.reshape(-1)[0] == 1 and (one.ndim > 0 or not np.issubdtype(one.dtype, np.floating))
+            and any(_ops(n, "Mul") for n in readers.get(node.output[0], [])))
 
 
 def _clip_after_relu_refused(node: onnx.NodeProto, consts, producers) -> bool:
@@ -88,7 +89,7 @@ def _clip_after_relu_refused(node: onnx.NodeProto, consts, producers) -> bool:
 
 
 def _zero_pad_before_max_pool(node: onnx.NodeProto, consts, readers) -> bool:
-    """A constant-mode Pad of zeros (or of a value not known) read by a MaxPool, or by a Cast a
+    """A constant-mode Pad of zeros (a constant value or none) read by a MaxPool, or by a Cast a
     MaxPool reads."""
     if not _ops(node, "Pad"):
         return False
@@ -96,7 +97,7 @@ def _zero_pad_before_max_pool(node: onnx.NodeProto, consts, readers) -> bool:
     if attrs.get("mode", b"constant") != b"constant":
         return False
     value = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else np.float32(attrs.get("value", 0))
-    if value is not None and np.any(value != 0):
+    if value is None or np.any(value != 0):  # a fed value is not folded
         return False
     after = readers.get(node.output[0], [])
     after = after + [r for n in after if _ops(n, "Cast") for r in readers.get(n.output[0], [])]
@@ -109,7 +110,7 @@ def _central_power(node: onnx.NodeProto, consts, producers, readers) -> bool:
     if not (_ops(node, "Pow") and _ops(producers.get(node.input[0]), "Sub")):
         return False
     exponent = consts.get(node.input[1])
-    if exponent is not None and exponent.size == 1 and exponent.reshape(-1)[0] == 2:
+    if exponent is not None and exponent.reshape(-1)[0] == 2:
         return False
     return any(_ops(n, "ReduceMean") for n in readers.get(node.output[0], []))
 
