@@ -158,7 +158,8 @@ def _nodes_model(nodes, inits, inputs=("x",), elem=TensorProto.FLOAT, shape=(2, 
     (_nodes_model([helper.make_node("Pad", ["x", "pads", "v"], ["p"]), helper.make_node("MaxPool", ["p"], ["y"],
                                                                                          kernel_shape=[2])],
                   {"pads": np.array([0, 0, 1, 0, 0, 1], np.int64), "v": np.float32(-np.inf)}, shape=(1, 2, 8)), ()),
-    (model([helper.make_node("Pad", ["x", "pads", "v"], ["p"]), helper.make_node("MaxPool", ["p"], ["y"], kernel_shape=[2])],
+    (model([helper.make_node("Pad", ["x", "pads", "v"], ["p"]),
+            helper.make_node("MaxPool", ["p"], ["y"], kernel_shape=[2])],
            [vi("x", shape=[1, 2, 8]), vi("v", shape=[])], [vi("y")], {"pads": np.array([0, 0, 1, 0, 0, 1], np.int64)}),
      ()),  # a fed pad value is not folded
     (_nodes_model([helper.make_node("Pad", ["x", "pads"], ["p"]), helper.make_node("AveragePool", ["p"], ["y"],
@@ -203,7 +204,8 @@ def test_a_pad_given_axes_between_transposes_matches_numpy(axes, mode, value):
     widths = [(0, 0)] * 3
     for axis, b, a in zip(axes, before, after):
         widths[axis % 3] = (b, a)
-    t = np.pad(x.transpose(1, 0, 2), widths, mode=mode, **({"constant_values": value or 0} if mode == "constant" else {}))
+    fill = {"constant_values": value or 0} if mode == "constant" else {}
+    t = np.pad(x.transpose(1, 0, 2), widths, mode=mode, **fill)
     np.testing.assert_array_equal(_ort(_built(nodes, {"x": x}, inits), {"x": x}), t.transpose(1, 0, 2))
 
 
