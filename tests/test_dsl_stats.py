@@ -13,9 +13,9 @@ import graphc as gc
 import graphc.nn.functional as F
 
 try:
-    from torch_grad_util import gc_grads, run_both
+    from torch_grad_util import assert_directional_derivatives, gc_grads, run_both
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import gc_grads, run_both
+    from tests.torch_grad_util import assert_directional_derivatives, gc_grads, run_both
 
 R = np.random.default_rng(11)
 X = R.standard_normal((3, 5, 4))
@@ -216,11 +216,7 @@ def test_gradients_match_float64_finite_differences(name, fn, x, inputs):
     rng = np.random.default_rng(len(name))
     c = np.asarray(rng.standard_normal(model.outputs[0].shape))
     grad = gc_grads(lambda M, x, **kw: fn(M, x, **kw), {"x": x}, inputs, c)["x"]
-    eps = 1e-6
-    for _ in range(2):
-        t = rng.standard_normal(x.shape)
-        f = [float((sess.run({"x": x + s * eps * t, **inputs})["output"] * c).sum()) for s in (1, -1)]
-        np.testing.assert_allclose(float((grad * t).sum()), (f[0] - f[1]) / (2 * eps), rtol=1e-6)
+    assert_directional_derivatives(sess, {"x": x, **inputs}, {"x": grad}, ["x"], c, rng)
 
 
 class _NanLoss(gc.nn.Module):
