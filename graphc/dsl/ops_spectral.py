@@ -13,7 +13,7 @@ import numpy as np
 
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.ops import concat, const_i64, constant, emit, lift, matmul, reshape, squeeze, transpose, unsqueeze
-from graphc.dsl.ops_array import arange, dim_length, dim_positions, flip, full_like, ir_tensor, pad, tile
+from graphc.dsl.ops_array import arange, dim_length, dim_positions, full_like, ir_tensor, pad
 from graphc.dsl.ops_layers import conv1d, conv_transpose1d
 from graphc.dsl.ops_views import index_add
 from graphc.dsl.tensor import Tensor
@@ -27,9 +27,7 @@ from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
 # strided Conv by the [2 freq, 1, n_fft] basis 6.6; forward + gc.grad backward, Gather + MatMul
 # 36.8, Conv 23.3. istft of that spectrum, forward and forward + backward: one ConvTranspose
 # 22.1 and 45.9, MatMul then ScatterElements (add) 38.2 and 54.9. onnxruntime has no float64
-# Conv or ConvTranspose, so float64 takes the Gather / ScatterElements forms. The centre padding
-# is Slices and a Concat, not ONNX Pad: Pad's reflect gradient on a static length is a dense
-# [L + n_fft, L] matrix (191 GiB for this signal).
+# Conv or ConvTranspose, so float64 takes the Gather / ScatterElements forms.
 
 
 # the dtypes that take the Conv / ConvTranspose lowering (onnxruntime has no float64 kernels)
@@ -152,22 +150,13 @@ def _float_input(fn: str, x: Any, ranks: tuple[int, ...], layout: str) -> Tensor
 
 
 def _centred(x: Tensor, half: int, mode: str) -> Tensor:
-    """``x`` ``[B, L]`` padded by ``half`` at both ends as torch's ``F.pad`` modes do, written as
-    Slices and a Concat: ONNX Pad's gradient for reflect/edge/wrap is an ``[L + 2 half, L]`` matrix."""
+    """``x`` ``[B, L]`` padded by ``half`` at both ends in one of torch's ``F.pad`` modes."""
     length = x.shape[1]
     longest = {"reflect": length - 1, "circular": length}.get(mode) if isinstance(length, int) else None
     if longest is not None and half > longest:
         raise op_error("stft", [x], f"center pads {half} (n_fft // 2) with pad_mode={mode!r}, which needs a signal "
                        f"longer than that, got {length} samples", user_source())
-    if mode == "constant":
-        return pad(x, (half, half))
-    if mode == "reflect":
-        ends = flip(x[:, 1:half + 1], [1]), flip(x[:, -half - 1:-1], [1])
-    elif mode == "replicate":
-        ends = tile(x[:, :1], [1, half]), tile(x[:, -1:], [1, half])
-    else:  # circular
-        ends = x[:, -half:], x[:, :half]
-    return concat([ends[0], x, ends[1]], 1)
+    return pad(x, (half, half), mode=mode)
 
 
 _PAD_MODES = ("reflect", "constant", "replicate", "circular")
