@@ -3,12 +3,13 @@ shapes, the sample shape, and the capture-time checks of ``validate_args`` (of c
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
 
 from graphc.dsl.builder import current, op_error, user_source
-from graphc.dsl.ops import cast, constant, detach, sqrt
+from graphc.dsl.ops import cast, constant, detach, exp, sqrt
 from graphc.dsl.ops import sum as sum_
 from graphc.dsl.ops_array import expand
 from graphc.dsl.ops_factories import promote_types
@@ -142,6 +143,41 @@ class Distribution:
     def rsample(self, sample_shape: Any = ()) -> Tensor:
         raise fail(self._name(), [], "has no rsample (it is not reparameterizable); use sample()")
 
+    def expand(self, batch_shape: Any) -> Distribution:
+        """A copy whose parameters (batch-shaped in front, as this package keeps them) are expanded to
+        ``batch_shape``, as torch's ``expand``."""
+        new_shape = tuple(batch_shape) if isinstance(batch_shape, (tuple, list)) else (batch_shape,)
+        ok = all(isinstance(d, str) or isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0
+                 for d in new_shape)
+        try:
+            ok = ok and tuple(broadcast(self._batch_shape, new_shape)) == new_shape
+        except InferenceError:
+            ok = False
+        if not ok:
+            raise fail(self._name(), [], f"expand: batch_shape {tuple(new_shape)} is not an expansion of the batch "
+                                         f"shape {self._batch_shape}")
+        new, rank = copy.copy(self), len(self._batch_shape)
+        for name, v in vars(self).items():
+            if isinstance(v, Tensor):
+                setattr(new, name, expand(v, *new_shape, *([-1] * (v.ndim - rank))))
+            elif isinstance(v, Distribution):
+                setattr(new, name, v.expand(tuple(new_shape) + v.batch_shape[rank:]))
+        new._batch_shape = tuple(new_shape)
+        return new
+
+    def perplexity(self) -> Tensor:
+        """``exp(entropy())``."""
+        return exp(self.entropy())
+
+    def enumerate_support(self, expand: bool = True) -> Tensor:
+        raise fail(self._name(), [], "has no enumerate_support (its support is not finite, or torch's has none)")
+
+    def refuse_sampling(self, reason: str) -> CaptureError:
+        """The error of a family whose draws no fixed set of standard ONNX ops makes exactly."""
+        return fail(self._name(), [], f"has no sample()/rsample() in graphc: {reason}, and graphc draws only what a "
+                                      f"fixed set of standard ONNX ops draws exactly (never from another "
+                                      f"distribution)")
+
     def sample(self, sample_shape: Any = ()) -> Tensor:
         """A draw of ``sample_shape + batch_shape + event_shape``, without gradient."""
         return detach(self.rsample(sample_shape))
@@ -156,10 +192,20 @@ class Distribution:
         return f"{self._name()}(batch_shape={self._batch_shape}, event_shape={self._event_shape})"
 
 
+def param_dtype(d: Distribution) -> str:
+    """The dtype of ``d``'s parameters (its first Tensor attribute's, or its base distribution's)."""
+    for v in vars(d).values():
+        if isinstance(v, Tensor):
+            return str(v.dtype)
+        if isinstance(v, Distribution):
+            return param_dtype(v)
+    raise fail(d._name(), [], "holds no parameter Tensor")
+
+
 def sum_rightmost(t: Tensor, n: int) -> Tensor:
     """``t`` summed over its last ``n`` dims."""
     return sum_(t, axis=list(range(-n, 0))) if n > 0 else t
 
 
 __all__ = ["BOOLEAN", "NONNEGATIVE", "POSITIVE", "REAL", "UNIT_INTERVAL", "Distribution", "check", "event_dims_match",
-           "fail", "known", "params", "sample_shape_of", "sum_rightmost"]
+           "fail", "known", "param_dtype", "params", "sample_shape_of", "sum_rightmost"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from graphc.dsl.distributions.base import Distribution, fail, sum_rightmost
+from graphc.dsl.distributions.base import Distribution, fail, param_dtype, sum_rightmost
 from graphc.dsl.distributions.continuous import (EULER, Cauchy, Exponential, Gumbel, Laplace, LogNormal, Normal,
                                                  Uniform)
 from graphc.dsl.distributions.discrete import Bernoulli, Categorical, OneHotCategorical, softplus
@@ -20,32 +20,46 @@ from graphc.dsl.tensor import Tensor
 _KL: dict[tuple[type, type], Callable[[Distribution, Distribution], Tensor]] = {}
 
 
-def _pair(family: type) -> Callable:
+def register_kl(type_p: type, type_q: type) -> Callable:
+    """A decorator adding ``fn(p, q)`` to the KL table for ``(type_p, type_q)``, as torch's: ``kl_divergence``
+    picks the most specific registered pair the two distributions' types are subclasses of."""
+    for name, t in (("type_p", type_p), ("type_q", type_q)):
+        if not (isinstance(t, type) and issubclass(t, Distribution)):
+            raise fail("register_kl", [], f"{name} must be a subclass of gc.distributions.Distribution, got {t!r}")
+
     def register(fn: Callable) -> Callable:
-        _KL[family, family] = fn
+        _KL[type_p, type_q] = fn
         return fn
     return register
 
 
+def _pair(family: type) -> Callable:
+    return register_kl(family, family)
+
+
+def _dispatch(type_p: type, type_q: type) -> Callable | None:
+    """The rule of the most specific registered pair (``p``'s type first) matching ``(type_p, type_q)``."""
+    matches = [(a, b) for a, b in _KL if issubclass(type_p, a) and issubclass(type_q, b)]
+    if not matches:
+        return None
+    return _KL[max(matches, key=lambda m: (len(m[0].__mro__), len(m[1].__mro__)))]
+
+
 def kl_divergence(p: Distribution, q: Distribution) -> Tensor:
     """``KL(p || q)`` over the batch shape, as ``torch.distributions.kl_divergence``."""
-    rule = _KL.get((type(p), type(q)))
+    for name, d in (("p", p), ("q", q)):
+        if not isinstance(d, Distribution):
+            raise fail("kl_divergence", [], f"{name} must be a gc.distributions Distribution, got {type(d).__name__}")
+    rule = _dispatch(type(p), type(q))
     if rule is None:
-        pairs = ", ".join(sorted(a.__name__ for a, _ in _KL))
+        pairs = ", ".join(sorted(f"{a.__name__}-{b.__name__}" for a, b in _KL))
         raise fail("kl_divergence", [], f"no KL divergence for p={type(p).__name__} and q={type(q).__name__}; "
-                                        f"registered: same-family pairs of {pairs}")
-    dtypes = [_dtype(d) for d in (p, q)]
+                                        f"registered (p-q): {pairs}")
+    dtypes = [param_dtype(d) for d in (p, q)]
     if dtypes[0] != dtypes[1]:
         raise fail("kl_divergence", [], f"p's {dtypes[0]} parameters and q's {dtypes[1]} ones differ; give both one "
                                         f"dtype (graphc does not promote them as torch does)")
     return rule(p, q)
-
-
-def _dtype(d: Distribution) -> str:
-    """The dtype of ``d``'s parameters."""
-    if isinstance(d, Independent):
-        return _dtype(d.base_dist)
-    return str(next(getattr(d, name) for name in ("loc", "rate", "low", "probs") if hasattr(d, name)).dtype)
 
 
 @_pair(Normal)
@@ -121,4 +135,4 @@ def _independent(p: Independent, q: Independent) -> Tensor:
     return sum_rightmost(kl_divergence(p.base_dist, q.base_dist), p.reinterpreted_batch_ndims)
 
 
-__all__ = ["kl_divergence"]
+__all__ = ["kl_divergence", "register_kl"]
