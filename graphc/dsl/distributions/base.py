@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.builder import current, op_error, user_source
-from graphc.dsl.ops import cast, constant, detach, exp, sqrt
+from graphc.dsl.ops import cast, constant, detach, exp, reshape, sqrt
 from graphc.dsl.ops import sum as sum_
 from graphc.dsl.ops_array import expand
 from graphc.dsl.ops_factories import promote_types
@@ -95,7 +95,7 @@ def event_dims_match(dist: str, value: Tensor, shape: tuple) -> None:
 class Distribution:
     """torch.distributions.Distribution's interface; ``stddev`` is ``sqrt(variance)`` unless a family says."""
 
-    has_rsample = False
+    has_rsample = has_enumerate_support = False
     support: tuple | None = None
 
     def __init__(self, batch_shape: tuple = (), event_shape: tuple = (), validate_args: bool | None = None):
@@ -202,10 +202,18 @@ def param_dtype(d: Distribution) -> str:
     raise fail(d._name(), [], "holds no parameter Tensor")
 
 
+def enumerated(values: Tensor, like: Tensor, batch_rank: int, expand: bool) -> Tensor:
+    """torch's ``enumerate_support``: ``values`` (``(K, *event)``) with ``batch_rank`` ones after the first dim,
+    or, where ``expand``, broadcast with ``like`` (batch shaped, then the event dims) over the batch."""
+    v = reshape(values, [values.shape[0], *([1] * batch_rank), *values.shape[1:]])
+    return broadcast_tensors(v, like)[0] if expand else v
+
+
 def sum_rightmost(t: Tensor, n: int) -> Tensor:
     """``t`` summed over its last ``n`` dims."""
     return sum_(t, axis=list(range(-n, 0))) if n > 0 else t
 
 
-__all__ = ["BOOLEAN", "NONNEGATIVE", "POSITIVE", "REAL", "UNIT_INTERVAL", "Distribution", "check", "event_dims_match",
+__all__ = ["BOOLEAN", "NONNEGATIVE", "POSITIVE", "REAL", "UNIT_INTERVAL", "Distribution", "check", "enumerated",
+           "event_dims_match",
            "fail", "known", "param_dtype", "params", "sample_shape_of", "sum_rightmost"]

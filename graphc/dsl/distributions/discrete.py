@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl.distributions.base import BOOLEAN, NONNEGATIVE, REAL, UNIT_INTERVAL, Distribution, check, fail, params
-from graphc.dsl.ops import cast, clip, log, maximum, sigmoid, softmax, where
+from graphc.dsl.distributions.base import (BOOLEAN, NONNEGATIVE, REAL, UNIT_INTERVAL, Distribution, check, enumerated,
+                                           fail, params)
+from graphc.dsl.ops import cast, clip, constant, log, maximum, sigmoid, softmax, where
 from graphc.dsl.ops import sum as sum_
 from graphc.dsl.ops_array import argmax, full_like, gather, logsumexp, one_hot
 from graphc.dsl.ops_elementwise import log1p
@@ -26,35 +27,39 @@ def softplus(x: Tensor) -> Tensor:
     return -logsigmoid(-x)
 
 
-def _one_of(dist: str, probs: Any, logits: Any) -> None:
+def one_of(dist: str, probs: Any, logits: Any) -> None:
     if (probs is None) == (logits is None):
         raise fail(dist, [], "either probs or logits must be given, but not both (as torch)")
 
 
-def _clamped(probs: Tensor) -> Tensor:
+def clamped_probs(probs: Tensor) -> Tensor:
     eps = float(np.finfo(to_numpy(probs.dtype)).eps)
     return clip(probs, eps, 1 - eps)
+
+
+def binary_params(dist: str, probs: Any, logits: Any, validate: bool, constraint: tuple = UNIT_INTERVAL,
+                  **first: Any) -> list[Tensor]:
+    """``[*first, probs, logits]`` of a two-outcome family, broadcast together as torch's ``broadcast_all``,
+    from ``probs`` or ``logits`` (the other derived as torch's ``probs_to_logits(is_binary=True)``/``sigmoid``)."""
+    one_of(dist, probs, logits)
+    name = "probs" if probs is not None else "logits"
+    *lead, param = params(dist, **first, **{name: probs if probs is not None else logits})
+    if validate:
+        check(dist, name, param, constraint if probs is not None else REAL)
+    if probs is None:
+        return [*lead, sigmoid(param), param]
+    p = clamped_probs(param)
+    return [*lead, param, log(p) - log1p(-p)]
 
 
 class Bernoulli(Distribution):
     """``torch.distributions.Bernoulli(probs=None, logits=None)``."""
 
-    support = BOOLEAN
+    support, has_enumerate_support = BOOLEAN, True
 
     def __init__(self, probs: Any = None, logits: Any = None, validate_args: bool | None = None):
-        _one_of("Bernoulli", probs, logits)
         super().__init__((), (), validate_args)
-        if probs is not None:
-            (self.probs,) = params("Bernoulli", probs=probs)
-            if self._validate_args:
-                check("Bernoulli", "probs", self.probs, UNIT_INTERVAL)
-            p = _clamped(self.probs)
-            self.logits = log(p) - log1p(-p)
-        else:
-            (self.logits,) = params("Bernoulli", logits=logits)
-            if self._validate_args:
-                check("Bernoulli", "logits", self.logits, REAL)
-            self.probs = sigmoid(self.logits)
+        self.probs, self.logits = binary_params("Bernoulli", probs, logits, self._validate_args)
         self._batch_shape = tuple(self.probs.shape)
 
     mean = property(lambda self: self.probs)
@@ -71,6 +76,11 @@ class Bernoulli(Distribution):
     def log_prob(self, value: Any) -> Tensor:
         return self.logits * self._value(value, self.logits) - softplus(self.logits)
 
+    def enumerate_support(self, expand: bool = True) -> Tensor:
+        """``[0, 1]`` in the parameters' dtype, ``(2, *batch_shape)`` (ones for the batch unless ``expand``)."""
+        values = constant(np.array([0, 1], to_numpy(self.probs.dtype)))
+        return enumerated(values, self.probs, len(self._batch_shape), expand)
+
     def entropy(self) -> Tensor:
         return softplus(self.logits) - self.logits * self.probs
 
@@ -84,10 +94,10 @@ class Categorical(Distribution):
     """``torch.distributions.Categorical(probs=None, logits=None)`` over the last dim; probs are normalized,
     logits shifted by their logsumexp, as torch's."""
 
-    support = ("integer_interval [0, K)", _index_check)
+    support, has_enumerate_support = ("integer_interval [0, K)", _index_check), True
 
     def __init__(self, probs: Any = None, logits: Any = None, validate_args: bool | None = None):
-        _one_of("Categorical", probs, logits)
+        one_of("Categorical", probs, logits)
         super().__init__((), (), validate_args)
         name = "probs" if probs is not None else "logits"
         (param,) = params("Categorical", **{name: probs if probs is not None else logits})
@@ -97,7 +107,7 @@ class Categorical(Distribution):
             check("Categorical", name, param, NONNEGATIVE if probs is not None else REAL)
         if probs is not None:
             self.probs = param / sum_(param, axis=-1, keepdims=True)
-            self.logits = log(_clamped(self.probs))
+            self.logits = log(clamped_probs(self.probs))
         else:
             self.logits = param - logsumexp(param, -1, keepdim=True)
             self.probs = softmax(self.logits)
@@ -112,6 +122,14 @@ class Categorical(Distribution):
         tiny = float(np.finfo(to_numpy(self.logits.dtype)).tiny)
         u = maximum(rand_like(self._expanded(self.logits, sample_shape)), tiny)
         return argmax(self.logits - log(-log(u)), -1)
+
+    def enumerate_support(self, expand: bool = True) -> Tensor:
+        """``arange(K)`` (int64), ``(K, *batch_shape)`` (ones for the batch unless ``expand``); K static."""
+        if not isinstance(self.num_events, int):
+            raise fail("Categorical", [], f"enumerate_support needs a static number of categories, got the dim "
+                                          f"{self.num_events!r}")
+        values = constant(np.arange(self.num_events, dtype=np.int64))
+        return enumerated(values, self.logits[..., 0], len(self._batch_shape), expand)
 
     def log_prob(self, value: Any) -> Tensor:
         v = self._value(value, self.logits)
@@ -131,7 +149,7 @@ class OneHotCategorical(Distribution):
     """``torch.distributions.OneHotCategorical(probs=None, logits=None)``: a Categorical whose values are
     one-hot vectors (event shape ``(K,)``, K static)."""
 
-    support = ("one_hot", _one_hot_check)
+    support, has_enumerate_support = ("one_hot", _one_hot_check), True
 
     def __init__(self, probs: Any = None, logits: Any = None, validate_args: bool | None = None):
         self._categorical = Categorical(probs, logits, validate_args)
@@ -155,8 +173,13 @@ class OneHotCategorical(Distribution):
     def log_prob(self, value: Any) -> Tensor:
         return self._categorical.log_prob(argmax(self._value(value, self.probs), -1))
 
+    def enumerate_support(self, expand: bool = True) -> Tensor:
+        """The ``K`` one-hot vectors in the parameters' dtype, ``(K, *batch_shape, K)``."""
+        values = constant(np.eye(self.event_shape[0], dtype=to_numpy(self.probs.dtype)))
+        return enumerated(values, self.probs, len(self._batch_shape), expand)
+
     def entropy(self) -> Tensor:
         return self._categorical.entropy()
 
 
-__all__ = ["Bernoulli", "Categorical", "OneHotCategorical", "softplus"]
+__all__ = ["Bernoulli", "Categorical", "OneHotCategorical", "binary_params", "clamped_probs", "one_of", "softplus"]

@@ -1,0 +1,207 @@
+"""torch.distributions' families of the Gamma function: ``Gamma``, ``Chi2``, ``Beta``, ``Dirichlet``,
+``StudentT`` and ``VonMises``, with torch's formulas (``gc.lgamma``/``gc.digamma``/``gc.xlogy``). Their draws
+need rejection sampling (Marsaglia-Tsang, Best-Fisher), so ``sample``/``rsample`` refuse."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from graphc.dsl.distributions.base import POSITIVE, REAL, UNIT_INTERVAL, Distribution, check, fail, params
+from graphc.dsl.ops import cast, clip, log, stack, where
+from graphc.dsl.ops import sum as sum_
+from graphc.dsl.ops_array import argmax, cos, full_like, one_hot
+from graphc.dsl.ops_binary import xlogy
+from graphc.dsl.ops_elementwise import log1p
+from graphc.dsl.ops_math import all as all_
+from graphc.dsl.ops_reshape import unsqueeze
+from graphc.dsl.ops_special import digamma, i0e, i1e, igamma, lgamma
+from graphc.dsl.tensor import Tensor
+
+NONNEGATIVE_VALUE = ("nonnegative", lambda v, d: v >= 0)
+SIMPLEX = ("simplex", lambda v, d: np.all(v >= 0, -1) & (np.abs(v.sum(-1) - 1) < 1e-6))
+
+
+class _Rejected(Distribution):
+    """A family whose exact draws need a rejection loop."""
+
+    sampler = "rejection sampling"
+
+    def rsample(self, sample_shape: Any = ()) -> Tensor:
+        raise self.refuse_sampling(f"its draws need {self.sampler} (an unbounded loop)")
+
+    sample = rsample
+
+
+class Gamma(_Rejected):
+    """``torch.distributions.Gamma(concentration, rate)``; ``cdf`` is ``gc.igamma``."""
+
+    support, sampler = NONNEGATIVE_VALUE, "Marsaglia-Tsang rejection sampling"
+
+    def __init__(self, concentration: Any, rate: Any, validate_args: bool | None = None):
+        name = self._name()
+        self.concentration, self.rate = params(name, concentration=concentration, rate=rate)
+        super().__init__(self.concentration.shape, (), validate_args)
+        if self._validate_args:
+            check(name, "concentration", self.concentration, POSITIVE)
+            check(name, "rate", self.rate, POSITIVE)
+
+    mean = property(lambda self: self.concentration / self.rate)
+    mode = property(lambda self: clip((self.concentration - 1.0) / self.rate, 0.0))
+    variance = property(lambda self: self.concentration / (self.rate * self.rate))
+
+    def log_prob(self, value: Any) -> Tensor:
+        v, c = self._value(value, self.rate), self.concentration
+        return xlogy(c, self.rate) + xlogy(c - 1.0, v) - self.rate * v - lgamma(c)
+
+    def cdf(self, value: Any) -> Tensor:
+        return igamma(self.concentration, self.rate * self._value(value, self.rate))
+
+    def entropy(self) -> Tensor:
+        c = self.concentration
+        return c - log(self.rate) + lgamma(c) + (1.0 - c) * digamma(c)
+
+
+class Chi2(Gamma):
+    """``torch.distributions.Chi2(df)``: ``Gamma(df / 2, 1 / 2)``."""
+
+    def __init__(self, df: Any, validate_args: bool | None = None):
+        (df,) = params("Chi2", df=df)
+        if validate_args is not False:
+            check("Chi2", "df", df, POSITIVE)
+        super().__init__(0.5 * df, full_like(df, 0.5), validate_args)
+
+    df = property(lambda self: self.concentration * 2.0)
+
+
+class Dirichlet(_Rejected):
+    """``torch.distributions.Dirichlet(concentration)`` over the last dim (event shape ``(K,)``)."""
+
+    support, sampler = SIMPLEX, "Gamma draws (Marsaglia-Tsang rejection sampling)"
+
+    def __init__(self, concentration: Any, validate_args: bool | None = None):
+        (c,) = params("Dirichlet", concentration=concentration)
+        if c.ndim < 1:
+            raise fail("Dirichlet", [c], f"concentration must be at least one-dimensional, got {c.type_str()}")
+        self.concentration = c
+        super().__init__(c.shape[:-1], c.shape[-1:], validate_args)
+        if self._validate_args:
+            check("Dirichlet", "concentration", c, POSITIVE)
+
+    @property
+    def mean(self) -> Tensor:
+        return self.concentration / sum_(self.concentration, axis=-1, keepdims=True)
+
+    @property
+    def mode(self) -> Tensor:
+        """``(c - 1)+`` normalized; one-hot at the largest where every ``c < 1``, as torch's."""
+        cm1 = clip(self.concentration - 1.0, 0.0)
+        mode = cm1 / sum_(cm1, axis=-1, keepdims=True)
+        peak = cast(one_hot(argmax(mode, -1), self.concentration.shape[-1]), mode.dtype)
+        return where(unsqueeze(all_(self.concentration < 1.0, -1), -1), peak, mode)
+
+    @property
+    def variance(self) -> Tensor:
+        c = self.concentration
+        c0 = sum_(c, axis=-1, keepdims=True)
+        return c * (c0 - c) / (c0 * c0 * (c0 + 1.0))
+
+    def log_prob(self, value: Any) -> Tensor:
+        v, c = self._value(value, self.concentration), self.concentration
+        return sum_(xlogy(c - 1.0, v), axis=-1) + lgamma(sum_(c, axis=-1)) - sum_(lgamma(c), axis=-1)
+
+    def entropy(self) -> Tensor:
+        c = self.concentration
+        k, a0 = c.shape[-1], sum_(c, axis=-1)
+        return (sum_(lgamma(c), axis=-1) - lgamma(a0) - (k - a0) * digamma(a0)
+                - sum_((c - 1.0) * digamma(c), axis=-1))
+
+
+class Beta(_Rejected):
+    """``torch.distributions.Beta(concentration1, concentration0)``: a Dirichlet of ``(x, 1 - x)``."""
+
+    support, sampler = UNIT_INTERVAL, "Gamma draws (Marsaglia-Tsang rejection sampling)"
+
+    def __init__(self, concentration1: Any, concentration0: Any, validate_args: bool | None = None):
+        self.concentration1, self.concentration0 = params("Beta", concentration1=concentration1,
+                                                          concentration0=concentration0)
+        super().__init__(self.concentration1.shape, (), validate_args)
+        if self._validate_args:
+            check("Beta", "concentration1", self.concentration1, POSITIVE)
+            check("Beta", "concentration0", self.concentration0, POSITIVE)
+        self._dirichlet = Dirichlet(stack([self.concentration1, self.concentration0], -1), validate_args=False)
+
+    mean = property(lambda self: self.concentration1 / (self.concentration1 + self.concentration0))
+    mode = property(lambda self: self._dirichlet.mode[..., 0])
+
+    @property
+    def variance(self) -> Tensor:
+        total = self.concentration1 + self.concentration0
+        return self.concentration1 * self.concentration0 / (total * total * (total + 1.0))
+
+    def log_prob(self, value: Any) -> Tensor:
+        v = self._value(value, self.concentration1)
+        return self._dirichlet.log_prob(stack([v, 1.0 - v], -1))
+
+    def entropy(self) -> Tensor:
+        return self._dirichlet.entropy()
+
+
+class StudentT(_Rejected):
+    """``torch.distributions.StudentT(df, loc=0.0, scale=1.0)``: mean nan for ``df <= 1``, variance inf
+    for ``1 < df <= 2`` and nan for ``df <= 1``, as torch's."""
+
+    support, sampler = REAL, "Chi2 draws (Marsaglia-Tsang rejection sampling)"
+
+    def __init__(self, df: Any, loc: Any = 0.0, scale: Any = 1.0, validate_args: bool | None = None):
+        self.df, self.loc, self.scale = params("StudentT", df=df, loc=loc, scale=scale)
+        super().__init__(self.df.shape, (), validate_args)
+        if self._validate_args:
+            check("StudentT", "df", self.df, POSITIVE)
+            check("StudentT", "loc", self.loc, REAL)
+            check("StudentT", "scale", self.scale, POSITIVE)
+
+    mean = property(lambda self: where(self.df <= 1.0, math.nan, self.loc))
+    mode = property(lambda self: self.loc)
+
+    @property
+    def variance(self) -> Tensor:
+        df = self.df
+        finite = self.scale * self.scale * df / where(df > 2.0, df - 2.0, 1.0)
+        return where(df > 2.0, finite, where(df > 1.0, full_like(df, math.inf), full_like(df, math.nan)))
+
+    def log_prob(self, value: Any) -> Tensor:
+        y = (self._value(value, self.loc) - self.loc) / self.scale
+        z = (log(self.scale) + 0.5 * log(self.df) + 0.5 * math.log(math.pi) + lgamma(0.5 * self.df)
+             - lgamma(0.5 * (self.df + 1.0)))
+        return -0.5 * (self.df + 1.0) * log1p(y * y / self.df) - z
+
+    def entropy(self) -> Tensor:
+        half, half1 = 0.5 * self.df, 0.5 * (self.df + 1.0)
+        lbeta = lgamma(half) + math.lgamma(0.5) - lgamma(half1)
+        return log(self.scale) + half1 * (digamma(half1) - digamma(half)) + 0.5 * log(self.df) + lbeta
+
+
+class VonMises(_Rejected):
+    """``torch.distributions.VonMises(loc, concentration)``: ``log I0``/``I1`` from ``gc.special.i0e``/``i1e``."""
+
+    support, sampler = REAL, "Best-Fisher rejection sampling"
+
+    def __init__(self, loc: Any, concentration: Any, validate_args: bool | None = None):
+        self.loc, self.concentration = params("VonMises", loc=loc, concentration=concentration)
+        super().__init__(self.loc.shape, (), validate_args)
+        if self._validate_args:
+            check("VonMises", "loc", self.loc, REAL)
+            check("VonMises", "concentration", self.concentration, POSITIVE)
+
+    mean = mode = property(lambda self: self.loc)
+    variance = property(lambda self: 1.0 - i1e(self.concentration) / i0e(self.concentration))
+
+    def log_prob(self, value: Any) -> Tensor:
+        k = self.concentration
+        return k * cos(self._value(value, self.loc) - self.loc) - math.log(2 * math.pi) - (log(i0e(k)) + k)
+
+
+__all__ = ["Beta", "Chi2", "Dirichlet", "Gamma", "StudentT", "VonMises"]
