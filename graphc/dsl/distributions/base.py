@@ -97,6 +97,7 @@ class Distribution:
 
     has_rsample = has_enumerate_support = False
     support: tuple | None = None
+    _unexpanded: tuple = ()  # Tensor attributes ``expand`` leaves as they are
 
     def __init__(self, batch_shape: tuple = (), event_shape: tuple = (), validate_args: bool | None = None):
         self._batch_shape, self._event_shape = tuple(batch_shape), tuple(event_shape)
@@ -158,7 +159,7 @@ class Distribution:
                                          f"shape {self._batch_shape}")
         new, rank = copy.copy(self), len(self._batch_shape)
         for name, v in vars(self).items():
-            if isinstance(v, Tensor):
+            if isinstance(v, Tensor) and name not in self._unexpanded:
                 setattr(new, name, expand(v, *new_shape, *([-1] * (v.ndim - rank))))
             elif isinstance(v, Distribution):
                 setattr(new, name, v.expand(tuple(new_shape) + v.batch_shape[rank:]))
@@ -192,6 +193,11 @@ class Distribution:
         return f"{self._name()}(batch_shape={self._batch_shape}, event_shape={self._event_shape})"
 
 
+def finfo(t: Tensor) -> np.finfo:
+    """numpy's ``finfo`` of ``t``'s float dtype."""
+    return np.finfo(to_numpy(t.dtype))
+
+
 def param_dtype(d: Distribution) -> str:
     """The dtype of ``d``'s parameters (its first Tensor attribute's, or its base distribution's)."""
     for v in vars(d).values():
@@ -216,4 +222,4 @@ def sum_rightmost(t: Tensor, n: int) -> Tensor:
 
 __all__ = ["BOOLEAN", "NONNEGATIVE", "POSITIVE", "REAL", "UNIT_INTERVAL", "Distribution", "check", "enumerated",
            "event_dims_match",
-           "fail", "known", "param_dtype", "params", "sample_shape_of", "sum_rightmost"]
+           "fail", "finfo", "known", "param_dtype", "params", "sample_shape_of", "sum_rightmost"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl.distributions.base import NONNEGATIVE, POSITIVE, REAL, Distribution, check, fail, known, params
+from graphc.dsl.distributions.base import NONNEGATIVE, POSITIVE, REAL, Distribution, check, fail, finfo, known, params
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import cast, clip, detach, exp, log, maximum
 from graphc.dsl.ops_array import cos, full_like, sin
@@ -18,13 +18,8 @@ from graphc.dsl.ops_math import sign
 from graphc.dsl.ops_sample import rand_like, randn_like
 from graphc.dsl.special import ndtr, ndtri
 from graphc.dsl.tensor import Tensor
-from graphc.model.dtypes import to_numpy
 
 EULER = 0.57721566490153286061
-
-
-def _finfo(t: Tensor) -> np.finfo:
-    return np.finfo(to_numpy(t.dtype))
 
 
 def _atan(z: Tensor) -> Tensor:
@@ -126,7 +121,7 @@ class Laplace(Distribution):
 
     def rsample(self, sample_shape: Any = ()) -> Tensor:
         """``u`` uniform on ``[eps - 1, 1)``, as torch's."""
-        u = maximum(rand_like(self._expanded(self.loc, sample_shape)) * 2.0 - 1.0, _finfo(self.loc).eps - 1.0)
+        u = maximum(rand_like(self._expanded(self.loc, sample_shape)) * 2.0 - 1.0, finfo(self.loc).eps - 1.0)
         return self.loc - self.scale * sign(u) * log1p(-abs_(u))
 
     def log_prob(self, value: Any) -> Tensor:
@@ -271,7 +266,7 @@ class Gumbel(Distribution):
 
     def rsample(self, sample_shape: Any = ()) -> Tensor:
         """``u`` uniform on ``[tiny, 1 - eps)``, as torch's."""
-        fi = _finfo(self.loc)
+        fi = finfo(self.loc)
         u = float(fi.tiny) + rand_like(self._expanded(self.loc, sample_shape)) * float(1 - fi.eps - fi.tiny)
         return self.loc - self.scale * log(-log(u))
 
