@@ -1,20 +1,30 @@
-"""``kl_divergence(p, q)`` for the same-family pairs torch registers, with torch's formulas (inf where
-``q`` gives no mass to part of ``p``'s support)."""
+"""``kl_divergence(p, q)`` for the pairs torch registers among graphc's families, with torch's formulas (inf
+where ``q`` gives no mass to part of ``p``'s support), and ``register_kl`` to add pairs."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 
-from graphc.dsl.distributions.base import Distribution, fail, param_dtype, sum_rightmost
+import numpy as np
+
+from graphc.dsl.distributions.base import Distribution, fail, known, param_dtype, sum_rightmost
 from graphc.dsl.distributions.continuous import (EULER, Cauchy, Exponential, Gumbel, Laplace, LogNormal, Normal,
                                                  Uniform)
+from graphc.dsl.distributions.counts import Binomial, Geometric, Poisson
 from graphc.dsl.distributions.discrete import Bernoulli, Categorical, OneHotCategorical, softplus
+from graphc.dsl.distributions.gamma import Beta, Dirichlet, Gamma
 from graphc.dsl.distributions.independent import Independent
+from graphc.dsl.distributions.mvn import MultivariateNormal, half_log_det, mahalanobis
+from graphc.dsl.distributions.transformed import HalfNormal, Pareto
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import exp, log, where
 from graphc.dsl.ops import sum as sum_
-from graphc.dsl.ops_special import lgamma
+from graphc.dsl.ops_array import full_like
+from graphc.dsl.ops_elementwise import log1p
+from graphc.dsl.ops_reshape import unsqueeze
+from graphc.dsl.ops_solve import solve_triangular
+from graphc.dsl.ops_special import digamma, lgamma
 from graphc.dsl.tensor import Tensor
 
 _KL: dict[tuple[type, type], Callable[[Distribution, Distribution], Tensor]] = {}
@@ -133,6 +143,144 @@ def _independent(p: Independent, q: Independent) -> Tensor:
                                         f"{p.reinterpreted_batch_ndims} and {q.reinterpreted_batch_ndims} differ "
                                         f"(torch has no KL for them either)")
     return sum_rightmost(kl_divergence(p.base_dist, q.base_dist), p.reinterpreted_batch_ndims)
+
+
+@_pair(Gamma)
+def _gamma(p: Gamma, q: Gamma) -> Tensor:
+    t1 = q.concentration * log(p.rate / q.rate)
+    t2 = lgamma(q.concentration) - lgamma(p.concentration)
+    t3 = (p.concentration - q.concentration) * digamma(p.concentration)
+    return t1 + t2 + t3 + (q.rate - p.rate) * (p.concentration / p.rate)
+
+
+@_pair(Beta)
+def _beta(p: Beta, q: Beta) -> Tensor:
+    sum_p, sum_q = p.concentration1 + p.concentration0, q.concentration1 + q.concentration0
+    t1 = lgamma(q.concentration1) + lgamma(q.concentration0) + lgamma(sum_p)
+    t2 = lgamma(p.concentration1) + lgamma(p.concentration0) + lgamma(sum_q)
+    t3 = (p.concentration1 - q.concentration1) * digamma(p.concentration1)
+    t4 = (p.concentration0 - q.concentration0) * digamma(p.concentration0)
+    return t1 - t2 + t3 + t4 + (sum_q - sum_p) * digamma(sum_p)
+
+
+@_pair(Dirichlet)
+def _dirichlet(p: Dirichlet, q: Dirichlet) -> Tensor:
+    sum_p, sum_q = sum_(p.concentration, axis=-1), sum_(q.concentration, axis=-1)
+    t2 = sum_(lgamma(p.concentration) - lgamma(q.concentration), axis=-1)
+    t4 = digamma(p.concentration) - unsqueeze(digamma(sum_p), -1)
+    return lgamma(sum_p) - lgamma(sum_q) - t2 + sum_((p.concentration - q.concentration) * t4, axis=-1)
+
+
+@_pair(Poisson)
+def _poisson(p: Poisson, q: Poisson) -> Tensor:
+    return p.rate * (log(p.rate) - log(q.rate)) - (p.rate - q.rate)
+
+
+@_pair(Binomial)
+def _binomial(p: Binomial, q: Binomial) -> Tensor:
+    """inf where ``p.total_count > q.total_count``; a constant ``p.total_count < q.total_count`` is refused,
+    as torch's (a run-time one gives the formula's value)."""
+    np_, nq = known(p.total_count), known(q.total_count)
+    if np_ is not None and nq is not None and np.any(np_ < nq):
+        raise fail("kl_divergence", [], "KL between Binomials where q.total_count > p.total_count is not "
+                                        "implemented (as torch)")
+    kl = p.total_count * (p.probs * (p.logits - q.logits) + log1p(-p.probs) - log1p(-q.probs))
+    return where(p.total_count > q.total_count, math.inf, kl)
+
+
+@_pair(Geometric)
+def _geometric(p: Geometric, q: Geometric) -> Tensor:
+    return -p.entropy() - log1p(-q.probs) / p.probs - q.logits
+
+
+@_pair(HalfNormal)
+def _half_normal(p: HalfNormal, q: HalfNormal) -> Tensor:
+    return _normal(p.base_dist, q.base_dist)
+
+
+@_pair(Pareto)
+def _pareto(p: Pareto, q: Pareto) -> Tensor:
+    alpha_ratio = q.alpha / p.alpha
+    result = q.alpha * log(p.scale / q.scale) - log(alpha_ratio) + alpha_ratio - 1.0
+    return where(p.scale < q.scale, math.inf, result)
+
+
+@_pair(MultivariateNormal)
+def _multivariate_normal(p: MultivariateNormal, q: MultivariateNormal) -> Tensor:
+    if p.event_shape != q.event_shape:
+        raise fail("kl_divergence", [], f"MultivariateNormals of event shapes {p.event_shape} and {q.event_shape} "
+                                        f"(torch has no KL for them either)")
+    z = solve_triangular(q.scale_tril, p.scale_tril, upper=False)
+    term2 = sum_(z * z, axis=[-2, -1])
+    term3 = mahalanobis(q.scale_tril, q.loc - p.loc)
+    return half_log_det(q.scale_tril) - half_log_det(p.scale_tril) + 0.5 * (term2 + term3 - p.event_shape[0])
+
+
+@register_kl(Exponential, Gamma)
+def _exponential_gamma(p: Exponential, q: Gamma) -> Tensor:
+    ratio = q.rate / p.rate
+    return (-q.concentration * log(ratio) + ratio + lgamma(q.concentration) + q.concentration * EULER
+            - (1 + EULER))
+
+
+@register_kl(Gamma, Exponential)
+def _gamma_exponential(p: Gamma, q: Exponential) -> Tensor:
+    return -p.entropy() - log(q.rate) + q.rate * p.concentration / p.rate
+
+
+@register_kl(Beta, Exponential)
+def _beta_exponential(p: Beta, q: Exponential) -> Tensor:
+    return -p.entropy() - log(q.rate) + q.rate * p.mean
+
+
+@register_kl(Beta, Gamma)
+def _beta_gamma(p: Beta, q: Gamma) -> Tensor:
+    t2 = lgamma(q.concentration) - q.concentration * log(q.rate)
+    t3 = (q.concentration - 1.0) * (digamma(p.concentration1) - digamma(p.concentration1 + p.concentration0))
+    return -p.entropy() + t2 - t3 + q.rate * p.mean
+
+
+@register_kl(Beta, Uniform)
+def _beta_uniform(p: Beta, q: Uniform) -> Tensor:
+    result = -p.entropy() + log(q.high - q.low)
+    return where((q.low > 0.0) | (q.high < 1.0), math.inf, result)
+
+
+@register_kl(Pareto, Exponential)
+def _pareto_exponential(p: Pareto, q: Exponential) -> Tensor:
+    prod = p.scale * q.rate
+    result = log(p.alpha / prod) - 1.0 / p.alpha + p.alpha * prod / (p.alpha - 1.0) - 1.0
+    return where(p.alpha <= 1.0, math.inf, result)
+
+
+@register_kl(Pareto, Gamma)
+def _pareto_gamma(p: Pareto, q: Gamma) -> Tensor:
+    common = log(p.scale) + 1.0 / p.alpha
+    t2 = lgamma(q.concentration) - q.concentration * log(q.rate)
+    t4 = q.rate * p.alpha * p.scale / (p.alpha - 1.0)
+    result = log(p.alpha) - common + t2 + (1.0 - q.concentration) * common + t4 - 1.0
+    return where(p.alpha <= 1.0, math.inf, result)
+
+
+@register_kl(Bernoulli, Poisson)
+def _bernoulli_poisson(p: Bernoulli, q: Poisson) -> Tensor:
+    return -p.entropy() - (p.probs * log(q.rate) - q.rate)
+
+
+@register_kl(Exponential, Beta)
+@register_kl(Exponential, Pareto)
+@register_kl(Exponential, Uniform)
+@register_kl(Gamma, Beta)
+@register_kl(Gamma, Pareto)
+@register_kl(Gamma, Uniform)
+@register_kl(Beta, Pareto)
+@register_kl(Pareto, Beta)
+@register_kl(Pareto, Uniform)
+@register_kl(Poisson, Bernoulli)
+@register_kl(Poisson, Binomial)
+def _infinite(p: Distribution, q: Distribution) -> Tensor:
+    """inf: ``q`` has no mass on part of ``p``'s support."""
+    return full_like(next(v for v in vars(p).values() if isinstance(v, Tensor)), math.inf)
 
 
 __all__ = ["kl_divergence", "register_kl"]
