@@ -213,3 +213,183 @@ def test_kl_divergence_inf_edges_match_torch(make_p, make_q, p, q):
 ])
 def test_gradients_match_central_differences(fn):
     assert_grads_match_central_differences(fn, R.standard_normal((4, 3)) * 0.5)
+
+
+def _logit(s):
+    return np.log(s) - np.log1p(-s)
+
+
+# (id, make(Dist, *params), params, torch's rsample as a function of the params and the noise, the noise from
+# graphc's sample and params)
+RSAMPLE = [
+    ("half_normal", lambda d, a: d.HalfNormal(a), [A], lambda a, e: (a * e).abs(), lambda s, a: s / a),
+    ("pareto", lambda d, a, b: d.Pareto(a, b), [A, B], lambda a, b, e: a * (e / b).exp(),
+     lambda s, a, b: np.log(s / a) * b),
+    ("relaxed_bernoulli", lambda d, a, t: d.RelaxedBernoulli(t, logits=a), [LOGITS, B],
+     lambda a, t, e: torch.sigmoid((a + e) / t), lambda s, a, t: _logit(s) * t - a),
+    ("relaxed_one_hot", lambda d, a: d.RelaxedOneHotCategorical(0.7, logits=a), [LOGITS],
+     lambda a, e: torch.softmax((a + e) / 0.7, -1), lambda s, a: 0.7 * np.log(s) - a),
+    ("mvn_tril", lambda d, m, c: d.MultivariateNormal(m, scale_tril=c), [LOC, TRIL],
+     lambda m, c, e: m + (c @ e[..., None])[..., 0], lambda s, m, c: np.linalg.solve(c, (s - m)[..., None])[..., 0]),
+    ("mvn_cov", lambda d, m, c: d.MultivariateNormal(m, covariance_matrix=c), [LOC, COV],
+     lambda m, c, e: m + (torch.linalg.cholesky(c) @ e[..., None])[..., 0],
+     lambda s, m, c: np.linalg.solve(np.linalg.cholesky(c), (s - m)[..., None])[..., 0]),
+]
+
+
+@pytest.mark.parametrize("make, params, torch_form, noise", [pytest.param(*c[1:], id=c[0]) for c in RSAMPLE])
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_rsample_gradient_matches_torch_with_the_noise_fixed(make, params, torch_form, noise, backend):
+    """The gradient of ``sum(rsample((5,)) * c)`` to the parameters: torch's reparameterised form fed the
+    noise graphc drew (read back from the sample)."""
+    names = [f"a{i}" for i in range(len(params))]
+    shape = (5, *np.broadcast_shapes(*(np.shape(p) if np.ndim(p) != 3 else np.shape(p)[:-1] for p in params)))
+    c = R.standard_normal(shape)
+    got = gc_grads(lambda M, *a: make(gc.distributions, *a).rsample((5,)), dict(zip(names, params)), {}, c,
+                   backend=backend)
+    ts = [torch.tensor(p, requires_grad=True) for p in params]
+    eps = torch.tensor(noise(got["out"], *params))
+    (torch_form(*ts, eps) * torch.tensor(c)).sum().backward()
+    for n, t in zip(names, ts):
+        np.testing.assert_allclose(got[n], t.grad.numpy(), rtol=1e-6, atol=1e-8, err_msg=n)
+
+
+NS = 20000
+KS_BOUND = 1.95 / math.sqrt(NS)  # the Kolmogorov-Smirnov distance's 0.1% critical value
+
+
+def _draws(make, method="sample"):
+    model = gc.capture(lambda unused: getattr(make(gc.distributions), method)((NS,)), unused=np.zeros(1))
+    return gc.Session(model, backend="numpy").run({"unused": np.zeros(1)})["output"]
+
+
+def _ks(x, cdf):
+    x = np.sort(x)
+    c = cdf(x)
+    return max(np.max(np.arange(1, len(x) + 1) / len(x) - c), np.max(c - np.arange(len(x)) / len(x)))
+
+
+@pytest.mark.parametrize("make, has_moments", [
+    pytest.param(lambda d: d.HalfNormal(1.5), True, id="half_normal"),
+    pytest.param(lambda d: d.HalfCauchy(0.8), False, id="half_cauchy"),
+    pytest.param(lambda d: d.Pareto(1.0, 5.0), True, id="pareto"),
+])
+@pytest.mark.parametrize("method", ["sample", "rsample"])
+def test_continuous_samples_match_moments_and_pass_ks(make, has_moments, method):
+    """Mean and variance within 5 standard errors of torch's, and the KS distance to torch's cdf."""
+    x = _draws(make, method).astype(np.float64)
+    assert x.shape == (NS,)
+    ref = make(torch.distributions)
+    if has_moments:
+        mean, var = float(ref.mean), float(ref.variance)
+        m4 = np.mean((x - x.mean()) ** 4)
+        assert abs(x.mean() - mean) < 5 * math.sqrt(var / NS)
+        assert abs(x.var() - var) < 5 * math.sqrt((m4 - x.var() ** 2) / NS)
+    assert _ks(x, lambda v: ref.cdf(torch.tensor(v)).numpy()) < KS_BOUND
+
+
+def test_relaxed_samples_match_their_distribution():
+    """RelaxedBernoulli: the KS distance to its cdf ``sigmoid(t logit(y) - logits)``; RelaxedOneHotCategorical:
+    points of the simplex whose argmax has Categorical(probs)'s frequencies (Gumbel-max, any temperature)."""
+    t, logit, probs = 0.6, 0.4, np.array([0.1, 0.2, 0.3, 0.4])
+    y = _draws(lambda d: d.RelaxedBernoulli(t, logits=logit), "rsample").astype(np.float64)
+    assert np.all((y > 0) & (y < 1))
+    assert _ks(y, lambda v: 1 / (1 + np.exp(-(t * _logit(v) - logit)))) < KS_BOUND
+    s = _draws(lambda d: d.RelaxedOneHotCategorical(0.5, probs=probs), "rsample")
+    assert s.shape == (NS, 4) and np.allclose(s.sum(-1), 1, atol=1e-5)
+    freq = np.bincount(s.argmax(-1), minlength=4) / NS
+    assert np.all(np.abs(freq - probs) < 5 * np.sqrt(probs * (1 - probs) / NS))
+
+
+@pytest.mark.parametrize("make, support", [
+    pytest.param(lambda d: d.Geometric(probs=0.3), 8, id="geometric"),
+    pytest.param(lambda d: d.Geometric(logits=-0.5), 8, id="geometric_logits"),
+    pytest.param(lambda d: d.Binomial(6, probs=0.35), 7, id="binomial"),
+    pytest.param(lambda d: d.Binomial(4, logits=0.3), 5, id="binomial_logits"),
+])
+def test_discrete_samples_match_torch_frequencies(make, support):
+    """Frequencies of 0..support-1 within 5 standard errors of torch's probabilities."""
+    k = _draws(make)
+    assert k.dtype == np.float32 and np.all(k == np.floor(k)) and k.min() >= 0
+    pmf = make(torch.distributions).log_prob(torch.arange(support, dtype=torch.float32)).exp().numpy()
+    freq = np.bincount(k.astype(np.int64), minlength=support)[:support] / NS
+    assert np.all(np.abs(freq - pmf) < 5 * np.sqrt(pmf * (1 - pmf) / NS) + 1e-12)
+
+
+def test_binomial_samples_stay_below_each_total_count():
+    """An array total_count: each batch element counts only its own number of trials."""
+    n = np.array([0.0, 1.0, 3.0, 10.0])
+    k = _draws(lambda d: d.Binomial(n, probs=np.array([0.5, 0.9, 0.5, 0.2])))
+    assert k.shape == (NS, 4) and np.all(k <= n) and np.all(k[:, 0] == 0)
+    assert np.all(np.abs(k.mean(0) - n * [0.5, 0.9, 0.5, 0.2]) < 5 * np.sqrt(n * 0.25 / NS) + 1e-12)
+
+
+def test_multivariate_normal_samples_match_mean_and_covariance():
+    cov, loc = np.array([[2.0, 0.5, -0.3], [0.5, 1.0, 0.2], [-0.3, 0.2, 0.5]]), np.array([1.0, -2.0, 0.5])
+    for method in ("sample", "rsample"):
+        x = _draws(lambda d: d.MultivariateNormal(loc, covariance_matrix=cov), method).astype(np.float64)
+        assert x.shape == (NS, 3)
+        var = np.diag(cov)
+        assert np.all(np.abs(x.mean(0) - loc) < 5 * np.sqrt(var / NS))
+        assert np.all(np.abs(np.cov(x.T) - cov) < 5 * np.sqrt((np.outer(var, var) + cov ** 2) / NS))
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda x: gc.distributions.Gamma(x, 1.0), "Marsaglia-Tsang"),
+    (lambda x: gc.distributions.Chi2(x), "Marsaglia-Tsang"),
+    (lambda x: gc.distributions.Beta(x, 1.0), "Gamma draws"),
+    (lambda x: gc.distributions.Dirichlet(x), "Gamma draws"),
+    (lambda x: gc.distributions.StudentT(x), "Chi2 draws"),
+    (lambda x: gc.distributions.VonMises(x, 1.0), "Best-Fisher"),
+    (lambda x: gc.distributions.Poisson(x), "a loop of unbounded length"),
+    (lambda x: gc.distributions.NegativeBinomial(x, probs=0.5), "Gamma and Poisson"),
+])
+@pytest.mark.parametrize("method", ["sample", "rsample"])
+def test_sampling_that_needs_rejection_is_refused(make, why, method):
+    """Never draws from another distribution: a CaptureError naming the family, the reason and this line."""
+    with pytest.raises(gc.CaptureError, match=r"has no sample\(\)/rsample\(\) in graphc|has no rsample") as info:
+        gc.capture(lambda x: getattr(make(x), method)((3,)), x=A + 1.0)
+    assert (why in str(info.value) or method == "rsample") and "test_dsl_distributions_more.py:" in str(info.value)
+
+
+SHAPED = [
+    ("half_normal", lambda d: d.HalfNormal(np.ones((2, 3)))),
+    ("pareto", lambda d: d.Pareto(np.ones(3), 2.0)),
+    ("geometric", lambda d: d.Geometric(probs=np.full((3, 1), 0.5))),
+    ("binomial", lambda d: d.Binomial(4, logits=np.zeros((2, 3)))),
+    ("relaxed_bernoulli", lambda d: d.RelaxedBernoulli(np.array(0.5), probs=np.full(4, 0.3))),
+    ("relaxed_one_hot", lambda d: d.RelaxedOneHotCategorical(np.array(0.5), logits=np.zeros((2, 5)))),
+    ("mvn", lambda d: d.MultivariateNormal(np.zeros((2, 3)), scale_tril=np.eye(3))),
+    ("mvn_matrix_batch", lambda d: d.MultivariateNormal(np.zeros(3), covariance_matrix=np.tile(np.eye(3), (4, 1, 1)))),
+]
+
+
+def _torch_float32(make):
+    """``make`` on torch.distributions with numpy arrays as float32 tensors (graphc's constant arrays)."""
+    class Wrap:
+        def __getattr__(self, name):
+            cls = getattr(torch.distributions, name)
+
+            def cast(v):
+                return torch.tensor(v, dtype=torch.float32) if isinstance(v, np.ndarray) else v
+            return lambda *a, **k: cls(*map(cast, a), **{n: cast(v) for n, v in k.items()})
+    return make(Wrap())
+
+
+@pytest.mark.parametrize("make", [pytest.param(c[1], id=c[0]) for c in SHAPED])
+@pytest.mark.parametrize("sample_shape", [(), (4,), (2, 3)])
+def test_shapes_match_torch(make, sample_shape):
+    ref, seen = _torch_float32(make), {}
+
+    def f(unused):
+        d = make(gc.distributions)
+        seen.update(batch=d.batch_shape, event=d.event_shape)
+        return {"s": d.sample(sample_shape), "lp": d.log_prob(d.sample(sample_shape))}
+
+    model = gc.capture(f, unused=np.zeros(1))
+    assert (seen["batch"], seen["event"]) == (tuple(ref.batch_shape), tuple(ref.event_shape))
+    want = ref.sample(sample_shape)
+    for backend in ("numpy", "ort-cpu"):  # each its own draws
+        out = gc.Session(model, backend=backend).run({"unused": np.zeros(1)})
+        assert out["s"].shape == tuple(want.shape) and out["s"].dtype == want.numpy().dtype
+        assert out["lp"].shape == tuple(ref.log_prob(want).shape) and np.all(np.isfinite(out["lp"]))
