@@ -393,3 +393,184 @@ def test_shapes_match_torch(make, sample_shape):
         out = gc.Session(model, backend=backend).run({"unused": np.zeros(1)})
         assert out["s"].shape == tuple(want.shape) and out["s"].dtype == want.numpy().dtype
         assert out["lp"].shape == tuple(ref.log_prob(want).shape) and np.all(np.isfinite(out["lp"]))
+
+
+@pytest.mark.parametrize("make, param", [
+    pytest.param(lambda d, p: d.Bernoulli(probs=p), P, id="bernoulli"),
+    pytest.param(lambda d, a: d.Categorical(logits=a), LOGITS, id="categorical"),
+    pytest.param(lambda d, a: d.OneHotCategorical(logits=a), LOGITS, id="one_hot"),
+    pytest.param(lambda d, p: d.Binomial(3, probs=p), P, id="binomial"),
+])
+@pytest.mark.parametrize("expand", [True, False])
+def test_enumerate_support_matches_torch(make, param, expand):
+    """Values, dtype and shape, and log_prob of the support (summing to 1 over it)."""
+    assert make(torch.distributions, torch.tensor(param)).has_enumerate_support
+    assert_matches_torch(lambda M, p: make(D(M), p).enumerate_support(expand), [], {"p": param}, R)
+    assert_matches_torch(lambda M, p: make(D(M), p).log_prob(make(D(M), p).enumerate_support(expand)).exp().sum(0),
+                         [], {"p": param}, R)
+
+
+@pytest.mark.parametrize("make, params, value, batch", [
+    pytest.param(lambda d, a, b: d.Normal(a, b), [A[0], B[0]], X, (2, 3), id="normal"),
+    pytest.param(lambda d, a, b: d.Gamma(a, b), [A[:, :1], B[:, :1]], X, (4, 2, 3), id="gamma"),
+    pytest.param(lambda d, a: d.Categorical(logits=a), [LOGITS[:1]], K[:, :2] % 3, (2, 2), id="categorical"),
+    pytest.param(lambda d, a: d.Dirichlet(a), [A[:1]], SIMPLEX, (5, 2), id="dirichlet"),
+    pytest.param(lambda d, a, b: d.Independent(d.Normal(a, b), 1), [A[:1], B[:1]], X, (3, 2), id="independent"),
+    pytest.param(lambda d, m, c: d.MultivariateNormal(m, scale_tril=c), [LOC[:1], TRIL[0]], VEC, (4, 2), id="mvn"),
+    pytest.param(lambda d, p: d.Binomial(5, probs=p), [P[:1]], K, (2, 3), id="binomial"),
+])
+def test_expand_matches_torch(make, params, value, batch):
+    """``expand(batch_shape)``: its batch shape, log_prob (with gradients to the unexpanded parameters),
+    entropy/mean where the family has them."""
+    ref = make(torch.distributions, *map(torch.tensor, params)).expand(batch)
+    seen = {}
+
+    def fn(M, *a, v):
+        d = make(D(M), *a).expand(batch)
+        seen["batch"] = d.batch_shape
+        return d.log_prob(v) if isinstance(d, (gc.distributions.Categorical, torch.distributions.Categorical)) else (
+            d.log_prob(v) + d.mean.sum())
+    assert_matches_torch(fn, list(params), {"v": value}, R)
+    assert seen["batch"] == tuple(ref.batch_shape)
+
+
+@pytest.mark.parametrize("make, params", [
+    pytest.param(lambda d, a, b: d.Normal(a, b), [A, B], id="normal"),
+    pytest.param(lambda d, a: d.Categorical(logits=a), [LOGITS], id="categorical"),
+    pytest.param(lambda d, a, b: d.Beta(a, b), [A, B], id="beta"),
+    pytest.param(lambda d, a: d.Geometric(logits=a), [LOGITS], id="geometric"),
+])
+def test_perplexity_matches_torch(make, params):
+    assert_matches_torch(lambda M, *a: make(D(M), *a).perplexity(), list(params), {}, R)
+
+
+class MyNormal(gc.distributions.Normal):
+    """A subclass: kl_divergence finds Normal's rule, or a more specific one registered for it."""
+
+
+def test_register_kl_adds_a_pair_and_subclasses_dispatch():
+    D_ = gc.distributions
+    with pytest.raises(gc.CaptureError, match="no KL divergence for p=MyNormal and q=Laplace"):
+        gc.capture(lambda x: D_.kl_divergence(MyNormal(x, 1.0), D_.Laplace(x, 1.0)), x=X)
+    inherited = gc.capture(lambda x, y: D_.kl_divergence(MyNormal(x, 1.5), D_.Normal(y, 0.5)), x=X, y=LOC[0])
+    want = torch.distributions.kl_divergence(torch.distributions.Normal(torch.tensor(X), 1.5),
+                                             torch.distributions.Normal(torch.tensor(LOC[0]), 0.5)).numpy()
+    np.testing.assert_allclose(run_both(inherited, {"x": X, "y": LOC[0]})["output"], want, rtol=1e-12)
+
+    @D_.register_kl(MyNormal, D_.Laplace)
+    def _mine(p, q):
+        return p.loc - q.loc
+
+    @D_.register_kl(MyNormal, MyNormal)
+    def _specific(p, q):
+        return p.scale * q.scale
+
+    mine = gc.capture(lambda x, y: {"a": D_.kl_divergence(MyNormal(x, 1.0), D_.Laplace(y, 1.0)),
+                                    "b": D_.kl_divergence(MyNormal(x, 2.0), MyNormal(y, 3.0))}, x=X, y=LOC[0])
+    out = run_both(mine, {"x": X, "y": LOC[0]})
+    np.testing.assert_allclose(out["a"], X - LOC[0], rtol=1e-15)
+    np.testing.assert_allclose(out["b"], np.full(X.shape, 6.0), rtol=1e-15)
+    with pytest.raises(gc.CaptureError, match=r"register_kl.*type_p must be a subclass of gc.distributions"):
+        D_.register_kl(int, D_.Normal)
+
+
+def test_symbolic_batch_dim():
+    """A batch dim named at capture: log_prob, entropy, KL, samples and the expanded support follow the fed
+    batch."""
+    def f(loc, a, p):
+        mvn = gc.distributions.MultivariateNormal(loc, covariance_matrix=COV[0])
+        g = gc.distributions.Gamma(a, 2.0)
+        b = gc.distributions.Binomial(3, probs=p)
+        return {"mvn": mvn.log_prob(loc * 0.5), "h": mvn.entropy(), "g": g.log_prob(a),
+                "kl": gc.distributions.kl_divergence(g, gc.distributions.Gamma(1.5, a)),
+                "b": b.log_prob(b.sample((2,))), "s": mvn.rsample((2,)), "support": b.enumerate_support()}
+
+    spec = gc.spec("float64", ("N", 3))
+    model = gc.capture(f, loc=spec, a=spec, p=spec)
+    for n in (1, 4):
+        feeds = {"loc": R.standard_normal((n, 3)), "a": R.random((n, 3)) + 0.5, "p": R.random((n, 3))}
+        t = {k: torch.tensor(v) for k, v in feeds.items()}
+        tm = torch.distributions.MultivariateNormal(t["loc"], covariance_matrix=torch.tensor(COV[0]))
+        tg = torch.distributions.Gamma(t["a"], 2.0)
+        want = {"mvn": tm.log_prob(t["loc"] * 0.5), "h": tm.entropy(), "g": tg.log_prob(t["a"]),
+                "kl": torch.distributions.kl_divergence(tg, torch.distributions.Gamma(1.5, t["a"])),
+                "support": torch.distributions.Binomial(3, probs=t["p"]).enumerate_support()}
+        for backend in ("numpy", "ort-cpu"):
+            out = gc.Session(model, backend=backend).run(feeds)
+            for k, v in want.items():
+                np.testing.assert_allclose(out[k], v.numpy(), rtol=1e-12, err_msg=f"{backend} {k}")
+            assert out["s"].shape == (2, n, 3) and out["b"].shape == (2, n, 3) and np.all(np.isfinite(out["b"]))
+
+
+def test_opset_17():
+    """MultivariateNormal, Dirichlet and Binomial sampling at opset 17."""
+    def f(loc, a):
+        return {"lp": gc.distributions.MultivariateNormal(loc, covariance_matrix=COV[0]).log_prob(loc * 0.5)
+                + gc.distributions.Dirichlet(a).log_prob(SIMPLEX),
+                "s": gc.distributions.Binomial(4, probs=0.5).sample((5,))}
+
+    model = gc.capture(f, loc=LOC, a=A, opset=17)
+    want = (torch.distributions.MultivariateNormal(torch.tensor(LOC), covariance_matrix=torch.tensor(COV[0]))
+            .log_prob(torch.tensor(LOC) * 0.5) + torch.distributions.Dirichlet(torch.tensor(A))
+            .log_prob(torch.tensor(SIMPLEX))).numpy()
+    for backend in ("numpy", "ort-cpu"):
+        out = gc.Session(model, backend=backend).run({"loc": LOC, "a": A})
+        np.testing.assert_allclose(out["lp"], want, rtol=1e-12)
+        assert out["s"].shape == (5,) and np.all((out["s"] >= 0) & (out["s"] <= 4))
+
+
+E3 = np.eye(3)
+
+
+@pytest.mark.parametrize("fn, match", [
+    (lambda x: gc.distributions.Gamma(x, -1.0), r"Gamma.*rate must satisfy constraints.positive"),
+    (lambda x: gc.distributions.Chi2(np.array([1.0, -1.0])), r"Chi2.*df must satisfy constraints.positive"),
+    (lambda x: gc.distributions.Beta(x, 0.0), r"Beta.*concentration0 must satisfy constraints.positive"),
+    (lambda x: gc.distributions.Dirichlet(1.0), r"concentration must be at least one-dimensional"),
+    (lambda x: gc.distributions.Dirichlet(x + 1.0).log_prob(np.array([0.5, 0.6, 0.1])),
+     r"value must satisfy constraints.simplex"),
+    (lambda x: gc.distributions.Beta(x + 1.0, 1.0).log_prob(1.5), r"value must satisfy constraints.unit_interval"),
+    (lambda x: gc.distributions.StudentT(x, scale=-2.0), r"StudentT.*scale must satisfy constraints.positive"),
+    (lambda x: gc.distributions.Poisson(x).log_prob(1.5), r"value must satisfy constraints.nonnegative_integer"),
+    (lambda x: gc.distributions.Poisson(-1.0), r"Poisson.*rate must satisfy constraints.nonnegative"),
+    (lambda x: gc.distributions.Binomial(3, probs=0.5).log_prob(4.0), r"value must satisfy constraints.integer_int"),
+    (lambda x: gc.distributions.Binomial(-1, probs=0.5), r"total_count must satisfy constraints.nonnegative_integer"),
+    (lambda x: gc.distributions.Binomial(2.5, probs=0.5), r"total_count must satisfy constraints.nonnegative_integer"),
+    (lambda x: gc.distributions.Binomial(3, probs=x, logits=x), r"either probs or logits must be given"),
+    (lambda x: gc.distributions.Binomial(x, probs=0.5).sample(), r"sample needs total_count of constant values"),
+    (lambda x: gc.distributions.Binomial(np.array([2.0, 3.0]), probs=0.5).entropy(),
+     r"enumerate_support needs total_count of one constant value"),
+    (lambda x: gc.distributions.Binomial(5000, probs=0.5).sample(), r"sample takes total_count <= 4096"),
+    (lambda x: gc.distributions.Geometric(probs=0.0), r"Geometric.*probs must satisfy constraints.positive"),
+    (lambda x: gc.distributions.NegativeBinomial(2.0, probs=1.0), r"probs must satisfy constraints.half_open_int"),
+    (lambda x: gc.distributions.Pareto(1.0, 2.0).log_prob(0.5), r"value must satisfy constraints.greater_than_eq"),
+    (lambda x: gc.distributions.HalfNormal(x).log_prob(-1.0), r"value must satisfy constraints.nonnegative"),
+    (lambda x: gc.distributions.HalfCauchy(0.0), r"HalfCauchy.*scale must satisfy constraints.positive"),
+    (lambda x: gc.distributions.MultivariateNormal(x), r"exactly one of covariance_matrix, precision_matrix or scale"),
+    (lambda x: gc.distributions.MultivariateNormal(x, covariance_matrix=E3, scale_tril=E3), r"exactly one of"),
+    (lambda x: gc.distributions.MultivariateNormal(x, covariance_matrix=np.eye(2)),
+     r"covariance_matrix must be \(\.\.\., 3, 3\) matrices"),
+    (lambda x: gc.distributions.MultivariateNormal(1.0, covariance_matrix=E3), r"loc must be at least one-dim"),
+    (lambda x: gc.distributions.MultivariateNormal(x, covariance_matrix=-E3),
+     r"covariance_matrix must satisfy constraints.positive_definite"),
+    (lambda x: gc.distributions.MultivariateNormal(x, scale_tril=np.ones((3, 3))),
+     r"scale_tril must satisfy constraints.lower_cholesky"),
+    (lambda x: gc.distributions.MultivariateNormal(x, scale_tril=np.tile(E3, (3, 1, 1))),
+     r"loc's and scale_tril's batch dims do not broadcast"),
+    (lambda x: gc.distributions.kl_divergence(gc.distributions.MultivariateNormal(x, covariance_matrix=E3),
+                                              gc.distributions.MultivariateNormal(x[:, :2], scale_tril=np.eye(2))),
+     r"MultivariateNormals of event shapes \(3,\) and \(2,\)"),
+    (lambda x: gc.distributions.kl_divergence(gc.distributions.Binomial(3, probs=x),
+                                              gc.distributions.Binomial(5, probs=x)), r"q.total_count > p.total_count"),
+    (lambda x: gc.distributions.kl_divergence(x, gc.distributions.Normal(x, 1.0)),
+     r"p must be a gc.distributions Distribution, got Tensor"),
+    (lambda x: gc.distributions.Normal(x, 1.0).expand((3,)), r"expand: batch_shape \(3,\) is not an expansion"),
+    (lambda x: gc.distributions.Normal(x, 1.0).expand((2, -1)), r"expand: batch_shape \(2, -1\) is not an expansion"),
+    (lambda x: gc.distributions.Normal(x, 1.0).enumerate_support(), r"Normal.*has no enumerate_support"),
+])
+def test_bad_arguments_raise_with_the_user_line(fn, match):
+    """torch refuses each of these too (ValueError or NotImplementedError); the message names the argument
+    and this file's line."""
+    with pytest.raises(gc.CaptureError, match=match) as info:
+        gc.capture(fn, x=np.zeros((2, 3)))
+    assert "test_dsl_distributions_more.py:" in str(info.value)
