@@ -567,6 +567,10 @@ E3 = np.eye(3)
     (lambda x: gc.distributions.Normal(x, 1.0).expand((3,)), r"expand: batch_shape \(3,\) is not an expansion"),
     (lambda x: gc.distributions.Normal(x, 1.0).expand((2, -1)), r"expand: batch_shape \(2, -1\) is not an expansion"),
     (lambda x: gc.distributions.Normal(x, 1.0).enumerate_support(), r"Normal.*has no enumerate_support"),
+    (lambda x: gc.distributions.RelaxedBernoulli(0.5, logits=x).mean, r"RelaxedBernoulli.*has no mean"),
+    (lambda x: gc.distributions.RelaxedOneHotCategorical(0.5, logits=x).stddev, r"has no variance"),
+    (lambda x: gc.distributions.VonMises(x, 1.0).entropy(), r"VonMises.*has no closed-form entropy"),
+    (lambda x: gc.distributions.Poisson(x + 1.0).perplexity(), r"Poisson.*has no closed-form entropy"),
 ])
 def test_bad_arguments_raise_with_the_user_line(fn, match):
     """torch refuses each of these too (ValueError or NotImplementedError); the message names the argument

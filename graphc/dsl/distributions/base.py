@@ -117,6 +117,24 @@ class Distribution:
     def stddev(self) -> Tensor:
         return sqrt(self.variance)
 
+    def _missing(self, what: str) -> CaptureError:
+        return fail(self._name(), [], f"has no {what} (torch's raises NotImplementedError too)")
+
+    @property
+    def mean(self) -> Tensor:
+        raise self._missing("mean")
+
+    @property
+    def mode(self) -> Tensor:
+        raise self._missing("mode")
+
+    @property
+    def variance(self) -> Tensor:
+        raise self._missing("variance")
+
+    def entropy(self) -> Tensor:
+        raise self._missing("closed-form entropy")
+
     def _name(self) -> str:
         return type(self).__name__
 
