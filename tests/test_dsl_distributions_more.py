@@ -1,6 +1,6 @@
-"""gc.distributions' further families (Gamma, Chi2, Beta, Dirichlet, StudentT, VonMises, Poisson, Binomial,
-Geometric, NegativeBinomial, HalfNormal, HalfCauchy, Pareto, RelaxedBernoulli, RelaxedOneHotCategorical,
-MultivariateNormal), ``expand``, ``enumerate_support``, ``perplexity``, ``register_kl`` and the KL pairs,
+"""gc.distributions' further families (Gamma, Chi2, Beta, Dirichlet, StudentT, VonMises, Poisson,
+Binomial, Geometric, NegativeBinomial, HalfNormal, HalfCauchy, Pareto, ContinuousBernoulli, RelaxedBernoulli,
+RelaxedOneHotCategorical, MultivariateNormal), ``expand``, ``enumerate_support``, ``perplexity``, ``register_kl`` and the KL pairs,
 against torch.distributions: values on numpy and ort-cpu with gradients against torch.autograd, float64
 central differences, rsample's gradient with its noise held fixed, samples' moments, frequencies and a
 Kolmogorov-Smirnov check, shapes, a symbolic batch dim, and the errors (sampling refused where it needs
@@ -75,6 +75,13 @@ FAMILIES = [
     ("relaxed_bernoulli_probs", lambda d, p, t: d.RelaxedBernoulli(t, probs=p), [P, B], U, "log_prob", ""),
     ("relaxed_one_hot", lambda d, a, t: d.RelaxedOneHotCategorical(t, logits=a), [LOGITS, np.array(0.7)], SIMPLEX,
      "log_prob", ""),
+    ("continuous_bernoulli", lambda d, p: d.ContinuousBernoulli(probs=p), [P], U,
+     "log_prob entropy cdf icdf mean variance stddev", ""),
+    ("continuous_bernoulli_logits", lambda d, a: d.ContinuousBernoulli(logits=a), [LOGITS], U,
+     "log_prob entropy cdf icdf mean variance", ""),
+    ("continuous_bernoulli_taylor", lambda d, p: d.ContinuousBernoulli(probs=p),
+     [np.array([0.4995, 0.5, 0.5005, 0.2, 0.501, 0.499])], np.array([0.0, 0.3, 1.0, 0.5, 0.7, 0.9]),
+     "log_prob entropy cdf mean variance", ""),
     ("mvn_cov", lambda d, m, c: d.MultivariateNormal(m, covariance_matrix=c), [LOC, COV], VEC,
      "log_prob entropy mean variance covariance_matrix scale_tril precision_matrix", ""),
     ("mvn_precision", lambda d, m, c: d.MultivariateNormal(m, precision_matrix=c), [LOC, COV], VEC,
@@ -124,6 +131,7 @@ def test_values_and_gradients_match_torch(make, method, params, value, different
     pytest.param(lambda d, a, b: d.Beta(a, b), U, id="beta"),
     pytest.param(lambda d, a, b: d.StudentT(a, 0.5, b), X, id="studentt"),
     pytest.param(lambda d, a, b: d.Pareto(a, b), A + X, id="pareto"),
+    pytest.param(lambda d, a, b: d.ContinuousBernoulli(logits=a - b), U, id="continuous_bernoulli"),
 ])
 def test_float32_parameters_match_torch(make, value):
     """float32 parameters (a Python number takes their dtype, as torch's ``broadcast_all``)."""
@@ -156,6 +164,10 @@ KL_CASES = [
     ("pareto_exponential", _pareto, _exponential, [A, B + 1.0], [B]),
     ("pareto_gamma", _pareto, _gamma, [A, B + 1.0], [B, A]),
     ("bernoulli_poisson", lambda d, p: d.Bernoulli(probs=p), lambda d, a: d.Poisson(a), [P], [A]),
+    ("continuous_bernoulli", lambda d, p: d.ContinuousBernoulli(probs=p), lambda d, a: d.ContinuousBernoulli(logits=a),
+     [P], [LOGITS]),
+    ("beta_continuous_bernoulli", _beta, lambda d, p: d.ContinuousBernoulli(probs=p), [A, B], [P]),
+    ("continuous_bernoulli_exponential", lambda d, p: d.ContinuousBernoulli(probs=p), _exponential, [P], [B]),
 ]
 
 
@@ -180,6 +192,8 @@ def test_kl_divergence_matches_torch(make_p, make_q, p, q):
                  [np.array([0.5, 0.5])], id="poisson_bernoulli"),
     pytest.param(lambda d, a: d.Exponential(a), _beta, [np.array([1.0])], [np.array([1.0]), np.array([2.0])],
                  id="exponential_beta"),
+    pytest.param(lambda d, p: d.ContinuousBernoulli(probs=p), _pareto, [np.array([0.3])],
+                 [np.array([1.0]), np.array([2.0])], id="continuous_bernoulli_pareto"),
 ])
 def test_kl_divergence_inf_edges_match_torch(make_p, make_q, p, q):
     """inf where q has no mass on part of p's support (or p's moment is infinite), as torch's."""
@@ -229,6 +243,9 @@ RSAMPLE = [
      lambda a, t, e: torch.sigmoid((a + e) / t), lambda s, a, t: _logit(s) * t - a),
     ("relaxed_one_hot", lambda d, a: d.RelaxedOneHotCategorical(0.7, logits=a), [LOGITS],
      lambda a, e: torch.softmax((a + e) / 0.7, -1), lambda s, a: 0.7 * np.log(s) - a),
+    ("continuous_bernoulli", lambda d, p: d.ContinuousBernoulli(probs=p), [P],
+     lambda p, e: torch.distributions.ContinuousBernoulli(probs=p).icdf(e),
+     lambda s, p: torch.distributions.ContinuousBernoulli(probs=torch.tensor(p)).cdf(torch.tensor(s)).numpy()),
     ("mvn_tril", lambda d, m, c: d.MultivariateNormal(m, scale_tril=c), [LOC, TRIL],
      lambda m, c, e: m + (c @ e[..., None])[..., 0], lambda s, m, c: np.linalg.solve(c, (s - m)[..., None])[..., 0]),
     ("mvn_cov", lambda d, m, c: d.MultivariateNormal(m, covariance_matrix=c), [LOC, COV],
@@ -273,6 +290,7 @@ def _ks(x, cdf):
     pytest.param(lambda d: d.HalfNormal(1.5), True, id="half_normal"),
     pytest.param(lambda d: d.HalfCauchy(0.8), False, id="half_cauchy"),
     pytest.param(lambda d: d.Pareto(1.0, 5.0), True, id="pareto"),
+    pytest.param(lambda d: d.ContinuousBernoulli(probs=0.8), True, id="continuous_bernoulli"),
 ])
 @pytest.mark.parametrize("method", ["sample", "rsample"])
 def test_continuous_samples_match_moments_and_pass_ks(make, has_moments, method):
@@ -359,6 +377,7 @@ SHAPED = [
     ("binomial", lambda d: d.Binomial(4, logits=np.zeros((2, 3)))),
     ("relaxed_bernoulli", lambda d: d.RelaxedBernoulli(np.array(0.5), probs=np.full(4, 0.3))),
     ("relaxed_one_hot", lambda d: d.RelaxedOneHotCategorical(np.array(0.5), logits=np.zeros((2, 5)))),
+    ("continuous_bernoulli", lambda d: d.ContinuousBernoulli(probs=np.full((2, 1), 0.3))),
     ("mvn", lambda d: d.MultivariateNormal(np.zeros((2, 3)), scale_tril=np.eye(3))),
     ("mvn_matrix_batch", lambda d: d.MultivariateNormal(np.zeros(3), covariance_matrix=np.tile(np.eye(3), (4, 1, 1)))),
 ]

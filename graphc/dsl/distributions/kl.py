@@ -11,6 +11,7 @@ import numpy as np
 from graphc.dsl.distributions.base import Distribution, fail, known, param_dtype, sum_rightmost
 from graphc.dsl.distributions.continuous import (EULER, Cauchy, Exponential, Gumbel, Laplace, LogNormal, Normal,
                                                  Uniform)
+from graphc.dsl.distributions.continuous_bernoulli import ContinuousBernoulli
 from graphc.dsl.distributions.counts import Binomial, Geometric, Poisson
 from graphc.dsl.distributions.discrete import Bernoulli, Categorical, OneHotCategorical, softplus
 from graphc.dsl.distributions.gamma import Beta, Dirichlet, Gamma
@@ -216,6 +217,22 @@ def _multivariate_normal(p: MultivariateNormal, q: MultivariateNormal) -> Tensor
     return half_log_det(q.scale_tril) - half_log_det(p.scale_tril) + 0.5 * (term2 + term3 - p.event_shape[0])
 
 
+@_pair(ContinuousBernoulli)
+def _continuous_bernoulli(p: ContinuousBernoulli, q: ContinuousBernoulli) -> Tensor:
+    t1 = p.mean * (p.logits - q.logits)
+    return t1 + p.log_norm() + log1p(-p.probs) - q.log_norm() - log1p(-q.probs)
+
+
+@register_kl(Beta, ContinuousBernoulli)
+def _beta_continuous_bernoulli(p: Beta, q: ContinuousBernoulli) -> Tensor:
+    return -p.entropy() - p.mean * q.logits - log1p(-q.probs) - q.log_norm()
+
+
+@register_kl(ContinuousBernoulli, Exponential)
+def _continuous_bernoulli_exponential(p: ContinuousBernoulli, q: Exponential) -> Tensor:
+    return -p.entropy() - log(q.rate) + q.rate * p.mean
+
+
 @register_kl(Exponential, Gamma)
 def _exponential_gamma(p: Exponential, q: Gamma) -> Tensor:
     ratio = q.rate / p.rate
@@ -267,14 +284,18 @@ def _bernoulli_poisson(p: Bernoulli, q: Poisson) -> Tensor:
     return -p.entropy() - (p.probs * log(q.rate) - q.rate)
 
 
+@register_kl(ContinuousBernoulli, Pareto)
 @register_kl(Exponential, Beta)
+@register_kl(Exponential, ContinuousBernoulli)
 @register_kl(Exponential, Pareto)
 @register_kl(Exponential, Uniform)
 @register_kl(Gamma, Beta)
+@register_kl(Gamma, ContinuousBernoulli)
 @register_kl(Gamma, Pareto)
 @register_kl(Gamma, Uniform)
 @register_kl(Beta, Pareto)
 @register_kl(Pareto, Beta)
+@register_kl(Pareto, ContinuousBernoulli)
 @register_kl(Pareto, Uniform)
 @register_kl(Poisson, Bernoulli)
 @register_kl(Poisson, Binomial)
