@@ -1,10 +1,9 @@
-"""gc.distributions' further families (Gamma, Chi2, Beta, Dirichlet, StudentT, VonMises, Poisson,
-Binomial, Geometric, NegativeBinomial, HalfNormal, HalfCauchy, Pareto, ContinuousBernoulli, RelaxedBernoulli,
-RelaxedOneHotCategorical, MultivariateNormal), ``expand``, ``enumerate_support``, ``perplexity``,
-``register_kl`` and the KL pairs, against torch.distributions: values on numpy and ort-cpu with gradients against torch.autograd, float64
-central differences, rsample's gradient with its noise held fixed, samples' moments, frequencies and a
-Kolmogorov-Smirnov check, shapes, a symbolic batch dim, and the errors (sampling refused where it needs
-rejection)."""
+"""gc.distributions' further families (Gamma, Chi2, Beta, Dirichlet, StudentT, VonMises, Poisson, Binomial,
+Geometric, NegativeBinomial, HalfNormal, HalfCauchy, Pareto, ContinuousBernoulli, RelaxedBernoulli,
+RelaxedOneHotCategorical, MultivariateNormal), ``expand``, ``enumerate_support``, ``perplexity``, ``register_kl``
+and the KL pairs, against torch.distributions: values on numpy and ort-cpu with gradients against torch.autograd,
+float64 central differences, rsample's gradient with its noise held fixed, samples' moments, frequencies and a
+Kolmogorov-Smirnov check, shapes, a symbolic batch dim, and the errors (sampling refused where it needs rejection)."""
 
 from __future__ import annotations
 
