@@ -11,31 +11,15 @@ import numpy as np
 
 from graphc.dsl.distributions.base import NONNEGATIVE, POSITIVE, REAL, Distribution, check, fail, finfo, known, params
 from graphc.dsl.ops import abs as abs_
-from graphc.dsl.ops import cast, clip, detach, exp, log, maximum
-from graphc.dsl.ops_array import cos, full_like, sin
-from graphc.dsl.ops_elementwise import atan, expm1, log1p
+from graphc.dsl.ops import cast, clip, exp, log, maximum
+from graphc.dsl.ops_array import full_like
+from graphc.dsl.ops_elementwise import atan, expm1, log1p, tan
 from graphc.dsl.ops_math import sign
 from graphc.dsl.ops_sample import rand_like, randn_like
 from graphc.dsl.special import ndtr, ndtri
 from graphc.dsl.tensor import Tensor
 
 EULER = 0.57721566490153286061
-
-
-def _atan(z: Tensor) -> Tensor:
-    """``atan(z)``; in float64 (onnxruntime has no float64 Atan) the float32 value refined by two Newton
-    steps on ``sin(t) - z cos(t)``, so the gradient is ``1 / (1 + z**2)`` too."""
-    if z.dtype != "float64":
-        return atan(z)
-    t = cast(detach(atan(cast(z, "float32"))), "float64")
-    for _ in range(2):
-        s, c = sin(t), cos(t)
-        t = t - (s - z * c) / (c + z * s)
-    return t
-
-
-def _tan(t: Tensor) -> Tensor:
-    return sin(t) / cos(t)  # no Tan kernel for float64 in onnxruntime
 
 
 class Normal(Distribution):
@@ -158,18 +142,18 @@ class Cauchy(Distribution):
 
     def rsample(self, sample_shape: Any = ()) -> Tensor:
         u = rand_like(self._expanded(self.loc, sample_shape))
-        return self.loc + _tan(math.pi * (u - 0.5)) * self.scale
+        return self.loc + tan(math.pi * (u - 0.5)) * self.scale
 
     def log_prob(self, value: Any) -> Tensor:
         z = (self._value(value, self.loc) - self.loc) / self.scale
         return -math.log(math.pi) - log(self.scale) - log1p(z * z)
 
     def cdf(self, value: Any) -> Tensor:
-        return _atan((self._value(value, self.loc) - self.loc) / self.scale) / math.pi + 0.5
+        return atan((self._value(value, self.loc) - self.loc) / self.scale) / math.pi + 0.5
 
     def icdf(self, value: Any) -> Tensor:
         p = self._prob(value, self.loc)
-        return _tan(math.pi * (p - 0.5)) * self.scale + self.loc
+        return tan(math.pi * (p - 0.5)) * self.scale + self.loc
 
     def entropy(self) -> Tensor:
         return math.log(4 * math.pi) + log(self.scale)
