@@ -22,17 +22,22 @@ from graphc.dsl.tensor import Tensor
 EULER = 0.57721566490153286061
 
 
-class Normal(Distribution):
+class _LocScale(Distribution):
+    """A family of a real ``loc`` and a positive ``scale``, broadcast together (its batch shape)."""
+
+    def __init__(self, loc: Any, scale: Any, validate_args: bool | None = None):
+        family = type(self).__name__
+        self.loc, self.scale = params(family, loc=loc, scale=scale)
+        super().__init__(self.loc.shape, (), validate_args)
+        if self._validate_args:
+            check(family, "loc", self.loc, REAL)
+            check(family, "scale", self.scale, POSITIVE)
+
+
+class Normal(_LocScale):
     """``torch.distributions.Normal(loc, scale)``."""
 
     has_rsample, support = True, REAL
-
-    def __init__(self, loc: Any, scale: Any, validate_args: bool | None = None):
-        self.loc, self.scale = params("Normal", loc=loc, scale=scale)
-        super().__init__(self.loc.shape, (), validate_args)
-        if self._validate_args:
-            check("Normal", "loc", self.loc, REAL)
-            check("Normal", "scale", self.scale, POSITIVE)
 
     mean = mode = property(lambda self: self.loc)
     stddev = property(lambda self: self.scale)
@@ -87,17 +92,10 @@ class LogNormal(Distribution):
         return self.base_dist.entropy() + self.loc
 
 
-class Laplace(Distribution):
+class Laplace(_LocScale):
     """``torch.distributions.Laplace(loc, scale)``."""
 
     has_rsample, support = True, REAL
-
-    def __init__(self, loc: Any, scale: Any, validate_args: bool | None = None):
-        self.loc, self.scale = params("Laplace", loc=loc, scale=scale)
-        super().__init__(self.loc.shape, (), validate_args)
-        if self._validate_args:
-            check("Laplace", "loc", self.loc, REAL)
-            check("Laplace", "scale", self.scale, POSITIVE)
 
     mean = mode = property(lambda self: self.loc)
     stddev = property(lambda self: math.sqrt(2) * self.scale)
@@ -124,17 +122,10 @@ class Laplace(Distribution):
         return 1.0 + log(2.0 * self.scale)
 
 
-class Cauchy(Distribution):
+class Cauchy(_LocScale):
     """``torch.distributions.Cauchy(loc, scale)``: mean nan, variance inf, as torch's."""
 
     has_rsample, support = True, REAL
-
-    def __init__(self, loc: Any, scale: Any, validate_args: bool | None = None):
-        self.loc, self.scale = params("Cauchy", loc=loc, scale=scale)
-        super().__init__(self.loc.shape, (), validate_args)
-        if self._validate_args:
-            check("Cauchy", "loc", self.loc, REAL)
-            check("Cauchy", "scale", self.scale, POSITIVE)
 
     mode = property(lambda self: self.loc)
     mean = property(lambda self: full_like(self.loc, math.nan))
@@ -231,17 +222,10 @@ class Uniform(Distribution):
         return log(self.high - self.low)
 
 
-class Gumbel(Distribution):
+class Gumbel(_LocScale):
     """``torch.distributions.Gumbel(loc, scale)``."""
 
     has_rsample, support = True, REAL
-
-    def __init__(self, loc: Any, scale: Any, validate_args: bool | None = None):
-        self.loc, self.scale = params("Gumbel", loc=loc, scale=scale)
-        super().__init__(self.loc.shape, (), validate_args)
-        if self._validate_args:
-            check("Gumbel", "loc", self.loc, REAL)
-            check("Gumbel", "scale", self.scale, POSITIVE)
 
     mean = property(lambda self: self.loc + self.scale * EULER)
     mode = property(lambda self: self.loc)
