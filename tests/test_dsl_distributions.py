@@ -13,11 +13,13 @@ import pytest
 import graphc as gc
 
 try:
-    from torch_grad_util import (TorchNS, assert_grads_match_central_differences, assert_matches_torch, gc_grads,
+    from torch_grad_util import (assert_grads_match_central_differences, assert_matches_torch, gc_grads,
                                  run_both)
+    from distribution_util import D, assert_method_matches_torch, method_of
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import (TorchNS, assert_grads_match_central_differences, assert_matches_torch, gc_grads,
+    from tests.torch_grad_util import (assert_grads_match_central_differences, assert_matches_torch, gc_grads,
                                        run_both)
+    from tests.distribution_util import D, assert_method_matches_torch, method_of
 
 torch = pytest.importorskip("torch")
 R = np.random.default_rng(5)
@@ -29,11 +31,6 @@ P = np.array([[0.1, 0.35, 0.5], [0.65, 0.8, 0.97]])
 LOGITS = R.standard_normal((2, 4))
 PROBS = np.abs(R.standard_normal((2, 4))) + 0.1
 IDX = np.array([[3, 0], [1, 2]], np.int64)
-
-
-def D(M):
-    """torch.distributions for torch's namespace, gc.distributions for the DSL's."""
-    return M.torch.distributions if isinstance(M, TorchNS) else gc.distributions
 
 
 # (id, make(Dist, *params), params, the value for log_prob/cdf, methods with gradients, methods without)
@@ -68,20 +65,6 @@ FAMILIES = [
 ]
 
 
-def _method(make, method):
-    def fn(M, *args):
-        *params, value = args
-        dist = make(D(M), *params)
-        if method in ("log_prob", "cdf"):
-            return getattr(dist, method)(value)
-        if method == "icdf":
-            return dist.icdf(M.sigmoid(value))
-        if method == "entropy":
-            return dist.entropy()
-        return getattr(dist, method)
-    return fn
-
-
 CASES = [pytest.param(make, method, params, value, method in grads.split(), id=f"{name}-{method}")
          for name, make, params, value, grads, nograds in FAMILIES for method in grads.split() + nograds.split()]
 
@@ -89,24 +72,15 @@ CASES = [pytest.param(make, method, params, value, method in grads.split(), id=f
 @pytest.mark.parametrize("make, method, params, value, differentiable", CASES)
 def test_values_and_gradients_match_torch(make, method, params, value, differentiable):
     """Values (numpy and ort-cpu, the full checker) and the gradients to every parameter and the value."""
-    fn = _method(make, method)
-    value = value if method != "icdf" else X
-    if differentiable and value.dtype.kind == "f" and method in ("log_prob", "cdf", "icdf"):
-        assert_matches_torch(fn, [*params, value], {}, R)
-    elif differentiable:
-        assert_matches_torch(lambda M, *a, v: fn(M, *a, v), list(params), {"v": value}, R)
-    else:
-        names = [f"a{i}" for i in range(len(params))]
-        assert_matches_torch(lambda M, v, **kw: fn(M, *(kw[n] for n in names), v), [],
-                             {"v": value, **dict(zip(names, params))}, R)
+    assert_method_matches_torch(make, method, params, value if method != "icdf" else X, differentiable, R)
 
 
 def test_float32_and_python_number_parameters_match_torch():
     """A Python number takes the Tensor's dtype (float32 here), as torch's ``broadcast_all``."""
     x = X.astype(np.float32)
-    fn = _method(lambda d, s: d.Normal(0.5, s), "log_prob")
+    fn = method_of(lambda d, s: d.Normal(0.5, s), "log_prob")
     assert_matches_torch(fn, [SCALE.astype(np.float32), x], {}, R)
-    assert_matches_torch(_method(lambda d, s: d.Laplace(s, 2.0), "cdf"), [SCALE.astype(np.float32), x], {}, R)
+    assert_matches_torch(method_of(lambda d, s: d.Laplace(s, 2.0), "cdf"), [SCALE.astype(np.float32), x], {}, R)
 
 
 # (id, make(Dist, *params), params of p, params of q)

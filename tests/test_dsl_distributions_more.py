@@ -15,11 +15,13 @@ import pytest
 import graphc as gc
 
 try:
-    from torch_grad_util import (TorchNS, assert_grads_match_central_differences, assert_matches_torch, gc_grads,
+    from torch_grad_util import (assert_grads_match_central_differences, assert_matches_torch, gc_grads,
                                  run_both)
+    from distribution_util import D, assert_method_matches_torch, method_of
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import (TorchNS, assert_grads_match_central_differences, assert_matches_torch, gc_grads,
+    from tests.torch_grad_util import (assert_grads_match_central_differences, assert_matches_torch, gc_grads,
                                        run_both)
+    from tests.distribution_util import D, assert_method_matches_torch, method_of
 
 torch = pytest.importorskip("torch")
 R = np.random.default_rng(7)
@@ -37,11 +39,6 @@ COV = _M @ _M.transpose(0, 2, 1) + np.eye(3)
 TRIL = np.linalg.cholesky(COV)
 LOC = R.standard_normal((2, 3))
 VEC = R.standard_normal((4, 2, 3))
-
-
-def D(M):
-    """torch.distributions for torch's namespace, gc.distributions for the DSL's."""
-    return M.torch.distributions if isinstance(M, TorchNS) else gc.distributions
 
 
 # (id, make(Dist, *params), params, the value for log_prob/cdf, methods with gradients, methods without)
@@ -90,20 +87,6 @@ FAMILIES = [
 ]
 
 
-def _method(make, method):
-    def fn(M, *args):
-        *params, value = args
-        dist = make(D(M), *params)
-        if method in ("log_prob", "cdf"):
-            return getattr(dist, method)(value)
-        if method == "icdf":
-            return dist.icdf(M.sigmoid(value))
-        if method == "entropy":
-            return dist.entropy()
-        return getattr(dist, method)
-    return fn
-
-
 CASES = [pytest.param(make, method, params, value, method in grads.split(), id=f"{name}-{method}")
          for name, make, params, value, grads, nograds in FAMILIES for method in grads.split() + nograds.split()]
 
@@ -112,17 +95,7 @@ CASES = [pytest.param(make, method, params, value, method in grads.split(), id=f
 def test_values_and_gradients_match_torch(make, method, params, value, differentiable):
     """Values (numpy and ort-cpu, the full checker) and the gradients to every parameter (and, for a
     continuous family's log_prob/cdf/icdf, the value)."""
-    fn = _method(make, method)
-    value = value if method != "icdf" else X
-    continuous = not np.array_equal(value, np.floor(value))
-    if differentiable and continuous and method in ("log_prob", "cdf", "icdf"):
-        assert_matches_torch(fn, [*params, value], {}, R)
-    elif differentiable:
-        assert_matches_torch(lambda M, *a, v: fn(M, *a, v), list(params), {"v": value}, R)
-    else:
-        names = [f"a{i}" for i in range(len(params))]
-        assert_matches_torch(lambda M, v, **kw: fn(M, *(kw[n] for n in names), v), [],
-                             {"v": value, **dict(zip(names, params))}, R)
+    assert_method_matches_torch(make, method, params, value if method != "icdf" else X, differentiable, R)
 
 
 @pytest.mark.parametrize("make, value", [
@@ -134,7 +107,7 @@ def test_values_and_gradients_match_torch(make, method, params, value, different
 ])
 def test_float32_parameters_match_torch(make, value):
     """float32 parameters (a Python number takes their dtype, as torch's ``broadcast_all``)."""
-    fn = _method(make, "log_prob")
+    fn = method_of(make, "log_prob")
     assert_matches_torch(fn, [A.astype(np.float32), B.astype(np.float32), value.astype(np.float32)], {}, R)
 
 
