@@ -4,15 +4,17 @@ A spec holds hyper-parameters only; ``gc.training.generate`` turns it into ONNX 
 (``graphc.passes.training.optimizers``) whose formulas match ``torch.optim`` step for step.
 
     >>> import graphc as gc
-    >>> gc.optim.SGD(lr=0.1, momentum=0.9).model_dump()
-    {'kind': 'sgd', 'lr': 0.1, 'momentum': 0.9, 'nesterov': False, 'weight_decay': 0.0, 'no_decay': ()}
+    >>> gc.optim.SGD(lr=0.1, momentum=0.9).model_dump()  # doctest: +NORMALIZE_WHITESPACE
+    {'max_grad_norm': None, 'grad_norm_type': 2.0, 'clip_grad_value': None, 'kind': 'sgd', 'lr': 0.1,
+     'momentum': 0.9, 'nesterov': False, 'weight_decay': 0.0, 'no_decay': ()}
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+import math
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 
 class _Spec(BaseModel):
@@ -26,6 +28,28 @@ class _Spec(BaseModel):
         if isinstance(kwargs.get("no_decay"), str):  # one pattern, as generate's frozen takes one name
             kwargs["no_decay"] = (kwargs["no_decay"],)
         super().__init__(**kwargs)
+
+    # gradient clipping before the step, as torch.nn.utils.clip_grad_value_ then clip_grad_norm_
+    # (``graphc.passes.training.clipping``): each gradient clamped to [-clip_grad_value, clip_grad_value],
+    # then all scaled by min(max_grad_norm / (total norm + 1e-6), 1), the norm of order grad_norm_type
+    max_grad_norm: Optional[float] = Field(None, gt=0)
+    grad_norm_type: Union[float, Literal["inf"]] = 2.0
+    clip_grad_value: Optional[float] = Field(None, gt=0)
+
+    @field_validator("grad_norm_type", mode="before")
+    @classmethod
+    def _norm_type(cls, value):
+        if value in ("inf", math.inf):  # "inf" in JSON, which has no infinity
+            return "inf"
+        if value not in (1, 2):
+            raise ValueError(f"grad_norm_type must be 2.0, 1.0 or 'inf' (float('inf')), got {value!r}")
+        return float(value)
+
+    @model_validator(mode="after")
+    def _norm_type_needs_max_norm(self):
+        if self.grad_norm_type != 2.0 and self.max_grad_norm is None:
+            raise ValueError("grad_norm_type is the norm max_grad_norm clips: give max_grad_norm too")
+        return self
 
     @property
     def state_slots(self) -> tuple[str, ...]:

@@ -44,8 +44,8 @@ from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
 from graphc.passes.infer import correct_onnx_inference
-from graphc.passes.training import broadcasts, dense_conv, flat, imports, modes, noise as noise_shapes, optimizers
-from graphc.passes.training import recompute as recomputation, reductions, taps_params
+from graphc.passes.training import broadcasts, clipping, dense_conv, flat, imports, modes, noise as noise_shapes
+from graphc.passes.training import optimizers, recompute as recomputation, reductions, taps_params
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.values import onnx_opset, stops_gradient
 
@@ -396,6 +396,10 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups)
                     g.weight_decay) for g in groups]
     else:
         updates = [(p, params[p], grad, decays[p]) for p, grad in grads.items()]
+    if clipping.clips(hyper):  # torch's clip_grad_*_ between backward and step, on every gradient at once
+        clipped, _ = clipping.clip(b, hyper, [u[2] for u in updates],
+                                   [(u[2] if groups else params[u[0]]).dtype for u in updates])
+        updates = [(name, param, g, decay) for (name, param, _, decay), g in zip(updates, clipped)]
     new_params, state_next = {}, []
     for name, param, grad, decay in updates:
         like = grad if groups else params[name]  # a flat group's gradient is typed by flat.concat

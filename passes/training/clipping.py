@@ -1,0 +1,70 @@
+"""Gradient clipping before the optimizer step, as ``torch.nn.utils.clip_grad_value_`` and
+``clip_grad_norm_`` between ``loss.backward()`` and ``optimizer.step()``.
+
+An optimizer spec's ``clip_grad_value`` clamps each gradient to ``[-v, v]`` (``Clip``, NaN kept);
+its ``max_grad_norm`` scales every gradient by ``min(max_norm / (total_norm + 1e-6), 1)``, the
+total norm (``grad_norm_type`` 2, 1 or ``"inf"``) taken over all trainable gradients at once. Both
+set: the values are clamped first and the norm is that of the clamped gradients. The norm is read
+off the gradients as the update holds them (a few flat buffers, ``flat``): one reduction per
+buffer, so its cost follows the gradients' bytes, not the number of params. A NaN or infinite
+total norm propagates as torch's (``error_if_nonfinite=False``): NaN turns every gradient NaN, an
+infinite norm scales by 0 (an infinite gradient entry becomes NaN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx_ir as ir
+
+from graphc.passes.emit import HALF_DTYPES, Emitter
+
+__all__ = ["EPS", "clip", "clips"]
+
+EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s: max_norm / (total_norm + 1e-6)
+_WIDTH = {ir.DataType.FLOAT: 0, ir.DataType.DOUBLE: 1}
+
+
+def clips(hyper: dict) -> bool:
+    """Does the optimizer spec (as JSON) clip gradients?"""
+    return hyper.get("max_grad_norm") is not None or hyper.get("clip_grad_value") is not None
+
+
+def clip(b: Emitter, hyper: dict, grads: Sequence[ir.Value],
+         dtypes: Sequence[ir.DataType]) -> tuple[list[ir.Value], ir.Value | None]:
+    """``grads`` (of ``dtypes``: a per-param gradient may be untyped) clipped as the spec ``hyper``
+    (JSON) asks, and the total norm before the norm clipping (None without ``max_grad_norm``)."""
+    grads = list(grads)
+    value = hyper.get("clip_grad_value")
+    if value is not None:
+        grads = [b.op("Clip", g, b.const(-value, dt), b.const(value, dt), dtype=dt) for g, dt in zip(grads, dtypes)]
+    max_norm = hyper.get("max_grad_norm")
+    if max_norm is None:
+        return grads, None
+    norm = total_norm(b, grads, dtypes, hyper.get("grad_norm_type", 2.0))
+    coef = b.op("Div", b.const(max_norm, norm.dtype), b.op("Add", norm, b.const(EPS, norm.dtype)))
+    one = b.const(1.0, norm.dtype)
+    # min(coef, 1) that keeps a NaN (onnxruntime's Min would too, but Where says so): torch.clamp(max=1)
+    coef = b.op("Where", b.op("Greater", coef, one), one, coef)
+    coefs = {dt: coef if dt == norm.dtype else b.op("Cast", coef, to=dt, dtype=dt) for dt in set(dtypes)}
+    return [b.op("Mul", g, coefs[dt], dtype=dt) for g, dt in zip(grads, dtypes)], norm
+
+
+def total_norm(b: Emitter, grads: Sequence[ir.Value], dtypes: Sequence[ir.DataType], norm_type) -> ir.Value:
+    """The ``norm_type`` norm of ``grads`` seen as one vector, a scalar of their widest dtype
+    (float16 and bfloat16 counted as float32: summed in float32, where a float16 sum of squares
+    passes 65504 at a norm of 256)."""
+    wide = max((ir.DataType.FLOAT if dt in HALF_DTYPES else dt for dt in dtypes), key=lambda dt: _WIDTH.get(dt, 0))
+    parts = []
+    for g, dt in zip(grads, dtypes):
+        if dt != wide:
+            g = b.op("Cast", g, to=wide, dtype=wide)
+        if norm_type == "inf":  # ReduceMax skips a NaN past the first element on onnxruntime: ReduceL1 sees it
+            top, l1 = b.op("ReduceMax", b.op("Abs", g), keepdims=0), b.op("ReduceL1", g, keepdims=0)
+            parts.append(b.op("Where", b.op("IsNaN", l1), l1, top))
+        else:
+            parts.append(b.op("ReduceL1" if norm_type == 1.0 else "ReduceSumSquare", g, keepdims=0))
+    if norm_type == "inf":
+        return b.op("Max", *parts) if len(parts) > 1 else parts[0]
+    summed = b.op("Sum", *parts) if len(parts) > 1 else parts[0]
+    return summed if norm_type == 1.0 else b.op("Sqrt", summed)
