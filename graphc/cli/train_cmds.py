@@ -45,13 +45,14 @@ def parse_loss(text: str):
 
 
 def make_optimizer(kind: str, lr: Optional[float] = None, momentum: Optional[float] = None,
-                   weight_decay: Optional[float] = None):
-    """The optimizer spec ``kind`` with the values given; one left as None keeps the spec's
-    default (the CLI's defaults are the API's)."""
+                   weight_decay: Optional[float] = None, **clipping: Optional[float | str]):
+    """The optimizer spec ``kind`` with the values given (``clipping``: ``max_grad_norm``,
+    ``grad_norm_type``, ``clip_grad_value``); one left as None keeps the spec's default (the
+    CLI's defaults are the API's)."""
     specs = _optimizer_specs()
     if kind not in specs:
         raise ValueError(f"unknown --optimizer {kind!r}; choose one of {', '.join(specs)}")
-    given = {k: v for k, v in {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}.items()
+    given = {k: v for k, v in {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, **clipping}.items()
              if v is not None}
     for key in given:
         if key not in specs[kind].model_fields:
@@ -74,6 +75,14 @@ def grad_cmd(
     weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="Weight decay: L2 added to the "
                                                  "gradient for sgd and adam, decoupled for adamw (default: "
                                                  f"{_spec_defaults('weight_decay')}, as PyTorch)."),
+    max_grad_norm: Optional[float] = typer.Option(None, "--max-grad-norm", help="Clip the gradients' total norm "
+                                                  "to this before each step, as torch.nn.utils.clip_grad_norm_ "
+                                                  "(default: no clipping)."),
+    grad_norm_type: Optional[str] = typer.Option(None, "--grad-norm-type", metavar="2|1|inf",
+                                                 help="The norm --max-grad-norm clips (default: 2)."),
+    clip_grad_value: Optional[float] = typer.Option(None, "--clip-grad-value", help="Clamp each gradient entry to "
+                                                    "[-V, V] before each step (before --max-grad-norm), as "
+                                                    "torch.nn.utils.clip_grad_value_ (default: none)."),
     freeze: list[str] = typer.Option([], "--freeze", metavar="PARAM", help="A param (name or glob pattern) to keep "
                                      "fixed (repeatable)."),
     param: list[str] = typer.Option([], "--param", metavar="NAME", help="An initializer (name or glob pattern) to "
@@ -95,19 +104,38 @@ def grad_cmd(
 
     output = chosen_output(output, out)
     spec = parse_loss(loss)
-    opt = make_optimizer(optimizer, lr, momentum, weight_decay)
+    opt = make_optimizer(optimizer, lr, momentum, weight_decay, max_grad_norm=max_grad_norm,
+                         grad_norm_type=_norm_type(grad_norm_type), clip_grad_value=clip_grad_value)
     arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute, params=param,
                                 batchnorm=batchnorm, device=device)
     arts.save(output)
     m = arts.manifest
     console.print(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "
                   f"{len(m.frozen)} frozen params, {len(m.constants)} exporter constants; loss {spec.kind} on "
-                  f"{spec.output!r} (label input {spec.label!r}); optimizer {optimizer} lr={opt.lr:g}; "
+                  f"{spec.output!r} (label input {spec.label!r}); optimizer {optimizer} lr={opt.lr:g}{_clipping(opt)}; "
                   f"BatchNorm {batchnorm}", highlight=False, soft_wrap=True)
     console.print(f"trainable: {_listing(m.trainable)}", highlight=False, soft_wrap=True)
     if m.constants:
         console.print("exporter constants (not trained; --param NAME trains one): "
                       + _listing([f"{n} ({why})" for n, why in m.constants.items()]), highlight=False, soft_wrap=True)
+
+
+def _clipping(opt) -> str:
+    """The spec's gradient clipping for the summary line (empty: none)."""
+    parts = [f"clip_grad_value={opt.clip_grad_value:g}"] if opt.clip_grad_value is not None else []
+    if opt.max_grad_norm is not None:
+        parts.append(f"max_grad_norm={opt.max_grad_norm:g} ({str(opt.grad_norm_type).removesuffix('.0')}-norm)")
+    return "".join(f" {p}" for p in parts)
+
+
+def _norm_type(text: Optional[str]) -> Optional[float | str]:
+    """``--grad-norm-type``: ``inf`` as it is, a number as a float (the spec says which it takes)."""
+    if text is None or text == "inf":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"--grad-norm-type must be 2, 1 or inf, got {text!r}") from None
 
 
 def _listing(items: list[str], shown: int = 12) -> str:
