@@ -286,7 +286,8 @@ def test_parameters_to_vector_and_back_as_torch():
 @pytest.mark.parametrize("call, match", [
     (lambda: U.vector_to_parameters(np.zeros(3), gc.nn.Linear(3, 4).parameters()), "1-D with 16 elements"),
     (lambda: U.parameters_to_vector([gc.nn.Parameter(np.zeros(2)), np.zeros(2)]), "all gc.nn.Parameters or all"),
-    (lambda: U.clip_grad_norm_(gc.nn.Linear(3, 4).parameters(), 1.0), "clip_grad_norm_: a graphc Parameter has no .grad.* max_grad_norm="),
+    (lambda: U.clip_grad_norm_(gc.nn.Linear(3, 4).parameters(), 1.0),
+     "clip_grad_norm_: a graphc Parameter has no .grad.* max_grad_norm="),
     (lambda: U.clip_grad_value_(gc.nn.Linear(3, 4).parameters(), 1.0), "clip_grad_value_: .* clip_grad_value="),
     (lambda: U.fuse_linear_bn_eval(gc.nn.Linear(3, 4), gc.nn.BatchNorm1d(3)), "num_features=3 must equal"),
 ])
