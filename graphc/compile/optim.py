@@ -4,9 +4,11 @@ A spec holds hyper-parameters only; ``gc.training.generate`` turns it into ONNX 
 (``graphc.passes.training.optimizers``) whose formulas match ``torch.optim`` step for step.
 
     >>> import graphc as gc
-    >>> gc.optim.SGD(lr=0.1, momentum=0.9).model_dump()  # doctest: +NORMALIZE_WHITESPACE
-    {'max_grad_norm': None, 'grad_norm_type': 2.0, 'clip_grad_value': None, 'kind': 'sgd', 'lr': 0.1,
-     'momentum': 0.9, 'nesterov': False, 'weight_decay': 0.0, 'no_decay': ()}
+    >>> gc.optim.SGD(lr=0.1, momentum=0.9).model_dump()
+    {'kind': 'sgd', 'lr': 0.1, 'momentum': 0.9, 'nesterov': False, 'weight_decay': 0.0, 'no_decay': ()}
+    >>> gc.optim.SGD(lr=0.1, max_grad_norm=1.0).model_dump()  # doctest: +NORMALIZE_WHITESPACE
+    {'kind': 'sgd', 'lr': 0.1, 'momentum': 0.0, 'nesterov': False, 'weight_decay': 0.0, 'no_decay': (),
+     'max_grad_norm': 1.0}
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_serializer, model_validator
+
+
+_CLIPPING = ("max_grad_norm", "grad_norm_type", "clip_grad_value")
 
 
 class _Spec(BaseModel):
@@ -50,6 +55,14 @@ class _Spec(BaseModel):
         if self.grad_norm_type != 2.0 and self.max_grad_norm is None:
             raise ValueError("grad_norm_type is the norm max_grad_norm clips: give max_grad_norm too")
         return self
+
+    @model_serializer(mode="wrap")
+    def _clipping_last_and_only_if_set(self, handler):
+        # a spec without clipping dumps as before these fields existed: the manifests of such
+        # artifacts still read in earlier graphc (its specs refuse unknown fields)
+        data = handler(self)
+        clipping = {k: data.pop(k) for k in _CLIPPING}
+        return {**data, **{k: v for k, v in clipping.items() if v != type(self).model_fields[k].default}}
 
     @property
     def state_slots(self) -> tuple[str, ...]:
