@@ -232,10 +232,47 @@ def test_spec_round_trips_through_save_load_and_checkpoint_resume(tmp_path):
     assert {"ReduceMax", "Clip"} <= {n.op_type for n in update.proto.graph.node}
 
 
+def test_fit_records_each_steps_norm_as_torch_returns_it(tmp_path):
+    """train_step's ``grad_norm`` output (role grad_norm; not in the update graph that data-parallel
+    replicas carry) reaches History.step_grad_norms and TensorBoard's train/grad_norm."""
+    pytest.importorskip("tensorboard", reason="tensorboard is a dev extra")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    spec = SPECS["sgd-nesterov"]
+    net = _Net()
+    arts = gc.training.generate(gc.capture(net, x=gc.spec("float64", ("N", 3))), gc.losses.mse("output", label="y"),
+                                spec)
+    assert [(e.name, e.dtype, e.shape) for e in arts.manifest.graphs["train_step"].outputs
+            if e.role == "grad_norm"] == [("grad_norm", "float64", [])]
+    assert "grad_norm" not in {o.name for o in gc.training.update_model(arts.manifest).outputs}
+    batches = _batches()
+    loader = gc.data.DataLoader({k: np.concatenate([b[k] for b in batches]) for k in ("x", "y")}, batch_size=6,
+                                shuffle=False)
+    history = gc.Trainer(arts, backend="ort-cpu", tensorboard=tmp_path / "tb").fit(loader, 1, progress=False,
+                                                                                  quiet=True)
+    twin = _twin(net)
+    opt = _ClippingOptimizer(*_torch_optimizer(spec, twin), spec)
+    for batch in batches:
+        opt.zero_grad()
+        _torch_loss(twin, batch).backward()
+        opt.step()
+    np.testing.assert_allclose(history.step_grad_norms, opt.norms, rtol=1e-10)
+    board = EventAccumulator(str(tmp_path / "tb"))
+    board.Reload()
+    logged = board.Scalars("train/grad_norm")
+    assert [e.step for e in logged] == list(range(1, STEPS + 1))
+    np.testing.assert_allclose([e.value for e in logged], opt.norms, rtol=1e-6)  # stored as float32
+    plain = gc.training.generate(gc.capture(net, x=gc.spec("float64", ("N", 3))), gc.losses.mse("output", label="y"),
+                                 gc.optim.SGD(0.125, clip_grad_value=0.5))
+    assert "grad_norm" not in {e.role for e in plain.manifest.graphs["train_step"].outputs}
+    assert gc.Trainer(plain, backend="numpy").fit(loader, 1, progress=False, quiet=True).step_grad_norms == []
+
+
 def test_old_specs_without_the_fields_read_as_no_clipping():
     old = {"kind": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0, "no_decay": []}
     spec = gc.optim.from_dict(old)
     assert spec.max_grad_norm is None and spec.clip_grad_value is None and spec.grad_norm_type == 2.0
+    assert spec.model_dump(mode="json") == old  # and a spec without clipping writes the JSON it did before
 
 
 @pytest.mark.parametrize(("options", "match"), [

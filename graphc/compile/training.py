@@ -88,7 +88,7 @@ MANIFEST_FILE = "manifest.json"
 
 CARRIED_ROLES = ("param", "state", "hyper")  # train_step inputs that each step's outputs replace
 Role = Literal["data", "label", "param", "state", "hyper", "loss", "grad", "output", "noise", "noise_shape",
-               "prediction"]
+               "prediction", "grad_norm"]
 
 
 class TensorEntry(BaseModel):

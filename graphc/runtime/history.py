@@ -36,6 +36,9 @@ class EpochRecord(BaseModel):
 class History(BaseModel):
     backend: str = ""
     step_losses: list[float] = Field(default_factory=list)
+    # with an optimizer spec's max_grad_norm, each step's total gradient norm before clipping
+    # (what torch.nn.utils.clip_grad_norm_ returns); empty without it, and for DistributedTrainer runs
+    step_grad_norms: list[float] = Field(default_factory=list)
     epochs: list[EpochRecord] = Field(default_factory=list)
 
     @property

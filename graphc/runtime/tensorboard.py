@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Union
@@ -86,11 +87,14 @@ class TensorBoardWriter:
         self._writer.add_event(self._tb.Event(wall_time=time.time(),
                                                  graph_def=graph_def(model).SerializeToString()))
 
-    def epoch(self, record, step_losses: list[float], step: int, lr: float) -> None:
-        """An epoch's scalars: ``step_losses`` are its steps' losses, ending at global ``step``."""
+    def epoch(self, record, step_losses: list[float], step: int, lr: float, grad_norms: Sequence[float] = ()) -> None:
+        """An epoch's scalars: ``step_losses`` are its steps' losses, ending at global ``step``;
+        ``grad_norms`` their total gradient norms (with ``max_grad_norm``), if any."""
         first = step - len(step_losses) + 1
         for i, loss in enumerate(step_losses):
             self.scalar("train/loss", loss, first + i)
+        for i, norm in enumerate(grad_norms):
+            self.scalar("train/grad_norm", norm, first + i)
         self.scalar("train/epoch_loss", record.loss, step)
         for name, value in record.metrics.items():
             self.scalar(f"train/epoch_{name}", value, step)

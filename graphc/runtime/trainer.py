@@ -283,6 +283,8 @@ class Trainer:
         self._device_outputs = list(self._feeds)
         # the training-mode prediction the train metrics read (format 3 on); fit fetches it
         self._prediction = next((e.name for e in step_graph.outputs if e.role == "prediction"), None)
+        # with max_grad_norm, each step's total gradient norm before clipping; fit records it
+        self._grad_norm = next((e.name for e in step_graph.outputs if e.role == "grad_norm"), None)
         self._fetch: tuple[str, ...] = ("loss",)
         self._step_outputs: Optional[dict[str, np.ndarray]] = None
         self._eval = self._predict = None
@@ -563,7 +565,8 @@ class Trainer:
             self._eval_exe()
             eval_loader.check_against(self._eval_specs)
         self._use_loader(loader)
-        self._fetch = ("loss", self._prediction) if self._train_metrics_wanted() else ("loss",)
+        self._fetch = ("loss", *([self._prediction] if self._train_metrics_wanted() else []),
+                       *([self._grad_norm] if self._grad_norm else []))
         epoch_log = EpochLog(log, self.epoch) if log is not None else None
         board = self._board()
         history = History(backend=self.backend)
@@ -579,7 +582,8 @@ class Trainer:
                     history.epochs.append(record)
                     if board is not None:
                         board.epoch(record, history.step_losses[-record.steps:] if record.steps else [],
-                                    self.step_count, float("nan") if record.lr is None else record.lr)
+                                    self.step_count, float("nan") if record.lr is None else record.lr,
+                                    history.step_grad_norms[-record.steps:] if record.steps else [])
                     bar.epoch_done(record)
                     if epoch_log is not None:
                         epoch_log.write(record)
@@ -644,6 +648,8 @@ class Trainer:
                 if not math.isfinite(loss):
                     raise TrainingFailed(f"the loss became {loss} at step {self.step_count} (epoch {self.epoch + 1}, "
                                          f"batch {self.batch_in_epoch + 1}); lower the learning rate or check the data")
+                if self._grad_norm:
+                    history.step_grad_norms.append(float(self._step_outputs[self._grad_norm]))
                 self._add_train_metrics(batch, examples)
                 now = time.perf_counter()
                 self.batch_in_epoch += 1

@@ -53,6 +53,7 @@ MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
 STEP = "step"
 LR = "lr"
 PREDICTION = "prediction"  # train_step output role: the model output the loss reads (training mode)
+GRAD_NORM = "grad_norm"  # train_step output (and role) with max_grad_norm: the total gradient norm before clipping
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     inference = base.clone()
     modes.set_inference_mode(inference.graph)
 
-    free_names(base.graph, _reserved(loss))
+    free_names(base.graph, _reserved(loss, optimizer))
     label = append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
     params, frozen_all, constants = _select_params(base, bn_stats, trainable, frozen, params, order)
     imports.warn_shared_normalization_params(base.graph, params)
@@ -280,10 +281,12 @@ _SEQUENCE_MAKERS = frozenset({"SplitToSequence", "SequenceConstruct", "SequenceE
                               "SequenceErase"})
 
 
-def _reserved(loss: LossArgs) -> dict[str, str]:
-    """The names the training graphs add, and what for: the step count, the learning rate and
-    the loss (unless the model's own loss output has that name)."""
+def _reserved(loss: LossArgs, optimizer: dict) -> dict[str, str]:
+    """The names the training graphs add, and what for: the step count, the learning rate, the
+    loss (unless the model's own loss output has that name) and with ``max_grad_norm`` the norm."""
     reserved = {STEP: "the step count, a train_step input", LR: "the learning rate, a train_step input"}
+    if optimizer.get("max_grad_norm") is not None:
+        reserved[GRAD_NORM] = "the gradients' total norm, a train_step output"
     if loss.output != LOSS:
         reserved[LOSS] = "the loss, an output of every training graph"
     return reserved
@@ -373,7 +376,8 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
         graph.inputs.extend((values[p.name], grads[p.name]))
     decays = _decays(list(values), no_decay)
     slots = optimizers.state_slots(optimizer)
-    _set_outputs(graph, _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups)))
+    outputs = _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups))
+    _set_outputs(graph, [o for o in outputs if o.role != GRAD_NORM])  # a replica carries every output it gets
     broadcasts.rank_scalars(graph, opset)
     model = ir.Model(graph, ir_version=10)
     _tidy(model)
@@ -396,10 +400,10 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups)
                     g.weight_decay) for g in groups]
     else:
         updates = [(p, params[p], grad, decays[p]) for p, grad in grads.items()]
-    if clipping.clips(hyper):  # torch's clip_grad_*_ between backward and step, on every gradient at once
-        clipped, _ = clipping.clip(b, hyper, [u[2] for u in updates],
-                                   [(u[2] if groups else params[u[0]]).dtype for u in updates])
-        updates = [(name, param, g, decay) for (name, param, _, decay), g in zip(updates, clipped)]
+    # torch's clip_grad_*_ between backward and step, on every gradient at once (if the spec asks)
+    clipped, norm = clipping.clip(b, hyper, [u[2] for u in updates],
+                                  [(u[2] if groups else params[u[0]]).dtype for u in updates])
+    updates = [(name, param, g, decay) for (name, param, _, decay), g in zip(updates, clipped)]
     new_params, state_next = {}, []
     for name, param, grad, decay in updates:
         like = grad if groups else params[name]  # a flat group's gradient is typed by flat.concat
@@ -415,7 +419,8 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups)
         state_next += [Output(_expose(graph, upd.state[s], f"{name}.{s}.next", like=like), "state", f"{name}.{s}")
                        for s in slots]
     param_next = [Output(_expose(graph, new_params[p], f"{p}.next", like=params[p]), "param", p) for p in params]
-    return [*param_next, *state_next, Output(_expose(graph, t, f"{STEP}.next", like=step), "state", STEP)]
+    return [*param_next, *state_next, Output(_expose(graph, t, f"{STEP}.next", like=step), "state", STEP),
+            *([Output(_expose(graph, norm, GRAD_NORM), GRAD_NORM)] if norm is not None else [])]
 
 
 def _input_with_default(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:

@@ -19,21 +19,17 @@ import onnx_ir as ir
 
 from graphc.passes.emit import HALF_DTYPES, Emitter
 
-__all__ = ["EPS", "clip", "clips"]
+__all__ = ["EPS", "clip", "total_norm"]
 
 EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s: max_norm / (total_norm + 1e-6)
 _WIDTH = {ir.DataType.FLOAT: 0, ir.DataType.DOUBLE: 1}
 
 
-def clips(hyper: dict) -> bool:
-    """Does the optimizer spec (as JSON) clip gradients?"""
-    return hyper.get("max_grad_norm") is not None or hyper.get("clip_grad_value") is not None
-
-
 def clip(b: Emitter, hyper: dict, grads: Sequence[ir.Value],
          dtypes: Sequence[ir.DataType]) -> tuple[list[ir.Value], ir.Value | None]:
     """``grads`` (of ``dtypes``: a per-param gradient may be untyped) clipped as the spec ``hyper``
-    (JSON) asks, and the total norm before the norm clipping (None without ``max_grad_norm``)."""
+    (JSON) asks (as they are if it asks for none), and the total norm before the norm clipping
+    (None without ``max_grad_norm``)."""
     grads = list(grads)
     value = hyper.get("clip_grad_value")
     if value is not None:
