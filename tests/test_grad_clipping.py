@@ -268,6 +268,15 @@ def test_fit_records_each_steps_norm_as_torch_returns_it(tmp_path):
     assert gc.Trainer(plain, backend="numpy").fit(loader, 1, progress=False, quiet=True).step_grad_norms == []
 
 
+def test_grad_norm_is_a_reserved_name_only_with_max_grad_norm():
+    proto = gc.capture(gc.nn.Linear(3, 2), x=gc.spec("float32", ("N", 3))).proto
+    proto.graph.output[0].name = proto.graph.node[-1].output[0] = "grad_norm"
+    model, loss = gc.load(proto), gc.losses.mse("grad_norm", label="y")
+    with pytest.raises(gc.GraphError, match="output 'grad_norm' .*the gradients' total norm"):
+        gc.training.generate(model, loss, gc.optim.SGD(0.1, max_grad_norm=1.0))
+    gc.training.generate(model, loss, gc.optim.SGD(0.1, clip_grad_value=1.0))
+
+
 def test_old_specs_without_the_fields_read_as_no_clipping():
     old = {"kind": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0, "no_decay": []}
     spec = gc.optim.from_dict(old)

@@ -19,7 +19,8 @@ guess from names):
   ``loss``, ``X.next`` for every param/state input ``X`` (``manifest.feeds`` maps
   ``X.next -> X``) and, where the loss has a label, the model output the loss reads, as the
   training-mode forward computed it (role ``prediction``; ``gc.Trainer`` computes the train
-  metrics from it, format 3 on). Frozen params stay initializers. With the fused update (the
+  metrics from it, format 3 on) and, with the spec's ``max_grad_norm``, ``grad_norm`` (the total
+  gradient norm before clipping, role ``grad_norm``). Frozen params stay initializers. With the fused update (the
   default) the params are updated a group at a time (by dtype and weight-decay setting, up to
   2**19 elements each, ``params.<dtype>[.no_decay][.<n>]``: ``manifest.layout`` lists each
   group's params in order) and the optimizer state is one flat buffer per group and slot, ``<group>.<slot>`` (say ``params.float32.exp_sum``), of
