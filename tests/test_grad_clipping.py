@@ -227,9 +227,29 @@ def test_spec_round_trips_through_save_load_and_checkpoint_resume(tmp_path):
         resumed.step(batch)
     for name, value in whole.state_dict().items():
         np.testing.assert_array_equal(resumed.state_dict()[name], value, err_msg=name)
-    # the update graph alone (data-parallel workers) clips the averaged gradients the same way
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_update_graph_clips_as_train_step(backend):
+    """``update_model`` (what data-parallel replicas apply to the averaged gradients) clips them as
+    train_step does: the gradients graph's outputs through it give train_step's next params."""
+    spec = SPECS["sgd-value-then-norm"]
+    arts = gc.training.generate(gc.capture(_Net(), x=gc.spec("float64", ("N", 3))), gc.losses.mse("output", label="y"),
+                                spec)
+    batch = _batches()[1]  # large gradients: both clippings act
+    trainer = gc.Trainer(arts, backend=backend)
+    trainer.step(batch)
+    grads = gc.Session(arts.gradients, backend=backend).run(batch)
     update = gc.training.update_model(arts.manifest)
-    assert {"ReduceMax", "Clip"} <= {n.op_type for n in update.proto.graph.node}
+    feeds = {**arts.manifest.pack(arts.state), **grads}
+    out = gc.Session(update, backend=backend).run({s.name: feeds[s.name] for s in update.inputs})
+    for p in arts.manifest.trainable:
+        np.testing.assert_allclose(out[f"{p}.next"], trainer.params[p], rtol=1e-12, err_msg=p)
+    plain = gc.training.generate(gc.capture(_Net(), x=gc.spec("float64", ("N", 3))),
+                                 gc.losses.mse("output", label="y"), gc.optim.SGD(0.125, momentum=0.5))
+    unclipped = gc.Session(gc.training.update_model(plain.manifest), backend=backend).run(
+        {s.name: feeds[s.name] for s in update.inputs})
+    assert not np.allclose(unclipped["out.weight.next"], trainer.params["out.weight"])
 
 
 def test_fit_records_each_steps_norm_as_torch_returns_it(tmp_path):
