@@ -147,6 +147,36 @@ def test_params_of_two_dtypes_share_one_norm(backend):
     assert min(opt.norms) < spec.max_grad_norm < max(opt.norms), opt.norms
 
 
+def test_float16_params_clip_on_both_backends_as_torch():
+    """A float16 flat buffer: its norm summed in float32 (Cast, ReduceSumSquare), Clip and the
+    scaling in float16; ort-cpu runs every node, and both backends step as torch's fused Adam."""
+    spec = gc.optim.Adam(2 ** -6, max_grad_norm=0.5, clip_grad_value=0.5)
+    model = gc.capture(gc.nn.Linear(3, 2, dtype="float16"), x=gc.spec("float16", ("N", 3)))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), spec)
+    batches = [{k: v.astype(np.float16) for k, v in b.items()} for b in _batches("float32", 4)]
+    linear = torch.nn.Linear(3, 2).half()
+    start = gc.Trainer(arts, backend="numpy").params
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(start["weight"])), linear.bias.copy_(torch.from_numpy(start["bias"]))
+    opt = torch.optim.Adam(linear.parameters(), spec.lr, fused=True)
+    norms = []
+    for batch in batches:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(linear(torch.from_numpy(batch["x"])), torch.from_numpy(batch["y"])).backward()
+        torch.nn.utils.clip_grad_value_(linear.parameters(), 0.5)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(linear.parameters(), 0.5)))
+        opt.step()
+    assert min(norms) < 0.5 < max(norms), norms
+    for backend in ("numpy", "ort-cpu"):
+        trainer = gc.Trainer(arts, backend=backend)
+        for batch in batches:
+            trainer.step(batch)
+        for name, param in (("weight", linear.weight), ("bias", linear.bias)):
+            assert trainer.params[name].dtype == np.float16
+            np.testing.assert_allclose(trainer.params[name].astype(np.float32), param.detach().float().numpy(),
+                                       rtol=2.0 ** -9, atol=2.0 ** -12, err_msg=f"{backend} {name}")
+
+
 def test_norm_is_one_reduction_per_flat_buffer():
     """The total norm reads the update's flat gradient buffers: one ReduceSumSquare each, not one
     per param; no clipping, no such node."""
