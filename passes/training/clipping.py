@@ -9,6 +9,12 @@ off the gradients as the update holds them (a few flat buffers, ``flat``): one r
 buffer, so its cost follows the gradients' bytes, not the number of params. A NaN or infinite
 total norm propagates as torch's (``error_if_nonfinite=False``): NaN turns every gradient NaN, an
 infinite norm scales by 0 (an infinite gradient entry becomes NaN).
+
+Cost (``max_grad_norm=1.0`` against none, AdamW, bench_zoo's models exported and imported, 64 px,
+Trainer steps on ort-cpu interleaved, median of 20-40 rounds on a shared 2-core VM): ResNet-18
+at batch 2 1.05x / 1.08x (two runs), at batch 32 1.02x; GPT at batch 2 1.03x, at batch 32 1.00x.
+Each buffer is read once more for its reduction and once more for the scaling, and no group's
+step can start before every gradient is known (torch's clip_grad_norm_ has the same barrier).
 """
 
 from __future__ import annotations
