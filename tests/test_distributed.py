@@ -118,6 +118,23 @@ def test_two_workers_keep_a_float64_models_loss_in_float64(ray_cluster):
     dp.shutdown()
 
 
+def test_two_workers_clip_the_averaged_gradients_as_one_process(ray_cluster):
+    """max_grad_norm: the replicas' update graph clips the averaged gradients as train_step does."""
+    model = gc.capture(nn.Linear(4, 3, dtype="float64"), x=gc.spec("float64", ("N", 4)))
+    spec = gc.optim.SGD(0.125, momentum=0.5, max_grad_norm=0.5, clip_grad_value=0.25)
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), spec)
+    unclipped = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.125, momentum=0.5))
+    dp, single = gc.Trainer(arts, **{**WORKER, "backend": "numpy"}), gc.Trainer(arts, backend="numpy")
+    plain = gc.Trainer(unclipped, backend="numpy")
+    for scale in (0.05, 4.0, 0.1, 3.0):
+        batch = {"x": RNG.standard_normal((6, 4)) * scale, "y": RNG.standard_normal((6, 3)) * scale}
+        assert dp.step(batch) == pytest.approx(single.step(batch), rel=1e-12)
+        plain.step(batch)
+    _close(dp.params, single.params, rtol=1e-12, atol=1e-14)
+    assert not np.allclose(plain.params["weight"], single.params["weight"])  # the clipping acted
+    dp.shutdown()
+
+
 def test_two_workers_average_float16_gradients_without_overflow(ray_cluster):
     """Each worker scaled its gradients by its shard's example count before the average: in
     float16 a weight gradient of ~300 times 512 labels is inf, where one process's mean is finite."""
