@@ -333,6 +333,25 @@ def test_mish_written_out_before_opset_18():
         np.testing.assert_allclose(run_both(model, {"x": X1})["output"], want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("opset", [17, 21])
+@pytest.mark.parametrize("name,call", [("softplus", lambda f, x: f.softplus(x)),
+                                       ("softplus_beta", lambda f, x: f.softplus(x, 2.0, 5.0)),
+                                       ("mish", lambda f, x: f.mish(x))])
+def test_float64_softplus_and_mish_run_on_onnxruntime(name, call, opset):
+    """onnxruntime has no float64 Softplus (nor Mish, whose body is one): float64 writes it out,
+    with torch's values and gradients on both backends, large |x| included."""
+    torch = pytest.importorskip("torch")
+    x = np.array([-40.0, -5.0, -0.5, 0.0, 0.3, 2.0, 2.6, 19.0, 40.0])
+    c = np.random.default_rng(3).standard_normal(x.shape)
+    xt = torch.tensor(x, requires_grad=True)
+    want = call(torch.nn.functional, xt)
+    (want * torch.from_numpy(c)).sum().backward()
+    for backend in ("numpy", "ort-cpu"):
+        got = gc_grads(call, {"x": x}, {}, c, backend=backend, opset=opset)
+        np.testing.assert_allclose(got["out"], want.detach().numpy(), rtol=1e-12, atol=1e-300, err_msg=backend)
+        np.testing.assert_allclose(got["x"], xt.grad.numpy(), rtol=1e-12, atol=1e-300, err_msg=backend)
+
+
 class _Volume(nn.Module):
     """Conv3d, BatchNorm3d, a mean over the volume and a Linear head (float64)."""
 

@@ -16,6 +16,7 @@ from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, lift, matmu
 from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.ops import nan_if_any, reduction
 from graphc.dsl.ops_array import chunk, ir_tensor, tril
+from graphc.dsl.ops_elementwise import log1p
 from graphc.dsl.ops_nn import check_rank, conv_pads, ints, max_pool, pool_node
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
@@ -235,7 +236,8 @@ def silu(x: Tensor, inplace: bool = False) -> Tensor:
 def mish(x: Tensor, inplace: bool = False) -> Tensor:
     """``x * tanh(softplus(x))``, written out before opset 18. Signature: ai.onnx@18::Mish"""
     x = lift(x)
-    out = unary("Mish", x) if current().opset >= 18 else x * unary("Tanh", unary("Softplus", x))
+    native = current().opset >= 18 and x.dtype != "float64"  # onnxruntime's Mish expands to a Softplus
+    out = unary("Mish", x) if native else x * unary("Tanh", _softplus(x))
     return into(x, out, inplace)
 
 
@@ -251,13 +253,21 @@ def hardsigmoid(x: Tensor, inplace: bool = False) -> Tensor:
     return into(x, unary("HardSigmoid", x, alpha=1.0 / 6.0, beta=0.5), inplace)
 
 
+def _softplus(x: Tensor) -> Tensor:
+    """``log(1 + exp(x))``: Softplus; in float64 (onnxruntime has none) ``max(x, 0) + log1p(exp(-|x|))``,
+    torch's value far below 0 too, the max a Min whose tie gives torch's gradient 0.5 at 0."""
+    if x.dtype != "float64":
+        return unary("Softplus", x)
+    return log1p(unary("Exp", -unary("Abs", x))) - minimum(-x, scalar(0.0, x))
+
+
 def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """``log(1 + exp(beta x)) / beta``, ``x`` itself where ``beta x > threshold``."""
     x = lift(x)
     if beta == 1.0:
-        soft = unary("Softplus", x)
+        soft = _softplus(x)
     else:
-        soft = unary("Softplus", x * scalar(beta, x)) / scalar(beta, x)
+        soft = _softplus(x * scalar(beta, x)) / scalar(beta, x)
     return where(x * scalar(beta, x) > scalar(threshold, x), x, soft)
 
 
