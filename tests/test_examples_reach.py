@@ -1,0 +1,116 @@
+"""The example models that use the DSL's newer reach (``models/vae.py``, ``models/packed_lstm.py``,
+``models/audio_cnn.py``, ``models/flow.py``) trained against the same models written in torch: the
+torch twin loads the captured model's initial weights, and each AdamW step's loss and every
+parameter must agree (float64; ort-cpu for several steps, numpy for one); the exported inference
+model passes the full ONNX checker and gives torch's eval output on both backends."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import graphc as gc
+from graphc.models import vae
+
+try:
+    from torch_grad_util import assert_step_matches_torch, run_both
+except ImportError:  # tests/ collected as a package
+    from tests.torch_grad_util import assert_step_matches_torch, run_both
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+LR = 2.0 ** -7  # exact in float32: train_step takes lr as a float32 input, also for float64 params
+
+
+def _trains_like_torch(model: gc.Model, loss, twin, torch_loss, batches: list[dict], tmp_path) -> gc.Model:
+    """AdamW steps of ``model`` (its training artifacts) against ``twin`` (torch, holding the
+    model's initial weights): on numpy the first batch, on ort-cpu every batch; ``torch_loss(twin,
+    batch)`` is the torch loss. Returns the inference model ``export_inference`` wrote after the
+    ort-cpu steps, checked by the full ONNX checker."""
+    arts = gc.training.generate(model, loss, gc.optim.AdamW(LR))
+    start = {k: v.clone() for k, v in twin.state_dict().items()}
+    for backend, steps in (("numpy", batches[:1]), ("ort-cpu", batches)):
+        twin.load_state_dict(start)
+        opt = torch.optim.AdamW(twin.parameters(), lr=LR)
+        trainer = gc.Trainer(arts, backend=backend)
+        for i, batch in enumerate(steps):
+            assert_step_matches_torch(trainer, batch, opt, lambda b=batch: torch_loss(twin, b), twin, i)
+    exported = gc.load(trainer.export_inference(tmp_path / "inference.onnx"))
+    onnx.checker.check_model(exported.proto, full_check=True)
+    twin.eval()
+    return exported
+
+
+def _t(a: np.ndarray):
+    return torch.from_numpy(np.asarray(a))
+
+
+# --- VAE -------------------------------------------------------------------------------------
+
+class TorchVAE(torch.nn.Module):
+    """models/vae.py in torch."""
+
+    def __init__(self, features=64, hidden=32, latent=8):
+        super().__init__()
+        L = torch.nn.Linear
+        self.enc, self.mu, self.s = L(features, hidden), L(hidden, latent), L(hidden, latent)
+        self.dec1, self.dec2 = L(latent, hidden), L(hidden, features)
+
+    def posterior(self, x):
+        h = F.relu(self.enc(x))
+        return torch.distributions.Normal(self.mu(h), F.softplus(self.s(h)))
+
+    def forward(self, x, eps):
+        q = self.posterior(x)
+        z = q.loc + q.scale * eps
+        logits = self.dec2(F.relu(self.dec1(z)))
+        reconstruction = torch.distributions.Bernoulli(logits=logits).log_prob(x).sum(-1)
+        kl = torch.distributions.kl_divergence(q, torch.distributions.Normal(0.0, 1.0)).sum(-1)
+        return (kl - reconstruction).mean(), logits
+
+
+def _vae(seed: int = 0, **inputs):
+    """The VAE captured (float64, its params drawn from ``seed``) and its torch twin."""
+    model = gc.capture(vae.VAE(dtype="float64"), seed=seed, x=gc.spec("float64", ("N", 64)), **inputs)
+    twin = TorchVAE().double()
+    twin.load_state_dict({k: _t(v) for k, v in model.params.items()})
+    return model, twin
+
+
+def _pixels(rng, n: int) -> np.ndarray:
+    return (rng.random((n, 64)) < np.linspace(0.1, 0.9, 64)).astype(np.float64)
+
+
+def test_vae_trains_like_torch(tmp_path):
+    """The negative ELBO with the draw ``eps`` fed: four AdamW steps, then the exported model's
+    loss and logits against torch's eval ones."""
+    model, twin = _vae(eps=gc.spec("float64", ("N", 8)))
+    rng = np.random.default_rng(1)
+    batches = [{"x": _pixels(rng, 6), "eps": rng.standard_normal((6, 8))} for _ in range(4)]
+    exported = _trains_like_torch(model, "loss", twin, lambda m, b: m(_t(b["x"]), _t(b["eps"]))[0], batches,
+                                  tmp_path)
+    test = {"x": _pixels(rng, 5), "eps": rng.standard_normal((5, 8))}
+    got = run_both(exported, test)
+    with torch.no_grad():
+        loss, logits = twin(_t(test["x"]), _t(test["eps"]))
+    np.testing.assert_allclose(got["loss"], loss.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(got["logits"], logits.numpy(), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_vae_rsample_gradients_are_torch_given_the_draw(backend):
+    """Without ``eps``, ``rsample()`` draws in the graph: given the draw it made (recovered from ``z``
+    and torch's posterior), the loss and every parameter gradient are torch's."""
+    model, twin = _vae(seed=3)
+    grads = gc.grad(model, "loss")
+    x = _pixels(np.random.default_rng(2), 7)
+    got = gc.Session(grads, backend=backend).run({"x": x})
+    q = twin.posterior(_t(x))
+    eps = ((_t(got["z"]) - q.loc) / q.scale).detach()
+    assert 0.3 < float(eps.std()) < 3 and float(eps.abs().max()) < 10  # a standard-normal draw, not one fixed value
+    loss, _ = twin(_t(x), eps)
+    loss.backward()
+    np.testing.assert_allclose(got["loss"], loss.item(), rtol=1e-9)
+    for k, p in twin.named_parameters():
+        np.testing.assert_allclose(got[f"{k}_grad"], p.grad.numpy(), rtol=1e-7, atol=1e-10, err_msg=k)
