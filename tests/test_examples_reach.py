@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 import graphc as gc
-from graphc.models import vae
+from graphc.models import packed_lstm, vae
 
 try:
     from torch_grad_util import assert_step_matches_torch, run_both
@@ -23,11 +23,13 @@ F = torch.nn.functional
 LR = 2.0 ** -7  # exact in float32: train_step takes lr as a float32 input, also for float64 params
 
 
-def _trains_like_torch(model: gc.Model, loss, twin, torch_loss, batches: list[dict], tmp_path) -> gc.Model:
+def _trains_like_torch(model: gc.Model, loss, twin, torch_loss, batches: list[dict], tmp_path,
+                       tol: tuple[float, float, float] = (1e-10, 1e-9, 1e-12)) -> gc.Model:
     """AdamW steps of ``model`` (its training artifacts) against ``twin`` (torch, holding the
     model's initial weights): on numpy the first batch, on ort-cpu every batch; ``torch_loss(twin,
-    batch)`` is the torch loss. Returns the inference model ``export_inference`` wrote after the
-    ort-cpu steps, checked by the full ONNX checker."""
+    batch)`` is the torch loss; ``tol``: the loss's rtol, the params' rtol and atol. Returns the
+    inference model ``export_inference`` wrote after the ort-cpu steps, checked by the full ONNX
+    checker."""
     arts = gc.training.generate(model, loss, gc.optim.AdamW(LR))
     start = {k: v.clone() for k, v in twin.state_dict().items()}
     for backend, steps in (("numpy", batches[:1]), ("ort-cpu", batches)):
@@ -35,7 +37,8 @@ def _trains_like_torch(model: gc.Model, loss, twin, torch_loss, batches: list[di
         opt = torch.optim.AdamW(twin.parameters(), lr=LR)
         trainer = gc.Trainer(arts, backend=backend)
         for i, batch in enumerate(steps):
-            assert_step_matches_torch(trainer, batch, opt, lambda b=batch: torch_loss(twin, b), twin, i)
+            assert_step_matches_torch(trainer, batch, opt, lambda b=batch: torch_loss(twin, b), twin, i, tol[0],
+                                      tol[1], state_atol=tol[2])
     exported = gc.load(trainer.export_inference(tmp_path / "inference.onnx"))
     onnx.checker.check_model(exported.proto, full_check=True)
     twin.eval()
@@ -114,3 +117,51 @@ def test_vae_rsample_gradients_are_torch_given_the_draw(backend):
     np.testing.assert_allclose(got["loss"], loss.item(), rtol=1e-9)
     for k, p in twin.named_parameters():
         np.testing.assert_allclose(got[f"{k}_grad"], p.grad.numpy(), rtol=1e-7, atol=1e-10, err_msg=k)
+
+
+# --- packed-sequence LSTM classifier -----------------------------------------------------------
+
+class TorchPackedLSTM(torch.nn.Module):
+    """models/packed_lstm.py in torch."""
+
+    def __init__(self, vocab=50, embed=16, hidden=16, classes=4):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, embed, padding_idx=0)
+        self.rnn = torch.nn.LSTM(embed, hidden, 2, batch_first=True, bidirectional=True)
+        self.head = torch.nn.Linear(2 * hidden, classes)
+
+    def forward(self, tokens, lengths):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(self.embed(tokens), lengths, batch_first=True,
+                                                         enforce_sorted=False)
+        _, (h_n, _) = self.rnn(packed)
+        return self.head(torch.cat([h_n[-2], h_n[-1]], 1))
+
+
+def _sentences(rng, n: int, steps: int = 12) -> dict:
+    """Token batches padded with 0 (and garbage past some lengths, which must not count), their
+    lengths unsorted, and labels."""
+    lengths = rng.integers(1, steps + 1, n)
+    tokens = rng.integers(1, 50, (n, steps))
+    tokens[(np.arange(steps) >= lengths[:, None]) & (rng.random((n, steps)) < 0.7)] = 0
+    return {"tokens": tokens, "lengths": lengths, "y": rng.integers(0, 4, n)}
+
+
+def test_packed_lstm_trains_like_torch(tmp_path):
+    """float32 (onnxruntime's LSTM has no float64): four AdamW steps of cross-entropy, then the
+    exported classifier on a batch of other lengths, with a symbolic batch."""
+    model = gc.capture(packed_lstm.PackedLSTMClassifier(), **packed_lstm.example_inputs())
+    twin = TorchPackedLSTM()
+    twin.load_state_dict({k: _t(v) for k, v in model.params.items()})
+    rng = np.random.default_rng(5)
+    batches = [_sentences(rng, 6) for _ in range(4)]
+
+    def torch_loss(m, b):
+        return F.cross_entropy(m(_t(b["tokens"]), _t(b["lengths"])), _t(b["y"]))
+
+    exported = _trains_like_torch(model, gc.losses.cross_entropy("output", label="y"), twin, torch_loss, batches,
+                                  tmp_path, tol=(1e-5, 1e-4, 1e-6))
+    test = _sentences(rng, 9)
+    got = run_both(exported, {"tokens": test["tokens"], "lengths": test["lengths"]})["output"]
+    with torch.no_grad():
+        want = twin(_t(test["tokens"]), _t(test["lengths"])).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

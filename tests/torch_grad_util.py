@@ -191,10 +191,11 @@ def assert_constructed_matches_torch(ctor: str, x: np.ndarray, seed: int = 2, ba
 
 
 def assert_step_matches_torch(trainer: gc.Trainer, batch: dict, opt, torch_loss, twin, step: int, rtol: float = 1e-10,
-                              state_rtol: float = 1e-9, skip: tuple[str, ...] = ()) -> dict:
+                              state_rtol: float = 1e-9, skip: tuple[str, ...] = (), state_atol: float = 1e-12) -> dict:
     """One ``trainer.step(batch)`` against one step of the torch optimizer ``opt`` on
     ``torch_loss()`` (the torch loss, built when called): the losses to ``rtol``, then each entry
-    of ``twin``'s state_dict but those in ``skip`` to ``state_rtol``; returns the trainer's state."""
+    of ``twin``'s state_dict but those in ``skip`` to ``state_rtol`` and ``state_atol``; returns
+    the trainer's state."""
     loss = trainer.step(batch)
     opt.zero_grad()
     want = torch_loss()
@@ -204,5 +205,6 @@ def assert_step_matches_torch(trainer: gc.Trainer, batch: dict, opt, torch_loss,
     state = trainer.state_dict()
     for k, v in twin.state_dict().items():
         if k not in skip:
-            np.testing.assert_allclose(state[k], v.numpy(), rtol=state_rtol, atol=1e-12, err_msg=f"step {step} {k}")
+            np.testing.assert_allclose(state[k], v.numpy(), rtol=state_rtol, atol=state_atol,
+                                       err_msg=f"step {step} {k}")
     return state
