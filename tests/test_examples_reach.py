@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 import graphc as gc
-from graphc.models import packed_lstm, vae
+from graphc.models import audio_cnn, packed_lstm, vae
 
 try:
     from torch_grad_util import assert_step_matches_torch, run_both
@@ -164,4 +164,53 @@ def test_packed_lstm_trains_like_torch(tmp_path):
     got = run_both(exported, {"tokens": test["tokens"], "lengths": test["lengths"]})["output"]
     with torch.no_grad():
         want = twin(_t(test["tokens"]), _t(test["lengths"])).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+# --- audio frontend classifier -------------------------------------------------------------------
+
+class TorchAudioCNN(torch.nn.Module):
+    """models/audio_cnn.py in torch, on the same mel filterbank."""
+
+    def __init__(self, mel: np.ndarray, classes=3, channels=8):
+        super().__init__()
+        wn = torch.nn.utils.parametrizations.weight_norm
+        self.mel = _t(mel)
+        self.conv1 = wn(torch.nn.Conv1d(mel.shape[0], channels, 3, padding=1))
+        self.conv2 = wn(torch.nn.Conv1d(channels, channels, 3, padding=1))
+        self.head = torch.nn.Linear(channels, classes)
+
+    def forward(self, wave):
+        spec = torch.stft(wave, 64, 16, window=torch.hann_window(64), return_complex=True)
+        h = F.relu(self.conv1(torch.log(self.mel @ spec.abs() ** 2 + 1e-6)))
+        h = F.relu(self.conv2(F.avg_pool1d(h, 2)))
+        return self.head(h.mean(-1))
+
+
+def _tones(rng, n: int, length: int) -> dict:
+    """A tone per example whose pitch is its class, in noise."""
+    y = rng.integers(0, 3, n)
+    t = np.arange(length) / 8000
+    wave = np.sin(2 * np.pi * (500 + 1000 * y[:, None]) * t + rng.uniform(0, 6, (n, 1)))
+    return {"wave": (wave + 0.3 * rng.standard_normal((n, length))).astype(np.float32), "y": y}
+
+
+def test_audio_cnn_trains_like_torch(tmp_path):
+    """float32 (onnxruntime's Conv has no float64): four AdamW steps of cross-entropy on
+    400-sample waveforms (a static length: Conv's gradient needs static spatial dims), then the
+    exported classifier."""
+    net = audio_cnn.AudioCNN()
+    model = gc.capture(net, **audio_cnn.example_inputs(length=400))
+    twin = TorchAudioCNN(net.mel)
+    assert sorted(twin.state_dict()) == sorted(model.params)
+    twin.load_state_dict({k: _t(v) for k, v in model.params.items()})
+    rng = np.random.default_rng(7)
+    batches = [_tones(rng, 6, 400) for _ in range(4)]
+    exported = _trains_like_torch(model, gc.losses.cross_entropy("output", label="y"), twin,
+                                  lambda m, b: F.cross_entropy(m(_t(b["wave"])), _t(b["y"])), batches, tmp_path,
+                                  tol=(1e-5, 1e-4, 1e-6))
+    test = _tones(rng, 5, 400)
+    got = run_both(exported, {"wave": test["wave"]})["output"]
+    with torch.no_grad():
+        want = twin(_t(test["wave"])).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
