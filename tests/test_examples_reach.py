@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 import graphc as gc
-from graphc.models import audio_cnn, packed_lstm, vae
+from graphc.models import audio_cnn, flow, packed_lstm, vae
 
 try:
     from torch_grad_util import assert_step_matches_torch, run_both
@@ -24,12 +24,12 @@ LR = 2.0 ** -7  # exact in float32: train_step takes lr as a float32 input, also
 
 
 def _trains_like_torch(model: gc.Model, loss, twin, torch_loss, batches: list[dict], tmp_path,
-                       tol: tuple[float, float, float] = (1e-10, 1e-9, 1e-12)) -> gc.Model:
+                       tol: tuple[float, float, float] = (1e-10, 1e-9, 1e-12)) -> tuple[gc.Model, gc.Trainer]:
     """AdamW steps of ``model`` (its training artifacts) against ``twin`` (torch, holding the
     model's initial weights): on numpy the first batch, on ort-cpu every batch; ``torch_loss(twin,
     batch)`` is the torch loss; ``tol``: the loss's rtol, the params' rtol and atol. Returns the
     inference model ``export_inference`` wrote after the ort-cpu steps, checked by the full ONNX
-    checker."""
+    checker, and the ort-cpu trainer."""
     arts = gc.training.generate(model, loss, gc.optim.AdamW(LR))
     start = {k: v.clone() for k, v in twin.state_dict().items()}
     for backend, steps in (("numpy", batches[:1]), ("ort-cpu", batches)):
@@ -42,7 +42,7 @@ def _trains_like_torch(model: gc.Model, loss, twin, torch_loss, batches: list[di
     exported = gc.load(trainer.export_inference(tmp_path / "inference.onnx"))
     onnx.checker.check_model(exported.proto, full_check=True)
     twin.eval()
-    return exported
+    return exported, trainer
 
 
 def _t(a: np.ndarray):
@@ -91,7 +91,7 @@ def test_vae_trains_like_torch(tmp_path):
     model, twin = _vae(eps=gc.spec("float64", ("N", 8)))
     rng = np.random.default_rng(1)
     batches = [{"x": _pixels(rng, 6), "eps": rng.standard_normal((6, 8))} for _ in range(4)]
-    exported = _trains_like_torch(model, "loss", twin, lambda m, b: m(_t(b["x"]), _t(b["eps"]))[0], batches,
+    exported, _ = _trains_like_torch(model, "loss", twin, lambda m, b: m(_t(b["x"]), _t(b["eps"]))[0], batches,
                                   tmp_path)
     test = {"x": _pixels(rng, 5), "eps": rng.standard_normal((5, 8))}
     got = run_both(exported, test)
@@ -158,7 +158,7 @@ def test_packed_lstm_trains_like_torch(tmp_path):
     def torch_loss(m, b):
         return F.cross_entropy(m(_t(b["tokens"]), _t(b["lengths"])), _t(b["y"]))
 
-    exported = _trains_like_torch(model, gc.losses.cross_entropy("output", label="y"), twin, torch_loss, batches,
+    exported, _ = _trains_like_torch(model, gc.losses.cross_entropy("output", label="y"), twin, torch_loss, batches,
                                   tmp_path, tol=(1e-5, 1e-4, 1e-6))
     test = _sentences(rng, 9)
     got = run_both(exported, {"tokens": test["tokens"], "lengths": test["lengths"]})["output"]
@@ -206,7 +206,7 @@ def test_audio_cnn_trains_like_torch(tmp_path):
     twin.load_state_dict({k: _t(v) for k, v in model.params.items()})
     rng = np.random.default_rng(7)
     batches = [_tones(rng, 6, 400) for _ in range(4)]
-    exported = _trains_like_torch(model, gc.losses.cross_entropy("output", label="y"), twin,
+    exported, _ = _trains_like_torch(model, gc.losses.cross_entropy("output", label="y"), twin,
                                   lambda m, b: F.cross_entropy(m(_t(b["wave"])), _t(b["y"])), batches, tmp_path,
                                   tol=(1e-5, 1e-4, 1e-6))
     test = _tones(rng, 5, 400)
@@ -214,3 +214,85 @@ def test_audio_cnn_trains_like_torch(tmp_path):
     with torch.no_grad():
         want = twin(_t(test["wave"])).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+# --- normalizing flow ----------------------------------------------------------------------------
+
+class TorchInvertibleLinear(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(dim, dim, dtype=torch.float64))
+
+    def forward(self, x):
+        return x @ self.weight.T, torch.linalg.slogdet(self.weight).logabsdet
+
+    def inverse(self, y):
+        return y @ torch.linalg.inv(self.weight).T
+
+
+class TorchCoupling(torch.nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.half = dim // 2
+        self.net = torch.nn.Sequential(torch.nn.Linear(self.half, hidden), torch.nn.Tanh(),
+                                       torch.nn.Linear(hidden, 2 * (dim - self.half))).double()
+
+    def forward(self, x):
+        s, t = self.net(x[:, :self.half]).chunk(2, -1)
+        return torch.cat([x[:, :self.half], x[:, self.half:] * torch.tanh(s).exp() + t], -1), torch.tanh(s).sum(-1)
+
+    def inverse(self, y):
+        s, t = self.net(y[:, :self.half]).chunk(2, -1)
+        return torch.cat([y[:, :self.half], (y[:, self.half:] - t) * (-torch.tanh(s)).exp()], -1)
+
+
+class TorchFlow(torch.nn.Module):
+    """models/flow.py in torch."""
+
+    def __init__(self, dim=6, hidden=16, blocks=2):
+        super().__init__()
+        self.linears = torch.nn.ModuleList([TorchInvertibleLinear(dim) for _ in range(blocks)])
+        self.couplings = torch.nn.ModuleList([TorchCoupling(dim, hidden) for _ in range(blocks)])
+
+    def forward(self, x):
+        logdet = 0
+        for linear, coupling in zip(self.linears, self.couplings):
+            x, a = linear(x)
+            x, b = coupling(x)
+            logdet = logdet + a + b
+        return torch.distributions.Normal(0.0, 1.0).log_prob(x).sum(-1) + logdet
+
+    def inverse(self, z):
+        for linear, coupling in zip(reversed(self.linears), reversed(self.couplings)):
+            z = linear.inverse(coupling.inverse(z))
+        return z
+
+
+def _moons(rng, n: int) -> np.ndarray:
+    """Curved data in 6 dims, mixed by a fixed rotation."""
+    a = rng.standard_normal((n, 3))
+    mix = np.linalg.qr(np.random.default_rng(0).standard_normal((6, 6)))[0]
+    return np.concatenate([a, np.sin(2 * a) + 0.1 * rng.standard_normal((n, 3))], 1) @ mix
+
+
+def test_flow_trains_like_torch(tmp_path):
+    """float64: four AdamW steps of the negative log-likelihood (slogdet's gradient, the cofactor
+    matrix, through the linear maps), the exported log-likelihoods, and the trained flow's
+    ``inverse`` (``gc.linalg.inv``) against torch's."""
+    net = flow.Flow(dtype="float64")
+    model = gc.capture(net, x=gc.spec("float64", ("N", 6)))
+    twin = TorchFlow()
+    twin.load_state_dict({k: _t(v) for k, v in model.params.items()})
+    rng = np.random.default_rng(9)
+    batches = [{"x": _moons(rng, 8)} for _ in range(4)]
+    exported, trainer = _trains_like_torch(model, "loss", twin, lambda m, b: -m(_t(b["x"])).mean(), batches, tmp_path)
+    x = _moons(rng, 5)
+    with torch.no_grad():
+        want = twin(_t(x)).numpy()
+    np.testing.assert_allclose(run_both(exported, {"x": x})["log_prob"], want, rtol=1e-10)
+    net.load_state_dict({k: v for k, v in trainer.state_dict().items() if k in model.params})
+    inverse = gc.capture(lambda z: net.inverse(z), z=gc.spec("float64", ("N", 6)))
+    onnx.checker.check_model(inverse.proto, full_check=True)
+    z = rng.standard_normal((5, 6))
+    with torch.no_grad():
+        np.testing.assert_allclose(run_both(inverse, {"z": z})["output"], twin.inverse(_t(z)).numpy(), rtol=1e-9)
