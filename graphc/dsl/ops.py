@@ -188,11 +188,12 @@ def erf(x: Tensor) -> Tensor:
 
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
-    """GELU; ``Gelu`` from opset 20, lowered to Erf (or Tanh) arithmetic before."""
+    """GELU; ``Gelu`` from opset 20, lowered to Erf (or Tanh) arithmetic before and in float64
+    (onnxruntime has no float64 Gelu, and its Gelu expands to an Erf the session cannot rewrite)."""
     if approximate not in ("none", "tanh"):
         raise CaptureError(f"gelu approximate={approximate!r}; expected 'none' or 'tanh' (at {user_source()})")
     x = lift(x)
-    if current().opset >= 20:
+    if current().opset >= 20 and x.dtype != "float64":
         return emit("Gelu", [x], {"approximate": approximate})
     if approximate == "tanh":
         inner = scalar(math.sqrt(2.0 / math.pi), x) * (x + scalar(0.044715, x) * x * x * x)
