@@ -13,10 +13,10 @@ import numpy as np
 from graphc.errors import CaptureError
 from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, lift, matmul, mean, minimum, reshape,
                             reshape_like, same_dtype, scalar, sigmoid, softmax, sqrt, transpose, unary, where)
+from graphc.dsl import activations64
 from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.ops import nan_if_any, reduction
 from graphc.dsl.ops_array import chunk, ir_tensor, tril
-from graphc.dsl.ops_elementwise import expm1, log1p
 from graphc.dsl.ops_nn import check_rank, conv_pads, ints, max_pool, pool_node
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import current, op_error, user_source
@@ -213,30 +213,16 @@ def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps
 # -- activations ------------------------------------------------------------------------------
 
 
-# float64 activations are written out in Where branches with float64 constants: ONNX gives their
-# constants as float32 attributes (LeakyRelu's 0.2 is 0.2000000029802...; torch's is a double), and
-# onnxruntime has no float64 kernels for them. The branches are torch's, so its gradients at the
-# kinks and at NaN are too (a branch not taken reads a safe value, so its derivative at NaN, times
-# the zero gradient Where gives it, stays 0).
-
-
 @writes_input
 def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
     """Signature: ai.onnx@16::LeakyRelu"""
-    x = lift(x)
-    if x.dtype == "float64":
-        return into(x, where(x > scalar(0.0, x), x, x * scalar(negative_slope, x)), inplace)
-    return into(x, unary("LeakyRelu", x, alpha=float(negative_slope)), inplace)
+    return activations64.native_or_written(x, "LeakyRelu", {"alpha": float(negative_slope)}, inplace)
 
 
 @writes_input
 def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     """Signature: ai.onnx@6::Elu"""
-    x = lift(x)
-    if x.dtype == "float64":
-        negative = x <= scalar(0.0, x)
-        return into(x, where(negative, scalar(alpha, x) * expm1(where(negative, x, scalar(0.0, x))), x), inplace)
-    return into(x, unary("Elu", x, alpha=float(alpha)), inplace)
+    return activations64.native_or_written(x, "Elu", {"alpha": float(alpha)}, inplace)
 
 
 @writes_input
@@ -251,49 +237,29 @@ def mish(x: Tensor, inplace: bool = False) -> Tensor:
     """``x * tanh(softplus(x))``, written out before opset 18. Signature: ai.onnx@18::Mish"""
     x = lift(x)
     native = current().opset >= 18 and x.dtype != "float64"  # onnxruntime's Mish expands to a Softplus
-    out = unary("Mish", x) if native else x * unary("Tanh", _softplus(x))
+    out = unary("Mish", x) if native else x * unary("Tanh", activations64.native_or_written(x, "Softplus", {}))
     return into(x, out, inplace)
 
 
 @writes_input
 def hardswish(x: Tensor, inplace: bool = False) -> Tensor:
     """``x * relu6(x + 3) / 6``. Signature: ai.onnx@14::HardSwish"""
-    x = lift(x)
-    if x.dtype == "float64":  # torch's gradient: (2x + 3) / 6 inside (-3, 3), 0 up to -3, 1 from 3
-        below = x < scalar(3.0, x)
-        xs = where(below, x, scalar(0.0, x))
-        upper = where(below, xs * (xs + scalar(3.0, x)) / scalar(6.0, x), x)
-        return into(x, where(x <= scalar(-3.0, x), scalar(0.0, x), upper), inplace)
-    return into(x, unary("HardSwish", x), inplace)
+    return activations64.native_or_written(x, "HardSwish", {}, inplace)
 
 
 @writes_input
 def hardsigmoid(x: Tensor, inplace: bool = False) -> Tensor:
     """``relu6(x + 3) / 6``. Signature: ai.onnx@6::HardSigmoid"""
-    x = lift(x)
-    if x.dtype == "float64":  # torch's gradient: 1/6 strictly inside (-3, 3), else 0 (NaN too)
-        inside = emit("And", [x > scalar(-3.0, x), x < scalar(3.0, x)])
-        outside = where(x <= scalar(-3.0, x), scalar(0.0, x), where(x >= scalar(3.0, x), scalar(1.0, x),
-                                                                    x * scalar(0.0, x)))  # NaN: NaN
-        return into(x, where(inside, x / scalar(6.0, x) + scalar(0.5, x), outside), inplace)
-    return into(x, unary("HardSigmoid", x, alpha=1.0 / 6.0, beta=0.5), inplace)
-
-
-def _softplus(x: Tensor) -> Tensor:
-    """``log(1 + exp(x))``: Softplus; in float64 (onnxruntime has none) ``max(x, 0) + log1p(exp(-|x|))``,
-    torch's value far below 0 too, the max a Min whose tie gives torch's gradient 0.5 at 0."""
-    if x.dtype != "float64":
-        return unary("Softplus", x)
-    return log1p(unary("Exp", -unary("Abs", x))) - minimum(-x, scalar(0.0, x))
+    return activations64.native_or_written(x, "HardSigmoid", {"alpha": 1.0 / 6.0, "beta": 0.5}, inplace)
 
 
 def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """``log(1 + exp(beta x)) / beta``, ``x`` itself where ``beta x > threshold``."""
     x = lift(x)
     if beta == 1.0:
-        soft = _softplus(x)
+        soft = activations64.native_or_written(x, "Softplus", {})
     else:
-        soft = _softplus(x * scalar(beta, x)) / scalar(beta, x)
+        soft = activations64.native_or_written(x * scalar(beta, x), "Softplus", {}) / scalar(beta, x)
     return where(x * scalar(beta, x) > scalar(threshold, x), x, soft)
 
 
@@ -318,11 +284,7 @@ def relu6(x: Tensor, inplace: bool = False) -> Tensor:
 def selu(x: Tensor, inplace: bool = False) -> Tensor:
     """``scale * elu(x, alpha)`` with torch's constants (ONNX's defaults, float32).
     Signature: ai.onnx@6::Selu"""
-    x = lift(x)
-    if x.dtype == "float64":
-        alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
-        return into(x, elu(x, alpha) * scalar(scale, x), inplace)
-    return into(x, unary("Selu", x), inplace)
+    return activations64.native_or_written(x, "Selu", {}, inplace)
 
 
 @writes_input
@@ -358,10 +320,7 @@ def logsigmoid(x: Tensor) -> Tensor:
 
 def softsign(x: Tensor) -> Tensor:
     """``x / (1 + |x|)``. Signature: ai.onnx@1::Softsign"""
-    x = lift(x)
-    if x.dtype == "float64":
-        return x / (scalar(1.0, x) + unary("Abs", x))
-    return unary("Softsign", x)
+    return activations64.native_or_written(x, "Softsign", {})
 
 
 def tanhshrink(x: Tensor) -> Tensor:
