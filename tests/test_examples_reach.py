@@ -1,5 +1,5 @@
 """The example models that use the DSL's newer reach (``models/vae.py``, ``models/packed_lstm.py``,
-``models/audio_cnn.py``, ``models/flow.py``) trained against the same models written in torch: the
+``models/audio_cnn.py``, ``models/flow.py``, ``models/sn_discriminator.py``) trained against the same models written in torch: the
 torch twin loads the captured model's initial weights, and each AdamW step's loss and every
 parameter must agree (float64; ort-cpu for several steps, numpy for one); the exported inference
 model passes the full ONNX checker and gives torch's eval output on both backends."""
@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 import graphc as gc
-from graphc.models import audio_cnn, flow, packed_lstm, vae
+from graphc.models import audio_cnn, flow, packed_lstm, sn_discriminator, vae
 
 try:
     from torch_grad_util import assert_step_matches_torch, run_both
@@ -24,10 +24,12 @@ LR = 2.0 ** -7  # exact in float32: train_step takes lr as a float32 input, also
 
 
 def _trains_like_torch(model: gc.Model, loss, twin, torch_loss, batches: list[dict], tmp_path,
-                       tol: tuple[float, float, float] = (1e-10, 1e-9, 1e-12)) -> tuple[gc.Model, gc.Trainer]:
+                       tol: tuple[float, float, float] = (1e-10, 1e-9, 1e-12),
+                       skip: tuple[str, ...] = ()) -> tuple[gc.Model, gc.Trainer]:
     """AdamW steps of ``model`` (its training artifacts) against ``twin`` (torch, holding the
     model's initial weights): on numpy the first batch, on ort-cpu every batch; ``torch_loss(twin,
-    batch)`` is the torch loss; ``tol``: the loss's rtol, the params' rtol and atol. Returns the
+    batch)`` is the torch loss; ``tol``: the loss's rtol, the params' rtol and atol; ``skip``: state
+    entries not compared (buffers the steps do not change). Returns the
     inference model ``export_inference`` wrote after the ort-cpu steps, checked by the full ONNX
     checker, and the ort-cpu trainer."""
     arts = gc.training.generate(model, loss, gc.optim.AdamW(LR))
@@ -38,7 +40,7 @@ def _trains_like_torch(model: gc.Model, loss, twin, torch_loss, batches: list[di
         trainer = gc.Trainer(arts, backend=backend)
         for i, batch in enumerate(steps):
             assert_step_matches_torch(trainer, batch, opt, lambda b=batch: torch_loss(twin, b), twin, i, tol[0],
-                                      tol[1], state_atol=tol[2])
+                                      tol[1], skip, tol[2])
     exported = gc.load(trainer.export_inference(tmp_path / "inference.onnx"))
     onnx.checker.check_model(exported.proto, full_check=True)
     twin.eval()
@@ -296,3 +298,51 @@ def test_flow_trains_like_torch(tmp_path):
     z = rng.standard_normal((5, 6))
     with torch.no_grad():
         np.testing.assert_allclose(run_both(inverse, {"z": z})["output"], twin.inverse(_t(z)).numpy(), rtol=1e-9)
+
+
+# --- spectral-norm discriminator -----------------------------------------------------------------
+
+class TorchSNDiscriminator(torch.nn.Module):
+    """models/sn_discriminator.py in torch (eval mode: u and v stay as loaded)."""
+
+    def __init__(self, width=8, size=16):
+        super().__init__()
+        sn = torch.nn.utils.spectral_norm
+        self.conv1 = sn(torch.nn.Conv2d(1, width, 4, stride=2, padding=1))
+        self.conv2 = sn(torch.nn.Conv2d(width, 2 * width, 4, stride=2, padding=1))
+        self.fc = sn(torch.nn.Linear(2 * width * (size // 4) ** 2, 1))
+
+    def forward(self, x):
+        h = F.leaky_relu(self.conv2(F.leaky_relu(self.conv1(x), 0.2)), 0.2)
+        return self.fc(h.flatten(1))
+
+
+def _real_and_fake(rng, n: int) -> dict:
+    """Smooth blobs (label 1) and noise (label 0), half each."""
+    grid = np.linspace(-1, 1, 16)
+    cy, cx = rng.uniform(-0.5, 0.5, (2, n, 1, 1))
+    real = np.exp(-((grid[None, :, None] - cy) ** 2 + (grid[None, None, :] - cx) ** 2) * 4)
+    fake = rng.uniform(0, 1, (n, 16, 16))
+    x = np.concatenate([real, fake])[:, None].astype(np.float32)
+    return {"x": x, "y": np.repeat([[1.0], [0.0]], n, 0).astype(np.float32)}
+
+
+def test_sn_discriminator_trains_like_torch(tmp_path):
+    """float32 (onnxruntime's Conv has no float64): four AdamW steps of the discriminator's
+    logistic loss through spectral norm's ``sigma`` (u, v fixed, as torch's eval mode), then the
+    exported model."""
+    model = gc.capture(sn_discriminator.SNDiscriminator(), **sn_discriminator.example_inputs())
+    twin = TorchSNDiscriminator().eval()
+    assert sorted(twin.state_dict()) == sorted(model.params)
+    twin.load_state_dict({k: _t(v) for k, v in model.params.items()})
+    rng = np.random.default_rng(11)
+    batches = [_real_and_fake(rng, 4) for _ in range(4)]
+    buffers = tuple(k for k in model.params if k.endswith(("_u", "_v")))
+    exported, trainer = _trains_like_torch(model, gc.losses.bce_with_logits("output", label="y"), twin,
+                                           lambda m, b: F.binary_cross_entropy_with_logits(m(_t(b["x"])), _t(b["y"])),
+                                           batches, tmp_path, tol=(1e-5, 1e-4, 1e-6), skip=buffers)
+    assert not set(buffers) & set(trainer.manifest.trainable)
+    test = _real_and_fake(rng, 3)
+    with torch.no_grad():
+        want = twin(_t(test["x"])).numpy()
+    np.testing.assert_allclose(run_both(exported, {"x": test["x"]})["output"], want, rtol=1e-4, atol=1e-5)
