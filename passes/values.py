@@ -11,8 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["RANDOM_OPS", "STOP_GRADIENT_KEY", "const_array", "const_axes", "const_scalar", "draws_random",
-           "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "replace_value", "static_shape", "stops_gradient"]
+__all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "RANDOM_OPS", "STOP_GRADIENT_KEY", "const_array", "const_axes",
+           "const_scalar", "draws_random", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "replace_value",
+           "static_shape", "stops_gradient"]
 
 Dim = int | str | None
 StaticShape = tuple[Dim, ...]
@@ -50,6 +51,13 @@ STOP_GRADIENT_KEY = "graphc.stop_gradient"
 def stops_gradient(node: ir.Node) -> bool:
     """Whether ``node`` is a ``gc.detach`` Identity: autodiff sends no gradient through it."""
     return node.op_type == "Identity" and node.metadata_props.get(STOP_GRADIENT_KEY) == "true"
+
+
+# node metadata of a module buffer written in a training-mode forward (``self.u.copy_(new)``): each
+# write is a stop-gradient Identity marked with the buffer's name (``BUFFER_WRITE_KEY``), the last
+# one, whose output is the buffer's value after the forward, ``BUFFER_UPDATE_KEY`` too
+BUFFER_WRITE_KEY = "graphc.buffer_write"
+BUFFER_UPDATE_KEY = "graphc.buffer_update"
 
 
 # ops whose kernels draw random numbers: each run draws anew, two equal nodes are two draws

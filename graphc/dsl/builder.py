@@ -130,6 +130,8 @@ class Builder:
         self.param_tensors: dict[int, Any] = {}  # id(Parameter) -> its Tensor in this capture
         self.rooted: set[int] | None = None  # ids of the captured Module's parameters (None: a function)
         self.buffers: list[str] = []
+        # id(Tensor) -> (the Tensor, its Module, its initializer) for each buffer of the captured Module read
+        self.buffer_tensors: dict[int, tuple[Any, Any, ir.Value]] = {}
         self.module_path: list[str] = []
         self.rng = np.random.default_rng(seed)
         self.node_seeds = np.random.SeedSequence(seed)  # random nodes' seed attributes (ops_random.node_seed)

@@ -120,6 +120,7 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
         except Exception as exc:  # noqa: BLE001 - the user's code raised it: say where, keep it as the cause
             raise CaptureError(f"{type(exc).__name__} in the captured code at {raised_at(exc)}: {exc}") from exc
         outputs = _collect_outputs(builder, result, set(id(v) for v in graph_inputs))
+    inplace.mark_buffer_updates(builder)
     graph = ir.Graph(graph_inputs, outputs, nodes=builder.scopes[0].nodes,
                      initializers=builder.initializers, opset_imports={"": opset}, name=graph_name)
     model = ir.Model(graph, ir_version=10, producer_name="graphc", producer_version=__version__)

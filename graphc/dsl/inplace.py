@@ -8,8 +8,10 @@ itself, so every name bound to that object sees the write, as in torch. Views fo
 ``y = x.view(-1); y[3] = 0``), through basic indexing, reshapes, transposes and (un)squeezes; any
 other live view of the written storage is then out of date, and using it is a ``CaptureError``
 naming the write's line (take the view again after the write, or ``.clone()`` it before). Writes
-into a parameter or buffer, through an ``expand``/``split`` view, or inside a ``gc.cond``/
-``gc.fori_loop``/``gc.scan`` body into a Tensor from outside it, are refused.
+into a parameter, through an ``expand``/``split`` view, or inside a ``gc.cond``/``gc.fori_loop``/``gc.scan``
+body into a Tensor from outside it, are refused. A write into a buffer of the captured Module
+(``self.u.copy_(new)``) in training mode is detached and marked for the training graphs to carry (see
+``_as_buffer_write``); in eval mode it is refused.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import to_numpy
 from graphc.passes.infer import InferenceError, broadcast
+from graphc.passes.values import BUFFER_UPDATE_KEY, BUFFER_WRITE_KEY
 
 
 def setitem(x: Tensor, index: Any, value: Any) -> None:
@@ -68,7 +71,29 @@ def _assign(t: Tensor, new: Tensor, keep: Tensor | None, why: str) -> None:
     if t._view is not None:
         base, how = t._view
         _assign(base, _unview(base, how, new), t, why)
+    else:
+        new = _as_buffer_write(t, new)
     t._ir, t._value = new.value, new.eager_value
+
+
+def _as_buffer_write(t: Tensor, new: Tensor) -> Tensor:
+    """``new`` as the value written into ``t``: for a buffer of the captured Module, detached (torch
+    writes buffers under ``no_grad``) and marked with the buffer's name (``BUFFER_WRITE_KEY``)."""
+    entry = current().buffer_tensors.get(id(t))
+    if entry is None:
+        return new
+    written = ops.detach(new)
+    written.value.producer().metadata_props[BUFFER_WRITE_KEY] = entry[2].name
+    return written
+
+
+def mark_buffer_updates(builder: Any) -> None:
+    """Mark the last write of each buffer the forward wrote (``BUFFER_UPDATE_KEY``): its output is the
+    buffer's value after the forward, which the training graphs carry to the next step."""
+    for tensor, _, initial in builder.buffer_tensors.values():
+        node = tensor._ir.producer()
+        if node is not None and node.metadata_props.get(BUFFER_WRITE_KEY) == initial.name:
+            node.metadata_props[BUFFER_UPDATE_KEY] = initial.name
 
 
 def _mark_stale(t: Tensor, why: str) -> None:
@@ -81,15 +106,24 @@ def _mark_stale(t: Tensor, why: str) -> None:
 
 
 def _check_writable(t: Tensor) -> None:
-    """Refuse a write into a parameter or buffer (it would not persist: the graph's initializers are
-    its inputs) or through a view torch cannot write (several elements of one memory location)."""
+    """Refuse a write into a parameter, into a buffer in eval mode or of a module the captured function
+    closes over (it would not persist: the graph's initializers are its inputs), or through a view torch
+    cannot write (several elements of one memory location). A buffer of the captured Module in training
+    mode is written (``_as_buffer_write``)."""
     _check_in_body(t)
     while t._view is not None:
         t, (op, _, _) = t._view[0], t._view[1]
         if op in ("Expand", "Split"):
             raise CaptureError(f"in-place write into a view made by {'expand' if op == 'Expand' else 'split'} of "
                                f"{t.name}: {t.type_str()} at {user_source()}; .clone() the view first")
-    if any(t._ir is v for v in current().initializers):
+    buffer = current().buffer_tensors.get(id(t))
+    if buffer is not None and not buffer[1].training:
+        raise CaptureError(f"in-place write into the buffer {buffer[2].name} in eval mode at {user_source()}: torch "
+                           f"would keep the new value for the next call, which an inference graph cannot carry; "
+                           f"write it in training mode only (`if self.training:`, as torch's BatchNorm and "
+                           f"spectral_norm do) and capture in training mode (gc.capture(..., training=True)) for "
+                           f"the training graphs to carry it")
+    if buffer is None and any(t._ir is v for v in current().initializers):
         raise CaptureError(f"in-place write into the parameter or buffer {t.name} at {user_source()}: a captured "
                            f"graph reads it, never stores it, so the write would not persist; compute a new "
                            f"tensor (w = {t.name.rsplit('.', 1)[-1]} * ...) or .clone() it first")
@@ -203,8 +237,10 @@ def method_in_place(name: str) -> Any:
 def reshaped_in_place(fn: Any) -> Any:
     """``unsqueeze_``/``squeeze_``/``t_``: only ``t``'s shape changes, so a view or a viewed ``t`` is refused."""
     def method(self: Tensor, *args: Any) -> Tensor:
-        if self._view is not None or any(ref() is not None for ref in self._views or ()):
-            raise CaptureError(f"a shape-changing in-place method on {self.name}, which is or has a view, at "
+        if self._view is not None or any(ref() is not None for ref in self._views or ()) or (
+                id(self) in current().buffer_tensors):
+            raise CaptureError(f"a shape-changing in-place method on {self.name}, which is a buffer or is or has "
+                               f"a view, at "
                                f"{user_source()}; rebind the name instead: t = t.unsqueeze(...)")
         _check_in_body(self)
         new = fn(self, *args)

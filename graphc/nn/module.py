@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from graphc.dsl.builder import Builder, active, user_source
+from graphc.dsl.inplace import write
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import as_dtype, to_numpy
@@ -95,6 +96,9 @@ class Module:
             raise CaptureError(f"{type(self).__name__}.__init__ must call super().__init__() before "
                                f"assigning {name!r}")
         params, modules = self.__dict__["_parameters"], self.__dict__["_modules"]
+        if isinstance(value, Tensor) and name in params and params[name].buffer and active() is not None:
+            write(getattr(self, name), value)  # torch: the buffer is now ``value``; captured, a write into it
+            return
         params.pop(name, None)
         modules.pop(name, None)
         if isinstance(value, (Parameter, Module)):
@@ -302,4 +306,6 @@ def _param_tensor(builder: Builder, owner: Module, attr: str, param: Parameter):
     builder.param_tensors[id(param)] = tensor
     if param.buffer:
         builder.buffers.append(tensor.value.name)
+        if builder.rooted is not None and id(param) in builder.rooted:  # a training-mode forward may write it
+            builder.buffer_tensors[id(tensor)] = (tensor, owner, value)
     return tensor
