@@ -3,14 +3,14 @@
 ``build(model, loss, optimizer, ...)`` works on a copy of the model:
 
 1. weights kept in ``Constant`` nodes become initializers (``imports``); shapes are inferred;
-2. ``inference``: the forward graph in inference mode (``modes``);
+2. ``inference``: the forward graph in inference mode (``modes``, ``buffer_updates``);
 3. the loss graph (captured by ``graphc.compile.training`` from ``gc.losses``) is spliced after a
    model output, with a new label input, or a scalar output is taken as the loss; either way
    the loss value is named ``loss`` (``loss_graph``, which first frees the names ``loss``,
    ``step`` and ``lr`` in the model);
 4. ``eval``: loss graph in inference mode, trainable params and BN statistics as inputs;
 5. ``gradients``: loss graph in training mode, ``autodiff.backward`` to the trainable params,
-   outputs ``loss``, ``<param>_grad`` and ``<stat>.next`` for each BatchNorm running statistic
+   outputs ``loss``, ``<param>_grad`` and ``<stat>.next`` for each BatchNorm statistic or written buffer
    (training-mode Dropout becomes standard ops on one ``dropout_noise.<k>`` input per node,
    drawn by the caller);
 6. ``train_step``: the gradients graph plus optimizer state inputs, ``step``, ``lr`` and the
@@ -44,8 +44,8 @@ from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
 from graphc.passes.infer import correct_onnx_inference
-from graphc.passes.training import broadcasts, clipping, dense_conv, flat, imports, modes, noise as noise_shapes
-from graphc.passes.training import optimizers, recompute as recomputation, reductions, taps_params
+from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, modes, optimizers
+from graphc.passes.training import noise as noise_shapes, recompute as recomputation, reductions, taps_params
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.values import onnx_opset, stops_gradient
 
@@ -91,12 +91,12 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     base = _prepare(model)
     order = {name: i for i, name in enumerate(model.graph.initializers)}  # promoted constants last
     opset = onnx_opset(base, 0)
-    bn_stats = modes.batchnorm_stats(base.graph)
+    bn_stats = buffer_updates.with_written(base.graph, modes.batchnorm_stats(base.graph))  # + buffers written
     data = [v.name for v in base.graph.inputs if not v.is_initializer()]
     model_outputs = [v.name for v in base.graph.outputs]
 
     inference = base.clone()
-    modes.set_inference_mode(inference.graph)
+    buffer_updates.inference_mode(inference.graph)
 
     free_names(base.graph, _reserved(loss, optimizer))
     label = append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
@@ -174,7 +174,7 @@ def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
                 model_outputs: Sequence[str]) -> tuple[ir.Model, list[Output]]:
     """Inference-mode forward and loss; params and BN statistics are inputs with defaults."""
     evaluation = base.clone()
-    modes.set_inference_mode(evaluation.graph)
+    buffer_updates.inference_mode(evaluation.graph)
     _expose_inputs(evaluation.graph, [*params, *bn_stats])
     outputs = [Output(LOSS, "loss"), *(Output(o, "output") for o in model_outputs if o != LOSS)]
     _set_outputs(evaluation.graph, outputs)
@@ -213,7 +213,8 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     before = set(step.graph)
     if device == "cpu":
         dense_conv.gather_convs(step.graph, convs, opset, nchwc)
-    bn_next = modes.lower_batchnorm(Emitter(step.graph, opset, "bn"), step.graph, device)
+    bn_next = {**modes.lower_batchnorm(Emitter(step.graph, opset, "bn"), step.graph, device),
+               **buffer_updates.updated_values(step.graph)}  # the buffers the forward writes
     forward |= {node.name for node in step.graph if node not in before}
     step.graph.sort()
     if recompute:
