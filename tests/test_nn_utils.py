@@ -12,6 +12,7 @@ import pytest
 import graphc as gc
 import graphc.nn.utils.parametrizations  # noqa: F401 - importable as torch's
 from graphc.nn import utils as U
+from graphc.passes.values import BUFFER_UPDATE_KEY
 from torch_grad_util import assert_grads_match_central_differences, gc_grads, run_both
 
 torch = pytest.importorskip("torch")
@@ -165,11 +166,14 @@ def test_spectral_norm_starts_at_the_top_singular_pair(api):
 
 
 @pytest.mark.parametrize("api", list(SPECTRAL_NORM))
-def test_spectral_norm_in_training_mode_is_refused(api):
+def test_spectral_norm_in_training_mode_writes_u_and_v(api):
+    """Captured in training mode, the power iteration writes both buffers (trained against torch in
+    test_buffer_updates.py)."""
     layer = SPECTRAL_NORM[api][0](gc.nn.Linear(3, 4)).train()
-    with pytest.raises(gc.CaptureError, match="training mode: torch's power iteration updates its u and v") as err:
-        gc.capture(layer, x=INPUTS["Linear(3, 4)"].astype(np.float32))
-    assert "test_nn_utils.py" in str(err.value)
+    model = gc.capture(layer, x=INPUTS["Linear(3, 4)"].astype(np.float32))
+    written = {n.metadata_props[BUFFER_UPDATE_KEY] for n in model.graph if BUFFER_UPDATE_KEY in n.metadata_props}
+    assert written == ({"weight_u", "weight_v"} if api == "old" else
+                       {"parametrizations.weight.0._u", "parametrizations.weight.0._v"})
 
 
 def test_remove_spectral_norm_keeps_the_normalised_weight():

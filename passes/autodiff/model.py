@@ -18,7 +18,7 @@ from graphc.passes.autodiff.registry import RULES
 from graphc.passes.evaluate import run_graph
 from graphc.passes.functions import expand_functions
 from graphc.passes.infer import correct_onnx_inference
-from graphc.passes.values import fresh_name, onnx_opset
+from graphc.passes.values import BUFFER_WRITE_KEY, fresh_name, onnx_opset
 
 
 def infer_shapes(model: ir.Model) -> ir.Model:
@@ -87,11 +87,14 @@ def _fold_main_graph(graph: ir.Graph) -> int:
     many nodes went away."""
     taken = {v.name for n in graph for v in n.outputs} | set(graph.initializers) | {v.name for v in graph.inputs}
     count, folded_here = 0, set()
+    # buffers a training-mode forward writes (a call counter): state from step to step, not constants
+    state = {n.metadata_props[BUFFER_WRITE_KEY] for n in graph if BUFFER_WRITE_KEY in n.metadata_props}
     for node in list(graph):  # in order: a folded producer makes its consumers constant too
         outputs = [v for v in node.outputs if v.name]
         if (node.op_type == "Constant" or not outputs or any(v.dtype not in _INTEGERS for v in outputs)
                 or any(v.is_graph_output() for v in outputs)
-                or (node.op_type != "Shape" and any(v is not None and const_array(v) is None for v in node.inputs))):
+                or (node.op_type != "Shape" and any(v is not None and (const_array(v) is None or v.name in state)
+                                                    for v in node.inputs))):
             continue
         arrays = [folded_array(v) for v in outputs]
         if any(a is None for a in arrays):

@@ -2,6 +2,7 @@
 parameter and buffer names (``weight_g``, ``weight_v``; ``weight_orig``, ``weight_u``, ``weight_v``),
 so torch checkpoints load. The weight is computed from them each time ``forward`` reads it
 (``Module.register_computed``): captured, as ONNX ops autodiff differentiates; outside a capture, in numpy.
+A training-mode capture updates spectral norm's ``u`` and ``v`` by the power iteration, as torch's forward.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import ops
+from graphc.dsl import ops, ops_array
 from graphc.dsl.builder import user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
@@ -115,21 +116,30 @@ def as_matrix(w: Any, dim: int) -> Any:
     return np.transpose(w, perm).reshape(w.shape[dim], -1)
 
 
-def spectral_weight(module: Module, w: Any, u: Any, v: Any, dim: int, what: str) -> Any:
-    """``w / (u . (W v))``, ``W`` = ``w`` as a matrix, with the stored ``u`` and ``v``: torch's
-    forward in eval mode. In training mode torch updates ``u``/``v`` in place each forward, which a
-    graphc training graph does not carry (only BatchNorm's running statistics are), so it is refused."""
-    if module.training and isinstance(w, Tensor):
-        raise CaptureError(f"{what} in training mode: torch's power iteration updates its u and v buffers in place "
-                           f"each forward, which graphc's training graphs do not carry from step to step; capture "
-                           f"the module in eval mode (its u and v as loaded, e.g. from a torch checkpoint), or "
-                           f"train without spectral_norm (at {user_source()})")
+def spectral_weight(module: Module, w: Any, u: Any, v: Any, dim: int, power: tuple[int, float, bool]) -> Any:
+    """``w / (u . (W v))``, ``W`` = ``w`` as a matrix. Captured in training mode, ``u`` and ``v`` (the
+    buffers' Tensors) are first written with ``power`` = ``(n_power_iterations, eps, u_first)`` steps
+    of the power iteration, as torch's forward does under ``no_grad`` (the writes are detached and
+    carried by the training graphs, ``gc.training``), and sigma reads the new values; in eval mode, and
+    outside a capture, the stored ``u`` and ``v``."""
     mat = as_matrix(w, dim)
-    if isinstance(w, Tensor):
-        sigma = ops.sum(u * ops.matmul(mat, v))
-    else:
-        sigma = np.dot(u, mat @ v)
-    return w / sigma
+    if not isinstance(w, Tensor):
+        return w / np.dot(u, mat @ v)
+    if module.training:
+        power_iterate(mat, u, v, *power)
+    return w / ops.sum(u * ops.matmul(mat, v))
+
+
+def power_iterate(mat: Tensor, u: Tensor, v: Tensor, iterations: int, eps: float, u_first: bool) -> None:
+    """``iterations`` steps of torch's power iteration written into ``u`` and ``v`` in place:
+    ``v = normalize(W^T u)`` then ``u = normalize(W v)`` (the hook form's order), or with ``u_first``
+    ``u`` then ``v`` (``parametrizations.spectral_norm``'s); ``normalize(x) = x / max(||x||, eps)``."""
+    for _ in range(iterations):
+        if u_first:
+            u.copy_(ops_array.normalize(ops.matmul(mat, v), dim=0, eps=eps))
+        v.copy_(ops_array.normalize(ops.matmul(ops.transpose(mat, [1, 0]), u), dim=0, eps=eps))
+        if not u_first:
+            u.copy_(ops_array.normalize(ops.matmul(mat, v), dim=0, eps=eps))
 
 
 def _unit(x: np.ndarray, eps: float) -> np.ndarray:
@@ -152,8 +162,9 @@ def power_iteration(w: np.ndarray, dim: int, eps: float, iterations: int = 15,
 def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int = 1, eps: float = 1e-12,
                   dim: int | None = None) -> Module:
     """``torch.nn.utils.spectral_norm``: ``name`` becomes ``name_orig / sigma``, ``sigma`` from the
-    buffers ``name_u``, ``name_v`` (torch's forward in eval mode; training mode is refused, see
-    ``spectral_weight``). ``n_power_iterations`` must be positive, as torch's."""
+    buffers ``name_u``, ``name_v``, which a training-mode capture updates by ``n_power_iterations``
+    steps of the power iteration each time the weight is read (``spectral_weight``; torch: once per
+    forward, and layers read their weight once). ``n_power_iterations`` must be positive, as torch's."""
     if n_power_iterations <= 0:
         raise CaptureError(f"spectral_norm: n_power_iterations must be positive, got {n_power_iterations} "
                            f"(at {user_source()})")
@@ -164,7 +175,7 @@ def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int 
     setattr(module, f"{name}_u", _param_like(u, weight, buffer=True))
     setattr(module, f"{name}_v", _param_like(v, weight, buffer=True))
     module.register_computed(name, lambda m: spectral_weight(
-        m, *(read(m, f"{name}{s}") for s in ("_orig", "_u", "_v")), dim, "spectral_norm"))
+        m, *(read(m, f"{name}{s}") for s in ("_orig", "_u", "_v")), dim, (n_power_iterations, eps, False)))
     module.__dict__.setdefault("_norms", {})[name] = ("spectral_norm", dim)
     return module
 

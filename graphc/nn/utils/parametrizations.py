@@ -43,7 +43,8 @@ def weight_norm(module: Module, name: str = "weight", dim: int | None = 0) -> Mo
 def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int = 1, eps: float = 1e-12,
                   dim: int | None = None) -> Module:
     """``torch.nn.utils.parametrizations.spectral_norm``: ``original`` and the buffers ``0._u``,
-    ``0._v``; eval mode only, as ``gc.nn.utils.spectral_norm`` (see ``norms.spectral_weight``)."""
+    ``0._v``, which a training-mode capture updates each time the weight is read, ``u`` first, as
+    torch's parametrization (``norms.spectral_weight``)."""
     if n_power_iterations <= 0:
         raise CaptureError(f"parametrizations.spectral_norm: n_power_iterations must be positive, got "
                            f"{n_power_iterations} (at {user_source()})")
@@ -62,7 +63,7 @@ def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int 
     def compute(m: Module):
         entry = m.parametrizations[name]
         u, v = (read(entry._modules["0"], s) for s in ("_u", "_v"))
-        return spectral_weight(m, read(entry, "original"), u, v, dim, "parametrizations.spectral_norm")
+        return spectral_weight(m, read(entry, "original"), u, v, dim, (n_power_iterations, eps, True))
 
     module.register_computed(name, compute)
     return module
