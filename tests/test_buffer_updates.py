@@ -284,3 +284,19 @@ def test_assignment_and_view_writes_are_recorded_and_read_after():
                                x + np.array([7.0, 2.5, 3.5], np.float32))
     writes = [n.metadata_props for n in model.graph if BUFFER_WRITE_KEY in n.metadata_props]
     assert [w[BUFFER_WRITE_KEY] for w in writes] == ["u", "u"] and BUFFER_UPDATE_KEY in writes[-1]
+
+
+def test_writing_a_batchnorm_statistic_is_refused_by_name():
+    class Meddle(gc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = gc.nn.Linear(3, 3)
+            self.bn = gc.nn.BatchNorm1d(3)
+
+        def forward(self, x):
+            self.bn.running_mean.zero_()
+            return self.bn(self.fc(x))
+
+    model = gc.capture(Meddle(), training=True, x=X)
+    with pytest.raises(gc.GraphError, match=r"buffer 'bn.running_mean'.*is a BatchNorm running statistic"):
+        gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.1))

@@ -33,16 +33,31 @@ def _writes(graph: ir.Graph, key: str) -> list[ir.Node]:
 def with_written(graph: ir.Graph, stats: Sequence[str]) -> list[str]:
     """``stats`` (BatchNorm's running statistics) and then each buffer the forward writes, in graph
     order; a PassError for a marked buffer that is no initializer, written twice as the final value or
-    a BatchNorm statistic too (both would update it)."""
+    a BatchNorm statistic too (read by a BatchNormalization as written or not: both would update it)."""
     names = [node.metadata_props[BUFFER_UPDATE_KEY] for node in _writes(graph, BUFFER_UPDATE_KEY)]
+    taken = {*stats, *map(_written_statistic, graph)}
     for name in names:
         why = ("is no initializer of the model" if name not in graph.initializers else
                "has two final writes" if names.count(name) > 1 else
-               "is a BatchNorm running statistic, which BatchNorm updates itself" if name in stats else None)
+               "is a BatchNorm running statistic, which BatchNorm updates itself" if name in taken else None)
         if why is not None:
             raise PassError(f"buffer {name!r}, written in the training-mode forward (node metadata "
                             f"{BUFFER_UPDATE_KEY}), {why}")
     return [*stats, *names]
+
+
+def _written_statistic(node: ir.Node) -> str | None:
+    """The buffer whose written value ``node``, a BatchNormalization, reads as a running statistic
+    (or tiles, ``modes.tracked_stat``), if any."""
+    if node.op_type != "BatchNormalization":
+        return None
+    for value in node.inputs[3:5]:
+        producer = None if value is None else value.producer()
+        if producer is not None and producer.op_type == "Tile":
+            producer = producer.inputs[0].producer()
+        if producer is not None and BUFFER_WRITE_KEY in producer.metadata_props:
+            return producer.metadata_props[BUFFER_WRITE_KEY]
+    return None
 
 
 def inference_mode(graph: ir.Graph) -> None:
