@@ -86,8 +86,8 @@ def _train_like_torch(arts, twin, batches, backends=("numpy",), checkpoint=None,
             trainer = gc.Trainer(arts, backend=backends[-1])
             trainer.load_checkpoint(checkpoint)
         x, y = (torch.from_numpy(batch[k]) for k in ("x", "y"))
-        assert_step_matches_torch(trainer, batch, opt, lambda: torch.nn.functional.mse_loss(twin(x), y), twin, step,
-                                  rtol=1e-9)
+        assert_step_matches_torch(trainer, batch, opt, lambda x=x, y=y: torch.nn.functional.mse_loss(twin(x), y),
+                                  twin, step, rtol=1e-9)
     return trainer
 
 
