@@ -42,7 +42,7 @@ _evaluate.use_kernels(lambda: importlib.import_module("graphc.backends.numpy").r
 
 _OPS = (
     "relu gelu sigmoid tanh exp log sqrt abs softmax log_softmax matmul concat stack reshape "
-    "transpose where maximum minimum clip sum mean max min cast detach"
+    "transpose where maximum minimum clip sum mean max min cast detach no_grad"
 ).split()
 _NN_OPS = "conv2d max_pool2d avg_pool2d batch_norm layer_norm dropout embedding".split()
 

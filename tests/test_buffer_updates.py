@@ -38,8 +38,9 @@ class _EMA(gc.nn.Module):
     def forward(self, x):
         y = self.fc(x)
         if self.training:
-            self.ema.mul_(DECAY).add_((1 - DECAY) * y.mean(0))
-            self.calls = self.calls + 1
+            with gc.no_grad():
+                self.ema.mul_(DECAY).add_((1 - DECAY) * y.mean(0))
+            self.calls = self.calls + 1  # a write is detached with no_grad or without
         return y - self.ema
 
 
@@ -300,3 +301,24 @@ def test_writing_a_batchnorm_statistic_is_refused_by_name():
     model = gc.capture(Meddle(), training=True, x=X)
     with pytest.raises(gc.GraphError, match=r"buffer 'bn.running_mean'.*is a BatchNorm running statistic"):
         gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.1))
+
+
+def test_no_grad_stops_gradients_like_torch():
+    def f(x, w):
+        with gc.no_grad():
+            s = (x * w).sum() * x  # reads x and w from outside the block
+        return (x * w * s).sum() + w.sum()
+
+    x, w = np.array([0.5, -1.5, 2.0]), np.array([1.25, 0.75, -0.5])
+    model = gc.capture(f, x=gc.spec("float64", (3,)), w=gc.spec("float64", (3,)))
+    got = gc.Session(gc.grad(model, "output", wrt=["x", "w"]), backend="numpy").run({"x": x, "w": w})
+    tx, tw = (torch.tensor(a, requires_grad=True) for a in (x, w))
+    with torch.no_grad():
+        ts = (tx * tw).sum() * tx
+    want = (tx * tw * ts).sum() + tw.sum()
+    want.backward()
+    np.testing.assert_allclose(got["output"], want.item(), rtol=1e-12)
+    np.testing.assert_allclose(got["x_grad"], tx.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(got["w_grad"], tw.grad.numpy(), rtol=1e-12)
+    with gc.no_grad():  # outside a capture: nothing to do, as torch's outside autograd
+        pass

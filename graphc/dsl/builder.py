@@ -30,7 +30,7 @@ from graphc.model import EMITTED_OPSETS
 from graphc.model.dtypes import as_dtype, to_onnx, type_text
 from graphc.passes.emit import make_node
 from graphc.passes.infer import InferenceError, infer
-from graphc.passes.values import static_shape
+from graphc.passes.values import STOP_GRADIENT_KEY, static_shape
 
 _PKG_DIR = str(Path(__file__).resolve().parents[1]) + os.sep  # the graphc package
 # Frames that are never the user's code: graphc's own, and numpy's (``np.sum(t)`` dispatches to
@@ -132,6 +132,7 @@ class Builder:
         self.buffers: list[str] = []
         # id(Tensor) -> (the Tensor, its Module, its initializer) for each buffer of the captured Module read
         self.buffer_tensors: dict[int, tuple[Any, Any, ir.Value]] = {}
+        self._no_grad: dict[int, ir.Value | None] | None = None  # in gc.no_grad: id(value) -> its detached copy
         self.module_path: list[str] = []
         self.rng = np.random.default_rng(seed)
         self.node_seeds = np.random.SeedSequence(seed)  # random nodes' seed attributes (ops_random.node_seed)
@@ -251,6 +252,36 @@ class Builder:
             self._const_cache[key] = out
         return out
 
+    @contextlib.contextmanager
+    def without_gradients(self):
+        """``gc.no_grad``: in the block, each float value made outside it that a node reads is read
+        through a stop-gradient Identity (one per value), so nothing made in the block has a gradient."""
+        if self._no_grad is not None:  # nested: the outer block does it
+            yield
+            return
+        self._no_grad = {}
+        try:
+            yield
+        finally:
+            self._no_grad = None
+
+    def _detached(self, value: ir.Value | None) -> ir.Value | None:
+        """``value`` as a node in a ``gc.no_grad`` block reads it (see ``without_gradients``)."""
+        made = self._no_grad  # a value made in the block maps to itself, one made outside to its copy
+        if value is None or id(value) in self.consts or value.dtype is None or not value.dtype.is_floating_point():
+            return value
+        if id(value) in made:
+            return made[id(value)]
+        out = ir.Value(name=self.unique("no_grad"), type=ir.TensorType(value.dtype),
+                       shape=None if value.shape is None else ir.Shape(list(value.shape)))
+        node = make_node("Identity", [value], {}, outputs=[out], name=self.unique("Identity"), source=user_source())
+        node.metadata_props[STOP_GRADIENT_KEY] = "true"
+        self.scope.nodes.append(node)
+        if id(value) in self.values:
+            self.values[id(out)] = self.values[id(value)]
+        made[id(value)], made[id(out)] = out, out
+        return out
+
     # -- emitting nodes -------------------------------------------------------------------------
     def emit(self, op_type: str, inputs: Sequence[ir.Value | None], attrs: dict[str, Any] | None = None,
              num_outputs: int = 1, *, out_types: Sequence[tuple[str, Sequence | None]] | None = None,
@@ -259,6 +290,8 @@ class Builder:
         """Record one node on ``inputs``; return its outputs. ``operands`` (the Tensors the
         inputs came from) are what an error message shows."""
         source = source or user_source()
+        if self._no_grad is not None:
+            inputs = [self._detached(v) for v in inputs]
         attrs = {k: v for k, v in (attrs or {}).items() if v is not None}
         operands = inputs if operands is None else operands
         prefix = self.module_path[-1] if self.module_path else ""
@@ -273,6 +306,8 @@ class Builder:
                 value.type = ir.TensorType(dtype)
             value.shape = None if shape is None else ir.Shape(list(shape))
         self.scope.nodes.append(node)
+        if self._no_grad is not None:
+            self._no_grad.update((id(v), v) for v in out_values)
         if self.eager:
             arrays = [None if v is None else self.values.get(id(v)) for v in inputs]
             if all(a is not None for v, a in zip(inputs, arrays) if v is not None):
