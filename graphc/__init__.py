@@ -42,7 +42,7 @@ _evaluate.use_kernels(lambda: importlib.import_module("graphc.backends.numpy").r
 
 _OPS = (
     "relu gelu sigmoid tanh exp log sqrt abs softmax log_softmax matmul concat stack reshape "
-    "transpose where maximum minimum clip sum mean max min cast detach no_grad"
+    "transpose where maximum minimum clip sum mean max min cast detach"
 ).split()
 _NN_OPS = "conv2d max_pool2d avg_pool2d batch_norm layer_norm dropout embedding".split()
 
@@ -109,6 +109,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_layers", op) for op in _LAYER_OPS},
     **{op: ("graphc.dsl.ops_fold", op) for op in ("unfold", "fold")},
     **{op: ("graphc.dsl.ops", op) for op in ("erf", "flatten")},
+    "no_grad": ("graphc.dsl.builder", "no_grad"),
     **{op: ("graphc.dsl.ops_divide", op) for op in ("remainder", "fmod")},
     **{op: ("graphc.dsl.ops_math", op) for op in _MATH_OPS},
     **{op: ("graphc.dsl.ops_views", op) for op in _VIEW_OPS},

@@ -78,6 +78,16 @@ def active() -> "Builder | None":
     return _CURRENT[-1] if _CURRENT else None
 
 
+@contextlib.contextmanager
+def no_grad():
+    """``gc.no_grad()``, torch's ``no_grad`` block: what the block computes has no gradient (``gc.grad``
+    and the training graphs send none back through it), as if each float value made before the block
+    that it reads were ``gc.detach``ed (``Builder.without_gradients``). Outside a capture it does nothing."""
+    builder = active()
+    with contextlib.nullcontext() if builder is None else builder.without_gradients():
+        yield
+
+
 def current() -> "Builder":
     if not _CURRENT:
         raise CaptureError(f"graphc ops work only inside gc.capture(...) (called at {user_source()})")

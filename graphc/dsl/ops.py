@@ -7,7 +7,6 @@ module (``ops_nn`` imports ``ops``, never the reverse).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +16,7 @@ import numpy as np
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, to_numpy
 from graphc.errors import CaptureError
 from graphc.dsl.tensor import VIEW_OPS, Tensor, note_views
-from graphc.dsl.builder import active, current, op_error, user_source
+from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.dims import dim_index, one_element
 from graphc.passes.infer import InferenceError, broadcast
 from graphc.passes.values import STOP_GRADIENT_KEY
@@ -274,16 +273,6 @@ def detach(x: Tensor) -> Tensor:
     y = emit("Identity", [lift(x)], name_hint="detach")
     y.value.producer().metadata_props[STOP_GRADIENT_KEY] = "true"
     return y
-
-
-@contextlib.contextmanager
-def no_grad():
-    """``torch.no_grad``: what the block computes has no gradient (``gc.grad`` and the training graphs
-    send none back through it), as if each float value made before the block that it reads were
-    ``detach``ed (one stop-gradient Identity per value). Outside a capture it does nothing."""
-    builder = active()
-    with contextlib.nullcontext() if builder is None else builder.without_gradients():
-        yield
 
 
 # -- linear algebra ---------------------------------------------------------------------------
