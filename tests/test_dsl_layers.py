@@ -225,16 +225,23 @@ def test_default_initialisation_follows_pytorch():
     assert sd["4.num_batches_tracked"].dtype == np.int64 and sd["4.num_batches_tracked"].shape == ()
 
 
-def test_seed_controls_params_and_user_values_are_kept():
-    layer = nn.Linear(4, 3)
-    a = gc.capture(layer, x=gc.spec("float32", ("N", 4)), seed=1).params
-    b = gc.capture(layer, x=gc.spec("float32", ("N", 4)), seed=1).params
-    c = gc.capture(layer, x=gc.spec("float32", ("N", 4)), seed=2).params
+def test_seed_draws_a_fresh_modules_params_which_later_captures_and_user_values_keep():
+    def fresh(seed, layer=None):
+        layer = layer or nn.Linear(4, 3)
+        return layer, gc.capture(layer, x=gc.spec("float32", ("N", 4)), seed=seed).params
+
+    _, a = fresh(1)
+    _, b = fresh(1)
+    layer, c = fresh(2)
     np.testing.assert_array_equal(a["weight"], b["weight"])
     assert not np.array_equal(a["weight"], c["weight"])
+    # the module holds what it drew: a recapture under another seed does not redraw it ...
+    np.testing.assert_array_equal(fresh(3, layer)[1]["weight"], c["weight"])
+    # ... nor what init_parameters drew (a capture at the default seed overwrote it before)
+    layer.init_parameters(seed=1)
+    np.testing.assert_array_equal(fresh(0, layer)[1]["weight"], a["weight"])
     layer.weight.data = np.ones((3, 4))
-    d = gc.capture(layer, x=gc.spec("float32", ("N", 4)), seed=3).params
-    np.testing.assert_array_equal(d["weight"], np.ones((3, 4), np.float32))
+    np.testing.assert_array_equal(fresh(3, layer)[1]["weight"], np.ones((3, 4), np.float32))
 
 
 def test_module_registration_and_names():

@@ -107,7 +107,7 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
         if arr is not None:
             builder.values[id(value)] = arr
     if module is not None:
-        module.init_parameters(seed)
+        module.init_parameters(seed, keep_drawn=True)
         builder.rooted = {id(p) for _, p in [*module.named_parameters(), *module.named_buffers()]}
         graph_name = name or type(module).__name__
     else:

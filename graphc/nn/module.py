@@ -201,9 +201,10 @@ class Module:
         return (p for _, p in self.named_buffers(recurse=recurse))
 
     # -- state ----------------------------------------------------------------------------------
-    def init_parameters(self, seed: int = 0) -> "Module":
+    def init_parameters(self, seed: int = 0, *, keep_drawn: bool = False) -> "Module":
         """Draw every parameter and buffer the user did not set, in definition order, from
-        ``numpy.random.default_rng(seed)``; name each by its attribute path."""
+        ``numpy.random.default_rng(seed)``; name each by its attribute path. ``keep_drawn`` (what
+        ``gc.capture`` asks): one already drawn (by an earlier call or capture) keeps its values."""
         rng = np.random.default_rng(seed)
         seen: set[int] = set()
         for path, mod in self.named_modules():
@@ -212,7 +213,8 @@ class Module:
                 if id(p) not in seen:
                     seen.add(id(p))
                     p.qualname = f"{path}.{name}" if path else name
-                    p.draw(rng)
+                    if not (keep_drawn and p._data is not None):
+                        p.draw(rng)
         return self
 
     def state_dict(self) -> dict[str, np.ndarray]:
