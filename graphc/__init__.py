@@ -101,6 +101,7 @@ _SEARCH_OPS = ("searchsorted bucketize isin histogram cdist pdist trapezoid trap
 _SPECIAL_OPS = "lgamma digamma polygamma mvlgamma multigammaln i0 igamma igammac frexp ldexp".split()
 _SOLVE_OPS = ("inverse lu_unpack triangular_solve cholesky cholesky_solve cholesky_inverse matrix_power "
               "matrix_exp").split()
+_REJECTION_OPS = "_standard_gamma poisson".split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -129,6 +130,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_special", op) for op in _SPECIAL_OPS},
     "special": ("graphc.dsl.special", None),
     **{op: ("graphc.dsl.ops_solve", op) for op in _SOLVE_OPS},
+    **{op: ("graphc.dsl.ops_rejection", op) for op in _REJECTION_OPS},
     "linalg": ("graphc.dsl.linalg", None),
     "distributions": ("graphc.dsl.distributions", None),
     "Tensor": ("graphc.dsl.tensor", "Tensor"),

@@ -237,11 +237,12 @@ def run_graph(builder: Builder, graph: ir.Graph, inputs: Sequence[np.ndarray],
         if node.op_type == "If":
             branch = attrs["then_branch"] if bool(np.asarray(args[0]).reshape(-1)[0]) else attrs["else_branch"]
             outs = run_graph(builder, branch, [], get)
-        elif node.op_type == "Loop":
-            state = list(args[2:])
-            for it in range(int(args[0])):
-                state = run_graph(builder, attrs["body"], [np.asarray(it, np.int64), np.asarray(True)] + state,
-                                  get)[1:]
+        elif node.op_type == "Loop":  # while cond (absent: true), at most the trip count (absent: unbounded)
+            state, keep, it = list(args[2:]), args[1] is None or bool(args[1]), 0
+            while keep and (args[0] is None or it < int(args[0])):
+                keep, *state = run_graph(builder, attrs["body"], [np.asarray(it, np.int64), np.asarray(keep)] + state,
+                                         get)
+                keep, it = bool(keep), it + 1
             outs = state
         elif node.op_type == "Scan":
             outs = _scan_eval(builder, attrs, args, get)

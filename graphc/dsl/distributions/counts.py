@@ -1,7 +1,7 @@
 """torch.distributions' counting families: ``Poisson``, ``Binomial``, ``Geometric`` and ``NegativeBinomial``,
 with torch's formulas. Geometric draws by inversion (``floor(log(u) / log1p(-p))``) and Binomial, for a constant
-integer ``total_count``, as a sum of that many Bernoulli draws; Poisson's and NegativeBinomial's exact draws
-need a loop of unbounded length, so their ``sample`` refuses."""
+integer ``total_count``, as a sum of that many Bernoulli draws; Poisson by ``gc.poisson`` and NegativeBinomial as a
+Gamma-Poisson mixture (rejection loops, ``graphc.dsl.ops_rejection``)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from graphc.dsl.ops_binary import xlogy
 from graphc.dsl.ops_elementwise import log1p
 from graphc.dsl.ops_layers import logsigmoid
 from graphc.dsl.ops_math import floor
+from graphc.dsl.ops_rejection import poisson, standard_gamma
 from graphc.dsl.ops_reshape import unsqueeze
 from graphc.dsl.ops_sample import rand_like
 from graphc.dsl.ops_special import lgamma
@@ -55,7 +56,8 @@ class Poisson(Distribution):
         return xlogy(v, self.rate) - self.rate - lgamma(v + 1.0)
 
     def sample(self, sample_shape: Any = ()) -> Tensor:
-        raise self.refuse_sampling("its exact draws need a loop of unbounded length (or rejection sampling)")
+        """``gc.poisson`` of the expanded rates."""
+        return poisson(self._expanded(self.rate, sample_shape))
 
 
 class Geometric(Distribution):
@@ -168,7 +170,11 @@ class NegativeBinomial(Distribution):
     variance = property(lambda self: self.mean / sigmoid(-self.logits))
 
     def sample(self, sample_shape: Any = ()) -> Tensor:
-        raise self.refuse_sampling("its exact draws need Gamma and Poisson ones (rejection sampling)")
+        """``poisson(Gamma(total_count, exp(-logits)))``, as torch's: Gamma draws at least the dtype's smallest
+        normal number."""
+        g = standard_gamma(self._expanded(self.total_count, sample_shape)) * self._expanded(exp(self.logits),
+                                                                                            sample_shape)
+        return poisson(maximum(g, float(np.finfo(to_numpy(g.dtype)).tiny)))
 
     def log_prob(self, value: Any) -> Tensor:
         v, n = self._value(value, self.probs), self.total_count

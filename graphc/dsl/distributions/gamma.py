@@ -1,6 +1,7 @@
 """torch.distributions' families of the Gamma function: ``Gamma``, ``Chi2``, ``Beta``, ``Dirichlet``,
-``StudentT`` and ``VonMises``, with torch's formulas (``gc.lgamma``/``gc.digamma``/``gc.xlogy``). Their draws
-need rejection sampling (Marsaglia-Tsang, Best-Fisher), so ``sample``/``rsample`` refuse."""
+``StudentT`` and ``VonMises``, with torch's formulas (``gc.lgamma``/``gc.digamma``/``gc.xlogy``). ``sample`` draws
+by rejection (Marsaglia-Tsang Gamma draws, ``graphc.dsl.ops_rejection``); ``rsample`` refuses, as graphc does not
+build torch's implicit reparameterisation gradient."""
 
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl.distributions.base import POSITIVE, REAL, UNIT_INTERVAL, Distribution, check, fail, params
-from graphc.dsl.ops import cast, clip, log, stack, where
+from graphc.dsl.distributions.base import POSITIVE, REAL, UNIT_INTERVAL, Distribution, check, fail, finfo, params
+from graphc.dsl.ops import cast, clip, detach, log, maximum, sqrt, stack, where
 from graphc.dsl.ops import sum as sum_
 from graphc.dsl.ops_array import argmax, cos, full_like, one_hot
 from graphc.dsl.ops_binary import xlogy
-from graphc.dsl.ops_elementwise import log1p
+from graphc.dsl.ops_elementwise import acos, log1p
 from graphc.dsl.ops_math import all as all_
+from graphc.dsl.ops_math import any as any_
+from graphc.dsl.ops_math import floor
+from graphc.dsl.ops_rejection import standard_gamma, until_accepted
 from graphc.dsl.ops_reshape import unsqueeze
+from graphc.dsl.ops_sample import rand_like, randn_like
 from graphc.dsl.ops_special import digamma, i0e, i1e, igamma, lgamma
 from graphc.dsl.tensor import Tensor
 
@@ -25,20 +30,22 @@ SIMPLEX = ("simplex", lambda v, d: np.all(v >= 0, -1) & (np.abs(v.sum(-1) - 1) <
 
 
 class _Rejected(Distribution):
-    """A family whose exact draws need a rejection loop."""
-
-    sampler = "rejection sampling"
+    """A family drawn from Gamma draws (rejection sampling): ``sample`` only."""
 
     def rsample(self, sample_shape: Any = ()) -> Tensor:
-        raise self.refuse_sampling(f"its draws need {self.sampler} (an unbounded loop)")
+        raise fail(self._name(), [], "has no rsample in graphc: torch's differentiates its rejection-sampled Gamma "
+                                     "draws implicitly (through the Gamma cdf's derivative in the concentration), "
+                                     "which graphc does not build; use sample() (no gradient)")
 
-    sample = rsample
+    def _gammas(self, concentration: Tensor, sample_shape: Any) -> Tensor:
+        """Gamma(concentration, 1) draws of ``sample_shape`` + ``concentration``'s shape."""
+        return standard_gamma(self._expanded(concentration, sample_shape))
 
 
 class Gamma(_Rejected):
     """``torch.distributions.Gamma(concentration, rate)``; ``cdf`` is ``gc.igamma``."""
 
-    support, sampler = NONNEGATIVE_VALUE, "Marsaglia-Tsang rejection sampling"
+    support = NONNEGATIVE_VALUE
 
     def __init__(self, concentration: Any, rate: Any, validate_args: bool | None = None):
         name = self._name()
@@ -51,6 +58,11 @@ class Gamma(_Rejected):
     mean = property(lambda self: self.concentration / self.rate)
     mode = property(lambda self: clip((self.concentration - 1.0) / self.rate, 0.0))
     variance = property(lambda self: self.concentration / (self.rate * self.rate))
+
+    def sample(self, sample_shape: Any = ()) -> Tensor:
+        """``standard_gamma(concentration) / rate``, at least the dtype's smallest normal number, as torch's."""
+        x = self._gammas(self.concentration, sample_shape) / self._expanded(self.rate, sample_shape)
+        return maximum(x, float(finfo(x).tiny))
 
     def log_prob(self, value: Any) -> Tensor:
         v, c = self._value(value, self.rate), self.concentration
@@ -79,7 +91,7 @@ class Chi2(Gamma):
 class Dirichlet(_Rejected):
     """``torch.distributions.Dirichlet(concentration)`` over the last dim (event shape ``(K,)``)."""
 
-    support, sampler = SIMPLEX, "Gamma draws (Marsaglia-Tsang rejection sampling)"
+    support = SIMPLEX
 
     def __init__(self, concentration: Any, validate_args: bool | None = None):
         (c,) = params("Dirichlet", concentration=concentration)
@@ -108,6 +120,11 @@ class Dirichlet(_Rejected):
         c0 = sum_(c, axis=-1, keepdims=True)
         return c * (c0 - c) / (c0 * c0 * (c0 + 1.0))
 
+    def sample(self, sample_shape: Any = ()) -> Tensor:
+        """Gamma draws normalised over the last dim."""
+        g = self._gammas(self.concentration, sample_shape)
+        return g / sum_(g, axis=-1, keepdims=True)
+
     def log_prob(self, value: Any) -> Tensor:
         v, c = self._value(value, self.concentration), self.concentration
         return sum_(xlogy(c - 1.0, v), axis=-1) + lgamma(sum_(c, axis=-1)) - sum_(lgamma(c), axis=-1)
@@ -122,7 +139,7 @@ class Dirichlet(_Rejected):
 class Beta(_Rejected):
     """``torch.distributions.Beta(concentration1, concentration0)``: a Dirichlet of ``(x, 1 - x)``."""
 
-    support, sampler = UNIT_INTERVAL, "Gamma draws (Marsaglia-Tsang rejection sampling)"
+    support = UNIT_INTERVAL
 
     def __init__(self, concentration1: Any, concentration0: Any, validate_args: bool | None = None):
         self.concentration1, self.concentration0 = params("Beta", concentration1=concentration1,
@@ -135,6 +152,10 @@ class Beta(_Rejected):
 
     mean = property(lambda self: self.concentration1 / (self.concentration1 + self.concentration0))
     mode = property(lambda self: self._dirichlet.mode[..., 0])
+
+    def sample(self, sample_shape: Any = ()) -> Tensor:
+        """``X / (X + Y)`` of Gamma draws: the Dirichlet's first component, as torch's."""
+        return self._dirichlet.sample(sample_shape)[..., 0]
 
     @property
     def variance(self) -> Tensor:
@@ -153,7 +174,7 @@ class StudentT(_Rejected):
     """``torch.distributions.StudentT(df, loc=0.0, scale=1.0)``: mean nan for ``df <= 1``, variance inf
     for ``1 < df <= 2`` and nan for ``df <= 1``, as torch's."""
 
-    support, sampler = REAL, "Chi2 draws (Marsaglia-Tsang rejection sampling)"
+    support = REAL
 
     def __init__(self, df: Any, loc: Any = 0.0, scale: Any = 1.0, validate_args: bool | None = None):
         self.df, self.loc, self.scale = params("StudentT", df=df, loc=loc, scale=scale)
@@ -164,6 +185,13 @@ class StudentT(_Rejected):
             check("StudentT", "scale", self.scale, POSITIVE)
 
     mean = property(lambda self: where(self.df <= 1.0, math.nan, self.loc))
+
+    def sample(self, sample_shape: Any = ()) -> Tensor:
+        """``loc + scale z / sqrt(chi2 / df)``: a standard normal ``z`` over a Chi2(df) draw (``2 Gamma(df / 2)``)."""
+        df = self._expanded(self.df, sample_shape)
+        chi2 = self._gammas(self.df * 0.5, sample_shape) * 2.0
+        y = randn_like(df) / sqrt(chi2 / df)
+        return detach(self._expanded(self.loc, sample_shape) + self._expanded(self.scale, sample_shape) * y)
     mode = property(lambda self: self.loc)
 
     @property
@@ -184,10 +212,11 @@ class StudentT(_Rejected):
         return log(self.scale) + half1 * (digamma(half1) - digamma(half)) + 0.5 * log(self.df) + lbeta
 
 
-class VonMises(_Rejected):
-    """``torch.distributions.VonMises(loc, concentration)``: ``log I0``/``I1`` from ``gc.special.i0e``/``i1e``."""
+class VonMises(Distribution):
+    """``torch.distributions.VonMises(loc, concentration)``: ``log I0``/``I1`` from ``gc.special.i0e``/``i1e``;
+    ``sample`` by Best-Fisher rejection in float64, as torch's (which has no ``rsample``)."""
 
-    support, sampler = REAL, "Best-Fisher rejection sampling"
+    support = REAL
 
     def __init__(self, loc: Any, concentration: Any, validate_args: bool | None = None):
         self.loc, self.concentration = params("VonMises", loc=loc, concentration=concentration)
@@ -198,6 +227,29 @@ class VonMises(_Rejected):
 
     mean = mode = property(lambda self: self.loc)
     variance = property(lambda self: 1.0 - i1e(self.concentration) / i0e(self.concentration))
+
+    def sample(self, sample_shape: Any = ()) -> Tensor:
+        """Best and Fisher's (1979) wrapped-Cauchy envelope: ``f = (1 + r z) / (r + z)``, ``z = cos(pi u1)``, accepted
+        where ``c (2 - c) > u2`` or ``log(c / u2) + 1 >= c`` (``c = k (r - f)``), the angle ``sign(u3 - 1/2) acos f``
+        shifted by ``loc`` into ``[-pi, pi)``; at least 65% of tries accept."""
+        loc, k = (cast(detach(self._expanded(t, sample_shape)), "float64") for t in (self.loc, self.concentration))
+        tau = sqrt(4.0 * k * k + 1.0) + 1.0
+        rho = (tau - sqrt(2.0 * tau)) / (2.0 * k)
+        r = where(k < 1e-5, 1.0 / k + k, (rho * rho + 1.0) / (2.0 * rho))  # torch's Taylor form for small k
+
+        def step(f0: Tensor, flip0: Tensor, done: Tensor) -> tuple:
+            z = cos(rand_like(f0) * math.pi)
+            u2, u3 = rand_like(f0), rand_like(f0)
+            f = (r * z + 1.0) / (r + z)
+            c = k * (r - f)
+            ok = ((c * (2.0 - c) - u2 > 0.0) | (log(c / u2) + 1.0 - c >= 0.0)) & ~done
+            return any_(~(done | ok)), where(ok, f, f0), (ok & (u3 < 0.5)) | (~ok & flip0), done | ok  # no bool Where
+
+        # acos after the loop: onnxruntime has no float64 Acos, which the backend rewrites in the main graph only
+        f, flip, _ = until_accepted(step, (k * 0.0, k < 0.0, k < 0.0))
+        theta = acos(clip(f, -1.0, 1.0))
+        x = where(flip, -theta, theta) + loc + math.pi
+        return cast(x - floor(x / (2 * math.pi)) * (2 * math.pi) - math.pi, self.loc.dtype)
 
     def log_prob(self, value: Any) -> Tensor:
         k = self.concentration
