@@ -32,11 +32,17 @@ MAX_TRIES = 1000
 PTRS_FROM = 10.0  # Hörmann's PTRS is valid for rates >= 10; below it, inversion
 
 
-def _float_input(fn: str, x: Any) -> Tensor:
+def _float_input(fn: str, x: Any, name: str, want: str = "", ok: Callable[[np.ndarray], Any] | None = None) -> Tensor:
+    """``x`` lifted, refused unless float or, given ``ok``, where it is a constant with a value not ``ok``
+    (``want``)."""
     t = lift(x)
     if t.dtype not in FLOAT_DTYPES:
-        raise op_error(fn, [t], f"expects a floating point Tensor, got {t.dtype} (torch refuses it too)",
+        raise op_error(fn, [t], f"{name} must be a floating point Tensor, got {t.dtype} (torch refuses it too)",
                        user_source())
+    value = current().consts.get(id(t.value)) if ok is not None else None
+    with np.errstate(invalid="ignore"):
+        if value is not None and not np.all(ok(np.asarray(value))):
+            raise op_error(fn, [t], f"{name} must be {want}, got {np.asarray(value)}", user_source())
     return t
 
 
@@ -87,7 +93,7 @@ def standard_gamma(alpha: Any) -> Tensor:
     """Gamma(alpha, 1) draws of ``alpha``'s shape and dtype (``alpha > 0``; not checked at run time):
     Marsaglia-Tsang on ``alpha``, or for ``alpha < 1`` on ``alpha + 1`` times ``u^(1/alpha)``; at least the dtype's
     smallest normal number, as torch's. No gradient flows (torch's has an implicit reparameterisation one)."""
-    a = _float_input("_standard_gamma", alpha)
+    a = _float_input("_standard_gamma", alpha, "alpha")
     a64 = detach(cast(a, "float64") if a.dtype != "float64" else a)
     small = a64 < 1.0
     g = _marsaglia_tsang(where(small, a64 + 1.0, a64))
@@ -141,7 +147,8 @@ def _ptrs(lam: Tensor) -> Tensor:
 def poisson(input: Any, generator: Any = None) -> Tensor:  # noqa: A002 - torch's name
     """Poisson draws of the rates ``input`` (``>= 0``, finite; not checked at run time), in its dtype: inversion
     below rate 10, PTRS from 10 on, each loop run only for its own elements. No gradient (torch's is zero)."""
-    r = _float_input("poisson", input)
+    r = _float_input("poisson", input, "input", ">= 0 and finite (torch refuses other rates)",
+                     lambda v: (v >= 0) & (v < np.inf))
     if generator is not None:
         raise op_error("poisson", [r], "a torch generator is refused: graphc draws from the Session's seeded "
                                        "generator (see gc.capture's seed)", user_source())

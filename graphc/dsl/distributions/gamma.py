@@ -121,9 +121,10 @@ class Dirichlet(_Rejected):
         return c * (c0 - c) / (c0 * c0 * (c0 + 1.0))
 
     def sample(self, sample_shape: Any = ()) -> Tensor:
-        """Gamma draws normalised over the last dim."""
-        g = self._gammas(self.concentration, sample_shape)
-        return g / sum_(g, axis=-1, keepdims=True)
+        """Float64 Gamma draws normalised over the last dim, at least the dtype's smallest normal number, as torch's."""
+        g = self._gammas(cast(self.concentration, "float64"), sample_shape)
+        x = maximum(g / sum_(g, axis=-1, keepdims=True), float(finfo(self.concentration).tiny))
+        return cast(x, self.concentration.dtype)
 
     def log_prob(self, value: Any) -> Tensor:
         v, c = self._value(value, self.concentration), self.concentration
