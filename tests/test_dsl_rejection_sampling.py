@@ -119,8 +119,8 @@ def test_standard_gamma_matches_the_gamma_cdf(backend, dtype):
     for j, alpha in enumerate(ALPHAS):
         col = x[:, j].astype(np.float64)
         tiny = np.finfo(dtype).tiny  # an atom there: torch clamps the draws below it, as graphc does
-        assert _ks(col, lambda v: _gamma_cdf(alpha, v), lambda v: np.where(v <= tiny, 0.0, _gamma_cdf(alpha, v))) \
-            < KS_BOUND, alpha
+        assert _ks(col, lambda v, a=alpha: _gamma_cdf(a, v),
+                   lambda v, a=alpha, t=tiny: np.where(v <= t, 0.0, _gamma_cdf(a, v))) < KS_BOUND, alpha
         _assert_moments(col, alpha, alpha)
 
 
@@ -218,7 +218,7 @@ def test_poisson_matches_the_pmf(backend, dtype):
     assert k.dtype == dtype and k.shape == r.shape
     assert np.all(k[:, 0] == 0)
     for j, rate in enumerate(RATES[1:], 1):
-        _counts_check(k[:, j].astype(np.float64), lambda v: v * math.log(rate) - rate - _lgamma(v + 1.0),
+        _counts_check(k[:, j].astype(np.float64), lambda v, r=rate: v * math.log(r) - r - _lgamma(v + 1.0),
                       int(rate + 12 * math.sqrt(rate) + 30), rate, rate)
 
 
