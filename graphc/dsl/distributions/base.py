@@ -193,12 +193,6 @@ class Distribution:
     def enumerate_support(self, expand: bool = True) -> Tensor:
         raise fail(self._name(), [], "has no enumerate_support (its support is not finite, or torch's has none)")
 
-    def refuse_sampling(self, reason: str) -> CaptureError:
-        """The error of a family whose draws no fixed set of standard ONNX ops makes exactly."""
-        return fail(self._name(), [], f"has no sample()/rsample() in graphc: {reason}, and graphc draws only what a "
-                                      f"fixed set of standard ONNX ops draws exactly (never from another "
-                                      f"distribution)")
-
     def sample(self, sample_shape: Any = ()) -> Tensor:
         """A draw of ``sample_shape + batch_shape + event_shape``, without gradient."""
         return detach(self.rsample(sample_shape))
