@@ -237,13 +237,8 @@ def run_graph(builder: Builder, graph: ir.Graph, inputs: Sequence[np.ndarray],
         if node.op_type == "If":
             branch = attrs["then_branch"] if bool(np.asarray(args[0]).reshape(-1)[0]) else attrs["else_branch"]
             outs = run_graph(builder, branch, [], get)
-        elif node.op_type == "Loop":  # while cond (absent: true), at most the trip count (absent: unbounded)
-            state, keep, it = list(args[2:]), args[1] is None or bool(args[1]), 0
-            while keep and (args[0] is None or it < int(args[0])):
-                keep, *state = run_graph(builder, attrs["body"], [np.asarray(it, np.int64), np.asarray(keep)] + state,
-                                         get)
-                keep, it = bool(keep), it + 1
-            outs = state
+        elif node.op_type == "Loop":
+            outs = run_loop(builder, attrs["body"], args, get)
         elif node.op_type == "Scan":
             outs = _scan_eval(builder, attrs, args, get)
         else:
@@ -251,6 +246,16 @@ def run_graph(builder: Builder, graph: ir.Graph, inputs: Sequence[np.ndarray],
         for v, o in zip(node.outputs, outs):
             env[id(v)] = o
     return [get(v) for v in graph.outputs]
+
+
+def run_loop(builder: Builder, body: ir.Graph, args: list, outer: Callable | None = None) -> list[np.ndarray]:
+    """A ``Loop`` node's carried outputs for its inputs ``args`` (trip count, cond, state): ``body`` runs while its
+    cond (absent: true) holds, at most the trip count (absent: unbounded) times."""
+    state, keep, it = list(args[2:]), args[1] is None or bool(args[1]), 0
+    while keep and (args[0] is None or it < int(args[0])):
+        keep, *state = run_graph(builder, body, [np.asarray(it, np.int64), np.asarray(keep)] + state, outer)
+        keep, it = bool(keep), it + 1
+    return state
 
 
 def _scan_eval(builder: Builder, attrs: dict, args: list, outer: Callable) -> list:
@@ -266,4 +271,4 @@ def _scan_eval(builder: Builder, attrs: dict, args: list, outer: Callable) -> li
     return state + [np.stack(y) for y in (ys or [])]
 
 
-__all__ = ["cond", "fori_loop", "run_graph", "scan", "trace_subgraph"]
+__all__ = ["cond", "fori_loop", "run_graph", "run_loop", "scan", "trace_subgraph"]

@@ -58,16 +58,9 @@ def until_accepted(step: Callable[..., tuple], state: tuple[Tensor, ...]) -> tup
         (f"state{k}", t.dtype, t.shape) for k, t in enumerate(state)]
     graph, _, _ = control.trace_subgraph(builder, body, [], in_types, "rejection_body")
 
-    def evaluate(arrays: list) -> list:
-        carried, keep, it = list(arrays[2:]), bool(arrays[1]), 0
-        while keep and it < int(arrays[0]):
-            keep, *carried = control.run_graph(builder, graph, [np.asarray(it, np.int64), np.asarray(keep)] + carried)
-            keep, it = bool(keep), it + 1
-        return carried
-
     trip, go = constant(np.asarray(MAX_TRIES, np.int64)), constant(np.asarray(True))
     outs = emit("Loop", [trip, go, *state], {"body": graph}, len(state), out_types=[(t.dtype, t.shape) for t in state],
-                source=source, evaluator=evaluate)
+                source=source, evaluator=lambda arrays: control.run_loop(builder, graph, arrays))
     return tuple(outs) if len(state) > 1 else (outs,)
 
 
