@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from graphc.dsl.builder import user_source
+from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import binary, cast, detach, exp, lift, log, maximum, minimum, operand_pair, same_dtype, scalar
 from graphc.dsl.ops import sqrt, unary, where
@@ -204,13 +204,16 @@ def _zeta64(s: Tensor, q: Tensor) -> Tensor:
     value = hurwitz_zeta(where(valid, s, scalar(2, s)), where(valid, q, scalar(1, q)))
     inf, nan = scalar(math.inf, q), scalar(math.nan, q)
     value = where(valid, value, nan)
+    # s = inf: q**-s alone, 1 at q = 1 and inf below (Cephes' and torch's; nan above, as the sum gives)
+    infinite_s = isinf(s) & (s > scalar(0, s)) & (q > scalar(0, q)) & (q <= scalar(1, q))
+    value = where(infinite_s, where(q == scalar(1, q), scalar(1, q), inf), value)
     return where(s == scalar(1, s), inf, where((s > scalar(1, s)) & integer_q, inf, value))
 
 
 def zeta(input: Any, other: Any) -> Tensor:  # noqa: A002 - torch's names
     """``torch.special.zeta(x, q)``, Hurwitz's ``sum_k (q + k)**-x`` for ``x > 1``: Cephes'
     Euler-Maclaurin sum, as torch; inf at ``x = 1`` and at ``q`` = 0 or a negative integer, nan for
-    ``x < 1`` and at ``q = inf``, as torch. ``q < 0`` otherwise gives nan (torch sums the series there for an
+    ``x < 1`` and at ``q = inf``, and at ``x = inf`` 1 for ``q = 1``, inf for ``0 < q < 1``, as torch. ``q < 0`` otherwise gives nan (torch sums the series there for an
     integer ``x``). Gradients reach ``q`` and ``x`` (the lowering's; torch has none for ``x``)."""
     s, q = float_pair("zeta", input, other)
     return in_float64(_zeta64, s, q)
@@ -261,6 +264,9 @@ def mvlgamma(input: Any, p: int) -> Tensor:  # noqa: A002 - torch's names
     if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
         raise CaptureError(f"mvlgamma p={p!r}: expected an int >= 1, as torch (p has to be greater than or equal "
                            f"to 1) (at {user_source()})")
+    if isinstance(input, Tensor) and input.dtype == "bool":
+        raise op_error("mvlgamma", [input], "input: expected a float or integer Tensor, got bool; torch refuses a "
+                       "boolean tensor", user_source())
     x = float_input(input)
     total = scalar(p * (p - 1) / 4 * math.log(math.pi), x)
     for i in range(p):
@@ -341,10 +347,11 @@ def _bessel64(x: Tensor, small: tuple, large: tuple, odd: bool, scaled: bool) ->
     an = where(near, ax, scalar(8, x))
     af = where(near, scalar(8, x), ax)
     inner = _chebyshev(small, an / scalar(2, x) - scalar(2, x))
-    y = where(near, inner * an if odd else inner, _chebyshev(large, scalar(32, x) / af - scalar(2, x)) / sqrt(af))
-    if not scaled:
-        y = y * exp(ax)
-    return where(x < scalar(0, x), -y, y) if odd else y
+    far = _chebyshev(large, scalar(32, x) / af - scalar(2, x)) / sqrt(af)
+    if odd:  # near 0 the fit times the signed x, so the slope at 0 is the fit's value (|x|'s would give 0)
+        inner, far = inner * where(near, x, scalar(8, x)), where(x < scalar(0, x), -far, far)
+    y = where(near, inner, far)
+    return y if scaled else y * exp(ax)
 
 
 def _bessel(x: Any, small: tuple, large: tuple, odd: bool, scaled: bool) -> Tensor:
