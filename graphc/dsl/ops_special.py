@@ -201,19 +201,22 @@ def hurwitz_zeta(s: Tensor, q: Tensor) -> Tensor:
 def _zeta64(s: Tensor, q: Tensor) -> Tensor:
     integer_q = (q <= scalar(0, q)) & (unary("Floor", q) == q)
     valid = (s > scalar(1, s)) & (q > scalar(0, q)) & ~isinf(q)
-    value = hurwitz_zeta(where(valid, s, scalar(2, s)), where(valid, q, scalar(1, q)))
+    s_, q_ = where(valid, s, scalar(2, s)), where(valid, q, scalar(1, q))
+    value = hurwitz_zeta(s_, q_)
+    # Cephes (torch) returns q**-s alone when the next term is below its epsilon: so q**-s overflowing
+    # (q < 1, large s) gives inf and s = inf at q = 1 gives 1, where the full sum would give nan
+    first = binary("Pow", q_, -s_)
+    alone = abs_(binary("Pow", q_ + scalar(1, q), -s_) / first) < scalar(2.0**-53, q)
     inf, nan = scalar(math.inf, q), scalar(math.nan, q)
-    value = where(valid, value, nan)
-    # s = inf: q**-s alone, 1 at q = 1 and inf below (Cephes' and torch's; nan above, as the sum gives)
-    infinite_s = isinf(s) & (s > scalar(0, s)) & (q > scalar(0, q)) & (q <= scalar(1, q))
-    value = where(infinite_s, where(q == scalar(1, q), scalar(1, q), inf), value)
+    value = where(valid, where(alone, first, value), nan)
     return where(s == scalar(1, s), inf, where((s > scalar(1, s)) & integer_q, inf, value))
 
 
 def zeta(input: Any, other: Any) -> Tensor:  # noqa: A002 - torch's names
     """``torch.special.zeta(x, q)``, Hurwitz's ``sum_k (q + k)**-x`` for ``x > 1``: Cephes'
     Euler-Maclaurin sum, as torch; inf at ``x = 1`` and at ``q`` = 0 or a negative integer, nan for
-    ``x < 1`` and at ``q = inf``, and at ``x = inf`` 1 for ``q = 1``, inf for ``0 < q < 1``, as torch. ``q < 0`` otherwise gives nan (torch sums the series there for an
+    ``x < 1`` and at ``q = inf``, ``q**-x`` alone where the next term is below float64's epsilon of it
+    (inf where it overflows, 1 at ``x = inf, q = 1``), as torch. ``q < 0`` otherwise gives nan (torch sums the series there for an
     integer ``x``). Gradients reach ``q`` and ``x`` (the lowering's; torch has none for ``x``)."""
     s, q = float_pair("zeta", input, other)
     return in_float64(_zeta64, s, q)
