@@ -65,9 +65,12 @@ VALUES = [
     ("histogram_edges_weight_density", lambda M, x, b, w: tuple(M.histogram(x, b, weight=w, density=True)),
      [X, EDGES, np.abs(Y[:3])]),
     ("histogram_constant", lambda M, x: tuple(M.histogram(x, 4)), [np.ones((3,), np.float32)]),
+    ("histogram_empty", lambda M, x: tuple(M.histogram(x, 3)), [np.zeros((0,), np.float32)]),  # edges 0 .. 1
     ("histogram_method_float32", lambda M, x: tuple(x.histogram(5)), [X.astype(np.float32)]),
     *[(f"cdist_p{p}", lambda M, a, b, p=p: M.cdist(a, b, p), [X, Y]) for p in (0, 1, 2, 3, 0.5, np.inf)],
     ("cdist_batched", lambda M, a, b: M.cdist(a, b), [BATCH, BATCH[:1, :2]]),
+    *[(f"{f}_no_columns_p{p}", lambda M, x, f=f, p=p: M.cdist(x, x, p) if f == "cdist" else M.pdist(x, p),
+       [np.zeros((3, 0))]) for f in ("cdist", "pdist") for p in (1, np.inf)],
     *[(f"pdist_p{p}", lambda M, x, p=p: M.pdist(x, p), [Y]) for p in (0, 1, 2, 0.5, np.inf)],
     ("trapezoid", lambda M, y: M.trapezoid(y), [X]),
     ("trapezoid_dx", lambda M, y: M.trapezoid(y, dx=0.5, dim=0), [X]),
@@ -75,6 +78,7 @@ VALUES = [
     ("trapezoid_x_full", lambda M, y, x: M.trapezoid(y, x, dim=0), [X, np.cumsum(np.abs(X), 0)]),
     ("trapezoid_ints", lambda M, y: M.trapezoid(y), [INTS]),
     ("trapezoid_empty", lambda M, y: M.trapezoid(y), [np.zeros((3, 0))]),
+    ("trapezoid_empty_ints", lambda M, y: M.trapezoid(y), [INTS[:, :0]]),  # torch's zeros keep the dtype
     ("trapz", lambda M, y, x: M.trapz(y, x), [X, COORDS]),
     ("cumulative_trapezoid", lambda M, y, x: M.cumulative_trapezoid(y, x), [X, COORDS]),
     ("cumulative_trapezoid_dx", lambda M, y: M.cumulative_trapezoid(y, dx=2.0, dim=0), [INTS]),
@@ -84,6 +88,8 @@ VALUES = [
     ("gradient_coords", lambda M, y, c: M.gradient(y, spacing=(c,), dim=1), [X, COORDS]),
     ("gradient_coords_edge2", lambda M, y, c: M.gradient(y, spacing=[c], dim=-1, edge_order=2), [X, COORDS]),
     ("gradient_ints", lambda M, y: M.gradient(y, dim=1), [INTS]),
+    *[(f"gradient_float64_coords_{t}", lambda M, y, c: M.gradient(y, spacing=[c], dim=1), [y, COORDS])
+      for t, y in (("ints", INTS), ("float32", X.astype(np.float32)))],  # promoted to float64, as torch
     ("unfold", lambda M, x: x.unfold(1, 2, 2), [X]),
     ("unfold_overlap", lambda M, x: x.unfold(0, 2, 1), [BATCH]),
     ("unfold_scalar", lambda M, x: x.unfold(0, 1, 1), [np.asarray(2.5)]),
@@ -245,6 +251,8 @@ ERRORS = [
     ("fill_diagonal_1d", lambda x: x[0].fill_diagonal_(1.0), "fill_diagonal_ input: expected a 2-D Tensor"),
     ("renorm_p", lambda x: x.renorm(0, 0, 1.0), "renorm p=0, maxnorm=1.0: expected p > 0"),
     ("renorm_int", lambda x: x.long().renorm(2, 0, 1.0), "renorm input: expected a floating-point Tensor, got int64"),
+    ("renorm_1d", lambda x: x[0].renorm(2, 0, 1.0), r"renorm\(float64\[5\]\): input: expected at least 2 dims"),
+    ("isin_bool", lambda x: gc.isin(x > 0, True), r"isin\(bool\[3,5\], bool\[\]\): expected numbers .* got bool"),
 ]
 
 

@@ -18,7 +18,7 @@ from graphc.dsl.ops import (cast, const_i64, constant, detach, emit, lift, minim
 from graphc.dsl.ops import max as reduce_max
 from graphc.dsl.ops import min as reduce_min
 from graphc.dsl.ops import sum as reduce_sum
-from graphc.dsl.ops_array import cumsum, dim_index, full, index_select, nan_as, static_dim
+from graphc.dsl.ops_array import cumsum, dim_index, full, index_select, nan_as, pad, static_dim
 from graphc.dsl.ops_divide import to_float
 from graphc.dsl.ops_math import any as reduce_any
 from graphc.dsl.ops_math import norm
@@ -118,6 +118,9 @@ def isin(elements: Any, test_elements: Any, *, assume_unique: bool = False, inve
                            f"{test_elements!r} (at {user_source()})")
     elements = _operand(elements, test_elements) if isinstance(test_elements, Tensor) else elements
     tests = _operand(test_elements, elements)
+    if "bool" in (elements.dtype, tests.dtype):
+        raise op_error("isin", [elements, tests], "expected numbers or Tensors of numbers, got bool; torch refuses "
+                       "a bool input", user_source())
     a, b = _comparable(elements, reshape(tests, [-1]))
     found = reduce_any(unsqueeze(a, [-1]) == b, -1)
     return ~found if invert else found
@@ -175,7 +178,11 @@ def _bin_edges(flat: Tensor, bins: Any, range: Any) -> Tensor:  # noqa: A002 - t
     if not isinstance(bins, int) or bins <= 0:
         raise CaptureError(f"histogram bins={bins!r}: expected a positive int or a 1-D Tensor (at {user_source()})")
     if range is None:
-        lo, hi = reduce_min(nan_as(flat, np.inf)), reduce_max(nan_as(flat, -np.inf))
+        # one inf more each way, as onnxruntime refuses to reduce an empty set
+        lo, hi = (reduce(pad(nan_as(flat, v), [0, 1], value=v)) for reduce, v in ((reduce_min, np.inf),
+                                                                                  (reduce_max, -np.inf)))
+        empty = lo > hi  # no entries (torch refuses NaN ones): torch's range is [0, 1]
+        lo, hi = where(empty, scalar(0, lo), lo), where(empty, scalar(1, hi), hi)
     elif len(range) != 2 or not np.isfinite(range).all() or range[0] > range[1]:
         raise CaptureError(f"histogram range={range!r}: expected finite (min, max) with min <= max "
                            f"(at {user_source()})")
@@ -203,7 +210,7 @@ def minkowski(diff: Tensor, p: float) -> Tensor:
     entry of the largest size (ties each get all of it)."""
     size = emit("Abs", [diff])
     if math.isinf(p):
-        top = detach(reduce_max(size, -1, True))
+        top = detach(reduce_max(pad(size, [0, 1], value=0.0), -1, True))  # a 0 more: an empty diff gives 0
         ties = cast(detach(size) == top, diff.dtype)  # the value is top; the gradient sign(diff) at each tie
         return squeeze(top, [-1]) + reduce_sum(ties * (size - detach(size)), -1)
     if p in (0, 1, 2):
@@ -279,9 +286,11 @@ def _trapezoids(fn: str, y: Any, x: Any, dx: Any, dim: int) -> tuple[Tensor, int
 
 def trapezoid(y: Tensor, x: Any = None, *, dx: float | None = None, dim: int = -1) -> Tensor:
     """``torch.trapezoid``: the trapezoid-rule integral of ``y`` along ``dim``, at the points ``x`` (1-D
-    along ``dim``, or broadcast with ``y``) or spaced ``dx`` (default 1); integers become float32."""
+    along ``dim``, or broadcast with ``y``) or spaced ``dx`` (default 1); integers become float32 (but for
+    no points along ``dim``, zeros of ``y``'s dtype, as torch)."""
     areas, dim = _trapezoids("trapezoid", y, x, dx, dim)
-    return reduce_sum(areas, dim)
+    y = lift(y)
+    return cast(reduce_sum(areas, dim), y.dtype) if y.shape[dim] == 0 else reduce_sum(areas, dim)  # torch's zeros
 
 
 trapz = trapezoid
@@ -297,8 +306,14 @@ def gradient(input: Tensor, *, spacing: Any = 1, dim: Any = None,  # noqa: A002 
              edge_order: int = 1) -> tuple[Tensor, ...]:
     """``torch.gradient``: the derivative of ``input`` along each of ``dim`` (None: all), by central
     differences inside and one-sided ones (``edge_order`` 1 or 2) at the ends; ``spacing`` a number, one
-    per dim, or one 1-D Tensor of coordinates per dim. Integers become float32."""
+    per dim, or one 1-D Tensor of coordinates per dim. Integers become float32; wider float coordinates
+    widen the result, as torch promotes."""
     x = to_float(lift(input))
+    coordinates = [lift(h) for h in spacing if isinstance(h, Tensor) or np.ndim(h)] if isinstance(
+        spacing, (list, tuple)) else []
+    widest = max([x.dtype] + [h.dtype for h in coordinates if h.dtype in FLOAT_DTYPES],
+                 key=lambda d: np.dtype(d.numpy).itemsize)
+    x = cast(x, widest) if widest != x.dtype else x  # torch promotes: float64 coordinates give float64
     dims = list(range(x.ndim)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
     dims = [dim_index(x, d, "Slice") for d in dims]
     spacings = list(spacing) if isinstance(spacing, (list, tuple)) else [spacing] * len(dims)
@@ -438,6 +453,8 @@ def renorm(input: Tensor, p: float, dim: int, maxnorm: float) -> Tensor:  # noqa
     if not isinstance(p, (int, float)) or p <= 0 or not isinstance(maxnorm, (int, float)) or maxnorm < 0:
         raise CaptureError(f"renorm p={p!r}, maxnorm={maxnorm!r}: expected p > 0 and maxnorm >= 0 "
                            f"(at {user_source()})")
+    if x.ndim < 2:
+        raise op_error("renorm", [x], f"input: expected at least 2 dims, as torch, got {x.ndim}", user_source())
     dim = dim_index(x, dim, "ReduceSum")
     norms = norm(x, p, [d for d in range(x.ndim) if d != dim], True)
     factor = where(norms > scalar(maxnorm, norms), scalar(maxnorm, norms) / (norms + scalar(1e-7, norms)),
