@@ -93,6 +93,7 @@ VALUES = [
     ("unfold", lambda M, x: x.unfold(1, 2, 2), [X]),
     ("unfold_overlap", lambda M, x: x.unfold(0, 2, 1), [BATCH]),
     ("unfold_scalar", lambda M, x: x.unfold(0, 1, 1), [np.asarray(2.5)]),
+    ("unfold_scalar_empty", lambda M, x: x.unfold(0, 0, 1), [np.asarray(2.5)]),
     ("put", lambda M, x, i, s: x.put(i, s), [X, np.array([-1, 0, 7]), np.array([7.0, 8.0, 9.0])]),
     ("put_accumulate", lambda M, x, i, s: M.put(x, i, s, accumulate=True), [INTS, np.array([[1, 1], [-2, 4]]),
                                                                              np.array([10, 20, 30, 40])]),

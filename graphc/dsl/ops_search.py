@@ -381,7 +381,7 @@ def windows(x: Tensor, dimension: int, size: int, step: int) -> Tensor:
     starts = np.arange(0, length - size + 1, step)
     index = constant((starts[:, None] + np.arange(size)[None, :]).astype(np.int64))
     out = movedim(emit("Gather", [x, index], {"axis": dim}), dim + 1, -1)
-    return reshape(out, [size]) if flat else out
+    return reshape(_part(out, 0, 0, 1), [-1]) if flat else out  # a 0-d x: one window (size 0 gives two)
 
 
 def put(input: Tensor, index: Tensor, source: Tensor, accumulate: bool = False) -> Tensor:  # noqa: A002
