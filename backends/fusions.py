@@ -19,6 +19,10 @@ model that holds its pattern (in any graph or local function), every other model
   SimplifiedLayerNormalization whose epsilon is its default, 1e-5, not ``eps``.
 - ``CommonSubexpressionElimination`` merges unseeded Bernoulli nodes of one input: they drew the
   same sample.
+- ``ExpandElimination`` drops an Expand of a Reshape's output to a shape with a 0 as a no-op, so the
+  result keeps an entry where it has none (``Reshape(x[1], [1, -1])`` expanded to ``[0, 1]`` gave
+  ``[1, 1]``; ``gc.cartesian_prod`` of an empty vector gave a row); turned off where an Expand's
+  output may have an empty dim (or a shape that cannot be told).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ def fusion_refused(model: onnx.ModelProto) -> tuple[str, ...]:
         "LayerNormFusionL1": lambda: any(_central_power(node, consts, producers, readers) for node in nodes),
         "SimplifiedLayerNormFusion": lambda: _double_mean_power(model, nodes, readers),
         "CommonSubexpressionElimination": lambda: _repeated_unseeded_bernoulli(nodes),
+        "ExpandElimination": lambda: _expand_to_empty(model, nodes),
     }
     return tuple(name for name, holds in checks.items() if holds())
 
@@ -130,3 +135,12 @@ def _repeated_unseeded_bernoulli(nodes) -> bool:
     unseeded = Counter(n.input[0] for n in nodes
                        if _ops(n, "Bernoulli") and not any(a.name == "seed" for a in n.attribute))
     return any(count > 1 for count in unseeded.values())
+
+
+def _expand_to_empty(model: onnx.ModelProto, nodes) -> bool:
+    """An Expand whose output may have a dim of 0 (or a shape shape inference cannot tell)."""
+    outputs = [node.output[0] for node in nodes if node.op_type == "Expand"]
+    if not outputs:
+        return False
+    types = tensor_types(model, subgraphs=True) or {}
+    return any((types.get(name) or (None, None))[1] is None or 0 in types[name][1] for name in outputs)
