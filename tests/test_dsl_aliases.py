@@ -357,6 +357,7 @@ ERRORS = [
     ("adjoint_1d", lambda L, x: L.adjoint(x[0, 0]), r"only supported on matrices or batches of matrices, got a 1-D",
      True),
     ("sum_to_size", lambda L, x: x.sum_to_size(2, 4, 6), r"size \[2, 4, 6\] is not expandable", True),
+    ("sum_to_size_none", lambda L, x: x.sum_to_size(), r"sum_to_size: expected a size .* got none", True),
     ("float_power_float32", lambda L, x: (x * 1).float_power_(2), r"dtype float64 is not the written tensor's float32",
      True),
     ("detach_view", lambda L, x: (x * 1)[0].detach_(), r"detach_ of .*a view", True),

@@ -311,6 +311,9 @@ def sum_to_size(input: Tensor, *size: Any) -> Tensor:  # noqa: A002
     """``Tensor.sum_to_size(*size)``: summed to ``size``, which must broadcast to ``input``'s shape
     (leading dims summed away, dims of size 1 in ``size`` summed with keepdim)."""
     x = ops.lift(input)
+    if not size:
+        raise op_error("ReduceSum", [x], "sum_to_size: expected a size (ints, or one tuple: () sums every entry), "
+                       "got none, as torch refuses", user_source())
     size = list(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else list(size)
     lead = x.ndim - len(size)
     if lead < 0 or any(s != 1 and s != d for s, d in zip(size, x.shape[lead:])):
