@@ -234,3 +234,15 @@ def test_kernel_matches_onnxruntime(op_type, makers, attrs, opset, dtype, n_outp
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
         np.testing.assert_allclose(g, w, **tol)
+
+
+@pytest.mark.parametrize("v", [3.0, -2.6, 0.5])
+def test_float64_erf_of_a_0d_input_past_the_series(v):
+    """The float64 Erf kernel writes its continued fraction's values into the series' result: a 0-d one too."""
+    import math
+
+    import graphc as gc
+
+    x = np.array(v)
+    got = gc.Session(gc.capture(lambda x: gc.erf(x), x=x), backend="numpy").run({"x": x})["output"]
+    assert got.shape == () and abs(float(got) - math.erf(v)) < 1e-15

@@ -118,7 +118,7 @@ def _erf64(x: np.ndarray) -> np.ndarray:
     series = np.full_like(z2, _ERF_TERMS[-1])
     for c in _ERF_TERMS[-2::-1]:
         series = series * z2 + c
-    out = series * small * (2 / math.sqrt(math.pi))
+    out = np.asarray(series * small * (2 / math.sqrt(math.pi)))  # a 0-d array, not a scalar, to write into
     big = ax >= 2.5
     if big.any():
         xb = ax[big]
