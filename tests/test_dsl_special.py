@@ -31,7 +31,7 @@ PROBS = np.array([0, 1, 0.5, 1e-300, 1e-20, 1e-10, 0.01, 0.13, 0.2, 0.7, 0.87, 0
 A = np.array([0.5, 1, 2, 5, 10.5, 20, 0.01, 3, 0, 0, 1, np.inf, 1, -1, 0.5, np.nan, 3, 1e-3, 7, 2.5])
 X = np.array([0.3, 1, 5, 4, 9, 30, 2, 1e-3, 0, 1, 0, 1, np.inf, 1, 100, 1, np.nan, 0.5, 7.9, 3.5])
 FREXP = np.array([0.0, -0.0, 1, -3, 0.75, 1024, 1e-40, 3e38, 1e-310, 1e300, 2.0 ** -1074, 1 - 2 ** -53, np.inf,
-                  -np.inf, np.nan])
+                  -np.inf, np.nan, 2.0 ** 1023, -1.7976931348623157e308])  # exponent 1024: 2**1024 is inf
 
 # (id, gc function, torch function, arrays, float64 rtol): gc's result must be torch's on both backends
 VALUES = [

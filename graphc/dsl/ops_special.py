@@ -382,14 +382,21 @@ def i1e(input: Any) -> Tensor:  # noqa: A002 - torch's names
     return _bessel(input, _I1E_A, _I1E_B, odd=True, scaled=True)
 
 
+def _halved_powers(v: Tensor, e: Tensor) -> Tensor:
+    """``v / 2**e`` as two divisions by powers of 2, each exact (a subnormal one too), so that
+    ``e = 1024`` (``|v|`` from ``2**1023``, where ``2**e`` is inf) stays finite."""
+    half = unary("Floor", e / scalar(2, e))
+    return v / binary("Pow", scalar(2, e), half) / binary("Pow", scalar(2, e), e - half)
+
+
 def _frexp64(x: Tensor) -> tuple[Tensor, Tensor]:
     finite = ~isinf(x) & ~isnan(x) & (x != scalar(0, x))
     ax = abs_(where(finite, x, scalar(1, x)))
     e = unary("Floor", log(ax) / scalar(math.log(2), x)) + scalar(1, x)
-    m = ax / binary("Pow", scalar(2, x), e)  # 2**e is exact (a subnormal one too), so is the division
+    m = _halved_powers(ax, e)
     e = e + where(m >= scalar(1, x), scalar(1, x), where(m < scalar(0.5, x), scalar(-1, x), scalar(0, x)))
     exponent = where(finite, e, scalar(0, x))
-    return x / binary("Pow", scalar(2, x), detach(exponent)), cast(exponent, "int32")
+    return _halved_powers(x, detach(exponent)), cast(exponent, "int32")
 
 
 def frexp(input: Any) -> Frexp:  # noqa: A002 - torch's names
