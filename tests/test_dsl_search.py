@@ -65,6 +65,7 @@ VALUES = [
     ("histogram_edges_weight_density", lambda M, x, b, w: tuple(M.histogram(x, b, weight=w, density=True)),
      [X, EDGES, np.abs(Y[:3])]),
     ("histogram_constant", lambda M, x: tuple(M.histogram(x, 4)), [np.ones((3,), np.float32)]),
+    ("histogram_float16", lambda M, x: tuple(M.histogram(x, 4, range=(-1.0, 1.0))), [X.astype(np.float16)]),
     ("histogram_empty", lambda M, x: tuple(M.histogram(x, 3)), [np.zeros((0,), np.float32)]),  # edges 0 .. 1
     ("histogram_method_float32", lambda M, x: tuple(x.histogram(5)), [X.astype(np.float32)]),
     *[(f"cdist_p{p}", lambda M, a, b, p=p: M.cdist(a, b, p), [X, Y]) for p in (0, 1, 2, 3, 0.5, np.inf)],
@@ -88,6 +89,9 @@ VALUES = [
     ("gradient_coords", lambda M, y, c: M.gradient(y, spacing=(c,), dim=1), [X, COORDS]),
     ("gradient_coords_edge2", lambda M, y, c: M.gradient(y, spacing=[c], dim=-1, edge_order=2), [X, COORDS]),
     ("gradient_ints", lambda M, y: M.gradient(y, dim=1), [INTS]),
+    *[(f"gradient_infinities_edge{e}", lambda M, y, e=e: M.gradient(y, edge_order=e), [np.array([1.0, np.inf, 2.0,
+                                                                                            -np.inf, 5.0, 1.0])])
+      for e in (1, 2)],  # even steps read no f[i] at i: an inf there is not a nan
     *[(f"gradient_float64_coords_{t}", lambda M, y, c: M.gradient(y, spacing=[c], dim=1), [y, COORDS])
       for t, y in (("ints", INTS), ("float32", X.astype(np.float32)))],  # promoted to float64, as torch
     ("unfold", lambda M, x: x.unfold(1, 2, 2), [X]),

@@ -153,15 +153,16 @@ def histogram(input: Tensor, bins: Any = 100, *, range: Any = None, weight: Tens
     below = reduce_sum(cast(unsqueeze(edges, [0]) <= unsqueeze(flat, [1]), "int64"), 1)
     inside = (flat >= edges[0]) & (flat <= edges[-1])
     pos = where(inside, minimum(below - 1, count - 1), scalar(0, below))
+    work = "float32" if x.dtype == "float16" else x.dtype  # onnxruntime has no float16 ScatterElements add
     if weight is None:
-        added = cast(inside, x.dtype)
+        added = cast(inside, work)
     else:
         w = detach(lift(weight, x))
         if w.dtype != x.dtype or w.shape != x.shape:
             raise CaptureError(f"histogram weight: expected a Tensor of the input's type {x.type_str()}, got "
                                f"{w.type_str()} (at {user_source()})")
-        added = where(inside, reshape(w, [-1]), scalar(0, x))
-    hist = emit("ScatterElements", [full([count], 0, x.dtype), pos, added], {"reduction": "add"})
+        added = cast(where(inside, reshape(w, [-1]), scalar(0, x)), work)
+    hist = cast(emit("ScatterElements", [full([count], 0, work), pos, added], {"reduction": "add"}), x.dtype)
     if density:
         hist = hist / (reduce_sum(hist) * diff(edges))
     return Histogram(hist, edges)
@@ -346,9 +347,12 @@ def _derivative(f: Tensor, dim: int, h: Tensor, edge_order: int) -> Tensor:
         return t if t.ndim == 0 else _part(t, dim, start, stop)
 
     left, right = at(h, 0, -1), at(h, 1, _INT_MAX)
-    inner = (-right / (left * (left + right)) * _part(f, dim, 0, -2)
-             + (right - left) / (left * right) * _part(f, dim, 1, -1)
-             + left / (right * (left + right)) * _part(f, dim, 2, _INT_MAX))
+    if h.ndim == 0:  # even steps: torch's (f[i+1] - f[i-1]) / 2h, which reads no f[i] (an inf there is no nan)
+        inner = (_part(f, dim, 2, _INT_MAX) - _part(f, dim, 0, -2)) / (h + h)
+    else:
+        inner = (-right / (left * (left + right)) * _part(f, dim, 0, -2)
+                 + (right - left) / (left * right) * _part(f, dim, 1, -1)
+                 + left / (right * (left + right)) * _part(f, dim, 2, _INT_MAX))
     h0, h1, hn, hm = at(h, 0, 1), at(h, 1, 2), at(h, -1, _INT_MAX), at(h, -2, -1)
     fn, fm = _part(f, dim, -1, _INT_MAX), _part(f, dim, -2, -1)
     if edge_order == 1:
