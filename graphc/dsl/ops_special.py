@@ -216,8 +216,8 @@ def zeta(input: Any, other: Any) -> Tensor:  # noqa: A002 - torch's names
     """``torch.special.zeta(x, q)``, Hurwitz's ``sum_k (q + k)**-x`` for ``x > 1``: Cephes'
     Euler-Maclaurin sum, as torch; inf at ``x = 1`` and at ``q`` = 0 or a negative integer, nan for
     ``x < 1`` and at ``q = inf``, ``q**-x`` alone where the next term is below float64's epsilon of it
-    (inf where it overflows, 1 at ``x = inf, q = 1``), as torch. ``q < 0`` otherwise gives nan (torch sums the series there for an
-    integer ``x``). Gradients reach ``q`` and ``x`` (the lowering's; torch has none for ``x``)."""
+    (inf where it overflows, 1 at ``x = inf, q = 1``), as torch. ``q < 0`` otherwise gives nan (torch
+    sums the series there for an integer ``x``). Gradients reach ``q`` and ``x`` (the lowering's; torch has none for ``x``)."""
     s, q = float_pair("zeta", input, other)
     return in_float64(_zeta64, s, q)
 
