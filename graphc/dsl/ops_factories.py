@@ -17,7 +17,7 @@ import numpy as np
 
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import cast, concat, constant, emit, lift, reshape, same_dtype, stack
-from graphc.dsl.ops_array import cat, dim_length, einsum, full, full_like
+from graphc.dsl.ops_array import cat, dim_length, einsum, full, full_like, static_dim
 from graphc.dsl.ops_divide import remainder
 from graphc.dsl.ops_reshape import atleast_1d, atleast_2d, atleast_3d
 from graphc.dsl.tensor import Tensor
@@ -219,9 +219,7 @@ def combinations(x: Tensor, r: int = 2, with_replacement: bool = False) -> Tenso
     Signature: ai.onnx@13::Gather"""
     (x,) = _tensor_list((x,), "combinations", (1,))
     r = _count(r, "r", "combinations")
-    size = x.shape[0]
-    if not isinstance(size, int):
-        raise op_error("Gather", [x], "combinations needs a static size", user_source())
+    size = static_dim(x, 0, "combinations")
     if r == 0:
         return constant(np.zeros(0, x.dtype.numpy))  # torch's empty result
     pick = itertools.combinations_with_replacement if with_replacement else itertools.combinations
@@ -235,32 +233,25 @@ def block_diag(*tensors: Any) -> Tensor:
     items = [atleast_2d(t) for t in _tensor_list(tensors, "block_diag", (0, 1, 2))]
     if not items:
         return constant(np.zeros((1, 0), np.float32))
-    widths = [_static(t, 1, "block_diag") for t in items]
+    widths = [static_dim(t, 1, "block_diag") for t in items]
     rows = []
     for k, t in enumerate(items):
-        height = _static(t, 0, "block_diag")
+        height = static_dim(t, 0, "block_diag")
         left, right = builtins.sum(widths[:k]), builtins.sum(widths[k + 1:])
         parts = [full((height, width), 0, t.dtype) if width else None for width in (left, right)]
         rows.append(cat([p for p in (parts[0], t, parts[1]) if p is not None], 1))
     return cat(rows, 0)
 
 
-def _static(x: Tensor, dim: int, fn: str) -> int:
-    size = x.shape[dim]
-    if not isinstance(size, int):
-        raise op_error(fn, [x], f"needs a static size on dim {dim}", user_source())
-    return size
-
-
 def vander(x: Tensor, N: int | None = None, increasing: bool = False) -> Tensor:  # noqa: N803 - torch's name
     """``torch.vander``: columns ``x ** (N - 1) .. x ** 0`` (``increasing``: the other way), each power the last
     one times ``x`` as torch's cumprod; bool and integer ``x`` give int64, as torch. Signature: ai.onnx@14::Mul"""
     (x,) = _tensor_list((x,), "vander", (1,))
-    n = _static(x, 0, "vander") if N is None else _count(N, "N", "vander")
+    n = static_dim(x, 0, "vander") if N is None else _count(N, "N", "vander")
     if x.dtype not in FLOAT_DTYPES:
         x = cast(x, "int64")
     if n == 0:
-        return full((_static(x, 0, "vander"), 0), 0, x.dtype)
+        return full((static_dim(x, 0, "vander"), 0), 0, x.dtype)
     columns = [full_like(x, 1)]
     while len(columns) < n:
         columns.append(x if len(columns) == 1 else columns[-1] * x)
