@@ -119,7 +119,7 @@ def _float_pair(fn: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:
     return a, b
 
 
-def _to_float_pair(fn: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:
+def to_float_pair(fn: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:
     """``a`` and ``b`` as Tensors of one dtype, integers and bools made float32, as torch's."""
     a, b = operand_pair(a, b)
     same_dtype(fn, a, b)
@@ -134,7 +134,7 @@ def atan2(input: Any, other: Any) -> Tensor:  # noqa: A002
     torch's; integers become float32. Where ``|other| >= |input|`` it is ``atan(input / other)``,
     turned by pi when ``other``'s sign bit is set, else ``sign(input) pi/2 - atan(other / input)``,
     so no division is by 0 and the gradient is torch's (0 at the origin, where ``y * 0`` is divided)."""
-    y, x = _to_float_pair("atan2", input, other)
+    y, x = to_float_pair("atan2", input, other)
     one = scalar(1, x)
     by_x = abs_(x) >= abs_(y)
     divides = by_x & (x != scalar(0, x))  # x == 0 where by_x means y == 0
@@ -161,7 +161,7 @@ def xlogy(input: Any, other: Any) -> Tensor:  # noqa: A002
     integers become float32. Where ``0 * log(other)`` would not be 0 (``other`` <= 0 or inf) the log
     reads 1, so no nan gradient leaks from it; elsewhere the gradient to ``input`` is ``log(other)``,
     at 0 too, as torch's (the 0 is ``0 * log(other) + 0``: +0, as torch's, with that gradient)."""
-    x, y = _to_float_pair("xlogy", input, other)
+    x, y = to_float_pair("xlogy", input, other)
     zero = (x == scalar(0, x)) & unary("Not", isnan(y))
     product = x * log(where(zero & ((y <= scalar(0, y)) | unary("IsInf", y)), scalar(1, y), y))
     return where(zero, product + scalar(0, x), product)
@@ -170,7 +170,7 @@ def xlogy(input: Any, other: Any) -> Tensor:  # noqa: A002
 def copysign(input: Any, other: Any) -> Tensor:  # noqa: A002
     """``|input|`` with the sign of ``other`` (-0.0 counts as negative, as torch); integers become
     float32. The gradient to ``input`` is the sign change (0 at 0), none to ``other``, as torch's."""
-    a, b = _to_float_pair("copysign", input, other)
+    a, b = to_float_pair("copysign", input, other)
     return where(signbit(b), -abs_(a), abs_(a))
 
 

@@ -18,6 +18,7 @@ from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import binary, cast, detach, exp, lift, log, maximum, minimum, operand_pair, same_dtype, scalar
 from graphc.dsl.ops import sqrt, unary, where
 from graphc.dsl.ops_array import cos, sin
+from graphc.dsl.ops_binary import to_float_pair
 from graphc.dsl.ops_divide import to_float
 from graphc.dsl.ops_elementwise import signbit
 from graphc.dsl.ops_math import isinf, isnan
@@ -81,13 +82,6 @@ class Frexp(NamedTuple):
 def float_input(x: Any) -> Tensor:
     """``x`` as a float Tensor: an integer or bool one becomes float32, as torch's."""
     return to_float(lift(x))
-
-
-def float_pair(fn: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:
-    """``a`` and ``b`` as float Tensors of one dtype (integers and bools float32, as torch's)."""
-    a, b = operand_pair(a, b)
-    same_dtype(fn, a, b)
-    return to_float(a), to_float(b)
 
 
 def in_float64(fn: Callable[..., Tensor], *xs: Tensor) -> Tensor:
@@ -217,8 +211,9 @@ def zeta(input: Any, other: Any) -> Tensor:  # noqa: A002 - torch's names
     Euler-Maclaurin sum, as torch; inf at ``x = 1`` and at ``q`` = 0 or a negative integer, nan for
     ``x < 1`` and at ``q = inf``, ``q**-x`` alone where the next term is below float64's epsilon of it
     (inf where it overflows, 1 at ``x = inf, q = 1``), as torch. ``q < 0`` otherwise gives nan (torch
-    sums the series there for an integer ``x``). Gradients reach ``q`` and ``x`` (the lowering's; torch has none for ``x``)."""
-    s, q = float_pair("zeta", input, other)
+    sums the series there for an integer ``x``). Gradients reach ``q`` and ``x`` (the lowering's; torch has
+    none for ``x``)."""
+    s, q = to_float_pair("zeta", input, other)
     return in_float64(_zeta64, s, q)
 
 

@@ -16,10 +16,10 @@ from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import cast, erf, exp, lift, log, scalar, sqrt, where
 from graphc.dsl.ops import sigmoid as expit
 from graphc.dsl.ops_array import cos, logsumexp, sin
-from graphc.dsl.ops_binary import xlogy
+from graphc.dsl.ops_binary import to_float_pair, xlogy
 from graphc.dsl.ops_elementwise import erfc, erfinv, exp2, expm1, log1p, logit, sinc
 from graphc.dsl.ops_math import isinf, isnan, round
-from graphc.dsl.ops_special import (digamma, float_input, float_pair, gamma_fraction, gamma_series, horner, i0, i0e,
+from graphc.dsl.ops_special import (digamma, float_input, gamma_fraction, gamma_series, horner, i0, i0e,
                                     i1, i1e, igamma, igammac, in_float64, lgamma, multigammaln, polygamma, zeta)
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
@@ -207,7 +207,7 @@ def entr(input: Any) -> Tensor:  # noqa: A002 - torch's names
 def xlog1py(input: Any, other: Any) -> Tensor:  # noqa: A002 - torch's names
     """``input * log1p(other)``, 0 where ``input`` is 0 unless ``other`` is nan, as ``xlogy``; where
     ``0 * log1p(other)`` would not be 0 the log reads 0, so no nan gradient leaks from it."""
-    x, y = float_pair("xlog1py", input, other)
+    x, y = to_float_pair("xlog1py", input, other)
     zero = (x == scalar(0, x)) & ~isnan(y)
     product = x * log1p(where(zero & ((y <= scalar(-1, y)) | isinf(y)), scalar(0, y), y))
     return where(zero, product + scalar(0, x), product)
