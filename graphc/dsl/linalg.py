@@ -26,6 +26,7 @@ from graphc.dsl.ops_solve import (cholesky, eye_like, inv, lu, lu_factor, lu_sol
                                   matrix_power, pick, right_hand_side, solve, solve_triangular)
 from graphc.dsl.ops_views import movedim, narrow, swap_last
 from graphc.dsl.tensor import Tensor
+from graphc.model.dtypes import FLOAT_DTYPES
 
 
 class QR(NamedTuple):
@@ -104,7 +105,7 @@ def lstsq(A: Any, B: Any, rcond: float | None = None, *, driver: str | None = No
 
 def _floating(fn: str, x: Any, dtype: Any) -> Tensor:
     x = lift(x)
-    if x.dtype not in ("float16", "bfloat16", "float32", "float64"):
+    if x.dtype not in FLOAT_DTYPES:
         raise op_error(fn, [x], f"expects a floating-point input, got {x.dtype}", user_source())
     return x if dtype is None else cast(x, dtype)
 

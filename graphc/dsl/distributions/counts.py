@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl.distributions.base import (NONNEGATIVE, POSITIVE, Distribution, check, enumerated, fail, known,
-                                           params)
+from graphc.dsl.distributions.base import (NONNEGATIVE, POSITIVE, Distribution, check, enumerated, fail, finfo,
+                                           known, params)
 from graphc.dsl.distributions.discrete import binary_params, softplus
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import cast, clip, constant, exp, log, maximum, minimum, sigmoid, where
@@ -79,7 +79,7 @@ class Geometric(Distribution):
 
     def sample(self, sample_shape: Any = ()) -> Tensor:
         """Inversion: ``floor(log(u) / log1p(-p))``, ``u`` uniform on ``[tiny, 1)``, as torch's."""
-        tiny = float(np.finfo(to_numpy(self.probs.dtype)).tiny)
+        tiny = float(finfo(self.probs).tiny)
         u = maximum(rand_like(self._expanded(self.probs, sample_shape)), tiny)
         return floor(log(u) / log1p(-self.probs))
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.distributions.base import (BOOLEAN, NONNEGATIVE, REAL, UNIT_INTERVAL, Distribution, check, enumerated,
-                                           fail, params)
+                                           fail, finfo, params)
 from graphc.dsl.ops import cast, clip, constant, log, maximum, sigmoid, softmax, where
 from graphc.dsl.ops import sum as sum_
 from graphc.dsl.ops_array import argmax, full_like, gather, logsumexp, one_hot
@@ -33,7 +33,7 @@ def one_of(dist: str, probs: Any, logits: Any) -> None:
 
 
 def clamped_probs(probs: Tensor) -> Tensor:
-    eps = float(np.finfo(to_numpy(probs.dtype)).eps)
+    eps = float(finfo(probs).eps)
     return clip(probs, eps, 1 - eps)
 
 
@@ -119,7 +119,7 @@ class Categorical(Distribution):
 
     def sample(self, sample_shape: Any = ()) -> Tensor:
         """Gumbel-max: the argmax of ``logits - log(-log(u))``, ``u`` uniform on ``[tiny, 1)``."""
-        tiny = float(np.finfo(to_numpy(self.logits.dtype)).tiny)
+        tiny = float(finfo(self.logits).tiny)
         u = maximum(rand_like(self._expanded(self.logits, sample_shape)), tiny)
         return argmax(self.logits - log(-log(u)), -1)
 
@@ -137,7 +137,7 @@ class Categorical(Distribution):
         return squeeze(gather(logits, -1, index[..., :1]), -1)
 
     def entropy(self) -> Tensor:
-        low = float(np.finfo(to_numpy(self.logits.dtype)).min)
+        low = float(finfo(self.logits).min)
         return -sum_(clip(self.logits, low) * self.probs, axis=-1)
 
 
