@@ -157,6 +157,14 @@ def test_searchsorted_with_a_symbolic_batch_and_opset_17():
                                        err_msg=f"{name} opset {opset}")
 
 
+@pytest.mark.parametrize("name,fn", [("unfold", lambda x: x.unfold(0, 2, 1)),
+                                     ("fill_diagonal_", lambda x: x.fill_diagonal_(1.0))])
+def test_a_symbolic_dim_that_must_be_static_is_refused_naming_the_function(name, fn):
+    with pytest.raises(gc.CaptureError, match=rf"^{name}\(float64\[N,5\]\): needs a static size on dim 0") as info:
+        gc.capture(fn, x=gc.spec("float64", ("N", 5)))
+    assert "test_dsl_search.py:" in str(info.value)
+
+
 def test_searchsorted_follows_torchs_search_past_nan_entries():
     """torch's binary search reads NaN entries as passed: a value below them can land after them."""
     got = run_both(gc.capture(lambda s, v: gc.searchsorted(s, v), s=TAIL_NANS, v=PROBES),
@@ -258,6 +266,13 @@ ERRORS = [
     ("renorm_int", lambda x: x.long().renorm(2, 0, 1.0), "renorm input: expected a floating-point Tensor, got int64"),
     ("renorm_1d", lambda x: x[0].renorm(2, 0, 1.0), r"renorm\(float64\[5\]\): input: expected at least 2 dims"),
     ("isin_bool", lambda x: gc.isin(x > 0, True), r"isin\(bool\[3,5\], bool\[\]\): expected numbers .* got bool"),
+    # a dim out of range, or a size that must be static, names the function (not the ONNX op it lowers to)
+    ("trapezoid_dim", lambda x: gc.trapezoid(x, dim=2), r"^trapezoid\(float64\[3,5\]\): dim 2 out of range"),
+    ("cumulative_trapezoid_dim", lambda x: gc.cumulative_trapezoid(x, dim=-3), r"^cumulative_trapezoid\(.*dim -3 out"),
+    ("gradient_dim", lambda x: gc.gradient(x, dim=2), r"^gradient\(float64\[3,5\]\): dim 2 out of range"),
+    ("unfold_dim", lambda x: x.unfold(2, 1, 1), r"^unfold\(float64\[3,5\]\): dim 2 out of range"),
+    ("index_reduce_dim", lambda x: x.index_reduce(2, gc.arange(2), x, "amax"), r"^index_reduce\(.*dim 2 out of"),
+    ("renorm_dim", lambda x: x.renorm(2, 2, 1.0), r"^renorm\(float64\[3,5\]\): dim 2 out of range"),
 ]
 
 

@@ -269,7 +269,7 @@ def _part(x: Tensor, dim: int, start: int, stop: int) -> Tensor:
 def _trapezoids(fn: str, y: Any, x: Any, dx: Any, dim: int) -> tuple[Tensor, int]:
     """The areas ``(y[i] + y[i+1]) / 2 * (x[i+1] - x[i])`` along ``dim`` (``dx``, or 1, without ``x``)."""
     y = to_float(lift(y))
-    dim = dim_index(y, dim, "ReduceSum")
+    dim = dim_index(y, dim, fn)
     if x is not None and dx is not None:
         raise CaptureError(f"{fn} x, dx: expected one of them, got both (at {user_source()})")
     if x is None:
@@ -316,7 +316,7 @@ def gradient(input: Tensor, *, spacing: Any = 1, dim: Any = None,  # noqa: A002 
                  key=lambda d: np.dtype(d.numpy).itemsize)
     x = cast(x, widest) if widest != x.dtype else x  # torch promotes: float64 coordinates give float64
     dims = list(range(x.ndim)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
-    dims = [dim_index(x, d, "Slice") for d in dims]
+    dims = [dim_index(x, d, "gradient") for d in dims]
     spacings = list(spacing) if isinstance(spacing, (list, tuple)) else [spacing] * len(dims)
     if edge_order not in (1, 2) or len(spacings) != len(dims) or len(set(dims)) != len(dims):
         raise CaptureError(f"gradient edge_order={edge_order!r}, spacing={spacing!r}, dim={dim!r}: expected "
@@ -377,8 +377,8 @@ def windows(x: Tensor, dimension: int, size: int, step: int) -> Tensor:
     flat = x.ndim == 0
     if flat:
         x = reshape(x, [1])
-    dim = dim_index(x, dimension, "Gather")
-    length = static_dim(x, dim, "Gather")
+    dim = dim_index(x, dimension, "unfold")
+    length = static_dim(x, dim, "unfold")
     if not isinstance(size, int) or not isinstance(step, int) or not 0 <= size <= length or step <= 0:
         raise CaptureError(f"unfold size={size!r}, step={step!r}: expected a size from 0 to {length} (dim "
                            f"{dim}'s) and a positive step (at {user_source()})")
@@ -423,7 +423,7 @@ def index_reduce(input: Tensor, dim: int, index: Tensor, source: Tensor, reduce:
     if index.ndim != 1 or index.dtype not in ("int64", "int32"):
         raise CaptureError(f"index_reduce index: expected a 1-D int64 or int32 Tensor, got {index.type_str()} "
                            f"(at {user_source()})")
-    dim = dim_index(x, dim, "ScatterElements")
+    dim = dim_index(x, dim, "index_reduce")
     if source.ndim != x.ndim:
         raise CaptureError(f"index_reduce source: expected the input's rank {x.ndim}, got {source.type_str()} "
                            f"(at {user_source()})")
@@ -436,7 +436,7 @@ def fill_diagonal(x: Tensor, fill_value: Any, wrap: bool = False) -> Tensor:
     the entries whose indices are all equal set to ``fill_value``; ``wrap`` restarts a tall matrix's
     diagonal after every ``cols + 1`` rows, as torch. Signature: ai.onnx@16::Where"""
     x = lift(x)
-    shape = [static_dim(x, d, "Where") for d in range(x.ndim)] if x.ndim >= 2 else None
+    shape = [static_dim(x, d, "fill_diagonal_") for d in range(x.ndim)] if x.ndim >= 2 else None
     if shape is None or (x.ndim > 2 and len(set(shape)) != 1):
         raise CaptureError(f"fill_diagonal_ input: expected a 2-D Tensor or one with all dims equal, got "
                            f"{x.type_str()} (at {user_source()})")
@@ -459,7 +459,7 @@ def renorm(input: Tensor, p: float, dim: int, maxnorm: float) -> Tensor:  # noqa
                            f"(at {user_source()})")
     if x.ndim < 2:
         raise op_error("renorm", [x], f"input: expected at least 2 dims, as torch, got {x.ndim}", user_source())
-    dim = dim_index(x, dim, "ReduceSum")
+    dim = dim_index(x, dim, "renorm")
     norms = norm(x, p, [d for d in range(x.ndim) if d != dim], True)
     factor = where(norms > scalar(maxnorm, norms), scalar(maxnorm, norms) / (norms + scalar(1e-7, norms)),
                    scalar(1, norms))
