@@ -25,6 +25,7 @@ POSITIVE = ("positive", lambda v, d: v > 0)
 NONNEGATIVE = ("nonnegative", lambda v, d: v >= 0)
 UNIT_INTERVAL = ("unit_interval", lambda v, d: (v >= 0) & (v <= 1))
 BOOLEAN = ("boolean", lambda v, d: (v == 0) | (v == 1))
+SIMPLEX = ("simplex", lambda v, d: np.all(v >= 0, -1) & (np.abs(v.sum(-1) - 1) < 1e-6))
 
 
 def fail(dist: str, operands: list, msg: str) -> CaptureError:
@@ -234,6 +235,6 @@ def sum_rightmost(t: Tensor, n: int) -> Tensor:
     return sum_(t, axis=list(range(-n, 0))) if n > 0 else t
 
 
-__all__ = ["BOOLEAN", "NONNEGATIVE", "POSITIVE", "REAL", "UNIT_INTERVAL", "Distribution", "check", "enumerated",
-           "event_dims_match",
-           "fail", "finfo", "known", "param_dtype", "params", "sample_shape_of", "sum_rightmost"]
+__all__ = ["BOOLEAN", "NONNEGATIVE", "POSITIVE", "REAL", "SIMPLEX", "UNIT_INTERVAL", "Distribution", "check",
+           "enumerated", "event_dims_match", "fail", "finfo", "known", "param_dtype", "params", "sample_shape_of",
+           "sum_rightmost"]

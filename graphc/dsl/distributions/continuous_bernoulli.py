@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from graphc.dsl.distributions.base import Distribution
+from graphc.dsl.distributions.base import UNIT_INTERVAL, Distribution
 from graphc.dsl.distributions.discrete import binary_params, clamped_probs, softplus
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import log, where
@@ -16,14 +16,12 @@ from graphc.dsl.ops_elementwise import log1p
 from graphc.dsl.ops_sample import rand_like
 from graphc.dsl.tensor import Tensor
 
-UNIT_VALUE = ("unit_interval", lambda v, d: (v >= 0) & (v <= 1))
-
 
 class ContinuousBernoulli(Distribution):
     """``ContinuousBernoulli(probs=None, logits=None, lims=(0.499, 0.501))``; probs are clamped to
     ``[eps, 1 - eps]`` as torch's."""
 
-    has_rsample, support = True, UNIT_VALUE
+    has_rsample, support = True, UNIT_INTERVAL
 
     def __init__(self, probs: Any = None, logits: Any = None, lims: tuple = (0.499, 0.501),
                  validate_args: bool | None = None):

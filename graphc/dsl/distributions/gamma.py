@@ -8,9 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
-from graphc.dsl.distributions.base import POSITIVE, REAL, UNIT_INTERVAL, Distribution, check, fail, finfo, params
+from graphc.dsl.distributions.base import (NONNEGATIVE, POSITIVE, REAL, SIMPLEX, UNIT_INTERVAL, Distribution, check,
+                                           fail, finfo, params)
 from graphc.dsl.ops import cast, clip, detach, log, maximum, sqrt, stack, where
 from graphc.dsl.ops import sum as sum_
 from graphc.dsl.ops_array import argmax, cos, full_like, one_hot
@@ -24,9 +23,6 @@ from graphc.dsl.ops_reshape import unsqueeze
 from graphc.dsl.ops_sample import rand_like, randn_like
 from graphc.dsl.ops_special import digamma, i0e, i1e, igamma, lgamma
 from graphc.dsl.tensor import Tensor
-
-NONNEGATIVE_VALUE = ("nonnegative", lambda v, d: v >= 0)
-SIMPLEX = ("simplex", lambda v, d: np.all(v >= 0, -1) & (np.abs(v.sum(-1) - 1) < 1e-6))
 
 
 class _Rejected(Distribution):
@@ -45,7 +41,7 @@ class _Rejected(Distribution):
 class Gamma(_Rejected):
     """``torch.distributions.Gamma(concentration, rate)``; ``cdf`` is ``gc.igamma``."""
 
-    support = NONNEGATIVE_VALUE
+    support = NONNEGATIVE
 
     def __init__(self, concentration: Any, rate: Any, validate_args: bool | None = None):
         name = self._name()

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl.distributions.base import POSITIVE, Distribution, check, fail, finfo, known, params, sum_rightmost
+from graphc.dsl.distributions.base import (NONNEGATIVE, POSITIVE, SIMPLEX, UNIT_INTERVAL, Distribution, check, fail,
+                                           finfo, known, params, sum_rightmost)
 from graphc.dsl.distributions.continuous import Cauchy, Exponential, Normal
 from graphc.dsl.distributions.discrete import Categorical, binary_params, clamped_probs, softplus
 from graphc.dsl.ops import abs as abs_
@@ -20,13 +21,11 @@ from graphc.dsl.ops_elementwise import log1p
 from graphc.dsl.ops_sample import rand_like
 from graphc.dsl.tensor import Tensor
 
-NONNEGATIVE_VALUE = ("nonnegative", lambda v, d: v >= 0)
-
 
 class _Half(Distribution):
     """``|x|`` of a symmetric ``base_dist`` centred at 0 (attribute ``scale``)."""
 
-    has_rsample, support = True, NONNEGATIVE_VALUE
+    has_rsample, support = True, NONNEGATIVE
     base_dist: Distribution
 
     mode = property(lambda self: zeros_like(self.scale))
@@ -127,7 +126,7 @@ class RelaxedBernoulli(Distribution):
     """``torch.distributions.RelaxedBernoulli(temperature, probs=None, logits=None)``: ``sigmoid`` of
     ``(logits + logistic noise) / temperature``, clamped to ``[tiny, 1 - eps]`` as torch's."""
 
-    has_rsample, support = True, ("unit_interval", lambda v, d: (v >= 0) & (v <= 1))
+    has_rsample, support = True, UNIT_INTERVAL
 
     def __init__(self, temperature: Any, probs: Any = None, logits: Any = None, validate_args: bool | None = None):
         super().__init__((), (), validate_args)
@@ -153,7 +152,7 @@ class RelaxedOneHotCategorical(Distribution):
     """``torch.distributions.RelaxedOneHotCategorical(temperature, probs=None, logits=None)``: ``softmax`` of
     ``(logits + Gumbel noise) / temperature`` over the last dim (event shape ``(K,)``, K static)."""
 
-    has_rsample, support = True, ("simplex", lambda v, d: np.all(v >= 0, -1) & (np.abs(v.sum(-1) - 1) < 1e-6))
+    has_rsample, support = True, SIMPLEX
 
     def __init__(self, temperature: Any, probs: Any = None, logits: Any = None, validate_args: bool | None = None):
         self._categorical = Categorical(probs, logits, validate_args)
