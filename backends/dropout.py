@@ -15,7 +15,7 @@ import math
 
 import onnx
 
-from graphc.model.file import all_graphs, function_graphs
+from graphc.model.file import model_graphs
 
 __all__ = ["eliminating"]
 
@@ -23,7 +23,7 @@ __all__ = ["eliminating"]
 def eliminating(model: onnx.ModelProto) -> tuple[str, ...]:
     """``("EliminateDropout",)`` when a Dropout of ``model`` (in any graph or local function) may
     train: its ``training_mode`` is given and is not a constant false; else ``()``."""
-    graphs = list(all_graphs(model.graph)) + [g for f in model.functions for g in function_graphs(f)]
+    graphs = model_graphs(model)
     fed = {i.name for g in graphs for i in g.input}
     false = {t.name for g in graphs for t in g.initializer if t.name not in fed and _is_false(t)}
     false |= {node.output[0] for g in graphs for node in g.node if node.op_type == "Constant" and node.domain in (

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from graphc.model.file import all_graphs, function_graphs, tensor_types
+from graphc.model.file import model_graphs, tensor_types
 
 __all__ = ["fusion_refused"]
 
@@ -43,7 +43,7 @@ _FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)  # FuseReluClip's types for a
 
 def fusion_refused(model: onnx.ModelProto) -> tuple[str, ...]:
     """The names of the rewrites above that ``model`` holds a pattern of, in that order."""
-    graphs = list(all_graphs(model.graph)) + [g for f in model.functions for g in function_graphs(f)]
+    graphs = model_graphs(model)
     nodes = [node for g in graphs for node in g.node if node.domain in ("", "ai.onnx")]
     consts = _constants(graphs)
     producers = {out: node for node in nodes for out in node.output}

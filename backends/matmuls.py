@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import onnx
 
-from graphc.model.file import all_graphs, tensor_types
+from graphc.model.file import model_graphs, tensor_types
 
 __all__ = ["fusion_refused"]
 
 
 def fusion_refused(model: onnx.ModelProto) -> tuple[str, ...]:
-    """``("MatmulTransposeFusion",)`` when a MatMul of ``model`` (in any graph) takes a Transpose's
-    output first and may take a vector second; else ``()``."""
-    graphs = list(all_graphs(model.graph))
+    """``("MatmulTransposeFusion",)`` when a MatMul of ``model`` (in any graph or local function) takes a
+    Transpose's output first and may take a vector second; else ``()``."""
+    graphs = model_graphs(model)
     transposed = {node.output[0] for g in graphs for node in g.node
                   if node.op_type == "Transpose" and node.domain in ("", "ai.onnx")}
     seconds = [node.input[1] for g in graphs for node in g.node

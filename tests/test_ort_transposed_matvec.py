@@ -63,3 +63,21 @@ def test_a_model_without_a_transposed_first_operand_keeps_the_fusion():
     mlp = gc.capture(gc.nn.Linear(4, 3), x=gc.spec("float32", ("N", 4)))
     arts = gc.training.generate(mlp, gc.losses.mse("output", label="y"), gc.optim.SGD(0.1))
     assert matmuls.fusion_refused(arts.train_step.proto) == ()
+
+
+def test_a_transposed_matrix_times_a_vector_in_a_local_function_matches_numpy_on_ort_cpu():
+    """onnxruntime inlines local functions before its rewrites, so the product in one is fused too."""
+    product = _transposed_product([3, 4], [1, 0], [3])
+    fn = helper.make_function("local", "TransposedProduct", ["a", "b"], ["y"], list(product.graph.node),
+                              [helper.make_opsetid("", 21)])
+    graph = helper.make_graph([helper.make_node("TransposedProduct", ["a", "b"], ["y"], domain="local")], "g",
+                              list(product.graph.input), list(product.graph.output))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("local", 1)],
+                              functions=[fn])
+    model.ir_version = 10
+    onnx.checker.check_model(model, full_check=True)
+    assert matmuls.fusion_refused(model) == ("MatmulTransposeFusion",)
+    a, b = R.standard_normal((3, 4)).astype(np.float32), R.standard_normal(3).astype(np.float32)
+    for backend in ("numpy", "ort-cpu"):
+        out = gc.Session(gc.load(model), backend=backend).run({"a": a, "b": b})["y"]
+        np.testing.assert_allclose(out, a.T @ b, rtol=1e-5, atol=1e-5, err_msg=backend)

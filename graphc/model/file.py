@@ -238,6 +238,12 @@ def function_graphs(function: onnx.FunctionProto) -> list[onnx.GraphProto]:
     return list(all_graphs(graph))
 
 
+def model_graphs(model: onnx.ModelProto) -> list[onnx.GraphProto]:
+    """Every graph of ``model`` (``all_graphs`` of the main graph, then its local functions' ``function_graphs``):
+    where onnxruntime's rewrites reach, since it inlines local functions first."""
+    return list(all_graphs(model.graph)) + [g for f in model.functions for g in function_graphs(f)]
+
+
 def unique_node_names(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` itself when no two of its nodes (subgraphs included) share a non-empty name;
     else a copy in which each repeat gets a suffix (``n`` and ``n_1``). ONNX lets nodes share a
