@@ -110,7 +110,7 @@ _ERFINV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 
                 0.00943887047, 1.00167406, 2.83297682)
 
 
-def _horner(coeffs: tuple, t: Tensor) -> Tensor:
+def horner(coeffs: tuple, t: Tensor) -> Tensor:
     """The polynomial with ``coeffs`` (highest power first) at ``t``."""
     p = scalar(coeffs[0], t)
     for c in coeffs[1:]:
@@ -128,7 +128,7 @@ def erfc(x: Tensor) -> Tensor:
     x = to_float(lift(x))
     xt = clip(x, 0, 30)
     t = scalar(1, x) / (scalar(1, x) + scalar(0.5, x) * xt)
-    poly = _horner(_ERFC_COEFFS, t)
+    poly = horner(_ERFC_COEFFS, t)
     sixteen = scalar(16, x)
     h = unary("Floor", xt * sixteen) / sixteen
     tail = t * exp(-(h * h)) * exp(poly - (xt - h) * (xt + h))
@@ -144,8 +144,8 @@ def erfinv(x: Tensor) -> Tensor:
     edge = abs_(x) == one
     xs = where(edge, scalar(0, x), x)  # finite polynomials (and gradients) where the edge is picked
     w = -log((one - xs) * (one + xs))
-    central = _horner(_ERFINV_CENTRAL, w - scalar(2.5, x))
-    tail = _horner(_ERFINV_TAIL, sqrt(maximum(w, scalar(5, x))) - scalar(3, x))
+    central = horner(_ERFINV_CENTRAL, w - scalar(2.5, x))
+    tail = horner(_ERFINV_TAIL, sqrt(maximum(w, scalar(5, x))) - scalar(3, x))
     infinite = where(edge, scalar(math.inf, x), scalar(0, x))  # +-inf at +-1, gradient inf there and 0 elsewhere
     return where(edge, x * infinite, where(w < scalar(5, x), central, tail) * xs)
 

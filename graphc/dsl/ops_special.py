@@ -20,7 +20,7 @@ from graphc.dsl.ops import sqrt, unary, where
 from graphc.dsl.ops_array import cos, sin
 from graphc.dsl.ops_binary import to_float_pair
 from graphc.dsl.ops_divide import to_float
-from graphc.dsl.ops_elementwise import signbit
+from graphc.dsl.ops_elementwise import horner, signbit
 from graphc.dsl.ops_math import isinf, isnan
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
@@ -89,14 +89,6 @@ def in_float64(fn: Callable[..., Tensor], *xs: Tensor) -> Tensor:
     dtype = xs[0].dtype
     y = fn(*(x if dtype == "float64" else cast(x, "float64") for x in xs))
     return y if dtype == "float64" else cast(y, dtype)
-
-
-def horner(coeffs: tuple, t: Tensor) -> Tensor:
-    """The polynomial with ``coeffs`` (highest power first) at ``t``."""
-    p = scalar(coeffs[0], t)
-    for c in coeffs[1:]:
-        p = p * t + scalar(c, t)
-    return p
 
 
 def _chebyshev(coeffs: tuple, t: Tensor) -> Tensor:

@@ -17,10 +17,10 @@ from graphc.dsl.ops import cast, erf, exp, lift, log, scalar, sqrt, where
 from graphc.dsl.ops import sigmoid as expit
 from graphc.dsl.ops_array import cos, logsumexp, sin
 from graphc.dsl.ops_binary import to_float_pair, xlogy
-from graphc.dsl.ops_elementwise import erfc, erfinv, exp2, expm1, log1p, logit, sinc
+from graphc.dsl.ops_elementwise import erfc, erfinv, exp2, expm1, horner, log1p, logit, sinc
 from graphc.dsl.ops_math import isinf, isnan, round
-from graphc.dsl.ops_special import (digamma, float_input, gamma_fraction, gamma_series, horner, i0, i0e,
-                                    i1, i1e, igamma, igammac, in_float64, lgamma, multigammaln, polygamma, zeta)
+from graphc.dsl.ops_special import (digamma, float_input, gamma_fraction, gamma_series, i0, i0e, i1, i1e, igamma,
+                                    igammac, in_float64, lgamma, multigammaln, polygamma, zeta)
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
