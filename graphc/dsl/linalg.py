@@ -214,7 +214,7 @@ def _tolerance(fn: str, a: Tensor, s: Tensor, atol: float | None, rtol: float | 
     return maximum(largest * scalar(rtol, s), scalar(0.0 if atol is None else atol, s))
 
 
-def _spectrum(fn: str, a: Tensor, hermitian: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _spectrum(a: Tensor, hermitian: bool) -> tuple[Tensor, Tensor, Tensor]:
     """``(U, s, Vh)`` with ``A = U diag(s) Vh``: the SVD, or for ``hermitian`` the eigendecomposition."""
     if hermitian:
         w, v = eigh(a)
@@ -227,7 +227,7 @@ def pinv(A: Any, *, atol: float | None = None, rtol: float | None = None, hermit
     above torch's tolerance."""
     a = lift(A)
     matrix_dims("linalg.pinv", a, "A")
-    u, s, vh = _spectrum("linalg.pinv", a, hermitian)
+    u, s, vh = _spectrum(a, hermitian)
     keep = abs_(s) > _tolerance("linalg.pinv", a, s, atol, rtol)
     inverse = where(keep, scalar(1, s) / where(keep, s, scalar(1, s)), scalar(0, s))
     return matmul(swap_last(vh) * unsqueeze(inverse, [-2]), swap_last(u))
@@ -239,7 +239,7 @@ def matrix_rank(A: Any, *, atol: float | None = None, rtol: float | None = None,
     above torch's tolerance."""
     a = lift(A)
     matrix_dims("linalg.matrix_rank", a, "A")
-    s = _spectrum("linalg.matrix_rank", a, hermitian)[1]
+    s = _spectrum(a, hermitian)[1]
     return reduce_sum(cast(abs_(s) > _tolerance("linalg.matrix_rank", a, s, atol, rtol), "int64"), [-1])
 
 
