@@ -328,6 +328,8 @@ ERRORS = [
     (lambda x: gc.tril_indices(-2, 3), "tril_indices: row must be a non-negative int"),
     (lambda x: gc.tensor([x, x]), "tensor takes Python or numpy data, got a Tensor"),
     (lambda x: gc.tensor("ab"), "tensor: cannot make a Tensor of str"),
+    (lambda x: gc.tensor([[1, 2], [3]]), r"tensor: data must nest sequences of equal lengths, got \[\[1, 2\], \[3\]\]"),
+    (lambda x: x.new_tensor([1, [2]]), "new_tensor: data must nest sequences of equal lengths"),
     (lambda x: gc.scalar_tensor(x), "scalar_tensor: s must be a Python number, got Tensor"),
     (lambda x: gc.meshgrid(x, x, indexing="foo"), "meshgrid: indexing must be 'ij' or 'xy', got 'foo'"),
     (lambda x: gc.meshgrid(x.reshape(2, 2), x, indexing="ij"), "tensor 0 has rank 2; meshgrid takes ranks"),

@@ -120,7 +120,11 @@ def _data_array(data: Any, dtype: Any, fn: str) -> np.ndarray:
     if isinstance(data, Tensor) or (isinstance(data, (list, tuple)) and any(isinstance(d, Tensor) for d in data)):
         raise CaptureError(f"{fn} takes Python or numpy data, got a Tensor; use gc.stack or x.clone() "
                            f"(at {user_source()})")
-    array = np.asarray(data)
+    try:
+        array = np.asarray(data)
+    except ValueError:  # numpy refuses a ragged nest, as torch does
+        raise CaptureError(f"{fn}: data must nest sequences of equal lengths, got {data!r} "
+                           f"(at {user_source()})") from None
     if array.dtype.kind not in "biuf":
         raise CaptureError(f"{fn}: cannot make a Tensor of {type(data).__name__} {data!r} (at {user_source()})")
     if dtype is not None:
@@ -163,7 +167,7 @@ def triu_indices(row: int, col: int, offset: int = 0, dtype: Any = None) -> Tens
 
 def new_tensor(x: Tensor, data: Any, dtype: Any = None) -> Tensor:
     """``x.new_tensor(data)``: a constant of ``x``'s dtype unless ``dtype`` says otherwise."""
-    return tensor(data, x.dtype if dtype is None else dtype)
+    return constant(_data_array(data, x.dtype if dtype is None else dtype, "new_tensor"))
 
 
 def new_empty(x: Tensor, *size: Any, dtype: Any = None) -> Tensor:
