@@ -569,3 +569,14 @@ def test_bad_arguments_raise_with_the_user_line(fn, match):
     with pytest.raises(gc.CaptureError, match=match) as info:
         gc.capture(fn, x=np.zeros((2, 3)))
     assert "test_dsl_distributions_more.py:" in str(info.value)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda x: gc.distributions.OneHotCategorical(logits=x), r"^OneHotCategorical\(\): needs"),
+    (lambda x: gc.distributions.RelaxedOneHotCategorical(0.5, logits=x), r"^RelaxedOneHotCategorical\(\): needs"),
+    (lambda x: gc.distributions.Categorical(logits=x).enumerate_support(),
+     r"^Categorical\(\): enumerate_support needs"),
+])
+def test_a_symbolic_number_of_categories_is_refused_where_it_must_be_static(make, match):
+    with pytest.raises(gc.CaptureError, match=match + r" a static number of categories, got the dim 'K' at .*more.py:"):
+        gc.capture(make, x=gc.spec("float32", (2, "K")))

@@ -117,6 +117,12 @@ class Categorical(Distribution):
     mean = variance = property(lambda self: full_like(sum_(self.probs, axis=-1), math.nan))
     mode = property(lambda self: argmax(self.probs, -1))
 
+    def static_events(self, dist: str, needs: str = "needs") -> int:
+        """``num_events`` where it is static; a CaptureError for ``dist`` (what ``needs`` it) otherwise."""
+        if not isinstance(self.num_events, int):
+            raise fail(dist, [], f"{needs} a static number of categories, got the dim {self.num_events!r}")
+        return self.num_events
+
     def sample(self, sample_shape: Any = ()) -> Tensor:
         """Gumbel-max: the argmax of ``logits - log(-log(u))``, ``u`` uniform on ``[tiny, 1)``."""
         tiny = float(finfo(self.logits).tiny)
@@ -125,10 +131,7 @@ class Categorical(Distribution):
 
     def enumerate_support(self, expand: bool = True) -> Tensor:
         """``arange(K)`` (int64), ``(K, *batch_shape)`` (ones for the batch unless ``expand``); K static."""
-        if not isinstance(self.num_events, int):
-            raise fail("Categorical", [], f"enumerate_support needs a static number of categories, got the dim "
-                                          f"{self.num_events!r}")
-        values = constant(np.arange(self.num_events, dtype=np.int64))
+        values = constant(np.arange(self.static_events("Categorical", "enumerate_support needs"), dtype=np.int64))
         return enumerated(values, self.logits[..., 0], len(self._batch_shape), expand)
 
     def log_prob(self, value: Any) -> Tensor:
@@ -153,9 +156,7 @@ class OneHotCategorical(Distribution):
 
     def __init__(self, probs: Any = None, logits: Any = None, validate_args: bool | None = None):
         self._categorical = Categorical(probs, logits, validate_args)
-        k = self._categorical.num_events
-        if not isinstance(k, int):
-            raise fail("OneHotCategorical", [], f"needs a static number of categories, got the dim {k!r}")
+        k = self._categorical.static_events("OneHotCategorical")
         super().__init__(self._categorical.batch_shape, (k,), validate_args)
 
     probs = property(lambda self: self._categorical.probs)

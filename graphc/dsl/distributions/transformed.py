@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl.distributions.base import (NONNEGATIVE, POSITIVE, SIMPLEX, UNIT_INTERVAL, Distribution, check, fail,
-                                           finfo, known, params, sum_rightmost)
+from graphc.dsl.distributions.base import (NONNEGATIVE, POSITIVE, SIMPLEX, UNIT_INTERVAL, Distribution, check, finfo,
+                                           known, params, sum_rightmost)
 from graphc.dsl.distributions.continuous import Cauchy, Exponential, Normal
 from graphc.dsl.distributions.discrete import Categorical, binary_params, clamped_probs, softplus
 from graphc.dsl.ops import abs as abs_
@@ -156,9 +156,7 @@ class RelaxedOneHotCategorical(Distribution):
 
     def __init__(self, temperature: Any, probs: Any = None, logits: Any = None, validate_args: bool | None = None):
         self._categorical = Categorical(probs, logits, validate_args)
-        k = self._categorical.num_events
-        if not isinstance(k, int):
-            raise fail("RelaxedOneHotCategorical", [], f"needs a static number of categories, got the dim {k!r}")
+        k = self._categorical.static_events("RelaxedOneHotCategorical")
         super().__init__(self._categorical.batch_shape, (k,), validate_args)
         self.temperature = self._prob(temperature, self.logits)  # broadcast with the (batch, K) values, as torch's
 
