@@ -77,7 +77,7 @@ def searchsorted(sorted_sequence: Tensor, values: Any, *, out_int32: bool = Fals
     """``torch.searchsorted``: where each of ``values`` would go in the last dim of ``sorted_sequence``
     (1-D, or batched with ``values``' leading dims) to keep it sorted, before equal entries (after
     them with ``right`` or ``side="right"``); ``sorter`` sorts an unsorted sequence. The sequence's last dim
-    must be static. int64 (int32 with ``out_int32``). Signature: ai.onnx@13::GatherElements"""
+    must be static. int64 (int32 with ``out_int32``). Signature: ai.onnx@13::Gather (GatherElements when batched)"""
     seq = lift(sorted_sequence)
     if side not in (None, "left", "right") or (side is not None and right and side == "left"):
         raise CaptureError(f"searchsorted side={side!r}, right={right!r}: expected side 'left' or 'right', not "
