@@ -63,7 +63,8 @@ def take_weight(module: Module, name: str, fn: str) -> Parameter:
     return param
 
 
-def _param_like(value: np.ndarray, param: Parameter, buffer: bool = False) -> Parameter:
+def param_like(value: np.ndarray, param: Parameter, buffer: bool = False) -> Parameter:
+    """A Parameter (``buffer``: a buffer) holding ``value`` in ``param``'s dtype."""
     return Parameter(np.asarray(value, param.dtype.numpy), dtype=param.dtype, buffer=buffer)
 
 
@@ -73,8 +74,8 @@ def weight_norm(module: Module, name: str = "weight", dim: int | None = 0) -> Mo
     ``name_v`` taken from the weight's value. Returns ``module``."""
     weight = take_weight(module, name, "weight_norm")
     v = weight_value(weight)
-    setattr(module, f"{name}_g", _param_like(norm_except_dim(v, dim), weight))
-    setattr(module, f"{name}_v", _param_like(v, weight))
+    setattr(module, f"{name}_g", param_like(norm_except_dim(v, dim), weight))
+    setattr(module, f"{name}_v", param_like(v, weight))
     module.register_computed(name, lambda m: normed_weight(read(m, f"{name}_g"), read(m, f"{name}_v"), dim))
     module.__dict__.setdefault("_norms", {})[name] = ("weight_norm", dim)
     return module
@@ -171,9 +172,9 @@ def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int 
     weight = take_weight(module, name, "spectral_norm")
     w, dim = weight_value(weight), spectral_dim(module, dim)
     u, v = power_iteration(w, dim, eps)
-    setattr(module, f"{name}_orig", _param_like(w, weight))
-    setattr(module, f"{name}_u", _param_like(u, weight, buffer=True))
-    setattr(module, f"{name}_v", _param_like(v, weight, buffer=True))
+    setattr(module, f"{name}_orig", param_like(w, weight))
+    setattr(module, f"{name}_u", param_like(u, weight, buffer=True))
+    setattr(module, f"{name}_v", param_like(v, weight, buffer=True))
     module.register_computed(name, lambda m: spectral_weight(
         m, *(read(m, f"{name}{s}") for s in ("_orig", "_u", "_v")), dim, (n_power_iterations, eps, False)))
     module.__dict__.setdefault("_norms", {})[name] = ("spectral_norm", dim)

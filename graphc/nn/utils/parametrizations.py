@@ -9,7 +9,7 @@ from graphc.dsl.builder import user_source
 from graphc.errors import CaptureError
 from graphc.nn.containers import ModuleDict
 from graphc.nn.module import Module, Parameter
-from graphc.nn.utils.norms import (normed_weight, norm_except_dim, power_iteration, read, spectral_dim,
+from graphc.nn.utils.norms import (normed_weight, norm_except_dim, param_like, power_iteration, read, spectral_dim,
                                    spectral_weight, take_weight, weight_value)
 
 __all__ = ["spectral_norm", "weight_norm"]
@@ -33,8 +33,8 @@ def weight_norm(module: Module, name: str = "weight", dim: int | None = 0) -> Mo
     """``torch.nn.utils.parametrizations.weight_norm``: ``original0`` (g) and ``original1`` (v)."""
     weight, entry = _parametrize(module, name, "parametrizations.weight_norm")
     v = weight_value(weight)
-    entry.original0 = Parameter(norm_except_dim(v, dim).astype(weight.dtype.numpy), dtype=weight.dtype)
-    entry.original1 = Parameter(v, dtype=weight.dtype)
+    entry.original0 = param_like(norm_except_dim(v, dim), weight)
+    entry.original1 = param_like(v, weight)
     module.register_computed(name, lambda m: normed_weight(*(read(m.parametrizations[name], f"original{i}")
                                                              for i in (0, 1)), dim))
     return module
@@ -54,10 +54,10 @@ def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int 
         raise CaptureError(f"parametrizations.spectral_norm of a {w.ndim}-D {name!r} is not supported (torch "
                            f"normalises it to unit norm) (at {user_source()})")
     u, v = power_iteration(w, dim, eps)
-    entry.original = Parameter(w, dtype=weight.dtype)
+    entry.original = param_like(w, weight)
     power = Module()
-    power._u = Parameter(u.astype(weight.dtype.numpy), dtype=weight.dtype, buffer=True)
-    power._v = Parameter(v.astype(weight.dtype.numpy), dtype=weight.dtype, buffer=True)
+    power._u = param_like(u, weight, buffer=True)
+    power._v = param_like(v, weight, buffer=True)
     entry.add_module("0", power)
 
     def compute(m: Module):
