@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from graphc.errors import CaptureError
+from graphc.model.dtypes import finfo
 from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, lift, matmul, mean, minimum, reshape,
                             reshape_like, same_dtype, scalar, sigmoid, softmax, sqrt, transpose, unary, where)
 from graphc.dsl import activations64
@@ -201,7 +202,7 @@ def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps
     shape = [int(normalized_shape)] if isinstance(normalized_shape, (int, np.integer)) else list(normalized_shape)
     if x.shape is not None and list(x.shape[-len(shape):]) != shape:
         raise op_error("RMSNormalization", [x], f"trailing dims must be {tuple(shape)}", user_source())
-    eps = float(np.finfo(x.dtype.numpy).eps) if eps is None else float(eps)
+    eps = float(finfo(x.dtype).eps) if eps is None else float(eps)
     axes = list(range(-len(shape), 0))
     if current().opset >= 23:
         scale = constant(np.ones(shape, x.dtype.numpy)) if weight is None else lift(weight, x)

@@ -8,8 +8,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from graphc.dsl.builder import user_source
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import (cast, emit, exp, int64_accumulated, lift, log, maximum, operand_pair, reduction, same_dtype,
@@ -22,7 +20,7 @@ from graphc.dsl.ops_array import full_like
 from graphc.dsl.ops_divide import to_float
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
-from graphc.model.dtypes import FLOAT_DTYPES, to_numpy
+from graphc.model.dtypes import FLOAT_DTYPES, finfo
 
 # -- elementwise ------------------------------------------------------------------------------
 
@@ -150,7 +148,7 @@ def nan_to_num(x: Tensor, nan: float = 0.0, posinf: float | None = None, neginf:
     x = lift(x)
     if x.dtype not in FLOAT_DTYPES:
         return x
-    info = np.finfo(to_numpy(x.dtype))
+    info = finfo(x.dtype)
     big = scalar(info.max if posinf is None else posinf, x)
     low = scalar(info.min if neginf is None else neginf, x)
     x = where(unary("IsNaN", x), scalar(nan, x), x)

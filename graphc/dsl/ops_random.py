@@ -6,13 +6,12 @@ gradient flows into the noise."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.ops import detach, emit, lift, log, scalar, softmax, where
 from graphc.dsl.ops_array import argmax, scatter, zeros_like
 from graphc.dsl.tensor import Tensor
+from graphc.model.dtypes import finfo
 
 
 def node_seed() -> float:
@@ -49,7 +48,7 @@ def gumbel_softmax(logits: Tensor, tau: float = 1.0, hard: bool = False, eps: fl
     logits = lift(logits)
     if not tau > 0:
         raise op_error("gumbel_softmax", [logits], f"tau must be > 0, got {tau}", user_source())
-    tiny = float(np.finfo(np.dtype(logits.dtype.numpy)).tiny)  # u > 0: the noise is finite
+    tiny = float(finfo(logits.dtype).tiny)  # u > 0: the noise is finite
     gumbels = -log(-log(uniform_like(logits, tiny, 1.0)))
     y_soft = softmax((logits + gumbels) / scalar(tau, logits), dim)
     if not hard:

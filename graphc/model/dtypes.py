@@ -98,6 +98,12 @@ def to_onnx(dtype: DTypeLike) -> int:
     return _TABLE[as_dtype(dtype)][1]
 
 
+def finfo(dtype: DTypeLike) -> np.finfo:
+    """numpy's ``finfo`` of a float dtype, bfloat16's too (``ml_dtypes.finfo``; numpy's refuses it)."""
+    npd = to_numpy(dtype)
+    return ml_dtypes.finfo(npd) if npd == _BF16 else np.finfo(npd)
+
+
 Dim = Union[int, str, None]
 
 

@@ -17,6 +17,7 @@ from graphc.dsl.ops_reshape import broadcast_tensors
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, to_numpy
+from graphc.model.dtypes import finfo as dtype_finfo
 from graphc.passes.infer import InferenceError, broadcast
 
 # torch's constraints, as checks of a constant's values: (name, test)
@@ -209,8 +210,8 @@ class Distribution:
 
 
 def finfo(t: Tensor) -> np.finfo:
-    """numpy's ``finfo`` of ``t``'s float dtype."""
-    return np.finfo(to_numpy(t.dtype))
+    """numpy's ``finfo`` of ``t``'s float dtype (bfloat16's too)."""
+    return dtype_finfo(t.dtype)
 
 
 def param_dtype(d: Distribution) -> str:
