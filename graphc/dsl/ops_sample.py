@@ -24,7 +24,7 @@ from graphc.dsl.ops_random import node_seed
 from graphc.dsl.ops_reshape import broadcast_tensors, squeeze, unsqueeze
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
-from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
+from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, finfo
 
 _DRAWN = ("float32", "float64")  # the dtypes RandomUniform/RandomNormal run in on both backends
 _EXACT_INTS = 2 ** 53  # randint's widest range: a float64 uniform's resolution
@@ -296,7 +296,7 @@ def bernoulli_(self: Tensor, p: Any = 0.5) -> Tensor:
 def _random_bound(x: Tensor) -> int:
     """torch's ``random_()`` range end (exclusive): 2**digits + 1 for floats, the type's max + 1 for integers."""
     if x.dtype in FLOAT_DTYPES:
-        return 2 ** {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}[x.dtype] + 1
+        return 2 ** (finfo(x.dtype).nmant + 1) + 1
     return _int_range(x)[1] + 1
 
 
