@@ -580,3 +580,20 @@ def test_bad_arguments_raise_with_the_user_line(fn, match):
 def test_a_symbolic_number_of_categories_is_refused_where_it_must_be_static(make, match):
     with pytest.raises(gc.CaptureError, match=match + r" a static number of categories, got the dim 'K' at .*more.py:"):
         gc.capture(make, x=gc.spec("float32", (2, "K")))
+
+
+@pytest.mark.parametrize("make", [lambda M, a: M.distributions.OneHotCategorical(logits=a),
+                                  lambda M, a: M.distributions.Dirichlet(a.exp() + 1.0)], ids=["one_hot", "dirichlet"])
+def test_the_mode_of_one_unbatched_distribution_is_torchs(make):
+    """A 1-D parameter: no batch dims, so the mode's argmax is 0-d (one_hot of a 0-d index, as torch's)."""
+    a = np.array([0.3, 1.2, -0.4])
+    want = make(torch, torch.from_numpy(a)).mode.numpy()
+    got = run_both(gc.capture(lambda a: make(gc, a).mode, a=a), {"a": a})["output"]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_one_unbatched_one_hot_categorical_samples_a_one_hot_vector():
+    model = gc.capture(lambda a: gc.distributions.OneHotCategorical(logits=a).sample(), a=np.zeros(3))
+    for backend in ("numpy", "ort-cpu"):
+        drawn = gc.Session(model, backend=backend).run({"a": np.zeros(3)})["output"]
+        assert drawn.shape == (3,) and set(np.unique(drawn)) <= {0.0, 1.0} and drawn.sum() == 1, backend

@@ -170,7 +170,7 @@ def test_integer_and_bool_results():
                 "one_hot": F.one_hot(i, 5), "arange": F.arange(1, 7, 2), "farange": F.arange(0.0, 1.0, 0.25),
                 "zeros": F.zeros(2, 3, dtype="int64"), "ones": F.ones((2,)), "full": F.full((2, 2), True),
                 "masked": F.masked_fill(i, i > 1, -1), "cumsum": F.cumsum(i, 1), "topk": F.topk(x, 1)[1],
-                "triu": F.triu(F.one_hot(i, 4)), "pow": F.pow(2.0, x)}
+                "triu": F.triu(F.one_hot(i, 4)), "pow": F.pow(2.0, x), "one_hot_0d": F.one_hot(F.argmax(x), 30)}
     model = gc.capture(fn, x=gc.spec("float32", ("N", 3, 4)))
     onnx.checker.check_model(model.proto, full_check=True)
     out = run_both(model, {"x": X})
@@ -180,7 +180,7 @@ def test_integer_and_bool_results():
                 "farange": np.arange(0, 1, 0.25, dtype=np.float32), "zeros": np.zeros((2, 3), np.int64),
                 "ones": np.ones(2, np.float32), "full": np.ones((2, 2), bool), "masked": np.where(i > 1, -1, i),
                 "cumsum": np.cumsum(i, 1), "topk": X.argmax(-1)[..., None], "triu": np.triu(np.eye(4, dtype=np.int64)[i]),
-                "pow": 2.0 ** X}
+                "pow": 2.0 ** X, "one_hot_0d": np.eye(30, dtype=np.int64)[X.argmax()]}
     for k, v in expected.items():
         assert out[k].dtype == np.asarray(v).dtype, k
         np.testing.assert_allclose(out[k], v, rtol=1e-5, err_msg=k)

@@ -379,6 +379,8 @@ def one_hot(x: Tensor, num_classes: int = -1) -> Tensor:
     if num_classes is None or int(num_classes) < 1:
         raise CaptureError(f"one_hot needs num_classes >= 1 (the graph cannot read it from the data), got "
                          f"{num_classes} (at {user_source()})")
+    if x.shape is not None and not x.shape:  # ONNX's OneHot takes indices of rank >= 1; torch's a 0-d one too
+        return reshape(one_hot(reshape(x, [1]), num_classes), [int(num_classes)])
     depth = constant(np.asarray(int(num_classes), np.int64))
     values = constant(np.asarray([0, 1], np.int64))
     return emit("OneHot", [x, depth, values], {"axis": -1})
