@@ -17,7 +17,8 @@ Cos, Exp, Log, Sqrt, arithmetic, Where), within a few ulps of the correctly roun
 - Det by Gaussian elimination with partial pivoting, unrolled for the matrix's static size (a symbolic size
   raises ``BackendError``).
 
-Nodes in the main graph only; float, float16 and bfloat16 ones run on onnxruntime's kernels.
+Nodes in any graph (Loop and Scan bodies, If branches too); float, float16 and bfloat16 ones run on
+onnxruntime's kernels.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from graphc.model.file import ai_onnx_opset, tensor_types, with_nodes
+from graphc.model.file import ai_onnx_opset, all_graphs, tensor_types
 
 __all__ = ["Writer", "lower_doubles"]
 
@@ -51,26 +51,36 @@ Lowering = Callable[[Writer, onnx.NodeProto, dict], None]
 
 
 def lower_doubles(model: onnx.ModelProto, lowerings: Mapping[str, Lowering]) -> onnx.ModelProto:
-    """``model`` itself when no node of its main graph is of an ai.onnx op in ``lowerings`` with a double first
-    input, else a copy with each such node replaced by what ``lowerings[op_type](writer, node, types)`` writes
-    (``types``: ``tensor_types(model)``); the others run as they are."""
-    if not any(node.op_type in lowerings and node.domain in ("", "ai.onnx") for node in model.graph.node):
+    """``model`` itself when no node of it (in any graph: Loop and Scan bodies, If branches) is of an ai.onnx op in
+    ``lowerings`` with a double first input, else a copy with each such node replaced by what
+    ``lowerings[op_type](writer, node, types)`` writes (``types``: ``tensor_types(model, subgraphs=True)``); the
+    others run as they are."""
+    if not any(node.op_type in lowerings and node.domain in ("", "ai.onnx")
+               for graph in all_graphs(model.graph) for node in graph.node):
         return model
-    types = tensor_types(model) or {}
+    types = tensor_types(model, subgraphs=True) or {}
 
     def double(node: onnx.NodeProto) -> bool:
         return node.op_type in lowerings and node.domain in ("", "ai.onnx") and \
             types.get(node.input[0], (None,))[0] == onnx.TensorProto.DOUBLE
 
-    if not any(double(node) for node in model.graph.node):
+    if not any(double(node) for graph in all_graphs(model.graph) for node in graph.node):
         return model
     opset = ai_onnx_opset(model)
-    nodes = []
-    for node in model.graph.node:
-        if double(node):
-            writer = Writer(node, node.op_type.lower(), opset)
-            lowerings[node.op_type](writer, node, types)
-            nodes += writer.nodes
-        else:
-            nodes.append(node)
-    return with_nodes(model, nodes)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    # inner graphs first: rewriting a graph copies its nodes, so a body must be rewritten while its node is in place
+    for graph in reversed(list(all_graphs(out.graph))):
+        if not any(double(node) for node in graph.node):
+            continue
+        nodes = []
+        for node in graph.node:
+            if double(node):
+                writer = Writer(node, node.op_type.lower(), opset)
+                lowerings[node.op_type](writer, node, types)
+                nodes += writer.nodes
+            else:
+                nodes.append(node)
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return out

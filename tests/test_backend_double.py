@@ -133,3 +133,22 @@ def test_float64_gradients_through_written_out_ops_run_on_ort():
             plus, minus = (session.run({**feeds, **params, name: value + s})["loss"] for s in (step, -step))
             np.testing.assert_allclose(np.sum(got[f"{name}_grad"] * step), (plus - minus) / 2, rtol=1e-7,
                                        err_msg=f"{backend} {name}")
+
+
+def test_float64_ops_in_a_loop_body_and_an_if_branch_run_on_ort():
+    """The rewrite reaches subgraphs: a fori_loop body and a cond branch of float64 Tan, Atan, Erf and Det."""
+    x = np.array([0.1, -1.0, 2.5, 7.0])
+    m = np.array([[2.0, 1.0], [0.5, 3.0]])
+
+    def f(x, m):
+        def body(i, acc):
+            return acc + gc.tan(x * 0.1) + gc.atan(x) + gc.erf(x)
+        looped = gc.fori_loop(0, 3, body, gc.zeros_like(x))
+        return gc.cond(x.sum() > 0, lambda: looped * gc.det(m), lambda: looped)
+
+    model = gc.capture(f, x=gc.spec("float64", (4,)), m=gc.spec("float64", (2, 2)))
+    assert {n.op_type for n in model.proto.graph.node} >= {"Loop", "If"}
+    want = 3 * (np.tan(x * 0.1) + np.arctan(x) + np.array([math.erf(v) for v in x])) * np.linalg.det(m)
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(model, backend=backend).run({"x": x, "m": m})["output"]
+        np.testing.assert_allclose(got, want, rtol=1e-14, err_msg=backend)

@@ -267,8 +267,7 @@ def exponential_(self: Tensor, lambd: float = 1.0) -> Tensor:
 
 
 def cauchy_(self: Tensor, median: float = 0.0, sigma: float = 1.0) -> Tensor:
-    """``self`` refilled Cauchy(median, sigma): ``median + sigma z1 / z2`` for standard normals (no Tan,
-    which onnxruntime lacks in float64 and writes out in a main graph only)."""
+    """``self`` refilled Cauchy(median, sigma): ``median + sigma z1 / z2`` for standard normals."""
     _positive("cauchy_", self, "sigma", sigma)
     shape, shape_t = _refill("cauchy_", self)
     z1, z2 = (_draw("RandomNormal", shape, shape_t, self.dtype) for _ in range(2))

@@ -2,9 +2,8 @@
 ``gc.mvlgamma``, ``gc.igamma``/``gc.igammac``, ``gc.i0``, and ``zeta``, ``i0e``, ``i1``, ``i1e`` for
 ``gc.special``) and ``gc.frexp``/``gc.ldexp``, in standard ONNX ops. They compute in float64 (a
 float32 or half Tensor is widened and its result rounded back; an integer or bool one is float32, as
-torch's) without Erf or Tan, which onnxruntime lacks in float64 (its sessions write them out in a main graph
-only: these run in a loop body too); series, continued fractions and Chebyshev sums run a fixed number of terms,
-unrolled."""
+torch's) without Erf or Tan, which onnxruntime lacks in float64 (its sessions write them out); series,
+continued fractions and Chebyshev sums run a fixed number of terms, unrolled."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``gc.special``: torch.special's functions under its names. The gamma and Bessel family is
 ``graphc.dsl.ops_special``'s; the normal distribution's (``ndtr``, ``ndtri``, ``log_ndtr``, ``erfcx``)
-are here, in float64 without Erf (which onnxruntime lacks in float64, and writes out in a main graph
-only): ``erf`` and ``erfc`` from ``P(1/2, x**2)``'s series and ``Q(1/2, x**2)``'s continued fraction,
+are here, in float64 without Erf (which onnxruntime lacks in float64 and its sessions write out):
+``erf`` and ``erfc`` from ``P(1/2, x**2)``'s series and ``Q(1/2, x**2)``'s continued fraction,
 ``ndtri`` by Cephes' rational fits, as torch; so are ``bessel_j0`` and ``bessel_j1``. The others are the
 DSL's functions (``erf``, ``expm1``, ``softmax``, ...)."""
 

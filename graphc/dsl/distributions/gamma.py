@@ -242,7 +242,6 @@ class VonMises(Distribution):
             ok = ((c * (2.0 - c) - u2 > 0.0) | (log(c / u2) + 1.0 - c >= 0.0)) & ~done
             return any_(~(done | ok)), where(ok, f, f0), (ok & (u3 < 0.5)) | (~ok & flip0), done | ok  # no bool Where
 
-        # acos after the loop: onnxruntime has no float64 Acos, which the backend rewrites in the main graph only
         f, flip, _ = until_accepted(step, (k * 0.0, k < 0.0, k < 0.0))
         theta = acos(clip(f, -1.0, 1.0))
         x = where(flip, -theta, theta) + loc + math.pi
