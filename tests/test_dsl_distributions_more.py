@@ -3,7 +3,8 @@ Geometric, NegativeBinomial, HalfNormal, HalfCauchy, Pareto, ContinuousBernoulli
 RelaxedOneHotCategorical, MultivariateNormal), ``expand``, ``enumerate_support``, ``perplexity``, ``register_kl``
 and the KL pairs, against torch.distributions: values on numpy and ort-cpu with gradients against torch.autograd,
 float64 central differences, rsample's gradient with its noise held fixed, samples' moments, frequencies and a
-Kolmogorov-Smirnov check, shapes, a symbolic batch dim, and the errors (rsample refused where sampling needs rejection)."""
+Kolmogorov-Smirnov check, shapes, a symbolic batch dim, and the errors (rsample refused where sampling needs
+rejection)."""
 
 from __future__ import annotations
 

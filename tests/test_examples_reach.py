@@ -1,6 +1,6 @@
 """The example models that use the DSL's newer reach (``models/vae.py``, ``models/packed_lstm.py``,
-``models/audio_cnn.py``, ``models/flow.py``, ``models/sn_discriminator.py``) trained against the same models written in torch: the
-torch twin loads the captured model's initial weights, and each AdamW step's loss and every
+``models/audio_cnn.py``, ``models/flow.py``, ``models/sn_discriminator.py``) trained against the same models written
+in torch: the torch twin loads the captured model's initial weights, and each AdamW step's loss and every
 parameter must agree (float64; ort-cpu for several steps, numpy for one); the exported inference
 model passes the full ONNX checker and gives torch's eval output on both backends."""
 

@@ -50,7 +50,8 @@ def test_the_dsl_product_of_a_transpose_and_a_vector_matches_numpy_on_ort_cpu():
         np.testing.assert_allclose(out, 2 * (a.T @ v), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("b_shape,b_initializer,refused", [([3], False, True), ([3], True, True), ([3, 2], False, False),
+@pytest.mark.parametrize("b_shape,b_initializer,refused", [([3], False, True), ([3], True, True),
+                                                           ([3, 2], False, False),
                                                            ([3, 2], True, False), (None, False, True)])
 def test_only_a_product_that_may_take_a_vector_turns_the_fusion_off(b_shape, b_initializer, refused):
     model = _transposed_product([3, 4], [1, 0], b_shape or [3, 2], b_initializer)
