@@ -698,8 +698,8 @@ def _losses(data):
 
 
 IN_PLACE = ("abs_", "ceil_", "cos_", "exp_", "floor_", "neg_", "sigmoid_", "sqrt_", "tanh_", "trunc_", "frac_",
-            "round_", "sinc_", "deg2rad_", "rad2deg_", "reciprocal_", "rsqrt_", "square_", "log1p_", "expm1_", "erf_", "atan_",
-            "sinh_", "fix_", "zero_")
+            "round_", "sinc_", "deg2rad_", "rad2deg_", "reciprocal_", "rsqrt_", "square_", "log1p_", "expm1_", "erf_",
+            "atan_", "sinh_", "fix_", "zero_")
 
 
 def _in_place(data):
