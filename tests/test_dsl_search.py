@@ -12,9 +12,11 @@ import pytest
 import graphc as gc
 
 try:
-    from torch_grad_util import assert_directional_derivatives, gc_grads, run_both
+    from torch_grad_util import (assert_directional_derivatives, assert_input_grad_matches_torch, gc_grads,
+                                 run_both)
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import assert_directional_derivatives, gc_grads, run_both
+    from tests.torch_grad_util import (assert_directional_derivatives, assert_input_grad_matches_torch,
+                                       gc_grads, run_both)
 
 R = np.random.default_rng(7)
 X = R.standard_normal((3, 5))
@@ -199,15 +201,8 @@ GRADS = [
 
 @pytest.mark.parametrize("name,fn,x,inputs", GRADS, ids=[g[0] for g in GRADS])
 def test_gradients_match_torch(name, fn, x, inputs):
-    torch = pytest.importorskip("torch")
-    xt = torch.tensor(x, requires_grad=True)
-    out = fn(torch, xt, **{k: torch.from_numpy(v) for k, v in inputs.items()})
-    c = np.asarray(R.standard_normal(tuple(out.shape)))
-    (out * torch.from_numpy(c)).sum().backward()
-    for backend in ("numpy", "ort-cpu"):
-        got = gc_grads(lambda M, x, **kw: fn(gc, x, **kw), {"x": x}, inputs, c, backend=backend)
-        np.testing.assert_allclose(got["out"], out.detach().numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
-        np.testing.assert_allclose(got["x"], xt.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=backend)
+    pytest.importorskip("torch")
+    assert_input_grad_matches_torch(fn, x, inputs, R, dsl=gc)
 
 
 FD = [g for g in GRADS if "equal_points" not in g[0] and g[0] != "cdist_p0"]

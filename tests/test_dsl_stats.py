@@ -13,9 +13,11 @@ import graphc as gc
 import graphc.nn.functional as F
 
 try:
-    from torch_grad_util import assert_directional_derivatives, gc_grads, run_both
+    from torch_grad_util import (assert_directional_derivatives, assert_input_grad_matches_torch, gc_grads,
+                                 run_both)
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import assert_directional_derivatives, gc_grads, run_both
+    from tests.torch_grad_util import (assert_directional_derivatives, assert_input_grad_matches_torch,
+                                       gc_grads, run_both)
 
 R = np.random.default_rng(11)
 X = R.standard_normal((3, 5, 4))
@@ -177,15 +179,8 @@ GRADS = [
 
 @pytest.mark.parametrize("name,fn,x,inputs", GRADS, ids=[g[0] for g in GRADS])
 def test_gradients_match_torch(name, fn, x, inputs):
-    torch = pytest.importorskip("torch")
-    xt = torch.tensor(x, requires_grad=True)
-    out = fn(torch, xt, **{k: torch.from_numpy(v) for k, v in inputs.items()})
-    c = np.asarray(R.standard_normal(tuple(out.shape)))
-    (out * torch.from_numpy(c)).sum().backward()
-    for backend in ("numpy", "ort-cpu"):
-        got = gc_grads(lambda M, x, **kw: fn(M, x, **kw), {"x": x}, inputs, c, backend=backend)
-        np.testing.assert_allclose(got["out"], out.detach().numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
-        np.testing.assert_allclose(got["x"], xt.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=backend)
+    pytest.importorskip("torch")
+    assert_input_grad_matches_torch(fn, x, inputs, R)
 
 
 @pytest.mark.parametrize("interpolation", INTERPOLATIONS)

@@ -107,6 +107,23 @@ def assert_matches_torch(fn, params, inputs, rng: np.random.Generator, signed_ze
         np.testing.assert_allclose(grads[n], 0 if dp is None else dp, rtol=1e-4, atol=1e-5, err_msg=n)
 
 
+def assert_input_grad_matches_torch(fn, x: np.ndarray, inputs: dict, rng: np.random.Generator, dsl=None) -> None:
+    """``fn(M, x, **inputs)`` and ``gc.grad`` of ``sum(out * c)`` with respect to ``x`` against torch's value and
+    ``torch.autograd``, on the numpy and ort-cpu backends; ``M`` is torch, then ``dsl`` (default
+    ``gc.nn.functional``)."""
+    import torch
+
+    xt = torch.tensor(x, requires_grad=True)
+    out = fn(torch, xt, **{k: torch.from_numpy(v) for k, v in inputs.items()})
+    c = np.asarray(rng.standard_normal(tuple(out.shape)))
+    (out * torch.from_numpy(c)).sum().backward()
+    call = fn if dsl is None else (lambda M, x, **kw: fn(dsl, x, **kw))
+    for backend in ("numpy", "ort-cpu"):
+        got = gc_grads(call, {"x": x}, inputs, c, backend=backend)
+        np.testing.assert_allclose(got["out"], out.detach().numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
+        np.testing.assert_allclose(got["x"], xt.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=backend)
+
+
 def assert_grads_match_central_differences(fn, x: np.ndarray, module=None, backends=("numpy", "ort-cpu")) -> None:
     """float64 ``gc.grad`` of ``sum(fn(M, x) * c)`` (``M``: ``module``, else ``gc.nn.functional``)
     with respect to ``x`` and each parameter of ``module`` (built in float64) against central
