@@ -45,3 +45,22 @@ def assert_method_matches_torch(make, method, params, value, differentiable, rng
         names = [f"a{i}" for i in range(len(params))]
         assert_matches_torch(lambda M, v, **kw: fn(M, *(kw[n] for n in names), v), [],
                              {"v": value, **dict(zip(names, params))}, rng)
+
+
+def assert_shapes_match_torch(make, ref, sample_shape) -> None:
+    """``make(gc.distributions)``'s batch and event shapes, and its samples' and their log_prob's shapes and dtypes
+    on numpy and ort-cpu, against ``ref`` (torch's distribution of the same parameters)."""
+    seen = {}
+
+    def f(unused):
+        d = make(gc.distributions)
+        seen.update(batch=d.batch_shape, event=d.event_shape)
+        return {"s": d.sample(sample_shape), "lp": d.log_prob(d.sample(sample_shape))}
+
+    model = gc.capture(f, unused=np.zeros(1))
+    assert (seen["batch"], seen["event"]) == (tuple(ref.batch_shape), tuple(ref.event_shape))
+    want = ref.sample(sample_shape)
+    for backend in ("numpy", "ort-cpu"):  # each its own draws
+        out = gc.Session(model, backend=backend).run({"unused": np.zeros(1)})
+        assert out["s"].shape == tuple(want.shape) and out["s"].dtype == want.numpy().dtype
+        assert out["lp"].shape == tuple(ref.log_prob(want).shape) and np.all(np.isfinite(out["lp"]))

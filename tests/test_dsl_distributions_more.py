@@ -18,11 +18,11 @@ import graphc as gc
 try:
     from torch_grad_util import (assert_grads_match_central_differences, assert_matches_torch, gc_grads,
                                  run_both)
-    from distribution_util import D, assert_method_matches_torch, method_of
+    from distribution_util import D, assert_method_matches_torch, assert_shapes_match_torch, method_of
 except ImportError:  # tests/ collected as a package
     from tests.torch_grad_util import (assert_grads_match_central_differences, assert_matches_torch, gc_grads,
                                        run_both)
-    from tests.distribution_util import D, assert_method_matches_torch, method_of
+    from tests.distribution_util import D, assert_method_matches_torch, assert_shapes_match_torch, method_of
 
 torch = pytest.importorskip("torch")
 R = np.random.default_rng(7)
@@ -371,20 +371,7 @@ def _torch_float32(make):
 @pytest.mark.parametrize("make", [pytest.param(c[1], id=c[0]) for c in SHAPED])
 @pytest.mark.parametrize("sample_shape", [(), (4,), (2, 3)])
 def test_shapes_match_torch(make, sample_shape):
-    ref, seen = _torch_float32(make), {}
-
-    def f(unused):
-        d = make(gc.distributions)
-        seen.update(batch=d.batch_shape, event=d.event_shape)
-        return {"s": d.sample(sample_shape), "lp": d.log_prob(d.sample(sample_shape))}
-
-    model = gc.capture(f, unused=np.zeros(1))
-    assert (seen["batch"], seen["event"]) == (tuple(ref.batch_shape), tuple(ref.event_shape))
-    want = ref.sample(sample_shape)
-    for backend in ("numpy", "ort-cpu"):  # each its own draws
-        out = gc.Session(model, backend=backend).run({"unused": np.zeros(1)})
-        assert out["s"].shape == tuple(want.shape) and out["s"].dtype == want.numpy().dtype
-        assert out["lp"].shape == tuple(ref.log_prob(want).shape) and np.all(np.isfinite(out["lp"]))
+    assert_shapes_match_torch(make, _torch_float32(make), sample_shape)
 
 
 @pytest.mark.parametrize("make, param", [
