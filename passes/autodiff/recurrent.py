@@ -9,6 +9,13 @@ peepholes and ``input_forget``, GRU ``linear_before_reset``, ``clip``, any activ
 alpha/beta, and ``sequence_lens`` (constant or fed at run time): a row whose sequence has ended
 keeps its state and emits zeros, as onnxruntime does. A node this cannot take (an unknown
 activation, an input of unknown rank) stays as it is and autodiff names ``not_unrolled``'s reason.
+
+A masked run (``sequence_lens``) is a Scan even when its length is static: each unrolled masked step
+costs ~210 train_step nodes (the Where masks' gradients), and the Scan is faster too. Measured on
+models/packed_lstm.py (2-layer bidirectional LSTM, hidden 16, batch 16, ort-cpu, 1 thread), train_step
+nodes / session load / step: unrolled T=8 7000 / 2.2 s / 3.2 ms, T=16 14032 / 9.0 s / 9.0 ms, T=32
+28096 / 36.8 s / 21.3 ms; Scan 710 nodes / 0.09 s at every T, 2.8 / 4.8 / 8.8 ms (T=128: 34 ms). Unmasked runs
+stay unrolled (the step is 2.5-4x faster than the Scan's: scripts/bench_recurrent.py, T=8 and 32).
 """
 
 from __future__ import annotations
@@ -175,7 +182,7 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
             return (em.op("Where", alive, new_h, em.const(np.zeros((), dtype))), em.op("Where", alive, new_h, h),
                     em.op("Where", alive, new_c, c) if new_c is not None else c)
 
-        if not isinstance(steps, int):  # a length known only at run time: one Scan over the steps
+        if not isinstance(steps, int) or alive_lens is not None:  # one Scan over the steps
             y_d, h, c_last = _scan_steps(e, node, cell, xw, h, c if op == "LSTM" else None, backwards,
                                          alive_lens is not None, clip, d)
             c = c_last if op == "LSTM" else c
