@@ -198,3 +198,26 @@ def test_bad_arguments_name_the_problem(call, message):
     with pytest.raises(gc.GraphError, match=message) as err:
         gc.capture(call, x=NCDHW)
     assert "test_nn_pooling_torch.py" in str(err.value)
+
+
+# (torch.nn.functional call on x with an output size of 0, input): torch returns an empty tensor
+EMPTY = [
+    ("adaptive_avg_pool2d(x, 0)", NCHW),
+    ("adaptive_avg_pool2d(x, (None, 0))", NCHW),
+    ("adaptive_avg_pool1d(x, 0)", NCL),
+    ("adaptive_avg_pool3d(x, (0, 2, 9))", NCDHW),
+    ("adaptive_max_pool2d(x, (0, 3), return_indices=True)", NCHW),
+    ("adaptive_max_pool1d(x, 0)", NCL),
+]
+
+
+@pytest.mark.parametrize("call,x", EMPTY, ids=[c[0] for c in EMPTY])
+def test_adaptive_pool_to_a_size_of_zero_is_empty_as_torch(call, x):
+    """torch's shapes and dtypes (forward only: torch's backward refuses an empty output)."""
+    torch = pytest.importorskip("torch")
+    fn = eval(f"lambda F, x: F.{call}")  # noqa: S307 - the calls listed above
+    want = fn(TorchNS(torch), torch.from_numpy(x))
+    want = want if isinstance(want, tuple) else (want,)
+    got = list(run_both(gc.capture(lambda x: fn(gc.nn.functional, x), x=gc.spec("float32", ("N", *x.shape[1:]))),
+                        {"x": x}).values())
+    assert [(g.shape, g.dtype) for g in got] == [(tuple(w.shape), w.numpy().dtype) for w in want]

@@ -1,3 +1,4 @@
+# Over 500 lines: the layer functionals (conv, pool, adaptive pool, norm) share their helpers here.
 """The functional forms of the ``gc.nn`` layers beyond ``ops_nn`` (``torch.nn.functional`` names
 and signatures): 1-D/3-D and transposed convolutions, 1-D and adaptive pooling, group/instance/RMS
 norm, the activations, ``pixel_shuffle``, ``interpolate`` and ``scaled_dot_product_attention``.
@@ -12,7 +13,7 @@ import numpy as np
 
 from graphc.errors import CaptureError
 from graphc.model.dtypes import finfo
-from graphc.dsl.ops import (clip, concat, const_i64, constant, emit, lift, matmul, mean, minimum, reshape,
+from graphc.dsl.ops import (cast, clip, concat, const_i64, constant, emit, lift, matmul, mean, minimum, reshape,
                             reshape_like, same_dtype, scalar, sigmoid, softmax, sqrt, transpose, unary, where)
 from graphc.dsl import activations64
 from graphc.dsl.inplace import into, writes_input
@@ -121,6 +122,8 @@ def adaptive_pool(op: str, x: Tensor, output_size: Any, nd: int, return_indices:
     sizes = list(output_size) if isinstance(output_size, (tuple, list)) else ints(output_size, nd, "output_size")
     if len(sizes) != nd:
         raise CaptureError(f"output_size must be an int or {nd} sizes, got {output_size} (at {user_source()})")
+    if 0 in sizes:
+        return _empty_pool(x, sizes, return_indices)
     if sizes == [1] * nd and not return_indices:
         y = emit(f"Global{op}", [x])
         return nan_if_any(y, x, list(range(2, nd + 2)), True) if op == "MaxPool" else y
@@ -131,6 +134,15 @@ def adaptive_pool(op: str, x: Tensor, output_size: Any, nd: int, return_indices:
                        "by the output size", user_source())
     kernel = [1 if o is None else d // o for d, o in zip(dims, sizes)]
     return pool(op, x, nd, kernel, None, 0, False, return_indices)
+
+
+def _empty_pool(x: Tensor, sizes: list, return_indices: bool) -> Any:
+    """torch's empty result for a 0 size: each sized dim cut to 1 step (0 where 0), expanded to its size."""
+    axes = [2 + i for i, o in enumerate(sizes) if o is not None]
+    cut = emit("Slice", [x, const_i64([0] * len(axes)), const_i64([int(o != 0) for o in sizes if o is not None]),
+                         const_i64(axes)])
+    y = emit("Expand", [cut, const_i64([1, 1, *(1 if o is None else o for o in sizes)])])
+    return (y, cast(y, "int64")) if return_indices else y
 
 
 def adaptive_avg_pool(x: Tensor, output_size: Any, nd: int) -> Tensor:
