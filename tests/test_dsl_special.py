@@ -300,3 +300,37 @@ def test_bad_arguments_are_refused_naming_them(fn, match):
     with pytest.raises(gc.CaptureError, match=match) as info:
         gc.capture(fn, x=np.ones(3, np.float32))
     assert "test_dsl_special.py:" in str(info.value)
+
+
+def test_igamma_for_huge_a_near_and_far_from_x_is_torchs():
+    """Above ``a = 100`` near ``x = a`` the fixed-length series and fraction fall short (0.996 at a = x = 1e20,
+    torch 0.5): Temme's expansion takes over. ``a`` a power of two and ``x / a`` dyadic keep torch's own
+    ``x / a - 1`` exact (else its float64 is ~1e-7 off at a = 1e20); torch's float64 is ~1e-10 off here, so
+    mpmath checks ours to 1e-14 where it converges (a up to 2**10); float32 against torch's float64 on the
+    rounded inputs, as above. The x-gradient against torch.autograd's for a up to 2**20 (beyond, torch's
+    ``(a - 1) log x - x - lgamma(a)`` cancels)."""
+    mpmath = pytest.importorskip("mpmath")
+    ratios = np.array([1, 1 + 2.0 ** -40, 1 - 2.0 ** -38, 1 + 2.0 ** -34, 1 - 2.0 ** -30, 1 + 2.0 ** -20,
+                       1 - 2.0 ** -12, 1 + 2.0 ** -9, 1 - 2.0 ** -6, 1.25, 0.75, 0.7, 1.3, 0.5, 2])
+    a = 2.0 ** np.repeat([7, 8, 10, 14, 20, 33, 50, 66], ratios.size)
+    a, x = np.r_[a, 1e20, 1e20, 1e20], np.r_[a * np.tile(ratios, 8), 1e20, 0.5e20, 2e20]
+    for dtype in ("float64", "float32"):
+        arrays = [a.astype(dtype), x.astype(dtype)]
+        for fn, tfn in ((gc.igamma, torch.igamma), (gc.igammac, torch.igammac)):
+            want = tfn(*(torch.from_numpy(v.astype(np.float64)) for v in arrays)).numpy().astype(dtype)
+            rtol, atol = (1e-9, 5e-10) if dtype == "float64" else (1e-5, 1e-6)
+            for backend, got in _run(fn, arrays).items():
+                np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"{fn.__name__} {dtype} {backend}")
+    near = a <= 2.0 ** 10
+    with mpmath.workdps(30):
+        want = [float(mpmath.gammainc(mpmath.mpf(ai), 0, mpmath.mpf(xi), regularized=True))
+                for ai, xi in zip(a[near], x[near])]
+    for backend, got in _run(gc.igamma, [a[near], x[near]]).items():
+        np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15, err_msg=backend)
+    small = a <= 2.0 ** 20
+    at, xt = torch.from_numpy(a[small]), torch.tensor(x[small], requires_grad=True)
+    c = np.random.default_rng(0).standard_normal(xt.shape)
+    (torch.igamma(at, xt) * torch.from_numpy(c)).sum().backward()
+    for backend in ("numpy", "ort-cpu"):
+        got = gc_grads(lambda M, x: gc.igamma(a[small], x), {"x": x[small]}, {}, c, backend=backend)
+        np.testing.assert_allclose(got["x"], xt.grad.numpy(), rtol=1e-7, atol=1e-15, err_msg=backend)

@@ -70,6 +70,30 @@ _ZETA_EM = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.892437580318379160
 # terms of the incomplete gamma series and continued fraction: within 1e-12 of mpmath for a <= 100 (the terms
 # needed near x = a grow as sqrt(a))
 GAMMA_TERMS = 64
+# Temme's uniform expansion (DLMF 8.12.3-8.12.12), used for a > TEMME_MIN_A and |x / a - 1| < TEMME_MAX_MU:
+# Q(a, x) = erfc(y) / 2 + exp(-y**2) / sqrt(2 pi a) sum_k C_k(eta) / a**k, y = eta sqrt(a / 2), eta**2 / 2 =
+# mu - log(1 + mu), mu = x / a - 1, eta of mu's sign. C_0..C_4's Taylor coefficients in eta (highest power first),
+# from C_0 = 1/mu - 1/eta, C_k = C_{k-1}' / eta + (-1)**k g_k / mu (g_k: Stirling's series' coefficients)
+_TEMME = (
+    (-2.5514193994946248e-11, 9.14769958223679e-10, -4.382036018453353e-09, 1.0261809784240309e-08,
+     6.707853543401498e-09, -1.7665952736826078e-07, 8.296711340953087e-07, -1.85406221071516e-06,
+     -2.185448510679992e-06, 3.919263178522438e-05, -0.0001787551440329218, 0.0003527336860670194,
+     0.0011574074074074073, -0.014814814814814815, 0.08333333333333333, -0.3333333333333333),
+    (-1.7543241719747647e-11, 1.1951628599778148e-08, -5.752545603517705e-08, 1.378633446915721e-07,
+     4.647127802807434e-09, -1.6120900894563446e-06, 7.64916091608111e-06, -1.8098550334489977e-05,
+     -4.018775720164609e-07, 0.00020576131687242798, -0.0009902263374485596, 0.0026455026455026454,
+     -0.003472222222222222, -0.001851851851851852),
+    (-2.0477098421990866e-10, 1.4280614206064242e-07, -6.298992138380055e-07, 1.3721957309062934e-06,
+     3.423578734096138e-08, -1.2760635188618728e-05, 5.2923448829120125e-05, -0.0001073665322636516,
+     2.0093878600823047e-06, 0.0007716049382716049, -0.0026813271604938273, 0.004133597883597883),
+    (-2.7861080291528143e-11, 1.4230900732435883e-06, -5.6749528269915965e-06, 1.1082654115347302e-05,
+     -2.396505113867297e-07, -7.561801671883977e-05, 0.00026772063206283885, -0.0004691894943952557,
+     0.00022947209362139917, 0.0006494341563786008),
+    (2.507497226237533e-10, 1.1375726970678419e-05, -3.968365047179435e-05, 6.641498215465122e-05,
+     -1.4638452578843418e-06, -0.0002990724803031902, 0.0007840392217200666, -0.0008618882909167117),
+)
+TEMME_MIN_A, TEMME_MAX_MU = 100.0, 0.3
+_LOG1PMX = tuple(2 * (-1) ** k / (k + 2) for k in range(31, -1, -1))  # 2 (mu - log(1 + mu)) / mu**2, |mu| < 0.3
 
 
 class Frexp(NamedTuple):
@@ -288,17 +312,41 @@ def gamma_fraction(a: Tensor, x: Tensor, terms: int) -> Tensor:
     return f
 
 
+def _temme(a: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(y, S)`` of Temme's expansion, ``Q(a, x) = erfc(y) / 2 + S`` (for ``a > TEMME_MIN_A``,
+    ``|x / a - 1| < TEMME_MAX_MU``)."""
+    mu = (x - a) / a
+    eta = mu * sqrt(horner(_LOG1PMX, mu))
+    y = eta * sqrt(a * scalar(0.5, a))
+    inv_a = scalar(1, a) / a
+    total = horner(_TEMME[-1], eta)
+    for c in reversed(_TEMME[:-1]):
+        total = total * inv_a + horner(c, eta)
+    return y, exp(-(y * y)) / sqrt(scalar(2 * math.pi, a) * a) * total
+
+
 def _incomplete_gamma64(a: Tensor, x: Tensor, upper: bool) -> Tensor:
     zero = scalar(0, x)
     regular = (a > zero) & (x > zero) & ~isinf(a) & ~isinf(x)
     a_, x_ = where(regular, a, scalar(1, a)), where(regular, x, scalar(1, x))
     one = scalar(1, x)
+    # huge a near x = a: the fixed-length series and fraction fall short, Temme's expansion takes over (reading
+    # a = x = its bound elsewhere); its erfc(|y|) = Q(1/2, y**2) comes from the series and fraction below
+    temme = (a_ > scalar(TEMME_MIN_A, a_)) & (abs_(x_ - a_) < scalar(TEMME_MAX_MU, a_) * a_)
+    at = where(temme, a_, scalar(TEMME_MIN_A, a_))
+    y, tail = _temme(at, where(temme, x_, at))
+    above = y >= zero
+    y_ = where(above, y, -y) + where(y * y < scalar(1e-300, y), scalar(1e-100, y), zero)  # y**2 > 0: finite x-grads
+    a_, x_ = where(temme, scalar(0.5, a_), a_), where(temme, y_ * y_, x_)
     series = x_ < a_ + one
     xs, xf = minimum(x_, a_ + one), maximum(x_, a_ + one)  # the other branch reads a + 1
     lower = exp(a_ * log(xs) - xs - _lgamma64(a_ + one)) * gamma_series(a_, xs, GAMMA_TERMS)
     rest = exp(a_ * log(xf) - xf - _lgamma64(a_)) / gamma_fraction(a_, xf, GAMMA_TERMS)
     p = where(series, lower, one - rest)
     q = where(series, one - lower, rest)
+    small = scalar(0.5, x) * q + where(above, tail, -tail)  # Temme's Q above x = a, P below: no cancellation
+    p = where(temme, where(above, one - small, small), p)
+    q = where(temme, where(above, small, one - small), q)
     # torch's (scipy's) edges: x = 0 -> P = 0, a = 0 or x = inf -> P = 1, a = inf -> P = 0; nan for a < 0, x < 0,
     # a = x = 0 and a = x = inf
     nan = scalar(math.nan, x)
@@ -319,8 +367,9 @@ def _incomplete_gamma(fn: str, input: Any, other: Any, upper: bool) -> Tensor:
 
 def igamma(input: Any, other: Any) -> Tensor:  # noqa: A002 - torch's names
     """The regularized lower incomplete gamma ``P(a, x)`` (``a = input``): the series below ``x = a + 1``,
-    ``1 - Q`` by Legendre's continued fraction above, ``GAMMA_TERMS`` terms each; torch's values at
-    the edges. No gradient reaches ``a`` (torch raises for one)."""
+    ``1 - Q`` by Legendre's continued fraction above, ``GAMMA_TERMS`` terms each; Temme's uniform
+    expansion for ``a > TEMME_MIN_A`` near ``x = a``; torch's values at the edges. No gradient reaches
+    ``a`` (torch raises for one)."""
     return _incomplete_gamma("igamma", input, other, upper=False)
 
 
