@@ -23,10 +23,18 @@ model that holds its pattern (in any graph or local function), every other model
   result keeps an entry where it has none (``Reshape(x[1], [1, -1])`` expanded to ``[0, 1]`` gave
   ``[1, 1]``; ``gc.cartesian_prod`` of an empty vector gave a row); turned off where an Expand's
   output may have an empty dim (or a shape that cannot be told).
+- ``MatmulTransposeFusion`` folds a Transpose feeding a MatMul's first input into a ``FusedMatMul``
+  (``transA=1``), which returns wrong numbers, with no error, when the MatMul's second input is 1-D
+  (``A.t() @ v`` for A [3, 4]; a [2, 3, 4] batch with perm [0, 2, 1] too; a 2-D second input, or a
+  vector times a transposed matrix, come out right): turned off where the second input's rank is 1
+  or cannot be told.
+
+The checks that need shapes share one shape inference, run only when one of them has a node to look at.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 
@@ -51,14 +59,16 @@ def fusion_refused(model: onnx.ModelProto) -> tuple[str, ...]:
     for node in nodes:
         for name in node.input:
             readers.setdefault(name, []).append(node)
+    types = functools.cache(lambda: tensor_types(model, subgraphs=True) or {})
     checks = {
         "DivMulFusion": lambda: any(_inexact_reciprocal(node, consts, readers) for node in nodes),
         "FuseReluClip": lambda: any(_clip_after_relu_refused(node, consts, producers) for node in nodes),
         "Pad_Fusion": lambda: any(_zero_pad_before_max_pool(node, consts, readers) for node in nodes),
         "LayerNormFusionL1": lambda: any(_central_power(node, consts, producers, readers) for node in nodes),
-        "SimplifiedLayerNormFusion": lambda: _double_mean_power(model, nodes, readers),
+        "SimplifiedLayerNormFusion": lambda: _double_mean_power(nodes, readers, types),
         "CommonSubexpressionElimination": lambda: _repeated_unseeded_bernoulli(nodes),
-        "ExpandElimination": lambda: _expand_to_empty(model, nodes),
+        "ExpandElimination": lambda: _expand_to_empty(nodes, types),
+        "MatmulTransposeFusion": lambda: _transposed_times_vector(graphs, nodes, producers, types),
     }
     return tuple(name for name, holds in checks.items() if holds())
 
@@ -120,14 +130,11 @@ def _central_power(node: onnx.NodeProto, consts, producers, readers) -> bool:
     return any(_ops(n, "ReduceMean") for n in readers.get(node.output[0], []))
 
 
-def _double_mean_power(model: onnx.ModelProto, nodes, readers) -> bool:
+def _double_mean_power(nodes, readers, types) -> bool:
     """A Pow whose output a ReduceMean reads and whose base is float64 or of a type not known."""
     powers = [n for n in nodes
               if _ops(n, "Pow") and any(_ops(r, "ReduceMean") for r in readers.get(n.output[0], []))]
-    if not powers:
-        return False
-    types = tensor_types(model, subgraphs=True) or {}
-    return any(types.get(n.input[0], (TensorProto.DOUBLE,))[0] == TensorProto.DOUBLE for n in powers)
+    return any(types().get(n.input[0], (TensorProto.DOUBLE,))[0] == TensorProto.DOUBLE for n in powers)
 
 
 def _repeated_unseeded_bernoulli(nodes) -> bool:
@@ -137,10 +144,19 @@ def _repeated_unseeded_bernoulli(nodes) -> bool:
     return any(count > 1 for count in unseeded.values())
 
 
-def _expand_to_empty(model: onnx.ModelProto, nodes) -> bool:
+def _expand_to_empty(nodes, types) -> bool:
     """An Expand whose output may have a dim of 0 (or a shape shape inference cannot tell)."""
-    outputs = [node.output[0] for node in nodes if node.op_type == "Expand"]
-    if not outputs:
-        return False
-    types = tensor_types(model, subgraphs=True) or {}
-    return any((types.get(name) or (None, None))[1] is None or 0 in types[name][1] for name in outputs)
+    return any((types().get(n.output[0]) or (None, None))[1] is None or 0 in types()[n.output[0]][1]
+               for n in nodes if n.op_type == "Expand")
+
+
+def _transposed_times_vector(graphs, nodes, producers, types) -> bool:
+    """A MatMul whose first input is a Transpose's output and whose second may be 1-D."""
+    known = {t.name: list(t.dims) for g in graphs for t in g.initializer}
+    for node in nodes:
+        if _ops(node, "MatMul") and _ops(producers.get(node.input[0]), "Transpose"):
+            name = node.input[1]
+            dims = known[name] if name in known else types().get(name, (None, None))[1]
+            if dims is None or len(dims) == 1:
+                return True
+    return False

@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from google.protobuf.message import EncodeError
 
-from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, fusions, matmuls, nchwc, opsets,
-                             pad_axes, pools, recurrent, scans, transposes)
+from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, fusions, nchwc, opsets, pad_axes, pools,
+                             recurrent, scans, transposes)
 from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
@@ -194,7 +194,7 @@ class _OrtBackend:
             options.add_session_config_entry("session.set_denormal_as_zero", "1")
         if exact_arena and self.device == "cpu" and _exact_cpu_arena():
             options.add_session_config_entry("session.use_env_allocators", "1")
-        disabled = dropout.eliminating(model) + sum((m.fusion_refused(model) for m in (pools, matmuls, fusions)), ())
+        disabled = dropout.eliminating(model) + pools.fusion_refused(model) + fusions.fusion_refused(model)
         if keep_recomputation:
             options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
             disabled += ("CommonSubexpressionElimination",)

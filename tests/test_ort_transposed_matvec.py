@@ -1,4 +1,4 @@
-"""A Transpose's output times a vector on onnxruntime (backends/matmuls.py): its MatmulTransposeFusion
+"""A Transpose's output times a vector on onnxruntime (backends/fusions.py): its MatmulTransposeFusion
 turns the pair into a FusedMatMul that returns wrong numbers for a 1-D second input, so a session
 whose model holds one runs without that fusion; models without one keep it."""
 
@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import graphc as gc
-from graphc.backends import matmuls
+from graphc.backends import fusions
 
 R = np.random.default_rng(5)
 
@@ -57,13 +57,13 @@ def test_only_a_product_that_may_take_a_vector_turns_the_fusion_off(b_shape, b_i
     model = _transposed_product([3, 4], [1, 0], b_shape or [3, 2], b_initializer)
     if b_shape is None:  # a second input whose rank cannot be told
         model.graph.input[1].type.tensor_type.ClearField("shape")
-    assert matmuls.fusion_refused(model) == (("MatmulTransposeFusion",) if refused else ())
+    assert fusions.fusion_refused(model) == (("MatmulTransposeFusion",) if refused else ())
 
 
 def test_a_model_without_a_transposed_first_operand_keeps_the_fusion():
     mlp = gc.capture(gc.nn.Linear(4, 3), x=gc.spec("float32", ("N", 4)))
     arts = gc.training.generate(mlp, gc.losses.mse("output", label="y"), gc.optim.SGD(0.1))
-    assert matmuls.fusion_refused(arts.train_step.proto) == ()
+    assert fusions.fusion_refused(arts.train_step.proto) == ()
 
 
 def test_a_transposed_matrix_times_a_vector_in_a_local_function_matches_numpy_on_ort_cpu():
@@ -77,7 +77,7 @@ def test_a_transposed_matrix_times_a_vector_in_a_local_function_matches_numpy_on
                               functions=[fn])
     model.ir_version = 10
     onnx.checker.check_model(model, full_check=True)
-    assert matmuls.fusion_refused(model) == ("MatmulTransposeFusion",)
+    assert fusions.fusion_refused(model) == ("MatmulTransposeFusion",)
     a, b = R.standard_normal((3, 4)).astype(np.float32), R.standard_normal(3).astype(np.float32)
     for backend in ("numpy", "ort-cpu"):
         out = gc.Session(gc.load(model), backend=backend).run({"a": a, "b": b})["y"]
