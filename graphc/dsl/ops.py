@@ -1,3 +1,4 @@
+# Over 500 lines: the base functions (operands, elementwise, matmul, shapes, reductions) every DSL module builds on.
 """DSL functions on Tensors (`gc.relu`, `gc.matmul`, ...). Each records ONNX nodes.
 
 Composite ops (gelu before opset 20, stack) are lowered to primitive ONNX ops here, so
@@ -18,6 +19,7 @@ from graphc.errors import CaptureError
 from graphc.dsl.tensor import VIEW_OPS, Tensor, note_views
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.dims import dim_index, one_element
+from graphc.dsl.upcast import in_float32
 from graphc.passes.infer import InferenceError, broadcast
 from graphc.passes.values import STOP_GRADIENT_KEY
 
@@ -187,6 +189,7 @@ def erf(x: Tensor) -> Tensor:
     return unary("Erf", x)
 
 
+@in_float32
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """GELU; ``Gelu`` from opset 20, lowered to Erf (or Tanh) arithmetic before and in float64
     (onnxruntime has no float64 Gelu, and its Gelu expands to an Erf the session cannot rewrite)."""
@@ -202,12 +205,14 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
 
 
 @one_element("axis")
+@in_float32
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Softmax along ``axis``. Signature: ai.onnx@13::Softmax"""
     return emit("Softmax", [x], {"axis": axis})
 
 
 @one_element("axis")
+@in_float32
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Signature: ai.onnx@13::LogSoftmax"""
     return emit("LogSoftmax", [x], {"axis": axis})
@@ -431,8 +436,13 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 # -- reductions -------------------------------------------------------------------------------
 
 
+_ACCUMULATED = frozenset({"ReduceSum", "ReduceMean", "ReduceProd", "ReduceSumSquare", "ReduceL1", "ReduceL2",
+                          "ReduceLogSum", "ReduceLogSumExp"})  # in float32 for float16/bfloat16, as torch's
+
+
 def reduction(op: str, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
-    """The ONNX reduction ``op`` over ``axis`` (None: all); the axes an input or an attribute by opset."""
+    """The ONNX reduction ``op`` over ``axis`` (None: all); the axes an input or an attribute by opset;
+    an accumulating one computed in float32 for a narrow float (``upcast``)."""
     x = lift(x)
     if isinstance(axis, Tensor):
         raise op_error(op, [x, axis], "the axes must be ints, not a Tensor (for the elementwise max or min of two "
@@ -442,14 +452,18 @@ def reduction(op: str, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
     if axes is not None and x.shape is not None:
         axes = [dim_index(x, a, op) for a in axes]
         axes = axes if x.shape else None  # 0-d: its one element, reduced over no axis, as torch
-    inputs = [x]
+    axes_input = []
     # NOTE: ReduceSum takes axes as an input from opset 13, the other reductions from opset 18.
     if axes is not None:
         if op == "ReduceSum" or current().opset >= 18:
-            inputs.append(const_i64(axes))
+            axes_input.append(const_i64(axes))
         else:
             attrs["axes"] = axes
-    return emit(op, inputs, attrs)
+
+    def reduce(x: Tensor) -> Tensor:
+        return emit(op, [x, *axes_input], attrs)
+
+    return (in_float32(reduce) if op in _ACCUMULATED else reduce)(x)
 
 
 def int64_accumulated(x: Tensor) -> Tensor:
