@@ -13,6 +13,7 @@ from graphc.dsl.inplace import into
 from graphc.dsl.ops import emit, lift, minimum, scalar, unary, where
 from graphc.dsl.ops_elementwise import expm1, log1p
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.upcast import in_float32
 
 __all__ = ["native_or_written"]
 
@@ -63,8 +64,8 @@ _WRITTEN = {"LeakyRelu": _leaky_relu, "Elu": _elu, "Selu": _selu, "HardSigmoid":
 
 
 def native_or_written(x: Any, op: str, attrs: dict[str, float], inplace: bool = False) -> Tensor:
-    """The ONNX activation ``op`` of ``x`` (with ``attrs``), written out where ``x`` is float64; into
-    ``x`` where ``inplace``."""
+    """The ONNX activation ``op`` of ``x`` (with ``attrs``), written out where ``x`` is float64, in
+    float32 where it is float16 or bfloat16 (``upcast``, as torch's); into ``x`` where ``inplace``."""
     x = lift(x)
-    out = _WRITTEN[op](x, **attrs) if x.dtype == "float64" else unary(op, x, **attrs)
+    out = _WRITTEN[op](x, **attrs) if x.dtype == "float64" else in_float32(lambda x: unary(op, x, **attrs))(x)
     return into(x, out, inplace)

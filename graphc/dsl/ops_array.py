@@ -22,6 +22,7 @@ from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.dims import dim_index, one_element
 from graphc.dsl.ops_divide import to_float
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.upcast import in_float32
 from graphc.dsl.builder import op_error, user_source
 
 # -- elementwise ------------------------------------------------------------------------------
@@ -390,6 +391,7 @@ def one_hot(x: Tensor, num_classes: int = -1) -> Tensor:
 
 
 @one_element()
+@in_float32
 def cumsum(x: Tensor, dim: int) -> Tensor:
     """Running sum along ``dim``; of a bool or integer Tensor, in int64 as torch's. Signature: ai.onnx@14::CumSum"""
     x = int64_accumulated(lift(x))
@@ -456,6 +458,7 @@ def sort_order(x: Tensor, dim: int, descending: bool) -> Tensor:
 
 
 @one_element()
+@in_float32
 def logsumexp(x: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
     """``log(sum(exp(x)))`` over ``dim``, computed from the maximum so it never overflows; an
     infinite maximum is taken as 0, as torch does, so a slice of -inf gives -inf (not nan); an integer
@@ -468,6 +471,7 @@ def logsumexp(x: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
 
 
 @one_element()
+@in_float32
 def var(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False, *,
         unbiased: bool | None = None) -> Tensor:
     """``torch.var``: mean squared deviation over ``dim`` (None: all), divided by ``n - correction``
@@ -483,6 +487,7 @@ def var(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False, 
 
 
 @one_element()
+@in_float32
 def std(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False, *,
         unbiased: bool | None = None) -> Tensor:
     """``torch.std``: the square root of ``var``; where that is 0, a 0 gradient (torch's), not sqrt's NaN."""
@@ -491,6 +496,7 @@ def std(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False, 
     return where(zero, scalar(0.0, v), sqrt(where(zero, scalar(1.0, v), v)))
 
 
+@in_float32
 def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
     """``torch.nn.functional.normalize`` for ``p=2``: ``x / max(||x||_2, eps)`` along ``dim``."""
     if p != 2.0:
@@ -500,6 +506,7 @@ def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Te
     return x / sqrt(maximum(reduce_sum(x * x, dim, keepdims=True), scalar(eps * eps, x)))
 
 
+@in_float32
 def einsum(equation: str, *operands: Any) -> Tensor:
     """``torch.einsum`` (explicit or implicit output). Signature: ai.onnx@12::Einsum"""
     if len(operands) == 1 and isinstance(operands[0], (tuple, list)):

@@ -23,6 +23,7 @@ from graphc.dsl.ops_elementwise import signbit
 from graphc.dsl.ops_math import all as all_
 from graphc.dsl.ops_math import isfinite, isnan, logaddexp, trunc
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.upcast import in_float32
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, to_numpy
 
@@ -79,12 +80,14 @@ def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor: 
     return binary("Div", a, b) if a.dtype not in FLOAT_DTYPES else trunc(a / b)  # integer Div truncates
 
 
+@in_float32
 def addcmul(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:  # noqa: A002
     """``input + value * tensor1 * tensor2``."""
     t1, t2 = operand_pair(tensor1, tensor2)
     return add(input, _scaled(mul(t1, t2), value, "value", "addcmul"))
 
 
+@in_float32
 def addcdiv(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:  # noqa: A002
     """``input + value * tensor1 / tensor2``; integer Tensors are refused, as torch."""
     t1, t2 = operand_pair(tensor1, tensor2)
@@ -94,6 +97,7 @@ def addcdiv(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor
     return add(input, _scaled(binary("Div", t1, t2), value, "value", "addcdiv"))
 
 
+@in_float32
 def lerp(input: Any, end: Any, weight: Any) -> Tensor:  # noqa: A002
     """``input + weight * (end - input)``; ``weight`` a number or a Tensor, each of the three
     gets its gradient. Float Tensors only, as torch."""

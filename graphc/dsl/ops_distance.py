@@ -10,6 +10,7 @@ from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.ops_math import norm
 from graphc.dsl.ops_search import pdist
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.upcast import in_float32
 
 
 def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -34,6 +35,7 @@ def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None
     return y if bias is None else y + lift(bias, y)
 
 
+@in_float32
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
     """``sum(x1 / max(||x1||, eps) * x2 / max(||x2||, eps), dim)`` as torch: each norm clamped at
     ``eps`` in value only, its gradient the norm's (torch clamps the norms in place without grad)."""
@@ -47,6 +49,7 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -
     return reduce_sum(unit(x1) * unit(x2), dim)
 
 
+@in_float32
 def pairwise_distance(x1: Tensor, x2: Tensor, p: float = 2.0, eps: float = 1e-6, keepdim: bool = False) -> Tensor:
     """``||x1 - x2 + eps||_p`` over the last dim (``torch.nn.functional.pairwise_distance``); ``p``
     as ``gc.norm`` takes it (its gradient at a zero difference is 0, as torch's)."""

@@ -16,6 +16,7 @@ from graphc.dsl.ops_array import full_like, sin
 from graphc.dsl.ops_divide import to_float
 from graphc.dsl.ops_math import neg, sign, trunc
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.upcast import in_float32
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 
@@ -118,6 +119,7 @@ def horner(coeffs: tuple, t: Tensor) -> Tensor:
     return p
 
 
+@in_float32
 def erfc(x: Tensor) -> Tensor:
     """``1 - erf(x)``, keeping its relative accuracy in the tail where ``1 - erf(x)`` rounds to 0:
     from 0.5 on ``t * exp(-x*x + P(t))``, ``t = 1 / (1 + x / 2)`` (Numerical Recipes' fit, relative
@@ -150,6 +152,7 @@ def erfinv(x: Tensor) -> Tensor:
     return where(edge, x * infinite, where(w < scalar(5, x), central, tail) * xs)
 
 
+@in_float32
 def sinc(x: Tensor) -> Tensor:
     """``sin(pi x) / (pi x)``, 1 at 0 (where the gradient is 0, as torch's)."""
     x = to_float(lift(x))

@@ -21,6 +21,7 @@ from graphc.dsl.ops import nan_if_any, reduction
 from graphc.dsl.ops_array import chunk, ir_tensor, tril
 from graphc.dsl.ops_nn import check_rank, conv_pads, ints, max_pool, pool_node
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.upcast import in_float32
 from graphc.dsl.builder import current, op_error, user_source
 
 
@@ -104,6 +105,7 @@ def max_pool1d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
                 dilations=ints(dilation, 1, "dilation"))
 
 
+@in_float32
 def avg_pool1d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True) -> Tensor:
     """Signature: ai.onnx@19::AveragePool"""
@@ -145,6 +147,7 @@ def _empty_pool(x: Tensor, sizes: list, return_indices: bool) -> Any:
     return (y, cast(y, "int64")) if return_indices else y
 
 
+@in_float32
 def adaptive_avg_pool(x: Tensor, output_size: Any, nd: int) -> Tensor:
     """``adaptive_pool`` with AveragePool, as PyTorch computes it where the input size divides evenly."""
     return adaptive_pool("AveragePool", x, output_size, nd)
@@ -166,6 +169,7 @@ def _channel_shape(x: Tensor, t: Tensor) -> Tensor:
     return reshape(t, [-1] + [1] * (x.ndim - 2))
 
 
+@in_float32
 def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     """``torch.nn.functional.group_norm``: statistics over each group of channels and the spatial
@@ -192,6 +196,7 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
     return normed * _channel_shape(x, weight) + _channel_shape(x, bias)
 
 
+@in_float32
 def instance_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """Per-sample, per-channel statistics over the spatial dims (no running statistics).
     Signature: ai.onnx@6::InstanceNormalization"""
@@ -214,13 +219,18 @@ def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps
     shape = [int(normalized_shape)] if isinstance(normalized_shape, (int, np.integer)) else list(normalized_shape)
     if x.shape is not None and list(x.shape[-len(shape):]) != shape:
         raise op_error("RMSNormalization", [x], f"trailing dims must be {tuple(shape)}", user_source())
-    eps = float(finfo(x.dtype).eps) if eps is None else float(eps)
+    eps = float(finfo(x.dtype).eps) if eps is None else float(eps)  # x's own, float16's too
+    return _rms_norm(x, shape, weight if weight is None else lift(weight, x), eps)
+
+
+@in_float32
+def _rms_norm(x: Tensor, shape: list, weight: Tensor | None, eps: float) -> Tensor:
     axes = list(range(-len(shape), 0))
     if current().opset >= 23:
-        scale = constant(np.ones(shape, x.dtype.numpy)) if weight is None else lift(weight, x)
+        scale = constant(np.ones(shape, x.dtype.numpy)) if weight is None else weight
         return emit("RMSNormalization", [x, scale], {"axis": -len(shape), "epsilon": eps})
     y = x / sqrt(mean(x * x, axes, keepdims=True) + scalar(eps, x))
-    return y if weight is None else y * lift(weight, x)
+    return y if weight is None else y * weight
 
 
 # -- activations ------------------------------------------------------------------------------
@@ -323,6 +333,7 @@ def glu(x: Tensor, dim: int = -1) -> Tensor:
     return a * sigmoid(b)
 
 
+@in_float32
 def logsigmoid(x: Tensor) -> Tensor:
     """``log(sigmoid(x)) = min(x, 0) - log(1 + exp(-|x|))``: exp never overflows, and the gradient
     is ``sigmoid(-x)`` to the last bit (Min's tie at 0 gives torch's 0.5; no Softplus: onnxruntime
@@ -462,6 +473,7 @@ def _safe_softmax(scores: Tensor) -> Tensor:
     return where(dead, zero, softmax(where(dead, zero, scores), -1))
 
 
+@in_float32
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  training: bool = False) -> Tensor:

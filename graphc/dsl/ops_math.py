@@ -19,6 +19,7 @@ from graphc.dsl.ops import unary, where
 from graphc.dsl.ops_array import full_like
 from graphc.dsl.ops_divide import to_float
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.upcast import in_float32
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES, finfo
 
@@ -85,6 +86,7 @@ def _rounding(op: str, x: Tensor) -> Tensor:
     return unary(op, x) if x.dtype in FLOAT_DTYPES else x
 
 
+@in_float32
 def logaddexp(a: Any, b: Any) -> Tensor:
     """``log(exp(a) + exp(b))`` without overflow: ``max(a, b) + log(1 + exp(-|a - b|))``; where
     ``a - b`` is nan (both the same infinity) the difference is taken as 0, so -inf and -inf give

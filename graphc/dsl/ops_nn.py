@@ -10,6 +10,7 @@ from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.upcast import in_float32
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.model.windows import ceil_as_floor_pads
@@ -164,6 +165,7 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
     return max_pool(x, attrs, return_indices)
 
 
+@in_float32
 def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True) -> Tensor:
     """Signature: ai.onnx@19::AveragePool"""
