@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -180,15 +181,25 @@ def global_avg_pool2d(x: Tensor) -> Tensor:
     return ops.emit("GlobalAveragePool", [x])
 
 
-def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor, weight: Tensor | None = None,
+def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
                bias: Tensor | None = None, training: bool = False, momentum: float = 0.1,
                eps: float = 1e-5) -> Tensor:
     """``torch.nn.functional.batch_norm``. ONNX momentum is PyTorch's ``1 - momentum``.
 
     With ``training=True`` the node has ``training_mode=1`` and three outputs (Y and the
-    updated running mean/var); Y is returned. Signature: ai.onnx@15::BatchNormalization
+    updated running mean/var); Y is returned. Without running statistics (both None, training
+    only, as torch) the batch's own normalise ``x``, written out (``batch_statistics_norm``).
+    Signature: ai.onnx@15::BatchNormalization
     """
     x = ops.lift(x)
+    if running_mean is None or running_var is None:
+        if running_mean is not None or running_var is not None:
+            raise CaptureError(f"batch_norm takes both running_mean and running_var or neither, got only "
+                               f"{'running_var' if running_mean is None else 'running_mean'} (at {user_source()})")
+        if not training:
+            raise CaptureError(f"batch_norm: running_mean must be defined in evaluation mode (training=False), "
+                               f"as torch's (at {user_source()})")
+        return batch_statistics_norm(x, weight, bias, eps)
     running_mean, running_var = ops.lift(running_mean, x), ops.lift(running_var, x)
     weight = None if weight is None else ops.lift(weight, x)
     bias = None if bias is None else ops.lift(bias, x)
@@ -207,6 +218,27 @@ def batch_norm(x: Tensor, running_mean: Tensor, running_var: Tensor, weight: Ten
         y, _, _ = ops.emit("BatchNormalization", inputs, attrs, 3)
         return y
     return ops.emit("BatchNormalization", inputs, attrs)
+
+
+@in_float32
+def batch_statistics_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    """``x`` normalised per channel by its own batch statistics (mean and biased variance over
+    every dim but 1), then the affine: torch's batch norm without running statistics, in training
+    and inference alike. Written out in standard ops, not a BatchNormalization node, which the
+    training and inference passes switch to the running statistics."""
+    if x.shape is None or len(x.shape) < 2:
+        raise op_error("BatchNormalization", [x], "expects an (N, C, ...) input of known rank >= 2", user_source())
+    values = (x.shape[0], *x.shape[2:])
+    if all(isinstance(d, int) for d in values) and math.prod(values) == 1:
+        raise op_error("BatchNormalization", [x], "expected more than 1 value per channel when training, got "
+                       f"input shape {tuple(x.shape)}", user_source())
+    axes = [0, *range(2, x.ndim)]
+    centred = x - ops.mean(x, axes, keepdims=True)
+    y = centred / ops.sqrt(ops.mean(centred * centred, axes, keepdims=True) + ops.scalar(eps, x))
+    per_channel = [-1] + [1] * (x.ndim - 2)
+    if weight is not None:
+        y = y * ops.reshape(ops.lift(weight, x), per_channel)
+    return y if bias is None else y + ops.reshape(ops.lift(bias, x), per_channel)
 
 
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,

@@ -11,7 +11,6 @@ from graphc.dsl.inplace import into
 from graphc.dsl.ops_nn import linear
 from graphc.dsl.ops_views import unflatten
 from graphc.dsl.tensor import Tensor
-from graphc.errors import CaptureError
 from graphc.model import COUNT_KEY, COUNTER_KEY
 from graphc.nn import init
 from graphc.nn.activation import InPlace
@@ -84,11 +83,13 @@ class _BatchNorm(Module):
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
                  track_running_stats: bool = True, dtype: Any = "float32", *, bias: bool = True):
         super().__init__()
-        if not track_running_stats:
-            raise CaptureError("BatchNorm with track_running_stats=False is not supported")
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.track_running_stats = track_running_stats
         self.weight = Parameter(shape=(num_features,), init=init.ones, dtype=dtype) if affine else None
         self.bias = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype) if affine and bias else None
+        if not track_running_stats:  # as torch's: no buffers, the batch's statistics in both modes
+            self.running_mean = self.running_var = self.num_batches_tracked = None
+            return
         self.running_mean = Parameter(shape=(num_features,), init=init.zeros, dtype=dtype, buffer=True)
         self.running_var = Parameter(shape=(num_features,), init=init.ones, dtype=dtype, buffer=True)
         # PyTorch's counter, kept so state_dict() keys are PyTorch's; with momentum=None (the
@@ -101,6 +102,9 @@ class _BatchNorm(Module):
         if x.ndim not in self._ranks:
             raise op_error(type(self).__name__, [x], f"expects a {self._layout} input, got rank {x.ndim}",
                            user_source())
+        if not self.track_running_stats:
+            ops.same_dim(type(self).__name__, [x], x.shape[1], self.num_features, "input channels and num_features")
+            return ops_nn.batch_statistics_norm(x, self.weight, self.bias, self.eps)
         y = ops_nn.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                               training=self.training, momentum=0.0 if self.momentum is None else self.momentum,
                               eps=self.eps)
