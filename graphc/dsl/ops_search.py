@@ -148,11 +148,9 @@ def histogram(input: Tensor, bins: Any = 100, *, range: Any = None, weight: Tens
     if x.dtype not in FLOAT_DTYPES:
         raise CaptureError(f"histogram input: expected a floating-point Tensor, got {x.dtype} (at {user_source()})")
     flat = reshape(x, [-1])
-    edges = _bin_edges(flat, bins, range)
+    edges = bin_edges(flat, bins, range)
     count = edges.shape[0] - 1
-    below = reduce_sum(cast(unsqueeze(edges, [0]) <= unsqueeze(flat, [1]), "int64"), 1)
-    inside = (flat >= edges[0]) & (flat <= edges[-1])
-    pos = where(inside, minimum(below - 1, count - 1), scalar(0, below))
+    pos, inside = bin_positions(flat, edges)
     work = "float32" if x.dtype == "float16" else x.dtype  # onnxruntime has no float16 ScatterElements add
     if weight is None:
         added = cast(inside, work)
@@ -168,8 +166,18 @@ def histogram(input: Tensor, bins: Any = 100, *, range: Any = None, weight: Tens
     return Histogram(hist, edges)
 
 
-def _bin_edges(flat: Tensor, bins: Any, range: Any) -> Tensor:  # noqa: A002 - torch's name
-    """``histogram``'s edges: a Tensor ``bins`` as given, else ``torch.linspace(lo, hi, bins + 1)``."""
+def bin_positions(flat: Tensor, edges: Tensor) -> tuple[Tensor, Tensor]:
+    """The bin (int64) of each of the 1-D ``flat``'s entries among the 1-D ``edges``, as torch's
+    histogram: the last edge at or below it (the last bin holds the last edge), 0 where it is outside
+    or NaN; and whether it is inside."""
+    below = reduce_sum(cast(unsqueeze(edges, [0]) <= unsqueeze(flat, [1]), "int64"), 1)
+    inside = (flat >= edges[0]) & (flat <= edges[-1])
+    return where(inside, minimum(below - 1, edges.shape[0] - 2), scalar(0, below)), inside
+
+
+def bin_edges(flat: Tensor, bins: Any, range: Any) -> Tensor:  # noqa: A002 - torch's name
+    """``histogram``'s edges of the 1-D ``flat``: a Tensor ``bins`` as given, else
+    ``torch.linspace(lo, hi, bins + 1)`` over ``range`` or the entries not NaN."""
     if isinstance(bins, Tensor):
         if bins.ndim != 1 or bins.dtype != flat.dtype or not isinstance(bins.shape[0], int) or bins.shape[0] < 2 \
                 or range is not None:
@@ -467,6 +475,7 @@ def renorm(input: Tensor, p: float, dim: int, maxnorm: float) -> Tensor:  # noqa
 
 
 __all__ = [
-    "Histogram", "bucketize", "cdist", "cumulative_trapezoid", "fill_diagonal", "gradient", "histogram",
-    "index_reduce", "isin", "minkowski", "pdist", "put", "renorm", "searchsorted", "trapezoid", "trapz", "windows",
+    "Histogram", "bin_edges", "bin_positions", "bucketize", "cdist", "cumulative_trapezoid", "fill_diagonal",
+    "gradient", "histogram", "index_reduce", "isin", "minkowski", "pdist", "put", "renorm", "searchsorted", "trapezoid",
+    "trapz", "windows",
 ]
