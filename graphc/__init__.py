@@ -102,6 +102,7 @@ _SPECIAL_OPS = "lgamma digamma polygamma mvlgamma multigammaln i0 igamma igammac
 _SOLVE_OPS = ("inverse lu_unpack triangular_solve cholesky cholesky_solve cholesky_inverse matrix_power "
               "matrix_exp").split()
 _REJECTION_OPS = "_standard_gamma poisson".split()
+_COUNTS_OPS = "bincount unique unique_consecutive histogramdd".split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -131,6 +132,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "special": ("graphc.dsl.special", None),
     **{op: ("graphc.dsl.ops_solve", op) for op in _SOLVE_OPS},
     **{op: ("graphc.dsl.ops_rejection", op) for op in _REJECTION_OPS},
+    **{op: ("graphc.dsl.ops_counts", op) for op in _COUNTS_OPS},
+    "nextafter": ("graphc.dsl.ops_nextafter", "nextafter"),
     "linalg": ("graphc.dsl.linalg", None),
     "distributions": ("graphc.dsl.distributions", None),
     "Tensor": ("graphc.dsl.tensor", "Tensor"),

@@ -13,12 +13,14 @@ from graphc.dsl import (
     ops_aliases,
     ops_array,
     ops_binary,
+    ops_counts,
     ops_divide,
     ops_elementwise,
     ops_factories,
     ops_layers,
     ops_linalg,
     ops_math,
+    ops_nextafter,
     ops_order,
     ops_reshape,
     ops_sample,
@@ -219,6 +221,9 @@ METHODS = {
     "cholesky_inverse": ops_solve.cholesky_inverse, "matrix_power": ops_solve.matrix_power,
     "matrix_exp": ops_solve.matrix_exp, "triangular_solve": ops_solve.triangular_solve,
     "lu_solve": lambda b, LU_data, LU_pivots: ops_solve.lu_solve(LU_data, LU_pivots, b),
+    # counting and uniqueness (ops_counts.py), nextafter (ops_nextafter.py)
+    "bincount": ops_counts.bincount, "unique": ops_counts.unique, "unique_consecutive": ops_counts.unique_consecutive,
+    "nextafter": ops_nextafter.nextafter, "nextafter_": in_place(ops_nextafter.nextafter),
 }
 
 for _name, _method in METHODS.items():
