@@ -20,6 +20,7 @@ from graphc.dsl.ops_linalg import det, slogdet
 from graphc.dsl.ops_linalg import cross as _cross
 from graphc.dsl.ops_linalg import diagonal as _diagonal
 from graphc.dsl.ops_eigen import eigh, eigvalsh, svd, svdvals
+from graphc.dsl.linalg_ex import cholesky_ex, inv_ex, lu_factor_ex, solve_ex
 from graphc.dsl.ops_math import amax, amin
 from graphc.dsl.ops_math import norm as _norm
 from graphc.dsl.ops_solve import (cholesky, eye_like, inv, lu, lu_factor, lu_solve, mask, matrix_dims, matrix_exp,
@@ -286,8 +287,8 @@ def tensorsolve(A: Any, B: Any, dims: Any = None) -> Tensor:
 
 
 __all__ = [
-    "QR", "Lstsq", "cholesky", "cond", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "lstsq",
-    "lu", "lu_factor", "lu_solve", "matrix_exp", "matrix_norm", "matrix_power", "matrix_rank", "multi_dot", "norm",
-    "pinv", "qr", "slogdet", "solve", "solve_triangular", "svd", "svdvals", "tensorinv", "tensorsolve", "vecdot",
-    "vector_norm",
+    "QR", "Lstsq", "cholesky", "cholesky_ex", "cond", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "inv_ex",
+    "lstsq", "lu", "lu_factor", "lu_factor_ex", "lu_solve", "matrix_exp", "matrix_norm", "matrix_power", "matrix_rank",
+    "multi_dot", "norm", "pinv", "qr", "slogdet", "solve", "solve_ex", "solve_triangular", "svd", "svdvals",
+    "tensorinv", "tensorsolve", "vecdot", "vector_norm",
 ]
