@@ -197,7 +197,9 @@ def histogramdd(input: Any, bins: Any = 10, *, range: Any = None, weight: Any = 
     if density:
         hist = hist / reduce_sum(hist)
         for k, e in enumerate(edges):
-            hist = hist / reshape(diff(e), [-1 if j == k else 1 for j in range(d)])
+            along = [1] * d
+            along[k] = -1
+            hist = hist / reshape(diff(e), along)
     return Histogramdd(hist, tuple(edges))
 
 

@@ -43,7 +43,8 @@ def nextafter(input: Any, other: Any) -> Tensor:  # noqa: A002 - torch's names
     to ``input`` (where finite) and 0 to ``other``, as torch's. Signature: ai.onnx@15::Pow"""
     a, b = _operands(input, other)
     bits, least, largest = _FORMATS[str(a.dtype)]
-    x, y = (detach(t) if t.dtype == "float64" else cast(detach(t), "float64") for t in (a, b))
+    wide = a if a.dtype == "float64" else cast(a, "float64")
+    x, y = detach(wide), detach(b if b.dtype == "float64" else cast(b, "float64"))
     mantissa, exponent = frexp(x)
     e = cast(exponent, "float64")
     two = scalar(2.0, x)
@@ -58,8 +59,8 @@ def nextafter(input: Any, other: Any) -> Tensor:  # noqa: A002 - torch's names
     # the sign as a factor: onnxruntime's Where turns a chosen -0.0 into +0.0 (onnxruntime#32191)
     negative = (equal & signbit(y)) | (~equal & ((zero & (y < x)) | (~zero & signbit(x))))
     value = size * where(negative, scalar(-1.0, x), scalar(1.0, x))
-    value = value if a.dtype == "float64" else cast(value, a.dtype)
-    finite = where(isfinite(a), a, scalar(0, a))
-    return value + -(detach(finite) - finite)  # + -0.0 keeps every value and carries input's gradient
+    finite = where(isfinite(wide), wide, scalar(0, x))
+    value = value + -(detach(finite) - finite)  # + -0.0 keeps every value and carries input's gradient
+    return value if a.dtype == "float64" else cast(value, a.dtype)
 
 __all__ = ["nextafter"]
