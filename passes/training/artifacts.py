@@ -121,8 +121,9 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
 
     slots = optimizers.state_slots(optimizer)
     param_values = {p: step.graph.initializers[p] for p in grads}
+    lr_dtype = optimizers.lr_dtype(v.dtype for v in param_values.values())
     step_outputs = [Output(LOSS, "loss"),
-                    *_append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, held),
+                    *_append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, held, lr_dtype),
                     *(Output(_expose(step.graph, value, f"{stat}.next", like=step.graph.initializers[stat]), "state",
                              stat) for stat, value in bn_next.items()),
                     # the training-mode prediction the loss reads: the Trainer's train metrics
@@ -156,7 +157,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     roles = {key: ({v.name: role_of_input[v.name] for v in m.graph.inputs}, {o.name: o.role for o in outputs[key]})
              for key, m in graphs.items()}
     feeds = {o.name: o.feeds for o in step_outputs if o.feeds is not None}
-    state = _initial_state(gradients.graph, params, bn_stats, slots, optimizer)
+    state = _initial_state(gradients.graph, params, bn_stats, slots, optimizer, lr_dtype)
     return Built(graphs, roles, feeds, params, frozen_all, constants, state, model_outputs, opset, groups, slots,
                  orders)
 
@@ -364,11 +365,12 @@ def _loss_inputs(graph: ir.Graph) -> set[ir.Value]:
 
 
 def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups: Sequence[flat.Group],
-                 no_decay: Sequence[str] = ()) -> ir.Model:
+                 no_decay: Sequence[str] = (), lr_dtype: ir.DataType | None = None) -> ir.Model:
     """The optimizer update of train_step as a graph of its own: inputs the ``params`` (typed
     values named as the params), ``<param>_grad`` for each, the optimizer state (per ``groups``
-    buffer, or per param without), ``step`` and ``lr``; outputs ``<param>.next``, the state's
-    ``.next`` and ``step.next``, as train_step computes them."""
+    buffer, or per param without), ``step`` and ``lr`` (train_step's ``lr_dtype``, by default
+    ``optimizers.lr_dtype`` of the params'); outputs ``<param>.next``, the state's ``.next`` and
+    ``step.next``, as train_step computes them."""
     graph = ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="update")
     values, grads = {}, {}
     for p in params:
@@ -377,7 +379,8 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
         graph.inputs.extend((values[p.name], grads[p.name]))
     decays = _decays(list(values), no_decay)
     slots = optimizers.state_slots(optimizer)
-    outputs = _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups))
+    outputs = _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups),
+                                lr_dtype or optimizers.lr_dtype(p.dtype for p in params))
     _set_outputs(graph, [o for o in outputs if o.role != GRAD_NORM])  # a replica carries every output it gets
     broadcasts.rank_scalars(graph, opset)
     model = ir.Model(graph, ir_version=10)
@@ -385,12 +388,12 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
     return model
 
 
-def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups) -> list[Output]:
-    """Optimizer inputs (state, step, lr) and update nodes for ``params`` (name -> value),
-    per flat buffer of ``groups`` or, with none, per param; returns the ``.next`` outputs."""
+def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups, lr_dtype) -> list[Output]:
+    """Optimizer inputs (state, step, lr of ``lr_dtype``) and update nodes for ``params`` (name ->
+    value), per flat buffer of ``groups`` or, with none, per param; returns the ``.next`` outputs."""
     b = Emitter(graph, opset, "optim")
     step = _input_with_default(graph, STEP, np.array(0, dtype=np.int64))
-    lr = _input_with_default(graph, LR, np.array(hyper["lr"], dtype=np.float32))
+    lr = _input_with_default(graph, LR, np.array(hyper["lr"], dtype=lr_dtype.numpy()))
     t = b.op("Add", step, b.const(1, np.int64))
     ctx = optimizers.StepContext(b, lr, t)
     groups_by_name = {g.name: g for g in groups}
@@ -479,15 +482,11 @@ def _by_name(graph: ir.Graph, name: str) -> ir.Value:
     raise KeyError(name)
 
 
-def _initial_state(graph, params, bn_stats, slots, hyper) -> dict[str, np.ndarray]:
-    state = {}
-    for n in [*params, *bn_stats]:
-        state[n] = np.array(graph.initializers[n].const_value.numpy())
-    for p in params:
-        for s in slots:
-            state[f"{p}.{s}"] = np.zeros_like(state[p])
+def _initial_state(graph, params, bn_stats, slots, hyper, lr_dtype: ir.DataType) -> dict[str, np.ndarray]:
+    state = {n: np.array(graph.initializers[n].const_value.numpy()) for n in [*params, *bn_stats]}
+    state.update({f"{p}.{s}": np.zeros_like(state[p]) for p in params for s in slots})
     state[STEP] = np.array(0, dtype=np.int64)
-    state[LR] = np.array(hyper["lr"], dtype=np.float32)
+    state[LR] = np.array(hyper["lr"], dtype=lr_dtype.numpy())
     return state
 
 

@@ -18,6 +18,7 @@ Each function matches ``torch.optim`` (single-tensor, non-capturable path) step 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,10 +69,18 @@ def first_moments_as_sums(tensors: dict[str, np.ndarray], optimizer: dict, wante
     return out
 
 
+def lr_dtype(param_dtypes: Iterable[ir.DataType]) -> ir.DataType:
+    """The dtype of the ``lr`` input for params of ``param_dtypes``: float64 where one is float64
+    (torch.optim's lr is a Python float; a float32 lr stepped float64 params by float32(0.01),
+    2e-8 relative off 0.01), else float32, which float32, float16 and bfloat16 params have
+    always had (their graphs unchanged)."""
+    return ir.DataType.DOUBLE if ir.DataType.DOUBLE in set(param_dtypes) else ir.DataType.FLOAT
+
+
 @dataclass
 class StepContext:
-    """Values shared by every param's update: lr (float32 scalar), the step number ``t`` after
-    this step (int64 scalar), and per-dtype casts of both, computed once."""
+    """Values shared by every param's update: lr (a float32 or float64 scalar, ``lr_dtype``), the
+    step number ``t`` after this step (int64 scalar), and per-dtype casts of both, computed once."""
 
     b: Emitter
     lr: ir.Value
