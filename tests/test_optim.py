@@ -59,7 +59,8 @@ def torch_state(spec, state: dict) -> dict:
 
 
 def update_model(spec, dtype=ir.DataType.FLOAT, averages=False) -> gc.Model:
-    """Inputs p, g, state slots, step (int64), lr (float32); outputs p.next, <slot>.next, step.next.
+    """Inputs p, g, state slots, step (int64), lr (``optimizers.lr_dtype``: float64 for float64
+    params, else float32); outputs p.next, <slot>.next, step.next.
     ``averages``: Adam's first moment as format 3 artifacts keep it (PyTorch's average)."""
     hyper = {**spec.model_dump(), **({"first_moment": "average"} if averages else {})}
     slots = optimizers.state_slots(hyper)
@@ -69,7 +70,7 @@ def update_model(spec, dtype=ir.DataType.FLOAT, averages=False) -> gc.Model:
 
     p, g = value("p"), value("g")
     state = {s: value(s) for s in slots}
-    step, lr = value("step", ir.DataType.INT64, ()), value("lr", ir.DataType.FLOAT, ())
+    step, lr = value("step", ir.DataType.INT64, ()), value("lr", optimizers.lr_dtype([dtype]), ())
     graph = ir.Graph([p, g, *state.values(), step, lr], [], nodes=[], opset_imports={"": 21}, name="upd")
     b = Emitter(graph, 21)
     t = b.op("Add", step, b.const(1, np.int64), name="step.next")
@@ -91,7 +92,8 @@ def run_steps(spec, backend, grads, p0, dtype=np.float32, averages=False):
     p, state, step = p0.astype(dtype), {s: np.zeros(SHAPE, dtype) for s in slots}, np.array(0, np.int64)
     history = []
     for g in grads:
-        out = session.run({"p": p, "g": g.astype(dtype), **state, "step": step, "lr": np.array(spec.lr, np.float32)})
+        lr = np.array(spec.lr, np.float64 if np.dtype(dtype) == np.float64 else np.float32)
+        out = session.run({"p": p, "g": g.astype(dtype), **state, "step": step, "lr": lr})
         p, step = out["p.next"], out["step.next"]
         state = {s: out[f"{s}.next"] for s in slots}
         history.append((p, torch_state(spec, state)))
@@ -133,10 +135,10 @@ def test_update_matches_torch_optim(spec):
     for t, (g, (p_graph, state_graph)) in enumerate(zip(grads, got), start=1):
         param.grad = torch.from_numpy(g.copy())
         opt.step()
-        # lr travels as a float32 input, so float64 updates agree to float32 precision of lr.
-        np.testing.assert_allclose(p_graph, param.detach().numpy(), rtol=1e-6, atol=1e-7, err_msg=f"step {t}")
+        # lr is a float64 input for float64 params: the updates agree to float64 rounding
+        np.testing.assert_allclose(p_graph, param.detach().numpy(), rtol=1e-15, atol=1e-16, err_msg=f"step {t}")
         for slot, value in state_graph.items():
-            np.testing.assert_allclose(value, opt.state[param][slot].numpy(), rtol=1e-6, atol=1e-7,
+            np.testing.assert_allclose(value, opt.state[param][slot].numpy(), rtol=1e-14, atol=1e-16,
                                        err_msg=f"step {t} {slot}")
 
 

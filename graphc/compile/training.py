@@ -15,7 +15,8 @@ guess from names):
   ``.exp_avg_sq`` for Adam/AdamW: the first moment as an exponentially weighted sum, PyTorch's
   ``exp_avg`` over ``1 - beta1``, which format 3 and before kept; the second as PyTorch keeps
   it), the step counter ``step`` (int64 scalar), BatchNorm running
-  statistics (role state) and ``lr`` (float scalar, role hyper, default the spec's lr). Outputs
+  statistics (role state) and ``lr`` (role hyper, default the spec's lr: a float64 scalar where a
+  trainable param is float64, else float32, ``passes/training/optimizers.lr_dtype``). Outputs
   ``loss``, ``X.next`` for every param/state input ``X`` (``manifest.feeds`` maps
   ``X.next -> X``) and, where the loss has a label, the model output the loss reads, as the
   training-mode forward computed it (role ``prediction``; ``gc.Trainer`` computes the train
@@ -603,7 +604,8 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
 def update_model(manifest: Manifest) -> Model:
     """The optimizer update of ``manifest``'s train_step as a model of its own (see
     ``passes.training.artifacts.update_graph``), built from the manifest alone: artifacts saved
-    before it existed get it too."""
+    before it existed get it too, and its ``lr`` has train_step's dtype (float32 where artifacts
+    of float64 params were saved before their lr became float64)."""
     from graphc.passes.training import artifacts, flat
 
     manifest = manifest.in_model_order()
@@ -615,8 +617,9 @@ def update_model(manifest: Manifest) -> Model:
     opt = manifest.optimizer
     if manifest.format in AVERAGED_FIRST_MOMENT:  # Adam's state as those artifacts keep it
         opt = {**opt, "first_moment": "average"}
+    lr = next(e for e in manifest.graphs["train_step"].inputs if e.name == artifacts.LR)
     return Model(artifacts.update_graph(manifest.opset, opt, params, groups,
-                                        () if groups else opt.get("no_decay") or ()))
+                                        () if groups else opt.get("no_decay") or (), ir.DataType(to_onnx(lr.dtype))))
 
 
 def capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:
