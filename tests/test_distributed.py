@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,6 +116,24 @@ def test_two_workers_keep_a_float64_models_loss_in_float64(ray_cluster):
     dp, single = gc.Trainer(arts, **{**WORKER, "backend": "numpy"}), gc.Trainer(arts, backend="numpy")
     assert dp.predict(batch)["loss"].dtype == np.float64
     assert dp.evaluate(batch)["loss"] == pytest.approx(single.evaluate(batch)["loss"], rel=1e-14)
+    dp.shutdown()
+
+
+@pytest.mark.parametrize("folder", ["float64_lr32/artifacts", None], ids=["saved-with-float32-lr", "today"])
+def test_two_workers_train_float64_params_as_one_process_whatever_their_lr_dtype(ray_cluster, folder):
+    """The replicas' update takes the lr as train_step declares it: float64 for float64 params
+    today, float32 in artifacts saved before (``tests/data/float64_lr32``), set between steps too."""
+    import float64_models
+
+    arts = gc.training.load(Path(__file__).parent / "data" / folder) if folder else gc.training.generate(
+        float64_models.mlp(), gc.losses.mse("out", label="y"), gc.optim.AdamW(0.01, weight_decay=0.1))
+    dp, single = gc.Trainer(arts, **WORKER), gc.Trainer(arts, backend="ort-cpu")  # ort checks dtypes
+    for i, batch in enumerate(float64_models.mlp_batches(4)):
+        if i == 2:
+            dp.lr = single.lr = 0.005
+        assert dp.step(batch) == pytest.approx(single.step(batch), rel=1e-12)
+    assert dp.state_dict()["lr"].dtype == np.dtype("float32" if folder else "float64")
+    _close(dp.params, single.params, rtol=1e-12, atol=1e-14)
     dp.shutdown()
 
 

@@ -37,8 +37,8 @@ from graphc.fileio import OutsideFolder, atomic_write, confined, fsync_dir, remo
 from graphc.tensorfile import DTYPES, read_header, read_tensors
 
 __all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "LoaderState", "artifacts_dir",
-           "batch_weighted", "check_owner", "check_writable", "find_artifacts", "load", "mismatch", "read_meta",
-           "read_tensor_table", "resolve", "save", "save_artifacts_beside", "trained_from"]
+           "batch_weighted", "check_owner", "check_writable", "find_artifacts", "hypers_as_declared", "load", "mismatch",
+           "read_meta", "read_tensor_table", "resolve", "save", "save_artifacts_beside", "trained_from"]
 
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
@@ -275,21 +275,35 @@ def _tensor_table(header: dict) -> dict[str, tuple[str, list[int]]]:
             for name, info in header.items() if isinstance(info, dict) and isinstance(info.get("shape"), list)}
 
 
+# the float dtypes a hyper-parameter (lr) may be saved in: float32, or float64 where the graphs
+# train a float64 param (before that, float32 there too); either resumes, as the graphs declare it
+HYPER_DTYPES = ("float32", "float64")
+
+
 def mismatch(expected: Mapping[str, Any], have: Mapping[str, tuple[str, list]],
              roles: Mapping[str, str] = {}) -> Optional[str]:
     """Why tensors ``have`` (name -> (dtype name, shape); ``roles`` name -> role where known) do
     not fit the carried manifest entries ``expected`` (name -> ``TensorEntry``): the first missing
-    or differently typed one, else the first one they lack; None if they fit."""
+    or differently typed one (a hyper-parameter of either ``HYPER_DTYPES`` fits), else the first
+    one they lack; None if they fit."""
     for name, entry in expected.items():
         if name not in have:
             return f"has no {entry.role} {name!r}"
         dtype, shape = have[name]
         fixed = entry.shape is not None and all(isinstance(d, int) for d in entry.shape)
-        if dtype != entry.dtype or (fixed and list(shape) != list(entry.shape)):
+        retyped = entry.role == "hyper" and {dtype, entry.dtype} <= set(HYPER_DTYPES)
+        if (dtype != entry.dtype and not retyped) or (fixed and list(shape) != list(entry.shape)):
             return (f"holds {entry.role} {name!r} as {dtype}{list(shape)}, the training graphs "
                     f"expect {entry.dtype}{entry.shape}")
     return next((f"has {roles.get(name, 'tensor')} {name!r}, which these training graphs lack"
                  for name in have if name not in expected), None)
+
+
+def hypers_as_declared(tensors: Mapping[str, np.ndarray], expected: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The hyper-parameters of ``tensors`` that ``mismatch`` let through in the other of
+    ``HYPER_DTYPES``, cast to the dtype their manifest entry in ``expected`` declares."""
+    return {name: np.asarray(tensors[name]).astype(entry.dtype) for name, entry in expected.items()
+            if entry.role == "hyper" and name in tensors and np.asarray(tensors[name]).dtype.name != entry.dtype}
 
 
 def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:

@@ -317,6 +317,10 @@ class Trainer:
 
             where = self.artifacts_path / STATE_FILE if self.artifacts_path else "the artifacts' state"
             raise ArtifactsError(f"{where} {problem}; it is not these training graphs' state")
+        retyped = ckpt.hypers_as_declared(tensors, self._expected)  # an lr saved as float32 for float64 graphs
+        if retyped:
+            tensors = tensors if consume else dict(tensors)
+            tensors.update(retyped)
         return self.manifest.pack(tensors, consume=consume)
 
     def _reset_state(self, tensors: Mapping[str, np.ndarray], consume: bool = False) -> None:
