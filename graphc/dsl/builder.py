@@ -142,6 +142,9 @@ class Builder:
         self.buffers: list[str] = []
         # id(Tensor) -> (the Tensor, its Module, its initializer) for each buffer of the captured Module read
         self.buffer_tensors: dict[int, tuple[Any, Any, ir.Value]] = {}
+        # (id(Module), name) -> what the Module's last call computed of a value computed once per call
+        # (``Module.register_computed(..., per_call=True)``: torch's weight_norm/spectral_norm hooks)
+        self.called_values: dict[tuple[int, str], Any] = {}
         self._no_grad: dict[int, ir.Value | None] | None = None  # in gc.no_grad: id(value) -> its detached copy
         self.module_path: list[str] = []
         self.rng = np.random.default_rng(seed)

@@ -117,7 +117,9 @@ class Module:
         if "_modules" in d and name in d["_modules"]:
             return d["_modules"][name]
         if name in d.get("_computed", {}):
-            return d["_computed"][name](self)
+            builder = active()
+            called = None if builder is None else builder.called_values.get((id(self), name))
+            return d["_computed"][name](self) if called is None else called
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __delattr__(self, name: str) -> None:
@@ -132,15 +134,21 @@ class Module:
     def register_buffer(self, name: str, value: Any) -> None:
         self.__setattr__(name, Parameter(value, buffer=True))
 
-    def register_computed(self, name: str, compute: Any) -> None:
+    def register_computed(self, name: str, compute: Any, per_call: bool = False) -> None:
         """Make ``self.<name>`` read ``compute(self)`` (``compute=None``: forget it): a weight made
-        from other parameters each time it is read, as torch's weight_norm/spectral_norm hooks and
-        parametrizations make it before each forward."""
+        from other parameters each time it is read, as torch's parametrizations make it.
+        ``per_call``: computed once per call of this module in a capture, before ``forward``, and
+        read as that value until the next call, as torch's weight_norm/spectral_norm hooks set it
+        in a forward pre-hook (a training-mode spectral norm's power iteration runs once per call
+        however often forward reads the weight); read before any call, computed as without."""
         computed = self.__dict__.setdefault("_computed", {})
-        if compute is None:
-            computed.pop(name, None)
-        else:
+        per_call_names = self.__dict__.setdefault("_per_call", set())
+        computed.pop(name, None)
+        per_call_names.discard(name)
+        if compute is not None:
             computed[name] = compute
+            if per_call:
+                per_call_names.add(name)
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
         self.__setattr__(name, param)
@@ -262,6 +270,8 @@ class Module:
         if builder is None:
             raise CaptureError(f"{type(self).__name__} can only be called inside gc.capture(...)")
         with builder.in_module(self.__dict__.get("_path")):
+            for name in sorted(self.__dict__.get("_per_call", ())):  # torch's forward pre-hooks
+                builder.called_values[id(self), name] = self.__dict__["_computed"][name](self)
             return self.forward(*args, **kwargs)
 
     def extra_repr(self) -> str:

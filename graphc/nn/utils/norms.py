@@ -1,8 +1,9 @@
 """``gc.nn.utils.weight_norm``/``spectral_norm`` and their ``remove_*``: torch's hook forms, with its
 parameter and buffer names (``weight_g``, ``weight_v``; ``weight_orig``, ``weight_u``, ``weight_v``),
-so torch checkpoints load. The weight is computed from them each time ``forward`` reads it
-(``Module.register_computed``): captured, as ONNX ops autodiff differentiates; outside a capture, in numpy.
-A training-mode capture updates spectral norm's ``u`` and ``v`` by the power iteration, as torch's forward.
+so torch checkpoints load. The weight is computed from them once per call of the module, before its
+``forward``, as torch's pre-hook (``Module.register_computed(..., per_call=True)``): captured, as ONNX
+ops autodiff differentiates; outside a capture, in numpy, each time it is read. A training-mode capture
+updates spectral norm's ``u`` and ``v`` by the power iteration, once per call, as torch's forward.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def weight_norm(module: Module, name: str = "weight", dim: int | None = 0) -> Mo
     v = weight_value(weight)
     setattr(module, f"{name}_g", param_like(norm_except_dim(v, dim), weight))
     setattr(module, f"{name}_v", param_like(v, weight))
-    module.register_computed(name, lambda m: normed_weight(read(m, f"{name}_g"), read(m, f"{name}_v"), dim))
+    module.register_computed(name, lambda m: normed_weight(read(m, f"{name}_g"), read(m, f"{name}_v"), dim),
+                             per_call=True)
     module.__dict__.setdefault("_norms", {})[name] = ("weight_norm", dim)
     return module
 
@@ -164,8 +166,8 @@ def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int 
                   dim: int | None = None) -> Module:
     """``torch.nn.utils.spectral_norm``: ``name`` becomes ``name_orig / sigma``, ``sigma`` from the
     buffers ``name_u``, ``name_v``, which a training-mode capture updates by ``n_power_iterations``
-    steps of the power iteration each time the weight is read (``spectral_weight``; torch: once per
-    forward, and layers read their weight once). ``n_power_iterations`` must be positive, as torch's."""
+    steps of the power iteration once per call of ``module`` (``spectral_weight``), however often its
+    forward reads the weight, as torch's pre-hook. ``n_power_iterations`` must be positive, as torch's."""
     if n_power_iterations <= 0:
         raise CaptureError(f"spectral_norm: n_power_iterations must be positive, got {n_power_iterations} "
                            f"(at {user_source()})")
@@ -176,7 +178,8 @@ def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int 
     setattr(module, f"{name}_u", param_like(u, weight, buffer=True))
     setattr(module, f"{name}_v", param_like(v, weight, buffer=True))
     module.register_computed(name, lambda m: spectral_weight(
-        m, *(read(m, f"{name}{s}") for s in ("_orig", "_u", "_v")), dim, (n_power_iterations, eps, False)))
+        m, *(read(m, f"{name}{s}") for s in ("_orig", "_u", "_v")), dim, (n_power_iterations, eps, False)),
+        per_call=True)
     module.__dict__.setdefault("_norms", {})[name] = ("spectral_norm", dim)
     return module
 

@@ -1,7 +1,9 @@
 """``gc.nn.utils.parametrizations``: torch's parametrization forms of weight and spectral norm, with
 its ``state_dict`` keys (``parametrizations.weight.original0``/``original1``;
 ``parametrizations.weight.original`` and ``parametrizations.weight.0._u``/``_v``), so torch
-checkpoints load. ``module.<name>`` is computed from them each time it is read."""
+checkpoints load. ``module.<name>`` is computed from them each time it is read, as torch's
+parametrizations outside ``parametrize.cached()``: a training-mode spectral norm's power iteration
+runs at each read (the hook form, ``norms``, runs it once per call of the module)."""
 
 from __future__ import annotations
 
