@@ -20,7 +20,7 @@ except ImportError:  # tests/ collected as a package
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
-LR = 2.0 ** -7  # exact in float32: train_step takes lr as a float32 input, also for float64 params
+LR = 2.0 ** -7  # exact in float32, the lr input of float32 models
 
 
 def _trains_like_torch(model: gc.Model, loss, twin, torch_loss, batches: list[dict], tmp_path,

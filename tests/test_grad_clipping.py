@@ -25,7 +25,7 @@ except ImportError:  # tests/ collected as a package
     from tests.torch_grad_util import assert_step_matches_torch
 
 STEPS = 5
-# rates exact in float32 (lr travels as a float32 input)
+# rates exact in float32 (the lr input of float32 params; float64 params take a float64 lr)
 SPECS = {
     "sgd-nesterov": gc.optim.SGD(0.125, momentum=0.5, nesterov=True, weight_decay=0.0625, max_grad_norm=1.0),
     "adam": gc.optim.Adam(2 ** -6, weight_decay=0.03125, max_grad_norm=1.0),

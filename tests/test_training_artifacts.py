@@ -475,7 +475,7 @@ def test_float64_model():
         v.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
     del proto.graph.value_info[:]
     arts = gc.training.generate(gc.load(proto), gc.losses.cross_entropy("logits", label="y"), gc.optim.AdamW(0.01))
-    assert arts.state["fc1.weight"].dtype == np.float64 and arts.state["lr"].dtype == np.float32
+    assert arts.state["fc1.weight"].dtype == np.float64 and arts.state["lr"].dtype == np.float64  # lr as torch's
     batch = _classification_batch(8)
     batch["x"] = batch["x"].astype(np.float64)
     losses, state = train(arts, batch, 5, backend="numpy")
