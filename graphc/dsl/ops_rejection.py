@@ -4,7 +4,8 @@ sequential search below rate 10, Hörmann's PTRS transformed rejection from 10 o
 Each is an ONNX ``Loop`` whose body draws fresh uniforms/normals for every element (``RandomUniformLike``/
 ``RandomNormalLike``: onnxruntime's kernel keeps one generator per node, so each iteration draws anew; the numpy
 backend draws from the Session's generator), keeps the newly accepted values (``Where``) and stops once every element
-is accepted (the Loop's ``cond``). The work is float64; the result is cast to the input's dtype and detached."""
+is accepted (the Loop's ``cond``). The work is float64; the result is cast to the input's dtype and detached.
+``gc._standard_gamma`` adds torch's implicit gradient to its draws (``graphc.dsl.ops_gamma_grad``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from graphc.dsl import control
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.ops import cast, constant, detach, emit, exp, lift, log, maximum, sqrt, where
 from graphc.dsl.ops import abs as abs_
+from graphc.dsl.ops_gamma_grad import _standard_gamma_grad, implicit_term
 from graphc.dsl.ops_math import any as any_
 from graphc.dsl.ops_math import floor
 from graphc.dsl.ops_sample import rand_like, randn_like
@@ -82,10 +84,10 @@ def _marsaglia_tsang(alpha: Tensor) -> Tensor:
     return until_accepted(step, (alpha * 0.0, alpha < 0.0))[0]  # alpha < 0.0: all False, alpha's shape
 
 
-def standard_gamma(alpha: Any) -> Tensor:
-    """Gamma(alpha, 1) draws of ``alpha``'s shape and dtype (``alpha > 0``; not checked at run time):
-    Marsaglia-Tsang on ``alpha``, or for ``alpha < 1`` on ``alpha + 1`` times ``u^(1/alpha)``; at least the dtype's
-    smallest normal number, as torch's. No gradient flows (torch's has an implicit reparameterisation one)."""
+def gamma_draws(alpha: Any) -> Tensor:
+    """Gamma(alpha, 1) draws of ``alpha``'s shape and dtype (``alpha > 0``; not checked at run time), without
+    gradient: Marsaglia-Tsang on ``alpha``, or for ``alpha < 1`` on ``alpha + 1`` times ``u^(1/alpha)``; at least the
+    dtype's smallest normal number, as torch's."""
     a = _float_input("_standard_gamma", alpha, "alpha")
     a64 = detach(cast(a, "float64") if a.dtype != "float64" else a)
     small = a64 < 1.0
@@ -94,6 +96,14 @@ def standard_gamma(alpha: Any) -> Tensor:
     tiny = float(np.finfo(to_numpy(a.dtype)).tiny)
     x = maximum(where(small, g * boost, g), tiny)
     return cast(x, a.dtype) if a.dtype != "float64" else x
+
+
+def standard_gamma(alpha: Any) -> Tensor:
+    """``gamma_draws(alpha)`` differentiated as torch's: the value is the exact draw ``x``, and ``d x / d alpha`` is
+    ``gc._standard_gamma_grad(alpha, x)`` (the implicit reparameterisation gradient of the Gamma cdf)."""
+    a = _float_input("_standard_gamma", alpha, "alpha")
+    x = gamma_draws(a)
+    return x + implicit_term(a, _standard_gamma_grad(a, x))
 
 
 _standard_gamma = standard_gamma  # torch's name
@@ -151,4 +161,4 @@ def poisson(input: Any, generator: Any = None) -> Tensor:  # noqa: A002 - torch'
     return cast(k, r.dtype) if r.dtype != "float64" else k
 
 
-__all__ = ["MAX_TRIES", "_standard_gamma", "poisson", "standard_gamma", "until_accepted"]
+__all__ = ["MAX_TRIES", "_standard_gamma", "gamma_draws", "poisson", "standard_gamma", "until_accepted"]

@@ -20,7 +20,7 @@ from graphc.dsl.ops_binary import xlogy
 from graphc.dsl.ops_elementwise import log1p
 from graphc.dsl.ops_layers import logsigmoid
 from graphc.dsl.ops_math import floor
-from graphc.dsl.ops_rejection import poisson, standard_gamma
+from graphc.dsl.ops_rejection import gamma_draws, poisson
 from graphc.dsl.ops_reshape import unsqueeze
 from graphc.dsl.ops_sample import rand_like
 from graphc.dsl.ops_special import lgamma
@@ -172,8 +172,8 @@ class NegativeBinomial(Distribution):
     def sample(self, sample_shape: Any = ()) -> Tensor:
         """``poisson(Gamma(total_count, exp(-logits)))``, as torch's: Gamma draws at least the dtype's smallest
         normal number."""
-        g = standard_gamma(self._expanded(self.total_count, sample_shape)) * self._expanded(exp(self.logits),
-                                                                                            sample_shape)
+        g = gamma_draws(self._expanded(self.total_count, sample_shape)) * self._expanded(exp(self.logits),
+                                                                                         sample_shape)
         return poisson(maximum(g, float(np.finfo(to_numpy(g.dtype)).tiny)))
 
     def log_prob(self, value: Any) -> Tensor:

@@ -1,11 +1,14 @@
 """torch.distributions' families of the Gamma function: ``Gamma``, ``Chi2``, ``Beta``, ``Dirichlet``,
 ``StudentT`` and ``VonMises``, with torch's formulas (``gc.lgamma``/``gc.digamma``/``gc.xlogy``). ``sample`` draws
-by rejection (Marsaglia-Tsang Gamma draws, ``graphc.dsl.ops_rejection``); ``rsample`` refuses, as graphc does not
-build torch's implicit reparameterisation gradient."""
+by rejection (Marsaglia-Tsang Gamma draws, ``graphc.dsl.ops_rejection``); ``rsample`` draws the same and
+differentiates them implicitly, as torch's: Gamma draws by ``gc._standard_gamma``'s gradient, Dirichlet (and Beta,
+its first component) draws by ``gc._dirichlet_grad`` (``graphc.dsl.ops_gamma_grad``). VonMises has no ``rsample``,
+as torch's."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from graphc.dsl.distributions.base import (NONNEGATIVE, POSITIVE, REAL, SIMPLEX, UNIT_INTERVAL, Distribution, check,
@@ -15,30 +18,29 @@ from graphc.dsl.ops import sum as sum_
 from graphc.dsl.ops_array import argmax, cos, full_like, one_hot
 from graphc.dsl.ops_binary import xlogy
 from graphc.dsl.ops_elementwise import acos, log1p
+from graphc.dsl.ops_gamma_grad import _dirichlet_grad, implicit_term
 from graphc.dsl.ops_math import all as all_
 from graphc.dsl.ops_math import any as any_
 from graphc.dsl.ops_math import floor
-from graphc.dsl.ops_rejection import standard_gamma, until_accepted
+from graphc.dsl.ops_rejection import gamma_draws, standard_gamma, until_accepted
 from graphc.dsl.ops_reshape import unsqueeze
 from graphc.dsl.ops_sample import rand_like, randn_like
 from graphc.dsl.ops_special import digamma, i0e, i1e, igamma, lgamma
 from graphc.dsl.tensor import Tensor
 
 
-class _Rejected(Distribution):
-    """A family drawn from Gamma draws (rejection sampling): ``sample`` only."""
+class _GammaDrawn(Distribution):
+    """A family drawn from Gamma draws (rejection sampling), reparameterised as torch's."""
 
-    def rsample(self, sample_shape: Any = ()) -> Tensor:
-        raise fail(self._name(), [], "has no rsample in graphc: torch's differentiates its rejection-sampled Gamma "
-                                     "draws implicitly (through the Gamma cdf's derivative in the concentration), "
-                                     "which graphc does not build; use sample() (no gradient)")
+    has_rsample = True
 
-    def _gammas(self, concentration: Tensor, sample_shape: Any) -> Tensor:
-        """Gamma(concentration, 1) draws of ``sample_shape`` + ``concentration``'s shape."""
-        return standard_gamma(self._expanded(concentration, sample_shape))
+    def _gammas(self, concentration: Tensor, sample_shape: Any, draw: Callable[[Tensor], Tensor]) -> Tensor:
+        """Gamma(concentration, 1) draws of ``sample_shape`` + ``concentration``'s shape by ``draw``
+        (``gamma_draws``, or ``standard_gamma`` to differentiate them)."""
+        return draw(self._expanded(concentration, sample_shape))
 
 
-class Gamma(_Rejected):
+class Gamma(_GammaDrawn):
     """``torch.distributions.Gamma(concentration, rate)``; ``cdf`` is ``gc.igamma``."""
 
     support = NONNEGATIVE
@@ -55,10 +57,17 @@ class Gamma(_Rejected):
     mode = property(lambda self: clip((self.concentration - 1.0) / self.rate, 0.0))
     variance = property(lambda self: self.concentration / (self.rate * self.rate))
 
+    def _draw(self, sample_shape: Any, draw: Callable[[Tensor], Tensor]) -> Tensor:
+        """``standard_gamma(concentration) / rate``, at least the dtype's smallest normal number (a floor the
+        gradient passes through), as torch's."""
+        x = self._gammas(self.concentration, sample_shape, draw) / self._expanded(self.rate, sample_shape)
+        return x - detach(x) + detach(maximum(x, float(finfo(x).tiny)))
+
     def sample(self, sample_shape: Any = ()) -> Tensor:
-        """``standard_gamma(concentration) / rate``, at least the dtype's smallest normal number, as torch's."""
-        x = self._gammas(self.concentration, sample_shape) / self._expanded(self.rate, sample_shape)
-        return maximum(x, float(finfo(x).tiny))
+        return detach(self._draw(sample_shape, gamma_draws))
+
+    def rsample(self, sample_shape: Any = ()) -> Tensor:
+        return self._draw(sample_shape, standard_gamma)
 
     def log_prob(self, value: Any) -> Tensor:
         v, c = self._value(value, self.rate), self.concentration
@@ -84,7 +93,7 @@ class Chi2(Gamma):
     df = property(lambda self: self.concentration * 2.0)
 
 
-class Dirichlet(_Rejected):
+class Dirichlet(_GammaDrawn):
     """``torch.distributions.Dirichlet(concentration)`` over the last dim (event shape ``(K,)``)."""
 
     support = SIMPLEX
@@ -118,9 +127,17 @@ class Dirichlet(_Rejected):
 
     def sample(self, sample_shape: Any = ()) -> Tensor:
         """Float64 Gamma draws normalised over the last dim, at least the dtype's smallest normal number, as torch's."""
-        g = self._gammas(cast(self.concentration, "float64"), sample_shape)
+        g = self._gammas(cast(self.concentration, "float64"), sample_shape, gamma_draws)
         x = maximum(g / sum_(g, axis=-1, keepdims=True), float(finfo(self.concentration).tiny))
         return cast(x, self.concentration.dtype)
+
+    def rsample(self, sample_shape: Any = ()) -> Tensor:
+        """``sample``'s draws ``x``, whose vector-Jacobian product with ``dy`` is torch's: ``d_i (dy_i - sum_k x_k
+        dy_k)``, ``d = gc._dirichlet_grad(x, concentration, its sum)``."""
+        x = self.sample(sample_shape)
+        c = self._expanded(self.concentration, sample_shape)
+        t = implicit_term(c, _dirichlet_grad(x, c, sum_(c, axis=-1, keepdims=True)))
+        return x + t - x * sum_(t, axis=-1, keepdims=True)
 
     def log_prob(self, value: Any) -> Tensor:
         v, c = self._value(value, self.concentration), self.concentration
@@ -133,7 +150,7 @@ class Dirichlet(_Rejected):
                 - sum_((c - 1.0) * digamma(c), axis=-1))
 
 
-class Beta(_Rejected):
+class Beta(_GammaDrawn):
     """``torch.distributions.Beta(concentration1, concentration0)``: a Dirichlet of ``(x, 1 - x)``."""
 
     support = UNIT_INTERVAL
@@ -154,6 +171,9 @@ class Beta(_Rejected):
         """``X / (X + Y)`` of Gamma draws: the Dirichlet's first component, as torch's."""
         return self._dirichlet.sample(sample_shape)[..., 0]
 
+    def rsample(self, sample_shape: Any = ()) -> Tensor:
+        return self._dirichlet.rsample(sample_shape)[..., 0]
+
     @property
     def variance(self) -> Tensor:
         total = self.concentration1 + self.concentration0
@@ -167,7 +187,7 @@ class Beta(_Rejected):
         return self._dirichlet.entropy()
 
 
-class StudentT(_Rejected):
+class StudentT(_GammaDrawn):
     """``torch.distributions.StudentT(df, loc=0.0, scale=1.0)``: mean nan for ``df <= 1``, variance inf
     for ``1 < df <= 2`` and nan for ``df <= 1``, as torch's."""
 
@@ -183,13 +203,20 @@ class StudentT(_Rejected):
 
     mean = property(lambda self: where(self.df <= 1.0, math.nan, self.loc))
 
-    def sample(self, sample_shape: Any = ()) -> Tensor:
+    mode = property(lambda self: self.loc)
+
+    def _draw(self, sample_shape: Any, draw: Callable[[Tensor], Tensor]) -> Tensor:
         """``loc + scale z / sqrt(chi2 / df)``: a standard normal ``z`` over a Chi2(df) draw (``2 Gamma(df / 2)``)."""
         df = self._expanded(self.df, sample_shape)
-        chi2 = self._gammas(self.df * 0.5, sample_shape) * 2.0
+        chi2 = self._gammas(self.df * 0.5, sample_shape, draw) * 2.0
         y = randn_like(df) / sqrt(chi2 / df)
-        return detach(self._expanded(self.loc, sample_shape) + self._expanded(self.scale, sample_shape) * y)
-    mode = property(lambda self: self.loc)
+        return self._expanded(self.loc, sample_shape) + self._expanded(self.scale, sample_shape) * y
+
+    def sample(self, sample_shape: Any = ()) -> Tensor:
+        return detach(self._draw(sample_shape, gamma_draws))
+
+    def rsample(self, sample_shape: Any = ()) -> Tensor:
+        return self._draw(sample_shape, standard_gamma)
 
     @property
     def variance(self) -> Tensor:
