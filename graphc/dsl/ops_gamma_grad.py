@@ -143,7 +143,7 @@ def _standard_gamma_grad64(a: Tensor, x: Tensor) -> Tensor:
                  where(a > 8.0, _gamma_saddle(a, x), _gamma_rational(a, x)))
 
 
-def _standard_gamma_grad(alpha: Any, x: Any) -> Tensor:
+def standard_gamma_grad(alpha: Any, x: Any) -> Tensor:
     """torch's ``_standard_gamma_grad``: ``d x / d alpha`` at Gamma(alpha, 1) draws ``x`` (broadcast), in their
     dtype; no gradient flows through it."""
     a, xs = _operands("_standard_gamma_grad", alpha=alpha, x=x)
@@ -240,14 +240,15 @@ def _beta_rational(x: Tensor, a: Tensor, total: Tensor, psi_gap: Tensor) -> Tens
     return p / q * (x * psi_gap / (total - a))
 
 
-def _dirichlet_grad(x: Any, alpha: Any, total: Any) -> Tensor:
+def dirichlet_grad(x: Any, alpha: Any, total: Any) -> Tensor:
     """torch's ``_dirichlet_grad``: at Beta(alpha, total - alpha) draws ``x`` (broadcast), ``-(dF/dalpha) / pdf /
     (1 - x)``, in their dtype; no gradient flows through it."""
     xs, a, t = (detach(v) for v in _operands("_dirichlet_grad", x=x, alpha=alpha, total=total))
     b = t - a
     boundary = t * xs * (1.0 - xs)
     x64, a64, t64 = _f64(xs), _f64(a), _f64(t)
-    rest = where((a > 6.0) & (b > 6.0), _beta_mid(x64, a64, t64 - a64), _beta_rational(x64, a64, t64, _f64(_digamma_as_aten(t) - _digamma_as_aten(a))))
+    psi_gap = _f64(_digamma_as_aten(t) - _digamma_as_aten(a))  # a difference in the inputs' dtype, as aten's
+    rest = where((a > 6.0) & (b > 6.0), _beta_mid(x64, a64, t64 - a64), _beta_rational(x64, a64, t64, psi_gap))
     rest = rest if xs.dtype == "float64" else cast(rest, xs.dtype)
     return where((xs <= 0.5) & (boundary < 2.5), _beta_small_alpha(xs, a, b),
                  where((xs >= 0.5) & (boundary < 0.75), -_beta_small_beta(1.0 - xs, b, a), rest))
@@ -260,4 +261,6 @@ def implicit_term(wrt: Tensor, slope: Tensor) -> Tensor:
     return finite * (wrt - detach(wrt))
 
 
-__all__ = ["_dirichlet_grad", "_standard_gamma_grad", "implicit_term"]
+_standard_gamma_grad, _dirichlet_grad = standard_gamma_grad, dirichlet_grad  # torch's names
+
+__all__ = ["_dirichlet_grad", "_standard_gamma_grad", "dirichlet_grad", "implicit_term", "standard_gamma_grad"]

@@ -18,7 +18,7 @@ from graphc.dsl import control
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.ops import cast, constant, detach, emit, exp, lift, log, maximum, sqrt, where
 from graphc.dsl.ops import abs as abs_
-from graphc.dsl.ops_gamma_grad import _standard_gamma_grad, implicit_term
+from graphc.dsl.ops_gamma_grad import implicit_term, standard_gamma_grad
 from graphc.dsl.ops_math import any as any_
 from graphc.dsl.ops_math import floor
 from graphc.dsl.ops_sample import rand_like, randn_like
@@ -103,7 +103,7 @@ def standard_gamma(alpha: Any) -> Tensor:
     ``gc._standard_gamma_grad(alpha, x)`` (the implicit reparameterisation gradient of the Gamma cdf)."""
     a = _float_input("_standard_gamma", alpha, "alpha")
     x = gamma_draws(a)
-    return x + implicit_term(a, _standard_gamma_grad(a, x))
+    return x + implicit_term(a, standard_gamma_grad(a, x))
 
 
 _standard_gamma = standard_gamma  # torch's name

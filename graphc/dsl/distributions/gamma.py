@@ -18,7 +18,7 @@ from graphc.dsl.ops import sum as sum_
 from graphc.dsl.ops_array import argmax, cos, full_like, one_hot
 from graphc.dsl.ops_binary import xlogy
 from graphc.dsl.ops_elementwise import acos, log1p
-from graphc.dsl.ops_gamma_grad import _dirichlet_grad, implicit_term
+from graphc.dsl.ops_gamma_grad import dirichlet_grad, implicit_term
 from graphc.dsl.ops_math import all as all_
 from graphc.dsl.ops_math import any as any_
 from graphc.dsl.ops_math import floor
@@ -136,7 +136,7 @@ class Dirichlet(_GammaDrawn):
         dy_k)``, ``d = gc._dirichlet_grad(x, concentration, its sum)``."""
         x = self.sample(sample_shape)
         c = self._expanded(self.concentration, sample_shape)
-        t = implicit_term(c, _dirichlet_grad(x, c, sum_(c, axis=-1, keepdims=True)))
+        t = implicit_term(c, dirichlet_grad(x, c, sum_(c, axis=-1, keepdims=True)))
         return x + t - x * sum_(t, axis=-1, keepdims=True)
 
     def log_prob(self, value: Any) -> Tensor:
