@@ -16,16 +16,20 @@ from graphc.dsl.distributions.counts import Binomial, Geometric, Poisson
 from graphc.dsl.distributions.discrete import Bernoulli, Categorical, OneHotCategorical, softplus
 from graphc.dsl.distributions.gamma import Beta, Dirichlet, Gamma
 from graphc.dsl.distributions.independent import Independent
+from graphc.dsl.distributions.lowrank import LowRankMultivariateNormal, lowrank_logdet, lowrank_mahalanobis, trace_xxt
 from graphc.dsl.distributions.mvn import MultivariateNormal, half_log_det, mahalanobis
 from graphc.dsl.distributions.transformed import HalfNormal, Pareto
+from graphc.dsl.distributions.transformed_distribution import TransformedDistribution
 from graphc.dsl.ops import abs as abs_
-from graphc.dsl.ops import exp, log, where
+from graphc.dsl.ops import exp, log, matmul, sqrt, where
 from graphc.dsl.ops import sum as sum_
-from graphc.dsl.ops_array import full_like
+from graphc.dsl.ops_array import full_like, rsqrt
 from graphc.dsl.ops_elementwise import log1p
+from graphc.dsl.ops_linalg import diag_embed
 from graphc.dsl.ops_reshape import unsqueeze
 from graphc.dsl.ops_solve import solve_triangular
 from graphc.dsl.ops_special import digamma, lgamma
+from graphc.dsl.ops_views import swap_last
 from graphc.dsl.tensor import Tensor
 
 _KL: dict[tuple[type, type], Callable[[Distribution, Distribution], Tensor]] = {}
@@ -215,6 +219,62 @@ def _multivariate_normal(p: MultivariateNormal, q: MultivariateNormal) -> Tensor
     term2 = sum_(z * z, axis=[-2, -1])
     term3 = mahalanobis(q.scale_tril, q.loc - p.loc)
     return half_log_det(q.scale_tril) - half_log_det(p.scale_tril) + 0.5 * (term2 + term3 - p.event_shape[0])
+
+
+def _same_events(p: Distribution, q: Distribution, what: str) -> None:
+    if p.event_shape != q.event_shape:
+        raise fail("kl_divergence", [], f"{what} of event shapes {p.event_shape} and {q.event_shape} (torch has no KL "
+                                        f"for them either)")
+
+
+def _woodbury_a(q: LowRankMultivariateNormal) -> Tensor:
+    """``C^-1 W^T D^-1`` of ``q``: ``inv(cov) = D^-1 - A^T A``."""
+    return solve_triangular(q._capacitance_tril, swap_last(q._w) / unsqueeze(q._d, -2), upper=False)
+
+
+def _lowrank_q_terms(p: Distribution, q: LowRankMultivariateNormal) -> tuple[Tensor, Tensor]:
+    """``log|cov_q|`` and the Mahalanobis term of ``q.loc - p.loc`` under ``q``."""
+    return (lowrank_logdet(q._w, q._d, q._capacitance_tril),
+            lowrank_mahalanobis(q._w, q._d, q.loc - p.loc, q._capacitance_tril))
+
+
+@_pair(LowRankMultivariateNormal)
+def _lowrank_lowrank(p: LowRankMultivariateNormal, q: LowRankMultivariateNormal) -> Tensor:
+    _same_events(p, q, "LowRankMultivariateNormals")
+    log_det_q, term3 = _lowrank_q_terms(p, q)
+    a = _woodbury_a(q)
+    term2 = (sum_(p._d / q._d, axis=-1) + trace_xxt(p._w * unsqueeze(rsqrt(q._d), -1))
+             - trace_xxt(a * unsqueeze(sqrt(p._d), -2)) - trace_xxt(matmul(a, p._w)))
+    term1 = log_det_q - lowrank_logdet(p._w, p._d, p._capacitance_tril)
+    return 0.5 * (term1 + term2 + term3 - p.event_shape[0])
+
+
+@register_kl(MultivariateNormal, LowRankMultivariateNormal)
+def _mvn_lowrank(p: MultivariateNormal, q: LowRankMultivariateNormal) -> Tensor:
+    _same_events(p, q, "a MultivariateNormal and a LowRankMultivariateNormal")
+    log_det_q, term3 = _lowrank_q_terms(p, q)
+    term2 = trace_xxt(p.scale_tril * unsqueeze(rsqrt(q._d), -1)) - trace_xxt(matmul(_woodbury_a(q), p.scale_tril))
+    return 0.5 * (log_det_q - 2.0 * half_log_det(p.scale_tril) + term2 + term3 - p.event_shape[0])
+
+
+@register_kl(LowRankMultivariateNormal, MultivariateNormal)
+def _lowrank_mvn(p: LowRankMultivariateNormal, q: MultivariateNormal) -> Tensor:
+    _same_events(p, q, "a LowRankMultivariateNormal and a MultivariateNormal")
+    term2 = (trace_xxt(solve_triangular(q.scale_tril, p._w, upper=False))
+             + trace_xxt(solve_triangular(q.scale_tril, diag_embed(sqrt(p._d)), upper=False)))
+    term1 = 2.0 * half_log_det(q.scale_tril) - lowrank_logdet(p._w, p._d, p._capacitance_tril)
+    return 0.5 * (term1 + term2 + mahalanobis(q.scale_tril, q.loc - p.loc) - p.event_shape[0])
+
+
+@_pair(TransformedDistribution)
+def _transformed(p: TransformedDistribution, q: TransformedDistribution) -> Tensor:
+    """The bases' KL, for equal transforms and event shapes (torch has no other)."""
+    if p.transforms != q.transforms:
+        raise fail("kl_divergence", [], "TransformedDistributions of different transforms (or transforms not known "
+                                        "equal: Tensor parameters must be the same Tensors or equal constants) have "
+                                        "no KL, as torch's")
+    _same_events(p, q, "TransformedDistributions")
+    return kl_divergence(p.base_dist, q.base_dist)
 
 
 @_pair(ContinuousBernoulli)
