@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from graphc.dsl.distributions import constraints
 from graphc.dsl.distributions.base import fail, sum_rightmost
 from graphc.dsl.ops import reshape
@@ -26,7 +28,7 @@ def broadcast_shape(fn: str, *shapes: tuple) -> tuple:
 
 def param_shape(p: Any) -> tuple:
     """A transform parameter's shape (a number's is ``()``)."""
-    return tuple(p.shape) if isinstance(p, Tensor) else ()
+    return tuple(p.shape) if isinstance(p, Tensor) else np.shape(p)
 
 
 class Transform:

@@ -15,19 +15,35 @@ from graphc.dsl.distributions.base import Distribution, fail, finfo, known, sum_
 from graphc.dsl.distributions.discrete import softplus
 from graphc.dsl.distributions.transform_base import Transform, broadcast_shape, param_shape
 from graphc.dsl.ops import abs as abs_
-from graphc.dsl.ops import clip, exp, log, sigmoid, tanh
+from graphc.dsl.ops import clip, constant, exp, log, sigmoid, tanh
 from graphc.dsl.ops_array import pow as pow_
 from graphc.dsl.ops_array import zeros_like
 from graphc.dsl.ops_elementwise import expm1, log1p
 from graphc.dsl.ops_math import sign
 from graphc.dsl.tensor import Tensor
+from graphc.model.dtypes import to_numpy
 
 
 def _parameter(fn: str, name: str, v: Any) -> Any:
-    """A transform parameter: a Tensor, or a Python number kept as one (torch keeps numbers too)."""
-    if isinstance(v, Tensor) or (isinstance(v, (int, float, np.number)) and not isinstance(v, bool)):
+    """A transform parameter: a Tensor, a Python number (kept as one, as torch keeps numbers) or an array (a
+    constant in the dtype of the Tensor it meets)."""
+    if isinstance(v, (list, tuple)):
+        v = np.asarray(v)
+    if isinstance(v, (Tensor, np.ndarray)) or (isinstance(v, (int, float, np.number)) and not isinstance(v, bool)):
         return v
-    raise fail(fn, [], f"{name} must be a Tensor or a number, got {type(v).__name__}")
+    raise fail(fn, [], f"{name} must be a Tensor, an array or a number, got {type(v).__name__}")
+
+
+def _like(p: Any, t: Tensor) -> Any:
+    """Parameter ``p`` ready to meet ``t``: an array as a constant of ``t``'s dtype."""
+    return constant(p.astype(to_numpy(t.dtype))) if isinstance(p, np.ndarray) else p
+
+
+def _sign(p: Any) -> Any:
+    """torch's ``sign`` of a parameter: an int for a number, else a Tensor."""
+    if isinstance(p, Tensor):
+        return sign(p)
+    return constant(np.sign(p)) if isinstance(p, np.ndarray) else int(np.sign(p))
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -35,7 +51,7 @@ def _same(a: Any, b: Any) -> bool:
     if a is b:
         return True
     va, vb = (known(v) if isinstance(v, Tensor) else v for v in (a, b))
-    return va is not None and vb is not None and bool(np.all(np.asarray(va) == np.asarray(vb)))
+    return va is not None and vb is not None and np.array_equal(np.asarray(va), np.asarray(vb))
 
 
 class _Elementwise(Transform):
@@ -143,22 +159,19 @@ class PowerTransform(Transform):
     def with_cache(self, cache_size: int = 1) -> Transform:
         return self if self._cache_size == cache_size else PowerTransform(self.exponent, cache_size)
 
-    @property
-    def sign(self) -> Any:
-        e = self.exponent
-        return sign(e) if isinstance(e, Tensor) else int(np.sign(e))
+    sign = property(lambda self: _sign(self.exponent))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PowerTransform) and _same(self.exponent, other.exponent)
 
     def _call(self, x: Tensor) -> Tensor:
-        return pow_(x, self.exponent)
+        return pow_(x, _like(self.exponent, x))
 
     def _inverse(self, y: Tensor) -> Tensor:
-        return pow_(y, 1.0 / self.exponent)
+        return pow_(y, 1.0 / _like(self.exponent, y))
 
     def log_abs_det_jacobian(self, x: Tensor, y: Tensor) -> Tensor:
-        return log(abs_(self.exponent * y / x))
+        return log(abs_(_like(self.exponent, x) * y / x))
 
     def forward_shape(self, shape: tuple) -> tuple:
         return broadcast_shape("PowerTransform", tuple(shape), param_shape(self.exponent))
@@ -191,20 +204,17 @@ class AffineTransform(Transform):
         return (isinstance(other, AffineTransform) and _same(self.loc, other.loc)
                 and _same(self.scale, other.scale))
 
-    @property
-    def sign(self) -> Any:
-        s = self.scale
-        return sign(s) if isinstance(s, Tensor) else int(np.sign(s))
+    sign = property(lambda self: _sign(self.scale))
 
     def _call(self, x: Tensor) -> Tensor:
-        return self.loc + self.scale * x
+        return _like(self.loc, x) + _like(self.scale, x) * x
 
     def _inverse(self, y: Tensor) -> Tensor:
-        return (y - self.loc) / self.scale
+        return (y - _like(self.loc, y)) / _like(self.scale, y)
 
     def log_abs_det_jacobian(self, x: Tensor, y: Tensor) -> Tensor:
         """``log|scale|`` broadcast with ``x``, summed over the event dims."""
-        s = self.scale
+        s = _like(self.scale, x)
         per_element = zeros_like(x) + (log(abs_(s)) if isinstance(s, Tensor) else math.log(abs(s)))
         return sum_rightmost(per_element, self._event_dim)
 
