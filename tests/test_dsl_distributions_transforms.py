@@ -311,9 +311,9 @@ def test_biject_to_and_transform_to_match_torch(registry, con, x):
         with pytest.raises(gc.CaptureError, match=rf"{registry}\(\): has no transform onto constraints"):
             gc.capture(lambda x: getattr(gc.distributions, registry)(con(gc.distributions.constraints))(x), x=x)
         return
-    has_ladj = ref.bijective
-    fn = (lambda M, x: (lambda t: t.log_abs_det_jacobian(x, t(x)) if has_ladj else t(x))(
-        getattr(D(M), registry)(con(D(M).constraints))))
+    def fn(M, x):
+        t = getattr(D(M), registry)(con(D(M).constraints))
+        return t.log_abs_det_jacobian(x, t(x)) if ref.bijective else t(x)
     assert_matches_torch(lambda M, x: getattr(D(M), registry)(con(D(M).constraints))(x), [x], {}, R)
     assert_matches_torch(fn, [], {"x": x}, R)  # the log-dets' gradients: test_transform_matches_torch
 
@@ -351,7 +351,8 @@ def test_kl_of_transformed_distributions_matches_torch():
     with pytest.raises(gc.CaptureError, match="different transforms"):
         gc.capture(lambda m: gc.distributions.kl_divergence(
             gc.distributions.TransformedDistribution(gc.distributions.Normal(m, 1.0), gc.distributions.ExpTransform()),
-            gc.distributions.TransformedDistribution(gc.distributions.Normal(m, 1.0), gc.distributions.TanhTransform())),
+            gc.distributions.TransformedDistribution(gc.distributions.Normal(m, 1.0),
+                                                     gc.distributions.TanhTransform())),
             m=X)
 
 
@@ -362,18 +363,19 @@ def _refused(fn, match):
 
 
 @pytest.mark.parametrize("fn, match", [
-    (lambda x: gc.distributions.AffineTransform("a", 1.0)(x), r"AffineTransform.*loc must be a Tensor, an array or a "
-                                                               r"number, got str"),
+    (lambda x: gc.distributions.AffineTransform("a", 1.0)(x),
+     r"AffineTransform.*loc must be a Tensor, an array or a number, got str"),
     (lambda x: gc.distributions.AffineTransform(0.0, 1.0, event_dim=-1)(x), r"event_dim must be an int >= 0, got -1"),
-    (lambda x: gc.distributions.PowerTransform(None)(x), r"exponent must be a Tensor, an array or a number, got NoneType"),
+    (lambda x: gc.distributions.PowerTransform(None)(x),
+     r"exponent must be a Tensor, an array or a number, got NoneType"),
     (lambda x: gc.distributions.ExpTransform(cache_size=2)(x), r"cache_size must be 0 or 1.*got 2"),
     (lambda x: gc.distributions.ExpTransform()(np.ones(3)), r"ExpTransform.*x must be a Tensor, got ndarray"),
     (lambda x: gc.distributions.ExpTransform().inv(1.0), r"ExpTransform.*y must be a Tensor, got float"),
-    (lambda x: gc.distributions.ReshapeTransform((3,), (2, 2))(x), r"in_shape \(3,\) and out_shape \(2, 2\) have "
-                                                                   r"different numbers of elements"),
+    (lambda x: gc.distributions.ReshapeTransform((3,), (2, 2))(x),
+     r"in_shape \(3,\) and out_shape \(2, 2\) have different numbers of elements"),
     (lambda x: gc.distributions.ReshapeTransform((2,), (2, 1))(x), r"x of shape \(2, 3\) does not end in \(2,\)"),
-    (lambda x: gc.distributions.ComposeTransform([gc.exp])(x), r"parts must be a list of gc.distributions.transforms "
-                                                               r"Transforms"),
+    (lambda x: gc.distributions.ComposeTransform([gc.exp])(x),
+     r"parts must be a list of gc.distributions.transforms Transforms"),
     (lambda x: gc.distributions.IndependentTransform(gc.distributions.ExpTransform(), -1)(x),
      r"reinterpreted_batch_ndims must be an int >= 0, got -1"),
     (lambda x: gc.distributions.IndependentTransform(gc.distributions.ExpTransform(), 3)(x),
@@ -400,10 +402,22 @@ def _refused(fn, match):
     (lambda x: gc.distributions.TransformedDistribution(gc.distributions.Normal(x, 1.0),
                                                         gc.distributions.ExpTransform()).log_prob(np.ones(4)),
      r"value float64\[4\] does not broadcast with the batch and event shape \(2, 3\)"),
-    (lambda x: gc.distributions.biject_to("positive"), r"constraint must be a gc.distributions.constraints "
-                                                       r"Constraint, got 'positive'"),
+    (lambda x: gc.distributions.biject_to("positive"),
+     r"constraint must be a gc.distributions.constraints Constraint, got 'positive'"),
     (lambda x: gc.distributions.constraints.independent(gc.distributions.constraints.real, 1.5),
      r"reinterpreted_batch_ndims must be an int >= 0, got 1.5"),
 ])
 def test_bad_arguments_are_refused_naming_them(fn, match):
     _refused(fn, match)
+
+
+def test_affine_log_det_counts_every_event_element():
+    """A 0-d Tensor ``scale`` with ``event_dim=1``: graphc's log-det is ``3 log 2`` over a 3-wide event, torch's
+    value for the number ``2.0`` (torch's for a 0-d Tensor counts ``log 2`` once)."""
+    ref = torch.distributions.AffineTransform(0.0, 2.0, event_dim=1)
+    want = ref.log_abs_det_jacobian(torch.tensor(X), ref(torch.tensor(X))).numpy()
+    def ladj(x, s):
+        t = gc.distributions.AffineTransform(0.0, s, event_dim=1)
+        return t.log_abs_det_jacobian(x, t(x))
+    model = gc.capture(ladj, x=X, s=np.array(2.0))
+    np.testing.assert_allclose(gc.Session(model).run({"x": X, "s": np.array(2.0)})["output"], want, rtol=1e-12)

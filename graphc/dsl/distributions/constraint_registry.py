@@ -10,7 +10,8 @@ from typing import Any
 
 from graphc.dsl.distributions import constraints as c
 from graphc.dsl.distributions.base import fail
-from graphc.dsl.distributions.transform_base import ComposeTransform, IndependentTransform, Transform, identity_transform
+from graphc.dsl.distributions.transform_base import (ComposeTransform, IndependentTransform, Transform,
+                                                     identity_transform)
 from graphc.dsl.distributions.transforms_elementwise import AffineTransform, ExpTransform, SigmoidTransform
 from graphc.dsl.distributions.transforms_vector import (LowerCholeskyTransform, PositiveDefiniteTransform,
                                                         SoftmaxTransform, StickBreakingTransform)
@@ -25,11 +26,11 @@ def _interval(con: Any) -> Transform:
 
 # by constraint class, as torch's registry (so positive, a greater_than(0), maps as greater_than does)
 _SHARED: dict[type, Callable[[Any], Transform]] = {
-    c._GreaterThan: lambda con: ComposeTransform([ExpTransform(), AffineTransform(con.lower_bound, 1)]),
-    c._GreaterThanEq: lambda con: ComposeTransform([ExpTransform(), AffineTransform(con.lower_bound, 1)]),
-    c._LessThan: lambda con: ComposeTransform([ExpTransform(), AffineTransform(con.upper_bound, -1)]),
-    c._Interval: _interval,
-    c._HalfOpenInterval: _interval,
+    c.GreaterThan: lambda con: ComposeTransform([ExpTransform(), AffineTransform(con.lower_bound, 1)]),
+    c.GreaterThanEq: lambda con: ComposeTransform([ExpTransform(), AffineTransform(con.lower_bound, 1)]),
+    c.LessThan: lambda con: ComposeTransform([ExpTransform(), AffineTransform(con.upper_bound, -1)]),
+    c.Interval: _interval,
+    c.HalfOpenInterval: _interval,
 }
 _BIJECT = {**_SHARED, "simplex": lambda con: StickBreakingTransform()}
 _TRANSFORM = {**_SHARED, "simplex": lambda con: SoftmaxTransform(),
@@ -39,7 +40,7 @@ _TRANSFORM = {**_SHARED, "simplex": lambda con: SoftmaxTransform(),
 
 def _lookup(fn: str, table: dict, constraint: Any) -> Transform:
     con = c.as_constraint(constraint, fn)
-    if isinstance(con, c._Independent):
+    if isinstance(con, c.IndependentConstraint):
         return IndependentTransform(_lookup(fn, table, con.base_constraint), con.reinterpreted_batch_ndims)
     if con is c.real:
         return identity_transform

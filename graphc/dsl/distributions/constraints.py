@@ -59,39 +59,39 @@ class _Bounded(Constraint):
         return new
 
 
-class _GreaterThan(_Bounded):
+class GreaterThan(_Bounded):
     def __new__(cls, lower_bound: Any) -> Self:
         return super().__new__(cls, f"greater_than(lower_bound={lower_bound})",
                                _against(lambda v, lo: v > lo, lower_bound), lower_bound)
 
 
-class _GreaterThanEq(_Bounded):
+class GreaterThanEq(_Bounded):
     def __new__(cls, lower_bound: Any) -> Self:
         return super().__new__(cls, f"greater_than_eq(lower_bound={lower_bound})",
                                _against(lambda v, lo: v >= lo, lower_bound), lower_bound)
 
 
-class _LessThan(_Bounded):
+class LessThan(_Bounded):
     def __new__(cls, upper_bound: Any) -> Self:
         return super().__new__(cls, f"less_than(upper_bound={upper_bound})",
                                _against(lambda v, hi: v < hi, upper_bound), None, upper_bound)
 
 
-class _Interval(_Bounded):
+class Interval(_Bounded):
     def __new__(cls, lower_bound: Any, upper_bound: Any) -> Self:
         return super().__new__(cls, f"interval(lower_bound={lower_bound}, upper_bound={upper_bound})",
                                _against(lambda v, lo, hi: (v >= lo) & (v <= hi), lower_bound, upper_bound),
                                lower_bound, upper_bound)
 
 
-class _HalfOpenInterval(_Bounded):
+class HalfOpenInterval(_Bounded):
     def __new__(cls, lower_bound: Any, upper_bound: Any) -> Self:
         return super().__new__(cls, f"half_open_interval(lower_bound={lower_bound}, upper_bound={upper_bound})",
                                _against(lambda v, lo, hi: (v >= lo) & (v < hi), lower_bound, upper_bound),
                                lower_bound, upper_bound)
 
 
-class _Independent(Constraint):
+class IndependentConstraint(Constraint):
     """``independent(base_constraint, reinterpreted_batch_ndims)``: the base's test, over
     ``reinterpreted_batch_ndims`` more event dims."""
 
@@ -128,9 +128,9 @@ def _positive_definite(v: np.ndarray, d: Any) -> Any:
     return symmetric & np.all(eig > 0, -1)[..., None, None]
 
 
-independent = _Independent
-greater_than, greater_than_eq, less_than = _GreaterThan, _GreaterThanEq, _LessThan
-interval, half_open_interval = _Interval, _HalfOpenInterval
+independent = IndependentConstraint
+greater_than, greater_than_eq, less_than = GreaterThan, GreaterThanEq, LessThan
+interval, half_open_interval = Interval, HalfOpenInterval
 real = Constraint("real", lambda v, d: ~np.isnan(v))
 real_vector = independent(real, 1)
 positive, nonnegative = greater_than(0.0), greater_than_eq(0.0)
@@ -156,6 +156,7 @@ def as_constraint(c: Any, fn: str) -> Constraint:
     raise fail(fn, [], f"constraint must be a gc.distributions.constraints Constraint, got {c!r}")
 
 
-__all__ = ["Constraint", "as_constraint", "boolean", "greater_than", "greater_than_eq", "half_open_interval",
+__all__ = ["Constraint", "GreaterThan", "GreaterThanEq", "HalfOpenInterval", "IndependentConstraint", "Interval",
+           "LessThan", "as_constraint", "boolean", "greater_than", "greater_than_eq", "half_open_interval",
            "independent", "interval", "less_than", "lower_cholesky", "lower_triangular", "nonnegative", "positive",
            "positive_definite", "real", "real_vector", "simplex", "unit_interval"]
