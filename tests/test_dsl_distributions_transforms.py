@@ -421,3 +421,31 @@ def test_affine_log_det_counts_every_event_element():
         return t.log_abs_det_jacobian(x, t(x))
     model = gc.capture(ladj, x=X, s=np.array(2.0))
     np.testing.assert_allclose(gc.Session(model).run({"x": X, "s": np.array(2.0)})["output"], want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda d, a: d.LogNormal(a, 1.5), id="lognormal"),
+    pytest.param(lambda d, a: d.HalfNormal(a * a + 0.5), id="half_normal"),
+    pytest.param(lambda d, a: d.HalfCauchy(a * a + 0.5), id="half_cauchy"),
+    pytest.param(lambda d, a: d.Pareto(a * a + 0.5, 2.0), id="pareto"),
+])
+def test_families_torch_builds_by_transforms_are_transformed_distributions(make):
+    """``isinstance(..., TransformedDistribution)`` and the transforms' types as torch's; the family's own log_prob
+    stays torch's."""
+    ref = make(torch.distributions, torch.tensor(X))
+
+    def f(a):
+        ours = make(gc.distributions, a)
+        assert isinstance(ours, gc.distributions.TransformedDistribution) == isinstance(
+            ref, torch.distributions.TransformedDistribution) is True
+        assert [type(t).__name__ for t in ours.transforms] == [type(t).__name__ for t in ref.transforms]
+        return ours.log_prob(a * a + 1.0)
+    got = gc.Session(gc.capture(f, a=X)).run({"a": X})["output"]
+    np.testing.assert_allclose(got, ref.log_prob(torch.tensor(X * X + 1.0)).numpy(), rtol=1e-12)
+
+
+def test_kl_of_a_transformed_distribution_and_lognormal_matches_torch():
+    def kl(M, m1, m2, s):
+        d = D(M)
+        return d.kl_divergence(d.TransformedDistribution(d.Normal(m1, s), d.ExpTransform()), d.LogNormal(m2, 1.5))
+    assert_matches_torch(kl, [X, X[::-1].copy(), POS], {}, R)

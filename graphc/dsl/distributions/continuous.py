@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.distributions.base import NONNEGATIVE, POSITIVE, REAL, Distribution, check, fail, finfo, known, params
+from graphc.dsl.distributions.transformed_distribution import TransformedFamily
+from graphc.dsl.distributions.transforms_elementwise import ExpTransform
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import cast, clip, exp, log, maximum
 from graphc.dsl.ops_array import full_like
@@ -61,10 +63,11 @@ class Normal(_LocScale):
         return 0.5 + 0.5 * math.log(2 * math.pi) + log(self.scale)
 
 
-class LogNormal(Distribution):
+class LogNormal(TransformedFamily):
     """``torch.distributions.LogNormal(loc, scale)``: ``exp`` of ``Normal(loc, scale)``."""
 
     has_rsample, support = True, POSITIVE
+    transforms = property(lambda self: [ExpTransform()])
 
     def __init__(self, loc: Any, scale: Any, validate_args: bool | None = None):
         self.base_dist = Normal(loc, scale, validate_args)

@@ -14,6 +14,8 @@ from graphc.dsl.distributions.base import (NONNEGATIVE, POSITIVE, SIMPLEX, UNIT_
                                            known, params, sum_rightmost)
 from graphc.dsl.distributions.continuous import Cauchy, Exponential, Normal
 from graphc.dsl.distributions.discrete import Categorical, binary_params, clamped_probs, softplus
+from graphc.dsl.distributions.transformed_distribution import TransformedFamily
+from graphc.dsl.distributions.transforms_elementwise import AbsTransform, AffineTransform, ExpTransform
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import clip, exp, log, sigmoid, where
 from graphc.dsl.ops_array import full_like, logsumexp, zeros_like
@@ -22,11 +24,12 @@ from graphc.dsl.ops_sample import rand_like
 from graphc.dsl.tensor import Tensor
 
 
-class _Half(Distribution):
+class _Half(TransformedFamily):
     """``|x|`` of a symmetric ``base_dist`` centred at 0 (attribute ``scale``)."""
 
     has_rsample, support = True, NONNEGATIVE
     base_dist: Distribution
+    transforms = property(lambda self: [AbsTransform()])
 
     mode = property(lambda self: zeros_like(self.scale))
 
@@ -79,11 +82,12 @@ def _at_least_scale(v: np.ndarray, d: Pareto) -> Any:
     return v >= scale if scale is not None else True
 
 
-class Pareto(Distribution):
+class Pareto(TransformedFamily):
     """``torch.distributions.Pareto(scale, alpha)``: ``scale * exp(x)``, ``x ~ Exponential(alpha)``; mean inf for
     ``alpha <= 1``, variance inf for ``alpha <= 2``, as torch's."""
 
     has_rsample, support = True, ("greater_than_eq(scale)", _at_least_scale)
+    transforms = property(lambda self: [ExpTransform(), AffineTransform(0.0, self.scale)])
 
     def __init__(self, scale: Any, alpha: Any, validate_args: bool | None = None):
         self.scale, self.alpha = params("Pareto", scale=scale, alpha=alpha)

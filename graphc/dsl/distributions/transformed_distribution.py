@@ -126,4 +126,12 @@ class TransformedDistribution(Distribution):
                 f"batch_shape={self._batch_shape}, event_shape={self._event_shape})")
 
 
-__all__ = ["TransformedDistribution"]
+class TransformedFamily(TransformedDistribution):
+    """A family torch defines as a TransformedDistribution (``isinstance`` holds; its ``transforms`` property gives
+    torch's) that keeps its own constructor, closed forms, ``sample``, ``expand`` and repr."""
+
+    __init__, __repr__ = Distribution.__init__, Distribution.__repr__
+    sample, expand = Distribution.sample, Distribution.expand
+
+
+__all__ = ["TransformedDistribution", "TransformedFamily"]
