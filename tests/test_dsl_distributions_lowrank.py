@@ -161,3 +161,13 @@ def test_bad_arguments_are_refused_naming_them(fn, match):
     with pytest.raises(gc.CaptureError, match=match) as info:
         gc.capture(fn, x=np.abs(R.standard_normal((2, 3))) + 0.5)
     assert "LowRankMultivariateNormal" in str(info.value) or "kl_divergence" in str(info.value)
+
+
+def test_symbolic_batch_dim_matches_torch():
+    model = gc.capture(lambda x: gc.distributions.LowRankMultivariateNormal(x, W[0], DIAG[0]).log_prob(x * 2.0),
+                       x=gc.spec("float64", ("N", 4)))
+    x = R.standard_normal((5, 4))
+    ref = torch.distributions.LowRankMultivariateNormal(torch.tensor(x), torch.tensor(W[0]), torch.tensor(DIAG[0]))
+    for backend in ("numpy", "ort-cpu"):
+        np.testing.assert_allclose(gc.Session(model, backend=backend).run({"x": x})["output"],
+                                   ref.log_prob(torch.tensor(x * 2.0)).numpy(), rtol=1e-12)

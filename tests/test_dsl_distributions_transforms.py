@@ -449,3 +449,24 @@ def test_kl_of_a_transformed_distribution_and_lognormal_matches_torch():
         d = D(M)
         return d.kl_divergence(d.TransformedDistribution(d.Normal(m1, s), d.ExpTransform()), d.LogNormal(m2, 1.5))
     assert_matches_torch(kl, [X, X[::-1].copy(), POS], {}, R)
+
+
+def test_symbolic_batch_dim_matches_torch():
+    """A batch dim fed at run time: the shapes keep its name, log_prob and draws take the fed size."""
+    def f(x):
+        d = gc.distributions
+        td = d.TransformedDistribution(d.Normal(x, 1.0), [d.AffineTransform(0.5, np.array([1.0, 2.0, 3.0])),
+                                                          d.StickBreakingTransform()])
+        assert (td.batch_shape, td.event_shape) == (("N",), (4,))
+        return {"lp": td.log_prob(gc.softmax(gc.pad(x, (0, 1)), -1)), "s": td.rsample((2,))}
+    model = gc.capture(f, x=gc.spec("float64", ("N", 3)))
+    x = R.standard_normal((5, 3))
+    t = torch.distributions
+    xt = torch.tensor(x)
+    scale = torch.tensor([1.0, 2.0, 3.0], dtype=xt.dtype)
+    ref = t.TransformedDistribution(t.Normal(xt, 1.0), [t.AffineTransform(0.5, scale), t.StickBreakingTransform()])
+    for backend in ("numpy", "ort-cpu"):
+        out = gc.Session(model, backend=backend).run({"x": x})
+        want = ref.log_prob(torch.softmax(torch.nn.functional.pad(xt, (0, 1)), -1)).numpy()
+        np.testing.assert_allclose(out["lp"], want, rtol=1e-12)
+        assert out["s"].shape == (2, 5, 4) and np.allclose(out["s"].sum(-1), 1.0)
