@@ -170,4 +170,4 @@ def test_symbolic_batch_dim_matches_torch():
     ref = torch.distributions.LowRankMultivariateNormal(torch.tensor(x), torch.tensor(W[0]), torch.tensor(DIAG[0]))
     for backend in ("numpy", "ort-cpu"):
         np.testing.assert_allclose(gc.Session(model, backend=backend).run({"x": x})["output"],
-                                   ref.log_prob(torch.tensor(x * 2.0)).numpy(), rtol=1e-12)
+                                   ref.log_prob(torch.tensor(x * 2.0)).numpy(), rtol=1e-10)
