@@ -4,21 +4,23 @@ in a session's copy of a model (``doubles.lower_double`` runs them).
 onnxruntime 1.31's CPU provider has no double kernel for these ("Could not find an implementation for
 Conv(11)"). Each is written out from ops it has double kernels for, exactly (no float32 round trip):
 
-- the windows: the input's spatial dims flattened, one zero appended (a Pad of one element), and one Gather of
-  constant indices giving ``[N, C, taps, out positions]``, a tap outside the input reading the zero (an
-  im2col). A ConvTranspose's windows are those of the Conv whose input gradient it is: output position ``o``
-  and tap ``k`` read input ``(o + pad - k d) / s`` where that divides and lies inside;
-- Conv and ConvTranspose: one MatMul of the weights, ``[groups, out / groups, in / groups * taps]``, by the
-  windows as ``[N, groups, in / groups * taps, positions]``, then the bias;
-- AveragePool: the windows' sum over the taps by a constant count per position (the taps inside the input,
-  or inside input and pads with ``count_include_pad``, never those of ceil mode's overhang); LpPool:
-  ``(sum |x|^p)^(1/p)`` (``p = 2`` as Sqrt of a sum of squares); GlobalAveragePool, GlobalMaxPool,
-  GlobalLpPool: reductions over the spatial axes.
+- the windows: the input zero-padded (a Pad) as far as its windows reach and one strided Slice a tap of the
+  kernel, ``[N, C, *out]`` each (an im2col); a ConvTranspose's are those of a stride-1 Conv by the flipped
+  kernel over its input spread by the strides (zeros between the elements: Unsqueeze, Pad, Reshape), with
+  pads ``dilation (kernel - 1) - pad``;
+- Conv and ConvTranspose: the taps stacked (Unsqueeze, Concat) as ``[N, groups, in / groups * taps,
+  positions]``, and one MatMul of the weights, ``[groups, out / groups, in / groups * taps]``, by them, then the
+  bias;
+- AveragePool: the Sum of the taps over a constant count per position (the taps inside the input, or inside
+  input and pads with ``count_include_pad``, never those of ceil mode's overhang); LpPool: ``(sum |x|^p)^(1/p)``
+  (``p = 2`` as Sqrt of a sum of squares); GlobalAveragePool, GlobalMaxPool, GlobalLpPool: reductions over the
+  spatial axes.
 
-Windows as one Gather against the alternative, a Pad and one strided Slice per tap stacked by Concat: a 3x3
-Conv, 16 to 32 channels, batch 8, 32x32, on 2 threads: 7.0 ms against 8.9 ms, its input gradient (a
-ConvTranspose) 6.4 ms against 9.4 ms (``scripts``-free measurement, onnxruntime 1.31). The windows need
-static spatial dims (the batch and channels may be symbolic); others raise ``BackendError``.
+Slices against one Gather of constant indices from the flattened input (a zero appended for the pads), 3x3,
+pads 1, batch 8, 32x32, 2 threads, 40 runs interleaved on a loaded machine: Conv 16 to 32 channels 1.82 ms
+against 2.56 ms at best (medians 12.5 and 17.5 ms), ConvTranspose 32 to 16 channels 4.23 against 10.2 ms
+(16.8 and 27.8 ms). The windows need static spatial dims and weight shapes (the batch may be symbolic); others
+raise ``BackendError``.
 """
 
 from __future__ import annotations
@@ -62,42 +64,68 @@ def _reduce(w: Writer, op: str, v: str, axes: list[int], keepdims: int, output: 
     return w.op(op, v, axes=axes, keepdims=keepdims, output=output)
 
 
-def _tap_sources(spatial, out, kernel, strides, dilations, begin, transposed):
-    """(taps, positions) flat input indices read by each tap at each output position, ``-1`` outside."""
-    grids = np.meshgrid(*[np.arange(k) for k in kernel], *[np.arange(o) for o in out], indexing="ij")
-    n = len(kernel)
-    flat, inside = np.zeros(grids[0].shape, np.int64), np.ones(grids[0].shape, bool)
-    for axis in range(n):
-        tap, pos = grids[axis], grids[n + axis]
-        s, d, b = strides[axis], dilations[axis], begin[axis]
-        if transposed:
-            shifted = pos + b - tap * d
-            inside &= shifted % s == 0
-            source = shifted // s
-        else:
-            source = pos * s - b + tap * d
-        inside &= (source >= 0) & (source < spatial[axis])
-        flat = flat * spatial[axis] + np.clip(source, 0, spatial[axis] - 1)
-    return np.where(inside, flat, -1).reshape(math.prod(kernel), math.prod(out))
+def _pad(w: Writer, x: str, begin: list[int], end: list[int]) -> str:
+    """``x`` zero-padded by ``begin`` and ``end`` along its spatial axes."""
+    if not any(begin + end):
+        return x
+    widths = [0, 0, *begin, 0, 0, *end]
+    if w.opset >= 11:
+        return w.op("Pad", x, w.const(widths, np.int64), w.const(0.0, np.float64))
+    return w.op("Pad", x, pads=widths, value=0.0)
 
 
-def _windows(w: Writer, x: str, spatial: list[int], sources: np.ndarray) -> str:
-    """``[N, C, taps, positions]`` of ``x`` at ``sources`` (``_tap_sources``), 0 where it is -1."""
-    size = math.prod(spatial)
-    flat = w.op("Reshape", x, w.const([0, 0, size], np.int64))
-    if (sources < 0).any():
-        widths = w.const([0, 0, 0, 0, 0, 1], np.int64)
-        flat = (w.op("Pad", flat, widths, w.const(0.0, np.float64)) if w.opset >= 11 else
-                w.op("Pad", flat, pads=[0, 0, 0, 0, 0, 1], value=0.0))
-    return w.op("Gather", flat, w.const(np.where(sources < 0, size, sources), np.int64), axis=2)
+def _unsqueeze(w: Writer, x: str, axes: list[int]) -> str:
+    return w.op("Unsqueeze", x, w.const(axes, np.int64)) if w.opset >= 13 else w.op("Unsqueeze", x, axes=axes)
 
 
-def _matmul_conv(w: Writer, node: onnx.NodeProto, cols: str, weights: str, groups: int, out_channels: int,
+def _dilated(w: Writer, x: str, spatial: list[int], strides: list[int]) -> tuple[str, list[int]]:
+    """``x`` with ``stride - 1`` zeros after each element along each spatial axis, and its spatial dims."""
+    if all(s == 1 for s in strides):
+        return x, spatial
+    n = len(spatial)
+    spread = _unsqueeze(w, x, [3 + 2 * i for i in range(n)])  # [N, C, H, 1, W, 1]
+    widths = [0] * (2 + 2 * n) * 2
+    for i, s in enumerate(strides):
+        widths[2 + 2 * n + 3 + 2 * i] = s - 1
+    spread = (w.op("Pad", spread, w.const(widths, np.int64), w.const(0.0, np.float64)) if w.opset >= 11 else
+              w.op("Pad", spread, pads=widths, value=0.0))
+    grown = [d * s for d, s in zip(spatial, strides)]
+    return w.op("Reshape", spread, w.const([0, 0, *grown], np.int64)), grown
+
+
+def _taps(w: Writer, x: str, spatial: list[int], out: list[int], kernel: list[int], strides: list[int],
+          dilations: list[int], begin: list[int], transposed: bool = False) -> list[str]:
+    """``x`` under each tap of the kernel (row-major) at the ``out`` positions, ``[N, C, *out]`` each: ``x``
+    zero-padded by ``begin`` and as far as the last window reaches, one strided Slice a tap. ``transposed``: a
+    ConvTranspose's, a stride-1 Conv's by the flipped kernel over ``x`` spread by the strides."""
+    n = len(spatial)
+    if transposed:
+        x, spatial = _dilated(w, x, spatial, strides)
+        begin = [d * (k - 1) - b for k, d, b in zip(kernel, dilations, begin)]
+        strides = [1] * n
+    reach = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out, strides, kernel, dilations)]
+    x = _pad(w, x, [max(b, 0) for b in begin], [max(r - size - b, 0) for r, size, b in zip(reach, spatial, begin)])
+    axes, steps = w.const(list(range(2, 2 + n)), np.int64), w.const(strides, np.int64)
+    taps = []
+    for tap in np.ndindex(*kernel):
+        starts = [max(-b, 0) + ((k - 1 - t) if transposed else t) * d
+                  for b, k, t, d in zip(begin, kernel, tap, dilations)]
+        ends = [start + (o - 1) * s + 1 for start, o, s in zip(starts, out, strides)]
+        taps.append(w.op("Slice", x, w.const(starts, np.int64), w.const(ends, np.int64), axes, steps))
+    return taps
+
+
+def _windows(w: Writer, taps: list[str], groups: int, positions: int) -> str:
+    """The taps as ``[N, groups, C / groups * taps, positions]``: an im2col."""
+    stacked = w.op("Concat", *[_unsqueeze(w, t, [2]) for t in taps], axis=2)  # [N, C, taps, *out]
+    return w.op("Reshape", stacked, w.const([0, groups, -1, positions], np.int64))
+
+
+def _matmul_conv(w: Writer, node: onnx.NodeProto, taps: list[str], weights: str, groups: int, out_channels: int,
                  out: list[int]) -> None:
-    """``node``'s output: ``weights`` ``[groups, out / groups, in / groups * taps]`` times ``cols``, plus the
+    """``node``'s output: ``weights`` ``[groups, out / groups, in / groups * taps]`` times the windows, plus the
     bias (input 2)."""
-    taps_per_group = w.const([0, groups, -1, math.prod(out)], np.int64)
-    y = w.op("MatMul", weights, w.op("Reshape", cols, taps_per_group))
+    y = w.op("MatMul", weights, _windows(w, taps, groups, math.prod(out)))
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
     shape = w.const([0, out_channels, *out], np.int64)
     if bias is None:
@@ -115,9 +143,9 @@ def _conv(w: Writer, node: onnx.NodeProto, types: dict) -> None:
     strides, dilations = attrs.get("strides") or [1] * n, attrs.get("dilations") or [1] * n
     begin, _, out, _, _ = geometry(spatial, kernel, strides, dilations, attrs.get("pads"),
                              attrs.get("auto_pad", b"NOTSET").decode())
-    cols = _windows(w, node.input[0], spatial, _tap_sources(spatial, out, kernel, strides, dilations, begin, False))
+    taps = _taps(w, node.input[0], spatial, out, kernel, strides, dilations, begin)
     weights = w.op("Reshape", node.input[1], w.const([groups, m // groups, per_group * math.prod(kernel)], np.int64))
-    _matmul_conv(w, node, cols, weights, groups, m, out)
+    _matmul_conv(w, node, taps, weights, groups, m, out)
 
 
 def _conv_transpose(w: Writer, node: onnx.NodeProto, types: dict) -> None:
@@ -139,40 +167,38 @@ def _conv_transpose(w: Writer, node: onnx.NodeProto, types: dict) -> None:
         pads = [0] * (2 * n)
     out = [s * (d - 1) + e + (k - 1) * dl + 1 - pads[i] - pads[i + n]
            for i, (d, s, e, k, dl) in enumerate(zip(spatial, strides, extra, kernel, dilations))]
-    cols = _windows(w, node.input[0], spatial, _tap_sources(spatial, out, kernel, strides, dilations, pads[:n], True))
-    taps = math.prod(kernel)
+    taps = _taps(w, node.input[0], spatial, out, kernel, strides, dilations, pads[:n], transposed=True)
     # [C, M / G, taps] by groups as [G, M / G, C / G * taps]
-    grouped = w.op("Reshape", node.input[1], w.const([groups, channels // groups, per_group, taps], np.int64))
+    grouped = w.op("Reshape", node.input[1], w.const([groups, channels // groups, per_group, len(taps)], np.int64))
     weights = w.op("Reshape", w.op("Transpose", grouped, perm=[0, 2, 1, 3]),
-                   w.const([groups, per_group, channels // groups * taps], np.int64))
-    _matmul_conv(w, node, cols, weights, groups, per_group * groups, out)
+                   w.const([groups, per_group, channels // groups * len(taps)], np.int64))
+    _matmul_conv(w, node, taps, weights, groups, per_group * groups, out)
 
 
-def _pool_geometry(node: onnx.NodeProto, types: dict):
+def _pool(node: onnx.NodeProto, types: dict):
+    """(attributes, a function from a value to its window sums ``[N, C, *out]``, the counts of taps inside the
+    input (and pads, with ``count_include_pad``) at each output position)."""
     attrs = _attrs(node)
     spatial = _static(node, types, node.input[0], "spatial dims")[2:]
     n, kernel = len(spatial), attrs["kernel_shape"]
     strides, dilations = attrs.get("strides") or [1] * n, attrs.get("dilations") or [1] * n
     begin, end, out, _, _ = geometry(spatial, kernel, strides, dilations, attrs.get("pads"),
-                               attrs.get("auto_pad", b"NOTSET").decode(), attrs.get("ceil_mode", 0))
-    sources = _tap_sources(spatial, out, kernel, strides, dilations, begin, False)
-    return attrs, spatial, out, sources, (kernel, strides, dilations, begin, end)
+                                     attrs.get("auto_pad", b"NOTSET").decode(), attrs.get("ceil_mode", 0))
+    counts = np.ones(out)
+    for axis, (size, o, k, s, d, b, e) in enumerate(zip(spatial, out, kernel, strides, dilations, begin, end)):
+        where = np.arange(o)[:, None] * s - b + np.arange(k)[None, :] * d  # ceil mode's overhang never counts
+        low, high = (-b, size + e) if attrs.get("count_include_pad", 0) else (0, size)
+        counts = counts * ((where >= low) & (where < high)).sum(axis=1).reshape([-1 if i == axis else 1
+                                                                                 for i in range(n)])
 
-
-def _window_sum(w: Writer, x: str, spatial: list[int], sources: np.ndarray) -> str:
-    return _reduce(w, "ReduceSum", _windows(w, x, spatial, sources), [2], 0)
+    def window_sums(w: Writer, v: str, output: str | None = None) -> str:
+        return w.op("Sum", *_taps(w, v, spatial, out, kernel, strides, dilations, begin), output=output)
+    return attrs, window_sums, counts
 
 
 def _average_pool(w: Writer, node: onnx.NodeProto, types: dict) -> None:
-    attrs, spatial, out, sources, (kernel, strides, dilations, begin, end) = _pool_geometry(node, types)
-    if attrs.get("count_include_pad", 0):  # taps inside input and pads: the windows of a padded input
-        padded = [d + b + e for d, b, e in zip(spatial, begin, end)]
-        counted = _tap_sources(padded, out, kernel, strides, dilations, [0] * len(spatial), False) >= 0
-    else:
-        counted = sources >= 0
-    counts = w.const(counted.sum(axis=0).astype(np.float64), np.float64)
-    mean = w.op("Div", _window_sum(w, node.input[0], spatial, sources), counts)
-    w.op("Reshape", mean, w.const([0, 0, *out], np.int64), output=node.output[0])
+    _, window_sums, counts = _pool(node, types)
+    w.op("Div", window_sums(w, node.input[0]), w.const(counts, np.float64), output=node.output[0])
 
 
 def _lp(w: Writer, node: onnx.NodeProto, x: str, total) -> None:
@@ -189,10 +215,8 @@ def _lp(w: Writer, node: onnx.NodeProto, x: str, total) -> None:
 
 
 def _lp_pool(w: Writer, node: onnx.NodeProto, types: dict) -> None:
-    _, spatial, out, sources, _ = _pool_geometry(node, types)
-    shape = w.const([0, 0, *out], np.int64)
-    _lp(w, node, node.input[0], lambda v, output=None: w.op("Reshape", _window_sum(w, v, spatial, sources), shape,
-                                                       output=output))
+    _, window_sums, _ = _pool(node, types)
+    _lp(w, node, node.input[0], lambda v, output=None: window_sums(w, v, output))
 
 
 def _global(op: str):
