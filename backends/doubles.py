@@ -28,7 +28,7 @@ import math
 import numpy as np
 import onnx
 
-from graphc.backends import doubles_windows, mvn
+from graphc.backends import doubles_layers, doubles_windows, mvn
 from graphc.backends.written_out import Writer, lower_doubles
 from graphc.errors import BackendError
 from graphc.model import node_label, node_source
@@ -240,4 +240,5 @@ _LOWERINGS = {"Tan": _tan, "Sinh": _sinh, "Cosh": _cosh, "Asin": _asin, "Acos": 
 def lower_double(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` itself when its main graph has none of these ops (nor a MeanVarianceNormalization, ``mvn``) in
     double, else a copy with each written out (the module docstring)."""
-    return lower_doubles(model, {**_LOWERINGS, **mvn.LOWERING, **doubles_windows.LOWERINGS})
+    return lower_doubles(model, {**_LOWERINGS, **mvn.LOWERING, **doubles_windows.LOWERINGS,
+                                **doubles_layers.LOWERINGS})

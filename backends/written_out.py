@@ -3,7 +3,8 @@
 
 ``Writer`` appends each new node to ``nodes`` (or to a list of the caller's, such as a branch's
 body), names it after the node's first output and a tag, and stamps it with the node's metadata
-(the user's line, for errors).
+(the user's line, for errors); ``constant(name)`` reads an initializer's or a Constant node's value
+(``lower_doubles`` gives the model's).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ __all__ = ["Writer", "lower_doubles"]
 
 
 class Writer:
-    def __init__(self, node: onnx.NodeProto, tag: str, opset: int):
+    def __init__(self, node: onnx.NodeProto, tag: str, opset: int,
+                 constants: Mapping[str, onnx.TensorProto] | None = None):
         self.node, self.prefix, self.opset = node, f"{node.output[0] or node.name}/{tag}/", opset
+        self._constants = constants or {}
         self.nodes: list[onnx.NodeProto] = []
         self._names = itertools.count()
 
@@ -39,6 +42,11 @@ class Writer:
 
     def const(self, value, dtype) -> str:
         return self.op("Constant", value=numpy_helper.from_array(np.asarray(value, dtype)))
+
+    def constant(self, name: str) -> np.ndarray | None:
+        """The value of the initializer or Constant node ``name``; None where it is neither (or ``name`` is "")."""
+        tensor = self._constants.get(name) if name else None
+        return None if tensor is None else numpy_helper.to_array(tensor)
 
     def reduce_mean(self, v: str, axes: list[int]) -> str:
         """ReduceMean over ``axes`` keeping dims, the axes an input from opset 18."""
@@ -66,7 +74,7 @@ def lower_doubles(model: onnx.ModelProto, lowerings: Mapping[str, Lowering]) -> 
 
     if not any(double(node) for graph in all_graphs(model.graph) for node in graph.node):
         return model
-    opset = ai_onnx_opset(model)
+    opset, constants = ai_onnx_opset(model), _constants(model)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     # inner graphs first: rewriting a graph copies its nodes, so a body must be rewritten while its node is in place
@@ -76,7 +84,7 @@ def lower_doubles(model: onnx.ModelProto, lowerings: Mapping[str, Lowering]) -> 
         nodes = []
         for node in graph.node:
             if double(node):
-                writer = Writer(node, node.op_type.lower(), opset)
+                writer = Writer(node, node.op_type.lower(), opset, constants)
                 lowerings[node.op_type](writer, node, types)
                 nodes += writer.nodes
             else:
@@ -84,3 +92,14 @@ def lower_doubles(model: onnx.ModelProto, lowerings: Mapping[str, Lowering]) -> 
         del graph.node[:]
         graph.node.extend(nodes)
     return out
+
+
+def _constants(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """Initializers and Constant nodes' ``value`` tensors of every graph, by name."""
+    found = {}
+    for graph in all_graphs(model.graph):
+        found.update((t.name, t) for t in graph.initializer)
+        found.update((node.output[0], a.t) for node in graph.node
+                     if node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+                     for a in node.attribute if a.name == "value")
+    return found

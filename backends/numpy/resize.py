@@ -82,49 +82,76 @@ def _weights(coords, in_len, scale, mode, cubic_a, exclude_outside, antialias):
     return matrix
 
 
-def _resize(x, out_shape, scales, *, mode, coord_mode, nearest_mode, cubic_a=-0.75,
-            exclude_outside=0, extrapolation_value=0.0, antialias=0, roi=None):
-    y = x
-    outside = None
-    for axis, (in_len, out_len, scale) in enumerate(zip(x.shape, out_shape, scales)):
+def axis_resamplings(in_shape, out_shape, scales, *, mode, coord_mode, nearest_mode, cubic_a=-0.75,
+                     exclude_outside=0, antialias=0, roi=None):
+    """One ``(axis, taken, outside)`` for each axis a Resize changes, in order: ``taken`` the source index of each
+    output position (nearest) or the (out, in) weight matrix (linear, cubic); ``outside`` the output positions
+    outside the input (``tf_crop_and_resize``, shaped to broadcast over the output) or None."""
+    plans = []
+    for axis, (in_len, out_len, scale) in enumerate(zip(in_shape, out_shape, scales)):
         if in_len == out_len and scale == 1.0 and coord_mode != "tf_crop_and_resize":
             continue
-        start, end = (roi[axis], roi[axis + x.ndim]) if roi is not None and len(roi) else (0.0, 1.0)
+        start, end = (roi[axis], roi[axis + len(in_shape)]) if roi is not None and len(roi) else (0.0, 1.0)
         coords = _source_coords(out_len, in_len, scale, coord_mode, start, end)
+        outside = None
         if coord_mode == "tf_crop_and_resize":
-            bad = (coords < 0) | (coords > in_len - 1)
-            shape = [1] * x.ndim
+            shape = [1] * len(in_shape)
             shape[axis] = out_len
-            bad = bad.reshape(shape)
-            outside = bad if outside is None else outside | bad
-        if mode == "nearest":
-            y = np.take(y, _nearest(coords, in_len, nearest_mode), axis=axis)
+            outside = ((coords < 0) | (coords > in_len - 1)).reshape(shape)
+        taken = (_nearest(coords, in_len, nearest_mode) if mode == "nearest" else
+                 _weights(coords, in_len, scale, mode, cubic_a, exclude_outside, antialias))
+        plans.append((axis, taken, outside))
+    return plans
+
+
+def _resize(x, out_shape, scales, *, extrapolation_value=0.0, **how):
+    y = x
+    outside = None
+    for axis, taken, out in axis_resamplings(x.shape, out_shape, scales, **how):
+        if taken.ndim == 1:
+            y = np.take(y, taken, axis=axis)
         else:
-            w = _weights(coords, in_len, scale, mode, cubic_a, exclude_outside, antialias)
-            y = np.moveaxis(np.tensordot(y, w, axes=([axis], [1])), -1, axis)
+            y = np.moveaxis(np.tensordot(y, taken, axes=([axis], [1])), -1, axis)
+        if out is not None:
+            outside = out if outside is None else outside | out
     if outside is not None:
         y = np.where(outside, extrapolation_value, y)
     return (y.astype(x.dtype, copy=False),)
 
 
-def _plan_sizes(x, scales, sizes, axes, policy):
+def plan(in_shape, roi=None, scales=None, sizes=None, *, legacy=False, antialias=0, axes=None,
+         coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75, exclude_outside=0,
+         extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode="nearest",
+         nearest_mode="round_prefer_floor"):
+    """``axis_resamplings`` of a Resize of an input of ``in_shape`` given its inputs and attributes (``legacy``:
+    opset 10's Resize or an Upsample, by ``scales`` and ``mode`` only)."""
+    if legacy:
+        out, full = _plan_sizes(in_shape, scales, None, None, "stretch")
+        return axis_resamplings(in_shape, out, full, mode=mode, coord_mode="asymmetric", nearest_mode="floor")
+    out, full = _plan_sizes(in_shape, scales, sizes, axes, keep_aspect_ratio_policy)
+    return axis_resamplings(in_shape, out, full, mode=mode, coord_mode=coordinate_transformation_mode,
+                            nearest_mode=nearest_mode, cubic_a=cubic_coeff_a, exclude_outside=exclude_outside,
+                            antialias=antialias, roi=_full_roi(roi, axes, len(in_shape)))
+
+
+def _plan_sizes(shape, scales, sizes, axes, policy):
     """(output shape, per-axis scales) from the scales or sizes input."""
-    axes = list(range(x.ndim)) if axes is None else [a % x.ndim for a in axes]
-    full_scales = [1.0] * x.ndim
-    out = list(x.shape)
+    axes = list(range(len(shape))) if axes is None else [a % len(shape) for a in axes]
+    full_scales = [1.0] * len(shape)
+    out = list(shape)
     if sizes is not None and np.asarray(sizes).size:
         sizes = [int(v) for v in np.asarray(sizes).ravel()]
-        ratios = [sizes[i] / x.shape[a] for i, a in enumerate(axes)]
+        ratios = [sizes[i] / shape[a] for i, a in enumerate(axes)]
         if policy in ("not_larger", "not_smaller"):
             r = min(ratios) if policy == "not_larger" else max(ratios)
             ratios = [r] * len(axes)
-            sizes = [int(math.floor(r * x.shape[a] + 0.5)) for a in axes]
+            sizes = [int(math.floor(r * shape[a] + 0.5)) for a in axes]
         for i, a in enumerate(axes):
             out[a], full_scales[a] = sizes[i], ratios[i]
     else:
         scales = [float(v) for v in np.asarray(scales).ravel()]
         for i, a in enumerate(axes):  # the float32 scale times the dim in double, as onnx's shape inference
-            out[a] = int(math.floor(x.shape[a] * scales[i]))  # and reference have it (onnxruntime: in float32)
+            out[a] = int(math.floor(shape[a] * scales[i]))  # and reference have it (onnxruntime: in float32)
             full_scales[a] = scales[i]
     return out, full_scales
 
@@ -144,7 +171,7 @@ def _full_roi(roi, axes, ndim):
 
 @kernel("Resize", since=10)
 def resize_v10(x, scales, *, mode="nearest"):
-    out, full = _plan_sizes(x, scales, None, None, "stretch")
+    out, full = _plan_sizes(x.shape, scales, None, None, "stretch")
     return _resize(x, out, full, mode=mode, coord_mode="asymmetric", nearest_mode="floor")
 
 
@@ -153,7 +180,7 @@ def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
            coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75, exclude_outside=0,
            extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode="nearest",
            nearest_mode="round_prefer_floor"):
-    out, full = _plan_sizes(x, scales, sizes, axes, keep_aspect_ratio_policy)
+    out, full = _plan_sizes(x.shape, scales, sizes, axes, keep_aspect_ratio_policy)
     return _resize(x, out, full, mode=mode, coord_mode=coordinate_transformation_mode,
                    nearest_mode=nearest_mode, cubic_a=cubic_coeff_a, exclude_outside=exclude_outside,
                    extrapolation_value=extrapolation_value, antialias=antialias,
