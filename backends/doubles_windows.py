@@ -121,37 +121,52 @@ def _windows(w: Writer, taps: list[str], groups: int, positions: int) -> str:
     return w.op("Reshape", stacked, w.const([0, groups, -1, positions], np.int64))
 
 
-def _matmul_conv(w: Writer, node: onnx.NodeProto, taps: list[str], weights: str, groups: int, out_channels: int,
-                 out: list[int]) -> None:
+def _or_any(dim: int | None) -> int:
+    """A Reshape's entry for ``dim``: -1 where it is symbolic."""
+    return -1 if dim is None else dim
+
+
+def _channels(node: onnx.NodeProto, types: dict) -> tuple[int | None, int | None, list[int]]:
+    """The weight's two channel dims (None where symbolic: one at most) and its kernel."""
+    first, second, *kernel = _static(node, types, node.input[1], "a weight shape")
+    if first is None and second is None:
+        raise _refuse(node, f"a weight of a known channel count ({node.input[1]!r} is symbolic in both)")
+    return first, second, kernel
+
+
+def _matmul_conv(w: Writer, node: onnx.NodeProto, taps: list[str], weights: str, groups: int,
+                 out_channels: int | None, out: list[int]) -> None:
     """``node``'s output: ``weights`` ``[groups, out / groups, in / groups * taps]`` times the windows, plus the
     bias (input 2)."""
     y = w.op("MatMul", weights, _windows(w, taps, groups, math.prod(out)))
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
-    shape = w.const([0, out_channels, *out], np.int64)
+    shape = w.const([0, _or_any(out_channels), *out], np.int64)
     if bias is None:
         w.op("Reshape", y, shape, output=node.output[0])
         return
-    per_channel = w.op("Reshape", bias, w.const([out_channels] + [1] * len(out), np.int64))
+    per_channel = w.op("Reshape", bias, w.const([-1] + [1] * len(out), np.int64))
     w.op("Add", w.op("Reshape", y, shape), per_channel, output=node.output[0])
 
 
 def _conv(w: Writer, node: onnx.NodeProto, types: dict) -> None:
     attrs = _attrs(node)
     spatial = _static(node, types, node.input[0], "spatial dims")[2:]
-    m, per_group, *kernel = _static(node, types, node.input[1], "a weight shape")
+    m, per_group, kernel = _channels(node, types)
     groups, n = attrs.get("group", 1), len(spatial)
     strides, dilations = attrs.get("strides") or [1] * n, attrs.get("dilations") or [1] * n
     begin, _, out, _, _ = geometry(spatial, kernel, strides, dilations, attrs.get("pads"),
                              attrs.get("auto_pad", b"NOTSET").decode())
     taps = _taps(w, node.input[0], spatial, out, kernel, strides, dilations, begin)
-    weights = w.op("Reshape", node.input[1], w.const([groups, m // groups, per_group * math.prod(kernel)], np.int64))
+    rows = None if m is None else m // groups
+    columns = None if per_group is None else per_group * math.prod(kernel)
+    weights = w.op("Reshape", node.input[1], w.const([groups, _or_any(rows), _or_any(columns)], np.int64))
     _matmul_conv(w, node, taps, weights, groups, m, out)
 
 
 def _conv_transpose(w: Writer, node: onnx.NodeProto, types: dict) -> None:
     attrs = _attrs(node)
     spatial = _static(node, types, node.input[0], "spatial dims")[2:]
-    channels, per_group, *kernel = _static(node, types, node.input[1], "a weight shape")
+    channels, per_group, kernel = _channels(node, types)
     groups, n = attrs.get("group", 1), len(spatial)
     strides, dilations = attrs.get("strides") or [1] * n, attrs.get("dilations") or [1] * n
     pads, extra = list(attrs.get("pads") or [0] * (2 * n)), attrs.get("output_padding") or [0] * n
@@ -169,10 +184,13 @@ def _conv_transpose(w: Writer, node: onnx.NodeProto, types: dict) -> None:
            for i, (d, s, e, k, dl) in enumerate(zip(spatial, strides, extra, kernel, dilations))]
     taps = _taps(w, node.input[0], spatial, out, kernel, strides, dilations, pads[:n], transposed=True)
     # [C, M / G, taps] by groups as [G, M / G, C / G * taps]
-    grouped = w.op("Reshape", node.input[1], w.const([groups, channels // groups, per_group, len(taps)], np.int64))
+    in_group = None if channels is None else channels // groups
+    grouped = w.op("Reshape", node.input[1], w.const([groups, _or_any(in_group), _or_any(per_group), len(taps)],
+                                                     np.int64))
+    columns = None if in_group is None else in_group * len(taps)
     weights = w.op("Reshape", w.op("Transpose", grouped, perm=[0, 2, 1, 3]),
-                   w.const([groups, per_group, channels // groups * len(taps)], np.int64))
-    _matmul_conv(w, node, taps, weights, groups, per_group * groups, out)
+                   w.const([groups, _or_any(per_group), _or_any(columns)], np.int64))
+    _matmul_conv(w, node, taps, weights, groups, None if per_group is None else per_group * groups, out)
 
 
 def _pool(node: onnx.NodeProto, types: dict):
