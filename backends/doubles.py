@@ -238,7 +238,8 @@ _LOWERINGS = {"Tan": _tan, "Sinh": _sinh, "Cosh": _cosh, "Asin": _asin, "Acos": 
 
 
 def lower_double(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` itself when its main graph has none of these ops (nor a MeanVarianceNormalization, ``mvn``) in
-    double, else a copy with each written out (the module docstring)."""
+    """``model`` itself when no graph of it has one of these ops (nor a MeanVarianceNormalization, ``mvn``; nor a
+    Conv, ConvTranspose or pool, ``doubles_windows``; nor a Resize, Upsample, InstanceNormalization or PRelu,
+    ``doubles_layers``) in double, else a copy with each written out (the module docstrings)."""
     return lower_doubles(model, {**_LOWERINGS, **mvn.LOWERING, **doubles_windows.LOWERINGS,
                                 **doubles_layers.LOWERINGS})
