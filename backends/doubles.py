@@ -237,9 +237,19 @@ _LOWERINGS = {"Tan": _tan, "Sinh": _sinh, "Cosh": _cosh, "Asin": _asin, "Acos": 
               "Asinh": _asinh, "Acosh": _acosh, "Atanh": _atanh, "Erf": _erf, "Det": _det}
 
 
-def lower_double(model: onnx.ModelProto) -> onnx.ModelProto:
+# onnxruntime's CUDA provider has double kernels for these (its registrations of Conv, ConvTranspose, the average and
+# max pools, InstanceNormalization, PRelu, Resize and Upsample), where its CPU provider has none; LpPool and
+# GlobalLpPool have none on either
+_CUDA_DOUBLE_KERNELS = frozenset({"Conv", "ConvTranspose", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+                                  "Resize", "Upsample", "InstanceNormalization", "PRelu"})
+
+
+def lower_double(model: onnx.ModelProto, device: str = "cpu") -> onnx.ModelProto:
     """``model`` itself when no graph of it has one of these ops (nor a MeanVarianceNormalization, ``mvn``; nor a
     Conv, ConvTranspose or pool, ``doubles_windows``; nor a Resize, Upsample, InstanceNormalization or PRelu,
-    ``doubles_layers``) in double, else a copy with each written out (the module docstrings)."""
-    return lower_doubles(model, {**_LOWERINGS, **mvn.LOWERING, **doubles_windows.LOWERINGS,
-                                **doubles_layers.LOWERINGS})
+    ``doubles_layers``) in double, else a copy with each written out (the module docstrings). On ``device``
+    "cuda" the ops the CUDA provider runs in double are left to it."""
+    layers = {**doubles_windows.LOWERINGS, **doubles_layers.LOWERINGS}
+    if device == "cuda":
+        layers = {op: fn for op, fn in layers.items() if op not in _CUDA_DOUBLE_KERNELS}
+    return lower_doubles(model, {**_LOWERINGS, **mvn.LOWERING, **layers})

@@ -171,8 +171,8 @@ class _OrtBackend:
             raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {self.name!r}")
         _check_domains(model, self.name)
         model = batchnorm.lower_training_mode(opsets.within_reach(unique_node_names(model), self.name), self.name)
-        model = pools.explicit_pads(doubles.lower_double(recurrent.with_full_params(scans.guard_empty(model))))
-        model = pad_axes.without_axes(model)
+        model = doubles.lower_double(recurrent.with_full_params(scans.guard_empty(model)), self.device)
+        model = pad_axes.without_axes(pools.explicit_pads(model))
         ort = _ort()
         options = ort.SessionOptions()
         options.log_severity_level = _ORT_QUIET
