@@ -263,3 +263,17 @@ def test_sum_of_bools_counts_as_int64_as_torch():
     out = run_ort(model, {"x": X})
     assert out["all"].dtype == np.int64 and out["all"] == (X > 0).sum()
     np.testing.assert_array_equal(out["rows"], (X > 0).sum(1))
+
+
+def test_example_values_that_overflow_capture_without_warnings():
+    """inf and NaN on example values are ONNX results, as in a Session's run: no RuntimeWarning
+    (which ``-W error`` made a CaptureError) and the same values."""
+    import warnings
+
+    x = np.array([1000.0, 0.0, -1.0], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = gc.capture(lambda x: gc.exp(x) / x, x=x)
+    got = gc.Session(model, backend="numpy").run({"x": x})["output"]
+    np.testing.assert_array_equal(np.isinf(got), [True, False, False])
+    assert np.isnan(got[1]) and got[2] == np.float32(-np.exp(np.float32(-1.0)))

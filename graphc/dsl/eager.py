@@ -29,8 +29,9 @@ def run(op_type: str, inputs: list[np.ndarray | None], attrs: dict[str, Any], op
         return [np.asarray(attrs["value"])]
     from graphc.backends.numpy import run_node
 
-    try:
-        outs = list(run_node(op_type, list(inputs), attrs, opset, num_outputs=node_outputs))
+    try:  # inf/NaN results are ONNX semantics, as in a Session's run (numpy backend), not warnings
+        with np.errstate(all="ignore"):
+            outs = list(run_node(op_type, list(inputs), attrs, opset, num_outputs=node_outputs))
     except Exception as exc:  # a kernel the numpy backend lacks: the reference evaluator decides
         try:
             outs = _reference(op_type, inputs, attrs, opset, node_outputs)
