@@ -275,5 +275,5 @@ def test_example_values_that_overflow_capture_without_warnings():
         warnings.simplefilter("error")
         model = gc.capture(lambda x: gc.exp(x) / x, x=x)
     got = gc.Session(model, backend="numpy").run({"x": x})["output"]
-    np.testing.assert_array_equal(np.isinf(got), [True, False, False])
-    assert np.isnan(got[1]) and got[2] == np.float32(-np.exp(np.float32(-1.0)))
+    np.testing.assert_array_equal(got[:2], [np.inf, np.inf])  # overflow, division by zero
+    np.testing.assert_allclose(got[2], -np.exp(-1.0), rtol=1e-6)
