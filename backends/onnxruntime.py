@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from google.protobuf.message import EncodeError
 
-from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, fusions, nchwc, opsets, pad_axes, pools,
-                             recurrent, scans, transposes)
+from graphc.backends import (batchnorm, bfloat16, bfloat16_casts, denormals, doubles, dropout, fusions, nchwc, opsets,
+                             pad_axes, pools, recurrent, scans, transposes)
 from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
@@ -186,7 +186,7 @@ class _OrtBackend:
             options.intra_op_num_threads = int(threads)
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         if self.device == "cpu":
-            model = _race_free(model, options)
+            model = _race_free(bfloat16_casts.lower(model), options)
             if options.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
                 model = _cpu_kernels(model, options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
         flush_denormals = bool(flush_denormals) and self.device == "cpu"
