@@ -38,7 +38,7 @@ from graphc.errors import InferenceError
 from graphc.model.windows import windows
 from graphc.passes.values import Dim, StaticShape, static_shape
 
-__all__ = ["InferenceError", "RULES", "ceil_adds_nothing", "correct_onnx_inference", "infer", "known_array"]
+__all__ = ["InferenceError", "RULES", "ceil_adds_nothing", "correct_onnx_inference", "infer", "known_array", "takes_widened"]
 
 Result = tuple[ir.DataType | None, StaticShape | None]
 
@@ -145,6 +145,21 @@ def _bind(op_type: str, opset: int, inputs: tuple, outputs: int) -> tuple[ir.Dat
 
 def _name(dtype: ir.DataType) -> str:
     return dtype.name.lower()
+
+
+@functools.lru_cache(maxsize=1024)
+def takes_widened(op_type: str, opset: int, dtypes: tuple[ir.DataType | None, ...], narrow: ir.DataType) -> bool:
+    """Whether ``op_type``'s schema at ``opset`` refuses tensor inputs of ``dtypes`` (None: missing or
+    untyped) but takes them with each ``narrow`` one float32 (Conv and Sin take no bfloat16 before
+    opset 22)."""
+    def binds(types: tuple) -> bool:
+        try:
+            _bind(op_type, opset, tuple(None if t is None else (t, True) for t in types), 0)
+        except InferenceError:
+            return False
+        return True
+
+    return not binds(dtypes) and binds(tuple(ir.DataType.FLOAT if t == narrow else t for t in dtypes))
 
 
 # -- shape rules --------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from graphc.errors import CaptureError, GraphError
 from graphc.model import EMITTED_OPSETS
 from graphc.model.dtypes import as_dtype, to_onnx, type_text
 from graphc.passes.emit import make_node
-from graphc.passes.infer import InferenceError, infer
+from graphc.passes.infer import InferenceError, infer, takes_widened
 from graphc.passes.values import STOP_GRADIENT_KEY, static_shape
 
 _PKG_DIR = str(Path(__file__).resolve().parents[1]) + os.sep  # the graphc package
@@ -40,6 +40,7 @@ _NOT_USER = (_PKG_DIR, str(Path(np.__file__).resolve().parent) + os.sep)
 _LIBRARIES = tuple(sorted({str(Path(sysconfig.get_path(k)).resolve()) + os.sep
                            for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
 _CURRENT: list["Builder"] = []
+_NARROW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
 def user_source() -> str:
@@ -307,6 +308,11 @@ class Builder:
             inputs = [self._detached(v) for v in inputs]
         attrs = {k: v for k, v in (attrs or {}).items() if v is not None}
         operands = inputs if operands is None else operands
+        narrow = {v.dtype for v in inputs if v is not None and v.dtype in _NARROW}
+        if len(narrow) == 1 and out_types is None and \
+                takes_widened(op_type, self.opset, tuple(v and v.dtype for v in inputs), *narrow):
+            return self._in_float32(op_type, inputs, attrs, num_outputs, *narrow, name_hint=name_hint, source=source,
+                                    operands=operands, evaluator=evaluator)
         prefix = self.module_path[-1] if self.module_path else ""
         node_name = self.unique(f"{prefix}/{op_type}" if prefix else op_type)
         base = name_hint or op_type.lower()
@@ -329,6 +335,19 @@ class Builder:
                 for v, r in zip(out_values, results):
                     self.values[id(v)] = r
         return out_values
+
+    def _in_float32(self, op_type: str, inputs: Sequence[ir.Value | None], attrs: dict[str, Any], num_outputs: int,
+                    narrow: ir.DataType, **kwargs: Any) -> list[ir.Value]:
+        """``emit`` of an op whose schema takes no ``narrow`` float at this opset (Conv, MaxPool, Sin or
+        Mish on bfloat16 before opset 22): its ``narrow`` inputs cast to float32 and its float32 outputs
+        back, one rounding, as torch's CPU kernels compute them (onnxruntime's CPU provider has no
+        bfloat16 kernel for them at any opset)."""
+        def cast(v: ir.Value, dtype: ir.DataType) -> ir.Value:
+            return self.emit("Cast", [v], {"to": int(dtype)}, source=kwargs["source"])[0]
+
+        wide = [cast(v, ir.DataType.FLOAT) if v is not None and v.dtype == narrow else v for v in inputs]
+        outputs = self.emit(op_type, wide, attrs, num_outputs, **kwargs)
+        return [cast(v, narrow) if v.dtype == ir.DataType.FLOAT else v for v in outputs]
 
     def _infer(self, node: ir.Node, operands: Sequence[Any], source: str) -> list[tuple]:
         try:
