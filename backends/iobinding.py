@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from graphc.backends import bfloat16
+
 __all__ = ["Bindings"]
 
 KEPT = 2  # the ping-pong sets of a Trainer's buffers
@@ -61,7 +63,11 @@ class Bindings:
         for name, value in feeds.items():
             if not isinstance(value, self._ortvalue):
                 arrays.append(np.asarray(value, order="C"))
-                binding.bind_cpu_input(name, arrays[-1])
+                if arrays[-1].dtype == bfloat16.BFLOAT16:  # bound as an OrtValue: onnxruntime has no numpy bfloat16
+                    arrays.append(bfloat16.to_ortvalue(self._ortvalue, arrays[-1]))
+                    binding.bind_ortvalue_input(name, arrays[-1])
+                else:
+                    binding.bind_cpu_input(name, arrays[-1])
         if key is not None:
             self.kept[key] = entry  # the most recently run last
             while len(self.kept) > KEPT:
@@ -79,7 +85,7 @@ class Bindings:
         back as that object (a CPU OrtValue made from numpy owns no memory: its Python object
         keeps the array, and so the data, alive)."""
         values = binding.get_outputs()  # host outputs first, as bound
-        host = {name: values[i].numpy() for i, name in enumerate(host_outputs)}
+        host = {name: bfloat16.to_array(values[i]) for i, name in enumerate(host_outputs)}
         device = {name: given[name] if given.get(name) is not None else values[len(host_outputs) + i]
                   for i, name in enumerate(device_outputs)}
         return host, device

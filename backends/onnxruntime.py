@@ -30,7 +30,7 @@ from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
 from graphc.model import ir_version_for, node_label, node_source
 from graphc.model.file import all_graphs, tensor_types, unique_node_names
-from graphc.model.dtypes import to_numpy
+from graphc.model.dtypes import to_onnx
 
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
            "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -385,15 +385,14 @@ class OrtExecutable:
         """An OrtValue on this session's device: a private copy, except of an ``owned``
         C-contiguous array on the CPU, which the OrtValue wraps as it is."""
         keep = owned and self.device == "cpu" and array.flags.c_contiguous and array.flags.writeable
-        return _ort().OrtValue.ortvalue_from_numpy(array if keep else np.array(array, copy=True, order="C"),
-                                                   self.device, self.device_id)
+        return bfloat16.to_device(_ort(), array, keep, self.device, self.device_id)
 
     def to_host(self, handle: Any) -> np.ndarray:
-        return handle.numpy() if hasattr(handle, "numpy") else np.asarray(handle)
+        return bfloat16.to_array(handle) if hasattr(handle, "numpy") else np.asarray(handle)
 
     def empty_like(self, handle: Any) -> Any:
         """A new OrtValue on this session's device, of ``handle``'s shape and dtype (contents undefined)."""
-        dtype = to_numpy(handle.data_type().removeprefix("tensor(").removesuffix(")"))
+        dtype = to_onnx(handle.data_type().removeprefix("tensor(").removesuffix(")"))  # bfloat16 has no numpy type here
         return _ort().OrtValue.ortvalue_from_shape_and_type(handle.shape(), dtype, self.device, self.device_id)
 
     def run_bound(self, feeds: Mapping[str, Any], host_outputs: Sequence[str],
