@@ -55,6 +55,11 @@ def _reduce(fn, x, axes, keepdims, noop_with_empty_axes):
         axes = () if noop_with_empty_axes else tuple(range(x.ndim))
     if x.dtype == np.bool_:
         return (fn(x.astype(np.uint8), axes, bool(keepdims)).astype(np.bool_),)
+    if x.dtype.kind not in "biufc" or x.dtype == np.float16:
+        # float16 and bfloat16 reduced in float32 and rounded once, as onnxruntime's CPU provider (which casts
+        # them to float32 around the node) and torch do: numpy sums them in their own dtype (a bfloat16 sum of
+        # 1,000 values near 50 stops at 16,384)
+        return (np.asarray(fn(x.astype(np.float32), axes, bool(keepdims))).astype(x.dtype),)
     out = np.asarray(fn(x, axes, bool(keepdims)))
     return (out.astype(x.dtype, copy=False),)
 
