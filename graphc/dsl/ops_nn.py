@@ -181,6 +181,7 @@ def global_avg_pool2d(x: Tensor) -> Tensor:
     return ops.emit("GlobalAveragePool", [x])
 
 
+@in_float32  # torch computes a narrow float's batch norm, statistics included, in float32 (running ones kept narrow)
 def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
                bias: Tensor | None = None, training: bool = False, momentum: float = 0.1,
                eps: float = 1e-5) -> Tensor:

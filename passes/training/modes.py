@@ -54,13 +54,21 @@ def batchnorm_stats(graph: ir.Graph) -> list[str]:
 def tracked_stat(value: ir.Value | None) -> ir.Value | None:
     """The initializer a BatchNormalization's running statistic is, or tiles along its one axis
     (``gc.nn.InstanceNorm*d(track_running_stats=True)``, torch's instance norm: a BatchNorm of
-    ``[1, N*C, ...]`` on the statistics tiled N times); else None."""
+    ``[1, N*C, ...]`` on the statistics tiled N times), or either cast (a float16 or bfloat16
+    statistic read in float32, ``graphc.dsl.upcast``); else None."""
     if value is None or value.is_initializer():
         return value
     producer = value.producer()
-    if producer is not None and producer.op_type == "Tile" and producer.inputs[0].is_initializer():
-        return producer.inputs[0]
+    if producer is not None and producer.op_type in ("Tile", "Cast"):
+        return tracked_stat(producer.inputs[0])
     return None
+
+
+def _tiled(value: ir.Value) -> bool:
+    """Is the running statistic ``value`` its initializer tiled (``tracked_stat``)?"""
+    producer = value.producer()
+    return producer is not None and (producer.op_type == "Tile" or producer.op_type == "Cast" and
+                                     _tiled(producer.inputs[0]))
 
 
 def add_batch_counters(graph: ir.Graph) -> list[str]:
@@ -301,10 +309,10 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node, device: str)
     graph.remove(node, safe=True)
     for value, new in ((mean_in, new_mean), (var_in, new_var)):
         stat = tracked_stat(value)
-        if stat is not None and stat is not value:  # tiled per sample: the samples' updates averaged, as torch
+        if stat is not None and _tiled(value):  # tiled per sample: the samples' updates averaged, as torch
             new = b.reduce("ReduceMean", b.op("Reshape", new, b.ints([-1, stat.shape[0]])), [0], keepdims=0)
-        if stat is not None:
-            updated[stat.name] = new
+        if stat is not None:  # in the statistic's own dtype where it is read cast
+            updated[stat.name] = new if new.dtype == stat.dtype else b.op("Cast", new, to=stat.dtype)
     return updated
 
 
