@@ -180,7 +180,7 @@ def _kernel_positions(kernel_shape):
 @kernel("MaxPool", since=1)
 def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, pads=None,
              storage_order=0, strides=None, _outputs=1):
-    fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    fill = np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf  # bfloat16: kind "V"
     xp, begin, _, _, out_shape, strides, dilations = _pool_setup(
         x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, fill)
     if _outputs > 1:
