@@ -35,7 +35,8 @@ def to_device(ort: Any, array: np.ndarray, keep: bool, device: str, device_id: i
     """``array`` as an OrtValue on ``device``: wrapping ``array`` itself where ``keep`` (C-contiguous,
     on the CPU), else a copy; a bfloat16 one always a copy, into an OrtValue of that ONNX type."""
     if array.dtype == BFLOAT16:
-        value = ort.OrtValue.ortvalue_from_shape_and_type(list(array.shape), onnx.TensorProto.BFLOAT16, device, device_id)
+        value = ort.OrtValue.ortvalue_from_shape_and_type(list(array.shape), onnx.TensorProto.BFLOAT16, device,
+                                                          device_id)
         value.update_inplace(np.ascontiguousarray(array).view(np.uint16))
         return value
     return ort.OrtValue.ortvalue_from_numpy(array if keep else np.array(array, copy=True, order="C"), device, device_id)

@@ -1,5 +1,5 @@
-"""One node written out in standard ops, in a backend's copy of a model (``batchnorm``, ``doubles``, ``mvn``,
-``pools``, ``scans``).
+"""One node written out in standard ops, in a backend's copy of a model (``batchnorm``, ``bfloat16_casts``,
+``doubles``, ``mvn``, ``pools``, ``scans``).
 
 ``Writer`` appends each new node to ``nodes`` (or to a list of the caller's, such as a branch's
 body), names it after the node's first output and a tag, and stamps it with the node's metadata

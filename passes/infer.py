@@ -38,7 +38,8 @@ from graphc.errors import InferenceError
 from graphc.model.windows import windows
 from graphc.passes.values import Dim, StaticShape, static_shape
 
-__all__ = ["InferenceError", "RULES", "ceil_adds_nothing", "correct_onnx_inference", "infer", "known_array", "takes_widened"]
+__all__ = ["InferenceError", "RULES", "ceil_adds_nothing", "correct_onnx_inference", "infer", "known_array",
+           "takes_widened"]
 
 Result = tuple[ir.DataType | None, StaticShape | None]
 
