@@ -104,6 +104,7 @@ _SOLVE_OPS = ("inverse lu_unpack triangular_solve cholesky cholesky_solve choles
 _REJECTION_OPS = "_standard_gamma poisson".split()
 _COUNTS_OPS = "bincount unique unique_consecutive histogramdd".split()
 _GAMMA_GRAD_OPS = "_standard_gamma_grad _dirichlet_grad".split()
+_VMAP_OPS = "vmap".split()
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -134,6 +135,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_solve", op) for op in _SOLVE_OPS},
     **{op: ("graphc.dsl.ops_rejection", op) for op in _REJECTION_OPS},
     **{op: ("graphc.dsl.ops_counts", op) for op in _COUNTS_OPS},
+    **{op: ("graphc.dsl.vmap", op) for op in _VMAP_OPS},
+    "func": ("graphc.nn.func", None),
     "nextafter": ("graphc.dsl.ops_nextafter", "nextafter"),
     **{op: ("graphc.dsl.ops_gamma_grad", op) for op in _GAMMA_GRAD_OPS},
     "linalg": ("graphc.dsl.linalg", None),

@@ -1,0 +1,457 @@
+"""``gc.vmap``'s batching rules: a node of the per-example body rewritten on batched values (the mapped
+dim first), as torch's vmap batching rules. A rule takes the node and its inputs, each a Tensor and
+whether it is batched, and returns its outputs likewise; ``NoRule`` (no rule for the op, or not for
+these inputs: a mapped shape, a mapped index into mapped data) sends the whole body to a ``Scan``."""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc.dsl import eager as _eager
+from graphc.dsl import ops
+from graphc.dsl.builder import Builder
+from graphc.dsl.tensor import Tensor
+from graphc.model import SOURCE_KEY
+from graphc.model.dtypes import as_dtype
+from graphc.passes.values import const_array, draws_random, static_shape
+
+__all__ = ["Batching", "NoRule", "hoist", "rewrite"]
+
+
+class NoRule(Exception):
+    """The body has a node no batching rule rewrites."""
+
+
+class Arg(NamedTuple):
+    t: Tensor
+    batched: bool
+
+
+class Batching:
+    """What the rules share: the builder, the mapped size, a batched Tensor to read it from at run
+    time, and the ``randomness`` mode."""
+
+    def __init__(self, builder: Builder, size: Any, ref: Tensor, randomness: str):
+        self.builder, self.size, self.ref, self.randomness = builder, size, ref, randomness
+        self._shape: Tensor | None = None
+
+    def batch_shape(self) -> Tensor:
+        """``[B]``, int64."""
+        if isinstance(self.size, int):
+            return ops.const_i64([self.size])
+        if self._shape is None:
+            self._shape = ops.emit("Shape", [self.ref], {"start": 0, "end": 1})
+        return self._shape
+
+    def expand(self, t: Tensor) -> Tensor:
+        """``t`` repeated along a new dim 0 of the mapped size."""
+        ones = ops.const_i64([1] * t.ndim)
+        return ops.emit("Expand", [ops.unsqueeze(t, [0]), ops.concat([self.batch_shape(), ones])])
+
+
+def hoist(builder: Builder, node: ir.Node) -> None:
+    """Record a traced body ``node`` that computes the same for every example in the current scope,
+    evaluated where that scope is eager."""
+    builder.scope.nodes.append(node)
+    if not builder.eager or all(id(v) in builder.values for v in node.outputs):
+        return
+    arrays = [None if v is None else builder.values.get(id(v)) for v in node.inputs]
+    if any(a is None for v, a in zip(node.inputs, arrays) if v is not None):
+        return
+    attrs = {a.name: a.value for a in node.attributes.values()}
+    results = _eager.run(node.op_type, arrays, attrs, builder.opset, node_outputs=len(node.outputs))
+    builder.values.update((id(v), r) for v, r in zip(node.outputs, results))
+
+
+def rewrite(b: Batching, nodes: list[ir.Node], batched: set[int], env: dict[int, Tensor],
+            outputs: list[ir.Value]) -> list[tuple[Tensor, bool]]:
+    """The body's ``outputs`` (Tensor, batched) with its ``batched`` nodes rewritten by the rules and the
+    others hoisted; ``env`` maps the body's inputs to the batched Tensors."""
+    args: dict[int, Arg] = {k: Arg(t, True) for k, t in env.items()}
+
+    def arg(value: ir.Value | None) -> Arg | None:
+        if value is None:
+            return None
+        return args.get(id(value)) or Arg(Tensor(value, b.builder.eager_value(value)), False)
+
+    for node in nodes:
+        if id(node) not in batched:
+            hoist(b.builder, node)
+            continue
+        rule = RULES.get(node.op_type)
+        if rule is None:
+            raise NoRule(node.op_type)
+        results = rule(b, node, [arg(v) for v in node.inputs])
+        args.update((id(v), r) for v, r in zip(node.outputs, results))
+    return [tuple(arg(v)) for v in outputs]
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _rank(value: ir.Value) -> int:
+    shape = static_shape(value)
+    if shape is None:
+        raise NoRule("unknown rank")
+    return len(shape)
+
+
+def _const(b: Batching, value: ir.Value | None) -> np.ndarray | None:
+    if value is None:
+        return None
+    found = b.builder.consts.get(id(value))
+    return const_array(value) if found is None else found
+
+
+def _attrs(node: ir.Node, **changed: Any) -> dict:
+    return {a.name: a.value for a in node.attributes.values()} | changed
+
+
+def _emit(node: ir.Node, inputs: list[Tensor | None], attrs: dict | None = None) -> list[Tensor]:
+    """``node``'s op again on ``inputs`` (with ``attrs``, else its own), its metadata (source line,
+    stop-gradient mark) kept."""
+    source = node.metadata_props.get(SOURCE_KEY)
+    outs = ops.emit(node.op_type, inputs, _attrs(node) if attrs is None else attrs, len(node.outputs),
+                    source=source)
+    outs = outs if isinstance(outs, list) else [outs]
+    made = outs[0].value.producer()
+    for key, value in node.metadata_props.items():
+        made.metadata_props.setdefault(key, value)
+    return outs
+
+
+def _batched(outs: list[Tensor], flag: bool = True) -> list[Arg]:
+    return [Arg(t, flag) for t in outs]
+
+
+def _pad(t: Tensor, rank: int, to: int) -> Tensor:
+    """A batched ``t`` of per-example rank ``rank`` as rank ``to``: size-1 dims after the mapped one."""
+    return t if rank >= to else ops.unsqueeze(t, list(range(1, 1 + to - rank)))
+
+
+def _only_first(args: list[Arg | None]) -> None:
+    if not args[0].batched or any(a is not None and a.batched for a in args[1:]):
+        raise NoRule("a mapped operand other than the data")
+
+
+def _axis(axis: int, rank: int) -> int:
+    """A per-example ``axis`` of a rank-``rank`` value, on the batched value."""
+    return axis % rank + 1 if rank else 1
+
+
+def _as_batched(b: Batching, a: Arg) -> Tensor:
+    return a.t if a.batched else b.expand(a.t)
+
+
+# -- rules -----------------------------------------------------------------------------------------
+
+
+def _same(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """Ops that act on each element, or on the last dims only (``Trilu``), of their first input."""
+    _only_first(args)
+    return _batched(_emit(node, [a and a.t for a in args]))
+
+
+def _cast_like(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    return _batched(_emit(node, [args[0].t, args[1].t]), args[0].batched)
+
+
+def _broadcast(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """Broadcasting ops: batched operands padded to the highest per-example rank."""
+    top = max(_rank(v) for v in node.inputs if v is not None)
+    ins = [None if a is None else _pad(a.t, _rank(v), top) if a.batched else a.t for a, v in zip(args, node.inputs)]
+    return _batched(_emit(node, ins))
+
+
+def _matmul_values(a: Arg, b_: Arg, ra: int, rb: int, source: str | None) -> Tensor:
+    """``a @ b`` per example (per-example ranks ``ra``, ``rb``): a mapped vector as a one-row (one-column)
+    matrix, the batch dims aligned, the added dims dropped after."""
+    x, y, ra2, rb2 = a.t, b_.t, ra, rb
+    if a.batched and ra == 1:
+        x, ra2 = ops.unsqueeze(x, [1]), 2
+    if b_.batched and rb == 1:
+        y, rb2 = ops.unsqueeze(y, [2]), 2
+    lead = max(ra2 - 2 if ra2 > 1 else 0, rb2 - 2 if rb2 > 1 else 0)
+    x = _pad(x, ra2, lead + 2) if a.batched else x
+    y = _pad(y, rb2, lead + 2) if b_.batched else y
+    out = ops.emit("MatMul", [x, y], source=source)
+    drop = ([-1] if b_.batched and rb == 1 else []) + ([-2 if rb2 > 1 else -1] if a.batched and ra == 1 else [])
+    return ops.emit("Squeeze", [out, ops.const_i64(sorted(drop))]) if drop else out
+
+
+def _matmul(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    ra, rb = _rank(node.inputs[0]), _rank(node.inputs[1])
+    return [Arg(_matmul_values(args[0], args[1], ra, rb, node.metadata_props.get(SOURCE_KEY)), True)]
+
+
+def _gemm(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """``alpha A' B' + beta C`` as a MatMul of the batched operands (A', B': transposed where asked)."""
+    attrs = _attrs(node)
+    a, b_, c = args[0], args[1], args[2] if len(args) > 2 else None
+    if attrs.get("transA"):
+        a = Arg(ops.transpose(a.t, [0, 2, 1] if a.batched else [1, 0]), a.batched)
+    if attrs.get("transB"):
+        b_ = Arg(ops.transpose(b_.t, [0, 2, 1] if b_.batched else [1, 0]), b_.batched)
+    y = _matmul_values(a, b_, 2, 2, node.metadata_props.get(SOURCE_KEY))
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    if alpha != 1.0:
+        y = y * ops.scalar(alpha, y)
+    if c is not None:
+        ct = c.t if beta == 1.0 else c.t * ops.scalar(beta, c.t)
+        y = y + (_pad(ct, _rank(node.inputs[2]), 2) if c.batched else ct)
+    return [Arg(y, True)]
+
+
+def _reduce(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """Reduce*: the per-example axes shifted past the mapped dim (none given: all of the example's)."""
+    _only_first(args)
+    rank, attrs = _rank(node.inputs[0]), _attrs(node)
+    in_attr = "axes" in attrs
+    given = attrs["axes"] if in_attr else _const(b, node.inputs[1]) if len(node.inputs) > 1 else None
+    if not in_attr and len(node.inputs) > 1 and node.inputs[1] is not None and given is None:
+        raise NoRule("axes not constant")
+    axes = [int(a) for a in np.ravel(given)] if given is not None else []
+    if not axes:
+        if attrs.get("noop_with_empty_axes"):
+            return [Arg(args[0].t, True)]
+        axes = list(range(rank))
+    axes = [_axis(a, rank) for a in axes]
+    if in_attr:
+        return _batched(_emit(node, [args[0].t], _attrs(node, axes=axes)))
+    return _batched(_emit(node, [args[0].t, ops.const_i64(axes)]))
+
+
+def _axis_attr(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """Ops of one ``axis`` attribute over their first input (Softmax, ArgMax, TopK, Split, ...)."""
+    _only_first(args)
+    rank, attrs = _rank(node.inputs[0]), _attrs(node)
+    default = -1 if node.op_type in ("Softmax", "LogSoftmax", "Hardmax", "TopK", "LpNormalization") else 0
+    axis = attrs.get("axis", default)
+    if node.op_type == "LayerNormalization" and axis < 0:
+        return _batched(_emit(node, [a and a.t for a in args]))
+    return _batched(_emit(node, [a and a.t for a in args], _attrs(node, axis=_axis(axis, rank))))
+
+
+def _cumsum(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    _only_first(args)
+    axis = _const(b, node.inputs[1])
+    if axis is None:
+        raise NoRule("axis not constant")
+    return _batched(_emit(node, [args[0].t, ops.const_i64([_axis(int(np.ravel(axis)[0]), _rank(node.inputs[0]))])]))
+
+
+def _flatten(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    shape = static_shape(node.inputs[0])
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        raise NoRule("Flatten of dims not static")
+    axis = _attrs(node).get("axis", 1) % (len(shape) + 1) if shape else 0
+    dims = [int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))]
+    return [Arg(ops.emit("Reshape", [args[0].t, ops.const_i64([0, *dims])]), True)]
+
+
+def _transpose(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    rank = _rank(node.inputs[0])
+    perm = _attrs(node).get("perm") or list(range(rank))[::-1]
+    return _batched(_emit(node, [args[0].t], {"perm": [0, *(p + 1 for p in perm)]}))
+
+
+def _reshape(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """The target shape after a 0 (the mapped dim copied); allowzero's 0 sizes are not batched."""
+    _only_first(args)
+    shape = args[1].t
+    if _attrs(node).get("allowzero"):
+        raise NoRule("allowzero")
+    return _batched(_emit(node, [args[0].t, ops.concat([ops.const_i64([0]), shape])]))
+
+
+def _unsqueeze(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    _only_first(args)
+    axes = _const(b, node.inputs[1])
+    if axes is None:
+        raise NoRule("axes not constant")
+    out_rank = _rank(node.inputs[0]) + axes.size
+    return _batched(_emit(node, [args[0].t, ops.const_i64([_axis(int(a), out_rank) for a in axes.ravel()])]))
+
+
+def _squeeze(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    _only_first(args)
+    shape = static_shape(node.inputs[0])
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = _const(b, node.inputs[1])
+        if axes is None or shape is None:
+            raise NoRule("axes not constant")
+        axes = [int(a) % len(shape) for a in axes.ravel()]
+    elif shape is not None and all(isinstance(d, int) for d in shape):
+        axes = [i for i, d in enumerate(shape) if d == 1]
+    else:
+        raise NoRule("Squeeze of dims not static")
+    return _batched(_emit(node, [args[0].t, ops.const_i64([a + 1 for a in axes])]))
+
+
+def _shape(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """The example's shape, the same for all: not batched."""
+    attrs = _attrs(node)
+    start, end = attrs.get("start", 0), attrs.get("end")
+    changed = {"start": start + 1 if start >= 0 else start}
+    if end is not None:
+        changed["end"] = end + 1 if end >= 0 else end
+    return _batched(_emit(node, [args[0].t], changed), False)
+
+
+def _size(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    dims = ops.emit("Shape", [args[0].t], {"start": 1})
+    return [Arg(ops.emit("ReduceProd", [dims], {"keepdims": 0}) if b.builder.opset < 18 else
+                ops.emit("ReduceProd", [dims, ops.const_i64([0])], {"keepdims": 0}), False)]
+
+
+def _concat(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    rank = _rank(node.inputs[0])
+    axis = _axis(_attrs(node)["axis"], rank)
+    return _batched(_emit(node, [_as_batched(b, a) for a in args], {"axis": axis}))
+
+
+def _slice(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    _only_first(args)
+    rank, ins = _rank(node.inputs[0]), [a and a.t for a in args]
+    if len(ins) > 3 and ins[3] is not None:
+        axes = _const(b, node.inputs[3])
+        if axes is None:
+            raise NoRule("axes not constant")
+        axes = [_axis(int(a), rank) for a in axes.ravel()]
+    else:
+        count = static_shape(node.inputs[1])
+        if count is None or not isinstance(count[0], int):
+            raise NoRule("number of sliced axes not static")
+        axes = list(range(1, count[0] + 1))
+    ins = ins + [None] * (5 - len(ins))
+    ins[3] = ops.const_i64(axes)
+    return _batched(_emit(node, ins[:5] if ins[4] is not None else ins[:4]))
+
+
+def _gather(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """Batched data: the axis shifted; batched indices into data the same for all: the mapped dim
+    moved to the front."""
+    data, idx = args
+    rank = _rank(node.inputs[0])
+    axis = _attrs(node).get("axis", 0) % rank
+    if data.batched and not idx.batched:
+        return _batched(_emit(node, [data.t, idx.t], {"axis": axis + 1}))
+    if data.batched:
+        raise NoRule("mapped indices into mapped data")
+    out = _emit(node, [data.t, idx.t], {"axis": axis})[0]
+    if axis:
+        out = ops.transpose(out, [axis, *(i for i in range(out.ndim) if i != axis)])
+    return [Arg(out, True)]
+
+
+def _elements(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """GatherElements/ScatterElements: operands of one rank, each batched, the axis shifted."""
+    axis = _axis(_attrs(node).get("axis", 0), _rank(node.inputs[0]))
+    return _batched(_emit(node, [_as_batched(b, a) for a in args], _attrs(node, axis=axis)))
+
+
+def _expand(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    _only_first(args)
+    count = static_shape(node.inputs[1])
+    if count is None or not isinstance(count[0], int):
+        raise NoRule("Expand to a shape of unknown length")
+    rank = max(_rank(node.inputs[0]), count[0])
+    ones = ops.const_i64([1] * (rank + 1 - count[0]))
+    return _batched(_emit(node, [_pad(args[0].t, _rank(node.inputs[0]), rank), ops.concat([ones, args[1].t])]))
+
+
+def _einsum(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """A letter the equation does not use for the mapped dim, on the batched operands and the result."""
+    equation = _attrs(node)["equation"].replace(" ", "")
+    if "->" not in equation:
+        raise NoRule("implicit einsum output")
+    lhs, out = equation.split("->")
+    letter = next(c for c in string.ascii_letters if c not in equation)
+    terms = [letter + t if a.batched else t for t, a in zip(lhs.split(","), args)]
+    return _batched(_emit(node, [a.t for a in args], {"equation": f"{','.join(terms)}->{letter}{out}"}))
+
+
+def _per_image(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """Ops on an ``(N, C, ...)`` input, each image alone (Conv, pools, inference BatchNorm): the
+    mapped dim folded into N and out again."""
+    _only_first(args)
+    if len(node.outputs) != 1:
+        raise NoRule("more than one output")
+    x = args[0].t
+    folded = ops.emit("Reshape", [x, ops.concat([ops.const_i64([-1]), ops.emit("Shape", [x], {"start": 2})])])
+    y = _emit(node, [folded, *(a and a.t for a in args[1:])])[0]
+    lead = ops.emit("Shape", [x], {"start": 0, "end": 2})
+    return [Arg(ops.emit("Reshape", [y, ops.concat([lead, ops.emit("Shape", [y], {"start": 1})])]), True)]
+
+
+# -- random ops ------------------------------------------------------------------------------------
+
+
+def _zeros_of(t: Tensor, start: int) -> Tensor:
+    """Zeros of ``t``'s dtype and its shape from dim ``start`` on."""
+    value = ir.Tensor(np.zeros(1, t.dtype.numpy))
+    return ops.emit("ConstantOfShape", [ops.emit("Shape", [t], {"start": start})], {"value": value})
+
+
+def _random(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """A draw per example ("different"), or one for all ("same") of the example's shape."""
+    if node.op_type in ("RandomNormal", "RandomUniform"):  # batched only when "different"
+        attrs = _attrs(node)
+        shape = [int(d) for d in attrs.pop("shape")]
+        zeros = ops.emit("ConstantOfShape", [ops.concat([b.batch_shape(), ops.const_i64(shape)])],
+                         {"value": ir.Tensor(np.zeros(1, np.float32))})
+        out = ops.emit(f"{node.op_type}Like", [zeros], attrs, source=node.metadata_props.get(SOURCE_KEY))
+        return [Arg(out, True)]
+    if b.randomness == "different" or not args[0].batched:
+        return _batched(_emit(node, [_as_batched(b, args[0]), *(a and a.t for a in args[1:])]))
+    if node.op_type == "Bernoulli":  # "same": one uniform draw compared with each example's p
+        p = args[0].t
+        u = ops.emit("RandomUniformLike", [_zeros_of(p, 1)], {"seed": _attrs(node).get("seed", 0.0)})
+        dtype = _attrs(node).get("dtype")
+        out = ops.cast(ops.binary("Less", u, p), p.dtype if dtype is None else as_dtype(ir.DataType(dtype)))
+        return [Arg(out, True)]
+    if node.op_type == "Dropout":  # "same": one mask, the example's shape
+        x = args[0].t
+        ones = ops.emit("ConstantOfShape", [ops.emit("Shape", [x], {"start": 1})],
+                        {"value": ir.Tensor(np.ones(1, x.dtype.numpy))})
+        outs = _emit(node, [ones, *(a and a.t for a in args[1:])])
+        return [Arg(x * outs[0], True), *_batched(outs[1:], False)]
+    like = _emit(node, [_zeros_of(args[0].t, 1)])  # RandomNormalLike/RandomUniformLike
+    return _batched(like, False)
+
+
+def _dropout(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    _only_first(args)
+    return _random(b, node, args) if draws_random(node) else _same(b, node, args)
+
+
+_UNARY = ("Abs", "Acos", "Acosh", "Asin", "Asinh", "Atan", "Atanh", "BitwiseNot", "Cast", "Ceil", "Celu", "Clip",
+          "Cos", "Cosh", "Elu", "Erf", "Exp", "Floor", "Gelu", "HardSigmoid", "HardSwish", "Identity", "IsInf",
+          "IsNaN", "LeakyRelu", "Log", "Mish", "Neg", "Not", "Reciprocal", "Relu", "Round", "Selu", "Shrink",
+          "Sigmoid", "Sign", "Sin", "Sinh", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh", "ThresholdedRelu",
+          "Trilu")
+_BROADCAST = ("Add", "And", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Div", "Equal", "Greater",
+              "GreaterOrEqual", "Less", "LessOrEqual", "Max", "Mean", "Min", "Mod", "Mul", "Or", "Pow", "Sub", "Sum",
+              "Where", "Xor")
+_REDUCE = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
+           "ReduceProd", "ReduceSum", "ReduceSumSquare")
+_AXIS = ("ArgMax", "ArgMin", "Softmax", "LogSoftmax", "Hardmax", "TopK", "Split", "LayerNormalization",
+         "LpNormalization")
+_PER_IMAGE = ("AveragePool", "BatchNormalization", "Conv", "ConvTranspose", "GlobalAveragePool", "GlobalMaxPool",
+              "InstanceNormalization", "LpPool", "MaxPool")
+
+RULES: dict[str, Callable[[Batching, ir.Node, list], list[Arg]]] = {
+    **dict.fromkeys(_UNARY, _same), **dict.fromkeys(_BROADCAST, _broadcast), **dict.fromkeys(_REDUCE, _reduce),
+    **dict.fromkeys(_AXIS, _axis_attr), **dict.fromkeys(_PER_IMAGE, _per_image),
+    **dict.fromkeys(("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli"), _random),
+    "CastLike": _cast_like, "MatMul": _matmul, "Gemm": _gemm, "CumSum": _cumsum, "Flatten": _flatten,
+    "Transpose": _transpose, "Reshape": _reshape, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Shape": _shape,
+    "Size": _size, "Concat": _concat, "Slice": _slice, "Gather": _gather, "GatherElements": _elements,
+    "ScatterElements": _elements, "Expand": _expand, "Einsum": _einsum,
+    "Dropout": _dropout,
+}
