@@ -105,6 +105,17 @@ def test_reductions_with_dims(path):
     _compare(fn, _data((5, 3, 4)), path)
 
 
+@pytest.mark.parametrize("opset", [17, 18])
+def test_reductions_of_all_axes_either_side_of_opset_18(path, opset):
+    """ReduceMean takes its axes as an attribute before opset 18, as an input from it."""
+    x, = _data((5, 3, 4))
+    model = gc.capture(lambda x: gc.vmap(lambda a: (gc.mean(a), gc.max(a, 1)))(x), x=x, opset=opset)
+    check(model)
+    out = gc.Session(model, backend="ort-cpu").run({"x": x})
+    np.testing.assert_allclose(out["output_0"], x.mean((1, 2)), rtol=1e-6)
+    np.testing.assert_allclose(out["output_1"], x.max(2), rtol=1e-6)
+
+
 def test_softmax_and_log_softmax(path):
     def fn(M, x):
         return M.vmap(lambda a: (M.softmax(a, 0), M.log_softmax(a, -1)))(x)

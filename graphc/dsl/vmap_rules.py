@@ -18,6 +18,7 @@ from graphc.dsl.builder import Builder
 from graphc.dsl.tensor import Tensor
 from graphc.model import SOURCE_KEY
 from graphc.model.dtypes import as_dtype
+from graphc.passes.emit import AXES_AS_INPUT
 from graphc.passes.values import const_array, draws_random, static_shape
 
 __all__ = ["Batching", "NoRule", "hoist", "rewrite"]
@@ -211,8 +212,8 @@ def _reduce(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """Reduce*: the per-example axes shifted past the mapped dim (none given: all of the example's)."""
     _only_first(args)
     rank, attrs = _rank(node.inputs[0]), _attrs(node)
-    in_attr = "axes" in attrs
-    given = attrs["axes"] if in_attr else _const(b, node.inputs[1]) if len(node.inputs) > 1 else None
+    in_attr = b.builder.opset < AXES_AS_INPUT.get(node.op_type, 18)
+    given = attrs.get("axes") if in_attr else _const(b, node.inputs[1]) if len(node.inputs) > 1 else None
     if not in_attr and len(node.inputs) > 1 and node.inputs[1] is not None and given is None:
         raise NoRule("axes not constant")
     axes = [int(a) for a in np.ravel(given)] if given is not None else []
@@ -222,7 +223,7 @@ def _reduce(b: Batching, node: ir.Node, args: list) -> list[Arg]:
         axes = list(range(rank))
     axes = [_axis(a, rank) for a in axes]
     if in_attr:
-        return _batched(_emit(node, [args[0].t], _attrs(node, axes=axes)))
+        return _batched(_emit(node, [args[0].t], _attrs(node, axes=axes)))  # before axes were an input
     return _batched(_emit(node, [args[0].t, ops.const_i64(axes)]))
 
 
