@@ -105,6 +105,17 @@ _REJECTION_OPS = "_standard_gamma poisson".split()
 _COUNTS_OPS = "bincount unique unique_consecutive histogramdd".split()
 _GAMMA_GRAD_OPS = "_standard_gamma_grad _dirichlet_grad".split()
 _VMAP_OPS = "vmap".split()
+# torch's names still missing (the torch coverage sweep), by graphc.dsl module
+_TORCH_COVERAGE_OPS = {
+    "linalg_legacy": "svd qr lu pinverse matrix_rank nuclear_norm frobenius_norm norm_except_dim",
+    "ops_strided": "as_strided as_strided_copy as_strided_scatter empty_strided empty_permuted",
+    "ops_torch_misc": "nonzero_static unsafe_chunk unsafe_split unsafe_split_with_sizes angle binomial",
+    "ops_segment": "segment_reduce",
+    "ops_cells": "rnn_tanh_cell rnn_relu_cell lstm_cell gru_cell convolution conv_tbc",
+    "grad_mode": "set_grad_enabled enable_grad is_grad_enabled inference_mode",
+    "ops_fractional": ("fractional_max_pool2d fractional_max_pool3d fractional_max_pool2d_with_indices "
+                       "fractional_max_pool3d_with_indices"),
+}
 
 # public name -> (module, attribute); attribute None means the module itself.
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -137,6 +148,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_counts", op) for op in _COUNTS_OPS},
     **{op: ("graphc.dsl.vmap", op) for op in _VMAP_OPS},
     "func": ("graphc.nn.func", None),
+    **{op: (f"graphc.dsl.{module}", op) for module, ops in _TORCH_COVERAGE_OPS.items() for op in ops.split()},
     "nextafter": ("graphc.dsl.ops_nextafter", "nextafter"),
     **{op: ("graphc.dsl.ops_gamma_grad", op) for op in _GAMMA_GRAD_OPS},
     "linalg": ("graphc.dsl.linalg", None),

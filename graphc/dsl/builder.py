@@ -79,14 +79,44 @@ def active() -> "Builder | None":
     return _CURRENT[-1] if _CURRENT else None
 
 
+_GRAD_OUTSIDE = [True]  # the grad mode outside a capture, where it only answers is_grad_enabled
+
+
+def set_grad_mode(enabled: bool) -> Any:
+    """Switch the grad mode (of the capture running, else outside one); returns what restores it.
+    Off, what is computed has no gradient (``Builder.set_gradients``)."""
+    builder = active()
+    if builder is None:
+        previous, _GRAD_OUTSIDE[0] = _GRAD_OUTSIDE[0], enabled
+        return None, previous
+    return builder, builder.set_gradients(enabled)
+
+
+def restore_grad_mode(state: Any) -> None:
+    """Undo ``set_grad_mode`` with what it returned."""
+    builder, previous = state
+    if builder is None:
+        _GRAD_OUTSIDE[0] = previous
+    else:
+        builder.restore_gradients(previous)
+
+
+def grad_mode() -> bool:
+    """Whether gradients are computed now (torch's ``is_grad_enabled``)."""
+    builder = active()
+    return _GRAD_OUTSIDE[0] if builder is None else builder.gradients_enabled
+
+
 @contextlib.contextmanager
 def no_grad():
     """``gc.no_grad()``, torch's ``no_grad`` block: what the block computes has no gradient (``gc.grad``
     and the training graphs send none back through it), as if each float value made before the block
-    that it reads were ``gc.detach``ed (``Builder.without_gradients``). Outside a capture it does nothing."""
-    builder = active()
-    with contextlib.nullcontext() if builder is None else builder.without_gradients():
+    that it reads were ``gc.detach``ed (``Builder.set_gradients``)."""
+    state = set_grad_mode(False)
+    try:
         yield
+    finally:
+        restore_grad_mode(state)
 
 
 def current() -> "Builder":
@@ -266,21 +296,24 @@ class Builder:
             self._const_cache[key] = out
         return out
 
-    @contextlib.contextmanager
-    def without_gradients(self):
-        """``gc.no_grad``: in the block, each float value made outside it that a node reads is read
-        through a stop-gradient Identity (one per value), so nothing made in the block has a gradient."""
-        if self._no_grad is not None:  # nested: the outer block does it
-            yield
-            return
-        self._no_grad = {}
-        try:
-            yield
-        finally:
-            self._no_grad = None
+    @property
+    def gradients_enabled(self) -> bool:
+        return self._no_grad is None
+
+    def set_gradients(self, enabled: bool) -> dict[int, ir.Value | None] | None:
+        """Turn gradients on or off (``gc.no_grad``, ``gc.set_grad_enabled``); returns the previous state
+        for ``restore_gradients``. Off, each float value made while on that a node reads is read through
+        a stop-gradient Identity (one per value), so nothing made while off has a gradient; the map of
+        those copies survives a block turning them on in between."""
+        previous = self._no_grad
+        self._no_grad = None if enabled else (previous if previous is not None else {})
+        return previous
+
+    def restore_gradients(self, previous: dict[int, ir.Value | None] | None) -> None:
+        self._no_grad = previous
 
     def _detached(self, value: ir.Value | None) -> ir.Value | None:
-        """``value`` as a node in a ``gc.no_grad`` block reads it (see ``without_gradients``)."""
+        """``value`` as a node in a ``gc.no_grad`` block reads it (see ``set_gradients``)."""
         made = self._no_grad  # a value made in the block maps to itself, one made outside to its copy
         if value is None or id(value) in self.consts or value.dtype is None or not value.dtype.is_floating_point():
             return value

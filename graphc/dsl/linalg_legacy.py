@@ -1,0 +1,108 @@
+"""torch's older top-level linear algebra (``torch.svd``, ``qr``, ``lu``, ``pinverse``, ``nuclear_norm``,
+``frobenius_norm``, ``norm_except_dim``) over ``gc.linalg``; ``torch.matrix_rank``'s removal error."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.linalg import QR, matrix_norm, pinv
+from graphc.dsl.linalg import qr as linalg_qr
+from graphc.dsl.linalg_ex import lu_factor_ex
+from graphc.dsl.ops import lift
+from graphc.dsl.ops_array import expand, zeros_like
+from graphc.dsl.ops_eigen import svd as linalg_svd
+from graphc.dsl.ops_math import norm
+from graphc.dsl.ops_solve import matrix_dims
+from graphc.dsl.ops_views import narrow, swap_last
+from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
+from graphc.model.dtypes import FLOAT_DTYPES
+
+
+class SVDV(NamedTuple):
+    """``gc.svd``'s result, as ``torch.svd``'s: ``V``, not ``Vh``."""
+
+    U: Tensor
+    S: Tensor
+    V: Tensor
+
+
+def _zero_square(a: Tensor, dim: int) -> Tensor:
+    """Zeros ``(..., k, k)`` with ``k = a.shape[dim]`` (``dim`` -2 or -1), ``a``'s batch and dtype."""
+    k = a.shape[dim]
+    edge = zeros_like(narrow(a, -1 if dim == -2 else -2, 0, 1))  # (..., k, 1) or (..., 1, k)
+    return expand(edge, *([-1] * (a.ndim - 2)), k, k)
+
+
+def svd(input: Any, some: bool = True, compute_uv: bool = True) -> SVDV:
+    """``torch.svd``: ``A = U diag(S) V^T`` (``some`` False asks for the full ``U``, ``V``: square matrices
+    only here); ``compute_uv`` False gives zero ``U`` ``(m, m)`` and ``V`` ``(n, n)``, as torch."""
+    a = lift(input)
+    matrix_dims("svd", a, "input")
+    u, s, vh = linalg_svd(a, full_matrices=not some and compute_uv)
+    if not compute_uv:
+        return SVDV(_zero_square(a, -2), s, _zero_square(a, -1))
+    return SVDV(u, s, swap_last(vh))
+
+
+def qr(input: Any, some: bool = True) -> QR:
+    """``torch.qr``: ``gc.linalg.qr`` with mode "reduced" (``some``) or "complete"."""
+    return linalg_qr(input, "reduced" if some else "complete")
+
+
+def lu(A: Any, pivot: bool = True, get_infos: bool = False) -> tuple[Tensor, ...]:
+    """``torch.lu``: ``(A_LU, pivots)``, and the int32 ``infos`` when ``get_infos`` (square ``A`` only)."""
+    packed, pivots, info = lu_factor_ex(A, pivot=pivot)
+    return (packed, pivots, info) if get_infos else (packed, pivots)
+
+
+def pinverse(input: Any, rcond: float = 1e-15) -> Tensor:
+    """``torch.pinverse``: ``gc.linalg.pinv`` cutting singular values below ``rcond`` times the largest."""
+    return pinv(input, atol=0.0, rtol=rcond)
+
+
+def matrix_rank(*args: Any, **kwargs: Any) -> Tensor:
+    """``torch.matrix_rank`` was removed: it raises as torch's does, pointing at ``gc.linalg.matrix_rank``."""
+    raise CaptureError("This function was deprecated since version 1.9 and is now removed. Please use the "
+                       "`gc.linalg.matrix_rank` function instead. The parameter 'symmetric' was renamed in "
+                       "`gc.linalg.matrix_rank()` to 'hermitian'.")
+
+
+def nuclear_norm(input: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """``torch.nuclear_norm(input, keepdim=False)`` over the last two dims, or ``(input, dim, keepdim)``."""
+    if isinstance(dim, bool):  # the (input, keepdim) overload called positionally
+        dim, keepdim = None, dim
+    return matrix_norm(input, "nuc", (-2, -1) if dim is None else tuple(dim), keepdim)
+
+
+def _float(fn: str, x: Any) -> Tensor:
+    x = lift(x)
+    if x.dtype not in FLOAT_DTYPES:
+        raise op_error(fn, [x], f"input must be floating point, got {x.dtype}", user_source())
+    return x
+
+
+def frobenius_norm(input: Any, dim: Any = (), keepdim: bool = False) -> Tensor:
+    """``torch.frobenius_norm(input, dim, keepdim=False)``: the 2-norm over at most two dims (``()``: all)."""
+    x = _float("frobenius_norm", input)
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    if len(dims) > 2:
+        raise op_error("frobenius_norm", [x], f"dim: expected at most 2 dimensions, got {len(dims)}", user_source())
+    return norm(x, 2, dims or None, keepdim)
+
+
+def norm_except_dim(v: Any, pow: float = 2, dim: int = 0) -> Tensor:
+    """``torch.norm_except_dim``: the ``pow``-norm over every dim but ``dim``, kept as size-1 dims (``dim``
+    -1: the norm of all of ``v``, a scalar), as weight normalisation uses it."""
+    x = _float("norm_except_dim", v)
+    if dim == -1:
+        return norm(x, pow)
+    if not -x.ndim <= dim < x.ndim:
+        raise op_error("norm_except_dim", [x], f"dim must be -1 or in [{-x.ndim}, {x.ndim}), got {dim}",
+                       user_source())
+    return norm(x, pow, [d for d in range(x.ndim) if d != dim % x.ndim], True)
+
+
+__all__ = ["SVDV", "frobenius_norm", "lu", "matrix_rank", "norm_except_dim", "nuclear_norm", "pinverse", "qr",
+           "svd"]
