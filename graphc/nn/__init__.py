@@ -52,6 +52,8 @@ from graphc.nn.rnn_cells import GRUCell, LSTMCell, RNNCell
 from graphc.nn.transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
                                    TransformerEncoderLayer)
 from graphc.nn.sparse import EmbeddingBag
+from graphc.nn.aliases import CrossMapLRN2d, NLLLoss2d, RNNBase, RNNCellBase, SyncBatchNorm
+from graphc.nn.fractional import FractionalMaxPool2d, FractionalMaxPool3d
 from graphc.nn.upsampling import (ChannelShuffle, PixelShuffle, PixelUnshuffle, Upsample, UpsamplingBilinear2d,
                                   UpsamplingNearest2d)
 
@@ -103,4 +105,7 @@ __all__ = [
     "CTCLoss",
     "ParameterDict",
     "AdaptiveLogSoftmaxWithLoss",
+    # the torch coverage sweep
+    "CrossMapLRN2d", "FractionalMaxPool2d", "FractionalMaxPool3d", "NLLLoss2d", "RNNBase", "RNNCellBase",
+    "SyncBatchNorm",
 ]

@@ -35,6 +35,8 @@ from graphc.dsl.ops_pool import (adaptive_avg_pool3d, adaptive_max_pool1d, adapt
 from graphc.dsl.ops_spatial import (affine_grid, channel_shuffle, grid_sample, pixel_unshuffle, upsample,
                                     upsample_bilinear, upsample_nearest)
 from graphc.dsl.ops_aliases import native_channel_shuffle
+from graphc.dsl.ops_fractional import (fractional_max_pool2d, fractional_max_pool2d_with_indices,
+                                       fractional_max_pool3d, fractional_max_pool3d_with_indices)
 from graphc.dsl.ops_dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
 from graphc.dsl.ops_linalg import (addbmm, addmv, addr, bmm, chain_matmul, cross, cumprod, det, diag, diag_embed,
                                   diagflat, diagonal, dot, inner, kron, logcumsumexp, logdet, mm, mv, slogdet, trace,
@@ -174,3 +176,5 @@ from graphc.dsl.ops_layers import elu as _elu  # noqa: E402
 relu_, elu_, leaky_relu_, hardtanh_, celu_, selu_, rrelu_, threshold_ = (
     _in_place(fn) for fn in (relu, _elu, leaky_relu, hardtanh, celu, selu, rrelu, threshold))
 __all__ += ["relu_", "elu_", "leaky_relu_", "hardtanh_", "celu_", "selu_", "rrelu_", "threshold_"]
+__all__ += ["fractional_max_pool2d", "fractional_max_pool2d_with_indices", "fractional_max_pool3d",
+            "fractional_max_pool3d_with_indices"]

@@ -1,0 +1,83 @@
+"""torch.nn's remaining names for layers graphc has: ``SyncBatchNorm`` (one graph holds the whole batch,
+so it is BatchNorm over it), ``CrossMapLRN2d`` (the legacy cross-channel LRN, with its running-sum
+window), ``NLLLoss2d`` (``NLLLoss``), and the recurrent base classes ``RNNBase`` and ``RNNCellBase``
+(for ``isinstance`` checks; build ``RNN``/``LSTM``/``GRU`` and their cells)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphc.dsl import ops
+from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.ops_views import movedim
+from graphc.dsl.tensor import Tensor
+from graphc.nn.layers import _BatchNorm
+from graphc.nn.loss import NLLLoss
+from graphc.nn.module import Module
+from graphc.nn.rnn import _RNNBase
+from graphc.nn.rnn_cells import _Cell
+
+RNNBase = _RNNBase
+RNNCellBase = _Cell
+
+
+class SyncBatchNorm(_BatchNorm):
+    """``torch.nn.SyncBatchNorm``: BatchNorm over ``(N, C, *)`` input (``process_group`` is accepted and
+    unused). A captured graph sees the whole batch, so its statistics are the batch's. Under
+    ``gc.Trainer(..., workers=N)`` each worker normalises by its own shard's statistics, as plain
+    BatchNorm in PyTorch DDP (the Trainer averages gradients but does not sync batch statistics; the
+    running statistics are rank 0's, copied to every worker after each step)."""
+
+    _ranks, _layout = (2, 3, 4, 5), "(N, C, *) (at least 2-D)"
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, process_group: Any = None, dtype: Any = "float32", *,
+                 bias: bool = True):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype, bias=bias)
+
+
+def cross_map_window(channels: int, size: int) -> np.ndarray:
+    """``(channels, channels)`` 0/1: which channels' squares torch's legacy CrossMapLRN2d sums for each
+    channel, by replaying its running sum (start with the first ``pre_pad``, then add the next and, past
+    ``pre_pad``, drop the one ``pre_pad`` back: channel 0 is never dropped)."""
+    pre_pad = int((size - 1) / 2 + 1)
+    window = np.zeros((channels, channels), np.float64)
+    window[0, :min(pre_pad, channels)] = 1
+    for c in range(1, channels):
+        window[c] = window[c - 1]
+        if c < channels - pre_pad + 1:
+            window[c, c + pre_pad - 1] += 1
+        if c > pre_pad:
+            window[c, c - pre_pad] -= 1
+    return window
+
+
+class CrossMapLRN2d(Module):
+    """``torch.nn.CrossMapLRN2d(size, alpha=1e-4, beta=0.75, k=1)``: ``x / (k + alpha / size * s)^beta``
+    with ``s`` torch's running sum of squares across channels (``cross_map_window``); 4-D input only."""
+
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1):
+        super().__init__()
+        self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
+
+    def forward(self, input: Any) -> Tensor:  # noqa: A002 - torch's name
+        x = ops.lift(input)
+        if x.ndim != 4 or not isinstance(x.shape[1], int):
+            raise op_error("CrossMapLRN2d", [x], f"expects a 4-D input (N, C, H, W) with static C, got "
+                           f"{x.type_str()}", user_source())
+        window = ops.constant(cross_map_window(x.shape[1], self.size).T.astype(x.dtype.numpy))
+        sums = movedim(ops.matmul(movedim(x * x, 1, -1), window), -1, 1)
+        scale = ops.scalar(self.k, x) + ops.scalar(self.alpha / self.size, x) * sums
+        return x * ops.exp(ops.log(scale) * ops.scalar(-self.beta, x))
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+
+class NLLLoss2d(NLLLoss):
+    """``torch.nn.NLLLoss2d``: ``NLLLoss`` (which takes ``(N, C, H, W)`` input already)."""
+
+
+__all__ = ["CrossMapLRN2d", "NLLLoss2d", "RNNBase", "RNNCellBase", "SyncBatchNorm", "cross_map_window"]
