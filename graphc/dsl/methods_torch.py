@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from graphc.dsl import (
+    linalg_legacy,
     ops,
     ops_aliases,
     ops_array,
@@ -30,6 +31,8 @@ from graphc.dsl import (
     ops_special,
     ops_spectral,
     ops_stats,
+    ops_strided,
+    ops_torch_misc,
     ops_views,
 )
 from graphc.dsl.builder import op_error, user_source
@@ -224,6 +227,12 @@ METHODS = {
     # counting and uniqueness (ops_counts.py), nextafter (ops_nextafter.py)
     "bincount": ops_counts.bincount, "unique": ops_counts.unique, "unique_consecutive": ops_counts.unique_consecutive,
     "nextafter": ops_nextafter.nextafter, "nextafter_": in_place(ops_nextafter.nextafter),
+    # the torch coverage sweep (linalg_legacy.py, ops_strided.py, ops_torch_misc.py)
+    "svd": linalg_legacy.svd, "qr": linalg_legacy.qr, "lu": linalg_legacy.lu, "pinverse": linalg_legacy.pinverse,
+    "as_strided": ops_strided.as_strided, "as_strided_scatter": ops_strided.as_strided_scatter,
+    "nonzero_static": ops_torch_misc.nonzero_static, "unsafe_chunk": ops_torch_misc.unsafe_chunk,
+    "unsafe_split": ops_torch_misc.unsafe_split, "unsafe_split_with_sizes": ops_torch_misc.unsafe_split_with_sizes,
+    "angle": ops_torch_misc.angle,
 }
 
 for _name, _method in METHODS.items():

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.builder import current, op_error, user_source
-from graphc.dsl.ops import cast, lift, maximum, minimum, scalar, unsqueeze, where
+from graphc.dsl.ops import cast, lift, scalar, unsqueeze, where
 from graphc.dsl.ops import sum as reduce_sum
 from graphc.dsl.ops_array import arange, cumsum
 from graphc.dsl.ops_math import amax, amin, prod
@@ -92,8 +92,8 @@ def segment_reduce(data: Any, reduce: str, *, lengths: Any = None, indices: Any 
     count = cast(unsqueeze(lens, list(range(axis + 1, axis + 1 + trailing))) if trailing else lens, x.dtype)
     if initial is not None:
         start = scalar(float(initial), x)
-        out = {"sum": lambda o: o + start, "mean": lambda o: o + start, "max": lambda o: maximum(o, start),
-               "min": lambda o: minimum(o, start), "prod": lambda o: o * start}[kind](out)
+        out = {"sum": lambda o: o + start, "mean": lambda o: o + start, "max": lambda o: where(o < start, start, o),
+               "min": lambda o: where(o > start, start, o), "prod": lambda o: o * start}[kind](out)
     if kind == "mean":
         empty = count == scalar(0, count)
         if initial is None:

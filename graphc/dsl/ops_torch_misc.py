@@ -10,7 +10,7 @@ from typing import Any
 
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.distributions.counts import Binomial
-from graphc.dsl.ops import cast, concat, lift, scalar, where
+from graphc.dsl.ops import cast, concat, detach, lift, scalar, where
 from graphc.dsl.ops_array import chunk, full, split
 from graphc.dsl.ops_math import isnan
 from graphc.dsl.ops_reshape import split_with_sizes
@@ -52,7 +52,7 @@ def angle(input: Any) -> Tensor:
     x = lift(input)
     if x.dtype not in FLOAT_DTYPES:
         x = cast(x, "float32")
-    return where(isnan(x), x, where(x < scalar(0, x), scalar(math.pi, x), scalar(0, x)))
+    return where(isnan(x), detach(x), where(x < scalar(0, x), scalar(math.pi, x), scalar(0, x)))
 
 
 def binomial(count: Any, prob: Any, generator: Any = None) -> Tensor:

@@ -13,17 +13,14 @@ from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops_views import movedim
 from graphc.dsl.tensor import Tensor
-from graphc.nn.layers import _BatchNorm
+from graphc.nn.layers import BatchNormBase
 from graphc.nn.loss import NLLLoss
 from graphc.nn.module import Module
-from graphc.nn.rnn import _RNNBase
-from graphc.nn.rnn_cells import _Cell
-
-RNNBase = _RNNBase
-RNNCellBase = _Cell
+from graphc.nn.rnn import RNNBase
+from graphc.nn.rnn_cells import RNNCellBase
 
 
-class SyncBatchNorm(_BatchNorm):
+class SyncBatchNorm(BatchNormBase):
     """``torch.nn.SyncBatchNorm``: BatchNorm over ``(N, C, *)`` input (``process_group`` is accepted and
     unused). A captured graph sees the whole batch, so its statistics are the batch's. Under
     ``gc.Trainer(..., workers=N)`` each worker normalises by its own shard's statistics, as plain
@@ -62,7 +59,7 @@ class CrossMapLRN2d(Module):
         super().__init__()
         self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
 
-    def forward(self, input: Any) -> Tensor:  # noqa: A002 - torch's name
+    def forward(self, input: Any) -> Tensor:
         x = ops.lift(input)
         if x.ndim != 4 or not isinstance(x.shape[1], int):
             raise op_error("CrossMapLRN2d", [x], f"expects a 4-D input (N, C, H, W) with static C, got "

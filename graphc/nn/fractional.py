@@ -27,7 +27,7 @@ class _FractionalMaxPoolNd(Module):
         self.kernel_size, self.output_size, self.output_ratio = kernel_size, output_size, output_ratio
         self.return_indices, self._random_samples = return_indices, _random_samples
 
-    def forward(self, input: Any) -> Any:  # noqa: A002 - torch's name
+    def forward(self, input: Any) -> Any:
         out = fractional_max_pool(f"{type(self).__name__}", input, self.nd, self.kernel_size, self.output_size,
                                   self.output_ratio, self._random_samples)
         return out if self.return_indices else out[0]

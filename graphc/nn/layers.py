@@ -227,3 +227,6 @@ class Unflatten(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return unflatten(x, self.dim, self.unflattened_size)
+
+
+BatchNormBase = _BatchNorm  # the base of the BatchNorm layers, for the ones defined elsewhere (SyncBatchNorm)

@@ -173,3 +173,6 @@ class LSTM(_RNNBase):
     def forward(self, x: Tensor, hx: Any = None):
         out, (h_n, c_n) = self._run(x, hx)
         return out, (h_n, c_n)
+
+
+RNNBase = _RNNBase  # torch.nn.RNNBase: the base of RNN, LSTM and GRU, for isinstance checks

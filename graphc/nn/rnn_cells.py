@@ -108,3 +108,6 @@ class GRUCell(_Cell):
         r, z = ops.sigmoid(i_r + h_r), ops.sigmoid(i_z + h_z)
         n = ops.tanh(i_n + r * h_n)
         return n + z * (h - n)
+
+
+RNNCellBase = _Cell  # torch.nn.RNNCellBase: the base of the cells, for isinstance checks
