@@ -522,6 +522,19 @@ def test_fractional_max_pool_random_regions_follow_torchs_distribution(backend):
         assert abs(counts.get(key, 0) / runs - p) <= 5 * np.sqrt(p * (1 - p) / runs) + 1e-3, (key, p)
 
 
+@pytest.mark.parametrize("output_size", [(1, 3), (3, 1)])
+def test_fractional_max_pool_random_regions_on_a_symbolic_batch(output_size):
+    x = rng(38).standard_normal((3, 2, 7, 6)).astype(np.float32)
+    model = gc.capture(gc.nn.FractionalMaxPool2d(2, output_size=output_size), x=gc.spec("float32", ("N", 2, 7, 6)))
+    check(model)
+    windows = np.lib.stride_tricks.sliding_window_view(x, (2, 2), axis=(2, 3)).max((-1, -2))  # every 2x2 max
+    for backend in ("numpy", "ort-cpu"):
+        out = gc.Session(model, backend=backend).run({"x": x})["output"]
+        assert out.shape == (3, 2, *output_size)
+        for n, c in np.ndindex(3, 2):
+            assert np.isin(out[n, c], windows[n, c]).all()
+
+
 def test_fractional_max_pool_errors_name_the_argument():
     x = np.ones((1, 1, 5, 5), np.float32)
     with pytest.raises(gc.CaptureError, match="requires exactly one of output_size and output_ratio"):

@@ -25,7 +25,7 @@ from graphc.dsl.ops import (
     where,
 )
 from graphc.dsl.ops import sum as reduce_sum
-from graphc.dsl.ops_array import argmax, expand, flip
+from graphc.dsl.ops_array import argmax, expand, flip, full_like
 from graphc.dsl.ops_math import floor
 from graphc.dsl.ops_sample import rand_like
 from graphc.dsl.ops_views import narrow
@@ -56,15 +56,15 @@ def _output_size(fn: str, x: Tensor, spatial: list[int], kernel: list[int], outp
 
 def _starts(u: Tensor, size: int, out: int, k: int) -> Tensor:
     """torch's window starts ``(N, C, out)`` (int64) from the samples ``u`` ``(N, C)``, in ``u``'s dtype."""
-    last = constant(np.full(1, size - k, np.int64))
+    u = unsqueeze(u, [-1])
+    last = full_like(u, size - k, "int64")
     if out == 1:
-        return expand(last, *u.shape, 1)
+        return last
     dtype = u.dtype.numpy
     alpha = scalar(float(dtype.type(size - k) / dtype.type(out - 1)), u)
     i = constant(np.arange(out - 1, dtype=dtype))
-    u = unsqueeze(u, [-1])
     head = cast(floor((i + u) * alpha), "int64") - cast(floor(u * alpha), "int64")
-    return emit("Concat", [head, expand(last, *head.shape[:-1], 1)], {"axis": -1})
+    return emit("Concat", [head, last], {"axis": -1})
 
 
 def fractional_max_pool(fn: str, input: Any, nd: int, kernel_size: Any, output_size: Any = None,
