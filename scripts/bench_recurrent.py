@@ -7,6 +7,15 @@ torch module is exported with torch.onnx (opset 17), loaded with ``gc.load`` and
 interleaved (``bench_train.interleaved_times``); ms per step, median / fastest. Needs torch.
 
     .venv/bin/python scripts/bench_recurrent.py [--lengths 8 32] [--rounds 10]
+
+``--forms`` instead compares the gradient graph's forms of a DSL LSTM and GRU (32 -> 128,
+batch 16, the same head and loss) at each length: the layer unrolled, a Scan whose gradient is
+unrolled, a Scan differentiated in reverse mode (the caps ``MAX_UNROLLED_STEPS`` and
+``MAX_SCAN_UNROLL`` set past or below the length). Per form: train_step nodes, generate and session
+build seconds, ms per step at 1 and 2 threads (forms interleaved, median / fastest). Unrolled
+forms run up to ``--unrolled-up-to`` steps (their session builds grow faster than linearly).
+
+    .venv/bin/python scripts/bench_recurrent.py --forms [--lengths 8 32 128 512 2048] [--unrolled-up-to 512]
 """
 
 from __future__ import annotations
@@ -19,10 +28,14 @@ from pathlib import Path
 
 import numpy as np
 from bench_train import LR, THREADS, interleaved_times
+from graphc.passes.autodiff import recurrent, rules_control
 
 import graphc as gc
 
 FEATURES, HIDDEN, CLASSES, BATCH = 32, 128, 10, 32
+FORMS_BATCH = 16
+# form -> (recurrent.MAX_UNROLLED_STEPS, rules_control.MAX_SCAN_UNROLL) that select it at any length
+FORMS = {"unrolled": (1 << 30, 0), "scan, unrolled grad": (0, 1 << 30), "scan, reverse mode": (0, 0)}
 
 
 def _module(torch):
@@ -77,12 +90,85 @@ def torch_step(torch, length: int):
     return step
 
 
+class _DslClassifier(gc.nn.Module):
+    """The layer ``kind`` (gc.nn.LSTM or GRU; "scan": ``h <- tanh(h W + x_t U)`` by ``gc.scan``)
+    and a Linear head on its last hidden state."""
+
+    def __init__(self, kind: str, hidden: int):
+        super().__init__()
+        if kind == "scan":
+            self.w, self.u = gc.nn.Linear(hidden, hidden, bias=False), gc.nn.Linear(FEATURES, hidden)
+        else:
+            self.rnn = getattr(gc.nn, kind)(FEATURES, hidden, batch_first=True)
+        self.kind, self.head = kind, gc.nn.Linear(hidden, CLASSES)
+
+    def forward(self, x):
+        if self.kind == "scan":
+            xs = gc.transpose(x, (1, 0, 2))
+            last, _ = gc.scan(lambda h, x_t: (gc.tanh(self.w(h) + self.u(x_t)), ()), gc.zeros_like(self.u(xs[0])), xs)
+        else:
+            last = self.rnn(x)[1][0][0] if self.kind == "LSTM" else self.rnn(x)[1][0]
+        return self.head(last)
+
+
+def form_steppers(kind: str, hidden: int, length: int, form: str, threads: tuple[int, ...]):
+    """(train_step nodes, generate s, {threads: (session build s, stepper)}) of one form."""
+    saved = recurrent.MAX_UNROLLED_STEPS, rules_control.MAX_SCAN_UNROLL
+    recurrent.MAX_UNROLLED_STEPS, rules_control.MAX_SCAN_UNROLL = FORMS[form]
+    try:
+        model = gc.capture(_DslClassifier(kind, hidden), seed=0, x=gc.spec("float32", ("N", length, FEATURES)))
+        t0 = time.perf_counter()
+        arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(LR))
+        seconds = time.perf_counter() - t0
+    finally:
+        recurrent.MAX_UNROLLED_STEPS, rules_control.MAX_SCAN_UNROLL = saved
+    rng = np.random.default_rng(0)
+    batches = [{"x": rng.standard_normal((FORMS_BATCH, length, FEATURES)).astype(np.float32),
+                "y": rng.integers(0, CLASSES, FORMS_BATCH).astype(np.int64)} for _ in range(2)]
+    steppers = {}
+    for n in threads:
+        t0 = time.perf_counter()
+        trainer = gc.Trainer(arts, backend="ort-cpu", threads=n)
+        steppers[n] = (time.perf_counter() - t0,
+                       lambda i, trainer=trainer: trainer.step(batches[i % len(batches)]))
+    return len(arts.train_step.proto.graph.node), seconds, steppers
+
+
+def compare_forms(kinds: list[str], hidden: int, lengths: list[int], unrolled_up_to: int, rounds: int, per_round: int,
+                  threads: tuple[int, ...]) -> None:
+    print(f"DSL LSTM/GRU/gc.scan tanh cell {FEATURES}->{hidden} + Linear, batch {FORMS_BATCH}, SGD, ort-cpu; "
+          "ms per step, median / fastest")
+    print("| layer | T | form | train_step nodes | generate s | session s | "
+          + " | ".join(f"{n} thread{'s' * (n > 1)} ms" for n in threads) + " |")
+    print("|---|---|---|---|---|---|" + "---|" * len(threads))
+    for kind in kinds:
+        for length in lengths:
+            forms = [f for f in FORMS if (length <= unrolled_up_to or f == "scan, reverse mode")
+                     and (kind != "scan" or f != "unrolled")]
+            built = {f: form_steppers(kind, hidden, length, f, threads) for f in forms}
+            times = {n: interleaved_times({f: (built[f][2][n][1], per_round) for f in forms}, rounds, warmup=2)
+                     for n in threads}
+            for f in forms:
+                nodes, seconds, steppers = built[f]
+                cells = " | ".join(f"{times[n][f][0]:.2f} / {times[n][f][1]:.2f}" for n in threads)
+                build = "/".join(f"{steppers[n][0]:.2f}" for n in threads)
+                print(f"| {kind} | {length} | {f} | {nodes} | {seconds:.2f} | {build} | {cells} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--per-round", type=int, default=5)
+    parser.add_argument("--forms", action="store_true", help="compare the gradient graph's forms (no torch)")
+    parser.add_argument("--unrolled-up-to", type=int, default=512)
+    parser.add_argument("--hidden", type=int, default=HIDDEN, help="--forms: the layer's hidden size")
+    parser.add_argument("--kinds", nargs="+", default=["LSTM", "GRU", "scan"], choices=["LSTM", "GRU", "scan"])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
+    if args.forms:
+        compare_forms(args.kinds, args.hidden, args.lengths, args.unrolled_up_to, args.rounds, args.per_round, tuple(args.threads))
+        return
     import torch
 
     print(f"LSTM {FEATURES}->{HIDDEN} + Linear {HIDDEN}->{CLASSES}, batch {BATCH}, SGD, {THREADS} threads; "

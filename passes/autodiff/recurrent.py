@@ -1,8 +1,8 @@
 """RNN, GRU and LSTM unrolled over their sequence into the ops the ONNX spec defines them with
 (MatMul, Add, Mul, the activations, Clip, Where), so autodiff differentiates them with the rules
-those ops have; a sequence whose length is known only at run time becomes a Scan over the same
-cell (differentiated in reverse mode). Used for the gradient graphs only; inference graphs keep
-the fused ops.
+those ops have; a sequence whose length is known only at run time, or longer than
+``MAX_UNROLLED_STEPS``, becomes a Scan over the same cell (differentiated in reverse mode).
+Used for the gradient graphs only; inference graphs keep the fused ops.
 
 Every form the ONNX ops have is covered: any direction and layout, bias, initial states, LSTM
 peepholes and ``input_forget``, GRU ``linear_before_reset``, ``clip``, any activations with their
@@ -15,7 +15,7 @@ costs ~210 train_step nodes (the Where masks' gradients), and the Scan is faster
 models/packed_lstm.py (2-layer bidirectional LSTM, hidden 16, batch 16, ort-cpu, 1 thread), train_step
 nodes / session load / step: unrolled T=8 7000 / 2.2 s / 3.2 ms, T=16 14032 / 9.0 s / 9.0 ms, T=32
 28096 / 36.8 s / 21.3 ms; Scan 710 nodes / 0.09 s at every T, 2.8 / 4.8 / 8.8 ms (T=128: 34 ms). Unmasked runs
-stay unrolled (the step is 2.5-4x faster than the Scan's: scripts/bench_recurrent.py, T=8 and 32).
+stay unrolled up to ``MAX_UNROLLED_STEPS``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,17 @@ _ACTIVATION_PARAMS = {"affine": (2, (1.0, 0.0)), "leakyrelu": (1, (0.01, 0.0)), 
 _PLAIN = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu", "softsign": "Softsign", "softplus": "Softplus"}
 
 Activation = Callable[[ir.Value], ir.Value]
+# The longest unmasked sequence unrolled; a longer one is a Scan whose train_step does not grow
+# with T. `bench_recurrent.py --forms` (DSL LSTM / GRU 32 -> 128, batch 16, ort-cpu, 1 thread, a
+# shared 2-core machine; train_step nodes, session build s, ms per step median): LSTM unrolled
+# T=8 483 / 0.10 / 0.80, T=32 1299 / 0.23 / 3.18, T=64 2387 / 1.31 / 14.3, T=128 4563 / 1.07 /
+# 17.6, T=512 17619 / 15.3 / 119; as a Scan in reverse mode 219 / 0.03-0.09 at every T, 1.31 /
+# 4.42 / 14.3 / 17.0 / 123 (T=2048: 403). GRU unrolled 563 / 0.19 / 0.70, 1619 / 0.33 / 3.01,
+# 3027 / 0.58 / 13.4, 5843 / 3.6 / 48.4, 22739 / 72.8 / 213; Scan 218 nodes, 1.08 / 7.83 / 12.4
+# / 35.4 / 153 (T=2048: 509). The unrolled step is faster up to T=32, even at 64, and no faster
+# from 128 on, where its session build takes seconds (the Scan's gradient unrolled instead is
+# 2-10x slower than either: rules_control.MAX_SCAN_UNROLL keeps it in reverse mode here).
+MAX_UNROLLED_STEPS = 64
 
 
 def unroll_recurrent(model: ir.Model) -> int:
@@ -182,7 +193,7 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
             return (em.op("Where", alive, new_h, em.const(np.zeros((), dtype))), em.op("Where", alive, new_h, h),
                     em.op("Where", alive, new_c, c) if new_c is not None else c)
 
-        if not isinstance(steps, int) or alive_lens is not None:  # one Scan over the steps
+        if not isinstance(steps, int) or steps > MAX_UNROLLED_STEPS or alive_lens is not None:  # one Scan
             y_d, h, c_last = _scan_steps(e, node, cell, xw, h, c if op == "LSTM" else None, backwards,
                                          alive_lens is not None, clip, d)
             c = c_last if op == "LSTM" else c

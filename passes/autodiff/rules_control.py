@@ -71,6 +71,18 @@ def grad_if(g, node, dys):
 
 # -- Loop and Scan: unrolled when the number of iterations is static -------------------------------
 MAX_UNROLL = 4096
+# The longest Scan whose gradient is unrolled; a longer one's is in reverse mode, a train_step that
+# does not grow with T. `bench_recurrent.py --forms` (ort-cpu, 1 thread, a shared 2-core machine;
+# train_step nodes, session build s, ms per step median), unrolled vs reverse mode: a gc.scan tanh
+# cell 32 -> 16, batch 16: T=8 220 / 0.07 / 0.15 vs 92 / 0.01 / 0.19, T=32 627 / 0.06 / 0.37 vs
+# 0.53, T=128 2259 / 0.47 / 1.29 vs 1.77, T=512 8787 / 4.9 / 6.87 vs 7.34 (reverse mode 92 nodes,
+# 0.01-0.02 s at every T); the cell 32 -> 128: T=8 0.30 vs 0.39, T=32 0.99 vs 1.25, T=128 4.42
+# vs 4.84, T=512 29.3 vs 24.4; the Scan of an LSTM 32 -> 128 cell: T=8 642 / 0.07 / 1.77 vs 1.31, T=32
+# 1938 / 0.23 / 15.6 vs 4.42, T=64 3666 / 2.0 / 47.2 vs 14.3, T=128 7122 / 1.8 / 81 vs 17.0, T=512
+# 27858 / 28 / 1230 vs 123 (each step's Gather of the scanned input gets a gradient of the whole
+# input, summed over the steps). At most 1.4x faster for small cells, slower past T=128, and many
+# times slower for wide scanned inputs; recurrent.MAX_UNROLLED_STEPS (no smaller) sends longer RNNs here as Scans.
+MAX_SCAN_UNROLL = 64
 
 
 def _clone_body(g: GradBuilder, body: ir.Graph, mapping: dict[ir.Value, ir.Value]) -> list[ir.Value]:
@@ -170,7 +182,7 @@ def _seeds(sub: GradBuilder, result, dys, n_carry: int, length: int, out_axes, r
 def grad_scan(g, node, dys):
     # Scan with a static sequence length: unrolled like Loop; scanned inputs are read with Gather
     # and scan outputs' gradients split per step (axes and directions honoured). A length known
-    # only at run time (or past MAX_UNROLL) goes to reverse mode.
+    # only at run time (or past MAX_SCAN_UNROLL) goes to reverse mode.
     body = node.attributes["body"].value
     m = attr(node, "num_scan_inputs")
     n_carry = len(node.inputs) - m
@@ -186,7 +198,7 @@ def grad_scan(g, node, dys):
         shape = static_shape(x)
         lengths.add(shape[axis] if isinstance(shape[axis], int) else None)
     length = lengths.pop() if len(lengths) == 1 else None
-    if length is None or length > MAX_UNROLL:  # a length known only at run time, or a long one
+    if length is None or length > MAX_SCAN_UNROLL:  # a length known only at run time, or a long one
         return _reverse_scan(g, node, dys, n_carry, (in_axes, in_dirs, out_axes, out_dirs))
 
     def steps(sub):

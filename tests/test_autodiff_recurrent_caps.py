@@ -1,0 +1,109 @@
+"""Long recurrent layers in gradient graphs: past ``MAX_UNROLLED_STEPS`` an RNN/GRU/LSTM without
+``sequence_lens`` becomes a Scan differentiated in reverse mode, so the train step's graph stops
+growing with the sequence length; its gradients still equal torch.autograd's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc.passes.autodiff.recurrent import MAX_UNROLLED_STEPS
+from graphc.passes.autodiff.rules_control import MAX_SCAN_UNROLL
+
+try:
+    from torch_grad_util import gc_grads, torch_twin
+except ImportError:  # tests/ collected as a package
+    from tests.torch_grad_util import gc_grads, torch_twin
+
+LAYERS = ["RNN(3, 4, batch_first=True, bidirectional=True)", "GRU(3, 4, batch_first=True, bidirectional=True)",
+          "LSTM(3, 4, batch_first=True, bidirectional=True)", "LSTM(3, 4)"]
+
+
+@pytest.mark.parametrize("ctor", LAYERS)
+def test_a_layer_longer_than_the_cap_gets_torchs_gradients(ctor):
+    """Past the cap (a Scan in reverse mode): the output and the gradients of the input and of
+    every parameter equal torch.autograd's, on numpy and onnxruntime."""
+    torch = pytest.importorskip("torch")
+    length = MAX_UNROLLED_STEPS + 6
+    shape = (2, length, 3) if "batch_first" in ctor else (length, 2, 3)
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    layer, twin = torch_twin(ctor, seed=4)
+    xt = torch.tensor(x, requires_grad=True)
+    want = twin(xt)[0]
+    c = np.random.default_rng(0).standard_normal(tuple(want.shape)).astype(np.float32)
+    (want * torch.from_numpy(c)).sum().backward()
+    for backend in ("numpy", "ort-cpu"):
+        got = gc_grads(lambda m, x: m(x), {"x": x}, {}, c, module=layer, backend=backend)
+        np.testing.assert_allclose(got["out"], want.detach().numpy(), rtol=1e-4, atol=1e-5, err_msg=backend)
+        np.testing.assert_allclose(got["x"], xt.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"{backend} x")
+        for k, p in twin.named_parameters():
+            np.testing.assert_allclose(got[f"m.{k}"], p.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"{backend} {k}")
+
+
+class _Classifier(gc.nn.Module):
+    def __init__(self, ctor: str):
+        super().__init__()
+        self.rnn = eval(f"gc.nn.{ctor}", {"gc": gc})  # noqa: S307 - constructors written in the tests
+        self.head = gc.nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.head(gc.reshape(self.rnn(x)[0][:, -1], (-1, 8)))
+
+
+def _train_step(ctor: str, length: int) -> list[str]:
+    model = gc.capture(_Classifier(ctor), seed=0, x=gc.spec("float32", ("N", length, 3)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(0.1))
+    return [n.op_type for n in arts.train_step.proto.graph.node]
+
+
+@pytest.mark.parametrize("ctor", LAYERS[:3])
+def test_the_train_step_stops_growing_past_the_cap(ctor):
+    """At two lengths past the cap the train step has the same nodes (one Scan forward, a
+    backward Loop); up to the cap the layer is unrolled (no Scan)."""
+    short, long = _train_step(ctor, MAX_UNROLLED_STEPS + 1), _train_step(ctor, 3 * MAX_UNROLLED_STEPS)
+    assert len(short) == len(long) and "Scan" in short and "Loop" in short, (len(short), len(long))
+    assert "Scan" not in _train_step(ctor, MAX_UNROLLED_STEPS)
+
+
+def _scan_grads(length: int) -> gc.Model:
+    """gc.grad of sum(ys * c) + sum(h_T) for h <- tanh(h w + x_t), y = 2 h scanned over x [length, 2, 3]
+    (y is not h itself: onnxruntime runs a Scan body that outputs one value twice wrongly)."""
+    def cell(h, x_t, w):
+        h = gc.tanh(gc.matmul(h, w) + x_t)
+        return h, 2 * h
+
+    def f(x, w, c):
+        h, ys = gc.scan(lambda h, x_t: cell(h, x_t, w), gc.zeros_like(x[0]), x)
+        return {"loss": gc.sum(ys * c) + gc.sum(h)}
+
+    x, w, c = _scan_inputs(length)
+    return gc.grad(gc.capture(f, x=x, w=w, c=c), "loss", wrt=["x", "w"])
+
+
+def _scan_inputs(length: int):
+    rng = np.random.default_rng(length)
+    return rng.standard_normal((length, 2, 3)), rng.standard_normal((3, 3)) * 0.5, rng.standard_normal((length, 2, 3))
+
+
+def test_a_scan_longer_than_its_cap_gets_reverse_mode_gradients_that_match_torch():
+    """Past MAX_SCAN_UNROLL a Scan's gradient is a backward Loop, the same nodes at any length,
+    and equals torch.autograd's of the same recurrence (float64, numpy and onnxruntime)."""
+    torch = pytest.importorskip("torch")
+    length = MAX_SCAN_UNROLL + 6
+    grads = _scan_grads(length)
+    ops = [n.op_type for n in grads.proto.graph.node]
+    assert "Loop" in ops and len(ops) == len(_scan_grads(3 * MAX_SCAN_UNROLL).proto.graph.node)
+    assert "Loop" not in [n.op_type for n in _scan_grads(MAX_SCAN_UNROLL).proto.graph.node]
+    x, w, c = _scan_inputs(length)
+    xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    h, loss = torch.zeros(2, 3, dtype=torch.float64), 0
+    for t in range(length):
+        h = torch.tanh(h @ wt + xt[t])
+        loss = loss + (2 * h * torch.from_numpy(c[t])).sum()
+    (loss + h.sum()).backward()
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(grads, backend=backend).run({"x": x, "w": w, "c": c})
+        np.testing.assert_allclose(got["loss"], loss.item() + h.sum().item(), rtol=1e-12, err_msg=backend)
+        np.testing.assert_allclose(got["x_grad"], xt.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
+        np.testing.assert_allclose(got["w_grad"], wt.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
