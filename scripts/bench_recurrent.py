@@ -1,4 +1,4 @@
-"""Training an imported LSTM: graphc (the LSTM unrolled in train_step) against PyTorch eager.
+"""Training an imported LSTM: graphc (the LSTM unrolled in train_step, a Scan past 64 steps) against PyTorch eager.
 
 A sequence classifier, nn.LSTM(32 -> 128, batch_first) + Linear(128 -> 10) on the last hidden
 state, softmax cross-entropy, plain SGD, batch 32, at several sequence lengths. The same
@@ -167,7 +167,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
     if args.forms:
-        compare_forms(args.kinds, args.hidden, args.lengths, args.unrolled_up_to, args.rounds, args.per_round, tuple(args.threads))
+        compare_forms(args.kinds, args.hidden, args.lengths, args.unrolled_up_to, args.rounds, args.per_round,
+                      tuple(args.threads))
         return
     import torch
 
