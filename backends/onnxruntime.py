@@ -29,7 +29,7 @@ from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
 from graphc.model import ir_version_for, node_label, node_source
-from graphc.model.file import all_graphs, tensor_types, unique_node_names
+from graphc.model.file import all_graphs, distinct_subgraph_outputs, tensor_types, unique_node_names
 from graphc.model.dtypes import to_onnx
 
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
@@ -170,7 +170,8 @@ class _OrtBackend:
         if cuda_graph and self.device != "cuda":
             raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {self.name!r}")
         _check_domains(model, self.name)
-        model = batchnorm.lower_training_mode(opsets.within_reach(unique_node_names(model), self.name), self.name)
+        model = opsets.within_reach(distinct_subgraph_outputs(unique_node_names(model)), self.name)
+        model = batchnorm.lower_training_mode(model, self.name)
         model = doubles.lower_double(recurrent.with_full_params(scans.guard_empty(model)), self.device)
         model = pad_axes.without_axes(pools.explicit_pads(model))
         ort = _ort()

@@ -65,12 +65,13 @@ def trace_subgraph(builder: Builder, fn: Callable, args: Sequence[Any], in_types
         is_seq = isinstance(result, (tuple, list))
         items = list(result) if is_seq else [result]
         produced = {id(v) for node in scope.nodes for v in node.outputs}
-        outs = []
-        for item in items:
+        outs, used = [], set()
+        for item in items:  # each output a value of its own made in the body (onnxruntime runs a repeat wrong)
             item = _lift(item)
-            if id(item.value) not in produced:
+            if id(item.value) not in produced or id(item.value) in used:
                 item = ops.emit("Identity", [item])
                 produced.add(id(item.value))
+            used.add(id(item.value))
             outs.append(item)
     graph = ir.Graph(values, [t.value for t in outs], nodes=scope.nodes, name=builder.unique(name))
     return graph, outs, is_seq

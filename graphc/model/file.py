@@ -266,6 +266,39 @@ def unique_node_names(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+def _subgraphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto]:
+    """Every graph attribute of ``model`` (If branches, Loop/Scan bodies), nested ones and those of
+    its local functions' nodes included; not the main graph."""
+    for node in [*model.graph.node, *(n for f in model.functions for n in f.node)]:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from all_graphs(sub)
+
+
+def distinct_subgraph_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself when no subgraph lists one value as two of its outputs; else a copy in
+    which each repeat is an Identity of it. ONNX allows the repeat (``lambda h, x: (h2, h2)`` as a
+    Scan body: the carry and the scanned output), onnxruntime 1.31 runs it wrong: such a Scan's
+    outputs came out up to 0.9 off, an If's second output was uninitialised memory (1e35)."""
+    if not any(len({o.name for o in g.output}) < len(g.output) for g in _subgraphs(model)):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    taken = {name for g in model_graphs(copy) for n in g.node for name in n.output}
+    for graph in _subgraphs(copy):
+        seen = set()
+        for out in graph.output:
+            if out.name in seen:
+                k = 1
+                while f"{out.name}_{k}" in taken:
+                    k += 1
+                graph.node.append(onnx.helper.make_node("Identity", [out.name], [f"{out.name}_{k}"]))
+                out.name = f"{out.name}_{k}"
+                taken.add(out.name)
+            seen.add(out.name)
+    return copy
+
+
 def ai_onnx_opset(model: onnx.ModelProto) -> int:
     """The opset ``model`` imports for the default (ai.onnx) domain; 0 where it imports none."""
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

@@ -27,7 +27,7 @@ from graphc.model.dtypes import TensorSpec
 from graphc.errors import GraphError
 from graphc.fileio import atomic_write, fsync_dir, scratch_dir
 from graphc.model import Model, load
-from graphc.model.file import unique_node_names
+from graphc.model.file import distinct_subgraph_outputs, unique_node_names
 from graphc.compile.opsets import convert_opset
 
 __all__ = ["SERVER_OPSET", "check_model_name", "triton", "triton_config", "triton_versions"]
@@ -123,12 +123,13 @@ def triton_config(model: Model, name: str, max_batch_size: int = 0, instance: st
 
 def for_server(model: Model, opset: int | None = None) -> Model:
     """``model`` at the opset a server should get: ``opset`` if given, else at most 17; nodes that
-    share a name renamed apart, which the server's onnxruntime requires (ONNX does not)."""
+    share a name renamed apart, which the server's onnxruntime requires (ONNX does not), and a
+    subgraph's repeated outputs made distinct, which it runs wrong (``distinct_subgraph_outputs``)."""
     current = model.opset
     target = opset if opset is not None else min(current, SERVER_OPSET)
     model = convert_opset(model, target, hint=f"pass opset={current} if the server's onnxruntime supports it")
     proto = model.proto
-    renamed = unique_node_names(proto)
+    renamed = distinct_subgraph_outputs(unique_node_names(proto))
     return model if renamed is proto else load(renamed)
 
 
