@@ -12,9 +12,11 @@ import pytest
 import graphc as gc
 
 try:
-    from torch_grad_util import assert_input_grad_matches_torch, run_both
+    from torch_grad_util import (assert_input_grad_matches_torch, assert_values_match_torch, named_outputs, run_both,
+                                 torch_values)
 except ImportError:  # tests/ collected as a package
-    from tests.torch_grad_util import assert_input_grad_matches_torch, run_both
+    from tests.torch_grad_util import (assert_input_grad_matches_torch, assert_values_match_torch, named_outputs,
+                                       run_both, torch_values)
 
 R = np.random.default_rng(11)
 NAN = np.nan
@@ -29,13 +31,6 @@ SINGULAR = np.array([[[1.0, 2.0], [2.0, 4.0]], [[2.0, 1.0], [1.0, 3.0]], [[0.0, 
 ZERO_COLUMN = np.array([[[0.0, 1.0, 2.0], [0.0, 3.0, 4.0], [0.0, 5.0, 6.0]],
                         [[4.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]]])
 SPD = np.array([[[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]]] * 2) + np.eye(3) * np.array([[[0.0]], [[1.0]]])
-
-
-def _out(result) -> dict:
-    if isinstance(result, tuple):
-        flat = [t for r in result for t in (r if isinstance(r, tuple) else (r,))]
-        return {f"out{k}": v for k, v in enumerate(flat)}
-    return {"output": result}
 
 
 def _uc(M, x, **kw):
@@ -112,27 +107,9 @@ VALUES = [
 ]
 
 
-def _torch_values(torch, fn, arrays) -> dict:
-    want = fn(torch, *(torch.from_numpy(np.asarray(a)) for a in arrays))
-    return {k: v.numpy() for k, v in _out(tuple(want) if not isinstance(want, torch.Tensor) else want).items()}
-
-
 @pytest.mark.parametrize("name,fn,arrays", VALUES, ids=[v[0] for v in VALUES])
 def test_values_match_torch(name, fn, arrays):
-    torch = pytest.importorskip("torch")
-    want = _torch_values(torch, fn, arrays)
-    names = [f"x{k}" for k in range(len(arrays))]
-    feeds = dict(zip(names, arrays))
-    with np.errstate(all="ignore"):
-        model = gc.capture(lambda **kw: _out(fn(gc, *(kw[n] for n in names))), **feeds)
-    onnx.checker.check_model(model.proto, full_check=True)
-    for backend in ("numpy", "ort-cpu"):
-        got = gc.Session(model, backend=backend).run(feeds)
-        for k, v in want.items():
-            assert got[k].dtype == v.dtype and got[k].shape == v.shape, (backend, k, got[k].dtype, got[k].shape)
-            np.testing.assert_allclose(got[k], v, rtol=1e-6, atol=1e-12, err_msg=f"{backend} {k}")
-            if v.dtype.kind == "f":  # the kept zero's sign too
-                np.testing.assert_array_equal(np.signbit(got[k]), np.signbit(v), err_msg=f"{backend} {k} signs")
+    assert_values_match_torch(pytest.importorskip("torch"), fn, arrays, signs=True)
 
 
 def test_symbolic_lengths_and_opset_17():
@@ -143,11 +120,11 @@ def test_symbolic_lengths_and_opset_17():
              "unique_consecutive": lambda M, x: _uc(M, x), "unique_dim": lambda M, x: M.unique(x[None], dim=1)}
     for opset in (17, 21):
         for name, fn in cases.items():
-            model = gc.capture(lambda x, fn=fn: _out(fn(gc, x)), x=gc.spec("int64", ("N",)), opset=opset)
+            model = gc.capture(lambda x, fn=fn: named_outputs(fn(gc, x)), x=gc.spec("int64", ("N",)), opset=opset)
             onnx.checker.check_model(model.proto, full_check=True)
             for x in (INTS, np.array([5, 5, 2], np.int64)):
                 got = run_both(model, {"x": x})
-                for k, v in _torch_values(torch, fn, [x]).items():
+                for k, v in torch_values(torch, fn, [x]).items():
                     np.testing.assert_array_equal(got[k], v, err_msg=f"{name} opset {opset} {k}")
 
 

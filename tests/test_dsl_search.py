@@ -12,11 +12,11 @@ import pytest
 import graphc as gc
 
 try:
-    from torch_grad_util import (assert_directional_derivatives, assert_input_grad_matches_torch, gc_grads,
-                                 run_both)
+    from torch_grad_util import (assert_directional_derivatives, assert_input_grad_matches_torch,
+                                 assert_values_match_torch, gc_grads, run_both)
 except ImportError:  # tests/ collected as a package
     from tests.torch_grad_util import (assert_directional_derivatives, assert_input_grad_matches_torch,
-                                       gc_grads, run_both)
+                                       assert_values_match_torch, gc_grads, run_both)
 
 R = np.random.default_rng(7)
 X = R.standard_normal((3, 5))
@@ -32,10 +32,6 @@ COORDS = np.array([0.0, 0.5, 1.75, 2.0, 4.0])
 INDEX = np.array([0, 3, 0, 2], np.int64)
 SOURCE = R.uniform(0.5, 2.0, (4, 5))
 TIES = np.array([[0.0, 0.0, 1.0], [2.0, 2.0, 1.0], [0.0, 0.0, 1.0]])
-
-
-def _out(result) -> dict:
-    return {f"out{k}": v for k, v in enumerate(result)} if isinstance(result, tuple) else {"output": result}
 
 
 def _fill(M, x, value, wrap):
@@ -118,25 +114,9 @@ VALUES = [
 ]
 
 
-def _torch_values(torch, fn, arrays) -> dict:
-    want = fn(torch, *(torch.from_numpy(np.asarray(a)) for a in arrays))
-    return {k: v.numpy() for k, v in _out(tuple(want) if not isinstance(want, torch.Tensor) else want).items()}
-
-
 @pytest.mark.parametrize("name,fn,arrays", VALUES, ids=[v[0] for v in VALUES])
 def test_values_match_torch(name, fn, arrays):
-    torch = pytest.importorskip("torch")
-    want = _torch_values(torch, fn, arrays)
-    names = [f"x{k}" for k in range(len(arrays))]
-    feeds = dict(zip(names, arrays))
-    with np.errstate(all="ignore"):
-        model = gc.capture(lambda **kw: _out(fn(gc, *(kw[n] for n in names))), **feeds)
-    onnx.checker.check_model(model.proto, full_check=True)
-    for backend in ("numpy", "ort-cpu"):
-        got = gc.Session(model, backend=backend).run(feeds)
-        for k, v in want.items():
-            assert got[k].dtype == v.dtype and got[k].shape == v.shape, (backend, k, got[k].dtype, got[k].shape)
-            np.testing.assert_allclose(got[k], v, rtol=1e-6, atol=1e-12, err_msg=f"{backend} {k}")
+    assert_values_match_torch(pytest.importorskip("torch"), fn, arrays)
 
 
 def test_searchsorted_with_a_symbolic_batch_and_opset_17():

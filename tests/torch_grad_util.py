@@ -225,3 +225,39 @@ def assert_step_matches_torch(trainer: gc.Trainer, batch: dict, opt, torch_loss,
             np.testing.assert_allclose(state[k], v.numpy(), rtol=state_rtol, atol=state_atol,
                                        err_msg=f"step {step} {k}")
     return state
+
+
+def named_outputs(result) -> dict:
+    """A function's result as named outputs: ``out0``, ``out1``, ... for a tuple (nested tuples
+    flattened in order), else ``output``."""
+    if isinstance(result, tuple):
+        flat = [t for r in result for t in (r if isinstance(r, tuple) else (r,))]
+        return {f"out{k}": v for k, v in enumerate(flat)}
+    return {"output": result}
+
+
+def torch_values(torch, fn, arrays) -> dict:
+    """``fn(torch, *arrays)``'s ``named_outputs`` as numpy arrays."""
+    want = fn(torch, *(torch.from_numpy(np.asarray(a)) for a in arrays))
+    return {k: v.numpy() for k, v in named_outputs(tuple(want) if not isinstance(want, torch.Tensor) else want).items()}
+
+
+def assert_values_match_torch(torch, fn, arrays, signs: bool = False) -> None:
+    """``fn(gc, *arrays)`` captured (``check_model(full_check=True)``) and run on numpy and ort-cpu
+    against ``fn(torch, *arrays)``: each output's dtype, shape and values (and with ``signs`` each
+    float's sign bit, a zero's included)."""
+    import onnx
+
+    want = torch_values(torch, fn, arrays)
+    names = [f"x{k}" for k in range(len(arrays))]
+    feeds = dict(zip(names, arrays))
+    with np.errstate(all="ignore"):
+        model = gc.capture(lambda **kw: named_outputs(fn(gc, *(kw[n] for n in names))), **feeds)
+    onnx.checker.check_model(model.proto, full_check=True)
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(model, backend=backend).run(feeds)
+        for k, v in want.items():
+            assert got[k].dtype == v.dtype and got[k].shape == v.shape, (backend, k, got[k].dtype, got[k].shape)
+            np.testing.assert_allclose(got[k], v, rtol=1e-6, atol=1e-12, err_msg=f"{backend} {k}")
+            if signs and v.dtype.kind == "f":
+                np.testing.assert_array_equal(np.signbit(got[k]), np.signbit(v), err_msg=f"{backend} {k} signs")
