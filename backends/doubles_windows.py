@@ -126,12 +126,18 @@ def _or_any(dim: int | None) -> int:
     return -1 if dim is None else dim
 
 
-def _channels(node: onnx.NodeProto, types: dict) -> tuple[int | None, int | None, list[int]]:
-    """The weight's two channel dims (None where symbolic: one at most) and its kernel."""
+def _conv_layout(node: onnx.NodeProto, types: dict) -> tuple[dict, list[int], int | None, int | None, list[int],
+                                                            int, list[int], list[int]]:
+    """A Conv's or ConvTranspose's attributes, input spatial dims, the weight's two channel dims
+    (None where symbolic: one at most), its kernel, groups, strides and dilations."""
+    attrs = _attrs(node)
+    spatial = _static(node, types, node.input[0], "spatial dims")[2:]
     first, second, *kernel = _static(node, types, node.input[1], "a weight shape")
     if first is None and second is None:
         raise _refuse(node, f"a weight of a known channel count ({node.input[1]!r} is symbolic in both)")
-    return first, second, kernel
+    n = len(spatial)
+    return (attrs, spatial, first, second, kernel, attrs.get("group", 1), attrs.get("strides") or [1] * n,
+            attrs.get("dilations") or [1] * n)
 
 
 def _matmul_conv(w: Writer, node: onnx.NodeProto, taps: list[str], weights: str, groups: int,
@@ -149,11 +155,7 @@ def _matmul_conv(w: Writer, node: onnx.NodeProto, taps: list[str], weights: str,
 
 
 def _conv(w: Writer, node: onnx.NodeProto, types: dict) -> None:
-    attrs = _attrs(node)
-    spatial = _static(node, types, node.input[0], "spatial dims")[2:]
-    m, per_group, kernel = _channels(node, types)
-    groups, n = attrs.get("group", 1), len(spatial)
-    strides, dilations = attrs.get("strides") or [1] * n, attrs.get("dilations") or [1] * n
+    attrs, spatial, m, per_group, kernel, groups, strides, dilations = _conv_layout(node, types)
     begin, _, out, _, _ = geometry(spatial, kernel, strides, dilations, attrs.get("pads"),
                              attrs.get("auto_pad", b"NOTSET").decode())
     taps = _taps(w, node.input[0], spatial, out, kernel, strides, dilations, begin)
@@ -164,11 +166,8 @@ def _conv(w: Writer, node: onnx.NodeProto, types: dict) -> None:
 
 
 def _conv_transpose(w: Writer, node: onnx.NodeProto, types: dict) -> None:
-    attrs = _attrs(node)
-    spatial = _static(node, types, node.input[0], "spatial dims")[2:]
-    channels, per_group, kernel = _channels(node, types)
-    groups, n = attrs.get("group", 1), len(spatial)
-    strides, dilations = attrs.get("strides") or [1] * n, attrs.get("dilations") or [1] * n
+    attrs, spatial, channels, per_group, kernel, groups, strides, dilations = _conv_layout(node, types)
+    n = len(spatial)
     pads, extra = list(attrs.get("pads") or [0] * (2 * n)), attrs.get("output_padding") or [0] * n
     auto_pad = attrs.get("auto_pad", b"NOTSET").decode()
     wanted = attrs.get("output_shape")

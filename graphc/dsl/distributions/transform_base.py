@@ -81,24 +81,21 @@ class Transform:
 
     def __call__(self, x: Any) -> Tensor:
         """``y = t(x)`` (the cached ``y`` if ``x`` is the last input and ``cache_size`` is 1)."""
-        x = self._input(x, "x")
-        if not self._cache_size:
-            return self._call(x)
-        if x is self._cached_x_y[0]:
-            return self._cached_x_y[1]
-        y = self._call(x)
-        self._cached_x_y = x, y
-        return y
+        return self._through_cache(self._input(x, "x"), 0, self._call)
 
     def _inv_call(self, y: Any) -> Tensor:
-        y = self._input(y, "y")
+        return self._through_cache(self._input(y, "y"), 1, self._inverse)
+
+    def _through_cache(self, v: Tensor, side: int, compute) -> Tensor:
+        """``compute(v)`` for ``v`` on ``side`` of the map (0: x, 1: y); with ``cache_size`` 1 the
+        other side of the last pair when ``v`` is its ``side``, and the pair kept."""
         if not self._cache_size:
-            return self._inverse(y)
-        if y is self._cached_x_y[1]:
-            return self._cached_x_y[0]
-        x = self._inverse(y)
-        self._cached_x_y = x, y
-        return x
+            return compute(v)
+        if v is self._cached_x_y[side]:
+            return self._cached_x_y[1 - side]
+        other = compute(v)
+        self._cached_x_y = (v, other) if side == 0 else (other, v)
+        return other
 
     def _call(self, x: Tensor) -> Tensor:
         raise fail(type(self).__name__, [x], "has no forward map")
