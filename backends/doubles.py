@@ -12,7 +12,7 @@ Cos, Exp, Log, Sqrt, arithmetic, Where), within a few ulps of the correctly roun
   |x| = 1 by its Taylor series (no cancellation);
 - atan by Cephes' rational approximation after its reduction to |x| <= 0.66, asin x = atan(x / sqrt((1 - x)
   (1 + x))), acos x = 2 atan(sqrt((1 - x) / (1 + x)));
-- asinh, acosh, atanh through log1p(u) = log(1 + u) * u / ((1 + u) - 1) (Goldberg), log(x) + log 2 past 2^28;
+- asinh, acosh, atanh through ``Writer.log1p``, log(x) + log 2 past 2^28;
 - erf by Cephes' rational approximations: erf below |x| = 1, 1 - erfc above;
 - Det by Gaussian elimination with partial pivoting, unrolled for the matrix's static size (a symbolic size
   raises ``BackendError``).
@@ -28,7 +28,7 @@ import math
 import numpy as np
 import onnx
 
-from graphc.backends import doubles_layers, doubles_windows, mvn
+from graphc.backends import doubles_layers, doubles_recurrent, doubles_windows, mvn
 from graphc.backends.written_out import Writer, lower_doubles
 from graphc.errors import BackendError
 from graphc.model import node_label, node_source
@@ -77,12 +77,6 @@ def _poly(w: Writer, z: str, coefs: list[float], monic: bool = False) -> str:
 def _signed(w: Writer, x: str, magnitude: str, output: str | None = None) -> str:
     """``magnitude`` with the sign of ``x`` (odd functions computed on |x|)."""
     return w.op("Where", w.op("Less", x, _c(w, 0.0)), w.op("Neg", magnitude), magnitude, output=output)
-
-
-def _log1p(w: Writer, u: str) -> str:
-    wv = w.op("Add", u, _c(w, 1.0))
-    scale = w.op("Where", w.op("IsInf", u), _c(w, 1.0), w.op("Div", u, w.op("Sub", wv, _c(w, 1.0))))
-    return w.op("Where", w.op("Equal", wv, _c(w, 1.0)), u, w.op("Mul", w.op("Log", wv), scale))
 
 
 def _log_huge(w: Writer, a: str, otherwise: str, output: str | None = None) -> str:
@@ -162,7 +156,7 @@ def _asinh(w: Writer, node: onnx.NodeProto, types: dict) -> None:
     a2 = w.op("Mul", a, a)
     # asinh a = log1p(a + sqrt(1 + a^2) - 1), the - 1 taken exactly as a^2 / (1 + sqrt(1 + a^2))
     u = w.op("Add", a, w.op("Div", a2, w.op("Add", _c(w, 1.0), w.op("Sqrt", w.op("Add", a2, _c(w, 1.0))))))
-    _signed(w, x, _log_huge(w, a, _log1p(w, u)), node.output[0])
+    _signed(w, x, _log_huge(w, a, w.log1p(u)), node.output[0])
 
 
 def _acosh(w: Writer, node: onnx.NodeProto, types: dict) -> None:
@@ -170,14 +164,14 @@ def _acosh(w: Writer, node: onnx.NodeProto, types: dict) -> None:
     below = w.op("Sub", x, _c(w, 1.0))  # exact near 1
     # sqrt(x - 1) sqrt(x + 1): NaN below 1 (the product of the two is positive again below -1)
     u = w.op("Add", below, w.op("Mul", w.op("Sqrt", below), w.op("Sqrt", w.op("Add", x, _c(w, 1.0)))))
-    _log_huge(w, x, _log1p(w, u), node.output[0])
+    _log_huge(w, x, w.log1p(u), node.output[0])
 
 
 def _atanh(w: Writer, node: onnx.NodeProto, types: dict) -> None:
     x = node.input[0]
     a = w.op("Abs", x)
     u = w.op("Div", w.op("Add", a, a), w.op("Sub", _c(w, 1.0), a))
-    _signed(w, x, w.op("Mul", _log1p(w, u), _c(w, 0.5)), node.output[0])
+    _signed(w, x, w.op("Mul", w.log1p(u), _c(w, 0.5)), node.output[0])
 
 
 def _erf(w: Writer, node: onnx.NodeProto, types: dict) -> None:
@@ -239,17 +233,20 @@ _LOWERINGS = {"Tan": _tan, "Sinh": _sinh, "Cosh": _cosh, "Asin": _asin, "Acos": 
 
 # onnxruntime's CUDA provider has double kernels for these (its registrations of Conv, ConvTranspose, the average and
 # max pools, InstanceNormalization, PRelu, Resize and Upsample), where its CPU provider has none; LpPool and
-# GlobalLpPool have none on either
+# GlobalLpPool have none on either. Its RNN, GRU and LSTM (cuDNN) take only some forms: doubles_recurrent.cudnn_runs
 _CUDA_DOUBLE_KERNELS = frozenset({"Conv", "ConvTranspose", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
                                   "Resize", "Upsample", "InstanceNormalization", "PRelu"})
+_RECURRENT = frozenset(doubles_recurrent.LOWERINGS)
 
 
 def lower_double(model: onnx.ModelProto, device: str = "cpu") -> onnx.ModelProto:
     """``model`` itself when no graph of it has one of these ops (nor a MeanVarianceNormalization, ``mvn``; nor a
     Conv, ConvTranspose or pool, ``doubles_windows``; nor a Resize, Upsample, InstanceNormalization or PRelu,
-    ``doubles_layers``) in double, else a copy with each written out (the module docstrings). On ``device``
-    "cuda" the ops the CUDA provider runs in double are left to it."""
-    layers = {**doubles_windows.LOWERINGS, **doubles_layers.LOWERINGS}
+    ``doubles_layers``; nor an RNN, GRU or LSTM, ``doubles_recurrent``) in double, else a copy with each written out
+    (the module docstrings). On ``device`` "cuda" the ops the CUDA provider runs in double are left to it."""
+    layers = {**doubles_windows.LOWERINGS, **doubles_layers.LOWERINGS, **doubles_recurrent.LOWERINGS}
+    keep = None
     if device == "cuda":
         layers = {op: fn for op, fn in layers.items() if op not in _CUDA_DOUBLE_KERNELS}
-    return lower_doubles(model, {**_LOWERINGS, **mvn.LOWERING, **layers})
+        keep = lambda node: node.op_type in _RECURRENT and doubles_recurrent.cudnn_runs(node)
+    return lower_doubles(model, {**_LOWERINGS, **mvn.LOWERING, **layers}, keep)

@@ -172,7 +172,7 @@ class _OrtBackend:
         _check_domains(model, self.name)
         model = opsets.within_reach(distinct_subgraph_outputs(unique_node_names(model)), self.name)
         model = batchnorm.lower_training_mode(model, self.name)
-        model = doubles.lower_double(recurrent.with_full_params(scans.guard_empty(model)), self.device)
+        model = scans.guard_empty(recurrent.with_full_params(doubles.lower_double(model, self.device)))
         model = pad_axes.without_axes(pools.explicit_pads(model))
         ort = _ort()
         options = ort.SessionOptions()

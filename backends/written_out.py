@@ -48,6 +48,13 @@ class Writer:
         tensor = self._constants.get(name) if name else None
         return None if tensor is None else numpy_helper.to_array(tensor)
 
+    def log1p(self, u: str) -> str:
+        """log(1 + u) of a double ``u``, as log(1 + u) * u / ((1 + u) - 1) (Goldberg): accurate near 0."""
+        one = self.const(1.0, np.float64)
+        wv = self.op("Add", u, one)
+        scale = self.op("Where", self.op("IsInf", u), one, self.op("Div", u, self.op("Sub", wv, one)))
+        return self.op("Where", self.op("Equal", wv, one), u, self.op("Mul", self.op("Log", wv), scale))
+
     def reduce_mean(self, v: str, axes: list[int]) -> str:
         """ReduceMean over ``axes`` keeping dims, the axes an input from opset 18."""
         if self.opset >= 18:
@@ -58,10 +65,11 @@ class Writer:
 Lowering = Callable[[Writer, onnx.NodeProto, dict], None]
 
 
-def lower_doubles(model: onnx.ModelProto, lowerings: Mapping[str, Lowering]) -> onnx.ModelProto:
+def lower_doubles(model: onnx.ModelProto, lowerings: Mapping[str, Lowering],
+                  keep: Callable[[onnx.NodeProto], bool] | None = None) -> onnx.ModelProto:
     """``model`` itself when no node of it (in any graph: Loop and Scan bodies, If branches) is of an ai.onnx op in
-    ``lowerings`` with a double first input, else a copy with each such node replaced by what
-    ``lowerings[op_type](writer, node, types)`` writes (``types``: ``tensor_types(model, subgraphs=True)``); the
+    ``lowerings`` with a double first input (and not one ``keep`` keeps), else a copy with each such node replaced by
+    what ``lowerings[op_type](writer, node, types)`` writes (``types``: ``tensor_types(model, subgraphs=True)``); the
     others run as they are."""
     if not any(node.op_type in lowerings and node.domain in ("", "ai.onnx")
                for graph in all_graphs(model.graph) for node in graph.node):
@@ -70,7 +78,7 @@ def lower_doubles(model: onnx.ModelProto, lowerings: Mapping[str, Lowering]) -> 
 
     def double(node: onnx.NodeProto) -> bool:
         return node.op_type in lowerings and node.domain in ("", "ai.onnx") and \
-            types.get(node.input[0], (None,))[0] == onnx.TensorProto.DOUBLE
+            types.get(node.input[0], (None,))[0] == onnx.TensorProto.DOUBLE and not (keep and keep(node))
 
     if not any(double(node) for graph in all_graphs(model.graph) for node in graph.node):
         return model
