@@ -15,6 +15,9 @@ Log, Max, Min, Where), as the numpy backend's kernels (``backends/numpy/rnn.py``
   scanned input);
 - only the outputs the node names are written.
 
+A 2-layer bidirectional LSTM 32 -> 128, batch 16, T=128 (ort-cpu, 1 thread, a shared 2-core machine) runs in 76 ms
+(numpy backend 312 ms, onnxruntime's fused float32 kernel 16 ms); a GRU of that shape in 58 ms (148, 12).
+
 On the CUDA provider a node cuDNN runs (the default activations, no alpha/beta or clip, LSTM without peepholes or
 ``input_forget``, GRU with ``linear_before_reset`` 1, layout 0: the provider's ``RNNNeedFallbackToCPU``) is left
 to its double kernel; any other would fall back to the CPU provider and is written out.
