@@ -170,10 +170,9 @@ class _OrtBackend:
         if cuda_graph and self.device != "cuda":
             raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {self.name!r}")
         _check_domains(model, self.name)
-        model = opsets.within_reach(distinct_subgraph_outputs(unique_node_names(model)), self.name)
-        model = batchnorm.lower_training_mode(model, self.name)
+        model = batchnorm.lower_training_mode(opsets.within_reach(unique_node_names(model), self.name), self.name)
         model = scans.guard_empty(recurrent.with_full_params(doubles.lower_double(model, self.device)))
-        model = pad_axes.without_axes(pools.explicit_pads(model))
+        model = distinct_subgraph_outputs(pad_axes.without_axes(pools.explicit_pads(model)))  # the rewrites' bodies too
         ort = _ort()
         options = ort.SessionOptions()
         options.log_severity_level = _ORT_QUIET
