@@ -97,7 +97,7 @@ def test_packed_run_and_gradients_match_torch(kind, kwargs, lengths, enforce_sor
 
 
 def test_packed_run_from_initial_states_matches_torch():
-    """float32, the fused ops (onnxruntime has no float64 LSTM kernel)."""
+    """float32: onnxruntime's own fused LSTM kernel (a float64 one runs written out, tests/test_ort_doubles_recurrent.py)."""
     layer, twin = _twin("LSTM", dict(num_layers=2), "float32")
     h0, c0 = (R.standard_normal((2, 3, 3)).astype(np.float32) for _ in range(2))
     x = X
