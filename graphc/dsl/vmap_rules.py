@@ -84,15 +84,28 @@ def rewrite(b: Batching, nodes: list[ir.Node], batched: set[int], env: dict[int,
         if id(node) not in batched:
             hoist(b.builder, node)
             continue
+        inputs = [arg(v) for v in node.inputs]
+        if not any(a is not None and a.batched for a in inputs) and not _own_per_example(node):
+            # it reads only what is the same for every example (a mapped value's Shape or Size)
+            args.update((id(v), r) for v, r in zip(node.outputs, _batched(_emit(node, [a and a.t for a in inputs]),
+                                                                          False)))
+            continue
         rule = RULES.get(node.op_type)
         if rule is None:
             raise NoRule(node.op_type)
-        results = rule(b, node, [arg(v) for v in node.inputs])
+        results = rule(b, node, inputs)
         args.update((id(v), r) for v, r in zip(node.outputs, results))
     return [tuple(arg(v)) for v in outputs]
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
+
+def _own_per_example(node: ir.Node) -> bool:
+    """``node`` may differ per example whatever its inputs: it draws random numbers, or its subgraphs
+    may read mapped values."""
+    return draws_random(node) or any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+                                     for a in node.attributes.values())
 
 
 def _rank(value: ir.Value) -> int:

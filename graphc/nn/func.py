@@ -1,5 +1,6 @@
 """``gc.func``: torch.func's ``functional_call`` (a module's forward on Tensors given for its parameters
-and buffers) and ``vmap``. Together they give per-example gradients' forward and model ensembling
+and buffers), ``vmap``, and the transforms of ``graphc.dsl.func_transforms`` (``grad``, ``vjp``, ``jvp``,
+``jacrev``, ``jacfwd``, ``hessian``, ...). Together they give per-example gradients and model ensembling
 (``vmap`` over parameters stacked along a dim)."""
 
 from __future__ import annotations
@@ -8,13 +9,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from graphc.dsl.builder import current, user_source
+from graphc.dsl.func_transforms import grad, grad_and_value, hessian, jacfwd, jacrev, jvp, vjp
 from graphc.dsl.ops import lift
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.vmap import vmap
 from graphc.errors import CaptureError
 from graphc.nn.module import Module, Parameter
 
-__all__ = ["functional_call", "vmap"]
+__all__ = ["functional_call", "grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "vjp", "vmap"]
 
 
 def _slots(module: Module, prefix: str = "", seen: frozenset = frozenset()) -> list[tuple[str, Module, str, Parameter]]:

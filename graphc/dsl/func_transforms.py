@@ -1,0 +1,357 @@
+"""torch.func's transforms inside a capture: ``grad``, ``grad_and_value``, ``vjp``, ``jvp``, ``jacrev``,
+``jacfwd``, ``hessian`` (``gc.func.*``).
+
+``func`` is traced into the graph being built, on an ``Identity`` copy of each input differentiated;
+the gradient nodes are made by the autodiff pass's rules (``graphc.passes.autodiff.backprop``) from the
+traced nodes and join the graph after them, evaluated eagerly where the capture is. So the transforms
+nest (``grad(grad(f))`` differentiates the gradient nodes as any others) and compose with ``gc.vmap``
+(``vmap(grad(f))``: per-sample gradients). Forward mode is the double vjp, no forward-mode pass:
+``J t = d/du <J^T u, t>`` (``jvp``); ``jacrev`` maps a ``vjp`` over the output's basis with ``gc.vmap``,
+``jacfwd`` a ``jvp`` over the input's basis.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc.dsl import eager
+from graphc.dsl import ops
+from graphc.dsl.builder import Builder, Scope, current, user_source
+from graphc.dsl.tensor import Tensor
+from graphc.dsl.vmap import vmap
+from graphc.errors import CaptureError, GraphError
+from graphc.model.dtypes import FLOAT_DTYPES
+
+__all__ = ["grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "vjp"]
+
+
+# -- trees of Tensors ---------------------------------------------------------------------------
+
+
+def _leaves(tree: Any, path: str = "") -> list[tuple[str, Any]]:
+    """(path, leaf) for each leaf of a tree of tuples, lists and dicts, in order."""
+    if isinstance(tree, (tuple, list)):
+        return [p for i, t in enumerate(tree) for p in _leaves(t, f"{path}[{i}]")]
+    if isinstance(tree, dict):
+        return [p for k, t in tree.items() for p in _leaves(t, f"{path}[{k!r}]")]
+    return [(path, tree)]
+
+
+def _rebuild(tree: Any, leaves: Iterator[Any]) -> Any:
+    """``tree`` with its leaves taken from ``leaves`` in order."""
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_rebuild(t, leaves) for t in tree)
+    if isinstance(tree, dict):
+        return {k: _rebuild(t, leaves) for k, t in tree.items()}
+    return next(leaves)
+
+
+def _tensor_leaves(api: str, what: str, tree: Any, source: str) -> list[Tensor]:
+    """The leaves of ``tree``, each a Tensor (numpy arrays lifted), or ``CaptureError`` naming the leaf."""
+    out = []
+    for path, leaf in _leaves(tree):
+        if isinstance(leaf, np.ndarray):
+            leaf = ops.lift(leaf)
+        if not isinstance(leaf, Tensor):
+            raise CaptureError(f"{api}: {what}{path} is a {type(leaf).__name__}; expected a Tensor (or a tuple, "
+                               f"list or dict of Tensors) (at {source})")
+        out.append(leaf)
+    return out
+
+
+# -- the linearization: func traced, its gradient nodes made on demand ---------------------------------
+
+
+class _Traced:
+    """``func`` traced on copies of the inputs it is differentiated by: the nodes it emitted (in
+    ``scope``), those copies (``wrt``) and its output leaves."""
+
+    def __init__(self, api: str, builder: Builder, scope: Scope, nodes: list[ir.Node], wrt: list[Tensor],
+                 outputs: list[Tensor], source: str):
+        self.api, self.builder, self.scope, self.nodes = api, builder, scope, nodes
+        self.wrt, self.outputs, self.source = wrt, outputs, source
+
+    def backward(self, cotangents: list[Tensor]) -> list[Tensor]:
+        """The gradient of ``sum(<output, cotangent>)`` by each ``wrt`` copy, emitted in the current scope."""
+        from graphc.passes.autodiff import backprop
+        from graphc.passes.autodiff.builder import GradBuilder
+
+        builder = self.builder
+        seeds: dict[int, tuple[ir.Value, Tensor]] = {}
+        for out, ct in zip(self.outputs, cotangents):
+            if out.dtype not in FLOAT_DTYPES:
+                continue
+            key = id(out.value)
+            seeds[key] = (out.value, seeds[key][1] + ct if key in seeds else ct)
+        graph = ir.Graph([], [], nodes=self.nodes, name="func_transform")
+        g = GradBuilder(graph, builder.opset)
+        wrt = [t.value for t in self.wrt]
+        try:
+            grads = backprop(g, self.nodes, {v: ct.value for v, ct in seeds.values()}, wrt)
+            results = [grads[w] if w in grads else g.zeros_like(w) for w in wrt]
+        except GraphError as exc:
+            graph.remove(list(graph))
+            raise type(exc)(f"{self.api} (called at {self.source}): {exc}") from None
+        made = list(graph)
+        graph.remove(made)
+        forward, new = made[:len(self.nodes)], made[len(self.nodes):]
+        for k, (old, node) in enumerate(zip(self.nodes, forward)):
+            if node is not old:  # a rule gave the node more outputs (MaxPool's Indices, Dropout's mask)
+                self.scope.nodes[self.scope.nodes.index(old)] = node
+                self.nodes[k] = node
+                _evaluate(builder, node, self.scope.eager)
+        for node in new:
+            node.name = builder.unique(node.name or node.op_type)
+            for v in node.outputs:
+                v.name = builder.unique(v.name or "grad")
+            builder.scope.nodes.append(node)
+            _evaluate(builder, node, builder.eager)
+        return [Tensor(v, builder.eager_value(v)) for v in results]
+
+
+def _evaluate(builder: Builder, node: ir.Node, eager_scope: bool) -> None:
+    """Record ``node``'s example outputs where its scope is evaluated eagerly and its inputs have values."""
+    if not eager_scope or all(id(v) in builder.values for v in node.outputs):
+        return
+    arrays = [None if v is None else builder.values.get(id(v)) for v in node.inputs]
+    if any(a is None for v, a in zip(node.inputs, arrays) if v is not None):
+        return
+    attrs = {a.name: a.value for a in node.attributes.values()}
+    results = eager.run(node.op_type, arrays, attrs, builder.opset, node_outputs=len(node.outputs))
+    builder.values.update((id(v), r) for v, r in zip(node.outputs, results))
+    if node.op_type == "Constant":
+        builder.consts[id(node.outputs[0])] = results[0]
+
+
+def _argnums(api: str, argnums: Any, count: int, source: str) -> tuple[int, ...]:
+    nums = argnums if isinstance(argnums, tuple) else (argnums,)
+    if not nums or any(isinstance(n, bool) or not isinstance(n, int) for n in nums):
+        raise CaptureError(f"{api}: argnums must be an int or a non-empty tuple of ints, got {argnums!r} "
+                           f"(at {source})")
+    if any(not -count <= n < count for n in nums):
+        raise CaptureError(f"{api}: argnums {argnums!r} is out of range for the {count} positional argument(s) "
+                           f"func was given (at {source})")
+    nums = tuple(n % count for n in nums)
+    if len(set(nums)) != len(nums):
+        raise CaptureError(f"{api}: argnums {argnums!r} names an argument twice (at {source})")
+    return nums
+
+
+def _trace(api: str, func: Callable, args: tuple, diff: tuple[int, ...], has_aux: bool, source: str,
+           kwargs: dict | None = None) -> tuple[_Traced, Any, Any]:
+    """``func(*args)`` traced with the arguments at ``diff`` differentiated; (traced, output, aux)."""
+    builder = current()
+    args = list(args)
+    wrt: list[Tensor] = []
+    for i in diff:
+        leaves = _tensor_leaves(api, f"argument {i}", args[i], source)
+        for (path, _), leaf in zip(_leaves(args[i]), leaves):
+            if leaf.dtype not in FLOAT_DTYPES:
+                raise CaptureError(f"{api}: argument {i}{path} is {leaf.type_str()}; only floating-point Tensors "
+                                   f"can be differentiated (at {source})")
+        copies = [ops.emit("Identity", [leaf], source=source) for leaf in leaves]
+        wrt += copies
+        args[i] = _rebuild(args[i], iter(copies))
+    scope = builder.scope
+    start = len(scope.nodes)
+    result = func(*args, **(kwargs or {}))
+    aux = None
+    if has_aux:
+        if not isinstance(result, (tuple, list)) or len(result) != 2:
+            raise CaptureError(f"{api}(func, has_aux=True): func must return a tuple (output, aux), got "
+                               f"{type(result).__name__} (at {source})")
+        result, aux = result
+    outputs = _tensor_leaves(api, "func's output", result, source)
+    return _Traced(api, builder, scope, list(scope.nodes[start:]), wrt, outputs, source), result, aux
+
+
+def _split(grads: list[Tensor], args: tuple, diff: tuple[int, ...]) -> list[Any]:
+    """The flat gradients as one tree per differentiated argument."""
+    flat = iter(grads)
+    return [_rebuild(args[i], flat) for i in diff]
+
+
+# -- public ---------------------------------------------------------------------------------------
+
+
+def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
+    """torch.func's ``vjp``: ``(output, vjp_fn)`` (``(output, vjp_fn, aux)`` with ``has_aux``), where
+    ``vjp_fn(cotangents)`` (a tree like ``output``) returns a tuple with the vector-Jacobian product for
+    each primal (a tree like it). Inside ``gc.capture`` only."""
+    source = user_source()
+    traced, output, aux = _trace("gc.func.vjp", func, primals, tuple(range(len(primals))), has_aux, source)
+
+    def vjp_fn(cotangents: Any) -> tuple:
+        where = user_source()
+        cts = _tensor_leaves("gc.func.vjp's vjp_fn", "cotangents", cotangents, where)
+        if len(cts) != len(traced.outputs):
+            raise CaptureError(f"gc.func.vjp's vjp_fn: cotangents have {len(cts)} Tensor(s), the output has "
+                               f"{len(traced.outputs)} (at {where})")
+        for k, (out, ct) in enumerate(zip(traced.outputs, cts)):
+            if ct.dtype != out.dtype or (ct.shape is not None and out.shape is not None and ct.shape != out.shape):
+                raise CaptureError(f"gc.func.vjp's vjp_fn: cotangent {k} is {ct.type_str()}; expected "
+                                   f"{out.type_str()}, the output's (at {where})")
+        return tuple(_split(traced.backward(cts), primals, tuple(range(len(primals)))))
+
+    return (output, vjp_fn, aux) if has_aux else (output, vjp_fn)
+
+
+def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> Callable:
+    """torch.func's ``grad_and_value``: a function returning ``(gradient, output)`` (``(gradient, (output,
+    aux))`` with ``has_aux``) of ``func``, whose output must be a scalar Tensor; the gradient is by the
+    argument ``argnums`` names (an int: a tree like it; a tuple: a tuple of them)."""
+    return _gradient("grad_and_value", func, argnums, has_aux)
+
+
+def grad(func: Callable, argnums: Any = 0, has_aux: bool = False) -> Callable:
+    """torch.func's ``grad``: the gradient of ``func`` (a scalar Tensor output) by the argument(s)
+    ``argnums`` names; ``(gradient, aux)`` with ``has_aux``."""
+    return _gradient("grad", func, argnums, has_aux)
+
+
+def _gradient(name: str, func: Callable, argnums: Any, has_aux: bool) -> Callable:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        source = user_source()
+        api = f"gc.func.{name}(f)(*args)"
+        diff = _argnums(api, argnums, len(args), source)
+        traced, output, aux = _trace(api, func, args, diff, has_aux, source, kwargs)
+        if not isinstance(output, Tensor):
+            raise CaptureError(f"{api}: Expected f(*args) to return a Tensor, got {type(output).__name__} "
+                               f"(at {source})")
+        if output.shape is None or len(output.shape) != 0:
+            dims = "an unknown number of" if output.shape is None else len(output.shape)
+            raise CaptureError(f"{api}: Expected f(*args) to return a scalar Tensor, got tensor with {dims} dims "
+                               f"({output.type_str()}). Maybe you wanted to use the vjp or jacrev APIs instead? "
+                               f"(at {source})")
+        if output.dtype not in FLOAT_DTYPES:
+            raise CaptureError(f"{api}: f(*args) returned {output.type_str()}; only a floating-point output has "
+                               f"a gradient (at {source})")
+        grads = _split(traced.backward([ops.scalar(1.0, output)]), args, diff)
+        result = grads[0] if isinstance(argnums, int) else tuple(grads)
+        if name == "grad":
+            return (result, aux) if has_aux else result
+        return result, ((output, aux) if has_aux else output)
+
+    return wrapper
+
+
+def jvp(func: Callable, primals: Any, tangents: Any, has_aux: bool = False) -> tuple:
+    """torch.func's ``jvp``: ``(func(*primals), J @ tangents)`` (and ``aux`` with ``has_aux``); ``primals``
+    and ``tangents`` are tuples of trees alike. Computed as the double vjp (a vjp of the vjp by its
+    cotangent), no forward-mode pass."""
+    source = user_source()
+    api = "gc.func.jvp"
+    if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
+        raise CaptureError(f"{api}: primals and tangents must be tuples, got {type(primals).__name__} and "
+                           f"{type(tangents).__name__} (at {source})")
+    flat_p = _tensor_leaves(api, "primals", primals, source)
+    flat_t = _tensor_leaves(api, "tangents", tangents, source)
+    if len(flat_p) != len(flat_t):
+        raise CaptureError(f"{api}: tangents have {len(flat_t)} Tensor(s), primals {len(flat_p)} (at {source})")
+    for k, (p, t) in enumerate(zip(flat_p, flat_t)):
+        if p.dtype != t.dtype or (p.shape is not None and t.shape is not None and p.shape != t.shape):
+            raise CaptureError(f"{api}: tangent {k} is {t.type_str()}; expected {p.type_str()}, the primal's "
+                               f"(at {source})")
+    traced, output, aux = _trace(api, func, primals, tuple(range(len(primals))), has_aux, source)
+    zeros = [ops.constant(np.zeros([d if isinstance(d, int) else 1 for d in out.shape], out.dtype.numpy))
+             if out.shape is not None and all(isinstance(d, int) for d in out.shape) else out * 0
+             for out in traced.outputs]
+    linear, _, _ = _trace(api, lambda *u: traced.backward(list(u)), tuple(zeros), tuple(range(len(zeros))),
+                          False, source)
+    products = linear.backward(flat_t)
+    tangent_out = _rebuild(output, iter(products))
+    return (output, tangent_out, aux) if has_aux else (output, tangent_out)
+
+
+def _static(api: str, what: str, t: Tensor, source: str) -> tuple[int, ...]:
+    if t.shape is None or not all(isinstance(d, int) for d in t.shape):
+        raise CaptureError(f"{api}: {what} is {t.type_str()}; a Jacobian needs static dims (at {source})")
+    return tuple(t.shape)
+
+
+def jacrev(func: Callable, argnums: Any = 0, has_aux: bool = False) -> Callable:
+    """torch.func's ``jacrev``: the Jacobian of ``func`` by the argument(s) ``argnums`` names, one
+    ``vjp`` mapped over the basis of each output with ``gc.vmap``. Each Jacobian has the output's dims then
+    the input's; for a tree of outputs, a tree of them; for a tuple ``argnums``, a tuple per output."""
+    @functools.wraps(func)
+    def wrapper(*args: Any) -> Any:
+        source = user_source()
+        api = "gc.func.jacrev(f)(*args)"
+        diff = _argnums(api, argnums, len(args), source)
+        traced, output, aux = _trace(api, func, args, diff, has_aux, source)
+        outs = traced.outputs
+        shapes = [_static(api, f"output {k}", out, source) for k, out in enumerate(outs)]
+        ins = [_static(api, "a differentiated input", w, source) for w in traced.wrt]
+        jacobians = []
+        for k, (out, shape) in enumerate(zip(outs, shapes)):
+            size = math.prod(shape)
+            basis = ops.constant(np.eye(size, dtype=out.dtype.numpy).reshape(size, *shape))
+
+            def row(e: Tensor, k: int = k) -> list[Tensor]:
+                return traced.backward([e if j == k else ops.constant(np.zeros(s, o.dtype.numpy))
+                                        for j, (o, s) in enumerate(zip(outs, shapes))])
+
+            rows = vmap(row)(basis)
+            per_input = [ops.reshape(r, [*shape, *s]) for r, s in zip(rows, ins)]
+            grads = _split(per_input, args, diff)
+            jacobians.append(grads[0] if isinstance(argnums, int) else tuple(grads))
+        result = _rebuild(output, iter(jacobians))
+        return (result, aux) if has_aux else result
+
+    return wrapper
+
+
+def jacfwd(func: Callable, argnums: Any = 0, has_aux: bool = False) -> Callable:
+    """torch.func's ``jacfwd``: the Jacobian of ``func`` by the argument(s) ``argnums`` names, one ``jvp``
+    mapped over the basis of each input with ``gc.vmap``; laid out as ``jacrev``'s. With ``has_aux``, the
+    aux comes from one more call of ``func``."""
+    @functools.wraps(func)
+    def wrapper(*args: Any) -> Any:
+        source = user_source()
+        api = "gc.func.jacfwd(f)(*args)"
+        diff = _argnums(api, argnums, len(args), source)
+        primals = tuple(args[i] for i in diff)
+        leaves = _tensor_leaves(api, "a differentiated argument", primals, source)
+        shapes = [_static(api, f"argument {i}{path}", leaf, source)
+                  for i in diff for (path, _), leaf in zip(_leaves(args[i]), _tensor_leaves(api, "", args[i], source))]
+
+        def f(*diffed: Any) -> Any:
+            full = list(args)
+            for i, value in zip(diff, diffed):
+                full[i] = value
+            return func(*full)
+
+        columns, mapped = [], None  # per input leaf: each output leaf's Jacobian, [*out, *in]
+        for k, (leaf, shape) in enumerate(zip(leaves, shapes)):
+            size = math.prod(shape)
+            basis = ops.constant(np.eye(size, dtype=leaf.dtype.numpy).reshape(size, *shape))
+
+            def column(e: Tensor, k: int = k) -> Any:
+                tangents = [e if j == k else ops.constant(np.zeros(s, x.dtype.numpy))
+                            for j, (x, s) in enumerate(zip(leaves, shapes))]
+                return jvp(f, primals, _rebuild(primals, iter(tangents)), has_aux=has_aux)[1]
+
+            mapped = vmap(column)(basis)
+            columns.append([ops.reshape(ops.transpose(t, [*range(1, t.ndim), 0]), [*t.shape[1:], *shape])
+                            for t in _tensor_leaves(api, "func's output", mapped, source)])
+        per_output = []
+        for o in range(len(columns[0])):
+            grads = _split([col[o] for col in columns], args, diff)
+            per_output.append(grads[0] if isinstance(argnums, int) else tuple(grads))
+        result = _rebuild(mapped, iter(per_output))
+        return (result, func(*args)[1]) if has_aux else result
+
+    return wrapper
+
+
+def hessian(func: Callable, argnums: Any = 0) -> Callable:
+    """torch.func's ``hessian``: ``jacfwd(jacrev(func, argnums), argnums)``."""
+    return jacfwd(jacrev(func, argnums), argnums)
+
