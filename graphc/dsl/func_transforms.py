@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from graphc.dsl import eager
-from graphc.dsl import ops
+from graphc.dsl import eager, ops
 from graphc.dsl.builder import Builder, Scope, current, user_source
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.vmap import vmap

@@ -9,7 +9,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from graphc.dsl.builder import current, user_source
-from graphc.dsl.func_transforms import grad, grad_and_value, hessian, jacfwd, jacrev, jvp, vjp
+from graphc.dsl.func_transforms import (
+    grad,
+    grad_and_value,
+    hessian,
+    jacfwd,
+    jacrev,
+    jvp,
+    vjp,
+)
 from graphc.dsl.ops import lift
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.vmap import vmap
