@@ -26,6 +26,7 @@ from graphc.dsl.tensor import Tensor
 from graphc.dsl.vmap import vmap
 from graphc.errors import CaptureError, GraphError
 from graphc.model.dtypes import FLOAT_DTYPES
+from graphc.passes.infer import infer
 
 __all__ = ["grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "vjp"]
 
@@ -69,7 +70,9 @@ def _tensor_leaves(api: str, what: str, tree: Any, source: str) -> list[Tensor]:
 
 class _Traced:
     """``func`` traced on copies of the inputs it is differentiated by: the nodes it emitted (in
-    ``scope``), those copies (``wrt``) and its output leaves."""
+    ``scope``), those copies (``wrt``) and an ``Identity`` copy of each output leaf (``outputs``), which
+    the caller gets: a rule that rewrites a traced node (an LSTM unrolled, a MaxPool given its Indices)
+    moves the copy's input with it."""
 
     def __init__(self, api: str, builder: Builder, scope: Scope, nodes: list[ir.Node], wrt: list[Tensor],
                  outputs: list[Tensor], source: str):
@@ -80,38 +83,70 @@ class _Traced:
         """The gradient of ``sum(<output, cotangent>)`` by each ``wrt`` copy, emitted in the current scope."""
         from graphc.passes.autodiff import backprop
         from graphc.passes.autodiff.builder import GradBuilder
+        from graphc.passes.autodiff.recurrent import UNROLLED, unroll_recurrent
 
         builder = self.builder
+        graph = ir.Graph([], [], nodes=self.nodes, opset_imports={"": builder.opset}, name="func_transform")
+        if any(node.op_type in UNROLLED for node in self.nodes):  # as gc.grad does: no LSTM rule
+            unroll_recurrent(ir.Model(graph, ir_version=10))
+            kept = {id(n) for n in self.nodes}
+            for node in graph:
+                if id(node) not in kept:
+                    self._typed(node)
+        count = len(graph)
         seeds: dict[int, tuple[ir.Value, Tensor]] = {}
         for out, ct in zip(self.outputs, cotangents):
-            if out.dtype not in FLOAT_DTYPES:
-                continue
-            key = id(out.value)
-            seeds[key] = (out.value, seeds[key][1] + ct if key in seeds else ct)
-        graph = ir.Graph([], [], nodes=self.nodes, name="func_transform")
+            value = out.value.producer().inputs[0]
+            if out.dtype in FLOAT_DTYPES:
+                seeds[id(value)] = (value, seeds[id(value)][1] + ct if id(value) in seeds else ct)
         g = GradBuilder(graph, builder.opset)
         wrt = [t.value for t in self.wrt]
         try:
-            grads = backprop(g, self.nodes, {v: ct.value for v, ct in seeds.values()}, wrt)
+            grads = backprop(g, list(graph), {v: ct.value for v, ct in seeds.values()}, wrt)
             results = [grads[w] if w in grads else g.zeros_like(w) for w in wrt]
         except GraphError as exc:
             graph.remove(list(graph))
             raise type(exc)(f"{self.api} (called at {self.source}): {exc}") from None
         made = list(graph)
         graph.remove(made)
-        forward, new = made[:len(self.nodes)], made[len(self.nodes):]
-        for k, (old, node) in enumerate(zip(self.nodes, forward)):
-            if node is not old:  # a rule gave the node more outputs (MaxPool's Indices, Dropout's mask)
-                self.scope.nodes[self.scope.nodes.index(old)] = node
-                self.nodes[k] = node
-                _evaluate(builder, node, self.scope.eager)
-        for node in new:
-            node.name = builder.unique(node.name or node.op_type)
-            for v in node.outputs:
-                v.name = builder.unique(v.name or "grad")
+        self._replace(made[:count])
+        for node in made[count:]:
+            self._claim_names(node)
             builder.scope.nodes.append(node)
             _evaluate(builder, node, builder.eager)
         return [Tensor(v, builder.eager_value(v)) for v in results]
+
+    def _replace(self, forward: list[ir.Node]) -> None:
+        """The traced nodes as the autodiff pass left them, in their place in the scope."""
+        if [id(n) for n in forward] == [id(n) for n in self.nodes]:
+            return
+        kept = {id(n) for n in self.nodes}
+        at = self.scope.nodes.index(self.nodes[0])
+        self.scope.nodes[at:at + len(self.nodes)] = forward
+        self.nodes = forward
+        for node in forward:
+            if id(node) not in kept:
+                self._claim_names(node)
+                _evaluate(self.builder, node, self.scope.eager)
+
+    def _typed(self, node: ir.Node) -> None:
+        """Dtypes and shapes of a node the pass made as the DSL infers them (onnx's inference as the
+        fallback), which the gradient rules read; its constant known to later inference."""
+        builder = self.builder
+        if node.op_type == "Constant":
+            builder.consts[id(node.outputs[0])] = node.attributes["value"].value.numpy()
+        types = infer(node, builder.opset, lambda v: builder.consts.get(id(v)), fallback=True)
+        for v, (dtype, shape) in zip(node.outputs, types):
+            if v.type is None and dtype is not None:
+                v.type = ir.TensorType(dtype)
+            if v.shape is None and shape is not None:
+                v.shape = ir.Shape(list(shape))
+
+    def _claim_names(self, node: ir.Node) -> None:
+        """Names the pass gave ``node`` and its outputs, made unique in the capture."""
+        node.name = self.builder.unique(node.name or node.op_type)
+        for v in node.outputs:
+            v.name = self.builder.unique(v.name or "grad")
 
 
 def _evaluate(builder: Builder, node: ir.Node, eager_scope: bool) -> None:
@@ -166,8 +201,11 @@ def _trace(api: str, func: Callable, args: tuple, diff: tuple[int, ...], has_aux
             raise CaptureError(f"{api}(func, has_aux=True): func must return a tuple (output, aux), got "
                                f"{type(result).__name__} (at {source})")
         result, aux = result
-    outputs = _tensor_leaves(api, "func's output", result, source)
-    return _Traced(api, builder, scope, list(scope.nodes[start:]), wrt, outputs, source), result, aux
+    nodes = list(scope.nodes[start:])
+    outputs = [ops.emit("Identity", [t], source=source) for t in _tensor_leaves(api, "func's output", result, source)]
+    aux = _rebuild(aux, iter(ops.emit("Identity", [t], source=source) if isinstance(t, Tensor) else t
+                             for _, t in _leaves(aux)))
+    return _Traced(api, builder, scope, nodes, wrt, outputs, source), _rebuild(result, iter(outputs)), aux
 
 
 def _split(grads: list[Tensor], args: tuple, diff: tuple[int, ...]) -> list[Any]:
@@ -338,7 +376,8 @@ def jacfwd(func: Callable, argnums: Any = 0, has_aux: bool = False) -> Callable:
                 return jvp(f, primals, _rebuild(primals, iter(tangents)), has_aux=has_aux)[1]
 
             mapped = vmap(column)(basis)
-            columns.append([ops.reshape(ops.transpose(t, [*range(1, t.ndim), 0]), [*t.shape[1:], *shape])
+            columns.append([ops.emit("Reshape", [ops.transpose(t, [*range(1, t.ndim), 0]),  # 0: the dim kept
+                                                 ops.const_i64([0] * (t.ndim - 1) + list(shape))])
                             for t in _tensor_leaves(api, "func's output", mapped, source)])
         per_output = []
         for o in range(len(columns[0])):
