@@ -248,3 +248,16 @@ def test_errors_name_the_argument_and_the_line():
     assert "tangent 0 is float64[2]; expected float64[3]" in msg
     msg = _error(lambda x: F.grad(lambda a: a.sum())([x, "no"]), x=X3)
     assert "argument 0[1] is a str; expected a Tensor" in msg
+    msg = _error(lambda x: F.grad(lambda a, b: (a * b).sum(), argnums=(0, -2))(x, x), x=X3)
+    assert "argnums (0, -2) names an argument twice" in msg
+
+
+def test_an_op_without_a_gradient_rule_names_the_transform_and_the_op(monkeypatch):
+    from graphc.passes.autodiff import RULES
+
+    monkeypatch.delitem(RULES, "Sin")
+    with pytest.raises(gc.MissingGradientRule) as info:
+        gc.capture(lambda x: F.grad(lambda a: gc.sin(a).sum())(x), x=X3)
+    msg = str(info.value)
+    assert msg.startswith("gc.func.grad(f)(*args) (called at tests/test_dsl_func_transforms.py:")
+    assert "no gradient rule for ONNX op 'Sin'" in msg
