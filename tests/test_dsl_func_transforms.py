@@ -261,3 +261,23 @@ def test_an_op_without_a_gradient_rule_names_the_transform_and_the_op(monkeypatc
     msg = str(info.value)
     assert msg.startswith("gc.func.grad(f)(*args) (called at tests/test_dsl_func_transforms.py:")
     assert "no gradient rule for ONNX op 'Sin'" in msg
+
+
+def test_grad_vjp_jvp_on_a_symbolic_batch():
+    def fn(x, w):
+        f = lambda a: gc.softmax(_matmul(gc, a, w))
+        return F.jvp(f, (x,), (x * 2,))[1], F.vjp(f, x)[1](x @ w)[0], F.grad(lambda a: (f(a) ** 2).sum())(x)
+
+    def torch_fn(x, w):
+        f = lambda a: torch.softmax(_matmul(torch, a, w), -1)
+        return TF.jvp(f, (x,), (x * 2,))[1], TF.vjp(f, x)[1](x @ w)[0], TF.grad(lambda a: (f(a) ** 2).sum())(x)
+
+    model = gc.capture(lambda x, w: dict(enumerate(fn(x, w))), x=gc.spec("float64", ("N", 3)), w=W34)
+    check(model)
+    for n in (1, 5):
+        feeds = {"x": RNG.standard_normal((n, 3)), "w": W34}
+        want = torch_fn(*(torch.from_numpy(v) for v in feeds.values()))
+        for backend in BACKENDS:
+            got = gc.Session(model, backend=backend).run(feeds)
+            for k, w in enumerate(want):
+                np.testing.assert_allclose(got[str(k)], w.numpy(), rtol=1e-9, atol=1e-12, err_msg=f"{backend} {k}")

@@ -143,7 +143,10 @@ class _Traced:
                 v.shape = ir.Shape(list(shape))
 
     def _claim_names(self, node: ir.Node) -> None:
-        """Names the pass gave ``node`` and its outputs, made unique in the capture."""
+        """Names the pass gave ``node`` and its outputs, made unique in the capture; a constant known to
+        the DSL's inference."""
+        if node.op_type == "Constant":
+            self.builder.consts[id(node.outputs[0])] = node.attributes["value"].value.numpy()
         node.name = self.builder.unique(node.name or node.op_type)
         for v in node.outputs:
             v.name = self.builder.unique(v.name or "grad")
@@ -159,8 +162,6 @@ def _evaluate(builder: Builder, node: ir.Node, eager_scope: bool) -> None:
     attrs = {a.name: a.value for a in node.attributes.values()}
     results = eager.run(node.op_type, arrays, attrs, builder.opset, node_outputs=len(node.outputs))
     builder.values.update((id(v), r) for v, r in zip(node.outputs, results))
-    if node.op_type == "Constant":
-        builder.consts[id(node.outputs[0])] = results[0]
 
 
 def _argnums(api: str, argnums: Any, count: int, source: str) -> tuple[int, ...]:
@@ -297,7 +298,7 @@ def jvp(func: Callable, primals: Any, tangents: Any, has_aux: bool = False) -> t
             raise CaptureError(f"{api}: tangent {k} is {t.type_str()}; expected {p.type_str()}, the primal's "
                                f"(at {source})")
     traced, output, aux = _trace(api, func, primals, tuple(range(len(primals))), has_aux, source)
-    zeros = [ops.constant(np.zeros([d if isinstance(d, int) else 1 for d in out.shape], out.dtype.numpy))
+    zeros = [ops.constant(np.zeros(out.shape, out.dtype.numpy))
              if out.shape is not None and all(isinstance(d, int) for d in out.shape) else out * 0
              for out in traced.outputs]
     linear, _, _ = _trace(api, lambda *u: traced.backward(list(u)), tuple(zeros), tuple(range(len(zeros))),
