@@ -17,6 +17,7 @@ from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, is_float, is_static, static_shape
 from graphc.passes.autodiff.loops import copy_graph, copy_node
 from graphc.passes.autodiff.registry import grad_rule
+from graphc.passes.autodiff.step_slices import StepSlices
 from graphc.passes.evaluate import run_graph
 
 
@@ -85,12 +86,14 @@ MAX_UNROLL = 4096
 MAX_SCAN_UNROLL = 64
 
 
-def _clone_body(g: GradBuilder, body: ir.Graph, mapping: dict[ir.Value, ir.Value]) -> list[ir.Value]:
+def _clone_body(g: GradBuilder, body: ir.Graph, mapping: dict[ir.Value, ir.Value],
+                slices: StepSlices | None = None) -> list[ir.Value]:
     """Append one copy of ``body``'s nodes to ``g.graph`` with its inputs bound by ``mapping``
-    (an If's branches are copied too, reading the bound values); returns the copy's outputs
-    (outer-scope values stay as they are)."""
+    (an If's branches are copied too, reading the bound values; Gathers of one step's slice
+    read off ``slices``); returns the copy's outputs (outer-scope values stay as they are)."""
     for node in body:
-        copy_node(g, node, mapping)
+        if slices is None or not slices.copy_gather(node, mapping):
+            copy_node(g, node, mapping)
     return [mapping.get(v, v) for v in body.outputs]
 
 
@@ -143,11 +146,11 @@ def grad_loop(g, node, dys):
         nonlocal true
         true = sub.const(True, np.bool_)
         carry = list(node.inputs[2:])
-        scans = []
+        scans, slices = [], StepSlices(sub, trips)  # x[i] of an outer x: one Split, not a Gather per step
         for i in range(trips):
             mapping = {body.inputs[0]: sub.const(i, np.int64), body.inputs[1]: true}
             mapping.update(zip(body.inputs[2:], carry))
-            outs = _clone_body(sub, body, mapping)
+            outs = _clone_body(sub, body, mapping, slices)
             carry = outs[1:1 + n_carry]
             scans.append(outs[1 + n_carry:])
         return carry, scans
@@ -180,8 +183,8 @@ def _seeds(sub: GradBuilder, result, dys, n_carry: int, length: int, out_axes, r
 
 @grad_rule("Scan", multi_output=True)
 def grad_scan(g, node, dys):
-    # Scan with a static sequence length: unrolled like Loop; scanned inputs are read with Gather
-    # and scan outputs' gradients split per step (axes and directions honoured). A length known
+    # Scan with a static sequence length: unrolled like Loop; scanned inputs are read off one
+    # Split each (their gradients one Concat) and scan outputs' gradients split per step (axes and directions honoured). A length known
     # only at run time (or past MAX_SCAN_UNROLL) goes to reverse mode.
     body = node.attributes["body"].value
     m = attr(node, "num_scan_inputs")
@@ -202,12 +205,11 @@ def grad_scan(g, node, dys):
         return _reverse_scan(g, node, dys, n_carry, (in_axes, in_dirs, out_axes, out_dirs))
 
     def steps(sub):
-        carry, scans = list(node.inputs[:n_carry]), []
+        carry, scans, slices = list(node.inputs[:n_carry]), [], StepSlices(sub, length)
         for i in range(length):
             mapping = dict(zip(body.inputs[:n_carry], carry))
             for k, (x, axis, rev) in enumerate(zip(node.inputs[n_carry:], in_axes, in_dirs)):
-                index = sub.const(length - 1 - i if rev else i, np.int64)
-                element = sub.op("Gather", x, index, axis=axis)
+                element = slices.read(x, axis, length - 1 - i if rev else i)
                 element.type, element.shape = body.inputs[n_carry + k].type, body.inputs[n_carry + k].shape
                 mapping[body.inputs[n_carry + k]] = element
             outs = _clone_body(sub, body, mapping)
