@@ -47,9 +47,12 @@ Activation = Callable[[ir.Value], ir.Value]
 # 17.6, T=512 17619 / 15.3 / 119; as a Scan in reverse mode 219 / 0.03-0.09 at every T, 1.31 /
 # 4.42 / 14.3 / 17.0 / 123 (T=2048: 403). GRU unrolled 563 / 0.19 / 0.70, 1619 / 0.33 / 3.01,
 # 3027 / 0.58 / 13.4, 5843 / 3.6 / 48.4, 22739 / 72.8 / 213; Scan 218 nodes, 1.08 / 7.83 / 12.4
-# / 35.4 / 153 (T=2048: 509). The unrolled step is faster up to T=32, even at 64, and no faster
-# from 128 on, where its session build takes seconds (the Scan's gradient unrolled instead is
-# 2-10x slower than either: rules_control.MAX_SCAN_UNROLL keeps it in reverse mode here).
+# / 35.4 / 153 (T=2048: 509). The unrolled step is faster up to T=32, about even at 64 and no
+# faster from 128 on, where its session build takes seconds. Remeasured: LSTM unrolled T=16 1.94,
+# T=32 3.56-4.42, T=64 9.6-10.4, T=128 21.4 vs the Scan in reverse mode 2.94, 4.7-5.1, 9.4-9.9,
+# 18.4 (GRU 1.41, 3.0-4.7, 8.4-13.4, 19.5 vs 2.19, 3.8-4.7, 7.8-12.3, 15.3). The Scan's gradient
+# unrolled instead (its steps reading xw off one Split) is 1.2-1.5x slower than the unrolled layer
+# at every T, and rules_control.MAX_SCAN_UNROLL keeps a Scan longer than this cap in reverse mode.
 MAX_UNROLLED_STEPS = 64
 
 

@@ -74,16 +74,19 @@ def grad_if(g, node, dys):
 MAX_UNROLL = 4096
 # The longest Scan whose gradient is unrolled; a longer one's is in reverse mode, a train_step that
 # does not grow with T. `bench_recurrent.py --forms` (ort-cpu, 1 thread, a shared 2-core machine;
-# train_step nodes, session build s, ms per step median), unrolled vs reverse mode: a gc.scan tanh
-# cell 32 -> 16, batch 16: T=8 220 / 0.07 / 0.15 vs 92 / 0.01 / 0.19, T=32 627 / 0.06 / 0.37 vs
-# 0.53, T=128 2259 / 0.47 / 1.29 vs 1.77, T=512 8787 / 4.9 / 6.87 vs 7.34 (reverse mode 92 nodes,
-# 0.01-0.02 s at every T); the cell 32 -> 128: T=8 0.30 vs 0.39, T=32 0.99 vs 1.25, T=128 4.42
-# vs 4.84, T=512 29.3 vs 24.4; the Scan of an LSTM 32 -> 128 cell: T=8 642 / 0.07 / 1.77 vs 1.31, T=32
-# 1938 / 0.23 / 15.6 vs 4.42, T=64 3666 / 2.0 / 47.2 vs 14.3, T=128 7122 / 1.8 / 81 vs 17.0, T=512
-# 27858 / 28 / 1230 vs 123 (each step's Gather of the scanned input gets a gradient of the whole
-# input, summed over the steps). At most 1.4x faster for small cells, slower past T=128, and many
-# times slower for wide scanned inputs; recurrent.MAX_UNROLLED_STEPS (no smaller) sends longer RNNs here as Scans.
-MAX_SCAN_UNROLL = 64
+# ms per step, medians of two runs), unrolled (the steps reading the scanned input off one Split)
+# vs reverse mode: a gc.scan tanh cell 32 -> 16, batch 16: T=8 0.14 vs 0.19, T=16 0.22 vs 0.29,
+# T=32 0.36-0.38 vs 0.51, T=64 0.66-0.75 vs 0.93-1.01, T=128 1.23 vs 1.74 (session build 0.2-0.4 s
+# from T=64, reverse mode 0.02 s); the cell 32 -> 128: T=8 0.30 vs 0.40, T=16 0.64 vs 0.78, T=32
+# 1.01-1.19 vs 1.29-1.37, T=64 2.56-2.84 vs 2.59-2.66, T=128 4.77 vs 4.77; the Scan of an LSTM
+# 32 -> 128 cell: T=8 1.15 vs 1.58, T=16 2.81 vs 2.94, T=32 5.0-6.0 vs 4.7-5.1, T=64 11.9-12.6 vs
+# 9.4-9.9, T=128 26.0 vs 18.4 (a GRU's alike: 0.88 vs 1.10, 2.03 vs 2.19, 4.2-5.6 vs 3.8-4.7,
+# 14-16 vs 7.8-12). A Gather per step instead (each step's gradient a scatter into zeros of the
+# whole input: quadratic in T) took the LSTM's to 15.6 ms at T=32, 47 at 64, 81 at 128. Up to
+# T=32 the unrolled gradient is 1.15-1.4x faster for small cells and within 7-21% for wide ones;
+# at 64 wide cells lose 25% and more (a 32 -> 16 cell still gains 1.4x). recurrent.
+# MAX_UNROLLED_STEPS (no smaller) sends longer RNNs here as Scans, which stay in reverse mode.
+MAX_SCAN_UNROLL = 32
 
 
 def _clone_body(g: GradBuilder, body: ir.Graph, mapping: dict[ir.Value, ir.Value],
