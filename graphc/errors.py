@@ -67,3 +67,8 @@ class BackendError(GraphcError, RuntimeError):
 
 class ServeError(GraphcError, OSError):
     """A server cannot start: its port is in use or its address cannot be bound."""
+
+
+class PerformanceWarning(UserWarning):
+    """Code runs correctly but much slower than it could, and says why (``gc.vmap`` falling back to a
+    Scan over the examples for an op without a batching rule)."""

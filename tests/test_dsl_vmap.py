@@ -5,6 +5,8 @@ torch.autograd; the errors."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -19,10 +21,12 @@ BACKENDS = ["numpy", "ort-cpu"]
 
 @pytest.fixture(params=["rules", "scan"])
 def path(request, monkeypatch):
-    """"scan": no batching rule, so every mapped body runs as a Scan."""
+    """"scan": no batching rule, so every mapped body runs as a Scan (its warning silenced)."""
     if request.param == "scan":
         monkeypatch.setattr(vmap_rules, "RULES", {})
-    return request.param
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=gc.PerformanceWarning)
+        yield request.param
 
 
 def _data(*shapes, seed=0, dtype=np.float32):

@@ -12,37 +12,43 @@ vs 7.5-8 ms as a Scan, its ``gc.grad`` in 2.6-2.8 ms vs 42-54 ms; the same model
 from __future__ import annotations
 
 import functools
+import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-from graphc.dsl import ops
+from graphc.dsl import ops, vmap_rules
 from graphc.dsl.builder import Scope, current, user_source
 from graphc.dsl.control import run_graph
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.vmap_rules import Batching, NoRule, hoist, rewrite
-from graphc.errors import CaptureError
+from graphc.errors import CaptureError, PerformanceWarning
 from graphc.model import SOURCE_KEY
 from graphc.passes.values import draws_random
 
 __all__ = ["vmap"]
 
 _RANDOMNESS = ("error", "different", "same")
+_FALLBACK = ("warn", "scan", "error")
 
 
 def vmap(func: Callable, in_dims: Any = 0, out_dims: Any = 0, randomness: str = "error",
-         chunk_size: int | None = None) -> Callable:
+         chunk_size: int | None = None, *, fallback: str = "warn") -> Callable:
     """torch's ``vmap``: ``func`` mapped over dim ``in_dims`` of its positional arguments (an int or None
     for all, or a tree of tuples, lists and dicts matching the arguments; None: not mapped, the same
     for every example; keyword arguments are never mapped), its outputs stacked along ``out_dims``.
     ``randomness``: "error" refuses random ops in ``func``, "different" draws anew for each example,
     "same" one draw for all. ``chunk_size`` is accepted as torch's, which computes in chunks of that
-    many examples with the same results; here the graph maps all examples at once."""
-    if randomness not in _RANDOMNESS:
-        raise CaptureError(f"gc.vmap: randomness must be one of {', '.join(map(repr, _RANDOMNESS))}, "
-                           f"got {randomness!r} (at {user_source()})")
+    many examples with the same results; here the graph maps all examples at once. ``fallback``: what
+    a body with an op no batching rule rewrites becomes: "warn" (a Scan and a ``gc.PerformanceWarning``
+    once per capture and call site), "scan" (a Scan, silently), "error" (a ``CaptureError``)."""
+    for what, value, allowed in (("randomness", randomness, _RANDOMNESS), ("fallback", fallback, _FALLBACK)):
+        if value not in allowed:
+            raise CaptureError(f"gc.vmap: {what} must be one of {', '.join(map(repr, allowed))}, "
+                               f"got {value!r} (at {user_source()})")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise CaptureError(f"gc.vmap: chunk_size must be None or a positive int, got {chunk_size!r} "
                            f"(at {user_source()})")
@@ -51,7 +57,7 @@ def vmap(func: Callable, in_dims: Any = 0, out_dims: Any = 0, randomness: str = 
 
     @functools.wraps(func)
     def mapped(*args: Any, **kwargs: Any) -> Any:
-        return _call(func, in_dims, out_dims, randomness, args, kwargs, user_source())
+        return _call(func, in_dims, out_dims, randomness, fallback, args, kwargs, user_source())
 
     return mapped
 
@@ -125,8 +131,8 @@ def _describe(tree: Any) -> str:
 # -- the mapped call -------------------------------------------------------------------------------
 
 
-def _call(func: Callable, in_dims: Any, out_dims: Any, randomness: str, args: tuple, kwargs: dict,
-          source: str) -> Any:
+def _call(func: Callable, in_dims: Any, out_dims: Any, randomness: str, fallback: str, args: tuple,
+          kwargs: dict, source: str) -> Any:
     builder = current()
     if isinstance(in_dims, (tuple, list)) and len(in_dims) != len(args):
         raise CaptureError(f"gc.vmap: in_dims is a {type(in_dims).__name__} of {len(in_dims)} but the function gets "
@@ -175,11 +181,39 @@ def _call(func: Callable, in_dims: Any, out_dims: Any, randomness: str, args: tu
     try:
         outs = _staged(builder, lambda: rewrite(batching, nodes, batched, dict(zip(map(id, inputs), moved)),
                                                 [t.value for t in out_leaves]))
-    except NoRule:
+    except NoRule as exc:
+        _fall_back(builder, fallback, str(exc), _unruled(nodes, batched), source)
         outs = _scanned(builder, nodes, batched, inputs, moved, [t.value for t in out_leaves], randomness, source)
     placed = [_place(batching, t, is_batched, dim, path, source)
               for (t, is_batched), (path, dim) in zip(outs, out_dim_list)]
     return _rebuild(result, iter(placed))
+
+
+_WARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # builder -> the warnings given in its capture
+
+
+def _unruled(nodes: list[ir.Node], batched: set[int]) -> list[str]:
+    """The op types of the batched nodes that have no batching rule at all."""
+    return sorted({node.op_type for node in nodes if id(node) in batched and node.op_type not in vmap_rules.RULES})
+
+
+def _fall_back(builder, fallback: str, reason: str, unruled: list[str], source: str) -> None:
+    """``fallback``'s action for a body that runs as a Scan because of ``reason`` (the node no rule
+    rewrote) and the ``unruled`` op types."""
+    if fallback == "scan":
+        return
+    ops_named = f"; ops without a batching rule: {', '.join(unruled)}" if unruled else ""
+    message = (f"gc.vmap (called at {source}) runs its function as a Scan over the examples, much slower than "
+               f"batched ops: no batching rule for {reason}{ops_named}")
+    if fallback == "error":
+        raise CaptureError(f"{message} (fallback='error'; pass fallback='scan' to allow the Scan)")
+    given = _WARNED.setdefault(builder, set())
+    if message in given:
+        return
+    given.add(message)
+    filename, _, line = source.rpartition(":")
+    warnings.warn_explicit(PerformanceWarning(f"{message} (pass fallback='scan' to silence this)"),
+                           PerformanceWarning, filename or source, int(line) if line.isdigit() else 0)
 
 
 def _mapped_size(mapped: list[tuple[str, Tensor, int]], source: str) -> Any:

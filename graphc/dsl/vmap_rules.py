@@ -21,7 +21,25 @@ from graphc.model.dtypes import as_dtype
 from graphc.passes.emit import AXES_AS_INPUT
 from graphc.passes.values import const_array, draws_random, static_shape
 
-__all__ = ["Batching", "NoRule", "hoist", "rewrite"]
+__all__ = [
+    "RULES",
+    "Arg",
+    "Batching",
+    "NoRule",
+    "as_args",
+    "as_batched",
+    "const_of",
+    "hoist",
+    "merge_dims",
+    "node_attrs",
+    "only_first",
+    "per_image",
+    "rank_of",
+    "reemit",
+    "rewrite",
+    "shift_axis",
+    "split_dim",
+]
 
 
 class NoRule(Exception):
@@ -87,13 +105,16 @@ def rewrite(b: Batching, nodes: list[ir.Node], batched: set[int], env: dict[int,
         inputs = [arg(v) for v in node.inputs]
         if not any(a is not None and a.batched for a in inputs) and not _own_per_example(node):
             # it reads only what is the same for every example (a mapped value's Shape or Size)
-            args.update((id(v), r) for v, r in zip(node.outputs, _batched(_emit(node, [a and a.t for a in inputs]),
+            args.update((id(v), r) for v, r in zip(node.outputs, as_args(reemit(node, [a and a.t for a in inputs]),
                                                                           False)))
             continue
-        rule = RULES.get(node.op_type)
+        rule, line = RULES.get(node.op_type), node.metadata_props.get(SOURCE_KEY, "?")
         if rule is None:
-            raise NoRule(node.op_type)
-        results = rule(b, node, inputs)
+            raise NoRule(f"{node.op_type} at {line}")
+        try:
+            results = rule(b, node, inputs)
+        except NoRule as exc:
+            raise NoRule(f"{node.op_type} at {line} ({exc})") from None
         args.update((id(v), r) for v, r in zip(node.outputs, results))
     return [tuple(arg(v)) for v in outputs]
 
@@ -108,29 +129,29 @@ def _own_per_example(node: ir.Node) -> bool:
                                      for a in node.attributes.values())
 
 
-def _rank(value: ir.Value) -> int:
+def rank_of(value: ir.Value) -> int:
     shape = static_shape(value)
     if shape is None:
         raise NoRule("unknown rank")
     return len(shape)
 
 
-def _const(b: Batching, value: ir.Value | None) -> np.ndarray | None:
+def const_of(b: Batching, value: ir.Value | None) -> np.ndarray | None:
     if value is None:
         return None
     found = b.builder.consts.get(id(value))
     return const_array(value) if found is None else found
 
 
-def _attrs(node: ir.Node, **changed: Any) -> dict:
+def node_attrs(node: ir.Node, **changed: Any) -> dict:
     return {a.name: a.value for a in node.attributes.values()} | changed
 
 
-def _emit(node: ir.Node, inputs: list[Tensor | None], attrs: dict | None = None) -> list[Tensor]:
+def reemit(node: ir.Node, inputs: list[Tensor | None], attrs: dict | None = None) -> list[Tensor]:
     """``node``'s op again on ``inputs`` (with ``attrs``, else its own), its metadata (source line,
     stop-gradient mark) kept."""
     source = node.metadata_props.get(SOURCE_KEY)
-    outs = ops.emit(node.op_type, inputs, _attrs(node) if attrs is None else attrs, len(node.outputs),
+    outs = ops.emit(node.op_type, inputs, node_attrs(node) if attrs is None else attrs, len(node.outputs),
                     source=source)
     outs = outs if isinstance(outs, list) else [outs]
     made = outs[0].value.producer()
@@ -139,7 +160,7 @@ def _emit(node: ir.Node, inputs: list[Tensor | None], attrs: dict | None = None)
     return outs
 
 
-def _batched(outs: list[Tensor], flag: bool = True) -> list[Arg]:
+def as_args(outs: list[Tensor], flag: bool = True) -> list[Arg]:
     return [Arg(t, flag) for t in outs]
 
 
@@ -148,18 +169,52 @@ def _pad(t: Tensor, rank: int, to: int) -> Tensor:
     return t if rank >= to else ops.unsqueeze(t, list(range(1, 1 + to - rank)))
 
 
-def _only_first(args: list[Arg | None]) -> None:
+def only_first(args: list[Arg | None]) -> None:
     if not args[0].batched or any(a is not None and a.batched for a in args[1:]):
         raise NoRule("a mapped operand other than the data")
 
 
-def _axis(axis: int, rank: int) -> int:
+def shift_axis(axis: int, rank: int) -> int:
     """A per-example ``axis`` of a rank-``rank`` value, on the batched value."""
     return axis % rank + 1 if rank else 1
 
 
-def _as_batched(b: Batching, a: Arg) -> Tensor:
+def as_batched(b: Batching, a: Arg) -> Tensor:
     return a.t if a.batched else b.expand(a.t)
+
+
+def _static(t: Tensor) -> bool:
+    return t.shape is not None and all(isinstance(d, int) for d in t.shape)
+
+
+def known_shape(b: Batching, a: Arg, value: ir.Value) -> tuple | None:
+    """The static shape of ``as_batched(b, a)`` (``a`` standing for ``value``): from ``a``'s Tensor,
+    else from the example's (the trace's inference); None where neither is known."""
+    if a.batched and _static(a.t):
+        return tuple(a.t.shape)
+    shape = tuple(a.t.shape) if _static(a.t) else static_shape(value)
+    if isinstance(b.size, int) and shape is not None and all(isinstance(d, int) for d in shape):
+        return (b.size, *shape)
+    return None
+
+
+def merge_dims(t: Tensor, axis: int, shape: tuple | None = None) -> Tensor:
+    """``t`` with its dims ``axis`` and ``axis + 1`` as one; given its static ``shape`` (or where its
+    own is), the result's is static too."""
+    s = shape or (tuple(t.shape) if _static(t) else None)
+    if s is not None:
+        return ops.emit("Reshape", [t, ops.const_i64([*s[:axis], s[axis] * s[axis + 1], *s[axis + 2:]])])
+    return ops.emit("Reshape", [t, ops.concat([ops.const_i64([0] * axis + [-1]),
+                                               ops.emit("Shape", [t], {"start": axis + 2})])])
+
+
+def split_dim(b: Batching, t: Tensor, axis: int) -> Tensor:
+    """``t`` with its dim ``axis`` (the mapped size times another) as two, the mapped size first."""
+    if _static(t) and isinstance(b.size, int):
+        s = t.shape
+        return ops.emit("Reshape", [t, ops.const_i64([*s[:axis], b.size, s[axis] // b.size, *s[axis + 1:]])])
+    return ops.emit("Reshape", [t, ops.concat([ops.const_i64([0] * axis), b.batch_shape(), ops.const_i64([-1]),
+                                               ops.emit("Shape", [t], {"start": axis + 1})])])
 
 
 # -- rules -----------------------------------------------------------------------------------------
@@ -167,19 +222,28 @@ def _as_batched(b: Batching, a: Arg) -> Tensor:
 
 def _same(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """Ops that act on each element, or on the last dims only (``Trilu``), of their first input."""
-    _only_first(args)
-    return _batched(_emit(node, [a and a.t for a in args]))
+    only_first(args)
+    return as_args(reemit(node, [a and a.t for a in args]))
 
 
 def _cast_like(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    return _batched(_emit(node, [args[0].t, args[1].t]), args[0].batched)
+    return as_args(reemit(node, [args[0].t, args[1].t]), args[0].batched)
 
 
 def _broadcast(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """Broadcasting ops: batched operands padded to the highest per-example rank."""
-    top = max(_rank(v) for v in node.inputs if v is not None)
-    ins = [None if a is None else _pad(a.t, _rank(v), top) if a.batched else a.t for a, v in zip(args, node.inputs)]
-    return _batched(_emit(node, ins))
+    ranks = [None if a is None else _arg_rank(a, v) for a, v in zip(args, node.inputs)]
+    top = max(r for r in ranks if r is not None)
+    ins = [None if a is None else _pad(a.t, r, top) if a.batched else a.t for a, r in zip(args, ranks)]
+    return as_args(reemit(node, ins))
+
+
+def _arg_rank(a: Arg, value: ir.Value) -> int:
+    """The per-example rank of ``value``, else of its batched form (the trace did not infer it, the
+    rewrite did)."""
+    if static_shape(value) is None and a.t.shape is not None:
+        return a.t.ndim - a.batched
+    return rank_of(value)
 
 
 def _matmul_values(a: Arg, b_: Arg, ra: int, rb: int, source: str | None) -> Tensor:
@@ -199,13 +263,13 @@ def _matmul_values(a: Arg, b_: Arg, ra: int, rb: int, source: str | None) -> Ten
 
 
 def _matmul(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    ra, rb = _rank(node.inputs[0]), _rank(node.inputs[1])
+    ra, rb = rank_of(node.inputs[0]), rank_of(node.inputs[1])
     return [Arg(_matmul_values(args[0], args[1], ra, rb, node.metadata_props.get(SOURCE_KEY)), True)]
 
 
 def _gemm(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """``alpha A' B' + beta C`` as a MatMul of the batched operands (A', B': transposed where asked)."""
-    attrs = _attrs(node)
+    attrs = node_attrs(node)
     a, b_, c = args[0], args[1], args[2] if len(args) > 2 else None
     if attrs.get("transA"):
         a = Arg(ops.transpose(a.t, [0, 2, 1] if a.batched else [1, 0]), a.batched)
@@ -217,16 +281,16 @@ def _gemm(b: Batching, node: ir.Node, args: list) -> list[Arg]:
         y = y * ops.scalar(alpha, y)
     if c is not None:
         ct = c.t if beta == 1.0 else c.t * ops.scalar(beta, c.t)
-        y = y + (_pad(ct, _rank(node.inputs[2]), 2) if c.batched else ct)
+        y = y + (_pad(ct, rank_of(node.inputs[2]), 2) if c.batched else ct)
     return [Arg(y, True)]
 
 
 def _reduce(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """Reduce*: the per-example axes shifted past the mapped dim (none given: all of the example's)."""
-    _only_first(args)
-    rank, attrs = _rank(node.inputs[0]), _attrs(node)
+    only_first(args)
+    rank, attrs = rank_of(node.inputs[0]), node_attrs(node)
     in_attr = b.builder.opset < AXES_AS_INPUT.get(node.op_type, 18)
-    given = attrs.get("axes") if in_attr else _const(b, node.inputs[1]) if len(node.inputs) > 1 else None
+    given = attrs.get("axes") if in_attr else const_of(b, node.inputs[1]) if len(node.inputs) > 1 else None
     if not in_attr and len(node.inputs) > 1 and node.inputs[1] is not None and given is None:
         raise NoRule("axes not constant")
     axes = [int(a) for a in np.ravel(given)] if given is not None else []
@@ -234,69 +298,69 @@ def _reduce(b: Batching, node: ir.Node, args: list) -> list[Arg]:
         if attrs.get("noop_with_empty_axes"):
             return [Arg(args[0].t, True)]
         axes = list(range(rank))
-    axes = [_axis(a, rank) for a in axes]
+    axes = [shift_axis(a, rank) for a in axes]
     if in_attr:
-        return _batched(_emit(node, [args[0].t], _attrs(node, axes=axes)))  # before axes were an input
-    return _batched(_emit(node, [args[0].t, ops.const_i64(axes)]))
+        return as_args(reemit(node, [args[0].t], node_attrs(node, axes=axes)))  # before axes were an input
+    return as_args(reemit(node, [args[0].t, ops.const_i64(axes)]))
 
 
 def _axis_attr(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """Ops of one ``axis`` attribute over their first input (Softmax, ArgMax, TopK, Split, ...)."""
-    _only_first(args)
-    rank, attrs = _rank(node.inputs[0]), _attrs(node)
+    only_first(args)
+    rank, attrs = rank_of(node.inputs[0]), node_attrs(node)
     default = -1 if node.op_type in ("Softmax", "LogSoftmax", "Hardmax", "TopK", "LpNormalization") else 0
     axis = attrs.get("axis", default)
     if node.op_type == "LayerNormalization" and axis < 0:
-        return _batched(_emit(node, [a and a.t for a in args]))
-    return _batched(_emit(node, [a and a.t for a in args], _attrs(node, axis=_axis(axis, rank))))
+        return as_args(reemit(node, [a and a.t for a in args]))
+    return as_args(reemit(node, [a and a.t for a in args], node_attrs(node, axis=shift_axis(axis, rank))))
 
 
 def _cumsum(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    _only_first(args)
-    axis = _const(b, node.inputs[1])
+    only_first(args)
+    axis = const_of(b, node.inputs[1])
     if axis is None:
         raise NoRule("axis not constant")
-    return _batched(_emit(node, [args[0].t, ops.const_i64([_axis(int(np.ravel(axis)[0]), _rank(node.inputs[0]))])]))
+    return as_args(reemit(node, [args[0].t, ops.const_i64([shift_axis(int(np.ravel(axis)[0]), rank_of(node.inputs[0]))])]))
 
 
 def _flatten(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     shape = static_shape(node.inputs[0])
     if shape is None or not all(isinstance(d, int) for d in shape):
         raise NoRule("Flatten of dims not static")
-    axis = _attrs(node).get("axis", 1) % (len(shape) + 1) if shape else 0
+    axis = node_attrs(node).get("axis", 1) % (len(shape) + 1) if shape else 0
     dims = [int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))]
     return [Arg(ops.emit("Reshape", [args[0].t, ops.const_i64([0, *dims])]), True)]
 
 
 def _transpose(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    rank = _rank(node.inputs[0])
-    perm = _attrs(node).get("perm") or list(range(rank))[::-1]
-    return _batched(_emit(node, [args[0].t], {"perm": [0, *(p + 1 for p in perm)]}))
+    rank = rank_of(node.inputs[0])
+    perm = node_attrs(node).get("perm") or list(range(rank))[::-1]
+    return as_args(reemit(node, [args[0].t], {"perm": [0, *(p + 1 for p in perm)]}))
 
 
 def _reshape(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """The target shape after a 0 (the mapped dim copied); allowzero's 0 sizes are not batched."""
-    _only_first(args)
+    only_first(args)
     shape = args[1].t
-    if _attrs(node).get("allowzero"):
+    if node_attrs(node).get("allowzero"):
         raise NoRule("allowzero")
-    return _batched(_emit(node, [args[0].t, ops.concat([ops.const_i64([0]), shape])]))
+    return as_args(reemit(node, [args[0].t, ops.concat([ops.const_i64([0]), shape])]))
 
 
 def _unsqueeze(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    _only_first(args)
-    axes = _const(b, node.inputs[1])
+    only_first(args)
+    axes = const_of(b, node.inputs[1])
     if axes is None:
         raise NoRule("axes not constant")
-    out_rank = _rank(node.inputs[0]) + axes.size
-    return _batched(_emit(node, [args[0].t, ops.const_i64([_axis(int(a), out_rank) for a in axes.ravel()])]))
+    out_rank = rank_of(node.inputs[0]) + axes.size
+    return as_args(reemit(node, [args[0].t, ops.const_i64([shift_axis(int(a), out_rank) for a in axes.ravel()])]))
 
 
 def _squeeze(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    _only_first(args)
+    only_first(args)
     shape = static_shape(node.inputs[0])
     if len(node.inputs) > 1 and node.inputs[1] is not None:
-        axes = _const(b, node.inputs[1])
+        axes = const_of(b, node.inputs[1])
         if axes is None or shape is None:
             raise NoRule("axes not constant")
         axes = [int(a) % len(shape) for a in axes.ravel()]
@@ -304,17 +368,17 @@ def _squeeze(b: Batching, node: ir.Node, args: list) -> list[Arg]:
         axes = [i for i, d in enumerate(shape) if d == 1]
     else:
         raise NoRule("Squeeze of dims not static")
-    return _batched(_emit(node, [args[0].t, ops.const_i64([a + 1 for a in axes])]))
+    return as_args(reemit(node, [args[0].t, ops.const_i64([a + 1 for a in axes])]))
 
 
 def _shape(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """The example's shape, the same for all: not batched."""
-    attrs = _attrs(node)
+    attrs = node_attrs(node)
     start, end = attrs.get("start", 0), attrs.get("end")
     changed = {"start": start + 1 if start >= 0 else start}
     if end is not None:
         changed["end"] = end + 1 if end >= 0 else end
-    return _batched(_emit(node, [args[0].t], changed), False)
+    return as_args(reemit(node, [args[0].t], changed), False)
 
 
 def _size(b: Batching, node: ir.Node, args: list) -> list[Arg]:
@@ -324,19 +388,19 @@ def _size(b: Batching, node: ir.Node, args: list) -> list[Arg]:
 
 
 def _concat(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    rank = _rank(node.inputs[0])
-    axis = _axis(_attrs(node)["axis"], rank)
-    return _batched(_emit(node, [_as_batched(b, a) for a in args], {"axis": axis}))
+    rank = rank_of(node.inputs[0])
+    axis = shift_axis(node_attrs(node)["axis"], rank)
+    return as_args(reemit(node, [as_batched(b, a) for a in args], {"axis": axis}))
 
 
 def _slice(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    _only_first(args)
-    rank, ins = _rank(node.inputs[0]), [a and a.t for a in args]
+    only_first(args)
+    rank, ins = rank_of(node.inputs[0]), [a and a.t for a in args]
     if len(ins) > 3 and ins[3] is not None:
-        axes = _const(b, node.inputs[3])
+        axes = const_of(b, node.inputs[3])
         if axes is None:
             raise NoRule("axes not constant")
-        axes = [_axis(int(a), rank) for a in axes.ravel()]
+        axes = [shift_axis(int(a), rank) for a in axes.ravel()]
     else:
         count = static_shape(node.inputs[1])
         if count is None or not isinstance(count[0], int):
@@ -344,20 +408,20 @@ def _slice(b: Batching, node: ir.Node, args: list) -> list[Arg]:
         axes = list(range(1, count[0] + 1))
     ins = ins + [None] * (5 - len(ins))
     ins[3] = ops.const_i64(axes)
-    return _batched(_emit(node, ins[:5] if ins[4] is not None else ins[:4]))
+    return as_args(reemit(node, ins[:5] if ins[4] is not None else ins[:4]))
 
 
 def _gather(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """Batched data: the axis shifted; batched indices into data the same for all: the mapped dim
     moved to the front."""
     data, idx = args
-    rank = _rank(node.inputs[0])
-    axis = _attrs(node).get("axis", 0) % rank
+    rank = rank_of(node.inputs[0])
+    axis = node_attrs(node).get("axis", 0) % rank
     if data.batched and not idx.batched:
-        return _batched(_emit(node, [data.t, idx.t], {"axis": axis + 1}))
+        return as_args(reemit(node, [data.t, idx.t], {"axis": axis + 1}))
     if data.batched:
         raise NoRule("mapped indices into mapped data")
-    out = _emit(node, [data.t, idx.t], {"axis": axis})[0]
+    out = reemit(node, [data.t, idx.t], {"axis": axis})[0]
     if axis:
         out = ops.transpose(out, [axis, *(i for i in range(out.ndim) if i != axis)])
     return [Arg(out, True)]
@@ -365,42 +429,40 @@ def _gather(b: Batching, node: ir.Node, args: list) -> list[Arg]:
 
 def _elements(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """GatherElements/ScatterElements: operands of one rank, each batched, the axis shifted."""
-    axis = _axis(_attrs(node).get("axis", 0), _rank(node.inputs[0]))
-    return _batched(_emit(node, [_as_batched(b, a) for a in args], _attrs(node, axis=axis)))
+    axis = shift_axis(node_attrs(node).get("axis", 0), rank_of(node.inputs[0]))
+    return as_args(reemit(node, [as_batched(b, a) for a in args], node_attrs(node, axis=axis)))
 
 
 def _expand(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    _only_first(args)
+    only_first(args)
     count = static_shape(node.inputs[1])
     if count is None or not isinstance(count[0], int):
         raise NoRule("Expand to a shape of unknown length")
-    rank = max(_rank(node.inputs[0]), count[0])
+    rank = max(rank_of(node.inputs[0]), count[0])
     ones = ops.const_i64([1] * (rank + 1 - count[0]))
-    return _batched(_emit(node, [_pad(args[0].t, _rank(node.inputs[0]), rank), ops.concat([ones, args[1].t])]))
+    return as_args(reemit(node, [_pad(args[0].t, rank_of(node.inputs[0]), rank), ops.concat([ones, args[1].t])]))
 
 
 def _einsum(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """A letter the equation does not use for the mapped dim, on the batched operands and the result."""
-    equation = _attrs(node)["equation"].replace(" ", "")
+    equation = node_attrs(node)["equation"].replace(" ", "")
     if "->" not in equation:
         raise NoRule("implicit einsum output")
     lhs, out = equation.split("->")
     letter = next(c for c in string.ascii_letters if c not in equation)
     terms = [letter + t if a.batched else t for t, a in zip(lhs.split(","), args)]
-    return _batched(_emit(node, [a.t for a in args], {"equation": f"{','.join(terms)}->{letter}{out}"}))
+    return as_args(reemit(node, [a.t for a in args], {"equation": f"{','.join(terms)}->{letter}{out}"}))
 
 
-def _per_image(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+def per_image(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """Ops on an ``(N, C, ...)`` input, each image alone (Conv, pools, inference BatchNorm): the
     mapped dim folded into N and out again."""
-    _only_first(args)
+    only_first(args)
     if len(node.outputs) != 1:
         raise NoRule("more than one output")
-    x = args[0].t
-    folded = ops.emit("Reshape", [x, ops.concat([ops.const_i64([-1]), ops.emit("Shape", [x], {"start": 2})])])
-    y = _emit(node, [folded, *(a and a.t for a in args[1:])])[0]
-    lead = ops.emit("Shape", [x], {"start": 0, "end": 2})
-    return [Arg(ops.emit("Reshape", [y, ops.concat([lead, ops.emit("Shape", [y], {"start": 1})])]), True)]
+    y = reemit(node, [merge_dims(args[0].t, 0, known_shape(b, args[0], node.inputs[0])),
+                      *(a and a.t for a in args[1:])])[0]
+    return [Arg(split_dim(b, y, 0), True)]
 
 
 # -- random ops ------------------------------------------------------------------------------------
@@ -415,32 +477,32 @@ def _zeros_of(t: Tensor, start: int) -> Tensor:
 def _random(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """A draw per example ("different"), or one for all ("same") of the example's shape."""
     if node.op_type in ("RandomNormal", "RandomUniform"):  # batched only when "different"
-        attrs = _attrs(node)
+        attrs = node_attrs(node)
         shape = [int(d) for d in attrs.pop("shape")]
         zeros = ops.emit("ConstantOfShape", [ops.concat([b.batch_shape(), ops.const_i64(shape)])],
                          {"value": ir.Tensor(np.zeros(1, np.float32))})
         out = ops.emit(f"{node.op_type}Like", [zeros], attrs, source=node.metadata_props.get(SOURCE_KEY))
         return [Arg(out, True)]
     if b.randomness == "different" or not args[0].batched:
-        return _batched(_emit(node, [_as_batched(b, args[0]), *(a and a.t for a in args[1:])]))
+        return as_args(reemit(node, [as_batched(b, args[0]), *(a and a.t for a in args[1:])]))
     if node.op_type == "Bernoulli":  # "same": one uniform draw compared with each example's p
         p = args[0].t
-        u = ops.emit("RandomUniformLike", [_zeros_of(p, 1)], {"seed": _attrs(node).get("seed", 0.0)})
-        dtype = _attrs(node).get("dtype")
+        u = ops.emit("RandomUniformLike", [_zeros_of(p, 1)], {"seed": node_attrs(node).get("seed", 0.0)})
+        dtype = node_attrs(node).get("dtype")
         out = ops.cast(ops.binary("Less", u, p), p.dtype if dtype is None else as_dtype(ir.DataType(dtype)))
         return [Arg(out, True)]
     if node.op_type == "Dropout":  # "same": one mask, the example's shape
         x = args[0].t
         ones = ops.emit("ConstantOfShape", [ops.emit("Shape", [x], {"start": 1})],
                         {"value": ir.Tensor(np.ones(1, x.dtype.numpy))})
-        outs = _emit(node, [ones, *(a and a.t for a in args[1:])])
-        return [Arg(x * outs[0], True), *_batched(outs[1:], False)]
-    like = _emit(node, [_zeros_of(args[0].t, 1)])  # RandomNormalLike/RandomUniformLike
-    return _batched(like, False)
+        outs = reemit(node, [ones, *(a and a.t for a in args[1:])])
+        return [Arg(x * outs[0], True), *as_args(outs[1:], False)]
+    like = reemit(node, [_zeros_of(args[0].t, 1)])  # RandomNormalLike/RandomUniformLike
+    return as_args(like, False)
 
 
 def _dropout(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    _only_first(args)
+    only_first(args)
     return _random(b, node, args) if draws_random(node) else _same(b, node, args)
 
 
@@ -461,7 +523,7 @@ _PER_IMAGE = ("AveragePool", "BatchNormalization", "Conv", "ConvTranspose", "Glo
 
 RULES: dict[str, Callable[[Batching, ir.Node, list], list[Arg]]] = {
     **dict.fromkeys(_UNARY, _same), **dict.fromkeys(_BROADCAST, _broadcast), **dict.fromkeys(_REDUCE, _reduce),
-    **dict.fromkeys(_AXIS, _axis_attr), **dict.fromkeys(_PER_IMAGE, _per_image),
+    **dict.fromkeys(_AXIS, _axis_attr), **dict.fromkeys(_PER_IMAGE, per_image),
     **dict.fromkeys(("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli"), _random),
     "CastLike": _cast_like, "MatMul": _matmul, "Gemm": _gemm, "CumSum": _cumsum, "Flatten": _flatten,
     "Transpose": _transpose, "Reshape": _reshape, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Shape": _shape,
