@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from graphc.dsl import ops, vmap_rules
+from graphc.dsl import ops, vmap_rules, vmap_rules_conv, vmap_rules_index
 from graphc.dsl.builder import Scope, current, user_source
 from graphc.dsl.control import run_graph
 from graphc.dsl.tensor import Tensor
@@ -30,6 +30,8 @@ from graphc.model import SOURCE_KEY
 from graphc.passes.values import draws_random
 
 __all__ = ["vmap"]
+
+_MORE_RULES = (vmap_rules_conv, vmap_rules_index)  # imported for the rules they add to vmap_rules.RULES
 
 _RANDOMNESS = ("error", "different", "same")
 _FALLBACK = ("warn", "scan", "error")

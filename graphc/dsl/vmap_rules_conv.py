@@ -1,0 +1,100 @@
+"""``gc.vmap``'s batching rules for convolutions of mapped weights, MaxPool's indices and Resize, added to
+``vmap_rules.RULES``. Mapped weights make a grouped convolution, the examples folded into the channels
+(``group`` times the mapped size, which must be static), as torch's vmap does; the rest fold the
+examples into the images' N."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc.dsl import ops
+from graphc.dsl.vmap_rules import (
+    RULES,
+    Arg,
+    Batching,
+    NoRule,
+    as_batched,
+    const_of,
+    known_shape,
+    merge_dims,
+    node_attrs,
+    per_image,
+    rank_of,
+    reemit,
+    split_dim,
+)
+
+__all__: list[str] = []
+
+
+def _conv(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """Conv/ConvTranspose: mapped images alone fold into N; mapped weights (or bias) make one grouped
+    convolution of ``group * B`` groups over the images ``(N, B*C, ...)``."""
+    if not any(a is not None and a.batched for a in args[1:]):
+        return per_image(b, node, args)
+    if not isinstance(b.size, int):
+        raise NoRule("mapped weights of a mapped size not static (the group count is an attribute)")
+    if rank_of(node.inputs[0]) < 3:
+        raise NoRule("unbatched (N-less) images")
+    size, x, rank = b.size, args[0].t, rank_of(node.inputs[0]) + 1
+    if args[0].batched:  # (B, N, C, ...) -> (N, B*C, ...)
+        shape = known_shape(b, args[0], node.inputs[0])
+        x = merge_dims(ops.transpose(x, [1, 0, *range(2, rank)]), 1, shape and (shape[1], shape[0], *shape[2:]))
+    else:  # (N, C, ...) -> (N, B*C, ...), the channels repeated for each example's group
+        x = ops.emit("Tile", [x, ops.const_i64([1, size] + [1] * (rank - 3))])
+    ins = [x, merge_dims(as_batched(b, args[1]), 0, known_shape(b, args[1], node.inputs[1]))]
+    if len(args) > 2 and args[2] is not None:
+        ins.append(merge_dims(as_batched(b, args[2]), 0))
+    group = int(node_attrs(node).get("group", 1))
+    y = reemit(node, ins, node_attrs(node, group=group * size))[0]  # (N, B*O, ...)
+    return [Arg(ops.transpose(split_dim(b, y, 1), [1, 0, *range(2, rank)]), True)]
+
+
+def _max_pool(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """MaxPool: the images folded into N; its indices (flat offsets into the folded input) taken
+    modulo an example's element count."""
+    if len(node.outputs) < 2:
+        return per_image(b, node, args)
+    if not args[0].batched or len(args) > 1:
+        raise NoRule("a mapped operand other than the data")
+    if node_attrs(node).get("storage_order", 0):
+        raise NoRule("column-major indices")
+    x = args[0].t
+    y, idx = reemit(node, [merge_dims(x, 0, known_shape(b, args[0], node.inputs[0]))])
+    per_example = ops.emit("ReduceProd", [ops.emit("Shape", [x], {"start": 1}), ops.const_i64([0])], {"keepdims": 1}) \
+        if b.builder.opset >= 18 else ops.emit("ReduceProd", [ops.emit("Shape", [x], {"start": 1})], {"keepdims": 1})
+    idx = ops.emit("Mod", [idx, per_example])
+    return [Arg(split_dim(b, y, 0), True), Arg(split_dim(b, idx, 0), True)]
+
+
+def _resize(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """Resize of the dims after N and C only (constant scales or sizes): the images folded into N."""
+    if not args[0].batched or any(a is not None and a.batched for a in args[1:]):
+        raise NoRule("a mapped operand other than the data")
+    x, ins = args[0].t, [a and a.t for a in args]
+    if x.shape is None:
+        raise NoRule("unknown rank")
+    rank, attrs = x.ndim - 1, node_attrs(node)
+    if attrs.get("coordinate_transformation_mode") == "tf_crop_and_resize":
+        raise NoRule("tf_crop_and_resize")
+    if attrs.get("axes") is not None:
+        if any(int(a) % rank < 2 for a in attrs["axes"]):
+            raise NoRule("a resized N or C")
+        return [Arg(split_dim(b, reemit(node, [merge_dims(x, 0, known_shape(b, args[0], node.inputs[0])), *ins[1:]])[0], 0), True)]
+    scales = const_of(b, node.inputs[2]) if len(node.inputs) > 2 else None
+    sizes = const_of(b, node.inputs[3]) if len(node.inputs) > 3 else None
+    if scales is not None and scales.size:
+        if scales.size < 2 or not np.all(scales[:2] == 1):
+            raise NoRule("a resized N or C")
+    elif sizes is not None and sizes.size:
+        if sizes.size < 2 or [int(s) for s in sizes[:2]] != list(x.shape[1:3]):
+            raise NoRule("a resized N or C (or their sizes not static)")
+        ins[3] = ops.const_i64([b.size * x.shape[1], *sizes[1:]]) if isinstance(b.size, int) else \
+            ops.concat([b.batch_shape() * x.shape[1], ops.const_i64(sizes[1:])])
+    else:
+        raise NoRule("scales and sizes not constant")
+    return [Arg(split_dim(b, reemit(node, [merge_dims(x, 0, known_shape(b, args[0], node.inputs[0])), *ins[1:]])[0], 0), True)]
+
+
+RULES.update({"Conv": _conv, "ConvTranspose": _conv, "MaxPool": _max_pool, "Resize": _resize})
