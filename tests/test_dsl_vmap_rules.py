@@ -84,6 +84,15 @@ def test_index_select_of_mapped_indices_into_mapped_data(dim):
     _check(fn, _data((4, 3, 3, 3)), {"idx": idx.reshape(4, 6)})
 
 
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_index_select_of_mapped_data_by_shared_indices(dim):
+    """Rows of at most a few values after the axis (dims 1, 2) take the mapped dim innermost."""
+    def fn(M, x, idx):
+        vmap, T, _ = _ns(M)
+        return vmap(lambda a: T.index_select(a, dim, idx))(x)
+    _check(fn, _data((4, 3, 5, 2)), {"idx": np.array([1, 0, 1, 1])})
+
+
 def test_advanced_indexing_of_mapped_data_by_mapped_indices_gathernd():
     def fn(M, x, i, j):
         vmap, _, _ = _ns(M)

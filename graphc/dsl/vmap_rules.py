@@ -411,6 +411,9 @@ def _slice(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     return as_args(reemit(node, ins[:5] if ins[4] is not None else ins[:4]))
 
 
+_ROW = 4  # a Gather of batched data copying rows of at most this many values moves the mapped dim innermost
+
+
 def _gather(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """Batched data: the axis shifted; batched indices into data the same for all: the mapped dim
     moved to the front."""
@@ -418,7 +421,12 @@ def _gather(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     rank = rank_of(node.inputs[0])
     axis = node_attrs(node).get("axis", 0) % rank
     if data.batched and not idx.batched:
-        return as_args(reemit(node, [data.t, idx.t], {"axis": axis + 1}))
+        shape = static_shape(node.inputs[0])
+        if shape is None or not all(isinstance(d, int) for d in shape) or int(np.prod(shape[axis + 1:])) > _ROW:
+            return as_args(reemit(node, [data.t, idx.t], {"axis": axis + 1}))
+        # rows of a few values: the mapped dim innermost, so that each index copies a row of B values
+        out = reemit(node, [ops.transpose(data.t, [*range(1, rank + 1), 0]), idx.t], {"axis": axis})[0]
+        return [Arg(ops.transpose(out, [out.ndim - 1, *range(out.ndim - 1)]), True)]
     if data.batched:
         raise NoRule("mapped indices into mapped data")
     out = reemit(node, [data.t, idx.t], {"axis": axis})[0]
