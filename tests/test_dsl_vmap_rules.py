@@ -256,3 +256,51 @@ def test_symbolic_mapped_size():
         got = gc.Session(model, backend=backend).run({"x": x, "i": i})
         np.testing.assert_allclose(got["output_0"], want[0].numpy(), rtol=1e-6, err_msg=backend)
         np.testing.assert_array_equal(got["output_1"], want[1].numpy(), err_msg=backend)
+
+
+# -- recurrent ops ---------------------------------------------------------------------------------
+
+
+class _Seq(gc.nn.Module):
+    """``sum(vmap(rnn)(x, h0)[0] * c)`` (``h0`` mapped or not), the per-example outputs beside."""
+
+    def __init__(self, rnn, mapped_h0: bool):
+        super().__init__()
+        self.rnn, self.mapped_h0 = rnn, mapped_h0
+
+    def forward(self, x, h0, c):
+        def one(a, h):
+            hx = (h, h * 0.5) if isinstance(self.rnn, gc.nn.LSTM) else h
+            out, _ = self.rnn(a, hx)
+            return out
+        out = gc.vmap(one, in_dims=(0, 0 if self.mapped_h0 else None), fallback="error")(x, h0)
+        return {"out": out, "loss": gc.sum(out * c)}
+
+
+@pytest.mark.parametrize("mapped_h0", [True, False], ids=["mapped_h0", "shared_h0"])
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("batch_first", [False, True], ids=["seq_first", "batch_first"])
+def test_recurrent_layers_fold_the_examples_into_their_batch(kind, batch_first, mapped_h0):
+    """torch.vmap has no rule for aten::lstm (nor a fallback), so the oracle is torch per example."""
+    tnet = getattr(torch.nn, kind)(3, 4, bidirectional=True, batch_first=batch_first).double()
+    net = getattr(gc.nn, kind)(3, 4, bidirectional=True, batch_first=batch_first, dtype="float64").init_parameters(0)
+    for k, p in tnet.named_parameters():
+        dict(net.named_parameters())[k].data = p.detach().numpy()
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 2, 5, 3) if batch_first else (3, 5, 2, 3))
+    h0 = rng.standard_normal((3, 2, 2, 4) if mapped_h0 else (2, 2, 4))
+    tx, th = torch.from_numpy(x), torch.from_numpy(h0)
+    outs = []
+    for e in range(3):
+        h = th[e] if mapped_h0 else th
+        outs.append(tnet(tx[e], (h, h * 0.5) if kind == "LSTM" else h)[0])
+    want = torch.stack(outs)
+    c = rng.standard_normal(tuple(want.shape))
+    (want * torch.from_numpy(c)).sum().backward()
+    grads = gc.grad(gc.capture(_Seq(net, mapped_h0), x=x, h0=h0, c=c), "loss")
+    for backend in ["numpy", "ort-cpu"]:
+        got = gc.Session(grads, backend=backend).run({"x": x, "h0": h0, "c": c})
+        np.testing.assert_allclose(got["out"], want.detach().numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
+        for k, p in tnet.named_parameters():
+            np.testing.assert_allclose(got[f"rnn.{k}_grad"], p.grad.numpy(), rtol=1e-9, atol=1e-11,
+                                       err_msg=f"{backend} {k}")

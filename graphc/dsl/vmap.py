@@ -20,7 +20,13 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from graphc.dsl import ops, vmap_rules, vmap_rules_conv, vmap_rules_index
+from graphc.dsl import (
+    ops,
+    vmap_rules,
+    vmap_rules_conv,
+    vmap_rules_index,
+    vmap_rules_rnn,
+)
 from graphc.dsl.builder import Scope, current, user_source
 from graphc.dsl.control import run_graph
 from graphc.dsl.tensor import Tensor
@@ -31,7 +37,7 @@ from graphc.passes.values import draws_random
 
 __all__ = ["vmap"]
 
-_MORE_RULES = (vmap_rules_conv, vmap_rules_index)  # imported for the rules they add to vmap_rules.RULES
+_MORE_RULES = (vmap_rules_conv, vmap_rules_index, vmap_rules_rnn)  # imported for the rules they add to vmap_rules.RULES
 
 _RANDOMNESS = ("error", "different", "same")
 _FALLBACK = ("warn", "scan", "error")
