@@ -304,3 +304,31 @@ def test_recurrent_layers_fold_the_examples_into_their_batch(kind, batch_first, 
         for k, p in tnet.named_parameters():
             np.testing.assert_allclose(got[f"rnn.{k}_grad"], p.grad.numpy(), rtol=1e-9, atol=1e-11,
                                        err_msg=f"{backend} {k}")
+
+
+# -- control flow ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_cond_on_a_condition_shared_by_the_examples_batches_both_branches(flag):
+    """``gc.cond`` on an unmapped flag: one If of batched branches (one branch's output not per example,
+    the other's per example: both batched); its gradient through the taken branch."""
+    x, w = _data((4, 3), (3,), seed=7)
+
+    def fn(M, x, w, f):
+        if isinstance(M, TorchNS):
+            return torch.vmap(lambda a: torch.tanh(a) * w if bool(f) else w * 2.0 + 0 * a, in_dims=0)(x)
+        return gc.vmap(lambda a: gc.cond(f, lambda: gc.tanh(a) * w, lambda: w * 2.0), fallback="error")(x)
+
+    model = gc.capture(lambda x, w, f: {"out": fn(gc, x, w, f), "loss": gc.sum(fn(gc, x, w, f) ** 2)},
+                       x=x, w=w, f=np.array(flag))
+    assert "Scan" not in {n.op_type for n in model.ir.graph} and "If" in {n.op_type for n in model.ir.graph}
+    tx, tw = (torch.tensor(v, requires_grad=True) for v in (x, w))
+    want = fn(TorchNS(torch), tx, tw, flag)
+    (want ** 2).sum().backward()
+    grads = gc.grad(model, "loss", wrt=["x", "w"])
+    for backend in ["numpy", "ort-cpu"]:
+        got = gc.Session(grads, backend=backend).run({"x": x, "w": w, "f": np.array(flag)})
+        np.testing.assert_allclose(got["out"], want.detach().numpy(), rtol=1e-12, err_msg=backend)
+        np.testing.assert_allclose(got["x_grad"], tx.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
+        np.testing.assert_allclose(got["w_grad"], tw.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)

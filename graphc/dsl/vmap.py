@@ -23,6 +23,7 @@ import onnx_ir as ir
 from graphc.dsl import (
     ops,
     vmap_rules,
+    vmap_rules_control,
     vmap_rules_conv,
     vmap_rules_index,
     vmap_rules_rnn,
@@ -37,7 +38,7 @@ from graphc.passes.values import draws_random
 
 __all__ = ["vmap"]
 
-_MORE_RULES = (vmap_rules_conv, vmap_rules_index, vmap_rules_rnn)  # imported for the rules they add to vmap_rules.RULES
+_MORE_RULES = (vmap_rules_control, vmap_rules_conv, vmap_rules_index, vmap_rules_rnn)  # imported for the rules they add to vmap_rules.RULES
 
 _RANDOMNESS = ("error", "different", "same")
 _FALLBACK = ("warn", "scan", "error")

@@ -57,6 +57,7 @@ class Batching:
 
     def __init__(self, builder: Builder, size: Any, ref: Tensor, randomness: str):
         self.builder, self.size, self.ref, self.randomness = builder, size, ref, randomness
+        self.made: dict[int, Arg] = {}
         self._shape: Tensor | None = None
 
     def batch_shape(self) -> Tensor:
@@ -88,10 +89,12 @@ def hoist(builder: Builder, node: ir.Node) -> None:
 
 
 def rewrite(b: Batching, nodes: list[ir.Node], batched: set[int], env: dict[int, Tensor],
-            outputs: list[ir.Value]) -> list[tuple[Tensor, bool]]:
+            outputs: list[ir.Value], outer: dict[int, Arg] | None = None) -> list[tuple[Tensor, bool]]:
     """The body's ``outputs`` (Tensor, batched) with its ``batched`` nodes rewritten by the rules and the
-    others hoisted; ``env`` maps the body's inputs to the batched Tensors."""
-    args: dict[int, Arg] = {k: Arg(t, True) for k, t in env.items()}
+    others hoisted; ``env`` maps the body's inputs to the batched Tensors, ``outer`` (a subgraph's
+    rewrite) the values of the graph around it as that graph's rewrite made them. A rule finds the
+    values made so far as ``b.made``."""
+    args: dict[int, Arg] = {**(outer or {}), **{k: Arg(t, True) for k, t in env.items()}}
 
     def arg(value: ir.Value | None) -> Arg | None:
         if value is None:
@@ -111,6 +114,7 @@ def rewrite(b: Batching, nodes: list[ir.Node], batched: set[int], env: dict[int,
         rule, line = RULES.get(node.op_type), node.metadata_props.get(SOURCE_KEY, "?")
         if rule is None:
             raise NoRule(f"{node.op_type} at {line}")
+        b.made = args
         try:
             results = rule(b, node, inputs)
         except NoRule as exc:
