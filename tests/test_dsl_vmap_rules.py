@@ -332,3 +332,32 @@ def test_cond_on_a_condition_shared_by_the_examples_batches_both_branches(flag):
         np.testing.assert_allclose(got["out"], want.detach().numpy(), rtol=1e-12, err_msg=backend)
         np.testing.assert_allclose(got["x_grad"], tx.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
         np.testing.assert_allclose(got["w_grad"], tw.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
+
+
+# -- computed operands (as gc.func's gradient graphs make them) --------------------------------------
+
+
+def test_reduce_over_computed_axes_and_reshape_with_allowzero():
+    """ReduceSum of axes computed from the example's shape (a sum over the last one; with
+    noop_with_empty_axes, maybe none) and Reshape with allowzero, against torch.vmap."""
+    from graphc.dsl import ops
+
+    def fn(M, x):
+        if isinstance(M, TorchNS):
+            return torch.vmap(lambda a: a.sum(-1, keepdim=True).reshape(2, 3) * 2.0 + a.sum())(x)
+
+        def one(a):
+            last = ops.emit("Shape", [a], {"start": -1}) * 0 + ops.emit("Size", [ops.emit("Shape", [a])]) - 1
+            total = ops.emit("ReduceSum", [a, last], {"keepdims": 1})
+            none = ops.emit("Slice", [last, ops.const_i64([0]), ops.const_i64([0])])  # no axes: a as it is
+            same = ops.emit("ReduceSum", [a, none], {"keepdims": 1, "noop_with_empty_axes": 1})
+            return ops.emit("Reshape", [total, ops.const_i64([2, 3])], {"allowzero": 1}) * 2.0 + \
+                ops.emit("ReduceSum", [same], {"keepdims": 0})
+        return gc.vmap(one, fallback="error")(x)
+    x, = _data((4, 2, 3, 5))
+    want = fn(TorchNS(torch), torch.from_numpy(x)).numpy()
+    for specs in ({"x": x}, {"x": gc.spec("float64", ("N", 2, 3, 5))}):
+        model = gc.capture(lambda x: fn(gc, x), **specs)
+        for backend in ["numpy", "ort-cpu"]:
+            got = gc.Session(model, backend=backend).run({"x": x})["output"]
+            np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=backend)

@@ -191,7 +191,7 @@ def _call(func: Callable, in_dims: Any, out_dims: Any, randomness: str, fallback
         outs = _staged(builder, lambda: rewrite(batching, nodes, batched, dict(zip(map(id, inputs), moved)),
                                                 [t.value for t in out_leaves]))
     except NoRule as exc:
-        _fall_back(builder, fallback, str(exc), _unruled(nodes, batched), source)
+        _fall_back(builder, fallback, str(exc), _unruled(nodes, {id(v) for v in inputs}), source)
         outs = _scanned(builder, nodes, batched, inputs, moved, [t.value for t in out_leaves], randomness, source)
     placed = [_place(batching, t, is_batched, dim, path, source)
               for (t, is_batched), (path, dim) in zip(outs, out_dim_list)]
@@ -201,9 +201,18 @@ def _call(func: Callable, in_dims: Any, out_dims: Any, randomness: str, fallback
 _WARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # builder -> the warnings given in its capture
 
 
-def _unruled(nodes: list[ir.Node], batched: set[int]) -> list[str]:
-    """The op types of the batched nodes that have no batching rule at all."""
-    return sorted({node.op_type for node in nodes if id(node) in batched and node.op_type not in vmap_rules.RULES})
+def _unruled(nodes: list[ir.Node], mapped: set[int]) -> list[str]:
+    """The op types without any batching rule among the nodes that read per-example values, as the
+    rewrite sees them: a mapped value's Shape or Size is the same for all examples."""
+    values, found = set(mapped), set()
+    for node in nodes:
+        reads = [v for v in [*node.inputs, *_subgraph_values(node)] if v is not None]
+        if node.op_type in ("Shape", "Size") or not (_has_random(node) or any(id(v) in values for v in reads)):
+            continue
+        values.update(id(v) for v in node.outputs)
+        if node.op_type not in vmap_rules.RULES:
+            found.add(node.op_type)
+    return sorted(found)
 
 
 def _fall_back(builder, fallback: str, reason: str, unruled: list[str], source: str) -> None:

@@ -133,8 +133,12 @@ def _own_per_example(node: ir.Node) -> bool:
                                      for a in node.attributes.values())
 
 
-def rank_of(value: ir.Value) -> int:
+def rank_of(value: ir.Value, a: Arg | None = None) -> int:
+    """The per-example rank of ``value``: the trace's, else (where it did not infer it) that of its
+    rewritten form ``a``."""
     shape = static_shape(value)
+    if shape is None and a is not None and a.t.shape is not None:
+        return a.t.ndim - a.batched
     if shape is None:
         raise NoRule("unknown rank")
     return len(shape)
@@ -236,18 +240,10 @@ def _cast_like(b: Batching, node: ir.Node, args: list) -> list[Arg]:
 
 def _broadcast(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """Broadcasting ops: batched operands padded to the highest per-example rank."""
-    ranks = [None if a is None else _arg_rank(a, v) for a, v in zip(args, node.inputs)]
+    ranks = [None if a is None else rank_of(v, a) for a, v in zip(args, node.inputs)]
     top = max(r for r in ranks if r is not None)
     ins = [None if a is None else _pad(a.t, r, top) if a.batched else a.t for a, r in zip(args, ranks)]
     return as_args(reemit(node, ins))
-
-
-def _arg_rank(a: Arg, value: ir.Value) -> int:
-    """The per-example rank of ``value``, else of its batched form (the trace did not infer it, the
-    rewrite did)."""
-    if static_shape(value) is None and a.t.shape is not None:
-        return a.t.ndim - a.batched
-    return rank_of(value)
 
 
 def _matmul_values(a: Arg, b_: Arg, ra: int, rb: int, source: str | None) -> Tensor:
@@ -267,7 +263,7 @@ def _matmul_values(a: Arg, b_: Arg, ra: int, rb: int, source: str | None) -> Ten
 
 
 def _matmul(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    ra, rb = rank_of(node.inputs[0]), rank_of(node.inputs[1])
+    ra, rb = rank_of(node.inputs[0], args[0]), rank_of(node.inputs[1], args[1])
     return [Arg(_matmul_values(args[0], args[1], ra, rb, node.metadata_props.get(SOURCE_KEY)), True)]
 
 
@@ -285,18 +281,30 @@ def _gemm(b: Batching, node: ir.Node, args: list) -> list[Arg]:
         y = y * ops.scalar(alpha, y)
     if c is not None:
         ct = c.t if beta == 1.0 else c.t * ops.scalar(beta, c.t)
-        y = y + (_pad(ct, rank_of(node.inputs[2]), 2) if c.batched else ct)
+        y = y + (_pad(ct, rank_of(node.inputs[2], args[2]), 2) if c.batched else ct)
     return [Arg(y, True)]
 
 
 def _reduce(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """Reduce*: the per-example axes shifted past the mapped dim (none given: all of the example's)."""
     only_first(args)
-    rank, attrs = rank_of(node.inputs[0]), node_attrs(node)
+    attrs = node_attrs(node)
     in_attr = b.builder.opset < AXES_AS_INPUT.get(node.op_type, 18)
+    no_axes = (not attrs.get("axes")) if in_attr else len(node.inputs) < 2 or node.inputs[1] is None
+    if no_axes and not attrs.get("keepdims", 1) and static_shape(node.inputs[0]) is None and args[0].t.shape is None:
+        # all of an example of unknown rank: its values as one axis
+        flat = ops.emit("Reshape", [args[0].t, ops.const_i64([0, -1])])
+        return as_args(reemit(node, [flat], node_attrs(node, axes=[1])) if in_attr else
+                       reemit(node, [flat, ops.const_i64([1])]))
+    rank = rank_of(node.inputs[0], args[0])
     given = attrs.get("axes") if in_attr else const_of(b, node.inputs[1]) if len(node.inputs) > 1 else None
     if not in_attr and len(node.inputs) > 1 and node.inputs[1] is not None and given is None:
-        raise NoRule("axes not constant")
+        count = static_shape(node.inputs[1])
+        some = count is not None and isinstance(count[0], int) and count[0] > 0
+        if not (some or attrs.get("noop_with_empty_axes")):  # no axes: all of the example's
+            raise NoRule("axes not constant, and maybe none")
+        shifted = ops.emit("Mod", [args[1].t, ops.const_i64([rank])]) + ops.const_i64([1])  # computed axes
+        return as_args(reemit(node, [args[0].t, shifted]))
     axes = [int(a) for a in np.ravel(given)] if given is not None else []
     if not axes:
         if attrs.get("noop_with_empty_axes"):
@@ -311,7 +319,7 @@ def _reduce(b: Batching, node: ir.Node, args: list) -> list[Arg]:
 def _axis_attr(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """Ops of one ``axis`` attribute over their first input (Softmax, ArgMax, TopK, Split, ...)."""
     only_first(args)
-    rank, attrs = rank_of(node.inputs[0]), node_attrs(node)
+    rank, attrs = rank_of(node.inputs[0], args[0]), node_attrs(node)
     default = -1 if node.op_type in ("Softmax", "LogSoftmax", "Hardmax", "TopK", "LpNormalization") else 0
     axis = attrs.get("axis", default)
     if node.op_type == "LayerNormalization" and axis < 0:
@@ -324,7 +332,7 @@ def _cumsum(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     axis = const_of(b, node.inputs[1])
     if axis is None:
         raise NoRule("axis not constant")
-    return as_args(reemit(node, [args[0].t, ops.const_i64([shift_axis(int(np.ravel(axis)[0]), rank_of(node.inputs[0]))])]))
+    return as_args(reemit(node, [args[0].t, ops.const_i64([shift_axis(int(np.ravel(axis)[0]), rank_of(node.inputs[0], args[0]))])]))
 
 
 def _flatten(b: Batching, node: ir.Node, args: list) -> list[Arg]:
@@ -337,18 +345,17 @@ def _flatten(b: Batching, node: ir.Node, args: list) -> list[Arg]:
 
 
 def _transpose(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    rank = rank_of(node.inputs[0])
+    rank = rank_of(node.inputs[0], args[0])
     perm = node_attrs(node).get("perm") or list(range(rank))[::-1]
     return as_args(reemit(node, [args[0].t], {"perm": [0, *(p + 1 for p in perm)]}))
 
 
 def _reshape(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    """The target shape after a 0 (the mapped dim copied); allowzero's 0 sizes are not batched."""
+    """The target shape after a 0 (the mapped dim copied), or with ``allowzero`` (where a 0 is a size)
+    after the mapped size."""
     only_first(args)
-    shape = args[1].t
-    if node_attrs(node).get("allowzero"):
-        raise NoRule("allowzero")
-    return as_args(reemit(node, [args[0].t, ops.concat([ops.const_i64([0]), shape])]))
+    lead = b.batch_shape() if node_attrs(node).get("allowzero") else ops.const_i64([0])
+    return as_args(reemit(node, [args[0].t, ops.concat([lead, args[1].t])]))
 
 
 def _unsqueeze(b: Batching, node: ir.Node, args: list) -> list[Arg]:
@@ -356,7 +363,7 @@ def _unsqueeze(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     axes = const_of(b, node.inputs[1])
     if axes is None:
         raise NoRule("axes not constant")
-    out_rank = rank_of(node.inputs[0]) + axes.size
+    out_rank = rank_of(node.inputs[0], args[0]) + axes.size
     return as_args(reemit(node, [args[0].t, ops.const_i64([shift_axis(int(a), out_rank) for a in axes.ravel()])]))
 
 
@@ -392,14 +399,14 @@ def _size(b: Batching, node: ir.Node, args: list) -> list[Arg]:
 
 
 def _concat(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    rank = rank_of(node.inputs[0])
+    rank = rank_of(node.inputs[0], args[0])
     axis = shift_axis(node_attrs(node)["axis"], rank)
     return as_args(reemit(node, [as_batched(b, a) for a in args], {"axis": axis}))
 
 
 def _slice(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     only_first(args)
-    rank, ins = rank_of(node.inputs[0]), [a and a.t for a in args]
+    rank, ins = rank_of(node.inputs[0], args[0]), [a and a.t for a in args]
     if len(ins) > 3 and ins[3] is not None:
         axes = const_of(b, node.inputs[3])
         if axes is None:
@@ -422,7 +429,7 @@ def _gather(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """Batched data: the axis shifted; batched indices into data the same for all: the mapped dim
     moved to the front."""
     data, idx = args
-    rank = rank_of(node.inputs[0])
+    rank = rank_of(node.inputs[0], args[0])
     axis = node_attrs(node).get("axis", 0) % rank
     if data.batched and not idx.batched:
         shape = static_shape(node.inputs[0])
@@ -441,7 +448,7 @@ def _gather(b: Batching, node: ir.Node, args: list) -> list[Arg]:
 
 def _elements(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """GatherElements/ScatterElements: operands of one rank, each batched, the axis shifted."""
-    axis = shift_axis(node_attrs(node).get("axis", 0), rank_of(node.inputs[0]))
+    axis = shift_axis(node_attrs(node).get("axis", 0), rank_of(node.inputs[0], args[0]))
     return as_args(reemit(node, [as_batched(b, a) for a in args], node_attrs(node, axis=axis)))
 
 
@@ -450,9 +457,9 @@ def _expand(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     count = static_shape(node.inputs[1])
     if count is None or not isinstance(count[0], int):
         raise NoRule("Expand to a shape of unknown length")
-    rank = max(rank_of(node.inputs[0]), count[0])
+    rank = max(rank_of(node.inputs[0], args[0]), count[0])
     ones = ops.const_i64([1] * (rank + 1 - count[0]))
-    return as_args(reemit(node, [_pad(args[0].t, rank_of(node.inputs[0]), rank), ops.concat([ones, args[1].t])]))
+    return as_args(reemit(node, [_pad(args[0].t, rank_of(node.inputs[0], args[0]), rank), ops.concat([ones, args[1].t])]))
 
 
 def _einsum(b: Batching, node: ir.Node, args: list) -> list[Arg]:

@@ -35,9 +35,9 @@ def _conv(b: Batching, node: ir.Node, args: list) -> list[Arg]:
         return per_image(b, node, args)
     if not isinstance(b.size, int):
         raise NoRule("mapped weights of a mapped size not static (the group count is an attribute)")
-    if rank_of(node.inputs[0]) < 3:
+    if rank_of(node.inputs[0], args[0]) < 3:
         raise NoRule("unbatched (N-less) images")
-    size, x, rank = b.size, args[0].t, rank_of(node.inputs[0]) + 1
+    size, x, rank = b.size, args[0].t, rank_of(node.inputs[0], args[0]) + 1
     if args[0].batched:  # (B, N, C, ...) -> (N, B*C, ...)
         shape = known_shape(b, args[0], node.inputs[0])
         x = merge_dims(ops.transpose(x, [1, 0, *range(2, rank)]), 1, shape and (shape[1], shape[0], *shape[2:]))

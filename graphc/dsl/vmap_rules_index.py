@@ -40,7 +40,7 @@ def _pad(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     only_first(args)
     if "pads" in node_attrs(node):
         raise NoRule("pads as an attribute")
-    rank, ins = rank_of(node.inputs[0]), [a and a.t for a in args]
+    rank, ins = rank_of(node.inputs[0], args[0]), [a and a.t for a in args]
     if len(ins) > 3 and ins[3] is not None:
         axes = const_of(b, node.inputs[3])
         if axes is None:
@@ -60,7 +60,7 @@ def _tile(b: Batching, node: ir.Node, args: list) -> list[Arg]:
 def _one_hot(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """OneHot of mapped indices: its ``axis`` (of the output, one rank more) shifted."""
     only_first(args)
-    axis = shift_axis(node_attrs(node).get("axis", -1), rank_of(node.inputs[0]) + 1)
+    axis = shift_axis(node_attrs(node).get("axis", -1), rank_of(node.inputs[0], args[0]) + 1)
     return as_args(reemit(node, [a.t for a in args], node_attrs(node, axis=axis)))
 
 
@@ -70,7 +70,7 @@ def _gather(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     data, idx = args
     if not (data.batched and idx.batched):
         return _plain_gather(b, node, args)
-    rank, rank_idx = rank_of(node.inputs[0]), rank_of(node.inputs[1])
+    rank, rank_idx = rank_of(node.inputs[0], args[0]), rank_of(node.inputs[1], args[1])
     axis = node_attrs(node).get("axis", 0) % rank
     front = [0, axis + 1, *(i for i in range(1, rank + 1) if i != axis + 1)]
     x = ops.transpose(data.t, front) if axis else data.t
@@ -94,7 +94,7 @@ def _gather_nd(b: Batching, node: ir.Node, args: list) -> list[Arg]:
 def _scatter_nd(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """ScatterND: each index tuple led by its example's number."""
     data, idx, updates = (as_batched(b, a) for a in args)
-    rank_idx = rank_of(node.inputs[1])
+    rank_idx = rank_of(node.inputs[1], args[1])
     count = ops.emit("Range", [ops.constant(np.int64(0)), ops.emit("Squeeze", [b.batch_shape()]),
                                ops.constant(np.int64(1))])
     count = ops.emit("Reshape", [count, ops.const_i64([-1] + [1] * rank_idx)])
