@@ -26,6 +26,7 @@ from graphc.dsl import (
     vmap_rules_control,
     vmap_rules_conv,
     vmap_rules_index,
+    vmap_rules_random,
     vmap_rules_rnn,
 )
 from graphc.dsl.builder import Scope, current, user_source
@@ -38,7 +39,7 @@ from graphc.passes.values import draws_random
 
 __all__ = ["vmap"]
 
-_MORE_RULES = (vmap_rules_control, vmap_rules_conv, vmap_rules_index, vmap_rules_rnn)  # imported for the rules they add to vmap_rules.RULES
+_MORE_RULES = (vmap_rules_control, vmap_rules_conv, vmap_rules_index, vmap_rules_random, vmap_rules_rnn)  # imported for the rules they add to vmap_rules.RULES
 
 _RANDOMNESS = ("error", "different", "same")
 _FALLBACK = ("warn", "scan", "error")

@@ -17,29 +17,11 @@ from graphc.dsl import ops
 from graphc.dsl.builder import Builder
 from graphc.dsl.tensor import Tensor
 from graphc.model import SOURCE_KEY
-from graphc.model.dtypes import as_dtype
 from graphc.passes.emit import AXES_AS_INPUT
 from graphc.passes.values import const_array, draws_random, static_shape
 
-__all__ = [
-    "RULES",
-    "Arg",
-    "Batching",
-    "NoRule",
-    "as_args",
-    "as_batched",
-    "const_of",
-    "hoist",
-    "merge_dims",
-    "node_attrs",
-    "only_first",
-    "per_image",
-    "rank_of",
-    "reemit",
-    "rewrite",
-    "shift_axis",
-    "split_dim",
-]
+__all__ = ["RULES", "Arg", "Batching", "NoRule", "as_args", "as_batched", "const_of", "hoist", "node_attrs",
+           "only_first", "rank_of", "reemit", "rewrite", "shift_axis"]
 
 
 class NoRule(Exception):
@@ -189,40 +171,6 @@ def shift_axis(axis: int, rank: int) -> int:
 
 def as_batched(b: Batching, a: Arg) -> Tensor:
     return a.t if a.batched else b.expand(a.t)
-
-
-def _static(t: Tensor) -> bool:
-    return t.shape is not None and all(isinstance(d, int) for d in t.shape)
-
-
-def known_shape(b: Batching, a: Arg, value: ir.Value) -> tuple | None:
-    """The static shape of ``as_batched(b, a)`` (``a`` standing for ``value``): from ``a``'s Tensor,
-    else from the example's (the trace's inference); None where neither is known."""
-    if a.batched and _static(a.t):
-        return tuple(a.t.shape)
-    shape = tuple(a.t.shape) if _static(a.t) else static_shape(value)
-    if isinstance(b.size, int) and shape is not None and all(isinstance(d, int) for d in shape):
-        return (b.size, *shape)
-    return None
-
-
-def merge_dims(t: Tensor, axis: int, shape: tuple | None = None) -> Tensor:
-    """``t`` with its dims ``axis`` and ``axis + 1`` as one; given its static ``shape`` (or where its
-    own is), the result's is static too."""
-    s = shape or (tuple(t.shape) if _static(t) else None)
-    if s is not None:
-        return ops.emit("Reshape", [t, ops.const_i64([*s[:axis], s[axis] * s[axis + 1], *s[axis + 2:]])])
-    return ops.emit("Reshape", [t, ops.concat([ops.const_i64([0] * axis + [-1]),
-                                               ops.emit("Shape", [t], {"start": axis + 2})])])
-
-
-def split_dim(b: Batching, t: Tensor, axis: int) -> Tensor:
-    """``t`` with its dim ``axis`` (the mapped size times another) as two, the mapped size first."""
-    if _static(t) and isinstance(b.size, int):
-        s = t.shape
-        return ops.emit("Reshape", [t, ops.const_i64([*s[:axis], b.size, s[axis] // b.size, *s[axis + 1:]])])
-    return ops.emit("Reshape", [t, ops.concat([ops.const_i64([0] * axis), b.batch_shape(), ops.const_i64([-1]),
-                                               ops.emit("Shape", [t], {"start": axis + 1})])])
 
 
 # -- rules -----------------------------------------------------------------------------------------
@@ -473,58 +421,6 @@ def _einsum(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     return as_args(reemit(node, [a.t for a in args], {"equation": f"{','.join(terms)}->{letter}{out}"}))
 
 
-def per_image(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    """Ops on an ``(N, C, ...)`` input, each image alone (Conv, pools, inference BatchNorm): the
-    mapped dim folded into N and out again."""
-    only_first(args)
-    if len(node.outputs) != 1:
-        raise NoRule("more than one output")
-    y = reemit(node, [merge_dims(args[0].t, 0, known_shape(b, args[0], node.inputs[0])),
-                      *(a and a.t for a in args[1:])])[0]
-    return [Arg(split_dim(b, y, 0), True)]
-
-
-# -- random ops ------------------------------------------------------------------------------------
-
-
-def _zeros_of(t: Tensor, start: int) -> Tensor:
-    """Zeros of ``t``'s dtype and its shape from dim ``start`` on."""
-    value = ir.Tensor(np.zeros(1, t.dtype.numpy))
-    return ops.emit("ConstantOfShape", [ops.emit("Shape", [t], {"start": start})], {"value": value})
-
-
-def _random(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    """A draw per example ("different"), or one for all ("same") of the example's shape."""
-    if node.op_type in ("RandomNormal", "RandomUniform"):  # batched only when "different"
-        attrs = node_attrs(node)
-        shape = [int(d) for d in attrs.pop("shape")]
-        zeros = ops.emit("ConstantOfShape", [ops.concat([b.batch_shape(), ops.const_i64(shape)])],
-                         {"value": ir.Tensor(np.zeros(1, np.float32))})
-        out = ops.emit(f"{node.op_type}Like", [zeros], attrs, source=node.metadata_props.get(SOURCE_KEY))
-        return [Arg(out, True)]
-    if b.randomness == "different" or not args[0].batched:
-        return as_args(reemit(node, [as_batched(b, args[0]), *(a and a.t for a in args[1:])]))
-    if node.op_type == "Bernoulli":  # "same": one uniform draw compared with each example's p
-        p = args[0].t
-        u = ops.emit("RandomUniformLike", [_zeros_of(p, 1)], {"seed": node_attrs(node).get("seed", 0.0)})
-        dtype = node_attrs(node).get("dtype")
-        out = ops.cast(ops.binary("Less", u, p), p.dtype if dtype is None else as_dtype(ir.DataType(dtype)))
-        return [Arg(out, True)]
-    if node.op_type == "Dropout":  # "same": one mask, the example's shape
-        x = args[0].t
-        ones = ops.emit("ConstantOfShape", [ops.emit("Shape", [x], {"start": 1})],
-                        {"value": ir.Tensor(np.ones(1, x.dtype.numpy))})
-        outs = reemit(node, [ones, *(a and a.t for a in args[1:])])
-        return [Arg(x * outs[0], True), *as_args(outs[1:], False)]
-    like = reemit(node, [_zeros_of(args[0].t, 1)])  # RandomNormalLike/RandomUniformLike
-    return as_args(like, False)
-
-
-def _dropout(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    only_first(args)
-    return _random(b, node, args) if draws_random(node) else _same(b, node, args)
-
-
 _UNARY = ("Abs", "Acos", "Acosh", "Asin", "Asinh", "Atan", "Atanh", "BitwiseNot", "Cast", "Ceil", "Celu", "Clip",
           "Cos", "Cosh", "Elu", "Erf", "Exp", "Floor", "Gelu", "HardSigmoid", "HardSwish", "Identity", "IsInf",
           "IsNaN", "LeakyRelu", "Log", "Mish", "Neg", "Not", "Reciprocal", "Relu", "Round", "Selu", "Shrink",
@@ -537,16 +433,12 @@ _REDUCE = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax
            "ReduceProd", "ReduceSum", "ReduceSumSquare")
 _AXIS = ("ArgMax", "ArgMin", "Softmax", "LogSoftmax", "Hardmax", "TopK", "Split", "LayerNormalization",
          "LpNormalization")
-_PER_IMAGE = ("AveragePool", "BatchNormalization", "Conv", "ConvTranspose", "GlobalAveragePool", "GlobalMaxPool",
-              "InstanceNormalization", "LpPool", "MaxPool")
 
 RULES: dict[str, Callable[[Batching, ir.Node, list], list[Arg]]] = {
     **dict.fromkeys(_UNARY, _same), **dict.fromkeys(_BROADCAST, _broadcast), **dict.fromkeys(_REDUCE, _reduce),
-    **dict.fromkeys(_AXIS, _axis_attr), **dict.fromkeys(_PER_IMAGE, per_image),
-    **dict.fromkeys(("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli"), _random),
+    **dict.fromkeys(_AXIS, _axis_attr),
     "CastLike": _cast_like, "MatMul": _matmul, "Gemm": _gemm, "CumSum": _cumsum, "Flatten": _flatten,
     "Transpose": _transpose, "Reshape": _reshape, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Shape": _shape,
     "Size": _size, "Concat": _concat, "Slice": _slice, "Gather": _gather, "GatherElements": _elements,
     "ScatterElements": _elements, "Expand": _expand, "Einsum": _einsum,
-    "Dropout": _dropout,
 }

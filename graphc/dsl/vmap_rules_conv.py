@@ -1,7 +1,7 @@
-"""``gc.vmap``'s batching rules for convolutions of mapped weights, MaxPool's indices and Resize, added to
-``vmap_rules.RULES``. Mapped weights make a grouped convolution, the examples folded into the channels
-(``group`` times the mapped size, which must be static), as torch's vmap does; the rest fold the
-examples into the images' N."""
+"""``gc.vmap``'s batching rules for the ops on images ``(N, C, ...)`` (Conv and ConvTranspose, pools,
+inference normalizations, Resize), added to ``vmap_rules.RULES``: the examples folded into the images'
+N; mapped weights make a grouped convolution, the examples folded into the channels (``group`` times
+the mapped size, which must be static), as torch's vmap does. Also the folds' helpers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.dsl import ops
+from graphc.dsl.tensor import Tensor
 from graphc.dsl.vmap_rules import (
     RULES,
     Arg,
@@ -16,16 +17,59 @@ from graphc.dsl.vmap_rules import (
     NoRule,
     as_batched,
     const_of,
-    known_shape,
-    merge_dims,
     node_attrs,
-    per_image,
+    only_first,
     rank_of,
     reemit,
-    split_dim,
 )
+from graphc.passes.values import static_shape
 
-__all__: list[str] = []
+__all__ = ["known_shape", "merge_dims", "per_image", "split_dim"]
+
+
+def _static(t: Tensor) -> bool:
+    return t.shape is not None and all(isinstance(d, int) for d in t.shape)
+
+
+def known_shape(b: Batching, a: Arg, value: ir.Value) -> tuple | None:
+    """The static shape of ``as_batched(b, a)`` (``a`` standing for ``value``): from ``a``'s Tensor,
+    else from the example's (the trace's inference); None where neither is known."""
+    if a.batched and _static(a.t):
+        return tuple(a.t.shape)
+    shape = tuple(a.t.shape) if _static(a.t) else static_shape(value)
+    if isinstance(b.size, int) and shape is not None and all(isinstance(d, int) for d in shape):
+        return (b.size, *shape)
+    return None
+
+
+def merge_dims(t: Tensor, axis: int, shape: tuple | None = None) -> Tensor:
+    """``t`` with its dims ``axis`` and ``axis + 1`` as one; given its static ``shape`` (or where its
+    own is), the result's is static too."""
+    s = shape or (tuple(t.shape) if _static(t) else None)
+    if s is not None:
+        return ops.emit("Reshape", [t, ops.const_i64([*s[:axis], s[axis] * s[axis + 1], *s[axis + 2:]])])
+    return ops.emit("Reshape", [t, ops.concat([ops.const_i64([0] * axis + [-1]),
+                                               ops.emit("Shape", [t], {"start": axis + 2})])])
+
+
+def split_dim(b: Batching, t: Tensor, axis: int) -> Tensor:
+    """``t`` with its dim ``axis`` (the mapped size times another) as two, the mapped size first."""
+    if _static(t) and isinstance(b.size, int):
+        s = t.shape
+        return ops.emit("Reshape", [t, ops.const_i64([*s[:axis], b.size, s[axis] // b.size, *s[axis + 1:]])])
+    return ops.emit("Reshape", [t, ops.concat([ops.const_i64([0] * axis), b.batch_shape(), ops.const_i64([-1]),
+                                               ops.emit("Shape", [t], {"start": axis + 1})])])
+
+
+def per_image(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """Ops on an ``(N, C, ...)`` input, each image alone (Conv, pools, inference BatchNorm): the
+    mapped dim folded into N and out again."""
+    only_first(args)
+    if len(node.outputs) != 1:
+        raise NoRule("more than one output")
+    y = reemit(node, [merge_dims(args[0].t, 0, known_shape(b, args[0], node.inputs[0])),
+                      *(a and a.t for a in args[1:])])[0]
+    return [Arg(split_dim(b, y, 0), True)]
 
 
 def _conv(b: Batching, node: ir.Node, args: list) -> list[Arg]:
@@ -97,4 +141,7 @@ def _resize(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     return [Arg(split_dim(b, reemit(node, [merge_dims(x, 0, known_shape(b, args[0], node.inputs[0])), *ins[1:]])[0], 0), True)]
 
 
-RULES.update({"Conv": _conv, "ConvTranspose": _conv, "MaxPool": _max_pool, "Resize": _resize})
+_PER_IMAGE = ("AveragePool", "BatchNormalization", "GlobalAveragePool", "GlobalMaxPool", "InstanceNormalization",
+              "LpPool")
+RULES.update({**dict.fromkeys(_PER_IMAGE, per_image), "Conv": _conv, "ConvTranspose": _conv, "MaxPool": _max_pool,
+              "Resize": _resize})

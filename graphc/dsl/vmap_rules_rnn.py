@@ -13,12 +13,10 @@ from graphc.dsl.vmap_rules import (
     Batching,
     NoRule,
     as_batched,
-    known_shape,
-    merge_dims,
     node_attrs,
     reemit,
-    split_dim,
 )
+from graphc.dsl.vmap_rules_conv import known_shape, merge_dims, split_dim
 
 __all__: list[str] = []
 
