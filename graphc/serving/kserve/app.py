@@ -69,6 +69,8 @@ class KServeApp(FastAPI):
             receive, send = _closing_unless_continued(receive, send)
         if scope["method"] == "POST" and await self._infer(scope, receive, send):
             return
+        if scope["method"] == "HEAD":  # answered as GET (RFC 9110, 9.1); uvicorn sends no body for HEAD
+            scope = {**scope, "method": "GET"}
         started = False
 
         async def tracked(message: dict[str, Any]) -> None:
@@ -175,7 +177,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": schemas.ErrorResponse
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail))
+        reply = _error(exc.status_code, str(exc.detail))
+        if exc.headers and "Allow" in exc.headers:  # a 405 must say what is allowed (RFC 9110, 15.5.6)
+            methods = set(exc.headers["Allow"].split(", "))
+            reply.headers["Allow"] = ", ".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))
+        return reply
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

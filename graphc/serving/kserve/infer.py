@@ -9,6 +9,7 @@ size limit, and the reply goes out as two ASGI messages with ``Content-Length`` 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import traceback
@@ -28,7 +29,8 @@ INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/
 # two-layer net, batch 1, 2 shared CPUs; p50 and req/s, 1 client / 8 clients): fast requests run
 # on the loop as before 0.220 ms, 4291 / 4571 req/s; the loop's default executor 0.283 ms,
 # 3233 / 3849 req/s; anyio's to_thread 0.336 ms, 2623 / 3537 req/s. So light requests use the
-# default executor (min(32, CPUs + 4) threads), and bodies over HEAVY_BYTES anyio's with a limiter.
+# default executor (min(32, CPUs + 4) threads), and bodies over HEAVY_BYTES anyio's with a limiter, as
+# do compressed bodies of any size (inflated on that thread: a bomb would otherwise hold the loop).
 HEAVY_BYTES = 1 << 20
 # Parsing JSON tensor data costs about 40 bytes of memory per byte of JSON (Python objects for
 # every number, measured: a 95 MB body peaks at 4 GB), so the JSON part of a request has its own,
@@ -59,8 +61,8 @@ def error_reply(exc: Exception) -> tuple[int, str]:
 
 class Limits:
     """What one request may cost: body bytes (also after decompression), bytes of JSON, bytes of
-    its reply, and how many requests larger than ``HEAVY_BYTES`` decode and run at once; and how
-    many infer requests the server holds at once (``queue``; ``held`` counts them)."""
+    its reply, and how many requests larger than ``HEAVY_BYTES`` (or compressed) decode and run at
+    once; and how many infer requests the server holds at once (``queue``; ``held`` counts them)."""
 
     def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
                  max_queue: int = DEFAULT_MAX_QUEUE, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES):
@@ -85,7 +87,13 @@ def forget(exc: BaseException) -> None:
 
 
 def _headers(scope: dict[str, Any]) -> dict[bytes, bytes]:
-    return {key.lower(): value for key, value in scope["headers"]}
+    """The request's headers by lower-case name; a repeated one is the comma-joined list of its
+    values (RFC 9110, 5.3), so that a length given twice is refused rather than the last one read."""
+    found: dict[bytes, bytes] = {}
+    for key, value in scope["headers"]:
+        key = key.lower()
+        found[key] = value if key not in found else found[key] + b", " + value
+    return found
 
 
 def _int_header(headers: dict[bytes, bytes], name: bytes, label: str) -> int | None:
@@ -98,10 +106,11 @@ def _int_header(headers: dict[bytes, bytes], name: bytes, label: str) -> int | N
 
 
 async def _read_body(headers: dict[bytes, bytes], receive: Callable, limit: int, json_limit: int,
-                     header_length: int | None) -> bytes:
-    """The body, refused with 413 as soon as Content-Length, the bytes read or the decompressed
-    bytes pass ``limit``, or the JSON part (the whole body without the binary extension) passes
-    ``json_limit``."""
+                     header_length: int | None) -> tuple[bytes, Callable[[bytes], bytes] | None]:
+    """The body as it came, and for a compressed one the function that inflates it (to run off
+    the event loop: a bomb takes a second of CPU to reach the limit); refused with 413 as soon as
+    Content-Length, the bytes read or the decompressed bytes pass ``limit``, or the JSON part (the
+    whole body without the binary extension) passes ``json_limit``."""
     if header_length is not None and header_length > json_limit:
         raise ProtocolError(f"the request's JSON header of {header_length} bytes exceeds the server's limit of "
                             f"{json_limit} bytes for JSON (--max-json-bytes)", 413)
@@ -127,8 +136,8 @@ async def _read_body(headers: dict[bytes, bytes], receive: Callable, limit: int,
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one chunk: no copy at all
     del chunks
     if encoding == "identity":
-        return body
-    return _decompress(body, encoding, decoded_limit, header_length)
+        return body, None
+    return body, functools.partial(_decompress, encoding=encoding, limit=decoded_limit, header_length=header_length)
 
 
 def _too_large(what: str, limit: int, header_length: int | None) -> str:
@@ -155,9 +164,12 @@ def _decompress(body: bytes, encoding: str, limit: int, header_length: int | Non
     raise ProtocolError(message)
 
 
-def run_request(model: ServedModel, body: bytes, header_length: int | None,
-                max_reply_bytes: int | None = None) -> tuple[bytes, int | None]:
-    """Decode, run and encode one request (a reply over ``max_reply_bytes`` is a ``ProtocolError``)."""
+def run_request(model: ServedModel, body: bytes, header_length: int | None, max_reply_bytes: int | None = None,
+                inflate: Callable[[bytes], bytes] | None = None) -> tuple[bytes, int | None]:
+    """Inflate (with ``inflate``, if given), decode, run and encode one request (a reply over
+    ``max_reply_bytes`` is a ``ProtocolError``)."""
+    if inflate is not None:
+        body = inflate(body)
     request = decode_request(body, header_length)
     return encode_response(model.name, model.version, request, model.infer(request), max_reply_bytes)
 
@@ -198,10 +210,10 @@ async def _answer(lookup: Callable[[str, str | None], ServedModel], limits: Limi
         model = lookup(match["name"], match["version"])
         headers = _headers(scope)
         header_length = _int_header(headers, b"inference-header-content-length", "Inference-Header-Content-Length")
-        body = await _read_body(headers, receive, limits.body, limits.json, header_length)
-        if len(body) > HEAVY_BYTES:
+        body, inflate = await _read_body(headers, receive, limits.body, limits.json, header_length)
+        if len(body) > HEAVY_BYTES or inflate is not None:  # compressed: any size once inflated
             payload, json_length = await to_thread.run_sync(run_request, model, body, header_length, limits.reply,
-                                                            limiter=limits.heavy)
+                                                            inflate, limiter=limits.heavy)
         else:
             payload, json_length = await asyncio.get_running_loop().run_in_executor(
                 None, run_request, model, body, header_length, limits.reply)
