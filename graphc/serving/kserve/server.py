@@ -64,6 +64,9 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._write_wait = read_timeout  # seconds a reply may go unread; SHUTDOWN_IDLE once shutting down
         self._other_bytes = self._body_bytes = 0  # of the request being received
         self._completed = False  # a request ended in the data being parsed
+        self._in_body = False  # the newest request's head is in, its body not yet
+        self._running: Any = None  # the cycle whose app runs (later pipelined ones wait in ``pipeline``)
+        self._deferred: bytes | None = None  # a closing reply due once earlier requests are answered
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -74,18 +77,48 @@ class DeadlineProtocol(HttpToolsProtocol):
         if self._read_deadline is None:  # a later request on a kept-alive connection: its own deadline
             self._read_deadline = self.loop.call_later(self.read_timeout, self._expire)
 
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._in_body = True
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._deferred is not None and not self._answering() and not self.transport.is_closing():
+            self.transport.write(self._deferred)
+            self.transport.close()
+
+    def eof_received(self) -> bool | None:
+        """The client shut its side down (its requests sent, as HTTP/1.0 tools and ``nc -N`` do):
+        the requests it sent whole are answered, then the connection closes. (uvicorn closed it at
+        once, dropping every reply not yet written.) One whose body or head was cut off never runs."""
+        self._drop_incomplete()
+        newest = self.pipeline[0][0] if self.pipeline else self._running
+        if self._in_body or newest is None or newest.response_complete:
+            return None  # nothing left to answer (or the running request's body was cut): close now
+        newest.keep_alive = False  # its reply closes the connection
+        self._cancel("_read_deadline")
+        self._cancel("_idle_deadline")
+        return True
+
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self._in_body = False
         self._other_bytes = self._body_bytes = 0
         self._completed = True
         self._cancel("_read_deadline")
         self._cancel("_idle_deadline")
 
     def data_received(self, data: bytes) -> None:
+        if self._deferred is not None:  # the parser stopped at an error; the connection closes soon
+            return
         body_before, self._completed = self._body_bytes, False
         super().data_received(data)
         # The bytes after a request that ended in ``data`` belong to the next one, uncounted (at most
@@ -137,9 +170,8 @@ class DeadlineProtocol(HttpToolsProtocol):
         other error, naming what the parser found (it is called while handling the parser's error)."""
         found = sys.exc_info()[1]
         head = b"".join(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers)
-        self.transport.write(closing_reply(400, f"invalid HTTP request: {found}" if found is not None and str(found)
-                                           else msg, head))
-        self.transport.close()
+        self._reply_and_close(closing_reply(400, f"invalid HTTP request: {found}" if found is not None and str(found)
+                                            else msg, head))
 
     def _cancel(self, name: str) -> None:
         handle = getattr(self, name)
@@ -151,10 +183,28 @@ class DeadlineProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self._reply_and_close(_TIMEOUT_REPLY)
 
+    def _answering(self) -> bool:
+        """Whether requests received whole still wait for their replies."""
+        return bool(self.pipeline) or (self._running is not None and not self._running.response_complete)
+
+    def _drop_incomplete(self) -> None:
+        """Forget the newest request if it is still arriving and queued behind another: it never runs."""
+        if self._in_body and self.cycle is not self._running and self.pipeline:
+            self.pipeline.popleft()  # uvicorn queues each pipelined request on the left
+            self._in_body = False
+
     def _reply_and_close(self, reply: bytes) -> None:
-        """Send ``reply`` when no reply is under way (the request is still in its head, or the app
-        still waits for its body), then close. The app then reads a disconnect, and uvicorn drops
-        whatever it sends."""
+        """``reply`` is for the request still arriving. Behind requests received whole and not yet
+        answered (pipelined), it waits for their replies, in order; otherwise send it when no reply
+        is under way (the request is still in its head, or the app still waits for its body), then
+        close. The app then reads a disconnect, and uvicorn drops whatever it sends."""
+        self._drop_incomplete()
+        if not self._in_body and self._answering():
+            self._deferred = reply
+            self._cancel("_read_deadline")
+            self._cancel("_idle_deadline")
+            self.flow.pause_reading()
+            return
         replying = self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete
         if self._write_deadline is None and not replying:
             self.transport.write(reply)
