@@ -92,6 +92,19 @@ def test_a_pipelined_request_the_parser_refuses_is_answered_after_the_ones_befor
     assert got[-1][1]["error"].startswith("invalid HTTP request: "), got[-1]
 
 
+def test_a_pipelined_request_that_times_out_is_answered_after_the_one_before_it(tmp_path):
+    """A request cut off in its head behind one still computing: its 408 went out first, read by
+    the client as the reply to the request before it."""
+    onnx.save(loop_model(), str(tmp_path / "loop.onnx"))
+    with serve_process(str(tmp_path / "loop.onnx"), "--backend", "ort-cpu", "--read-timeout", "1") as (_, port), \
+            connect(port) as sock:
+        sock.sendall(infer(loop_body(3_000_000)) + INFER + b"Content-Le")  # about 3 s of Loop
+        (first, reply), (second, late) = replies(sock, 2)
+        assert closed_by_server(sock, time.monotonic() + 10)
+    assert first == b"HTTP/1.1 200 OK" and y_of(reply) == 3_000_000.5, (first, reply)
+    assert second == b"HTTP/1.1 408 Request Timeout" and late == {"error": "request not received in time"}
+
+
 def test_a_content_length_shorter_than_the_body_gets_the_error_for_the_body_it_announced(port):
     """A careless client's Content-Length of 10 for a longer body: its reply is the 400 for the
     10 bytes it announced (malformed JSON), not the parser's complaint about the bytes after them."""
