@@ -155,6 +155,17 @@ def test_a_repeated_header_is_read_as_one_list_not_as_its_last_line(port):
         assert http.post("/v2/models/loop/infer", content=body).status_code == 200
 
 
+def test_a_transfer_coding_besides_chunked_is_a_501_naming_it(port):
+    """The HTTP parser unchunks ``Transfer-Encoding: gzip, chunked`` and passes the body on still
+    gzip-coded: it was parsed as it came (a client that meant Content-Encoding got "malformed JSON")."""
+    body = zlib.compress(loop_body(10))
+    with connect(port) as sock:
+        sock.sendall(INFER + b"Transfer-Encoding: deflate, chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        [(status, reply)] = replies(sock, 1)
+    assert status == b"HTTP/1.1 501 Not Implemented", (status, reply)
+    assert reply["error"].startswith("unsupported Transfer-Encoding 'deflate, chunked'"), reply
+
+
 # -- methods --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("method, path, allow", [

@@ -3,8 +3,8 @@
 Routes: ``GET /v2/health/live``, ``/v2/health/ready``, ``GET /v2``,
 ``GET /v2/models/{name}[/versions/{v}]``, ``.../ready``, ``POST .../infer``, Triton's
 ``GET .../config`` and ``POST /v2/repository/index`` and ``GET /openapi.json``, which describes them all (the infer
-operation from ``graphc.serving.kserve.schemas``). Every error, an unexpected one included, is a
-4xx/5xx with ``{"error": "..."}``. Infer requests take a fast path (``graphc.serving.kserve.infer``) in
+operation from ``graphc.serving.kserve.schemas``); ``HEAD`` wherever ``GET``. Every error, an unexpected one included, is a
+4xx/5xx with ``{"error": "..."}`` (a 405 with ``Allow``). Infer requests take a fast path (``graphc.serving.kserve.infer``) in
 front of FastAPI's router.
 """
 
@@ -134,6 +134,7 @@ def _describe_infer(schema: dict[str, Any]) -> None:
                               ("400", "Malformed request"), ("404", "Unknown model or version"),
                               ("413", "Body or JSON larger than the server's limit"),
                               ("415", "Unsupported Content-Encoding"), ("500", "Internal error"),
+                              ("501", "Unsupported Transfer-Encoding"),
                               ("503", "Backend unavailable, or the server holds --max-queue requests"))}},
         }
 

@@ -114,6 +114,10 @@ async def _read_body(headers: dict[bytes, bytes], receive: Callable, limit: int,
     if header_length is not None and header_length > json_limit:
         raise ProtocolError(f"the request's JSON header of {header_length} bytes exceeds the server's limit of "
                             f"{json_limit} bytes for JSON (--max-json-bytes)", 413)
+    transfer = headers.get(b"transfer-encoding", b"chunked").decode("latin-1")
+    if transfer.strip().lower() != "chunked":  # the HTTP parser takes "gzip, chunked" and only unchunks it
+        raise ProtocolError(f"unsupported Transfer-Encoding {transfer!r}; send the body as it is or chunked "
+                            "(compressed: with Content-Encoding)", 501)
     encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
     if encoding not in ("gzip", "deflate", "identity"):
         raise ProtocolError(f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none", 415)
