@@ -166,6 +166,24 @@ def test_a_transfer_coding_besides_chunked_is_a_501_naming_it(port):
     assert reply["error"].startswith("unsupported Transfer-Encoding 'deflate, chunked'"), reply
 
 
+@pytest.mark.parametrize("path, request_json", [
+    ("/v2/models/loop/infer", {"inputs": [{"name": "n" * 1_000_000, "datatype": "INT64", "shape": [], "data": [1]}]}),
+    ("/v2/models/loop/infer", {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1] * 100_000, "data": [1.0]}]}),
+    ("/v2/models/" + "m" * 60_000, None),
+])
+def test_an_error_quotes_a_huge_name_or_shape_briefly(port, path, request_json):
+    """Errors quoted what the client sent in full: a megabyte-long input name came back in a
+    megabyte of error; now the message keeps its start and its end (what the model expects)."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+        reply = http.post(path, json=request_json) if request_json else http.get(path)
+    message = reply.json()["error"]
+    assert 400 <= reply.status_code < 500 and len(message) < 4200 and "characters left out)..." in message, message[:300]
+    assert message.startswith(("model 'loop': unknown input 'nnnn", "input 'x': shape [1, 1, 1",
+                               "unknown model 'mmmm")), message[:100]
+    assert message.endswith(("x: float32[1]", "cannot be made: maximum supported dimension for an ndarray is "
+                             "currently 64, found 100000", "; this server has loop")), message[-100:]
+
+
 # -- methods --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("method, path, allow", [

@@ -22,7 +22,7 @@ from graphc.serving.kserve import schemas
 from graphc.serving.kserve.infer import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_QUEUE,
                                          DEFAULT_MAX_REPLY_BYTES, INFER_PATH, Limits, error_reply, forget, handle_infer,
                                          send_reply)
-from graphc.serving.kserve.protocol import ProtocolError
+from graphc.serving.kserve.protocol import ProtocolError, brief
 from graphc.serving.kserve.repository import ServedModel
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_QUEUE", "DEFAULT_MAX_REPLY_BYTES",
@@ -169,7 +169,7 @@ class _AsgiEndpoint:
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+    return JSONResponse({"error": brief(message)}, status_code=status)
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": schemas.ErrorResponse}}

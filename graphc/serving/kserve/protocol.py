@@ -229,5 +229,18 @@ class _ReplyLimit:
                 "smaller outputs")
 
 
+# An error quotes what the client sent (a name, a shape), which may be megabytes; past this many
+# characters the middle of the message is left out, its start and end (what was expected) kept.
+MAX_MESSAGE_CHARS = 4096
+
+
+def brief(message: str) -> str:
+    """``message``, its middle elided when longer than ``MAX_MESSAGE_CHARS``."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    head, tail = MAX_MESSAGE_CHARS * 3 // 4, MAX_MESSAGE_CHARS // 4
+    return f"{message[:head]} ...({len(message) - head - tail} characters left out)... {message[-tail:]}"
+
+
 def error_body(message: str) -> bytes:
-    return json.dumps({"error": message}).encode()
+    return json.dumps({"error": brief(message)}).encode()
