@@ -53,7 +53,9 @@ class DeadlineProtocol(HttpToolsProtocol):
     besides its body (and as many as its body), a 431. At shutdown, a request whose body is still
     arriving is closed once it sends nothing for ``SHUTDOWN_IDLE`` seconds, and a reply the
     client stops reading is dropped after as long: uvicorn would wait for them, so a stalled
-    client held the shutdown for the whole read timeout."""
+    client held the shutdown for the whole read timeout. Behind pipelined requests still being
+    answered, the 400, 408 or 431 of the request after them waits for their replies (uvicorn sent
+    it first); a client that half-closes still gets the replies of the requests it sent whole."""
 
     def __init__(self, *args: Any, read_timeout: float = DEFAULT_READ_TIMEOUT, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -191,6 +193,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         """Forget the newest request if it is still arriving and queued behind another: it never runs."""
         if self._in_body and self.cycle is not self._running and self.pipeline:
             self.pipeline.popleft()  # uvicorn queues each pipelined request on the left
+            self.cycle = self.pipeline[0][0] if self.pipeline else self._running  # what shutdown acts on
             self._in_body = False
 
     def _reply_and_close(self, reply: bytes) -> None:
