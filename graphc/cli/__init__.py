@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     state["debug"] = "--debug" in args
     try:
-        app(args=args, standalone_mode=True)
+        app(args=args, prog_name="graphc", standalone_mode=True)
     except SystemExit:
         raise
     except (GraphcError, ValueError, OSError, KeyError, TypeError, MemoryError) as exc:
@@ -37,7 +37,8 @@ def _one_line(exc: Exception) -> str:
     if isinstance(exc, KeyError):
         return str(exc.args[0])
     if isinstance(exc, ValidationError):
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']} (got {e['input']!r})"
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
+                             + ("" if f"got {e['input']!r}" in e["msg"] else f" (got {e['input']!r})")
                              for e in exc.errors())
         return f"invalid {exc.title}: {problems}"
     return str(exc)

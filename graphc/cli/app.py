@@ -21,7 +21,7 @@ app = typer.Typer(
     help="Capture, optimize, differentiate, train, run and deploy ONNX graphs.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
     rich_markup_mode=None,
 )
 deploy_app = typer.Typer(help="Write a model into an inference server's repository.", no_args_is_help=True,
@@ -45,6 +45,14 @@ def output_option(help: str, metavar: str = "PATH") -> Any:
 
 
 OUT_ALIAS = typer.Option(None, "--out", hidden=True, help="Alias of -o/--output.")
+
+
+def given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option ``name`` (its parameter name) was on the command line, not defaulted.
+    By the source's name: typer carries its own copy of click, whose ``ParameterSource`` is not
+    ``click.core``'s."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
 
 
 def chosen_output(output: Optional[Path], out: Optional[Path], default: Optional[Path] = None,

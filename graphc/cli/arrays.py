@@ -83,6 +83,8 @@ _FOUND = {"npy": "a single-array .npy file", "npz": "an .npz archive", "other": 
 
 
 def _kind(path: Path, option: str) -> str:
+    if path.is_dir():
+        raise InputError(f"{option} {path}: a folder, not a file")
     if not path.is_file():
         raise FileNotFoundError(f"{option}: no such file {path}")
     with open(path, "rb") as f:

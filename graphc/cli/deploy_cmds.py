@@ -37,7 +37,7 @@ def serve_cmd(
     source: Path = typer.Argument(..., metavar="MODEL.onnx|REPO", help="An .onnx model or a Triton repository folder."),
     name: Optional[str] = typer.Option(None, "--name", help="Serve the model under this name (a repository: serve only it)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
-    port: int = typer.Option(8000, "--port", help="TCP port."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free one)."),
     backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads per model (onnxruntime)."),
     max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help="Largest request body, also once decompressed (413 above)."),

@@ -13,7 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
-from graphc.errors import GraphcError
+from graphc.cli.inspect_training import describe_artifacts, describe_checkpoint, shape_text, training_kind
+from graphc.errors import GraphcError, InputError
 
 
 def load_object(target: str) -> Any:
@@ -71,7 +72,7 @@ def capture_cmd(
     output: Optional[Path] = output_option("Where to write the .onnx file (required).", "FILE.onnx"),
     out: Optional[Path] = OUT_ALIAS,
     opset: int = typer.Option(21, "--opset", help="ai.onnx opset (17..23)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the parameter initialisation."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the parameter initialisation."),
     training: Optional[bool] = typer.Option(None, "--training/--eval", help="Capture training-mode (or eval-mode) "
                                             "Dropout/BatchNorm; neither: each module's own train()/eval() mode."),
     name: Optional[str] = typer.Option(None, "--name", help="Graph name (default: the class or function name)."),
@@ -109,25 +110,38 @@ def _spec_table(title: str, specs: list) -> Table:
     for column in ("name", "dtype", "shape"):
         table.add_column(column)
     for s in specs:
-        shape = "?" if s.shape is None else "[" + ", ".join("?" if d is None else str(d) for d in s.shape) + "]"
-        table.add_row(s.name, s.dtype, shape)
+        table.add_row(s.name, s.dtype, shape_text(s.shape))
     return table
 
 
 @app.command("inspect")
 def inspect_cmd(
-    model_path: Path = typer.Argument(..., metavar="MODEL.onnx", help="The model to describe."),
+    model_path: Path = typer.Argument(..., metavar="MODEL.onnx|ARTIFACT_DIR|CHECKPOINT",
+                                      help="The model, training artifacts or checkpoint to describe."),
     dims: list[str] = typer.Option([], "--dim", metavar="NAME=SIZE", help="Size of a dim name of the model for "
                                    "the FLOPs estimate, e.g. N=64 (repeatable; names not given count as 1)."),
 ) -> None:
     """Describe a model: inputs, outputs, ops, parameters, FLOPs.
 
     Shows the opset, the op histogram, parameter counts and bytes, and the FLOPs of MatMul,
-    Gemm and Conv nodes for the dim sizes given with --dim."""
+    Gemm and Conv nodes for the dim sizes given with --dim. Training artifacts (graphc grad
+    -o DIR): the loss, optimizer, batch inputs, params and graphs; a checkpoint (graphc train
+    --checkpoint DIR): its step, epochs, data, backend and seed, then its artifacts."""
     import graphc as gc
     from graphc.cli.run_cmds import parse_dims
     from graphc.model.inspection import flops_estimate, op_histogram, param_stats
 
+    kind = training_kind(model_path)
+    if kind is None and model_path.is_dir():
+        raise InputError(f"{model_path}: a folder that is neither training artifacts (no manifest.json) nor a "
+                         "checkpoint (no checkpoint.safetensors)")
+    if kind is not None:
+        if dims:
+            raise ValueError(f"--dim sizes a model's FLOPs estimate, and {model_path} is "
+                             f"{'training artifacts' if kind == 'artifacts' else 'a checkpoint'}: inspect one of its "
+                             ".onnx graphs with --dim")
+        (describe_artifacts if kind == "artifacts" else describe_checkpoint)(model_path, console)
+        return
     sizes = parse_dims(dims)
     model = gc.load(model_path)
     estimate = flops_estimate(model, sizes)  # an unknown dim name fails before anything is printed

@@ -11,7 +11,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
+from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, given, output_option
 from graphc.cli.arrays import load_npy, npz_bytes
 from graphc.fileio import atomic_write
 
@@ -55,6 +55,7 @@ def backends_cmd() -> None:
 
 @app.command("run")
 def run_cmd(
+    ctx: typer.Context,
     model: Path = typer.Argument(..., metavar="MODEL.onnx", help="The model to run."),
     backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
     inputs: list[str] = typer.Option([], "--input", "-i", metavar="NAME=FILE.npy", help="An input's array, one per "
@@ -72,6 +73,9 @@ def run_cmd(
 
     output = chosen_output(output, out, required=False)
     options = {} if threads is None else {"threads": threads}
+    if given(ctx, "batch_size") and workers == 1:
+        raise ValueError(f"--batch-size {batch_size} splits the inputs among --workers; without --workers N (N > 1) "
+                         "they run as one batch")
     if workers > 1:
         from graphc.runtime.distributed import map_batches
 
@@ -119,7 +123,7 @@ def parity_cmd(
                                      help="An input's array (default: seeded random feeds)."),
     dims: list[str] = typer.Option([], "--dim", metavar="NAME=SIZE",
                                    help="Size of a dim name for random feeds, e.g. N=8 (default 2)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random feeds."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the random feeds."),
     rtol: Optional[float] = typer.Option(None, "--rtol",
                                          help="Relative tolerance, finite and >= 0 (default: by dtype)."),
     atol: Optional[float] = typer.Option(None, "--atol",

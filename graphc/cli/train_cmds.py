@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -10,7 +14,7 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, err_console, output_option
+from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, err_console, given, output_option
 from graphc.cli.arrays import load_npz, npz_names
 from graphc.compile.losses import KINDS as LOSS_KINDS
 from graphc.runtime.metrics import names as metric_names
@@ -79,7 +83,7 @@ def grad_cmd(
                                                   "to this before each step, as torch.nn.utils.clip_grad_norm_ "
                                                   "(default: no clipping)."),
     grad_norm_type: Optional[str] = typer.Option(None, "--grad-norm-type", metavar="2|1|inf",
-                                                 help="The norm --max-grad-norm clips (default: 2)."),
+                                                 help="The norm --max-grad-norm clips (default: 2; only with --max-grad-norm)."),
     clip_grad_value: Optional[float] = typer.Option(None, "--clip-grad-value", help="Clamp each gradient entry to "
                                                     "[-V, V] before each step (before --max-grad-norm), as "
                                                     "torch.nn.utils.clip_grad_value_ (default: none)."),
@@ -103,6 +107,9 @@ def grad_cmd(
     import graphc as gc
 
     output = chosen_output(output, out)
+    if grad_norm_type is not None and max_grad_norm is None:
+        raise ValueError(f"--grad-norm-type {grad_norm_type} chooses the norm --max-grad-norm clips; give "
+                         "--max-grad-norm too")
     spec = parse_loss(loss)
     opt = make_optimizer(optimizer, lr, momentum, weight_decay, max_grad_norm=max_grad_norm,
                          grad_norm_type=_norm_type(grad_norm_type), clip_grad_value=clip_grad_value)
@@ -232,6 +239,7 @@ def check_checkpoint(path: Path, resume: bool, artifacts: Path) -> None:
 
 @app.command("train")
 def train_cmd(
+    ctx: typer.Context,
     artifacts: Path = typer.Argument(..., metavar="ARTIFACT_DIR", help="Artifact directory written by `graphc grad`."),
     data: Path = typer.Option(..., "--data", metavar="FILE.npz",
                               help="Training arrays: for each data and label input NAME an array NAME or NAME_train. "
@@ -242,15 +250,15 @@ def train_cmd(
     epochs: int = typer.Option(..., "--epochs", min=1, help="Train until this many epochs are done (a resumed "
                                "run counts the checkpoint's)."),
     batch_size: int = typer.Option(..., "--batch-size", min=1, help="Samples per training step."),
-    backend: str = typer.Option("auto", "--backend", help="numpy, ort-cpu, ort-cuda or auto."),
+    backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", metavar="DIR",
-                                              help="Checkpoint directory (saved each epoch, and on Ctrl-C)."),
+                                              help="Checkpoint directory (saved each epoch, and on Ctrl-C or SIGTERM)."),
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", min=1, metavar="N",
                                                    help="Also save the checkpoint every N steps (a killed run "
                                                    "resumes from the last one)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --checkpoint (an error when "
                                 "there is none; without --resume an existing checkpoint is an error too)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the shuffling and of Dropout's noise."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the shuffling and of Dropout's noise."),
     metrics: list[str] = typer.Option([], "--metric", metavar="NAME",
                                       help="A metric (repeatable), reported for training and evaluation, instead of "
                                       "the loss kind's defaults; "
@@ -263,7 +271,7 @@ def train_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar within each epoch "
                                   "(--no-progress keeps the epoch lines)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print neither the bar nor the epoch lines, only the "
-                               "run's start and end."),
+                               "run's start and end (not with --progress)."),
     log: Optional[Path] = typer.Option(None, "--log", metavar="FILE.jsonl|FILE.csv",
                                        help="Append one record per epoch (train loss and metrics, eval loss and "
                                        "metrics, lr, throughput) to this JSON-lines or CSV file; a --resume run keeps the "
@@ -285,6 +293,8 @@ def train_cmd(
 
     if resume and checkpoint is None:
         raise ValueError("--resume needs --checkpoint DIR")
+    if quiet and given(ctx, "progress") and progress:
+        raise ValueError("--quiet prints no progress bar: give --quiet or --progress, not both")
     if checkpoint_every is not None and checkpoint is None:
         raise ValueError("--checkpoint-every needs --checkpoint DIR")
     if plot is not None:
@@ -325,8 +335,9 @@ def train_cmd(
     console.print(f"evaluating on {test_source}" if test else "no evaluation arrays (NAME_val or NAME_test in "
                   "--data, or --eval-data): training loss only", highlight=False, soft_wrap=True)
     try:
-        history = trainer.fit(loader, epochs, eval_loader=eval_loader, progress=progress, plot=plot,
-                              checkpoint=checkpoint, checkpoint_every=checkpoint_every, quiet=quiet, log=log)
+        with _sigterm_as_ctrl_c():
+            history = trainer.fit(loader, epochs, eval_loader=eval_loader, progress=progress, plot=plot,
+                                  checkpoint=checkpoint, checkpoint_every=checkpoint_every, quiet=quiet, log=log)
     except TrainingInterrupted as exc:  # fit saved the checkpoint once the step under way was done
         saved = f"saved {checkpoint} (continue with --resume)" if exc.saved is not None else escape(exc.reason)
         err_console.print(f"interrupted at step {exc.step}; {saved}", highlight=False, soft_wrap=True)
@@ -349,6 +360,20 @@ def train_cmd(
         console.print(f"checkpoint: {checkpoint}", highlight=False, soft_wrap=True)
     else:
         console.print("no --checkpoint given: the trained params were not saved", highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM (a scheduler or container stopping the run) taken as Ctrl-C: the step under way
+    ends and the checkpoint is saved, where the default would kill the run mid-epoch."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @app.command("export")
@@ -380,7 +405,7 @@ def export_cmd(
 def demo_cmd(
     output: Optional[Path] = output_option("Where to write artifacts and models (default: demo_out).", "DIR"),
     out: Optional[Path] = OUT_ALIAS,
-    backend: str = typer.Option("auto", "--backend", help="numpy, ort-cpu, ort-cuda or auto."),
+    backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
     epochs: int = typer.Option(30, "--epochs", min=1, help="Training epochs."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar within each epoch "
                                   "(--no-progress keeps the epoch lines)."),

@@ -22,16 +22,16 @@ def view_cmd(
 
     Gradient nodes of training graphs are marked with the forward node each comes from."""
     from graphc.cli import view
+    from graphc.model import load
 
     output = chosen_output(output, out, required=False)
-    if not model.is_file():
-        raise FileNotFoundError(f"{model}: no such model file")
     if output is None:
         try:
             import netron
         except ImportError:
             output = Path(model.stem + ".html")
         else:
+            load(model)  # a missing, folder or corrupt MODEL is an error line, not a netron page
             console.print(f"opening {model} in netron; Ctrl-C stops it", highlight=False, soft_wrap=True)
             netron.start(str(model))
             netron.wait()

@@ -36,7 +36,7 @@ running loss) with Ctrl-C held back until they are done (``graphc.runtime.interr
 checkpoint saved on an interrupt is consistent; ``fit(checkpoint_every=N)`` also saves every N
 steps, for runs killed outright. A resumed epoch's printed loss covers all its batches.
 
-Test hook: the environment variable ``GRAPHC_TEST_SIGNAL_AT_STEP=INT:17`` (or ``KILL:17``)
+Test hook: the environment variable ``GRAPHC_TEST_SIGNAL_AT_STEP=INT:17`` (or ``TERM:17``, ``KILL:17``)
 makes ``fit`` send itself that signal right after step 17, before the step's bookkeeping, the
 spot where an interrupt used to lose or repeat a batch; the interrupt tests use it. Unset, it
 costs nothing.
@@ -866,11 +866,12 @@ def _loader_state(loader) -> ckpt.LoaderState:
 
 
 def _signal_hook() -> Optional[tuple[int, int]]:
-    """(signal, step) from the test hook ``GRAPHC_TEST_SIGNAL_AT_STEP`` (``INT:17``, ``KILL:17``), if set."""
+    """(signal, step) from the test hook ``GRAPHC_TEST_SIGNAL_AT_STEP`` (``INT:17``, ``TERM:17``,
+    ``KILL:17``), if set."""
     text = os.environ.get(SIGNAL_HOOK_ENV)
     if not text:
         return None
     name, _, step = text.partition(":")
-    if name not in ("INT", "KILL") or not step.isdigit():
-        raise ValueError(f"{SIGNAL_HOOK_ENV}={text!r}: expected INT:STEP or KILL:STEP, e.g. INT:17")
+    if name not in ("INT", "TERM", "KILL") or not step.isdigit():
+        raise ValueError(f"{SIGNAL_HOOK_ENV}={text!r}: expected INT:STEP, TERM:STEP or KILL:STEP, e.g. INT:17")
     return int(getattr(signal, f"SIG{name}")), int(step)

@@ -1,0 +1,165 @@
+"""The CLI as a new user meets it (session 50's audit): out-of-range numbers and conflicting flags
+are one usage error, folders given for files are named as folders, `inspect` describes training
+artifacts and checkpoints, shell completion works, every --backend has -b, and SIGTERM stops
+`graphc train` as Ctrl-C does (checkpoint saved). In process through ``graphc.cli.main``,
+except the signal test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typer
+from cli_util import one_line_error, run_cli, workspace
+
+from graphc.runtime import checkpoint as ckpt
+from graphc.runtime.trainer import SIGNAL_HOOK_ENV
+
+GRAPHC = str(Path(sys.executable).parent / "graphc")
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    """``workspace`` plus ``ck``, one epoch trained from ``arts`` in batches of 16, and x.npy."""
+    root = workspace(tmp_path_factory.mktemp("audit"))
+    np.save(root / "x.npy", np.ones((2, 8), np.float32))
+    return root
+
+
+@pytest.fixture(scope="module")
+def ck(ws):
+    import graphc as gc
+
+    trainer = gc.Trainer(ws / "arts", backend="numpy")
+    data = dict(np.load(ws / "data.npz"))
+    trainer.fit(gc.data.DataLoader(data, batch_size=16, seed=3), epochs=1, progress=False, quiet=True)
+    trainer.save_checkpoint(ws / "ck")
+    return ws / "ck"
+
+
+def usage_error(result, option: str) -> None:
+    """Click's usage error for ``option``: exit 2, its message naming the option, no traceback."""
+    assert result.code == 2, (result.code, result.out, result.err)
+    assert "Traceback" not in result.err and option in result.err.splitlines()[-1], result.err
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_serve_port_out_of_range_is_a_usage_error(capsys, ws, port):
+    usage_error(run_cli(capsys, "serve", ws / "mlp.onnx", "--port", port), "--port")
+
+
+@pytest.mark.parametrize("args", [["capture", "nets.py:f", "-i", "x:float32[2]", "-o", "m.onnx"],
+                                  ["parity", "mlp.onnx"], ["train", "arts", "--data", "data.npz", "--epochs", "1",
+                                                           "--batch-size", "8"]], ids=lambda a: a[0])
+def test_negative_seed_is_a_usage_error_naming_seed(capsys, ws, monkeypatch, args):
+    monkeypatch.chdir(ws)
+    usage_error(run_cli(capsys, *args, "--seed", "-1"), "--seed")
+
+
+def test_every_backend_option_has_the_short_flag_b():
+    from graphc.cli import app
+
+    def leaves(command):
+        for sub in getattr(command, "commands", {}).values():
+            yield from leaves(sub) if hasattr(sub, "commands") else [sub]
+
+    with_backend = {c.name: c for c in leaves(typer.main.get_command(app))
+                    if any("--backend" in p.opts for p in c.params)}
+    assert {"run", "train", "demo", "serve"} <= set(with_backend)
+    for name, command in with_backend.items():
+        backend = next(p for p in command.params if "--backend" in p.opts)
+        assert "-b" in backend.opts, name
+
+
+def test_train_takes_b(capsys, ws):
+    r = run_cli(capsys, "train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "32", "-q",
+                "-b", "numpy")
+    assert r.code == 0, r.err
+    assert "training on numpy" in r.out
+
+
+def test_a_folder_given_for_a_file_is_named_a_folder(capsys, ws, tmp_path):
+    folder = tmp_path / "m.onnx"
+    folder.mkdir()
+    assert "a folder" in one_line_error(run_cli(capsys, "view", folder, "-o", tmp_path / "v.svg"))
+    assert not (tmp_path / "v.svg").exists()
+    err = one_line_error(run_cli(capsys, "train", ws / "arts", "--data", tmp_path, "--epochs", "1",
+                                 "--batch-size", "8"))
+    assert f"--data {tmp_path}: a folder, not a file" in err
+    assert "a folder, not a file" in one_line_error(run_cli(capsys, "run", ws / "mlp.onnx", "-i", f"x={tmp_path}"))
+
+
+def test_run_batch_size_without_workers_is_refused(capsys, ws, tmp_path):
+    r = run_cli(capsys, "run", ws / "mlp.onnx", "-b", "numpy", "-i", f"x={ws / 'x.npy'}", "--batch-size", "8",
+                "-o", tmp_path / "o.npz")
+    assert "--workers" in one_line_error(r)
+    assert not (tmp_path / "o.npz").exists()
+
+
+def test_grad_norm_type_without_max_grad_norm_is_refused(capsys, ws, tmp_path):
+    r = run_cli(capsys, "grad", ws / "mlp.onnx", "--loss", "cross_entropy:logits:y", "--grad-norm-type", "1",
+                "-o", tmp_path / "arts")
+    assert "--max-grad-norm" in one_line_error(r)
+    assert not (tmp_path / "arts").exists()
+
+
+def test_quiet_with_progress_is_refused(capsys, ws):
+    r = run_cli(capsys, "train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "8",
+                "-q", "--progress")
+    assert "--quiet" in one_line_error(r) and not r.out
+
+
+def test_optimizer_spec_error_says_the_value_once(capsys, ws, tmp_path):
+    r = run_cli(capsys, "grad", ws / "mlp.onnx", "--loss", "cross_entropy:logits:y", "--max-grad-norm", "1",
+                "--grad-norm-type", "3", "-o", tmp_path / "arts")
+    err = one_line_error(r)
+    assert "grad_norm_type" in err and err.count("3.0") == 1, err
+
+
+def test_inspect_training_artifacts(capsys, ws):
+    r = run_cli(capsys, "inspect", ws / "arts")
+    assert r.code == 0, r.err
+    assert "training artifacts" in r.out and "loss: cross_entropy on 'logits' (label input 'y')" in r.out
+    assert "optimizer: adam lr=0.01" in r.out
+    assert "params: 4 trainable" in r.out  # enc.weight, enc.bias, the Constant-node weight, head.bias
+    assert "│ y    │ label │ int64" in r.out
+
+
+@pytest.mark.parametrize("given", ["ck", "ck/checkpoint.safetensors"])
+def test_inspect_checkpoint(capsys, ws, ck, given):
+    r = run_cli(capsys, "inspect", ws / given)
+    assert r.code == 0, r.err
+    meta = ckpt.read_meta(ck)
+    assert f"run: step {meta.step}, 1 epoch(s) done; backend numpy, seed 0" in r.out
+    assert "data: 64 samples in batches of 16 (shuffled, seed 3)" in r.out
+    assert "training graphs:" in r.out and "optimizer: adam" in r.out
+
+
+def test_inspect_folder_of_neither_and_dim_on_artifacts(capsys, ws, tmp_path):
+    err = one_line_error(run_cli(capsys, "inspect", tmp_path))
+    assert "manifest.json" in err and "checkpoint.safetensors" in err
+    assert "--dim" in one_line_error(run_cli(capsys, "inspect", ws / "arts", "--dim", "N=4"))
+    assert "not a checkpoint" in one_line_error(run_cli(capsys, "inspect", ws / "arts" / "state.safetensors"))
+
+
+def test_shell_completion_script_and_completions(capsys):
+    r = run_cli(capsys, "--show-completion", "bash")
+    assert r.code == 0 and "_graphc_completion" in r.out and "complete " in r.out, r
+    env = {**os.environ, "_GRAPHC_COMPLETE": "complete_bash", "COMP_WORDS": "graphc tr", "COMP_CWORD": "1"}
+    done = subprocess.run([GRAPHC], check=False, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0 and done.stdout.split() == ["train"], done
+
+
+def test_sigterm_stops_train_as_ctrl_c_does(ws, tmp_path):
+    """A scheduler's SIGTERM after step 3: the step ends, the checkpoint is saved, exit 130."""
+    env = {**os.environ, SIGNAL_HOOK_ENV: "TERM:3"}
+    done = subprocess.run([GRAPHC, "train", ws / "arts", "--data", ws / "data.npz", "--epochs", "2", "--batch-size",
+                           "8", "-b", "numpy", "-q", "--checkpoint", tmp_path / "ck"],
+                          check=False, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert "interrupted at step 3; saved" in done.stderr
+    assert ckpt.read_meta(tmp_path / "ck").step == 3
