@@ -19,14 +19,16 @@ import os
 from pathlib import Path
 from typing import Union
 
+import ml_dtypes  # an onnx dependency: numpy's bfloat16
 import numpy as np
 
 __all__ = ["DTYPES", "read_header", "read_tensors"]
 
 MAX_HEADER = 100_000_000  # safetensors' own limit on the header size
 DTYPES = {  # safetensors' dtype codes -> numpy
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "I16": np.int16,
-    "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_}
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I64": np.int64,
+    "I32": np.int32, "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16,
+    "U8": np.uint8, "BOOL": np.bool_}
 
 
 def read_header(path: Union[str, os.PathLike]) -> tuple[dict, int]:
@@ -62,7 +64,8 @@ def read_tensors(path: Union[str, os.PathLike], header: dict | None = None, star
                 continue
             array = _allocate(name, entry, data_size)
             f.seek(start + entry["data_offsets"][0])
-            if array.nbytes and f.readinto(memoryview(array).cast("B")) != array.nbytes:
+            # bytes through a uint8 view: the buffer protocol has no format for bfloat16
+            if array.nbytes and f.readinto(memoryview(array.reshape(-1).view(np.uint8))) != array.nbytes:
                 raise ValueError(f"tensor {name!r}: the file ends within its data (truncated)")
             out[name] = array
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import ml_dtypes
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save, save_file
@@ -16,7 +17,8 @@ def tensors():
     return {"w": rng.standard_normal((3, 5)).astype(np.float32), "d": rng.standard_normal(7),
             "h": rng.standard_normal((2, 2)).astype(np.float16), "step": np.array(4, np.int64),
             "empty": np.zeros((0, 3), np.float32), "mask": rng.random(6) > 0.5,
-            "i32": rng.integers(-9, 9, (2, 3), dtype=np.int32), "u8": rng.integers(0, 255, 4, dtype=np.uint8)}
+            "i32": rng.integers(-9, 9, (2, 3), dtype=np.int32), "u8": rng.integers(0, 255, 4, dtype=np.uint8),
+            "bf": rng.standard_normal((2, 3)).astype(ml_dtypes.bfloat16), "bf0": np.array(1.5, ml_dtypes.bfloat16)}
 
 
 def test_reads_what_safetensors_writes_each_tensor_into_a_writable_array_of_its_own(tmp_path):
@@ -42,7 +44,7 @@ def _with_header(tmp_path, data: bytes, change) -> object:
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda h: h["w"].update(dtype="BF16"), "tensor 'w': dtype 'BF16' is not one of"),
+    (lambda h: h["w"].update(dtype="F8_E4M3"), "tensor 'w': dtype 'F8_E4M3' is not one of"),
     (lambda h: h["w"].update(shape=[3, -5]), "tensor 'w': shape [3, -5] is not a list of sizes"),
     (lambda h: h["w"].update(shape=[4, 5]), "tensor 'w': data_offsets"),
     (lambda h: h["w"].update(data_offsets=[10**9, 10**9 + 60]), "within the file's"),
