@@ -163,3 +163,53 @@ def test_sigterm_stops_train_as_ctrl_c_does(ws, tmp_path):
     assert done.returncode == 130, (done.returncode, done.stderr)
     assert "interrupted at step 3; saved" in done.stderr
     assert ckpt.read_meta(tmp_path / "ck").step == 3
+
+
+BF16_NET = """
+import graphc as gc
+from graphc import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16, dtype="bfloat16")
+        self.fc2 = nn.Linear(16, 3, dtype="bfloat16")
+
+    def forward(self, x):
+        return self.fc2(gc.relu(self.fc1(x)))
+"""
+
+
+def test_bfloat16_model_captures_trains_resumes_exports_and_runs(capsys, ws, tmp_path):
+    """.npy/.npz cannot hold bfloat16: float32 arrays are rounded to it (raw |V2 ones read back as
+    it); saved bfloat16 artifacts and checkpoints read back; `run -o` writes float32."""
+    import ml_dtypes
+
+    import graphc as gc
+
+    (tmp_path / "bf.py").write_text(BF16_NET)
+    steps = [("capture", tmp_path / "bf.py:Net", "-i", "x:bfloat16[N,8]", "-o", tmp_path / "bf.onnx"),
+             ("grad", tmp_path / "bf.onnx", "--loss", "cross_entropy:output:y", "--optimizer", "adamw", "--lr", "0.01",
+              "-o", tmp_path / "arts"),
+             ("train", tmp_path / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "16", "-q", "-b",
+              "numpy", "--checkpoint", tmp_path / "ck"),
+             ("train", tmp_path / "arts", "--data", ws / "data.npz", "--epochs", "2", "--batch-size", "16", "-q", "-b",
+              "numpy", "--checkpoint", tmp_path / "ck", "--resume"),
+             ("export", tmp_path / "ck", "-o", tmp_path / "trained.onnx")]
+    for args in steps:
+        r = run_cli(capsys, *args)
+        assert r.code == 0, (args[0], r.err)
+    assert ckpt.read_meta(tmp_path / "ck").epoch == 2
+    x = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "x_raw.npy", x.astype(ml_dtypes.bfloat16))  # np.save writes it as |V2
+    expected = gc.Session(tmp_path / "trained.onnx", backend="numpy").run(
+        {"x": x.astype(ml_dtypes.bfloat16)})["output"].astype(np.float32)
+    for given, out in (("x.npy", "o.npz"), ("x_raw.npy", "o_raw.npz")):
+        r = run_cli(capsys, "run", tmp_path / "trained.onnx", "-b", "numpy", "-i", f"x={tmp_path / given}", "-o",
+                    tmp_path / out)
+        assert r.code == 0, r.err
+        got = np.load(tmp_path / out)["output"]
+        assert got.dtype == np.float32 and np.array_equal(got, expected), given
+    r = run_cli(capsys, "parity", tmp_path / "trained.onnx", "-i", f"x={tmp_path / 'x.npy'}")
+    assert r.code == 0 and "parity OK" in r.out, r.err

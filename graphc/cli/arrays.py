@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 from typing import BinaryIO
 
+import ml_dtypes
 import numpy as np
 
 from graphc.errors import InputError
@@ -66,6 +67,27 @@ def load_npz(path: Path, option: str, names: list[str]) -> dict[str, np.ndarray]
     except _READ_ERRORS as exc:
         raise InputError(f"{option} {path}: not a readable .npz archive ({_first_line(exc)})") from None
     return out
+
+
+def fit_bfloat16(arrays: dict[str, np.ndarray], specs) -> dict[str, np.ndarray]:
+    """``arrays`` with those of bfloat16 inputs (``specs``: the model's) made bfloat16. A .npy or
+    .npz file cannot hold bfloat16: ``np.save`` writes ml_dtypes' bfloat16 as raw 2-byte values
+    (``|V2``), read back here as bfloat16, and a float32 array is rounded to it (to nearest even, as
+    torch's ``.to(torch.bfloat16)``). Any other array is left for the model's own check to name."""
+    wanted = {spec.name for spec in specs if spec.dtype == "bfloat16"}
+    out = dict(arrays)
+    for name in wanted & set(arrays):
+        array = arrays[name]
+        if array.dtype == np.dtype("V2"):
+            out[name] = array.view(ml_dtypes.bfloat16)
+        elif array.dtype == np.float32:
+            out[name] = array.astype(ml_dtypes.bfloat16)
+    return out
+
+
+def widened(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``arrays`` with bfloat16 ones as float32 (exact), which an .npz can hold and numpy read."""
+    return {name: a.astype(np.float32) if a.dtype == ml_dtypes.bfloat16 else a for name, a in arrays.items()}
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, given, output_option
-from graphc.cli.arrays import load_npy, npz_bytes
+from graphc.cli.arrays import fit_bfloat16, load_npy, npz_bytes, widened
 from graphc.fileio import atomic_write
 
 
@@ -59,8 +59,9 @@ def run_cmd(
     model: Path = typer.Argument(..., metavar="MODEL.onnx", help="The model to run."),
     backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
     inputs: list[str] = typer.Option([], "--input", "-i", metavar="NAME=FILE.npy", help="An input's array, one per "
-                                     "input (saved with np.save)."),
-    output: Optional[Path] = output_option("Write the outputs to this .npz (default: print them).", "FILE.npz"),
+                                     "input (saved with np.save; for a bfloat16 input, float32, rounded to it)."),
+    output: Optional[Path] = output_option("Write the outputs to this .npz (default: print them); bfloat16 "
+                                           "ones as float32, which .npz holds.", "FILE.npz"),
     out: Optional[Path] = OUT_ALIAS,
     threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads (onnxruntime; default: its own)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Run batches on this many Ray workers (graphc[ray])."),
@@ -79,15 +80,17 @@ def run_cmd(
     if workers > 1:
         from graphc.runtime.distributed import map_batches
 
-        results = map_batches(model, parse_feeds(inputs), backend=backend, batch_size=batch_size,
-                              workers=workers, **options)
+        from graphc.model import load
+
+        feeds = fit_bfloat16(parse_feeds(inputs), load(model).inputs)
+        results = map_batches(model, feeds, backend=backend, batch_size=batch_size, workers=workers, **options)
         ran_on = f"{backend}, {workers} Ray workers"
     else:
         session = Session(model, backend=backend, **options)
-        results = session.run(parse_feeds(inputs))
+        results = session.run(fit_bfloat16(parse_feeds(inputs), session.inputs))
         ran_on = session.backend
     if output is not None:
-        atomic_write(output, npz_bytes(results))
+        atomic_write(output, npz_bytes(widened(results)))
         console.print(f"wrote {len(results)} output(s) to {output} (backend {ran_on})")
         return
     table = Table(title=f"{model.name} on {ran_on}")
@@ -139,7 +142,7 @@ def parity_cmd(
     if inputs and dims:
         raise ValueError("--dim sizes the random inputs; with --input the arrays give every size (drop --dim)")
     if inputs:
-        feeds = parse_feeds(inputs)
+        feeds = fit_bfloat16(parse_feeds(inputs), loaded.inputs)
     else:
         sizes, specs = parse_dims(dims), required_specs(loaded)
         named = {d for spec in specs for d in (spec.shape or ()) if isinstance(d, str)}

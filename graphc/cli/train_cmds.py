@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, err_console, given, output_option
-from graphc.cli.arrays import load_npz, npz_names
+from graphc.cli.arrays import fit_bfloat16, load_npz, npz_names
 from graphc.compile.losses import KINDS as LOSS_KINDS
 from graphc.runtime.metrics import names as metric_names
 
@@ -312,6 +312,8 @@ def train_cmd(
         console.print(f"resumed from {resumed}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False,
                       soft_wrap=True)
     train, test, test_source = load_data(data, [s.name for s in trainer.batch_specs], eval_data)
+    train = fit_bfloat16(train, trainer.batch_specs)
+    test = None if test is None else fit_bfloat16(test, trainer.batch_specs)
     fixed = _fixed_batch(trainer.batch_specs)
     if fixed is not None and batch_size != fixed:
         raise ValueError(f"--batch-size {batch_size}: the model takes batches of exactly {fixed} (its inputs' "
