@@ -213,3 +213,39 @@ def test_bfloat16_model_captures_trains_resumes_exports_and_runs(capsys, ws, tmp
         assert got.dtype == np.float32 and np.array_equal(got, expected), given
     r = run_cli(capsys, "parity", tmp_path / "trained.onnx", "-i", f"x={tmp_path / 'x.npy'}")
     assert r.code == 0 and "parity OK" in r.out, r.err
+
+
+@pytest.mark.parametrize("flags, spec", [
+    (["--optimizer", "sgd", "--momentum", "0.9", "--nesterov"], lambda optim: optim.SGD(momentum=0.9, nesterov=True)),
+    (["--optimizer", "adam", "--betas", "0.8,0.99", "--eps", "1e-6"],
+     lambda optim: optim.Adam(betas=(0.8, 0.99), eps=1e-6)),
+], ids=["nesterov", "betas-eps"])
+def test_grad_reaches_every_optimizer_setting(capsys, ws, tmp_path, flags, spec):
+    """The manifest `graphc grad` writes holds the spec the Python API builds from the same values."""
+    import json
+
+    from graphc.compile import optim
+
+    r = run_cli(capsys, "grad", ws / "mlp.onnx", "--loss", "cross_entropy:logits:y", *flags, "-o", tmp_path / "arts")
+    assert r.code == 0, r.err
+    written = json.loads((tmp_path / "arts" / "manifest.json").read_text())["optimizer"]
+    assert written == json.loads(spec(optim).model_dump_json())
+
+
+@pytest.mark.parametrize("flags, problem", [(["--nesterov"], "needs momentum"), (["--betas", "0.9"], "two numbers"),
+                                            (["--optimizer", "adam", "--betas", "1.5,0.9"], "[0, 1)"),
+                                            (["--eps", "1e-6"], "applies to adam and adamw")])
+def test_grad_optimizer_setting_errors(capsys, ws, tmp_path, flags, problem):
+    r = run_cli(capsys, "grad", ws / "mlp.onnx", "--loss", "cross_entropy:logits:y", *flags, "-o", tmp_path / "arts")
+    err = one_line_error(r)
+    assert problem in err and "(got {" not in err, err
+    assert not (tmp_path / "arts").exists()
+
+
+def test_train_summary_names_the_plot(capsys, ws, tmp_path):
+    pytest.importorskip("matplotlib")
+    r = run_cli(capsys, "train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "32", "-q",
+                "-b", "numpy", "--plot", tmp_path / "loss.png")
+    assert r.code == 0, r.err
+    assert f"loss curve: {tmp_path / 'loss.png'}" in r.out.replace("\n", "")
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

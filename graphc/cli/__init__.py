@@ -38,7 +38,7 @@ def _one_line(exc: Exception) -> str:
         return str(exc.args[0])
     if isinstance(exc, ValidationError):
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
-                             + ("" if f"got {e['input']!r}" in e["msg"] else f" (got {e['input']!r})")
+                             + ("" if not e["loc"] or f"got {e['input']!r}" in e["msg"] else f" (got {e['input']!r})")
                              for e in exc.errors())
         return f"invalid {exc.title}: {problems}"
     return str(exc)

@@ -49,14 +49,14 @@ def parse_loss(text: str):
 
 
 def make_optimizer(kind: str, lr: Optional[float] = None, momentum: Optional[float] = None,
-                   weight_decay: Optional[float] = None, **clipping: Optional[float | str]):
-    """The optimizer spec ``kind`` with the values given (``clipping``: ``max_grad_norm``,
-    ``grad_norm_type``, ``clip_grad_value``); one left as None keeps the spec's default (the
+                   weight_decay: Optional[float] = None, **options):
+    """The optimizer spec ``kind`` with the values given (``options``: any other field of the
+    specs, e.g. ``max_grad_norm``, ``betas``); one left as None keeps the spec's default (the
     CLI's defaults are the API's)."""
     specs = _optimizer_specs()
     if kind not in specs:
         raise ValueError(f"unknown --optimizer {kind!r}; choose one of {', '.join(specs)}")
-    given = {k: v for k, v in {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, **clipping}.items()
+    given = {k: v for k, v in {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, **options}.items()
              if v is not None}
     for key in given:
         if key not in specs[kind].model_fields:
@@ -76,6 +76,11 @@ def grad_cmd(
     lr: Optional[float] = typer.Option(None, "--lr", help=f"Learning rate (default: {_spec_defaults('lr')})."),
     momentum: Optional[float] = typer.Option(None, "--momentum",
                                              help=f"SGD momentum (default: {_spec_defaults('momentum')})."),
+    nesterov: bool = typer.Option(False, "--nesterov", help="SGD with Nesterov momentum (needs --momentum)."),
+    betas: Optional[str] = typer.Option(None, "--betas", metavar="B1,B2", help="Adam/AdamW's coefficients of the "
+                                        "running averages (default: 0.9,0.999)."),
+    eps: Optional[float] = typer.Option(None, "--eps", help=f"Adam/AdamW's denominator term (default: "
+                                        f"{_spec_defaults('eps')})."),
     weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="Weight decay: L2 added to the "
                                                  "gradient for sgd and adam, decoupled for adamw (default: "
                                                  f"{_spec_defaults('weight_decay')}, as PyTorch)."),
@@ -111,8 +116,9 @@ def grad_cmd(
         raise ValueError(f"--grad-norm-type {grad_norm_type} chooses the norm --max-grad-norm clips; give "
                          "--max-grad-norm too")
     spec = parse_loss(loss)
-    opt = make_optimizer(optimizer, lr, momentum, weight_decay, max_grad_norm=max_grad_norm,
-                         grad_norm_type=_norm_type(grad_norm_type), clip_grad_value=clip_grad_value)
+    opt = make_optimizer(optimizer, lr, momentum, weight_decay, nesterov=nesterov or None, betas=_betas(betas), eps=eps,
+                         max_grad_norm=max_grad_norm, grad_norm_type=_norm_type(grad_norm_type),
+                         clip_grad_value=clip_grad_value)
     arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute, params=param,
                                 batchnorm=batchnorm, device=device)
     arts.save(output)
@@ -133,6 +139,17 @@ def _clipping(opt) -> str:
     if opt.max_grad_norm is not None:
         parts.append(f"max_grad_norm={opt.max_grad_norm:g} ({str(opt.grad_norm_type).removesuffix('.0')}-norm)")
     return "".join(f" {p}" for p in parts)
+
+
+def _betas(text: Optional[str]) -> Optional[tuple[float, float]]:
+    """``--betas 0.9,0.99`` as two numbers (the spec checks their range)."""
+    if text is None:
+        return None
+    try:
+        first, second = (float(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"--betas must be two numbers B1,B2, e.g. 0.9,0.999, got {text!r}") from None
+    return first, second
 
 
 def _norm_type(text: Optional[str]) -> Optional[float | str]:
@@ -353,6 +370,11 @@ def train_cmd(
         raise typer.Exit(1) from None
     if log is not None:
         console.print(f"epoch log: {log}", highlight=False, soft_wrap=True)
+    if plot is not None:
+        console.print(f"loss curve: {plot}", highlight=False, soft_wrap=True)
+    if tensorboard is not None:
+        console.print(f"TensorBoard logs: {tensorboard} (tensorboard --logdir {tensorboard})", highlight=False,
+                      soft_wrap=True)
     last = history.epochs[-1] if history.epochs else None
     if last is not None:
         console.print(f"done: loss {last.loss:.4f}"
