@@ -249,3 +249,13 @@ def test_train_summary_names_the_plot(capsys, ws, tmp_path):
     assert r.code == 0, r.err
     assert f"loss curve: {tmp_path / 'loss.png'}" in r.out.replace("\n", "")
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_seed_option_is_named_seed_and_non_negative():
+    """Each command that draws numbers (capture, parity, train, demo) takes --seed, >= 0."""
+    from graphc.cli import app
+
+    commands = typer.main.get_command(app).commands
+    for name in ("capture", "parity", "train", "demo"):
+        seed = next((p for p in commands[name].params if "--seed" in p.opts), None)
+        assert seed is not None and seed.min == 0, name

@@ -76,6 +76,7 @@ API_DEFAULTS = {
     ("demo", "backend"): (run_demo, "backend"),
     ("demo", "epochs"): (run_demo, "epochs"),
     ("demo", "progress"): (run_demo, "progress"),
+    ("demo", "seed"): (run_demo, "seed"),
 }
 
 # Options whose CLI default is None: "the API's own default" (checked below where the CLI

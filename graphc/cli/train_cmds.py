@@ -431,6 +431,7 @@ def demo_cmd(
     out: Optional[Path] = OUT_ALIAS,
     backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
     epochs: int = typer.Option(30, "--epochs", min=1, help="Training epochs."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the initialisation, the shuffling and Dropout."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar within each epoch "
                                   "(--no-progress keeps the epoch lines)."),
 ) -> None:
@@ -440,6 +441,6 @@ def demo_cmd(
     from graphc.cli.demo import run_demo
 
     result = run_demo(chosen_output(output, out, Path("demo_out")), backend=backend, epochs=epochs,
-                      progress=progress, console=console)
+                      progress=progress, seed=seed, console=console)
     if not result.ok:
         raise typer.Exit(1)
