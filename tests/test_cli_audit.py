@@ -259,3 +259,24 @@ def test_every_seed_option_is_named_seed_and_non_negative():
     for name in ("capture", "parity", "train", "demo"):
         seed = next((p for p in commands[name].params if "--seed" in p.opts), None)
         assert seed is not None and seed.min == 0, name
+
+
+@pytest.mark.parametrize("spec, dim", [("x:float32[N,,8]", "''"), ("x:float32[N,8,]", "''"), ("x:float32[3.5,8]", "'3.5'"),
+                                       ("x:float32[N+1,8]", "'N+1'")])
+def test_capture_refuses_a_dim_that_is_no_size_or_name(capsys, tmp_path, spec, dim):
+    """Such a dim was dropped (an empty one) or became a symbolic dim of that name."""
+    (tmp_path / "f.py").write_text("import graphc as gc\n\ndef f(x):\n    return gc.relu(x)\n")
+    err = one_line_error(run_cli(capsys, "capture", tmp_path / "f.py:f", "-i", spec, "-o", tmp_path / "m.onnx"))
+    assert f"dim {dim} is neither a size" in err
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_capture_takes_sizes_names_unknown_dims_and_scalars(capsys, tmp_path):
+    import graphc as gc
+
+    (tmp_path / "f.py").write_text("import graphc as gc\n\ndef f(x, s):\n    return gc.relu(x) * s\n")
+    r = run_cli(capsys, "capture", tmp_path / "f.py:f", "-i", "x:float32[batch_1, ?, 8]", "-i", "s:float32[]", "-o",
+                tmp_path / "m.onnx")
+    assert r.code == 0, r.err
+    x, s = gc.load(tmp_path / "m.onnx").inputs
+    assert x.shape[0] == "batch_1" and x.shape[2] == 8 and len(x.shape) == 3 and s.shape == ()

@@ -163,9 +163,10 @@ def parse_spec(text: str) -> TensorSpec:
         raise ValueError(f"bad input spec {text!r}; expected NAME:DTYPE[DIM,...], e.g. x:float32[N,784]")
     name, dtype, dims = m.groups()
     shape: list[Dim] = []
-    for d in (dims or "").split(","):
-        d = d.strip()
-        if not d:
-            continue
+    items = [d.strip() for d in dims.split(",")] if dims and dims.strip() else []  # "[]": a scalar
+    for d in items:
+        if not (d == "?" or d.lstrip("-").isdigit() or re.fullmatch(r"[A-Za-z_]\w*", d)):
+            raise ValueError(f"bad input spec {text!r}: dim {d!r} is neither a size, a name (letters, digits, _) "
+                             "nor ?")
         shape.append(int(d) if d.lstrip("-").isdigit() else (None if d == "?" else d))
     return spec(dtype, shape, name=name)
