@@ -280,3 +280,35 @@ def test_capture_takes_sizes_names_unknown_dims_and_scalars(capsys, tmp_path):
     assert r.code == 0, r.err
     x, s = gc.load(tmp_path / "m.onnx").inputs
     assert x.shape[0] == "batch_1" and x.shape[2] == 8 and len(x.shape) == 3 and s.shape == ()
+
+
+def _under_a_file(ws, tmp_path):
+    blocker = tmp_path / "blocker.txt"
+    blocker.write_text("a file")
+    return blocker / "sub"
+
+
+@pytest.mark.parametrize("make_args, option", [
+    (lambda ws, out: ["capture", ws / "nets.py:f", "-i", "x:float32[2]", "-o", out / "m.onnx"], "-o/--output"),
+    (lambda ws, out: ["optimize", ws / "mlp.onnx", "-o", out / "m.onnx"], "-o/--output"),
+    (lambda ws, out: ["run", ws / "mlp.onnx", "-b", "numpy", "-i", f"x={ws / 'x.npy'}", "-o", out / "o.npz"], "-o/--output"),
+    (lambda ws, out: ["grad", ws / "mlp.onnx", "--loss", "cross_entropy:logits:y", "-o", out / "arts"], "-o/--output"),
+    (lambda ws, out: ["view", ws / "mlp.onnx", "-o", out / "v.svg"], "-o/--output"),
+    (lambda ws, out: ["deploy", "triton", ws / "mlp.onnx", "--repo", out / "repo", "--name", "m"], "--repo"),
+    *[(lambda ws, out, o=o, name=name: ["train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1",
+                                        "--batch-size", "8", "-q", "-b", "numpy", o, out / name], o)
+      for o, name in (("--log", "h.csv"), ("--plot", "p.png"), ("--tensorboard", "tb"), ("--checkpoint", "ck"))],
+], ids=["capture", "optimize", "run", "grad", "view", "deploy", "train-log", "train-plot", "train-tensorboard",
+        "train-checkpoint"])
+def test_an_output_under_a_file_is_refused_before_any_work(capsys, ws, tmp_path, make_args, option):
+    """Found only when writing, it failed `train --plot` after the whole run, `--log` after an epoch."""
+    out = _under_a_file(ws, tmp_path)
+    r = run_cli(capsys, *make_args(ws, out))
+    assert f"{option} {out}" in one_line_error(r) and "blocker.txt is a file, not a folder" in r.err
+    assert not r.out  # nothing trained, captured or run first
+
+
+def test_plot_to_a_folder_is_refused_before_training(capsys, ws, tmp_path):
+    r = run_cli(capsys, "train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "8", "-q",
+                "--plot", tmp_path)
+    assert "--plot" in one_line_error(r) and "a folder, not a file" in r.err and not r.out

@@ -16,6 +16,8 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from graphc.errors import InputError
+
 app = typer.Typer(
     name="graphc",
     help="Capture, optimize, differentiate, train, run and deploy ONNX graphs.",
@@ -55,6 +57,19 @@ def given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name == "COMMANDLINE"
 
 
+def check_writable_at(path: Path, option: str, file: bool = False) -> None:
+    """Refuse up front an output ``path`` that cannot be written: one under a file (its folders
+    cannot be made), or with ``file`` a folder itself. Found only when writing, that failed
+    `graphc train --plot` after the whole run, ``--log`` after its first epoch."""
+    if file and path.is_dir():
+        raise InputError(f"{option} {path}: a folder, not a file")
+    for parent in path.parents:  # the nearest first
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"{option} {path}: {parent} is a file, not a folder")
+            return
+
+
 def chosen_output(output: Optional[Path], out: Optional[Path], default: Optional[Path] = None,
                   required: bool = True) -> Optional[Path]:
     """The path given by ``-o/--output`` or its alias ``--out`` (not two different ones), else
@@ -65,4 +80,6 @@ def chosen_output(output: Optional[Path], out: Optional[Path], default: Optional
     chosen = output if output is not None else out if out is not None else default
     if chosen is None and required:
         raise ValueError("missing option -o/--output: where to write the result")
+    if chosen is not None:
+        check_writable_at(chosen, "-o/--output")
     return chosen

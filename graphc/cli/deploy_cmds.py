@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from graphc.cli.app import app, console, deploy_app
+from graphc.cli.app import app, check_writable_at, console, deploy_app
 
 
 @deploy_app.command("triton")
@@ -24,6 +24,7 @@ def triton_cmd(
     (version 1, or one above the highest already there)."""
     from graphc.serving import deploy
 
+    check_writable_at(repo, "--repo")
     folder = deploy.triton(model, repo, name, max_batch_size=max_batch_size, instance="gpu" if gpu else "cpu",
                            dynamic_batching=dynamic_batching, opset=opset)
     versions = deploy.triton_versions(folder)

@@ -14,7 +14,8 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, err_console, given, output_option
+from graphc.cli.app import (OUT_ALIAS, app, check_writable_at, chosen_output, console, err_console, given,
+                            output_option)
 from graphc.cli.arrays import fit_bfloat16, load_npz, npz_names
 from graphc.compile.losses import KINDS as LOSS_KINDS
 from graphc.runtime.metrics import names as metric_names
@@ -314,6 +315,9 @@ def train_cmd(
         raise ValueError("--quiet prints no progress bar: give --quiet or --progress, not both")
     if checkpoint_every is not None and checkpoint is None:
         raise ValueError("--checkpoint-every needs --checkpoint DIR")
+    for option, path in (("--plot", plot), ("--log", log), ("--tensorboard", tensorboard), ("--checkpoint", checkpoint)):
+        if path is not None:
+            check_writable_at(path, option, file=option in ("--plot", "--log"))
     if plot is not None:
         check_plot(plot)
     if log is not None:
