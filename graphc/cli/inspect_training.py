@@ -37,7 +37,7 @@ def describe_artifacts(path: Path, console: Console) -> None:
             f"optimizer: {optimizer.pop('kind')}{_settings(optimizer)}",
             f"BatchNorm {m.batchnorm}; backward lowered for {m.device}" + ("; recomputes forward values"
                                                                            if m.recompute else ""),
-            f"metrics: {', '.join(m.metrics) or 'the loss kind’s defaults'}"]
+            "metrics: " + (", ".join(m.metrics) or "the loss kind's defaults")]
     for line in said:
         console.print(line, highlight=False, soft_wrap=True)
     batch = Table(title="batch inputs", title_justify="left")
