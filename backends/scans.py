@@ -6,8 +6,10 @@ where ONNX makes the final states the initial ones and the scan outputs of lengt
 runs each Scan, in the main graph and in subgraphs (a Loop's body, an If's branches), as the
 else branch of an If on that length; the then branch gives the states as they came and each
 scan output empty, of the body's static dims (unknown dims 0) with 0 at its axis: the shape
-onnxruntime gives a Loop's scan output of no iterations.
-A Scan whose body leaves a scan output's rank or type unknown is left as it is.
+onnxruntime gives a Loop's scan output of no iterations. A body output declared without a shape
+gets onnx's inferred one, a rank nobody knows gives [0] (the numpy backend's); a Scan whose body
+leaves a scan output's element type unknown is left as it is. Unguarded, a Scan of no steps on a
+scanned axis other than 0 killed the process (SIGFPE).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import onnx
 from onnx import helper
 
 from graphc.backends.written_out import Writer
-from graphc.model.file import ai_onnx_opset, with_nodes
+from graphc.model.file import ai_onnx_opset, with_body_output_shapes, with_nodes
 
 __all__ = ["guard_empty"]
 
@@ -29,8 +31,9 @@ def guard_empty(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = ai_onnx_opset(model)
     if opset < 9:  # Scan-8: not rewritten
         return model
-    nodes = _guard_nodes(model.graph.node, _declared(model.graph, {}), opset)
-    return model if nodes is None else with_nodes(model, nodes)
+    source = with_body_output_shapes(model)
+    nodes = _guard_nodes(source.graph.node, _declared(source.graph, {}), opset)
+    return model if nodes is None else with_nodes(source, nodes)
 
 
 def _declared(graph: onnx.GraphProto, outer: dict) -> dict:
@@ -91,7 +94,7 @@ def _guarded(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto] | None:
     n_state = len(node.input) - m
     outs = list(body.output[n_state:])
     types = [o.type.tensor_type for o in outs]
-    if any(not t.elem_type or not t.HasField("shape") for t in types):
+    if any(not t.elem_type for t in types):
         return None
     w = Writer(node, "scan_guard", opset)
     p = w.prefix
@@ -102,7 +105,7 @@ def _guarded(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto] | None:
     results = [w.op("Identity", state, into=empty_branch) for state in node.input[:n_state]]
     out_axes = list(attrs.get("scan_output_axes") or [0] * len(outs))
     for t, out_axis in zip(types, out_axes):
-        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim]
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim]  # no shape: []
         dims.insert(out_axis % (len(dims) + 1), 0)
         empty = helper.make_tensor(f"{p}empty", t.elem_type, dims, [])
         results.append(w.op("Constant", into=empty_branch, value=empty))

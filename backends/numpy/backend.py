@@ -12,6 +12,7 @@ from graphc.backends.base import BackendInfo
 from graphc.backends.numpy.interpreter import Context, Plan
 from graphc.backends.numpy.kernels import lookup, missing, normalize_domain
 from graphc.errors import BackendError, GraphcError, MissingKernel
+from graphc.model.file import with_body_output_shapes
 
 
 class NumpyExecutable:
@@ -26,6 +27,7 @@ class NumpyExecutable:
         opsets.setdefault("", 1)
         self.opsets = opsets
         functions = {(normalize_domain(f.domain), f.name): f for f in model.functions}
+        model = with_body_output_shapes(model)
         self.plan = Plan(model.graph, opsets, functions=functions)
         self.input_names = list(self.plan.input_names)
         self.output_names = list(self.plan.output_names)

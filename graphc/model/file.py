@@ -266,36 +266,94 @@ def unique_node_names(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def _subgraphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto]:
-    """Every graph attribute of ``model`` (If branches, Loop/Scan bodies), nested ones and those of
-    its local functions' nodes included; not the main graph."""
-    for node in [*model.graph.node, *(n for f in model.functions for n in f.node)]:
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                yield from all_graphs(sub)
+def _subgraphs(model: onnx.ModelProto) -> Iterator[tuple[onnx.NodeProto, onnx.GraphProto]]:
+    """(node, graph) for every graph attribute of ``model`` (If branches, Loop/Scan bodies), nested
+    ones and those of its local functions' nodes included; not the main graph."""
+    def walk(nodes):
+        for node in nodes:
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    yield node, sub
+                    yield from walk(sub.node)
+
+    yield from walk([*model.graph.node, *(n for f in model.functions for n in f.node)])
+
+
+def _aliased(node: onnx.NodeProto, graph: onnx.GraphProto) -> list[int]:
+    """Indices of ``graph``'s outputs onnxruntime 1.31 runs wrong: a repeat of an earlier output,
+    and in a Scan's body an output that is one of the body's inputs."""
+    taken = {i.name for i in graph.input} if node.op_type == "Scan" and node.domain in ("", "ai.onnx") else set()
+    found = []
+    for k, out in enumerate(graph.output):
+        if out.name in taken:
+            found.append(k)
+        taken.add(out.name)
+    return found
 
 
 def distinct_subgraph_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` itself when no subgraph lists one value as two of its outputs; else a copy in
-    which each repeat is an Identity of it. ONNX allows the repeat (``lambda h, x: (h2, h2)`` as a
-    Scan body: the carry and the scanned output), onnxruntime 1.31 runs it wrong: such a Scan's
-    outputs came out up to 0.9 off, an If's second output was uninitialised memory (1e35)."""
-    if not any(len({o.name for o in g.output}) < len(g.output) for g in _subgraphs(model)):
+    """``model`` itself when no subgraph output is aliased (``_aliased``); else a copy in which each
+    is an Identity of the value. ONNX allows both, onnxruntime 1.31 runs them wrong: a Scan whose
+    body lists one value as two outputs (``lambda h, x: (h2, h2)``: the carry and the scanned
+    output) gave outputs up to 0.9 off, an If's second output was uninitialised memory (1e35); a
+    Scan body passing a state or a scanned input straight out gave zeros, NaN or garbage (a Loop's
+    body doing so runs right)."""
+    if not any(_aliased(node, g) for node, g in _subgraphs(model)):
         return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     taken = {name for g in model_graphs(copy) for n in g.node for name in n.output}
-    for graph in _subgraphs(copy):
-        seen = set()
-        for out in graph.output:
-            if out.name in seen:
-                k = 1
-                while f"{out.name}_{k}" in taken:
-                    k += 1
-                graph.node.append(onnx.helper.make_node("Identity", [out.name], [f"{out.name}_{k}"]))
-                out.name = f"{out.name}_{k}"
-                taken.add(out.name)
-            seen.add(out.name)
+    for node, graph in _subgraphs(copy):
+        for k in _aliased(node, graph):
+            out, i = graph.output[k], 1
+            while f"{out.name}_{i}" in taken:
+                i += 1
+            graph.node.append(onnx.helper.make_node("Identity", [out.name], [f"{out.name}_{i}"]))
+            out.name = f"{out.name}_{i}"
+            taken.add(out.name)
+    return copy
+
+
+def with_body_output_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself when every Loop's and Scan's body declares its outputs' shapes; else a copy
+    in which onnx's shape inference gives them, and a scan output's it leaves unknown takes the
+    node's declared output's, less its scan axis. A scan output of no steps takes its dims from
+    there (unknown ones 0), in the numpy backend and in ``backends.scans``'s guard, as onnxruntime's
+    do."""
+    def undeclared(graph: onnx.GraphProto) -> list[tuple[onnx.NodeProto, int, int]]:
+        """(node, body output index, axis) of each scan output of ``graph``'s Loops and Scans whose
+        body declares no shape."""
+        found = []
+        for node in graph.node:
+            body = next((a.g for a in node.attribute if a.name == "body"), None)
+            if node.op_type not in ("Loop", "Scan") or body is None:
+                continue
+            first = len(node.input) - 1 if node.op_type == "Loop" else len(node.input) - next(
+                a.i for a in node.attribute if a.name == "num_scan_inputs")
+            axes = next((list(a.ints) for a in node.attribute if a.name == "scan_output_axes"), None)
+            for k in range(first, len(body.output)):
+                if not body.output[k].type.tensor_type.HasField("shape"):
+                    found.append((node, k, axes[k - first] if axes else 0))
+        return found
+
+    if not any(undeclared(g) for g in model_graphs(model)):
+        return model
+    try:
+        copy = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, ValueError):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+    for graph in model_graphs(copy):
+        types = {v.name: v.type.tensor_type for v in [*graph.output, *graph.value_info]}
+        for node, k, axis in undeclared(graph):
+            body = next(a.g for a in node.attribute if a.name == "body")
+            j = k - (node.op_type == "Loop")  # the node's output for body output k
+            outer = types.get(node.output[j]) if j < len(node.output) else None
+            if outer is not None and outer.HasField("shape") and outer.shape.dim:
+                dims = list(outer.shape.dim)
+                del dims[axis % len(dims)]
+                body.output[k].type.tensor_type.shape.dim.extend(dims)
+                body.output[k].type.tensor_type.shape.SetInParent()
     return copy
 
 
