@@ -29,7 +29,7 @@ from graphc.backends.iobinding import Bindings
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
 from graphc.model import ir_version_for, node_label, node_source
-from graphc.model.file import all_graphs, distinct_subgraph_outputs, tensor_types, unique_node_names
+from graphc.model.file import all_graphs, distinct_subgraph_outputs, tensor_types, unique_node_names, with_body_output_shapes
 from graphc.model.dtypes import to_onnx
 
 _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
@@ -170,7 +170,8 @@ class _OrtBackend:
         if cuda_graph and self.device != "cuda":
             raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {self.name!r}")
         _check_domains(model, self.name)
-        model = batchnorm.lower_training_mode(opsets.within_reach(unique_node_names(model), self.name), self.name)
+        model = opsets.within_reach(unique_node_names(with_body_output_shapes(model)), self.name)
+        model = batchnorm.lower_training_mode(model, self.name)
         model = scans.guard_empty(recurrent.with_full_params(doubles.lower_double(model, self.device)))
         model = distinct_subgraph_outputs(pad_axes.without_axes(pools.explicit_pads(model)))  # the rewrites' bodies too
         ort = _ort()

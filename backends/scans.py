@@ -10,6 +10,8 @@ onnxruntime gives a Loop's scan output of no iterations. A body output declared 
 gets onnx's inferred one, a rank nobody knows gives [0] (the numpy backend's); a Scan whose body
 leaves a scan output's element type unknown is left as it is. Unguarded, a Scan of no steps on a
 scanned axis other than 0 killed the process (SIGFPE).
+A Scan whose length onnx's shape inference finds nonzero is not guarded: onnxruntime would fold
+the If, and folding guards nested in an If's branch lost a value ("Missing Input: scan21").
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ def guard_empty(model: onnx.ModelProto) -> onnx.ModelProto:
     if opset < 9:  # Scan-8: not rewritten
         return model
     source = with_body_output_shapes(model)
+    if _guard_nodes(source.graph.node, _declared(source.graph, {}), opset) is None:
+        return model
+    try:  # lengths that onnx's shape inference knows (onnxruntime knows them too) need no guard
+        source = onnx.shape_inference.infer_shapes(source)
+    except (onnx.shape_inference.InferenceError, ValueError):
+        pass
     nodes = _guard_nodes(source.graph.node, _declared(source.graph, {}), opset)
     return model if nodes is None else with_nodes(source, nodes)
 

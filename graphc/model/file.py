@@ -314,29 +314,31 @@ def distinct_subgraph_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def with_body_output_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` itself when every Loop's and Scan's body declares its outputs' shapes; else a copy
-    in which onnx's shape inference gives them, and a scan output's it leaves unknown takes the
-    node's declared output's, less its scan axis. A scan output of no steps takes its dims from
-    there (unknown ones 0), in the numpy backend and in ``backends.scans``'s guard, as onnxruntime's
-    do."""
-    def undeclared(graph: onnx.GraphProto) -> list[tuple[onnx.NodeProto, int, int]]:
-        """(node, body output index, axis) of each scan output of ``graph``'s Loops and Scans whose
-        body declares no shape."""
-        found = []
-        for node in graph.node:
-            body = next((a.g for a in node.attribute if a.name == "body"), None)
-            if node.op_type not in ("Loop", "Scan") or body is None:
-                continue
-            first = len(node.input) - 1 if node.op_type == "Loop" else len(node.input) - next(
-                a.i for a in node.attribute if a.name == "num_scan_inputs")
-            axes = next((list(a.ints) for a in node.attribute if a.name == "scan_output_axes"), None)
-            for k in range(first, len(body.output)):
-                if not body.output[k].type.tensor_type.HasField("shape"):
-                    found.append((node, k, axes[k - first] if axes else 0))
-        return found
+def _undeclared_body_outputs(graph: onnx.GraphProto) -> list[tuple[onnx.NodeProto, int, int | None]]:
+    """(node, body output index, scan axis or None for a state) of every output of the bodies of
+    ``graph``'s Loops and Scans declared without a shape (a Loop's condition aside)."""
+    found = []
+    for node in graph.node:
+        body = next((a.g for a in node.attribute if a.name == "body"), None)
+        if node.op_type not in ("Loop", "Scan") or body is None:
+            continue
+        first = len(node.input) - 1 if node.op_type == "Loop" else len(node.input) - next(
+            a.i for a in node.attribute if a.name == "num_scan_inputs")
+        axes = next((list(a.ints) for a in node.attribute if a.name == "scan_output_axes"), None)
+        for k in range(node.op_type == "Loop", len(body.output)):
+            if not body.output[k].type.tensor_type.HasField("shape"):
+                found.append((node, k, None if k < first else axes[k - first] if axes else 0))
+    return found
 
-    if not any(undeclared(g) for g in model_graphs(model)):
+
+def with_body_output_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself when every Loop's and Scan's body declares its outputs' shapes (onnxruntime
+    refuses a Scan body that does not: "Subgraph must have the shape set for all outputs"); else a
+    copy in which onnx's shape inference gives them, and one it leaves unknown takes the node's
+    declared output's (a scan output's less its scan axis), else for a Scan's state the body's
+    input's. A scan output of no steps takes its dims from there (unknown ones 0), in the numpy
+    backend and in ``backends.scans``'s guard, as onnxruntime's do."""
+    if not any(_undeclared_body_outputs(g) for g in model_graphs(model)):
         return model
     try:
         copy = onnx.shape_inference.infer_shapes(model)
@@ -345,15 +347,19 @@ def with_body_output_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         copy.CopyFrom(model)
     for graph in model_graphs(copy):
         types = {v.name: v.type.tensor_type for v in [*graph.output, *graph.value_info]}
-        for node, k, axis in undeclared(graph):
+        for node, k, axis in _undeclared_body_outputs(graph):
             body = next(a.g for a in node.attribute if a.name == "body")
             j = k - (node.op_type == "Loop")  # the node's output for body output k
             outer = types.get(node.output[j]) if j < len(node.output) else None
-            if outer is not None and outer.HasField("shape") and outer.shape.dim:
-                dims = list(outer.shape.dim)
+            dims = list(outer.shape.dim) if outer is not None and outer.HasField("shape") else None
+            if dims is not None and axis is not None and dims:
                 del dims[axis % len(dims)]
-                body.output[k].type.tensor_type.shape.dim.extend(dims)
-                body.output[k].type.tensor_type.shape.SetInParent()
+            elif dims is None and axis is None and node.op_type == "Scan" and body.input[k].type.tensor_type.HasField("shape"):
+                dims = list(body.input[k].type.tensor_type.shape.dim)
+            if dims is not None:
+                shape = body.output[k].type.tensor_type.shape
+                shape.SetInParent()
+                shape.dim.extend(dims)
     return copy
 
 
