@@ -206,3 +206,22 @@ def test_scan_over_no_rows_inside_a_subgraph(backend, inside):
         np.testing.assert_allclose(session.run({"p": np.array(True), "h": h, "x": x})["output"], h + steps * x.sum(0),
                                    rtol=1e-6)
     np.testing.assert_allclose(session.run({"p": np.array(False), "h": h, "x": X})["output"], h * 2.0 ** steps)
+
+
+@pytest.mark.parametrize("inside", ["if", "loop"])
+def test_eager_capture_of_a_scan_over_no_rows_in_a_subgraph_gives_its_empty_outputs(inside):
+    """Evaluating a captured body at capture (example arrays), a Scan of no steps in it gave no
+    scan outputs ("no eager value for 'scan_1'"); it gives them empty, of the body's dims."""
+    def f(p, h, x):
+        def body(c):
+            carry, ys = gc.scan(lambda a, row: (a + row, a * row), c, x)
+            return carry + ys.sum(axis=0) + 1.0
+        if inside == "if":
+            return gc.cond(p, body, lambda c: c * 2.0, h)
+        return gc.fori_loop(0, 2, lambda i, c: body(c), h)
+
+    feeds = {"p": np.array(True), "h": rng(4).standard_normal(3).astype(np.float32), "x": np.zeros((0, 3), np.float32)}
+    model = gc.capture(f, **feeds)
+    want = feeds["h"] + (1.0 if inside == "if" else 2.0)
+    for backend in ("numpy", "ort-cpu"):
+        np.testing.assert_allclose(gc.Session(model, backend=backend).run(feeds)["output"], want, rtol=1e-6)

@@ -260,16 +260,18 @@ def run_loop(builder: Builder, body: ir.Graph, args: list, outer: Callable | Non
 
 
 def _scan_eval(builder: Builder, attrs: dict, args: list, outer: Callable) -> list:
-    n_scan = attrs["num_scan_inputs"]
-    n_carry = len(args) - n_scan
-    state, seqs, ys = list(args[:n_carry]), args[n_carry:], None
+    """A (DSL-made) ``Scan`` node's outputs for its inputs ``args``; scan outputs of no steps as
+    ``_no_steps`` gives them."""
+    body = attrs["body"]
+    n_carry = len(args) - attrs["num_scan_inputs"]
+    state, seqs = list(args[:n_carry]), args[n_carry:]
+    ys: list[list[np.ndarray]] = [[] for _ in body.outputs[n_carry:]]
     for t in range(seqs[0].shape[0]):
-        res = run_graph(builder, attrs["body"], state + [s[t] for s in seqs], outer)
+        res = run_graph(builder, body, state + [s[t] for s in seqs], outer)
         state = res[:n_carry]
-        ys = [[] for _ in res[n_carry:]] if ys is None else ys
         for k, y in enumerate(res[n_carry:]):
             ys[k].append(y)
-    return state + [np.stack(y) for y in (ys or [])]
+    return state + [np.stack(y) if y else _no_steps(Tensor(v)) for y, v in zip(ys, body.outputs[n_carry:])]
 
 
 __all__ = ["cond", "fori_loop", "run_graph", "run_loop", "scan", "trace_subgraph"]
