@@ -40,6 +40,18 @@ def run(op_type: str, inputs: list[np.ndarray | None], attrs: dict[str, Any], op
     return [None if o is None else np.asarray(o) for o in outs]
 
 
+def record(values: dict, node: ir.Node, opset: int) -> None:
+    """Evaluate ``node`` on its inputs' example values (``values``: value id -> array) and record its
+    outputs' there; nothing when every output has one already or an input has none."""
+    if all(id(v) in values for v in node.outputs):
+        return
+    arrays = [None if v is None else values.get(id(v)) for v in node.inputs]
+    if any(a is None for v, a in zip(node.inputs, arrays) if v is not None):
+        return
+    attrs = {a.name: a.value for a in node.attributes.values()}
+    values.update((id(v), r) for v, r in zip(node.outputs, run(node.op_type, arrays, attrs, opset, len(node.outputs))))
+
+
 def _reference(op_type: str, inputs: list[np.ndarray | None], attrs: dict[str, Any], opset: int,
                node_outputs: int) -> list[np.ndarray]:
     from onnx.reference import ReferenceEvaluator

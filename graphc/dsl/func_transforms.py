@@ -154,14 +154,8 @@ class _Traced:
 
 def _evaluate(builder: Builder, node: ir.Node, eager_scope: bool) -> None:
     """Record ``node``'s example outputs where its scope is evaluated eagerly and its inputs have values."""
-    if not eager_scope or all(id(v) in builder.values for v in node.outputs):
-        return
-    arrays = [None if v is None else builder.values.get(id(v)) for v in node.inputs]
-    if any(a is None for v, a in zip(node.inputs, arrays) if v is not None):
-        return
-    attrs = {a.name: a.value for a in node.attributes.values()}
-    results = eager.run(node.op_type, arrays, attrs, builder.opset, node_outputs=len(node.outputs))
-    builder.values.update((id(v), r) for v, r in zip(node.outputs, results))
+    if eager_scope:
+        eager.record(builder.values, node, builder.opset)
 
 
 def _argnums(api: str, argnums: Any, count: int, source: str) -> tuple[int, ...]:

@@ -60,14 +60,8 @@ def hoist(builder: Builder, node: ir.Node) -> None:
     """Record a traced body ``node`` that computes the same for every example in the current scope,
     evaluated where that scope is eager."""
     builder.scope.nodes.append(node)
-    if not builder.eager or all(id(v) in builder.values for v in node.outputs):
-        return
-    arrays = [None if v is None else builder.values.get(id(v)) for v in node.inputs]
-    if any(a is None for v, a in zip(node.inputs, arrays) if v is not None):
-        return
-    attrs = {a.name: a.value for a in node.attributes.values()}
-    results = _eager.run(node.op_type, arrays, attrs, builder.opset, node_outputs=len(node.outputs))
-    builder.values.update((id(v), r) for v, r in zip(node.outputs, results))
+    if builder.eager:
+        _eager.record(builder.values, node, builder.opset)
 
 
 def rewrite(b: Batching, nodes: list[ir.Node], batched: set[int], env: dict[int, Tensor],
