@@ -249,3 +249,13 @@ def test_decompressing_bombs_never_stalls_other_connections(tmp_path):
                 thread.join(30)
     waits.sort()
     assert waits[len(waits) // 2] < 0.05, f"median health check {waits[len(waits) // 2]:.3f} s under gzip bombs"
+
+
+@pytest.mark.parametrize("path", ["/v2/models/loop/infer/", "/v2/models/loop/", "/v2/health/ready/"])
+def test_a_trailing_slash_is_not_redirected_to_the_host_the_client_named(port, path):
+    """Starlette redirected a path with a trailing slash (307) to a Location built from the Host
+    header, so a forged Host sent a client elsewhere; such a path is a 404 naming it."""
+    reply = httpx.request("POST" if "infer" in path else "GET", f"http://127.0.0.1:{port}{path}",
+                          headers={"Host": "attacker.example"}, json={"inputs": []}, timeout=30)
+    assert reply.status_code == 404 and "location" not in reply.headers, (reply.status_code, reply.headers)
+    assert path in reply.json()["error"]

@@ -55,6 +55,9 @@ class KServeApp(FastAPI):
     def __init__(self, registry: ModelRegistry, limits: Limits, **kwargs: Any):
         super().__init__(**kwargs)
         self.registry, self.limits = registry, limits
+        # a path with a trailing slash is a 404: Starlette's 307 to the path without it took its
+        # Location from the Host header, which the client names (a forged Host sent clients elsewhere)
+        self.router.redirect_slashes = False
 
         # The same handler as routes too (an ASGI callable, not a request function), so the
         # router answers other methods on these paths with 405, and a mounted app still infers.
@@ -177,8 +180,13 @@ _ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": schemas.ErrorResponse
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
-    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
-        reply = _error(exc.status_code, str(exc.detail))
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":  # the router's: no route for the path
+            path = request.url.path
+            message = f"no endpoint {request.method} {path}" + (
+                f" (a trailing slash is not redirected: {path.rstrip('/')})" if path.endswith("/") else "")
+        reply = _error(exc.status_code, message)
         if exc.headers and "Allow" in exc.headers:  # a 405 must say what is allowed (RFC 9110, 15.5.6)
             methods = set(exc.headers["Allow"].split(", "))
             reply.headers["Allow"] = ", ".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))
