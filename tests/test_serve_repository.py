@@ -201,3 +201,15 @@ def test_a_reshape_that_cannot_hold_its_dims_or_the_models_output_is_named(tmp_p
                                             r"\[3, 2\] does not fit after the batch dim") as caught:
         model.infer(DecodedRequest(None, {"s": np.zeros((2, 6), np.float32)}, (None, False)))
     assert caught.value.status == 500
+
+
+def test_a_version_folder_with_leading_zeros_is_refused_by_name(tmp_path):
+    """``0001`` is version 1 to a reader of numbers: next to ``1`` the two collided (one was never
+    served), alone it was reported as no version holding the model; a deploy would add ``2``."""
+    gc.deploy.triton(fixed_model(), tmp_path, "m")
+    (tmp_path / "m" / "1").rename(tmp_path / "m" / "0001")
+    with pytest.raises(gc.ModelLoadError, match="version folder '0001' is not a plain version number; rename it to '1'"):
+        load_models(tmp_path, backend="numpy")
+    with pytest.raises(gc.ModelLoadError, match="'0001'"):
+        gc.deploy.triton(fixed_model(), tmp_path, "m")
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["0001", "config.pbtxt"]  # nothing written

@@ -24,7 +24,7 @@ import onnx_ir as ir
 
 
 from graphc.model.dtypes import TensorSpec
-from graphc.errors import GraphError
+from graphc.errors import GraphError, ModelLoadError
 from graphc.fileio import atomic_write, fsync_dir, scratch_dir
 from graphc.model import Model, load
 from graphc.model.file import distinct_subgraph_outputs, unique_node_names
@@ -143,11 +143,18 @@ def _real_dir(path: Path, root: Path) -> Path:
 
 
 def triton_versions(model_dir: Union[str, os.PathLike]) -> list[int]:
-    """The numeric version folders of a Triton model folder, lowest first."""
+    """The numeric version folders of a Triton model folder, lowest first. A number written with
+    leading zeros (``0001``) is refused: it would be version 1 next to a folder ``1``, and
+    ``model_dir / str(version)`` would not find it."""
     folder = Path(model_dir)
     if not folder.is_dir():
         return []
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and p.name.isascii())
+    numeric = [p.name for p in folder.iterdir() if p.name.isdigit() and p.name.isascii()]
+    for name in numeric:
+        if name != str(int(name)):
+            raise ModelLoadError(f"{folder / name}: version folder {name!r} is not a plain version number; "
+                                 f"rename it to {str(int(name))!r}")
+    return sorted(int(name) for name in numeric)
 
 
 def check_model_name(name: str) -> str:
