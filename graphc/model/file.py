@@ -222,13 +222,20 @@ def read_external_data(plan: list[tuple[onnx.TensorProto, _Extent]]) -> None:
         del tensor.external_data[:]
 
 
+def _node_subgraphs(nodes) -> Iterator[tuple[onnx.NodeProto, onnx.GraphProto]]:
+    """(node, graph) for every graph attribute of ``nodes`` (If branches, Loop/Scan bodies) and, after
+    each, the ones nested in it, outer first."""
+    for node in nodes:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield node, sub
+                yield from _node_subgraphs(sub.node)
+
+
 def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """``graph`` and every subgraph in it (If branches, Loop/Scan bodies), outer first."""
     yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                yield from all_graphs(sub)
+    yield from (sub for _, sub in _node_subgraphs(graph.node))
 
 
 def function_graphs(function: onnx.FunctionProto) -> list[onnx.GraphProto]:
@@ -267,16 +274,8 @@ def unique_node_names(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _subgraphs(model: onnx.ModelProto) -> Iterator[tuple[onnx.NodeProto, onnx.GraphProto]]:
-    """(node, graph) for every graph attribute of ``model`` (If branches, Loop/Scan bodies), nested
-    ones and those of its local functions' nodes included; not the main graph."""
-    def walk(nodes):
-        for node in nodes:
-            for attr in node.attribute:
-                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                    yield node, sub
-                    yield from walk(sub.node)
-
-    yield from walk([*model.graph.node, *(n for f in model.functions for n in f.node)])
+    """``_node_subgraphs`` of ``model``'s main graph and local functions: every graph but the main one."""
+    return _node_subgraphs([*model.graph.node, *(n for f in model.functions for n in f.node)])
 
 
 def _aliased(node: onnx.NodeProto, graph: onnx.GraphProto) -> list[int]:
