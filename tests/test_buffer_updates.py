@@ -19,8 +19,10 @@ torch = pytest.importorskip("torch")
 
 try:
     from torch_grad_util import assert_step_matches_torch
+    from trainer_models import straight_and_resumed
 except ImportError:  # tests/ collected as a package
     from tests.torch_grad_util import assert_step_matches_torch
+    from tests.trainer_models import straight_and_resumed
 
 F64 = {"dtype": "float64"}
 DECAY = 0.75
@@ -104,18 +106,7 @@ def test_ema_buffer_and_counter_are_carried_like_torch_through_a_resume(tmp_path
 
 
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
-    arts, batches = _artifacts(_EMA()), _batches(6)
-    straight = gc.Trainer(arts, backend="ort-cpu")
-    for batch in batches:
-        straight.step(batch)
-    first = gc.Trainer(arts, backend="ort-cpu")
-    for batch in batches[:2]:
-        first.step(batch)
-    first.save_checkpoint(tmp_path / "ckpt")
-    resumed = gc.Trainer(arts, backend="ort-cpu")
-    resumed.load_checkpoint(tmp_path / "ckpt")
-    for batch in batches[2:]:
-        resumed.step(batch)
+    straight, resumed = straight_and_resumed(_artifacts(_EMA()), _batches(6), 2, tmp_path / "ckpt")
     want, got = straight.state_dict(), resumed.state_dict()
     assert set(want) == set(got) and not np.array_equal(want["ema"], _EMA().state_dict()["ema"])
     for name in want:

@@ -21,8 +21,10 @@ torch = pytest.importorskip("torch")
 
 try:
     from torch_grad_util import assert_step_matches_torch
+    from trainer_models import straight_and_resumed
 except ImportError:  # tests/ collected as a package
     from tests.torch_grad_util import assert_step_matches_torch
+    from tests.trainer_models import straight_and_resumed
 
 STEPS = 5
 # rates exact in float32 (the lr input of float32 params; float64 params take a float64 lr)
@@ -243,18 +245,8 @@ def test_spec_round_trips_through_save_load_and_checkpoint_resume(tmp_path):
     assert manifest["optimizer"]["grad_norm_type"] == "inf"  # JSON has no infinity
     arts = gc.training.load(tmp_path / "arts")
     assert gc.optim.from_dict(arts.manifest.optimizer) == spec
-    batches = _batches()
-    whole = gc.Trainer(arts, backend="ort-cpu")
-    for batch in batches:
-        whole.step(batch)
-    first = gc.Trainer(arts, backend="ort-cpu")
-    for batch in batches[:2]:
-        first.step(batch)
-    first.save_checkpoint(tmp_path / "ckpt")
-    resumed = gc.Trainer(gc.training.load(tmp_path / "arts"), backend="ort-cpu")
-    resumed.load_checkpoint(tmp_path / "ckpt")
-    for batch in batches[2:]:
-        resumed.step(batch)
+    whole, resumed = straight_and_resumed(arts, _batches(), 2, tmp_path / "ckpt",
+                                          resumed_arts=gc.training.load(tmp_path / "arts"))
     for name, value in whole.state_dict().items():
         np.testing.assert_array_equal(resumed.state_dict()[name], value, err_msg=name)
 

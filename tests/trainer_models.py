@@ -85,3 +85,21 @@ def drop_bn_workdir(root, samples: int, eval_samples: int):
     train, test = blobs(samples), blobs(eval_samples, seed=1)
     np.savez(root / "data.npz", x_train=train["x"], y_train=train["y"], x_test=test["x"], y_test=test["y"])
     return root
+
+
+def straight_and_resumed(arts, batches, at: int, checkpoint, backend: str = "ort-cpu", resumed_arts=None):
+    """A Trainer stepped through ``batches``, and one stepped through the first ``at`` of them,
+    checkpointed to ``checkpoint`` and resumed by a fresh Trainer (of ``resumed_arts``, default
+    ``arts``) for the rest: ``(straight, resumed)``."""
+    straight = gc.Trainer(arts, backend=backend)
+    for batch in batches:
+        straight.step(batch)
+    first = gc.Trainer(arts, backend=backend)
+    for batch in batches[:at]:
+        first.step(batch)
+    first.save_checkpoint(checkpoint)
+    resumed = gc.Trainer(arts if resumed_arts is None else resumed_arts, backend=backend)
+    resumed.load_checkpoint(checkpoint)
+    for batch in batches[at:]:
+        resumed.step(batch)
+    return straight, resumed
