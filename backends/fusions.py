@@ -42,7 +42,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from graphc.model.file import model_graphs, tensor_types
+from graphc.model.file import constant_tensors, model_graphs, tensor_types
 
 __all__ = ["fusion_refused"]
 
@@ -74,13 +74,9 @@ def fusion_refused(model: onnx.ModelProto) -> tuple[str, ...]:
 
 
 def _constants(graphs: list[onnx.GraphProto]) -> dict[str, np.ndarray]:
-    """Value name -> array, for the one-element initializers that are not fed and ``Constant``
-    nodes' tensors (every pattern's constant is one value; a weight is not read)."""
-    fed = {i.name for g in graphs for i in g.input}
-    out = {t.name: t for g in graphs for t in g.initializer if t.name not in fed}
-    out.update({node.output[0]: a.t for g in graphs for node in g.node if node.op_type == "Constant"
-                and node.domain in ("", "ai.onnx") for a in node.attribute if a.name == "value"})
-    return {name: numpy_helper.to_array(t) for name, t in out.items()
+    """Value name -> array, for the one-element ``constant_tensors`` (every pattern's constant is one
+    value; a weight is not read)."""
+    return {name: numpy_helper.to_array(t) for name, t in constant_tensors(graphs).items()
             if math.prod(t.dims) == 1 and not t.external_data}
 
 

@@ -15,7 +15,7 @@ import onnx
 from onnx import numpy_helper
 
 from graphc.backends.written_out import Writer
-from graphc.model.file import ai_onnx_opset, tensor_types, with_nodes
+from graphc.model.file import ai_onnx_opset, constant_tensors, tensor_types, with_nodes
 
 __all__ = ["without_axes"]
 
@@ -29,10 +29,7 @@ def without_axes(model: onnx.ModelProto) -> onnx.ModelProto:
     its input's rank known, lists every axis's pads instead; ``model`` itself where there is none."""
     if not any(_has_axes(node) for node in model.graph.node):
         return model
-    fed = {i.name for i in model.graph.input}
-    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.name not in fed}
-    consts.update({n.output[0]: numpy_helper.to_array(a.t) for n in model.graph.node if n.op_type == "Constant"
-                   and n.domain in ("", "ai.onnx") for a in n.attribute if a.name == "value"})
+    consts = {name: numpy_helper.to_array(t) for name, t in constant_tensors([model.graph]).items()}
     types, opset = tensor_types(model) or {}, ai_onnx_opset(model)
     nodes, written_out = [], False
     for node in model.graph.node:

@@ -3,8 +3,8 @@
 
 ``Writer`` appends each new node to ``nodes`` (or to a list of the caller's, such as a branch's
 body), names it after the node's first output and a tag, and stamps it with the node's metadata
-(the user's line, for errors); ``constant(name)`` reads an initializer's or a Constant node's value
-(``lower_doubles`` gives the model's).
+(the user's line, for errors); ``constant(name)`` reads an initializer's (not fed) or a Constant node's
+value (``lower_doubles`` gives the model's ``constant_tensors``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from graphc.model.file import ai_onnx_opset, all_graphs, tensor_types
+from graphc.model.file import ai_onnx_opset, all_graphs, constant_tensors, tensor_types
 
 __all__ = ["Writer", "lower_doubles"]
 
@@ -82,7 +82,7 @@ def lower_doubles(model: onnx.ModelProto, lowerings: Mapping[str, Lowering],
 
     if not any(double(node) for graph in all_graphs(model.graph) for node in graph.node):
         return model
-    opset, constants = ai_onnx_opset(model), _constants(model)
+    opset, constants = ai_onnx_opset(model), constant_tensors(list(all_graphs(model.graph)))
     out = onnx.ModelProto()
     out.CopyFrom(model)
     # inner graphs first: rewriting a graph copies its nodes, so a body must be rewritten while its node is in place
@@ -100,14 +100,3 @@ def lower_doubles(model: onnx.ModelProto, lowerings: Mapping[str, Lowering],
         del graph.node[:]
         graph.node.extend(nodes)
     return out
-
-
-def _constants(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
-    """Initializers and Constant nodes' ``value`` tensors of every graph, by name."""
-    found = {}
-    for graph in all_graphs(model.graph):
-        found.update((t.name, t) for t in graph.initializer)
-        found.update((node.output[0], a.t) for node in graph.node
-                     if node.op_type == "Constant" and node.domain in ("", "ai.onnx")
-                     for a in node.attribute if a.name == "value")
-    return found

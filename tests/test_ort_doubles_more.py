@@ -313,3 +313,20 @@ def test_cuda_sessions_leave_the_ops_it_runs_in_double_to_the_provider():
     ops = {device: {n.op_type for n in doubles.lower_double(proto, device).graph.node} for device in ("cpu", "cuda")}
     assert "Conv" not in ops["cpu"] and "LpPool" not in ops["cpu"]
     assert "Conv" in ops["cuda"] and "LpPool" not in ops["cuda"]
+
+
+def test_a_fed_initializer_is_not_taken_for_a_constant():
+    """An initializer that is also a graph input takes the caller's value: a float64 Resize whose
+    scales are one is refused, naming them (it was written out with the initializer's scales, so
+    fed [1, 1, 3, 3] gave a 4x4 image where numpy gives 6x6)."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, [1, 1, 2, 2])
+    scales = helper.make_tensor_value_info("scales", onnx.TensorProto.FLOAT, [4])
+    graph = helper.make_graph(
+        [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")], "g", [x, scales],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, ["a", "b", "c", "d"])],
+        [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    feeds = {"x": np.arange(4.0).reshape(1, 1, 2, 2), "scales": np.array([1, 1, 3, 3], np.float32)}
+    assert gc.Session(proto, backend="numpy").run(feeds)["y"].shape == (1, 1, 6, 6)
+    with pytest.raises(gc.BackendError, match="'scales' are constants"):
+        gc.Session(proto, backend="ort-cpu")

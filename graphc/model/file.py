@@ -362,6 +362,16 @@ def with_body_output_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+def constant_tensors(graphs: list[onnx.GraphProto]) -> dict[str, onnx.TensorProto]:
+    """Value name -> tensor for the constants of ``graphs``: their initializers that are not also
+    inputs (a fed one takes the caller's value) and their ``Constant`` nodes' ``value``s."""
+    fed = {i.name for g in graphs for i in g.input}
+    out = {t.name: t for g in graphs for t in g.initializer if t.name not in fed}
+    out.update({node.output[0]: a.t for g in graphs for node in g.node if node.op_type == "Constant"
+                and node.domain in ("", "ai.onnx") for a in node.attribute if a.name == "value"})
+    return out
+
+
 def ai_onnx_opset(model: onnx.ModelProto) -> int:
     """The opset ``model`` imports for the default (ai.onnx) domain; 0 where it imports none."""
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
