@@ -18,7 +18,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
-from graphc.backends.written_out import Writer
+from graphc.backends.written_out import Writer, replace_nodes
 from graphc.model.file import ai_onnx_opset, all_graphs, tensor_types
 
 __all__ = ["KERNELS", "lower"]
@@ -52,35 +52,23 @@ def lower(model: onnx.ModelProto) -> onnx.ModelProto:
         return node.domain in ("", "ai.onnx") and node.op_type not in KERNELS and (
             any(map(narrow, [*node.input, *node.output])) or _asks_bfloat16(node))
 
-    if not any(lowered(node) for graph in graphs for node in graph.node):
-        return model
     opset = ai_onnx_opset(model)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    # inner graphs first: rewriting a graph copies its nodes, so a body must be rewritten while its node is in place
-    for graph in reversed(list(all_graphs(out.graph))):
-        if not any(lowered(node) for node in graph.node):
-            continue
-        nodes: list[onnx.NodeProto] = []
-        for node in graph.node:
-            if not lowered(node):
-                nodes.append(node)
-                continue
-            w = Writer(node, "float32", opset)
-            wide = onnx.NodeProto()
-            wide.CopyFrom(node)
-            wide.input[:] = [w.op("Cast", x, to=_F32) if narrow(x) else x for x in node.input]
-            asks = _asks_bfloat16(node)
-            wide.output[:] = [f"{w.prefix}{y}" if y and (asks or narrow(y)) else y for y in node.output]
-            for a in wide.attribute:
-                if asks and a.name in ("dtype", "to") and a.type == onnx.AttributeProto.INT and a.i == _BF16:
-                    a.i = _F32
-            w.nodes.append(wide)
-            for old, new in zip(node.output, wide.output):
-                if old != new:
-                    w.op("Cast", new, to=_BF16, output=old)
-            nodes += w.nodes
-        del graph.node[:]
-        graph.node.extend(nodes)
-    return out
+
+    def write(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        w = Writer(node, "float32", opset)
+        wide = onnx.NodeProto()
+        wide.CopyFrom(node)
+        wide.input[:] = [w.op("Cast", x, to=_F32) if narrow(x) else x for x in node.input]
+        asks = _asks_bfloat16(node)
+        wide.output[:] = [f"{w.prefix}{y}" if y and (asks or narrow(y)) else y for y in node.output]
+        for a in wide.attribute:
+            if asks and a.name in ("dtype", "to") and a.type == onnx.AttributeProto.INT and a.i == _BF16:
+                a.i = _F32
+        w.nodes.append(wide)
+        for old, new in zip(node.output, wide.output):
+            if old != new:
+                w.op("Cast", new, to=_BF16, output=old)
+        return w.nodes
+
+    return replace_nodes(model, lowered, write)
 

@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 
 from graphc.model.file import ai_onnx_opset, all_graphs, constant_tensors, tensor_types
 
-__all__ = ["Writer", "lower_doubles"]
+__all__ = ["Writer", "lower_doubles", "replace_nodes"]
 
 
 class Writer:
@@ -80,23 +80,29 @@ def lower_doubles(model: onnx.ModelProto, lowerings: Mapping[str, Lowering],
         return node.op_type in lowerings and node.domain in ("", "ai.onnx") and \
             types.get(node.input[0], (None,))[0] == onnx.TensorProto.DOUBLE and not (keep and keep(node))
 
-    if not any(double(node) for graph in all_graphs(model.graph) for node in graph.node):
-        return model
     opset, constants = ai_onnx_opset(model), constant_tensors(list(all_graphs(model.graph)))
+
+    def write(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        writer = Writer(node, node.op_type.lower(), opset, constants)
+        lowerings[node.op_type](writer, node, types)
+        return writer.nodes
+
+    return replace_nodes(model, double, write)
+
+
+def replace_nodes(model: onnx.ModelProto, selected: Callable[[onnx.NodeProto], bool],
+                  write: Callable[[onnx.NodeProto], list[onnx.NodeProto]]) -> onnx.ModelProto:
+    """``model`` itself when ``selected`` picks no node of it (in any graph), else a copy with each
+    node it picks replaced by ``write(node)``'s nodes."""
+    if not any(selected(node) for graph in all_graphs(model.graph) for node in graph.node):
+        return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
     # inner graphs first: rewriting a graph copies its nodes, so a body must be rewritten while its node is in place
     for graph in reversed(list(all_graphs(out.graph))):
-        if not any(double(node) for node in graph.node):
+        if not any(selected(node) for node in graph.node):
             continue
-        nodes = []
-        for node in graph.node:
-            if double(node):
-                writer = Writer(node, node.op_type.lower(), opset, constants)
-                lowerings[node.op_type](writer, node, types)
-                nodes += writer.nodes
-            else:
-                nodes.append(node)
+        nodes = [new for node in graph.node for new in (write(node) if selected(node) else [node])]
         del graph.node[:]
         graph.node.extend(nodes)
     return out
