@@ -564,6 +564,31 @@ def test_sync_batch_norm_is_batch_norm_over_the_batch(shape):
         gc.capture(gc.nn.SyncBatchNorm(3), x=np.ones(3, np.float32))
 
 
+def test_convert_sync_batchnorm_replaces_every_batchnorm_as_torchs():
+    def build(nn):
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+                             nn.Sequential(nn.Flatten(), nn.BatchNorm1d(16, affine=False, momentum=None)))
+
+    net = build(gc.nn).train()
+    net.init_parameters(seed=3)
+    bn = net[1]
+    converted = gc.nn.SyncBatchNorm.convert_sync_batchnorm(net)
+    twin = torch.nn.SyncBatchNorm.convert_sync_batchnorm(build(torch.nn).train())
+    assert converted is net  # a container keeps its identity, its children are replaced
+    got_types = [(name, type(m).__name__, m.training) for name, m in converted.named_modules()]
+    want_types = [(name, type(m).__name__, m.training) for name, m in twin.named_modules()]
+    assert got_types == want_types
+    assert converted[1]._parameters["weight"] is bn._parameters["weight"]  # the same objects, as torch's
+    assert converted[1]._parameters["running_var"] is bn._parameters["running_var"]
+    assert list(converted.state_dict()) == list(twin.state_dict())
+    assert converted[3][1].weight is None and converted[3][1].momentum is None
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in converted.state_dict().items()})
+    x = rng(38).standard_normal((6, 3, 4, 4)).astype(np.float32)
+    assert_module_matches_torch(converted, twin, x, batched=False, rtol=1e-4)  # float32 through two batch norms
+    lone = gc.nn.SyncBatchNorm.convert_sync_batchnorm(gc.nn.BatchNorm1d(5, eps=1e-3).eval())
+    assert type(lone) is gc.nn.SyncBatchNorm and lone.eps == 1e-3 and not lone.training
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 9])
 def test_cross_map_lrn2d_matches_torch_forward_and_its_derivative(size):
     x = rng(35).standard_normal((2, 7, 3, 4))

@@ -34,6 +34,25 @@ class SyncBatchNorm(BatchNormBase):
                  bias: bool = True):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype, bias=bias)
 
+    @classmethod
+    def convert_sync_batchnorm(cls, module: Module, process_group: Any = None) -> Module:
+        """``module`` with every BatchNorm layer in it (``module`` itself included) replaced by a
+        ``SyncBatchNorm`` holding the same weight, bias and running-statistics objects and the same
+        mode, as torch's; other modules are kept, their children replaced in place."""
+        out = module
+        if isinstance(module, BatchNormBase):
+            params = module._parameters
+            stat = params.get("running_mean") or params.get("weight")
+            out = cls(module.num_features, module.eps, module.momentum, params.get("weight") is not None,
+                      module.track_running_stats, process_group, stat.dtype if stat is not None else "float32",
+                      bias=params.get("bias") is not None)
+            for name, value in params.items():
+                setattr(out, name, value)
+            out.training = module.training
+        for name, child in module.named_children():
+            out.add_module(name, cls.convert_sync_batchnorm(child, process_group))
+        return out
+
 
 def cross_map_window(channels: int, size: int) -> np.ndarray:
     """``(channels, channels)`` 0/1: which channels' squares torch's legacy CrossMapLRN2d sums for each
