@@ -106,6 +106,9 @@ CASES = [
     ("logsumexp_method", lambda M, x: x.logsumexp(1) + x.logsumexp(dim=-1, keepdim=True).sum(), (X,), {}),
     # shapes, selection, sorting
     ("flip_roll", lambda M, x: x.flip(0) * x.flip(0, 2) + x.flip([1]).roll(1, 2), (X,), {}),
+    # torch's dims by keyword too (docs/api.md: `.squeeze(dim=None)`)
+    ("dims_by_keyword", lambda M, x: x[:, :1].squeeze(dim=1) + x.permute(dims=(0, 2, 1)).flip(dims=[1]).sum(2)
+     * x[:, 1:2].squeeze(dim=(1, 0)), (X,), {}),
     ("unflatten", lambda M, x: x.unflatten(2, (2, 2)) * M.unflatten(x, 1, (1, -1)).sum(), (X,), {}),
     ("movedim", lambda M, x: x.movedim(0, -1) * M.movedim(x, (0, 1), (2, 0)), (X,), {}),
     ("moveaxis", lambda M, x: x.moveaxis(2, 0), (X,), {}),
@@ -149,6 +152,7 @@ def test_output_and_gradients_match_torch(name, fn, params, inputs):
     (lambda x: x.narrow(1, 2, 2), r"narrow\(1, 2, 2\) is outside dim 1 of size 3"),
     (lambda x: x.narrow(0, -1, 1), "symbolic dim 0 takes a start >= 0"),
     (lambda x: x.select(2, 4), "select index 4 out of range for dim 2 of size 4"),
+    (lambda x: x.permute(0, 2, 1, dims=(0, 1, 2)), r"permute\(\) got its dims both positionally and by keyword"),
     (lambda x: x.t(), r"t\(\) takes a Tensor of rank <= 2, got rank 3"),
     (lambda x: gc.outer(x, x), "outer takes two 1-D Tensors"),
     (lambda x: gc.addmm(x, x, x), "addmm takes two 2-D Tensors, got ranks 3 and 3"),

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
+
 from graphc.dsl import (
     linalg_legacy,
     ops,
@@ -44,6 +46,29 @@ from graphc.model.dtypes import as_dtype
 
 def _dims(dims: tuple) -> list:
     return list(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else list(dims)
+
+
+def _dims_or_keyword(method: str, dims: tuple, keyword: Any) -> list:
+    """torch's three spellings of a method's dims: ``x.permute(0, 2, 1)``, ``x.permute((0, 2, 1))``
+    and ``x.permute(dims=(0, 2, 1))``."""
+    if dims and keyword is not None:
+        raise CaptureError(f"{method}() got its dims both positionally and by keyword (at {user_source()})")
+    if keyword is None:
+        return _dims(dims)
+    return [keyword] if isinstance(keyword, (int, np.integer)) else list(keyword)
+
+
+def _permute(self: Tensor, *args: Any, dims: Any = None) -> Tensor:
+    return ops.transpose(self, _dims_or_keyword("permute", args, dims))
+
+
+def _flip(self: Tensor, *args: Any, dims: Any = None) -> Tensor:
+    return ops_array.flip(self, _dims_or_keyword("flip", args, dims))
+
+
+def _squeeze(self: Tensor, *args: Any, dim: Any = None) -> Tensor:
+    """``x.squeeze()``, ``x.squeeze(1)``, ``x.squeeze((0, 1))`` or ``x.squeeze(dim=1)``."""
+    return ops_reshape.squeeze(self, _dims_or_keyword("squeeze", args, dim) or None)
 
 
 def _view(self: Tensor, *shape: Any) -> Tensor:
@@ -122,11 +147,11 @@ def _type(self: Tensor, dtype: Any = None, non_blocking: bool = False) -> Any:
 
 METHODS = {
     "view": _view,
-    "permute": lambda a, *dims: ops.transpose(a, _dims(dims)),
+    "permute": _permute,
     "size": _size,
     "dim": lambda a: a.ndim,
     "unsqueeze": ops_reshape.unsqueeze,
-    "squeeze": lambda a, *dims: ops_reshape.squeeze(a, _dims(dims) if dims else None),
+    "squeeze": _squeeze,
     "contiguous": lambda a: a if is_contiguous(a) else ops_reshape.clone(a),
     "float": lambda a: ops.cast(a, "float32"), "double": lambda a: ops.cast(a, "float64"),
     "half": lambda a: ops.cast(a, "float16"), "long": lambda a: ops.cast(a, "int64"),
@@ -141,7 +166,7 @@ METHODS = {
     "tril": ops_array.tril, "triu": ops_array.triu, "sin": ops_array.sin, "cos": ops_array.cos,
     "rsqrt": ops_array.rsqrt,
     "var": ops_array.var, "std": ops_array.std, "logsumexp": ops_array.logsumexp, "roll": ops_array.roll,
-    "flip": lambda a, *dims: ops_array.flip(a, _dims(dims)),
+    "flip": _flip,
     "remainder": ops_divide.remainder, "fmod": ops_divide.fmod,
     "maximum": ops.maximum, "minimum": ops.minimum, "where": lambda a, condition, other: ops.where(condition, a, other),
     "square": ops_math.square, "reciprocal": ops_math.reciprocal, "neg": ops_math.neg, "negative": ops_math.neg,
