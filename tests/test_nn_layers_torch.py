@@ -274,7 +274,8 @@ def test_unbatched_recurrent_input_matches_torch():
 def test_transformer_encoder_stack_matches_torch():
     torch = pytest.importorskip("torch")
     layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
-    stack = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(8))
+    # torch's keywords, as a port spells them
+    stack = nn.TransformerEncoder(encoder_layer=layer, num_layers=2, norm=nn.LayerNorm(8), enable_nested_tensor=False)
     stack.init_parameters(seed=8)
     state = stack.state_dict()
     assert not np.allclose(state["layers.0.linear1.weight"], state["layers.1.linear1.weight"])
@@ -286,6 +287,22 @@ def test_transformer_encoder_stack_matches_torch():
     with torch.no_grad():
         want = tl.eval()(torch.from_numpy(EMB), mask=mask, is_causal=True)
     np.testing.assert_allclose(run_both(model, {"x": EMB})["output"], want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_transformer_decoder_stack_takes_torchs_keywords_and_matches_torch():
+    torch = pytest.importorskip("torch")
+    layer = nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    stack = nn.TransformerDecoder(decoder_layer=layer, num_layers=2, norm=nn.LayerNorm(8))
+    stack.init_parameters(seed=9)
+    memory = EMB[:, :3] * 0.5
+    model = gc.capture(lambda x, m: stack(x, m), x=EMB, m=memory)
+    tl = torch.nn.TransformerDecoder(decoder_layer=torch.nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0,
+                                                                                     batch_first=True),
+                                     num_layers=2, norm=torch.nn.LayerNorm(8))
+    tl.load_state_dict({k: torch.from_numpy(v) for k, v in stack.state_dict().items()})
+    with torch.no_grad():
+        want = tl.eval()(torch.from_numpy(EMB), torch.from_numpy(memory))
+    np.testing.assert_allclose(run_both(model, {"x": EMB, "m": memory})["output"], want.numpy(), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("opset", [17, 21])

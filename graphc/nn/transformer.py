@@ -147,7 +147,12 @@ class _Stack(Module):
 
 
 class TransformerEncoder(_Stack):
-    """``forward(src, mask=None, src_key_padding_mask=None, is_causal=None)``."""
+    """``forward(src, mask=None, src_key_padding_mask=None, is_causal=None)``. ``enable_nested_tensor``
+    and ``mask_check`` are torch's fast-path hints, taken and without effect here."""
+
+    def __init__(self, encoder_layer: Module, num_layers: int, norm: Module | None = None,
+                 enable_nested_tensor: bool = True, mask_check: bool = True):
+        super().__init__(encoder_layer, num_layers, norm)
 
     def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 is_causal: bool | None = None) -> Tensor:
@@ -159,6 +164,9 @@ class TransformerEncoder(_Stack):
 class TransformerDecoder(_Stack):
     """``forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
     memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False)``."""
+
+    def __init__(self, decoder_layer: Module, num_layers: int, norm: Module | None = None):
+        super().__init__(decoder_layer, num_layers, norm)
 
     def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None, memory_mask: Tensor | None = None,
                 tgt_key_padding_mask: Tensor | None = None, memory_key_padding_mask: Tensor | None = None,
