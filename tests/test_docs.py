@@ -7,6 +7,7 @@ docs/api.md.
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import pkgutil
 import re
@@ -171,3 +172,39 @@ def test_every_server_route_is_documented():
     assert "/v2/models/{name}/infer" in paths
     missing = sorted(p for p in paths if f"`{p}`" not in API and f" {p}`" not in API)
     assert missing == [], f"docs/api.md does not list the routes {missing}"
+
+
+
+ERROR_ROW = re.compile(r"^\| (`(?:gc|graphc)\.[^|]*)\| ([^|]+) \|", re.M)
+
+
+def _resolve(dotted: str):
+    """``gc.X`` or ``graphc.a.b.X``, importing modules on the way; a builtin's bare name."""
+    if "." not in dotted:
+        return getattr(builtins, dotted)
+    head, *rest = dotted.split(".")
+    obj = gc
+    for i, part in enumerate(rest):
+        obj = getattr(obj, part, None) or importlib.import_module(".".join(["graphc", *rest[:i + 1]]))
+    return obj
+
+
+def errors_table_mismatches(api: str) -> list[str]:
+    """What api.md's errors table says wrongly: each row's names (the class and its aliases) are one
+    class, which derives from every class the row's second column lists."""
+    table = api.split("### Errors", 1)[1].split("\n## ", 1)[0]
+    rows = ERROR_ROW.findall(table)
+    assert len(rows) >= 15, "api.md's errors table not found"
+    wrong = []
+    for names, bases in rows:
+        cls, *aliases = [_resolve(n) for n in re.findall(r"`([\w.]+)`", names)]
+        wrong += [f"{names.strip()}: {a} is another class" for a in aliases if a is not cls]
+        wrong += [f"{cls.__name__} is not a {b}" for b in re.findall(r"`([\w.]+)`", bases)
+                  if not issubclass(cls, _resolve(b))]
+    return wrong
+
+
+def test_the_errors_table_gives_each_class_its_bases():
+    assert errors_table_mismatches(API) == []
+    stale = API.replace("| `gc.InputError` | `ValueError` |", "| `gc.InputError` | `TypeError` |")
+    assert errors_table_mismatches(stale) == ["InputError is not a TypeError"]
