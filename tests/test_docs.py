@@ -7,7 +7,9 @@ docs/api.md.
 
 from __future__ import annotations
 
+import ast
 import builtins
+import inspect
 import importlib
 import pkgutil
 import re
@@ -208,3 +210,60 @@ def test_the_errors_table_gives_each_class_its_bases():
     assert errors_table_mismatches(API) == []
     stale = API.replace("| `gc.InputError` | `ValueError` |", "| `gc.InputError` | `TypeError` |")
     assert errors_table_mismatches(stale) == ["InputError is not a TypeError"]
+
+
+SIGNATURE = re.compile(r"^((?:gc|F)(?:\.\w+)+|[A-Z]\w*)\((.*)\)$", re.S)
+# calls the prose shows with a value other than the default (a usage, not a signature)
+USAGES = {"BatchNorm2d(momentum=None)", "ReLU(inplace=True)", 'gc.optim.AdamW(lr, no_decay=("*.bias", "*norm*"))'}
+
+
+def documented_default_mismatches(text: str) -> list[str]:
+    """A `gc.f(x, k=v)`, `F.f(...)` or `gc.nn` layer `Name(...)` code span whose keyword `k` the
+    function does not take, or whose default in the code is a value other than `v` (None and
+    required in the code are not compared: None often stands for a default the doc spells out)."""
+    wrong = []
+    for span in _spans(text):
+        m = SIGNATURE.match(" ".join(span.split()))
+        if not m or " ".join(span.split()) in USAGES:
+            continue
+        name, args = m.groups()
+        head, *rest = name.split(".")
+        obj = {"gc": gc, "F": gc.nn.functional}.get(head, gc.nn)
+        for part in rest if head in ("gc", "F") else [head]:
+            obj = getattr(obj, part, None)
+        if obj is None or not callable(obj):
+            continue
+        try:
+            call = ast.parse(f"f({re.sub(r'(^|,) ?[*/] ?(?=,|$)', '', args)})", mode="eval").body
+            params = inspect.signature(obj).parameters
+        except (SyntaxError, ValueError, TypeError):
+            continue  # a choice list ("a"|"b"), an elision (...)
+        if any(p.kind == p.VAR_KEYWORD for p in params.values()) or not all(
+                isinstance(a, (ast.Name, ast.Starred)) for a in call.args):
+            continue  # a usage: gc.batch_norm(x, None, None, training=True)
+        for kw in call.keywords:
+            try:
+                value = ast.literal_eval(kw.value)
+            except ValueError:
+                continue  # a name or expression, not a value
+            if value is Ellipsis:
+                continue
+            if kw.arg not in params:
+                wrong.append(f"`{span}`: {name} takes no {kw.arg}")
+            elif params[kw.arg].default not in (None, inspect.Parameter.empty) and params[kw.arg].default != value:
+                wrong.append(f"`{span}`: {name}'s {kw.arg} defaults to {params[kw.arg].default!r}")
+    return wrong
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_documented_keyword_defaults_are_the_codes(page: Path):
+    """Over 200 spans hold keywords: each keyword is the function's, with its default."""
+    assert documented_default_mismatches(page.read_text()) == []
+
+
+def test_a_stale_documented_default_is_found():
+    text = "".join(page.read_text() for page in PAGES)
+    assert all(f"`{u}`" in " ".join(text.split()) for u in USAGES), "a usage listed in USAGES left the docs"
+    assert documented_default_mismatches("`gc.dropout(x, p=0.25, training=True)` `F.pad(x, pad, valu=None)`") == [
+        "`gc.dropout(x, p=0.25, training=True)`: gc.dropout's p defaults to 0.5",
+        "`F.pad(x, pad, valu=None)`: F.pad takes no valu"]
