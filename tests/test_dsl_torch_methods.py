@@ -81,6 +81,7 @@ CASES = [
     ("logaddexp_infinities", lambda M, s: M.logaddexp(s, s), (), {"s": SPECIAL}),
     ("remainder_method", lambda M, x, d: x.remainder(d) + x.fmod(d), (X * 5, D), {}),
     ("maximum_minimum_where", lambda M, x, y: x.maximum(y) * x.minimum(y) + x.where(x > y, y), (X, Y), {}),
+    ("where_by_keyword", lambda M, x, y: M.where(condition=x > y, input=x, other=y * 2), (X, Y), {}),
     # logic and tests
     ("logical", lambda M, x, i: M.logical_and(x > 0, i) ^ x.logical_or(i).logical_not() | M.logical_xor(i, x < 0.5),
      (), {"x": X[0, :2], "i": I}),

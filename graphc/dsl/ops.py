@@ -253,10 +253,10 @@ def _clip_by_tensors(x: Tensor, lo: Tensor | None, hi: Tensor | None) -> Tensor:
     return x if hi is None else where(x > hi, hi, x)
 
 
-def where(cond: Any, a: Any, b: Any) -> Tensor:
-    """``a`` where ``cond`` else ``b``. Signature: ai.onnx@16::Where"""
-    a, b = operand_pair(a, b)
-    cond = lift(cond)
+def where(condition: Any, input: Any, other: Any) -> Tensor:
+    """``input`` where ``condition`` else ``other`` (torch's names). Signature: ai.onnx@16::Where"""
+    a, b = operand_pair(input, other)
+    cond = lift(condition)
     if cond.dtype != "bool":
         raise op_error("Where", [cond, a, b], f"condition must be bool, got {cond.dtype}", user_source())
     same_dtype("Where", a, b)
