@@ -3,8 +3,9 @@ batching rules (the default) and as one Scan over the examples (what a body with
 its forward and its ``gc.grad`` (per-sample losses summed), on onnxruntime CPU (2 threads), with a
 plain batched forward for reference; then per-sample gradients of a small CNN (``vmap(grad(loss))``,
 conv 1-8-16 on 28x28 images, a batch of ``--cnn-batch`` known at capture, which the grouped
-convolutions of mapped weights need) both ways. The numbers are docs/api.md's and
-``graphc/dsl/vmap.py``'s.
+convolutions of mapped weights need) both ways; then ``gc.scan``, ``gc.fori_loop`` and ``gc.cond`` on a
+per-example condition over 64 examples by their batching rules vs as the Scan over the examples. The
+numbers are docs/api.md's, ``graphc/dsl/vmap.py``'s and ``graphc/dsl/vmap_rules_control.py``'s.
 
     python scripts/bench_vmap.py --batch 256 --repeat 50
 """
@@ -63,6 +64,28 @@ def per_sample_cnn_grads(net: SmallCNN, names: list[str]):
     return fn
 
 
+def control_flow(rng: np.random.Generator) -> dict:
+    """``{op: (function, feeds)}``: a vmapped ``gc.scan`` (a tanh RNN cell 16 -> 32, 20 steps),
+    ``gc.fori_loop`` (20 Newton steps for a square root) and ``gc.cond`` on a per-example condition."""
+    w = (rng.standard_normal((32, 32)) * 0.2).astype(np.float32)
+    u = (rng.standard_normal((16, 32)) * 0.2).astype(np.float32)
+
+    def scan(x, h):
+        return gc.vmap(lambda xs, h0: gc.scan(lambda c, xt: (gc.tanh(c @ w + xt @ u), c), h0, xs)[1],
+                       fallback="scan")(x, h)
+
+    def loop(x):
+        return gc.vmap(lambda a: gc.fori_loop(0, 20, lambda i, c: c - (c * c - a) / (2.0 * c), a + 1.0),
+                       fallback="scan")(x)
+
+    def cond(x):
+        return gc.vmap(lambda a: gc.cond(a.sum() > 0, lambda: gc.tanh(a) * 2.0, lambda: a * a), fallback="scan")(x)
+    return {"Scan": (scan, {"x": rng.standard_normal((64, 20, 16)).astype(np.float32),
+                            "h": rng.standard_normal((64, 32)).astype(np.float32)}),
+            "Loop": (loop, {"x": rng.uniform(1, 2, (64, 32)).astype(np.float32)}),
+            "If": (cond, {"x": rng.standard_normal((64, 128)).astype(np.float32)})}
+
+
 def _time(model: gc.Model, feeds: dict, repeat: int) -> float:
     session = gc.Session(model, backend="ort-cpu", threads=2)
     session.run(feeds)
@@ -109,6 +132,13 @@ def main() -> None:
             model = gc.capture(per_sample_cnn_grads(net, names), **feeds)
         print(f"  {name:28s} {_time(model, feeds, args.repeat):8.3f}")
 
+    print("control flow over 64 examples (median ms per run)")
+    for op, (fn, feeds) in control_flow(rng).items():
+        rule = _time(gc.capture(fn, **feeds), feeds, args.repeat)
+        with mock.patch.dict(vmap_rules.RULES):
+            del vmap_rules.RULES[op]
+            scan = _time(gc.capture(fn, **feeds), feeds, args.repeat)
+        print(f"  {op:6s} batching rule {rule:8.3f}   Scan {scan:8.3f}")
 
 if __name__ == "__main__":
     main()

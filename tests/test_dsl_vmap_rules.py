@@ -208,27 +208,27 @@ def test_per_sample_gradients_of_a_cnn_are_rewritten_and_match_torch():
 
 
 def _branchy(a):
-    """A body with no batching rule: ``gc.cond`` on a per-example value is an If."""
-    return gc.cond(gc.sum(a) > 0, lambda: a * 2.0, lambda: a - 1.0)
+    """A body with no batching rule: ``Det`` has none."""
+    return gc.linalg.det(a) * 2.0
 
 
 def test_fallback_warns_once_per_capture_naming_the_op_and_lines():
-    x, = _data((4, 3))
+    x, = _data((4, 3, 3))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = gc.capture(lambda x: [gc.vmap(_branchy)(x) for _ in range(3)][0], x=x)
     found = [w for w in caught if issubclass(w.category, gc.PerformanceWarning)]
     assert len(found) == 1, [str(w.message) for w in caught]
     message = str(found[0].message)
-    assert "If at " in message and "test_dsl_vmap_rules.py" in message and "fallback='scan'" in message
+    assert "Det at " in message and "test_dsl_vmap_rules.py" in message and "fallback='scan'" in message
     assert found[0].filename.endswith("test_dsl_vmap_rules.py")
     got = gc.Session(model, backend="numpy").run({"x": x})["output"]
-    np.testing.assert_allclose(got, np.where(x.sum(1, keepdims=True) > 0, x * 2, x - 1))
+    np.testing.assert_allclose(got, np.linalg.det(x) * 2, rtol=1e-12)
 
 
 def test_fallback_error_and_scan():
-    x, = _data((4, 3))
-    with pytest.raises(gc.CaptureError, match=r"no batching rule for If at .*fallback='error'"):
+    x, = _data((4, 3, 3))
+    with pytest.raises(gc.CaptureError, match=r"no batching rule for Det at .*fallback='error'"):
         gc.capture(lambda x: gc.vmap(_branchy, fallback="error")(x), x=x)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

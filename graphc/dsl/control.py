@@ -241,7 +241,7 @@ def run_graph(builder: Builder, graph: ir.Graph, inputs: Sequence[np.ndarray],
         elif node.op_type == "Loop":
             outs = run_loop(builder, attrs["body"], args, get)
         elif node.op_type == "Scan":
-            outs = _scan_eval(builder, attrs, args, get)
+            outs = run_scan(builder, attrs, args, get)
         else:
             outs = _eager.run(node.op_type, args, attrs, builder.opset, node_outputs=len(node.outputs))
         for v, o in zip(node.outputs, outs):
@@ -259,7 +259,7 @@ def run_loop(builder: Builder, body: ir.Graph, args: list, outer: Callable | Non
     return state
 
 
-def _scan_eval(builder: Builder, attrs: dict, args: list, outer: Callable) -> list:
+def run_scan(builder: Builder, attrs: dict, args: list, outer: Callable | None = None) -> list:
     """A (DSL-made) ``Scan`` node's outputs for its inputs ``args``; scan outputs of no steps as
     ``_no_steps`` gives them."""
     body = attrs["body"]
@@ -274,4 +274,4 @@ def _scan_eval(builder: Builder, attrs: dict, args: list, outer: Callable) -> li
     return state + [np.stack(y) if y else _no_steps(Tensor(v)) for y, v in zip(ys, body.outputs[n_carry:])]
 
 
-__all__ = ["cond", "fori_loop", "run_graph", "run_loop", "scan", "trace_subgraph"]
+__all__ = ["cond", "fori_loop", "run_graph", "run_loop", "run_scan", "scan", "trace_subgraph"]

@@ -34,10 +34,9 @@ from graphc.dsl import (
 from graphc.dsl.builder import Scope, current, user_source
 from graphc.dsl.control import run_graph
 from graphc.dsl.tensor import Tensor
-from graphc.dsl.vmap_rules import Batching, NoRule, hoist, rewrite
+from graphc.dsl.vmap_rules import Batching, NoRule, has_random, hoist, rewrite
 from graphc.errors import CaptureError, PerformanceWarning
 from graphc.model import SOURCE_KEY
-from graphc.passes.values import draws_random
 
 __all__ = ["vmap"]
 
@@ -210,7 +209,7 @@ def _unruled(nodes: list[ir.Node], mapped: set[int]) -> list[str]:
     values, found = set(mapped), set()
     for node in nodes:
         reads = [v for v in [*node.inputs, *_subgraph_values(node)] if v is not None]
-        if node.op_type in ("Shape", "Size") or not (_has_random(node) or any(id(v) in values for v in reads)):
+        if node.op_type in ("Shape", "Size") or not (has_random(node) or any(id(v) in values for v in reads)):
             continue
         values.update(id(v) for v in node.outputs)
         if node.op_type not in vmap_rules.RULES:
@@ -262,17 +261,12 @@ def _subgraph_values(node: ir.Node) -> list[ir.Value]:
     return found
 
 
-def _has_random(node: ir.Node) -> bool:
-    return draws_random(node) or any(_has_random(inner) for attr in node.attributes.values()
-                                     if isinstance(attr.value, ir.Graph) for inner in attr.value)
-
-
 def _batched_nodes(nodes: list[ir.Node], mapped: set[int], randomness: str, source: str) -> set[int]:
     """ids of the body's nodes that compute per example: those reading a mapped value (their subgraphs
     included) and, with randomness "different", those that draw random numbers."""
     values, batched = set(mapped), set()
     for node in nodes:
-        random = _has_random(node)
+        random = has_random(node)
         if random and randomness == "error":
             line = node.metadata_props.get(SOURCE_KEY, "?")
             raise CaptureError(f"gc.vmap: {node.op_type} at {line} draws random numbers, and randomness is 'error' "
@@ -307,7 +301,7 @@ def _scanned(builder, nodes: list[ir.Node], batched: set[int], inputs: list[ir.V
         if id(node) not in batched:
             hoist(builder, node)
             continue
-        if randomness == "same" and _has_random(node):
+        if randomness == "same" and has_random(node):
             raise CaptureError(f"gc.vmap: randomness='same' for {node.op_type} at "
                                f"{node.metadata_props.get(SOURCE_KEY, '?')} on mapped values is not supported by "
                                f"the Scan graphc maps this function with (vmap called at {source})")

@@ -20,8 +20,8 @@ from graphc.model import SOURCE_KEY
 from graphc.passes.emit import AXES_AS_INPUT
 from graphc.passes.values import const_array, draws_random, static_shape
 
-__all__ = ["RULES", "Arg", "Batching", "NoRule", "as_args", "as_batched", "const_of", "hoist", "node_attrs",
-           "only_first", "rank_of", "reemit", "rewrite", "shift_axis"]
+__all__ = ["RULES", "Arg", "Batching", "NoRule", "as_args", "as_batched", "const_of", "has_random", "hoist",
+           "node_attrs", "only_first", "rank_of", "reemit", "rewrite", "shift_axis"]
 
 
 class NoRule(Exception):
@@ -62,6 +62,12 @@ def hoist(builder: Builder, node: ir.Node) -> None:
     builder.scope.nodes.append(node)
     if builder.eager:
         _eager.record(builder.values, node, builder.opset)
+
+
+def has_random(node: ir.Node) -> bool:
+    """``node`` draws random numbers, or a node of its subgraphs (at any depth) does."""
+    return draws_random(node) or any(has_random(inner) for attr in node.attributes.values()
+                                     if isinstance(attr.value, ir.Graph) for inner in attr.value)
 
 
 def rewrite(b: Batching, nodes: list[ir.Node], batched: set[int], env: dict[int, Tensor],
