@@ -122,3 +122,31 @@ def test_cond_on_a_per_example_condition_with_random_branches_stays_a_scan():
     neg = x.sum(1) <= 0
     np.testing.assert_array_equal(got[neg], -x[neg])
     assert np.all((got[~neg] - x[~neg] >= 0) & (got[~neg] - x[~neg] < 1))
+
+
+# -- training-mode BatchNorm -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("images", [(4, 3, 2, 5), (4, 3, 2)], ids=["NCL", "NC"])
+def test_training_batch_norm_of_mapped_running_statistics_uses_each_examples_statistics(images):
+    """torch.func.vmap's training-mode batch_norm of mapped running statistics: each example normalised
+    by its own batch's statistics (not the B*N values together), weight and bias shared. No rule: the
+    Scan over the examples is faster (``vmap_rules_conv._batch_norm``)."""
+    def fn(M, x, w, bias, m, v):
+        if isinstance(M, TorchNS):
+            return torch.vmap(lambda a, rm, rv: torch.nn.functional.batch_norm(a, rm, rv, w, bias, training=True))(
+                x, m.clone(), v.clone())
+        return gc.vmap(lambda a, rm, rv: M.batch_norm(a, rm, rv, w, bias, training=True), fallback="scan")(x, m, v)
+    x, w, bias = _data(images, (2,), (2,), seed=6)
+    _check(fn, [x, w, bias], {"m": np.zeros((4, 2)), "v": np.ones((4, 2))})
+
+
+def test_training_batch_norm_of_shared_running_statistics_is_refused_as_torch_refuses_it():
+    x, m, v = _data((4, 3, 2, 5), (2,), (2,), seed=7)
+    v = np.abs(v)
+    with pytest.raises(RuntimeError, match="running_mean or running_var, which will be updated in place, were not"):
+        torch.vmap(lambda a: torch.nn.functional.batch_norm(a, torch.from_numpy(m), torch.from_numpy(v),
+                                                            training=True))(torch.from_numpy(x))
+    with pytest.raises(gc.CaptureError, match=r"training-mode BatchNorm at .*test_dsl_vmap_control.py:\d+ gets a "
+                                              r"per-example input while its running_mean and running_var"):
+        gc.capture(lambda x: gc.vmap(lambda a: gc.nn.functional.batch_norm(a, m, v, training=True))(x), x=x)
