@@ -336,30 +336,72 @@ def with_body_output_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     copy in which onnx's shape inference gives them, and one it leaves unknown takes the node's
     declared output's (a scan output's less its scan axis), else for a Scan's state the body's
     input's. A scan output of no steps takes its dims from there (unknown ones 0), in the numpy
-    backend and in ``backends.scans``'s guard, as onnxruntime's do."""
+    backend and in ``backends.scans``'s guard, as onnxruntime's do. A local function's bodies are
+    inferred with its inputs typed as at its calls (``_function_model``)."""
     if not any(_undeclared_body_outputs(g) for g in model_graphs(model)):
         return model
+    copy = _inferred(model)
+    for graph in all_graphs(copy.graph):
+        _declare_body_outputs(graph)
+    for function in copy.functions:
+        typed = _inferred(_function_model(copy, function)).graph
+        for graph in all_graphs(typed):
+            _declare_body_outputs(graph)
+        del function.node[:]
+        function.node.extend(typed.node)
+    return copy
+
+
+def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with onnx's shape inference, a plain copy where it fails."""
     try:
-        copy = onnx.shape_inference.infer_shapes(model)
+        return onnx.shape_inference.infer_shapes(model)
     except (onnx.shape_inference.InferenceError, ValueError):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-    for graph in model_graphs(copy):
-        types = {v.name: v.type.tensor_type for v in [*graph.output, *graph.value_info]}
-        for node, k, axis in _undeclared_body_outputs(graph):
-            body = next(a.g for a in node.attribute if a.name == "body")
-            j = k - (node.op_type == "Loop")  # the node's output for body output k
-            outer = types.get(node.output[j]) if j < len(node.output) else None
-            dims = list(outer.shape.dim) if outer is not None and outer.HasField("shape") else None
-            if dims is not None and axis is not None and dims:
-                del dims[axis % len(dims)]
-            elif dims is None and axis is None and node.op_type == "Scan" and body.input[k].type.tensor_type.HasField("shape"):
-                dims = list(body.input[k].type.tensor_type.shape.dim)
-            if dims is not None:
-                shape = body.output[k].type.tensor_type.shape
-                shape.SetInParent()
-                shape.dim.extend(dims)
-    return copy
+        return copy
+
+
+def _function_model(model: onnx.ModelProto, function: onnx.FunctionProto) -> onnx.ModelProto:
+    """A model whose graph is ``function``'s nodes, each input typed as at the function's calls in
+    ``model``'s (shape-inferred) main graph and its subgraphs where they all agree, else untyped
+    (and all untyped where another function calls it)."""
+    called = lambda n: (n.domain, n.op_type) == (function.domain, function.name)  # noqa: E731
+    graphs = list(all_graphs(model.graph))
+    types = {v.name: v.type for g in graphs for v in [*g.input, *g.output, *g.value_info]}
+    calls = [n for g in graphs for n in g.node if called(n)]
+    if any(called(n) for g in model_graphs(model)[len(graphs):] for n in g.node):
+        calls = []
+    inputs = []
+    for i, name in enumerate(function.input):
+        seen = {types[c.input[i]].SerializeToString() if i < len(c.input) and c.input[i] in types else None
+                for c in calls}
+        value = onnx.helper.make_empty_tensor_value_info(name)
+        if len(seen) == 1 and None not in seen:
+            value.type.CopyFrom(types[calls[0].input[i]])
+        inputs.append(value)
+    opsets = {o.domain: o.version for o in [*model.opset_import, *function.opset_import]}
+    graph = onnx.helper.make_graph(list(function.node), function.name, inputs, [])
+    return onnx.helper.make_model(graph, ir_version=model.ir_version, functions=list(model.functions),
+                                  opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
+
+
+def _declare_body_outputs(graph: onnx.GraphProto) -> None:
+    """Gives each of ``_undeclared_body_outputs(graph)`` the shape ``with_body_output_shapes`` says."""
+    types = {v.name: v.type.tensor_type for v in [*graph.output, *graph.value_info]}
+    for node, k, axis in _undeclared_body_outputs(graph):
+        body = next(a.g for a in node.attribute if a.name == "body")
+        j = k - (node.op_type == "Loop")  # the node's output for body output k
+        outer = types.get(node.output[j]) if j < len(node.output) else None
+        dims = list(outer.shape.dim) if outer is not None and outer.HasField("shape") else None
+        if dims is not None and axis is not None and dims:
+            del dims[axis % len(dims)]
+        elif dims is None and axis is None and node.op_type == "Scan" and body.input[k].type.tensor_type.HasField("shape"):
+            dims = list(body.input[k].type.tensor_type.shape.dim)
+        if dims is not None:
+            shape = body.output[k].type.tensor_type.shape
+            shape.SetInParent()
+            shape.dim.extend(dims)
 
 
 def constant_tensors(graphs: list[onnx.GraphProto]) -> dict[str, onnx.TensorProto]:
