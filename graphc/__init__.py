@@ -15,6 +15,10 @@ import importlib
 import importlib.machinery
 import sys
 
+from graphc.startup import quiet_interrupts as _quiet_interrupts
+
+_quiet_interrupts()  # the graphc command: Ctrl-C while it imports exits 130 quietly
+
 from graphc.model.dtypes import (
     TensorSpec,
     bfloat16,

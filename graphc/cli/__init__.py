@@ -9,10 +9,12 @@ from rich.markup import escape
 from graphc.cli import model_cmds, run_cmds, optimize_cmds, train_cmds, deploy_cmds, view_cmds  # noqa: F401  (register)
 from graphc.cli.app import app, err_console, state
 from graphc.errors import GraphcError
+from graphc.startup import restore_interrupts
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: one clear error line and exit 2 for bad input, unless --debug."""
+    restore_interrupts()  # the imports are done: commands get KeyboardInterrupt
     args = sys.argv[1:] if argv is None else argv
     state["debug"] = "--debug" in args
     try:
