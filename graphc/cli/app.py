@@ -10,8 +10,9 @@ it took a value), and the columns wrap cleanly at 80 characters.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -83,3 +84,16 @@ def chosen_output(output: Optional[Path], out: Optional[Path], default: Optional
     if chosen is not None:
         check_writable_at(chosen, "-o/--output")
     return chosen
+
+
+@contextmanager
+def naming_opset(opset: Optional[int]) -> Iterator[None]:
+    """An ``OpsetError`` inside said as ``--opset N: ...`` where the user gave ``--opset``."""
+    from graphc.compile.opsets import OpsetError
+
+    try:
+        yield
+    except OpsetError as exc:
+        if opset is None:
+            raise
+        raise OpsetError(f"--opset {opset}: {exc}") from None

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from graphc.cli.app import app, check_writable_at, console, deploy_app
+from graphc.cli.app import app, check_writable_at, console, deploy_app, naming_opset
 
 
 @deploy_app.command("triton")
@@ -25,8 +25,9 @@ def triton_cmd(
     from graphc.serving import deploy
 
     check_writable_at(repo, "--repo")
-    folder = deploy.triton(model, repo, name, max_batch_size=max_batch_size, instance="gpu" if gpu else "cpu",
-                           dynamic_batching=dynamic_batching, opset=opset)
+    with naming_opset(opset):
+        folder = deploy.triton(model, repo, name, max_batch_size=max_batch_size, instance="gpu" if gpu else "cpu",
+                               dynamic_batching=dynamic_batching, opset=opset)
     versions = deploy.triton_versions(folder)
     kept = f" (versions {', '.join(map(str, versions[:-1]))} kept; Triton serves the highest)" if len(versions) > 1 else ""
     console.print(f"wrote {folder / 'config.pbtxt'} and version {versions[-1]}: {folder / str(versions[-1]) / 'model.onnx'}"

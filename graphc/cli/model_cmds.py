@@ -15,6 +15,7 @@ from rich.table import Table
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
 from graphc.cli.inspect_training import describe_artifacts, describe_checkpoint, shape_text, training_kind
 from graphc.errors import GraphcError, InputError
+from graphc.model import EMITTED_OPSETS
 
 
 def load_object(target: str) -> Any:
@@ -89,6 +90,8 @@ def capture_cmd(
     from graphc.model.dtypes import parse_spec
 
     output = chosen_output(output, out)
+    if opset not in EMITTED_OPSETS:
+        raise InputError(f"--opset {opset}: graphc captures ai.onnx opsets {EMITTED_OPSETS[0]} to {EMITTED_OPSETS[-1]}")
     specs = {}
     for text in inputs:
         sp = parse_spec(text)

@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from graphc.cli.app import (OUT_ALIAS, app, check_writable_at, chosen_output, console, err_console, given,
-                            output_option)
+                            naming_opset, output_option)
 from graphc.cli.arrays import fit_bfloat16, load_npz, npz_names
 from graphc.compile.losses import KINDS as LOSS_KINDS
 from graphc.runtime.metrics import names as metric_names
@@ -423,7 +423,8 @@ def export_cmd(
     output = chosen_output(output, out)
     with warnings.catch_warnings(record=True) as caught:  # each printed as one line
         warnings.simplefilter("always", UntrainedWeightsWarning)
-        path = export_inference(source, output, opset=opset, allow_untrained=allow_untrained)
+        with naming_opset(opset):
+            path = export_inference(source, output, opset=opset, allow_untrained=allow_untrained)
     for warning in caught:
         err_console.print(f"[bold yellow]warning:[/] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
     console.print(f"wrote {path}", highlight=False, soft_wrap=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -12,7 +14,7 @@ from graphc.model.file import all_graphs, clip_bounds_like_input, tensor_types
 from graphc.passes.autodiff.model import fold_integer_values, infer_shapes, localize_outer_constants
 from graphc.passes.functions import expand_functions
 
-__all__ = ["convert_opset"]
+__all__ = ["OpsetError", "convert_opset"]
 
 
 def emitted_opset(model: Model, what: str) -> Model:
@@ -25,34 +27,70 @@ def emitted_opset(model: Model, what: str) -> Model:
     return convert_opset(model, newest, hint=f"{what} are built at ai.onnx opset {newest} or older")
 
 
+class OpsetError(PassError):
+    """A model cannot be converted to the opset asked for (the CLI names its ``--opset``)."""
+
+
 def convert_opset(model: Model, target: int, hint: str = "") -> Model:
     """``model`` at ai.onnx opset ``target`` (onnx's version converter). Ops ONNX added after
     ``target`` but defines as functions of older ops (Gelu from 20, ...) are first replaced by
-    their function body. Raises ``PassError`` (a ``GraphError``) naming the model, both opsets and why."""
+    their function body. Raises ``OpsetError`` (a ``PassError``) naming the model, both opsets and
+    why; where an op has no conversion below an opset, the lowest opset the model converts to."""
     current = model.opset
     if target == current:
         return model
     if not 1 <= target <= onnx.defs.onnx_opset_version():
-        raise PassError(f"cannot convert model {model.name!r} to opset {target}: onnx {onnx.__version__} knows "
-                        f"ai.onnx opsets 1 to {onnx.defs.onnx_opset_version()}")
+        raise OpsetError(f"cannot convert model {model.name!r} to opset {target}: onnx {onnx.__version__} knows "
+                         f"ai.onnx opsets 1 to {onnx.defs.onnx_opset_version()}")
     if target < current:
         model = _with_integer_inputs_folded(model)
     try:
-        proto = _without_newer_functions(model, target)
-        for node in proto.graph.node:
-            if node.domain in ("", "ai.onnx") and not _exists_at(node.op_type, target):
-                raise ValueError(f"{node.op_type} node {node.name!r}: ONNX has no {node.op_type} before opset "
-                                 f"{onnx.defs.get_schema(node.op_type).since_version} and no function body for it")
-        proto = _with_outer_constants_localized(proto)
-        held = _hold_back(proto, current, target)
-        converted = onnx.version_converter.convert_version(proto, target)
-        clip_bounds_like_input(converted)
-        _restore(converted, held, target)
-        _drop_default_attributes_unknown_at(converted, current, target)
+        converted = _converted(model, target)
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors from C++
-        raise PassError(f"cannot convert model {model.name!r} from opset {current} to {target}: {exc}"
-                        + (f"; {hint}" if hint else "")) from None
+        raise OpsetError(f"cannot convert model {model.name!r} from opset {current} to {target}: "
+                         f"{_why_not(exc, model, target)}" + (f"; {hint}" if hint else "")) from None
     return load(converted)
+
+
+def _converted(model: Model, target: int) -> onnx.ModelProto:
+    proto = _without_newer_functions(model, target)
+    for node in proto.graph.node:
+        if node.domain in ("", "ai.onnx") and not _exists_at(node.op_type, target):
+            raise ValueError(f"{node.op_type} node {node.name!r}: ONNX has no {node.op_type} before opset "
+                             f"{onnx.defs.get_schema(node.op_type).since_version} and no function body for it")
+    proto = _with_outer_constants_localized(proto)
+    held = _hold_back(proto, model.opset, target)
+    converted = onnx.version_converter.convert_version(proto, target)
+    clip_bounds_like_input(converted)
+    _restore(converted, held, target)
+    _drop_default_attributes_unknown_at(converted, model.opset, target)
+    return converted
+
+
+# onnx's converter stops at an op version it has no adapter from (down) or to (up) with a C++ assertion
+_NO_ADAPTER = re.compile(r"No Adapter (From|To) Version \$(\d+) for (\w+)")
+
+
+def _why_not(exc: Exception, model: Model, target: int) -> str:
+    """``exc``'s message; the converter's assertion ("...BaseConverter.h:66: adapter_lookup:
+    Assertion `false` failed: No Adapter From Version $14 for Relu") as the op and the opset it
+    stops at, and going down, the lowest opset ``model`` converts to."""
+    found = _NO_ADAPTER.search(str(exc))
+    if found is None:
+        return str(exc)
+    way, version, op = found[1], int(found[2]), found[3]
+    if way == "To":
+        return f"onnx {onnx.__version__}'s version converter cannot take {op} to opset {version}"
+    said = f"onnx {onnx.__version__}'s version converter takes {op} no lower than opset {version}"
+    while True:  # each try converts, or stops at an op newer still
+        try:
+            _converted(model, version)
+            return f"{said}; the lowest opset this model converts to is {version}"
+        except Exception as exc:  # noqa: BLE001
+            found = _NO_ADAPTER.search(str(exc))
+            if found is None or found[1] != "From" or int(found[2]) <= version:
+                return said
+            version = int(found[2])
 
 
 # Downgrades onnx's version converter has no adapter for (it stops with "No Adapter To Version"),

@@ -127,7 +127,8 @@ def for_server(model: Model, opset: int | None = None) -> Model:
     subgraph's repeated outputs made distinct, which it runs wrong (``distinct_subgraph_outputs``)."""
     current = model.opset
     target = opset if opset is not None else min(current, SERVER_OPSET)
-    model = convert_opset(model, target, hint=f"pass opset={current} if the server's onnxruntime supports it")
+    model = convert_opset(model, target, hint="" if opset is not None else
+                          f"pass opset={current} if the server's onnxruntime supports it")
     proto = model.proto
     renamed = distinct_subgraph_outputs(unique_node_names(proto))
     return model if renamed is proto else load(renamed)
