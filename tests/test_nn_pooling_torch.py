@@ -33,6 +33,7 @@ MODULES = [
     ("AvgPool3d((2, 3, 3), stride=2, ceil_mode=True)", NCDHW7),
     ("AvgPool3d(2, divisor_override=3)", NCDHW), ("AvgPool3d((3, 2, 3), stride=(2, 1, 2), padding=1, "
                                                  "divisor_override=-5)", NCDHW7),
+    ("AvgPool2d(3, stride=2, padding=1, divisor_override=4)", NCHW), ("AvgPool2d((2, 3), divisor_override=-2)", NCHW),
     ("AdaptiveAvgPool3d((2, 3, 1))", NCDHW), ("AdaptiveAvgPool3d(1)", NCDHW7),
     ("AdaptiveAvgPool3d((None, 2, 5))", NCDHW),
     ("AdaptiveMaxPool1d(3)", NCL), ("AdaptiveMaxPool1d(1)", NCL), ("AdaptiveMaxPool2d((3, 2))", NCHW),
@@ -165,6 +166,7 @@ LOWERINGS = [
     ("lp_pool1d_p3", lambda F, x: F.lp_pool1d(x, 3, 2), POS["NCL"], False),
     ("lp_pool3d_p1.5", lambda F, x: F.lp_pool3d(x, 1.5, 2, ceil_mode=True), POS["NCDHW7"], False),
     ("avg_pool3d_divisor", lambda F, x: F.avg_pool3d(x, 3, 2, padding=1, divisor_override=4), NCDHW7, True),
+    ("avg_pool2d_divisor", lambda F, x: F.avg_pool2d(x, (3, 2), 2, padding=1, divisor_override=5), NCHW, True),
     ("local_response_norm", lambda F, x: F.local_response_norm(x, 2, 0.5, 0.75, 1.0), NCHW, False),
     ("local_response_norm_5d", lambda F, x: F.local_response_norm(x, 3, 0.5), NCDHW, False),
     ("conv_transpose3d", lambda F, x: F.conv_transpose3d(
@@ -184,6 +186,8 @@ def test_lowering_gradients_match_central_differences(name, fn, x, on_ort):
     (lambda x: gc.nn.functional.avg_pool3d(x, 2, divisor_override=0), r"avg_pool3d divisor_override must be a "
      "nonzero int, got 0"),
     (lambda x: nn.AvgPool3d(2, divisor_override=1.5)(x), r"divisor_override must be a nonzero int, got 1.5"),
+    (lambda x: gc.nn.functional.avg_pool2d(x[0], 2, ceil_mode=True, divisor_override=2), r"avg_pool2d "
+     r"divisor_override with ceil_mode=True is not supported"),
     (lambda x: gc.nn.functional.avg_pool3d(x, 3, 2, ceil_mode=True, divisor_override=2), r"avg_pool3d "
      r"divisor_override with ceil_mode=True is not supported"),
     (lambda x: gc.nn.functional.max_unpool3d(*gc.nn.functional.max_pool3d(x, 2, return_indices=True), 2,

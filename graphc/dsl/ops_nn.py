@@ -168,13 +168,29 @@ def max_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
 
 @in_float32
 def avg_pool2d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
-               count_include_pad: bool = True) -> Tensor:
-    """Signature: ai.onnx@19::AveragePool"""
+               count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
+    """NCHW average pooling (``divisor_override`` as ``window_sums``). Signature: ai.onnx@19::AveragePool"""
     x = ops.lift(x)
     check_rank("AveragePool", x, 4)
     attrs = _pool_attrs(kernel_size, stride, padding, ceil_mode)
     attrs["count_include_pad"] = int(bool(count_include_pad))
-    return pool_node("AveragePool", x, attrs)
+    if divisor_override is None:
+        return pool_node("AveragePool", x, attrs)
+    return window_sums("avg_pool2d", divisor_override, ceil_mode, attrs["kernel_shape"],
+                       lambda: pool_node("AveragePool", x, {**attrs, "count_include_pad": 1}))
+
+
+def window_sums(name: str, divisor: Any, ceil_mode: bool, kernel: list[int], mean: Any) -> Tensor:
+    """torch's ``divisor_override``: each window's sum over it (pads count 0) divided by ``divisor``,
+    from ``mean()``, the pads-included average, times the kernel's size; that is the window's sum
+    where no window runs past the padded input, so not under ``ceil_mode`` (refused)."""
+    if isinstance(divisor, bool) or not isinstance(divisor, (int, np.integer, float)) or int(divisor) != divisor \
+            or divisor == 0:
+        raise CaptureError(f"{name} divisor_override must be a nonzero int, got {divisor!r} (at {user_source()})")
+    if ceil_mode:
+        raise CaptureError(f"{name} divisor_override with ceil_mode=True is not supported (a window past the "
+                           f"padded input sums fewer elements); use ceil_mode=False (at {user_source()})")
+    return mean() * float(math.prod(kernel)) / float(divisor)
 
 
 def global_avg_pool2d(x: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import concat, const_i64, emit, lift, reshape, reshape_like, scalar, unsqueeze
 from graphc.dsl.ops_array import ir_tensor
 from graphc.dsl.ops_layers import adaptive_avg_pool, adaptive_pool, max_pool1d, pool
-from graphc.dsl.ops_nn import check_rank, ints, max_pool2d, positive_int
+from graphc.dsl.ops_nn import check_rank, ints, max_pool2d, positive_int, window_sums
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 
@@ -29,21 +29,13 @@ def max_pool3d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
 
 def avg_pool3d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
-    """NCDHW average pooling; with ``divisor_override``, each window's sum over it (pads count 0),
-    as torch's: the pads-included average times the kernel's size, which is the window's sum
-    where no window runs past the padded input (not so under ``ceil_mode``, refused).
+    """NCDHW average pooling (``divisor_override`` as ``ops_nn.window_sums``).
     Signature: ai.onnx@19::AveragePool"""
     if divisor_override is None:
         return pool("AveragePool", x, 3, kernel_size, stride, padding, ceil_mode,
                     count_include_pad=int(bool(count_include_pad)))
-    if isinstance(divisor_override, bool) or int(divisor_override) != divisor_override or divisor_override == 0:
-        raise CaptureError(f"avg_pool3d divisor_override must be a nonzero int, got {divisor_override!r} "
-                           f"(at {user_source()})")
-    if ceil_mode:
-        raise CaptureError("avg_pool3d divisor_override with ceil_mode=True is not supported (a window past the "
-                           f"padded input sums fewer elements); use ceil_mode=False (at {user_source()})")
-    mean = pool("AveragePool", x, 3, kernel_size, stride, padding, False, count_include_pad=1)
-    return mean * float(math.prod(ints(kernel_size, 3, "kernel_size"))) / float(divisor_override)
+    return window_sums("avg_pool3d", divisor_override, ceil_mode, ints(kernel_size, 3, "kernel_size"),
+                       lambda: pool("AveragePool", x, 3, kernel_size, stride, padding, False, count_include_pad=1))
 
 
 def _with_indices(fn):

@@ -55,13 +55,14 @@ class MaxPool2d(Module):
 
 class AvgPool2d(Module):
     def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
-                 count_include_pad: bool = True):
+                 count_include_pad: bool = True, divisor_override: int | None = None):
         super().__init__()
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
-        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+        self.ceil_mode, self.count_include_pad, self.divisor_override = ceil_mode, count_include_pad, divisor_override
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops_nn.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+        return ops_nn.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
+                                 self.divisor_override)
 
 
 class AdaptiveAvgPool2d(Module):

@@ -42,11 +42,6 @@ class MaxPool3d(MaxPool2d):
 
 
 class AvgPool3d(AvgPool2d):
-    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
-                 count_include_pad: bool = True, divisor_override: int | None = None):
-        super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad)
-        self.divisor_override = divisor_override
-
     def forward(self, x: Tensor) -> Tensor:
         return ops_pool.avg_pool3d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode,
                                    self.count_include_pad, self.divisor_override)
