@@ -21,6 +21,7 @@ from graphc.dsl.ops_linalg import cross as _cross
 from graphc.dsl.ops_linalg import diagonal as _diagonal
 from graphc.dsl.ops_eigen import eigh, eigvalsh, svd, svdvals
 from graphc.dsl.linalg_ex import cholesky_ex, inv_ex, lu_factor_ex, solve_ex
+from graphc.dsl.linalg_ldl import ldl_factor, ldl_factor_ex, ldl_solve
 from graphc.dsl.ops_math import amax, amin
 from graphc.dsl.ops_math import norm as _norm
 from graphc.dsl.ops_solve import (cholesky, eye_like, inv, lu, lu_factor, lu_solve, mask, matrix_dims, matrix_exp,
@@ -292,3 +293,4 @@ __all__ = [
     "multi_dot", "norm", "pinv", "qr", "slogdet", "solve", "solve_ex", "solve_triangular", "svd", "svdvals",
     "tensorinv", "tensorsolve", "vecdot", "vector_norm",
 ]
+__all__ += ["ldl_factor", "ldl_factor_ex", "ldl_solve"]  # from linalg_ldl

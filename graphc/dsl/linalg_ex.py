@@ -41,7 +41,7 @@ class LUFactorEx(NamedTuple):
     info: Tensor
 
 
-def _first_failure(failed: list[Tensor]) -> Tensor:
+def first_failure(failed: list[Tensor]) -> Tensor:
     """int32 ``(...)``: the 1-based index of the first true of the ``(..., 1, 1)`` flags, else 0."""
     steps = concat([squeeze(f, [f.ndim - 1]) for f in failed], -1)  # (..., n) bool
     n = len(failed)
@@ -50,7 +50,7 @@ def _first_failure(failed: list[Tensor]) -> Tensor:
     return cast(where(top > scalar(0, top), scalar(n + 1, top) - top, top), "int32")
 
 
-def _checked(fn: str, info: Tensor, check_errors: bool, what: str) -> Tensor:
+def checked_info(fn: str, info: Tensor, check_errors: bool, what: str) -> Tensor:
     """``info``, refused at capture when ``check_errors`` and its eager value shows a failure."""
     value = info.eager_value
     if check_errors and value is not None and np.any(value):
@@ -60,14 +60,14 @@ def _checked(fn: str, info: Tensor, check_errors: bool, what: str) -> Tensor:
 
 
 def _lu_info(packed: Tensor, n: int) -> Tensor:
-    return _first_failure([entry(packed, k, k) == scalar(0, packed) for k in range(n)])
+    return first_failure([entry(packed, k, k) == scalar(0, packed) for k in range(n)])
 
 
 def inv_ex(A: Any, *, check_errors: bool = False) -> InvEx:
     """``torch.linalg.inv_ex``: ``(inverse, info)``; ``info`` the first zero pivot of the LU."""
     a, n = square_matrices("linalg.inv_ex", A)
     packed, perm, _ = lu_steps(a, n)
-    info = _checked("linalg.inv_ex", _lu_info(packed, n), check_errors, "A is singular")
+    info = checked_info("linalg.inv_ex", _lu_info(packed, n), check_errors, "A is singular")
     return InvEx(lu_solve_perm(packed, perm, eye_like(a, n), n), info)
 
 
@@ -75,7 +75,7 @@ def solve_ex(A: Any, B: Any, *, left: bool = True, check_errors: bool = False) -
     """``torch.linalg.solve_ex``: ``(result, info)``, ``result`` as ``gc.linalg.solve``'s."""
     a, n = square_matrices("linalg.solve_ex", A)
     packed, _, _ = lu_steps(a, n)  # torch's info is A's LU's, left or not
-    info = _checked("linalg.solve_ex", _lu_info(packed, n), check_errors, "A is singular")
+    info = checked_info("linalg.solve_ex", _lu_info(packed, n), check_errors, "A is singular")
     return SolveEx(solve(a, B, left=left), info)
 
 
@@ -86,7 +86,7 @@ def lu_factor_ex(A: Any, *, pivot: bool = True, check_errors: bool = False) -> L
         raise op_error("linalg.lu_factor_ex", [a], "pivot=False is not supported (torch has it on CUDA only)",
                        user_source())
     packed, _, pivots = lu_steps(a, n)
-    info = _checked("linalg.lu_factor_ex", _lu_info(packed, n), check_errors, "U is singular")
+    info = checked_info("linalg.lu_factor_ex", _lu_info(packed, n), check_errors, "U is singular")
     return LUFactorEx(packed, cast(concat(pivots, -1) + scalar(1, pivots[0]), "int32"), info)
 
 
@@ -104,7 +104,7 @@ def cholesky_ex(A: Any, *, upper: bool = False, check_errors: bool = False) -> C
             head = emit("Slice", [pick(low, -2, k), const_i64([0]), const_i64([k]), const_i64([-1])])
             pivot = pivot - reduce_sum(head * head, [-1], keepdims=True)
         failed.append(~(pivot > scalar(0, pivot)))
-    info = _checked("linalg.cholesky_ex", _first_failure(failed), check_errors, "A is not positive-definite")
+    info = checked_info("linalg.cholesky_ex", first_failure(failed), check_errors, "A is not positive-definite")
     return CholeskyEx(factor, info)
 
 
