@@ -17,6 +17,7 @@ from graphc.dsl.distributions.transformed import (HalfCauchy, HalfNormal, Pareto
                                                   RelaxedOneHotCategorical)
 from graphc.dsl.distributions.transformed_distribution import TransformedDistribution
 from graphc.dsl.distributions.transforms import (AbsTransform, AffineTransform, CatTransform, ComposeTransform,
+                                                 CorrCholeskyTransform,
                                                  CumulativeDistributionTransform, ExpTransform, IndependentTransform,
                                                  LowerCholeskyTransform, PositiveDefiniteTransform, PowerTransform,
                                                  ReshapeTransform, SigmoidTransform, SoftmaxTransform,
@@ -33,3 +34,4 @@ __all__ = ["AbsTransform", "AffineTransform", "Bernoulli", "Beta", "Binomial", "
            "StickBreakingTransform", "StudentT", "TanhTransform", "Transform", "TransformedDistribution", "Uniform",
            "VonMises", "biject_to", "constraints", "identity_transform", "kl_divergence", "register_kl",
            "transform_to", "transforms"]
+__all__ += ["CorrCholeskyTransform"]

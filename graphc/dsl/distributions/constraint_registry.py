@@ -1,6 +1,6 @@
 """``biject_to(constraint)`` and ``transform_to(constraint)``: torch's transforms from unconstrained reals onto a
 constraint's region (``biject_to``'s bijective), for real, positive/nonnegative and the bounded constraints,
-unit_interval, simplex, lower_cholesky, positive_definite and independent ones."""
+unit_interval, simplex, corr_cholesky, lower_cholesky, positive_definite and independent ones."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from graphc.dsl.distributions import constraints as c
 from graphc.dsl.distributions.base import fail
 from graphc.dsl.distributions.transform_base import (ComposeTransform, IndependentTransform, Transform,
                                                      identity_transform)
+from graphc.dsl.distributions.transforms_corr import CorrCholeskyTransform
 from graphc.dsl.distributions.transforms_elementwise import AffineTransform, ExpTransform, SigmoidTransform
 from graphc.dsl.distributions.transforms_vector import (LowerCholeskyTransform, PositiveDefiniteTransform,
                                                         SoftmaxTransform, StickBreakingTransform)
@@ -25,12 +26,13 @@ def _interval(con: Any) -> Transform:
 
 
 # by constraint class, as torch's registry (so positive, a greater_than(0), maps as greater_than does)
-_SHARED: dict[type, Callable[[Any], Transform]] = {
+_SHARED: dict[type | str, Callable[[Any], Transform]] = {
     c.GreaterThan: lambda con: ComposeTransform([ExpTransform(), AffineTransform(con.lower_bound, 1)]),
     c.GreaterThanEq: lambda con: ComposeTransform([ExpTransform(), AffineTransform(con.lower_bound, 1)]),
     c.LessThan: lambda con: ComposeTransform([ExpTransform(), AffineTransform(con.upper_bound, -1)]),
     c.Interval: _interval,
     c.HalfOpenInterval: _interval,
+    "corr_cholesky": lambda con: CorrCholeskyTransform(),
 }
 _BIJECT = {**_SHARED, "simplex": lambda con: StickBreakingTransform()}
 _TRANSFORM = {**_SHARED, "simplex": lambda con: SoftmaxTransform(),

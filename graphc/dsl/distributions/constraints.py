@@ -121,6 +121,12 @@ def _lower_cholesky(v: np.ndarray, d: Any) -> Any:
     return _lower_triangular(v, d) & np.all(diag > 0, axis=(-2, -1), keepdims=True)
 
 
+def _corr_cholesky(v: np.ndarray, d: Any) -> Any:
+    tol = np.finfo(v.dtype).eps * v.shape[-1] * 10  # torch's fudge factor
+    unit_rows = np.all(np.abs(np.linalg.norm(v, axis=-1) - 1) <= tol, -1)[..., None, None]
+    return _lower_cholesky(v, d) & unit_rows
+
+
 def _positive_definite(v: np.ndarray, d: Any) -> Any:
     symmetric = np.all(np.isclose(v, np.swapaxes(v, -1, -2), atol=1e-6), axis=(-2, -1), keepdims=True)
     with np.errstate(all="ignore"):
@@ -139,12 +145,13 @@ boolean = Constraint("boolean", lambda v, d: (v == 0) | (v == 1), is_discrete=Tr
 simplex = Constraint("simplex", _simplex, 1)
 lower_triangular = Constraint("lower_triangular", _lower_triangular, 2)
 lower_cholesky = Constraint("lower_cholesky", _lower_cholesky, 2)
+corr_cholesky = Constraint("corr_cholesky", _corr_cholesky, 2)
 positive_definite = Constraint("positive_definite", _positive_definite, 2)
 
 # the names of the families' ``support`` pairs (graphc/dsl/distributions/base.py), read as these constraints
 BY_NAME = {"real": real, "real_vector": real_vector, "positive": positive, "nonnegative": nonnegative,
            "unit_interval": unit_interval, "boolean": boolean, "simplex": simplex, "lower_cholesky": lower_cholesky,
-           "positive_definite": positive_definite}
+           "positive_definite": positive_definite, "corr_cholesky": corr_cholesky}
 
 
 def as_constraint(c: Any, fn: str) -> Constraint:
@@ -160,3 +167,4 @@ __all__ = ["Constraint", "GreaterThan", "GreaterThanEq", "HalfOpenInterval", "In
            "LessThan", "as_constraint", "boolean", "greater_than", "greater_than_eq", "half_open_interval",
            "independent", "interval", "less_than", "lower_cholesky", "lower_triangular", "nonnegative", "positive",
            "positive_definite", "real", "real_vector", "simplex", "unit_interval"]
+__all__ += ["corr_cholesky"]

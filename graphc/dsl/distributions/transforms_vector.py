@@ -23,7 +23,7 @@ from graphc.dsl.tensor import Tensor
 from graphc.model.dtypes import to_numpy
 
 
-class _Structured(Transform):
+class Structured(Transform):
     """A parameterless transform of the last dim(s), equal to every instance of its class."""
 
     def __eq__(self, other: object) -> bool:
@@ -42,7 +42,7 @@ class _Structured(Transform):
     inverse_shape = forward_shape
 
 
-class SoftmaxTransform(_Structured):
+class SoftmaxTransform(Structured):
     """``y = softmax(x)`` over the last dim; not bijective (``inv`` is ``log``), as torch's."""
 
     domain, codomain = constraints.real_vector, constraints.simplex
@@ -60,7 +60,7 @@ def _offsets(n: int, like: Tensor) -> Tensor:
     return constant(np.log(np.arange(n, 0, -1)).astype(to_numpy(like.dtype)))
 
 
-class StickBreakingTransform(_Structured):
+class StickBreakingTransform(Structured):
     """Reals ``(..., K)`` onto the ``(..., K + 1)`` simplex by stick breaking (bijective)."""
 
     bijective = True
@@ -88,7 +88,7 @@ class StickBreakingTransform(_Structured):
         return super().inverse_shape(shape)[:-1] + (shape[-1] - 1,)
 
 
-class LowerCholeskyTransform(_Structured):
+class LowerCholeskyTransform(Structured):
     """Square matrices onto lower-triangular ones with a positive diagonal: the strict lower triangle kept, the
     diagonal exponentiated."""
 
@@ -105,7 +105,7 @@ class LowerCholeskyTransform(_Structured):
         return self._map(y, "y", log)
 
 
-class PositiveDefiniteTransform(_Structured):
+class PositiveDefiniteTransform(Structured):
     """Square matrices onto positive-definite ones: ``L @ L^T`` of ``LowerCholeskyTransform``'s ``L``; the inverse
     reads ``gc.linalg.cholesky``."""
 
