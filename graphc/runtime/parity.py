@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 from pydantic import BaseModel, computed_field
 
 from graphc.model import Model, load, node_label, node_source
@@ -198,8 +199,12 @@ def _tensors(outputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 
 def expose_intermediates(model: Model) -> tuple[Model, list[tuple[onnx.NodeProto, list[str]]]]:
-    """A copy of ``model`` whose every typed intermediate value is also a graph output, and the
-    nodes in topological order with the values of each that can be compared."""
+    """A copy of ``model`` whose every intermediate value is also a graph output, and the nodes in
+    topological order with the values of each that can be compared.
+
+    A value keeps the type onnx's shape inference finds; one it leaves without a shape (a Loop's
+    output) or without a type is exposed all the same, unchecked (the backends type it as they
+    run), since a value left out would move a divergence there to a later node."""
     proto = model.proto
     try:
         inferred = onnx.shape_inference.infer_shapes(proto)
@@ -207,15 +212,16 @@ def expose_intermediates(model: Model) -> tuple[Model, list[tuple[onnx.NodeProto
         inferred = proto
     graph = inferred.graph
     typed = {vi.name: vi for vi in [*graph.value_info, *graph.output]
-             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type != 0}
+             if not (vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == 0)}
     exposed = {o.name for o in proto.graph.output}
     for node in proto.graph.node:
         for name in node.output:
-            if name and name not in exposed and name in typed:
-                proto.graph.output.append(typed[name])
+            if name and name not in exposed:
+                proto.graph.output.append(typed.get(name, onnx.ValueInfoProto(name=name)))
                 exposed.add(name)
     steps = [(node, [o for o in node.output if o in exposed]) for node in proto.graph.node]
-    return load(proto), [(node, names) for node, names in steps if names]
+    # onnx's checker wants a shape on every graph output; the model was checked when it was loaded
+    return load(ir.serde.deserialize_model(proto)), [(node, names) for node, names in steps if names]
 
 
 def _bisect(model: Model, feeds: Mapping[str, Any], backends: list[str], rtol: float | None,

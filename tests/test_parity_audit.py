@@ -1,0 +1,67 @@
+"""gc.parity bisect audit: a fault planted in one numpy kernel is found at its node, whatever the
+value's kind (sequence, untyped, shapeless), and a model bisect cannot localise says so."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import graphc as gc
+from onnx_graphs import model, node, vi
+
+X = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+
+
+@pytest.fixture
+def plant(monkeypatch):
+    """plant(op, wrap): the numpy backend's kernel for ``op`` returns ``wrap(outputs)``, for one test."""
+    from graphc.backends.numpy import kernels
+
+    def planted(op_type, wrap):
+        kernels.lookup(op_type, 21)  # load every family first, so the patch is not appended to
+        versions = kernels.KERNELS[("", op_type)]
+        faulty = [dataclasses.replace(k, fn=lambda *a, _fn=k.fn, **kw: wrap(_fn(*a, **kw))) for k in versions]
+        monkeypatch.setitem(kernels.KERNELS, ("", op_type), faulty)
+    return planted
+
+
+def shifted(outputs):
+    return tuple(np.asarray(o) + np.float32(0.25) for o in outputs)
+
+
+def test_a_sequence_valued_node_is_compared_not_skipped(plant):
+    # only tensor-typed values were exposed: the fault in SplitToSequence was blamed on its consumer
+    plant("SplitToSequence", lambda outputs: tuple([p + np.float32(0.25) for p in seq] for seq in outputs))
+    m = model([node("Relu", ["x"], ["r"], "relu", "net.py:1"),
+               node("SplitToSequence", ["r"], ["seq"], "split", "net.py:2", axis=1),
+               node("ConcatFromSequence", ["seq"], ["y"], "concat", "net.py:3", axis=1)],
+              [vi("x", shape=[3, 4])], [vi("y", shape=[3, 4])])
+    found = gc.parity.compare(m, {"x": X}, bisect=True).first_divergence
+    assert (found.node, found.op_type, found.source, found.output) == ("split", "SplitToSequence", "net.py:2", "seq[0]")
+
+
+def _loop(body_op: str = "Sigmoid"):
+    """y = relu(loop 3 times: v = body_op(v)); onnx's inference leaves the Loop's output shapeless."""
+    body = helper.make_graph(
+        [helper.make_node(body_op, ["v"], ["v2"], name="step"), helper.make_node("Identity", ["cond"], ["cond_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("v", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v2", TensorProto.FLOAT, [3, 4])])
+    loop = helper.make_node("Loop", ["n", "", "x"], ["lo"], name="loop", body=body)
+    loop.metadata_props.add(key="graphc.source", value="net.py:9")
+    return model([loop, node("Neg", ["lo"], ["y"], "neg", "net.py:10")],
+                 [vi("x", shape=[3, 4])], [vi("y", shape=[3, 4])], {"n": np.int64(3)})
+
+
+def test_a_value_without_an_inferred_shape_is_compared(plant):
+    # exposing the Loop's shapeless output failed onnx's checker: bisect raised ModelLoadError
+    report = gc.parity.compare(_loop(), {"x": X}, bisect=True)
+    assert report.ok and report.first_divergence is None and report.compared_values == 2
+    plant("Neg", shifted)
+    found = gc.parity.compare(_loop(), {"x": X}, bisect=True).first_divergence
+    assert (found.node, found.output) == ("neg", "y")
