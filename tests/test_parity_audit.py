@@ -65,3 +65,29 @@ def test_a_value_without_an_inferred_shape_is_compared(plant):
     plant("Neg", shifted)
     found = gc.parity.compare(_loop(), {"x": X}, bisect=True).first_divergence
     assert (found.node, found.output) == ("neg", "y")
+
+
+def test_outputs_that_differ_only_unbisected_are_not_called_agreeing(plant):
+    # a fault the instrumented copy does not reproduce (a fusion that exposing values turns off, a
+    # racy kernel) printed "parity MISMATCH" beside "no intermediate value differs"
+    calls = []
+
+    def first_call_only(outputs):
+        calls.append(1)
+        return shifted(outputs) if len(calls) == 1 else outputs
+    plant("Sigmoid", first_call_only)
+    m = model([node("Sigmoid", ["x"], ["s"], "sig", "net.py:1"), node("Neg", ["s"], ["y"], "neg", "net.py:2")],
+              [vi("x", shape=[3, 4])], [vi("y", shape=[3, 4])])
+    report = gc.parity.compare(m, {"x": X}, bisect=True)
+    assert not report.ok and report.first_divergence is None
+    assert "none found, yet the outputs differ" in str(report) and "agrees" not in report.bisect_summary()[:60]
+
+
+def test_a_divergence_masked_downstream_is_reported_with_outputs_ok(plant):
+    # Sigmoid's outputs are all in (0, 1): Sigmoid + 0.25 keeps every row's argmax
+    plant("Sigmoid", shifted)
+    m = model([node("Sigmoid", ["x"], ["s"], "sig", "net.py:1"), node("ArgMax", ["s"], ["y"], "am", "net.py:2", axis=1)],
+              [vi("x", shape=[3, 4])], [vi("y", TensorProto.INT64, [3, 1])])
+    report = gc.parity.compare(m, {"x": X}, bisect=True)
+    assert report.ok and report.first_divergence.node == "sig"
+    assert report.bisect_summary().endswith("masked downstream: the outputs agree")

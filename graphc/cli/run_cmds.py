@@ -159,9 +159,7 @@ def parity_cmd(
             console.print(f"[red]MISMATCH[/] {escape(d.name)} on {d.backend}: {escape(d.note)}", highlight=False,
                           soft_wrap=True)
     if bisect:
-        found = report.first_divergence
-        console.print(f"first divergence ({report.compared_values} values compared): "
-                      f"{found if found else 'none, every intermediate value agrees'}", highlight=False)
+        console.print(escape(report.bisect_summary()), highlight=False, soft_wrap=True)
     console.print("[green]parity OK[/]" if report.ok else "[red]parity MISMATCH[/]")
     if not report.ok:
         raise typer.Exit(1)

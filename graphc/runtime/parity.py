@@ -112,9 +112,22 @@ class ParityReport(BaseModel):
                          f"max rel {d.max_rel_err:.3g} (rtol {d.rtol:g}, atol {d.atol:g}) "
                          f"{'ok' if d.ok else 'MISMATCH'}{' ' + d.note if d.note else ''}")
         if self.bisected:
-            found = str(self.first_divergence) if self.first_divergence else "no intermediate value differs"
-            lines.append(f"  first divergence ({self.compared_values} values compared): {found}")
+            lines.append(f"  {self.bisect_summary()}")
         return "\n".join(lines)
+
+    def bisect_summary(self) -> str:
+        """The bisect's finding in one line, saying when it does not explain the outputs."""
+        found = self.first_divergence
+        if found is None and not self.ok:
+            found = ("none found, yet the outputs differ: every value agrees when the intermediate values are "
+                     "outputs too, so a backend computes differently when they are not (a graph optimization "
+                     "such as a fusion, which exposing them turns off; try graph_optimization_level='disable') "
+                     "or a kernel is not deterministic")
+        elif found is None:
+            found = "none, every intermediate value agrees"
+        elif self.ok:
+            found = f"{found}; masked downstream: the outputs agree"
+        return f"first divergence ({self.compared_values} values compared): {found}"
 
 
 def diff(name: str, backend: str, ref: np.ndarray, got: np.ndarray,
