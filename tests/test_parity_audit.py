@@ -91,3 +91,25 @@ def test_a_divergence_masked_downstream_is_reported_with_outputs_ok(plant):
     report = gc.parity.compare(m, {"x": X}, bisect=True)
     assert report.ok and report.first_divergence.node == "sig"
     assert report.bisect_summary().endswith("masked downstream: the outputs agree")
+
+
+def test_a_fault_inside_a_subgraph_or_function_names_the_calling_node_and_says_so(plant):
+    # the If / Loop / function call was named as if its own kernel differed
+    plant("Sigmoid", shifted)
+    then_branch = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["t"], name="inner")], "then", [],
+                                    [helper.make_tensor_value_info("t", TensorProto.FLOAT, [3, 4])])
+    else_branch = helper.make_graph([helper.make_node("Tanh", ["x"], ["e"])], "else", [],
+                                    [helper.make_tensor_value_info("e", TensorProto.FLOAT, [3, 4])])
+    branchy = model([node("Identity", ["c"], ["c2"], "id", "net.py:1"),
+                     node("If", ["c2"], ["y"], "cond", "net.py:2", then_branch=then_branch, else_branch=else_branch)],
+                    [vi("x", shape=[3, 4])], [vi("y", shape=[3, 4])], {"c": np.array(True)})
+    function = helper.make_function("local", "Gate", ["a"], ["b"], [helper.make_node("Sigmoid", ["a"], ["b"])],
+                                    [helper.make_opsetid("", 21)])
+    called = model([node("Gate", ["x"], ["y"], "gate", "net.py:3", domain="local")], [vi("x", shape=[3, 4])],
+                   [vi("y", shape=[3, 4])], extra_opsets=[helper.make_opsetid("local", 1)])
+    called.functions.append(function)
+    for m, where, inside in ((_loop(), "loop", "subgraph body"), (branchy, "cond", "subgraph else_branch / then_branch"),
+                             (called, "gate", "function local.Gate")):
+        found = gc.parity.compare(m, {"x": X}, bisect=True).first_divergence
+        assert (found.node, found.inside) == (where, inside)
+        assert str(found).endswith(f"its inputs agree, so the difference is made inside its {inside}, which bisect does not enter")

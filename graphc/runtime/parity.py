@@ -78,12 +78,15 @@ class Divergence(BaseModel):
     max_abs_err: float
     max_rel_err: float
     mismatched: int
+    inside: str = ""  # the node's subgraphs or local function, where the difference is made
 
     def __str__(self) -> str:
         where = f" at {self.source}" if self.source else ""
+        inside = (f"; its inputs agree, so the difference is made inside its {self.inside}, which bisect does not "
+                  "enter" if self.inside else "")
         return (f"{node_label(self.node, self.index)} ({self.op_type}){where}: output {self.output!r} differs on {self.backend} "
                 f"(max abs err {self.max_abs_err:.3g}, max rel err {self.max_rel_err:.3g}, "
-                f"{self.mismatched} elements outside tolerance)")
+                f"{self.mismatched} elements outside tolerance){inside}")
 
 
 class ParityReport(BaseModel):
@@ -251,8 +254,19 @@ def _bisect(model: Model, feeds: Mapping[str, Any], backends: list[str], rtol: f
             for b in backends[1:]:
                 d = diff(key, b, ref[key], results[b].get(key, np.array([])), rtol, atol)
                 if not d.ok:
-                    index = None if node.name else list(model.proto.graph.node).index(node)  # equal protos
+                    proto = model.proto
+                    index = None if node.name else list(proto.graph.node).index(node)  # equal protos
+                    functions = {(f.domain, f.name) for f in proto.functions}
                     return compared, Divergence(node=node.name, index=index, op_type=node.op_type,
                                                 source=node_source(node), output=key, backend=b, max_abs_err=d.max_abs_err,
-                                                max_rel_err=d.max_rel_err, mismatched=d.mismatched)
+                                                max_rel_err=d.max_rel_err, mismatched=d.mismatched,
+                                                inside=_body(node, functions))
     return compared, None
+
+
+def _body(node: onnx.NodeProto, functions: set[tuple[str, str]]) -> str:
+    """``node``'s subgraphs (``body``, ``then_branch``, ...) or the model-local function it calls, named."""
+    graphs = [a.name for a in node.attribute if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)]
+    if graphs:
+        return f"subgraph {' / '.join(graphs)}"
+    return f"function {node.domain}.{node.op_type}" if (node.domain, node.op_type) in functions else ""
