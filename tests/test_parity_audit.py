@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 
+import onnx
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
 import graphc as gc
-from onnx_graphs import model, node, vi
+from onnx_graphs import linear_relu, model, node, vi
+from test_cli_run import graphc
 
 X = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
 
@@ -113,3 +116,18 @@ def test_a_fault_inside_a_subgraph_or_function_names_the_calling_node_and_says_s
         found = gc.parity.compare(m, {"x": X}, bisect=True).first_divergence
         assert (found.node, found.inside) == (where, inside)
         assert str(found).endswith(f"its inputs agree, so the difference is made inside its {inside}, which bisect does not enter")
+
+
+def test_cli_bisects_a_model_with_external_data_and_exits_by_the_outcome(plant, tmp_path, capsys):
+    onnx.save(linear_relu(), str(tmp_path / "net.onnx"), save_as_external_data=True, location="net.data",
+              size_threshold=0)
+    assert (tmp_path / "net.data").stat().st_size > 0
+    assert graphc("parity", tmp_path / "net.onnx", "--bisect") == 0
+    assert "none, every intermediate value agrees" in capsys.readouterr().out
+    np.save(tmp_path / "x.npy", X[:, :3])
+    assert graphc("parity", tmp_path / "net.onnx", "-i", f"x={tmp_path / 'x.npy'}") == 2  # b and w not given
+    assert "missing input 'b'" in capsys.readouterr().err
+    plant("Add", shifted)
+    assert graphc("parity", tmp_path / "net.onnx", "--bisect") == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "node 'add_0' (Add) at net.py:11: output 'pre' differs on ort-cpu" in out and "parity MISMATCH" in out

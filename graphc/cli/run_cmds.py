@@ -123,7 +123,7 @@ def parity_cmd(
     model: Path = typer.Argument(..., metavar="MODEL.onnx", help="The model to compare."),
     backends: str = typer.Option("numpy,ort-cpu", "--backends", help="Comma-separated; the first is the reference."),
     inputs: list[str] = typer.Option([], "--input", "-i", metavar="NAME=FILE.npy",
-                                     help="An input's array (default: seeded random feeds)."),
+                                     help="An input's array; give every input, or none for seeded random feeds."),
     dims: list[str] = typer.Option([], "--dim", metavar="NAME=SIZE",
                                    help="Size of a dim name for random feeds, e.g. N=8 (default 2)."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the random feeds."),
