@@ -7,11 +7,13 @@ each, every call is bounded by ``timeout_s``."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -526,14 +528,49 @@ def test_a_failed_or_timed_out_step_applies_the_last_update_once(ray_cluster, tm
     _close(dp.params, single.params)
 
     dp.step(first)  # its update is pending
-    os.kill(dp.worker_pids()[1], signal.SIGKILL)
-    with pytest.raises(gc.distributed.WorkerLost):
+    pid = dp.worker_pids()[1]
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(gc.distributed.WorkerLost, match=rf"^worker rank 1 \(pid {pid}\) died during a training step"):
         dp.step(second)  # rank 0 applied the update, rank 1 is gone: no consistent state to save
     for _ in range(2):
         with pytest.raises(gc.distributed.WorkerLost):
             dp.save_checkpoint(tmp_path / "ckpt.safetensors")
     assert not (tmp_path / "ckpt.safetensors").exists()
     dp.shutdown()
+
+
+def _gone(pid: int, within_s: float = 20.0) -> bool:
+    """Whether process ``pid`` ends within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_stopped_worker_times_out_naming_it_and_shutdown_ends_it(ray_cluster):
+    """A worker that hangs (SIGSTOP) fails the step after timeout_s; the error said only
+    "a training step took more than 3 s", not which worker had not answered."""
+    dp = gc.Trainer(_arts("mlp", "sgd-momentum"), **WORKER)
+    batch = _data("mlp", 8)
+    dp.step(batch)
+    pids = dp.worker_pids()
+    dp.timeout_s = 3
+    os.kill(pids[0], signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        late = rf"a training step took more than 3 s \(worker rank 0 \(pid {pids[0]}\) not done\)"
+        with pytest.raises(gc.GraphcError, match=late):
+            dp.step(batch)
+        assert time.monotonic() - start < 3 + 5 and dp.step_count == 1
+        dp.shutdown()
+        assert all(_gone(pid) for pid in pids)  # the stopped one too: no orphan holds its CPU
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids[0], signal.SIGCONT)
 
 
 def _stop():

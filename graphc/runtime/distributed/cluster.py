@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any, Optional
 
 from graphc.errors import BackendUnavailable, GraphcError, MissingDependency
@@ -100,19 +101,46 @@ def check_resources(ray, workers: int, num_cpus: float, num_gpus: float, timeout
         time.sleep(0.5)
 
 
-def get(ray, refs: Any, timeout: Optional[float], what: str) -> Any:
+def get(ray, refs: Any, timeout: Optional[float], what: str, who: Optional[Sequence[str]] = None) -> Any:
     """``ray.get`` that turns a dead worker into ``WorkerLost``, a worker's graphc error into
-    that error itself, and a time-out into an error naming ``what``."""
+    that error itself, and a time-out into an error naming ``what``; ``who`` names the worker
+    (or batch) of each of ``refs`` (a list), and the errors name those that died or are late."""
     from ray import exceptions as rex
 
     try:
         return ray.get(refs, timeout=timeout)
     except (rex.RayActorError, rex.WorkerCrashedError) as exc:
-        raise WorkerLost(f"a Ray worker died during {what}: {str(exc).splitlines()[0]}") from None
+        lost = _named(ray, refs, who, lost=True) or "a Ray worker"
+        raise WorkerLost(f"{lost} died during {what}: {str(exc).splitlines()[0]}") from None
     except rex.RayTaskError as exc:
         cause = exc.cause
         if isinstance(cause, GraphcError):
             raise cause from None
         raise
     except rex.GetTimeoutError:
-        raise GraphcError(f"{what} took more than {timeout:g} s; raise timeout_s or check the cluster") from None
+        late = _named(ray, refs, who, lost=False)
+        late = f" ({late} not done)" if late else ""
+        raise GraphcError(f"{what} took more than {timeout:g} s{late}; raise timeout_s or check the cluster") from None
+
+
+def _named(ray, refs: list, who: Optional[Sequence[str]], lost: bool) -> str:
+    """The names in ``who`` of the ``refs`` whose worker died (``lost``), else of those not done."""
+    from ray import exceptions as rex
+
+    if who is None:
+        return ""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    done, names = set(ready), []
+    for ref, name in zip(refs, who):
+        if not lost:
+            if ref not in done:
+                names.append(name)
+            continue
+        try:
+            if ref in done:
+                ray.get(ref, timeout=0)
+        except (rex.RayActorError, rex.WorkerCrashedError):
+            names.append(name)
+        except Exception:  # noqa: BLE001 - another error is not this worker's death
+            pass
+    return ", ".join(names)

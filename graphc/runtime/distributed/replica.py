@@ -40,8 +40,9 @@ class Replica:
         self._loader = None
         self._applied: Optional[int] = None  # the step whose update ``apply`` made last
 
-    def setup(self, graphs: Mapping[str, bytes], backend: str, options: Mapping[str, Any]) -> str:
-        """Prepare the graphs on ``backend`` (here, on this worker's node); returns its name."""
+    def setup(self, graphs: Mapping[str, bytes], backend: str, options: Mapping[str, Any]) -> tuple[str, int]:
+        """Prepare the graphs on ``backend`` (here, on this worker's node); returns its name and
+        this worker's process id."""
         from graphc.backends import get_backend
         from graphc.compile.training import Manifest
 
@@ -64,7 +65,7 @@ class Replica:
         self._labels = {e.name for e in m.graphs["eval"].inputs if e.role == "label"}
         self._state: dict[str, Any] = {}
         self._spare: dict[str, Any] = {}
-        return self._backend.name
+        return self._backend.name, os.getpid()
 
     def _prepare(self, key: str):
         return self._backend.prepare(_without_initializers(self._protos[key], self._carried), **self._options)

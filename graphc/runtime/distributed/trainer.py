@@ -135,9 +135,11 @@ class DistributedTrainer(Trainer):
         """Start the workers, prepare their graphs, load ``tensors`` (named per param)."""
         packed = self._ray.put(self._packed(tensors))
         self._actors = [self._actor.remote(rank) for rank in range(self.workers)]
-        names = self._get([r.setup.remote(self._graphs, self._backend_name, self._options) for r in self._replicas],
-                          "starting the workers")
-        self.backend = names[0]
+        self._who = [f"worker rank {rank}" for rank in range(self.workers)]
+        started = self._get([r.setup.remote(self._graphs, self._backend_name, self._options) for r in self._replicas],
+                            "starting the workers")
+        self.backend = started[0][0]
+        self._who = [f"worker rank {rank} (pid {pid})" for rank, (_, pid) in enumerate(started)]
         self._get([r.load.remote(packed) for r in self._replicas], "loading the workers' state")
         self._pending, self._loader_sent = [], None
 
@@ -149,7 +151,11 @@ class DistributedTrainer(Trainer):
         return self._actors
 
     def _get(self, refs: Any, what: str) -> Any:
-        return get(self._ray, refs, self.timeout_s, what)
+        """``get`` naming the workers that die or are late by rank and pid (``refs``: one per
+        worker from rank 0, or rank 0's)."""
+        single = not isinstance(refs, list)
+        got = get(self._ray, [refs] if single else refs, self.timeout_s, what, self._who)
+        return got[0] if single else got
 
     def _sync(self) -> None:
         """Apply the last step's update, which the workers otherwise apply at the next step."""
