@@ -656,6 +656,42 @@ def test_map_batches_splits_only_inputs_by_rows_and_refuses_outputs_it_cannot_jo
     assert result.code == 2 and "mean_logit: float32[]" in one_line_error(result)
 
 
+def _free_cpus_back(ray, want: float, within_s: float = 20.0) -> bool:
+    """Whether the cluster's free CPUs are back to ``want`` within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while ray.available_resources().get("CPU", 0.0) < want - 1e-6:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_map_batches_checks_the_data_before_any_worker_and_stops_its_sessions(ray_cluster, monkeypatch):
+    """A wrong dtype or shape failed on the workers (all batches sent first), a misspelt input
+    said "needs the same number of rows; got {}", 0 rows raised where gc.Session returns 0 rows,
+    and a batch failing on a worker left the sessions alive, holding their CPUs."""
+    from graphc.runtime.distributed import inference
+
+    model = gc.capture(TwoLayerNet(64, 32, 10), seed=2, x=gc.spec("float32", ("N", 64)))
+    x = RNG.standard_normal((7, 64), dtype=np.float32)
+    run = {"backend": "ort-cpu", "workers": 2, "num_cpus": 0.5, "timeout_s": 120}
+    session = gc.Session(model, backend="ort-cpu")
+    _close(gc.distributed.map_batches(model, {"x": x}, batch_size=1, **run), session.run({"x": x}), atol=1e-6)
+    _close(gc.distributed.map_batches(model, {"x": x[:0]}, **run), session.run({"x": x[:0]}))
+    with monkeypatch.context() as patch:
+        patch.setattr(inference, "connect", _driver_gathers)  # refused before Ray is reached
+        for data, error in [({"x": x.astype(np.float64)}, r"input 'x': expected x: float32\[N,64\], got float64\[7,64\]"),
+                            ({"x": x[:, :5]}, r"input 'x': .*got float32\[7,5\] \(axis 1 has size 5"),
+                            ({"X": x}, r"unknown input 'X'; the model's inputs are: x: float32\[N,64\]")]:
+            with pytest.raises(gc.InputError, match=error):
+                gc.distributed.map_batches(model, data, **run)
+    lookup = gc.capture(nn.Embedding(10, 3), seed=0, idx=gc.spec("int64", ("N",)))
+    free = ray_cluster.available_resources()["CPU"]
+    with pytest.raises(gc.GraphcError, match="Gather.*idx=12"):  # an index out of range: only a worker sees it
+        gc.distributed.map_batches(lookup, {"idx": np.array([1, 2, 3, 12])}, batch_size=2, **run)
+    assert _free_cpus_back(ray_cluster, free)
+
+
 def test_workers_whose_cpus_others_hold_fail_with_the_reason(ray_cluster):
     """They waited for them until timeout_s, then said to raise it."""
     arts = _arts("mlp", "sgd-momentum")

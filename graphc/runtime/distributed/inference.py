@@ -20,6 +20,7 @@ import numpy as np
 from graphc.errors import GraphError, InputError
 from graphc.runtime.distributed.cluster import check_resources, connect, get
 from graphc.runtime.distributed.rows import batch_dim, by_rows, time_major
+from graphc.runtime.feeds import optional_inputs, validate_feeds
 
 __all__ = ["map_batches"]
 
@@ -79,7 +80,9 @@ def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size
     Raises:
         gc.BackendUnavailable: the backend cannot run on a worker with these resources (the
             reason, e.g. no GPU in the cluster); never a fallback to another backend.
-        gc.InputError: the arrays of ``data`` differ in rows (and what ``gc.Session`` raises).
+        gc.InputError: ``data`` is not what ``gc.Session`` takes (an unknown or missing input, a
+            dtype or shape it does not match), or its arrays differ in rows: checked before any
+            worker starts. Arrays of 0 rows give outputs of 0 rows, as ``gc.Session``.
         gc.GraphError: an output is not by rows (a scalar, say): batches' outputs cannot be joined; a
             recurrent layer runs over the rows (a time-major model): batches would cut its sequences.
     """
@@ -96,6 +99,16 @@ def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size
     if whole:
         raise GraphError(f"map_batches: output(s) {'; '.join(whole)} do not start with the batch dim {dim!r} of the "
                          "inputs, so the batches' outputs cannot be joined by rows; run gc.Session on the whole data")
+    dataset = _is_dataset(data)
+    if not dataset:  # checked whole, as one gc.Session would, before any worker starts
+        if not isinstance(data, Mapping):
+            raise TypeError(f"map_batches takes a ray.data.Dataset or a dict of arrays, got {type(data).__name__}")
+        arrays = validate_feeds(loaded.inputs, data, optional_inputs(loaded))
+        split = {s.name for s in loaded.inputs if by_rows(s, dim, computed=True) and s.name in arrays}
+        rows = {n: (arrays[n].shape[0] if arrays[n].ndim else None) for n in split}
+        if len(set(rows.values())) != 1 or None in rows.values():
+            raise InputError(f"map_batches: every input whose first dim is {dim!r} needs the same number of rows; "
+                             f"got {rows}")
     ray = connect(ray_address, "gc.distributed.map_batches")
     if workers is None:
         workers = max(1, int(ray.cluster_resources().get("CPU", 1.0) // max(num_cpus, 1e-9)))
@@ -105,29 +118,25 @@ def map_batches(model_or_path: Any, data: Any, backend: str = "auto", batch_size
     model = ray.put(loaded.proto.SerializeToString())
     resources = {"num_cpus": num_cpus, "num_gpus": num_gpus}
     actor = ray.remote(SessionRunner).options(**resources, max_restarts=0)
-    if _is_dataset(data):
+    if dataset:
         probe = actor.remote(model, backend, options)  # fail now, with the reason, not when ``data`` is read
-        get(ray, probe.backend.remote(), timeout_s, "starting a session on a worker")
-        ray.kill(probe)
+        try:
+            get(ray, [probe.backend.remote()], timeout_s, "starting a session on a worker")
+        finally:
+            ray.kill(probe)
         return data.map_batches(SessionRunner, fn_constructor_args=(model, backend, options), batch_size=batch_size,
                                 batch_format="numpy", concurrency=workers, **resources)
-    if not isinstance(data, Mapping):
-        raise TypeError(f"map_batches takes a ray.data.Dataset or a dict of arrays, got {type(data).__name__}")
-    arrays = {n: np.asarray(a) for n, a in data.items()}
-    split = {s.name for s in loaded.inputs if by_rows(s, dim, computed=True) and s.name in arrays}
-    rows = {n: (arrays[n].shape[0] if arrays[n].ndim else None) for n in split}
-    if len(set(rows.values())) != 1 or None in rows.values():
-        raise InputError(f"map_batches: every input whose first dim is {dim!r} needs the same number of rows; "
-                         f"got {rows}")
     total = next(iter(rows.values()))
-    runners = [actor.remote(model, backend, options) for _ in range(min(workers, max(1, -(-total // batch_size))))]
-    get(ray, [r.backend.remote() for r in runners], timeout_s, "starting the sessions")
-    refs = [runners[i % len(runners)].__call__.remote({n: a[lo:lo + batch_size] if n in split else a
-                                                       for n, a in arrays.items()})
-            for i, lo in enumerate(range(0, total, batch_size))]
-    parts = get(ray, refs, timeout_s, "batch inference")
-    for runner in runners:
-        ray.kill(runner)
-    if not parts:
-        raise InputError("map_batches: the arrays hold no rows")
+    starts = range(0, total, batch_size) or [0]  # no rows: one empty batch, whose outputs have 0 rows as a Session's
+    runners = [actor.remote(model, backend, options) for _ in range(min(workers, len(starts)))]
+    try:  # the sessions stop whatever happens: a failed or late batch left them holding their CPUs
+        get(ray, [r.backend.remote() for r in runners], timeout_s, "starting the sessions")
+        refs = [runners[i % len(runners)].__call__.remote({n: a[lo:lo + batch_size] if n in split else a
+                                                           for n, a in arrays.items()})
+                for i, lo in enumerate(starts)]
+        who = [f"batch {i} (rows {lo}:{min(lo + batch_size, total)})" for i, lo in enumerate(starts)]
+        parts = get(ray, refs, timeout_s, "batch inference", who)
+    finally:
+        for runner in runners:
+            ray.kill(runner)
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
