@@ -1,4 +1,4 @@
-"""Double-precision Tan, Sinh, Cosh, Asin, Acos, Atan, Asinh, Acosh, Atanh, Erf and Det written out for
+"""Double-precision Tan, Sinh, Cosh, Asin, Acos, Atan, Asinh, Acosh, Atanh, Erf, Gelu and Det written out for
 onnxruntime, in a session's copy of a model.
 
 onnxruntime 1.31 has no double kernel for these ("Could not find an implementation for Tan(7)"), and so
@@ -13,7 +13,8 @@ Cos, Exp, Log, Sqrt, arithmetic, Where), within a few ulps of the correctly roun
 - atan by Cephes' rational approximation after its reduction to |x| <= 0.66, asin x = atan(x / sqrt((1 - x)
   (1 + x))), acos x = 2 atan(sqrt((1 - x) / (1 + x)));
 - asinh, acosh, atanh through ``Writer.log1p``, log(x) + log 2 past 2^28;
-- erf by Cephes' rational approximations: erf below |x| = 1, 1 - erfc above;
+- erf by Cephes' rational approximations: erf below |x| = 1, 1 - erfc above; Gelu by its definition through it
+  (``gc.optimize`` fuses float64 ``x/2 (1 + erf(x/sqrt 2))`` into one, and torch's opset-20 exports write one);
 - Det by Gaussian elimination with partial pivoting, unrolled for the matrix's static size (a symbolic size
   raises ``BackendError``).
 
@@ -58,6 +59,11 @@ _ERFC_P = [2.46196981473530512524e-10, 5.64189564831068821977e-1, 7.463210564422
 _ERFC_Q = [1.32281951154744992508e1, 8.67072140885989742329e1, 3.54937778887819891062e2,
            9.75708501743205489753e2, 1.82390916687909736289e3, 2.24633760818710981792e3,
            1.65666309194161350182e3, 5.57535340817727675546e2]
+# ndtr.c's erfc(x) = exp(-x^2) R(x) / S(x) for x >= 8
+_ERFC_R = [5.64189583547755073984e-1, 1.27536670759978104416e0, 5.01905042251180477414e0,
+           6.16021097993053585195e0, 7.40974269950448939160e0, 2.97886665372100240670e0]
+_ERFC_S = [2.26052863220117276590e0, 9.39603524938001434673e0, 1.20489539808096656605e1,
+           1.70814450747565897222e1, 9.60896809063285878198e0, 3.36907645100081516050e0]
 _SINH_TAYLOR = [1 / math.factorial(2 * k + 1) for k in range(8, -1, -1)]  # x^17/17! .. x; the next is < 1e-17
 _HUGE = 2.0 ** 28  # past it sqrt(x^2 +- 1) == |x| in double
 
@@ -175,17 +181,50 @@ def _atanh(w: Writer, node: onnx.NodeProto, types: dict) -> None:
 
 
 def _erf(w: Writer, node: onnx.NodeProto, types: dict) -> None:
-    x = node.input[0]
+    _erf_of(w, node.input[0], node.output[0])
+
+
+def _erfc_held(w: Writer, a: str, upto: float) -> str:
+    """erfc(a) for a >= 1 (P/Q below 8, R/S from 8 on), ``a`` held to [1, upto] so unused branches stay finite."""
+    def part(lo: float, hi: float, p: list[float], q: list[float]) -> str:
+        held = w.op("Min", w.op("Max", a, _c(w, lo)), _c(w, hi))
+        return w.op("Div", w.op("Mul", w.op("Exp", w.op("Neg", w.op("Mul", held, held))), _poly(w, held, p)),
+                    _poly(w, held, q, monic=True))
+    if upto <= 8:
+        return part(1.0, upto, _ERFC_P, _ERFC_Q)
+    return w.op("Where", w.op("Less", a, _c(w, 8.0)), part(1.0, 8.0, _ERFC_P, _ERFC_Q),
+                part(8.0, upto, _ERFC_R, _ERFC_S))
+
+
+def _erf_of(w: Writer, x: str, output: str | None = None) -> str:
     a = w.op("Abs", x)
     z = w.op("Mul", x, x)
     small = w.op("Div", w.op("Mul", x, _poly(w, z, _ERF_T)), _poly(w, z, _ERF_U, monic=True))
-    # erfc on |x| held to [1, 8] (erf is 1 in double from 6 on), so the unused branch stays finite
-    held = w.op("Min", w.op("Max", a, _c(w, 1.0)), _c(w, 8.0))
-    erfc = w.op("Div", w.op("Mul", w.op("Exp", w.op("Neg", w.op("Mul", held, held))), _poly(w, held, _ERFC_P)),
-                _poly(w, held, _ERFC_Q, monic=True))
-    large = _signed(w, x, w.op("Sub", _c(w, 1.0), erfc))
+    large = _signed(w, x, w.op("Sub", _c(w, 1.0), _erfc_held(w, a, 8.0)))  # erf is 1 in double from 6 on
     # NaN fails the comparison and takes the branch that keeps it
-    w.op("Where", w.op("GreaterOrEqual", a, _c(w, 1.0)), large, small, output=node.output[0])
+    return w.op("Where", w.op("GreaterOrEqual", a, _c(w, 1.0)), large, small, output=output)
+
+
+def _gelu(w: Writer, node: onnx.NodeProto, types: dict) -> None:
+    """Gelu's definition (opset 20), x/2 (1 + erf(x / sqrt 2)), with 1 + erf(z) as erfc(-z) below z = -1 (no
+    cancellation: torch's own float64 kernel loses all digits below x = -5.5); with approximate="tanh",
+    x/2 (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)."""
+    x = node.input[0]
+    attrs = {a.name: a for a in node.attribute}
+    if "approximate" in attrs and attrs["approximate"].s == b"tanh":
+        cube = w.op("Mul", w.op("Mul", x, x), x)
+        u2 = w.op("Mul", w.op("Add", x, w.op("Mul", cube, _c(w, 0.044715))), _c(w, 2 * math.sqrt(2 / math.pi)))
+        # sigmoid(v) = e / (1 + e) below 0, 1 / (1 + e) above, e = exp(-|v|): onnxruntime's double Sigmoid is 0
+        # below -36, where this keeps its digits
+        e = w.op("Exp", w.op("Neg", w.op("Abs", u2)))
+        sigmoid = w.op("Div", w.op("Where", w.op("Less", u2, _c(w, 0.0)), e, _c(w, 1.0)), w.op("Add", e, _c(w, 1.0)))
+        w.op("Mul", x, sigmoid, output=node.output[0])
+        return
+    z = w.op("Mul", x, _c(w, 1 / math.sqrt(2)))
+    # erfc underflows to 0 from 27.3 on: held to 40, exp(-a^2) does
+    cdf = w.op("Where", w.op("Less", z, _c(w, -1.0)), _erfc_held(w, w.op("Neg", z), 40.0),
+               w.op("Add", _erf_of(w, z), _c(w, 1.0)))
+    w.op("Mul", w.op("Mul", x, _c(w, 0.5)), cdf, output=node.output[0])
 
 
 def _det(w: Writer, node: onnx.NodeProto, types: dict) -> None:
@@ -228,7 +267,8 @@ def _det(w: Writer, node: onnx.NodeProto, types: dict) -> None:
 
 
 _LOWERINGS = {"Tan": _tan, "Sinh": _sinh, "Cosh": _cosh, "Asin": _asin, "Acos": _acos, "Atan": _atan_node,
-              "Asinh": _asinh, "Acosh": _acosh, "Atanh": _atanh, "Erf": _erf, "Det": _det}
+              "Asinh": _asinh, "Acosh": _acosh, "Atanh": _atanh, "Erf": _erf, "Det": _det,
+              "Gelu": _gelu}
 
 
 # onnxruntime's CUDA provider has double kernels for these (its registrations of Conv, ConvTranspose, the average and
