@@ -6,6 +6,7 @@ import functools
 
 import math
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchResult, RewriteRuleClassBase
@@ -19,10 +20,18 @@ _FLOATS = {ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataTy
 SQRT2 = math.sqrt(2.0)
 
 
-def _scalar_near(value: ir.Value | None, expected: float, rtol: float = 1e-4) -> bool:
+def _scalar_near(value: ir.Value | None, expected: float, exact: bool = False) -> bool:
+    """``value`` is a one-element constant equal to ``expected`` rounded to its dtype: within that dtype's
+    machine epsilon, relative (``exact``: equal). A looser match (1e-4, before) fused a float64 model's
+    float32-rounded sqrt(2) into a Gelu that divides by the exact one: 5e-9 off, where float64 keeps 1e-16."""
     array = fixed_array(value)
-    return array is not None and array.size == 1 and math.isclose(float(array.reshape(())), expected,
-                                                                   rel_tol=rtol)
+    if array is None or array.size != 1:
+        return False
+    try:
+        rtol = 0.0 if exact else float(ml_dtypes.finfo(array.dtype).eps)
+    except ValueError:  # an integer constant: compared exactly
+        rtol = 0.0
+    return math.isclose(float(array.reshape(())), expected, rel_tol=rtol)
 
 
 class GeluErf(RewriteRuleClassBase):
@@ -32,7 +41,7 @@ class GeluErf(RewriteRuleClassBase):
     ``cdf = 1 + erf(...)`` the product is ``(x*0.5)*cdf`` (``outer="HalfFirst"``),
     ``(x*cdf)*0.5`` (``"HalfLast"``), ``(x*cdf)/2`` (``"DivTwo"``) or ``x*(0.5*cdf)``
     (``"HalfCdf"``); ``RulePass(commute=True)`` adds each Mul/Add's other operand order. The
-    constants are checked to rounding (relative 1e-4) and x must be floating-point; the
+    constants are checked to their dtype's rounding (``_scalar_near``) and x must be floating-point; the
     rewriter replaces a match only when no intermediate has another user or is a graph output."""
 
     def __init__(self, scale: str, outer: str):
@@ -82,7 +91,8 @@ class LayerNormCore(RewriteRuleClassBase):
     ``LayerNormalization(x, ones, axis, epsilon=eps)`` (opset 17), the definition of the op with
     unit scale and no bias (computed in float32 or wider: ``stash_type=1``). The square may be
     ``Pow(d, 2)`` or ``d*d``; the division ``Div(d, std)`` or ``d * Reciprocal(std)``. Needs a
-    known rank and static normalized dims (the ones-scale is a constant of that shape)."""
+    known rank, static normalized dims (the ones-scale is a constant of that shape) and an epsilon that
+    float32, the attribute's type, holds exactly."""
 
     def __init__(self, square: str, divide: str):
         super().__init__(f"LayerNorm{square}{divide}")
@@ -100,10 +110,14 @@ class LayerNormCore(RewriteRuleClassBase):
         result = MatchResult()
         if x.dtype not in _FLOATS or x.shape is None:
             return result.fail("needs a floating-point input of known rank")
-        if self.square == "Pow" and not _scalar_near(two, 2.0, 0):
+        if self.square == "Pow" and not _scalar_near(two, 2.0, exact=True):
             return result.fail("Pow exponent is not 2")
         if fixed_array(eps) is None or fixed_array(eps).size != 1:
             return result.fail("epsilon is not a constant scalar")
+        epsilon = float(fixed_array(eps).reshape(()))
+        if float(np.float32(epsilon)) != epsilon:
+            # the op's epsilon is a float32 attribute: a float64 model's 1e-5 rounded to it moved outputs by 1e-12
+            return result.fail("epsilon is not a float32 value (the attribute would round it)")
         rank = len(x.shape)
         axis_m = _trailing_axis(_reduce_axes(mean.producer()), rank)
         axis_v = _trailing_axis(_reduce_axes(var.producer()), rank)
