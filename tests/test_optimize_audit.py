@@ -147,3 +147,91 @@ def test_float64_layer_norm_is_fused_only_with_an_epsilon_float32_holds(eps, fus
     for backend in ("numpy", "ort-cpu"):
         np.testing.assert_allclose(gc.Session(out, backend=backend).run(feeds)["y"],
                                    gc.Session(model, backend=backend).run(feeds)["y"], rtol=1e-14, atol=1e-15)
+
+
+def _vi(name, elem=TensorProto.FLOAT, shape=None):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def test_if_branch_reads_a_graph_input_with_a_default_and_the_fed_value_wins():
+    """``w`` is an initializer and a graph input (ir 8): no level folds ``w * 2`` in the branch, nor the
+    Identity or Shape of it in the main graph; a fed ``w`` reaches every use."""
+    then = helper.make_graph([helper.make_node("Mul", ["w", "two"], ["t0"]), helper.make_node("Add", ["x", "t0"], ["to"])],
+                             "then", [], [_vi("to")])
+    other = helper.make_graph([helper.make_node("Sub", ["x", "w"], ["eo"])], "else", [], [_vi("eo")])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0), helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+             helper.make_node("Identity", ["w"], ["wi"]), helper.make_node("Shape", ["w"], ["ws"])]
+    inits = [_init("w", np.ones(3, np.float32)), _init("two", np.float32(2)), _init("zero", np.float32(0))]
+    model = _model(nodes, [("x", TensorProto.FLOAT, ["N", 3]), ("w", TensorProto.FLOAT, [3])],
+                   [("y", TensorProto.FLOAT, ["N", 3]), ("wi", TensorProto.FLOAT, [3]), ("ws", TensorProto.INT64, [1])],
+                   inits, opset=17)
+    fed = {"x": np.ones((2, 3), np.float32), "w": np.full(3, 5, np.float32)}
+    _audit(model, 1e-6, fed)
+    for level in (1, 2, 3):
+        for backend in ("ort-cpu", "numpy"):
+            got = _run(gc.optimize(model, level), fed, backend)
+            np.testing.assert_array_equal(got["y"], np.full((2, 3), 11, np.float32))
+            np.testing.assert_array_equal(got["wi"], fed["w"])
+
+
+def test_loop_scan_and_local_function_bodies():
+    """Rewrites inside a Loop body (MatMul+Add, a Transpose pair, x*1), a Scan body and a local function keep
+    the outputs, symbolic dims and the function list."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((4, 4)) * 0.5).astype(np.float32)
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["h", "W"], ["hm"]), helper.make_node("Add", ["hm", "B"], ["ha"]),
+         helper.make_node("Transpose", ["ha"], ["t1"], perm=[1, 0]), helper.make_node("Transpose", ["t1"], ["t2"], perm=[1, 0]),
+         helper.make_node("Tanh", ["t2"], ["hn"]), helper.make_node("Identity", ["cond"], ["co"]),
+         helper.make_node("Mul", ["hn", "one"], ["sc"])], "body",
+        [_vi("i", TensorProto.INT64, []), _vi("cond", TensorProto.BOOL, []), _vi("h", shape=["N", 4])],
+        [_vi("co", TensorProto.BOOL, []), _vi("hn", shape=["N", 4]), _vi("sc", shape=["N", 4])], [_init("one", np.float32(1))])
+    scan_body = helper.make_graph(
+        [helper.make_node("Add", ["acc", "xi"], ["a1"]), helper.make_node("Mul", ["a1", "half"], ["a2"]),
+         helper.make_node("Identity", ["a2"], ["yo"])], "scan",
+        [_vi("acc", shape=[4]), _vi("xi", shape=[4])], [_vi("a2", shape=[4]), _vi("yo", shape=[4])],
+        [_init("half", np.float32(0.5))])
+    fn = helper.make_function("local", "Sq", ["a", "b"], ["c"], [helper.make_node("MatMul", ["a", "b"], ["m"]),
+                              helper.make_node("Mul", ["m", "m"], ["c"])], opset_imports=[helper.make_opsetid("", 19)])
+    nodes = [helper.make_node("Loop", ["n", "t", "x"], ["hf", "ys"], body=body),
+             helper.make_node("Scan", ["init", "seq"], ["fin", "ss"], body=scan_body, num_scan_inputs=1),
+             helper.make_node("Sq", ["hf", "W"], ["f1"], domain="local")]
+    inits = [_init("n", np.int64(3)), _init("t", np.bool_(True)), _init("W", w), _init("B", np.ones(4, np.float32)),
+             _init("init", np.zeros(4, np.float32))]
+    model = _model(nodes, [("x", TensorProto.FLOAT, ["N", 4]), ("seq", TensorProto.FLOAT, ["T", 4])],
+                   [("f1", TensorProto.FLOAT, ["N", 4]), ("ys", TensorProto.FLOAT, [3, "N", 4]),
+                    ("fin", TensorProto.FLOAT, [4]), ("ss", TensorProto.FLOAT, ["T", 4])], inits, 19, [fn])
+    _audit(model, 1e-5)
+    assert all(_header(gc.optimize(model, level))[5] == ["Sq"] for level in (1, 2, 3))
+
+
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_export_inference_matches_the_trainers_predictions(tmp_path, name):
+    """``Trainer.export_inference`` (trained params folded in, level 3: Conv+BatchNormalization folded,
+    Dropout dropped) against the trainer's own eval-mode outputs after a few steps."""
+    from graphc.models import EXAMPLES
+
+    factory, inputs = EXAMPLES[name]
+    arts = gc.training.generate(gc.capture(factory(), **inputs(), training=True),
+                                gc.losses.cross_entropy("output", label="y"), gc.optim.Adam(1e-2))
+    trainer = gc.Trainer(arts, backend="ort-cpu")
+    rng = np.random.default_rng(0)
+
+    def batch(n):
+        out = {}
+        for spec in trainer.batch_specs:
+            shape = [n if not isinstance(d, int) else d for d in spec.shape]
+            integer = np.issubdtype(np.dtype(spec.dtype), np.integer)
+            out[spec.name] = (rng.integers(0, 2, shape) if integer else rng.standard_normal(shape)).astype(spec.dtype)
+        return out
+
+    for _ in range(3):
+        trainer.step(batch(4))
+    data = {k: v for k, v in batch(3).items() if k != "y"}
+    want = trainer.predict(data)["output"]
+    exported = gc.load(trainer.export_inference(tmp_path / "m.onnx"))
+    onnx.checker.check_model(exported.proto, full_check=True)
+    assert not {"BatchNormalization", "Dropout"} & {n.op_type for n in exported.ir.graph}
+    for backend in ("ort-cpu", "numpy"):
+        np.testing.assert_allclose(_run(exported, data, backend)["output"], want, rtol=1e-5, atol=1e-5)
