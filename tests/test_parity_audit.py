@@ -96,26 +96,25 @@ def test_a_divergence_masked_downstream_is_reported_with_outputs_ok(plant):
     assert report.bisect_summary().endswith("masked downstream: the outputs agree")
 
 
-def test_a_fault_inside_a_subgraph_or_function_names_the_calling_node_and_says_so(plant):
-    # the If / Loop / function call was named as if its own kernel differed
+def test_a_body_bisect_cannot_enter_names_the_calling_node_and_says_why(plant):
+    # bisect enters bodies (tests/test_parity_bisect_inner.py) by feeding the reference's values, which a
+    # sequence read from the outer scope is not; the Loop was named as if its own kernel differed
     plant("Sigmoid", shifted)
-    then_branch = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["t"], name="inner")], "then", [],
-                                    [helper.make_tensor_value_info("t", TensorProto.FLOAT, [3, 4])])
-    else_branch = helper.make_graph([helper.make_node("Tanh", ["x"], ["e"])], "else", [],
-                                    [helper.make_tensor_value_info("e", TensorProto.FLOAT, [3, 4])])
-    branchy = model([node("Identity", ["c"], ["c2"], "id", "net.py:1"),
-                     node("If", ["c2"], ["y"], "cond", "net.py:2", then_branch=then_branch, else_branch=else_branch)],
-                    [vi("x", shape=[3, 4])], [vi("y", shape=[3, 4])], {"c": np.array(True)})
-    function = helper.make_function("local", "Gate", ["a"], ["b"], [helper.make_node("Sigmoid", ["a"], ["b"])],
-                                    [helper.make_opsetid("", 21)])
-    called = model([node("Gate", ["x"], ["y"], "gate", "net.py:3", domain="local")], [vi("x", shape=[3, 4])],
-                   [vi("y", shape=[3, 4])], extra_opsets=[helper.make_opsetid("local", 1)])
-    called.functions.append(function)
-    for m, where, inside in ((_loop(), "loop", "subgraph body"), (branchy, "cond", "subgraph else_branch / then_branch"),
-                             (called, "gate", "function local.Gate")):
-        found = gc.parity.compare(m, {"x": X}, bisect=True).first_divergence
-        assert (found.node, found.inside) == (where, inside)
-        assert str(found).endswith(f"its inputs agree, so the difference is made inside its {inside}, which bisect does not enter")
+    body = helper.make_graph(
+        [helper.make_node("SequenceAt", ["seq", "zero"], ["part"], name="pick"),
+         helper.make_node("Sigmoid", ["part"], ["v2"], name="step"), helper.make_node("Identity", ["cond"], ["cond_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("v", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v2", TensorProto.FLOAT, [3, 4])])
+    m = model([node("SplitToSequence", ["x"], ["seq"], "split", "net.py:1", axis=0, keepdims=1),
+               node("ConcatFromSequence", ["seq"], ["xs"], "join", "net.py:2", axis=0),
+               node("Loop", ["n", "", "xs"], ["y"], "loop", "net.py:3", body=body)],
+              [vi("x", shape=[3, 4])], [vi("y", shape=[3, 4])], {"n": np.int64(2), "zero": np.int64(0)})
+    found = gc.parity.compare(m, {"x": X}, bisect=True).first_divergence
+    assert (found.node, found.inside, found.within) == ("loop", "subgraph body", [])
+    assert str(found).endswith("bisect cannot enter its subgraph body: it reads 'seq', which is not a tensor")
 
 
 def test_cli_bisects_a_model_with_external_data_and_exits_by_the_outcome(plant, tmp_path, capsys):

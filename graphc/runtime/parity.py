@@ -7,6 +7,8 @@ The first backend is the reference. An element agrees when ``|got - ref| <= atol
 (NaNs agree with NaNs); integers and booleans must be equal. With ``bisect=True`` every
 intermediate value becomes a graph output, all backends run that copy, and the values are
 compared in topological order: the first node whose output disagrees is where the backends part.
+An If, Loop, Scan or local-function call found so is entered (``parity_descent``), and the node
+finally named is run alone on the reference's inputs (``Divergence.differs_alone``).
 """
 
 from __future__ import annotations
@@ -65,9 +67,25 @@ class OutputDiff(BaseModel):
     note: str = ""
 
 
+class Scope(BaseModel):
+    """A node bisect entered on its way to a divergence: an If (its taken branch), a Loop or Scan
+    (one iteration of its body) or a model-local function call (its body, inlined)."""
+
+    node: str
+    index: int | None = None
+    op_type: str
+    source: str | None
+    entered: str  # "then_branch (cond True)", "body, iteration 2", "function local.Gate"
+
+    def __str__(self) -> str:
+        where = f" at {self.source}" if self.source else ""
+        return f"{node_label(self.node, self.index)} ({self.op_type}){where}, {self.entered}"
+
+
 class Divergence(BaseModel):
     """The first node (in topological order) whose output differs between backends; ``index``: its
-    position in the graph, set for a node without a name."""
+    position in its graph, set for a node without a name. Inside a subgraph or function, ``within``
+    lists the nodes entered to reach it, outermost first."""
 
     node: str
     index: int | None = None
@@ -78,15 +96,23 @@ class Divergence(BaseModel):
     max_abs_err: float
     max_rel_err: float
     mismatched: int
-    inside: str = ""  # the node's subgraphs or local function, where the difference is made
+    within: list[Scope] = []
+    # run alone on the reference backend's values of its inputs, does the node still differ? None: not
+    # checked (an If/Loop/Scan/call, or a sequence input)
+    differs_alone: bool | None = None
+    inside: str = ""  # the node's subgraphs or local function, where the difference is made, when not entered
+    note: str = ""  # why bisect stopped at this If/Loop/Scan/call, or what its own run showed
 
     def __str__(self) -> str:
+        within = "".join(f"{scope} > " for scope in self.within)
         where = f" at {self.source}" if self.source else ""
-        inside = (f"; its inputs agree, so the difference is made inside its {self.inside}, which bisect does not "
-                  "enter" if self.inside else "")
-        return (f"{node_label(self.node, self.index)} ({self.op_type}){where}: output {self.output!r} differs on {self.backend} "
-                f"(max abs err {self.max_abs_err:.3g}, max rel err {self.max_rel_err:.3g}, "
-                f"{self.mismatched} elements outside tolerance){inside}")
+        alone = {None: "", True: "; run alone on the reference's inputs it differs too",
+                 False: "; run alone on the reference's inputs it agrees: differences in its inputs, within "
+                        "tolerance, grow through it"}[self.differs_alone]
+        note = f"; {self.note}" if self.note else ""
+        return (f"{within}{node_label(self.node, self.index)} ({self.op_type}){where}: output {self.output!r} differs "
+                f"on {self.backend} (max abs err {self.max_abs_err:.3g}, max rel err {self.max_rel_err:.3g}, "
+                f"{self.mismatched} elements outside tolerance){alone}{note}")
 
 
 class ParityReport(BaseModel):
@@ -198,7 +224,8 @@ def compare(model: Any, feeds: Mapping[str, Any], backends: Sequence[str] = ("nu
     report = ParityReport(backends=backends, outputs=worst, details=details)
     if bisect:
         report.bisected = True
-        report.compared_values, report.first_divergence = _bisect(model, feeds, backends, rtol, atol, options)
+        from graphc.runtime.parity_descent import locate
+        report.compared_values, report.first_divergence = locate(model, feeds, backends, rtol, atol, options)
     return report
 
 
@@ -238,35 +265,3 @@ def expose_intermediates(model: Model) -> tuple[Model, list[tuple[onnx.NodeProto
     steps = [(node, [o for o in node.output if o in exposed]) for node in proto.graph.node]
     # onnx's checker wants a shape on every graph output; the model was checked when it was loaded
     return load(ir.serde.deserialize_model(proto)), [(node, names) for node, names in steps if names]
-
-
-def _bisect(model: Model, feeds: Mapping[str, Any], backends: list[str], rtol: float | None,
-            atol: float | None, options: dict[str, Any]) -> tuple[int, Divergence | None]:
-    from graphc.runtime.session import Session
-
-    instrumented, steps = expose_intermediates(model)
-    results = {b: _tensors(Session(instrumented, backend=b, **options).run(feeds)) for b in backends}
-    ref = results[backends[0]]
-    compared = 0
-    for node, names in steps:
-        for name, key in ((n, k) for n in names for k in ref if k == n or k.startswith(f"{n}[")):
-            compared += 1
-            for b in backends[1:]:
-                d = diff(key, b, ref[key], results[b].get(key, np.array([])), rtol, atol)
-                if not d.ok:
-                    proto = model.proto
-                    index = None if node.name else list(proto.graph.node).index(node)  # equal protos
-                    functions = {(f.domain, f.name) for f in proto.functions}
-                    return compared, Divergence(node=node.name, index=index, op_type=node.op_type,
-                                                source=node_source(node), output=key, backend=b, max_abs_err=d.max_abs_err,
-                                                max_rel_err=d.max_rel_err, mismatched=d.mismatched,
-                                                inside=_body(node, functions))
-    return compared, None
-
-
-def _body(node: onnx.NodeProto, functions: set[tuple[str, str]]) -> str:
-    """``node``'s subgraphs (``body``, ``then_branch``, ...) or the model-local function it calls, named."""
-    graphs = [a.name for a in node.attribute if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)]
-    if graphs:
-        return f"subgraph {' / '.join(graphs)}"
-    return f"function {node.domain}.{node.op_type}" if (node.domain, node.op_type) in functions else ""
