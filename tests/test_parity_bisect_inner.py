@@ -34,7 +34,8 @@ def _iterating_loop():
          helper.make_node("Add", ["t", "w"], ["u"], name="shift"),
          helper.make_node("Sigmoid", ["u"], ["v2"], name="squash"),
          helper.make_node("Identity", ["cond"], ["cond_out"])],
-        "body", [_tensor("i", TensorProto.INT64, []), _tensor("cond", TensorProto.BOOL, []), _tensor("v", shape=[3, 4])],
+        "body",
+        [_tensor("i", TensorProto.INT64, []), _tensor("cond", TensorProto.BOOL, []), _tensor("v", shape=[3, 4])],
         [_tensor("cond_out", TensorProto.BOOL, []), _tensor("v2", shape=[3, 4])])
     return model([node("Relu", ["x"], ["w"], "prep", "net.py:19"),
                   node("Loop", ["n", "", "x"], ["y"], "loop", "net.py:20", body=body)],
@@ -62,11 +63,14 @@ def test_a_scan_is_entered_per_step_in_its_direction(plant):
     # m = acc * row is zero at step 0 (acc starts at zeros), so the fault shows from step 1
     plant("Mul", nonzero_shifted)
     body = helper.make_graph(
-        [helper.make_node("Add", ["acc", "row"], ["acc2"], name="sum"), node("Mul", ["acc", "row"], ["m"], "prod", "net.py:31")],
-        "body", [_tensor("acc", shape=[4]), _tensor("row", shape=[4])], [_tensor("acc2", shape=[4]), _tensor("m", shape=[4])])
+        [helper.make_node("Add", ["acc", "row"], ["acc2"], name="sum"),
+         node("Mul", ["acc", "row"], ["m"], "prod", "net.py:31")],
+        "body", [_tensor("acc", shape=[4]), _tensor("row", shape=[4])],
+        [_tensor("acc2", shape=[4]), _tensor("m", shape=[4])])
     m = model([node("Scan", ["zero", "x"], ["total", "ms"], "scan", "net.py:30", body=body, num_scan_inputs=1,
                     scan_input_directions=[1])],
-              [vi("x", shape=[3, 4])], [vi("total", shape=[4]), vi("ms", shape=[3, 4])], {"zero": np.zeros(4, np.float32)})
+              [vi("x", shape=[3, 4])], [vi("total", shape=[4]), vi("ms", shape=[3, 4])],
+              {"zero": np.zeros(4, np.float32)})
     report = gc.parity.compare(m, {"x": X}, bisect=True)
     found = report.first_divergence
     assert (found.node, found.output, [s.entered for s in found.within]) == ("prod", "m", ["body, iteration 1"])
@@ -84,7 +88,8 @@ def _branchy(then_nodes, then_out="t"):
 
 def test_the_taken_branch_is_entered_with_the_outer_values_it_reads(plant):
     plant("Sigmoid", shifted)
-    m = _branchy([helper.make_node("Add", ["x", "w"], ["s"], name="mix"), node("Sigmoid", ["s"], ["t"], "inner", "net.py:4")])
+    m = _branchy([helper.make_node("Add", ["x", "w"], ["s"], name="mix"),
+                  node("Sigmoid", ["s"], ["t"], "inner", "net.py:4")])
     found = gc.parity.compare(m, {"x": X}, bisect=True).first_divergence
     assert (found.node, found.source, found.differs_alone) == ("inner", "net.py:4", True)
     assert [str(s) for s in found.within] == ["node 'cond' (If) at net.py:3, then_branch (cond True)"]
