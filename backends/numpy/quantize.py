@@ -46,7 +46,9 @@ def quantize_linear(x, scale, zero_point=None, *, axis=1, block_size=0, output_d
     if zero_point is not None:
         q = q + _broadcast_param(zero_point, x, axis, block_size).astype(np.float32)
     info = np.iinfo(dtype)
-    return (np.clip(q, info.min, info.max).astype(dtype),)
+    # NaN saturates to the type's least value, as onnxruntime's CPU kernel (the spec leaves it open);
+    # numpy's cast of NaN to an integer is undefined
+    return (np.where(np.isnan(q), info.min, np.clip(q, info.min, info.max)).astype(dtype),)
 
 
 @kernel("DynamicQuantizeLinear", since=11)
