@@ -164,3 +164,15 @@ def test_fake_quantized_cnn_gradients_match_torch():
 def test_bad_arguments_raise_torchs_errors(call, match):
     with pytest.raises(gc.CaptureError, match=match):
         gc.capture(call, t=gc.spec("float32", ("N", 3, 4)))
+
+
+@pytest.mark.parametrize("opset", [17, 21])
+def test_int8_and_uint8_ranges_lower_to_quantize_dequantize_linear(opset):
+    def ops(lo, hi, zero_point=0, dtype="float32"):
+        model = gc.capture(lambda t: gc.fake_quantize_per_tensor_affine(t, 0.1, zero_point, lo, hi), opset=opset,
+                           t=gc.spec(dtype, ("N", 4)))
+        onnx.checker.check_model(model.proto, full_check=True)
+        return {n.op_type for n in model.proto.graph.node}
+
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops(-128, 127) and "QuantizeLinear" in ops(0, 255, 3)
+    assert "QuantizeLinear" not in ops(0, 15) | ops(-128, 127, dtype="float64")  # arithmetic: no integer type

