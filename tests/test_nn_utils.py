@@ -12,6 +12,7 @@ import pytest
 import graphc as gc
 import graphc.nn.utils.parametrizations  # noqa: F401 - importable as torch's
 from graphc.nn import utils as U
+from graphc.nn.utils import norms
 from graphc.passes.values import BUFFER_UPDATE_KEY
 from torch_grad_util import assert_grads_match_central_differences, gc_grads, run_both
 
@@ -147,16 +148,88 @@ def test_spectral_norm_eval_matches_torch_from_its_state(api, ctor):
             np.testing.assert_allclose(got[f"m.{k}"], p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=k)
 
 
+def _torch_draws(twin, name: str, dim: int, seed: int):
+    """The unit u and v torch's registration draws after ``torch.manual_seed(seed)`` (its generator
+    is seeded again to ``seed`` on return, for the registration to draw them)."""
+    weight = getattr(twin, name).detach()
+    mat = weight.movedim(dim, 0).reshape(weight.shape[dim], -1)
+    torch.manual_seed(seed)
+    u, v = (torch.nn.functional.normalize(mat.new_empty(n).normal_(0, 1), dim=0).numpy() for n in mat.shape)
+    torch.manual_seed(seed)
+    return u, v
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("iterations", [1, 3])
 @pytest.mark.parametrize("api", list(SPECTRAL_NORM))
-def test_spectral_norm_starts_at_the_top_singular_pair(api):
-    """u and v start (15 power iterations, as torch) at the weight's top singular vectors: sigma
-    is its largest singular value."""
-    layer = gc.nn.Linear(5, 4, dtype="float64")
-    SPECTRAL_NORM[api][0](layer)
-    weight = layer.weight
-    assert isinstance(weight, np.ndarray)
-    original = layer.state_dict()["weight_orig" if api == "old" else "parametrizations.weight.original"]
-    np.testing.assert_allclose(original / weight, np.linalg.svd(original, compute_uv=False)[0], rtol=1e-6)
+@pytest.mark.parametrize("ctor, name, dim", [
+    ("Linear(5, 4)", "weight", None), ("ConvTranspose2d(2, 3, 3)", "weight", None), ("Conv2d(2, 3, 3)", "weight", 1),
+    ("Linear(5, 4)", "weight", -1), ("Linear(5, 4)", "bias", None)])
+def test_spectral_norm_registration_and_reads_match_torch(api, iterations, training, ctor, name, dim, monkeypatch):
+    """With torch's draws for u and v: the state after registration (the hook form draws only; the
+    parametrization 15 power iterations, plus n_power_iterations in training mode for torch's
+    registration check), and what reading the weight before the first call gives (the hook form:
+    the original weight itself, so that writing it sets the original, as torch's ``weight.data``;
+    the parametrization: normalised, a training-mode read iterating u and v as torch's)."""
+    if api == "old" and dim == -1:
+        pytest.skip("torch's hook form fails on a negative dim (refused: test_bad_use_is_refused_naming_it_...)")
+    ours, theirs = SPECTRAL_NORM[api]
+    layer, twin = _pinned(ctor, "float64")
+    layer.train(training)
+    twin.train(training)
+    weight = getattr(twin, name).detach().numpy().copy()
+    if weight.ndim > 1 or api == "old":  # torch's parametrization of a vector draws none
+        drawn = _torch_draws(twin, name, (1 if ctor.startswith("ConvT") else 0) if dim is None else dim % 2, 7)
+        for module in (norms, U.parametrizations):
+            monkeypatch.setattr(module, "initial_uv", lambda mat, eps: drawn)
+    ours(layer, name=name, n_power_iterations=iterations, dim=dim)
+    theirs()(twin, name=name, n_power_iterations=iterations, dim=dim)
+    want = {k: v.numpy().copy() for k, v in twin.state_dict().items()}
+    assert list(layer.state_dict()) == list(want)
+    for k, v in want.items():
+        np.testing.assert_allclose(layer.state_dict()[k], v, rtol=1e-12, atol=1e-15, err_msg=k)
+    read = getattr(layer, name)
+    with torch.no_grad():
+        twin_read = getattr(twin, name).numpy().copy()
+    if api == "old":
+        assert isinstance(read, gc.nn.Parameter) and read is layer._parameters[f"{name}_orig"]
+        np.testing.assert_array_equal(twin_read, weight)
+        read.data = weight * 2  # torch: the attribute is the original's storage until the first forward
+        with torch.no_grad():
+            getattr(twin, name).mul_(2)
+        np.testing.assert_array_equal(layer.state_dict()[f"{name}_orig"], twin.state_dict()[f"{name}_orig"].numpy())
+    else:
+        np.testing.assert_allclose(read, twin_read, rtol=1e-12)
+        for k, v in twin.state_dict().items():  # a training-mode read moved u and v, as torch's
+            np.testing.assert_allclose(layer.state_dict()[k], v.numpy(), rtol=1e-12, atol=1e-15, err_msg=k)
+            if training and k.endswith(("_u", "_v")):
+                assert not np.array_equal(v.numpy(), want[k]), k
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_the_parametrization_of_a_vector_is_its_unit_vector_as_torch(training):
+    """A 1-D parameter: ``b / max(||b||, eps)``, forward and gradient on both backends."""
+    layer, twin = _pinned("Linear(3, 4)", "float64")
+    U.parametrizations.spectral_norm(layer.train(training), name="bias")
+    torch.nn.utils.parametrizations.spectral_norm(twin.train(training), name="bias")
+    x = INPUTS["Linear(3, 4)"]
+    want = twin(torch.from_numpy(x))
+    c = R.standard_normal(tuple(want.shape))
+    (want * torch.from_numpy(c)).sum().backward()
+    for backend in ("numpy", "ort-cpu"):
+        got = gc_grads(lambda m, x: m(x), {}, {"x": x}, c, module=layer, backend=backend)
+        np.testing.assert_allclose(got["out"], want.detach().numpy(), rtol=1e-12)
+        for k, p in twin.named_parameters():
+            np.testing.assert_allclose(got[f"m.{k}"], p.grad.numpy(), rtol=1e-10, atol=1e-14, err_msg=k)
+
+
+def test_the_hook_forms_weight_is_normalised_once_called():
+    """After the module's first call (a capture), a read gives orig / sigma, as torch's attribute
+    after its first forward (eval: no power iteration)."""
+    layer = U.spectral_norm(gc.nn.Linear(5, 4, dtype="float64"))
+    gc.capture(layer, x=np.zeros((1, 5)))
+    orig, u, v = (layer.state_dict()[k] for k in ("weight_orig", "weight_u", "weight_v"))
+    np.testing.assert_allclose(layer.weight, orig / (u @ orig @ v), rtol=1e-12)
 
 
 @pytest.mark.parametrize("api", list(SPECTRAL_NORM))
@@ -170,12 +243,16 @@ def test_spectral_norm_in_training_mode_writes_u_and_v(api):
                        {"parametrizations.weight.0._u", "parametrizations.weight.0._v"})
 
 
-def test_remove_spectral_norm_keeps_the_normalised_weight():
-    layer = U.spectral_norm(gc.nn.Linear(3, 4, dtype="float64"))
-    weight = layer.weight
+def test_remove_spectral_norm_keeps_the_normalised_weight_as_torch():
+    """Removed before any call: orig / sigma from the stored u and v, no power iteration."""
+    layer, twin = _pinned("Linear(3, 4)", "float64")
+    U.spectral_norm(layer.train())
+    torch.nn.utils.spectral_norm(twin.train())
+    layer.load_state_dict({k: v.numpy() for k, v in twin.state_dict().items()})
     U.remove_spectral_norm(layer)
-    assert list(layer.state_dict()) == ["bias", "weight"]  # as torch's: the weight registered again, last
-    np.testing.assert_array_equal(layer.state_dict()["weight"], weight)
+    torch.nn.utils.remove_spectral_norm(twin)
+    assert list(layer.state_dict()) == list(twin.state_dict()) == ["bias", "weight"]  # re-registered last
+    np.testing.assert_allclose(layer.state_dict()["weight"], twin.weight.detach().numpy(), rtol=1e-12)
 
 
 @pytest.mark.parametrize("call, match", [
@@ -185,7 +262,10 @@ def test_remove_spectral_norm_keeps_the_normalised_weight():
     (lambda m: U.remove_weight_norm(m), "remove_weight_norm: weight_norm of 'weight' not found in Linear"),
     (lambda m: U.remove_spectral_norm(U.weight_norm(m)), "spectral_norm of 'weight' not found"),
     (lambda m: U.spectral_norm(m, n_power_iterations=0), "n_power_iterations must be positive, got 0"),
-    (lambda m: U.parametrizations.spectral_norm(m, name="bias"), "of a 1-D 'bias' is not supported"),
+    (lambda m: U.spectral_norm(m, dim=-1), r"spectral_norm: dim -1 is out of range for the 2-D weight of Linear "
+                                          r"\(expected \[0, 1\]\)"),
+    (lambda m: U.parametrizations.spectral_norm(m, dim=2), r"dim 2 is out of range for the 2-D weight of Linear "
+                                                           r"\(expected \[-2, 1\]\)"),
 ])
 def test_bad_use_is_refused_naming_it_and_the_line(call, match):
     with pytest.raises(gc.CaptureError, match=match) as err:

@@ -272,6 +272,7 @@ class Module:
         with builder.in_module(self.__dict__.get("_path")):
             for name in sorted(self.__dict__.get("_per_call", ())):  # torch's forward pre-hooks
                 builder.called_values[id(self), name] = self.__dict__["_computed"][name](self)
+                self.__dict__["_called"] = True  # reads outside a capture now see the computed value
             return self.forward(*args, **kwargs)
 
     def extra_repr(self) -> str:

@@ -2,7 +2,8 @@
 parameter and buffer names (``weight_g``, ``weight_v``; ``weight_orig``, ``weight_u``, ``weight_v``),
 so torch checkpoints load. The weight is computed from them once per call of the module, before its
 ``forward``, as torch's pre-hook (``Module.register_computed(..., per_call=True)``): captured, as ONNX
-ops autodiff differentiates; outside a capture, in numpy, each time it is read. A training-mode capture
+ops autodiff differentiates; outside a capture, in numpy, each time it is read (spectral norm's, before
+the module's first call: the original, as torch leaves it). A training-mode capture
 updates spectral norm's ``u`` and ``v`` by the power iteration, once per call, as torch's forward.
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl import ops, ops_array
-from graphc.dsl.builder import user_source
+from graphc.dsl.builder import active, user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn.module import Module, Parameter
@@ -84,13 +85,14 @@ def weight_norm(module: Module, name: str = "weight", dim: int | None = 0) -> Mo
 
 
 def _undo(module: Module, name: str, kind: str, suffixes: tuple[str, ...]) -> Module:
-    """``name`` a plain parameter again, of the computed weight's value; the ``name + suffixes``
-    parameters and buffers removed."""
+    """``name`` a plain parameter again, of the weight computed from the stored values (no power
+    iteration); the ``name + suffixes`` parameters and buffers removed."""
     if module.__dict__.get("_norms", {}).get(name, (None,))[0] != kind:
         raise CaptureError(f"remove_{kind}: {kind} of {name!r} not found in {type(module).__name__} "
                            f"(at {user_source()})")
     dtype = module._parameters[name + suffixes[0]].dtype
-    weight = getattr(module, name)
+    weight = module.__dict__["_computed"][name](module) if kind == "weight_norm" else spectral_weight(
+        module, *(read(module, name + s) for s in suffixes), module.__dict__["_norms"][name][1], (0, 0.0, False))
     module.register_computed(name, None)
     del module.__dict__["_norms"][name]
     for suffix in suffixes:
@@ -104,11 +106,17 @@ def remove_weight_norm(module: Module, name: str = "weight") -> Module:
     return _undo(module, name, "weight_norm", ("_g", "_v"))
 
 
-def spectral_dim(module: Module, dim: int | None) -> int:
-    """torch's default: 1 for the ConvTranspose layers (their weight is (in, out, ...)), else 0."""
-    if dim is not None:
-        return dim
-    return 1 if type(module).__name__.startswith("ConvTranspose") else 0
+def spectral_dim(module: Module, dim: int | None, ndim: int, fn: str, negative: bool) -> int:
+    """``dim``, torch's default for None: 1 for the ConvTranspose layers (their weight is (in, out,
+    ...)), else 0; a negative one counted from the end where torch takes it (``negative``: the
+    parametrization; its hook form refuses it), a CaptureError where out of range."""
+    if dim is None:
+        return 1 if type(module).__name__.startswith("ConvTranspose") else 0
+    low = -ndim if negative else 0
+    if not low <= dim < ndim:
+        raise CaptureError(f"{fn}: dim {dim} is out of range for the {ndim}-D weight of {type(module).__name__} "
+                           f"(expected [{low}, {ndim - 1}]) (at {user_source()})")
+    return dim % ndim
 
 
 def as_matrix(w: Any, dim: int) -> Any:
@@ -145,41 +153,57 @@ def power_iterate(mat: Tensor, u: Tensor, v: Tensor, iterations: int, eps: float
             u.copy_(ops_array.normalize(ops.matmul(mat, v), dim=0, eps=eps))
 
 
-def _unit(x: np.ndarray, eps: float) -> np.ndarray:
+def unit(x: np.ndarray, eps: float) -> np.ndarray:
+    """``x / max(||x||, eps)``: torch's ``F.normalize`` of a vector."""
     return x / max(float(np.linalg.norm(x)), eps)
 
 
-def power_iteration(w: np.ndarray, dim: int, eps: float, iterations: int = 15,
-                    seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Initial ``(u, v)``: normal draws normalised, then ``iterations`` of the power iteration, as
-    torch starts them (its draws come from its own generator; load its u and v for the same values)."""
-    mat = as_matrix(w, dim).astype(np.float64)
-    rng = np.random.default_rng(seed)
-    u, v = (_unit(rng.standard_normal(n), eps) for n in mat.shape)
+def power_steps(mat: np.ndarray, u: np.ndarray, v: np.ndarray, iterations: int,
+                eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """``iterations`` steps of the parametrization's power iteration in numpy, ``u`` first."""
     for _ in range(iterations):
-        v = _unit(mat.T @ u, eps)
-        u = _unit(mat @ v, eps)
+        u = unit(mat @ v, eps)
+        v = unit(mat.T @ u, eps)
     return u, v
+
+
+def initial_uv(mat: np.ndarray, eps: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The unit vectors torch starts ``u`` and ``v`` at: normal draws normalised (its draws come from
+    its own generator; load its u and v for the same values)."""
+    rng = np.random.default_rng(seed)
+    u, v = (unit(rng.standard_normal(n), eps) for n in mat.shape)
+    return u, v
+
+
+def hook_weight(module: Module, name: str, dim: int, power: tuple[int, float, bool]) -> Any:
+    """The hook form's ``module.<name>``: read outside a capture before the module's first call,
+    the original weight's Parameter, as torch leaves ``weight.data`` there until its first forward
+    (whose ``.data`` is the original's storage: an in-place write to it sets the original);
+    else normalised."""
+    if active() is None and not module.__dict__.get("_called"):
+        return module._parameters[f"{name}_orig"]
+    return spectral_weight(module, *(read(module, f"{name}{s}") for s in ("_orig", "_u", "_v")), dim, power)
 
 
 def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int = 1, eps: float = 1e-12,
                   dim: int | None = None) -> Module:
     """``torch.nn.utils.spectral_norm``: ``name`` becomes ``name_orig / sigma``, ``sigma`` from the
-    buffers ``name_u``, ``name_v``, which a training-mode capture updates by ``n_power_iterations``
-    steps of the power iteration once per call of ``module`` (``spectral_weight``), however often its
-    forward reads the weight, as torch's pre-hook. ``n_power_iterations`` must be positive, as torch's."""
+    buffers ``name_u``, ``name_v`` (unit normal draws, no power iteration at registration, as torch),
+    which a training-mode capture updates by ``n_power_iterations`` steps of the power iteration once
+    per call of ``module`` (``spectral_weight``), however often its forward reads the weight, as
+    torch's pre-hook. ``n_power_iterations`` must be positive, as torch's."""
     if n_power_iterations <= 0:
         raise CaptureError(f"spectral_norm: n_power_iterations must be positive, got {n_power_iterations} "
                            f"(at {user_source()})")
     weight = take_weight(module, name, "spectral_norm")
-    w, dim = weight_value(weight), spectral_dim(module, dim)
-    u, v = power_iteration(w, dim, eps)
-    setattr(module, f"{name}_orig", param_like(w, weight))
+    w = weight_value(weight)
+    dim = spectral_dim(module, dim, w.ndim, "spectral_norm", negative=False)
+    u, v = initial_uv(as_matrix(w, dim), eps)
+    setattr(module, f"{name}_orig", weight)
     setattr(module, f"{name}_u", param_like(u, weight, buffer=True))
     setattr(module, f"{name}_v", param_like(v, weight, buffer=True))
-    module.register_computed(name, lambda m: spectral_weight(
-        m, *(read(m, f"{name}{s}") for s in ("_orig", "_u", "_v")), dim, (n_power_iterations, eps, False)),
-        per_call=True)
+    module.register_computed(name, lambda m: hook_weight(m, name, dim, (n_power_iterations, eps, False)),
+                             per_call=True)
     module.__dict__.setdefault("_norms", {})[name] = ("spectral_norm", dim)
     return module
 

@@ -7,12 +7,16 @@ runs at each read (the hook form, ``norms``, runs it once per call of the module
 
 from __future__ import annotations
 
+from typing import Any
+
+from graphc.dsl import ops_array
 from graphc.dsl.builder import user_source
+from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn.containers import ModuleDict
 from graphc.nn.module import Module, Parameter
-from graphc.nn.utils.norms import (normed_weight, norm_except_dim, param_like, power_iteration, read, spectral_dim,
-                                   spectral_weight, take_weight, weight_value)
+from graphc.nn.utils.norms import (as_matrix, initial_uv, normed_weight, norm_except_dim, param_like, power_steps,
+                                   read, spectral_dim, spectral_weight, take_weight, unit, weight_value)
 
 __all__ = ["spectral_norm", "weight_norm"]
 
@@ -45,28 +49,41 @@ def weight_norm(module: Module, name: str = "weight", dim: int | None = 0) -> Mo
 def spectral_norm(module: Module, name: str = "weight", n_power_iterations: int = 1, eps: float = 1e-12,
                   dim: int | None = None) -> Module:
     """``torch.nn.utils.parametrizations.spectral_norm``: ``original`` and the buffers ``0._u``,
-    ``0._v``, which a training-mode capture updates each time the weight is read, ``u`` first, as
-    torch's parametrization (``norms.spectral_weight``)."""
+    ``0._v``, started as torch's: unit normal draws put through 15 power iterations, and
+    ``n_power_iterations`` more where ``module`` is in training mode (torch's registration check
+    evaluates the parametrization once). Each read of the weight in training mode runs
+    ``n_power_iterations`` more, ``u`` first, as torch's parametrization: captured, as written
+    buffers (``norms.spectral_weight``); outside a capture, into the buffers' values. A 1-D weight
+    is normalised to unit norm, as torch's, with no buffers."""
     if n_power_iterations <= 0:
         raise CaptureError(f"parametrizations.spectral_norm: n_power_iterations must be positive, got "
                            f"{n_power_iterations} (at {user_source()})")
     weight, entry = _parametrize(module, name, "parametrizations.spectral_norm")
-    w, dim = weight_value(weight), spectral_dim(module, dim)
-    if w.ndim < 2:
-        raise CaptureError(f"parametrizations.spectral_norm of a {w.ndim}-D {name!r} is not supported (torch "
-                           f"normalises it to unit norm) (at {user_source()})")
-    u, v = power_iteration(w, dim, eps)
-    entry.original = param_like(w, weight)
+    w = weight_value(weight)
+    dim = spectral_dim(module, dim, w.ndim, "parametrizations.spectral_norm", negative=True)
+    entry.original = weight
     power = Module()
+    entry.add_module("0", power)
+    if w.ndim == 1:
+        module.register_computed(name, lambda m: _unit_weight(read(m.parametrizations[name], "original"), eps))
+        return module
+    mat = as_matrix(w, dim)
+    u, v = power_steps(mat, *initial_uv(mat, eps), 15 + n_power_iterations * module.training, eps)
     power._u = param_like(u, weight, buffer=True)
     power._v = param_like(v, weight, buffer=True)
-    entry.add_module("0", power)
 
     def compute(m: Module):
         entry = m.parametrizations[name]
-        u, v = (read(entry._modules["0"], s) for s in ("_u", "_v"))
-        return spectral_weight(m, read(entry, "original"), u, v, dim, (n_power_iterations, eps, True))
+        w, u, v = read(entry, "original"), *(read(entry._modules["0"], s) for s in ("_u", "_v"))
+        if not isinstance(w, Tensor) and m.training:  # torch's read in training mode iterates
+            u, v = power_steps(as_matrix(w, dim), u, v, n_power_iterations, eps)
+            entry._modules["0"]._u.data, entry._modules["0"]._v.data = u, v
+        return spectral_weight(m, w, u, v, dim, (n_power_iterations, eps, True))
 
     module.register_computed(name, compute)
     return module
 
+
+def _unit_weight(w: Any, eps: float) -> Any:
+    """``w / max(||w||, eps)``: torch's spectral norm of a vector."""
+    return ops_array.normalize(w, dim=0, eps=eps) if isinstance(w, Tensor) else unit(w, eps)
