@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "RANDOM_OPS", "STOP_GRADIENT_KEY", "const_array", "const_axes",
-           "const_scalar", "draws_random", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "replace_value",
+__all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "MAX_NORM_KEY", "RANDOM_OPS", "STOP_GRADIENT_KEY", "const_array",
+           "const_axes", "const_scalar", "draws_random", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "replace_value",
            "static_shape", "stops_gradient"]
 
 Dim = int | str | None
@@ -58,6 +58,11 @@ def stops_gradient(node: ir.Node) -> bool:
 # one, whose output is the buffer's value after the forward, ``BUFFER_UPDATE_KEY`` too
 BUFFER_WRITE_KEY = "graphc.buffer_write"
 BUFFER_UPDATE_KEY = "graphc.buffer_update"
+
+# node metadata of an embedding lookup with torch's ``max_norm`` (``F.embedding``): its rows scaled,
+# the stop-gradient Identity marked with the weight's name and the user's line; torch renormalises
+# those weight rows in place, which the training graphs cannot carry into the optimizer step
+MAX_NORM_KEY = "graphc.max_norm"
 
 
 # ops whose kernels draw random numbers: each run draws anew, two equal nodes are two draws

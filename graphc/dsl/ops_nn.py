@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import ops
+from graphc.dsl import ops, ops_math
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.tensor import Tensor
@@ -16,6 +16,7 @@ from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.model.windows import ceil_as_floor_pads
 from graphc.passes.infer import ceil_adds_nothing
+from graphc.passes.values import MAX_NORM_KEY
 
 
 def ints(v: Any, n: int, name: str) -> list[int]:
@@ -288,14 +289,30 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
     return into(x, ops.emit("Dropout", [x, ratio, mode], name_hint="dropout"), inplace)
 
 
-def embedding(indices: Tensor, weight: Tensor) -> Tensor:
-    """``torch.nn.functional.embedding(indices, weight)``: rows of ``weight``. Signature: ai.onnx@13::Gather"""
+def embedding(indices: Tensor, weight: Tensor, max_norm: float | None = None, norm_type: float = 2.0) -> Tensor:
+    """``torch.nn.functional.embedding(indices, weight, max_norm=None, norm_type=2.0)``: rows of
+    ``weight`` (``max_norm``: ``renormed``). Signature: ai.onnx@13::Gather"""
     indices = ops.lift(indices)
     weight = ops.lift(weight)
     if indices.dtype not in ("int64", "int32"):
         raise op_error("Gather", [weight, indices], f"indices must be int64 or int32, got {indices.dtype}",
                        user_source())
-    return ops.emit("Gather", [weight, indices], {"axis": 0})
+    rows = ops.emit("Gather", [weight, indices], {"axis": 0})
+    return rows if max_norm is None else renormed(rows, weight, max_norm, norm_type)
+
+
+def renormed(rows: Tensor, weight: Tensor, max_norm: float, norm_type: float) -> Tensor:
+    """``rows`` of ``weight`` as torch's ``max_norm`` looks them up: each whose ``norm_type``-norm
+    exceeds ``max_norm`` scaled by ``max_norm / (norm + 1e-7)``, the scaling not differentiated
+    (torch renormalises those weight rows in place under ``no_grad`` before the lookup). The
+    scaled rows' stop-gradient Identity is marked ``MAX_NORM_KEY`` with ``weight``'s name: the
+    training graphs cannot step the renormalised weight (``buffer_updates.refuse_max_norm``)."""
+    norm = ops_math.norm(ops.detach(rows), norm_type, dim=-1, keepdim=True)
+    over = norm > ops.scalar(max_norm, norm)
+    scale = ops.where(over, ops.scalar(max_norm, norm) / (norm + ops.scalar(1e-7, norm)), ops.scalar(1.0, norm))
+    scaled = ops.detach(rows * scale)
+    scaled.value.producer().metadata_props[MAX_NORM_KEY] = f"{weight.value.name} at {user_source()}"
+    return scaled + (rows - ops.detach(rows))  # the value rows * scale, the gradient rows'
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -159,22 +159,24 @@ class Dropout(DropoutLayer):
 
 class Embedding(Module):
     """``weight`` is ``[num_embeddings, embedding_dim]``, drawn from N(0, 1). The ``padding_idx``
-    row starts at zero and, as in PyTorch, gets no gradient: it is read as a constant."""
+    row starts at zero and, as in PyTorch, gets no gradient: it is read as a constant. ``max_norm``:
+    each row looked up whose ``norm_type``-norm exceeds it is scaled to it (``ops_nn.renormed``)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
-                 dtype: Any = "float32"):
+                 max_norm: float | None = None, norm_type: float = 2.0, dtype: Any = "float32"):
         super().__init__()
         padding_idx, draw = padding_row_init("Embedding", num_embeddings, padding_idx)
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+        self.max_norm, self.norm_type = max_norm, norm_type
         self.weight = Parameter(shape=(num_embeddings, embedding_dim), init=draw, dtype=dtype)
 
     def forward(self, indices: Tensor) -> Tensor:
         out = ops_nn.embedding(indices, self.weight)
-        if self.padding_idx is None:
-            return out
-        row = self._parameters["weight"].numpy()[self.padding_idx]
-        is_pad = ops.unsqueeze(indices == ops.lift(self.padding_idx, indices), [-1])
-        return ops.where(is_pad, ops.lift(row, out), out)
+        if self.padding_idx is not None:
+            row = self._parameters["weight"].numpy()[self.padding_idx]
+            is_pad = ops.unsqueeze(indices == ops.lift(self.padding_idx, indices), [-1])
+            out = ops.where(is_pad, ops.lift(row, out), out)
+        return out if self.max_norm is None else ops_nn.renormed(out, self.weight, self.max_norm, self.norm_type)
 
 
 class ReLU(InPlace):

@@ -101,6 +101,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     free_names(base.graph, _reserved(loss, optimizer))
     label = append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
     params, frozen_all, constants = _select_params(base, bn_stats, trainable, frozen, params, order)
+    buffer_updates.refuse_max_norm(base.graph, params)
     imports.warn_shared_normalization_params(base.graph, params)
     imports.warn_folded_parameters(base, params)
     decays = _decays(params, optimizer.get("no_decay") or ())

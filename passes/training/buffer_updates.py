@@ -10,7 +10,9 @@ the buffer's value after the forward. Here:
 * ``inference_mode``: ``modes.set_inference_mode`` and each write skipped (its Identity reads the
   buffer as stored), as if the forward guarded it with torch's ``if self.training:``: eval and
   inference graphs read the buffer's current value and compute no update;
-* ``updated_values``: ``{buffer: its value after the forward}`` in the training-mode graph.
+* ``updated_values``: ``{buffer: its value after the forward}`` in the training-mode graph;
+* ``refuse_max_norm``: a trainable weight an embedding with ``max_norm`` renormalises in place, a
+  write into a parameter the optimizer step would have to read, refused.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import onnx_ir as ir
 
 from graphc.errors import PassError
 from graphc.passes.training import modes
-from graphc.passes.values import BUFFER_UPDATE_KEY, BUFFER_WRITE_KEY, STOP_GRADIENT_KEY
+from graphc.passes.values import BUFFER_UPDATE_KEY, BUFFER_WRITE_KEY, MAX_NORM_KEY, STOP_GRADIENT_KEY
 
-__all__ = ["inference_mode", "updated_values", "with_written"]
+__all__ = ["inference_mode", "refuse_max_norm", "updated_values", "with_written"]
 
 
 def _writes(graph: ir.Graph, key: str) -> list[ir.Node]:
@@ -73,3 +75,16 @@ def inference_mode(graph: ir.Graph) -> None:
 def updated_values(graph: ir.Graph) -> dict[str, ir.Value]:
     """``{buffer name: its value after the forward}`` (the output of its last write)."""
     return {node.metadata_props[BUFFER_UPDATE_KEY]: node.outputs[0] for node in _writes(graph, BUFFER_UPDATE_KEY)}
+
+
+def refuse_max_norm(graph: ir.Graph, params: Sequence[str]) -> None:
+    """A PassError for an embedding lookup with ``max_norm`` (``MAX_NORM_KEY``) of a trained weight:
+    torch renormalises the rows it looks up in place, so its optimizer steps the renormalised
+    weight; the training graphs step the weight as stored."""
+    for node in graph:
+        weight, _, where = node.metadata_props.get(MAX_NORM_KEY, "").partition(" at ")
+        if weight in params:
+            raise PassError(f"the embedding of {weight!r} with max_norm (at {where}) is trained: torch renormalises "
+                            f"the rows it looks up in place, before the lookup, and its optimizer then steps the "
+                            f"renormalised weight, which the training graphs cannot (they step the weight as "
+                            f"stored); freeze it (frozen=[{weight!r}]) or train without max_norm")
