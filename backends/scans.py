@@ -12,6 +12,8 @@ leaves a scan output's element type unknown is left as it is. Unguarded, a Scan 
 scanned axis other than 0 killed the process (SIGFPE).
 A Scan whose length onnx's shape inference finds nonzero is not guarded: onnxruntime would fold
 the If, and folding guards nested in an If's branch lost a value ("Missing Input: scan21").
+A local function's Scans are guarded too (unguarded, one of no steps failed or killed the process
+alike).
 """
 
 from __future__ import annotations
@@ -29,19 +31,37 @@ __all__ = ["guard_empty"]
 def guard_empty(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` itself when it has no Scan to guard, else a copy in which each runs under an If
     on its length (the module docstring), in the main graph and in every subgraph (Loop and If
-    bodies, Scan bodies)."""
+    bodies, Scan bodies), and in the local functions' nodes (their inputs untyped: each Scan guarded)."""
     opset = ai_onnx_opset(model)
     if opset < 9:  # Scan-8: not rewritten
         return model
     source = with_body_output_shapes(model)
-    if _guard_nodes(source.graph.node, _declared(source.graph, {}), opset) is None:
+    if _guard_nodes(source.graph.node, _declared(source.graph, {}), opset) is None and not _functions(source, opset):
         return model
     try:  # lengths that onnx's shape inference knows (onnxruntime knows them too) need no guard
         source = onnx.shape_inference.infer_shapes(source)
     except (onnx.shape_inference.InferenceError, ValueError):
         pass
-    nodes = _guard_nodes(source.graph.node, _declared(source.graph, {}), opset)
-    return model if nodes is None else with_nodes(source, nodes)
+    nodes, functions = _guard_nodes(source.graph.node, _declared(source.graph, {}), opset), _functions(source, opset)
+    if nodes is None and not functions:
+        return model
+    out = with_nodes(source, list(source.graph.node) if nodes is None else nodes)
+    for i, guarded in functions.items():
+        del out.functions[i].node[:]
+        out.functions[i].node.extend(guarded)
+    return out
+
+
+def _functions(model: onnx.ModelProto, opset: int) -> dict[int, list[onnx.NodeProto]]:
+    """Index -> guarded nodes of each local function with a Scan to guard (of the function's own
+    ai.onnx opset, else the model's; Scan-8 not rewritten)."""
+    guarded = {}
+    for i, function in enumerate(model.functions):
+        own = ai_onnx_opset(function) or opset
+        nodes = None if own < 9 else _guard_nodes(function.node, {}, own)
+        if nodes is not None:
+            guarded[i] = nodes
+    return guarded
 
 
 def _declared(graph: onnx.GraphProto, outer: dict) -> dict:
