@@ -150,3 +150,33 @@ def test_training_batch_norm_of_shared_running_statistics_is_refused_as_torch_re
     with pytest.raises(gc.CaptureError, match=r"training-mode BatchNorm at .*test_dsl_vmap_control.py:\d+ gets a "
                                               r"per-example input while its running_mean and running_var"):
         gc.capture(lambda x: gc.vmap(lambda a: gc.nn.functional.batch_norm(a, m, v, training=True))(x), x=x)
+
+
+class _PerExampleBN(gc.nn.Module):
+    """An eval-mode BatchNorm1d under gc.vmap: each example's ``(N, C)`` rows alone (folded into N)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = gc.nn.BatchNorm1d(3, dtype="float64")
+
+    def forward(self, x):
+        return gc.vmap(lambda a: self.bn(a))(x)
+
+
+def test_training_an_eval_batch_norm_run_under_vmap_is_refused_as_torch_refuses_it():
+    """Its training graphs would switch it to batch statistics of all the examples folded into N,
+    each example updating the shared running statistics, which torch.func.vmap refuses; frozen
+    BatchNorm (its inference mode) trains."""
+    x = _data((2, 4, 3), seed=8)[0]
+    bn = torch.nn.BatchNorm1d(3, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="running_mean or running_var, which will be updated in place, were not"):
+        torch.vmap(bn.train())(torch.from_numpy(x))
+    model = gc.capture(_PerExampleBN(), x=gc.spec("float64", (2, 4, 3)))
+    want = torch.vmap(bn.eval())(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(gc.Session(model, backend="numpy").run({"x": x})["output"], want, rtol=1e-12)
+    loss = gc.losses.mse("output", label="y")
+    with pytest.raises(gc.PassError, match=r"the BatchNorm at .*test_dsl_vmap_control.py:\d+, run per example under "
+                                           r"gc.vmap in eval mode, cannot train with batch statistics"):
+        gc.training.generate(model, loss, gc.optim.SGD(lr=0.1))
+    frozen = gc.training.generate(model, loss, gc.optim.SGD(lr=0.1), batchnorm="frozen")
+    assert frozen.manifest.batchnorm == "frozen" and "bn.weight" in frozen.manifest.trainable

@@ -23,7 +23,7 @@ from graphc.dsl.vmap_rules import (
     reemit,
 )
 from graphc.errors import CaptureError
-from graphc.model import SOURCE_KEY
+from graphc.model import SOURCE_KEY, VMAP_FOLDED_KEY
 from graphc.passes.values import static_shape
 
 __all__ = ["known_shape", "merge_dims", "per_image", "split_dim"]
@@ -63,14 +63,15 @@ def split_dim(b: Batching, t: Tensor, axis: int) -> Tensor:
                                                ops.emit("Shape", [t], {"start": axis + 1})])])
 
 
-def per_image(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+def per_image(b: Batching, node: ir.Node, args: list, mark: dict | None = None) -> list[Arg]:
     """Ops on an ``(N, C, ...)`` input, each image alone (Conv, pools, inference BatchNorm): the
-    mapped dim folded into N and out again."""
+    mapped dim folded into N and out again; ``mark``: metadata for the node emitted."""
     only_first(args)
     if len(node.outputs) != 1:
         raise NoRule("more than one output")
     y = reemit(node, [merge_dims(args[0].t, 0, known_shape(b, args[0], node.inputs[0])),
                       *(a and a.t for a in args[1:])])[0]
+    y.value.producer().metadata_props.update(mark or {})
     return [Arg(split_dim(b, y, 0), True)]
 
 
@@ -98,15 +99,15 @@ def _conv(b: Batching, node: ir.Node, args: list) -> list[Arg]:
 
 
 def _batch_norm(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    """Inference BatchNorm: each image alone (``per_image``). Training mode of a mapped input with running
+    """Inference BatchNorm: each image alone (``per_image``), marked ``VMAP_FOLDED_KEY``. Training mode of a mapped input with running
     statistics the same for all examples is refused, as torch.func.vmap refuses it (each example would
     update them); with mapped running statistics each example's own statistics come from the Scan over the
     examples, which onnxruntime CPU runs faster than the one BatchNormalization of the examples folded into
     its channels ``(N, B*C, ...)`` (float32, 64 examples of (8, 16, 32): 0.18 ms vs 0.52 ms; of (32, 16, 8, 8):
     1.0 ms vs 24 ms; of 256 of (4, 8, 16): 0.40 ms both; written out in ReduceMeans over each example's N and
     spatial axes, 0.56 ms and 8.6 ms for the first two)."""
-    if not node_attrs(node).get("training_mode", 0):
-        return per_image(b, node, args)
+    if not node_attrs(node).get("training_mode", 0):  # marked: training graphs may not switch it (modes.py)
+        return per_image(b, node, args, {VMAP_FOLDED_KEY: node.metadata_props.get(SOURCE_KEY, "?")})
     if args[0].batched and not all(a is not None and a.batched for a in args[3:5]):
         raise CaptureError(f"gc.vmap: the training-mode BatchNorm at {node.metadata_props.get(SOURCE_KEY, '?')} "
                            f"gets a per-example input while its running_mean and running_var, which training "

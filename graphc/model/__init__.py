@@ -27,6 +27,9 @@ BUFFERS_KEY = "graphc.buffers"  # model metadata: the initializers gc.capture ma
 # name of its ``num_batches_tracked`` counter, and the count at capture (training graphs step it)
 COUNTER_KEY = "graphc.num_batches_tracked"
 COUNT_KEY = "graphc.batches_tracked"
+# BatchNormalization node metadata: an inference BatchNorm ``gc.vmap`` ran on the examples folded into N
+# (the user's line); the training graphs refuse to switch it to batch statistics, which would span them
+VMAP_FOLDED_KEY = "graphc.vmap_folded"
 # Models with more initializer bytes than this are saved with external data (protobuf caps a
 # single message at 2 GiB; staying well below keeps onnxruntime and the checker happy).
 EXTERNAL_DATA_THRESHOLD = 1 << 30

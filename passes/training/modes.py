@@ -32,7 +32,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import PassError
-from graphc.model import COUNT_KEY, COUNTER_KEY
+from graphc.model import COUNT_KEY, COUNTER_KEY, VMAP_FOLDED_KEY
 from graphc.passes.autodiff.rules_norm import affine_as_conv, batch_statistics, normalize
 from graphc.passes.emit import Emitter
 from graphc.passes.training import imports
@@ -176,7 +176,21 @@ def set_training_mode(b: Emitter, graph: ir.Graph, noise: list[str] | None = Non
         if node.op_type == "Dropout":
             _dropout_with_noise(b, graph, node, noise)
         elif node.op_type == "BatchNormalization" and batchnorm:
+            _refuse_vmap_folded(node)
             node.attributes["training_mode"] = ir.AttrInt64("training_mode", 1)
+
+
+def _refuse_vmap_folded(node: ir.Node) -> None:
+    """A PassError for an inference BatchNorm ``gc.vmap`` ran on the examples folded into N
+    (``VMAP_FOLDED_KEY``): its batch statistics would span all examples, and each example would
+    update the shared running statistics, which torch.func.vmap refuses."""
+    where = node.metadata_props.get(VMAP_FOLDED_KEY)
+    if where is not None:
+        raise PassError(f"the BatchNorm at {where}, run per example under gc.vmap in eval mode, cannot train "
+                        f"with batch statistics: they would span all the examples folded into its batch, and "
+                        f"each example would update the same running statistics (torch.func.vmap refuses "
+                        f"this too); generate with batchnorm=\"frozen\", or give it track_running_stats=False "
+                        f"and capture in training mode for each example's own statistics")
 
 
 def lower_batchnorm(b: Emitter, graph: ir.Graph, device: str = "cpu") -> dict[str, ir.Value]:
