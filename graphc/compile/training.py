@@ -178,6 +178,8 @@ class Manifest(BaseModel):
     orders: dict[str, list[int]] = {}
     recompute: bool = False  # the backward recomputes cheap forward values (generate's option)
     device: Literal["cpu", "cuda"] = "cpu"  # whose kernels the backward's lowerings suit (generate's option)
+    # train-mode BatchNorms with one value per channel in a batch of one row: {module: [data input, axis]}
+    one_row_batchnorms: dict[str, tuple[str, int]] = {}
 
     def pack(self, tensors: Mapping[str, np.ndarray], graph: str | None = None, *,
              consume: bool = False) -> dict[str, np.ndarray]:
@@ -596,7 +598,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         layout=[FlatBuffer(name=g.name, dtype=str(as_dtype(int(g.dtype))), params=g.params,
                            shapes=[list(s) for s in g.shapes], slots=list(built.slots),
                            weight_decay=g.weight_decay) for g in built.layout],
-        orders=built.orders)
+        orders=built.orders, one_row_batchnorms=built.one_row_batchnorms)
     return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
                              graphs["inference"], built.state, manifest, graphs.get("noise_shapes"))
 

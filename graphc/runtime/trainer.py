@@ -160,6 +160,31 @@ def refuse_empty(feeds: Mapping[str, Any], what: str) -> None:
                              f"(shape {tuple(np.shape(array))})")
 
 
+def refuse_one_row(manifest, feeds: Mapping[str, Any]) -> None:
+    """A train step on a batch that gives a train-mode BatchNorm one value per channel
+    (``Manifest.one_row_batchnorms``): its running variance would turn NaN (n/(n-1) = 1/0) with a
+    finite loss. PyTorch raises on it too."""
+    for bn, (name, axis) in manifest.one_row_batchnorms.items():
+        if name in feeds and np.ndim(feeds[name]) > axis and np.shape(feeds[name])[axis] == 1:
+            raise InputError(f"a train step needs more than 1 value per channel in BatchNorm {bn!r}: the batch's "
+                             f"{name!r} has 1 row (shape {tuple(np.shape(feeds[name]))}); its running variance "
+                             "would become NaN (PyTorch raises too). Train on 2 rows or more "
+                             "(gc.data.DataLoader(..., drop_last=True) drops a last batch of 1)")
+
+
+def _one_row_batch(manifest, loader) -> None:
+    """Refuse, before the first step, a loader that gives a batch of 1 row to a model with a
+    BatchNorm ``refuse_one_row`` would refuse it for (a last partial batch of 1 included)."""
+    if not manifest.one_row_batchnorms:
+        return
+    size, rows = loader.batch_size, loader.num_samples
+    if size == 1 or (not loader.drop_last and rows % size == 1):
+        raise ValueError(f"the training loader gives a batch of 1 row ({rows} rows in batches of {size}), on which "
+                         f"BatchNorm {next(iter(manifest.one_row_batchnorms))!r} has 1 value per channel and its "
+                         "running variance would become NaN (PyTorch raises too): use drop_last=True or another "
+                         "batch size")
+
+
 def _without_initializers(proto: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
     """``proto`` (a fresh copy: ``Model.proto`` serializes anew) without the initializers named
     in ``names`` (they are fed), edited in place: no second copy of the weights."""
@@ -355,6 +380,7 @@ class Trainer:
         ``step_count`` all advanced), never half way."""
         feeds = self._batch_feeds(batch, self.batch_specs)
         refuse_empty(feeds, "a train step")
+        refuse_one_row(self.manifest, feeds)
         check_labels(self.manifest, feeds, "a train step")
         with self._interrupts:
             if self.noise_specs:
@@ -553,6 +579,7 @@ class Trainer:
         check_training_loader(loader)
         if self.epoch < epochs:
             check_batches(loader, "training loader")
+            _one_row_batch(self.manifest, loader)
             check_labels(self.manifest, loader.arrays, "the training loader")  # rows, not batch rows
         if isinstance(eval_loader, DataLoader):
             check_batches(eval_loader, "eval loader")

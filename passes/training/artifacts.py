@@ -80,6 +80,7 @@ class Built:
     layout: list[flat.Group]  # the flat param buffers (empty: one update per param), params in the model's order
     slots: tuple[str, ...]  # optimizer state per param or buffer: ``<name>.<slot>``
     orders: dict[str, list[int]]  # params train_step holds in another axis order (``taps_params``)
+    one_row_batchnorms: dict[str, tuple[str, int]]  # train-mode BatchNorms a 1-row batch makes NaN (``modes``)
 
 
 def build(model: ir.Model, loss: LossArgs, optimizer: dict,
@@ -89,6 +90,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     """The training graphs of ``model``; ``optimizer`` is the spec as JSON (``{"kind": "sgd", "lr":
     ..., ...}``); ``nchwc``: the CPU's NCHWc channel block the backward may count on (0: none)."""
     base = _prepare(model)
+    one_row = modes.one_row_batchnorms(base.graph) if batchnorm != "frozen" else {}
     order = {name: i for i, name in enumerate(model.graph.initializers)}  # promoted constants last
     opset = onnx_opset(base, 0)
     bn_stats = buffer_updates.with_written(base.graph, modes.batchnorm_stats(base.graph))  # + buffers written
@@ -160,7 +162,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     feeds = {o.name: o.feeds for o in step_outputs if o.feeds is not None}
     state = _initial_state(gradients.graph, params, bn_stats, slots, optimizer, lr_dtype)
     return Built(graphs, roles, feeds, params, frozen_all, constants, state, model_outputs, opset, groups, slots,
-                 orders)
+                 orders, one_row)
 
 
 def _decays(params: Sequence[str], no_decay: Sequence[str]) -> dict[str, bool]:

@@ -51,6 +51,26 @@ def batchnorm_stats(graph: ir.Graph) -> list[str]:
     return names
 
 
+def one_row_batchnorms(graph: ir.Graph) -> dict[str, tuple[str, int]]:
+    """The BatchNormalizations whose input has one value per channel when a data input's
+    symbolic dim is 1 (``[N, C]`` or ``[N, C, 1, ...]``, N that dim): {the BatchNorm, as its
+    running mean's module (``bn``) or its node's name: (that input, its axis)}. Trained on such a
+    batch, the running variance's unbiased factor n/(n-1) is 1/0 and the statistics turn NaN
+    while the loss stays finite; PyTorch raises ("Expected more than 1 value per channel when
+    training"), and the Trainer refuses the batch."""
+    dims = {d.value: (v.name, j) for v in reversed(graph.inputs) if not v.is_initializer() and v.shape is not None
+            for j, d in enumerate(v.shape) if not isinstance(d, int) and d.value}
+    found: dict[str, tuple[str, int]] = {}
+    for node in graph:
+        x = node.inputs[0] if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx") else None
+        if x is None or x.shape is None or len(x.shape) < 2 or isinstance(x.shape[0], int):
+            continue
+        if x.shape[0].value in dims and all(d == 1 for d in list(x.shape)[2:]):
+            stat = tracked_stat(node.inputs[3]) if len(node.inputs) > 3 else None
+            found[stat.name.rsplit(".", 1)[0] if stat is not None else node.name] = dims[x.shape[0].value]
+    return found
+
+
 def tracked_stat(value: ir.Value | None) -> ir.Value | None:
     """The initializer a BatchNormalization's running statistic is, or tiles along its one axis
     (``gc.nn.InstanceNorm*d(track_running_stats=True)``, torch's instance norm: a BatchNorm of
