@@ -11,6 +11,7 @@ from graphc.dsl.distributions.discrete import Bernoulli, Categorical, OneHotCate
 from graphc.dsl.distributions.gamma import Beta, Chi2, Dirichlet, Gamma, StudentT, VonMises
 from graphc.dsl.distributions.independent import Independent
 from graphc.dsl.distributions.kl import kl_divergence, register_kl
+from graphc.dsl.distributions.lkj import LKJCholesky
 from graphc.dsl.distributions.lowrank import LowRankMultivariateNormal
 from graphc.dsl.distributions.mvn import MultivariateNormal
 from graphc.dsl.distributions.transformed import (HalfCauchy, HalfNormal, Pareto, RelaxedBernoulli,
@@ -35,3 +36,4 @@ __all__ = ["AbsTransform", "AffineTransform", "Bernoulli", "Beta", "Binomial", "
            "VonMises", "biject_to", "constraints", "identity_transform", "kl_divergence", "register_kl",
            "transform_to", "transforms"]
 __all__ += ["CorrCholeskyTransform"]
+__all__ += ["LKJCholesky"]
