@@ -29,7 +29,7 @@ import math
 import numpy as np
 import onnx
 
-from graphc.backends import doubles_layers, doubles_recurrent, doubles_windows, mvn
+from graphc.backends import doubles_activations, doubles_layers, doubles_recurrent, doubles_windows, mvn
 from graphc.backends.written_out import Writer, lower_doubles
 from graphc.errors import BackendError
 from graphc.model import node_label, node_source
@@ -282,11 +282,12 @@ _RECURRENT = frozenset(doubles_recurrent.LOWERINGS)
 def lower_double(model: onnx.ModelProto, device: str = "cpu") -> onnx.ModelProto:
     """``model`` itself when no graph of it has one of these ops (nor a MeanVarianceNormalization, ``mvn``; nor a
     Conv, ConvTranspose or pool, ``doubles_windows``; nor a Resize, Upsample, InstanceNormalization or PRelu,
-    ``doubles_layers``; nor an RNN, GRU or LSTM, ``doubles_recurrent``) in double, else a copy with each written out
+    ``doubles_layers``; nor an RNN, GRU or LSTM, ``doubles_recurrent``; nor an activation, Hardmax, Mean or NonZero,
+    ``doubles_activations``, written out on either device) in double, else a copy with each written out
     (the module docstrings). On ``device`` "cuda" the ops the CUDA provider runs in double are left to it."""
     layers = {**doubles_windows.LOWERINGS, **doubles_layers.LOWERINGS, **doubles_recurrent.LOWERINGS}
     keep = None
     if device == "cuda":
         layers = {op: fn for op, fn in layers.items() if op not in _CUDA_DOUBLE_KERNELS}
         keep = lambda node: node.op_type in _RECURRENT and doubles_recurrent.cudnn_runs(node)
-    return lower_doubles(model, {**_LOWERINGS, **mvn.LOWERING, **layers}, keep)
+    return lower_doubles(model, {**_LOWERINGS, **mvn.LOWERING, **doubles_activations.LOWERINGS, **layers}, keep)

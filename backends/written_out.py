@@ -55,6 +55,17 @@ class Writer:
         scale = self.op("Where", self.op("IsInf", u), one, self.op("Div", u, self.op("Sub", wv, one)))
         return self.op("Where", self.op("Equal", wv, one), u, self.op("Mul", self.op("Log", wv), scale))
 
+    def expm1(self, v: str) -> str:
+        """exp(v) - 1 of a double ``v``, as (u - 1) v / log(u), u = exp(v) (Kahan): accurate near 0."""
+        one = self.const(1.0, np.float64)
+        u = self.op("Exp", v)
+        below = self.op("Sub", u, one)
+        ratio = self.op("Div", self.op("Mul", below, v), self.op("Log", u))
+        # u - 1 == -1 (v far below 0): -1 itself; u infinite: u; u == 1: v
+        held = self.op("Where", self.op("Equal", below, self.const(-1.0, np.float64)), below, ratio)
+        held = self.op("Where", self.op("IsInf", u), u, held)
+        return self.op("Where", self.op("Equal", u, one), v, held)
+
     def reduce_mean(self, v: str, axes: list[int]) -> str:
         """ReduceMean over ``axes`` keeping dims, the axes an input from opset 18."""
         if self.opset >= 18:
