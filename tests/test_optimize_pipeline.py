@@ -76,3 +76,20 @@ def test_optimize_in_place_restores_declared_output_shape():
     model.graph.outputs[0].shape = ir.Shape(["N", 4])
     optimize_in_place(model, 2)
     assert [str(d) for d in model.graph.outputs[0].shape] == ["N", "4"]
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_optimize_of_the_transformer_train_step_is_a_fixed_point(level):
+    """A second ``gc.optimize`` changes nothing: the finish's constants lifted to initializers (and deduplicated)
+    let CSE merge 6 Reshapes and the algebraic pass 2 more, which the first run left to a second one."""
+    import collections
+
+    import graphc as gc
+    from graphc.models import EXAMPLES
+
+    factory, inputs = EXAMPLES["transformer"]
+    arts = gc.training.generate(gc.capture(factory(), **inputs(), training=True),
+                                gc.losses.cross_entropy("output", label="y"), gc.optim.Adam(1e-2))
+    ops = lambda m: collections.Counter(n.op_type for n in m.proto.graph.node)
+    once = gc.optimize(arts.train_step, level)
+    assert ops(gc.optimize(once, level)) == ops(once)

@@ -149,9 +149,9 @@ def _quiet_libraries():
 
 class Pipeline:
     """Runs ``loop`` passes in rounds until none can change
-    anything more (at most ``max_rounds``), then ``finish`` passes once (one that is also in
-    ``loop``, the same instance, only if something changed since it last ran idle). Every
-    in-place pass runs on the same model.
+    anything more (at most ``max_rounds``), then ``finish`` passes (one that is also in
+    ``loop``, the same instance, only if something changed since it last ran idle); both again
+    while a finish pass's change can enable a loop pass. Every in-place pass runs on the same model.
 
     A loop pass is skipped while nothing that could enable it changed since it last ran idle.
     By default any change by any pass counts; a pass may narrow that with three attributes:
@@ -203,27 +203,35 @@ class Pipeline:
             if i is not None and not declared(p).idempotent:
                 dirty[i] = True
 
-        for round_ in range(1, self.max_rounds + 1 if self.loop else 1):
-            report.rounds = round_
-            for i, p in enumerate(self.loop):
-                if not dirty[i]:
+        # Loop to a fixed point, then the finish; a finish pass's change may enable a loop pass (constants lifted to
+        # initializers, deduplicated, let CSE merge the Reshapes that read them), so the loop and the finish run
+        # again until the finish leaves no loop pass dirty (at most ``max_rounds`` rounds in all).
+        round_ = 0
+        while True:
+            while self.loop and round_ < self.max_rounds:
+                round_ += 1
+                report.rounds = round_
+                for i, p in enumerate(self.loop):
+                    if not dirty[i]:
+                        continue
+                    dirty[i] = False
+                    model, modified = self._run_one(p, model, round_, interface, report, count)
+                    if modified:
+                        changed_by(i, p)
+                if not any(dirty):
+                    break
+            # A finish pass that is also a loop pass (the same instance) is skipped unless dirty.
+            for p in self.finish:
+                i = in_loop.get(id(p))
+                if i is not None and not dirty[i]:
                     continue
-                dirty[i] = False
-                model, modified = self._run_one(p, model, round_, interface, report, count)
+                model, modified = self._run_one(p, model, report.rounds + 1, interface, report, count)
+                if i is not None:
+                    dirty[i] = False
                 if modified:
                     changed_by(i, p)
-            if not any(dirty):
+            if not any(dirty) or round_ >= self.max_rounds:
                 break
-        # A finish pass that is also a loop pass (the same instance) is skipped unless dirty.
-        for p in self.finish:
-            i = in_loop.get(id(p))
-            if i is not None and not dirty[i]:
-                continue
-            model, modified = self._run_one(p, model, report.rounds + 1, interface, report, count)
-            if i is not None:
-                dirty[i] = False
-            if modified:
-                changed_by(i, p)
         report.nodes_after = count(model)
         report.seconds = time.perf_counter() - start
         return model
