@@ -272,10 +272,13 @@ _LOWERINGS = {"Tan": _tan, "Sinh": _sinh, "Cosh": _cosh, "Asin": _asin, "Acos": 
 
 
 # onnxruntime's CUDA provider has double kernels for these (its registrations of Conv, ConvTranspose, the average and
-# max pools, InstanceNormalization, PRelu, Resize and Upsample), where its CPU provider has none; LpPool and
-# GlobalLpPool have none on either. Its RNN, GRU and LSTM (cuDNN) take only some forms: doubles_recurrent.cudnn_runs
+# max pools, InstanceNormalization, PRelu, Resize and Upsample, and in cuda/activation/activations.cc of Elu,
+# HardSigmoid, LeakyRelu, Selu, Softplus, Softsign and ThresholdedRelu), where its CPU provider has none; LpPool,
+# GlobalLpPool, Celu (float only), HardSwish, Mish, Hardmax, Mean and NonZero have none on either. Its RNN, GRU and
+# LSTM (cuDNN) take only some forms: doubles_recurrent.cudnn_runs
 _CUDA_DOUBLE_KERNELS = frozenset({"Conv", "ConvTranspose", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
-                                  "Resize", "Upsample", "InstanceNormalization", "PRelu"})
+                                  "Resize", "Upsample", "InstanceNormalization", "PRelu", "Elu", "HardSigmoid",
+                                  "LeakyRelu", "Selu", "Softplus", "Softsign", "ThresholdedRelu"})
 _RECURRENT = frozenset(doubles_recurrent.LOWERINGS)
 
 
@@ -283,11 +286,12 @@ def lower_double(model: onnx.ModelProto, device: str = "cpu") -> onnx.ModelProto
     """``model`` itself when no graph of it has one of these ops (nor a MeanVarianceNormalization, ``mvn``; nor a
     Conv, ConvTranspose or pool, ``doubles_windows``; nor a Resize, Upsample, InstanceNormalization or PRelu,
     ``doubles_layers``; nor an RNN, GRU or LSTM, ``doubles_recurrent``; nor an activation, Hardmax, Mean or NonZero,
-    ``doubles_activations``, written out on either device) in double, else a copy with each written out
-    (the module docstrings). On ``device`` "cuda" the ops the CUDA provider runs in double are left to it."""
-    layers = {**doubles_windows.LOWERINGS, **doubles_layers.LOWERINGS, **doubles_recurrent.LOWERINGS}
+    ``doubles_activations``) in double, else a copy with each written out (the module docstrings). On
+    ``device`` "cuda" the ops the CUDA provider runs in double are left to it."""
+    layers = {**doubles_windows.LOWERINGS, **doubles_layers.LOWERINGS, **doubles_recurrent.LOWERINGS,
+              **doubles_activations.LOWERINGS}
     keep = None
     if device == "cuda":
         layers = {op: fn for op, fn in layers.items() if op not in _CUDA_DOUBLE_KERNELS}
         keep = lambda node: node.op_type in _RECURRENT and doubles_recurrent.cudnn_runs(node)
-    return lower_doubles(model, {**_LOWERINGS, **mvn.LOWERING, **doubles_activations.LOWERINGS, **layers}, keep)
+    return lower_doubles(model, {**_LOWERINGS, **mvn.LOWERING, **layers}, keep)

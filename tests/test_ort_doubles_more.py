@@ -303,16 +303,17 @@ def test_float64_cnn_trains_on_ort_step_for_step_with_numpy():
 
 
 def test_cuda_sessions_leave_the_ops_it_runs_in_double_to_the_provider():
-    """The CUDA provider has double kernels for Conv, the pools, Resize, InstanceNormalization and
-    PRelu: only LpPool (no double kernel on either provider) is written out for it."""
+    """The CUDA provider has double kernels for Conv, the pools, Resize, InstanceNormalization, PRelu
+    and seven activations: only LpPool and Mish (no double kernel on either provider) are written out for it."""
     x = helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, [1, 2, 5, 5])
     w = numpy_helper.from_array(np.ones((3, 2, 3, 3)), "w")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("LpPool", ["c"], ["y"], kernel_shape=[2, 2])]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Elu", ["c"], ["e"]),
+             helper.make_node("Mish", ["e"], ["m"]), helper.make_node("LpPool", ["m"], ["y"], kernel_shape=[2, 2])]
     graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, None)], [w])
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     ops = {device: {n.op_type for n in doubles.lower_double(proto, device).graph.node} for device in ("cpu", "cuda")}
-    assert "Conv" not in ops["cpu"] and "LpPool" not in ops["cpu"]
-    assert "Conv" in ops["cuda"] and "LpPool" not in ops["cuda"]
+    assert not {"Conv", "Elu", "Mish", "LpPool"} & ops["cpu"]
+    assert {"Conv", "Elu"} <= ops["cuda"] and not {"Mish", "LpPool"} & ops["cuda"]
 
 
 def test_a_fed_initializer_is_not_taken_for_a_constant():
