@@ -299,12 +299,17 @@ def signature_targets(graph: ir.Graph, kind: str) -> set[str]:
 
 
 def module_path(node: ir.Node) -> str:
-    """The module a dynamo export recorded ``node`` under (``emb``, ``layer1.0.bn1``), else ""."""
+    """The module a dynamo export recorded ``node`` under (``emb``, ``layer1.0.bn1``), else "".
+    The scopes are each a full path (``['', 'layer1', 'layer1.0', 'layer1.0.bn1', 'batch_norm']``)
+    or each one name (``['', 'layer1', '0', 'bn1', ...]``)."""
     try:
         scopes = ast.literal_eval(node.metadata_props.get(_NAME_SCOPES, "[]"))
     except (ValueError, SyntaxError):
         return ""
-    return ".".join(map(str, scopes[1:-1])) if isinstance(scopes, list) else ""
+    path = ""
+    for scope in map(str, scopes[1:-1] if isinstance(scopes, list) else ()):
+        path = scope if not path or scope.startswith(f"{path}.") else f"{path}.{scope}"
+    return path
 
 
 def _tied_parameters(graph: ir.Graph, signature: set[str]) -> set[str]:
