@@ -45,7 +45,7 @@ from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
 from graphc.passes.infer import correct_onnx_inference
 from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, modes, optimizers
-from graphc.passes.training import noise as noise_shapes, recompute as recomputation, reductions, taps_params
+from graphc.passes.training import noise as noise_shapes, padding_rows, recompute as recomputation, reductions, taps_params
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.values import onnx_opset, stops_gradient
 
@@ -99,6 +99,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
 
     inference = base.clone()
     buffer_updates.inference_mode(inference.graph)
+    padding_rows.freeze_padding_rows(base.graph)  # after the clone: inference keeps the plain lookup
 
     free_names(base.graph, _reserved(loss, optimizer))
     label = append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
