@@ -132,15 +132,11 @@ ARCHS = {
 EXPORTERS = ("torchscript", "dynamo")
 
 
-def build(name: str, seed: int = 0, attention: str | None = None):
-    """(wrapper in train mode, example inputs, labels) for ``name``; the same for a seed.
-    ``attention``: the attention implementation (``"eager"``: the TorchScript exporter fails on
-    the SDPA path of GPT-2 and Llama with ``unordered_map::at``)."""
+def build(name: str, seed: int = 0):
+    """(wrapper in train mode, example inputs, labels) for ``name``; the same for a seed."""
     torch.manual_seed(seed)
     model, names, makers, field = ARCHS[name]()
     model.config.use_cache = False
-    if attention:
-        model.config._attn_implementation = attention
     with torch.no_grad():  # norms as after training: distinct values (dynamo would merge equal ones)
         for sub in model.modules():
             for attr in ("weight", "bias"):
@@ -238,7 +234,7 @@ def audit(name: str, exporter: str, steps: int = 3, lr: float = 1e-3, row: dict 
 
     row = {} if row is None else row
     row.update(arch=name, exporter=exporter, stage="build")
-    wrapper, inputs, y = build(name, attention="eager" if exporter == "torchscript" else None)
+    wrapper, inputs, y = build(name)
     fresh = copy.deepcopy(wrapper)
     for sub in fresh.modules():  # an ONNX attribute holds a float32: eps=1e-3 is 1.0000000475e-3, which
         for attr in ("eps", "variance_epsilon"):  # BatchNorm over 2x2 maps amplifies to 1e-4 in gradients
