@@ -21,9 +21,9 @@ onnxruntime step; every exporter export loaded, every generated graph passed
     distilbert    D    3e-8 / 3e-8    1.0e-7   7.8e-8    1.0e-6   5.3
     gpt2          D    3e-7 / 2e-7    6.7e-8   1.3e-7    7.0e-7   4.8   (TS: torch fails, unordered_map::at)
     t5            TS   2e-7 / 2e-7    1.9e-7       0     3.6e-5  11.6
-    t5            D    2e-7 / 3e-7    3.0e-7   1.1e-7    3.6e-5   0.9   (a false "folded" warning: shared)
+    t5            D    2e-7 / 3e-7    3.0e-7   1.1e-7    3.6e-5   0.9
     bart          TS   2e-7 / 2e-7    8.2e-8   6.3e-8    6.8e-6   1.2   (final_logits_bias frozen)
-    bart          D    3e-7 / 2e-7    9.2e-8   6.3e-8    6.8e-6   8.2   (a false "folded" warning: shared)
+    bart          D    3e-7 / 2e-7    9.2e-8   6.3e-8    6.8e-6   8.2
     vit           TS   1e-7 / 1e-7    1.0e-7       0     1.4e-6   0.6
     vit           D       0 / 6e-8    2.1e-7       0     1.4e-6   0.8
     swin          TS   1e-7 / 1e-7    1.5e-7   7.7e-8    3.1e-6   0.8

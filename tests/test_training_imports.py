@@ -684,3 +684,43 @@ def test_frozen_batchnorm_matches_torch_eval_mode_gradients(exporter):
         np.testing.assert_array_equal(trainer.state_dict()[n], before)
     with pytest.raises(ValueError, match="batchnorm must be"):
         gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1), batchnorm="eval")
+
+
+def test_a_module_registered_under_two_names_is_no_folded_parameter(tmp_path):
+    """T5 and BART register their embedding as ``shared`` and as ``encoder.embed_tokens``, tied
+    to ``lm_head``: the dynamo exporter lists all three names and keeps the last. No node ran
+    under ``shared``, and ``shared.weight`` was warned about as "folded into other tensors"; it
+    is the weight trained as ``head.weight``, as torch trains it."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.shared = torch.nn.Embedding(10, 4)
+            self.enc = torch.nn.Sequential(self.shared, torch.nn.Tanh())
+            self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = self.shared.weight
+
+        def forward(self, ids):
+            return self.head(self.enc(ids))
+
+    net = Net()
+    ids, y = torch.tensor([[1, 3, 5], [2, 0, 9]]), torch.randn(2, 3, 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (ids,), dynamo=True, optimize=False, verbose=False, input_names=["x"],
+                          output_names=["out"]).save(tmp_path / "alias.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        arts = gc.training.generate(gc.load(tmp_path / "alias.onnx"), gc.losses.mse("out", label="y"), gc.optim.SGD(0.1))
+    assert arts.manifest.trainable == ["head.weight"]
+    trainer, opt = gc.Trainer(arts, backend="numpy"), torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(net(ids), y)
+        loss.backward()
+        opt.step()
+        np.testing.assert_allclose(trainer.step({"x": ids.numpy(), "y": y.numpy()}), loss.item(), rtol=1e-5)
+    np.testing.assert_allclose(trainer.state_dict()["head.weight"], net.shared.weight.detach().numpy(), rtol=1e-5,
+                               atol=1e-6)

@@ -279,8 +279,9 @@ def folded_parameters(model: ir.Model, params: Sequence[str]) -> list[str]:
         sources = {name: _sources(value) for name, value in graph.initializers.items()}
         found = [f"{name!r} (copies of {', '.join(sorted(sources[name] & signature))})" for name in params
                  if sources.get(name, set()) & signature and _repeats(graph.initializers[name])]
-        gone = sorted(signature - set(graph.initializers) - {s for group in sources.values() for s in group}
-                      - _tied_parameters(graph, signature))
+        gone = signature - set(graph.initializers) - {s for group in sources.values() for s in group} \
+            - _tied_parameters(graph, signature)
+        gone = sorted(gone - _aliases(graph, gone))
         return found + ([f"parameters {', '.join(gone)} (folded into other tensors)"] if gone else [])
     if model.producer_name != _TORCH:
         return []
@@ -331,6 +332,28 @@ def _tied_parameters(graph: ir.Graph, signature: set[str]) -> set[str]:
             if module and owner != module and f"{module}.{attribute}" in signature:
                 tied.add(f"{module}.{attribute}")
     return tied
+
+
+def _aliases(graph: ir.Graph, gone: set[str]) -> set[str]:
+    """The parameters among ``gone`` that are another name of a weight kept under its last one:
+    torch.export lists every name of a module registered twice (T5's ``shared`` is its
+    ``encoder.embed_tokens``) and keeps the tensor under the last. One is a parameter of a module
+    no node ran under and with no buffer (a BatchNorm fused away leaves its statistics gone too),
+    named before a kept initializer of the same attribute that another module's node reads (a
+    tie: ``lm_head.weight`` read by the embedding)."""
+    order = re.findall(r"(?:PARAMETER|BUFFER) target='([^']+)'", graph.metadata_props.get(_SIGNATURE, ""))
+    buffers = signature_targets(graph, "BUFFER")
+    ran = {module_path(node) for node in graph}
+    shared = {value.name for node in graph if (path := module_path(node)) for value in node.inputs
+              if value is not None and value.is_initializer() and value.name.rpartition(".")[0] not in ("", path)}
+    aliases = set()
+    for name in gone:
+        module, _, attribute = name.rpartition(".")
+        later = order[order.index(name) + 1:] if name in order else []
+        if module not in ran and not any(b.startswith(f"{module}.") for b in buffers) and any(
+                n in shared and n.endswith(f".{attribute}") for n in later):
+            aliases.add(name)
+    return aliases
 
 
 def _repeats(value: ir.Value) -> bool:
