@@ -14,8 +14,10 @@ strs (symbolic dims) and None (unknown dims), or None when even the rank is unkn
   counted on the example models' capture and ``train_step``. A rule agrees with onnx's inference
   wherever it answers (tests/test_infer.py checks that), but for two onnx 1.23 errors: a ceil_mode
   pool's last window that starts in the padding (dropped, as torch checks) and a Conv or pool with
-  no window (refused; onnx answers 0 or less). Where it cannot decide (an unknown rank,
-  an input that is not constant, an invalid attribute) it returns None. It raises
+  no window (refused; onnx answers 0 or less); and it keeps the rank of a Reduce of computed
+  axes with keepdims, where onnx infers nothing (``gc.func.hessian``'s broadcast gradients need it
+  to batch). Where it cannot decide (an unknown rank, an input that is not constant, an invalid
+  attribute) it returns None. It raises
   ``InferenceError`` for dims that cannot agree (broadcasting, MatMul/Gemm inner dims, Concat).
 - ``fallback=True`` (the DSL) asks onnx's per-node inference (about 0.1 ms a node) for the other
   ops and the undecided shapes, and turns its errors into ``InferenceError``. The passes'
@@ -348,8 +350,10 @@ def _squeeze(n: _Node, dtype):
 
 def _reduce(n: _Node, dtype):
     shape, axes = n.shape(0), n.axes()
-    if shape is None or axes is False:
+    if shape is None:
         return dtype, None
+    if axes is False:  # computed axes: keepdims keeps the rank, each dim itself or 1 (onnx infers nothing)
+        return dtype, tuple(1 if d == 1 else None for d in shape) if n.attr("keepdims", 1) else None
     if not axes:
         if n.attr("noop_with_empty_axes", 0):
             return dtype, shape
