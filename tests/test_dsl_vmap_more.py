@@ -76,8 +76,9 @@ def _fori(M, x):
                 c = torch.tanh(c) * 1.5 + a * i
             rows.append(c)
         return torch.stack(rows)
-    step = lambda a: lambda i, c: gc.tanh(c) * 1.5 + a * i.to("float64")  # noqa: E731
-    return gc.vmap(lambda a, n: gc.fori_loop(0, n, step(a), a), fallback="error")(x, gc.tensor(_TRIPS))
+    def one(a, n):
+        return gc.fori_loop(0, n, lambda i, c: gc.tanh(c) * 1.5 + a * i.to("float64"), a)
+    return gc.vmap(one, fallback="error")(x, gc.tensor(_TRIPS))
 
 
 def _while(cond_fn, body_fn, init):
