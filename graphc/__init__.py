@@ -110,6 +110,8 @@ _COUNTS_OPS = "bincount unique unique_consecutive histogramdd".split()
 _GAMMA_GRAD_OPS = "_standard_gamma_grad _dirichlet_grad".split()
 _VMAP_OPS = "vmap".split()
 _FAKE_QUANTIZE_OPS = "fake_quantize_per_tensor_affine fake_quantize_per_channel_affine".split()
+_FAKE_QUANTIZE_LEARNABLE_OPS = ("fake_quantize_learnable_per_tensor_affine "
+                                "fake_quantize_learnable_per_channel_affine").split()
 # torch's names still missing (the torch coverage sweep), by graphc.dsl module
 _TORCH_COVERAGE_OPS = {
     "linalg_legacy": "svd qr lu pinverse matrix_rank nuclear_norm frobenius_norm norm_except_dim",
@@ -153,6 +155,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_counts", op) for op in _COUNTS_OPS},
     **{op: ("graphc.dsl.vmap", op) for op in _VMAP_OPS},
     **{op: ("graphc.dsl.ops_fake_quantize", op) for op in _FAKE_QUANTIZE_OPS},
+    **{op: ("graphc.dsl.ops_fake_quantize_learnable", op) for op in _FAKE_QUANTIZE_LEARNABLE_OPS},
     "func": ("graphc.nn.func", None),
     **{op: (f"graphc.dsl.{module}", op) for module, ops in _TORCH_COVERAGE_OPS.items() for op in ops.split()},
     "nextafter": ("graphc.dsl.ops_nextafter", "nextafter"),

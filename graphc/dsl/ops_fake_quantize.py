@@ -19,7 +19,7 @@ _FLOATS = ("float16", "bfloat16", "float32", "float64")
 _QDQ_TYPES = {(-128, 127): np.int8, (0, 255): np.uint8}
 
 
-def _check_range(op: str, x: Tensor, quant_min: Any, quant_max: Any) -> None:
+def check_range(op: str, x: Tensor, quant_min: Any, quant_max: Any) -> None:
     for name, v in (("quant_min", quant_min), ("quant_max", quant_max)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
             raise op_error(op, [x], f"{name} must be an int, got {type(v).__name__} {v!r}", user_source())
@@ -39,7 +39,7 @@ def _zero_point_number(op: str, x: Tensor, zero_point: Any, quant_min: int, quan
                        f"outside [{quant_min}, {quant_max}]", user_source())
 
 
-def _quantize(x: Tensor, inv: Tensor, zp: Tensor, quant_min: int, quant_max: int, per_channel: bool,
+def quantize_clamped(x: Tensor, inv: Tensor, zp: Tensor, quant_min: int, quant_max: int, per_channel: bool,
               zp_in_round: bool = False):
     """``(q, mask)``: ``q = clamp(round(x * inv) + zp)`` (``round(x * inv + zp)`` if ``zp_in_round``),
     NaN to ``quant_min`` as torch's ``fmax(NaN, lo)``; ``mask`` where it was in range. torch's
@@ -73,7 +73,7 @@ def _straight_through(x: Tensor, value: Tensor, mask: Tensor) -> Tensor:
     return detach(value) + where(mask, x - detach(x), scalar(0.0, x))
 
 
-def _compute(x: Tensor) -> Tensor:
+def float_compute(x: Tensor) -> Tensor:
     """float16/bfloat16 as float32: torch's kernels multiply them by a float ``inv_scale``."""
     return x if x.dtype in ("float32", "float64") else cast(x, "float32")
 
@@ -88,7 +88,7 @@ def fake_quantize_per_tensor_affine(input: Any, scale: Any, zero_point: Any, qua
     QuantizeLinear + DequantizeLinear, the others to arithmetic. Signature: ai.onnx@21::QuantizeLinear"""
     op = "fake_quantize_per_tensor_affine"
     x = lift(input)
-    _check_range(op, x, quant_min, quant_max)
+    check_range(op, x, quant_min, quant_max)
     if isinstance(zero_point, Tensor):
         zp = cast(cast(reshape(detach(zero_point), []), "int64"), "float32")  # torch's zero_point.item() as int
     else:
@@ -99,14 +99,14 @@ def fake_quantize_per_tensor_affine(input: Any, scale: Any, zero_point: Any, qua
     else:
         sc = constant(np.float32(scale))
     inv = unary("Reciprocal", sc)
-    xc = _compute(x)
+    xc = float_compute(x)
     if xc.dtype == "float32" and not isinstance(zero_point, Tensor) and (quant_min, quant_max) in _QDQ_TYPES:
         value, mask = _qdq(xc, inv, sc, zero_point, quant_min, quant_max)
     elif xc.dtype == "float64":
-        q, mask = _quantize(xc, cast(inv, "float64"), cast(zp, "float64"), quant_min, quant_max, False)
+        q, mask = quantize_clamped(xc, cast(inv, "float64"), cast(zp, "float64"), quant_min, quant_max, False)
         value = cast((cast(q, "float32") - zp) * sc, "float64")  # torch: (int64 - zp) * float scale, a float
     else:
-        q, mask = _quantize(xc, inv, zp, quant_min, quant_max, False)
+        q, mask = quantize_clamped(xc, inv, zp, quant_min, quant_max, False)
         value = (q - zp) * sc
     return _straight_through(x, value if value.dtype == x.dtype else cast(value, x.dtype), mask)
 
@@ -119,7 +119,7 @@ def fake_quantize_per_channel_affine(input: Any, scale: Any, zero_point: Any, ax
     (``round(x / scale + zero_point)``), as torch's two kernels. Signature: ai.onnx@21::Round"""
     op = "fake_quantize_per_channel_affine"
     x = lift(input)
-    _check_range(op, x, quant_min, quant_max)
+    check_range(op, x, quant_min, quant_max)
     s, z = lift(scale), lift(zero_point)
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not 0 <= axis < x.ndim:
         raise op_error(op, [x], f"`axis` must be between 0 and number of dimensions of input ({x.ndim}), "
@@ -133,13 +133,13 @@ def fake_quantize_per_channel_affine(input: Any, scale: Any, zero_point: Any, ax
         if t.ndim != 1 or (isinstance(channels, int) and isinstance(t.shape[0], int) and t.shape[0] != channels):
             raise op_error(op, [x, t], f"{name} must be 1-D of input.size({axis}) = {channels} elements, got shape "
                            f"{list(t.shape)}", user_source())
-    xc = _compute(x)
+    xc = float_compute(x)
     along = [-1] + [1] * (x.ndim - axis - 1)
     sc = reshape(cast(detach(s), "float32"), along)
     zp = reshape(cast(detach(z), xc.dtype), along)
     inv = unary("Reciprocal", sc)
     float_zp = z.dtype != "int32"
-    q, mask = _quantize(xc, cast(inv, xc.dtype), zp, quant_min, quant_max, True, float_zp)
+    q, mask = quantize_clamped(xc, cast(inv, xc.dtype), zp, quant_min, quant_max, True, float_zp)
     if float_zp and xc.dtype != "float64":  # torch: fmax(float, int64) is a double, so is the rest
         value = (cast(q, "float64") - cast(zp, "float64")) * cast(sc, "float64")
     else:
