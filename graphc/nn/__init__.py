@@ -27,6 +27,8 @@ from graphc.nn.layers import (
 )
 from graphc.nn.containers import Identity, ModuleDict, ModuleList, ParameterList, Sequential
 from graphc.nn.containers import ParameterDict
+from graphc.nn.fake_quantize import (FakeQuantize, MinMaxObserver, MovingAverageMinMaxObserver,
+                                     PerChannelMinMaxObserver)
 from graphc.nn.distance import Bilinear, CosineSimilarity, PairwiseDistance
 from graphc.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from graphc.nn.dropout import AlphaDropout, Dropout1d, Dropout2d, Dropout3d, FeatureAlphaDropout
@@ -62,6 +64,8 @@ __all__ = [
     "Flatten", "GELU", "Identity", "LayerNorm", "Linear", "MaxPool2d", "Module", "ModuleDict", "ModuleList",
     "MultiheadAttention", "Parameter", "ParameterList",
     "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "init", "utils",
+    # quantization-aware training
+    "FakeQuantize", "MinMaxObserver", "MovingAverageMinMaxObserver", "PerChannelMinMaxObserver",
     # issue 12's layers
     "AdaptiveAvgPool1d", "AvgPool1d", "Conv1d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ELU", "GRU",
     "GroupNorm", "Hardsigmoid", "Hardswish", "InstanceNorm2d", "LSTM", "LeakyReLU", "MaxPool1d", "Mish", "PReLU",
