@@ -11,7 +11,10 @@ import numpy as np
 
 from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops_fake_quantize import fake_quantize_per_channel_affine, fake_quantize_per_tensor_affine
+from graphc.dsl.ops_fake_quantize import (
+    fake_quantize_per_channel_affine,
+    fake_quantize_per_tensor_affine,
+)
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn.module import Module, Parameter
