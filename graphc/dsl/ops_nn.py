@@ -289,16 +289,51 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
     return into(x, ops.emit("Dropout", [x, ratio, mode], name_hint="dropout"), inplace)
 
 
-def embedding(indices: Tensor, weight: Tensor, max_norm: float | None = None, norm_type: float = 2.0) -> Tensor:
-    """``torch.nn.functional.embedding(indices, weight, max_norm=None, norm_type=2.0)``: rows of
-    ``weight`` (``max_norm``: ``renormed``). Signature: ai.onnx@13::Gather"""
+def embedding(indices: Tensor, weight: Tensor, padding_idx: int | None = None, max_norm: float | None = None,
+              norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
+    """``torch.nn.functional.embedding``: rows of ``weight``. The ``padding_idx`` row (its value
+    as stored) gets no gradient; ``scale_grad_by_freq`` divides each row's gradient by how often
+    the row occurs in ``indices``; ``max_norm``: ``renormed``; ``sparse`` is accepted (the gradient
+    is the same values, dense). Signature: ai.onnx@13::Gather"""
     indices = ops.lift(indices)
     weight = ops.lift(weight)
     if indices.dtype not in ("int64", "int32"):
         raise op_error("Gather", [weight, indices], f"indices must be int64 or int32, got {indices.dtype}",
                        user_source())
+    padding_idx = _padding_row(weight, padding_idx)
     rows = ops.emit("Gather", [weight, indices], {"axis": 0})
+    if padding_idx is not None:
+        is_pad = ops.unsqueeze(indices == ops.lift(padding_idx, indices), [-1])
+        rows = ops.where(is_pad, ops.detach(rows), rows)
+    if scale_grad_by_freq:
+        rows = _grad_by_freq(rows, indices, weight.shape[0])
     return rows if max_norm is None else renormed(rows, weight, max_norm, norm_type)
+
+
+def _padding_row(weight: Tensor, padding_idx: int | None) -> int | None:
+    """``padding_idx`` made non-negative, refused (naming it) outside ``[-rows, rows)``."""
+    if padding_idx is None:
+        return None
+    rows = weight.shape[0] if weight.shape else None
+    if not isinstance(padding_idx, (int, np.integer)) or isinstance(padding_idx, bool) or \
+            not isinstance(rows, int) or not -rows <= padding_idx < rows:
+        raise op_error("Gather", [weight], f"padding_idx={padding_idx!r} must be an int within num_embeddings "
+                       f"(weight rows: {rows})", user_source())
+    return int(padding_idx) % rows
+
+
+def _grad_by_freq(rows: Tensor, indices: Tensor, num_rows: Any) -> Tensor:
+    """``rows`` with the value unchanged and the gradient at each position divided by how often its
+    index occurs in ``indices``, so each weight row's gradient is divided by its count (torch's
+    ``scale_grad_by_freq``). The counts: a ScatterElements(add) histogram over the weight's rows."""
+    flat = ops.reshape(ops.cast(indices, "int64"), [-1])
+    if not isinstance(num_rows, int):
+        raise op_error("Gather", [rows], "scale_grad_by_freq needs a static num_embeddings", user_source())
+    zeros = ops.lift(np.zeros(num_rows, np.int64))
+    counts = ops.emit("ScatterElements", [zeros, flat, ops.emit("Expand", [ops.const_i64([1]), ops.emit("Shape", [flat])])],
+                      {"reduction": "add"})
+    per_position = ops.unsqueeze(ops.cast(ops.emit("Gather", [counts, indices], {"axis": 0}), rows.dtype), [-1])
+    return ops.detach(rows) + (rows - ops.detach(rows)) / per_position
 
 
 def renormed(rows: Tensor, weight: Tensor, max_norm: float, norm_type: float) -> Tensor:

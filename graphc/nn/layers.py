@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from graphc.dsl import ops, ops_nn
 from graphc.dsl.ops_layers import adaptive_avg_pool2d
 from graphc.dsl.builder import op_error, user_source
@@ -11,6 +13,7 @@ from graphc.dsl.inplace import into
 from graphc.dsl.ops_nn import linear
 from graphc.dsl.ops_views import unflatten
 from graphc.dsl.tensor import Tensor
+from graphc.errors import CaptureError
 from graphc.model import COUNT_KEY, COUNTER_KEY
 from graphc.nn import init
 from graphc.nn.activation import InPlace
@@ -158,25 +161,54 @@ class Dropout(DropoutLayer):
 
 
 class Embedding(Module):
-    """``weight`` is ``[num_embeddings, embedding_dim]``, drawn from N(0, 1). The ``padding_idx``
-    row starts at zero and, as in PyTorch, gets no gradient: it is read as a constant. ``max_norm``:
-    each row looked up whose ``norm_type``-norm exceeds it is scaled to it (``ops_nn.renormed``)."""
+    """``weight`` is ``[num_embeddings, embedding_dim]``, drawn from N(0, 1), the ``padding_idx``
+    row zero; ``forward`` is ``F.embedding`` with the module's arguments: as in PyTorch the padding
+    row gets no gradient, ``scale_grad_by_freq`` divides each row's gradient by its count in the
+    batch, ``max_norm`` scales the rows looked up to it (``ops_nn.renormed``)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
-                 max_norm: float | None = None, norm_type: float = 2.0, dtype: Any = "float32"):
+                 max_norm: float | None = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+                 sparse: bool = False, _weight: Any = None, _freeze: bool = False, dtype: Any = "float32"):
         super().__init__()
         padding_idx, draw = padding_row_init("Embedding", num_embeddings, padding_idx)
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
         self.max_norm, self.norm_type = max_norm, norm_type
-        self.weight = Parameter(shape=(num_embeddings, embedding_dim), init=draw, dtype=dtype)
+        self.scale_grad_by_freq, self.sparse = scale_grad_by_freq, sparse
+        if _weight is None:
+            self.weight = Parameter(shape=(num_embeddings, embedding_dim), init=draw, dtype=dtype)
+        else:
+            self.weight = _given_weight(_weight, (num_embeddings, embedding_dim), dtype)
+        self.freeze = _freeze
+
+    @classmethod
+    def from_pretrained(cls, embeddings: Any, freeze: bool = True, padding_idx: int | None = None,
+                        max_norm: float | None = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+                        sparse: bool = False) -> "Embedding":
+        """``torch.nn.Embedding.from_pretrained``: the 2-D ``embeddings`` as the weight (its dtype kept),
+        not trained when ``freeze`` (read through ``gc.detach``: no gradient, so no optimizer step, as
+        torch's ``requires_grad=False``)."""
+        shape = np.shape(embeddings)
+        if len(shape) != 2:
+            raise CaptureError(f"Embedding.from_pretrained embeddings: expected a 2-D array, got shape {list(shape)}")
+        return cls(*shape, padding_idx=padding_idx, max_norm=max_norm, norm_type=norm_type,
+                   scale_grad_by_freq=scale_grad_by_freq, sparse=sparse, _weight=embeddings, _freeze=freeze,
+                   dtype=np.asarray(embeddings).dtype.name)
 
     def forward(self, indices: Tensor) -> Tensor:
-        out = ops_nn.embedding(indices, self.weight)
-        if self.padding_idx is not None:
-            row = self._parameters["weight"].numpy()[self.padding_idx]
-            is_pad = ops.unsqueeze(indices == ops.lift(self.padding_idx, indices), [-1])
-            out = ops.where(is_pad, ops.lift(row, out), out)
-        return out if self.max_norm is None else ops_nn.renormed(out, self.weight, self.max_norm, self.norm_type)
+        weight = ops.detach(self.weight) if self.freeze else self.weight
+        return ops_nn.embedding(indices, weight, self.padding_idx, self.max_norm, self.norm_type,
+                                self.scale_grad_by_freq, self.sparse)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+def _given_weight(weight: Any, shape: tuple[int, int], dtype: Any) -> Parameter:
+    """``_weight`` (torch's argument) as the Parameter, refused unless ``[num_embeddings, embedding_dim]``."""
+    if tuple(np.shape(weight)) != shape:
+        raise CaptureError(f"Embedding _weight: expected shape {list(shape)} ([num_embeddings, embedding_dim]), "
+                           f"got {list(np.shape(weight))}")
+    return Parameter(np.asarray(weight), dtype=dtype)
 
 
 class ReLU(InPlace):
