@@ -1,6 +1,6 @@
 """torch.nn.functional's remaining names against torch 2.13 (values and gradients, float32 and
 float64, numpy and ort-cpu): ``F.embedding``'s ``padding_idx``, ``scale_grad_by_freq`` and
-``sparse``, ``nn.Embedding``'s and ``Embedding.from_pretrained``."""
+``sparse``, ``nn.Embedding``'s and ``Embedding.from_pretrained``; ``F.linear_cross_entropy``."""
 
 from __future__ import annotations
 
@@ -110,3 +110,58 @@ def test_from_pretrained_frozen_is_not_trained():
     assert not trainable.freeze and trainable.weight.dtype == "float32"
     with pytest.raises(gc.CaptureError, match=r"from_pretrained embeddings: expected a 2-D array, got shape \[6\]"):
         gc.nn.Embedding.from_pretrained(np.ones(6))
+
+
+LCE_CASES = {  # name: (input shape, weight shape, target maker, keyword arguments)
+    "classes": ((5, 4), (7, 4), lambda r: r.integers(0, 7, 5), {}),
+    "bias_weight_smoothing_sum": ((5, 4), (7, 4), lambda r: r.integers(0, 7, 5),
+                                  {"linear_bias": True, "weight": True, "label_smoothing": 0.2, "reduction": "sum"}),
+    "ignore_index_none": ((5, 4), (7, 4), lambda r: np.array([1, 3, 3, 0, 6]), {"ignore_index": 3,
+                                                                                 "reduction": "none"}),
+    "probabilities": ((5, 4), (7, 4), lambda r: r.dirichlet(np.ones(7), 5), {"linear_bias": True}),
+    "unbatched": ((4,), (7, 4), lambda r: np.array(2), {"label_smoothing": 0.1}),
+    "k_dimensional": ((5, 4), (7, 3, 4), lambda r: r.integers(0, 7, (5, 3)),
+                      {"linear_bias": True, "weight": True, "ignore_index": 1}),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("case", list(LCE_CASES))
+def test_linear_cross_entropy_matches_torch(case, dtype):
+    x_shape, w_shape, make_target, kw = LCE_CASES[case]
+    r = np.random.default_rng(len(case))
+    x, w, target = r.normal(size=x_shape).astype(dtype), r.normal(size=w_shape).astype(dtype), make_target(r)
+    target = target.astype(dtype) if target.dtype.kind == "f" else target
+    params = {"x": x, "w": w, **({"b": r.normal(size=w_shape[:-1]).astype(dtype)} if kw.get("linear_bias") else {})}
+    fixed = {k: v for k, v in kw.items() if k != "linear_bias" and k != "weight"}
+    class_weight = r.uniform(0.5, 2, w_shape[0]).astype(dtype) if kw.get("weight") else None
+    leaves = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
+    want = torch.nn.functional.linear_cross_entropy(
+        leaves["x"], leaves["w"], torch.from_numpy(np.asarray(target)), linear_bias=leaves.get("b"),
+        weight=None if class_weight is None else torch.from_numpy(class_weight), **fixed)
+    c = r.standard_normal(tuple(want.shape)).astype(dtype)
+    (want * torch.from_numpy(c)).sum().backward()
+
+    def fn(F, x, w, *b, t):
+        return F.linear_cross_entropy(x, w, t, linear_bias=b[0] if b else None, weight=class_weight, **fixed)
+
+    tol = {"float64": {"rtol": 1e-11, "atol": 1e-13}, "float32": {"rtol": 2e-5, "atol": 1e-6}}[dtype]
+    for backend in ("numpy", "ort-cpu"):
+        got = gc_grads(fn, params, {"t": np.asarray(target)}, c, backend=backend)
+        np.testing.assert_allclose(got["out"], want.detach().numpy(), **tol, err_msg=backend)
+        for k, leaf in leaves.items():
+            np.testing.assert_allclose(got[k], leaf.grad.numpy(), **tol, err_msg=f"{backend} {k}")
+
+
+@pytest.mark.parametrize("args, message", [
+    (((2, 3, 4), (7, 4), {}), r"expected input with dimensionality 1 or 2, got 3"),
+    (((5, 4), (7,), {}), r"expected linear_weight with dimensionality at least 2, got 1"),
+    (((5, 4), (7, 3), {}), r"expected equal input and linear_weight last dimensions \(in_features\), got 4 and 3"),
+    (((5, 4), (7, 4), {"linear_bias": np.zeros(6)}), r"expected linear_bias shape \(7,\), got \(6,\)"),
+    (((4,), (7, 2, 4), {}), r"K-dimensional loss .* requires batched input"),
+])
+def test_linear_cross_entropy_refuses_like_torch(args, message):
+    x_shape, w_shape, kw = args
+    with pytest.raises(gc.CaptureError, match=message):
+        gc.capture(lambda x: gc.nn.functional.linear_cross_entropy(x, np.ones(w_shape), np.zeros(x_shape[:-1], np.int64),
+                                                                   **kw), x=np.ones(x_shape))

@@ -15,6 +15,7 @@ from graphc.dsl.ops_order import cummax, cummin, median, nanmedian
 from graphc.dsl.ops_fold import fold, unfold
 from graphc.dsl.ops_distance import bilinear, cosine_similarity, pairwise_distance, pdist
 from graphc.dsl.ops_embedding import embedding_bag
+from graphc.dsl.losses_linear import linear_cross_entropy
 from graphc.dsl.ops_random import gumbel_softmax, rrelu
 from graphc.dsl.ops_math import (all, amax, amin, any, ceil, floor, frac, isfinite, isinf, isnan, logaddexp,
                                  logical_and, logical_not, logical_or, logical_xor, nan_to_num, neg, norm, prod,
@@ -166,6 +167,7 @@ __all__ = [
     "atan", "atanh", "clamp_max", "clamp_min", "cosh", "deg2rad", "erfc", "erfinv", "exp2", "expm1", "fix",
     "isneginf", "isposinf", "isreal", "log10", "log1p", "log2", "logit", "negative", "positive", "rad2deg", "sgn",
     "signbit", "sinc", "sinh", "tan",
+    "linear_cross_entropy",
 ]
 
 
