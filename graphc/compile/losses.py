@@ -15,7 +15,9 @@ Definitions follow ``torch.nn.functional`` (reduction "mean" by default):
 * ``cross_entropy``: logits [N, C, d1...], integer class labels [N, d1...]; log_softmax over
   axis 1; ``label_smoothing`` eps mixes (1-eps)*nll with eps/C * (-sum_c log_softmax);
   labels equal to ``ignore_index`` count for nothing, and "mean" divides by the number of
-  labels that are not ignored.
+  labels that are not ignored. A class ``weight`` [C] scales each label's term by ``w[y]``
+  (the smoothing term's classes by ``w[c]``) and "mean" divides by the sum of the ``w[y]`` of
+  the labels not ignored, as torch.
 * ``bce_with_logits``: max(x, 0) - x*y + log(1 + exp(-|x|)) (stable at any |x|; max(x, 0) is
   written (x + |x|)/2 so the gradient at x = 0 is PyTorch's sigmoid(0) - y).
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 Reduction = Literal["mean", "sum", "none"]  # "none": Tensors only
@@ -38,6 +41,9 @@ DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
     "cross_entropy": {"reduction": "mean", "label_smoothing": 0.0, "ignore_index": -100},
     "bce_with_logits": {"reduction": "mean"},
 }
+# Options a kind takes that are left out of its options unless given (a spec without them, and
+# the manifest that records it, as before they existed).
+OPTIONAL_OPTIONS: dict[str, tuple[str, ...]] = {"cross_entropy": ("weight",)}
 
 
 class LossSpec(BaseModel):
@@ -54,11 +60,14 @@ class LossSpec(BaseModel):
     def resolved_options(self) -> dict[str, Any]:
         """``options`` over the kind's defaults, with unknown keys rejected."""
         defaults = DEFAULT_OPTIONS[self.kind]
-        unknown = sorted(set(self.options) - set(defaults))
+        known = {*defaults, *OPTIONAL_OPTIONS.get(self.kind, ())}
+        unknown = sorted(set(self.options) - known)
         if unknown:
             raise ValueError(f"loss {self.kind!r} has no option(s) {unknown}; "
-                             f"it takes {sorted(defaults)}")
+                             f"it takes {sorted(known)}")
         opts = {**defaults, **self.options}
+        if "weight" in opts:
+            opts["weight"] = class_weights(opts["weight"])
         if opts["reduction"] not in ("mean", "sum"):
             raise ValueError(f"loss {self.kind!r}: reduction must be 'mean' or 'sum', "
                              f"got {opts['reduction']!r}")
@@ -97,10 +106,23 @@ def huber(pred, target=None, *, label: str | None = None, delta: float = 1.0,
 
 
 def cross_entropy(logits, labels=None, *, label: str | None = None, label_smoothing: float = 0.0,
-                  ignore_index: int = -100, reduction: Reduction = "mean"):
-    """Softmax cross-entropy on integer class labels, ``torch.nn.functional.cross_entropy``."""
-    return _spec_or_tensor("cross_entropy", logits, labels, label, {
-        "reduction": reduction, "label_smoothing": float(label_smoothing), "ignore_index": int(ignore_index)})
+                  ignore_index: int = -100, reduction: Reduction = "mean", weight=None):
+    """Softmax cross-entropy on integer class labels, ``torch.nn.functional.cross_entropy``;
+    ``weight``: one finite weight per class (a list, an array; a Tensor in DSL code)."""
+    options = {"reduction": reduction, "label_smoothing": float(label_smoothing), "ignore_index": int(ignore_index)}
+    if weight is not None:
+        options["weight"] = weight if not isinstance(logits, str) else class_weights(weight)
+    return _spec_or_tensor("cross_entropy", logits, labels, label, options)
+
+
+def class_weights(weight) -> list[float]:
+    """A loss spec's ``weight`` as the JSON list its manifest records: one finite float per class."""
+    array = np.asarray(weight)
+    if array.ndim != 1 or not array.size or not np.issubdtype(array.dtype, np.number) or \
+            not np.isfinite(array).all():
+        raise ValueError(f"cross_entropy: weight must be one finite number per class, a 1-D list or array, got "
+                         f"{weight!r}")
+    return [float(w) for w in array]
 
 
 def bce_with_logits(logits, target=None, *, label: str | None = None, reduction: Reduction = "mean"):

@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator,
 
 
 _CLIPPING = ("max_grad_norm", "grad_norm_type", "clip_grad_value")
+# options dumped only when set, as the clipping: specs without them dump as before they existed
+_OPTIONS = ("dampening", "amsgrad", "maximize")
 
 
 class _Spec(BaseModel):
@@ -58,11 +60,12 @@ class _Spec(BaseModel):
 
     @model_serializer(mode="wrap")
     def _clipping_last_and_only_if_set(self, handler):
-        # a spec without clipping dumps as before these fields existed: the manifests of such
-        # artifacts still read in earlier graphc (its specs refuse unknown fields)
+        # a spec without clipping (or dampening, amsgrad, maximize) dumps as before these fields
+        # existed: the manifests of such artifacts still read in earlier graphc (its specs refuse
+        # unknown fields)
         data = handler(self)
-        clipping = {k: data.pop(k) for k in _CLIPPING}
-        return {**data, **{k: v for k, v in clipping.items() if v != type(self).model_fields[k].default}}
+        later = {k: data.pop(k) for k in (*_OPTIONS, *_CLIPPING) if k in data}
+        return {**data, **{k: v for k, v in later.items() if v != type(self).model_fields[k].default}}
 
     @property
     def state_slots(self) -> tuple[str, ...]:
@@ -75,28 +78,33 @@ class _Spec(BaseModel):
 
 
 class SGD(_Spec):
-    """``torch.optim.SGD`` with dampening 0: ``g = grad + wd*p; buf = m*buf + g;
-    g = g + m*buf if nesterov else buf; p -= lr*g``."""
+    """``torch.optim.SGD``: ``g = -grad if maximize else grad; g = g + wd*p; buf = m*buf +
+    (1 - dampening)*g`` (``buf = g`` at the first step); ``g = g + m*buf if nesterov else buf;
+    p -= lr*g``."""
 
     kind: Literal["sgd"] = "sgd"
     lr: float = Field(1e-3, gt=0)  # torch.optim.SGD's default
     momentum: float = Field(0.0, ge=0)
     nesterov: bool = False
     weight_decay: float = Field(0.0, ge=0)
+    dampening: float = Field(0.0, ge=0, le=1)
+    maximize: bool = False  # ascend the loss: step along +grad
     # fnmatch patterns of param names updated with weight_decay 0 (a PyTorch param group of
     # their own), e.g. ("*.bias", "*norm*")
     no_decay: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _nesterov_needs_momentum(self):
-        if self.nesterov and self.momentum <= 0:
-            raise ValueError("SGD(nesterov=True) needs momentum > 0 (as in torch.optim.SGD)")
+        if self.nesterov and (self.momentum <= 0 or self.dampening):
+            raise ValueError("SGD(nesterov=True) needs momentum > 0 and dampening 0 (as in torch.optim.SGD), got "
+                             f"momentum={self.momentum}, dampening={self.dampening}")
         return self
 
 
 class Adam(_Spec):
-    """``torch.optim.Adam`` (amsgrad=False): L2 weight decay added to the gradient, bias
-    correction from the step counter."""
+    """``torch.optim.Adam``: L2 weight decay added to the gradient, bias correction from the step
+    counter; ``amsgrad`` divides by the root of the running maximum of the second moment (state
+    slot ``max_exp_avg_sq``); ``maximize`` steps along +grad."""
 
     kind: Literal["adam"] = "adam"
     lr: float = Field(1e-3, gt=0)
@@ -104,6 +112,8 @@ class Adam(_Spec):
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     no_decay: tuple[str, ...] = ()  # as SGD's
+    amsgrad: bool = False
+    maximize: bool = False
 
     @model_validator(mode="after")
     def _betas_in_range(self):

@@ -641,6 +641,8 @@ def capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:
         label = TensorSpec(name="label", dtype="int64", shape=(pred.shape[0], *pred.shape[2:]))
     fn = getattr(_dsl_losses, spec.kind)
     options = spec.resolved_options()
+    if "weight" in options:  # cast to the logits' dtype by the loss
+        options["weight"] = np.asarray(options["weight"], np.float64)
     model = capture(lambda pred, label: fn(pred, label, **options), name=f"{spec.kind}_loss", opset=opset,
                     pred=pred.model_copy(update={"name": "pred"}), label=label.model_copy(update={"name": "label"}))
     return model.ir

@@ -21,7 +21,14 @@ def examples(loss: dict, batch: Mapping[str, np.ndarray], rows: int) -> int:
 
 def shard_weight(loss: dict, shard: Mapping[str, np.ndarray], rows: int) -> float:
     """How much a shard's (or batch's) loss and gradients count in the average: its
-    ``examples`` for a mean loss, 1 for a summed loss."""
+    ``examples`` for a mean loss (for a cross-entropy with class weights, the sum of the
+    weights of its labels not ignored: its mean's divisor), 1 for a summed loss."""
+    options = loss.get("options") or {}
+    if options.get("weight") is not None and options.get("reduction", "mean") == "mean" and loss.get("label") in shard:
+        labels = np.asarray(shard[loss["label"]])
+        counted = labels[labels != options.get("ignore_index", -100)]
+        classes = np.asarray(options["weight"], np.float64)
+        return float(classes[np.clip(counted, 0, len(classes) - 1)].sum())  # labels out of range: check_labels
     return weight(loss, examples(loss, shard, rows), rows)
 
 

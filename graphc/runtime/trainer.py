@@ -537,7 +537,7 @@ class Trainer:
         for batch in eval_batches(loader):
             rows = len(next(iter(batch.values())))
             n = averaging.examples(loss_spec, batch, rows)
-            w = averaging.weight(loss_spec, n, rows)
+            w = averaging.shard_weight(loss_spec, batch, rows)
             if not w:
                 continue
             result = self.evaluate(batch)

@@ -2,9 +2,9 @@
 
 Each function matches ``torch.optim`` (single-tensor, non-capturable path) step for step:
 
-* SGD (dampening 0): ``g = grad + wd*p``; with momentum ``buf = m*buf + g`` (a zero initial
-  buffer gives PyTorch's ``buf = g`` on the first step), ``g = g + m*buf`` if nesterov else
-  ``buf``; ``p = p - lr*g``.
+* SGD: ``g = grad + wd*p``; with momentum ``buf = m*buf + (1-dampening)*g`` (a zero initial
+  buffer and no dampening at step 1 give PyTorch's ``buf = g`` on the first step), ``g = g +
+  m*buf`` if nesterov else ``buf``; ``p = p - lr*g``.
 * Adam: ``g = grad + wd*p``; ``m = m + (1-b1)*(g - m)`` (torch's ``lerp_``);
   ``v = b2*v + (1-b2)*g*g``; ``p = p - lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)`` with
   ``t`` the step number after this step (``step + 1``). The state holds the first moment as
@@ -13,7 +13,9 @@ Each function matches ``torch.optim`` (single-tensor, non-capturable path) step 
   its factor moving onto the scalar step size (see ``adam``); the second moment is PyTorch's
   ``exp_avg_sq``. Training artifacts of format 3 and before hold the average, ``exp_avg``; their
   update is still built (``"first_moment": "average"`` in the spec's JSON).
+  With amsgrad, ``max_exp_avg_sq = max(max_exp_avg_sq, v)`` takes ``v``'s place in the step.
 * AdamW: ``p = p*(1 - lr*wd)`` first (decoupled decay), then the Adam step without ``wd``.
+* ``maximize`` (each kind): the gradient negated first, as PyTorch does.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from graphc.passes.emit import HALF_DTYPES, Emitter
 
 STATE_SLOTS = {"sgd": ("momentum_buffer",), "adam": ("exp_sum", "exp_avg_sq"),
                "adamw": ("exp_sum", "exp_avg_sq")}
+AMSGRAD = "max_exp_avg_sq"  # Adam's and AdamW's third slot with amsgrad, PyTorch's name
 AVERAGE = "exp_avg"  # the first moment as artifacts of format 3 and before hold it: exp_sum * (1 - b1)
 
 
@@ -38,7 +41,8 @@ def state_slots(optimizer: dict) -> tuple[str, ...]:
     if optimizer["kind"] == "sgd" and not optimizer.get("momentum"):
         return ()
     slots = STATE_SLOTS[optimizer["kind"]]
-    return (AVERAGE, *slots[1:]) if _first_as_average(optimizer) else slots
+    slots = (AVERAGE, *slots[1:]) if _first_as_average(optimizer) else slots
+    return (*slots, AMSGRAD) if optimizer.get("amsgrad") else slots
 
 
 def _first_as_average(optimizer: dict) -> bool:
@@ -126,9 +130,10 @@ def step(ctx: StepContext, hyper: dict, grad: ir.Value, state: dict[str, ir.Valu
     the optimizer spec as JSON, its ``kind`` included; ``param`` is needed only when ``needs_param``."""
     kind = hyper["kind"]
     if kind == "sgd":
-        return sgd(ctx, param, grad, state, **_only(hyper, "momentum", "nesterov", "weight_decay"))
+        return sgd(ctx, param, grad, state,
+                   **_only(hyper, "momentum", "nesterov", "weight_decay", "dampening", "maximize"))
     if kind in ("adam", "adamw"):
-        options = _only(hyper, "betas", "eps", "weight_decay", "first_moment")
+        options = _only(hyper, "betas", "eps", "weight_decay", "first_moment", "amsgrad", "maximize")
         dtype = (param if param is not None else grad).dtype
         if dtype in HALF_DTYPES:
             return _in_float32(ctx, dtype, param, grad, state, decoupled=kind == "adamw", **options)
@@ -181,21 +186,29 @@ def _only(hyper: dict, *keys: str) -> dict:
     return {k: hyper[k] for k in keys if k in hyper}
 
 
-def sgd(ctx: StepContext, param, grad, state, momentum=0.0, nesterov=False, weight_decay=0.0) -> Step:
+def sgd(ctx: StepContext, param, grad, state, momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0,
+        maximize=False) -> Step:
     like = param if param is not None else grad  # typed (a per-param gradient may not be)
     b, c = ctx.b, lambda v: b.scalar(v, like)
+    if maximize:
+        grad = b.op("Neg", grad)
     if weight_decay:
         grad = b.op("Add", grad, b.op("Mul", param, c(weight_decay)))
     new_state = {}
     if momentum:
-        buf = b.op("Add", b.op("Mul", state["momentum_buffer"], c(momentum)), grad)
+        pushed = grad
+        if dampening:  # 1 - dampening from step 2 on: PyTorch's first buffer is the gradient itself
+            undamped = ctx.cached(("undamped", like.dtype, dampening), lambda: b.op(
+                "Where", b.op("Greater", ctx.t, b.const(1, np.int64)), c(1.0 - dampening), c(1.0)))
+            pushed = b.op("Mul", grad, undamped)
+        buf = b.op("Add", b.op("Mul", state["momentum_buffer"], c(momentum)), pushed)
         new_state["momentum_buffer"] = buf
         grad = b.op("Add", grad, b.op("Mul", buf, c(momentum))) if nesterov else buf
     return Step(b.op("Mul", grad, ctx.lr_as(like)), None, new_state)
 
 
 def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-         decoupled=False, first_moment="sum") -> Step:
+         decoupled=False, first_moment="sum", amsgrad=False, maximize=False) -> Step:
     # torch's ``p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)`` with the bias correction
     # moved onto scalars: ``(m / (sqrt(v) + eps*sqrt(1-b2^t))) * (lr/(1-b1^t) * sqrt(1-b2^t))``,
     # one full-size pass fewer (the Div by sqrt(1-b2^t)); equal up to float rounding. (The moment
@@ -225,6 +238,8 @@ def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, wei
     b, c = ctx.b, lambda v: b.scalar(v, like)
     beta1, beta2 = betas
     shrink = None
+    if maximize:
+        grad = b.op("Neg", grad)
     if weight_decay and decoupled:
         shrink = ctx.cached(("shrink", like.dtype, weight_decay),
                             lambda: b.op("Sub", c(1.0), b.op("Mul", ctx.lr_as(like), c(weight_decay))))
@@ -237,10 +252,13 @@ def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, wei
     else:  # the sum m / (1-b1)
         m = b.op("Add", b.op("Mul", m, c(beta1)), grad)
     v = b.op("Add", b.op("Mul", v, c(beta2)), b.op("Mul", b.op("Mul", grad, grad), c(1.0 - beta2)))
+    new_state = {first: m, second: v}
+    if amsgrad:
+        v = new_state[AMSGRAD] = b.op("Max", state[AMSGRAD], v)
     scale, eps_scaled = ctx.cached(("adam", like.dtype, beta1, beta2, eps, first_moment),
                                    lambda: _bias_corrections(ctx, like, beta1, beta2, eps, first_moment == "sum"))
     delta = b.op("Mul", b.op("Div", m, b.op("Add", b.op("Sqrt", v), eps_scaled)), scale)
-    return Step(delta, shrink, {first: m, second: v})
+    return Step(delta, shrink, new_state)
 
 
 def _bias_corrections(ctx: StepContext, like: ir.Value, beta1: float, beta2: float, eps: float,

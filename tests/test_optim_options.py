@@ -1,0 +1,165 @@
+"""The optimizer and loss options torch users reach for: SGD ``dampening``, Adam/AdamW
+``amsgrad``, ``maximize`` (each kind) and the cross-entropy loss spec's class ``weight``, vs
+torch.optim and torch.nn.functional.cross_entropy over 25 steps, on numpy and ort-cpu."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from test_optim import SHAPE, run_steps
+from trainer_models import straight_and_resumed
+
+STEPS = 25
+SPECS = [
+    gc.optim.SGD(0.05, momentum=0.9, dampening=0.3),
+    gc.optim.SGD(0.05, momentum=0.8, dampening=0.5, weight_decay=0.01, maximize=True),
+    gc.optim.SGD(0.1, weight_decay=0.1, maximize=True),
+    gc.optim.SGD(0.05, momentum=0.9, nesterov=True, maximize=True),
+    gc.optim.Adam(0.01, amsgrad=True),
+    gc.optim.Adam(0.01, betas=(0.8, 0.99), weight_decay=0.05, amsgrad=True, maximize=True),
+    gc.optim.Adam(0.01, maximize=True),
+    gc.optim.AdamW(0.02, weight_decay=0.1, amsgrad=True),
+    gc.optim.AdamW(0.02, amsgrad=True, maximize=True),
+]
+IDS = [f"{s.kind}-{i}" for i, s in enumerate(SPECS)]
+TORCH_OPTIM = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
+
+
+def _grads(seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Gradients whose size shrinks and jumps back, so that amsgrad's running maximum of the second
+    moment differs from the moment itself."""
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=SHAPE), [rng.normal(size=SHAPE) * (3.0 if t % 7 == 0 else 1.0 / (1 + t))
+                                    for t in range(STEPS)]
+
+
+def _torch_run(torch, spec, p0, grads, dtype):
+    """torch.optim's params and state after each step (single-tensor path)."""
+    param = torch.nn.Parameter(torch.from_numpy(p0.astype(dtype)))
+    kwargs = {k: v for k, v in spec.model_dump().items() if k not in ("kind", "no_decay")}
+    opt = getattr(torch.optim, TORCH_OPTIM[spec.kind])([param], foreach=False, **kwargs)
+    out = []
+    for g in grads:
+        param.grad = torch.from_numpy(g.astype(dtype))
+        opt.step()
+        state = {k: v.numpy().copy() for k, v in opt.state[param].items() if k != "step"}
+        out.append((param.detach().numpy().copy(), state))
+    return out
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_update_matches_torch_optim(spec, backend, dtype):
+    torch = pytest.importorskip("torch")
+    p0, grads = _grads(IDS.index(f"{spec.kind}-{SPECS.index(spec)}"))
+    got = run_steps(spec, backend, grads, p0, dtype=dtype)
+    want = _torch_run(torch, spec, p0, grads, dtype)
+    rtol, atol = (1e-12, 1e-14) if dtype == np.float64 else (2e-5, 1e-6)
+    for t, ((p_graph, state_graph), (p_torch, state_torch)) in enumerate(zip(got, want), start=1):
+        np.testing.assert_allclose(p_graph, p_torch, rtol=rtol, atol=atol, err_msg=f"step {t}")
+        assert set(state_graph) == set(state_torch)
+        for slot, value in state_graph.items():
+            np.testing.assert_allclose(value, state_torch[slot], rtol=rtol, atol=atol, err_msg=f"step {t} {slot}")
+
+
+def test_defaults_dump_as_before_and_bad_options_are_named():
+    assert gc.optim.SGD(0.1, momentum=0.9).model_dump() == {
+        "kind": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0, "no_decay": ()}
+    assert set(gc.optim.AdamW(0.1).model_dump()) == {"kind", "lr", "betas", "eps", "weight_decay", "no_decay"}
+    for spec in SPECS:
+        assert gc.optim.from_dict(spec.model_dump(mode="json")) == spec
+    assert gc.optim.Adam(amsgrad=True).state_slots == ("exp_sum", "exp_avg_sq", "max_exp_avg_sq")
+    assert gc.optim.SGD(0.1, momentum=0.9, dampening=0.5).state_slots == ("momentum_buffer",)
+    with pytest.raises(ValueError, match="dampening 0"):
+        gc.optim.SGD(0.1, momentum=0.9, nesterov=True, dampening=0.1)
+    with pytest.raises(ValueError, match="dampening"):
+        gc.optim.SGD(0.1, momentum=0.9, dampening=1.5)
+    with pytest.raises(ValueError, match="amsgrad"):
+        gc.optim.SGD(0.1, amsgrad=True)  # torch's SGD has none
+
+
+class _MLP(gc.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = gc.nn.Linear(5, 7, dtype="float64")
+        self.fc2 = gc.nn.Linear(7, 4, dtype="float64")
+
+    def forward(self, x):
+        return {"logits": self.fc2(gc.tanh(self.fc1(x)))}
+
+
+WEIGHT = [1.0, 2.5, 0.5, 0.0]
+LOSSES = [{"weight": WEIGHT}, {"weight": WEIGHT, "ignore_index": 1, "label_smoothing": 0.2},
+          {"weight": WEIGHT, "reduction": "sum", "label_smoothing": 0.1}]
+
+
+def _batches(n: int = 20, rows: int = 6):
+    rng = np.random.default_rng(7)
+    return [{"x": rng.normal(size=(rows, 5)), "y": rng.integers(0, 4, size=rows)} for _ in range(n)]
+
+
+def _arts(loss: dict, spec):
+    model = gc.capture(_MLP(), seed=0, x=gc.spec("float64", ("N", 5)))
+    return gc.training.generate(model, gc.losses.cross_entropy("logits", label="y", **loss), spec)
+
+
+@pytest.mark.parametrize("loss", LOSSES, ids=["weight", "weight-ignore-smoothing", "weight-sum"])
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_weighted_cross_entropy_trains_as_torch(loss, backend):
+    """The Trainer (fused update, float64) against torch over 20 steps: each step's loss and the
+    params after it, with the new optimizer options on."""
+    torch = pytest.importorskip("torch")
+    spec = gc.optim.Adam(0.05, amsgrad=True, weight_decay=0.01)
+    arts = _arts(loss, spec)
+    assert arts.manifest.loss["options"]["weight"] == WEIGHT
+    trainer = gc.Trainer(arts, backend=backend)
+    params = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in trainer.params.items()}
+    opt = torch.optim.Adam(params.values(), 0.05, amsgrad=True, weight_decay=0.01, foreach=False)
+    kwargs = {**loss, "weight": torch.tensor(WEIGHT, dtype=torch.float64)}
+    for t, batch in enumerate(_batches(), start=1):
+        x, y = torch.from_numpy(batch["x"]), torch.from_numpy(batch["y"])
+        hidden = torch.tanh(x @ params["fc1.weight"].T + params["fc1.bias"])
+        want = torch.nn.functional.cross_entropy(hidden @ params["fc2.weight"].T + params["fc2.bias"], y, **kwargs)
+        opt.zero_grad()
+        want.backward()
+        opt.step()
+        np.testing.assert_allclose(trainer.step(batch), want.item(), rtol=1e-12, err_msg=f"step {t}")
+        for name, value in trainer.params.items():
+            np.testing.assert_allclose(value, params[name].detach().numpy(), rtol=1e-12, atol=1e-14,
+                                       err_msg=f"step {t} {name}")
+
+
+def test_evaluate_loader_weights_batches_by_their_class_weights():
+    """The loader's loss is the weighted mean over all its labels, as one batch: each batch counts by
+    the sum of its labels' class weights, not by their number."""
+    arts = _arts(LOSSES[1], gc.optim.SGD(0.1))
+    trainer, batches = gc.Trainer(arts, backend="numpy"), _batches(3)
+    whole = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+    np.testing.assert_allclose(trainer.evaluate_loader(batches)["loss"], trainer.evaluate(whole)["loss"], rtol=1e-13)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("spec", [gc.optim.AdamW(0.05, amsgrad=True, maximize=True),
+                                  gc.optim.SGD(0.05, momentum=0.9, dampening=0.4)], ids=["adamw", "sgd"])
+def test_resume_with_the_new_slots_is_bit_exact(tmp_path, backend, spec):
+    arts = _arts(LOSSES[0], spec)
+    straight, resumed = straight_and_resumed(arts, _batches(10), 4, tmp_path / "ck", backend=backend)
+    state = straight.state_dict()
+    if spec.kind == "adamw":
+        assert {"fc1.weight.max_exp_avg_sq", "fc2.bias.max_exp_avg_sq"} <= set(state)
+    for name, value in state.items():
+        assert resumed.state_dict()[name].tobytes() == value.tobytes(), name
+
+
+def test_class_weights_are_checked():
+    with pytest.raises(ValueError, match="one finite number per class"):
+        gc.losses.cross_entropy("logits", label="y", weight=[1.0, float("nan")])
+    with pytest.raises(ValueError, match="one finite number per class"):
+        gc.losses.cross_entropy("logits", label="y", weight=[[1.0, 2.0]])
+    with pytest.raises(Exception, match="classes and weights"):
+        _arts({"weight": [1.0, 2.0]}, gc.optim.SGD(0.1))  # 4 classes
+    with pytest.raises(ValueError, match="has no option"):
+        gc.losses.mse("out", label="y").model_copy(update={"options": {"weight": [1.0]}}).resolved_options()
