@@ -163,3 +163,31 @@ def test_class_weights_are_checked():
         _arts({"weight": [1.0, 2.0]}, gc.optim.SGD(0.1))  # 4 classes
     with pytest.raises(ValueError, match="has no option"):
         gc.losses.mse("out", label="y").model_copy(update={"options": {"weight": [1.0]}}).resolved_options()
+
+
+def test_cli_grad_flags(tmp_path):
+    import onnx
+
+    from test_grad_clipping import _graphc
+
+    onnx.save(gc.capture(_MLP(), x=gc.spec("float64", ("N", 5))).proto, tmp_path / "net.onnx")
+    np.save(tmp_path / "w.npy", np.array(WEIGHT))
+    for weights in ("1,2.5,0.5,0", tmp_path / "w.npy"):
+        r = _graphc("grad", tmp_path / "net.onnx", "--loss", "cross_entropy:logits:y", "--optimizer", "adamw",
+                    "--amsgrad", "--maximize", "--class-weights", weights, "-o", tmp_path / "arts")
+        assert r.returncode == 0, r.stderr
+        assert "amsgrad maximize" in r.stdout
+        manifest = gc.training.read_manifest(tmp_path / "arts")
+        assert gc.optim.from_dict(manifest.optimizer) == gc.optim.AdamW(amsgrad=True, maximize=True)
+        assert manifest.loss["options"]["weight"] == WEIGHT
+    r = _graphc("grad", tmp_path / "net.onnx", "--loss", "cross_entropy:logits:y", "--momentum", "0.9",
+                "--dampening", "0.5", "-o", tmp_path / "sgd")
+    assert r.returncode == 0, r.stderr
+    assert gc.training.read_manifest(tmp_path / "sgd").optimizer["dampening"] == 0.5
+    for flags, message in [(("--amsgrad",), "--amsgrad applies to adam and adamw, not --optimizer sgd"),
+                           (("--class-weights", "1,x"), "--class-weights must be numbers"),
+                           (("--class-weights", "1,2"), "classes and weights"),
+                           (("--loss", "mse:logits:y", "--class-weights", "1,2"), "applies to a cross_entropy loss")]:
+        loss = () if "--loss" in flags else ("--loss", "cross_entropy:logits:y")
+        r = _graphc("grad", tmp_path / "net.onnx", *loss, *flags, "-o", tmp_path / "bad")
+        assert r.returncode != 0 and message in r.stderr, (flags, r.stderr)

@@ -36,8 +36,9 @@ def _spec_defaults(field: str) -> str:
     return ", ".join(f"{kind} {value}" for kind, value in values.items())
 
 
-def parse_loss(text: str):
-    """``KIND:OUTPUT[:LABEL]`` -> a loss spec, e.g. ``cross_entropy:logits:y``."""
+def parse_loss(text: str, class_weights: Optional[str] = None):
+    """``KIND:OUTPUT[:LABEL]`` -> a loss spec, e.g. ``cross_entropy:logits:y``; ``class_weights``
+    (``--class-weights``: a comma list or a .npy file) the cross-entropy's class ``weight``."""
     from graphc.compile import losses
 
     parts = text.split(":")
@@ -46,7 +47,25 @@ def parse_loss(text: str):
     kind, output = parts[0], parts[1]
     if kind not in losses.KINDS:
         raise ValueError(f"unknown loss kind {kind!r}; choose one of {', '.join(losses.KINDS)}")
-    return getattr(losses, kind)(output, label=parts[2] if len(parts) == 3 else None)
+    label = parts[2] if len(parts) == 3 else None
+    if class_weights is None:
+        return getattr(losses, kind)(output, label=label)
+    if kind != "cross_entropy":
+        raise ValueError(f"--class-weights applies to a cross_entropy loss, not --loss {kind}")
+    return losses.cross_entropy(output, label=label, weight=_class_weights(class_weights))
+
+
+def _class_weights(text: str) -> np.ndarray:
+    """``--class-weights``: ``1,2.5,0.5`` or a ``.npy`` file of one weight per class."""
+    if text.endswith(".npy"):
+        if not Path(text).is_file():
+            raise ValueError(f"--class-weights: no file {text!r}")
+        return np.load(text, allow_pickle=False)
+    try:
+        return np.array([float(part) for part in text.split(",")])
+    except ValueError:
+        raise ValueError(f"--class-weights must be numbers W0,W1,... (one per class) or a .npy file, got "
+                         f"{text!r}") from None
 
 
 def make_optimizer(kind: str, lr: Optional[float] = None, momentum: Optional[float] = None,
@@ -78,6 +97,11 @@ def grad_cmd(
     momentum: Optional[float] = typer.Option(None, "--momentum",
                                              help=f"SGD momentum (default: {_spec_defaults('momentum')})."),
     nesterov: bool = typer.Option(False, "--nesterov", help="SGD with Nesterov momentum (needs --momentum)."),
+    dampening: Optional[float] = typer.Option(None, "--dampening", help="SGD's dampening of the momentum, in "
+                                              "[0, 1] (default: 0)."),
+    amsgrad: bool = typer.Option(False, "--amsgrad", help="Adam/AdamW's AMSGrad variant (one more state slot, "
+                                 "max_exp_avg_sq)."),
+    maximize: bool = typer.Option(False, "--maximize", help="Maximize the loss: step along the gradient."),
     betas: Optional[str] = typer.Option(None, "--betas", metavar="B1,B2", help="Adam/AdamW's coefficients of the "
                                         "running averages (default: 0.9,0.999)."),
     eps: Optional[float] = typer.Option(None, "--eps", help=f"Adam/AdamW's denominator term (default: "
@@ -93,6 +117,9 @@ def grad_cmd(
     clip_grad_value: Optional[float] = typer.Option(None, "--clip-grad-value", help="Clamp each gradient entry to "
                                                     "[-V, V] before each step (before --max-grad-norm), as "
                                                     "torch.nn.utils.clip_grad_value_ (default: none)."),
+    class_weights: Optional[str] = typer.Option(None, "--class-weights", metavar="W0,W1,...|FILE.npy",
+                                                help="A cross_entropy loss's weight of each class, as a comma "
+                                                "list or a .npy file (default: none, all 1)."),
     freeze: list[str] = typer.Option([], "--freeze", metavar="PARAM", help="A param (name or glob pattern) to keep "
                                      "fixed (repeatable)."),
     param: list[str] = typer.Option([], "--param", metavar="NAME", help="An initializer (name or glob pattern) to "
@@ -116,8 +143,9 @@ def grad_cmd(
     if grad_norm_type is not None and max_grad_norm is None:
         raise ValueError(f"--grad-norm-type {grad_norm_type} chooses the norm --max-grad-norm clips; give "
                          "--max-grad-norm too")
-    spec = parse_loss(loss)
+    spec = parse_loss(loss, class_weights)
     opt = make_optimizer(optimizer, lr, momentum, weight_decay, nesterov=nesterov or None, betas=_betas(betas), eps=eps,
+                         dampening=dampening, amsgrad=amsgrad or None, maximize=maximize or None,
                          max_grad_norm=max_grad_norm, grad_norm_type=_norm_type(grad_norm_type),
                          clip_grad_value=clip_grad_value)
     arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute, params=param,
@@ -135,8 +163,11 @@ def grad_cmd(
 
 
 def _clipping(opt) -> str:
-    """The spec's gradient clipping for the summary line (empty: none)."""
-    parts = [f"clip_grad_value={opt.clip_grad_value:g}"] if opt.clip_grad_value is not None else []
+    """The spec's options beyond lr (dampening, amsgrad, maximize) and its gradient clipping, for
+    the summary line (empty: none)."""
+    parts = [f"{k}={v:g}" if k == "dampening" else k for k, v in opt.model_dump().items()
+             if k in ("dampening", "amsgrad", "maximize")]
+    parts += [f"clip_grad_value={opt.clip_grad_value:g}"] if opt.clip_grad_value is not None else []
     if opt.max_grad_norm is not None:
         parts.append(f"max_grad_norm={opt.max_grad_norm:g} ({str(opt.grad_norm_type).removesuffix('.0')}-norm)")
     return "".join(f" {p}" for p in parts)
