@@ -139,3 +139,13 @@ def from_dict(data: dict) -> SGD | Adam | AdamW:
 
 
 __all__ = ["SGD", "Adam", "AdamW", "OptimizerSpec", "from_dict"]
+
+
+def __getattr__(name: str):
+    # ``gc.optim.lr_scheduler``, as ``torch.optim.lr_scheduler``: the schedulers step a Trainer,
+    # so they live with it in graphc.runtime (loaded on first use: specs stay light)
+    if name == "lr_scheduler":
+        import importlib
+
+        return importlib.import_module("graphc.runtime.lr_scheduler")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

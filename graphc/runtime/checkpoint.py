@@ -134,6 +134,7 @@ class CheckpointMeta(BaseModel):
     backend: str = ""
     artifacts: str = ""               # where the training graphs were loaded from, if anywhere
     interface: str = ""               # digest of the train_step interface the tensors fit
+    schedule: str = ""                # the lr scheduler's state as JSON text (Trainer.schedule_state), if one ran
     digest: str = ""                  # sha256 over the tensor data and the fields above (filled in by save)
     _nulls: bool = PrivateAttr(False)  # read from a header that wrote a non-finite metric sum as null
 
@@ -181,6 +182,8 @@ def _digest(tensors: dict[str, np.ndarray], meta: CheckpointMeta) -> str:
         exclude: dict = {"digest": True}
         if meta.seed is None:  # a header from before the seed was saved hashed without it
             exclude["seed"] = True
+        if not meta.schedule:  # nor one from before lr schedulers, or of a run without one
+            exclude["schedule"] = True
         if meta.format in _UNWEIGHTED_FORMATS:  # the header as formats 1 and 2 hashed it, without format 3's fields
             exclude["progress"] = {"metric_examples"}
             if meta.loader is not None:

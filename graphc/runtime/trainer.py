@@ -326,6 +326,13 @@ class Trainer:
         self._loader_state: Optional[ckpt.LoaderState] = None
         self._progress = ckpt.EpochProgress()  # running sums of the epoch under way
         self._interrupts = DeferredInterrupt()
+        # learning-rate schedules (gc.optim.lr_scheduler): the one param group they read and write
+        # (lr as the Python float last set), the scheduler fit steps and when, and the state a
+        # checkpoint held for a scheduler not attached yet
+        self.lr_group: dict[str, float] = {}
+        self._scheduler = None
+        self.scheduler_interval = "epoch"
+        self._pending_schedule: Optional[dict[str, Any]] = None
         self.resumed_from = resume_from  # the checkpoint given in place of the artifacts, if one was
         return resume_from
 
@@ -551,7 +558,8 @@ class Trainer:
     def fit(self, loader, epochs: int, eval_loader=None, progress: bool = True,
             plot: Union[str, os.PathLike, None] = None,
             checkpoint: Union[str, os.PathLike, None] = None, checkpoint_every: Optional[int] = None,
-            quiet: bool = False, log: Union[str, os.PathLike, None] = None) -> History:
+            quiet: bool = False, log: Union[str, os.PathLike, None] = None, scheduler=None,
+            interval: Optional[str] = None) -> History:
         """Train from ``loader``, a ``gc.data.DataLoader`` (whose order a checkpoint replays), until
         ``epochs`` epochs are done (counted from the first, so a resumed trainer continues where its
         checkpoint stopped); ``eval_loader`` is what ``evaluate_loader`` takes. Prints a progress
@@ -567,7 +575,11 @@ class Trainer:
         cross-entropy labels only (a mean over no example) is skipped with a warning: no step, no
         loss, its rows not counted. Raises ``TrainingFailed`` on a NaN/inf loss; a ``checkpoint``
         that could not be written or holds other training graphs' checkpoint, or a ``plot`` or
-        ``log`` that could not be written, fails before the first step."""
+        ``log`` that could not be written, fails before the first step. ``scheduler``: a
+        ``gc.optim.lr_scheduler`` scheduler of this Trainer (kept as ``self.scheduler``, which a
+        later fit steps too), stepped after each epoch (``interval="epoch"``, the default) or
+        after each step (``"step"``), ReduceLROnPlateau with the epoch's eval loss (its train loss
+        without ``eval_loader``; with ``"step"``, the step's loss); checkpoints save its state."""
         from graphc.runtime.history import EpochLog, check_plot
         from graphc.runtime.progress import TrainProgress
 
@@ -577,6 +589,12 @@ class Trainer:
         if checkpoint_every is not None and checkpoint is None:
             raise ValueError("checkpoint_every needs checkpoint, the folder to save in")
         check_training_loader(loader)
+        if interval not in (None, "epoch", "step"):
+            raise ValueError(f"interval must be 'epoch' or 'step' (when the scheduler steps), got {interval!r}")
+        if scheduler is not None:
+            self.scheduler = scheduler
+        if interval is not None:
+            self.scheduler_interval = interval
         if self.epoch < epochs:
             check_batches(loader, "training loader")
             _one_row_batch(self.manifest, loader)
@@ -610,6 +628,8 @@ class Trainer:
                 with self._interrupts:  # the epoch's line is printed and counted once, or not at all
                     record = self._end_epoch(metrics)
                     record.lr = self.lr if "lr" in self._entries else None
+                    if self._scheduler is not None and self.scheduler_interval == "epoch":
+                        self._step_scheduler(metrics["loss"] if "loss" in metrics else record.loss)
                     history.epochs.append(record)
                     if board is not None:
                         board.epoch(record, history.step_losses[-record.steps:] if record.steps else [],
@@ -689,10 +709,21 @@ class Trainer:
                 sums.samples += rows
                 sums.seconds += now - last
                 history.step_losses.append(loss)
+                if self._scheduler is not None and self.scheduler_interval == "step":
+                    self._step_scheduler(loss)
             bar.step(sums.loss_sum / max(sums.samples, 1), sums.samples / max(sums.seconds, 1e-9))
             if save is not None and self.step_count % every == 0:
                 save()
             last = time.perf_counter()  # the save's time is not train time
+
+    def _step_scheduler(self, loss: float) -> None:
+        """Step ``self.scheduler``: ReduceLROnPlateau watching ``loss``, the others by one."""
+        from graphc.runtime.lr_scheduler import ReduceLROnPlateau
+
+        if isinstance(self._scheduler, ReduceLROnPlateau):
+            self._scheduler.step(loss)
+        else:
+            self._scheduler.step()
 
     def _counts_nothing(self, batch: Mapping[str, np.ndarray], rows: int, examples: int) -> bool:
         """Whether ``batch`` (``rows`` rows, ``examples`` as ``averaging.examples`` counts them) holds
@@ -796,11 +827,49 @@ class Trainer:
     @lr.setter
     def lr(self, value: float) -> None:
         array = np.asarray(checked_lr(value), dtype=to_numpy(self._entries["lr"].dtype))
+        self.lr_group["lr"] = float(value)  # what a scheduler reads back, unrounded (torch's group["lr"])
         handle = self._state["lr"]
         if hasattr(handle, "update_inplace"):  # into the buffer the CUDA graphs and kept bindings read
             handle.update_inplace(array)
         else:
             self._state["lr"] = self._train.to_device(array)
+
+    @property
+    def scheduler(self):
+        """The lr scheduler (``gc.optim.lr_scheduler``) ``fit`` steps and checkpoints save, or None.
+        Set (by ``fit(scheduler=...)`` or by hand) on a Trainer resumed from a checkpoint that
+        saved one, it takes that state: its step count, lr and, for LambdaLR, all but the function."""
+        return self._scheduler
+
+    @scheduler.setter
+    def scheduler(self, scheduler) -> None:
+        from graphc.runtime.lr_scheduler import LRScheduler
+
+        if scheduler is not None and not (isinstance(scheduler, LRScheduler) and scheduler.trainer is self):
+            raise ValueError(f"scheduler: expected a gc.optim.lr_scheduler scheduler made on this Trainer "
+                             f"(StepLR(trainer, ...)), got {scheduler!r}")
+        pending, self._scheduler = self._pending_schedule, scheduler
+        if scheduler is not None and pending is not None:
+            self._pending_schedule = None
+            if pending["kind"] != type(scheduler).__name__:
+                raise ValueError(f"scheduler: the checkpoint this Trainer resumed saved a {pending['kind']}'s state, "
+                                 f"not a {type(scheduler).__name__}'s; resume with the same scheduler")
+            self.lr_group.clear()
+            self.lr_group.update(pending["group"])
+            scheduler.load_state_dict(pending["state"])
+            self.lr = self.lr_group["lr"]  # constructing it set the initial lr; back to the saved one
+
+    def schedule_state(self) -> str:
+        """The JSON a checkpoint saves of the scheduler: its kind, ``state_dict()``, the lr group
+        and ``scheduler_interval`` (the state a resumed Trainer still holds for one not yet given,
+        if no other was); "" without one."""
+        import json
+
+        if self._scheduler is None:
+            return "" if self._pending_schedule is None else json.dumps(self._pending_schedule)
+        return json.dumps({"kind": type(self._scheduler).__name__, "interval": self.scheduler_interval,
+                           "recipe": getattr(self._scheduler, "recipe", None), "group": self.lr_group,
+                           "state": self._scheduler.state_dict()})
 
     def _warn_unsaved_randomness(self) -> None:
         """Warn (once) where checkpoints cannot replay the graph's own random draws: a backend
@@ -831,7 +900,7 @@ class Trainer:
             loader=self._loader_state, rng=self.rng.bit_generator.state, seed=self._seed,
             graph_rng={key: rng.bit_generator.state for key, rng in self._graph_rngs().items()},
             roles=dict(self._roles), backend=self.backend, artifacts=str(self.artifacts_path or ""),
-            interface=self.manifest.interface())
+            interface=self.manifest.interface(), schedule=self.schedule_state())
         return ckpt.save(target, self.state_dict(), meta)
 
     def load_checkpoint(self, path: Union[str, os.PathLike]) -> None:
@@ -851,11 +920,25 @@ class Trainer:
             self.rng.bit_generator.state = meta.rng
         if meta.seed is not None:
             self._seed = meta.seed
+        self._load_schedule(meta.schedule)
         if "eval" in meta.graph_rng and "train_step" in self._graph_rngs():  # a backend whose generators we reach
             self._eval_exe()
         for key, rng in self._graph_rngs().items():
             if key in meta.graph_rng:
                 rng.bit_generator.state = meta.graph_rng[key]
+
+    def _load_schedule(self, text: str) -> None:
+        """Restore the lr group and scheduler state a checkpoint saved: into ``self.scheduler`` if
+        one is set, else kept until one is (a checkpoint without any leaves the lr as saved)."""
+        import json
+
+        self.lr_group.clear()
+        saved = json.loads(text) if text else None
+        self._pending_schedule = saved
+        if saved is not None:
+            self.scheduler_interval = saved["interval"]
+            if self._scheduler is not None:
+                self.scheduler = self._scheduler
 
     def _graph_rngs(self) -> dict[str, np.random.Generator]:
         """The generators the backend draws the train_step and eval graphs' random ops from,

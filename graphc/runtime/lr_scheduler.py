@@ -1,0 +1,494 @@
+"""`gc.optim.lr_scheduler`: torch.optim.lr_scheduler's schedulers, stepping a ``gc.Trainer``'s lr.
+
+    trainer = gc.Trainer(arts)
+    sched = gc.optim.lr_scheduler.StepLR(trainer, step_size=30, gamma=0.1)  # as torch takes the optimizer
+    trainer.fit(loader, epochs=90, scheduler=sched)                           # sched.step() after each epoch
+
+Each class takes torch 2.13's arguments and defaults with the Trainer in the optimizer's place and
+computes the same Python floats in the same order (the chainable forms ``step()`` uses), so a
+schedule's lrs equal torch's bit for bit. A Trainer has one param group: the scheduler's
+``group`` (the Trainer's ``lr_group``, torch's ``optimizer.param_groups[0]``: ``lr`` as a Python
+float, ``initial_lr``, OneCycleLR's ``max_lr`` and ``min_lr``) is what it reads and writes;
+each write sets ``trainer.lr`` (the graph's lr, float32 or float64, rounded once from it).
+``state_dict()`` is JSON (a checkpoint saves it, ``Trainer.save_checkpoint``); LambdaLR's and
+MultiplicativeLR's functions are not in it, as in torch (give them again on resume).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections import Counter
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR",
+           "ExponentialLR", "SequentialLR", "PolynomialLR", "CosineAnnealingLR", "ChainedScheduler",
+           "ReduceLROnPlateau", "CosineAnnealingWarmRestarts", "OneCycleLR"]
+
+
+def lr_group(trainer: Any) -> dict[str, float]:
+    """``trainer``'s one param group as torch's schedulers see it: ``lr`` is the Python float
+    last given to ``trainer.lr`` (else the optimizer spec's, else the graph's value)."""
+    group = trainer.lr_group
+    if "lr" not in group:
+        now = trainer.lr
+        spec = trainer.manifest.optimizer.get("lr")
+        exact = spec is not None and now in (float(spec), float(np.float32(spec)))
+        group["lr"] = float(spec) if exact else now  # SGD(0.1)'s 0.1, not float32's 0.10000000149
+    return group
+
+
+class LRScheduler:
+    """torch's ``LRScheduler`` base: ``step()``, ``get_last_lr()``, ``state_dict()``."""
+
+    _is_initial = False
+    _NOT_STATE = ("trainer", "group", "lr_lambdas", "_schedulers")
+
+    def __init__(self, trainer: Any, last_epoch: int = -1) -> None:
+        if not hasattr(trainer, "lr_group"):
+            raise TypeError(f"{type(self).__name__} takes a gc.Trainer (as torch's takes the optimizer), "
+                            f"got {type(trainer).__name__}")
+        self.trainer = trainer
+        self.group = lr_group(trainer)
+        if last_epoch == -1:
+            self.group.setdefault("initial_lr", self.group["lr"])
+        elif "initial_lr" not in self.group:
+            raise KeyError(f"{type(self).__name__}(last_epoch={last_epoch}): the trainer's lr group has no "
+                           "'initial_lr'; resume a scheduler with load_state_dict, not last_epoch")
+        self.base_lrs = [self.group["initial_lr"]]
+        self.last_epoch = last_epoch
+        self._initial_step()
+
+    def _initial_step(self) -> None:
+        self._step_count = 0
+        self._is_initial = True
+        try:
+            self.step()
+        finally:
+            self._is_initial = False
+
+    def _set_lr(self, lr: float) -> None:
+        # OneCycleLR's linear anneal, stepped total_steps times (as fit does after the last step),
+        # ends just below 0 (-4e-4 at max_lr 0.4), in torch too: the group keeps it, the graph gets 0
+        self.trainer.lr = max(lr, 0.0)
+        self.group["lr"] = lr
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the Trainer and functions, JSON-serializable."""
+        return {k: v for k, v in self.__dict__.items() if k not in self._NOT_STATE}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({k: v for k, v in state.items() if k not in self._NOT_STATE})
+
+    def get_last_lr(self) -> list[float]:
+        return self._last_lr
+
+    def get_lr(self) -> list[float]:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        self._step_count += 1
+        self._update_lr()
+
+    def _update_lr(self, epoch: Optional[int] = None) -> None:
+        if epoch is None:
+            self.last_epoch += 1
+            values = self.get_lr()
+        else:  # SequentialLR's restart of a scheduler at its milestone: torch's closed form
+            self.last_epoch = epoch
+            values = self._closed_form() if hasattr(self, "_closed_form") else self.get_lr()
+        self._set_lr(values[0])
+        self._last_lr = [self.group["lr"]]
+
+    def __repr__(self) -> str:
+        return f"<gc.optim.lr_scheduler.{type(self).__name__} last_epoch={self.last_epoch} lr={self.group['lr']!r}>"
+
+
+def _one_function(lr_lambda: Any, what: str) -> list[Callable[[int], float]]:
+    functions = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda]
+    if len(functions) != 1:
+        raise ValueError(f"Expected 1 lr_lambdas (a Trainer has one param group), but got {len(functions)}")
+    if not callable(functions[0]):
+        raise TypeError(f"{what}: lr_lambda should be a function, but got {type(functions[0]).__name__}")
+    return functions
+
+
+class LambdaLR(LRScheduler):
+    """lr = initial lr * lr_lambda(epoch). The function is not saved: on resume give it again."""
+
+    def __init__(self, trainer: Any, lr_lambda: Callable[[int], float], last_epoch: int = -1) -> None:
+        self.lr_lambdas = _one_function(lr_lambda, "LambdaLR")
+        super().__init__(trainer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        return [base * f(self.last_epoch) for f, base in zip(self.lr_lambdas, self.base_lrs)]
+
+
+class MultiplicativeLR(LRScheduler):
+    """lr *= lr_lambda(epoch) each step. The function is not saved: on resume give it again."""
+
+    def __init__(self, trainer: Any, lr_lambda: Callable[[int], float], last_epoch: int = -1) -> None:
+        self.lr_lambdas = _one_function(lr_lambda, "MultiplicativeLR")
+        super().__init__(trainer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        if self._is_initial:
+            return [self.group["lr"]]
+        return [self.group["lr"] * self.lr_lambdas[0](self.last_epoch)]
+
+
+class StepLR(LRScheduler):
+    """lr *= gamma every ``step_size`` steps."""
+
+    def __init__(self, trainer: Any, step_size: int, gamma: float = 0.1, last_epoch: int = -1) -> None:
+        self.step_size, self.gamma = step_size, gamma
+        super().__init__(trainer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        if self.last_epoch == 0 or self.last_epoch % self.step_size != 0:
+            return [self.group["lr"]]
+        return [self.group["lr"] * self.gamma]
+
+    def _closed_form(self) -> list[float]:
+        return [base * self.gamma ** (self.last_epoch // self.step_size) for base in self.base_lrs]
+
+
+class MultiStepLR(LRScheduler):
+    """lr *= gamma at each milestone (a milestone listed twice: gamma squared)."""
+
+    def __init__(self, trainer: Any, milestones: Iterable[int], gamma: float = 0.1, last_epoch: int = -1) -> None:
+        self.milestones, self.gamma = Counter(milestones), gamma
+        super().__init__(trainer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        if self.last_epoch not in self.milestones:
+            return [self.group["lr"]]
+        return [self.group["lr"] * self.gamma ** self.milestones[self.last_epoch]]
+
+    def _closed_form(self) -> list[float]:
+        return [base * self.gamma ** bisect_right(sorted(self.milestones.elements()), self.last_epoch)
+                for base in self.base_lrs]
+
+    def state_dict(self) -> dict[str, Any]:  # JSON keys are strings: the milestones as a list
+        return {**super().state_dict(), "milestones": sorted(self.milestones.elements())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.milestones = Counter(state["milestones"])
+
+
+class ConstantLR(LRScheduler):
+    """lr = initial lr * factor for the first ``total_iters`` steps, then the initial lr."""
+
+    def __init__(self, trainer: Any, factor: float = 1.0 / 3, total_iters: int = 5, last_epoch: int = -1) -> None:
+        if factor > 1.0 or factor < 0:
+            raise ValueError(f"ConstantLR: factor must be in [0, 1], got {factor}")
+        self.factor, self.total_iters = factor, total_iters
+        super().__init__(trainer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        if self.last_epoch == 0:
+            return [self.group["lr"] * self.factor]
+        if self.last_epoch != self.total_iters:
+            return [self.group["lr"]]
+        return [self.group["lr"] * (1.0 / self.factor)]
+
+    def _closed_form(self) -> list[float]:
+        return [base * (self.factor + (self.last_epoch >= self.total_iters) * (1 - self.factor))
+                for base in self.base_lrs]
+
+
+class LinearLR(LRScheduler):
+    """lr goes linearly from initial lr * start_factor to * end_factor over ``total_iters`` steps."""
+
+    def __init__(self, trainer: Any, start_factor: float = 1.0 / 3, end_factor: float = 1.0, total_iters: int = 5,
+                 last_epoch: int = -1) -> None:
+        if start_factor > 1.0 or start_factor <= 0:
+            raise ValueError(f"LinearLR: start_factor must be in (0, 1], got {start_factor}")
+        if end_factor > 1.0 or end_factor < 0:
+            raise ValueError(f"LinearLR: end_factor must be in [0, 1], got {end_factor}")
+        self.start_factor, self.end_factor, self.total_iters = start_factor, end_factor, total_iters
+        super().__init__(trainer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        lr = self.group["lr"]
+        if self.last_epoch == 0:
+            return [lr * self.start_factor]
+        if self._is_initial or self.last_epoch > self.total_iters:
+            return [lr]
+        delta = self.end_factor - self.start_factor
+        return [lr * (1.0 + delta / (self.total_iters * self.start_factor + (self.last_epoch - 1) * delta))]
+
+    def _closed_form(self) -> list[float]:
+        return [base * (self.start_factor + (self.end_factor - self.start_factor)
+                        * min(self.total_iters, self.last_epoch) / self.total_iters) for base in self.base_lrs]
+
+
+class ExponentialLR(LRScheduler):
+    """lr *= gamma each step."""
+
+    def __init__(self, trainer: Any, gamma: float, last_epoch: int = -1) -> None:
+        self.gamma = gamma
+        super().__init__(trainer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        return [self.group["lr"]] if self._is_initial else [self.group["lr"] * self.gamma]
+
+    def _closed_form(self) -> list[float]:
+        return [base * self.gamma ** self.last_epoch for base in self.base_lrs]
+
+
+class PolynomialLR(LRScheduler):
+    """lr = initial lr * (1 - step / total_iters) ** power, then constant."""
+
+    def __init__(self, trainer: Any, total_iters: int = 5, power: float = 1.0, last_epoch: int = -1) -> None:
+        self.total_iters, self.power = total_iters, power
+        super().__init__(trainer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        if self._is_initial or self.last_epoch > self.total_iters:
+            return [self.group["lr"]]
+        decay = ((1.0 - self.last_epoch / self.total_iters)
+                 / (1.0 - (self.last_epoch - 1) / self.total_iters)) ** self.power
+        return [self.group["lr"] * decay]
+
+    def _closed_form(self) -> list[float]:
+        return [base * (1.0 - min(self.total_iters, self.last_epoch) / self.total_iters) ** self.power
+                for base in self.base_lrs]
+
+
+class CosineAnnealingLR(LRScheduler):
+    """Cosine from the initial lr down to ``eta_min`` over ``T_max`` steps (and back up after)."""
+
+    def __init__(self, trainer: Any, T_max: int, eta_min: float = 0.0, last_epoch: int = -1) -> None:
+        self.T_max, self.eta_min = T_max, eta_min
+        super().__init__(trainer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        lr, base, t, T, low = self.group["lr"], self.base_lrs[0], self.last_epoch, self.T_max, self.eta_min
+        if self._is_initial:
+            return [lr]
+        if self._step_count == 1 and t > 0:
+            return [low + (base - low) * (1 + math.cos(t * math.pi / T)) / 2]
+        if (t - 1 - T) % (2 * T) == 0:
+            return [lr + (base - low) * (1 - math.cos(math.pi / T)) / 2]
+        return [(1 + math.cos(math.pi * t / T)) / (1 + math.cos(math.pi * (t - 1) / T)) * (lr - low) + low]
+
+    def _closed_form(self) -> list[float]:
+        return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
+                for base in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """Cosine from the initial lr to ``eta_min`` over ``T_0`` steps, restarting; each period
+    ``T_mult`` times the last."""
+
+    def __init__(self, trainer: Any, T_0: int, T_mult: int = 1, eta_min: float = 0.0, last_epoch: int = -1) -> None:
+        if not isinstance(T_0, int) or T_0 <= 0:
+            raise ValueError(f"CosineAnnealingWarmRestarts: T_0 must be a positive integer, got {T_0!r}")
+        if not isinstance(T_mult, int) or T_mult < 1:
+            raise ValueError(f"CosineAnnealingWarmRestarts: T_mult must be an integer >= 1, got {T_mult!r}")
+        self.T_0, self.T_i, self.T_mult, self.eta_min, self.T_cur = T_0, T_0, T_mult, eta_min, last_epoch
+        super().__init__(trainer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+                for base in self.base_lrs]
+
+    def step(self) -> None:
+        self._step_count += 1
+        if self.last_epoch < 0:
+            epoch = 0
+            self.T_i, self.T_cur = self.T_0, 0
+        else:
+            epoch = self.last_epoch + 1
+            self.T_cur += 1
+            if self.T_cur >= self.T_i:
+                self.T_cur, self.T_i = self.T_cur % self.T_i, self.T_i * self.T_mult
+        self.last_epoch = epoch
+        self._set_lr(self.get_lr()[0])
+        self._last_lr = [self.group["lr"]]
+
+
+class OneCycleLR(LRScheduler):
+    """The 1cycle policy: from max_lr / div_factor up to ``max_lr`` over ``pct_start`` of
+    ``total_steps``, then down to that / final_div_factor (``three_phase``: down to the start
+    first). Momentum is a constant of graphc's training graphs, so ``cycle_momentum=True``
+    (torch's default) is refused: pass ``cycle_momentum=False``."""
+
+    def __init__(self, trainer: Any, max_lr: float, total_steps: Optional[int] = None, epochs: Optional[int] = None,
+                 steps_per_epoch: Optional[int] = None, pct_start: float = 0.3, anneal_strategy: str = "cos",
+                 cycle_momentum: bool = True, base_momentum: float = 0.85, max_momentum: float = 0.95,
+                 div_factor: float = 25.0, final_div_factor: float = 1e4, three_phase: bool = False,
+                 last_epoch: int = -1) -> None:
+        if cycle_momentum:
+            raise ValueError("OneCycleLR(cycle_momentum=True): graphc's training graphs hold momentum (SGD's "
+                             "momentum, Adam's beta1) fixed; only the lr is set between steps. Pass "
+                             "cycle_momentum=False (torch's default cycles it between base_momentum and max_momentum)")
+        if total_steps is not None:
+            if not isinstance(total_steps, int) or total_steps <= 0:
+                raise ValueError(f"OneCycleLR: total_steps must be a positive integer, got {total_steps!r}")
+            self.total_steps = total_steps
+        elif epochs is not None and steps_per_epoch is not None:
+            for name, value in (("epochs", epochs), ("steps_per_epoch", steps_per_epoch)):
+                if not isinstance(value, int) or value <= 0:
+                    raise ValueError(f"OneCycleLR: {name} must be a positive integer, got {value!r}")
+            self.total_steps = epochs * steps_per_epoch
+        else:
+            raise ValueError("OneCycleLR: give total_steps, or epochs and steps_per_epoch")
+        if not isinstance(pct_start, float) or not 0 <= pct_start <= 1:
+            raise ValueError(f"OneCycleLR: pct_start must be a float in [0, 1], got {pct_start!r}")
+        if anneal_strategy not in ("cos", "linear"):
+            raise ValueError(f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
+        n = self.total_steps
+        up = float(pct_start * n) - 1
+        self._schedule_phases = ([[up, "initial_lr", "max_lr"], [float(2 * pct_start * n) - 2, "max_lr", "initial_lr"],
+                                  [n - 1, "initial_lr", "min_lr"]] if three_phase else
+                                 [[up, "initial_lr", "max_lr"], [n - 1, "max_lr", "min_lr"]])
+        self._anneal_func_type, self.cycle_momentum = anneal_strategy, False
+        group = lr_group(trainer)
+        if last_epoch == -1:
+            group["initial_lr"] = max_lr / div_factor
+            group["max_lr"] = max_lr
+            group["min_lr"] = group["initial_lr"] / final_div_factor
+        super().__init__(trainer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        step = self.last_epoch
+        if step > self.total_steps:
+            raise ValueError(f"OneCycleLR: tried to step {step} times; total_steps is {self.total_steps}")
+        start = 0.0
+        for i, (end, low, high) in enumerate(self._schedule_phases):
+            if step <= end or i == len(self._schedule_phases) - 1:
+                pct = (step - start) / (end - start)
+                a, b = self.group[low], self.group[high]
+                if self._anneal_func_type == "cos":
+                    return [b + (a - b) / 2.0 * (math.cos(math.pi * pct) + 1)]
+                return [(b - a) * pct + a]
+            start = end
+        raise AssertionError("unreachable: the last phase always matches")
+
+
+def _check_members(what: str, trainer: Any, schedulers: Sequence[LRScheduler]) -> None:
+    if len(schedulers) < 1:
+        raise ValueError(f"{what} expects at least one scheduler, got none")
+    for i, s in enumerate(schedulers):
+        if not isinstance(s, LRScheduler):
+            raise TypeError(f"{what}: schedulers[{i}] is a {type(s).__name__}, not a gc.optim.lr_scheduler scheduler")
+        if isinstance(s, ReduceLROnPlateau):
+            raise ValueError(f"{what} does not take ReduceLROnPlateau (its step needs the metric), "
+                             f"got one at index {i}")
+        if s.trainer is not trainer:
+            raise ValueError(f"{what}: schedulers[{i}] ({type(s).__name__}) steps another Trainer")
+
+
+class _Composite(LRScheduler):
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "_schedulers": [s.state_dict() for s in self._schedulers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        for s, inner in zip(self._schedulers, state["_schedulers"]):
+            s.load_state_dict(inner)
+
+
+class SequentialLR(_Composite):
+    """``schedulers[i]`` runs from ``milestones[i-1]`` on (each restarted at its milestone)."""
+
+    def __init__(self, trainer: Any, schedulers: list[LRScheduler], milestones: list[int],
+                 last_epoch: int = -1) -> None:
+        _check_members("SequentialLR", trainer, schedulers)
+        if len(milestones) != len(schedulers) - 1:
+            raise ValueError(f"SequentialLR expects one milestone fewer than schedulers, got {len(schedulers)} "
+                             f"schedulers and {len(milestones)} milestones")
+        self.trainer, self.group = trainer, lr_group(trainer)
+        self._schedulers, self._milestones = list(schedulers), list(milestones)
+        self.last_epoch = last_epoch + 1
+        self._set_lr(self.group["initial_lr"])
+        self._undo(self)
+        idx = bisect_right(self._milestones, 0)
+        self._schedulers[idx]._initial_step()
+        self._last_lr = self._schedulers[idx].get_last_lr()
+
+    def _undo(self, scheduler: LRScheduler) -> None:
+        if isinstance(scheduler, _Composite):
+            for s in scheduler._schedulers:
+                self._undo(s)
+        else:
+            scheduler.last_epoch -= 1
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        idx = bisect_right(self._milestones, self.last_epoch)
+        scheduler = self._schedulers[idx]
+        if idx > 0 and self._milestones[idx - 1] == self.last_epoch:
+            scheduler._update_lr(0)
+        else:
+            scheduler.step()
+        self._last_lr = scheduler.get_last_lr()
+
+
+class ChainedScheduler(_Composite):
+    """Steps every scheduler in turn each step (their factors compound)."""
+
+    def __init__(self, schedulers: Sequence[LRScheduler], trainer: Any = None) -> None:
+        trainer = trainer if trainer is not None else (schedulers[0].trainer if schedulers else None)
+        _check_members("ChainedScheduler", trainer, schedulers)
+        self.trainer, self.group = trainer, lr_group(trainer)
+        self._schedulers = list(schedulers)
+        self._last_lr = [self.group["lr"]]
+
+    def step(self) -> None:
+        for s in self._schedulers:
+            s.step()
+        self._last_lr = [self.group["lr"]]
+
+
+class ReduceLROnPlateau(LRScheduler):
+    """lr *= factor once ``metric`` (``step(metric)``) has not improved for ``patience`` steps."""
+
+    def __init__(self, trainer: Any, mode: str = "min", factor: float = 0.1, patience: int = 10,
+                 threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0, min_lr: float = 0,
+                 eps: float = 1e-8) -> None:
+        if factor >= 1.0:
+            raise ValueError(f"ReduceLROnPlateau: factor must be < 1.0, got {factor}")
+        if mode not in ("min", "max"):
+            raise ValueError(f"ReduceLROnPlateau: mode must be 'min' or 'max', got {mode!r}")
+        if threshold_mode not in ("rel", "abs"):
+            raise ValueError(f"ReduceLROnPlateau: threshold_mode must be 'rel' or 'abs', got {threshold_mode!r}")
+        self.trainer, self.group = trainer, lr_group(trainer)
+        min_lrs = list(min_lr) if isinstance(min_lr, (list, tuple)) else [min_lr]
+        if len(min_lrs) != 1:
+            raise ValueError(f"ReduceLROnPlateau: expected 1 min_lr (a Trainer has one param group), got {len(min_lrs)}")
+        self.factor, self.min_lrs, self.patience, self.cooldown, self.eps = factor, min_lrs, patience, cooldown, eps
+        self.mode, self.threshold, self.threshold_mode = mode, threshold, threshold_mode
+        self.last_epoch = 0
+        self._last_lr = [self.group["lr"]]
+        self.best, self.cooldown_counter, self.num_bad_epochs = (math.inf if mode == "min" else -math.inf), 0, 0
+
+    def _is_better(self, a: float, best: float) -> bool:
+        if self.threshold_mode == "rel":
+            return a < best * (1.0 - self.threshold) if self.mode == "min" else a > best * (self.threshold + 1.0)
+        return a < best - self.threshold if self.mode == "min" else a > best + self.threshold
+
+    def step(self, metrics: Any = None) -> None:  # type: ignore[override]
+        if metrics is None:
+            raise TypeError("ReduceLROnPlateau.step(metrics) needs the metric to watch (e.g. the eval loss)")
+        current = float(metrics)
+        self.last_epoch += 1
+        if self._is_better(current, self.best):
+            self.best, self.num_bad_epochs = current, 0
+        else:
+            self.num_bad_epochs += 1
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0
+        if self.num_bad_epochs > self.patience:
+            old = float(self.group["lr"])
+            new = max(old * self.factor, self.min_lrs[0])
+            if old - new > self.eps:
+                self._set_lr(new)
+            self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
+        self._last_lr = [self.group["lr"]]
