@@ -36,6 +36,7 @@ COMMANDS = dict(_commands())
 
 # (command, parameter) -> (API callable, its parameter) that the option's value is passed to.
 API_DEFAULTS = {
+    ("train", "patience"): (gc.optim.lr_scheduler.ReduceLROnPlateau, "patience"),
     ("capture", "opset"): (gc.capture, "opset"),
     ("capture", "seed"): (gc.capture, "seed"),
     ("capture", "training"): (gc.capture, "training"),
@@ -82,6 +83,12 @@ API_DEFAULTS = {
 # Options whose CLI default is None: "the API's own default" (checked below where the CLI
 # resolves it), or an option the API has no parameter for.
 CLI_ONLY = {
+    ("train", "schedule"): "none: no scheduler, as fit(scheduler=None); the names build graphc.cli.schedules' recipes",
+    ("train", "schedule_interval"): "None: epoch, fit's default, or step for onecycle",
+    ("train", "step_size"): "None: StepLR has no default step_size either; required by --schedule step",
+    ("train", "gamma"): "None: StepLR's and ReduceLROnPlateau's 0.1 (factor); ExponentialLR has none",
+    ("train", "min_lr"): "None: CosineAnnealingLR's eta_min 0, ReduceLROnPlateau's min_lr 0",
+    ("train", "warmup"): "0: no LinearLR warmup before the schedule",
     ("grad", "optimizer"): "the API has no default optimizer; sgd, whose own defaults follow",
     ("grad", "lr"): "None: the optimizer spec's default (test_grad_optimizer_defaults_are_the_specs)",
     ("grad", "momentum"): "None: the optimizer spec's default",

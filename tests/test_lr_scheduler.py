@@ -238,3 +238,47 @@ def test_resume_mid_epoch_gives_the_uninterrupted_losses(tmp_path, monkeypatch, 
     assert first.step_count == 9 and resumed.step_count == 24
     assert full.step_losses[9:] == rest.step_losses  # bit-identical
     assert resumed.lr == whole.lr and sched.get_last_lr() == whole.scheduler.get_last_lr()
+
+
+# --- graphc train --schedule ---------------------------------------------------------------------
+
+def _epoch_log(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_cli_schedule_matches_python_and_resumes(tmp_path, capsys, monkeypatch):
+    from cli_util import one_line_error, run_cli, workspace
+
+    root = workspace(tmp_path)
+    args = ["train", root / "arts", "--data", root / "data.npz", "--batch-size", "16", "--backend", "numpy",
+            "--no-progress"]
+    sched = ["--schedule", "cosine", "--schedule-interval", "step", "--warmup", "3", "--min-lr", "0.001"]
+    r = run_cli(capsys, *args, "--epochs", "3", *sched, "--checkpoint", root / "whole", "--log", root / "whole.jsonl")
+    assert r.code == 0, r.err
+    whole = _epoch_log(root / "whole.jsonl")
+    saved = json.loads(ckpt.read_meta(root / "whole").schedule)
+    assert saved["kind"] == "SequentialLR" and saved["recipe"]["total"] == 12 and saved["interval"] == "step"
+
+    trainer = gc.Trainer(root / "arts", backend="numpy")  # the same run in Python
+    ramp = S.LinearLR(trainer, start_factor=0.25, total_iters=3)
+    cosine = S.CosineAnnealingLR(trainer, T_max=9, eta_min=0.001)
+    data = dict(np.load(root / "data.npz"))
+    history = trainer.fit(gc.data.DataLoader(data, batch_size=16, seed=0), 3, interval="step", progress=False,
+                          quiet=True, scheduler=S.SequentialLR(trainer, [ramp, cosine], milestones=[3]))
+    assert [e.loss for e in history.epochs] == [e["loss"] for e in whole]
+    assert [e.lr for e in history.epochs] == [e["lr"] for e in whole]
+    assert len({e["lr"] for e in whole}) == 3
+
+    monkeypatch.setenv("GRAPHC_TEST_SIGNAL_AT_STEP", "INT:6")  # Ctrl-C after step 6, mid-epoch 2
+    r = run_cli(capsys, *args, "--epochs", "3", *sched, "--checkpoint", root / "cut", "--log", root / "cut.jsonl")
+    assert r.code == 130 and "interrupted at step 6" in r.err, r.err
+    monkeypatch.delenv("GRAPHC_TEST_SIGNAL_AT_STEP")
+    r = run_cli(capsys, *args, "--epochs", "3", "--checkpoint", root / "cut", "--resume", "--log", root / "cut.jsonl")
+    assert r.code == 0, r.err
+    untimed = [{k: v for k, v in e.items() if k not in ("seconds", "samples_per_s")} for e in whole]
+    assert [{k: e[k] for k in untimed[0]} for e in _epoch_log(root / "cut.jsonl")] == untimed  # bit-identical
+    err = one_line_error(run_cli(capsys, *args, "--epochs", "4", "--checkpoint", root / "cut", "--resume",
+                                 "--schedule", "step", "--step-size", "2"))
+    assert "recorded the lr schedule cosine" in err and "--schedule asks for step" in err
+    err = one_line_error(run_cli(capsys, *args, "--epochs", "1", "--schedule", "step"))
+    assert "--schedule step needs --step-size" in err

@@ -17,6 +17,7 @@ from rich.markup import escape
 from graphc.cli.app import (OUT_ALIAS, app, check_writable_at, chosen_output, console, err_console, given,
                             naming_opset, output_option)
 from graphc.cli.arrays import fit_bfloat16, load_npz, npz_names
+from graphc.cli.schedules import SCHEDULE_OPTIONS, recipe, use_schedule
 from graphc.compile.losses import KINDS as LOSS_KINDS
 from graphc.runtime.metrics import names as metric_names
 
@@ -330,6 +331,26 @@ def train_cmd(
                                               "(default with --workers > 1: a new local one)."),
     cuda_graph: bool = typer.Option(False, "--cuda-graph", help="With --backend ort-cuda: replay each step "
                                     "as a CUDA graph (one launch instead of one per node)."),
+    schedule: str = typer.Option("none", "--schedule", metavar="NAME",
+                                 help="Learning-rate schedule (gc.optim.lr_scheduler), from the optimizer's lr: "
+                                 "none, step (StepLR: --step-size, --gamma), exponential (--gamma), cosine "
+                                 "(CosineAnnealingLR to --min-lr over the run), onecycle (OneCycleLR up to the lr "
+                                 "and down, per step) or plateau (ReduceLROnPlateau on the eval loss: --gamma, "
+                                 "--patience, --min-lr). Recorded in the checkpoint: --resume continues it."),
+    schedule_interval: Optional[str] = typer.Option(None, "--schedule-interval", metavar="epoch|step",
+                                                    help="Step the schedule after each epoch (default) or each "
+                                                    "train step (onecycle: always)."),
+    step_size: Optional[int] = typer.Option(None, "--step-size", min=1, metavar="N",
+                                            help="--schedule step: decay the lr every N scheduler steps."),
+    gamma: Optional[float] = typer.Option(None, "--gamma", min=0.0, help="The lr's decay factor (step: default "
+                                          "0.1, exponential: required, plateau: default 0.1)."),
+    min_lr: Optional[float] = typer.Option(None, "--min-lr", min=0.0, help="cosine's final lr, plateau's floor "
+                                           "(default 0)."),
+    warmup: int = typer.Option(0, "--warmup", min=0, metavar="N",
+                               help="Ramp the lr up linearly over the first N scheduler steps (epochs, or train "
+                               "steps with --schedule-interval step), then run --schedule (step, exponential, cosine)."),
+    patience: int = typer.Option(10, "--patience", min=0, help="--schedule plateau: epochs without improvement "
+                                 "before the lr drops."),
 ) -> None:
     """Train artifacts on the arrays of an .npz file.
 
@@ -378,6 +399,9 @@ def train_cmd(
                          "exactly, or start a new one in another --checkpoint folder")
     eval_loader = gc.data.DataLoader(test, batch_size=fixed or max(batch_size, 256), shuffle=False,
                                      drop_last=_drops(fixed, test, test_source)) if test else None
+    use_schedule(trainer, resumed, recipe(schedule, schedule_interval, epochs, len(loader), step_size=step_size,
+                                          gamma=gamma, min_lr=min_lr, warmup=warmup, patience=patience),
+                 [n for n in SCHEDULE_OPTIONS if given(ctx, n)])
     if resumed is not None and trainer.epoch >= epochs:
         console.print(f"nothing to train: the run has done {plural(trainer.epoch, 'epoch')} of --epochs {epochs}; "
                       "raise --epochs to train on", highlight=False, soft_wrap=True)

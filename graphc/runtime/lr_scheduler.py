@@ -44,7 +44,7 @@ class LRScheduler:
     """torch's ``LRScheduler`` base: ``step()``, ``get_last_lr()``, ``state_dict()``."""
 
     _is_initial = False
-    _NOT_STATE = ("trainer", "group", "lr_lambdas", "_schedulers")
+    _NOT_STATE = ("trainer", "group", "lr_lambdas", "_schedulers", "recipe")  # recipe: graphc.cli.schedules
 
     def __init__(self, trainer: Any, last_epoch: int = -1) -> None:
         if not hasattr(trainer, "lr_group"):

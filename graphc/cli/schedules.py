@@ -1,0 +1,102 @@
+"""`graphc train --schedule`: the lr schedules the command builds (``gc.optim.lr_scheduler``) from
+a few options, as a recipe that checkpoints record so that ``--resume`` rebuilds the same one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+SCHEDULES = ("none", "step", "exponential", "cosine", "onecycle", "plateau")
+INTERVALS = ("epoch", "step")
+# the train command's parameters that set the schedule
+SCHEDULE_OPTIONS = ("schedule", "schedule_interval", "step_size", "gamma", "min_lr", "warmup", "patience")
+
+
+def recipe(schedule: str, interval: Optional[str], epochs: int, steps_per_epoch: int, *, step_size: Optional[int],
+           gamma: Optional[float], min_lr: Optional[float], warmup: int, patience: int) -> Optional[dict[str, Any]]:
+    """The schedule the options ask for, checked (None for ``none``): name, interval, and the
+    length of the run in that interval's units (``total``), fixed here so a resume with more
+    ``--epochs`` does not stretch it."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"--schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    if schedule == "none":
+        given = [o for o, v in (("--step-size", step_size), ("--gamma", gamma), ("--min-lr", min_lr),
+                                ("--warmup", warmup or None), ("--schedule-interval", interval)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} set an lr schedule: give --schedule too")
+        return None
+    interval = interval or ("step" if schedule == "onecycle" else "epoch")
+    if interval not in INTERVALS:
+        raise ValueError(f"--schedule-interval {interval!r}: expected epoch or step")
+    if schedule == "onecycle" and interval != "step":
+        raise ValueError("--schedule onecycle steps the lr after each train step: leave out --schedule-interval epoch")
+    if schedule == "step" and step_size is None:
+        raise ValueError("--schedule step needs --step-size N (scheduler steps between decays)")
+    if schedule == "exponential" and gamma is None:
+        raise ValueError("--schedule exponential needs --gamma (the lr's factor per scheduler step)")
+    if warmup and schedule in ("onecycle", "plateau"):
+        raise ValueError(f"--warmup: --schedule {schedule} has no warmup phase to add (onecycle warms up itself)")
+    total = epochs * (steps_per_epoch if interval == "step" else 1)
+    if schedule == "cosine" and total - warmup < 1:
+        raise ValueError(f"--warmup {warmup} leaves no {interval} of the {total} to anneal over")
+    return {"schedule": schedule, "interval": interval, "total": total, "step_size": step_size, "gamma": gamma,
+            "min_lr": min_lr, "warmup": warmup, "patience": patience}
+
+
+def build(trainer: Any, spec: dict[str, Any]):
+    """The scheduler of ``spec`` (a ``recipe``) on ``trainer``, which records it in checkpoints."""
+    from graphc.runtime import lr_scheduler as S
+
+    name, total, warmup = spec["schedule"], spec["total"], spec["warmup"]
+    gamma, min_lr = spec["gamma"], spec["min_lr"] or 0.0
+    ramp = S.LinearLR(trainer, start_factor=1.0 / (warmup + 1), total_iters=warmup) if warmup else None
+    if name == "step":
+        main = S.StepLR(trainer, step_size=spec["step_size"], gamma=0.1 if gamma is None else gamma)
+    elif name == "exponential":
+        main = S.ExponentialLR(trainer, gamma=gamma)
+    elif name == "cosine":
+        main = S.CosineAnnealingLR(trainer, T_max=total - warmup, eta_min=min_lr)
+    elif name == "onecycle":
+        main = S.OneCycleLR(trainer, max_lr=S.lr_group(trainer)["lr"], total_steps=total, cycle_momentum=False)
+    else:
+        main = S.ReduceLROnPlateau(trainer, factor=0.1 if gamma is None else gamma, patience=spec["patience"],
+                                   min_lr=min_lr)
+    scheduler = S.SequentialLR(trainer, [ramp, main], milestones=[warmup]) if ramp is not None else main
+    scheduler.recipe = spec
+    return scheduler
+
+
+def use_schedule(trainer: Any, resumed: Optional[Path], asked: Optional[dict[str, Any]], options_given: list[str]):
+    """Give ``trainer`` the scheduler ``asked`` (a ``recipe``), or on a resume the one its
+    checkpoint recorded: ``options_given`` (of ``SCHEDULE_OPTIONS``) asking for another is an error."""
+    import json
+
+    from graphc.runtime.checkpoint import read_meta
+
+    saved = json.loads(read_meta(resumed).schedule or "null") if resumed is not None else None
+    if saved is not None and saved.get("recipe") is None:
+        raise ValueError(f"{resumed} saved a {saved['kind']} scheduler that was not made by --schedule; resume it "
+                         "in Python (trainer.fit(..., scheduler=...))")
+    if resumed is not None and (trainer.step_count or trainer.epoch):
+        then = saved["recipe"] if saved is not None else None
+        if options_given and _without_total(asked) != _without_total(then):
+            raise ValueError(f"--resume: the checkpoint recorded the lr schedule {_describe(then)}; "
+                             f"--{options_given[0].replace('_', '-')} asks for {_describe(asked)}. Leave the "
+                             "schedule options out to continue it")
+        asked = then
+    if asked is None:
+        return
+    if type(trainer).__name__ == "DistributedTrainer":
+        raise ValueError("--schedule: data-parallel runs (--workers, --ray-address) take no lr schedule yet")
+    trainer.scheduler = build(trainer, asked)
+    trainer.scheduler_interval = asked["interval"]
+
+
+def _without_total(spec: Optional[dict]) -> Optional[dict]:
+    return None if spec is None else {k: v for k, v in spec.items() if k != "total"}
+
+
+def _describe(spec: Optional[dict]) -> str:
+    if spec is None:
+        return "none"
+    return spec["schedule"] + "".join(f" {k}={v}" for k, v in spec.items() if k != "schedule" and v not in (None, 0))
