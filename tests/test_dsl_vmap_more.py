@@ -125,3 +125,16 @@ def test_loop_of_a_per_example_condition():
     assert len(set(steps)) > 2, steps
     _check(_doubling, [x, w])
     _no_fallback(lambda x: _doubling(gc, x, w), x=gc.spec("float64", ("N", 2)))
+
+
+def test_a_fallback_scan_the_outer_vmap_hoists_is_evaluated_eagerly():
+    """An inner vmap's fallback Scan (Det has no rule) over values the outer vmap does not map is
+    hoisted and, in an eager capture, evaluated: the numpy kernel was handed its body as a raw graph
+    ("'Graph' object has no attribute 'output_names'"), as gc.func.hessian without rules hit."""
+    rng = np.random.default_rng(7)
+    mats, x = rng.standard_normal((3, 2, 2)), rng.standard_normal((4, 3))
+    model = gc.capture(lambda x: gc.vmap(lambda r: r * gc.vmap(gc.linalg.det, fallback="scan")(gc.asarray(mats)))(x),
+                       x=x)
+    assert "Scan" in {n.op_type for n in model.proto.graph.node}
+    np.testing.assert_allclose(gc.Session(model, backend="numpy").run({"x": x})["output"], x * np.linalg.det(mats),
+                               rtol=1e-12)

@@ -233,20 +233,29 @@ def run_graph(builder: Builder, graph: ir.Graph, inputs: Sequence[np.ndarray],
         raise CaptureError(f"no eager value for {value.name!r} while evaluating {graph.name}")
 
     for node in graph:
-        args = [get(v) for v in node.inputs]
-        attrs = {a.name: a.value for a in node.attributes.values()}
-        if node.op_type == "If":
-            branch = attrs["then_branch"] if bool(np.asarray(args[0]).reshape(-1)[0]) else attrs["else_branch"]
-            outs = run_graph(builder, branch, [], get)
-        elif node.op_type == "Loop":
-            outs = run_loop(builder, attrs["body"], args, get)
-        elif node.op_type == "Scan":
-            outs = run_scan(builder, attrs, args, get)
-        else:
-            outs = _eager.run(node.op_type, args, attrs, builder.opset, node_outputs=len(node.outputs))
-        for v, o in zip(node.outputs, outs):
+        for v, o in zip(node.outputs, evaluate(builder, node, [get(v) for v in node.inputs], get)):
             env[id(v)] = o
     return [get(v) for v in graph.outputs]
+
+
+def evaluate(builder: Builder, node: ir.Node, args: list, outer: Callable | None = None) -> list[np.ndarray]:
+    """``node``'s outputs on ``args``: an If, Loop or Scan by interpreting its bodies (outer-scope values
+    from ``outer``, else the capture's), any other op by the numpy backend (``eager.run``)."""
+    attrs = {a.name: a.value for a in node.attributes.values()}
+    if node.op_type == "If":
+        branch = attrs["then_branch"] if bool(np.asarray(args[0]).reshape(-1)[0]) else attrs["else_branch"]
+        return run_graph(builder, branch, [], outer)
+    if node.op_type == "Loop":
+        return run_loop(builder, attrs["body"], args, outer)
+    if node.op_type == "Scan":
+        return run_scan(builder, attrs, args, outer)
+    return _eager.run(node.op_type, args, attrs, builder.opset, node_outputs=len(node.outputs))
+
+
+def record(builder: Builder, node: ir.Node) -> None:
+    """``eager.record`` of ``node`` into the capture's example values, control flow included (a node
+    that ``gc.vmap`` or ``gc.func`` copies into the capture: a vmap fallback's Scan, say)."""
+    _eager.record(builder.values, node, builder.opset, lambda arrays: evaluate(builder, node, arrays))
 
 
 def run_loop(builder: Builder, body: ir.Graph, args: list, outer: Callable | None = None) -> list[np.ndarray]:
@@ -274,4 +283,4 @@ def run_scan(builder: Builder, attrs: dict, args: list, outer: Callable | None =
     return state + [np.stack(y) if y else _no_steps(Tensor(v)) for y, v in zip(ys, body.outputs[n_carry:])]
 
 
-__all__ = ["cond", "fori_loop", "run_graph", "run_loop", "run_scan", "scan", "trace_subgraph"]
+__all__ = ["cond", "evaluate", "fori_loop", "record", "run_graph", "run_loop", "run_scan", "scan", "trace_subgraph"]

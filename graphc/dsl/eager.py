@@ -1,12 +1,13 @@
 """Eager evaluation of one node during capture (``print(t)`` inside ``forward`` shows values).
 
 Uses the numpy backend's ``run_node``; an op it has no kernel for goes to onnx's reference
-evaluator on a one-node model. Control-flow nodes never come here: ``graphc.dsl.control`` evaluates
-them itself.
+evaluator on a one-node model. Control-flow nodes never come to ``run``: ``graphc.dsl.control``
+evaluates them itself, and gives ``record`` its evaluator for them (``control.record``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -40,16 +41,21 @@ def run(op_type: str, inputs: list[np.ndarray | None], attrs: dict[str, Any], op
     return [None if o is None else np.asarray(o) for o in outs]
 
 
-def record(values: dict, node: ir.Node, opset: int) -> None:
+def record(values: dict, node: ir.Node, opset: int, evaluate: Callable[[list], list] | None = None) -> None:
     """Evaluate ``node`` on its inputs' example values (``values``: value id -> array) and record its
-    outputs' there; nothing when every output has one already or an input has none."""
+    outputs' there; nothing when every output has one already or an input has none. ``evaluate``
+    (arrays -> outputs) takes the place of ``run``, as ``control.record`` gives it for control flow."""
     if all(id(v) in values for v in node.outputs):
         return
     arrays = [None if v is None else values.get(id(v)) for v in node.inputs]
     if any(a is None for v, a in zip(node.inputs, arrays) if v is not None):
         return
-    attrs = {a.name: a.value for a in node.attributes.values()}
-    values.update((id(v), r) for v, r in zip(node.outputs, run(node.op_type, arrays, attrs, opset, len(node.outputs))))
+    if evaluate is None:
+        attrs = {a.name: a.value for a in node.attributes.values()}
+        outs = run(node.op_type, arrays, attrs, opset, len(node.outputs))
+    else:
+        outs = evaluate(arrays)
+    values.update((id(v), r) for v, r in zip(node.outputs, outs))
 
 
 def _reference(op_type: str, inputs: list[np.ndarray | None], attrs: dict[str, Any], opset: int,

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from graphc.dsl import eager, ops
+from graphc.dsl import control, ops
 from graphc.dsl.builder import Builder, Scope, current, user_source
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.vmap import vmap
@@ -155,7 +155,7 @@ class _Traced:
 def _evaluate(builder: Builder, node: ir.Node, eager_scope: bool) -> None:
     """Record ``node``'s example outputs where its scope is evaluated eagerly and its inputs have values."""
     if eager_scope:
-        eager.record(builder.values, node, builder.opset)
+        control.record(builder, node)
 
 
 def _argnums(api: str, argnums: Any, count: int, source: str) -> tuple[int, ...]:

@@ -12,8 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import onnx_ir as ir
 
-from graphc.dsl import eager as _eager
-from graphc.dsl import ops
+from graphc.dsl import control, ops
 from graphc.dsl.builder import Builder
 from graphc.dsl.tensor import Tensor
 from graphc.model import SOURCE_KEY
@@ -61,7 +60,7 @@ def hoist(builder: Builder, node: ir.Node) -> None:
     evaluated where that scope is eager."""
     builder.scope.nodes.append(node)
     if builder.eager:
-        _eager.record(builder.values, node, builder.opset)
+        control.record(builder, node)
 
 
 def has_random(node: ir.Node) -> bool:
