@@ -159,12 +159,6 @@ def test_float64_instance_norm_and_prelu_match_numpy():
     assert np.signbit(got.flat[1])
 
 
-def test_float64_conv_of_symbolic_spatial_dims_is_refused_naming_the_node():
-    model = _single("Conv", (1, 2, "h", 5), {"w": RNG.standard_normal((3, 2, 2, 2))}, {}, ["w"])
-    with pytest.raises(gc.BackendError, match=r"no double kernel for Conv.*spatial dims known before the run.*'x'.*the_conv"):
-        gc.Session(model, backend="ort-cpu")
-
-
 def test_float64_resize_of_computed_sizes_is_refused_naming_the_node():
     node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="the_resize")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, [1, 1, 2, 2]),
