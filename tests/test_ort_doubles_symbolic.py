@@ -1,7 +1,8 @@
 """float64 Conv, ConvTranspose, AveragePool and LpPool of symbolic spatial dims run on ort-cpu
 (``backends/doubles_windows_symbolic.py`` sizes their windows at run time): ONE session per model fed several
 sizes, against the numpy backend and torch in float64 to ~1e-12 (every case of ``test_ort_doubles_more``'s tables),
-torch's MobileNet and ResNet exports with their H, W made symbolic; below opset 11 a clear refusal."""
+torch's MobileNet (its float64 HardSigmoid and HardSwish written out too) and ResNet exports with their H, W made
+symbolic; opset 11, and below it a clear refusal."""
 
 from __future__ import annotations
 
@@ -61,6 +62,22 @@ def test_float64_pools_of_symbolic_dims_match_numpy_on_several_sizes(case):
     model = _single(case.split()[0], ("N", 3, "h", "w"), {}, _POOLS[case])
     # even and odd sizes: ceil mode's last window and SAME's pads change with them
     _assert_one_session_is_numpy(model, [(2, 3, 7, 8), (1, 3, 8, 9), (2, 3, 12, 5), (1, 3, 3, 4)])
+
+
+_OPSET_11 = {  # the oldest opset the windows are sized at run time in (Unsqueeze's axes an attribute there)
+    "ConvTranspose": ({"w": (3, 2, 3, 3)}, {"strides": [2, 2], "pads": [1, 0, 0, 1], "output_padding": [1, 1]}),
+    "Conv": ({"w": (2, 3, 3, 3)}, {"auto_pad": "SAME_LOWER", "strides": [2, 1]}),
+    "AveragePool": ({}, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1,
+                         "count_include_pad": 1}),
+}
+
+
+@pytest.mark.parametrize("op", list(_OPSET_11))
+def test_float64_windows_of_symbolic_dims_at_opset_11_match_numpy(op):
+    shapes, attrs = _OPSET_11[op]
+    model = _single(op, ("N", 3, "h", "w"), {k: RNG.standard_normal(v) for k, v in shapes.items()}, attrs,
+                    list(shapes), opset=11)
+    _assert_one_session_is_numpy(model, [(2, 3, 5, 6), (1, 3, 8, 7)])
 
 
 _TORCH = {  # name: fn(M, x, w), channels, w shape or None
