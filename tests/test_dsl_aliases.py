@@ -114,7 +114,6 @@ COPIES = [
 CASES += [(name, fn, [X3], {}) for name, fn in COPIES]
 
 
-ORT_NO_FLOAT64 = {"instance_norm_own_stats", "conv1d", "prelu", "prelu_method"}
 NO_TORCH_GRAD = {"native_channel_shuffle", "detach_copy"}  # torch has no derivative for these
 
 
@@ -129,8 +128,6 @@ def _torch_out(fn, params, inputs, c=None):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("name, fn, params, inputs", CASES, ids=[c[0] for c in CASES])
 def test_values_match_torch(name, fn, params, inputs, dtype):
-    if dtype == "float64" and name in ORT_NO_FLOAT64:
-        pytest.skip("onnxruntime has no float64 kernel for this lowering (InstanceNormalization, Conv, PRelu)")
     params = [p.astype(dtype) for p in params]
     inputs = {k: v.astype(dtype) if v.dtype.kind == "f" else v for k, v in inputs.items()}
     want = _torch_out(fn, params, inputs)[0]
