@@ -167,6 +167,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "cond": ("graphc.dsl.control", "cond"),
     "fori_loop": ("graphc.dsl.control", "fori_loop"),
     "scan": ("graphc.dsl.control", "scan"),
+    "while_loop": ("graphc.dsl.control_while", "while_loop"),
     "nn": ("graphc.nn", None),
     "losses": ("graphc.compile.losses", None),
     "optim": ("graphc.compile.optim", None),

@@ -37,7 +37,8 @@ def _rebuild(items: list[Tensor], is_seq: bool) -> Any:
     return tuple(items) if is_seq else items[0]
 
 
-def _merge_shape(a: Any, b: Any) -> Any:
+def merge_shape(a: Any, b: Any) -> Any:
+    """The dims two shapes agree on (None where they differ or are unknown); None for unknown or different ranks."""
     if a is None or b is None or len(a) != len(b):
         return None
     return [x if x == y else None for x, y in zip(a, b)]
@@ -100,7 +101,7 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
     for i, (a, b) in enumerate(zip(then_outs, else_outs)):
         if a.dtype != b.dtype:
             raise op_error("If", [a, b], f"branch output {i} has dtype {a.dtype} vs {b.dtype}", source)
-        out_types.append((a.dtype, _merge_shape(a.shape, b.shape)))
+        out_types.append((a.dtype, merge_shape(a.shape, b.shape)))
 
     def evaluate(arrays: list) -> list:
         graph = then_g if bool(np.asarray(arrays[0]).reshape(-1)[0]) else else_g
@@ -137,7 +138,7 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
         (f"carry{k}", t.dtype, t.shape) for k, t in enumerate(carry)]
     graph, outs, _ = trace_subgraph(builder, body, [], in_types, "loop_body")
     _check_carry("Loop", carry, outs[1:], source)
-    out_types = [(t.dtype, _merge_shape(t.shape, o.shape)) for t, o in zip(carry, outs[1:])]
+    out_types = [(t.dtype, merge_shape(t.shape, o.shape)) for t, o in zip(carry, outs[1:])]
 
     def evaluate(arrays: list) -> list:
         state = list(arrays[2:])
@@ -182,7 +183,7 @@ def scan(fn: Callable, init: Any, xs: Any) -> tuple[Any, Any]:
         (f"x{k}", x.dtype, x.shape[1:]) for k, x in enumerate(x_items)]
     graph, outs, _ = trace_subgraph(builder, body, [], in_types, "scan_body")
     _check_carry("Scan", carry, outs[:n_carry], source)
-    out_types = [(t.dtype, _merge_shape(t.shape, o.shape)) for t, o in zip(carry, outs[:n_carry])]
+    out_types = [(t.dtype, merge_shape(t.shape, o.shape)) for t, o in zip(carry, outs[:n_carry])]
     out_types += [(y.dtype, None if y.shape is None else [length, *y.shape]) for y in outs[n_carry:]]
 
     def evaluate(arrays: list) -> list:
@@ -283,4 +284,5 @@ def run_scan(builder: Builder, attrs: dict, args: list, outer: Callable | None =
     return state + [np.stack(y) if y else _no_steps(Tensor(v)) for y, v in zip(ys, body.outputs[n_carry:])]
 
 
-__all__ = ["cond", "evaluate", "fori_loop", "record", "run_graph", "run_loop", "run_scan", "scan", "trace_subgraph"]
+__all__ = ["cond", "evaluate", "fori_loop", "merge_shape", "record", "run_graph", "run_loop", "run_scan", "scan",
+           "trace_subgraph"]
