@@ -213,6 +213,18 @@ def test_gradients_match_float64_central_differences(scale):
         np.testing.assert_allclose(got[f"p{n}"], want, rtol=1e-6, atol=1e-7, err_msg=f"p{n}")
 
 
+def test_gradient_through_a_while_loop_nested_in_a_while_loop_matches_torch():
+    pytest.importorskip("torch")
+
+    def fn(M, w, x):
+        def outer(k, y):
+            inner = _loop(M, lambda z: (z * z).sum() < 20.0 * (k + 1.0), lambda z: (z * 1.5 + (z @ w).sin() * 0.1,), (y,))
+            return k + 1.0, inner[0] * 0.5
+        return _loop(M, lambda k, y: k < 3.0, outer, (x.sum() * 0, x))[1]
+
+    assert_matches_torch(fn, _grow_data("float64")[::2], {}, rng(4))
+
+
 # -- gc.vmap -----------------------------------------------------------------------------------------
 
 

@@ -257,8 +257,14 @@ def _reverse_loop(g: GradBuilder, node: ir.Node, dys) -> dict:
 def _check_carried_shapes(g: GradBuilder, node: ir.Node, body: ir.Graph) -> None:
     """Refuse a Loop whose carried values change shape from one step to the next (the tape
     stacks them): found by running one step on zeros of their static shapes (outer constants
-    as they are); no check where a shape is not static or the step cannot be run."""
+    as they are); no check where a shape is not static or the step cannot be run, nor where
+    the step holds a Loop whose steps a constant trip count does not bound: on zeros its own
+    condition may never turn false (``gc.while_loop`` in a ``gc.while_loop``)."""
     from graphc.passes.autodiff.core import captured_values
+
+    if any(n.op_type == "Loop" and (n.inputs[0] is None or folded_array(n.inputs[0]) is None)
+           for n in ir.traversal.RecursiveGraphIterator(body)):
+        return
 
     def probe(value: ir.Value) -> np.ndarray | None:
         array = folded_array(value)
