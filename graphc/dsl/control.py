@@ -260,13 +260,18 @@ def record(builder: Builder, node: ir.Node) -> None:
 
 
 def run_loop(builder: Builder, body: ir.Graph, args: list, outer: Callable | None = None) -> list[np.ndarray]:
-    """A ``Loop`` node's carried outputs for its inputs ``args`` (trip count, cond, state): ``body`` runs while its
-    cond (absent: true) holds, at most the trip count (absent: unbounded) times."""
+    """A ``Loop`` node's outputs for its inputs ``args`` (trip count, cond, state): ``body`` runs while its
+    cond (absent: true) holds, at most the trip count (absent: unbounded) times; the carried values, then
+    each scan output stacked (of no steps as ``_no_steps`` gives it)."""
+    n_carry = len(args) - 2
     state, keep, it = list(args[2:]), args[1] is None or bool(args[1]), 0
+    ys: list[list[np.ndarray]] = [[] for _ in body.outputs[1 + n_carry:]]
     while keep and (args[0] is None or it < int(args[0])):
-        keep, *state = run_graph(builder, body, [np.asarray(it, np.int64), np.asarray(keep)] + state, outer)
-        keep, it = bool(keep), it + 1
-    return state
+        keep, *res = run_graph(builder, body, [np.asarray(it, np.int64), np.asarray(keep)] + state, outer)
+        keep, it, state = bool(keep), it + 1, res[:n_carry]
+        for k, y in enumerate(res[n_carry:]):
+            ys[k].append(y)
+    return state + [np.stack(y) if y else _no_steps(Tensor(v)) for y, v in zip(ys, body.outputs[1 + n_carry:])]
 
 
 def run_scan(builder: Builder, attrs: dict, args: list, outer: Callable | None = None) -> list:
