@@ -225,6 +225,32 @@ def test_gradient_through_a_while_loop_nested_in_a_while_loop_matches_torch():
     assert_matches_torch(fn, _grow_data("float64")[::2], {}, rng(4))
 
 
+@pytest.mark.parametrize("inside", ["cond", "scan"])
+def test_gradient_through_a_while_loop_in_a_cond_branch_or_a_scan_body_matches_torch(inside):
+    def fn(M, w, x):
+        def grow(y, limit):
+            return _loop(M, lambda z: (z * z).sum() < limit, lambda z: (z * 1.5 + (z @ w).sin() * 0.1,), (y,))[0]
+
+        if inside == "cond":
+            if isinstance(M, TorchNS):
+                return grow(x, 30.0) if bool(x.sum() > 0) else x * 2.0
+            return gc.cond(x.sum() > 0, lambda: grow(x, 30.0), lambda: x * 2.0)
+        def row(c, r):
+            y = grow(r + c * 0.1, 20.0)
+            return c + y, y
+
+        if isinstance(M, TorchNS):
+            c, rows = x[0] * 0 + 4.0, []
+            for r in x:
+                c, y = row(c, r)
+                rows.append(y)
+            return M.stack(rows)
+        return gc.scan(row, x[0] * 0 + 4.0, x)[1]
+
+    w, x = _grow_data("float64")[::2]
+    assert_matches_torch(fn, [w, x if x.sum() > 0 else -x], {}, rng(7))
+
+
 @pytest.mark.parametrize("loop", ["while_loop", "fori_loop_of_a_fed_count"])
 def test_gc_func_grad_in_an_eager_capture_runs_the_backward_loop(loop):
     """gc.func.grad of a loop of run-time length, captured eagerly: its backward Loop (with the tape's scan
@@ -261,6 +287,35 @@ def test_gc_func_grad_in_an_eager_capture_runs_the_backward_loop(loop):
         want[idx] = (loss(hi) - loss(lo)) / 2e-6
     np.testing.assert_allclose(seen["g"], want, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(_both(model, {"x": x0, "n": n})["output"], want, rtol=1e-6, atol=1e-7)
+
+
+def test_training_graphs_of_a_module_with_a_while_loop_match_torch():
+    """gc.training.generate of a Linear applied in a while loop: the gradients graph on numpy and ort-cpu
+    against torch.autograd of the Python while loop with the same weights and MSE loss."""
+    torch = pytest.importorskip("torch")
+
+    class Net(gc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = gc.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return gc.while_loop(lambda h: (h * h).sum() < 40.0, lambda h: h * 1.2 + gc.tanh(self.fc(h)) * 0.2, x)
+
+    model = gc.capture(Net(), x=gc.spec("float32", ("N", 3)))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.1))
+    assert "Loop" in {n.op_type for n in arts.gradients.ir.graph}
+    batch = {"x": X, "y": rng(6).standard_normal((4, 3)).astype(np.float32)}
+    ref = gc.Session(arts.gradients, backend="numpy").run(batch)
+    w, b = (torch.tensor(model.params[k], requires_grad=True) for k in ("fc.weight", "fc.bias"))
+    h = torch.from_numpy(X)
+    while bool((h * h).sum() < 40.0):
+        h = h * 1.2 + torch.tanh(h @ w.T + b) * 0.2
+    torch.nn.functional.mse_loss(h, torch.from_numpy(batch["y"])).backward()
+    for backend in ("numpy", "ort-cpu"):
+        got = ref if backend == "numpy" else gc.Session(arts.gradients, backend=backend).run(batch)
+        np.testing.assert_allclose(got["fc.weight_grad"], w.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=backend)
+        np.testing.assert_allclose(got["fc.bias_grad"], b.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=backend)
 
 
 # -- gc.vmap -----------------------------------------------------------------------------------------
