@@ -412,6 +412,7 @@ ERRORS = [
      "carried_inputs[1] is a str"),
     ("body_not_a_tensor", lambda x: gc.while_loop(lambda y: y.sum() > 0, lambda y: None, x),
      "body_fn's result is a NoneType"),
+    ("no_carries", lambda x: gc.while_loop(lambda: x.sum() > 0, lambda: (), ()), "carried_inputs holds no Tensors"),
 ]
 
 

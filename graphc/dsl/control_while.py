@@ -60,7 +60,7 @@ def _condition(result: Any, where: str, source: str) -> Tensor:
         kind = "a Python bool, fixed at capture" if isinstance(result, (bool, np.bool_)) else type(result).__name__
         raise CaptureError(f"{_API}: cond_fn{where} returned {kind}; expected a bool scalar Tensor computed from "
                            f"the carried values (at {source})")
-    if result.dtype != "bool" or result.shape is None or len(result.shape) != 0:
+    if result.dtype != "bool" or (result.shape is not None and len(result.shape) != 0):
         raise op_error("Loop", [result], f"{_API}: cond_fn{where} must return a bool scalar Tensor (shape []), "
                        f"got {operand_text(result)}", source)
     return result
