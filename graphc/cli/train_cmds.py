@@ -24,7 +24,7 @@ from graphc.runtime.metrics import names as metric_names
 def _optimizer_specs() -> dict:
     from graphc.compile import optim
 
-    return {"sgd": optim.SGD, "adam": optim.Adam, "adamw": optim.AdamW}
+    return optim.BY_KIND
 
 
 def _spec_defaults(field: str) -> str:

@@ -1,4 +1,4 @@
-"""Optimizer specs: ``gc.optim.SGD / Adam / AdamW``, pydantic models that describe an update.
+"""Optimizer specs: ``gc.optim.SGD / Adam / AdamW / RMSprop / Adagrad / Adamax``, pydantic models that describe an update.
 
 A spec holds hyper-parameters only; ``gc.training.generate`` turns it into ONNX update nodes
 (``graphc.passes.training.optimizers``) whose formulas match ``torch.optim`` step for step.
@@ -117,9 +117,7 @@ class Adam(_Spec):
 
     @model_validator(mode="after")
     def _betas_in_range(self):
-        if not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
-        return self
+        return _betas_checked(self)
 
 
 class AdamW(Adam):
@@ -129,16 +127,73 @@ class AdamW(Adam):
     weight_decay: float = Field(0.01, ge=0)
 
 
-OptimizerSpec = Annotated[Union[SGD, Adam, AdamW], Field(discriminator="kind")]
+class RMSprop(_Spec):
+    """``torch.optim.RMSprop``: ``g += wd*p``; ``square_avg = alpha*square_avg + (1-alpha)*g*g``;
+    ``avg = sqrt(square_avg - grad_avg**2) + eps`` with ``centered`` (``grad_avg`` the running
+    mean of g), else ``sqrt(square_avg) + eps``; ``p -= lr*g/avg``, or with momentum
+    ``momentum_buffer = momentum*momentum_buffer + g/avg; p -= lr*momentum_buffer``."""
+
+    kind: Literal["rmsprop"] = "rmsprop"
+    lr: float = Field(1e-2, gt=0)  # torch.optim.RMSprop's default
+    alpha: float = Field(0.99, ge=0, le=1)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    momentum: float = Field(0.0, ge=0)
+    centered: bool = False
+    maximize: bool = False
+    no_decay: tuple[str, ...] = ()  # as SGD's
+
+
+class Adagrad(_Spec):
+    """``torch.optim.Adagrad``: ``g += wd*p``; ``sum += g*g`` (``sum`` starts at
+    ``initial_accumulator_value``); ``p -= lr / (1 + (t-1)*lr_decay) * g / (sqrt(sum) + eps)``
+    at step ``t`` (1, 2, ...)."""
+
+    kind: Literal["adagrad"] = "adagrad"
+    lr: float = Field(1e-2, gt=0)
+    lr_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    initial_accumulator_value: float = Field(0.0, ge=0)
+    eps: float = Field(1e-10, gt=0)
+    maximize: bool = False
+    no_decay: tuple[str, ...] = ()
+
+
+class Adamax(_Spec):
+    """``torch.optim.Adamax``: ``g += wd*p``; ``exp_avg`` as Adam's first moment; ``exp_inf =
+    max(b2*exp_inf, |g| + eps)``; ``p -= lr / (1 - b1^t) * exp_avg / exp_inf``."""
+
+    kind: Literal["adamax"] = "adamax"
+    lr: float = Field(2e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    maximize: bool = False
+    no_decay: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _betas_in_range(self):
+        return _betas_checked(self)
+
+
+def _betas_checked(spec):
+    if not all(0.0 <= b < 1.0 for b in spec.betas):
+        raise ValueError(f"betas must lie in [0, 1), got {spec.betas}")
+    return spec
+
+
+# every spec by its kind, in the order the docs and the CLI list them
+BY_KIND = {cls.model_fields["kind"].default: cls for cls in (SGD, Adam, AdamW, RMSprop, Adagrad, Adamax)}
+OptimizerSpec = Annotated[Union[SGD, Adam, AdamW, RMSprop, Adagrad, Adamax], Field(discriminator="kind")]
 _ADAPTER = TypeAdapter(OptimizerSpec)
 
 
-def from_dict(data: dict) -> SGD | Adam | AdamW:
+def from_dict(data: dict) -> SGD | Adam | AdamW | RMSprop | Adagrad | Adamax:
     """The spec ``model_dump()`` wrote (``{"kind": "adam", ...}``) back as a spec object."""
     return _ADAPTER.validate_python(data)
 
 
-__all__ = ["SGD", "Adam", "AdamW", "OptimizerSpec", "from_dict"]
+__all__ = ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "OptimizerSpec", "from_dict"]
 
 
 def __getattr__(name: str):

@@ -664,9 +664,9 @@ def _optimizer_json(optimizer) -> dict:
 
     if isinstance(optimizer, dict):
         optimizer = optim.from_dict(optimizer)
-    if not isinstance(optimizer, (optim.SGD, optim.Adam)):
-        raise TypeError("optimizer must be gc.optim.SGD, Adam or AdamW, got "
-                        f"{type(optimizer).__name__}")
+    if not isinstance(optimizer, tuple(optim.BY_KIND.values())):
+        raise TypeError(f"optimizer must be one of gc.optim.{', '.join(c.__name__ for c in optim.BY_KIND.values())}, "
+                        f"got {type(optimizer).__name__}")
     return optimizer.model_dump(mode="json")
 
 

@@ -488,7 +488,7 @@ def _by_name(graph: ir.Graph, name: str) -> ir.Value:
 
 def _initial_state(graph, params, bn_stats, slots, hyper, lr_dtype: ir.DataType) -> dict[str, np.ndarray]:
     state = {n: np.array(graph.initializers[n].const_value.numpy()) for n in [*params, *bn_stats]}
-    state.update({f"{p}.{s}": np.zeros_like(state[p]) for p in params for s in slots})
+    state.update({f"{p}.{s}": optimizers.initial_state(hyper, s, state[p]) for p in params for s in slots})
     state[STEP] = np.array(0, dtype=np.int64)
     state[LR] = np.array(hyper["lr"], dtype=lr_dtype.numpy())
     return state

@@ -15,7 +15,20 @@ Each function matches ``torch.optim`` (single-tensor, non-capturable path) step 
   update is still built (``"first_moment": "average"`` in the spec's JSON).
   With amsgrad, ``max_exp_avg_sq = max(max_exp_avg_sq, v)`` takes ``v``'s place in the step.
 * AdamW: ``p = p*(1 - lr*wd)`` first (decoupled decay), then the Adam step without ``wd``.
+* RMSprop: ``g = grad + wd*p``; ``square_avg = alpha*square_avg + (1-alpha)*g*g``; centered:
+  ``grad_avg = grad_avg + (1-alpha)*(g - grad_avg)``, ``avg = sqrt(square_avg - grad_avg^2) + eps``,
+  else ``sqrt(square_avg) + eps``; ``p = p - lr*g/avg``, or with momentum ``momentum_buffer =
+  m*momentum_buffer + g/avg``, ``p = p - lr*momentum_buffer``.
+* Adagrad: ``g = grad + wd*p``; ``sum = sum + g*g`` (``sum`` starts at
+  ``initial_accumulator_value``: ``initial_state``); ``p = p - clr * g/(sqrt(sum) + eps)``,
+  ``clr = lr / (1 + (t-1)*lr_decay)``.
+* Adamax: ``g = grad + wd*p``; ``exp_avg = exp_avg + (1-b1)*(g - exp_avg)``; ``exp_inf =
+  max(b2*exp_inf, |g| + eps)``; ``p = p - lr/(1-b1^t) * exp_avg/exp_inf``.
 * ``maximize`` (each kind): the gradient negated first, as PyTorch does.
+
+Step-dependent scalars (bias corrections, Adagrad's decayed lr) are computed in float64 from the
+fed step, as PyTorch computes them in Python floats, then cast to the param's dtype. float16 and
+bfloat16 params of the adaptive kinds (all but SGD) step in float32 (``_in_float32``).
 """
 
 from __future__ import annotations
@@ -29,7 +42,8 @@ import onnx_ir as ir
 from graphc.passes.emit import HALF_DTYPES, Emitter
 
 STATE_SLOTS = {"sgd": ("momentum_buffer",), "adam": ("exp_sum", "exp_avg_sq"),
-               "adamw": ("exp_sum", "exp_avg_sq")}
+               "adamw": ("exp_sum", "exp_avg_sq"), "rmsprop": ("square_avg",), "adagrad": ("sum",),
+               "adamax": ("exp_avg", "exp_inf")}
 AMSGRAD = "max_exp_avg_sq"  # Adam's and AdamW's third slot with amsgrad, PyTorch's name
 AVERAGE = "exp_avg"  # the first moment as artifacts of format 3 and before hold it: exp_sum * (1 - b1)
 
@@ -41,8 +55,18 @@ def state_slots(optimizer: dict) -> tuple[str, ...]:
     if optimizer["kind"] == "sgd" and not optimizer.get("momentum"):
         return ()
     slots = STATE_SLOTS[optimizer["kind"]]
+    if optimizer["kind"] == "rmsprop":  # torch.optim.RMSprop's keys, in its order
+        return (*slots, *(("momentum_buffer",) if optimizer.get("momentum") else ()),
+                *(("grad_avg",) if optimizer.get("centered") else ()))
     slots = (AVERAGE, *slots[1:]) if _first_as_average(optimizer) else slots
     return (*slots, AMSGRAD) if optimizer.get("amsgrad") else slots
+
+
+def initial_state(optimizer: dict, slot: str, like: np.ndarray) -> np.ndarray:
+    """A param's state slot before the first step, shaped and typed ``like`` the param: zeros but
+    for Adagrad's ``sum``, ``initial_accumulator_value`` (as torch.optim starts them)."""
+    fill = optimizer.get("initial_accumulator_value", 0.0) if optimizer["kind"] == "adagrad" else 0.0
+    return np.full_like(like, fill)
 
 
 def _first_as_average(optimizer: dict) -> bool:
@@ -121,7 +145,7 @@ class Step:
 def needs_param(hyper: dict) -> bool:
     """Does the step read the param itself (L2 weight decay adds ``wd * param`` to the gradient)?
     ``hyper``: the optimizer spec as JSON, its ``kind`` included."""
-    return hyper["kind"] in ("sgd", "adam") and bool(hyper.get("weight_decay"))
+    return hyper["kind"] in ("sgd", "adam", *ADAPTIVE) and bool(hyper.get("weight_decay"))
 
 
 def step(ctx: StepContext, hyper: dict, grad: ir.Value, state: dict[str, ir.Value],
@@ -138,12 +162,19 @@ def step(ctx: StepContext, hyper: dict, grad: ir.Value, state: dict[str, ir.Valu
         if dtype in HALF_DTYPES:
             return _in_float32(ctx, dtype, param, grad, state, decoupled=kind == "adamw", **options)
         return adam(ctx, param, grad, state, decoupled=kind == "adamw", **options)
-    raise ValueError(f"unknown optimizer kind {kind!r}; expected sgd, adam or adamw")
+    if kind in ADAPTIVE:
+        fn, keys = ADAPTIVE[kind]
+        options = _only(hyper, *keys, "weight_decay", "maximize")
+        dtype = (param if param is not None else grad).dtype
+        if dtype in HALF_DTYPES:
+            return _in_float32(ctx, dtype, param, grad, state, step_fn=fn, **options)
+        return fn(ctx, param, grad, state, **options)
+    raise ValueError(f"unknown optimizer kind {kind!r}; expected sgd, adam, adamw, {', '.join(ADAPTIVE)}")
 
 
-def _in_float32(ctx: StepContext, dtype: ir.DataType, param, grad, state, **options) -> Step:
-    """The Adam step of a float16 or bfloat16 param in float32, as torch.optim's fused Adam/AdamW
-    computes it: the state is stored in ``dtype``, ``delta`` and ``shrink`` stay float32 and
+def _in_float32(ctx: StepContext, dtype: ir.DataType, param, grad, state, step_fn=None, **options) -> Step:
+    """The Adam step (or ``step_fn``'s, another adaptive kind's) of a float16 or bfloat16 param in
+    float32, as torch.optim's fused Adam/AdamW computes it: the state is stored in ``dtype``, ``delta`` and ``shrink`` stay float32 and
     ``apply`` rounds the param once. In float16, eps * sqrt(1 - b2^t) (3e-10 at eps 1e-8) is 0,
     so an element whose gradients were all 0 stepped by 0/0 = NaN (as torch's single-tensor and
     foreach Adam do), where onnxruntime's CPU provider, which runs float16 arithmetic in float32
@@ -152,7 +183,7 @@ def _in_float32(ctx: StepContext, dtype: ir.DataType, param, grad, state, **opti
     b = ctx.b
     wide = {name: b.op("Cast", v, to=ir.DataType.FLOAT, dtype=ir.DataType.FLOAT) if v is not None else None
             for name, v in {"param": param, "grad": grad, **state}.items()}
-    s = adam(ctx, wide.pop("param"), wide.pop("grad"), wide, **options)
+    s = (step_fn or adam)(ctx, wide.pop("param"), wide.pop("grad"), wide, **options)
     return Step(s.delta, s.shrink, {name: b.op("Cast", v, to=dtype, dtype=dtype) for name, v in s.state.items()})
 
 
@@ -275,5 +306,82 @@ def _bias_corrections(ctx: StepContext, like: ir.Value, beta1: float, beta2: flo
         lr64 = b.op("Mul", lr64, b.const(1.0 - beta1, np.float64))
     scale = b.op("Mul", b.op("Div", lr64, bc1), bc2_sqrt)
     eps_scaled = b.op("Mul", b.const(eps, np.float64), bc2_sqrt)
-    cast = (lambda v: b.op("Cast", v, to=like.dtype, dtype=like.dtype)) if like.dtype != ir.DataType.DOUBLE else (lambda v: v)
-    return cast(scale), cast(eps_scaled)
+    return _as(b, scale, like), _as(b, eps_scaled, like)
+
+
+def _as(b: Emitter, value: ir.Value, like: ir.Value) -> ir.Value:
+    """A float64 scalar ``value`` cast to ``like``'s dtype (as it is for float64 params)."""
+    return value if like.dtype == ir.DataType.DOUBLE else b.op("Cast", value, to=like.dtype, dtype=like.dtype)
+
+
+def _prologue(ctx: StepContext, param, grad, weight_decay: float, maximize: bool):
+    """``like`` (the typed value: a per-param gradient may not be), the constant maker and the
+    gradient as the adaptive kinds step it: negated with ``maximize``, ``+ wd*param`` (L2)."""
+    like = param if param is not None else grad
+    b, c = ctx.b, lambda v: ctx.b.scalar(v, like)
+    if maximize:
+        grad = b.op("Neg", grad)
+    if weight_decay:
+        grad = b.op("Add", grad, b.op("Mul", param, c(weight_decay)))
+    return like, c, grad
+
+
+def _lerp(b: Emitter, avg: ir.Value, grad: ir.Value, weight: ir.Value) -> ir.Value:
+    """``avg + weight*(grad - avg)``: torch's ``avg.lerp_(grad, weight)`` (for weight < 0.5)."""
+    return b.op("Add", avg, b.op("Mul", b.op("Sub", grad, avg), weight))
+
+
+def rmsprop(ctx: StepContext, param, grad, state, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
+            centered=False, maximize=False) -> Step:
+    b = ctx.b
+    like, c, grad = _prologue(ctx, param, grad, weight_decay, maximize)
+    square_avg = b.op("Add", b.op("Mul", state["square_avg"], c(alpha)),
+                      b.op("Mul", b.op("Mul", grad, grad), c(1.0 - alpha)))
+    new_state = {"square_avg": square_avg}
+    if centered:
+        grad_avg = new_state["grad_avg"] = _lerp(b, state["grad_avg"], grad, c(1.0 - alpha))
+        square_avg = b.op("Sub", square_avg, b.op("Mul", grad_avg, grad_avg))
+    scaled = b.op("Div", grad, b.op("Add", b.op("Sqrt", square_avg), c(eps)))
+    if momentum:
+        scaled = new_state["momentum_buffer"] = b.op("Add", b.op("Mul", state["momentum_buffer"], c(momentum)), scaled)
+    return Step(b.op("Mul", scaled, ctx.lr_as(like)), None, new_state)
+
+
+def adagrad(ctx: StepContext, param, grad, state, lr_decay=0.0, eps=1e-10, weight_decay=0.0,
+            maximize=False) -> Step:
+    b = ctx.b
+    like, c, grad = _prologue(ctx, param, grad, weight_decay, maximize)
+    total = b.op("Add", state["sum"], b.op("Mul", grad, grad))
+    clr = ctx.lr_as(like)
+    if lr_decay:  # lr / (1 + (t-1)*lr_decay), in float64 as torch's Python floats
+        clr = ctx.cached(("adagrad", like.dtype, lr_decay), lambda: _as(b, b.op(
+            "Div", ctx._cast("lr", ctx.lr, ir.DataType.DOUBLE),
+            b.op("Add", b.const(1.0, np.float64), b.op("Mul", b.op("Sub", ctx._cast("t", ctx.t, ir.DataType.DOUBLE),
+                                                                   b.const(1.0, np.float64)),
+                                                      b.const(lr_decay, np.float64)))), like))
+    delta = b.op("Mul", b.op("Div", grad, b.op("Add", b.op("Sqrt", total), c(eps))), clr)
+    return Step(delta, None, {"sum": total})
+
+
+def adamax(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+           maximize=False) -> Step:
+    b = ctx.b
+    like, c, grad = _prologue(ctx, param, grad, weight_decay, maximize)
+    beta1, beta2 = betas
+    exp_avg = _lerp(b, state["exp_avg"], grad, c(1.0 - beta1))
+    exp_inf = b.op("Max", b.op("Mul", state["exp_inf"], c(beta2)), b.op("Add", b.op("Abs", grad), c(eps)))
+
+    def clr():  # lr / (1 - b1^t), in float64
+        one, t = b.const(1.0, np.float64), ctx._cast("t", ctx.t, ir.DataType.DOUBLE)
+        bc1 = b.op("Sub", one, b.op("Pow", b.const(beta1, np.float64), t))
+        return _as(b, b.op("Div", ctx._cast("lr", ctx.lr, ir.DataType.DOUBLE), bc1), like)
+
+    scale = ctx.cached(("adamax", like.dtype, beta1), clr)
+    return Step(b.op("Mul", b.op("Div", exp_avg, exp_inf), scale), None, {"exp_avg": exp_avg, "exp_inf": exp_inf})
+
+
+# the kinds beside SGD and Adam/AdamW: their step and the spec fields it takes (beside
+# weight_decay and maximize)
+ADAPTIVE = {"rmsprop": (rmsprop, ("alpha", "eps", "momentum", "centered")),
+            "adagrad": (adagrad, ("lr_decay", "eps")),
+            "adamax": (adamax, ("betas", "eps"))}
