@@ -103,24 +103,26 @@ HALF = [SPECS[1], SPECS[2], SPECS[5], SPECS[6], SPECS[8], SPECS[9]]
 
 
 @pytest.mark.parametrize("spec", HALF, ids=[s.kind for s in HALF])
-@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
-def test_float16_params_step_in_float32(spec, backend):
-    """float16 params step in float32, param and state rounded to float16 once a step: in float16
-    eps (1e-8, 1e-6) is 0 or subnormal and the column whose gradient is always 0 stepped by 0/0."""
+@pytest.mark.parametrize(("dtype", "backend"), [("float16", "numpy"), ("float16", "ort-cpu"), ("bfloat16", "numpy")])
+def test_half_params_step_in_float32(spec, dtype, backend):
+    """float16 and bfloat16 params step in float32, param and state rounded to their dtype once a
+    step: in float16 eps (1e-8, 1e-6) is 0 or subnormal and the column whose gradient is always 0
+    stepped by 0/0."""
     torch = pytest.importorskip("torch")
+    np_dtype, ulp = gc.model.dtypes.to_numpy(dtype), 2.0 ** (-10 if dtype == "float16" else -7)
     p0, grads = _grads(40 + HALF.index(spec))
-    p0 = p0.astype(np.float16).astype(np.float32)
-    grads = [g.astype(np.float16).astype(np.float32) for g in grads]
-    got = _run_graph(spec, backend, grads, p0, np.float16)
-    want = _torch_run(torch, spec, p0, grads, np.float32, store=torch.float16)
+    p0 = p0.astype(np_dtype).astype(np.float32)
+    grads = [g.astype(np_dtype).astype(np.float32) for g in grads]
+    got = _run_graph(spec, backend, grads, p0, np_dtype)
+    want = _torch_run(torch, spec, p0, grads, np.float32, store=getattr(torch, dtype))
     for t, ((p_graph, state_graph), (p_torch, state_torch)) in enumerate(zip(got, want), start=1):
-        assert p_graph.dtype == np.float16 and np.isfinite(p_graph).all(), f"step {t}"
+        assert p_graph.dtype == np_dtype and np.isfinite(p_graph.astype(np.float32)).all(), f"step {t}"
         if not spec.weight_decay:  # nothing moves that column
-            np.testing.assert_array_equal(p_graph[:, 1], p0[:, 1].astype(np.float16))
-        np.testing.assert_allclose(p_graph.astype(np.float32), p_torch, rtol=2.0**-10, atol=1e-6, err_msg=f"step {t}")
+            np.testing.assert_array_equal(p_graph[:, 1], p0[:, 1].astype(np_dtype))
+        np.testing.assert_allclose(p_graph.astype(np.float32), p_torch, rtol=ulp, atol=1e-6, err_msg=f"step {t}")
         for slot, value in state_graph.items():
-            assert value.dtype == np.float16
-            np.testing.assert_allclose(value.astype(np.float32), state_torch[slot], rtol=2.0**-10, atol=1e-6,
+            assert value.dtype == np_dtype
+            np.testing.assert_allclose(value.astype(np.float32), state_torch[slot], rtol=ulp, atol=1e-6,
                                        err_msg=f"step {t} {slot}")
 
 

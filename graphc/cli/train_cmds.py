@@ -93,22 +93,31 @@ def grad_cmd(
     loss: str = typer.Option(..., "--loss", metavar="KIND:OUTPUT[:LABEL]",
                              help=f"The loss on a model output, e.g. cross_entropy:logits:y; KIND is one of "
                              f"{', '.join(LOSS_KINDS)}; LABEL names the new label input (default: label)."),
-    optimizer: str = typer.Option("sgd", "--optimizer", metavar="sgd|adam|adamw", help="The optimizer."),
+    optimizer: str = typer.Option("sgd", "--optimizer", metavar="sgd|adam|adamw|rmsprop|adagrad|adamax",
+                                  help="The optimizer."),
     lr: Optional[float] = typer.Option(None, "--lr", help=f"Learning rate (default: {_spec_defaults('lr')})."),
     momentum: Optional[float] = typer.Option(None, "--momentum",
-                                             help=f"SGD momentum (default: {_spec_defaults('momentum')})."),
+                                             help=f"SGD/RMSprop momentum (default: {_spec_defaults('momentum')})."),
     nesterov: bool = typer.Option(False, "--nesterov", help="SGD with Nesterov momentum (needs --momentum)."),
     dampening: Optional[float] = typer.Option(None, "--dampening", help="SGD's dampening of the momentum, in "
                                               "[0, 1] (default: 0)."),
     amsgrad: bool = typer.Option(False, "--amsgrad", help="Adam/AdamW's AMSGrad variant (one more state slot, "
                                  "max_exp_avg_sq)."),
     maximize: bool = typer.Option(False, "--maximize", help="Maximize the loss: step along the gradient."),
-    betas: Optional[str] = typer.Option(None, "--betas", metavar="B1,B2", help="Adam/AdamW's coefficients of the "
+    betas: Optional[str] = typer.Option(None, "--betas", metavar="B1,B2", help="Adam/AdamW/Adamax's coefficients of the "
                                         "running averages (default: 0.9,0.999)."),
-    eps: Optional[float] = typer.Option(None, "--eps", help=f"Adam/AdamW's denominator term (default: "
-                                        f"{_spec_defaults('eps')})."),
+    eps: Optional[float] = typer.Option(None, "--eps", help=f"The denominator term of the adaptive optimizers "
+                                        f"(default: {_spec_defaults('eps')})."),
+    alpha: Optional[float] = typer.Option(None, "--alpha", help="RMSprop's smoothing constant (default: 0.99)."),
+    centered: bool = typer.Option(False, "--centered", help="Centered RMSprop: divide by the gradient's running "
+                                  "variance (one more state slot, grad_avg)."),
+    lr_decay: Optional[float] = typer.Option(None, "--lr-decay", help="Adagrad's lr decay: step t takes "
+                                             "lr / (1 + (t-1)*lr_decay) (default: 0)."),
+    initial_accumulator_value: Optional[float] = typer.Option(None, "--initial-accumulator-value",
+                                                              help="Adagrad's first sum of squared gradients "
+                                                              "(default: 0)."),
     weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="Weight decay: L2 added to the "
-                                                 "gradient for sgd and adam, decoupled for adamw (default: "
+                                                 "gradient, decoupled for adamw (default: "
                                                  f"{_spec_defaults('weight_decay')}, as PyTorch)."),
     max_grad_norm: Optional[float] = typer.Option(None, "--max-grad-norm", help="Clip the gradients' total norm "
                                                   "to this before each step, as torch.nn.utils.clip_grad_norm_ "
@@ -146,7 +155,8 @@ def grad_cmd(
                          "--max-grad-norm too")
     spec = parse_loss(loss, class_weights)
     opt = make_optimizer(optimizer, lr, momentum, weight_decay, nesterov=nesterov or None, betas=_betas(betas), eps=eps,
-                         dampening=dampening, amsgrad=amsgrad or None, maximize=maximize or None,
+                         dampening=dampening, amsgrad=amsgrad or None, maximize=maximize or None, alpha=alpha,
+                         centered=centered or None, lr_decay=lr_decay, initial_accumulator_value=initial_accumulator_value,
                          max_grad_norm=max_grad_norm, grad_norm_type=_norm_type(grad_norm_type),
                          clip_grad_value=clip_grad_value)
     arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute, params=param,
