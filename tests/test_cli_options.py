@@ -13,7 +13,7 @@ import typer
 import graphc as gc
 from graphc.runtime.distributed import map_batches
 from graphc.cli import app
-from graphc.cli.train_cmds import make_optimizer
+from graphc.cli.grad_cmds import make_optimizer
 from graphc.cli.demo import run_demo
 from graphc.compile.export import export_inference
 from graphc.runtime.feeds import random_feeds
@@ -98,6 +98,14 @@ CLI_ONLY = {
     ("grad", "weight_decay"): "None: the optimizer spec's default",
     ("grad", "max_grad_norm"): "None: the optimizer spec's default (no clipping)",
     ("grad", "grad_norm_type"): "None: the optimizer spec's default (2)",
+    ("grad", "dampening"): "None: the SGD spec's default (0)",
+    ("grad", "amsgrad"): "False: the Adam spec's amsgrad left out, its default off",
+    ("grad", "maximize"): "False: the optimizer spec's maximize left out, its default off",
+    ("grad", "alpha"): "None: the RMSprop spec's default (0.99)",
+    ("grad", "centered"): "False: the RMSprop spec's centered left out, its default off",
+    ("grad", "lr_decay"): "None: the Adagrad spec's default (0)",
+    ("grad", "initial_accumulator_value"): "None: the Adagrad spec's default (0)",
+    ("grad", "class_weights"): "None: cross_entropy's weight=None, every class weighing 1",
     ("grad", "clip_grad_value"): "None: the optimizer spec's default (no clipping)",
     ("optimize", "report"): "printing only",
     ("run", "threads"): "None: onnxruntime's own thread count (Session options)",

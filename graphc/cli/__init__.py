@@ -6,7 +6,8 @@ import sys
 
 from rich.markup import escape
 
-from graphc.cli import model_cmds, run_cmds, optimize_cmds, train_cmds, deploy_cmds, view_cmds  # noqa: F401  (register)
+from graphc.cli import (  # noqa: F401  (register)
+    model_cmds, run_cmds, optimize_cmds, grad_cmds, train_cmds, deploy_cmds, view_cmds)
 from graphc.cli.app import app, err_console, state
 from graphc.errors import GraphcError
 from graphc.startup import restore_interrupts

@@ -46,6 +46,7 @@ from graphc.passes.emit import Emitter
 from graphc.passes.infer import correct_onnx_inference
 from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, modes, optimizers
 from graphc.passes.training import noise as noise_shapes, padding_rows, recompute as recomputation, reductions, taps_params
+from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.values import onnx_opset, stops_gradient
 
@@ -128,11 +129,11 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     lr_dtype = optimizers.lr_dtype(v.dtype for v in param_values.values())
     step_outputs = [Output(LOSS, "loss"),
                     *_append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, held, lr_dtype),
-                    *(Output(_expose(step.graph, value, f"{stat}.next", like=step.graph.initializers[stat]), "state",
+                    *(Output(expose(step.graph, value, f"{stat}.next", like=step.graph.initializers[stat]), "state",
                              stat) for stat, value in bn_next.items()),
                     # the training-mode prediction the loss reads: the Trainer's train metrics
                     *([Output(loss.output, PREDICTION)] if label else [])]
-    _set_outputs(step.graph, step_outputs)
+    set_outputs(step.graph, step_outputs)
 
     updated = [g.name for g in groups] or params  # what optimizer state is kept for
     role_of_input = {**{n: "data" for n in data}, **({label: "label"} if label else {}),
@@ -180,9 +181,9 @@ def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
     """Inference-mode forward and loss; params and BN statistics are inputs with defaults."""
     evaluation = base.clone()
     buffer_updates.inference_mode(evaluation.graph)
-    _expose_inputs(evaluation.graph, [*params, *bn_stats])
+    expose_inputs(evaluation.graph, [*params, *bn_stats])
     outputs = [Output(LOSS, "loss"), *(Output(o, "output") for o in model_outputs if o != LOSS)]
-    _set_outputs(evaluation.graph, outputs)
+    set_outputs(evaluation.graph, outputs)
     return evaluation, outputs
 
 
@@ -201,7 +202,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     # ops without a gradient rule that ONNX defines as functions (Mish, RMSNormalization,
     # Attention, ...) are differentiated through their bodies, RNN/GRU/LSTM unrolled (the eval
     # and inference graphs, cloned before, keep the ops themselves)
-    _expose_inputs(step.graph, [*params, *bn_stats])  # first: no pass may take their initial values as constants
+    expose_inputs(step.graph, [*params, *bn_stats])  # first: no pass may take their initial values as constants
     expanded = expand_for_autodiff(step)
     modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise, batchnorm=batchnorm != "frozen")
     dense_conv.densify_convs(step.graph, opset, device)
@@ -212,7 +213,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     forward = {node.name for node in step.graph}
     convs = [node for node in step.graph if node.op_type == "Conv" and node.domain in ("", "ai.onnx")]
     chains = taps_params.chains(step.graph, params)
-    found = backward(step.graph, _by_name(step.graph, LOSS), [*(step.graph.initializers[p] for p in params),
+    found = backward(step.graph, by_name(step.graph, LOSS), [*(step.graph.initializers[p] for p in params),
                                                               *chains.values()], device, nchwc)
     grads = {p: found[p] for p in params}
     before = set(step.graph)
@@ -226,12 +227,12 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
         recomputation.recompute(step.graph, forward, opset)
     gradients = step.clone()
     graph = gradients.graph
-    stats = [Output(_expose(graph, _by_name(graph, v.name), f"{stat}.next", like=graph.initializers[stat]), "state",
+    stats = [Output(expose(graph, by_name(graph, v.name), f"{stat}.next", like=graph.initializers[stat]), "state",
                     stat) for stat, v in bn_next.items()]  # a data-parallel run keeps rank 0's (as DDP)
     outputs = [Output(LOSS, "loss"),
-               *(Output(_expose(graph, _by_name(graph, g.name), f"{p}_grad", like=graph.initializers[p]), "grad")
+               *(Output(expose(graph, by_name(graph, g.name), f"{p}_grad", like=graph.initializers[p]), "grad")
                  for p, g in grads.items()), *stats]
-    _set_outputs(graph, outputs)
+    set_outputs(graph, outputs)
     return step, gradients, grads, bn_next, outputs, {p: (t, found[t.name]) for p, t in chains.items()}
 
 
@@ -361,7 +362,7 @@ def _matching(patterns: Iterable[str], candidates: Sequence[str], option: str) -
 
 def _loss_inputs(graph: ir.Graph) -> set[ir.Value]:
     """The values the loss reads differentiably: not through a ``gc.detach`` (``stops_gradient``)."""
-    needed = {_by_name(graph, LOSS)}
+    needed = {by_name(graph, LOSS)}
     for node in reversed(list(graph)):
         if not stops_gradient(node) and any(v in needed for v in node.outputs):
             needed.update(node_inputs(node))
@@ -385,7 +386,7 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
     slots = optimizers.state_slots(optimizer)
     outputs = _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups),
                                 lr_dtype or optimizers.lr_dtype(p.dtype for p in params))
-    _set_outputs(graph, [o for o in outputs if o.role != GRAD_NORM])  # a replica carries every output it gets
+    set_outputs(graph, [o for o in outputs if o.role != GRAD_NORM])  # a replica carries every output it gets
     broadcasts.rank_scalars(graph, opset)
     model = ir.Model(graph, ir_version=10)
     _tidy(model)
@@ -396,8 +397,8 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
     """Optimizer inputs (state, step, lr of ``lr_dtype``) and update nodes for ``params`` (name ->
     value), per flat buffer of ``groups`` or, with none, per param; returns the ``.next`` outputs."""
     b = Emitter(graph, opset, "optim")
-    step = _input_with_default(graph, STEP, np.array(0, dtype=np.int64))
-    lr = _input_with_default(graph, LR, np.array(hyper["lr"], dtype=lr_dtype.numpy()))
+    step = input_with_default(graph, STEP, np.array(0, dtype=np.int64))
+    lr = input_with_default(graph, LR, np.array(hyper["lr"], dtype=lr_dtype.numpy()))
     t = b.op("Add", step, b.const(1, np.int64))
     ctx = optimizers.StepContext(b, lr, t)
     groups_by_name = {g.name: g for g in groups}
@@ -424,66 +425,11 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
             new_params.update(flat.apply(views, groups_by_name[name], params, upd.delta, upd.shrink))
         else:
             new_params[name] = optimizers.apply(b, param, upd.delta, upd.shrink)
-        state_next += [Output(_expose(graph, upd.state[s], f"{name}.{s}.next", like=like), "state", f"{name}.{s}")
+        state_next += [Output(expose(graph, upd.state[s], f"{name}.{s}.next", like=like), "state", f"{name}.{s}")
                        for s in slots]
-    param_next = [Output(_expose(graph, new_params[p], f"{p}.next", like=params[p]), "param", p) for p in params]
-    return [*param_next, *state_next, Output(_expose(graph, t, f"{STEP}.next", like=step), "state", STEP),
-            *([Output(_expose(graph, norm, GRAD_NORM), GRAD_NORM)] if norm is not None else [])]
-
-
-def _input_with_default(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    value = ir.Value(name=name, const_value=ir.tensor(array, name=name),
-                     type=ir.TensorType(ir.DataType.from_numpy(array.dtype)), shape=ir.Shape(array.shape))
-    graph.register_initializer(value)
-    graph.inputs.append(value)
-    return value
-
-
-def _expose_inputs(graph: ir.Graph, names: Sequence[str]) -> None:
-    """Make these initializers graph inputs (the initializer stays as the default)."""
-    current = set(graph.inputs)
-    for n in names:
-        value = graph.initializers[n]
-        if value not in current:
-            graph.inputs.append(value)
-
-
-def _expose(graph: ir.Graph, value: ir.Value, name: str, like: ir.Value | None = None) -> str:
-    """Give ``value`` the output name ``name``: rename it when it is a plain intermediate, else
-    route it through an ``Identity``."""
-    if value.producer() is not None and not value.is_graph_output() and not value.is_graph_input() \
-            and value.name not in graph.initializers and not _is_exposed_name(value.name):
-        value.name = name
-    else:
-        value = Emitter(graph, onnx_opset(graph, 0), "out").op("Identity", value, name=name)
-    if like is not None:
-        value.dtype, value.shape = like.dtype, like.shape
-    graph.outputs.append(value)
-    return name
-
-
-def _is_exposed_name(name: str | None) -> bool:
-    return bool(name) and (name == LOSS or name.endswith(".next") or name.endswith("_grad"))
-
-
-def _set_outputs(graph: ir.Graph, outputs: Sequence[Output]) -> None:
-    by_name = {v.name: v for v in graph.outputs}
-    chosen = [by_name.get(o.name) or _by_name(graph, o.name) for o in outputs]
-    graph.outputs.clear()
-    graph.outputs.extend(chosen)
-
-
-def _by_name(graph: ir.Graph, name: str) -> ir.Value:
-    for v in graph.inputs:
-        if v.name == name:
-            return v
-    if name in graph.initializers:
-        return graph.initializers[name]
-    for node in graph:
-        for v in node.outputs:
-            if v.name == name:
-                return v
-    raise KeyError(name)
+    param_next = [Output(expose(graph, new_params[p], f"{p}.next", like=params[p]), "param", p) for p in params]
+    return [*param_next, *state_next, Output(expose(graph, t, f"{STEP}.next", like=step), "state", STEP),
+            *([Output(expose(graph, norm, GRAD_NORM), GRAD_NORM)] if norm is not None else [])]
 
 
 def _initial_state(graph, params, bn_stats, slots, hyper, lr_dtype: ir.DataType) -> dict[str, np.ndarray]:

@@ -1,0 +1,201 @@
+"""`graphc grad`: a model's training artifacts from a loss and an optimizer given as options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+
+from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
+from graphc.compile.losses import KINDS as LOSS_KINDS
+
+
+def _optimizer_specs() -> dict:
+    from graphc.compile import optim
+
+    return optim.BY_KIND
+
+
+def _spec_defaults(field: str) -> str:
+    """The optimizers' default for ``field``, for help texts: ``0.001`` when they agree, else
+    ``sgd 0, adam 0, adamw 0.01``."""
+    values = {kind: f"{cls.model_fields[field].default:g}" for kind, cls in _optimizer_specs().items()
+              if field in cls.model_fields}
+    if len(set(values.values())) == 1:
+        return next(iter(values.values()))
+    return ", ".join(f"{kind} {value}" for kind, value in values.items())
+
+
+def parse_loss(text: str, class_weights: Optional[str] = None):
+    """``KIND:OUTPUT[:LABEL]`` -> a loss spec, e.g. ``cross_entropy:logits:y``; ``class_weights``
+    (``--class-weights``: a comma list or a .npy file) the cross-entropy's class ``weight``."""
+    from graphc.compile import losses
+
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise ValueError(f"bad --loss {text!r}; expected KIND:OUTPUT[:LABEL], e.g. cross_entropy:logits:y")
+    kind, output = parts[0], parts[1]
+    if kind not in losses.KINDS:
+        raise ValueError(f"unknown loss kind {kind!r}; choose one of {', '.join(losses.KINDS)}")
+    label = parts[2] if len(parts) == 3 else None
+    if class_weights is None:
+        return getattr(losses, kind)(output, label=label)
+    if kind != "cross_entropy":
+        raise ValueError(f"--class-weights applies to a cross_entropy loss, not --loss {kind}")
+    return losses.cross_entropy(output, label=label, weight=_class_weights(class_weights))
+
+
+def _class_weights(text: str) -> np.ndarray:
+    """``--class-weights``: ``1,2.5,0.5`` or a ``.npy`` file of one weight per class."""
+    if text.endswith(".npy"):
+        if not Path(text).is_file():
+            raise ValueError(f"--class-weights: no file {text!r}")
+        return np.load(text, allow_pickle=False)
+    try:
+        return np.array([float(part) for part in text.split(",")])
+    except ValueError:
+        raise ValueError(f"--class-weights must be numbers W0,W1,... (one per class) or a .npy file, got "
+                         f"{text!r}") from None
+
+
+def make_optimizer(kind: str, lr: Optional[float] = None, momentum: Optional[float] = None,
+                   weight_decay: Optional[float] = None, **options):
+    """The optimizer spec ``kind`` with the values given (``options``: any other field of the
+    specs, e.g. ``max_grad_norm``, ``betas``); one left as None keeps the spec's default (the
+    CLI's defaults are the API's)."""
+    specs = _optimizer_specs()
+    if kind not in specs:
+        raise ValueError(f"unknown --optimizer {kind!r}; choose one of {', '.join(specs)}")
+    given = {k: v for k, v in {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, **options}.items()
+             if v is not None}
+    for key in given:
+        if key not in specs[kind].model_fields:
+            raise ValueError(f"--{key.replace('_', '-')} applies to "
+                             f"{' and '.join(k for k, c in specs.items() if key in c.model_fields)}, "
+                             f"not --optimizer {kind}")
+    return specs[kind](**given)
+
+
+@app.command("grad")
+def grad_cmd(
+    model: Path = typer.Argument(..., metavar="MODEL.onnx", help="The ONNX model to train."),
+    loss: str = typer.Option(..., "--loss", metavar="KIND:OUTPUT[:LABEL]",
+                             help=f"The loss on a model output, e.g. cross_entropy:logits:y; KIND is one of "
+                             f"{', '.join(LOSS_KINDS)}; LABEL names the new label input (default: label)."),
+    optimizer: str = typer.Option("sgd", "--optimizer", metavar="sgd|adam|adamw|rmsprop|adagrad|adamax",
+                                  help="The optimizer."),
+    lr: Optional[float] = typer.Option(None, "--lr", help=f"Learning rate (default: {_spec_defaults('lr')})."),
+    momentum: Optional[float] = typer.Option(None, "--momentum",
+                                             help=f"SGD/RMSprop momentum (default: {_spec_defaults('momentum')})."),
+    nesterov: bool = typer.Option(False, "--nesterov", help="SGD with Nesterov momentum (needs --momentum)."),
+    dampening: Optional[float] = typer.Option(None, "--dampening", help="SGD's dampening of the momentum, in "
+                                              "[0, 1] (default: 0)."),
+    amsgrad: bool = typer.Option(False, "--amsgrad", help="Adam/AdamW's AMSGrad variant (one more state slot, "
+                                 "max_exp_avg_sq)."),
+    maximize: bool = typer.Option(False, "--maximize", help="Maximize the loss: step along the gradient."),
+    betas: Optional[str] = typer.Option(None, "--betas", metavar="B1,B2", help="Adam/AdamW/Adamax's coefficients of the "
+                                        "running averages (default: 0.9,0.999)."),
+    eps: Optional[float] = typer.Option(None, "--eps", help=f"The denominator term of the adaptive optimizers "
+                                        f"(default: {_spec_defaults('eps')})."),
+    alpha: Optional[float] = typer.Option(None, "--alpha", help="RMSprop's smoothing constant (default: 0.99)."),
+    centered: bool = typer.Option(False, "--centered", help="Centered RMSprop: divide by the gradient's running "
+                                  "variance (one more state slot, grad_avg)."),
+    lr_decay: Optional[float] = typer.Option(None, "--lr-decay", help="Adagrad's lr decay: step t takes "
+                                             "lr / (1 + (t-1)*lr_decay) (default: 0)."),
+    initial_accumulator_value: Optional[float] = typer.Option(None, "--initial-accumulator-value",
+                                                              help="Adagrad's first sum of squared gradients "
+                                                              "(default: 0)."),
+    weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="Weight decay: L2 added to the "
+                                                 "gradient, decoupled for adamw (default: "
+                                                 f"{_spec_defaults('weight_decay')}, as PyTorch)."),
+    max_grad_norm: Optional[float] = typer.Option(None, "--max-grad-norm", help="Clip the gradients' total norm "
+                                                  "to this before each step, as torch.nn.utils.clip_grad_norm_ "
+                                                  "(default: no clipping)."),
+    grad_norm_type: Optional[str] = typer.Option(None, "--grad-norm-type", metavar="2|1|inf",
+                                                 help="The norm --max-grad-norm clips (default: 2; only with --max-grad-norm)."),
+    clip_grad_value: Optional[float] = typer.Option(None, "--clip-grad-value", help="Clamp each gradient entry to "
+                                                    "[-V, V] before each step (before --max-grad-norm), as "
+                                                    "torch.nn.utils.clip_grad_value_ (default: none)."),
+    class_weights: Optional[str] = typer.Option(None, "--class-weights", metavar="W0,W1,...|FILE.npy",
+                                                help="A cross_entropy loss's weight of each class, as a comma "
+                                                "list or a .npy file (default: none, all 1)."),
+    freeze: list[str] = typer.Option([], "--freeze", metavar="PARAM", help="A param (name or glob pattern) to keep "
+                                     "fixed (repeatable)."),
+    param: list[str] = typer.Option([], "--param", metavar="NAME", help="An initializer (name or glob pattern) to "
+                                    "train though it is an exporter constant (repeatable)."),
+    batchnorm: str = typer.Option("train", "--batchnorm", metavar="train|frozen", help="train (batch statistics) or "
+                                  "frozen (running statistics, not updated: fine-tuning as model.eval())."),
+    recompute: bool = typer.Option(False, "--recompute", help="Recompute cheap forward values in the "
+                                   "backward (activation checkpointing): less memory, a little more time."),
+    device: str = typer.Option("cpu", "--device", metavar="cpu|cuda", help="Choose the backward's lowerings "
+                               "for onnxruntime's CPU or CUDA provider (speed only: the numbers agree)."),
+    output: Optional[Path] = output_option("Artifact directory to write (required).", "DIR"),
+    out: Optional[Path] = OUT_ALIAS,
+) -> None:
+    """Generate training artifacts for a model.
+
+    Writes the train_step, gradients, eval and inference graphs, the initial state and a
+    manifest into the -o directory."""
+    import graphc as gc
+
+    output = chosen_output(output, out)
+    if grad_norm_type is not None and max_grad_norm is None:
+        raise ValueError(f"--grad-norm-type {grad_norm_type} chooses the norm --max-grad-norm clips; give "
+                         "--max-grad-norm too")
+    spec = parse_loss(loss, class_weights)
+    opt = make_optimizer(optimizer, lr, momentum, weight_decay, nesterov=nesterov or None, betas=_betas(betas), eps=eps,
+                         dampening=dampening, amsgrad=amsgrad or None, maximize=maximize or None, alpha=alpha,
+                         centered=centered or None, lr_decay=lr_decay, initial_accumulator_value=initial_accumulator_value,
+                         max_grad_norm=max_grad_norm, grad_norm_type=_norm_type(grad_norm_type),
+                         clip_grad_value=clip_grad_value)
+    arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute, params=param,
+                                batchnorm=batchnorm, device=device)
+    arts.save(output)
+    m = arts.manifest
+    console.print(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "
+                  f"{len(m.frozen)} frozen params, {len(m.constants)} exporter constants; loss {spec.kind} on "
+                  f"{spec.output!r} (label input {spec.label!r}); optimizer {optimizer} lr={opt.lr:g}{_clipping(opt)}; "
+                  f"BatchNorm {batchnorm}", highlight=False, soft_wrap=True)
+    console.print(f"trainable: {_listing(m.trainable)}", highlight=False, soft_wrap=True)
+    if m.constants:
+        console.print("exporter constants (not trained; --param NAME trains one): "
+                      + _listing([f"{n} ({why})" for n, why in m.constants.items()]), highlight=False, soft_wrap=True)
+
+
+def _clipping(opt) -> str:
+    """The spec's options beyond lr (dampening, amsgrad, maximize) and its gradient clipping, for
+    the summary line (empty: none)."""
+    parts = [f"{k}={v:g}" if k == "dampening" else k for k, v in opt.model_dump().items()
+             if k in ("dampening", "amsgrad", "maximize")]
+    parts += [f"clip_grad_value={opt.clip_grad_value:g}"] if opt.clip_grad_value is not None else []
+    if opt.max_grad_norm is not None:
+        parts.append(f"max_grad_norm={opt.max_grad_norm:g} ({str(opt.grad_norm_type).removesuffix('.0')}-norm)")
+    return "".join(f" {p}" for p in parts)
+
+
+def _betas(text: Optional[str]) -> Optional[tuple[float, float]]:
+    """``--betas 0.9,0.99`` as two numbers (the spec checks their range)."""
+    if text is None:
+        return None
+    try:
+        first, second = (float(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"--betas must be two numbers B1,B2, e.g. 0.9,0.999, got {text!r}") from None
+    return first, second
+
+
+def _norm_type(text: Optional[str]) -> Optional[float | str]:
+    """``--grad-norm-type``: ``inf`` as it is, a number as a float (the spec says which it takes)."""
+    if text is None or text == "inf":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"--grad-norm-type must be 2, 1 or inf, got {text!r}") from None
+
+
+def _listing(items: list[str], shown: int = 12) -> str:
+    return ", ".join(items[:shown]) + (f", ... ({len(items) - shown} more; manifest.json lists all)"
+                                       if len(items) > shown else "")
