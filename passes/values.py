@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "MAX_NORM_KEY", "RANDOM_OPS", "STOP_GRADIENT_KEY", "const_array",
+__all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "FAKE_QUANTIZE_KEY", "MAX_NORM_KEY", "RANDOM_OPS", "STOP_GRADIENT_KEY", "const_array",
            "const_axes", "const_scalar", "draws_random", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "replace_value",
            "static_shape", "stops_gradient"]
 
@@ -46,6 +46,12 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
 # node metadata: an Identity that passes its value forward and no gradient back (``gc.detach``);
 # ONNX has no stop-gradient op, so the mark is on the node and survives save and load
 STOP_GRADIENT_KEY = "graphc.stop_gradient"
+
+# node metadata of a fake quantization's QuantizeLinear + DequantizeLinear lowering (``gc.fake_quantize_*``):
+# ``"quantize"`` on the QuantizeLinear of ``x * (1 / scale)`` with scale 1 (torch's rounding), ``"output"`` on
+# the Add of the value (input 0) and its straight-through gradient path (input 1, zero forward but for torch's
+# per-channel int64 overflow); the inference export quantizes ``x`` by the scale itself and drops input 1
+FAKE_QUANTIZE_KEY = "graphc.fake_quantize"
 
 
 def stops_gradient(node: ir.Node) -> bool:

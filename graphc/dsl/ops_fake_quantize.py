@@ -13,6 +13,7 @@ import numpy as np
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import cast, constant, detach, emit, lift, reshape, scalar, unary, where
 from graphc.dsl.tensor import Tensor
+from graphc.passes.values import FAKE_QUANTIZE_KEY
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 # the ranges QuantizeLinear saturates to (the others clamp in arithmetic), by zero point type
@@ -54,23 +55,33 @@ def quantize_clamped(x: Tensor, inv: Tensor, zp: Tensor, quant_min: int, quant_m
     return q, mask
 
 
-def _qdq(x: Tensor, inv: Tensor, sc: Tensor, zero_point: int, quant_min: int, quant_max: int):
-    """``(value, mask)`` through QuantizeLinear + DequantizeLinear, the pair quantized deployments read.
-    ``x * inv`` is quantized with scale 1: QuantizeLinear divides, and ``x / scale`` differs from torch's
+def _qdq(x: Tensor, inv: Tensor, sc: Tensor, zp: Tensor, z: Tensor, quant_min: int, quant_max: int,
+         axis: int | None = None):
+    """``(value, mask, r)`` through QuantizeLinear + DequantizeLinear, the pair quantized deployments read:
+    ``z`` the int8/uint8 zero point, ``zp`` it as a float broadcasting as ``inv``, ``sc`` the scale
+    (per channel: 1-D along ``axis``), ``r`` the unclamped ``round(x * inv) + zp``. ``x * inv`` is
+    quantized with scale 1: QuantizeLinear divides, and ``x / scale`` differs from torch's
     ``x * (1 / scale)`` in the last bit (5 of 6.4M normal values rounded to another integer). On ort-cpu,
     2 threads, float32[32, 64, 56, 56], forward with the gradient's mask: 76 ms, against 143-161 ms
-    for the same value in Mul/Round/Add/compare/Where/Sub/Mul arithmetic (QDQ alone: 18.5 ms)."""
+    for the same value in Mul/Round/Add/compare/Where/Sub/Mul arithmetic (QDQ alone: 18.5 ms). The
+    QuantizeLinear is marked (``FAKE_QUANTIZE_KEY``) for the inference export to quantize ``x``
+    by ``sc`` itself."""
     a = x * inv
-    z = constant(_QDQ_TYPES[(quant_min, quant_max)](zero_point))
-    value = emit("DequantizeLinear", [emit("QuantizeLinear", [a, constant(np.float32(1.0)), z]), sc, z])
-    r = unary("Round", a) + scalar(zero_point, a)
-    return value, (r >= scalar(quant_min, r)) & (r <= scalar(quant_max, r))
+    attrs = None if axis is None else {"axis": axis}
+    one = np.float32(1.0) if axis is None else np.ones(sc.shape, np.float32)
+    q = emit("QuantizeLinear", [a, constant(one), z], attrs)
+    q.value.producer().metadata_props[FAKE_QUANTIZE_KEY] = "quantize"
+    r = unary("Round", a) + zp
+    return emit("DequantizeLinear", [q, sc, z], attrs), (r >= scalar(quant_min, r)) & (r <= scalar(quant_max, r)), r
 
 
 def _straight_through(x: Tensor, value: Tensor, mask: Tensor) -> Tensor:
     """``value`` forward, ``dy * mask`` back to ``x``: ``x - x`` is +0 where ``mask`` holds, so the sum
-    is ``value`` (and turns a -0.0 into torch's +0.0, which comes from integer arithmetic)."""
-    return detach(value) + where(mask, x - detach(x), scalar(0.0, x))
+    is ``value`` (and turns a -0.0 into torch's +0.0, which comes from integer arithmetic). The Add is
+    marked (``FAKE_QUANTIZE_KEY``): the inference export keeps ``value`` alone."""
+    y = detach(value) + where(mask, x - detach(x), scalar(0.0, x))
+    y.value.producer().metadata_props[FAKE_QUANTIZE_KEY] = "output"
+    return y
 
 
 def float_compute(x: Tensor) -> Tensor:
@@ -89,19 +100,21 @@ def fake_quantize_per_tensor_affine(input: Any, scale: Any, zero_point: Any, qua
     op = "fake_quantize_per_tensor_affine"
     x = lift(input)
     check_range(op, x, quant_min, quant_max)
+    qtype = _QDQ_TYPES.get((quant_min, quant_max))
     if isinstance(zero_point, Tensor):
-        zp = cast(cast(reshape(detach(zero_point), []), "int64"), "float32")  # torch's zero_point.item() as int
+        z64 = cast(reshape(detach(zero_point), []), "int64")  # torch's zero_point.item() as int
+        zp, z = cast(z64, "float32"), qtype and cast(z64, np.dtype(qtype).name)
     else:
         _zero_point_number(op, x, zero_point, quant_min, quant_max)
-        zp = constant(np.float32(zero_point))
+        zp, z = constant(np.float32(zero_point)), qtype and constant(qtype(zero_point))
     if isinstance(scale, Tensor):
         sc = cast(reshape(detach(scale), []), "float32")
     else:
         sc = constant(np.float32(scale))
     inv = unary("Reciprocal", sc)
     xc = float_compute(x)
-    if xc.dtype == "float32" and not isinstance(zero_point, Tensor) and (quant_min, quant_max) in _QDQ_TYPES:
-        value, mask = _qdq(xc, inv, sc, zero_point, quant_min, quant_max)
+    if xc.dtype == "float32" and qtype:
+        value, mask, _ = _qdq(xc, inv, sc, zp, z, quant_min, quant_max)
     elif xc.dtype == "float64":
         q, mask = quantize_clamped(xc, cast(inv, "float64"), cast(zp, "float64"), quant_min, quant_max, False)
         value = cast((cast(q, "float32") - zp) * sc, "float64")  # torch: (int64 - zp) * float scale, a float
@@ -139,6 +152,15 @@ def fake_quantize_per_channel_affine(input: Any, scale: Any, zero_point: Any, ax
     zp = reshape(cast(detach(z), xc.dtype), along)
     inv = unary("Reciprocal", sc)
     float_zp = z.dtype != "int32"
+    qtype = _QDQ_TYPES.get((quant_min, quant_max))
+    if qtype and not float_zp and xc.dtype == "float32" and isinstance(s.shape[0], int):
+        flat = cast(detach(s), "float32")
+        value, mask, r = _qdq(xc, inv, flat, zp, cast(detach(z), np.dtype(qtype).name), quant_min, quant_max, axis)
+        # torch casts r to int64 before clamping: NaN and past 2**63 are INT64_MIN on x86, then quant_min
+        overflow = ~(r < scalar(2.0**63, r))
+        value = where(overflow, (scalar(quant_min, zp) - zp) * sc, value)
+        value.value.producer().metadata_props[FAKE_QUANTIZE_KEY] = "overflow"
+        return _straight_through(x, value if value.dtype == x.dtype else cast(value, x.dtype), mask)
     q, mask = quantize_clamped(xc, cast(inv, xc.dtype), zp, quant_min, quant_max, True, float_zp)
     if float_zp and xc.dtype != "float64":  # torch: fmax(float, int64) is a double, so is the rest
         value = (cast(q, "float64") - cast(zp, "float64")) * cast(sc, "float64")

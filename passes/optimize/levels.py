@@ -26,8 +26,9 @@ LEVELS: dict[int, str] = {
        "folding, inference-mode Dropout removal "
        "(a training-mode Dropout stays random), a constant per-column "
        "scale folded into the Gemm/MatMul before it, constant weight "
-       "transposes (and every other constant subgraph, any size) pre-applied; equal parameters "
-       "merged",
+       "transposes (and every other constant subgraph, any size, but a DequantizeLinear) pre-applied; equal "
+       "parameters merged; gc.fake_quantize_* lowerings as plain QuantizeLinear + DequantizeLinear pairs "
+       "(constant scale and zero point: onnxruntime's int8 kernels)",
 }
 MAX_LEVEL = max(LEVELS)
 
@@ -55,6 +56,7 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
         algebraic_pass,
         gemm_pass,
     )
+    from graphc.passes.optimize.fake_quantize import FakeQuantizeToQDQ
     from graphc.passes.optimize.fusions import fusion_passes
     from graphc.passes.optimize.inference import ScaleIntoLinear, StopGradientRemoval, inference_pass
     from graphc.passes.optimize.library import cleanup_passes, finish_passes
@@ -77,7 +79,7 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
                  algebraic_pass(), ReshapeAbsorbsUnsqueeze(), gemm_pass(),
                  *fusion_passes(opset)]
     if level >= 3:
-        loop.append(ScaleIntoLinear())
+        loop += [ScaleIntoLinear(), FakeQuantizeToQDQ()]
     # The finish's dead-node sweep and dedup are the loop's own instances, so the pipeline skips
     # them when nothing changed after the loop left them idle (LiftConstants found nothing).
     same = {p.name: p for p in loop if p.name in ("RemoveUnusedNodes", "DeduplicateInitializers")}

@@ -151,6 +151,10 @@ def fold_constants_pass(protected: frozenset[str] = frozenset(), level: int = 1)
             # the folder's Identity evaluator already points every use at the input; folding it
             # too would copy a constant input (a whole weight, at level 3) for dedup to merge back
             return False
+        if node.op_type == "DequantizeLinear":
+            # a quantized model's int8 weights stay int8: onnxruntime fuses DequantizeLinear + Conv/MatMul
+            # + QuantizeLinear into int8 kernels, which a float weight would prevent
+            return False
         if node.op_type == "ConstantOfShape" and node.inputs and node.inputs[0] is not None:
             # onnxscript never folds these (a big one would bloat the file); a small one is
             # just a constant, e.g. the seed gradient of a scalar loss
