@@ -103,6 +103,42 @@ def test_a_kernel_value_error_names_the_input_shapes():
         _expand_then_relu().run({"x": np.ones(1, np.float32), "shape": np.array([-5, 3])})
 
 
+
+def _conv_transpose(strides, output_shape, backend):
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="up_ct", strides=strides, output_shape=output_shape)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, "H", "W"]),
+                                            helper.make_tensor_value_info("w", TensorProto.FLOAT, [1, 1, 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1, "A", "B"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return gc.Session(model, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_a_conv_transpose_output_shape_past_the_inputs_reach_is_refused(backend):
+    # [3, 3] input, 3x3 kernel, strides 2: the output reaches 7x7, and onnxruntime grows it by up to
+    # strides - 1 at the end; 5x9 asks past that on the second axis (the numpy kernel handed back [1, 1, 5, 1])
+    session = _conv_transpose([2, 2], [5, 9], backend)
+    w = np.ones((1, 1, 3, 3), np.float32)
+    with pytest.raises(gc.BackendError, match=r"up_ct.*(output_shape \[5, 9\] is past what this input reaches, "
+                                              r"\[7, 7\] plus strides - 1|output_shape is inconsistent)"):
+        session.run({"x": np.ones((1, 1, 3, 3), np.float32), "w": w})
+    y = session.run({"x": np.ones((1, 1, 4, 4), np.float32), "w": w})["y"]  # reaches 9x9: cropped to 5x9
+    assert y.shape == (1, 1, 5, 9)
+
+
+@pytest.mark.parametrize("output_shape", [[8, 11], [11, 10], [5, 9]])
+def test_a_conv_transpose_output_shape_within_strides_of_the_reach_matches_onnxruntime(output_shape):
+    # strides 3 on [3, 3] reach 9x9; 10 and 11 add zero rows at the end, where the numpy kernel's
+    # crop began at -1 for 11 and handed back one row
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 1, 3, 3)).astype(np.float32),
+             "w": rng.standard_normal((1, 1, 3, 3)).astype(np.float32)}
+    want = _conv_transpose([3, 3], output_shape, "ort-cpu").run(feeds)["y"]
+    assert want.shape == (2, 1, *output_shape)
+    np.testing.assert_allclose(_conv_transpose([3, 3], output_shape, "numpy").run(feeds)["y"], want, rtol=1e-5, atol=1e-6)
+
+
 _SUGGESTED = re.compile(r"use gc\.(\w+)\(\.\.\.\) instead|use the Tensor method \.(\w+)\(\.\.\.\) instead")
 
 

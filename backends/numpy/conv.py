@@ -134,7 +134,7 @@ def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1,
     wg = w.reshape(group, 1, c // group, mg * math.prod(kshape))
     cols = np.matmul(xg, wg).reshape(group, n, *spatial, mg, *kshape)
     cols = np.moveaxis(cols, 2 + d, 2)  # (g, N, M/g, *I, *k)
-    size = [max(f, bg + t) for f, bg, t in zip(full, begin, target)]  # output_shape may exceed
+    size = [max(f, bg + t) for f, bg, t in zip(full, begin, target)]  # output_shape may exceed, by < strides
     out = np.zeros((n, group, mg, *size), dtype=x.dtype)
     for kpos in itertools.product(*(range(k) for k in kshape)):
         dst = (slice(None),) + _window_slices(kpos, strides, dilations, spatial)
@@ -152,11 +152,14 @@ def _transpose_crop(full, spatial, strides, pads, auto_pad, output_shape):
         target = list(output_shape)[-d:] if output_shape is not None else [
             spatial[i] * strides[i] for i in range(d)]
         total = [f - t for f, t in zip(full, target)]
+        if output_shape is not None and any(-t >= s for t, s in zip(total, strides)):  # as onnxruntime
+            raise ValueError(f"output_shape {target} is past what this input reaches, {full} plus strides - 1 "
+                             f"(input spatial dims {list(spatial)}, strides {strides}, output_padding included)")
         if auto_pad == "SAME_UPPER":
             begin = [t // 2 for t in total]
         else:
             begin = [t - t // 2 for t in total]
-        return begin, target
+        return [max(0, b) for b in begin], target
     pads = list(pads or [0] * (2 * d))
     return pads[:d], [full[i] - pads[i] - pads[i + d] for i in range(d)]
 
