@@ -199,7 +199,7 @@ def _tones(rng, n: int, length: int) -> dict:
 
 def test_audio_cnn_trains_like_torch(tmp_path):
     """float32 (onnxruntime's Conv has no float64): four AdamW steps of cross-entropy on
-    400-sample waveforms (a static length: Conv's gradient needs static spatial dims), then the
+    400-sample waveforms (a static length, as the example captures them), then the
     exported classifier."""
     net = audio_cnn.AudioCNN()
     model = gc.capture(net, **audio_cnn.example_inputs(length=400))

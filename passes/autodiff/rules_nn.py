@@ -2,7 +2,9 @@
 # rule per op in the registry's table, sharing the separable-op helpers; one family, one file.
 """VJP rules of neural-network ops: Dropout, Conv, ConvTranspose and pooling.
 
-Convolutions and pools need static spatial dims and channel counts (the batch may be symbolic).
+Convolutions and pools need static channel counts (the batch may be symbolic); Conv,
+ConvTranspose, AveragePool and MaxPool take spatial dims known only at run time
+(``symbolic_spatial``), the other pools need them static.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from graphc.passes.autodiff.builder import GradBuilder, attr, const_array, node_
 from graphc.passes.autodiff.conv_gather import batch_innermost, gather, gathered_conv
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.autodiff.separable import axis_matrix, contract
+from graphc.passes.autodiff.symbolic_spatial import (average_pool_grad, conv_grads, conv_transpose_weight_grad,
+                                                     symbolic_spatial)
 
 
 # -- Dropout ----------------------------------------------------------------------------------
@@ -591,6 +595,9 @@ def grad_conv(g, node, dy):
     if w_shape is None or not all(isinstance(d, int) for d in w_shape):
         raise GraphError(f"gradient of Conv {node.name!r} needs a static weight shape, got {w_shape}")
     kernel = list(w_shape[2:])
+    if symbolic_spatial(x):  # its spatial dims known only at run time
+        db = g.reduce("ReduceSum", dy, [0] + list(range(2, 2 + len(kernel))), keepdims=False) if g.wants(b) else None
+        return (*conv_grads(g, node, dy, w_shape), db)
     spatial, strides, dilations, begin, end = window(g, node, x, kernel)
     group = attr(node, "group", 1)
     dx = dw = db = None
@@ -829,9 +836,9 @@ def grad_conv_transpose(g, node, dy):
     dx = dw = db = None
     if g.wants(x):
         dx = g.op("Conv", dy, w, strides=strides, dilations=dilations, pads=pads, group=group if group != 1 else None)
-    if g.wants(w):
-        if unpadded is None:
-            raise GraphError(f"gradient of ConvTranspose {node.name!r} needs static spatial dims, got {sx}")
+    if g.wants(w) and unpadded is None:  # spatial dims known only at run time
+        dw = conv_transpose_weight_grad(g, node, x, dy, w_shape, pads)
+    elif g.wants(w):
         spatial_y = [unpadded[i] - pads[i] - pads[n_sp + i] for i in range(n_sp)]
         dyt = _groups_over_batch(g, dy, group, w_shape[1], spatial_y)
         full = g.op("Conv", dyt, _swap01(g, x, n_sp), strides=dilations, dilations=strides, pads=pads,
@@ -878,7 +885,9 @@ def _max_pool_tiles(g: GradBuilder, node: ir.Node, x: ir.Value, dy: ir.Value) ->
     no position), so that window passes no gradient (onnxruntime's MaxPool skips NaN instead:
     there the largest other value gets it)."""
     kernel = list(attr(node, "kernel_shape"))
-    if len(kernel) != 2 or g.opset < 11 or x.dtype is None:
+    if len(kernel) != 2 or g.opset < 11 or x.dtype is None or symbolic_spatial(x):
+        # spatial dims known only at run time take the Indices: [8, 64, 32, 32] 2x2 stride 2,
+        # forward and dx, 2 threads, ms, tiles 1.11 / 1.19 vs Indices 14.1 / 13.7
         return None
     spatial, strides, dilations, begin, end = window(g, node, x, kernel)
     if strides != kernel or any(d != 1 for d in dilations) or any(begin + end) or \
@@ -985,10 +994,12 @@ def grad_average_pool(g, node, dy):
     # count_include_pad=0 the number of non-pad elements in each window (a Conv of ones).
     x = node.inputs[0]
     kernel = list(attr(node, "kernel_shape"))
-    spatial, strides, dilations, begin, end = window(g, node, x, kernel)
-    channels = static_shape(x)[1]
+    channels = (static_shape(x) or [None, None])[1]
     if not isinstance(channels, int):
         raise GraphError(f"gradient of AveragePool {node.name!r} needs a static channel count")
+    if symbolic_spatial(x):  # its spatial dims known only at run time
+        return (average_pool_grad(g, node, dy, channels),)
+    spatial, strides, dilations, begin, end = window(g, node, x, kernel)
     if attr(node, "ceil_mode", 0) and out_dims(spatial, kernel, strides, dilations, begin, end, ceil=True) != \
             out_dims(spatial, kernel, strides, dilations, begin, end):
         # the last windows hang over the end and average fewer elements: average pooling is
