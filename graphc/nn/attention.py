@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import numpy as np
-
-from graphc.dsl import ops, ops_nn
+from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops_nn import linear
+from graphc.dsl.ops_mha import heads
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn import init
@@ -40,19 +37,6 @@ class MultiheadAttention(Module):
         if bias:  # zeros, as PyTorch's (a new Parameter: inside a capture ``out_proj.bias`` reads as a Tensor)
             self.out_proj.bias = Parameter(shape=(embed_dim,), init=init.zeros, dtype=dtype)
 
-    def _project(self, x: Tensor, i: int) -> Tensor:
-        e = self.embed_dim
-        w = self.in_proj_weight[i * e:(i + 1) * e]
-        b = self.in_proj_bias[i * e:(i + 1) * e] if self.in_proj_bias is not None else None
-        return linear(x, w, b)
-
-    def _split_heads(self, x: Tensor) -> Tensor:
-        """[N, L, E] -> [N, H, L, D] (Reshape with 0 = copy dim, so N and L stay symbolic)."""
-        n, length = x.shape[0], x.shape[1]
-        y = ops.emit("Reshape", [x, ops.const_i64([0, 0, self.num_heads, self.head_dim])],
-                     out_types=[(x.dtype, [n, length, self.num_heads, self.head_dim])])
-        return ops.transpose(y, [0, 2, 1, 3])
-
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
                 key_padding_mask: Tensor | None = None, need_weights: bool = True,
                 attn_mask: Tensor | None = None, average_attn_weights: bool = True):
@@ -64,35 +48,17 @@ class MultiheadAttention(Module):
                                user_source())
         if not self.batch_first:
             query, key, value = (ops.transpose(t, [1, 0, 2]) for t in (query, key, value))
-        q = self._split_heads(self._project(query, 0))
-        k = self._split_heads(self._project(key, 1))
-        v = self._split_heads(self._project(value, 2))
-        scores = ops.matmul(q * (1.0 / math.sqrt(self.head_dim)), ops.transpose(k, [0, 1, 3, 2]))
-        scores = self._mask(scores, attn_mask, key_padding_mask)
-        weights = ops.softmax(scores, axis=-1)
-        if self.dropout > 0.0:
-            weights = ops_nn.dropout(weights, self.dropout, training=self.training)
-        out = ops.transpose(ops.matmul(weights, v), [0, 2, 1, 3])
-        n, length = out.shape[0], out.shape[1]
-        out = ops.emit("Reshape", [out, ops.const_i64([0, 0, self.embed_dim])],
-                       out_types=[(out.dtype, [n, length, self.embed_dim])])
+        e, w, b = self.embed_dim, self.in_proj_weight, self.in_proj_bias
+        out, weights = heads(query, key, value, self.num_heads, tuple(w[i * e:(i + 1) * e] for i in range(3)),
+                             tuple(None if b is None else b[i * e:(i + 1) * e] for i in range(3)),
+                             dropout_p=self.dropout, training=self.training, key_padding_mask=key_padding_mask,
+                             attn_mask=attn_mask)
         out = self.out_proj(out)
         if not self.batch_first:
             out = ops.transpose(out, [1, 0, 2])
         if not need_weights:
             return out, None
         return out, (ops.mean(weights, axis=1) if average_attn_weights else weights)
-
-    def _mask(self, scores: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None) -> Tensor:
-        if attn_mask is not None:
-            if attn_mask.dtype == "bool":
-                scores = ops.where(attn_mask, ops.scalar(-np.inf, scores), scores)
-            else:
-                scores = scores + attn_mask
-        if key_padding_mask is not None:
-            mask = ops.unsqueeze(key_padding_mask, [1, 2])  # [N, S] -> [N, 1, 1, S]
-            scores = ops.where(mask, ops.scalar(-np.inf, scores), scores)
-        return scores
 
     def extra_repr(self) -> str:
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"

@@ -180,3 +180,7 @@ relu_, elu_, leaky_relu_, hardtanh_, celu_, selu_, rrelu_, threshold_ = (
 __all__ += ["relu_", "elu_", "leaky_relu_", "hardtanh_", "celu_", "selu_", "rrelu_", "threshold_"]
 __all__ += ["fractional_max_pool2d", "fractional_max_pool2d_with_indices", "fractional_max_pool3d",
             "fractional_max_pool3d_with_indices"]
+# torch.nn.functional's last names, part 2
+from graphc.dsl.ops_mha import multi_head_attention_forward  # noqa: E402
+
+__all__ += ["multi_head_attention_forward"]
