@@ -157,3 +157,82 @@ def test_multi_head_attention_forward_refuses_bad_arguments(change, match):
             "dropout_p": 0.0, "out_proj_weight": p["out_proj_weight"], "out_proj_bias": p["out_proj_bias"], **change}
     with pytest.raises(gc.CaptureError, match=match):
         gc.capture(lambda q: gc.nn.functional.multi_head_attention_forward(q, **args)[0], q=p["query"])
+
+
+# -- F.grouped_mm ---------------------------------------------------------------------------------
+
+GMM_SHAPES = {"2d_3d": ((12, 8), (3, 8, 4)), "3d_2d": ((3, 4, 8), (8, 12)), "2d_2d": ((4, 12), (12, 8)),
+              "3d_3d": ((3, 4, 8), (3, 8, 4))}
+
+
+def _loop(a, b, offs):
+    """torch's grouped_mm as an explicit per-group matmul loop (zeros past offs[-1] and for empty groups)."""
+    if offs is None:
+        return a @ b
+    starts = [0, *offs[:-1]]
+    if a.dim() == 2 and b.dim() == 3:
+        return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(zip(starts, offs))]
+                         + [a[offs[-1]:] @ b[0] * 0])
+    if a.dim() == 3:
+        return torch.cat([a[g] @ b[:, s:e] for g, (s, e) in enumerate(zip(starts, offs))]
+                         + [a[0] @ b[:, offs[-1]:] * 0], 1)
+    return torch.stack([a[:, s:e] @ b[s:e] for s, e in zip(starts, offs)])
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("offs", [[4, 8, 12], [0, 5, 9]], ids=["even", "empty_group_and_tail"])
+@pytest.mark.parametrize("kind", list(GMM_SHAPES))
+def test_grouped_mm_matches_a_per_group_loop_and_torch(kind, offs, dtype):
+    """Values and gradients against the per-group loop in float64 (torch's CPU kernel takes float32
+    only); in float32 with torch's own ``F.grouped_mm`` where its CPU kernel runs (aligned, every row in a group)."""
+    offs = None if kind == "3d_3d" else np.asarray(offs, np.int32)
+    sa, sb = GMM_SHAPES[kind]
+    a0, b0 = R.normal(size=sa).astype(dtype), R.normal(size=sb).astype(dtype)
+    ta, tb = (torch.tensor(v, requires_grad=True) for v in (a0, b0))
+    out = _loop(ta, tb, None if offs is None else offs.tolist())
+    c = R.standard_normal(out.shape).astype(dtype)
+    (out * torch.from_numpy(c)).sum().backward()
+    if dtype == "float32" and (offs is None or offs[0] > 0 and offs[-1] == 12):
+        tt = [torch.tensor(v, requires_grad=True) for v in (a0, b0)]
+        kw = {} if offs is None else {"offs": torch.from_numpy(offs)}
+        b_in = tt[1].mT.contiguous().mT  # column-major mat_b, as torch's kernel wants
+        got_t = torch.nn.functional.grouped_mm(tt[0], b_in, **kw)
+        (got_t * torch.from_numpy(c)).sum().backward()
+        np.testing.assert_allclose(got_t.detach().numpy(), out.detach().numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(tt[0].grad.numpy(), ta.grad.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(tt[1].grad.numpy(), tb.grad.numpy(), rtol=1e-5, atol=1e-5)
+    inputs = {} if offs is None else {"offs": offs}
+    for backend in ("numpy", "ort-cpu"):
+        got = gc_grads(lambda F, a, b, **kw: F.grouped_mm(a, b, **kw), {"a": a0, "b": b0}, inputs, c, backend=backend)
+        np.testing.assert_allclose(got["out"], out.detach().numpy(), **TOL[dtype], err_msg=backend)
+        np.testing.assert_allclose(got["a"], ta.grad.numpy(), **TOL[dtype], err_msg=backend)
+        np.testing.assert_allclose(got["b"], tb.grad.numpy(), **TOL[dtype], err_msg=backend)
+
+
+def test_grouped_mm_symbolic_tokens_and_out_dtype():
+    """Tokens ``M`` symbolic and ``offs`` a run-time input: one graph for two token counts."""
+    b = R.normal(size=(2, 8, 4)).astype("float32")
+    model = gc.capture(lambda a, o: gc.nn.functional.grouped_mm(a, b, offs=o, out_dtype=gc.float64),
+                       a=gc.spec("float32", ("M", 8)), o=gc.spec("int32", (2,)))
+    for m, offs in ((6, [2, 6]), (9, [7, 8])):
+        a = R.normal(size=(m, 8)).astype("float32")
+        want = _loop(torch.from_numpy(a), torch.from_numpy(b), offs).numpy()
+        for backend in ("numpy", "ort-cpu"):
+            got = gc.Session(model, backend=backend).run({"a": a, "o": np.asarray(offs, np.int32)})["output"]
+            assert got.dtype == np.float64
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"{backend} m={m}")
+
+
+@pytest.mark.parametrize("a, b, kw, match", [
+    ((4, 8), (2, 8, 4), {}, "offs must be None when mat_a and mat_b are 3D, and given when either is 2D"),
+    ((2, 4, 8), (2, 8, 4), {"offs": np.array([1, 2], np.int32)}, "offs must be None when"),
+    ((4, 8), (2, 6, 4), {"offs": np.array([1, 2], np.int32)}, "mat_a's last dim and mat_b's contracted dim"),
+    ((4, 8), (3, 8, 4), {"offs": np.array([1, 2], np.int32)}, "the number of groups and offs' length"),
+    ((4, 8), (2, 8, 4), {"offs": np.array([1.0, 2.0])}, "offs must be a 1D integer Tensor"),
+    ((8,), (2, 8, 4), {"offs": np.array([1, 2], np.int32)}, "mat_a must be a 2D or 3D Tensor"),
+    ((4, 8), (2, 8, 4), {"offs": np.array([1, 2], np.int32), "bias": np.zeros(4)}, "bias is not supported"),
+])
+def test_grouped_mm_refuses_bad_arguments(a, b, kw, match):
+    with pytest.raises(gc.CaptureError, match=match):
+        gc.capture(lambda x: gc.nn.functional.grouped_mm(x, np.zeros(b, "float32"), **kw),
+                   x=np.zeros(a, "float32"))

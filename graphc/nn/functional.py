@@ -184,3 +184,6 @@ __all__ += ["fractional_max_pool2d", "fractional_max_pool2d_with_indices", "frac
 from graphc.dsl.ops_mha import multi_head_attention_forward  # noqa: E402
 
 __all__ += ["multi_head_attention_forward"]
+from graphc.dsl.ops_grouped_mm import grouped_mm  # noqa: E402
+
+__all__ += ["grouped_mm"]
