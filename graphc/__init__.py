@@ -109,6 +109,7 @@ _REJECTION_OPS = "_standard_gamma poisson".split()
 _COUNTS_OPS = "bincount unique unique_consecutive histogramdd".split()
 _GAMMA_GRAD_OPS = "_standard_gamma_grad _dirichlet_grad".split()
 _VMAP_OPS = "vmap".split()
+_HOUSEHOLDER_OPS = "geqrf orgqr ormqr".split()
 _FAKE_QUANTIZE_OPS = "fake_quantize_per_tensor_affine fake_quantize_per_channel_affine".split()
 _FAKE_QUANTIZE_LEARNABLE_OPS = ("fake_quantize_learnable_per_tensor_affine "
                                 "fake_quantize_learnable_per_channel_affine").split()
@@ -154,6 +155,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_rejection", op) for op in _REJECTION_OPS},
     **{op: ("graphc.dsl.ops_counts", op) for op in _COUNTS_OPS},
     **{op: ("graphc.dsl.vmap", op) for op in _VMAP_OPS},
+    **{op: ("graphc.dsl.linalg_householder", op) for op in _HOUSEHOLDER_OPS},
     **{op: ("graphc.dsl.ops_fake_quantize", op) for op in _FAKE_QUANTIZE_OPS},
     **{op: ("graphc.dsl.ops_fake_quantize_learnable", op) for op in _FAKE_QUANTIZE_LEARNABLE_OPS},
     "func": ("graphc.nn.func", None),

@@ -236,3 +236,84 @@ def test_grouped_mm_refuses_bad_arguments(a, b, kw, match):
     with pytest.raises(gc.CaptureError, match=match):
         gc.capture(lambda x: gc.nn.functional.grouped_mm(x, np.zeros(b, "float32"), **kw),
                    x=np.zeros(a, "float32"))
+
+
+# -- torch.geqrf, torch.orgqr (linalg.householder_product), torch.ormqr -----------------------------
+
+QR_SHAPES = [(5, 3), (3, 3), (3, 5), (2, 4, 3)]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("shape", QR_SHAPES, ids=str)
+def test_geqrf_matches_torch(shape, dtype):
+    """LAPACK's packed QR and tau, signs included, against torch (no gradient, as torch's)."""
+    a = R.normal(size=shape).astype(dtype)
+    a[..., 1:, 0] = 0 if shape == (3, 3) else a[..., 1:, 0]  # a column already zero below its diagonal: tau 0
+    want = torch.geqrf(torch.from_numpy(a))
+    model = gc.capture(lambda x: dict(zip(("a", "tau"), gc.geqrf(x))), x=a)
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(model, backend=backend).run({"x": a})
+        np.testing.assert_allclose(got["a"], want.a.numpy(), **TOL[dtype], err_msg=backend)
+        np.testing.assert_allclose(got["tau"], want.tau.numpy(), **TOL[dtype], err_msg=backend)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("shape, k", [((5, 3), 3), ((4, 4), 2), ((2, 5, 3), 2)], ids=str)
+def test_householder_product_and_orgqr_match_torch(shape, k, dtype):
+    a0, tau0 = R.normal(size=shape).astype(dtype), R.normal(size=(*shape[:-2], k)).astype(dtype)
+    ta, tt = torch.tensor(a0, requires_grad=True), torch.tensor(tau0, requires_grad=True)
+    want = torch.linalg.householder_product(ta, tt)
+    c = R.standard_normal(want.shape).astype(dtype)
+    (want * torch.from_numpy(c)).sum().backward()
+    np.testing.assert_array_equal(torch.orgqr(ta, tt).detach().numpy(), want.detach().numpy())
+    for name, fn in (("householder_product", lambda F, a, t: gc.linalg.householder_product(a, t)),
+                     ("orgqr", lambda F, a, t: F.orgqr(a, t))):
+        for backend in ("numpy", "ort-cpu"):
+            got = gc_grads(fn, {"a": a0, "t": tau0}, {}, c, backend=backend)
+            np.testing.assert_allclose(got["out"], want.detach().numpy(), **TOL[dtype], err_msg=f"{name} {backend}")
+            np.testing.assert_allclose(got["a"], ta.grad.numpy(), **TOL[dtype], err_msg=f"{name} {backend}")
+            np.testing.assert_allclose(got["t"], tt.grad.numpy(), **TOL[dtype], err_msg=f"{name} {backend}")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("left, transpose", [(True, False), (True, True), (False, False), (False, True)])
+def test_ormqr_matches_torch(left, transpose, dtype):
+    """``other`` times Q from geqrf's reflectors, batched, values and gradients for all three inputs."""
+    a0, tau0 = R.normal(size=(2, 4, 3)).astype(dtype), R.normal(size=(2, 3)).astype(dtype)
+    c0 = R.normal(size=(2, 4, 5) if left else (2, 5, 4)).astype(dtype)
+    ts = [torch.tensor(v, requires_grad=True) for v in (a0, tau0, c0)]
+    want = torch.ormqr(*ts, left=left, transpose=transpose)
+    c = R.standard_normal(want.shape).astype(dtype)
+    (want * torch.from_numpy(c)).sum().backward()
+    for backend in ("numpy", "ort-cpu"):
+        got = gc_grads(lambda F, a, t, o: F.ormqr(a, t, o, left=left, transpose=transpose),
+                       {"a": a0, "t": tau0, "o": c0}, {}, c, backend=backend)
+        np.testing.assert_allclose(got["out"], want.detach().numpy(), **TOL[dtype], err_msg=backend)
+        for name, t in zip("ato", ts):
+            np.testing.assert_allclose(got[name], t.grad.numpy(), **TOL[dtype], err_msg=f"{backend} {name}")
+
+
+def test_geqrf_round_trip_and_symbolic_batch():
+    """orgqr of geqrf's output is torch.linalg.qr's Q, ormqr applies it; a symbolic batch dim."""
+    model = gc.capture(lambda x: {"q": gc.orgqr(*gc.geqrf(x)), "qtx": gc.ormqr(*gc.geqrf(x), x, transpose=True)},
+                       x=gc.spec("float64", ("N", 4, 3)))
+    for n in (1, 3):
+        x = R.normal(size=(n, 4, 3))
+        q, r = torch.linalg.qr(torch.from_numpy(x))
+        for backend in ("numpy", "ort-cpu"):
+            got = gc.Session(model, backend=backend).run({"x": x})
+            np.testing.assert_allclose(got["q"], q.numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
+            np.testing.assert_allclose(got["qtx"][:, :3], r.numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda x: gc.orgqr(x, np.zeros(4)), r"tau must have at most min\(rows, cols\) = 3 elements"),
+    (lambda x: gc.linalg.householder_product(x.transpose(-1, -2), np.zeros(2)),
+     "input must have at least as many rows as columns, got 3 x 4"),
+    (lambda x: gc.ormqr(x, np.zeros(3), np.zeros((5, 2))), r"input's rows \(4\) must equal other's rows \(5\)"),
+    (lambda x: gc.orgqr(x, np.zeros((1, 3))), "tau must be input's dtype float64 with one dim fewer"),
+    (lambda x: gc.geqrf(x[0]), r"input must be \(\.\.\., rows, cols\) matrices, got rank 1"),
+])
+def test_householder_functions_refuse_bad_arguments(call, match):
+    with pytest.raises(gc.CaptureError, match=match):
+        gc.capture(call, x=np.zeros((4, 3)))

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops import (cast, constant, lift, matmul, maximum, reshape, same_dtype, scalar, sqrt, squeeze,
+from graphc.dsl.ops import (cast, constant, lift, matmul, maximum, reshape, same_dtype, scalar, squeeze,
                             unsqueeze, where)
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import sum as reduce_sum
@@ -21,11 +21,12 @@ from graphc.dsl.ops_linalg import cross as _cross
 from graphc.dsl.ops_linalg import diagonal as _diagonal
 from graphc.dsl.ops_eigen import eigh, eigvalsh, svd, svdvals
 from graphc.dsl.linalg_ex import cholesky_ex, inv_ex, lu_factor_ex, solve_ex
+from graphc.dsl.linalg_householder import householder_product, reflectors
 from graphc.dsl.linalg_ldl import ldl_factor, ldl_factor_ex, ldl_solve
 from graphc.dsl.ops_math import amax, amin
 from graphc.dsl.ops_math import norm as _norm
 from graphc.dsl.ops_solve import (cholesky, eye_like, inv, lu, lu_factor, lu_solve, mask, matrix_dims, matrix_exp,
-                                  matrix_power, pick, right_hand_side, solve, solve_triangular)
+                                  matrix_power, right_hand_side, solve, solve_triangular)
 from graphc.dsl.ops_views import movedim, narrow, swap_last
 from graphc.dsl.tensor import Tensor
 from graphc.model.dtypes import FLOAT_DTYPES
@@ -52,19 +53,9 @@ def _householder(a: Tensor, m: int, n: int) -> tuple[Tensor, Tensor]:
     """``(Q, R)`` with ``A = Q @ R``, ``Q`` ``m x m`` orthogonal and ``R`` ``m x n`` upper triangular, from
     LAPACK's reflectors (geqrf's ``beta = -sign(alpha) * norm``, none where a column is already zero
     below the diagonal), so the signs are torch's."""
-    rows = np.arange(m)
+    r, refl = reflectors(a, m, n)
     q = eye_like(a, m)
-    r = a
-    for k in range(min(m - 1, n)):
-        x = where(mask((rows >= k)[:, None]), pick(r, -1, k), scalar(0, a))
-        alpha = pick(x, -2, k)
-        below = reduce_sum(where(mask((rows > k)[:, None]), x * x, scalar(0, a)), [-2], keepdims=True)
-        flat = below == scalar(0, a)
-        size = sqrt(alpha * alpha + below)
-        beta = where(alpha >= scalar(0, a), -size, size)
-        tau = where(flat, scalar(0, a), (beta - alpha) / where(flat, scalar(1, a), beta))
-        v = where(mask((rows == k)[:, None]), scalar(1, a), x / where(flat, scalar(1, a), alpha - beta))
-        r = r - matmul(v * tau, matmul(swap_last(v), r))
+    for v, tau in refl:
         q = q - matmul(matmul(q, v) * tau, swap_last(v))
     upper = np.arange(m)[:, None] <= np.arange(n)[None, :]
     return q, where(mask(upper), r, scalar(0, a))
@@ -294,3 +285,4 @@ __all__ = [
     "tensorinv", "tensorsolve", "vecdot", "vector_norm",
 ]
 __all__ += ["ldl_factor", "ldl_factor_ex", "ldl_solve"]  # from linalg_ldl
+__all__ += ["householder_product"]  # from linalg_householder

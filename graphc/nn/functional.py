@@ -187,3 +187,6 @@ __all__ += ["multi_head_attention_forward"]
 from graphc.dsl.ops_grouped_mm import grouped_mm  # noqa: E402
 
 __all__ += ["grouped_mm"]
+from graphc.dsl.linalg_householder import geqrf, orgqr, ormqr  # noqa: E402
+
+__all__ += ["geqrf", "orgqr", "ormqr"]
