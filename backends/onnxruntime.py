@@ -147,7 +147,8 @@ class _OrtBackend:
                 graph_optimization_level: str | int = "all", device_id: int = 0,
                 providers_options: Mapping[str, Any] | None = None, keep_recomputation: bool = False,
                 mem_pattern: bool = True, exact_arena: bool = False, cuda_graph: bool = False,
-                flush_denormals: bool = False, profile: str | None = None) -> OrtExecutable:
+                flush_denormals: bool = False, profile: str | None = None,
+                optimized_graph: bool = False) -> OrtExecutable:
         """Build an onnxruntime session. An op onnxruntime cannot run fails here.
         ``keep_recomputation``: the model recomputes values on purpose (``generate(...,
         recompute=True)``): common-subexpression elimination, which would merge the copies back,
@@ -166,7 +167,10 @@ class _OrtBackend:
         ``flush_denormals``: on the CPU, denormal floats count as zero in and out of every kernel,
         in the session's threads and in the calling thread while it runs (``denormals``); the
         Trainer's default (see ``graphc.runtime.trainer``). ``profile``: a file prefix;
-        onnxruntime's profiler records every run, ``end_profiling`` writes the trace."""
+        onnxruntime's profiler records every run, ``end_profiling`` writes the trace.
+        ``optimized_graph``: keep the graph onnxruntime runs, after its optimizations, as
+        ``OrtExecutable.optimized_graph`` (the Trainer decides from it which outputs it may write
+        in place, ``graphc.passes.training.in_place``)."""
         if cuda_graph and self.device != "cuda":
             raise ValueError(f"cuda_graph needs the CUDA provider (backend 'ort-cuda'), not {self.name!r}")
         _check_domains(model, self.name)
@@ -204,7 +208,7 @@ class _OrtBackend:
                             **(EXACT_CUDA_ARENA if exact_arena and self.device == "cuda" else {}),
                             **dict(providers_options or {})}
         return OrtExecutable(self, model, options, provider_options, int(device_id), tuple(dict.fromkeys(disabled)),
-                             cuda_graph, flush_denormals)
+                             cuda_graph, flush_denormals, optimized_graph)
 
 
 class CpuBackend(_OrtBackend):
@@ -331,7 +335,7 @@ class OrtExecutable:
 
     def __init__(self, backend: _OrtBackend, model: onnx.ModelProto, options: Any,
                  provider_options: dict[str, Any], device_id: int, disabled_optimizers: Sequence[str] = (),
-                 cuda_graph: bool = False, flush_denormals: bool = False):
+                 cuda_graph: bool = False, flush_denormals: bool = False, optimized_graph: bool = False):
         ort = _ort()
         self._flush = flush_denormals
         # a run that names no graph must not be captured as graph 0 and replayed on other inputs
@@ -346,15 +350,23 @@ class OrtExecutable:
         with tempfile.TemporaryDirectory(prefix="graphc-ort-") as tmp:
             data = _serialize_for_ort(model, Path(tmp))
             optimized = Path(tmp) / "optimized.onnx"
-            if backend.device != "cpu":  # to count the copy nodes onnxruntime inserts
+            if backend.device != "cpu" or optimized_graph:  # to count the copy nodes onnxruntime inserts
                 options.optimized_model_filepath = str(optimized)
+                # initializers of 1 KiB or more (frozen weights) go to a side file no one reads
+                options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                                 "optimized.data")
+                options.add_session_config_entry(
+                    "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
             try:  # the first session of the process sets its builder's flush mode for good: not here
                 with denormals.flushing(False):
                     self.session = ort.InferenceSession(data, options, providers=providers,
                                                         disabled_optimizers=list(disabled_optimizers) or None)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
                 raise self._error(exc, "cannot load") from None
-            self.copy_nodes = _count_copy_nodes(optimized) if optimized.is_file() else 0
+            graph = onnx.load(str(optimized), load_external_data=False).graph if optimized.is_file() else None
+        self.copy_nodes = sum(n.op_type in _COPY_OPS for n in graph.node) if graph is not None else 0
+        # the graph onnxruntime runs (None unless asked for, or where onnxruntime wrote none)
+        self.optimized_graph = graph if optimized_graph else None
         if backend.provider not in self.session.get_providers():
             raise BackendUnavailable(f"{backend.name}: onnxruntime did not give the session "
                                      f"{backend.provider} (it got {self.session.get_providers()})")
@@ -493,8 +505,3 @@ def _save_with_external_data(model: onnx.ModelProto, path: Path) -> Path:
                 tensor.data_location = onnx.TensorProto.DEFAULT
             del tensor.external_data[:]
     return path
-
-
-def _count_copy_nodes(path: Path) -> int:
-    model = onnx.load(str(path), load_external_data=False)
-    return sum(1 for node in model.graph.node if node.op_type in _COPY_OPS)

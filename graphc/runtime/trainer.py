@@ -246,10 +246,19 @@ class Trainer:
         # what is asked (ResNet-50 at batch 32: 0.95x the peak RSS; ``backends.onnxruntime``'s
         # ``_exact_cpu_arena``). Other backends ignore the options.
         proto = _without_initializers(self.artifacts.train_step.proto, set(self._entries))
-        self._in_place = in_place_outputs(proto.graph, self._feeds)  # written into their input's buffer
         step_options = {**({"keep_recomputation": True} if self.manifest.recompute else {}),
                         "mem_pattern": False, "exact_arena": True, **self._options}
-        self._train = self._backend.prepare(proto, **step_options)
+        self._train = self._backend.prepare(proto, **step_options, optimized_graph=True)
+        # written into their input's buffer: judged on the graph onnxruntime runs, where it gives
+        # it, else on ours; the CUDA graphs' session, built later from fixed shapes, must pass both
+        ran = getattr(self._train, "optimized_graph", None)
+        if ran is None:
+            self._in_place = in_place_outputs(proto.graph, self._feeds)
+        else:
+            self._in_place = in_place_outputs(ran, self._feeds, optimized=True)
+            if cuda_graph:
+                self._in_place &= in_place_outputs(proto.graph, self._feeds)
+            self._train.optimized_graph = None  # judged: not kept
         # cuda_graph: batches of the first batch's shapes replay CUDA graphs (graphc.runtime.cuda_graph)
         self._graphed = GraphedStep(self._backend, proto, self.artifacts.train_step.ir.graph,
                                     [s.name for s in self.batch_specs + self.noise_specs],

@@ -16,6 +16,13 @@ Split of a flat group's small params stepped as one, ``flat.apply``). The optimi
 update's ancestry reads it (e.g. a conv weight whose input gradient feeds only params in other
 flat groups fails: that ConvTranspose may run after the update).
 
+Which graph: the Trainer asks onnxruntime for the graph it runs (``OrtExecutable.optimized_graph``,
+``optimized=True``), where its rewrites have already made their readers: it drops a Cast to a
+tensor's own dtype and a Mul or Div by 1 and fuses a Mul by a scalar into a FusedMatMul, so a
+MatMul of ``W * 0.5`` reads ``W`` itself (``tests/test_in_place.py``); there only views are read
+through, a Transpose left is a copy. Our own graph is judged where onnxruntime gives none (and
+also for CUDA graphs, whose session is built later), with Transposes read through.
+
 Measured (onnxruntime CPU, 1 thread, AdamW, 64 px): ResNet-18 at batch 32 writes 117 of its
 127 carried outputs in place (ResNet-50: 302 of 332) and its peak RSS drops from 950 to 792 MB
 (PyTorch eager: 731). Reading through Transposes leaves ``scripts/bench_zoo.py``'s CNNs as they
@@ -33,6 +40,8 @@ from collections.abc import Mapping
 
 import onnx
 
+from graphc.model.file import all_graphs
+
 __all__ = ["in_place_outputs"]
 
 _VIEWS = frozenset({"Reshape", "Identity", "Flatten", "Squeeze", "Unsqueeze"})
@@ -48,30 +57,49 @@ def _numel(value: onnx.ValueInfoProto) -> int | None:
     return math.prod(d.dim_value for d in dims)
 
 
-def in_place_outputs(graph: onnx.GraphProto, feeds: Mapping[str, str]) -> set[str]:
+def _is(node: onnx.NodeProto, ops: frozenset[str]) -> bool:
+    return node.op_type in ops and node.domain in ("", "ai.onnx")  # com.microsoft's ops have other names
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The names ``node`` reads: its inputs and what its subgraphs (If branches, Loop and Scan
+    bodies) read from the outer scope (with their own names, which cannot clash with the outer ones)."""
+    names = set(node.input)
+    for attribute in node.attribute:
+        for sub in [attribute.g] if attribute.HasField("g") else attribute.graphs:
+            for graph in all_graphs(sub):
+                names.update(name for inner in graph.node for name in inner.input)
+    return names
+
+
+def in_place_outputs(graph: onnx.GraphProto, feeds: Mapping[str, str], optimized: bool = False) -> set[str]:
     """The outputs among ``feeds`` (output name -> the input it replaces) that may be written
-    into the input's own buffer (the module docstring says when)."""
-    producer: dict[str, int] = {}
+    into the input's own buffer (the module docstring says when). ``optimized``: ``graph`` is
+    the one onnxruntime runs (``OrtExecutable.optimized_graph``): only views are read through,
+    its Transposes are copies."""
+    through = _VIEWS if optimized else _READ_THROUGH
+    producer = {name: i for i, node in enumerate(graph.node) for name in node.output}
+    reads = [_reads(node) for node in graph.node]
     readers: dict[str, list[int]] = defaultdict(list)
-    for i, node in enumerate(graph.node):
-        for name in node.output:
-            producer[name] = i
-        for name in node.input:
+    for i, names in enumerate(reads):
+        for name in names:
             readers[name].append(i)
+            if producer.get(name, -1) >= i:
+                return set()  # not in topological order (as ONNX asks, and onnxruntime writes): no claim
     reading: dict[str, set[int]] = {}  # carried input -> the nodes reading it or a view of it
     for name in feeds.values():
         reading[name], stack = set(), [name]
         while stack:
             for i in readers[stack.pop()]:
                 reading[name].add(i)
-                if graph.node[i].op_type in _READ_THROUGH:
+                if _is(graph.node[i], through):
                     stack.extend(graph.node[i].output)
     # ancestry as bitsets over the reading nodes only, in one pass in topological order
     bit = {i: 1 << k for k, i in enumerate(sorted(set().union(*reading.values())))}
     above = [0] * len(graph.node)
-    for i, node in enumerate(graph.node):
+    for i, names in enumerate(reads):
         mask = bit.get(i, 0)
-        for name in node.input:
+        for name in names:
             if name in producer:
                 mask |= above[producer[name]]
         above[i] = mask
@@ -79,11 +107,11 @@ def in_place_outputs(graph: onnx.GraphProto, feeds: Mapping[str, str]) -> set[st
     found = set()
     for out, name in feeds.items():
         w = producer.get(out)
-        while w is not None and graph.node[w].op_type in _VIEWS:  # onnxruntime may fold a view away,
+        while w is not None and _is(graph.node[w], _VIEWS):  # onnxruntime may fold a view away,
             w = producer.get(graph.node[w].input[0])  # its input's writer then writes the output
         if w is None or sizes.get(out) is None or sizes.get(out) != sizes.get(name):
             continue
-        if w in reading[name] and graph.node[w].op_type not in _ELEMENTWISE:
+        if w in reading[name] and not _is(graph.node[w], _ELEMENTWISE):
             continue  # only an elementwise node reads X[i] before it writes out[i]
         mask = sum(bit[i] for i in reading[name])
         if mask & ~above[w] == 0:
