@@ -21,7 +21,13 @@ Which graph: the Trainer asks onnxruntime for the graph it runs (``OrtExecutable
 tensor's own dtype and a Mul or Div by 1 and fuses a Mul by a scalar into a FusedMatMul, so a
 MatMul of ``W * 0.5`` reads ``W`` itself (``tests/test_in_place.py``); there only views are read
 through, a Transpose left is a copy. Our own graph is judged where onnxruntime gives none (and
-also for CUDA graphs, whose session is built later), with Transposes read through.
+also for CUDA graphs, whose session is built later), with Transposes read through. Measured
+(ort-cpu, 2 threads, AdamW, batch 32, 64 px, ``scripts/bench_zoo.py``'s models): the same outputs
+in place as judged on our graph (ResNet-18 119 of 137, ResNet-50 314 of 356, ViT 167 of 179, the
+GPT 94 of 107: its Transposes of weights are cancelled into reads of the weights), so the same
+peak RSS; the session build within noise on a shared machine (ResNet-50 4.2-5.0 s asking for the
+graph, 2.8-5.4 s not), the optimized graph 0.9 MB (its params are fed; initializers from 1 KiB
+go to a side file no one reads), its analysis 0.07 s.
 
 Measured (onnxruntime CPU, 1 thread, AdamW, 64 px): ResNet-18 at batch 32 writes 117 of its
 127 carried outputs in place (ResNet-50: 302 of 332) and its peak RSS drops from 950 to 792 MB
