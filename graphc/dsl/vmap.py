@@ -28,6 +28,7 @@ from graphc.dsl import (
     vmap_rules_control,
     vmap_rules_conv,
     vmap_rules_index,
+    vmap_rules_ragged,
     vmap_rules_random,
     vmap_rules_rnn,
 )
@@ -40,7 +41,8 @@ from graphc.model import SOURCE_KEY
 
 __all__ = ["vmap"]
 
-_MORE_RULES = (vmap_rules_control, vmap_rules_conv, vmap_rules_index, vmap_rules_random, vmap_rules_rnn)  # imported for the rules they add to vmap_rules.RULES
+_MORE_RULES = (vmap_rules_control, vmap_rules_conv, vmap_rules_index, vmap_rules_ragged, vmap_rules_random,
+               vmap_rules_rnn)  # imported for the rules they add to vmap_rules.RULES and RAGGED
 
 _RANDOMNESS = ("error", "different", "same")
 _FALLBACK = ("warn", "scan", "error")

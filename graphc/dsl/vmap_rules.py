@@ -19,7 +19,7 @@ from graphc.model import SOURCE_KEY
 from graphc.passes.emit import AXES_AS_INPUT
 from graphc.passes.values import const_array, draws_random, static_shape
 
-__all__ = ["RULES", "Arg", "Batching", "NoRule", "as_args", "as_batched", "const_of", "has_random", "hoist",
+__all__ = ["RAGGED", "RULES", "Arg", "Batching", "NoRule", "as_args", "as_batched", "const_of", "has_random", "hoist",
            "node_attrs", "only_first", "rank_of", "reemit", "rewrite", "shift_axis"]
 
 
@@ -34,11 +34,13 @@ class Arg(NamedTuple):
 
 class Batching:
     """What the rules share: the builder, the mapped size, a batched Tensor to read it from at run
-    time, and the ``randomness`` mode."""
+    time, the ``randomness`` mode, and ``ragged``: the batched values (by id) whose dim 1 is stacked to
+    the longest of a length that differs per example, with those lengths (``(B,)`` int64)."""
 
     def __init__(self, builder: Builder, size: Any, ref: Tensor, randomness: str):
         self.builder, self.size, self.ref, self.randomness = builder, size, ref, randomness
         self.made: dict[int, Arg] = {}
+        self.ragged: dict[int, Tensor] = {}
         self._shape: Tensor | None = None
 
     def batch_shape(self) -> Tensor:
@@ -93,6 +95,11 @@ def rewrite(b: Batching, nodes: list[ir.Node], batched: set[int], env: dict[int,
                                                                           False)))
             continue
         rule, line = RULES.get(node.op_type), node.metadata_props.get(SOURCE_KEY, "?")
+        if any(a is not None and id(a.t.value) in b.ragged for a in inputs):
+            rule = RAGGED.get(node.op_type)
+            if rule is None:
+                raise NoRule(f"{node.op_type} at {line} (it reads a Loop's per-step outputs, of a number of steps "
+                             f"that differs per example)")
         if rule is None:
             raise NoRule(f"{node.op_type} at {line}")
         b.made = args
@@ -101,7 +108,10 @@ def rewrite(b: Batching, nodes: list[ir.Node], batched: set[int], env: dict[int,
         except NoRule as exc:
             raise NoRule(f"{node.op_type} at {line} ({exc})") from None
         args.update((id(v), r) for v, r in zip(node.outputs, results))
-    return [tuple(arg(v)) for v in outputs]
+    found = [tuple(arg(v)) for v in outputs]
+    if any(id(t.value) in b.ragged for t, _ in found):
+        raise NoRule("a Loop's per-step outputs, of a number of steps that differs per example, as an output")
+    return found
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -319,9 +329,9 @@ def _squeeze(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     shape = static_shape(node.inputs[0])
     if len(node.inputs) > 1 and node.inputs[1] is not None:
         axes = const_of(b, node.inputs[1])
-        if axes is None or shape is None:
+        if axes is None:
             raise NoRule("axes not constant")
-        axes = [int(a) % len(shape) for a in axes.ravel()]
+        axes = [int(a) % rank_of(node.inputs[0], args[0]) for a in axes.ravel()]
     elif shape is not None and all(isinstance(d, int) for d in shape):
         axes = [i for i, d in enumerate(shape) if d == 1]
     else:
@@ -432,6 +442,9 @@ _REDUCE = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax
            "ReduceProd", "ReduceSum", "ReduceSumSquare")
 _AXIS = ("ArgMax", "ArgMin", "Softmax", "LogSoftmax", "Hardmax", "TopK", "Split", "LayerNormalization",
          "LpNormalization")
+
+# The rules for ops that read a ``ragged`` value (``vmap_rules_ragged``); any other op has none.
+RAGGED: dict[str, Callable[[Batching, ir.Node, list], list[Arg]]] = {}
 
 RULES: dict[str, Callable[[Batching, ir.Node, list], list[Arg]]] = {
     **dict.fromkeys(_UNARY, _same), **dict.fromkeys(_BROADCAST, _broadcast), **dict.fromkeys(_REDUCE, _reduce),
