@@ -4,8 +4,9 @@ its forward and its ``gc.grad`` (per-sample losses summed), on onnxruntime CPU (
 plain batched forward for reference; then per-sample gradients of a small CNN (``vmap(grad(loss))``,
 conv 1-8-16 on 28x28 images, a batch of ``--cnn-batch`` known at capture, which the grouped
 convolutions of mapped weights need) both ways; then ``gc.scan``, ``gc.fori_loop`` and ``gc.cond`` on a
-per-example condition over 64 examples by their batching rules vs as the Scan over the examples. The
-numbers are docs/api.md's, ``graphc/dsl/vmap.py``'s and ``graphc/dsl/vmap_rules_control.py``'s.
+per-example condition over 64 examples by their batching rules vs as the Scan over the examples, and
+per-example gradients of a ``gc.while_loop`` of a number of steps per example (its tape a Loop's
+per-step outputs) and a Scan along axis 1 (``--control-only``: these alone). The numbers are docs/api.md's, ``graphc/dsl/vmap.py``'s and ``graphc/dsl/vmap_rules_control.py``'s.
 
     python scripts/bench_vmap.py --batch 256 --repeat 50
 """
@@ -20,7 +21,9 @@ from unittest import mock
 import numpy as np
 
 import graphc as gc
-from graphc.dsl import vmap_rules
+from graphc.dsl import ops, vmap_rules
+from graphc.dsl.builder import current
+from graphc.dsl.control import trace_subgraph
 
 
 class PerSample(gc.nn.Module):
@@ -80,10 +83,28 @@ def control_flow(rng: np.random.Generator) -> dict:
 
     def cond(x):
         return gc.vmap(lambda a: gc.cond(a.sum() > 0, lambda: gc.tanh(a) * 2.0, lambda: a * a), fallback="scan")(x)
+    def tape(x):
+        def loss(a):
+            y = gc.while_loop(lambda y: (y * y).sum() < 400.0, lambda y: y * 1.2 + gc.tanh(y @ w) * 0.1, a)
+            return (y * y).sum()
+        return gc.vmap(gc.func.grad(loss), fallback="scan")(x)
+
+    def scan_axis1(x, h):
+        def one(xs, h0):  # xs (16, 20): 20 steps along axis 1, as ONNX's scan_input_axes [1]
+            body, _, _ = trace_subgraph(current(), lambda c, xt: [gc.tanh(c @ w + xt @ u)] * 2, [],
+                                        [("c", "float32", [32]), ("xt", "float32", [16])], "scan_body")
+            return ops.emit("Scan", [h0, xs], {"body": body, "num_scan_inputs": 1, "scan_input_axes": [1],
+                                               "scan_output_axes": [1]}, 2)[1]
+        return gc.vmap(one, fallback="scan")(x, h)
+    x_loop = rng.standard_normal((64, 32)).astype(np.float32)
+    x_loop *= rng.uniform(0.5, 20.0, (64, 1)).astype(np.float32) / np.linalg.norm(x_loop, axis=1, keepdims=True)
     return {"Scan": (scan, {"x": rng.standard_normal((64, 20, 16)).astype(np.float32),
-                            "h": rng.standard_normal((64, 32)).astype(np.float32)}),
-            "Loop": (loop, {"x": rng.uniform(1, 2, (64, 32)).astype(np.float32)}),
-            "If": (cond, {"x": rng.standard_normal((64, 128)).astype(np.float32)})}
+                            "h": rng.standard_normal((64, 32)).astype(np.float32)}, "Scan"),
+            "Loop": (loop, {"x": rng.uniform(1, 2, (64, 32)).astype(np.float32)}, "Loop"),
+            "If": (cond, {"x": rng.standard_normal((64, 128)).astype(np.float32)}, "If"),
+            "grad of while_loop": (tape, {"x": x_loop}, "Loop"),
+            "Scan along axis 1": (scan_axis1, {"x": rng.standard_normal((64, 16, 20)).astype(np.float32),
+                                               "h": rng.standard_normal((64, 32)).astype(np.float32)}, "Scan")}
 
 
 def _time(model: gc.Model, feeds: dict, repeat: int) -> float:
@@ -102,8 +123,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--cnn-batch", type=int, default=64)
+    parser.add_argument("--control-only", action="store_true")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
+    if args.control_only:
+        return _control(rng, args.repeat)
     feeds = {"x": rng.standard_normal((args.batch, 784)).astype(np.float32),
              "y": rng.integers(0, 10, args.batch).astype(np.int64)}
     specs = {"x": gc.spec("float32", ("N", 784)), "y": gc.spec("int64", ("N",))}
@@ -132,13 +156,19 @@ def main() -> None:
             model = gc.capture(per_sample_cnn_grads(net, names), **feeds)
         print(f"  {name:28s} {_time(model, feeds, args.repeat):8.3f}")
 
+    _control(rng, args.repeat)
+
+
+def _control(rng: np.random.Generator, repeat: int) -> None:
     print("control flow over 64 examples (median ms per run)")
-    for op, (fn, feeds) in control_flow(rng).items():
-        rule = _time(gc.capture(fn, **feeds), feeds, args.repeat)
+    for name, (fn, feeds, op) in control_flow(rng).items():
+        specs = {k: gc.spec(v.dtype.name, v.shape) for k, v in feeds.items()}  # static shapes, not evaluated
+        rule = _time(gc.capture(fn, **specs), feeds, repeat)
         with mock.patch.dict(vmap_rules.RULES):
             del vmap_rules.RULES[op]
-            scan = _time(gc.capture(fn, **feeds), feeds, args.repeat)
-        print(f"  {op:6s} batching rule {rule:8.3f}   Scan {scan:8.3f}")
+            scan = _time(gc.capture(fn, **specs), feeds, repeat)
+        print(f"  {name:18s} batching rule {rule:8.3f}   Scan {scan:8.3f}")
+
 
 if __name__ == "__main__":
     main()
