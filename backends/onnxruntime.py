@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 import onnx
-from google.protobuf.message import EncodeError
 
 from graphc.backends import (batchnorm, bfloat16, bfloat16_casts, denormals, doubles, dropout, fusions, nchwc, opsets,
                              pad_axes, pools, recurrent, scans, transposes)
 from graphc.backends.iobinding import Bindings
+from graphc.backends.ort_serialize import serialize_for_ort
 from graphc.backends.base import BackendInfo
 from graphc.errors import BackendError, BackendUnavailable
-from graphc.model import ir_version_for, node_label, node_source
+from graphc.model import node_label, node_source
 from graphc.model.file import all_graphs, distinct_subgraph_outputs, tensor_types, unique_node_names, with_body_output_shapes
 from graphc.model.dtypes import to_onnx
 
@@ -37,7 +37,6 @@ _LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
 # Domains onnxruntime has kernels for; a node in any other domain cannot run.
 _KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc", "ai.onnx.training"}
 _COPY_OPS = {"MemcpyToHost", "MemcpyFromHost"}
-_PROTOBUF_LIMIT = (1 << 31) - (1 << 20)  # a serialized message must stay below 2 GiB
 _ORT_QUIET = 4  # session log severity fatal: run-time errors reach the caller as BackendError, so
 # onnxruntime's own copy of them (and its "nodes placed on CPU" warnings) would be noise.
 
@@ -348,7 +347,7 @@ class OrtExecutable:
         if backend.provider != "CPUExecutionProvider":
             providers.append("CPUExecutionProvider")  # ops without a CUDA kernel run on CPU
         with tempfile.TemporaryDirectory(prefix="graphc-ort-") as tmp:
-            data = _serialize_for_ort(model, Path(tmp))
+            data = serialize_for_ort(model, Path(tmp))
             optimized = Path(tmp) / "optimized.onnx"
             if backend.device != "cpu" or optimized_graph:  # to count the copy nodes onnxruntime inserts
                 options.optimized_model_filepath = str(optimized)
@@ -459,49 +458,3 @@ class OrtExecutable:
         # drop onnxruntime's "/onnxruntime_src/...cc:91 ns::Function(args) " prefix
         detail = re.sub(r"^/\S+:\d+ .*?\) (?=\w)", "", re.split(r"Status Message:\s*", message)[-1])
         return BackendError(f"{self.backend_name} {what} {label} ({node.op_type}{_at(node)}): {detail}")
-
-
-def _serialize_for_ort(model: onnx.ModelProto, folder: Path) -> bytes | str:
-    """The model's bytes, stamped with the lowest IR version its opsets need (no copy of it).
-    A model over protobuf's 2 GiB limit is written to ``folder`` instead, its large
-    initializers in external data, and onnxruntime opens it from that path."""
-    saved = model.ir_version
-    model.ir_version = ir_version_for({o.domain: o.version for o in model.opset_import})
-    try:
-        try:
-            data = model.SerializeToString()
-        except EncodeError:  # over 2 GiB (protobuf cannot even size such a message)
-            data = None
-        if data is not None and len(data) < _PROTOBUF_LIMIT:
-            return data
-        return str(_save_with_external_data(model, folder / "model.onnx"))
-    finally:
-        model.ir_version = saved
-
-
-def _save_with_external_data(model: onnx.ModelProto, path: Path) -> Path:
-    """Write ``model`` with its initializers' raw data of 1 MiB or more in ``<path>.data``,
-    leaving ``model`` as it was (onnx's own converter moves the data out of the proto it is given)."""
-    moved: list[tuple[onnx.TensorProto, bytes, bool]] = []
-    try:
-        with open(f"{path}.data", "wb") as f:
-            for tensor in model.graph.initializer:
-                raw = tensor.raw_data if tensor.HasField("raw_data") else b""
-                if len(raw) < (1 << 20):
-                    continue
-                offset = f.tell()
-                f.write(raw)
-                moved.append((tensor, raw, tensor.HasField("data_location")))
-                tensor.ClearField("raw_data")
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-                for key, value in (("location", f"{path.name}.data"), ("offset", str(offset)), ("length", str(len(raw)))):
-                    tensor.external_data.add(key=key, value=value)
-        path.write_bytes(model.SerializeToString())
-    finally:
-        for tensor, raw, had_location in moved:
-            tensor.raw_data = raw
-            tensor.ClearField("data_location")
-            if had_location:
-                tensor.data_location = onnx.TensorProto.DEFAULT
-            del tensor.external_data[:]
-    return path

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 import graphc as gc
-from graphc.backends import onnxruntime as ort_backend
+from graphc.backends import onnxruntime as ort_backend, ort_serialize
 from onnx_graphs import model, node, vi
 
 
@@ -23,9 +23,9 @@ def test_a_model_over_the_limit_runs_from_a_file_and_is_left_unchanged(monkeypat
     proto = _gather_model()
     before = proto.SerializeToString()
     saved = []
-    real_save = ort_backend._save_with_external_data
-    monkeypatch.setattr(ort_backend, "_PROTOBUF_LIMIT", 1 << 20)
-    monkeypatch.setattr(ort_backend, "_save_with_external_data",
+    real_save = ort_serialize.save_with_external_data
+    monkeypatch.setattr(ort_serialize, "PROTOBUF_LIMIT", 1 << 20)
+    monkeypatch.setattr(ort_serialize, "save_with_external_data",
                         lambda m, path: saved.append(sorted(p.name for p in path.parent.iterdir())) or real_save(m, path))
     executable = ort_backend.CpuBackend().prepare(proto)
     assert saved, "the model was not written to a file"
@@ -36,7 +36,7 @@ def test_a_model_over_the_limit_runs_from_a_file_and_is_left_unchanged(monkeypat
 
 @pytest.mark.parametrize("limit", [1 << 20, 1 << 30])
 def test_sessions_from_a_path_with_external_data_match_numpy(tmp_path, monkeypatch, limit):
-    monkeypatch.setattr(ort_backend, "_PROTOBUF_LIMIT", limit)
+    monkeypatch.setattr(ort_serialize, "PROTOBUF_LIMIT", limit)
     path = gc.load(_gather_model()).save(tmp_path / "m.onnx", external_data=True)
     feeds = {"idx": np.array([7, 3, 1 << 18], np.int64)}
     want = gc.Session(path, backend="numpy").run(feeds)["y"]
