@@ -30,7 +30,7 @@ SPECS = [
     gc.optim.Adamax(0.02, maximize=True),
 ]
 IDS = [f"{s.kind}-{i}" for i, s in enumerate(SPECS)]
-TORCH_OPTIM = {"rmsprop": "RMSprop", "adagrad": "Adagrad", "adamax": "Adamax"}
+TORCH_OPTIM = {"rmsprop": "RMSprop", "adagrad": "Adagrad", "adamax": "Adamax", "nadam": "NAdam", "radam": "RAdam"}
 
 
 def _kwargs(spec) -> dict:

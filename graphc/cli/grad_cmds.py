@@ -84,7 +84,7 @@ def grad_cmd(
     loss: str = typer.Option(..., "--loss", metavar="KIND:OUTPUT[:LABEL]",
                              help=f"The loss on a model output, e.g. cross_entropy:logits:y; KIND is one of "
                              f"{', '.join(LOSS_KINDS)}; LABEL names the new label input (default: label)."),
-    optimizer: str = typer.Option("sgd", "--optimizer", metavar="sgd|adam|adamw|rmsprop|adagrad|adamax",
+    optimizer: str = typer.Option("sgd", "--optimizer", metavar="sgd|adam|adamw|rmsprop|adagrad|adamax|nadam|radam",
                                   help="The optimizer."),
     lr: Optional[float] = typer.Option(None, "--lr", help=f"Learning rate (default: {_spec_defaults('lr')})."),
     momentum: Optional[float] = typer.Option(None, "--momentum",
@@ -95,8 +95,8 @@ def grad_cmd(
     amsgrad: bool = typer.Option(False, "--amsgrad", help="Adam/AdamW's AMSGrad variant (one more state slot, "
                                  "max_exp_avg_sq)."),
     maximize: bool = typer.Option(False, "--maximize", help="Maximize the loss: step along the gradient."),
-    betas: Optional[str] = typer.Option(None, "--betas", metavar="B1,B2", help="Adam/AdamW/Adamax's coefficients of the "
-                                        "running averages (default: 0.9,0.999)."),
+    betas: Optional[str] = typer.Option(None, "--betas", metavar="B1,B2", help="Adam/AdamW/Adamax/NAdam/RAdam's "
+                                        "coefficients of the running averages (default: 0.9,0.999)."),
     eps: Optional[float] = typer.Option(None, "--eps", help=f"The denominator term of the adaptive optimizers "
                                         f"(default: {_spec_defaults('eps')})."),
     alpha: Optional[float] = typer.Option(None, "--alpha", help="RMSprop's smoothing constant (default: 0.99)."),
@@ -107,8 +107,14 @@ def grad_cmd(
     initial_accumulator_value: Optional[float] = typer.Option(None, "--initial-accumulator-value",
                                                               help="Adagrad's first sum of squared gradients "
                                                               "(default: 0)."),
+    momentum_decay: Optional[float] = typer.Option(None, "--momentum-decay", help="NAdam's momentum decay: step t's "
+                                                   "momentum is b1*(1 - 0.5*0.96^(t*momentum_decay)) "
+                                                   "(default: 0.004)."),
+    decoupled_weight_decay: bool = typer.Option(False, "--decoupled-weight-decay", help="NAdam/RAdam: decay the "
+                                                "weights as AdamW (p *= 1 - lr*wd), not as L2 added to the gradient."),
     weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="Weight decay: L2 added to the "
-                                                 "gradient, decoupled for adamw (default: "
+                                                 "gradient, decoupled for adamw and with "
+                                                 "--decoupled-weight-decay (default: "
                                                  f"{_spec_defaults('weight_decay')}, as PyTorch)."),
     max_grad_norm: Optional[float] = typer.Option(None, "--max-grad-norm", help="Clip the gradients' total norm "
                                                   "to this before each step, as torch.nn.utils.clip_grad_norm_ "
@@ -148,6 +154,7 @@ def grad_cmd(
     opt = make_optimizer(optimizer, lr, momentum, weight_decay, nesterov=nesterov or None, betas=_betas(betas), eps=eps,
                          dampening=dampening, amsgrad=amsgrad or None, maximize=maximize or None, alpha=alpha,
                          centered=centered or None, lr_decay=lr_decay, initial_accumulator_value=initial_accumulator_value,
+                         momentum_decay=momentum_decay, decoupled_weight_decay=decoupled_weight_decay or None,
                          max_grad_norm=max_grad_norm, grad_norm_type=_norm_type(grad_norm_type),
                          clip_grad_value=clip_grad_value)
     arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute, params=param,
@@ -165,10 +172,10 @@ def grad_cmd(
 
 
 def _clipping(opt) -> str:
-    """The spec's options beyond lr (dampening, amsgrad, maximize) and its gradient clipping, for
-    the summary line (empty: none)."""
+    """The spec's options beyond lr (dampening, amsgrad, maximize, decoupled weight decay) and its
+    gradient clipping, for the summary line (empty: none)."""
     parts = [f"{k}={v:g}" if k == "dampening" else k for k, v in opt.model_dump().items()
-             if k in ("dampening", "amsgrad", "maximize")]
+             if k in ("dampening", "amsgrad", "maximize", "decoupled_weight_decay") and v]
     parts += [f"clip_grad_value={opt.clip_grad_value:g}"] if opt.clip_grad_value is not None else []
     if opt.max_grad_norm is not None:
         parts.append(f"max_grad_norm={opt.max_grad_norm:g} ({str(opt.grad_norm_type).removesuffix('.0')}-norm)")

@@ -1,4 +1,5 @@
-"""Optimizer specs: ``gc.optim.SGD / Adam / AdamW / RMSprop / Adagrad / Adamax``, pydantic models that describe an update.
+"""Optimizer specs: ``gc.optim.SGD / Adam / AdamW / RMSprop / Adagrad / Adamax / NAdam / RAdam``,
+pydantic models that describe an update.
 
 A spec holds hyper-parameters only; ``gc.training.generate`` turns it into ONNX update nodes
 (``graphc.passes.training.optimizers``) whose formulas match ``torch.optim`` step for step.
@@ -176,6 +177,45 @@ class Adamax(_Spec):
         return _betas_checked(self)
 
 
+class NAdam(_Spec):
+    """``torch.optim.NAdam``: Adam's moments with Nesterov momentum whose coefficient ``mu_t =
+    b1*(1 - 0.5*0.96^(t*momentum_decay))`` warms up; weight decay L2, or decoupled (AdamW's) with
+    ``decoupled_weight_decay``. torch's per-param ``mu_product`` is computed from the step."""
+
+    kind: Literal["nadam"] = "nadam"
+    lr: float = Field(2e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    momentum_decay: float = Field(4e-3, ge=0)
+    decoupled_weight_decay: bool = False
+    maximize: bool = False
+    no_decay: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _betas_in_range(self):
+        return _betas_checked(self)
+
+
+class RAdam(_Spec):
+    """``torch.optim.RAdam``: Adam rectified, ``r_t * sqrt(1 - b2^t) / (sqrt(exp_avg_sq) + eps)``
+    once the variance's length ``rho_t`` passes 5, plain momentum SGD (``lr / (1 - b1^t) *
+    exp_avg``) before; weight decay L2, or decoupled with ``decoupled_weight_decay``."""
+
+    kind: Literal["radam"] = "radam"
+    lr: float = Field(1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    decoupled_weight_decay: bool = False
+    maximize: bool = False
+    no_decay: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _betas_in_range(self):
+        return _betas_checked(self)
+
+
 def _betas_checked(spec):
     if not all(0.0 <= b < 1.0 for b in spec.betas):
         raise ValueError(f"betas must lie in [0, 1), got {spec.betas}")
@@ -183,17 +223,17 @@ def _betas_checked(spec):
 
 
 # every spec by its kind, in the order the docs and the CLI list them
-BY_KIND = {cls.model_fields["kind"].default: cls for cls in (SGD, Adam, AdamW, RMSprop, Adagrad, Adamax)}
-OptimizerSpec = Annotated[Union[SGD, Adam, AdamW, RMSprop, Adagrad, Adamax], Field(discriminator="kind")]
+BY_KIND = {cls.model_fields["kind"].default: cls for cls in (SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, NAdam, RAdam)}
+OptimizerSpec = Annotated[Union[SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, NAdam, RAdam], Field(discriminator="kind")]
 _ADAPTER = TypeAdapter(OptimizerSpec)
 
 
-def from_dict(data: dict) -> SGD | Adam | AdamW | RMSprop | Adagrad | Adamax:
+def from_dict(data: dict) -> SGD | Adam | AdamW | RMSprop | Adagrad | Adamax | NAdam | RAdam:
     """The spec ``model_dump()`` wrote (``{"kind": "adam", ...}``) back as a spec object."""
     return _ADAPTER.validate_python(data)
 
 
-__all__ = ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "OptimizerSpec", "from_dict"]
+__all__ = ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam", "OptimizerSpec", "from_dict"]
 
 
 def __getattr__(name: str):
