@@ -105,6 +105,8 @@ CLI_ONLY = {
     ("grad", "centered"): "False: the RMSprop spec's centered left out, its default off",
     ("grad", "lr_decay"): "None: the Adagrad spec's default (0)",
     ("grad", "initial_accumulator_value"): "None: the Adagrad spec's default (0)",
+    ("grad", "momentum_decay"): "None: the NAdam spec's default (0.004)",
+    ("grad", "decoupled_weight_decay"): "False: the NAdam/RAdam spec's decoupled_weight_decay left out, its default off",
     ("grad", "class_weights"): "None: cross_entropy's weight=None, every class weighing 1",
     ("grad", "clip_grad_value"): "None: the optimizer spec's default (no clipping)",
     ("optimize", "report"): "printing only",
