@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -356,6 +358,73 @@ def test_fit_records_each_epochs_learning_rate(ray_cluster):
     dp.shutdown()
 
 
+def _linear64(momentum: float = 0.5):
+    model = gc.capture(nn.Linear(4, 3, dtype="float64"), x=gc.spec("float64", ("N", 4)))
+    return gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.125, momentum=momentum))
+
+
+def _regression(n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((n, 4)), "y": rng.standard_normal((n, 3))}
+
+
+SCHEDULES = {  # (make it on a trainer, interval)
+    "warmup-cosine-step": (lambda t: gc.optim.lr_scheduler.SequentialLR(
+        t, [gc.optim.lr_scheduler.LinearLR(t, start_factor=0.1, total_iters=3),
+            gc.optim.lr_scheduler.CosineAnnealingLR(t, T_max=9)], milestones=[3]), "step"),
+    "plateau-epoch": (lambda t: gc.optim.lr_scheduler.ReduceLROnPlateau(t, factor=0.5, patience=0, threshold=0.5),
+                      "epoch"),
+}
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_fit_steps_a_scheduler_on_the_workers_as_one_process(ray_cluster, name):
+    """``fit(scheduler=...)`` on workers (ignored before: fit took no scheduler) gives one process's
+    losses and lrs, each step's update at the lr it was computed with; a worker killed mid-epoch
+    restarts the scheduler from the epoch's start with the params (it ran on, at later lrs)."""
+    make, interval = SCHEDULES[name]
+    arts, evaluation = _linear64(), gc.data.DataLoader(_regression(8, 2), batch_size=8)
+    loader = gc.data.DataLoader(_regression(32, 1), batch_size=8, seed=0)
+    runs = []
+    for trainer in (gc.Trainer(arts, backend="numpy"), gc.Trainer(arts, **{**WORKER, "backend": "numpy"})):
+        killed = []
+        if isinstance(trainer, gc.distributed.DistributedTrainer):
+            pid = trainer.worker_pids()[1]
+            killed = _before_step(trainer, 6, lambda: os.kill(pid, signal.SIGKILL))  # epoch 2, batch 3
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", ".*restarting the 2 workers from step 4")
+            history = trainer.fit(loader, epochs=3, scheduler=make(trainer), interval=interval, eval_loader=evaluation,
+                                  progress=False, quiet=True)
+        runs.append((history, trainer))
+        assert killed in ([], [6])
+    (want, single), (got, dp) = runs
+    np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=1e-12)
+    assert [e.lr for e in got.epochs] == [e.lr for e in want.epochs]
+    assert len({e.lr for e in want.epochs}) > 1  # the schedule moved the lr
+    assert dp.lr_group == single.lr_group and dp.scheduler.last_epoch == single.scheduler.last_epoch
+    _close(dp.params, single.params, rtol=1e-12, atol=1e-14)
+    dp.shutdown()
+
+
+def test_a_scheduled_run_resumes_mid_epoch_on_workers_with_the_uninterrupted_losses(ray_cluster, tmp_path):
+    make, interval = SCHEDULES["warmup-cosine-step"]
+    loader = gc.data.DataLoader(_regression(32, 1), batch_size=8, seed=0)
+    whole = gc.Trainer(_linear64(), backend="numpy")
+    want = whole.fit(loader, epochs=3, scheduler=make(whole), interval=interval, progress=False, quiet=True)
+    stopped = gc.Trainer(_linear64(), **{**WORKER, "backend": "numpy"})
+    _before_step(stopped, 6, _stop)
+    with pytest.raises(RuntimeError, match="stopped"):
+        stopped.fit(loader, epochs=3, scheduler=make(stopped), interval=interval, progress=False,
+                    checkpoint=tmp_path / "ckpt", checkpoint_every=3)
+    stopped.shutdown()
+    assert json.loads(gc.checkpoint.read_meta(tmp_path / "ckpt").schedule)["interval"] == "step"
+    resumed = gc.Trainer(tmp_path / "ckpt", **{**WORKER, "backend": "numpy"})
+    got = resumed.fit(loader, epochs=3, scheduler=make(resumed), progress=False, quiet=True)
+    np.testing.assert_allclose(got.step_losses, want.step_losses[6:], rtol=1e-12)
+    assert resumed.lr == whole.lr and resumed.scheduler.get_last_lr() == whole.scheduler.get_last_lr()
+    resumed.shutdown()
+
+
 def test_frozen_batchnorm_trains_as_one_process(ray_cluster):
     """batchnorm="frozen" statistics are never updated, so the gradients graph rightly leaves
     them out: they were refused as artifacts from an older graphc."""
@@ -634,9 +703,12 @@ def test_cli_runs_batches_and_trains_on_workers(ray_cluster, tmp_path, capsys):
     _arts("mlp", "sgd-momentum").save(tmp_path / "arts")
     np.savez(tmp_path / "d.npz", **_data("mlp", 32))
     result = run_cli(capsys, "train", tmp_path / "arts", "--data", tmp_path / "d.npz", "--epochs", "1", "--batch-size", "8",
-                     "--backend", "ort-cpu", "--workers", "2", "--no-progress", "--checkpoint", tmp_path / "ckpt")
+                     "--backend", "ort-cpu", "--workers", "2", "--no-progress", "--checkpoint", tmp_path / "ckpt",
+                     "--schedule", "exponential", "--gamma", "0.5")  # refused before: "take no lr schedule yet"
     assert result.code == 0, result.err
-    assert gc.Trainer(tmp_path / "ckpt").step_count == 4
+    trained = gc.Trainer(tmp_path / "ckpt")
+    assert trained.step_count == 4 and trained.lr == pytest.approx(0.025)
+    assert json.loads(gc.checkpoint.read_meta(tmp_path / "ckpt").schedule)["kind"] == "ExponentialLR"
 
 
 def test_map_batches_splits_only_inputs_by_rows_and_refuses_outputs_it_cannot_join(ray_cluster, tmp_path, capsys):

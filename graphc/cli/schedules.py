@@ -86,8 +86,6 @@ def use_schedule(trainer: Any, resumed: Optional[Path], asked: Optional[dict[str
         asked = then
     if asked is None:
         return
-    if type(trainer).__name__ == "DistributedTrainer":
-        raise ValueError("--schedule: data-parallel runs (--workers, --ray-address) take no lr schedule yet")
     trainer.scheduler = build(trainer, asked)
     trainer.scheduler_interval = asked["interval"]
 

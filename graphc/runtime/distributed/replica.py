@@ -91,9 +91,11 @@ class Replica:
         """Apply ``previous`` (every worker's last gradients, if any), then this worker's
         gradients on its shard of ``message``: ``shard`` (arrays) or ``read`` (epoch, batch,
         first row, end row of the loader's batch), with ``noise`` shapes to draw from the
-        generator seeded ``(seed, step, rank)``. Returns ({loss, weight}, gradients)."""
+        generator seeded ``(seed, step, rank)``, after setting the carried tensors in ``set``
+        (an lr a scheduler changed since ``previous`` was computed). Returns ({loss, weight}, gradients)."""
         if previous:
             self.apply(message["step"], *previous)
+        self.set(message.get("set", {}))
         if "read" in message:
             epoch, index, lo, hi = message["read"]
             shard = self._loader.batch(epoch, index, slice(lo, hi))

@@ -20,7 +20,7 @@ the running statistics are rank 0's, copied to every worker after each step (DDP
 ``(seed, step, rank)``: runs replay exactly at a given number of workers (resumed or not), and
 differ, as in DDP, between different numbers of workers.
 
-``fit`` keeps a copy of the last checkpoint (each epoch's end, and the start): when a worker
+``fit`` keeps a copy of the last checkpoint (each epoch's start, after the scheduler's step): when a worker
 dies, the workers are started again, loaded from it, and the run goes on, at most
 ``max_restarts`` times.
 """
@@ -88,6 +88,7 @@ class DistributedTrainer(Trainer):
         self._split_rows()
         self._actors: Optional[list] = []  # by rank; None once shut down
         self._pending: list = []
+        self._later: dict[str, np.ndarray] = {}  # carried tensors to set once the pending update is applied
         self._start(self.artifacts.state)
         if resume_from is not None:
             self.load_checkpoint(resume_from)
@@ -141,7 +142,7 @@ class DistributedTrainer(Trainer):
         self.backend = started[0][0]
         self._who = [f"worker rank {rank} (pid {pid})" for rank, (_, pid) in enumerate(started)]
         self._get([r.load.remote(packed) for r in self._replicas], "loading the workers' state")
-        self._pending, self._loader_sent = [], None
+        self._pending, self._later, self._loader_sent = [], {}, None
 
     @property
     def _replicas(self) -> list:
@@ -158,10 +159,14 @@ class DistributedTrainer(Trainer):
         return got[0] if single else got
 
     def _sync(self) -> None:
-        """Apply the last step's update, which the workers otherwise apply at the next step."""
+        """Apply the last step's update, which the workers otherwise apply at the next step, then
+        set what waited for it (``_later``)."""
         if self._pending:
             self._get([r.apply.remote(self.step_count, *self._pending) for r in self._replicas], "the optimizer update")
             self._pending = []
+        if self._later:
+            self._get([r.set.remote(self._later) for r in self._replicas], "setting lr")
+            self._later = {}
 
     def shutdown(self) -> None:
         """Stop the workers (they also stop when the trainer is garbage-collected); the trainer
@@ -201,7 +206,7 @@ class DistributedTrainer(Trainer):
         given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
         out = []
         for lo, hi in self._bounds(rows, whole):
-            message: dict[str, Any] = {"rows": hi - lo, "step": self.step_count, "seed": self._seed}
+            message: dict[str, Any] = {"rows": hi - lo, "step": self.step_count, "seed": self._seed, "set": self._later}
             if read:
                 message["read"] = (batch.epoch, batch.index, lo, hi)
                 shard = {n: a[lo:hi] for n, a in batch.items()}  # shape stand-ins: no data
@@ -223,7 +228,7 @@ class DistributedTrainer(Trainer):
             calls = [r.step.options(num_returns=2).remote(m, *self._pending) for r, m in zip(self._replicas, messages)]
             infos = self._get([info for info, _ in calls], "a training step")
             total = divisor(self.manifest.loss, sum(i["weight"] for i in infos))  # before the next step applies them
-            self._pending = [grads for _, grads in calls]
+            self._pending, self._later = [grads for _, grads in calls], {}
             self.step_count += 1
             return sum(i["loss"] for i in infos) / total
 
@@ -272,15 +277,26 @@ class DistributedTrainer(Trainer):
 
     @lr.setter
     def lr(self, value: float) -> None:
+        """The lr of the next step: the last step's update, which the workers apply at the next
+        step's start, keeps the lr it was computed at (the workers set this one after it), so a
+        scheduler stepped after each step costs no extra call to the workers (2 workers, ort-cpu,
+        TwoLayerNet at batch 64, lr set after every step: 2.0-3.8 ms a step, against 5.2-5.4 ms
+        applying the update and setting the lr by two calls first)."""
         array = np.asarray(checked_lr(value), dtype=to_numpy(self._entries["lr"].dtype))
-        self._sync()
-        self._get([r.set.remote({"lr": array}) for r in self._replicas], "setting lr")
+        self.lr_group["lr"] = float(value)  # what a scheduler reads back, unrounded (torch's group["lr"])
+        self._later["lr"] = array
+        if not self._pending:
+            self._sync()
 
     # -- fault tolerance ----------------------------------------------------------------------------
     def fit(self, loader, epochs: int, eval_loader=None, progress: bool = True, plot=None,
-            checkpoint=None, checkpoint_every: Optional[int] = None, quiet: bool = False, log=None) -> History:
+            checkpoint=None, checkpoint_every: Optional[int] = None, quiet: bool = False, log=None, scheduler=None,
+            interval: Optional[str] = None) -> History:
         """``Trainer.fit``; a worker that dies makes the workers start again from the last
-        checkpoint (kept in memory at each epoch's end), up to ``max_restarts`` times."""
+        checkpoint (kept in memory at each epoch's start, the scheduler's state with it), up to
+        ``max_restarts`` times."""
+        if scheduler is not None:
+            self.scheduler = scheduler  # before _remember: a restart rewinds it
         self._remember()
         self._loader_sent = None  # the loader goes to the workers once per fit: its arrays may have changed
         self._history = History(backend=self.backend)
@@ -289,7 +305,7 @@ class DistributedTrainer(Trainer):
             try:
                 history = super().fit(loader, epochs, eval_loader=eval_loader, progress=progress,
                                       plot=plot, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
-                                      quiet=quiet, log=log)
+                                      quiet=quiet, log=log, interval=interval)
             except WorkerLost as exc:
                 lost = exc
                 if attempt == self.max_restarts:
@@ -308,9 +324,11 @@ class DistributedTrainer(Trainer):
         raise TrainingFailed(f"{lost}; gave up after {self.max_restarts} restart(s) of the workers")
 
     def _fit_epoch(self, loader, history: History, *args: Any) -> None:
-        """The epoch as ``Trainer._fit_epoch``; a ``gc.data.DataLoader`` (iterated as the class
-        does) is read by the workers, the first time from the object store."""
+        """The epoch as ``Trainer._fit_epoch``, from the state ``_remember`` keeps (the last
+        epoch's scheduler step made); a ``gc.data.DataLoader`` (iterated as the class does) is
+        read by the workers, the first time from the object store."""
         self._history = history
+        self._remember()
         if isinstance(loader, DataLoader) and type(loader).iter_epoch is DataLoader.iter_epoch:
             if self._loader_sent is not loader:
                 shared = self._ray.put(loader)
@@ -319,16 +337,11 @@ class DistributedTrainer(Trainer):
             loader = _ReadOnWorkers(loader, self._label_names())
         super()._fit_epoch(loader, history, *args)
 
-    def _end_epoch(self, metrics: dict[str, float]):
-        record = super()._end_epoch(metrics)
-        self._remember()
-        return record
-
     def _remember(self) -> None:
         """Keep what a checkpoint now would hold, to restart from."""
         self._last = {"tensors": self.state_dict(), "step": self.step_count, "epoch": self.epoch,
                       "batch": self.batch_in_epoch, "rng": self.rng.bit_generator.state,
-                      "progress": self._progress.model_copy()}
+                      "progress": self._progress.model_copy(), "schedule": self.schedule_state()}
 
     def _restart(self) -> None:
         for replica in self._replicas:
@@ -338,6 +351,7 @@ class DistributedTrainer(Trainer):
         self.step_count, self.epoch, self.batch_in_epoch = last["step"], last["epoch"], last["batch"]
         self.rng.bit_generator.state = last["rng"]
         self._progress = last["progress"].model_copy()
+        self._load_schedule(last["schedule"])
 
     def __repr__(self) -> str:
         return (f"<gc.Trainer backend={self.backend!r} workers={self.workers} step={self.step_count} "
