@@ -425,6 +425,38 @@ def test_a_scheduled_run_resumes_mid_epoch_on_workers_with_the_uninterrupted_los
     resumed.shutdown()
 
 
+class _BN1dNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.bn, self.head = nn.Linear(4, 3, dtype="float64"), nn.BatchNorm1d(3, dtype="float64"), \
+            nn.Linear(3, 2, dtype="float64")
+
+    def forward(self, x):
+        return self.head(gc.relu(self.bn(self.fc(x))))
+
+
+def test_batchnorm1d_gets_no_shard_of_one_row_and_a_batch_of_one_is_refused(ray_cluster):
+    """BatchNorm1d on [N, C] has one value per channel per row: a 3-row batch went out as shards of
+    2 + 1 rows (the 1-row shard's BatchNorm output is its bias whatever the input), a 1-row batch to
+    rank 0 alone, whose running variance became NaN (n/(n-1)) with a finite loss. Now no shard has
+    1 row (3 rows all go to rank 0: one process's step), and a 1-row batch is refused as by one process."""
+    model = gc.capture(_BN1dNet(), seed=0, x=gc.spec("float64", ("N", 4)))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.125, momentum=0.5))
+    assert arts.manifest.one_row_batchnorms == {"bn": ("x", 0)}
+    dp, single = gc.Trainer(arts, **{**WORKER, "backend": "numpy"}), gc.Trainer(arts, backend="numpy")
+    for seed in range(2):
+        batch = {k: v[:, :2] if k == "y" else v for k, v in _regression(3, seed).items()}
+        assert dp.step(batch) == pytest.approx(single.step(batch), rel=1e-12)
+        _close(dp.state_dict(), single.state_dict(), rtol=1e-12, atol=1e-14)
+    before = dp.state_dict()
+    for trainer in (single, dp):
+        with pytest.raises(gc.InputError, match=r"more than 1 value per channel in BatchNorm 'bn'.*'x' has 1 row"):
+            trainer.step({k: v[:, :2] if k == "y" else v for k, v in _regression(1, 9).items()})
+    assert dp.step_count == 2
+    assert all(np.array_equal(value, before[name]) for name, value in dp.state_dict().items())
+    dp.shutdown()
+
+
 def test_frozen_batchnorm_trains_as_one_process(ray_cluster):
     """batchnorm="frozen" statistics are never updated, so the gradients graph rightly leaves
     them out: they were refused as artifacts from an older graphc."""

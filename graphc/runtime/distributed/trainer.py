@@ -1,7 +1,10 @@
 """``gc.Trainer(..., workers=N)``: synchronous data parallelism on Ray.
 
 Every global batch is cut into ``N`` contiguous shards (sizes as ``numpy.array_split``: an
-uneven batch gives the first shards one row more), one per worker, a Ray actor holding the
+uneven batch gives the first shards one row more; with a BatchNorm that has one value per
+channel per row, BatchNorm1d on ``[N, C]``, a train step's ``R``-row batch goes to the first
+``min(N, R // 2)`` workers so no shard has 1 row, the others get none and count for nothing), one
+per worker, a Ray actor holding the
 ``gradients`` and optimizer ``update`` graphs on its own backend
 (``graphc.runtime.distributed.replica``). In ``fit`` with a ``gc.data.DataLoader`` each worker reads its
 own shard from its copy of the loader (put in Ray's object store once per ``fit``; the step
@@ -43,7 +46,7 @@ from graphc.model.dtypes import to_numpy
 from graphc.runtime.history import History
 from graphc.runtime.session import check_options
 from graphc.runtime.trainer import (BATCH_ROLES, TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs,
-                                    check_labels, checked_lr, refuse_empty)
+                                    check_labels, checked_lr, refuse_empty, refuse_one_row)
 
 __all__ = ["DistributedTrainer"]
 
@@ -130,6 +133,10 @@ class DistributedTrainer(Trainer):
         self._rows = {s.name for s in specs if by_rows(s, dim, computed=True)}
         self._whole = [e.name for e in self.manifest.graphs["eval"].outputs
                        if e.role != "loss" and not by_rows(e, dim)]
+        # a train-mode BatchNorm that has a value per channel per row (BatchNorm1d on [N, C]): a
+        # shard of 1 row would make its running variance NaN on rank 0 (n/(n-1)) and its output
+        # constant elsewhere, where one process takes the whole batch: shards of 2 rows or more
+        self._pairs = any(name in self._rows and axis == 0 for name, axis in self.manifest.one_row_batchnorms.values())
 
     # -- workers ------------------------------------------------------------------------------------
     def _start(self, tensors: Mapping[str, np.ndarray]) -> None:
@@ -185,10 +192,12 @@ class DistributedTrainer(Trainer):
         return self._get([r.state.remote() for r in self._replicas], "reading the workers' state")
 
     # -- steps --------------------------------------------------------------------------------------
-    def _bounds(self, rows: int, whole: bool = False) -> list[tuple[int, int]]:
+    def _bounds(self, rows: int, whole: bool = False, pairs: bool = False) -> list[tuple[int, int]]:
         """(first row, end row) of each worker's shard of a ``rows``-row batch (``whole``: all on
-        rank 0)."""
-        sizes = [len(part) for part in np.array_split(np.arange(rows), self.workers)]
+        rank 0; ``pairs``: no shard of exactly 1 row, so ``rows // 2`` workers at most get rows
+        and the others none, which count for nothing)."""
+        shards = min(self.workers, max(rows // 2, 1)) if pairs else self.workers
+        sizes = [len(part) for part in np.array_split(np.arange(rows), shards)] + [0] * (self.workers - shards)
         if whole:
             sizes = [rows] + [0] * (self.workers - 1)
         ends = np.cumsum([0] + sizes)
@@ -201,11 +210,12 @@ class DistributedTrainer(Trainer):
         read = isinstance(batch, LoaderBatch)
         if noise:  # a train step
             refuse_empty(feeds, "a train step")
+            refuse_one_row(self.manifest, feeds)
             check_labels(self.manifest, feeds, "a train step")
         rows = next((len(a) for n, a in feeds.items() if n in self._rows), 0)
         given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
         out = []
-        for lo, hi in self._bounds(rows, whole):
+        for lo, hi in self._bounds(rows, whole, pairs=noise and self._pairs):
             message: dict[str, Any] = {"rows": hi - lo, "step": self.step_count, "seed": self._seed, "set": self._later}
             if read:
                 message["read"] = (batch.epoch, batch.index, lo, hi)
