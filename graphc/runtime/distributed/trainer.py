@@ -38,7 +38,7 @@ import numpy as np
 
 from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get
 from graphc.runtime.data import DataLoader
-from graphc.runtime.averaging import divisor
+from graphc.runtime.averaging import divisor, examples, shard_weight
 from graphc.runtime.distributed.replica import Replica
 from graphc.runtime.distributed.rows import batch_dim, by_rows, time_major
 from graphc.errors import ArtifactsError, GraphcError
@@ -203,6 +203,34 @@ class DistributedTrainer(Trainer):
         ends = np.cumsum([0] + sizes)
         return [(int(lo), int(hi)) for lo, hi in zip(ends[:-1], ends[1:])]
 
+    def _joined(self, bounds: list[tuple[int, int]], feeds: Mapping[str, np.ndarray]) -> list[tuple[int, int]]:
+        """``bounds`` with each shard whose counted labels all have class weight 0 joined to the
+        shard before it (the first one to the shard after it), for a class-weighted mean
+        cross-entropy with label smoothing: there such a shard still adds its smoothing term to
+        the batch's weighted sum, which its own mean divides by a weight of 0 (an ``inf`` the
+        shard average could only drop). Without smoothing it adds 0, and counts for nothing."""
+        loss = self.manifest.loss
+        options = loss.get("options") or {}
+        labels = feeds.get(loss.get("label"))
+        if labels is None or options.get("weight") is None or not options.get("label_smoothing") or \
+                options.get("reduction", "mean") != "mean":
+            return bounds
+
+        def weightless(lo: int, hi: int) -> bool:
+            part = {loss["label"]: labels[lo:hi]}
+            return examples(loss, part, hi - lo) > 0 and shard_weight(loss, part, hi - lo) == 0
+
+        joined: list[list[int]] = []
+        for lo, hi in bounds:
+            if hi > lo and joined and weightless(lo, hi):
+                joined[-1][1] = hi
+            elif hi > lo:
+                joined.append([lo, hi])
+        if len(joined) > 1 and weightless(*joined[0]):
+            joined[0:2] = [[joined[0][0], joined[1][1]]]
+        end = bounds[-1][1]
+        return [(lo, hi) for lo, hi in joined] + [(end, end)] * (len(bounds) - len(joined))
+
     def _messages(self, batch: Mapping[str, np.ndarray], specs, noise: bool, whole: bool = False) -> list[dict]:
         """Each worker's part of ``batch``: its shard (or, for a ``LoaderBatch``, where to read
         it; inputs not by rows whole), its rows and the shapes of the Dropout noise it draws."""
@@ -215,7 +243,7 @@ class DistributedTrainer(Trainer):
         rows = next((len(a) for n, a in feeds.items() if n in self._rows), 0)
         given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
         out = []
-        for lo, hi in self._bounds(rows, whole, pairs=noise and self._pairs):
+        for lo, hi in self._joined(self._bounds(rows, whole, pairs=noise and self._pairs), feeds):
             message: dict[str, Any] = {"rows": hi - lo, "step": self.step_count, "seed": self._seed, "set": self._later}
             if read:
                 message["read"] = (batch.epoch, batch.index, lo, hi)
