@@ -10,6 +10,7 @@ from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import (GradBuilder, attr, folded_array, is_static, node_attrs,
                                             static_shape)
 from graphc.passes.autodiff.registry import grad_rule
+from graphc.passes.autodiff.resize_runtime import block_sum, runtime_matrix
 from graphc.passes.autodiff.separable import axis_matrix, contract
 
 # An edge/reflect/wrap Pad's gradient contracts dy with an [out, in] matrix per padded axis up to this
@@ -329,8 +330,8 @@ def grad_resize(g, node, dy):
     # Resize is linear in x and separable: along each resized axis a, y = M_a x for a fixed
     # [out_a, in_a] interpolation matrix (nearest, linear, cubic, antialias, any coordinate mode),
     # so dx is dy contracted with every M_a. Nearest upsampling by whole factors (what
-    # F.interpolate(scale_factor=k) exports) with static shapes is a block sum; anything else
-    # uses the matrices, which need only the resized axes static (a symbolic batch is fine).
+    # F.interpolate(scale_factor=k) exports) is a block sum; anything else uses the matrices, read
+    # off at run time on resized axes of sizes known only then (``resize_runtime``).
     rest = (None,) * (len(node.inputs) - 1)  # roi, scales, sizes: settings, no gradient (as in PyTorch)
     plan = _ResizePlan(g, node)
     sx, sy = plan.sx, plan.sy
@@ -340,11 +341,24 @@ def grad_resize(g, node, dy):
         summed = g.reduce("ReduceSum", g.op("Reshape", dy, g.ints(blocks)), list(range(1, 2 * len(sx), 2)),
                           keepdims=False)
         return (summed,) + rest
+    if plan.runtime:  # sizes known only at run time
+        factors = {a: plan.scales[a] for a in plan.axes}
+        if plan.by_scales and _nearest_blocks(node) and all(f == int(f) and f >= 1 for f in factors.values()):
+            return (block_sum(g, dy, node.inputs[0], {a: int(f) for a, f in factors.items()}, len(sx)),) + rest
+        matrices = {a: runtime_matrix(g, node, dy, a, len(sx), plan.scales[a] if plan.by_scales else None,
+                                      (plan.roi[a], plan.roi[a + len(sx)])) if a in plan.runtime else plan.matrix(a)
+                    for a in plan.axes}
+        return (contract(g, dy, matrices, len(sx)),) + rest
     return (contract(g, dy, {a: plan.matrix(a) for a in plan.axes}, len(sx)),) + rest
 
 
 def _whole_factor_nearest(node: ir.Node, sx, sy) -> bool:
-    return (attr(node, "mode", "nearest") == "nearest" and all(b % a == 0 for a, b in zip(sx, sy))
+    return all(b % a == 0 for a, b in zip(sx, sy)) and _nearest_blocks(node)
+
+
+def _nearest_blocks(node: ir.Node) -> bool:
+    """Whether a nearest Resize by a whole factor k copies each element to a k-block."""
+    return (attr(node, "mode", "nearest") == "nearest"
             and attr(node, "coordinate_transformation_mode", "half_pixel") in (
                 "half_pixel", "asymmetric", "pytorch_half_pixel")
             and attr(node, "nearest_mode", "round_prefer_floor") in ("floor", "round_prefer_floor")
@@ -354,7 +368,8 @@ def _whole_factor_nearest(node: ir.Node, sx, sy) -> bool:
 class _ResizePlan:
     """What a Resize node does per axis, from its roi/scales/sizes (constants, or values an
     exporter computes from constants and static shapes: ``folded_array``): the output shape,
-    the per-axis scale and roi, and which axes it changes (each must be static)."""
+    the per-axis scale and roi, and which axes it changes (``runtime``: those of sizes known only
+    at run time)."""
 
     def __init__(self, g: GradBuilder, node: ir.Node):
         self.g, self.node = g, node
@@ -397,10 +412,12 @@ class _ResizePlan:
         crop = attr(node, "coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize"
         self.axes = [a for a in range(rank) if self.scales[a] != 1.0 or self.sx[a] != self.sy[a]
                      or (crop and (self.roi[a], self.roi[a + rank]) != (0.0, 1.0))]
-        for a in self.axes:
-            if not (isinstance(self.sx[a], int) and isinstance(self.sy[a], int)):
-                raise GraphError(f"gradient of {node.op_type} {node.name!r} needs a static size on resized axis {a} "
-                                 f"(got {self.sx} -> {self.sy})")
+        # resized axes of sizes known only at run time: their matrices read off at run time
+        self.runtime = [a for a in self.axes if not (isinstance(self.sx[a], int) and isinstance(self.sy[a], int))]
+        if self.runtime and self.policy != "stretch":
+            raise GraphError(f"gradient of {node.op_type} {node.name!r} needs a static size on resized axis "
+                             f"{self.runtime[0]} (got {self.sx} -> {self.sy})")
+        self.by_scales = self.sizes is None
 
     def _keep_aspect_ratio(self, axes: list[int], out: list) -> None:
         """One scale for every resized axis: the smallest (not_larger) or largest (not_smaller)

@@ -43,19 +43,26 @@ def axis_matrix(op_type: str, attrs: Mapping, rank: int, axis: int, carrier: int
     return np.moveaxis(y, [carrier, axis], [0, 1]).reshape(size, y.shape[axis]).T
 
 
-def contract(g: GradBuilder, dy: ir.Value, matrices: Mapping[int, np.ndarray], rank: int,
+def contract(g: GradBuilder, dy: ir.Value, matrices: Mapping[int, np.ndarray | ir.Value], rank: int,
              dtype: ir.DataType | None = None) -> ir.Value:
     """``dy`` contracted with each [out, in] matrix along its axis (MatMul; a transpose pair for
-    axes before the last two), the matrices in ``dtype`` (default: ``dy``'s)."""
+    axes before the last two), the matrices in ``dtype`` (default: ``dy``'s); a matrix may be a
+    Value computed at run time (``resize_runtime``)."""
     dtype = dtype or dy.dtype or ir.DataType.FLOAT
+
+    def fixed(matrix, transposed: bool = False) -> ir.Value:
+        if isinstance(matrix, ir.Value):
+            return g.transpose(matrix, [1, 0]) if transposed else matrix
+        return g.const(matrix.T if transposed else matrix, dtype, hint="axis_matrix")
+
     dx = dy
     for axis, matrix in matrices.items():
         if axis == rank - 1:
-            dx = g.op("MatMul", dx, g.const(matrix, dtype, hint="axis_matrix"))  # [..., out] @ [out, in]
+            dx = g.op("MatMul", dx, fixed(matrix))  # [..., out] @ [out, in]
         elif axis == rank - 2:
-            dx = g.op("MatMul", g.const(matrix.T, dtype, hint="axis_matrix"), dx)  # [in, out] @ [..., out, W]
+            dx = g.op("MatMul", fixed(matrix, transposed=True), dx)  # [in, out] @ [..., out, W]
         else:
             perm = [i for i in range(rank) if i != axis] + [axis]
-            moved = g.op("MatMul", g.transpose(dx, perm), g.const(matrix, dtype, hint="axis_matrix"))
+            moved = g.op("MatMul", g.transpose(dx, perm), fixed(matrix))
             dx = g.transpose(moved, [perm.index(i) for i in range(rank)])
     return dx
