@@ -83,6 +83,7 @@ CONVS = {  # name: (x channels, out channels, kernel, ONNX attrs, sizes)
     "2d_dilated": (2, 3, [3, 2], {"dilations": [2, 1], "strides": [1, 2], "pads": [2, 1, 0, 1]}, [(7, 9), (10, 6)]),
     "2d_groups": (4, 6, [3, 3], {"group": 2, "strides": [2, 1], "pads": [1, 1, 1, 1]}, [(8, 7), (5, 10)]),
     "2d_depthwise": (4, 4, [3, 3], {"group": 4, "pads": [1, 1, 1, 1]}, [(6, 6), (9, 5)]),
+    "2d_stride1_pads": (3, 4, [3, 3], {"pads": [1, 0, 2, 1]}, [(6, 7), (9, 5)]),
     "2d_same_upper": (3, 4, [3, 3], {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, [(8, 9), (7, 6), (11, 10)]),
     "2d_same_lower": (2, 3, [4, 2], {"auto_pad": "SAME_LOWER", "strides": [3, 1]},
                       [(8, 9), (10, 5)]),
@@ -148,7 +149,7 @@ POOLS = {  # name: (op, ONNX attrs, sizes); symmetric pads (torch's)
     "avg_3d": ("AveragePool", {"kernel_shape": [2, 2, 2], "strides": [2, 1, 2], "pads": [1, 0, 1, 1, 0, 1]},
                [(4, 5, 6), (3, 3, 5)]),
     "max_pads": ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, [(7, 8), (10, 5)]),
-    "max_tiles": ("MaxPool", {"kernel_shape": [2, 2], "strides": [2, 2]}, [(8, 6), (4, 10)]),
+    "max_tiles": ("MaxPool", {"kernel_shape": [2, 2], "strides": [2, 2]}, [(8, 6), (4, 10), (7, 5)]),
     "max_ceil": ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, [(8, 9), (7, 6)]),
     "max_1d_dilated": ("MaxPool", {"kernel_shape": [2], "strides": [1], "dilations": [2]}, [(9,), (6,)]),
 }

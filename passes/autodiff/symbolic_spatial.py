@@ -17,7 +17,8 @@ import onnx_ir as ir
 from graphc.passes.autodiff.builder import GradBuilder, attr
 from graphc.passes.values import static_shape
 
-__all__ = ["conv_grads", "conv_transpose_weight_grad", "average_pool_grad", "symbolic_spatial"]
+__all__ = ["conv_grads", "conv_transpose_weight_grad", "average_pool_grad", "symbolic_spatial", "run_time_window",
+           "spatial_of"]
 
 
 def symbolic_spatial(x: ir.Value) -> bool:
@@ -26,13 +27,13 @@ def symbolic_spatial(x: ir.Value) -> bool:
     return sx is not None and not all(isinstance(d, int) for d in sx[2:])
 
 
-def _spatial_of(g: GradBuilder, t: ir.Value) -> ir.Value:
+def spatial_of(g: GradBuilder, t: ir.Value) -> ir.Value:
     """t's spatial dims [n] (int64), from Shape at run time."""
     return g.op("Shape", t, start=2) if g.opset >= 15 else \
         g.op("Slice", g.op("Shape", t), g.ints([2]), g.ints([2 ** 62]))
 
 
-def _pads(g: GradBuilder, node: ir.Node, x: ir.Value, kernel: list[int]):
+def run_time_window(g: GradBuilder, node: ir.Node, x: ir.Value, kernel: list[int]):
     """(strides, dilations, begin, end): the pads as int lists, or int64 [n] Values computed from
     x's run-time dims for auto_pad SAME_*."""
     n = len(kernel)
@@ -45,7 +46,7 @@ def _pads(g: GradBuilder, node: ir.Node, x: ir.Value, kernel: list[int]):
         pads = list(attr(node, "pads", None) or [0] * (2 * n))
         return strides, dilations, pads[:n], pads[n:]
     # out = ceil(H / s); total = max(0, (out - 1) * s + d * (k - 1) + 1 - H), the odd one at the end (UPPER)
-    size, s = _spatial_of(g, x), g.ints(strides)
+    size, s = spatial_of(g, x), g.ints(strides)
     out = g.op("Div", g.op("Add", size, g.ints([v - 1 for v in strides])), s)
     reach = g.ints([d * (k - 1) + 1 for d, k in zip(dilations, kernel)])
     total = g.op("Max", g.op("Sub", g.op("Add", g.op("Mul", g.op("Sub", out, g.ints([1] * n)), s), reach), size),
@@ -68,14 +69,14 @@ def _fitted(g: GradBuilder, full: ir.Value, begin, x: ir.Value) -> ir.Value:
     and zero-filled at the end to x's spatial dims: where the forward's last windows stopped short
     of x's end, or (ceil mode) ran past it."""
     n_sp = len(begin) if isinstance(begin, list) else static_shape(begin)[0]
-    size = _spatial_of(g, x)
+    size = spatial_of(g, x)
     axes = g.ints(list(range(2, 2 + n_sp)))
     if _static(begin) and not any(begin):
         cut = g.op("Slice", full, g.ints([0] * n_sp), size, axes)
     else:
         first = _as_value(g, begin)
         cut = g.op("Slice", full, first, g.op("Add", first, size), axes)
-    short = g.op("Sub", size, _spatial_of(g, cut))  # >= 0
+    short = g.op("Sub", size, spatial_of(g, cut))  # >= 0
     return g.op("Pad", cut, g.op("Concat", g.ints([0] * (n_sp + 4)), short, axis=0))
 
 
@@ -86,7 +87,7 @@ def _over_batch(g: GradBuilder, t: ir.Value, group: int, per_group: int, n_sp: i
     if group == 1:
         return g.transpose(t, swap)
     flat = g.op("Reshape", t, g.ints([0, group, per_group, -1]))
-    shape = g.op("Concat", g.ints([per_group, -1]), _spatial_of(g, t), axis=0)
+    shape = g.op("Concat", g.ints([per_group, -1]), spatial_of(g, t), axis=0)
     return g.op("Reshape", g.transpose(flat, [2, 1, 0, 3]), shape)
 
 
@@ -108,8 +109,9 @@ def _weight_grad(g: GradBuilder, image: ir.Value, kernel_of: ir.Value, kernel: l
     return g.op("Slice", g.transpose(dw, swap), g.ints([0] * n_sp), g.ints(kernel), g.ints(list(range(2, 2 + n_sp))))
 
 
-def conv_grads(g: GradBuilder, node: ir.Node, dy: ir.Value, w_shape: list[int]):
-    """(dx, dW) of a Conv (None where not wanted). dx: ConvTranspose(dy, w) without pads (its
+def conv_grads(g: GradBuilder, node: ir.Node, dy: ir.Value, w_shape: list[int], window, dx_too: bool = True):
+    """(dx, dW) of a Conv (None where not wanted, or dx without ``dx_too``) of ``window``
+    (``run_time_window``'s). dx: ConvTranspose(dy, w) without pads (its
     size s*(O-1) + d*(k-1) + 1 from dy's) then ``_fitted``; dW: ``_weight_grad``. The whole
     gradient graph (forward, dx, dW), onnxruntime CPU, 2 threads, ms, two runs each on a shared
     machine, static rules vs these at the same sizes, N=8: 64->64 3x3 pads 1 on 32x32 33.3 / 43.8
@@ -120,9 +122,9 @@ def conv_grads(g: GradBuilder, node: ir.Node, dy: ir.Value, w_shape: list[int]):
     1.09 / 0.98."""
     x, w = node.inputs[0], node.inputs[1]
     kernel, group = list(w_shape[2:]), attr(node, "group", 1)
-    strides, dilations, begin, end = _pads(g, node, x, kernel)
+    strides, dilations, begin, end = window
     dx = dw = None
-    if g.wants(x):
+    if g.wants(x) and dx_too:
         full = g.op("ConvTranspose", dy, w, strides=strides, dilations=dilations, group=group if group != 1 else None)
         dx = _fitted(g, full, begin, x)
     if g.wants(w):
@@ -151,14 +153,14 @@ def average_pool_grad(g: GradBuilder, node: ir.Node, dy: ir.Value, channels: int
     x = node.inputs[0]
     kernel = list(attr(node, "kernel_shape"))
     n_sp = len(kernel)
-    strides, dilations, begin, end = _pads(g, node, x, kernel)
+    strides, dilations, begin, end = run_time_window(g, node, x, kernel)
     dtype = (dy.dtype or ir.DataType.FLOAT).numpy()
     include, ceil = attr(node, "count_include_pad", 0), attr(node, "ceil_mode", 0)
     padded = not _static(begin, end) or any(begin + end)
     if not ceil and (include or not padded):
         scaled = g.div(dy, g.scalar(float(np.prod(kernel)), dy))
     else:
-        size = _spatial_of(g, x)
+        size = spatial_of(g, x)
         if include and padded:
             size = g.op("Add", g.op("Add", size, _as_value(g, begin)), _as_value(g, end))
             zeros, tail = [0] * n_sp, _as_value(g, [s - 1 for s in strides])
@@ -167,7 +169,7 @@ def average_pool_grad(g: GradBuilder, node: ir.Node, dy: ir.Value, channels: int
         ones = g.full(g.op("Concat", g.ints([1, 1]), size, axis=0), 1.0, dy)
         ones = g.op("Pad", ones, g.op("Concat", g.ints([0, 0]), _as_value(g, zeros), g.ints([0, 0]), tail, axis=0))
         counts = g.op("Conv", ones, g.const(np.ones([1, 1] + kernel, dtype=dtype)), strides=strides, dilations=dilations)
-        counts = g.op("Slice", counts, g.ints([0] * n_sp), _spatial_of(g, dy), g.ints(list(range(2, 2 + n_sp))))
+        counts = g.op("Slice", counts, g.ints([0] * n_sp), spatial_of(g, dy), g.ints(list(range(2, 2 + n_sp))))
         scaled = g.div(dy, counts)
     ones_k = g.const(np.ones([channels, 1] + kernel, dtype=dtype))
     full = g.op("ConvTranspose", scaled, ones_k, strides=strides, dilations=dilations, group=channels)
