@@ -455,6 +455,9 @@ def test_class_weighted_cross_entropy_trains_and_evaluates_as_one_process(ray_cl
         assert g.loss == pytest.approx(w.loss, rel=rtol) and g.eval["loss"] == pytest.approx(w.eval["loss"], rel=rtol)
     _close(dp.params, single.params, rtol=rtol, atol=atol)
     assert dp.evaluate(data)["loss"] == pytest.approx(single.evaluate(data)["loss"], rel=rtol)
+    batches = [{k: v[lo:hi] for k, v in data.items()} for lo, hi in ((15, 19), (19, 23), (23, 30))]  # 2nd: weight 0
+    with pytest.raises(gc.InputError, match="a train step: the class weights of the labels in 'y' .* sum to 0"):
+        dp.step(batches[1])
     dp.shutdown()
 
 

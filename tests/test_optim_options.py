@@ -191,3 +191,50 @@ def test_cli_grad_flags(tmp_path):
         loss = () if "--loss" in flags else ("--loss", "cross_entropy:logits:y")
         r = _graphc("grad", tmp_path / "net.onnx", *loss, *flags, "-o", tmp_path / "bad")
         assert r.returncode != 0 and message in r.stderr, (flags, r.stderr)
+
+
+def _weightless(batches: list[dict], ignore: int, *numbers: int) -> list[dict]:
+    """``batches`` with those of ``numbers`` (0-based) holding labels of class weight 0 (class 3)
+    and ignored ones only."""
+    for i in numbers:
+        batches[i]["y"][:] = 3
+        batches[i]["y"][::4] = ignore
+    return batches
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_a_batch_whose_labels_weigh_0_is_refused_by_step_and_skipped_by_fit(backend):
+    """torch's weighted mean over labels whose class weights sum to 0 is 0/0, NaN; the train step
+    wrote NaN into every param (an inf loss with label smoothing) with no error, and fit then
+    raised TrainingFailed. As for a batch of ignored labels only: step and evaluate refuse it,
+    naming it, before any update; fit skips it with a warning (no step, no loss, no samples); a
+    training set whose labels all weigh 0 is refused before the first step."""
+    torch = pytest.importorskip("torch")
+    arts = _arts(LOSSES[1], gc.optim.Adam(0.05))
+    trainer = gc.Trainer(arts, backend=backend)
+    batches = _weightless(_batches(3), 1, 1)
+    logits = torch.zeros(len(batches[1]["y"]), 4, dtype=torch.float64)
+    assert torch.nn.functional.cross_entropy(logits, torch.from_numpy(batches[1]["y"]), ignore_index=1,
+                                             weight=torch.tensor(WEIGHT, dtype=torch.float64)).isnan()
+    before = trainer.state_dict()
+    for call, what in ((trainer.step, "a train step"), (trainer.evaluate, "an evaluation")):
+        with pytest.raises(gc.InputError, match=rf"{what}: the class weights of the labels in 'y' that are not the "
+                                                r"ignore index 1 sum to 0 \(weight=\[1.0, 2.5, 0.5, 0.0\]\)"):
+            call(batches[1])
+    assert trainer.step_count == 0
+    for name, value in before.items():
+        np.testing.assert_array_equal(trainer.state_dict()[name], value, err_msg=name)
+    data = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+    with pytest.warns(UserWarning, match=r"epoch [12], batch 2 of 3: the class weights of its labels in 'y' sum to "
+                                         r"0 \(weight=\[1.0, 2.5, 0.5, 0.0\]\); skipped \(no step: ") as caught:
+        history = trainer.fit(gc.data.DataLoader(data, 6, shuffle=False), 2, progress=False, quiet=True)
+    assert len([w for w in caught if "sum to 0" in str(w.message)]) == 2
+    oracle = gc.Trainer(arts, backend=backend)
+    losses = [oracle.step(batch) for _ in range(2) for batch in (batches[0], batches[2])]
+    assert history.step_losses == losses and trainer.step_count == 4
+    assert [(e.steps, e.samples) for e in history.epochs] == [(2, 12), (2, 12)]
+    for name, value in oracle.state_dict().items():
+        np.testing.assert_array_equal(trainer.state_dict()[name], value, err_msg=name)
+    with pytest.raises(gc.InputError, match="the training loader: the class weights .* sum to 0"):
+        trainer.fit(gc.data.DataLoader(batches[1], 3), 3, progress=False)
+    assert trainer.step_count == 4

@@ -44,5 +44,5 @@ def divisor(loss: dict, weight: float, what: str = "the batch") -> float:
     by: their total weight for a mean loss, 1 for a summed one."""
     if weight <= 0:
         raise InputError(f"no sample of {what} counts in the loss (it has no rows, or every label is the "
-                         "ignore_index)")
+                         "ignore_index, or their class weights sum to 0)")
     return 1.0 if (loss.get("options") or {}).get("reduction") == "sum" else weight

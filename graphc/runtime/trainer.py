@@ -129,8 +129,9 @@ def check_batches(loader: Any, what: str) -> None:
 def check_labels(manifest, feeds: Mapping[str, Any], what: str) -> None:
     """A cross-entropy loss's labels are class indices in [0, C) or its ignore index. The graph
     gives any other label a loss of 0 that still counts in the mean's divisor (PyTorch raises);
-    a batch whose every label is ignored has a mean over nothing, NaN, which the step would
-    write into every param."""
+    a batch whose every label is ignored, or (with class weights) whose counted labels all weigh
+    0, has a mean over nothing, 0/0 (NaN in PyTorch, NaN or inf in the graph), which the step
+    would write into every param."""
     loss = manifest.loss
     if loss.get("kind") != "cross_entropy" or loss.get("label") not in feeds:
         return
@@ -148,6 +149,11 @@ def check_labels(manifest, feeds: Mapping[str, Any], what: str) -> None:
     if options.get("reduction", "mean") == "mean" and labels.size and not counted.any():
         raise InputError(f"{what}: every label in {loss['label']!r} is the ignore index {ignore}; the loss "
                          f"would be a mean over no example")
+    if labels.size and counted.any() and not averaging.shard_weight(loss, {loss["label"]: labels}, len(labels)):
+        weights = options["weight"]
+        raise InputError(f"{what}: the class weights of the labels in {loss['label']!r} that are not the ignore index "
+                         f"{ignore} sum to 0 (weight={weights}); the loss would be a weighted mean over a weight of "
+                         "0, 0/0")
 
 
 def refuse_empty(feeds: Mapping[str, Any], what: str) -> None:
@@ -696,8 +702,8 @@ class Trainer:
         for batch in loader.iter_epoch(self.epoch, self.batch_in_epoch):
             rows = len(batch[first]) if first in batch else 0  # one missing: the step says which
             examples = averaging.examples(self.manifest.loss, batch, rows)  # once: the skip test, the train metrics
-            if self._counts_nothing(batch, rows, examples):
-                self._skip(len(loader))
+            if self._counts_nothing(batch, rows):
+                self._skip(len(loader), examples)
                 bar.step(sums.loss_sum / max(sums.samples, 1), sums.samples / max(sums.seconds, 1e-9))
                 last = time.perf_counter()
                 continue
@@ -734,22 +740,26 @@ class Trainer:
         else:
             self._scheduler.step()
 
-    def _counts_nothing(self, batch: Mapping[str, np.ndarray], rows: int, examples: int) -> bool:
-        """Whether ``batch`` (``rows`` rows, ``examples`` as ``averaging.examples`` counts them) holds
-        no example a mean loss counts (cross-entropy labels that are all the ignore index): its loss
-        is NaN, as PyTorch's, and so is its gradient in the graph (0 * inf, where PyTorch's is 0)."""
-        return rows > 0 and not averaging.weight(self.manifest.loss, examples, rows)
+    def _counts_nothing(self, batch: Mapping[str, np.ndarray], rows: int) -> bool:
+        """Whether ``batch`` (``rows`` rows) holds no example a mean loss counts: cross-entropy
+        labels that are all the ignore index, or whose class weights sum to 0. Its loss is 0/0, NaN
+        as PyTorch's (inf in the graph with label smoothing), and so is its gradient in the graph
+        (0 * inf, where PyTorch's is 0)."""
+        return rows > 0 and not averaging.shard_weight(self.manifest.loss, batch, rows)
 
-    def _skip(self, batches: int) -> None:
-        """Pass over the batch at ``self.batch_in_epoch`` (of ``batches``) with no step, saying so."""
+    def _skip(self, batches: int, examples: int) -> None:
+        """Pass over the batch at ``self.batch_in_epoch`` (of ``batches``), whose ``examples``
+        labels not ignored weigh 0 in all, with no step, saying so."""
         import warnings
 
         loss = self.manifest.loss
-        ignore = loss.get("options", {}).get("ignore_index", -100)
+        options = loss.get("options", {})
+        ignore = options.get("ignore_index", -100)
+        why = (f"the class weights of its labels in {loss['label']!r} sum to 0 (weight={options.get('weight')})"
+               if examples else f"every label in {loss['label']!r} is the ignore index {ignore}")
         with self._interrupts:
-            warnings.warn(f"epoch {self.epoch + 1}, batch {self.batch_in_epoch + 1} of {batches}: every label in "
-                          f"{loss['label']!r} is the ignore index {ignore}; skipped (no step: its mean loss is over no "
-                          "example, NaN, and would make every param NaN)", stacklevel=4)
+            warnings.warn(f"epoch {self.epoch + 1}, batch {self.batch_in_epoch + 1} of {batches}: {why}; skipped (no "
+                          "step: its mean loss is 0/0, NaN, and would make every param NaN)", stacklevel=4)
             self.batch_in_epoch += 1
 
     def _train_metrics_wanted(self) -> bool:
