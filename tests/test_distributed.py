@@ -456,6 +456,8 @@ def test_class_weighted_cross_entropy_trains_and_evaluates_as_one_process(ray_cl
     _close(dp.params, single.params, rtol=rtol, atol=atol)
     assert dp.evaluate(data)["loss"] == pytest.approx(single.evaluate(data)["loss"], rel=rtol)
     batches = [{k: v[lo:hi] for k, v in data.items()} for lo, hi in ((15, 19), (19, 23), (23, 30))]  # 2nd: weight 0
+    whole = {k: v[15:30] for k, v in data.items()}
+    assert dp.evaluate_loader(batches)["loss"] == pytest.approx(single.evaluate(whole)["loss"], rel=rtol)
     with pytest.raises(gc.InputError, match="a train step: the class weights of the labels in 'y' .* sum to 0"):
         dp.step(batches[1])
     dp.shutdown()

@@ -548,26 +548,59 @@ class Trainer:
         """``evaluate`` over every batch of ``loader`` (a ``gc.data.DataLoader``, or any iterable of
         batch dicts: ``graphc.runtime.data.eval_batches``): the loss and metrics of the whole set as
         one batch. Each batch counts by what its mean is over (``graphc.runtime.averaging``):
-        its rows, for cross-entropy its labels that are not ``ignore_index``, so a batch of
-        ignored labels only counts for nothing (a mean loss's is not even computed: it is a mean
-        over no example, which ``evaluate`` refuses); summed losses add up."""
+        its rows, for cross-entropy its labels that are not ``ignore_index`` (with class weights,
+        their weights' sum), so a batch of ignored labels only counts for nothing (a mean loss's is
+        not even computed: it is a mean over no example, which ``evaluate`` refuses); summed losses
+        add up. A batch whose counted labels weigh 0 in all is evaluated joined to the batch before
+        it (the first ones to the one after): its own mean divides by 0, yet its labels count in the
+        metrics and, with label smoothing, its smoothing term in the set's weighted sum."""
         if isinstance(loader, DataLoader):
             check_batches(loader, "eval loader")
         loss_spec = self.manifest.loss
         loss_sum = weight = count = 0.0
         totals: dict[str, float] = {}
-        for batch in eval_batches(loader):
+        group: list[tuple[int, Mapping[str, Any], float]] = []  # (number, batch, weight) evaluated as one: a
+        group_weight = group_count = 0.0  # batch that weighs and the weightless ones next to it
+
+        def add() -> None:
+            nonlocal loss_sum, weight, count
+            result = self.evaluate(group[0][1] if len(group) == 1 else self._joined_batch(group))
+            loss_sum, weight = loss_sum + result.pop("loss") * group_weight, weight + group_weight
+            count += group_count
+            for key, value in result.items():  # a summed loss's batch of ignored labels only: NaN metrics, counted 0
+                totals[key] = totals.get(key, 0.0) + (value * group_count if group_count else 0.0)
+
+        for index, batch in enumerate(eval_batches(loader), start=1):
             rows = len(next(iter(batch.values())))
             n = averaging.examples(loss_spec, batch, rows)
             w = averaging.shard_weight(loss_spec, batch, rows)
-            if not w:
+            if not (n or w):
                 continue
-            result = self.evaluate(batch)
-            loss_sum, weight, count = loss_sum + result.pop("loss") * w, weight + w, count + n
-            for key, value in result.items():  # a summed loss's batch of ignored labels only: NaN metrics, counted 0
-                totals[key] = totals.get(key, 0.0) + (value * n if n else 0.0)
+            if w and group_weight:
+                add()
+                group, group_weight, group_count = [], 0.0, 0.0
+            group.append((index, batch, w))
+            group_weight, group_count = group_weight + w, group_count + n
+        if group_weight:
+            add()
         return {"loss": loss_sum / averaging.divisor(loss_spec, weight, "the eval loader"),
                 **{key: value / count if count else float("nan") for key, value in totals.items()}}
+
+    def _joined_batch(self, group: list[tuple[int, Mapping[str, Any], float]]) -> dict[str, Any]:
+        """The (number, batch, weight) of ``group`` as one batch of the eval graph's inputs: those
+        whose first dim is the batch dim joined by rows, the others the first batch's."""
+        from graphc.runtime.distributed.rows import batch_dim, by_rows  # at module level: an import cycle
+
+        self._eval_exe()
+        dim = batch_dim(self._eval_specs)
+        if dim is None:
+            number = next(n for n, _, w in group if not w)
+            raise InputError(f"batch {number} of the eval loader: the class weights of its labels that are not ignored "
+                             "sum to 0, so it is evaluated joined to a neighbouring batch, but no input of the eval "
+                             f"graph has a symbolic batch dim to join them by ({', '.join(map(str, self._eval_specs))})")
+        batches = [b for _, b, _ in group]
+        return {s.name: np.concatenate([np.asarray(b[s.name]) for b in batches]) if by_rows(s, dim, computed=True)
+                else batches[0][s.name] for s in self._eval_specs if s.name in batches[0]}
 
     # -- the loop -------------------------------------------------------------------------------------
     def fit(self, loader, epochs: int, eval_loader=None, progress: bool = True,
