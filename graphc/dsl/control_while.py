@@ -17,6 +17,7 @@ from graphc.dsl import ops
 from graphc.dsl.builder import current, op_error, operand_text, user_source
 from graphc.dsl.control import merge_shape, run_loop, trace_subgraph
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.trees import leaves, rebuild
 from graphc.errors import CaptureError
 
 __all__ = ["while_loop"]
@@ -24,34 +25,16 @@ __all__ = ["while_loop"]
 _API = "gc.while_loop"
 
 
-def _paths(tree: Any, path: str) -> list[tuple[str, Any]]:
-    """(path, leaf) for each leaf of a tree of tuples, lists and dicts, in order."""
-    if isinstance(tree, (tuple, list)):
-        return [p for i, t in enumerate(tree) for p in _paths(t, f"{path}[{i}]")]
-    if isinstance(tree, dict):
-        return [p for k, t in tree.items() for p in _paths(t, f"{path}[{k!r}]")]
-    return [(path, tree)]
-
-
-def _rebuild(tree: Any, leaves: Any) -> Any:
-    """``tree`` with its leaves replaced, in order, by the items of the iterator ``leaves``."""
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(_rebuild(t, leaves) for t in tree)
-    if isinstance(tree, dict):
-        return {k: _rebuild(t, leaves) for k, t in tree.items()}
-    return next(leaves)
-
-
 def _tensors(what: str, tree: Any, source: str) -> tuple[list[str], list[Tensor]]:
     """The paths and leaves of ``tree``, each a Tensor (numbers and arrays lifted), or an error naming the leaf."""
-    paths, leaves = [], []
-    for path, leaf in _paths(tree, what):
+    paths, tensors = [], []
+    for path, leaf in leaves(tree, what):
         if not isinstance(leaf, (Tensor, np.ndarray, np.generic, int, float)):
             raise CaptureError(f"{_API}: {path} is a {type(leaf).__name__}; expected a Tensor (or a number), in "
                                f"tuples, lists and dicts (at {source})")
         paths.append(path)
-        leaves.append(ops.lift(leaf))
-    return paths, leaves
+        tensors.append(ops.lift(leaf))
+    return paths, tensors
 
 
 def _condition(result: Any, where: str, source: str) -> Tensor:
@@ -82,7 +65,7 @@ def while_loop(cond_fn: Callable, body_fn: Callable, carried_inputs: Any) -> Any
         paths = [p.replace("carried_inputs[0]", "carried_inputs", 1) for p in paths]
 
     def call(fn: Callable, items: list[Tensor]) -> Any:
-        args = _rebuild(tree, iter(items))
+        args = rebuild(tree, iter(items))
         return fn(*args) if unpack else fn(args[0])
 
     first = _condition(call(cond_fn, init), "", source)
@@ -108,6 +91,6 @@ def while_loop(cond_fn: Callable, body_fn: Callable, carried_inputs: Any) -> Any
     results = ops.emit("Loop", [None, first, *init], {"body": graph}, len(init), out_types=out_types,
                        source=source, evaluator=lambda arrays: run_loop(builder, graph, arrays))
     results = results if len(init) > 1 else [results]
-    final = _rebuild(tree, iter(results))
+    final = rebuild(tree, iter(results))
     return final if unpack else final[0]
 

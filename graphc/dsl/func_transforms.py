@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ import onnx_ir as ir
 from graphc.dsl import control, ops
 from graphc.dsl.builder import Builder, Scope, current, user_source
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.trees import leaves, rebuild
 from graphc.dsl.vmap import vmap
 from graphc.errors import CaptureError, GraphError
 from graphc.model.dtypes import FLOAT_DTYPES
@@ -34,28 +35,10 @@ __all__ = ["grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "vjp"
 # -- trees of Tensors ---------------------------------------------------------------------------
 
 
-def _leaves(tree: Any, path: str = "") -> list[tuple[str, Any]]:
-    """(path, leaf) for each leaf of a tree of tuples, lists and dicts, in order."""
-    if isinstance(tree, (tuple, list)):
-        return [p for i, t in enumerate(tree) for p in _leaves(t, f"{path}[{i}]")]
-    if isinstance(tree, dict):
-        return [p for k, t in tree.items() for p in _leaves(t, f"{path}[{k!r}]")]
-    return [(path, tree)]
-
-
-def _rebuild(tree: Any, leaves: Iterator[Any]) -> Any:
-    """``tree`` with its leaves taken from ``leaves`` in order."""
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(_rebuild(t, leaves) for t in tree)
-    if isinstance(tree, dict):
-        return {k: _rebuild(t, leaves) for k, t in tree.items()}
-    return next(leaves)
-
-
 def _tensor_leaves(api: str, what: str, tree: Any, source: str) -> list[Tensor]:
     """The leaves of ``tree``, each a Tensor (numpy arrays lifted), or ``CaptureError`` naming the leaf."""
     out = []
-    for path, leaf in _leaves(tree):
+    for path, leaf in leaves(tree):
         if isinstance(leaf, np.ndarray):
             leaf = ops.lift(leaf)
         if not isinstance(leaf, Tensor):
@@ -179,14 +162,14 @@ def _trace(api: str, func: Callable, args: tuple, diff: tuple[int, ...], has_aux
     args = list(args)
     wrt: list[Tensor] = []
     for i in diff:
-        leaves = _tensor_leaves(api, f"argument {i}", args[i], source)
-        for (path, _), leaf in zip(_leaves(args[i]), leaves):
+        tensors = _tensor_leaves(api, f"argument {i}", args[i], source)
+        for (path, _), leaf in zip(leaves(args[i]), tensors):
             if leaf.dtype not in FLOAT_DTYPES:
                 raise CaptureError(f"{api}: argument {i}{path} is {leaf.type_str()}; only floating-point Tensors "
                                    f"can be differentiated (at {source})")
-        copies = [ops.emit("Identity", [leaf], source=source) for leaf in leaves]
+        copies = [ops.emit("Identity", [leaf], source=source) for leaf in tensors]
         wrt += copies
-        args[i] = _rebuild(args[i], iter(copies))
+        args[i] = rebuild(args[i], iter(copies))
     scope = builder.scope
     start = len(scope.nodes)
     result = func(*args, **(kwargs or {}))
@@ -198,15 +181,15 @@ def _trace(api: str, func: Callable, args: tuple, diff: tuple[int, ...], has_aux
         result, aux = result
     nodes = list(scope.nodes[start:])
     outputs = [ops.emit("Identity", [t], source=source) for t in _tensor_leaves(api, "func's output", result, source)]
-    aux = _rebuild(aux, iter(ops.emit("Identity", [t], source=source) if isinstance(t, Tensor) else t
-                             for _, t in _leaves(aux)))
-    return _Traced(api, builder, scope, nodes, wrt, outputs, source), _rebuild(result, iter(outputs)), aux
+    aux = rebuild(aux, iter(ops.emit("Identity", [t], source=source) if isinstance(t, Tensor) else t
+                             for _, t in leaves(aux)))
+    return _Traced(api, builder, scope, nodes, wrt, outputs, source), rebuild(result, iter(outputs)), aux
 
 
 def _split(grads: list[Tensor], args: tuple, diff: tuple[int, ...]) -> list[Any]:
     """The flat gradients as one tree per differentiated argument."""
     flat = iter(grads)
-    return [_rebuild(args[i], flat) for i in diff]
+    return [rebuild(args[i], flat) for i in diff]
 
 
 # -- public ---------------------------------------------------------------------------------------
@@ -298,7 +281,7 @@ def jvp(func: Callable, primals: Any, tangents: Any, has_aux: bool = False) -> t
     linear, _, _ = _trace(api, lambda *u: traced.backward(list(u)), tuple(zeros), tuple(range(len(zeros))),
                           False, source)
     products = linear.backward(flat_t)
-    tangent_out = _rebuild(output, iter(products))
+    tangent_out = rebuild(output, iter(products))
     return (output, tangent_out, aux) if has_aux else (output, tangent_out)
 
 
@@ -334,7 +317,7 @@ def jacrev(func: Callable, argnums: Any = 0, has_aux: bool = False) -> Callable:
             per_input = [ops.reshape(r, [*shape, *s]) for r, s in zip(rows, ins)]
             grads = _split(per_input, args, diff)
             jacobians.append(grads[0] if isinstance(argnums, int) else tuple(grads))
-        result = _rebuild(output, iter(jacobians))
+        result = rebuild(output, iter(jacobians))
         return (result, aux) if has_aux else result
 
     return wrapper
@@ -350,9 +333,9 @@ def jacfwd(func: Callable, argnums: Any = 0, has_aux: bool = False) -> Callable:
         api = "gc.func.jacfwd(f)(*args)"
         diff = _argnums(api, argnums, len(args), source)
         primals = tuple(args[i] for i in diff)
-        leaves = _tensor_leaves(api, "a differentiated argument", primals, source)
+        tensors = _tensor_leaves(api, "a differentiated argument", primals, source)
         shapes = [_static(api, f"argument {i}{path}", leaf, source)
-                  for i in diff for (path, _), leaf in zip(_leaves(args[i]), _tensor_leaves(api, "", args[i], source))]
+                  for i in diff for (path, _), leaf in zip(leaves(args[i]), _tensor_leaves(api, "", args[i], source))]
 
         def f(*diffed: Any) -> Any:
             full = list(args)
@@ -361,14 +344,14 @@ def jacfwd(func: Callable, argnums: Any = 0, has_aux: bool = False) -> Callable:
             return func(*full)
 
         columns, mapped = [], None  # per input leaf: each output leaf's Jacobian, [*out, *in]
-        for k, (leaf, shape) in enumerate(zip(leaves, shapes)):
+        for k, (leaf, shape) in enumerate(zip(tensors, shapes)):
             size = math.prod(shape)
             basis = ops.constant(np.eye(size, dtype=leaf.dtype.numpy).reshape(size, *shape))
 
             def column(e: Tensor, k: int = k) -> Any:
                 tangents = [e if j == k else ops.constant(np.zeros(s, x.dtype.numpy))
-                            for j, (x, s) in enumerate(zip(leaves, shapes))]
-                return jvp(f, primals, _rebuild(primals, iter(tangents)), has_aux=has_aux)[1]
+                            for j, (x, s) in enumerate(zip(tensors, shapes))]
+                return jvp(f, primals, rebuild(primals, iter(tangents)), has_aux=has_aux)[1]
 
             mapped = vmap(column)(basis)
             columns.append([ops.emit("Reshape", [ops.transpose(t, [*range(1, t.ndim), 0]),  # 0: the dim kept
@@ -378,7 +361,7 @@ def jacfwd(func: Callable, argnums: Any = 0, has_aux: bool = False) -> Callable:
         for o in range(len(columns[0])):
             grads = _split([col[o] for col in columns], args, diff)
             per_output.append(grads[0] if isinstance(argnums, int) else tuple(grads))
-        result = _rebuild(mapped, iter(per_output))
+        result = rebuild(mapped, iter(per_output))
         return (result, func(*args)[1]) if has_aux else result
 
     return wrapper

@@ -35,6 +35,7 @@ from graphc.dsl import (
 from graphc.dsl.builder import Scope, current, user_source
 from graphc.dsl.control import run_graph
 from graphc.dsl.tensor import Tensor
+from graphc.dsl.trees import leaves, rebuild
 from graphc.dsl.vmap_rules import Batching, NoRule, has_random, hoist, rewrite
 from graphc.errors import CaptureError, PerformanceWarning
 from graphc.model import SOURCE_KEY
@@ -92,28 +93,11 @@ def _check_dims_tree(what: str, dims: Any) -> None:
                            f"(at {user_source()})")
 
 
-def _leaves(tree: Any) -> list[Any]:
-    if isinstance(tree, (tuple, list)):
-        return [leaf for t in tree for leaf in _leaves(t)]
-    if isinstance(tree, dict):
-        return [leaf for t in tree.values() for leaf in _leaves(t)]
-    return [tree]
-
-
-def _rebuild(tree: Any, leaves: Any) -> Any:
-    """``tree`` with its leaves replaced, in order, by the items of the iterator ``leaves``."""
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(_rebuild(t, leaves) for t in tree)
-    if isinstance(tree, dict):
-        return {k: _rebuild(t, leaves) for k, t in tree.items()}
-    return next(leaves)
-
-
 def _dims_of(what: str, dims: Any, tree: Any, path: str, source: str) -> list[tuple[str, int | None]]:
     """(path, dim) for each leaf of ``tree``: ``dims`` is a prefix of ``tree``, its int/None leaves
     applying to whole subtrees."""
     if dims is None or isinstance(dims, int):
-        return [(path + sub, dims) for sub, _ in _paths(tree)]
+        return [(path + sub, dims) for sub, _ in leaves(tree)]
     if isinstance(dims, (tuple, list)) and isinstance(tree, (tuple, list)) and len(dims) == len(tree):
         return [p for i, (d, t) in enumerate(zip(dims, tree)) for p in _dims_of(what, d, t, f"{path}[{i}]", source)]
     if isinstance(dims, dict) and isinstance(tree, dict) and set(dims) == set(tree):
@@ -123,14 +107,6 @@ def _dims_of(what: str, dims: Any, tree: Any, path: str, source: str) -> list[tu
 
 
 _ROOT = {"in_dims": "args", "out_dims": "outputs"}
-
-
-def _paths(tree: Any) -> list[tuple[str, Any]]:
-    if isinstance(tree, (tuple, list)):
-        return [(f"[{i}]{p}", leaf) for i, t in enumerate(tree) for p, leaf in _paths(t)]
-    if isinstance(tree, dict):
-        return [(f"[{k!r}]{p}", leaf) for k, t in tree.items() for p, leaf in _paths(t)]
-    return [("", tree)]
 
 
 def _describe(tree: Any) -> str:
@@ -151,9 +127,9 @@ def _call(func: Callable, in_dims: Any, out_dims: Any, randomness: str, fallback
         raise CaptureError(f"gc.vmap: in_dims is a {type(in_dims).__name__} of {len(in_dims)} but the function gets "
                            f"{len(args)} positional arguments (at {source})")
     dims = _dims_of("in_dims", tuple(in_dims) if isinstance(in_dims, list) else in_dims, args, "args", source)
-    leaves = _leaves(args)
+    flat = [leaf for _, leaf in leaves(args)]
     mapped: list[tuple[str, Tensor, int]] = []
-    for (path, dim), leaf in zip(dims, leaves):
+    for (path, dim), leaf in zip(dims, flat):
         if dim is None:
             continue
         if not isinstance(leaf, Tensor):
@@ -174,13 +150,13 @@ def _call(func: Callable, in_dims: Any, out_dims: Any, randomness: str, fallback
         inputs = [builder.new_value(builder.unique("vmap_in"), x.dtype, [*x.shape[:d], *x.shape[d + 1:]])
                   for _, x, d in mapped]
         per_example = iter(Tensor(v) for v in inputs)
-        masked = iter(next(per_example) if dim is not None else leaf for (_, dim), leaf in zip(dims, leaves))
+        masked = iter(next(per_example) if dim is not None else leaf for (_, dim), leaf in zip(dims, flat))
         try:
-            result = func(*_rebuild(args, masked), **kwargs)
+            result = func(*rebuild(args, masked), **kwargs)
         except CaptureError as exc:
             raise CaptureError(f"gc.vmap (called at {source}): {exc}") from None
-    out_leaves = _leaves(result)
-    for path, leaf in _paths(result):
+    out_leaves = [leaf for _, leaf in leaves(result)]
+    for path, leaf in leaves(result):
         if not isinstance(leaf, Tensor):
             raise CaptureError(f"gc.vmap: the function returned a {type(leaf).__name__} at outputs{path}; it must "
                                f"return Tensors (in tuples, lists or dicts) (at {source})")
@@ -199,7 +175,7 @@ def _call(func: Callable, in_dims: Any, out_dims: Any, randomness: str, fallback
         outs = _scanned(builder, nodes, batched, inputs, moved, [t.value for t in out_leaves], randomness, source)
     placed = [_place(batching, t, is_batched, dim, path, source)
               for (t, is_batched), (path, dim) in zip(outs, out_dim_list)]
-    return _rebuild(result, iter(placed))
+    return rebuild(result, iter(placed))
 
 
 _WARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # builder -> the warnings given in its capture
