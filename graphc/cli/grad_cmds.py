@@ -163,7 +163,7 @@ def grad_cmd(
     m = arts.manifest
     console.print(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "
                   f"{len(m.frozen)} frozen params, {len(m.constants)} exporter constants; loss {spec.kind} on "
-                  f"{spec.output!r} (label input {spec.label!r}); optimizer {optimizer} lr={opt.lr:g}{_clipping(opt)}; "
+                  f"{spec.output!r} (label input {spec.label!r}){_weighted(spec)}; optimizer {optimizer} lr={opt.lr:g}{_clipping(opt)}; "
                   f"BatchNorm {batchnorm}", highlight=False, soft_wrap=True)
     console.print(f"trainable: {_listing(m.trainable)}", highlight=False, soft_wrap=True)
     if m.constants:
@@ -172,14 +172,31 @@ def grad_cmd(
 
 
 def _clipping(opt) -> str:
-    """The spec's options beyond lr (dampening, amsgrad, maximize, decoupled weight decay) and its
-    gradient clipping, for the summary line (empty: none)."""
-    parts = [f"{k}={v:g}" if k == "dampening" else k for k, v in opt.model_dump().items()
-             if k in ("dampening", "amsgrad", "maximize", "decoupled_weight_decay") and v]
+    """The spec's settings beyond lr that differ from its defaults (``momentum=0.9 nesterov``,
+    ``betas=0.8,0.99``, ...), its gradient clipping last, for the summary line (empty: none)."""
+    defaults = {name: field.default for name, field in type(opt).model_fields.items()}
+    clipping = ("clip_grad_value", "max_grad_norm", "grad_norm_type")
+    parts = [_setting(k, v) for k, v in opt.model_dump().items()
+             if k not in ("kind", "lr", *clipping) and v != defaults[k]]
     parts += [f"clip_grad_value={opt.clip_grad_value:g}"] if opt.clip_grad_value is not None else []
     if opt.max_grad_norm is not None:
         parts.append(f"max_grad_norm={opt.max_grad_norm:g} ({str(opt.grad_norm_type).removesuffix('.0')}-norm)")
     return "".join(f" {p}" for p in parts)
+
+
+def _weighted(spec) -> str:
+    """`` weighted by 10 classes`` for a loss given ``--class-weights`` (empty otherwise)."""
+    weight = spec.options.get("weight")
+    return "" if weight is None else f" weighted by {len(weight)} class weights"
+
+
+def _setting(key: str, value) -> str:
+    """``nesterov``, ``momentum=0.9``, ``betas=0.8,0.99``: one option as the summary line shows it."""
+    if value is True:
+        return key
+    if isinstance(value, (tuple, list)):
+        return f"{key}={','.join(f'{v:g}' if isinstance(v, float) else str(v) for v in value)}"
+    return f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
 
 
 def _betas(text: Optional[str]) -> Optional[tuple[float, float]]:

@@ -35,7 +35,8 @@ def recipe(schedule: str, interval: Optional[str], epochs: int, steps_per_epoch:
     if schedule == "exponential" and gamma is None:
         raise ValueError("--schedule exponential needs --gamma (the lr's factor per scheduler step)")
     if warmup and schedule in ("onecycle", "plateau"):
-        raise ValueError(f"--warmup: --schedule {schedule} has no warmup phase to add (onecycle warms up itself)")
+        raise ValueError(f"--warmup applies to --schedule step, exponential or cosine, not {schedule}"
+                         + (" (onecycle warms up itself)" if schedule == "onecycle" else ""))
     total = epochs * (steps_per_epoch if interval == "step" else 1)
     if schedule == "cosine" and total - warmup < 1:
         raise ValueError(f"--warmup {warmup} leaves no {interval} of the {total} to anneal over")

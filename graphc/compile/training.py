@@ -643,6 +643,11 @@ def capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:
     options = spec.resolved_options()
     if "weight" in options:  # cast to the logits' dtype by the loss
         options["weight"] = np.asarray(options["weight"], np.float64)
+        classes = pred.shape[1]
+        if isinstance(classes, int) and classes != len(options["weight"]):
+            raise ValueError(f"cross_entropy: classes and weights differ: model output {output.name!r} "
+                             f"{list(pred.shape)} has {classes} classes, the class weight has "
+                             f"{len(options['weight'])} entries")
     model = capture(lambda pred, label: fn(pred, label, **options), name=f"{spec.kind}_loss", opset=opset,
                     pred=pred.model_copy(update={"name": "pred"}), label=label.model_copy(update={"name": "label"}))
     return model.ir

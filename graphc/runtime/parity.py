@@ -182,7 +182,7 @@ def diff(name: str, backend: str, ref: np.ndarray, got: np.ndarray,
         err = np.where(same, 0.0, np.abs(g - r))
         err = np.where(np.isnan(err), np.inf, err)
         rel = err / np.maximum(np.abs(r), at if at > 0 else np.finfo(np.float64).tiny)
-        rel = np.where(np.isnan(rel), np.inf, rel)
+        rel = np.where(same, 0.0, np.where(np.isnan(rel), np.inf, rel))  # NaN agreeing with NaN: no error
         # a NaN or an infinity only agrees with itself
         bad = int(np.count_nonzero(~same & (~np.isfinite(r) | ~np.isfinite(g) | (err > at + rt * np.abs(r)))))
     return OutputDiff(**base, max_abs_err=float(err.max(initial=0.0)), max_rel_err=float(rel.max(initial=0.0)),
