@@ -200,8 +200,14 @@ def test_fit_with_any_optimizer_and_scheduler_matches_torch_and_resumes_exactly(
 
     straight = gc.Trainer(tmp / "arts", backend=case["backend"])
     history = fit(straight)
-    np.testing.assert_allclose(history.step_losses, expected, rtol=RTOL, atol=ATOL)
-    _assert_state(straight, oracle.state())
+    # ascending (maximize) through BatchNorm over 2-4 rows grows the forward's rounding (1e-12
+    # relative at the first step) about 10x a step (seen: 1.4e-7 after 9 RMSprop steps); a wrong
+    # sign or formula is off by 1e-3 or more
+    rtol = 1e-5 if case["spec"].maximize else RTOL
+    np.testing.assert_allclose(history.step_losses, expected, rtol=rtol, atol=ATOL)
+    ours = straight.state_dict()
+    for name, want in oracle.state().items():
+        np.testing.assert_allclose(ours[name], want, rtol=rtol, atol=ATOL, err_msg=name)
     assert straight.lr_group["lr"] == final_lr  # the scheduler's lr, as torch's, bit for bit
     np.testing.assert_allclose([e.lr for e in history.epochs], epoch_lrs, rtol=1e-15)
 
