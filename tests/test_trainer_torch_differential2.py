@@ -166,6 +166,8 @@ def test_fit_with_any_optimizer_and_scheduler_matches_torch_and_resumes_exactly(
                                                                                 data):
     if case["norm"] == "bn" or case["arch"] == "cnn":  # BatchNorm in train mode: a last batch of >= 2 rows
         n += (n % batch_size == 1)
+    if case["norm"] == "bn":  # BatchNorm1d over 2 rows outputs +-1 whatever its input: the gradient
+        n += (n % batch_size == 2)  # behind it is rounding noise, which Adam scales up (seen: 7e-7 relative)
     tmp = tmp_path_factory.mktemp("fit2")
     net = _Net(case["arch"], case["norm"], case["out"])
     _artifacts(case, net).save(tmp / "arts")
