@@ -64,3 +64,7 @@ class QATResNet(nn.Module):
         x = self.blocks(self.stem(self.in_q(x)))
         pooled = self.pool_q(gc.flatten(self.pool(x), 1))
         return gc.nn.functional.linear(pooled, self.fc_wq(self.fc.weight), self.fc.bias)
+
+
+def example_inputs(batch: int | str = "N", size: int = 32) -> dict[str, gc.TensorSpec]:
+    return {"x": gc.spec("float32", (batch, 3, size, size), name="x")}
