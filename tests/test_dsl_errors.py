@@ -251,6 +251,20 @@ def test_an_exception_in_the_captured_code_is_a_capture_error_naming_its_line(fn
     assert type(err.value.__cause__) is kind
 
 
+def _into_graphc_passes(x):
+    from graphc.passes.emit import make_node
+    return make_node("Relu", [x.value], {"alpha": object()}, name="r")  # into-graphc-passes
+
+
+def test_an_exception_raised_in_graphcs_passes_or_backends_names_the_users_line():
+    """``graphc.passes`` and ``graphc.backends`` are graphc's own code wherever they lie: an editable
+    install maps them to the repository's passes/ and backends/, outside graphc/, and the error named
+    passes/emit.py as the user's line."""
+    with pytest.raises(gc.CaptureError, match=rf"^TypeError in the captured code at \S*{HERE}:"
+                                              rf"{_line_of('into-graphc-passes')}: "):
+        gc.capture(_into_graphc_passes, x=gc.spec("float32", (3,)))
+
+
 def test_an_exception_with_no_user_frame_names_graphcs_innermost_line(monkeypatch):
     # a layer's own defect (the lazy instance norms once read a removed attribute) said "at <unknown>:0"
     monkeypatch.setattr(gc.nn.ReLU, "forward", operator.itemgetter(5))  # a builtin: no Python frame of the test's

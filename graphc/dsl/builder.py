@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -33,9 +34,22 @@ from graphc.passes.infer import InferenceError, infer, takes_widened
 from graphc.passes.values import STOP_GRADIENT_KEY, static_shape
 
 _PKG_DIR = str(Path(__file__).resolve().parents[1]) + os.sep  # the graphc package
+
+
+def _own_dirs() -> tuple[str, ...]:
+    """The graphc package's folder and those of its subpackages that lie elsewhere: an editable
+    install maps ``graphc.passes`` and ``graphc.backends`` to the repository's ``passes/`` and
+    ``backends/`` (a wheel holds them inside the package)."""
+    found = {_PKG_DIR}
+    for name in ("graphc.passes", "graphc.backends"):
+        spec = importlib.util.find_spec(name)
+        found.update(str(Path(p).resolve()) + os.sep for p in (spec.submodule_search_locations or [] if spec else []))
+    return tuple(sorted(found))
+
+
 # Frames that are never the user's code: graphc's own, and numpy's (``np.sum(t)`` dispatches to
 # ``Tensor.__array_function__`` from numpy's Python wrappers).
-_NOT_USER = (_PKG_DIR, str(Path(np.__file__).resolve().parent) + os.sep)
+_NOT_USER = (*_own_dirs(), str(Path(np.__file__).resolve().parent) + os.sep)
 # Python's own and installed libraries: where user code calls them, the user's line is the call
 _LIBRARIES = tuple(sorted({str(Path(sysconfig.get_path(k)).resolve()) + os.sep
                            for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
