@@ -260,10 +260,11 @@ def test_geqrf_matches_torch(shape, dtype):
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("shape, k", [((5, 3), 3), ((4, 4), 2), ((2, 5, 3), 2)], ids=str)
 def test_householder_product_and_orgqr_match_torch(shape, k, dtype):
-    a0, tau0 = R.normal(size=shape).astype(dtype), R.normal(size=(*shape[:-2], k)).astype(dtype)
+    rng = np.random.default_rng(len(shape) * 100 + shape[-1] * 10 + k)  # its own draws, whatever ran before
+    a0, tau0 = rng.normal(size=shape).astype(dtype), rng.normal(size=(*shape[:-2], k)).astype(dtype)
     ta, tt = torch.tensor(a0, requires_grad=True), torch.tensor(tau0, requires_grad=True)
     want = torch.linalg.householder_product(ta, tt)
-    c = R.standard_normal(want.shape).astype(dtype)
+    c = rng.standard_normal(want.shape).astype(dtype)
     (want * torch.from_numpy(c)).sum().backward()
     np.testing.assert_array_equal(torch.orgqr(ta, tt).detach().numpy(), want.detach().numpy())
     for name, fn in (("householder_product", lambda F, a, t: gc.linalg.householder_product(a, t)),
@@ -271,8 +272,10 @@ def test_householder_product_and_orgqr_match_torch(shape, k, dtype):
         for backend in ("numpy", "ort-cpu"):
             got = gc_grads(fn, {"a": a0, "t": tau0}, {}, c, backend=backend)
             np.testing.assert_allclose(got["out"], want.detach().numpy(), **TOL[dtype], err_msg=f"{name} {backend}")
-            np.testing.assert_allclose(got["a"], ta.grad.numpy(), **TOL[dtype], err_msg=f"{name} {backend}")
-            np.testing.assert_allclose(got["t"], tt.grad.numpy(), **TOL[dtype], err_msg=f"{name} {backend}")
+            for key, grad in (("a", ta.grad.numpy()), ("t", tt.grad.numpy())):
+                # float32 gradients cancel (tau far from 2/|v|^2, no reflector): to 2e-5 of the largest entry
+                tol = {**TOL[dtype], "atol": 2e-5 * np.abs(grad).max()} if dtype == "float32" else TOL[dtype]
+                np.testing.assert_allclose(got[key], grad, **tol, err_msg=f"{name} {backend} {key}")
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

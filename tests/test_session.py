@@ -179,9 +179,10 @@ def test_ort_errors_on_unnamed_nodes_name_the_index_and_op():
 
     from onnx_graphs import model, node, vi
 
-    proto = model([node("Neg", ["x"], ["n"], "", "net.py:2"), node("Softplus", ["n"], ["y"], "", "net.py:3")],
-                  [vi("x", TensorProto.DOUBLE, [2])], [vi("y", TensorProto.DOUBLE, [2])])
-    with pytest.raises(gc.BackendError, match=r"ort-cpu cannot load unnamed node #1 \(Softplus, at net.py:3\): "
+    # LRN has no double kernel in onnxruntime's CPU provider, nor a graphc write-out
+    proto = model([node("Neg", ["x"], ["n"], "", "net.py:2"), node("LRN", ["n"], ["y"], "", "net.py:3", size=1)],
+                  [vi("x", TensorProto.DOUBLE, [1, 2, 1])], [vi("y", TensorProto.DOUBLE, [1, 2, 1])])
+    with pytest.raises(gc.BackendError, match=r"ort-cpu cannot load unnamed node #1 \(LRN, at net.py:3\): "
                                               r"NOT_IMPLEMENTED : Could not find an implementation"):
         gc.Session(proto, backend="ort-cpu")
     unnamed = reshape_model()
@@ -199,8 +200,8 @@ def test_a_kernel_onnxruntime_lacks_is_named_at_creation():
 
     from onnx_graphs import model, node, vi
 
-    proto = model([node("Softplus", ["x"], ["y"], "softplus_3", "net.py:3")],
-                  [vi("x", TensorProto.DOUBLE, [2])], [vi("y", TensorProto.DOUBLE, [2])])
-    with pytest.raises(gc.BackendError, match=r"ort-cpu cannot load node 'softplus_3' \(Softplus, at net.py:3\): "
+    proto = model([node("LRN", ["x"], ["y"], "lrn_3", "net.py:3", size=1)],
+                  [vi("x", TensorProto.DOUBLE, [1, 2, 1])], [vi("y", TensorProto.DOUBLE, [1, 2, 1])])
+    with pytest.raises(gc.BackendError, match=r"ort-cpu cannot load node 'lrn_3' \(LRN, at net.py:3\): "
                                               r"NOT_IMPLEMENTED : Could not find an implementation"):
         gc.Session(proto, backend="ort-cpu")
