@@ -1,6 +1,6 @@
 """The CLI as a new user meets it (session 50's audit): out-of-range numbers and conflicting flags
 are one usage error, folders given for files are named as folders, `inspect` describes training
-artifacts and checkpoints, shell completion works, every --backend has -b, and SIGTERM stops
+artifacts and checkpoints (and `view` draws their train_step graph), shell completion works, every --backend has -b, and SIGTERM stops
 `graphc train` as Ctrl-C does (checkpoint saved). In process through ``graphc.cli.main``,
 except the signal test."""
 
@@ -312,3 +312,27 @@ def test_plot_to_a_folder_is_refused_before_training(capsys, ws, tmp_path):
     r = run_cli(capsys, "train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "8", "-q",
                 "--plot", tmp_path)
     assert "--plot" in one_line_error(r) and "a folder, not a file" in r.err and not r.out
+
+
+@pytest.mark.parametrize("given", ["arts", "ck", "ck/checkpoint.safetensors"])
+def test_view_of_artifacts_or_checkpoint_draws_their_train_step(capsys, ws, ck, given, tmp_path):
+    """`view` takes what `inspect` takes: a training folder or checkpoint shows its train_step graph."""
+    r = run_cli(capsys, "view", ws / given, "-o", tmp_path / "step.svg")
+    assert r.code == 0, r.err
+    shown = ws / "arts" / "train_step.onnx" if given == "arts" else ck / "artifacts" / "train_step.onnx"
+    assert f"showing its train_step graph {shown}" in r.out, r.out
+    assert (tmp_path / "step.svg").read_text().count('class="gradient"') > 0
+
+
+def test_view_of_a_checkpoint_without_its_graphs_names_what_to_pass(capsys, ws, tmp_path):
+    import shutil
+
+    import graphc as gc
+
+    shutil.copytree(ws / "arts", tmp_path / "gone")
+    lone = gc.Trainer(tmp_path / "gone", backend="numpy").save_checkpoint(tmp_path / "lone.safetensors")
+    shutil.rmtree(tmp_path / "gone")
+    err = one_line_error(run_cli(capsys, "view", lone, "-o", tmp_path / "x.svg"))
+    assert "training graphs are not found" in err and ".onnx" in err
+    assert "neither training artifacts" in one_line_error(run_cli(capsys, "view", tmp_path, "-o", tmp_path / "x.svg"))
+

@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from graphc.errors import InputError
+
 
 def training_kind(path: Path) -> str | None:
     """``"artifacts"``, ``"checkpoint"`` or None (a model file, or nothing graphc wrote)."""
@@ -20,6 +22,31 @@ def training_kind(path: Path) -> str | None:
     if path.is_dir():
         return "artifacts" if (path / MANIFEST_FILE).is_file() else "checkpoint" if (path / FILE_NAME).exists() else None
     return "checkpoint" if path.suffix == ".safetensors" else None
+
+
+def checked_kind(path: Path) -> str | None:
+    """``training_kind`` of what `graphc inspect` or `graphc view` was given; a folder graphc did not
+    write is refused."""
+    from graphc.compile.training import MANIFEST_FILE
+
+    kind = training_kind(path)
+    if kind is None and path.is_dir():
+        raise InputError(f"{path}: a folder that is neither training artifacts (no {MANIFEST_FILE}) nor a "
+                         "checkpoint (no checkpoint.safetensors)")
+    return kind
+
+
+def train_step_file(path: Path, kind: str) -> Path:
+    """The train_step graph of training artifacts (``kind`` "artifacts") or of the artifacts a
+    checkpoint (``kind`` "checkpoint") belongs to."""
+    from graphc.compile.training import read_manifest
+    from graphc.runtime.checkpoint import find_artifacts, read_meta
+
+    artifacts = path if kind == "artifacts" else find_artifacts(path)
+    if artifacts is None:
+        raise InputError(f"{path}: a checkpoint whose training graphs are not found (header records "
+                         f"{read_meta(path).artifacts or 'none'!r}); pass one of their .onnx files")
+    return artifacts / read_manifest(artifacts).graphs["train_step"].file
 
 
 def describe_artifacts(path: Path, console: Console) -> None:

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
-from graphc.cli.inspect_training import describe_artifacts, describe_checkpoint, shape_text, training_kind
+from graphc.cli.inspect_training import checked_kind, describe_artifacts, describe_checkpoint, shape_text
 from graphc.errors import GraphcError, InputError
 from graphc.model import EMITTED_OPSETS
 
@@ -134,10 +134,7 @@ def inspect_cmd(
     from graphc.cli.run_cmds import parse_dims
     from graphc.model.inspection import flops_estimate, op_histogram, param_stats
 
-    kind = training_kind(model_path)
-    if kind is None and model_path.is_dir():
-        raise InputError(f"{model_path}: a folder that is neither training artifacts (no manifest.json) nor a "
-                         "checkpoint (no checkpoint.safetensors)")
+    kind = checked_kind(model_path)
     if kind is not None:
         if dims:
             raise ValueError(f"--dim sizes a model's FLOPs estimate, and {model_path} is "

@@ -12,7 +12,9 @@ from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
 
 @app.command("view")
 def view_cmd(
-    model: Path = typer.Argument(..., metavar="MODEL.onnx", help="A model or a training graph (train_step.onnx, ...)."),
+    model: Path = typer.Argument(..., metavar="MODEL.onnx|ARTIFACT_DIR|CHECKPOINT",
+                                 help="A model or a training graph (train_step.onnx, ...); training artifacts or a "
+                                      "checkpoint: their train_step graph."),
     output: Optional[Path] = output_option("Write the picture here: .svg, or .html with a legend (default: open "
                                            "netron when it is installed, else write MODEL.html in the current "
                                            "directory).", "FILE.svg|FILE.html"),
@@ -20,10 +22,18 @@ def view_cmd(
 ) -> None:
     """Draw a model's graph as SVG/HTML, or open it in netron.
 
-    Gradient nodes of training graphs are marked with the forward node each comes from."""
+    Gradient nodes of training graphs are marked with the forward node each comes from. Training
+    artifacts (graphc grad -o DIR) or a checkpoint (graphc train --checkpoint DIR) show the train_step
+    graph; pass another of their .onnx files to see it."""
     from graphc.cli import view
+    from graphc.cli.inspect_training import checked_kind, train_step_file
     from graphc.model import load
 
+    kind = checked_kind(model)
+    if kind is not None:
+        given, model = model, train_step_file(model, kind)
+        console.print(f"{'training artifacts' if kind == 'artifacts' else 'checkpoint'} {given}: showing its "
+                      f"train_step graph {model}", highlight=False, soft_wrap=True)
     output = chosen_output(output, out, required=False)
     if output is None:
         try:
