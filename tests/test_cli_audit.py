@@ -1,8 +1,8 @@
 """The CLI as a new user meets it (session 50's audit): out-of-range numbers and conflicting flags
 are one usage error, folders given for files are named as folders, `inspect` describes training
-artifacts and checkpoints (and `view` draws their train_step graph), shell completion works, every --backend has -b, and SIGTERM stops
-`graphc train` as Ctrl-C does (checkpoint saved). In process through ``graphc.cli.main``,
-except the signal test."""
+artifacts and checkpoints (and `view` draws their train_step graph; a .json file is named as one),
+shell completion works, every --backend has -b, and SIGTERM stops `graphc train` as Ctrl-C does
+(checkpoint saved). In process through ``graphc.cli.main``, except the signal test."""
 
 from __future__ import annotations
 
@@ -336,3 +336,10 @@ def test_view_of_a_checkpoint_without_its_graphs_names_what_to_pass(capsys, ws, 
     assert "training graphs are not found" in err and ".onnx" in err
     assert "neither training artifacts" in one_line_error(run_cli(capsys, "view", tmp_path, "-o", tmp_path / "x.svg"))
 
+
+def test_inspect_or_view_of_a_json_file_says_what_it_is(capsys, ws, ck, tmp_path):
+    for command, extra in (("inspect", []), ("view", ["-o", tmp_path / "x.svg"])):
+        err = one_line_error(run_cli(capsys, command, ck / "artifacts" / "manifest.json", *extra))
+        assert f"the manifest of the training artifacts {ck / 'artifacts'}" in err and "pass the folder" in err, err
+    (tmp_path / "m.json").write_text("{}")
+    assert "a JSON file, not an ONNX model" in one_line_error(run_cli(capsys, "inspect", tmp_path / "m.json"))

@@ -26,13 +26,18 @@ def training_kind(path: Path) -> str | None:
 
 def checked_kind(path: Path) -> str | None:
     """``training_kind`` of what `graphc inspect` or `graphc view` was given; a folder graphc did not
-    write is refused."""
+    write, or a ``.json`` file (an artifact manifest, say), is refused with a line saying what to pass."""
     from graphc.compile.training import MANIFEST_FILE
 
     kind = training_kind(path)
     if kind is None and path.is_dir():
         raise InputError(f"{path}: a folder that is neither training artifacts (no {MANIFEST_FILE}) nor a "
                          "checkpoint (no checkpoint.safetensors)")
+    if kind is None and path.suffix.lower() == ".json" and path.is_file():
+        if path.name == MANIFEST_FILE and training_kind(path.parent) == "artifacts":
+            raise InputError(f"{path}: the manifest of the training artifacts {path.parent}, not a model; "
+                             f"pass the folder {path.parent}")
+        raise InputError(f"{path}: a JSON file, not an ONNX model")
     return kind
 
 
