@@ -30,7 +30,7 @@ class EpochRecord(BaseModel):
     samples_per_s: float
     metrics: dict[str, float] = Field(default_factory=dict)  # train metrics: over the epoch's steps' outputs
     eval: dict[str, float] = Field(default_factory=dict)
-    lr: Optional[float] = None      # the learning rate at the epoch's end
+    lr: Optional[float] = None      # the learning rate at the epoch's end, as set (not the graph's float32)
 
 
 class History(BaseModel):

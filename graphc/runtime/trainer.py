@@ -666,6 +666,8 @@ class Trainer:
                        *([self._grad_norm] if self._grad_norm else []))
         epoch_log = EpochLog(log, self.epoch) if log is not None else None
         board = self._board()
+        from graphc.runtime.lr_scheduler import lr_group
+
         history = History(backend=self.backend)
         save = (lambda: self.save_checkpoint(checkpoint)) if checkpoint is not None else None
         with self._saved_on_interrupt(checkpoint), self._interrupts.armed(), \
@@ -675,7 +677,7 @@ class Trainer:
                 metrics = self.evaluate_loader(eval_loader) if eval_loader is not None else {}
                 with self._interrupts:  # the epoch's line is printed and counted once, or not at all
                     record = self._end_epoch(metrics)
-                    record.lr = self.lr if "lr" in self._entries else None
+                    record.lr = lr_group(self)["lr"] if "lr" in self._entries else None  # as set, not float32's
                     if self._scheduler is not None and self.scheduler_interval == "epoch":
                         self._step_scheduler(metrics["loss"] if "loss" in metrics else record.loss)
                     history.epochs.append(record)
