@@ -154,8 +154,9 @@ def test_shell_completion_script_and_completions(capsys):
     assert done.returncode == 0 and done.stdout.split() == ["train"], done
 
 
-def test_sigterm_stops_train_as_ctrl_c_does(ws, tmp_path):
-    """A scheduler's SIGTERM after step 3: the step ends, the checkpoint is saved, exit 130."""
+def test_sigterm_stops_train_as_ctrl_c_does(capsys, ws, tmp_path):
+    """A scheduler's SIGTERM after step 3: the step ends, the checkpoint is saved, exit 130; --resume
+    says where in the epoch it goes on."""
     env = {**os.environ, SIGNAL_HOOK_ENV: "TERM:3"}
     done = subprocess.run([GRAPHC, "train", ws / "arts", "--data", ws / "data.npz", "--epochs", "2", "--batch-size",
                            "8", "-b", "numpy", "-q", "--checkpoint", tmp_path / "ck"],
@@ -163,6 +164,10 @@ def test_sigterm_stops_train_as_ctrl_c_does(ws, tmp_path):
     assert done.returncode == 130, (done.returncode, done.stderr)
     assert "interrupted at step 3; saved" in done.stderr
     assert ckpt.read_meta(tmp_path / "ck").step == 3
+    r = run_cli(capsys, "train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "8", "-b",
+                "numpy", "-q", "--checkpoint", tmp_path / "ck", "--resume")
+    assert r.code == 0, r.err
+    assert f"resumed from {tmp_path / 'ck'} in epoch 1, after 3 batches (step 3)" in r.out, r.out
 
 
 BF16_NET = """

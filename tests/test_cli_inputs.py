@@ -158,7 +158,7 @@ def test_a_checkpoint_given_as_artifacts_resumes_and_says_so(capsys, ws):
     assert train(capsys, ws, "--checkpoint", ws / "ck").code == 0
     again = ["train", ws / "ck", "--data", ws / "data.npz", "--batch-size", "16", "--backend", "numpy", "--no-progress"]
     result = run_cli(capsys, *again, "--epochs", "1")
-    assert result.code == 0 and f"resumed from {ws / 'ck'}: step 4, epoch 1" in result.out
+    assert result.code == 0 and f"resumed from {ws / 'ck'} after epoch 1 (step 4)" in result.out
     assert "nothing to train: the run has done 1 epoch of --epochs 1; raise --epochs to train on" in result.out
     result = run_cli(capsys, *again, "--epochs", "2")
     assert result.code == 0 and ", epoch 2" in result.out and "epoch 2/2" in result.out

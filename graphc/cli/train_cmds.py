@@ -63,6 +63,14 @@ def _pick_arrays(path: Path, option: str, names: list[str], suffixes: tuple[str,
     return {name: arrays[key] for name, key in zip(names, keys)}, keys
 
 
+def _where(trainer) -> str:
+    """Where a resumed run stands, in the epochs the "training on ..., epochs 21-25" line counts."""
+    if trainer.batch_in_epoch:
+        done = trainer.batch_in_epoch
+        return f"in epoch {trainer.epoch + 1}, after {done} batch{'' if done == 1 else 'es'}"
+    return f"after epoch {trainer.epoch}" if trainer.epoch else "before epoch 1"
+
+
 def _fixed_batch(specs) -> Optional[int]:
     """The batch size a model with a fixed first dim takes (None: any)."""
     first = {spec.shape[0] for spec in specs if spec.shape and isinstance(spec.shape[0], int)}
@@ -202,7 +210,7 @@ def train_cmd(
         trainer.load_checkpoint(checkpoint)
     resumed = checkpoint if resume else trainer.resumed_from  # ARTIFACTS may be a checkpoint itself
     if resumed is not None:
-        console.print(f"resumed from {resumed}: step {trainer.step_count}, epoch {trainer.epoch}", highlight=False,
+        console.print(f"resumed from {resumed} {_where(trainer)} (step {trainer.step_count})", highlight=False,
                       soft_wrap=True)
     train, test, test_source = load_data(data, [s.name for s in trainer.batch_specs], eval_data)
     train = fit_bfloat16(train, trainer.batch_specs)
