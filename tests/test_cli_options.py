@@ -178,17 +178,37 @@ def test_grad_momentum_with_adam_is_an_error():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--lr", "inf"], "invalid SGD: lr: Input should be a finite number (got inf)"),
+    (["--lr", "inf"], "error: ValueError: --lr: Input should be a finite number (got inf)"),
     (["--optimizer", "adam", "--weight-decay", "-1"],
-     "invalid Adam: weight_decay: Input should be greater than or equal to 0 (got -1.0)"),
+     "error: ValueError: --weight-decay: Input should be greater than or equal to 0 (got -1.0)"),
+    (["--nesterov", "--dampening", "0.1"], "error: ValueError: --momentum, --nesterov, --dampening: SGD(nesterov=True) "
+     "needs momentum > 0 and dampening 0 (as in torch.optim.SGD), got momentum=0.0, dampening=0.1"),
+    (["--max-grad-norm", "1", "--grad-norm-type", "3"], "error: ValueError: --grad-norm-type: grad_norm_type must be "
+     "2.0, 1.0 or 'inf' (float('inf')), got 3.0"),
+    (["--optimizer", "adam", "--betas", "1,0.5"], "error: ValueError: --betas: betas must lie in [0, 1), got (1.0, 0.5)"),
 ])
-def test_a_bad_optimizer_number_is_one_line_naming_the_field(capsys, tmp_path, flags, message):
-    """pydantic's own report (several lines and a link) once reached the terminal as it was."""
+def test_a_bad_optimizer_option_is_one_line_naming_the_option(capsys, tmp_path, flags, message):
+    """pydantic's own report (several lines and a link) once reached the terminal as it was, then
+    its field names and ``value: Value error,`` prefix."""
     onnx.save(imported_mlp(), tmp_path / "mlp.onnx")
     result = run_cli(capsys, "grad", tmp_path / "mlp.onnx", "--loss", "cross_entropy:logits:y", "-o",
                      tmp_path / "arts", *flags)
-    assert message in one_line_error(result)
+    assert one_line_error(result).strip() == message
     assert not (tmp_path / "arts").exists()
+
+
+def test_a_validation_error_no_command_words_is_one_line_without_pydantics_prefix():
+    from pydantic import ValidationError
+
+    from graphc.cli import _one_line
+
+    with pytest.raises(ValidationError) as across:
+        gc.optim.SGD(nesterov=True)
+    assert _one_line(across.value) == ("invalid SGD: SGD(nesterov=True) needs momentum > 0 and dampening 0 (as in "
+                                       "torch.optim.SGD), got momentum=0.0, dampening=0.0")
+    with pytest.raises(ValidationError) as field:
+        gc.optim.SGD(lr=-1)
+    assert _one_line(field.value) == "invalid SGD: lr: Input should be greater than 0 (got -1)"
 
 
 def test_demo_output_default_is_run_demos():

@@ -8,7 +8,7 @@ from rich.markup import escape
 
 from graphc.cli import (  # noqa: F401  (register)
     model_cmds, run_cmds, optimize_cmds, grad_cmds, train_cmds, deploy_cmds, view_cmds)
-from graphc.cli.app import app, err_console, state
+from graphc.cli.app import app, err_console, state, validation_problem
 from graphc.errors import GraphcError
 from graphc.startup import restore_interrupts
 
@@ -32,16 +32,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _one_line(exc: Exception) -> str:
-    """The error's message on one line; a pydantic ``ValidationError`` (an optimizer spec's
-    ``--lr inf``, say) as each field, what it must be and the value given, not its multi-line
+    """The error's message on one line; a pydantic ``ValidationError`` (a spec no command put in
+    its options' words) as each field, what it must be and the value given, not its multi-line
     report with a link."""
     from pydantic import ValidationError
 
     if isinstance(exc, KeyError):
         return str(exc.args[0])
     if isinstance(exc, ValidationError):
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
-                             + ("" if not e["loc"] or f"got {e['input']!r}" in e["msg"] else f" (got {e['input']!r})")
-                             for e in exc.errors())
-        return f"invalid {exc.title}: {problems}"
+        return f"invalid {exc.title}: " + "; ".join(map(validation_problem, exc.errors()))
     return str(exc)
+

@@ -97,3 +97,13 @@ def naming_opset(opset: Optional[int]) -> Iterator[None]:
         if opset is None:
             raise
         raise OpsetError(f"--opset {opset}: {exc}") from None
+
+
+def validation_problem(error: dict, where: str = "") -> str:
+    """One error of a pydantic ``ValidationError`` on one line: ``WHERE: what is wrong (got
+    VALUE)``, WHERE the field's path unless given; a validator's own ValueError without pydantic's
+    ``Value error,`` prefix."""
+    message = error["msg"].removeprefix("Value error, ")
+    where = where or ".".join(map(str, error["loc"]))
+    got = "" if not error["loc"] or f"got {error['input']!r}" in message else f" (got {error['input']!r})"
+    return f"{where}: {message}{got}" if where else message

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import typer
 
-from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
+from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option, validation_problem
 from graphc.compile.losses import KINDS as LOSS_KINDS
 
 
@@ -75,7 +76,20 @@ def make_optimizer(kind: str, lr: Optional[float] = None, momentum: Optional[flo
             raise ValueError(f"--{key.replace('_', '-')} applies to "
                              f"{' and '.join(k for k, c in specs.items() if key in c.model_fields)}, "
                              f"not --optimizer {kind}")
-    return specs[kind](**given)
+    from pydantic import ValidationError
+
+    try:
+        return specs[kind](**given)
+    except ValidationError as exc:
+        raise ValueError("; ".join(_spec_problem(e, specs[kind]) for e in exc.errors())) from None
+
+
+def _spec_problem(error: dict, spec) -> str:
+    """One pydantic error of an optimizer spec said of its option(s): a check across fields, of
+    the options its message names."""
+    fields = [str(error["loc"][0])] if error["loc"] else [f for f in spec.model_fields
+                                                          if re.search(rf"\b{f}\b", error["msg"])]
+    return validation_problem(error, ", ".join(f"--{f.replace('_', '-')}" for f in fields))
 
 
 @app.command("grad")
