@@ -252,15 +252,16 @@ def test_an_exception_in_the_captured_code_is_a_capture_error_naming_its_line(fn
 
 
 def _into_graphc_passes(x):
-    from graphc.passes.emit import make_node
-    return make_node("Relu", [x.value], {"alpha": object()}, name="r")  # into-graphc-passes
+    from graphc.passes.values import static_shape
+    # a tuple has no .shape: the AttributeError is raised in passes/values.py
+    return static_shape(x.shape)  # into-graphc-passes
 
 
 def test_an_exception_raised_in_graphcs_passes_or_backends_names_the_users_line():
     """``graphc.passes`` and ``graphc.backends`` are graphc's own code wherever they lie: an editable
     install maps them to the repository's passes/ and backends/, outside graphc/, and the error named
-    passes/emit.py as the user's line."""
-    with pytest.raises(gc.CaptureError, match=rf"^TypeError in the captured code at \S*{HERE}:"
+    passes/values.py as the user's line."""
+    with pytest.raises(gc.CaptureError, match=rf"^AttributeError in the captured code at \S*{HERE}:"
                                               rf"{_line_of('into-graphc-passes')}: "):
         gc.capture(_into_graphc_passes, x=gc.spec("float32", (3,)))
 

@@ -361,7 +361,7 @@ def test_cli_grad_flags(tmp_path):
     assert gc.optim.from_dict(optimizer) == gc.optim.AdamW(max_grad_norm=0.5, grad_norm_type="inf",
                                                            clip_grad_value=0.25)
     r = _graphc("grad", tmp_path / "net.onnx", "--loss", "mse:output:y", "--max-grad-norm", "0", "-o", tmp_path / "x")
-    assert r.returncode == 2 and "max_grad_norm: Input should be greater than 0 (got 0.0)" in r.stderr
+    assert r.returncode == 2 and "--max-grad-norm: Input should be greater than 0 (got 0.0)" in r.stderr
     r = _graphc("grad", tmp_path / "net.onnx", "--loss", "mse:output:y", "--max-grad-norm", "1",
                 "--grad-norm-type", "two", "-o", tmp_path / "x")
     assert r.returncode == 2 and "--grad-norm-type must be 2, 1 or inf, got 'two'" in r.stderr
