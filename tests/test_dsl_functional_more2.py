@@ -282,18 +282,21 @@ def test_householder_product_and_orgqr_match_torch(shape, k, dtype):
 @pytest.mark.parametrize("left, transpose", [(True, False), (True, True), (False, False), (False, True)])
 def test_ormqr_matches_torch(left, transpose, dtype):
     """``other`` times Q from geqrf's reflectors, batched, values and gradients for all three inputs."""
-    a0, tau0 = R.normal(size=(2, 4, 3)).astype(dtype), R.normal(size=(2, 3)).astype(dtype)
-    c0 = R.normal(size=(2, 4, 5) if left else (2, 5, 4)).astype(dtype)
+    rng = np.random.default_rng(10 * left + transpose)  # its own draws, whatever ran before
+    a0, tau0 = rng.normal(size=(2, 4, 3)).astype(dtype), rng.normal(size=(2, 3)).astype(dtype)
+    c0 = rng.normal(size=(2, 4, 5) if left else (2, 5, 4)).astype(dtype)
     ts = [torch.tensor(v, requires_grad=True) for v in (a0, tau0, c0)]
     want = torch.ormqr(*ts, left=left, transpose=transpose)
-    c = R.standard_normal(want.shape).astype(dtype)
+    c = rng.standard_normal(want.shape).astype(dtype)
     (want * torch.from_numpy(c)).sum().backward()
     for backend in ("numpy", "ort-cpu"):
         got = gc_grads(lambda F, a, t, o: F.ormqr(a, t, o, left=left, transpose=transpose),
                        {"a": a0, "t": tau0, "o": c0}, {}, c, backend=backend)
         np.testing.assert_allclose(got["out"], want.detach().numpy(), **TOL[dtype], err_msg=backend)
         for name, t in zip("ato", ts):
-            np.testing.assert_allclose(got[name], t.grad.numpy(), **TOL[dtype], err_msg=f"{backend} {name}")
+            grad = t.grad.numpy()  # float32: to 2e-5 of the largest entry, as householder_product's
+            tol = {**TOL[dtype], "atol": 2e-5 * np.abs(grad).max()} if dtype == "float32" else TOL[dtype]
+            np.testing.assert_allclose(got[name], grad, **tol, err_msg=f"{backend} {name}")
 
 
 def test_geqrf_round_trip_and_symbolic_batch():
