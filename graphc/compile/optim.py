@@ -17,10 +17,20 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_serializer, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_serializer,
+                      model_validator)
 
 
 _CLIPPING = ("max_grad_norm", "grad_norm_type", "clip_grad_value")
+
+
+def _betas_in_range(betas: tuple[float, float]) -> tuple[float, float]:
+    if not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"betas must lie in [0, 1), got {betas}")
+    return betas
+
+
+Betas = Annotated[tuple[float, float], AfterValidator(_betas_in_range)]  # Adam's, Adamax's, NAdam's, RAdam's
 # options dumped only when set, as the clipping: specs without them dump as before they existed
 _OPTIONS = ("dampening", "amsgrad", "maximize")
 
@@ -109,16 +119,12 @@ class Adam(_Spec):
 
     kind: Literal["adam"] = "adam"
     lr: float = Field(1e-3, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: Betas = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     no_decay: tuple[str, ...] = ()  # as SGD's
     amsgrad: bool = False
     maximize: bool = False
-
-    @model_validator(mode="after")
-    def _betas_in_range(self):
-        return _betas_checked(self)
 
 
 class AdamW(Adam):
@@ -166,15 +172,11 @@ class Adamax(_Spec):
 
     kind: Literal["adamax"] = "adamax"
     lr: float = Field(2e-3, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: Betas = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     maximize: bool = False
     no_decay: tuple[str, ...] = ()
-
-    @model_validator(mode="after")
-    def _betas_in_range(self):
-        return _betas_checked(self)
 
 
 class NAdam(_Spec):
@@ -184,17 +186,13 @@ class NAdam(_Spec):
 
     kind: Literal["nadam"] = "nadam"
     lr: float = Field(2e-3, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: Betas = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     momentum_decay: float = Field(4e-3, ge=0)
     decoupled_weight_decay: bool = False
     maximize: bool = False
     no_decay: tuple[str, ...] = ()
-
-    @model_validator(mode="after")
-    def _betas_in_range(self):
-        return _betas_checked(self)
 
 
 class RAdam(_Spec):
@@ -204,22 +202,12 @@ class RAdam(_Spec):
 
     kind: Literal["radam"] = "radam"
     lr: float = Field(1e-3, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: Betas = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     decoupled_weight_decay: bool = False
     maximize: bool = False
     no_decay: tuple[str, ...] = ()
-
-    @model_validator(mode="after")
-    def _betas_in_range(self):
-        return _betas_checked(self)
-
-
-def _betas_checked(spec):
-    if not all(0.0 <= b < 1.0 for b in spec.betas):
-        raise ValueError(f"betas must lie in [0, 1), got {spec.betas}")
-    return spec
 
 
 # every spec by its kind, in the order the docs and the CLI list them
