@@ -89,7 +89,8 @@ def run_steps(spec, backend, grads, p0, dtype=np.float32, averages=False):
     """The params after each step and, with them, the state as torch keys it."""
     session = gc.Session(update_model(spec, ir.DataType.from_numpy(np.dtype(dtype)), averages), backend=backend)
     slots = optimizers.state_slots({**spec.model_dump(), **({"first_moment": "average"} if averages else {})})
-    p, state, step = p0.astype(dtype), {s: np.zeros(SHAPE, dtype) for s in slots}, np.array(0, np.int64)
+    p, step = p0.astype(dtype), np.array(0, np.int64)
+    state = {s: optimizers.initial_state(spec.model_dump(), s, p) for s in slots}  # Adagrad's sum need not be 0
     history = []
     for g in grads:
         lr = np.array(spec.lr, np.float64 if np.dtype(dtype) == np.float64 else np.float32)
@@ -98,6 +99,36 @@ def run_steps(spec, backend, grads, p0, dtype=np.float32, averages=False):
         state = {s: out[f"{s}.next"] for s in slots}
         history.append((p, torch_state(spec, state)))
     return history
+
+
+# torch.optim's class of each spec kind, and its per-param scalar state: the step (a train_step input) and NAdam's
+# mu_product (computed from it)
+TORCH_OPTIM = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad",
+               "adamax": "Adamax", "nadam": "NAdam", "radam": "RAdam"}
+SCALAR_STATE = ("step", "mu_product")
+
+
+def torch_kwargs(spec) -> dict:
+    """The spec's fields as torch.optim's keyword arguments."""
+    return {k: v for k, v in spec.model_dump().items() if k not in ("kind", "no_decay")}
+
+
+def torch_steps(torch, spec, p0, grads, dtype, store=None):
+    """torch.optim's param and state after each step (its single-tensor path); ``store`` (a torch
+    dtype): param and state rounded to it after each step (a float32 step of params stored in float16)."""
+    param = torch.nn.Parameter(torch.from_numpy(p0.astype(dtype)))
+    opt = getattr(torch.optim, TORCH_OPTIM[spec.kind])([param], foreach=False, **torch_kwargs(spec))
+    out = []
+    for g in grads:
+        param.grad = torch.from_numpy(g.astype(dtype))
+        opt.step()
+        tensors = {"param": param.data, **{k: v for k, v in opt.state[param].items() if k not in SCALAR_STATE}}
+        if store is not None:
+            for t in tensors.values():
+                t.copy_(t.to(store).to(t.dtype))
+        state = {k: v.numpy().copy() for k, v in tensors.items()}
+        out.append((state.pop("param"), state))
+    return out
 
 
 def _data(seed=0):

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from graphc.passes.training import optimizers
 from test_grad_clipping import _graphc
-from test_optim import SHAPE, update_model
+from test_optim import SCALAR_STATE, SHAPE, TORCH_OPTIM, run_steps, torch_kwargs, torch_steps
 from trainer_models import straight_and_resumed
 
 STEPS = 25
@@ -30,14 +29,6 @@ SPECS = [
     gc.optim.Adamax(0.02, maximize=True),
 ]
 IDS = [f"{s.kind}-{i}" for i, s in enumerate(SPECS)]
-# torch's per-param scalar state, one for all params here: the step, a train_step input, and
-# NAdam's mu_product, computed from it (test_optim_nadam)
-SCALAR_STATE = ("step", "mu_product")
-TORCH_OPTIM = {"rmsprop": "RMSprop", "adagrad": "Adagrad", "adamax": "Adamax", "nadam": "NAdam", "radam": "RAdam"}
-
-
-def _kwargs(spec) -> dict:
-    return {k: v for k, v in spec.model_dump().items() if k not in ("kind", "no_decay")}
 
 
 def _grads(seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -50,49 +41,14 @@ def _grads(seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
     return rng.normal(size=SHAPE), grads
 
 
-def _run_graph(spec, backend, grads, p0, dtype):
-    """The update graph's param and state after each step, from torch's initial state."""
-    import onnx_ir as ir
-
-    session = gc.Session(update_model(spec, ir.DataType.from_numpy(np.dtype(dtype))), backend=backend)
-    slots = spec.state_slots
-    p = p0.astype(dtype)
-    state, step = {s: optimizers.initial_state(spec.model_dump(), s, p) for s in slots}, np.array(0, np.int64)
-    lr = np.array(spec.lr, np.float64 if np.dtype(dtype) == np.float64 else np.float32)
-    out_steps = []
-    for g in grads:
-        out = session.run({"p": p, "g": g.astype(dtype), **state, "step": step, "lr": lr})
-        p, step, state = out["p.next"], out["step.next"], {s: out[f"{s}.next"] for s in slots}
-        out_steps.append((p, state))
-    return out_steps
-
-
-def _torch_run(torch, spec, p0, grads, dtype, store=None):
-    """torch.optim's param and state after each step; ``store`` (a torch dtype): param and state
-    rounded to it after each step (a float32 step of params stored in float16)."""
-    param = torch.nn.Parameter(torch.from_numpy(p0.astype(dtype)))
-    opt = getattr(torch.optim, TORCH_OPTIM[spec.kind])([param], foreach=False, **_kwargs(spec))
-    out = []
-    for g in grads:
-        param.grad = torch.from_numpy(g.astype(dtype))
-        opt.step()
-        tensors = {"param": param.data, **{k: v for k, v in opt.state[param].items() if k not in SCALAR_STATE}}
-        if store is not None:
-            for t in tensors.values():
-                t.copy_(t.to(store).to(t.dtype))
-        state = {k: v.numpy().copy() for k, v in tensors.items()}
-        out.append((state.pop("param"), state))
-    return out
-
-
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
 @pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_update_matches_torch_optim(spec, backend, dtype):
     torch = pytest.importorskip("torch")
     p0, grads = _grads(SPECS.index(spec))
-    got = _run_graph(spec, backend, grads, p0, dtype)
-    want = _torch_run(torch, spec, p0, grads, dtype)
+    got = run_steps(spec, backend, grads, p0, dtype=dtype)
+    want = torch_steps(torch, spec, p0, grads, dtype)
     rtol, atol = (1e-12, 1e-14) if dtype == np.float64 else (2e-5, 1e-6)
     for t, ((p_graph, state_graph), (p_torch, state_torch)) in enumerate(zip(got, want), start=1):
         np.testing.assert_allclose(p_graph, p_torch, rtol=rtol, atol=atol, err_msg=f"step {t}")
@@ -122,8 +78,8 @@ def check_half_params(spec, dtype: str, backend: str, seed: int):
     p0, grads = _grads(seed)
     p0 = p0.astype(np_dtype).astype(np.float32)
     grads = [g.astype(np_dtype).astype(np.float32) for g in grads]
-    got = _run_graph(spec, backend, grads, p0, np_dtype)
-    want = _torch_run(torch, spec, p0, grads, np.float32, store=getattr(torch, dtype))
+    got = run_steps(spec, backend, grads, p0, dtype=np_dtype)
+    want = torch_steps(torch, spec, p0, grads, np.float32, store=getattr(torch, dtype))
     for t, ((p_graph, state_graph), (p_torch, state_torch)) in enumerate(zip(got, want), start=1):
         assert p_graph.dtype == np_dtype and np.isfinite(p_graph.astype(np.float32)).all(), f"step {t}"
         if not spec.weight_decay:  # nothing moves that column
@@ -171,7 +127,7 @@ def test_trainer_matches_torch(spec, fused, backend):
     trainer = gc.Trainer(_arts(spec, fused), backend=backend)
     params = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in trainer.params.items()}
     params["fc1.weight"].requires_grad_(False)
-    kwargs = _kwargs(spec)
+    kwargs = torch_kwargs(spec)
     groups = [{"params": [v for k, v in params.items() if k.endswith(".weight") and k != "fc1.weight"]},
               {"params": [v for k, v in params.items() if k.endswith(".bias")], "weight_decay": 0.0}]
     opt = getattr(torch.optim, TORCH_OPTIM[spec.kind])(groups, foreach=False, **kwargs)

@@ -15,7 +15,7 @@ import graphc as gc
 import test_optim_more as more
 from graphc.passes.training import optimizers
 from test_grad_clipping import _graphc
-from test_optim import SHAPE, update_model
+from test_optim import SHAPE, run_steps, torch_kwargs, torch_steps, update_model
 
 SPECS = [
     gc.optim.NAdam(),
@@ -44,8 +44,8 @@ def torch_float64():
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_update_matches_torch_optim(spec, backend, dtype, torch_float64):
     p0, grads = more._grads(SPECS.index(spec))
-    got = more._run_graph(spec, backend, grads, p0, dtype)
-    want = more._torch_run(torch_float64, spec, p0, grads, dtype)
+    got = run_steps(spec, backend, grads, p0, dtype=dtype)
+    want = torch_steps(torch_float64, spec, p0, grads, dtype)
     rtol, atol = (1e-12, 1e-14) if dtype == np.float64 else (2e-5, 1e-6)
     for t, ((p_graph, state_graph), (p_torch, state_torch)) in enumerate(zip(got, want), start=1):
         np.testing.assert_allclose(p_graph, p_torch, rtol=rtol, atol=atol, err_msg=f"step {t}")
@@ -88,7 +88,7 @@ def test_mu_product_from_the_step(momentum_decay, backend, torch_float64):
         out = session.run({"p": p, "g": g, "exp_avg": m, "exp_avg_sq": v, "step": np.array(t, np.int64),
                            "lr": np.array(spec.lr)})
         param = torch.nn.Parameter(torch.from_numpy(p.copy()))
-        opt = torch.optim.NAdam([param], foreach=False, **more._kwargs(spec))
+        opt = torch.optim.NAdam([param], foreach=False, **torch_kwargs(spec))
         opt.state[param] = {"step": torch.tensor(float(t)), "mu_product": torch.tensor(product),
                             "exp_avg": torch.from_numpy(m.copy()), "exp_avg_sq": torch.from_numpy(v.copy())}
         param.grad = torch.from_numpy(g)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from test_optim import SHAPE, run_steps
+from test_optim import SHAPE, run_steps, torch_steps
 from trainer_models import straight_and_resumed
 
 STEPS = 25
@@ -24,7 +24,6 @@ SPECS = [
     gc.optim.AdamW(0.02, amsgrad=True, maximize=True),
 ]
 IDS = [f"{s.kind}-{i}" for i, s in enumerate(SPECS)]
-TORCH_OPTIM = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
 
 
 def _grads(seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -35,20 +34,6 @@ def _grads(seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
                                     for t in range(STEPS)]
 
 
-def _torch_run(torch, spec, p0, grads, dtype):
-    """torch.optim's params and state after each step (single-tensor path)."""
-    param = torch.nn.Parameter(torch.from_numpy(p0.astype(dtype)))
-    kwargs = {k: v for k, v in spec.model_dump().items() if k not in ("kind", "no_decay")}
-    opt = getattr(torch.optim, TORCH_OPTIM[spec.kind])([param], foreach=False, **kwargs)
-    out = []
-    for g in grads:
-        param.grad = torch.from_numpy(g.astype(dtype))
-        opt.step()
-        state = {k: v.numpy().copy() for k, v in opt.state[param].items() if k != "step"}
-        out.append((param.detach().numpy().copy(), state))
-    return out
-
-
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
 @pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -56,7 +41,7 @@ def test_update_matches_torch_optim(spec, backend, dtype):
     torch = pytest.importorskip("torch")
     p0, grads = _grads(IDS.index(f"{spec.kind}-{SPECS.index(spec)}"))
     got = run_steps(spec, backend, grads, p0, dtype=dtype)
-    want = _torch_run(torch, spec, p0, grads, dtype)
+    want = torch_steps(torch, spec, p0, grads, dtype)
     rtol, atol = (1e-12, 1e-14) if dtype == np.float64 else (2e-5, 1e-6)
     for t, ((p_graph, state_graph), (p_torch, state_torch)) in enumerate(zip(got, want), start=1):
         np.testing.assert_allclose(p_graph, p_torch, rtol=rtol, atol=atol, err_msg=f"step {t}")
