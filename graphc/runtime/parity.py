@@ -213,7 +213,7 @@ def compare(model: Any, feeds: Mapping[str, Any], backends: Sequence[str] = ("nu
     if len(backends) < 2:
         raise ValueError(f"parity needs at least two backends, got {backends}")
     model = load(model)
-    results = {b: _tensors(Session(model, backend=b, **options).run(feeds)) for b in backends}
+    results = {b: tensors(Session(model, backend=b, **options).run(feeds)) for b in backends}
     details = [diff(name, b, results[backends[0]][name], results[b].get(name, np.array([])), rtol, atol)
                for b in backends[1:] for name in results[backends[0]]]
     worst: dict[str, OutputDiff] = {}
@@ -229,7 +229,7 @@ def compare(model: Any, feeds: Mapping[str, Any], backends: Sequence[str] = ("nu
     return report
 
 
-def _tensors(outputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def tensors(outputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Outputs as tensors: a sequence output ``s`` becomes ``s[0]``, ``s[1]``, ... (a backend whose
     sequence is shorter then misses the later names, which ``diff`` reports as a shape change)."""
     flat: dict[str, np.ndarray] = {}

@@ -20,7 +20,7 @@ from onnx import helper, numpy_helper
 
 from graphc.model import Model, load, node_source
 from graphc.model.file import all_graphs
-from graphc.runtime.parity import Divergence, Scope, _tensors, diff, expose_intermediates
+from graphc.runtime.parity import Divergence, Scope, diff, expose_intermediates, tensors
 
 ORIGIN_KEY = "graphc.parity.origin"  # a function node's [name, index, outputs] before inlining renames them
 Values = Callable[[str], "np.ndarray | None"]  # the reference backend's value of a name; None: not a tensor
@@ -33,7 +33,7 @@ def locate(model: Model, feeds: Mapping[str, Any], backends: list[str], rtol: fl
 
     proto = model.proto
     instrumented, steps = expose_intermediates(model)
-    results = {b: _tensors(Session(instrumented, backend=b, **options).run(feeds)) for b in backends}
+    results = {b: tensors(Session(instrumented, backend=b, **options).run(feeds)) for b in backends}
     ref = results[backends[0]]
     compared = 0
     for node, names in steps:
@@ -157,7 +157,7 @@ class _Descent:
             return None
         graph = helper.make_graph([node], "alone", [], [onnx.ValueInfoProto(name=o) for o in node.output if o])
         model = standalone(self.proto, graph, feeds)
-        ref, b = (_tensors(Session(model, backend=x, **self.options).run(feeds)) for x in self.backends)
+        ref, b = (tensors(Session(model, backend=x, **self.options).run(feeds)) for x in self.backends)
         return not diff(key, self.backends[1], ref[key], b.get(key, np.array([])), self.rtol, self.atol).ok
 
     def _if(self, node: onnx.NodeProto, found: Divergence, key: str,
@@ -216,7 +216,7 @@ class _Descent:
             if model is None:
                 model = standalone(self.proto, body, feeds)
                 sessions = {b: Session(model, backend=b, **self.options) for b in self.backends}
-            ref, got = (_tensors(sessions[b].run(feeds)) for b in self.backends)
+            ref, got = (tensors(sessions[b].run(feeds)) for b in self.backends)
             if not all(self._agree(ref[k], got.get(k, np.array([]))) for k in ref):
                 compared, inner = locate(model, feeds, self.backends, self.rtol, self.atol, self.options)
                 if inner is not None:

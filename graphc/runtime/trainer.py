@@ -69,6 +69,7 @@ from graphc.runtime.feeds import check_one, dtype_name
 from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
 from graphc.runtime.interrupts import DeferredInterrupt
+from graphc.runtime.rows import batch_dim, by_rows
 from graphc.runtime.session import SESSION_OPTIONS, check_options
 
 __all__ = ["History", "Trainer", "TrainingFailed", "TrainingInterrupted"]
@@ -589,8 +590,6 @@ class Trainer:
     def _joined_batch(self, group: list[tuple[int, Mapping[str, Any], float]]) -> dict[str, Any]:
         """The (number, batch, weight) of ``group`` as one batch of the eval graph's inputs: those
         whose first dim is the batch dim joined by rows, the others the first batch's."""
-        from graphc.runtime.distributed.rows import batch_dim, by_rows  # at module level: an import cycle
-
         self._eval_exe()
         dim = batch_dim(self._eval_specs)
         if dim is None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from graphc.errors import GraphError, InputError
 from graphc.runtime.distributed.cluster import check_resources, connect, get
-from graphc.runtime.distributed.rows import batch_dim, by_rows, time_major
+from graphc.runtime.rows import batch_dim, by_rows, time_major
 from graphc.runtime.feeds import optional_inputs, validate_feeds
 
 __all__ = ["map_batches"]

@@ -40,7 +40,7 @@ from graphc.runtime.distributed.cluster import WorkerLost, check_resources, conn
 from graphc.runtime.data import DataLoader
 from graphc.runtime.averaging import divisor, examples, shard_weight
 from graphc.runtime.distributed.replica import Replica
-from graphc.runtime.distributed.rows import batch_dim, by_rows, time_major
+from graphc.runtime.rows import batch_dim, by_rows, time_major
 from graphc.errors import ArtifactsError, GraphcError
 from graphc.model.dtypes import to_numpy
 from graphc.runtime.history import History
