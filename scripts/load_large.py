@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper
 
 import graphc as gc

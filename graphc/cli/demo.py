@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 

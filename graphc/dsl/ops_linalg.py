@@ -17,7 +17,7 @@ from graphc.dsl.ops import (binary, broadcast_shape, cast, constant, emit, int64
                             reshape, same_dim, same_dtype, scalar, unsqueeze, where)
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import sum as reduce_sum
-from graphc.dsl.ops_array import arange, dim_index, dim_positions, einsum, logsumexp, pad, static_dim
+from graphc.dsl.ops_array import dim_index, dim_positions, einsum, logsumexp, pad, static_dim
 from graphc.dsl.ops_views import movedim, outer, ranked_matmul, scaled_sum
 from graphc.dsl.tensor import Tensor, note_views
 from graphc.errors import CaptureError

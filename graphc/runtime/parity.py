@@ -22,7 +22,7 @@ import onnx
 import onnx_ir as ir
 from pydantic import BaseModel, computed_field
 
-from graphc.model import Model, load, node_label, node_source
+from graphc.model import Model, load, node_label
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.runtime.feeds import dtype_name
 
