@@ -134,19 +134,29 @@ def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1,
     wg = w.reshape(group, 1, c // group, mg * math.prod(kshape))
     cols = np.matmul(xg, wg).reshape(group, n, *spatial, mg, *kshape)
     cols = np.moveaxis(cols, 2 + d, 2)  # (g, N, M/g, *I, *k)
-    size = [max(f, bg + t) for f, bg, t in zip(full, begin, target)]  # output_shape may exceed, by < strides
-    out = np.zeros((n, group, mg, *size), dtype=x.dtype)
+    out = np.zeros((n, group, mg, *full), dtype=x.dtype)
     for kpos in itertools.product(*(range(k) for k in kshape)):
         dst = (slice(None),) + _window_slices(kpos, strides, dilations, spatial)
         out[dst] += cols[(Ellipsis, *kpos)].transpose(1, 0, 2, *range(3, 3 + d))
-    out = out.reshape(n, group * mg, *size)
-    out = out[(slice(None), slice(None)) + tuple(slice(bg, bg + t) for bg, t in zip(begin, target))]
+    out = _crop_or_extend(out.reshape(n, group * mg, *full), begin, target)
     if b is not None:
         out = out + b.reshape(-1, *([1] * d))
     return (np.ascontiguousarray(out),)
 
 
+def _crop_or_extend(out, begin, target):
+    """The spatial window ``[begin, begin + target)`` of ``out`` [N, C, *S], zeros where it
+    reaches past ``out`` (a negative ``begin``, or an end past S)."""
+    inside = tuple(slice(max(b, 0), min(b + t, n)) for b, t, n in zip(begin, target, out.shape[2:]))
+    out = out[(slice(None), slice(None), *inside)]
+    before = [max(-b, 0) for b in begin]
+    after = [t - w - bf for t, w, bf in zip(target, out.shape[2:], before)]
+    return _pad_spatial(out, before, after)
+
+
 def _transpose_crop(full, spatial, strides, pads, auto_pad, output_shape):
+    """(begin, target): the output is the window ``[begin, begin + target)`` of the ``full``
+    scatter-add result, per spatial axis; ``begin`` is negative where auto_pad SAME extends it."""
     d = len(spatial)
     if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         target = list(output_shape)[-d:] if output_shape is not None else [
@@ -159,7 +169,14 @@ def _transpose_crop(full, spatial, strides, pads, auto_pad, output_shape):
             begin = [t // 2 for t in total]
         else:
             begin = [t - t // 2 for t in total]
-        return [max(0, b) for b in begin], target
+        if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):  # an output_shape past the end: zeros at the end
+            begin = [max(0, b) for b in begin]
+        # SAME_*'s total is negative for a kernel narrower than the stride (its output is still
+        # input * strides): negative pads, zeros on both sides. The halves round down, as
+        # onnx.reference's: the spec's "extra padding at the end for SAME_UPPER" then holds for
+        # -1 too (pads -1, 0). onnxruntime and onnx's shape inference clamp the total to 0 instead
+        # (5 wide, not 6, for 3 wide, kernel 1, stride 2), against the spec's input * strides.
+        return begin, target
     pads = list(pads or [0] * (2 * d))
     return pads[:d], [full[i] - pads[i] - pads[i + d] for i in range(d)]
 

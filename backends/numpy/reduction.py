@@ -34,10 +34,21 @@ def _logsumexp(x, axis, keepdims):
     return out if keepdims else np.squeeze(out, axis=axis)
 
 
+def _mean(x, axis, keepdims):
+    """The sum over the count: over an empty set 0/0, NaN (the spec leaves it undefined;
+    onnx.reference gives NaN, onnxruntime 0). Integers have no NaN: that raises."""
+    count = int(np.prod([x.shape[a] for a in axis], dtype=np.int64))
+    if count == 0 and x.dtype.kind in "biu":
+        raise ValueError(f"ReduceMean over an empty set (axes {list(axis)} of shape {list(x.shape)}) is 0/0, "
+                         f"which {x.dtype} cannot hold")
+    total = np.sum(x, axis=axis, keepdims=keepdims, dtype=np.float64 if x.dtype.kind in "biu" else x.dtype)
+    return np.divide(total, count) if count else np.full_like(total, np.nan)
+
+
 # name -> fn(x, axis, keepdims), each returning an array of x's dtype.
 _REDUCERS = {
     "ReduceSum": lambda x, a, k: np.sum(x, axis=a, keepdims=k, dtype=x.dtype),
-    "ReduceMean": lambda x, a, k: np.mean(x, axis=a, keepdims=k),
+    "ReduceMean": lambda x, a, k: _mean(x, a, k),
     "ReduceMax": lambda x, a, k: np.max(x, axis=a, keepdims=k, initial=_lowest(x.dtype)),
     "ReduceMin": lambda x, a, k: np.min(x, axis=a, keepdims=k, initial=_highest(x.dtype)),
     "ReduceProd": lambda x, a, k: np.prod(x, axis=a, keepdims=k, dtype=x.dtype),
