@@ -59,7 +59,7 @@ def _pad_spatial(x, begin, end, value=0.0):
 def _window_slices(kpos, strides, dilations, out_shape):
     """Spatial slices that pick, for every output position, the input at kernel offset ``kpos``."""
     return (slice(None), slice(None)) + tuple(
-        slice(k * dl, k * dl + (o - 1) * s + 1, s)
+        slice(k * dl, k * dl + (o - 1) * s + 1, s) if o > 0 else slice(0, 0)  # no window: empty
         for k, s, dl, o in zip(kpos, strides, dilations, out_shape))
 
 

@@ -110,17 +110,24 @@ def argmin(x, *, axis=0, keepdims=1, select_last_index=0):
 
 
 # -- softmax family -----------------------------------------------------------------------------
+def _shifted(x, axis):
+    """``x`` less its maximum along ``axis``; an empty axis (whose result is empty) has none."""
+    return x - np.max(x, axis=axis, keepdims=True, initial=-np.inf)
+
+
 def _softmax(x, axis):
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    e = np.exp(_shifted(x, axis))
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
 def _log_softmax(x, axis):
-    shifted = x - np.max(x, axis=axis, keepdims=True)
+    shifted = _shifted(x, axis)
     return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
 
 def _hardmax(x, axis):
+    if not x.size:
+        return x.copy()
     idx = np.expand_dims(np.argmax(x, axis=axis), axis)
     out = np.zeros_like(x)
     np.put_along_axis(out, idx, 1, axis=axis)
@@ -130,8 +137,8 @@ def _hardmax(x, axis):
 def _coerced_2d(fn, x, axis):
     """Opset < 13: flatten to [prod(shape[:axis]), prod(shape[axis:])], normalize rows."""
     axis = axis % x.ndim if x.ndim else 0
-    rows = int(np.prod(x.shape[:axis], dtype=np.int64))
-    return fn(x.reshape(rows, -1), 1).reshape(x.shape)
+    rows, cols = (int(np.prod(part, dtype=np.int64)) for part in (x.shape[:axis], x.shape[axis:]))
+    return fn(x.reshape(rows, cols), 1).reshape(x.shape)  # (cols, not -1: rows may be 0)
 
 
 for _op, _fn in (("Softmax", _softmax), ("LogSoftmax", _log_softmax), ("Hardmax", _hardmax)):
