@@ -1,0 +1,205 @@
+"""The numpy backend against onnx.reference.ReferenceEvaluator (and onnxruntime where it agrees with
+the spec) at the edges: zero-sized dims, empty reductions, negative axes and indices, conv and pool
+geometry (auto_pad, dilations, ceil_mode, kernels narrower than the stride). Seeded, about 2 s.
+
+Where onnx.reference is wrong the case says so and checks the spec's answer another way."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+from graphc.errors import BackendError
+from tests.numpy_backend_util import feeds_of, node_model, numpy_vs_ort, run_numpy, run_ort
+
+RNG = np.random.default_rng(0)
+
+
+def reference(op_type, inputs, attrs, opset):
+    model = node_model(op_type, inputs, attrs, opset)
+    return ReferenceEvaluator(model).run(None, feeds_of(model, inputs))
+
+
+def ours(op_type, inputs, attrs, opset):
+    model = node_model(op_type, inputs, attrs, opset)
+    return run_numpy(model, feeds_of(model, inputs))
+
+
+def assert_same(got, want, what):
+    for g, w in zip(got, want, strict=True):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape and g.dtype == w.dtype, f"{what}: {g.dtype}{g.shape} vs {w.dtype}{w.shape}"
+        tol = 2e-3 if g.dtype == np.float16 else 1e-5
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol, atol=tol, equal_nan=True,
+                                   err_msg=what)
+
+
+def vs_reference(op_type, inputs, attrs, opset):
+    assert_same(ours(op_type, inputs, attrs, opset), reference(op_type, inputs, attrs, opset),
+                f"{op_type}@{opset} {attrs} {[None if x is None else x.shape for x in inputs]}")
+
+
+REDUCE = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+          "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"]
+
+
+def _reduce_cases():
+    for op, shape, dtype in itertools.product(REDUCE, [(2, 0, 3), (0,), (1, 3), (2, 3, 4)],
+                                              [np.float32, np.float16, np.int32]):
+        if dtype == np.int32 and op in ("ReduceLogSum", "ReduceLogSumExp", "ReduceL2"):
+            continue
+        axes_choices = [None, [], [-1]] + ([[0, -1], [1]] if len(shape) > 1 else [])
+        for axes, keepdims, noop in itertools.product(axes_choices, (0, 1), (0, 1)):
+            reduced = range(len(shape)) if not axes and not (noop and axes is not None) else axes
+            if op == "ReduceMean" and dtype == np.int32 and any(shape[a] == 0 for a in reduced):
+                continue  # 0/0 in integers: raises, test_integer_mean_of_nothing_raises
+            yield op, shape, dtype, axes, keepdims, noop
+
+
+@pytest.mark.parametrize("op", REDUCE)
+def test_reductions_match_onnx_reference_on_empty_and_negative_axes(op):
+    for _, shape, dtype, axes, keepdims, noop in (c for c in _reduce_cases() if c[0] == op):
+        x = (RNG.random(shape) * 4 + 0.5).astype(dtype)
+        inputs = [x] if axes is None else [x, np.array(axes, np.int64)]
+        attrs = {"keepdims": keepdims, "noop_with_empty_axes": noop}
+        (got,) = ours(op, inputs, attrs, 18)
+        (want,) = reference(op, inputs, attrs, 18)
+        assert got.dtype == x.dtype  # the spec's; onnx.reference's ReduceSumSquare of int32 over all axes is int64
+        assert_same([got], [want.astype(x.dtype)], f"{op} {attrs} axes {axes} on {x.dtype}{shape}")
+
+
+def test_mean_of_nothing_is_nan_without_a_warning():
+    """The spec leaves it undefined; it is 0/0 (onnx.reference: NaN; onnxruntime: 0)."""
+    x = np.zeros((2, 0, 3), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's np.mean warns "Mean of empty slice"
+        for opset, inputs, attrs in [(18, [x, np.array([1], np.int64)], {}), (13, [x], {"axes": [-2]}),
+                                     (18, [x], {"keepdims": 0})]:
+            (got,) = ours("ReduceMean", inputs, attrs, opset)
+            assert got.dtype == np.float32 and got.size and np.isnan(got).all()
+
+
+def test_integer_mean_of_nothing_raises():
+    with pytest.raises(BackendError, match=r"ReduceMean over an empty set \(axes \[1\] .* is 0/0, which int32"):
+        ours("ReduceMean", [np.zeros((2, 0), np.int32), np.array([1], np.int64)], {}, 18)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax", "Hardmax"])
+@pytest.mark.parametrize("opset", [11, 13])
+def test_softmax_family_on_empty_axes(op, opset):
+    for shape, axis in [((2, 0), -1), ((0, 3), 1), ((2, 0, 3), 1)]:
+        x = RNG.standard_normal(shape).astype(np.float32)
+        vs_reference(op, [x], {"axis": axis}, opset)
+        got, want = numpy_vs_ort(op, [x], {"axis": axis}, opset)
+        assert_same(got, want, f"{op} vs onnxruntime")
+
+
+def test_conv_transpose_same_with_a_kernel_narrower_than_the_stride():
+    """Output input * strides (the spec); the pads are negative and split rounding down, as
+    onnx.reference has it. onnxruntime and onnx's shape inference clamp the total pad to 0 instead
+    (3 wide, kernel 1, stride 2: 5 wide, not 6), so it is not compared."""
+    for n, k, s, d, op, auto_pad in itertools.product([1, 3, 4], [1, 2, 3], [1, 2, 3, 4], [1, 2], [0, 1],
+                                                      ["SAME_UPPER", "SAME_LOWER"]):
+        if op >= s:  # onnx.reference refuses output_padding past the stride
+            continue
+        x = RNG.standard_normal((1, 2, n)).astype(np.float32)
+        w = RNG.standard_normal((2, 1, k)).astype(np.float32)
+        attrs = {"auto_pad": auto_pad, "strides": [s], "dilations": [d], "output_padding": [op]}
+        (got,) = ours("ConvTranspose", [x, w], attrs, 18)
+        assert got.shape[2] == n * s
+        vs_reference("ConvTranspose", [x, w, RNG.standard_normal(1).astype(np.float32)], attrs, 18)
+    x = np.arange(1, 4, dtype=np.float32).reshape(1, 1, 3)
+    for auto_pad, stride, want in [("SAME_UPPER", 2, [0, 1, 0, 2, 0, 3]), ("SAME_LOWER", 2, [1, 0, 2, 0, 3, 0]),
+                                   ("SAME_LOWER", 3, [0, 1, 0, 0, 2, 0, 0, 3, 0])]:
+        (got,) = ours("ConvTranspose", [x, np.ones((1, 1, 1), np.float32)], {"auto_pad": auto_pad, "strides": [stride]}, 18)
+        np.testing.assert_array_equal(got.ravel(), want)
+
+
+def _spec_same_pads(spatial, kernel, strides, dilations, auto_pad):
+    """A pool's explicit pads for auto_pad SAME_*, by the spec: output ceil(size / stride)."""
+    begin, end = [], []
+    for n, k, s, dl in zip(spatial, kernel, strides, dilations):
+        total = max((-(-n // s) - 1) * s + (k - 1) * dl + 1 - n, 0)
+        small, big = total // 2, total - total // 2
+        begin.append(small if auto_pad == "SAME_UPPER" else big)
+        end.append(big if auto_pad == "SAME_UPPER" else small)
+    return begin + end
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "LpPool", "Conv"])
+def test_pools_and_conv_geometry(op):
+    """Random pads, strides, dilations, ceil_mode. SAME_* is checked against the oracle run on the
+    spec's explicit pads: onnx.reference and onnxruntime pad SAME pools as if undilated (MaxPool
+    4x6, kernel [2, 1], strides 3, dilations [2, 1], SAME_LOWER: 1x2, not ceil(4/3) x 2)."""
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        nd = int(rng.integers(1, 3))
+        spatial = [int(rng.integers(1, 7)) for _ in range(nd)]
+        kernel = [int(rng.integers(1, 4)) for _ in range(nd)]
+        strides = [int(rng.integers(1, 4)) for _ in range(nd)]
+        dilations = [int(rng.integers(1, 3)) for _ in range(nd)]
+        auto_pad = str(rng.choice(["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+        pads = [int(rng.integers(0, 3)) for _ in range(2 * nd)]
+        x = rng.standard_normal((2, 2, *spatial)).astype(np.float32)
+        attrs = {"strides": strides, "dilations": dilations}
+        inputs = [x]
+        if op == "Conv":
+            inputs += [rng.standard_normal((3, 2, *kernel)).astype(np.float32), rng.standard_normal(3).astype(np.float32)]
+        else:
+            attrs["kernel_shape"] = kernel
+            if auto_pad == "NOTSET" and op != "LpPool":  # onnx.reference's LpPool pads ceil_mode's extra wrongly
+                attrs["ceil_mode"] = int(rng.integers(0, 2))
+            if op == "AveragePool":
+                attrs["count_include_pad"] = int(rng.integers(0, 2))
+            if op == "LpPool":
+                attrs["p"] = int(rng.integers(1, 4))
+        explicit = dict(attrs, pads=pads if auto_pad == "NOTSET" else
+                        [0] * 2 * nd if auto_pad == "VALID" else _spec_same_pads(spatial, kernel, strides, dilations, auto_pad))
+        effective = [(k - 1) * dl + 1 for k, dl in zip(kernel, dilations)]
+        begin, end = explicit["pads"][:nd], explicit["pads"][nd:]
+        if any(n + b + e < f or max(b, e) >= k for n, b, e, f, k in zip(spatial, begin, end, effective, kernel)):
+            continue  # no window, or pads onnxruntime refuses (not under the kernel's size)
+        if op == "MaxPool":  # onnx.reference's MaxPool takes uneven pads wrongly (1 window, not 2, for 2 wide,
+            model = node_model(op, inputs, explicit, 19)  # kernel 2, pads [0, 1]; [1, 0] raises IndexError)
+            # a window all padding has no maximum: -inf here, the lowest float32 there (undefined)
+            want = [np.where(w == np.finfo(np.float32).min, -np.inf, w) for w in run_ort(model, feeds_of(model, inputs))]
+        else:
+            want = reference(op, inputs, explicit, 19)
+        assert_same(ours(op, inputs, dict(attrs, auto_pad=auto_pad) if auto_pad != "NOTSET" else explicit, 19),
+                    want, f"{op} {auto_pad} {explicit} on {spatial}")
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "LpPool"])
+def test_pool_with_no_window_is_empty(op):
+    """Pads of 2 and 1 on 1 wide, kernel 3 dilated 2, stride 2: floor(-1 / 2) + 1 = 0 windows."""
+    x = np.ones((2, 2, 1, 2), np.float32)
+    vs_reference(op, [x], {"strides": [2, 3], "dilations": [2, 1], "pads": [2, 2, 1, 0], "kernel_shape": [3, 2]}, 19)
+
+
+def _i64(*values):
+    return np.array(values, np.int64)
+
+
+def test_indexing_and_integer_arithmetic_at_the_edges():
+    """Regression guards: these agree today (Slice steps past the ends, negative indices,
+    Div truncating and Mod's two signs, broadcasting against 0 and 1)."""
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    for starts, ends, axes, steps in [(-1, -100, 2, -1), (10, -10, -1, -2), (0, 2**62, 1, 2**62),
+                                      (-(2**62), 2**62, 0, 3), (3, 0, 2, -5), (-1, -(2**63), 2, -1)]:
+        vs_reference("Slice", [x, _i64(starts), _i64(ends), _i64(axes), _i64(steps)], {}, 13)
+    for axis in (0, -1, 1):
+        vs_reference("Gather", [x, _i64(-1, 0, -2)], {"axis": axis}, 13)
+    vs_reference("GatherND", [x, np.array([[-1, 0], [0, -2]], np.int64)], {}, 13)
+    for reduction in ("none", "add", "mul", "max", "min"):
+        vs_reference("ScatterND", [x, np.array([[-1, 0], [0, -1], [-1, 0]], np.int64),
+                                   RNG.standard_normal((3, 4)).astype(np.float32)], {"reduction": reduction}, 18)
+    a, b = np.array([-7, 7, -7, 7, 0, -1, 5], np.int32), np.array([2, -2, -2, 2, 3, 4, -3], np.int32)
+    vs_reference("Div", [a, b], {}, 14)
+    for fmod in (0, 1):
+        vs_reference("Mod", [a, b], {"fmod": fmod}, 13)
+    for sa, sb in [((0, 3), (1, 3)), ((2, 1, 3), (0, 1)), ((), (2, 0))]:
+        vs_reference("Add", [RNG.random(sa).astype(np.float32), RNG.random(sb).astype(np.float32)], {}, 13)
