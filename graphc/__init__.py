@@ -173,6 +173,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "nn": ("graphc.nn", None),
     "losses": ("graphc.compile.losses", None),
     "optim": ("graphc.compile.optim", None),
+    "amp": ("graphc.compile.amp", None),
     "training": ("graphc.compile.training", None),
     "data": ("graphc.runtime.data", None),
     "metrics": ("graphc.runtime.metrics", None),
@@ -200,6 +201,7 @@ _MOVED = {
     "graphc.training": "graphc.compile.training",  # API: gc.training
     "graphc.losses": "graphc.compile.losses",  # API: gc.losses
     "graphc.optim": "graphc.compile.optim",  # API: gc.optim
+    "graphc.amp": "graphc.compile.amp",  # gc.amp
     "graphc.export": "graphc.compile.export",  # docs/api.md: graphc.export.ExportError
     "graphc.data": "graphc.runtime.data",  # API: gc.data
     "graphc.parity": "graphc.runtime.parity",  # API: gc.parity

@@ -57,12 +57,13 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from graphc.compile.amp import loss_scale_json
 from graphc.compile.losses import LossSpec
 from graphc.compile.opsets import emitted_opset
 from graphc.errors import ArtifactsError, PassError
@@ -180,6 +181,9 @@ class Manifest(BaseModel):
     device: Literal["cpu", "cuda"] = "cpu"  # whose kernels the backward's lowerings suit (generate's option)
     # train-mode BatchNorms with one value per channel in a batch of one row: {module: [data input, axis]}
     one_row_batchnorms: dict[str, tuple[str, int]] = {}
+    # loss scaling (generate's option, ``gc.amp``): {"kind": "dynamic", init_scale, growth_factor,
+    # backoff_factor, growth_interval} or {"kind": "static", init_scale}; None: none
+    loss_scale: Optional[dict] = None
 
     def pack(self, tensors: Mapping[str, np.ndarray], graph: str | None = None, *,
              consume: bool = False) -> dict[str, np.ndarray]:
@@ -519,7 +523,8 @@ def _own_file(directory: Path, name: str, what: str = "") -> Path:
 
 def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Iterable[str] | None = None,
              frozen: Iterable[str] = (), fused: bool = True, recompute: bool = False, params: Iterable[str] = (),
-             batchnorm: Literal["train", "frozen"] = "train", device: Literal["cpu", "cuda"] = "cpu") -> TrainingArtifacts:
+             batchnorm: Literal["train", "frozen"] = "train", device: Literal["cpu", "cuda"] = "cpu",
+             loss_scale=None) -> TrainingArtifacts:
     """Training artifacts for ``model``.
 
     Which float initializers are params: for an imported model, what the source framework
@@ -559,6 +564,12 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
             ``backends/nchwc.py``), the depthwise weight gradients are chosen for them. The graphs
             run on any backend and compute the same values up to rounding; only the speed follows
             the choice.
+        loss_scale: ``gc.amp.GradScaler(...)`` (dynamic loss scaling, ``torch.amp.GradScaler``'s
+            semantics) or a float (a static scale): train_step backpropagates ``loss * scale``,
+            unscales the gradients (before any clipping) and skips the update (params, optimizer
+            state, ``step``) when one of them is inf or NaN; the scale (``loss_scale``) and the
+            growth tracker (``loss_scale.growth_tracker``) are train_step state
+            (``passes/training/loss_scaling.py``). None (default): no scaling, the graphs as before.
 
     Raises:
         gc.GraphError: unknown output/param names, a loss that is not a float scalar, an op
@@ -582,11 +593,12 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     opt_json = _optimizer_json(optimizer)
+    scale_json = loss_scale_json(loss_scale)
     model = emitted_opset(model, "training graphs")
     built = artifacts.build(model.ir, loss_args, opt_json,
                             trainable=None if trainable is None else names(trainable), frozen=names(frozen),
                             fused=fused, recompute=recompute, params=names(params), batchnorm=batchnorm,
-                            device=device, nchwc=_nchwc_block() if device == "cpu" else 0)
+                            device=device, nchwc=_nchwc_block() if device == "cpu" else 0, loss_scale=scale_json)
     graphs = {key: Model(m) for key, m in built.graphs.items()}
     manifest = Manifest(
         opset=built.opset,
@@ -598,7 +610,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         layout=[FlatBuffer(name=g.name, dtype=str(as_dtype(int(g.dtype))), params=g.params,
                            shapes=[list(s) for s in g.shapes], slots=list(built.slots),
                            weight_decay=g.weight_decay) for g in built.layout],
-        orders=built.orders, one_row_batchnorms=built.one_row_batchnorms)
+        orders=built.orders, one_row_batchnorms=built.one_row_batchnorms, loss_scale=scale_json)
     return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
                              graphs["inference"], built.state, manifest, graphs.get("noise_shapes"))
 

@@ -874,6 +874,13 @@ class Trainer:
         return np.array(self._train.to_host(handle), copy=True)
 
     @property
+    def loss_scale(self) -> Optional[float]:
+        """The current loss scale (torch's ``scaler.get_scale()``) of artifacts generated with
+        ``loss_scale``; None without loss scaling."""
+        handle = self._state.get("loss_scale") if self.manifest.loss_scale is not None else None
+        return None if handle is None else float(self._host(handle))
+
+    @property
     def lr(self) -> float:
         return float(self._host(self._state["lr"]))
 

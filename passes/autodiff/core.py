@@ -257,10 +257,11 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
 
 
 def backward(graph: ir.Graph, loss: ir.Value, wrt: Sequence[ir.Value], device: str = "cpu",
-             nchwc: int = 0) -> dict[str, ir.Value]:
+             nchwc: int = 0, seed_scale: ir.Value | None = None) -> dict[str, ir.Value]:
     """Append d(loss)/d(w) for each ``w`` in ``wrt`` to ``graph``; return ``{w.name: gradient}``.
     ``device`` and ``nchwc``: whose kernels the gradient rules choose their lowerings for
-    (``GradBuilder``).
+    (``GradBuilder``). ``seed_scale`` (a scalar of the loss's dtype): the gradients of ``loss *
+    seed_scale`` instead (loss scaling).
 
     ``loss`` must be a scalar (or one-element) float value of ``graph``. A ``w`` with no path
     to the loss gets zeros of its shape (``ConstantOfShape``), like ``tf.gradients`` with
@@ -277,6 +278,8 @@ def backward(graph: ir.Graph, loss: ir.Value, wrt: Sequence[ir.Value], device: s
     g = GradBuilder(graph, onnx_opset(graph, DEFAULT_OPSET), device=device, nchwc=nchwc)
     nodes = list(graph)
     seed = g.full(g.shape_of(loss), 1.0, loss)
+    if seed_scale is not None:
+        seed = g.op("Mul", seed, seed_scale)
     grads = backprop(g, nodes, {loss: seed}, list(wrt))
     result = {}
     for w in wrt:

@@ -44,7 +44,8 @@ from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks
 from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
 from graphc.passes.infer import correct_onnx_inference
-from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, modes, optimizers
+from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, loss_scaling, modes
+from graphc.passes.training import optimizers
 from graphc.passes.training import noise as noise_shapes, padding_rows, recompute as recomputation, reductions, taps_params
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
@@ -87,9 +88,10 @@ class Built:
 def build(model: ir.Model, loss: LossArgs, optimizer: dict,
           trainable: Iterable[str] | None = None, frozen: Iterable[str] = (), fused: bool = True,
           recompute: bool = False, params: Iterable[str] = (), batchnorm: str = "train", device: str = "cpu",
-          nchwc: int = 0) -> Built:
+          nchwc: int = 0, loss_scale: dict | None = None) -> Built:
     """The training graphs of ``model``; ``optimizer`` is the spec as JSON (``{"kind": "sgd", "lr":
-    ..., ...}``); ``nchwc``: the CPU's NCHWc channel block the backward may count on (0: none)."""
+    ..., ...}``); ``nchwc``: the CPU's NCHWc channel block the backward may count on (0: none);
+    ``loss_scale``: loss scaling's spec as JSON (``loss_scaling``), or None."""
     base = _prepare(model)
     one_row = modes.one_row_batchnorms(base.graph) if batchnorm != "frozen" else {}
     order = {name: i for i, name in enumerate(model.graph.initializers)}  # promoted constants last
@@ -102,7 +104,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     buffer_updates.inference_mode(inference.graph)
     padding_rows.freeze_padding_rows(base.graph)  # after the clone: inference keeps the plain lookup
 
-    free_names(base.graph, _reserved(loss, optimizer))
+    free_names(base.graph, _reserved(loss, optimizer, loss_scale))
     label = append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
     params, frozen_all, constants = _select_params(base, bn_stats, trainable, frozen, params, order)
     buffer_updates.refuse_max_norm(base.graph, params)
@@ -117,7 +119,8 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     noise: list[str] = []
     slot = [v.name for v in base.graph.outputs].index(loss.output)
     step, gradients, grads, bn_next, grad_outputs, taps = _backward_graphs(base, opset, params, bn_stats, noise,
-                                                                           recompute, batchnorm, device, nchwc)
+                                                                           recompute, batchnorm, device, nchwc,
+                                                                           loss_scale)
     # a pass that replaces the prediction (dense_conv) keeps its output slot, not its name
     step.graph.outputs[slot].name = loss.output
     orders = taps_params.store(step.graph, opset, taps, grads)  # after gradients is cloned: its params as the model's
@@ -128,7 +131,8 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     param_values = {p: step.graph.initializers[p] for p in grads}
     lr_dtype = optimizers.lr_dtype(v.dtype for v in param_values.values())
     step_outputs = [Output(LOSS, "loss"),
-                    *_append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, held, lr_dtype),
+                    *_append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, held, lr_dtype,
+                                       loss_scale),
                     *(Output(expose(step.graph, value, f"{stat}.next", like=step.graph.initializers[stat]), "state",
                              stat) for stat, value in bn_next.items()),
                     # the training-mode prediction the loss reads: the Trainer's train metrics
@@ -139,7 +143,8 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     role_of_input = {**{n: "data" for n in data}, **({label: "label"} if label else {}),
                      **{n: "param" for n in params},
                      **{f"{p}.{s}": "state" for p in [*params, *updated] for s in slots},
-                     STEP: "state", **{n: "state" for n in bn_stats}, LR: "hyper",
+                     STEP: "state", **{n: "state" for n in loss_scaling.state_names(loss_scale)},
+                     **{n: "state" for n in bn_stats}, LR: "hyper",
                      **{n: "noise" for n in noise}}
     graphs = {"train_step": step, "gradients": gradients, "eval": evaluation, "inference": inference}
     for key, m in graphs.items():
@@ -163,6 +168,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
              for key, m in graphs.items()}
     feeds = {o.name: o.feeds for o in step_outputs if o.feeds is not None}
     state = _initial_state(gradients.graph, params, bn_stats, slots, optimizer, lr_dtype)
+    state.update(loss_scaling.initial_state(loss_scale))
     return Built(graphs, roles, feeds, params, frozen_all, constants, state, model_outputs, opset, groups, slots,
                  orders, one_row)
 
@@ -189,14 +195,16 @@ def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
 
 def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats: Sequence[str],
                      noise: list[str], recompute: bool = False, batchnorm: str = "train", device: str = "cpu",
-                     nchwc: int = 0):
+                     nchwc: int = 0, loss_scale: dict | None = None):
     """Training mode and the backward pass, in ``step`` itself; returns (step, the gradients
     graph cloned from it, {param: gradient value in step}, {BN stat: its updated value}, the
     gradients graph's outputs, {param: (its taps-outer chain's value, that value's gradient)}
     for the params ``taps_params`` may hold in the chain's order).
     Dropout becomes ops on new noise inputs (their names are appended to ``noise``) before
     autodiff, so the gradient flows through plain Mul/Cast. ``batchnorm="frozen"`` keeps
-    BatchNormalization in inference mode (running statistics in, none updated)."""
+    BatchNormalization in inference mode (running statistics in, none updated). With
+    ``loss_scale`` the backward is the scaled loss's (``loss_scaling.seed``): train_step unscales
+    its gradients in the update, the gradients graph before its outputs."""
     if batchnorm == "frozen":
         modes.set_inference_mode(step.graph, ops=("BatchNormalization",))
     # ops without a gradient rule that ONNX defines as functions (Mish, RMSNormalization,
@@ -213,8 +221,13 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     forward = {node.name for node in step.graph}
     convs = [node for node in step.graph if node.op_type == "Conv" and node.domain in ("", "ai.onnx")]
     chains = taps_params.chains(step.graph, params)
-    found = backward(step.graph, by_name(step.graph, LOSS), [*(step.graph.initializers[p] for p in params),
-                                                              *chains.values()], device, nchwc)
+    loss_value, seed_scale = by_name(step.graph, LOSS), None
+    if loss_scale is not None:
+        scale = input_with_default(step.graph, loss_scaling.LOSS_SCALE,
+                                   loss_scaling.initial_state(loss_scale)[loss_scaling.LOSS_SCALE])
+        seed_scale = loss_scaling.seed(Emitter(step.graph, opset, "loss_scale"), scale, loss_value)
+    found = backward(step.graph, loss_value, [*(step.graph.initializers[p] for p in params), *chains.values()],
+                     device, nchwc, seed_scale)
     grads = {p: found[p] for p in params}
     before = set(step.graph)
     if device == "cpu":
@@ -229,9 +242,13 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     graph = gradients.graph
     stats = [Output(expose(graph, by_name(graph, v.name), f"{stat}.next", like=graph.initializers[stat]), "state",
                     stat) for stat, v in bn_next.items()]  # a data-parallel run keeps rank 0's (as DDP)
+    grad_values = [by_name(graph, g.name) for g in grads.values()]
+    if loss_scale is not None:
+        grad_values, _ = loss_scaling.unscale(Emitter(graph, opset, "loss_scale"), by_name(graph, loss_scaling.LOSS_SCALE),
+                                              grad_values, [graph.initializers[p].dtype for p in grads], check=False)
     outputs = [Output(LOSS, "loss"),
-               *(Output(expose(graph, by_name(graph, g.name), f"{p}_grad", like=graph.initializers[p]), "grad")
-                 for p, g in grads.items()), *stats]
+               *(Output(expose(graph, g, f"{p}_grad", like=graph.initializers[p]), "grad")
+                 for p, g in zip(grads, grad_values)), *stats]
     set_outputs(graph, outputs)
     return step, gradients, grads, bn_next, outputs, {p: (t, found[t.name]) for p, t in chains.items()}
 
@@ -288,10 +305,12 @@ _SEQUENCE_MAKERS = frozenset({"SplitToSequence", "SequenceConstruct", "SequenceE
                               "SequenceErase"})
 
 
-def _reserved(loss: LossArgs, optimizer: dict) -> dict[str, str]:
+def _reserved(loss: LossArgs, optimizer: dict, loss_scale: dict | None = None) -> dict[str, str]:
     """The names the training graphs add, and what for: the step count, the learning rate, the
-    loss (unless the model's own loss output has that name) and with ``max_grad_norm`` the norm."""
-    reserved = {STEP: "the step count, a train_step input", LR: "the learning rate, a train_step input"}
+    loss (unless the model's own loss output has that name), with ``max_grad_norm`` the norm and
+    with ``loss_scale`` its state."""
+    reserved = {STEP: "the step count, a train_step input", LR: "the learning rate, a train_step input",
+                **{n: "loss scaling's state, a train_step input" for n in loss_scaling.state_names(loss_scale)}}
     if optimizer.get("max_grad_norm") is not None:
         reserved[GRAD_NORM] = "the gradients' total norm, a train_step output"
     if loss.output != LOSS:
@@ -393,9 +412,12 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
     return model
 
 
-def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups, lr_dtype) -> list[Output]:
+def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups, lr_dtype,
+                      loss_scale: dict | None = None) -> list[Output]:
     """Optimizer inputs (state, step, lr of ``lr_dtype``) and update nodes for ``params`` (name ->
-    value), per flat buffer of ``groups`` or, with none, per param; returns the ``.next`` outputs."""
+    value), per flat buffer of ``groups`` or, with none, per param; returns the ``.next`` outputs.
+    ``loss_scale``: the gradients are the scaled loss's, unscaled here and the step skipped where
+    one is not finite (``loss_scaling``; the graph already has the ``loss_scale`` input)."""
     b = Emitter(graph, opset, "optim")
     step = input_with_default(graph, STEP, np.array(0, dtype=np.int64))
     lr = input_with_default(graph, LR, np.array(hyper["lr"], dtype=lr_dtype.numpy()))
@@ -409,9 +431,14 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
                     g.weight_decay) for g in groups]
     else:
         updates = [(p, params[p], grad, decays[p]) for p, grad in grads.items()]
+    dtypes = [(u[2] if groups else params[u[0]]).dtype for u in updates]
+    scaler = None
+    if loss_scale is not None:  # torch's scaler.unscale_, before any clipping
+        scaler = loss_scaling.Scaler(b, loss_scale, by_name(graph, loss_scaling.LOSS_SCALE))
+        updates = [(name, param, g, decay) for (name, param, _, decay), g in
+                   zip(updates, scaler.unscale([u[2] for u in updates], dtypes))]
     # torch's clip_grad_*_ between backward and step, on every gradient at once (if the spec asks)
-    clipped, norm = clipping.clip(b, hyper, [u[2] for u in updates],
-                                  [(u[2] if groups else params[u[0]]).dtype for u in updates])
+    clipped, norm = clipping.clip(b, hyper, [u[2] for u in updates], dtypes)
     updates = [(name, param, g, decay) for (name, param, _, decay), g in zip(updates, clipped)]
     new_params, state_next = {}, []
     for name, param, grad, decay in updates:
@@ -421,15 +448,29 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
             state[s] = ir.Value(name=f"{name}.{s}", type=ir.TensorType(like.dtype), shape=like.shape)
             graph.inputs.append(state[s])
         upd = optimizers.step(ctx, hyper if decay else {**hyper, "weight_decay": 0.0}, grad, state, param)
+        delta, shrink = scaler.step(upd.delta, upd.shrink) if scaler else (upd.delta, upd.shrink)
         if groups:  # the group's step split into its params' pieces, applied to the params as fed
-            new_params.update(flat.apply(views, groups_by_name[name], params, upd.delta, upd.shrink))
+            new_params.update(flat.apply(views, groups_by_name[name], params, delta, shrink))
         else:
-            new_params[name] = optimizers.apply(b, param, upd.delta, upd.shrink)
-        state_next += [Output(expose(graph, upd.state[s], f"{name}.{s}.next", like=like), "state", f"{name}.{s}")
-                       for s in slots]
+            new_params[name] = optimizers.apply(b, param, delta, shrink)
+        state_next += [Output(expose(graph, scaler.keep(state[s], upd.state[s]) if scaler else upd.state[s],
+                                     f"{name}.{s}.next", like=like), "state", f"{name}.{s}") for s in slots]
     param_next = [Output(expose(graph, new_params[p], f"{p}.next", like=params[p]), "param", p) for p in params]
-    return [*param_next, *state_next, Output(expose(graph, t, f"{STEP}.next", like=step), "state", STEP),
+    return [*param_next, *state_next,
+            Output(expose(graph, scaler.keep(step, t) if scaler else t, f"{STEP}.next", like=step), "state", STEP),
+            *(_scaler_outputs(graph, scaler) if scaler else []),
             *([Output(expose(graph, norm, GRAD_NORM), GRAD_NORM)] if norm is not None else [])]
+
+
+def _scaler_outputs(graph: ir.Graph, scaler: loss_scaling.Scaler) -> list[Output]:
+    """The loss scale's next value and, for a dynamic scale, the growth tracker's (its input added)."""
+    tracker = None
+    if loss_scaling.TRACKER in loss_scaling.state_names(scaler.spec):
+        tracker = input_with_default(graph, loss_scaling.TRACKER,
+                                     loss_scaling.initial_state(scaler.spec)[loss_scaling.TRACKER])
+    inputs = {loss_scaling.LOSS_SCALE: scaler.scale, loss_scaling.TRACKER: tracker}
+    return [Output(expose(graph, value, f"{name}.next", like=inputs[name]), "state", name)
+            for name, value in scaler.update(tracker).items()]
 
 
 def _initial_state(graph, params, bn_stats, slots, hyper, lr_dtype: ir.DataType) -> dict[str, np.ndarray]:

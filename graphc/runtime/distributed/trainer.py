@@ -100,7 +100,11 @@ class DistributedTrainer(Trainer):
         """Refuse, saying why, artifacts the workers cannot train as one process would: a loss
         that is a scalar output (graphc cannot tell a mean from a sum, so shards cannot be
         combined), and a gradients graph from before it output the BatchNorm statistics' updates
-        (they would stay frozen)."""
+        (they would stay frozen), and loss scaling (its update graph has no overflow check)."""
+        if self.manifest.loss_scale is not None:
+            raise ArtifactsError("these artifacts were generated with loss_scale (gc.amp.GradScaler): data-parallel "
+                                 "training (workers=...) has no loss scaling yet; train them with gc.Trainer in one "
+                                 "process, or generate them without loss_scale")
         loss = self.manifest.loss
         if loss.get("kind") == "output" and self.workers > 1:
             raise ArtifactsError(f"the loss is the model's scalar output {loss['output']!r}: how it grows with the "

@@ -1,0 +1,130 @@
+"""Loss scaling in train_step, as ``torch.amp.GradScaler`` on CPU: ``scaler.scale(loss).backward();
+scaler.unscale_(opt); [clip]; scaler.step(opt); scaler.update()``.
+
+The scale (``loss_scale``, a float32 scalar) and the growth tracker (``loss_scale.growth_tracker``,
+int32) are train_step state, carried from step to step as the params are. ``spec`` is the
+manifest's ``loss_scale`` (``graphc.compile.amp.loss_scale_json``).
+
+* ``seed``: the backward starts from ``scale`` cast to the loss's dtype (the gradient of ``loss *
+  scale``: a float16 loss's seed of 2**16 is inf, as torch's), so every gradient is the scaled
+  loss's, in its own dtype.
+* ``unscale``: each gradient (a flat buffer of the fused update, else a param's) times ``inv =
+  float32(1 / float64(scale))``, computed in float32 for float16/bfloat16 gradients and rounded
+  back, in float64 for float64 ones; ``found_inf`` is whether any entry of the *scaled* gradients
+  is inf or NaN (torch's ``_amp_foreach_non_finite_check_and_unscale_``), read off one
+  ``ReduceSum(g * 0)`` per buffer (0 for finite entries, NaN for any other), ORed.
+* ``keep``: on ``found_inf`` each carried value keeps its input (the step's ``delta`` is 0 and
+  ``shrink`` 1, so a param is written as ``param * 1 - 0``, bit for bit the same, by the node
+  that writes it without loss scaling; the optimizer state and ``step`` by a ``Where``).
+* ``update``: torch's ``_amp_update_scale_``: ``found_inf``: ``scale * backoff_factor``, tracker
+  0; else the tracker + 1, and at ``growth_interval`` ``scale * growth_factor`` (kept only if
+  finite) and tracker 0; the products in float64 rounded to float32, as torch's CPU kernel. A
+  static scale stays as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc.passes.emit import HALF_DTYPES, Emitter
+
+__all__ = ["LOSS_SCALE", "TRACKER", "Scaler", "initial_state", "seed", "state_names"]
+
+LOSS_SCALE = "loss_scale"
+TRACKER = "loss_scale.growth_tracker"
+_F32, _F64 = ir.DataType.FLOAT, ir.DataType.DOUBLE
+
+
+def state_names(spec: dict | None) -> tuple[str, ...]:
+    """The train_step state inputs loss scaling adds: the scale, and the tracker of a dynamic one."""
+    if spec is None:
+        return ()
+    return (LOSS_SCALE, TRACKER) if spec["kind"] == "dynamic" else (LOSS_SCALE,)
+
+
+def initial_state(spec: dict | None) -> dict[str, np.ndarray]:
+    """Their values before the first step (torch's: ``init_scale`` as float32, tracker 0 int32)."""
+    values = {LOSS_SCALE: np.array(spec["init_scale"], np.float32), TRACKER: np.array(0, np.int32)} if spec else {}
+    return {n: values[n] for n in state_names(spec)}
+
+
+def seed(b: Emitter, scale: ir.Value, loss: ir.Value) -> ir.Value:
+    """The backward's seed factor: ``scale`` in the loss's dtype."""
+    return scale if loss.dtype == scale.dtype else b.op("Cast", scale, to=loss.dtype, dtype=loss.dtype)
+
+
+def _inverse(b: Emitter, scale: ir.Value) -> ir.Value:
+    """``float32(1 / float64(scale))``, torch's ``scale.double().reciprocal().float()``."""
+    wide = b.op("Reciprocal", b.op("Cast", scale, to=_F64, dtype=_F64), dtype=_F64)
+    return b.op("Cast", wide, to=_F32, dtype=_F32)
+
+
+def unscale(b: Emitter, scale: ir.Value, grads: Sequence[ir.Value], dtypes: Sequence[ir.DataType],
+            check: bool = True) -> tuple[list[ir.Value], ir.Value | None]:
+    """``grads`` (of ``dtypes``) times 1/scale, and (with ``check``) the bool scalar ``found_inf``."""
+    inv = _inverse(b, scale)
+    inv64 = b.op("Cast", inv, to=_F64, dtype=_F64) if _F64 in dtypes else None
+    out, flags = [], []
+    for g, dt in zip(grads, dtypes):
+        if dt in HALF_DTYPES:
+            wide = b.op("Mul", b.op("Cast", g, to=_F32, dtype=_F32), inv, dtype=_F32)
+            out.append(b.op("Cast", wide, to=dt, dtype=dt))
+        else:
+            out.append(b.op("Mul", g, inv64 if dt == _F64 else inv, dtype=dt))
+        if check:  # 0 where finite, NaN where not: a NaN sum says some entry was inf or NaN
+            flag = b.op("ReduceSum", b.op("Mul", g, b.const(0, dt), dtype=dt), keepdims=0, dtype=dt)
+            flags.append(flag if dt == _F32 else b.op("Cast", flag, to=_F32, dtype=_F32))
+    if not check:
+        return out, None
+    total = b.op("Sum", *flags, dtype=_F32) if len(flags) > 1 else flags[0]
+    return out, b.op("IsNaN", total, dtype=ir.DataType.BOOL)
+
+
+@dataclass
+class Scaler:
+    """The loss-scaling nodes of one train_step: its scale input and ``found_inf``."""
+
+    b: Emitter
+    spec: dict
+    scale: ir.Value
+    found_inf: ir.Value | None = None
+
+    def unscale(self, grads: Sequence[ir.Value], dtypes: Sequence[ir.DataType]) -> list[ir.Value]:
+        grads, self.found_inf = unscale(self.b, self.scale, grads, dtypes)
+        return grads
+
+    def step(self, delta: ir.Value, shrink: ir.Value | None) -> tuple[ir.Value, ir.Value | None]:
+        """A step that leaves the param as it is on ``found_inf``: delta 0 and shrink 1."""
+        b = self.b
+        delta = b.op("Where", self.found_inf, b.const(0, delta.dtype), delta, dtype=delta.dtype)
+        if shrink is not None:
+            shrink = b.op("Where", self.found_inf, b.const(1, shrink.dtype), shrink, dtype=shrink.dtype)
+        return delta, shrink
+
+    def keep(self, old: ir.Value, new: ir.Value) -> ir.Value:
+        """``new``, or on ``found_inf`` ``old`` (the optimizer state, ``step``)."""
+        return self.b.op("Where", self.found_inf, old, new, dtype=new.dtype if new.dtype is not None else old.dtype)
+
+    def update(self, tracker: ir.Value | None) -> dict[str, ir.Value]:
+        """{state input name: its next value}: the scale's and the tracker's."""
+        if self.spec["kind"] != "dynamic":
+            return {LOSS_SCALE: self.scale}
+        b, spec, found = self.b, self.spec, self.found_inf
+        wide = b.op("Cast", self.scale, to=_F64, dtype=_F64)
+
+        def times(factor: float) -> ir.Value:
+            return b.op("Cast", b.op("Mul", wide, b.const(factor, _F64), dtype=_F64), to=_F32, dtype=_F32)
+
+        grown = times(spec["growth_factor"])
+        finite = b.op("Not", b.op("IsInf", grown))  # a finite scale times a finite factor is never NaN
+        successful = b.op("Add", tracker, b.const(1, np.int32), dtype=ir.DataType.INT32)
+        grow = b.op("Equal", successful, b.const(spec["growth_interval"], np.int32))
+        scale = b.op("Where", grow, b.op("Where", finite, grown, self.scale, dtype=_F32), self.scale, dtype=_F32)
+        zero = b.const(0, np.int32)
+        count = b.op("Where", grow, zero, successful, dtype=ir.DataType.INT32)
+        return {LOSS_SCALE: b.op("Where", found, times(spec["backoff_factor"]), scale, dtype=_F32),
+                TRACKER: b.op("Where", found, zero, count, dtype=ir.DataType.INT32)}
