@@ -47,6 +47,7 @@ API_DEFAULTS = {
     ("grad", "param"): (gc.training.generate, "params"),
     ("grad", "batchnorm"): (gc.training.generate, "batchnorm"),
     ("grad", "device"): (gc.training.generate, "device"),
+    ("grad", "loss_scale"): (gc.training.generate, "loss_scale"),
     ("run", "backend"): (gc.Session, "backend"),
     ("run", "batch_size"): (map_batches, "batch_size"),
     ("parity", "backends"): (gc.parity.compare, "backends"),

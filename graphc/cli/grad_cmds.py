@@ -138,6 +138,11 @@ def grad_cmd(
     clip_grad_value: Optional[float] = typer.Option(None, "--clip-grad-value", help="Clamp each gradient entry to "
                                                     "[-V, V] before each step (before --max-grad-norm), as "
                                                     "torch.nn.utils.clip_grad_value_ (default: none)."),
+    loss_scale: Optional[str] = typer.Option(None, "--loss-scale", metavar="dynamic|FLOAT",
+                                             help="Loss scaling for float16 training: dynamic (gc.amp.GradScaler(), "
+                                             "torch.amp.GradScaler's defaults: scale 65536, halved on an inf/NaN "
+                                             "gradient, which skips the step, doubled after 2000 good steps) or a "
+                                             "static scale (default: none)."),
     class_weights: Optional[str] = typer.Option(None, "--class-weights", metavar="W0,W1,...|FILE.npy",
                                                 help="A cross_entropy loss's weight of each class, as a comma "
                                                 "list or a .npy file (default: none, all 1)."),
@@ -172,13 +177,13 @@ def grad_cmd(
                          max_grad_norm=max_grad_norm, grad_norm_type=_norm_type(grad_norm_type),
                          clip_grad_value=clip_grad_value)
     arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute, params=param,
-                                batchnorm=batchnorm, device=device)
+                                batchnorm=batchnorm, device=device, loss_scale=_loss_scale(loss_scale))
     arts.save(output)
     m = arts.manifest
     console.print(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "
                   f"{len(m.frozen)} frozen params, {len(m.constants)} exporter constants; loss {spec.kind} on "
                   f"{spec.output!r} (label input {spec.label!r}){_weighted(spec)}; optimizer {optimizer} lr={opt.lr:g}{_clipping(opt)}; "
-                  f"BatchNorm {batchnorm}", highlight=False, soft_wrap=True)
+                  f"BatchNorm {batchnorm}{_scaling(m.loss_scale)}", highlight=False, soft_wrap=True)
     console.print(f"trainable: {_listing(m.trainable)}", highlight=False, soft_wrap=True)
     if m.constants:
         console.print("exporter constants (not trained; --param NAME trains one): "
@@ -196,6 +201,23 @@ def _clipping(opt) -> str:
     if opt.max_grad_norm is not None:
         parts.append(f"max_grad_norm={opt.max_grad_norm:g} ({str(opt.grad_norm_type).removesuffix('.0')}-norm)")
     return "".join(f" {p}" for p in parts)
+
+
+def _loss_scale(text: Optional[str]):
+    """``--loss-scale``: ``dynamic`` as ``gc.amp.GradScaler()``, a number as a static scale."""
+    from graphc.compile.amp import GradScaler
+
+    if text is None or text == "dynamic":
+        return None if text is None else GradScaler()
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"--loss-scale must be dynamic or a number (a static scale), got {text!r}") from None
+
+
+def _scaling(spec: Optional[dict]) -> str:
+    """``; loss scale dynamic from 65536`` for the summary line (empty without loss scaling)."""
+    return "" if spec is None else f"; loss scale {spec['kind']} from {spec['init_scale']:g}"
 
 
 def _weighted(spec) -> str:
