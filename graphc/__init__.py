@@ -133,6 +133,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     **{op: ("graphc.dsl.ops_fold", op) for op in ("unfold", "fold")},
     **{op: ("graphc.dsl.ops", op) for op in ("erf", "flatten")},
     "no_grad": ("graphc.dsl.builder", "no_grad"),
+    **{op: ("graphc.dsl.autocast", op) for op in ("autocast", "is_autocast_enabled")},
     **{op: ("graphc.dsl.ops_divide", op) for op in ("remainder", "fmod")},
     **{op: ("graphc.dsl.ops_math", op) for op in _MATH_OPS},
     **{op: ("graphc.dsl.ops_views", op) for op in _VIEW_OPS},

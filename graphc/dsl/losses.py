@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.dsl import ops, ops_array
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.batching import batch_of_one
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops_layers import logsigmoid
@@ -56,17 +57,20 @@ def _same_shape(loss: str, x: Tensor, target: Tensor) -> None:
             ops.same_dim(loss, [x, target], a, b, "input and target dims")
 
 
+@autocast_op("mse_loss")
 def mse(pred: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     check_reduction("mse", reduction)
     diff = pred - target
     return reduce_loss(diff * diff, reduction)
 
 
+@autocast_op("l1_loss")
 def l1(pred: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     check_reduction("l1", reduction)
     return reduce_loss(ops.abs(pred - target), reduction)
 
 
+@autocast_op("huber_loss")
 def huber(pred: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
     check_reduction("huber", reduction)
     if not delta > 0:
@@ -75,6 +79,7 @@ def huber(pred: Tensor, target: Tensor, reduction: str = "mean", delta: float = 
     return reduce_loss(ops.where(d < delta, d * d * 0.5, (d - 0.5 * delta) * delta), reduction)
 
 
+@autocast_op("smooth_l1_loss")
 def smooth_l1(pred: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
     """``torch.nn.functional.smooth_l1_loss``: ``huber(delta=beta) / beta``, ``l1`` at ``beta=0``."""
     check_reduction("smooth_l1", reduction)
@@ -85,6 +90,7 @@ def smooth_l1(pred: Tensor, target: Tensor, reduction: str = "mean", beta: float
     return reduce_loss(huber(pred, target, "none", beta) / beta, reduction)
 
 
+@autocast_op("binary_cross_entropy_with_logits")
 def bce_with_logits(x: Tensor, y: Tensor, reduction: str = "mean", weight: Tensor | None = None,
                     pos_weight: Tensor | None = None) -> Tensor:
     """``(1 - y) x - (1 + (pos_weight - 1) y) logsigmoid(x)``, times ``weight``, as torch writes it:
@@ -111,6 +117,7 @@ def _clamped_log(p: Tensor) -> Tensor:
     return ops.where(positive, ops.clip(log, -100.0), -100.0)
 
 
+@autocast_op("binary_cross_entropy")
 def bce(p: Tensor, y: Tensor, reduction: str = "mean", weight: Tensor | None = None) -> Tensor:
     """``torch.nn.functional.binary_cross_entropy`` on probabilities: ``-(y log p + (1 - y)
     log(1 - p))``, each log clamped at -100 (finite at ``p`` 0 or 1, where the clamped log's
@@ -166,6 +173,7 @@ def _batched(fn, logp: Tensor, target: Tensor, reduction: str, *args) -> Tensor:
     return batch_of_one("GatherElements", logp, "C", lambda lp, t: fn(lp, t, reduction, *args), target)
 
 
+@autocast_op("nll_loss")
 def nll(logp: Tensor, labels: Tensor, reduction: str = "mean", weight: Tensor | None = None,
         ignore_index: int = -100) -> Tensor:
     """``torch.nn.functional.nll_loss``: ``-w[y] logp[y]`` per label; ``"mean"`` divides by the sum
@@ -185,6 +193,7 @@ def _mean_over(elem: Tensor, counted: Tensor, reduction: str) -> Tensor:
     return reduce_loss(elem, reduction)
 
 
+@autocast_op()
 def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
                   ignore_index: int = -100, weight: Tensor | None = None) -> Tensor:
     """``torch.nn.functional.cross_entropy`` over axis 1 of ``[N, C, d...]`` logits (or an
@@ -243,6 +252,7 @@ def _soft_cross_entropy(logits: Tensor, probs: Tensor, reduction: str, eps: floa
     return reduce_loss(-ops.sum(terms, axis=1), reduction)
 
 
+@autocast_op()
 def kl_div(logp: Tensor, target: Tensor, reduction: str = "mean", log_target: bool = False) -> Tensor:
     """``torch.nn.functional.kl_div``: ``target * (log(target) - logp)`` (0 where target is 0, where
     the target's gradient is ``-logp``; torch's is nan), or ``exp(target) * (target - logp)`` with
@@ -260,6 +270,7 @@ def kl_div(logp: Tensor, target: Tensor, reduction: str = "mean", log_target: bo
     return total if not elem.shape else total / dim_size(elem, 0)
 
 
+@autocast_op("poisson_nll_loss")
 def poisson_nll(x: Tensor, target: Tensor, log_input: bool = True, full: bool = False, eps: float = 1e-8,
                 reduction: str = "mean") -> Tensor:
     """``torch.nn.functional.poisson_nll_loss``: ``exp(x) - target x`` for a log-rate ``x`` (else

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from graphc.dsl import ops, ops_array
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.losses import check_reduction, dim_size, like_dtype, reduce_loss
 from graphc.dsl.ops_layers import logsigmoid
@@ -67,6 +68,7 @@ def _per_sample(fn, x: Tensor, target: Tensor, target_rank: int, reduction: str,
     return reduce_loss(ops.squeeze(elem, [0]) if one else elem, reduction)
 
 
+@autocast_op("cosine_embedding_loss")
 def cosine_embedding(x1: Tensor, x2: Tensor, target: Tensor, margin: float = 0.0, reduction: str = "mean") -> Tensor:
     """``1 - cos(x1, x2)`` where ``target`` is 1, ``max(0, cos - margin)`` where it is -1 (0
     elsewhere), the cosine over the last dim of ``[N, D]`` pairs (``[D]`` with a 0-d target)."""
@@ -87,6 +89,7 @@ def cosine_embedding(x1: Tensor, x2: Tensor, target: Tensor, margin: float = 0.0
     return reduce_loss(elem, reduction)
 
 
+@autocast_op("margin_ranking_loss")
 def margin_ranking(x1: Tensor, x2: Tensor, target: Tensor, margin: float = 0.0, reduction: str = "mean") -> Tensor:
     """``max(0, -target (x1 - x2) + margin)``; the three operands of one rank, as torch asks."""
     check_reduction("margin_ranking", reduction)
@@ -96,6 +99,7 @@ def margin_ranking(x1: Tensor, x2: Tensor, target: Tensor, margin: float = 0.0, 
     return reduce_loss(ops.relu(margin - target * (x1 - x2)), reduction)
 
 
+@autocast_op("hinge_embedding_loss")
 def hinge_embedding(x: Tensor, target: Tensor, margin: float = 1.0, reduction: str = "mean") -> Tensor:
     """``x`` where ``target`` is 1, ``max(0, margin - x)`` where it is -1 (torch's sum of both
     where it is neither)."""
@@ -106,6 +110,7 @@ def hinge_embedding(x: Tensor, target: Tensor, margin: float = 1.0, reduction: s
     return reduce_loss(elem, reduction)
 
 
+@autocast_op("soft_margin_loss")
 def soft_margin(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     """``log(1 + exp(-target x))``, as ``-logsigmoid(target x)`` (no overflow at any ``|x|``)."""
     check_reduction("soft_margin", reduction)
@@ -126,6 +131,7 @@ def multilabel_soft_margin(x: Tensor, target: Tensor, weight: Tensor | None = No
     return reduce_loss(ops.sum(elem, axis=-1) / dim_size(elem, -1), reduction)
 
 
+@autocast_op("multilabel_margin_loss")
 def multilabel_margin(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     """``sum_j sum_{i not a target} max(0, 1 - (x[y_j] - x[i])) / C`` over the target classes
     ``y_j``: the int64 ``target`` (the input's shape) lists them, ending at its first negative."""
@@ -151,6 +157,7 @@ def _multilabel_margin(x: Tensor, target: Tensor) -> Tensor:
     return ops.sum(hinge * pairs, axis=[1, 2])
 
 
+@autocast_op("multi_margin_loss")
 def multi_margin(x: Tensor, target: Tensor, p: int = 1, margin: float = 1.0, weight: Tensor | None = None,
                  reduction: str = "mean") -> Tensor:
     """``sum_{i != y} w[y] max(0, margin - x[y] + x[i])^p / C`` for each sample's int64 class
@@ -203,6 +210,7 @@ def triplet_margin_with_distance(anchor: Tensor, positive: Tensor, negative: Ten
     return reduce_loss(ops.relu(margin + dist(anchor, positive) - far), reduction)
 
 
+@autocast_op("triplet_margin_loss")
 def triplet_margin(anchor: Tensor, positive: Tensor, negative: Tensor, margin: float = 1.0, p: float = 2.0,
                    eps: float = 1e-6, swap: bool = False, reduction: str = "mean") -> Tensor:
     """``triplet_margin_with_distance`` with ``pairwise_distance(p, eps)``."""

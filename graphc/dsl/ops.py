@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op, promoted
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, to_numpy
 from graphc.errors import CaptureError
 from graphc.dsl.tensor import VIEW_OPS, Tensor, note_views
@@ -144,7 +145,7 @@ def unary(op: str, x: Tensor, **attrs: Any) -> Tensor:
 def binary(op: str, a: Any, b: Any) -> Tensor:
     if op == "Pow" and isinstance(b, Tensor) and not isinstance(a, Tensor) and np.asarray(a).dtype.kind == "f":
         return emit(op, [lift(a), b])  # a float base keeps its type (ONNX Pow's T): 2.0 ** int_t is float, as in torch
-    a, b = operand_pair(a, b)
+    a, b = promoted(*operand_pair(a, b))
     if op != "Pow":
         same_dtype(op, a, b)
     return emit(op, [a, b])
@@ -165,11 +166,13 @@ def tanh(x: Tensor) -> Tensor:
     return unary("Tanh", x)
 
 
+@autocast_op()
 def exp(x: Tensor) -> Tensor:
     """Signature: ai.onnx@13::Exp"""
     return unary("Exp", x)
 
 
+@autocast_op()
 def log(x: Tensor) -> Tensor:
     """Natural log. Signature: ai.onnx@13::Log"""
     return unary("Log", x)
@@ -205,6 +208,7 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
 
 
 @one_element("axis")
+@autocast_op()
 @in_float32
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Softmax along ``axis``. Signature: ai.onnx@13::Softmax"""
@@ -212,6 +216,7 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
 
 
 @one_element("axis")
+@autocast_op()
 @in_float32
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     """Signature: ai.onnx@13::LogSoftmax"""
@@ -255,7 +260,7 @@ def _clip_by_tensors(x: Tensor, lo: Tensor | None, hi: Tensor | None) -> Tensor:
 
 def where(condition: Any, input: Any, other: Any) -> Tensor:
     """``input`` where ``condition`` else ``other`` (torch's names). Signature: ai.onnx@16::Where"""
-    a, b = operand_pair(input, other)
+    a, b = promoted(*operand_pair(input, other))
     cond = lift(condition)
     if cond.dtype != "bool":
         raise op_error("Where", [cond, a, b], f"condition must be bool, got {cond.dtype}", user_source())
@@ -283,6 +288,7 @@ def detach(x: Tensor) -> Tensor:
 # -- linear algebra ---------------------------------------------------------------------------
 
 
+@autocast_op()
 def matmul(a: Any, b: Any) -> Tensor:
     """numpy-style matmul (batched, broadcast). Signature: ai.onnx@13::MatMul"""
     a, b = operand_pair(a, b)
@@ -302,6 +308,7 @@ def matmul(a: Any, b: Any) -> Tensor:
 # -- shapes -----------------------------------------------------------------------------------
 
 
+@autocast_op("cat")
 def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     """Join along ``axis``. Signature: ai.onnx@13::Concat"""
     tensors = list(tensors)
@@ -314,6 +321,7 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     return emit("Concat", tensors, {"axis": axis})
 
 
+@autocast_op()
 def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     """Join along a new ``axis`` (Unsqueeze + Concat)."""
     tensors = [lift(t) for t in tensors]

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
 from graphc.errors import CaptureError
 from graphc.dsl.ops import (binary, cast, clip, concat, const_i64, constant, emit, exp, int64_accumulated, lift, log,
@@ -38,6 +39,7 @@ def cos(x: Tensor) -> Tensor:
     return unary("Cos", x)
 
 
+@autocast_op()
 def rsqrt(x: Tensor) -> Tensor:
     """``1 / sqrt(x)`` (Reciprocal of Sqrt)."""
     return unary("Reciprocal", sqrt(x))
@@ -218,6 +220,7 @@ def repeat(x: Tensor, *sizes: Any) -> Tensor:
     return tile(x, sizes)
 
 
+@autocast_op()
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """``torch.cat``: ``gc.concat`` under PyTorch's name."""
     return concat(tensors, dim)
@@ -391,6 +394,7 @@ def one_hot(x: Tensor, num_classes: int = -1) -> Tensor:
 
 
 @one_element()
+@autocast_op()
 @in_float32
 def cumsum(x: Tensor, dim: int) -> Tensor:
     """Running sum along ``dim``; of a bool or integer Tensor, in int64 as torch's. Signature: ai.onnx@14::CumSum"""

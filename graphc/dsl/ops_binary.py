@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl import control
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import (binary, cast, constant, detach, emit, lift, log, maximum, minimum, operand_pair, same_dtype,
@@ -80,6 +81,7 @@ def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor: 
     return binary("Div", a, b) if a.dtype not in FLOAT_DTYPES else trunc(a / b)  # integer Div truncates
 
 
+@autocast_op()
 @in_float32
 def addcmul(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:  # noqa: A002
     """``input + value * tensor1 * tensor2``."""
@@ -87,6 +89,7 @@ def addcmul(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor
     return add(input, _scaled(mul(t1, t2), value, "value", "addcmul"))
 
 
+@autocast_op()
 @in_float32
 def addcdiv(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:  # noqa: A002
     """``input + value * tensor1 / tensor2``; integer Tensors are refused, as torch."""
@@ -133,6 +136,7 @@ def to_float_pair(fn: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:
 # -- float functions of two inputs ------------------------------------------------------------
 
 
+@autocast_op()
 def atan2(input: Any, other: Any) -> Tensor:  # noqa: A002
     """The angle of the point ``(other, input)``, in ``[-pi, pi]``, signed zeros and infinities as
     torch's; integers become float32. Where ``|other| >= |input|`` it is ``atan(input / other)``,

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphc.dsl import ops
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops_array import chunk, permute
 from graphc.dsl.ops_layers import (
@@ -86,6 +87,7 @@ def convolution(input: Any, weight: Any, bias: Any, stride: Sequence[int], paddi
     return _CONVS[nd](x, weight, bias, stride, padding, dilation, groups)
 
 
+@autocast_op()
 def conv_tbc(input: Any, weight: Any, bias: Any, pad: int = 0) -> Tensor:
     """``torch.conv_tbc``: a 1-D convolution of time-batch-channel ``input`` ``(T, B, C_in)`` with ``weight``
     ``(k, C_in, C_out)`` and ``bias`` ``(C_out,)``, ``pad`` zeros each side of time: ``(T', B, C_out)``."""

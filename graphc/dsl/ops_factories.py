@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import cast, concat, constant, emit, lift, reshape, same_dtype, stack
 from graphc.dsl.ops_array import cat, dim_length, einsum, full, full_like, static_dim
@@ -280,6 +281,7 @@ def unravel_index(indices: Any, shape: Any) -> tuple[Tensor, ...]:
     return tuple(reversed(coords))
 
 
+@autocast_op()
 def tensordot(a: Tensor, b: Tensor, dims: Any = 2) -> Tensor:
     """``torch.tensordot``: ``a`` and ``b`` contracted over the last ``dims`` dims of ``a`` and the first of ``b``,
     or over the listed pairs ``(dims_a, dims_b)``. Signature: ai.onnx@12::Einsum"""

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.errors import CaptureError
 from graphc.model.dtypes import finfo
 from graphc.dsl.ops import (cast, clip, concat, const_i64, constant, emit, lift, matmul, mean, minimum, reshape,
@@ -51,30 +52,35 @@ def _conv(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, 
     return emit(op, inputs, attrs)
 
 
+@autocast_op()
 def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
            dilation: Any = 1, groups: int = 1) -> Tensor:
     """NCL convolution, weight ``[out, in/groups, k]``. Signature: ai.onnx@11::Conv"""
     return _conv("Conv", x, weight, bias, stride, padding, dilation, groups, 1)
 
 
+@autocast_op()
 def conv3d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
            dilation: Any = 1, groups: int = 1) -> Tensor:
     """NCDHW convolution, weight ``[out, in/groups, kd, kh, kw]``. Signature: ai.onnx@11::Conv"""
     return _conv("Conv", x, weight, bias, stride, padding, dilation, groups, 3)
 
 
+@autocast_op()
 def conv_transpose1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
                      output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     """Weight ``[in, out/groups, k]``. Signature: ai.onnx@11::ConvTranspose"""
     return _conv("ConvTranspose", x, weight, bias, stride, padding, dilation, groups, 1, output_padding)
 
 
+@autocast_op()
 def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
                      output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     """Weight ``[in, out/groups, kh, kw]``. Signature: ai.onnx@11::ConvTranspose"""
     return _conv("ConvTranspose", x, weight, bias, stride, padding, dilation, groups, 2, output_padding)
 
 
+@autocast_op()
 def conv_transpose3d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
                      output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     """Weight ``[in, out/groups, kd, kh, kw]``. Signature: ai.onnx@11::ConvTranspose"""
@@ -169,6 +175,7 @@ def _channel_shape(x: Tensor, t: Tensor) -> Tensor:
     return reshape(t, [-1] + [1] * (x.ndim - 2))
 
 
+@autocast_op()
 @in_float32
 def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
@@ -386,6 +393,7 @@ def softmin(x: Tensor, dim: int = -1) -> Tensor:
     return softmax(-lift(x), dim)
 
 
+@autocast_op()
 def prelu(x: Tensor, weight: Tensor) -> Tensor:
     """``max(0, x) + weight * min(0, x)``, one slope per channel (dim 1) or one for all.
     Signature: ai.onnx@16::PRelu"""
@@ -473,6 +481,7 @@ def _safe_softmax(scores: Tensor) -> Tensor:
     return where(dead, zero, softmax(where(dead, zero, scores), -1))
 
 
+@autocast_op()
 @in_float32
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,

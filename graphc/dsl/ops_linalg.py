@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import (binary, broadcast_shape, cast, constant, emit, int64_accumulated, lift, log, reduction,
                             reshape, same_dim, same_dtype, scalar, unsqueeze, where)
@@ -34,22 +35,26 @@ class SignLogAbsDet(NamedTuple):
 # -- products ---------------------------------------------------------------------------------
 
 
+@autocast_op()
 def mm(input: Any, mat2: Any) -> Tensor:  # noqa: A002 - torch's names
     """The product of two matrices (2-D only, as torch's). Signature: ai.onnx@13::MatMul"""
     return ranked_matmul("mm", input, mat2, (2, 2))
 
 
+@autocast_op()
 def bmm(input: Any, mat2: Any) -> Tensor:  # noqa: A002
     """Batched matrix product of two 3-D Tensors with equal batch sizes (no broadcasting, as torch's).
     Signature: ai.onnx@13::MatMul"""
     return ranked_matmul("bmm", input, mat2, (3, 3))
 
 
+@autocast_op()
 def mv(input: Any, vec: Any) -> Tensor:  # noqa: A002
     """A matrix times a 1-D vector. Signature: ai.onnx@13::MatMul"""
     return ranked_matmul("mv", input, vec, (2, 1))
 
 
+@autocast_op()
 def dot(input: Any, tensor: Any) -> Tensor:  # noqa: A002
     """The 0-D inner product of two 1-D Tensors of one length. Signature: ai.onnx@13::MatMul"""
     return ranked_matmul("dot", input, tensor, (1, 1))
@@ -60,6 +65,7 @@ def vdot(input: Any, other: Any) -> Tensor:  # noqa: A002
     return ranked_matmul("vdot", input, other, (1, 1))
 
 
+@autocast_op()
 def chain_matmul(*matrices: Any) -> Tensor:
     """The product of 2-D matrices from left to right (torch picks another order, with the same
     result up to rounding)."""
@@ -119,16 +125,19 @@ def cross(input: Any, other: Any, dim: int | None = None) -> Tensor:  # noqa: A0
     return turned(a, [1, 2, 0]) * turned(b, [2, 0, 1]) - turned(a, [2, 0, 1]) * turned(b, [1, 2, 0])
 
 
+@autocast_op()
 def addmv(input: Any, mat: Any, vec: Any, *, beta: float = 1, alpha: float = 1) -> Tensor:  # noqa: A002
     """``beta * input + alpha * (mat @ vec)``, as torch's."""
     return scaled_sum(input, mv(mat, vec), beta, alpha)
 
 
+@autocast_op()
 def addr(input: Any, vec1: Any, vec2: Any, *, beta: float = 1, alpha: float = 1) -> Tensor:  # noqa: A002
     """``beta * input + alpha * outer(vec1, vec2)``, as torch's."""
     return scaled_sum(input, outer(vec1, vec2), beta, alpha)
 
 
+@autocast_op()
 def addbmm(input: Any, batch1: Any, batch2: Any, *, beta: float = 1, alpha: float = 1) -> Tensor:  # noqa: A002
     """``beta * input + alpha * sum(batch1 @ batch2 over the batch)``, as torch's."""
     return scaled_sum(input, reduce_sum(bmm(batch1, batch2), 0), beta, alpha)
@@ -206,6 +215,7 @@ def diagflat(input: Any, offset: int = 0) -> Tensor:  # noqa: A002
     return diag_embed(reshape(lift(input), [-1]), offset)
 
 
+@autocast_op()
 def trace(input: Any) -> Tensor:  # noqa: A002
     """The sum of a matrix's main diagonal (2-D only; integers sum in int64, as torch's)."""
     x = lift(input)
@@ -259,6 +269,7 @@ def _running_window(x: Tensor, dim: int, fill: float) -> tuple[Tensor, int]:
     return where(mask, unsqueeze(x, [dim]), scalar(fill, x)), dim + 1
 
 
+@autocast_op()
 def cumprod(input: Any, dim: int, *, dtype: Any = None) -> Tensor:  # noqa: A002
     """Running product along ``dim`` (bool and integers in int64, as torch's; ``dtype`` casts first),
     exact with zeros and with torch's gradient there. ``O(n^2)`` in the dim's length ``n``: a

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import user_source
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import (cast, emit, exp, int64_accumulated, lift, log, maximum, operand_pair, reduction, same_dtype,
@@ -32,6 +33,7 @@ def square(x: Tensor) -> Tensor:
     return x * x
 
 
+@autocast_op()
 def reciprocal(x: Tensor) -> Tensor:
     """``1 / x``; an integer or bool Tensor becomes float32 first, as torch's. Signature: ai.onnx@13::Reciprocal"""
     return unary("Reciprocal", to_float(lift(x)))
@@ -161,6 +163,7 @@ def nan_to_num(x: Tensor, nan: float = 0.0, posinf: float | None = None, neginf:
 # -- reductions -------------------------------------------------------------------------------
 
 
+@autocast_op()
 def prod(x: Tensor, dim: int | None = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
     """Product over ``dim`` (None: all); ``dtype`` casts first, else bool and integer Tensors
     multiply in int64, as torch. Signature: ai.onnx@18::ReduceProd"""

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl import ops, ops_math
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.tensor import Tensor
@@ -71,6 +72,7 @@ def check_rank(op: str, x: Tensor, rank: int) -> None:
                        user_source())
 
 
+@autocast_op()
 def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
            dilation: Any = 1, groups: int = 1) -> Tensor:
     """2-D convolution, NCHW, weight ``[out, in/groups, kh, kw]``. Signature: ai.onnx@11::Conv"""
@@ -198,6 +200,7 @@ def global_avg_pool2d(x: Tensor) -> Tensor:
     return ops.emit("GlobalAveragePool", [x])
 
 
+@autocast_op()
 @in_float32  # torch computes a narrow float's batch norm, statistics included, in float32 (running ones kept narrow)
 def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
                bias: Tensor | None = None, training: bool = False, momentum: float = 0.1,
@@ -259,6 +262,7 @@ def batch_statistics_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None,
     return y if bias is None else y + ops.reshape(ops.lift(bias, x), per_channel)
 
 
+@autocast_op()
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     """``torch.nn.functional.layer_norm``. Signature: ai.onnx@17::LayerNormalization"""
@@ -350,6 +354,7 @@ def renormed(rows: Tensor, weight: Tensor, max_norm: float, norm_type: float) ->
     return scaled + (rows - ops.detach(rows))  # the value rows * scale, the gradient rows'
 
 
+@autocast_op()
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias`` with PyTorch's ``[out, in]`` weight: ``Gemm(transB=1)`` for 2-D input,
     ``MatMul(x, Transpose(weight)) + bias`` for higher ranks."""

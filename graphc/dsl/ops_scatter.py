@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.indexing import getitem
 from graphc.dsl.ops import (cast, concat, const_i64, constant, emit, lift, reduction, reshape, reshape_like, same_dtype,
@@ -51,6 +52,7 @@ def _scatter_operands(fn: str, x: Any, index: Any, src: Any) -> tuple[Tensor, Te
     return x, index, src
 
 
+@autocast_op()
 @one_element()
 def scatter_add(x: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
     """``torch.scatter_add``: ``x`` with each ``src[i][j]`` added at ``index[i][j]`` along ``dim``.

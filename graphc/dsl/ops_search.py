@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import (cast, const_i64, constant, detach, emit, lift, minimum, reshape, reshape_like, scalar,
                             squeeze, unsqueeze, where)
@@ -233,6 +234,7 @@ def _power_or_zero(t: Tensor, exponent: float) -> Tensor:
     return where(zero, scalar(0, t), where(zero, scalar(1, t), t) ** scalar(exponent, t))
 
 
+@autocast_op()
 def cdist(x1: Tensor, x2: Tensor, p: float = 2.0, compute_mode: str = _COMPUTE_MODES[0]) -> Tensor:
     """``torch.cdist``: ``||x1[..., i, :] - x2[..., j, :]||_p`` for every row pair, ``[..., P, R]``
     (batch dims broadcast; ``p`` >= 0, inf included), gradients as torch's (``minkowski``). Always

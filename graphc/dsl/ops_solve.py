@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import (binary, cast, clip, concat, constant, detach, emit, lift, log, matmul, reduction,
                             same_dtype, scalar, sqrt, squeeze, unsqueeze, where)
@@ -281,6 +282,7 @@ def inv(A: Any) -> Tensor:
     return lu_solve_perm(packed, perm, eye_like(a, n), n)
 
 
+@autocast_op()
 def inverse(input: Any) -> Tensor:  # noqa: A002
     """``torch.inverse``: ``gc.linalg.inv``."""
     return inv(input)

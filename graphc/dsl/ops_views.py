@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.indexing import getitem
 from graphc.dsl.ops import (broadcast_shape, const_i64, emit, lift, matmul, reshape, same_dim, same_dtype,
@@ -141,11 +142,13 @@ def outer(a: Tensor, b: Tensor) -> Tensor:
     return unsqueeze(a, [1]) * unsqueeze(b, [0])
 
 
+@autocast_op()
 def addmm(input: Any, mat1: Tensor, mat2: Tensor, *, beta: float = 1, alpha: float = 1) -> Tensor:  # noqa: A002
     """``beta * input + alpha * (mat1 @ mat2)`` (2-D ``mat1``, ``mat2``), as torch's."""
     return scaled_sum(input, ranked_matmul("addmm", mat1, mat2, (2, 2)), beta, alpha)
 
 
+@autocast_op()
 def baddbmm(input: Any, batch1: Tensor, batch2: Tensor, *, beta: float = 1, alpha: float = 1) -> Tensor:  # noqa: A002
     """``beta * input + alpha * (batch1 @ batch2)`` (3-D batches of matrices), as torch's."""
     return scaled_sum(input, ranked_matmul("baddbmm", batch1, batch2, (3, 3)), beta, alpha)
@@ -184,6 +187,7 @@ def index_add(x: Tensor, dim: int, index: Tensor, source: Tensor, alpha: float =
     return _index_scatter("index_add", x, dim, index, source, {"reduction": "add"})
 
 
+@autocast_op()
 def index_copy(x: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
     """``x`` with ``source``'s slices written at the entries of the 1-D ``index`` along ``dim``.
     Signature: ai.onnx@18::ScatterElements"""

@@ -15,7 +15,7 @@ from graphc.dsl.builder import current
 from graphc.dsl.tensor import Tensor
 from graphc.model.dtypes import FLOAT_DTYPES, to_onnx
 
-__all__ = ["NARROW", "in_float32"]
+__all__ = ["NARROW", "in_float32", "narrowed"]
 
 NARROW = frozenset({"float16", "bfloat16"})
 F = TypeVar("F", bound=Callable[..., Any])
@@ -27,12 +27,12 @@ def _cast(t: Tensor, dtype: str) -> Tensor:
     return Tensor(value, builder.eager_value(value))
 
 
-def _narrowed(out: Any, dtype: str) -> Any:
+def narrowed(out: Any, dtype: str) -> Any:
     """``out`` (a Tensor, or a tuple or named tuple of them) with its float32 Tensors cast to ``dtype``."""
     if isinstance(out, Tensor):
         return _cast(out, dtype) if out.dtype == "float32" else out
     if isinstance(out, tuple):
-        items = [_narrowed(o, dtype) for o in out]
+        items = [narrowed(o, dtype) for o in out]
         return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
     return out
 
@@ -52,6 +52,6 @@ def in_float32(fn: F) -> F:
         def wide(a: Any) -> Any:
             return _cast(a, "float32") if isinstance(a, Tensor) and a.dtype == dtype else a
 
-        return _narrowed(fn(*map(wide, args), **{k: wide(v) for k, v in kwargs.items()}), dtype)
+        return narrowed(fn(*map(wide, args), **{k: wide(v) for k, v in kwargs.items()}), dtype)
 
     return wrapper  # type: ignore[return-value]

@@ -1,0 +1,197 @@
+"""``gc.autocast``: torch.autocast's mixed precision in the captured graph. Inside the block, each op
+of ``autocast_policy.POLICY`` casts its floating Tensor arguments as the table says for the device
+type (Cast nodes in the graph, so gradients flow back through them to float32 params), and runs
+with autocast off inside, as torch's autocast kernels do. Mixed float dtypes meet in elementwise
+ops then, which promote as torch's do (``promoted``). Outside any block nothing changes: the
+wrappers only read the empty stack of states."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, TypeVar
+
+from graphc.dsl import autocast_policy as policy
+from graphc.dsl.builder import Builder, current
+from graphc.dsl.tensor import Tensor
+from graphc.dsl.upcast import NARROW, narrowed
+from graphc.model.dtypes import as_dtype, to_onnx
+
+F = TypeVar("F", bound=Callable[..., Any])
+CASTABLE = NARROW | {"float32"}  # float64 is never cast (torch's autocast leaves it alone)
+
+
+class _State(NamedTuple):
+    device: str
+    dtype: str
+    enabled: bool
+
+
+_STATES: list[_State] = []  # the innermost block's state last
+# Builder -> {(scope id, grad mode, id(value), dtype): (value, its Cast)}: one Cast per value and dtype
+_CASTS: "weakref.WeakKeyDictionary[Builder, dict]" = weakref.WeakKeyDictionary()
+
+
+def _dtype_name(dtype: Any) -> str:
+    """A dtype given as graphc's, numpy's or torch's (``torch.bfloat16``) as graphc's name."""
+    if type(dtype).__module__ == "torch":
+        dtype = str(dtype).removeprefix("torch.")
+    try:
+        return str(as_dtype(dtype))
+    except TypeError as exc:
+        raise ValueError(f"gc.autocast: dtype {dtype!r} is not a dtype ({exc})") from None
+
+
+class autocast:
+    """``torch.autocast(device_type, dtype=None, enabled=True)``: a ``with`` block (or a decorator)
+    in which the ops of ``autocast_policy.POLICY`` run in the dtype torch's autocast picks for
+    ``device_type`` ("cpu": bfloat16 by default, or float16; "cuda": float16 by default, or
+    bfloat16). Blocks nest; the innermost applies, ``enabled=False`` turns it off inside."""
+
+    def __init__(self, device_type: str, dtype: Any = None, enabled: bool = True):
+        if device_type not in policy.DEVICES:
+            raise ValueError(f"gc.autocast: device_type must be one of {', '.join(policy.DEVICES)}, "
+                             f"got {device_type!r}")
+        if not isinstance(enabled, bool):
+            raise ValueError(f"gc.autocast: enabled must be a bool, got {type(enabled).__name__} {enabled!r}")
+        default, allowed = policy.DTYPES[device_type]
+        name = default if dtype is None else _dtype_name(dtype)
+        if name not in allowed:
+            raise ValueError(f"gc.autocast: {device_type.upper()} autocast supports the dtypes "
+                             f"{', '.join(allowed)}; got {name}")
+        self.state = _State(device_type, name, enabled)
+
+    def __enter__(self) -> None:
+        _STATES.append(self.state)
+
+    def __exit__(self, *exc: object) -> None:
+        _STATES.pop()
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def _active() -> _State | None:
+    state = _STATES[-1] if _STATES else None
+    return state if state is not None and state.enabled else None
+
+
+@contextlib.contextmanager
+def _off() -> Iterator[None]:
+    """Autocast off for the block: the ops an autocast op is made of run on what it gives them."""
+    _STATES.append(_State("cpu", "bfloat16", False))
+    try:
+        yield
+    finally:
+        _STATES.pop()
+
+
+def cast(t: Tensor, dtype: str) -> Tensor:
+    """``t`` as ``dtype``: one Cast node per value and dtype in a capture (torch caches its casts too),
+    per graph scope and grad mode (a Cast in a ``gc.no_grad`` block reads a detached copy)."""
+    if t.dtype == dtype:
+        return t
+    builder = current()
+    cache = _CASTS.setdefault(builder, {})
+    key = (builder.scope.id, builder.gradients_enabled, id(t.value), dtype)
+    if key not in cache:
+        (value,) = builder.emit("Cast", [t.value], {"to": to_onnx(dtype)}, operands=[t])
+        cache[key] = (t.value, Tensor(value, builder.eager_value(value)))  # keeps t.value (its id) alive
+    return cache[key][1]
+
+
+def _floats(args: Any) -> Iterator[Tensor]:
+    """The castable float Tensors in ``args`` (lists and tuples of Tensors included)."""
+    for a in args:
+        if isinstance(a, Tensor) and a.dtype in CASTABLE:
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from _floats(a)
+
+
+def _cast_all(a: Any, dtype: str) -> Any:
+    if isinstance(a, Tensor):
+        return cast(a, dtype) if a.dtype in CASTABLE else a
+    if isinstance(a, (list, tuple)) and any(isinstance(x, Tensor) for x in a):
+        return type(a)(_cast_all(x, dtype) for x in a)
+    return a
+
+
+def widest(dtypes: set[str]) -> str:
+    """torch's promotion among float dtypes: float64 > float32 > float16, bfloat16 (the two: float32)."""
+    for wide in ("float64", "float32"):
+        if wide in dtypes:
+            return wide
+    return dtypes.pop() if len(dtypes) == 1 else "float32"
+
+
+def _target(kind: str, state: _State, args: tuple, kwargs: dict) -> str | None:
+    """The dtype ``kind`` casts the float arguments to, None where nothing is cast."""
+    found = {t.dtype for t in _floats((*args, *kwargs.values()))}
+    if not found:
+        return None
+    if kind == policy.LOWER:
+        return state.dtype
+    if kind == policy.PROMOTE:
+        return widest(found) if len(found) > 1 else None
+    return "float32"  # FP32; MIXED, whose result goes back to its input's narrow dtype
+
+
+def autocast_op(name: str | None = None) -> Callable[[F], F]:
+    """Decorator: the function runs under ``POLICY[name]`` (default: its own name) inside
+    ``gc.autocast``, with autocast off inside it; outside, as written."""
+
+    def wrap(fn: F) -> F:
+        op = name or fn.__name__
+        if op not in policy.POLICY:
+            raise KeyError(f"autocast_op: {op!r} is not in autocast_policy.POLICY")
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            state = _active()
+            kind = None if state is None else policy.kind(op, state.device)
+            if kind is None:
+                return fn(*args, **kwargs)
+            first = next(_floats((*args, *kwargs.values())), None)
+            back = first.dtype if kind == policy.MIXED and first is not None and first.dtype in NARROW else None
+            dtype = _target(kind, state, args, kwargs)
+            if kind == policy.MIXED and back is None:
+                dtype = None  # a float32 input: the norm runs as written
+            with _off():
+                if dtype is not None:
+                    args = tuple(_cast_all(a, dtype) for a in args)
+                    kwargs = {k: _cast_all(v, dtype) for k, v in kwargs.items()}
+                out = fn(*args, **kwargs)
+            return out if back is None else narrowed(out, back)
+
+        wrapper.autocast_op = op  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return wrap
+
+
+def promoted(a: Any, b: Any) -> tuple[Any, Any]:
+    """``a`` and ``b`` in one float dtype where autocast is on and both are float Tensors of two
+    dtypes (torch's elementwise promotion, which autocast's mixed dtypes rely on); else as given."""
+    if not (_STATES and _active() and isinstance(a, Tensor) and isinstance(b, Tensor)) or a.dtype == b.dtype:
+        return a, b
+    dtypes = {a.dtype, b.dtype}
+    if not dtypes <= CASTABLE | {"float64"}:
+        return a, b
+    dtype = widest(dtypes)
+    return cast(a, dtype), cast(b, dtype)
+
+
+def is_autocast_enabled() -> bool:
+    """Whether a ``gc.autocast`` block is on now."""
+    return _active() is not None
+
+
+__all__ = ["autocast", "autocast_op", "cast", "is_autocast_enabled", "promoted", "widest"]

@@ -1,0 +1,163 @@
+"""``gc.autocast("cpu")`` op by op against torch 2.13's ``torch.autocast("cpu", dtype=torch.bfloat16)``:
+for each op of ``autocast_policy.POLICY``'s CPU column that graphc has, the output dtype is torch's
+under autocast and the values agree to bfloat16's precision, on the numpy and ort-cpu backends; the
+table's CPU column is what torch does; the casts are cached and float64 is left alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc as gc
+import graphc.nn.functional as F
+from graphc.dsl import autocast_policy
+from graphc.model.dtypes import as_dtype
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+RNG = np.random.default_rng(0)
+
+
+def _f(M):
+    return torch.nn.functional if M is torch else F
+
+
+def _labels(n, classes):
+    return lambda r: r.integers(0, classes, (n,))
+
+
+def _n(*shape):
+    return lambda r: r.standard_normal(shape).astype(np.float32)
+
+
+def _p(*shape):
+    return lambda r: r.uniform(0.05, 0.95, shape).astype(np.float32)
+
+
+# op -> (fn(M, *inputs), input makers); M is torch or graphc
+CASES = {
+    "matmul": (lambda M, a, b: M.matmul(a, b), [_n(3, 4, 5), _n(5, 6)]),
+    "mm": (lambda M, a, b: M.mm(a, b), [_n(4, 5), _n(5, 6)]),
+    "bmm": (lambda M, a, b: M.bmm(a, b), [_n(2, 4, 5), _n(2, 5, 3)]),
+    "baddbmm": (lambda M, c, a, b: M.baddbmm(c, a, b), [_n(2, 4, 3), _n(2, 4, 5), _n(2, 5, 3)]),
+    "addmm": (lambda M, c, a, b: M.addmm(c, a, b), [_n(4, 3), _n(4, 5), _n(5, 3)]),
+    "addbmm": (lambda M, c, a, b: M.addbmm(c, a, b), [_n(4, 3), _n(2, 4, 5), _n(2, 5, 3)]),
+    "linear": (lambda M, x, w, b: _f(M).linear(x, w, b), [_n(2, 3, 5), _n(4, 5), _n(4)]),
+    "conv1d": (lambda M, x, w: _f(M).conv1d(x, w, padding=1), [_n(2, 3, 9), _n(4, 3, 3)]),
+    "conv2d": (lambda M, x, w, b: _f(M).conv2d(x, w, b), [_n(2, 3, 6, 6), _n(4, 3, 3, 3), _n(4)]),
+    "conv3d": (lambda M, x, w: _f(M).conv3d(x, w), [_n(1, 2, 4, 4, 4), _n(3, 2, 2, 2, 2)]),
+    "conv_transpose1d": (lambda M, x, w: _f(M).conv_transpose1d(x, w, stride=2), [_n(2, 3, 5), _n(3, 2, 3)]),
+    "conv_transpose2d": (lambda M, x, w: _f(M).conv_transpose2d(x, w), [_n(1, 3, 4, 4), _n(3, 2, 3, 3)]),
+    "conv_transpose3d": (lambda M, x, w: _f(M).conv_transpose3d(x, w), [_n(1, 2, 3, 3, 3), _n(2, 2, 2, 2, 2)]),
+    "conv_tbc": (lambda M, x, w, b: M.conv_tbc(x, w, b, 1), [_n(7, 2, 3), _n(3, 3, 4), _n(4)]),
+    "prelu": (lambda M, x, w: _f(M).prelu(x, w), [_n(2, 3, 4), _n(3)]),
+    "scaled_dot_product_attention": (lambda M, q, k, v: _f(M).scaled_dot_product_attention(q, k, v),
+                                     [_n(2, 3, 5, 8), _n(2, 3, 6, 8), _n(2, 3, 6, 8)]),
+    "cat": (lambda M, a, b: M.cat([M.matmul(a, a), b]), [_n(3, 3), _n(2, 3)]),
+    "stack": (lambda M, a, b: M.stack([M.matmul(a, a), b]), [_n(3, 3), _n(3, 3)]),
+    "index_copy": (lambda M, a, b: a.index_copy(0, M.tensor([2, 0]) if M is torch else gc.tensor(np.array([2, 0])),
+                                                M.matmul(b, b)), [_n(4, 2), _n(2, 2)]),
+    "mse_loss": (lambda M, a, b: _f(M).mse_loss(M.matmul(a, b), a), [_n(4, 4), _n(4, 4)]),
+    "l1_loss": (lambda M, a, b: _f(M).l1_loss(M.matmul(a, b), a), [_n(4, 4), _n(4, 4)]),
+    "smooth_l1_loss": (lambda M, a, b: _f(M).smooth_l1_loss(M.matmul(a, b), a), [_n(4, 4), _n(4, 4)]),
+    "huber_loss": (lambda M, a, b: _f(M).huber_loss(M.matmul(a, b), a), [_n(4, 4), _n(4, 4)]),
+    "cross_entropy": (lambda M, a, b, y: _f(M).cross_entropy(M.matmul(a, b), y), [_n(4, 5), _n(5, 3), _labels(4, 3)]),
+    "nll_loss": (lambda M, a, y: _f(M).nll_loss(_f(M).log_softmax(a, 1), y), [_n(4, 3), _labels(4, 3)]),
+    "kl_div": (lambda M, a, b: _f(M).kl_div(M.matmul(a, b), b, reduction="batchmean"), [_n(4, 4), _p(4, 4)]),
+    "binary_cross_entropy": (lambda M, p, y: _f(M).binary_cross_entropy(p, y), [_p(4, 3), _p(4, 3)]),
+    "binary_cross_entropy_with_logits": (lambda M, a, b, y: _f(M).binary_cross_entropy_with_logits(M.matmul(a, b), y),
+                                         [_n(4, 4), _n(4, 3), _p(4, 3)]),
+    "poisson_nll_loss": (lambda M, a, b: _f(M).poisson_nll_loss(M.matmul(a, b), b.abs()), [_n(4, 4), _n(4, 4)]),
+    "cosine_embedding_loss": (lambda M, a, b, y: _f(M).cosine_embedding_loss(M.matmul(a, b), b, y.sign()),
+                              [_n(4, 4), _n(4, 4), _n(4)]),
+    "hinge_embedding_loss": (lambda M, a, b, y: _f(M).hinge_embedding_loss(M.matmul(a, b), y.sign()),
+                             [_n(4, 4), _n(4, 4), _n(4, 4)]),
+    "margin_ranking_loss": (lambda M, a, b, y: _f(M).margin_ranking_loss(M.matmul(a, b)[0], b[0], y.sign()),
+                            [_n(4, 4), _n(4, 4), _n(4)]),
+    "soft_margin_loss": (lambda M, a, b, y: _f(M).soft_margin_loss(M.matmul(a, b), y.sign()),
+                         [_n(4, 4), _n(4, 4), _n(4, 4)]),
+    "multilabel_margin_loss": (lambda M, a, b, y: _f(M).multilabel_margin_loss(M.matmul(a, b), y),
+                               [_n(4, 4), _n(4, 3), lambda r: np.array([[0, 2, -1], [1, -1, 0], [2, 1, 0], [-1, 0, 0]])]),
+    "multi_margin_loss": (lambda M, a, b, y: _f(M).multi_margin_loss(M.matmul(a, b), y), [_n(4, 4), _n(4, 3), _labels(4, 3)]),
+    "triplet_margin_loss": (lambda M, a, b, c: _f(M).triplet_margin_loss(M.matmul(a, b), b, c), [_n(4, 4), _n(4, 4), _n(4, 4)]),
+    "cdist": (lambda M, a, b: M.cdist(M.matmul(a, b), b), [_n(4, 4), _n(4, 4)]),
+    "prod": (lambda M, a, b: M.prod(M.matmul(a, b), 1), [_n(4, 4), _n(4, 4)]),
+    "trace": (lambda M, a, b: M.trace(M.matmul(a, b)), [_n(4, 4), _n(4, 4)]),
+    "inverse": (lambda M, a: M.inverse(M.matmul(a, a) + 4 * (M.eye(4) if M is torch else gc.eye(4))), [_n(4, 4)]),
+    "layer_norm": (lambda M, a, b, w: _f(M).layer_norm(M.matmul(a, b), (4,), w, w), [_n(3, 4), _n(4, 4), _n(4)]),
+    "group_norm": (lambda M, a, w: _f(M).group_norm(_f(M).conv2d(a, a[:4]), 2, w[:4], w[:4]),
+                   [_n(4, 4, 3, 3), _n(4)]),
+    "batch_norm": (lambda M, a, w: _f(M).batch_norm(_f(M).conv2d(a, a[:4]), w[:4] * 0, w[:4].abs() + 1, w[:4], w[:4],
+                                                    training=True), [_n(4, 4, 3, 3), _n(4)]),
+}
+CPU_OPS = sorted(op for op, (cpu, _) in autocast_policy.POLICY.items() if cpu is not None)
+
+
+def _arrays(op):
+    return [make(RNG) for make in CASES[op][1]]
+
+
+def _torch(op, arrays):
+    ts = [torch.from_numpy(a) for a in arrays]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return CASES[op][0](torch, *ts)
+
+
+def _capture(op, arrays, **autocast):
+    names = [f"x{i}" for i in range(len(arrays))]
+
+    def fn(**kw):
+        with gc.autocast("cpu", **autocast):
+            return CASES[op][0](gc, *(kw[n] for n in names))
+
+    return gc.capture(fn, **{n: gc.spec(as_dtype(a.dtype), a.shape) for n, a in zip(names, arrays)})
+
+
+def test_every_cpu_op_has_a_case():
+    assert sorted(CASES) == CPU_OPS
+
+
+@pytest.mark.parametrize("op", CPU_OPS)
+def test_dtype_and_values_are_torchs(op):
+    arrays = _arrays(op)
+    want = _torch(op, arrays)
+    model = _capture(op, arrays)
+    feeds = {f"x{i}": a for i, a in enumerate(arrays)}
+    exact = want.float().detach().numpy()
+    scale = max(1.0, float(np.abs(exact).max()))
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(model, backend=backend).run(feeds)["output"]
+        assert str(as_dtype(got.dtype)) == str(want.dtype).removeprefix("torch."), (op, backend, got.dtype)
+        np.testing.assert_allclose(got.astype(np.float32), exact, rtol=3e-2, atol=3e-2 * scale, err_msg=f"{op} {backend}")
+
+
+@pytest.mark.parametrize("op", CPU_OPS)
+def test_policy_cpu_column_is_torchs(op):
+    """The table's CPU column against torch itself: ``lower`` ops of float32 give bfloat16, ``fp32``
+    ops of bfloat16 give float32, ``promote`` ops of bfloat16 and float32 give float32 (the cases'
+    own mixes), ``mixed`` norms keep bfloat16 beside float32 params."""
+    kind = autocast_policy.kind(op, "cpu")
+    arrays = _arrays(op)
+    if kind == autocast_policy.FP32:
+        ts = [torch.from_numpy(a) for a in arrays]
+        ts = [t.bfloat16() if t.is_floating_point() else t for t in ts]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = CASES[op][0](torch, *ts)
+        assert out.dtype == torch.float32, op
+    else:
+        assert _torch(op, arrays).dtype == (torch.bfloat16 if kind in (autocast_policy.LOWER, autocast_policy.MIXED)
+                                            else torch.float32), op
+
+
+def test_casts_are_cached_and_float64_left_alone():
+    def fn(x, y):
+        with gc.autocast("cpu"):
+            return gc.matmul(x, x) + gc.matmul(x, x.T), gc.matmul(y, y)
+
+    model = gc.capture(fn, x=gc.spec("float32", (3, 3)), y=gc.spec("float64", (3, 3)))
+    casts = [n for n in model.ir.graph if n.op_type == "Cast"]
+    # x to bfloat16 once (read by both products), x.T once, the sum's bfloat16 operands: none (same dtype)
+    assert [n.inputs[0].name for n in casts].count("x") == 1
+    assert len(casts) == 2
+    assert [str(as_dtype(int(o.dtype))) for o in model.ir.graph.outputs] == ["bfloat16", "float64"]
