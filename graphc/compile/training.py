@@ -524,7 +524,7 @@ def _own_file(directory: Path, name: str, what: str = "") -> Path:
 def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Iterable[str] | None = None,
              frozen: Iterable[str] = (), fused: bool = True, recompute: bool = False, params: Iterable[str] = (),
              batchnorm: Literal["train", "frozen"] = "train", device: Literal["cpu", "cuda"] = "cpu",
-             loss_scale=None) -> TrainingArtifacts:
+             loss_scale=None, scheduled: Iterable[str] = ()) -> TrainingArtifacts:
     """Training artifacts for ``model``.
 
     Which float initializers are params: for an imported model, what the source framework
@@ -570,12 +570,19 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
             state, ``step``) when one of them is inf or NaN; the scale (``loss_scale``) and the
             growth tracker (``loss_scale.growth_tracker``) are train_step state
             (``passes/training/loss_scaling.py``). None (default): no scaling, the graphs as before.
+        scheduled: hyper-parameters beside the lr to make train_step inputs a scheduler sets
+            between steps: ``("momentum",)`` for OneCycleLR and CyclicLR with
+            ``cycle_momentum=True`` (SGD's and RMSprop's momentum, the Adam family's beta1 but
+            NAdam's; a float64 input ``momentum``, ``Trainer.momentum``). Adam and AdamW then keep
+            their first moment as torch does, ``exp_avg``; SGD gets its momentum buffer even at
+            ``momentum=0``. Default: none (the spec's constants, graphs as before).
 
     Raises:
         gc.GraphError: unknown output/param names, a loss that is not a float scalar, an op
             without a gradient rule on the way to a trainable param.
     """
     from graphc.passes.training import artifacts
+    from graphc.passes.training.scheduled import with_scheduled
 
     if not isinstance(model, Model):
         raise TypeError(f"generate() takes a gc.Model, got {type(model).__name__}")
@@ -592,7 +599,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         raise ValueError(f"batchnorm must be 'train' or 'frozen', got {batchnorm!r}")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    opt_json = _optimizer_json(optimizer)
+    opt_json = with_scheduled(_optimizer_json(optimizer), scheduled)
     scale_json = loss_scale_json(loss_scale)
     model = emitted_opset(model, "training graphs")
     built = artifacts.build(model.ir, loss_args, opt_json,

@@ -49,6 +49,7 @@ from graphc.passes.training import optimizers
 from graphc.passes.training import noise as noise_shapes, padding_rows, recompute as recomputation, reductions, taps_params
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
+from graphc.passes.training.scheduled import MOMENTUM, momentum_value
 from graphc.passes.values import onnx_opset, stops_gradient
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
@@ -145,6 +146,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
                      **{f"{p}.{s}": "state" for p in [*params, *updated] for s in slots},
                      STEP: "state", **{n: "state" for n in loss_scaling.state_names(loss_scale)},
                      **{n: "state" for n in bn_stats}, LR: "hyper",
+                     **{n: "hyper" for n in optimizer.get("scheduled", ())},
                      **{n: "noise" for n in noise}}
     graphs = {"train_step": step, "gradients": gradients, "eval": evaluation, "inference": inference}
     for key, m in graphs.items():
@@ -311,6 +313,8 @@ def _reserved(loss: LossArgs, optimizer: dict, loss_scale: dict | None = None) -
     with ``loss_scale`` its state."""
     reserved = {STEP: "the step count, a train_step input", LR: "the learning rate, a train_step input",
                 **{n: "loss scaling's state, a train_step input" for n in loss_scaling.state_names(loss_scale)}}
+    if MOMENTUM in optimizer.get("scheduled", ()):
+        reserved[MOMENTUM] = "the scheduled momentum (beta1), a train_step input"
     if optimizer.get("max_grad_norm") is not None:
         reserved[GRAD_NORM] = "the gradients' total norm, a train_step output"
     if loss.output != LOSS:
@@ -421,8 +425,10 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
     b = Emitter(graph, opset, "optim")
     step = input_with_default(graph, STEP, np.array(0, dtype=np.int64))
     lr = input_with_default(graph, LR, np.array(hyper["lr"], dtype=lr_dtype.numpy()))
+    momentum = (input_with_default(graph, MOMENTUM, np.array(momentum_value(hyper), np.float64))
+                if MOMENTUM in hyper.get("scheduled", ()) else None)
     t = b.op("Add", step, b.const(1, np.int64))
-    ctx = optimizers.StepContext(b, lr, t)
+    ctx = optimizers.StepContext(b, lr, t, momentum)
     groups_by_name = {g.name: g for g in groups}
     read_param = optimizers.needs_param(hyper)
     if groups:
@@ -478,6 +484,8 @@ def _initial_state(graph, params, bn_stats, slots, hyper, lr_dtype: ir.DataType)
     state.update({f"{p}.{s}": optimizers.initial_state(hyper, s, state[p]) for p in params for s in slots})
     state[STEP] = np.array(0, dtype=np.int64)
     state[LR] = np.array(hyper["lr"], dtype=lr_dtype.numpy())
+    if MOMENTUM in hyper.get("scheduled", ()):
+        state[MOMENTUM] = np.array(momentum_value(hyper), np.float64)
     return state
 
 

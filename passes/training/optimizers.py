@@ -49,6 +49,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.emit import HALF_DTYPES, Emitter
+from graphc.passes.training.scheduled import MOMENTUM, momentum64, momentum_as
 
 STATE_SLOTS = {"sgd": ("momentum_buffer",), "adam": ("exp_sum", "exp_avg_sq"),
                "adamw": ("exp_sum", "exp_avg_sq"), "rmsprop": ("square_avg",), "adagrad": ("sum",),
@@ -62,11 +63,12 @@ def state_slots(optimizer: dict) -> tuple[str, ...]:
     """Per-param state slot names (``<param>.<slot>``, named after PyTorch's ``optimizer.state``
     keys) of an optimizer spec as JSON (``{"kind": "sgd", "momentum": 0.9, ...}``); the one
     definition (``gc.optim`` specs' ``state_slots`` read it)."""
-    if optimizer["kind"] == "sgd" and not optimizer.get("momentum"):
+    with_momentum = bool(optimizer.get("momentum")) or MOMENTUM in optimizer.get("scheduled", ())
+    if optimizer["kind"] == "sgd" and not with_momentum:
         return ()
     slots = STATE_SLOTS[optimizer["kind"]]
     if optimizer["kind"] == "rmsprop":  # torch.optim.RMSprop's keys, in its order
-        return (*slots, *(("momentum_buffer",) if optimizer.get("momentum") else ()),
+        return (*slots, *(("momentum_buffer",) if with_momentum else ()),
                 *(("grad_avg",) if optimizer.get("centered") else ()))
     slots = (AVERAGE, *slots[1:]) if _first_as_average(optimizer) else slots
     return (*slots, AMSGRAD) if optimizer.get("amsgrad") else slots
@@ -123,6 +125,7 @@ class StepContext:
     b: Emitter
     lr: ir.Value
     t: ir.Value
+    momentum: ir.Value | None = None  # float64 scalar input where the spec schedules it, else None
     _cache: dict = field(default_factory=dict)
 
     def lr_as(self, like: ir.Value) -> ir.Value:
@@ -237,15 +240,15 @@ def sgd(ctx: StepContext, param, grad, state, momentum=0.0, nesterov=False, weig
     if weight_decay:
         grad = b.op("Add", grad, b.op("Mul", param, c(weight_decay)))
     new_state = {}
-    if momentum:
+    if momentum or ctx.momentum is not None:
         pushed = grad
         if dampening:  # 1 - dampening from step 2 on: PyTorch's first buffer is the gradient itself
             undamped = ctx.cached(("undamped", like.dtype, dampening), lambda: b.op(
                 "Where", b.op("Greater", ctx.t, b.const(1, np.int64)), c(1.0 - dampening), c(1.0)))
             pushed = b.op("Mul", grad, undamped)
-        buf = b.op("Add", b.op("Mul", state["momentum_buffer"], c(momentum)), pushed)
+        buf = b.op("Add", b.op("Mul", state["momentum_buffer"], momentum_as(ctx, momentum, like)), pushed)
         new_state["momentum_buffer"] = buf
-        grad = b.op("Add", grad, b.op("Mul", buf, c(momentum))) if nesterov else buf
+        grad = b.op("Add", grad, b.op("Mul", buf, momentum_as(ctx, momentum, like))) if nesterov else buf
     return Step(b.op("Mul", grad, ctx.lr_as(like)), None, new_state)
 
 
@@ -288,8 +291,8 @@ def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, wei
         grad = b.op("Add", grad, b.op("Mul", param, c(weight_decay)))
     first, second = state_slots({"kind": "adam", "first_moment": first_moment})
     m, v = state[first], state[second]
-    if first_moment == "average":  # format 3 artifacts' state: PyTorch's own first moment
-        m = b.op("Add", m, b.op("Mul", b.op("Sub", grad, m), c(1.0 - beta1)))
+    if first_moment == "average":  # format 3 artifacts' and a scheduled beta1's state: PyTorch's own
+        m = b.op("Add", m, b.op("Mul", b.op("Sub", grad, m), momentum_as(ctx, beta1, like, complement=True)))
     else:  # the sum m / (1-b1)
         m = b.op("Add", b.op("Mul", m, c(beta1)), grad)
     v = b.op("Add", b.op("Mul", v, c(beta2)), b.op("Mul", b.op("Mul", grad, grad), c(1.0 - beta2)))
@@ -316,7 +319,7 @@ def _bias_corrections(ctx: StepContext, like: ir.Value, beta1: float, beta2: flo
     param's dtype, as PyTorch computes its bias corrections in Python floats."""
     b, t = ctx.b, ctx._cast("t", ctx.t, ir.DataType.DOUBLE)
     one = b.const(1.0, np.float64)
-    bc1 = b.op("Sub", one, b.op("Pow", b.const(beta1, np.float64), t))
+    bc1 = b.op("Sub", one, b.op("Pow", momentum64(ctx, beta1), t))
     bc2_sqrt = b.op("Sqrt", b.op("Sub", one, b.op("Pow", b.const(beta2, np.float64), t)))
     lr64 = ctx._cast("lr", ctx.lr, ir.DataType.DOUBLE)
     if first_as_sum:
@@ -359,8 +362,9 @@ def rmsprop(ctx: StepContext, param, grad, state, alpha=0.99, eps=1e-8, weight_d
         grad_avg = new_state["grad_avg"] = _lerp(b, state["grad_avg"], grad, c(1.0 - alpha))
         square_avg = b.op("Sub", square_avg, b.op("Mul", grad_avg, grad_avg))
     scaled = b.op("Div", grad, b.op("Add", b.op("Sqrt", square_avg), c(eps)))
-    if momentum:
-        scaled = new_state["momentum_buffer"] = b.op("Add", b.op("Mul", state["momentum_buffer"], c(momentum)), scaled)
+    if momentum or ctx.momentum is not None:
+        scaled = new_state["momentum_buffer"] = b.op("Add", b.op("Mul", state["momentum_buffer"],
+                                                                 momentum_as(ctx, momentum, like)), scaled)
     return Step(b.op("Mul", scaled, ctx.lr_as(like)), None, new_state)
 
 
@@ -385,12 +389,12 @@ def adamax(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, w
     b = ctx.b
     like, c, grad = _prologue(ctx, param, grad, weight_decay, maximize)
     beta1, beta2 = betas
-    exp_avg = _lerp(b, state["exp_avg"], grad, c(1.0 - beta1))
+    exp_avg = _lerp(b, state["exp_avg"], grad, momentum_as(ctx, beta1, like, complement=True))
     exp_inf = b.op("Max", b.op("Mul", state["exp_inf"], c(beta2)), b.op("Add", b.op("Abs", grad), c(eps)))
 
     def clr():  # lr / (1 - b1^t), in float64
         one, t = b.const(1.0, np.float64), ctx._cast("t", ctx.t, ir.DataType.DOUBLE)
-        bc1 = b.op("Sub", one, b.op("Pow", b.const(beta1, np.float64), t))
+        bc1 = b.op("Sub", one, b.op("Pow", momentum64(ctx, beta1), t))
         return _as(b, b.op("Div", ctx._cast("lr", ctx.lr, ir.DataType.DOUBLE), bc1), like)
 
     scale = ctx.cached(("adamax", like.dtype, beta1), clr)
@@ -404,7 +408,7 @@ def _moments(ctx: StepContext, param, grad, state, betas, weight_decay, decouple
     like, c, grad = _prologue(ctx, param, grad, 0.0 if decoupled else weight_decay, maximize)
     shrink = _shrink(ctx, like, weight_decay) if weight_decay and decoupled else None
     beta1, beta2 = betas
-    exp_avg = _lerp(b, state["exp_avg"], grad, c(1.0 - beta1))
+    exp_avg = _lerp(b, state["exp_avg"], grad, momentum_as(ctx, beta1, like, complement=True))
     exp_avg_sq = b.op("Add", b.op("Mul", state["exp_avg_sq"], c(beta2)),
                       b.op("Mul", b.op("Mul", grad, grad), c(1.0 - beta2)))
     return like, c, grad, shrink, exp_avg, exp_avg_sq
@@ -469,7 +473,7 @@ def radam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, we
 
     def scalars():
         f, t, (beta1, beta2) = lambda v: b.const(v, np.float64), ctx._cast("t", ctx.t, ir.DataType.DOUBLE), betas
-        bc1 = b.op("Sub", f(1.0), b.op("Pow", f(beta1), t))
+        bc1 = b.op("Sub", f(1.0), b.op("Pow", momentum64(ctx, beta1), t))
         b2t = b.op("Pow", f(beta2), t)
         bc2 = b.op("Sub", f(1.0), b2t)
         rho_inf = 2.0 / (1.0 - beta2) - 1.0
