@@ -19,91 +19,14 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import Counter
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-import numpy as np
+from graphc.runtime.cyclic_lr import CyclicLR, OneCycleLR
+from graphc.runtime.lr_base import LRScheduler, lr_group
 
 __all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR",
            "ExponentialLR", "SequentialLR", "PolynomialLR", "CosineAnnealingLR", "ChainedScheduler",
-           "ReduceLROnPlateau", "CosineAnnealingWarmRestarts", "OneCycleLR"]
-
-
-def lr_group(trainer: Any) -> dict[str, float]:
-    """``trainer``'s one param group as torch's schedulers see it: ``lr`` is the Python float
-    last given to ``trainer.lr`` (else the optimizer spec's, else the graph's value)."""
-    group = trainer.lr_group
-    if "lr" not in group:
-        now = trainer.lr
-        spec = trainer.manifest.optimizer.get("lr")
-        exact = spec is not None and now in (float(spec), float(np.float32(spec)))
-        group["lr"] = float(spec) if exact else now  # SGD(0.1)'s 0.1, not float32's 0.10000000149
-    return group
-
-
-class LRScheduler:
-    """torch's ``LRScheduler`` base: ``step()``, ``get_last_lr()``, ``state_dict()``."""
-
-    _is_initial = False
-    _NOT_STATE = ("trainer", "group", "lr_lambdas", "_schedulers", "recipe")  # recipe: graphc.cli.schedules
-
-    def __init__(self, trainer: Any, last_epoch: int = -1) -> None:
-        if not hasattr(trainer, "lr_group"):
-            raise TypeError(f"{type(self).__name__} takes a gc.Trainer (as torch's takes the optimizer), "
-                            f"got {type(trainer).__name__}")
-        self.trainer = trainer
-        self.group = lr_group(trainer)
-        if last_epoch == -1:
-            self.group.setdefault("initial_lr", self.group["lr"])
-        elif "initial_lr" not in self.group:
-            raise KeyError(f"{type(self).__name__}(last_epoch={last_epoch}): the trainer's lr group has no "
-                           "'initial_lr'; resume a scheduler with load_state_dict, not last_epoch")
-        self.base_lrs = [self.group["initial_lr"]]
-        self.last_epoch = last_epoch
-        self._initial_step()
-
-    def _initial_step(self) -> None:
-        self._step_count = 0
-        self._is_initial = True
-        try:
-            self.step()
-        finally:
-            self._is_initial = False
-
-    def _set_lr(self, lr: float) -> None:
-        # OneCycleLR's linear anneal, stepped total_steps times (as fit does after the last step),
-        # ends just below 0 (-4e-4 at max_lr 0.4), in torch too: the group keeps it, the graph gets 0
-        self.trainer.lr = max(lr, 0.0)
-        self.group["lr"] = lr
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything but the Trainer and functions, JSON-serializable."""
-        return {k: v for k, v in self.__dict__.items() if k not in self._NOT_STATE}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.__dict__.update({k: v for k, v in state.items() if k not in self._NOT_STATE})
-
-    def get_last_lr(self) -> list[float]:
-        return self._last_lr
-
-    def get_lr(self) -> list[float]:
-        raise NotImplementedError
-
-    def step(self) -> None:
-        self._step_count += 1
-        self._update_lr()
-
-    def _update_lr(self, epoch: Optional[int] = None) -> None:
-        if epoch is None:
-            self.last_epoch += 1
-            values = self.get_lr()
-        else:  # SequentialLR's restart of a scheduler at its milestone: torch's closed form
-            self.last_epoch = epoch
-            values = self._closed_form() if hasattr(self, "_closed_form") else self.get_lr()
-        self._set_lr(values[0])
-        self._last_lr = [self.group["lr"]]
-
-    def __repr__(self) -> str:
-        return f"<gc.optim.lr_scheduler.{type(self).__name__} last_epoch={self.last_epoch} lr={self.group['lr']!r}>"
+           "ReduceLROnPlateau", "CosineAnnealingWarmRestarts", "OneCycleLR", "CyclicLR", "lr_group"]
 
 
 def _one_function(lr_lambda: Any, what: str) -> list[Callable[[int], float]]:
@@ -310,65 +233,6 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         self.last_epoch = epoch
         self._set_lr(self.get_lr()[0])
         self._last_lr = [self.group["lr"]]
-
-
-class OneCycleLR(LRScheduler):
-    """The 1cycle policy: from max_lr / div_factor up to ``max_lr`` over ``pct_start`` of
-    ``total_steps``, then down to that / final_div_factor (``three_phase``: down to the start
-    first). Momentum is a constant of graphc's training graphs, so ``cycle_momentum=True``
-    (torch's default) is refused: pass ``cycle_momentum=False``."""
-
-    def __init__(self, trainer: Any, max_lr: float, total_steps: Optional[int] = None, epochs: Optional[int] = None,
-                 steps_per_epoch: Optional[int] = None, pct_start: float = 0.3, anneal_strategy: str = "cos",
-                 cycle_momentum: bool = True, base_momentum: float = 0.85, max_momentum: float = 0.95,
-                 div_factor: float = 25.0, final_div_factor: float = 1e4, three_phase: bool = False,
-                 last_epoch: int = -1) -> None:
-        if cycle_momentum:
-            raise ValueError("OneCycleLR(cycle_momentum=True): graphc's training graphs hold momentum (SGD's "
-                             "momentum, Adam's beta1) fixed; only the lr is set between steps. Pass "
-                             "cycle_momentum=False (torch's default cycles it between base_momentum and max_momentum)")
-        if total_steps is not None:
-            if not isinstance(total_steps, int) or total_steps <= 0:
-                raise ValueError(f"OneCycleLR: total_steps must be a positive integer, got {total_steps!r}")
-            self.total_steps = total_steps
-        elif epochs is not None and steps_per_epoch is not None:
-            for name, value in (("epochs", epochs), ("steps_per_epoch", steps_per_epoch)):
-                if not isinstance(value, int) or value <= 0:
-                    raise ValueError(f"OneCycleLR: {name} must be a positive integer, got {value!r}")
-            self.total_steps = epochs * steps_per_epoch
-        else:
-            raise ValueError("OneCycleLR: give total_steps, or epochs and steps_per_epoch")
-        if not isinstance(pct_start, float) or not 0 <= pct_start <= 1:
-            raise ValueError(f"OneCycleLR: pct_start must be a float in [0, 1], got {pct_start!r}")
-        if anneal_strategy not in ("cos", "linear"):
-            raise ValueError(f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
-        n = self.total_steps
-        up = float(pct_start * n) - 1
-        self._schedule_phases = ([[up, "initial_lr", "max_lr"], [float(2 * pct_start * n) - 2, "max_lr", "initial_lr"],
-                                  [n - 1, "initial_lr", "min_lr"]] if three_phase else
-                                 [[up, "initial_lr", "max_lr"], [n - 1, "max_lr", "min_lr"]])
-        self._anneal_func_type, self.cycle_momentum = anneal_strategy, False
-        group = lr_group(trainer)
-        if last_epoch == -1:
-            group["initial_lr"] = max_lr / div_factor
-            group["max_lr"] = max_lr
-            group["min_lr"] = group["initial_lr"] / final_div_factor
-        super().__init__(trainer, last_epoch)
-
-    def get_lr(self) -> list[float]:
-        step = self.last_epoch
-        if step > self.total_steps:
-            raise ValueError(f"OneCycleLR: tried to step {step} times; total_steps is {self.total_steps}")
-        start = 0.0
-        for i, (end, low, high) in enumerate(self._schedule_phases):
-            if step <= end or i == len(self._schedule_phases) - 1:
-                pct = (step - start) / (end - start)
-                a, b = self.group[low], self.group[high]
-                if self._anneal_func_type == "cos":
-                    return [b + (a - b) / 2.0 * (math.cos(math.pi * pct) + 1)]
-                return [(b - a) * pct + a]
-            start = end
-        raise AssertionError("unreachable: the last phase always matches")
 
 
 def _check_members(what: str, trainer: Any, schedulers: Sequence[LRScheduler]) -> None:

@@ -62,7 +62,8 @@ from graphc.errors import ArtifactsError, GraphcError, InputError
 from graphc.model.dtypes import TensorSpec, to_numpy
 from graphc.passes.training import optimizers
 from graphc.passes.training.in_place import in_place_outputs
-from graphc.runtime import averaging, checkpoint as ckpt
+from graphc.passes.training.scheduled import MOMENTUM, momentum_value
+from graphc.runtime import averaging, checkpoint as ckpt, momentum as momentum_lib
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.data import DataLoader, check_eval_loader, check_training_loader, check_whole, eval_batches
 from graphc.runtime.feeds import check_one, dtype_name
@@ -882,17 +883,38 @@ class Trainer:
 
     @property
     def lr(self) -> float:
-        return float(self._host(self._state["lr"]))
+        return self._hyper("lr")
 
     @lr.setter
     def lr(self, value: float) -> None:
         array = np.asarray(checked_lr(value), dtype=to_numpy(self._entries["lr"].dtype))
         self.lr_group["lr"] = float(value)  # what a scheduler reads back, unrounded (torch's group["lr"])
-        handle = self._state["lr"]
+        self._put_hyper("lr", array)
+
+    @property
+    def momentum(self) -> float:
+        """SGD's or RMSprop's momentum, or the Adam family's beta1, that the next step uses: the
+        train_step's ``momentum`` input where the artifacts were generated with
+        ``scheduled=("momentum",)`` (then settable, as ``lr``), else the spec's constant."""
+        return self._hyper(MOMENTUM) if MOMENTUM in self._entries else momentum_value(self.manifest.optimizer)
+
+    @momentum.setter
+    def momentum(self, value: float) -> None:
+        optimizer = self.manifest.optimizer
+        value = momentum_lib.checked(optimizer, MOMENTUM in self._entries, value)
+        momentum_lib.record(self.lr_group, optimizer, value)  # torch's group["momentum"] or group["betas"][0]
+        self._put_hyper(MOMENTUM, np.asarray(value, np.float64))
+
+    def _hyper(self, name: str) -> float:
+        return float(self._host(self._state[name]))
+
+    def _put_hyper(self, name: str, array: np.ndarray) -> None:
+        """Set the carried hyper-parameter input ``name`` (``lr``, ``momentum``) for the next step."""
+        handle = self._state[name]
         if hasattr(handle, "update_inplace"):  # into the buffer the CUDA graphs and kept bindings read
             handle.update_inplace(array)
         else:
-            self._state["lr"] = self._train.to_device(array)
+            self._state[name] = self._train.to_device(array)
 
     @property
     def scheduler(self):
@@ -903,7 +925,7 @@ class Trainer:
 
     @scheduler.setter
     def scheduler(self, scheduler) -> None:
-        from graphc.runtime.lr_scheduler import LRScheduler
+        from graphc.runtime.lr_scheduler import LRScheduler, lr_group
 
         if scheduler is not None and not (isinstance(scheduler, LRScheduler) and scheduler.trainer is self):
             raise ValueError(f"scheduler: expected a gc.optim.lr_scheduler scheduler made on this Trainer "
@@ -918,6 +940,8 @@ class Trainer:
             self.lr_group.update(pending["group"])
             scheduler.load_state_dict(pending["state"])
             self.lr = self.lr_group["lr"]  # constructing it set the initial lr; back to the saved one
+            if MOMENTUM in self._entries:  # and a cycled momentum: its saved value
+                self.momentum = momentum_lib.current(lr_group(self), self.manifest.optimizer)
 
     def schedule_state(self) -> str:
         """The JSON a checkpoint saves of the scheduler: its kind, ``state_dict()``, the lr group

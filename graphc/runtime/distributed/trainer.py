@@ -46,7 +46,7 @@ from graphc.model.dtypes import to_numpy
 from graphc.runtime.history import History
 from graphc.runtime.session import check_options
 from graphc.runtime.trainer import (BATCH_ROLES, TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs,
-                                    check_labels, checked_lr, refuse_empty, refuse_one_row)
+                                    check_labels, refuse_empty, refuse_one_row)
 
 __all__ = ["DistributedTrainer"]
 
@@ -313,20 +313,16 @@ class DistributedTrainer(Trainer):
         self._sync()
         return self._get(self._replicas[0].state.remote(), "reading the state")
 
-    @property
-    def lr(self) -> float:
-        return float(self.state_dict()["lr"])
+    def _hyper(self, name: str) -> float:
+        return float(self.state_dict()[name])
 
-    @lr.setter
-    def lr(self, value: float) -> None:
-        """The lr of the next step: the last step's update, which the workers apply at the next
-        step's start, keeps the lr it was computed at (the workers set this one after it), so a
-        scheduler stepped after each step costs no extra call to the workers (2 workers, ort-cpu,
-        TwoLayerNet at batch 64, lr set after every step: 2.0-3.8 ms a step, against 5.2-5.4 ms
-        applying the update and setting the lr by two calls first)."""
-        array = np.asarray(checked_lr(value), dtype=to_numpy(self._entries["lr"].dtype))
-        self.lr_group["lr"] = float(value)  # what a scheduler reads back, unrounded (torch's group["lr"])
-        self._later["lr"] = array
+    def _put_hyper(self, name: str, array: np.ndarray) -> None:
+        """The lr (or momentum) of the next step: the last step's update, which the workers apply
+        at the next step's start, keeps the lr it was computed at (the workers set this one after
+        it), so a scheduler stepped after each step costs no extra call to the workers (2 workers,
+        ort-cpu, TwoLayerNet at batch 64, lr set after every step: 2.0-3.8 ms a step, against
+        5.2-5.4 ms applying the update and setting the lr by two calls first)."""
+        self._later[name] = array
         if not self._pending:
             self._sync()
 
