@@ -48,6 +48,7 @@ API_DEFAULTS = {
     ("grad", "batchnorm"): (gc.training.generate, "batchnorm"),
     ("grad", "device"): (gc.training.generate, "device"),
     ("grad", "loss_scale"): (gc.training.generate, "loss_scale"),
+    ("grad", "scheduled"): (gc.training.generate, "scheduled"),
     ("run", "backend"): (gc.Session, "backend"),
     ("run", "batch_size"): (map_batches, "batch_size"),
     ("parity", "backends"): (gc.parity.compare, "backends"),

@@ -13,6 +13,7 @@ import pytest
 
 import float64_models
 import graphc as gc
+from graphc.runtime import checkpoint as ckpt
 from test_float64_lr import torch_optimizer
 
 torch = pytest.importorskip("torch")
@@ -160,3 +161,34 @@ def test_sgd_without_momentum_gets_a_buffer_when_scheduled():
     _train(trainer, make(S, trainer), float64_models.mlp_batches(STEPS), params, opt, make(TS, opt))
     for name, p in params.items():
         assert np.max(np.abs(trainer.state_dict()[name] - p.detach().numpy())) <= 1e-12, name
+
+
+# --- graphc grad --scheduled momentum, graphc train --schedule onecycle / cyclic -------------------
+
+@pytest.mark.parametrize("schedule", [["onecycle"], ["cyclic", "--min-lr", "0.001", "--step-size", "3"]],
+                         ids=["onecycle", "cyclic"])
+def test_cli_cycles_the_momentum_where_the_artifacts_take_it(tmp_path, capsys, schedule):
+    from cli_util import run_cli, workspace
+
+    root = workspace(tmp_path)
+    r = run_cli(capsys, "grad", root / "mlp.onnx", "--loss", "cross_entropy:logits:y", "--optimizer", "sgd",
+                "--lr", "0.05", "--momentum", "0.9", "--scheduled", "momentum", "-o", root / "cycled")
+    assert r.code == 0, r.err
+    args = ["--data", root / "data.npz", "--batch-size", "16", "--epochs", "2", "--backend", "numpy", "--no-progress",
+            "--schedule", *schedule]
+    r = run_cli(capsys, "train", root / "cycled", *args, "--checkpoint", root / "ck")
+    assert r.code == 0 and "note:" not in r.out, r.err
+    trainer = gc.Trainer(root / "cycled", backend="numpy")  # the same run in Python, torch's defaults
+    make = (lambda: S.OneCycleLR(trainer, max_lr=0.05, total_steps=8)) if schedule[0] == "onecycle" else (
+        lambda: S.CyclicLR(trainer, 0.001, 0.05, step_size_up=3))
+    trainer.fit(gc.data.DataLoader(dict(np.load(root / "data.npz")), batch_size=16, seed=0), 2, interval="step",
+                progress=False, quiet=True, scheduler=make())
+    saved = gc.Trainer(root / "ck", backend="numpy")
+    assert saved.momentum == trainer.momentum != 0.9
+    assert json.loads(ckpt.read_meta(root / "ck").schedule)["group"] == trainer.lr_group  # SGD's: no tuples
+    assert all(np.array_equal(a, trainer.state_dict()[n]) for n, a in saved.state_dict().items())
+
+    r = run_cli(capsys, "train", root / "arts", *args)  # Adam with a constant beta1: the lr alone, said
+    assert r.code == 0, r.err
+    assert "cycles the lr only: these artifacts hold Adam's beta1 constant" in r.out
+    assert "graphc grad --scheduled momentum" in r.out

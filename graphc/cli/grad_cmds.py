@@ -156,6 +156,11 @@ def grad_cmd(
                                    "backward (activation checkpointing): less memory, a little more time."),
     device: str = typer.Option("cpu", "--device", metavar="cpu|cuda", help="Choose the backward's lowerings "
                                "for onnxruntime's CPU or CUDA provider (speed only: the numbers agree)."),
+    scheduled: list[str] = typer.Option([], "--scheduled", metavar="momentum",
+                                        help="A hyper-parameter to make a train_step input a schedule sets between "
+                                        "steps (repeatable): momentum (SGD's/RMSprop's momentum, the Adam family's "
+                                        "beta1), which graphc train --schedule onecycle or cyclic then cycles as torch "
+                                        "does."),
     output: Optional[Path] = output_option("Artifact directory to write (required).", "DIR"),
     out: Optional[Path] = OUT_ALIAS,
 ) -> None:
@@ -177,7 +182,8 @@ def grad_cmd(
                          max_grad_norm=max_grad_norm, grad_norm_type=_norm_type(grad_norm_type),
                          clip_grad_value=clip_grad_value)
     arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute, params=param,
-                                batchnorm=batchnorm, device=device, loss_scale=_loss_scale(loss_scale))
+                                batchnorm=batchnorm, device=device, loss_scale=_loss_scale(loss_scale),
+                                scheduled=scheduled)
     arts.save(output)
     m = arts.manifest
     console.print(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-SCHEDULES = ("none", "step", "exponential", "cosine", "onecycle", "plateau")
+SCHEDULES = ("none", "step", "exponential", "cosine", "onecycle", "cyclic", "plateau")
+PER_STEP = ("onecycle", "cyclic")  # stepped after each train step, always
 INTERVALS = ("epoch", "step")
 # the train command's parameters that set the schedule
 SCHEDULE_OPTIONS = ("schedule", "schedule_interval", "step_size", "gamma", "min_lr", "warmup", "patience")
@@ -25,16 +26,19 @@ def recipe(schedule: str, interval: Optional[str], epochs: int, steps_per_epoch:
         if given:
             raise ValueError(f"{', '.join(given)} set an lr schedule: give --schedule too")
         return None
-    interval = interval or ("step" if schedule == "onecycle" else "epoch")
+    interval = interval or ("step" if schedule in PER_STEP else "epoch")
     if interval not in INTERVALS:
         raise ValueError(f"--schedule-interval {interval!r}: expected epoch or step")
-    if schedule == "onecycle" and interval != "step":
-        raise ValueError("--schedule onecycle steps the lr after each train step: leave out --schedule-interval epoch")
+    if schedule in PER_STEP and interval != "step":
+        raise ValueError(f"--schedule {schedule} steps the lr after each train step: leave out --schedule-interval epoch")
     if schedule == "step" and step_size is None:
         raise ValueError("--schedule step needs --step-size N (scheduler steps between decays)")
+    if schedule == "cyclic" and (step_size is None or min_lr is None):
+        raise ValueError("--schedule cyclic needs --min-lr (the cycle's lowest lr; its highest is the optimizer's) "
+                         "and --step-size N (train steps up, and again down)")
     if schedule == "exponential" and gamma is None:
         raise ValueError("--schedule exponential needs --gamma (the lr's factor per scheduler step)")
-    if warmup and schedule in ("onecycle", "plateau"):
+    if warmup and schedule in (*PER_STEP, "plateau"):
         raise ValueError(f"--warmup applies to --schedule step, exponential or cosine, not {schedule}"
                          + (" (onecycle warms up itself)" if schedule == "onecycle" else ""))
     total = epochs * (steps_per_epoch if interval == "step" else 1)
@@ -58,13 +62,36 @@ def build(trainer: Any, spec: dict[str, Any]):
     elif name == "cosine":
         main = S.CosineAnnealingLR(trainer, T_max=total - warmup, eta_min=min_lr)
     elif name == "onecycle":
-        main = S.OneCycleLR(trainer, max_lr=S.lr_group(trainer)["lr"], total_steps=total, cycle_momentum=False)
+        main = S.OneCycleLR(trainer, max_lr=S.lr_group(trainer)["lr"], total_steps=total,
+                            cycle_momentum=cycles_momentum(trainer))
+    elif name == "cyclic":
+        main = S.CyclicLR(trainer, base_lr=min_lr, max_lr=S.lr_group(trainer)["lr"], step_size_up=spec["step_size"],
+                          cycle_momentum=cycles_momentum(trainer))
     else:
         main = S.ReduceLROnPlateau(trainer, factor=0.1 if gamma is None else gamma, patience=spec["patience"],
                                    min_lr=min_lr)
     scheduler = S.SequentialLR(trainer, [ramp, main], milestones=[warmup]) if ramp is not None else main
     scheduler.recipe = spec
     return scheduler
+
+
+def cycles_momentum(trainer: Any) -> bool:
+    """Do onecycle and cyclic cycle the momentum (torch's default)? Where the artifacts take it as
+    an input (``graphc grad --scheduled momentum``); others hold it constant (``momentum_note``)."""
+    return "momentum" in trainer.manifest.optimizer.get("scheduled", ())
+
+
+def momentum_note(trainer: Any) -> Optional[str]:
+    """What to say when ``trainer``'s onecycle or cyclic schedule leaves the momentum constant,
+    where torch's would cycle it; None otherwise."""
+    from graphc.runtime import momentum
+
+    recipe_ = getattr(trainer.scheduler, "recipe", None) or {}
+    optimizer = trainer.manifest.optimizer
+    if recipe_.get("schedule") not in PER_STEP or cycles_momentum(trainer) or momentum.momentum_key(optimizer) is None:
+        return None
+    return (f"note: --schedule {recipe_['schedule']} cycles the lr only: these artifacts hold {momentum.what(optimizer)} "
+            "constant (torch's default cycles it too: generate them with graphc grad --scheduled momentum)")
 
 
 def use_schedule(trainer: Any, resumed: Optional[Path], asked: Optional[dict[str, Any]], options_given: list[str]):

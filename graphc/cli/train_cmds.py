@@ -17,7 +17,7 @@ from rich.markup import escape
 from graphc.cli.app import (OUT_ALIAS, app, check_writable_at, chosen_output, console, err_console, given,
                             naming_opset, output_option)
 from graphc.cli.arrays import fit_bfloat16, load_npz, npz_names
-from graphc.cli.schedules import SCHEDULE_OPTIONS, recipe, use_schedule
+from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_schedule
 from graphc.runtime.metrics import names as metric_names
 
 EVAL_SUFFIXES = ("val", "test")  # the evaluation split --data holds, in order of preference
@@ -163,17 +163,21 @@ def train_cmd(
                                  help="Learning-rate schedule (gc.optim.lr_scheduler), from the optimizer's lr: "
                                  "none, step (StepLR: --step-size, --gamma), exponential (--gamma), cosine "
                                  "(CosineAnnealingLR to --min-lr over the run), onecycle (OneCycleLR up to the lr "
-                                 "and down, per step) or plateau (ReduceLROnPlateau on the eval loss: --gamma, "
-                                 "--patience, --min-lr). Recorded in the checkpoint: --resume continues it."),
+                                 "and down, per step), cyclic (CyclicLR between --min-lr and the lr, --step-size "
+                                 "steps up and down) or plateau (ReduceLROnPlateau on the eval loss: --gamma, "
+                                 "--patience, --min-lr). onecycle and cyclic cycle the momentum against the lr where "
+                                 "the artifacts take it (graphc grad --scheduled momentum). Recorded in the "
+                                 "checkpoint: --resume continues it."),
     schedule_interval: Optional[str] = typer.Option(None, "--schedule-interval", metavar="epoch|step",
                                                     help="Step the schedule after each epoch (default) or each "
-                                                    "train step (onecycle: always)."),
+                                                    "train step (onecycle, cyclic: always)."),
     step_size: Optional[int] = typer.Option(None, "--step-size", min=1, metavar="N",
-                                            help="--schedule step: decay the lr every N scheduler steps."),
+                                            help="--schedule step: decay the lr every N scheduler steps; cyclic: "
+                                            "train steps from --min-lr up to the lr (and as many down)."),
     gamma: Optional[float] = typer.Option(None, "--gamma", min=0.0, help="The lr's decay factor (step: default "
                                           "0.1, exponential: required, plateau: default 0.1)."),
     min_lr: Optional[float] = typer.Option(None, "--min-lr", min=0.0, help="cosine's final lr, plateau's floor "
-                                           "(default 0)."),
+                                           "(default 0), cyclic's lowest (required)."),
     warmup: int = typer.Option(0, "--warmup", min=0, metavar="N",
                                help="Ramp the lr up linearly over the first N scheduler steps (epochs, or train "
                                "steps with --schedule-interval step), then run --schedule (step, exponential, cosine)."),
@@ -230,6 +234,9 @@ def train_cmd(
     use_schedule(trainer, resumed, recipe(schedule, schedule_interval, epochs, len(loader), step_size=step_size,
                                           gamma=gamma, min_lr=min_lr, warmup=warmup, patience=patience),
                  [n for n in SCHEDULE_OPTIONS if given(ctx, n)])
+    note = momentum_note(trainer)
+    if note is not None:
+        console.print(note, highlight=False, soft_wrap=True)
     if resumed is not None and trainer.epoch >= epochs:
         console.print(f"nothing to train: the run has done {plural(trainer.epoch, 'epoch')} of --epochs {epochs}; "
                       "raise --epochs to train on", highlight=False, soft_wrap=True)
