@@ -8,8 +8,9 @@ Each class takes torch 2.13's arguments and defaults with the Trainer in the opt
 computes the same Python floats in the same order (the chainable forms ``step()`` uses), so a
 schedule's lrs equal torch's bit for bit. A Trainer has one param group: the scheduler's
 ``group`` (the Trainer's ``lr_group``, torch's ``optimizer.param_groups[0]``: ``lr`` as a Python
-float, ``initial_lr``, OneCycleLR's ``max_lr`` and ``min_lr``) is what it reads and writes;
-each write sets ``trainer.lr`` (the graph's lr, float32 or float64, rounded once from it).
+float, ``initial_lr``, OneCycleLR's ``max_lr`` and ``min_lr``, ``momentum`` or ``betas``) is what it
+reads and writes; each write sets ``trainer.lr`` (the graph's lr, float32 or float64, rounded once
+from it), and OneCycleLR's and CyclicLR's momentum ``trainer.momentum`` (``cyclic_lr``).
 ``state_dict()`` is JSON (a checkpoint saves it, ``Trainer.save_checkpoint``); LambdaLR's and
 MultiplicativeLR's functions are not in it, as in torch (give them again on resume).
 """
