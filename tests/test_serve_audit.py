@@ -148,7 +148,8 @@ def test_a_repeated_header_is_read_as_one_list_not_as_its_last_line(port):
         twice = [("Inference-Header-Content-Length", "3"), ("Inference-Header-Content-Length", str(len(body)))]
         reply = http.post("/v2/models/loop/infer", content=body, headers=twice)
         assert reply.status_code == 400, reply.text
-        assert reply.json()["error"] == f"bad Inference-Header-Content-Length header '3, {len(body)}'"
+        assert reply.json()["error"] == (f"bad Inference-Header-Content-Length header '3, {len(body)}': expected a "
+                                         "byte count of at most 20 digits")
         coded = [("Content-Encoding", "gzip"), ("Content-Encoding", "identity")]
         reply = http.post("/v2/models/loop/infer", content=body, headers=coded)
         assert reply.status_code == 415 and "'gzip, identity'" in reply.json()["error"], reply.text

@@ -179,7 +179,11 @@ def test_extra_binary_bytes(http):
     check(http, binary_post(http, body, length), 400, "4 bytes of binary data that no input claims")
 
 
-@pytest.mark.parametrize("value, match", [("99999", "but the body has only"), ("ten", "bad Inference-Header")])
+@pytest.mark.parametrize("value, match", [
+    ("99999", "but the body has only"), ("ten", "bad Inference-Header"),
+    # more digits than int() converts (4300) was a 500; past 20 digits no length is meant
+    ("9" * 5000, "expected a byte count of at most 20 digits"), ("1" * 21, "at most 20 digits"),
+    ("0" * 30 + "99999", "but the body has only")])
 def test_bad_header_length(http, value, match):
     body, _ = binary_request({"x": X, "idx": IDX, "mask": MASK})
     check(http, binary_post(http, body, value), 400, match)

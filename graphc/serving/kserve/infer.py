@@ -96,13 +96,19 @@ def _headers(scope: dict[str, Any]) -> dict[bytes, bytes]:
     return found
 
 
+# Digits a length header may have: more is past any size (and past what ``int`` converts, 4300).
+_MAX_DIGITS = 20
+
+
 def _int_header(headers: dict[bytes, bytes], name: bytes, label: str) -> int | None:
     value = headers.get(name)
     if value is None:
         return None
-    if not value.strip().isdigit():
-        raise ProtocolError(f"bad {label} header {value.decode('latin-1')!r}")
-    return int(value)
+    digits = value.strip()
+    if not digits.isdigit() or len(digits.lstrip(b"0")) > _MAX_DIGITS:
+        raise ProtocolError(f"bad {label} header {value.decode('latin-1')!r}: expected a byte count of at "
+                            f"most {_MAX_DIGITS} digits")
+    return int(digits)
 
 
 async def _read_body(headers: dict[bytes, bytes], receive: Callable, limit: int, json_limit: int,
