@@ -116,7 +116,7 @@ STRICT_CASES = {
                            "inputs[0].data[0]: Input should be a finite number, got inf"),
     "NaN literal in FP32 data": (json.dumps(with_x(data=[1.5] * 8)).replace("1.5", "NaN", 1).encode(),
                                  "inputs[0].data[0]: Input should be a finite number"),
-    "beyond FP32's range": (with_x(data=[1e39] + [0] * 7), "inputs[0].data[0]: Input should be less than or equal to"),
+    "beyond FP32's range": (with_x(data=[1e39] + [0] * 7), "inputs[0].data[0]: Input should be less than 34028235677973366"),
     "string dim": (with_x(shape=["2", 4]), "inputs[0].shape[0]: Input should be a valid integer, got '2'"),
     "boolean dim": (with_x(shape=[True, 4]), "inputs[0].shape[0]: Input should be a valid integer, got True"),
     "float dim": (with_x(shape=[2.0, 4]), "inputs[0].shape[0]: Input should be a valid integer, got 2.0"),
@@ -292,3 +292,37 @@ def test_json_integers_out_of_range_are_refused_not_wrapped(datatype, data, bad)
                 reply.json()["error"] and f"got {bad}" in reply.json()["error"], reply.text
             reply = http.post("/v2/models/cast/infer", json={"inputs": [{**item, "data": [1, 2]}]})
             assert reply.json()["outputs"][0]["data"] == [1.0, 2.0], reply.text
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_json_floats_that_round_to_the_largest_finite_value_are_taken_as_torch_rounds_them(backend):
+    """FP16/BF16/FP32 JSON data is refused only where the value would round to infinity. It was
+    refused past ``finfo.max`` itself, so FLT_MAX written as C (3.40282347e+38) or numpy and Rust's
+    shortest float32 (3.4028235e+38) write it was a 400; torch (float64 -> dtype, bfloat16 through
+    float32) decides which numbers are finite and what they become."""
+    torch = pytest.importorskip("torch")
+    import ml_dtypes
+
+    from graphc.model.dtypes import to_numpy
+    from graphc.serving.kserve.protocol import DATATYPES
+
+    kinds = {"FP16": torch.float16, "BF16": torch.bfloat16, "FP32": torch.float32}
+    for datatype, kind in kinds.items():
+        top = float(ml_dtypes.finfo(to_numpy(DATATYPES[datatype])).max)
+        half_step = 2.0 ** (np.log2(top) // 1 - {"FP16": 10, "BF16": 7, "FP32": 23}[datatype] - 1)
+        # (0.99 of the half step, not the float64 just below it: torch rounds float64 to float16
+        # through float32 too, numpy, as IEEE, directly)
+        values = [top, float(str(np.float32(top))), top + half_step / 2, top + 0.99 * half_step, top + half_step,
+                  2 * top]
+        with running_server(create_app(_cast_model(datatype), name="cast", backend=backend)) as address:
+            with httpx.Client(base_url=f"http://{address}") as http:
+                for value in values:
+                    want = torch.tensor([value, -value], dtype=torch.float64).to(kind).float()
+                    item = {"name": "x", "shape": [2], "datatype": datatype, "data": [value, -value]}
+                    reply = http.post("/v2/models/cast/infer", json={"inputs": [item]})
+                    if torch.isfinite(want).all():
+                        assert reply.status_code == 200, (datatype, value, reply.text)
+                        assert reply.json()["outputs"][0]["data"] == want.tolist(), (datatype, value)
+                    else:
+                        assert reply.status_code == 400 and "inputs[0].data[0]: Input should be less than" in \
+                            reply.json()["error"], (datatype, value, reply.text)

@@ -74,10 +74,28 @@ def _element(datatype: str) -> Any:
     elif dtype.kind in "iu":
         info = np.iinfo(dtype)
         element = Annotated[StrictInt, Field(ge=int(info.min), le=int(info.max))]
+    elif dtype.itemsize == 8:  # every finite JSON number is a finite FP64
+        element = Annotated[float, Field(strict=True, allow_inf_nan=False)]
     else:
-        top = float(ml_dtypes.finfo(dtype).max)
-        element = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-top, le=top)]
+        top = _overflow(dtype)
+        element = Annotated[float, Field(strict=True, allow_inf_nan=False, gt=-top, lt=top)]
     return TypeAliasType(f"{datatype}Value", element)
+
+
+def _overflow(dtype: np.dtype) -> float:
+    """The least float64 that becomes infinite as ``dtype``: every smaller number rounds to a
+    finite value (the largest, past ``finfo.max`` by up to half a step, included; bfloat16 rounds
+    through float32, as torch's does). Found by bisecting float64 bit patterns."""
+    bits = np.array([ml_dtypes.finfo(dtype).max, np.inf], np.float64).view(np.int64)
+    low, high = int(bits[0]), int(bits[1])
+    while high - low > 1:
+        mid = (low + high) // 2
+        with np.errstate(over="ignore"):
+            if np.isinf(np.array([mid]).view(np.float64).astype(dtype)[0]):
+                high = mid
+            else:
+                low = mid
+    return float(np.array([high]).view(np.float64)[0])
 
 
 _INPUT_FIELDS: dict[str, Any] = {
