@@ -18,6 +18,7 @@ LIMIT = 64 << 10
 X = np.arange(8, dtype=np.float32).reshape(2, 4)
 IDX = np.array([[1, 2, 3], [4, 5, 6]], np.int64)
 MASK = np.array([[True, False, True, False]] * 2)
+RNG = np.random.default_rng(0)
 
 
 def tensor(name, array, datatype, data=None, shape=None):
@@ -326,3 +327,37 @@ def test_json_floats_that_round_to_the_largest_finite_value_are_taken_as_torch_r
                     else:
                         assert reply.status_code == 400 and "inputs[0].data[0]: Input should be less than" in \
                             reply.json()["error"], (datatype, value, reply.text)
+
+
+def test_json_with_too_many_lists_and_objects_is_refused_before_it_holds_the_server():
+    """Validating a JSON list or object holds the GIL for 3-18 us, the event loop with it: 2 MB of
+    ``outputs`` entries held every connection, health checks included, for seconds (32 MB: 38 s).
+    Past MAX_JSON_CONTAINERS the request gets a 413 at once; nested data within it is still served."""
+    import threading
+    import time
+
+    from graphc.serving.kserve.protocol import MAX_JSON_CONTAINERS
+
+    many = b'{"inputs":[],"outputs":[' + b'{"name":"y","parameters":{}},' * (MAX_JSON_CONTAINERS // 2) + b'{"name":"y"}]}'
+    rows = MAX_JSON_CONTAINERS // 4  # x nested as rows of 4: rows + 1 lists
+    x = RNG.standard_normal((rows, 4)).astype(np.float32)
+    nested = {"inputs": [tensor("x", x, "FP32", data=x.tolist()), tensor("idx", np.zeros((rows, 3), np.int64), "INT64"),
+                         tensor("mask", np.ones((rows, 4), bool), "BOOL")], "outputs": [{"name": "y"}]}
+    app = create_app(mixed_model(), name="mixed", backend="ort-cpu")
+    with running_server(app) as address, httpx.Client(base_url=f"http://{address}", timeout=60) as http:
+        replies, worst = [], 0.0
+        sender = threading.Thread(target=lambda: replies.append(http.post("/v2/models/mixed/infer", content=many)))
+        sender.start()
+        while sender.is_alive():
+            start = time.monotonic()
+            assert httpx.get(f"http://{address}/v2/health/live", timeout=60).status_code == 200
+            worst = max(worst, time.monotonic() - start)
+        assert replies[0].status_code == 413, replies[0].text
+        assert f"lists and objects ('[' and '{{' counted), more than the server's limit of {MAX_JSON_CONTAINERS}" in \
+            replies[0].json()["error"]
+        assert worst < 0.5, f"a health check waited {worst:.2f} s"
+        reply = http.post("/v2/models/mixed/infer", json=nested)
+        assert reply.status_code == 200, reply.text[:300]
+        w = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
+        np.testing.assert_allclose(np.array(reply.json()["outputs"][0]["data"]).reshape(rows, 4), x @ w, rtol=1e-6,
+                                   atol=1e-6)
