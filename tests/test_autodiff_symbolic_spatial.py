@@ -19,12 +19,13 @@ F = torch.nn.functional
 ort = pytest.importorskip("onnxruntime")
 
 
-def _grad_proto(op: str, attrs: dict, channels: int, n_sp: int, params: dict) -> onnx.ModelProto:
-    """The gradient model of loss = sum(op(x, *params)**2), x float32 [N, channels, *symbolic]."""
+def _grad_proto(op: str, attrs: dict, channels: int, n_sp: int, params: dict, size=None) -> onnx.ModelProto:
+    """The gradient model of loss = sum(op(x, *params)**2), x float32 [N, channels, *symbolic]
+    (or [2, channels, *size], static, with ``size``)."""
     names = list(params)
     nodes = [helper.make_node(op, ["x", *names], ["y"], **attrs), helper.make_node("Mul", ["y", "y"], ["sq"]),
              helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0)]
-    dims = ["N", channels] + [f"S{i}" for i in range(n_sp)]
+    dims = ["N", channels] + [f"S{i}" for i in range(n_sp)] if size is None else [2, channels, *size]
     graph = helper.make_graph(nodes, op, [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, dims)],
                               [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
                               [onnx.numpy_helper.from_array(v, k) for k, v in params.items()])

@@ -604,8 +604,10 @@ def grad_conv(g, node, dy):
         # already of x's size, in place of the padless ConvTranspose, its Slice and Pad. Forward and
         # dx, 64->64 3x3 pads 1, N=8 32x32, 2 threads, ms, two runs each: 20.5 / 21.5 vs 26.0 / 30.4
         # (the static rule's 20.4 / 20.3); with dW too 65.7 / 68.6 vs 78.8 / 87.4 (static 28.7 /
-        # 34.4: its dW's gathered columns need static dims). Depthwise 32ch 3x3 on 64x64 with dW:
-        # 42.8 / 41.9 vs 48.3 / 48.8 (static 44.2 / 33.5).
+        # 34.4), with dW then the swapped Conv: now the static rule's gathered columns, their
+        # positions from the run-time dims (``symbolic_spatial._gathered_weight_grad``, 0.6-1.3x
+        # the static form's time where the Conv took 1.2-1.8x). Depthwise 32ch 3x3 on 64x64 with
+        # dW: 42.8 / 41.9 vs 48.3 / 48.8 (static 44.2 / 33.5).
         flip = (g.wants(x) and all(s == 1 for s in strides) and isinstance(begin, list) and isinstance(end, list)
                 and _flipped_pads(w_shape, dilations, begin, end) is not None
                 and (group == 1 or w_shape[0] == group * w_shape[1]))

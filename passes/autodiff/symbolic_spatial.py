@@ -4,12 +4,16 @@ The static rules (``rules_nn``) size their lowerings from the input's dims; here
 ``Shape`` at run time, so one training graph serves every image size (a fully convolutional net
 captured with ``("N", 3, "H", "W")``). Kernel, strides, dilations and channel counts stay static:
 dx is a ConvTranspose without pads, cropped by the forward's begin pads and zero-filled at the end
-to x's dims (a Slice and a Pad); dW a Conv of x by dy with batch and channels swapped, cut to the
-kernel; an AveragePool's divisors a Conv of ones of x's run-time size. auto_pad SAME pads are
+to x's dims (a Slice and a Pad); dW on the CPU the static rules' gathered columns times dy, their
+Gather's positions computed from the run-time dims (``_gathered_weight_grad``), elsewhere (and for
+depthwise convs and kernels past 9 taps) a Conv of x by dy with batch and channels swapped, cut
+to the kernel; an AveragePool's divisors a Conv of ones of x's run-time size. auto_pad SAME pads are
 computed from the run-time dims (x padded explicitly for dW).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import onnx_ir as ir
@@ -56,6 +60,12 @@ def run_time_window(g: GradBuilder, node: ir.Node, x: ir.Value, kernel: list[int
     return strides, dilations, begin, g.op("Sub", total, begin)
 
 
+# A run of the gathered dW's columns holds at most this many columns' worth of input channels
+# (whole channels, whole groups; at least one): 64 channels of a 3x3 kernel, so a run's columns are
+# at most 576 x O x N values (N=16, 64x64: 151 MB in float32). ``_gathered_weight_grad``.
+_RUN_COLUMNS = 576
+
+
 def _static(*pads) -> bool:
     return all(isinstance(p, list) for p in pads)
 
@@ -91,12 +101,102 @@ def _over_batch(g: GradBuilder, t: ir.Value, group: int, per_group: int, n_sp: i
     return g.op("Reshape", g.transpose(flat, [2, 1, 0, 3]), shape)
 
 
+def _positions(g: GradBuilder, padded: ir.Value, out: ir.Value, kernel: list[int], strides, dilations) -> ir.Value:
+    """[*k, *O] int64: the flat position in the padded input ([*P], ``padded`` its run-time dims)
+    that tap k of output pixel o reads, ``out`` the run-time output dims (``conv_gather._index``
+    sized at run time): per axis a Range of the output's strided starts plus the tap's offset,
+    times that axis' pitch, summed by broadcasting."""
+    n = len(kernel)
+    index = None
+    for i in range(n):
+        step = g.const(np.int64(strides[i]))
+        count = g.op("Squeeze", g.op("Slice", out, g.ints([i]), g.ints([i + 1])), g.ints([0]))
+        starts = g.op("Range", g.const(np.int64(0)), g.op("Mul", count, step), step)  # [O_i]
+        taps = g.const((np.arange(kernel[i]) * dilations[i]).reshape(-1, 1).astype(np.int64))  # [k_i, 1]
+        pos = g.op("Add", taps, starts)  # [k_i, O_i]
+        if i < n - 1:
+            pos = g.op("Mul", pos, g.reduce("ReduceProd", g.op("Slice", padded, g.ints([i + 1]), g.ints([n])), [0]))
+        pos = g.unsqueeze(pos, [a for a in range(2 * n) if a not in (i, n + i)]) if n > 1 else pos
+        index = pos if index is None else g.op("Add", index, pos)
+    return index
+
+
+def _gathers(g: GradBuilder, image: ir.Value, kernel: list[int], group: int, per_group: int) -> bool:
+    """Whether the dW of this Conv takes ``_gathered_weight_grad``: on the CPU, float tensors,
+    up to 9 taps, dense or grouped with several channels a group (depthwise: the Conv)."""
+    return (g.device == "cpu" and g.opset >= 11 and image.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+            and math.prod(kernel) <= 9 and (group == 1 or per_group > 1))
+
+
+def _gathered_weight_grad(g: GradBuilder, image: ir.Value, kernel_of: ir.Value, kernel: list[int], strides,
+                          dilations, begin, end, group: int, per_group: int, out_channels: int) -> ir.Value:
+    """dW [Co, Ci/g, *k] as ``rules_nn._conv_weight_grad_gathered`` lowers it, its geometry from
+    ``image``'s run-time dims: ``image`` batch-innermost and padded, [Ci, P, N]; the columns of a
+    run of ``_RUN_COLUMNS`` channels (whole groups) by one Gather at ``_positions``; each run's
+    GEMM against ``kernel_of`` [N, Co, *O] as [Co, O * N] (dense: dW^T, one 4-D Transpose after
+    the Concat; grouped: one MatMul batched over the run's groups).
+
+    Against the Conv of x by dy with batch and channels swapped (which onnxruntime runs as one
+    small GEMM per input channel, a 9-column im2col of the whole batch each) and two other
+    run-time forms: one GEMM per kernel tap on its strided window of the channel-major input
+    (Slice ends from dy's dims; no column matrix), and the columns of all channels at once.
+    ``scripts/bench_runtime_dw.py``, forward + dx + dW, 2 threads, the time over the static
+    form's (its gathered columns) in the same run, two runs on a shared 2-core machine (noisy:
+    the same graph twice differed by up to 1.3x), Conv / all at once / runs of 8 channels /
+    per tap: N=8 64->64 3x3 on 32x32 1.39, 1.75 / 0.90, 1.27 / 0.79, 1.42 / 0.77, 1.44 (ms:
+    static 32.1, Conv 44.7, all at once 28.7); N=32 32ch on 32x32 1.28, 1.58 / 0.63, 0.91 /
+    0.94, 0.97 / 0.96, 1.05; N=16 64ch on 64x64 1.59, 1.66 / 0.88, 0.89 / 1.10, 1.17 / 1.18,
+    1.25; stride 2, N=32 32->64 on 32x32 1.50, 1.33 / 0.92, 0.72 / 1.37, 1.02 / 1.63, 1.03;
+    dilation 2, N=16 32ch on 64x64 1.31, 1.30 / 0.96, 1.00 / 1.08, 1.18 / 1.14, 1.11; grouped
+    (8 groups of 8), N=16 64ch on 32x32 1.22 / 1.34 / 0.99 / -. Every gathered form beat the
+    Conv; all at once won most: runs are of 64 channels (``_RUN_COLUMNS``), all at once up to
+    there, bounding the columns past it (N=16 128ch on 32x32: Conv 1.10, all at once 0.92, runs
+    of 64 0.96, of 8 0.96, per tap 1.04)."""
+    n_sp, ci, taps = len(kernel), per_group * group, math.prod(kernel)
+    rows = g.transpose(image, [*range(1, 2 + n_sp), 0])  # [Ci, *S, N]
+    if not _static(begin, end) or any(begin + end):
+        zeros = g.ints([0])
+        rows = g.op("Pad", rows, g.op("Concat", zeros, _as_value(g, begin), zeros, zeros, _as_value(g, end), zeros,
+                                      axis=0))
+    padded = g.op("Add", g.op("Add", spatial_of(g, image), _as_value(g, begin)), _as_value(g, end))
+    reach = g.ints([d * (k - 1) + 1 for d, k in zip(dilations, kernel)])
+    out = g.op("Add", g.op("Div", g.op("Sub", padded, reach), g.ints(strides)), g.ints([1] * n_sp))
+    batch = g.op("Slice", g.op("Shape", image), g.ints([0]), g.ints([1]))
+    rows = g.op("Reshape", rows, g.op("Concat", g.ints([ci, -1]), batch, axis=0))  # [Ci, P, N]
+    index = _positions(g, padded, out, kernel, strides, dilations)
+    dy = g.op("Reshape", g.transpose(kernel_of, [*range(1, 2 + n_sp), 0]), g.ints([out_channels, -1]))  # [Co, O*N]
+    unit = per_group if group > 1 else 1  # channels a run takes whole
+    size = unit * max(1, _RUN_COLUMNS // (unit * taps))
+    sizes = [min(size, ci - first) for first in range(0, ci, size)]
+    parts = g.split(rows, sizes, axis=0, count=len(sizes)) if len(sizes) > 1 else (rows,)
+    if group > 1:  # rows (g, m) of dy, a run of whole groups each
+        dy3 = g.op("Reshape", dy, g.ints([group, out_channels // group, -1]))
+        runs = [channels // per_group for channels in sizes]
+        dys = g.split(dy3, runs, axis=0, count=len(runs)) if len(runs) > 1 else (dy3,)
+    dws = []
+    for i, (part, channels) in enumerate(zip(parts, sizes)):
+        cols = g.op("Reshape", g.op("Gather", part, index, axis=1), g.ints([channels * taps, -1]))  # [c*K, O*N]
+        if group == 1:
+            dws.append(g.op("Gemm", cols, dy, transB=1))  # [c * K, Co]
+        else:
+            per = g.op("Reshape", cols, g.ints([channels // per_group, per_group * taps, -1]))
+            dws.append(g.op("MatMul", dys[i], g.transpose(per, [0, 2, 1])))  # [groups, Co/G, Cg * K]
+    dw = dws[0] if len(dws) == 1 else g.op("Concat", *dws, axis=0)
+    if group == 1:  # [Ci, *k, Co] -> [Co, Ci, *k]
+        return g.transpose(g.op("Reshape", dw, g.ints([ci, *kernel, out_channels])), [n_sp + 1, *range(n_sp + 1)])
+    return g.op("Reshape", dw, g.ints([out_channels, per_group, *kernel]))
+
+
 def _weight_grad(g: GradBuilder, image: ir.Value, kernel_of: ir.Value, kernel: list[int], strides, dilations,
-                 begin, end, group: int, per_group: int) -> ir.Value:
+                 begin, end, group: int, per_group: int, out_channels: int) -> ir.Value:
     """dW [Co, Ci/g, *k] of a Conv of ``image`` [N, Ci, *S] whose output gradient is
-    ``kernel_of`` [N, Co, *O]: the Conv of ``image`` (groups over the batch) by ``kernel_of``
-    (batch and channels swapped), strides and dilations exchanged, cut to the kernel."""
+    ``kernel_of`` [N, Co, *O]: gathered columns (``_gathers``), or else the Conv of ``image``
+    (groups over the batch) by ``kernel_of`` (batch and channels swapped), strides and
+    dilations exchanged, cut to the kernel."""
     n_sp = len(kernel)
+    if _gathers(g, image, kernel, group, per_group):
+        return _gathered_weight_grad(g, image, kernel_of, kernel, strides, dilations, begin, end, group, per_group,
+                                     out_channels)
     if _static(begin, end):
         pads = begin + end if any(begin + end) else None
     else:  # run-time pads: the image padded first
@@ -114,7 +214,8 @@ def conv_grads(g: GradBuilder, node: ir.Node, dy: ir.Value, w_shape: list[int], 
     (``run_time_window``'s). dx: ConvTranspose(dy, w) without pads (its
     size s*(O-1) + d*(k-1) + 1 from dy's) then ``_fitted``; dW: ``_weight_grad``. The whole
     gradient graph (forward, dx, dW), onnxruntime CPU, 2 threads, ms, two runs each on a shared
-    machine, static rules vs these at the same sizes, N=8: 64->64 3x3 pads 1 on 32x32 33.3 / 43.8
+    machine, static rules vs these at the same sizes, N=8, dW the swapped Conv (before
+    ``_gathered_weight_grad``, whose figures are its own): 64->64 3x3 pads 1 on 32x32 33.3 / 43.8
     vs 64.2 / 79.3 (the static rules' gathered and flipped-weight forms); 64->128 stride 2 34.0 /
     17.9 vs 31.4 / 22.7; depthwise 32ch 3x3 on 64x64 42.6 / 62.2 vs 51.8 / 58.2; ConvTranspose
     64->32 2x2 stride 2 on 16x16 (``conv_transpose_weight_grad``) 14.1 / 6.7 vs 11.8 / 10.8;
@@ -128,7 +229,7 @@ def conv_grads(g: GradBuilder, node: ir.Node, dy: ir.Value, w_shape: list[int], 
         full = g.op("ConvTranspose", dy, w, strides=strides, dilations=dilations, group=group if group != 1 else None)
         dx = _fitted(g, full, begin, x)
     if g.wants(w):
-        dw = _weight_grad(g, x, dy, kernel, strides, dilations, begin, end, group, w_shape[1])
+        dw = _weight_grad(g, x, dy, kernel, strides, dilations, begin, end, group, w_shape[1], w_shape[0])
     return dx, dw
 
 
@@ -140,7 +241,7 @@ def conv_transpose_weight_grad(g: GradBuilder, node: ir.Node, x: ir.Value, dy: i
     strides = list(attr(node, "strides", None) or [1] * n_sp)
     dilations = list(attr(node, "dilations", None) or [1] * n_sp)
     return _weight_grad(g, dy, x, list(w_shape[2:]), strides, dilations, pads[:n_sp], pads[n_sp:],
-                        attr(node, "group", 1), w_shape[1])
+                        attr(node, "group", 1), w_shape[1], w_shape[0])
 
 
 def average_pool_grad(g: GradBuilder, node: ir.Node, dy: ir.Value, channels: int) -> ir.Value:
