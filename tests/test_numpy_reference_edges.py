@@ -203,3 +203,84 @@ def test_indexing_and_integer_arithmetic_at_the_edges():
         vs_reference("Mod", [a, b], {"fmod": fmod}, 13)
     for sa, sb in [((0, 3), (1, 3)), ((2, 1, 3), (0, 1)), ((), (2, 0))]:
         vs_reference("Add", [RNG.random(sa).astype(np.float32), RNG.random(sb).astype(np.float32)], {}, 13)
+
+
+def _f32(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# (op, inputs, attrs, opset, what the message says). onnxruntime refuses every one; onnx.reference
+# broadcasts some (a bias of 2 for 1 channel, PRelu's slope [2, 3] on [1, 3], a scale of 1 for 3 channels).
+REFUSED = [
+    ("Conv", [_f32(1, 1, 3), _f32(1, 1, 2), _f32(2)], {}, 19, r"bias B has shape \[2\], expected \[1\]"),
+    ("Conv", [_f32(1, 1, 3), _f32(1, 1, 2), _f32(1, 1)], {}, 19, r"bias B has shape \[1, 1\], expected \[1\]"),
+    ("ConvTranspose", [_f32(1, 1, 3), _f32(1, 1, 2), _f32(2)], {}, 19, r"bias B has shape \[2\], expected \[1\]"),
+    ("ConvTranspose", [_f32(1, 2, 3), _f32(2, 2, 2), _f32(2)], {"group": 2}, 19, r"bias B has shape \[2\], expected \[4\] .*group 2"),
+    ("QLinearConv", [np.ones((1, 1, 3), np.uint8), np.float32(0.1), np.uint8(0), np.ones((1, 1, 2), np.uint8),
+                     np.float32(0.1), np.uint8(0), np.float32(0.2), np.uint8(0), np.ones(2, np.int32)], {}, 10,
+     r"bias B has shape \[2\], expected \[1\]"),
+    ("Gemm", [_f32(2, 3), _f32(3, 4), _f32(2, 1, 4)], {}, 13, r"C has shape \[2, 1, 4\].* to \[2, 4\]"),
+    ("Gemm", [_f32(1, 3), _f32(3, 4), _f32(2, 4)], {}, 13, r"C has shape \[2, 4\].* to \[1, 4\]"),
+    ("Gemm", [_f32(2, 3), _f32(3, 4), _f32(3)], {}, 13, r"C has shape \[3\].* to \[2, 4\]"),
+    ("BatchNormalization", [_f32(2, 3, 4), _f32(1), _f32(3), _f32(3), _f32(3)], {}, 15,
+     r"scale has shape \[1\], expected \[3\]"),
+    ("BatchNormalization", [_f32(2, 3, 4), _f32(3), _f32(3), _f32(2), _f32(3)], {"training_mode": 1}, 15,
+     r"input_mean has shape \[2\], expected \[3\]"),
+    ("InstanceNormalization", [_f32(2, 3, 4), _f32(3), _f32(1)], {}, 15, r"B has shape \[1\], expected \[3\]"),
+    ("LayerNormalization", [_f32(2, 3, 4), _f32(3)], {}, 17, r"Scale has shape \[3\].* to \[2, 3, 4\]"),
+    ("LayerNormalization", [_f32(2, 3, 4), _f32(4), _f32(2, 2, 4)], {}, 17, r"B has shape \[2, 2, 4\]"),
+    ("PRelu", [_f32(1, 3), _f32(2, 3)], {}, 16, r"slope has shape \[2, 3\].* to \[1, 3\]"),
+    ("PRelu", [_f32(2, 3, 4), _f32(3)], {}, 16, r"slope has shape \[3\].* to \[2, 3, 4\]"),
+]
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[f"{c[0]}-{i}" for i, c in enumerate(REFUSED)])
+def test_parameters_of_the_wrong_shape_are_refused(case):
+    op, inputs, attrs, opset, message = case
+    inputs = [np.asarray(x) for x in inputs]
+    with pytest.raises(BackendError, match=rf"node '{op.lower()}_node' \({op}\) failed.*: ValueError: {message}"):
+        ours(op, inputs, attrs, opset)
+
+
+def test_parameters_that_broadcast_unidirectionally_are_accepted():
+    x = _f32(2, 3, 4)
+    vs_reference("LayerNormalization", [x, _f32(1, 4), _f32(2, 1, 4)], {}, 17)
+    vs_reference("PRelu", [x, _f32(3, 1)], {}, 16)
+    vs_reference("Gemm", [_f32(2, 3), _f32(3, 4), _f32(2, 1)], {}, 13)
+
+
+@pytest.mark.parametrize("op, inputs, attrs, message", [
+    ("Conv", [_f32(1, 1, 3), _f32(1, 1, 3)], {"dilations": [3], "strides": [2]},
+     r"on spatial axis 0: it spans \(kernel 3 - 1\) \* dilation 3 \+ 1 = 7, the input 3 \+ pads 0 \+ 0 = 3, "
+     r"so the output would be -1 long \(stride 2\)"),
+    ("MaxPool", [_f32(1, 1, 4, 3)], {"kernel_shape": [1, 3], "dilations": [1, 3]}, r"axis 1: .* = 7, .* -3 long"),
+    ("AveragePool", [_f32(1, 1, 3)], {"kernel_shape": [6], "pads": [1, 0]}, r"= 6, the input 3 \+ pads 1 \+ 0 = 4"),
+    ("LpPool", [_f32(1, 1, 3)], {"kernel_shape": [5], "auto_pad": "VALID"}, r"= 5, .* would be -1 long"),
+    ("ConvTranspose", [_f32(1, 1, 3), _f32(1, 1, 3)], {"pads": [5, 5]},
+     r"pads \[5, 5\] crop more than the full output \[5\] .* would be \[-5\]"),
+])
+def test_a_kernel_that_does_not_fit_is_refused(op, inputs, attrs, message):
+    """Was numpy's 'negative dimensions are not allowed' (Conv) or a silently empty output (pools:
+    MaxPool 3 wide, kernel 3 dilated 3, gave [1, 1, 0]); onnxruntime refuses them too. An output
+    of 0 windows stays empty (test_pool_with_no_window_is_empty)."""
+    with pytest.raises(BackendError, match=message):
+        ours(op, inputs, attrs, 19)
+
+
+@pytest.mark.parametrize("op, want", [("GlobalAveragePool", np.nan), ("GlobalMaxPool", -np.inf),
+                                      ("GlobalLpPool", 0.0)])
+def test_global_pools_over_empty_spatial_dims(op, want):
+    """As ReduceMean/ReduceMax/ReduceL2 over the spatial axes: NaN (0/0, no 'Mean of empty slice'
+    warning), -inf (ReduceMax's spec for an empty set; numpy raised 'zero-size array'), 0.
+    onnxruntime refuses empty spatial dims; onnx.reference gives NaN and raises for the maximum."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for dtype in (np.float32, np.float16):
+            (got,) = ours(op, [np.zeros((2, 3, 0, 4), dtype)], {}, 13)
+            assert got.shape == (2, 3, 1, 1) and got.dtype == dtype
+            np.testing.assert_array_equal(got, np.full(got.shape, want, dtype))
+    if op == "GlobalAveragePool":
+        vs_reference(op, [np.zeros((2, 3, 0), np.float32)], {}, 13)
+    for op_ in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"):  # empty batch: as onnxruntime
+        got, want_ = numpy_vs_ort(op_, [np.zeros((0, 3, 2), np.float32)], {}, 13)
+        assert_same(got, want_, op_)

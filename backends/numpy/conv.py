@@ -16,7 +16,8 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from graphc.backends.numpy.kernels import kernel
+from graphc.backends.numpy.kernels import kernel, require_shape
+from graphc.backends.numpy.reduction import reduce_axes
 
 
 def geometry(spatial, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode=0):
@@ -42,6 +43,11 @@ def geometry(spatial, kernel_shape, strides, dilations, pads, auto_pad, ceil_mod
             o = (-(-span // strides[i]) if ceil_mode else span // strides[i]) + 1
             if ceil_mode and (o - 1) * strides[i] >= spatial[i] + b:
                 o -= 1  # the last window would start in the end padding
+        if o < 0:  # 0 is an empty output (onnx.reference's, onnxruntime's pools'); less has no meaning
+            raise ValueError(
+                f"the kernel does not fit the padded input on spatial axis {i}: it spans (kernel {kernel_shape[i]} - 1) "
+                f"* dilation {dilations[i]} + 1 = {eff}, the input {spatial[i]} + pads {b} + {e} = "
+                f"{spatial[i] + b + e}, so the output would be {o} long (stride {strides[i]})")
         begin.append(b)
         end.append(e)
         out.append(o)
@@ -101,6 +107,7 @@ def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
         x.shape[2:], kshape, strides, dilations, pads, auto_pad)
     xc = _channels_first(x, begin, end)
     m, n = w.shape[0], x.shape[0]
+    require_shape(b, (m,), "bias B", f"one value per output channel, M = {m}")
     wg = w.reshape(group, m // group, -1)
     per_image = wg.shape[2] * group * math.prod(out_shape) * x.dtype.itemsize
     step = max(1, _IM2COL_BYTES // max(per_image, 1))
@@ -130,6 +137,7 @@ def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1,
             for i in range(d)]
     begin, target = _transpose_crop(full, spatial, strides, pads, auto_pad, output_shape)
     mg = w.shape[1]
+    require_shape(b, (group * mg,), "bias B", f"one value per output channel, M = group {group} * W's dim 1 {mg}")
     xg = x.reshape(n, group, c // group, -1).transpose(1, 0, 3, 2)  # (g, N, I, C/g)
     wg = w.reshape(group, 1, c // group, mg * math.prod(kshape))
     cols = np.matmul(xg, wg).reshape(group, n, *spatial, mg, *kshape)
@@ -178,7 +186,11 @@ def _transpose_crop(full, spatial, strides, pads, auto_pad, output_shape):
         # (5 wide, not 6, for 3 wide, kernel 1, stride 2), against the spec's input * strides.
         return begin, target
     pads = list(pads or [0] * (2 * d))
-    return pads[:d], [full[i] - pads[i] - pads[i + d] for i in range(d)]
+    target = [full[i] - pads[i] - pads[i + d] for i in range(d)]
+    if any(t < 0 for t in target):
+        raise ValueError(f"pads {pads} crop more than the full output {full} (input spatial dims {list(spatial)}, "
+                         f"strides {strides}): the output would be {target}")
+    return pads[:d], target
 
 
 # -- pooling ------------------------------------------------------------------------------------
@@ -282,14 +294,17 @@ def _spatial_axes(x):
     return tuple(range(2, x.ndim))
 
 
+# The global pools are ReduceMean/ReduceMax over the spatial axes, empty ones included: the mean
+# of nothing is 0/0 = NaN (no numpy warning), the maximum of nothing -inf, as ReduceMax's spec
+# has it. onnxruntime refuses empty spatial dims; onnx.reference gives NaN and raises.
 @kernel("GlobalAveragePool", since=1)
 def global_average_pool(x):
-    return (np.mean(x, axis=_spatial_axes(x), keepdims=True).astype(x.dtype, copy=False),)
+    return (reduce_axes("ReduceMean", x, _spatial_axes(x)),)
 
 
 @kernel("GlobalMaxPool", since=1)
 def global_max_pool(x):
-    return (np.max(x, axis=_spatial_axes(x), keepdims=True),)
+    return (reduce_axes("ReduceMax", x, _spatial_axes(x)),)
 
 
 @kernel("GlobalLpPool", since=2)

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from onnx.helper import tensor_dtype_to_np_dtype
 
-from graphc.backends.numpy.kernels import kernel
+from graphc.backends.numpy.kernels import kernel, require_unidirectional
 
 
 def _same_dtype(result: np.ndarray, like: np.ndarray) -> np.ndarray:
@@ -154,6 +154,7 @@ def leaky_relu(x, *, alpha=0.01):
 
 @kernel("PRelu", since=7)
 def prelu(x, slope):
+    require_unidirectional(slope, x.shape, "slope")
     return (np.where(x >= 0, x, x * slope).astype(x.dtype, copy=False),)
 
 

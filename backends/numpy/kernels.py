@@ -82,6 +82,27 @@ def scalar(value, default=None):
     return np.asarray(value).ravel()[0].item()
 
 
+def require_shape(value, shape, what: str, rule: str) -> None:
+    """Refuse an input whose shape is not ``shape`` exactly (``rule`` says why it must be)."""
+    if value is not None and tuple(np.shape(value)) != tuple(shape):
+        raise ValueError(f"{what} has shape {list(np.shape(value))}, expected {list(shape)} ({rule})")
+
+
+def require_unidirectional(value, shape, what: str) -> None:
+    """Refuse an input that does not broadcast to ``shape`` without growing it (ONNX's
+    unidirectional broadcasting: numpy's rules, applied to one side only)."""
+    if value is None:
+        return
+    shape = tuple(shape)
+    try:
+        fits = np.broadcast_shapes(np.shape(value), shape) == shape
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"{what} has shape {list(np.shape(value))}, which does not broadcast unidirectionally "
+                         f"to {list(shape)} (trailing dims must equal it or be 1, and it may not have more dims)")
+
+
 def normalize_domain(domain: str) -> str:
     return "" if domain in ("", "ai.onnx") else domain
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.backends.numpy.kernels import kernel
+from graphc.backends.numpy.kernels import kernel, require_unidirectional
 
 
 @kernel("MatMul", since=1)
@@ -19,6 +19,7 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=1):
     if alpha != 1.0:
         y *= alpha
     if c is not None:
+        require_unidirectional(c, y.shape, "C")
         y += c if beta == 1.0 else beta * c
     return (y.astype(a.dtype, copy=False),)
 

@@ -13,14 +13,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.backends.numpy.kernels import kernel
+from graphc.backends.numpy.kernels import kernel, require_shape, require_unidirectional
 
 
 def _channel_shape(x, spatial=1):
     return (-1,) + (1,) * (x.ndim - 2) if spatial else x.shape[1:]
 
 
+def _per_channel(x, spatial=1, **params):
+    """Refuse BatchNormalization/InstanceNormalization parameters not of shape (C) (opset < 9,
+    ``spatial`` 0: X's shape past the batch)."""
+    want = (x.shape[1] if x.ndim > 1 else 1,) if spatial else x.shape[1:]
+    for name, value in params.items():
+        require_shape(value, want, name, "one value per channel" if spatial else "spatial 0: X's shape past N")
+
+
 def _bn_infer(x, scale, bias, mean, var, epsilon, spatial=1):
+    _per_channel(x, spatial, scale=scale, B=bias, input_mean=mean, input_var=var)
     shape = _channel_shape(x, spatial)
     a = scale / np.sqrt(var + epsilon)  # y = x * a + (bias - mean * a): two passes over x
     y = x * a.astype(x.dtype, copy=False).reshape(shape)
@@ -29,6 +38,7 @@ def _bn_infer(x, scale, bias, mean, var, epsilon, spatial=1):
 
 
 def _bn_train(x, scale, bias, mean, var, epsilon, momentum, spatial=1):
+    _per_channel(x, spatial, input_mean=mean, input_var=var)  # scale and B: _bn_infer's check
     axes = (0, *range(2, x.ndim)) if spatial else (0,)
     batch_mean = x.mean(axis=axes)
     batch_var = x.var(axis=axes)
@@ -74,6 +84,8 @@ def layer_norm(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1):
     a float64 input keeps float64 for Y, as onnxruntime does)."""
     axis = axis % x.ndim
     axes = tuple(range(axis, x.ndim))
+    require_unidirectional(scale, x.shape, "Scale")
+    require_unidirectional(bias, x.shape, "B")
     xs = x.astype(np.float32) if stash_type == 1 and x.dtype.itemsize < 4 else x
     mean = xs.mean(axis=axes, keepdims=True)
     centered = xs - mean
@@ -96,6 +108,7 @@ def rms_norm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
 
 @kernel("InstanceNormalization", since=6)
 def instance_norm(x, scale, bias, *, epsilon=1e-5):
+    _per_channel(x, scale=scale, B=bias)
     axes = tuple(range(2, x.ndim))
     mean = x.mean(axis=axes, keepdims=True)
     var = x.var(axis=axes, keepdims=True)

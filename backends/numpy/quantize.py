@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from onnx.helper import tensor_dtype_to_np_dtype
 
-from graphc.backends.numpy.kernels import kernel
+from graphc.backends.numpy.kernels import kernel, require_shape
 
 
 def _broadcast_param(p, x, axis, block_size):
@@ -114,6 +114,7 @@ def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_
     wf = _real(w, w_scale, w_zero_point, axis=0)
     y = _float_conv(xf, wf, auto_pad=auto_pad, dilations=dilations, group=group,
                     kernel_shape=kernel_shape, pads=pads, strides=strides)
+    require_shape(b, (w.shape[0],), "bias B", f"one value per output channel, M = {w.shape[0]}")
     if b is not None:  # int32 bias in units of x_scale * w_scale
         scale = (x_scale.astype(np.float64) * w_scale.astype(np.float64)).reshape(-1)
         y = y + (b.astype(np.float64) * scale).reshape(1, -1, *([1] * (y.ndim - 2)))

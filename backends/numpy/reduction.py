@@ -75,6 +75,11 @@ def _reduce(fn, x, axes, keepdims, noop_with_empty_axes):
     return (out.astype(x.dtype, copy=False),)
 
 
+def reduce_axes(op_type: str, x, axes: tuple[int, ...]):
+    """``op_type`` (a Reduce* name) of ``x`` over ``axes``, kept as size-1 dims (none: ``x``)."""
+    return _reduce(_REDUCERS[op_type], x, axes, 1, 1)[0]
+
+
 def _register_reduce(op_type: str, fn, axes_input_since: int) -> None:
     @kernel(op_type, since=1)
     def reduce_attr(x, *, axes=None, keepdims=1):
