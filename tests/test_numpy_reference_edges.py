@@ -251,8 +251,8 @@ def test_parameters_that_broadcast_unidirectionally_are_accepted():
 
 @pytest.mark.parametrize("op, inputs, attrs, message", [
     ("Conv", [_f32(1, 1, 3), _f32(1, 1, 3)], {"dilations": [3], "strides": [2]},
-     r"on spatial axis 0: it spans \(kernel 3 - 1\) \* dilation 3 \+ 1 = 7, the input 3 \+ pads 0 \+ 0 = 3, "
-     r"so the output would be -1 long \(stride 2\)"),
+     (r"on spatial axis 0: it spans \(kernel 3 - 1\) \* dilation 3 \+ 1 = 7, the input 3 \+ pads 0 \+ 0 = 3, "
+      r"so the output would be -1 long \(stride 2\)")),
     ("MaxPool", [_f32(1, 1, 4, 3)], {"kernel_shape": [1, 3], "dilations": [1, 3]}, r"axis 1: .* = 7, .* -3 long"),
     ("AveragePool", [_f32(1, 1, 3)], {"kernel_shape": [6], "pads": [1, 0]}, r"= 6, the input 3 \+ pads 1 \+ 0 = 4"),
     ("LpPool", [_f32(1, 1, 3)], {"kernel_shape": [5], "auto_pad": "VALID"}, r"= 5, .* would be -1 long"),

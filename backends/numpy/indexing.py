@@ -72,6 +72,9 @@ def scatter_nd(data, indices, updates, *, reduction="none"):
 
 @kernel("NonZero", since=9)
 def nonzero(x):
+    """[rank, count]: a scalar has no coordinates, [0, 1] if it is nonzero (numpy refuses 0-d)."""
+    if x.ndim == 0:
+        return (np.zeros((0, int(bool(x))), np.int64),)
     return (np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1),)
 
 

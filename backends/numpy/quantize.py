@@ -53,7 +53,7 @@ def quantize_linear(x, scale, zero_point=None, *, axis=1, block_size=0, output_d
 
 @kernel("DynamicQuantizeLinear", since=11)
 def dynamic_quantize_linear(x):
-    lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+    lo, hi = float(x.min(initial=0.0)), float(x.max(initial=0.0))  # the range always holds 0; empty x: 0 and 0
     scale = np.float32((hi - lo) / 255)
     zero_point = np.uint8(np.clip(np.rint(-lo / scale), 0, 255)) if scale else np.uint8(0)
     y = np.clip(np.rint(x / scale) + zero_point, 0, 255).astype(np.uint8) if scale else np.zeros(x.shape, np.uint8)

@@ -157,7 +157,7 @@ def _cumulative(fn, identity, x, axis, exclusive, reverse):
     if reverse:
         x = np.flip(x, axis)
     out = fn(x, axis=axis, dtype=x.dtype)
-    if exclusive:  # shift by one along the axis, the identity first
+    if exclusive and x.shape[axis]:  # shift by one along the axis, the identity first
         first = np.full_like(np.take(out, [0], axis=axis), identity)
         out = np.concatenate([first, np.take(out, range(out.shape[axis] - 1), axis=axis)], axis=axis)
     return (np.flip(out, axis) if reverse else out,)
@@ -175,8 +175,11 @@ def cumprod(x, axis, *, exclusive=0, reverse=0):
 
 def _topk(x, k, axis, largest, sorted_):
     k = int(scalar(k))
-    keys = x.astype(np.int64) if x.dtype.kind == "u" else x
-    order = np.argsort(-keys if largest else keys, axis=axis, kind="stable")  # ties: lower index first
+    if largest:  # descending, ties lower index first: the stable ascending order of x reversed, read backwards
+        n = x.shape[axis]  # (negating x overflowed int64's least value; NaN sorts as numpy's, largest)
+        order = np.flip(n - 1 - np.argsort(np.flip(x, axis), axis=axis, kind="stable"), axis)
+    else:
+        order = np.argsort(x, axis=axis, kind="stable")  # ties: lower index first
     idx = np.take(order, np.arange(k), axis=axis)
     return np.take_along_axis(x, idx, axis=axis), idx.astype(np.int64)
 

@@ -9,8 +9,13 @@ from graphc.backends.numpy.kernels import kernel, scalar
 
 
 def _pos(p, length, insert=False):
+    """``position`` as an index from the front, checked against the spec's range: [-n, n - 1],
+    and [-n, n] for an insert (n appends; -1 is before the last, as for the others)."""
     p = int(scalar(p))
-    return p + length + (1 if insert else 0) if p < 0 else p
+    last = length if insert else length - 1
+    if not -length <= p <= last:
+        raise ValueError(f"position {p} is outside [{-length}, {last}] for a sequence of {length} tensors")
+    return p + length if p < 0 else p
 
 
 @kernel("SequenceEmpty", since=11)
@@ -26,7 +31,7 @@ def sequence_construct(*xs):
 @kernel("SequenceInsert", since=11)
 def sequence_insert(seq, x, position=None):
     out = list(seq)
-    out.insert(len(out) if position is None else _pos(position, len(out)), x)
+    out.insert(len(out) if position is None else _pos(position, len(out), insert=True), x)
     return (out,)
 
 
@@ -38,7 +43,7 @@ def sequence_at(seq, position):
 @kernel("SequenceErase", since=11)
 def sequence_erase(seq, position=None):
     out = list(seq)
-    del out[len(out) - 1 if position is None else _pos(position, len(out))]
+    del out[_pos(-1 if position is None else position, len(out))]
     return (out,)
 
 
@@ -49,8 +54,8 @@ def sequence_length(seq):
 
 @kernel("SplitToSequence", since=11)
 def split_to_sequence(x, split=None, *, axis=0, keepdims=1):
-    if split is None:
-        parts = np.split(x, x.shape[axis], axis=axis)
+    if split is None:  # pieces of 1 (none of an empty axis: np.split refuses 0 sections)
+        parts = np.split(x, range(1, x.shape[axis]), axis=axis) if x.shape[axis] else []
         return ([p if keepdims else np.squeeze(p, axis) for p in parts],)
     sizes = np.asarray(split).ravel()
     if sizes.size == 1 and np.asarray(split).ndim == 0:
