@@ -180,14 +180,16 @@ def test_grad_momentum_with_adam_is_an_error():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--lr", "inf"], "error: ValueError: --lr: Input should be a finite number (got inf)"),
+    (["--lr", "inf"], "error: ValueError: --lr: lr must be a finite number for SGD, got inf: graphc refuses inf and "
+     "NaN, which torch takes in places (its step then turns params to inf or NaN, or stops them)"),
     (["--optimizer", "adam", "--weight-decay", "-1"],
-     "error: ValueError: --weight-decay: Input should be greater than or equal to 0 (got -1.0)"),
+     "error: ValueError: --weight-decay: weight_decay must be >= 0, as torch.optim.Adam checks it, got -1.0"),
     (["--nesterov", "--dampening", "0.1"], "error: ValueError: --momentum, --nesterov, --dampening: SGD(nesterov=True) "
      "needs momentum > 0 and dampening 0 (as in torch.optim.SGD), got momentum=0.0, dampening=0.1"),
     (["--max-grad-norm", "1", "--grad-norm-type", "3"], "error: ValueError: --grad-norm-type: grad_norm_type must be "
      "2.0, 1.0 or 'inf' (float('inf')), got 3.0"),
-    (["--optimizer", "adam", "--betas", "1,0.5"], "error: ValueError: --betas: betas must lie in [0, 1), got (1.0, 0.5)"),
+    (["--optimizer", "adam", "--betas", "1,0.5"], "error: ValueError: --betas: betas must each lie in [0, 1), as "
+     "torch.optim.Adam checks them, got (1.0, 0.5)"),
 ])
 def test_a_bad_optimizer_option_is_one_line_naming_the_option(capsys, tmp_path, flags, message):
     """pydantic's own report (several lines and a link) once reached the terminal as it was, then
@@ -210,7 +212,7 @@ def test_a_validation_error_no_command_words_is_one_line_without_pydantics_prefi
                                        "torch.optim.SGD), got momentum=0.0, dampening=0.0")
     with pytest.raises(ValidationError) as field:
         gc.optim.SGD(lr=-1)
-    assert _one_line(field.value) == "invalid SGD: lr: Input should be greater than 0 (got -1)"
+    assert _one_line(field.value) == "invalid SGD: lr: lr must be >= 0, as torch.optim.SGD checks it, got -1.0"
 
 
 def test_demo_output_default_is_run_demos():

@@ -176,10 +176,10 @@ def test_specs_take_torch_defaults_and_refuse_bad_values():
         assert torch_defaults and {k: getattr(spec, k) for k in torch_defaults} == torch_defaults, kind
     assert gc.optim.RMSprop(momentum=0.9, centered=True).state_slots == ("square_avg", "momentum_buffer", "grad_avg")
     assert gc.optim.Adamax().state_slots == ("exp_avg", "exp_inf")
-    with pytest.raises(ValueError, match="betas must lie in"):
+    with pytest.raises(ValueError, match="betas must each lie in"):
         gc.optim.Adamax(betas=(1.0, 0.9))
     with pytest.raises(ValueError, match="alpha"):
-        gc.optim.RMSprop(alpha=1.5)
+        gc.optim.RMSprop(alpha=-0.5)
     with pytest.raises(ValueError, match="initial_accumulator_value"):
         gc.optim.Adagrad(initial_accumulator_value=-1.0)
     with pytest.raises(ValueError, match="nesterov"):

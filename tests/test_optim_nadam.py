@@ -136,7 +136,7 @@ def test_specs_refuse_bad_values():
     assert gc.optim.NAdam().state_slots == gc.optim.RAdam().state_slots == ("exp_avg", "exp_avg_sq")
     with pytest.raises(ValueError, match="momentum_decay"):
         gc.optim.NAdam(momentum_decay=-0.1)
-    with pytest.raises(ValueError, match="betas must lie in"):
+    with pytest.raises(ValueError, match="betas must each lie in"):
         gc.optim.RAdam(betas=(0.9, 1.0))
     with pytest.raises(ValueError, match="momentum_decay"):
         gc.optim.RAdam(momentum_decay=0.1)

@@ -60,8 +60,6 @@ def test_defaults_dump_as_before_and_bad_options_are_named():
     assert gc.optim.SGD(0.1, momentum=0.9, dampening=0.5).state_slots == ("momentum_buffer",)
     with pytest.raises(ValueError, match="dampening 0"):
         gc.optim.SGD(0.1, momentum=0.9, nesterov=True, dampening=0.1)
-    with pytest.raises(ValueError, match="dampening"):
-        gc.optim.SGD(0.1, momentum=0.9, dampening=1.5)
     with pytest.raises(ValueError, match="amsgrad"):
         gc.optim.SGD(0.1, amsgrad=True)  # torch's SGD has none
 

@@ -104,8 +104,8 @@ def grad_cmd(
     momentum: Optional[float] = typer.Option(None, "--momentum",
                                              help=f"SGD/RMSprop momentum (default: {_spec_defaults('momentum')})."),
     nesterov: bool = typer.Option(False, "--nesterov", help="SGD with Nesterov momentum (needs --momentum)."),
-    dampening: Optional[float] = typer.Option(None, "--dampening", help="SGD's dampening of the momentum, in "
-                                              "[0, 1] (default: 0)."),
+    dampening: Optional[float] = typer.Option(None, "--dampening", help="SGD's dampening of the momentum, any "
+                                              "number, as torch (default: 0)."),
     amsgrad: bool = typer.Option(False, "--amsgrad", help="Adam/AdamW's AMSGrad variant (one more state slot, "
                                  "max_exp_avg_sq)."),
     maximize: bool = typer.Option(False, "--maximize", help="Maximize the loss: step along the gradient."),

@@ -17,27 +17,26 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_serializer,
+from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_serializer,
                       model_validator)
 
 
 _CLIPPING = ("max_grad_norm", "grad_norm_type", "clip_grad_value")
 
 
-def _betas_in_range(betas: tuple[float, float]) -> tuple[float, float]:
-    if not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"betas must lie in [0, 1), got {betas}")
-    return betas
-
-
-Betas = Annotated[tuple[float, float], AfterValidator(_betas_in_range)]  # Adam's, Adamax's, NAdam's, RAdam's
 # options dumped only when set, as the clipping: specs without them dump as before they existed
 _OPTIONS = ("dampening", "amsgrad", "maximize")
 
 
+# torch.optim's checks (each optimizer's ``__init__``, torch 2.13): these arguments must be >= 0, each
+# beta in [0, 1), and SGD's dampening is unchecked; the same wherever an optimizer takes the argument
+_AT_LEAST_0 = ("lr", "eps", "weight_decay", "momentum", "alpha", "lr_decay", "initial_accumulator_value",
+               "momentum_decay")
+
+
 class _Spec(BaseModel):
-    # no inf or NaN: an infinite lr, decay or eps turns every param to NaN at the first step
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    # inf and NaN: refused in _torch_range with the reason (the clipping fields: pydantic's "finite number")
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     def __init__(self, lr: float | None = None, /, **kwargs):
         # ``SGD(0.1)`` like ``torch.optim.SGD(params, 0.1)``: lr may be positional.
@@ -50,9 +49,23 @@ class _Spec(BaseModel):
     # gradient clipping before the step, as torch.nn.utils.clip_grad_value_ then clip_grad_norm_
     # (``graphc.passes.training.clipping``): each gradient clamped to [-clip_grad_value, clip_grad_value],
     # then all scaled by min(max_grad_norm / (total norm + 1e-6), 1), the norm of order grad_norm_type
-    max_grad_norm: Optional[float] = Field(None, gt=0)
+    max_grad_norm: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     grad_norm_type: Union[float, Literal["inf"]] = 2.0
-    clip_grad_value: Optional[float] = Field(None, gt=0)
+    clip_grad_value: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _torch_range(cls, value, info):
+        """torch.optim's range of each argument (``_AT_LEAST_0``, betas), and finite numbers only."""
+        name, field = cls.__name__, info.field_name
+        if field == "betas" and not all(0.0 <= b < 1.0 for b in value):
+            raise ValueError(f"betas must each lie in [0, 1), as torch.optim.{name} checks them, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{field} must be a finite number for {name}, got {value!r}: graphc refuses inf and NaN, "
+                             "which torch takes in places (its step then turns params to inf or NaN, or stops them)")
+        if field in _AT_LEAST_0 and value < 0:
+            raise ValueError(f"{field} must be >= 0, as torch.optim.{name} checks it, got {value!r}")
+        return value
 
     @field_validator("grad_norm_type", mode="before")
     @classmethod
@@ -94,11 +107,11 @@ class SGD(_Spec):
     p -= lr*g``."""
 
     kind: Literal["sgd"] = "sgd"
-    lr: float = Field(1e-3, gt=0)  # torch.optim.SGD's default
-    momentum: float = Field(0.0, ge=0)
+    lr: float = 1e-3  # torch.optim.SGD's default
+    momentum: float = 0.0
     nesterov: bool = False
-    weight_decay: float = Field(0.0, ge=0)
-    dampening: float = Field(0.0, ge=0, le=1)
+    weight_decay: float = 0.0
+    dampening: float = 0.0
     maximize: bool = False  # ascend the loss: step along +grad
     # fnmatch patterns of param names updated with weight_decay 0 (a PyTorch param group of
     # their own), e.g. ("*.bias", "*norm*")
@@ -118,10 +131,10 @@ class Adam(_Spec):
     slot ``max_exp_avg_sq``); ``maximize`` steps along +grad."""
 
     kind: Literal["adam"] = "adam"
-    lr: float = Field(1e-3, gt=0)
-    betas: Betas = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
     no_decay: tuple[str, ...] = ()  # as SGD's
     amsgrad: bool = False
     maximize: bool = False
@@ -131,7 +144,7 @@ class AdamW(Adam):
     """``torch.optim.AdamW``: decoupled weight decay ``p *= 1 - lr*wd`` before the Adam step."""
 
     kind: Literal["adamw"] = "adamw"  # type: ignore[assignment]
-    weight_decay: float = Field(0.01, ge=0)
+    weight_decay: float = 0.01
 
 
 class RMSprop(_Spec):
@@ -141,11 +154,11 @@ class RMSprop(_Spec):
     ``momentum_buffer = momentum*momentum_buffer + g/avg; p -= lr*momentum_buffer``."""
 
     kind: Literal["rmsprop"] = "rmsprop"
-    lr: float = Field(1e-2, gt=0)  # torch.optim.RMSprop's default
-    alpha: float = Field(0.99, ge=0, le=1)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    momentum: float = Field(0.0, ge=0)
+    lr: float = 1e-2  # torch.optim.RMSprop's default
+    alpha: float = 0.99
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    momentum: float = 0.0
     centered: bool = False
     maximize: bool = False
     no_decay: tuple[str, ...] = ()  # as SGD's
@@ -157,11 +170,11 @@ class Adagrad(_Spec):
     at step ``t`` (1, 2, ...)."""
 
     kind: Literal["adagrad"] = "adagrad"
-    lr: float = Field(1e-2, gt=0)
-    lr_decay: float = Field(0.0, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    initial_accumulator_value: float = Field(0.0, ge=0)
-    eps: float = Field(1e-10, gt=0)
+    lr: float = 1e-2
+    lr_decay: float = 0.0
+    weight_decay: float = 0.0
+    initial_accumulator_value: float = 0.0
+    eps: float = 1e-10
     maximize: bool = False
     no_decay: tuple[str, ...] = ()
 
@@ -171,10 +184,10 @@ class Adamax(_Spec):
     max(b2*exp_inf, |g| + eps)``; ``p -= lr / (1 - b1^t) * exp_avg / exp_inf``."""
 
     kind: Literal["adamax"] = "adamax"
-    lr: float = Field(2e-3, gt=0)
-    betas: Betas = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
+    lr: float = 2e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
     maximize: bool = False
     no_decay: tuple[str, ...] = ()
 
@@ -185,11 +198,11 @@ class NAdam(_Spec):
     ``decoupled_weight_decay``. torch's per-param ``mu_product`` is computed from the step."""
 
     kind: Literal["nadam"] = "nadam"
-    lr: float = Field(2e-3, gt=0)
-    betas: Betas = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    momentum_decay: float = Field(4e-3, ge=0)
+    lr: float = 2e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    momentum_decay: float = 4e-3
     decoupled_weight_decay: bool = False
     maximize: bool = False
     no_decay: tuple[str, ...] = ()
@@ -201,10 +214,10 @@ class RAdam(_Spec):
     exp_avg``) before; weight decay L2, or decoupled with ``decoupled_weight_decay``."""
 
     kind: Literal["radam"] = "radam"
-    lr: float = Field(1e-3, gt=0)
-    betas: Betas = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
     decoupled_weight_decay: bool = False
     maximize: bool = False
     no_decay: tuple[str, ...] = ()
