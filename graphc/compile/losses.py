@@ -108,8 +108,12 @@ def huber(pred, target=None, *, label: str | None = None, delta: float = 1.0,
 def cross_entropy(logits, labels=None, *, label: str | None = None, label_smoothing: float = 0.0,
                   ignore_index: int = -100, reduction: Reduction = "mean", weight=None):
     """Softmax cross-entropy on integer class labels, ``torch.nn.functional.cross_entropy``;
-    ``weight``: one finite weight per class (a list, an array; a Tensor in DSL code)."""
-    options = {"reduction": reduction, "label_smoothing": float(label_smoothing), "ignore_index": int(ignore_index)}
+    ``weight``: one finite weight per class, of any sign as torch's (a list, an array; a Tensor in
+    DSL code); ``label_smoothing`` at most 1 (below 0: none), ``ignore_index`` an int."""
+    from graphc.dsl.losses import check_ignore_index
+
+    options = {"reduction": reduction, "label_smoothing": float(label_smoothing),
+               "ignore_index": check_ignore_index("cross_entropy", ignore_index)}
     if weight is not None:
         options["weight"] = weight if not isinstance(logits, str) else class_weights(weight)
     return _spec_or_tensor("cross_entropy", logits, labels, label, options)

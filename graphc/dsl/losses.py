@@ -30,6 +30,13 @@ def check_reduction(loss: str, reduction: str, allowed: tuple[str, ...] = REDUCT
                            f"(at {user_source()})")
 
 
+def check_ignore_index(loss: str, ignore_index) -> int:
+    """``ignore_index`` as an int; a float or bool is refused, as torch's argument parser refuses it."""
+    if isinstance(ignore_index, (bool, np.bool_)) or not isinstance(ignore_index, (int, np.integer)):
+        raise TypeError(f"{loss}: ignore_index must be an int, got {ignore_index!r} (a {type(ignore_index).__name__})")
+    return int(ignore_index)
+
+
 def reduce_loss(x: Tensor, reduction: str) -> Tensor:
     """``x``'s mean, sum, or ``x`` itself, as ``reduction`` ("mean", "sum", "none") says."""
     if reduction == "mean":
@@ -83,7 +90,7 @@ def huber(pred: Tensor, target: Tensor, reduction: str = "mean", delta: float = 
 def smooth_l1(pred: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
     """``torch.nn.functional.smooth_l1_loss``: ``huber(delta=beta) / beta``, ``l1`` at ``beta=0``."""
     check_reduction("smooth_l1", reduction)
-    if beta < 0:
+    if not beta >= 0:  # NaN too, as torch
         raise CaptureError(f"smooth_l1: beta must be >= 0, got {beta} (at {user_source()})")
     if beta == 0:
         return l1(pred, target, reduction)
@@ -179,6 +186,7 @@ def nll(logp: Tensor, labels: Tensor, reduction: str = "mean", weight: Tensor | 
     """``torch.nn.functional.nll_loss``: ``-w[y] logp[y]`` per label; ``"mean"`` divides by the sum
     of the picked weights of the labels that are not ``ignore_index``."""
     check_reduction("nll", reduction)
+    ignore_index = check_ignore_index("nll", ignore_index)
     return _batched(_nll, ops.lift(logp), ops.lift(labels), reduction, weight, ignore_index)
 
 
@@ -199,11 +207,14 @@ def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean", label
     """``torch.nn.functional.cross_entropy`` over axis 1 of ``[N, C, d...]`` logits (or an
     unbatched ``[C]``): ``labels`` are integer classes ``[N, d...]`` or float class probabilities
     of the logits' shape. ``label_smoothing`` eps mixes ``(1 - eps) * nll`` with ``eps / C *
-    sum_c w[c] * -log_softmax``; ``weight`` ``[C]`` scales each class."""
+    sum_c w[c] * -log_softmax``; ``weight`` ``[C]`` scales each class (any sign, as torch).
+    ``label_smoothing`` below 0 (or NaN) smooths nothing and above 1 is refused, as torch 2.13 does."""
     check_reduction("cross_entropy", reduction)
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise CaptureError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing} "
-                           f"(at {user_source()})")
+    ignore_index = check_ignore_index("cross_entropy", ignore_index)
+    if label_smoothing > 1.0:
+        raise CaptureError(f"cross_entropy: label_smoothing must be at most 1 (torch's check; below 0 it smooths "
+                           f"nothing), got {label_smoothing} (at {user_source()})")
+    label_smoothing = label_smoothing if label_smoothing > 0.0 else 0.0
     logits, labels = ops.lift(logits), ops.lift(labels)
     if labels.dtype in FLOAT_DTYPES:
         if ignore_index != -100:

@@ -8,6 +8,7 @@ under torch's keys and never trained (``gc.training.generate`` keeps buffers con
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 from graphc.dsl import losses, losses_margin
@@ -20,8 +21,13 @@ from graphc.nn.module import Module, Parameter
 
 def _reduction(size_average: bool | None, reduce: bool | None, reduction: str) -> str:
     """``reduction``, or what the deprecated ``size_average``/``reduce`` say when either is given
-    (torch's ``_Reduction.legacy_get_string``: each defaults to True)."""
+    (torch's ``_Reduction.legacy_get_string``: each defaults to True); torch's deprecated
+    ``"elementwise_mean"`` is ``"mean"``, with its warning."""
     if size_average is None and reduce is None:
+        if reduction == "elementwise_mean":
+            warnings.warn("reduction='elementwise_mean' is deprecated. Please use reduction='mean' instead.",
+                          stacklevel=3)
+            return "mean"
         return reduction
     if reduce is False:
         return "none"

@@ -42,7 +42,7 @@ def weight(loss: dict, count: int, rows: int) -> float:
 def divisor(loss: dict, weight: float, what: str = "the batch") -> float:
     """What the shards' (or ``what``'s batches') summed weighted losses and gradients are divided
     by: their total weight for a mean loss, 1 for a summed one."""
-    if weight <= 0:
+    if weight == 0:  # class weights may be negative, as torch's: their sum too
         raise InputError(f"no sample of {what} counts in the loss (it has no rows, or every label is the "
                          "ignore_index, or their class weights sum to 0)")
     return 1.0 if (loss.get("options") or {}).get("reduction") == "sum" else weight
