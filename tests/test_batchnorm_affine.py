@@ -94,7 +94,7 @@ def test_the_grouped_conv_gives_the_batchnorms_gradients(backend):
     want = gc.Session(artifacts("cpu", np.float64).gradients, backend="numpy").run(feeds(np.float64))
     got = gc.Session(artifacts("cpu").gradients, backend=backend).run(feeds())
     rounded = gc.Session(artifacts("cuda").gradients, backend="ort-cpu").run(feeds())
-    names = {"loss", "shift6_grad", *(f"{n}.weight_grad" for n in CONVS),
+    names = {"loss", "out", "shift6_grad", *(f"{n}.weight_grad" for n in CONVS),
              *(f"bn{i}.{p}_grad" for i in range(1, 8) for p in ("scale", "bias")),
              *(f"bn{i}.{s}.next" for i in range(1, 8) for s in ("mean", "var"))}
     assert got.keys() == want.keys() == rounded.keys() == names

@@ -66,7 +66,7 @@ def test_dense_product_gives_the_conv_gradients(backend, dtype, rtol, pixels, pa
     got = gc.Session(dense.gradients, backend=backend).run(feeds)
     want = gc.Session(convs.gradients, backend=backend).run(feeds)
     assert got.keys() == want.keys() == {"loss", "c1.weight_grad", "c1.bias_grad", "pw.weight_grad", "pw.bias_grad",
-                                         "dw.weight_grad", "dw.bias_grad", "c2.weight_grad"}
+                                         "dw.weight_grad", "dw.bias_grad", "c2.weight_grad", "out"}
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=rtol * 1e-2, err_msg=name)
 
@@ -240,7 +240,7 @@ def test_grouped_and_strided_pointwise_convs_by_im2col_give_the_conv_gradients(m
     monkeypatch.setattr(dense_conv, "MAX_PIXELS", 0)
     _, want = grads()
     assert got.keys() == want.keys() == {"loss", "g.weight_grad", "g.bias_grad", "p.weight_grad", "p.bias_grad",
-                                         "s.weight_grad"}
+                                         "s.weight_grad", "out"}
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-12, err_msg=name)
 
@@ -284,7 +284,8 @@ def test_grouped_convs_from_min_batch_take_per_group_products(backend, dtype, rt
     monkeypatch.setattr(dense_conv, "MAX_PIXELS", 0)
     convs, want = grads()
     assert sum(n.op_type == "Conv" for n in convs.train_step.proto.graph.node if "/grad/" not in n.name) == 3
-    assert got.keys() == want.keys() == {"loss", "g.weight_grad", "g.bias_grad", "m.weight_grad", "s.weight_grad"}
+    assert got.keys() == want.keys() == {"loss", "g.weight_grad", "g.bias_grad", "m.weight_grad", "s.weight_grad",
+                                         "out"}
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=rtol * 1e-2, err_msg=name)
 
@@ -387,7 +388,7 @@ def test_mid_map_convs_by_gathered_columns_give_the_conv_gradients(batch, runs, 
             got = gc.Session(gathered.gradients, backend=backend).run(feeds)
             want = gc.Session(plain.gradients, backend=backend).run(feeds)
             assert got.keys() == want.keys() == {"loss", "c1.weight_grad", "c1.bias_grad", "c2.weight_grad",
-                                                 "c3.weight_grad"}
+                                                 "c3.weight_grad", "out"}
             for name in want:  # float32 sums of up to 10^4 products: rounding relative to the largest
                 np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5 * np.abs(want[name]).max(),
                                            err_msg=f"{backend} batch {n} {name}")

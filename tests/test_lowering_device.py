@@ -72,7 +72,7 @@ def test_cuda_lowering_gives_the_cpu_lowerings_gradients():
     assert weight_grad_convs(cpu) - weight_grad_convs(cuda) == 2 - 1
     got = gc.Session(cuda.gradients, backend="numpy").run(feeds())
     want = gc.Session(cpu.gradients, backend="numpy").run(feeds())
-    assert got.keys() == want.keys() == {"loss", *(f"{n}_grad" for n in SHAPES), "bn.mean.next", "bn.var.next"}
+    assert got.keys() == want.keys() == {"loss", *(f"{n}_grad" for n in SHAPES), "bn.mean.next", "bn.var.next", "out"}
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-12, err_msg=name)
 

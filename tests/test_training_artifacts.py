@@ -124,7 +124,7 @@ def test_train_step_interface_and_manifest():
     assert arts.state["step"].shape == () and arts.state["step"].dtype == np.int64
     assert arts.state["lr"].dtype == np.float32 and float(arts.state["lr"]) == pytest.approx(0.01)
     grads = {e.name: e.role for e in m.graphs["gradients"].outputs}
-    assert grads == {"loss": "loss", **{f"{p}_grad": "grad" for p in params}}
+    assert grads == {"loss": "loss", **{f"{p}_grad": "grad" for p in params}, "logits": "prediction"}
     assert {e.name for e in m.graphs["gradients"].inputs} == {"x", "y", *params}
     assert [e.name for e in m.graphs["eval"].outputs] == ["loss", "logits"]
     assert [e.name for e in m.graphs["inference"].inputs] == ["x"]
@@ -154,6 +154,7 @@ def test_sgd_without_momentum_has_no_state_and_lr_is_an_input():
     np.testing.assert_allclose(full["fc1.weight.next"], arts.state["fc1.weight"] - 0.5 * grads["fc1.weight_grad"],
                                rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(full["loss"], grads["loss"], rtol=1e-6)
+    np.testing.assert_array_equal(grads["logits"], full["logits"])  # the prediction data-parallel metrics read
 
 
 def test_eval_and_inference_agree():

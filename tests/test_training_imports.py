@@ -84,7 +84,7 @@ def test_explicit_trainable_subset():
     arts = _awkward_arts(trainable=["head.bias"])
     assert arts.manifest.trainable == ["head.bias"]
     assert set(arts.manifest.frozen) == {"emb.weight", "proj.weight"}
-    assert [e.name for e in arts.manifest.graphs["gradients"].outputs] == ["loss", "head.bias_grad"]
+    assert [e.name for e in arts.manifest.graphs["gradients"].outputs] == ["loss", "head.bias_grad", "out"]
 
 
 def test_dropout_is_training_mode_in_train_step_and_identity_in_eval():

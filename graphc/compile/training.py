@@ -27,8 +27,10 @@ guess from names):
   group's params in order) and the optimizer state is one flat buffer per group and slot, ``<group>.<slot>`` (say ``params.float32.exp_sum``), of
   the group's params end to end. ``fused=False`` keeps one update, and state, per param.
 * ``gradients``: the train_step inputs without optimizer state, step and lr; outputs ``loss``,
-  ``<param>_grad`` and, for each BatchNorm running statistic ``X``, ``X.next`` (role state, its
-  updated value). Dropout/BatchNorm run in training mode (batch statistics, as train_step).
+  ``<param>_grad``, for each BatchNorm running statistic ``X``, ``X.next`` (role state, its
+  updated value) and, as train_step, the prediction (role ``prediction``: data-parallel workers'
+  train metrics; artifacts from before it have none). Dropout/BatchNorm run in training mode
+  (batch statistics, as train_step).
   ``update_model(manifest)`` is the optimizer update alone: data-parallel training runs
   ``gradients`` per worker and this on the averaged gradients.
 * Dropout randomness is an input of ``train_step`` and ``gradients``: one ``dropout_noise.<k>``

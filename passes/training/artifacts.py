@@ -10,7 +10,8 @@
    ``step`` and ``lr`` in the model);
 4. ``eval``: loss graph in inference mode, trainable params and BN statistics as inputs;
 5. ``gradients``: loss graph in training mode, ``autodiff.backward`` to the trainable params,
-   outputs ``loss``, ``<param>_grad`` and ``<stat>.next`` for each BatchNorm statistic or written buffer
+   outputs ``loss``, ``<param>_grad``, ``<stat>.next`` for each BatchNorm statistic or written buffer
+   and, for a loss with a label, the model output it reads (role ``prediction``)
    (training-mode Dropout becomes standard ops on one ``dropout_noise.<k>`` input per node,
    drawn by the caller);
 6. ``train_step``: the gradients graph plus optimizer state inputs, ``step``, ``lr`` and the
@@ -121,7 +122,8 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     slot = [v.name for v in base.graph.outputs].index(loss.output)
     step, gradients, grads, bn_next, grad_outputs, taps = _backward_graphs(base, opset, params, bn_stats, noise,
                                                                            recompute, batchnorm, device, nchwc,
-                                                                           loss_scale)
+                                                                           loss_scale,
+                                                                           (slot, loss.output) if label else None)
     # a pass that replaces the prediction (dense_conv) keeps its output slot, not its name
     step.graph.outputs[slot].name = loss.output
     orders = taps_params.store(step.graph, opset, taps, grads)  # after gradients is cloned: its params as the model's
@@ -197,11 +199,13 @@ def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
 
 def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats: Sequence[str],
                      noise: list[str], recompute: bool = False, batchnorm: str = "train", device: str = "cpu",
-                     nchwc: int = 0, loss_scale: dict | None = None):
+                     nchwc: int = 0, loss_scale: dict | None = None, prediction: tuple[int, str] | None = None):
     """Training mode and the backward pass, in ``step`` itself; returns (step, the gradients
     graph cloned from it, {param: gradient value in step}, {BN stat: its updated value}, the
     gradients graph's outputs, {param: (its taps-outer chain's value, that value's gradient)}
-    for the params ``taps_params`` may hold in the chain's order).
+    for the params ``taps_params`` may hold in the chain's order). ``prediction``: the output
+    slot and name of the model output a labelled loss reads, which the gradients graph outputs
+    too (role ``prediction``: data-parallel workers' train metrics).
     Dropout becomes ops on new noise inputs (their names are appended to ``noise``) before
     autodiff, so the gradient flows through plain Mul/Cast. ``batchnorm="frozen"`` keeps
     BatchNormalization in inference mode (running statistics in, none updated). With
@@ -251,6 +255,10 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     outputs = [Output(LOSS, "loss"),
                *(Output(expose(graph, g, f"{p}_grad", like=graph.initializers[p]), "grad")
                  for p, g in zip(grads, grad_values)), *stats]
+    if prediction is not None:
+        slot, name = prediction
+        graph.outputs[slot].name = name  # a pass that replaces the prediction (dense_conv) keeps its slot
+        outputs.append(Output(name, PREDICTION))
     set_outputs(graph, outputs)
     return step, gradients, grads, bn_next, outputs, {p: (t, found[t.name]) for p, t in chains.items()}
 
