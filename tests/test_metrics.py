@@ -74,6 +74,31 @@ def test_ignored_labels_do_not_count():
     assert compute(loss, {"logits": logits}, {"y": labels}) == {"accuracy": 0.5}
 
 
+@pytest.mark.parametrize("kind", ["cross_entropy", "mse"])
+def test_built_in_metrics_add_up_over_shards_by_their_examples(kind):
+    """What data-parallel workers send: each shard's metrics times its examples (``sums``) add
+    up to the whole batch's, for the built-ins (``splits``), a shard of ignored labels only
+    included; a user's metric, which may be a max, does not split."""
+    from graphc.runtime.averaging import examples
+    from graphc.runtime.metrics import splits, sums
+
+    rng = np.random.default_rng(2)
+    pred = rng.standard_normal((11, 6))
+    if kind == "cross_entropy":
+        target, chosen = rng.integers(0, 6, 11), {"accuracy": gc.metrics.accuracy, "top3": gc.metrics.top_k_accuracy(3)}
+        target[:4] = -100
+    else:
+        target, chosen = rng.standard_normal((11, 6)), {"mse": gc.metrics.mse, "mae": gc.metrics.mae}
+    loss = {"kind": kind, "output": "p", "label": "t", "options": {"ignore_index": -100}}
+    assert all(splits(fn) for fn in chosen.values())
+    whole = sums(loss, {"p": pred}, {"t": target}, chosen, examples(loss, {"t": target}, 11))
+    parts = [sums(loss, {"p": pred[lo:hi]}, {"t": target[lo:hi]}, chosen, examples(loss, {"t": target[lo:hi]}, hi - lo))
+             for lo, hi in ((0, 4), (4, 8), (8, 11))]
+    for name, value in whole.items():
+        assert sum(p[name] for p in parts) == pytest.approx(value, rel=1e-12), name
+    assert not splits(lambda p, t: float(p.max()))
+
+
 def test_regression_metrics_are_mse_and_mae():
     model = gc.capture(nn.Linear(8, 2), x=gc.spec("float32", ("N", 8)))
     arts = gc.training.generate(model, gc.losses.huber("output", label="t"), gc.optim.SGD(0.01))

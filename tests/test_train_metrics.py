@@ -9,7 +9,6 @@ import json
 import warnings
 
 import numpy as np
-import onnx
 import pytest
 
 import graphc as gc
@@ -17,7 +16,7 @@ from graphc.runtime.history import EpochRecord
 from graphc.runtime.progress import TrainProgress
 
 import training_models
-from trainer_models import blobs
+from trainer_models import blobs, without_prediction
 
 
 def _forward(state, x):
@@ -118,26 +117,11 @@ def test_epoch_line_shows_train_metrics_before_eval_ones():
     assert out.getvalue().startswith("epoch 1/3  loss 0.5000  accuracy 0.2500  eval loss 0.7500  eval accuracy 0.5000")
 
 
-def _without_prediction(directory):
-    """An artifact folder as format 2 wrote it: no prediction output in train_step."""
-    manifest = json.loads((directory / "manifest.json").read_text())
-    manifest["format"] = "graphc.training/2"
-    step = manifest["graphs"]["train_step"]
-    gone = [o["name"] for o in step["outputs"] if o["role"] == "prediction"]
-    step["outputs"] = [o for o in step["outputs"] if o["role"] != "prediction"]
-    (directory / "manifest.json").write_text(json.dumps(manifest))
-    model = onnx.load(directory / "train_step.onnx")
-    keep = [o for o in model.graph.output if o.name not in gone]
-    del model.graph.output[:]
-    model.graph.output.extend(keep)
-    onnx.save(model, directory / "train_step.onnx")
-
-
 def test_folders_without_the_prediction_output_train_without_train_metrics_said_once(tmp_path):
     arts = gc.training.generate(training_models.mlp(), gc.losses.cross_entropy("logits", label="y"),
                                 gc.optim.SGD(0.1))
     arts.save(tmp_path / "old")
-    _without_prediction(tmp_path / "old")
+    without_prediction(tmp_path / "old", "train_step", "graphc.training/2")
     loader = gc.data.DataLoader(blobs(20, classes=4), batch_size=10, seed=0)
     trainer = gc.Trainer(tmp_path / "old", backend="numpy")
     with pytest.warns(UserWarning, match=r"format graphc.training/2\) have no train_step prediction output"):

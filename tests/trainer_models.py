@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -103,3 +105,20 @@ def straight_and_resumed(arts, batches, at: int, checkpoint, backend: str = "ort
     for batch in batches[at:]:
         resumed.step(batch)
     return straight, resumed
+
+
+def without_prediction(directory, graph: str, format: str) -> None:
+    """The artifact folder ``directory`` as an older graphc wrote it: ``graph`` without its
+    prediction output (train_step before format 3, gradients before data-parallel train metrics),
+    the manifest of ``format``."""
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["format"] = format
+    entry = manifest["graphs"][graph]
+    gone = [o["name"] for o in entry["outputs"] if o["role"] == "prediction"]
+    entry["outputs"] = [o for o in entry["outputs"] if o["role"] != "prediction"]
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    model = onnx.load(directory / entry["file"])
+    keep = [o for o in model.graph.output if o.name not in gone]
+    del model.graph.output[:]
+    model.graph.output.extend(keep)
+    onnx.save(model, directory / entry["file"])

@@ -8,7 +8,9 @@ d1...]`` outputs folded into ``M`` and labels equal to the loss's ``ignore_index
 
 By default a classifier (cross_entropy) reports ``accuracy`` and, with more than 5 classes,
 ``top5_accuracy``; a binary one (bce_with_logits) ``accuracy``; a regression (mse, l1,
-huber) ``mse`` and ``mae``. Add your own by name or as a callable:
+huber) ``mse`` and ``mae``. These built-ins are means over examples (``splits``): a batch's
+value is its parts' values weighted by their examples, so data-parallel workers send their
+shard's sums, not its prediction. Add your own by name or as a callable:
 
     gc.metrics.register("max_err", lambda pred, target: float(np.abs(pred - target).max()))
     trainer = gc.Trainer(arts, metrics=["mse", "max_err", my_metric])
@@ -16,16 +18,18 @@ huber) ``mse`` and ``mae``. Add your own by name or as a callable:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Optional, Union
 
 import numpy as np
 
 __all__ = ["Metric", "accuracy", "check_fits", "compute", "default_names", "defaults", "get", "mae", "mse", "names",
-           "prepare", "register", "resolve", "top_k_accuracy"]
+           "prepare", "register", "resolve", "splits", "sums", "top_k_accuracy"]
 
 Metric = Callable[[np.ndarray, np.ndarray], float]
 _REGISTRY: dict[str, Metric] = {}
+_MEANS: "weakref.WeakSet[Metric]" = weakref.WeakSet()  # the built-ins: means over examples (``splits``)
 
 
 def register(name: str, fn: Optional[Metric] = None):
@@ -95,10 +99,12 @@ def top_k_accuracy(k: int) -> Metric:
         return float((top == target[:, None]).any(axis=1).mean())
 
     metric.__name__ = f"top{k}_accuracy"
+    _MEANS.add(metric)
     return metric
 
 
 register("top5_accuracy", top_k_accuracy(5))
+_MEANS.add(accuracy)
 
 
 @register("mse")
@@ -111,6 +117,16 @@ def mse(pred: np.ndarray, target: np.ndarray) -> float:
 def mae(pred: np.ndarray, target: np.ndarray) -> float:
     """Mean absolute error."""
     return float(np.mean(np.abs(pred.astype(np.float64) - target)))
+
+
+_MEANS.update((mse, mae))
+
+
+def splits(fn: Metric) -> bool:
+    """Whether ``fn`` is a mean over examples graphc knows (``accuracy``, ``top_k_accuracy(k)``'s,
+    ``mse``, ``mae``): its value on a batch is then its shards' values weighted by their
+    examples. A user's metric may be anything (a max, a median), so it is computed on the whole."""
+    return fn in _MEANS
 
 
 # The loss kinds each built-in metric means something for: a classifier's accuracy on an mse
@@ -177,3 +193,11 @@ def compute(loss: Mapping, outputs: Mapping[str, np.ndarray], batch: Mapping[str
             raise ValueError(f"metric {name!r} failed on the {output!r} output {pred.dtype}{list(pred.shape)} and the "
                              f"{label!r} label {target.dtype}{list(target.shape)}: {type(exc).__name__}: {exc}") from exc
     return out
+
+
+def sums(loss: Mapping, outputs: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray],
+         chosen: Optional[Mapping[str, Metric]], count: int) -> dict[str, float]:
+    """``compute``'s metrics each times ``count``, the examples they are a mean over
+    (``averaging.examples``), to add up over batches or shards; 0 when there is none (a mean
+    over nothing is NaN)."""
+    return {name: value * count if count else 0.0 for name, value in compute(loss, outputs, batch, chosen).items()}

@@ -230,6 +230,8 @@ class Trainer:
     ``workers > 1`` or a ``ray_address`` train data-parallel on Ray
     (``graphc.runtime.distributed.DistributedTrainer``, which takes more options)."""
 
+    _prediction_graph = "train_step"  # the graph whose prediction output the train metrics read
+
     def __new__(cls, *args: Any, workers: int = 1, ray_address: Optional[str] = None, **kwargs: Any):
         if cls is Trainer and (workers != 1 or ray_address):
             from graphc.runtime.distributed.trainer import DistributedTrainer
@@ -324,7 +326,8 @@ class Trainer:
         self._feeds = dict(m.feeds)  # train_step output -> carried input
         self._device_outputs = list(self._feeds)
         # the training-mode prediction the train metrics read (format 3 on); fit fetches it
-        self._prediction = next((e.name for e in step_graph.outputs if e.role == "prediction"), None)
+        self._prediction = next((e.name for e in m.graphs[self._prediction_graph].outputs
+                                 if e.role == "prediction"), None)
         # with max_grad_norm, each step's total gradient norm before clipping; fit records it
         self._grad_norm = next((e.name for e in step_graph.outputs if e.role == "grad_norm"), None)
         self._fetch: tuple[str, ...] = ("loss",)
@@ -613,8 +616,7 @@ class Trainer:
         checkpoint stopped); ``eval_loader`` is what ``evaluate_loader`` takes. Prints a progress
         bar within each epoch (not with ``progress=False``) and one line per epoch with the mean
         train loss, the train metrics (``self.metrics`` computed from each step's own
-        training-mode prediction, as Keras does: no extra pass; not for artifacts before format 3
-        or data-parallel runs) and the eval loss and metrics (neither with ``quiet=True``);
+        training-mode prediction, as Keras does: no extra pass; not for artifacts before format 3) and the eval loss and metrics (neither with ``quiet=True``);
         appends the same per epoch to ``log`` (``.jsonl`` or ``.csv``,
         ``gc.runtime.history.EpochLog``). Saves ``checkpoint`` after each epoch, with
         ``checkpoint_every=N`` every N steps too (what a killed run resumes from), and on Ctrl-C
@@ -806,22 +808,31 @@ class Trainer:
             import warnings
 
             self._prediction_warned = True
-            warnings.warn(f"these training artifacts (format {self.manifest.format}) have no train_step prediction "
-                          "output, so fit reports no train metrics (eval metrics still); regenerate them "
-                          "(gc.training.generate(...).save(dir) or `graphc grad`) for train metrics", stacklevel=4)
+            warnings.warn(f"these training artifacts (format {self.manifest.format}) have no "
+                          f"{self._prediction_graph} prediction output, so fit reports no train metrics (eval "
+                          "metrics still); regenerate them (gc.training.generate(...).save(dir) or `graphc grad`) "
+                          "for train metrics", stacklevel=4)
         return self._prediction is not None
 
     def _add_train_metrics(self, batch: Mapping[str, np.ndarray], examples: int) -> None:
-        """Add the metrics of the step just run, from its own prediction, times the ``examples``
-        they are a mean over (``averaging.examples``: rows, or labels not ignored), to the epoch's
-        running sums (divided by all the epoch's examples at its end, as ``evaluate_loader``)."""
-        outputs, self._step_outputs = self._step_outputs, None
-        if outputs is None or self._prediction not in outputs:
+        """Add the metrics of the step just run times the ``examples`` they are a mean over
+        (``averaging.examples``: rows, or labels not ignored) to the epoch's running sums
+        (divided by all the epoch's examples at its end, as ``evaluate_loader``)."""
+        sums = self._step_metric_sums(batch, examples)
+        if sums is None:
             return
         progress = self._progress
-        for name, value in metrics_lib.compute(self.manifest.loss, outputs, batch, self.metrics).items():
-            progress.metric_sums[name] = progress.metric_sums.get(name, 0.0) + (value * examples if examples else 0.0)
+        for name, value in sums.items():
+            progress.metric_sums[name] = progress.metric_sums.get(name, 0.0) + value
         progress.metric_examples += examples
+
+    def _step_metric_sums(self, batch: Mapping[str, np.ndarray], examples: int) -> Optional[dict[str, float]]:
+        """The step just run's metrics from its own prediction, times ``examples``
+        (``metrics.sums``); None when it fetched no prediction."""
+        outputs, self._step_outputs = self._step_outputs, None
+        if outputs is None or self._prediction not in outputs:
+            return None
+        return metrics_lib.sums(self.manifest.loss, outputs, batch, self.metrics, examples)
 
     def _end_epoch(self, metrics: dict[str, float]) -> EpochRecord:
         """The record of the epoch just trained (its whole run of batches, resumed or not); the
