@@ -28,7 +28,7 @@ from graphc.runtime.distributed.cluster import LOCAL_ENV, connect
 from graphc.models.cnn import LeNet
 from graphc.models.two_layer_net import TwoLayerNet
 from cli_util import one_line_error, run_cli
-from trainer_models import blobs
+from trainer_models import blobs, without_prediction
 
 pytestmark = [pytest.mark.xdist_group("ray"),
               pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs graphc[ray]")]
@@ -543,6 +543,62 @@ def test_fit_skips_a_batch_of_ignored_labels_and_weighs_a_shard_of_them_as_one_p
     np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=2e-5)
     assert got.epochs[0].samples == want.epochs[0].samples == 24
     _close(got_params, want_params)
+
+
+def _max_logit(pred: np.ndarray, target: np.ndarray) -> float:
+    """A metric that is no mean over examples: the workers send their prediction rows for it."""
+    return float(pred.max())
+
+
+@pytest.mark.parametrize("dtype,backend,metrics,rtol", [
+    ("float64", "numpy", None, 1e-12),
+    ("float32", "ort-cpu", ["accuracy", gc.metrics.top_k_accuracy(3), _max_logit], 1e-6),
+], ids=["float64-numpy-defaults", "float32-ort-cpu-chosen"])
+def test_fit_reports_the_train_metrics_of_one_process(ray_cluster, tmp_path, dtype, backend, metrics, rtol):
+    """fit on 2 workers reported no train metrics (``{}``): each worker now sums its shard's
+    metrics over its examples (its labels not ignored, whatever their class weight) and the
+    driver adds them up, or joins the shards' predictions for a metric that is no mean, so the
+    epochs' metrics, in History and the log, are one process's on the same batches: an uneven
+    last batch (3 rows: 2 + 1), a shard of ignored labels only, a shard of class-weight-0 labels
+    only (no weight in the loss, 5 examples in the accuracy)."""
+    model = gc.capture(nn.Linear(6, 7, dtype=dtype), seed=0, x=gc.spec(dtype, ("N", 6)))
+    loss = gc.losses.cross_entropy("output", label="y", weight=[0.5, 2.0, 0.0, 1.25, 1.0, 1.0, 3.0],
+                                   ignore_index=IGNORED)
+    arts = gc.training.generate(model, loss, gc.optim.SGD(0.25, momentum=0.5))
+    rng = np.random.default_rng(5)
+    data = {"x": rng.standard_normal((43, 6)).astype(dtype), "y": rng.integers(0, 7, 43)}
+    data["y"][10:15] = IGNORED  # batch 2: rank 0's shard counts no example
+    data["y"][25:30] = 2  # batch 3: rank 1's shard has class weight 0 (counted in the metrics)
+    loader = gc.data.DataLoader(data, batch_size=10, shuffle=False)
+    runs = []
+    for name, options in (("one", {"backend": backend}), ("dp", {**WORKER, "backend": backend})):
+        trainer = gc.Trainer(arts, metrics=metrics, **options)
+        history = trainer.fit(loader, epochs=2, progress=False, quiet=True, log=tmp_path / f"{name}.jsonl")
+        logged = [json.loads(line)["metrics"] for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        assert logged == [e.metrics for e in history.epochs]
+        runs.append(history)
+    trainer.shutdown()
+    want, got = runs
+    names = ["accuracy", "top5_accuracy"] if metrics is None else ["accuracy", "top3_accuracy", "_max_logit"]
+    np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=rtol)
+    for g, w in zip(got.epochs, want.epochs, strict=True):
+        assert list(g.metrics) == list(w.metrics) == names
+        for key in ("accuracy", names[1]):  # counts of hits over the epoch's 38 examples: exact
+            assert g.metrics[key] == pytest.approx(w.metrics[key], rel=1e-12, abs=1e-12), key
+        if metrics is not None:
+            assert g.metrics["_max_logit"] == pytest.approx(w.metrics["_max_logit"], rel=rtol)
+
+
+def test_fit_on_artifacts_whose_gradients_graph_has_no_prediction_says_so(ray_cluster, tmp_path):
+    """Artifacts saved before the gradients graph output the prediction train on workers
+    without train metrics, saying why once (as one process does for format 2's train_step)."""
+    _arts("mlp", "sgd-momentum").save(tmp_path / "old")
+    without_prediction(tmp_path / "old", "gradients", "graphc.training/5")
+    dp = gc.Trainer(tmp_path / "old", **WORKER)
+    with pytest.warns(UserWarning, match=r"have no gradients prediction output, so fit reports no train metrics"):
+        history = dp.fit(gc.data.DataLoader(_data("mlp", 16), batch_size=8), epochs=1, progress=False, quiet=True)
+    assert history.epochs[0].metrics == {} and history.epochs[0].eval == {}
+    dp.shutdown()
 
 
 class _Tagger(nn.Module):

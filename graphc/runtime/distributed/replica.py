@@ -3,7 +3,8 @@ that backend's device. Plain Python: ``DistributedTrainer`` runs it as a Ray act
 
 One call per step (``step``): the worker first applies the previous step's update, then runs
 ``gradients`` on its shard of this step's global batch (params bound from the device) and
-returns two objects: a few bytes for the driver (its loss and weight) and its gradients with
+returns two objects: a few bytes for the driver (its loss and weight and, in ``fit``, its train
+metrics as sums over its examples, ``use_metrics``) and its gradients with
 their weight, which stay in Ray's object store. The next call gets every worker's gradients
 refs as arguments: Ray hands each worker the others' objects (shared memory on one node, pulled
 from the node that made them otherwise), and each worker sums them in rank order, each times its
@@ -27,7 +28,8 @@ import numpy as np
 import onnx
 
 from graphc.compile.training import CARRIED_ROLES
-from graphc.runtime.averaging import divisor, shard_weight
+from graphc.runtime import metrics as metrics_lib
+from graphc.runtime.averaging import divisor, examples, shard_weight
 from graphc.runtime.trainer import _predict_model, _without_initializers
 
 
@@ -57,6 +59,9 @@ class Replica:
         self._stats = [e.name for e in m.graphs["gradients"].outputs if e.role == "state"]  # "<stat>.next"
         self._grad_outputs = [e.name for e in m.graphs["gradients"].outputs if e.role in ("loss", "grad")]
         self._grad_inputs = {e.name for e in m.graphs["gradients"].inputs}
+        self._prediction = next((e.name for e in m.graphs["gradients"].outputs if e.role == "prediction"), None)
+        self._means: Optional[dict] = None  # the train metrics a shard reduces (``use_metrics``)
+        self._whole = False
         self._grads = self._prepare("gradients")
         self._update = self._prepare("update")
         self._update_inputs = {v.name for v in self._protos["update"].graph.input}
@@ -83,6 +88,12 @@ class Replica:
         object store's copy) to read shards from."""
         self._loader = loader
 
+    def use_metrics(self, means: Optional[Mapping[str, Any]], whole: bool) -> None:
+        """The train metrics a step asked for them (``metrics``) reports: ``means`` (None: the
+        loss kind's defaults) as the shard's sums over its examples, and with ``whole`` the
+        shard's prediction too, for the metrics the driver computes on the whole batch."""
+        self._means, self._whole = means, whole
+
     def state(self) -> dict[str, np.ndarray]:
         """Host copies of the carried tensors, named per param."""
         return self.manifest.unpack({n: np.array(self._grads.to_host(h), copy=True) for n, h in self._state.items()})
@@ -92,7 +103,8 @@ class Replica:
         gradients on its shard of ``message``: ``shard`` (arrays) or ``read`` (epoch, batch,
         first row, end row of the loader's batch), with ``noise`` shapes to draw from the
         generator seeded ``(seed, step, rank)``, after setting the carried tensors in ``set``
-        (an lr a scheduler changed since ``previous`` was computed). Returns ({loss, weight}, gradients)."""
+        (an lr a scheduler changed since ``previous`` was computed). Returns ({loss, weight}, gradients);
+        with ``metrics`` set, the first also holds the shard's train metrics (``_metrics``)."""
         if previous:
             self.apply(message["step"], *previous)
         self.set(message.get("set", {}))
@@ -109,13 +121,27 @@ class Replica:
             return {"loss": 0.0, "weight": 0.0}, None
         feeds = {n: a for n, a in shard.items() if n in self._grad_inputs}
         feeds.update({n: h for n, h in self._state.items() if n in self._grad_inputs})
-        host, _ = self._grads.run_bound(feeds, [*self._grad_outputs, *(self._stats if self.rank == 0 else ())])
+        wanted = message.get("metrics") and self._prediction is not None
+        host, _ = self._grads.run_bound(feeds, [*self._grad_outputs, *(self._stats if self.rank == 0 else ()),
+                                                *([self._prediction] if wanted else [])])
         weight = shard_weight(self.manifest.loss, shard, rows)
         loss = float(host.pop("loss"))
         stats = {n: host.pop(n) for n in list(host) if n in self._stats}
+        info = self._metrics(host.pop(self._prediction), shard, rows) if wanted else {}
         if weight == 0:  # every label ignored: the shard's mean loss is 0/0, it counts for nothing
-            return {"loss": 0.0, "weight": 0.0}, {"weight": 0.0, "grads": {}, "stats": stats}
-        return {"loss": loss * weight, "weight": weight}, {"weight": weight, "grads": host, "stats": stats}
+            return {**info, "loss": 0.0, "weight": 0.0}, {"weight": 0.0, "grads": {}, "stats": stats}
+        return {**info, "loss": loss * weight, "weight": weight}, {"weight": weight, "grads": host, "stats": stats}
+
+    def _metrics(self, prediction: np.ndarray, shard: Mapping[str, np.ndarray], rows: int) -> dict:
+        """The shard's train metrics that are means (``metrics.splits``) as sums over its
+        examples, which add up over shards as one process adds up batches, and, for any other,
+        its ``prediction`` (its rows: the driver joins the shards' and computes them on the batch)."""
+        loss = self.manifest.loss
+        info: dict[str, Any] = {"metrics": metrics_lib.sums(loss, {loss["output"]: prediction}, shard, self._means,
+                                                            examples(loss, shard, rows))}
+        if self._whole:
+            info["prediction"] = prediction
+        return info
 
     def apply(self, step: int, *gathered: Optional[dict]) -> None:
         """The optimizer update on the weighted average of every worker's gradients (rank

@@ -13,7 +13,12 @@ in one process; ``step(batch)`` and evaluation send each worker its shard. One a
 worker and step: it applies the previous step's update, then computes its gradients, which
 stay in the object store; each worker reads every worker's gradients and averages them itself,
 weighted by each shard's share of the loss (its rows; for cross-entropy its labels that are not
-``ignore_index``; 1 each for a summed loss), and the driver gets only the losses. So one step on
+``ignore_index``; 1 each for a summed loss), and the driver gets only the losses and, in ``fit``,
+the train metrics: each worker computes them on its shard's training-mode prediction (a
+``prediction`` output of the gradients graph) and sends, for the metrics that are means over
+examples (``gc.metrics.splits``: every built-in), each one times its shard's examples, which
+add up as one process adds up its batches; for any other metric (a user's, which may be a max)
+it sends its prediction rows, and the driver computes it on the joined batch. So one step on
 ``N`` workers equals one single-process step on the same global batch, up to float rounding,
 and every worker holds the same bits.
 
@@ -36,6 +41,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get
 from graphc.runtime.data import DataLoader
 from graphc.runtime.averaging import divisor, examples, shard_weight
@@ -60,6 +66,8 @@ class DistributedTrainer(Trainer):
     ``timeout_s`` (the longest a step or set-up may take). ``options`` go to each worker's
     backend; onnxruntime runs one intra-op thread per worker unless ``threads`` says otherwise.
     """
+
+    _prediction_graph = "gradients"  # the workers' graph: its prediction output gives the train metrics
 
     def __init__(self, artifacts_or_dir: Any, backend: str = "auto", *, seed: int = 0, metrics: Any = None,
                  tensorboard: Any = None, workers: int = 1, ray_address: Optional[str] = None,
@@ -153,7 +161,8 @@ class DistributedTrainer(Trainer):
         self.backend = started[0][0]
         self._who = [f"worker rank {rank} (pid {pid})" for rank, (_, pid) in enumerate(started)]
         self._get([r.load.remote(packed) for r in self._replicas], "loading the workers' state")
-        self._pending, self._later, self._loader_sent = [], {}, None
+        self._pending, self._later, self._loader_sent, self._metrics_sent = [], {}, None, False
+        self._step_metrics: Optional[dict[str, float]] = None
 
     @property
     def _replicas(self) -> list:
@@ -266,13 +275,44 @@ class DistributedTrainer(Trainer):
         have applied it, and apply it once whatever the driver sends again. A Ctrl-C is raised
         once the step is done, as in ``Trainer.step``."""
         messages = self._messages(batch, self.batch_specs, noise=True)
+        metrics = self._prediction is not None and self._prediction in self._fetch  # fit's train metrics
+        for message in messages:
+            message["metrics"] = metrics
         with self._interrupts:
             calls = [r.step.options(num_returns=2).remote(m, *self._pending) for r, m in zip(self._replicas, messages)]
             infos = self._get([info for info, _ in calls], "a training step")
             total = divisor(self.manifest.loss, sum(i["weight"] for i in infos))  # before the next step applies them
             self._pending, self._later = [grads for _, grads in calls], {}
             self.step_count += 1
+            if metrics:
+                self._step_metrics = self._joined_metrics(batch, infos, sum(m["rows"] for m in messages))
             return sum(i["loss"] for i in infos) / total
+
+    def _split_metrics(self) -> tuple[Optional[dict], dict]:
+        """``self.metrics`` as (those the workers reduce per shard, ``metrics.splits``; None: the
+        loss kind's defaults, all such, those the driver computes on the whole batch)."""
+        if self.metrics is None:
+            return None, {}
+        means = {name: fn for name, fn in self.metrics.items() if metrics_lib.splits(fn)}
+        return means, {name: fn for name, fn in self.metrics.items() if name not in means}
+
+    def _joined_metrics(self, batch: Mapping[str, np.ndarray], infos: list[dict], rows: int) -> dict[str, float]:
+        """The step's train metrics times the batch's examples, as ``metrics.sums`` on the whole
+        batch: the workers' sums added in rank order, the other metrics on their joined prediction."""
+        loss = self.manifest.loss
+        joined: dict[str, float] = {}
+        for info in infos:
+            for name, value in info.get("metrics", {}).items():
+                joined[name] = joined.get(name, 0.0) + value
+        parts = [info["prediction"] for info in infos if "prediction" in info]
+        if parts:
+            joined.update(metrics_lib.sums(loss, {loss["output"]: np.concatenate(parts)}, batch,
+                                           self._split_metrics()[1], examples(loss, batch, rows)))
+        return joined if self.metrics is None else {name: joined[name] for name in self.metrics if name in joined}
+
+    def _step_metric_sums(self, batch: Mapping[str, np.ndarray], examples: int) -> Optional[dict[str, float]]:
+        sums, self._step_metrics = self._step_metrics, None
+        return sums
 
     def predict(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The eval graph on ``batch``, each worker on its shard: the loss (reduced as the
@@ -337,6 +377,7 @@ class DistributedTrainer(Trainer):
             self.scheduler = scheduler  # before _remember: a restart rewinds it
         self._remember()
         self._loader_sent = None  # the loader goes to the workers once per fit: its arrays may have changed
+        self._metrics_sent = False  # so do the metrics: self.metrics may have changed
         self._history = History(backend=self.backend)
         start_step, earlier = self.step_count, History(backend=self.backend)
         for attempt in range(self.max_restarts + 1):
@@ -373,6 +414,10 @@ class DistributedTrainer(Trainer):
                 self._get([r.use_loader.remote(shared) for r in self._replicas], "sending the data loader")
                 self._loader_sent = loader
             loader = _ReadOnWorkers(loader, self._label_names())
+        if not self._metrics_sent and self._prediction in self._fetch:
+            means, whole = self._split_metrics()
+            self._get([r.use_metrics.remote(means, bool(whole)) for r in self._replicas], "sending the train metrics")
+            self._metrics_sent = True
         super()._fit_epoch(loader, history, *args)
 
     def _remember(self) -> None:
