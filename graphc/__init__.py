@@ -183,6 +183,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "parity": ("graphc.runtime.parity", None),
     "deploy": ("graphc.serving.deploy", None),
     "optimize": ("graphc.compile.optimize", "optimize"),
+    "convert_float": ("graphc.compile.precision", "convert_float"),
     "grad": ("graphc.compile.grad", "grad"),
     "Session": ("graphc.runtime.session", "Session"),
     "BackendInfo": ("graphc.backends.base", "BackendInfo"),
