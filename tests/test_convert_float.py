@@ -281,3 +281,28 @@ def test_written_file_and_triton_repository(tmp_path):
     config = (folder / "config.pbtxt").read_text()
     assert config.count("TYPE_FP16") == 2 and "TYPE_FP32" not in config
     onnx.checker.check_model(str(folder / "1" / "model.onnx"), full_check=True)
+
+
+def test_trainer_export_and_cli_write_half_models(tmp_path, capsys):
+    from cli_util import one_line_error, run_cli
+    from trainer_models import blobs, bn_artifacts
+
+    trainer = gc.Trainer(bn_artifacts(), backend="numpy")
+    trainer.fit(gc.data.DataLoader(blobs(64), batch_size=32), 1, progress=False)
+    batch = blobs(7, seed=3)
+    expected = trainer.predict(batch)["logits"]
+    path = trainer.export_inference(tmp_path / "half.onnx", dtype="float16")
+    onnx.checker.check_model(str(path), full_check=True)
+    got = _ort(gc.load(path), {"x": batch["x"].astype(np.float16)})
+    _assert_near({"logits": expected}, got, "float16", "export")
+
+    trainer.save_checkpoint(tmp_path / "ck")
+    assert run_cli(capsys, "export", tmp_path / "ck", "-o", tmp_path / "cli.onnx", "--dtype", "bfloat16").code == 0
+    assert gc.load(tmp_path / "cli.onnx").inputs[0].dtype == "bfloat16"
+    trainer.export_inference(tmp_path / "f32.onnx")
+    result = run_cli(capsys, "optimize", tmp_path / "f32.onnx", "-o", tmp_path / "opt.onnx", "--dtype", "float16")
+    assert result.code == 0 and "float16" in result.out
+    assert gc.load(tmp_path / "opt.onnx").outputs[0].dtype == "float16"
+    bad = run_cli(capsys, "optimize", path, "-o", tmp_path / "x.onnx", "--dtype", "float8")
+    assert "dtype must be one of ['bfloat16', 'float16'], got 'float8'" in one_line_error(bad)
+    assert not (tmp_path / "x.onnx").exists()

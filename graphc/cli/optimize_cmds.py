@@ -37,6 +37,8 @@ def optimize_cmd(
     out: Optional[Path] = OUT_ALIAS,
     level: int = typer.Option(2, "-O", "--level", min=0, max=3, help=_LEVEL_HELP),
     report: bool = typer.Option(False, "--report", help="Print what each pass did."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="float16 or bfloat16: convert the optimized "
+                                        "model (gc.convert_float; default: keep float32)."),
 ) -> None:
     """Optimize MODEL.onnx and write OUT.onnx atomically.
 
@@ -48,6 +50,10 @@ def optimize_cmd(
     output = chosen_output(output, out)
     original = load(model)
     optimized, rep = optimize(original, level, report=True)
+    if dtype is not None:
+        from graphc.compile.precision import convert_float
+
+        optimized = convert_float(optimized, dtype)
     try:  # never write a model onnx itself would reject
         onnx.checker.check_model(optimized.proto)
     except onnx.checker.ValidationError as exc:
@@ -56,4 +62,5 @@ def optimize_cmd(
     optimized.save(output)
     if report:
         console.print(report_table(rep))
-    console.print(f"{model} -> {output}: {rep.nodes_before} -> {rep.nodes_after} nodes (level {level})")
+    console.print(f"{model} -> {output}: {rep.nodes_before} -> {rep.nodes_after} nodes (level {level}"
+                  + (f", {dtype})" if dtype else ")"))

@@ -302,6 +302,8 @@ def export_cmd(
     opset: Optional[int] = typer.Option(None, "--opset", help="Convert to this opset (default: the model's)."),
     allow_untrained: bool = typer.Option(False, "--allow-untrained", help="Export an artifact directory's "
                                          "initial weights even where a checkpoint trained from it exists."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="float16 or bfloat16: convert the model "
+                                        "(gc.convert_float; default: keep float32)."),
 ) -> None:
     """Write trained params as one optimized inference .onnx.
 
@@ -314,7 +316,7 @@ def export_cmd(
     with warnings.catch_warnings(record=True) as caught:  # each printed as one line
         warnings.simplefilter("always", UntrainedWeightsWarning)
         with naming_opset(opset):
-            path = export_inference(source, output, opset=opset, allow_untrained=allow_untrained)
+            path = export_inference(source, output, opset=opset, allow_untrained=allow_untrained, dtype=dtype)
     for warning in caught:
         err_console.print(f"[bold yellow]warning:[/] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
     console.print(f"wrote {path}", highlight=False, soft_wrap=True)

@@ -27,10 +27,10 @@ EXPORT_LEVEL = 3
 
 
 def inference_model(artifacts, tensors: Mapping[str, np.ndarray], opset: Optional[int] = None,
-                    level: int = EXPORT_LEVEL) -> Model:
+                    level: int = EXPORT_LEVEL, dtype: Optional[str] = None) -> Model:
     """``artifacts.inference`` with every initializer named in ``tensors`` replaced by its
-    trained value (params and BatchNorm statistics), optimized at ``level`` and converted to
-    ``opset`` when given."""
+    trained value (params and BatchNorm statistics), optimized at ``level``, converted to
+    ``opset`` when given and to ``dtype`` ("float16", "bfloat16": ``gc.convert_float``) when given."""
     model = ir.serde.deserialize_model(artifacts.inference.proto)  # a private copy to edit
     for name, value in model.graph.initializers.items():
         if name in tensors:
@@ -48,6 +48,10 @@ def inference_model(artifacts, tensors: Mapping[str, np.ndarray], opset: Optiona
         from graphc.compile.opsets import convert_opset
 
         result = convert_opset(result, int(opset))
+    if dtype is not None:
+        from graphc.compile.precision import convert_float
+
+        result = convert_float(result, dtype)
     return result
 
 
@@ -114,8 +118,8 @@ def _refuse_or_warn(artifacts: Path) -> None:
 
 
 def export_inference(source: Union[str, os.PathLike], path: Union[str, os.PathLike],
-                     opset: Optional[int] = None, allow_untrained: bool = False) -> Path:
+                     opset: Optional[int] = None, allow_untrained: bool = False, dtype: Optional[str] = None) -> Path:
     """Write the inference model of an artifact directory or checkpoint to ``path``; see
     ``load_source`` for when an artifact directory's initial weights are refused."""
     artifacts, tensors = load_source(source, allow_untrained=allow_untrained)
-    return inference_model(artifacts, tensors, opset=opset).save(path)
+    return inference_model(artifacts, tensors, opset=opset, dtype=dtype).save(path)

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Optional
 
 import onnx
+import onnx.inliner
 import onnx_ir as ir
 
 from graphc.errors import GraphError, PassError

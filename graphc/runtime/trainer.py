@@ -1041,11 +1041,13 @@ class Trainer:
         found = {key: getattr(exe, "rng", None) for key, exe in (("train_step", self._train), ("eval", self._eval))}
         return {key: rng for key, rng in found.items() if isinstance(rng, np.random.Generator)}
 
-    def export_inference(self, path: Union[str, os.PathLike], opset: Optional[int] = None) -> Path:
-        """Write the inference model with the trained params folded in, optimized (level 3)."""
+    def export_inference(self, path: Union[str, os.PathLike], opset: Optional[int] = None,
+                         dtype: Optional[str] = None) -> Path:
+        """Write the inference model with the trained params folded in, optimized (level 3);
+        ``dtype`` "float16" or "bfloat16" converts it (``gc.convert_float``)."""
         from graphc.compile.export import inference_model
 
-        return inference_model(self.artifacts, self.state_dict(), opset=opset).save(path)
+        return inference_model(self.artifacts, self.state_dict(), opset=opset, dtype=dtype).save(path)
 
     def __repr__(self) -> str:
         return (f"<gc.Trainer backend={self.backend!r} step={self.step_count} epoch={self.epoch} "
