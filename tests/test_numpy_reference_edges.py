@@ -284,3 +284,61 @@ def test_global_pools_over_empty_spatial_dims(op, want):
     for op_ in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"):  # empty batch: as onnxruntime
         got, want_ = numpy_vs_ort(op_, [np.zeros((0, 3, 2), np.float32)], {}, 13)
         assert_same(got, want_, op_)
+
+
+F = np.ones
+U8 = np.ones((), np.uint8)
+S = np.full((), 0.1, np.float32)
+
+
+@pytest.mark.parametrize("op, inputs, attrs, opset, message", [
+    ("Conv", [F((1, 4, 5, 5), np.float32), F((2, 3, 3, 3), np.float32)], {}, 18,
+     r"W has shape \[2, 3, 3, 3\]: its input channels \(dim 1\) are 3, expected X's channels C / group = 4 / 1 = 4"),
+    ("Conv", [F((1, 4, 5, 5), np.float32), F((3, 2, 3, 3), np.float32)], {"group": 2}, 18,
+     r"group is 2, which does not divide X's channels C = 4 and W's output channels M = 3"),
+    ("ConvTranspose", [F((1, 4, 5), np.float32), F((3, 2, 3), np.float32)], {}, 18,
+     r"W has shape \[3, 2, 3\]: its input channels \(dim 0\) are 3, expected X's channels C = 4"),
+    ("QLinearConv", [F((1, 2, 4, 4), np.uint8), S, U8, F((3, 2, 3, 3), np.uint8), np.full(2, 0.1, np.float32),
+                     F(3, np.uint8), S, U8], {}, 10,
+     r"w_scale has shape \[2\], expected one value or one per output channel \[M\] = \[3\]"),
+    ("QLinearConv", [F((1, 2, 4, 4), np.uint8), S, U8, F((3, 2, 3, 3), np.uint8), S, F(2, np.uint8), S, U8], {}, 10,
+     r"w_zero_point has shape \[2\], expected one value or one per output channel \[M\] = \[3\]"),
+    ("GroupNormalization", [F((2, 4, 3), np.float32), F(2, np.float32), F(4, np.float32)], {"num_groups": 2}, 21,
+     r"scale has shape \[2\], expected \[4\] \(one value per channel\)"),
+    ("GroupNormalization", [F((2, 4, 3), np.float32), F(2, np.float32), F(4, np.float32)], {"num_groups": 2}, 18,
+     r"bias has shape \[4\], expected \[2\] \(opset 18: one value per group\)"),
+    ("GroupNormalization", [F((2, 4, 3), np.float32), F(4, np.float32), F(4, np.float32)], {"num_groups": 3}, 21,
+     r"num_groups is 3, which does not divide X's channels C = 4"),
+    ("Gemm", [F((2, 3), np.float32), F((3, 4), np.float32), F(4, np.float32)], {"broadcast": 0}, 6,
+     r"C has shape \[4\], expected \[2, 4\] \(broadcast 0"),
+    ("Gemm", [F((2, 3), np.float32), F((4, 4), np.float32)], {}, 13,
+     r"A has shape \[2, 3\] and B \[4, 4\]: the inner dims differ \(A's last is 3, B's second to last is 4\)"),
+    ("MatMul", [F((7, 2, 3), np.float32), F((5, 3, 5), np.float32)], {}, 13,
+     r"A has shape \[7, 2, 3\] and B \[5, 3, 5\]: the batch dims \[7\] and \[5\] do not broadcast"),
+    ("MatMul", [F(3, np.float32), F(4, np.float32)], {}, 13,
+     r"A has shape \[3\] and B \[4\]: the inner dims differ \(A's last is 3, B's only one is 4\)"),
+    ("Concat", [F((2, 3), np.float32), F((2, 3, 1), np.float32)], {"axis": 0}, 13,
+     r"input 1 has shape \[2, 3, 1\] and input 0 \[2, 3\]: inputs must have one rank and the same dims off axis 0"),
+    ("Concat", [F((2, 3), np.float32), F((2, 4), np.float32)], {"axis": 2}, 13, r"axis 2 is outside \[-2, 1\]"),
+    ("Reshape", [F((2, 3), np.float32), np.array([4, -1], np.int64)], {}, 14,
+     r"cannot reshape the input \[2, 3\] \(6 values\) to shape \[4, -1\] .*: its other dims hold 4 values"),
+    ("Reshape", [F((2, 3), np.float32), np.array([0, 0, 0], np.int64)], {}, 14,
+     r"shape \[0, 0, 0\] has a 0 at position 2, which copies a dim of the input, but the input \[2, 3\] has rank 2"),
+    ("Expand", [F((2, 3), np.float32), np.array([4, 3], np.int64)], {}, 13,
+     r"the input \[2, 3\] does not broadcast with shape \[4, 3\]"),
+])
+def test_mismatched_shapes_are_named(op, inputs, attrs, opset, message):
+    """Each was numpy's own error (matmul's gufunc signature, 'operands could not be broadcast',
+    'tuple index out of range') or, for Gemm's opset-6 broadcast 0 and GroupNormalization's
+    num_groups not dividing C, a result."""
+    with pytest.raises(BackendError, match=rf"node '{op.lower()}_node' \({op}\) failed .*: ValueError: {message}"):
+        ours(op, inputs, attrs, opset)
+
+
+def test_gemm_before_opset_7_broadcasts_c_only_when_asked():
+    """onnx.reference's broadcast 0 adds C without beta (the spec: alpha A B + beta C)."""
+    a, b = RNG.standard_normal((2, 3)).astype(np.float32), RNG.standard_normal((3, 4)).astype(np.float32)
+    full, row = RNG.standard_normal((2, 4)).astype(np.float32), RNG.standard_normal(4).astype(np.float32)
+    (got,) = ours("Gemm", [a, b, full], {"alpha": 0.5, "beta": 2.0}, 6)
+    np.testing.assert_allclose(got, 0.5 * (a @ b) + 2 * full, rtol=1e-5)
+    vs_reference("Gemm", [a, b, row], {"alpha": 0.5, "beta": 2.0, "broadcast": 1}, 6)

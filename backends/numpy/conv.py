@@ -70,6 +70,23 @@ def _window_slices(kpos, strides, dilations, out_shape):
 
 
 # -- convolution --------------------------------------------------------------------------------
+def check_weight(x, w, group, transpose=False):
+    """Refuse a W that does not fit X: rank, channels divisible by ``group``, and W's input
+    channels (dim 1 of a Conv's [M, C/group, *k], dim 0 of a ConvTranspose's [C, M/group, *k])."""
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise ValueError(f"X has shape {list(x.shape)} and W {list(w.shape)}: expected [N, C, *spatial] and a W "
+                         f"of the same rank")
+    c = x.shape[1]
+    if group < 1 or c % group or (not transpose and w.shape[0] % group):
+        what = f"X's channels C = {c}" + ("" if transpose else f" and W's output channels M = {w.shape[0]}")
+        raise ValueError(f"group is {group}, which does not divide {what}")
+    axis, want = (0, c) if transpose else (1, c // group)
+    if w.shape[axis] != want:
+        rule = "X's channels C" if transpose else f"X's channels C / group = {c} / {group}"
+        raise ValueError(f"W has shape {list(w.shape)}: its input channels (dim {axis}) are {w.shape[axis]}, "
+                         f"expected {rule} = {want}")
+
+
 def _channels_first(x, begin, end):
     """``x`` [N, C, *S] as a [C, N, *S_padded] array: im2col then reads whole rows of output
     positions (contiguous memory), which is several times faster than gathering per window."""
@@ -102,6 +119,7 @@ _IM2COL_BYTES = 1 << 20
 @kernel("Conv", since=1)
 def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
          pads=None, strides=None):
+    check_weight(x, w, group)
     kshape = list(kernel_shape or w.shape[2:])
     begin, end, out_shape, strides, dilations = geometry(
         x.shape[2:], kshape, strides, dilations, pads, auto_pad)
@@ -126,6 +144,7 @@ def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
 def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1,
                    kernel_shape=None, output_padding=None, output_shape=None, pads=None,
                    strides=None):
+    check_weight(x, w, group, transpose=True)
     n, c = x.shape[:2]
     spatial = x.shape[2:]
     d = len(spatial)

@@ -118,6 +118,10 @@ def instance_norm(x, scale, bias, *, epsilon=1e-5):
 
 
 def _group_norm(x, num_groups, epsilon, stash_type):
+    c = x.shape[1] if x.ndim > 1 else 0
+    if num_groups < 1 or c % num_groups:
+        raise ValueError(f"num_groups is {num_groups}, which does not divide X's channels C = {c} (X has shape "
+                         f"{list(x.shape)})")
     n = x.shape[0]
     g = x.reshape(n, num_groups, -1)
     gs = g.astype(np.float32) if stash_type == 1 and x.dtype.itemsize < 4 else g
@@ -129,17 +133,20 @@ def _group_norm(x, num_groups, epsilon, stash_type):
 @kernel("GroupNormalization", since=18)
 def group_norm_v18(x, scale, bias, *, epsilon=1e-5, num_groups):
     """Opset 18: scale and bias have one entry per group."""
-    c = x.shape[1]
-    rep = c // num_groups
-    shape = _channel_shape(x)
     y = _group_norm(x, num_groups, epsilon, 0)
+    for name, value in (("scale", scale), ("bias", bias)):
+        require_shape(value, (num_groups,), name, "opset 18: one value per group")
+    rep = x.shape[1] // num_groups
+    shape = _channel_shape(x)
     return (y * np.repeat(scale, rep).reshape(shape) + np.repeat(bias, rep).reshape(shape),)
 
 
 @kernel("GroupNormalization", since=21)
 def group_norm(x, scale, bias, *, epsilon=1e-5, num_groups, stash_type=1):
-    shape = _channel_shape(x)
     y = _group_norm(x, num_groups, epsilon, stash_type)
+    for name, value in (("scale", scale), ("bias", bias)):
+        require_shape(value, (x.shape[1],), name, "one value per channel")
+    shape = _channel_shape(x)
     return (y * scale.reshape(shape) + bias.reshape(shape),)
 
 

@@ -110,6 +110,11 @@ def conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET
 @kernel("QLinearConv", since=10)
 def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *,
                  auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    m = w.shape[0] if w.ndim else 0
+    for name, value in (("w_scale", w_scale), ("w_zero_point", w_zero_point)):
+        if value.ndim > 1 or value.size not in (1, m):
+            raise ValueError(f"{name} has shape {list(value.shape)}, expected one value or one per output channel "
+                             f"[M] = [{m}] (W has shape {list(w.shape)})")
     xf = _real(x, x_scale, x_zero_point)
     wf = _real(w, w_scale, w_zero_point, axis=0)
     y = _float_conv(xf, wf, auto_pad=auto_pad, dilations=dilations, group=group,

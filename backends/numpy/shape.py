@@ -19,10 +19,20 @@ def _ints(values) -> list[int]:
 
 # -- reshape family -----------------------------------------------------------------------------
 def _reshape(x, shape, allowzero=0):
-    shape = _ints(shape)
-    if not allowzero:  # 0 copies the input's dim
-        shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
-    return (x.reshape(shape),)
+    asked = _ints(shape)
+    if not allowzero and any(s == 0 for s in asked[x.ndim:]):
+        raise ValueError(f"shape {asked} has a 0 at position {asked.index(0, x.ndim)}, which copies a dim of the "
+                         f"input, but the input {list(x.shape)} has rank {x.ndim} (allowzero 0)")
+    shape = asked if allowzero else [x.shape[i] if s == 0 else s for i, s in enumerate(asked)]
+    try:
+        return (x.reshape(shape),)
+    except ValueError:
+        known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+        why = ("it has more than one -1" if shape.count(-1) > 1 else
+               f"its other dims hold {known} values, so a -1 has no one size" if -1 in shape else
+               f"it holds {known} values")
+        raise ValueError(f"cannot reshape the input {list(x.shape)} ({x.size} values) to shape {asked} "
+                         f"({shape} with 0s copied): {why}") from None
 
 
 @kernel("Reshape", since=1)
@@ -75,7 +85,13 @@ def unsqueeze(x, axes):
 
 @kernel("Expand", since=8)
 def expand(x, shape):
-    return (np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(_ints(shape)))),)
+    target = _ints(shape)
+    try:
+        out = np.broadcast_shapes(x.shape, tuple(target))
+    except ValueError:
+        raise ValueError(f"the input {list(x.shape)} does not broadcast with shape {target} (trailing dims must "
+                         "be equal or one of them 1)") from None
+    return (np.broadcast_to(x, out),)
 
 
 @kernel("Shape", since=1)
@@ -91,6 +107,14 @@ def size(x):
 # -- concat / split -----------------------------------------------------------------------------
 @kernel("Concat", since=1)
 def concat(*xs, axis=1):
+    first = xs[0].shape
+    if not -len(first) <= axis < len(first):
+        raise ValueError(f"axis {axis} is outside [{-len(first)}, {len(first) - 1}] for inputs of rank {len(first)}")
+    keep = [d for i, d in enumerate(first) if i != axis % len(first)]
+    for k, x in enumerate(xs):
+        if x.ndim != len(first) or [d for i, d in enumerate(x.shape) if i != axis % x.ndim] != keep:
+            raise ValueError(f"input {k} has shape {list(x.shape)} and input 0 {list(first)}: inputs must have one "
+                             f"rank and the same dims off axis {axis}")
     return (np.concatenate(xs, axis=axis),)
 
 
