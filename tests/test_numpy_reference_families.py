@@ -241,3 +241,37 @@ def test_grid_sample_modes_padding_and_corners():
         vs_reference("GridSample", [x3, grid3], {"mode": mode, "padding_mode": padding, "align_corners": corners}, 20)
     for mode in ("bilinear", "nearest", "bicubic"):  # opset 16's names; onnx.reference knows only 20's
         vs_ort("GridSample", [x, grid], {"mode": mode}, 16)
+
+
+def _int4_round_trip(elem, zero_point, axis, outputs):
+    """QuantizeLinear to ``elem`` with an initializer zero point (3 values: packed into 2 bytes in
+    the file), then DequantizeLinear; ``outputs`` names the graph outputs (onnxruntime's Python API
+    hands out no int4 tensors)."""
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [3], [0.5, 1.0, 2.0])
+    zp = helper.make_tensor("zp", elem, [3], zero_point)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["q"], axis=axis),
+             helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["d"], axis=axis)]
+    types = {"q": elem, "d": TensorProto.FLOAT}
+    graph = helper.make_graph(nodes, "int4", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+                              [helper.make_tensor_value_info(n, types[n], [3, 3]) for n in outputs], [scale, zp])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = ir_version_for({"": 21})
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("elem, zero_point, lo, hi", [(TensorProto.INT4, [0, -3, 5], -8, 7),
+                                                      (TensorProto.UINT4, [0, 3, 15], 0, 15)])
+def test_int4_quantize_and_dequantize(elem, zero_point, lo, hi):
+    """Were 'Invalid integer data type 'V'' (numpy's iinfo knows no int4): saturating to [lo, hi],
+    rounding half to even, per axis, as onnx.reference; the round trip as onnxruntime."""
+    x = np.array([[-20, -2.25, 0.25], [1.5, 2.5, -0.5], [7.9, 30, -1]], np.float32)
+    for axis in (0, 1):
+        model = _int4_round_trip(elem, zero_point, axis, ["q", "d"])
+        (q, d), want = run_numpy(model, {"x": x}), ReferenceEvaluator(model).run(None, {"x": x})
+        assert q.dtype == want[0].dtype == helper.tensor_dtype_to_np_dtype(elem)
+        np.testing.assert_array_equal(q.astype(np.int8), want[0].astype(np.int8), err_msg=f"axis {axis}")
+        assert q.astype(np.int8).min() >= lo and q.astype(np.int8).max() <= hi
+        np.testing.assert_array_equal(d, want[1])
+        round_trip = _int4_round_trip(elem, zero_point, axis, ["d"])
+        np.testing.assert_array_equal(d, run_ort(round_trip, {"x": x})[0], err_msg=f"axis {axis} vs onnxruntime")

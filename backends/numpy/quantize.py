@@ -1,9 +1,11 @@
-"""Quantization kernels for 8/16-bit integer types: QuantizeLinear, DequantizeLinear (per
-tensor, per axis and blocked), DynamicQuantizeLinear, MatMulInteger. float8/int4 variants are
-out of scope (see the conformance exclusions)."""
+"""Quantization kernels for 4/8/16-bit integer types: QuantizeLinear, DequantizeLinear (per
+tensor, per axis and blocked), DynamicQuantizeLinear, MatMulInteger. int4/uint4 values are
+ml_dtypes arrays (onnx packs them two to a byte in files); float8 variants are out of scope
+(see the conformance exclusions)."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 from onnx.helper import tensor_dtype_to_np_dtype
 
@@ -45,7 +47,7 @@ def quantize_linear(x, scale, zero_point=None, *, axis=1, block_size=0, output_d
     q = np.rint(x.astype(np.float32) / s)  # round half to even
     if zero_point is not None:
         q = q + _broadcast_param(zero_point, x, axis, block_size).astype(np.float32)
-    info = np.iinfo(dtype)
+    info = ml_dtypes.iinfo(dtype)  # numpy's iinfo knows no int4/uint4
     # NaN saturates to the type's least value, as onnxruntime's CPU kernel (the spec leaves it open);
     # numpy's cast of NaN to an integer is undefined
     return (np.where(np.isnan(q), info.min, np.clip(q, info.min, info.max)).astype(dtype),)
