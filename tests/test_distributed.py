@@ -173,6 +173,34 @@ def test_two_workers_average_float16_gradients_without_overflow(ray_cluster):
     dp.shutdown()
 
 
+@pytest.mark.parametrize("dtype,init_scale", [("float64", 2.0 ** 10), ("float32", 2.0 ** 126)])
+def test_two_workers_scale_the_loss_as_one_process(ray_cluster, dtype, init_scale):
+    """Loss scaling: the workers' scaled gradients are averaged, then checked and unscaled once by
+    the update graph; 6 steps with forced overflows (inf labels in rank 1's and rank 0's shard;
+    float32: also scaled gradients past float32's range) skip and back off as one process: the
+    scale sequence and skipped counts equal, params and AdamW's state to 1e-12 (float64) / 1e-6
+    (float32); an epoch of fit over the same batches records the same scale and 2 skipped steps."""
+    model = gc.capture(nn.Linear(3, 2, dtype=dtype), x=gc.spec(dtype, ("N", 3)))
+    scaler = gc.amp.GradScaler(init_scale=init_scale, growth_interval=2)
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), OPTIMIZERS["adamw"], loss_scale=scaler)
+    batches = [{"x": RNG.standard_normal((6, 3)).astype(dtype), "y": RNG.standard_normal((6, 2)).astype(dtype)}
+               for _ in range(6)]
+    batches[1]["y"][5, 1] = batches[3]["y"][0, 0] = np.inf  # in one worker's shard: the average is inf
+    dp, single = gc.Trainer(arts, **WORKER), gc.Trainer(arts, backend="ort-cpu")
+    scales, tol = [], 1e-12 if dtype == "float64" else 1e-6
+    for batch in batches:
+        dp.step(batch), single.step(batch)
+        scales.append(single.loss_scale)
+        assert (dp.loss_scale, dp.skipped_steps) == (single.loss_scale, single.skipped_steps)
+    assert single.skipped_steps >= 2 and max(scales) > min(scales[1:])  # backed off, then grown
+    _close(dp.state_dict(), single.state_dict(), rtol=tol, atol=tol)
+    loader = gc.data.DataLoader({n: np.concatenate([b[n] for b in batches]) for n in ("x", "y")}, batch_size=6,
+                                shuffle=False)
+    records = [t.fit(loader, epochs=t.epoch + 1, progress=False, quiet=True).epochs[0] for t in (dp, single)]
+    assert [(r.loss_scale, r.skipped_steps) for r in records] == [(single.loss_scale, 2)] * 2
+    dp.shutdown()
+
+
 def test_two_workers_train_weights_train_step_holds_in_another_order(ray_cluster, tmp_path):
     """Workers run the gradients and update graphs, in the model's order; the checkpoint they
     write resumes the one-process trainer, whose train_step holds the 3x3 weights taps outer."""

@@ -5,6 +5,8 @@ checkpoint resume, float16 params, the CLI flag and the errors."""
 
 from __future__ import annotations
 
+import csv
+import importlib.util
 import json
 import subprocess
 import sys
@@ -15,7 +17,6 @@ import onnx
 import pytest
 
 import graphc as gc
-from graphc.errors import ArtifactsError
 
 torch = pytest.importorskip("torch")
 
@@ -113,9 +114,10 @@ def _check_against_torch(spec, dtype, backend, fused, scaler_args, tol, batches=
         if scale < previous:  # a skipped step: every param and every optimizer state bit for bit as before
             skipped += 1
             for name, value in before.items():
-                if name not in ("loss_scale", "loss_scale.growth_tracker", "lr"):
+                if name not in ("loss_scale", "loss_scale.growth_tracker", "loss_scale.skipped_steps", "lr"):
                     np.testing.assert_array_equal(now[name], value, err_msg=f"step {k} {name}")
             assert now["loss_scale.growth_tracker"] == 0
+        assert trainer.skipped_steps == now["loss_scale.skipped_steps"] == skipped, f"step {k}"
         grown += scale > previous
         for name, value in state.items():
             np.testing.assert_allclose(now[name].astype(np.float64), value.astype(np.float64), rtol=tol, atol=tol,
@@ -192,7 +194,9 @@ def test_saved_artifacts_check_and_reload(tmp_path):
     after = trainer.state_dict()
     assert trainer.loss_scale == 512.0 and "loss_scale.growth_tracker" not in after
     for name, value in before.items():
-        np.testing.assert_array_equal(after[name], value, err_msg=name)
+        if name != "loss_scale.skipped_steps":
+            np.testing.assert_array_equal(after[name], value, err_msg=name)
+    assert (before["loss_scale.skipped_steps"], trainer.skipped_steps) == (0, 1)
     plain = _generate(SPECS["sgd-momentum"], "float32", None)[1]
     assert not any(n.op_type == "IsNaN" for n in plain.train_step.proto.graph.node)
     assert plain.manifest.loss_scale is None and "loss_scale" not in plain.state
@@ -259,12 +263,6 @@ def test_grad_scaler_defaults_are_torchs():
         theirs.get_scale(), theirs.get_growth_factor(), theirs.get_backoff_factor(), theirs.get_growth_interval())
 
 
-def test_data_parallel_refuses_loss_scaling():
-    _, arts = _generate(SPECS["adamw"], "float32", gc.amp.GradScaler())
-    with pytest.raises(ArtifactsError, match="loss_scale"):
-        gc.Trainer(arts, backend="numpy", workers=2)
-
-
 def test_cli_loss_scale(tmp_path):
     net = _Net("float32")
     path = tmp_path / "m.onnx"
@@ -277,3 +275,56 @@ def test_cli_loss_scale(tmp_path):
     assert manifest["loss_scale"]["kind"] == "dynamic" and manifest["loss_scale"]["growth_interval"] == 2000
     bad = subprocess.run([*cli, "--loss-scale", "lots", "-o", str(tmp_path / "b")], capture_output=True, text=True)
     assert bad.returncode != 0 and "--loss-scale must be dynamic or a number" in bad.stderr
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_fit_records_the_scale_and_skipped_steps(backend, tmp_path, capsys):
+    """Each epoch's record (History, the CSV log, TensorBoard, the epoch line) holds the scale at
+    its end and how many of its steps were skipped; a skipped step's inf loss stops nothing and
+    counts in no mean. A run without loss scaling records None and prints nothing of it."""
+    _, arts = _generate(SPECS["adamw"], "float32", gc.amp.GradScaler(init_scale=2.0 ** 10, growth_interval=2))
+    batches = _batches("float32", overflow=(1, 2))[:5]  # each epoch: 2 of its 5 steps skipped
+    data = {n: np.concatenate([b[n] for b in batches]) for n in ("x", "y")}
+    board = {"tensorboard": tmp_path / "tb"} if importlib.util.find_spec("tensorboard") else {}
+    trainer = gc.Trainer(arts, backend=backend, **board)
+    history = trainer.fit(gc.data.DataLoader(data, batch_size=6, shuffle=False), 2, progress=False,
+                          log=tmp_path / "log.csv")
+    # 1024, skip 512, skip 256, 256, grown 512 | 512, skip 256, skip 128, 128, grown 256
+    got = [(e.loss_scale, e.skipped_steps) for e in history.epochs]
+    assert got == [(512.0, 2), (256.0, 2)] and trainer.skipped_steps == 4 and trainer.loss_scale == 256.0
+    assert all(np.isfinite(e.loss) and e.steps == 3 for e in history.epochs)
+    assert int(np.isinf(history.step_losses).sum()) == 4
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch")]
+    assert "  loss scale 512 (2 steps skipped)  " in lines[0] and "  loss scale 256 (2 steps skipped)  " in lines[1]
+    rows = list(csv.DictReader((tmp_path / "log.csv").open()))
+    assert [(float(r["loss_scale"]), int(r["skipped_steps"])) for r in rows] == got
+    if board:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(str(tmp_path / "tb"))
+        acc.Reload()
+        assert [e.value for e in acc.Scalars("train/skipped_steps")] == [2, 2]
+        assert [e.value for e in acc.Scalars("train/loss_scale")] == [512, 256]
+    plain = gc.Trainer(_generate(SPECS["adamw"], "float32", None)[1], backend=backend)
+    record = plain.fit(gc.data.DataLoader(batches[0], batch_size=6), 1, progress=False).epochs[0]
+    assert (record.loss_scale, record.skipped_steps, plain.skipped_steps) == (None, None, None)
+    assert "loss scale" not in capsys.readouterr().out
+
+
+def test_an_interrupted_epoch_resumed_counts_all_its_skipped_steps(tmp_path, monkeypatch):
+    """Ctrl-C after batch 3 of 5 (batch 1 skipped before it, batch 4 after): the checkpoint keeps
+    the epoch's count so far, and the resumed epoch's record says 2."""
+    from graphc.runtime.trainer import TrainingInterrupted
+
+    _, arts = _generate(SPECS["adamw"], "float32", gc.amp.GradScaler(init_scale=2.0 ** 10, growth_interval=2))
+    batches = _batches("float32", overflow=(1, 4))[:5]
+    loader = gc.data.DataLoader({n: np.concatenate([b[n] for b in batches]) for n in ("x", "y")}, batch_size=6,
+                                shuffle=False)
+    monkeypatch.setenv("GRAPHC_TEST_SIGNAL_AT_STEP", "INT:3")
+    with pytest.raises(TrainingInterrupted):
+        gc.Trainer(arts, backend="ort-cpu").fit(loader, 1, progress=False, quiet=True, checkpoint=tmp_path / "ck")
+    monkeypatch.delenv("GRAPHC_TEST_SIGNAL_AT_STEP")
+    resumed = gc.Trainer(tmp_path / "ck", backend="ort-cpu")
+    assert resumed.batch_in_epoch == 3 and resumed.skipped_steps == 1
+    record = resumed.fit(loader, 1, progress=False, quiet=True).epochs[0]
+    assert (record.skipped_steps, record.steps, resumed.skipped_steps) == (2, 3, 2)

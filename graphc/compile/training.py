@@ -642,7 +642,19 @@ def update_model(manifest: Manifest) -> Model:
         opt = {**opt, "first_moment": "average"}
     lr = next(e for e in manifest.graphs["train_step"].inputs if e.name == artifacts.LR)
     return Model(artifacts.update_graph(manifest.opset, opt, params, groups,
-                                        () if groups else opt.get("no_decay") or (), ir.DataType(to_onnx(lr.dtype))))
+                                        () if groups else opt.get("no_decay") or (), ir.DataType(to_onnx(lr.dtype)),
+                                        manifest.loss_scale))
+
+
+def worker_gradients_model(artifacts: TrainingArtifacts) -> Model:
+    """The gradients graph data-parallel workers run: the artifacts', or with loss scaling one that
+    outputs the scaled loss's gradients (``loss_scaling.scaled_gradients``), which the update
+    graph checks for inf/NaN and unscales once they are combined, as DDP's with torch's GradScaler."""
+    from graphc.passes.training import loss_scaling
+
+    if artifacts.manifest.loss_scale is None:
+        return artifacts.gradients
+    return Model(loss_scaling.scaled_gradients(artifacts.gradients.ir))
 
 
 def capture_loss(spec: LossSpec, output: ir.Value, opset: int) -> ir.Model:

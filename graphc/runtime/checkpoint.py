@@ -90,6 +90,7 @@ class EpochProgress(BaseModel):
     seconds: NonNegativeFloat = 0.0  # train time so far
     metric_sums: dict[str, float] = {}  # train metric -> its batch values times their examples, added in order
     metric_examples: NonNegativeInt = 0  # those examples (``averaging.examples``: labels not ignored, else rows)
+    skipped_steps: Optional[NonNegativeInt] = None  # with loss scaling: of its steps, those skipped (inf/NaN gradients)
 
     @field_serializer("metric_sums", when_used="json")
     def _sums_as_written(self, sums: dict[str, float], info: SerializationInfo) -> dict[str, Optional[float]]:
@@ -184,8 +185,10 @@ def _digest(tensors: dict[str, np.ndarray], meta: CheckpointMeta) -> str:
             exclude["seed"] = True
         if not meta.schedule:  # nor one from before lr schedulers, or of a run without one
             exclude["schedule"] = True
+        if meta.progress.skipped_steps is None:  # nor one from before loss scaling's count, or of a run without
+            exclude["progress"] = {"skipped_steps"}
         if meta.format in _UNWEIGHTED_FORMATS:  # the header as formats 1 and 2 hashed it, without format 3's fields
-            exclude["progress"] = {"metric_examples"}
+            exclude["progress"] = {"metric_examples", "skipped_steps"}
             if meta.loader is not None:
                 exclude["loader"] = {"data"}
         nulls = meta._nulls and meta.format in _NULL_SUM_FORMATS  # as read, not as written again

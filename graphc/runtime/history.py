@@ -31,6 +31,8 @@ class EpochRecord(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)  # train metrics: over the epoch's steps' outputs
     eval: dict[str, float] = Field(default_factory=dict)
     lr: Optional[float] = None      # the learning rate at the epoch's end, as set (not the graph's float32)
+    loss_scale: Optional[float] = None  # with loss scaling: the scale at the epoch's end (torch's scaler.get_scale())
+    skipped_steps: Optional[int] = None  # with loss scaling: the epoch's steps skipped for inf/NaN gradients
 
 
 class History(BaseModel):
@@ -96,6 +98,7 @@ def check_plot(path: Union[str, os.PathLike]) -> None:
 
 
 LOG_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+_SCALING_FIELDS = ("loss_scale", "skipped_steps")  # EpochRecord's fields a run without loss scaling leaves None
 
 
 class EpochLog:
@@ -118,8 +121,8 @@ class EpochLog:
         self._rewrite()
 
     def write(self, record: EpochRecord) -> None:
-        """Append ``record``'s line."""
-        row = record.model_dump(mode="json")
+        """Append ``record``'s line (loss scaling's fields only where it is on)."""
+        row = record.model_dump(mode="json", exclude={k for k in _SCALING_FIELDS if getattr(record, k) is None})
         if self.format == "csv":
             row = {**{k: v for k, v in row.items() if k not in ("metrics", "eval")},
                    **{f"train_{k}": v for k, v in row["metrics"].items()},

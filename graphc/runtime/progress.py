@@ -93,8 +93,10 @@ class TrainProgress:
             return
         train = "".join(f"  {k} {v:.4f}" for k, v in record.metrics.items())
         evals = "".join(f"  eval {k} {v:.4f}" for k, v in record.eval.items())
+        scaling = "" if record.loss_scale is None else \
+            f"  loss scale {record.loss_scale:g} ({plural(record.skipped_steps, 'step')} skipped)"
         self.console.print(
-            f"epoch {record.epoch}/{self.epochs}  loss {record.loss:.4f}{train}{evals}  "
+            f"epoch {record.epoch}/{self.epochs}  loss {record.loss:.4f}{train}{evals}{scaling}  "
             f"{record.samples_per_s:,.0f} samples/s  {record.seconds:.2f} s", highlight=False, soft_wrap=True)
 
 

@@ -5,7 +5,8 @@ Event files are written with TensorBoard's own ``EventFileWriter`` (the optional
 ``pip install 'graphc[tensorboard]'``). Scalars, on the global step axis (so a resumed run
 continues its curves): ``train/loss`` each step, ``train/epoch_loss`` (the epoch's mean),
 ``train/epoch_<metric>`` (the epoch's train metrics),
-``eval/<metric>`` after each epoch with an evaluation set, ``train/lr``. The graph tab shows
+``eval/<metric>`` after each epoch with an evaluation set, ``train/lr``, with loss scaling
+``train/loss_scale`` (the scale at the epoch's end) and ``train/skipped_steps`` (the epoch's). The graph tab shows
 the model (the artifacts' inference graph): ONNX nodes become TensorBoard nodes with their op
 type, edges follow the values between them, inputs are ``Placeholder`` and params ``Const``.
 """
@@ -101,6 +102,9 @@ class TensorBoardWriter:
         for name, value in record.eval.items():
             self.scalar(f"eval/{name}", value, step)
         self.scalar("train/lr", lr, step)
+        if record.loss_scale is not None:
+            self.scalar("train/loss_scale", record.loss_scale, step)
+            self.scalar("train/skipped_steps", record.skipped_steps, step)
         self._writer.flush()
 
     def close(self) -> None:

@@ -62,6 +62,7 @@ from graphc.errors import ArtifactsError, GraphcError, InputError
 from graphc.model.dtypes import TensorSpec, to_numpy
 from graphc.passes.training import optimizers
 from graphc.passes.training.in_place import in_place_outputs
+from graphc.passes.training.loss_scaling import LOSS_SCALE, SKIPPED
 from graphc.passes.training.scheduled import MOMENTUM, momentum_value
 from graphc.runtime import averaging, checkpoint as ckpt, momentum as momentum_lib
 from graphc.runtime import metrics as metrics_lib
@@ -345,6 +346,7 @@ class Trainer:
         self.rng, self._seed = np.random.default_rng(seed), seed
         self._loader_state: Optional[ckpt.LoaderState] = None
         self._progress = ckpt.EpochProgress()  # running sums of the epoch under way
+        self._skips_seen: Optional[int] = None  # in fit with loss scaling: skipped steps when last tallied
         self._interrupts = DeferredInterrupt()
         # learning-rate schedules (gc.optim.lr_scheduler): the one param group they read and write
         # (lr as the Python float last set), the scheduler fit steps and when, and the state a
@@ -671,6 +673,7 @@ class Trainer:
         from graphc.runtime.lr_scheduler import lr_group
 
         history = History(backend=self.backend)
+        self._skips_seen = self.skipped_steps
         save = (lambda: self.save_checkpoint(checkpoint)) if checkpoint is not None else None
         with self._saved_on_interrupt(checkpoint), self._interrupts.armed(), \
                 TrainProgress(epochs, len(loader), bar=progress and not quiet, lines=not quiet) as bar:
@@ -693,7 +696,7 @@ class Trainer:
                 if save is not None:
                     save()
         loader.epoch = self.epoch
-        self._fetch = ("loss",)
+        self._fetch, self._skips_seen = ("loss",), None
         if plot is not None:
             history.plot(plot)
         return history
@@ -748,17 +751,22 @@ class Trainer:
                 loss = self.step(batch)
                 if hook is not None and self.step_count == hook[1]:
                     signal.raise_signal(hook[0])
-                if not math.isfinite(loss):
+                # with loss scaling, its inf/NaN gradients skip the step (torch's loop goes on): the
+                # loss counts in no mean and the epoch's record counts the step as skipped
+                scaled_away = not math.isfinite(loss) and self._skips_seen is not None
+                if not math.isfinite(loss) and not scaled_away:
                     raise TrainingFailed(f"the loss became {loss} at step {self.step_count} (epoch {self.epoch + 1}, "
                                          f"batch {self.batch_in_epoch + 1}); lower the learning rate or check the data")
                 if self._grad_norm:
                     history.step_grad_norms.append(float(self._step_outputs[self._grad_norm]))
-                self._add_train_metrics(batch, examples)
+                if not scaled_away:
+                    self._add_train_metrics(batch, examples)
                 now = time.perf_counter()
                 self.batch_in_epoch += 1
-                sums.steps += 1
-                sums.loss_sum += loss * rows  # weighted by batch size, as the train metrics and Keras
-                sums.samples += rows
+                if not scaled_away:
+                    sums.steps += 1
+                    sums.loss_sum += loss * rows  # weighted by batch size, as the train metrics and Keras
+                    sums.samples += rows
                 sums.seconds += now - last
                 history.step_losses.append(loss)
                 if self._scheduler is not None and self.scheduler_interval == "step":
@@ -837,12 +845,15 @@ class Trainer:
     def _end_epoch(self, metrics: dict[str, float]) -> EpochRecord:
         """The record of the epoch just trained (its whole run of batches, resumed or not); the
         loop position moves to the next epoch."""
+        self._tally_skips()
         sums = self._progress
         record = EpochRecord(epoch=self.epoch + 1, loss=sums.loss_sum / sums.samples if sums.samples else float("nan"),
                              steps=sums.steps, samples=sums.samples, seconds=sums.seconds,
                              samples_per_s=sums.samples / sums.seconds if sums.seconds > 0 else 0.0, eval=metrics,
                              metrics={k: v / sums.metric_examples for k, v in sums.metric_sums.items()}
-                             if sums.metric_examples else {})
+                             if sums.metric_examples else {},
+                             loss_scale=self.loss_scale, skipped_steps=sums.skipped_steps or 0
+                             if self.manifest.loss_scale is not None else None)
         self.epoch, self.batch_in_epoch, self._progress = self.epoch + 1, 0, ckpt.EpochProgress()
         return record
 
@@ -885,12 +896,29 @@ class Trainer:
         # A private copy: on numpy the handle *is* the live array the next step reads.
         return np.array(self._train.to_host(handle), copy=True)
 
+    def _scalars(self, names: list[str]) -> dict[str, np.ndarray]:
+        """Host copies of the carried tensors ``names`` (a DistributedTrainer reads rank 0's)."""
+        return {n: self._host(self._state[n]) for n in names}
+
     @property
     def loss_scale(self) -> Optional[float]:
         """The current loss scale (torch's ``scaler.get_scale()``) of artifacts generated with
         ``loss_scale``; None without loss scaling."""
-        handle = self._state.get("loss_scale") if self.manifest.loss_scale is not None else None
-        return None if handle is None else float(self._host(handle))
+        return None if self.manifest.loss_scale is None else float(self._scalars([LOSS_SCALE])[LOSS_SCALE])
+
+    @property
+    def skipped_steps(self) -> Optional[int]:
+        """How many steps loss scaling skipped (inf or NaN gradients) since step 0; None without
+        loss scaling (or for artifacts generated before it counted them)."""
+        return int(self._scalars([SKIPPED])[SKIPPED]) if SKIPPED in self._entries else None
+
+    def _tally_skips(self) -> None:
+        """Add the steps skipped since the last tally to the epoch's (``fit`` with loss scaling)."""
+        if self._skips_seen is None:
+            return
+        total = self.skipped_steps
+        self._progress.skipped_steps = (self._progress.skipped_steps or 0) + total - self._skips_seen
+        self._skips_seen = total
 
     @property
     def lr(self) -> float:
@@ -917,7 +945,7 @@ class Trainer:
         self._put_hyper(MOMENTUM, np.asarray(value, np.float64))
 
     def _hyper(self, name: str) -> float:
-        return float(self._host(self._state[name]))
+        return float(self._scalars([name])[name])
 
     def _put_hyper(self, name: str, array: np.ndarray) -> None:
         """Set the carried hyper-parameter input ``name`` (``lr``, ``momentum``) for the next step."""
@@ -990,6 +1018,7 @@ class Trainer:
         target = ckpt.check_owner(path, self._expected)
         if target.name == ckpt.FILE_NAME and ckpt.artifacts_dir(target) is None:
             ckpt.save_artifacts_beside(target, self.artifacts)
+        self._tally_skips()
         meta = ckpt.CheckpointMeta(
             step=self.step_count, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch, progress=self._progress,
             loader=self._loader_state, rng=self.rng.bit_generator.state, seed=self._seed,

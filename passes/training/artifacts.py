@@ -401,13 +401,18 @@ def _loss_inputs(graph: ir.Graph) -> set[ir.Value]:
 
 
 def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups: Sequence[flat.Group],
-                 no_decay: Sequence[str] = (), lr_dtype: ir.DataType | None = None) -> ir.Model:
+                 no_decay: Sequence[str] = (), lr_dtype: ir.DataType | None = None,
+                 loss_scale: dict | None = None) -> ir.Model:
     """The optimizer update of train_step as a graph of its own: inputs the ``params`` (typed
     values named as the params), ``<param>_grad`` for each, the optimizer state (per ``groups``
     buffer, or per param without), ``step`` and ``lr`` (train_step's ``lr_dtype``, by default
     ``optimizers.lr_dtype`` of the params'); outputs ``<param>.next``, the state's ``.next`` and
-    ``step.next``, as train_step computes them."""
+    ``step.next``, as train_step computes them. With ``loss_scale`` the gradients are the scaled
+    loss's (``loss_scaling.scaled_gradients``): checked, unscaled and the step skipped as in
+    train_step, the scale's state an input and output too."""
     graph = ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="update")
+    if loss_scale is not None:
+        input_with_default(graph, loss_scaling.LOSS_SCALE, loss_scaling.initial_state(loss_scale)[loss_scaling.LOSS_SCALE])
     values, grads = {}, {}
     for p in params:
         values[p.name] = ir.Value(name=p.name, type=ir.TensorType(p.dtype), shape=p.shape)
@@ -416,7 +421,7 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
     decays = _decays(list(values), no_decay)
     slots = optimizers.state_slots(optimizer)
     outputs = _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups),
-                                lr_dtype or optimizers.lr_dtype(p.dtype for p in params))
+                                lr_dtype or optimizers.lr_dtype(p.dtype for p in params), loss_scale)
     set_outputs(graph, [o for o in outputs if o.role != GRAD_NORM])  # a replica carries every output it gets
     broadcasts.rank_scalars(graph, opset)
     model = ir.Model(graph, ir_version=10)
@@ -477,14 +482,13 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
 
 
 def _scaler_outputs(graph: ir.Graph, scaler: loss_scaling.Scaler) -> list[Output]:
-    """The loss scale's next value and, for a dynamic scale, the growth tracker's (its input added)."""
-    tracker = None
-    if loss_scaling.TRACKER in loss_scaling.state_names(scaler.spec):
-        tracker = input_with_default(graph, loss_scaling.TRACKER,
-                                     loss_scaling.initial_state(scaler.spec)[loss_scaling.TRACKER])
-    inputs = {loss_scaling.LOSS_SCALE: scaler.scale, loss_scaling.TRACKER: tracker}
+    """The next values of the loss scale, the growth tracker of a dynamic scale and the skipped
+    steps' count (the inputs of the last two added)."""
+    initial = loss_scaling.initial_state(scaler.spec)
+    inputs = {loss_scaling.LOSS_SCALE: scaler.scale,
+              **{n: input_with_default(graph, n, initial[n]) for n in initial if n != loss_scaling.LOSS_SCALE}}
     return [Output(expose(graph, value, f"{name}.next", like=inputs[name]), "state", name)
-            for name, value in scaler.update(tracker).items()]
+            for name, value in scaler.update(inputs.get(loss_scaling.TRACKER), inputs[loss_scaling.SKIPPED]).items()]
 
 
 def _initial_state(graph, params, bn_stats, slots, hyper, lr_dtype: ir.DataType) -> dict[str, np.ndarray]:

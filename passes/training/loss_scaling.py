@@ -19,7 +19,10 @@ manifest's ``loss_scale`` (``graphc.compile.amp.loss_scale_json``).
 * ``update``: torch's ``_amp_update_scale_``: ``found_inf``: ``scale * backoff_factor``, tracker
   0; else the tracker + 1, and at ``growth_interval`` ``scale * growth_factor`` (kept only if
   finite) and tracker 0; the products in float64 rounded to float32, as torch's CPU kernel. A
-  static scale stays as it is.
+  static scale stays as it is. ``loss_scale.skipped_steps`` (int64, state too) counts the skipped
+  steps, for ``fit``'s records.
+* ``scaled_gradients``: the gradients graph with those unscaling nodes taken off its outputs, for
+  data-parallel workers, whose combined gradients the update graph checks and unscales once.
 """
 
 from __future__ import annotations
@@ -32,23 +35,27 @@ import onnx_ir as ir
 
 from graphc.passes.emit import HALF_DTYPES, Emitter
 
-__all__ = ["LOSS_SCALE", "TRACKER", "Scaler", "initial_state", "seed", "state_names"]
+__all__ = ["LOSS_SCALE", "SKIPPED", "TRACKER", "Scaler", "initial_state", "scaled_gradients", "seed", "state_names"]
 
 LOSS_SCALE = "loss_scale"
 TRACKER = "loss_scale.growth_tracker"
+SKIPPED = "loss_scale.skipped_steps"
 _F32, _F64 = ir.DataType.FLOAT, ir.DataType.DOUBLE
 
 
 def state_names(spec: dict | None) -> tuple[str, ...]:
-    """The train_step state inputs loss scaling adds: the scale, and the tracker of a dynamic one."""
+    """The train_step state inputs loss scaling adds: the scale, the tracker of a dynamic one, the
+    count of skipped steps."""
     if spec is None:
         return ()
-    return (LOSS_SCALE, TRACKER) if spec["kind"] == "dynamic" else (LOSS_SCALE,)
+    return (LOSS_SCALE, TRACKER, SKIPPED) if spec["kind"] == "dynamic" else (LOSS_SCALE, SKIPPED)
 
 
 def initial_state(spec: dict | None) -> dict[str, np.ndarray]:
-    """Their values before the first step (torch's: ``init_scale`` as float32, tracker 0 int32)."""
-    values = {LOSS_SCALE: np.array(spec["init_scale"], np.float32), TRACKER: np.array(0, np.int32)} if spec else {}
+    """Their values before the first step (torch's: ``init_scale`` as float32, tracker 0 int32; 0
+    steps skipped, int64)."""
+    values = {LOSS_SCALE: np.array(spec["init_scale"], np.float32), TRACKER: np.array(0, np.int32),
+              SKIPPED: np.array(0, np.int64)} if spec else {}
     return {n: values[n] for n in state_names(spec)}
 
 
@@ -109,11 +116,13 @@ class Scaler:
         """``new``, or on ``found_inf`` ``old`` (the optimizer state, ``step``)."""
         return self.b.op("Where", self.found_inf, old, new, dtype=new.dtype if new.dtype is not None else old.dtype)
 
-    def update(self, tracker: ir.Value | None) -> dict[str, ir.Value]:
-        """{state input name: its next value}: the scale's and the tracker's."""
-        if self.spec["kind"] != "dynamic":
-            return {LOSS_SCALE: self.scale}
+    def update(self, tracker: ir.Value | None, skipped: ir.Value) -> dict[str, ir.Value]:
+        """{state input name: its next value}: the scale's, the tracker's, the skipped steps'."""
         b, spec, found = self.b, self.spec, self.found_inf
+        count_skip = {SKIPPED: b.op("Add", skipped, b.op("Cast", found, to=ir.DataType.INT64, dtype=ir.DataType.INT64),
+                                    dtype=ir.DataType.INT64)}
+        if spec["kind"] != "dynamic":
+            return {LOSS_SCALE: self.scale, **count_skip}
         wide = b.op("Cast", self.scale, to=_F64, dtype=_F64)
 
         def times(factor: float) -> ir.Value:
@@ -127,4 +136,38 @@ class Scaler:
         zero = b.const(0, np.int32)
         count = b.op("Where", grow, zero, successful, dtype=ir.DataType.INT32)
         return {LOSS_SCALE: b.op("Where", found, times(spec["backoff_factor"]), scale, dtype=_F32),
-                TRACKER: b.op("Where", found, zero, count, dtype=ir.DataType.INT32)}
+                TRACKER: b.op("Where", found, zero, count, dtype=ir.DataType.INT32), **count_skip}
+
+
+def scaled_gradients(model: ir.Model) -> ir.Model:
+    """A copy of a loss-scaled gradients graph whose ``<param>_grad`` outputs are the scaled
+    loss's gradients: each output's ``unscale`` product (``Mul(g, inv)``, for a half float
+    ``Cast(Mul(Cast(g), inv))``) replaced by its ``g``. Any other structure is a ``PassError``."""
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+    from graphc.errors import PassError
+    from graphc.passes.training.graph_outputs import expose
+
+    model = model.clone()
+    graph = model.graph
+    outputs = list(graph.outputs)
+    for i, out in enumerate(outputs):
+        if not out.name.endswith("_grad"):
+            continue
+        node, half = out.producer(), False
+        if node is not None and node.op_type == "Cast":
+            node, half = node.inputs[0].producer(), True
+        if node is None or node.op_type != "Mul" or not node.name.startswith(f"{LOSS_SCALE}/"):
+            raise PassError(f"gradients graph output {out.name!r} is not unscaled as loss scaling emits it")
+        grad = node.inputs[0]
+        if half:
+            grad = grad.producer().inputs[0]
+        name, out.name = out.name, None
+        graph.outputs.clear()
+        graph.outputs.extend(outputs[:i])
+        expose(graph, grad, name, like=out)
+        outputs[i] = graph.outputs[-1]
+    graph.outputs.clear()
+    graph.outputs.extend(outputs)
+    RemoveUnusedNodesPass()(model)
+    return model

@@ -197,9 +197,11 @@ class Replica:
 def weighted_sum(parts: list[np.ndarray], shares: list[float]) -> np.ndarray:
     """``sum(part * share)`` in order, in the parts' dtype, added up in float32 at least: a half
     float gradient times its shard's example count overflowed (a float16 weight gradient of 300
-    times 512 labels is inf) where the one-process mean is finite."""
+    times 512 labels is inf) where the one-process mean is finite. An inf or NaN stays one,
+    without numpy's warnings: a loss-scaled step's overflow is the update graph's to find."""
     acc = np.zeros(parts[0].shape, np.result_type(parts[0].dtype, np.float32))
     term = np.empty_like(acc)  # one scratch buffer: this runs per gradient, every step
-    for part, share in zip(parts, shares):
-        acc += np.multiply(part, share, out=term, dtype=acc.dtype)
-    return acc.astype(parts[0].dtype, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for part, share in zip(parts, shares):
+            acc += np.multiply(part, share, out=term, dtype=acc.dtype)
+        return acc.astype(parts[0].dtype, copy=False)

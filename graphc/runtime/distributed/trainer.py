@@ -49,6 +49,7 @@ from graphc.runtime.distributed.replica import Replica
 from graphc.runtime.rows import batch_dim, by_rows, time_major
 from graphc.errors import ArtifactsError, GraphcError
 from graphc.model.dtypes import to_numpy
+from graphc.passes.training.loss_scaling import state_names
 from graphc.runtime.history import History
 from graphc.runtime.session import check_options
 from graphc.runtime.trainer import (BATCH_ROLES, TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs,
@@ -73,7 +74,7 @@ class DistributedTrainer(Trainer):
                  tensorboard: Any = None, workers: int = 1, ray_address: Optional[str] = None,
                  num_cpus: float = 1.0, num_gpus: float = 0.0, max_restarts: int = 3, timeout_s: float = 600.0,
                  **options: Any):
-        from graphc.compile.training import update_model
+        from graphc.compile.training import update_model, worker_gradients_model
 
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
@@ -89,7 +90,7 @@ class DistributedTrainer(Trainer):
         check_resources(ray, workers, num_cpus, num_gpus, timeout_s)
         self._actor = ray.remote(Replica).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)
         a = self.artifacts
-        self._graphs = ray.put({"gradients": a.gradients.proto.SerializeToString(),
+        self._graphs = ray.put({"gradients": worker_gradients_model(a).proto.SerializeToString(),
                                 "update": update_model(self.manifest).proto.SerializeToString(),
                                 "eval": a.eval.proto.SerializeToString(),
                                 "manifest": self.manifest.model_dump_json().encode()})
@@ -108,11 +109,7 @@ class DistributedTrainer(Trainer):
         """Refuse, saying why, artifacts the workers cannot train as one process would: a loss
         that is a scalar output (graphc cannot tell a mean from a sum, so shards cannot be
         combined), and a gradients graph from before it output the BatchNorm statistics' updates
-        (they would stay frozen), and loss scaling (its update graph has no overflow check)."""
-        if self.manifest.loss_scale is not None:
-            raise ArtifactsError("these artifacts were generated with loss_scale (gc.amp.GradScaler): data-parallel "
-                                 "training (workers=...) has no loss scaling yet; train them with gc.Trainer in one "
-                                 "process, or generate them without loss_scale")
+        (they would stay frozen)."""
         loss = self.manifest.loss
         if loss.get("kind") == "output" and self.workers > 1:
             raise ArtifactsError(f"the loss is the model's scalar output {loss['output']!r}: how it grows with the "
@@ -122,7 +119,8 @@ class DistributedTrainer(Trainer):
                                  "worker")
         grads = self.manifest.graphs["gradients"]
         outputs = {e.name for e in grads.outputs}
-        updated = set(self.manifest.feeds.values())  # not the statistics of batchnorm="frozen"
+        # not the statistics of batchnorm="frozen", nor the loss scale (the update graph's)
+        updated = set(self.manifest.feeds.values()) - set(state_names(self.manifest.loss_scale))
         stats = [e.name for e in grads.inputs if e.role == "state" and e.name in updated
                  and f"{e.name}.next" not in outputs]
         if stats:
@@ -353,8 +351,9 @@ class DistributedTrainer(Trainer):
         self._sync()
         return self._get(self._replicas[0].state.remote(), "reading the state")
 
-    def _hyper(self, name: str) -> float:
-        return float(self.state_dict()[name])
+    def _scalars(self, names: list[str]) -> dict[str, np.ndarray]:
+        state = self.state_dict()
+        return {n: state[n] for n in names}
 
     def _put_hyper(self, name: str, array: np.ndarray) -> None:
         """The lr (or momentum) of the next step: the last step's update, which the workers apply
