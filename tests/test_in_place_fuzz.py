@@ -70,12 +70,13 @@ def reported(trainer):
     return dict(trainer._step_outputs)
 
 
-def check(ops, penalties, form, loss, dtype, optimizer, fused, frozen, level):
+def check(ops, penalties, form, loss, dtype, optimizer, fused, frozen, level, loss_scale=None):
     rng = np.random.default_rng(len(ops))
     x, i = rng.normal(size=(3, 4)).astype(dtype), np.array([0, 2, 5])
     model = gc.capture(Net(ops, penalties, form, loss, dtype), seed=0, x=x, i=i)
     frozen = [p for p, op in (("fc.bias", "fc"), ("ln.weight", "ln"), ("bn.bias", "bn")) if frozen and op in ops]
-    arts = gc.training.generate(model, "output", OPTIMIZERS[optimizer](), fused=fused, frozen=frozen[:1])
+    arts = gc.training.generate(model, "output", OPTIMIZERS[optimizer](), fused=fused, frozen=frozen[:1],
+                                loss_scale=loss_scale)
     trainer = gc.Trainer(arts, backend="ort-cpu", graph_optimization_level=level)
     reference = gc.Trainer(arts, backend="ort-cpu", graph_optimization_level=level)
     reference._in_place = set()  # every output ping-pongs between two buffers
@@ -87,10 +88,12 @@ def check(ops, penalties, form, loss, dtype, optimizer, fused, frozen, level):
     # normalized values, a BatchNorm bias at 0) steps by +-lr on the sign of that rounding, so
     # backends agree only up to the first update (ping-pong stays the exact oracle)
     near = 1 if optimizer.startswith("adam") else 3
-    batch = {"x": x, "i": i}
+    overflow = x.copy()
+    overflow[0, 0] = np.inf  # with loss scaling: step 2 is skipped (its state written as it was)
     for step in range(3):
+        batch = {"x": overflow if loss_scale is not None and step == 1 else x, "i": i}
         loss = trainer.step(batch)
-        assert loss == reference.step(batch), (step, sorted(trainer._in_place))
+        np.testing.assert_array_equal(loss, reference.step(batch), err_msg=f"{step} {sorted(trainer._in_place)}")
         expected = numpy.step(batch)
         if step < near:
             np.testing.assert_allclose(loss, expected, **tol)
@@ -123,3 +126,13 @@ models = st.fixed_dictionaries({
 @pytest.mark.filterwarnings("ignore:one tensor is the scale")
 def test_in_place_trains_as_ping_pong_and_numpy(case, level):
     check(**case, level=level)
+
+
+@pytest.mark.parametrize("level", ["all", "disable"])
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(case=models)
+@pytest.mark.filterwarnings("ignore:one tensor is the scale")
+def test_loss_scaled_state_in_place_trains_as_ping_pong(case, level):
+    """Loss scaling writes the optimizer state, step and scale by a Where of a scalar found_inf:
+    in place, as its ping-pong twin bit for bit, a skipped step (an inf input) included."""
+    check(**case, level=level, loss_scale=gc.amp.GradScaler(init_scale=2.0 ** 8))

@@ -328,3 +328,12 @@ def test_an_interrupted_epoch_resumed_counts_all_its_skipped_steps(tmp_path, mon
     assert resumed.batch_in_epoch == 3 and resumed.skipped_steps == 1
     record = resumed.fit(loader, 1, progress=False, quiet=True).epochs[0]
     assert (record.skipped_steps, record.steps, resumed.skipped_steps) == (2, 3, 2)
+
+
+def test_optimizer_state_is_written_in_place():
+    """The Where that keeps the state on a skipped step (scalar condition, the old state a branch)
+    writes into the state's own buffer: every carried output of AdamW in place on ort-cpu (the
+    params too: each update waits for found_inf, so for every gradient), one buffer each."""
+    _, arts = _generate(SPECS["adamw"], "float32", gc.amp.GradScaler())
+    trainer = gc.Trainer(arts, backend="ort-cpu")
+    assert trainer._in_place == set(trainer._feeds) and len(trainer._feeds) == 10

@@ -10,7 +10,11 @@ of 1 a Reshape), is its writer ``W`` or one of ``W``'s ancestors,
 so any valid execution order runs it first. ``W`` is the node that makes ``X.next``, or, where
 that is a view, the node that makes the viewed value (onnxruntime may fold the view away); a
 ``W`` that reads ``X`` itself must be an elementwise Add/Sub/Mul/Div (reading ``X`` at the index
-it writes, as onnxruntime's own in-place reuse does), one that does not may be any node (the
+it writes, as onnxruntime's own in-place reuse does) or a ``Where`` whose condition is a scalar
+and which reads ``X`` as a branch (loss scaling's ``keep``: the old state on a skipped step; X
+has the output's size, so is read at the index written, and onnxruntime's CPU kernel reads both
+branches into temporaries before it asks for its output, its CUDA kernel reads index i to write
+index i), one that does not may be any node (the
 Split of a flat group's small params stepped as one, ``flat.apply``). The optimizer state passes
 (its only readers are its own update chain); a param passes when no backward node outside its
 update's ancestry reads it (e.g. a conv weight whose input gradient feeds only params in other
@@ -54,6 +58,7 @@ _VIEWS = frozenset({"Reshape", "Identity", "Flatten", "Squeeze", "Unsqueeze"})
 # their readers may read the input itself once onnxruntime has optimized the graph (the docstring)
 _READ_THROUGH = _VIEWS | {"Transpose"}
 _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
+_WHERE = frozenset({"Where"})
 
 
 def _numel(value: onnx.ValueInfoProto) -> int | None:
@@ -78,6 +83,12 @@ def _reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
+def _selects(node: onnx.NodeProto, aliases: set[str], sizes: Mapping[str, int | None]) -> bool:
+    """``node`` is a ``Where`` of a scalar condition that reads ``aliases`` (X and its views) as a
+    branch only."""
+    return _is(node, _WHERE) and sizes.get(node.input[0]) == 1 and node.input[0] not in aliases
+
+
 def in_place_outputs(graph: onnx.GraphProto, feeds: Mapping[str, str], optimized: bool = False) -> set[str]:
     """The outputs among ``feeds`` (output name -> the input it replaces) that may be written
     into the input's own buffer (the module docstring says when). ``optimized``: ``graph`` is
@@ -93,13 +104,15 @@ def in_place_outputs(graph: onnx.GraphProto, feeds: Mapping[str, str], optimized
             if producer.get(name, -1) >= i:
                 return set()  # not in topological order (as ONNX asks, and onnxruntime writes): no claim
     reading: dict[str, set[int]] = {}  # carried input -> the nodes reading it or a view of it
+    aliases: dict[str, set[str]] = {}  # carried input -> it and its views
     for name in feeds.values():
-        reading[name], stack = set(), [name]
+        reading[name], aliases[name], stack = set(), {name}, [name]
         while stack:
             for i in readers[stack.pop()]:
                 reading[name].add(i)
                 if _is(graph.node[i], through):
                     stack.extend(graph.node[i].output)
+                    aliases[name].update(graph.node[i].output)
     # ancestry as bitsets over the reading nodes only, in one pass in topological order
     bit = {i: 1 << k for k, i in enumerate(sorted(set().union(*reading.values())))}
     above = [0] * len(graph.node)
@@ -109,7 +122,7 @@ def in_place_outputs(graph: onnx.GraphProto, feeds: Mapping[str, str], optimized
             if name in producer:
                 mask |= above[producer[name]]
         above[i] = mask
-    sizes = {v.name: _numel(v) for v in [*graph.input, *graph.output]}
+    sizes = {v.name: _numel(v) for v in [*graph.input, *graph.output, *graph.value_info]}
     found = set()
     for out, name in feeds.items():
         w = producer.get(out)
@@ -117,7 +130,7 @@ def in_place_outputs(graph: onnx.GraphProto, feeds: Mapping[str, str], optimized
             w = producer.get(graph.node[w].input[0])  # its input's writer then writes the output
         if w is None or sizes.get(out) is None or sizes.get(out) != sizes.get(name):
             continue
-        if w in reading[name] and not _is(graph.node[w], _ELEMENTWISE):
+        if w in reading[name] and not (_is(graph.node[w], _ELEMENTWISE) or _selects(graph.node[w], aliases[name], sizes)):
             continue  # only an elementwise node reads X[i] before it writes out[i]
         mask = sum(bit[i] for i in reading[name])
         if mask & ~above[w] == 0:
