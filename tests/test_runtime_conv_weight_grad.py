@@ -1,7 +1,8 @@
 """A Conv's weight gradient at spatial sizes known only at run time (x [N, C, "H", "W"]), lowered
-as gathered columns times dy (``symbolic_spatial._gathered_weight_grad``): one gradient graph and
-one session per backend fed several sizes, against the static-shape form's gradient at each size,
-torch.autograd in float64, and float64 central differences."""
+as gathered columns times dy (``symbolic_spatial._gathered_weight_grad``) up to a budget of column
+values and as the swapped Conv past it (an If): one gradient graph and one session per backend fed
+several sizes (on both sides of the budget), against the static-shape form's gradient at each
+size, torch.autograd in float64, and float64 central differences."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from onnx import helper
 import graphc
 from graphc.backends.numpy import NumpyBackend
 from graphc.passes.autodiff import gradient_model
+from graphc.passes.autodiff import symbolic_spatial as spatial
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -25,24 +27,46 @@ except ImportError:  # tests/ collected as a package
 
 RNG = np.random.default_rng(0)
 
-CASES = {  # name: (x channels, out channels, kernel, ONNX attrs, sizes, runs of gathered columns)
-    # 72 input channels of 9 taps: runs of 64 and 8 channels' columns
+CASES = {  # name: (x channels, out channels, kernel, ONNX attrs, sizes, runs of gathered columns
+    # within the budget, past it: no If where the two are the same)
+    # 72 input channels of 9 taps: runs of 64 and 8 channels' columns, or 9 runs of 8
     "runs_stride2_dilated_asym": (72, 5, [3, 3], {"strides": [2, 2], "dilations": [2, 2], "pads": [2, 1, 0, 2]},
-                                  [(9, 11), (12, 8), (15, 14)], 2),
-    "same_upper_strided": (9, 4, [3, 3], {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, [(8, 9), (7, 6), (11, 10)], 1),
-    "same_lower_strided": (3, 4, [3, 2], {"auto_pad": "SAME_LOWER", "strides": [3, 1]}, [(8, 9), (10, 5)], 1),
-    # 20 groups of 4 channels: runs of 16 groups and 4
-    "grouped_runs": (80, 20, [3, 3], {"group": 20, "strides": [1, 2], "pads": [1, 1, 1, 1]}, [(8, 7), (5, 10)], 2),
-    "1d_stride3": (4, 3, [5], {"strides": [3], "pads": [2, 1]}, [(13,), (20,), (7,)], 1),
-    "3d_8_taps": (2, 3, [2, 2, 2], {"strides": [1, 2, 1], "pads": [1, 0, 0, 0, 1, 1]}, [(4, 5, 6), (5, 6, 3)], 1),
-    "depthwise": (4, 4, [3, 3], {"group": 4, "pads": [1, 1, 1, 1]}, [(6, 6), (9, 5)], 0),
-    "5x5": (2, 3, [5, 5], {"pads": [2, 2, 2, 2]}, [(6, 7), (9, 5)], 0),  # past 9 taps: the Conv
+                                  [(9, 11), (12, 8), (15, 14)], (2, 9)),
+    "same_upper_strided": (9, 4, [3, 3], {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, [(8, 9), (7, 6), (11, 10)],
+                           (1, 2)),
+    "same_lower_strided": (3, 4, [3, 2], {"auto_pad": "SAME_LOWER", "strides": [3, 1]}, [(8, 9), (10, 5)], (1, 1)),
+    # 20 groups of 4 channels: runs of 16 groups and 4, or 10 runs of 2
+    "grouped_runs": (80, 20, [3, 3], {"group": 20, "strides": [1, 2], "pads": [1, 1, 1, 1]}, [(8, 7), (5, 10)],
+                     (2, 10)),
+    "1d_stride3": (4, 3, [5], {"strides": [3], "pads": [2, 1]}, [(13,), (20,), (7,)], (1, 1)),
+    "3d_8_taps": (2, 3, [2, 2, 2], {"strides": [1, 2, 1], "pads": [1, 0, 0, 0, 1, 1]}, [(4, 5, 6), (5, 6, 3)],
+                  (1, 1)),
+    "depthwise": (4, 4, [3, 3], {"group": 4, "pads": [1, 1, 1, 1]}, [(6, 6), (9, 5)], (0, 0)),
+    "5x5": (2, 3, [5, 5], {"pads": [2, 2, 2, 2]}, [(6, 7), (9, 5)], (0, 0)),  # past 9 taps: the Conv
 }
 
 
-def _gathers(proto: onnx.ModelProto) -> int:
-    """The gradient graph's Gathers: a gathered dW's columns, one a run (its forward and dx have none)."""
-    return sum(node.op_type == "Gather" for node in proto.graph.node)
+def _nodes(graph: onnx.GraphProto):
+    """Every node of ``graph``, its subgraphs' (If branches) too."""
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _nodes(a.g)
+
+
+def _count(proto: onnx.ModelProto, op_type: str) -> int:
+    return sum(node.op_type == op_type for node in _nodes(proto.graph))
+
+
+def _gathers(proto: onnx.ModelProto) -> tuple[int, int]:
+    """The gathered dW's runs (one Gather each; the forward and dx have none) within the budget
+    and past it: an If's two branches, or the graph's own Gathers twice where it has no If."""
+    ifs = [node for node in proto.graph.node if node.op_type == "If"]
+    if not ifs:
+        return _count(proto, "Gather"), _count(proto, "Gather")
+    (node,) = ifs
+    return tuple(sum(n.op_type == "Gather" for n in _nodes(a.g)) for a in node.attribute)
 
 
 def _grads(proto: onnx.ModelProto, x: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
@@ -52,10 +76,42 @@ def _grads(proto: onnx.ModelProto, x: np.ndarray) -> dict[str, dict[str, np.ndar
             "ort": dict(zip([o.name for o in session.get_outputs()], session.run(None, {"x": x})))}
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_run_time_weight_gradient_matches_static_form_and_torch(name):
+def _forward(attrs: dict, kernel: list[int]):
+    """torch's Conv of these ONNX attrs, as ``_check`` calls it (SAME pads from the size)."""
+    n_sp, group = len(kernel), attrs.get("group", 1)
+    conv = getattr(F, f"conv{n_sp}d")
+    strides, dilations = attrs.get("strides", [1] * n_sp), attrs.get("dilations", [1] * n_sp)
+
+    def forward(x, w, size):
+        pads = attrs.get("pads", [0] * 2 * n_sp)
+        if "auto_pad" in attrs:
+            pads = _same_pads(size, kernel, strides, dilations, attrs["auto_pad"] == "SAME_UPPER")
+        return conv(_torch_pad(x, pads), w, stride=strides, dilation=dilations, groups=group)
+
+    return forward
+
+
+def _columns(name: str, size) -> int:
+    """The values of a run of the gathered dW's columns at this size (batch 2)."""
+    ci, co, kernel, attrs, _, _ = CASES[name]
+    group = attrs.get("group", 1)
+    x, w = torch.zeros((2, ci, *size)), torch.zeros((co, ci // group, *kernel))
+    pixels = int(np.prod(_forward(attrs, kernel)(x, w, size).shape[2:]))
+    rows = spatial._run_channels(kernel, group, ci // group, spatial._RUN_COLUMNS) * int(np.prod(kernel))
+    return min(rows, ci * int(np.prod(kernel))) * 2 * pixels
+
+
+@pytest.mark.parametrize("name, budget", [(name, "default") for name in CASES] + [
+    (name, "split") for name, case in CASES.items() if case[5][0] != case[5][1]])  # those with an If
+def test_run_time_weight_gradient_matches_static_form_and_torch(name, budget, monkeypatch):
+    """``split``: the budget of column values between the sizes, so that one session takes the
+    runs within the budget at some and the bounded runs at others."""
     ci, co, kernel, attrs, sizes, runs = CASES[name]
     group, n_sp = attrs.get("group", 1), len(kernel)
+    if budget == "split":
+        counts = sorted(_columns(name, size) for size in sizes)
+        monkeypatch.setattr(spatial, "_COLUMNS_BUDGET", counts[0])
+        assert counts[0] < counts[-1]  # the smallest size in whole runs, the largest in bounded ones
     w = RNG.standard_normal([co, ci // group, *kernel]).astype(np.float32)
     proto = _grad_proto("Conv", attrs, ci, n_sp, {"w": w})
     assert _gathers(proto) == runs  # none: dW the Conv of x by dy with axes swapped
@@ -67,22 +123,16 @@ def test_run_time_weight_gradient_matches_static_form_and_torch(name):
                 scale = float(np.abs(want[key]).max())
                 np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5 * scale,
                                            err_msg=f"{key}, size {size}, {backend}")
-    conv = getattr(F, f"conv{n_sp}d")
-    strides, dilations = attrs.get("strides", [1] * n_sp), attrs.get("dilations", [1] * n_sp)
-
-    def forward(x, w, size):
-        pads = attrs.get("pads", [0] * 2 * n_sp)
-        if "auto_pad" in attrs:
-            pads = _same_pads(size, kernel, strides, dilations, attrs["auto_pad"] == "SAME_UPPER")
-        return conv(_torch_pad(x, pads), w, stride=strides, dilation=dilations, groups=group)
-
-    _check(proto, {"w": w}, forward, sizes, ci)
+    _check(proto, {"w": w}, _forward(attrs, kernel), sizes, ci)
 
 
-def test_float64_run_time_weight_gradient_matches_central_differences():
+def test_float64_run_time_weight_gradient_matches_central_differences(monkeypatch):
     """A grouped, strided, dilated, asymmetrically padded Conv in float64: dW of one graph at two
-    sizes against central differences of the loss (step 1e-6) on the numpy backend and ort-cpu."""
-    ci, co, attrs = 6, 4, {"group": 2, "strides": [2, 1], "dilations": [1, 2], "pads": [1, 2, 0, 1]}
+    sizes, one within the budget of column values and one past it, against central differences
+    of the loss (step 1e-6) on the numpy backend and ort-cpu."""
+    # a run's columns: 12 channels of 9 taps by 3 images of 3x8 outputs (7x9) or of 5x5 (10x6)
+    monkeypatch.setattr(spatial, "_COLUMNS_BUDGET", 108 * 3 * 24)
+    ci, co, attrs = 12, 4, {"group": 2, "strides": [2, 1], "dilations": [1, 2], "pads": [1, 2, 0, 1]}
     w = RNG.standard_normal([co, ci // 2, 3, 3])
     nodes = [helper.make_node("Conv", ["x", "w"], ["y"], **attrs), helper.make_node("Mul", ["y", "y"], ["sq"]),
              helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0)]
@@ -93,7 +143,7 @@ def test_float64_run_time_weight_gradient_matches_central_differences():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     grads = graphc.Model(gradient_model(ir.serde.deserialize_model(model), "loss", ["w"]))
     onnx.checker.check_model(grads.proto, full_check=True)
-    assert _gathers(grads.proto) == 1
+    assert _gathers(grads.proto) == (1, 2)  # both groups at once; past the budget one a run
     sessions = {"numpy": graphc.Session(grads, backend="numpy"), "ort": graphc.Session(grads, backend="ort-cpu")}
     tw = torch.tensor(w, requires_grad=False)
 

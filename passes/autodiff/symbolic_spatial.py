@@ -8,7 +8,9 @@ to x's dims (a Slice and a Pad); dW on the CPU the static rules' gathered column
 Gather's positions computed from the run-time dims (``_gathered_weight_grad``), elsewhere (and for
 depthwise convs and kernels past 9 taps) a Conv of x by dy with batch and channels swapped, cut
 to the kernel; an AveragePool's divisors a Conv of ones of x's run-time size. auto_pad SAME pads are
-computed from the run-time dims (x padded explicitly for dW).
+computed from the run-time dims (x padded explicitly for dW). The gathered columns grow with the
+run-time image (a run of 64 channels of 3x3 holds 576 x N x prod(O) values): past
+``_COLUMNS_BUDGET`` an If takes runs of 8 channels instead.
 """
 
 from __future__ import annotations
@@ -64,6 +66,21 @@ def run_time_window(g: GradBuilder, node: ir.Node, x: ir.Value, kernel: list[int
 # (whole channels, whole groups; at least one): 64 channels of a 3x3 kernel, so a run's columns are
 # at most 576 x O x N values (N=16, 64x64: 151 MB in float32). ``_gathered_weight_grad``.
 _RUN_COLUMNS = 576
+# A run's columns hold at most this many values (256 MB in float32): past it (a run's rows times
+# N times the output's pixels, at run time) dW takes runs of ``_BOUNDED_RUN_COLUMNS`` rows, 8
+# channels of a 3x3 kernel, columns 8x smaller (``_weight_grad``). Runs of 64 channels beat runs
+# of 8 at every size measured, so the bound is one of memory: forward + dx + dW, N=8 64->64 3x3,
+# 2 threads, medians of 5, ms, two runs on a shared 2-core machine, 64 vs 8: 64x64 197 / 187 vs
+# 237 / 207; 128x128 623 / 651 vs 762 / 816; 192x192 1,597 vs 1,767; 256x256 3,526 vs 4,299
+# (N=16 64x64, 37.7M values, the largest of ``bench_runtime_dw.py``'s cases, 480 / 327 vs 551 /
+# 471: within the budget). Peak RSS of one run at 256x256 (1.2 GB of columns a run): 2,274 MB
+# (twice) -> 1,090 (twice); the swapped Conv there held 926 but took 8.1 / 8.8 s against the
+# runs of 8's 6.7 / 6.0 (and at 128x128 2.2 s vs 1.1), and has no float64 kernel in onnxruntime.
+# The If cost nothing measurable in the common case (``bench_runtime_dw.py`` variants runs vs
+# gathered, interleaved, 60-100 rounds, median ms: N=8 64ch 32x32 46.0 / 52.4 / 43.6 / 49.8 vs
+# 41.7 / 47.5 / 46.4 / 54.9; N=32 32ch 58.3 / 69.7 vs 59.1 / 69.0; the machine at load 9-13).
+_COLUMNS_BUDGET = 1 << 26
+_BOUNDED_RUN_COLUMNS = 72
 
 
 def _static(*pads) -> bool:
@@ -121,6 +138,13 @@ def _positions(g: GradBuilder, padded: ir.Value, out: ir.Value, kernel: list[int
     return index
 
 
+def _run_channels(kernel: list[int], group: int, per_group: int, rows: int) -> int:
+    """The input channels of a run of ``_gathered_weight_grad``'s columns: whole groups (or
+    channels), ``rows`` rows' worth, at least one."""
+    unit = per_group if group > 1 else 1
+    return unit * max(1, rows // (unit * math.prod(kernel)))
+
+
 def _gathers(g: GradBuilder, image: ir.Value, kernel: list[int], group: int, per_group: int) -> bool:
     """Whether the dW of this Conv takes ``_gathered_weight_grad``: on the CPU, float tensors,
     up to 9 taps, dense or grouped with several channels a group (depthwise: the Conv)."""
@@ -129,10 +153,11 @@ def _gathers(g: GradBuilder, image: ir.Value, kernel: list[int], group: int, per
 
 
 def _gathered_weight_grad(g: GradBuilder, image: ir.Value, kernel_of: ir.Value, kernel: list[int], strides,
-                          dilations, begin, end, group: int, per_group: int, out_channels: int) -> ir.Value:
+                          dilations, begin, end, group: int, per_group: int, out_channels: int,
+                          run_rows: int) -> ir.Value:
     """dW [Co, Ci/g, *k] as ``rules_nn._conv_weight_grad_gathered`` lowers it, its geometry from
     ``image``'s run-time dims: ``image`` batch-innermost and padded, [Ci, P, N]; the columns of a
-    run of ``_RUN_COLUMNS`` channels (whole groups) by one Gather at ``_positions``; each run's
+    run of channels (whole groups; ``run_rows`` rows of columns, ``_run_channels``) by one Gather at ``_positions``; each run's
     GEMM against ``kernel_of`` [N, Co, *O] as [Co, O * N] (dense: dW^T, one 4-D Transpose after
     the Concat; grouped: one MatMul batched over the run's groups).
 
@@ -165,8 +190,7 @@ def _gathered_weight_grad(g: GradBuilder, image: ir.Value, kernel_of: ir.Value, 
     rows = g.op("Reshape", rows, g.op("Concat", g.ints([ci, -1]), batch, axis=0))  # [Ci, P, N]
     index = _positions(g, padded, out, kernel, strides, dilations)
     dy = g.op("Reshape", g.transpose(kernel_of, [*range(1, 2 + n_sp), 0]), g.ints([out_channels, -1]))  # [Co, O*N]
-    unit = per_group if group > 1 else 1  # channels a run takes whole
-    size = unit * max(1, _RUN_COLUMNS // (unit * taps))
+    size = _run_channels(kernel, group, per_group, run_rows)
     sizes = [min(size, ci - first) for first in range(0, ci, size)]
     parts = g.split(rows, sizes, axis=0, count=len(sizes)) if len(sizes) > 1 else (rows,)
     if group > 1:  # rows (g, m) of dy, a run of whole groups each
@@ -187,16 +211,11 @@ def _gathered_weight_grad(g: GradBuilder, image: ir.Value, kernel_of: ir.Value, 
     return g.op("Reshape", dw, g.ints([out_channels, per_group, *kernel]))
 
 
-def _weight_grad(g: GradBuilder, image: ir.Value, kernel_of: ir.Value, kernel: list[int], strides, dilations,
-                 begin, end, group: int, per_group: int, out_channels: int) -> ir.Value:
-    """dW [Co, Ci/g, *k] of a Conv of ``image`` [N, Ci, *S] whose output gradient is
-    ``kernel_of`` [N, Co, *O]: gathered columns (``_gathers``), or else the Conv of ``image``
-    (groups over the batch) by ``kernel_of`` (batch and channels swapped), strides and
-    dilations exchanged, cut to the kernel."""
+def _swapped_conv_weight_grad(g: GradBuilder, image: ir.Value, kernel_of: ir.Value, kernel: list[int], strides,
+                              dilations, begin, end, group: int, per_group: int) -> ir.Value:
+    """dW as the Conv of ``image`` (groups over the batch) by ``kernel_of`` (batch and channels
+    swapped), strides and dilations exchanged, cut to the kernel."""
     n_sp = len(kernel)
-    if _gathers(g, image, kernel, group, per_group):
-        return _gathered_weight_grad(g, image, kernel_of, kernel, strides, dilations, begin, end, group, per_group,
-                                     out_channels)
     if _static(begin, end):
         pads = begin + end if any(begin + end) else None
     else:  # run-time pads: the image padded first
@@ -209,6 +228,42 @@ def _weight_grad(g: GradBuilder, image: ir.Value, kernel_of: ir.Value, kernel: l
     return g.op("Slice", g.transpose(dw, swap), g.ints([0] * n_sp), g.ints(kernel), g.ints(list(range(2, 2 + n_sp))))
 
 
+def _branch(g: GradBuilder, build, like: ir.Value, shape: list[int]) -> ir.Graph:
+    """An If branch whose one output, of ``like``'s dtype and ``shape``, ``build(sub)`` makes."""
+    graph = ir.Graph([], [], nodes=[], name=g.fresh("branch"))
+    out = build(g.subgraph_builder(graph))
+    out.type, out.shape = ir.TensorType(like.dtype), ir.Shape(shape)
+    graph.outputs.append(out)
+    return graph
+
+
+def _weight_grad(g: GradBuilder, image: ir.Value, kernel_of: ir.Value, kernel: list[int], strides, dilations,
+                 begin, end, group: int, per_group: int, out_channels: int) -> ir.Value:
+    """dW [Co, Ci/g, *k] of a Conv of ``image`` [N, Ci, *S] whose output gradient is
+    ``kernel_of`` [N, Co, *O]: where ``_gathers``, ``_gathered_weight_grad``, its runs of
+    ``_RUN_COLUMNS`` rows up to ``_COLUMNS_BUDGET`` values and of ``_BOUNDED_RUN_COLUMNS`` past it
+    (an If on the run's rows times N * prod(O), read off ``kernel_of``'s Shape; none where the two
+    make the same runs); elsewhere ``_swapped_conv_weight_grad``."""
+    if not _gathers(g, image, kernel, group, per_group):
+        return _swapped_conv_weight_grad(g, image, kernel_of, kernel, strides, dilations, begin, end, group,
+                                         per_group)
+
+    def gathered(rows: int):
+        return lambda sub: _gathered_weight_grad(sub, image, kernel_of, kernel, strides, dilations, begin, end, group,
+                                                 per_group, out_channels, rows)
+
+    ci = group * per_group
+    run = min(ci, _run_channels(kernel, group, per_group, _RUN_COLUMNS))
+    if run == min(ci, _run_channels(kernel, group, per_group, _BOUNDED_RUN_COLUMNS)):
+        return gathered(_RUN_COLUMNS)(g)
+    pixels = g.op("Div", g.reduce("ReduceProd", g.op("Shape", kernel_of), [0], keepdims=False),
+                  g.const(np.int64(out_channels)))  # N * prod(O)
+    fits = g.op("Less", pixels, g.const(np.int64(_COLUMNS_BUDGET // (run * math.prod(kernel)) + 1)))
+    shape = [out_channels, per_group, *kernel]
+    return g.op("If", fits, then_branch=_branch(g, gathered(_RUN_COLUMNS), image, shape),
+                else_branch=_branch(g, gathered(_BOUNDED_RUN_COLUMNS), image, shape))
+
+
 def conv_grads(g: GradBuilder, node: ir.Node, dy: ir.Value, w_shape: list[int], window, dx_too: bool = True):
     """(dx, dW) of a Conv (None where not wanted, or dx without ``dx_too``) of ``window``
     (``run_time_window``'s). dx: ConvTranspose(dy, w) without pads (its
@@ -218,7 +273,10 @@ def conv_grads(g: GradBuilder, node: ir.Node, dy: ir.Value, w_shape: list[int], 
     ``_gathered_weight_grad``, whose figures are its own): 64->64 3x3 pads 1 on 32x32 33.3 / 43.8
     vs 64.2 / 79.3 (the static rules' gathered and flipped-weight forms); 64->128 stride 2 34.0 /
     17.9 vs 31.4 / 22.7; depthwise 32ch 3x3 on 64x64 42.6 / 62.2 vs 51.8 / 58.2; ConvTranspose
-    64->32 2x2 stride 2 on 16x16 (``conv_transpose_weight_grad``) 14.1 / 6.7 vs 11.8 / 10.8;
+    64->32 2x2 stride 2 on 16x16 (``conv_transpose_weight_grad``) 14.1 / 6.7 vs 11.8 / 10.8, its
+    dW now the gathered columns too (``bench_runtime_dw.py`` case 10, the static form / the
+    swapped Conv / gathered / graphc's If: 5.67 / 7.48 / 5.70 / 4.87 and 2.04 / 2.10 / 1.13 /
+    1.10, so it keeps them);
     AveragePool 3x3 stride 2 pads 1 over 64ch 32x32 (``average_pool_grad``) 0.81 / 0.76 vs
     1.09 / 0.98."""
     x, w = node.inputs[0], node.inputs[1]
