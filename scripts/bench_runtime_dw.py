@@ -1,15 +1,16 @@
-"""A Conv's weight gradient at run-time spatial sizes against the static-shape form, on onnxruntime CPU.
+"""A Conv's or ConvTranspose's weight gradient at run-time spatial sizes vs the static form, onnxruntime CPU.
 
     .venv/bin/python scripts/bench_runtime_dw.py [--threads 2] [--rounds 15] [--only 0,3,...]
-        [--variants static,conv,whole,runs,runs8,taps]
+        [--variants static,conv,whole,gathered,runs,runs8,taps]
 
-Each case is loss = sum(Conv(x, w)**2) differentiated by graphc (``gradient_model``) for x and w:
+Each case is loss = sum(op(x, w)**2) differentiated by graphc (``gradient_model``) for x and w:
 forward, dx and dW in one graph. ``static`` is captured with x's dims fixed (the static rules);
 the others with x [N, C, "H", "W"] (``passes/autodiff/symbolic_spatial.py``), their dW lowered
 as: ``conv``, the Conv of x by dy with batch and channels swapped; ``whole``, the gathered
-columns of all input channels at once; ``runs``, the gathered columns a run of channels at a
-time (what graphc builds: 64 channels of a 3x3 kernel); ``runs8``, runs of 8 such channels; ``taps``, one strided window and one GEMM per kernel tap (no column
-matrix). All sessions of a case are fed the same x, checked to agree, and timed in turn
+columns of all input channels at once; ``gathered``, the gathered columns a run of 64 channels
+of a 3x3 kernel at a time; ``runs``, what graphc builds: an If taking those runs up to a budget
+of column values and ``runs8`` past it; ``runs8``, runs of 8 such channels; ``taps``, one
+strided window and one GEMM per kernel tap (no column matrix). All sessions of a case are fed the same x, checked to agree, and timed in turn
 (median ms); each row ends with every variant's time over the static form's.
 """
 
@@ -33,17 +34,18 @@ from graphc.passes.autodiff import symbolic_spatial as spatial
 
 RNG = np.random.default_rng(0)
 
-CASES = [  # (batch, in channels, out channels, side, kernel, Conv attributes)
-    (8, 64, 64, 32, 3, {"pads": [1, 1, 1, 1]}),
-    (32, 32, 32, 32, 3, {"pads": [1, 1, 1, 1]}),
-    (8, 32, 32, 64, 3, {"pads": [1, 1, 1, 1]}),
-    (16, 64, 64, 64, 3, {"pads": [1, 1, 1, 1]}),
-    (8, 64, 64, 64, 3, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
-    (32, 32, 64, 32, 3, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
-    (16, 32, 32, 64, 3, {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
-    (8, 64, 64, 32, 3, {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
-    (16, 64, 64, 32, 3, {"pads": [1, 1, 1, 1], "group": 8}),
-    (16, 128, 128, 32, 3, {"pads": [1, 1, 1, 1]}),
+CASES = [  # (op, batch, in channels, out channels, side (of x), kernel, attributes)
+    ("Conv", 8, 64, 64, 32, 3, {"pads": [1, 1, 1, 1]}),
+    ("Conv", 32, 32, 32, 32, 3, {"pads": [1, 1, 1, 1]}),
+    ("Conv", 8, 32, 32, 64, 3, {"pads": [1, 1, 1, 1]}),
+    ("Conv", 16, 64, 64, 64, 3, {"pads": [1, 1, 1, 1]}),
+    ("Conv", 8, 64, 64, 64, 3, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ("Conv", 32, 32, 64, 32, 3, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ("Conv", 16, 32, 32, 64, 3, {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ("Conv", 8, 64, 64, 32, 3, {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ("Conv", 16, 64, 64, 32, 3, {"pads": [1, 1, 1, 1], "group": 8}),
+    ("Conv", 16, 128, 128, 32, 3, {"pads": [1, 1, 1, 1]}),
+    ("ConvTranspose", 8, 64, 32, 16, 2, {"strides": [2, 2]}),
 ]
 
 
@@ -70,11 +72,15 @@ def _per_tap(g, image, kernel_of, kernel, strides, dilations, begin, end, group,
 @contextlib.contextmanager
 def _lowering(variant: str):
     """symbolic_spatial's dW lowered as ``variant`` while a graph is built."""
-    saved = spatial._gathers, spatial._RUN_COLUMNS, spatial._weight_grad
+    saved = spatial._gathers, spatial._RUN_COLUMNS, spatial._weight_grad, spatial._COLUMNS_BUDGET
+    if variant not in ("static", "runs"):  # the forms alone, not graphc's If between two
+        spatial._COLUMNS_BUDGET = 1 << 62
     if variant == "conv":
         spatial._gathers = lambda *args: False
     elif variant == "whole":
         spatial._RUN_COLUMNS = 1 << 40
+    elif variant == "gathered":
+        pass  # runs of _RUN_COLUMNS, unbounded
     elif variant == "runs8":
         spatial._RUN_COLUMNS = 72
     elif variant == "taps":
@@ -82,13 +88,13 @@ def _lowering(variant: str):
     try:
         yield
     finally:
-        spatial._gathers, spatial._RUN_COLUMNS, spatial._weight_grad = saved
+        spatial._gathers, spatial._RUN_COLUMNS, spatial._weight_grad, spatial._COLUMNS_BUDGET = saved
 
 
 def gradient_proto(case, w: np.ndarray, variant: str) -> onnx.ModelProto:
-    """The gradient model (x_grad, w_grad) of loss = sum(Conv(x, w)**2)."""
-    n, ci, co, side, k, attrs = case
-    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], **attrs), helper.make_node("Mul", ["y", "y"], ["sq"]),
+    """The gradient model (x_grad, w_grad) of loss = sum(op(x, w)**2)."""
+    op, n, ci, co, side, k, attrs = case
+    nodes = [helper.make_node(op, ["x", "w"], ["y"], **attrs), helper.make_node("Mul", ["y", "y"], ["sq"]),
              helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0)]
     dims = [n, ci, side, side] if variant == "static" else ["N", ci, "H", "W"]
     graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, dims)],
@@ -112,16 +118,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--only", help="case numbers, comma-separated (default: all)")
-    parser.add_argument("--variants", default="static,conv,whole,runs,runs8,taps")
+    parser.add_argument("--variants", default="static,conv,whole,gathered,runs,runs8,taps")
     args = parser.parse_args()
     variants = args.variants.split(",")
     picked = [int(i) for i in args.only.split(",")] if args.only else range(len(CASES))
     print(f"onnxruntime {ort.__version__} CPU, {args.threads} threads, median ms of {args.rounds}; x and w gradients")
     for i in picked:
         case = CASES[i]
-        n, ci, co, side, k, attrs = case
-        dense = attrs.get("group", 1) == 1  # the per-tap GEMMs are written for dense convs only
-        w = RNG.standard_normal([co, ci // attrs.get("group", 1), k, k], np.float32)
+        op, n, ci, co, side, k, attrs = case
+        group = attrs.get("group", 1)
+        dense = group == 1  # the per-tap GEMMs are written for dense convs only
+        w_shape = [co, ci // group, k, k] if op == "Conv" else [ci, co // group, k, k]
+        w = RNG.standard_normal(w_shape, np.float32)
         sessions = {v: session(gradient_proto(case, w, v), args.threads) for v in variants if dense or v != "taps"}
         x = RNG.standard_normal([n, ci, side, side], np.float32)
         results = {v: s.run(None, {"x": x}) for v, s in sessions.items()}
@@ -137,7 +145,7 @@ def main() -> None:
                 times[v].append(time.perf_counter() - start)
         ms = {v: statistics.median(t) * 1e3 for v, t in times.items()}
         geometry = " ".join(f"{key}={value}" for key, value in attrs.items() if key != "pads")
-        label = f"{i}: N={n} {ci}->{co} {side}x{side} {k}x{k} {geometry}"
+        label = f"{i}: {op} N={n} {ci}->{co} {side}x{side} {k}x{k} {geometry}"
         ratios = " ".join(f"{v} {t / ms['static']:.2f}" for v, t in ms.items() if v != "static") if "static" in ms else ""
         print(f"{label:<60}" + "  ".join(f"{v} {t:7.2f}" for v, t in ms.items())
               + (f"  (/static: {ratios})" if ratios else ""), flush=True)
