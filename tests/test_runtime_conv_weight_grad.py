@@ -162,3 +162,18 @@ def test_float64_run_time_weight_gradient_matches_central_differences(monkeypatc
             got = session.run({"x": x})["w_grad"]
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max(),
                                        err_msg=f"size {size}, {backend}")
+
+
+def test_conv_transpose_weight_gradient_on_both_sides_of_the_budget(monkeypatch):
+    """A ConvTranspose's dW is the gathered dW of a Conv of dy (72 channels: runs of 64 and 8, or
+    9 of 8) by x: one graph fed a size within the budget and one past it, against torch."""
+    monkeypatch.setattr(spatial, "_COLUMNS_BUDGET", 576 * 2 * 4 * 5)  # 576 rows by x's 2 x 4 x 5 pixels
+    w = RNG.standard_normal([5, 72, 3, 3]).astype(np.float32)
+    attrs = {"strides": [2, 2], "pads": [1, 1, 1, 1]}
+    proto = _grad_proto("ConvTranspose", attrs, 5, 2, {"w": w})
+    assert _gathers(proto) == (2, 9)
+
+    def forward(x, w, size):
+        return F.conv_transpose2d(x, w, stride=2, padding=1)
+
+    _check(proto, {"w": w}, forward, [(4, 5), (6, 7), (3, 3)], 5)
