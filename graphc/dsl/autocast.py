@@ -3,11 +3,19 @@ of ``autocast_policy.POLICY`` casts its floating Tensor arguments as the table s
 type (Cast nodes in the graph, so gradients flow back through them to float32 params), and runs
 with autocast off inside, as torch's autocast kernels do. Mixed float dtypes meet in elementwise
 ops then, which promote as torch's do (``promoted``). Outside any block nothing changes: the
-wrappers only read the empty stack of states."""
+wrappers only read the empty stack of states.
+
+The state is per thread and per asyncio task (a ``ContextVar``), one per device type as torch's:
+a ``"cuda"`` block inside a ``"cpu"`` block leaves the CPU state as it was. A capture has no
+device, so the ops follow the device type of the innermost block whose device type is on
+(``_active``): ``cuda`` inside ``cpu`` captures the CUDA policy, ``cuda(enabled=False)`` inside
+``cpu`` the CPU one.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import weakref
 from collections.abc import Callable, Iterator
@@ -29,7 +37,8 @@ class _State(NamedTuple):
     enabled: bool
 
 
-_STATES: list[_State] = []  # the innermost block's state last
+# the blocks open in this thread / asyncio task, the innermost last
+_STATES: contextvars.ContextVar[tuple[_State, ...]] = contextvars.ContextVar("graphc_autocast", default=())
 # Builder -> {(scope id, grad mode, id(value), dtype): (value, its Cast)}: one Cast per value and dtype
 _CASTS: "weakref.WeakKeyDictionary[Builder, dict]" = weakref.WeakKeyDictionary()
 
@@ -44,6 +53,11 @@ def _dtype_name(dtype: Any) -> str:
         raise ValueError(f"gc.autocast: dtype {dtype!r} is not a dtype ({exc})") from None
 
 
+def _device(fn: str, device_type: Any) -> None:
+    if device_type not in policy.DEVICES:
+        raise ValueError(f"gc.{fn}: device_type must be one of {', '.join(policy.DEVICES)}, got {device_type!r}")
+
+
 class autocast:
     """``torch.autocast(device_type, dtype=None, enabled=True)``: a ``with`` block (or a decorator)
     in which the ops of ``autocast_policy.POLICY`` run in the dtype torch's autocast picks for
@@ -51,9 +65,7 @@ class autocast:
     bfloat16). Blocks nest; the innermost applies, ``enabled=False`` turns it off inside."""
 
     def __init__(self, device_type: str, dtype: Any = None, enabled: bool = True):
-        if device_type not in policy.DEVICES:
-            raise ValueError(f"gc.autocast: device_type must be one of {', '.join(policy.DEVICES)}, "
-                             f"got {device_type!r}")
+        _device("autocast", device_type)
         if not isinstance(enabled, bool):
             raise ValueError(f"gc.autocast: enabled must be a bool, got {type(enabled).__name__} {enabled!r}")
         default, allowed = policy.DTYPES[device_type]
@@ -64,10 +76,10 @@ class autocast:
         self.state = _State(device_type, name, enabled)
 
     def __enter__(self) -> None:
-        _STATES.append(self.state)
+        _STATES.set((*_STATES.get(), self.state))
 
     def __exit__(self, *exc: object) -> None:
-        _STATES.pop()
+        _STATES.set(_STATES.get()[:-1])  # no token kept: one instance may be open in many threads
 
     def __call__(self, fn: F) -> F:
         @functools.wraps(fn)
@@ -78,19 +90,31 @@ class autocast:
         return wrapper  # type: ignore[return-value]
 
 
+def _current(states: tuple[_State, ...], device: str) -> _State | None:
+    """``device``'s state: its innermost block's (None outside any block of it)."""
+    return next((s for s in reversed(states) if s.device == device), None)
+
+
 def _active() -> _State | None:
-    state = _STATES[-1] if _STATES else None
-    return state if state is not None and state.enabled else None
+    """The state the ops follow: the innermost block whose device type is on now (a later block of
+    another device type does not turn it off), None where none is."""
+    seen: set[str] = set()  # device types whose state is already read
+    for state in reversed(_STATES.get()):
+        if state.device not in seen:
+            if state.enabled:
+                return state
+            seen.add(state.device)
+    return None
 
 
 @contextlib.contextmanager
 def _off() -> Iterator[None]:
     """Autocast off for the block: the ops an autocast op is made of run on what it gives them."""
-    _STATES.append(_State("cpu", "bfloat16", False))
+    token = _STATES.set(())
     try:
         yield
     finally:
-        _STATES.pop()
+        _STATES.reset(token)
 
 
 def cast(t: Tensor, dtype: str) -> Tensor:
@@ -180,7 +204,7 @@ def autocast_op(name: str | None = None) -> Callable[[F], F]:
 def promoted(a: Any, b: Any) -> tuple[Any, Any]:
     """``a`` and ``b`` in one float dtype where autocast is on and both are float Tensors of two
     dtypes (torch's elementwise promotion, which autocast's mixed dtypes rely on); else as given."""
-    if not (_STATES and _active() and isinstance(a, Tensor) and isinstance(b, Tensor)) or a.dtype == b.dtype:
+    if not (_STATES.get() and _active() and isinstance(a, Tensor) and isinstance(b, Tensor)) or a.dtype == b.dtype:
         return a, b
     dtypes = {a.dtype, b.dtype}
     if not dtypes <= CASTABLE | {"float64"}:
@@ -189,9 +213,14 @@ def promoted(a: Any, b: Any) -> tuple[Any, Any]:
     return cast(a, dtype), cast(b, dtype)
 
 
-def is_autocast_enabled() -> bool:
-    """Whether a ``gc.autocast`` block is on now."""
-    return _active() is not None
+def is_autocast_enabled(device_type: str | None = None) -> bool:
+    """``torch.is_autocast_enabled(device_type)``: whether ``device_type``'s autocast is on in this
+    thread / task; without one, whether the ops captured now follow any autocast policy."""
+    if device_type is None:
+        return _active() is not None
+    _device("is_autocast_enabled", device_type)
+    state = _current(_STATES.get(), device_type)
+    return state is not None and state.enabled
 
 
 __all__ = ["autocast", "autocast_op", "cast", "is_autocast_enabled", "promoted", "widest"]

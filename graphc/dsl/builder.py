@@ -12,8 +12,10 @@ arrays were given, evaluates the node eagerly. The layers above wrap the values 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib.util
+import itertools
 import os
 import sys
 import sysconfig
@@ -53,7 +55,8 @@ _NOT_USER = (*_own_dirs(), str(Path(np.__file__).resolve().parent) + os.sep)
 # Python's own and installed libraries: where user code calls them, the user's line is the call
 _LIBRARIES = tuple(sorted({str(Path(sysconfig.get_path(k)).resolve()) + os.sep
                            for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
-_CURRENT: list["Builder"] = []
+# The captures running in this thread / asyncio task, the innermost last (torch keeps its state per thread)
+_CURRENT: contextvars.ContextVar[tuple["Builder", ...]] = contextvars.ContextVar("graphc_builders", default=())
 _NARROW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
@@ -90,10 +93,12 @@ def _display_path(filename: str) -> str:
 
 def active() -> "Builder | None":
     """The Builder of the capture running now, None outside ``gc.capture``."""
-    return _CURRENT[-1] if _CURRENT else None
+    builders = _CURRENT.get()
+    return builders[-1] if builders else None
 
 
-_GRAD_OUTSIDE = [True]  # the grad mode outside a capture, where it only answers is_grad_enabled
+# the grad mode outside a capture (per thread / task), where it only answers is_grad_enabled
+_GRAD_OUTSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("graphc_grad_outside", default=True)
 
 
 def set_grad_mode(enabled: bool) -> Any:
@@ -101,7 +106,8 @@ def set_grad_mode(enabled: bool) -> Any:
     Off, what is computed has no gradient (``Builder.set_gradients``)."""
     builder = active()
     if builder is None:
-        previous, _GRAD_OUTSIDE[0] = _GRAD_OUTSIDE[0], enabled
+        previous = _GRAD_OUTSIDE.get()
+        _GRAD_OUTSIDE.set(enabled)
         return None, previous
     return builder, builder.set_gradients(enabled)
 
@@ -110,7 +116,7 @@ def restore_grad_mode(state: Any) -> None:
     """Undo ``set_grad_mode`` with what it returned."""
     builder, previous = state
     if builder is None:
-        _GRAD_OUTSIDE[0] = previous
+        _GRAD_OUTSIDE.set(previous)
     else:
         builder.restore_gradients(previous)
 
@@ -118,7 +124,7 @@ def restore_grad_mode(state: Any) -> None:
 def grad_mode() -> bool:
     """Whether gradients are computed now (torch's ``is_grad_enabled``)."""
     builder = active()
-    return _GRAD_OUTSIDE[0] if builder is None else builder.gradients_enabled
+    return _GRAD_OUTSIDE.get() if builder is None else builder.gradients_enabled
 
 
 @contextlib.contextmanager
@@ -134,9 +140,10 @@ def no_grad():
 
 
 def current() -> "Builder":
-    if not _CURRENT:
+    builders = _CURRENT.get()
+    if not builders:
         raise CaptureError(f"graphc ops work only inside gc.capture(...) (called at {user_source()})")
-    return _CURRENT[-1]
+    return builders[-1]
 
 
 def operand_text(operand: Any) -> str:
@@ -157,13 +164,12 @@ def type_str(value: ir.Value) -> str:
 class Scope:
     """Nodes of one graph being built (the main graph or a subgraph body)."""
 
-    _serial = 0
+    _serial = itertools.count(1)  # next() is atomic: scopes of captures in two threads get distinct ids
 
     def __init__(self, eager: bool):
         self.nodes: list[ir.Node] = []
         self.eager = eager
-        Scope._serial += 1
-        self.id = Scope._serial
+        self.id = next(Scope._serial)
 
 
 class Builder:
@@ -204,11 +210,11 @@ class Builder:
     @contextlib.contextmanager
     def activated(self):
         """Make this the Builder that DSL ops record into (``current()``) for the block."""
-        _CURRENT.append(self)
+        token = _CURRENT.set((*_CURRENT.get(), self))
         try:
             yield self
         finally:
-            _CURRENT.pop()
+            _CURRENT.reset(token)
 
     @contextlib.contextmanager
     def in_module(self, path: str | None):
