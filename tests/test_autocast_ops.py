@@ -91,6 +91,87 @@ CASES = {
     "batch_norm": (lambda M, a, w: _f(M).batch_norm(_f(M).conv2d(a, a[:4]), w[:4] * 0, w[:4].abs() + 1, w[:4], w[:4],
                                                     training=True), [_n(4, 4, 3, 3), _n(4)]),
 }
+
+def _u(*shape):
+    return lambda r: r.uniform(-0.9, 0.9, shape).astype(np.float32)
+
+
+def _eye(n, scale=2.0):
+    return lambda r: (scale * np.eye(n)).astype(np.float32)
+
+
+def _spd(M, a, d):
+    """A bfloat16 (under autocast) symmetric positive definite ``a a^T + d d`` (``d`` is 2I)."""
+    return M.matmul(a, a.T) + M.matmul(d, d)
+
+
+def _window(M):
+    return M.hann_window(16)
+
+
+def _conv(M, nd, x, w):
+    return getattr(_f(M), f"conv{nd}d")(x, w)
+
+
+# the CPU float32 ops beyond the losses (each fed a bfloat16 value where a lowered op can make one)
+_X2, _W2, _X3, _W3, _X1, _W1 = _n(1, 2, 7, 7), _n(2, 2, 2, 2), _n(1, 2, 5, 5, 5), _n(2, 2, 2, 2, 2), _n(1, 2, 7), _n(2, 2, 2)
+_SPD = [_n(4, 4), _eye(4)]
+CASES.update({
+    "avg_pool3d": (lambda M, x, w: _f(M).avg_pool3d(_conv(M, 3, x, w), 2), [_X3, _W3]),
+    "max_pool3d": (lambda M, x, w: _f(M).max_pool3d(_conv(M, 3, x, w), 2), [_X3, _W3]),
+    "adaptive_avg_pool3d": (lambda M, x, w: _f(M).adaptive_avg_pool3d(_conv(M, 3, x, w), 2), [_X3, _W3]),
+    "adaptive_max_pool3d": (lambda M, x, w: _f(M).adaptive_max_pool3d(_conv(M, 3, x, w), 2), [_X3, _W3]),
+    "max_unpool2d": (lambda M, x, w: _f(M).max_unpool2d(*_f(M).max_pool2d(_conv(M, 2, x, w), 2, return_indices=True), 2),
+                     [_X2, _W2]),
+    "max_unpool3d": (lambda M, x, w: _f(M).max_unpool3d(*_f(M).max_pool3d(_conv(M, 3, x, w), 2, return_indices=True), 2),
+                     [_X3, _W3]),
+    "fractional_max_pool2d": (lambda M, x, w, s: _f(M).fractional_max_pool2d(_conv(M, 2, x, w), 2, output_size=3,
+                                                                            _random_samples=s), [_X2, _W2, _p(1, 2, 2)]),
+    "fractional_max_pool3d": (lambda M, x, w, s: _f(M).fractional_max_pool3d(_conv(M, 3, x, w), 2, output_size=2,
+                                                                            _random_samples=s), [_X3, _W3, _p(1, 2, 3)]),
+    "grid_sample": (lambda M, x, w, g: _f(M).grid_sample(_conv(M, 2, x, w), g, align_corners=False),
+                    [_X2, _W2, _u(1, 3, 3, 2)]),
+    "reflection_pad1d": (lambda M, x, w: _f(M).pad(_conv(M, 1, x, w), (2, 1), mode="reflect"), [_X1, _W1]),
+    "reflection_pad2d": (lambda M, x, w: _f(M).pad(_conv(M, 2, x, w), (2, 1, 1, 2), mode="reflect"), [_X2, _W2]),
+    "replication_pad1d": (lambda M, x, w: _f(M).pad(_conv(M, 1, x, w), (2, 1), mode="replicate"), [_X1, _W1]),
+    "replication_pad2d": (lambda M, x, w: _f(M).pad(_conv(M, 2, x, w), (2, 1, 1, 2), mode="replicate"), [_X2, _W2]),
+    "replication_pad3d": (lambda M, x, w: _f(M).pad(_conv(M, 3, x, w), (1, 1, 2, 1, 1, 2), mode="replicate"),
+                          [_X3, _W3]),
+    "quantile": (lambda M, a, b: M.quantile(M.matmul(a, b), 0.3, dim=1), [_n(4, 5), _n(5, 5)]),
+    "nanquantile": (lambda M, a, b: M.nanquantile(M.matmul(a, b), 0.7, dim=0), [_n(4, 5), _n(5, 5)]),
+    "stft": (lambda M, a, b: M.stft(M.matmul(a, b), 16, window=_window(M), return_complex=False), [_n(64, 4), _n(4)]),
+    "fake_quantize_per_tensor_affine": (lambda M, a, b: M.fake_quantize_per_tensor_affine(M.matmul(a, b), 0.1, 0, -128, 127),
+                                        [_n(4, 4), _n(4, 4)]),
+    "ctc_loss": (lambda M, a, b, y: _f(M).ctc_loss(_f(M).log_softmax(M.matmul(a, b), 2), y, (6, 6), (2, 2)),
+                 [_n(6, 2, 5), _n(5, 4), lambda r: r.integers(1, 4, (2, 2))]),
+    "cholesky": (lambda M, a, d: M.linalg.cholesky(_spd(M, a, d)), _SPD),
+    "linalg_cholesky_ex": (lambda M, a, d: M.linalg.cholesky_ex(_spd(M, a, d)).L, _SPD),
+    "cholesky_solve": (lambda M, a, d, b: M.cholesky_solve(M.matmul(b, d[:2, :2]), M.tril(_spd(M, a, d))),
+                       [*_SPD, _n(4, 2)]),
+    "cholesky_inverse": (lambda M, a, d: M.cholesky_inverse(M.tril(_spd(M, a, d))), _SPD),
+    "pinverse": (lambda M, a, d: M.pinverse(_spd(M, a, d)), _SPD),
+    "geqrf": (lambda M, a, d: M.geqrf(_spd(M, a, d))[0], _SPD),
+    "orgqr": (lambda M, a, d, t: M.orgqr(M.matmul(a, d), t), [*_SPD, _p(4)]),
+    "ormqr": (lambda M, a, d, t, b: M.ormqr(M.matmul(a, d), t, M.matmul(b, d[:2, :2])), [*_SPD, _p(4), _n(4, 2)]),
+    "linalg_qr": (lambda M, a, d: M.linalg.qr(_spd(M, a, d)).R, _SPD),
+    "linalg_svd": (lambda M, a, d: M.linalg.svd(_spd(M, a, d)).S, _SPD),
+    "linalg_svdvals": (lambda M, a, d: M.linalg.svdvals(_spd(M, a, d)), _SPD),
+    "linalg_eigh": (lambda M, a, d: M.linalg.eigh(_spd(M, a, d)).eigenvalues, _SPD),
+    "linalg_eigvalsh": (lambda M, a, d: M.linalg.eigvalsh(_spd(M, a, d)), _SPD),
+    "linalg_inv": (lambda M, a, d: M.linalg.inv(_spd(M, a, d)), _SPD),
+    "linalg_inv_ex": (lambda M, a, d: M.linalg.inv_ex(_spd(M, a, d)).inverse, _SPD),
+    "linalg_solve": (lambda M, a, d, b: M.linalg.solve(_spd(M, a, d), M.matmul(b, d[:2, :2])), [*_SPD, _n(4, 2)]),
+    "linalg_lstsq": (lambda M, a, d, b: M.linalg.lstsq(M.matmul(a, d), M.matmul(b, d[:2, :2])).solution,
+                     [_n(6, 4), _eye(4), _n(6, 2)]),
+    "linalg_cond": (lambda M, a, d: M.linalg.cond(_spd(M, a, d)), _SPD),
+    "linalg_matrix_rank": (lambda M, a, d: M.linalg.matrix_rank(_spd(M, a, d)), _SPD),
+    "linalg_tensorinv": (lambda M, a, d: M.linalg.tensorinv(_spd(M, a, d).reshape(2, 2, 4), ind=2), _SPD),
+    "linalg_tensorsolve": (lambda M, a, d, b: M.linalg.tensorsolve(_spd(M, a, d).reshape(2, 2, 2, 2),
+                                                                    M.matmul(b, d[:2, :2])), [*_SPD, _n(2, 2)]),
+    "triangular_solve": (lambda M, a, d, b: M.triangular_solve(M.matmul(b, d[:2, :2]), M.tril(_spd(M, a, d)),
+                                                               upper=False).solution, [*_SPD, _n(4, 2)]),
+    "linalg_vecdot": (lambda M, a, b: M.linalg.vecdot(a, b), [_n(3, 5), _n(3, 5)]),
+})
 CPU_OPS = sorted(op for op, (cpu, _) in autocast_policy.POLICY.items() if cpu is not None)
 
 
@@ -144,7 +225,7 @@ def test_policy_cpu_column_is_torchs(op):
         ts = [t.bfloat16() if t.is_floating_point() else t for t in ts]
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = CASES[op][0](torch, *ts)
-        assert out.dtype == torch.float32, op
+        assert out.dtype == (torch.float32 if out.is_floating_point() else torch.int64), op  # matrix_rank: int64
     else:
         assert _torch(op, arrays).dtype == (torch.bfloat16 if kind in (autocast_policy.LOWER, autocast_policy.MIXED)
                                             else torch.float32), op
@@ -161,3 +242,56 @@ def test_casts_are_cached_and_float64_left_alone():
     assert [n.inputs[0].name for n in casts].count("x") == 1
     assert len(casts) == 2
     assert [str(as_dtype(int(o.dtype))) for o in model.ir.graph.outputs] == ["bfloat16", "float64"]
+
+
+@pytest.mark.parametrize("op", ["matmul", "conv2d", "linalg_vecdot", "grid_sample", "cholesky", "replication_pad2d",
+                                "cross_entropy", "cat"])
+def test_cpu_float16_autocast_is_torchs(op):
+    """``gc.autocast("cpu", "float16")`` against ``torch.autocast("cpu", dtype=torch.float16)``."""
+    arrays = _arrays(op)
+    with torch.autocast("cpu", dtype=torch.float16):
+        want = CASES[op][0](torch, *[torch.from_numpy(a) for a in arrays])
+    model = _capture(op, arrays, dtype="float16")
+    feeds = {f"x{i}": a for i, a in enumerate(arrays)}
+    exact = want.float().detach().numpy()
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(model, backend=backend).run(feeds)["output"]
+        assert str(as_dtype(got.dtype)) == str(want.dtype).removeprefix("torch."), (op, backend)
+        np.testing.assert_allclose(got.astype(np.float32), exact, rtol=5e-3, atol=5e-3 * max(1.0, np.abs(exact).max()))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda M, x: _f(M).max_pool3d(x, 2, return_indices=True)[0],  # max_pool3d_with_indices: not listed
+    lambda M, x: M.fake_quantize_per_tensor_affine(x, M.tensor(0.1), M.tensor(0, dtype=M.int32), -128, 127),
+    lambda M, x: _f(M).pad(x, (1, 1, 1, 1, 1, 1), mode="reflect"),  # reflection_pad3d: not listed
+])
+def test_the_forms_torch_leaves_alone_stay_narrow(fn):
+    """A bfloat16 input to an op's overload that torch's CPU list leaves out stays bfloat16."""
+    a = RNG.standard_normal((1, 2, 4, 4, 4)).astype(np.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert fn(torch, torch.from_numpy(a).bfloat16()).dtype == torch.bfloat16
+
+    def captured(x):
+        with gc.autocast("cpu"):
+            return fn(gc, gc.cast(x, "bfloat16"))
+
+    assert [str(as_dtype(int(o.dtype))) for o in gc.capture(captured, x=gc.spec("float32", a.shape)).ir.graph.outputs] \
+        == ["bfloat16"]
+
+
+def test_cuda_column_float32_and_lower_ops():
+    """A few of the CUDA column's float32 ops (``**`` too) and ``linalg.multi_dot`` (lowered) on
+    float16 inputs under ``gc.autocast("cuda")``; the CPU policy leaves the float32 ones alone."""
+
+    def fn(x):
+        h = gc.cast(x, "float16")
+        return (h ** 2, gc.tan(h), gc.sum(h), gc.nn.functional.softplus(h), gc.nn.functional.normalize(h),
+                gc.linalg.multi_dot([x, x, x]))
+
+    def dtypes(device):
+        with gc.autocast(device):
+            model = gc.capture(fn, x=gc.spec("float32", (3, 3)))
+        return [str(as_dtype(int(o.dtype))) for o in model.ir.graph.outputs]
+
+    assert dtypes("cuda") == ["float32"] * 5 + ["float16"]
+    assert dtypes("cpu") == ["float16"] * 5 + ["bfloat16"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import inspect
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, TypeVar
@@ -168,19 +169,25 @@ def _target(kind: str, state: _State, args: tuple, kwargs: dict) -> str | None:
     return "float32"  # FP32; MIXED, whose result goes back to its input's narrow dtype
 
 
-def autocast_op(name: str | None = None) -> Callable[[F], F]:
+def autocast_op(name: str | None = None, *, named: Callable[[dict[str, Any]], str | None] | None = None
+                ) -> Callable[[F], F]:
     """Decorator: the function runs under ``POLICY[name]`` (default: its own name) inside
-    ``gc.autocast``, with autocast off inside it; outside, as written."""
+    ``gc.autocast``, with autocast off inside it; outside, as written. ``named`` instead gives the
+    op from the call's arguments (by parameter name, defaults filled) for a function that is several
+    of torch's ops (``gc.pad``: ``reflection_pad2d``, ...); None or an op not in ``POLICY``: as written."""
 
     def wrap(fn: F) -> F:
         op = name or fn.__name__
-        if op not in policy.POLICY:
+        if named is None and op not in policy.POLICY:
             raise KeyError(f"autocast_op: {op!r} is not in autocast_policy.POLICY")
+        signature = inspect.signature(fn) if named is not None else None
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             state = _active()
-            kind = None if state is None else policy.kind(op, state.device)
+            if state is None:
+                return fn(*args, **kwargs)
+            kind = _kind(op if signature is None else _named(signature, named, args, kwargs), state.device)
             if kind is None:
                 return fn(*args, **kwargs)
             first = next(_floats((*args, *kwargs.values())), None)
@@ -199,6 +206,19 @@ def autocast_op(name: str | None = None) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return wrap
+
+
+def _named(signature: inspect.Signature, named: Callable, args: tuple, kwargs: dict) -> str | None:
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return None  # the function itself reports the bad call
+    bound.apply_defaults()
+    return named(bound.arguments)
+
+
+def _kind(op: str | None, device: str) -> str | None:
+    return policy.kind(op, device) if op in policy.POLICY else None
 
 
 def promoted(a: Any, b: Any) -> tuple[Any, Any]:

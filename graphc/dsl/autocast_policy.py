@@ -28,22 +28,48 @@ POLICY: dict[str, tuple[str | None, str | None]] = {
     "addbmm": (_L, _L), "linear": (_L, _L), "conv1d": (_L, _L), "conv2d": (_L, _L), "conv3d": (_L, _L),
     "conv_transpose1d": (_L, _L), "conv_transpose2d": (_L, _L), "conv_transpose3d": (_L, _L),
     "conv_tbc": (_L, None), "prelu": (_L, _L), "scaled_dot_product_attention": (_L, None),
-    "addmv": (None, _L), "addr": (None, _L), "mv": (None, _L), "chain_matmul": (None, _L),
+    "linalg_vecdot": (_L, None), "addmv": (None, _L), "addr": (None, _L), "mv": (None, _L),
+    "chain_matmul": (None, _L), "linalg_multi_dot": (None, _L),
+    "rnn_tanh_cell": (None, _L), "rnn_relu_cell": (None, _L), "lstm_cell": (None, _L), "gru_cell": (None, _L),
     # joins
     "cat": (_P, None), "stack": (_P, None), "index_copy": (_P, None),
     "addcdiv": (None, _P), "addcmul": (None, _P), "atan2": (None, _P), "dot": (None, _P),
-    "tensordot": (None, _P), "scatter_add": (None, _P),
+    "tensordot": (None, _P), "scatter_add": (None, _P), "bilinear": (None, _P), "cross": (None, _P),
+    "linalg_cross": (None, _P), "index_put": (None, _P),
     # losses
     "mse_loss": (_F, _F), "l1_loss": (_F, _F), "smooth_l1_loss": (_F, _F), "huber_loss": (_F, None),
     "nll_loss": (_F, _F), "cross_entropy": (_F, _F), "binary_cross_entropy": (_F, None),
     "binary_cross_entropy_with_logits": (_F, _F), "kl_div": (_F, _F), "poisson_nll_loss": (_F, _F),
     "cosine_embedding_loss": (_F, _F), "hinge_embedding_loss": (_F, _F), "margin_ranking_loss": (_F, _F),
     "soft_margin_loss": (_F, _F), "multi_margin_loss": (_F, _F), "multilabel_margin_loss": (_F, _F),
-    "triplet_margin_loss": (_F, _F),
+    "triplet_margin_loss": (_F, _F), "ctc_loss": (_F, None),
+    # pooling, padding and sampling (max_pool3d without indices; max_unpool2d is also max_unpool1d's;
+    # the pads by how many dims ``gc.pad`` pads)
+    "avg_pool3d": (_F, None), "max_pool3d": (_F, None), "adaptive_avg_pool3d": (_F, None),
+    "adaptive_max_pool3d": (_F, None), "max_unpool2d": (_F, None), "max_unpool3d": (_F, None),
+    "fractional_max_pool2d": (_F, None), "fractional_max_pool3d": (_F, None), "grid_sample": (_F, _P),
+    "reflection_pad1d": (_F, None), "reflection_pad2d": (_F, None), "replication_pad1d": (_F, None),
+    "replication_pad2d": (_F, None), "replication_pad3d": (_F, None),
+    # statistics, spectra, quantization (per tensor with float scale and int zero point)
+    "quantile": (_F, None), "nanquantile": (_F, None), "stft": (_F, None),
+    "fake_quantize_per_tensor_affine": (_F, None),
+    # matrix factorizations and solvers (``cholesky`` is torch.cholesky's and linalg_cholesky's, ...)
+    "cholesky": (_F, None), "linalg_cholesky_ex": (_F, None), "cholesky_solve": (_F, None),
+    "cholesky_inverse": (_F, None), "pinverse": (_F, None), "geqrf": (_F, None), "orgqr": (_F, None),
+    "ormqr": (_F, None), "linalg_qr": (_F, None), "linalg_svd": (_F, None), "linalg_svdvals": (_F, None),
+    "linalg_eigh": (_F, None), "linalg_eigvalsh": (_F, None), "linalg_inv": (_F, None),
+    "linalg_inv_ex": (_F, None), "linalg_solve": (_F, None), "linalg_lstsq": (_F, None),
+    "linalg_cond": (_F, None), "linalg_matrix_rank": (_F, None), "linalg_tensorinv": (_F, None),
+    "linalg_tensorsolve": (_F, None), "triangular_solve": (_F, None),
     # numerics that need float32's range
     "cdist": (_F, _F), "prod": (_F, _F), "trace": (_F, None), "inverse": (_F, None),
     "softmax": (None, _F), "log_softmax": (None, _F), "cumsum": (None, _F), "cumprod": (None, _F),
     "exp": (None, _F), "log": (None, _F), "rsqrt": (None, _F), "reciprocal": (None, _F),
+    "pow": (None, _F), "acos": (None, _F), "asin": (None, _F), "cosh": (None, _F), "sinh": (None, _F),
+    "tan": (None, _F), "erfinv": (None, _F), "expm1": (None, _F), "log10": (None, _F), "log1p": (None, _F),
+    "log2": (None, _F), "cosine_similarity": (None, _F), "dist": (None, _F), "norm": (None, _F),
+    "normalize": (None, _F), "pdist": (None, _F), "softmin": (None, _F), "softplus": (None, _F),
+    "sum": (None, _F), "renorm": (None, _F),
     # norms
     "layer_norm": (_M, _F), "group_norm": (_M, _F), "batch_norm": (_M, _M),
 }

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl import ops, ops_array
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.control import scan
@@ -33,6 +34,7 @@ _UNREACHED = 1e29  # a negative log-likelihood past this read no path through th
 _INT_DTYPES = ("int64", "int32")
 
 
+@autocast_op()
 def ctc_loss(log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths: Any, blank: int = 0,
              reduction: str = "mean", zero_infinity: bool = False) -> Tensor:
     """``torch.nn.functional.ctc_loss``: ``log_probs`` (T, N, C) (or unbatched (T, C)) float32 or

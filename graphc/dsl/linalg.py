@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import (cast, constant, lift, matmul, maximum, reshape, same_dtype, scalar, squeeze,
                             unsqueeze, where)
@@ -61,6 +62,7 @@ def _householder(a: Tensor, m: int, n: int) -> tuple[Tensor, Tensor]:
     return q, where(mask(upper), r, scalar(0, a))
 
 
+@autocast_op("linalg_qr")
 def qr(A: Any, mode: str = "reduced") -> QR:
     """``torch.linalg.qr`` by Householder reflections, ``(..., m, n)`` with static ``m`` and ``n``:
     ``mode`` "reduced" (``Q`` ``m x k``, ``R`` ``k x n``, ``k = min(m, n)``), "complete" (``Q`` ``m x m``,
@@ -77,6 +79,7 @@ def qr(A: Any, mode: str = "reduced") -> QR:
     return QR(constant(np.zeros(0, a.dtype.numpy)) if mode == "r" else q if k == m else narrow(q, -1, 0, k), r)
 
 
+@autocast_op("linalg_lstsq")
 def lstsq(A: Any, B: Any, rcond: float | None = None, *, driver: str | None = None) -> Lstsq:
     """``torch.linalg.lstsq`` for full-rank ``(..., m, n)`` ``A`` with ``m >= n``: ``R^-1 Q^T B`` from the
     reduced QR (``rcond`` and ``driver`` are accepted and ignored: no rank is estimated)."""
@@ -155,6 +158,7 @@ def norm(A: Any, ord: Any = None, dim: Any = None, keepdim: bool = False, *,  # 
     return matrix_norm(a, "fro" if ord is None else ord, dims, keepdim, dtype=dtype)
 
 
+@autocast_op("linalg_vecdot")
 def vecdot(x: Any, y: Any, *, dim: int = -1) -> Tensor:
     """``torch.linalg.vecdot``: ``sum(x * y, dim)``, the operands broadcast (real: nothing to conjugate)."""
     a, b = lift(x), lift(y)
@@ -162,6 +166,7 @@ def vecdot(x: Any, y: Any, *, dim: int = -1) -> Tensor:
     return reduce_sum(a * b, [dim])
 
 
+@autocast_op("linalg_multi_dot")
 def multi_dot(tensors: Any) -> Tensor:
     """``torch.linalg.multi_dot``: the product of 2-D matrices from left to right; the first may be a
     1-D row and the last a 1-D column, whose dims leave the result (torch picks a cheaper order, with
@@ -184,6 +189,7 @@ def multi_dot(tensors: Any) -> Tensor:
     return squeeze(out, drop) if drop else out
 
 
+@autocast_op("linalg_cross")
 def cross(input: Any, other: Any, *, dim: int = -1) -> Tensor:  # noqa: A002
     """``torch.linalg.cross``: ``gc.cross`` along ``dim`` (default the last), operands of one rank."""
     return _cross(input, other, dim)
@@ -226,6 +232,7 @@ def pinv(A: Any, *, atol: float | None = None, rtol: float | None = None, hermit
     return matmul(swap_last(vh) * unsqueeze(inverse, [-2]), swap_last(u))
 
 
+@autocast_op("linalg_matrix_rank")
 def matrix_rank(A: Any, *, atol: float | None = None, rtol: float | None = None,
                 hermitian: bool = False) -> Tensor:
     """``torch.linalg.matrix_rank``: the count (int64) of singular values (eigenvalues when ``hermitian``)
@@ -236,6 +243,7 @@ def matrix_rank(A: Any, *, atol: float | None = None, rtol: float | None = None,
     return reduce_sum(cast(abs_(s) > _tolerance("linalg.matrix_rank", a, s, atol, rtol), "int64"), [-1])
 
 
+@autocast_op("linalg_cond")
 def cond(A: Any, p: Any = None) -> Tensor:
     """``torch.linalg.cond``: the ratio of the largest to the smallest singular value (``p`` None or 2;
     -2 the inverse), else ``matrix_norm(A, p) * matrix_norm(inv(A), p)`` (square ``A``)."""
@@ -253,6 +261,7 @@ def _static_prod(fn: str, a: Tensor, dims: Any) -> int:
     return int(np.prod(dims, dtype=np.int64))
 
 
+@autocast_op("linalg_tensorinv")
 def tensorinv(A: Any, ind: int = 2) -> Tensor:
     """``torch.linalg.tensorinv``: the inverse of ``A`` read as a matrix (its first ``ind`` dims the rows),
     with shape ``A.shape[ind:] + A.shape[:ind]``."""
@@ -265,6 +274,7 @@ def tensorinv(A: Any, ind: int = 2) -> Tensor:
     return reshape(inv(matrix), [*cols, *rows])
 
 
+@autocast_op("linalg_tensorsolve")
 def tensorsolve(A: Any, B: Any, dims: Any = None) -> Tensor:
     """``torch.linalg.tensorsolve``: ``X`` with ``tensordot(A, X, X.ndim) = B`` (``dims`` of ``A`` moved last
     first), through ``solve`` on ``A`` read as a square matrix."""

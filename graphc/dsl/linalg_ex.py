@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import cast, concat, const_i64, constant, emit, scalar, squeeze, where
 from graphc.dsl.ops import max as reduce_max
@@ -63,6 +64,7 @@ def _lu_info(packed: Tensor, n: int) -> Tensor:
     return first_failure([entry(packed, k, k) == scalar(0, packed) for k in range(n)])
 
 
+@autocast_op("linalg_inv_ex")
 def inv_ex(A: Any, *, check_errors: bool = False) -> InvEx:
     """``torch.linalg.inv_ex``: ``(inverse, info)``; ``info`` the first zero pivot of the LU."""
     a, n = square_matrices("linalg.inv_ex", A)
@@ -90,6 +92,7 @@ def lu_factor_ex(A: Any, *, pivot: bool = True, check_errors: bool = False) -> L
     return LUFactorEx(packed, cast(concat(pivots, -1) + scalar(1, pivots[0]), "int32"), info)
 
 
+@autocast_op("linalg_cholesky_ex")
 def cholesky_ex(A: Any, *, upper: bool = False, check_errors: bool = False) -> CholeskyEx:
     """``torch.linalg.cholesky_ex``: ``(L, info)``; ``info`` the first step whose pivot (``A``'s diagonal
     entry less the squares of the row so far) is not > 0."""

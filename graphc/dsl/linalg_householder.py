@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import concat, lift, matmul, scalar, sqrt, squeeze, where
 from graphc.dsl.ops import sum as reduce_sum
@@ -70,6 +71,7 @@ def _float_pair(fn: str, a: Any, tau: Any) -> tuple[Tensor, Tensor, int, int]:
     return a, tau, m, n
 
 
+@autocast_op()
 def geqrf(input: Any) -> Geqrf:  # noqa: A002 - torch's name
     """``torch.geqrf``: LAPACK's QR, ``(..., m, n)`` with static sizes; ``a`` holds ``R`` on and above the
     diagonal and the reflectors below it, ``tau`` ``(..., min(m, n))``. No gradient, as torch's."""
@@ -87,6 +89,7 @@ def geqrf(input: Any) -> Geqrf:  # noqa: A002 - torch's name
     return Geqrf(packed, concat(taus, -1))
 
 
+@autocast_op("orgqr")
 def householder_product(A: Any, tau: Any) -> Tensor:
     """``torch.linalg.householder_product`` (``torch.orgqr``): the first ``n`` columns of ``H_1 ... H_k``,
     ``H_i = I - tau_i v_i v_i^T`` with ``v_i`` below the diagonal of ``A``'s column ``i`` (``m >= n >= k``)."""
@@ -101,6 +104,7 @@ def householder_product(A: Any, tau: Any) -> Tensor:
 orgqr = householder_product
 
 
+@autocast_op()
 def ormqr(input: Any, tau: Any, other: Any, left: bool = True, transpose: bool = False) -> Tensor:  # noqa: A002
     """``torch.ormqr``: ``other`` multiplied by ``Q = H_1 ... H_k`` from ``geqrf``'s reflectors in ``input``
     (``(..., m, k)`` for ``left``, ``(..., n, k)`` else): ``Q @ other`` (``Q^T`` if ``transpose``), or

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.linalg import QR, matrix_norm, pinv
 from graphc.dsl.linalg import qr as linalg_qr
@@ -57,6 +58,7 @@ def lu(A: Any, pivot: bool = True, get_infos: bool = False) -> tuple[Tensor, ...
     return (packed, pivots, info) if get_infos else (packed, pivots)
 
 
+@autocast_op()
 def pinverse(input: Any, rcond: float = 1e-15) -> Tensor:
     """``torch.pinverse``: ``gc.linalg.pinv`` cutting singular values below ``rcond`` times the largest."""
     return pinv(input, atol=0.0, rtol=rcond)

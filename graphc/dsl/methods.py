@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from graphc.dsl import ops, ops_binary, ops_divide, ops_order
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import user_source
 from graphc.dsl.indexing import getitem
 from graphc.dsl.tensor import Tensor
@@ -128,7 +129,9 @@ METHODS = {
     "__floordiv__": lambda a, b: ops_divide.floor_divide(a, b),
     "__rfloordiv__": lambda a, b: ops_divide.floor_divide(b, a),
     "__mod__": lambda a, b: ops_divide.remainder(a, b), "__rmod__": lambda a, b: ops_divide.remainder(b, a),
-    "__pow__": lambda a, b: ops.binary("Pow", a, b), "__rpow__": lambda a, b: ops.binary("Pow", b, a),
+    # CUDA autocast runs torch's pow, __pow__ and __rpow__ in float32
+    "__pow__": autocast_op("pow")(lambda a, b: ops.binary("Pow", a, b)),
+    "__rpow__": autocast_op("pow")(lambda a, b: ops.binary("Pow", b, a)),
     "__matmul__": lambda a, b: ops.matmul(a, b), "__rmatmul__": lambda a, b: ops.matmul(b, a),
     "__neg__": lambda a: ops.unary("Neg", a), "__pos__": lambda a: a, "__abs__": lambda a: ops.abs(a),
     "__lt__": lambda a, b: ops.binary("Less", a, b), "__le__": lambda a, b: ops.binary("LessOrEqual", a, b),

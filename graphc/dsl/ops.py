@@ -482,6 +482,7 @@ def int64_accumulated(x: Tensor) -> Tensor:
     return x
 
 
+@autocast_op()
 def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """ReduceSum over ``axis`` (None: all); bool and integer Tensors sum in int64 (a bool counts
     its Trues), as torch. Signature: ai.onnx@13::ReduceSum"""

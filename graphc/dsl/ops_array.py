@@ -45,6 +45,7 @@ def rsqrt(x: Tensor) -> Tensor:
     return unary("Reciprocal", sqrt(x))
 
 
+@autocast_op()
 def pow(x: Any, exponent: Any) -> Tensor:  # noqa: A001 - torch's name
     """``x ** exponent``; a Python exponent takes ``x``'s dtype (refused where that changes it), a
     Python float base keeps float32. Signature: ai.onnx@15::Pow"""
@@ -274,8 +275,12 @@ def tril(x: Tensor, diagonal: int = 0) -> Tensor:
 
 
 _PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+# (mode, dims padded) -> torch's op, for autocast's policy
+_PADS = {(mode, nd): f"{op}_pad{nd}d" for mode, op in (("reflect", "reflection"), ("replicate", "replication"))
+         for nd in (1, 2, 3)}
 
 
+@autocast_op(named=lambda a: _PADS.get((a["mode"], len(a["pad"]) // 2)))
 def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
     """``torch.nn.functional.pad``: ``pad`` lists (left, right) pairs from the last dim backwards;
     modes constant, reflect, replicate, circular; negative pads crop, as in torch. Signature: ai.onnx@19::Pad"""
@@ -500,6 +505,7 @@ def std(x: Tensor, dim: Any = None, correction: int = 1, keepdim: bool = False, 
     return where(zero, scalar(0.0, v), sqrt(where(zero, scalar(1.0, v), v)))
 
 
+@autocast_op()
 @in_float32
 def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
     """``torch.nn.functional.normalize`` for ``p=2``: ``x / max(||x||_2, eps)`` along ``dim``."""

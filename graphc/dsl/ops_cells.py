@@ -33,18 +33,21 @@ def _gates(fn: str, x: Any, h: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, 
     return linear(x, w_ih, b_ih), linear(h, w_hh, b_hh)
 
 
+@autocast_op()
 def rnn_tanh_cell(input: Any, hx: Any, w_ih: Any, w_hh: Any, b_ih: Any = None, b_hh: Any = None) -> Tensor:
     """``torch.rnn_tanh_cell``: ``tanh(x @ w_ih.T + b_ih + h @ w_hh.T + b_hh)``."""
     gi, gh = _gates("rnn_tanh_cell", input, hx, w_ih, w_hh, b_ih, b_hh, 1)
     return ops.tanh(gi + gh)
 
 
+@autocast_op()
 def rnn_relu_cell(input: Any, hx: Any, w_ih: Any, w_hh: Any, b_ih: Any = None, b_hh: Any = None) -> Tensor:
     """``torch.rnn_relu_cell``: ``relu(x @ w_ih.T + b_ih + h @ w_hh.T + b_hh)``."""
     gi, gh = _gates("rnn_relu_cell", input, hx, w_ih, w_hh, b_ih, b_hh, 1)
     return ops.relu(gi + gh)
 
 
+@autocast_op()
 def lstm_cell(input: Any, hx: Sequence[Any], w_ih: Any, w_hh: Any, b_ih: Any = None,
               b_hh: Any = None) -> tuple[Tensor, Tensor]:
     """``torch.lstm_cell``: ``(h', c')`` from ``hx = (h, c)``; ``c' = f c + i g``, ``h' = o tanh(c')``."""
@@ -57,6 +60,7 @@ def lstm_cell(input: Any, hx: Sequence[Any], w_ih: Any, w_hh: Any, b_ih: Any = N
     return ops.sigmoid(o) * ops.tanh(c), c
 
 
+@autocast_op()
 def gru_cell(input: Any, hx: Any, w_ih: Any, w_hh: Any, b_ih: Any = None, b_hh: Any = None) -> Tensor:
     """``torch.gru_cell``: ``n = tanh(x_n + r (h @ W_hn.T + b_hn))``, ``h' = (1 - z) n + z h``."""
     gi, gh = _gates("gru_cell", input, hx, w_ih, w_hh, b_ih, b_hh, 3)

@@ -4,6 +4,7 @@ beside ``cdist``), each standard ONNX ops (Einsum, Gather, reductions), so the k
 
 from __future__ import annotations
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import detach, emit, lift, maximum, same_dim, scalar
 from graphc.dsl.ops import sum as reduce_sum
@@ -13,6 +14,7 @@ from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import in_float32
 
 
+@autocast_op()
 def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``y[..., o] = sum_ij input1[..., i] weight[o, i, j] input2[..., j] + bias[o]``; ``weight`` is
     ``[out, in1, in2]``, the inputs ``(*, in1)`` and ``(*, in2)``. Signature: ai.onnx@12::Einsum"""
@@ -35,6 +37,7 @@ def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None
     return y if bias is None else y + lift(bias, y)
 
 
+@autocast_op()
 @in_float32
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
     """``sum(x1 / max(||x1||, eps) * x2 / max(||x2||, eps), dim)`` as torch: each norm clamped at

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import concat, constant, emit, lift, matmul, scalar, sqrt, unsqueeze, where
 from graphc.dsl.ops import abs as abs_
@@ -136,6 +137,7 @@ def _symmetric(fn: str, A: Any, UPLO: str) -> tuple[Tensor, int]:
     return where(mask(keep), a, swap_last(a)), n
 
 
+@autocast_op("linalg_eigh")
 def eigh(A: Any, UPLO: str = "L") -> Eigh:
     """``torch.linalg.eigh``: eigenvalues ascending and orthonormal eigenvectors of the symmetric matrix
     read from ``A``'s ``UPLO`` triangle, by cyclic Jacobi (each eigenvector's sign is its own, as
@@ -146,6 +148,7 @@ def eigh(A: Any, UPLO: str = "L") -> Eigh:
     return Eigh(emit("GatherElements", [values, order], {"axis": values.ndim - 1}), _columns(vectors, order))
 
 
+@autocast_op("linalg_eigvalsh")
 def eigvalsh(A: Any, UPLO: str = "L") -> Tensor:
     """``torch.linalg.eigvalsh``: ``eigh``'s eigenvalues."""
     return eigh(A, UPLO).eigenvalues
@@ -165,6 +168,7 @@ def _one_sided(a: Tensor, n: int) -> tuple[Tensor, Tensor]:
     return a, v
 
 
+@autocast_op("linalg_svd")
 def svd(A: Any, full_matrices: bool = True, *, driver: str | None = None) -> SVD:
     """``torch.linalg.svd`` by one-sided Jacobi: ``U`` ``m x k``, ``S`` descending, ``Vh`` ``k x n`` with
     ``k = min(m, n)``; ``full_matrices`` completes ``U`` or ``Vh`` for square matrices only (there is
@@ -188,6 +192,7 @@ def svd(A: Any, full_matrices: bool = True, *, driver: str | None = None) -> SVD
     return SVD(u, sigma, swap_last(v)) if tall else SVD(v, sigma, swap_last(u))
 
 
+@autocast_op("linalg_svdvals")
 def svdvals(A: Any, *, driver: str | None = None) -> Tensor:
     """``torch.linalg.svdvals``: the singular values, descending."""
     return svd(A, False).S

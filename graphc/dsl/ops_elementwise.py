@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import user_source
 from graphc.dsl.ops import abs as abs_
 from graphc.dsl.ops import binary, cast, clip, erf, exp, lift, log, maximum, scalar, sqrt, unary, where
@@ -30,11 +31,11 @@ def _float_unary(op: str, name: str, since: int) -> Callable[[Tensor], Tensor]:
     return fn
 
 
-tan = _float_unary("Tan", "tan", 7)
-sinh = _float_unary("Sinh", "sinh", 9)
-cosh = _float_unary("Cosh", "cosh", 9)
-asin = arcsin = _float_unary("Asin", "asin", 7)
-acos = arccos = _float_unary("Acos", "acos", 7)
+tan = autocast_op()(_float_unary("Tan", "tan", 7))
+sinh = autocast_op()(_float_unary("Sinh", "sinh", 9))
+cosh = autocast_op()(_float_unary("Cosh", "cosh", 9))
+asin = arcsin = autocast_op()(_float_unary("Asin", "asin", 7))
+acos = arccos = autocast_op()(_float_unary("Acos", "acos", 7))
 atan = arctan = _float_unary("Atan", "atan", 7)
 asinh = arcsinh = _float_unary("Asinh", "asinh", 9)
 acosh = arccosh = _float_unary("Acosh", "acosh", 9)
@@ -50,6 +51,7 @@ def _small(x: Tensor) -> Tensor:
     return where(abs_(x) < scalar(1, x), x, scalar(0, x))
 
 
+@autocast_op()
 def log1p(x: Tensor) -> Tensor:
     """``log(1 + x)``, accurate for tiny ``|x|``: ``u = 1 + x`` rounds off ``e = x - (u - 1)``
     (exactly), and ``log(1 + x) = log(u) + e / u`` up to ``e**2``; the correction is taken only
@@ -62,6 +64,7 @@ def log1p(x: Tensor) -> Tensor:
     return log(one + x) + (xs - (us - one)) / us
 
 
+@autocast_op()
 def expm1(x: Tensor) -> Tensor:
     """``exp(x) - 1``, accurate for tiny ``|x|``: ``u = exp(x)`` is off by the factor ``1 + d``
     and ``log(u) - x`` measures ``d``, so ``expm1(x) = u - 1 + u * (x - log(u))`` up to ``d**2``
@@ -83,11 +86,13 @@ def _log_base(x: Tensor, base: float) -> Tensor:
     return y if wide is x else cast(y, x.dtype)
 
 
+@autocast_op()
 def log2(x: Tensor) -> Tensor:
     """Base-2 logarithm (``_log_base``). Signature: ai.onnx@13::Log"""
     return _log_base(x, 2.0)
 
 
+@autocast_op()
 def log10(x: Tensor) -> Tensor:
     """Base-10 logarithm (``_log_base``). Signature: ai.onnx@13::Log"""
     return _log_base(x, 10.0)
@@ -137,6 +142,7 @@ def erfc(x: Tensor) -> Tensor:
     return where(x < scalar(0.5, x), scalar(1, x) - erf(x), tail)
 
 
+@autocast_op()
 def erfinv(x: Tensor) -> Tensor:
     """The inverse of ``erf`` on [-1, 1] (+-inf at +-1, nan beyond): Giles' single-precision
     polynomials, within 3e-7 of torch's relative error in float32; float64 gets the same accuracy

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import cast, constant, detach, emit, lift, reshape, scalar, unary, where
 from graphc.dsl.tensor import Tensor
@@ -89,6 +90,7 @@ def float_compute(x: Tensor) -> Tensor:
     return x if x.dtype in ("float32", "float64") else cast(x, "float32")
 
 
+@autocast_op(named=lambda a: None if isinstance(a["scale"], Tensor) else "fake_quantize_per_tensor_affine")
 def fake_quantize_per_tensor_affine(input: Any, scale: Any, zero_point: Any, quant_min: int,  # noqa: A002
                                     quant_max: int) -> Tensor:
     """``torch.fake_quantize_per_tensor_affine``: ``(clamp(round(x / scale) + zero_point, quant_min,

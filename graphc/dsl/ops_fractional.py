@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import (
     cast,
@@ -67,6 +68,7 @@ def _starts(u: Tensor, size: int, out: int, k: int) -> Tensor:
     return emit("Concat", [head, last], {"axis": -1})
 
 
+@autocast_op(named=lambda a: f"fractional_max_pool{a['nd']}d")
 def fractional_max_pool(fn: str, input: Any, nd: int, kernel_size: Any, output_size: Any = None,
                         output_ratio: Any = None, _random_samples: Any = None) -> tuple[Tensor, Tensor]:
     """``(out, indices)`` of ``nd``-D fractional max pooling of ``(N, C, *spatial)`` or unbatched input."""

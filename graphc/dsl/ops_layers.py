@@ -283,6 +283,7 @@ def hardsigmoid(x: Tensor, inplace: bool = False) -> Tensor:
     return activations64.native_or_written(x, "HardSigmoid", {"alpha": 1.0 / 6.0, "beta": 0.5}, inplace)
 
 
+@autocast_op()
 def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """``log(1 + exp(beta x)) / beta``, ``x`` itself where ``beta x > threshold``."""
     x = lift(x)
@@ -388,6 +389,7 @@ def threshold(x: Tensor, threshold: float, value: float, inplace: bool = False) 
     return into(x, where(x <= scalar(threshold, x), scalar(value, x), x), inplace)
 
 
+@autocast_op()
 def softmin(x: Tensor, dim: int = -1) -> Tensor:
     """``softmax(-x, dim)``."""
     return softmax(-lift(x), dim)

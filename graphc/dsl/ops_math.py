@@ -192,6 +192,7 @@ def all(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:  # noqa: A
     return logical_not(any(logical_not(x), dim, keepdim))
 
 
+@autocast_op()
 def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> Tensor:
     """``torch.norm`` / ``torch.linalg.vector_norm`` over ``dim`` (None: all): ``p`` 2 or "fro", 1,
     ``inf``, ``-inf``, 0 (the count of nonzeros) or any other number (``sum(|x|**p)**(1/p)``); the

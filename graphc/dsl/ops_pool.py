@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops import concat, const_i64, emit, lift, reshape, reshape_like, scalar, unsqueeze
 from graphc.dsl.ops_array import ir_tensor
@@ -19,6 +20,7 @@ from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 
 
+@autocast_op(named=lambda a: None if a["return_indices"] else "max_pool3d")
 def max_pool3d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
                ceil_mode: bool = False, return_indices: bool = False) -> Any:
     """NCDHW max pooling; with ``return_indices``, ``(output, indices)`` as torch's.
@@ -27,6 +29,7 @@ def max_pool3d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
                 dilations=ints(dilation, 3, "dilation"))
 
 
+@autocast_op()
 def avg_pool3d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
     """NCDHW average pooling (``divisor_override`` as ``ops_nn.window_sums``).
@@ -58,6 +61,7 @@ max_pool3d_with_indices = _with_indices(max_pool3d)
 # -- adaptive pooling -------------------------------------------------------------------------
 
 
+@autocast_op(named=lambda a: "adaptive_max_pool3d" if a["nd"] == 3 else None)
 def adaptive_max_pool(x: Tensor, output_size: Any, nd: int, return_indices: bool = False) -> Any:
     """``adaptive_pool`` with MaxPool (``(output, indices)`` with ``return_indices``); every spatial
     dim static, a ``None`` size's too."""
@@ -88,6 +92,7 @@ def adaptive_max_pool3d_with_indices(x: Tensor, output_size: Any, return_indices
     return adaptive_max_pool(x, output_size, 3, True)
 
 
+@autocast_op()
 def adaptive_avg_pool3d(x: Tensor, output_size: Any) -> Tensor:
     return adaptive_avg_pool(x, output_size, 3)
 
@@ -117,6 +122,7 @@ def unpool_sizes(x: Tensor, nd: int, kernel: list[int], stride: list[int], paddi
     return sizes
 
 
+@autocast_op(named=lambda a: f"max_unpool{max(a['nd'], 2)}d")
 def max_unpool(x: Tensor, indices: Tensor, nd: int, kernel_size: Any, stride: Any = None, padding: Any = 0,
                output_size: Any = None) -> Tensor:
     """Each value of ``x`` written at its ``indices`` (torch's: flat positions in each channel's

@@ -123,6 +123,7 @@ def index_fill(x: Tensor, dim: int, index: Tensor, value: Any) -> Tensor:
     return emit("Where", [_dim_mask(x, dim, reshape(index, [-1])), value, x], out_types=[(x.dtype, x.shape)])
 
 
+@autocast_op()
 def index_put(x: Tensor, indices: Sequence[Tensor], values: Any, accumulate: bool = False) -> Tensor:
     """``torch.index_put``: ``x[indices] = values`` (``indices`` a tuple of int index Tensors, or
     bool masks, for ``x``'s leading dims, broadcast together; ``values`` broadcast to what they

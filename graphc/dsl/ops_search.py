@@ -254,6 +254,7 @@ def cdist(x1: Tensor, x2: Tensor, p: float = 2.0, compute_mode: str = _COMPUTE_M
     return minkowski(unsqueeze(x1, [-2]) - unsqueeze(x2, [-3]), p)
 
 
+@autocast_op()
 def pdist(input: Tensor, p: float = 2.0) -> Tensor:  # noqa: A002 - torch's names
     """``torch.pdist``: ``||input[i] - input[j]||_p`` for every row pair ``i < j`` of an ``[N, M]`` input
     (static ``N``), in torch's order ``(0, 1), (0, 2), ..., (N-2, N-1)``: ``[N (N - 1) / 2]``; gradients
@@ -458,6 +459,7 @@ def fill_diagonal(x: Tensor, fill_value: Any, wrap: bool = False) -> Tensor:
     return where(constant(mask.reshape(shape)), scalar(fill_value, x), x)
 
 
+@autocast_op()
 def renorm(input: Tensor, p: float, dim: int, maxnorm: float) -> Tensor:  # noqa: A002
     """``torch.renorm``: each slice of ``input`` along ``dim`` whose ``p``-norm is above ``maxnorm``
     scaled by ``maxnorm / (norm + 1e-7)`` (a float ``input``; ``p > 0``, ``maxnorm >= 0``)."""

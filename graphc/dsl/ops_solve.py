@@ -256,6 +256,7 @@ def lu_solve(LU: Any, pivots: Any, B: Any, *, left: bool = True, adjoint: bool =
 # -- solve and inverse ------------------------------------------------------------------------
 
 
+@autocast_op("linalg_solve")
 def solve(A: Any, B: Any, *, left: bool = True) -> Tensor:
     """``torch.linalg.solve``: ``X`` with ``A @ X = B`` (``X @ A = B`` when not ``left``), by LU with
     partial pivoting; ``B`` a batch of vectors ``(..., n)`` when it has one dim less than ``A`` (or is 1-D),
@@ -275,6 +276,7 @@ def solve(A: Any, B: Any, *, left: bool = True) -> Tensor:
     return squeeze(x, [x.ndim - 1 if left else x.ndim - 2]) if vector else x
 
 
+@autocast_op("linalg_inv")
 def inv(A: Any) -> Tensor:
     """``torch.linalg.inv`` / ``torch.inverse``: ``solve(A, I)``."""
     a, n = square_matrices("linalg.inv", A)
@@ -357,6 +359,7 @@ def solve_triangular(A: Any, B: Any, *, upper: bool, left: bool = True,
     return swap_last(substitute(swap_last(a), b, n, upper, unitriangular))
 
 
+@autocast_op()
 def triangular_solve(b: Any, A: Any, upper: bool = True, transpose: bool = False,
                      unitriangular: bool = False) -> TriangularSolve:
     """``torch.triangular_solve`` (deprecated there): ``(X, A)`` with ``A @ X = b`` (``A^T @ X = b`` when
@@ -381,6 +384,7 @@ def cholesky_lower(a: Tensor, n: int) -> Tensor:
     return where(mask(rows[:, None] >= rows[None, :]), a, scalar(0, a))
 
 
+@autocast_op()
 def cholesky(A: Any, upper: bool = False) -> Tensor:
     """``torch.linalg.cholesky`` (and the old ``torch.cholesky``): lower ``L`` with ``A = L @ L^T`` from
     ``A``'s lower triangle, or upper ``U = L^T`` from its upper triangle."""
@@ -396,6 +400,7 @@ def _factor(fn: str, L: Any, upper: bool) -> tuple[Tensor, int]:
     return where(mask(rows[:, None] >= rows[None, :]), f, scalar(0, f)), n
 
 
+@autocast_op()
 def cholesky_solve(B: Any, L: Any, upper: bool = False) -> Tensor:
     """``torch.cholesky_solve``: ``X`` with ``L @ L^T @ X = B`` (``U^T @ U`` when ``upper``)."""
     low, n = _factor("cholesky_solve", L, upper)
@@ -403,6 +408,7 @@ def cholesky_solve(B: Any, L: Any, upper: bool = False) -> Tensor:
     return substitute(swap_last(low), substitute(low, b, n, lower=True), n, lower=False)
 
 
+@autocast_op()
 def cholesky_inverse(L: Any, upper: bool = False) -> Tensor:
     """``torch.cholesky_inverse``: the inverse of ``L @ L^T`` (``U^T @ U`` when ``upper``)."""
     low, n = _factor("cholesky_inverse", L, upper)

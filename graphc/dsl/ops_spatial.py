@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.ops import constant, emit, lift, matmul, reshape, reshape_like, same_dtype, transpose
 from graphc.dsl.ops_array import static_dim
@@ -101,6 +102,7 @@ _GRID_MODES = {"bilinear": "linear", "nearest": "nearest", "bicubic": "cubic"}
 _GRID_PADDINGS = ("zeros", "border", "reflection")
 
 
+@autocast_op()
 def grid_sample(x: Tensor, grid: Tensor, mode: str = "bilinear", padding_mode: str = "zeros",
                 align_corners: bool | None = None) -> Tensor:
     """``x`` ``[N, C, H, W]`` (or ``[N, C, D, H, W]``, from opset 20) sampled at ``grid`` ``[N, H_out,

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import current, op_error, user_source
 from graphc.dsl.ops import concat, const_i64, constant, emit, lift, matmul, reshape, squeeze, transpose, unsqueeze
 from graphc.dsl.ops_array import arange, dim_length, dim_positions, full_like, ir_tensor, pad
@@ -162,6 +163,7 @@ def _centred(x: Tensor, half: int, mode: str) -> Tensor:
 _PAD_MODES = ("reflect", "constant", "replicate", "circular")
 
 
+@autocast_op()
 def stft(input: Tensor, n_fft: int, hop_length: int | None = None, win_length: int | None = None,  # noqa: A002
          window: Any = None, center: bool = True, pad_mode: str = "reflect", normalized: bool = False,
          onesided: bool | None = None, return_complex: bool | None = None) -> Tensor:

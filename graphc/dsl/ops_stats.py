@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import user_source
 from graphc.dsl.ops import cast, constant, detach, emit, lift, reshape, scalar, squeeze, unsqueeze
 from graphc.dsl.ops import max as reduce_max
@@ -184,6 +185,7 @@ def _lerp(lo: Tensor, hi: Tensor, weight: Tensor) -> Tensor:
     return where(weight < scalar(0.5, weight), lo + weight * (hi - lo), hi - (hi - lo) * (one - weight))
 
 
+@autocast_op()
 def quantile(x: Tensor, q: Any, dim: int | None = None, keepdim: bool = False, *,
              interpolation: str = "linear") -> Tensor:
     """``torch.quantile``: the ``q``-th quantiles (a number, a list or a 1-D Tensor; the quantiles
@@ -193,6 +195,7 @@ def quantile(x: Tensor, q: Any, dim: int | None = None, keepdim: bool = False, *
     return _quantile(x, q, dim, keepdim, interpolation, "quantile")
 
 
+@autocast_op()
 def nanquantile(x: Tensor, q: Any, dim: int | None = None, keepdim: bool = False, *,
                 interpolation: str = "linear") -> Tensor:
     """``torch.nanquantile``: ``quantile`` of the entries that are not NaN (NaN where all are)."""
@@ -251,6 +254,7 @@ def corrcoef(x: Tensor) -> Tensor:
     return emit("Clip", [c / unsqueeze(std, [1]) / unsqueeze(std, [0]), scalar(-1, c), scalar(1, c)])
 
 
+@autocast_op()
 def dist(a: Tensor, b: Tensor, p: float = 2) -> Tensor:
     """``torch.dist``: the ``p``-norm of ``a - b`` (broadcast; ``p`` 0, inf, -inf or any number, as
     ``gc.norm``); the two must have one dtype (graphc's contract)."""
