@@ -31,7 +31,11 @@ class Executable(Protocol):
     input_names: list[str]
     output_names: list[str]
 
-    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]: ...
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None,
+            cancel: Any = None) -> dict[str, np.ndarray]:
+        """``cancel``: a ``CancelToken`` (``graphc.backends.cancel``) that stops the run with
+        ``RunCancelled`` once another thread cancels it (``Session.run`` passes it only when given)."""
+        ...
 
     @property
     def placement(self) -> dict[str, str]:

@@ -27,7 +27,8 @@ from graphc.backends import (batchnorm, bfloat16, bfloat16_casts, denormals, dou
 from graphc.backends.iobinding import Bindings
 from graphc.backends.ort_serialize import serialize_for_ort
 from graphc.backends.base import BackendInfo
-from graphc.errors import BackendError, BackendUnavailable
+from graphc.backends.cancel import CancelToken
+from graphc.errors import BackendError, BackendUnavailable, RunCancelled
 from graphc.model import node_label, node_source
 from graphc.model.file import all_graphs, distinct_subgraph_outputs, tensor_types, unique_node_names, with_body_output_shapes
 from graphc.model.dtypes import to_onnx
@@ -382,13 +383,20 @@ class OrtExecutable:
         """Node name (in onnxruntime's optimized graph) -> execution provider that runs it."""
         return dict(self._placement)
 
-    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None,
+            cancel: CancelToken | None = None) -> dict[str, np.ndarray]:
         names = list(outputs) if outputs is not None else self.output_names
         contiguous = {k: np.asarray(v, order="C") for k, v in feeds.items()}
+        options = self._run_options(None)
+        if cancel is not None:
+            options = cancel.watch(options or _ort().RunOptions())
+            options.log_severity_level = 4  # a terminated run is not an error to log (severity 3)
         try:
             with denormals.flushing(self._flush):
-                values = self._run(names, contiguous, self._run_options(None))
+                values = self._run(names, contiguous, options)
         except Exception as exc:  # noqa: BLE001
+            if cancel is not None and cancel.cancelled:
+                raise RunCancelled(f"the {self.backend_name} run was terminated (RunOptions.terminate)") from None
             raise self._error(exc, "failed while running") from None
         return dict(zip(names, values))
 

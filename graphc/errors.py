@@ -65,6 +65,10 @@ class BackendError(GraphcError, RuntimeError):
     """A backend failed while running a node; the message names node, op and source line."""
 
 
+class RunCancelled(GraphcError, RuntimeError):
+    """A run stopped because its ``CancelToken`` was cancelled (``graphc.backends.cancel``)."""
+
+
 class ServeError(GraphcError, OSError):
     """A server cannot start: its port is in use or its address cannot be bound."""
 

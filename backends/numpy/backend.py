@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 
 from graphc.backends.base import BackendInfo
+from graphc.backends.cancel import CancelToken
 from graphc.backends.numpy.interpreter import Context, Plan
 from graphc.backends.numpy.kernels import lookup, missing, normalize_domain
 from graphc.errors import BackendError, GraphcError, MissingKernel
@@ -40,11 +41,12 @@ class NumpyExecutable:
     def placement(self) -> dict[str, str]:
         return {step.label: "numpy:cpu" for step in self.plan.steps}
 
-    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None,
+            cancel: CancelToken | None = None) -> dict[str, np.ndarray]:
         self.plan.check_feeds(feeds)
         wanted = self.output_names if outputs is None else list(outputs)
         with np.errstate(all="ignore"):  # inf/NaN results are ONNX semantics (a masked softmax row), not errors
-            result = self.plan.run(feeds, wanted, self.rng)
+            result = self.plan.run(feeds, wanted, self.rng, cancel=cancel)
         for name, value in result.items():
             # never hand out the plan's own initializers or read-only views (callers may write)
             if isinstance(value, np.ndarray) and (id(value) in self._const_ids or not value.flags.writeable):

@@ -17,20 +17,24 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from graphc.backends.cancel import CancelToken
 from graphc.backends.numpy.kernels import lookup, missing, normalize_domain
 from graphc.errors import BackendError, GraphcError, GraphError, InputError, MissingKernel
 from graphc.model import node_source
 
 
 class Context:
-    """What a context kernel (control flow, random ops) sees: the seeded RNG and the values of
-    the graph that is running (a subgraph reads outer-scope values from ``scope``)."""
+    """What a context kernel (control flow, random ops) sees: the seeded RNG, the values of
+    the graph that is running (a subgraph reads outer-scope values from ``scope``) and the run's
+    ``CancelToken`` (None: the run cannot be cancelled), which its subgraphs check too."""
 
-    __slots__ = ("rng", "scope")
+    __slots__ = ("rng", "scope", "cancel")
 
-    def __init__(self, rng: np.random.Generator, scope: Mapping[str, np.ndarray] | None = None):
+    def __init__(self, rng: np.random.Generator, scope: Mapping[str, np.ndarray] | None = None,
+                 cancel: CancelToken | None = None):
         self.rng = rng
         self.scope = scope if scope is not None else {}
+        self.cancel = cancel
 
 
 def decode_attribute(attr: onnx.AttributeProto, opsets: dict[str, int], functions: dict | None = None):
@@ -127,7 +131,7 @@ class Step:
         as a plan of its own (function bodies see no outer scope)."""
         body_opsets = {**opsets, **{normalize_domain(o.domain): o.version for o in function.opset_import}}
         plan = Plan(_function_body(function, self.node), body_opsets, functions=functions)
-        self.fn = lambda ctx, *args: tuple(plan.call(Context(ctx.rng), args))
+        self.fn = lambda ctx, *args: tuple(plan.call(Context(ctx.rng, cancel=ctx.cancel), args))
         self.context, self.attrs = True, {}
         self.inputs, self.outputs = tuple(self.node.input), tuple(self.node.output)
         self.uses = tuple(n for n in self.inputs if n)
@@ -244,9 +248,13 @@ class Plan:
 
     # -- running ------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, np.ndarray], wanted: Sequence[str], rng: np.random.Generator,
-            scope: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+            scope: Mapping[str, np.ndarray] | None = None, cancel: CancelToken | None = None) -> dict[str, np.ndarray]:
+        """The ``wanted`` values; ``cancel`` is checked here and before each node (a cancelled
+        token raises ``RunCancelled``)."""
         wanted = tuple(wanted)
         schedule = self.schedule(wanted)
+        if cancel is not None:  # here too: a subgraph of no nodes (a Loop's body) still stops
+            cancel.check(f"before graph {self.name!r}")
         if scope is not None and self.free_names:
             env = {n: scope[n] for n in self.free_names if n in scope}
             env.update(self.consts)
@@ -254,10 +262,12 @@ class Plan:
             env = dict(self.consts)
         env.update(feeds)
         for fn, context, ins, outs, attrs, frees, step in schedule:
+            if cancel is not None and cancel.cancelled:
+                cancel.check(f"before node {step.label!r} ({step.op})")
             try:
                 args = [env[n] if n else None for n in ins]
                 if context:
-                    res = fn(Context(rng, env), *args, **attrs)
+                    res = fn(Context(rng, env, cancel), *args, **attrs)
                 else:
                     res = fn(*args, **attrs)
             except GraphcError:
@@ -276,7 +286,7 @@ class Plan:
     def call(self, ctx: Context, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run as a subgraph: inputs bound by position, outputs returned in order."""
         feeds = {n: a for n, a in zip(self.input_names, args)}
-        out = self.run(feeds, self.output_names, ctx.rng, ctx.scope)
+        out = self.run(feeds, self.output_names, ctx.rng, ctx.scope, ctx.cancel)
         return [out[n] for n in self.output_names]
 
     def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> None:

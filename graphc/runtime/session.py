@@ -16,6 +16,7 @@ from typing import Any, Union
 import numpy as np
 import onnx
 
+from graphc.backends.cancel import CancelToken
 from graphc.backends.registry import get_backend
 from graphc.errors import InputError
 from graphc.model import Model, load
@@ -89,12 +90,18 @@ class Session:
         return f"<gc.Session {self.model.name!r} on {self.backend}>"
 
     # -- running ----------------------------------------------------------------------------------
-    def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        """Run the model; returns ``{output name: array}`` for ``outputs`` (default: all)."""
+    def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None, *,
+            cancel: CancelToken | None = None) -> dict[str, np.ndarray]:
+        """Run the model; returns ``{output name: array}`` for ``outputs`` (default: all).
+        ``cancel``: a ``graphc.backends.cancel.CancelToken`` another thread may cancel, which
+        stops the run with ``RunCancelled`` (numpy: before the next node; onnxruntime: its
+        ``RunOptions.terminate``)."""
         values = validate_feeds(self.inputs, feeds, self.optional_inputs)
         arrays = {k: v if isinstance(v, np.ndarray) else self._executable.to_host(v) for k, v in values.items()}
         names = self._check_outputs(outputs)
-        return self._executable.run(arrays, names)
+        if cancel is None:
+            return self._executable.run(arrays, names)
+        return self._executable.run(arrays, names, cancel=cancel)
 
     def _check_outputs(self, outputs: Sequence[str] | None) -> list[str]:
         if outputs is None:
