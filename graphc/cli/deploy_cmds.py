@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -47,6 +48,7 @@ def serve_cmd(
     max_queue: Optional[int] = typer.Option(None, "--max-queue", help="Most infer requests held at once (503 above; default 128)."),
     max_reply_bytes: Optional[int] = typer.Option(None, "--max-reply-bytes", help="Largest reply body (400 above; default 1 GiB)."),
     read_timeout: Optional[float] = typer.Option(None, "--read-timeout", help="Seconds a connection has to send a whole request (default 30)."),
+    request_timeout: Optional[float] = typer.Option(None, "--request-timeout", help="Seconds a model has to answer a received request, then 504 (default 120; 0: no limit)."),
 ) -> None:
     """Serve SOURCE over KServe v2 / Open Inference Protocol HTTP until SIGINT or SIGTERM."""
     from graphc.backends import get_backend
@@ -61,6 +63,10 @@ def serve_cmd(
     for key, value in limits.items():
         if value <= 0:
             raise ValueError(f"--{key.replace('_', '-')} must be positive, got {value}")
+    if request_timeout is not None:
+        if not 0 <= request_timeout < math.inf:  # NaN too
+            raise ValueError(f"--request-timeout must be 0 (no limit) or a finite number of seconds, got {request_timeout}")
+        limits["request_timeout"] = request_timeout or None
 
     def ready(address: tuple[str, int]) -> None:
         chosen = get_backend(backend).name  # what the models' sessions resolved "auto" to

@@ -14,25 +14,25 @@ import threading
 from typing import Any, Callable
 
 from graphc.serving.kserve.app import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_QUEUE,
-                                       DEFAULT_MAX_REPLY_BYTES)
+                                       DEFAULT_MAX_REPLY_BYTES, DEFAULT_REQUEST_TIMEOUT)
 from graphc.serving.kserve.repository import load_models
 from graphc.serving.kserve.server import DEFAULT_READ_TIMEOUT
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_QUEUE", "DEFAULT_MAX_REPLY_BYTES",
-           "DEFAULT_READ_TIMEOUT", "create_app", "serve"]
+           "DEFAULT_READ_TIMEOUT", "DEFAULT_REQUEST_TIMEOUT", "create_app", "serve"]
 
 
 def create_app(model_or_path_or_repo: Any, backend: str = "auto", name: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
                max_queue: int = DEFAULT_MAX_QUEUE, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
-               **session_options: Any):
+               request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT, **session_options: Any):
     """The FastAPI app serving ``model_or_path_or_repo`` (a ``gc.Model``, an ``.onnx`` file or a
     Triton repository folder); sessions are created here, once, with ``session_options``
     (``gc.Session``'s, e.g. ``threads``). The limits are ``serve``'s."""
     from graphc.serving.kserve.app import create_app as _create
 
     models = load_models(model_or_path_or_repo, name=name, backend=backend, **session_options)
-    return _create(models, max_body_bytes, max_json_bytes, max_queue, max_reply_bytes)
+    return _create(models, max_body_bytes, max_json_bytes, max_queue, max_reply_bytes, request_timeout)
 
 
 def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000, backend: str = "auto",
@@ -40,7 +40,8 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
           max_json_bytes: int = DEFAULT_MAX_JSON_BYTES, read_timeout: float = DEFAULT_READ_TIMEOUT,
           log_level: str = "warning", access_log: bool = False,
           on_ready: Callable[..., None] | None = None, max_queue: int = DEFAULT_MAX_QUEUE,
-          max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES, **session_options: Any) -> None:
+          max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES, request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+          **session_options: Any) -> None:
     """Serve until SIGINT or SIGTERM, then finish in-flight requests and return normally (a
     request whose body stops arriving, or a reply its client stops reading, for ``SHUTDOWN_IDLE``
     seconds is dropped).
@@ -65,13 +66,16 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
             past it a request gets 503 from its headers alone, and its connection closes.
         max_reply_bytes: the largest reply body (an output's size may depend on the data); a
             request whose reply would be larger gets 400 naming the output, the reply unbuilt.
+        request_timeout: seconds from a request's body being in to its answer (None: no limit);
+            past them the model's run is stopped (numpy: before its next node; onnxruntime:
+            ``RunOptions.terminate``) and the request gets 504 naming the model and the limit.
         **session_options: given to every ``gc.Session`` (e.g. ``threads=1``).
     """
     from graphc.serving.kserve import server as kserver
 
     app = create_app(model_or_path_or_repo, backend=backend, name=name, max_body_bytes=max_body_bytes,
                      max_json_bytes=max_json_bytes, max_queue=max_queue, max_reply_bytes=max_reply_bytes,
-                     **session_options)
+                     request_timeout=request_timeout, **session_options)
     # Every held connection is a descriptor: allow as many as the system does.
     kserver.raise_descriptor_limit()
     sock = kserver.listen(host, port)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import re
 import traceback
 import zlib
@@ -18,7 +19,8 @@ from typing import Any, Callable
 
 from anyio import CapacityLimiter, to_thread
 
-from graphc.errors import BackendUnavailable, GraphcError
+from graphc.errors import BackendUnavailable, GraphcError, RunCancelled
+from graphc.serving.kserve.deadline import DEFAULT_REQUEST_TIMEOUT, Deadline
 from graphc.serving.kserve.protocol import ProtocolError, decode_request, encode_response, error_body
 from graphc.serving.kserve.repository import ServedModel
 
@@ -61,12 +63,18 @@ def error_reply(exc: Exception) -> tuple[int, str]:
 
 class Limits:
     """What one request may cost: body bytes (also after decompression), bytes of JSON, bytes of
-    its reply, and how many requests larger than ``HEAVY_BYTES`` (or compressed) decode and run at
-    once; and how many infer requests the server holds at once (``queue``; ``held`` counts them)."""
+    its reply, seconds from its body to its answer (``timeout``, None: no limit), and how many
+    requests larger than ``HEAVY_BYTES`` (or compressed) decode and run at once; and how many infer
+    requests the server holds at once (``queue``; ``held`` counts them)."""
 
     def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
-                 max_queue: int = DEFAULT_MAX_QUEUE, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES):
+                 max_queue: int = DEFAULT_MAX_QUEUE, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+                 request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT):
         self.body, self.json, self.queue, self.reply = max_body_bytes, max_json_bytes, max_queue, max_reply_bytes
+        if request_timeout is not None and not 0 < request_timeout < math.inf:  # NaN too
+            raise ValueError(f"request_timeout must be a positive, finite number of seconds or None (no limit), "
+                             f"got {request_timeout}")
+        self.timeout = request_timeout
         self.heavy = CapacityLimiter(HEAVY_AT_ONCE)
         self.held = 0
 
@@ -175,13 +183,22 @@ def _decompress(body: bytes, encoding: str, limit: int, header_length: int | Non
 
 
 def run_request(model: ServedModel, body: bytes, header_length: int | None, max_reply_bytes: int | None = None,
-                inflate: Callable[[bytes], bytes] | None = None) -> tuple[bytes, int | None]:
+                inflate: Callable[[bytes], bytes] | None = None,
+                deadline: Deadline | None = None) -> tuple[bytes, int | None]:
     """Inflate (with ``inflate``, if given), decode, run and encode one request (a reply over
-    ``max_reply_bytes`` is a ``ProtocolError``)."""
-    if inflate is not None:
-        body = inflate(body)
-    request = decode_request(body, header_length)
-    return encode_response(model.name, model.version, request, model.infer(request), max_reply_bytes)
+    ``max_reply_bytes`` is a ``ProtocolError``; a ``deadline`` that passes before the run ends, a 504)."""
+    try:
+        if deadline is not None:
+            deadline.check("while the request waited for a worker thread")
+        if inflate is not None:
+            body = inflate(body)
+        request = decode_request(body, header_length)
+        results = model.infer(request, deadline)
+    except RunCancelled as exc:
+        why = str(exc)
+    else:
+        return encode_response(model.name, model.version, request, results, max_reply_bytes)
+    raise deadline.exceeded(model.name, why)
 
 
 async def send_reply(send: Callable, status: int, message: str) -> None:
@@ -221,12 +238,19 @@ async def _answer(lookup: Callable[[str, str | None], ServedModel], limits: Limi
         headers = _headers(scope)
         header_length = _int_header(headers, b"inference-header-content-length", "Inference-Header-Content-Length")
         body, inflate = await _read_body(headers, receive, limits.body, limits.json, header_length)
-        if len(body) > HEAVY_BYTES or inflate is not None:  # compressed: any size once inflated
-            payload, json_length = await to_thread.run_sync(run_request, model, body, header_length, limits.reply,
-                                                            inflate, limiter=limits.heavy)
-        else:
-            payload, json_length = await asyncio.get_running_loop().run_in_executor(
-                None, run_request, model, body, header_length, limits.reply)
+        loop = asyncio.get_running_loop()
+        deadline = None if limits.timeout is None else Deadline(limits.timeout)
+        timer = None if deadline is None else loop.call_later(limits.timeout, deadline.cancel)
+        try:
+            if len(body) > HEAVY_BYTES or inflate is not None:  # compressed: any size once inflated
+                payload, json_length = await to_thread.run_sync(run_request, model, body, header_length, limits.reply,
+                                                                inflate, deadline, limiter=limits.heavy)
+            else:
+                payload, json_length = await loop.run_in_executor(None, run_request, model, body, header_length,
+                                                                  limits.reply, None, deadline)
+        finally:
+            if timer is not None:
+                timer.cancel()
         del body
     except Exception as exc:  # noqa: BLE001 - every failure is answered, never raised into uvicorn
         status, message = error_reply(exc)

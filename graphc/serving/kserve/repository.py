@@ -12,20 +12,23 @@ file outside the repository folder is ever opened: symlinks that lead out are re
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
 import warnings
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from graphc.errors import GraphError, InputError, ModelLoadError
+from graphc.errors import GraphError, InputError, ModelLoadError, RunCancelled
 from graphc.model import Model, load
 from graphc.model.dtypes import TensorSpec, to_numpy
 from graphc.serving.deploy import check_model_name, feedable_inputs, require_tensor_interface, triton_config, triton_versions
 from graphc.serving.kserve import model_config
+from graphc.serving.kserve.deadline import Deadline
 from graphc.serving.kserve.protocol import DATATYPES, DecodedRequest, ProtocolError, datatype_of
 
 _CONFIG_LIMIT = 1 << 20  # bytes of config.pbtxt read at most
@@ -114,7 +117,9 @@ class ServedModel:
             return None
         return [-1] * (self.max_batch_size > 0) + list(reshapes[name][0])
 
-    def infer(self, request: DecodedRequest) -> dict[str, np.ndarray]:
+    def infer(self, request: DecodedRequest, deadline: Deadline | None = None) -> dict[str, np.ndarray]:
+        """The model's outputs for ``request``; past ``deadline`` (a wait for the model's lock
+        included) ``RunCancelled``."""
         for name, array in request.inputs.items():  # in the protocol's terms; the rest is Session's
             want = self._dtypes.get(name)
             if want is not None and array.dtype != want:
@@ -129,10 +134,10 @@ class ServedModel:
         wanted = None if request.outputs is None else list(request.outputs)
         try:
             if self._lock is None:
-                results = self.session.run(request.inputs, outputs=wanted)
+                results = self.session.run(request.inputs, outputs=wanted, cancel=deadline)
             else:
-                with self._lock:
-                    results = self.session.run(request.inputs, outputs=wanted)
+                with self._locked(deadline):
+                    results = self.session.run(request.inputs, outputs=wanted, cancel=deadline)
         except InputError as exc:
             raise ProtocolError(f"model {self.name!r}: {exc}") from None
         for name, array in results.items():
@@ -145,6 +150,16 @@ class ServedModel:
                                         f"its config.pbtxt reshape {list(shape)} does not fit{after}", 500)
                 results[name] = array.reshape(to)
         return results
+
+    @contextlib.contextmanager
+    def _locked(self, deadline: Deadline | None) -> Iterator[None]:
+        """Hold the model's lock, waiting at most until ``deadline`` (then ``RunCancelled``)."""
+        if not self._lock.acquire(timeout=-1 if deadline is None else deadline.remaining()):
+            raise RunCancelled(f"it waited for the model's earlier requests ({self.session.backend} runs one at a time)")
+        try:
+            yield
+        finally:
+            self._lock.release()
 
 
 def _derived_config(model: Model, name: str, max_batch_size: int) -> Any:
