@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from graphc.model.dtypes import as_dtype, to_numpy
+from graphc.serving.kserve.repeated_keys import repeated_key
 from graphc.serving.kserve.schemas import DATATYPES, InferRequest
 
 _BY_DTYPE = {dtype: datatype for datatype, dtype in DATATYPES.items()}
@@ -98,9 +99,14 @@ def _parse_header(header: bytes | memoryview) -> InferRequest:
                             f"than the server's limit of {MAX_JSON_CONTAINERS}; send tensor data flat (row-major) "
                             "or as binary data", 413)
     try:
-        return InferRequest.model_validate_json(text)
+        request = InferRequest.model_validate_json(text)
     except ValidationError as exc:
         message = describe_validation_error(exc)  # raised outside: no __context__ holding the input
+    else:
+        where = repeated_key(text)  # the parser kept the last value of a repeated key
+        if where is None:
+            return request
+        message = f"invalid infer request: {where} is given twice (a JSON object repeats its key); give each key once"
     raise ProtocolError(message)
 
 
@@ -173,8 +179,13 @@ def _requested_outputs(request: InferRequest) -> tuple[dict[str, bool] | None, b
     default = bool(request.parameters is not None and request.parameters.binary_data_output)
     if not request.outputs:  # absent or empty: every output
         return None, default
-    return {out.name: default if out.parameters is None or out.parameters.binary_data is None
-            else out.parameters.binary_data for out in request.outputs}, default
+    wanted: dict[str, bool] = {}
+    for out in request.outputs:
+        if out.name in wanted:
+            raise ProtocolError(f"output {out.name!r} is requested twice in 'outputs'; list each output once")
+        wanted[out.name] = default if out.parameters is None or out.parameters.binary_data is None \
+            else out.parameters.binary_data
+    return wanted, default
 
 
 def encode_response(model_name: str, model_version: str, request: DecodedRequest,

@@ -1,0 +1,62 @@
+"""Keys given twice in one JSON object of a request. JSON parsers (pydantic's among them) keep the
+last value of a repeated key, so ``{"inputs": [A], "inputs": [B]}`` would run on B alone and a
+tensor with two ``"data"`` on its second; RFC 8259 leaves what a repeated name means open, so the
+server refuses them (400 naming the key and where it is).
+
+The scan runs on a request the schema found valid: tensor ``data`` (numbers, booleans, lists) is
+dropped first, and outside strings the rest holds only structure, numbers and literals, so one
+regular expression steps from string to string and bracket to bracket.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+# a string, with the ':' after it when it is a key; or a bracket
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?|[{}\[\]]', re.DOTALL)
+# A tensor's ``data``, which the schema found to hold numbers, booleans and lists only (none of
+# these characters can end a string: a '"' in one is escaped, so '"data"' is always a key).
+_DATA = re.compile(rb'"data"\s*:\s*\[[-+.0-9eE,\[\]\s truefals]*\]')
+
+
+def repeated_key(text: bytes) -> str | None:
+    """Where the first key repeated within one object of ``text`` is (an infer request's JSON,
+    valid by the schema), as ``inputs[1].data`` (list indices count the objects and lists in that
+    list, which for the protocol's lists of objects is the index), or None when no key repeats."""
+    # per open container: [its key in the object holding it or its index in the list holding it,
+    # the keys seen (an object) or the count of containers in it so far (a list)]
+    stack: list[list] = []
+    key = b""
+    for match in _TOKEN.finditer(_DATA.sub(b'"data":[]', text)):
+        if match.lastindex:  # a key
+            key = match.group()[1:match.start(1) - match.start() - 1]
+            if b"\\" in key:  # escaped: "d\u0061ta" is "data"
+                key = json.loads(b'"%s"' % key).encode("utf-8", "surrogatepass")
+            keys = stack[-1][1]
+            if key in keys:
+                return _path(stack, key)
+            keys.add(key)
+        else:
+            token = match.group()
+            if token == b"{" or token == b"[":
+                if stack and type(stack[-1][1]) is list:
+                    place, stack[-1][1][0] = stack[-1][1][0], stack[-1][1][0] + 1
+                else:
+                    place = key
+                stack.append([place, set() if token == b"{" else [0]])
+            elif token == b"}" or token == b"]":  # else a string value
+                stack.pop()
+    return None
+
+
+def _path(stack: list[list], key: bytes) -> str:
+    """``inputs[1].data``: the path to ``key`` in the innermost of ``stack``'s containers."""
+    path = ""
+    for place, _ in [*stack[1:], [key, None]]:
+        if isinstance(place, int):
+            path += f"[{place}]"
+        else:
+            name = place.decode("utf-8", "surrogatepass")
+            path += "." + (name if name.isidentifier() else json.dumps(name))
+    return path.lstrip(".")
