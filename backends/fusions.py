@@ -27,7 +27,18 @@ model that holds its pattern (in any graph or local function), every other model
   (``transA=1``), which returns wrong numbers, with no error, when the MatMul's second input is 1-D
   (``A.t() @ v`` for A [3, 4]; a [2, 3, 4] batch with perm [0, 2, 1] too; a 2-D second input, or a
   vector times a transposed matrix, come out right): turned off where the second input's rank is 1
-  or cannot be told.
+  or cannot be told. In a float16 model it also crashes the process as the session is built
+  (SIGSEGV, no Python error) at level "all": the float16 MatMul has no CPU kernel, so Casts to
+  float32 go in around it; FuseFp16InitializerToFp32NodeTransformer (level 4, run only at "all")
+  then folds a float16 initializer's Cast, which reruns levels 2 and 3, and there this rewrite
+  moves the Cast ahead of a Transpose of perm [1, 0, 2] or [1, 2, 0] feeding the MatMul's first
+  input, after which NchwcTransformer segfaults. Seen on ``gc.convert_float(LSTMLanguageModel())``
+  (its decoder MatMul reads the LSTM output's [1, 0, 2] Transpose through a Dropout); the smallest
+  case is ``Mul(x, c)`` for a float16 initializer ``c`` beside an unrelated
+  ``MatMul(Transpose(a, [1, 0, 2]), d)``. Turning off this rewrite, NchwcTransformer or the fp16-initializer fusion each avoids the
+  crash; this rewrite costs a float16 model nothing (it never fuses before the Casts, having no
+  float16 FusedMatMul kernel), so it is the one turned off, in a model holding a float16 constant
+  where a MatMul's first input is a float16 Transpose's output (or of a type that cannot be told).
 
 The checks that need shapes share one shape inference, run only when one of them has a node to look at.
 """
@@ -68,7 +79,7 @@ def fusion_refused(model: onnx.ModelProto) -> tuple[str, ...]:
         "SimplifiedLayerNormFusion": lambda: _double_mean_power(nodes, readers, types),
         "CommonSubexpressionElimination": lambda: _repeated_unseeded_bernoulli(nodes),
         "ExpandElimination": lambda: _expand_to_empty(nodes, types),
-        "MatmulTransposeFusion": lambda: _transposed_times_vector(graphs, nodes, producers, types),
+        "MatmulTransposeFusion": lambda: _transposed_product_refused(graphs, nodes, producers, types),
     }
     return tuple(name for name, holds in checks.items() if holds())
 
@@ -146,13 +157,26 @@ def _expand_to_empty(nodes, types) -> bool:
                for n in nodes if n.op_type == "Expand")
 
 
-def _transposed_times_vector(graphs, nodes, producers, types) -> bool:
-    """A MatMul whose first input is a Transpose's output and whose second may be 1-D."""
+def _transposed_product_refused(graphs, nodes, producers, types) -> bool:
+    """A MatMul whose first input is a Transpose's output (past Identity/Dropout) and whose second
+    may be 1-D, or, in a model holding a float16 constant, whose first may be float16."""
     known = {t.name: list(t.dims) for g in graphs for t in g.initializer}
-    for node in nodes:
-        if _ops(node, "MatMul") and _ops(producers.get(node.input[0]), "Transpose"):
-            name = node.input[1]
-            dims = known[name] if name in known else types().get(name, (None, None))[1]
-            if dims is None or len(dims) == 1:
-                return True
+    products = [n for n in nodes if _ops(n, "MatMul") and _ops(_through_removed(n.input[0], producers), "Transpose")]
+    half = any(t.data_type == TensorProto.FLOAT16 for t in constant_tensors(graphs).values()) if products else False
+    for node in products:
+        name = node.input[1]
+        dims = known[name] if name in known else types().get(name, (None, None))[1]
+        if dims is None or len(dims) == 1:
+            return True
+        if half and types().get(node.input[0], (TensorProto.FLOAT16,))[0] == TensorProto.FLOAT16:
+            return True
     return False
+
+
+def _through_removed(name: str, producers) -> onnx.NodeProto | None:
+    """The node making ``name``, past the Identity and Dropout nodes onnxruntime removes first
+    (an inference Dropout sits between the LSTM LM's Transpose and its decoder MatMul)."""
+    node = producers.get(name)
+    while _ops(node, "Identity", "Dropout"):
+        node = producers.get(node.input[0])
+    return node
