@@ -307,3 +307,37 @@ def test_trainer_export_and_cli_write_half_models(tmp_path, capsys):
     bad = run_cli(capsys, "optimize", path, "-o", tmp_path / "x.onnx", "--dtype", "float8")
     assert "dtype must be one of ['bfloat16', 'float16'], got 'float8'" in one_line_error(bad)
     assert not (tmp_path / "x.onnx").exists()
+
+
+def test_deploy_triton_converts_in_one_step(tmp_path):
+    factory, inputs = EXAMPLES["cnn"]
+    model = gc.capture(factory(), **inputs())
+    folder = gc.deploy.triton(model, tmp_path / "repo", "cnn16", max_batch_size=8, dtype="float16")
+    config = (folder / "config.pbtxt").read_text()
+    assert config.count("TYPE_FP16") == 2 and "TYPE_FP32" not in config
+    written = gc.load(folder / "1" / "model.onnx")
+    onnx.checker.check_model(str(folder / "1" / "model.onnx"), full_check=True)
+    assert written.opset == 17 and written.inputs[0].dtype == "float16"
+    feeds = _feeds(model, batch=3)
+    _assert_near(gc.Session(model, backend="numpy").run(feeds), _ort(written, _as(feeds, "float16")), "float16",
+                 "deployed")
+    bf16 = gc.deploy.triton(model, tmp_path / "repo", "cnnbf16", dtype="bfloat16")
+    assert (bf16 / "config.pbtxt").read_text().count("TYPE_BF16") == 2
+    with pytest.raises(gc.GraphError, match="dtype must be one of \\['bfloat16', 'float16'\\], got 'half'"):
+        gc.deploy.triton(model, tmp_path / "repo", "bad", dtype="half")
+    assert not (tmp_path / "repo" / "bad").exists()
+
+
+def test_cli_prints_a_range_warning_as_one_line(tmp_path, capsys):
+    from cli_util import run_cli
+
+    _range_resize_model().save(tmp_path / "m.onnx")
+    deployed = run_cli(capsys, "deploy", "triton", tmp_path / "m.onnx", "--repo", tmp_path / "repo", "--name", "m",
+                       "--dtype", "float16")
+    optimized = run_cli(capsys, "optimize", tmp_path / "m.onnx", "-o", tmp_path / "o.onnx", "--dtype", "float16")
+    for result in (deployed, optimized):
+        assert result.code == 0, result.err
+        assert result.err.strip().splitlines() == [
+            "warning: 1 finite float32 values beyond float16's range were clamped to its largest finite value, "
+            "in 'k' (1)"], result.err
+    assert "TYPE_FP16" in (tmp_path / "repo" / "m" / "config.pbtxt").read_text()

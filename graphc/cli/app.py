@@ -10,12 +10,14 @@ it took a value), and the columns wrap cleanly at 80 characters.
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from graphc.errors import InputError
 
@@ -97,6 +99,21 @@ def naming_opset(opset: Optional[int]) -> Iterator[None]:
         if opset is None:
             raise
         raise OpsetError(f"--opset {opset}: {exc}") from None
+
+
+@contextmanager
+def one_line_warnings(*categories: type[Warning]) -> Iterator[None]:
+    """Each warning of ``categories`` raised inside printed to stderr as ``warning: MESSAGE``, one
+    line, every time (not Python's file:line form, shown once per place)."""
+    with warnings.catch_warnings(record=True) as caught:
+        for category in categories:
+            warnings.simplefilter("always", category)
+        try:
+            yield
+        finally:
+            for warning in caught:
+                err_console.print(f"[bold yellow]warning:[/] {escape(str(warning.message))}", highlight=False,
+                                  soft_wrap=True)
 
 
 def validation_problem(error: dict, where: str = "") -> str:

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from graphc.cli.app import app, check_writable_at, console, deploy_app, naming_opset
+from graphc.cli.app import app, check_writable_at, console, deploy_app, naming_opset, one_line_warnings
 
 
 @deploy_app.command("triton")
@@ -20,15 +20,18 @@ def triton_cmd(
     gpu: bool = typer.Option(False, "--gpu", help="Run instances on the GPU (KIND_GPU) instead of the CPU."),
     dynamic_batching: bool = typer.Option(False, "--dynamic-batching", help="Let Triton merge requests (needs --max-batch-size)."),
     opset: Optional[int] = typer.Option(None, "--opset", help="Opset to write (default: the model's, at most 17)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="float16 or bfloat16: deploy the model converted "
+                                        "(gc.convert_float; default: as it is)."),
 ) -> None:
     """Write MODEL into a Triton repository: REPO/NAME/config.pbtxt and REPO/NAME/VERSION/model.onnx
     (version 1, or one above the highest already there)."""
+    from graphc.passes.precision import RangeWarning
     from graphc.serving import deploy
 
     check_writable_at(repo, "--repo")
-    with naming_opset(opset):
+    with one_line_warnings(RangeWarning), naming_opset(opset):
         folder = deploy.triton(model, repo, name, max_batch_size=max_batch_size, instance="gpu" if gpu else "cpu",
-                               dynamic_batching=dynamic_batching, opset=opset)
+                               dynamic_batching=dynamic_batching, opset=opset, dtype=dtype)
     versions = deploy.triton_versions(folder)
     kept = f" (versions {', '.join(map(str, versions[:-1]))} kept; Triton serves the highest)" if len(versions) > 1 else ""
     console.print(f"wrote {folder / 'config.pbtxt'} and version {versions[-1]}: {folder / str(versions[-1]) / 'model.onnx'}"

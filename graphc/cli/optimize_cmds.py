@@ -9,7 +9,7 @@ import onnx
 import typer
 from rich.table import Table
 
-from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
+from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, one_line_warnings, output_option
 from graphc.errors import PassError
 from graphc.model import load
 from graphc.passes.optimize import LEVELS, OptimizeReport
@@ -52,8 +52,10 @@ def optimize_cmd(
     optimized, rep = optimize(original, level, report=True)
     if dtype is not None:
         from graphc.compile.precision import convert_float
+        from graphc.passes.precision import RangeWarning
 
-        optimized = convert_float(optimized, dtype)
+        with one_line_warnings(RangeWarning):
+            optimized = convert_float(optimized, dtype)
     try:  # never write a model onnx itself would reject
         onnx.checker.check_model(optimized.proto)
     except onnx.checker.ValidationError as exc:

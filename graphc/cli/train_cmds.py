@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from graphc.cli.app import (OUT_ALIAS, app, check_writable_at, chosen_output, console, err_console, given,
-                            naming_opset, output_option)
+                            naming_opset, one_line_warnings, output_option)
 from graphc.cli.arrays import fit_bfloat16, load_npz, npz_names
 from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_schedule
 from graphc.runtime.metrics import names as metric_names
@@ -311,14 +310,11 @@ def export_cmd(
     checkpoint trained from it lies beside it or in the current directory, and warned about
     otherwise, unless --allow-untrained."""
     from graphc.compile.export import UntrainedWeightsWarning, export_inference
+    from graphc.passes.precision import RangeWarning
 
     output = chosen_output(output, out)
-    with warnings.catch_warnings(record=True) as caught:  # each printed as one line
-        warnings.simplefilter("always", UntrainedWeightsWarning)
-        with naming_opset(opset):
-            path = export_inference(source, output, opset=opset, allow_untrained=allow_untrained, dtype=dtype)
-    for warning in caught:
-        err_console.print(f"[bold yellow]warning:[/] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
+    with one_line_warnings(UntrainedWeightsWarning, RangeWarning), naming_opset(opset):
+        path = export_inference(source, output, opset=opset, allow_untrained=allow_untrained, dtype=dtype)
     console.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
