@@ -341,3 +341,43 @@ def test_cli_prints_a_range_warning_as_one_line(tmp_path, capsys):
             "warning: 1 finite float32 values beyond float16's range were clamped to its largest finite value, "
             "in 'k' (1)"], result.err
     assert "TYPE_FP16" in (tmp_path / "repo" / "m" / "config.pbtxt").read_text()
+
+
+def test_a_scan_body_converts():
+    """A running sum scaled by a body constant: the Scan's state, scanned input, body Constant
+    and outputs all become float16, and the numbers match float32's."""
+    body = helper.make_graph(
+        [helper.make_node("Constant", [], ["k"], value=helper.make_tensor("k", TensorProto.FLOAT, [], [0.5])),
+         helper.make_node("Mul", ["row", "k"], ["half_row"]), helper.make_node("Add", ["acc", "half_row"], ["acc_out"]),
+         helper.make_node("Tanh", ["acc_out"], ["scanned"])], "body",
+        [helper.make_tensor_value_info("acc", TensorProto.FLOAT, [4]), helper.make_tensor_value_info("row", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [4]),
+         helper.make_tensor_value_info("scanned", TensorProto.FLOAT, [4])])
+    model = make_model([helper.make_node("Scan", ["init", "xs"], ["total", "ys"], body=body, num_scan_inputs=1)],
+                       [("init", TensorProto.FLOAT, [4]), ("xs", TensorProto.FLOAT, ["T", 4])],
+                       [("total", TensorProto.FLOAT, [4]), ("ys", TensorProto.FLOAT, ["T", 4])])
+    half = gc.convert_float(model, "float16")
+    onnx.checker.check_model(half.proto, full_check=True)
+    (scan_body,) = [a.g for a in half.proto.graph.node[0].attribute if a.name == "body"]
+    assert {v.type.tensor_type.elem_type for v in [*scan_body.input, *scan_body.output]} == {TensorProto.FLOAT16}
+    assert scan_body.node[0].attribute[0].t.data_type == TensorProto.FLOAT16
+    feeds = {"init": RNG.standard_normal(4).astype(np.float32), "xs": RNG.standard_normal((6, 4)).astype(np.float32)}
+    reference = gc.Session(model, backend="numpy").run(feeds)
+    for backend in ("numpy", "ort-cpu"):
+        _assert_near(reference, gc.Session(half, backend=backend).run(_as(feeds, "float16")), "float16", backend)
+    _assert_near(reference, _ort(half, _as(feeds, "float16")), "float16", "onnxruntime")
+
+
+def test_the_report_counts_values_that_become_subnormal_beside_those_flushed():
+    values = np.array([1e-3, 1e-5, -2e-5, 3e-8, 1e-8, 0.0, 6.2e-5], np.float32)
+    model = make_model([helper.make_node("Mul", ["x", "w"], ["y"])], [("x", TensorProto.FLOAT, [7])],
+                       [("y", TensorProto.FLOAT, [7])], [("w", values)])
+    half, report = gc.convert_float(model, "float16", report=True)
+    # float16's smallest normal is 6.1e-5, its smallest subnormal 6e-8: 1e-5, -2e-5 and 3e-8 (to 6e-8)
+    # become subnormals, 1e-8 becomes 0; 6.2e-5 stays normal
+    as_half = values.astype(np.float16)
+    assert report.subnormal == {"w": 3} and report.flushed == {"w": 1}
+    assert np.count_nonzero((as_half != 0) & (np.abs(as_half) < np.finfo(np.float16).smallest_normal)) == 3
+    assert gc.convert_float(model, "bfloat16", report=True)[1].subnormal == {}  # float32's exponent range
+    got = gc.Session(half, backend="numpy").run({"x": np.ones(7, np.float16)})["y"]
+    np.testing.assert_array_equal(got, as_half)

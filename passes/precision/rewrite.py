@@ -30,14 +30,17 @@ class RangeWarning(UserWarning):
 @dataclass
 class FloatReport:
     """What ``convert_float`` did: ``blocked``: nodes kept in float32 by a block list (op type or
-    name) or for lack of a schema; ``casts``: Cast nodes added; ``clamped``/``flushed``: per
-    tensor, values clamped to the type's largest finite value / non-zero values that became 0."""
+    name) or for lack of a schema; ``casts``: Cast nodes added; ``clamped``/``subnormal``/
+    ``flushed``: per tensor, values clamped to the type's largest finite value / that became the
+    type's subnormals (float16: magnitude below 6.1e-5, down to 6e-8) / non-zero values that
+    became 0."""
 
     dtype: str
     converted: int = 0
     blocked: list[str] = field(default_factory=list)
     casts: int = 0
     clamped: dict[str, int] = field(default_factory=dict)
+    subnormal: dict[str, int] = field(default_factory=dict)
     flushed: dict[str, int] = field(default_factory=dict)
     bytes_before: int = 0
     bytes_after: int = 0
@@ -123,10 +126,10 @@ class _Rewrite:
 
     def _narrow(self, tensor: ir.TensorProtocol, name: str) -> ir.Tensor:
         done = narrow(tensor, self.target, name)
-        if done.clamped:
-            self.report.clamped[name] = done.clamped
-        if done.flushed:
-            self.report.flushed[name] = done.flushed
+        for counts, count in ((self.report.clamped, done.clamped), (self.report.subnormal, done.subnormal),
+                              (self.report.flushed, done.flushed)):
+            if count:
+                counts[name] = count
         return done.tensor
 
     def _convert_attributes(self, node: ir.Node) -> None:
@@ -195,7 +198,7 @@ class _Rewrite:
             warnings.warn(RangeWarning(
                 f"{sum(self.report.clamped.values())} finite float32 values beyond {self.report.dtype}'s range "
                 f"were clamped to its largest finite value, in {items}"
-                + (f"; {flushed} non-zero values became 0" if flushed else "")), stacklevel=4)
+                + (f"; {flushed} non-zero values became 0" if flushed else "")), stacklevel=5)
 
 
 def _is_float(value: ir.Value | None) -> bool:

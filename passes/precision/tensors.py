@@ -1,5 +1,5 @@
 """float32 data in a half type: finite values beyond the type's range clamped to its largest
-finite value, and counts of what was clamped or flushed to zero."""
+finite value, and counts of what was clamped, became subnormal or was flushed to zero."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from graphc.model.dtypes import finfo
 @dataclass(frozen=True)
 class Narrowed:
     """One tensor's float32 data in the target type; ``clamped``: finite values beyond the range;
-    ``flushed``: non-zero values that became 0."""
+    ``subnormal``: values that became the type's subnormals (float16: below 6.1e-5 in magnitude,
+    fewer significant bits); ``flushed``: non-zero values that became 0."""
 
     tensor: ir.Tensor
     clamped: int
+    subnormal: int
     flushed: int
 
 
@@ -25,9 +27,12 @@ def narrow(tensor: ir.TensorProtocol, target: ir.DataType, name: str) -> Narrowe
     """``tensor`` (float32) as ``target``; NaN and +-inf stay what they are."""
     array = tensor.numpy()
     dtype = target.numpy()
-    largest = float(finfo(dtype).max)
+    info = finfo(dtype)
+    largest = float(info.max)
     beyond = np.isfinite(array) & (np.abs(array) > largest)
     clamped = np.where(beyond, np.sign(array) * largest, array)
     out = clamped.astype(dtype)
+    magnitude = np.abs(out.astype(np.float32))
+    subnormal = int(np.count_nonzero((magnitude > 0) & (magnitude < float(info.smallest_normal))))
     flushed = int(np.count_nonzero((array != 0) & (out == 0)))
-    return Narrowed(ir.tensor(out, name=name), int(beyond.sum()), flushed)
+    return Narrowed(ir.tensor(out, name=name), int(beyond.sum()), subnormal, flushed)
