@@ -28,11 +28,8 @@ No DSL here: the caller (``graphc.compile.training``) turns specs into the plain
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-
-from fnmatch import fnmatchcase
 
 import numpy as np
 import onnx_ir as ir
@@ -40,18 +37,17 @@ from onnx_ir.passes.common import RemoveInitializersFromInputsPass, RemoveUnused
 
 from graphc.errors import PassError
 from graphc.model.file import clip_bounds_like_input
-from graphc.passes.autodiff.core import DEFAULT_OPSET, backward, node_inputs
+from graphc.passes.autodiff.core import DEFAULT_OPSET, backward
 from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks, fold_integer_values
-from graphc.passes.autodiff.registry import settings_only
 from graphc.passes.emit import Emitter
 from graphc.passes.infer import correct_onnx_inference
 from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, loss_scaling, modes
-from graphc.passes.training import optimizers
+from graphc.passes.training import optimizers, param_selection
 from graphc.passes.training import noise as noise_shapes, padding_rows, recompute as recomputation, reductions, taps_params
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.training.scheduled import MOMENTUM, momentum_value
-from graphc.passes.values import onnx_opset, stops_gradient
+from graphc.passes.values import onnx_opset
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
 STEP = "step"
@@ -108,11 +104,11 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
 
     free_names(base.graph, _reserved(loss, optimizer, loss_scale))
     label = append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
-    params, frozen_all, constants = _select_params(base, bn_stats, trainable, frozen, params, order)
+    params, frozen_all, constants = param_selection.select(base, bn_stats, trainable, frozen, params, order)
     buffer_updates.refuse_max_norm(base.graph, params)
     imports.warn_shared_normalization_params(base.graph, params)
     imports.warn_folded_parameters(base, params)
-    decays = _decays(params, optimizer.get("no_decay") or ())
+    decays = param_selection.decays(params, optimizer.get("no_decay") or ())
     groups = flat.plan(base.graph, params, decays) if fused else []
 
     evaluation, eval_outputs = _eval_graph(base, params, bn_stats, model_outputs)
@@ -175,15 +171,6 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     state.update(loss_scaling.initial_state(loss_scale))
     return Built(graphs, roles, feeds, params, frozen_all, constants, state, model_outputs, opset, groups, slots,
                  orders, one_row)
-
-
-def _decays(params: Sequence[str], no_decay: Sequence[str]) -> dict[str, bool]:
-    """Whether each param gets weight decay: not when a ``no_decay`` pattern matches its name."""
-    unmatched = [pat for pat in no_decay if not any(fnmatchcase(p, pat) for p in params)]
-    if unmatched:
-        shown = ", ".join(params[:8]) + (", ..." if len(params) > 8 else "")
-        raise PassError(f"no_decay pattern(s) {unmatched} match no trainable param (params: {shown})")
-    return {p: not any(fnmatchcase(p, pat) for pat in no_decay) for p in params}
 
 
 def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
@@ -342,64 +329,6 @@ def _infer_shapes(model: ir.Model) -> None:
     correct_onnx_inference(model.graph, onnx_opset(model, DEFAULT_OPSET))
 
 
-def _select_params(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, params,
-                   order: dict[str, int]) -> tuple[list[str], list[str], dict[str, str]]:
-    """(trainable, frozen, {exporter constant: why}) float initializers, in the original model's
-    initializer order. ``trainable``, ``frozen`` and ``params`` hold names or glob patterns."""
-    graph = model.graph
-    candidates = [n for n, v in graph.initializers.items() if imports.is_float(v) and n not in bn_stats]
-    candidates.sort(key=lambda n: order.get(n, len(order)))
-    frozen, forced = _matching(frozen, candidates, "frozen"), _matching(params, candidates, "params")
-    both = [n for n in forced if n in frozen]
-    if both:  # frozen had silently won
-        raise PassError(f"{both} matched by both frozen= (--freeze) and params= (--param): give each param one of them")
-    constants = {n: why for n, why in imports.exporter_constants(model, candidates).items() if n not in forced}
-    if trainable is None:
-        trainable = [n for n in candidates if n in forced or (
-            n not in constants and not settings_only(graph.initializers[n]))]
-    else:
-        chosen = set(_matching(trainable, candidates, "trainable")) | set(forced)
-        trainable = [n for n in candidates if n in chosen]
-        constants = {n: why for n, why in constants.items() if n not in chosen}
-        forced = chosen
-    trainable = [n for n in trainable if n not in frozen]
-    # a param the loss never reads (or reads only through gc.detach) has no gradient: as
-    # torch.optim skips a param whose grad is None, it gets no step and no weight decay (it stays in ``frozen``)
-    used = _loss_inputs(graph)
-    unread = [n for n in trainable if graph.initializers[n] not in used]
-    if any(n in forced for n in unread):
-        warnings.warn(f"params {unread} do not reach the loss (or only through gc.detach): they have no gradient and "
-                      "are not updated (no step, no weight decay, as torch.optim skips a param whose grad is None); "
-                      "manifest.frozen lists them",
-                      UserWarning, stacklevel=4)
-    trainable = [n for n in trainable if n not in unread]
-    if not trainable:
-        raise PassError("no trainable parameters: every float initializer is frozen, an exporter constant or does "
-                        "not reach the loss")
-    return trainable, [n for n in candidates if n not in trainable and n not in constants], constants
-
-
-def _matching(patterns: Iterable[str], candidates: Sequence[str], option: str) -> list[str]:
-    """The candidates each name or glob pattern (``fnmatch``: ``*.bias``) selects; one that
-    selects none is an error naming the option."""
-    patterns = list(patterns)
-    picked = {pat: [n for n in candidates if n == pat or fnmatchcase(n, pat)] for pat in patterns}
-    unknown = [pat for pat, names in picked.items() if not names]
-    if unknown:
-        shown = ", ".join(candidates[:12]) + (", ..." if len(candidates) > 12 else "")
-        raise PassError(f"{option}: unknown parameter(s) {unknown}; float initializers of the model: {shown}")
-    return [n for n in candidates if any(n in names for names in picked.values())]
-
-
-def _loss_inputs(graph: ir.Graph) -> set[ir.Value]:
-    """The values the loss reads differentiably: not through a ``gc.detach`` (``stops_gradient``)."""
-    needed = {by_name(graph, LOSS)}
-    for node in reversed(list(graph)):
-        if not stops_gradient(node) and any(v in needed for v in node.outputs):
-            needed.update(node_inputs(node))
-    return needed
-
-
 def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups: Sequence[flat.Group],
                  no_decay: Sequence[str] = (), lr_dtype: ir.DataType | None = None,
                  loss_scale: dict | None = None) -> ir.Model:
@@ -418,7 +347,7 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
         values[p.name] = ir.Value(name=p.name, type=ir.TensorType(p.dtype), shape=p.shape)
         grads[p.name] = ir.Value(name=f"{p.name}_grad", type=ir.TensorType(p.dtype), shape=p.shape)
         graph.inputs.extend((values[p.name], grads[p.name]))
-    decays = _decays(list(values), no_decay)
+    decays = param_selection.decays(list(values), no_decay)
     slots = optimizers.state_slots(optimizer)
     outputs = _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups),
                                 lr_dtype or optimizers.lr_dtype(p.dtype for p in params), loss_scale)
