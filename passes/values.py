@@ -65,9 +65,9 @@ def stops_gradient(node: ir.Node) -> bool:
 BUFFER_WRITE_KEY = "graphc.buffer_write"
 BUFFER_UPDATE_KEY = "graphc.buffer_update"
 
-# node metadata of an embedding lookup with torch's ``max_norm`` (``F.embedding``): its rows scaled,
-# the stop-gradient Identity marked with the weight's name and the user's line; torch renormalises
-# those weight rows in place, which the training graphs cannot carry into the optimizer step
+# node metadata of an embedding lookup with torch's ``max_norm`` (``F.embedding``): the weight with the
+# rows looked up renormalised, a stop-gradient Identity marked "<param> at <the user's line>"; the
+# training graphs step the param from its last such value, as torch's optimizer steps it
 MAX_NORM_KEY = "graphc.max_norm"
 
 

@@ -1,7 +1,9 @@
 """``gc.nn.Embedding(max_norm=...)`` and ``F.embedding(..., max_norm=...)`` against torch: the rows
 looked up whose norm exceeds ``max_norm`` come out scaled to it, the scaling not differentiated (torch
-renormalises them in place under ``no_grad``); on numpy and ort-cpu. Training such a weight is refused
-at generate time: torch's optimizer steps the renormalised weight, which the training graphs cannot."""
+renormalises them in place under ``no_grad``); on numpy and ort-cpu. Trained, the weight is stepped as torch's
+optimizer steps it: from its renormalised value (the in-place change persists), each row looked up
+renormalised once however often the batch repeats it, the rows never looked up untouched; with a
+tied output layer, which reads the renormalised weight too."""
 
 from __future__ import annotations
 
@@ -56,21 +58,147 @@ def test_the_functional_form_matches_torch():
     np.testing.assert_allclose(got["w"], w.grad.numpy(), rtol=1e-12)
 
 
+ROWS, DIM = 8, 3  # indices drawn from 0..5: rows 6 and 7 (norms over max_norm) are never looked up
+START = R.normal(size=(ROWS, DIM)) * 1.5
+OPTIMIZERS = {"sgd": (lambda: gc.optim.SGD(lr=0.1, momentum=0.9), lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
+              "adam": (lambda: gc.optim.Adam(lr=0.05), lambda ps: torch.optim.Adam(ps, lr=0.05)),
+              "adamw": (lambda: gc.optim.AdamW(lr=0.05, weight_decay=0.1),
+                        lambda ps: torch.optim.AdamW(ps, lr=0.05, weight_decay=0.1))}
+
+
+def _forward(m, i):
+    return m.fc(m.emb(i).mean(1))
+
+
 class _Net(gc.nn.Module):
-    def __init__(self):
+    """Embedding(max_norm) -> mean over the sequence -> Linear; ``tied``: the Linear's weight is the
+    embedding's ([ROWS, DIM]: logits over the rows)."""
+
+    def __init__(self, norm_type: float = 2.0, tied: bool = False):
         super().__init__()
-        self.emb = gc.nn.Embedding(6, 3, max_norm=1.0, dtype="float64")
-        self.fc = gc.nn.Linear(3, 1, dtype="float64")
+        self.emb = gc.nn.Embedding(ROWS, DIM, max_norm=1.0, norm_type=norm_type, dtype="float64")
+        self.emb.weight = gc.nn.Parameter(START.copy(), dtype="float64")
+        self.fc = gc.nn.Linear(DIM, ROWS if tied else 2, dtype="float64")
+        if tied:
+            self.fc.weight = self.emb.weight
 
-    def forward(self, i):
-        return self.fc(self.emb(i)).sum(1)
+    forward = _forward
 
 
-def test_training_a_max_norm_weight_is_refused_naming_it_and_the_line():
-    model = gc.capture(_Net(), training=True, i=INDICES)
-    with pytest.raises(gc.PassError, match=r"embedding of 'emb.weight' with max_norm \(at .*test_embedding_max_norm"
-                                           r"\.py:\d+\) is trained: torch renormalises"):
-        gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(lr=0.1))
-    frozen = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(lr=0.1),
-                                  frozen=["emb.weight"])
-    assert "emb.weight" in frozen.manifest.frozen and "fc.weight" in frozen.manifest.trainable
+class _Twin(torch.nn.Module):
+    def __init__(self, net: _Net, norm_type: float, tied: bool):
+        super().__init__()
+        self.emb = torch.nn.Embedding(ROWS, DIM, max_norm=1.0, norm_type=norm_type, dtype=torch.float64)
+        self.fc = torch.nn.Linear(DIM, ROWS if tied else 2, dtype=torch.float64)
+        if tied:
+            self.fc.weight = self.emb.weight
+        self.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in net.state_dict().items()})
+
+    forward = _forward
+
+
+def _batches(outputs: int, steps: int = 10) -> list[dict]:
+    rng = np.random.default_rng(1)
+    out = []
+    for _ in range(steps):
+        i = rng.integers(0, 6, (3, 4))
+        i[0, :3] = i[1, 0]  # a row repeated in the batch: torch renormalises it once
+        out.append({"i": i, "y": rng.normal(size=(3, outputs))})
+    return out
+
+
+def _torch_steps(twin, make_opt, batches) -> list[float]:
+    opt, losses = make_opt(twin.parameters()), []
+    for b in batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(twin(torch.from_numpy(b["i"])), torch.from_numpy(b["y"]))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _artifacts(net, kind):
+    model = gc.capture(net, training=True, i=gc.spec("int64", ("N", 4)))
+    return gc.training.generate(model, gc.losses.mse("output", label="y"), OPTIMIZERS[kind][0]())
+
+
+def _assert_weights(trainer, twin):
+    got, want = trainer.state_dict(), twin.state_dict()
+    assert "emb.weight" in got
+    for name in set(got) & set(want):  # a tied weight once, under its first name
+        np.testing.assert_allclose(got[name], want[name].numpy(), rtol=1e-12, atol=1e-15, err_msg=name)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+@pytest.mark.parametrize("norm_type", [2.0, 1.0])
+def test_training_steps_the_renormalised_weight_as_torch_and_resumes_exactly(tmp_path, backend, kind, norm_type):
+    net = _Net(norm_type)
+    arts = _artifacts(net, kind)
+    assert arts.manifest.renormed == ["emb.weight"]
+    twin, batches = _Twin(net, norm_type, False), _batches(2)
+    trainer = gc.Trainer(arts, backend=backend)
+    losses = []
+    for k, b in enumerate(batches):
+        losses.append(trainer.step(b))
+        if k == 4:
+            trainer.save_checkpoint(tmp_path / "ck")
+    np.testing.assert_allclose(losses, _torch_steps(twin, OPTIMIZERS[kind][1], batches), rtol=1e-12, atol=1e-15)
+    _assert_weights(trainer, twin)
+    weight = trainer.state_dict()["emb.weight"]
+    assert (np.linalg.norm(START[:6], ord=norm_type, axis=1) > 1).any()
+    if kind != "adamw":  # no weight decay: the rows never looked up are never changed (adamw decays them)
+        np.testing.assert_array_equal(weight[6:], START[6:])
+
+    fresh = gc.Trainer(arts, backend=backend)
+    fresh.load_checkpoint(tmp_path / "ck")
+    assert [fresh.step(b) for b in batches[5:]] == losses[5:]
+    for name, value in trainer.state_dict().items():
+        np.testing.assert_array_equal(fresh.state_dict()[name], value, err_msg=name)
+
+    # eval and the inference graph renormalise the rows they look up, as torch's eval mode does
+    held = {"i": np.array([[6, 7, 7, 0], [1, 6, 2, 2]]), "y": np.ones((2, 2))}
+    twin.eval()
+    with torch.no_grad():
+        out = twin(torch.from_numpy(held["i"]))
+    want = torch.nn.functional.mse_loss(out, torch.from_numpy(held["y"])).item()
+    np.testing.assert_allclose(trainer.evaluate(held)["loss"], want, rtol=1e-12)
+    np.testing.assert_array_equal(trainer.state_dict()["emb.weight"], weight)  # evaluate does not write it
+    trainer.export_inference(tmp_path / "inf.onnx")
+    onnx = pytest.importorskip("onnx")
+    onnx.checker.check_model(str(tmp_path / "inf.onnx"), full_check=True)
+    got = gc.Session(tmp_path / "inf.onnx", backend=backend).run({"i": held["i"]})["output"]
+    np.testing.assert_allclose(got, out.numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_a_tied_output_layer_reads_the_renormalised_weight_as_torch(backend):
+    net = _Net(tied=True)
+    arts = _artifacts(net, "adamw")
+    assert arts.manifest.trainable == ["emb.weight", "fc.bias"] and arts.manifest.renormed == ["emb.weight"]
+    twin, batches = _Twin(net, 2.0, True), _batches(ROWS)
+    trainer = gc.Trainer(arts, backend=backend)
+    losses = [trainer.step(b) for b in batches]
+    np.testing.assert_allclose(losses, _torch_steps(twin, OPTIMIZERS["adamw"][1], batches), rtol=1e-12, atol=1e-15)
+    _assert_weights(trainer, twin)
+
+
+def test_a_captured_forward_sees_the_renormalised_weight_after_the_lookup():
+    """Inference capture: a second read of the weight (tied) after the lookup reads the renormed rows."""
+    net = _Net(tied=True)
+    twin = _Twin(net, 2.0, True).eval()
+    i = np.array([[0, 1, 1, 3]])
+    with torch.no_grad():
+        want = twin(torch.from_numpy(i)).numpy()
+    model = gc.capture(net, i=gc.spec("int64", ("N", 4)))
+    for backend in ("numpy", "ort-cpu"):
+        np.testing.assert_allclose(gc.Session(model, backend=backend).run({"i": i})["output"], want, rtol=1e-12)
+
+
+def test_data_parallel_training_of_a_renormalised_weight_is_refused():
+    from graphc.errors import ArtifactsError
+
+    with pytest.raises(ArtifactsError, match=r"\['emb.weight'\] are renormalised in place by an embedding with "
+                                             r"max_norm.*train with one worker"):
+        gc.Trainer(_artifacts(_Net(), "sgd"), workers=2)

@@ -180,6 +180,9 @@ class Manifest(BaseModel):
     # axes from the model's: conv weights as their dense_conv reads them (passes/training/taps_params)
     orders: dict[str, list[int]] = {}
     recompute: bool = False  # the backward recomputes cheap forward values (generate's option)
+    # trainable params an embedding with max_norm renormalises in place: train_step steps them from
+    # their renormalised values; the gradients graph (data-parallel workers) does not give those
+    renormed: list[str] = []
     device: Literal["cpu", "cuda"] = "cpu"  # whose kernels the backward's lowerings suit (generate's option)
     # train-mode BatchNorms with one value per channel in a batch of one row: {module: [data input, axis]}
     one_row_batchnorms: dict[str, tuple[str, int]] = {}
@@ -619,7 +622,8 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         layout=[FlatBuffer(name=g.name, dtype=str(as_dtype(int(g.dtype))), params=g.params,
                            shapes=[list(s) for s in g.shapes], slots=list(built.slots),
                            weight_decay=g.weight_decay) for g in built.layout],
-        orders=built.orders, one_row_batchnorms=built.one_row_batchnorms, loss_scale=scale_json)
+        orders=built.orders, one_row_batchnorms=built.one_row_batchnorms, loss_scale=scale_json,
+        renormed=built.renormed)
     return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
                              graphs["inference"], built.state, manifest, graphs.get("noise_shapes"))
 

@@ -63,6 +63,13 @@ def write(t: Tensor, new: Any) -> Tensor:
     return t
 
 
+def rebind(t: Tensor, new: Tensor, why: str) -> None:
+    """Rebind ``t`` to ``new`` as an op that writes its input in place does (torch's
+    ``embedding_renorm_``), through ``t``'s bases, a parameter too; ``why`` says so to a stale view."""
+    _check_in_body(t)
+    _assign(t, new, None, why)
+
+
 def _assign(t: Tensor, new: Tensor, keep: Tensor | None, why: str) -> None:
     for ref in t._views or ():
         view = ref()

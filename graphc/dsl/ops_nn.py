@@ -10,7 +10,7 @@ import numpy as np
 from graphc.dsl import ops, ops_math
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.inplace import into, writes_input
+from graphc.dsl.inplace import into, rebind, writes_input
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import in_float32
 from graphc.errors import CaptureError
@@ -311,7 +311,7 @@ def embedding(indices: Tensor, weight: Tensor, padding_idx: int | None = None, m
         rows = ops.where(is_pad, ops.detach(rows), rows)
     if scale_grad_by_freq:
         rows = _grad_by_freq(rows, indices, weight.shape[0])
-    return rows if max_norm is None else renormed(rows, weight, max_norm, norm_type)
+    return rows if max_norm is None else renormed(rows, weight, max_norm, norm_type, indices)
 
 
 def _padding_row(weight: Tensor, padding_idx: int | None) -> int | None:
@@ -340,18 +340,43 @@ def _grad_by_freq(rows: Tensor, indices: Tensor, num_rows: Any) -> Tensor:
     return ops.detach(rows) + (rows - ops.detach(rows)) / per_position
 
 
-def renormed(rows: Tensor, weight: Tensor, max_norm: float, norm_type: float) -> Tensor:
+def renormed(rows: Tensor, weight: Tensor, max_norm: float, norm_type: float, indices: Tensor) -> Tensor:
     """``rows`` of ``weight`` as torch's ``max_norm`` looks them up: each whose ``norm_type``-norm
-    exceeds ``max_norm`` scaled by ``max_norm / (norm + 1e-7)``, the scaling not differentiated
-    (torch renormalises those weight rows in place under ``no_grad`` before the lookup). The
-    scaled rows' stop-gradient Identity is marked ``MAX_NORM_KEY`` with ``weight``'s name: the
-    training graphs cannot step the renormalised weight (``buffer_updates.refuse_max_norm``)."""
+    exceeds ``max_norm`` scaled by ``max_norm / (norm + 1e-7)``, the scaling not differentiated.
+    Torch renormalises those weight rows in place under ``no_grad`` before the lookup, so
+    ``weight`` is rebound too (``renorm_in_place``)."""
     norm = ops_math.norm(ops.detach(rows), norm_type, dim=-1, keepdim=True)
     over = norm > ops.scalar(max_norm, norm)
     scale = ops.where(over, ops.scalar(max_norm, norm) / (norm + ops.scalar(1e-7, norm)), ops.scalar(1.0, norm))
     scaled = ops.detach(rows * scale)
-    scaled.value.producer().metadata_props[MAX_NORM_KEY] = f"{weight.value.name} at {user_source()}"
+    renorm_in_place(weight, indices, scaled)
     return scaled + (rows - ops.detach(rows))  # the value rows * scale, the gradient rows'
+
+
+def renorm_in_place(weight: Tensor, indices: Tensor, scaled: Tensor) -> None:
+    """``weight`` rebound, as torch's ``embedding_renorm_`` writes it, to itself with the rows at
+    ``indices`` replaced by their ``scaled`` values (a ScatterND; a repeated index writes the same
+    row), so that later reads (a tied output layer, another lookup) see them; the gradient still
+    reaches ``weight`` as it was (a straight-through sum). The new value's stop-gradient Identity is
+    marked ``MAX_NORM_KEY`` with the param it renormalises and the line: the training graphs step
+    the param from its last such value (``buffer_updates.renormed``)."""
+    rows = ops.reshape(scaled, [-1, weight.shape[1]])
+    new = ops.detach(ops.emit("ScatterND", [ops.detach(weight), ops.reshape(ops.cast(indices, "int64"), [-1, 1]), rows]))
+    new.value.producer().metadata_props[MAX_NORM_KEY] = f"{_renormed_param(weight)} at {user_source()}"
+    rebind(weight, new + (weight - ops.detach(weight)), f"{weight.name} was renormalised in place by an "
+           f"embedding with max_norm at {user_source()}")
+
+
+def _renormed_param(weight: Tensor) -> str:
+    """The name of the value ``weight`` held before any ``renorm_in_place`` rebound it: back through
+    each ``new + (previous - detach(previous))``."""
+    value = weight.value
+    while True:
+        add = value.producer()
+        new = add.inputs[0].producer() if add is not None and add.op_type == "Add" else None
+        if new is None or MAX_NORM_KEY not in new.metadata_props:
+            return value.name
+        value = add.inputs[1].producer().inputs[0]
 
 
 @autocast_op()

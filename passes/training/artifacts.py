@@ -81,6 +81,7 @@ class Built:
     slots: tuple[str, ...]  # optimizer state per param or buffer: ``<name>.<slot>``
     orders: dict[str, list[int]]  # params train_step holds in another axis order (``taps_params``)
     one_row_batchnorms: dict[str, tuple[str, int]]  # train-mode BatchNorms a 1-row batch makes NaN (``modes``)
+    renormed: list[str]  # params an embedding's max_norm renormalises, stepped from that value (``buffer_updates``)
 
 
 def build(model: ir.Model, loss: LossArgs, optimizer: dict,
@@ -105,7 +106,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     free_names(base.graph, _reserved(loss, optimizer, loss_scale))
     label = append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
     params, frozen_all, constants = param_selection.select(base, bn_stats, trainable, frozen, params, order)
-    buffer_updates.refuse_max_norm(base.graph, params)
+    renormed = buffer_updates.renormed(base.graph, params)  # stepped from their renormalised values
     imports.warn_shared_normalization_params(base.graph, params)
     imports.warn_folded_parameters(base, params)
     decays = param_selection.decays(params, optimizer.get("no_decay") or ())
@@ -127,7 +128,8 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
             for g in groups]
 
     slots = optimizers.state_slots(optimizer)
-    param_values = {p: step.graph.initializers[p] for p in grads}
+    param_values = {p: by_name(step.graph, renormed[p]) if p in renormed else step.graph.initializers[p]
+                    for p in grads}
     lr_dtype = optimizers.lr_dtype(v.dtype for v in param_values.values())
     step_outputs = [Output(LOSS, "loss"),
                     *_append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, held, lr_dtype,
@@ -170,7 +172,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     state = _initial_state(gradients.graph, params, bn_stats, slots, optimizer, lr_dtype)
     state.update(loss_scaling.initial_state(loss_scale))
     return Built(graphs, roles, feeds, params, frozen_all, constants, state, model_outputs, opset, groups, slots,
-                 orders, one_row)
+                 orders, one_row, list(renormed))
 
 
 def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],

@@ -11,8 +11,8 @@ the buffer's value after the forward. Here:
   buffer as stored), as if the forward guarded it with torch's ``if self.training:``: eval and
   inference graphs read the buffer's current value and compute no update;
 * ``updated_values``: ``{buffer: its value after the forward}`` in the training-mode graph;
-* ``refuse_max_norm``: a trainable weight an embedding with ``max_norm`` renormalises in place, a
-  write into a parameter the optimizer step would have to read, refused.
+* ``renormed``: the trainable weights an embedding with ``max_norm`` renormalises in place (torch's
+  ``embedding_renorm_``), each with its value after the forward, which the optimizer steps.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from graphc.errors import PassError
 from graphc.passes.training import modes
 from graphc.passes.values import BUFFER_UPDATE_KEY, BUFFER_WRITE_KEY, MAX_NORM_KEY, STOP_GRADIENT_KEY
 
-__all__ = ["inference_mode", "refuse_max_norm", "updated_values", "with_written"]
+__all__ = ["inference_mode", "renormed", "updated_values", "with_written"]
 
 
 def _writes(graph: ir.Graph, key: str) -> list[ir.Node]:
@@ -77,14 +77,13 @@ def updated_values(graph: ir.Graph) -> dict[str, ir.Value]:
     return {node.metadata_props[BUFFER_UPDATE_KEY]: node.outputs[0] for node in _writes(graph, BUFFER_UPDATE_KEY)}
 
 
-def refuse_max_norm(graph: ir.Graph, params: Sequence[str]) -> None:
-    """A PassError for an embedding lookup with ``max_norm`` (``MAX_NORM_KEY``) of a trained weight:
-    torch renormalises the rows it looks up in place, so its optimizer steps the renormalised
-    weight; the training graphs step the weight as stored."""
+def renormed(graph: ir.Graph, params: Sequence[str]) -> dict[str, str]:
+    """``{param: the name of its value after the forward}`` for each of ``params`` that an embedding
+    with ``max_norm`` renormalises in place (its last ``MAX_NORM_KEY`` Identity in graph order: each
+    renormalisation reads the one before): torch's optimizer steps the param from that value."""
+    found = {}
     for node in graph:
-        weight, _, where = node.metadata_props.get(MAX_NORM_KEY, "").partition(" at ")
+        weight = node.metadata_props.get(MAX_NORM_KEY, "").partition(" at ")[0]
         if weight in params:
-            raise PassError(f"the embedding of {weight!r} with max_norm (at {where}) is trained: torch renormalises "
-                            f"the rows it looks up in place, before the lookup, and its optimizer then steps the "
-                            f"renormalised weight, which the training graphs cannot (they step the weight as "
-                            f"stored); freeze it (frozen=[{weight!r}]) or train without max_norm")
+            found[weight] = node.outputs[0].name
+    return found

@@ -108,8 +108,8 @@ class DistributedTrainer(Trainer):
     def _check_data_parallel(self) -> None:
         """Refuse, saying why, artifacts the workers cannot train as one process would: a loss
         that is a scalar output (graphc cannot tell a mean from a sum, so shards cannot be
-        combined), and a gradients graph from before it output the BatchNorm statistics' updates
-        (they would stay frozen)."""
+        combined), a gradients graph from before it output the BatchNorm statistics' updates
+        (they would stay frozen), and params an embedding's max_norm renormalises (``manifest.renormed``)."""
         loss = self.manifest.loss
         if loss.get("kind") == "output" and self.workers > 1:
             raise ArtifactsError(f"the loss is the model's scalar output {loss['output']!r}: how it grows with the "
@@ -117,6 +117,11 @@ class DistributedTrainer(Trainer):
                                  "into the whole batch's loss and gradients; generate the artifacts with a gc.losses "
                                  "spec (gc.losses.mse, cross_entropy, ...) to train data-parallel, or train with one "
                                  "worker")
+        if self.manifest.renormed and self.workers > 1:
+            raise ArtifactsError(f"the params {self.manifest.renormed} are renormalised in place by an embedding "
+                                 "with max_norm, each worker its shard's rows, and the update steps them from the "
+                                 "renormalised values, which the workers' gradients graph does not give; train "
+                                 "with one worker (or without max_norm)")
         grads = self.manifest.graphs["gradients"]
         outputs = {e.name for e in grads.outputs}
         # not the statistics of batchnorm="frozen", nor the loss scale (the update graph's)
