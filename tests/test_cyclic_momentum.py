@@ -1,8 +1,11 @@
 """OneCycleLR and CyclicLR cycling the momentum (``cycle_momentum=True``, torch's default) on
 training graphs generated with ``scheduled=["momentum"]``: the lr and momentum (``betas``)
 sequences equal torch 2.13's bit for bit; 20 float64 steps of an MLP match torch's loop within
-1e-12 on numpy and ort-cpu; a checkpoint mid-run resumes bit for bit; graphs that hold the
-momentum constant are refused by name."""
+1e-12 on numpy and ort-cpu for every kind with a momentum or beta1 (NAdam's ``mu_product`` a
+state, as torch's), a momentum of exactly 0 included (torch's SGD and RMSprop then leave the
+buffer alone); a checkpoint mid-run resumes bit for bit; graphs that hold the momentum
+constant are refused by name. torch runs with float64 as its default dtype (``torch_float64``:
+its NAdam's ``mu_product`` float64)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ import pytest
 import float64_models
 import graphc as gc
 from graphc.runtime import checkpoint as ckpt
-from test_float64_lr import torch_optimizer
+from test_optim import TORCH_OPTIM, torch_kwargs
+from test_optim_nadam import torch_float64  # noqa: F401  (a fixture: NAdam's mu_product in float64)
 
 torch = pytest.importorskip("torch")
 S = gc.optim.lr_scheduler
@@ -49,7 +53,8 @@ def arts():
 def _torch_twin(spec, state):
     params = {n: torch.nn.Parameter(torch.from_numpy(np.array(state[n]))) for n in ("fc1.weight", "fc1.bias",
                                                                                  "fc2.weight", "fc2.bias")}
-    return params, torch_optimizer(torch, spec, params)
+    return params, getattr(torch.optim, TORCH_OPTIM[spec.kind])(list(params.values()), foreach=False,
+                                                                 **torch_kwargs(spec))
 
 
 def _momentum(group: dict) -> float:
@@ -91,16 +96,19 @@ def _train(trainer, scheduler, batches, params=None, opt=None, torch_sched=None)
 RUNS = {"sgd-nesterov-onecycle": ("nesterov", lambda m, o: m.OneCycleLR(o, max_lr=0.3, total_steps=STEPS)),
         "sgd-onecycle-3": ("sgd", lambda m, o: m.OneCycleLR(o, max_lr=0.3, total_steps=STEPS, three_phase=True)),
         "adamw-cyclic": ("adamw", lambda m, o: m.CyclicLR(o, 0.001, 0.05, step_size_up=4, mode="triangular2")),
-        "adam-onecycle": ("adam", lambda m, o: m.OneCycleLR(o, max_lr=0.05, total_steps=STEPS))}
+        "adam-onecycle": ("adam", lambda m, o: m.OneCycleLR(o, max_lr=0.05, total_steps=STEPS)),
+        "nadam-cyclic": ("nadam", lambda m, o: m.CyclicLR(o, 0.001, 0.05, step_size_up=4, mode="triangular2"))}
 
 
 @pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
 @pytest.mark.parametrize("run", RUNS)
-def test_training_matches_torch_and_resumes_exactly(arts, tmp_path, run, backend):
+def test_training_matches_torch_and_resumes_exactly(arts, tmp_path, run, backend, torch_float64):  # noqa: F811
     kind, make = RUNS[run]
+    if kind not in arts:
+        arts = {kind: _artifacts(KINDS[kind])}
     batches = float64_models.mlp_batches(STEPS)
     straight = gc.Trainer(arts[kind], backend=backend)
-    params, opt = _torch_twin(SPECS[kind], arts[kind].state)
+    params, opt = _torch_twin(KINDS[kind], arts[kind].state)
     torch_sched = make(TS, opt)
     _train(straight, make(S, straight), batches, params, opt, torch_sched)
     ours = straight.state_dict()
@@ -138,8 +146,6 @@ def test_graphs_without_the_option_hold_momentum_and_say_what_to_pass():
 def test_bad_schedules_and_values_are_refused():
     with pytest.raises(ValueError, match="adagrad has no momentum or beta1"):
         _artifacts(gc.optim.Adagrad(0.1))
-    with pytest.raises(ValueError, match="NAdam's beta1"):
-        _artifacts(gc.optim.NAdam(0.01))
     with pytest.raises(ValueError, match=r"\['lr'\] cannot be set between steps"):
         _artifacts(SPECS["sgd"], scheduled=["lr"])
     trainer = gc.Trainer(_artifacts(SPECS["adam"]), backend="numpy")
@@ -161,6 +167,60 @@ def test_sgd_without_momentum_gets_a_buffer_when_scheduled():
     _train(trainer, make(S, trainer), float64_models.mlp_batches(STEPS), params, opt, make(TS, opt))
     for name, p in params.items():
         assert np.max(np.abs(trainer.state_dict()[name] - p.detach().numpy())) <= 1e-12, name
+
+
+KINDS = {"nadam": gc.optim.NAdam(0.01),
+         "nadam-decoupled": gc.optim.NAdam(0.01, weight_decay=0.1, decoupled_weight_decay=True, momentum_decay=0.01),
+         "rmsprop": gc.optim.RMSprop(0.01, momentum=0.5), "rmsprop-centered": gc.optim.RMSprop(0.01, centered=True),
+         "adamax": gc.optim.Adamax(0.01), "radam": gc.optim.RAdam(0.01, weight_decay=0.05),
+         "sgd-dampened": gc.optim.SGD(0.05, momentum=0.9, dampening=0.3), **SPECS}
+CYCLES = {"onecycle": lambda m, o: m.OneCycleLR(o, max_lr=0.05, total_steps=STEPS),
+          "cyclic": lambda m, o: m.CyclicLR(o, 0.001, 0.05, step_size_up=4, mode="triangular2"),
+          # the momentum 0 at steps 4, 10, 16 (SGD and RMSprop: the buffer skipped), and from 0 up:
+          # torch's SGD creates the buffer at step 2, undamped (torch's RMSprop fails then: KeyError)
+          "cyclic-to-zero": lambda m, o: m.CyclicLR(o, 0.001, 0.05, step_size_up=3, base_momentum=0.0),
+          "onecycle-from-zero": lambda m, o: m.OneCycleLR(o, max_lr=0.05, total_steps=STEPS, base_momentum=0.9,
+                                                          max_momentum=0.0)}
+
+
+def _assert_trains_as_torch(spec, make, backend, torch_float64):  # noqa: F811
+    arts = _artifacts(spec)
+    trainer = gc.Trainer(arts, backend=backend)
+    params, opt = _torch_twin(spec, arts.state)
+    _train(trainer, make(S, trainer), float64_models.mlp_batches(STEPS), params, opt, make(TS, opt))
+    ours = trainer.state_dict()
+    for name, p in params.items():
+        assert np.max(np.abs(ours[name] - p.detach().numpy())) <= 1e-12, name
+        for slot, value in opt.state[p].items():
+            if f"{name}.{slot}" in ours:
+                assert np.max(np.abs(ours[f"{name}.{slot}"] - value.numpy())) <= 1e-12, (name, slot)
+    if spec.kind == "nadam":  # one product for all params, as torch's (each param steps each step)
+        assert abs(float(ours["mu_product"]) - float(opt.state[params["fc1.bias"]]["mu_product"])) <= 1e-15
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("cycle", ["onecycle", "cyclic"])
+@pytest.mark.parametrize("kind", ["nadam", "nadam-decoupled", "rmsprop", "rmsprop-centered", "adamax", "radam"])
+def test_every_kind_with_a_beta1_or_momentum_cycles_as_torch(kind, cycle, backend, torch_float64):  # noqa: F811
+    _assert_trains_as_torch(KINDS[kind], CYCLES[cycle], backend, torch_float64)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("kind,cycle", [(k, "cyclic-to-zero") for k in ("sgd", "nesterov", "sgd-dampened", "rmsprop",
+                                                                         "rmsprop-centered", "nadam")]
+                         + [(k, "onecycle-from-zero") for k in ("sgd", "sgd-dampened", "adamax")])
+def test_a_momentum_of_zero_skips_the_buffer_as_torch(kind, cycle, backend, torch_float64):  # noqa: F811
+    _assert_trains_as_torch(KINDS[kind], CYCLES[cycle], backend, torch_float64)
+
+
+def test_nadam_keeps_mu_product_only_when_beta1_is_scheduled():
+    plain, cycled = (_artifacts(gc.optim.NAdam(0.01), scheduled=s) for s in ((), ("momentum",)))
+    assert "mu_product" not in plain.state and float(cycled.state["mu_product"]) == 1.0
+    graph = cycled.train_step.ir.graph
+    assert "mu_product" in [v.name for v in graph.inputs] and "mu_product.next" in [v.name for v in graph.outputs]
+    assert "momentum_steps" in _artifacts(KINDS["sgd-dampened"]).state  # torch's buffer created, or not yet
 
 
 # --- graphc grad --scheduled momentum, graphc train --schedule onecycle / cyclic -------------------

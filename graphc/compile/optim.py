@@ -195,7 +195,8 @@ class Adamax(_Spec):
 class NAdam(_Spec):
     """``torch.optim.NAdam``: Adam's moments with Nesterov momentum whose coefficient ``mu_t =
     b1*(1 - 0.5*0.96^(t*momentum_decay))`` warms up; weight decay L2, or decoupled (AdamW's) with
-    ``decoupled_weight_decay``. torch's per-param ``mu_product`` is computed from the step."""
+    ``decoupled_weight_decay``. torch's per-param ``mu_product`` is computed from the step, or
+    with a scheduled beta1 kept as one float64 state."""
 
     kind: Literal["nadam"] = "nadam"
     lr: float = 2e-3

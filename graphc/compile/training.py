@@ -577,10 +577,12 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
             (``passes/training/loss_scaling.py``). None (default): no scaling, the graphs as before.
         scheduled: hyper-parameters beside the lr to make train_step inputs a scheduler sets
             between steps: ``("momentum",)`` for OneCycleLR and CyclicLR with
-            ``cycle_momentum=True`` (SGD's and RMSprop's momentum, the Adam family's beta1 but
-            NAdam's; a float64 input ``momentum``, ``Trainer.momentum``). Adam and AdamW then keep
-            their first moment as torch does, ``exp_avg``; SGD gets its momentum buffer even at
-            ``momentum=0``. Default: none (the spec's constants, graphs as before).
+            ``cycle_momentum=True`` (SGD's and RMSprop's momentum, the Adam family's beta1; a
+            float64 input ``momentum``, ``Trainer.momentum``). Adam and AdamW then keep their
+            first moment as torch does, ``exp_avg``; NAdam keeps torch's ``mu_product`` (a float64
+            state); SGD gets its momentum buffer even at ``momentum=0``, and SGD and RMSprop skip
+            it at a step whose momentum is exactly 0, as torch. Default: none (the spec's
+            constants, graphs as before).
 
     Raises:
         gc.GraphError: unknown output/param names, a loss that is not a float scalar, an op

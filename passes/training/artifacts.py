@@ -46,7 +46,7 @@ from graphc.passes.training import optimizers, param_selection
 from graphc.passes.training import noise as noise_shapes, padding_rows, recompute as recomputation, reductions, taps_params
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
-from graphc.passes.training.scheduled import MOMENTUM, momentum_value
+from graphc.passes.training.scheduled import MOMENTUM, momentum_value, running_state
 from graphc.passes.values import onnx_opset
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
@@ -144,7 +144,8 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     role_of_input = {**{n: "data" for n in data}, **({label: "label"} if label else {}),
                      **{n: "param" for n in params},
                      **{f"{p}.{s}": "state" for p in [*params, *updated] for s in slots},
-                     STEP: "state", **{n: "state" for n in loss_scaling.state_names(loss_scale)},
+                     STEP: "state", **{n: "state" for n in running_state(optimizer)},
+                     **{n: "state" for n in loss_scaling.state_names(loss_scale)},
                      **{n: "state" for n in bn_stats}, LR: "hyper",
                      **{n: "hyper" for n in optimizer.get("scheduled", ())},
                      **{n: "noise" for n in noise}}
@@ -312,6 +313,7 @@ def _reserved(loss: LossArgs, optimizer: dict, loss_scale: dict | None = None) -
                 **{n: "loss scaling's state, a train_step input" for n in loss_scaling.state_names(loss_scale)}}
     if MOMENTUM in optimizer.get("scheduled", ()):
         reserved[MOMENTUM] = "the scheduled momentum (beta1), a train_step input"
+    reserved.update({n: "a scheduled momentum's running state, a train_step input" for n in running_state(optimizer)})
     if optimizer.get("max_grad_norm") is not None:
         reserved[GRAD_NORM] = "the gradients' total norm, a train_step output"
     if loss.output != LOSS:
@@ -372,7 +374,8 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
     momentum = (input_with_default(graph, MOMENTUM, np.array(momentum_value(hyper), np.float64))
                 if MOMENTUM in hyper.get("scheduled", ()) else None)
     t = b.op("Add", step, b.const(1, np.int64))
-    ctx = optimizers.StepContext(b, lr, t, momentum)
+    running = {n: input_with_default(graph, n, v) for n, v in running_state(hyper).items()}
+    ctx = optimizers.StepContext(b, lr, t, momentum, running)
     groups_by_name = {g.name: g for g in groups}
     read_param = optimizers.needs_param(hyper)
     if groups:
@@ -408,6 +411,8 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
     param_next = [Output(expose(graph, new_params[p], f"{p}.next", like=params[p]), "param", p) for p in params]
     return [*param_next, *state_next,
             Output(expose(graph, scaler.keep(step, t) if scaler else t, f"{STEP}.next", like=step), "state", STEP),
+            *(Output(expose(graph, scaler.keep(value, ctx.running_next[name]) if scaler else ctx.running_next[name],
+                            f"{name}.next", like=value), "state", name) for name, value in running.items()),
             *(_scaler_outputs(graph, scaler) if scaler else []),
             *([Output(expose(graph, norm, GRAD_NORM), GRAD_NORM)] if norm is not None else [])]
 
@@ -429,6 +434,7 @@ def _initial_state(graph, params, bn_stats, slots, hyper, lr_dtype: ir.DataType)
     state[LR] = np.array(hyper["lr"], dtype=lr_dtype.numpy())
     if MOMENTUM in hyper.get("scheduled", ()):
         state[MOMENTUM] = np.array(momentum_value(hyper), np.float64)
+    state.update(running_state(hyper))
     return state
 
 

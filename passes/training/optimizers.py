@@ -28,7 +28,8 @@ Each function matches ``torch.optim`` (single-tensor, non-capturable path) step 
   ``exp_avg``, ``exp_avg_sq`` as Adam's (``lerp``); ``mu_t = b1*(1 - 0.5*0.96^(t*momentum_decay))``,
   ``P_t = mu_1*...*mu_t``; ``p = p - lr*(1-mu_t)/(1-P_t) * g/d - lr*mu_{t+1}/(1-P_{t+1}) * exp_avg/d``,
   ``d = sqrt(exp_avg_sq/(1-b2^t)) + eps``. PyTorch keeps ``P_t`` as a per-param state, ``mu_product``;
-  every param here steps at every step, so all share one ``P_t``, computed from ``t`` (``_mu_product``).
+  every param here steps at every step, so all share one ``P_t``, computed from ``t``
+  (``nadam_momentum``), or with a scheduled beta1 kept as the float64 state ``mu_product``.
 * RAdam: weight decay as NAdam's; moments as Adam's; ``rho_t = rho_inf - 2t*b2^t/(1-b2^t)``,
   ``rho_inf = 2/(1-b2) - 1``; ``p = p - lr/(1-b1^t) * exp_avg * r_t*sqrt(1-b2^t)/(sqrt(exp_avg_sq) + eps)``
   when ``rho_t > 5``, ``r_t = sqrt((rho_t-4)(rho_t-2)rho_inf / ((rho_inf-4)(rho_inf-2)rho_t))``, else
@@ -49,7 +50,9 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.emit import HALF_DTYPES, Emitter
-from graphc.passes.training.scheduled import MOMENTUM, momentum64, momentum_as
+from graphc.passes.training import nadam_momentum
+from graphc.passes.training.scheduled import MOMENTUM, MU_PRODUCT, buffer_exists, momentum64, momentum_as, \
+    unless_zero
 
 STATE_SLOTS = {"sgd": ("momentum_buffer",), "adam": ("exp_sum", "exp_avg_sq"),
                "adamw": ("exp_sum", "exp_avg_sq"), "rmsprop": ("square_avg",), "adagrad": ("sum",),
@@ -126,6 +129,8 @@ class StepContext:
     lr: ir.Value
     t: ir.Value
     momentum: ir.Value | None = None  # float64 scalar input where the spec schedules it, else None
+    running: dict[str, ir.Value] = field(default_factory=dict)  # ``scheduled.running_state``'s inputs
+    running_next: dict[str, ir.Value] = field(default_factory=dict)  # their next values, set by the steps
     _cache: dict = field(default_factory=dict)
 
     def lr_as(self, like: ir.Value) -> ir.Value:
@@ -242,13 +247,14 @@ def sgd(ctx: StepContext, param, grad, state, momentum=0.0, nesterov=False, weig
     new_state = {}
     if momentum or ctx.momentum is not None:
         pushed = grad
-        if dampening:  # 1 - dampening from step 2 on: PyTorch's first buffer is the gradient itself
+        if dampening:  # 1 - dampening once the buffer exists: PyTorch's first buffer is the gradient itself
             undamped = ctx.cached(("undamped", like.dtype, dampening), lambda: b.op(
-                "Where", b.op("Greater", ctx.t, b.const(1, np.int64)), c(1.0 - dampening), c(1.0)))
+                "Where", buffer_exists(ctx), c(1.0 - dampening), c(1.0)))
             pushed = b.op("Mul", grad, undamped)
         buf = b.op("Add", b.op("Mul", state["momentum_buffer"], momentum_as(ctx, momentum, like)), pushed)
-        new_state["momentum_buffer"] = buf
-        grad = b.op("Add", grad, b.op("Mul", buf, momentum_as(ctx, momentum, like))) if nesterov else buf
+        new_state["momentum_buffer"] = unless_zero(ctx, state["momentum_buffer"], buf)
+        grad = b.op("Add", grad, b.op("Mul", buf, momentum_as(ctx, momentum, like))) if nesterov else \
+            unless_zero(ctx, grad, buf)
     return Step(b.op("Mul", grad, ctx.lr_as(like)), None, new_state)
 
 
@@ -363,8 +369,9 @@ def rmsprop(ctx: StepContext, param, grad, state, alpha=0.99, eps=1e-8, weight_d
         square_avg = b.op("Sub", square_avg, b.op("Mul", grad_avg, grad_avg))
     scaled = b.op("Div", grad, b.op("Add", b.op("Sqrt", square_avg), c(eps)))
     if momentum or ctx.momentum is not None:
-        scaled = new_state["momentum_buffer"] = b.op("Add", b.op("Mul", state["momentum_buffer"],
-                                                                 momentum_as(ctx, momentum, like)), scaled)
+        buf = b.op("Add", b.op("Mul", state["momentum_buffer"], momentum_as(ctx, momentum, like)), scaled)
+        new_state["momentum_buffer"] = unless_zero(ctx, state["momentum_buffer"], buf)
+        scaled = unless_zero(ctx, scaled, buf)
     return Step(b.op("Mul", scaled, ctx.lr_as(like)), None, new_state)
 
 
@@ -424,9 +431,12 @@ def nadam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, we
 
     def scalars():
         f, t, (beta1, beta2) = lambda v: b.const(v, np.float64), ctx._cast("t", ctx.t, ir.DataType.DOUBLE), betas
-        mu, mu_next = (b.op("Mul", f(beta1), b.op("Sub", f(1.0), b.op("Mul", f(0.5), b.op(
+        mu, mu_next = (b.op("Mul", momentum64(ctx, beta1), b.op("Sub", f(1.0), b.op("Mul", f(0.5), b.op(
             "Pow", f(0.96), b.op("Mul", step, f(momentum_decay)))))) for step in (t, b.op("Add", t, f(1.0))))
-        product = _mu_product(b, f, t, beta1, momentum_decay)
+        if MU_PRODUCT not in ctx.running:
+            product = nadam_momentum.closed_form_product(b, f, t, beta1, momentum_decay)
+        else:  # torch's mu_product *= mu, with this step's beta1
+            product = ctx.running_next[MU_PRODUCT] = b.op("Mul", ctx.running[MU_PRODUCT], mu)
         product_next = b.op("Mul", product, mu_next)
         bc2_sqrt = b.op("Sqrt", b.op("Sub", f(1.0), b.op("Pow", f(beta2), t)))
         lr = b.op("Mul", ctx._cast("lr", ctx.lr, ir.DataType.DOUBLE), bc2_sqrt)
@@ -438,29 +448,6 @@ def nadam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, we
     step_dir = b.op("Add", b.op("Mul", grad, c1), b.op("Mul", exp_avg, c2))
     delta = b.op("Div", step_dir, b.op("Add", b.op("Sqrt", exp_avg_sq), eps_scaled))
     return Step(delta, shrink, {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq})
-
-
-# terms of _mu_product's series: 0.5^K / K, K = 64, under 1e-19 of the first
-_SERIES = np.arange(1, 65, dtype=np.float64)
-
-
-def _mu_product(b: Emitter, f, t: ir.Value, beta1: float, momentum_decay: float) -> ir.Value:
-    """NAdam's ``mu_1 * ... * mu_t`` (float64), ``mu_i = b1*(1 - 0.5*q^i)``, ``q = 0.96^momentum_decay``,
-    from ``t`` alone: ``b1^t * exp(-sum_i sum_k 0.5^k/k * q^(ik))`` (the log's series), the sum over
-    ``i`` geometric: ``sum_k c_k * (1 - q^(kt))``, ``c_k = 0.5^k/k * q^k/(1 - q^k)`` (float64 at build
-    time, ``expm1``), ``1 - e^y = -2*tanh(y/2)/(1 - tanh(y/2))`` without ``1 - e^y``'s cancellation.
-    Against PyTorch's running product in float64 (``mu_product``, one per param), t up to 1e5,
-    momentum_decay 1e-6 .. 10, b1 0 .. 0.999: within 5e-16 of ``1 - mu_product``, what the step
-    divides by (1000 at b1 = 0.999: 7e-15, the running product's own rounding)."""
-    if momentum_decay == 0:  # mu_i = b1 / 2
-        return b.op("Pow", f(0.5 * beta1), t)
-    x = momentum_decay * np.log(0.96) * _SERIES  # k * log q
-    coef = 0.5 ** _SERIES / _SERIES * np.exp(x) / -np.expm1(x)
-    th = b.op("Tanh", b.op("Mul", b.const(x / 2), t))
-    # sum_k c_k * (1 - q^(kt)) = sum_k -2 c_k * th / (1 - th)
-    log_rest = b.op("ReduceSum", b.op("Mul", b.const(2.0 * coef), b.op("Div", th, b.op("Sub", f(1.0), th))),
-                    keepdims=0)
-    return b.op("Mul", b.op("Pow", f(beta1), t), b.op("Exp", log_rest))
 
 
 def radam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,

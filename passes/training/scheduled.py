@@ -10,6 +10,22 @@ import onnx_ir as ir
 
 MOMENTUM = "momentum"  # the train_step input of a scheduled momentum (``scheduled`` in the spec's JSON)
 SCHEDULABLE = (MOMENTUM,)
+MU_PRODUCT = "mu_product"  # NAdam's running product of mu_t, torch's per-param key
+MOMENTUM_STEPS = "momentum_steps"  # SGD's steps with a nonzero momentum: torch's buffer exists from the first
+
+
+def running_state(optimizer: dict) -> dict[str, np.ndarray]:
+    """The scalar state the graphs of a scheduled momentum keep beside the step, with its start:
+    NAdam's ``mu_product`` (float64 1.0, torch's start; each step multiplies it by that step's
+    mu_t, of that step's beta1), and with dampening SGD's ``momentum_steps`` (int64 0: torch
+    creates the buffer undamped at the first step whose momentum is not 0). Else nothing."""
+    if MOMENTUM not in optimizer.get("scheduled", ()):
+        return {}
+    if optimizer["kind"] == "nadam":
+        return {MU_PRODUCT: np.array(1.0, np.float64)}
+    if optimizer["kind"] == "sgd" and optimizer.get("dampening"):
+        return {MOMENTUM_STEPS: np.array(0, np.int64)}
+    return {}
 
 
 def momentum_key(optimizer: dict) -> str | None:
@@ -30,7 +46,8 @@ def momentum_value(optimizer: dict) -> float:
 def with_scheduled(optimizer: dict, scheduled) -> dict:
     """``optimizer`` (a spec's JSON) with ``scheduled`` (names of ``SCHEDULABLE``) made train_step
     inputs set between steps: ``"scheduled": [...]``, and for Adam and AdamW the first moment as
-    torch's average (``exp_avg``: its sum assumes one beta1). Nothing scheduled: ``optimizer`` as is."""
+    torch's average (``exp_avg``: its sum assumes one beta1); NAdam's graphs then keep its
+    ``mu_product`` as a state (``nadam_momentum``). Nothing scheduled: ``optimizer`` as is."""
     scheduled = [scheduled] if isinstance(scheduled, str) else list(scheduled)
     unknown = [s for s in scheduled if s not in SCHEDULABLE]
     if unknown:
@@ -41,12 +58,33 @@ def with_scheduled(optimizer: dict, scheduled) -> dict:
     if momentum_key(optimizer) is None:
         raise ValueError(f"scheduled=['momentum']: {kind} has no momentum or beta1 (torch's OneCycleLR and CyclicLR "
                          "cycle SGD's and RMSprop's momentum, the Adam family's beta1)")
-    if kind == "nadam":
-        raise ValueError("scheduled=['momentum']: NAdam's beta1 enters a running product over the steps "
-                         "(torch's mu_product), which graphc computes from the step count for a constant beta1; "
-                         "schedule it with cycle_momentum=False")
     out = {**optimizer, "scheduled": sorted(set(scheduled))}
     return {**out, "first_moment": "average"} if kind in ("adam", "adamw") else out
+
+
+def _is_zero(ctx) -> ir.Value:
+    """The scheduled momentum is exactly 0 this step (a bool scalar)."""
+    return ctx.cached("momentum == 0", lambda: ctx.b.op("Equal", ctx.momentum, ctx.b.const(0.0, np.float64)))
+
+
+def unless_zero(ctx, held: ir.Value, pushed: ir.Value) -> ir.Value:
+    """``pushed`` (a momentum buffer's next value, or the step it gives), or ``held`` where a
+    scheduled momentum is exactly 0: torch's SGD and RMSprop then step with the gradient alone
+    and leave the buffer as it is (``if momentum != 0`` / ``> 0`` each step)."""
+    return pushed if ctx.momentum is None else ctx.b.op("Where", _is_zero(ctx), held, pushed)
+
+
+def buffer_exists(ctx) -> ir.Value:
+    """Has an earlier step pushed SGD's momentum buffer (a bool scalar; torch damps from its second
+    push on, the first buffer the gradient itself)? From step 2 on; with ``MOMENTUM_STEPS``
+    (dampening and a scheduled momentum), once a step's momentum was not 0, counted here."""
+    b = ctx.b
+    if MOMENTUM_STEPS not in ctx.running:
+        return b.op("Greater", ctx.t, b.const(1, np.int64))
+    steps = ctx.running[MOMENTUM_STEPS]
+    pushed = b.op("Cast", b.op("Not", _is_zero(ctx)), to=ir.DataType.INT64, dtype=ir.DataType.INT64)
+    ctx.running_next[MOMENTUM_STEPS] = b.op("Add", steps, pushed)
+    return b.op("Greater", steps, b.const(0, np.int64))
 
 
 def momentum64(ctx, constant: float) -> ir.Value:
