@@ -77,7 +77,8 @@ def test_lr_and_momentum_sequences_are_torchs(arts, kind, schedule):
         ours.step()
         theirs.step()
     state = json.loads(json.dumps(ours.state_dict()))  # JSON, as checkpoints save it
-    assert "_scale_fn_custom" not in state  # a function, left out as torch leaves it out
+    if schedule.startswith("cyclic"):  # a function: its attributes left out, as torch leaves them out
+        assert state["_scale_fn_custom"] is None == theirs.state_dict()["_scale_fn_custom"]
 
 
 def _train(trainer, scheduler, batches, params=None, opt=None, torch_sched=None):
@@ -252,3 +253,68 @@ def test_cli_cycles_the_momentum_where_the_artifacts_take_it(tmp_path, capsys, s
     assert r.code == 0, r.err
     assert "cycles the lr only: these artifacts hold Adam's beta1 constant" in r.out
     assert "graphc grad --scheduled momentum" in r.out
+
+
+# --- CyclicLR's scale_fn objects and --gamma; a linear OneCycleLR stepped past its last step --------
+
+class _Halving:
+    """A scale_fn object with state of its own (torch's state_dict keeps its ``__dict__``)."""
+
+    def __init__(self, base: float) -> None:
+        self.base, self.calls = base, 0
+
+    def __call__(self, x: float) -> float:
+        self.calls += 1
+        return self.base ** x
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_scale_fn_objects_attributes_are_saved_and_restored_as_torchs(arts):
+    trainer = gc.Trainer(arts["sgd"], backend="numpy")
+    _, opt = _torch_twin(SPECS["sgd"], arts["sgd"].state)
+    ours, theirs = (m.CyclicLR(o, 0.01, 0.2, step_size_up=3, scale_fn=_Halving(0.7)) for m, o in ((S, trainer), (TS, opt)))
+    for _ in range(5):
+        ours.step()
+        theirs.step()
+    state = json.loads(json.dumps(ours.state_dict()))
+    assert state["_scale_fn_custom"] == theirs.state_dict()["_scale_fn_custom"] == {"base": 0.7, "calls": 12}
+    fresh = S.CyclicLR(gc.Trainer(arts["sgd"], backend="numpy"), 0.01, 0.2, step_size_up=3, scale_fn=_Halving(0.5))
+    fresh.load_state_dict(state)
+    assert fresh._scale_fn_custom.__dict__ == {"base": 0.7, "calls": 12} and fresh.get_last_lr() == ours.get_last_lr()
+    assert S.CyclicLR(trainer, 0.01, 0.2, scale_fn=lambda x: 1.0).state_dict()["_scale_fn_custom"] is None  # as torch
+    with pytest.raises(ValueError, match=r"scale_fn object's attributes \(\['base', 'calls'\]\); give the scheduler"):
+        S.CyclicLR(gc.Trainer(arts["sgd"], backend="numpy"), 0.01, 0.2).load_state_dict(state)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_linear_onecycle_past_its_end_takes_beta1_past_1_as_torch(arts):
+    """torch writes beta1 1.165 at the scheduler step after the last (and its Adam carries on);
+    so does graphc, into the group and the graph."""
+    trainer = gc.Trainer(arts["adam"], backend="numpy")
+    _, opt = _torch_twin(SPECS["adam"], arts["adam"].state)
+    ours, theirs = (m.OneCycleLR(o, max_lr=0.1, total_steps=4, anneal_strategy="linear", base_momentum=0.5,
+                                 max_momentum=0.99) for m, o in ((S, trainer), (TS, opt)))
+    for _ in range(4):
+        ours.step()
+        theirs.step()
+        assert trainer.momentum == opt.param_groups[0]["betas"][0]
+    assert trainer.momentum == trainer.lr_group["betas"][0] > 1.0
+    with pytest.raises(ValueError, match="Adam's beta1 must be a finite number >= 0 and < 1, got 1.1"):
+        trainer.momentum = 1.1  # set by hand: still refused
+
+
+@pytest.mark.parametrize("gamma", ["0.9", None])
+def test_cli_cyclic_takes_gamma_as_exp_range(tmp_path, capsys, gamma):
+    from cli_util import run_cli, workspace
+
+    root = workspace(tmp_path)
+    args = ["--data", root / "data.npz", "--batch-size", "16", "--epochs", "1", "--backend", "numpy", "--no-progress",
+            "--schedule", "cyclic", "--min-lr", "0.001", "--step-size", "3", *(["--gamma", gamma] if gamma else []),
+            "--checkpoint", root / "ck"]
+    r = run_cli(capsys, "train", root / "arts", *args)
+    assert r.code == 0, r.err
+    state = json.loads(ckpt.read_meta(root / "ck").schedule)["state"]
+    assert (state["mode"], state["gamma"]) == (("exp_range", 0.9) if gamma else ("triangular", 1.0))
+    for schedule in ("onecycle", "cosine"):
+        r = run_cli(capsys, "train", root / "arts", *args[:9], "--schedule", schedule, "--gamma", "0.9")
+        assert r.code != 0 and f"--gamma: --schedule {schedule} takes no decay factor" in r.out + r.err

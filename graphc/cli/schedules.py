@@ -36,6 +36,9 @@ def recipe(schedule: str, interval: Optional[str], epochs: int, steps_per_epoch:
     if schedule == "cyclic" and (step_size is None or min_lr is None):
         raise ValueError("--schedule cyclic needs --min-lr (the cycle's lowest lr; its highest is the optimizer's) "
                          "and --step-size N (train steps up, and again down)")
+    if gamma is not None and schedule in ("cosine", "onecycle"):
+        raise ValueError(f"--gamma: --schedule {schedule} takes no decay factor (it applies to step, exponential, "
+                         "plateau, and cyclic's exp_range)")
     if schedule == "exponential" and gamma is None:
         raise ValueError("--schedule exponential needs --gamma (the lr's factor per scheduler step)")
     if warmup and schedule in (*PER_STEP, "plateau"):
@@ -66,7 +69,8 @@ def build(trainer: Any, spec: dict[str, Any]):
                             cycle_momentum=cycles_momentum(trainer))
     elif name == "cyclic":
         main = S.CyclicLR(trainer, base_lr=min_lr, max_lr=S.lr_group(trainer)["lr"], step_size_up=spec["step_size"],
-                          cycle_momentum=cycles_momentum(trainer))
+                          cycle_momentum=cycles_momentum(trainer),
+                          **({"mode": "exp_range", "gamma": gamma} if gamma is not None else {}))
     else:
         main = S.ReduceLROnPlateau(trainer, factor=0.1 if gamma is None else gamma, patience=spec["patience"],
                                    min_lr=min_lr)

@@ -163,7 +163,7 @@ def train_cmd(
                                  "none, step (StepLR: --step-size, --gamma), exponential (--gamma), cosine "
                                  "(CosineAnnealingLR to --min-lr over the run), onecycle (OneCycleLR up to the lr "
                                  "and down, per step), cyclic (CyclicLR between --min-lr and the lr, --step-size "
-                                 "steps up and down) or plateau (ReduceLROnPlateau on the eval loss: --gamma, "
+                                 "steps up and down; exp_range with --gamma) or plateau (ReduceLROnPlateau on the eval loss: --gamma, "
                                  "--patience, --min-lr). onecycle and cyclic cycle the momentum against the lr where "
                                  "the artifacts take it (graphc grad --scheduled momentum). Recorded in the "
                                  "checkpoint: --resume continues it."),
@@ -174,7 +174,8 @@ def train_cmd(
                                             help="--schedule step: decay the lr every N scheduler steps; cyclic: "
                                             "train steps from --min-lr up to the lr (and as many down)."),
     gamma: Optional[float] = typer.Option(None, "--gamma", min=0.0, help="The lr's decay factor (step: default "
-                                          "0.1, exponential: required, plateau: default 0.1)."),
+                                          "0.1, exponential: required, plateau: default 0.1; cyclic: exp_range's, the "
+                                          "cycle's height times gamma to the step; cosine and onecycle take none)."),
     min_lr: Optional[float] = typer.Option(None, "--min-lr", min=0.0, help="cosine's final lr, plateau's floor "
                                            "(default 0), cyclic's lowest (required)."),
     warmup: int = typer.Option(0, "--warmup", min=0, metavar="N",

@@ -8,6 +8,7 @@ the scheduler says so."""
 from __future__ import annotations
 
 import math
+import types
 from typing import Any, Callable, Optional
 
 from graphc.runtime import momentum
@@ -87,8 +88,9 @@ class OneCycleLR(LRScheduler):
         for i, (end, low, high, m_from, m_to) in enumerate(self._schedule_phases):
             if step <= end or i == len(self._schedule_phases) - 1:
                 pct = (step - start) / (end - start)
-                if self.cycle_momentum:
-                    self.trainer.momentum = self._anneal(self.group[m_from], self.group[m_to], pct)
+                if self.cycle_momentum:  # linear, stepped total_steps times: past max_momentum, 1 too, as torch's
+                    self.trainer._set_momentum(self._anneal(self.group[m_from], self.group[m_to], pct),
+                                               below_one=False)
                 return [self._anneal(self.group[low], self.group[high], pct)]
             start = end
         raise AssertionError("unreachable: the last phase always matches")
@@ -100,8 +102,9 @@ class CyclicLR(LRScheduler):
     (``triangular``: 1, ``triangular2``: halved each cycle, ``exp_range``: ``gamma`` to the
     step) or ``scale_fn`` (of the cycle or, ``scale_mode="iterations"``, the step); with
     ``cycle_momentum`` the momentum goes the other way between ``max_momentum`` and
-    ``base_momentum``. ``scale_fn`` is not in ``state_dict()``, as torch leaves out a function:
-    give it again on resume."""
+    ``base_momentum``. ``state_dict()`` keeps a callable object's own attributes (its
+    ``__dict__``, under ``_scale_fn_custom``; None for a function or lambda), as torch's does:
+    give ``scale_fn`` again on resume, and ``load_state_dict`` restores them into it."""
 
     _NOT_STATE = (*LRScheduler._NOT_STATE, "_scale_fn_custom")
 
@@ -155,13 +158,24 @@ class CyclicLR(LRScheduler):
         cycle = math.floor(1 + self.last_epoch / self.total_size)
         x = 1.0 + self.last_epoch / self.total_size - cycle
         factor = x / self.step_ratio if x <= self.step_ratio else (x - 1) / (self.step_ratio - 1)
-        scale = self.scale_fn(cycle if self.scale_mode == "cycle" else self.last_epoch)
-        lrs = [base + (peak - base) * factor * scale for base, peak in zip(self.base_lrs, self.max_lrs)]
-        if self.cycle_momentum:
+        at = cycle if self.scale_mode == "cycle" else self.last_epoch
+        lrs = [base + (peak - base) * factor * self.scale_fn(at) for base, peak in zip(self.base_lrs, self.max_lrs)]
+        if self.cycle_momentum:  # scale_fn called again, as torch's (a callable object may count its calls)
             self.trainer.momentum = self.max_momentums[0] - (self.max_momentums[0] - self.base_momentums[0]) \
-                * factor * scale
+                * factor * self.scale_fn(at)
         return lrs
 
+    def state_dict(self) -> dict[str, Any]:
+        fn = self._scale_fn_custom
+        return {**super().state_dict(),
+                "_scale_fn_custom": None if fn is None or isinstance(fn, types.FunctionType) else dict(fn.__dict__)}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        attributes = state.get("_scale_fn_custom")
+        if attributes is not None and self._scale_fn_custom is None:
+            raise ValueError(f"CyclicLR.load_state_dict: the state holds a scale_fn object's attributes "
+                             f"({sorted(attributes)}); give the scheduler that scale_fn to restore them into")
         super().load_state_dict(state)
+        if attributes is not None:
+            self._scale_fn_custom.__dict__.update(attributes)
         self._init_scale_mode()

@@ -22,9 +22,11 @@ def what(optimizer: dict) -> str:
     return _KINDS.get(kind) or f"{names.get(kind, kind)}'s beta1"
 
 
-def checked(optimizer: dict, scheduled: bool, value: Any, who: str = "momentum") -> float:
+def checked(optimizer: dict, scheduled: bool, value: Any, who: str = "momentum", below_one: bool = True) -> float:
     """``value`` as the momentum to set, or a ValueError saying why not: the graphs hold it
-    constant (and what to generate them with), or not a finite number >= 0 (beta1: < 1)."""
+    constant (and what to generate them with), or not a finite number >= 0 (beta1: < 1, unless
+    ``below_one`` is False: a linear OneCycleLR stepped past its last step, as torch's, which
+    carries on)."""
     if momentum_key(optimizer) is None:
         raise ValueError(f"{who}: {optimizer['kind']} has no momentum or beta1 (torch's OneCycleLR and CyclicLR "
                          "refuse cycle_momentum=True for it too)")
@@ -33,7 +35,7 @@ def checked(optimizer: dict, scheduled: bool, value: Any, who: str = "momentum")
                          f"{momentum_value(optimizer)!r}. Generate the artifacts with "
                          "gc.training.generate(..., scheduled=['momentum']) to set it between steps, or give the "
                          "scheduler cycle_momentum=False")
-    betas = momentum_key(optimizer) == "betas"
+    betas = momentum_key(optimizer) == "betas" and below_one
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) < math.inf \
             or (betas and float(value) >= 1.0):
         raise ValueError(f"{who}: {what(optimizer)} must be a finite number >= 0{' and < 1' if betas else ''}, "

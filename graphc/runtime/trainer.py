@@ -939,8 +939,12 @@ class Trainer:
 
     @momentum.setter
     def momentum(self, value: float) -> None:
+        self._set_momentum(value)
+
+    def _set_momentum(self, value: float, below_one: bool = True) -> None:
+        """``momentum``'s setter; a scheduler's beta1 may pass 1 (``below_one=False``), as torch's."""
         optimizer = self.manifest.optimizer
-        value = momentum_lib.checked(optimizer, MOMENTUM in self._entries, value)
+        value = momentum_lib.checked(optimizer, MOMENTUM in self._entries, value, below_one=below_one)
         momentum_lib.record(self.lr_group, optimizer, value)  # torch's group["momentum"] or group["betas"][0]
         self._put_hyper(MOMENTUM, np.asarray(value, np.float64))
 
@@ -979,8 +983,8 @@ class Trainer:
             self.lr_group.update(pending["group"])
             scheduler.load_state_dict(pending["state"])
             self.lr = self.lr_group["lr"]  # constructing it set the initial lr; back to the saved one
-            if MOMENTUM in self._entries:  # and a cycled momentum: its saved value
-                self.momentum = momentum_lib.current(lr_group(self), self.manifest.optimizer)
+            if MOMENTUM in self._entries:  # and a cycled momentum: its saved value (a scheduler's: may pass 1)
+                self._set_momentum(momentum_lib.current(lr_group(self), self.manifest.optimizer), below_one=False)
 
     def schedule_state(self) -> str:
         """The JSON a checkpoint saves of the scheduler: its kind, ``state_dict()``, the lr group
