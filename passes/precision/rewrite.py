@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 
 from graphc.errors import PassError
+from graphc.passes.precision.casts import Casts
 from graphc.passes.precision.slots import CONTROL_FLOW, DEFAULT_BLOCKED, FLOAT, allows, schema
 from graphc.passes.precision.tensors import narrow
 
@@ -55,7 +56,7 @@ class _Rewrite:
         self.nodes = list(ir.traversal.RecursiveGraphIterator(model.graph))
         self.schemas = {node: schema(node, self.opsets) for node in self.nodes}
         self.blocked = {n for n in self.nodes if self._is_blocked(n, op_block_list, node_block_list)}
-        self.casts: dict[tuple[int, int, ir.DataType], ir.Value] = {}
+        self.casts = Casts()
 
     def _is_blocked(self, node: ir.Node, ops: frozenset[str], names: frozenset[str]) -> bool:
         standard = node.domain in ("", "ai.onnx")
@@ -157,18 +158,9 @@ class _Rewrite:
 
     def _cast(self, value: ir.Value, to: ir.DataType, graph: ir.Graph, before: ir.Node | None) -> ir.Value:
         """``value`` cast to ``to`` in ``graph`` (one Cast per value, dtype and graph)."""
-        key = (id(graph), id(value), to)
-        if key not in self.casts:
-            cast = ir.node("Cast", [value], {"to": int(to)}, name=f"{value.name}_to_{to.name.lower()}")
-            out = cast.outputs[0]
-            out.name, out.type, out.shape = f"{value.name}_{to.name.lower()}", ir.TensorType(to), value.shape
-            if before is None:
-                graph.append(cast)
-            else:
-                graph.insert_before(before, cast)
-            self.casts[key] = out
-            self.report.casts += 1
-        return self.casts[key]
+        out = self.casts.cast(value, to, graph, before)
+        self.report.casts = self.casts.count
+        return out
 
     def _fix_outputs(self, graph: ir.Graph, new: dict[ir.Value, ir.DataType]) -> None:
         """Graph outputs in the dtype the interface fixes: the main graph's float32 with
