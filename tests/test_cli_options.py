@@ -49,6 +49,7 @@ API_DEFAULTS = {
     ("grad", "device"): (gc.training.generate, "device"),
     ("grad", "loss_scale"): (gc.training.generate, "loss_scale"),
     ("grad", "scheduled"): (gc.training.generate, "scheduled"),
+    ("grad", "autocast"): (gc.training.generate, "autocast"),
     ("run", "backend"): (gc.Session, "backend"),
     ("run", "batch_size"): (map_batches, "batch_size"),
     ("parity", "backends"): (gc.parity.compare, "backends"),

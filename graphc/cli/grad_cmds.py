@@ -143,6 +143,11 @@ def grad_cmd(
                                              "torch.amp.GradScaler's defaults: scale 65536, halved on an inf/NaN "
                                              "gradient, which skips the step, doubled after 2000 good steps) or a "
                                              "static scale (default: none)."),
+    autocast: Optional[str] = typer.Option(None, "--autocast", metavar="bfloat16|float16",
+                                           help="Mixed precision as torch.autocast: MatMul/Gemm/Conv/ConvTranspose/"
+                                           "Einsum/PRelu run in this dtype between Casts, everything else and the "
+                                           "params in float32 (float16: give --loss-scale dynamic too; default: "
+                                           "none)."),
     class_weights: Optional[str] = typer.Option(None, "--class-weights", metavar="W0,W1,...|FILE.npy",
                                                 help="A cross_entropy loss's weight of each class, as a comma "
                                                 "list or a .npy file (default: none, all 1)."),
@@ -183,13 +188,14 @@ def grad_cmd(
                          clip_grad_value=clip_grad_value)
     arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute, params=param,
                                 batchnorm=batchnorm, device=device, loss_scale=_loss_scale(loss_scale),
-                                scheduled=scheduled)
+                                scheduled=scheduled, autocast=autocast)
     arts.save(output)
     m = arts.manifest
     console.print(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "
                   f"{len(m.frozen)} frozen params, {len(m.constants)} exporter constants; loss {spec.kind} on "
                   f"{spec.output!r} (label input {spec.label!r}){_weighted(spec)}; optimizer {optimizer} lr={opt.lr:g}{_clipping(opt)}; "
-                  f"BatchNorm {batchnorm}{_scaling(m.loss_scale)}", highlight=False, soft_wrap=True)
+                  f"BatchNorm {batchnorm}{_scaling(m.loss_scale)}"
+                  f"{'' if m.autocast is None else f'; autocast {m.autocast}'}", highlight=False, soft_wrap=True)
     console.print(f"trainable: {_listing(m.trainable)}", highlight=False, soft_wrap=True)
     if m.constants:
         console.print("exporter constants (not trained; --param NAME trains one): "

@@ -1,5 +1,6 @@
-"""Loss scaling for mixed-precision training: ``gc.amp.GradScaler``, ``torch.amp.GradScaler``'s
-arguments, defaults and update rule, as an option of ``gc.training.generate``.
+"""Mixed-precision training options of ``gc.training.generate``: ``autocast`` (the low dtype an
+imported model's matrix products and convolutions run in) and loss scaling, ``gc.amp.GradScaler``,
+``torch.amp.GradScaler``'s arguments, defaults and update rule.
 
     arts = gc.training.generate(model, loss, gc.optim.AdamW(1e-3), loss_scale=gc.amp.GradScaler())
     trainer = gc.Trainer(arts)
@@ -14,11 +15,14 @@ never changes.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["GradScaler", "loss_scale_json"]
+__all__ = ["AUTOCAST_DTYPES", "GradScaler", "autocast_dtype", "loss_scale_json"]
+
+AUTOCAST_DTYPES = ("bfloat16", "float16")
 
 
 class GradScaler(BaseModel):
@@ -71,3 +75,20 @@ def loss_scale_json(value: Union[GradScaler, float, dict, None]) -> Optional[dic
     if not math.isfinite(float(value)) or not math.isfinite(float(scale)) or scale <= 0:
         raise ValueError(f"loss_scale: a static scale must be a positive finite float32, got {value!r}")
     return {"kind": "static", "init_scale": float(value)}
+
+
+def autocast_dtype(value, loss_scale: Optional[dict]) -> Optional[str]:
+    """``generate``'s ``autocast`` as a dtype name: None, "bfloat16" or "float16" (torch's dtypes
+    too); anything else is a ValueError naming ``autocast``. float16 without loss scaling is taken,
+    as torch takes it, with a warning: float16 gradients below 6e-8 become 0 (bfloat16 has float32's
+    range and needs none)."""
+    if value is None:
+        return None
+    name = str(value).removeprefix("torch.") if type(value).__module__ == "torch" else value
+    if name not in AUTOCAST_DTYPES:
+        raise ValueError(f"autocast must be one of {', '.join(map(repr, AUTOCAST_DTYPES))} or None, got {value!r}")
+    if name == "float16" and loss_scale is None:
+        warnings.warn("autocast='float16' without loss_scale: float16 gradients smaller than 6e-8 become 0; "
+                      "torch's recipe pairs float16 autocast with a GradScaler "
+                      "(loss_scale=gc.amp.GradScaler())", UserWarning, stacklevel=3)
+    return name

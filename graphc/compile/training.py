@@ -65,7 +65,7 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from graphc.compile.amp import loss_scale_json
+from graphc.compile.amp import autocast_dtype, loss_scale_json
 from graphc.compile.losses import LossSpec
 from graphc.compile.opsets import emitted_opset
 from graphc.errors import ArtifactsError, PassError
@@ -189,6 +189,7 @@ class Manifest(BaseModel):
     # loss scaling (generate's option, ``gc.amp``): {"kind": "dynamic", init_scale, growth_factor,
     # backoff_factor, growth_interval} or {"kind": "static", init_scale}; None: none
     loss_scale: Optional[dict] = None
+    autocast: Optional[Literal["bfloat16", "float16"]] = None  # generate's option: the low dtype; None: none
 
     def pack(self, tensors: Mapping[str, np.ndarray], graph: str | None = None, *,
              consume: bool = False) -> dict[str, np.ndarray]:
@@ -529,7 +530,7 @@ def _own_file(directory: Path, name: str, what: str = "") -> Path:
 def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Iterable[str] | None = None,
              frozen: Iterable[str] = (), fused: bool = True, recompute: bool = False, params: Iterable[str] = (),
              batchnorm: Literal["train", "frozen"] = "train", device: Literal["cpu", "cuda"] = "cpu",
-             loss_scale=None, scheduled: Iterable[str] = ()) -> TrainingArtifacts:
+             loss_scale=None, scheduled: Iterable[str] = (), autocast=None) -> TrainingArtifacts:
     """Training artifacts for ``model``.
 
     Which float initializers are params: for an imported model, what the source framework
@@ -583,11 +584,20 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
             state); SGD gets its momentum buffer even at ``momentum=0``, and SGD and RMSprop skip
             it at a step whose momentum is exactly 0, as torch. Default: none (the spec's
             constants, graphs as before).
+        autocast: ``"bfloat16"`` or ``"float16"``: mixed precision as ``torch.autocast(device,
+            dtype)`` for a float32 model (imported ones too): in train_step and gradients, the ops
+            torch's autocast runs in the low dtype on ``device`` (MatMul, Gemm, Conv, ConvTranspose,
+            Einsum, PRelu, Attention; ``autocast_policy.ONNX_OPS``) read their float32 inputs cast
+            to it (one Cast per value) and their outputs are cast back to float32, so everything
+            else (softmax, norms, reductions, the loss, the update) runs in float32 and the params
+            stay float32 master weights (``passes/precision/autocast.py``). eval and inference stay
+            the model as given. float16 without ``loss_scale`` warns. None (default): graphs as before.
 
     Raises:
         gc.GraphError: unknown output/param names, a loss that is not a float scalar, an op
             without a gradient rule on the way to a trainable param.
     """
+    from graphc.dsl.autocast_policy import onnx_lower
     from graphc.passes.training import artifacts
     from graphc.passes.training.scheduled import with_scheduled
 
@@ -608,11 +618,13 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     opt_json = with_scheduled(_optimizer_json(optimizer), scheduled)
     scale_json = loss_scale_json(loss_scale)
+    low = autocast_dtype(autocast, scale_json)
     model = emitted_opset(model, "training graphs")
     built = artifacts.build(model.ir, loss_args, opt_json,
                             trainable=None if trainable is None else names(trainable), frozen=names(frozen),
                             fused=fused, recompute=recompute, params=names(params), batchnorm=batchnorm,
-                            device=device, nchwc=_nchwc_block() if device == "cpu" else 0, loss_scale=scale_json)
+                            device=device, nchwc=_nchwc_block() if device == "cpu" else 0, loss_scale=scale_json,
+                            autocast=None if low is None else (low, onnx_lower(device)))
     graphs = {key: Model(m) for key, m in built.graphs.items()}
     manifest = Manifest(
         opset=built.opset,
@@ -625,7 +637,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
                            shapes=[list(s) for s in g.shapes], slots=list(built.slots),
                            weight_decay=g.weight_decay) for g in built.layout],
         orders=built.orders, one_row_batchnorms=built.one_row_batchnorms, loss_scale=scale_json,
-        renormed=built.renormed)
+        renormed=built.renormed, autocast=low)
     return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
                              graphs["inference"], built.state, manifest, graphs.get("noise_shapes"))
 

@@ -76,9 +76,27 @@ POLICY: dict[str, tuple[str | None, str | None]] = {
 }
 
 
+# ONNX op type -> the torch op whose policy it follows, for ``generate(autocast=)`` on imported models
+# (``passes/precision/autocast.py``). torch.onnx writes linear as Gemm (2-D input) or MatMul + Add,
+# matmul/mm/bmm as MatMul, conv{1,2,3}d as Conv, conv_transpose{1,2,3}d as ConvTranspose, prelu as
+# PRelu, scaled_dot_product_attention as Attention (opset 23) or as its MatMul/Softmax/MatMul form
+# (the MatMuls lowered as matmul, the softmax left in float32); einsum,
+# which torch computes as bmm (so autocast lowers it), as Einsum; nn.RNN/GRU/LSTM as RNN/GRU/LSTM
+# (lowered on CUDA only, as their cells). The op's other float inputs (Gemm's C, Conv's bias) are cast
+# with it, as torch's linear and conv cast their bias.
+ONNX_OPS = {"MatMul": "matmul", "Gemm": "addmm", "Conv": "conv2d", "ConvTranspose": "conv_transpose2d",
+            "PRelu": "prelu", "Attention": "scaled_dot_product_attention", "Einsum": "bmm",
+            "RNN": "rnn_tanh_cell", "GRU": "gru_cell", "LSTM": "lstm_cell"}
+
+
+def onnx_lower(device: str) -> frozenset[str]:
+    """The ONNX op types autocast runs in the low dtype on ``device``."""
+    return frozenset(onnx for onnx, op in ONNX_OPS.items() if kind(op, device) == LOWER)
+
+
 def kind(op: str, device: str) -> str | None:
     """What ``op`` runs in under autocast on ``device`` (None: as given)."""
     return POLICY[op][DEVICES.index(device)]
 
 
-__all__ = ["DEVICES", "DTYPES", "FP32", "LOWER", "MIXED", "POLICY", "PROMOTE", "kind"]
+__all__ = ["DEVICES", "DTYPES", "FP32", "LOWER", "MIXED", "ONNX_OPS", "POLICY", "PROMOTE", "kind", "onnx_lower"]

@@ -28,6 +28,7 @@ No DSL here: the caller (``graphc.compile.training``) turns specs into the plain
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -41,6 +42,7 @@ from graphc.passes.autodiff.core import DEFAULT_OPSET, backward
 from graphc.passes.autodiff.model import expand_for_autodiff, fill_unknown_ranks, fold_integer_values
 from graphc.passes.emit import Emitter
 from graphc.passes.infer import correct_onnx_inference
+from graphc.passes.precision.autocast import autocast_in_place
 from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, loss_scaling, modes
 from graphc.passes.training import optimizers, param_selection
 from graphc.passes.training import noise as noise_shapes, padding_rows, recompute as recomputation, reductions, taps_params
@@ -87,10 +89,12 @@ class Built:
 def build(model: ir.Model, loss: LossArgs, optimizer: dict,
           trainable: Iterable[str] | None = None, frozen: Iterable[str] = (), fused: bool = True,
           recompute: bool = False, params: Iterable[str] = (), batchnorm: str = "train", device: str = "cpu",
-          nchwc: int = 0, loss_scale: dict | None = None) -> Built:
+          nchwc: int = 0, loss_scale: dict | None = None, autocast: tuple[str, frozenset[str]] | None = None
+          ) -> Built:
     """The training graphs of ``model``; ``optimizer`` is the spec as JSON (``{"kind": "sgd", "lr":
     ..., ...}``); ``nchwc``: the CPU's NCHWc channel block the backward may count on (0: none);
-    ``loss_scale``: loss scaling's spec as JSON (``loss_scaling``), or None."""
+    ``loss_scale``: loss scaling's spec as JSON (``loss_scaling``), or None; ``autocast``: (the low
+    dtype, the op types run in it) for train_step's and gradients' forward (``precision.autocast``)."""
     base = _prepare(model)
     one_row = modes.one_row_batchnorms(base.graph) if batchnorm != "frozen" else {}
     order = {name: i for i, name in enumerate(model.graph.initializers)}  # promoted constants last
@@ -120,7 +124,8 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     step, gradients, grads, bn_next, grad_outputs, taps = _backward_graphs(base, opset, params, bn_stats, noise,
                                                                            recompute, batchnorm, device, nchwc,
                                                                            loss_scale,
-                                                                           (slot, loss.output) if label else None)
+                                                                           (slot, loss.output) if label else None,
+                                                                           autocast)
     # a pass that replaces the prediction (dense_conv) keeps its output slot, not its name
     step.graph.outputs[slot].name = loss.output
     orders = taps_params.store(step.graph, opset, taps, grads)  # after gradients is cloned: its params as the model's
@@ -189,7 +194,8 @@ def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
 
 def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats: Sequence[str],
                      noise: list[str], recompute: bool = False, batchnorm: str = "train", device: str = "cpu",
-                     nchwc: int = 0, loss_scale: dict | None = None, prediction: tuple[int, str] | None = None):
+                     nchwc: int = 0, loss_scale: dict | None = None, prediction: tuple[int, str] | None = None,
+                     autocast: tuple[str, frozenset[str]] | None = None):
     """Training mode and the backward pass, in ``step`` itself; returns (step, the gradients
     graph cloned from it, {param: gradient value in step}, {BN stat: its updated value}, the
     gradients graph's outputs, {param: (its taps-outer chain's value, that value's gradient)}
@@ -200,13 +206,17 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     autodiff, so the gradient flows through plain Mul/Cast. ``batchnorm="frozen"`` keeps
     BatchNormalization in inference mode (running statistics in, none updated). With
     ``loss_scale`` the backward is the scaled loss's (``loss_scaling.seed``): train_step unscales
-    its gradients in the update, the gradients graph before its outputs."""
+    its gradients in the update, the gradients graph before its outputs. ``autocast``: (dtype, op
+    types) run in that dtype between Casts, before the function ops' expansion (an Attention or an
+    LSTM the policy leaves alone keeps its inner MatMuls in float32)."""
     if batchnorm == "frozen":
         modes.set_inference_mode(step.graph, ops=("BatchNormalization",))
     # ops without a gradient rule that ONNX defines as functions (Mish, RMSNormalization,
     # Attention, ...) are differentiated through their bodies, RNN/GRU/LSTM unrolled (the eval
     # and inference graphs, cloned before, keep the ops themselves)
     expose_inputs(step.graph, [*params, *bn_stats])  # first: no pass may take their initial values as constants
+    if autocast is not None:
+        _autocast(step, *autocast)
     expanded = expand_for_autodiff(step)
     modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise, batchnorm=batchnorm != "frozen")
     dense_conv.densify_convs(step.graph, opset, device)
@@ -251,6 +261,12 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
         outputs.append(Output(name, PREDICTION))
     set_outputs(graph, outputs)
     return step, gradients, grads, bn_next, outputs, {p: (t, found[t.name]) for p, t in chains.items()}
+
+
+def _autocast(step: ir.Model, dtype: str, ops: frozenset[str]) -> None:
+    if not autocast_in_place(step.graph, step.opset_imports, dtype, ops):
+        warnings.warn(f"autocast={dtype!r} ran nothing in {dtype}: the model has no float32 "
+                      f"{'/'.join(sorted(ops))} node; its training graphs compute as without autocast", stacklevel=4)
 
 
 def _order_inputs(graph: ir.Graph, order: Sequence[str]) -> None:
