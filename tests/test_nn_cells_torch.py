@@ -1,6 +1,7 @@
 """gc.nn.RNNCell, LSTMCell and GRUCell against torch.nn's: parameter names, shapes and init bounds,
-one step's output and gradients (input, states, every parameter) on the numpy and ort-cpu backends
-with torch's weights, a 5-step unrolled loop trained by SGD step for step, and torch's refusals."""
+one step's output and gradients (input, states, every parameter; float32 and float64) on the numpy and
+ort-cpu backends with torch's weights, a 5-step unrolled loop trained by SGD step for step, the dtypes
+``gc.autocast`` gives them (the functional cells' policy), and torch's refusals."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 
 import graphc as gc
 from graphc import nn
+from graphc.model.dtypes import as_dtype
+
 try:
     from torch_grad_util import assert_step_matches_torch, gc_grads, torch_twin
 except ImportError:  # tests/ collected as a package
@@ -38,28 +41,78 @@ def _step(m, x, *states):
     return torch.cat([h, c], -1)
 
 
+def _twin(ctor, dtype):
+    """``torch_twin(ctor)`` in ``dtype``: for float64, torch's ``.double()`` and ours built as float64
+    with the same weights."""
+    cell, tcell = torch_twin(ctor, seed=1)
+    if dtype == np.float32:
+        return cell, tcell
+    cell64 = eval(f"nn.{ctor[:-1]}, dtype='float64')", {"nn": nn})  # noqa: S307 - the constructors above
+    cell64.load_state_dict({k: v.astype(np.float64) for k, v in cell.state_dict().items()})
+    for p in cell64.parameters():
+        p.data = p.numpy()
+    return cell64, tcell.double()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "unbatched"])
 @pytest.mark.parametrize("given", [True, False], ids=["hx", "no-hx"])
 @pytest.mark.parametrize("name,ctor", CASES, ids=[c[0] for c in CASES])
-def test_cell_step_and_gradients_match_torch(name, ctor, given, batched):
+def test_cell_step_and_gradients_match_torch(name, ctor, given, batched, dtype):
     torch = pytest.importorskip("torch")
-    cell, tcell = torch_twin(ctor, seed=1)
+    cell, tcell = _twin(ctor, dtype)
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-12}
     states = ([H, C] if "LSTM" in name else [H]) if given else []
     x, states = (X, states) if batched else (X[0], [s[0] for s in states])
+    x, states = x.astype(dtype), [s.astype(dtype) for s in states]
     params = {"x": x, **{f"s{i}": s for i, s in enumerate(states)}}
     tin = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
     want = _step(tcell, *tin.values())
-    c = R.standard_normal(tuple(want.shape)).astype(np.float32)
+    c = R.standard_normal(tuple(want.shape)).astype(dtype)
     (want * torch.from_numpy(c)).sum().backward()
     for backend in ("numpy", "ort-cpu"):
         got = gc_grads(_step, params, {}, c, module=cell, backend=backend)
-        np.testing.assert_allclose(got["out"], want.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=backend)
+        assert got["out"].dtype == dtype, backend
+        np.testing.assert_allclose(got["out"], want.detach().numpy(), **tol, err_msg=backend)
         for k, t in tin.items():
-            np.testing.assert_allclose(got[k], t.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"{backend} {k}")
+            np.testing.assert_allclose(got[k], t.grad.numpy(), **tol, err_msg=f"{backend} {k}")
         for k, p in tcell.named_parameters():
-            np.testing.assert_allclose(got[f"m.{k}"], p.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"{backend} {k}")
+            np.testing.assert_allclose(got[f"m.{k}"], p.grad.numpy(), **tol, err_msg=f"{backend} {k}")
     spec = {k: gc.spec(v.dtype, ("N", *v.shape[1:]) if batched else v.shape) for k, v in params.items()}
     onnx.checker.check_model(gc.capture(lambda **a: _step(cell, *a.values()), **spec).proto, full_check=True)
+
+
+def _out_dtypes(fn, **spec):
+    return [str(as_dtype(int(o.dtype))) for o in gc.capture(fn, **spec).ir.graph.outputs]
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["hx", "no-hx"])
+@pytest.mark.parametrize("name,ctor", CASES, ids=[c[0] for c in CASES])
+def test_autocast_runs_the_module_as_its_functional_cell(name, ctor, given):
+    """Under ``gc.autocast("cuda")`` a cell module is its functional cell (torch's modules call
+    ``_VF.lstm_cell`` and the like, in CUDA's lower-precision list): every argument, the float32 states
+    and weights included, cast to float16, so each output is float16 (the gates written out gave a
+    float32 ``c'``, the float16 gates promoted by the float32 state). Under ``"cpu"`` (the cells not in
+    its list) the dtypes are torch's own, probed here: the bfloat16 gates meet float32 states."""
+    torch = pytest.importorskip("torch")
+    cell, tcell = torch_twin(ctor, seed=1)
+    lstm = "LSTM" in name
+    states = ([H, C] if lstm else [H]) if given else []
+    spec = {"x": X, **{f"s{i}": s for i, s in enumerate(states)}}
+
+    def step(device):
+        def fn(x, *s):
+            with gc.autocast(device):
+                out = cell(x, (tuple(s) if s else None) if lstm else (s[0] if s else None))
+            return out if lstm else (out,)
+        return fn
+
+    assert _out_dtypes(step("cuda"), **spec) == ["float16"] * (1 + lstm)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ts = [torch.from_numpy(v) for v in spec.values()]
+        out = tcell(ts[0], (tuple(ts[1:]) if given else None) if lstm else (ts[1] if given else None))
+    want = [str(o.dtype).removeprefix("torch.") for o in (out if lstm else (out,))]
+    assert _out_dtypes(step("cpu"), **spec) == want
 
 
 def test_parameters_are_torchs_names_shapes_and_init():

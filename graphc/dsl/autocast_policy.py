@@ -10,8 +10,8 @@ The CPU column is torch 2.13's own behaviour, probed under ``torch.autocast("cpu
 dtype=torch.bfloat16)`` (the output dtype of each op; ``tests/test_autocast_ops.py`` probes it
 again). The CUDA column could not be probed here (no GPU): it is the documented list of torch's
 "Autocast Op Reference" (CUDA ops that can autocast to float16 / to float32 / to the widest
-input type), restricted to the ops graphc has (no ``fft_*``: graphc has no FFT; ``nn.GRUCell`` and the
-other cell modules are not the functional cells, which are wrapped).
+input type), restricted to the ops graphc has (no ``fft_*``: graphc has no FFT); ``nn.GRUCell`` and the
+other cell modules step through the functional cells, so the cells' entries are theirs too, as torch's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """RNNCell, LSTMCell and GRUCell: one time step with ``torch.nn``'s arguments, parameter names
 (``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh``, gates stacked in PyTorch's order
-``i f g o`` and ``r z n``), init and return values, written out in MatMul/Gemm and elementwise ops
-so a Python loop over time steps captures an unrolled graph that autodiff differentiates."""
+``i f g o`` and ``r z n``), init and return values; each step is torch's functional cell
+(``ops_cells``: ``rnn_tanh_cell``, ``rnn_relu_cell``, ``lstm_cell``, ``gru_cell``), as torch's modules
+call them, so ``gc.autocast`` casts a module's step as the cell's policy says. A Python loop over time
+steps captures an unrolled graph that autodiff differentiates."""
 
 from __future__ import annotations
 
@@ -11,14 +13,13 @@ import numpy as np
 
 from graphc.dsl import ops
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.ops_array import chunk
-from graphc.dsl.ops_nn import linear
+from graphc.dsl.ops_cells import gru_cell, lstm_cell, rnn_relu_cell, rnn_tanh_cell
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn.module import Module
 from graphc.nn.rnn import add_gate_parameters
 
-_NONLINEARITIES = {"tanh": ops.tanh, "relu": ops.relu}
+_NONLINEARITIES = {"tanh": rnn_tanh_cell, "relu": rnn_relu_cell}
 
 
 class _Cell(Module):
@@ -53,10 +54,9 @@ class _Cell(Module):
             out.append(s)
         return x, out
 
-    def _gates(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
-        """``x @ weight_ih.T + bias_ih`` and ``h @ weight_hh.T + bias_hh``."""
-        return (linear(x, self.weight_ih, self.bias_ih if self.bias else None),
-                linear(h, self.weight_hh, self.bias_hh if self.bias else None))
+    def _weights(self) -> tuple[Tensor, ...]:
+        """``weight_ih, weight_hh`` and, with ``bias``, ``bias_ih, bias_hh``: the cell's weight arguments."""
+        return (self.weight_ih, self.weight_hh, *((self.bias_ih, self.bias_hh) if self.bias else ()))
 
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}" + ("" if self.bias else ", bias=False")
@@ -75,8 +75,7 @@ class RNNCell(_Cell):
 
     def forward(self, input: Any, hx: Any = None) -> Tensor:  # noqa: A002 - torch's names
         x, (h,) = self._checked(input, (hx,))
-        gi, gh = self._gates(x, h)
-        return _NONLINEARITIES[self.nonlinearity](gi + gh)
+        return _NONLINEARITIES[self.nonlinearity](x, h, *self._weights())
 
 
 class LSTMCell(_Cell):
@@ -88,11 +87,8 @@ class LSTMCell(_Cell):
     def forward(self, input: Any, hx: Any = None) -> tuple[Tensor, Tensor]:  # noqa: A002
         if hx is not None and (not isinstance(hx, (tuple, list)) or len(hx) != 2):
             raise CaptureError(f"LSTMCell hx must be a pair (h, c), got {type(hx).__name__} (at {user_source()})")
-        x, (h, c) = self._checked(input, (None, None) if hx is None else tuple(hx))
-        gi, gh = self._gates(x, h)
-        i, f, g, o = chunk(gi + gh, 4, dim=-1)
-        c = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(g)
-        return ops.sigmoid(o) * ops.tanh(c), c
+        x, hc = self._checked(input, (None, None) if hx is None else tuple(hx))
+        return lstm_cell(x, hc, *self._weights())
 
 
 class GRUCell(_Cell):
@@ -103,11 +99,7 @@ class GRUCell(_Cell):
 
     def forward(self, input: Any, hx: Any = None) -> Tensor:  # noqa: A002
         x, (h,) = self._checked(input, (hx,))
-        gi, gh = self._gates(x, h)
-        (i_r, i_z, i_n), (h_r, h_z, h_n) = chunk(gi, 3, dim=-1), chunk(gh, 3, dim=-1)
-        r, z = ops.sigmoid(i_r + h_r), ops.sigmoid(i_z + h_z)
-        n = ops.tanh(i_n + r * h_n)
-        return n + z * (h - n)
+        return gru_cell(x, h, *self._weights())
 
 
 RNNCellBase = _Cell  # torch.nn.RNNCellBase: the base of the cells, for isinstance checks
