@@ -1,8 +1,11 @@
 """``gc.vmap``'s batching rule for the recurrent ops (RNN, GRU, LSTM), added to ``vmap_rules.RULES``: the
-examples folded into the op's batch dim N (the weights the same for all), as its sequences side by side."""
+examples folded into the op's batch dim N where the weights are the same for all, as its sequences side by
+side; mapped weights (an ensemble) fold them into the hidden size instead, ``B`` cells of ``H`` units as one
+of ``B*H`` with block-diagonal weights, so one op still runs all examples."""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from graphc.dsl import ops
@@ -17,10 +20,13 @@ from graphc.dsl.vmap_rules import (
     reemit,
 )
 from graphc.dsl.vmap_rules_conv import known_shape, merge_dims, split_dim
+from graphc.passes.values import static_shape
 
 __all__: list[str] = []
 
 _X, _LENS, _H0, _C0 = 0, 4, 5, 6  # the inputs of ONNX's RNN/GRU/LSTM that hold N
+_W, _R, _B, _P = 1, 2, 3, 7  # the weights: [D, G*H, I], [D, G*H, H], [D, 2*G*H], peepholes [D, 3*H]
+_GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 
 
 def _into_n(b: Batching, a: Arg, value: ir.Value, n_axis: int) -> Tensor:
@@ -43,9 +49,9 @@ def _out_of_n(b: Batching, y: Tensor, n_axis: int) -> Tensor:
 
 def _recurrent(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """RNN/GRU/LSTM of mapped sequences (or initial states, or lengths): one run over ``B*N``
-    sequences; mapped weights have no rule."""
+    sequences; mapped weights: ``_in_hidden``."""
     if any(a is not None and a.batched for i, a in enumerate(args) if i not in (_X, _LENS, _H0, _C0)):
-        raise NoRule("mapped weights")
+        return _in_hidden(b, node, args)
     layout = int(node_attrs(node).get("layout", 0))
     x_n, state_n = (1, 1) if layout == 0 else (0, 0)  # X (T, N, I) / (N, T, I); states (D, N, H) / (N, D, H)
     ins = [None if a is None else a.t for a in args]
@@ -60,3 +66,66 @@ def _recurrent(b: Batching, node: ir.Node, args: list) -> list[Arg]:
 
 
 RULES.update(dict.fromkeys(("RNN", "GRU", "LSTM"), _recurrent))
+
+
+def _in_hidden(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """Mapped weights: the ``B`` examples as one cell of ``B*H`` units, example ``e``'s units at
+    ``e*H`` in each gate. Every gate is unit by unit (activations, clip, LSTM's ``input_forget`` and
+    peepholes, GRU's reset either side of the product), so block-diagonal ``R`` (and ``W`` where the
+    sequences are mapped too) keep the examples apart; the MatMuls do ``B`` times the work of ``B``
+    separate cells (the zero blocks). Lengths per example would need ``B*N`` rows of ``B*H``: no rule.
+    The Scan over examples it replaces runs each example's op at its own size, faster forward, but
+    autodiff refuses a recurrent op inside a Scan, so only this fold lets ``gc.grad`` train an ensemble.
+    An LSTM forward on ort-cpu (T 50, N 16, I 32), B 4/16/64: H 8 0.40/28/187 ms vs the Scan's
+    0.47/2.0/36 ms, H 16 0.84/40/541 vs 0.59/18/35, H 64 28/391/8188 vs 10/33/224."""
+    if not isinstance(b.size, int):
+        raise NoRule("mapped weights, of a mapped size not static")
+    if args[_LENS] is not None and args[_LENS].batched:
+        raise NoRule("mapped weights and mapped sequence_lens")
+    r_shape = static_shape(node.inputs[_R])
+    if r_shape is None or not isinstance(r_shape[-1], int):
+        raise NoRule("mapped weights, of a hidden size not static")
+    size, hidden, gates = b.size, r_shape[-1], _GATES[node.op_type]
+    ins = [None if a is None else a.t for a in args]
+    x_mapped = args[_X].batched
+    ins[_X] = _fold(args[_X].t) if x_mapped else args[_X].t
+    ins[_W] = _block_diagonal(b, as_batched(b, args[_W]), gates, hidden, x_mapped)
+    ins[_R] = _block_diagonal(b, as_batched(b, args[_R]), gates, hidden, True)
+    for i, rows in ((_B, 2 * gates), (_P, 3)):
+        if i < len(args) and args[i] is not None:  # [D, rows*H] as [D, rows*H, 1] gate by gate
+            vector = _by_gate(ops.unsqueeze(as_batched(b, args[i]), [-1]), rows, hidden)
+            ins[i] = ops.emit("Reshape", [vector, ops.const_i64([0, -1])])
+    for i in (_H0, _C0):
+        if i < len(args) and args[i] is not None:
+            ins[i] = _fold(as_batched(b, args[i]))
+    outs = reemit(node, ins, node_attrs(node, hidden_size=size * hidden))
+    return [Arg(_unfold(size, hidden, y), True) for y in outs]
+
+
+def _by_gate(w: Tensor, gates: int, hidden: int) -> Tensor:
+    """Mapped ``(B, D, gates*H, K)`` as ``(D, gates, B, H, K)``."""
+    return ops.transpose(ops.emit("Reshape", [w, ops.const_i64([0, 0, gates, hidden, -1])]), [1, 2, 0, 3, 4])
+
+
+def _block_diagonal(b: Batching, w: Tensor, gates: int, hidden: int, diagonal: bool) -> Tensor:
+    """Mapped ``(B, D, gates*H, K)`` as one ``(D, gates*B*H, B*K)`` weight, example ``e``'s block at
+    rows ``g*B*H + e*H`` and columns ``e*K`` (``diagonal``; else ``(D, gates*B*H, K)``, the rows only)."""
+    w = _by_gate(w, gates, hidden)
+    if diagonal:  # (D, G, B, H, 1, K) * eye (B, 1, B, 1): (D, G, B, H, B, K)
+        eye = np.eye(b.size).reshape(b.size, 1, b.size, 1)
+        w = ops.unsqueeze(w, [4]) * ops.lift(eye, w)
+    return ops.emit("Reshape", [w, ops.const_i64([0, gates * b.size * hidden, -1])])
+
+
+def _fold(t: Tensor) -> Tensor:
+    """Mapped ``(B, ..., K)`` as ``(..., B*K)``: each example's features side by side."""
+    r = t.ndim
+    moved = ops.transpose(t, [*range(1, r - 1), 0, r - 1])
+    return ops.emit("Reshape", [moved, ops.const_i64([0] * (r - 2) + [-1])])
+
+
+def _unfold(size: int, hidden: int, y: Tensor) -> Tensor:
+    """An output ``(..., B*H)`` as mapped ``(B, ..., H)``."""
+    r = y.ndim
+    y = ops.emit("Reshape", [y, ops.const_i64([0] * (r - 1) + [size, hidden])])
+    return ops.transpose(y, [r - 1, *range(r - 1), r])

@@ -1,0 +1,98 @@
+"""``gc.vmap`` of RNN, GRU and LSTM layers with mapped weights (an ensemble, as torch.func's
+``stack_module_state`` + ``vmap`` + ``functional_call``): one recurrent op over the members folded into
+its hidden size, against torch per ensemble member (torch 2.13's vmap has no batching rule for
+``aten::lstm``, nor a fallback): values and ``gc.grad``'s gradients (input, initial state, every stacked
+weight) in float64 on numpy and ort-cpu, both directions, mapped or shared sequences and states, packed
+sequences of shared lengths. Each vmap passes ``fallback="error"`` so a case no rule rewrites fails;
+mapped lengths fall back to a Scan, announced."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from tests.torch_grad_util import gc_grads
+
+torch = pytest.importorskip("torch")
+
+RNG = np.random.default_rng(0)
+E, T, N, I, H = 3, 5, 2, 3, 4  # members, steps, batch, input and hidden size
+LENGTHS = [5, 3]
+
+
+def _members(kind, bidirectional):
+    """torch's ``E`` members (float64), our layer of the same shape, and their stacked weights."""
+    tnets = [getattr(torch.nn, kind)(I, H, bidirectional=bidirectional).double() for _ in range(E)]
+    net = getattr(gc.nn, kind)(I, H, bidirectional=bidirectional, dtype="float64").init_parameters(0)
+    stacked = {k: np.stack([dict(t.named_parameters())[k].detach().numpy() for t in tnets])
+               for k, _ in tnets[0].named_parameters()}
+    return tnets, net, stacked
+
+
+def _run(M, layer, weights, x, h0, packed, lengths=LENGTHS):
+    """``layer``'s output sequence with ``weights`` (a dict) on ``x``, ``h0`` (LSTM: ``c0 = h0 / 2``),
+    packed to ``lengths`` and padded back where asked: the same code for torch and the DSL."""
+    F = torch.func if M is torch else gc.func
+    utils = torch.nn.utils.rnn if M is torch else None
+    pack = utils.pack_padded_sequence if utils else pack_padded_sequence
+    pad = utils.pad_packed_sequence if utils else pad_packed_sequence
+    hx = None if h0 is None else ((h0, h0 * 0.5) if "LSTM" in type(layer).__name__ else h0)
+    seq = pack(x, lengths, enforce_sorted=False) if packed else x
+    out = F.functional_call(layer, weights, (seq, hx))[0]
+    return pad(out, total_length=T)[0] if packed else out
+
+
+@pytest.mark.parametrize("case", ["mapped_x", "shared_x_mapped_h0", "packed"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["forward", "bidirectional"])
+@pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
+def test_ensemble_runs_as_one_op_and_matches_torch(kind, bidirectional, case):
+    tnets, net, stacked = _members(kind, bidirectional)
+    names, d = list(stacked), 2 if bidirectional else 1
+    x = RNG.standard_normal((T, N, I) if case == "shared_x_mapped_h0" else (E, T, N, I))
+    h0 = {"shared_x_mapped_h0": RNG.standard_normal((E, d, N, H)), "packed": RNG.standard_normal((d, N, H))}.get(case)
+    params = {"x": x, **({"h0": h0} if h0 is not None else {}), **{k.replace(".", "_"): v for k, v in stacked.items()}}
+
+    def fn(_, x, *rest):
+        h, ws = (rest[0], rest[1:]) if h0 is not None else (None, rest)
+        in_dims = (0, None if x.ndim == 3 else 0, 0 if h is not None and h.ndim == 4 else None)
+        member = lambda w, a, s: _run(gc, net, dict(zip(names, w)), a, s, case == "packed")  # noqa: E731
+        return gc.vmap(member, in_dims=in_dims, fallback="error")(list(ws), x, h)
+
+    tin = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
+    tx, th, tws = tin["x"], tin.get("h0"), [tin[k.replace(".", "_")] for k in names]
+    want = torch.stack([_run(torch, tnets[e], {k: w[e] for k, w in zip(names, tws)},
+                             tx if tx.ndim == 3 else tx[e], th if th is None or th.ndim == 3 else th[e],
+                             case == "packed")
+                        for e in range(E)])
+    c = RNG.standard_normal(tuple(want.shape))
+    (want * torch.from_numpy(c)).sum().backward()
+    for backend in ("numpy", "ort-cpu"):
+        got = gc_grads(fn, params, {}, c, backend=backend)
+        np.testing.assert_allclose(got["out"], want.detach().numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
+        for k, t in tin.items():
+            np.testing.assert_allclose(got[k], t.grad.numpy(), rtol=1e-9, atol=1e-11, err_msg=f"{backend} {k}")
+
+
+def test_mapped_lengths_with_mapped_weights_fall_back_to_a_scan():
+    """Lengths per member would need ``B*N`` rows of ``B*H`` units: the body runs as a Scan over the
+    members (forward only: autodiff refuses a recurrent op in a Scan), announced by a PerformanceWarning
+    naming why, with torch's values."""
+    tnets, net, stacked = _members("LSTM", True)
+    names, x = list(stacked), RNG.standard_normal((E, T, N, I))
+    lengths = np.array([[5, 3], [2, 4], [1, 5]], np.int64)
+
+    def fn(x, lens, *ws):
+        member = lambda w, a, n: _run(gc, net, dict(zip(names, w)), a, None, True, n)  # noqa: E731
+        return gc.vmap(member)(list(ws), x, lens)
+
+    with pytest.warns(gc.PerformanceWarning, match="mapped weights and mapped sequence_lens"):
+        model = gc.capture(fn, x=x, lens=lengths, **{f"w{i}": w for i, w in enumerate(stacked.values())})
+    want = np.stack([_run(torch, tnets[e], {k: torch.from_numpy(w[e]) for k, w in stacked.items()},
+                          torch.from_numpy(x[e]), None, True, torch.from_numpy(lengths[e])).detach().numpy()
+                     for e in range(E)])
+    feeds = {"x": x, "lens": lengths, **{f"w{i}": w for i, w in enumerate(stacked.values())}}
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(model, backend=backend).run(feeds)
+        np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-10, atol=1e-12, err_msg=backend)
