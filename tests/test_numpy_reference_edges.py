@@ -326,13 +326,45 @@ S = np.full((), 0.1, np.float32)
      r"shape \[0, 0, 0\] has a 0 at position 2, which copies a dim of the input, but the input \[2, 3\] has rank 2"),
     ("Expand", [F((2, 3), np.float32), np.array([4, 3], np.int64)], {}, 13,
      r"the input \[2, 3\] does not broadcast with shape \[4, 3\]"),
+    ("DeformConv", [F((1, 4, 5, 5), np.float32), F((2, 3, 3, 3), np.float32), F((1, 18, 3, 3), np.float32)], {}, 19,
+     r"W has shape \[2, 3, 3, 3\]: its input channels \(dim 1\) are 3, expected X's channels C / group = 4 / 1 = 4"),
+    ("DeformConv", [F((1, 4, 5, 5), np.float32), F((3, 2, 3, 3), np.float32), F((1, 18, 3, 3), np.float32)],
+     {"group": 2}, 19, r"group is 2, which does not divide X's channels C = 4 and W's output channels M = 3"),
+    ("DeformConv", [F((1, 4, 5, 5), np.float32), F((2, 4, 3, 3), np.float32), F((1, 54, 3, 3), np.float32)],
+     {"offset_group": 3}, 19, r"offset_group is 3, which does not divide X's channels C = 4"),
+    ("DeformConv", [F((1, 4, 5, 5), np.float32), F((2, 4, 3, 3), np.float32), F((1, 18, 3, 3), np.float32)],
+     {"kernel_shape": [2, 2]}, 19, r"kernel_shape is \[2, 2\], but W has shape \[2, 4, 3, 3\]: expected its spatial dims \[3, 3\]"),
+    ("DeformConv", [F((1, 4, 5, 5), np.float32), F((2, 4, 3, 3), np.float32), F((1, 16, 3, 3), np.float32)], {}, 19,
+     r"offset has shape \[1, 16, 3, 3\], expected \[1, 18, 3, 3\] \(\[N, offset_group \* kH \* kW = 1 \* 3 \* 3 \* 2, oH, oW\], "
+     r"the output 3 x 3\)"),
+    ("DeformConv", [F((1, 4, 5, 5), np.float32), F((2, 4, 3, 3), np.float32), F((1, 18, 3, 3), np.float32)],
+     {"pads": [0, 0, 1, 0]}, 19, r"offset has shape \[1, 18, 3, 3\], expected \[1, 18, 4, 3\]"),
+    ("DeformConv", [F((1, 4, 5, 5), np.float32), F((2, 4, 3, 3), np.float32), F((1, 18, 3, 3), np.float32), None,
+                    F((1, 8, 3, 3), np.float32)], {}, 19, r"mask has shape \[1, 8, 3, 3\], expected \[1, 9, 3, 3\]"),
+    ("DeformConv", [F((1, 4, 5, 5), np.float32), F((2, 4, 3, 3), np.float32), F((1, 18, 3, 3), np.float32),
+                    F(3, np.float32)], {}, 19, r"bias B has shape \[3\], expected \[2\]"),
+    ("DeformConv", [F((1, 4, 5, 5, 1), np.float32), F((2, 4, 3, 3, 1), np.float32), F((1, 18, 3, 3, 1), np.float32)],
+     {}, 19, r"X has shape \[1, 4, 5, 5, 1\], expected \[N, C, H, W\]: the numpy backend's DeformConv is 2-D"),
 ])
 def test_mismatched_shapes_are_named(op, inputs, attrs, opset, message):
     """Each was numpy's own error (matmul's gufunc signature, 'operands could not be broadcast',
-    'tuple index out of range') or, for Gemm's opset-6 broadcast 0 and GroupNormalization's
-    num_groups not dividing C, a result."""
+    'tuple index out of range') or, for Gemm's opset-6 broadcast 0, GroupNormalization's
+    num_groups not dividing C and a DeformConv offset of other spatial dims than the output's
+    (which sized the output), a result. onnxruntime refuses each DeformConv case too."""
     with pytest.raises(BackendError, match=rf"node '{op.lower()}_node' \({op}\) failed .*: ValueError: {message}"):
         ours(op, inputs, attrs, opset)
+
+
+def test_deform_conv_output_is_sized_by_both_pads_as_onnx_reference_and_onnxruntime():
+    """Asymmetric pads, strides, dilations, two groups and offset groups, a mask and a bias: the output is
+    (H + pad_begin + pad_end - dilated kernel) / stride + 1 per axis, as Conv's."""
+    x, w = _f32(2, 4, 7, 6), _f32(6, 2, 3, 2)
+    attrs = {"pads": [1, 0, 2, 1], "strides": [2, 1], "dilations": [1, 2], "group": 2, "offset_group": 2}
+    oh, ow = (7 + 3 - 3) // 2 + 1, (6 + 1 - 3) // 1 + 1
+    inputs = [x, w, _f32(2, 2 * 6 * 2, oh, ow), _f32(6), RNG.random((2, 2 * 6, oh, ow)).astype(np.float32)]
+    vs_reference("DeformConv", inputs, attrs, 19)
+    got, want = numpy_vs_ort("DeformConv", inputs, attrs, 19)
+    assert_same(got, want, "DeformConv vs onnxruntime")
 
 
 def test_gemm_before_opset_7_broadcasts_c_only_when_asked():

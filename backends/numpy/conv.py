@@ -371,13 +371,24 @@ def deform_conv(x, w, offset, b=None, mask=None, *, dilations=None, group=1, ker
                 offset_group=1, pads=None, strides=None):
     """2-D deformable convolution: each kernel tap samples the input at its position plus a
     learned offset (bilinear, zero outside), scaled by ``mask``; then a grouped matmul."""
+    if x.ndim != 4:
+        raise ValueError(f"X has shape {list(x.shape)}, expected [N, C, H, W]: the numpy backend's DeformConv is "
+                         "2-D (as onnxruntime's)")
+    check_weight(x, w, group)
     n, c, h, wd = x.shape
     m = w.shape[0]
-    kh, kw = kernel_shape or w.shape[2:]
-    sh, sw = strides or [1, 1]
-    dh, dw = dilations or [1, 1]
-    pt, pl = (pads or [0, 0, 0, 0])[:2]
-    oh, ow = offset.shape[2:]
+    if kernel_shape is not None and list(kernel_shape) != list(w.shape[2:]):
+        raise ValueError(f"kernel_shape is {list(kernel_shape)}, but W has shape {list(w.shape)}: expected its "
+                         f"spatial dims {list(w.shape[2:])}")
+    kh, kw = w.shape[2:]
+    if offset_group < 1 or c % offset_group:
+        raise ValueError(f"offset_group is {offset_group}, which does not divide X's channels C = {c}")
+    (pt, pl), _, (oh, ow), (sh, sw), (dh, dw) = geometry((h, wd), (kh, kw), strides, dilations, pads, "NOTSET")
+    taps = f"offset_group * kH * kW = {offset_group} * {kh} * {kw}"
+    require_shape(offset, (n, offset_group * kh * kw * 2, oh, ow), "offset",
+                  f"[N, {taps} * 2, oH, oW], the output {oh} x {ow}")
+    require_shape(mask, (n, offset_group * kh * kw, oh, ow), "mask", f"[N, {taps}, oH, oW], the output {oh} x {ow}")
+    require_shape(b, (m,), "bias B", f"one value per output channel, M = {m}")
     k = kh * kw
     off = offset.reshape(n, offset_group, k, 2, oh, ow).astype(np.float64)
     ky, kx = (a.ravel() for a in np.meshgrid(np.arange(kh) * dh, np.arange(kw) * dw, indexing="ij"))
