@@ -165,6 +165,41 @@ def test_split_to_sequence_and_concat_from_sequence():
         _same_sequence(got, ref, f"ConcatFromSequence {axis} {new_axis}")
 
 
+@pytest.mark.parametrize("new_axis", [0, 1])
+def test_concat_from_an_empty_sequence_is_refused(new_axis):
+    """ONNX defines no result (a sequence holds no element shape to take a rank and dims from);
+    onnxruntime and onnx.reference refuse it too. Was numpy's 'need at least one array to concatenate'."""
+    model = _sequence_model([helper.make_node("SequenceEmpty", [], ["s"], dtype=TensorProto.FLOAT),
+                             helper.make_node("ConcatFromSequence", ["s"], ["out"], axis=0, new_axis=new_axis)], [], False)
+    with pytest.raises(BackendError, match=rf"ValueError: the sequence is empty: concatenating \(new_axis {new_axis}\) "
+                                           "no tensors has no result in ONNX"):
+        run_numpy(model, {})
+    with pytest.raises(Exception, match="Must have 1 or more inputs"):
+        run_ort(model, {})
+    with pytest.raises(ValueError, match="need at least one array"):
+        ReferenceEvaluator(model).run(None, {})
+
+
+@pytest.mark.parametrize("axis, new_axis, tensors, message", [
+    (1, 0, THREE[1:], r"sequence tensor 1 has shape \[1, 3\] and sequence tensor 0 \[2, 3\]: sequence tensors must "
+                      r"have one rank and the same dims off axis 1"),
+    (2, 0, THREE[:2], r"axis 2 is outside \[-2, 1\] for sequence tensors of rank 2"),
+    (0, 1, THREE[1:], r"sequence tensor 1 has shape \[1, 3\] and sequence tensor 0 \[2, 3\]: new_axis 1 stacks "
+                      r"tensors of one shape"),
+    (-4, 1, THREE[:2], r"axis -4 is outside \[-3, 2\] for new_axis 1 and tensors of rank 2"),
+])
+def test_concat_from_sequence_of_mismatched_tensors_is_named(axis, new_axis, tensors, message):
+    """Were numpy's 'all the input array dimensions except for the concatenation axis must match
+    exactly', 'all input arrays must have the same shape' and AxisError; onnxruntime refuses each."""
+    model = _sequence_model([helper.make_node("SequenceConstruct", ["in0", "in1"], ["s"]),
+                             helper.make_node("ConcatFromSequence", ["s"], ["out"], axis=axis, new_axis=new_axis)],
+                            tensors, False)
+    with pytest.raises(BackendError, match=f"ValueError: {message}"):
+        run_numpy(model, feeds_of(model, tensors))
+    with pytest.raises(Exception, match="ConcatFromSequence"):
+        run_ort(model, feeds_of(model, tensors))
+
+
 def test_topk_ties_k0_and_int64_extremes():
     """Ties: the lower index first. int64's least value was sorted as the largest (its negation
     overflows). NaN is the largest, as numpy's sort and onnx.reference (onnxruntime: between 1 and -inf)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.backends.numpy.kernels import kernel, scalar
+from graphc.backends.numpy.shape import check_concat
 
 
 def _pos(p, length, insert=False):
@@ -68,7 +69,24 @@ def split_to_sequence(x, split=None, *, axis=0, keepdims=1):
 
 @kernel("ConcatFromSequence", since=11)
 def concat_from_sequence(seq, *, axis, new_axis=0):
-    return (np.stack(seq, axis=axis) if new_axis else np.concatenate(seq, axis=axis),)
+    """The tensors joined on ``axis`` as Concat joins them, or with ``new_axis`` stacked on a new
+    ``axis`` (in [-r - 1, r]; tensors of one shape). An empty sequence has no result: a sequence
+    holds no element shape, so ONNX defines neither the result's rank nor its other dims
+    (onnxruntime and onnx.reference refuse it too)."""
+    if not seq:
+        raise ValueError(f"the sequence is empty: concatenating (new_axis {new_axis}) no tensors has no result in "
+                         "ONNX, which gives a sequence no element shape to take the result's rank and dims from")
+    if not new_axis:
+        check_concat(seq, axis, "sequence tensor")
+        return (np.concatenate(seq, axis=axis),)
+    rank = seq[0].ndim
+    if not -rank - 1 <= axis <= rank:
+        raise ValueError(f"axis {axis} is outside [{-rank - 1}, {rank}] for new_axis 1 and tensors of rank {rank}")
+    for k, x in enumerate(seq):
+        if x.shape != seq[0].shape:
+            raise ValueError(f"sequence tensor {k} has shape {list(x.shape)} and sequence tensor 0 {list(seq[0].shape)}: "
+                             "new_axis 1 stacks tensors of one shape")
+    return (np.stack(seq, axis=axis),)
 
 
 @kernel("Optional", since=15)

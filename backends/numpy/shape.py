@@ -107,15 +107,21 @@ def size(x):
 # -- concat / split -----------------------------------------------------------------------------
 @kernel("Concat", since=1)
 def concat(*xs, axis=1):
+    check_concat(xs, axis, "input")
+    return (np.concatenate(xs, axis=axis),)
+
+
+def check_concat(xs, axis: int, what: str) -> None:
+    """Refuse tensors ``xs`` Concat cannot join on ``axis`` (``what`` k names the k-th): an axis
+    outside their rank, or another rank or dims off the axis than the first's."""
     first = xs[0].shape
     if not -len(first) <= axis < len(first):
-        raise ValueError(f"axis {axis} is outside [{-len(first)}, {len(first) - 1}] for inputs of rank {len(first)}")
+        raise ValueError(f"axis {axis} is outside [{-len(first)}, {len(first) - 1}] for {what}s of rank {len(first)}")
     keep = [d for i, d in enumerate(first) if i != axis % len(first)]
     for k, x in enumerate(xs):
         if x.ndim != len(first) or [d for i, d in enumerate(x.shape) if i != axis % x.ndim] != keep:
-            raise ValueError(f"input {k} has shape {list(x.shape)} and input 0 {list(first)}: inputs must have one "
+            raise ValueError(f"{what} {k} has shape {list(x.shape)} and {what} 0 {list(first)}: {what}s must have one "
                              f"rank and the same dims off axis {axis}")
-    return (np.concatenate(xs, axis=axis),)
 
 
 def _split(x, axis, sizes, n):
