@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from graphc.backends import (batchnorm, bfloat16, bfloat16_casts, denormals, doubles, dropout, fusions, nchwc, opsets,
-                             pad_axes, pools, recurrent, scans, transposes)
+from graphc.backends import (batchnorm, bfloat16, bfloat16_casts, denormals, doubles, dropout, fusions, loop_bodies, nchwc,
+                             opsets, pad_axes, pools, recurrent, scans, transposes)
 from graphc.backends.iobinding import Bindings
 from graphc.backends.ort_serialize import serialize_for_ort
 from graphc.backends.base import BackendInfo
@@ -178,6 +178,7 @@ class _OrtBackend:
         model = batchnorm.lower_training_mode(model, self.name)
         model = scans.guard_empty(recurrent.with_full_params(doubles.lower_double(model, self.device)))
         model = distinct_subgraph_outputs(pad_axes.without_axes(pools.explicit_pads(model)))  # the rewrites' bodies too
+        model = loop_bodies.terminable(model)  # RunOptions.terminate (cancel=) reaches every Loop
         ort = _ort()
         options = ort.SessionOptions()
         options.log_severity_level = _ORT_QUIET

@@ -8,13 +8,17 @@ import threading
 import time
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
 import graphc as gc
+from graphc.backends import loop_bodies
 from graphc.backends.cancel import CancelToken
 from graphc.errors import RunCancelled
+from graphc.model.file import model_graphs
 from serve_util import loop_model
+from stuck_loops import LONG_TRIPS, STUCK
 
 BACKENDS = ["numpy", "ort-cpu"]
 ENDLESS = {"n": np.array(10**12, np.int64), "x": np.zeros(1, np.float32)}
@@ -24,18 +28,6 @@ def _model(graph):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
-
-
-def empty_body_loop():
-    """y = x after n iterations of a body with no nodes (its outputs are its inputs)."""
-    info = helper.make_tensor_value_info
-    body = helper.make_graph([], "body", [info("i", TensorProto.INT64, []), info("c", TensorProto.BOOL, []),
-                                          info("v", TensorProto.FLOAT, [1])],
-                             [info("c", TensorProto.BOOL, []), info("v", TensorProto.FLOAT, [1])])
-    go = helper.make_node("Constant", [], ["go"], value=helper.make_tensor("go", TensorProto.BOOL, [], [True]))
-    return _model(helper.make_graph([go, helper.make_node("Loop", ["n", "go", "x"], ["y"], body=body)], "loop",
-                                    [info("n", TensorProto.INT64, []), info("x", TensorProto.FLOAT, [1])],
-                                    [info("y", TensorProto.FLOAT, [1])]))
 
 
 def scan_sum():
@@ -62,17 +54,32 @@ def cancelled_after(session, feeds, seconds=0.2):
     return time.monotonic() - start
 
 
-@pytest.mark.parametrize("backend, make", [
-    ("numpy", loop_model), ("ort-cpu", loop_model),
-    # onnxruntime 1.31 checks RunOptions.terminate before each node only: a body of no nodes runs on
-    ("numpy", empty_body_loop)], ids=["numpy-loop", "ort-cpu-loop", "numpy-empty-body-loop"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("make", [loop_model, *STUCK.values()], ids=["loop", *STUCK])
 def test_a_cancelled_loop_stops_and_the_session_runs_on(backend, make):
-    session = gc.Session(make(), backend=backend)
-    assert cancelled_after(session, ENDLESS) < 2.0
+    model = make()
+    onnx.checker.check_model(model, full_check=True)
+    session = gc.Session(model, backend=backend)
+    assert cancelled_after(session, {**ENDLESS, "n": np.array(LONG_TRIPS, np.int64)}) < 2.0
     x = np.array([1.5], np.float32)
     want = x + 7 if make is loop_model else x
     np.testing.assert_array_equal(session.run({"n": np.array(7, np.int64), "x": x})["y"], want)
     np.testing.assert_array_equal(session.run({"n": np.array(7, np.int64), "x": x}, cancel=CancelToken())["y"], want)
+
+
+@pytest.mark.parametrize("make", STUCK.values(), ids=STUCK)
+def test_onnxruntimes_copy_gives_each_stuck_loop_body_a_node_and_leaves_the_model(make):
+    """Each stuck body's condition becomes And(condition, condition input) in the session's copy
+    only; a body that computes an output from an input (loop_model's) is left as it is."""
+    model = make()
+    before = model.SerializeToString()
+    copy = loop_bodies.terminable(model)
+    assert model.SerializeToString() == before and copy is not model
+    onnx.checker.check_model(copy, full_check=True)
+    ands = [n for g in model_graphs(copy) for n in g.node if n.op_type == "And"]
+    assert len(ands) == 1 and ands[0].input[1].endswith("c"), ands
+    plain = loop_model()
+    assert loop_bodies.terminable(plain) is plain
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
