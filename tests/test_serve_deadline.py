@@ -15,7 +15,9 @@ import pytest
 
 from graphc.serving.kserve.app import create_app
 from graphc.serving.kserve.repository import load_models
+from cli_util import one_line_error, run_cli
 from serve_util import loop_model, mixed_feeds, mixed_model, running_server, serve_process
+from stuck_loops import LONG_TRIPS, STUCK
 
 LIMIT = 0.5
 ENDLESS = 10**12  # trips: hours on either backend
@@ -83,6 +85,18 @@ def test_after_timed_out_requests_the_threads_and_the_model_serve_again(server):
     assert post(base, "mixed", mixed_request())[0].status_code == 200
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_loop_whose_body_runs_no_node_gets_a_504(backend):
+    """onnxruntime checks RunOptions.terminate before nodes only: the session's copy of a Loop body
+    of no nodes gets one (backends/loop_bodies.py); before, the run went on (hours at 1e12 trips)."""
+    models = load_models(STUCK["empty"](), name="loop", backend=backend)
+    with running_server(create_app(models, request_timeout=LIMIT)) as address:
+        check_timed_out(*post(f"http://{address}", "loop", loop_request(LONG_TRIPS)))
+        reply, took = post(f"http://{address}", "loop", loop_request(3, 1.0))
+    assert reply.status_code == 200 and reply.json()["outputs"][0]["data"] == [1.0], reply.text
+    assert took < LIMIT, took
+
+
 def test_a_run_within_the_limit_is_answered():
     models = load_models(loop_model(), name="loop", backend="numpy")
     with running_server(create_app(models, request_timeout=30)) as address:
@@ -94,6 +108,13 @@ def test_a_run_within_the_limit_is_answered():
 def test_a_request_timeout_that_is_not_a_positive_finite_number_is_refused(value):
     with pytest.raises(ValueError, match="request_timeout must be a positive, finite number of seconds or None"):
         create_app(load_models(loop_model(), name="loop", backend="numpy"), request_timeout=value)
+
+
+@pytest.mark.parametrize("value", ["-1", "-0.5", "nan", "inf", "-inf"])
+def test_graphc_serve_refuses_a_request_timeout_that_is_not_0_or_finite_positive(capsys, tmp_path, value):
+    onnx.save(loop_model(), str(tmp_path / "loop.onnx"))
+    error = one_line_error(run_cli(capsys, "serve", tmp_path / "loop.onnx", "--request-timeout", value))
+    assert f"--request-timeout must be 0 (no limit) or a finite number of seconds, got {float(value)}" in error, error
 
 
 def test_graphc_serve_request_timeout(tmp_path):
