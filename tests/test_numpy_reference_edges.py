@@ -345,12 +345,21 @@ S = np.full((), 0.1, np.float32)
                     F(3, np.float32)], {}, 19, r"bias B has shape \[3\], expected \[2\]"),
     ("DeformConv", [F((1, 4, 5, 5, 1), np.float32), F((2, 4, 3, 3, 1), np.float32), F((1, 18, 3, 3, 1), np.float32)],
      {}, 19, r"X has shape \[1, 4, 5, 5, 1\], expected \[N, C, H, W\]: the numpy backend's DeformConv is 2-D"),
+    ("QuantizeLinear", [F((4, 6), np.float32), F((4, 4), np.float32), F((4, 4), np.int8)], {"axis": 1, "block_size": 2}, 21,
+     r"y_scale has shape \[4, 4\], expected \[4, 3\] \(blocked: x's shape with ceil\(6 / block_size 2\) = 3 on axis 1\)"),
+    ("QuantizeLinear", [F((4, 6), np.float32), F((4, 3), np.float32), F((2, 3), np.int8)], {"axis": 1, "block_size": 2}, 21,
+     r"y_zero_point has shape \[2, 3\], expected \[4, 3\]"),
+    ("DequantizeLinear", [F((4, 6), np.int8), F((2, 6), np.float32)], {"axis": 0, "block_size": 4}, 21,
+     r"x_scale has shape \[2, 6\], expected \[1, 6\] \(blocked: x's shape with ceil\(4 / block_size 4\) = 1 on axis 0\)"),
+    ("DequantizeLinear", [F((4, 6), np.int8), F(5, np.float32)], {"axis": 1}, 21,
+     r"x_scale has shape \[5\], expected \[6\] \(per axis: one value per index of x's axis 1, 6 long\)"),
 ])
 def test_mismatched_shapes_are_named(op, inputs, attrs, opset, message):
     """Each was numpy's own error (matmul's gufunc signature, 'operands could not be broadcast',
     'tuple index out of range') or, for Gemm's opset-6 broadcast 0, GroupNormalization's
-    num_groups not dividing C and a DeformConv offset of other spatial dims than the output's
-    (which sized the output), a result. onnxruntime refuses each DeformConv case too."""
+    num_groups not dividing C, a DeformConv offset of other spatial dims than the output's
+    (which sized the output) and a blocked scale of more blocks than x has (the extra ignored),
+    a result. onnxruntime refuses each DeformConv and quantization case too."""
     with pytest.raises(BackendError, match=rf"node '{op.lower()}_node' \({op}\) failed .*: ValueError: {message}"):
         ours(op, inputs, attrs, opset)
 

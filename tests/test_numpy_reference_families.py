@@ -278,35 +278,65 @@ def test_grid_sample_modes_padding_and_corners():
         vs_ort("GridSample", [x, grid], {"mode": mode}, 16)
 
 
-def _int4_round_trip(elem, zero_point, axis, outputs):
-    """QuantizeLinear to ``elem`` with an initializer zero point (3 values: packed into 2 bytes in
-    the file), then DequantizeLinear; ``outputs`` names the graph outputs (onnxruntime's Python API
-    hands out no int4 tensors)."""
-    scale = helper.make_tensor("scale", TensorProto.FLOAT, [3], [0.5, 1.0, 2.0])
-    zp = helper.make_tensor("zp", elem, [3], zero_point)
-    nodes = [helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["q"], axis=axis),
-             helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["d"], axis=axis)]
+def _int4_round_trip(elem, scale, zero_point, x_shape, outputs, **attrs):
+    """QuantizeLinear of x (float32 ``x_shape``) to ``elem`` with ``scale`` and the zero point
+    (values of ``scale``'s shape) as initializers (the zero point packed two to a byte in the
+    file), then DequantizeLinear, with ``attrs``; ``outputs`` names the graph outputs
+    (onnxruntime's Python API hands out no int4 tensors)."""
+    scale_t = onnx.numpy_helper.from_array(np.asarray(scale, np.float32), "scale")
+    zp = helper.make_tensor("zp", elem, np.shape(scale), np.ravel(zero_point).tolist())
+    nodes = [helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["q"], **attrs),
+             helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["d"], **attrs)]
     types = {"q": elem, "d": TensorProto.FLOAT}
-    graph = helper.make_graph(nodes, "int4", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
-                              [helper.make_tensor_value_info(n, types[n], [3, 3]) for n in outputs], [scale, zp])
+    graph = helper.make_graph(nodes, "int4", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info(n, types[n], x_shape) for n in outputs], [scale_t, zp])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = ir_version_for({"": 21})
     onnx.checker.check_model(model, full_check=True)
     return model
 
 
-@pytest.mark.parametrize("elem, zero_point, lo, hi", [(TensorProto.INT4, [0, -3, 5], -8, 7),
-                                                      (TensorProto.UINT4, [0, 3, 15], 0, 15)])
+def _int4_vs_reference(model, x, lo, hi, what):
+    """The numpy backend's q (in [lo, hi]) and d equal onnx.reference's; returns d."""
+    (q, d), want = run_numpy(model, {"x": x}), ReferenceEvaluator(model).run(None, {"x": x})
+    assert q.dtype == want[0].dtype, what
+    np.testing.assert_array_equal(q.astype(np.int8), want[0].astype(np.int8), err_msg=what)
+    assert q.astype(np.int8).min() >= lo and q.astype(np.int8).max() <= hi, what
+    np.testing.assert_array_equal(d, want[1], err_msg=what)
+    return d
+
+
+INT4 = [(TensorProto.INT4, [0, -3, 5], -8, 7), (TensorProto.UINT4, [0, 3, 15], 0, 15)]
+
+
+@pytest.mark.parametrize("elem, zero_point, lo, hi", INT4)
 def test_int4_quantize_and_dequantize(elem, zero_point, lo, hi):
     """Were 'Invalid integer data type 'V'' (numpy's iinfo knows no int4): saturating to [lo, hi],
     rounding half to even, per axis, as onnx.reference; the round trip as onnxruntime."""
     x = np.array([[-20, -2.25, 0.25], [1.5, 2.5, -0.5], [7.9, 30, -1]], np.float32)
+    scale = [0.5, 1.0, 2.0]
     for axis in (0, 1):
-        model = _int4_round_trip(elem, zero_point, axis, ["q", "d"])
-        (q, d), want = run_numpy(model, {"x": x}), ReferenceEvaluator(model).run(None, {"x": x})
-        assert q.dtype == want[0].dtype == helper.tensor_dtype_to_np_dtype(elem)
-        np.testing.assert_array_equal(q.astype(np.int8), want[0].astype(np.int8), err_msg=f"axis {axis}")
-        assert q.astype(np.int8).min() >= lo and q.astype(np.int8).max() <= hi
-        np.testing.assert_array_equal(d, want[1])
-        round_trip = _int4_round_trip(elem, zero_point, axis, ["d"])
+        model = _int4_round_trip(elem, scale, zero_point, [3, 3], ["q", "d"], axis=axis)
+        d = _int4_vs_reference(model, x, lo, hi, f"axis {axis}")
+        round_trip = _int4_round_trip(elem, scale, zero_point, [3, 3], ["d"], axis=axis)
         np.testing.assert_array_equal(d, run_ort(round_trip, {"x": x})[0], err_msg=f"axis {axis} vs onnxruntime")
+
+
+@pytest.mark.parametrize("elem, zero_point, lo, hi", INT4)
+def test_blocked_int4_quantize_and_dequantize(elem, zero_point, lo, hi):
+    """block_size: each run of block_size values along the axis shares one scale and zero point
+    (the last block shorter where block_size does not divide the dim), as onnx.reference, on
+    either axis of x [4, 6], with values saturating at both ends and halves rounding to even; the
+    round trip as onnxruntime."""
+    x = (RNG.standard_normal((4, 6)) * 12).astype(np.float32)
+    x[0, :3] = [2.5, -3.5, 100]
+    for axis, block in [(1, 2), (1, 4), (0, 3), (-1, 6), (0, 1)]:
+        shape = [4, 6]
+        shape[axis] = -(-shape[axis] // block)
+        scale = (RNG.random(shape) * 2 + 0.25).astype(np.float32)
+        zp = RNG.choice(zero_point, shape)
+        what = f"axis {axis} block_size {block}"
+        model = _int4_round_trip(elem, scale, zp, [4, 6], ["q", "d"], axis=axis, block_size=block)
+        d = _int4_vs_reference(model, x, lo, hi, what)
+        round_trip = _int4_round_trip(elem, scale, zp, [4, 6], ["d"], axis=axis, block_size=block)
+        np.testing.assert_array_equal(d, run_ort(round_trip, {"x": x})[0], err_msg=f"{what} vs onnxruntime")

@@ -12,25 +12,33 @@ from onnx.helper import tensor_dtype_to_np_dtype
 from graphc.backends.numpy.kernels import kernel, require_shape
 
 
-def _broadcast_param(p, x, axis, block_size):
-    """A scale or zero point shaped to broadcast against ``x``."""
+def _broadcast_param(p, x, axis, block_size, what):
+    """A scale or zero point (``what``) shaped to broadcast against ``x``; refused where its shape
+    is not the spec's: per axis [x's dim on ``axis``], blocked x's shape but ceil(dim / block_size)
+    on ``axis`` (one value: per tensor)."""
     if p.ndim == 0 or p.size == 1 and not block_size:
         return p.reshape(())
     axis = axis % x.ndim
+    dim = x.shape[axis]
     if block_size:
+        blocks = list(x.shape)
+        blocks[axis] = -(-dim // block_size)
+        require_shape(p, blocks, what, f"blocked: x's shape with ceil({dim} / block_size {block_size}) = "
+                                       f"{blocks[axis]} on axis {axis}")
         p = np.repeat(p, block_size, axis=axis)
-        return np.take(p, range(x.shape[axis]), axis=axis)
+        return np.take(p, range(dim), axis=axis)
+    require_shape(p, (dim,), what, f"per axis: one value per index of x's axis {axis}, {dim} long")
     shape = [1] * x.ndim
-    shape[axis] = p.size
+    shape[axis] = dim
     return p.reshape(shape)
 
 
 @kernel("DequantizeLinear", since=10)
 def dequantize_linear(x, scale, zero_point=None, *, axis=1, block_size=0, output_dtype=0):
-    s = _broadcast_param(scale, x, axis, block_size)
+    s = _broadcast_param(scale, x, axis, block_size, "x_scale")
     xi = x.astype(np.float32) if scale.dtype.itemsize < 4 else x.astype(scale.dtype)
     if zero_point is not None:
-        xi = xi - _broadcast_param(zero_point, x, axis, block_size).astype(xi.dtype)
+        xi = xi - _broadcast_param(zero_point, x, axis, block_size, "x_zero_point").astype(xi.dtype)
     out = xi * s
     dtype = tensor_dtype_to_np_dtype(output_dtype) if output_dtype else scale.dtype
     return (out.astype(dtype),)
@@ -43,10 +51,10 @@ def quantize_linear(x, scale, zero_point=None, *, axis=1, block_size=0, output_d
         dtype = zero_point.dtype
     else:
         dtype = np.dtype(tensor_dtype_to_np_dtype(output_dtype)) if output_dtype else np.dtype(np.uint8)
-    s = _broadcast_param(scale, x, axis, block_size).astype(np.float32)
+    s = _broadcast_param(scale, x, axis, block_size, "y_scale").astype(np.float32)
     q = np.rint(x.astype(np.float32) / s)  # round half to even
     if zero_point is not None:
-        q = q + _broadcast_param(zero_point, x, axis, block_size).astype(np.float32)
+        q = q + _broadcast_param(zero_point, x, axis, block_size, "y_zero_point").astype(np.float32)
     info = ml_dtypes.iinfo(dtype)  # numpy's iinfo knows no int4/uint4
     # NaN saturates to the type's least value, as onnxruntime's CPU kernel (the spec leaves it open);
     # numpy's cast of NaN to an integer is undefined
