@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         op = ops[case.name]
         if args.op and op not in args.op:
             continue
-        if excluded(case.name):
+        if excluded(case.name, args.backend):
             counts[op]["skip"] += 1
             continue
         result = run_case(backend, case, op)

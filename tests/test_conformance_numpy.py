@@ -11,7 +11,7 @@ import functools
 
 import pytest
 
-from graphc.backends.conformance import EXCLUDED, backend_class, cases_by_op, run_case
+from graphc.backends.conformance import EXCLUDED, backend_class, cases_by_op, excluded, run_case
 from graphc.backends.numpy import claimed_ops
 
 CLAIMED = claimed_ops()
@@ -33,7 +33,15 @@ def test_node_cases_pass(op_type):
 
 
 def test_exclusions_have_reasons():
-    assert EXCLUDED and all(pattern and len(reason) > 20 for pattern, reason in EXCLUDED)
+    assert EXCLUDED and all(pattern and len(reason) > 20 for pattern, reason, _ in EXCLUDED)
+
+
+def test_int4_cases_run_on_numpy_and_are_skipped_on_onnxruntime_only():
+    """int4/uint4 Cast, CastLike, QuantizeLinear and DequantizeLinear pass on numpy (ml_dtypes'
+    int4); onnxruntime's Python API can hand no int4 tensor in or out."""
+    names = [c.name for cases in _cases_by_op().values() for c in cases if "int4" in c.name.lower()]
+    assert len(names) == 34 and {"test_quantizelinear_int4", "test_dequantizelinear_uint4"} <= set(names), names
+    assert all(excluded(name, "ort-cpu") and excluded(name, "ort-cuda") and not excluded(name) for name in names)
 
 
 def test_most_claimed_ops_are_covered_by_onnx_cases():
