@@ -1,7 +1,8 @@
 """A small ResNet for quantization-aware training (3xHxW): every conv's weight fake-quantized per output
 channel (qint8, symmetric), the input and every activation per tensor (quint8, moving-average observer), the
 residual add's inputs and output too, so the inference export is a QDQ model onnxruntime runs with int8
-kernels (QLinearConv, QLinearAdd, QGemm). No BatchNorm: QAT recipes fold it into the conv first."""
+kernels (QLinearConv, QLinearAdd, QLinearGlobalAveragePool, QGemm). No BatchNorm: QAT recipes fold it into the
+conv first. ``QLinear`` is the Linear layer of the same recipe."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import graphc as gc
 from graphc import nn
 
 
-def weight_quant(channels: int) -> nn.FakeQuantize:
+def weight_quant(channels: int | None) -> nn.FakeQuantize:
+    """qint8 symmetric, per output channel (axis 0), or per tensor when ``channels`` is None."""
+    if channels is None:
+        return nn.FakeQuantize(nn.MinMaxObserver, -128, 127, dtype="qint8", qscheme="per_tensor_symmetric")
     return nn.FakeQuantize(nn.PerChannelMinMaxObserver, -128, 127, dtype="qint8", qscheme="per_channel_symmetric",
                            num_channels=channels)
 
@@ -30,6 +34,23 @@ class QConv(nn.Module):
         c = self.conv
         y = gc.nn.functional.conv2d(x, self.wq(c.weight), c.bias, stride=c.stride, padding=c.padding)
         return self.aq(gc.relu(y) if self.relu else y)
+
+
+class QLinear(nn.Module):
+    """Linear on a fake-quantized weight (per output feature, per tensor if not ``per_channel``), ReLU if
+    ``relu``, output fake-quantized if ``out_quant`` (a classifier head's logits stay float)."""
+
+    def __init__(self, in_features: int, out_features: int, relu: bool = False, per_channel: bool = True,
+                 out_quant: bool = True):
+        super().__init__()
+        self.fc = nn.Linear(in_features, out_features)
+        self.wq = weight_quant(out_features if per_channel else None)
+        self.aq, self.relu = act_quant() if out_quant else None, relu
+
+    def forward(self, x):
+        y = gc.nn.functional.linear(x, self.wq(self.fc.weight), self.fc.bias)
+        y = gc.relu(y) if self.relu else y
+        return self.aq(y) if self.aq is not None else y
 
 
 class QBlock(nn.Module):

@@ -28,7 +28,9 @@ LEVELS: dict[int, str] = {
        "scale folded into the Gemm/MatMul before it, constant weight "
        "transposes (and every other constant subgraph, any size, but a DequantizeLinear) pre-applied; equal "
        "parameters merged; gc.fake_quantize_* lowerings as plain QuantizeLinear + DequantizeLinear pairs "
-       "(constant scale and zero point: onnxruntime's int8 kernels)",
+       "(constant scale and zero point: onnxruntime's int8 kernels), a Gemm's float bias between "
+       "DequantizeLinears as int32 (QGemm), per-tensor QDQ moved past Flatten/Reshape/Squeeze/Unsqueeze "
+       "(QLinearGlobalAveragePool)",
 }
 MAX_LEVEL = max(LEVELS)
 
@@ -58,6 +60,7 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
     )
     from graphc.passes.optimize.fake_quantize import FakeQuantizeToQDQ
     from graphc.passes.optimize.fusions import fusion_passes
+    from graphc.passes.optimize.quantized_linear import GemmBiasToInt32, QDQThroughViews
     from graphc.passes.optimize.inference import ScaleIntoLinear, StopGradientRemoval, inference_pass
     from graphc.passes.optimize.library import cleanup_passes, finish_passes
     from graphc.passes.optimize.shape_folding import ShapeFolding
@@ -79,7 +82,7 @@ def build_pipeline(level: int, opset: int, protected: frozenset[str] = frozenset
                  algebraic_pass(), ReshapeAbsorbsUnsqueeze(), gemm_pass(),
                  *fusion_passes(opset)]
     if level >= 3:
-        loop += [ScaleIntoLinear(), FakeQuantizeToQDQ()]
+        loop += [ScaleIntoLinear(), FakeQuantizeToQDQ(), QDQThroughViews(), GemmBiasToInt32()]
     # The finish's dead-node sweep and dedup are the loop's own instances, so the pipeline skips
     # them when nothing changed after the loop left them idle (LiftConstants found nothing).
     same = {p.name: p for p in loop if p.name in ("RemoveUnusedNodes", "DeduplicateInitializers")}
