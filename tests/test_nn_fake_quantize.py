@@ -1,7 +1,8 @@
 """gc.nn.FakeQuantize with MovingAverageMinMaxObserver / MinMaxObserver (activations, per tensor) and
-PerChannelMinMaxObserver (conv weights, per channel) against torch.ao.quantization: a tiny CNN trained
-by a Trainer (SGD) and by torch's loop, losses, parameters and every observer buffer compared each step,
-a checkpoint resume that keeps the observer state exactly, the flags and eval mode."""
+PerChannelMinMaxObserver (conv and Linear weights, per output channel) against torch.ao.quantization: a tiny
+CNN and an MLP (Linear weights per output feature and per tensor) trained by a Trainer (SGD) and by torch's
+loop, losses, parameters and every observer buffer compared each step, a checkpoint resume that keeps the
+observer state exactly, the flags and eval mode."""
 
 from __future__ import annotations
 
@@ -51,25 +52,68 @@ def _pair(observer: str, qscheme: str, dtype: str):
             h = torch.nn.functional.conv2d(x, self.wq(self.conv.weight), self.conv.bias)
             return self.fc(torch.flatten(self.aq(torch.relu(h)), 1))
 
-    net, twin = Net(), TNet()
-    twin.wq(twin.conv.weight.detach())  # torch's per-channel buffers take their shape at the first call
-    for m in (twin.wq.activation_post_process,):
-        m.min_val.fill_(float("inf")), m.max_val.fill_(float("-inf"))
-    twin.wq.scale.fill_(1.0), twin.wq.zero_point.zero_()
+    return _twinned(Net(), TNet(), {"wq": "conv"})
+
+
+def _twinned(net, twin, per_channel):
+    """``(net, twin)`` with graphc's initial state loaded into torch's twin; ``per_channel`` maps each of
+    the twin's per-channel FakeQuantize to the layer whose weight it quantizes: torch's per-channel
+    buffers take their shape at the first call, then are reset to the unobserved state."""
+    for fq, layer in per_channel.items():
+        fake = getattr(twin, fq)
+        fake(getattr(twin, layer).weight.detach())
+        observer = fake.activation_post_process
+        observer.min_val.fill_(float("inf")), observer.max_val.fill_(float("-inf"))
+        fake.scale.fill_(1.0), fake.zero_point.zero_()
     state = net.state_dict()
     assert set(state) == set(twin.state_dict()), "torch's state_dict keys"
     twin.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
     return net, twin
 
 
-def _batches(n):
+def _mlp_pair():
+    """An MLP: Linear, ReLU, Linear; the first weight fake-quantized per output feature, the second per
+    tensor (qint8 symmetric), the hidden activation per tensor (quint8, moving average)."""
+
+    class Net(gc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = gc.nn.Linear(12, 16), gc.nn.Linear(16, 3)
+            self.w1q = gc.nn.FakeQuantize(gc.nn.PerChannelMinMaxObserver, -128, 127, dtype="qint8",
+                                          qscheme="per_channel_symmetric", num_channels=16)
+            self.w2q = gc.nn.FakeQuantize(gc.nn.MinMaxObserver, -128, 127, dtype="qint8",
+                                          qscheme="per_tensor_symmetric")
+            self.aq = gc.nn.FakeQuantize(gc.nn.MovingAverageMinMaxObserver, 0, 255, dtype="quint8")
+
+        def forward(self, x):
+            h = self.aq(gc.nn.functional.relu(gc.nn.functional.linear(x, self.w1q(self.fc1.weight), self.fc1.bias)))
+            return gc.nn.functional.linear(h, self.w2q(self.fc2.weight), self.fc2.bias)
+
+    class TNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(12, 16), torch.nn.Linear(16, 3)
+            self.w1q = tq.FakeQuantize(tq.PerChannelMinMaxObserver, -128, 127, dtype=torch.qint8,
+                                       qscheme=torch.per_channel_symmetric)
+            self.w2q = tq.FakeQuantize(tq.MinMaxObserver, -128, 127, dtype=torch.qint8,
+                                       qscheme=torch.per_tensor_symmetric)
+            self.aq = tq.FakeQuantize(tq.MovingAverageMinMaxObserver, 0, 255, dtype=torch.quint8)
+
+        def forward(self, x):
+            h = self.aq(torch.relu(torch.nn.functional.linear(x, self.w1q(self.fc1.weight), self.fc1.bias)))
+            return torch.nn.functional.linear(h, self.w2q(self.fc2.weight), self.fc2.bias)
+
+    return _twinned(Net(), TNet(), {"w1q": "fc1"})
+
+
+def _batches(n, shape=(2, 6, 6)):
     rng = np.random.default_rng(3)
-    return [{"x": rng.standard_normal((5, 2, 6, 6)).astype(np.float32),
+    return [{"x": rng.standard_normal((5, *shape)).astype(np.float32),
              "y": rng.standard_normal((5, 3)).astype(np.float32)} for _ in range(n)]
 
 
-def _artifacts(net):
-    model = gc.capture(net, training=True, x=gc.spec("float32", ("N", 2, 6, 6)))
+def _artifacts(net, shape=(2, 6, 6)):
+    model = gc.capture(net, training=True, x=gc.spec("float32", ("N", *shape)))
     return gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(lr=0.05))
 
 
@@ -77,10 +121,17 @@ def _artifacts(net):
                                                       ("minmax", "per_tensor_symmetric", "qint8"),
                                                       ("minmax", "per_tensor_symmetric", "quint8")])
 def test_qat_cnn_trains_like_torch(observer, qscheme, dtype):
-    net, twin = _pair(observer, qscheme, dtype)
-    trainer = gc.Trainer(_artifacts(net), backend="ort-cpu")
+    _trains_like_torch(*_pair(observer, qscheme, dtype), (2, 6, 6))
+
+
+def test_qat_mlp_trains_like_torch():
+    _trains_like_torch(*_mlp_pair(), (12,))
+
+
+def _trains_like_torch(net, twin, shape):
+    trainer = gc.Trainer(_artifacts(net, shape), backend="ort-cpu")
     opt = torch.optim.SGD(twin.parameters(), lr=0.05)
-    for step, batch in enumerate(_batches(4)):
+    for step, batch in enumerate(_batches(4, shape)):
         loss = trainer.step(batch)
         opt.zero_grad()
         want = torch.nn.functional.mse_loss(twin(torch.from_numpy(batch["x"])), torch.from_numpy(batch["y"]))
