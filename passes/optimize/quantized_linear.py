@@ -57,27 +57,28 @@ class QDQThroughViews(Declared, ir.passes.InPlacePass):
                 continue
             if _onnx(node, *_VIEWS):
                 dq = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
-                if _onnx(dq, "DequantizeLinear") and _per_tensor(dq) and _single_use(dq.outputs[0]):
-                    _swap(dq, node, first=node, rest=dq)
+                if _onnx(dq, "DequantizeLinear") and _per_tensor(dq) and _single_use(dq.outputs[0]) \
+                        and dq.graph is node.graph:
+                    _swap(dq, node)
                     modified = True
             elif _onnx(node, "QuantizeLinear") and FAKE_QUANTIZE_KEY not in node.metadata_props \
                     and _per_tensor(node) and node.inputs[0] is not None:
                 view = node.inputs[0].producer()
                 if _onnx(view, *_VIEWS) and _single_use(node.inputs[0]) and view.graph is node.graph:
-                    _swap(view, node, first=node, rest=view)
+                    _swap(view, node)
                     modified = True
         return ir.passes.PassResult(model, modified)
 
 
-def _swap(before: ir.Node, after: ir.Node, *, first: ir.Node, rest: ir.Node) -> None:
-    """``after(before(v, ...), ...)`` -> ``rest(first(v, ...), ...)``, with ``first``/``rest`` the two
-    nodes (``first`` takes ``before``'s data input, each keeps its other inputs and attributes)."""
+def _swap(before: ir.Node, after: ir.Node) -> None:
+    """``after(before(v, ...), ...)`` -> ``before(after(v, ...), ...)``, each node keeping its other
+    inputs and attributes; ``after``'s output (name, type) is the new ``before``'s."""
     def copy(node: ir.Node, data: ir.Value) -> ir.Node:
         attrs = [ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()]
         return ir.Node(node.domain, node.op_type, [data, *node.inputs[1:]], attrs, version=node.version,
                        metadata_props=dict(node.metadata_props))
-    head = copy(first, before.inputs[0])
-    tail = copy(rest, head.outputs[0])
+    head = copy(after, before.inputs[0])
+    tail = copy(before, head.outputs[0])
     ir.convenience.replace_nodes_and_values(after.graph, after, [before, after], [head, tail], after.outputs,
                                             tail.outputs)
 
