@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "FAKE_QUANTIZE_KEY", "MAX_NORM_KEY", "RANDOM_OPS", "STOP_GRADIENT_KEY", "const_array",
+__all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "FAKE_QUANTIZE_KEY", "MAX_NORM_KEY", "MAX_NORM_ROWS_KEY", "RANDOM_OPS",
+           "STOP_GRADIENT_KEY", "const_array",
            "const_axes", "const_scalar", "draws_random", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "replace_value",
            "static_shape", "stops_gradient"]
 
@@ -69,6 +70,11 @@ BUFFER_UPDATE_KEY = "graphc.buffer_update"
 # rows looked up renormalised, a stop-gradient Identity marked "<param> at <the user's line>"; the
 # training graphs step the param from its last such value, as torch's optimizer steps it
 MAX_NORM_KEY = "graphc.max_norm"
+# node metadata of such a lookup whose write-back is not in the graph (its rows' stop-gradient Identity):
+# JSON {"param", "at", and, where capture dropped an unread write-back, the names of the "weight" value
+# and the "indices" it looked up, for the training graphs to write it back; inside a control-flow body
+# (a weight from outside it), neither: the body cannot}
+MAX_NORM_ROWS_KEY = "graphc.max_norm_rows"
 
 
 # ops whose kernels draw random numbers: each run draws anew, two equal nodes are two draws

@@ -74,11 +74,12 @@ class _Net(gc.nn.Module):
     """Embedding(max_norm) -> mean over the sequence -> Linear; ``tied``: the Linear's weight is the
     embedding's ([ROWS, DIM]: logits over the rows)."""
 
-    def __init__(self, norm_type: float = 2.0, tied: bool = False):
+    def __init__(self, norm_type: float = 2.0, tied: bool = False, dtype: str = "float64",
+                 padding_idx: int | None = None):
         super().__init__()
-        self.emb = gc.nn.Embedding(ROWS, DIM, max_norm=1.0, norm_type=norm_type, dtype="float64")
-        self.emb.weight = gc.nn.Parameter(START.copy(), dtype="float64")
-        self.fc = gc.nn.Linear(DIM, ROWS if tied else 2, dtype="float64")
+        self.emb = gc.nn.Embedding(ROWS, DIM, max_norm=1.0, norm_type=norm_type, dtype=dtype, padding_idx=padding_idx)
+        self.emb.weight = gc.nn.Parameter(START.astype(dtype), dtype=dtype)
+        self.fc = gc.nn.Linear(DIM, ROWS if tied else 2, dtype=dtype)
         if tied:
             self.fc.weight = self.emb.weight
 
@@ -88,8 +89,10 @@ class _Net(gc.nn.Module):
 class _Twin(torch.nn.Module):
     def __init__(self, net: _Net, norm_type: float, tied: bool):
         super().__init__()
-        self.emb = torch.nn.Embedding(ROWS, DIM, max_norm=1.0, norm_type=norm_type, dtype=torch.float64)
-        self.fc = torch.nn.Linear(DIM, ROWS if tied else 2, dtype=torch.float64)
+        dtype = getattr(torch, str(net.emb.weight.numpy().dtype))
+        self.emb = torch.nn.Embedding(ROWS, DIM, max_norm=1.0, norm_type=norm_type, dtype=dtype,
+                                      padding_idx=net.emb.padding_idx)
+        self.fc = torch.nn.Linear(DIM, ROWS if tied else 2, dtype=dtype)
         if tied:
             self.fc.weight = self.emb.weight
         self.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in net.state_dict().items()})
@@ -97,13 +100,13 @@ class _Twin(torch.nn.Module):
     forward = _forward
 
 
-def _batches(outputs: int, steps: int = 10) -> list[dict]:
+def _batches(outputs: int, steps: int = 10, dtype: str = "float64") -> list[dict]:
     rng = np.random.default_rng(1)
     out = []
     for _ in range(steps):
         i = rng.integers(0, 6, (3, 4))
         i[0, :3] = i[1, 0]  # a row repeated in the batch: torch renormalises it once
-        out.append({"i": i, "y": rng.normal(size=(3, outputs))})
+        out.append({"i": i, "y": rng.normal(size=(3, outputs)).astype(dtype)})
     return out
 
 
@@ -118,16 +121,16 @@ def _torch_steps(twin, make_opt, batches) -> list[float]:
     return losses
 
 
-def _artifacts(net, kind):
-    model = gc.capture(net, training=True, i=gc.spec("int64", ("N", 4)))
+def _artifacts(net, kind, training: bool = True):
+    model = gc.capture(net, training=training, i=gc.spec("int64", ("N", 4)))
     return gc.training.generate(model, gc.losses.mse("output", label="y"), OPTIMIZERS[kind][0]())
 
 
-def _assert_weights(trainer, twin):
+def _assert_weights(trainer, twin, rtol: float = 1e-12, atol: float = 1e-15):
     got, want = trainer.state_dict(), twin.state_dict()
     assert "emb.weight" in got
     for name in set(got) & set(want):  # a tied weight once, under its first name
-        np.testing.assert_allclose(got[name], want[name].numpy(), rtol=1e-12, atol=1e-15, err_msg=name)
+        np.testing.assert_allclose(got[name], want[name].numpy(), rtol=rtol, atol=atol, err_msg=name)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
@@ -202,3 +205,129 @@ def test_data_parallel_training_of_a_renormalised_weight_is_refused():
     with pytest.raises(ArtifactsError, match=r"\['emb.weight'\] are renormalised in place by an embedding with "
                                              r"max_norm.*train with one worker"):
         gc.Trainer(_artifacts(_Net(), "sgd"), workers=2)
+
+
+def _ops(model) -> list[str]:
+    return [n.op_type for n in model.ir.graph]
+
+
+def test_a_capture_drops_the_write_back_nothing_reads():
+    """An inference lookup keeps no ScatterND of the table (it copied all of it each run) unless a later
+    read sees the renormalised weight (tied); a training-mode capture neither: train_step writes it back."""
+    emb = gc.nn.Embedding(50, 4, max_norm=1.0)
+    for training in (False, True):
+        ops = _ops(gc.capture(emb, training=training, i=gc.spec("int64", ("N", 3))))
+        assert "ScatterND" not in ops and len(ops) == 21, ops
+    assert _ops(gc.capture(_Net(tied=True), i=gc.spec("int64", ("N", 4)))).count("ScatterND") == 1
+    arts = _artifacts(_Net(), "sgd", training=False)
+    assert arts.manifest.renormed == ["emb.weight"]
+    assert [n.op_type for n in arts.train_step.graph].count("ScatterND") == 1
+    assert "ScatterND" not in [n.op_type for n in arts.inference.graph]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_an_eval_mode_capture_trains_as_torch(backend, tied):
+    """The README's flow (gc.capture in eval mode, then generate): the write-back capture dropped is
+    written back again in train_step."""
+    net = _Net(tied=tied)
+    arts = _artifacts(net, "adamw", training=False)
+    twin, batches = _Twin(net, 2.0, tied), _batches(ROWS if tied else 2)
+    trainer = gc.Trainer(arts, backend=backend)
+    losses = [trainer.step(b) for b in batches]
+    np.testing.assert_allclose(losses, _torch_steps(twin, OPTIMIZERS["adamw"][1], batches), rtol=1e-12, atol=1e-15)
+    _assert_weights(trainer, twin)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_padding_idx_with_max_norm_trains_as_torch(backend, kind):
+    """The padding row gets no gradient but is renormalised when looked up (torch's embedding_renorm_
+    does not skip it), and AdamW decays it."""
+    net = _Net(padding_idx=2)
+    twin, batches = _Twin(net, 2.0, False), _batches(2)
+    assert any((b["i"] == 2).any() for b in batches) and np.linalg.norm(START[2]) > 1
+    trainer = gc.Trainer(_artifacts(net, kind), backend=backend)
+    losses = [trainer.step(b) for b in batches]
+    np.testing.assert_allclose(losses, _torch_steps(twin, OPTIMIZERS[kind][1], batches), rtol=1e-12, atol=1e-15)
+    _assert_weights(trainer, twin)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_float32_training_matches_torch(backend, tied):
+    net = _Net(tied=tied, dtype="float32")
+    twin, batches = _Twin(net, 2.0, tied), _batches(ROWS if tied else 2, dtype="float32")
+    trainer = gc.Trainer(_artifacts(net, "adam"), backend=backend)
+    losses = [trainer.step(b) for b in batches]
+    assert trainer.state_dict()["emb.weight"].dtype == np.float32
+    np.testing.assert_allclose(losses, _torch_steps(twin, OPTIMIZERS["adam"][1], batches), rtol=1e-6)  # 1.7e-7
+    _assert_weights(trainer, twin, rtol=1e-6, atol=5e-7)  # 1.1e-7
+
+
+STEPS = np.array([[0, 1, 1, 6], [7, 2, 0, 6], [5, 7, 3, 1]])  # three steps of lookups, rows repeated across them
+
+
+def _looped(kind: str, read_first: bool):
+    """A forward that looks the rows up inside a ``kind`` body, each step's summed into a carried value,
+    and applies ``fc`` to the sum; ``read_first``: the weight's Tensor is made before the body."""
+    def step(net, i, k):
+        return net.emb(i[k]).sum(0)
+
+    def forward(net, i):
+        if read_first:
+            assert net.emb.weight.shape == (ROWS, DIM)
+        return net.fc(looped(net, i))
+
+    def looped(net, i):
+        acc = gc.zeros((DIM,), dtype="float64")
+        if kind == "fori_loop":
+            return gc.fori_loop(0, 3, lambda k, a: a + step(net, i, k), acc)
+        if kind == "while_loop":
+            return gc.while_loop(lambda k, a: k < 3, lambda k, a: (k + 1, a + step(net, i, k)),
+                                 (gc.tensor(0), acc))[1]
+        if kind == "scan":
+            return gc.scan(lambda a, row: (a + net.emb(row).sum(0), row), acc, i)[0]
+        return gc.cond(i[0, 0] >= 0, lambda: step(net, i, 0) + step(net, i, 2), lambda: acc)  # cond: steps 0, 2
+
+    return forward
+
+
+@pytest.mark.parametrize("read_first", [True, False])
+@pytest.mark.parametrize("kind", ["fori_loop", "while_loop", "scan", "cond"])
+def test_lookups_inside_a_control_flow_body_match_torchs_eval_loop(kind, read_first):
+    """A body cannot rebind the outer weight: it looks up the renormalised rows without writing them back.
+    Torch's eval loop writes them back, but a renormalised row renormalises to itself, so each step's
+    lookup (and the loop's output) is torch's; training such a weight is refused."""
+    net = _Net()
+    net.forward = _looped(kind, read_first).__get__(net)
+    twin = _Twin(net, 2.0, False).eval()
+    with torch.no_grad():
+        want = twin.fc(sum(twin.emb(torch.from_numpy(STEPS[k])).sum(0) for k in ((0, 2) if kind == "cond" else range(3))))
+    assert not np.allclose(twin.emb.weight.detach().numpy(), START)  # torch renormalised rows in place
+    model = gc.capture(net, i=gc.spec("int64", (3, 4)))
+    assert "ScatterND" not in str(model.proto)  # nor in a body: the outer weight is not rebound
+    onnx = pytest.importorskip("onnx")
+    onnx.checker.check_model(model.proto, full_check=True)
+    for backend in ("numpy", "ort-cpu"):
+        got = gc.Session(model, backend=backend).run({"i": STEPS})["output"]
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, err_msg=backend)
+
+    from graphc.errors import PassError
+
+    with pytest.raises(PassError, match=r"the embedding of 'emb.weight' with max_norm at .*test_embedding_max_norm"
+                                        r"\.py:\d+ is trained inside a gc.cond/gc.fori_loop/gc.scan/gc.while_loop "
+                                        r"body: .* freeze the weight \(frozen=\['emb.weight'\]\)"):
+        gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(lr=0.1))
+    gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(lr=0.1), frozen=["emb.weight"])
+
+
+def test_a_dropped_write_back_whose_values_are_gone_is_refused():
+    """The record names the values the lookup read; a model edited after capture may not have them."""
+    from graphc.errors import PassError
+
+    model = gc.capture(_Net(), i=gc.spec("int64", ("N", 4)))
+    model.ir.graph.inputs[0].name = "ids"
+    with pytest.raises(PassError, match=r"the embedding of 'emb.weight' with max_norm at .*: the value 'i' it looked "
+                                        r"up is no longer in the model"):
+        gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(lr=0.1))

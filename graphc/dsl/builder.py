@@ -196,6 +196,7 @@ class Builder:
         # (id(Module), name) -> what the Module's last call computed of a value computed once per call
         # (``Module.register_computed(..., per_call=True)``: torch's weight_norm/spectral_norm hooks)
         self.called_values: dict[tuple[int, str], Any] = {}
+        self.write_backs: list[Any] = []  # an embedding's max_norm write-backs in the main graph (``renorm``)
         self._no_grad: dict[int, ir.Value | None] | None = None  # in gc.no_grad: id(value) -> its detached copy
         self.module_path: list[str] = []
         self.rng = np.random.default_rng(seed)

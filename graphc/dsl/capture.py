@@ -14,7 +14,7 @@ import onnx_ir as ir
 from graphc.dsl import methods  # noqa: F401  (binds gc.Tensor's operators before any Tensor is made)
 from graphc.dsl import methods_torch  # noqa: F401  (and PyTorch's Tensor methods: view, permute, masked_fill, ...)
 from graphc.dsl import inplace  # noqa: F401  (and in-place writes: x[i] = v, x += y, x.add_(y), ...)
-from graphc.dsl import ops
+from graphc.dsl import ops, renorm
 from graphc.dsl.builder import Builder, raised_at
 from graphc.dsl.tensor import Tensor
 from graphc.model.dtypes import TensorSpec, as_dtype
@@ -123,6 +123,7 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     inplace.mark_buffer_updates(builder)
     graph = ir.Graph(graph_inputs, outputs, nodes=builder.scopes[0].nodes,
                      initializers=builder.initializers, opset_imports={"": opset}, name=graph_name)
+    renorm.drop_unread(graph, builder.write_backs)
     model = ir.Model(graph, ir_version=10, producer_name="graphc", producer_version=__version__)
     model.metadata_props["graphc.training"] = str(bool(training)).lower()
     if builder.buffers:

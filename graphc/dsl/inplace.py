@@ -65,8 +65,8 @@ def write(t: Tensor, new: Any) -> Tensor:
 
 def rebind(t: Tensor, new: Tensor, why: str) -> None:
     """Rebind ``t`` to ``new`` as an op that writes its input in place does (torch's
-    ``embedding_renorm_``), through ``t``'s bases, a parameter too; ``why`` says so to a stale view."""
-    _check_in_body(t)
+    ``embedding_renorm_``), through ``t``'s bases, a parameter too; ``why`` says so to a stale view.
+    The caller checks ``outside_body`` first."""
     _assign(t, new, None, why)
 
 
@@ -136,17 +136,24 @@ def _check_writable(t: Tensor) -> None:
                            f"tensor (w = {t.name.rsplit('.', 1)[-1]} * ...) or .clone() it first")
 
 
-def _check_in_body(t: Tensor) -> None:
-    """Refuse a write, inside a control-flow body, into a Tensor made outside it (or through a view of
-    one): the body is traced once into a subgraph, which cannot rebind an outer Tensor."""
+def outside_body(t: Tensor) -> bool:
+    """Whether ``t`` (or a tensor it is a view of) was made outside the control-flow body being traced:
+    the body is traced once into a subgraph, which cannot rebind it."""
     builder = current()
     while len(builder.scopes) > 1 and t is not None:
         if t._scope != builder.scope.id:
-            raise CaptureError(f"in-place write into {t.name}, a value from outside the gc.cond/gc.fori_loop/"
-                               f"gc.scan body being traced, at {user_source()}: a body cannot change an outer "
-                               f"value; return the new value from the body instead (a carried value or a branch "
-                               f"output)")
+            return True
         t = t._view[0] if t._view is not None else None
+    return False
+
+
+def _check_in_body(t: Tensor) -> None:
+    """Refuse a write, inside a control-flow body, into a Tensor made outside it (``outside_body``)."""
+    if outside_body(t):
+        raise CaptureError(f"in-place write into {t.name}, a value from outside the gc.cond/gc.fori_loop/"
+                           f"gc.scan body being traced, at {user_source()}: a body cannot change an outer "
+                           f"value; return the new value from the body instead (a carried value or a branch "
+                           f"output)")
 
 
 def _unview(base: Tensor, how: tuple, new: Tensor) -> Tensor:

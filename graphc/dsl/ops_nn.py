@@ -10,14 +10,14 @@ import numpy as np
 from graphc.dsl import ops, ops_math
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.inplace import into, rebind, writes_input
+from graphc.dsl.inplace import into, writes_input
+from graphc.dsl.renorm import renorm_in_place
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import in_float32
 from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.model.windows import ceil_as_floor_pads
 from graphc.passes.infer import ceil_adds_nothing
-from graphc.passes.values import MAX_NORM_KEY
 
 
 def ints(v: Any, n: int, name: str) -> list[int]:
@@ -351,32 +351,6 @@ def renormed(rows: Tensor, weight: Tensor, max_norm: float, norm_type: float, in
     scaled = ops.detach(rows * scale)
     renorm_in_place(weight, indices, scaled)
     return scaled + (rows - ops.detach(rows))  # the value rows * scale, the gradient rows'
-
-
-def renorm_in_place(weight: Tensor, indices: Tensor, scaled: Tensor) -> None:
-    """``weight`` rebound, as torch's ``embedding_renorm_`` writes it, to itself with the rows at
-    ``indices`` replaced by their ``scaled`` values (a ScatterND; a repeated index writes the same
-    row), so that later reads (a tied output layer, another lookup) see them; the gradient still
-    reaches ``weight`` as it was (a straight-through sum). The new value's stop-gradient Identity is
-    marked ``MAX_NORM_KEY`` with the param it renormalises and the line: the training graphs step
-    the param from its last such value (``buffer_updates.renormed``)."""
-    rows = ops.reshape(scaled, [-1, weight.shape[1]])
-    new = ops.detach(ops.emit("ScatterND", [ops.detach(weight), ops.reshape(ops.cast(indices, "int64"), [-1, 1]), rows]))
-    new.value.producer().metadata_props[MAX_NORM_KEY] = f"{_renormed_param(weight)} at {user_source()}"
-    rebind(weight, new + (weight - ops.detach(weight)), f"{weight.name} was renormalised in place by an "
-           f"embedding with max_norm at {user_source()}")
-
-
-def _renormed_param(weight: Tensor) -> str:
-    """The name of the value ``weight`` held before any ``renorm_in_place`` rebound it: back through
-    each ``new + (previous - detach(previous))``."""
-    value = weight.value
-    while True:
-        add = value.producer()
-        new = add.inputs[0].producer() if add is not None and add.op_type == "Add" else None
-        if new is None or MAX_NORM_KEY not in new.metadata_props:
-            return value.name
-        value = add.inputs[1].producer().inputs[0]
 
 
 @autocast_op()

@@ -316,6 +316,7 @@ def _param_tensor(builder: Builder, owner: Module, attr: str, param: Parameter):
                           f"(at {user_source()})", stacklevel=2)
         value = builder.add_initializer(f"{type(owner).__name__.lower()}.{attr}", param.numpy(), exact=False)
     tensor = Tensor(value, eager_value=param.numpy() if builder.scopes[0].eager else None)
+    tensor._scope = builder.scopes[0].id  # an initializer, the main graph's, wherever first read
     builder.param_tensors[id(param)] = tensor
     if param.buffer:
         builder.buffers.append(tensor.value.name)

@@ -45,7 +45,8 @@ from graphc.passes.infer import correct_onnx_inference
 from graphc.passes.precision.autocast import autocast_in_place
 from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, loss_scaling, modes
 from graphc.passes.training import optimizers, param_selection
-from graphc.passes.training import noise as noise_shapes, padding_rows, recompute as recomputation, reductions, taps_params
+from graphc.passes.training import max_norm, noise as noise_shapes, padding_rows, recompute as recomputation, reductions
+from graphc.passes.training import taps_params
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.training.scheduled import MOMENTUM, momentum_value, running_state
@@ -83,7 +84,7 @@ class Built:
     slots: tuple[str, ...]  # optimizer state per param or buffer: ``<name>.<slot>``
     orders: dict[str, list[int]]  # params train_step holds in another axis order (``taps_params``)
     one_row_batchnorms: dict[str, tuple[str, int]]  # train-mode BatchNorms a 1-row batch makes NaN (``modes``)
-    renormed: list[str]  # params an embedding's max_norm renormalises, stepped from that value (``buffer_updates``)
+    renormed: list[str]  # params an embedding's max_norm renormalises, stepped from that value (``max_norm``)
 
 
 def build(model: ir.Model, loss: LossArgs, optimizer: dict,
@@ -110,7 +111,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     free_names(base.graph, _reserved(loss, optimizer, loss_scale))
     label = append_loss(base.graph, opset, loss)  # base is our copy: the loss goes straight in
     params, frozen_all, constants = param_selection.select(base, bn_stats, trainable, frozen, params, order)
-    renormed = buffer_updates.renormed(base.graph, params)  # stepped from their renormalised values
+    renormed = max_norm.renormed(base.graph, opset, params)  # stepped from their renormalised values
     imports.warn_shared_normalization_params(base.graph, params)
     imports.warn_folded_parameters(base, params)
     decays = param_selection.decays(params, optimizer.get("no_decay") or ())

@@ -10,9 +10,9 @@ the buffer's value after the forward. Here:
 * ``inference_mode``: ``modes.set_inference_mode`` and each write skipped (its Identity reads the
   buffer as stored), as if the forward guarded it with torch's ``if self.training:``: eval and
   inference graphs read the buffer's current value and compute no update;
-* ``updated_values``: ``{buffer: its value after the forward}`` in the training-mode graph;
-* ``renormed``: the trainable weights an embedding with ``max_norm`` renormalises in place (torch's
-  ``embedding_renorm_``), each with its value after the forward, which the optimizer steps.
+* ``updated_values``: ``{buffer: its value after the forward}`` in the training-mode graph.
+
+A param an embedding's ``max_norm`` renormalises in place is ``passes/training/max_norm.py``'s.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import onnx_ir as ir
 
 from graphc.errors import PassError
 from graphc.passes.training import modes
-from graphc.passes.values import BUFFER_UPDATE_KEY, BUFFER_WRITE_KEY, MAX_NORM_KEY, STOP_GRADIENT_KEY
+from graphc.passes.values import BUFFER_UPDATE_KEY, BUFFER_WRITE_KEY, STOP_GRADIENT_KEY
 
-__all__ = ["inference_mode", "renormed", "updated_values", "with_written"]
+__all__ = ["inference_mode", "updated_values", "with_written"]
 
 
 def _writes(graph: ir.Graph, key: str) -> list[ir.Node]:
@@ -76,14 +76,3 @@ def updated_values(graph: ir.Graph) -> dict[str, ir.Value]:
     """``{buffer name: its value after the forward}`` (the output of its last write)."""
     return {node.metadata_props[BUFFER_UPDATE_KEY]: node.outputs[0] for node in _writes(graph, BUFFER_UPDATE_KEY)}
 
-
-def renormed(graph: ir.Graph, params: Sequence[str]) -> dict[str, str]:
-    """``{param: the name of its value after the forward}`` for each of ``params`` that an embedding
-    with ``max_norm`` renormalises in place (its last ``MAX_NORM_KEY`` Identity in graph order: each
-    renormalisation reads the one before): torch's optimizer steps the param from that value."""
-    found = {}
-    for node in graph:
-        weight = node.metadata_props.get(MAX_NORM_KEY, "").partition(" at ")[0]
-        if weight in params:
-            found[weight] = node.outputs[0].name
-    return found

@@ -1,0 +1,74 @@
+"""Params an embedding with ``max_norm`` renormalises in place (torch's ``embedding_renorm_``): torch's
+optimizer steps each from its renormalised value, so the training graphs do too.
+
+``gc.capture`` rebinds the weight to a ScatterND of the renormalised rows into it, its stop-gradient
+Identity marked ``MAX_NORM_KEY``; a write-back nothing in the forward reads it drops, recording on the
+lookup's rows (``MAX_NORM_ROWS_KEY``) the weight and indices it read, and ``renormed`` writes it back
+again here. A lookup inside a control-flow body of a weight from outside it has no write-back: a trained
+such weight is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import onnx_ir as ir
+
+from graphc.errors import PassError
+from graphc.passes.emit import Emitter
+from graphc.passes.training.graph_outputs import by_name
+from graphc.passes.values import MAX_NORM_KEY, MAX_NORM_ROWS_KEY
+
+__all__ = ["renormed"]
+
+
+def renormed(graph: ir.Graph, opset: int, params: Sequence[str]) -> dict[str, str]:
+    """``{param: the name of its value after the forward}`` for each of ``params`` that an embedding
+    with ``max_norm`` renormalises in place: its last write-back in graph order (each reads the one
+    before), appended to ``graph`` from the lookup's record where capture dropped it. A PassError for
+    such a lookup inside a control-flow body."""
+    last: dict[str, ir.Node] = {}
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        if MAX_NORM_KEY in node.metadata_props:
+            param = node.metadata_props[MAX_NORM_KEY].partition(" at ")[0]
+        elif MAX_NORM_ROWS_KEY in node.metadata_props:
+            param = json.loads(node.metadata_props[MAX_NORM_ROWS_KEY])["param"]
+        else:
+            continue
+        if param in params:
+            if node.graph is not graph:
+                _refuse_in_body(node)
+            last[param] = node
+    return {param: node.outputs[0].name if MAX_NORM_KEY in node.metadata_props else _write_back(graph, opset, node)
+            for param, node in last.items()}
+
+
+def _where(rows: ir.Node) -> tuple[dict, str]:
+    record = json.loads(rows.metadata_props[MAX_NORM_ROWS_KEY])
+    return record, f"the embedding of {record['param']!r} with max_norm at {record['at']}"
+
+
+def _refuse_in_body(rows: ir.Node) -> None:
+    record, where = _where(rows)
+    raise PassError(f"{where} is trained inside a gc.cond/gc.fori_loop/gc.scan/gc.while_loop body: torch "
+                    f"renormalises the rows it looks up in the weight in place and its optimizer steps the "
+                    f"renormalised weight, which a body cannot carry out (its lookup renormalises the rows, "
+                    f"the weight stays as stored); look it up outside the body, freeze the weight "
+                    f"(frozen=[{record['param']!r}]) or train without max_norm")
+
+
+def _write_back(graph: ir.Graph, opset: int, rows: ir.Node) -> str:
+    """The name of the weight with the renormalised ``rows`` written at the indices they were looked
+    up from (the record capture left on ``rows``), appended to ``graph``: the write-back it dropped."""
+    record, where = _where(rows)
+    try:
+        weight, indices = by_name(graph, record["weight"]), by_name(graph, record["indices"])
+    except KeyError as missing:
+        raise PassError(f"{where}: the value {missing} it looked up is no longer in the model, so the training "
+                        f"graphs cannot write the renormalised rows back into the weight; generate the training "
+                        f"graphs from the model as gc.capture made it") from None
+    e = Emitter(graph, opset)
+    flat = e.op("Reshape", e.op("Cast", indices, to=ir.DataType.INT64), e.ints([-1, 1]))
+    columns = graph.initializers[record["param"]].shape[1]
+    return e.op("ScatterND", weight, flat, e.op("Reshape", rows.outputs[0], e.ints([-1, columns]))).name
