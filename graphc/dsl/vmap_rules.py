@@ -89,6 +89,9 @@ def rewrite(b: Batching, nodes: list[ir.Node], batched: set[int], env: dict[int,
             hoist(b.builder, node)
             continue
         inputs = [arg(v) for v in node.inputs]
+        if node.op_type == "Constant" and "value" in node.attributes:  # known to the builder's inference
+            args[id(node.outputs[0])] = Arg(ops.constant(node.attributes["value"].value.numpy()), False)
+            continue
         if not any(a is not None and a.batched for a in inputs) and not _own_per_example(node):
             # it reads only what is the same for every example (a mapped value's Shape or Size)
             args.update((id(v), r) for v, r in zip(node.outputs, as_args(reemit(node, [a and a.t for a in inputs]),

@@ -2,7 +2,8 @@
 (MatMul, Add, Mul, the activations, Clip, Where), so autodiff differentiates them with the rules
 those ops have; a sequence whose length is known only at run time, or longer than
 ``MAX_UNROLLED_STEPS``, becomes a Scan over the same cell (differentiated in reverse mode).
-Used for the gradient graphs only; inference graphs keep the fused ops.
+Used for the gradient graphs (inference graphs keep the fused ops) and, always as a Scan, by
+``gc.vmap``'s rule for mapped weights (``write_out``), which batches the cell's ops over the examples.
 
 Every form the ONNX ops have is covered: any direction and layout, bias, initial states, LSTM
 peepholes and ``input_forget``, GRU ``linear_before_reset``, ``clip``, any activations with their
@@ -24,12 +25,11 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx_ir as ir
-
 from graphc.passes.autodiff.builder import attr, folded_array, static_shape
 from graphc.passes.emit import Emitter
 from graphc.passes.values import onnx_opset
 
-__all__ = ["UNROLLED", "not_unrolled", "unroll_recurrent"]
+__all__ = ["UNROLLED", "not_unrolled", "unroll_recurrent", "write_out"]
 
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 UNROLLED = frozenset(_GATES)
@@ -64,7 +64,7 @@ def unroll_recurrent(model: ir.Model) -> int:
     for node in list(graph):
         if node.op_type in _GATES and node.domain in ("", "ai.onnx") and not_unrolled(node) is None:
             emit = Emitter(graph, opset, f"{node.name or node.op_type}/unrolled")
-            new_outputs = _unroll(emit, node)
+            new_outputs = write_out(emit, node)
             for old, new in zip(node.outputs, new_outputs):
                 if new is not None:
                     name = old.name
@@ -134,10 +134,11 @@ def _activation(e: Emitter, key: str, alpha: float, beta: float) -> Activation:
                           alpha=alpha)
 
 
-def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
-    """The node's outputs (None where unused) from per-step ops. Per step and direction: one
-    MatMul of the state with every gate's recurrence weights, the input projection of every step
-    (one MatMul, biases folded in) split off once, states kept [1, B, H] so Y is one Concat."""
+def write_out(e: Emitter, node: ir.Node, max_unrolled: int = MAX_UNROLLED_STEPS) -> list[ir.Value | None]:
+    """The node's outputs (None where unused) from per-step ops, unrolled up to ``max_unrolled``
+    steps (unmasked), else one Scan per direction. Per step and direction: one MatMul of the state
+    with every gate's recurrence weights, the input projection of every step (one MatMul, biases
+    folded in) split off once, states kept [1, B, H] so Y is one Concat."""
     op, inputs = node.op_type, list(node.inputs) + [None] * 8
     x, w, r, b, lens = inputs[:5]
     init_h = inputs[5]
@@ -169,7 +170,7 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
                                                 e.ints([1, -1, 1]))
     ys, last_h, last_c = [], [], []
     for d, backwards in enumerate(reverse):
-        pick = lambda v: e.op("Gather", v, e.const(d, np.int64), axis=0)  # noqa: E731
+        pick = lambda v: e.op("Gather", v, e.const(d, np.int64), axis=0)
         xw = e.op("MatMul", x, e.op("Transpose", pick(w), perm=[1, 0]))  # [T, B, gates*H]
         r_t = e.op("Transpose", pick(r), perm=[1, 0])  # [H, gates*H]
         r_bias = None  # GRU's linear_before_reset: the h gate's Rb stays inside the reset
@@ -196,7 +197,7 @@ def _unroll(e: Emitter, node: ir.Node) -> list[ir.Value | None]:
             return (em.op("Where", alive, new_h, em.const(np.zeros((), dtype))), em.op("Where", alive, new_h, h),
                     em.op("Where", alive, new_c, c) if new_c is not None else c)
 
-        if not isinstance(steps, int) or steps > MAX_UNROLLED_STEPS or alive_lens is not None:  # one Scan
+        if not isinstance(steps, int) or steps > max_unrolled or alive_lens is not None:  # one Scan
             y_d, h, c_last = _scan_steps(e, node, cell, xw, h, c if op == "LSTM" else None, backwards,
                                          alive_lens is not None, clip, d)
             c = c_last if op == "LSTM" else c
@@ -247,12 +248,17 @@ def _scan_steps(e: Emitter, node: ir.Node, cell, xw: ir.Value, h: ir.Value, c: i
     (Y of this direction [T, 1, B, H], last h, last c)."""
     body = ir.Graph([], [], nodes=[], name=e.fresh("cell"))
     be = Emitter(body, e.opset, e.scope, names=e._names)
+    be.source = e.source
     state_type = h.type or ir.TensorType(xw.dtype)
-    h_in = ir.Value(name=be.fresh("h"), type=state_type, shape=h.shape)
+    # the body's inputs ranked ([1, B, H] states, x_t [B, gates*H]), as gc.vmap's rules need
+    hidden = attr(node, "hidden_size")
+    batch = next((s[1] for s in (h.shape, c is not None and c.shape) if s), None)
+    h_in = ir.Value(name=be.fresh("h"), type=state_type, shape=ir.Shape([1, batch, hidden]))
     states = [h_in]
     if c is not None:
-        states.append(ir.Value(name=be.fresh("c"), type=state_type, shape=c.shape))
-    x_in = ir.Value(name=be.fresh("x_t"), type=ir.TensorType(xw.dtype or ir.DataType.FLOAT))
+        states.append(ir.Value(name=be.fresh("c"), type=state_type, shape=ir.Shape([1, batch, hidden])))
+    x_in = ir.Value(name=be.fresh("x_t"), type=ir.TensorType(xw.dtype or ir.DataType.FLOAT),
+                    shape=ir.Shape([batch, _GATES[node.op_type] * hidden]))
     t_in = ir.Value(name=be.fresh("t"), type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([])) if masked else None
     body.inputs.extend([*states, x_in, *([t_in] if masked else [])])
     acts = _activations(be, node, None if clip is None else float(clip))[direction]
