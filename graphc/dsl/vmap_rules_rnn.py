@@ -1,7 +1,8 @@
 """``gc.vmap``'s batching rule for the recurrent ops (RNN, GRU, LSTM), added to ``vmap_rules.RULES``: the
 examples folded into the op's batch dim N where the weights are the same for all, as its sequences side by
-side; mapped weights (an ensemble) fold them into the hidden size instead, ``B`` cells of ``H`` units as one
-of ``B*H`` with block-diagonal weights, so one op still runs all examples."""
+side; mapped weights (an ensemble) either fold them into the hidden size, ``B`` cells of ``H`` units as one
+of ``B*H`` with block-diagonal weights (small ``B*H``), or write the op out as a Scan over time whose cell's
+MatMuls are batched over the examples' weights; both differentiable."""
 
 from __future__ import annotations
 
@@ -18,8 +19,12 @@ from graphc.dsl.vmap_rules import (
     as_batched,
     node_attrs,
     reemit,
+    rewrite,
 )
 from graphc.dsl.vmap_rules_conv import known_shape, merge_dims, split_dim
+from graphc.model import SOURCE_KEY
+from graphc.passes.autodiff.recurrent import not_unrolled, write_out
+from graphc.passes.emit import Emitter
 from graphc.passes.values import static_shape
 
 __all__: list[str] = []
@@ -51,7 +56,7 @@ def _recurrent(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """RNN/GRU/LSTM of mapped sequences (or initial states, or lengths): one run over ``B*N``
     sequences; mapped weights: ``_in_hidden``."""
     if any(a is not None and a.batched for i, a in enumerate(args) if i not in (_X, _LENS, _H0, _C0)):
-        return _in_hidden(b, node, args)
+        return _mapped_weights(b, node, args)
     layout = int(node_attrs(node).get("layout", 0))
     x_n, state_n = (1, 1) if layout == 0 else (0, 0)  # X (T, N, I) / (N, T, I); states (D, N, H) / (N, D, H)
     ins = [None if a is None else a.t for a in args]
@@ -67,25 +72,59 @@ def _recurrent(b: Batching, node: ir.Node, args: list) -> list[Arg]:
 
 RULES.update(dict.fromkeys(("RNN", "GRU", "LSTM"), _recurrent))
 
+BLOCK_DIAGONAL_UNITS = 64
+"""The most units ``B*H`` that mapped weights fold into one op (``_in_hidden``); beyond, and for
+mapped lengths or a mapped size not static, the op is written out (``_written_out``)."""
 
-def _in_hidden(b: Batching, node: ir.Node, args: list) -> list[Arg]:
-    """Mapped weights: the ``B`` examples as one cell of ``B*H`` units, example ``e``'s units at
-    ``e*H`` in each gate. Every gate is unit by unit (activations, clip, LSTM's ``input_forget`` and
-    peepholes, GRU's reset either side of the product), so block-diagonal ``R`` (and ``W`` where the
-    sequences are mapped too) keep the examples apart; the MatMuls do ``B`` times the work of ``B``
-    separate cells (the zero blocks). Lengths per example would need ``B*N`` rows of ``B*H``: no rule.
-    The Scan over examples it replaces runs each example's op at its own size, faster forward, but
-    autodiff refuses a recurrent op inside a Scan, so only this fold lets ``gc.grad`` train an ensemble.
-    An LSTM forward on ort-cpu (T 50, N 16, I 32), B 4/16/64: H 8 0.40/28/187 ms vs the Scan's
-    0.47/2.0/36 ms, H 16 0.84/40/541 vs 0.59/18/35, H 64 28/391/8188 vs 10/33/224."""
-    if not isinstance(b.size, int):
-        raise NoRule("mapped weights, of a mapped size not static")
-    if args[_LENS] is not None and args[_LENS].batched:
-        raise NoRule("mapped weights and mapped sequence_lens")
+
+def _mapped_weights(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """Mapped weights (an ensemble): ``_in_hidden`` up to ``BLOCK_DIAGONAL_UNITS``, else ``_written_out``.
+    The fold does ``B`` times the MatMul work (its zero blocks), the written-out form ``B`` cells' own.
+    ``scripts/bench_vmap_rnn.py``: an LSTM ensemble, each member on its own sequences (T 50, N 16, I 32,
+    float32, ort-cpu, 1 thread, a shared 2-core machine), median ms forward / forward+backward (``gc.grad``
+    by every stacked weight), fold vs written out, and the Scan over the examples (forward only: autodiff
+    refuses a recurrent op in its body):
+    B*H 32 (B 4, H 8) 0.28 / 1.34 vs 0.46 / 2.11 (0.41); 64 (B 4, H 16) 0.49 / 3.04 vs 0.62 / 2.90 (0.47);
+    128 (B 16, H 8) 2.74 / 16.2 vs 1.17 / 9.24 (1.64); 256 (B 16, H 16) 10.1 / 40.5 vs 1.78 / 12.0 (1.95),
+    (B 4, H 64) 14.6 / 56.5 vs 2.06 / 34.4 (1.52); 512 (B 64, H 8) 54.6 / 396 vs 8.49 / 30.6 (10.5); 1024
+    (B 64, H 16) 397 / 2604 vs 26.5 / 80.5 (21.1), (B 16, H 64) 147 / 2366 vs 28.0 / 135 (22.1); 4096 (B 64,
+    H 64) 8188 (a forward, timed with the fold's first version; the script skips it) vs 138 / 1196 (90.6)."""
     r_shape = static_shape(node.inputs[_R])
-    if r_shape is None or not isinstance(r_shape[-1], int):
-        raise NoRule("mapped weights, of a hidden size not static")
-    size, hidden, gates = b.size, r_shape[-1], _GATES[node.op_type]
+    hidden = r_shape[-1] if r_shape else None
+    lens_mapped = args[_LENS] is not None and args[_LENS].batched
+    if not lens_mapped and isinstance(b.size, int) and isinstance(hidden, int) and \
+            b.size * hidden <= BLOCK_DIAGONAL_UNITS:
+        return _in_hidden(b, node, args, hidden)
+    return _written_out(b, node, args)
+
+
+def _written_out(b: Batching, node: ir.Node, args: list) -> list[Arg]:
+    """Mapped weights: the node written out as one Scan per direction over its cell in standard ops
+    (``passes.autodiff.recurrent.write_out``, what gradients differentiate), those ops rewritten by
+    their own rules: the cell's MatMuls batched over the examples' weights."""
+    why = not_unrolled(node)
+    if why is not None:
+        raise NoRule(f"mapped weights, and {why}")
+    opset = b.builder.opset
+    graph = ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="written_out")
+    emit = Emitter(graph, opset, f"{node.name or node.op_type}/written_out")
+    emit.source = node.metadata_props.get(SOURCE_KEY)
+    outs = write_out(emit, node, max_unrolled=0)
+    made = [v for v in outs if v is not None]
+    found = iter(rewrite(b, list(graph), {id(n) for n in graph}, {}, made, outer=dict(b.made)))
+    for written in graph:  # no longer a use of the body's values (only these nodes read them)
+        for i in range(len(written.inputs)):
+            written.replace_input_with(i, None)
+    return [None if v is None else Arg(*next(found)) for v in outs]
+
+
+def _in_hidden(b: Batching, node: ir.Node, args: list, hidden: int) -> list[Arg]:
+    """Mapped weights, of a static mapped size ``B`` and ``hidden`` units, shared lengths: the ``B``
+    examples as one cell of ``B*H`` units, example ``e``'s units at ``e*H`` in each gate. Every gate is
+    unit by unit (activations, clip, LSTM's ``input_forget`` and peepholes, GRU's reset either side of
+    the product), so block-diagonal ``R`` (and ``W`` where the sequences are mapped too) keep the
+    examples apart; the MatMuls do ``B`` times the work of ``B`` separate cells (the zero blocks)."""
+    size, gates = b.size, _GATES[node.op_type]
     ins = [None if a is None else a.t for a in args]
     x_mapped = args[_X].batched
     ins[_X] = _fold(args[_X].t) if x_mapped else args[_X].t
