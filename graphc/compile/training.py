@@ -443,9 +443,9 @@ def _inconsistency(m: Manifest) -> str | None:
                     "state input")
         if (source.dtype, source.shape) != (target.dtype, target.shape):
             return f"feeds maps {out!r} ({source.dtype}{source.shape}) to {into!r} ({target.dtype}{target.shape})"
-    fed = list(m.feeds.values())
+    fed, still = list(m.feeds.values()), _frozen_statistics(m)
     for name, entry in inputs.items():
-        if entry.role in ("param", "state") and fed.count(name) != 1:
+        if entry.role in ("param", "state") and fed.count(name) not in ((0, 1) if name in still else (1,)):
             return f"feeds gives the train_step {entry.role} {name!r} {fed.count(name)} next values, not 1"
     differs = _differs("trainable", m.trainable, [n for n, e in inputs.items() if e.role == "param"],
                        "train_step's params")
@@ -468,6 +468,16 @@ def _inconsistency(m: Manifest) -> str | None:
             if name not in inputs or inputs[name].shape != [size]:
                 return f"layout {buf.name!r} needs a train_step state input {name!r} of [{size}]"
     return _differs("state", m.state, m.carried(), "what train_step carries")
+
+
+def _frozen_statistics(m: Manifest) -> set[str]:
+    """What may be train_step state no output feeds: with ``batchnorm="frozen"``, the gradients
+    graph's state inputs it gives no next value (the BatchNorm statistics, read, never updated)."""
+    if m.batchnorm != "frozen":
+        return set()
+    grads = m.graphs["gradients"]
+    nexts = {e.name for e in grads.outputs}
+    return {e.name for e in grads.inputs if e.role == "state" and f"{e.name}.next" not in nexts}
 
 
 def _differs(field: str, listed, wanted, what: str) -> str | None:
