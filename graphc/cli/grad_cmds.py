@@ -145,9 +145,9 @@ def grad_cmd(
                                              "static scale (default: none)."),
     autocast: Optional[str] = typer.Option(None, "--autocast", metavar="bfloat16|float16",
                                            help="Mixed precision as torch.autocast: MatMul/Gemm/Conv/ConvTranspose/"
-                                           "Einsum/PRelu run in this dtype between Casts, everything else and the "
-                                           "params in float32 (float16: give --loss-scale dynamic too; default: "
-                                           "none)."),
+                                           "Einsum/PRelu run in this dtype, the ops after them on what they are "
+                                           "given, the loss and the params in float32 (float16: give --loss-scale "
+                                           "dynamic too; default: none)."),
     class_weights: Optional[str] = typer.Option(None, "--class-weights", metavar="W0,W1,...|FILE.npy",
                                                 help="A cross_entropy loss's weight of each class, as a comma "
                                                 "list or a .npy file (default: none, all 1)."),

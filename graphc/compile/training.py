@@ -595,19 +595,19 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
             it at a step whose momentum is exactly 0, as torch. Default: none (the spec's
             constants, graphs as before).
         autocast: ``"bfloat16"`` or ``"float16"``: mixed precision as ``torch.autocast(device,
-            dtype)`` for a float32 model (imported ones too): in train_step and gradients, the ops
-            torch's autocast runs in the low dtype on ``device`` (MatMul, Gemm, Conv, ConvTranspose,
-            Einsum, PRelu, Attention; ``autocast_policy.ONNX_OPS``) read their float32 inputs cast
-            to it (one Cast per value) and their outputs are cast back to float32, so everything
-            else (softmax, norms, reductions, the loss, the update) runs in float32 and the params
-            stay float32 master weights (``passes/precision/autocast.py``). eval and inference stay
+            dtype)`` for a float32 model (imported ones too): train_step's and gradients' forward
+            follows torch's dtype flow (``passes/precision/autocast.py``): the ops torch's autocast
+            lowers on ``device`` (MatMul, Gemm, Conv, ...; ``autocast_policy.ONNX_OPS``) run in it,
+            the ops after them on what they are given (the widest of their inputs), float32-listed
+            ops and the loss in float32, the norms in float32 rounded back; the params stay float32
+            master weights. eval and inference stay
             the model as given. float16 without ``loss_scale`` warns. None (default): graphs as before.
 
     Raises:
         gc.GraphError: unknown output/param names, a loss that is not a float scalar, an op
             without a gradient rule on the way to a trainable param.
     """
-    from graphc.dsl.autocast_policy import onnx_lower
+    from graphc.dsl.autocast_policy import onnx_kinds
     from graphc.passes.training import artifacts
     from graphc.passes.training.scheduled import with_scheduled
 
@@ -634,7 +634,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
                             trainable=None if trainable is None else names(trainable), frozen=names(frozen),
                             fused=fused, recompute=recompute, params=names(params), batchnorm=batchnorm,
                             device=device, nchwc=_nchwc_block() if device == "cpu" else 0, loss_scale=scale_json,
-                            autocast=None if low is None else (low, onnx_lower(device)))
+                            autocast=None if low is None else (low, onnx_kinds(device)))
     graphs = {key: Model(m) for key, m in built.graphs.items()}
     manifest = Manifest(
         opset=built.opset,

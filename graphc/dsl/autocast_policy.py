@@ -79,19 +79,35 @@ POLICY: dict[str, tuple[str | None, str | None]] = {
 # ONNX op type -> the torch op whose policy it follows, for ``generate(autocast=)`` on imported models
 # (``passes/precision/autocast.py``). torch.onnx writes linear as Gemm (2-D input) or MatMul + Add,
 # matmul/mm/bmm as MatMul, conv{1,2,3}d as Conv, conv_transpose{1,2,3}d as ConvTranspose, prelu as
-# PRelu, scaled_dot_product_attention as Attention (opset 23) or as its MatMul/Softmax/MatMul form
-# (the MatMuls lowered as matmul, the softmax left in float32); einsum,
-# which torch computes as bmm (so autocast lowers it), as Einsum; nn.RNN/GRU/LSTM as RNN/GRU/LSTM
-# (lowered on CUDA only, as their cells). The op's other float inputs (Gemm's C, Conv's bias) are cast
-# with it, as torch's linear and conv cast their bias.
-ONNX_OPS = {"MatMul": "matmul", "Gemm": "addmm", "Conv": "conv2d", "ConvTranspose": "conv_transpose2d",
-            "PRelu": "prelu", "Attention": "scaled_dot_product_attention", "Einsum": "bmm",
-            "RNN": "rnn_tanh_cell", "GRU": "gru_cell", "LSTM": "lstm_cell"}
+# PRelu, scaled_dot_product_attention as Attention (opset 23) or as its MatMul/Softmax/MatMul form;
+# einsum, which torch computes as bmm (so autocast lowers it), as Einsum; nn.RNN/GRU/LSTM as
+# RNN/GRU/LSTM (lowered on CUDA only, as their cells). The float32-listed ops map one to one (CUDA's
+# exp, log, softmax, sum, ...; both devices' prod and losses), Concat is cat (promote on the CPU; on
+# CUDA torch.cat promotes by itself) and the three norms are the policy's "mixed" ones (float32 on
+# CUDA for layer_norm and group_norm). An op type not here runs on what it is given, as torch's.
+ONNX_OPS = {
+    "MatMul": "matmul", "Gemm": "addmm", "Conv": "conv2d", "ConvTranspose": "conv_transpose2d",
+    "PRelu": "prelu", "Attention": "scaled_dot_product_attention", "Einsum": "bmm",
+    "RNN": "rnn_tanh_cell", "GRU": "gru_cell", "LSTM": "lstm_cell",
+    "ReduceProd": "prod", "Softmax": "softmax", "LogSoftmax": "log_softmax", "CumSum": "cumsum",
+    "Exp": "exp", "Log": "log", "Pow": "pow", "Reciprocal": "reciprocal", "Acos": "acos", "Asin": "asin",
+    "Cosh": "cosh", "Sinh": "sinh", "Tan": "tan", "Softplus": "softplus", "ReduceSum": "sum",
+    "ReduceL1": "norm", "ReduceL2": "norm", "LpNormalization": "normalize", "GridSample": "grid_sample",
+    "NegativeLogLikelihoodLoss": "nll_loss", "SoftmaxCrossEntropyLoss": "cross_entropy",
+    "Concat": "cat",
+    "LayerNormalization": "layer_norm", "GroupNormalization": "group_norm", "BatchNormalization": "batch_norm",
+}
+
+
+def onnx_kinds(device: str) -> dict[str, str]:
+    """ONNX op type -> what autocast runs it in on ``device`` (``LOWER``, ``FP32``, ``PROMOTE``,
+    ``MIXED``); op types it leaves to their inputs are not keys."""
+    return {onnx: kind(op, device) for onnx, op in ONNX_OPS.items() if kind(op, device) is not None}
 
 
 def onnx_lower(device: str) -> frozenset[str]:
     """The ONNX op types autocast runs in the low dtype on ``device``."""
-    return frozenset(onnx for onnx, op in ONNX_OPS.items() if kind(op, device) == LOWER)
+    return frozenset(onnx for onnx, how in onnx_kinds(device).items() if how == LOWER)
 
 
 def kind(op: str, device: str) -> str | None:
@@ -99,4 +115,4 @@ def kind(op: str, device: str) -> str | None:
     return POLICY[op][DEVICES.index(device)]
 
 
-__all__ = ["DEVICES", "DTYPES", "FP32", "LOWER", "MIXED", "ONNX_OPS", "POLICY", "PROMOTE", "kind", "onnx_lower"]
+__all__ = ["DEVICES", "DTYPES", "FP32", "LOWER", "MIXED", "ONNX_OPS", "POLICY", "PROMOTE", "kind", "onnx_kinds", "onnx_lower"]

@@ -1,93 +1,212 @@
 """Autocast in an existing graph: ``generate(..., autocast=)``'s rewrite of an imported float32
-model's training forward, as ``torch.autocast`` runs it.
+model's training forward, with ``torch.autocast``'s dtype flow.
 
-Each node whose op type the caller lists (``autocast_policy.onnx_lower``: MatMul, Gemm, Conv, ...)
-reads its float32 inputs cast to the low dtype (float16 / bfloat16), params included (they stay
-float32 master weights: the gradient flows back through the Cast to them), and its outputs are cast
-back to float32 at once, so everything else (softmax, norms, reductions, the loss, the update) runs
-in float32. Where the op's schema at the model's opset takes no low dtype (Conv and ConvTranspose on
-bfloat16 before opset 22) it computes in float32 between round trips (inputs cast to the low dtype
-and back, its output too): the same values as a low-precision kernel that accumulates in float32,
-as torch's CPU kernels and graphc's DSL capture compute them. One Cast per value and dtype.
+The nodes are walked in order, each value float32 or the low dtype (float16 / bfloat16), each node
+as its op type's ``autocast_policy.onnx_kinds`` entry says:
 
-Attention written out (torch.onnx's form of scaled_dot_product_attention: MatMul(q, k^T), scaled,
-masked, Softmax, MatMul with v) computes as torch's fused kernel: the scores' MatMul reads q and k
-rounded to the low dtype but its float32 result is not rounded (scores rounded to bfloat16 moved
-a transformer block's gradients 4e-3 from torch autocast's, as far as float32's are), the Softmax
-runs in float32 and the MatMul with v reads the probabilities in the low dtype.
+* ``lower`` (MatMul, Gemm, Conv, ...): float inputs cast to the low dtype (params too: they stay
+  float32 master weights, the gradient flows back through the Cast), outputs in the low dtype;
+* ``fp32`` (the losses, ReduceProd; on CUDA also Softmax, Exp, Log, ReduceSum, ...): low inputs cast
+  to float32, outputs float32;
+* ``mixed`` (LayerNormalization, GroupNormalization, BatchNormalization): a low input with float32
+  params is normalized in float32 and the result rounded to the low dtype, as torch's mixed kernels;
+  the statistics stay float32;
+* any other op (Relu, Add, Reshape, Transpose, Softmax on the CPU, MaxPool, Concat, ...) runs on what
+  it is given: in the low dtype when its float inputs are (a 0-d float32 input, a scalar, does not
+  widen it, as torch's type promotion), else in float32 with its low inputs cast up (the widest).
+
+An op runs natively in the low dtype where its schema at the model's opset takes it for those inputs
+and outputs; elsewhere (a scalar float32 operand, Conv on bfloat16 before opset 22, LayerNormalization's
+float32 params) it computes in float32 on its inputs cast up and its result is rounded: torch's CPU
+kernels for bfloat16 compute in float32 and round the result, so both give torch's values. Only the
+outputs whose schema type is a low input's follow it (Shape's, Cast's, the norms' statistics do not).
+torch's fused kernels round once where the graph has several nodes (``autocast_kernels``: linear's
+MatMul + bias Add, written-out attention). A graph output in the low dtype is cast back to float32
+under its name, so the loss and the update run in float32. One Cast per value and dtype.
 """
 
 from __future__ import annotations
 
+import onnx
 import onnx_ir as ir
 
+from graphc.dsl.autocast_policy import FP32, LOWER, MIXED
+from graphc.passes.precision.autocast_kernels import ACCUMULATE, EPILOGUE, SCALE, SCORES, fused_roles, scalar
 from graphc.passes.precision.casts import Casts
 from graphc.passes.precision.slots import FLOAT, TARGETS, allows, schema
 
 
-def autocast_in_place(graph: ir.Graph, opsets: dict[str, int], dtype: str, ops: frozenset[str]) -> list[str]:
-    """Run the standard-domain nodes of ``graph`` (its own, not subgraphs') whose op type is in
-    ``ops`` in ``dtype``; returns the names of the nodes so rewritten. Values must be typed."""
-    target = TARGETS[dtype]
-    casts = Casts()
+def autocast_in_place(graph: ir.Graph, opsets: dict[str, int], dtype: str, kinds: dict[str, str],
+                      loss: str | None = None) -> list[str]:
+    """Rewrite the nodes of ``graph`` (its own; subgraphs read float32) with autocast's dtype flow,
+    ``kinds`` the op types' classes (``autocast_policy.onnx_kinds``); returns the names of the nodes
+    of ``lower`` kind so run. ``loss``: the graph output the nodes after the model compute (the
+    loss); those nodes take float32, as torch's loss on ``out.float()``. Values must be typed."""
+    opsets = {("" if d == "ai.onnx" else d): v for d, v in opsets.items()}
+    flow = _Flow(graph, opsets, TARGETS[dtype])
+    lowered = frozenset(op for op, how in kinds.items() if how == LOWER)
+    roles, flow.exact = fused_roles(graph, opsets.get("", 1), lowered)
+    model = _ancestors([v for v in graph.outputs if v.name != loss])
     done = []
     for node in list(graph):
-        if node.domain not in ("", "ai.onnx") or node.op_type not in ops:
-            continue
-        inputs = [i for i, v in enumerate(node.inputs) if _is_float(v)]
-        outputs = [v for v in node.outputs if _is_float(v)]
-        if not inputs:
-            continue
-        scores = _attention_scores(node)
-        native = not scores and _takes(node, opsets, target, inputs, len(node.outputs))
-        for index in inputs:
-            low = casts.cast(node.inputs[index], target, graph, before=node)
-            node.replace_input_with(index, low if native else casts.cast(low, FLOAT, graph, before=node))
-        for value in [] if scores else outputs:
-            _back_to_float(graph, node, value, target, native, casts)
-        done.append(node.name)
+        how = roles.get(node) or kinds.get(node.op_type)
+        if node not in model or node.domain not in ("", "ai.onnx") or flow.schema(node) is None:
+            how = FP32
+        if flow.run(node, how):
+            done.append(node.name)
+    flow.outputs_to_float()
     return done
 
 
-# what may lie between attention's scores MatMul and its Softmax: the scale, an additive or boolean mask
-_SCORE_STEPS = frozenset({"Mul", "Div", "Add", "Sub", "Where"})
+class _Flow:
+    """The walk's state: the Casts made and the ids of the float32 values that hold a fused
+    kernel's unrounded result (``exact``: kept float32 by the kernel's next node)."""
 
+    def __init__(self, graph: ir.Graph, opsets: dict[str, int], target: ir.DataType):
+        self.graph, self.opsets, self.target = graph, opsets, target
+        self.casts = Casts()
+        self.exact: set[int] = set()
 
-def _attention_scores(node: ir.Node) -> bool:
-    """Whether ``node`` is a MatMul whose result reaches a Softmax (and nothing else) through
-    scaling and masking alone."""
-    value = node.outputs[0] if node.op_type == "MatMul" else None
-    while value is not None and len(value.uses()) == 1 and not value.is_graph_output():
-        user = next(iter(value.uses())).node
-        if user.op_type == "Softmax":
+    def schema(self, node: ir.Node) -> onnx.defs.OpSchema | None:
+        return schema(node, self.opsets)
+
+    def low(self, value: ir.Value | None) -> bool:
+        return value is not None and isinstance(value.type, ir.TensorType) and value.dtype == self.target
+
+    def run(self, node: ir.Node, how: str | None) -> bool:
+        """Rewrite ``node`` as ``how`` says (a kind or a fused role); whether it is a lowered op."""
+        floats = [i for i, v in enumerate(node.inputs) if _is_float(v) or self.low(v)]
+        lows = [i for i in floats if self.low(node.inputs[i])]
+        if how == LOWER and floats:
+            self._lower(node, floats)
             return True
-        value = user.outputs[0] if user.op_type in _SCORE_STEPS else None
-    return False
+        if how in (ACCUMULATE, SCORES, EPILOGUE) and floats:
+            for i in floats:  # a lowered op's float32 inputs and a bias read rounded, a kernel's own kept
+                if how == ACCUMULATE or not (self.low(node.inputs[i]) or id(node.inputs[i]) in self.exact):
+                    self._round_trip(node, i)
+            self._up(node, floats)
+            self._outputs(node, floats, exact=how != EPILOGUE)
+            return how == ACCUMULATE
+        if not lows:
+            return False
+        if how == SCALE:
+            self._up(node, lows)
+            self._outputs(node, floats, exact=True)
+        elif how == FP32:
+            self._up(node, lows)
+        elif how == MIXED:
+            if 0 in lows:
+                self._up(node, lows)
+                self._outputs(node, [0], exact=False)
+        elif any(_is_float(node.inputs[i]) and not scalar(node.inputs[i]) for i in floats):
+            self._up(node, lows)  # the widest: float32
+        elif self._native(node, floats, lows):
+            for index in self._following(node, lows):
+                self._retype(node.outputs[index])
+        else:
+            self._up(node, lows)
+            self._outputs(node, lows, exact=False)
+        return False
+
+    def _lower(self, node: ir.Node, floats: list[int]) -> None:
+        for i in floats:
+            node.replace_input_with(i, self.casts.cast(node.inputs[i], self.target, self.graph, before=node))
+        if self._takes(node, floats):
+            for index in self._following(node, floats):
+                self._retype(node.outputs[index])
+        else:  # computes in float32 on the rounded inputs, its result rounded
+            self._up(node, floats)
+            self._outputs(node, floats, exact=False)
+
+    def _native(self, node: ir.Node, floats: list[int], lows: list[int]) -> bool:
+        """Whether ``node`` runs as given in the low dtype: the float inputs of its low inputs'
+        schema types are all low (no float32 scalar among them) and the schema takes them."""
+        op_schema = self.schema(node)
+        types = {_type_str(op_schema.inputs, i) for i in lows}
+        same = [i for i in floats if _type_str(op_schema.inputs, i) in types]
+        return all(self.low(node.inputs[i]) for i in same) and self._takes(node, lows)
+
+    def _takes(self, node: ir.Node, inputs: list[int]) -> bool:
+        """Whether the schema lets these inputs and the outputs that follow them be the low dtype."""
+        op_schema = self.schema(node)
+        return op_schema is not None and all(allows(op_schema, False, i, self.target) for i in inputs) and \
+            all(allows(op_schema, True, o, self.target) for o in self._following(node, inputs))
+
+    def _following(self, node: ir.Node, inputs: list[int]) -> list[int]:
+        """The float outputs whose schema type is one of these inputs' (all float ones if unknown)."""
+        op_schema = self.schema(node)
+        floats = [o for o, v in enumerate(node.outputs) if _is_float(v) or self.low(v)]
+        if op_schema is None:
+            return floats
+        types = {_type_str(op_schema.inputs, i) for i in inputs}
+        return [o for o in floats if _type_str(op_schema.outputs, o) in types]
+
+    def _round_trip(self, node: ir.Node, index: int) -> None:
+        value = node.inputs[index]
+        low = value if self.low(value) else self.casts.cast(value, self.target, self.graph, before=node)
+        node.replace_input_with(index, low)
+
+    def _up(self, node: ir.Node, inputs: list[int]) -> None:
+        for i in inputs:
+            if self.low(node.inputs[i]):
+                node.replace_input_with(i, self.casts.cast(node.inputs[i], FLOAT, self.graph, before=node))
+
+    def _outputs(self, node: ir.Node, inputs: list[int], exact: bool) -> None:
+        """The float32 outputs of ``node`` that follow ``inputs``: kept unrounded for a kernel's
+        next node (``exact``) or rounded to the low dtype for every reader."""
+        for index in self._following(node, inputs):
+            value = node.outputs[index]
+            if exact:
+                self.exact.add(id(value))
+            else:
+                _replace(self.graph, value, self.casts.cast(value, self.target, self.graph, after=node), "unrounded")
+
+    def _retype(self, value: ir.Value) -> None:
+        """``value`` made the low dtype; a subgraph reading it reads it cast to float32."""
+        value.type = ir.TensorType(self.target)
+        for use in list(value.uses()):
+            if use.node.graph is not self.graph:
+                use.node.replace_input_with(use.idx, self.casts.cast(value, FLOAT, self.graph, after=value.producer()))
+
+    def outputs_to_float(self) -> None:
+        """Each low graph output cast to float32, the float32 value under its name."""
+        for value in list(self.graph.outputs):
+            if self.low(value):
+                back = self.casts.cast(value, FLOAT, self.graph, after=value.producer())
+                _replace(self.graph, value, back, self.target.name.lower(), outputs_only=True)
 
 
-def _takes(node: ir.Node, opsets: dict[str, int], target: ir.DataType, inputs: list[int], outputs: int) -> bool:
-    """Whether the op's schema at this opset lets these inputs and its outputs be ``target``."""
-    op_schema = schema(node, {("" if d == "ai.onnx" else d): v for d, v in opsets.items()})
-    return op_schema is not None and all(allows(op_schema, False, i, target) for i in inputs) and \
-        all(allows(op_schema, True, i, target) for i in range(outputs))
-
-
-def _back_to_float(graph: ir.Graph, node: ir.Node, value: ir.Value, target: ir.DataType, native: bool,
-                   casts: Casts) -> None:
-    """``value`` (a float32 output of ``node``) made ``target`` (or rounded to it), then float32 again
-    for its consumers; the float32 value keeps its name (graph outputs and passes find it by name)."""
-    name, uses = value.name, list(value.uses())
-    value.name = f"{name}_{target.name.lower()}" if native else f"{name}_unrounded"
-    if native:
-        value.type = ir.TensorType(target)
-    low = value if native else casts.cast(value, target, graph, after=node)
-    back = casts.cast(low, FLOAT, graph, after=low.producer())
-    for use in uses:
-        use.node.replace_input_with(use.idx, back)
+def _replace(graph: ir.Graph, old: ir.Value, new: ir.Value, suffix: str, outputs_only: bool = False) -> None:
+    """``new`` read instead of ``old`` (by the graph outputs only, or by every reader in ``graph``
+    but ``new``'s Cast; subgraphs keep reading float32) and given ``old``'s name, which passes and graph outputs find it by."""
+    if not outputs_only:
+        for use in list(old.uses()):
+            if use.node is not new.producer() and use.node.graph is graph:
+                use.node.replace_input_with(use.idx, new)
     for index, output in enumerate(graph.outputs):
-        if output is value:
-            graph.outputs[index] = back
-    back.name = name
+        if output is old:
+            graph.outputs[index] = new
+    name = old.name
+    old.name = f"{name}_{suffix}"
+    new.name = name
+
+
+def _ancestors(values: list[ir.Value]) -> set[ir.Node]:
+    """The nodes that compute ``values``."""
+    found: set[ir.Node] = set()
+    todo = [v.producer() for v in values]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in found:
+            found.add(node)
+            todo.extend(v.producer() for v in node.inputs if v is not None)
+    return found
+
+
+def _type_str(params, index: int) -> str | None:
+    if not params:
+        return None
+    return params[min(index, len(params) - 1)].type_str
 
 
 def _is_float(value: ir.Value | None) -> bool:

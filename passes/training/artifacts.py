@@ -90,7 +90,7 @@ class Built:
 def build(model: ir.Model, loss: LossArgs, optimizer: dict,
           trainable: Iterable[str] | None = None, frozen: Iterable[str] = (), fused: bool = True,
           recompute: bool = False, params: Iterable[str] = (), batchnorm: str = "train", device: str = "cpu",
-          nchwc: int = 0, loss_scale: dict | None = None, autocast: tuple[str, frozenset[str]] | None = None
+          nchwc: int = 0, loss_scale: dict | None = None, autocast: tuple[str, dict[str, str]] | None = None
           ) -> Built:
     """The training graphs of ``model``; ``optimizer`` is the spec as JSON (``{"kind": "sgd", "lr":
     ..., ...}``); ``nchwc``: the CPU's NCHWc channel block the backward may count on (0: none);
@@ -196,7 +196,7 @@ def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
 def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats: Sequence[str],
                      noise: list[str], recompute: bool = False, batchnorm: str = "train", device: str = "cpu",
                      nchwc: int = 0, loss_scale: dict | None = None, prediction: tuple[int, str] | None = None,
-                     autocast: tuple[str, frozenset[str]] | None = None):
+                     autocast: tuple[str, dict[str, str]] | None = None):
     """Training mode and the backward pass, in ``step`` itself; returns (step, the gradients
     graph cloned from it, {param: gradient value in step}, {BN stat: its updated value}, the
     gradients graph's outputs, {param: (its taps-outer chain's value, that value's gradient)}
@@ -208,7 +208,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     BatchNormalization in inference mode (running statistics in, none updated). With
     ``loss_scale`` the backward is the scaled loss's (``loss_scaling.seed``): train_step unscales
     its gradients in the update, the gradients graph before its outputs. ``autocast``: (dtype, op
-    types) run in that dtype between Casts, before the function ops' expansion (an Attention or an
+    types' kinds) run with autocast's dtype flow between Casts, before the function ops' expansion (an Attention or an
     LSTM the policy leaves alone keeps its inner MatMuls in float32)."""
     if batchnorm == "frozen":
         modes.set_inference_mode(step.graph, ops=("BatchNormalization",))
@@ -264,10 +264,11 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     return step, gradients, grads, bn_next, outputs, {p: (t, found[t.name]) for p, t in chains.items()}
 
 
-def _autocast(step: ir.Model, dtype: str, ops: frozenset[str]) -> None:
-    if not autocast_in_place(step.graph, step.opset_imports, dtype, ops):
+def _autocast(step: ir.Model, dtype: str, kinds: dict[str, str]) -> None:
+    if not autocast_in_place(step.graph, step.opset_imports, dtype, kinds, loss=LOSS):
+        lowered = sorted(op for op, how in kinds.items() if how == "lower")
         warnings.warn(f"autocast={dtype!r} ran nothing in {dtype}: the model has no float32 "
-                      f"{'/'.join(sorted(ops))} node; its training graphs compute as without autocast", stacklevel=4)
+                      f"{'/'.join(lowered)} node; its training graphs compute as without autocast", stacklevel=4)
 
 
 def _order_inputs(graph: ir.Graph, order: Sequence[str]) -> None:
