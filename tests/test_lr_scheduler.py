@@ -212,7 +212,7 @@ def test_fit_with_a_scheduler_matches_a_torch_loop(name):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize("name", ["warmup-then-cosine-step", "plateau-epoch", "lambda-epoch"])
+@pytest.mark.parametrize("name", ["warmup-then-cosine-step", "onecycle-step", "plateau-epoch", "lambda-epoch"])
 def test_resume_mid_epoch_gives_the_uninterrupted_losses(tmp_path, monkeypatch, name):
     make, interval = FIT_CASES.get(name, (lambda m, o: m.LambdaLR(o, lambda e: 0.8 ** e), "epoch"))
     arts = _artifacts(momentum=0.9)

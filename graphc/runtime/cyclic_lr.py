@@ -80,6 +80,9 @@ class OneCycleLR(LRScheduler):
             return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
         return (end - start) * pct + start
 
+    def _end(self) -> Optional[int]:
+        return self.total_steps
+
     def get_lr(self) -> list[float]:
         step = self.last_epoch
         if step > self.total_steps:

@@ -9,7 +9,7 @@ import numpy as np
 
 from graphc.runtime import momentum
 
-__all__ = ["LRScheduler", "lr_group"]
+__all__ = ["LRScheduler", "lr_group", "check_covers"]
 
 
 def lr_group(trainer: Any) -> dict[str, Any]:
@@ -72,6 +72,17 @@ class LRScheduler:
     def get_last_lr(self) -> list[float]:
         return self._last_lr
 
+    def _end(self) -> Optional[int]:
+        """The ``last_epoch`` past which ``step()`` raises (OneCycleLR's ``total_steps``); None: no end."""
+        return None
+
+    def steps_left(self) -> Optional[int]:
+        """How many more ``step()`` calls the schedule takes before one raises (OneCycleLR's past
+        its ``total_steps``, as torch's); None where it has no end. ``Trainer.fit`` checks it
+        covers the run before the first step."""
+        end = self._end()
+        return None if end is None else end - self.last_epoch
+
     def get_lr(self) -> list[float]:
         raise NotImplementedError
 
@@ -91,3 +102,25 @@ class LRScheduler:
 
     def __repr__(self) -> str:
         return f"<gc.optim.lr_scheduler.{type(self).__name__} last_epoch={self.last_epoch} lr={self.group['lr']!r}>"
+
+
+def check_covers(scheduler: LRScheduler, interval: str, epochs: int, epoch: int, batch: int, batches: int) -> None:
+    """``ValueError`` unless ``scheduler`` takes the steps a fit to epoch ``epochs`` gives it from
+    epoch ``epoch`` (0-based), batch ``batch`` on, ``batches`` a loader epoch: one per epoch or,
+    with ``interval`` "step", one per batch (every batch counted); a schedule with an end
+    (``steps_left``) would otherwise raise mid-run, as torch's does at the failing step."""
+    from graphc.runtime.progress import plural
+
+    left = scheduler.steps_left()
+    per_step = interval == "step"
+    need = (epochs - epoch) * (batches if per_step else 1) - (batch if per_step else 0)
+    if left is None or need <= left:
+        return
+    how = f"after each train step: {batches} batches an epoch, from epoch {epoch + 1} batch {batch + 1}" \
+        if per_step else f"after each epoch, from epoch {epoch + 1}"
+    reach = epoch + ((left + batch) // batches if per_step else left)
+    fewer = f"fit to epoch {reach} at most" if reach > epoch else f"it cannot finish epoch {epoch + 1}"
+    raise ValueError(f"fit(epochs={epochs}) would step the scheduler {type(scheduler).__name__} {need} more times "
+                     f"({how}), but its schedule ends after {left} more (OneCycleLR raises past its total_steps); "
+                     f"{fewer}, or start over with a schedule {plural(need - left, 'step')} longer (OneCycleLR's "
+                     f"total_steps: the run's {'epochs x batches per epoch' if per_step else 'epochs'})")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import Counter
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from graphc.runtime.cyclic_lr import CyclicLR, OneCycleLR
 from graphc.runtime.lr_base import LRScheduler, lr_group
@@ -284,6 +284,20 @@ class SequentialLR(_Composite):
         else:
             scheduler.last_epoch -= 1
 
+    def steps_left(self) -> Optional[int]:
+        """The steps until a member with an end (OneCycleLR) would pass it within its span: the
+        one running now from where it is, a later one from its restart at its milestone."""
+        now, starts, bounds = self.last_epoch, [0, *self._milestones], []
+        for i, s in enumerate(self._schedulers):
+            stop = self._milestones[i] if i < len(self._milestones) else math.inf
+            if now >= stop:
+                continue
+            end = s._end()
+            left = s.steps_left() if starts[i] <= now else None if end is None else starts[i] + end - now
+            if left is not None and now + left + 1 < stop:
+                bounds.append(left)
+        return min(bounds, default=None)
+
     def step(self) -> None:
         self.last_epoch += 1
         idx = bisect_right(self._milestones, self.last_epoch)
@@ -304,6 +318,9 @@ class ChainedScheduler(_Composite):
         self.trainer, self.group = trainer, lr_group(trainer)
         self._schedulers = list(schedulers)
         self._last_lr = [self.group["lr"]]
+
+    def steps_left(self) -> Optional[int]:
+        return min((n for n in (s.steps_left() for s in self._schedulers) if n is not None), default=None)
 
     def step(self) -> None:
         for s in self._schedulers:

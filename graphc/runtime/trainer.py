@@ -633,6 +633,7 @@ class Trainer:
         after each step (``"step"``), ReduceLROnPlateau with the epoch's eval loss (its train loss
         without ``eval_loader``; with ``"step"``, the step's loss); checkpoints save its state."""
         from graphc.runtime.history import EpochLog, check_plot
+        from graphc.runtime.lr_base import check_covers
         from graphc.runtime.progress import TrainProgress
 
         check_whole("epochs", epochs, 0, " (the epoch to train to)")
@@ -651,6 +652,9 @@ class Trainer:
             check_batches(loader, "training loader")
             _one_row_batch(self.manifest, loader)
             check_labels(self.manifest, loader.arrays, "the training loader")  # rows, not batch rows
+            if self._scheduler is not None:
+                check_covers(self._scheduler, self.scheduler_interval, epochs, self.epoch, self.batch_in_epoch,
+                             len(loader))
         if isinstance(eval_loader, DataLoader):
             check_batches(eval_loader, "eval loader")
             check_labels(self.manifest, eval_loader.arrays, "the eval loader")
