@@ -1,14 +1,19 @@
 """A schedule with an end (OneCycleLR past its total_steps raises, as torch's) is checked against
 the run before its first step: ``steps_left`` counts the steps before the raise (torch's count for
 OneCycleLR, ours inside SequentialLR and ChainedScheduler); ``Trainer.fit`` refuses a run longer
-than that, fresh or resumed, with nothing trained or saved."""
+than that, fresh or resumed, with nothing trained or saved; ``graphc train --resume`` refuses
+``--epochs`` past the recorded run of a schedule that spans it (onecycle, cosine), leaving the
+checkpoint as it was, and resumes one with the run's ``--epochs`` bit for bit."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 
 import graphc as gc
+from cli_util import one_line_error, run_cli, workspace
 from test_lr_scheduler import _artifacts, _data
 
 torch = pytest.importorskip("torch")
@@ -109,3 +114,44 @@ def test_a_resumed_trainer_whose_onecycle_is_spent_is_refused_and_its_checkpoint
     assert resumed.step_count == 12 and resumed.scheduler.steps_left() == 0
     assert _files(tmp_path / "ck") == saved
     resumed.fit(_loader(), 2, progress=False, quiet=True)  # the run's own epochs: nothing to do, no error
+
+
+# --- graphc train --resume -----------------------------------------------------------------------
+
+def _log(path):
+    return [{k: v for k, v in json.loads(line).items() if k not in ("seconds", "samples_per_s")}
+            for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("schedule", [["--schedule", "onecycle"],
+                                      ["--schedule", "cosine", "--schedule-interval", "step", "--min-lr", "0.001"]])
+def test_cli_resume_past_the_schedules_end_is_refused_before_any_step(tmp_path, capsys, schedule):
+    root = workspace(tmp_path)  # 64 samples, batch 32: 2 steps an epoch
+    args = ["train", root / "arts", "--data", root / "data.npz", "--batch-size", "32", "--backend", "numpy",
+            "--no-progress", "--checkpoint", root / "ck"]
+    assert run_cli(capsys, *args, "--epochs", "3", *schedule).code == 0
+    saved = _files(root / "ck")
+    err = one_line_error(run_cli(capsys, *args, "--epochs", "4", "--resume", "--log", root / "more.jsonl"))
+    assert f"resuming {root / 'ck'}: --epochs 4, but the checkpoint's run was --epochs 3 and its --schedule " \
+           f"{schedule[1]} ends there" in err, err
+    assert "pass --epochs 3 to finish the run as recorded, or start a new run with --epochs 4" in err, err
+    assert _files(root / "ck") == saved and not (root / "more.jsonl").exists()
+    r = run_cli(capsys, *args, "--epochs", "3", "--resume")
+    assert r.code == 0 and "nothing to train" in r.out, r.err
+
+
+def test_cli_onecycle_resumed_with_the_runs_epochs_is_bit_identical(tmp_path, capsys, monkeypatch):
+    root = workspace(tmp_path)
+    args = ["train", root / "arts", "--data", root / "data.npz", "--batch-size", "16", "--backend", "numpy",
+            "--no-progress", "--epochs", "3"]  # 4 steps an epoch, 12 in all
+    assert run_cli(capsys, *args, "--schedule", "onecycle", "--log", root / "whole.jsonl").code == 0
+    monkeypatch.setenv("GRAPHC_TEST_SIGNAL_AT_STEP", "INT:6")  # Ctrl-C mid-epoch 2
+    r = run_cli(capsys, *args, "--schedule", "onecycle", "--checkpoint", root / "ck", "--log", root / "cut.jsonl")
+    assert r.code == 130, r.err
+    monkeypatch.delenv("GRAPHC_TEST_SIGNAL_AT_STEP")
+    r = run_cli(capsys, *args[:-1], "2", "--checkpoint", root / "ck", "--resume", "--log", root / "cut.jsonl")
+    assert r.code == 0, r.err  # fewer epochs than the schedule spans: a part of the run, allowed
+    r = run_cli(capsys, *args, "--checkpoint", root / "ck", "--resume", "--log", root / "cut.jsonl")
+    assert r.code == 0, r.err
+    whole = _log(root / "whole.jsonl")
+    assert len({e["lr"] for e in whole}) == 3 and _log(root / "cut.jsonl") == whole  # bit-identical

@@ -8,6 +8,9 @@ from typing import Any, Optional
 
 SCHEDULES = ("none", "step", "exponential", "cosine", "onecycle", "cyclic", "plateau")
 PER_STEP = ("onecycle", "cyclic")  # stepped after each train step, always
+# the schedules that span the run (its --epochs), and what training past their end would do
+SPAN_RUN = {"onecycle": "OneCycleLR takes no step past its total_steps", "cosine": "the lr would climb back up "
+            "from --min-lr"}
 INTERVALS = ("epoch", "step")
 # the train command's parameters that set the schedule
 SCHEDULE_OPTIONS = ("schedule", "schedule_interval", "step_size", "gamma", "min_lr", "warmup", "patience")
@@ -44,11 +47,16 @@ def recipe(schedule: str, interval: Optional[str], epochs: int, steps_per_epoch:
     if warmup and schedule in (*PER_STEP, "plateau"):
         raise ValueError(f"--warmup applies to --schedule step, exponential or cosine, not {schedule}"
                          + (" (onecycle warms up itself)" if schedule == "onecycle" else ""))
-    total = epochs * (steps_per_epoch if interval == "step" else 1)
+    total = _length(interval, epochs, steps_per_epoch)
     if schedule == "cosine" and total - warmup < 1:
         raise ValueError(f"--warmup {warmup} leaves no {interval} of the {total} to anneal over")
     return {"schedule": schedule, "interval": interval, "total": total, "step_size": step_size, "gamma": gamma,
             "min_lr": min_lr, "warmup": warmup, "patience": patience}
+
+
+def _length(interval: str, epochs: int, steps_per_epoch: int) -> int:
+    """A run of ``epochs`` in scheduler steps: epochs, or train steps with ``interval`` "step"."""
+    return epochs * (steps_per_epoch if interval == "step" else 1)
 
 
 def build(trainer: Any, spec: dict[str, Any]):
@@ -98,9 +106,11 @@ def momentum_note(trainer: Any) -> Optional[str]:
             "constant (torch's default cycles it too: generate them with graphc grad --scheduled momentum)")
 
 
-def use_schedule(trainer: Any, resumed: Optional[Path], asked: Optional[dict[str, Any]], options_given: list[str]):
+def use_schedule(trainer: Any, resumed: Optional[Path], asked: Optional[dict[str, Any]], options_given: list[str],
+                 epochs: int, steps_per_epoch: int):
     """Give ``trainer`` the scheduler ``asked`` (a ``recipe``), or on a resume the one its
-    checkpoint recorded: ``options_given`` (of ``SCHEDULE_OPTIONS``) asking for another is an error."""
+    checkpoint recorded: ``options_given`` (of ``SCHEDULE_OPTIONS``) asking for another is an
+    error, and so is ``epochs`` past the end of a schedule that spans the recorded run."""
     import json
 
     from graphc.runtime.checkpoint import read_meta
@@ -115,11 +125,26 @@ def use_schedule(trainer: Any, resumed: Optional[Path], asked: Optional[dict[str
             raise ValueError(f"--resume: the checkpoint recorded the lr schedule {_describe(then)}; "
                              f"--{options_given[0].replace('_', '-')} asks for {_describe(asked)}. Leave the "
                              "schedule options out to continue it")
+        _check_span(then, resumed, epochs, steps_per_epoch)
         asked = then
     if asked is None:
         return
     trainer.scheduler = build(trainer, asked)
     trainer.scheduler_interval = asked["interval"]
+
+
+def _check_span(spec: Optional[dict], resumed: Path, epochs: int, steps_per_epoch: int) -> None:
+    """Refuse, before any step, a resume to ``epochs`` past the end of ``spec``'s schedule when it
+    spans its run (``SPAN_RUN``): stretching it would change the lrs the run already took."""
+    if spec is None or spec["schedule"] not in SPAN_RUN:
+        return
+    if _length(spec["interval"], epochs, steps_per_epoch) <= spec["total"]:
+        return
+    recorded = spec["total"] // _length(spec["interval"], 1, steps_per_epoch)
+    raise ValueError(f"resuming {resumed}: --epochs {epochs}, but the checkpoint's run was --epochs {recorded} and "
+                     f"its --schedule {spec['schedule']} ends there ({SPAN_RUN[spec['schedule']]}); pass --epochs "
+                     f"{recorded} to finish the run as recorded, or start a new run with --epochs {epochs} in another "
+                     "--checkpoint folder")
 
 
 def _without_total(spec: Optional[dict]) -> Optional[dict]:

@@ -166,7 +166,8 @@ def train_cmd(
                                  "steps up and down; exp_range with --gamma) or plateau (ReduceLROnPlateau on the eval loss: --gamma, "
                                  "--patience, --min-lr). onecycle and cyclic cycle the momentum against the lr where "
                                  "the artifacts take it (graphc grad --scheduled momentum). Recorded in the "
-                                 "checkpoint: --resume continues it."),
+                                 "checkpoint: --resume continues it; cosine and onecycle span the run's --epochs, "
+                                 "and a resume asking for more is refused before any step."),
     schedule_interval: Optional[str] = typer.Option(None, "--schedule-interval", metavar="epoch|step",
                                                     help="Step the schedule after each epoch (default) or each "
                                                     "train step (onecycle, cyclic: always)."),
@@ -233,7 +234,7 @@ def train_cmd(
                                      drop_last=_drops(fixed, test, test_source)) if test else None
     use_schedule(trainer, resumed, recipe(schedule, schedule_interval, epochs, len(loader), step_size=step_size,
                                           gamma=gamma, min_lr=min_lr, warmup=warmup, patience=patience),
-                 [n for n in SCHEDULE_OPTIONS if given(ctx, n)])
+                 [n for n in SCHEDULE_OPTIONS if given(ctx, n)], epochs, len(loader))
     note = momentum_note(trainer)
     if note is not None:
         console.print(note, highlight=False, soft_wrap=True)
