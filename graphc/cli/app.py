@@ -52,6 +52,22 @@ def output_option(help: str, metavar: str = "PATH") -> Any:
 OUT_ALIAS = typer.Option(None, "--out", hidden=True, help="Alias of -o/--output.")
 
 
+def keep_io_types_option(default: bool, why: str) -> Any:
+    """``--keep-io-types/--no-keep-io-types``, defaulting as the API the command calls does;
+    ``why`` ends the help. Call ``check_keep_io_types`` in the command."""
+    return typer.Option(default, "--keep-io-types/--no-keep-io-types",
+                        help=f"With --dtype: float32 inputs and outputs stay float32 (Casts at the edges){why}")
+
+
+def check_keep_io_types(ctx: typer.Context, dtype: Optional[str]) -> None:
+    """Refuse ``--keep-io-types``/``--no-keep-io-types`` given without ``--dtype``: without a
+    conversion it would do nothing."""
+    if dtype is None and given(ctx, "keep_io_types"):
+        flag = "--keep-io-types" if ctx.params["keep_io_types"] else "--no-keep-io-types"
+        raise ValueError(f"{flag} says how --dtype converts the model's inputs and outputs, and no --dtype "
+                         "was given: add --dtype float16 or bfloat16, or leave it out")
+
+
 def given(ctx: typer.Context, name: str) -> bool:
     """Whether the option ``name`` (its parameter name) was on the command line, not defaulted.
     By the source's name: typer carries its own copy of click, whose ``ParameterSource`` is not

@@ -8,11 +8,13 @@ from typing import Optional
 
 import typer
 
-from graphc.cli.app import app, check_writable_at, console, deploy_app, naming_opset, one_line_warnings
+from graphc.cli.app import (app, check_keep_io_types, check_writable_at, console, deploy_app, keep_io_types_option,
+                            naming_opset, one_line_warnings)
 
 
 @deploy_app.command("triton")
 def triton_cmd(
+    ctx: typer.Context,
     model: Path = typer.Argument(..., metavar="MODEL.onnx", help="The .onnx model."),
     repo: Path = typer.Option(..., "--repo", help="The Triton model repository folder."),
     name: str = typer.Option(..., "--name", help="The model's name (its folder in the repository)."),
@@ -22,6 +24,8 @@ def triton_cmd(
     opset: Optional[int] = typer.Option(None, "--opset", help="Opset to write (default: the model's, at most 17)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float16 or bfloat16: deploy the model converted "
                                         "(gc.convert_float; default: as it is)."),
+    keep_io_types: bool = keep_io_types_option(True, ": TYPE_FP32 in the config, so clients send what the "
+                                               "float32 model took (--no-keep-io-types: TYPE_FP16/TYPE_BF16)."),
 ) -> None:
     """Write MODEL into a Triton repository: REPO/NAME/config.pbtxt and REPO/NAME/VERSION/model.onnx
     (version 1, or one above the highest already there)."""
@@ -29,9 +33,11 @@ def triton_cmd(
     from graphc.serving import deploy
 
     check_writable_at(repo, "--repo")
+    check_keep_io_types(ctx, dtype)
     with one_line_warnings(RangeWarning), naming_opset(opset):
         folder = deploy.triton(model, repo, name, max_batch_size=max_batch_size, instance="gpu" if gpu else "cpu",
-                               dynamic_batching=dynamic_batching, opset=opset, dtype=dtype)
+                               dynamic_batching=dynamic_batching, opset=opset, dtype=dtype,
+                               keep_io_types=keep_io_types)
     versions = deploy.triton_versions(folder)
     kept = f" (versions {', '.join(map(str, versions[:-1]))} kept; Triton serves the highest)" if len(versions) > 1 else ""
     console.print(f"wrote {folder / 'config.pbtxt'} and version {versions[-1]}: {folder / str(versions[-1]) / 'model.onnx'}"

@@ -9,7 +9,8 @@ import onnx
 import typer
 from rich.table import Table
 
-from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, one_line_warnings, output_option
+from graphc.cli.app import (OUT_ALIAS, app, check_keep_io_types, chosen_output, console, keep_io_types_option,
+                            one_line_warnings, output_option)
 from graphc.errors import PassError
 from graphc.model import load
 from graphc.passes.optimize import LEVELS, OptimizeReport
@@ -31,6 +32,7 @@ def report_table(report: OptimizeReport) -> Table:
 
 @app.command("optimize")
 def optimize_cmd(
+    ctx: typer.Context,
     model: Path = typer.Argument(..., metavar="MODEL.onnx",
                                  help="The ONNX model to optimize (never modified unless -o names it)."),
     output: Optional[Path] = output_option("Where to write the optimized model (required).", "FILE.onnx"),
@@ -39,6 +41,7 @@ def optimize_cmd(
     report: bool = typer.Option(False, "--report", help="Print what each pass did."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float16 or bfloat16: convert the optimized "
                                         "model (gc.convert_float; default: keep float32)."),
+    keep_io_types: bool = keep_io_types_option(False, ", for clients that send float32."),
 ) -> None:
     """Optimize MODEL.onnx and write OUT.onnx atomically.
 
@@ -48,6 +51,7 @@ def optimize_cmd(
     from graphc.compile.optimize import optimize
 
     output = chosen_output(output, out)
+    check_keep_io_types(ctx, dtype)
     original = load(model)
     optimized, rep = optimize(original, level, report=True)
     if dtype is not None:
@@ -55,7 +59,7 @@ def optimize_cmd(
         from graphc.passes.precision import RangeWarning
 
         with one_line_warnings(RangeWarning):
-            optimized = convert_float(optimized, dtype)
+            optimized = convert_float(optimized, dtype, keep_io_types=keep_io_types)
     try:  # never write a model onnx itself would reject
         onnx.checker.check_model(optimized.proto)
     except onnx.checker.ValidationError as exc:

@@ -13,8 +13,8 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from graphc.cli.app import (OUT_ALIAS, app, check_writable_at, chosen_output, console, err_console, given,
-                            naming_opset, one_line_warnings, output_option)
+from graphc.cli.app import (OUT_ALIAS, app, check_keep_io_types, check_writable_at, chosen_output, console,
+                            err_console, given, keep_io_types_option, naming_opset, one_line_warnings, output_option)
 from graphc.cli.arrays import fit_bfloat16, load_npz, npz_names
 from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_schedule
 from graphc.runtime.metrics import names as metric_names
@@ -297,6 +297,7 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
 
 @app.command("export")
 def export_cmd(
+    ctx: typer.Context,
     source: Path = typer.Argument(..., metavar="ARTIFACT_DIR|CHECKPOINT", help="Artifact directory or checkpoint."),
     output: Optional[Path] = output_option("Inference .onnx to write (required).", "FILE.onnx"),
     out: Optional[Path] = OUT_ALIAS,
@@ -305,6 +306,7 @@ def export_cmd(
                                          "initial weights even where a checkpoint trained from it exists."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float16 or bfloat16: convert the model "
                                         "(gc.convert_float; default: keep float32)."),
+    keep_io_types: bool = keep_io_types_option(False, ", for clients that send float32."),
 ) -> None:
     """Write trained params as one optimized inference .onnx.
 
@@ -315,8 +317,10 @@ def export_cmd(
     from graphc.passes.precision import RangeWarning
 
     output = chosen_output(output, out)
+    check_keep_io_types(ctx, dtype)
     with one_line_warnings(UntrainedWeightsWarning, RangeWarning), naming_opset(opset):
-        path = export_inference(source, output, opset=opset, allow_untrained=allow_untrained, dtype=dtype)
+        path = export_inference(source, output, opset=opset, allow_untrained=allow_untrained, dtype=dtype,
+                                keep_io_types=keep_io_types)
     console.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 

@@ -27,10 +27,14 @@ EXPORT_LEVEL = 3
 
 
 def inference_model(artifacts, tensors: Mapping[str, np.ndarray], opset: Optional[int] = None,
-                    level: int = EXPORT_LEVEL, dtype: Optional[str] = None) -> Model:
+                    level: int = EXPORT_LEVEL, dtype: Optional[str] = None, keep_io_types: bool = False) -> Model:
     """``artifacts.inference`` with every initializer named in ``tensors`` replaced by its
     trained value (params and BatchNorm statistics), optimized at ``level``, converted to
-    ``opset`` when given and to ``dtype`` ("float16", "bfloat16": ``gc.convert_float``) when given."""
+    ``opset`` when given and to ``dtype`` ("float16", "bfloat16": ``gc.convert_float``, its
+    float32 inputs and outputs kept float32 with ``keep_io_types``) when given."""
+    from graphc.compile.precision import check_keep_io_types, convert_float
+
+    check_keep_io_types(dtype, keep_io_types, default=False)
     model = ir.serde.deserialize_model(artifacts.inference.proto)  # a private copy to edit
     for name, value in model.graph.initializers.items():
         if name in tensors:
@@ -48,11 +52,7 @@ def inference_model(artifacts, tensors: Mapping[str, np.ndarray], opset: Optiona
         from graphc.compile.opsets import convert_opset
 
         result = convert_opset(result, int(opset))
-    if dtype is not None:
-        from graphc.compile.precision import convert_float
-
-        result = convert_float(result, dtype)
-    return result
+    return result if dtype is None else convert_float(result, dtype, keep_io_types=keep_io_types)
 
 
 class ExportError(GraphcError, ValueError):
@@ -118,8 +118,13 @@ def _refuse_or_warn(artifacts: Path) -> None:
 
 
 def export_inference(source: Union[str, os.PathLike], path: Union[str, os.PathLike],
-                     opset: Optional[int] = None, allow_untrained: bool = False, dtype: Optional[str] = None) -> Path:
+                     opset: Optional[int] = None, allow_untrained: bool = False, dtype: Optional[str] = None,
+                     keep_io_types: bool = False) -> Path:
     """Write the inference model of an artifact directory or checkpoint to ``path``; see
-    ``load_source`` for when an artifact directory's initial weights are refused."""
+    ``load_source`` for when an artifact directory's initial weights are refused, and
+    ``inference_model`` for ``opset``, ``dtype`` and ``keep_io_types``."""
+    from graphc.compile.precision import check_keep_io_types
+
+    check_keep_io_types(dtype, keep_io_types, default=False)
     artifacts, tensors = load_source(source, allow_untrained=allow_untrained)
-    return inference_model(artifacts, tensors, opset=opset, dtype=dtype).save(path)
+    return inference_model(artifacts, tensors, opset=opset, dtype=dtype, keep_io_types=keep_io_types).save(path)

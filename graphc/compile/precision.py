@@ -14,7 +14,7 @@ from graphc.model import Model, load
 from graphc.passes.autodiff.model import infer_shapes
 from graphc.passes.precision import DEFAULT_BLOCKED, TARGETS, FloatReport, convert_in_place
 
-__all__ = ["DEFAULT_BLOCKED", "FloatReport", "convert_float"]
+__all__ = ["DEFAULT_BLOCKED", "FloatReport", "check_keep_io_types", "convert_float"]
 
 
 def convert_float(model, dtype: str = "float16", keep_io_types: bool = False,
@@ -47,6 +47,8 @@ def convert_float(model, dtype: str = "float16", keep_io_types: bool = False,
     """
     if dtype not in TARGETS:
         raise GraphError(f"convert_float: dtype must be one of {sorted(TARGETS)}, got {dtype!r}")
+    if not isinstance(keep_io_types, bool):
+        raise GraphError(f"convert_float: keep_io_types must be True or False, got {keep_io_types!r}")
     ops = None if op_block_list is None else _names(op_block_list, "op_block_list")
     names = _names(node_block_list, "node_block_list")
     source = load(model)
@@ -67,6 +69,15 @@ def convert_float(model, dtype: str = "float16", keep_io_types: bool = False,
     result.bytes_after = out.ByteSize()
     converted = load(out)
     return (converted, result) if report else converted
+
+
+def check_keep_io_types(dtype: Optional[str], keep_io_types: bool, default: bool) -> None:
+    """The one-step forms' check (export, deploy), before any work: without a ``dtype`` to convert
+    to, ``keep_io_types`` must be the form's ``default``; another value would ask for a conversion
+    that does not happen."""
+    if dtype is None and keep_io_types is not default:
+        raise GraphError(f"keep_io_types={keep_io_types!r} says how to convert to a dtype, and no dtype was "
+                         "given: pass dtype='float16' or 'bfloat16' too, or leave keep_io_types out")
 
 
 def _names(values: Iterable[str], what: str) -> frozenset[str]:

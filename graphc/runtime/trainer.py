@@ -1079,12 +1079,14 @@ class Trainer:
         return {key: rng for key, rng in found.items() if isinstance(rng, np.random.Generator)}
 
     def export_inference(self, path: Union[str, os.PathLike], opset: Optional[int] = None,
-                         dtype: Optional[str] = None) -> Path:
+                         dtype: Optional[str] = None, keep_io_types: bool = False) -> Path:
         """Write the inference model with the trained params folded in, optimized (level 3);
-        ``dtype`` "float16" or "bfloat16" converts it (``gc.convert_float``)."""
+        ``dtype`` "float16" or "bfloat16" converts it (``gc.convert_float``; ``keep_io_types``:
+        its float32 inputs and outputs stay float32, for clients that send float32)."""
         from graphc.compile.export import inference_model
 
-        return inference_model(self.artifacts, self.state_dict(), opset=opset, dtype=dtype).save(path)
+        return inference_model(self.artifacts, self.state_dict(), opset=opset, dtype=dtype,
+                               keep_io_types=keep_io_types).save(path)
 
     def __repr__(self) -> str:
         return (f"<gc.Trainer backend={self.backend!r} step={self.step_count} epoch={self.epoch} "

@@ -213,7 +213,8 @@ def _claim_version(staged: Path, model_dir: Path) -> Path:
 
 def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[str, os.PathLike], name: str,
            max_batch_size: int = 0, instance: str = "cpu", dynamic_batching: bool = False,
-           opset: int | None = None, external_data: bool | None = None, dtype: str | None = None) -> Path:
+           opset: int | None = None, external_data: bool | None = None, dtype: str | None = None,
+           keep_io_types: bool = True) -> Path:
     """Write ``repo_dir/name/config.pbtxt`` and ``repo_dir/name/<version>/model.onnx``; returns the model folder.
 
     The first deploy writes version 1; a redeploy writes a new version above the highest one
@@ -233,21 +234,25 @@ def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[s
         opset: the opset to write (default: the model's, at most 17).
         external_data: keep large tensors in ``model.onnx.data`` in the version folder (default:
             only when the model is too large for one protobuf).
-        dtype: ``"float16"`` or ``"bfloat16"``: deploy ``gc.convert_float(model, dtype)`` (its
-            float32 inputs and outputs become ``TYPE_FP16``/``TYPE_BF16``); None: as it is.
+        dtype: ``"float16"`` or ``"bfloat16"``: deploy ``gc.convert_float(model, dtype,
+            keep_io_types)``; None: as it is.
+        keep_io_types: with ``dtype``, the float32 inputs and outputs stay float32 (``TYPE_FP32``,
+            Casts at the model's edges), so clients keep sending what they sent the float32
+            model; False makes them ``TYPE_FP16``/``TYPE_BF16``. Only True without ``dtype``.
 
     Raises:
         ValueError: a bad name or option.
         GraphError: a dim 0 is fixed while ``max_batch_size > 0``, a dtype Triton lacks, an
-            opset conversion that cannot be done, a bad ``dtype``, or a symlink or file where a
-            folder goes.
+            opset conversion that cannot be done, a bad ``dtype`` (or ``keep_io_types=False``
+            without one), or a symlink or file where a folder goes.
     """
+    from graphc.compile.precision import check_keep_io_types, convert_float
+
     check_model_name(name)
+    check_keep_io_types(dtype, keep_io_types, default=True)
     model = load(model_or_path)
     if dtype is not None:
-        from graphc.compile.precision import convert_float
-
-        model = convert_float(model, dtype)
+        model = convert_float(model, dtype, keep_io_types=keep_io_types)
     model = for_server(model, opset)
     config = triton_config(model, name, max_batch_size, instance, dynamic_batching)
     root = Path(repo_dir).resolve()
