@@ -312,7 +312,8 @@ def test_trainer_export_and_cli_write_half_models(tmp_path, capsys):
 def test_deploy_triton_converts_in_one_step(tmp_path):
     factory, inputs = EXAMPLES["cnn"]
     model = gc.capture(factory(), **inputs())
-    folder = gc.deploy.triton(model, tmp_path / "repo", "cnn16", max_batch_size=8, dtype="float16")
+    folder = gc.deploy.triton(model, tmp_path / "repo", "cnn16", max_batch_size=8, dtype="float16",
+                              keep_io_types=False)
     config = (folder / "config.pbtxt").read_text()
     assert config.count("TYPE_FP16") == 2 and "TYPE_FP32" not in config
     written = gc.load(folder / "1" / "model.onnx")
@@ -321,7 +322,7 @@ def test_deploy_triton_converts_in_one_step(tmp_path):
     feeds = _feeds(model, batch=3)
     _assert_near(gc.Session(model, backend="numpy").run(feeds), _ort(written, _as(feeds, "float16")), "float16",
                  "deployed")
-    bf16 = gc.deploy.triton(model, tmp_path / "repo", "cnnbf16", dtype="bfloat16")
+    bf16 = gc.deploy.triton(model, tmp_path / "repo", "cnnbf16", dtype="bfloat16", keep_io_types=False)
     assert (bf16 / "config.pbtxt").read_text().count("TYPE_BF16") == 2
     with pytest.raises(gc.GraphError, match="dtype must be one of \\['bfloat16', 'float16'\\], got 'half'"):
         gc.deploy.triton(model, tmp_path / "repo", "bad", dtype="half")
@@ -333,7 +334,7 @@ def test_cli_prints_a_range_warning_as_one_line(tmp_path, capsys):
 
     _range_resize_model().save(tmp_path / "m.onnx")
     deployed = run_cli(capsys, "deploy", "triton", tmp_path / "m.onnx", "--repo", tmp_path / "repo", "--name", "m",
-                       "--dtype", "float16")
+                       "--dtype", "float16", "--no-keep-io-types")
     optimized = run_cli(capsys, "optimize", tmp_path / "m.onnx", "-o", tmp_path / "o.onnx", "--dtype", "float16")
     for result in (deployed, optimized):
         assert result.code == 0, result.err
