@@ -10,7 +10,7 @@ import onnx.inliner
 import onnx_ir as ir
 
 from graphc.errors import GraphError, PassError
-from graphc.model import Model, load
+from graphc.model import load
 from graphc.passes.autodiff.model import infer_shapes
 from graphc.passes.precision import DEFAULT_BLOCKED, TARGETS, FloatReport, convert_in_place
 

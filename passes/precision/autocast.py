@@ -33,7 +33,7 @@ import onnx_ir as ir
 from graphc.dsl.autocast_policy import FP32, LOWER, MIXED
 from graphc.passes.precision.autocast_kernels import ACCUMULATE, EPILOGUE, SCALE, SCORES, fused_roles, scalar
 from graphc.passes.precision.casts import Casts
-from graphc.passes.precision.slots import FLOAT, TARGETS, allows, schema
+from graphc.passes.precision.slots import FLOAT, TARGETS, allows, by_domain, is_float, schema, standard
 
 
 def autocast_in_place(graph: ir.Graph, opsets: dict[str, int], dtype: str, kinds: dict[str, str],
@@ -42,7 +42,7 @@ def autocast_in_place(graph: ir.Graph, opsets: dict[str, int], dtype: str, kinds
     ``kinds`` the op types' classes (``autocast_policy.onnx_kinds``); returns the names of the nodes
     of ``lower`` kind so run. ``loss``: the graph output the nodes after the model compute (the
     loss); those nodes take float32, as torch's loss on ``out.float()``. Values must be typed."""
-    opsets = {("" if d == "ai.onnx" else d): v for d, v in opsets.items()}
+    opsets = by_domain(opsets)
     flow = _Flow(graph, opsets, TARGETS[dtype])
     lowered = frozenset(op for op, how in kinds.items() if how == LOWER)
     roles, flow.exact = fused_roles(graph, opsets.get("", 1), lowered)
@@ -50,7 +50,7 @@ def autocast_in_place(graph: ir.Graph, opsets: dict[str, int], dtype: str, kinds
     done = []
     for node in list(graph):
         how = roles.get(node) or kinds.get(node.op_type)
-        if node not in model or node.domain not in ("", "ai.onnx") or flow.schema(node) is None:
+        if node not in model or not standard(node) or flow.schema(node) is None:
             how = FP32
         if flow.run(node, how):
             done.append(node.name)
@@ -75,7 +75,7 @@ class _Flow:
 
     def run(self, node: ir.Node, how: str | None) -> bool:
         """Rewrite ``node`` as ``how`` says (a kind or a fused role); whether it is a lowered op."""
-        floats = [i for i, v in enumerate(node.inputs) if _is_float(v) or self.low(v)]
+        floats = [i for i, v in enumerate(node.inputs) if is_float(v) or self.low(v)]
         lows = [i for i in floats if self.low(node.inputs[i])]
         if how == LOWER and floats:
             self._lower(node, floats)
@@ -98,7 +98,7 @@ class _Flow:
             if 0 in lows:
                 self._up(node, lows)
                 self._outputs(node, [0], exact=False)
-        elif any(_is_float(node.inputs[i]) and not scalar(node.inputs[i]) for i in floats):
+        elif any(is_float(node.inputs[i]) and not scalar(node.inputs[i]) for i in floats):
             self._up(node, lows)  # the widest: float32
         elif self._native(node, floats, lows):
             for index in self._following(node, lows):
@@ -135,7 +135,7 @@ class _Flow:
     def _following(self, node: ir.Node, inputs: list[int]) -> list[int]:
         """The float outputs whose schema type is one of these inputs' (all float ones if unknown)."""
         op_schema = self.schema(node)
-        floats = [o for o, v in enumerate(node.outputs) if _is_float(v) or self.low(v)]
+        floats = [o for o, v in enumerate(node.outputs) if is_float(v) or self.low(v)]
         if op_schema is None:
             return floats
         types = {_type_str(op_schema.inputs, i) for i in inputs}
@@ -207,7 +207,3 @@ def _type_str(params, index: int) -> str | None:
     if not params:
         return None
     return params[min(index, len(params) - 1)].type_str
-
-
-def _is_float(value: ir.Value | None) -> bool:
-    return value is not None and isinstance(value.type, ir.TensorType) and value.dtype == FLOAT

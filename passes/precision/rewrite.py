@@ -15,7 +15,8 @@ import onnx_ir as ir
 
 from graphc.errors import PassError
 from graphc.passes.precision.casts import Casts
-from graphc.passes.precision.slots import CONTROL_FLOW, DEFAULT_BLOCKED, FLOAT, allows, schema
+from graphc.passes.precision.slots import (CONTROL_FLOW, DEFAULT_BLOCKED, FLOAT, TARGETS, allows, by_domain, is_float,
+                                          schema, standard)
 from graphc.passes.precision.tensors import narrow
 
 # Ops whose output dtype is their own choice, not their inputs': kept float32 where only
@@ -52,16 +53,15 @@ class _Rewrite:
                  op_block_list: frozenset[str], node_block_list: frozenset[str], report: FloatReport):
         self.model, self.target, self.keep_io = model, target, keep_io_types
         self.report = report
-        self.opsets = {("" if d == "ai.onnx" else d): v for d, v in model.opset_imports.items()}
+        self.opsets = by_domain(model.opset_imports)
         self.nodes = list(ir.traversal.RecursiveGraphIterator(model.graph))
         self.schemas = {node: schema(node, self.opsets) for node in self.nodes}
         self.blocked = {n for n in self.nodes if self._is_blocked(n, op_block_list, node_block_list)}
         self.casts = Casts()
 
     def _is_blocked(self, node: ir.Node, ops: frozenset[str], names: frozenset[str]) -> bool:
-        standard = node.domain in ("", "ai.onnx")
-        named = (standard and node.op_type in ops) or node.name in names
-        if named and standard and node.op_type in CONTROL_FLOW:
+        named = (standard(node) and node.op_type in ops) or node.name in names
+        if named and standard(node) and node.op_type in CONTROL_FLOW:
             raise PassError(f"{node.op_type} node {node.name!r} cannot be kept in float32 as a whole: "
                             "block the nodes inside its body instead")
         values = [v for v in (*node.inputs, *node.outputs) if v is not None]
@@ -72,7 +72,7 @@ class _Rewrite:
         """The dtype input (output) ``index`` of ``node`` takes for a float32 value."""
         if node in self.blocked:
             return FLOAT
-        if node.op_type in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
+        if node.op_type in CONTROL_FLOW and standard(node):
             return self.target
         return self.target if allows(self.schemas[node], outputs, index, self.target) else FLOAT
 
@@ -103,12 +103,12 @@ class _Rewrite:
         new: dict[ir.Value, ir.DataType] = {}
         for graph in [main, *(g for n in self.nodes for g in _subgraphs(n))]:
             for value in [*graph.inputs, *graph.initializers.values()]:
-                if _is_float(value):
+                if is_float(value):
                     new[value] = io if graph is main and value in main.inputs else (
                         self.target if value in graph.inputs else self._shared(value, graph is main))
         for node in self.nodes:
             for index, value in enumerate(node.outputs):
-                if _is_float(value):
+                if is_float(value):
                     new[value] = self._shared(value, node.graph is main) if node.op_type in _SOURCES \
                         else self.want(node, True, index)
         return new
@@ -193,12 +193,8 @@ class _Rewrite:
                 + (f"; {flushed} non-zero values became 0" if flushed else "")), stacklevel=5)
 
 
-def _is_float(value: ir.Value | None) -> bool:
-    return value is not None and isinstance(value.type, ir.TensorType) and value.dtype == FLOAT
-
-
 def _floats(node: ir.Node) -> bool:
-    return any(_is_float(v) for v in (*node.inputs, *node.outputs))
+    return any(is_float(v) for v in (*node.inputs, *node.outputs))
 
 
 def _subgraphs(node: ir.Node) -> list[ir.Graph]:
@@ -215,8 +211,6 @@ def convert_in_place(model: ir.Model, dtype: str, keep_io_types: bool = False,
                      op_block_list=None, node_block_list=(), report: FloatReport | None = None) -> FloatReport:
     """Convert ``model`` (float32 values typed: run shape inference first) to ``dtype``
     ("float16" or "bfloat16") in place. ``op_block_list`` None: ``DEFAULT_BLOCKED``."""
-    from graphc.passes.precision.slots import TARGETS
-
     report = report or FloatReport(dtype)
     ops = DEFAULT_BLOCKED if op_block_list is None else frozenset(op_block_list)
     _Rewrite(model, TARGETS[dtype], keep_io_types, ops, frozenset(node_block_list), report).run()

@@ -18,9 +18,25 @@ DEFAULT_BLOCKED = frozenset({"ReduceSumSquare", "ReduceL2"})
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 
 
+def by_domain(opset_imports: dict[str, int]) -> dict[str, int]:
+    """A model's opset imports with the ai.onnx domain under ``""`` (``schema``'s keys)."""
+    return {("" if d == "ai.onnx" else d): v for d, v in opset_imports.items()}
+
+
+def standard(node: ir.Node) -> bool:
+    """Whether ``node`` is an ai.onnx op (domain ``""`` or ``"ai.onnx"``)."""
+    return node.domain in ("", "ai.onnx")
+
+
+def is_float(value: ir.Value | None) -> bool:
+    """Whether ``value`` is a float32 tensor."""
+    return value is not None and isinstance(value.type, ir.TensorType) and value.dtype == FLOAT
+
+
 def schema(node: ir.Node, opsets: dict[str, int]) -> onnx.defs.OpSchema | None:
-    """``node``'s schema at the model's opset of its domain; None for an op onnx does not know."""
-    domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    """``node``'s schema at the model's opset of its domain (``opsets``: ``by_domain``'s); None for
+    an op onnx does not know."""
+    domain = "" if standard(node) else node.domain
     try:
         return onnx.defs.get_schema(node.op_type, opsets.get(domain, 1), domain)
     except onnx.defs.SchemaError:
@@ -38,8 +54,4 @@ def allows(op_schema: onnx.defs.OpSchema, outputs: bool, index: int, target: ir.
         index = len(params) - 1
     type_str = params[index].type_str
     allowed = {c.type_param_str: c.allowed_type_strs for c in op_schema.type_constraints}.get(type_str, [type_str])
-    return f"tensor({_onnx_name(target)})" in allowed
-
-
-def _onnx_name(dtype: ir.DataType) -> str:
-    return {ir.DataType.FLOAT16: "float16", ir.DataType.BFLOAT16: "bfloat16"}[dtype]
+    return f"tensor({target.name.lower()})" in allowed  # FLOAT16 -> tensor(float16), BFLOAT16 -> tensor(bfloat16)
