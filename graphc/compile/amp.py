@@ -82,9 +82,11 @@ def autocast_dtype(value, loss_scale: Optional[dict]) -> Optional[str]:
     too); anything else is a ValueError naming ``autocast``. float16 without loss scaling is taken,
     as torch takes it, with a warning: float16 gradients below 6e-8 become 0 (bfloat16 has float32's
     range and needs none)."""
+    from graphc.model.dtypes import torch_dtype_name
+
     if value is None:
         return None
-    name = str(value).removeprefix("torch.") if type(value).__module__ == "torch" else value
+    name = torch_dtype_name(value)
     if name not in AUTOCAST_DTYPES:
         raise ValueError(f"autocast must be one of {', '.join(map(repr, AUTOCAST_DTYPES))} or None, got {value!r}")
     if name == "float16" and loss_scale is None:

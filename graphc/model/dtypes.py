@@ -87,6 +87,11 @@ def as_dtype(dtype: DTypeLike) -> DType:
     raise TypeError(f"unsupported numpy dtype {npd}")
 
 
+def torch_dtype_name(dtype: Any) -> Any:
+    """A torch dtype (``torch.bfloat16``) as its name (``"bfloat16"``); anything else as given."""
+    return str(dtype).removeprefix("torch.") if type(dtype).__module__ == "torch" else dtype
+
+
 def to_numpy(dtype: DTypeLike) -> np.dtype:
     npd = _TABLE[as_dtype(dtype)][0]
     if npd is None:  # pragma: no cover
