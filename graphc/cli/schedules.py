@@ -90,7 +90,9 @@ def build(trainer: Any, spec: dict[str, Any]):
 def cycles_momentum(trainer: Any) -> bool:
     """Do onecycle and cyclic cycle the momentum (torch's default)? Where the artifacts take it as
     an input (``graphc grad --scheduled momentum``); others hold it constant (``momentum_note``)."""
-    return "momentum" in trainer.manifest.optimizer.get("scheduled", ())
+    from graphc.passes.training.scheduled import momentum_scheduled
+
+    return momentum_scheduled(trainer.manifest.optimizer)
 
 
 def momentum_note(trainer: Any) -> Optional[str]:

@@ -11,6 +11,7 @@ import math
 import types
 from typing import Any, Callable, Optional
 
+from graphc.passes.training.scheduled import momentum_scheduled
 from graphc.runtime import momentum
 from graphc.runtime.lr_base import LRScheduler, lr_group
 
@@ -23,7 +24,7 @@ def _start_momentum(scheduler: str, trainer: Any, group: dict, base: float, peak
     momentum starts at ``max_momentum``."""
     optimizer = trainer.manifest.optimizer
     for value in (base, peak):
-        momentum.checked(optimizer, "momentum" in optimizer.get("scheduled", ()), value,
+        momentum.checked(optimizer, momentum_scheduled(optimizer), value,
                          f"{scheduler}(cycle_momentum=True)")
     if last_epoch == -1:
         trainer.momentum = peak

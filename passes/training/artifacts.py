@@ -49,7 +49,7 @@ from graphc.passes.training import max_norm, noise as noise_shapes, padding_rows
 from graphc.passes.training import taps_params
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
-from graphc.passes.training.scheduled import MOMENTUM, momentum_value, running_state
+from graphc.passes.training.scheduled import MOMENTUM, momentum_scheduled, running_state, scheduled_inputs
 from graphc.passes.values import onnx_opset
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
@@ -153,7 +153,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
                      STEP: "state", **{n: "state" for n in running_state(optimizer)},
                      **{n: "state" for n in loss_scaling.state_names(loss_scale)},
                      **{n: "state" for n in bn_stats}, LR: "hyper",
-                     **{n: "hyper" for n in optimizer.get("scheduled", ())},
+                     **{n: "hyper" for n in scheduled_inputs(optimizer)},
                      **{n: "noise" for n in noise}}
     graphs = {"train_step": step, "gradients": gradients, "eval": evaluation, "inference": inference}
     for key, m in graphs.items():
@@ -329,7 +329,7 @@ def _reserved(loss: LossArgs, optimizer: dict, loss_scale: dict | None = None) -
     with ``loss_scale`` its state."""
     reserved = {STEP: "the step count, a train_step input", LR: "the learning rate, a train_step input",
                 **{n: "loss scaling's state, a train_step input" for n in loss_scaling.state_names(loss_scale)}}
-    if MOMENTUM in optimizer.get("scheduled", ()):
+    if momentum_scheduled(optimizer):
         reserved[MOMENTUM] = "the scheduled momentum (beta1), a train_step input"
     reserved.update({n: "a scheduled momentum's running state, a train_step input" for n in running_state(optimizer)})
     if optimizer.get("max_grad_norm") is not None:
@@ -389,11 +389,10 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
     b = Emitter(graph, opset, "optim")
     step = input_with_default(graph, STEP, np.array(0, dtype=np.int64))
     lr = input_with_default(graph, LR, np.array(hyper["lr"], dtype=lr_dtype.numpy()))
-    momentum = (input_with_default(graph, MOMENTUM, np.array(momentum_value(hyper), np.float64))
-                if MOMENTUM in hyper.get("scheduled", ()) else None)
+    scheduled = {n: input_with_default(graph, n, v) for n, v in scheduled_inputs(hyper).items()}
     t = b.op("Add", step, b.const(1, np.int64))
     running = {n: input_with_default(graph, n, v) for n, v in running_state(hyper).items()}
-    ctx = optimizers.StepContext(b, lr, t, momentum, running)
+    ctx = optimizers.StepContext(b, lr, t, scheduled.get(MOMENTUM), running)
     groups_by_name = {g.name: g for g in groups}
     read_param = optimizers.needs_param(hyper)
     if groups:
@@ -450,8 +449,7 @@ def _initial_state(graph, params, bn_stats, slots, hyper, lr_dtype: ir.DataType)
     state.update({f"{p}.{s}": optimizers.initial_state(hyper, s, state[p]) for p in params for s in slots})
     state[STEP] = np.array(0, dtype=np.int64)
     state[LR] = np.array(hyper["lr"], dtype=lr_dtype.numpy())
-    if MOMENTUM in hyper.get("scheduled", ()):
-        state[MOMENTUM] = np.array(momentum_value(hyper), np.float64)
+    state.update(scheduled_inputs(hyper))
     state.update(running_state(hyper))
     return state
 

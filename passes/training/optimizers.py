@@ -51,7 +51,7 @@ import onnx_ir as ir
 
 from graphc.passes.emit import HALF_DTYPES, Emitter
 from graphc.passes.training import nadam_momentum
-from graphc.passes.training.scheduled import MOMENTUM, MU_PRODUCT, buffer_exists, momentum64, momentum_as, \
+from graphc.passes.training.scheduled import MU_PRODUCT, buffer_exists, momentum64, momentum_as, momentum_scheduled, \
     unless_zero
 
 STATE_SLOTS = {"sgd": ("momentum_buffer",), "adam": ("exp_sum", "exp_avg_sq"),
@@ -66,7 +66,7 @@ def state_slots(optimizer: dict) -> tuple[str, ...]:
     """Per-param state slot names (``<param>.<slot>``, named after PyTorch's ``optimizer.state``
     keys) of an optimizer spec as JSON (``{"kind": "sgd", "momentum": 0.9, ...}``); the one
     definition (``gc.optim`` specs' ``state_slots`` read it)."""
-    with_momentum = bool(optimizer.get("momentum")) or MOMENTUM in optimizer.get("scheduled", ())
+    with_momentum = bool(optimizer.get("momentum")) or momentum_scheduled(optimizer)
     if optimizer["kind"] == "sgd" and not with_momentum:
         return ()
     slots = STATE_SLOTS[optimizer["kind"]]

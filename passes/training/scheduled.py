@@ -14,12 +14,23 @@ MU_PRODUCT = "mu_product"  # NAdam's running product of mu_t, torch's per-param 
 MOMENTUM_STEPS = "momentum_steps"  # SGD's steps with a nonzero momentum: torch's buffer exists from the first
 
 
+def momentum_scheduled(optimizer: dict) -> bool:
+    """Whether ``optimizer`` (a spec's JSON) makes its momentum or beta1 a train_step input."""
+    return MOMENTUM in optimizer.get("scheduled", ())
+
+
+def scheduled_inputs(optimizer: dict) -> dict[str, np.ndarray]:
+    """The hyper-parameter inputs ``scheduled`` adds beside the lr, with their start: ``momentum``,
+    the spec's momentum or beta1 (``momentum_value``) as float64. Else nothing."""
+    return {MOMENTUM: np.array(momentum_value(optimizer), np.float64)} if momentum_scheduled(optimizer) else {}
+
+
 def running_state(optimizer: dict) -> dict[str, np.ndarray]:
     """The scalar state the graphs of a scheduled momentum keep beside the step, with its start:
     NAdam's ``mu_product`` (float64 1.0, torch's start; each step multiplies it by that step's
     mu_t, of that step's beta1), and with dampening SGD's ``momentum_steps`` (int64 0: torch
     creates the buffer undamped at the first step whose momentum is not 0). Else nothing."""
-    if MOMENTUM not in optimizer.get("scheduled", ()):
+    if not momentum_scheduled(optimizer):
         return {}
     if optimizer["kind"] == "nadam":
         return {MU_PRODUCT: np.array(1.0, np.float64)}
