@@ -112,6 +112,11 @@ class Emitter:
             return self.const(x, like.dtype)
         return self.op("CastLike", self.const(x, np.float32), like)
 
+    def from_float64(self, value: ir.Value, like: ir.Value) -> ir.Value:
+        """A float64 ``value`` (a scalar computed as Python floats are) in ``like``'s dtype: itself
+        where ``like`` is float64, else one Cast."""
+        return value if like.dtype == ir.DataType.DOUBLE else self.op("Cast", value, to=like.dtype, dtype=like.dtype)
+
     def scatter_elements(self, data: ir.Value, indices: ir.Value, updates: ir.Value, axis: int,
                          reduction: str = "add") -> ir.Value:
         """``ScatterElements(data, indices, updates, axis, reduction)``. A float16 or bfloat16 reduction

@@ -332,12 +332,7 @@ def _bias_corrections(ctx: StepContext, like: ir.Value, beta1: float, beta2: flo
         lr64 = b.op("Mul", lr64, b.const(1.0 - beta1, np.float64))
     scale = b.op("Mul", b.op("Div", lr64, bc1), bc2_sqrt)
     eps_scaled = b.op("Mul", b.const(eps, np.float64), bc2_sqrt)
-    return _as(b, scale, like), _as(b, eps_scaled, like)
-
-
-def _as(b: Emitter, value: ir.Value, like: ir.Value) -> ir.Value:
-    """A float64 scalar ``value`` cast to ``like``'s dtype (as it is for float64 params)."""
-    return value if like.dtype == ir.DataType.DOUBLE else b.op("Cast", value, to=like.dtype, dtype=like.dtype)
+    return b.from_float64(scale, like), b.from_float64(eps_scaled, like)
 
 
 def _prologue(ctx: StepContext, param, grad, weight_decay: float, maximize: bool):
@@ -382,7 +377,7 @@ def adagrad(ctx: StepContext, param, grad, state, lr_decay=0.0, eps=1e-10, weigh
     total = b.op("Add", state["sum"], b.op("Mul", grad, grad))
     clr = ctx.lr_as(like)
     if lr_decay:  # lr / (1 + (t-1)*lr_decay), in float64 as torch's Python floats
-        clr = ctx.cached(("adagrad", like.dtype, lr_decay), lambda: _as(b, b.op(
+        clr = ctx.cached(("adagrad", like.dtype, lr_decay), lambda: b.from_float64(b.op(
             "Div", ctx._cast("lr", ctx.lr, ir.DataType.DOUBLE),
             b.op("Add", b.const(1.0, np.float64), b.op("Mul", b.op("Sub", ctx._cast("t", ctx.t, ir.DataType.DOUBLE),
                                                                    b.const(1.0, np.float64)),
@@ -402,7 +397,7 @@ def adamax(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, w
     def clr():  # lr / (1 - b1^t), in float64
         one, t = b.const(1.0, np.float64), ctx._cast("t", ctx.t, ir.DataType.DOUBLE)
         bc1 = b.op("Sub", one, b.op("Pow", momentum64(ctx, beta1), t))
-        return _as(b, b.op("Div", ctx._cast("lr", ctx.lr, ir.DataType.DOUBLE), bc1), like)
+        return b.from_float64(b.op("Div", ctx._cast("lr", ctx.lr, ir.DataType.DOUBLE), bc1), like)
 
     scale = ctx.cached(("adamax", like.dtype, beta1), clr)
     return Step(b.op("Mul", b.op("Div", exp_avg, exp_inf), scale), None, {"exp_avg": exp_avg, "exp_inf": exp_inf})
@@ -442,7 +437,7 @@ def nadam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, we
         lr = b.op("Mul", ctx._cast("lr", ctx.lr, ir.DataType.DOUBLE), bc2_sqrt)
         c1 = b.op("Div", b.op("Mul", lr, b.op("Sub", f(1.0), mu)), b.op("Sub", f(1.0), product))
         c2 = b.op("Div", b.op("Mul", lr, mu_next), b.op("Sub", f(1.0), product_next))
-        return tuple(_as(b, v, like) for v in (c1, c2, b.op("Mul", f(eps), bc2_sqrt)))
+        return tuple(b.from_float64(v, like) for v in (c1, c2, b.op("Mul", f(eps), bc2_sqrt)))
 
     c1, c2, eps_scaled = ctx.cached(("nadam", like.dtype, *betas, eps, momentum_decay), scalars)
     step_dir = b.op("Add", b.op("Mul", grad, c1), b.op("Mul", exp_avg, c2))
@@ -470,8 +465,8 @@ def radam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, we
         rectified = b.op("Greater", rho, f(5.0))
         scale = b.op("Div", ctx._cast("lr", ctx.lr, ir.DataType.DOUBLE), bc1)
         scale = b.op("Where", rectified, b.op("Mul", b.op("Mul", scale, rect), b.op("Sqrt", bc2)), scale)
-        return tuple(_as(b, b.op("Where", rectified, f(on), f(off)), like) for on, off in ((1.0, 0.0), (eps, 1.0))) + (
-            _as(b, scale, like),)
+        return tuple(b.from_float64(b.op("Where", rectified, f(on), f(off)), like) for on, off in ((1.0, 0.0), (eps, 1.0))) + (
+            b.from_float64(scale, like),)
 
     w, e, scale = ctx.cached(("radam", like.dtype, *betas, eps), scalars)
     denom = b.op("Add", b.op("Mul", b.op("Sqrt", exp_avg_sq), w), e)

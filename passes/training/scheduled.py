@@ -114,6 +114,6 @@ def momentum_as(ctx, constant: float, like: ir.Value, complement: bool = False) 
 
     def make():
         value = b.op("Sub", b.const(1.0, np.float64), ctx.momentum) if complement else ctx.momentum
-        return value if like.dtype == ir.DataType.DOUBLE else b.op("Cast", value, to=like.dtype, dtype=like.dtype)
+        return b.from_float64(value, like)
 
     return ctx.cached(("momentum", complement, like.dtype), make)
