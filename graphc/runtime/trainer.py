@@ -900,21 +900,22 @@ class Trainer:
         # A private copy: on numpy the handle *is* the live array the next step reads.
         return np.array(self._train.to_host(handle), copy=True)
 
-    def _scalars(self, names: list[str]) -> dict[str, np.ndarray]:
-        """Host copies of the carried tensors ``names`` (a DistributedTrainer reads rank 0's)."""
-        return {n: self._host(self._state[n]) for n in names}
+    def _carried(self, name: str) -> np.ndarray:
+        """A host copy of the carried tensor ``name`` (``lr``, ``loss_scale``, ...; a
+        DistributedTrainer reads rank 0's)."""
+        return self._host(self._state[name])
 
     @property
     def loss_scale(self) -> Optional[float]:
         """The current loss scale (torch's ``scaler.get_scale()``) of artifacts generated with
         ``loss_scale``; None without loss scaling."""
-        return None if self.manifest.loss_scale is None else float(self._scalars([LOSS_SCALE])[LOSS_SCALE])
+        return None if self.manifest.loss_scale is None else float(self._carried(LOSS_SCALE))
 
     @property
     def skipped_steps(self) -> Optional[int]:
         """How many steps loss scaling skipped (inf or NaN gradients) since step 0; None without
         loss scaling (or for artifacts generated before it counted them)."""
-        return int(self._scalars([SKIPPED])[SKIPPED]) if SKIPPED in self._entries else None
+        return int(self._carried(SKIPPED)) if SKIPPED in self._entries else None
 
     def _tally_skips(self) -> None:
         """Add the steps skipped since the last tally to the epoch's (``fit`` with loss scaling)."""
@@ -926,7 +927,7 @@ class Trainer:
 
     @property
     def lr(self) -> float:
-        return self._hyper("lr")
+        return float(self._carried("lr"))
 
     @lr.setter
     def lr(self, value: float) -> None:
@@ -939,7 +940,7 @@ class Trainer:
         """SGD's or RMSprop's momentum, or the Adam family's beta1, that the next step uses: the
         train_step's ``momentum`` input where the artifacts were generated with
         ``scheduled=("momentum",)`` (then settable, as ``lr``), else the spec's constant."""
-        return self._hyper(MOMENTUM) if MOMENTUM in self._entries else momentum_value(self.manifest.optimizer)
+        return float(self._carried(MOMENTUM)) if MOMENTUM in self._entries else momentum_value(self.manifest.optimizer)
 
     @momentum.setter
     def momentum(self, value: float) -> None:
@@ -951,9 +952,6 @@ class Trainer:
         value = momentum_lib.checked(optimizer, MOMENTUM in self._entries, value, below_one=below_one)
         momentum_lib.record(self.lr_group, optimizer, value)  # torch's group["momentum"] or group["betas"][0]
         self._put_hyper(MOMENTUM, np.asarray(value, np.float64))
-
-    def _hyper(self, name: str) -> float:
-        return float(self._scalars([name])[name])
 
     def _put_hyper(self, name: str, array: np.ndarray) -> None:
         """Set the carried hyper-parameter input ``name`` (``lr``, ``momentum``) for the next step."""

@@ -356,9 +356,8 @@ class DistributedTrainer(Trainer):
         self._sync()
         return self._get(self._replicas[0].state.remote(), "reading the state")
 
-    def _scalars(self, names: list[str]) -> dict[str, np.ndarray]:
-        state = self.state_dict()
-        return {n: state[n] for n in names}
+    def _carried(self, name: str) -> np.ndarray:
+        return self.state_dict()[name]
 
     def _put_hyper(self, name: str, array: np.ndarray) -> None:
         """The lr (or momentum) of the next step: the last step's update, which the workers apply
