@@ -57,3 +57,13 @@ def numpy_vs_ort(op_type, inputs, attrs=None, opset=21, n_outputs=1):
     model = node_model(op_type, inputs, attrs, opset, n_outputs, [g.dtype for g in got])
     want = run_ort(model, feeds_of(model, inputs))
     return got, want
+
+
+def same_sequence(got, want, what):
+    """The first outputs of two runs equal bit for bit: two sequences (lists) entry by entry, or two arrays."""
+    got, want = got[0], want[0]
+    if not isinstance(got, list):
+        got, want = [got], [want]
+    assert len(got) == len(want), what
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w, err_msg=what)

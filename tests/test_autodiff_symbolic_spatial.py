@@ -19,7 +19,7 @@ F = torch.nn.functional
 ort = pytest.importorskip("onnxruntime")
 
 
-def _grad_proto(op: str, attrs: dict, channels: int, n_sp: int, params: dict, size=None) -> onnx.ModelProto:
+def grad_proto(op: str, attrs: dict, channels: int, n_sp: int, params: dict, size=None) -> onnx.ModelProto:
     """The gradient model of loss = sum(op(x, *params)**2), x float32 [N, channels, *symbolic]
     (or [2, channels, *size], static, with ``size``)."""
     names = list(params)
@@ -35,7 +35,7 @@ def _grad_proto(op: str, attrs: dict, channels: int, n_sp: int, params: dict, si
     return proto
 
 
-def _same_pads(size, kernel, strides, dilations, upper: bool) -> list[int]:
+def same_pads(size, kernel, strides, dilations, upper: bool) -> list[int]:
     """ONNX's auto_pad SAME_* pads (begins, then ends) for these spatial dims."""
     begin, end = [], []
     for d, k, s, dl in zip(size, kernel, strides, dilations):
@@ -46,13 +46,13 @@ def _same_pads(size, kernel, strides, dilations, upper: bool) -> list[int]:
     return begin + end
 
 
-def _torch_pad(x, pads):
+def torch_pad(x, pads):
     """x zero-padded by ONNX pads (begins, then ends) along its spatial axes."""
     n = len(pads) // 2
     return F.pad(x, [v for i in reversed(range(n)) for v in (pads[i], pads[n + i])])
 
 
-def _check(proto, params: dict, forward, sizes, channels: int, batch: int = 2):
+def check_grads(proto, params: dict, forward, sizes, channels: int, batch: int = 2):
     """Each size fed to one numpy and one onnxruntime session: x_grad and every <param>_grad
     against torch.autograd of ``forward(x, *params)`` (float64)."""
     sessions = {"numpy": NumpyBackend().prepare(proto),
@@ -100,17 +100,17 @@ def test_conv_gradients_at_run_time_sizes_match_torch(name):
     group = attrs.get("group", 1)
     n_sp = len(kernel)
     w, b = _weights([co, ci // group, *kernel], [co])
-    proto = _grad_proto("Conv", attrs, ci, n_sp, {"w": w, "b": b})
+    proto = grad_proto("Conv", attrs, ci, n_sp, {"w": w, "b": b})
     conv = getattr(F, f"conv{n_sp}d")
     strides, dilations = attrs.get("strides", [1] * n_sp), attrs.get("dilations", [1] * n_sp)
 
     def forward(x, w, b, size):
         pads = attrs.get("pads", [0] * 2 * n_sp)
         if attrs.get("auto_pad", "").startswith("SAME"):
-            pads = _same_pads(size, kernel, strides, dilations, attrs["auto_pad"] == "SAME_UPPER")
-        return conv(_torch_pad(x, pads), w, b, stride=strides, dilation=dilations, groups=group)
+            pads = same_pads(size, kernel, strides, dilations, attrs["auto_pad"] == "SAME_UPPER")
+        return conv(torch_pad(x, pads), w, b, stride=strides, dilation=dilations, groups=group)
 
-    _check(proto, {"w": w, "b": b}, forward, sizes, ci)
+    check_grads(proto, {"w": w, "b": b}, forward, sizes, ci)
 
 
 CONV_TRANSPOSES = {  # name: (x channels, out channels per group, kernel, ONNX attrs, sizes)
@@ -126,7 +126,7 @@ def test_conv_transpose_gradients_at_run_time_sizes_match_torch(name):
     ci, cog, kernel, attrs, sizes = CONV_TRANSPOSES[name]
     group, n_sp = attrs.get("group", 1), len(kernel)
     w, b = _weights([ci, cog, *kernel], [cog * group])
-    proto = _grad_proto("ConvTranspose", attrs, ci, n_sp, {"w": w, "b": b})
+    proto = grad_proto("ConvTranspose", attrs, ci, n_sp, {"w": w, "b": b})
     conv = getattr(F, f"conv_transpose{n_sp}d")
     pads = attrs.get("pads", [0] * 2 * n_sp)
     assert pads[:n_sp] == pads[n_sp:]  # torch pads both ends alike
@@ -135,7 +135,7 @@ def test_conv_transpose_gradients_at_run_time_sizes_match_torch(name):
         return conv(x, w, b, stride=attrs.get("strides", 1), padding=pads[:n_sp], dilation=attrs.get("dilations", 1),
                     output_padding=attrs.get("output_padding", 0), groups=group)
 
-    _check(proto, {"w": w, "b": b}, forward, sizes, ci)
+    check_grads(proto, {"w": w, "b": b}, forward, sizes, ci)
 
 
 POOLS = {  # name: (op, ONNX attrs, sizes); symmetric pads (torch's)
@@ -160,7 +160,7 @@ POOLS = {  # name: (op, ONNX attrs, sizes); symmetric pads (torch's)
 def test_pool_gradients_at_run_time_sizes_match_torch(name):
     op, attrs, sizes = POOLS[name]
     n_sp = len(attrs["kernel_shape"])
-    proto = _grad_proto(op, attrs, 3, n_sp, {})
+    proto = grad_proto(op, attrs, 3, n_sp, {})
     kw = {"kernel_size": attrs["kernel_shape"], "stride": attrs["strides"],
           "padding": attrs.get("pads", [0] * 2 * n_sp)[:n_sp], "ceil_mode": bool(attrs.get("ceil_mode", 0))}
     if op == "AveragePool":
@@ -173,5 +173,5 @@ def test_pool_gradients_at_run_time_sizes_match_torch(name):
     def forward(x, size):
         return pool(x, **kw)
 
-    _check(proto, {}, forward, sizes, 3)
+    check_grads(proto, {}, forward, sizes, 3)
 

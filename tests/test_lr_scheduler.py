@@ -31,7 +31,7 @@ class _Net(gc.nn.Module):
         return self.fc(x)
 
 
-def _artifacts(lr: float = LR, dtype: str = "float64", momentum: float = 0.0):
+def scheduler_artifacts(lr: float = LR, dtype: str = "float64", momentum: float = 0.0):
     net = _Net() if dtype == "float64" else _Net32()
     model = gc.capture(net, x=gc.spec(dtype, ("N", 3)))
     return gc.training.generate(model, gc.losses.mse(model.outputs[0].name, label="y"),
@@ -49,7 +49,7 @@ class _Net32(gc.nn.Module):
 
 @pytest.fixture(scope="module")
 def arts():
-    return _artifacts()
+    return scheduler_artifacts()
 
 
 def _torch_opt(lr: float = LR, momentum: float = 0.0, params=None):
@@ -122,7 +122,7 @@ def test_reduce_on_plateau_is_torchs(arts):
 
 
 def test_float32_graphs_start_from_the_spec_lr_not_its_rounding():
-    trainer = gc.Trainer(_artifacts(dtype="float32"), backend="numpy")
+    trainer = gc.Trainer(scheduler_artifacts(dtype="float32"), backend="numpy")
     assert trainer.lr != LR  # float32(0.1)
     ours = [S.ExponentialLR(trainer, gamma=0.9).get_last_lr()[0]]
     sched = TS.ExponentialLR(_torch_opt(), gamma=0.9)
@@ -149,7 +149,7 @@ def test_bad_arguments_are_named(arts):
 
 # --- fit against a torch loop --------------------------------------------------------------------
 
-def _data(n: int = 22):
+def regression_data(n: int = 22):
     rng = np.random.default_rng(3)
     x = rng.normal(size=(n, 3))
     return {"x": x, "y": x @ np.array([[0.5], [-1.0], [2.0]]) + 0.3 + 0.1 * rng.normal(size=(n, 1))}
@@ -199,13 +199,13 @@ FIT_CASES = {
 @pytest.mark.parametrize("name", FIT_CASES)
 def test_fit_with_a_scheduler_matches_a_torch_loop(name):
     make, interval = FIT_CASES[name]
-    arts = _artifacts(momentum=0.9)
+    arts = scheduler_artifacts(momentum=0.9)
     trainer = gc.Trainer(arts, backend="numpy")
-    eval_data = _data(8) if name == "plateau-epoch" else None
-    history = trainer.fit(gc.data.DataLoader(_data(), batch_size=4, seed=0), 4, scheduler=make(S, trainer),
+    eval_data = regression_data(8) if name == "plateau-epoch" else None
+    history = trainer.fit(gc.data.DataLoader(regression_data(), batch_size=4, seed=0), 4, scheduler=make(S, trainer),
                           interval=interval, progress=False, quiet=True,
                           eval_loader=gc.data.DataLoader(eval_data, batch_size=8, shuffle=False) if eval_data else None)
-    theirs = _torch_fit(arts.state, make, _data(), 4, 4, interval, eval_data)
+    theirs = _torch_fit(arts.state, make, regression_data(), 4, 4, interval, eval_data)
     assert len(history.step_losses) == len(theirs) == 24
     np.testing.assert_allclose(history.step_losses, theirs, rtol=1e-12, atol=1e-14)
     assert len(set(np.round(np.diff(history.step_losses), 12))) > 3  # the schedule changed the steps
@@ -215,8 +215,8 @@ def test_fit_with_a_scheduler_matches_a_torch_loop(name):
 @pytest.mark.parametrize("name", ["warmup-then-cosine-step", "onecycle-step", "plateau-epoch", "lambda-epoch"])
 def test_resume_mid_epoch_gives_the_uninterrupted_losses(tmp_path, monkeypatch, name):
     make, interval = FIT_CASES.get(name, (lambda m, o: m.LambdaLR(o, lambda e: 0.8 ** e), "epoch"))
-    arts = _artifacts(momentum=0.9)
-    data = _data()
+    arts = scheduler_artifacts(momentum=0.9)
+    data = regression_data()
 
     def loader():
         return gc.data.DataLoader(data, batch_size=4, seed=0)

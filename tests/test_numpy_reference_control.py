@@ -16,8 +16,7 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 from graphc.errors import BackendError
-from tests.numpy_backend_util import run_numpy, run_ort
-from tests.test_numpy_reference_families import _same_sequence
+from tests.numpy_backend_util import run_numpy, run_ort, same_sequence
 
 H = '<ir_version: 9, opset_import: ["" : 18]>\n'
 A = np.array([1.0, 2.0], np.float32)
@@ -36,7 +35,7 @@ def _same(got, want, what):
     assert len(got) == len(want), what
     for g, w in zip(got, want):
         if isinstance(g, list):
-            _same_sequence([g], [w], what)
+            same_sequence([g], [w], what)
             continue
         assert g.dtype == w.dtype and g.shape == w.shape, f"{what}: {g.dtype}{g.shape} vs {w.dtype}{w.shape}"
         np.testing.assert_allclose(g, w, rtol=1e-6, err_msg=what)

@@ -15,7 +15,7 @@ from onnx.reference import ReferenceEvaluator
 
 from graphc.errors import BackendError
 from graphc.model import ir_version_for
-from tests.numpy_backend_util import feeds_of, numpy_vs_ort, run_numpy, run_ort
+from tests.numpy_backend_util import feeds_of, numpy_vs_ort, run_numpy, run_ort, same_sequence
 from tests.test_numpy_reference_edges import assert_same, ours, vs_reference
 
 RNG = np.random.default_rng(0)
@@ -103,15 +103,6 @@ def _run_all(model, inputs, oracles=("ort", "reference")):
     return [run_numpy(model, feeds)] + [run[name](model, feeds) for name in oracles]
 
 
-def _same_sequence(got, want, what):
-    got, want = got[0], want[0]
-    if not isinstance(got, list):
-        got, want = [got], [want]
-    assert len(got) == len(want), what
-    for g, w in zip(got, want):
-        np.testing.assert_array_equal(g, w, err_msg=what)
-
-
 @pytest.mark.parametrize("op, positions, valid", [
     ("SequenceInsert", [None, 0, 1, 3, -1, -3], [-3, 3]),
     ("SequenceErase", [None, 0, 2, -1, -3], [-3, 2]),
@@ -125,9 +116,9 @@ def test_sequence_positions(op, positions, valid):
     for position in positions:
         model = _sequence_model(_position_op(op, position), THREE, op != "SequenceAt")
         got, want, ref = _run_all(model, THREE)
-        _same_sequence(got, want, f"{op} {position} vs onnxruntime")
+        same_sequence(got, want, f"{op} {position} vs onnxruntime")
         if position != 3:
-            _same_sequence(got, ref, f"{op} {position} vs onnx.reference")
+            same_sequence(got, ref, f"{op} {position} vs onnx.reference")
     for position in (valid[0] - 1, valid[1] + 1):
         model = _sequence_model(_position_op(op, position), THREE, op != "SequenceAt")
         with pytest.raises(BackendError, match=rf"position {position} is outside \[{valid[0]}, {valid[1]}\] "
@@ -151,7 +142,7 @@ def test_split_to_sequence_and_concat_from_sequence():
                                       axis=axis, keepdims=keepdims))
         model = _sequence_model(nodes, inputs, True)
         got, ref = _run_all(model, inputs, ("reference",))
-        _same_sequence(got, ref, f"SplitToSequence axis {axis} keepdims {keepdims} split {split}")
+        same_sequence(got, ref, f"SplitToSequence axis {axis} keepdims {keepdims} split {split}")
     model = _sequence_model([helper.make_node("SplitToSequence", ["in0"], ["out"])], [np.zeros((0, 3), np.float32)], True)
     for result in _run_all(model, [np.zeros((0, 3), np.float32)]):
         assert result == [[]]
@@ -161,8 +152,8 @@ def test_split_to_sequence_and_concat_from_sequence():
                                  helper.make_node("ConcatFromSequence", ["s"], ["out"], axis=axis, new_axis=new_axis)],
                                 [a, b], False)
         got, want, ref = _run_all(model, [a, b])
-        _same_sequence(got, want, f"ConcatFromSequence {axis} {new_axis}")
-        _same_sequence(got, ref, f"ConcatFromSequence {axis} {new_axis}")
+        same_sequence(got, want, f"ConcatFromSequence {axis} {new_axis}")
+        same_sequence(got, ref, f"ConcatFromSequence {axis} {new_axis}")
 
 
 @pytest.mark.parametrize("new_axis", [0, 1])

@@ -21,9 +21,9 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 ort = pytest.importorskip("onnxruntime")
 try:
-    from test_autodiff_symbolic_spatial import _check, _grad_proto, _same_pads, _torch_pad
+    from test_autodiff_symbolic_spatial import check_grads, grad_proto, same_pads, torch_pad
 except ImportError:  # tests/ collected as a package
-    from tests.test_autodiff_symbolic_spatial import _check, _grad_proto, _same_pads, _torch_pad
+    from tests.test_autodiff_symbolic_spatial import check_grads, grad_proto, same_pads, torch_pad
 
 RNG = np.random.default_rng(0)
 
@@ -77,7 +77,7 @@ def _grads(proto: onnx.ModelProto, x: np.ndarray) -> dict[str, dict[str, np.ndar
 
 
 def _forward(attrs: dict, kernel: list[int]):
-    """torch's Conv of these ONNX attrs, as ``_check`` calls it (SAME pads from the size)."""
+    """torch's Conv of these ONNX attrs, as ``check_grads`` calls it (SAME pads from the size)."""
     n_sp, group = len(kernel), attrs.get("group", 1)
     conv = getattr(F, f"conv{n_sp}d")
     strides, dilations = attrs.get("strides", [1] * n_sp), attrs.get("dilations", [1] * n_sp)
@@ -85,8 +85,8 @@ def _forward(attrs: dict, kernel: list[int]):
     def forward(x, w, size):
         pads = attrs.get("pads", [0] * 2 * n_sp)
         if "auto_pad" in attrs:
-            pads = _same_pads(size, kernel, strides, dilations, attrs["auto_pad"] == "SAME_UPPER")
-        return conv(_torch_pad(x, pads), w, stride=strides, dilation=dilations, groups=group)
+            pads = same_pads(size, kernel, strides, dilations, attrs["auto_pad"] == "SAME_UPPER")
+        return conv(torch_pad(x, pads), w, stride=strides, dilation=dilations, groups=group)
 
     return forward
 
@@ -113,17 +113,17 @@ def test_run_time_weight_gradient_matches_static_form_and_torch(name, budget, mo
         monkeypatch.setattr(spatial, "_COLUMNS_BUDGET", counts[0])
         assert counts[0] < counts[-1]  # the smallest size in whole runs, the largest in bounded ones
     w = RNG.standard_normal([co, ci // group, *kernel]).astype(np.float32)
-    proto = _grad_proto("Conv", attrs, ci, n_sp, {"w": w})
+    proto = grad_proto("Conv", attrs, ci, n_sp, {"w": w})
     assert _gathers(proto) == runs  # none: dW the Conv of x by dy with axes swapped
     for size in sizes:  # each size against the static-shape form's gradient graph
         x = RNG.standard_normal((2, ci, *size)).astype(np.float32)
-        want = _grads(_grad_proto("Conv", attrs, ci, n_sp, {"w": w}, size=size), x)["ort"]
+        want = _grads(grad_proto("Conv", attrs, ci, n_sp, {"w": w}, size=size), x)["ort"]
         for backend, got in _grads(proto, x).items():
             for key in ("x_grad", "w_grad"):
                 scale = float(np.abs(want[key]).max())
                 np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5 * scale,
                                            err_msg=f"{key}, size {size}, {backend}")
-    _check(proto, {"w": w}, _forward(attrs, kernel), sizes, ci)
+    check_grads(proto, {"w": w}, _forward(attrs, kernel), sizes, ci)
 
 
 def test_float64_run_time_weight_gradient_matches_central_differences(monkeypatch):
@@ -170,10 +170,10 @@ def test_conv_transpose_weight_gradient_on_both_sides_of_the_budget(monkeypatch)
     monkeypatch.setattr(spatial, "_COLUMNS_BUDGET", 576 * 2 * 4 * 5)  # 576 rows by x's 2 x 4 x 5 pixels
     w = RNG.standard_normal([5, 72, 3, 3]).astype(np.float32)
     attrs = {"strides": [2, 2], "pads": [1, 1, 1, 1]}
-    proto = _grad_proto("ConvTranspose", attrs, 5, 2, {"w": w})
+    proto = grad_proto("ConvTranspose", attrs, 5, 2, {"w": w})
     assert _gathers(proto) == (2, 9)
 
     def forward(x, w, size):
         return F.conv_transpose2d(x, w, stride=2, padding=1)
 
-    _check(proto, {"w": w}, forward, [(4, 5), (6, 7), (3, 3)], 5)
+    check_grads(proto, {"w": w}, forward, [(4, 5), (6, 7), (3, 3)], 5)

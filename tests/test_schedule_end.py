@@ -14,7 +14,7 @@ import pytest
 
 import graphc as gc
 from cli_util import one_line_error, run_cli, workspace
-from test_lr_scheduler import _artifacts, _data
+from test_lr_scheduler import regression_data, scheduler_artifacts
 
 torch = pytest.importorskip("torch")
 S = gc.optim.lr_scheduler
@@ -51,7 +51,7 @@ def _steps_until_it_raises(scheduler, most: int = 100):
 @pytest.mark.parametrize("name", ENDS)
 def test_steps_left_counts_the_steps_before_the_schedule_raises(name):
     make, torchs = ENDS[name]
-    ours = make(S, gc.Trainer(_artifacts(), backend="numpy"))
+    ours = make(S, gc.Trainer(scheduler_artifacts(), backend="numpy"))
     left = ours.steps_left()
     counted = [(ours.step(), ours.steps_left())[1] for _ in range(2)]
     assert counted == [left - 1, left - 2]  # counted from where it is
@@ -62,7 +62,7 @@ def test_steps_left_counts_the_steps_before_the_schedule_raises(name):
 
 
 def test_schedules_without_an_end_have_no_steps_left():
-    trainer = gc.Trainer(_artifacts(), backend="numpy")
+    trainer = gc.Trainer(scheduler_artifacts(), backend="numpy")
     never = S.SequentialLR(trainer, [S.OneCycleLR(trainer, max_lr=0.4, total_steps=8, cycle_momentum=False),
                                      S.StepLR(trainer, step_size=2)], milestones=[6])  # restarted before its end
     assert never.steps_left() is None and _steps_until_it_raises(never) is None
@@ -76,7 +76,7 @@ def _files(folder):
 
 
 def _loader():
-    return gc.data.DataLoader(_data(), batch_size=4, seed=0)  # 22 rows: 6 batches an epoch
+    return gc.data.DataLoader(regression_data(), batch_size=4, seed=0)  # 22 rows: 6 batches an epoch
 
 
 def _onecycle(trainer, total: int):
@@ -85,7 +85,7 @@ def _onecycle(trainer, total: int):
 
 @pytest.mark.parametrize("interval, total, need, reach", [("step", 20, 24, 3), ("epoch", 3, 4, 3)])
 def test_fit_refuses_a_onecycle_shorter_than_the_run_before_its_first_step(interval, total, need, reach):
-    trainer = gc.Trainer(_artifacts(), backend="numpy")
+    trainer = gc.Trainer(scheduler_artifacts(), backend="numpy")
     before = {k: np.array(v) for k, v in trainer.params.items()}
     with pytest.raises(ValueError) as info:
         trainer.fit(_loader(), 4, scheduler=_onecycle(trainer, total), interval=interval, progress=False, quiet=True)
@@ -99,7 +99,7 @@ def test_fit_refuses_a_onecycle_shorter_than_the_run_before_its_first_step(inter
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_a_resumed_trainer_whose_onecycle_is_spent_is_refused_and_its_checkpoint_kept(tmp_path):
-    arts = _artifacts(momentum=0.9)
+    arts = scheduler_artifacts(momentum=0.9)
     first = gc.Trainer(arts, backend="numpy")
     first.fit(_loader(), 2, scheduler=_onecycle(first, 12), interval="step", checkpoint=tmp_path / "ck",
               progress=False, quiet=True)

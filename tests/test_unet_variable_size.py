@@ -19,11 +19,11 @@ from graphc.passes.autodiff import gradient_model
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 try:
-    from test_autodiff_symbolic_spatial import _check
+    from test_autodiff_symbolic_spatial import check_grads
     from torch_grad_util import assert_step_matches_torch
     from trainer_models import straight_and_resumed
 except ImportError:  # tests/ collected as a package
-    from tests.test_autodiff_symbolic_spatial import _check
+    from tests.test_autodiff_symbolic_spatial import check_grads
     from tests.torch_grad_util import assert_step_matches_torch
     from tests.trainer_models import straight_and_resumed
 
@@ -154,10 +154,10 @@ def test_resize_gradients_at_run_time_sizes_match_torch(name):
     inits = {"scales": np.array(scales, np.float32)} if scales else {"sizes": np.array(sizes, np.int64)}
     inputs = ["x", "", "scales"] if scales else ["x", "", "", "sizes"]
     proto = _grad_of([helper.make_node("Resize", inputs, ["y"], **attrs)], inits)
-    _check(proto, {}, lambda x, size: F.interpolate(x, **kw), [(5, 7), (8, 4), (6, 6)], 3)
+    check_grads(proto, {}, lambda x, size: F.interpolate(x, **kw), [(5, 7), (8, 4), (6, 6)], 3)
 
 
 def test_concat_gradient_along_a_run_time_axis_matches_torch():
     proto = _grad_of([helper.make_node("Mul", ["x", "x"], ["x2"]), helper.make_node("Concat", ["x", "x2"], ["y"],
                                                                                     axis=3)], {})
-    _check(proto, {}, lambda x, size: torch.cat([x, x * x], 3), [(5, 7), (8, 4)], 3)
+    check_grads(proto, {}, lambda x, size: torch.cat([x, x * x], 3), [(5, 7), (8, 4)], 3)
