@@ -12,14 +12,14 @@ from typing import Any
 
 from graphc.passes.training.scheduled import momentum_key, momentum_value
 
-_KINDS = {"sgd": "SGD's momentum", "rmsprop": "RMSprop's momentum"}
+_WORDS = {"sgd": "SGD's momentum", "rmsprop": "RMSprop's momentum", "adam": "Adam's beta1", "adamw": "AdamW's beta1",
+          "adamax": "Adamax's beta1", "nadam": "NAdam's beta1", "radam": "RAdam's beta1"}
 
 
 def what(optimizer: dict) -> str:
     """The optimizer's momentum in words: "SGD's momentum", "AdamW's beta1"."""
     kind = optimizer["kind"]
-    names = {"adam": "Adam", "adamw": "AdamW", "adamax": "Adamax", "nadam": "NAdam", "radam": "RAdam"}
-    return _KINDS.get(kind) or f"{names.get(kind, kind)}'s beta1"
+    return _WORDS.get(kind, f"{kind}'s beta1")
 
 
 def checked(optimizer: dict, scheduled: bool, value: Any, who: str = "momentum", below_one: bool = True) -> float:

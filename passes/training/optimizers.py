@@ -123,7 +123,8 @@ def lr_dtype(param_dtypes: Iterable[ir.DataType]) -> ir.DataType:
 @dataclass
 class StepContext:
     """Values shared by every param's update: lr (a float32 or float64 scalar, ``lr_dtype``), the
-    step number ``t`` after this step (int64 scalar), and per-dtype casts of both, computed once."""
+    step number ``t`` after this step (int64 scalar), a scheduled momentum and its running state
+    (``scheduled``), and per-dtype casts and other scalars of them, computed once (``cached``)."""
 
     b: Emitter
     lr: ir.Value
