@@ -2,8 +2,8 @@
 
 Where ``activation_alpha``/``activation_beta`` run out before an activation that takes them, ONNX
 gives it the defaults of the op of that name (ThresholdedRelu alpha 1, Affine alpha 1 and beta 0,
-ScaledTanh 1 and 1), as graphc's numpy kernels and the unrolled form autodiff differentiates do;
-onnxruntime 1.31 takes 0 for those three instead. The session's copy lists every activation's
+ScaledTanh 1 and 1: ``passes/recurrent_activations.py``), as graphc's numpy kernels and written-out
+form do; onnxruntime 1.31 takes 0 for those three instead. The session's copy lists every activation's
 parameters; the model itself is not changed.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from graphc.backends.numpy.rnn import activation_params, takes_params
 from graphc.model.file import all_graphs
+from graphc.passes.recurrent_activations import activation_params, takes_params
 
 __all__ = ["with_full_params"]
 

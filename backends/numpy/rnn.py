@@ -11,58 +11,34 @@ import numpy as np
 
 from graphc.backends.numpy.elementwise import sigmoid as _sigmoid_kernel
 from graphc.backends.numpy.kernels import kernel
+from graphc.passes.recurrent_activations import DEFAULT_ACTIVATIONS, activation_names, activation_params
 
 
 def _sigmoid(x):
     return _sigmoid_kernel(x)[0]
 
 
-# name -> fn(x, alpha, beta); alpha/beta come from activation_alpha/beta when the name needs them
+# name -> fn(x, alpha, beta); alpha/beta as ``recurrent_activations.activation_params`` gives them
 _ACTIVATIONS = {
-    "sigmoid": (lambda x, a, b: _sigmoid(x), 0),
-    "tanh": (lambda x, a, b: np.tanh(x), 0),
-    "relu": (lambda x, a, b: np.maximum(x, 0), 0),
-    "affine": (lambda x, a, b: a * x + b, 2),
-    "leakyrelu": (lambda x, a, b: np.where(x >= 0, x, a * x), 1),
-    "thresholdedrelu": (lambda x, a, b: np.where(x > a, x, 0), 1),
-    "scaledtanh": (lambda x, a, b: a * np.tanh(b * x), 2),
-    "hardsigmoid": (lambda x, a, b: np.clip(a * x + b, 0, 1), 2),
-    "elu": (lambda x, a, b: np.where(x > 0, x, a * (np.exp(np.minimum(x, 0)) - 1)), 1),
-    "softsign": (lambda x, a, b: x / (1 + np.abs(x)), 0),
-    "softplus": (lambda x, a, b: np.logaddexp(0, x), 0),
+    "sigmoid": lambda x, a, b: _sigmoid(x),
+    "tanh": lambda x, a, b: np.tanh(x),
+    "relu": lambda x, a, b: np.maximum(x, 0),
+    "affine": lambda x, a, b: a * x + b,
+    "leakyrelu": lambda x, a, b: np.where(x >= 0, x, a * x),
+    "thresholdedrelu": lambda x, a, b: np.where(x > a, x, 0),
+    "scaledtanh": lambda x, a, b: a * np.tanh(b * x),
+    "hardsigmoid": lambda x, a, b: np.clip(a * x + b, 0, 1),
+    "elu": lambda x, a, b: np.where(x > 0, x, a * (np.exp(np.minimum(x, 0)) - 1)),
+    "softsign": lambda x, a, b: x / (1 + np.abs(x)),
+    "softplus": lambda x, a, b: np.logaddexp(0, x),
 }
-_DEFAULT_PARAMS = {"affine": (1.0, 0.0), "leakyrelu": (0.01, 0.0), "thresholdedrelu": (1.0, 0.0),
-                   "scaledtanh": (1.0, 1.0), "hardsigmoid": (0.2, 0.5), "elu": (1.0, 0.0)}
 
 
-def activation_params(names, alphas, betas) -> list[tuple[float, float]]:
-    """Each activation's (alpha, beta): ``activation_alpha``/``activation_beta`` taken in order by
-    the activations that have them, where they run out the defaults of the ONNX op of that name
-    (ThresholdedRelu alpha 1, Affine 1 and 0, ScaledTanh 1 and 1, ...)."""
-    alphas, betas = list(alphas or []), list(betas or [])
-    params = []
-    for name in names:
-        n_params = _ACTIVATIONS[name.lower()][1]
-        a, b = _DEFAULT_PARAMS.get(name.lower(), (0.0, 0.0))
-        if n_params >= 1 and alphas:
-            a = alphas.pop(0)
-        if n_params >= 2 and betas:
-            b = betas.pop(0)
-        params.append((a, b))
-    return params
-
-
-def takes_params(name: str) -> int | None:
-    """How many of (alpha, beta) the activation ``name`` takes; None where ONNX has none of that name."""
-    known = _ACTIVATIONS.get(name.lower())
-    return None if known is None else known[1]
-
-
-def _activations(names, alphas, betas, defaults, num_directions):
-    names = list(names or defaults * num_directions)
-    fns = [lambda x, fn=_ACTIVATIONS[name.lower()][0], a=a, b=b: fn(x, a, b)
+def _activations(names, alphas, betas, op, num_directions):
+    names = activation_names(op, names, num_directions)
+    fns = [lambda x, fn=_ACTIVATIONS[name.lower()], a=a, b=b: fn(x, a, b)
            for name, (a, b) in zip(names, activation_params(names, alphas, betas))]
-    per = len(defaults)
+    per = len(DEFAULT_ACTIVATIONS[op])
     return [fns[d * per:(d + 1) * per] for d in range(num_directions)]
 
 
@@ -116,7 +92,7 @@ def lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=
          direction="forward", hidden_size, input_forget=0, layout=0):
     num_dir, hsz = w.shape[0], hidden_size
     batch = x.shape[0] if layout else x.shape[1]
-    acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], num_dir)
+    acts = _activations(activations, activation_alpha, activation_beta, "LSTM", num_dir)
     wb, rb = _split_bias(b, num_dir, 4, hsz, x.dtype)
     peep = p if p is not None else np.zeros((num_dir, 3 * hsz), x.dtype)
     xs = x.transpose(1, 0, 2) if layout else x
@@ -145,7 +121,7 @@ def gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha
         linear_before_reset=0, layout=0):
     num_dir, hsz = w.shape[0], hidden_size
     batch = x.shape[0] if layout else x.shape[1]
-    acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh"], num_dir)
+    acts = _activations(activations, activation_alpha, activation_beta, "GRU", num_dir)
     wb, rb = _split_bias(b, num_dir, 3, hsz, x.dtype)
     xs = x.transpose(1, 0, 2) if layout else x
     proj = [xs @ w[d].T + wb[d] for d in range(num_dir)]  # (seq, batch, 3H)
@@ -174,7 +150,7 @@ def rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha
         layout=0):
     num_dir, hsz = w.shape[0], hidden_size
     batch = x.shape[0] if layout else x.shape[1]
-    acts = _activations(activations, activation_alpha, activation_beta, ["Tanh"], num_dir)
+    acts = _activations(activations, activation_alpha, activation_beta, "RNN", num_dir)
     wb, rb = _split_bias(b, num_dir, 1, hsz, x.dtype)
     xs = x.transpose(1, 0, 2) if layout else x
     proj = [xs @ w[d].T + wb[d] + rb[d] for d in range(num_dir)]
