@@ -66,6 +66,16 @@ def test_the_train_step_stops_growing_past_the_cap(ctor):
     assert "Scan" not in _train_step(ctor, MAX_UNROLLED_STEPS)
 
 
+def test_the_cap_is_read_when_a_graph_is_made(monkeypatch):
+    """``MAX_UNROLLED_STEPS`` set lower (as ``scripts/bench_recurrent.py --forms`` sets it) sends a
+    shorter layer to a Scan: the cap is read per call, not bound when the module is imported."""
+    from graphc.passes.autodiff import recurrent
+
+    assert "Scan" not in _train_step(LAYERS[2], 8)
+    monkeypatch.setattr(recurrent, "MAX_UNROLLED_STEPS", 4)
+    assert "Scan" in _train_step(LAYERS[2], 8)
+
+
 def _scan_grads(length: int) -> gc.Model:
     """gc.grad of sum(ys * c) + sum(h_T) for h <- tanh(h w + x_t), y = 2 h scanned over x [length, 2, 3]
     (y is not h itself: onnxruntime runs a Scan body that outputs one value twice wrongly)."""

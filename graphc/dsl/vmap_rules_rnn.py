@@ -23,8 +23,9 @@ from graphc.dsl.vmap_rules import (
 )
 from graphc.dsl.vmap_rules_conv import known_shape, merge_dims, split_dim
 from graphc.model import SOURCE_KEY
-from graphc.passes.autodiff.recurrent import not_unrolled, write_out
+from graphc.passes.autodiff.recurrent import not_unrolled
 from graphc.passes.emit import Emitter
+from graphc.passes.recurrent import write_out
 from graphc.passes.values import static_shape
 
 __all__: list[str] = []
@@ -100,7 +101,7 @@ def _mapped_weights(b: Batching, node: ir.Node, args: list) -> list[Arg]:
 
 def _written_out(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """Mapped weights: the node written out as one Scan per direction over its cell in standard ops
-    (``passes.autodiff.recurrent.write_out``, what gradients differentiate), those ops rewritten by
+    (``passes.recurrent.write_out``, what gradients differentiate), those ops rewritten by
     their own rules: the cell's MatMuls batched over the examples' weights."""
     why = not_unrolled(node)
     if why is not None:
@@ -109,7 +110,7 @@ def _written_out(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     graph = ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="written_out")
     emit = Emitter(graph, opset, f"{node.name or node.op_type}/written_out")
     emit.source = node.metadata_props.get(SOURCE_KEY)
-    outs = write_out(emit, node, max_unrolled=0)
+    outs = write_out(emit, node)
     made = [v for v in outs if v is not None]
     found = iter(rewrite(b, list(graph), {id(n) for n in graph}, {}, made, outer=dict(b.made)))
     for written in graph:  # no longer a use of the body's values (only these nodes read them)

@@ -1,15 +1,10 @@
 """RNN, GRU and LSTM unrolled over their sequence into the ops the ONNX spec defines them with
-(MatMul, Add, Mul, the activations, Clip, Where), so autodiff differentiates them with the rules
-those ops have; a sequence whose length is known only at run time, or longer than
+(``passes/recurrent.write_out``, every form of the ONNX ops), so autodiff differentiates them with
+the rules those ops have; a sequence whose length is known only at run time, or longer than
 ``MAX_UNROLLED_STEPS``, becomes a Scan over the same cell (differentiated in reverse mode).
-Used for the gradient graphs (inference graphs keep the fused ops) and, always as a Scan, by
-``gc.vmap``'s rule for mapped weights (``write_out``), which batches the cell's ops over the examples.
-
-Every form the ONNX ops have is covered: any direction and layout, bias, initial states, LSTM
-peepholes and ``input_forget``, GRU ``linear_before_reset``, ``clip``, any activations with their
-alpha/beta, and ``sequence_lens`` (constant or fed at run time): a row whose sequence has ended
-keeps its state and emits zeros, as onnxruntime does. A node this cannot take (an unknown
-activation, an input of unknown rank) stays as it is and autodiff names ``not_unrolled``'s reason.
+Used for the gradient graphs (inference graphs keep the fused ops). A node this cannot take (an
+unknown activation, an input of unknown rank) stays as it is and autodiff names
+``not_unrolled``'s reason.
 
 A masked run (``sequence_lens``) is a Scan even when its length is static: each unrolled masked step
 costs ~210 train_step nodes (the Where masks' gradients), and the Scan is faster too. Measured on
@@ -21,25 +16,15 @@ stay unrolled up to ``MAX_UNROLLED_STEPS``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import numpy as np
 import onnx_ir as ir
-from graphc.passes.autodiff.builder import attr, folded_array, static_shape
+
 from graphc.passes.emit import Emitter
-from graphc.passes.values import onnx_opset
+from graphc.passes.recurrent import GATES, unknown_activations, write_out
+from graphc.passes.values import onnx_opset, static_shape
 
-__all__ = ["UNROLLED", "not_unrolled", "unroll_recurrent", "write_out"]
+__all__ = ["MAX_UNROLLED_STEPS", "UNROLLED", "not_unrolled", "unroll_recurrent"]
 
-_GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
-UNROLLED = frozenset(_GATES)
-_DEFAULT_ACTIVATIONS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
-# activation -> (how many of activation_alpha, activation_beta it takes, their defaults)
-_ACTIVATION_PARAMS = {"affine": (2, (1.0, 0.0)), "leakyrelu": (1, (0.01, 0.0)), "thresholdedrelu": (1, (1.0, 0.0)),
-                      "scaledtanh": (2, (1.0, 1.0)), "hardsigmoid": (2, (0.2, 0.5)), "elu": (1, (1.0, 0.0))}
-_PLAIN = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu", "softsign": "Softsign", "softplus": "Softplus"}
-
-Activation = Callable[[ir.Value], ir.Value]
+UNROLLED = frozenset(GATES)
 # The longest unmasked sequence unrolled; a longer one is a Scan whose train_step does not grow
 # with T. `bench_recurrent.py --forms` (DSL LSTM / GRU 32 -> 128, batch 16, ort-cpu, 1 thread, a
 # shared 2-core machine; train_step nodes, session build s, ms per step median): LSTM unrolled
@@ -62,9 +47,9 @@ def unroll_recurrent(model: ir.Model) -> int:
     opset = onnx_opset(model, 17)
     count = 0
     for node in list(graph):
-        if node.op_type in _GATES and node.domain in ("", "ai.onnx") and not_unrolled(node) is None:
+        if node.op_type in GATES and node.domain in ("", "ai.onnx") and not_unrolled(node) is None:
             emit = Emitter(graph, opset, f"{node.name or node.op_type}/unrolled")
-            new_outputs = write_out(emit, node)
+            new_outputs = write_out(emit, node, MAX_UNROLLED_STEPS)
             for old, new in zip(node.outputs, new_outputs):
                 if new is not None:
                     name = old.name
@@ -82,217 +67,10 @@ def unroll_recurrent(model: ir.Model) -> int:
 def not_unrolled(node: ir.Node) -> str | None:
     """Why ``unroll_recurrent`` leaves this RNN/GRU/LSTM node as it is (None: it unrolls it,
     when the node is in the main graph)."""
-    unknown = [a for a in _activation_names(node) if a.lower() not in _PLAIN and a.lower() not in _ACTIVATION_PARAMS]
+    unknown = unknown_activations(node)
     if unknown:
         return f"it does not know the activations {unknown}"
     shape = static_shape(node.inputs[0])
     if shape is None or len(shape) != 3:
         return "the rank of its input X is not known before run time"
     return None
-
-
-def _activation_names(node: ir.Node) -> list[str]:
-    names = attr(node, "activations")
-    if names is None:
-        dirs = 2 if attr(node, "direction", "forward") == "bidirectional" else 1
-        return _DEFAULT_ACTIVATIONS[node.op_type] * dirs
-    return [a.decode() if isinstance(a, bytes) else a for a in names]
-
-
-def _activations(e: Emitter, node: ir.Node, clip: float | None) -> list[list[Activation]]:
-    """Per direction, the node's activation functions (f, g[, h]), each emitting ops; alphas and
-    betas are taken in order by the activations that have them, as onnxruntime does."""
-    alphas = list(attr(node, "activation_alpha") or [])
-    betas = list(attr(node, "activation_beta") or [])
-    functions = []
-    for name in _activation_names(node):
-        key = name.lower()
-        count, (alpha, beta) = _ACTIVATION_PARAMS.get(key, (0, (0.0, 0.0)))
-        if count >= 1 and alphas:
-            alpha = float(alphas.pop(0))
-        if count >= 2 and betas:
-            beta = float(betas.pop(0))
-        functions.append(_activation(e, key, alpha, beta))
-    per = len(_DEFAULT_ACTIVATIONS[node.op_type])
-    if clip is not None:  # bounds the gates' inputs (f, g); LSTM's h acts on the cell state unclipped
-        functions = [fn if i % per == 2 else
-                     (lambda v, fn=fn: fn(e.op("Clip", v, e.scalar(-clip, v), e.scalar(clip, v))))
-                     for i, fn in enumerate(functions)]
-    return [functions[d * per:(d + 1) * per] for d in range(len(functions) // per)]
-
-
-def _activation(e: Emitter, key: str, alpha: float, beta: float) -> Activation:
-    if key in _PLAIN:
-        return lambda v: e.op(_PLAIN[key], v)
-    if key == "affine":
-        return lambda v: e.op("Add", e.op("Mul", v, e.scalar(alpha, v)), e.scalar(beta, v))
-    if key == "scaledtanh":
-        return lambda v: e.op("Mul", e.op("Tanh", e.op("Mul", v, e.scalar(beta, v))), e.scalar(alpha, v))
-    if key == "hardsigmoid":
-        return lambda v: e.op("HardSigmoid", v, alpha=alpha, beta=beta)
-    return lambda v: e.op({"leakyrelu": "LeakyRelu", "thresholdedrelu": "ThresholdedRelu", "elu": "Elu"}[key], v,
-                          alpha=alpha)
-
-
-def write_out(e: Emitter, node: ir.Node, max_unrolled: int = MAX_UNROLLED_STEPS) -> list[ir.Value | None]:
-    """The node's outputs (None where unused) from per-step ops, unrolled up to ``max_unrolled``
-    steps (unmasked), else one Scan per direction. Per step and direction: one MatMul of the state
-    with every gate's recurrence weights, the input projection of every step (one MatMul, biases
-    folded in) split off once, states kept [1, B, H] so Y is one Concat."""
-    op, inputs = node.op_type, list(node.inputs) + [None] * 8
-    x, w, r, b, lens = inputs[:5]
-    init_h = inputs[5]
-    init_c = inputs[6] if op == "LSTM" else None
-    peep = inputs[7] if op == "LSTM" else None
-    hidden, gates, lbr = attr(node, "hidden_size"), _GATES[op], attr(node, "linear_before_reset", 0)
-    layout, direction = attr(node, "layout", 0), attr(node, "direction", "forward")
-    clip = attr(node, "clip")
-    wanted = [bool(v.name and (v.uses() or v.is_graph_output())) for v in node.outputs] + [False] * 3
-    if layout:  # [B, T, I] -> [T, B, I]; states [B, D, H] -> [D, B, H]
-        x = e.op("Transpose", x, perm=[1, 0, 2])
-        init_h = e.op("Transpose", init_h, perm=[1, 0, 2]) if init_h is not None else None
-        init_c = e.op("Transpose", init_c, perm=[1, 0, 2]) if init_c is not None else None
-    steps = static_shape(node.inputs[0])[1 if layout else 0]
-    reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]
-    acts = _activations(e, node, None if clip is None else float(clip))
-    dtype = (x.dtype or ir.DataType.FLOAT).numpy()
-    batch = static_shape(x)[1] if static_shape(x) is not None else None
-    if isinstance(batch, int):  # a constant keeps every shape static for the rules
-        zero_state = e.const(np.zeros((1, batch, hidden), dtype=dtype), hint="zero_state")
-    else:
-        shape = e.op("Concat", e.ints([1]), e.op("Slice", e.op("Shape", x), e.ints([1]), e.ints([2])),
-                     e.ints([hidden]), axis=0)
-        zero_state = e.op("ConstantOfShape", shape, value=ir.tensor(np.zeros(1, dtype=dtype)))
-    known = folded_array(lens)  # None for a graph input: its default may not be what is fed
-    if lens is not None and known is not None and np.all(known == steps):
-        lens = None  # every sequence is full: nothing to mask
-    alive_lens = None if lens is None else e.op("Reshape", e.op("Cast", lens, to=int(ir.DataType.INT64)),
-                                                e.ints([1, -1, 1]))
-    ys, last_h, last_c = [], [], []
-    for d, backwards in enumerate(reverse):
-        pick = lambda v: e.op("Gather", v, e.const(d, np.int64), axis=0)
-        xw = e.op("MatMul", x, e.op("Transpose", pick(w), perm=[1, 0]))  # [T, B, gates*H]
-        r_t = e.op("Transpose", pick(r), perm=[1, 0])  # [H, gates*H]
-        r_bias = None  # GRU's linear_before_reset: the h gate's Rb stays inside the reset
-        if b is not None:
-            w_bias, r_bias = e.split(pick(b), [gates * hidden] * 2, axis=0, count=2)
-            if op == "GRU" and lbr:
-                r_zr, r_bias = e.split(r_bias, [2 * hidden, hidden], axis=0, count=2)
-                w_bias = e.op("Add", w_bias, e.op("Concat", r_zr, e.const(np.zeros(hidden, dtype)), axis=0))
-            else:
-                w_bias, r_bias = e.op("Add", w_bias, r_bias), None
-            xw = e.op("Add", xw, w_bias)
-        h, c = (zero_state if v is None else v if len(reverse) == 1 else e.split(v, [1, 1], axis=0, count=2)[d]
-                for v in (init_h, init_c))  # [1, B, H]
-        peeps = e.split(pick(peep), [hidden] * 3, axis=0, count=3) if peep is not None else None
-        r_zr, r_h = e.split(r_t, [2 * hidden, hidden], axis=1, count=2) if op == "GRU" else (None, None)
-        weights = {"r_t": r_t, "r_zr": r_zr, "r_h": r_h, "r_bias": r_bias, "peeps": peeps}
-
-        def cell(em: Emitter, x_t, h, c, t, activations):
-            """One step: (output, new h, new c), x_t [1, B, gates*H], t the step's index."""
-            new_h, new_c = _cell(em, op, x_t, h, c, weights, activations, hidden, lbr, attr(node, "input_forget", 0))
-            if alive_lens is None:
-                return new_h, new_h, new_c if new_c is not None else c
-            alive = em.op("Less", t, alive_lens)  # rows whose sequence has ended keep their state, emit zeros
-            return (em.op("Where", alive, new_h, em.const(np.zeros((), dtype))), em.op("Where", alive, new_h, h),
-                    em.op("Where", alive, new_c, c) if new_c is not None else c)
-
-        if not isinstance(steps, int) or steps > max_unrolled or alive_lens is not None:  # one Scan
-            y_d, h, c_last = _scan_steps(e, node, cell, xw, h, c if op == "LSTM" else None, backwards,
-                                         alive_lens is not None, clip, d)
-            c = c_last if op == "LSTM" else c
-            if wanted[0]:
-                ys.append(y_d)
-        else:
-            x_steps = e.split(xw, [1] * steps, axis=0, count=steps)  # each [1, B, gates*H]
-            outs: dict[int, ir.Value] = {}
-            for t in (range(steps - 1, -1, -1) if backwards else range(steps)):
-                outs[t], h, c = cell(e, x_steps[t], h, c, e.const(np.array(t, np.int64)), acts[d])
-            if wanted[0]:
-                ys.append(e.unsqueeze(e.op("Concat", *[outs[t] for t in range(steps)], axis=0), [1]))  # [T, 1, B, H]
-        last_h.append(h)
-        last_c.append(c)
-    y = e.op("Concat", *ys, axis=1) if wanted[0] else None  # [T, D, B, H]
-    y_h = e.op("Concat", *last_h, axis=0) if wanted[1] else None  # [D, B, H]
-    y_c = e.op("Concat", *last_c, axis=0) if wanted[2] else None
-    if layout:
-        y = e.op("Transpose", y, perm=[2, 0, 1, 3]) if y is not None else None
-        y_h = e.op("Transpose", y_h, perm=[1, 0, 2]) if y_h is not None else None
-        y_c = e.op("Transpose", y_c, perm=[1, 0, 2]) if y_c is not None else None
-    return [y, y_h, y_c][:len(node.outputs)]
-
-
-def _cell(e: Emitter, op: str, x_t, h, c, weights: dict, activations, hidden: int, lbr: int, input_forget: int):
-    """One step of an RNN, GRU or LSTM direction: the new (h, c) (c None but for LSTM)."""
-    f_act, g_act, h_act = (list(activations) + [None, None])[:3]
-    r_t = weights["r_t"]
-    if op == "RNN":
-        return f_act(e.op("Add", x_t, e.op("MatMul", h, r_t))), None
-    if op == "GRU":  # gates z, r, h
-        x_zr, x_h = e.split(x_t, [2 * hidden, hidden], axis=2, count=2)
-        z, reset = e.split(f_act(e.op("Add", x_zr, e.op("MatMul", h, weights["r_zr"]))), [hidden] * 2, axis=2, count=2)
-        if lbr:
-            recur = e.op("MatMul", h, weights["r_h"])
-            recur = e.op("Add", recur, weights["r_bias"]) if weights["r_bias"] is not None else recur
-            cand = g_act(e.op("Add", x_h, e.op("Mul", reset, recur)))
-        else:
-            cand = g_act(e.op("Add", x_h, e.op("MatMul", e.op("Mul", reset, h), weights["r_h"])))
-        return e.op("Add", cand, e.op("Mul", z, e.op("Sub", h, cand))), None  # (1 - z) cand + z h
-    return _lstm_step(e, x_t, h, c, r_t, weights["peeps"], f_act, g_act, h_act, hidden, input_forget)
-
-
-def _scan_steps(e: Emitter, node: ir.Node, cell, xw: ir.Value, h: ir.Value, c: ir.Value | None, backwards: bool,
-                masked: bool, clip, direction: int):
-    """One direction over a sequence whose length is known only at run time, as a Scan over
-    xw [T, B, gates*H] (and the step indices, for ``sequence_lens``) whose body is ``cell``:
-    (Y of this direction [T, 1, B, H], last h, last c)."""
-    body = ir.Graph([], [], nodes=[], name=e.fresh("cell"))
-    be = Emitter(body, e.opset, e.scope, names=e._names)
-    be.source = e.source
-    state_type = h.type or ir.TensorType(xw.dtype)
-    # the body's inputs ranked ([1, B, H] states, x_t [B, gates*H]), as gc.vmap's rules need
-    hidden = attr(node, "hidden_size")
-    batch = next((s[1] for s in (h.shape, c is not None and c.shape) if s), None)
-    h_in = ir.Value(name=be.fresh("h"), type=state_type, shape=ir.Shape([1, batch, hidden]))
-    states = [h_in]
-    if c is not None:
-        states.append(ir.Value(name=be.fresh("c"), type=state_type, shape=ir.Shape([1, batch, hidden])))
-    x_in = ir.Value(name=be.fresh("x_t"), type=ir.TensorType(xw.dtype or ir.DataType.FLOAT),
-                    shape=ir.Shape([batch, _GATES[node.op_type] * hidden]))
-    t_in = ir.Value(name=be.fresh("t"), type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([])) if masked else None
-    body.inputs.extend([*states, x_in, *([t_in] if masked else [])])
-    acts = _activations(be, node, None if clip is None else float(clip))[direction]
-    out, new_h, new_c = cell(be, be.unsqueeze(x_in, [0]), h_in, states[1] if c is not None else None, t_in, acts)
-    results = [be.op("Identity", new_h)] + ([be.op("Identity", new_c)] if c is not None else []) + [be.op("Identity", out)]
-    for value, like in zip(results, [*states, h_in]):
-        value.type = like.type
-    body.outputs.extend(results)
-    scanned = [xw]
-    if masked:
-        steps = e.op("Gather", e.op("Shape", xw), e.const(0, np.int64))
-        scanned.append(e.op("Range", e.const(0, np.int64), steps, e.const(1, np.int64)))
-    outs = e.op("Scan", h, *([c] if c is not None else []), *scanned, num_outputs=len(results), body=body,
-                num_scan_inputs=len(scanned), scan_input_directions=[int(backwards)] * len(scanned),
-                scan_output_directions=[int(backwards)])
-    for value, like in zip(outs, results):
-        value.type = like.type
-    return outs[-1], outs[0], outs[1] if c is not None else c
-
-
-def _lstm_step(e: Emitter, x_t, h, c, r_t, peeps, f_act, g_act, h_act, hidden: int, input_forget: int):
-    """One LSTM step (gates i, o, f, c; peepholes i, o, f): the new (h, c). A clip is inside the
-    activations, so it bounds each gate's whole input, peephole term included (onnxruntime)."""
-    pre = e.op("Add", x_t, e.op("MatMul", h, r_t))
-    if peeps is None and not input_forget:  # one activation over the three sigmoid-like gates
-        sig, pre_c = e.split(pre, [3 * hidden, hidden], axis=2, count=2)
-        i_g, o_g, f_g = e.split(f_act(sig), [hidden] * 3, axis=2, count=3)
-        new_c = e.op("Add", e.op("Mul", f_g, c), e.op("Mul", i_g, g_act(pre_c)))
-    else:
-        pre_i, pre_o, pre_f, pre_c = e.split(pre, [hidden] * 4, axis=2, count=4)
-        peep = (lambda v, k, state: e.op("Add", v, e.op("Mul", peeps[k], state))) if peeps is not None \
-            else (lambda v, k, state: v)
-        i_g = f_act(peep(pre_i, 0, c))
-        f_g = e.op("Sub", e.scalar(1.0, i_g), i_g) if input_forget else f_act(peep(pre_f, 2, c))
-        new_c = e.op("Add", e.op("Mul", f_g, c), e.op("Mul", i_g, g_act(pre_c)))
-        o_g = f_act(peep(pre_o, 1, new_c))
-    return e.op("Mul", o_g, h_act(new_c)), new_c
