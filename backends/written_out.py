@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 
 from graphc.model.file import ai_onnx_opset, all_graphs, constant_tensors, tensor_types
 
-__all__ = ["Writer", "lower_doubles", "replace_nodes"]
+__all__ = ["Writer", "log1p", "lower_doubles", "replace_nodes"]
 
 
 class Writer:
@@ -49,11 +49,8 @@ class Writer:
         return None if tensor is None else numpy_helper.to_array(tensor)
 
     def log1p(self, u: str) -> str:
-        """log(1 + u) of a double ``u``, as log(1 + u) * u / ((1 + u) - 1) (Goldberg): accurate near 0."""
-        one = self.const(1.0, np.float64)
-        wv = self.op("Add", u, one)
-        scale = self.op("Where", self.op("IsInf", u), one, self.op("Div", u, self.op("Sub", wv, one)))
-        return self.op("Where", self.op("Equal", wv, one), u, self.op("Mul", self.op("Log", wv), scale))
+        """log(1 + u) of a double ``u`` (``log1p``)."""
+        return log1p(self, u)
 
     def expm1(self, v: str) -> str:
         """exp(v) - 1 of a double ``v``, as (u - 1) v / log(u), u = exp(v) (Kahan): accurate near 0."""
@@ -71,6 +68,15 @@ class Writer:
         if self.opset >= 18:
             return self.op("ReduceMean", v, self.const(axes, np.int64), keepdims=1)
         return self.op("ReduceMean", v, axes=axes, keepdims=1)
+
+
+def log1p(w, u):
+    """log(1 + u) of a double ``u``, as log(1 + u) * u / ((1 + u) - 1) (Goldberg): accurate near 0. ``w``
+    writes the ops: a ``Writer`` (``u`` a name) or a passes ``Emitter`` (``u`` an ``ir.Value``)."""
+    one = w.const(1.0, np.float64)
+    wv = w.op("Add", u, one)
+    scale = w.op("Where", w.op("IsInf", u), one, w.op("Div", u, w.op("Sub", wv, one)))
+    return w.op("Where", w.op("Equal", wv, one), u, w.op("Mul", w.op("Log", wv), scale))
 
 
 Lowering = Callable[[Writer, onnx.NodeProto, dict], None]

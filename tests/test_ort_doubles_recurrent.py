@@ -11,6 +11,7 @@ from collections import Counter
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import helper, numpy_helper
 
@@ -173,6 +174,29 @@ def test_in_a_loop_body():
                               initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
     model = gc.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
     _assert_ort_is_numpy(model, {"x": RNG.standard_normal((T, B, I))})
+
+
+@pytest.mark.parametrize("op, attrs, inputs", [("LSTM", {"direction": "bidirectional"}, ("b", "lens", "p", "h0")),
+                                               ("GRU", {"layout": 1, "clip": 0.5}, ("b",)),
+                                               ("RNN", {"direction": "reverse"}, ("lens",))])
+def test_the_write_out_is_the_form_autodiff_writes(op, attrs, inputs, tmp_path):
+    """One written-out form: the double model's Scans hold the cells ``passes.recurrent.write_out`` writes
+    for gradients and ``gc.vmap`` (the default activations, which both write as ONNX ops), op for op; the file
+    passes onnx's full check."""
+    from graphc.passes.emit import Emitter
+    from graphc.passes.recurrent import write_out
+
+    model = _node_model(op, attrs, inputs)[0].proto
+    written = doubles.lower_double(model)
+    onnx.save(written, tmp_path / "written.onnx")
+    onnx.checker.check_model(str(tmp_path / "written.onnx"), full_check=True)
+    graph = ir.serde.deserialize_model(model).graph
+    write_out(Emitter(graph, 21, "shared"), graph.node(0))
+    bodies = lambda nodes: sorted(sorted(Counter(n.op_type for n in a.g.node).items()) for n in nodes
+                                  if n.op_type == "Scan" for a in n.attribute if a.name == "body")
+    want = bodies(ir.serde.serialize_graph(graph).node)
+    assert len(want) == (2 if attrs.get("direction") == "bidirectional" else 1)
+    assert bodies(written.graph.node) == want
 
 
 def test_float32_and_models_without_them_are_left_alone():
