@@ -6,7 +6,6 @@ its checkpoint gives the uninterrupted run's losses exactly; ``graphc train --sc
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest

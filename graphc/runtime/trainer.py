@@ -618,7 +618,8 @@ class Trainer:
         checkpoint stopped); ``eval_loader`` is what ``evaluate_loader`` takes. Prints a progress
         bar within each epoch (not with ``progress=False``) and one line per epoch with the mean
         train loss, the train metrics (``self.metrics`` computed from each step's own
-        training-mode prediction, as Keras does: no extra pass; not for artifacts before format 3) and the eval loss and metrics (neither with ``quiet=True``);
+        training-mode prediction, as Keras does: no extra pass; not for artifacts before format 3)
+        and the eval loss and metrics (neither with ``quiet=True``);
         appends the same per epoch to ``log`` (``.jsonl`` or ``.csv``,
         ``gc.runtime.history.EpochLog``). Saves ``checkpoint`` after each epoch, with
         ``checkpoint_every=N`` every N steps too (what a killed run resumes from), and on Ctrl-C
