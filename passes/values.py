@@ -6,7 +6,7 @@ which nodes stop gradients.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -155,3 +155,15 @@ def fresh_name(taken: set[str], stem: str, sep: str = "_") -> str:
         name = f"{stem}{sep}{n}"
     taken.add(name)
     return name
+
+
+def ancestors(values: Iterable[ir.Value]) -> set[ir.Node]:
+    """The nodes that compute ``values`` (their producers included), in this graph."""
+    found: set[ir.Node] = set()
+    todo = [v.producer() for v in values]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in found:
+            found.add(node)
+            todo.extend(v.producer() for v in node.inputs if v is not None)
+    return found

@@ -12,6 +12,7 @@ import pytest
 import graphc as gc
 from backend_params import CUDA_MARKS, ORT, options as backend_options
 from dsl_util import softmax
+from graphc.passes.values import ancestors
 
 RNG = np.random.default_rng(0)
 
@@ -183,24 +184,13 @@ def _with_input_gradient(model: gc.Model, dtype=ir.DataType.FLOAT, shape=None) -
     return gc.Model(model.ir), dx
 
 
-def _ancestors(value: ir.Value) -> list[ir.Node]:
-    """The nodes ``value`` is computed from (its producer included)."""
-    used, todo = [], [value.producer()]
-    while todo:
-        node = todo.pop()
-        if node is not None and node not in used:
-            used.append(node)
-            todo.extend(v.producer() for v in node.inputs if v is not None)
-    return used
-
-
 def _run_on(backend: str, model: gc.Model, feeds: dict, dx: ir.Value) -> np.ndarray:
     """``dx`` computed on ``backend``; on ort-cuda its scatters must run there, not fall back (the
     graph left unoptimized, so that the placement names them)."""
     cuda = {"graph_optimization_level": "disable"} if backend == "ort-cuda" else {}
     sess = gc.Session(model, backend=backend, **backend_options(backend), **cuda)
     if backend == "ort-cuda":
-        scatters = {n.name for n in _ancestors(dx) if n.op_type.startswith("Scatter")}
+        scatters = {n.name for n in ancestors([dx]) if n.op_type.startswith("Scatter")}
         assert {sess.placement[name] for name in scatters} == {"CUDAExecutionProvider"}
     return sess.run(feeds)[dx.name]
 
@@ -238,7 +228,7 @@ def test_cross_entropy_gradient_matches_closed_form(make, options, backend, labe
     model, dx = _with_input_gradient(gc.capture(
         lambda x, y: gc.losses.cross_entropy(x, y, **options),
         x=gc.spec("float32", ("N", *logits.shape[1:])), y=gc.spec(label_dtype, ("N", *labels.shape[1:]))))
-    used = _ancestors(dx)
+    used = ancestors([dx])
     assert all(n.inputs[0] is model.ir.graph.inputs[1] for n in used if n.op_type == "Equal")  # only ignore_index's
     if not eps:
         scatters = [n for n in used if n.op_type == "ScatterElements"]
@@ -298,7 +288,7 @@ def test_exported_cross_entropy_gradient_builds_no_one_hot(fused, backend):
                           [oh.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
                           value_info=[oh.make_tensor_value_info("lp", onnx.TensorProto.FLOAT, ["N", 5])])
     model, dx = _with_input_gradient(gc.load(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])))
-    ops = [n.op_type for n in _ancestors(dx)]
+    ops = [n.op_type for n in ancestors([dx])]
     assert "OneHot" not in ops and ops.count("ScatterElements") == 1
     if not fused:
         assert "Sub" not in ops and dx.producer().inputs[0].producer().op_type == "Mul"

@@ -34,6 +34,7 @@ from graphc.dsl.autocast_policy import FP32, LOWER, MIXED
 from graphc.passes.precision.autocast_kernels import ACCUMULATE, EPILOGUE, SCALE, SCORES, fused_roles, scalar
 from graphc.passes.precision.casts import Casts
 from graphc.passes.precision.slots import FLOAT, TARGETS, allows, by_domain, is_float, schema, standard
+from graphc.passes.values import ancestors
 
 
 def autocast_in_place(graph: ir.Graph, opsets: dict[str, int], dtype: str, kinds: dict[str, str],
@@ -46,7 +47,7 @@ def autocast_in_place(graph: ir.Graph, opsets: dict[str, int], dtype: str, kinds
     flow = _Flow(graph, opsets, TARGETS[dtype])
     lowered = frozenset(op for op, how in kinds.items() if how == LOWER)
     roles, flow.exact = fused_roles(graph, opsets.get("", 1), lowered)
-    model = _ancestors([v for v in graph.outputs if v.name != loss])
+    model = ancestors([v for v in graph.outputs if v.name != loss])
     done = []
     for node in list(graph):
         how = roles.get(node) or kinds.get(node.op_type)
@@ -189,18 +190,6 @@ def _replace(graph: ir.Graph, old: ir.Value, new: ir.Value, suffix: str, outputs
     name = old.name
     old.name = f"{name}_{suffix}"
     new.name = name
-
-
-def _ancestors(values: list[ir.Value]) -> set[ir.Node]:
-    """The nodes that compute ``values``."""
-    found: set[ir.Node] = set()
-    todo = [v.producer() for v in values]
-    while todo:
-        node = todo.pop()
-        if node is not None and node not in found:
-            found.add(node)
-            todo.extend(v.producer() for v in node.inputs if v is not None)
-    return found
 
 
 def _type_str(params, index: int) -> str | None:
