@@ -21,7 +21,7 @@ from backend_params import EXACT_CUDA, on_cuda
 from graphc import nn
 from graphc.errors import BackendError
 from graphc.runtime.cuda_graph import MAX_FAN, GraphedStep, capturable, random_nodes, specialize
-from graphc.runtime.trainer import _without_initializers
+from graphc.runtime.trainer import without_initializers
 from trainer_models import bn_artifacts, blobs, drop_bn_artifacts
 
 F = onnx.TensorProto.FLOAT
@@ -95,7 +95,7 @@ def test_specialized_train_step_computes_what_the_general_one_does():
     batch = blobs(16, seed=3)
     shapes = {n: batch[n].shape for n in ("x", "y")}
     general = gc.Trainer(arts, backend="ort-cpu")
-    step = _without_initializers(arts.train_step.proto, set(general._entries))
+    step = without_initializers(arts.train_step.proto, set(general._entries))
     exe_general = gc.backends.get_backend("ort-cpu").prepare(step)
     exe_fixed = gc.backends.get_backend("ort-cpu").prepare(specialize(step, shapes))
     feeds = {**batch, **{n: general._host(h) for n, h in general._state.items()}}
@@ -109,7 +109,7 @@ def test_capturable_folds_size_and_shape_and_keeps_the_results():
     arts = bn_artifacts()
     batch = blobs(16, seed=3)
     trainer = gc.Trainer(arts, backend="ort-cpu")
-    step = _without_initializers(arts.train_step.proto, set(trainer._entries))
+    step = without_initializers(arts.train_step.proto, set(trainer._entries))
     assert {"Size"} <= {n.op_type for n in step.graph.node}  # the BatchNorm gradient counts the batch
     fixed = capturable(step, {n: batch[n].shape for n in ("x", "y")})
     assert not {"Size", "Shape"} & {n.op_type for n in fixed.graph.node}
@@ -284,7 +284,7 @@ def test_graph_bookkeeping_without_a_gpu(in_place):
     if not in_place:
         graphed._in_place = set()  # every output ping-pongs between two buffers
     posing = CpuPosingAsCuda()
-    step = _without_initializers(arts.train_step.proto, set(graphed._entries))
+    step = without_initializers(arts.train_step.proto, set(graphed._entries))
     graphed._graphed = GraphedStep(posing, step, arts.train_step.ir.graph,
                                    [s.name for s in graphed.batch_specs + graphed.noise_specs],
                                    {"mem_pattern": False})
@@ -318,7 +318,7 @@ def test_graphed_conv_net_trains_like_the_plain_one_without_a_gpu():
     path on ort-cpu posing as CUDA: the capturable copy of its step trains as the general one."""
     arts = conv_artifacts()
     graphed, plain = gc.Trainer(arts, backend="ort-cpu"), gc.Trainer(arts, backend="ort-cpu")
-    step = _without_initializers(arts.train_step.proto, set(graphed._entries))
+    step = without_initializers(arts.train_step.proto, set(graphed._entries))
     graphed._graphed = GraphedStep(CpuPosingAsCuda(), step, arts.train_step.ir.graph, ["x", "y"],
                                    {"mem_pattern": False})
     for i in range(6):

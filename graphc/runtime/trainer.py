@@ -108,7 +108,7 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.step, self.saved, self.reason = step, saved, reason
 
 
-def _specs(entries, roles) -> list[TensorSpec]:
+def role_specs(entries, roles) -> list[TensorSpec]:
     return [TensorSpec(name=e.name, dtype=e.dtype, shape=e.shape) for e in entries if e.role in roles]
 
 
@@ -194,7 +194,7 @@ def _one_row_batch(manifest, loader) -> None:
                          "batch size")
 
 
-def _without_initializers(proto: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
+def without_initializers(proto: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
     """``proto`` (a fresh copy: ``Model.proto`` serializes anew) without the initializers named
     in ``names`` (they are fed), edited in place: no second copy of the weights."""
     keep = [t for t in proto.graph.initializer if t.name not in names]
@@ -203,14 +203,14 @@ def _without_initializers(proto: onnx.ModelProto, names: set[str]) -> onnx.Model
     return proto
 
 
-def _predict_model(eval_proto: onnx.ModelProto, manifest, carried: set[str]) -> onnx.ModelProto:
+def predict_model(eval_proto: onnx.ModelProto, manifest, carried: set[str]) -> onnx.ModelProto:
     """The eval graph less the loss and the label inputs, ``carried`` inputs fed (not
     initialized): the model's outputs from its data inputs and the current params."""
     import onnx_ir as ir
     from onnx_ir.passes.common import RemoveUnusedNodesPass
 
     entries = manifest.graphs["eval"]
-    model = ir.from_proto(_without_initializers(eval_proto, carried))
+    model = ir.from_proto(without_initializers(eval_proto, carried))
     graph = model.graph
     keep = {e.name for e in entries.outputs if e.role != "loss"}
     for value in [v for v in graph.outputs if v.name not in keep]:
@@ -256,7 +256,7 @@ class Trainer:
         # 0.90x and 0.92x the peak RSS (1029 -> 950 MB); and on the CPU from an arena that grows by
         # what is asked (ResNet-50 at batch 32: 0.95x the peak RSS; ``backends.onnxruntime``'s
         # ``_exact_cpu_arena``). Other backends ignore the options.
-        proto = _without_initializers(self.artifacts.train_step.proto, set(self._entries))
+        proto = without_initializers(self.artifacts.train_step.proto, set(self._entries))
         step_options = {**({"keep_recomputation": True} if self.manifest.recompute else {}),
                         "mem_pattern": False, "exact_arena": True, **self._options}
         self._train = self._backend.prepare(proto, **step_options, optimized_graph=True)
@@ -318,9 +318,9 @@ class Trainer:
             self.artifacts = artifacts_or_dir
         self.manifest = m = self.artifacts.manifest
         step_graph = m.graphs["train_step"]
-        self.batch_specs = _specs(step_graph.inputs, BATCH_ROLES)
+        self.batch_specs = role_specs(step_graph.inputs, BATCH_ROLES)
         self._batch_names = [s.name for s in self.batch_specs]
-        self.noise_specs = _specs(step_graph.inputs, (NOISE_ROLE,))
+        self.noise_specs = role_specs(step_graph.inputs, (NOISE_ROLE,))
         self._entries = {e.name: e for e in step_graph.inputs if e.role in CARRIED_ROLES}
         self._expected = m.carried()
         self._roles = {name: e.role for name, e in self._expected.items()}
@@ -490,11 +490,11 @@ class Trainer:
     def _eval_exe(self):
         if self._eval is None:
             entries = self.manifest.graphs["eval"].inputs
-            self._eval_specs = _specs(entries, BATCH_ROLES)
+            self._eval_specs = role_specs(entries, BATCH_ROLES)
             self._eval_carried = [e.name for e in entries if e.name in self._state]
             self._eval_outputs = [e.name for e in self.manifest.graphs["eval"].outputs]
             self._eval = self._backend.prepare(
-                _without_initializers(self.artifacts.eval.proto, set(self._eval_carried)), **self._options)
+                without_initializers(self.artifacts.eval.proto, set(self._eval_carried)), **self._options)
         return self._eval
 
     def _label_names(self) -> set[str]:
@@ -505,7 +505,7 @@ class Trainer:
         inputs and the current params."""
         if self._predict is None:
             self._eval_exe()
-            proto = _predict_model(self.artifacts.eval.proto, self.manifest, set(self._eval_carried))
+            proto = predict_model(self.artifacts.eval.proto, self.manifest, set(self._eval_carried))
             self._predict_specs = [s for s in self._eval_specs if s.name not in self._label_names()]
             self._predict_outputs = [v.name for v in proto.graph.output]
             self._predict = self._backend.prepare(proto, **self._options)

@@ -30,7 +30,7 @@ import onnx
 from graphc.compile.training import CARRIED_ROLES
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.averaging import divisor, examples, shard_weight
-from graphc.runtime.trainer import _predict_model, _without_initializers
+from graphc.runtime.trainer import predict_model, without_initializers
 
 
 class Replica:
@@ -73,7 +73,7 @@ class Replica:
         return self._backend.name, os.getpid()
 
     def _prepare(self, key: str):
-        return self._backend.prepare(_without_initializers(self._protos[key], self._carried), **self._options)
+        return self._backend.prepare(without_initializers(self._protos[key], self._carried), **self._options)
 
     def pid(self) -> int:
         return os.getpid()
@@ -181,8 +181,8 @@ class Replica:
         if key not in self._evals:
             proto = self._protos["eval"]
             if key == "predict":  # strips the carried initializers off the eval proto too, as its prepare would
-                proto = _predict_model(proto, self.manifest, self._carried)
-            self._evals[key] = (self._backend.prepare(_without_initializers(proto, self._carried), **self._options),
+                proto = predict_model(proto, self.manifest, self._carried)
+            self._evals[key] = (self._backend.prepare(without_initializers(proto, self._carried), **self._options),
                                 {v.name for v in proto.graph.input}, [v.name for v in proto.graph.output])
         exe, inputs, outputs = self._evals[key]
         feeds = {n: a for n, a in shard.items() if n in inputs}

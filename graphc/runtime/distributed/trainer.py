@@ -52,7 +52,7 @@ from graphc.model.dtypes import to_numpy
 from graphc.passes.training.loss_scaling import state_names
 from graphc.runtime.history import History
 from graphc.runtime.session import check_options
-from graphc.runtime.trainer import (BATCH_ROLES, TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, TrainingFailed, _specs,
+from graphc.runtime.trainer import (BATCH_ROLES, TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, TrainingFailed, role_specs,
                                     check_labels, refuse_empty, refuse_one_row)
 
 __all__ = ["DistributedTrainer"]
@@ -96,7 +96,7 @@ class DistributedTrainer(Trainer):
                                 "manifest": self.manifest.model_dump_json().encode()})
         self._backend_name, self._options = backend, {**TRAINING_OPTIONS, **options}
         eval_inputs = self.manifest.graphs["eval"].inputs
-        self._eval_specs = _specs(eval_inputs, BATCH_ROLES)
+        self._eval_specs = role_specs(eval_inputs, BATCH_ROLES)
         self._split_rows()
         self._actors: Optional[list] = []  # by rank; None once shut down
         self._pending: list = []
