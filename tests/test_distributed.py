@@ -742,9 +742,16 @@ def test_a_failed_or_timed_out_step_applies_the_last_update_once(ray_cluster, tm
         trainer.step(first)
     with pytest.raises(gc.GraphcError, match="Reshape"):  # 7 rows: rank 1's 3 rows fail, rank 0's 4 do not
         dp.step({k: v[:7] for k, v in data.items()})
-    dp.timeout_s = 0
-    with pytest.raises(gc.GraphcError, match="a training step took more than 0 s"):
-        dp.step(second)  # the workers run it all the same
+    # a step the driver stops waiting for: rank 1 held (SIGSTOP) past the time-out, so it cannot answer in time
+    # however the machine schedules the driver (timeout_s = 0 alone lost that race under load: the workers could
+    # finish before the driver asked), then let go: the workers run it all the same
+    dp.timeout_s, held = 0.5, dp.worker_pids()[1]
+    os.kill(held, signal.SIGSTOP)
+    try:
+        with pytest.raises(gc.GraphcError, match="a training step took more than 0.5 s"):
+            dp.step(second)
+    finally:
+        os.kill(held, signal.SIGCONT)
     dp.timeout_s = WORKER["timeout_s"]
     assert dp.step_count == 1
     assert dp.step(second) == pytest.approx(single.step(second), rel=1e-5)
