@@ -355,7 +355,8 @@ def test_json_with_too_many_lists_and_objects_is_refused_before_it_holds_the_ser
         assert replies[0].status_code == 413, replies[0].text
         assert f"lists and objects ('[' and '{{' counted), more than the server's limit of {MAX_JSON_CONTAINERS}" in \
             replies[0].json()["error"]
-        assert worst < 0.5, f"a health check waited {worst:.2f} s"
+        # the old parse held it 5.9 s here; 2 s leaves a loaded CI machine room (0.29 s measured quiet)
+        assert worst < 2.0, f"a health check waited {worst:.2f} s"
         reply = http.post("/v2/models/mixed/infer", json=nested)
         assert reply.status_code == 200, reply.text[:300]
         w = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
