@@ -9,7 +9,7 @@ import graphc as gc
 from graphc.runtime import checkpoint as ckpt
 from graphc.runtime.checkpoint import CheckpointError
 from graphc.errors import MissingDependency
-from trainer_models import blobs, bn_artifacts
+from trainer_models import blobs, bn_artifacts, interrupt_at
 
 
 def batches(n=12, size=16):
@@ -70,15 +70,8 @@ def test_fit_resume_mid_epoch_replays_the_same_batches(tmp_path):
     expected = gc.Trainer(arts, backend="ort-cpu").fit(make_loader(), 3, progress=False).step_losses
 
     interrupted = gc.Trainer(arts, backend="ort-cpu")
-    real_step, calls = interrupted.step, []
-
-    def step(batch):  # the 10th step of the run never happens: "killed" mid-epoch 2
-        if len(calls) == 9:
-            raise KeyboardInterrupt
-        calls.append(real_step(batch))
-        return calls[-1]
-
-    interrupted.step = step
+    # the 10th step of the run never happens: "killed" mid-epoch 2
+    calls = interrupt_at(interrupted, 9)
     with pytest.raises(KeyboardInterrupt):
         interrupted.fit(make_loader(), 3, progress=False, checkpoint=tmp_path / "ck")  # saves after epoch 1
     assert (interrupted.epoch, interrupted.batch_in_epoch) == (1, 2)

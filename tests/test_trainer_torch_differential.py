@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import graphc as gc
+from trainer_models import interrupt_at
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -334,15 +335,7 @@ def test_fit_with_an_uneven_last_batch_matches_torch_and_resumes_mid_epoch(tmp_p
     # killed mid-run (mid-epoch when ``at`` is not a multiple of the epoch's steps), resumed from the checkpoint
     at = data.draw(st.integers(1, len(expected) - 1))
     interrupted = gc.Trainer(tmp / "arts", backend=case["backend"])
-    real_step, calls = interrupted.step, []
-
-    def step(batch):
-        if len(calls) == at:
-            raise KeyboardInterrupt
-        calls.append(real_step(batch))
-        return calls[-1]
-
-    interrupted.step = step
+    calls = interrupt_at(interrupted, at)
     with pytest.raises(KeyboardInterrupt):
         interrupted.fit(make_loader(), epochs, progress=False, quiet=True)
     interrupted.save_checkpoint(tmp / "ck")

@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_trainer_torch_differential import (ATOL, CLASSES, RTOL, SETTINGS, _all_ignored, _assert_state, _data,
                                              _loss_case, _Net, _TorchRun)
+from trainer_models import interrupt_at
 
 import graphc as gc
 
@@ -216,15 +217,7 @@ def test_fit_with_any_optimizer_and_scheduler_matches_torch_and_resumes_exactly(
     # killed at step ``at`` (mid-epoch unless it falls on an epoch's end), resumed from the checkpoint
     at = data.draw(st.integers(1, len(expected) - 1))
     interrupted = gc.Trainer(tmp / "arts", backend=case["backend"])
-    real_step, done = interrupted.step, []
-
-    def step(batch):
-        if len(done) == at:
-            raise KeyboardInterrupt
-        done.append(real_step(batch))
-        return done[-1]
-
-    interrupted.step = step
+    done = interrupt_at(interrupted, at)
     with pytest.raises(KeyboardInterrupt):
         fit(interrupted)
     interrupted.save_checkpoint(tmp / "ck")

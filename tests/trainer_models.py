@@ -122,3 +122,18 @@ def without_prediction(directory, graph: str, format: str) -> None:
     del model.graph.output[:]
     model.graph.output.extend(keep)
     onnx.save(model, directory / entry["file"])
+
+
+def interrupt_at(trainer, at: int) -> list[float]:
+    """Make ``trainer.step`` raise ``KeyboardInterrupt`` in place of its call number ``at`` (from 0),
+    as a run killed there; returns the list the losses of the steps before it go into."""
+    real_step, losses = trainer.step, []
+
+    def step(batch):
+        if len(losses) == at:
+            raise KeyboardInterrupt
+        losses.append(real_step(batch))
+        return losses[-1]
+
+    trainer.step = step
+    return losses
