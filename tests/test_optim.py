@@ -131,6 +131,18 @@ def torch_steps(torch, spec, p0, grads, dtype, store=None):
     return out
 
 
+def step_both(trainer, opt, params, batch, want, t: int) -> None:
+    """One torch step of ``opt`` on the loss ``want`` and one ``trainer`` step on ``batch``: the
+    losses (step ``t``) and then every param of the trainer and of ``params`` agree to 1e-12."""
+    opt.zero_grad()
+    want.backward()
+    opt.step()
+    np.testing.assert_allclose(trainer.step(batch), want.item(), rtol=1e-12, err_msg=f"step {t}")
+    for name, value in trainer.params.items():
+        np.testing.assert_allclose(value, params[name].detach().numpy(), rtol=1e-12, atol=1e-14,
+                                   err_msg=f"step {t} {name}")
+
+
 def _data(seed=0):
     rng = np.random.default_rng(seed)
     return rng.normal(size=SHAPE), [rng.normal(size=SHAPE) for _ in range(STEPS)]

@@ -12,7 +12,7 @@ import pytest
 
 import graphc as gc
 from test_grad_clipping import _graphc
-from test_optim import SCALAR_STATE, SHAPE, TORCH_OPTIM, run_steps, torch_kwargs, torch_steps
+from test_optim import SCALAR_STATE, SHAPE, TORCH_OPTIM, run_steps, step_both, torch_kwargs, torch_steps
 from trainer_models import straight_and_resumed
 
 STEPS = 25
@@ -137,13 +137,7 @@ def test_trainer_matches_torch(spec, fused, backend):
             h = h @ params[f"fc{i}.weight"].T + params[f"fc{i}.bias"]
             h = torch.tanh(h) if i < 3 else h
         want = torch.nn.functional.mse_loss(h, torch.from_numpy(batch["y"]))
-        opt.zero_grad()
-        want.backward()
-        opt.step()
-        np.testing.assert_allclose(trainer.step(batch), want.item(), rtol=1e-12, err_msg=f"step {t}")
-        for name, value in trainer.params.items():
-            np.testing.assert_allclose(value, params[name].detach().numpy(), rtol=1e-12, atol=1e-14,
-                                       err_msg=f"step {t} {name}")
+        step_both(trainer, opt, params, batch, want, t)
     state = trainer.state_dict()
     assert "fc1.weight" not in {k.rsplit(".", 1)[0] for k in state if k.count(".") == 2}  # frozen: no state
     for name, value in opt.state[params["fc2.weight"]].items():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from test_optim import SHAPE, run_steps, torch_steps
+from test_optim import SHAPE, run_steps, step_both, torch_steps
 from trainer_models import straight_and_resumed
 
 STEPS = 25
@@ -106,13 +106,7 @@ def test_weighted_cross_entropy_trains_as_torch(loss, backend):
         x, y = torch.from_numpy(batch["x"]), torch.from_numpy(batch["y"])
         hidden = torch.tanh(x @ params["fc1.weight"].T + params["fc1.bias"])
         want = torch.nn.functional.cross_entropy(hidden @ params["fc2.weight"].T + params["fc2.bias"], y, **kwargs)
-        opt.zero_grad()
-        want.backward()
-        opt.step()
-        np.testing.assert_allclose(trainer.step(batch), want.item(), rtol=1e-12, err_msg=f"step {t}")
-        for name, value in trainer.params.items():
-            np.testing.assert_allclose(value, params[name].detach().numpy(), rtol=1e-12, atol=1e-14,
-                                       err_msg=f"step {t} {name}")
+        step_both(trainer, opt, params, batch, want, t)
 
 
 def test_evaluate_loader_weights_batches_by_their_class_weights():
