@@ -22,6 +22,7 @@ import onnx
 from onnx import helper
 
 from graphc.model.file import all_graphs, model_graphs
+from graphc.passes.values import fresh_name
 
 __all__ = ["terminable"]
 
@@ -39,10 +40,7 @@ def terminable(model: onnx.ModelProto) -> onnx.ModelProto:
     for body in _loop_bodies(copy):
         if _runs_no_node(body):
             cond = body.output[0]
-            fresh, k = f"{cond.name}_running", 1
-            while fresh in taken:
-                fresh, k = f"{cond.name}_running{k}", k + 1
-            taken.add(fresh)
+            fresh = fresh_name(taken, f"{cond.name}_running", sep="")
             body.node.append(helper.make_node("And", [cond.name, body.input[1].name], [fresh]))
             cond.name = fresh
     return copy
