@@ -1,11 +1,11 @@
 """``gc.vmap`` of RNN, GRU and LSTM layers with mapped weights (an ensemble, as torch.func's
-``stack_module_state`` + ``vmap`` + ``functional_call``) in both forms of its rule, each forced: one
-recurrent op over the members folded into its hidden size, and the op written out as a Scan over time
-with the members' weights batched; against torch per ensemble member (torch 2.13's vmap has no batching
-rule for ``aten::lstm``, nor a fallback): values and ``gc.grad``'s gradients (input, initial state, every
-stacked weight) in float64 on numpy and ort-cpu, both directions, mapped or shared sequences and states,
-packed sequences of shared or per-member lengths. Each vmap passes ``fallback="error"`` so a case no rule
-rewrites fails, and a PerformanceWarning is an error."""
+``stack_module_state`` + ``vmap`` + ``functional_call``) in each form of its rule, forced: one
+recurrent op over the members folded into its hidden size, and the op written out with the members'
+weights batched, unrolled over time or as a Scan over time; against torch per ensemble member (torch
+2.13's vmap has no batching rule for ``aten::lstm``, nor a fallback): values and ``gc.grad``'s gradients
+(input, initial state, every stacked weight) in float64 on numpy and ort-cpu, both directions, mapped or
+shared sequences and states, packed sequences of shared or per-member lengths. Each vmap passes
+``fallback="error"`` so a case no rule rewrites fails, and a PerformanceWarning is an error."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 
 import graphc as gc
 from graphc.dsl import vmap_rules_rnn
+from graphc.passes.autodiff import recurrent as unrolling
 from graphc.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from tests.torch_grad_util import gc_grads
 
@@ -50,10 +51,13 @@ def _run(M, layer, weights, x, h0, packed, lengths=LENGTHS):
     return pad(out, total_length=T)[0] if packed else out
 
 
-@pytest.fixture(params=["block_diagonal", "written_out"])
+@pytest.fixture(params=["block_diagonal", "unrolled", "scan"])
 def form(request, monkeypatch):
-    """Each form of the mapped-weights rule forced (``BLOCK_DIAGONAL_UNITS`` past any ``B*H``, or 0)."""
+    """Each form of the mapped-weights rule forced (``BLOCK_DIAGONAL_UNITS`` past any ``B*H``, or 0);
+    written out, unrolled (the default for ``T`` steps) or a Scan over time (no step unrolled)."""
     monkeypatch.setattr(vmap_rules_rnn, "BLOCK_DIAGONAL_UNITS", 10 ** 9 if request.param == "block_diagonal" else 0)
+    if request.param == "scan":
+        monkeypatch.setattr(unrolling, "MAX_UNROLLED_STEPS", 0)
     return request.param
 
 
@@ -89,7 +93,8 @@ def test_ensemble_matches_torch(kind, bidirectional, case, form):
         model = gc.capture(lambda *a: fn(None, *a[:-1], lens=a[-1]), **params, lens=lens)
     ops = _op_types(model.ir.graph)
     folded = form == "block_diagonal" and case != "packed_mapped_lengths"
-    assert (kind in ops, "Scan" in ops) == (folded, not folded), ops
+    scanned = not folded and (form == "scan" or "packed" in case)  # a masked run is never unrolled
+    assert (kind in ops, "Scan" in ops) == (folded, scanned), ops
     tin = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
     tx, th, tws = tin["x"], tin.get("h0"), [tin[k.replace(".", "_")] for k in names]
     want = torch.stack([_run(torch, tnets[e], {k: w[e] for k, w in zip(names, tws)},
