@@ -1,7 +1,7 @@
 """Time ``gc.vmap`` of an LSTM with mapped weights (an ensemble of ``B`` members, each on its own
 sequences) the three ways graphc can write it: the members folded into the hidden size
-(block-diagonal weights, ``vmap_rules_rnn._in_hidden``), the op written out as a Scan over time whose
-cell's MatMuls are batched over the members (``_written_out``), and the Scan over the members (what a
+(block-diagonal weights, ``vmap_rules_rnn._in_hidden``), the op written out (unrolled up to 64 steps, else a Scan over time)
+whose cell's MatMuls are batched over the members (``_written_out``), and the Scan over the members (what a
 body without rules becomes; forward only: autodiff refuses a recurrent op in a control-flow body).
 Forward and forward+backward (``gc.grad`` of the outputs' sum by every stacked weight),
 float32 on onnxruntime CPU, median ms per run. The numbers are ``graphc/dsl/vmap_rules_rnn.py``'s and
