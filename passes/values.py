@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "FAKE_QUANTIZE_KEY", "MAX_NORM_KEY", "MAX_NORM_ROWS_KEY", "RANDOM_OPS",
-           "STOP_GRADIENT_KEY", "const_array",
+__all__ = ["ALL_REDUCE_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "FAKE_QUANTIZE_KEY", "MAX_NORM_KEY", "MAX_NORM_ROWS_KEY", "RANDOM_OPS",
+           "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "all_reduce_kind", "const_array",
            "const_axes", "const_scalar", "draws_random", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "replace_value",
            "static_shape", "stops_gradient"]
 
@@ -58,6 +58,20 @@ FAKE_QUANTIZE_KEY = "graphc.fake_quantize"
 def stops_gradient(node: ir.Node) -> bool:
     """Whether ``node`` is a ``gc.detach`` Identity: autodiff sends no gradient through it."""
     return node.op_type == "Identity" and node.metadata_props.get(STOP_GRADIENT_KEY) == "true"
+
+
+# node metadata of a ``gc.nn.SyncBatchNorm``'s BatchNormalization ("true"): its training graphs
+# normalise by the statistics of every data-parallel worker's shard (``training.sync_batchnorm``)
+SYNC_BATCHNORM_KEY = "graphc.sync_batchnorm"
+# node metadata of an Identity that marks a data-parallel all-reduce: "sum", its input summed over
+# the workers; "grad", the gradient of a "sum" (each worker's share-weighted cotangents summed, over
+# this worker's share, ``training.stages``). In one process both are the identity
+ALL_REDUCE_KEY = "graphc.all_reduce"
+
+
+def all_reduce_kind(node: ir.Node) -> str | None:
+    """``"sum"`` or ``"grad"`` for an all-reduce Identity (``ALL_REDUCE_KEY``), else None."""
+    return node.metadata_props.get(ALL_REDUCE_KEY) if node.op_type == "Identity" else None
 
 
 # node metadata of a module buffer written in a training-mode forward (``self.u.copy_(new)``): each

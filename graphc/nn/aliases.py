@@ -1,5 +1,5 @@
-"""torch.nn's remaining names for layers graphc has: ``SyncBatchNorm`` (one graph holds the whole batch,
-so it is BatchNorm over it), ``CrossMapLRN2d`` (the legacy cross-channel LRN, with its running-sum
+"""torch.nn's remaining names for layers graphc has: ``SyncBatchNorm`` (BatchNorm whose training
+graphs sum its statistics over data-parallel shards), ``CrossMapLRN2d`` (the legacy cross-channel LRN, with its running-sum
 window), ``NLLLoss2d`` (``NLLLoss``), and the recurrent base classes ``RNNBase`` and ``RNNCellBase``
 (for ``isinstance`` checks; build ``RNN``/``LSTM``/``GRU`` and their cells)."""
 
@@ -18,14 +18,16 @@ from graphc.nn.loss import NLLLoss
 from graphc.nn.module import Module
 from graphc.nn.rnn import RNNBase
 from graphc.nn.rnn_cells import RNNCellBase
+from graphc.passes.values import SYNC_BATCHNORM_KEY
 
 
 class SyncBatchNorm(BatchNormBase):
     """``torch.nn.SyncBatchNorm``: BatchNorm over ``(N, C, *)`` input (``process_group`` is accepted and
-    unused). A captured graph sees the whole batch, so its statistics are the batch's. Under
-    ``gc.Trainer(..., workers=N)`` each worker normalises by its own shard's statistics, as plain
-    BatchNorm in PyTorch DDP (the Trainer averages gradients but does not sync batch statistics; the
-    running statistics are rank 0's, copied to every worker after each step)."""
+    unused). Its BatchNormalization node is marked ``SYNC_BATCHNORM_KEY``: the training graphs
+    compute its batch statistics, and their gradient's per-channel sums, through all-reduce points
+    (``passes/training/sync_batchnorm.py``), so shards run stage by stage with the marked values summed
+    between (``graphc.runtime.staged``) train as the whole batch. Inference and eval graphs are plain
+    BatchNorm."""
 
     _ranks, _layout = (2, 3, 4, 5), "(N, C, *) (at least 2-D)"
 
@@ -33,6 +35,13 @@ class SyncBatchNorm(BatchNormBase):
                  track_running_stats: bool = True, process_group: Any = None, dtype: Any = "float32", *,
                  bias: bool = True):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = super().forward(x)
+        node = y.value.producer()
+        if node is not None and node.op_type == "BatchNormalization":  # without running statistics: plain ops
+            node.metadata_props[SYNC_BATCHNORM_KEY] = "true"
+        return y
 
     @classmethod
     def convert_sync_batchnorm(cls, module: Module, process_group: Any = None) -> Module:

@@ -16,7 +16,7 @@ import onnx_ir as ir
 from graphc.passes.autodiff.builder import GradBuilder, attr, is_float
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.autodiff.rules_activations import grad_gelu_erf, grad_silu, gelu_input, silu_input
-from graphc.passes.values import const_scalar
+from graphc.passes.values import ALL_REDUCE_KEY, all_reduce_kind, const_scalar
 
 
 @grad_rule("Add", broadcast=True)
@@ -163,7 +163,13 @@ def grad_erf(g, node, dy):
 
 @grad_rule("Identity")
 def grad_identity(g, node, dy):
-    return (dy,)
+    # a data-parallel all-reduce ("sum" over workers, then every worker holds it) is its own adjoint:
+    # its gradient is the workers' cotangents summed, marked "grad" (the exchange weights them by share)
+    if all_reduce_kind(node) is None:
+        return (dy,)
+    out = g.op("Identity", dy)
+    out.producer().metadata_props[ALL_REDUCE_KEY] = "grad"
+    return (out,)
 
 
 @grad_rule("Cast", "CastLike")

@@ -46,7 +46,7 @@ from graphc.passes.precision.autocast import autocast_in_place
 from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, loss_scaling, modes
 from graphc.passes.training import optimizers, param_selection
 from graphc.passes.training import max_norm, noise as noise_shapes, padding_rows, recompute as recomputation, reductions
-from graphc.passes.training import taps_params
+from graphc.passes.training import sync_batchnorm, taps_params
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.training.scheduled import MOMENTUM, momentum_scheduled, running_state, scheduled_inputs
@@ -220,6 +220,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
         _autocast(step, *autocast)
     expanded = expand_for_autodiff(step)
     modes.set_training_mode(Emitter(step.graph, opset, "mode"), step.graph, noise, batchnorm=batchnorm != "frozen")
+    synced = sync_batchnorm.write_out(Emitter(step.graph, opset, "sync_bn"), step.graph)  # before autodiff
     dense_conv.densify_convs(step.graph, opset, device)
     step.graph.sort()
     _infer_shapes(step)
@@ -239,7 +240,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     before = set(step.graph)
     if device == "cpu":
         dense_conv.gather_convs(step.graph, convs, opset, nchwc)
-    bn_next = {**modes.lower_batchnorm(Emitter(step.graph, opset, "bn"), step.graph, device),
+    bn_next = {**synced, **modes.lower_batchnorm(Emitter(step.graph, opset, "bn"), step.graph, device),
                **buffer_updates.updated_values(step.graph)}  # the buffers the forward writes
     forward |= {node.name for node in step.graph if node not in before}
     step.graph.sort()

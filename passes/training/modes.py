@@ -283,14 +283,18 @@ def _const_float(value: ir.Value) -> float | None:
     return None if tensor is None else float(np.asarray(tensor.numpy()).reshape(-1)[0])
 
 
-def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node, device: str) -> dict[str, ir.Value]:
-    x, scale, bias, mean_in, var_in = node.inputs[:5]
+def training_axes(node: ir.Node) -> list[int]:
+    """The axes a training-mode BatchNormalization's statistics reduce: all but the channels."""
+    x = node.inputs[0]
     if x.shape is None:
         raise ValueError(f"BatchNormalization {node.name!r}: rank of input {x.name!r} is unknown")
-    rank = len(x.shape)
+    return [0, *range(2, len(x.shape))]
+
+
+def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node, device: str) -> dict[str, ir.Value]:
+    x, scale, bias = node.inputs[:3]
+    axes = training_axes(node)
     eps = node.attributes.get_float("epsilon", 1e-5)
-    momentum = node.attributes.get_float("momentum", 0.9)
-    axes = [0, *range(2, rank)]  # all but the channels
 
     # Decomposed for onnxruntime, whose CPU provider has no training-mode kernel: the batch
     # statistics as the gradient rule writes them (onnxruntime merges the two), then the
@@ -315,11 +319,20 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node, device: str)
     batch_mean, biased_var = b.squeeze(mean, axes), b.squeeze(var, axes)
     y = normalize(b, centred, scale, bias, zeros, biased_var, eps,
                   affine_as_conv(x, (scale, bias), fused=_fused_after(node.outputs[0]), device=device))
+    return replace_training_batchnorm(b, graph, node, y, batch_mean, biased_var, values_per_channel(b, graph, x))
+
+
+def replace_training_batchnorm(b: Emitter, graph: ir.Graph, node: ir.Node, y: ir.Value, batch_mean: ir.Value,
+                               biased_var: ir.Value, count: ir.Value) -> dict[str, ir.Value]:
+    """``node`` (training mode) replaced by its normalised output ``y`` and its running
+    statistics' updates from the batch's ``batch_mean`` and ``biased_var`` [C] over ``count``
+    values per channel ([1], x's dtype), in place; returns {stat name: updated value}."""
+    x, mean_in, var_in = node.inputs[0], node.inputs[3], node.inputs[4]
+    momentum = node.attributes.get_float("momentum", 0.9)
     y.dtype, y.shape = x.dtype, ir.Shape(x.shape)  # what the BatchNorms lowered after this one read
 
     # Running statistics (off the loss path, so autodiff never visits them), in their own type
     # (opset 15 on, it may differ from x's).
-    count = _values_per_channel(b, graph, x)
     unbias = b.op("Div", count, b.op("Sub", count, b.scalar(1.0, x)))
     batch_var = b.op("Mul", biased_var, unbias)
     if mean_in.dtype != x.dtype:
@@ -366,7 +379,7 @@ def _fused_after(value: ir.Value) -> bool:
     return shape is not None and static_shape(node.inputs[1 - index]) == shape
 
 
-def _values_per_channel(b: Emitter, graph: ir.Graph, x: ir.Value) -> ir.Value:
+def values_per_channel(b: Emitter, graph: ir.Graph, x: ir.Value) -> ir.Value:
     """The number of values per channel of x [N, C, *S], in x's dtype, computed without reading x
     itself: onnxruntime does not fold Size, and a Size of x run late in the step kept each
     BatchNorm's full-size input alive until then (ResNet-50 b32 at 128 px, peak RSS 2,438 vs
