@@ -27,7 +27,8 @@ class SyncBatchNorm(BatchNormBase):
     compute its batch statistics, and their gradient's per-channel sums, through all-reduce points
     (``passes/training/sync_batchnorm.py``), so shards run stage by stage with the marked values summed
     between (``graphc.runtime.staged``) train as the whole batch. Inference and eval graphs are plain
-    BatchNorm."""
+    BatchNorm; ``gc.Trainer(..., workers=N)`` does not run the stages yet (each worker's own shard's
+    statistics, as plain BatchNorm under DDP)."""
 
     _ranks, _layout = (2, 3, 4, 5), "(N, C, *) (at least 2-D)"
 

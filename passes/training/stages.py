@@ -38,8 +38,8 @@ class Stage:
 
 
 def split(model: ir.Model) -> list[Stage]:
-    """``model`` cut at its all-reduce points (module docstring); ``model`` is not changed. One
-    stage, the whole graph less nothing, when it has none."""
+    """``model`` cut at its all-reduce points (module docstring); ``model`` is not changed. A
+    graph without any is one stage."""
     model = model.clone()
     graph = model.graph
     graph.sort()
@@ -99,6 +99,7 @@ def _stage_model(model: ir.Model, mine: set[int]) -> ir.Model:
                 continue
             fed = ir.Value(name=value.name, type=value.type, shape=value.shape)
             value.replace_all_uses_with(fed)
+            seen.add(fed)
             inputs.append(fed)
     rest = [n for i, n in enumerate(nodes) if i not in mine]
     later = {v.name for n in rest for v in _reads(n)} | {v.name for v in graph.outputs}
@@ -109,4 +110,7 @@ def _stage_model(model: ir.Model, mine: set[int]) -> ir.Model:
     graph.outputs.clear()
     graph.outputs.extend(sorted(outputs, key=lambda v: v.name))
     RemoveUnusedNodesPass()(stage)
+    for name, value in list(graph.initializers.items()):
+        if not value.uses() and not value.is_graph_input():
+            graph.initializers.pop(name)
     return stage

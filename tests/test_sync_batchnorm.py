@@ -1,0 +1,136 @@
+"""gc.nn.SyncBatchNorm's training graphs: shards run stage by stage with the all-reduce points summed
+between (``graphc.runtime.staged``) compute what one run on the whole batch does, which is torch's
+SyncBatchNorm under DDP (global mean and biased variance; running_var from the global unbiased count)."""
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc import nn
+from graphc.passes.training.stages import split
+from graphc.passes.values import ALL_REDUCE_KEY
+from graphc.runtime.staged import StagedRun, exchange
+
+RNG = np.random.default_rng(0)
+ROWS = 9
+
+
+def _layers(nn, norms, **dtype):
+    """Conv, BatchNorm2d, then a Linear and a BatchNorm over [N, C] with torch's cumulative average
+    (momentum=None), from ``nn`` (graphc's or torch's) with the norm layers ``norms``."""
+    norm2d, norm1d = norms
+    return {"conv": nn.Conv2d(2, 3, 3, **dtype), "bn": norm2d(3, momentum=0.25, **dtype), "fc": nn.Linear(3, 4, **dtype),
+            "bn2": norm1d(4, momentum=None, **dtype), "head": nn.Linear(4, 2, **dtype)}
+
+
+def _forward(net, x):
+    h = net.bn(net.conv(x)).relu().mean((2, 3))
+    return net.head(net.bn2(net.fc(h)).relu())
+
+
+class _Net(nn.Module):
+    def __init__(self, norms=(nn.SyncBatchNorm, nn.SyncBatchNorm), **dtype):
+        super().__init__()
+        for name, layer in _layers(nn, norms, **dtype).items():
+            setattr(self, name, layer)
+
+    forward = _forward
+
+
+def _artifacts(norms=(nn.SyncBatchNorm, nn.SyncBatchNorm)):
+    model = gc.capture(_Net(norms, dtype="float64").train(), seed=0, x=gc.spec("float64", ("N", 2, 5, 5)))
+    return gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.1))
+
+
+def _batch():
+    return {"x": RNG.normal(size=(ROWS, 2, 5, 5)) * 2 + 1.5, "y": RNG.normal(size=(ROWS, 2))}
+
+
+def _combined(arts, outs, shares):
+    """The shards' gradients outputs as one process's: loss and gradients weighted by share (as the
+    data-parallel Trainer does), running statistics any shard's (each has the global ones)."""
+    kinds = {e.name: e.role for e in arts.manifest.graphs["gradients"].outputs}
+    got = {}
+    for name, role in kinds.items():
+        if role in ("loss", "grad"):
+            got[name] = sum(share * out[name] for share, out in zip(shares, outs))
+        elif role == "state":
+            assert all(np.array_equal(out[name], outs[0][name]) for out in outs), name
+            got[name] = outs[0][name]
+        else:
+            got[name] = np.concatenate([out[name] for out in outs])
+    return got
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("cuts", [(0, 4, 9), (0, 2, 5, 9)])
+def test_shards_run_in_stages_equal_the_whole_batch(backend, cuts):
+    """2 and 3 uneven shards: loss, every gradient, the running statistics and the counter equal one
+    run of the gradients graph on the whole batch to 1e-12 (float64); plain BatchNorm's shards don't."""
+    arts = _artifacts()
+    batch, state = _batch(), arts.state
+    staged = StagedRun(arts.gradients, backend)
+    whole = staged.run([{**batch, **state}], [1.0])[0]
+    shares = [(b - a) / ROWS for a, b in zip(cuts, cuts[1:])]
+    shards = [{**{k: v[a:b] for k, v in batch.items()}, **state} for a, b in zip(cuts, cuts[1:])]
+    got = _combined(arts, staged.run(shards, shares), shares)
+    assert set(got) == set(whole) and "bn2.num_batches_tracked.next" in got
+    for name, value in whole.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-12, atol=1e-13, err_msg=name)
+
+
+def test_the_staged_run_is_torch_syncbatchnorm_over_the_global_batch():
+    """torch's SyncBatchNorm under DDP normalises by the global batch: one process's BatchNorm on it.
+    Three shards' combined loss, gradients and running statistics are torch's to 1e-12."""
+    torch = pytest.importorskip("torch")
+    arts = _artifacts()
+    batch, state = _batch(), arts.state
+    cuts = (0, 3, 4, 9)
+    shares = [(b - a) / ROWS for a, b in zip(cuts, cuts[1:])]
+    shards = [{**{k: v[a:b] for k, v in batch.items()}, **state} for a, b in zip(cuts, cuts[1:])]
+    got = _combined(arts, StagedRun(arts.gradients, "ort-cpu").run(shards, shares), shares)
+
+    net = torch.nn.Module()
+    for name, layer in _layers(torch.nn, (torch.nn.BatchNorm2d, torch.nn.BatchNorm1d), dtype=torch.float64).items():
+        net.add_module(name, layer)
+    net.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)
+    net.train()
+    loss = torch.nn.functional.mse_loss(_forward(net, torch.tensor(batch["x"])), torch.tensor(batch["y"]))
+    loss.backward()
+    np.testing.assert_allclose(got["loss"], loss.item(), rtol=1e-12)
+    for name, param in net.named_parameters():
+        np.testing.assert_allclose(got[f"{name}_grad"], param.grad.numpy(), rtol=1e-10, atol=1e-13, err_msg=name)
+    buffers = {f"{name}.next": b.numpy() for name, b in net.named_buffers() if f"{name}.next" in got}
+    assert len(buffers) == 5  # bn's num_batches_tracked is not kept (momentum is not None)
+    for name, buffer in buffers.items():
+        np.testing.assert_allclose(got[name], buffer, rtol=1e-12, atol=1e-14, err_msg=name)
+
+
+def test_all_reduce_points_are_syncbatchnorm_only():
+    """Three "sum" all-reduces per SyncBatchNorm (count and sum(x), then the centred squares), two
+    "grad" ones for the gradient of the two that carry one; plain BatchNorm's graphs have none
+    (one stage), and the eval and inference graphs of either have none. Nine stages: both counts
+    and bn's sum(x) first (the counts read shapes only), then one exchange at a time."""
+    arts = _artifacts()
+    marks = [n.metadata_props[ALL_REDUCE_KEY] for n in arts.gradients.graph if ALL_REDUCE_KEY in n.metadata_props]
+    assert sorted(marks) == ["grad"] * 4 + ["sum"] * 6
+    plain = _artifacts((nn.BatchNorm2d, nn.BatchNorm1d))
+    for key in ("train_step", "gradients", "eval", "inference"):
+        assert not any(ALL_REDUCE_KEY in n.metadata_props for n in getattr(plain, key).graph), key
+    for key in ("eval", "inference"):
+        assert not any(ALL_REDUCE_KEY in n.metadata_props for n in getattr(arts, key).graph), key
+    assert len(split(plain.gradients.ir)) == 1
+    assert [len(s.exchanges) for s in split(arts.gradients.ir)] == [3, 1, 1, 1, 1, 1, 1, 1, 0]
+
+
+def test_exchange_and_bad_shares():
+    """A "sum" is the parts' sum; a "grad" the share-weighted sum over the receiver's share. Shares
+    that do not match the shards, or are not positive, are refused naming them."""
+    parts, shares = [np.array([1.0, 2.0]), np.array([3.0, 5.0])], [0.25, 0.75]
+    np.testing.assert_array_equal(exchange(parts, shares, 1, "sum"), [4.0, 7.0])
+    np.testing.assert_allclose(exchange(parts, shares, 0, "grad"), np.array([2.5, 4.25]) / 0.25)
+    staged = StagedRun(_artifacts().gradients)
+    with pytest.raises(gc.InputError, match="one share per shard.*got 1 shards and 2 shares"):
+        staged.run([{}], [0.5, 0.5])
+    with pytest.raises(gc.InputError, match=r"shares: expected each > 0, got \[1.0, 0.0\]"):
+        staged.run([{}, {}], [1.0, 0.0])
