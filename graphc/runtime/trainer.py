@@ -71,6 +71,7 @@ from graphc.runtime.feeds import check_one, dtype_name
 from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
 from graphc.runtime.interrupts import DeferredInterrupt
+from graphc.runtime.labels import check_labels, class_count
 from graphc.runtime.rows import batch_dim, by_rows
 from graphc.runtime.session import SESSION_OPTIONS, check_options
 
@@ -127,36 +128,6 @@ def check_batches(loader: Any, what: str) -> None:
         rows, size = getattr(loader, "num_samples", "?"), getattr(loader, "batch_size", "?")
         drop = ", the last partial one dropped" if getattr(loader, "drop_last", False) else ""
         raise ValueError(f"the {what} gives no batch: {rows} rows in batches of {size}{drop}")
-
-
-def check_labels(manifest, feeds: Mapping[str, Any], what: str) -> None:
-    """A cross-entropy loss's labels are class indices in [0, C) or its ignore index. The graph
-    gives any other label a loss of 0 that still counts in the mean's divisor (PyTorch raises);
-    a batch whose every label is ignored, or (with class weights) whose counted labels all weigh
-    0, has a mean over nothing, 0/0 (NaN in PyTorch, NaN or inf in the graph), which the step
-    would write into every param."""
-    loss = manifest.loss
-    if loss.get("kind") != "cross_entropy" or loss.get("label") not in feeds:
-        return
-    labels, options = np.asarray(feeds[loss["label"]]), loss.get("options", {})
-    ignore = options.get("ignore_index", -100)
-    shape = next((e.shape for e in manifest.graphs["eval"].outputs if e.name == loss["output"]), None)
-    classes = shape[1] if shape and len(shape) > 1 and isinstance(shape[1], int) else None
-    counted = labels != ignore
-    bad = counted & ((labels < 0) | (labels >= classes if classes is not None else False))
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
-        limit = classes if classes is not None else "C"
-        raise InputError(f"{what}: label {loss['label']!r} holds {labels[at]} at {at}; cross-entropy labels are "
-                         f"class indices in [0, {limit}) or the ignore index {ignore}")
-    if options.get("reduction", "mean") == "mean" and labels.size and not counted.any():
-        raise InputError(f"{what}: every label in {loss['label']!r} is the ignore index {ignore}; the loss "
-                         f"would be a mean over no example")
-    if labels.size and counted.any() and not averaging.shard_weight(loss, {loss["label"]: labels}, len(labels)):
-        weights = options["weight"]
-        raise InputError(f"{what}: the class weights of the labels in {loss['label']!r} that are not the ignore index "
-                         f"{ignore} sum to 0 (weight={weights}); the loss would be a weighted mean over a weight of "
-                         "0, 0/0")
 
 
 def refuse_empty(feeds: Mapping[str, Any], what: str) -> None:
@@ -410,7 +381,7 @@ class Trainer:
         feeds = self._batch_feeds(batch, self.batch_specs)
         refuse_empty(feeds, "a train step")
         refuse_one_row(self.manifest, feeds)
-        check_labels(self.manifest, feeds, "a train step")
+        check_labels(self.manifest, feeds, "a train step", classes=self._measured_classes(feeds))
         with self._interrupts:
             if self.noise_specs:
                 feeds.update(self._noise_feeds(batch, feeds))
@@ -432,6 +403,20 @@ class Trainer:
             self._spare, self._in_model_order = spare, None
             self.step_count += 1
             return float(host["loss"])
+
+    def _measured_classes(self, feeds: Mapping[str, np.ndarray]) -> Optional[int]:
+        """A cross-entropy's C where neither the graphs nor the batch's shapes tell it (a class dim
+        computed inside the model, ``labels.class_count``): axis 1 of the logits of an
+        inference-mode forward of the batch, run once per batch shapes; else None."""
+        loss = self.manifest.loss
+        if loss.get("kind") != "cross_entropy" or class_count(self.manifest, feeds) is not None:
+            return None
+        key = tuple((name, np.shape(a)) for name, a in feeds.items())
+        cache = self.__dict__.setdefault("_class_counts", {})
+        if key not in cache:
+            data = {name: a for name, a in feeds.items() if name not in self._label_names()}
+            cache[key] = int(np.shape(self.predict(data)[loss["output"]])[1])
+        return cache[key]
 
     def _noise_feeds(self, batch: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """This step's Dropout noise: taken from ``batch``, else drawn from ``self.rng`` in
@@ -549,6 +534,9 @@ class Trainer:
         refuse_empty(given, "an evaluation")
         check_labels(self.manifest, given, "an evaluation")
         out = self.predict(batch)
+        if self.manifest.loss.get("kind") == "cross_entropy" and class_count(self.manifest, given) is None:
+            # a C only the run tells: checked before the loss or a metric is read
+            check_labels(self.manifest, given, "an evaluation", classes=np.shape(out[self.manifest.loss["output"]])[1])
         return {"loss": float(out["loss"]), **metrics_lib.compute(self.manifest.loss, out, batch, self.metrics)}
 
     def evaluate_loader(self, loader) -> dict[str, float]:
@@ -652,13 +640,13 @@ class Trainer:
         if self.epoch < epochs:
             check_batches(loader, "training loader")
             _one_row_batch(self.manifest, loader)
-            check_labels(self.manifest, loader.arrays, "the training loader")  # rows, not batch rows
+            check_labels(self.manifest, loader.arrays, "the training loader", whole=True)  # rows, not batch rows
             if self._scheduler is not None:
                 check_covers(self._scheduler, self.scheduler_interval, epochs, self.epoch, self.batch_in_epoch,
                              len(loader))
         if isinstance(eval_loader, DataLoader):
             check_batches(eval_loader, "eval loader")
-            check_labels(self.manifest, eval_loader.arrays, "the eval loader")
+            check_labels(self.manifest, eval_loader.arrays, "the eval loader", whole=True)
         elif eval_loader is not None:
             check_eval_loader(eval_loader, passes=epochs - self.epoch)
         if checkpoint is not None:

@@ -51,9 +51,10 @@ from graphc.errors import ArtifactsError, GraphcError
 from graphc.model.dtypes import to_numpy
 from graphc.passes.training.loss_scaling import state_names
 from graphc.runtime.history import History
+from graphc.runtime.labels import check_labels
 from graphc.runtime.session import check_options
 from graphc.runtime.trainer import (BATCH_ROLES, TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, TrainingFailed, role_specs,
-                                    check_labels, refuse_empty, refuse_one_row)
+                                    refuse_empty, refuse_one_row)
 
 __all__ = ["DistributedTrainer"]
 

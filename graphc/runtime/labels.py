@@ -1,0 +1,68 @@
+"""Host-side checks of a cross-entropy's labels, before a train step or an evaluation runs.
+
+The graph gives a label outside ``[0, C)`` that is not the ignore index a loss of 0 that still
+counts in the mean's divisor, where PyTorch raises ("Target 3 is out of bounds"), so the Trainer
+reads the labels on the host first: a min/max over an int64 array, no node in any graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import numpy as np
+
+from graphc.errors import InputError
+from graphc.runtime import averaging
+
+
+def class_count(manifest, feeds: Mapping[str, Any], whole: bool = False) -> Optional[int]:
+    """C, the size of axis 1 of the cross-entropy's logits: the eval graph's static size, else the
+    size of the batch input dim of that name in ``feeds`` (logits ``[N, K]`` of prototypes
+    ``[K, D]``, or ``[N, N]`` of a contrastive loss), else the class weights' length; None where
+    none tells. ``whole``: ``feeds`` are a loader's whole arrays, whose axis 0 is the data's
+    length, not the batch's, so it binds no dim."""
+    loss = manifest.loss
+    shape = next((e.shape for e in manifest.graphs["eval"].outputs if e.name == loss.get("output")), None)
+    dim = shape[1] if shape and len(shape) > 1 else None
+    if isinstance(dim, int):
+        return dim
+    for entry in manifest.graphs["eval"].inputs:
+        if dim is None or entry.name not in feeds or not entry.shape:
+            continue
+        sizes = np.shape(feeds[entry.name])
+        for axis, name in enumerate(entry.shape):
+            if name == dim and axis < len(sizes) and not (whole and axis == 0):
+                return int(sizes[axis])
+    weight = (loss.get("options") or {}).get("weight")
+    return len(weight) if weight is not None else None
+
+
+def check_labels(manifest, feeds: Mapping[str, Any], what: str, whole: bool = False,
+                 classes: Optional[int] = None) -> None:
+    """A cross-entropy loss's labels are class indices in [0, C) or its ignore index (C:
+    ``classes`` where the caller measured it, else ``class_count``). A batch whose every label is
+    ignored, or (with class weights) whose counted labels all weigh 0, has a mean over nothing,
+    0/0 (NaN in PyTorch, NaN or inf in the graph), which the step would write into every param."""
+    loss = manifest.loss
+    if loss.get("kind") != "cross_entropy" or loss.get("label") not in feeds:
+        return
+    labels, options = np.asarray(feeds[loss["label"]]), loss.get("options", {})
+    ignore = options.get("ignore_index", -100)
+    if classes is None:
+        classes = class_count(manifest, feeds, whole)
+    counted = labels != ignore
+    bad = counted & ((labels < 0) | (labels >= classes if classes is not None else False))
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        limit = classes if classes is not None else "C"
+        raise InputError(f"{what}: label {loss['label']!r} holds {labels[at]} at {at}; cross-entropy labels are "
+                         f"class indices in [0, {limit}) or the ignore index {ignore}")
+    if options.get("reduction", "mean") == "mean" and labels.size and not counted.any():
+        raise InputError(f"{what}: every label in {loss['label']!r} is the ignore index {ignore}; the loss "
+                         f"would be a mean over no example")
+    if labels.size and counted.any() and not averaging.shard_weight(loss, {loss["label"]: labels}, len(labels)):
+        weights = options["weight"]
+        raise InputError(f"{what}: the class weights of the labels in {loss['label']!r} that are not the ignore index "
+                         f"{ignore} sum to 0 (weight={weights}); the loss would be a weighted mean over a weight of "
+                         "0, 0/0")

@@ -1,0 +1,116 @@
+"""Bad training data against gc.Trainer and `graphc train`: a clear error naming the input, the
+position and what was expected, never a step on wrong numbers; torch 2.13 is the oracle."""
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc import nn
+
+RNG = np.random.default_rng(0)
+BACKENDS = ["numpy", "ort-cpu"]
+
+
+class Prototypes(nn.Module):
+    """Logits of a batch against K prototypes fed with it (``[N, K]``: the class count is the
+    prototypes' length, known only from the batch), or, with ``twice``, against the prototypes
+    and their halves (``[N, 2K]``: a class dim computed inside the model, which no input names)."""
+
+    def __init__(self, twice: bool = False):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.twice = twice
+
+    def forward(self, x, protos):
+        logits = self.fc(x) @ protos.t()
+        return {"logits": gc.cat([logits, logits * 0.5], dim=1) if self.twice else logits}
+
+
+class Contrastive(nn.Module):
+    """Logits of a batch against itself (``[N, N]``): row i's class is i, as in CLIP's loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return {"logits": self.fc(x) @ x.t()}
+
+
+def _prototype_case(twice: bool, label_smoothing: float):
+    model = gc.capture(Prototypes(twice), seed=0, x=gc.spec("float32", ("N", 4)), protos=gc.spec("float32", ("K", 4)))
+    loss = gc.losses.cross_entropy("logits", label="y", label_smoothing=label_smoothing)
+    batch = {"x": RNG.standard_normal((8, 4)).astype(np.float32), "protos": RNG.standard_normal((3, 4)).astype(np.float32)}
+    classes = 6 if twice else 3
+    return gc.training.generate(model, loss, gc.optim.SGD(0.1)), batch, classes
+
+
+def _torch_refuses(logits: np.ndarray, labels: np.ndarray, label_smoothing: float) -> None:
+    torch = pytest.importorskip("torch")
+    with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
+        torch.nn.functional.cross_entropy(torch.from_numpy(logits), torch.from_numpy(labels),
+                                          label_smoothing=label_smoothing)
+
+
+def _assert_refused_without_a_step(trainer, batch: dict, bad: int, at: int, classes: int) -> None:
+    before = {name: value.copy() for name, value in trainer.params.items()}
+    message = (rf"label 'y' holds {bad} at \({at},\); cross-entropy labels are class indices in \[0, {classes}\) "
+               r"or the ignore index -100")
+    for action, call in (("a train step", trainer.step), ("an evaluation", trainer.evaluate),
+                         ("an evaluation", lambda b: trainer.evaluate_loader([b]))):
+        with pytest.raises(gc.InputError, match=f"{action}: {message}"):
+            call(batch)
+    assert trainer.step_count == 0
+    for name, value in trainer.params.items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("twice", [False, True], ids=["K-from-the-batch", "2K-computed"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_labels_past_a_class_count_the_graphs_leave_symbolic_are_refused(backend, twice, label_smoothing):
+    """Logits [N, K] with K a dim of another batch input, or computed in the model: the static
+    check saw no C and let a label >= C through, which the graph counts as a loss of 0 (its
+    smoothing term still in) in the mean's divisor, a step on wrong numbers where torch raises."""
+    arts, batch, classes = _prototype_case(twice, label_smoothing)
+    trainer = gc.Trainer(arts, backend=backend)
+    labels = RNG.integers(0, classes, 8).astype(np.int64)
+    for bad in (classes, 1000):
+        wrong = labels.copy()
+        wrong[2] = bad
+        logits = trainer.predict(batch)["logits"]
+        assert logits.shape == (8, classes)
+        _torch_refuses(logits, wrong, label_smoothing)
+        _assert_refused_without_a_step(trainer, {**batch, "y": wrong}, bad, 2, classes)
+    assert np.isfinite(trainer.step({**batch, "y": labels}))
+    fewer = {"x": batch["x"], "protos": batch["protos"][:2]}  # 2 prototypes: C is 2 (4 computed) for this batch
+    fewer_classes = 2 * classes // 3
+    labels %= fewer_classes
+    labels[5] = fewer_classes
+    _assert_refused_without_a_step(gc.Trainer(arts, backend=backend), {**fewer, "y": labels}, fewer_classes, 5,
+                                   fewer_classes)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_contrastive_labels_past_the_batch_are_refused_by_each_step(backend):
+    """Logits [N, N]: C is the batch's own size, so a loader's full-data check cannot bound the
+    labels, but each step does, before it runs; labels in range train as torch's loss."""
+    torch = pytest.importorskip("torch")
+    model = gc.capture(Contrastive(), seed=0, x=gc.spec("float32", ("N", 4)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
+    trainer = gc.Trainer(arts, backend=backend)
+    x = RNG.standard_normal((8, 4)).astype(np.float32)
+    labels = np.arange(8) % 4
+    logits = trainer.predict({"x": x[:4]})["logits"]
+    expected = torch.nn.functional.cross_entropy(torch.from_numpy(logits), torch.from_numpy(labels[:4])).item()
+    assert trainer.evaluate({"x": x[:4], "y": labels[:4]})["loss"] == pytest.approx(expected, rel=1e-6)
+    loader = gc.data.DataLoader({"x": x, "y": labels}, batch_size=4, shuffle=False)
+    history = trainer.fit(loader, 1, progress=False, quiet=True)
+    assert history.epochs[0].steps == 2 and trainer.step_count == 2
+    labels[6] = 5  # a row of the data's second batch of 4: in range for the data's 8 rows, not the batch's 4
+    _torch_refuses(trainer.predict({"x": x[4:]})["logits"], labels[4:], 0.0)
+    with pytest.raises(gc.InputError, match=r"a train step: label 'y' holds 5 at \(2,\); cross-entropy labels are "
+                                            r"class indices in \[0, 4\)"):
+        fresh = gc.Trainer(arts, backend=backend)
+        fresh.fit(gc.data.DataLoader({"x": x, "y": labels}, batch_size=4, shuffle=False), 1, progress=False, quiet=True)
+    assert fresh.step_count == 1  # the first batch's step, not the second's
