@@ -114,3 +114,41 @@ def test_contrastive_labels_past_the_batch_are_refused_by_each_step(backend):
         fresh = gc.Trainer(arts, backend=backend)
         fresh.fit(gc.data.DataLoader({"x": x, "y": labels}, batch_size=4, shuffle=False), 1, progress=False, quiet=True)
     assert fresh.step_count == 1  # the first batch's step, not the second's
+
+
+class Regressor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return {"pred": self.fc(x)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("where", ["x", "target"])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_a_non_finite_value_in_the_data_is_named_when_fit_stops(backend, where, value):
+    """NaN or inf in an input or a target: a step propagates it into the loss, as torch's
+    (same value), and fit's NaN guard names the array, the batch position and the data row,
+    where it only said to lower the learning rate."""
+    torch = pytest.importorskip("torch")
+    model = gc.capture(Regressor(), seed=0, x=gc.spec("float32", ("N", 4)))
+    arts = gc.training.generate(model, gc.losses.mse("pred", label="target"), gc.optim.SGD(0.1))
+    data = {"x": RNG.standard_normal((12, 4)).astype(np.float32),
+            "target": RNG.standard_normal((12, 1)).astype(np.float32)}
+    column = 2 if where == "x" else 0
+    data[where][7, column] = value
+    pred = gc.Trainer(arts, backend=backend).predict({"x": data["x"][4:8]})["pred"]
+    expected = torch.nn.functional.mse_loss(torch.from_numpy(pred), torch.from_numpy(data["target"][4:8])).item()
+    loss = gc.Trainer(arts, backend=backend).step({"x": data["x"][4:8], "target": data["target"][4:8]})
+    assert np.isnan(expected) == np.isnan(loss) and np.isinf(expected) == np.isinf(loss)
+    loader = gc.data.DataLoader(data, batch_size=4, seed=3)
+    position = int(np.flatnonzero(loader.order(0) == 7)[0])
+    batch, row = divmod(position, 4)
+    from graphc.runtime.trainer import TrainingFailed
+
+    with pytest.raises(TrainingFailed, match=rf"the loss became (nan|inf) at step {batch + 1} \(epoch 1, batch "
+                                             rf"{batch + 1}\); the batch's '{where}' holds {value} at \({row}, "
+                                             rf"{column}\) \(row 7 of the loader's data\)"):
+        gc.Trainer(arts, backend=backend).fit(loader, 1, progress=False, quiet=True)

@@ -16,7 +16,7 @@ import numbers
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -104,6 +104,10 @@ class DataLoader:
             order.setflags(write=False)
             cached = self._order = (int(epoch), order)
         return cached[1]
+
+    def sample(self, epoch: int, index: int, row: int) -> int:
+        """The data's row that is row ``row`` of batch ``index`` of ``epoch``."""
+        return int(self.order(epoch)[index * self.batch_size + row])
 
     def batch(self, epoch: int, index: int, rows: slice = slice(None)) -> dict[str, np.ndarray]:
         """Batch ``index`` of ``epoch`` (what iteration yields at that position), or only its
@@ -247,6 +251,19 @@ def eval_batches(loader: Any) -> Iterator[Mapping[str, Any]]:
         spent = iter(loader) is loader
         raise ValueError("the eval loader gives no batch" + (" (an iterator gives its batches once, and this one is "
                                                              "used up)" if spent else ""))
+
+
+def first_non_finite(batch: Mapping[str, Any]) -> Optional[tuple[str, tuple[int, ...], float]]:
+    """(name, index, value) of the first NaN or infinity in ``batch``'s float arrays, in the
+    batch's order; None where every value is finite."""
+    for name, value in batch.items():
+        array = np.asarray(value)
+        if array.dtype.kind == "f" and array.size:
+            bad = ~np.isfinite(array)
+            if bad.any():
+                at = tuple(int(i) for i in np.argwhere(bad)[0])
+                return name, at, float(array[at])
+    return None
 
 
 def _kind(value: Any) -> str:

@@ -66,7 +66,8 @@ from graphc.passes.training.loss_scaling import LOSS_SCALE, SKIPPED
 from graphc.passes.training.scheduled import MOMENTUM, momentum_value
 from graphc.runtime import averaging, checkpoint as ckpt, momentum as momentum_lib
 from graphc.runtime import metrics as metrics_lib
-from graphc.runtime.data import DataLoader, check_eval_loader, check_training_loader, check_whole, eval_batches
+from graphc.runtime.data import (DataLoader, check_eval_loader, check_training_loader, check_whole, eval_batches,
+                                 first_non_finite)
 from graphc.runtime.feeds import check_one, dtype_name
 from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
@@ -749,7 +750,7 @@ class Trainer:
                 scaled_away = not math.isfinite(loss) and self._skips_seen is not None
                 if not math.isfinite(loss) and not scaled_away:
                     raise TrainingFailed(f"the loss became {loss} at step {self.step_count} (epoch {self.epoch + 1}, "
-                                         f"batch {self.batch_in_epoch + 1}); lower the learning rate or check the data")
+                                         f"batch {self.batch_in_epoch + 1}); {self._non_finite_cause(loader, batch)}")
                 if self._grad_norm:
                     history.step_grad_norms.append(float(self._step_outputs[self._grad_norm]))
                 if not scaled_away:
@@ -768,6 +769,19 @@ class Trainer:
             if save is not None and self.step_count % every == 0:
                 save()
             last = time.perf_counter()  # the save's time is not train time
+
+    def _non_finite_cause(self, loader, batch: Mapping[str, np.ndarray]) -> str:
+        """What a NaN or infinite loss of the batch at ``self.batch_in_epoch`` comes from, as far as
+        the host sees: the batch's first NaN or infinity (its data row named), which the step
+        carried into the loss as torch's would, else the training itself."""
+        found = first_non_finite({name: batch[name] for name in self._batch_names if name in batch})
+        if found is None:
+            return "lower the learning rate or check the data"
+        name, at, value = found
+        row = loader.sample(self.epoch, self.batch_in_epoch, at[0]) if at else None
+        return (f"the batch's {name!r} holds {value} at {at}" + (f" (row {row} of the loader's data)" if at else "")
+                + ", which the step carried into the loss and the params, as torch's would: clean the data "
+                "(np.isfinite) before training")
 
     def _step_scheduler(self, loss: float) -> None:
         """Step ``self.scheduler``: ReduceLROnPlateau watching ``loss``, the others by one."""
