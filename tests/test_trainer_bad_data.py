@@ -40,7 +40,8 @@ class Contrastive(nn.Module):
 def _prototype_case(twice: bool, label_smoothing: float):
     model = gc.capture(Prototypes(twice), seed=0, x=gc.spec("float32", ("N", 4)), protos=gc.spec("float32", ("K", 4)))
     loss = gc.losses.cross_entropy("logits", label="y", label_smoothing=label_smoothing)
-    batch = {"x": RNG.standard_normal((8, 4)).astype(np.float32), "protos": RNG.standard_normal((3, 4)).astype(np.float32)}
+    batch = {"x": RNG.standard_normal((8, 4)).astype(np.float32),
+             "protos": RNG.standard_normal((3, 4)).astype(np.float32)}
     classes = 6 if twice else 3
     return gc.training.generate(model, loss, gc.optim.SGD(0.1)), batch, classes
 
@@ -152,3 +153,21 @@ def test_a_non_finite_value_in_the_data_is_named_when_fit_stops(backend, where, 
                                              rf"{batch + 1}\); the batch's '{where}' holds {value} at \({row}, "
                                              rf"{column}\) \(row 7 of the loader's data\)"):
         gc.Trainer(arts, backend=backend).fit(loader, 1, progress=False, quiet=True)
+
+
+@pytest.mark.parametrize("keys", [("x", "y"), ("x_val", "y_val")])
+def test_graphc_train_names_the_file_and_arrays_whose_lengths_differ(tmp_path, capsys, keys):
+    """A label array of another length than its data, in --data's training or evaluation set:
+    one line naming the option, the file, each array and its rows (it named neither the file
+    nor, for the _val set, the arrays)."""
+    from cli_util import one_line_error, run_cli, workspace
+
+    root = workspace(tmp_path)
+    data = dict(np.load(root / "data.npz"))
+    arrays = {**data, keys[0]: data["x"][:10], keys[1]: data["y"][:9]}
+    np.savez(root / "short.npz", **arrays)
+    result = run_cli(capsys, "train", root / "arts", "--data", root / "short.npz", "--epochs", 1, "--batch-size", 8,
+                     "--backend", "numpy")
+    err = " ".join(one_line_error(result).split())
+    assert f"--data {root / 'short.npz'}: the inputs' arrays need one row per sample" in err
+    assert f"got '{keys[0]}' 10 rows, '{keys[1]}' 9 rows" in err

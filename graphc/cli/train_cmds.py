@@ -59,6 +59,10 @@ def _pick_arrays(path: Path, option: str, names: list[str], suffixes: tuple[str,
                          f"{', '.join(sorted(files))}); give every input with one suffix: {sets}")
     keys = [name + suffix for name in names]
     arrays = load_npz(path, option, keys)
+    rows = {key: f"{len(a)} rows" if a.ndim else "a scalar" for key, a in arrays.items()}
+    if len(set(rows.values())) > 1 or "a scalar" in rows.values():
+        raise ValueError(f"{option} {path}: the inputs' arrays need one row per sample, the same length along axis 0; "
+                         f"got {', '.join(f'{key!r} {n}' for key, n in rows.items())}")
     return {name: arrays[key] for name, key in zip(names, keys)}, keys
 
 
