@@ -992,3 +992,49 @@ def test_without_ray_a_clear_error_says_what_to_install(monkeypatch, capsys, tmp
     np.save(tmp_path / "x.npy", np.zeros((3, 64), np.float32))
     err = one_line_error(run_cli(capsys, "run", tmp_path / "m.onnx", "--input", f"x={tmp_path / 'x.npy'}", "--workers", "2"))
     assert "MissingDependency" in err and "graphc[ray]" in err
+
+
+def _max_norm_batches(outputs: int) -> list[dict]:
+    """Batches of 4 x 4 lookups over rows 0..5 of ``test_embedding_max_norm``'s 8 (rows 6, 7, over
+    max_norm, never looked up: weight decay and momentum step them unrenormalised): 2 workers' shards
+    read overlapping rows, at step 1 rows the other does not (0-2 and 3-5), at step 4 2 rows and 1."""
+    rng = np.random.default_rng(2)
+    out = []
+    for step in range(6):
+        i = rng.integers(0, 6, (4, 4))
+        if step == 1:
+            i[:2], i[2:] = rng.integers(0, 3, (2, 4)), rng.integers(3, 6, (2, 4))
+        out.append({"i": i[:3] if step == 4 else i, "y": rng.normal(size=(3 if step == 4 else 4, outputs))})
+    return out
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("tied, padding_idx, kind", [(True, None, "adamw"), (False, 2, "sgd"), (True, 2, "adamw")])
+def test_workers_train_an_embeddings_max_norm_weight_as_torch_on_the_whole_batch(ray_cluster, backend, tied,
+                                                                                padding_idx, kind):
+    """Each worker renormalises the rows every shard looks up (their union, gathered before the forward),
+    so a tied output layer reads the weight one process holds, and the update steps the weight with
+    those rows renormalised: 2 workers match torch on the whole batch to 1e-12 in float64."""
+    torch = pytest.importorskip("torch")
+    from test_embedding_max_norm import OPTIMIZERS as STEPPERS, ROWS, _Net, _Twin, _assert_weights
+
+    net = _Net(tied=tied, padding_idx=padding_idx)
+    twin = _Twin(net, 2.0, tied)
+    model = gc.capture(net, i=gc.spec("int64", ("N", 4)))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), STEPPERS[kind][0]())
+    batches = _max_norm_batches(ROWS if tied else 2)
+    trainer = gc.Trainer(arts, **{**WORKER, "backend": backend})
+    losses = [trainer.step(b) for b in batches]
+    opt, want = STEPPERS[kind][1](twin.parameters()), []
+    for b in batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(twin(torch.from_numpy(b["i"])), torch.from_numpy(b["y"]))
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    np.testing.assert_allclose(losses, want, rtol=1e-12, atol=1e-15)
+    _assert_weights(trainer, twin)
+    first, second = trainer.worker_states()
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+    trainer.shutdown()

@@ -199,12 +199,22 @@ def test_a_captured_forward_sees_the_renormalised_weight_after_the_lookup():
         np.testing.assert_allclose(gc.Session(model, backend=backend).run({"i": i})["output"], want, rtol=1e-12)
 
 
-def test_data_parallel_training_of_a_renormalised_weight_is_refused():
+def test_data_parallel_training_refuses_lookups_whose_rows_depend_on_a_param():
+    """The workers agree on the rows each lookup renormalises before the forward (from their shards'
+    data); a second lookup of the rows the first one's tied logits pick cannot be known then.
+    (Data-parallel training as torch: ``test_distributed.py``.)"""
     from graphc.errors import ArtifactsError
 
-    with pytest.raises(ArtifactsError, match=r"\['emb.weight'\] are renormalised in place by an embedding with "
-                                             r"max_norm.*train with one worker"):
-        gc.Trainer(_artifacts(_Net(), "sgd"), workers=2)
+    class Picking(_Net):
+        def forward(self, i):
+            picked = self.fc(self.emb(i)).argmax(-1)
+            return self.fc(self.emb(picked).mean(1))
+
+    model = gc.capture(Picking(tied=True), i=gc.spec("int64", ("N", 4)))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), OPTIMIZERS["sgd"][0]())
+    with pytest.raises(ArtifactsError, match=r"the rows an embedding with max_norm renormalises depend on "
+                                             r"\['emb.weight', 'fc.bias'\], not only on the batch.*train with one worker"):
+        gc.Trainer(arts, workers=2)
 
 
 def _ops(model) -> list[str]:

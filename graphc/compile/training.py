@@ -181,7 +181,7 @@ class Manifest(BaseModel):
     orders: dict[str, list[int]] = {}
     recompute: bool = False  # the backward recomputes cheap forward values (generate's option)
     # trainable params an embedding with max_norm renormalises in place: train_step steps them from
-    # their renormalised values; the gradients graph (data-parallel workers) does not give those
+    # their renormalised values; data-parallel workers' gradients graph gives them (``renorm_rows``)
     renormed: list[str] = []
     device: Literal["cpu", "cuda"] = "cpu"  # whose kernels the backward's lowerings suit (generate's option)
     # train-mode BatchNorms with one value per channel in a batch of one row: {module: [data input, axis]}

@@ -20,7 +20,7 @@ from graphc.passes.emit import Emitter
 from graphc.passes.training.graph_outputs import by_name
 from graphc.passes.values import MAX_NORM_KEY, MAX_NORM_ROWS_KEY
 
-__all__ = ["renormed"]
+__all__ = ["param_of", "renormed"]
 
 
 def renormed(graph: ir.Graph, opset: int, params: Sequence[str]) -> dict[str, str]:
@@ -30,18 +30,25 @@ def renormed(graph: ir.Graph, opset: int, params: Sequence[str]) -> dict[str, st
     such a lookup inside a control-flow body."""
     last: dict[str, ir.Node] = {}
     for node in ir.traversal.RecursiveGraphIterator(graph):
-        if MAX_NORM_KEY in node.metadata_props:
-            param = node.metadata_props[MAX_NORM_KEY].partition(" at ")[0]
-        elif MAX_NORM_ROWS_KEY in node.metadata_props:
-            param = json.loads(node.metadata_props[MAX_NORM_ROWS_KEY])["param"]
-        else:
-            continue
+        param = param_of(node)
         if param in params:
             if node.graph is not graph:
                 _refuse_in_body(node)
             last[param] = node
     return {param: node.outputs[0].name if MAX_NORM_KEY in node.metadata_props else _write_back(graph, opset, node)
             for param, node in last.items()}
+
+
+def param_of(node: ir.Node | None) -> str | None:
+    """The param ``node`` is marked as renormalising: a write-back's new weight (``MAX_NORM_KEY``) or
+    the rows of a lookup whose write-back capture dropped (``MAX_NORM_ROWS_KEY``); None if neither."""
+    if node is None:
+        return None
+    if MAX_NORM_KEY in node.metadata_props:
+        return node.metadata_props[MAX_NORM_KEY].partition(" at ")[0]
+    if MAX_NORM_ROWS_KEY in node.metadata_props:
+        return json.loads(node.metadata_props[MAX_NORM_ROWS_KEY])["param"]
+    return None
 
 
 def _where(rows: ir.Node) -> tuple[dict, str]:

@@ -30,6 +30,7 @@ import onnx
 from graphc.compile.training import CARRIED_ROLES
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.averaging import divisor, examples, shard_weight
+from graphc.runtime.distributed.renorm_rows import RENORMED, ROWS, union
 from graphc.runtime.trainer import predict_model, without_initializers
 
 
@@ -63,6 +64,8 @@ class Replica:
         self._means: Optional[dict] = None  # the train metrics a shard reduces (``use_metrics``)
         self._whole = False
         self._grads = self._prepare("gradients")
+        self._rows = self._prepare(ROWS) if ROWS in self._protos else None
+        self._renormed = [v.name for v in self._protos["gradients"].graph.output if v.name.endswith(RENORMED)]
         self._update = self._prepare("update")
         self._update_inputs = {v.name for v in self._protos["update"].graph.input}
         self._update_outputs = [v.name for v in self._protos["update"].graph.output]
@@ -98,21 +101,39 @@ class Replica:
         """Host copies of the carried tensors, named per param."""
         return self.manifest.unpack({n: np.array(self._grads.to_host(h), copy=True) for n, h in self._state.items()})
 
-    def step(self, message: Mapping[str, Any], *previous: Optional[dict]) -> tuple[dict, Optional[dict]]:
+    def _shard(self, message: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The shard of ``message``: ``shard`` (arrays) or ``read`` (epoch, batch, first row, end
+        row of the loader's batch)."""
+        if "read" in message:
+            epoch, index, lo, hi = message["read"]
+            return self._loader.batch(epoch, index, slice(lo, hi))
+        return dict(message["shard"])
+
+    def renorm_rows(self, message: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The rows each max_norm write-back looks up in this worker's shard of ``message``
+        (``renorm_rows``), ``{}`` for an empty shard."""
+        if message["rows"] == 0:
+            return {}
+        shard = self._shard(message)
+        inputs = {v.name for v in self._protos[ROWS].graph.input}
+        host, _ = self._rows.run_bound({n: a for n, a in shard.items() if n in inputs},
+                                       [v.name for v in self._protos[ROWS].graph.output])
+        return host
+
+    def step(self, message: Mapping[str, Any], *gathered: Optional[dict]) -> tuple[dict, Optional[dict]]:
         """Apply ``previous`` (every worker's last gradients, if any), then this worker's
-        gradients on its shard of ``message``: ``shard`` (arrays) or ``read`` (epoch, batch,
-        first row, end row of the loader's batch), with ``noise`` shapes to draw from the
+        gradients on its shard of ``message`` (``_shard``), with ``noise`` shapes to draw from the
         generator seeded ``(seed, step, rank)``, after setting the carried tensors in ``set``
-        (an lr a scheduler changed since ``previous`` was computed). Returns ({loss, weight}, gradients);
-        with ``metrics`` set, the first also holds the shard's train metrics (``_metrics``)."""
+        (an lr a scheduler changed since ``previous`` was computed). ``gathered``: every worker's
+        ``renorm_rows`` (their number ``message["renorm_rows"]``), then ``previous``. Returns
+        ({loss, weight}, gradients); with ``metrics`` set, the first also holds the shard's train
+        metrics (``_metrics``)."""
+        split = message.get("renorm_rows", 0)
+        previous = gathered[split:]
         if previous:
             self.apply(message["step"], *previous)
         self.set(message.get("set", {}))
-        if "read" in message:
-            epoch, index, lo, hi = message["read"]
-            shard = self._loader.batch(epoch, index, slice(lo, hi))
-        else:
-            shard = dict(message["shard"])
+        shard = self._shard(message)
         rows = message["rows"]
         if message.get("noise"):
             rng = np.random.default_rng([message["seed"], message["step"], self.rank])
@@ -121,12 +142,14 @@ class Replica:
             return {"loss": 0.0, "weight": 0.0}, None
         feeds = {n: a for n, a in shard.items() if n in self._grad_inputs}
         feeds.update({n: h for n, h in self._state.items() if n in self._grad_inputs})
+        feeds.update(union(gathered[:split]) if split else {})
         wanted = message.get("metrics") and self._prediction is not None
         host, _ = self._grads.run_bound(feeds, [*self._grad_outputs, *(self._stats if self.rank == 0 else ()),
+                                                *(self._renormed if self.rank == 0 else ()),
                                                 *([self._prediction] if wanted else [])])
         weight = shard_weight(self.manifest.loss, shard, rows)
         loss = float(host.pop("loss"))
-        stats = {n: host.pop(n) for n in list(host) if n in self._stats}
+        stats = {n: host.pop(n) for n in list(host) if n in self._stats or n in self._renormed}
         info = self._metrics(host.pop(self._prediction), shard, rows) if wanted else {}
         if weight == 0:  # every label ignored: the shard's mean loss is 0/0, it counts for nothing
             return {**info, "loss": 0.0, "weight": 0.0}, {"weight": 0.0, "grads": {}, "stats": stats}
@@ -151,6 +174,8 @@ class Replica:
         if self._applied == step:
             return
         self._applied = step
+        for out, value in gathered[0]["stats"].items():  # "<stat>.next", "<param>.renormed": the update's start
+            self._state[out[: -len(RENORMED if out.endswith(RENORMED) else ".next")]] = self._grads.to_device(value)
         done = [g for g in gathered if g is not None and g["weight"] > 0]
         total = divisor(self.manifest.loss, sum(g["weight"] for g in done))
         feeds = {n: h for n, h in self._state.items() if n in self._update_inputs}
@@ -163,8 +188,6 @@ class Replica:
             spare[out] = self._state[name]
             self._state[name] = device[out]
         self._spare = spare
-        for out, value in gathered[0]["stats"].items():
-            self._state[out[: -len(".next")]] = self._grads.to_device(value)
 
     def set(self, tensors: Mapping[str, np.ndarray]) -> None:
         """Replace some carried tensors (``lr``, say) as given."""

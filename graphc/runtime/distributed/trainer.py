@@ -20,7 +20,9 @@ examples (``gc.metrics.splits``: every built-in), each one times its shard's exa
 add up as one process adds up its batches; for any other metric (a user's, which may be a max)
 it sends its prediction rows, and the driver computes it on the joined batch. So one step on
 ``N`` workers equals one single-process step on the same global batch, up to float rounding,
-and every worker holds the same bits.
+and every worker holds the same bits. A param an embedding with max_norm renormalises in place
+(``manifest.renormed``) adds one call per worker and step before it: each worker reports the rows
+its shard looks up, and every worker renormalises their union (``renorm_rows``), as one process.
 
 Per-replica state follows PyTorch DDP: BatchNorm normalizes with each worker's batch statistics;
 the running statistics are rank 0's, copied to every worker after each step (DDP's
@@ -45,6 +47,7 @@ from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get
 from graphc.runtime.data import DataLoader
 from graphc.runtime.averaging import divisor, examples, shard_weight
+from graphc.runtime.distributed.renorm_rows import ROWS, worker_graphs
 from graphc.runtime.distributed.replica import Replica
 from graphc.runtime.rows import batch_dim, by_rows, time_major
 from graphc.errors import ArtifactsError, GraphcError
@@ -87,13 +90,14 @@ class DistributedTrainer(Trainer):
         self.manifest = self.manifest.in_model_order()  # the workers run the gradients and update graphs
         self.workers, self.max_restarts, self.timeout_s = workers, max_restarts, timeout_s
         self._check_data_parallel()
+        a = self.artifacts
+        graphs = {"gradients": worker_gradients_model(a), "update": update_model(self.manifest), "eval": a.eval}
+        graphs.update(worker_graphs(graphs["gradients"], self.manifest))
+        self._renorm = ROWS in graphs  # a step first gathers the rows each worker's lookups renormalise
         self._ray = ray = connect(ray_address, "gc.Trainer(workers=...)")
         check_resources(ray, workers, num_cpus, num_gpus, timeout_s)
         self._actor = ray.remote(Replica).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)
-        a = self.artifacts
-        self._graphs = ray.put({"gradients": worker_gradients_model(a).proto.SerializeToString(),
-                                "update": update_model(self.manifest).proto.SerializeToString(),
-                                "eval": a.eval.proto.SerializeToString(),
+        self._graphs = ray.put({**{k: m.proto.SerializeToString() for k, m in graphs.items()},
                                 "manifest": self.manifest.model_dump_json().encode()})
         self._backend_name, self._options = backend, {**TRAINING_OPTIONS, **options}
         eval_inputs = self.manifest.graphs["eval"].inputs
@@ -109,8 +113,8 @@ class DistributedTrainer(Trainer):
     def _check_data_parallel(self) -> None:
         """Refuse, saying why, artifacts the workers cannot train as one process would: a loss
         that is a scalar output (graphc cannot tell a mean from a sum, so shards cannot be
-        combined), a gradients graph from before it output the BatchNorm statistics' updates
-        (they would stay frozen), and params an embedding's max_norm renormalises (``manifest.renormed``)."""
+        combined) and a gradients graph from before it output the BatchNorm statistics' updates
+        (they would stay frozen)."""
         loss = self.manifest.loss
         if loss.get("kind") == "output" and self.workers > 1:
             raise ArtifactsError(f"the loss is the model's scalar output {loss['output']!r}: how it grows with the "
@@ -118,11 +122,6 @@ class DistributedTrainer(Trainer):
                                  "into the whole batch's loss and gradients; generate the artifacts with a gc.losses "
                                  "spec (gc.losses.mse, cross_entropy, ...) to train data-parallel, or train with one "
                                  "worker")
-        if self.manifest.renormed and self.workers > 1:
-            raise ArtifactsError(f"the params {self.manifest.renormed} are renormalised in place by an embedding "
-                                 "with max_norm, each worker its shard's rows, and the update steps them from the "
-                                 "renormalised values, which the workers' gradients graph does not give; train "
-                                 "with one worker (or without max_norm)")
         grads = self.manifest.graphs["gradients"]
         outputs = {e.name for e in grads.outputs}
         # not the statistics of batchnorm="frozen", nor the loss scale (the update graph's)
@@ -283,7 +282,11 @@ class DistributedTrainer(Trainer):
         for message in messages:
             message["metrics"] = metrics
         with self._interrupts:
-            calls = [r.step.options(num_returns=2).remote(m, *self._pending) for r, m in zip(self._replicas, messages)]
+            rows = [r.renorm_rows.remote(m) for r, m in zip(self._replicas, messages)] if self._renorm else []
+            for message in messages:
+                message["renorm_rows"] = len(rows)
+            calls = [r.step.options(num_returns=2).remote(m, *rows, *self._pending)
+                     for r, m in zip(self._replicas, messages)]
             infos = self._get([info for info, _ in calls], "a training step")
             total = divisor(self.manifest.loss, sum(i["weight"] for i in infos))  # before the next step applies them
             self._pending, self._later = [grads for _, grads in calls], {}

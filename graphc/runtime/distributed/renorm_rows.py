@@ -1,0 +1,39 @@
+"""Data-parallel training of params an embedding with ``max_norm`` renormalises in place
+(``manifest.renormed``), as one process on the whole batch: before each step every worker reports the rows
+each write-back looks up in its shard (the ``renorm_rows`` graph), and each worker's gradients graph
+renormalises and writes back their union (``passes/training/max_norm_shards.py``): the forward, a tied
+layer included, reads the weight one process does, and the update steps each such param from its
+``<param>.renormed`` value, which rank 0's gradients carry (as its BatchNorm statistics)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from graphc.passes.training.max_norm_shards import RENORMED, sharded
+
+__all__ = ["RENORMED", "ROWS", "union", "worker_graphs"]
+
+ROWS = "renorm_rows"  # the workers' graphs: shard -> the flat indices of each write-back, in graph order
+
+BATCH = ("data", "label")  # the inputs a shard holds that the rows may read
+
+
+def worker_graphs(gradients, manifest) -> dict:
+    """``{"gradients": ..., ROWS: ...}`` as ``gc.Model``s where ``manifest.renormed`` names params
+    (``gradients``, the workers' gradients model, made at the union of the shards' rows), else ``{}``."""
+    from graphc.model import Model
+
+    if not manifest.renormed:
+        return {}
+    data = [e.name for e in manifest.graphs["gradients"].inputs if e.role in BATCH]
+    made = sharded(gradients.ir, manifest.renormed, data, renormed=True)
+    return {"gradients": Model(made.graph), ROWS: Model(made.rows)}
+
+
+def union(shards: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Each write-back's rows over every shard that has any (``shards``: the workers' ``renorm_rows``
+    outputs, an empty dict for an empty shard), sorted, each row once: the same on every worker."""
+    given = [s for s in shards if s]
+    return {name: np.unique(np.concatenate([s[name].reshape(-1) for s in given])) for name in given[0]}

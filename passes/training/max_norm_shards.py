@@ -1,0 +1,125 @@
+"""Data-parallel workers' graphs for params an embedding with ``max_norm`` renormalises in place: every
+worker renormalises, at each write-back, the rows the whole global batch looks up there, as one process does.
+
+Torch's ``embedding_renorm_`` scales each row looked up, once per lookup, from that row's value alone, so
+worker and one process agree on a row whenever they agree on which rows a lookup renormalises. Each
+worker runs ``rows`` on its shard (the flat indices each write-back scatters at, in graph order), the
+workers take the union of every shard's (``numpy.unique``), and ``gradients`` renormalises and writes
+back exactly those rows at each write-back: a tied layer, a later lookup and the update then read the
+weight one process holds, bit for bit, and ``<param>.renormed`` gives the value train_step steps from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+from graphc.errors import ArtifactsError
+from graphc.passes.emit import Emitter
+from graphc.passes.training import max_norm
+from graphc.passes.training.graph_outputs import by_name, expose
+from graphc.passes.values import onnx_opset
+
+__all__ = ["RENORMED", "ShardedRenorm", "sharded"]
+
+RENORMED = ".renormed"  # a param's value after the forward's write-backs: ``<param>.renormed``
+
+
+@dataclass
+class ShardedRenorm:
+    """``rows``: shard data -> the flat indices of each write-back, its outputs named as ``graph``'s
+    inputs that take their union; ``graph``: the given graph renormalising those unions."""
+
+    rows: ir.Model
+    graph: ir.Model
+
+
+def sharded(model: ir.Model, params: Sequence[str], data: Sequence[str], renormed: bool) -> ShardedRenorm:
+    """``model`` (a gradients or eval graph) with each write-back of ``params`` made at the union of the
+    shards' rows (the module's docstring); ``renormed``: also output each param's last value as
+    ``<param>.renormed``. ``data``: the inputs a shard holds; an ArtifactsError for a write-back whose
+    indices read anything else (a param: the workers cannot agree on the rows before the forward)."""
+    model = model.clone()
+    graph, opset = model.graph, onnx_opset(model, 0)
+    last = max_norm.renormed(graph, opset, params)  # writes back what capture dropped
+    scatters = [n for n in graph if n.op_type == "ScatterND" and _written(n, params)]
+    rows = model.clone()
+    flat = {n.name: n.inputs[1].name for n in scatters}
+    rows.graph.outputs.clear()
+    rows.graph.outputs.extend(by_name(rows.graph, name) for name in flat.values())
+    for out in rows.graph.outputs:  # [indices, 1] int64: Reshape gives no shape
+        out.shape = out.shape or ir.Shape([None, 1])
+    RemoveUnusedNodesPass()(rows)
+    _keep_inputs(rows.graph, data)
+    e = Emitter(graph, opset, "renorm_union")
+    for node in scatters:
+        _at_union(graph, e, node, flat[node.name])
+    if renormed:
+        for param, name in last.items():
+            expose(graph, by_name(graph, name), f"{param}{RENORMED}", like=by_name(graph, param))
+    graph.sort()
+    RemoveUnusedNodesPass()(model)
+    return ShardedRenorm(rows, model)
+
+
+def _written(scatter: ir.Node, params: Sequence[str]) -> bool:
+    """Whether ``scatter`` is a write-back of one of ``params``: its result marked ``MAX_NORM_KEY`` or
+    its rows those of a lookup whose write-back capture dropped (``max_norm.renormed`` appends it)."""
+    rows = scatter.inputs[2].producer() if len(scatter.inputs) == 3 else None
+    source = rows.inputs[0].producer() if rows is not None and rows.op_type == "Reshape" else None
+    return any(max_norm.param_of(n) in params for n in [source, *(use for use, _ in scatter.outputs[0].uses())])
+
+
+def _keep_inputs(graph: ir.Graph, data: Sequence[str]) -> None:
+    used = [v for v in graph.inputs if v.uses()]
+    other = [v.name for v in used if v.name not in data]
+    if other:
+        raise ArtifactsError(f"the rows an embedding with max_norm renormalises depend on {other}, not only on the "
+                             "batch, so the workers cannot agree on them before the forward; train with one worker")
+    graph.inputs.clear()
+    graph.inputs.extend(used)
+
+
+def _at_union(graph: ir.Graph, e: Emitter, scatter: ir.Node, name: str) -> None:
+    """``scatter`` (``ScatterND(weight, Reshape(Cast(indices), [-1, 1]), Reshape(scaled, [-1, dim]))``)
+    made at the rows of a new int64 input ``name`` [rows]: ``scaled``'s nodes from ``indices`` cloned
+    to read it, shaped [rows, 1, ...] to the rank of ``indices`` (the same ops, so the same bits on the
+    rows a shard looks up)."""
+    flat, rows = scatter.inputs[1], scatter.inputs[2]
+    indices = flat.producer().inputs[0].producer().inputs[0]
+    scaled = rows.producer().inputs[0]
+    flat.name = None  # the name goes to the input
+    e.name_value(flat)
+    union = ir.Value(name=name, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([f"{name}_rows"]))
+    graph.inputs.append(union)
+    read = e.op("Reshape", union, e.ints([-1] + [1] * (len(indices.shape) - 1)))  # its rank, for the axes
+    read = read if indices.dtype == ir.DataType.INT64 else e.op("Cast", read, to=indices.dtype)
+    clones = {indices: read}
+    for node in _between(graph, indices, scaled):
+        outs = e.op(node.op_type, *(clones.get(v, v) for v in node.inputs), num_outputs=len(node.outputs),
+                    **{k: a.value for k, a in node.attributes.items()})
+        for old, new in zip(node.outputs, outs if len(node.outputs) > 1 else [outs]):
+            clones[old] = new
+    scatter.replace_input_with(1, e.op("Unsqueeze", union, e.ints([1])))
+    scatter.replace_input_with(2, e.op("Reshape", clones[scaled], rows.producer().inputs[1]))
+
+
+def _between(graph: ir.Graph, source: ir.Value, target: ir.Value) -> list[ir.Node]:
+    """The nodes on a path from ``source`` to ``target``, in graph order."""
+    before: set[ir.Node] = set()
+    stack = [target.producer()]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in before:
+            before.add(node)
+            stack.extend(v.producer() for v in node.inputs if v is not None)
+    after = {source}
+    out = []
+    for node in graph:
+        if node in before and any(v in after for v in node.inputs):
+            out.append(node)
+            after.update(node.outputs)
+    return out
