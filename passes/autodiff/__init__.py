@@ -56,6 +56,7 @@ from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rul
     rules_activations,
     rules_control,
     rules_elementwise,
+    rules_fused,
     rules_indexing,
     rules_linalg,
     rules_loss,

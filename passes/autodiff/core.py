@@ -5,7 +5,8 @@
 1. restrict to the nodes on a path from a ``wrt`` value to the loss; paths through integer or
    boolean values carry no gradient (shape arithmetic from Shape/Gather/Concat is skipped), nor
    do paths through a ``gc.detach`` Identity (``stops_gradient``);
-2. walk those nodes in reverse graph order, calling each op type's VJP rule (``RULES``);
+2. walk those nodes in reverse graph order, calling each op type's VJP rule (``RULES``), or at
+   the last node of a fused kernel a pass wrote out the kernel's backward (``FUSED_RULES``);
 3. undo broadcasting once, here: a gradient a rule returns in a broadcast shape (see
    ``registry``) is summed down to its input's shape (``GradBuilder.sum_to``: ReduceSum over
    the broadcast axes and a Reshape, static when the shapes are known, ``Shape``-based else);
@@ -27,9 +28,9 @@ import onnx_ir as ir
 from graphc.errors import AutodiffError, GraphError, MissingGradientRule
 from graphc.passes.autodiff.builder import SOURCE_KEY, GradBuilder, is_float, static_shape
 from graphc.passes.autodiff.recurrent import UNROLLED, not_unrolled
-from graphc.passes.autodiff.registry import RULES, GradRule
+from graphc.passes.autodiff.registry import FUSED_RULES, RULES, GradRule
 from graphc.passes.functions import EXPANDED_FROM
-from graphc.passes.values import onnx_opset, stops_gradient
+from graphc.passes.values import FUSED_GRADIENT_KEY, onnx_opset, stops_gradient
 
 DEFAULT_OPSET = 21
 RULES_DIR = Path(__file__).resolve().parent  # where the rule files are, as installed
@@ -137,6 +138,20 @@ def _missing_rule(node: ir.Node) -> AutodiffError:
         f"or add a rule to the table in {RULES_DIR}/rules_*.py (docs/adding-an-op.md). Ops with rules: {covered}")
 
 
+def _rule(node: ir.Node) -> GradRule:
+    """The rule ``node`` is differentiated by: its fused kernel's (``FUSED_GRADIENT_KEY``) or its op's."""
+    kernel = node.metadata_props.get(FUSED_GRADIENT_KEY)
+    if kernel is not None:
+        if kernel not in FUSED_RULES:
+            raise AutodiffError(f"node {node.name!r} ends a fused kernel {kernel!r} that has no gradient rule; "
+                                f"fused kernels with rules: {', '.join(sorted(FUSED_RULES))}")
+        return FUSED_RULES[kernel]
+    rule = RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    if rule is None:
+        raise _missing_rule(node)
+    return rule
+
+
 def _type_like(grad: ir.Value, primal: ir.Value) -> None:
     """A gradient has its primal's dtype and shape; record them where the rule did not."""
     if grad.type is None and primal.type is not None:
@@ -218,11 +233,7 @@ def backprop(g: GradBuilder, nodes: Sequence[ir.Node], seeds: Mapping[ir.Value, 
         return parts[0]
 
     for node in reversed(path):
-        if node.domain not in ("", "ai.onnx"):
-            raise _missing_rule(node)
-        rule = RULES.get(node.op_type)
-        if rule is None:
-            raise _missing_rule(node)
+        rule = _rule(node)
         dys = tuple(take(v) for v in node.outputs)
         if not rule.multi_output:
             dropped = [i for i, d in enumerate(dys[1:], 1) if d is not None and i not in rule.no_grad_outputs]

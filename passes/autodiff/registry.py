@@ -15,6 +15,10 @@ says so with ``g.broadcast_from(dx, shape)``; the driver sums each down to its i
 ``multi_output=True`` receive a tuple with one entry per output instead (``None`` where that
 output has no gradient). A rule may instead return a ``dict`` ``{value: gradient}`` when it
 differentiates values the node does not list as inputs (``If`` branches capture outer values).
+
+``FUSED_RULES`` holds the backward of fused kernels that a pass wrote out as several nodes: the
+kernel's last node names its rule (``FUSED_GRADIENT_KEY``), which returns a ``dict`` for the
+kernel's inputs; its other nodes then receive no gradient.
 """
 
 from __future__ import annotations
@@ -57,6 +61,20 @@ def grad_rule(*op_types: str, multi_output: bool = False, no_grad_outputs: tuple
             if op_type in RULES:
                 raise RuntimeError(f"gradient rule for {op_type!r} registered twice")
             RULES[op_type] = GradRule(op_type, fn, multi_output, no_grad_outputs, inputs)
+        return fn
+
+    return register
+
+
+FUSED_RULES: dict[str, GradRule] = {}
+
+
+def fused_grad_rule(kernel: str) -> Callable[[GradRuleFn], GradRuleFn]:
+    """Register ``fn`` as the backward of the fused kernel ``kernel`` (``FUSED_GRADIENT_KEY``)."""
+    def register(fn: GradRuleFn) -> GradRuleFn:
+        if kernel in FUSED_RULES:
+            raise RuntimeError(f"fused gradient rule {kernel!r} registered twice")
+        FUSED_RULES[kernel] = GradRule(kernel, fn)
         return fn
 
     return register

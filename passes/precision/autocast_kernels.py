@@ -8,12 +8,15 @@ q and k scaled by a scalar, MatMul, scaling and masking, Softmax, MatMul with v)
 kernel scales and multiplies q and k in float32, takes the Softmax in float32 and multiplies the
 unnormalized probabilities ``exp(s - max)``, rounded to the low dtype, by v before dividing by their
 sum, rounding the output once; here ``exp(s - max)`` is ``p / max(p)`` and the division a product
-with ``max(p) = 1 / sum``.
+with ``max(p) = 1 / sum``. Its backward is the kernel's (``FUSED_GRADIENT_KEY`` on the last Mul:
+autodiff's ``rules_fused``), not the nodes'.
 """
 
 from __future__ import annotations
 
 import onnx_ir as ir
+
+from graphc.passes.values import FUSED_GRADIENT_KEY
 
 # the roles: ``ACCUMULATE``: a lowered op whose result stays float32 until its epilogue;
 # ``EPILOGUE``: the node after it (the bias Add, attention's normalization) whose result torch rounds;
@@ -122,7 +125,8 @@ def _flash(graph: ir.Graph, opset: int, softmax: ir.Node) -> tuple[dict[ir.Node,
     unnormalized = ir.node("Div", [p, peak.outputs[0]], name=f"{softmax.name}_unnormalized")
     out = matmul.outputs[0]
     uses = list(out.uses())
-    scaled = ir.node("Mul", [out, peak.outputs[0]], name=f"{matmul.name}_normalized")
+    scaled = ir.node("Mul", [out, peak.outputs[0]], name=f"{matmul.name}_normalized",
+                     metadata_props={FUSED_GRADIENT_KEY: "cpu_flash_attention"})
     for new, stem in ((peak, "max"), (unnormalized, "unnormalized")):
         new.outputs[0].name, new.outputs[0].type = f"{p.name}_{stem}", p.type
     new_shape = list(p.shape)
