@@ -50,7 +50,9 @@ def fused_roles(graph: ir.Graph, opset: int, lowered: frozenset[str]) -> tuple[d
         elif node not in roles:
             bias = _bias_add(node)
             if bias is not None:
-                roles[node], roles[bias] = ACCUMULATE, EPILOGUE
+                roles[bias] = EPILOGUE
+                if not _permuted(node.inputs[0]):
+                    roles[node] = ACCUMULATE
     return roles, exact
 
 
@@ -95,6 +97,19 @@ def _scale_chain(matmul: ir.Node, index: int) -> list[ir.Node]:
         user = node
         scaled = len(chain) if node.op_type in ("Mul", "Div") else scaled
     return chain[:scaled]
+
+
+def _permuted(value: ir.Value) -> bool:
+    """Whether ``value`` (rank >= 3) is a Transpose's output that moves a dim not known to be 1: a
+    permuted view in torch, which ``linear`` multiplies with ``matmul`` and rounds before adding
+    the bias (``add_``), where it fuses a contiguous input's product and bias (``addmm``)."""
+    node = value.producer()
+    if node is None or node.op_type != "Transpose" or value.shape is None or len(value.shape) < 3:
+        return False
+    source = node.inputs[0].shape
+    perm = node.attributes["perm"].as_ints() if "perm" in node.attributes else list(range(len(value.shape)))[::-1]
+    moved = [axis for axis in perm if source is None or source[axis] != 1]
+    return moved != sorted(moved)
 
 
 def _bias_add(node: ir.Node) -> ir.Node | None:
