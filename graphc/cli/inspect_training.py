@@ -77,7 +77,7 @@ def describe_artifacts(path: Path, console: Console) -> None:
         batch.add_column(column)
     for entry in step.inputs:
         if entry.role in ("data", "label"):
-            batch.add_row(entry.name, entry.role, entry.dtype, shape_text(entry.shape))
+            batch.add_row(escape(entry.name), entry.role, entry.dtype, escape(shape_text(entry.shape)))
     console.print(batch)
     params = {e.name: e for e in step.inputs if e.role == "param"}
     trainable = sum(math.prod(params[n].shape) for n in m.trainable if n in params)

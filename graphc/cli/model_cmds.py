@@ -113,7 +113,7 @@ def _spec_table(title: str, specs: list) -> Table:
     for column in ("name", "dtype", "shape"):
         table.add_column(column)
     for s in specs:
-        table.add_row(s.name, s.dtype, shape_text(s.shape))
+        table.add_row(escape(s.name), s.dtype, escape(shape_text(s.shape)))
     return table
 
 
@@ -146,7 +146,7 @@ def inspect_cmd(
     model = gc.load(model_path)
     estimate = flops_estimate(model, sizes)  # an unknown dim name fails before anything is printed
     opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in model.ir.opset_imports.items())
-    console.print(f"[bold]{model.name}[/]  ({model_path})  opset: {opsets}  ir_version {model.ir_version}  "
+    console.print(f"[bold]{escape(model.name)}[/]  ({escape(str(model_path))})  opset: {opsets}  ir_version {model.ir_version}  "
                   f"producer: {model.ir.producer_name or '?'}", highlight=False)
     console.print(_spec_table("inputs", model.inputs))
     console.print(_spec_table("outputs", model.outputs))
@@ -155,7 +155,7 @@ def inspect_cmd(
     ops_table.add_column("op")
     ops_table.add_column("count", justify="right")
     for op, n in hist.most_common():
-        ops_table.add_row(op, str(n))
+        ops_table.add_row(escape(op), str(n))
     console.print(ops_table)
     elems, nbytes = param_stats(model)
     console.print(f"parameters: {elems:,} elements, {nbytes:,} bytes in "
@@ -166,7 +166,7 @@ def inspect_cmd(
     flops_table.add_column("op")
     flops_table.add_column("FLOPs", justify="right")
     for op, n in sorted(estimate.by_op.items()):
-        flops_table.add_row(op, f"{n:,}")
+        flops_table.add_row(escape(op), f"{n:,}")
     flops_table.add_row("[bold]total[/]", f"[bold]{estimate.total:,}[/]")
     console.print(flops_table)
     for note in _flops_notes(estimate):

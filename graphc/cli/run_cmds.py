@@ -93,12 +93,12 @@ def run_cmd(
         atomic_write(output, npz_bytes(widened(results)))
         console.print(f"wrote {len(results)} output(s) to {output} (backend {ran_on})")
         return
-    table = Table(title=f"{model.name} on {ran_on}")
+    table = Table(title=f"{escape(model.name)} on {ran_on}")
     for column in ("output", "dtype", "shape", "values"):
         table.add_column(column)
-    for name, value in results.items():
-        table.add_row(name, str(value.dtype), str(list(value.shape)),
-                      np.array2string(value, threshold=8, edgeitems=2, precision=4).replace("\n", " "))
+    for name, value in results.items():  # escaped: rich reads "[nan inf]" as a markup tag and drops it
+        table.add_row(escape(name), str(value.dtype), str(list(value.shape)),
+                      escape(np.array2string(value, threshold=8, edgeitems=2, precision=4).replace("\n", " ")))
     console.print(table)
 
 
