@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 from rich.markup import escape
 
 from graphc.cli import (  # noqa: F401  (register)
     model_cmds, run_cmds, optimize_cmds, grad_cmds, train_cmds, deploy_cmds, view_cmds)
-from graphc.cli.app import app, err_console, state, validation_problem
+from graphc.cli.app import app, err_console, print_warning, state, validation_problem
 from graphc.errors import GraphcError
 from graphc.startup import restore_interrupts
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry: one clear error line and exit 2 for bad input, unless --debug."""
+    """Console-script entry: one clear error line and exit 2 for bad input, unless --debug; each
+    warning one ``warning: ...`` line."""
     restore_interrupts()  # the imports are done: commands get KeyboardInterrupt
     args = sys.argv[1:] if argv is None else argv
     state["debug"] = "--debug" in args
     try:
-        app(args=args, prog_name="graphc", standalone_mode=True)
+        with warnings.catch_warnings():  # restores Python's showwarning when an in-process run ends
+            warnings.showwarning = print_warning
+            app(args=args, prog_name="graphc", standalone_mode=True)
     except SystemExit:
         raise
     except (GraphcError, ValueError, OSError, KeyError, TypeError, MemoryError) as exc:

@@ -128,8 +128,13 @@ def one_line_warnings(*categories: type[Warning]) -> Iterator[None]:
             yield
         finally:
             for warning in caught:
-                err_console.print(f"[bold yellow]warning:[/] {escape(str(warning.message))}", highlight=False,
-                                  soft_wrap=True)
+                print_warning(warning.message)
+
+
+def print_warning(message: Warning | str, *_) -> None:
+    """``warning: MESSAGE`` on stderr, one line; takes ``warnings.showwarning``'s arguments, so
+    `graphc` shows every warning so (not Python's file:line form quoting graphc's source)."""
+    err_console.print(f"[bold yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
 
 
 def validation_problem(error: dict, where: str = "") -> str:
