@@ -241,7 +241,9 @@ def test_gzip_bodies_are_read_and_bombs_refused(http):
 def test_unknown_routes_and_methods(http):
     check(http, http.get("/v2/models/nope"), 404, "unknown model 'nope'")
     check(http, http.get("/v2/models/mixed/versions/3/ready"), 404, "no version '3'")
-    check(http, http.get("/v3/anything"), 404, "no endpoint GET /v3/anything")
+    check(http, http.get("/v3/anything"), 404, "no endpoint GET /v3/anything: the server's routes are under /v2")
+    # a browser's first look: it said "(a trailing slash is not redirected: )", a fix that names no path
+    check(http, http.get("/"), 404, "no endpoint GET /: the server's routes are under /v2 (GET /openapi.json lists them)")
     check(http, http.get("/v2/models/mixed/infer"), 405, "Method Not Allowed")
 
 

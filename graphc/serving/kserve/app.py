@@ -176,6 +176,16 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": brief(message)}, status_code=status)
 
 
+def _no_endpoint(method: str, path: str) -> str:
+    """The 404 for a path no route takes, with the likely fix: the path without its trailing
+    slash, or, off ``/v2`` (a browser's ``GET /``), where the routes are."""
+    if path.startswith("/v2/") and path.endswith("/"):
+        return f"no endpoint {method} {path} (a trailing slash is not redirected: {path.rstrip('/')})"
+    if path == "/v2" or path.startswith("/v2/"):
+        return f"no endpoint {method} {path}"
+    return f"no endpoint {method} {path}: the server's routes are under /v2 (GET /openapi.json lists them)"
+
+
 _ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": schemas.ErrorResponse}}
 
 
@@ -184,9 +194,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
         message = str(exc.detail)
         if exc.status_code == 404 and message == "Not Found":  # the router's: no route for the path
-            path = request.url.path
-            message = f"no endpoint {request.method} {path}" + (
-                f" (a trailing slash is not redirected: {path.rstrip('/')})" if path.endswith("/") else "")
+            message = _no_endpoint(request.method, request.url.path)
         reply = _error(exc.status_code, message)
         if exc.headers and "Allow" in exc.headers:  # a 405 must say what is allowed (RFC 9110, 15.5.6)
             methods = set(exc.headers["Allow"].split(", "))
