@@ -134,7 +134,8 @@ def test_inspect_checkpoint(capsys, ws, ck, given):
     r = run_cli(capsys, "inspect", ws / given)
     assert r.code == 0, r.err
     meta = ckpt.read_meta(ck)
-    assert f"run: step {meta.step}, 1 epoch(s) done; backend numpy, seed 0" in r.out
+    assert f"run: step {meta.step}, 1 epoch done; backend numpy, seed 0" in r.out
+    assert "hyper 1 element, " in r.out  # Adam's lr; it said "1 elements"
     assert "data: 64 samples in batches of 16 (shuffled, seed 3)" in r.out
     assert "training graphs:" in r.out and "optimizer: adam" in r.out
 

@@ -97,6 +97,7 @@ def describe_checkpoint(path: Path, console: Console) -> None:
         read_tensor_table,
         resolve,
     )
+    from graphc.runtime.progress import plural
 
     meta = read_meta(path)
     table = read_tensor_table(path)
@@ -104,7 +105,7 @@ def describe_checkpoint(path: Path, console: Console) -> None:
     into = f", {meta.batch_in_epoch} batch(es) into epoch {meta.epoch + 1}" if meta.batch_in_epoch else ""
     console.print(f"[bold]checkpoint[/] {escape(str(target))}  ({meta.format}, {target.stat().st_size:,} bytes)",
                   highlight=False, soft_wrap=True)
-    console.print(f"run: step {meta.step}, {meta.epoch} epoch(s) done{into}; backend {meta.backend or '?'}, "
+    console.print(f"run: step {meta.step}, {plural(meta.epoch, 'epoch')} done{into}; backend {meta.backend or '?'}, "
                   f"seed {'?' if meta.seed is None else meta.seed}", highlight=False, soft_wrap=True)
     if meta.loader is not None:
         loader = meta.loader
@@ -116,7 +117,7 @@ def describe_checkpoint(path: Path, console: Console) -> None:
         role = meta.roles.get(name, "other")
         by_role[role] = by_role.get(role, 0) + math.prod(shape)
     console.print(f"tensors: {len(table)} ("
-                  + ", ".join(f"{role} {n:,} elements" for role, n in sorted(by_role.items())) + ")",
+                  + ", ".join(f"{role} {plural(n, 'element')}" for role, n in sorted(by_role.items())) + ")",
                   highlight=False, soft_wrap=True)
     artifacts = find_artifacts(path)
     if artifacts is None:

@@ -23,8 +23,8 @@ _REFRESH_S = 0.1  # update the bar at most this often: a step can take well unde
 
 
 def plural(count: int, word: str) -> str:
-    """``1 epoch``, ``2 epochs``."""
-    return f"{count} {word}{'' if count == 1 else 's'}"
+    """``1 epoch``, ``2 epochs``, ``1,370 elements``."""
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
 class TrainProgress:
