@@ -14,7 +14,8 @@ it writes, as onnxruntime's own in-place reuse does) or a ``Where`` whose condit
 and which reads ``X`` as a branch (loss scaling's ``keep``: the old state on a skipped step; X
 has the output's size, so is read at the index written, and onnxruntime's CPU kernel reads both
 branches into temporaries before it asks for its output, its CUDA kernel reads index i to write
-index i), one that does not may be any node (the
+index i; the ort-cpu session runs it as an If that copies one branch, ``graphc.backends.selects``,
+a copy onto itself where X is its output's buffer), one that does not may be any node (the
 Split of a flat group's small params stepped as one, ``flat.apply``). The optimizer state passes
 (its only readers are its own update chain); a param passes when no backward node outside its
 update's ancestry reads it (e.g. a conv weight whose input gradient feeds only params in other
@@ -59,6 +60,7 @@ _VIEWS = frozenset({"Reshape", "Identity", "Flatten", "Squeeze", "Unsqueeze"})
 _READ_THROUGH = _VIEWS | {"Transpose"}
 _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
 _WHERE = frozenset({"Where"})
+_IF = frozenset({"If"})
 
 
 def _numel(value: onnx.ValueInfoProto) -> int | None:
@@ -83,10 +85,19 @@ def _reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
+def _copies(node: onnx.NodeProto) -> bool:
+    """``node`` is an If whose branches each only copy one value (the ort-cpu session's form of a
+    Where of a one-element condition, ``graphc.backends.selects``)."""
+    branches = [a.g for a in node.attribute if a.HasField("g")]
+    return _is(node, _IF) and len(branches) == 2 and all(
+        [n.op_type for n in g.node] == ["Identity"] and len(g.output) == 1 for g in branches)
+
+
 def _selects(node: onnx.NodeProto, aliases: set[str], sizes: Mapping[str, int | None]) -> bool:
-    """``node`` is a ``Where`` of a scalar condition that reads ``aliases`` (X and its views) as a
-    branch only."""
-    return _is(node, _WHERE) and sizes.get(node.input[0]) == 1 and node.input[0] not in aliases
+    """``node`` is a ``Where`` of a scalar condition, or an If that copies one of two values, that
+    reads ``aliases`` (X and its views) as a branch only."""
+    return ((_is(node, _WHERE) or _copies(node)) and sizes.get(node.input[0]) == 1
+            and node.input[0] not in aliases)
 
 
 def in_place_outputs(graph: onnx.GraphProto, feeds: Mapping[str, str], optimized: bool = False) -> set[str]:
