@@ -337,3 +337,38 @@ def test_optimizer_state_is_written_in_place():
     _, arts = _generate(SPECS["adamw"], "float32", gc.amp.GradScaler())
     trainer = gc.Trainer(arts, backend="ort-cpu")
     assert trainer._in_place == set(trainer._feeds) and len(trainer._feeds) == 10
+
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.itemsize])
+
+
+@pytest.mark.parametrize("backend,flush", [("numpy", False), ("ort-cpu", False), ("ort-cpu", True)])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("kind,dtype", [(k, "float32") for k in SPECS] + [("adamw", "float64"),
+                                                                          ("sgd-momentum", "float16")])
+def test_skipped_step_keeps_every_bit(kind, dtype, fused, backend, flush):
+    """A skipped step leaves every param and optimizer state entry bit for bit as it was, -0.0,
+    inf, NaN and (without ``flush_denormals``, the Trainer's default, under which a subnormal counts
+    as zero) subnormals included, as torch's skipped ``optimizer.step()`` does (onnxruntime's CPU
+    Where returned a -0.0 kept from its X as +0.0: ``backends/selects.py``)."""
+    _, arts = _generate(SPECS[kind], dtype, gc.amp.GradScaler(init_scale=2.0 ** 10), fused)
+    specials = np.array([-0.0, -np.inf, np.nan, 0.0, *([] if flush else [np.finfo(dtype).smallest_subnormal])], dtype)
+    planted = []
+    for name, value in list(arts.state.items()):
+        if value.ndim and value.dtype.kind == "f":
+            value = RNG.standard_normal(value.shape).astype(dtype)
+            value.flat[::2] = np.resize(specials, value.flat[::2].size)
+            arts.state[name] = value
+            planted.append(name)
+    assert len(planted) == 4 * (1 + {"sgd-momentum": 1}.get(kind, 2))  # 4 params and their slots
+    trainer = gc.Trainer(arts, backend=backend, **({} if backend == "numpy" else {"flush_denormals": flush}))
+    before = trainer.state_dict()
+    overflow = {"x": RNG.standard_normal((6, 3)).astype(dtype), "y": np.full((6, 2), np.inf, dtype)}
+    trainer.step(overflow)
+    assert trainer.skipped_steps == 1
+    after = trainer.state_dict()
+    for name, value in before.items():
+        if name not in ("loss_scale", "loss_scale.growth_tracker", "loss_scale.skipped_steps"):
+            np.testing.assert_array_equal(_bits(after[name]), _bits(value), err_msg=name)
