@@ -173,6 +173,53 @@ def test_two_workers_average_float16_gradients_without_overflow(ray_cluster):
     dp.shutdown()
 
 
+def _torch_autocast_sgd(torch, params: dict, batches: list[dict], shards: int) -> dict[str, np.ndarray]:
+    """torch's bfloat16 autocast SGD loop over ``batches`` from ``params``, each step's gradients the
+    mean of ``shards`` equal shards' (DDP's all-reduce average; 1: one process)."""
+    twin = torch.nn.ModuleDict({"fc": torch.nn.Linear(16, 32), "out": torch.nn.Linear(32, 4)})
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in params.items()})
+    opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+    for batch in batches:
+        grads = []
+        for x, y in zip(np.split(batch["x"], shards), np.split(batch["y"], shards)):
+            opt.zero_grad()
+            with torch.autocast("cpu", torch.bfloat16):
+                pred = twin["out"](torch.relu(twin["fc"](torch.from_numpy(x))))
+            torch.nn.functional.mse_loss(pred.float(), torch.from_numpy(y)).backward()
+            grads.append({k: p.grad.clone() for k, p in twin.named_parameters()})
+        for k, p in twin.named_parameters():
+            p.grad = sum(g[k] for g in grads) / shards
+        opt.step()
+    return {k: p.detach().numpy() for k, p in twin.named_parameters()}
+
+
+def test_two_workers_under_bfloat16_autocast_differ_from_one_process_as_torch_ddp(ray_cluster):
+    """bfloat16 autocast: a shard's weight and bias gradients are its bfloat16 MatMul's and
+    ReduceSum's, rounded to bfloat16 before the float32 average (torch's autocast linear backward
+    rounds there too), so 2 workers are not one process (3 SGD steps: params 8.9e-5 apart) by
+    exactly torch DDP + autocast's difference from one torch process; each equals its torch twin
+    to 1e-7 (measured 3e-8 and 7e-9)."""
+    torch = pytest.importorskip("torch")
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    model = gc.capture(net, x=gc.spec("float32", ("N", 16)))
+    params = {k.replace("0.", "fc.").replace("2.", "out."): np.array(v) for k, v in net.state_dict().items()}
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.1), autocast="bfloat16")
+    batches = [{"x": RNG.standard_normal((16, 16)).astype(np.float32), "y": RNG.standard_normal((16, 4)).astype(np.float32)}
+               for _ in range(3)]
+    dp, single = gc.Trainer(arts, **WORKER), gc.Trainer(arts, backend="ort-cpu")
+    for batch in batches:
+        dp.step(batch), single.step(batch)
+    got = {name: {k.replace("0.", "fc.").replace("2.", "out."): v for k, v in t.params.items()} for name, t in
+           (("dp", dp), ("single", single))}
+    want = {"dp": _torch_autocast_sgd(torch, params, batches, 2), "single": _torch_autocast_sgd(torch, params, batches, 1)}
+    for name in ("dp", "single"):
+        _close(got[name], want[name], rtol=0, atol=1e-7)
+    apart = max(np.abs(got["dp"][k] - got["single"][k]).max() for k in params)
+    torch_apart = max(np.abs(want["dp"][k] - want["single"][k]).max() for k in params)
+    assert 1e-6 < apart and abs(apart - torch_apart) < 1e-7, (apart, torch_apart)
+    dp.shutdown()
+
+
 @pytest.mark.parametrize("dtype,init_scale", [("float64", 2.0 ** 10), ("float32", 2.0 ** 126)])
 def test_two_workers_scale_the_loss_as_one_process(ray_cluster, dtype, init_scale):
     """Loss scaling: the workers' scaled gradients are averaged, then checked and unscaled once by
