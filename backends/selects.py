@@ -9,10 +9,9 @@ back +0.0 where torch, which skips the step, keeps it. A Where whose condition i
 whose branches both have the output's shape picks one whole tensor: as ``If(cond)`` with one
 ``Identity`` per branch it is a copy, bit for bit, and cheaper than the kernel's three passes
 (2M float32: 0.33 ms over the producing Add, against 1.0 ms; 64K: 7.4 against 18.6 us a run; one
-element: 4.7 us both; written into the old value's own
-buffer too, ``graphc.passes.training.in_place``). Shapes come from the declared value infos (no
-shape inference); a Where whose shapes are not all declared is left as it is. The model itself
-is not changed.
+element: 4.7 us both; written into the old value's own buffer too, ``graphc.passes.training.in_place``).
+Shapes come from the declared value infos (no shape inference); a Where whose shapes are not all
+declared is left as it is. The model itself is not changed.
 """
 
 from __future__ import annotations
