@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from graphc.model.dtypes import as_dtype, to_numpy
+from graphc.serving.kserve import flat_data
 from graphc.serving.kserve.repeated_keys import repeated_key
 from graphc.serving.kserve.schemas import DATATYPES, InferRequest
 
@@ -98,6 +99,10 @@ def _parse_header(header: bytes | memoryview) -> InferRequest:
         raise ProtocolError(f"the request's JSON holds {containers} lists and objects ('[' and '{{' counted), more "
                             f"than the server's limit of {MAX_JSON_CONTAINERS}; send tensor data flat (row-major) "
                             "or as binary data", 413)
+    if len(text) >= flat_data.INCREMENTAL_BYTES:  # flat data parsed a slice at a time: the loop keeps the GIL
+        request = flat_data.parse_flat(text)
+        if request is not None:
+            return request
     try:
         request = InferRequest.model_validate_json(text)
     except ValidationError as exc:
@@ -161,10 +166,10 @@ def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[np.ndarra
 
 
 def _json_array(item: Any, dtype: np.dtype, count: int) -> np.ndarray:
-    """The flat array of ``data``: the schema checked each element's type and range, so the
-    conversion is exact; numpy checks that nested lists are rectangular."""
+    """The flat array of ``data`` (a list, or the array ``flat_data`` parsed): the schema checked each
+    element's type and range, so the conversion is exact; numpy checks that nested lists are rectangular."""
     try:
-        array = np.array(item.data, dtype=dtype).ravel()
+        array = np.asarray(item.data, dtype=dtype).ravel()
     except ValueError as exc:
         message = f"input {item.name!r}: data is not a rectangular list: {exc}"
     else:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import re
 
-# a string, with the ':' after it when it is a key; or a bracket
-_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?|[{}\[\]]', re.DOTALL)
+# a string, with the ':' after it when it is a key (group 1); or a bracket
+TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?|[{}\[\]]', re.DOTALL)
 # A tensor's ``data``, which the schema found to hold numbers, booleans and lists only (none of
 # these characters can end a string: a '"' in one is escaped, so '"data"' is always a key).
 _DATA = re.compile(rb'"data"\s*:\s*\[[-+.0-9eE,\[\]\s truefals]*\]')
@@ -28,11 +28,9 @@ def repeated_key(text: bytes) -> str | None:
     # the keys seen (an object) or the count of containers in it so far (a list)]
     stack: list[list] = []
     key = b""
-    for match in _TOKEN.finditer(_DATA.sub(b'"data":[]', text)):
+    for match in TOKEN.finditer(_DATA.sub(b'"data":[]', text)):
         if match.lastindex:  # a key
-            key = match.group()[1:match.start(1) - match.start() - 1]
-            if b"\\" in key:  # escaped: "d\u0061ta" is "data"
-                key = json.loads(b'"%s"' % key).encode("utf-8", "surrogatepass")
+            key = key_of(match)
             keys = stack[-1][1]
             if key in keys:
                 return _path(stack, key)
@@ -48,6 +46,14 @@ def repeated_key(text: bytes) -> str | None:
             elif token == b"}" or token == b"]":  # else a string value
                 stack.pop()
     return None
+
+
+def key_of(match: re.Match) -> bytes:
+    """The key a ``TOKEN`` match with group 1 names, unescaped (``"d\\u0061ta"`` is ``data``)."""
+    key = match.group()[1:match.start(1) - match.start() - 1]
+    if b"\\" in key:
+        key = json.loads(b'"%s"' % key).encode("utf-8", "surrogatepass")
+    return key
 
 
 def _path(stack: list[list], key: bytes) -> str:

@@ -10,6 +10,7 @@ so a malformed multi-megabyte request costs one error, not one per element.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 import ml_dtypes
@@ -77,7 +78,7 @@ def _element(datatype: str) -> Any:
     elif dtype.itemsize == 8:  # every finite JSON number is a finite FP64
         element = Annotated[float, Field(strict=True, allow_inf_nan=False)]
     else:
-        top = _overflow(dtype)
+        top = FLOAT_BOUNDS[datatype]
         element = Annotated[float, Field(strict=True, allow_inf_nan=False, gt=-top, lt=top)]
     return TypeAliasType(f"{datatype}Value", element)
 
@@ -97,6 +98,11 @@ def _overflow(dtype: np.dtype) -> float:
                 low = mid
     return float(np.array([high]).view(np.float64)[0])
 
+
+# Per float datatype, the least float64 that becomes infinite as it: its data must lie strictly
+# within +-bound (FP64: every finite number).
+FLOAT_BOUNDS: dict[str, float] = {dt: math.inf if dt == "FP64" else _overflow(to_numpy(DATATYPES[dt]))
+                                  for dt in ("FP16", "BF16", "FP32", "FP64")}
 
 _INPUT_FIELDS: dict[str, Any] = {
     "name": (StrictStr, ...),
