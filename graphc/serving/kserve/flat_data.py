@@ -125,9 +125,8 @@ def _typed(values: list, dtype: np.dtype) -> np.ndarray | None:
     if not values:
         return np.empty(0, dtype)
     try:
-        if dtype.kind == "b":
-            array = np.array(values)
-            return array if array.dtype.kind == "b" else None
+        if dtype.kind == "b":  # the bytes were letters of true and false only: JSON made them bools
+            return np.array(values, dtype)
         if dtype.kind in "iu":
             array = np.array(values)
             info = np.iinfo(dtype)

@@ -1,0 +1,189 @@
+"""Large flat JSON tensor data is parsed a slice at a time (graphc.serving.kserve.flat_data): the
+server answers health checks while it parses, and the fast path accepts and refuses exactly what
+parsing the whole body at once does, with the same arrays and the same messages."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from graphc.serving.kserve import flat_data, infer, protocol
+from graphc.serving.kserve.schemas import FLOAT_BOUNDS
+from graphc.serving.serve import create_app
+from serve_util import mixed_model, running_server
+
+# JSON tokens for numbers: ordinary values in several spellings, and each datatype's edges
+# (FP16's overflow at 65520, BF16's and FP32's, int64/uint64 limits, non-finite spellings).
+EDGES = ["0", "-0", "1", "-1", "1.0", "1e5", "1E-5", "-2.5e+3", "65504", "65519.99", "65520", "-65520",
+         "3.4028235e+38", "3.4028236e+38", "3.3961775292304025e+38", "3.3961775292304028e+38", "1e308", "1e400",
+         "127", "128", "-129", "255", "256", "32768", "65536", "2147483648", "4294967296",
+         "9223372036854775807", "9223372036854775808", "-9223372036854775808", "-9223372036854775809",
+         "18446744073709551615", "18446744073709551616", "123456789012345678901234567890", "0.1", "1.00000000000000011",
+         "true", "false", "NaN", "Infinity", "-Infinity", "null", '"1"', "01", "1.", ".5", "+1", "-", "[1]", "{}"]
+NUMBER = (st.integers(-2**70, 2**70).map(str) | st.floats(allow_nan=False, allow_infinity=False).map(repr)
+          | st.floats(width=16, allow_nan=False, allow_infinity=False).map(lambda v: f"{v:.5g}")
+          | st.sampled_from(EDGES))
+SPACE = st.sampled_from(["", "", "", " ", "\n", "\t ", "\r\n"])
+DATATYPES = ["FP32", "FP16", "BF16", "FP64", "INT64", "INT32", "INT8", "UINT8", "UINT64", "BOOL"]
+
+
+def valid_items(datatype: str):
+    """Element spellings the schema takes for ``datatype``."""
+    if datatype == "BOOL":
+        return st.sampled_from(["true", "false"])
+    if datatype.startswith(("INT", "UINT")):
+        info = np.iinfo(datatype.lower())
+        return st.integers(int(info.min), int(info.max)).map(str)
+    width = {"FP16": 16, "BF16": 32, "FP32": 32, "FP64": 64}[datatype]
+    return (st.floats(width=width, allow_nan=False, allow_infinity=False).map(repr)
+            | st.floats(-60000, 60000).map(lambda v: f"{v:.6g}") | st.integers(-1000, 1000).map(str))
+
+
+def edges(datatype: str) -> list[str]:
+    """Spellings at either side of each end of ``datatype``'s range."""
+    if datatype == "BOOL":
+        return ["0", "1", "true", "false"]
+    if datatype.startswith(("INT", "UINT")):
+        info = np.iinfo(datatype.lower())
+        return [str(int(v) + d) for v in (info.min, info.max) for d in (-1, 0, 1)]
+    bound = FLOAT_BOUNDS[datatype]
+    near = [bound, np.nextafter(bound, 0)] if np.isfinite(bound) else [np.finfo(np.float64).max]
+    return [f"{s}{float(v)!r}" for v in near for s in ("", "-")] + ["1e400", "-1e400"]
+
+
+@st.composite
+def flat_data_text(draw, datatype: str, count: int, odd: bool) -> str:
+    """``count`` elements of a flat array for ``datatype``, as text; when ``odd``, one of them is
+    an edge (either side of a range's end, another type, a spelling JSON refuses) or a comma strays."""
+    items = [draw(SPACE) + draw(valid_items(datatype)) + draw(SPACE) for _ in range(count)]
+    if odd and items:
+        items[draw(st.integers(0, count - 1))] = draw(st.sampled_from(edges(datatype) * 8 + EDGES))
+    text = ",".join(items)
+    return draw(st.sampled_from([text] * 6 + [text + ",", text.replace(",", ",,", 1), text + ",1"])) if odd else text
+
+
+@st.composite
+def bodies(draw) -> bytes:
+    """An infer request with three inputs whose datatypes and flat data arrays are drawn; at most
+    one input is odd (an edge in its data, a wrong count, a "data" elsewhere), the request's
+    outputs now and then hold a "data" of their own."""
+    inputs, odd = [], draw(st.integers(0, 3))
+    for index, (name, rows, cols) in enumerate((("x", 2, 4), ("idx", 2, 3), ("mask", 2, 4))):
+        datatype = draw(st.sampled_from(DATATYPES))
+        count, extra, key = rows * cols, "", '"data"'
+        if index == odd:
+            count = draw(st.sampled_from([count] * 8 + [count - 1, 0]))
+            extra = draw(st.sampled_from([""] * 8 + [',"parameters":{"data":[1,2]}', ',"data":[1]',
+                                                    ',"zz":"\\"data\\":[1]"', ',"zz":"a\\"data":[1]']))
+            key = draw(st.sampled_from(['"data"'] * 6 + ['"d\\u0061ta"', '"data" ']))
+        data = draw(flat_data_text(datatype, count, index == odd))
+        inputs.append(f'{{"name":"{name}","shape":[{rows},{cols}],"datatype":"{datatype}",{key}:[{data}]{extra}}}')
+    outputs = draw(st.sampled_from([""] * 6 + [',"outputs":[{"name":"s","data":[1,2]}]', ',"data":[3]']))
+    return f'{{"id":"r","inputs":[{",".join(inputs)}]{outputs}}}'.encode()
+
+
+def outcome(body: bytes):
+    """What decode_request makes of ``body``: its arrays (dtype and bits) or its error."""
+    try:
+        request = protocol.decode_request(body, None)
+    except protocol.ProtocolError as exc:
+        return "error", exc.status, str(exc)
+    return request.id, request.outputs, {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in request.inputs.items()}
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(body=bodies(), chunk=st.sampled_from([1, 3, 8, 64, 1 << 18]))
+def test_the_sliced_parse_accepts_and_refuses_what_the_whole_parse_does(monkeypatch, body, chunk):
+    whole, sliced = whole_and_sliced(body, monkeypatch, chunk)
+    assert sliced == whole
+
+
+def whole_and_sliced(body: bytes, monkeypatch, chunk: int = 1 << 18):
+    """decode_request's outcome for ``body`` parsed whole, then a slice at a time."""
+    monkeypatch.setattr(flat_data, "INCREMENTAL_BYTES", 1 << 40)
+    whole = outcome(body)
+    monkeypatch.setattr(flat_data, "INCREMENTAL_BYTES", 0)
+    monkeypatch.setattr(flat_data, "CHUNK_BYTES", chunk)
+    return whole, outcome(body)
+
+
+def test_every_datatype_edge_is_taken_or_refused_as_the_whole_parse_does(monkeypatch):
+    for datatype in DATATYPES:
+        for token in edges(datatype) + EDGES:
+            body = b'{"inputs":[{"name":"x","shape":[2],"datatype":"%s","data":[%s, 0]}]}' % (
+                datatype.encode(), token.encode())
+            whole, sliced = whole_and_sliced(body, monkeypatch)
+            assert sliced == whole, (datatype, token)
+
+
+def test_plain_flat_data_takes_the_sliced_parse_and_the_rest_does_not():
+    good = b'{"inputs":[{"name":"x","shape":[3],"datatype":"FP16","data":[1, 2.5,\n-65504]}]}'
+    request = flat_data.parse_flat(good)
+    assert request.inputs[0].data.dtype == np.float16
+    np.testing.assert_array_equal(request.inputs[0].data, [1, 2.5, -65504])
+    for bad in (good.replace(b"65504", b"65520"), good.replace(b"2.5", b"NaN"), good.replace(b"1,", b"1,,"),
+                good.replace(b'"inputs"', b'"p":{"data":[1]},"inputs"')):
+        assert flat_data.parse_flat(bad) is None, bad
+
+
+class LoopTicks:
+    """An ASGI wrapper whose task on the server's event loop counts the loop's turns (a 1 ms
+    sleep each), and which records the count as each infer request's decoding starts and ends."""
+
+    def __init__(self, app):
+        self.app, self.ticks, self.task, self.decoding = app, 0, None, []
+
+    async def __call__(self, scope, receive, send):
+        if self.task is None and scope["type"] == "http":
+            self.task = asyncio.ensure_future(self._tick())
+        await self.app(scope, receive, send)
+
+    async def _tick(self):
+        while True:
+            await asyncio.sleep(0.001)
+            self.ticks += 1
+
+    def decode(self, body, header_length):
+        start = self.ticks
+        try:
+            return protocol.decode_request(body, header_length)
+        finally:
+            self.decoding.append(self.ticks - start)
+
+
+def test_health_checks_are_answered_while_a_large_flat_json_request_is_parsed(monkeypatch):
+    """8 MB of one-digit FP32/INT64/BOOL data (2.2 million numbers): parsed whole, the parse holds
+    the GIL, so the event loop (a 1 ms sleep a turn) turned 11 times while the request decoded; a
+    slice at a time, 57-72 times (both on 2 CPUs at load 9), and health checks sent meanwhile are
+    answered before the large request's reply."""
+    rows = 200_000
+    body = (b'{"inputs":[{"name":"x","shape":[%d,4],"datatype":"FP32","data":[%s]},'
+            b'{"name":"idx","shape":[%d,3],"datatype":"INT64","data":[%s]},'
+            b'{"name":"mask","shape":[%d,4],"datatype":"BOOL","data":[%s]}],"outputs":[{"name":"s"}]}'
+            % (rows, b",".join([b"7"] * rows * 4), rows, b",".join([b"2"] * rows * 3), rows,
+               b",".join([b"true"] * rows * 4)))
+    app = LoopTicks(create_app(mixed_model(), name="mixed", backend="ort-cpu"))
+    monkeypatch.setattr(infer, "decode_request", app.decode)
+    with running_server(app) as address, httpx.Client(base_url=f"http://{address}", timeout=120) as http:
+        assert http.get("/v2/health/live").status_code == 200
+        replies, health = [], []
+        sender = threading.Thread(target=lambda: replies.append((http.post("/v2/models/mixed/infer", content=body),
+                                                                 time.monotonic())))
+        sender.start()
+        with httpx.Client(base_url=f"http://{address}", timeout=120) as probe:
+            while sender.is_alive():
+                assert probe.get("/v2/health/live").status_code == 200
+                health.append(time.monotonic())
+        sender.join()
+    reply, done = replies[0]
+    assert reply.status_code == 200, reply.text[:300]
+    np.testing.assert_array_equal(reply.json()["outputs"][0]["data"], [3] * rows * 3)
+    assert app.decoding[-1] >= 30, f"the event loop turned {app.decoding[-1]} times while the request decoded"
+    assert sum(t < done for t in health) >= 10
