@@ -42,10 +42,11 @@ def parse_flat(text: bytes) -> InferRequest | None:
     spans = [(start, end) for start, end in spans if end > 0 and text.find(b"[", start + 1, end) < 0]
     if not spans:
         return None
-    parts, opens, cut = [], set(), 0
+    parts, opens, cut, length = [], set(), 0, 0
     for start, end in spans:  # the skeleton: each array left empty, "data":[]
         parts.append(text[cut:start + 1])
-        opens.add(sum(map(len, parts)) - 1)
+        length += len(parts[-1])
+        opens.add(length - 1)
         cut = end
     parts.append(text[cut:])
     skeleton = b"".join(parts)
