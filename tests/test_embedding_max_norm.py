@@ -275,63 +275,6 @@ def test_float32_training_matches_torch(backend, tied):
     _assert_weights(trainer, twin, rtol=1e-6, atol=5e-7)  # 1.1e-7
 
 
-STEPS = np.array([[0, 1, 1, 6], [7, 2, 0, 6], [5, 7, 3, 1]])  # three steps of lookups, rows repeated across them
-
-
-def _looped(kind: str, read_first: bool):
-    """A forward that looks the rows up inside a ``kind`` body, each step's summed into a carried value,
-    and applies ``fc`` to the sum; ``read_first``: the weight's Tensor is made before the body."""
-    def step(net, i, k):
-        return net.emb(i[k]).sum(0)
-
-    def forward(net, i):
-        if read_first:
-            assert net.emb.weight.shape == (ROWS, DIM)
-        return net.fc(looped(net, i))
-
-    def looped(net, i):
-        acc = gc.zeros((DIM,), dtype="float64")
-        if kind == "fori_loop":
-            return gc.fori_loop(0, 3, lambda k, a: a + step(net, i, k), acc)
-        if kind == "while_loop":
-            return gc.while_loop(lambda k, a: k < 3, lambda k, a: (k + 1, a + step(net, i, k)),
-                                 (gc.tensor(0), acc))[1]
-        if kind == "scan":
-            return gc.scan(lambda a, row: (a + net.emb(row).sum(0), row), acc, i)[0]
-        return gc.cond(i[0, 0] >= 0, lambda: step(net, i, 0) + step(net, i, 2), lambda: acc)  # cond: steps 0, 2
-
-    return forward
-
-
-@pytest.mark.parametrize("read_first", [True, False])
-@pytest.mark.parametrize("kind", ["fori_loop", "while_loop", "scan", "cond"])
-def test_lookups_inside_a_control_flow_body_match_torchs_eval_loop(kind, read_first):
-    """A body cannot rebind the outer weight: it looks up the renormalised rows without writing them back.
-    Torch's eval loop writes them back, but a renormalised row renormalises to itself, so each step's
-    lookup (and the loop's output) is torch's; training such a weight is refused."""
-    net = _Net()
-    net.forward = _looped(kind, read_first).__get__(net)
-    twin = _Twin(net, 2.0, False).eval()
-    with torch.no_grad():
-        want = twin.fc(sum(twin.emb(torch.from_numpy(STEPS[k])).sum(0) for k in ((0, 2) if kind == "cond" else range(3))))
-    assert not np.allclose(twin.emb.weight.detach().numpy(), START)  # torch renormalised rows in place
-    model = gc.capture(net, i=gc.spec("int64", (3, 4)))
-    assert "ScatterND" not in str(model.proto)  # nor in a body: the outer weight is not rebound
-    onnx = pytest.importorskip("onnx")
-    onnx.checker.check_model(model.proto, full_check=True)
-    for backend in ("numpy", "ort-cpu"):
-        got = gc.Session(model, backend=backend).run({"i": STEPS})["output"]
-        np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, err_msg=backend)
-
-    from graphc.errors import PassError
-
-    with pytest.raises(PassError, match=r"the embedding of 'emb.weight' with max_norm at .*test_embedding_max_norm"
-                                        r"\.py:\d+ is trained inside a gc.cond/gc.fori_loop/gc.scan/gc.while_loop "
-                                        r"body: .* freeze the weight \(frozen=\['emb.weight'\]\)"):
-        gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(lr=0.1))
-    gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(lr=0.1), frozen=["emb.weight"])
-
-
 def test_a_dropped_write_back_whose_values_are_gone_is_refused():
     """The record names the values the lookup read; a model edited after capture may not have them."""
     from graphc.errors import PassError

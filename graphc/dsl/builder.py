@@ -166,10 +166,13 @@ class Scope:
 
     _serial = itertools.count(1)  # next() is atomic: scopes of captures in two threads get distinct ids
 
-    def __init__(self, eager: bool):
+    def __init__(self, eager: bool, carries: list | None = None):
         self.nodes: list[ir.Node] = []
         self.eager = eager
         self.id = next(Scope._serial)
+        # a body whose node can carry a weight an embedding's max_norm renormalises out of it: the list
+        # ``renorm`` records each such outer Tensor in (None: the body cannot, its lookups do not write back)
+        self.carries = carries
 
 
 class Builder:
@@ -230,9 +233,10 @@ class Builder:
             self.module_path.pop()
 
     @contextlib.contextmanager
-    def subgraph(self):
-        """Record the block's nodes in a new (never eager) scope: a control-flow body."""
-        scope = Scope(eager=False)
+    def subgraph(self, carries: list | None = None):
+        """Record the block's nodes in a new (never eager) scope: a control-flow body (``carries``:
+        ``Scope.carries``)."""
+        scope = Scope(eager=False, carries=carries)
         self.scopes.append(scope)
         try:
             yield scope

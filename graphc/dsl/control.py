@@ -13,7 +13,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.dsl import eager as _eager
-from graphc.dsl import ops
+from graphc.dsl import ops, renorm
 from graphc.dsl.builder import Builder, current, op_error, user_source
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
@@ -57,10 +57,13 @@ def _check_carry(op: str, init: list[Tensor], outs: list[Tensor], source: str) -
 
 
 def trace_subgraph(builder: Builder, fn: Callable, args: Sequence[Any], in_types: Sequence[tuple[str, str, Any]],
-                   name: str) -> tuple[ir.Graph, list[Tensor], bool]:
+                   name: str, carries: list | None = None) -> tuple[ir.Graph, list[Tensor], bool]:
     """Trace ``fn(*args, *inputs)`` into a body graph whose inputs have ``in_types``
-    (name hint, dtype, shape). Returns (graph, output Tensors, whether fn returned a sequence)."""
-    with builder.subgraph() as scope:
+    (name hint, dtype, shape). Returns (graph, output Tensors, whether fn returned a sequence).
+    ``carries``: a list to record in the outer Tensors an embedding's max_norm renormalised in the body,
+    for the caller to carry out of it (``renorm``), each rebound to its value before the body; None: the
+    body's lookups do not write back."""
+    with builder.subgraph(carries) as scope:
         values = [builder.new_value(builder.unique(hint), dtype, shape) for hint, dtype, shape in in_types]
         result = fn(*args, *[Tensor(v) for v in values])
         is_seq = isinstance(result, (tuple, list))
@@ -75,6 +78,7 @@ def trace_subgraph(builder: Builder, fn: Callable, args: Sequence[Any], in_types
             used.add(id(item.value))
             outs.append(item)
     graph = ir.Graph(values, [t.value for t in outs], nodes=scope.nodes, name=builder.unique(name))
+    renorm.restore(carries or [])
     return graph, outs, is_seq
 
 
@@ -93,8 +97,10 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
     pred = _lift(pred)
     if pred.dtype != "bool":
         raise op_error("If", [pred], f"predicate must be bool, got {pred.dtype}", source)
-    then_g, then_outs, seq = trace_subgraph(builder, true_fn, operands, [], "then_branch")
-    else_g, else_outs, seq2 = trace_subgraph(builder, false_fn, operands, [], "else_branch")
+    then_c: list[renorm.Carried] = []
+    else_c: list[renorm.Carried] = []
+    then_g, then_outs, seq = trace_subgraph(builder, true_fn, operands, [], "then_branch", then_c)
+    else_g, else_outs, seq2 = trace_subgraph(builder, false_fn, operands, [], "else_branch", else_c)
     if len(then_outs) != len(else_outs) or seq != seq2:
         raise CaptureError(f"gc.cond: branches return {len(then_outs)} and {len(else_outs)} values (at {source})")
     out_types = []
@@ -102,14 +108,17 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
         if a.dtype != b.dtype:
             raise op_error("If", [a, b], f"branch output {i} has dtype {a.dtype} vs {b.dtype}", source)
         out_types.append((a.dtype, merge_shape(a.shape, b.shape)))
+    carried = renorm.branch_outputs(then_g, else_g, then_c, else_c)
 
     def evaluate(arrays: list) -> list:
         graph = then_g if bool(np.asarray(arrays[0]).reshape(-1)[0]) else else_g
         return run_graph(builder, graph, [])
 
-    outs = _emit_list("If", [pred], {"then_branch": then_g, "else_branch": else_g}, len(out_types),
-                      out_types=out_types, source=source, evaluator=evaluate)
-    return _rebuild(outs, seq)
+    outs = _emit_list("If", [pred], {"then_branch": then_g, "else_branch": else_g},
+                      len(out_types) + len(carried), out_types=out_types + renorm.types(carried), source=source,
+                      evaluator=evaluate)
+    renorm.write_back(outs[len(out_types):], carried, source)
+    return _rebuild(outs[:len(out_types)], seq)
 
 
 def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
@@ -136,9 +145,11 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
 
     in_types = [("iter", "int64", []), ("cond", "bool", [])] + [
         (f"carry{k}", t.dtype, t.shape) for k, t in enumerate(carry)]
-    graph, outs, _ = trace_subgraph(builder, body, [], in_types, "loop_body")
+    carried: list[renorm.Carried] = []
+    graph, outs, _ = trace_subgraph(builder, body, [], in_types, "loop_body", carried)
     _check_carry("Loop", carry, outs[1:], source)
     out_types = [(t.dtype, merge_shape(t.shape, o.shape)) for t, o in zip(carry, outs[1:])]
+    renorm.carry(graph, carried, 2 + len(carry), 1 + len(carry))
 
     def evaluate(arrays: list) -> list:
         state = list(arrays[2:])
@@ -147,9 +158,11 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
             state = res[1:]
         return state
 
-    results = _emit_list("Loop", [trip, None, *carry], {"body": graph}, len(carry), out_types=out_types,
-                         source=source, evaluator=evaluate)
-    return _rebuild(results, is_seq)
+    results = _emit_list("Loop", [trip, None, *carry, *(c.tensor for c in carried)], {"body": graph},
+                         len(carry) + len(carried), out_types=out_types + renorm.types(carried), source=source,
+                         evaluator=evaluate)
+    renorm.write_back(results[len(carry):], carried, source)
+    return _rebuild(results[:len(carry)], is_seq)
 
 
 def scan(fn: Callable, init: Any, xs: Any) -> tuple[Any, Any]:
@@ -181,26 +194,20 @@ def scan(fn: Callable, init: Any, xs: Any) -> tuple[Any, Any]:
 
     in_types = [(f"carry{k}", t.dtype, t.shape) for k, t in enumerate(carry)] + [
         (f"x{k}", x.dtype, x.shape[1:]) for k, x in enumerate(x_items)]
-    graph, outs, _ = trace_subgraph(builder, body, [], in_types, "scan_body")
+    carried: list[renorm.Carried] = []
+    graph, outs, _ = trace_subgraph(builder, body, [], in_types, "scan_body", carried)
     _check_carry("Scan", carry, outs[:n_carry], source)
+    renorm.carry(graph, carried, n_carry, n_carry)
     out_types = [(t.dtype, merge_shape(t.shape, o.shape)) for t, o in zip(carry, outs[:n_carry])]
+    out_types += renorm.types(carried)
     out_types += [(y.dtype, None if y.shape is None else [length, *y.shape]) for y in outs[n_carry:]]
-
-    def evaluate(arrays: list) -> list:
-        state, seqs = list(arrays[:n_carry]), arrays[n_carry:]
-        ys: list[list[np.ndarray]] = [[] for _ in outs[n_carry:]]
-        for t in range(seqs[0].shape[0]):
-            res = run_graph(builder, graph, state + [s[t] for s in seqs])
-            state = res[:n_carry]
-            for k, y in enumerate(res[n_carry:]):
-                ys[k].append(y)
-        stacked = [np.stack(y) if y else _no_steps(o) for y, o in zip(ys, outs[n_carry:])]
-        return state + stacked
-
-    results = _emit_list("Scan", [*carry, *x_items], {"body": graph, "num_scan_inputs": len(x_items)},
-                         len(out_types), out_types=out_types, source=source, evaluator=evaluate)
+    attrs = {"body": graph, "num_scan_inputs": len(x_items)}
+    results = _emit_list("Scan", [*carry, *(c.tensor for c in carried), *x_items], attrs, len(out_types),
+                         out_types=out_types, source=source, evaluator=lambda arrays: run_scan(builder, attrs, arrays))
+    n_state = n_carry + len(carried)
+    renorm.write_back(results[n_carry:n_state], carried, source)
     final = _rebuild(results[:n_carry], carry_seq)
-    return final, _rebuild(results[n_carry:], y_seq_box[0])
+    return final, _rebuild(results[n_state:], y_seq_box[0])
 
 
 def _no_steps(y: Tensor) -> np.ndarray:

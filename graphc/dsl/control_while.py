@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import ops
+from graphc.dsl import ops, renorm
 from graphc.dsl.builder import current, op_error, operand_text, user_source
 from graphc.dsl.control import merge_shape, run_loop, trace_subgraph
 from graphc.dsl.tensor import Tensor
@@ -85,12 +85,17 @@ def while_loop(cond_fn: Callable, body_fn: Callable, carried_inputs: Any) -> Any
 
     in_types = [("iter", "int64", []), ("cond", "bool", [])] + [
         (f"carry{k}", t.dtype, t.shape) for k, t in enumerate(init)]
-    graph, outs, _ = trace_subgraph(builder, body, [], in_types, "while_body")
+    carried: list[renorm.Carried] = []
+    graph, outs, _ = trace_subgraph(builder, body, [], in_types, "while_body", carried)
     out_types = [(t.dtype, merge_shape(t.shape, o.shape))
                  for t, o in zip(init, outs[1:])]
-    results = ops.emit("Loop", [None, first, *init], {"body": graph}, len(init), out_types=out_types,
-                       source=source, evaluator=lambda arrays: run_loop(builder, graph, arrays))
-    results = results if len(init) > 1 else [results]
-    final = rebuild(tree, iter(results))
+    renorm.carry(graph, carried, 2 + len(init), 1 + len(init))
+    n_out = len(init) + len(carried)
+    results = ops.emit("Loop", [None, first, *init, *(c.tensor for c in carried)], {"body": graph}, n_out,
+                       out_types=out_types + renorm.types(carried), source=source,
+                       evaluator=lambda arrays: run_loop(builder, graph, arrays))
+    results = results if n_out > 1 else [results]
+    renorm.write_back(results[len(init):], carried, source)
+    final = rebuild(tree, iter(results[:len(init)]))
     return final if unpack else final[0]
 

@@ -4,8 +4,9 @@ optimizer steps each from its renormalised value, so the training graphs do too.
 ``gc.capture`` rebinds the weight to a ScatterND of the renormalised rows into it, its stop-gradient
 Identity marked ``MAX_NORM_KEY``; a write-back nothing in the forward reads it drops, recording on the
 lookup's rows (``MAX_NORM_ROWS_KEY``) the weight and indices it read, and ``renormed`` writes it back
-again here. A lookup inside a control-flow body of a weight from outside it has no write-back: a trained
-such weight is refused.
+again here. A lookup inside a control-flow body of a weight from outside it writes back in the body, and
+the body carries the weight out (a Loop's or Scan's carried value, an If's output) to a write-back after
+the node; one whose body could not (``gc.vmap``'s), or whose write-back after the node is gone, is refused.
 """
 
 from __future__ import annotations
@@ -27,14 +28,24 @@ def renormed(graph: ir.Graph, opset: int, params: Sequence[str]) -> dict[str, st
     """``{param: the name of its value after the forward}`` for each of ``params`` that an embedding
     with ``max_norm`` renormalises in place: its last write-back in graph order (each reads the one
     before), appended to ``graph`` from the lookup's record where capture dropped it. A PassError for
-    such a lookup inside a control-flow body."""
+    a lookup inside a control-flow body that does not carry the weight out of it."""
     last: dict[str, ir.Node] = {}
+    in_body: dict[str, ir.Node] = {}  # a body's write-back not yet followed by one in the main graph
     for node in ir.traversal.RecursiveGraphIterator(graph):
         param = param_of(node)
         if param in params:
-            if node.graph is not graph:
+            if node.graph is not graph and MAX_NORM_KEY not in node.metadata_props:
                 _refuse_in_body(node)
-            last[param] = node
+            (in_body if node.graph is not graph else last)[param] = node
+            if node.graph is graph:
+                in_body.pop(param, None)
+    if in_body:
+        param, node = next(iter(in_body.items()))
+        raise PassError(f"the embedding of {param!r} with max_norm at {node.metadata_props[MAX_NORM_KEY].partition(' at ')[2]} "
+                        f"renormalises it inside a control-flow body, and the write-back of the weight the body "
+                        f"carries out is no longer in the model (a pass removed it), so the training graphs cannot "
+                        f"step it from its renormalised value; generate the training graphs from the model as "
+                        f"gc.capture made it")
     return {param: node.outputs[0].name if MAX_NORM_KEY in node.metadata_props else _write_back(graph, opset, node)
             for param, node in last.items()}
 
@@ -58,11 +69,12 @@ def _where(rows: ir.Node) -> tuple[dict, str]:
 
 def _refuse_in_body(rows: ir.Node) -> None:
     record, where = _where(rows)
-    raise PassError(f"{where} is trained inside a gc.cond/gc.fori_loop/gc.scan/gc.while_loop body: torch "
-                    f"renormalises the rows it looks up in the weight in place and its optimizer steps the "
-                    f"renormalised weight, which a body cannot carry out (its lookup renormalises the rows, "
-                    f"the weight stays as stored); look it up outside the body, freeze the weight "
-                    f"(frozen=[{record['param']!r}]) or train without max_norm")
+    raise PassError(f"{where} is trained inside a control-flow body that does not carry the weight out (a "
+                    f"gc.vmap body, or a model captured before gc.cond/gc.fori_loop/gc.scan/gc.while_loop carried "
+                    f"it): torch renormalises the rows it looks up in the weight in place and its optimizer steps "
+                    f"the renormalised weight, but this body only renormalises the rows it looks up, the weight "
+                    f"stays as stored; capture the model again, look it up outside such a body, freeze the "
+                    f"weight (frozen=[{record['param']!r}]) or train without max_norm")
 
 
 def _write_back(graph: ir.Graph, opset: int, rows: ir.Node) -> str:

@@ -41,10 +41,12 @@ def sharded(model: ir.Model, params: Sequence[str], data: Sequence[str], renorme
     """``model`` (a gradients or eval graph) with each write-back of ``params`` made at the union of the
     shards' rows (the module's docstring); ``renormed``: also output each param's last value as
     ``<param>.renormed``. ``data``: the inputs a shard holds; an ArtifactsError for a write-back whose
-    indices read anything else (a param: the workers cannot agree on the rows before the forward)."""
+    indices read anything else (a param: the workers cannot agree on the rows before the forward) or
+    that a control-flow body makes."""
     model = model.clone()
     graph, opset = model.graph, onnx_opset(model, 0)
     last = max_norm.renormed(graph, opset, params)  # writes back what capture dropped
+    _refuse_in_body(graph, params)
     scatters = [n for n in graph if n.op_type == "ScatterND" and _written(n, params)]
     rows = model.clone()
     flat = {n.name: n.inputs[1].name for n in scatters}
@@ -63,6 +65,16 @@ def sharded(model: ir.Model, params: Sequence[str], data: Sequence[str], renorme
     graph.sort()
     RemoveUnusedNodesPass()(model)
     return ShardedRenorm(rows, model)
+
+
+def _refuse_in_body(graph: ir.Graph, params: Sequence[str]) -> None:
+    in_body = sorted({max_norm.param_of(n) for n in ir.traversal.RecursiveGraphIterator(graph)
+                      if n.graph is not graph and max_norm.param_of(n) in params})
+    if in_body:
+        raise ArtifactsError(f"an embedding with max_norm renormalises {in_body} inside a gc.cond/gc.fori_loop/"
+                             "gc.scan/gc.while_loop body: the workers make each main-graph write-back at the union of their "
+                             "shards' rows, not yet a body's, once per iteration (each would write back only its "
+                             "shard's rows, unlike one process); train with one worker")
 
 
 def _written(scatter: ir.Node, params: Sequence[str]) -> bool:
