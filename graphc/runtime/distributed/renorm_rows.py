@@ -3,7 +3,9 @@
 each write-back looks up in its shard (the ``renorm_rows`` graph), and each worker's gradients graph
 renormalises and writes back their union (``passes/training/max_norm_shards.py``): the forward, a tied
 layer included, reads the weight one process does, and the update steps each such param from its
-``<param>.renormed`` value, which rank 0's gradients carry (as its BatchNorm statistics)."""
+``<param>.renormed`` value, which rank 0's gradients carry (as its BatchNorm statistics). ``evaluate`` and
+``predict`` do the same with the eval graph (``EVAL_ROWS``), so a tied layer there reads every row the whole
+batch looks up renormalised, as one process does."""
 
 from __future__ import annotations
 
@@ -13,23 +15,28 @@ import numpy as np
 
 from graphc.passes.training.max_norm_shards import RENORMED, sharded
 
-__all__ = ["RENORMED", "ROWS", "union", "worker_graphs"]
+__all__ = ["EVAL_ROWS", "RENORMED", "ROWS", "union", "worker_graphs"]
 
 ROWS = "renorm_rows"  # the workers' graphs: shard -> the flat indices of each write-back, in graph order
+EVAL_ROWS = "eval_renorm_rows"  # the same for the eval graph's write-backs
 
 BATCH = ("data", "label")  # the inputs a shard holds that the rows may read
 
 
-def worker_graphs(gradients, manifest) -> dict:
-    """``{"gradients": ..., ROWS: ...}`` as ``gc.Model``s where ``manifest.renormed`` names params
-    (``gradients``, the workers' gradients model, made at the union of the shards' rows), else ``{}``."""
+def worker_graphs(graphs: Mapping, manifest) -> dict:
+    """``{"gradients": ..., ROWS: ..., "eval": ..., EVAL_ROWS: ...}`` as ``gc.Model``s where
+    ``manifest.renormed`` names params (``graphs``' workers' gradients and eval models made at the union
+    of the shards' rows, each with its rows graph), else ``{}``."""
     from graphc.model import Model
 
     if not manifest.renormed:
         return {}
-    data = [e.name for e in manifest.graphs["gradients"].inputs if e.role in BATCH]
-    made = sharded(gradients.ir, manifest.renormed, data, renormed=True)
-    return {"gradients": Model(made.graph), ROWS: Model(made.rows)}
+    out = {}
+    for key, rows in (("gradients", ROWS), ("eval", EVAL_ROWS)):
+        data = [e.name for e in manifest.graphs[key].inputs if e.role in BATCH]
+        made = sharded(graphs[key].ir, manifest.renormed, data, renormed=key == "gradients")
+        out.update({key: Model(made.graph), rows: Model(made.rows)})
+    return out
 
 
 def union(shards: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:

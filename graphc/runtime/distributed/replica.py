@@ -30,7 +30,7 @@ import onnx
 from graphc.compile.training import CARRIED_ROLES
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.averaging import divisor, examples, shard_weight
-from graphc.runtime.distributed.renorm_rows import RENORMED, ROWS, union
+from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, RENORMED, ROWS, union
 from graphc.runtime.trainer import predict_model, without_initializers
 
 
@@ -64,7 +64,7 @@ class Replica:
         self._means: Optional[dict] = None  # the train metrics a shard reduces (``use_metrics``)
         self._whole = False
         self._grads = self._prepare("gradients")
-        self._rows = self._prepare(ROWS) if ROWS in self._protos else None
+        self._rows = {key: self._prepare(key) for key in (ROWS, EVAL_ROWS) if key in self._protos}
         self._renormed = [v.name for v in self._protos["gradients"].graph.output if v.name.endswith(RENORMED)]
         self._update = self._prepare("update")
         self._update_inputs = {v.name for v in self._protos["update"].graph.input}
@@ -109,15 +109,15 @@ class Replica:
             return self._loader.batch(epoch, index, slice(lo, hi))
         return dict(message["shard"])
 
-    def renorm_rows(self, message: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """The rows each max_norm write-back looks up in this worker's shard of ``message``
-        (``renorm_rows``), ``{}`` for an empty shard."""
+    def renorm_rows(self, message: Mapping[str, Any], graph: str = ROWS) -> dict[str, np.ndarray]:
+        """The rows each max_norm write-back of the gradients graph (``graph``: ``ROWS``) or the eval
+        graph (``EVAL_ROWS``) looks up in this worker's shard of ``message``, ``{}`` for an empty shard."""
         if message["rows"] == 0:
             return {}
         shard = self._shard(message)
-        inputs = {v.name for v in self._protos[ROWS].graph.input}
-        host, _ = self._rows.run_bound({n: a for n, a in shard.items() if n in inputs},
-                                       [v.name for v in self._protos[ROWS].graph.output])
+        inputs = {v.name for v in self._protos[graph].graph.input}
+        host, _ = self._rows[graph].run_bound({n: a for n, a in shard.items() if n in inputs},
+                                              [v.name for v in self._protos[graph].graph.output])
         return host
 
     def step(self, message: Mapping[str, Any], *gathered: Optional[dict]) -> tuple[dict, Optional[dict]]:
@@ -194,10 +194,11 @@ class Replica:
         for name, value in tensors.items():
             self._state[name] = self._grads.to_device(np.asarray(value))
 
-    def predict(self, shard: Mapping[str, np.ndarray], rows: int) -> Optional[dict]:
+    def predict(self, shard: Mapping[str, np.ndarray], rows: int, *gathered: dict) -> Optional[dict]:
         """The eval graph on the shard: its outputs and the loss scaled by the shard's weight;
         without the labels, the eval graph less the loss (``predict``). Rank 0 runs even an
-        empty shard: a 0-row batch's outputs have 0 rows, as in one process."""
+        empty shard: a 0-row batch's outputs have 0 rows, as in one process. ``gathered``: every
+        worker's ``renorm_rows`` of the eval graph, whose union its write-backs renormalise."""
         if rows == 0 and self.rank:
             return None
         key = "eval" if self._labels <= set(shard) else "predict"
@@ -210,6 +211,7 @@ class Replica:
         exe, inputs, outputs = self._evals[key]
         feeds = {n: a for n, a in shard.items() if n in inputs}
         feeds.update({n: h for n, h in self._state.items() if n in inputs})
+        feeds.update(union(gathered) if gathered else {})
         host, _ = exe.run_bound(feeds, outputs)
         weight = shard_weight(self.manifest.loss, shard, rows)
         if "loss" in host:

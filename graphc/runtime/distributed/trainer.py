@@ -47,7 +47,7 @@ from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get
 from graphc.runtime.data import DataLoader
 from graphc.runtime.averaging import divisor, examples, shard_weight
-from graphc.runtime.distributed.renorm_rows import ROWS, worker_graphs
+from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, ROWS, worker_graphs
 from graphc.runtime.distributed.replica import Replica
 from graphc.runtime.rows import batch_dim, by_rows, time_major
 from graphc.errors import ArtifactsError, GraphcError
@@ -92,7 +92,7 @@ class DistributedTrainer(Trainer):
         self._check_data_parallel()
         a = self.artifacts
         graphs = {"gradients": worker_gradients_model(a), "update": update_model(self.manifest), "eval": a.eval}
-        graphs.update(worker_graphs(graphs["gradients"], self.manifest))
+        graphs.update(worker_graphs(graphs, self.manifest))
         self._renorm = ROWS in graphs  # a step first gathers the rows each worker's lookups renormalise
         self._ray = ray = connect(ray_address, "gc.Trainer(workers=...)")
         check_resources(ray, workers, num_cpus, num_gpus, timeout_s)
@@ -325,12 +325,14 @@ class DistributedTrainer(Trainer):
         """The eval graph on ``batch``, each worker on its shard: the loss (reduced as the
         training loss) and the model outputs (the shards' outputs in order); only the outputs
         when the batch holds no labels. Outputs not by rows (a scalar, say) cannot be joined:
-        with them, rank 0 runs the whole batch."""
+        with them, rank 0 runs the whole batch. An embedding's max_norm write-backs renormalise the
+        rows every shard looks up (``renorm_rows``), as in ``step``."""
         self._sync()
         labels = self._label_names()
         specs = self._eval_specs if labels <= set(batch) else [s for s in self._eval_specs if s.name not in labels]
         messages = self._messages(batch, specs, noise=False, whole=bool(self._whole))
-        refs = [r.predict.remote(m["shard"], m["rows"]) for r, m in zip(self._replicas, messages)]
+        rows = [r.renorm_rows.remote(m, EVAL_ROWS) for r, m in zip(self._replicas, messages)] if self._renorm else []
+        refs = [r.predict.remote(m["shard"], m["rows"], *rows) for r, m in zip(self._replicas, messages)]
         done = [r for r in self._get(refs, "evaluation") if r is not None]
         out = {}
         if "loss" in done[0]:
