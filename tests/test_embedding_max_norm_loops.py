@@ -13,7 +13,7 @@ import graphc as gc
 
 torch = pytest.importorskip("torch")
 
-from test_embedding_max_norm import OPTIMIZERS, ROWS, _Net, _Twin  # noqa: E402
+from test_embedding_max_norm import OPTIMIZERS, ROWS, _Net, _Twin
 
 RNG = np.random.default_rng(0)
 KINDS = ["fori_loop", "while_loop", "scan", "cond", "cond_in_fori_loop"]

@@ -41,7 +41,8 @@ def renormed(graph: ir.Graph, opset: int, params: Sequence[str]) -> dict[str, st
                 in_body.pop(param, None)
     if in_body:
         param, node = next(iter(in_body.items()))
-        raise PassError(f"the embedding of {param!r} with max_norm at {node.metadata_props[MAX_NORM_KEY].partition(' at ')[2]} "
+        at = node.metadata_props[MAX_NORM_KEY].partition(" at ")[2]
+        raise PassError(f"the embedding of {param!r} with max_norm at {at} "
                         f"renormalises it inside a control-flow body, and the write-back of the weight the body "
                         f"carries out is no longer in the model (a pass removed it), so the training graphs cannot "
                         f"step it from its renormalised value; generate the training graphs from the model as "

@@ -72,8 +72,8 @@ def _refuse_in_body(graph: ir.Graph, params: Sequence[str]) -> None:
                       if n.graph is not graph and max_norm.param_of(n) in params})
     if in_body:
         raise ArtifactsError(f"an embedding with max_norm renormalises {in_body} inside a gc.cond/gc.fori_loop/"
-                             "gc.scan/gc.while_loop body: the workers make each main-graph write-back at the union of their "
-                             "shards' rows, not yet a body's, once per iteration (each would write back only its "
+                             "gc.scan/gc.while_loop body: the workers make each main-graph write-back at the union of "
+                             "their shards' rows, not yet a body's, once per iteration (each would write back only its "
                              "shard's rows, unlike one process); train with one worker")
 
 
