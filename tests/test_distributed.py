@@ -28,7 +28,7 @@ from graphc.runtime.distributed.cluster import LOCAL_ENV, connect
 from graphc.models.cnn import LeNet
 from graphc.models.two_layer_net import TwoLayerNet
 from cli_util import one_line_error, run_cli
-from trainer_models import blobs, without_prediction
+from trainer_models import Contrastive, Prototypes, blobs, without_prediction
 
 pytestmark = [pytest.mark.xdist_group("ray"),
               pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs graphc[ray]")]
@@ -618,6 +618,38 @@ def test_fit_skips_a_batch_of_ignored_labels_and_weighs_a_shard_of_them_as_one_p
     np.testing.assert_allclose(got.step_losses, want.step_losses, rtol=2e-5)
     assert got.epochs[0].samples == want.epochs[0].samples == 24
     _close(got_params, want_params)
+
+
+def test_labels_past_a_class_count_the_model_computes_are_refused_as_by_one_process(ray_cluster):
+    """Logits [N, 2K] of K prototypes, a class count the model computes: the workers' driver
+    bounded the labels only below and stepped on a label >= C (a loss of 0 for it) where one
+    process refuses. Logits [N, N] (contrastive) have C = each worker's rows, not the batch's:
+    the shards' losses (a label >= 4 counted 0 on 4 rows) differ from one process's."""
+    model = gc.capture(Prototypes(twice=True), seed=0, x=gc.spec("float32", ("N", 4)),
+                       protos=gc.spec("float32", ("K", 4)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))
+    batch = {"x": RNG.standard_normal((8, 4)).astype(np.float32), "protos": RNG.standard_normal((3, 4)).astype(np.float32),
+             "y": np.array([5, 0, 6, 1, 2, 4, 3, 5])}
+    dp, single = gc.Trainer(arts, **WORKER), gc.Trainer(arts, backend="ort-cpu")
+    for trainer in (single, dp):
+        for call in (trainer.step, trainer.evaluate):
+            with pytest.raises(gc.InputError, match=r"label 'y' holds 6 at \(2,\); cross-entropy labels are class "
+                                                    r"indices in \[0, 6\) or the ignore index -100"):
+                call(batch)
+        assert trainer.step_count == 0
+    batch["y"][2] = 4
+    assert dp.step(batch) == pytest.approx(single.step(batch), rel=1e-6)
+    _close(dp.state_dict(), single.state_dict())
+    dp.shutdown()
+    model = gc.capture(Contrastive(), seed=0, x=gc.spec("float32", ("N", 4)))
+    dp = gc.Trainer(gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1)),
+                    **WORKER)
+    for call in (dp.step, dp.evaluate):
+        with pytest.raises(ArtifactsError, match=r"logits 'logits' have 8 classes for the batch's 8 rows but 4 for the "
+                                                 r"4 rows of worker rank 0: the class dim follows the rows"):
+            call({"x": batch["x"], "y": np.arange(8)})
+    assert dp.step_count == 0
+    dp.shutdown()
 
 
 def _max_logit(pred: np.ndarray, target: np.ndarray) -> float:

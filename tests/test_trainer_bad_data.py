@@ -6,35 +6,10 @@ import pytest
 
 import graphc as gc
 from graphc import nn
+from trainer_models import Contrastive, Prototypes
 
 RNG = np.random.default_rng(0)
 BACKENDS = ["numpy", "ort-cpu"]
-
-
-class Prototypes(nn.Module):
-    """Logits of a batch against K prototypes fed with it (``[N, K]``: the class count is the
-    prototypes' length, known only from the batch), or, with ``twice``, against the prototypes
-    and their halves (``[N, 2K]``: a class dim computed inside the model, which no input names)."""
-
-    def __init__(self, twice: bool = False):
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.twice = twice
-
-    def forward(self, x, protos):
-        logits = self.fc(x) @ protos.t()
-        return {"logits": gc.cat([logits, logits * 0.5], dim=1) if self.twice else logits}
-
-
-class Contrastive(nn.Module):
-    """Logits of a batch against itself (``[N, N]``): row i's class is i, as in CLIP's loss."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x):
-        return {"logits": self.fc(x) @ x.t()}
 
 
 def _prototype_case(twice: bool, label_smoothing: float):

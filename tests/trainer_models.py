@@ -36,6 +36,32 @@ class DropBNNet(BNNet):
         return {"logits": self.fc2(self.drop(gc.relu(self.bn(self.fc1(x)))))}
 
 
+class Prototypes(nn.Module):
+    """Logits of a batch against K prototypes fed with it (``[N, K]``: the class count is the
+    prototypes' length, known only from the batch), or, with ``twice``, against the prototypes
+    and their halves (``[N, 2K]``: a class dim computed inside the model, which no input names)."""
+
+    def __init__(self, twice: bool = False):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.twice = twice
+
+    def forward(self, x, protos):
+        logits = self.fc(x) @ protos.t()
+        return {"logits": gc.cat([logits, logits * 0.5], dim=1) if self.twice else logits}
+
+
+class Contrastive(nn.Module):
+    """Logits of a batch against itself (``[N, N]``): row i's class is i, as in CLIP's loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return {"logits": self.fc(x) @ x.t()}
+
+
 def drop_bn_artifacts(optimizer=None):
     """Dropout (RNG), BatchNorm (running stats) and Adam (state, step count): all a resume restores."""
     model = gc.capture(DropBNNet(), seed=0, x=gc.spec("float32", ("N", 8)))

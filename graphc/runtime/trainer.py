@@ -380,9 +380,7 @@ class Trainer:
         Ctrl-C during the step is raised once the step is done (params, state, RNG and
         ``step_count`` all advanced), never half way."""
         feeds = self._batch_feeds(batch, self.batch_specs)
-        refuse_empty(feeds, "a train step")
-        refuse_one_row(self.manifest, feeds)
-        check_labels(self.manifest, feeds, "a train step", classes=self._measured_classes(feeds))
+        self._refuse_step(feeds)
         with self._interrupts:
             if self.noise_specs:
                 feeds.update(self._noise_feeds(batch, feeds))
@@ -405,6 +403,14 @@ class Trainer:
             self.step_count += 1
             return float(host["loss"])
 
+    def _refuse_step(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Refuse a train step on ``feeds`` that has no row, a BatchNorm batch of 1 row, or
+        cross-entropy labels outside [0, C) (C measured where only a forward tells it); the
+        data-parallel Trainer checks its global batch the same way before any worker steps."""
+        refuse_empty(feeds, "a train step")
+        refuse_one_row(self.manifest, feeds)
+        check_labels(self.manifest, feeds, "a train step", classes=self._measured_classes(feeds))
+
     def _measured_classes(self, feeds: Mapping[str, np.ndarray]) -> Optional[int]:
         """A cross-entropy's C where neither the graphs nor the batch's shapes tell it (a class dim
         computed inside the model, ``labels.class_count``): axis 1 of the logits of an
@@ -416,8 +422,12 @@ class Trainer:
         cache = self.__dict__.setdefault("_class_counts", {})
         if key not in cache:
             data = {name: a for name, a in feeds.items() if name not in self._label_names()}
-            cache[key] = int(np.shape(self.predict(data)[loss["output"]])[1])
+            cache[key] = int(np.shape(self._forward(data)[loss["output"]])[1])
         return cache[key]
+
+    def _forward(self, data: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The inference-mode outputs of one forward of ``data`` as a whole (``predict``)."""
+        return self.predict(data)
 
     def _noise_feeds(self, batch: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """This step's Dropout noise: taken from ``batch``, else drawn from ``self.rng`` in

@@ -54,10 +54,9 @@ from graphc.errors import ArtifactsError, GraphcError
 from graphc.model.dtypes import to_numpy
 from graphc.passes.training.loss_scaling import state_names
 from graphc.runtime.history import History
-from graphc.runtime.labels import check_labels
+from graphc.runtime.labels import class_count
 from graphc.runtime.session import check_options
-from graphc.runtime.trainer import (BATCH_ROLES, TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, TrainingFailed, role_specs,
-                                    refuse_empty, refuse_one_row)
+from graphc.runtime.trainer import BATCH_ROLES, TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, TrainingFailed, role_specs
 
 __all__ = ["DistributedTrainer"]
 
@@ -253,13 +252,13 @@ class DistributedTrainer(Trainer):
         feeds = self._batch_feeds(batch, specs)
         read = isinstance(batch, LoaderBatch)
         if noise:  # a train step
-            refuse_empty(feeds, "a train step")
-            refuse_one_row(self.manifest, feeds)
-            check_labels(self.manifest, feeds, "a train step")
+            self._refuse_step(feeds)
         rows = next((len(a) for n, a in feeds.items() if n in self._rows), 0)
         given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
+        bounds = self._joined(self._bounds(rows, whole, pairs=noise and self._pairs), feeds)
+        self._refuse_split_classes(feeds, bounds)
         out = []
-        for lo, hi in self._joined(self._bounds(rows, whole, pairs=noise and self._pairs), feeds):
+        for lo, hi in bounds:
             message: dict[str, Any] = {"rows": hi - lo, "step": self.step_count, "seed": self._seed, "set": self._later}
             if read:
                 message["read"] = (batch.epoch, batch.index, lo, hi)
@@ -271,6 +270,34 @@ class DistributedTrainer(Trainer):
                 message["noise"] = self._noise_shapes(shard, shard)
             out.append(message)
         return out
+
+    def _refuse_split_classes(self, feeds: Mapping[str, np.ndarray], bounds: list[tuple[int, int]]) -> None:
+        """Refuse a cross-entropy whose class count C follows the rows a worker gets (logits
+        ``[N, N]`` of a contrastive loss, or a C the model computes from them): each worker's
+        logits would then hold other classes than the whole batch's, and its loss a label >= its
+        own C as 0, so the shards could not make the whole batch's loss, predictions or step."""
+        loss = self.manifest.loss
+        shards = [(lo, hi) for lo, hi in bounds if hi > lo]
+        if loss.get("kind") != "cross_entropy" or len(shards) < 2:
+            return
+        whole = self._classes(feeds)
+        for rank, (lo, hi) in enumerate(shards):
+            part = self._classes({n: a[lo:hi] if n in self._rows else a for n, a in feeds.items()})
+            if part != whole:
+                raise ArtifactsError(f"the cross-entropy's logits {loss['output']!r} have {whole} classes for the "
+                                     f"batch's {bounds[-1][1]} rows but {part} for the {hi - lo} rows of worker "
+                                     f"rank {rank}: the class dim follows the rows, so the workers' losses cannot make"
+                                     " the whole batch's (a label past a shard's classes counts 0); use workers=1")
+
+    def _classes(self, feeds: Mapping[str, np.ndarray]) -> Optional[int]:
+        """A cross-entropy's C on ``feeds`` as one process sees it (``labels.class_count``, or measured)."""
+        found = class_count(self.manifest, feeds)
+        return found if found is not None else self._measured_classes(feeds)
+
+    def _forward(self, data: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Rank 0's forward of ``data`` as a whole, as one process's (``predict`` splits it)."""
+        rows = next((len(a) for n, a in data.items() if n in self._rows), 0)
+        return self._get(self._replicas[0].predict.remote(dict(data), rows), "measuring the logits' class count")
 
     def step(self, batch: Mapping[str, np.ndarray]) -> float:
         """One synchronous data-parallel step on the global ``batch``; returns its loss. A step
