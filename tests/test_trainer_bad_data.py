@@ -146,3 +146,28 @@ def test_graphc_train_names_the_file_and_arrays_whose_lengths_differ(tmp_path, c
     err = " ".join(one_line_error(result).split())
     assert f"--data {root / 'short.npz'}: the inputs' arrays need one row per sample" in err
     assert f"got '{keys[0]}' 10 rows, '{keys[1]}' 9 rows" in err
+
+
+@pytest.mark.parametrize("option", ["--data", "--eval-data"])
+def test_graphc_train_names_the_file_of_an_array_of_another_dtype_and_the_cast(tmp_path, capsys, option):
+    """float64 data (np.savez keeps numpy's default) or int32 labels: one line naming the option,
+    the file, the array as the file names it and the cast to save it with (it said only "array
+    'x': expected dtype float32", for x_val too); after the cast the run trains."""
+    from cli_util import one_line_error, run_cli, workspace
+
+    root = workspace(tmp_path)
+    data = dict(np.load(root / "data.npz"))
+    bad = root / "bad.npz"
+    np.savez(bad, **({"x": data["x"], "y": data["y"], "x_val": data["x"].astype(np.float64), "y_val": data["y"]}
+                     if option == "--data" else {"x": data["x"], "y": data["y"].astype(np.int32)}))
+    extra = ["--data", root / "data.npz", "--eval-data", bad] if option == "--eval-data" else ["--data", bad]
+    run = ["train", root / "arts", *extra, "--epochs", 1, "--batch-size", 8, "--backend", "numpy"]
+    err = " ".join(one_line_error(run_cli(capsys, *run)).split())
+    if option == "--data":
+        assert (f"--data {bad}: array 'x_val' is float64[64,8] where the model input x: float32[batch,8] takes "
+                "float32; save it as float32: np.savez(..., x_val=x_val.astype(np.float32))") in err
+    else:
+        assert (f"--eval-data {bad}: array 'y' is int32[64] where the model input y: int64[batch] takes int64; "
+                "save it as int64: np.savez(..., y=y.astype(np.int64))") in err
+    np.savez(bad, **{key: array.astype(data[key[0]].dtype) for key, array in np.load(bad).items()})
+    assert run_cli(capsys, *run).code == 0

@@ -17,6 +17,8 @@ import ml_dtypes
 import numpy as np
 
 from graphc.errors import InputError
+from graphc.model.dtypes import type_text
+from graphc.runtime.feeds import dtype_name
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -83,6 +85,20 @@ def fit_bfloat16(arrays: dict[str, np.ndarray], specs) -> dict[str, np.ndarray]:
         elif array.dtype == np.float32:
             out[name] = array.astype(ml_dtypes.bfloat16)
     return out
+
+
+def check_dtypes(arrays: dict[str, np.ndarray], specs, keys: list[str], what: str) -> None:
+    """Each of ``arrays`` (by input name) has its input's dtype (``specs``: the model inputs, in
+    the order of ``keys``, the arrays' names in the file ``what`` names with its option), else
+    an error naming the file, the array and the cast to save it with (``np.savez`` keeps
+    numpy's default float64)."""
+    for spec, key in zip(specs, keys):
+        array = arrays[spec.name]
+        if dtype_name(array.dtype) != spec.dtype:
+            want = "float32" if spec.dtype == "bfloat16" else spec.dtype  # an .npz holds bfloat16 as float32
+            raise InputError(f"{what}: array {key!r} is {type_text(array.dtype, array.shape)} where the model input "
+                             f"{spec} takes {spec.dtype}; save it as {want}: np.savez(..., {key}={key}"
+                             f".astype(np.{want}))")
 
 
 def widened(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

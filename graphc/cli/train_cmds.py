@@ -15,36 +15,37 @@ from rich.markup import escape
 
 from graphc.cli.app import (OUT_ALIAS, app, check_keep_io_types, check_writable_at, chosen_output, console,
                             err_console, given, keep_io_types_option, naming_opset, one_line_warnings, output_option)
-from graphc.cli.arrays import fit_bfloat16, load_npz, npz_names
+from graphc.cli.arrays import check_dtypes, fit_bfloat16, load_npz, npz_names
 from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_schedule
 from graphc.runtime.metrics import names as metric_names
 
 EVAL_SUFFIXES = ("val", "test")  # the evaluation split --data holds, in order of preference
 
 
-def load_data(path: Path, names: list[str], eval_path: Optional[Path] = None
+def load_data(path: Path, specs: list, eval_path: Optional[Path] = None
               ) -> tuple[dict[str, np.ndarray], Optional[dict[str, np.ndarray]], str]:
-    """Train arrays from ``path`` (each input NAME as ``NAME`` or ``NAME_train``) and the
-    evaluation arrays with where they came from: from ``eval_path`` (NAME, NAME_val or
-    NAME_test) when given, else from ``path``'s ``NAME_val`` arrays, else its ``NAME_test``
-    arrays (each set used only when every input has one)."""
-    train, _ = _pick_arrays(path, "--data", names, ("", "_train"))
+    """Train arrays from ``path`` (each input NAME of ``specs``, the model's batch inputs, as
+    ``NAME`` or ``NAME_train``) and the evaluation arrays with where they came from: from
+    ``eval_path`` (NAME, NAME_val or NAME_test) when given, else from ``path``'s ``NAME_val``
+    arrays, else its ``NAME_test`` arrays (each set used only when every input has one)."""
+    train, _ = _pick_arrays(path, "--data", specs, ("", "_train"))
     if eval_path is not None:
-        arrays, keys = _pick_arrays(eval_path, "--eval-data", names, ("", *(f"_{s}" for s in EVAL_SUFFIXES)))
+        arrays, keys = _pick_arrays(eval_path, "--eval-data", specs, ("", *(f"_{s}" for s in EVAL_SUFFIXES)))
         return train, arrays, f"{', '.join(keys)} of --eval-data {eval_path}"
-    found = _pick_arrays(path, "--data", names, tuple(f"_{s}" for s in EVAL_SUFFIXES), required=False)
+    found = _pick_arrays(path, "--data", specs, tuple(f"_{s}" for s in EVAL_SUFFIXES), required=False)
     if found is None:
         return train, None, ""
     arrays, keys = found
     return train, arrays, f"{', '.join(keys)} of {path}"
 
 
-def _pick_arrays(path: Path, option: str, names: list[str], suffixes: tuple[str, ...], required: bool = True
+def _pick_arrays(path: Path, option: str, specs: list, suffixes: tuple[str, ...], required: bool = True
                  ) -> Optional[tuple[dict[str, np.ndarray], list[str]]]:
     """Each input NAME's array NAME+suffix in the .npz ``path``, one suffix for every input (the
-    first that all have: ``x_val`` with ``y``, two different sets of rows, was once paired),
-    and the array names used; where no suffix fits every input, an error, or None if not
-    ``required``."""
+    first that all have: ``x_val`` with ``y``, two different sets of rows, was once paired), of
+    its input's dtype (``fit_bfloat16``), and the array names used; where no suffix fits every
+    input, an error, or None if not ``required``."""
+    names = [spec.name for spec in specs]
     files = set(npz_names(path, option))
     suffix = next((s for s in suffixes if all(name + s in files for name in names)), None)
     if suffix is None and not required:
@@ -63,7 +64,9 @@ def _pick_arrays(path: Path, option: str, names: list[str], suffixes: tuple[str,
     if len(set(rows.values())) > 1 or "a scalar" in rows.values():
         raise ValueError(f"{option} {path}: the inputs' arrays need one row per sample, the same length along axis 0; "
                          f"got {', '.join(f'{key!r} {n}' for key, n in rows.items())}")
-    return {name: arrays[key] for name, key in zip(names, keys)}, keys
+    picked = fit_bfloat16({name: arrays[key] for name, key in zip(names, keys)}, specs)
+    check_dtypes(picked, specs, keys, f"{option} {path}")
+    return picked, keys
 
 
 def _where(trainer) -> str:
@@ -125,7 +128,9 @@ def train_cmd(
     data: Path = typer.Option(..., "--data", metavar="FILE.npz",
                               help="Training arrays: for each data and label input NAME an array NAME or NAME_train. "
                               "Unless --eval-data is given, each epoch is evaluated on its NAME_val arrays, or "
-                              "else its NAME_test arrays, when every input has one (the run says which)."),
+                              "else its NAME_test arrays, when every input has one (the run says which). Each "
+                              "array has its input's dtype (np.savez keeps numpy's float64: cast float32 data "
+                              "with .astype(np.float32)); a bfloat16 input reads float32."),
     eval_data: Optional[Path] = typer.Option(None, "--eval-data", metavar="FILE.npz",
                                              help="Evaluation arrays: NAME, NAME_val or NAME_test for each input."),
     epochs: int = typer.Option(..., "--epochs", min=1, help="Train until this many epochs are done (a resumed "
@@ -221,9 +226,7 @@ def train_cmd(
     if resumed is not None:
         console.print(f"resumed from {resumed} {_where(trainer)} (step {trainer.step_count})", highlight=False,
                       soft_wrap=True)
-    train, test, test_source = load_data(data, [s.name for s in trainer.batch_specs], eval_data)
-    train = fit_bfloat16(train, trainer.batch_specs)
-    test = None if test is None else fit_bfloat16(test, trainer.batch_specs)
+    train, test, test_source = load_data(data, trainer.batch_specs, eval_data)
     fixed = _fixed_batch(trainer.batch_specs)
     if fixed is not None and batch_size != fixed:
         raise ValueError(f"--batch-size {batch_size}: the model takes batches of exactly {fixed} (its inputs' "

@@ -276,7 +276,7 @@ def _check_array(spec: TensorSpec, array: np.ndarray, loader: DataLoader) -> Non
     got = type_text(array.dtype, array.shape)
     if dtype_name(array.dtype) != spec.dtype:
         raise InputError(f"array {spec.name!r}: expected dtype {spec.dtype} (model input {spec}), "
-                         f"got {got}")
+                         f"got {got}; cast it with .astype")
     if spec.shape is None:
         return
     if array.ndim != len(spec.shape):
