@@ -171,3 +171,22 @@ def test_graphc_train_names_the_file_of_an_array_of_another_dtype_and_the_cast(t
                 "save it as int64: np.savez(..., y=y.astype(np.int64))") in err
     np.savez(bad, **{key: array.astype(data[key[0]].dtype) for key, array in np.load(bad).items()})
     assert run_cli(capsys, *run).code == 0
+
+
+class KLDiv(nn.Module):
+    def forward(self, logp, target):
+        return {"loss": gc.nn.functional.kl_div(logp, target, reduction="none")}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kl_div_of_a_negative_target_is_nan_as_torchs(backend):
+    """A target below 0 (not a probability): torch's xlogy(t, t) is nan there; graphc read its log
+    as 0 and returned a finite loss. 0 targets still give 0, positive ones t log t - t logp."""
+    torch = pytest.importorskip("torch")
+    logp = RNG.standard_normal((2, 3)).astype(np.float32)
+    target = np.array([[-0.5, 0.0, 0.25], [1.0, -2.0, 0.5]], np.float32)
+    model = gc.capture(KLDiv(), seed=0, logp=gc.spec("float32", (2, 3)), target=gc.spec("float32", (2, 3)))
+    got = gc.Session(model, backend=backend).run({"logp": logp, "target": target})["loss"]
+    want = torch.nn.functional.kl_div(torch.from_numpy(logp), torch.from_numpy(target), reduction="none").numpy()
+    assert np.isnan(want[target < 0]).all()
+    np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=True)

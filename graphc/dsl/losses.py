@@ -266,15 +266,15 @@ def _soft_cross_entropy(logits: Tensor, probs: Tensor, reduction: str, eps: floa
 @autocast_op()
 def kl_div(logp: Tensor, target: Tensor, reduction: str = "mean", log_target: bool = False) -> Tensor:
     """``torch.nn.functional.kl_div``: ``target * (log(target) - logp)`` (0 where target is 0, where
-    the target's gradient is ``-logp``; torch's is nan), or ``exp(target) * (target - logp)`` with
-    ``log_target``; ``"batchmean"`` divides the sum by N."""
+    the target's gradient is ``-logp``; torch's is nan; nan where it is negative, as torch's), or
+    ``exp(target) * (target - logp)`` with ``log_target``; ``"batchmean"`` divides the sum by N."""
     check_reduction("kl_div", reduction, (*REDUCTIONS, "batchmean"))
     logp, target = ops.lift(logp), ops.lift(target)
     if log_target:
         elem = ops.exp(target) * (target - logp)
     else:
         positive, log = _log_where_positive(target)
-        elem = ops.where(positive, target * log, 0.0) - target * logp
+        elem = ops.where(target < 0.0, float("nan"), ops.where(positive, target * log, 0.0)) - target * logp
     if reduction != "batchmean":
         return reduce_loss(elem, reduction)
     total = ops.sum(elem)
