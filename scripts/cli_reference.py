@@ -47,24 +47,30 @@ def _default(param) -> str:
 
 
 def reference() -> str:
-    """The Markdown reference: one section per command with its arguments and options."""
+    """The Markdown reference: one section per command with its usage line, arguments and options,
+    each value named by the word ``--help`` shows."""
+    import typer
+
+    from graphc.cli.help_layout import argument_word
+
     lines = []
     for words, command in commands():
-        usage = " ".join(["graphc", *words, *(p.name.upper() for p in command.params if p.param_type_name == "argument")])
+        usage = " ".join(["graphc", *words, *command.collect_usage_pieces(typer.Context(command))])
         summary = _cell((command.help or "").strip().split("\n\n")[0])
-        lines += [f"#### `{' '.join(['graphc', *words])}`", "", summary, "", f"`{usage} [OPTIONS]`", ""]
+        lines += [f"#### `{' '.join(['graphc', *words])}`", "", summary, "", f"`{usage}`", ""]
         rows = []
         for p in command.params:
             if p.param_type_name == "argument":
-                rows.append((f"`{p.name.upper()}` (argument)", "yes", "", _cell(p.help or "")))
+                rows.append((_cell(f"`{argument_word(p)}` (argument)"), "", "yes", "", _cell(p.help or "")))
             else:
                 flags = " / ".join(f"`{o}`" for o in (*p.opts, *p.secondary_opts))
                 help_text = _cell(p.help or "")
                 if p.multiple and "repeatable" not in help_text:
                     help_text += " (repeatable)"
-                rows.append((flags, "yes" if p.required else "", _default(p), help_text))
+                value = "" if p.is_flag or p.count else _cell(f"`{p.metavar}`")
+                rows.append((flags, value, "yes" if p.required else "", _default(p), help_text))
         if rows:
-            lines += ["| argument / option | required | default | meaning |", "| --- | --- | --- | --- |"]
+            lines += ["| argument / option | value | required | default | meaning |", "| --- | --- | --- | --- | --- |"]
             lines += [f"| {' | '.join(row)} |" for row in rows]
             lines.append("")
     return "\n".join(lines).rstrip() + "\n"

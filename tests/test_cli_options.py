@@ -5,6 +5,7 @@ default anywhere fails here until the two agree."""
 
 import inspect
 import io
+import re
 
 import onnx
 import pytest
@@ -33,6 +34,7 @@ def _commands(group=None, prefix=()):
 
 
 COMMANDS = dict(_commands())
+GROUPS = sorted({path.rsplit(" ", 1)[0] for path in COMMANDS if " " in path})
 
 # (command, parameter) -> (API callable, its parameter) that the option's value is passed to.
 API_DEFAULTS = {
@@ -265,6 +267,29 @@ def test_help_at_80_columns_has_no_value_placeholder_on_flags(capsys, monkeypatc
     assert max(len(line) for line in r.out.splitlines()) <= 80
     if command is None:
         assert "--debug / --no-debug" in r.out
+
+
+TYPE_PLACEHOLDER = re.compile(r"<[a-z][a-z \[\],|]*>")  # typer's <int range>, <str>, <float>, <path>, <list[str]>
+
+
+@pytest.mark.parametrize("command", [None, *GROUPS, *COMMANDS])
+def test_help_names_values_by_words_not_type_placeholders(capsys, command):
+    """``--epochs N``, ``-b, --backend NAME``, ``graphc train [OPTIONS] ARTIFACT_DIR``: not typer's
+    ``--epochs <int range>``, ``{ARTIFACT_DIR}`` in the usage line, ``ARTIFACT_DIR <path>``."""
+    r = run_cli(capsys, *(command.split() if command else []), "--help")
+    assert r.code == 0, r.err
+    assert not TYPE_PLACEHOLDER.findall(r.out), r.out
+    usage = r.out.splitlines()[0]
+    assert usage.startswith("Usage: graphc") and "{" not in usage and "}" not in usage, usage
+
+
+def test_help_value_words_by_type_and_explicit_metavars_kept(capsys):
+    train = run_cli(capsys, "train", "--help").out
+    assert train.startswith("Usage: graphc train [OPTIONS] ARTIFACT_DIR\n")
+    for shown in ("  ARTIFACT_DIR  Artifact directory", "--epochs N ", "-b, --backend NAME ", "--gamma X ",
+                  "--data FILE.npz ", "--checkpoint DIR ", "--ray-address ADDRESS "):
+        assert shown in train, shown
+    assert "--max-body-bytes N " in run_cli(capsys, "serve", "--help").out
 
 
 WRITERS = ["capture", "optimize", "grad", "run", "export", "demo", "view"]

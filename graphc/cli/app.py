@@ -5,7 +5,8 @@ bad input (any ``GraphcError``, ``ValueError``, ``FileNotFoundError``).
 
 Help is click's plain layout (``rich_markup_mode=None``): flags are listed without a value
 placeholder (typer's rich panels print ``<bool>`` beside every flag, ``--help`` included, as if
-it took a value), and the columns wrap cleanly at 80 characters.
+it took a value), and the columns wrap cleanly at 80 characters. Each value is named by a word
+(``--epochs N``, ``ARTIFACT_DIR``: ``help_layout``), not typer's ``<int range>`` placeholders.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from graphc.cli.help_layout import GraphcTyper
 from graphc.errors import InputError
 
-app = typer.Typer(
+app = GraphcTyper(
     name="graphc",
     help="Capture, optimize, differentiate, train, run and deploy ONNX graphs.",
     no_args_is_help=True,
@@ -29,7 +31,7 @@ app = typer.Typer(
     add_completion=True,
     rich_markup_mode=None,
 )
-deploy_app = typer.Typer(help="Write a model into an inference server's repository.", no_args_is_help=True,
+deploy_app = GraphcTyper(help="Write a model into an inference server's repository.", no_args_is_help=True,
                          rich_markup_mode=None)
 app.add_typer(deploy_app, name="deploy")
 

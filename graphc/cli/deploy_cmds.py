@@ -16,13 +16,13 @@ from graphc.cli.app import (app, check_keep_io_types, check_writable_at, console
 def triton_cmd(
     ctx: typer.Context,
     model: Path = typer.Argument(..., metavar="MODEL.onnx", help="The .onnx model."),
-    repo: Path = typer.Option(..., "--repo", help="The Triton model repository folder."),
+    repo: Path = typer.Option(..., "--repo", metavar="DIR", help="The Triton model repository folder."),
     name: str = typer.Option(..., "--name", help="The model's name (its folder in the repository)."),
     max_batch_size: int = typer.Option(0, "--max-batch-size", help="> 0: Triton batches along dim 0 (must be symbolic)."),
     gpu: bool = typer.Option(False, "--gpu", help="Run instances on the GPU (KIND_GPU) instead of the CPU."),
     dynamic_batching: bool = typer.Option(False, "--dynamic-batching", help="Let Triton merge requests (needs --max-batch-size)."),
     opset: Optional[int] = typer.Option(None, "--opset", help="Opset to write (default: the model's, at most 17)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="float16 or bfloat16: deploy the model converted "
+    dtype: Optional[str] = typer.Option(None, "--dtype", metavar="float16|bfloat16", help="float16 or bfloat16: deploy the model converted "
                                         "(gc.convert_float; default: as it is)."),
     keep_io_types: bool = keep_io_types_option(True, ": TYPE_FP32 in the config, so clients send what the "
                                                "float32 model took (--no-keep-io-types: TYPE_FP16/TYPE_BF16)."),
@@ -48,7 +48,7 @@ def triton_cmd(
 def serve_cmd(
     source: Path = typer.Argument(..., metavar="MODEL.onnx|REPO", help="An .onnx model or a Triton repository folder."),
     name: Optional[str] = typer.Option(None, "--name", help="Serve the model under this name (a repository: serve only it)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDRESS", help="Address to bind (loopback by default)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free one)."),
     backend: str = typer.Option("auto", "--backend", "-b", help="numpy, ort-cpu, ort-cuda or auto."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads per model (onnxruntime)."),
@@ -56,8 +56,8 @@ def serve_cmd(
     max_json_bytes: Optional[int] = typer.Option(None, "--max-json-bytes", help="Largest JSON part of a request (413 above)."),
     max_queue: Optional[int] = typer.Option(None, "--max-queue", help="Most infer requests held at once (503 above; default 128)."),
     max_reply_bytes: Optional[int] = typer.Option(None, "--max-reply-bytes", help="Largest reply body (400 above; default 1 GiB)."),
-    read_timeout: Optional[float] = typer.Option(None, "--read-timeout", help="Seconds a connection has to send a whole request (default 30)."),
-    request_timeout: Optional[float] = typer.Option(None, "--request-timeout", help="Seconds a model has to answer a received request, then 504 (default 120; 0: no limit)."),
+    read_timeout: Optional[float] = typer.Option(None, "--read-timeout", metavar="SECONDS", help="Seconds a connection has to send a whole request (default 30)."),
+    request_timeout: Optional[float] = typer.Option(None, "--request-timeout", metavar="SECONDS", help="Seconds a model has to answer a received request, then 504 (default 120; 0: no limit)."),
 ) -> None:
     """Serve SOURCE over KServe v2 / Open Inference Protocol HTTP until SIGINT or SIGTERM."""
     from graphc.backends import get_backend

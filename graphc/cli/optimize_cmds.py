@@ -39,7 +39,7 @@ def optimize_cmd(
     out: Optional[Path] = OUT_ALIAS,
     level: int = typer.Option(2, "-O", "--level", min=0, max=3, help=_LEVEL_HELP),
     report: bool = typer.Option(False, "--report", help="Print what each pass did."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="float16 or bfloat16: convert the optimized "
+    dtype: Optional[str] = typer.Option(None, "--dtype", metavar="float16|bfloat16", help="float16 or bfloat16: convert the optimized "
                                         "model (gc.convert_float; default: keep float32)."),
     keep_io_types: bool = keep_io_types_option(False, ", for clients that send float32."),
 ) -> None:

@@ -121,7 +121,7 @@ def parity_table(names: list[str], report) -> Table:
 @app.command("parity")
 def parity_cmd(
     model: Path = typer.Argument(..., metavar="MODEL.onnx", help="The model to compare."),
-    backends: str = typer.Option("numpy,ort-cpu", "--backends", help="Comma-separated; the first is the reference."),
+    backends: str = typer.Option("numpy,ort-cpu", "--backends", metavar="NAME,NAME,...", help="Comma-separated; the first is the reference."),
     inputs: list[str] = typer.Option([], "--input", "-i", metavar="NAME=FILE.npy",
                                      help="An input's array; give every input, or none for seeded random feeds."),
     dims: list[str] = typer.Option([], "--dim", metavar="NAME=SIZE",

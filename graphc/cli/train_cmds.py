@@ -163,7 +163,7 @@ def train_cmd(
                                        "metrics, lr, throughput) to this JSON-lines or CSV file; a --resume run keeps the "
                                        "checkpoint's epochs, a new run starts it afresh."),
     workers: int = typer.Option(1, "--workers", min=1, help="Data-parallel workers on Ray (graphc[ray])."),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="A running Ray cluster "
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", metavar="ADDRESS", help="A running Ray cluster "
                                               "(default with --workers > 1: a new local one)."),
     cuda_graph: bool = typer.Option(False, "--cuda-graph", help="With --backend ort-cuda: replay each step "
                                     "as a CUDA graph (one launch instead of one per node)."),
@@ -311,7 +311,7 @@ def export_cmd(
     opset: Optional[int] = typer.Option(None, "--opset", help="Convert to this opset (default: the model's)."),
     allow_untrained: bool = typer.Option(False, "--allow-untrained", help="Export an artifact directory's "
                                          "initial weights even where a checkpoint trained from it exists."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="float16 or bfloat16: convert the model "
+    dtype: Optional[str] = typer.Option(None, "--dtype", metavar="float16|bfloat16", help="float16 or bfloat16: convert the model "
                                         "(gc.convert_float; default: keep float32)."),
     keep_io_types: bool = keep_io_types_option(False, ", for clients that send float32."),
 ) -> None:

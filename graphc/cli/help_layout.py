@@ -1,0 +1,53 @@
+"""How `graphc --help` names values: a word per value (``--epochs N``, ``ARTIFACT_DIR``), not
+typer's type placeholders (``--epochs <int range>``, ``{ARTIFACT_DIR}``, ``ARTIFACT_DIR <path>``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from typer.core import TyperCommand
+
+# The word an option's value gets by the type it converts to, where the option names none.
+METAVARS = {"int": "N", "float": "X", "str": "NAME", "Path": "PATH"}
+
+
+def argument_word(param: Any) -> str:
+    """An argument's word: its metavar or upper-cased name, ``...`` after one taking several."""
+    return (param.metavar or param.name.upper()) + ("..." if param.nargs != 1 else "")
+
+
+class PlainHelpCommand(TyperCommand):
+    """A command whose usage line and help name each value by a word: an option's own metavar, else
+    ``METAVARS``' word for its type; an argument bare in the usage line when required, in brackets
+    when not (click's form)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.param_type_name == "option" and param.metavar is None and not (param.is_flag or param.count):
+                param.metavar = METAVARS.get(param.bare_type(), "VALUE")
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        arguments = [p for p in self.get_params(ctx) if p.param_type_name == "argument"]
+        words = [argument_word(p) if p.required else f"[{argument_word(p)}]" for p in arguments]
+        return [self.options_metavar, *words] if self.options_metavar else words
+
+    def format_options(self, ctx: typer.Context, formatter: Any) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {"argument": [], "option": []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:  # an argument's record is "WORD <type>": the word alone
+                name = argument_word(param) if param.param_type_name == "argument" else record[0]
+                sections[param.param_type_name].append((name, record[1]))
+        for title, kind in (("Arguments", "argument"), ("Options", "option")):
+            if sections[kind]:
+                with formatter.section(title):
+                    formatter.write_dl(sections[kind])
+
+
+class GraphcTyper(typer.Typer):
+    """A ``typer.Typer`` whose commands are ``PlainHelpCommand`` unless one names its own ``cls``."""
+
+    def command(self, *args: Any, cls: type[TyperCommand] | None = None, **kwargs: Any) -> Any:
+        return super().command(*args, cls=cls or PlainHelpCommand, **kwargs)
