@@ -248,6 +248,24 @@ def test_grad_optimizer_setting_errors(capsys, ws, tmp_path, flags, problem):
     assert not (tmp_path / "arts").exists()
 
 
+@pytest.mark.parametrize("model, flags, said", [
+    ("mlp", [], None), ("mlp", ["--batchnorm", "frozen"], "--batchnorm frozen: the model has no BatchNorm"),
+    ("bn", [], "BatchNorm train"), ("bn", ["--batchnorm", "frozen"], "BatchNorm frozen"),
+], ids=["no-bn", "no-bn-frozen", "bn", "bn-frozen"])
+def test_grad_summary_names_batchnorm_only_for_a_model_with_one(capsys, ws, tmp_path, model, flags, said):
+    """A model without BatchNorm nodes (an exporter folded them into the Convs; here an MLP) gets no
+    'BatchNorm train' in the summary line; one with them says how they train."""
+    import graphc as gc
+    from trainer_models import BNNet
+
+    gc.capture(BNNet(), seed=0, x=gc.spec("float32", ("N", 8))).save(tmp_path / "bn.onnx")
+    source = ws / "mlp.onnx" if model == "mlp" else tmp_path / "bn.onnx"
+    r = run_cli(capsys, "grad", source, "--loss", "cross_entropy:logits:y", *flags, "-o", tmp_path / "arts")
+    assert r.code == 0, r.err
+    summary = r.out.replace("\n", "").split("trainable:")[0]
+    assert (said is None and "BatchNorm" not in summary) or f"; {said}" in summary, summary
+
+
 def test_train_summary_names_the_plot(capsys, ws, tmp_path):
     pytest.importorskip("matplotlib")
     r = run_cli(capsys, "train", ws / "arts", "--data", ws / "data.npz", "--epochs", "1", "--batch-size", "32", "-q",

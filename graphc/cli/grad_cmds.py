@@ -186,15 +186,17 @@ def grad_cmd(
                          momentum_decay=momentum_decay, decoupled_weight_decay=decoupled_weight_decay or None,
                          max_grad_norm=max_grad_norm, grad_norm_type=_norm_type(grad_norm_type),
                          clip_grad_value=clip_grad_value)
-    arts = gc.training.generate(gc.load(model), spec, opt, frozen=freeze, recompute=recompute, params=param,
+    loaded = gc.load(model)
+    batchnorms = _batchnorms(loaded, batchnorm)  # before generate, which may rewrite the graph
+    arts = gc.training.generate(loaded, spec, opt, frozen=freeze, recompute=recompute, params=param,
                                 batchnorm=batchnorm, device=device, loss_scale=_loss_scale(loss_scale),
                                 scheduled=scheduled, autocast=autocast)
     arts.save(output)
     m = arts.manifest
     console.print(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "
                   f"{len(m.frozen)} frozen params, {len(m.constants)} exporter constants; loss {spec.kind} on "
-                  f"{spec.output!r} (label input {spec.label!r}){_weighted(spec)}; optimizer {optimizer} lr={opt.lr:g}{_clipping(opt)}; "
-                  f"BatchNorm {batchnorm}{_scaling(m.loss_scale)}"
+                  f"{spec.output!r} (label input {spec.label!r}){_weighted(spec)}; optimizer {optimizer} lr={opt.lr:g}{_clipping(opt)}"
+                  f"{batchnorms}{_scaling(m.loss_scale)}"
                   f"{'' if m.autocast is None else f'; autocast {m.autocast}'}", highlight=False, soft_wrap=True)
     console.print(f"trainable: {_listing(m.trainable)}", highlight=False, soft_wrap=True)
     if m.constants:
@@ -225,6 +227,17 @@ def _loss_scale(text: Optional[str]):
         return float(text)
     except ValueError:
         raise ValueError(f"--loss-scale must be dynamic or a number (a static scale), got {text!r}") from None
+
+
+def _batchnorms(model, mode: str) -> str:
+    """``; BatchNorm train`` (or ``frozen``) for the summary line of a model with BatchNorm nodes;
+    for one without (an exporter folded them into the Convs) nothing, or with ``--batchnorm
+    frozen`` that it changes nothing."""
+    from graphc.model.inspection import op_histogram
+
+    if op_histogram(model.ir.graph)["BatchNormalization"]:
+        return f"; BatchNorm {mode}"
+    return "; --batchnorm frozen: the model has no BatchNorm, nothing to freeze" if mode == "frozen" else ""
 
 
 def _scaling(spec: Optional[dict]) -> str:
