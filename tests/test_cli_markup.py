@@ -11,6 +11,7 @@ from onnx import TensorProto, helper
 import graphc as gc
 
 from cli_util import run_cli
+from trainer_models import blobs, imported_mlp
 
 
 def lowercase_dims_model(path) -> None:
@@ -46,3 +47,44 @@ def test_run_shows_nan_and_infinite_values(capsys, tmp_path):
     result = run_cli(capsys, "run", tmp_path / "m.onnx", "--backend", "numpy", "--input", f"x={tmp_path / 'x.npy'}")
     assert result.code == 0, result.err
     assert "[[nan inf  0.]]" in result.out, result.out
+
+
+def test_paths_and_names_with_brackets_print_as_they_are(capsys, tmp_path, monkeypatch):
+    """A folder, files and names holding ``[bold]`` through capture, grad, train, export,
+    optimize, deploy triton and serve: each line shows them whole (rich took ``[bold]`` for a
+    style, dropped it and printed the rest bold)."""
+    from graphc.serving import serve
+
+    root = tmp_path / "[bold]run"
+    root.mkdir()
+    (root / "net.py").write_text("def double(x):\n    return {'logits': x + x}\n")
+
+    def said(*args) -> str:
+        result = run_cli(capsys, *args)
+        assert result.code == 0, result.err
+        return result.out.replace("\n", "")
+
+    assert "captured [bold]net in" in said("capture", f"{root / 'net.py'}:double", "-i", "x:float32[N,3]",
+                                             "--name", "[bold]net", "-o", root / "[bold]cap.onnx")
+    assert f"-> {root / '[bold]cap.onnx'}" in said("capture", f"{root / 'net.py'}:double", "-i", "x:float32[N,3]",
+                                                    "-o", root / "[bold]cap.onnx")
+    onnx.save(imported_mlp(), root / "[bold]mlp.onnx")
+    grad = said("grad", root / "[bold]mlp.onnx", "--loss", "cross_entropy:logits:[bold]y", "-o", root / "[bold]arts")
+    assert f"to {root / '[bold]arts'}:" in grad and "(label input '[bold]y')" in grad, grad
+    data = blobs(64)
+    np.savez(root / "[bold]d.npz", **{"x": data["x"], "[bold]y": data["y"]})
+    np.savez(root / "[bold]e.npz", **{"x": data["x"][:16], "[bold]y": data["y"][:16]})
+    train = said("train", root / "[bold]arts", "--data", root / "[bold]d.npz", "--eval-data", root / "[bold]e.npz",
+                 "--epochs", "1", "--batch-size", "32", "-q", "-b", "numpy", "--checkpoint", root / "[bold]ck",
+                 "--log", root / "[bold]log.jsonl")
+    for shown in (f"evaluating on x, [bold]y of --eval-data {root / '[bold]e.npz'}", f"epoch log: {root / '[bold]log.jsonl'}",
+                  f"checkpoint: {root / '[bold]ck'}"):
+        assert shown in train, (shown, train)
+    assert f"wrote {root / '[bold]inf.onnx'}" in said("export", root / "[bold]ck", "-o", root / "[bold]inf.onnx")
+    optimized = said("optimize", root / "[bold]inf.onnx", "-o", root / "[bold]opt.onnx")
+    assert f"{root / '[bold]inf.onnx'} -> {root / '[bold]opt.onnx'}:" in optimized, optimized
+    deployed = said("deploy", "triton", root / "[bold]opt.onnx", "--repo", root / "[bold]repo", "--name", "m")
+    assert f"wrote {root / '[bold]repo' / 'm' / 'config.pbtxt'}" in deployed, deployed
+    monkeypatch.setattr(serve, "serve", lambda source, on_ready, **_: on_ready(("127.0.0.1", 8000)))
+    served = said("serve", root / "[bold]opt.onnx", "-b", "numpy")
+    assert f"serving {root / '[bold]opt.onnx'} on" in served and f"stopped serving {root / '[bold]opt.onnx'}" in served

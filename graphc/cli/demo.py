@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from graphc.models.data import load_digits
@@ -65,7 +66,7 @@ def run_demo(out: Union[str, os.PathLike] = "demo_out", backend: str = "auto", e
     model = _capture(seed)
     paths = {"captured model": model.save(out / "two_layer_net.onnx")}
     output = model.outputs[0].name
-    console.print(f"1. captured {model!r}", highlight=False, soft_wrap=True)
+    console.print(escape(f"1. captured {model!r}"), highlight=False, soft_wrap=True)
 
     t0 = time.perf_counter()
     arts = gc.training.generate(model, gc.losses.cross_entropy(output, label="y"),
@@ -92,25 +93,25 @@ def run_demo(out: Union[str, os.PathLike] = "demo_out", backend: str = "auto", e
 
     paths["inference model"] = trainer.export_inference(out / "inference.onnx")
     exported = gc.load(paths["inference model"])
-    console.print(f"5. exported {paths['inference model']} ({len(exported.graph)} nodes, "
-                  f"opset {exported.opset}, inputs {', '.join(str(s) for s in exported.inputs)})", highlight=False, soft_wrap=True)
+    console.print(escape(f"5. exported {paths['inference model']} ({len(exported.graph)} nodes, "
+                         f"opset {exported.opset}, inputs {', '.join(str(s) for s in exported.inputs)})"), highlight=False, soft_wrap=True)
 
     # float32 sums in a different order differ by ~1e-6 of the partial sums; trained logits reach
     # ~20, so near-zero logits get an absolute tolerance of that scale rather than the default 1e-5.
     report = gc.parity.compare(exported, {"x": digits["x_test"]}, backends=("numpy", "ort-cpu"),
                                rtol=PARITY_RTOL, atol=PARITY_ATOL)
-    console.print(f"6. {report}", highlight=False, soft_wrap=True)
+    console.print(escape(f"6. {report}"), highlight=False, soft_wrap=True)
 
     seconds = time.perf_counter() - start
-    table = Table(title=f"written to {out.resolve()}")
+    table = Table(title=escape(f"written to {out.resolve()}"))
     table.add_column("what")
     table.add_column("where")
     for what, where in paths.items():
-        table.add_row(what, str(where))
+        table.add_row(what, escape(str(where)))
     console.print(table)
     ok = accuracy >= TARGET_ACCURACY and report.ok
     console.print(f"{'[bold green]demo passed' if ok else '[bold red]demo failed'}[/] in {seconds:.1f} s; "
-                  f"everything is in {out.resolve()}", soft_wrap=True)
+                  f"everything is in {escape(str(out.resolve()))}", soft_wrap=True)
     return DemoResult(accuracy=accuracy, parity_ok=report.ok, backend=trainer.backend, seconds=seconds, paths=paths)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from graphc.cli.app import (app, check_keep_io_types, check_writable_at, console, deploy_app, keep_io_types_option,
                             naming_opset, one_line_warnings)
@@ -40,8 +41,8 @@ def triton_cmd(
                                keep_io_types=keep_io_types)
     versions = deploy.triton_versions(folder)
     kept = f" (versions {', '.join(map(str, versions[:-1]))} kept; Triton serves the highest)" if len(versions) > 1 else ""
-    console.print(f"wrote {folder / 'config.pbtxt'} and version {versions[-1]}: {folder / str(versions[-1]) / 'model.onnx'}"
-                  f"{kept}", highlight=False, soft_wrap=True)
+    console.print(escape(f"wrote {folder / 'config.pbtxt'} and version {versions[-1]}: "
+                         f"{folder / str(versions[-1]) / 'model.onnx'}{kept}"), highlight=False, soft_wrap=True)
 
 
 @app.command("serve")
@@ -81,8 +82,8 @@ def serve_cmd(
         chosen = get_backend(backend).name  # what the models' sessions resolved "auto" to
         shown = backend if chosen == backend else f"{backend}: {chosen}"
         bound = f"[{address[0]}]" if ":" in address[0] else address[0]
-        console.print(f"serving {source} on http://{bound}:{address[1]}/v2 (backend {shown}); Ctrl-C stops",
+        console.print(escape(f"serving {source} on http://{bound}:{address[1]}/v2 (backend {shown}); Ctrl-C stops"),
                       highlight=False, soft_wrap=True)
 
     serving.serve(source, host=host, port=port, backend=backend, name=name, on_ready=ready, **limits, **options)
-    console.print(f"stopped serving {source}", highlight=False, soft_wrap=True)
+    console.print(escape(f"stopped serving {source}"), highlight=False, soft_wrap=True)

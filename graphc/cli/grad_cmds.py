@@ -8,6 +8,7 @@ from typing import Optional
 
 import numpy as np
 import typer
+from rich.markup import escape
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option, validation_problem
 from graphc.compile.losses import KINDS as LOSS_KINDS
@@ -193,15 +194,16 @@ def grad_cmd(
                                 scheduled=scheduled, autocast=autocast)
     arts.save(output)
     m = arts.manifest
-    console.print(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "
+    console.print(escape(f"wrote training artifacts to {output}: {len(m.trainable)} trainable, "
                   f"{len(m.frozen)} frozen params, {len(m.constants)} exporter constants; loss {spec.kind} on "
                   f"{spec.output!r} (label input {spec.label!r}){_weighted(spec)}; optimizer {optimizer} lr={opt.lr:g}{_clipping(opt)}"
                   f"{batchnorms}{_scaling(m.loss_scale)}"
-                  f"{'' if m.autocast is None else f'; autocast {m.autocast}'}", highlight=False, soft_wrap=True)
-    console.print(f"trainable: {_listing(m.trainable)}", highlight=False, soft_wrap=True)
+                  f"{'' if m.autocast is None else f'; autocast {m.autocast}'}"), highlight=False, soft_wrap=True)
+    console.print(escape(f"trainable: {_listing(m.trainable)}"), highlight=False, soft_wrap=True)
     if m.constants:
-        console.print("exporter constants (not trained; --param NAME trains one): "
-                      + _listing([f"{n} ({why})" for n, why in m.constants.items()]), highlight=False, soft_wrap=True)
+        console.print(escape("exporter constants (not trained; --param NAME trains one): "
+                             + _listing([f"{n} ({why})" for n, why in m.constants.items()])), highlight=False,
+                      soft_wrap=True)
 
 
 def _clipping(opt) -> str:

@@ -64,12 +64,12 @@ def describe_artifacts(path: Path, console: Console) -> None:
     kind, output, label = loss.pop("kind"), loss.pop("output", None), loss.pop("label", None)
     optimizer = dict(m.optimizer)
     said = [f"[bold]training artifacts[/] {escape(str(path))}  ({m.format}, opset {m.opset})",
-            f"loss: {kind} on {output!r}" + (f" (label input {label!r})" if label else "")
-            + _settings(loss.pop("options", {}) | loss),
+            escape(f"loss: {kind} on {output!r}" + (f" (label input {label!r})" if label else "")
+                   + _settings(loss.pop("options", {}) | loss)),
             f"optimizer: {optimizer.pop('kind')}{_settings(optimizer)}",
             f"BatchNorm {m.batchnorm}; backward lowered for {m.device}" + ("; recomputes forward values"
                                                                            if m.recompute else ""),
-            "metrics: " + (", ".join(m.metrics) or "the loss kind's defaults")]
+            escape("metrics: " + (", ".join(m.metrics) or "the loss kind's defaults"))]
     for line in said:
         console.print(line, highlight=False, soft_wrap=True)
     batch = Table(title="batch inputs", title_justify="left")
@@ -121,8 +121,8 @@ def describe_checkpoint(path: Path, console: Console) -> None:
                   highlight=False, soft_wrap=True)
     artifacts = find_artifacts(path)
     if artifacts is None:
-        console.print(f"training graphs: not found (header records {meta.artifacts or 'none'!r})", highlight=False,
-                      soft_wrap=True)
+        console.print(escape(f"training graphs: not found (header records {meta.artifacts or 'none'!r})"),
+                      highlight=False, soft_wrap=True)
         return
     console.print(f"training graphs: {escape(str(artifacts))}", highlight=False, soft_wrap=True)
     describe_artifacts(artifacts, console)

@@ -104,8 +104,8 @@ def capture_cmd(
     model = gc.capture(fn, name=name, opset=opset, seed=seed, training=training, **specs)
     elapsed = time.perf_counter() - start
     model.save(output)
-    console.print(f"captured [bold]{model.name}[/] in {elapsed * 1000:.0f} ms: {len(model.ir.graph)} nodes, "
-                  f"opset {opset} -> {output}", highlight=False)
+    console.print(f"captured [bold]{escape(model.name)}[/] in {elapsed * 1000:.0f} ms: {len(model.ir.graph)} nodes, "
+                  f"opset {opset} -> {escape(str(output))}", highlight=False, soft_wrap=True)
 
 
 def _spec_table(title: str, specs: list) -> Table:

@@ -7,6 +7,7 @@ from typing import Optional
 
 import onnx
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from graphc.cli.app import (OUT_ALIAS, app, check_keep_io_types, chosen_output, console, keep_io_types_option,
@@ -68,5 +69,5 @@ def optimize_cmd(
     optimized.save(output)
     if report:
         console.print(report_table(rep))
-    console.print(f"{model} -> {output}: {rep.nodes_before} -> {rep.nodes_after} nodes (level {level}"
-                  + (f", {dtype})" if dtype else ")"))
+    console.print(escape(f"{model} -> {output}: {rep.nodes_before} -> {rep.nodes_after} nodes (level {level}"
+                         + (f", {dtype})" if dtype else ")")), highlight=False, soft_wrap=True)

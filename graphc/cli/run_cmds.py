@@ -91,7 +91,8 @@ def run_cmd(
         ran_on = session.backend
     if output is not None:
         atomic_write(output, npz_bytes(widened(results)))
-        console.print(f"wrote {len(results)} output(s) to {output} (backend {ran_on})")
+        console.print(escape(f"wrote {len(results)} output(s) to {output} (backend {ran_on})"), highlight=False,
+                      soft_wrap=True)
         return
     table = Table(title=f"{escape(model.name)} on {ran_on}")
     for column in ("output", "dtype", "shape", "values"):

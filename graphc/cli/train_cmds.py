@@ -89,8 +89,8 @@ def _drops(fixed: Optional[int], arrays: Optional[dict[str, np.ndarray]], what: 
     rows = len(next(iter(arrays.values()))) if arrays else 0
     if fixed is None or not rows % fixed:
         return False
-    console.print(f"the model takes batches of exactly {fixed}: the last {rows % fixed} of the {rows} samples of "
-                  f"{what} are left out", highlight=False, soft_wrap=True)
+    console.print(escape(f"the model takes batches of exactly {fixed}: the last {rows % fixed} of the {rows} samples "
+                         f"of {what} are left out"), highlight=False, soft_wrap=True)
     return True
 
 
@@ -224,8 +224,8 @@ def train_cmd(
         trainer.load_checkpoint(checkpoint)
     resumed = checkpoint if resume else trainer.resumed_from  # ARTIFACTS may be a checkpoint itself
     if resumed is not None:
-        console.print(f"resumed from {resumed} {_where(trainer)} (step {trainer.step_count})", highlight=False,
-                      soft_wrap=True)
+        console.print(escape(f"resumed from {resumed} {_where(trainer)} (step {trainer.step_count})"),
+                      highlight=False, soft_wrap=True)
     train, test, test_source = load_data(data, trainer.batch_specs, eval_data)
     fixed = _fixed_batch(trainer.batch_specs)
     if fixed is not None and batch_size != fixed:
@@ -244,7 +244,7 @@ def train_cmd(
                  [n for n in SCHEDULE_OPTIONS if given(ctx, n)], epochs, len(loader))
     note = momentum_note(trainer)
     if note is not None:
-        console.print(note, highlight=False, soft_wrap=True)
+        console.print(escape(note), highlight=False, soft_wrap=True)
     if resumed is not None and trainer.epoch >= epochs:
         console.print(f"nothing to train: the run has done {plural(trainer.epoch, 'epoch')} of --epochs {epochs}; "
                       "raise --epochs to train on", highlight=False, soft_wrap=True)
@@ -253,29 +253,29 @@ def train_cmd(
                                          else f", epochs {trainer.epoch + 1}-{epochs}")
     console.print(f"training on {trainer.backend}: {plural(loader.num_samples, 'sample')}, batch {batch_size}, "
                   f"{plural(epochs, 'epoch')}{todo}", highlight=False, soft_wrap=True)
-    console.print(f"evaluating on {test_source}" if test else "no evaluation arrays (NAME_val or NAME_test in "
+    console.print(escape(f"evaluating on {test_source}") if test else "no evaluation arrays (NAME_val or NAME_test in "
                   "--data, or --eval-data): training loss only", highlight=False, soft_wrap=True)
     try:
         with _sigterm_as_ctrl_c():
             history = trainer.fit(loader, epochs, eval_loader=eval_loader, progress=progress, plot=plot,
                                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, quiet=quiet, log=log)
     except TrainingInterrupted as exc:  # fit saved the checkpoint once the step under way was done
-        saved = f"saved {checkpoint} (continue with --resume)" if exc.saved is not None else escape(exc.reason)
-        err_console.print(f"interrupted at step {exc.step}; {saved}", highlight=False, soft_wrap=True)
+        saved = f"saved {checkpoint} (continue with --resume)" if exc.saved is not None else exc.reason
+        err_console.print(escape(f"interrupted at step {exc.step}; {saved}"), highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except TrainingFailed as exc:
         if checkpoint is not None and resolve(checkpoint).is_file():
             exc = TrainingFailed(f"{exc} (last good checkpoint: {checkpoint})")
-        err_console.print(f"[bold red]training failed:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]training failed:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     if log is not None:
-        console.print(f"epoch log: {log}", highlight=False, soft_wrap=True)
+        console.print(escape(f"epoch log: {log}"), highlight=False, soft_wrap=True)
     if plot is not None:
-        console.print(f"loss curve: {plot}", highlight=False, soft_wrap=True)
+        console.print(escape(f"loss curve: {plot}"), highlight=False, soft_wrap=True)
     if tensorboard is not None:
-        console.print(f"TensorBoard logs: {tensorboard} (tensorboard --logdir {tensorboard})", highlight=False,
+        console.print(escape(f"TensorBoard logs: {tensorboard} (tensorboard --logdir {tensorboard})"), highlight=False,
                       soft_wrap=True)
     last = history.epochs[-1] if history.epochs else None
     if last is not None:
@@ -283,7 +283,7 @@ def train_cmd(
                       + "".join(f", eval {k} {v:.4f}" for k, v in last.eval.items())
                       + f", {history.throughput:,.0f} samples/s", highlight=False, soft_wrap=True)
     if checkpoint is not None:
-        console.print(f"checkpoint: {checkpoint}", highlight=False, soft_wrap=True)
+        console.print(escape(f"checkpoint: {checkpoint}"), highlight=False, soft_wrap=True)
     else:
         console.print("no --checkpoint given: the trained params were not saved", highlight=False, soft_wrap=True)
 
@@ -328,7 +328,7 @@ def export_cmd(
     with one_line_warnings(UntrainedWeightsWarning, RangeWarning), naming_opset(opset):
         path = export_inference(source, output, opset=opset, allow_untrained=allow_untrained, dtype=dtype,
                                 keep_io_types=keep_io_types)
-    console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    console.print(escape(f"wrote {path}"), highlight=False, soft_wrap=True)
 
 
 @app.command("demo")

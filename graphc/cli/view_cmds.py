@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from graphc.cli.app import OUT_ALIAS, app, chosen_output, console, output_option
 
@@ -32,8 +33,8 @@ def view_cmd(
     kind = checked_kind(model)
     if kind is not None:
         given, model = model, train_step_file(model, kind)
-        console.print(f"{'training artifacts' if kind == 'artifacts' else 'checkpoint'} {given}: showing its "
-                      f"train_step graph {model}", highlight=False, soft_wrap=True)
+        console.print(escape(f"{'training artifacts' if kind == 'artifacts' else 'checkpoint'} {given}: showing "
+                             f"its train_step graph {model}"), highlight=False, soft_wrap=True)
     output = chosen_output(output, out, required=False)
     if output is None:
         try:
@@ -42,9 +43,9 @@ def view_cmd(
             output = Path(model.stem + ".html")
         else:
             load(model)  # a missing, folder or corrupt MODEL is an error line, not a netron page
-            console.print(f"opening {model} in netron; Ctrl-C stops it", highlight=False, soft_wrap=True)
+            console.print(escape(f"opening {model} in netron; Ctrl-C stops it"), highlight=False, soft_wrap=True)
             netron.start(str(model))
             netron.wait()
             return
     view.write(model, output)
-    console.print(f"wrote {output}", highlight=False, soft_wrap=True)
+    console.print(escape(f"wrote {output}"), highlight=False, soft_wrap=True)
