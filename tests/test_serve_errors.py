@@ -95,8 +95,10 @@ CASES = {
     "unknown output": (None, {"inputs": good_inputs(), "outputs": [{"name": "zz"}]}, 400, "unknown output 'zz'"),
     "not an object": (None, [1, 2, 3], 400, "invalid infer request"),
     "inputs missing": (None, {"outputs": []}, 400, "inputs"),
-    "malformed JSON": (None, b'{"inputs": [', 400, "malformed JSON"),
-    "not JSON at all": (None, b"\x00\xff garbage", 400, "malformed JSON"),
+    "malformed JSON": (None, b'{"inputs": [', 400, "malformed JSON in the request body (its JSON part, KServe's "
+                       "inference header): Invalid JSON: EOF while parsing a list at line 1 column 12"),
+    "not JSON at all": (None, b"\x00\xff garbage", 400, "malformed JSON in the request body (its JSON part, "
+                        "KServe's inference header): Invalid JSON: expected value at line 1 column 1"),
 }
 
 

@@ -119,7 +119,7 @@ def describe_validation_error(exc: ValidationError) -> str:
     """One line naming the field at fault (``inputs[0].data[5]``), what it needs and what came."""
     errors = exc.errors(include_url=False)  # a handful: every list fails fast
     if errors[0]["type"] in ("json_invalid", "json_type"):
-        return f"malformed JSON in the request header: {errors[0]['msg']}"
+        return f"malformed JSON in the request body (its JSON part, KServe's inference header): {errors[0]['msg']}"
     # Of a union's alternatives, the one that got furthest into the data says what is wrong.
     error = max(errors, key=lambda e: tuple(p for p in e["loc"] if isinstance(p, int)))
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]
