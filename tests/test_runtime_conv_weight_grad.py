@@ -1,10 +1,13 @@
 """A Conv's weight gradient at spatial sizes known only at run time (x [N, C, "H", "W"]), lowered
-as gathered columns times dy (``symbolic_spatial._gathered_weight_grad``) up to a budget of column
-values and as the swapped Conv past it (an If): one gradient graph and one session per backend fed
-several sizes (on both sides of the budget), against the static-shape form's gradient at each
-size, torch.autograd in float64, and float64 central differences."""
+as gathered columns times dy (``symbolic_spatial._gathered_weight_grad``) in runs of channels up
+to a budget of column values and past it (an If) in smaller runs over runs of the batch: one
+gradient graph and one session per backend fed several sizes (on both sides of the budget),
+against the static-shape form's gradient at each size, torch.autograd in float64, and float64
+central differences; past the budget no Gather's columns (onnxruntime's profile) exceed it."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import onnx
@@ -28,7 +31,7 @@ except ImportError:  # tests/ collected as a package
 RNG = np.random.default_rng(0)
 
 CASES = {  # name: (x channels, out channels, kernel, ONNX attrs, sizes, runs of gathered columns
-    # within the budget, past it: no If where the two are the same)
+    # within the budget, past it (each run of the batch))
     # 72 input channels of 9 taps: runs of 64 and 8 channels' columns, or 9 runs of 8
     "runs_stride2_dilated_asym": (72, 5, [3, 3], {"strides": [2, 2], "dilations": [2, 2], "pads": [2, 1, 0, 2]},
                                   [(9, 11), (12, 8), (15, 14)], (2, 9)),
@@ -61,12 +64,16 @@ def _count(proto: onnx.ModelProto, op_type: str) -> int:
 
 def _gathers(proto: onnx.ModelProto) -> tuple[int, int]:
     """The gathered dW's runs (one Gather each; the forward and dx have none) within the budget
-    and past it: an If's two branches, or the graph's own Gathers twice where it has no If."""
+    (the If's then branch) and past it (a run of the batch: the Loop's body), (0, 0) where dW is
+    not gathered (no If)."""
     ifs = [node for node in proto.graph.node if node.op_type == "If"]
     if not ifs:
-        return _count(proto, "Gather"), _count(proto, "Gather")
+        assert _count(proto, "Gather") == 0
+        return 0, 0
     (node,) = ifs
-    return tuple(sum(n.op_type == "Gather" for n in _nodes(a.g)) for a in node.attribute)
+    (loop,) = [n for n in _nodes(proto.graph) if n.op_type == "Loop"]
+    return tuple(sum(n.op_type == "Gather" for n in _nodes(graph)) for graph in (
+        onnx.helper.get_node_attr_value(node, "then_branch"), onnx.helper.get_node_attr_value(loop, "body")))
 
 
 def _grads(proto: onnx.ModelProto, x: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
@@ -91,18 +98,27 @@ def _forward(attrs: dict, kernel: list[int]):
     return forward
 
 
+def _rows(name: str, run_rows: int) -> int:
+    """The rows of a run of the gathered dW's columns, runs of ``run_rows`` rows asked."""
+    ci, _, kernel, attrs, _, _ = CASES[name]
+    group = attrs.get("group", 1)
+    return min(ci, spatial._run_channels(kernel, group, ci // group, run_rows)) * int(np.prod(kernel))
+
+
+def _pixels(name: str, size) -> int:
+    """The output pixels of one image of this size."""
+    ci, co, kernel, attrs, _, _ = CASES[name]
+    x, w = torch.zeros((1, ci, *size)), torch.zeros((co, ci // attrs.get("group", 1), *kernel))
+    return int(np.prod(_forward(attrs, kernel)(x, w, size).shape[2:]))
+
+
 def _columns(name: str, size) -> int:
     """The values of a run of the gathered dW's columns at this size (batch 2)."""
-    ci, co, kernel, attrs, _, _ = CASES[name]
-    group = attrs.get("group", 1)
-    x, w = torch.zeros((2, ci, *size)), torch.zeros((co, ci // group, *kernel))
-    pixels = int(np.prod(_forward(attrs, kernel)(x, w, size).shape[2:]))
-    rows = spatial._run_channels(kernel, group, ci // group, spatial._RUN_COLUMNS) * int(np.prod(kernel))
-    return min(rows, ci * int(np.prod(kernel))) * 2 * pixels
+    return _rows(name, spatial._RUN_COLUMNS) * 2 * _pixels(name, size)
 
 
 @pytest.mark.parametrize("name, budget", [(name, "default") for name in CASES] + [
-    (name, "split") for name, case in CASES.items() if case[5][0] != case[5][1]])  # those with an If
+    (name, "split") for name, case in CASES.items() if case[5] != (0, 0)])  # those gathered
 def test_run_time_weight_gradient_matches_static_form_and_torch(name, budget, monkeypatch):
     """``split``: the budget of column values between the sizes, so that one session takes the
     runs within the budget at some and the bounded runs at others."""
@@ -127,10 +143,12 @@ def test_run_time_weight_gradient_matches_static_form_and_torch(name, budget, mo
 
 
 def test_float64_run_time_weight_gradient_matches_central_differences(monkeypatch):
-    """A grouped, strided, dilated, asymmetrically padded Conv in float64: dW of one graph at two
-    sizes, one within the budget of column values and one past it, against central differences
-    of the loss (step 1e-6) on the numpy backend and ort-cpu."""
-    # a run's columns: 12 channels of 9 taps by 3 images of 3x8 outputs (7x9) or of 5x5 (10x6)
+    """A grouped, strided, dilated, asymmetrically padded Conv in float64: dW of one graph at three
+    sizes, one within the budget of column values and two past it (one in one run of the batch,
+    one in runs of 2 and 1 images), against central differences of the loss (step 1e-6) on the
+    numpy backend and ort-cpu."""
+    # a run's columns: 12 channels of 9 taps by 3 images of 3x8 outputs (7x9), of 5x5 (10x6) or
+    # of 8x8 (16x9); past the budget one group (54 rows) by 144 // 25 = 5 images, or 144 // 64 = 2
     monkeypatch.setattr(spatial, "_COLUMNS_BUDGET", 108 * 3 * 24)
     ci, co, attrs = 12, 4, {"group": 2, "strides": [2, 1], "dilations": [1, 2], "pads": [1, 2, 0, 1]}
     w = RNG.standard_normal([co, ci // 2, 3, 3])
@@ -151,7 +169,7 @@ def test_float64_run_time_weight_gradient_matches_central_differences(monkeypatc
         padded = F.pad(torch.tensor(x), [2, 1, 1, 0])  # ONNX pads [h0, w0, h1, w1] as torch's (w0, w1, h0, h1)
         return float((F.conv2d(padded, weight, stride=[2, 1], dilation=[1, 2], groups=2) ** 2).sum())
 
-    for size in [(7, 9), (10, 6)]:
+    for size in [(7, 9), (10, 6), (16, 9)]:
         x = RNG.standard_normal((3, ci, *size))
         want = np.zeros_like(w)
         for index in np.ndindex(*w.shape):
@@ -177,3 +195,32 @@ def test_conv_transpose_weight_gradient_on_both_sides_of_the_budget(monkeypatch)
         return F.conv_transpose2d(x, w, stride=2, padding=1)
 
     check_grads(proto, {"w": w}, forward, [(4, 5), (6, 7), (3, 3)], 5)
+
+
+def _largest_gather(proto: onnx.ModelProto, x: np.ndarray, tmp_path) -> int:
+    """The most bytes a Gather (the dW's columns; the forward and dx have none) of one
+    onnxruntime run of ``proto`` on x wrote, from the profiler's trace (subgraphs' nodes too)."""
+    executable = graphc.backends.get_backend("ort-cpu").prepare(proto, profile=str(tmp_path / "trace"))
+    executable.run({"x": x})
+    events = json.loads(executable.end_profiling().read_text())
+    sizes = [int(e["args"]["output_size"]) for e in events if e.get("args", {}).get("op_name") == "Gather"]
+    assert sizes, "no Gather ran"
+    return max(sizes)
+
+
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case[5] != (0, 0)])  # those gathered
+def test_columns_past_the_budget_take_runs_of_the_batch(name, monkeypatch, tmp_path):
+    """The budget two images' bounded runs at the largest size: there a batch of 5 takes runs of
+    2, 2 and 1 images (smaller sizes more a run, or the unbounded runs where they fit); no
+    Gather's columns exceed the budget, and x's and w's gradients match torch's on numpy and
+    ort-cpu. Before the batch runs, the columns held all 5 images (2.5x the budget)."""
+    ci, co, kernel, attrs, sizes, _ = CASES[name]
+    group, n_sp = attrs.get("group", 1), len(kernel)
+    largest = max(sizes, key=lambda size: _pixels(name, size))
+    budget = _rows(name, spatial._BOUNDED_RUN_COLUMNS) * 2 * _pixels(name, largest)
+    monkeypatch.setattr(spatial, "_COLUMNS_BUDGET", budget)
+    w = RNG.standard_normal([co, ci // group, *kernel]).astype(np.float32)
+    proto = grad_proto("Conv", attrs, ci, n_sp, {"w": w})
+    x = RNG.standard_normal((5, ci, *largest)).astype(np.float32)
+    assert _largest_gather(proto, x, tmp_path) <= budget * x.itemsize
+    check_grads(proto, {"w": w}, _forward(attrs, kernel), sizes, ci, batch=5)

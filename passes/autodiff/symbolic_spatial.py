@@ -10,7 +10,8 @@ depthwise convs and kernels past 9 taps) a Conv of x by dy with batch and channe
 to the kernel; an AveragePool's divisors a Conv of ones of x's run-time size. auto_pad SAME pads are
 computed from the run-time dims (x padded explicitly for dW). The gathered columns grow with the
 run-time image (a run of 64 channels of 3x3 holds 576 x N x prod(O) values): past
-``_COLUMNS_BUDGET`` an If takes runs of 8 channels instead.
+``_COLUMNS_BUDGET`` an If takes runs of 8 channels instead, over runs of the batch (a Loop) that
+keep those within the budget too.
 """
 
 from __future__ import annotations
@@ -76,6 +77,19 @@ _RUN_COLUMNS = 576
 # 471: within the budget). Peak RSS of one run at 256x256 (1.2 GB of columns a run): 2,274 MB
 # (twice) -> 1,090 (twice); the swapped Conv there held 926 but took 8.1 / 8.8 s against the
 # runs of 8's 6.7 / 6.0 (and at 128x128 2.2 s vs 1.1), and has no float64 kernel in onnxruntime.
+# Runs of 8 channels of the whole batch still grow with N (N=16 8ch 512x512: 1.2 GB of columns), so
+# past the budget they are taken over runs of the batch (``_batch_chunks``: as many images as keep
+# a run's columns within it, at least one). Peak RSS of one step, graphc's ort-cpu with the
+# Trainer's options (exact arena, no memory pattern) / its defaults, before -> after: N=16 8->8
+# 512x512 (runs of 3 images) 2,237 -> 1,007 / 2,273 -> 1,107 MB; N=32 64->64 256x256 (runs of
+# 14) 3,951 -> 3,481 (forward + dx alone 2,753: dW's share 1,198 -> 728) / 4,369 -> 4,451 (the
+# session's own arena, doubling as it grows, keeps the high water); N=8 64ch 256x256 (one run:
+# the If's whole-batch branch) 1,217 / 1,092 both. Smaller runs cost time, the Gather copying
+# fewer images at a time (``bench_runtime_dw.py`` cases 12 and 13, runs vs whole_batch, median
+# ms, two runs on a loaded 2-core machine): N=32 64ch 256x256 12,943 / 9,892 vs 9,881 / 8,450
+# (1.17-1.31x); N=16 8ch 512x512 2,321 / 1,326 vs 1,416 / 776 (1.64-1.71x); that case with runs
+# of 16 (one) / 8 / 3 images 1,876 / 2,034 / 2,705 vs 1,866. One image's runs of 8 channels past
+# the budget (3x3, over 2^26 / 72 output pixels, about 965x965) still take it whole.
 # The If cost nothing measurable in the common case (``bench_runtime_dw.py`` variants runs vs
 # gathered, interleaved, 60-100 rounds, median ms: N=8 64ch 32x32 46.0 / 52.4 / 43.6 / 49.8 vs
 # 41.7 / 47.5 / 46.4 / 54.9; N=32 32ch 58.3 / 69.7 vs 59.1 / 69.0; the machine at load 9-13).
@@ -237,31 +251,65 @@ def _branch(g: GradBuilder, build, like: ir.Value, shape: list[int]) -> ir.Graph
     return graph
 
 
+def _batch_chunks(g: GradBuilder, build, image: ir.Value, kernel_of: ir.Value, rows: int, shape: list[int]):
+    """``build(sub, image_chunk, kernel_of_chunk)`` summed over runs of images (a Loop adding each
+    run's dW [*shape] into zeros), each run as many images as keep ``rows`` rows of columns by
+    their output pixels within ``_COLUMNS_BUDGET`` (at least one image): ``kernel_of``'s pixels
+    an image at run time; the last run the rest of the batch. Where the whole batch fits in one
+    run, an If takes ``build`` of the whole batch instead: no copies of the slices, no Loop."""
+    per_image = g.reduce("ReduceProd", spatial_of(g, kernel_of), [0], keepdims=False)
+    images = g.op("Max", g.op("Div", g.const(np.int64(_COLUMNS_BUDGET // rows)), per_image), g.const(np.int64(1)))
+    batch = g.op("Squeeze", g.op("Slice", g.op("Shape", image), g.ints([0]), g.ints([1])), g.ints([0]))
+    trips = g.op("Div", g.op("Sub", g.op("Add", batch, images), g.const(np.int64(1))), images)  # ceil
+    body = ir.Graph([], [], nodes=[], name=g.fresh("batch_chunk"))
+    sub = g.subgraph_builder(body)
+    step = ir.Value(name=g.fresh("i"), type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
+    go = ir.Value(name=g.fresh("cond"), type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+    total = ir.Value(name=g.fresh("dw"), type=ir.TensorType(image.dtype), shape=ir.Shape(shape))
+    body.inputs.extend([step, go, total])
+    first = sub.unsqueeze(sub.op("Mul", step, images), [0])
+    last = sub.op("Add", first, sub.unsqueeze(images, [0]))  # past the batch in the last run: Slice clamps
+    chunk = [sub.op("Slice", t, first, last, sub.ints([0])) for t in (image, kernel_of)]
+    out = sub.op("Add", total, build(sub, *chunk))
+    kept = sub.op("Identity", go)
+    for value, like in ((kept, go), (out, total)):
+        value.type, value.shape = like.type, like.shape
+    body.outputs.extend([kept, out])
+
+    def chunked(sub: GradBuilder) -> ir.Value:
+        return sub.op("Loop", trips, None, sub.const(np.zeros(shape, image.dtype.numpy())), body=body)
+
+    return g.op("If", g.op("Less", images, batch), then_branch=_branch(g, chunked, image, shape),
+                else_branch=_branch(g, lambda sub: build(sub, image, kernel_of), image, shape))
+
+
 def _weight_grad(g: GradBuilder, image: ir.Value, kernel_of: ir.Value, kernel: list[int], strides, dilations,
                  begin, end, group: int, per_group: int, out_channels: int) -> ir.Value:
     """dW [Co, Ci/g, *k] of a Conv of ``image`` [N, Ci, *S] whose output gradient is
-    ``kernel_of`` [N, Co, *O]: where ``_gathers``, ``_gathered_weight_grad``, its runs of
-    ``_RUN_COLUMNS`` rows up to ``_COLUMNS_BUDGET`` values and of ``_BOUNDED_RUN_COLUMNS`` past it
-    (an If on the run's rows times N * prod(O), read off ``kernel_of``'s Shape; none where the two
-    make the same runs); elsewhere ``_swapped_conv_weight_grad``."""
+    ``kernel_of`` [N, Co, *O]: where ``_gathers``, an If on a run's columns (its rows times
+    N * prod(O), read off ``kernel_of``'s Shape): within ``_COLUMNS_BUDGET`` values
+    ``_gathered_weight_grad`` in runs of ``_RUN_COLUMNS`` rows, past it in runs of
+    ``_BOUNDED_RUN_COLUMNS`` rows over ``_batch_chunks`` of the batch; elsewhere
+    ``_swapped_conv_weight_grad``."""
     if not _gathers(g, image, kernel, group, per_group):
         return _swapped_conv_weight_grad(g, image, kernel_of, kernel, strides, dilations, begin, end, group,
                                          per_group)
 
     def gathered(rows: int):
-        return lambda sub: _gathered_weight_grad(sub, image, kernel_of, kernel, strides, dilations, begin, end, group,
-                                                 per_group, out_channels, rows)
+        return lambda sub, img, dy: _gathered_weight_grad(sub, img, dy, kernel, strides, dilations, begin, end,
+                                                          group, per_group, out_channels, rows)
 
-    ci = group * per_group
+    ci, taps = group * per_group, math.prod(kernel)
     run = min(ci, _run_channels(kernel, group, per_group, _RUN_COLUMNS))
-    if run == min(ci, _run_channels(kernel, group, per_group, _BOUNDED_RUN_COLUMNS)):
-        return gathered(_RUN_COLUMNS)(g)
+    bounded = min(ci, _run_channels(kernel, group, per_group, _BOUNDED_RUN_COLUMNS))
     pixels = g.op("Div", g.reduce("ReduceProd", g.op("Shape", kernel_of), [0], keepdims=False),
                   g.const(np.int64(out_channels)))  # N * prod(O)
-    fits = g.op("Less", pixels, g.const(np.int64(_COLUMNS_BUDGET // (run * math.prod(kernel)) + 1)))
+    fits = g.op("Less", pixels, g.const(np.int64(_COLUMNS_BUDGET // (run * taps) + 1)))
     shape = [out_channels, per_group, *kernel]
-    return g.op("If", fits, then_branch=_branch(g, gathered(_RUN_COLUMNS), image, shape),
-                else_branch=_branch(g, gathered(_BOUNDED_RUN_COLUMNS), image, shape))
+    return g.op("If", fits, then_branch=_branch(g, lambda sub: gathered(_RUN_COLUMNS)(sub, image, kernel_of), image,
+                                                shape),
+                else_branch=_branch(g, lambda sub: _batch_chunks(sub, gathered(_BOUNDED_RUN_COLUMNS), image, kernel_of,
+                                                                 bounded * taps, shape), image, shape))
 
 
 def conv_grads(g: GradBuilder, node: ir.Node, dy: ir.Value, w_shape: list[int], window, dx_too: bool = True):
