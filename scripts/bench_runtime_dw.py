@@ -9,7 +9,8 @@ the others with x [N, C, "H", "W"] (``passes/autodiff/symbolic_spatial.py``), th
 as: ``conv``, the Conv of x by dy with batch and channels swapped; ``whole``, the gathered
 columns of all input channels at once; ``gathered``, the gathered columns a run of 64 channels
 of a 3x3 kernel at a time; ``runs``, what graphc builds: an If taking those runs up to a budget
-of column values and ``runs8`` past it; ``runs8``, runs of 8 such channels; ``taps``, one
+of column values and past it ``runs8`` over runs of the batch; ``whole_batch``, that If with
+``runs8`` over the whole batch; ``runs8``, runs of 8 such channels; ``taps``, one
 strided window and one GEMM per kernel tap (no column matrix). All sessions of a case are fed the same x, checked to agree, and timed in turn
 (median ms); each row ends with every variant's time over the static form's.
 """
@@ -46,6 +47,10 @@ CASES = [  # (op, batch, in channels, out channels, side (of x), kernel, attribu
     ("Conv", 16, 64, 64, 32, 3, {"pads": [1, 1, 1, 1], "group": 8}),
     ("Conv", 16, 128, 128, 32, 3, {"pads": [1, 1, 1, 1]}),
     ("ConvTranspose", 8, 64, 32, 16, 2, {"strides": [2, 2]}),
+    # past the budget of column values: one run of the batch, three, six
+    ("Conv", 8, 64, 64, 256, 3, {"pads": [1, 1, 1, 1]}),
+    ("Conv", 32, 64, 64, 256, 3, {"pads": [1, 1, 1, 1]}),
+    ("Conv", 16, 8, 8, 512, 3, {"pads": [1, 1, 1, 1]}),
 ]
 
 
@@ -72,8 +77,9 @@ def _per_tap(g, image, kernel_of, kernel, strides, dilations, begin, end, group,
 @contextlib.contextmanager
 def _lowering(variant: str):
     """symbolic_spatial's dW lowered as ``variant`` while a graph is built."""
-    saved = spatial._gathers, spatial._RUN_COLUMNS, spatial._weight_grad, spatial._COLUMNS_BUDGET
-    if variant not in ("static", "runs"):  # the forms alone, not graphc's If between two
+    saved = {name: getattr(spatial, name) for name in ("_gathers", "_RUN_COLUMNS", "_weight_grad", "_COLUMNS_BUDGET",
+                                                       "_batch_chunks")}
+    if variant not in ("static", "runs", "whole_batch"):  # the forms alone, not graphc's If between two
         spatial._COLUMNS_BUDGET = 1 << 62
     if variant == "conv":
         spatial._gathers = lambda *args: False
@@ -85,10 +91,13 @@ def _lowering(variant: str):
         spatial._RUN_COLUMNS = 72
     elif variant == "taps":
         spatial._weight_grad = _per_tap
+    elif variant == "whole_batch":
+        spatial._batch_chunks = lambda g, build, image, kernel_of, rows, shape: build(g, image, kernel_of)
     try:
         yield
     finally:
-        spatial._gathers, spatial._RUN_COLUMNS, spatial._weight_grad, spatial._COLUMNS_BUDGET = saved
+        for name, value in saved.items():
+            setattr(spatial, name, value)
 
 
 def gradient_proto(case, w: np.ndarray, variant: str) -> onnx.ModelProto:
