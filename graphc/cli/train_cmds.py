@@ -17,30 +17,33 @@ from graphc.cli.app import (OUT_ALIAS, app, check_keep_io_types, check_writable_
                             err_console, given, keep_io_types_option, naming_opset, one_line_warnings, output_option)
 from graphc.cli.arrays import check_dtypes, fit_bfloat16, load_npz, npz_names
 from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_schedule
+from graphc.runtime.labels import class_labels, widened
 from graphc.runtime.metrics import names as metric_names
 
 EVAL_SUFFIXES = ("val", "test")  # the evaluation split --data holds, in order of preference
 
 
-def load_data(path: Path, specs: list, eval_path: Optional[Path] = None
+def load_data(path: Path, specs: list, eval_path: Optional[Path] = None, labels: frozenset[str] = frozenset()
               ) -> tuple[dict[str, np.ndarray], Optional[dict[str, np.ndarray]], str]:
     """Train arrays from ``path`` (each input NAME of ``specs``, the model's batch inputs, as
     ``NAME`` or ``NAME_train``) and the evaluation arrays with where they came from: from
     ``eval_path`` (NAME, NAME_val or NAME_test) when given, else from ``path``'s ``NAME_val``
-    arrays, else its ``NAME_test`` arrays (each set used only when every input has one)."""
-    train, _ = _pick_arrays(path, "--data", specs, ("", "_train"))
+    arrays, else its ``NAME_test`` arrays (each set used only when every input has one). ``labels``:
+    class-label inputs whose uint8 arrays are cast to int64 (``labels.widened``)."""
+    train, _ = _pick_arrays(path, "--data", specs, ("", "_train"), labels=labels)
     if eval_path is not None:
-        arrays, keys = _pick_arrays(eval_path, "--eval-data", specs, ("", *(f"_{s}" for s in EVAL_SUFFIXES)))
+        arrays, keys = _pick_arrays(eval_path, "--eval-data", specs, ("", *(f"_{s}" for s in EVAL_SUFFIXES)),
+                                    labels=labels)
         return train, arrays, f"{', '.join(keys)} of --eval-data {eval_path}"
-    found = _pick_arrays(path, "--data", specs, tuple(f"_{s}" for s in EVAL_SUFFIXES), required=False)
+    found = _pick_arrays(path, "--data", specs, tuple(f"_{s}" for s in EVAL_SUFFIXES), required=False, labels=labels)
     if found is None:
         return train, None, ""
     arrays, keys = found
     return train, arrays, f"{', '.join(keys)} of {path}"
 
 
-def _pick_arrays(path: Path, option: str, specs: list, suffixes: tuple[str, ...], required: bool = True
-                 ) -> Optional[tuple[dict[str, np.ndarray], list[str]]]:
+def _pick_arrays(path: Path, option: str, specs: list, suffixes: tuple[str, ...], required: bool = True,
+                 labels: frozenset[str] = frozenset()) -> Optional[tuple[dict[str, np.ndarray], list[str]]]:
     """Each input NAME's array NAME+suffix in the .npz ``path``, one suffix for every input (the
     first that all have: ``x_val`` with ``y``, two different sets of rows, was once paired), of
     its input's dtype (``fit_bfloat16``), and the array names used; where no suffix fits every
@@ -64,7 +67,7 @@ def _pick_arrays(path: Path, option: str, specs: list, suffixes: tuple[str, ...]
     if len(set(rows.values())) > 1 or "a scalar" in rows.values():
         raise ValueError(f"{option} {path}: the inputs' arrays need one row per sample, the same length along axis 0; "
                          f"got {', '.join(f'{key!r} {n}' for key, n in rows.items())}")
-    picked = fit_bfloat16({name: arrays[key] for name, key in zip(names, keys)}, specs)
+    picked = widened(fit_bfloat16({name: arrays[key] for name, key in zip(names, keys)}, specs), labels)
     check_dtypes(picked, specs, keys, f"{option} {path}")
     return picked, keys
 
@@ -226,7 +229,7 @@ def train_cmd(
     if resumed is not None:
         console.print(escape(f"resumed from {resumed} {_where(trainer)} (step {trainer.step_count})"),
                       highlight=False, soft_wrap=True)
-    train, test, test_source = load_data(data, trainer.batch_specs, eval_data)
+    train, test, test_source = load_data(data, trainer.batch_specs, eval_data, class_labels(trainer.manifest))
     fixed = _fixed_batch(trainer.batch_specs)
     if fixed is not None and batch_size != fixed:
         raise ValueError(f"--batch-size {batch_size}: the model takes batches of exactly {fixed} (its inputs' "

@@ -15,7 +15,7 @@ import hashlib
 import numbers
 import queue
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -192,18 +192,19 @@ class DataLoader:
                 thread.join(timeout=0.05)
 
     # -- checks --------------------------------------------------------------------------------
-    def check_against(self, specs: Sequence[TensorSpec]) -> None:
+    def check_against(self, specs: Sequence[TensorSpec], labels: Collection[str] = ()) -> None:
         """Raise ``gc.InputError`` unless every spec has an array with its dtype and shape.
 
         ``specs`` are a model's batched inputs: dim 0 is the batch dim (any size when symbolic;
-        a fixed batch dim must equal ``batch_size`` and every batch must be full).
+        a fixed batch dim must equal ``batch_size`` and every batch must be full). ``labels``:
+        int64 class-label inputs that take uint8 arrays too (the Trainer casts each batch's).
         """
         for spec in specs:
             if spec.name not in self.arrays:
                 raise InputError(
                     f"the data has no array {spec.name!r} for the model input {spec}; "
                     f"arrays given: {', '.join(sorted(self.arrays))}")
-            _check_array(spec, self.arrays[spec.name], self)
+            _check_array(spec, self.arrays[spec.name], self, spec.name in labels)
 
 
 def check_training_loader(loader: Any) -> None:
@@ -272,9 +273,9 @@ def _kind(value: Any) -> str:
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
-def _check_array(spec: TensorSpec, array: np.ndarray, loader: DataLoader) -> None:
+def _check_array(spec: TensorSpec, array: np.ndarray, loader: DataLoader, label: bool = False) -> None:
     got = type_text(array.dtype, array.shape)
-    if dtype_name(array.dtype) != spec.dtype:
+    if dtype_name(array.dtype) != spec.dtype and not (label and array.dtype == np.uint8):
         raise InputError(f"array {spec.name!r}: expected dtype {spec.dtype} (model input {spec}), "
                          f"got {got}; cast it with .astype")
     if spec.shape is None:

@@ -3,6 +3,11 @@
 The graph gives a label outside ``[0, C)`` that is not the ignore index a loss of 0 that still
 counts in the mean's divisor, where PyTorch raises ("Target 3 is out of bounds"), so the Trainer
 reads the labels on the host first: a min/max over an int64 array, no node in any graph.
+
+PyTorch's cross_entropy and nll_loss take uint8 ("Byte") class labels as well as int64 and refuse
+int8/int16/int32; a cross-entropy spec's label input is int64, so the Trainer, the DataLoader
+check and ``graphc train`` take uint8 labels too, cast to int64 on the host (``widened``: 8 bytes a
+label, per batch), where they were refused.
 """
 
 from __future__ import annotations
@@ -14,6 +19,21 @@ import numpy as np
 
 from graphc.errors import InputError
 from graphc.runtime import averaging
+
+
+def class_labels(manifest) -> frozenset[str]:
+    """The label inputs that take uint8 arrays as torch does: a cross-entropy spec's int64 labels."""
+    loss = manifest.loss
+    if loss.get("kind") != "cross_entropy":
+        return frozenset()
+    return frozenset(e.name for e in manifest.graphs["train_step"].inputs
+                     if e.name == loss.get("label") and e.dtype == "int64")
+
+
+def widened(arrays: Mapping[str, Any], names: frozenset[str]) -> dict[str, Any]:
+    """``arrays`` with the uint8 ones among ``names`` (``class_labels``) cast to int64."""
+    return {name: np.asarray(a, dtype=np.int64) if name in names and getattr(a, "dtype", None) == np.uint8 else a
+            for name, a in arrays.items()}
 
 
 def class_count(manifest, feeds: Mapping[str, Any], whole: bool = False) -> Optional[int]:

@@ -72,7 +72,7 @@ from graphc.runtime.feeds import check_one, dtype_name
 from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
 from graphc.runtime.interrupts import DeferredInterrupt
-from graphc.runtime.labels import check_labels, class_count
+from graphc.runtime.labels import check_labels, class_count, class_labels, widened
 from graphc.runtime.rows import batch_dim, by_rows
 from graphc.runtime.session import SESSION_OPTIONS, check_options
 
@@ -292,6 +292,7 @@ class Trainer:
         step_graph = m.graphs["train_step"]
         self.batch_specs = role_specs(step_graph.inputs, BATCH_ROLES)
         self._batch_names = [s.name for s in self.batch_specs]
+        self._class_labels = class_labels(m)  # take uint8 arrays, cast to int64, as torch's cross_entropy
         self.noise_specs = role_specs(step_graph.inputs, (NOISE_ROLE,))
         self._entries = {e.name: e for e in step_graph.inputs if e.role in CARRIED_ROLES}
         self._expected = m.carried()
@@ -362,7 +363,7 @@ class Trainer:
     # -- running -----------------------------------------------------------------------------------
     def _batch_feeds(self, batch: Mapping[str, np.ndarray], specs: list[TensorSpec]) -> dict[str, Any]:
         try:
-            feeds = {spec.name: np.asarray(batch[spec.name]) for spec in specs}
+            feeds = widened({spec.name: np.asarray(batch[spec.name]) for spec in specs}, self._class_labels)
         except KeyError as exc:
             spec = next(s for s in specs if s.name == exc.args[0])
             raise InputError(f"the batch has no {spec.name!r} for the model input {spec}; "
@@ -665,10 +666,10 @@ class Trainer:
             self._warn_unsaved_randomness()
         if plot is not None:
             check_plot(plot)
-        loader.check_against(self.batch_specs)
+        loader.check_against(self.batch_specs, self._class_labels)
         if isinstance(eval_loader, DataLoader):
             self._eval_exe()
-            eval_loader.check_against(self._eval_specs)
+            eval_loader.check_against(self._eval_specs, self._class_labels)
         self._use_loader(loader)
         self._fetch = ("loss", *([self._prediction] if self._train_metrics_wanted() else []),
                        *([self._grad_norm] if self._grad_norm else []))

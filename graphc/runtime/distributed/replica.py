@@ -31,6 +31,7 @@ from graphc.compile.training import CARRIED_ROLES
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.averaging import divisor, examples, shard_weight
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, RENORMED, ROWS, union
+from graphc.runtime.labels import class_labels, widened
 from graphc.runtime.trainer import predict_model, without_initializers
 
 
@@ -104,9 +105,9 @@ class Replica:
     def _shard(self, message: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The shard of ``message``: ``shard`` (arrays) or ``read`` (epoch, batch, first row, end
         row of the loader's batch)."""
-        if "read" in message:
+        if "read" in message:  # the loader's own arrays: uint8 class labels cast here, as one process's
             epoch, index, lo, hi = message["read"]
-            return self._loader.batch(epoch, index, slice(lo, hi))
+            return widened(self._loader.batch(epoch, index, slice(lo, hi)), class_labels(self.manifest))
         return dict(message["shard"])
 
     def renorm_rows(self, message: Mapping[str, Any], graph: str = ROWS) -> dict[str, np.ndarray]:
