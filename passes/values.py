@@ -12,7 +12,7 @@ import numpy as np
 import onnx_ir as ir
 
 __all__ = ["ALL_REDUCE_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY",
-           "MAX_NORM_KEY", "MAX_NORM_ROWS_KEY", "RANDOM_OPS",
+           "MAX_NORM_KEY", "MAX_NORM_ROWS_KEY", "PROBABILITIES_KEY", "RANDOM_OPS",
            "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "all_reduce_kind", "const_array",
            "const_axes", "const_scalar", "draws_random", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "replace_value",
            "static_shape", "stops_gradient"]
@@ -54,6 +54,10 @@ STOP_GRADIENT_KEY = "graphc.stop_gradient"
 # the Add of the value (input 0) and its straight-through gradient path (input 1, zero forward but for torch's
 # per-channel int64 overflow); the inference export quantizes ``x`` by the scale itself and drops input 1
 FAKE_QUANTIZE_KEY = "graphc.fake_quantize"
+
+# node metadata of a ``binary_cross_entropy``'s range check (its Where): the graph inputs it reads as
+# probabilities, directly ("p,y"), which the Trainer checks on the host before a step
+PROBABILITIES_KEY = "graphc.probabilities"
 
 # node metadata of the last node of a fused kernel that a pass wrote out (autocast's flash attention):
 # autodiff takes the kernel's backward there, the rule of that name in ``FUSED_RULES``, and sends

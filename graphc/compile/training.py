@@ -186,6 +186,9 @@ class Manifest(BaseModel):
     device: Literal["cpu", "cuda"] = "cpu"  # whose kernels the backward's lowerings suit (generate's option)
     # train-mode BatchNorms with one value per channel in a batch of one row: {module: [data input, axis]}
     one_row_batchnorms: dict[str, tuple[str, int]] = {}
+    # data inputs a binary_cross_entropy reads as probabilities (its target, mostly): the Trainer
+    # refuses a batch with a value outside [0, 1] there (``modes.probability_inputs``)
+    probabilities: list[str] = []
     # loss scaling (generate's option, ``gc.amp``): {"kind": "dynamic", init_scale, growth_factor,
     # backoff_factor, growth_interval} or {"kind": "static", init_scale}; None: none
     loss_scale: Optional[dict] = None
@@ -608,7 +611,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
             without a gradient rule on the way to a trainable param.
     """
     from graphc.dsl.autocast_policy import onnx_kinds
-    from graphc.passes.training import artifacts
+    from graphc.passes.training import artifacts, modes
     from graphc.passes.training.scheduled import with_scheduled
 
     if not isinstance(model, Model):
@@ -647,7 +650,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
                            shapes=[list(s) for s in g.shapes], slots=list(built.slots),
                            weight_decay=g.weight_decay) for g in built.layout],
         orders=built.orders, one_row_batchnorms=built.one_row_batchnorms, loss_scale=scale_json,
-        renormed=built.renormed, autocast=low)
+        renormed=built.renormed, autocast=low, probabilities=modes.probability_inputs(model.ir.graph))
     return TrainingArtifacts(graphs["train_step"], graphs["gradients"], graphs["eval"],
                              graphs["inference"], built.state, manifest, graphs.get("noise_shapes"))
 

@@ -1,4 +1,5 @@
-"""Host-side checks of a cross-entropy's labels, before a train step or an evaluation runs.
+"""Host-side checks of a cross-entropy's labels and a binary cross-entropy's probabilities,
+before a train step or an evaluation runs.
 
 The graph gives a label outside ``[0, C)`` that is not the ignore index a loss of 0 that still
 counts in the mean's divisor, where PyTorch raises ("Target 3 is out of bounds"), so the Trainer
@@ -86,3 +87,17 @@ def check_labels(manifest, feeds: Mapping[str, Any], what: str, whole: bool = Fa
         raise InputError(f"{what}: the class weights of the labels in {loss['label']!r} that are not the ignore index "
                          f"{ignore} sum to 0 (weight={weights}); the loss would be a weighted mean over a weight of "
                          "0, 0/0")
+
+
+def check_probabilities(manifest, feeds: Mapping[str, Any], what: str) -> None:
+    """The batch inputs a ``binary_cross_entropy`` reads as probabilities (``manifest.probabilities``,
+    its target mostly) hold values in [0, 1] only: the graph makes the loss NaN for any other (a
+    NaN included), after the step has used it; PyTorch raises before ("all elements of target
+    should be between 0 and 1"). One pass over each such array."""
+    for name in manifest.probabilities:
+        values = np.asarray(feeds[name]) if name in feeds else None
+        bad = None if values is None else ~((values >= 0) & (values <= 1))
+        if bad is not None and bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise InputError(f"{what}: {name!r} holds {values[at]} at {at}; binary_cross_entropy reads it as "
+                             "probabilities, all between 0 and 1 (PyTorch raises too)")

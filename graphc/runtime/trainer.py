@@ -72,7 +72,7 @@ from graphc.runtime.feeds import check_one, dtype_name
 from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
 from graphc.runtime.interrupts import DeferredInterrupt
-from graphc.runtime.labels import check_labels, class_count, class_labels, widened
+from graphc.runtime.labels import check_labels, check_probabilities, class_count, class_labels, widened
 from graphc.runtime.rows import batch_dim, by_rows
 from graphc.runtime.session import SESSION_OPTIONS, check_options
 
@@ -405,12 +405,14 @@ class Trainer:
             return float(host["loss"])
 
     def _refuse_step(self, feeds: Mapping[str, np.ndarray]) -> None:
-        """Refuse a train step on ``feeds`` that has no row, a BatchNorm batch of 1 row, or
-        cross-entropy labels outside [0, C) (C measured where only a forward tells it); the
+        """Refuse a train step on ``feeds`` that has no row, a BatchNorm batch of 1 row,
+        cross-entropy labels outside [0, C) (C measured where only a forward tells it), or
+        binary cross-entropy probabilities outside [0, 1]; the
         data-parallel Trainer checks its global batch the same way before any worker steps."""
         refuse_empty(feeds, "a train step")
         refuse_one_row(self.manifest, feeds)
         check_labels(self.manifest, feeds, "a train step", classes=self._measured_classes(feeds))
+        check_probabilities(self.manifest, feeds, "a train step")
 
     def _measured_classes(self, feeds: Mapping[str, np.ndarray]) -> Optional[int]:
         """A cross-entropy's C where neither the graphs nor the batch's shapes tell it (a class dim
@@ -545,6 +547,7 @@ class Trainer:
         given = {s.name: batch[s.name] for s in self.batch_specs if s.name in batch}
         refuse_empty(given, "an evaluation")
         check_labels(self.manifest, given, "an evaluation")
+        check_probabilities(self.manifest, given, "an evaluation")
         out = self.predict(batch)
         if self.manifest.loss.get("kind") == "cross_entropy" and class_count(self.manifest, given) is None:
             # a C only the run tells: checked before the loss or a metric is read
@@ -653,12 +656,14 @@ class Trainer:
             check_batches(loader, "training loader")
             _one_row_batch(self.manifest, loader)
             check_labels(self.manifest, loader.arrays, "the training loader", whole=True)  # rows, not batch rows
+            check_probabilities(self.manifest, loader.arrays, "the training loader")
             if self._scheduler is not None:
                 check_covers(self._scheduler, self.scheduler_interval, epochs, self.epoch, self.batch_in_epoch,
                              len(loader))
         if isinstance(eval_loader, DataLoader):
             check_batches(eval_loader, "eval loader")
             check_labels(self.manifest, eval_loader.arrays, "the eval loader", whole=True)
+            check_probabilities(self.manifest, eval_loader.arrays, "the eval loader")
         elif eval_loader is not None:
             check_eval_loader(eval_loader, passes=epochs - self.epoch)
         if checkpoint is not None:
