@@ -19,7 +19,7 @@
 #          failures, not -x: one lent run should show more than the first)
 #   bench  scripts/bench_zoo.py --device cuda --models resnet18,gpt --batches 2,32 (JSON after each row)
 #   graph  the same with --cuda-graph
-# A part whose needs are missing is skipped with the reason (no ort-cuda: no tests, bench or graph;
+# A part whose needs are missing is skipped with the reason (no ort-cuda: no probe, tests, bench or graph;
 # no torch CUDA: no bench or graph). $OUT gets at most 8 files: summary.txt, env.txt, probe.txt,
 # probe.json, tests.txt, bench.txt, bench_zoo.json, bench_zoo_graph.json; summary.txt is printed last.
 set -u
