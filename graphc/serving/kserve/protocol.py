@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-import reprlib
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 
 from graphc.model.dtypes import as_dtype, to_numpy
 from graphc.serving.kserve import flat_data
-from graphc.serving.kserve.repeated_keys import repeated_key
+from graphc.serving.kserve.request_errors import validate_header
 from graphc.serving.kserve.schemas import DATATYPES, InferRequest
 
 _BY_DTYPE = {dtype: datatype for datatype, dtype in DATATYPES.items()}
@@ -28,8 +26,6 @@ _BY_DTYPE = {dtype: datatype for datatype, dtype in DATATYPES.items()}
 _WIRE = {datatype: to_numpy(dtype).newbyteorder("<") if to_numpy(dtype).itemsize > 1 else to_numpy(dtype)
          for datatype, dtype in DATATYPES.items()}
 _BY_NUMPY = {np.dtype(to_numpy(dtype)): datatype for datatype, dtype in DATATYPES.items()}
-_SHORT = reprlib.Repr()  # a bad value is quoted briefly, whatever its size
-_SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlevel = 4, 4, 40, 40, 2
 
 
 class ProtocolError(Exception):
@@ -99,41 +95,14 @@ def _parse_header(header: bytes | memoryview) -> InferRequest:
         raise ProtocolError(f"the request's JSON holds {containers} lists and objects ('[' and '{{' counted), more "
                             f"than the server's limit of {MAX_JSON_CONTAINERS}; send tensor data flat (row-major) "
                             "or as binary data", 413)
+    parsed = None
     if len(text) >= flat_data.INCREMENTAL_BYTES:  # flat data parsed a slice at a time: the loop keeps the GIL
-        request = flat_data.parse_flat(text)
-        if request is not None:
-            return request
-    try:
-        request = InferRequest.model_validate_json(text)
-    except ValidationError as exc:
-        message = describe_validation_error(exc)  # raised outside: no __context__ holding the input
-    else:
-        where = repeated_key(text)  # the parser kept the last value of a repeated key
-        if where is None:
-            return request
-        message = f"invalid infer request: {where} is given twice (a JSON object repeats its key); give each key once"
-    raise ProtocolError(message)
-
-
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line naming the field at fault (``inputs[0].data[5]``), what it needs and what came."""
-    errors = exc.errors(include_url=False)  # a handful: every list fails fast
-    if errors[0]["type"] in ("json_invalid", "json_type"):
-        return f"malformed JSON in the request body (its JSON part, KServe's inference header): {errors[0]['msg']}"
-    # Of a union's alternatives, the one that got furthest into the data says what is wrong.
-    error = max(errors, key=lambda e: tuple(p for p in e["loc"] if isinstance(p, int)))
-    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]
-                    if isinstance(p, int) or (p.isidentifier() and p.islower())).lstrip(".") or "request"
-    if error["type"] == "union_tag_invalid":
-        tag = error["ctx"]["tag"]
-        if tag == "BYTES":
-            return f"invalid infer request: {where}.datatype: BYTES (strings) is not supported; use one of " \
-                   f"{', '.join(DATATYPES)}"
-        return f"invalid infer request: {where}.datatype: unknown datatype {tag!r}; expected one of " \
-               f"{', '.join(DATATYPES)}"
-    if error["type"] == "union_tag_not_found":
-        return f"invalid infer request: {where}.datatype: field required"
-    return f"invalid infer request: {where}: {error['msg']}, got {_SHORT.repr(error['input'])}"
+        parsed = flat_data.parse_flat(text)
+    if parsed is None:
+        parsed = validate_header(text)
+    if isinstance(parsed, str):
+        raise ProtocolError(parsed)  # raised outside any except: no __context__ holding the input
+    return parsed
 
 
 def _shaped(item: Any, array: np.ndarray) -> np.ndarray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 
 # a string, with the ':' after it when it is a key (group 1); or a bracket
 TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?|[{}\[\]]', re.DOTALL)
@@ -24,28 +25,37 @@ def repeated_key(text: bytes) -> str | None:
     """Where the first key repeated within one object of ``text`` is (an infer request's JSON,
     valid by the schema), as ``inputs[1].data`` (list indices count the objects and lists in that
     list, which for the protocol's lists of objects is the index), or None when no key repeats."""
-    # per open container: [its key in the object holding it or its index in the list holding it,
-    # the keys seen (an object) or the count of containers in it so far (a list)]
-    stack: list[list] = []
-    key = b""
-    for match in TOKEN.finditer(_DATA.sub(b'"data":[]', text)):
-        if match.lastindex:  # a key
-            key = key_of(match)
+    for key, _, stack in walk(_DATA.sub(b'"data":[]', text)):
+        if key is not None:
             keys = stack[-1][1]
             if key in keys:
                 return _path(stack, key)
             keys.add(key)
-        else:
-            token = match.group()
-            if token == b"{" or token == b"[":
-                if stack and type(stack[-1][1]) is list:
-                    place, stack[-1][1][0] = stack[-1][1][0], stack[-1][1][0] + 1
-                else:
-                    place = key
-                stack.append([place, set() if token == b"{" else [0]])
-            elif token == b"}" or token == b"]":  # else a string value
-                stack.pop()
     return None
+
+
+def walk(text: bytes) -> Iterator[tuple[bytes | None, int, list[list]]]:
+    """Each key of ``text`` (valid JSON) as (key, its offset, the containers open around it, the
+    innermost its object) and each '[' or '{' as (None, its offset, the containers open, the
+    innermost the one it opens). A container is [its key in the object holding it or its index in
+    the list holding it, the keys seen so far (an object; the caller adds them) or the count of
+    containers in it so far (a list)]."""
+    stack: list[list] = []
+    key = b""
+    for match in TOKEN.finditer(text):
+        if match.lastindex:
+            key = key_of(match)
+            yield key, match.start(), stack
+            continue
+        token = match.group()
+        if token == b"{" or token == b"[":
+            place = key
+            if stack and type(stack[-1][1]) is int:
+                place, stack[-1][1] = stack[-1][1], stack[-1][1] + 1
+            stack.append([place, set() if token == b"{" else 0])
+            yield None, match.start(), stack
+        elif token == b"}" or token == b"]":  # else a string value
+            stack.pop()
 
 
 def key_of(match: re.Match) -> bytes:

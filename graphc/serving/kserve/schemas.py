@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 
 import ml_dtypes
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, create_model
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, create_model
 from typing_extensions import TypeAliasType
 
 from graphc.model.dtypes import to_numpy
@@ -113,6 +113,8 @@ _INPUT_FIELDS: dict[str, Any] = {
 _INPUTS = {dt: create_model(f"{dt}Input", __base__=_Message, datatype=(Literal[dt], ...),
                             data=(Nested[_element(dt)] | None, None), **_INPUT_FIELDS)
            for dt in DATATYPES}
+# Each datatype's flat data alone: which element of a slice of an array the schema refuses first.
+ELEMENT_LISTS = {dt: TypeAdapter(_list(_element(dt))) for dt in DATATYPES}
 RequestInput = Annotated[Union[tuple(_INPUTS.values())], Field(discriminator="datatype")]
 
 
