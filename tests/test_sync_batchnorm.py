@@ -9,7 +9,8 @@ import graphc as gc
 from graphc import nn
 from graphc.passes.training.stages import split
 from graphc.passes.values import ALL_REDUCE_KEY
-from graphc.runtime.staged import StagedRun, exchange
+from graphc.runtime.averaging import counted_labels
+from graphc.runtime.staged import StagedRun, exchange, scales
 
 RNG = np.random.default_rng(0)
 ROWS = 9
@@ -37,9 +38,9 @@ class _Net(nn.Module):
     forward = _forward
 
 
-def _artifacts(norms=(nn.SyncBatchNorm, nn.SyncBatchNorm)):
+def _artifacts(norms=(nn.SyncBatchNorm, nn.SyncBatchNorm), loss=gc.losses.mse("output", label="y")):
     model = gc.capture(_Net(norms, dtype="float64").train(), seed=0, x=gc.spec("float64", ("N", 2, 5, 5)))
-    return gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.1))
+    return gc.training.generate(model, loss, gc.optim.SGD(0.1))
 
 
 def _batch():
@@ -47,13 +48,14 @@ def _batch():
 
 
 def _combined(arts, outs, shares):
-    """The shards' gradients outputs as one process's: loss and gradients weighted by share (as the
-    data-parallel Trainer does), running statistics any shard's (each has the global ones)."""
+    """The shards' gradients outputs as one process's: loss weighted by share, gradients by scale
+    (as the data-parallel Trainer does), running statistics any shard's (each has the global ones)."""
     kinds = {e.name: e.role for e in arts.manifest.graphs["gradients"].outputs}
     got = {}
     for name, role in kinds.items():
         if role in ("loss", "grad"):
-            got[name] = sum(share * out[name] for share, out in zip(shares, outs))
+            weights = shares if role == "loss" else scales(shares)
+            got[name] = sum(weight * out[name] for weight, out in zip(weights, outs))
         elif role == "state":
             assert all(np.array_equal(out[name], outs[0][name]) for out in outs), name
             got[name] = outs[0][name]
@@ -75,6 +77,23 @@ def test_shards_run_in_stages_equal_the_whole_batch(backend, cuts):
     shards = [{**{k: v[a:b] for k, v in batch.items()}, **state} for a, b in zip(cuts, cuts[1:])]
     got = _combined(arts, staged.run(shards, shares), shares)
     assert set(got) == set(whole) and "bn2.num_batches_tracked.next" in got
+    for name, value in whole.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-12, atol=1e-13, err_msg=name)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_a_shard_whose_labels_are_all_ignored_is_seeded_0_and_counts_by_its_rows(backend):
+    """Cross-entropy with ignore_index: shard 0's labels all ignored (share 0, its own mean 0/0). Fed
+    labels that count (``counted_labels``) and seeded 0, it still moves the statistics, and its
+    gradients through them count once: the whole batch's to 1e-12."""
+    arts = _artifacts(loss=gc.losses.cross_entropy("output", label="y", ignore_index=1))
+    batch, state = {"x": _batch()["x"], "y": np.array([1, 1, 1, 1, 0, 1, 0, 0, 0])}, arts.state
+    staged = StagedRun(arts.gradients, backend)
+    whole = staged.run([{**batch, **state}], [1.0])[0]
+    shards = [counted_labels(arts.manifest.loss, {k: v[:4] for k, v in batch.items()}), {k: v[4:] for k, v in batch.items()}]
+    assert shards[0]["y"].tolist() == [0] * 4
+    shares = [0.0, 1.0]
+    got = _combined(arts, staged.run([{**s, **state} for s in shards], shares), shares)
     for name, value in whole.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-12, atol=1e-13, err_msg=name)
 
@@ -124,13 +143,14 @@ def test_all_reduce_points_are_syncbatchnorm_only():
 
 
 def test_exchange_and_bad_shares():
-    """A "sum" is the parts' sum; a "grad" the share-weighted sum over the receiver's share. Shares
-    that do not match the shards, or are not positive, are refused naming them."""
+    """A "sum" is the parts' sum; a "grad" the scale-weighted sum over the receiver's scale (a share,
+    1 for a share of 0). Shares that do not match the shards, or are all 0, are refused naming them."""
     parts, shares = [np.array([1.0, 2.0]), np.array([3.0, 5.0])], [0.25, 0.75]
     np.testing.assert_array_equal(exchange(parts, shares, 1, "sum"), [4.0, 7.0])
     np.testing.assert_allclose(exchange(parts, shares, 0, "grad"), np.array([2.5, 4.25]) / 0.25)
     staged = StagedRun(_artifacts().gradients)
     with pytest.raises(gc.InputError, match="one share per shard.*got 1 shards and 2 shares"):
         staged.run([{}], [0.5, 0.5])
-    with pytest.raises(gc.InputError, match=r"shares: expected each > 0, got \[1.0, 0.0\]"):
-        staged.run([{}, {}], [1.0, 0.0])
+    assert scales([0.0, 0.5, -0.25]) == [1.0, 0.5, -0.25]
+    with pytest.raises(gc.InputError, match=r"shares: expected one that is not 0, got \[0.0, 0.0\]"):
+        staged.run([{}, {}], [0.0, 0.0])

@@ -46,3 +46,19 @@ def divisor(loss: dict, weight: float, what: str = "the batch") -> float:
         raise InputError(f"no sample of {what} counts in the loss (it has no rows, or every label is the "
                          "ignore_index, or their class weights sum to 0)")
     return 1.0 if (loss.get("options") or {}).get("reduction") == "sum" else weight
+
+
+def counted_labels(loss: dict, shard: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``shard`` with a cross-entropy's labels all set to one class that counts (not the
+    ``ignore_index``, of the largest absolute class weight), so its own mean loss is finite: the
+    feeds of a shard of weight 0 (``shard_weight``) that a data-parallel worker seeds 0
+    (``runtime.staged``), whose labels then change nothing."""
+    name, options = loss.get("label"), loss.get("options") or {}
+    if loss.get("kind") != "cross_entropy" or name not in shard:
+        return dict(shard)
+    ignore = options.get("ignore_index", -100)
+    weights = np.abs(np.asarray(options.get("weight") if options.get("weight") is not None else [1.0, 1.0]))
+    if 0 <= ignore < len(weights):
+        weights[ignore] = -1.0
+    label = np.asarray(shard[name])
+    return {**shard, name: np.full(label.shape, int(np.argmax(weights)), label.dtype)}

@@ -1,15 +1,17 @@
-"""Data-parallel shards run in one process, stage by stage: a graph with all-reduce points
-(``gc.nn.SyncBatchNorm``'s training graphs) cut by ``passes/training/stages.py``, every shard
-through stage k, the marked values exchanged across the shards, then stage k + 1. N shards then
-compute what one run on their whole batch does; a data-parallel worker runs the same stages with
-the same exchange between workers.
+"""Data-parallel shards run stage by stage: a graph with all-reduce points (``gc.nn.SyncBatchNorm``'s
+training graphs) cut by ``passes/training/stages.py``, every shard through stage k, the marked
+values exchanged across the shards, then stage k + 1. N shards then compute what one run on their
+whole batch does. ``StagedRun.run`` runs the shards in one process; a data-parallel worker
+(``distributed.replica``) runs its own with ``stage`` and ``receive``, the exchanges between workers.
 
-Each shard's gradients are its share of the global loss's once weighted by its share
-(``exchange``), as ``gc.Trainer(..., workers=N)`` weights the workers' gradients."""
+Each shard's gradients are its share of the global loss's once weighted by its scale
+(``scales``), as ``gc.Trainer(..., workers=N)`` weights the workers' gradients. A shard of share 0
+(every label ignored: its own mean loss is 0/0) is seeded 0 (``LOSS_SEED``) and scaled 1: its
+gradients are then the other shards' loss's, through its rows' part in the statistics, alone."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,22 +19,31 @@ import onnx
 import onnx_ir as ir
 
 from graphc.errors import InputError
+from graphc.passes.training.sync_batchnorm import LOSS_SEED
 
 
-def exchange(parts: Sequence[np.ndarray], shares: Sequence[float], rank: int, kind: str) -> np.ndarray:
+def scales(shares: Sequence[float]) -> list[float]:
+    """What each shard's gradients (and its cotangents in an exchange) count times: its share of
+    the global loss, or 1 for a share of 0 (seeded 0, its gradients are the global loss's)."""
+    return [float(s) if s != 0 else 1.0 for s in shares]
+
+
+def exchange(parts: Sequence[np.ndarray], scales: Sequence[float], rank: int, kind: str) -> np.ndarray:
     """The all-reduce of the shards' ``parts`` that shard ``rank`` receives: ``"sum"``, their sum
     (in rank order: every shard gets the same bits); ``"grad"``, the gradient of a sum, which each
-    shard computed from its own loss (seed 1): the cotangents weighted by the shards' ``shares``
-    of the global loss, summed, over this shard's share (its gradients are weighted by it again)."""
+    shard computed in units of the global loss over its scale (``scales``): the cotangents
+    weighted by the shards' scales, summed, over this shard's scale (its gradients are weighted by
+    it again)."""
     total = np.zeros_like(parts[0])
-    for part, share in zip(parts, shares):
-        total = total + (part if kind == "sum" else part * np.asarray(share, part.dtype))
-    return total if kind == "sum" else total / np.asarray(shares[rank], total.dtype)
+    for part, scale in zip(parts, scales):
+        total = total + (part if kind == "sum" else part * np.asarray(scale, part.dtype))
+    return total if kind == "sum" else total / np.asarray(scales[rank], total.dtype)
 
 
 class StagedRun:
     """``model`` (an ONNX model, a ``gc.Model`` or an onnx-ir model) cut into stages, each
-    prepared on ``backend`` (``options`` go to its ``prepare``)."""
+    prepared on ``backend`` (``options`` go to its ``prepare``). Its ``LOSS_SEED`` initializer,
+    if any, becomes an input that ``feeds`` gives."""
 
     def __init__(self, model: Any, backend: str = "numpy", **options: Any):
         from graphc.backends import get_backend
@@ -40,29 +51,52 @@ class StagedRun:
 
         if isinstance(model, onnx.ModelProto):
             model = ir.serde.deserialize_model(model)
-        model = getattr(model, "ir", model)
+        model = getattr(model, "ir", model).clone()
+        self.seed = model.graph.initializers.pop(LOSS_SEED, None)
+        if self.seed is not None:  # an input without a default: a backend may fold an initializer's
+            self.seed.const_value = None
+            model.graph.inputs.append(self.seed)
         self.stages = split(model)
         self.output_names = [v.name for v in model.graph.outputs]
         runner = get_backend(backend)
         self._exes = [None if s.model is None else runner.prepare(ir.serde.serialize_model(s.model), **options)
                       for s in self.stages]
 
+    def feeds(self, shard: Mapping[str, Any], share: float) -> dict[str, Any]:
+        """``shard``'s feeds, with the backward's seed: 0 for a ``share`` of 0, else 1."""
+        if self.seed is None:
+            return dict(shard)
+        return {**shard, LOSS_SEED: np.asarray(share != 0, self.seed.dtype.numpy())}
+
+    def stage(self, k: int, env: MutableMapping[str, Any]) -> dict[str, np.ndarray]:
+        """Run stage ``k`` on ``env`` (a shard's values by name, host arrays or device handles),
+        adding its outputs; returns what its exchanges read, by name."""
+        exe = self._exes[k]
+        if exe is not None:
+            host, _ = exe.run_bound({n: env[n] for n in exe.input_names if n in env}, exe.output_names)
+            env.update(host)
+        return {point.source: np.asarray(env[point.source]) for point in self.stages[k].exchanges}
+
+    def receive(self, k: int, env: MutableMapping[str, Any], parts: Sequence[Mapping[str, np.ndarray]],
+                scales: Sequence[float], rank: int) -> None:
+        """Put into ``env`` (shard ``rank``'s) the exchanges after stage ``k`` of every shard's
+        ``parts`` (``stage``'s, in rank order), the gradient ones weighted by ``scales``."""
+        for point in self.stages[k].exchanges:
+            env[point.target] = exchange([p[point.source] for p in parts], scales, rank, point.kind)
+
     def run(self, shards: Sequence[Mapping[str, np.ndarray]], shares: Sequence[float]) -> list[dict[str, np.ndarray]]:
         """Each shard's outputs, the shards (their feeds) run together; ``shares``: each one's
-        share of the global loss (a mean loss: its rows over all rows), which weights the
-        gradient exchanges (``exchange``)."""
+        share of the global loss (a mean loss: its rows over all rows; 0: it counts for nothing,
+        its labels must still give a finite loss), which weight the gradient exchanges."""
         if len(shares) != len(shards) or not shards:
             raise InputError(f"StagedRun.run: expected one share per shard and at least one shard, got "
                              f"{len(shards)} shards and {len(shares)} shares")
-        if any(s <= 0 for s in shares):
-            raise InputError(f"StagedRun.run shares: expected each > 0, got {list(shares)}")
-        envs = [dict(feeds) for feeds in shards]
-        for stage, exe in zip(self.stages, self._exes):
-            if exe is not None:
-                for env in envs:
-                    env.update(exe.run({n: env[n] for n in exe.input_names if n in env}))
-            for point in stage.exchanges:
-                parts = [np.asarray(env[point.source]) for env in envs]
-                for rank, env in enumerate(envs):
-                    env[point.target] = exchange(parts, shares, rank, point.kind)
+        if not any(shares):
+            raise InputError(f"StagedRun.run shares: expected one that is not 0, got {list(shares)}")
+        envs = [self.feeds(feeds, share) for feeds, share in zip(shards, shares)]
+        weights = scales(shares)
+        for k in range(len(self.stages)):
+            parts = [self.stage(k, env) for env in envs]
+            for rank, env in enumerate(envs):
+                self.receive(k, env, parts, weights, rank)
         return [{n: env[n] for n in self.output_names} for env in envs]

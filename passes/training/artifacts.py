@@ -50,7 +50,7 @@ from graphc.passes.training import sync_batchnorm, taps_params
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.training.scheduled import MOMENTUM, momentum_scheduled, running_state, scheduled_inputs
-from graphc.passes.values import onnx_opset
+from graphc.passes.values import all_reduce_kind, onnx_opset
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
 STEP = "step"
@@ -234,6 +234,9 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
         scale = input_with_default(step.graph, loss_scaling.LOSS_SCALE,
                                    loss_scaling.initial_state(loss_scale)[loss_scaling.LOSS_SCALE])
         seed_scale = loss_scaling.seed(Emitter(step.graph, opset, "loss_scale"), scale, loss_value)
+    if any(all_reduce_kind(node) for node in step.graph):  # a data-parallel worker seeds 0 a shard that counts nothing
+        seed = sync_batchnorm.loss_seed(step.graph, loss_value)
+        seed_scale = seed if seed_scale is None else Emitter(step.graph, opset, "sync_bn").op("Mul", seed_scale, seed)
     found = backward(step.graph, loss_value, [*(step.graph.initializers[p] for p in params), *chains.values()],
                      device, nchwc, seed_scale)
     grads = {p: found[p] for p in params}
@@ -329,6 +332,7 @@ def _reserved(loss: LossArgs, optimizer: dict, loss_scale: dict | None = None) -
     loss (unless the model's own loss output has that name), with ``max_grad_norm`` the norm and
     with ``loss_scale`` its state."""
     reserved = {STEP: "the step count, a train_step input", LR: "the learning rate, a train_step input",
+                sync_batchnorm.LOSS_SEED: "the backward's seed factor of a graph with SyncBatchNorms",
                 **{n: "loss scaling's state, a train_step input" for n in loss_scaling.state_names(loss_scale)}}
     if momentum_scheduled(optimizer):
         reserved[MOMENTUM] = "the scheduled momentum (beta1), a train_step input"

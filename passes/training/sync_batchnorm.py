@@ -10,15 +10,22 @@ all-reduce of the cotangents (``rules_elementwise.grad_identity``), so the backw
 sums are summed over the workers too. The running statistics are updated from the global mean
 and the global unbiased variance (torch's count: every worker's values), as ``modes`` updates a
 plain BatchNorm's. ``stages.split`` cuts the graph at the all-reduce points for a staged run.
+
+The backward of such a graph is seeded ``LOSS_SEED`` (an initializer, 1) times the loss's
+gradient: a worker whose shard counts for nothing in the loss (every label ignored) feeds 0, so
+its gradients are the other workers' loss's through the exchanges alone (``runtime.staged``).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.emit import Emitter
 from graphc.passes.training.modes import replace_training_batchnorm, training_axes, values_per_channel
 from graphc.passes.values import ALL_REDUCE_KEY, SYNC_BATCHNORM_KEY
+
+LOSS_SEED = "graphc.loss_seed"  # the backward's seed factor of a graph with SyncBatchNorms (module docstring)
 
 
 def write_out(b: Emitter, graph: ir.Graph) -> dict[str, ir.Value]:
@@ -30,6 +37,14 @@ def write_out(b: Emitter, graph: ir.Graph) -> dict[str, ir.Value]:
                 and node.attributes.get_int("training_mode", 0) and node.metadata_props.get(SYNC_BATCHNORM_KEY)):
             updated.update(_write_out(b, graph, node))
     return updated
+
+
+def loss_seed(graph: ir.Graph, loss: ir.Value) -> ir.Value:
+    """``LOSS_SEED``, a scalar initializer 1 in the loss's dtype, added to ``graph``."""
+    value = ir.Value(name=LOSS_SEED, const_value=ir.tensor(np.ones((), loss.dtype.numpy()), name=LOSS_SEED),
+                     type=ir.TensorType(loss.dtype), shape=ir.Shape([]))
+    graph.register_initializer(value)
+    return value
 
 
 def all_reduce(b: Emitter, value: ir.Value) -> ir.Value:
