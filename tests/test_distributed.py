@@ -24,10 +24,10 @@ import pytest
 import graphc as gc
 from graphc import nn
 from graphc.errors import ArtifactsError
-from graphc.runtime.distributed.cluster import LOCAL_ENV, connect
 from graphc.models.cnn import LeNet
 from graphc.models.two_layer_net import TwoLayerNet
 from cli_util import one_line_error, run_cli
+from ray_util import ray_cluster  # noqa: F401 - the module's fixture
 from trainer_models import Contrastive, Prototypes, blobs, without_prediction
 
 pytestmark = [pytest.mark.xdist_group("ray"),
@@ -40,29 +40,6 @@ IGNORED = 3  # the cross-entropy's ignore_index: a shard weighs by the labels it
 # global batch per step: 4+4 rows, 4+3 (uneven), 1+0 (an empty shard), 4+4 with every label of
 # the first shard ignored
 SIZES = [8, 8, 8, 7, 8, 8, 1, 8, 8, 8]
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """The local cluster ``gc.distributed`` starts when given no address (``connect``)."""
-    saved = {k: os.environ.get(k) for k in LOCAL_ENV}
-    for attempt in range(3):  # Ray gives its raylet 30 s to start: a loaded machine can miss that
-        try:
-            ray = connect(None, "the tests")
-            break
-        except gc.GraphcError:
-            sys.modules["ray"].shutdown()
-            if attempt == 2:
-                raise
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _arts(net: str, opt: str, seed: int = 0):

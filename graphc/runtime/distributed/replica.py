@@ -13,6 +13,13 @@ share of the total weight (``weighted_sum``), so every worker applies the bit-id
 gradients. BatchNorm running statistics are replaced by rank 0's (PyTorch DDP's
 ``broadcast_buffers``).
 
+A gradients graph with all-reduce points (``gc.nn.SyncBatchNorm``) runs in stages
+(``runtime.staged``): ``begin`` makes ``step``'s start (``_started``), runs stage 0 and returns what
+its exchanges read (with the shard's weight); each ``advance`` gets every worker's such object from
+the last one (the same object-store hand-over as the gradients), exchanges and runs the next stage;
+the last returns what ``step`` does. The driver chains the calls without waiting on any. The union
+of the rows an embedding's max_norm renormalises (``renorm_rows``) goes to ``begin`` as to ``step``.
+
 The shard is either sent (``step(batch)`` with arrays) or read by the worker from its own copy
 of the ``gc.data.DataLoader`` (``fit``: the loader goes to the object store once, the step
 message names the batch and the rows).
@@ -29,9 +36,10 @@ import onnx
 
 from graphc.compile.training import CARRIED_ROLES
 from graphc.runtime import metrics as metrics_lib
-from graphc.runtime.averaging import divisor, examples, shard_weight
+from graphc.runtime.averaging import counted_labels, divisor, examples, shard_weight
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, RENORMED, ROWS, union
 from graphc.runtime.labels import class_labels, widened
+from graphc.runtime.staged import scales
 from graphc.runtime.trainer import predict_model, without_initializers
 
 
@@ -44,11 +52,13 @@ class Replica:
         self._loader = None
         self._applied: Optional[int] = None  # the step whose update ``apply`` made last
 
-    def setup(self, graphs: Mapping[str, bytes], backend: str, options: Mapping[str, Any]) -> tuple[str, int]:
-        """Prepare the graphs on ``backend`` (here, on this worker's node); returns its name and
-        this worker's process id."""
+    def setup(self, graphs: Mapping[str, bytes], backend: str, options: Mapping[str, Any]) -> tuple[str, int, int]:
+        """Prepare the graphs on ``backend`` (here, on this worker's node); returns its name,
+        this worker's process id and the gradients graph's number of stages."""
         from graphc.backends import get_backend
         from graphc.compile.training import Manifest
+        from graphc.passes.values import ALL_REDUCE_KEY
+        from graphc.runtime.staged import StagedRun
 
         self.manifest = m = Manifest.model_validate_json(graphs["manifest"])
         self._backend = get_backend(backend)
@@ -64,7 +74,11 @@ class Replica:
         self._prediction = next((e.name for e in m.graphs["gradients"].outputs if e.role == "prediction"), None)
         self._means: Optional[dict] = None  # the train metrics a shard reduces (``use_metrics``)
         self._whole = False
-        self._grads = self._prepare("gradients")
+        gradients = self._protos["gradients"]
+        staged = any(p.key == ALL_REDUCE_KEY for n in gradients.graph.node for p in n.metadata_props)
+        self._staged = StagedRun(without_initializers(gradients, self._carried), self._backend.name,
+                                 **self._options) if staged else None
+        self._grads = None if staged else self._prepare("gradients")
         self._rows = {key: self._prepare(key) for key in (ROWS, EVAL_ROWS) if key in self._protos}
         self._renormed = [v.name for v in self._protos["gradients"].graph.output if v.name.endswith(RENORMED)]
         self._update = self._prepare("update")
@@ -74,7 +88,7 @@ class Replica:
         self._labels = {e.name for e in m.graphs["eval"].inputs if e.role == "label"}
         self._state: dict[str, Any] = {}
         self._spare: dict[str, Any] = {}
-        return self._backend.name, os.getpid()
+        return self._backend.name, os.getpid(), len(self._staged.stages) if staged else 1
 
     def _prepare(self, key: str):
         return self._backend.prepare(without_initializers(self._protos[key], self._carried), **self._options)
@@ -84,7 +98,7 @@ class Replica:
 
     def load(self, packed: Mapping[str, np.ndarray]) -> None:
         """Put the carried tensors (as train_step takes them: ``Manifest.pack``) on the device."""
-        self._state = {n: self._grads.to_device(np.asarray(packed[n])) for n in self._carried}
+        self._state = {n: self._update.to_device(np.asarray(packed[n])) for n in self._carried}
         self._spare, self._applied = {}, None
 
     def use_loader(self, loader: Any) -> None:
@@ -100,7 +114,7 @@ class Replica:
 
     def state(self) -> dict[str, np.ndarray]:
         """Host copies of the carried tensors, named per param."""
-        return self.manifest.unpack({n: np.array(self._grads.to_host(h), copy=True) for n, h in self._state.items()})
+        return self.manifest.unpack({n: np.array(self._update.to_host(h), copy=True) for n, h in self._state.items()})
 
     def _shard(self, message: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The shard of ``message``: ``shard`` (arrays) or ``read`` (epoch, batch, first row, end
@@ -122,32 +136,80 @@ class Replica:
         return host
 
     def step(self, message: Mapping[str, Any], *gathered: Optional[dict]) -> tuple[dict, Optional[dict]]:
-        """Apply ``previous`` (every worker's last gradients, if any), then this worker's
-        gradients on its shard of ``message`` (``_shard``), with ``noise`` shapes to draw from the
-        generator seeded ``(seed, step, rank)``, after setting the carried tensors in ``set``
-        (an lr a scheduler changed since ``previous`` was computed). ``gathered``: every worker's
-        ``renorm_rows`` (their number ``message["renorm_rows"]``), then ``previous``. Returns
-        ({loss, weight}, gradients); with ``metrics`` set, the first also holds the shard's train
-        metrics (``_metrics``)."""
+        """``_started``, then this worker's gradients on its shard. Returns ({loss, weight},
+        gradients); with ``metrics`` set, the first also holds the shard's train metrics
+        (``_metrics``). A staged gradients graph runs by ``begin`` and ``advance`` instead, but for
+        an empty shard."""
+        shard, rows, renorm = self._started(message, gathered)
+        if rows == 0:
+            return {"loss": 0.0, "weight": 0.0}, None
+        host, _ = self._grads.run_bound(self._grad_feeds(shard, renorm), self._wanted(message))
+        return self._outputs(host, message, shard, rows)
+
+    def _started(self, message: Mapping[str, Any], gathered: tuple) -> tuple[dict, int, dict]:
+        """A step's start: ``gathered`` holds every worker's ``renorm_rows`` (their number
+        ``message["renorm_rows"]``), then ``previous`` (every worker's last gradients, if any).
+        Apply ``previous``, set the carried tensors in ``set`` (an lr a scheduler changed since
+        ``previous`` was computed), read the shard (``_shard``) and draw its ``noise`` shapes from
+        the generator seeded ``(seed, step, rank)``; returns the shard, its rows and, for a shard
+        with rows, the union of the rows its max_norm write-backs renormalise (``{}`` without)."""
         split = message.get("renorm_rows", 0)
-        previous = gathered[split:]
-        if previous:
-            self.apply(message["step"], *previous)
+        if gathered[split:]:
+            self.apply(message["step"], *gathered[split:])
         self.set(message.get("set", {}))
-        shard = self._shard(message)
-        rows = message["rows"]
+        shard, rows = self._shard(message), message["rows"]
         if message.get("noise"):
             rng = np.random.default_rng([message["seed"], message["step"], self.rank])
             shard.update({n: rng.random(shape, dtype=np.float32) for n, shape in message["noise"].items()})
-        if rows == 0:
-            return {"loss": 0.0, "weight": 0.0}, None
-        feeds = {n: a for n, a in shard.items() if n in self._grad_inputs}
-        feeds.update({n: h for n, h in self._state.items() if n in self._grad_inputs})
-        feeds.update(union(gathered[:split]) if split else {})
+        return shard, rows, union(gathered[:split]) if split and rows else {}
+
+    def _grad_feeds(self, shard: Mapping[str, np.ndarray], renorm: Mapping[str, np.ndarray]) -> dict:
+        """The gradients graph's feeds: the shard, the carried tensors (on the device), the union rows
+        (inputs of the workers' graph, not the manifest's)."""
+        return {**{n: a for n, a in {**shard, **self._state}.items() if n in self._grad_inputs}, **renorm}
+
+    def _wanted(self, message: Mapping[str, Any]) -> list[str]:
+        """The gradients graph's outputs a step returns: loss and gradients, rank 0's statistics and
+        renormalised params, the prediction for train metrics."""
         wanted = message.get("metrics") and self._prediction is not None
-        host, _ = self._grads.run_bound(feeds, [*self._grad_outputs, *(self._stats if self.rank == 0 else ()),
-                                                *(self._renormed if self.rank == 0 else ()),
-                                                *([self._prediction] if wanted else [])])
+        return [*self._grad_outputs, *(self._stats + self._renormed if self.rank == 0 else ()),
+                *([self._prediction] if wanted else [])]
+
+    def begin(self, message: Mapping[str, Any], *gathered: Optional[dict]) -> dict:
+        """``_started``, then stage 0 of the staged gradients graph on the shard (rows > 0);
+        returns {rank, weight, parts: what stage 0's exchanges read}. A shard of weight 0 is fed
+        labels that count and seeded 0 (``runtime.staged``)."""
+        shard, rows, renorm = self._started(message, gathered)
+        weight = shard_weight(self.manifest.loss, shard, rows)
+        feeds = counted_labels(self.manifest.loss, shard) if weight == 0 else shard
+        self._env = self._staged.feeds(self._grad_feeds(feeds, renorm), weight)
+        self._at, self._run = 0, (message, shard, rows, weight)
+        return {"rank": self.rank, "weight": weight, "parts": self._staged.stage(0, self._env)}
+
+    def advance(self, *gathered: dict) -> Any:
+        """The exchanges after every worker's last stage (``gathered``: their ``begin`` or
+        ``advance`` objects, in rank order), then the next stage: its object, or after the last
+        stage, ``step``'s return, the gradients with the scale they count by."""
+        weights = [g["weight"] for g in gathered]
+        shares = scales([w / divisor(self.manifest.loss, sum(weights)) for w in weights])
+        me = next(i for i, g in enumerate(gathered) if g["rank"] == self.rank)
+        self._staged.receive(self._at, self._env, [g["parts"] for g in gathered], shares, me)
+        self._at += 1
+        parts = self._staged.stage(self._at, self._env)
+        message, shard, rows, weight = self._run
+        if self._at + 1 < len(self._staged.stages):
+            return {"rank": self.rank, "weight": weight, "parts": parts}
+        host = {n: np.asarray(self._env[n]) for n in self._wanted(message)}
+        self._env = {}
+        info, grads = self._outputs(host, message, shard, rows)
+        if weight == 0:  # its loss is 0 for the batch, but its gradients count (seeded 0)
+            grads = {**grads, "grads": host}  # the gradients: what _outputs left
+        return info, {**grads, "scale": shares[me]}
+
+    def _outputs(self, host: dict, message: Mapping[str, Any], shard: Mapping[str, np.ndarray],
+                 rows: int) -> tuple[dict, dict]:
+        """``step``'s return from the gradients graph's ``host`` outputs on the shard."""
+        wanted = message.get("metrics") and self._prediction is not None
         weight = shard_weight(self.manifest.loss, shard, rows)
         loss = float(host.pop("loss"))
         stats = {n: host.pop(n) for n in list(host) if n in self._stats or n in self._renormed}
@@ -169,19 +231,23 @@ class Replica:
 
     def apply(self, step: int, *gathered: Optional[dict]) -> None:
         """The optimizer update on the weighted average of every worker's gradients (rank
-        order, so every worker computes the same bits); BN statistics become rank 0's. The
-        update that brings the state to ``step`` is made once: the driver sends it again after
-        a failed call, which this worker may have applied before failing."""
+        order, so every worker computes the same bits; a staged step's gradients count by their
+        ``scale``). First BN statistics and max_norm's renormalised params become rank 0's: the
+        update steps a param from its ``<param>.renormed`` value (so these must come before it)
+        and neither reads nor writes the statistics. The update that brings the state to ``step``
+        is made once: the driver sends it again after a failed call, which this worker may have
+        applied before failing."""
         if self._applied == step:
             return
         self._applied = step
-        for out, value in gathered[0]["stats"].items():  # "<stat>.next", "<param>.renormed": the update's start
-            self._state[out[: -len(RENORMED if out.endswith(RENORMED) else ".next")]] = self._grads.to_device(value)
-        done = [g for g in gathered if g is not None and g["weight"] > 0]
+        for out, value in gathered[0]["stats"].items():  # "<stat>.next", "<param>.renormed"
+            self._state[out[: -len(RENORMED if out.endswith(RENORMED) else ".next")]] = self._update.to_device(value)
+        done = [g for g in gathered if g is not None and (g["weight"] > 0 or "scale" in g)]  # "scale": staged
         total = divisor(self.manifest.loss, sum(g["weight"] for g in done))
         feeds = {n: h for n, h in self._state.items() if n in self._update_inputs}
+        shares = [g.get("scale", g["weight"] / total) for g in done]
         for name in done[0]["grads"]:
-            feeds[name] = weighted_sum([g["grads"][name] for g in done], [g["weight"] / total for g in done])
+            feeds[name] = weighted_sum([g["grads"][name] for g in done], shares)
         _, device = self._update.run_bound(feeds, (), self._update_outputs, into=self._spare)
         spare = {}
         for out in self._update_outputs:
@@ -193,7 +259,7 @@ class Replica:
     def set(self, tensors: Mapping[str, np.ndarray]) -> None:
         """Replace some carried tensors (``lr``, say) as given."""
         for name, value in tensors.items():
-            self._state[name] = self._grads.to_device(np.asarray(value))
+            self._state[name] = self._update.to_device(np.asarray(value))
 
     def predict(self, shard: Mapping[str, np.ndarray], rows: int, *gathered: dict) -> Optional[dict]:
         """The eval graph on the shard: its outputs and the loss scaled by the shard's weight;

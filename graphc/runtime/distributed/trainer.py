@@ -1,6 +1,6 @@
 """``gc.Trainer(..., workers=N)``: synchronous data parallelism on Ray.
 
-Every global batch is cut into ``N`` contiguous shards (sizes as ``numpy.array_split``: an
+Every global batch is cut into ``N`` contiguous shards (``shards.py``; sizes as ``numpy.array_split``: an
 uneven batch gives the first shards one row more; with a BatchNorm that has one value per
 channel per row, BatchNorm1d on ``[N, C]``, a train step's ``R``-row batch goes to the first
 ``min(N, R // 2)`` workers so no shard has 1 row, the others get none and count for nothing), one
@@ -23,6 +23,8 @@ it sends its prediction rows, and the driver computes it on the joined batch. So
 and every worker holds the same bits. A param an embedding with max_norm renormalises in place
 (``manifest.renormed``) adds one call per worker and step before it: each worker reports the rows
 its shard looks up, and every worker renormalises their union (``renorm_rows``), as one process.
+A gradients graph with all-reduce points (``gc.nn.SyncBatchNorm``) runs in stages: the workers with
+rows make one call per stage, chained by the driver, the union rows going to the first.
 
 Per-replica state follows PyTorch DDP: BatchNorm normalizes with each worker's batch statistics;
 the running statistics are rank 0's, copied to every worker after each step (DDP's
@@ -46,9 +48,10 @@ import numpy as np
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get
 from graphc.runtime.data import DataLoader
-from graphc.runtime.averaging import divisor, examples, shard_weight
+from graphc.runtime.averaging import divisor, examples
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, ROWS, worker_graphs
 from graphc.runtime.distributed.replica import Replica
+from graphc.runtime.distributed.shards import bounds_of, joined
 from graphc.runtime.rows import batch_dim, by_rows, time_major
 from graphc.errors import ArtifactsError, GraphcError
 from graphc.model.dtypes import to_numpy
@@ -160,8 +163,8 @@ class DistributedTrainer(Trainer):
         self._who = [f"worker rank {rank}" for rank in range(self.workers)]
         started = self._get([r.setup.remote(self._graphs, self._backend_name, self._options) for r in self._replicas],
                             "starting the workers")
-        self.backend = started[0][0]
-        self._who = [f"worker rank {rank} (pid {pid})" for rank, (_, pid) in enumerate(started)]
+        self.backend, _, self._stages = started[0]
+        self._who = [f"worker rank {rank} (pid {pid})" for rank, (_, pid, _) in enumerate(started)]
         self._get([r.load.remote(packed) for r in self._replicas], "loading the workers' state")
         self._pending, self._later, self._loader_sent, self._metrics_sent = [], {}, None, False
         self._step_metrics: Optional[dict[str, float]] = None
@@ -207,45 +210,6 @@ class DistributedTrainer(Trainer):
         return self._get([r.state.remote() for r in self._replicas], "reading the workers' state")
 
     # -- steps --------------------------------------------------------------------------------------
-    def _bounds(self, rows: int, whole: bool = False, pairs: bool = False) -> list[tuple[int, int]]:
-        """(first row, end row) of each worker's shard of a ``rows``-row batch (``whole``: all on
-        rank 0; ``pairs``: no shard of exactly 1 row, so ``rows // 2`` workers at most get rows
-        and the others none, which count for nothing)."""
-        shards = min(self.workers, max(rows // 2, 1)) if pairs else self.workers
-        sizes = [len(part) for part in np.array_split(np.arange(rows), shards)] + [0] * (self.workers - shards)
-        if whole:
-            sizes = [rows] + [0] * (self.workers - 1)
-        ends = np.cumsum([0] + sizes)
-        return [(int(lo), int(hi)) for lo, hi in zip(ends[:-1], ends[1:])]
-
-    def _joined(self, bounds: list[tuple[int, int]], feeds: Mapping[str, np.ndarray]) -> list[tuple[int, int]]:
-        """``bounds`` with each shard whose counted labels all have class weight 0 joined to the
-        shard before it (the first one to the shard after it), for a class-weighted mean
-        cross-entropy with label smoothing: there such a shard still adds its smoothing term to
-        the batch's weighted sum, which its own mean divides by a weight of 0 (an ``inf`` the
-        shard average could only drop). Without smoothing it adds 0, and counts for nothing."""
-        loss = self.manifest.loss
-        options = loss.get("options") or {}
-        labels = feeds.get(loss.get("label"))
-        if labels is None or options.get("weight") is None or not options.get("label_smoothing") or \
-                options.get("reduction", "mean") != "mean":
-            return bounds
-
-        def weightless(lo: int, hi: int) -> bool:
-            part = {loss["label"]: labels[lo:hi]}
-            return examples(loss, part, hi - lo) > 0 and shard_weight(loss, part, hi - lo) == 0
-
-        joined: list[list[int]] = []
-        for lo, hi in bounds:
-            if hi > lo and joined and weightless(lo, hi):
-                joined[-1][1] = hi
-            elif hi > lo:
-                joined.append([lo, hi])
-        if len(joined) > 1 and weightless(*joined[0]):
-            joined[0:2] = [[joined[0][0], joined[1][1]]]
-        end = bounds[-1][1]
-        return [(lo, hi) for lo, hi in joined] + [(end, end)] * (len(bounds) - len(joined))
-
     def _messages(self, batch: Mapping[str, np.ndarray], specs, noise: bool, whole: bool = False) -> list[dict]:
         """Each worker's part of ``batch``: its shard (or, for a ``LoaderBatch``, where to read
         it; inputs not by rows whole), its rows and the shapes of the Dropout noise it draws."""
@@ -255,7 +219,7 @@ class DistributedTrainer(Trainer):
             self._refuse_step(feeds)
         rows = next((len(a) for n, a in feeds.items() if n in self._rows), 0)
         given = {s.name: np.asarray(batch[s.name]) for s in self.noise_specs if s.name in batch and noise and not read}
-        bounds = self._joined(self._bounds(rows, whole, pairs=noise and self._pairs), feeds)
+        bounds = joined(self.manifest.loss, bounds_of(rows, self.workers, whole, pairs=noise and self._pairs), feeds)
         self._refuse_split_classes(feeds, bounds)
         out = []
         for lo, hi in bounds:
@@ -312,8 +276,7 @@ class DistributedTrainer(Trainer):
             rows = [r.renorm_rows.remote(m) for r, m in zip(self._replicas, messages)] if self._renorm else []
             for message in messages:
                 message["renorm_rows"] = len(rows)
-            calls = [r.step.options(num_returns=2).remote(m, *rows, *self._pending)
-                     for r, m in zip(self._replicas, messages)]
+            calls = self._step_calls(messages, rows)
             infos = self._get([info for info, _ in calls], "a training step")
             total = divisor(self.manifest.loss, sum(i["weight"] for i in infos))  # before the next step applies them
             self._pending, self._later = [grads for _, grads in calls], {}
@@ -321,6 +284,23 @@ class DistributedTrainer(Trainer):
             if metrics:
                 self._step_metrics = self._joined_metrics(batch, infos, sum(m["rows"] for m in messages))
             return sum(i["loss"] for i in infos) / total
+
+    def _step_calls(self, messages: list[dict], rows: list) -> list:
+        """Each worker's step call, given ``rows`` (every worker's ``renorm_rows`` refs) and the last
+        gradients: one, or with a staged gradients graph (SyncBatchNorm), for the workers with rows,
+        ``begin`` and an ``advance`` per later stage, each given every such worker's last object
+        (``replica``'s docstring); returns the (info, gradients) refs."""
+        step = [r.step.options(num_returns=2) for r in self._replicas]
+        if self._stages == 1:
+            return [call.remote(m, *rows, *self._pending) for call, m in zip(step, messages)]
+        busy = [rank for rank, m in enumerate(messages) if m["rows"]]
+        parts = [self._replicas[rank].begin.remote(messages[rank], *rows, *self._pending) for rank in busy]
+        for k in range(1, self._stages):
+            last = {"num_returns": 2 if k + 1 == self._stages else 1}
+            parts = [self._replicas[rank].advance.options(**last).remote(*parts) for rank in busy]
+        ends = dict(zip(busy, parts))
+        return [ends[rank] if rank in ends else call.remote(m, *rows, *self._pending)
+                for rank, (call, m) in enumerate(zip(step, messages))]
 
     def _split_metrics(self) -> tuple[Optional[dict], dict]:
         """``self.metrics`` as (those the workers reduce per shard, ``metrics.splits``; None: the

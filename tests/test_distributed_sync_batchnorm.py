@@ -1,0 +1,106 @@
+"""gc.nn.SyncBatchNorm under ``gc.Trainer(..., workers=2)`` on a local Ray cluster: the workers run
+their gradients graph stage by stage, the statistics (and their gradients' sums) exchanged between,
+so each step equals one process on the whole batch, which is torch's SyncBatchNorm under DDP
+(BatchNorm over the global batch): uneven shards, a shard whose every label is ignored (weight 0),
+a batch that only one worker gets rows of, a resumed run."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc import nn
+from ray_util import ray_cluster  # noqa: F401 - the module's fixture
+
+pytestmark = [pytest.mark.xdist_group("ray"),
+              pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs graphc[ray]")]
+
+RNG = np.random.default_rng(0)
+IGNORED = 2  # the cross-entropy's ignore_index
+WORKER = {"workers": 2, "num_cpus": 0.5, "timeout_s": 120, "backend": "ort-cpu"}
+# rows per step: 4+4, 5+4 (uneven), 4+4 with rank 0's labels all ignored, 3+0 (BatchNorm1d: no 1-row shard)
+SIZES = [8, 9, 8, 3]
+
+
+def _layers(nn, norms, **dtype):
+    norm2d, norm1d = norms
+    return {"conv": nn.Conv2d(2, 3, 3, **dtype), "bn": norm2d(3, momentum=0.25, **dtype), "fc": nn.Linear(3, 4, **dtype),
+            "bn2": norm1d(4, momentum=None, **dtype), "head": nn.Linear(4, 3, **dtype)}
+
+
+def _forward(net, x):
+    h = net.bn(net.conv(x)).relu().mean((2, 3))
+    return net.head(net.bn2(net.fc(h)).relu())
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        for name, layer in _layers(nn, (nn.SyncBatchNorm, nn.SyncBatchNorm), dtype="float64").items():
+            setattr(self, name, layer)
+
+    forward = _forward
+
+
+def _batches() -> list[dict[str, np.ndarray]]:
+    batches = [{"x": RNG.normal(size=(n, 2, 5, 5)) * 2 + 1.5, "y": RNG.integers(0, 3, n)} for n in SIZES]
+    batches[2]["y"][:4] = IGNORED
+    batches[2]["y"][4:] = np.where(batches[2]["y"][4:] == IGNORED, 0, batches[2]["y"][4:])
+    return batches
+
+
+def _torch_steps(arts, batches):
+    """torch BatchNorm over each global batch (SyncBatchNorm under DDP), SGD(0.1): losses and the
+    final params and buffers by graphc's names."""
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Module()
+    for name, layer in _layers(torch.nn, (torch.nn.BatchNorm2d, torch.nn.BatchNorm1d), dtype=torch.float64).items():
+        net.add_module(name, layer)
+    net.load_state_dict({k: torch.tensor(v) for k, v in arts.state.items()}, strict=False)
+    opt, losses = torch.optim.SGD(net.parameters(), lr=0.1), []
+    for batch in batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(_forward(net, torch.tensor(batch["x"])), torch.tensor(batch["y"]),
+                                                 ignore_index=IGNORED)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().numpy() for k, v in net.state_dict().items()}
+
+
+def test_sync_batchnorm_trains_on_two_workers_as_one_process_and_torch(ray_cluster, tmp_path):
+    model = gc.capture(_Net().train(), seed=0, x=gc.spec("float64", ("N", 2, 5, 5)))
+    arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y", ignore_index=IGNORED),
+                                gc.optim.SGD(0.1))
+    batches = _batches()
+    dp, one = gc.Trainer(arts, **WORKER), gc.Trainer(arts, backend="numpy")
+    losses = []
+    for step, batch in enumerate(batches):
+        if step == 2:
+            dp.save_checkpoint(tmp_path / "ckpt")
+        losses.append(dp.step(batch))
+        assert losses[-1] == pytest.approx(one.step(batch), rel=1e-12), step
+        got, want = dp.state_dict(), one.state_dict()
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=1e-14, err_msg=f"step {step} {name}")
+        first, second = dp.worker_states()
+        for name in first:
+            np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+    torch_losses, torch_state = _torch_steps(arts, batches)
+    np.testing.assert_allclose(losses, torch_losses, rtol=1e-12)
+    got = dp.state_dict()
+    torch_state.pop("bn.num_batches_tracked")  # graphc keeps no counter where momentum is not None
+    assert {"bn.running_var", "bn2.num_batches_tracked"} <= set(torch_state) <= set(got)
+    for name, value in torch_state.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-10, atol=1e-13, err_msg=name)
+    dp.shutdown()
+
+    resumed = gc.Trainer(tmp_path / "ckpt", **WORKER)  # steps 2 and 3 again: the same bits
+    assert [resumed.step(b) for b in batches[2:]] == losses[2:]
+    again = resumed.state_dict()
+    for name in got:
+        np.testing.assert_array_equal(again[name], got[name], err_msg=name)
+    resumed.shutdown()
