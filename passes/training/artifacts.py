@@ -122,11 +122,12 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     bn_stats = [*bn_stats, *(modes.add_batch_counters(base.graph) if batchnorm != "frozen" else [])]
     noise: list[str] = []
     slot = [v.name for v in base.graph.outputs].index(loss.output)
-    step, gradients, grads, bn_next, grad_outputs, taps = _backward_graphs(base, opset, params, bn_stats, noise,
-                                                                           recompute, batchnorm, device, nchwc,
-                                                                           loss_scale,
-                                                                           (slot, loss.output) if label else None,
-                                                                           autocast)
+    args = (opset, params, bn_stats, noise, recompute, batchnorm, device, nchwc, loss_scale,
+            (slot, loss.output) if label else None, autocast)
+    plain = sync_batchnorm.unmarked(base)  # train_step runs in one process: plain BatchNorm, 10 % faster
+    step, gradients, grads, bn_next, grad_outputs, taps = _backward_graphs(base if plain is None else plain, *args)
+    if plain is not None:  # the workers' gradients graph: written out around its all-reduce points
+        gradients = _backward_graphs(base, *args[:3], [], *args[4:])[1]
     # a pass that replaces the prediction (dense_conv) keeps its output slot, not its name
     step.graph.outputs[slot].name = loss.output
     orders = taps_params.store(step.graph, opset, taps, grads)  # after gradients is cloned: its params as the model's

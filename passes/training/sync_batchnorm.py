@@ -39,6 +39,17 @@ def write_out(b: Emitter, graph: ir.Graph) -> dict[str, ir.Value]:
     return updated
 
 
+def unmarked(model: ir.Model) -> ir.Model | None:
+    """A copy of ``model`` whose SyncBatchNorms are plain BatchNorms (for the one-process
+    ``train_step``), or None when it has none."""
+    if not any(node.metadata_props.get(SYNC_BATCHNORM_KEY) for node in model.graph):
+        return None
+    plain = model.clone()
+    for node in plain.graph:
+        node.metadata_props.pop(SYNC_BATCHNORM_KEY, None)
+    return plain
+
+
 def loss_seed(graph: ir.Graph, loss: ir.Value) -> ir.Value:
     """``LOSS_SEED``, a scalar initializer 1 in the loss's dtype, added to ``graph``."""
     value = ir.Value(name=LOSS_SEED, const_value=ir.tensor(np.ones((), loss.dtype.numpy()), name=LOSS_SEED),
