@@ -1,5 +1,5 @@
-"""torch.nn's remaining names for layers graphc has: ``SyncBatchNorm`` (BatchNorm whose training
-graphs sum its statistics over data-parallel shards), ``CrossMapLRN2d`` (the legacy cross-channel LRN, with its running-sum
+"""torch.nn's remaining names for layers graphc has: ``SyncBatchNorm`` (BatchNorm whose gradients
+graph sums its statistics over data-parallel shards), ``CrossMapLRN2d`` (the legacy cross-channel LRN, with its running-sum
 window), ``NLLLoss2d`` (``NLLLoss``), and the recurrent base classes ``RNNBase`` and ``RNNCellBase``
 (for ``isinstance`` checks; build ``RNN``/``LSTM``/``GRU`` and their cells)."""
 
@@ -23,12 +23,12 @@ from graphc.passes.values import SYNC_BATCHNORM_KEY
 
 class SyncBatchNorm(BatchNormBase):
     """``torch.nn.SyncBatchNorm``: BatchNorm over ``(N, C, *)`` input (``process_group`` is accepted and
-    unused). Its BatchNormalization node is marked ``SYNC_BATCHNORM_KEY``: the training graphs
-    compute its batch statistics, and their gradient's per-channel sums, through all-reduce points
+    unused). Its BatchNormalization node is marked ``SYNC_BATCHNORM_KEY``: the gradients graph computes
+    its batch statistics, and their gradient's per-channel sums, through all-reduce points
     (``passes/training/sync_batchnorm.py``), so shards run stage by stage with the marked values summed
-    between (``graphc.runtime.staged``) train as the whole batch. Inference and eval graphs are plain
-    BatchNorm; ``gc.Trainer(..., workers=N)`` does not run the stages yet (each worker's own shard's
-    statistics, as plain BatchNorm under DDP)."""
+    between (``graphc.runtime.staged``; ``gc.Trainer(..., workers=N)``'s workers) train as the whole
+    batch, as torch's SyncBatchNorm under DDP. ``train_step`` (one process), eval and inference graphs
+    are plain BatchNorm."""
 
     _ranks, _layout = (2, 3, 4, 5), "(N, C, *) (at least 2-D)"
 
