@@ -2,7 +2,8 @@
 their gradients graph stage by stage, the statistics (and their gradients' sums) exchanged between,
 so each step equals one process on the whole batch, which is torch's SyncBatchNorm under DDP
 (BatchNorm over the global batch): uneven shards, a shard whose every label is ignored (weight 0),
-a batch that only one worker gets rows of, a resumed run."""
+a batch that only one worker gets rows of, a resumed run; after an embedding's max_norm, whose union of the
+shards' rows the staged step renormalises."""
 
 from __future__ import annotations
 
@@ -106,3 +107,62 @@ def test_sync_batchnorm_trains_on_two_workers_as_one_process_and_torch(ray_clust
     for name in got:
         np.testing.assert_array_equal(again[name], got[name], err_msg=name)
     resumed.shutdown()
+
+
+class _Lookup(nn.Module):
+    """Embedding(max_norm) -> mean over the sequence -> SyncBatchNorm -> Linear tied to the embedding."""
+
+    def __init__(self):
+        from test_embedding_max_norm import DIM, ROWS, START
+
+        super().__init__()
+        self.emb = nn.Embedding(ROWS, DIM, max_norm=1.0, dtype="float64")
+        self.emb.weight = nn.Parameter(START, dtype="float64")
+        self.bn = nn.SyncBatchNorm(DIM, momentum=0.25, dtype="float64")
+        self.fc = nn.Linear(DIM, ROWS, dtype="float64")
+        self.fc.weight = self.emb.weight
+
+    def forward(self, i):
+        return self.fc(self.bn(self.emb(i).mean(1)))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_sync_batchnorm_after_an_embeddings_max_norm_trains_on_two_workers_as_torch(ray_cluster, backend):
+    """The staged step renormalises the union of the shards' rows (fed to stage 0) and the update steps
+    the weight from rank 0's renormalised value, as ``step``: 2 workers (shards 2+2, 3+2, at step 1 rows
+    0-2 and 3-5 apart) match torch's Embedding(max_norm) + BatchNorm1d on the whole batch."""
+    torch = pytest.importorskip("torch")
+    from test_embedding_max_norm import ROWS
+
+    net = _Lookup()
+    model = gc.capture(net.train(), i=gc.spec("int64", ("N", 4)))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.AdamW(lr=0.05, weight_decay=0.1))
+    rng = np.random.default_rng(3)
+    batches = [{"i": rng.integers(0, 6, (n, 4)), "y": rng.normal(size=(n, ROWS))} for n in (4, 4, 5, 4)]
+    batches[1]["i"][:2], batches[1]["i"][2:] = rng.integers(0, 3, (2, 4)), rng.integers(3, 6, (2, 4))
+    dp = gc.Trainer(arts, **{**WORKER, "backend": backend})
+    losses = [dp.step(b) for b in batches]
+
+    twin = torch.nn.Module()
+    twin.emb = torch.nn.Embedding(ROWS, 3, max_norm=1.0, dtype=torch.float64)
+    twin.bn, twin.fc = torch.nn.BatchNorm1d(3, momentum=0.25, dtype=torch.float64), torch.nn.Linear(3, ROWS, dtype=torch.float64)
+    twin.fc.weight = twin.emb.weight
+    twin.load_state_dict({k: torch.tensor(v) for k, v in arts.state.items()}, strict=False)
+    opt, want = torch.optim.AdamW(twin.parameters(), lr=0.05, weight_decay=0.1), []
+    for b in batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(twin.fc(twin.bn(twin.emb(torch.tensor(b["i"])).mean(1))),
+                                            torch.tensor(b["y"]))
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    np.testing.assert_allclose(losses, want, rtol=1e-12)
+    got = dp.state_dict()
+    for name, value in twin.state_dict().items():
+        if name in got:
+            np.testing.assert_allclose(got[name], value.detach().numpy(), rtol=1e-10, atol=1e-13, err_msg=name)
+    assert {"emb.weight", "bn.running_var"} <= set(got)
+    first, second = dp.worker_states()
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+    dp.shutdown()
