@@ -32,9 +32,9 @@ from graphc.model.dtypes import (
     spec,
     uint8,
 )
-from graphc.errors import (AutodiffError, BackendError, BackendUnavailable, CaptureError, GraphcError, GraphError,
-                           InputError, MissingDependency, MissingGradientRule, MissingKernel, ModelLoadError, PassError,
-                           PerformanceWarning, PipelineError)
+from graphc.errors import (AutodiffError, BackendError, BackendUnavailable, CaptureError, DataParallelWarning,
+                           GraphcError, GraphError, InputError, MissingDependency, MissingGradientRule, MissingKernel,
+                           ModelLoadError, PassError, PerformanceWarning, PipelineError)
 from graphc.model import Model, load
 from graphc.version import __version__
 from graphc.passes import evaluate as _evaluate
@@ -260,7 +260,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AutodiffError", "BackendError", "BackendUnavailable", "CaptureError", "GraphError", "GraphcError", "InputError",
+    "AutodiffError", "BackendError", "BackendUnavailable", "CaptureError", "DataParallelWarning", "GraphError", "GraphcError", "InputError",
     "MissingDependency", "MissingGradientRule", "MissingKernel", "Model", "ModelLoadError", "PassError", "PerformanceWarning",
     "PipelineError", "TensorSpec", "backends", "bfloat16", "bool_", "float16", "float32", "float64", "int8", "int32", "int64", "load", "spec", "uint8", *_LAZY,
 ]

@@ -76,3 +76,8 @@ class ServeError(GraphcError, OSError):
 class PerformanceWarning(UserWarning):
     """Code runs correctly but much slower than it could, and says why (``gc.vmap`` falling back to a
     Scan over the examples for an op without a batching rule)."""
+
+
+class DataParallelWarning(UserWarning):
+    """Data-parallel workers may not compute what one process on the whole batch does, and say why
+    (``gc.Trainer(workers=N)`` on a model whose forward mixes the batch's rows)."""

@@ -49,6 +49,7 @@ from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.distributed.cluster import WorkerLost, check_resources, connect, get
 from graphc.runtime.data import DataLoader
 from graphc.runtime.averaging import divisor, examples
+from graphc.runtime.distributed.mixed_rows import warn_mixed_rows
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, ROWS, worker_graphs
 from graphc.runtime.distributed.replica import Replica
 from graphc.runtime.distributed.shards import bounds_of, joined
@@ -105,6 +106,7 @@ class DistributedTrainer(Trainer):
         eval_inputs = self.manifest.graphs["eval"].inputs
         self._eval_specs = role_specs(eval_inputs, BATCH_ROLES)
         self._split_rows()
+        warn_mixed_rows(a.eval, self.manifest, self._rows, workers)
         self._actors: Optional[list] = []  # by rank; None once shut down
         self._pending: list = []
         self._later: dict[str, np.ndarray] = {}  # carried tensors to set once the pending update is applied

@@ -1,0 +1,41 @@
+"""The warning ``gc.Trainer(workers=N)`` gives for a forward that mixes the batch's rows
+(``passes/training/row_mixing.py``): each worker computes such a node on its shard alone, so the
+step is not one process's on the whole batch. A warning, not a refusal: the analysis is
+conservative, and a node it cannot follow may well keep rows apart."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Collection
+
+from graphc.errors import DataParallelWarning
+from graphc.model import node_source
+from graphc.passes.training.row_mixing import Mixing, mixing_nodes
+
+__all__ = ["warn_mixed_rows"]
+
+SHOWN = 3  # nodes a warning names; it counts the others
+
+
+def warn_mixed_rows(eval_model, manifest, rows: Collection[str], workers: int) -> list[Mixing]:
+    """Warn (one ``DataParallelWarning``, one line) when the eval graph's forward to the loss's
+    model output mixes the rows of the inputs split by rows (``rows``, their axis 0); returns the
+    nodes found. Nothing with one worker or a loss that reads no model output."""
+    output = manifest.loss.get("output")
+    if workers < 2 or manifest.loss.get("kind") == "output" or output is None:
+        return []
+    batched = {e.name: 0 for e in manifest.graphs["eval"].inputs if e.name in rows}
+    found = mixing_nodes(eval_model.ir.graph, batched, output)
+    if found:
+        named = "; ".join(_describe(m) for m in found[:SHOWN])
+        more = f" (and {len(found) - SHOWN} more nodes)" if len(found) > SHOWN else ""
+        warnings.warn(DataParallelWarning(
+            f"gc.Trainer(workers={workers}): the model's forward may mix the batch's rows: {named}{more}; each worker "
+            "computes it on its own shard, so a step may differ from one process's on the whole batch (harmless "
+            "where the node keeps rows apart after all)"), stacklevel=3)
+    return found
+
+
+def _describe(m: Mixing) -> str:
+    source = node_source(m.node)
+    return f"node {m.node.name!r} ({m.node.op_type}{', ' + source if source else ''}): {m.why}"
