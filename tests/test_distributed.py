@@ -1113,3 +1113,17 @@ def test_workers_evaluate_an_embeddings_max_norm_weight_as_one_process(ray_clust
                                rtol=1e-14, atol=1e-15)
     np.testing.assert_array_equal(workers.state_dict()["emb.weight"], START)  # evaluation does not write it
     workers.shutdown()
+
+
+def test_a_forward_that_mixes_rows_warns_and_a_row_wise_one_does_not(ray_cluster):
+    """``Contrastive``'s logits ``fc(x) @ x.T`` pair the shard's rows only: the Trainer warns, naming
+    the MatMul and its line, and still starts; the MLP gets no warning."""
+    arts = gc.training.generate(gc.capture(Contrastive(), seed=0, x=gc.spec("float32", ("N", 4))),
+                                gc.losses.mse("logits", label="t"), gc.optim.SGD(0.1))
+    with pytest.warns(gc.DataParallelWarning, match=r"node 'MatMul' \(MatMul, tests/trainer_models.py:\d+\): it "
+                                                    r"multiplies rows with rows"):
+        dp = gc.Trainer(arts, **WORKER)
+    dp.shutdown()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gc.DataParallelWarning)
+        gc.Trainer(_arts("mlp", "adamw"), **WORKER).shutdown()
