@@ -26,7 +26,7 @@ EDGES = ["0", "-0", "1", "-1", "1.0", "1e5", "1E-5", "-2.5e+3", "65504", "65519.
          "127", "128", "-129", "255", "256", "32768", "65536", "2147483648", "4294967296",
          "9223372036854775807", "9223372036854775808", "-9223372036854775808", "-9223372036854775809",
          "18446744073709551615", "18446744073709551616", "123456789012345678901234567890", "0.1", "1.00000000000000011",
-         "true", "false", "NaN", "Infinity", "-Infinity", "null", '"1"', "01", "1.", ".5", "+1", "-", "[1]", "{}"]
+         "true", "false", "NaN", "Infinity", "-Infinity", "null", '"1"', '"a],\\"]"', "01", "1.", ".5", "+1", "-", "[1]", "{}"]
 NUMBER = (st.integers(-2**70, 2**70).map(str) | st.floats(allow_nan=False, allow_infinity=False).map(repr)
           | st.floats(width=16, allow_nan=False, allow_infinity=False).map(lambda v: f"{v:.5g}")
           | st.sampled_from(EDGES))
@@ -123,12 +123,15 @@ def test_every_datatype_edge_is_taken_or_refused_as_the_whole_parse_does(monkeyp
             assert sliced == whole, (datatype, token)
 
 
-def test_plain_flat_data_takes_the_sliced_parse_and_the_rest_does_not():
+def test_inputs_flat_data_takes_the_sliced_parse_and_other_data_stays_in_the_structure():
     good = b'{"inputs":[{"name":"x","shape":[3],"datatype":"FP16","data":[1, 2.5,\n-65504]}]}'
-    request = flat_data.parse_flat(good)
-    assert request.inputs[0].data.dtype == np.float16
-    np.testing.assert_array_equal(request.inputs[0].data, [1, 2.5, -65504])
-    assert flat_data.parse_flat(good.replace(b'"inputs"', b'"p":{"data":[1]},"inputs"')) is None
+    for body in (good, good.replace(b'"inputs"', b'"parameters":{"data":[1]},"inputs"')):
+        request = flat_data.parse_flat(body)
+        assert request.inputs[0].data.dtype == np.float16
+        np.testing.assert_array_equal(request.inputs[0].data, [1, 2.5, -65504])
+    assert flat_data.parse_flat(good.replace(b'"data"', b'"other"')) is None
+    request = flat_data.parse_flat(good.replace(b'"inputs"', b'"parameters":{"data":[1,"]"]},"inputs"'))
+    assert request.parameters.data == [1, "]"] and request.inputs[0].data.dtype == np.float16
 
 
 # Bad bodies of every kind, each answered by the sliced parse itself (no whole-body parse) with the
@@ -140,7 +143,11 @@ BAD = [(b"7", b"NaN"), (b"7", b"1e400"), (b"7", b"65520"), (b"7", b"true"), (b"7
        (b'"FP16"', b'"BYTES"'), (b'"shape"', b'"shape":[-1],"s"'), (b'"name":"x",', b""),
        (b'"name":"x"', b'"name":"x","name":"y"'), (b'"data"', b'"data":[1],"data"'),
        (b'"datatype":"INT64"', b'"datatype":"INT64","datatype":"FP16"'),
-       (b'"id":"r"', b'"id":7'), (b'"name":"mask",', b""), (b'"inputs"', b'"inputs":[],"inputs"')]
+       (b'"id":"r"', b'"id":7'), (b'"name":"mask",', b""), (b'"inputs"', b'"inputs":[],"inputs"'),
+       # the structure not JSON (a stray or missing comma outside the data), a string in the data
+       (b'{"name":"s"}', b'{"name":"s"},'), (b'"outputs"', b',"outputs"'), (b'}],"outputs"', b'}]"outputs"'),
+       (b'"datatype":"BOOL",', b'"datatype":"BOOL",,'), (b"7", b'"a]b"'), (b"2", b'"2,\\"]"'), (b"2", b'"\\q"'),
+       (b"true", b'"%s"' % b"x]," * 1600), (b"7", b'"7')]
 
 
 def parsed_sizes(monkeypatch) -> list[int]:
@@ -174,6 +181,30 @@ def test_a_bad_body_is_refused_by_the_sliced_parse_as_the_whole_parse_does(monke
         assert isinstance(flat_data.parse_flat(body), str), (at, whole)
         assert max(parsed, default=0) < 6000 < len(body) // 10, (parsed, len(body))  # a slice, the structure
         monkeypatch.undo()
+
+
+def test_a_truncated_body_is_refused_by_the_sliced_parse_as_the_whole_parse_does(monkeypatch):
+    """Cut short in the data (after a number, a comma, in a string), in a key or after the data."""
+    text = bad_body(3000, b"7", b'"a]b"', 0.5)
+    for cut in [*(int(len(text) * f) for f in (0.1, 0.4, 0.7, 0.95)), len(text) - 1, len(text) - 15,
+                text.index(b'a]b') + 1, text.index(b'"datatype":"BOOL"') + 5]:
+        for end in (b"", b",", b" "):
+            body = text[:cut] + end
+            whole, sliced = whole_and_sliced(body, monkeypatch, 1 << 12)
+            assert whole[0] == "error" and sliced == whole, (cut, whole, sliced)
+            parsed = parsed_sizes(monkeypatch)
+            assert isinstance(flat_data.parse_flat(body), str), (cut, whole)
+            assert max(parsed, default=0) < 6000, (parsed, len(body))
+            monkeypatch.undo()
+
+
+@pytest.mark.parametrize("old, new", [(b"7", b"7." + b"0" * 6000), (b"7", b"7" + b" " * 6000),
+                                      (b"2", b"\n" * 6000 + b"2"), (b'"outputs"', b'"parameters":{"data":[1,"]"]},"outputs"')])
+def test_an_element_longer_than_a_slice_and_data_outside_an_input_take_the_sliced_parse(monkeypatch, old, new):
+    body = bad_body(3000, old, new, 0.5)
+    whole, sliced = whole_and_sliced(body, monkeypatch, 1 << 12)
+    assert whole[0] == "r" and sliced == whole
+    assert isinstance(flat_data.parse_flat(body), InferRequest)
 
 
 class LoopTicks:

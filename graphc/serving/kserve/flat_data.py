@@ -9,22 +9,28 @@ is parsed ``CHUNK_BYTES`` at a time (``json.loads`` and numpy), the GIL free bet
 A bad body is answered from slices too, with the reply the whole-body parse gives: a slice that
 is not plainly valid is parsed by pydantic's own parser (the first JSON error, its line and column
 counted in the whole body), its first element of a wrong type or range found by the schema's element
-type, and the structure is validated with each array cut down to that element. A body whose arrays
-cannot be told apart from the rest this way (one in a string or a parameter, a string in one, a
-structure that is not JSON) gets None: parse it whole.
+type, and the structure is validated with each array cut down to that element. A structure that is
+not JSON has its error placed back in the body (after any in the arrays before it). Arrays are cut
+string-aware (a ']' or ',' in a string is the string's), an element longer than a slice is taken
+whole, and a ``"data"`` array that is not an input's stays in the structure. Only a body whose inputs'
+arrays cannot be told apart this way (none found, a '"data": [' in a string, an object with keys in
+one) gets None: parse it whole.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import numpy as np
 import pydantic_core
 from pydantic import TypeAdapter, ValidationError
 
 from graphc.model.dtypes import to_numpy
-from graphc.serving.kserve.repeated_keys import walk
+from graphc.serving.kserve import json_slices
+from graphc.serving.kserve.json_slices import FlatArray
+from graphc.serving.kserve.repeated_keys import TOKEN, walk
 from graphc.serving.kserve.request_errors import describe_errors, validate_header
 from graphc.serving.kserve.schemas import DATATYPES, ELEMENT_LISTS, FLOAT_BOUNDS, InferRequest
 
@@ -38,6 +44,7 @@ _DATA = re.compile(rb'"data"[ \t\n\r]*:[ \t\n\r]*\[')
 _NUMBER_BYTES, _BOOL_BYTES = b"-+.0123456789eE, \t\n\r", b"truefals, \t\n\r"
 _BY_DTYPE = {to_numpy(dtype): datatype for datatype, dtype in DATATYPES.items()}
 _JSON_LIST = TypeAdapter(list)  # pydantic's JSON parser, for its verdict and message on a slice
+_JSON_ANY = TypeAdapter(Any)  # and on the structure
 HEAD = 5  # elements of each array kept in the body cut down for the schema
 _AT = re.compile(r" at line (\d+) column (\d+)$")
 
@@ -45,64 +52,106 @@ _AT = re.compile(r" at line (\d+) column (\d+)$")
 def parse_flat(text: bytes) -> InferRequest | str | None:
     """The request in ``text`` with each input's flat ``data`` as a 1-D numpy array of its datatype,
     or the message refusing it (as the whole-body parse words it), or None: parse it whole."""
-    spans = [(m.end() - 1, text.find(b"]", m.end())) for m in _DATA.finditer(text)]
-    spans = [(start, end) for start, end in spans if end > 0 and text.find(b"[", start + 1, end) < 0]
-    if not spans:
-        return None
-    skeleton = _cut(text, spans, [b""] * len(spans))
+    arrays = _flat_arrays(text)
+    skeleton = _cut(text, arrays)
     try:
         structure = pydantic_core.from_json(skeleton)
     except ValueError:
+        return _structure_error(text, arrays, skeleton)
+    owners = _input_data_owners(skeleton, arrays)
+    arrays = [array for array, owner in zip(arrays, owners) if owner is not None]  # the others stay in the structure
+    owners = [owner for owner in owners if owner is not None]
+    if not arrays:
         return None
-    owners = _input_data_owners(skeleton, spans)
-    if owners is None:
-        return None
-    arrays, data_at, shorts = [], {}, []
-    for (start, end), owner in zip(spans, owners):
-        scan = _Scan(text, start, end, _datatype(structure, owner))
+    values, data_at, shorts = [], {}, []
+    for array, owner in zip(arrays, owners):
+        scan = _Scan(array, _datatype(structure, owner))
         if scan.verdict is not None:  # a JSON error (the first: the arrays before are JSON) or no slicing
             return scan.verdict or None
-        arrays.append(scan.array)
+        values.append(scan.array)
         # What a message may quote: the first HEAD elements (an input's repr shows 4, then "..."), the bad one.
         short = scan.head if scan.bad is None or scan.bad[0] < HEAD else [*scan.head, scan.bad[1]]
         shorts.append(json.dumps(short)[1:-1].encode())
         data_at.pop(owner, None)  # the input's last "data" is the one the parser keeps
         if scan.bad is not None:
             data_at[owner] = (min(scan.bad[0], HEAD), scan.bad[0])
-    parsed = validate_header(_cut(text, spans, shorts), data_at)
+    parsed = validate_header(_cut(text, arrays, shorts), data_at)
     if isinstance(parsed, InferRequest):
         if data_at:  # the schema took an element the slice's element type refused: not ours to judge
             return None
-        for owner, array in zip(owners, arrays):
+        for owner, array in zip(owners, values):
             parsed.inputs[owner].data = array
     return parsed
 
 
-def _cut(text: bytes, spans: list[tuple[int, int]], contents: list[bytes]) -> bytes:
-    """``text`` with the array between each span's brackets replaced by its ``contents``."""
+def _flat_arrays(text: bytes) -> list[FlatArray]:
+    """Each ``"data": [`` array of ``text`` that holds no other list; one the body ends in is the last."""
+    arrays: list[FlatArray] = []
+    at = 0
+    while (key := text.find(b'"data"', at)) >= 0:
+        match = _DATA.match(text, key)
+        at = key + 1
+        if match is not None:
+            array = FlatArray(text, match.end() - 1)
+            if array.flat:
+                arrays.append(array)
+                if array.end < 0:
+                    break
+                at = array.end
+    return arrays
+
+
+def _structure_error(text: bytes, arrays: list[FlatArray], skeleton: bytes) -> str | None:
+    """The message of the first JSON error of ``text``, whose ``skeleton`` (``arrays`` emptied) is not
+    JSON: one in an array before the skeleton's error, else that error placed in ``text``."""
+    if not set(_opens(arrays)) <= {match.start() for match in TOKEN.finditer(skeleton) if match.group() == b"["}:
+        return None  # a '"data": [' in a string was taken for an array
+    try:
+        _JSON_ANY.validate_json(skeleton)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+    offset = _offset(error, skeleton)  # in the skeleton, then in the text as each array before it is put back
+    if offset is None:
+        return None
+    for array in arrays:
+        if array.start > offset:  # (an EOF error is at the body's last byte, an array's '[' in the skeleton)
+            break
+        offset += array.stop - array.start - 1
+        scan = _Scan(array, None)
+        if scan.verdict is not None:
+            return scan.verdict or None
+    return _json_error(error, text, offset)
+
+
+def _cut(text: bytes, arrays: list[FlatArray], contents: list[bytes] | None = None) -> bytes:
+    """``text`` with the elements of each of ``arrays`` replaced by its ``contents`` (none: emptied)."""
     parts, cut = [], 0
-    for (start, end), content in zip(spans, contents):
-        parts += [text[cut:start + 1], content]
-        cut = end
+    for array, content in zip(arrays, contents or [b""] * len(arrays)):
+        parts += [text[cut:array.start + 1], content]
+        cut = array.stop
     parts.append(text[cut:])
     return b"".join(parts)
 
 
-def _input_data_owners(skeleton: bytes, spans: list[tuple[int, int]]) -> list[int] | None:
-    """For each span's '[' (emptied in ``skeleton``), in order, the index of the input whose ``data``
-    it opens (``inputs[i].data`` of the top object); None if one opens anything else or is in a string."""
-    opens, length = set(), 0
-    for index, (start, end) in enumerate(spans):  # where each '[' is in the skeleton
-        opens.add(start - length)
-        length += end - start - 1
-    owners: list[int] = []
+def _opens(arrays: list[FlatArray]) -> list[int]:
+    """Where each array's '[' is in the skeleton (``arrays`` emptied)."""
+    opens, length = [], 0
+    for array in arrays:
+        opens.append(array.start - length)
+        length += array.stop - array.start - 1
+    return opens
+
+
+def _input_data_owners(skeleton: bytes, arrays: list[FlatArray]) -> list[int | None]:
+    """For each array's '[' (emptied in ``skeleton``), in order, the index of the input whose ``data``
+    it opens (``inputs[i].data`` of the top object); None for one that opens anything else or is in a string."""
+    owners = dict.fromkeys(_opens(arrays))
     for key, offset, stack in walk(skeleton):
-        if key is None and offset in opens:  # stack: the top object, "inputs", an input, its "data"
-            if not (len(stack) == 4 and stack[1][0] == b"inputs" and type(stack[1][1]) is int
-                    and type(stack[2][1]) is set and stack[3][0] == b"data"):
-                return None
-            owners.append(stack[2][0])
-    return owners if len(owners) == len(opens) else None
+        # stack: the top object, "inputs", an input, its "data"
+        if key is None and offset in owners and len(stack) == 4 and stack[1][0] == b"inputs" \
+                and type(stack[1][1]) is int and type(stack[2][1]) is set and stack[3][0] == b"data":
+            owners[offset] = stack[2][0]
+    return list(owners.values())
 
 
 def _datatype(structure: object, owner: int) -> str | None:
@@ -115,59 +164,64 @@ def _datatype(structure: object, owner: int) -> str | None:
 
 
 class _Scan:
-    """The flat array between the brackets at ``start`` and ``end`` of ``text``, parsed a slice at a
-    time. ``array``: its elements as ``datatype`` (None once one is refused); ``bad``: the index and
-    value of the first element the schema refuses for ``datatype``; ``verdict``: the message of its
-    first JSON error, or "" where it cannot be sliced (a string or an element longer than a slice in
-    it), else None."""
+    """The flat ``array`` opened at ``start``, parsed a slice at a time. ``array``: its elements as
+    ``datatype`` (None once one is refused); ``bad``: the index and value of the first element the
+    schema refuses for ``datatype``; ``verdict``: the message of its first JSON error, or "" where the
+    slice's values cannot be judged here, else None."""
 
-    def __init__(self, text: bytes, start: int, end: int, datatype: str | None):
+    def __init__(self, bounds: FlatArray, datatype: str | None):
         self.array: np.ndarray | None = None
         self.bad: tuple[int, object] | None = None
         self.verdict: str | None = None
         self.head: list = []  # the first HEAD elements, as JSON parsed them
         dtype = to_numpy(DATATYPES[datatype]) if datatype is not None else None
+        text, start, end, closed = bounds.text, bounds.start, bounds.stop, bounds.end >= 0
+        if bounds.objects and bounds.strings:
+            self.verdict = ""
+            return
         pieces, count, at = [], 0, start + 1
         while at <= end:
-            chunk = text[at:min(at + CHUNK_BYTES, end)]
-            last = at + len(chunk) == end
-            if not last:  # cut after the last whole element
-                comma = chunk.rfind(b",")
-                if comma < 0:
-                    self.verdict = ""
-                    return
-                chunk = chunk[:comma]
-            first = at == start + 1
-            piece = _plain(chunk, dtype if self.bad is None else None, first, last)
+            cut = end
+            if at + CHUNK_BYTES < end:  # cut after the last whole element (an element longer than a slice: after it)
+                cut = bounds.last_comma(at, at + CHUNK_BYTES)
+                cut = bounds.next_comma(at + CHUNK_BYTES, end) if cut < 0 else cut
+            chunk, first, last = text[at:cut], at == start + 1, cut == end
+            piece = _plain(chunk, dtype if self.bad is None else None, first, last) if closed or not last else None
             if piece is None:
-                piece = self._slice(text, chunk, at, datatype, count, first, last)
+                piece = self._slice(text, chunk, at, datatype, count, first, last, closed)
                 if piece is None:
                     return
-            if len(self.head) < HEAD:
+            elif len(self.head) < HEAD:
                 self.head += json.loads(b"[%s]" % b",".join(chunk.split(b",", HEAD)[:HEAD]))[:HEAD - len(self.head)]
             if self.bad is None and dtype is not None:
                 pieces.append(piece)
             count += len(piece)
-            at += len(chunk) + 1
+            at = cut + 1
         if self.bad is None and dtype is not None:
-            self.array = np.concatenate(pieces)
+            self.array = np.empty(count, dtype)
+            done = 0
+            for piece in pieces:  # one copy a slice: concatenating 100 MB at once held the GIL 13 ms
+                self.array[done:done + len(piece)] = piece
+                done += len(piece)
 
     def _slice(self, text: bytes, chunk: bytes, at: int, datatype: str | None, count: int, first: bool,
-               last: bool) -> np.ndarray | list | None:
+               last: bool, closed: bool) -> np.ndarray | list | None:
         """``chunk`` (at ``at`` in ``text``, after ``count`` elements), which is not plain data of its
-        type, parsed by pydantic's parser in its place in the array: its values (typed, where all are
-        of ``datatype``), or None with ``verdict`` set."""
-        if b'"' in chunk:  # a cut at a comma may have split a string
-            self.verdict = ""
-            return None
-        prefix, suffix = (b"[" if first else b"[0,"), (b"]" if last else b",0]")  # the elements around it
+        type, parsed by pydantic's parser in its place in the array (the last chunk of one the body ends
+        in, not ``closed``, with nothing after it): its values (typed, where all are of ``datatype``), or
+        None with ``verdict`` set."""
+        suffix = b",0]" if not last else b"]" if closed else b""  # the elements around it
+        prefix = b"[" if first else b"[0,"
         mini = prefix + chunk + suffix
         try:
             values = _JSON_LIST.validate_json(mini)
         except ValidationError as exc:
-            self.verdict = _json_error(exc.errors(include_url=False)[0], text, at - len(prefix), mini)
+            error = exc.errors(include_url=False)[0]
+            offset = _offset(error, mini)
+            self.verdict = "" if offset is None else _json_error(error, text, at - len(prefix) + offset)
             return None
         values = values[0 if first else 1:len(values) if last else -1]
+        self.head += values[:HEAD - len(self.head)]
         if self.bad is not None or datatype is None:
             return values
         try:
@@ -197,15 +251,20 @@ def _plain(chunk: bytes, dtype: np.dtype | None, first: bool, last: bool) -> np.
     return values if dtype is None else _typed(values, dtype)
 
 
-def _json_error(error: dict, text: bytes, base: int, mini: bytes) -> str:
-    """The message of the JSON ``error`` pydantic found in ``mini``, which stands at ``base`` of
-    ``text``, with its line and column counted in ``text``; "" where it names no place."""
+def _offset(error: dict, mini: bytes) -> int | None:
+    """Where in ``mini`` the JSON ``error`` pydantic found in it is (its message's line and column),
+    or None where it names no place."""
     where = _AT.search(error["msg"])
     if where is None:
-        return ""
-    lines = mini.split(b"\n")[:int(where[1]) - 1]
-    offset = base + sum(map(len, lines)) + len(lines) + int(where[2]) - 1
-    line, column = text.count(b"\n", 0, offset) + 1, offset - text.rfind(b"\n", 0, offset)
+        return None
+    lines = mini.split(b"\n", int(where[1]) - 1)[:int(where[1]) - 1]
+    return sum(map(len, lines)) + len(lines) + int(where[2]) - 1
+
+
+def _json_error(error: dict, text: bytes, offset: int) -> str:
+    """The message of the JSON ``error`` with its place, ``offset`` in ``text``, as line and column."""
+    where = _AT.search(error["msg"])
+    line, column = json_slices.count(text, b"\n", 0, offset) + 1, offset - text.rfind(b"\n", 0, offset)
     return describe_errors([{**error, "msg": f"{error['msg'][:where.start()]} at line {line} column {column}"}])
 
 
