@@ -73,14 +73,15 @@ def stops_gradient(node: ir.Node) -> bool:
 # node metadata of a ``gc.nn.SyncBatchNorm``'s BatchNormalization ("true"): its training graphs
 # normalise by the statistics of every data-parallel worker's shard (``training.sync_batchnorm``)
 SYNC_BATCHNORM_KEY = "graphc.sync_batchnorm"
-# node metadata of an Identity that marks a data-parallel all-reduce: "sum", its input summed over
-# the workers; "grad", the gradient of a "sum" (each worker's share-weighted cotangents summed, over
-# this worker's share, ``training.stages``). In one process both are the identity
+# node metadata of an Identity that marks a data-parallel exchange: "gather", every worker's input
+# ([1, ...]) stacked in rank order; "gather_grad", its adjoint (each worker's share-weighted
+# cotangents summed, over this worker's share, its own row: ``runtime.staged``). In one process
+# both are the identity
 ALL_REDUCE_KEY = "graphc.all_reduce"
 
 
 def all_reduce_kind(node: ir.Node) -> str | None:
-    """``"sum"`` or ``"grad"`` for an all-reduce Identity (``ALL_REDUCE_KEY``), else None."""
+    """``"gather"`` or ``"gather_grad"`` for an exchange Identity (``ALL_REDUCE_KEY``), else None."""
     return node.metadata_props.get(ALL_REDUCE_KEY) if node.op_type == "Identity" else None
 
 

@@ -126,13 +126,14 @@ def test_the_staged_run_is_torch_syncbatchnorm_over_the_global_batch():
 
 
 def test_all_reduce_points_are_syncbatchnorm_only():
-    """Three "sum" all-reduces per SyncBatchNorm (count and sum(x), then the centred squares), two
-    "grad" ones for the gradient of the two that carry one; plain BatchNorm's graphs have none
-    (one stage), and the train_step (plain BatchNorm's), eval and inference graphs of either have none. Nine stages: both counts
-    and bn's sum(x) first (the counts read shapes only), then one exchange at a time."""
+    """Three gathers per SyncBatchNorm (its count, its mean and its squared deviations, one
+    exchange), two "gather_grad" ones for the two that carry a gradient (one exchange back); plain
+    BatchNorm's graphs have none (one stage), and the train_step (plain BatchNorm's), eval and
+    inference graphs of either have none. Five stages: both counts and bn's statistics first (the
+    counts read shapes only), then one exchange at a time (bn2's, bn2's gradient, bn's)."""
     arts = _artifacts()
     marks = [n.metadata_props[ALL_REDUCE_KEY] for n in arts.gradients.graph if ALL_REDUCE_KEY in n.metadata_props]
-    assert sorted(marks) == ["grad"] * 4 + ["sum"] * 6
+    assert sorted(marks) == ["gather"] * 6 + ["gather_grad"] * 4
     plain = _artifacts((nn.BatchNorm2d, nn.BatchNorm1d))
     for key in ("train_step", "gradients", "eval", "inference"):
         assert not any(ALL_REDUCE_KEY in n.metadata_props for n in getattr(plain, key).graph), key
@@ -141,15 +142,18 @@ def test_all_reduce_points_are_syncbatchnorm_only():
     # one process runs train_step: plain BatchNorm's (the written-out form cost 10 % a step)
     assert [n.op_type for n in arts.train_step.graph] == [n.op_type for n in plain.train_step.graph]
     assert len(split(plain.gradients.ir)) == 1
-    assert [len(s.exchanges) for s in split(arts.gradients.ir)] == [3, 1, 1, 1, 1, 1, 1, 1, 0]
+    assert [len(s.exchanges) for s in split(arts.gradients.ir)] == [4, 2, 2, 2, 0]
 
 
 def test_exchange_and_bad_shares():
-    """A "sum" is the parts' sum; a "grad" the scale-weighted sum over the receiver's scale (a share,
-    1 for a share of 0). Shares that do not match the shards, or are all 0, are refused naming them."""
-    parts, shares = [np.array([1.0, 2.0]), np.array([3.0, 5.0])], [0.25, 0.75]
-    np.testing.assert_array_equal(exchange(parts, shares, 1, "sum"), [4.0, 7.0])
-    np.testing.assert_allclose(exchange(parts, shares, 0, "grad"), np.array([2.5, 4.25]) / 0.25)
+    """A "gather" stacks the parts in rank order; a "gather_grad" takes the receiver's row of the
+    scale-weighted sum over its scale (a share, 1 for a share of 0). Shares that do not match the
+    shards, or are all 0, are refused naming them."""
+    parts, shares = [np.array([[1.0, 2.0]]), np.array([[3.0, 5.0]])], [0.25, 0.75]
+    np.testing.assert_array_equal(exchange(parts, shares, 1, "gather"), [[1.0, 2.0], [3.0, 5.0]])
+    cotangents = [np.array([[1.0, 2.0], [7.0, 9.0]]), np.array([[3.0, 5.0], [0.5, 1.0]])]
+    np.testing.assert_allclose(exchange(cotangents, shares, 0, "gather_grad"), np.array([[2.5, 4.25]]) / 0.25)
+    np.testing.assert_allclose(exchange(cotangents, shares, 1, "gather_grad"), np.array([[2.125, 3.0]]) / 0.75)
     staged = StagedRun(_artifacts().gradients)
     with pytest.raises(gc.InputError, match="one share per shard.*got 1 shards and 2 shares"):
         staged.run([{}], [0.5, 0.5])

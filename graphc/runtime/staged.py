@@ -29,15 +29,18 @@ def scales(shares: Sequence[float]) -> list[float]:
 
 
 def exchange(parts: Sequence[np.ndarray], scales: Sequence[float], rank: int, kind: str) -> np.ndarray:
-    """The all-reduce of the shards' ``parts`` that shard ``rank`` receives: ``"sum"``, their sum
-    (in rank order: every shard gets the same bits); ``"grad"``, the gradient of a sum, which each
-    shard computed in units of the global loss over its scale (``scales``): the cotangents
-    weighted by the shards' scales, summed, over this shard's scale (its gradients are weighted by
-    it again)."""
-    total = np.zeros_like(parts[0])
+    """The exchange of the shards' ``parts`` (each [1, ...]) that shard ``rank`` receives:
+    ``"gather"``, them all stacked in rank order ([shards, ...]: every shard gets the same bits);
+    ``"gather_grad"``, the adjoint of a gather, its row ``rank`` of the cotangents ([shards, ...]
+    each) that each shard computed in units of the global loss over its scale (``scales``),
+    weighted by the shards' scales, summed, over this shard's scale (its gradients are weighted
+    by it again)."""
+    if kind == "gather":
+        return np.concatenate(parts)
+    total = np.zeros_like(parts[0][rank:rank + 1])
     for part, scale in zip(parts, scales):
-        total = total + (part if kind == "sum" else part * np.asarray(scale, part.dtype))
-    return total if kind == "sum" else total / np.asarray(scales[rank], total.dtype)
+        total = total + part[rank:rank + 1] * np.asarray(scale, part.dtype)
+    return total / np.asarray(scales[rank], total.dtype)
 
 
 class StagedRun:

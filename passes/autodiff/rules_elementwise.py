@@ -163,12 +163,14 @@ def grad_erf(g, node, dy):
 
 @grad_rule("Identity")
 def grad_identity(g, node, dy):
-    # a data-parallel all-reduce ("sum" over workers, then every worker holds it) is its own adjoint:
-    # its gradient is the workers' cotangents summed, marked "grad" (the exchange weights them by share)
+    # a data-parallel gather (every worker's value stacked in rank order) has for adjoint the
+    # workers' cotangents summed, each worker taking its own row: marked "gather_grad" (the
+    # exchange weights them by share)
     if all_reduce_kind(node) is None:
         return (dy,)
     out = g.op("Identity", dy)
-    out.producer().metadata_props[ALL_REDUCE_KEY] = "grad"
+    out.producer().metadata_props[ALL_REDUCE_KEY] = "gather_grad"
+    out.dtype, out.shape = node.inputs[0].dtype, node.inputs[0].shape
     return (out,)
 
 

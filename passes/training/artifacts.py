@@ -225,6 +225,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
     dense_conv.densify_convs(step.graph, opset, device)
     step.graph.sort()
     _infer_shapes(step)
+    sync_batchnorm.widen(step.graph, opset)
     if expanded:
         fill_unknown_ranks(step)  # a body's shape arithmetic can hide ranks from inference
     forward = {node.name for node in step.graph}

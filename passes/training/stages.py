@@ -21,8 +21,8 @@ from graphc.passes.values import all_reduce_kind
 
 @dataclass
 class Exchange:
-    """An all-reduce after a stage: ``source`` (each worker's value) in, ``target`` out; ``kind``
-    ``"sum"`` or ``"grad"`` (``ALL_REDUCE_KEY``)."""
+    """An exchange after a stage: ``source`` (each worker's value) in, ``target`` out; ``kind``
+    ``"gather"`` or ``"gather_grad"`` (``ALL_REDUCE_KEY``)."""
 
     source: str
     target: str
