@@ -11,6 +11,7 @@ from graphc.passes.training.stages import split
 from graphc.passes.values import ALL_REDUCE_KEY
 from graphc.runtime.averaging import counted_labels
 from graphc.runtime.staged import StagedRun, exchange, scales
+from graphc.runtime.trainer import without_initializers
 
 RNG = np.random.default_rng(0)
 ROWS = 9
@@ -160,3 +161,49 @@ def test_exchange_and_bad_shares():
     assert scales([0.0, 0.5, -0.25]) == [1.0, 0.5, -0.25]
     with pytest.raises(gc.InputError, match=r"shares: expected one that is not 0, got \[0.0, 0.0\]"):
         staged.run([{}, {}], [0.0, 0.0])
+
+
+def _bn_first(net, x):
+    """A BatchNorm2d straight on the input, then a Linear head."""
+    return net.head(net.bn(x).relu().mean((2, 3)))
+
+
+class _BnFirst(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn, self.head = nn.SyncBatchNorm(3, dtype="float32"), nn.Linear(3, 2, dtype="float32")
+
+    forward = _bn_first
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("shift", [0.0, 1000.0])
+def test_float32_statistics_of_a_large_mean_are_torchs(backend, shift):
+    """float32, values 1000 + N(0, 1) on shards of 7 and 5 rows, against torch's float64 on the
+    global batch. The statistics are combined about the running mean: at 0 (a first step), the
+    combination is torch's own (the variance ~4e-7 relative off, the gradients ~1e-4 of their
+    largest, as torch's float32 BatchNorm2d); at the data's mean (later steps), x - s is exact and
+    everything is within 1e-6, where the two-exchange two-pass form was 6e-5 off on the gradients
+    and torch float32 1e-4. A single sum of squares about 0 was 0.26 off on the variance."""
+    torch = pytest.importorskip("torch")
+    model = gc.capture(_BnFirst().train(), seed=0, x=gc.spec("float32", ("N", 3, 8, 8)))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.1))
+    state = {**arts.state, "bn.running_mean": np.full(3, shift, np.float32)}
+    x = (RNG.normal(size=(12, 3, 8, 8)) + 1000 + RNG.normal(size=(1, 3, 1, 1))).astype(np.float32)
+    y = RNG.normal(size=(12, 2)).astype(np.float32)
+    shares = [7 / 12, 5 / 12]
+    shards = [{"x": x[a:b], "y": y[a:b], **state} for a, b in ((0, 7), (7, 12))]
+    got = _combined(arts, StagedRun(without_initializers(arts.gradients.proto, set(state)), backend).run(shards, shares),
+                    shares)
+
+    net = torch.nn.Module()
+    net.bn, net.head = torch.nn.BatchNorm2d(3, dtype=torch.float64), torch.nn.Linear(3, 2, dtype=torch.float64)
+    net.load_state_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in state.items()}, strict=False)
+    loss = torch.nn.functional.mse_loss(_bn_first(net, torch.tensor(x, dtype=torch.float64)), torch.tensor(y, dtype=torch.float64))
+    loss.backward()
+    want = {"loss": loss.item(), **{f"{k}_grad": p.grad.numpy() for k, p in net.named_parameters()},
+            **{f"{k}.next": b.numpy() for k, b in net.named_buffers() if f"{k}.next" in got}}
+    assert len(want) == 7
+    for name, value in want.items():
+        far = 1e-6 if shift or name.endswith(".next") else 5e-4
+        np.testing.assert_allclose(got[name], value, rtol=0, atol=far * np.max(np.abs(value)), err_msg=name)
