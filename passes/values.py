@@ -1,7 +1,7 @@
 """Small helpers every pass shares over onnx-ir values and graphs: the ai.onnx opset, a
 value's shape as a tuple, its constant as numpy, a node's constant axes, a value swapped for
 another, a node's attributes as plain values, fresh names, which nodes draw random numbers,
-which nodes stop gradients.
+which nodes stop gradients, which nodes compute some values, a node's subgraphs.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import onnx_ir as ir
 
 __all__ = ["ALL_REDUCE_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY",
            "MAX_NORM_KEY", "MAX_NORM_ROWS_KEY", "PROBABILITIES_KEY", "RANDOM_OPS",
-           "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "all_reduce_kind", "const_array",
+           "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "all_reduce_kind", "ancestors", "const_array",
            "const_axes", "const_scalar", "draws_random", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "replace_value",
-           "static_shape", "stops_gradient"]
+           "static_shape", "stops_gradient", "subgraphs"]
 
 Dim = int | str | None
 StaticShape = tuple[Dim, ...]
@@ -98,7 +98,7 @@ MAX_NORM_KEY = "graphc.max_norm"
 # node metadata of such a lookup whose write-back is not in the graph (its rows' stop-gradient Identity):
 # JSON {"param", "at", and, where capture dropped an unread write-back, the names of the "weight" value
 # and the "indices" it looked up, for the training graphs to write it back; inside a control-flow body
-# (a weight from outside it), neither: the body cannot}
+# that cannot carry a weight from outside it out (``gc.vmap``'s), neither: the training graphs refuse it}
 MAX_NORM_ROWS_KEY = "graphc.max_norm_rows"
 
 
@@ -192,3 +192,10 @@ def ancestors(values: Iterable[ir.Value]) -> set[ir.Node]:
             found.add(node)
             todo.extend(v.producer() for v in node.inputs if v is not None)
     return found
+
+
+def subgraphs(node: ir.Node) -> list[ir.Graph]:
+    """The graphs ``node``'s attributes hold (an If's branches, a Loop's or Scan's body); [] for none."""
+    return [g for a in node.attributes.values()
+            for g in ([a.value] if a.type == ir.AttributeType.GRAPH else
+                      list(a.value) if a.type == ir.AttributeType.GRAPHS else [])]

@@ -10,7 +10,7 @@ import onnx_ir as ir
 
 from graphc.passes.training import row_axes_select  # noqa: F401 - registers its rules in RULES
 from graphc.passes.training.row_axes import RULES, Mixes, Rows
-from graphc.passes.values import ancestors
+from graphc.passes.values import ancestors, subgraphs
 
 __all__ = ["Mixing", "mixing_nodes"]
 
@@ -61,9 +61,7 @@ def mixing_nodes(graph: ir.Graph, batched: Mapping[str, int], output: str) -> li
 def _subgraph_reads(node: ir.Node) -> list[ir.Value] | None:
     """The values a node's subgraphs' nodes read (the outer ones they capture among them); None
     for a node without subgraphs."""
-    subs = [g for a in node.attributes.values()
-            for g in ([a.value] if a.type == ir.AttributeType.GRAPH else
-                      list(a.value) if a.type == ir.AttributeType.GRAPHS else [])]
+    subs = subgraphs(node)
     if not subs:
         return None
     return [v for sub in subs for n in ir.traversal.RecursiveGraphIterator(sub) for v in n.inputs if v is not None]

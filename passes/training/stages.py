@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from graphc.passes.values import all_reduce_kind
+from graphc.passes.values import all_reduce_kind, subgraphs
 
 
 @dataclass
@@ -67,13 +67,9 @@ def split(model: ir.Model) -> list[Stage]:
 def _reads(node: ir.Node) -> Iterator[ir.Value]:
     """The values ``node`` reads: its inputs and the outer values its subgraphs read."""
     yield from (v for v in node.inputs if v is not None)
-    for attr in node.attributes.values():
-        graphs = attr.value if attr.type == ir.AttributeType.GRAPHS else [attr.value]
-        if attr.type not in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
-            continue
-        for sub in graphs:
-            for inner in ir.traversal.RecursiveGraphIterator(sub):
-                yield from (v for v in inner.inputs if v is not None and _owner(v) is node.graph)
+    for sub in subgraphs(node):
+        for inner in ir.traversal.RecursiveGraphIterator(sub):
+            yield from (v for v in inner.inputs if v is not None and _owner(v) is node.graph)
 
 
 def _owner(value: ir.Value) -> ir.Graph | None:
