@@ -3,12 +3,14 @@ before a train step or an evaluation runs.
 
 The graph gives a label outside ``[0, C)`` that is not the ignore index a loss of 0 that still
 counts in the mean's divisor, where PyTorch raises ("Target 3 is out of bounds"), so the Trainer
-reads the labels on the host first: a min/max over an int64 array, no node in any graph.
+reads the labels on the host first: a min/max over an int64 array against C (``class_count``: the
+eval graph's, the batch's shapes or the class weights; where the model computes it, the Trainer
+measures it by one inference forward per batch shapes).
 
 PyTorch's cross_entropy and nll_loss take uint8 ("Byte") class labels as well as int64 and refuse
 int8/int16/int32; a cross-entropy spec's label input is int64, so the Trainer, the DataLoader
 check and ``graphc train`` take uint8 labels too, cast to int64 on the host (``widened``: 8 bytes a
-label, per batch), where they were refused.
+label, per batch).
 """
 
 from __future__ import annotations
@@ -95,9 +97,11 @@ def check_probabilities(manifest, feeds: Mapping[str, Any], what: str) -> None:
     NaN included), after the step has used it; PyTorch raises before ("all elements of target
     should be between 0 and 1"). One pass over each such array."""
     for name in manifest.probabilities:
-        values = np.asarray(feeds[name]) if name in feeds else None
-        bad = None if values is None else ~((values >= 0) & (values <= 1))
-        if bad is not None and bad.any():
+        if name not in feeds:
+            continue
+        values = np.asarray(feeds[name])
+        bad = ~((values >= 0) & (values <= 1))
+        if bad.any():
             at = tuple(int(i) for i in np.argwhere(bad)[0])
             raise InputError(f"{what}: {name!r} holds {values[at]} at {at}; binary_cross_entropy reads it as "
                              "probabilities, all between 0 and 1 (PyTorch raises too)")

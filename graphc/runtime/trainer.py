@@ -293,6 +293,7 @@ class Trainer:
         self.batch_specs = role_specs(step_graph.inputs, BATCH_ROLES)
         self._batch_names = [s.name for s in self.batch_specs]
         self._class_labels = class_labels(m)  # take uint8 arrays, cast to int64, as torch's cross_entropy
+        self._class_counts: dict[tuple, int] = {}  # batch shapes -> a measured C (``_measured_classes``)
         self.noise_specs = role_specs(step_graph.inputs, (NOISE_ROLE,))
         self._entries = {e.name: e for e in step_graph.inputs if e.role in CARRIED_ROLES}
         self._expected = m.carried()
@@ -422,11 +423,10 @@ class Trainer:
         if loss.get("kind") != "cross_entropy" or class_count(self.manifest, feeds) is not None:
             return None
         key = tuple((name, np.shape(a)) for name, a in feeds.items())
-        cache = self.__dict__.setdefault("_class_counts", {})
-        if key not in cache:
+        if key not in self._class_counts:
             data = {name: a for name, a in feeds.items() if name not in self._label_names()}
-            cache[key] = int(np.shape(self._forward(data)[loss["output"]])[1])
-        return cache[key]
+            self._class_counts[key] = int(np.shape(self._forward(data)[loss["output"]])[1])
+        return self._class_counts[key]
 
     def _forward(self, data: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The inference-mode outputs of one forward of ``data`` as a whole (``predict``)."""
