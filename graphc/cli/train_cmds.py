@@ -17,7 +17,7 @@ from graphc.cli.app import (OUT_ALIAS, app, check_keep_io_types, check_writable_
                             err_console, given, keep_io_types_option, naming_opset, one_line_warnings, output_option)
 from graphc.cli.arrays import check_dtypes, fit_bfloat16, load_npz, npz_names
 from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_schedule
-from graphc.runtime.labels import class_labels, widened
+from graphc.runtime.labels import class_labels, int64_labels
 from graphc.runtime.metrics import names as metric_names
 
 EVAL_SUFFIXES = ("val", "test")  # the evaluation split --data holds, in order of preference
@@ -29,7 +29,7 @@ def load_data(path: Path, specs: list, eval_path: Optional[Path] = None, labels:
     ``NAME`` or ``NAME_train``) and the evaluation arrays with where they came from: from
     ``eval_path`` (NAME, NAME_val or NAME_test) when given, else from ``path``'s ``NAME_val``
     arrays, else its ``NAME_test`` arrays (each set used only when every input has one). ``labels``:
-    class-label inputs whose uint8 arrays are cast to int64 (``labels.widened``)."""
+    class-label inputs whose uint8 arrays are cast to int64 (``labels.int64_labels``)."""
     train, _ = _pick_arrays(path, "--data", specs, ("", "_train"), labels=labels)
     if eval_path is not None:
         arrays, keys = _pick_arrays(eval_path, "--eval-data", specs, ("", *(f"_{s}" for s in EVAL_SUFFIXES)),
@@ -67,7 +67,7 @@ def _pick_arrays(path: Path, option: str, specs: list, suffixes: tuple[str, ...]
     if len(set(rows.values())) > 1 or "a scalar" in rows.values():
         raise ValueError(f"{option} {path}: the inputs' arrays need one row per sample, the same length along axis 0; "
                          f"got {', '.join(f'{key!r} {n}' for key, n in rows.items())}")
-    picked = widened(fit_bfloat16({name: arrays[key] for name, key in zip(names, keys)}, specs), labels)
+    picked = int64_labels(fit_bfloat16({name: arrays[key] for name, key in zip(names, keys)}, specs), labels)
     check_dtypes(picked, specs, keys, f"{option} {path}")
     return picked, keys
 

@@ -9,8 +9,8 @@ measures it by one inference forward per batch shapes).
 
 PyTorch's cross_entropy and nll_loss take uint8 ("Byte") class labels as well as int64 and refuse
 int8/int16/int32; a cross-entropy spec's label input is int64, so the Trainer, the DataLoader
-check and ``graphc train`` take uint8 labels too, cast to int64 on the host (``widened``: 8 bytes a
-label, per batch).
+check and ``graphc train`` take uint8 labels too, cast to int64 on the host (``int64_labels``: 8
+bytes a label, per batch).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def class_labels(manifest) -> frozenset[str]:
                      if e.name == loss.get("label") and e.dtype == "int64")
 
 
-def widened(arrays: Mapping[str, Any], names: frozenset[str]) -> dict[str, Any]:
+def int64_labels(arrays: Mapping[str, Any], names: frozenset[str]) -> dict[str, Any]:
     """``arrays`` with the uint8 ones among ``names`` (``class_labels``) cast to int64."""
     return {name: np.asarray(a, dtype=np.int64) if name in names and getattr(a, "dtype", None) == np.uint8 else a
             for name, a in arrays.items()}

@@ -72,7 +72,7 @@ from graphc.runtime.feeds import check_one, dtype_name
 from graphc.runtime.cuda_graph import GraphedStep, random_nodes
 from graphc.runtime.history import EpochRecord, History
 from graphc.runtime.interrupts import DeferredInterrupt
-from graphc.runtime.labels import check_labels, check_probabilities, class_count, class_labels, widened
+from graphc.runtime.labels import check_labels, check_probabilities, class_count, class_labels, int64_labels
 from graphc.runtime.rows import batch_dim, by_rows
 from graphc.runtime.session import SESSION_OPTIONS, check_options
 
@@ -364,7 +364,7 @@ class Trainer:
     # -- running -----------------------------------------------------------------------------------
     def _batch_feeds(self, batch: Mapping[str, np.ndarray], specs: list[TensorSpec]) -> dict[str, Any]:
         try:
-            feeds = widened({spec.name: np.asarray(batch[spec.name]) for spec in specs}, self._class_labels)
+            feeds = int64_labels({spec.name: np.asarray(batch[spec.name]) for spec in specs}, self._class_labels)
         except KeyError as exc:
             spec = next(s for s in specs if s.name == exc.args[0])
             raise InputError(f"the batch has no {spec.name!r} for the model input {spec}; "

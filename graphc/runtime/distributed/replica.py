@@ -38,7 +38,7 @@ from graphc.compile.training import CARRIED_ROLES
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.averaging import counted_labels, divisor, examples, shard_weight
 from graphc.runtime.distributed.renorm_rows import EVAL_ROWS, RENORMED, ROWS, union
-from graphc.runtime.labels import class_labels, widened
+from graphc.runtime.labels import class_labels, int64_labels
 from graphc.runtime.staged import scales
 from graphc.runtime.trainer import predict_model, without_initializers
 
@@ -86,6 +86,7 @@ class Replica:
         self._update_outputs = [v.name for v in self._protos["update"].graph.output]
         self._evals: dict[str, tuple] = {}  # "eval" / "predict": (executable, inputs, outputs)
         self._labels = {e.name for e in m.graphs["eval"].inputs if e.role == "label"}
+        self._class_labels = class_labels(m)  # uint8 arrays the loader holds, cast to int64
         self._state: dict[str, Any] = {}
         self._spare: dict[str, Any] = {}
         return self._backend.name, os.getpid(), len(self._staged.stages) if staged else 1
@@ -121,7 +122,7 @@ class Replica:
         row of the loader's batch)."""
         if "read" in message:  # the loader's own arrays: uint8 class labels cast here, as one process's
             epoch, index, lo, hi = message["read"]
-            return widened(self._loader.batch(epoch, index, slice(lo, hi)), class_labels(self.manifest))
+            return int64_labels(self._loader.batch(epoch, index, slice(lo, hi)), self._class_labels)
         return dict(message["shard"])
 
     def renorm_rows(self, message: Mapping[str, Any], graph: str = ROWS) -> dict[str, np.ndarray]:
