@@ -1071,8 +1071,8 @@ def test_workers_train_an_embeddings_max_norm_weight_as_torch_on_the_whole_batch
     """Each worker renormalises the rows every shard looks up (their union, gathered before the forward),
     so a tied output layer reads the weight one process holds, and the update steps the weight with
     those rows renormalised: 2 workers match torch on the whole batch to 1e-12 in float64."""
-    torch = pytest.importorskip("torch")
-    from test_embedding_max_norm import OPTIMIZERS as STEPPERS, ROWS, _Net, _Twin, _assert_weights
+    pytest.importorskip("torch")
+    from test_embedding_max_norm import OPTIMIZERS as STEPPERS, ROWS, _Net, _Twin, _assert_weights, _torch_steps
 
     net = _Net(tied=tied, padding_idx=padding_idx)
     twin = _Twin(net, 2.0, tied)
@@ -1081,14 +1081,7 @@ def test_workers_train_an_embeddings_max_norm_weight_as_torch_on_the_whole_batch
     batches = _max_norm_batches(ROWS if tied else 2)
     trainer = gc.Trainer(arts, **{**WORKER, "backend": backend})
     losses = [trainer.step(b) for b in batches]
-    opt, want = STEPPERS[kind][1](twin.parameters()), []
-    for b in batches:
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(twin(torch.from_numpy(b["i"])), torch.from_numpy(b["y"]))
-        loss.backward()
-        opt.step()
-        want.append(loss.item())
-    np.testing.assert_allclose(losses, want, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(losses, _torch_steps(twin, STEPPERS[kind][1], batches), rtol=1e-12, atol=1e-15)
     _assert_weights(trainer, twin)
     first, second = trainer.worker_states()
     for name in first:

@@ -15,6 +15,7 @@ import pytest
 import graphc as gc
 from graphc import nn
 from ray_util import ray_cluster  # noqa: F401 - the module's fixture
+from test_sync_batchnorm import _forward, _layers, _Net
 
 pytestmark = [pytest.mark.xdist_group("ray"),
               pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs graphc[ray]")]
@@ -24,30 +25,11 @@ IGNORED = 2  # the cross-entropy's ignore_index
 WORKER = {"workers": 2, "num_cpus": 0.5, "timeout_s": 120, "backend": "ort-cpu"}
 # rows per step: 4+4, 5+4 (uneven), 4+4 with rank 0's labels all ignored, 3+0 (BatchNorm1d: no 1-row shard)
 SIZES = [8, 9, 8, 3]
-
-
-def _layers(nn, norms, **dtype):
-    norm2d, norm1d = norms
-    return {"conv": nn.Conv2d(2, 3, 3, **dtype), "bn": norm2d(3, momentum=0.25, **dtype), "fc": nn.Linear(3, 4, **dtype),
-            "bn2": norm1d(4, momentum=None, **dtype), "head": nn.Linear(4, 3, **dtype)}
-
-
-def _forward(net, x):
-    h = net.bn(net.conv(x)).relu().mean((2, 3))
-    return net.head(net.bn2(net.fc(h)).relu())
-
-
-class _Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        for name, layer in _layers(nn, (nn.SyncBatchNorm, nn.SyncBatchNorm), dtype="float64").items():
-            setattr(self, name, layer)
-
-    forward = _forward
+CLASSES = 3
 
 
 def _batches() -> list[dict[str, np.ndarray]]:
-    batches = [{"x": RNG.normal(size=(n, 2, 5, 5)) * 2 + 1.5, "y": RNG.integers(0, 3, n)} for n in SIZES]
+    batches = [{"x": RNG.normal(size=(n, 2, 5, 5)) * 2 + 1.5, "y": RNG.integers(0, CLASSES, n)} for n in SIZES]
     batches[2]["y"][:4] = IGNORED
     batches[2]["y"][4:] = np.where(batches[2]["y"][4:] == IGNORED, 0, batches[2]["y"][4:])
     return batches
@@ -58,7 +40,8 @@ def _torch_steps(arts, batches):
     final params and buffers by graphc's names."""
     torch = pytest.importorskip("torch")
     net = torch.nn.Module()
-    for name, layer in _layers(torch.nn, (torch.nn.BatchNorm2d, torch.nn.BatchNorm1d), dtype=torch.float64).items():
+    norms = (torch.nn.BatchNorm2d, torch.nn.BatchNorm1d)
+    for name, layer in _layers(torch.nn, norms, CLASSES, dtype=torch.float64).items():
         net.add_module(name, layer)
     net.load_state_dict({k: torch.tensor(v) for k, v in arts.state.items()}, strict=False)
     opt, losses = torch.optim.SGD(net.parameters(), lr=0.1), []
@@ -73,7 +56,7 @@ def _torch_steps(arts, batches):
 
 
 def test_sync_batchnorm_trains_on_two_workers_as_one_process_and_torch(ray_cluster, tmp_path):
-    model = gc.capture(_Net().train(), seed=0, x=gc.spec("float64", ("N", 2, 5, 5)))
+    model = gc.capture(_Net(outputs=CLASSES, dtype="float64").train(), seed=0, x=gc.spec("float64", ("N", 2, 5, 5)))
     arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y", ignore_index=IGNORED),
                                 gc.optim.SGD(0.1))
     batches = _batches()

@@ -68,4 +68,4 @@ def test_dry_run_skips_parts_past_the_budget(tmp_path):
     summary = (tmp_path / "summary.txt").read_text()
     assert done.returncode == 0
     for part in ("probe", "tests"):
-        assert f"SKIP {part}: " in summary and f"s of the 12s budget left" in summary
+        assert f"SKIP {part}: " in summary and "s of the 12s budget left" in summary

@@ -17,12 +17,13 @@ RNG = np.random.default_rng(0)
 ROWS = 9
 
 
-def _layers(nn, norms, **dtype):
+def _layers(nn, norms, outputs=2, **dtype):
     """Conv, BatchNorm2d, then a Linear and a BatchNorm over [N, C] with torch's cumulative average
-    (momentum=None), from ``nn`` (graphc's or torch's) with the norm layers ``norms``."""
+    (momentum=None), from ``nn`` (graphc's or torch's) with the norm layers ``norms``, and a Linear
+    head of ``outputs`` features."""
     norm2d, norm1d = norms
     return {"conv": nn.Conv2d(2, 3, 3, **dtype), "bn": norm2d(3, momentum=0.25, **dtype), "fc": nn.Linear(3, 4, **dtype),
-            "bn2": norm1d(4, momentum=None, **dtype), "head": nn.Linear(4, 2, **dtype)}
+            "bn2": norm1d(4, momentum=None, **dtype), "head": nn.Linear(4, outputs, **dtype)}
 
 
 def _forward(net, x):
@@ -31,9 +32,9 @@ def _forward(net, x):
 
 
 class _Net(nn.Module):
-    def __init__(self, norms=(nn.SyncBatchNorm, nn.SyncBatchNorm), **dtype):
+    def __init__(self, norms=(nn.SyncBatchNorm, nn.SyncBatchNorm), outputs=2, **dtype):
         super().__init__()
-        for name, layer in _layers(nn, norms, **dtype).items():
+        for name, layer in _layers(nn, norms, outputs, **dtype).items():
             setattr(self, name, layer)
 
     forward = _forward
