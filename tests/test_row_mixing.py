@@ -116,6 +116,24 @@ def test_row_wise_ops_mix_no_rows():
     assert _found(gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(0.1))) == []
 
 
+class _TiedMaxNorm(nn.Module):
+    """An Embedding(max_norm) whose weight a tied output layer reads after the lookup renormalised it."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(8, 3, max_norm=1.0)
+
+    def forward(self, i):
+        return {"out": F.linear(self.emb(i).mean(1), self.emb.weight)}
+
+
+def test_an_embeddings_max_norm_write_back_mixes_no_rows():
+    """Its ScatterND writes the batch's rows into the weight, but the workers write back the union of
+    every shard's rows (``renorm_rows``), as one process: no warning."""
+    model = gc.capture(_TiedMaxNorm(), seed=0, i=gc.spec("int64", ("N", 4)))
+    assert _found(_mse(model, "out")) == []
+
+
 @pytest.mark.parametrize("kind", list(MIXERS))
 def test_a_forward_that_mixes_rows_is_named_with_its_op_and_line(kind):
     op, text = MIXERS[kind]

@@ -72,8 +72,8 @@ def only_rows(node: ir.Node, ins: Ins, *allowed: int) -> Rows:
     """The batch axis of the one input of ``allowed`` positions that may hold rows."""
     bad = [node.inputs[i].name for i, r in enumerate(ins) if r is not None and i not in allowed]
     if bad:
-        raise Mixes(f"it reads the rows in {', '.join(map(repr, bad))} as {'/'.join(map(str, allowed))} "
-                    "operands that are not by rows")
+        raise Mixes(f"it reads the rows in {', '.join(map(repr, bad))} as an operand whose rows it does not keep "
+                    f"(only input {'/'.join(map(str, allowed))}'s)")
     rows = [r for r in ins if r is not None]
     if len(rows) > 1 and len(set(rows)) > 1:
         raise Mixes("it reads rows on different axes")

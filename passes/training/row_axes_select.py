@@ -9,7 +9,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.training.row_axes import BIG, Ins, Mixes, Rows, constant, int_attr, norm_axis, only_rows, rank_of, rule
-from graphc.passes.values import const_axes
+from graphc.passes.values import MAX_NORM_KEY, const_axes
 
 __all__: list[str] = []
 
@@ -83,8 +83,12 @@ def gather_elements(node: ir.Node, ins: Ins) -> list[Rows | None]:
 @rule("GatherND", "ScatterND")
 def gather_nd(node: ir.Node, ins: Ins) -> list[Rows | None]:
     """Rows within the leading ``batch_dims`` (GatherND) are kept; ScatterND keeps its data's rows
-    where its indices and updates are not by rows."""
+    where its indices and updates are not by rows. An embedding's max_norm write-back (its new
+    weight marked ``MAX_NORM_KEY``) mixes none: the workers write back every shard's rows there
+    (``runtime/distributed/renorm_rows.py``), as one process."""
     if node.op_type == "ScatterND":
+        if any(MAX_NORM_KEY in use.metadata_props for use, _ in node.outputs[0].uses()):
+            return [ins[0]]
         return [only_rows(node, ins, 0)]
     rows = {r for r in ins if r is not None}
     if len(rows) > 1 or rows.pop().axis >= int_attr(node, "batch_dims", 0):
