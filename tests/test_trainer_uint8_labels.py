@@ -1,10 +1,13 @@
 """uint8 class labels: torch 2.13's cross_entropy takes Byte targets as Long ones and refuses int32;
 the Trainer, the DataLoader and `graphc train` cast uint8 labels to the int64 label input."""
 
+import importlib.util
+
 import numpy as np
 import pytest
 
 import graphc as gc
+from ray_util import ray_cluster  # noqa: F401 - the module's fixture
 from trainer_models import BNNet
 
 RNG = np.random.default_rng(0)
@@ -85,3 +88,18 @@ def test_graphc_train_takes_uint8_labels(tmp_path, capsys):
     assert byte.step_count == wide.step_count == 8
     for name, value in wide.params.items():
         np.testing.assert_array_equal(byte.params[name], value, err_msg=name)
+
+
+@pytest.mark.xdist_group("ray")
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs graphc[ray]")
+def test_workers_read_uint8_labels_from_the_loader_as_int64_labels(ray_cluster):
+    """In fit, each worker reads its shard from the loader and casts the uint8 labels itself."""
+    arts, x, labels = _case()
+    params = []
+    for y in (labels, labels.astype(np.int64)):
+        trainer = gc.Trainer(arts, backend="ort-cpu", workers=2, num_cpus=0.5, timeout_s=120)
+        trainer.fit(gc.data.DataLoader({"x": x, "y": y}, batch_size=6, seed=1), 1, progress=False, quiet=True)
+        params.append(trainer.params)
+        trainer.shutdown()
+    for name, value in params[1].items():
+        np.testing.assert_array_equal(params[0][name], value, err_msg=name)
