@@ -20,13 +20,15 @@ examples (``gc.metrics.splits``: every built-in), each one times its shard's exa
 add up as one process adds up its batches; for any other metric (a user's, which may be a max)
 it sends its prediction rows, and the driver computes it on the joined batch. So one step on
 ``N`` workers equals one single-process step on the same global batch, up to float rounding,
-and every worker holds the same bits. A param an embedding with max_norm renormalises in place
+and every worker holds the same bits, where the forward keeps the rows apart (one that may mix
+them gets a ``gc.DataParallelWarning``: ``mixed_rows``). A param an embedding with max_norm renormalises in place
 (``manifest.renormed``) adds one call per worker and step before it: each worker reports the rows
 its shard looks up, and every worker renormalises their union (``renorm_rows``), as one process.
 A gradients graph with all-reduce points (``gc.nn.SyncBatchNorm``) runs in stages: the workers with
 rows make one call per stage, chained by the driver, the union rows going to the first.
 
-Per-replica state follows PyTorch DDP: BatchNorm normalizes with each worker's batch statistics;
+Per-replica state follows PyTorch DDP: BatchNorm normalizes with each worker's batch statistics
+(a SyncBatchNorm with the global batch's, exchanged between its stages);
 the running statistics are rank 0's, copied to every worker after each step (DDP's
 ``broadcast_buffers``). Dropout noise is drawn per worker, from a generator seeded with
 ``(seed, step, rank)``: runs replay exactly at a given number of workers (resumed or not), and
