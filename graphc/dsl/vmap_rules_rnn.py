@@ -103,19 +103,13 @@ def _mapped_weights(b: Batching, node: ir.Node, args: list) -> list[Arg]:
 def _written_out(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     """Mapped weights: the node written out in standard ops (``passes.recurrent.write_out``, what
     gradients differentiate), those ops rewritten by their own rules: the cell's MatMuls batched over
-    the examples' weights. Unmasked runs of at most ``autodiff.recurrent.MAX_UNROLLED_STEPS`` steps are
-    unrolled, as autodiff unrolls an un-vmapped layer, else one Scan per direction. As a Scan the
-    gradient runs in reverse mode (past ``rules_control.MAX_SCAN_UNROLL`` steps): the forward twice
-    (the Scan and its taped copy), a backward Loop that recomputes each step's cell and adds each
-    step's weight gradient into a ``(B, H, G*H)`` accumulator; unrolled, none of that. Profiled on
-    ort-cpu (LSTM B 64 H 64 T 50 N 16 I 32, per node type): the backward Loop 189 of 303 ms, in it
-    the recomputed ``h @ R`` 30 ms, ``dh`` 26, the per-step ``dR`` 21 plus its Add 24; the taped
-    Scan 45. ``bench_vmap_rnn.py``-style medians (1 thread, a shared 2-core machine), forward /
-    forward+backward ms, Scan vs unrolled: LSTM H 64 39.5 / 177 vs 39.1 / 130, H 16 17.2 / 61.4 vs
-    12.2 / 53.5; GRU H 64 30.6 / 203 vs 53.9 / 110, H 16 15.6 / 61.9 vs 10.9 / 27.7; RNN H 64 11.0
-    / 42.0 vs 10.9 / 36.8, H 16 2.42 / 9.24 vs 2.35 / 7.58. The Scan's gradient unrolled instead
-    (``MAX_SCAN_UNROLL`` 64) was 154 ms for that LSTM; folding the input projection's leading dims
-    into its rows (one ``(B, T*N, I) @ (B, I, G*H)``) measured no faster (fwd+bwd 200 vs 186)."""
+    the examples' weights. Unmasked runs of at most ``autodiff.recurrent.MAX_UNROLLED_STEPS`` steps
+    (read at each call) are unrolled, as autodiff unrolls an un-vmapped layer, else one Scan per
+    direction, whose reverse-mode gradient runs the forward twice and recomputes each step's cell in a
+    backward Loop adding into a ``(B, H, G*H)`` weight gradient (the Loop 189 of 303 ms, LSTM B 64
+    H 64 T 50 N 16 I 32, ort-cpu). Forward+backward ms, Scan vs unrolled (``bench_vmap_rnn.py``): LSTM
+    H 64 177 vs 130, GRU H 64 203 vs 110, RNN H 64 42 vs 37. Measured no faster: the Scan's gradient
+    unrolled (154 ms for that LSTM), the input projection as one ``(B, T*N, I) @ (B, I, G*H)``."""
     why = not_unrolled(node)
     if why is not None:
         raise NoRule(f"mapped weights, and {why}")
