@@ -38,13 +38,9 @@ def _moved(errors: list[dict[str, Any]], data_at: dict[int, tuple[int, int]]) ->
     return errors
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line naming the field at fault (``inputs[0].data[5]``), what it needs and what came."""
-    return describe_errors(exc.errors(include_url=False))
-
-
 def describe_errors(errors: list[dict[str, Any]]) -> str:
-    """``describe_validation_error`` of a ``ValidationError``'s ``errors()`` (a handful: every list fails fast)."""
+    """One line naming the field at fault (``inputs[0].data[5]``), what it needs and what came, from a
+    ``ValidationError``'s ``errors()`` (a handful: every list fails fast)."""
     if errors[0]["type"] in ("json_invalid", "json_type"):
         return f"malformed JSON in the request body (its JSON part, KServe's inference header): {errors[0]['msg']}"
     # Of a union's alternatives, the one that got furthest into the data says what is wrong.
