@@ -260,7 +260,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AutodiffError", "BackendError", "BackendUnavailable", "CaptureError", "DataParallelWarning", "GraphError", "GraphcError", "InputError",
+    "AutodiffError", "BackendError", "BackendUnavailable", "CaptureError", "DataParallelWarning", "GraphError",
+    "GraphcError", "InputError",
     "MissingDependency", "MissingGradientRule", "MissingKernel", "Model", "ModelLoadError", "PassError", "PerformanceWarning",
     "PipelineError", "TensorSpec", "backends", "bfloat16", "bool_", "float16", "float32", "float64", "int8", "int32", "int64", "load", "spec", "uint8", *_LAZY,
 ]

@@ -8,7 +8,8 @@ from dataclasses import replace
 import numpy as np
 import onnx_ir as ir
 
-from graphc.passes.training.row_axes import BIG, Ins, Mixes, Rows, constant, int_attr, norm_axis, only_rows, rank_of, rule
+from graphc.passes.training.row_axes import (BIG, Ins, Mixes, Rows, constant, int_attr, norm_axis, only_rows, rank_of,
+                                              rule)
 from graphc.passes.values import MAX_NORM_KEY, const_axes
 
 __all__: list[str] = []
