@@ -44,8 +44,9 @@ from graphc.runtime.trainer import predict_model, without_initializers
 
 
 class Replica:
-    """The graphs of one worker. ``graphs`` holds serialized ``gradients``, ``update`` and
-    ``eval`` models and the manifest's JSON."""
+    """The graphs of one worker. ``setup``'s ``graphs`` holds serialized ``gradients``, ``update`` and
+    ``eval`` models (with an embedding's max_norm, their ``renorm_rows`` graphs too) and the
+    manifest's JSON."""
 
     def __init__(self, rank: int):
         self.rank = rank
@@ -80,7 +81,7 @@ class Replica:
                                  **self._options) if staged else None
         self._grads = None if staged else self._prepare("gradients")
         self._rows = {key: self._prepare(key) for key in (ROWS, EVAL_ROWS) if key in self._protos}
-        self._renormed = [v.name for v in self._protos["gradients"].graph.output if v.name.endswith(RENORMED)]
+        self._renormed = [v.name for v in gradients.graph.output if v.name.endswith(RENORMED)]
         self._update = self._prepare("update")
         self._update_inputs = {v.name for v in self._protos["update"].graph.input}
         self._update_outputs = [v.name for v in self._protos["update"].graph.output]
