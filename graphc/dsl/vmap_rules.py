@@ -41,15 +41,16 @@ class Batching:
         self.builder, self.size, self.ref, self.randomness = builder, size, ref, randomness
         self.made: dict[int, Arg] = {}
         self.ragged: dict[int, Tensor] = {}
-        self._shape: Tensor | None = None
+        self._shapes: dict[int, Tensor] = {}  # by Scope.id: one made in a body is read there and in its bodies only
 
     def batch_shape(self) -> Tensor:
         """``[B]``, int64."""
         if isinstance(self.size, int):
             return ops.const_i64([self.size])
-        if self._shape is None:
-            self._shape = ops.emit("Shape", [self.ref], {"start": 0, "end": 1})
-        return self._shape
+        made = next((self._shapes[s.id] for s in reversed(self.builder.scopes) if s.id in self._shapes), None)
+        if made is None:
+            made = self._shapes[self.builder.scope.id] = ops.emit("Shape", [self.ref], {"start": 0, "end": 1})
+        return made
 
     def expand(self, t: Tensor) -> Tensor:
         """``t`` repeated along a new dim 0 of the mapped size."""
