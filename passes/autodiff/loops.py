@@ -23,7 +23,7 @@ from graphc.passes.emit import Emitter
 from graphc.passes.evaluate import run_node
 from graphc.passes.values import onnx_opset
 
-__all__ = ["copy_graph", "copy_node", "lower_sequences", "unroll_static_loops"]
+__all__ = ["clone_body", "copy_graph", "copy_node", "lower_sequences", "unroll_static_loops"]
 
 MAX_STEPS = 4096
 _SEQUENCE_BUILDERS = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInsert"})
@@ -171,6 +171,17 @@ def copy_node(e: Emitter, node: ir.Node, mapping: dict[ir.Value, ir.Value]) -> N
         new.name, new.type, new.shape = e.fresh(old.name or "v"), old.type, old.shape
         mapping[old] = new
     e.graph.append(copy)
+
+
+def clone_body(e: Emitter, body: ir.Graph, mapping: dict[ir.Value, ir.Value], slices=None) -> list[ir.Value]:
+    """Append one copy of ``body``'s nodes to ``e.graph`` with its inputs bound by ``mapping``
+    (an If's branches are copied too, reading the bound values; Gathers of one step's slice
+    read off ``slices``, a ``StepSlices``); returns the copy's outputs (outer-scope values stay
+    as they are)."""
+    for node in body:
+        if slices is None or not slices.copy_gather(node, mapping):
+            copy_node(e, node, mapping)
+    return [mapping.get(v, v) for v in body.outputs]
 
 
 def copy_graph(e: Emitter, graph: ir.Graph, mapping: dict[ir.Value, ir.Value]) -> ir.Graph:
