@@ -7,8 +7,16 @@ values and the outputs of its matrix products (``PRODUCTS``). A weight the body 
 per-step gradient is ``A^T @ B`` (MatMul's and Gemm's rules: a Gemm with transA) is summed by one
 Gemm over all steps' stacked A and B after the loop, not by an Add into an accumulator per step (a
 bias's ``ReduceSum`` by one ReduceSum over the stacked steps).
-Measured on an LSTM language model (Embedding 1000 -> 256, LSTM 256 -> 256, Linear -> 1000, batch
-16, AdamW, ort-cpu, 2 threads, a shared 2-core machine; ms per step, median):
+Measured on a language model (Embedding 1000 -> 256, LSTM or GRU 256 -> 256, Linear -> 1000 on every
+step, batch 16, AdamW, ort-cpu, 2 threads; a 2-core machine shared with other jobs, load 8-11, so
+only the ratios mean much; ms per step median / fastest, interleaved): a recomputing backward Loop
+with the forward run twice (before) vs this, and PyTorch eager: LSTM T=128 448 / 269 -> 304 / 213
+(torch - / 113), T=512 1038 / 697 -> 788 / 437 (torch - / 446); GRU T=128 145 / 101 -> 139 / 95
+(torch 309 / 171), T=512 1178 / 804 -> 994 / 596 (torch - / 1556; "-": a median the load made
+meaningless). The backward body of an LSTM went from two MatMuls, a Gemm and an accumulator Add per
+step to one MatMul (dh). The three changes were timed together, not one by one; not tried:
+taping the gates' activations too (the body's elementwise recomputation is left), and batched
+(``gc.vmap``) weights, whose per-step gradient is a batched MatMul that still accumulates.
 """
 
 from __future__ import annotations
@@ -25,6 +33,12 @@ __all__ = ["PRODUCTS", "Reverse", "reverse_loop", "reverse_scan"]
 
 # body ops whose outputs the taped copy stacks for the backward Loop instead of its recomputing them
 PRODUCTS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
+# ops whose output's shape depends on their inputs' values, and ops that take a shape, sizes or axes as inputs
+_DATA_SHAPED = frozenset({"NonZero", "Compress", "Unique", "Loop", "Scan", "If", "StringSplit"})
+_SHAPE_TAKING = frozenset({"Reshape", "Expand", "Tile", "Pad", "Slice", "Range", "ConstantOfShape", "TopK", "OneHot",
+                           "Resize", "Split", "Squeeze", "Unsqueeze", "ReduceSum", "ReduceMean", "ReduceMax",
+                           "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare",
+                           "Upsample", "CenterCropPad", "Col2Im", "DFT", "STFT"})
 _RANDOM = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                      "Bernoulli", "Dropout"})
 
@@ -162,6 +176,27 @@ def _terms(value: ir.Value, graph: ir.Graph) -> list[ir.Value]:
     return [term for v in node.inputs for term in _terms(v, graph)]
 
 
+def _same_shape_every_step(value: ir.Value, graph: ir.Graph, seen: dict) -> bool:
+    """Whether ``value`` of the loop body ``graph`` has the same shape at every step, its carried
+    values and slices having one: no op with a data-dependent shape (a nested loop's stacks, NonZero)
+    on its way, and every shape, axes or size input a constant, an outer value or a ``Shape`` of such
+    a value. False where unsure: the steps' stacks would not stack."""
+    node = value.producer()
+    if node is None or node.graph is not graph:
+        return True
+    if node not in seen:
+        seen[node] = False  # a cycle cannot occur; this only stops a revisit
+        if node.op_type in _DATA_SHAPED or any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+                                                for a in node.attributes.values()):
+            return False
+        sizes = node.inputs[1:] if node.op_type in _SHAPE_TAKING else []
+        seen[node] = all(v is None or _same_shape_every_step(v, graph, seen) for v in node.inputs) and all(
+            v is None or folded_array(v) is not None or v.producer() is None or v.producer().graph is not graph
+            or (v.producer().op_type in ("Shape", "Size")
+                and _same_shape_every_step(v.producer().inputs[0], graph, seen)) for v in sizes)
+    return seen[node]
+
+
 def _inside(values, graph: ir.Graph) -> bool:
     return all(v in graph.inputs or (v.producer() is not None and v.producer().graph is graph) for v in values)
 
@@ -174,7 +209,8 @@ def _summed_over_steps(term: ir.Value, like: ir.Value, graph: ir.Graph):
     None for any other term."""
     node, shape = term.producer(), static_shape(like)
     if node is None or node.graph is not graph or shape is None or not is_static(shape) or not _inside(
-            [v for v in node.inputs if v is not None and folded_array(v) is None], graph):
+            [v for v in node.inputs if v is not None and folded_array(v) is None], graph) \
+            or not all(_same_shape_every_step(v, graph, {}) for v in node.inputs if v is not None):
         return None
     if node.op_type == "Gemm" and len(node.inputs) == 2 and len(shape) == 2 and attr(node, "transA", 0) == 1 \
             and attr(node, "transB", 0) == 0 and attr(node, "alpha", 1.0) == 1.0:
@@ -236,8 +272,10 @@ class Reverse:
         for inner in body:
             if any(v in per_step for v in inner.inputs):
                 per_step.update(inner.outputs)
+        stable: dict = {}
         self.products = [n.outputs[0] for n in body if n.op_type in PRODUCTS and n.domain in ("", "ai.onnx")
-                         and n.outputs[0] in per_step and is_float(n.outputs[0])]
+                         and n.outputs[0] in per_step and is_float(n.outputs[0])
+                         and _same_shape_every_step(n.outputs[0], body, stable)]
         self.product_tapes: list[ir.Value] = []
 
     @staticmethod
