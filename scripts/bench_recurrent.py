@@ -8,6 +8,14 @@ interleaved (``bench_train.interleaved_times``); ms per step, median / fastest. 
 
     .venv/bin/python scripts/bench_recurrent.py [--lengths 8 32] [--rounds 10]
 
+``--model lm`` instead trains a language model, Embedding(VOCAB -> H) + ``--kind`` (LSTM or GRU, H -> H)
++ Linear(H -> VOCAB) on every position's output, cross-entropy on next tokens; ``--hidden``,
+``--batch`` and ``--optim adamw`` (AdamW(1e-3) both sides) set the rest. Past 64 steps graphc's
+train_step differentiates a Scan per direction in reverse mode (``passes/autodiff/reverse_mode.py``).
+
+    .venv/bin/python scripts/bench_recurrent.py --model lm --kind GRU --hidden 256 --batch 16 --optim adamw \
+        --lengths 64 128 512
+
 ``--forms`` instead compares the gradient graph's forms of a DSL LSTM and GRU (32 -> 128,
 batch 16, the same head and loss) at each length: the layer unrolled, a Scan whose gradient is
 unrolled, a Scan differentiated in reverse mode (the caps ``MAX_UNROLLED_STEPS`` and
@@ -38,7 +46,10 @@ FORMS_BATCH = 16
 FORMS = {"unrolled": (1 << 30, 0), "scan, unrolled grad": (0, 1 << 30), "scan, reverse mode": (0, 0)}
 
 
-def _module(torch):
+VOCAB = 1000
+
+
+def _module(torch, model: str = "classifier", kind: str = "LSTM", hidden: int = HIDDEN):
     class Classifier(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -48,36 +59,55 @@ def _module(torch):
         def forward(self, x):
             return self.head(self.lstm(x)[1][0][0])  # last hidden state [N, HIDDEN]
 
+    class LanguageModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(VOCAB, hidden)
+            self.rnn = getattr(torch.nn, kind)(hidden, hidden, batch_first=True)
+            self.head = torch.nn.Linear(hidden, VOCAB)
+
+        def forward(self, x):
+            return self.head(self.rnn(self.embed(x))[0]).reshape(-1, VOCAB)  # [N * T, VOCAB]
+
     torch.manual_seed(0)
-    return Classifier()
+    return Classifier() if model == "classifier" else LanguageModel()
 
 
-def _batches(length: int, n: int = 4):
+def _batches(length: int, n: int = 4, model: str = "classifier", batch: int = BATCH):
     rng = np.random.default_rng(0)
-    return [{"x": rng.standard_normal((BATCH, length, FEATURES)).astype(np.float32),
-             "y": rng.integers(0, CLASSES, BATCH).astype(np.int64)} for _ in range(n)]
+    if model == "lm":
+        return [{"x": rng.integers(0, VOCAB, (batch, length)).astype(np.int64),
+                 "y": rng.integers(0, VOCAB, batch * length).astype(np.int64)} for _ in range(n)]
+    return [{"x": rng.standard_normal((batch, length, FEATURES)).astype(np.float32),
+             "y": rng.integers(0, CLASSES, batch).astype(np.int64)} for _ in range(n)]
 
 
-def graphc_step(torch, length: int, folder: Path):
-    path = folder / f"lstm_{length}.onnx"
+def graphc_step(torch, length: int, folder: Path, args):
+    path = folder / f"{args.model}_{args.kind}_{length}.onnx"
+    example = torch.zeros((args.batch, length), dtype=torch.int64) if args.model == "lm" else \
+        torch.zeros(args.batch, length, FEATURES)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(_module(torch), (torch.zeros(BATCH, length, FEATURES),), str(path), input_names=["x"],
-                          output_names=["logits"], dynamic_axes={"x": {0: "N"}}, opset_version=17, dynamo=False)
+        torch.onnx.export(_module(torch, args.model, args.kind, args.hidden), (example,), str(path),
+                          input_names=["x"], output_names=["logits"], dynamic_axes={"x": {0: "N"}},
+                          opset_version=17, dynamo=False, do_constant_folding=args.model == "classifier")
+    optim = gc.optim.AdamW(1e-3) if args.optim == "adamw" else gc.optim.SGD(LR)
     t0 = time.perf_counter()
-    arts = gc.training.generate(gc.load(path), gc.losses.cross_entropy("logits", label="y"), gc.optim.SGD(LR))
+    arts = gc.training.generate(gc.load(path), gc.losses.cross_entropy("logits", label="y"), optim)
     seconds = time.perf_counter() - t0
     trainer = gc.Trainer(arts, backend="ort-cpu", threads=THREADS)
-    batches = _batches(length)
+    batches = _batches(length, model=args.model, batch=args.batch)
     nodes = len(arts.train_step.proto.graph.node)
     return (lambda i: trainer.step(batches[i % len(batches)])), seconds, nodes
 
 
-def torch_step(torch, length: int):
+def torch_step(torch, length: int, args):
     torch.set_num_threads(THREADS)
-    net = _module(torch)
-    opt = torch.optim.SGD(net.parameters(), lr=LR)
-    batches = [{k: torch.from_numpy(v) for k, v in b.items()} for b in _batches(length)]
+    net = _module(torch, args.model, args.kind, args.hidden)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3) if args.optim == "adamw" else \
+        torch.optim.SGD(net.parameters(), lr=LR)
+    batches = [{k: torch.from_numpy(v) for k, v in b.items()}
+               for b in _batches(length, model=args.model, batch=args.batch)]
 
     def step(i):
         b = batches[i % len(batches)]
@@ -162,8 +192,12 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=5)
     parser.add_argument("--forms", action="store_true", help="compare the gradient graph's forms (no torch)")
     parser.add_argument("--unrolled-up-to", type=int, default=512)
-    parser.add_argument("--hidden", type=int, default=HIDDEN, help="--forms: the layer's hidden size")
+    parser.add_argument("--hidden", type=int, default=HIDDEN, help="--forms, --model lm: the layer's hidden size")
     parser.add_argument("--kinds", nargs="+", default=["LSTM", "GRU", "scan"], choices=["LSTM", "GRU", "scan"])
+    parser.add_argument("--model", default="classifier", choices=["classifier", "lm"])
+    parser.add_argument("--kind", default="LSTM", choices=["LSTM", "GRU"], help="--model lm: the layer")
+    parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--optim", default="sgd", choices=["sgd", "adamw"])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
     if args.forms:
@@ -172,16 +206,17 @@ def main() -> None:
         return
     import torch
 
-    print(f"LSTM {FEATURES}->{HIDDEN} + Linear {HIDDEN}->{CLASSES}, batch {BATCH}, SGD, {THREADS} threads; "
-          "ms per step, median / fastest")
+    what = (f"LSTM {FEATURES}->{HIDDEN} + Linear {HIDDEN}->{CLASSES}" if args.model == "classifier" else
+            f"Embedding {VOCAB}->{args.hidden} + {args.kind} {args.hidden}->{args.hidden} + Linear -> {VOCAB} per step")
+    print(f"{what}, batch {args.batch}, {args.optim}, {THREADS} threads; ms per step, median / fastest")
     print("| sequence length | graphc ort-cpu | PyTorch eager | PyTorch / graphc (median) "
           "| train_step nodes | generate s |")
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
         for length in args.lengths:
-            ours, seconds, nodes = graphc_step(torch, length, Path(folder))
+            ours, seconds, nodes = graphc_step(torch, length, Path(folder), args)
             times = interleaved_times({"graphc": (ours, args.per_round),
-                                       "torch": (torch_step(torch, length), args.per_round)}, args.rounds)
+                                       "torch": (torch_step(torch, length, args), args.per_round)}, args.rounds)
             (g_med, g_min), (t_med, t_min) = times["graphc"], times["torch"]
             print(f"| {length} | {g_med:.2f} / {g_min:.2f} | {t_med:.2f} / {t_min:.2f} | {t_med / g_med:.2f}x "
                   f"| {nodes} | {seconds:.2f} |", flush=True)

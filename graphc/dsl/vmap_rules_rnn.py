@@ -105,11 +105,13 @@ def _written_out(b: Batching, node: ir.Node, args: list) -> list[Arg]:
     gradients differentiate), those ops rewritten by their own rules: the cell's MatMuls batched over
     the examples' weights. Unmasked runs of at most ``autodiff.recurrent.MAX_UNROLLED_STEPS`` steps
     (read at each call) are unrolled, as autodiff unrolls an un-vmapped layer, else one Scan per
-    direction, whose reverse-mode gradient runs the forward twice and recomputes each step's cell in a
-    backward Loop adding into a ``(B, H, G*H)`` weight gradient (the Loop 189 of 303 ms, LSTM B 64
-    H 64 T 50 N 16 I 32, ort-cpu). Forward+backward ms, Scan vs unrolled (``bench_vmap_rnn.py``): LSTM
-    H 64 177 vs 130, GRU H 64 203 vs 110, RNN H 64 42 vs 37. Measured no faster: the Scan's gradient
-    unrolled (154 ms for that LSTM), the input projection as one ``(B, T*N, I) @ (B, I, G*H)``."""
+    direction, differentiated in reverse mode (``autodiff/reverse_mode.py``). Before reverse mode
+    ran the forward once and kept the cell's products, that Scan's gradient ran the forward twice and
+    recomputed each step's cell in a backward Loop adding into a ``(B, H, G*H)`` weight gradient (the
+    Loop 189 of 303 ms, LSTM B 64 H 64 T 50 N 16 I 32, ort-cpu). Forward+backward ms then, Scan vs
+    unrolled (``bench_vmap_rnn.py``): LSTM H 64 177 vs 130, GRU H 64 203 vs 110, RNN H 64 42 vs 37.
+    Measured no faster: the Scan's gradient unrolled (154 ms for that LSTM), the input projection as
+    one ``(B, T*N, I) @ (B, I, G*H)``."""
     why = not_unrolled(node)
     if why is not None:
         raise NoRule(f"mapped weights, and {why}")
