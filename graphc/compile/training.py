@@ -661,6 +661,7 @@ def update_model(manifest: Manifest) -> Model:
     before it existed get it too, and its ``lr`` has train_step's dtype (float32 where artifacts
     of float64 params were saved before their lr became float64)."""
     from graphc.passes.training import artifacts, flat
+    from graphc.passes.training.guarded_params import STEP_SUFFIX
 
     manifest = manifest.in_model_order()
     params = [ir.Value(name=e.name, type=ir.TensorType(ir.DataType(to_onnx(e.dtype))), shape=ir.Shape(e.shape))
@@ -671,10 +672,11 @@ def update_model(manifest: Manifest) -> Model:
     opt = manifest.optimizer
     if manifest.format in AVERAGED_FIRST_MOMENT:  # Adam's state as those artifacts keep it
         opt = {**opt, "first_moment": "average"}
+    inputs = {e.name for e in manifest.graphs["train_step"].inputs}
     lr = next(e for e in manifest.graphs["train_step"].inputs if e.name == artifacts.LR)
-    return Model(artifacts.update_graph(manifest.opset, opt, params, groups,
-                                        () if groups else opt.get("no_decay") or (), ir.DataType(to_onnx(lr.dtype)),
-                                        manifest.loss_scale))
+    gated = [p.name for p in params if p.name + STEP_SUFFIX in inputs]  # each with its own step count
+    return Model(artifacts.update_graph(manifest.opset, opt, params, groups, opt.get("no_decay") or (),
+                                        ir.DataType(to_onnx(lr.dtype)), manifest.loss_scale, gated))
 
 
 def worker_gradients_model(artifacts: TrainingArtifacts) -> Model:

@@ -44,7 +44,7 @@ from graphc.passes.emit import Emitter
 from graphc.passes.infer import correct_onnx_inference
 from graphc.passes.precision.autocast import autocast_in_place
 from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, loss_scaling, modes
-from graphc.passes.training import optimizers, param_selection
+from graphc.passes.training import guarded_params, optimizers, param_selection
 from graphc.passes.training import max_norm, noise as noise_shapes, padding_rows, recompute as recomputation, reductions
 from graphc.passes.training import sync_batchnorm, taps_params
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
@@ -115,7 +115,6 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     imports.warn_shared_normalization_params(base.graph, params)
     imports.warn_folded_parameters(base, params)
     decays = param_selection.decays(params, optimizer.get("no_decay") or ())
-    groups = flat.plan(base.graph, params, decays) if fused else []
 
     evaluation, eval_outputs = _eval_graph(base, params, bn_stats, model_outputs)
     # momentum=None BatchNorms' counters: state of the training graphs only (eval reads none)
@@ -130,6 +129,10 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
         gradients = _backward_graphs(base, *args[:3], [], *args[4:])[1]
     # a pass that replaces the prediction (dense_conv) keeps its output slot, not its name
     step.graph.outputs[slot].name = loss.output
+    gated = guarded_params.guards(step.graph, by_name(step.graph, LOSS), params)
+    guarded_params.check_supported(optimizer, gated)
+    # a param stepped only on some steps keeps its own state: out of the flat buffers
+    groups = flat.plan(base.graph, [p for p in params if p not in gated], decays) if fused else []
     orders = taps_params.store(step.graph, opset, taps, grads)  # after gradients is cloned: its params as the model's
     held = [replace(g, shapes=[tuple(s[i] for i in orders[p]) if p in orders else s for p, s in zip(g.params, g.shapes)])
             for g in groups]
@@ -140,17 +143,19 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     lr_dtype = optimizers.lr_dtype(v.dtype for v in param_values.values())
     step_outputs = [Output(LOSS, "loss"),
                     *_append_optimizer(step.graph, opset, optimizer, param_values, grads, slots, decays, held, lr_dtype,
-                                       loss_scale),
+                                       loss_scale, gated),
                     *(Output(expose(step.graph, value, f"{stat}.next", like=step.graph.initializers[stat]), "state",
                              stat) for stat, value in bn_next.items()),
                     # the training-mode prediction the loss reads: the Trainer's train metrics
                     *([Output(loss.output, PREDICTION)] if label else [])]
     set_outputs(step.graph, step_outputs)
 
-    updated = [g.name for g in groups] or params  # what optimizer state is kept for
+    grouped = {p for g in groups for p in g.params}
+    updated = [g.name for g in groups] + [p for p in params if p not in grouped]  # what optimizer state is kept for
     role_of_input = {**{n: "data" for n in data}, **({label: "label"} if label else {}),
                      **{n: "param" for n in params},
                      **{f"{p}.{s}": "state" for p in [*params, *updated] for s in slots},
+                     **{p + guarded_params.STEP_SUFFIX: "state" for p in gated},
                      STEP: "state", **{n: "state" for n in running_state(optimizer)},
                      **{n: "state" for n in loss_scaling.state_names(loss_scale)},
                      **{n: "state" for n in bn_stats}, LR: "hyper",
@@ -178,6 +183,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
              for key, m in graphs.items()}
     feeds = {o.name: o.feeds for o in step_outputs if o.feeds is not None}
     state = _initial_state(gradients.graph, params, bn_stats, slots, optimizer, lr_dtype)
+    state.update({p + guarded_params.STEP_SUFFIX: np.array(0, np.int64) for p in gated})
     state.update(loss_scaling.initial_state(loss_scale))
     return Built(graphs, roles, feeds, params, frozen_all, constants, state, model_outputs, opset, groups, slots,
                  orders, one_row, list(renormed))
@@ -360,14 +366,16 @@ def _infer_shapes(model: ir.Model) -> None:
 
 def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups: Sequence[flat.Group],
                  no_decay: Sequence[str] = (), lr_dtype: ir.DataType | None = None,
-                 loss_scale: dict | None = None) -> ir.Model:
+                 loss_scale: dict | None = None, gated: Sequence[str] = ()) -> ir.Model:
     """The optimizer update of train_step as a graph of its own: inputs the ``params`` (typed
     values named as the params), ``<param>_grad`` for each, the optimizer state (per ``groups``
     buffer, or per param without), ``step`` and ``lr`` (train_step's ``lr_dtype``, by default
     ``optimizers.lr_dtype`` of the params'); outputs ``<param>.next``, the state's ``.next`` and
     ``step.next``, as train_step computes them. With ``loss_scale`` the gradients are the scaled
     loss's (``loss_scaling.scaled_gradients``): checked, unscaled and the step skipped as in
-    train_step, the scale's state an input and output too."""
+    train_step, the scale's state an input and output too. ``gated``: the params train_step steps
+    only when a step reads them, each with its own ``<param>.step`` (not in ``groups``); the
+    workers' update steps them every step, counting it there."""
     graph = ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="update")
     if loss_scale is not None:
         input_with_default(graph, loss_scaling.LOSS_SCALE, loss_scaling.initial_state(loss_scale)[loss_scaling.LOSS_SCALE])
@@ -379,7 +387,8 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
     decays = param_selection.decays(list(values), no_decay)
     slots = optimizers.state_slots(optimizer)
     outputs = _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups),
-                                lr_dtype or optimizers.lr_dtype(p.dtype for p in params), loss_scale)
+                                lr_dtype or optimizers.lr_dtype(p.dtype for p in params), loss_scale,
+                                {p: [] for p in gated})
     set_outputs(graph, [o for o in outputs if o.role != GRAD_NORM])  # a replica carries every output it gets
     broadcasts.rank_scalars(graph, opset)
     model = ir.Model(graph, ir_version=10)
@@ -388,11 +397,13 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
 
 
 def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups, lr_dtype,
-                      loss_scale: dict | None = None) -> list[Output]:
+                      loss_scale: dict | None = None, gated: dict | None = None) -> list[Output]:
     """Optimizer inputs (state, step, lr of ``lr_dtype``) and update nodes for ``params`` (name ->
     value), per flat buffer of ``groups`` or, with none, per param; returns the ``.next`` outputs.
     ``loss_scale``: the gradients are the scaled loss's, unscaled here and the step skipped where
-    one is not finite (``loss_scaling``; the graph already has the ``loss_scale`` input)."""
+    one is not finite (``loss_scaling``; the graph already has the ``loss_scale`` input).
+    ``gated``: {param not in ``groups``: its ``guarded_params.guards``}: each counts its own step,
+    and where its guards are not empty is held, state and step, on a step that does not read it."""
     b = Emitter(graph, opset, "optim")
     step = input_with_default(graph, STEP, np.array(0, dtype=np.int64))
     lr = input_with_default(graph, LR, np.array(hyper["lr"], dtype=lr_dtype.numpy()))
@@ -402,13 +413,12 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
     ctx = optimizers.StepContext(b, lr, t, scheduled.get(MOMENTUM), running)
     groups_by_name = {g.name: g for g in groups}
     read_param = optimizers.needs_param(hyper)
-    if groups:
-        views = Emitter(graph, opset, "optim/flat")
-        updates = [(g.name, flat.concat(views, g, params) if read_param else None, flat.concat(views, g, grads),
-                    g.weight_decay) for g in groups]
-    else:
-        updates = [(p, params[p], grad, decays[p]) for p, grad in grads.items()]
-    dtypes = [(u[2] if groups else params[u[0]]).dtype for u in updates]
+    views = Emitter(graph, opset, "optim/flat") if groups else None
+    grouped = {p for g in groups for p in g.params}
+    updates = [(g.name, flat.concat(views, g, params) if read_param else None, flat.concat(views, g, grads),
+                g.weight_decay) for g in groups]
+    updates += [(p, params[p], grad, decays[p]) for p, grad in grads.items() if p not in grouped]
+    dtypes = [(u[2] if u[0] in groups_by_name else params[u[0]]).dtype for u in updates]
     scaler = None
     if loss_scale is not None:  # torch's scaler.unscale_, before any clipping
         scaler = loss_scaling.Scaler(b, loss_scale, by_name(graph, loss_scaling.LOSS_SCALE))
@@ -417,21 +427,23 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
     # torch's clip_grad_*_ between backward and step, on every gradient at once (if the spec asks)
     clipped, norm = clipping.clip(b, hyper, [u[2] for u in updates], dtypes)
     updates = [(name, param, g, decay) for (name, param, _, decay), g in zip(updates, clipped)]
-    new_params, state_next = {}, []
+    new_params, state_next, gates = {}, [], guarded_params.Gates(b, scaler.found_inf if scaler else None)
     for name, param, grad, decay in updates:
-        like = grad if groups else params[name]  # a flat group's gradient is typed by flat.concat
+        like = grad if name in groups_by_name else params[name]  # a flat group's gradient is typed by flat.concat
         state = {}
         for s in slots:
             state[s] = ir.Value(name=f"{name}.{s}", type=ir.TensorType(like.dtype), shape=like.shape)
             graph.inputs.append(state[s])
-        upd = optimizers.step(ctx, hyper if decay else {**hyper, "weight_decay": 0.0}, grad, state, param)
-        delta, shrink = scaler.step(upd.delta, upd.shrink) if scaler else (upd.delta, upd.shrink)
-        if groups:  # the group's step split into its params' pieces, applied to the params as fed
+        own = gates.own_step(graph, ctx, name, (gated or {}).get(name))
+        upd = optimizers.step(own.ctx, hyper if decay else {**hyper, "weight_decay": 0.0}, grad, state, param)
+        delta, shrink = gates.held_step(own.skip, upd.delta, upd.shrink)
+        if name in groups_by_name:  # the group's step split into its params' pieces, applied to the params as fed
             new_params.update(flat.apply(views, groups_by_name[name], params, delta, shrink))
         else:
             new_params[name] = optimizers.apply(b, param, delta, shrink)
-        state_next += [Output(expose(graph, scaler.keep(state[s], upd.state[s]) if scaler else upd.state[s],
-                                     f"{name}.{s}.next", like=like), "state", f"{name}.{s}") for s in slots]
+        state_next += [Output(expose(graph, gates.kept(own.skip, state[s], upd.state[s]), f"{name}.{s}.next", like=like),
+                              "state", f"{name}.{s}") for s in slots]
+        state_next += [Output(expose(graph, value, f"{n}.next", like=old), "state", n) for n, old, value in own.next()]
     param_next = [Output(expose(graph, new_params[p], f"{p}.next", like=params[p]), "param", p) for p in params]
     return [*param_next, *state_next,
             Output(expose(graph, scaler.keep(step, t) if scaler else t, f"{STEP}.next", like=step), "state", STEP),

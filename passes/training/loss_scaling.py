@@ -35,7 +35,8 @@ import onnx_ir as ir
 
 from graphc.passes.emit import HALF_DTYPES, Emitter
 
-__all__ = ["LOSS_SCALE", "SKIPPED", "TRACKER", "Scaler", "initial_state", "scaled_gradients", "seed", "state_names"]
+__all__ = ["LOSS_SCALE", "SKIPPED", "TRACKER", "Scaler", "held_step", "initial_state", "kept", "scaled_gradients", "seed",
+           "state_names"]
 
 LOSS_SCALE = "loss_scale"
 TRACKER = "loss_scale.growth_tracker"
@@ -91,6 +92,20 @@ def unscale(b: Emitter, scale: ir.Value, grads: Sequence[ir.Value], dtypes: Sequ
     return out, b.op("IsNaN", total, dtype=ir.DataType.BOOL)
 
 
+def held_step(b: Emitter, skip: ir.Value, delta: ir.Value, shrink: ir.Value | None) -> tuple[ir.Value, ir.Value | None]:
+    """A step that leaves the param as it is where the bool scalar ``skip`` holds: delta 0 and
+    shrink 1 (``param * 1 - 0``, bit for bit the param, by the node that writes it anyway)."""
+    delta = b.op("Where", skip, b.const(0, delta.dtype), delta, dtype=delta.dtype)
+    if shrink is not None:
+        shrink = b.op("Where", skip, b.const(1, shrink.dtype), shrink, dtype=shrink.dtype)
+    return delta, shrink
+
+
+def kept(b: Emitter, skip: ir.Value, old: ir.Value, new: ir.Value) -> ir.Value:
+    """``new``, or ``old`` where the bool scalar ``skip`` holds (optimizer state, a step count)."""
+    return b.op("Where", skip, old, new, dtype=new.dtype if new.dtype is not None else old.dtype)
+
+
 @dataclass
 class Scaler:
     """The loss-scaling nodes of one train_step: its scale input and ``found_inf``."""
@@ -106,15 +121,11 @@ class Scaler:
 
     def step(self, delta: ir.Value, shrink: ir.Value | None) -> tuple[ir.Value, ir.Value | None]:
         """A step that leaves the param as it is on ``found_inf``: delta 0 and shrink 1."""
-        b = self.b
-        delta = b.op("Where", self.found_inf, b.const(0, delta.dtype), delta, dtype=delta.dtype)
-        if shrink is not None:
-            shrink = b.op("Where", self.found_inf, b.const(1, shrink.dtype), shrink, dtype=shrink.dtype)
-        return delta, shrink
+        return held_step(self.b, self.found_inf, delta, shrink)
 
     def keep(self, old: ir.Value, new: ir.Value) -> ir.Value:
         """``new``, or on ``found_inf`` ``old`` (the optimizer state, ``step``)."""
-        return self.b.op("Where", self.found_inf, old, new, dtype=new.dtype if new.dtype is not None else old.dtype)
+        return kept(self.b, self.found_inf, old, new)
 
     def update(self, tracker: ir.Value | None, skipped: ir.Value) -> dict[str, ir.Value]:
         """{state input name: its next value}: the scale's, the tracker's, the skipped steps'."""

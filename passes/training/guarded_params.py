@@ -1,0 +1,226 @@
+"""Params the loss reads only inside control flow, and whether a step reads them.
+
+torch gives a param that a step's forward does not read (only an ``if`` branch not taken, a loop
+that runs zero times reads it) ``grad = None``, and ``torch.optim`` skips it that step: no weight
+decay, no moment or momentum update, no ``step`` count (the per-param ``state["step"]``, which
+Adam's bias corrections and the like read). graphc's backward gives such a param a zero gradient;
+``guards`` finds those params in train_step's forward and ``touched`` emits, per param, the bool
+scalar that says whether this step read it: an If's condition (its negation for the else branch),
+a Loop's ``trip count > 0 and cond``, a Scan's ``length > 0``, ORed over the nodes that read it.
+The update then keeps such a param and its state as they are where it is not touched, as loss
+scaling keeps a skipped step (``loss_scaling.held_step`` and ``kept``), and counts its own step
+(``<param>.step``, int64).
+
+Liveness runs backward from the loss, through no ``gc.detach`` Identity; a param read by a live
+node of the main graph, or through a top-level value any way but straight into a control-flow
+body, counts as always read (its update as before). Inside a body, nested control flow counts as
+run whenever the body runs: only the outermost node's condition gates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import onnx_ir as ir
+
+from graphc.errors import PassError
+from graphc.passes.emit import Emitter
+from graphc.passes.training import loss_scaling
+from graphc.passes.training.graph_outputs import input_with_default
+from graphc.passes.training.optimizers import StepContext
+from graphc.passes.training.scheduled import running_state
+from graphc.passes.values import const_array, stops_gradient
+
+__all__ = ["STEP_SUFFIX", "Gates", "check_supported", "guards", "touched"]
+
+STEP_SUFFIX = ".step"  # a gated param's own step count, torch's per-param ``state["step"]``
+
+Guard = tuple  # ("if", node, branch 0 then / 1 else), ("loop", node), ("scan", node)
+
+
+def guards(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> dict[str, list[Guard]]:
+    """``{param: the control-flow nodes (and If branches) whose bodies read it}`` for each of
+    ``params`` that the loss reads only inside control flow whose running is not known when the
+    graph is built; params read otherwise are left out."""
+    live: set[ir.Value] = {loss}
+    found: dict[str, set] = {}
+    for node in reversed(list(graph)):
+        if stops_gradient(node) or not any(o in live for o in node.outputs):
+            continue
+        if not _bodies(node):
+            live.update(v for v in node.inputs if v is not None)
+            continue
+        for guard, reads, passed in _control_reads(node, live):
+            live.update(passed)
+            known = _static(guard)
+            for v in reads:
+                if v.name in params and known is None:
+                    found.setdefault(v.name, set()).add(guard)
+                else:  # a top-level value, or a body that always runs: read as before
+                    live.add(v)
+    always = {v.name for v in live if v.name in params}
+    return {p: sorted(g, key=_order(graph)) for p, g in found.items() if p not in always}
+
+
+def _order(graph: ir.Graph):
+    index = {node: i for i, node in enumerate(graph)}
+    return lambda guard: (index[guard[1]], guard[2] if guard[0] == "if" else 0)
+
+
+def _bodies(node: ir.Node) -> list[ir.Graph]:
+    return [a.as_graph() for a in node.attributes.values() if a.type == ir.AttributeType.GRAPH]
+
+
+def _control_reads(node: ir.Node, live: set[ir.Value]) -> Iterable[tuple[Guard, set[ir.Value], set[ir.Value]]]:
+    """(guard, outer values its body reads live, values passed through unguarded) for a live If,
+    Loop or Scan of the main graph (any other node with bodies: one guard that never gates)."""
+    out_live = [o in live for o in node.outputs]
+    if node.op_type == "If":
+        for k, name in enumerate(("then_branch", "else_branch")):
+            body = node.attributes[name].as_graph()
+            yield ("if", node, k), _outer_reads(body, [o for o, on in zip(body.outputs, out_live) if on]), set()
+        return
+    body = _bodies(node)[0]
+    if node.op_type == "Loop":  # inputs M, cond, carried...; body inputs iter, cond, carried...
+        carried, skip = len(node.inputs) - 2, 2
+    elif node.op_type == "Scan":  # inputs states..., scans...; body inputs the same
+        carried, skip = len(node.inputs) - node.attributes["num_scan_inputs"].as_int(), 0
+    else:
+        yield ("other", node), {v for v in node.inputs if v is not None} | _outer_reads(body, body.outputs), set()
+        return
+    reads = _outer_reads(body, body.outputs, keep_inputs=True)
+    through = {node.inputs[skip + k] for k in range(carried) if out_live[k]}  # a carried value's output
+    fed = {v: node.inputs[i] for i, v in enumerate(body.inputs) if i >= skip}
+    outer = {fed.get(v, v) for v in reads if v not in body.inputs or v in fed}
+    yield (node.op_type.lower(), node), {v for v in outer if v is not None}, through
+
+
+def _outer_reads(body: ir.Graph, outputs: Iterable[ir.Value], keep_inputs: bool = False) -> set[ir.Value]:
+    """The values from outside ``body`` (and, with ``keep_inputs``, its own inputs) that its
+    nodes computing ``outputs`` read with a gradient; nested bodies count whole."""
+    live = set(outputs)
+    for node in reversed(list(body)):
+        if stops_gradient(node) or not any(o in live for o in node.outputs):
+            continue
+        live.update(v for v in node.inputs if v is not None)
+        for inner in _bodies(node):
+            live |= _outer_reads(inner, inner.outputs, keep_inputs=True) - set(inner.inputs)
+    own = set(body.inputs) if not keep_inputs else set()
+    return {v for v in live if (v.producer() is None or v.producer().graph is not body) and v not in own}
+
+
+def _static(guard: Guard) -> bool | None:
+    """Whether the guarded body runs, where the graph says it (a constant trip count or scan
+    length); None where it depends on the step."""
+    kind, node = guard[0], guard[1]
+    if kind == "loop":
+        trips, cond = (const_array(v) for v in node.inputs[:2])
+        if (node.inputs[0] is not None and trips is None) or (node.inputs[1] is not None and cond is None):
+            return None
+        return bool((trips is None or trips > 0) and (cond is None or cond))
+    if kind == "scan":
+        x, axis = _scanned(node)
+        dim = x.shape[axis] if x.shape is not None else None
+        return dim > 0 if isinstance(dim, int) else None
+    if kind == "if":
+        cond = const_array(node.inputs[0])
+        return None if cond is None else bool(cond) == (guard[2] == 0)
+    return True
+
+
+def _scanned(node: ir.Node) -> tuple[ir.Value, int]:
+    """A Scan's first scanned input and its scan axis."""
+    first = len(node.inputs) - node.attributes["num_scan_inputs"].as_int()
+    axes = node.attributes.get("scan_input_axes")
+    axis = axes.as_ints()[0] if axes is not None else 0
+    x = node.inputs[first]
+    return x, axis if axis >= 0 or x.shape is None else axis + len(x.shape)
+
+
+def touched(b: Emitter, param_guards: list[Guard], cache: dict) -> ir.Value:
+    """The bool scalar: does this step read a param under ``param_guards`` (``guards``')? Each
+    guard's condition is emitted once per ``cache``."""
+    for g in param_guards:
+        if g not in cache:
+            cache[g] = _condition(b, g)
+    out = cache[param_guards[0]]
+    for g in param_guards[1:]:
+        out = b.op("Or", out, cache[g])
+    return out
+
+
+def _condition(b: Emitter, guard: Guard) -> ir.Value:
+    kind, node = guard[0], guard[1]
+    if kind == "if":
+        return node.inputs[0] if guard[2] == 0 else b.op("Not", node.inputs[0])
+    if kind == "scan":
+        x, axis = _scanned(node)
+        length = b.op("Shape", x, start=axis, end=axis + 1)
+        return b.op("Squeeze", b.op("Greater", length, b.ints([0])), b.ints([0]))
+    trips, cond = node.inputs[:2]
+    parts = ([b.op("Greater", trips, b.const(0, np.int64))] if trips is not None else []) + \
+        ([cond] if cond is not None else [])
+    return parts[0] if len(parts) == 1 else b.op("And", *parts)
+
+
+def check_supported(optimizer: dict, gated: Collection[str]) -> None:
+    """A PassError where a gated param meets an update that keeps its running state for all
+    params at once (a scheduled momentum's ``running_state``: NAdam's ``mu_product``, SGD's
+    ``momentum_steps``), which torch keeps per param."""
+    running = list(running_state(optimizer))
+    if gated and running:
+        raise PassError(f"params {sorted(gated)} are read only inside control flow (gc.cond, a loop that may run "
+                        f"zero times), so some steps leave them as torch leaves a grad-None param; {optimizer['kind']} "
+                        f"with a scheduled momentum keeps {running} for all params at once and cannot skip one")
+
+
+@dataclass
+class Own:
+    """One update's step context and skip condition: a gated param's own step count (``step``
+    in, ``t`` after this step), else the shared ones."""
+
+    ctx: StepContext
+    skip: ir.Value | None
+    name: str = ""
+    step: ir.Value | None = None
+    t: ir.Value | None = None
+    gates: "Gates | None" = None
+
+    def next(self) -> list[tuple[str, ir.Value, ir.Value]]:
+        """(input name, input, next value) of the own step count, if any."""
+        if self.step is None:
+            return []
+        return [(self.name + STEP_SUFFIX, self.step, self.gates.kept(self.skip, self.step, self.t))]
+
+
+@dataclass
+class Gates:
+    """The skipped updates of one update graph: loss scaling's ``found_inf`` (or None) for every
+    param, and for a gated one also a step that does not read it."""
+
+    b: Emitter
+    found_inf: ir.Value | None
+    _conditions: dict = field(default_factory=dict)
+
+    def own_step(self, graph: ir.Graph, ctx: StepContext, name: str, param_guards: list | None) -> Own:
+        """The context and skip condition of the update of ``name`` (a param or a flat group);
+        ``param_guards``: None for an update every step reads, else the param's ``guards``
+        (empty: stepped every step, counted on its own, as data-parallel workers' update)."""
+        if param_guards is None:
+            return Own(ctx, self.found_inf)
+        b = self.b
+        step = input_with_default(graph, name + STEP_SUFFIX, np.array(0, np.int64))
+        t = b.op("Add", step, b.const(1, np.int64))
+        skip = self.found_inf
+        if param_guards:
+            idle = b.op("Not", touched(b, param_guards, self._conditions))
+            skip = idle if skip is None else b.op("Or", skip, idle)
+        return Own(replace(ctx, t=t, _cache={}, running_next={}), skip, name, step, t, self)
+
+    def held_step(self, skip: ir.Value | None, delta: ir.Value, shrink: ir.Value | None):
+        return (delta, shrink) if skip is None else loss_scaling.held_step(self.b, skip, delta, shrink)
+
+    def kept(self, skip: ir.Value | None, old: ir.Value, new: ir.Value) -> ir.Value:
+        return new if skip is None else loss_scaling.kept(self.b, skip, old, new)
