@@ -12,7 +12,7 @@ import numpy as np
 import onnx_ir as ir
 
 __all__ = ["ALL_REDUCE_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY",
-           "MAX_NORM_KEY", "MAX_NORM_ROWS_KEY", "PROBABILITIES_KEY", "RANDOM_OPS",
+           "MAX_NORM_KEY", "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY", "PROBABILITIES_KEY", "RANDOM_OPS",
            "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "all_reduce_kind", "ancestors", "const_array",
            "const_axes", "const_scalar", "draws_random", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "replace_value",
            "static_shape", "stops_gradient", "subgraphs"]
@@ -100,6 +100,9 @@ MAX_NORM_KEY = "graphc.max_norm"
 # and the "indices" it looked up, for the training graphs to write it back; inside a control-flow body
 # that cannot carry a weight from outside it out (``gc.vmap``'s), neither: the training graphs refuse it}
 MAX_NORM_ROWS_KEY = "graphc.max_norm_rows"
+# node metadata of such a lookup's Gather of the weight: JSON {"max_norm", "norm_type"}, which the
+# inference and eval graphs compare to drop a control-flow body's carried weight (``max_norm_carries``)
+MAX_NORM_LOOKUP_KEY = "graphc.max_norm_lookup"
 
 
 # ops whose kernels draw random numbers: each run draws anew, two equal nodes are two draws

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -18,6 +19,7 @@ from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.model.windows import ceil_as_floor_pads
 from graphc.passes.infer import ceil_adds_nothing
+from graphc.passes.values import MAX_NORM_LOOKUP_KEY
 
 
 def ints(v: Any, n: int, name: str) -> list[int]:
@@ -306,6 +308,9 @@ def embedding(indices: Tensor, weight: Tensor, padding_idx: int | None = None, m
                        user_source())
     padding_idx = _padding_row(weight, padding_idx)
     rows = ops.emit("Gather", [weight, indices], {"axis": 0})
+    if max_norm is not None:
+        rows.value.producer().metadata_props[MAX_NORM_LOOKUP_KEY] = json.dumps(
+            {"max_norm": float(max_norm), "norm_type": float(norm_type)})
     if padding_idx is not None:
         is_pad = ops.unsqueeze(indices == ops.lift(padding_idx, indices), [-1])
         rows = ops.where(is_pad, ops.detach(rows), rows)

@@ -45,7 +45,8 @@ from graphc.passes.infer import correct_onnx_inference
 from graphc.passes.precision.autocast import autocast_in_place
 from graphc.passes.training import broadcasts, buffer_updates, clipping, dense_conv, flat, imports, loss_scaling, modes
 from graphc.passes.training import guarded_params, optimizers, param_selection
-from graphc.passes.training import max_norm, noise as noise_shapes, padding_rows, recompute as recomputation, reductions
+from graphc.passes.training import max_norm, max_norm_carries, noise as noise_shapes, padding_rows, reductions
+from graphc.passes.training import recompute as recomputation
 from graphc.passes.training import sync_batchnorm, taps_params
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
@@ -106,6 +107,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
 
     inference = base.clone()
     buffer_updates.inference_mode(inference.graph)
+    max_norm_carries.strip(inference)
     padding_rows.freeze_padding_rows(base.graph)  # after the clone: inference keeps the plain lookup
 
     free_names(base.graph, _reserved(loss, optimizer, loss_scale))
@@ -197,6 +199,7 @@ def _eval_graph(base: ir.Model, params: Sequence[str], bn_stats: Sequence[str],
     expose_inputs(evaluation.graph, [*params, *bn_stats])
     outputs = [Output(LOSS, "loss"), *(Output(o, "output") for o in model_outputs if o != LOSS)]
     set_outputs(evaluation.graph, outputs)
+    max_norm_carries.strip(evaluation)
     return evaluation, outputs
 
 
