@@ -8,7 +8,7 @@ carries when nothing reads it after the node, every read of it in the body (nest
 lookup with ``max_norm``, and all of them have the same ``max_norm`` and ``norm_type``: each lookup then
 reads the weight as it was before the node. A row an earlier lookup renormalised comes out the same from
 the weight as it was (the same ops on the same row), while torch renormalises the renormalised row again:
-a no-op in float64 for a row's norm up to 1e6, 1 or 2 ulps in float32 (docs/api.md has the numbers).
+a no-op in float64 for rows whose norm is under 1e8, up to 1e-7/max_norm + 2 ulps in float32 (docs/api.md).
 """
 
 from __future__ import annotations
