@@ -98,3 +98,10 @@ def test_keys_repeated_across_objects_or_inside_strings_are_served(http):
                         f'"inputs": [{INPUTS}], "outputs": [{{"name": "s"}}, {{"name": "y"}}]}}')
     outputs = served(reply)
     assert reply.json()["id"] == json.loads(f'"{tricky}"') and list(outputs) == ["s", "y"]
+
+
+@pytest.mark.parametrize("extra", ['"data": [[], null]', '"data": [[1], "x"]', '"parameters": {"data": [[2.5], {"a": 1}]}'])
+def test_an_unchecked_data_holding_other_values_is_served(http, extra):
+    # a "data" the schema does not check (an extra key, a parameter) holding null, a string or an
+    # object after a list: the repeated-key scan dropped the start of it and failed with a 500
+    served(infer(http, f'{{"inputs": [{INPUTS}], {extra}, "outputs": [{{"name": "s"}}]}}'))

@@ -17,15 +17,24 @@ from collections.abc import Iterator
 # a string, with the ':' after it when it is a key (group 1); or a bracket
 TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?|[{}\[\]]', re.DOTALL)
 # A tensor's ``data``, which the schema found to hold numbers, booleans and lists only (none of
-# these characters can end a string: a '"' in one is escaped, so '"data"' is always a key).
+# these characters can end a string: a '"' in one is escaped, so '"data"' is always a key). A
+# "data" the schema does not check (an extra top-level key or a parameter) may hold null, strings
+# or objects: the match then stops at a ']' inside the array, and it is kept (``_emptied``).
 _DATA = re.compile(rb'"data"\s*:\s*\[[-+.0-9eE,\[\]\s truefals]*\]')
+
+
+def _emptied(match: re.Match) -> bytes:
+    """A whole ``_DATA`` array as ``"data":[]``; a match that ends inside its array (more '[' than
+    ']': it stopped at a value it does not take, such as ``null``) as it is."""
+    text = match.group()
+    return b'"data":[]' if text.count(b"[") == text.count(b"]") else text
 
 
 def repeated_key(text: bytes) -> str | None:
     """Where the first key repeated within one object of ``text`` is (an infer request's JSON,
     valid by the schema), as ``inputs[1].data`` (list indices count the objects and lists in that
     list, which for the protocol's lists of objects is the index), or None when no key repeats."""
-    for key, _, stack in walk(_DATA.sub(b'"data":[]', text)):
+    for key, _, stack in walk(_DATA.sub(_emptied, text)):
         if key is not None:
             keys = stack[-1][1]
             if key in keys:
