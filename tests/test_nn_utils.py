@@ -105,8 +105,10 @@ def test_float32_conv_runs_on_both_backends_with_a_symbolic_batch(api, norm):
     x = INPUTS["Conv2d(2, 3, 3)"].astype(np.float32)
     model = gc.capture(layer, x=gc.spec("float32", ("N", 2, 5, 5)))
     onnx.checker.check_model(model.proto, full_check=True)
+    # float32: the spectral norm's power iteration rounds apart from torch's; outputs near 4,000 once
+    # came 1.1e-5 apart (0.08) in a parallel full run
     np.testing.assert_allclose(run_both(model, {"x": x})["output"], twin(torch.from_numpy(x)).detach().numpy(),
-                               rtol=1e-5, atol=1e-6)
+                               rtol=5e-5, atol=1e-6)
 
 
 def test_remove_weight_norm_keeps_the_weight_as_torch():
