@@ -19,7 +19,7 @@ from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.model.windows import ceil_as_floor_pads
 from graphc.passes.infer import ceil_adds_nothing
-from graphc.passes.values import MAX_NORM_LOOKUP_KEY
+from graphc.passes.values import MAX_NORM_LOOKUP_KEY, SYNC_BATCHNORM_KEY
 
 
 def ints(v: Any, n: int, name: str) -> list[int]:
@@ -244,11 +244,14 @@ def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | Non
 
 
 @in_float32
-def batch_statistics_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+def batch_statistics_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, *,
+                          sync: bool = False) -> Tensor:
     """``x`` normalised per channel by its own batch statistics (mean and biased variance over
     every dim but 1), then the affine: torch's batch norm without running statistics, in training
     and inference alike. Written out in standard ops, not a BatchNormalization node, which the
-    training and inference passes switch to the running statistics."""
+    training and inference passes switch to the running statistics. ``sync`` (``SyncBatchNorm``):
+    the mean, centring and variance nodes marked ``SYNC_BATCHNORM_KEY`` ("mean", "centred",
+    "variance"), which a data-parallel worker's gradients graph takes over every worker's shard."""
     if x.shape is None or len(x.shape) < 2:
         raise op_error("BatchNormalization", [x], "expects an (N, C, ...) input of known rank >= 2", user_source())
     values = (x.shape[0], *x.shape[2:])
@@ -256,8 +259,13 @@ def batch_statistics_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None,
         raise op_error("BatchNormalization", [x], "expected more than 1 value per channel when training, got "
                        f"input shape {tuple(x.shape)}", user_source())
     axes = [0, *range(2, x.ndim)]
-    centred = x - ops.mean(x, axes, keepdims=True)
-    y = centred / ops.sqrt(ops.mean(centred * centred, axes, keepdims=True) + ops.scalar(eps, x))
+    mean = ops.mean(x, axes, keepdims=True)
+    centred = x - mean
+    var = ops.mean(centred * centred, axes, keepdims=True)
+    if sync:
+        for value, mark in ((mean, "mean"), (centred, "centred"), (var, "variance")):
+            value.value.producer().metadata_props[SYNC_BATCHNORM_KEY] = mark
+    y = centred / ops.sqrt(var + ops.scalar(eps, x))
     per_channel = [-1] + [1] * (x.ndim - 2)
     if weight is not None:
         y = y * ops.reshape(ops.lift(weight, x), per_channel)

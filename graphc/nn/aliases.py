@@ -23,14 +23,16 @@ from graphc.passes.values import SYNC_BATCHNORM_KEY
 
 class SyncBatchNorm(BatchNormBase):
     """``torch.nn.SyncBatchNorm``: BatchNorm over ``(N, C, *)`` input (``process_group`` is accepted and
-    unused). Its BatchNormalization node is marked ``SYNC_BATCHNORM_KEY``: the gradients graph computes
-    its batch statistics, and their gradient's per-channel sums, through all-reduce points
-    (``passes/training/sync_batchnorm.py``), so shards run stage by stage with the marked values summed
-    between (``graphc.runtime.staged``; ``gc.Trainer(..., workers=N)``'s workers) train as the whole
-    batch, as torch's SyncBatchNorm under DDP. ``train_step`` (one process), eval and inference graphs
-    are plain BatchNorm."""
+    unused). Its BatchNormalization node (without running statistics: its mean, centring and variance
+    nodes) is marked ``SYNC_BATCHNORM_KEY``: the gradients graph computes its batch statistics, and
+    their gradient's per-channel sums, through all-reduce points (``passes/training/sync_batchnorm.py``),
+    so shards run stage by stage with the marked values exchanged between (``graphc.runtime.staged``;
+    ``gc.Trainer(..., workers=N)``'s workers) train as the whole batch, as torch's SyncBatchNorm under
+    DDP. ``train_step`` (one process), eval and inference graphs are plain BatchNorm (torch syncs in
+    training mode only: in eval, a layer without running statistics takes each worker's own batch)."""
 
     _ranks, _layout = (2, 3, 4, 5), "(N, C, *) (at least 2-D)"
+    _sync = True
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                  track_running_stats: bool = True, process_group: Any = None, dtype: Any = "float32", *,
@@ -40,7 +42,7 @@ class SyncBatchNorm(BatchNormBase):
     def forward(self, x: Tensor) -> Tensor:
         y = super().forward(x)
         node = y.value.producer()
-        if node is not None and node.op_type == "BatchNormalization":  # without running statistics: plain ops
+        if node is not None and node.op_type == "BatchNormalization":  # without running statistics: marked plain ops
             node.metadata_props[SYNC_BATCHNORM_KEY] = "true"
         return y
 

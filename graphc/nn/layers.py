@@ -83,6 +83,7 @@ class AdaptiveAvgPool2d(Module):
 class _BatchNorm(Module):
     _ranks: tuple[int, ...]  # the input ranks torch takes, and their layout
     _layout: str
+    _sync = False  # SyncBatchNorm: statistics over every data-parallel worker's shard in training graphs
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
                  track_running_stats: bool = True, dtype: Any = "float32", *, bias: bool = True):
@@ -108,7 +109,7 @@ class _BatchNorm(Module):
                            user_source())
         if not self.track_running_stats:
             ops.same_dim(type(self).__name__, [x], x.shape[1], self.num_features, "input channels and num_features")
-            return ops_nn.batch_statistics_norm(x, self.weight, self.bias, self.eps)
+            return ops_nn.batch_statistics_norm(x, self.weight, self.bias, self.eps, sync=self._sync)
         y = ops_nn.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                               training=self.training, momentum=0.0 if self.momentum is None else self.momentum,
                               eps=self.eps)

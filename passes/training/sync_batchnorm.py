@@ -29,7 +29,9 @@ import onnx_ir as ir
 from graphc.passes.emit import Emitter
 from graphc.passes.training.modes import replace_training_batchnorm, training_axes, values_per_channel
 from graphc.passes.infer import infer
-from graphc.passes.values import ALL_REDUCE_KEY, SYNC_BATCHNORM_KEY, all_reduce_kind
+from graphc.errors import PassError
+from graphc.passes.values import (ALL_REDUCE_KEY, STOP_GRADIENT_KEY, SYNC_BATCHNORM_KEY, all_reduce_kind,
+                                   replace_value)
 
 LOSS_SEED = "graphc.loss_seed"  # the backward's seed factor of a graph with SyncBatchNorms (module docstring)
 WORKERS = "graphc_workers"  # the leading dim of a gathered value
@@ -40,9 +42,12 @@ def write_out(b: Emitter, graph: ir.Graph) -> dict[str, ir.Value]:
     returns {running statistic (or counter) name: its updated value}."""
     updated: dict[str, ir.Value] = {}
     for node in list(graph):
-        if (node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
-                and node.attributes.get_int("training_mode", 0) and node.metadata_props.get(SYNC_BATCHNORM_KEY)):
+        mark = node.metadata_props.get(SYNC_BATCHNORM_KEY)
+        if (mark and node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
+                and node.attributes.get_int("training_mode", 0)):
             updated.update(_write_out(b, graph, node))
+        elif mark == "centred":
+            _write_out_batch_statistics(b, graph, node)
     return updated
 
 
@@ -96,22 +101,7 @@ def _write_out(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str, ir.Value
     axes = training_axes(node)
     per_channel = b.ints([-1] + [1] * (len(axes) - 1))
     shift = b.op("Reshape", shift if shift.dtype == x.dtype else b.op("Cast", shift, to=x.dtype), per_channel)
-    # this worker's count n_i, mean (s + d_i) and sum of squares about it (m2_i), in x - s
-    shifted = b.op("Sub", x, shift)
-    count = values_per_channel(b, graph, x)
-    d_i = b.op("Div", b.reduce("ReduceSum", shifted, axes), b.op("Max", count, b.scalar(1.0, x)))  # 0 rows: 0
-    local = b.op("Sub", shifted, d_i)
-    m2_i = b.reduce("ReduceSum", b.op("Mul", local, local), axes)
-    # every worker's, combined by Chan et al.'s parallel formula
-    counts = gather(b, b.op("Reshape", count, b.ints([1] * (len(axes) + 1))))
-    ds = gather(b, d_i)
-    total = b.reduce("ReduceSum", counts, [0])
-    d = b.op("Div", b.reduce("ReduceSum", b.op("Mul", counts, ds), [0]), total)
-    apart = b.op("Sub", ds, d)
-    m2 = b.op("Add", b.reduce("ReduceSum", gather(b, m2_i), [0]),
-              b.reduce("ReduceSum", b.op("Mul", counts, b.op("Mul", apart, apart)), [0]))
-    var = b.op("Div", m2, total)
-    centred = b.op("Add", local, b.op("Sub", d_i, d))  # x - mean
+    centred, var, d, total = _combined(b, graph, x, shift, axes)
     eps = b.scalar(node.attributes.get_float("epsilon", 1e-5), x)
     y = b.op("Mul", centred, b.op("Reciprocal", b.op("Sqrt", b.op("Add", var, eps))))
     for op, param in (("Mul", scale), ("Add", bias)):
@@ -119,3 +109,61 @@ def _write_out(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str, ir.Value
         y = b.op(op, y, b.op("Reshape", param, per_channel))
     mean = b.op("Add", b.squeeze(d, axes), b.op("Reshape", shift, b.ints([-1])))
     return replace_training_batchnorm(b, graph, node, y, mean, b.squeeze(var, axes), b.op("Reshape", total, b.ints([1])))
+
+
+def _write_out_batch_statistics(b: Emitter, graph: ir.Graph, node: ir.Node) -> None:
+    """A SyncBatchNorm without running statistics (plain ops, ``ops_nn.batch_statistics_norm``):
+    its centring (``node``, x - mean) and its variance replaced by the workers' together. The shift
+    is this worker's own mean (no gradient: the result does not depend on it), gathered with the
+    statistics, which are rebased to worker 0's shift before they are combined."""
+    x, variance = node.inputs[0], _variance(node)
+    axes = [0, *range(2, len(x.shape))]
+    own = b.op("Identity", _mean(b, x, values_per_channel(b, graph, x), axes))
+    own.producer().metadata_props[STOP_GRADIENT_KEY] = "true"
+    centred, var, _, _ = _combined(b, graph, x, own, axes, own_shift=True)
+    replace_value(node.outputs[0], centred)
+    replace_value(variance.outputs[0], var)
+
+
+def _mean(b: Emitter, x: ir.Value, count: ir.Value, axes: list[int]) -> ir.Value:
+    """x's mean over ``axes`` (kept) of ``count`` values; 0 for none."""
+    return b.op("Div", b.reduce("ReduceSum", x, axes), b.op("Max", count, b.scalar(1.0, x)))
+
+
+def _variance(centring: ir.Node) -> ir.Node:
+    """The node marked "variance" nearest after ``centring`` (its mean of squares)."""
+    seen, frontier = set(), [centring]
+    while frontier:
+        nodes = [use.node for n in frontier for v in n.outputs for use in v.uses()]
+        for n in nodes:
+            if n.metadata_props.get(SYNC_BATCHNORM_KEY) == "variance":
+                return n
+        frontier = [n for n in nodes if n not in seen]
+        seen.update(frontier)
+    raise PassError(f"SyncBatchNorm centring node {centring.name!r}: no variance node marked after it")
+
+
+def _combined(b: Emitter, graph: ir.Graph, x: ir.Value, shift: ir.Value, axes: list[int],
+              own_shift: bool = False) -> tuple[ir.Value, ...]:
+    """x - mean, the biased variance, mean - shift (kept dims) and the count over every worker's
+    shard, from one exchange (module docstring); ``own_shift``: each worker's ``shift`` is its own,
+    gathered too, the statistics taken about worker 0's."""
+    # this worker's count n_i, mean (s + d_i) and sum of squares about it (m2_i), in x - s
+    shifted = b.op("Sub", x, shift)
+    count = values_per_channel(b, graph, x)
+    d_i = _mean(b, shifted, count, axes)
+    local = b.op("Sub", shifted, d_i)
+    m2_i = b.reduce("ReduceSum", b.op("Mul", local, local), axes)
+    # every worker's, combined by Chan et al.'s parallel formula
+    counts = gather(b, b.op("Reshape", count, b.ints([1] * (len(axes) + 1))))
+    ds = gather(b, d_i)
+    if own_shift:  # each mean about worker 0's shift: the shifts' differences are exact when they are close
+        shifts = gather(b, shift)
+        first = b.op("Gather", shifts, b.ints([0]), axis=0)
+        d_i, ds = b.op("Add", d_i, b.op("Sub", shift, first)), b.op("Add", ds, b.op("Sub", shifts, first))
+    total = b.reduce("ReduceSum", counts, [0])
+    d = b.op("Div", b.reduce("ReduceSum", b.op("Mul", counts, ds), [0]), total)
+    apart = b.op("Sub", ds, d)
+    m2 = b.op("Add", b.reduce("ReduceSum", gather(b, m2_i), [0]),
+              b.reduce("ReduceSum", b.op("Mul", counts, b.op("Mul", apart, apart)), [0]))
+    return b.op("Add", local, b.op("Sub", d_i, d)), b.op("Div", m2, total), d, total
