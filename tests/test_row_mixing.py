@@ -134,6 +134,23 @@ def test_an_embeddings_max_norm_write_back_mixes_no_rows():
     assert _found(_mse(model, "out")) == []
 
 
+class _Untracked(nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.fc, self.bn = nn.Linear(6, 4), norm(4, track_running_stats=False)
+
+    def forward(self, x):
+        return {"out": self.bn(self.fc(x))}
+
+
+def test_a_syncbatchnorm_without_running_statistics_mixes_no_rows():
+    """Its statistics (plain ops) are taken over every worker's shard in training: no warning;
+    BatchNorm1d's, the same ops per worker, are reported (their ReduceMean over the batch)."""
+    for norm, found in ((nn.SyncBatchNorm, []), (nn.BatchNorm1d, ["ReduceMean bn/ReduceMean"])):
+        model = gc.capture(_Untracked(norm), seed=0, x=gc.spec("float32", ("N", 6)))
+        assert _found(_mse(model, "out"))[:1] == found, norm
+
+
 @pytest.mark.parametrize("kind", list(MIXERS))
 def test_a_forward_that_mixes_rows_is_named_with_its_op_and_line(kind):
     op, text = MIXERS[kind]

@@ -10,9 +10,11 @@ import onnx_ir as ir
 
 from graphc.passes.training import row_axes_select  # noqa: F401 - registers its rules in RULES
 from graphc.passes.training.row_axes import RULES, Mixes, Rows
-from graphc.passes.values import ancestors, subgraphs
+from graphc.passes.values import SYNC_BATCHNORM_KEY, ancestors, subgraphs
 
 __all__ = ["Mixing", "mixing_nodes"]
+
+SYNCED = ("mean", "variance")  # a SyncBatchNorm's statistics (``ops_nn.batch_statistics_norm``): every worker's
 
 
 @dataclass(frozen=True)
@@ -32,8 +34,10 @@ def mixing_nodes(graph: ir.Graph, batched: Mapping[str, int], output: str) -> li
     along it, rows paired with rows (``x @ x.T``, ``x[:, None] - x[None]``) mix. So does what the
     analysis cannot follow: an op type with no rule, a subgraph (If, Loop, Scan) reading the
     rows, a computed axis, a reshape of unknown shapes. BatchNormalization is per row here (its
-    batch statistics are per worker, documented, as PyTorch DDP). Each node that makes rows mix
-    is reported once; its outputs, mixed, are not followed further."""
+    batch statistics are per worker, documented, as PyTorch DDP); so are a SyncBatchNorm's
+    statistics without running ones (the nodes marked "mean" and "variance"): the workers' gradients
+    graph takes them over every worker's shard. Each node that makes rows mix is reported once; its
+    outputs, mixed, are not followed further."""
     target = next((v for v in graph.outputs if v.name == output), None)
     if target is None:
         raise ValueError(f"{output!r} is not an output of the graph; outputs: {[v.name for v in graph.outputs]}")
@@ -45,7 +49,8 @@ def mixing_nodes(graph: ir.Graph, batched: Mapping[str, int], output: str) -> li
             continue
         ins = [rows.get(v) if v is not None else None for v in node.inputs]
         reads = _subgraph_reads(node)
-        if not any(ins) and not any(v in rows for v in reads or ()):
+        if node.metadata_props.get(SYNC_BATCHNORM_KEY) in SYNCED or (
+                not any(ins) and not any(v in rows for v in reads or ())):
             continue
         try:
             if reads is not None or node.domain not in ("", "ai.onnx") or node.op_type not in RULES:
