@@ -149,3 +149,39 @@ def test_sync_batchnorm_after_an_embeddings_max_norm_trains_on_two_workers_as_to
     for name in first:
         np.testing.assert_array_equal(first[name], second[name], err_msg=name)
     dp.shutdown()
+
+
+def test_sync_batchnorm_without_running_statistics_on_two_workers_is_torchs(ray_cluster):
+    """SyncBatchNorm(track_running_stats=False) (plain ops): 3 SGD steps on 2 workers (4+4, 5+4)
+    are torch's BatchNorm over each global batch (losses 1e-12, params 1e-10, float64); ``predict``
+    normalises each worker's shard by its own statistics, as torch's SyncBatchNorm in eval mode,
+    which does not sync."""
+    torch = pytest.importorskip("torch")
+    from test_sync_batchnorm import _Untracked, _untracked
+
+    model = gc.capture(_Untracked().train(), seed=0, x=gc.spec("float64", ("N", 2, 5, 5)))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(0.1))
+    batches = [{"x": RNG.normal(size=(n, 2, 5, 5)) * 2 + 1.5, "y": RNG.normal(size=(n, 2))} for n in (8, 9, 9)]
+    dp = gc.Trainer(arts, **WORKER)
+    losses = [dp.step(b) for b in batches]
+    shards = dp.predict({"x": batches[0]["x"]})["output"]
+
+    net = torch.nn.Module()
+    for name, layer in _untracked(torch.nn, torch.nn.BatchNorm2d, torch.nn.BatchNorm1d, dtype=torch.float64).items():
+        net.add_module(name, layer)
+    net.load_state_dict({k: torch.tensor(v) for k, v in arts.state.items()}, strict=False)
+    opt, want = torch.optim.SGD(net.parameters(), lr=0.1), []
+    for b in batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(_forward(net, torch.tensor(b["x"])), torch.tensor(b["y"]))
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    np.testing.assert_allclose(losses, want, rtol=1e-12)
+    got = dp.state_dict()
+    for name, value in net.state_dict().items():
+        np.testing.assert_allclose(got[name], value.numpy(), rtol=1e-10, atol=1e-13, err_msg=name)
+    with torch.no_grad():
+        each = [_forward(net.eval(), torch.tensor(part)).numpy() for part in np.split(batches[0]["x"], 2)]
+    np.testing.assert_allclose(shards, np.concatenate(each), rtol=1e-12, atol=1e-14)
+    dp.shutdown()
