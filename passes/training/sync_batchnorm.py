@@ -170,4 +170,5 @@ def _combined(b: Emitter, graph: ir.Graph, x: ir.Value, shift: ir.Value, axes: l
     apart = b.op("Sub", ds, d)
     m2 = b.op("Add", b.reduce("ReduceSum", gather(b, m2_i), [0]),
               b.reduce("ReduceSum", b.op("Mul", counts, b.op("Mul", apart, apart)), [0]))
-    return b.op("Add", local, b.op("Sub", d_i, d)), b.op("Div", m2, total), d, total
+    var = b.op("Div", m2, total)
+    return b.op("Add", local, b.op("Sub", d_i, d)), var, d, total
