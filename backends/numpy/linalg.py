@@ -34,7 +34,11 @@ def matmul(a, b):
 
 def _gemm(a, b, c, alpha, beta, trans_a, trans_b, full_c):
     """alpha * A' @ B' + beta * C; ``full_c``: C must have the result's shape (opset < 7,
-    broadcast 0), else it broadcasts to it unidirectionally."""
+    broadcast 0), else it broadcasts to it unidirectionally. float16 in float32, rounded once (as
+    torch's addmm; ml_dtypes' bfloat16 products are float32 already)."""
+    dtype = a.dtype
+    if dtype == np.float16:
+        a, b, c = (None if v is None else v.astype(np.float32) for v in (a, b, c))
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError(f"A has shape {list(a.shape)} and B {list(b.shape)}, expected two matrices")
     a, b = (a.T if trans_a else a), (b.T if trans_b else b)
@@ -48,7 +52,7 @@ def _gemm(a, b, c, alpha, beta, trans_a, trans_b, full_c):
         else:
             require_unidirectional(c, y.shape, "C")
         y += c if beta == 1.0 else beta * c
-    return (y.astype(a.dtype, copy=False),)
+    return (y.astype(dtype, copy=False),)
 
 
 @kernel("Gemm", since=1)
