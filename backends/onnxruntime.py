@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from graphc.backends import (batchnorm, bfloat16, bfloat16_casts, denormals, doubles, dropout, fusions, loop_bodies, nchwc,
+from graphc.backends import (batchnorm, bfloat16, denormals, doubles, dropout, fusions, loop_bodies, narrow_casts, nchwc,
                              opsets, pad_axes, pools, recurrent, scans, selects, transposes)
 from graphc.backends.iobinding import Bindings
 from graphc.backends.ort_serialize import serialize_for_ort
@@ -192,7 +192,7 @@ class _OrtBackend:
             options.intra_op_num_threads = int(threads)
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         if self.device == "cpu":
-            model = selects.as_ifs(_race_free(bfloat16_casts.lower(model), options))  # -0.0 kept
+            model = selects.as_ifs(_race_free(narrow_casts.lower(model), options))  # -0.0 kept
             if options.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
                 model = _cpu_kernels(model, options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
         flush_denormals = bool(flush_denormals) and self.device == "cpu"

@@ -2,7 +2,7 @@
 no bfloat16 before opset 22 (Conv, ConvTranspose, MaxPool, AveragePool, GridSample, Sin ... Atanh,
 Mish, Round) are captured in float32 between Casts; onnxruntime's CPU provider, which has bfloat16
 kernels for moving data only, runs every other bfloat16 node in float32 between Casts
-(``backends/bfloat16_casts.py``); the numpy backend reduces narrow floats in float32; batch norm
+(``backends/narrow_casts.py``); the numpy backend reduces narrow floats in float32; batch norm
 computes its statistics in float32 and keeps its running statistics in the param dtype. Values
 are held to torch's own error against a float64 oracle (at least 2 spacings of the dtype), on
 numpy and ort-cpu; gradients to torch.autograd's on the float32 upcast; a small bfloat16 conv net
@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 
 import graphc as gc
 import graphc.nn.functional as F
-from graphc.backends import bfloat16_casts
+from graphc.backends import narrow_casts
 from graphc.model.dtypes import to_numpy
 
 try:
@@ -160,7 +160,7 @@ def test_numpy_backend_reduces_bfloat16_in_float32():
 
 def test_float32_models_reach_onnxruntime_unchanged():
     model = _capture("conv2d", _inputs("conv2d", "float32")).proto
-    assert bfloat16_casts.lower(model) is model
+    assert narrow_casts.lower(model) is model
 
 
 def test_bfloat16_in_a_loop_body_runs_on_ort_cpu():
