@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from graphc.serving.kserve import flat_data, infer, protocol
+from graphc.serving.kserve.json_slices import FlatArray, NestedArray
 from graphc.serving.kserve.schemas import FLOAT_BOUNDS, InferRequest
 from graphc.serving.serve import create_app
 from serve_util import mixed_model, running_server
@@ -108,10 +109,55 @@ def test_the_sliced_parse_accepts_and_refuses_what_the_whole_parse_does(monkeypa
 def whole_and_sliced(body: bytes, monkeypatch, chunk: int = 1 << 18):
     """decode_request's outcome for ``body`` parsed whole, then a slice at a time."""
     monkeypatch.setattr(flat_data, "INCREMENTAL_BYTES", 1 << 40)
+    monkeypatch.setattr(flat_data, "INCREMENTAL_CONTAINERS", 1 << 40)
     whole = outcome(body)
     monkeypatch.setattr(flat_data, "INCREMENTAL_BYTES", 0)
     monkeypatch.setattr(flat_data, "CHUNK_BYTES", chunk)
     return whole, outcome(body)
+
+
+@st.composite
+def nested_data_text(draw, datatype: str) -> tuple[str, list[int]]:
+    """Nested lists of ``datatype`` elements, 2-4 deep, as text, and the shape they are drawn for; now
+    and then ragged (a row, a list of rows, a depth off), with an edge, a stray comma or an element
+    where a list goes (or the other way round)."""
+    shape = draw(st.lists(st.integers(0, 3), min_size=2, max_size=4))
+
+    def lists(dims: list[int]) -> str:
+        if not dims:
+            return draw(SPACE) + draw(valid_items(datatype)) + draw(SPACE)
+        size = dims[0] + draw(st.sampled_from([0] * 12 + [-1, 1]))  # a ragged list
+        inner = dims[1:] if draw(st.integers(0, 30)) else draw(st.sampled_from([dims[2:], [*dims[1:], 1]]))
+        return "[" + draw(SPACE) + ",".join(lists(inner) for _ in range(max(size, 0))) + draw(SPACE) + "]"
+
+    text = lists(shape)
+    odd = draw(st.integers(0, 5))
+    starts = [i for i, c in enumerate(text) if (c.isdigit() or c in "tf") and text[i - 1] in "[, \n\t"]
+    if odd == 0 and starts:  # an edge in place of an element
+        at = draw(st.sampled_from(starts))
+        end = at
+        while end < len(text) and text[end] not in ",] \n\t\r":
+            end += 1
+        text = text[:at] + draw(st.sampled_from(edges(datatype) + EDGES)) + text[end:]
+    elif odd == 1 and "]" in text:
+        at = draw(st.sampled_from([i for i, c in enumerate(text) if c == "]"]))
+        text = text[:at] + draw(st.sampled_from([",", ",1", ",[1]", ",[]", ",[[1]]"])) + text[at:]
+    return text, shape
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data(), chunk=st.sampled_from([1, 3, 8, 64, 1 << 18]))
+def test_the_sliced_parse_takes_and_refuses_nested_data_as_the_whole_parse_does(monkeypatch, data, chunk):
+    """Nested (and ragged, and bad) data of a drawn datatype beside flat data: the same arrays, shaped
+    as numpy shapes the lists, or the same message (numpy's for ragged lists, wrapped)."""
+    datatype = data.draw(st.sampled_from(DATATYPES))
+    nested, shape = data.draw(nested_data_text(datatype))
+    if data.draw(st.booleans()):
+        shape = [int(np.prod(shape))]
+    body = (f'{{"id":"r","inputs":[{{"name":"n","shape":{shape},"datatype":"{datatype}","data":{nested}}},'
+            f'{{"name":"f","shape":[2],"datatype":"INT8","data":[1, 2]}}]}}').encode()
+    whole, sliced = whole_and_sliced(body, monkeypatch, chunk)
+    assert sliced == whole
 
 
 def test_every_datatype_edge_is_taken_or_refused_as_the_whole_parse_does(monkeypatch):
@@ -171,16 +217,85 @@ def bad_body(rows: int, old: bytes, new: bytes, at: float) -> bytes:
     return text[:cut] + new + text[cut + len(old):]
 
 
-@pytest.mark.parametrize("old, new", BAD)
+def nested_bad_body(rows: int, old: bytes, new: bytes, at: float) -> bytes:
+    """``bad_body`` with its first input's data nested: ``rows`` lists of 4."""
+    text = bad_body(rows, b"", b"", 0)
+    start = text.index(b"[7,") + 1
+    nested = b",".join([b"[7,7,7,7]"] * rows)
+    text = text[:start] + nested + text[start + len(nested) - 2 * rows:]
+    cut = text.find(old, int(len(text) * at))
+    cut = text.index(old) if cut < 0 else cut
+    return text[:cut] + new + text[cut + len(old):]
+
+
+# Nested data refused as the whole parse refuses it: a bad element, a blank one, a JSON error, a ragged
+# list, a list one deeper, rows that are not the shape's.
+NESTED_BAD = [(b"7]", b"NaN]"), (b"7,", b"65520,"), (b"7]", b"7,]"), (b"7,", b"7,,"), (b"],[", b"] ["),
+              (b"7,7]", b"7]"), (b"7,7]", b"7,7,7]"), (b"[7,", b"[[7],"), (b"[7,", b"[]],[["), (b"7]", b"\"7\"]"),
+              (b'"name":"x",', b""), (b"[7,", b"[]],[7,")]
+
+
+@pytest.mark.parametrize("old, new", BAD + NESTED_BAD)
 def test_a_bad_body_is_refused_by_the_sliced_parse_as_the_whole_parse_does(monkeypatch, old, new):
-    for at in (0.0, 0.3, 0.6, 0.9):
-        body = bad_body(3000, old, new, at)
+    for at, make in ((0.0, bad_body), (0.3, bad_body), (0.6, bad_body), (0.9, bad_body),
+                     (0.0, nested_bad_body), (0.5, nested_bad_body)):
+        if old not in make(1, b"", b"", 0):  # the nested cases' edits
+            continue
+        body = make(3000, old, new, at)
         whole, sliced = whole_and_sliced(body, monkeypatch, 1 << 12)
         assert whole[0] == "error" and sliced == whole, (at, whole, sliced)
+        # a slice, the structure; nested data with a string, an object or an element beside a list in it
+        # stays in the structure, parsed whole (at most MAX_STRUCTURE_BYTES), or is parsed whole
+        first = body.index(b'"data":[') + 7
+        whole_structure = not FlatArray(body, first).flat and NestedArray(body, first).end < 0
         parsed = parsed_sizes(monkeypatch)
-        assert isinstance(flat_data.parse_flat(body), str), (at, whole)
-        assert max(parsed, default=0) < 6000 < len(body) // 10, (parsed, len(body))  # a slice, the structure
+        result = flat_data.parse_flat(body)
+        # (a ragged list and a count off are found as the arrays are decoded)
+        assert isinstance(result, str if whole[2].startswith("invalid") or "JSON" in whole[2] else InferRequest) \
+            or whole_structure and result is None, (at, whole)
+        assert max(parsed, default=0) < (len(body) if whole_structure else 6000) and 6000 < len(body) // 10, parsed
         monkeypatch.undo()
+
+
+def test_nested_data_is_flattened_a_slice_at_a_time_and_shaped_as_numpy_shapes_it(monkeypatch):
+    """3000 rows of 4 (and 30 rows of 400 in 2 deeper lists, rows longer than a slice): the arrays the
+    whole parse makes, pydantic given only the structure and slices; a ragged list gets numpy's message."""
+    body = nested_bad_body(3000, b"", b"", 0)
+    deep = body.replace(b'"datatype":"FP16","data":[', b'"datatype":"FP16","data":[[').replace(b"]]", b"]]]", 1)
+    wide = b'{"inputs":[{"name":"x","shape":[2,30,400],"datatype":"FP64","data":[%s]}]}' % b",".join(
+        [b"[%s]" % b",".join([b"[%s]" % b", ".join([b"-1.5e-3"] * 400)] * 30)] * 2)
+    for text, shape in ((body, (3000, 4)), (deep, (1, 3000, 4)), (wide, (2, 30, 400))):
+        whole, sliced = whole_and_sliced(text, monkeypatch, 1 << 12)
+        assert sliced == whole and whole[0] != "error", whole
+        parsed = parsed_sizes(monkeypatch)
+        request = flat_data.parse_flat(text)
+        assert request.inputs[0].data.shape == shape and max(parsed) < 1000, parsed
+        monkeypatch.undo()
+    ragged = body.replace(b"7,7,7,7]", b"7,7,7]", 1)
+    whole, sliced = whole_and_sliced(ragged, monkeypatch, 1 << 12)
+    assert sliced == whole and "inhomogeneous shape after 1 dimensions. The detected shape was (3000,)" in whole[2]
+
+
+def test_a_large_structure_is_refused_with_413_naming_the_limit(monkeypatch):
+    """What is parsed in one call (the JSON around the inputs' data arrays of numbers, or a body they
+    cannot be cut from) past 1 MiB: whitespace, a long string, a large array in parameters, objects
+    in data. At 1 MiB it is parsed as before."""
+    monkeypatch.setattr(flat_data, "INCREMENTAL_BYTES", 1 << 12)
+    data = b",".join([b"7"] * 4000)
+    template = b'{"inputs":[{"name":"x","shape":[4000],"datatype":"FP32","data":[%s]%s}]}'
+    big = 1 << 20
+    for extra in (b" " * big, b',"parameters":{"note":"%s"}' % (b"a" * big),
+                  b',"parameters":{"p":[%s]}' % b",".join([b"1"] * (big // 2)), b',"parameters":{"data":[%s]}' % b",".join([data] * 140)):
+        with pytest.raises(protocol.ProtocolError, match=r"bytes outside its inputs' data arrays of numbers .*limit of "
+                                                         r"1048576") as caught:
+            protocol.decode_request(template % (data, extra), None)
+        assert caught.value.status == 413
+    objects = template % (b'{"a":"%s"},' % (b"x" * 1000) * 1100 + data, b"")
+    with pytest.raises(protocol.ProtocolError, match="limit of 1048576") as caught:
+        protocol.decode_request(objects, None)
+    assert caught.value.status == 413
+    fits = template % (data, b" " * (big - len(template % (b"", b"")) - 20))
+    assert protocol.decode_request(fits, None).inputs["x"].shape == (4000,)
 
 
 def test_a_truncated_body_is_refused_by_the_sliced_parse_as_the_whole_parse_does(monkeypatch):
@@ -232,7 +347,7 @@ class LoopTicks:
             self.decoding.append(self.ticks - start)
 
 
-@pytest.mark.parametrize("bad", [None, (b"true", b"NaN"), (b"true", b"true,,true"), (b"true", b"1.5e400"),
+@pytest.mark.parametrize("bad", [None, "nested", (b"true", b"NaN"), (b"true", b"true,,true"), (b"true", b"1.5e400"),
                                  (b'"outputs"', b'"outputs":[],"outputs"')])
 def test_health_checks_are_answered_while_a_large_flat_json_request_is_parsed(monkeypatch, bad):
     """8 MB of one-digit FP32/INT64/BOOL data (2.2 million numbers): parsed whole, the parse holds
@@ -241,14 +356,18 @@ def test_health_checks_are_answered_while_a_large_flat_json_request_is_parsed(mo
     answered before the large request's reply. A bad body (at 90% of it a NaN, a blank element, a
     malformed number; a repeated key after the data) is refused from slices too, pydantic never
     given more than a slice (and the structure): 36-64 turns; parsed whole for the message, as
-    before, the repeated key's turned 3 times."""
+    before, the repeated key's turned 3 times. x's data nested as two lists of 400,000 numbers
+    (parsed whole before, it turned fewer than 30 times) takes the sliced parse too."""
     rows = 200_000
     body = (b'{"inputs":[{"name":"x","shape":[%d,4],"datatype":"FP32","data":[%s]},'
             b'{"name":"idx","shape":[%d,3],"datatype":"INT64","data":[%s]},'
             b'{"name":"mask","shape":[%d,4],"datatype":"BOOL","data":[%s]}],"outputs":[{"name":"s"}]}'
             % (rows, b",".join([b"7"] * rows * 4), rows, b",".join([b"2"] * rows * 3), rows,
                b",".join([b"true"] * rows * 4)))
-    if bad is not None:
+    if bad == "nested":  # x's data as two lists of rows * 2 numbers
+        half = b",".join([b"7"] * rows * 2)
+        body = body.replace(b",".join([b"7"] * rows * 4), b"[%s],[%s]" % (half, half))
+    elif bad is not None:
         cut = body.index(bad[0], len(body) * 9 // 10)
         body = body[:cut] + bad[1] + body[cut + len(bad[0]):]
     app = LoopTicks(create_app(mixed_model(), name="mixed", backend="ort-cpu"))
@@ -266,7 +385,7 @@ def test_health_checks_are_answered_while_a_large_flat_json_request_is_parsed(mo
                 health.append(time.monotonic())
         sender.join()
     reply, done = replies[0]
-    if bad is None:
+    if bad is None or bad == "nested":
         assert reply.status_code == 200, reply.text[:300]
         np.testing.assert_array_equal(reply.json()["outputs"][0]["data"], [3] * rows * 3)
     else:

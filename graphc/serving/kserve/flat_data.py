@@ -1,4 +1,4 @@
-"""Flat JSON tensor ``data`` parsed a slice at a time, so that a large request does not hold the GIL.
+"""JSON tensor ``data`` (flat, or nested lists) parsed a slice at a time, so that a large request does not hold the GIL.
 
 pydantic (and ``json.loads``) parse a whole body in one call holding the GIL, so the event loop on
 the other thread, health checks included, waits for all of it: 32 MB of flat one-digit numbers held
@@ -12,9 +12,12 @@ counted in the whole body), its first element of a wrong type or range found by 
 type, and the structure is validated with each array cut down to that element. A structure that is
 not JSON has its error placed back in the body (after any in the arrays before it). Arrays are cut
 string-aware (a ']' or ',' in a string is the string's), an element longer than a slice is taken
-whole, and a ``"data"`` array that is not an input's stays in the structure. Only a body whose inputs'
-arrays cannot be told apart this way (none found, a '"data": [' in a string, an object with keys in
-one) gets None: parse it whole.
+whole, and a ``"data"`` array that is not an input's stays in the structure. Nested lists of elements
+are found bracket by bracket (``NestedArray``), their rows parsed as flat slices, and shaped as numpy
+shapes the lists (``nested_shape``: numpy's message for ragged ones). Nested data with a string, an
+object or an element beside a list stays in the structure. Only a body whose inputs' arrays cannot be
+told apart this way (none found, a '"data": [' in a string, an object with keys in one) gets None:
+parse it whole. What is parsed in one call is at most ``MAX_STRUCTURE_BYTES`` (else a 413).
 """
 
 from __future__ import annotations
@@ -29,13 +32,17 @@ from pydantic import TypeAdapter, ValidationError
 
 from graphc.model.dtypes import to_numpy
 from graphc.serving.kserve import json_slices
-from graphc.serving.kserve.json_slices import FlatArray
+from graphc.serving.kserve.json_slices import FlatArray, NestedArray
+from graphc.serving.kserve.nested_shape import numpy_shape
 from graphc.serving.kserve.repeated_keys import TOKEN, walk
 from graphc.serving.kserve.request_errors import describe_errors, validate_header
 from graphc.serving.kserve.schemas import DATATYPES, ELEMENT_LISTS, FLOAT_BOUNDS, InferRequest
 
 # Bodies this large and up take the fast path: below it the one-call parse holds the loop < 5 ms.
 INCREMENTAL_BYTES = 1 << 18
+# And bodies with this many lists and objects: validating each holds the GIL 3-18 us, so 65,000 rows
+# of ``[7]`` (260 KB) held it 250-290 ms.
+INCREMENTAL_CONTAINERS = 1 << 10
 # Bytes of an array parsed per slice: about 1 ms of json.loads and numpy, holding the GIL.
 CHUNK_BYTES = 1 << 18
 _DATA = re.compile(rb'"data"[ \t\n\r]*:[ \t\n\r]*\[')
@@ -46,14 +53,25 @@ _BY_DTYPE = {to_numpy(dtype): datatype for datatype, dtype in DATATYPES.items()}
 _JSON_LIST = TypeAdapter(list)  # pydantic's JSON parser, for its verdict and message on a slice
 _JSON_ANY = TypeAdapter(Any)  # and on the structure
 HEAD = 5  # elements of each array kept in the body cut down for the schema
+# Bytes of a large request's JSON parsed in one call (what is left once its inputs' data arrays of
+# numbers are cut out, or a body they cannot be cut from): that call holds the GIL, so every other
+# connection: 4-21 ms at this size (1 MiB of a string, of whitespace, of an array of numbers).
+MAX_STRUCTURE_BYTES = 1 << 20
 _AT = re.compile(r" at line (\d+) column (\d+)$")
 
 
+class StructureTooLarge(ValueError):
+    """A request whose JSON outside its inputs' data passes ``MAX_STRUCTURE_BYTES`` (a 413)."""
+
+
 def parse_flat(text: bytes) -> InferRequest | str | None:
-    """The request in ``text`` with each input's flat ``data`` as a 1-D numpy array of its datatype,
-    or the message refusing it (as the whole-body parse words it), or None: parse it whole."""
-    arrays = _flat_arrays(text)
+    """The request in ``text`` with each input's ``data`` as a numpy array of its datatype (1-D where
+    flat, shaped as numpy shapes nested lists, or ``Ragged``), or the message refusing it (as the
+    whole-body parse words it), or None: parse it whole. ``StructureTooLarge`` where what is left to
+    parse in one piece passes ``MAX_STRUCTURE_BYTES``."""
+    arrays = _data_arrays(text)
     skeleton = _cut(text, arrays)
+    check_structure(len(skeleton))
     try:
         structure = pydantic_core.from_json(skeleton)
     except ValueError:
@@ -65,17 +83,17 @@ def parse_flat(text: bytes) -> InferRequest | str | None:
         return None
     values, data_at, shorts = [], {}, []
     for array, owner in zip(arrays, owners):
-        scan = _Scan(array, _datatype(structure, owner))
+        scan = _scan(array, _datatype(structure, owner))
         if scan.verdict is not None:  # a JSON error (the first: the arrays before are JSON) or no slicing
             return scan.verdict or None
         values.append(scan.array)
-        # What a message may quote: the first HEAD elements (an input's repr shows 4, then "..."), the bad one.
-        short = scan.head if scan.bad is None or scan.bad[0] < HEAD else [*scan.head, scan.bad[1]]
-        shorts.append(json.dumps(short)[1:-1].encode())
+        shorts.append(scan.short())
         data_at.pop(owner, None)  # the input's last "data" is the one the parser keeps
         if scan.bad is not None:
-            data_at[owner] = (min(scan.bad[0], HEAD), scan.bad[0])
-    parsed = validate_header(_cut(text, arrays, shorts), data_at)
+            data_at[owner] = scan.moved()
+    header = _cut(text, arrays, shorts)
+    check_structure(len(header))
+    parsed = validate_header(header, data_at)
     if isinstance(parsed, InferRequest):
         if data_at:  # the schema took an element the slice's element type refused: not ours to judge
             return None
@@ -84,21 +102,35 @@ def parse_flat(text: bytes) -> InferRequest | str | None:
     return parsed
 
 
-def _flat_arrays(text: bytes) -> list[FlatArray]:
-    """Each ``"data": [`` array of ``text`` that holds no other list; one the body ends in is the last."""
-    arrays: list[FlatArray] = []
+def _data_arrays(text: bytes) -> list[FlatArray | NestedArray]:
+    """Each ``"data": [`` array of ``text`` that is flat (one the body ends in is the last) or nested
+    lists of elements (``NestedArray``)."""
+    arrays: list[FlatArray | NestedArray] = []
     at = 0
     while (key := text.find(b'"data"', at)) >= 0:
         match = _DATA.match(text, key)
         at = key + 1
         if match is not None:
             array = FlatArray(text, match.end() - 1)
-            if array.flat:
-                arrays.append(array)
-                if array.end < 0:
-                    break
-                at = array.end
+            if not array.flat:
+                array = NestedArray(text, match.end() - 1)
+                if array.end < 0:  # not lists of elements alone: it stays in the structure
+                    continue
+            arrays.append(array)
+            if array.end < 0:
+                break
+            at = array.end
     return arrays
+
+
+def check_structure(size: int) -> None:
+    """Refuse (``StructureTooLarge``) a JSON part whose ``size`` bytes, what is parsed in one call
+    holding the GIL, pass ``MAX_STRUCTURE_BYTES``."""
+    if size > MAX_STRUCTURE_BYTES:
+        raise StructureTooLarge(
+            f"the request's JSON holds {size} bytes outside its inputs' data arrays of numbers (parsed in one piece), "
+            f"more than the server's limit of {MAX_STRUCTURE_BYTES}; send tensor data as each input's \"data\" "
+            "array of numbers or booleans, or as binary data")
 
 
 def _structure_error(text: bytes, arrays: list[FlatArray], skeleton: bytes) -> str | None:
@@ -117,13 +149,13 @@ def _structure_error(text: bytes, arrays: list[FlatArray], skeleton: bytes) -> s
         if array.start > offset:  # (an EOF error is at the body's last byte, an array's '[' in the skeleton)
             break
         offset += array.stop - array.start - 1
-        scan = _Scan(array, None)
+        scan = _scan(array, None)
         if scan.verdict is not None:
             return scan.verdict or None
     return _json_error(error, text, offset)
 
 
-def _cut(text: bytes, arrays: list[FlatArray], contents: list[bytes] | None = None) -> bytes:
+def _cut(text: bytes, arrays: list[FlatArray | NestedArray], contents: list[bytes] | None = None) -> bytes:
     """``text`` with the elements of each of ``arrays`` replaced by its ``contents`` (none: emptied)."""
     parts, cut = [], 0
     for array, content in zip(arrays, contents or [b""] * len(arrays)):
@@ -204,6 +236,15 @@ class _Scan:
                 self.array[done:done + len(piece)] = piece
                 done += len(piece)
 
+    def short(self) -> bytes:
+        """What of the array a message may quote: its first HEAD elements (an input's repr shows 4, then
+        "..."), and the bad one."""
+        return json.dumps(self.head if self.bad is None or self.bad[0] < HEAD else [*self.head, self.bad[1]])[1:-1].encode()
+
+    def moved(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The bad element's index in the array cut down to ``short``, and in the whole array."""
+        return (min(self.bad[0], HEAD),), (self.bad[0],)
+
     def _slice(self, text: bytes, chunk: bytes, at: int, datatype: str | None, count: int, first: bool,
                last: bool, closed: bool) -> np.ndarray | list | None:
         """``chunk`` (at ``at`` in ``text``, after ``count`` elements), which is not plain data of its
@@ -236,6 +277,106 @@ class _Scan:
         return typed
 
 
+class _NestedScan:
+    """A ``NestedArray`` parsed a slice at a time: its rows of at most ``CHUNK_BYTES`` joined a slice's
+    worth at a time, a larger one as a flat array; a slice that is not plainly valid is parsed row by
+    row as a flat array. ``array``, ``verdict`` as ``_Scan``'s, the array shaped as numpy shapes the
+    lists (``Ragged`` where it refuses them); ``bad``: the path (an index in each list) to the first
+    element the schema refuses, and the element."""
+
+    def __init__(self, bounds: NestedArray, datatype: str | None):
+        self.bounds, self.datatype, self.verdict, self.bad, self.array = bounds, datatype, None, None, None
+        self.sizes = [0] * len(bounds.rows)
+        self.pieces: list = []
+        self.bad_head, self.bad_value = [], None  # the first HEAD elements of the bad element's row, it
+        text, group, size = bounds.text, [], 0
+        for row, (start, end) in enumerate(bounds.rows):
+            if end - start > CHUNK_BYTES:
+                if not self._rows(group) or not self._rows([row]):
+                    return
+                group, size = [], 0
+            elif text[start:end].strip(b" \t\n\r"):  # (an empty list adds no elements)
+                group.append(row)
+                size += end - start + 1
+                if size > CHUNK_BYTES:
+                    if not self._rows(group):
+                        return
+                    group, size = [], 0
+        if not self._rows(group) or self.bad is not None or datatype is None:
+            return
+        shape = numpy_shape(bounds.tree, self.sizes)
+        if isinstance(shape, tuple):
+            flat = np.empty(sum(self.sizes), to_numpy(DATATYPES[datatype]))
+            done = 0
+            for piece in self.pieces:
+                flat[done:done + len(piece)] = piece
+                done += len(piece)
+            shape = flat.reshape(shape)
+        self.array = shape
+
+    def _rows(self, rows: list[int]) -> bool:
+        """Parse ``rows`` (small ones joined, if plainly valid, else each as a flat array); False once
+        ``verdict`` is set."""
+        text, spans = self.bounds.text, [self.bounds.rows[row] for row in rows]
+        dtype = to_numpy(DATATYPES[self.datatype]) if self.datatype is not None and self.bad is None else None
+        if len(rows) > 1 or rows and spans[0][1] - spans[0][0] <= CHUNK_BYTES:
+            piece = _plain(b",".join(text[start:end] for start, end in spans), dtype, True, True)
+            if piece is not None:
+                self._take(rows, piece, [text.count(b",", start, end) + 1 for start, end in spans])
+                return True
+        for row, (start, _) in zip(rows, spans):
+            scan = _Scan(FlatArray(text, start - 1), self.datatype if self.bad is None else None)
+            if scan.verdict is not None:
+                self.verdict = scan.verdict
+                return False
+            if scan.bad is not None and self.bad is None:
+                self.bad, self.bad_head, self.bad_value = (*self._path(row), scan.bad[0]), scan.head, scan.bad[1]
+            self._take([row], scan.array, [len(scan.head) if scan.array is None else len(scan.array)])
+        return True
+
+    def _take(self, rows: list[int], piece, sizes: list[int]) -> None:
+        """Note ``rows``' ``sizes``; keep ``piece``, their elements, while no element is refused."""
+        for row, size in zip(rows, sizes):
+            self.sizes[row] = size
+        if self.bad is None and self.datatype is not None:
+            self.pieces.append(piece)
+
+    def _path(self, row: int) -> tuple[int, ...]:
+        """The index in each list of the lists that hold ``row``."""
+        def find(node, path):
+            if isinstance(node, int):
+                return path if node == row else None
+            for index, child in enumerate(node):
+                found = find(child, (*path, index))
+                if found is not None:
+                    return found
+            return None
+        return find(self.bounds.tree, ())
+
+    def short(self) -> bytes:
+        """The lists cut down for the schema: the first HEAD items of the top list, each ``[]`` if empty
+        else ``[[]]`` (which the schema takes as it takes the item; a message shows none of an item's
+        items), and down the path to the bad element the same, that path's list in place of the rest,
+        and the first HEAD elements of its row and it."""
+        def cut(node, path):
+            if isinstance(node, int):  # the bad element's row
+                return self.bad_head if path[0] < HEAD else [*self.bad_head, self.bad_value]
+            items = [[] if isinstance(child, int) and self.sizes[child] == 0 else [[]] for child in node[:HEAD]]
+            if path:
+                items[min(path[0], HEAD):] = [cut(node[path[0]], path[1:])]
+            return items
+        return json.dumps(cut(self.bounds.tree, self.bad or ()))[1:-1].encode()
+
+    def moved(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The bad element's path in the lists cut down to ``short``, and in the whole array."""
+        return tuple(min(index, HEAD) for index in self.bad), self.bad
+
+
+def _scan(array: FlatArray | NestedArray, datatype: str | None) -> _Scan | _NestedScan:
+    """``array`` parsed a slice at a time, its elements as ``datatype``'s (None: checked as JSON only)."""
+    return _NestedScan(array, datatype) if isinstance(array, NestedArray) else _Scan(array, datatype)
+
+
 def _plain(chunk: bytes, dtype: np.dtype | None, first: bool, last: bool) -> np.ndarray | list | None:
     """The elements of ``chunk``, an array's slice, where it is plainly valid: numbers or booleans
     only, no blank element, each of ``dtype``'s JSON type and range (None: any number or boolean)."""
@@ -264,7 +405,8 @@ def _offset(error: dict, mini: bytes) -> int | None:
 def _json_error(error: dict, text: bytes, offset: int) -> str:
     """The message of the JSON ``error`` with its place, ``offset`` in ``text``, as line and column."""
     where = _AT.search(error["msg"])
-    line, column = json_slices.count(text, b"\n", 0, offset) + 1, offset - text.rfind(b"\n", 0, offset)
+    # (an error just past a newline is at that newline: column 0 of the next line)
+    line, column = json_slices.count(text, b"\n", 0, offset + 1) + 1, offset - text.rfind(b"\n", 0, offset + 1)
     return describe_errors([{**error, "msg": f"{error['msg'][:where.start()]} at line {line} column {column}"}])
 
 

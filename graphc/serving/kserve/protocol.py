@@ -96,9 +96,17 @@ def _parse_header(header: bytes | memoryview) -> InferRequest:
         raise ProtocolError(f"the request's JSON holds {containers} lists and objects ('[' and '{{' counted), more "
                             f"than the server's limit of {MAX_JSON_CONTAINERS}; send tensor data flat (row-major) "
                             "or as binary data", 413)
-    parsed = None
-    if len(text) >= flat_data.INCREMENTAL_BYTES:  # flat data parsed a slice at a time: the loop keeps the GIL
-        parsed = flat_data.parse_flat(text)
+    parsed, too_large = None, None
+    # data parsed a slice at a time, so the loop keeps the GIL: a large body, or one of many lists
+    if len(text) >= flat_data.INCREMENTAL_BYTES or containers >= flat_data.INCREMENTAL_CONTAINERS:
+        try:
+            parsed = flat_data.parse_flat(text)
+            if parsed is None:  # parsed whole, in one call
+                flat_data.check_structure(len(text))
+        except flat_data.StructureTooLarge as exc:
+            too_large = str(exc)
+    if too_large is not None:
+        raise ProtocolError(too_large, 413)
     if parsed is None:
         parsed = validate_header(text)
     if isinstance(parsed, str):

@@ -15,10 +15,14 @@ _SHORT = reprlib.Repr()  # a bad value is quoted briefly, whatever its size
 _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlevel = 4, 4, 40, 40, 2
 
 
-def validate_header(text: bytes, data_at: dict[int, tuple[int, int]] | None = None) -> InferRequest | str:
+Path = tuple[int, ...]
+
+
+def validate_header(text: bytes, data_at: dict[int, tuple[Path, Path]] | None = None) -> InferRequest | str:
     """The request in ``text``, or the message saying why it is refused. ``data_at`` (input index ->
-    (index in ``text``, index in the whole array)) is for a body whose ``inputs[i].data`` was cut
-    down around its first bad element: an error there is reported at its index in the whole array."""
+    (the path to an element in ``text``, in the whole array: an index in each list)) is for a body whose
+    ``inputs[i].data`` was cut down around its first bad element: an error there is reported at its
+    place in the whole array."""
     try:
         request = InferRequest.model_validate_json(text)
     except ValidationError as exc:
@@ -29,12 +33,19 @@ def validate_header(text: bytes, data_at: dict[int, tuple[int, int]] | None = No
     return f"invalid infer request: {where} is given twice (a JSON object repeats its key); give each key once"
 
 
-def _moved(errors: list[dict[str, Any]], data_at: dict[int, tuple[int, int]]) -> list[dict[str, Any]]:
-    """``errors`` with each one at a flat ``inputs[i].data[k]`` moved to the whole array's index."""
+def _moved(errors: list[dict[str, Any]], data_at: dict[int, tuple[Path, Path]]) -> list[dict[str, Any]]:
+    """``errors`` with each one in ``inputs[i].data`` on the way to a cut-down element moved to the
+    whole array's indices (``data[j][k]``: the indices after "data", where each equals the cut path's)."""
     for error in errors:
-        loc = error["loc"]
-        if len(loc) == 6 and loc[0] == "inputs" and loc[3] == "data" and data_at.get(loc[1], (None,))[0] == loc[5]:
-            error["loc"] = (*loc[:5], data_at[loc[1]][1])
+        loc = list(error["loc"])
+        if len(loc) > 5 and loc[0] == "inputs" and loc[3] == "data" and loc[1] in data_at:
+            cut, whole = data_at[loc[1]]
+            places = [at for at in range(4, len(loc)) if type(loc[at]) is int]
+            for place, index, moved in zip(places, cut, whole):
+                if loc[place] != index:
+                    break
+                loc[place] = moved
+            error["loc"] = tuple(loc)
     return errors
 
 
