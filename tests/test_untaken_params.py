@@ -142,14 +142,16 @@ def test_params_read_outside_control_flow_keep_the_shared_step(tmp_path):
 
 
 def test_workers_update_counts_a_gated_params_own_step(tmp_path):
-    """Data-parallel workers' update (built from the manifest) carries the own step counts too; it
-    steps every param every step (its gradients come averaged, without whether a worker read it)."""
+    """Data-parallel workers' update (built from the manifest) carries the own step counts too and
+    takes whether any worker read the param: the gradients graph's ``.touched`` flags, ORed."""
     from graphc.compile.training import update_model
 
     arts = gc.training.load(_setup(tmp_path, "adamw")[0])
     graph = update_model(arts.manifest).ir.graph
-    assert {"a.weight.step", "a.bias.step"} <= {v.name for v in graph.inputs}
+    flags = {"a.weight.touched", "a.bias.touched"}
+    assert {"a.weight.step", "a.bias.step"} | flags <= {v.name for v in graph.inputs}
     assert {"a.weight.step.next", "a.bias.step.next"} <= {v.name for v in graph.outputs}
+    assert flags == {e.name for e in arts.manifest.graphs["gradients"].outputs if e.role == "touched"}
 
 
 def test_scheduled_nadam_with_a_gated_param_is_refused():

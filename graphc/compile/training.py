@@ -29,10 +29,11 @@ guess from names):
 * ``gradients``: the train_step inputs without optimizer state, step and lr; outputs ``loss``,
   ``<param>_grad``, for each BatchNorm running statistic ``X``, ``X.next`` (role state, its
   updated value) and, as train_step, the prediction (role ``prediction``: data-parallel workers'
-  train metrics; artifacts from before it have none). Dropout/BatchNorm run in training mode
-  (batch statistics, as train_step).
+  train metrics; artifacts from before it have none) and, for a param read only under control
+  flow, ``<param>.touched`` (role ``touched``, bool: this step read it). Dropout/BatchNorm run in
+  training mode (batch statistics, as train_step).
   ``update_model(manifest)`` is the optimizer update alone: data-parallel training runs
-  ``gradients`` per worker and this on the averaged gradients.
+  ``gradients`` per worker and this on the averaged gradients and the ORed ``.touched`` flags.
 * Dropout randomness is an input of ``train_step`` and ``gradients``: one ``dropout_noise.<k>``
   (role ``noise``, float32 uniform in [0, 1), the Dropout input's shape) per training-mode
   Dropout; an element is kept where ``noise >= ratio``. ``gc.Trainer`` draws it each step from
@@ -93,7 +94,7 @@ MANIFEST_FILE = "manifest.json"
 
 CARRIED_ROLES = ("param", "state", "hyper")  # train_step inputs that each step's outputs replace
 Role = Literal["data", "label", "param", "state", "hyper", "loss", "grad", "output", "noise", "noise_shape",
-               "prediction", "grad_norm"]
+               "prediction", "grad_norm", "touched"]
 
 
 class TensorEntry(BaseModel):
@@ -661,7 +662,7 @@ def update_model(manifest: Manifest) -> Model:
     before it existed get it too, and its ``lr`` has train_step's dtype (float32 where artifacts
     of float64 params were saved before their lr became float64)."""
     from graphc.passes.training import artifacts, flat
-    from graphc.passes.training.guarded_params import STEP_SUFFIX
+    from graphc.passes.training.guarded_params import STEP_SUFFIX, TOUCHED_SUFFIX
 
     manifest = manifest.in_model_order()
     params = [ir.Value(name=e.name, type=ir.TensorType(ir.DataType(to_onnx(e.dtype))), shape=ir.Shape(e.shape))
@@ -675,8 +676,9 @@ def update_model(manifest: Manifest) -> Model:
     inputs = {e.name for e in manifest.graphs["train_step"].inputs}
     lr = next(e for e in manifest.graphs["train_step"].inputs if e.name == artifacts.LR)
     gated = [p.name for p in params if p.name + STEP_SUFFIX in inputs]  # each with its own step count
+    flagged = [e.name[: -len(TOUCHED_SUFFIX)] for e in manifest.graphs["gradients"].outputs if e.role == "touched"]
     return Model(artifacts.update_graph(manifest.opset, opt, params, groups, opt.get("no_decay") or (),
-                                        ir.DataType(to_onnx(lr.dtype)), manifest.loss_scale, gated))
+                                        ir.DataType(to_onnx(lr.dtype)), manifest.loss_scale, gated, flagged))
 
 
 def worker_gradients_model(artifacts: TrainingArtifacts) -> Model:

@@ -133,6 +133,10 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     step.graph.outputs[slot].name = loss.output
     gated = guarded_params.guards(step.graph, by_name(step.graph, LOSS), params)
     guarded_params.check_supported(optimizer, gated)
+    if gated:  # the workers' flags, ORed before their update (DDP's find_unused_parameters)
+        flags = guarded_params.expose_touched(gradients.graph, opset, by_name(gradients.graph, LOSS), params, gated)
+        grad_outputs = [*grad_outputs, *(Output(name, "touched") for name in flags)]
+        set_outputs(gradients.graph, grad_outputs)
     # a param stepped only on some steps keeps its own state: out of the flat buffers
     groups = flat.plan(base.graph, [p for p in params if p not in gated], decays) if fused else []
     orders = taps_params.store(step.graph, opset, taps, grads)  # after gradients is cloned: its params as the model's
@@ -369,7 +373,7 @@ def _infer_shapes(model: ir.Model) -> None:
 
 def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups: Sequence[flat.Group],
                  no_decay: Sequence[str] = (), lr_dtype: ir.DataType | None = None,
-                 loss_scale: dict | None = None, gated: Sequence[str] = ()) -> ir.Model:
+                 loss_scale: dict | None = None, gated: Sequence[str] = (), flagged: Sequence[str] = ()) -> ir.Model:
     """The optimizer update of train_step as a graph of its own: inputs the ``params`` (typed
     values named as the params), ``<param>_grad`` for each, the optimizer state (per ``groups``
     buffer, or per param without), ``step`` and ``lr`` (train_step's ``lr_dtype``, by default
@@ -377,8 +381,9 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
     ``step.next``, as train_step computes them. With ``loss_scale`` the gradients are the scaled
     loss's (``loss_scaling.scaled_gradients``): checked, unscaled and the step skipped as in
     train_step, the scale's state an input and output too. ``gated``: the params train_step steps
-    only when a step reads them, each with its own ``<param>.step`` (not in ``groups``); the
-    workers' update steps them every step, counting it there."""
+    only when a step reads them, each with its own ``<param>.step`` (not in ``groups``); here
+    those of ``flagged`` are stepped where the bool input ``<param>.touched`` is (the workers'
+    gradients graphs' flags ORed), the others every step."""
     graph = ir.Graph([], [], nodes=[], opset_imports={"": opset}, name="update")
     if loss_scale is not None:
         input_with_default(graph, loss_scaling.LOSS_SCALE, loss_scaling.initial_state(loss_scale)[loss_scaling.LOSS_SCALE])
@@ -391,7 +396,7 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
     slots = optimizers.state_slots(optimizer)
     outputs = _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups),
                                 lr_dtype or optimizers.lr_dtype(p.dtype for p in params), loss_scale,
-                                {p: [] for p in gated})
+                                guarded_params.fed_guards(graph, gated, flagged))
     set_outputs(graph, [o for o in outputs if o.role != GRAD_NORM])  # a replica carries every output it gets
     broadcasts.rank_scalars(graph, opset)
     model = ir.Model(graph, ir_version=10)

@@ -9,7 +9,9 @@ scalar that says whether this step read it: an If's condition (its negation for 
 a Loop's ``trip count > 0 and cond``, a Scan's ``length > 0``, ORed over the nodes that read it.
 The update then keeps such a param and its state as they are where it is not touched, as loss
 scaling keeps a skipped step (``loss_scaling.held_step`` and ``kept``), and counts its own step
-(``<param>.step``, int64).
+(``<param>.step``, int64). Data-parallel workers' gradients graph outputs each flag
+(``expose_touched``) and their update takes the workers' OR as an input (``fed_guards``), as DDP
+with ``find_unused_parameters`` gives a param a gradient on every rank when any rank read it.
 
 Liveness runs backward from the loss, through no ``gc.detach`` Identity; a param read by a live
 node of the main graph, or through a top-level value any way but straight into a control-flow
@@ -28,16 +30,17 @@ import onnx_ir as ir
 from graphc.errors import PassError
 from graphc.passes.emit import Emitter
 from graphc.passes.training import loss_scaling
-from graphc.passes.training.graph_outputs import input_with_default
+from graphc.passes.training.graph_outputs import expose, input_with_default
 from graphc.passes.training.optimizers import StepContext
 from graphc.passes.training.scheduled import running_state
 from graphc.passes.values import const_array, stops_gradient
 
-__all__ = ["STEP_SUFFIX", "Gates", "check_supported", "guards", "touched"]
+__all__ = ["STEP_SUFFIX", "TOUCHED_SUFFIX", "Gates", "check_supported", "expose_touched", "fed_guards", "guards", "touched"]
 
 STEP_SUFFIX = ".step"  # a gated param's own step count, torch's per-param ``state["step"]``
+TOUCHED_SUFFIX = ".touched"  # the gradients graph's bool: did this step read the param
 
-Guard = tuple  # ("if", node, branch 0 then / 1 else), ("loop", node), ("scan", node)
+Guard = tuple  # ("if", node, branch 0 then / 1 else), ("loop", node), ("scan", node), ("fed", bool input)
 
 
 def guards(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> dict[str, list[Guard]]:
@@ -151,8 +154,38 @@ def touched(b: Emitter, param_guards: list[Guard], cache: dict) -> ir.Value:
     return out
 
 
+def expose_touched(graph: ir.Graph, opset: int, loss: ir.Value, params: Collection[str],
+                   gated: Iterable[str]) -> list[str]:
+    """Output ``<param>.touched`` (bool scalar: did this step read it, ``touched``) for each of the
+    ``gated`` params of the gradients ``graph``; returns their names. Data-parallel workers OR
+    them, as DDP with ``find_unused_parameters`` gives a param a gradient, and a step, on every
+    rank where any rank read it (None, no step, where none did)."""
+    found, cache, b = guards(graph, loss, params), {}, Emitter(graph, opset, "touched")
+    names = []
+    for p in gated:
+        names.append(expose(graph, touched(b, found[p], cache), p + TOUCHED_SUFFIX))
+        graph.outputs[-1].dtype, graph.outputs[-1].shape = ir.DataType.BOOL, ir.Shape([])
+    return names
+
+
+def fed_guards(graph: ir.Graph, gated: Iterable[str], flagged: Collection[str]) -> dict[str, list[Guard]]:
+    """``{param: its guards}`` for the workers' update: a ``flagged`` param's the bool input
+    ``<param>.touched`` (the workers' ``expose_touched`` flags ORed), any other's none (stepped
+    every step, as artifacts whose gradients graph has no flags)."""
+    out: dict[str, list[Guard]] = {}
+    for p in gated:
+        out[p] = []
+        if p in flagged:
+            flag = ir.Value(name=p + TOUCHED_SUFFIX, type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+            graph.inputs.append(flag)
+            out[p].append(("fed", flag))
+    return out
+
+
 def _condition(b: Emitter, guard: Guard) -> ir.Value:
     kind, node = guard[0], guard[1]
+    if kind == "fed":  # a graph input
+        return node
     if kind == "if":
         return node.inputs[0] if guard[2] == 0 else b.op("Not", node.inputs[0])
     if kind == "scan":

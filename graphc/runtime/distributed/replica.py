@@ -11,7 +11,8 @@ from the node that made them otherwise), and each worker sums them in rank order
 share of the total weight (``weighted_sum``), so every worker applies the bit-identical average and runs the optimizer
 ``update`` graph, params and optimizer state staying on the device. The driver never holds the
 gradients. BatchNorm running statistics are replaced by rank 0's (PyTorch DDP's
-``broadcast_buffers``).
+``broadcast_buffers``). A param read only under control flow is stepped where any worker's
+``<param>.touched`` is true (DDP's ``find_unused_parameters``).
 
 A gradients graph with all-reduce points (``gc.nn.SyncBatchNorm``) runs in stages
 (``runtime.staged``): ``begin`` makes ``step``'s start (``_started``), runs stage 0 and returns what
@@ -71,6 +72,7 @@ class Replica:
         self._carried = {e.name for e in carried}
         self._stats = [e.name for e in m.graphs["gradients"].outputs if e.role == "state"]  # "<stat>.next"
         self._grad_outputs = [e.name for e in m.graphs["gradients"].outputs if e.role in ("loss", "grad")]
+        self._touched = [e.name for e in m.graphs["gradients"].outputs if e.role == "touched"]
         self._grad_inputs = {e.name for e in m.graphs["gradients"].inputs}
         self._prediction = next((e.name for e in m.graphs["gradients"].outputs if e.role == "prediction"), None)
         self._means: Optional[dict] = None  # the train metrics a shard reduces (``use_metrics``)
@@ -174,7 +176,7 @@ class Replica:
         """The gradients graph's outputs a step returns: loss and gradients, rank 0's statistics and
         renormalised params, the prediction for train metrics."""
         wanted = message.get("metrics") and self._prediction is not None
-        return [*self._grad_outputs, *(self._stats + self._renormed if self.rank == 0 else ()),
+        return [*self._grad_outputs, *self._touched, *(self._stats + self._renormed if self.rank == 0 else ()),
                 *([self._prediction] if wanted else [])]
 
     def begin(self, message: Mapping[str, Any], *gathered: Optional[dict]) -> dict:
@@ -215,10 +217,13 @@ class Replica:
         weight = shard_weight(self.manifest.loss, shard, rows)
         loss = float(host.pop("loss"))
         stats = {n: host.pop(n) for n in list(host) if n in self._stats or n in self._renormed}
+        touched = {n: host.pop(n) for n in self._touched}  # read even where no label counts, as DDP's forward
         info = self._metrics(host.pop(self._prediction), shard, rows) if wanted else {}
         if weight == 0:  # every label ignored: the shard's mean loss is 0/0, it counts for nothing
-            return {**info, "loss": 0.0, "weight": 0.0}, {"weight": 0.0, "grads": {}, "stats": stats}
-        return {**info, "loss": loss * weight, "weight": weight}, {"weight": weight, "grads": host, "stats": stats}
+            return {**info, "loss": 0.0, "weight": 0.0}, {"weight": 0.0, "grads": {}, "stats": stats,
+                                                          "touched": touched}
+        return {**info, "loss": loss * weight, "weight": weight}, {"weight": weight, "grads": host, "stats": stats,
+                                                                   "touched": touched}
 
     def _metrics(self, prediction: np.ndarray, shard: Mapping[str, np.ndarray], rows: int) -> dict:
         """The shard's train metrics that are means (``metrics.splits``) as sums over its
@@ -250,6 +255,8 @@ class Replica:
         shares = [g.get("scale", g["weight"] / total) for g in done]
         for name in done[0]["grads"]:
             feeds[name] = weighted_sum([g["grads"][name] for g in done], shares)
+        for name in self._touched:  # stepped where any worker read it (an empty shard read nothing)
+            feeds[name] = np.logical_or.reduce([g["touched"][name] for g in gathered if g is not None])
         _, device = self._update.run_bound(feeds, (), self._update_outputs, into=self._spare)
         spare = {}
         for out in self._update_outputs:
