@@ -158,3 +158,28 @@ def test_scheduled_nadam_with_a_gated_param_is_refused():
     model = gc.capture(CondNet(), seed=3, x=gc.spec("float64", (4, 3)), flag=gc.spec("bool", ()))
     with pytest.raises(gc.PassError, match=r"\['a.bias', 'a.weight'\].*mu_product"):
         gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.NAdam(0.01), scheduled=["momentum"])
+
+
+class OutsideNet(CondNet):
+    """a's weight transposed in the main graph, read only by the branch: torch's grad is None too."""
+
+    def forward(self, x, flag):
+        w = self.a.weight.t()
+        return self.b(gc.cond(flag, lambda: x @ w + self.a.bias, lambda: x * 2.0))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_param_read_through_a_main_graph_node_only_by_a_branch_steps_as_torch(tmp_path, backend):
+    model = gc.capture(OutsideNet(), seed=3, x=gc.spec("float64", (4, 3)), flag=gc.spec("bool", ()))
+    kind, kw = OPTIMIZERS["adamw"]
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.AdamW(**kw))
+    assert "a.weight.step" in arts.manifest.state
+    twin = Twin({k: v for k, v in arts.state.items() if k.count(".") == 1 and not k.endswith(".step")}, False)
+    topt = torch.optim.AdamW(twin.parameters(), **kw)
+    trainer = gc.Trainer(arts, backend=backend)
+    for batch in _batches(False):
+        _torch_step(twin, topt, batch, False)
+        trainer.step(batch)
+        ours = trainer.state_dict()
+        for name, p in twin.named_parameters():
+            np.testing.assert_allclose(ours[name], p.detach().numpy(), rtol=1e-12, atol=1e-12, err_msg=name)

@@ -14,9 +14,11 @@ scaling keeps a skipped step (``loss_scaling.held_step`` and ``kept``), and coun
 with ``find_unused_parameters`` gives a param a gradient on every rank when any rank read it.
 
 Liveness runs backward from the loss, through no ``gc.detach`` Identity; a param read by a live
-node of the main graph, or through a top-level value any way but straight into a control-flow
-body, counts as always read (its update as before). Inside a body, nested control flow counts as
-run whenever the body runs: only the outermost node's condition gates.
+node of the main graph counts as always read (its update as before). One read through main-graph
+nodes whose outputs only guarded bodies read (a transpose or Cast before the branch) is guarded
+by those bodies, as torch's backward never reaches it either. Inside a body, nested control flow
+counts as run whenever the body runs: only the outermost node's condition gates (torch skips a
+param an inner ``if`` reads on no iteration; graphc steps it with a zero gradient).
 """
 
 from __future__ import annotations
@@ -48,9 +50,15 @@ def guards(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> dict[str
     ``params`` that the loss reads only inside control flow whose running is not known when the
     graph is built; params read otherwise are left out."""
     live: set[ir.Value] = {loss}
-    found: dict[str, set] = {}
+    found: dict[ir.Value, set] = {}  # values read only under these guards
     for node in reversed(list(graph)):
-        if stops_gradient(node) or not any(o in live for o in node.outputs):
+        if stops_gradient(node):
+            continue
+        if not any(o in live for o in node.outputs):  # read, if at all, under guards: so are its inputs
+            under = set().union(*(found.get(o, ()) for o in node.outputs))
+            reads = {v for v in node.inputs if v is not None}.union(*(_outer_reads(g, g.outputs) for g in _bodies(node)))
+            for v in reads if under else ():
+                found.setdefault(v, set()).update(under)
             continue
         if not _bodies(node):
             live.update(v for v in node.inputs if v is not None)
@@ -59,12 +67,11 @@ def guards(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> dict[str
             live.update(passed)
             known = _static(guard)
             for v in reads:
-                if v.name in params and known is None:
-                    found.setdefault(v.name, set()).add(guard)
-                else:  # a top-level value, or a body that always runs: read as before
+                if known is None:
+                    found.setdefault(v, set()).add(guard)
+                else:  # a body that always runs: read as before
                     live.add(v)
-    always = {v.name for v in live if v.name in params}
-    return {p: sorted(g, key=_order(graph)) for p, g in found.items() if p not in always}
+    return {v.name: sorted(g, key=_order(graph)) for v, g in found.items() if v.name in params and v not in live}
 
 
 def _order(graph: ir.Graph):
