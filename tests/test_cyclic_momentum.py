@@ -18,7 +18,6 @@ import float64_models
 import graphc as gc
 from graphc.runtime import checkpoint as ckpt
 from test_optim import TORCH_OPTIM, torch_kwargs
-from test_optim_nadam import torch_float64  # noqa: F401  (a fixture: NAdam's mu_product in float64)
 
 torch = pytest.importorskip("torch")
 S = gc.optim.lr_scheduler
@@ -103,7 +102,7 @@ RUNS = {"sgd-nesterov-onecycle": ("nesterov", lambda m, o: m.OneCycleLR(o, max_l
 
 @pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
 @pytest.mark.parametrize("run", RUNS)
-def test_training_matches_torch_and_resumes_exactly(arts, tmp_path, run, backend, torch_float64):  # noqa: F811
+def test_training_matches_torch_and_resumes_exactly(arts, tmp_path, run, backend, torch_float64):
     kind, make = RUNS[run]
     if kind not in arts:
         arts = {kind: _artifacts(KINDS[kind])}
@@ -184,7 +183,7 @@ CYCLES = {"onecycle": lambda m, o: m.OneCycleLR(o, max_lr=0.05, total_steps=STEP
                                                           max_momentum=0.0)}
 
 
-def _assert_trains_as_torch(spec, make, backend, torch_float64):  # noqa: F811
+def _assert_trains_as_torch(spec, make, backend, torch_float64):
     arts = _artifacts(spec)
     trainer = gc.Trainer(arts, backend=backend)
     params, opt = _torch_twin(spec, arts.state)
@@ -203,7 +202,7 @@ def _assert_trains_as_torch(spec, make, backend, torch_float64):  # noqa: F811
 @pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
 @pytest.mark.parametrize("cycle", ["onecycle", "cyclic"])
 @pytest.mark.parametrize("kind", ["nadam", "nadam-decoupled", "rmsprop", "rmsprop-centered", "adamax", "radam"])
-def test_every_kind_with_a_beta1_or_momentum_cycles_as_torch(kind, cycle, backend, torch_float64):  # noqa: F811
+def test_every_kind_with_a_beta1_or_momentum_cycles_as_torch(kind, cycle, backend, torch_float64):
     _assert_trains_as_torch(KINDS[kind], CYCLES[cycle], backend, torch_float64)
 
 
@@ -212,7 +211,7 @@ def test_every_kind_with_a_beta1_or_momentum_cycles_as_torch(kind, cycle, backen
 @pytest.mark.parametrize("kind,cycle", [(k, "cyclic-to-zero") for k in ("sgd", "nesterov", "sgd-dampened", "rmsprop",
                                                                          "rmsprop-centered", "nadam")]
                          + [(k, "onecycle-from-zero") for k in ("sgd", "sgd-dampened", "adamax")])
-def test_a_momentum_of_zero_skips_the_buffer_as_torch(kind, cycle, backend, torch_float64):  # noqa: F811
+def test_a_momentum_of_zero_skips_the_buffer_as_torch(kind, cycle, backend, torch_float64):
     _assert_trains_as_torch(KINDS[kind], CYCLES[cycle], backend, torch_float64)
 
 

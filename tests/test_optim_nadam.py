@@ -29,16 +29,6 @@ SPECS = [
 IDS = [f"{s.kind}-{i}" for i, s in enumerate(SPECS)]
 
 
-@pytest.fixture
-def torch_float64():
-    """torch with float64 as its default dtype: its NAdam's ``mu_product`` float64, not float32."""
-    torch = pytest.importorskip("torch")
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield torch
-    torch.set_default_dtype(default)
-
-
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
 @pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

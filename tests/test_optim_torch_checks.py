@@ -13,7 +13,6 @@ import onnx
 import pytest
 from cli_util import one_line_error, run_cli
 from test_optim import TORCH_OPTIM, run_steps, torch_steps
-from test_optim_nadam import torch_float64  # noqa: F401  (a fixture: NAdam's mu_product in float64)
 from trainer_models import imported_mlp
 
 import graphc as gc
@@ -123,7 +122,7 @@ def _grads(steps: int = 8):
 
 @pytest.mark.parametrize("kind, options", EDGES, ids=[f"{kind}-{i}" for i, (kind, _) in enumerate(EDGES)])
 @pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
-def test_edge_values_train_as_torch_step_for_step(kind, options, backend, torch_float64):  # noqa: F811
+def test_edge_values_train_as_torch_step_for_step(kind, options, backend, torch_float64):
     spec = gc.optim.BY_KIND[kind](**options)
     p0, grads = _grads()
     got = run_steps(spec, backend, grads, p0, dtype=np.float64)
