@@ -1,5 +1,5 @@
 """Long RNNs in reverse mode (``passes/autodiff/reverse_mode.py``): past ``MAX_UNROLLED_STEPS``, or
-masked by ``sequence_lens``, each direction is a Scan whose gradient a backward Loop takes. Its
+masked by ``sequence_lens``, each direction is a Scan whose gradient a backward Scan takes. Its
 gradients equal torch.autograd's in float64 (both directions, initial states, ragged lengths) on
 numpy and ort-cpu, and its graph runs the forward once, reads the cell's products off a tape and
 sums the recurrence weight's gradient in one Gemm after the loop."""
@@ -102,26 +102,29 @@ def test_a_long_bidirectional_layer_gets_torchs_float64_gradients(kind, ragged):
                                        err_msg=f"{backend} {name}")
 
 
-def _loops(graph: ir.Graph) -> list[ir.Node]:
-    return [n for n in graph if n.op_type == "Loop"]
+def _backward_scans(graph: ir.Graph) -> list[ir.Node]:
+    return [n for n in graph if n.op_type == "Scan" and "reverse_body" in n.attributes["body"].value.name]
 
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
-def test_the_forward_runs_once_and_the_backward_loop_recomputes_no_product(kind):
-    """One Scan per direction (the taped copy took the forward's place); each backward Loop's
-    body holds one MatMul per recurrence weight block (dh), no Gemm (the weight's gradient is one
-    Gemm after the loop) and carries no accumulator (only the states' gradients)."""
+def test_the_forward_runs_once_and_the_backward_scan_recomputes_no_product(kind):
+    """One taped Scan per direction (the taped copy took the forward's place) and one backward Scan
+    per direction, no Loop: each backward body holds one MatMul per recurrence weight block (dh),
+    no Gemm (the weight's gradient is one Gemm after it) and no Gather (the tapes, x and the dys
+    are scanned inputs, the step's gradient of x a scan output in x's layout), and carries no
+    accumulator (only the states' gradients)."""
     torch = pytest.importorskip("torch")
     proto, values, _ = _case(torch, kind, ragged=False)
     graph = _gradients(proto, values).ir.graph
-    assert sum(n.op_type == "Scan" for n in graph) == 2
+    backward = _backward_scans(graph)
+    assert sum(n.op_type == "Scan" for n in graph) == 4 and len(backward) == 2
+    assert not any(n.op_type in ("Loop", "Slice") for n in graph)
     states = 2 if kind == "LSTM" else 1
     products = 1 if kind == "LSTM" else 2  # GRU: r_zr and r_h
-    for loop in _loops(graph):
-        body = loop.attributes["body"].value
-        ops = [n.op_type for n in body]
-        assert ops.count("MatMul") == products and "Gemm" not in ops, ops
-        assert len(loop.inputs) == 2 + states
+    for scan in backward:
+        ops = [n.op_type for n in scan.attributes["body"].value]
+        assert ops.count("MatMul") == products and "Gemm" not in ops and "Gather" not in ops, ops
+        assert len(scan.inputs) - scan.attributes["num_scan_inputs"].value == states
 
 
 def test_a_while_loop_reads_its_products_off_the_tape_and_sums_the_weight_after_it():

@@ -57,17 +57,16 @@ def reverse_loop(g: GradBuilder, node: ir.Node, dys) -> dict:
     tape_iter, tapes = outs[len(node.outputs)], outs[len(node.outputs) + 1:len(node.outputs) + len(recorded)]
     steps = g.squeeze(g.op("Shape", tape_iter), [0])
 
-    def bind(sub: GradBuilder, t: ir.Value) -> dict:
-        mapping = {body.inputs[0]: sub.op("Gather", tape_iter, t, axis=0), body.inputs[1]: sub.const(True, np.bool_)}
-        for value, tape in zip(body.inputs[2:], tapes):
-            mapping[value] = Reverse.typed(sub.op("Gather", tape, t, axis=0), value)
+    def bind(sub: GradBuilder) -> dict:
+        mapping = {body.inputs[0]: rev.read(sub, tape_iter, body.inputs[0]), body.inputs[1]: sub.const(True, np.bool_)}
+        mapping.update((value, rev.read(sub, tape, value)) for value, tape in zip(body.inputs[2:], tapes))
         return mapping
 
-    def scan_seeds(sub: GradBuilder, t: ir.Value):
-        return [(out, sub.op("Gather", dy, t, axis=0)) for out, dy in zip(body.outputs[1 + n_carry:], dys[n_carry:])
+    def scan_seeds(sub: GradBuilder):
+        return [(out, rev.read(sub, dy, out)) for out, dy in zip(body.outputs[1 + n_carry:], dys[n_carry:])
                 if dy is not None]
 
-    dv, acc, _ = rev.run(steps, bind, scan_seeds, [], list(outs[:n_carry]), dys[:n_carry])
+    dv, acc, _ = rev.run(bind, scan_seeds, [], list(outs[:n_carry]), dys[:n_carry], steps=steps)
     return summed(g, [*((inputs[2 + k], v) for k, v in dv.items()), *acc.items()])
 
 
@@ -115,7 +114,6 @@ def reverse_scan(g: GradBuilder, node: ir.Node, dys, n_carry: int, layout) -> di
     body, inputs = node.attributes["body"].value, list(node.inputs)  # the taped copy takes the node's place
     scanned = inputs[n_carry:]
     rev = Reverse(g, node, body, list(body.inputs[:n_carry]), list(body.outputs[:n_carry]))
-    steps = g.op("Gather", g.op("Shape", scanned[0]), g.const(in_axes[0], np.int64))
     tapes: list[ir.Value] = []
     finals = list(node.outputs[:n_carry])  # the node's final carried values (none without carried ones)
     if n_carry:
@@ -127,32 +125,22 @@ def reverse_scan(g: GradBuilder, node: ir.Node, dys, n_carry: int, layout) -> di
         outs = rev.taped_node(recorded, len(node.outputs), "Scan", *inputs, **attrs)
         tapes, finals = list(outs[len(node.outputs):len(node.outputs) + n_carry]), list(outs[:n_carry])
 
-    def position(sub: GradBuilder, t: ir.Value, reverse: int) -> ir.Value:
-        return sub.op("Sub", rev.last, t) if reverse else t
-
-    def bind(sub: GradBuilder, t: ir.Value) -> dict:
-        mapping = {v: Reverse.typed(sub.op("Gather", tape, t, axis=0), v) for v, tape in zip(body.inputs, tapes)}
+    # the backward walks the forward's steps last to first: a slice the forward read first comes last
+    def bind(sub: GradBuilder) -> dict:
+        mapping = {v: rev.read(sub, tape, v) for v, tape in zip(body.inputs, tapes)}
         for v, x, axis, reverse in zip(body.inputs[n_carry:], scanned, in_axes, in_dirs):
-            mapping[v] = Reverse.typed(sub.op("Gather", x, position(sub, t, reverse), axis=axis), v)
+            mapping[v] = rev.read(sub, x, v, axis, not reverse)
         return mapping
 
-    def scan_seeds(sub: GradBuilder, t: ir.Value):
-        return [(out, sub.op("Gather", dy, position(sub, t, reverse), axis=axis))
+    def scan_seeds(sub: GradBuilder):
+        return [(out, rev.read(sub, dy, out, axis, not reverse))
                 for out, dy, axis, reverse in zip(body.outputs[n_carry:], dys[n_carry:], out_axes, out_dirs)
                 if dy is not None]
 
-    sliced = list(body.inputs[n_carry:])
-    dv, acc, stacks = rev.run(steps, bind, scan_seeds, sliced, finals, dys[:n_carry])
+    sliced = [(v, axis, not reverse) for v, axis, reverse in zip(body.inputs[n_carry:], in_axes, in_dirs)]
+    dv, acc, stacks = rev.run(bind, scan_seeds, sliced, finals, dys[:n_carry])
     pairs = [*((inputs[k], v) for k, v in dv.items()), *acc.items()]
-    for x, stack, axis, reverse in zip(scanned, stacks, in_axes, in_dirs):
-        if stack is None or not g.wants(x):
-            continue
-        if not reverse:  # the backward Loop stacked the last step first
-            stack = g.op("Slice", stack, g.ints([-1]), g.ints([np.iinfo(np.int64).min]), g.ints([0]), g.ints([-1]))
-        if axis:
-            rank = g.rank(x)
-            stack = g.transpose(stack, [*range(1, axis + 1), 0, *range(axis + 1, rank)])
-        pairs.append((x, stack))
+    pairs += [(x, Reverse.typed(stack, x)) for x, stack in zip(scanned, stacks) if stack is not None]  # in x's layout
     return summed(g, pairs)
 
 
@@ -315,23 +303,38 @@ class Reverse:
             taped.name = node.name
         return outs
 
-    def run(self, steps: ir.Value, bind, scan_seeds, sliced: list[ir.Value], finals: list[ir.Value], final_dys):
+    def read(self, sub: GradBuilder, stack: ir.Value, like: ir.Value, axis: int = 0, reverse: bool = True) -> ir.Value:
+        """The backward's step of ``stack`` (an outer value holding one ``like`` per forward step
+        along ``axis``), read last to first where ``reverse``: a Gather by the step's index in the
+        backward Loop, a scanned input (``axis``, direction) of the backward Scan."""
+        if self.steps is not None:
+            index = self.t if reverse else self.j
+            return self.typed(sub.op("Gather", stack, index, axis=axis), like)
+        value = self.typed(ir.Value(name=sub.fresh("step")), like)
+        self.scanned.append((value, stack, axis, int(reverse)))
+        return value
+
+    def run(self, bind, scan_seeds, sliced: list[tuple], finals: list[ir.Value], final_dys, steps: ir.Value | None = None):
         """(carried index -> gradient of its initial value, captured value -> gradient, the
-        stacked gradients of each ``sliced`` body input, None where none flows). ``finals``:
-        the node's outputs of the final carried values, ``final_dys`` their gradients."""
+        stacked gradients of each ``sliced`` (body input, axis, read last first) in that input's
+        own layout, None where none flows). ``finals``: the node's outputs of the final carried
+        values, ``final_dys`` their gradients. ``bind(sub)`` and ``scan_seeds(sub)`` read the
+        step's values with ``read``: a backward Scan, or with ``steps`` (a count known only once
+        the tape is stacked) a backward Loop of that many steps."""
         from graphc.passes.autodiff.core import backprop
 
         g, body = self.g, self.body
         backward = ir.Graph([], [], nodes=[], name=g.fresh("reverse_body"))
         sub = g.subgraph_builder(backward)
-        j = ir.Value(name=g.fresh("j"), type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
-        cond = ir.Value(name=g.fresh("cond"), type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+        self.steps, self.scanned = steps, []
         dv_in = [self.typed(ir.Value(name=g.fresh("dv")), self.carried_in[k]) for k in self.floats]
-        backward.inputs.extend([j, cond, *dv_in])
-        self.last = g.op("Sub", steps, g.const(1, np.int64))  # once, outside the backward Loop
-        t = sub.op("Sub", self.last, j)
-        mapping = bind(sub, t)
-        taped = [self.typed(sub.op("Gather", tape, t, axis=0), p) for p, tape in zip(self.products, self.product_tapes)]
+        loop_inputs = []
+        if steps is not None:
+            self.j = ir.Value(name=g.fresh("j"), type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
+            loop_inputs = [self.j, ir.Value(name=g.fresh("cond"), type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))]
+            self.t = sub.op("Sub", g.op("Sub", steps, g.const(1, np.int64)), self.j)  # the forward step
+        mapping = bind(sub)
+        taped = [self.read(sub, tape, p) for p, tape in zip(self.products, self.product_tapes)]
         start = len(backward)
         for node in body:
             copy_node(sub, node, mapping)
@@ -343,10 +346,10 @@ class Reverse:
 
         for k, dv in zip(self.floats, dv_in):
             seed(self.carried_out[k], dv)
-        for value, dy in scan_seeds(sub, t):
+        for value, dy in scan_seeds(sub):
             seed(value, dy)
         carried = [mapping[self.carried_in[k]] for k in self.floats]
-        slices = [mapping[v] for v in sliced]
+        slices = [mapping[v] for v, _, _ in sliced]
         grads = backprop(sub, list(backward)[start:], seeds, [*carried, *slices, *self.captured])
         for product, value in zip(self.products, taped):  # the backward reads the tape, not a recomputed product
             mapping[product].replace_all_uses_with(value)
@@ -360,24 +363,36 @@ class Reverse:
             if others:
                 rest[c] = others[0] if len(others) == 1 else sub.op("Sum", *others)
         acc_in = [self.typed(ir.Value(name=g.fresh("acc")), c) for c in rest]
-        backward.inputs.extend(acc_in)
-        outputs = [sub.op("Identity", cond)]
+        outputs = [sub.op("Identity", loop_inputs[1])] if steps is not None else []
         outputs += [sub.op("Identity", grads[v]) if v in grads else sub.zeros_like(v) for v in carried]
         outputs += [sub.op("Add", acc, rest[c]) for c, acc in zip(rest, acc_in)]
-        for value, like in zip(outputs, [cond, *dv_in, *acc_in]):
+        for value, like in zip(outputs, [*loop_inputs[1:], *dv_in, *acc_in]):
             self.typed(value, like)
-        flowing = [v for v in slices if v in grads]
+        flowing = [k for k, v in enumerate(slices) if v in grads]
         factors = [v for forms in after.values() for form in forms for v in form[1:] if isinstance(v, ir.Value)]
-        for v, like in [*((grads[v], v) for v in flowing), *((v, v) for v in factors)]:
+        for v, like in [*((grads[slices[k]], slices[k]) for k in flowing), *((v, v) for v in factors)]:
             outputs.append(self.typed(sub.op("Identity", v), like))
         backward.outputs.extend(outputs)
+        backward.inputs.extend([*loop_inputs, *dv_in, *acc_in, *(r[0] for r in self.scanned)])
         _prune(backward)
         _hoist_invariants(backward, g.graph)
+        read = [r for r in self.scanned if r[0].uses()] or self.scanned[:1]  # a Scan scans one input at least
+        for r in self.scanned:
+            if r not in read:
+                backward.inputs.remove(r[0])
 
         dv0 = [final_dys[k] if final_dys[k] is not None else g.zeros_like(finals[k]) for k in self.floats]
         n_state = len(self.floats) + len(rest)
         n_out = n_state + len(flowing) + len(factors)
-        outs = g.op("Loop", steps, None, *dv0, *(g.zeros_like(c) for c in rest), num_outputs=n_out, body=backward)
+        state = [*dv0, *(g.zeros_like(c) for c in rest)]
+        if steps is not None:
+            outs = g.op("Loop", steps, None, *state, num_outputs=n_out, body=backward)
+        else:  # each flowing gradient stacked along its input's axis, in its order; the factors in any order
+            outs = g.op("Scan", *state, *(r[1] for r in read), num_outputs=n_out, body=backward,
+                        num_scan_inputs=len(read), scan_input_axes=[r[2] for r in read],
+                        scan_input_directions=[r[3] for r in read],
+                        scan_output_axes=[sliced[k][1] for k in flowing] + [0] * len(factors),
+                        scan_output_directions=[int(sliced[k][2]) for k in flowing] + [0] * len(factors))
         outs = (outs,) if n_out == 1 else outs
         stacked = dict(zip(flowing, outs[n_state:]))
         captured = dict(zip(rest, outs[len(self.floats):n_state]))
@@ -391,4 +406,4 @@ class Reverse:
                     total = g.op("ReduceSum", next(stacks), g.ints([0, *(a + 1 for a in form[2])]), keepdims=0)
                 self.typed(total, c)
                 captured[c] = g.add(captured[c], total) if c in captured else total
-        return (dict(zip(self.floats, outs[:len(self.floats)])), captured, [stacked.get(v) for v in slices])
+        return (dict(zip(self.floats, outs[:len(self.floats)])), captured, [stacked.get(k) for k in range(len(slices))])
