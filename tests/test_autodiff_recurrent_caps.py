@@ -59,10 +59,10 @@ def _train_step(ctor: str, length: int) -> list[str]:
 
 @pytest.mark.parametrize("ctor", LAYERS[:3])
 def test_the_train_step_stops_growing_past_the_cap(ctor):
-    """At two lengths past the cap the train step has the same nodes (one Scan forward, a
-    backward Loop); up to the cap the layer is unrolled (no Scan)."""
+    """At two lengths past the cap the train step has the same nodes (per direction a taped Scan
+    forward and a backward Scan); up to the cap the layer is unrolled (no Scan)."""
     short, long = _train_step(ctor, MAX_UNROLLED_STEPS + 1), _train_step(ctor, 3 * MAX_UNROLLED_STEPS)
-    assert len(short) == len(long) and "Scan" in short and "Loop" in short, (len(short), len(long))
+    assert len(short) == len(long) and short.count("Scan") == 4, (len(short), len(long))
     assert "Scan" not in _train_step(ctor, MAX_UNROLLED_STEPS)
 
 
@@ -97,14 +97,14 @@ def _scan_inputs(length: int):
 
 
 def test_a_scan_longer_than_its_cap_gets_reverse_mode_gradients_that_match_torch():
-    """Past MAX_SCAN_UNROLL a Scan's gradient is a backward Loop, the same nodes at any length,
+    """Past MAX_SCAN_UNROLL a Scan's gradient is a backward Scan, the same nodes at any length,
     and equals torch.autograd's of the same recurrence (float64, numpy and onnxruntime)."""
     torch = pytest.importorskip("torch")
     length = MAX_SCAN_UNROLL + 6
     grads = _scan_grads(length)
     ops = [n.op_type for n in grads.proto.graph.node]
-    assert "Loop" in ops and len(ops) == len(_scan_grads(3 * MAX_SCAN_UNROLL).proto.graph.node)
-    assert "Loop" not in [n.op_type for n in _scan_grads(MAX_SCAN_UNROLL).proto.graph.node]
+    assert ops.count("Scan") == 2 and len(ops) == len(_scan_grads(3 * MAX_SCAN_UNROLL).proto.graph.node)
+    assert [n.op_type for n in _scan_grads(MAX_SCAN_UNROLL).proto.graph.node].count("Scan") == 1  # unrolled
     x, w, c = _scan_inputs(length)
     xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
     h, loss = torch.zeros(2, 3, dtype=torch.float64), 0
