@@ -111,8 +111,9 @@ def test_the_forward_runs_once_and_the_backward_scan_recomputes_no_product(kind)
     """One taped Scan per direction (the taped copy took the forward's place) and one backward Scan
     per direction, no Loop: each backward body holds one MatMul per recurrence weight block (dh),
     no Gemm (the weight's gradient is one Gemm after it) and no Gather (the tapes, x and the dys
-    are scanned inputs, the step's gradient of x a scan output in x's layout), and carries no
-    accumulator (only the states' gradients)."""
+    are scanned inputs, the step's gradient of x a scan output in x's layout), no Sigmoid or Tanh
+    (the gates' activations are taped too), and carries no accumulator (only the states'
+    gradients); the taped forward stacks nothing the backward does not read."""
     torch = pytest.importorskip("torch")
     proto, values, _ = _case(torch, kind, ragged=False)
     graph = _gradients(proto, values).ir.graph
@@ -123,8 +124,10 @@ def test_the_forward_runs_once_and_the_backward_scan_recomputes_no_product(kind)
     products = 1 if kind == "LSTM" else 2  # GRU: r_zr and r_h
     for scan in backward:
         ops = [n.op_type for n in scan.attributes["body"].value]
-        assert ops.count("MatMul") == products and "Gemm" not in ops and "Gather" not in ops, ops
+        assert ops.count("MatMul") == products and not {"Gemm", "Gather", "Sigmoid", "Tanh"} & set(ops), ops
         assert len(scan.inputs) - scan.attributes["num_scan_inputs"].value == states
+    for scan in (n for n in graph if n.op_type == "Scan" and n not in backward):
+        assert all(out.uses() for out in scan.outputs[states + 1:]), scan.outputs  # after the finals and Y: tapes
 
 
 def test_a_while_loop_reads_its_products_off_the_tape_and_sums_the_weight_after_it():

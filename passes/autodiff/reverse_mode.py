@@ -1,9 +1,12 @@
 """Reverse mode through a Loop or Scan whose steps are not unrolled (``reverse_loop``,
 ``reverse_scan``; ``rules_control`` sends them here): a taped copy of the node replaces it in the
-forward, and a backward Loop walks its steps last to first (``Reverse``).
+forward, and a backward Scan (for a Loop of run-time length, a backward Loop) walks its steps last
+to first (``Reverse``).
 
 What a step's backward reads is kept, not recomputed: the taped copy stacks each step's carried
-values and the outputs of its matrix products (``PRODUCTS``). A weight the body reads whose
+values and the outputs of its matrix products and of the activations whose gradient reads their
+output (``TAPED``: an LSTM's gate Sigmoid and two Tanhs), and drops the tapes the backward does not
+read (a product only an activation reads). A weight the body reads whose
 per-step gradient is ``A^T @ B`` (MatMul's and Gemm's rules: a Gemm with transA) is summed by one
 Gemm over all steps' stacked A and B after the loop, not by an Add into an accumulator per step (a
 bias's ``ReduceSum`` by one ReduceSum over the stacked steps).
@@ -14,9 +17,19 @@ with the forward run twice (before) vs this, and PyTorch eager: LSTM T=128 448 /
 (torch - / 113), T=512 1038 / 697 -> 788 / 437 (torch - / 446); GRU T=128 145 / 101 -> 139 / 95
 (torch 309 / 171), T=512 1178 / 804 -> 994 / 596 (torch - / 1556; "-": a median the load made
 meaningless). The backward body of an LSTM went from two MatMuls, a Gemm and an accumulator Add per
-step to one MatMul (dh). The three changes were timed together, not one by one; not tried:
-taping the gates' activations too (the body's elementwise recomputation is left), and batched
-(``gc.vmap``) weights, whose per-step gradient is a batched MatMul that still accumulates.
+step to one MatMul (dh). The three changes were timed together, not one by one.
+Then, timed as CPU ms per step at 1 thread (process time, which the load barely moves; median of
+12, interleaved), LSTM T=128, two runs: the backward Loop 77.1 -> a backward Scan 75.6 (no Gather
+per tape, no index, no Slice putting x's gradient back: 46 -> 39 nodes a step) -> the activations
+taped too 73.8 (the body's Add, Split, Sigmoid, two Tanhs, two Muls and an Add not recomputed: 39
+-> 30 nodes a step, the forward's 18 -> 20; GRU 54 -> 40, 19 -> 20); and 77.3 -> 75.0 (taped) ->
+74.2 with the tapes the backward does not read dropped. PyTorch's step (a fused oneDNN LSTM
+layer, forward and backward) takes 66.8. Old vs new at 1 thread, torch's in brackets: LSTM T=512
+344.5 -> 329.1 (382.6), GRU T=128 66.7 -> 64.0 (130.8); T=64, unrolled and unchanged, LSTM 43.5
+(35.0). At 2 threads the load (8-11 on 2 cores) made wall times meaningless (torch's LSTM T=128
+median 901 ms, fastest 164; graphc old 314 / 140, new 285 / 161).
+Not tried: batched (``gc.vmap``) weights, whose per-step gradient is a batched MatMul that still
+accumulates.
 """
 
 from __future__ import annotations
@@ -29,10 +42,11 @@ from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, is_f
 from graphc.passes.autodiff.loops import copy_graph, copy_node
 from graphc.passes.evaluate import run_graph
 
-__all__ = ["PRODUCTS", "Reverse", "reverse_loop", "reverse_scan"]
+__all__ = ["TAPED", "Reverse", "reverse_loop", "reverse_scan"]
 
-# body ops whose outputs the taped copy stacks for the backward Loop instead of its recomputing them
-PRODUCTS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
+# body ops whose outputs the taped copy stacks for the backward instead of its recomputing them: the
+# matrix products, and the activations whose gradient reads their output (an RNN cell's gates)
+TAPED = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Sigmoid", "Tanh"})
 # ops whose output's shape depends on their inputs' values, and ops that take a shape, sizes or axes as inputs
 _DATA_SHAPED = frozenset({"NonZero", "Compress", "Unique", "Loop", "Scan", "If", "StringSplit"})
 _SHAPE_TAKING = frozenset({"Reshape", "Expand", "Tile", "Pad", "Slice", "Range", "ConstantOfShape", "TopK", "OneHot",
@@ -67,6 +81,7 @@ def reverse_loop(g: GradBuilder, node: ir.Node, dys) -> dict:
                 if dy is not None]
 
     dv, acc, _ = rev.run(bind, scan_seeds, [], list(outs[:n_carry]), dys[:n_carry], steps=steps)
+    rev.drop_unread_tapes()
     return summed(g, [*((inputs[2 + k], v) for k, v in dv.items()), *acc.items()])
 
 
@@ -107,9 +122,10 @@ def _check_carried_shapes(g: GradBuilder, node: ir.Node, body: ir.Graph) -> None
 
 def reverse_scan(g: GradBuilder, node: ir.Node, dys, n_carry: int, layout) -> dict:
     """Gradients of a Scan in reverse mode (``Reverse``): a copy of the Scan that also stacks
-    each step's carried values and products takes its place; the backward Loop reads step t's
-    slices of the scanned inputs and of the scan outputs' dys (axes and directions honoured)
-    and stacks the slices' gradients, which are put back in the scanned inputs' order and axes."""
+    each step's carried values and taped outputs takes its place; a backward Scan reads, last
+    step first, the tapes and the slices of the scanned inputs and of the scan outputs' dys (axes
+    and directions honoured), and stacks the slices' gradients along the scanned inputs' own axes
+    and directions."""
     in_axes, in_dirs, out_axes, out_dirs = layout
     body, inputs = node.attributes["body"].value, list(node.inputs)  # the taped copy takes the node's place
     scanned = inputs[n_carry:]
@@ -139,6 +155,7 @@ def reverse_scan(g: GradBuilder, node: ir.Node, dys, n_carry: int, layout) -> di
 
     sliced = [(v, axis, not reverse) for v, axis, reverse in zip(body.inputs[n_carry:], in_axes, in_dirs)]
     dv, acc, stacks = rev.run(bind, scan_seeds, sliced, finals, dys[:n_carry])
+    rev.drop_unread_tapes()
     pairs = [*((inputs[k], v) for k, v in dv.items()), *acc.items()]
     pairs += [(x, Reverse.typed(stack, x)) for x, stack in zip(scanned, stacks) if stack is not None]  # in x's layout
     return summed(g, pairs)
@@ -236,16 +253,15 @@ def _prune(graph: ir.Graph) -> None:
 class Reverse:
     """Reverse mode through a loop body whose steps are not unrolled.
 
-    A backward Loop runs the ``steps`` steps, t = ``last`` .. 0: ``bind`` reads step t's body
-    inputs (off a tape the caller recorded, or its scanned inputs), the body is copied from
-    them with its products read off their tapes, and backprop takes it the carried values'
-    gradients (the backward Loop's loop-carried state, starting from the dys of the final
-    values) plus step t's slice of each scan output's dy. Gradients of outer values the body
-    reads are summed in further loop-carried accumulators, but for their ``A^T @ B`` and
-    ``ReduceSum`` terms, whose operands the Loop stacks for one Gemm or ReduceSum after it
-    (``_summed_over_steps``); those of per-step body inputs
-    (``sliced``) are stacked by the backward Loop, step steps-1 first. The body may not carry a
-    sequence."""
+    A backward Scan (a Loop where the number of steps is the tape's) runs the steps last to
+    first: ``bind`` reads a step's body inputs (off a tape the caller recorded, or its scanned
+    inputs; ``read``), the body is copied from them with its ``TAPED`` outputs read off their
+    tapes, and backprop takes it the carried values' gradients (the backward's state, starting
+    from the dys of the final values) plus the step's slice of each scan output's dy. Gradients
+    of outer values the body reads are summed in further state accumulators, but for their
+    ``A^T @ B`` and ``ReduceSum`` terms, whose operands the backward stacks for one Gemm or
+    ReduceSum after it (``_summed_over_steps``); those of per-step body inputs (``sliced``) are
+    stacked by the backward. The body may not carry a sequence."""
 
     def __init__(self, g: GradBuilder, node: ir.Node, body: ir.Graph, carried_in: list, carried_out: list):
         from graphc.passes.autodiff.core import captured_values
@@ -261,10 +277,11 @@ class Reverse:
             if any(v in per_step for v in inner.inputs):
                 per_step.update(inner.outputs)
         stable: dict = {}
-        self.products = [n.outputs[0] for n in body if n.op_type in PRODUCTS and n.domain in ("", "ai.onnx")
+        self.products = [n.outputs[0] for n in body if n.op_type in TAPED and n.domain in ("", "ai.onnx")
                          and n.outputs[0] in per_step and is_float(n.outputs[0])
                          and _same_shape_every_step(n.outputs[0], body, stable)]
         self.product_tapes: list[ir.Value] = []
+        self.taped: ir.Node | None = None
 
     @staticmethod
     def typed(value: ir.Value, like: ir.Value) -> ir.Value:
@@ -290,6 +307,7 @@ class Reverse:
         for out, like in zip(outs, [*node.outputs[:n_outputs], *recorded, *self.products]):
             out.type = like.type
         self.product_tapes = list(outs[n_outputs + len(recorded):])
+        self.taped, self.n_outputs = outs[0].producer(), n_outputs
         if node.graph is g.graph:
             taped = outs[0].producer()
             g.graph.remove(taped)
@@ -407,3 +425,31 @@ class Reverse:
                 self.typed(total, c)
                 captured[c] = g.add(captured[c], total) if c in captured else total
         return (dict(zip(self.floats, outs[:len(self.floats)])), captured, [stacked.get(k) for k in range(len(slices))])
+
+    def drop_unread_tapes(self) -> None:
+        """Rebuild the taped node without the tapes the backward does not read (a product read only
+        by an activation, which is taped itself): a copy per step less."""
+        node = self.taped
+        unread = [k for k in range(self.n_outputs, len(node.outputs) if node is not None else 0)
+                  if not node.outputs[k].uses() and not node.outputs[k].is_graph_output()]
+        if not unread:
+            return
+        body, graph = node.attributes["body"].value, node.graph
+        first = 1 if node.op_type == "Loop" else 0  # a Loop body's outputs start with the condition
+        n_carry = len(node.inputs) - (2 if node.op_type == "Loop" else attr(node, "num_scan_inputs"))
+        attrs = {name: a.value for name, a in node.attributes.items()}
+        for k in reversed(unread):
+            copy = body.outputs.pop(first + k).producer()
+            body.remove(copy, safe=True)
+            for name in ("scan_output_axes", "scan_output_directions"):
+                if name in attrs:
+                    attrs[name] = [v for i, v in enumerate(attrs[name]) if i != k - n_carry]
+        kept = [v for k, v in enumerate(node.outputs) if k not in unread]
+        new = ir.node(node.op_type, list(node.inputs), attrs, num_outputs=len(kept), name=node.name)
+        graph.insert_after(node, new)
+        for old, out in zip(kept, new.outputs):
+            name, old.name = old.name, None
+            out.type, out.shape = old.type, old.shape
+            old.replace_all_uses_with(out, replace_graph_outputs=True)
+            out.name = name
+        graph.remove(node, safe=True)
