@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["ALL_REDUCE_KEY", "BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY",
+__all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "EXCHANGE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY",
            "MAX_NORM_KEY", "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY", "PROBABILITIES_KEY", "RANDOM_OPS",
-           "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "all_reduce_kind", "ancestors", "const_array",
-           "const_axes", "const_scalar", "draws_random", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "replace_value",
-           "static_shape", "stops_gradient", "subgraphs"]
+           "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "ancestors", "const_array", "const_axes", "const_scalar",
+           "draws_random", "exchange_kind", "fixed_array", "fresh_name", "node_attrs", "onnx_opset",
+           "replace_value", "static_shape", "stops_gradient", "subgraphs"]
 
 Dim = int | str | None
 StaticShape = tuple[Dim, ...]
@@ -76,13 +76,14 @@ SYNC_BATCHNORM_KEY = "graphc.sync_batchnorm"
 # node metadata of an Identity that marks a data-parallel exchange: "gather", every worker's input
 # ([1, ...]) stacked in rank order; "gather_grad", its adjoint (each worker's share-weighted
 # cotangents summed, over this worker's share, its own row: ``runtime.staged``). In one process
-# both are the identity
-ALL_REDUCE_KEY = "graphc.all_reduce"
+# both are the identity. The text is from when the exchanges were all-reduces, kept as saved
+# artifacts carry it
+EXCHANGE_KEY = "graphc.all_reduce"
 
 
-def all_reduce_kind(node: ir.Node) -> str | None:
-    """``"gather"`` or ``"gather_grad"`` for an exchange Identity (``ALL_REDUCE_KEY``), else None."""
-    return node.metadata_props.get(ALL_REDUCE_KEY) if node.op_type == "Identity" else None
+def exchange_kind(node: ir.Node) -> str | None:
+    """``"gather"`` or ``"gather_grad"`` for an exchange Identity (``EXCHANGE_KEY``), else None."""
+    return node.metadata_props.get(EXCHANGE_KEY) if node.op_type == "Identity" else None
 
 
 # node metadata of a module buffer written in a training-mode forward (``self.u.copy_(new)``): each

@@ -1,4 +1,4 @@
-"""gc.nn.SyncBatchNorm's training graphs: shards run stage by stage with the all-reduce points summed
+"""gc.nn.SyncBatchNorm's training graphs: shards run stage by stage with the exchanged values gathered
 between (``graphc.runtime.staged``) compute what one run on the whole batch does, which is torch's
 SyncBatchNorm under DDP (global mean and biased variance; running_var from the global unbiased count)."""
 
@@ -8,7 +8,7 @@ import pytest
 import graphc as gc
 from graphc import nn
 from graphc.passes.training.stages import split
-from graphc.passes.values import ALL_REDUCE_KEY
+from graphc.passes.values import EXCHANGE_KEY
 from graphc.runtime.averaging import counted_labels
 from graphc.runtime.staged import StagedRun, exchange, scales
 from graphc.runtime.trainer import without_initializers
@@ -127,20 +127,20 @@ def test_the_staged_run_is_torch_syncbatchnorm_over_the_global_batch():
         np.testing.assert_allclose(got[name], buffer, rtol=1e-12, atol=1e-14, err_msg=name)
 
 
-def test_all_reduce_points_are_syncbatchnorm_only():
+def test_exchanges_are_syncbatchnorm_only():
     """Three gathers per SyncBatchNorm (its count, its mean and its squared deviations, one
     exchange), two "gather_grad" ones for the two that carry a gradient (one exchange back); plain
     BatchNorm's graphs have none (one stage), and the train_step (plain BatchNorm's), eval and
     inference graphs of either have none. Five stages: both counts and bn's statistics first (the
     counts read shapes only), then one exchange at a time (bn2's, bn2's gradient, bn's)."""
     arts = _artifacts()
-    marks = [n.metadata_props[ALL_REDUCE_KEY] for n in arts.gradients.graph if ALL_REDUCE_KEY in n.metadata_props]
+    marks = [n.metadata_props[EXCHANGE_KEY] for n in arts.gradients.graph if EXCHANGE_KEY in n.metadata_props]
     assert sorted(marks) == ["gather"] * 6 + ["gather_grad"] * 4
     plain = _artifacts((nn.BatchNorm2d, nn.BatchNorm1d))
     for key in ("train_step", "gradients", "eval", "inference"):
-        assert not any(ALL_REDUCE_KEY in n.metadata_props for n in getattr(plain, key).graph), key
+        assert not any(EXCHANGE_KEY in n.metadata_props for n in getattr(plain, key).graph), key
     for key in ("train_step", "eval", "inference"):
-        assert not any(ALL_REDUCE_KEY in n.metadata_props for n in getattr(arts, key).graph), key
+        assert not any(EXCHANGE_KEY in n.metadata_props for n in getattr(arts, key).graph), key
     # one process runs train_step: plain BatchNorm's (the written-out form cost 10 % a step)
     assert [n.op_type for n in arts.train_step.graph] == [n.op_type for n in plain.train_step.graph]
     assert len(split(plain.gradients.ir)) == 1
@@ -268,13 +268,13 @@ def test_without_running_statistics_the_exchanges_are_the_gradients_graphs_only(
     first, then one exchange at a time (bn2's, bn2's gradient, bn's). train_step, eval and inference
     are plain BatchNorm's ops, without exchanges."""
     arts, plain = _untracked_artifacts(), _untracked_artifacts(nn.BatchNorm2d, nn.BatchNorm1d)
-    marks = [n.metadata_props[ALL_REDUCE_KEY] for n in arts.gradients.graph if ALL_REDUCE_KEY in n.metadata_props]
+    marks = [n.metadata_props[EXCHANGE_KEY] for n in arts.gradients.graph if EXCHANGE_KEY in n.metadata_props]
     assert sorted(marks) == ["gather"] * 8 + ["gather_grad"] * 4
     assert [len(s.exchanges) for s in split(arts.gradients.ir)] == [5, 3, 2, 2, 0]
     assert len(split(plain.gradients.ir)) == 1
     for key in ("train_step", "eval", "inference"):
         assert [n.op_type for n in getattr(arts, key).graph] == [n.op_type for n in getattr(plain, key).graph], key
-        assert not any(ALL_REDUCE_KEY in n.metadata_props for n in getattr(arts, key).graph), key
+        assert not any(EXCHANGE_KEY in n.metadata_props for n in getattr(arts, key).graph), key
 
 
 class _UntrackedFirst(nn.Module):

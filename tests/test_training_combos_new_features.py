@@ -159,7 +159,7 @@ NORM_CASES = {  # frozen, loss scale, autocast, recompute, fused, optimizer
 @pytest.mark.parametrize("case", sorted(NORM_CASES))
 def test_sync_batchnorm_with_the_options_trains_as_batchnorm_in_one_process_and_resumes(tmp_path, case, backend):
     """5 steps of label-smoothed cross-entropy with clipping: SyncBatchNorm's written-out statistics
-    (all-reduce points the identity) train as BatchNorm's to 1e-6 (measured 1.2e-7), the running
+    (exchanges the identity) train as BatchNorm's to 1e-6 (measured 1.2e-7), the running
     statistics too; resumed bit for bit; the exports agree."""
     frozen, scale, autocast, recompute, fused, opt = NORM_CASES[case]
     batches = [{"x": (RNG.standard_normal((6, 2, 4, 4)) * 2 + 1).astype(np.float32), "y": RNG.integers(0, 3, 6)}

@@ -25,7 +25,7 @@ class SyncBatchNorm(BatchNormBase):
     """``torch.nn.SyncBatchNorm``: BatchNorm over ``(N, C, *)`` input (``process_group`` is accepted and
     unused). Its BatchNormalization node (without running statistics: its mean, centring and variance
     nodes) is marked ``SYNC_BATCHNORM_KEY``: the gradients graph computes its batch statistics, and
-    their gradient's per-channel sums, through all-reduce points (``passes/training/sync_batchnorm.py``),
+    their gradients, through exchanges between the workers (``passes/training/sync_batchnorm.py``),
     so shards run stage by stage with the marked values exchanged between (``graphc.runtime.staged``;
     ``gc.Trainer(..., workers=N)``'s workers) train as the whole batch, as torch's SyncBatchNorm under
     DDP. ``train_step`` (one process), eval and inference graphs are plain BatchNorm (torch syncs in

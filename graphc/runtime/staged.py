@@ -1,5 +1,5 @@
-"""Data-parallel shards run stage by stage: a graph with all-reduce points (``gc.nn.SyncBatchNorm``'s
-training graphs) cut by ``passes/training/stages.py``, every shard through stage k, the marked
+"""Data-parallel shards run stage by stage: a graph with exchanges (``gc.nn.SyncBatchNorm``'s
+gathers) cut by ``passes/training/stages.py``, every shard through stage k, the marked
 values exchanged across the shards, then stage k + 1. N shards then compute what one run on their
 whole batch does. ``StagedRun.run`` runs the shards in one process; a data-parallel worker
 (``distributed.replica``) runs its own with ``stage`` and ``receive``, the exchanges between workers.

@@ -16,7 +16,7 @@ import onnx_ir as ir
 from graphc.passes.autodiff.builder import GradBuilder, attr, is_float
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.autodiff.rules_activations import grad_gelu_erf, grad_silu, gelu_input, silu_input
-from graphc.passes.values import ALL_REDUCE_KEY, all_reduce_kind, const_scalar
+from graphc.passes.values import EXCHANGE_KEY, const_scalar, exchange_kind
 
 
 @grad_rule("Add", broadcast=True)
@@ -166,10 +166,10 @@ def grad_identity(g, node, dy):
     # a data-parallel gather (every worker's value stacked in rank order) has for adjoint the
     # workers' cotangents summed, each worker taking its own row: marked "gather_grad" (the
     # exchange weights them by share)
-    if all_reduce_kind(node) is None:
+    if exchange_kind(node) is None:
         return (dy,)
     out = g.op("Identity", dy)
-    out.producer().metadata_props[ALL_REDUCE_KEY] = "gather_grad"
+    out.producer().metadata_props[EXCHANGE_KEY] = "gather_grad"
     out.dtype, out.shape = node.inputs[0].dtype, node.inputs[0].shape
     return (out,)
 

@@ -51,7 +51,7 @@ from graphc.passes.training import sync_batchnorm, taps_params
 from graphc.passes.training.graph_outputs import by_name, expose, expose_inputs, input_with_default, set_outputs
 from graphc.passes.training.loss_graph import LOSS, LossArgs, append_loss, free_names
 from graphc.passes.training.scheduled import MOMENTUM, momentum_scheduled, running_state, scheduled_inputs
-from graphc.passes.values import all_reduce_kind, onnx_opset
+from graphc.passes.values import exchange_kind, onnx_opset
 
 MIN_OPSET = 17  # graphc's lowest opset; older models are upgraded to it
 STEP = "step"
@@ -127,7 +127,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
             (slot, loss.output) if label else None, autocast)
     plain = sync_batchnorm.unmarked(base)  # train_step runs in one process: plain BatchNorm, 10 % faster
     step, gradients, grads, bn_next, grad_outputs, taps = _backward_graphs(base if plain is None else plain, *args)
-    if plain is not None:  # the workers' gradients graph: written out around its all-reduce points
+    if plain is not None:  # the workers' gradients graph: written out around its exchanges
         gradients = _backward_graphs(base, *args[:3], [], *args[4:])[1]
     # a pass that replaces the prediction (dense_conv) keeps its output slot, not its name
     step.graph.outputs[slot].name = loss.output
@@ -249,7 +249,7 @@ def _backward_graphs(step: ir.Model, opset: int, params: Sequence[str], bn_stats
         scale = input_with_default(step.graph, loss_scaling.LOSS_SCALE,
                                    loss_scaling.initial_state(loss_scale)[loss_scaling.LOSS_SCALE])
         seed_scale = loss_scaling.seed(Emitter(step.graph, opset, "loss_scale"), scale, loss_value)
-    if any(all_reduce_kind(node) for node in step.graph):  # a data-parallel worker seeds 0 a shard that counts nothing
+    if any(exchange_kind(node) for node in step.graph):  # a data-parallel worker seeds 0 a shard that counts nothing
         seed = sync_batchnorm.loss_seed(step.graph, loss_value)
         seed_scale = seed if seed_scale is None else Emitter(step.graph, opset, "sync_bn").op("Mul", seed_scale, seed)
     found = backward(step.graph, loss_value, [*(step.graph.initializers[p] for p in params), *chains.values()],

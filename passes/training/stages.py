@@ -1,9 +1,9 @@
-"""A graph cut at its data-parallel all-reduce points (``ALL_REDUCE_KEY`` Identities), for a staged
-run: every worker runs stage k on its shard, the values the all-reduces after stage k read are
+"""A graph cut at its data-parallel exchanges (``EXCHANGE_KEY`` Identities), for a staged run:
+every worker runs stage k on its shard, the values the exchanges after stage k read are
 exchanged across the workers, then stage k + 1 runs.
 
 A node's stage is the highest of its inputs' (0 for graph inputs and initializers), where an
-all-reduce's output counts one past its input's. Stage k is a model of its own: inputs the
+exchange's output counts one past its input's. Stage k is a model of its own: inputs the
 graph inputs it reads and the values earlier stages or exchanges made (named as in the whole
 graph), outputs what later stages, exchanges or the graph's outputs read of its values.
 """
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from graphc.passes.values import all_reduce_kind, subgraphs
+from graphc.passes.values import exchange_kind, subgraphs
 
 
 @dataclass
 class Exchange:
     """An exchange after a stage: ``source`` (each worker's value) in, ``target`` out; ``kind``
-    ``"gather"`` or ``"gather_grad"`` (``ALL_REDUCE_KEY``)."""
+    ``"gather"`` or ``"gather_grad"`` (``EXCHANGE_KEY``)."""
 
     source: str
     target: str
@@ -38,7 +38,7 @@ class Stage:
 
 
 def split(model: ir.Model) -> list[Stage]:
-    """``model`` cut at its all-reduce points (module docstring); ``model`` is not changed. A
+    """``model`` cut at its exchanges (module docstring); ``model`` is not changed. A
     graph without any is one stage."""
     model = model.clone()
     graph = model.graph
@@ -47,18 +47,18 @@ def split(model: ir.Model) -> list[Stage]:
     placed: list[tuple[ir.Node, int]] = []
     for node in graph:
         at = max((level.get(v, 0) for v in _reads(node)), default=0)
-        kind = all_reduce_kind(node)
+        kind = exchange_kind(node)
         for out in node.outputs:
             level[out] = at + (kind is not None)
         placed.append((node, at))
     count = 1 + max((at for _, at in placed), default=0)
     stages = [Stage(None) for _ in range(count)]
     for node, at in placed:
-        kind = all_reduce_kind(node)
+        kind = exchange_kind(node)
         if kind is not None:
             stages[at].exchanges.append(Exchange(node.inputs[0].name, node.outputs[0].name, kind))
     for k in range(count):
-        mine = {i for i, (node, at) in enumerate(placed) if at == k and all_reduce_kind(node) is None}
+        mine = {i for i, (node, at) in enumerate(placed) if at == k and exchange_kind(node) is None}
         if mine:
             stages[k].model = _stage_model(model, mine)
     return stages

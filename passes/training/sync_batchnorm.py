@@ -3,7 +3,7 @@ shard together, as torch's SyncBatchNorm under DDP.
 
 Each training-mode BatchNormalization marked ``SYNC_BATCHNORM_KEY`` is written out, before
 autodiff, in primitive ops around one exchange: every worker's count, mean and sum of squared
-deviations from that mean, gathered by ``ALL_REDUCE_KEY`` Identities marked ``"gather"`` (the
+deviations from that mean, gathered by ``EXCHANGE_KEY`` Identities marked ``"gather"`` (the
 identity in one process) and combined by Chan et al.'s parallel formula (M2 = sum M2_i + sum n_i
 (mean_i - mean)^2), as torch's ``batch_norm_gather_stats_with_counts``. The local statistics are
 taken about the layer's running mean ``s`` (every worker holds the same), as d_i = mean_i - s:
@@ -34,7 +34,7 @@ from graphc.passes.emit import Emitter
 from graphc.passes.training.modes import replace_training_batchnorm, training_axes, values_per_channel
 from graphc.passes.infer import infer
 from graphc.errors import PassError
-from graphc.passes.values import (ALL_REDUCE_KEY, STOP_GRADIENT_KEY, SYNC_BATCHNORM_KEY, all_reduce_kind,
+from graphc.passes.values import (EXCHANGE_KEY, STOP_GRADIENT_KEY, SYNC_BATCHNORM_KEY, exchange_kind,
                                    replace_value)
 
 LOSS_SEED = "graphc.loss_seed"  # the backward's seed factor of a graph with SyncBatchNorms (module docstring)
@@ -79,7 +79,7 @@ def gather(b: Emitter, value: ir.Value) -> ir.Value:
     Identity marked ``"gather"``, whose adjoint (autodiff) is the workers' cotangents summed, each
     worker taking its own row back."""
     out = b.op("Identity", value)
-    out.producer().metadata_props[ALL_REDUCE_KEY] = "gather"
+    out.producer().metadata_props[EXCHANGE_KEY] = "gather"
     out.dtype, out.shape = value.dtype, ir.Shape([WORKERS, *value.shape[1:]])
     return out
 
@@ -90,7 +90,7 @@ def widen(graph: ir.Graph, opset: int) -> None:
     from them inferred again, so autodiff reduces their cotangents to [workers, ...], not [1, ...]."""
     wide: set[ir.Value] = set()
     for node in graph:
-        if all_reduce_kind(node) == "gather":
+        if exchange_kind(node) == "gather":
             node.outputs[0].shape = ir.Shape([WORKERS, *node.inputs[0].shape[1:]])
         elif any(v in wide for v in node.inputs):
             for out, (_, shape) in zip(node.outputs, infer(node, opset)):

@@ -14,7 +14,7 @@ gradients. BatchNorm running statistics are replaced by rank 0's (PyTorch DDP's
 ``broadcast_buffers``). A param read only under control flow is stepped where any worker's
 ``<param>.touched`` is true (DDP's ``find_unused_parameters``).
 
-A gradients graph with all-reduce points (``gc.nn.SyncBatchNorm``) runs in stages
+A gradients graph with exchanges (``gc.nn.SyncBatchNorm``'s gathers) runs in stages
 (``runtime.staged``): ``begin`` makes ``step``'s start (``_started``), runs stage 0 and returns what
 its exchanges read (with the shard's weight); each ``advance`` gets every worker's such object from
 the last one (the same object-store hand-over as the gradients), exchanges and runs the next stage;
@@ -59,7 +59,7 @@ class Replica:
         this worker's process id and the gradients graph's number of stages."""
         from graphc.backends import get_backend
         from graphc.compile.training import Manifest
-        from graphc.passes.values import ALL_REDUCE_KEY
+        from graphc.passes.values import EXCHANGE_KEY
         from graphc.runtime.staged import StagedRun
 
         self.manifest = m = Manifest.model_validate_json(graphs["manifest"])
@@ -78,7 +78,7 @@ class Replica:
         self._means: Optional[dict] = None  # the train metrics a shard reduces (``use_metrics``)
         self._whole = False
         gradients = self._protos["gradients"]
-        staged = any(p.key == ALL_REDUCE_KEY for n in gradients.graph.node for p in n.metadata_props)
+        staged = any(p.key == EXCHANGE_KEY for n in gradients.graph.node for p in n.metadata_props)
         self._staged = StagedRun(without_initializers(gradients, self._carried), self._backend.name,
                                  **self._options) if staged else None
         self._grads = None if staged else self._prepare("gradients")

@@ -24,7 +24,7 @@ and every worker holds the same bits, where the forward keeps the rows apart (on
 them gets a ``gc.DataParallelWarning``: ``mixed_rows``). A param an embedding with max_norm renormalises in place
 (``manifest.renormed``) adds one call per worker and step before it: each worker reports the rows
 its shard looks up, and every worker renormalises their union (``renorm_rows``), as one process.
-A gradients graph with all-reduce points (``gc.nn.SyncBatchNorm``) runs in stages: the workers with
+A gradients graph with exchanges (``gc.nn.SyncBatchNorm``'s gathers) runs in stages: the workers with
 rows make one call per stage, chained by the driver, the union rows going to the first.
 
 Per-replica state follows PyTorch DDP: BatchNorm normalizes with each worker's batch statistics
