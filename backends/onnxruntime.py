@@ -192,7 +192,9 @@ class _OrtBackend:
             options.intra_op_num_threads = int(threads)
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         if self.device == "cpu":
-            model = selects.as_ifs(_race_free(narrow_casts.lower(model), options))  # -0.0 kept
+            # Wheres as Ifs (-0.0 kept) before narrow_casts, whose float32 Where between Casts has no
+            # declared shapes for as_ifs to read
+            model = narrow_casts.lower(selects.as_ifs(_race_free(model, options)))
             if options.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
                 model = _cpu_kernels(model, options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
         flush_denormals = bool(flush_denormals) and self.device == "cpu"
