@@ -48,7 +48,8 @@ Guard = tuple  # ("if", node, branch 0 then / 1 else), ("loop", node), ("scan", 
 def guards(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> dict[str, list[Guard]]:
     """``{param: the control-flow nodes (and If branches) whose bodies read it}`` for each of
     ``params`` that the loss reads only inside control flow whose running is not known when the
-    graph is built; params read otherwise are left out."""
+    graph is built, in ``params``' order (the graphs' ``<param>.step`` inputs follow it); params
+    read otherwise are left out."""
     live: set[ir.Value] = {loss}
     found: dict[ir.Value, set] = {}  # values read only under these guards
     for node in reversed(list(graph)):
@@ -71,7 +72,8 @@ def guards(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> dict[str
                     found.setdefault(v, set()).add(guard)
                 else:  # a body that always runs: read as before
                     live.add(v)
-    return {v.name: sorted(g, key=_order(graph)) for v, g in found.items() if v.name in params and v not in live}
+    guarded = {v.name: g for v, g in found.items() if v.name in params and v not in live}
+    return {p: sorted(guarded[p], key=_order(graph)) for p in params if p in guarded}
 
 
 def _order(graph: ir.Graph):
