@@ -454,9 +454,9 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
         state_next += [Output(expose(graph, value, f"{n}.next", like=old), "state", n) for n, old, value in own.next()]
     param_next = [Output(expose(graph, new_params[p], f"{p}.next", like=params[p]), "param", p) for p in params]
     return [*param_next, *state_next,
-            Output(expose(graph, scaler.keep(step, t) if scaler else t, f"{STEP}.next", like=step), "state", STEP),
-            *(Output(expose(graph, scaler.keep(value, ctx.running_next[name]) if scaler else ctx.running_next[name],
-                            f"{name}.next", like=value), "state", name) for name, value in running.items()),
+            Output(expose(graph, gates.kept(gates.found_inf, step, t), f"{STEP}.next", like=step), "state", STEP),
+            *(Output(expose(graph, gates.kept(gates.found_inf, value, ctx.running_next[name]), f"{name}.next",
+                            like=value), "state", name) for name, value in running.items()),
             *(_scaler_outputs(graph, scaler) if scaler else []),
             *([Output(expose(graph, norm, GRAD_NORM), GRAD_NORM)] if norm is not None else [])]
 

@@ -13,9 +13,10 @@ manifest's ``loss_scale`` (``graphc.compile.amp.loss_scale_json``).
   back, in float64 for float64 ones; ``found_inf`` is whether any entry of the *scaled* gradients
   is inf or NaN (torch's ``_amp_foreach_non_finite_check_and_unscale_``), read off one
   ``ReduceSum(g * 0)`` per buffer (0 for finite entries, NaN for any other), ORed.
-* ``keep``: on ``found_inf`` each carried value keeps its input (the step's ``delta`` is 0 and
-  ``shrink`` 1, so a param is written as ``param * 1 - 0``, bit for bit the same, by the node
-  that writes it without loss scaling; the optimizer state and ``step`` by a ``Where``).
+* ``held_step`` and ``kept``: on ``found_inf`` each carried value keeps its input (the step's
+  ``delta`` is 0 and ``shrink`` 1, so a param is written as ``param * 1 - 0``, bit for bit the
+  same, by the node that writes it without loss scaling; the optimizer state and ``step`` by a
+  ``Where``); ``guarded_params.Gates`` calls them, with a param's own skip condition too.
 * ``update``: torch's ``_amp_update_scale_``: ``found_inf``: ``scale * backoff_factor``, tracker
   0; else the tracker + 1, and at ``growth_interval`` ``scale * growth_factor`` (kept only if
   finite) and tracker 0; the products in float64 rounded to float32, as torch's CPU kernel. A
@@ -118,14 +119,6 @@ class Scaler:
     def unscale(self, grads: Sequence[ir.Value], dtypes: Sequence[ir.DataType]) -> list[ir.Value]:
         grads, self.found_inf = unscale(self.b, self.scale, grads, dtypes)
         return grads
-
-    def step(self, delta: ir.Value, shrink: ir.Value | None) -> tuple[ir.Value, ir.Value | None]:
-        """A step that leaves the param as it is on ``found_inf``: delta 0 and shrink 1."""
-        return held_step(self.b, self.found_inf, delta, shrink)
-
-    def keep(self, old: ir.Value, new: ir.Value) -> ir.Value:
-        """``new``, or on ``found_inf`` ``old`` (the optimizer state, ``step``)."""
-        return kept(self.b, self.found_inf, old, new)
 
     def update(self, tracker: ir.Value | None, skipped: ir.Value) -> dict[str, ir.Value]:
         """{state input name: its next value}: the scale's, the tracker's, the skipped steps'."""
