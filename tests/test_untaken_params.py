@@ -182,3 +182,24 @@ def test_param_read_through_a_main_graph_node_only_by_a_branch_steps_as_torch(tm
         ours = trainer.state_dict()
         for name, p in twin.named_parameters():
             np.testing.assert_allclose(ours[name], p.detach().numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+class _Branches(gc.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = gc.nn.ModuleList([gc.nn.Linear(3, 3, dtype="float64") for _ in range(4)])
+
+    def forward(self, x, flag):
+        return gc.cond(flag, lambda: self.layers[1](self.layers[0](x)), lambda: self.layers[3](self.layers[2](x)))
+
+
+def test_gated_params_step_counts_follow_the_params_order():
+    """The ``<param>.step`` inputs and state of 8 params read only in cond branches come in the
+    params' order, every time (they followed a set of values hashed by id: another order a run)."""
+    for _ in range(3):
+        model = gc.capture(_Branches(), seed=0, x=gc.spec("float64", ("N", 3)), flag=gc.spec("bool", ()))
+        arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.Adam(0.01))
+        want = [f"{p}.step" for p in arts.state if p.startswith("layers.") and p.count(".") == 2]
+        assert len(want) == 8
+        assert [k for k in arts.state if k.endswith(".step")] == want
+        assert [v.name for v in arts.train_step.graph.inputs if v.name.endswith(".step")] == want
