@@ -35,7 +35,7 @@ from graphc.passes.training import loss_scaling
 from graphc.passes.training.graph_outputs import expose, input_with_default
 from graphc.passes.training.optimizers import StepContext
 from graphc.passes.training.scheduled import running_state
-from graphc.passes.values import const_array, stops_gradient
+from graphc.passes.values import const_array, stops_gradient, subgraphs
 
 __all__ = ["STEP_SUFFIX", "TOUCHED_SUFFIX", "Gates", "check_supported", "expose_touched", "fed_guards", "guards", "touched"]
 
@@ -61,7 +61,7 @@ def guards(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> dict[str
             for v in reads if under else ():
                 found.setdefault(v, set()).update(under)
             continue
-        if not _bodies(node):
+        if not subgraphs(node):
             live.update(v for v in node.inputs if v is not None)
             continue
         for guard, reads, passed in _control_reads(node, live):
@@ -81,10 +81,6 @@ def _order(graph: ir.Graph):
     return lambda guard: (index[guard[1]], guard[2] if guard[0] == "if" else 0)
 
 
-def _bodies(node: ir.Node) -> list[ir.Graph]:
-    return [a.as_graph() for a in node.attributes.values() if a.type == ir.AttributeType.GRAPH]
-
-
 def _control_reads(node: ir.Node, live: set[ir.Value]) -> Iterable[tuple[Guard, set[ir.Value], set[ir.Value]]]:
     """(guard, outer values its body reads live, values passed through unguarded) for a live If,
     Loop or Scan of the main graph (any other node with bodies: one guard that never gates)."""
@@ -94,7 +90,7 @@ def _control_reads(node: ir.Node, live: set[ir.Value]) -> Iterable[tuple[Guard, 
             body = node.attributes[name].as_graph()
             yield ("if", node, k), _outer_reads(body, [o for o, on in zip(body.outputs, out_live) if on]), set()
         return
-    body = _bodies(node)[0]
+    body = subgraphs(node)[0]
     if node.op_type == "Loop":  # inputs M, cond, carried...; body inputs iter, cond, carried...
         carried, skip = len(node.inputs) - 2, 2
     elif node.op_type == "Scan":  # inputs states..., scans...; body inputs the same
@@ -117,7 +113,7 @@ def _outer_reads(body: ir.Graph, outputs: Iterable[ir.Value], keep_inputs: bool 
         if stops_gradient(node) or not any(o in live for o in node.outputs):
             continue
         live.update(v for v in node.inputs if v is not None)
-        for inner in _bodies(node):
+        for inner in subgraphs(node):
             live |= _outer_reads(inner, inner.outputs, keep_inputs=True) - set(inner.inputs)
     own = set(body.inputs) if not keep_inputs else set()
     return {v for v in live if (v.producer() is None or v.producer().graph is not body) and v not in own}
