@@ -57,7 +57,7 @@ def guards(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> dict[str
             continue
         if not any(o in live for o in node.outputs):  # read, if at all, under guards: so are its inputs
             under = set().union(*(found.get(o, ()) for o in node.outputs))
-            reads = {v for v in node.inputs if v is not None}.union(*(_outer_reads(g, g.outputs) for g in _bodies(node)))
+            reads = {v for v in node.inputs if v is not None}.union(*(_outer_reads(g, g.outputs) for g in subgraphs(node)))
             for v in reads if under else ():
                 found.setdefault(v, set()).update(under)
             continue
