@@ -342,3 +342,39 @@ def test_flipped_conv_input_gradient_reverses_the_taps(dtype, reverse):
                 for b in range(3):
                     want[:, c] += padded[:, o, 2 - a:6 - a, 2 - b:6 - b] * w[o, c % 2, a, b]
     np.testing.assert_allclose(got, want, rtol=2e-2 if dtype == np.float16 else 1e-5, atol=5e-2 if dtype == np.float16 else 1e-5)
+
+
+def shared_weight_model(rows: list[tuple[int, ...]]) -> tuple[ir.Model, list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """loss = sum_i sum((x_i @ w) * c_i), float64: one weight w [3, 5] read by a MatMul per x_i
+    (shapes ``rows``, each ending in 3); (model, xs, cs, w)."""
+    w = RNG.standard_normal((3, 5))
+    xs = [RNG.standard_normal(shape) for shape in rows]
+    cs = [RNG.standard_normal((*shape[:-1], 5)) for shape in rows]
+    nodes, inits = [], [numpy_helper.from_array(w, "w")]
+    for i, (x, c) in enumerate(zip(xs, cs)):
+        inits += [numpy_helper.from_array(x, f"x{i}"), numpy_helper.from_array(c, f"c{i}")]
+        nodes += [helper.make_node("MatMul", [f"x{i}", "w"], [f"y{i}"], name=f"read{i}"),
+                  helper.make_node("Mul", [f"y{i}", f"c{i}"], [f"p{i}"]),
+                  helper.make_node("ReduceSum", [f"p{i}"], [f"l{i}"], keepdims=0)]
+    nodes.append(helper.make_node("Sum", [f"l{i}" for i in range(len(rows))], ["loss"]))
+    graph = helper.make_graph(nodes, "shared", [], [helper.make_tensor_value_info("loss", 11, [])], initializer=inits)
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    return model, xs, cs, w
+
+
+@pytest.mark.parametrize("rows", [[(2, 3), (4, 3)], [(2, 3), (1, 3), (4, 3)], [(2, 2, 3), (3, 3), (1, 4, 3)]],
+                         ids=["two-reads", "three-reads", "batched-reads"])
+def test_a_weight_read_by_several_matmuls_gets_one_gemm_over_the_stacked_rows(rows):
+    """Each read's gradient is x_i^T @ dy_i; their sum is one Gemm of the stacked rows
+    (Concat(x_i)^T @ Concat(dy_i), as an unrolled RNN's recurrence weight takes it), no Sum or Add
+    of per-read products; it equals sum_i x_i^T c_i (float64) on numpy and onnxruntime."""
+    model, xs, cs, _ = shared_weight_model(rows)
+    proto = graphc.Model(gradient_model(model, "loss", ["w"])).proto
+    want = sum(x.reshape(-1, 3).T @ c.reshape(-1, 5) for x, c in zip(xs, cs))
+    for run in (run_numpy, run_ort):
+        np.testing.assert_allclose(run(proto, {})["w_grad"], want, rtol=1e-10, atol=1e-12, err_msg=run.__name__)
+    products = [n for n in proto.graph.node if n.op_type == "Gemm"]
+    gradient_ops = [n.op_type for n in proto.graph.node if "grad/" in n.name]
+    assert len(products) == 1 and not {"Sum", "Add", "Transpose"} & set(gradient_ops), gradient_ops
+    made_by = {o: n.op_type for n in proto.graph.node for o in n.output}
+    assert [made_by[v] for v in products[0].input] == ["Concat", "Concat"]

@@ -51,10 +51,27 @@ class _Classifier(gc.nn.Module):
         return self.head(gc.reshape(self.rnn(x)[0][:, -1], (-1, 8)))
 
 
-def _train_step(ctor: str, length: int) -> list[str]:
+def _train_graph(ctor: str, length: int):
     model = gc.capture(_Classifier(ctor), seed=0, x=gc.spec("float32", ("N", length, 3)))
     arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(0.1))
-    return [n.op_type for n in arts.train_step.proto.graph.node]
+    return arts.train_step.proto.graph
+
+
+def _train_step(ctor: str, length: int) -> list[str]:
+    return [n.op_type for n in _train_graph(ctor, length).node]
+
+
+@pytest.mark.parametrize("ctor", LAYERS[:3])
+def test_an_unrolled_layers_recurrence_weight_gradient_is_one_gemm(ctor):
+    """Unrolled, the recurrence weight's gradient (a product per step) is one Gemm of the steps'
+    stacked states and gate gradients (two Concats) per direction and gate group, not a Gemm per
+    step summed by a Sum (GRU's recurrence bias, a vector per step, keeps its Sum of GEMVs)."""
+    length = 16
+    graph = _train_graph(ctor, length)
+    made_by = {o: n.op_type for n in graph.node for o in n.output}
+    stacked = [n for n in graph.node if n.op_type == "Gemm" and [made_by.get(v) for v in n.input] == ["Concat"] * 2]
+    assert len(stacked) == (4 if ctor.startswith("GRU") else 2), len(stacked)
+    assert not [n.name for n in graph.node if n.op_type == "Sum" and [made_by.get(v) for v in n.input].count("Gemm") > 1]
 
 
 @pytest.mark.parametrize("ctor", LAYERS[:3])

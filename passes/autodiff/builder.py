@@ -35,6 +35,23 @@ def _lone_expand(value: ir.Value) -> bool:
             and not value.uses() and not value.is_graph_output())
 
 
+def _rows_product(value: ir.Value) -> tuple[ir.Value, ir.Value] | None:
+    """(A, B) when nothing reads ``value`` (a matrix) yet and an ai.onnx ``Gemm(A, B, transA=1)``
+    (no C, alpha 1) or ``MatMul(Transpose(A), B)`` computes it (MatMul's and Gemm's rules for a
+    weight: A [rows, k], B [rows, m]); else None."""
+    node, shape = value.producer(), static_shape(value)
+    if node is None or node.domain not in ("", "ai.onnx") or value.uses() or value.is_graph_output() \
+            or shape is None or len(shape) != 2:
+        return None
+    if node.op_type == "Gemm" and len(node.inputs) == 2 and attr(node, "transA", 0) == 1 \
+            and not attr(node, "transB", 0) and attr(node, "alpha", 1.0) == 1.0:
+        return node.inputs[0], node.inputs[1]
+    swapped = node.inputs[0].producer() if node.op_type == "MatMul" else None
+    if swapped is not None and swapped.op_type == "Transpose" and list(attr(swapped, "perm", [])) == [1, 0]:
+        return swapped.inputs[0], node.inputs[1]
+    return None
+
+
 def same_dim(a: Dim, b: Dim) -> bool:
     """True when two dims are known to be equal (same int, or the same symbol)."""
     return a is not None and a == b
@@ -194,7 +211,28 @@ class GradBuilder(Emitter):
         if isinstance(values[0].type, ir.SequenceType):  # a sequence read twice: element by element
             return self.seq_map(lambda sub, *xs: sub.sum_values(xs), *values)
         values = self._unexpanded(values)
+        products = [_rows_product(v) for v in values]
+        if all(products):
+            return self.stacked_product(values, products)
         return self.add(*values) if len(values) == 2 else self.op("Sum", *values)
+
+    def stacked_product(self, values: Sequence[ir.Value], products: list[tuple[ir.Value, ir.Value]]) -> ir.Value:
+        """The sum of ``values``, each ``A_i^T @ B_i`` (``products``), as one Gemm over the stacked
+        rows, ``Concat(A_i)^T @ Concat(B_i)``; the per-term Gemms are removed. The terms are a
+        weight's gradients from each MatMul that reads it: the recurrence weight of an unrolled
+        RNN, a term per step (as reverse mode stacks a Scan's steps). ``bench_recurrent.py --model
+        lm`` (batch 16, AdamW; 1-thread CPU ms per step, ort-cpu, interleaved; each term [256, 1024]
+        from 16 rows): LSTM 256 T=64 per-step Gemms + Sum 45.1, the stacked steps as one batched
+        MatMul + ReduceSum 43.7, Concat + Gemm 39.0 (T=16 13.7 / 15.8 / 12.2, T=32 24.1 / 23.8 /
+        20.7); GRU T=64 39.5 / 38.1 / 33.3."""
+        for v in values:
+            node = v.producer()
+            swapped = node.inputs[0].producer() if node.op_type == "MatMul" else None
+            node.graph.remove(node, safe=True)
+            if swapped is not None and not swapped.outputs[0].uses():
+                swapped.graph.remove(swapped, safe=True)
+        a, b = (self.op("Concat", *side, axis=0) for side in zip(*products))
+        return self.op("Gemm", a, b, transA=1)
 
     def mul_grad(self, dy: ir.Value, other: ir.Value) -> ir.Value:
         """``dy * other`` for a Mul's one wanted operand: a ``dy`` that a rule broadcast by
