@@ -153,12 +153,6 @@ def test_workers_update_counts_a_gated_params_own_step(tmp_path):
     assert flags == {e.name for e in arts.manifest.graphs["gradients"].outputs if e.role == "touched"}
 
 
-def test_scheduled_nadam_with_a_gated_param_is_refused():
-    model = gc.capture(CondNet(), seed=3, x=gc.spec("float64", (4, 3)), flag=gc.spec("bool", ()))
-    with pytest.raises(gc.PassError, match=r"\['a.bias', 'a.weight'\].*mu_product"):
-        gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.NAdam(0.01), scheduled=["momentum"])
-
-
 class OutsideNet(CondNet):
     """a's weight transposed in the main graph, read only by the branch: torch's grad is None too."""
 

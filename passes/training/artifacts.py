@@ -132,7 +132,6 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     # a pass that replaces the prediction (dense_conv) keeps its output slot, not its name
     step.graph.outputs[slot].name = loss.output
     gated = guarded_params.guards(step.graph, by_name(step.graph, LOSS), params)
-    guarded_params.check_supported(optimizer, gated)
     if gated:  # the workers' flags, ORed before their update (DDP's find_unused_parameters)
         flags = guarded_params.expose_touched(gradients.graph, opset, by_name(gradients.graph, LOSS), params, gated)
         grad_outputs = [*grad_outputs, *(Output(name, "touched") for name in flags)]
@@ -161,7 +160,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     role_of_input = {**{n: "data" for n in data}, **({label: "label"} if label else {}),
                      **{n: "param" for n in params},
                      **{f"{p}.{s}": "state" for p in [*params, *updated] for s in slots},
-                     **{p + guarded_params.STEP_SUFFIX: "state" for p in gated},
+                     **{n: "state" for n in guarded_params.own_state(gated, optimizer)},
                      STEP: "state", **{n: "state" for n in running_state(optimizer)},
                      **{n: "state" for n in loss_scaling.state_names(loss_scale)},
                      **{n: "state" for n in bn_stats}, LR: "hyper",
@@ -189,7 +188,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
              for key, m in graphs.items()}
     feeds = {o.name: o.feeds for o in step_outputs if o.feeds is not None}
     state = _initial_state(gradients.graph, params, bn_stats, slots, optimizer, lr_dtype)
-    state.update({p + guarded_params.STEP_SUFFIX: np.array(0, np.int64) for p in gated})
+    state.update(guarded_params.own_state(gated, optimizer))
     state.update(loss_scaling.initial_state(loss_scale))
     return Built(graphs, roles, feeds, params, frozen_all, constants, state, model_outputs, opset, groups, slots,
                  orders, one_row, list(renormed))
@@ -435,7 +434,8 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
     # torch's clip_grad_*_ between backward and step, on every gradient at once (if the spec asks)
     clipped, norm = clipping.clip(b, hyper, [u[2] for u in updates], dtypes)
     updates = [(name, param, g, decay) for (name, param, _, decay), g in zip(updates, clipped)]
-    new_params, state_next, gates = {}, [], guarded_params.Gates(b, scaler.found_inf if scaler else None)
+    new_params, state_next, gates = {}, [], guarded_params.Gates(b, scaler.found_inf if scaler else None,
+                                                                    running_state(hyper))
     for name, param, grad, decay in updates:
         like = grad if name in groups_by_name else params[name]  # a flat group's gradient is typed by flat.concat
         state = {}
@@ -455,8 +455,9 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
     param_next = [Output(expose(graph, new_params[p], f"{p}.next", like=params[p]), "param", p) for p in params]
     return [*param_next, *state_next,
             Output(expose(graph, gates.kept(gates.found_inf, step, t), f"{STEP}.next", like=step), "state", STEP),
-            *(Output(expose(graph, gates.kept(gates.found_inf, value, ctx.running_next[name]), f"{name}.next",
-                            like=value), "state", name) for name, value in running.items()),
+            # all params gated: no update pushed the shared running state, held as it is
+            *(Output(expose(graph, gates.kept(gates.found_inf, value, ctx.running_next.get(name, value)),
+                            f"{name}.next", like=value), "state", name) for name, value in running.items()),
             *(_scaler_outputs(graph, scaler) if scaler else []),
             *([Output(expose(graph, norm, GRAD_NORM), GRAD_NORM)] if norm is not None else [])]
 

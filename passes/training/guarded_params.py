@@ -9,7 +9,9 @@ scalar that says whether this step read it: an If's condition (its negation for 
 a Loop's ``trip count > 0 and cond``, a Scan's ``length > 0``, ORed over the nodes that read it.
 The update then keeps such a param and its state as they are where it is not touched, as loss
 scaling keeps a skipped step (``loss_scaling.held_step`` and ``kept``), and counts its own step
-(``<param>.step``, int64). Data-parallel workers' gradients graph outputs each flag
+(``<param>.step``, int64) and, with a scheduled momentum, keeps its own running state
+(``<param>.mu_product``, ``<param>.momentum_steps``; torch's per-param ``mu_product`` and
+momentum buffer). Data-parallel workers' gradients graph outputs each flag
 (``expose_touched``) and their update takes the workers' OR as an input (``fed_guards``), as DDP
 with ``find_unused_parameters`` gives a param a gradient on every rank when any rank read it.
 
@@ -29,7 +31,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import onnx_ir as ir
 
-from graphc.errors import PassError
 from graphc.passes.emit import Emitter
 from graphc.passes.training import loss_scaling
 from graphc.passes.training.graph_outputs import expose, input_with_default
@@ -37,7 +38,7 @@ from graphc.passes.training.optimizers import StepContext
 from graphc.passes.training.scheduled import running_state
 from graphc.passes.values import const_array, stops_gradient, subgraphs
 
-__all__ = ["STEP_SUFFIX", "TOUCHED_SUFFIX", "Gates", "check_supported", "expose_touched", "fed_guards", "guards", "touched"]
+__all__ = ["STEP_SUFFIX", "TOUCHED_SUFFIX", "Gates", "expose_touched", "fed_guards", "guards", "own_state", "touched"]
 
 STEP_SUFFIX = ".step"  # a gated param's own step count, torch's per-param ``state["step"]``
 TOUCHED_SUFFIX = ".touched"  # the gradients graph's bool: did this step read the param
@@ -203,21 +204,20 @@ def _condition(b: Emitter, guard: Guard) -> ir.Value:
     return parts[0] if len(parts) == 1 else b.op("And", *parts)
 
 
-def check_supported(optimizer: dict, gated: Collection[str]) -> None:
-    """A PassError where a gated param meets an update that keeps its running state for all
-    params at once (a scheduled momentum's ``running_state``: NAdam's ``mu_product``, SGD's
-    ``momentum_steps``), which torch keeps per param."""
-    running = list(running_state(optimizer))
-    if gated and running:
-        raise PassError(f"params {sorted(gated)} are read only inside control flow (gc.cond, a loop that may run "
-                        f"zero times), so some steps leave them as torch leaves a grad-None param; {optimizer['kind']} "
-                        f"with a scheduled momentum keeps {running} for all params at once and cannot skip one")
+def own_state(gated: Iterable[str], optimizer: dict) -> dict[str, np.ndarray]:
+    """The state each ``gated`` param keeps of its own, with its start: ``<param>.step`` (int64 0)
+    and, with a scheduled momentum, ``<param>.mu_product`` / ``<param>.momentum_steps``
+    (``scheduled.running_state``)."""
+    running = running_state(optimizer)
+    return {k: v for p in gated
+            for k, v in {p + STEP_SUFFIX: np.array(0, np.int64), **{f"{p}.{n}": x for n, x in running.items()}}.items()}
 
 
 @dataclass
 class Own:
     """One update's step context and skip condition: a gated param's own step count (``step``
-    in, ``t`` after this step), else the shared ones."""
+    in, ``t`` after this step) and scheduled momentum's running state (``<param>.mu_product``,
+    ``<param>.momentum_steps``: torch keeps them per param), else the shared ones."""
 
     ctx: StepContext
     skip: ir.Value | None
@@ -227,19 +227,23 @@ class Own:
     gates: "Gates | None" = None
 
     def next(self) -> list[tuple[str, ir.Value, ir.Value]]:
-        """(input name, input, next value) of the own step count, if any."""
+        """(input name, input, next value) of the own step count and running state, if any."""
         if self.step is None:
             return []
-        return [(self.name + STEP_SUFFIX, self.step, self.gates.kept(self.skip, self.step, self.t))]
+        running = [(f"{self.name}.{n}", v, self.gates.kept(self.skip, v, self.ctx.running_next.get(n, v)))
+                   for n, v in self.ctx.running.items()]
+        return [(self.name + STEP_SUFFIX, self.step, self.gates.kept(self.skip, self.step, self.t)), *running]
 
 
 @dataclass
 class Gates:
     """The skipped updates of one update graph: loss scaling's ``found_inf`` (or None) for every
-    param, and for a gated one also a step that does not read it."""
+    param, and for a gated one also a step that does not read it; ``running``: the scheduled
+    momentum's running state and its start, which a gated param keeps its own of."""
 
     b: Emitter
     found_inf: ir.Value | None
+    running: dict[str, np.ndarray] = field(default_factory=dict)  # ``scheduled.running_state``: a gated param's own
     _conditions: dict = field(default_factory=dict)
 
     def own_step(self, graph: ir.Graph, ctx: StepContext, name: str, param_guards: list | None) -> Own:
@@ -250,12 +254,13 @@ class Gates:
             return Own(ctx, self.found_inf)
         b = self.b
         step = input_with_default(graph, name + STEP_SUFFIX, np.array(0, np.int64))
+        running = {n: input_with_default(graph, f"{name}.{n}", v) for n, v in self.running.items()}
         t = b.op("Add", step, b.const(1, np.int64))
         skip = self.found_inf
         if param_guards:
             idle = b.op("Not", touched(b, param_guards, self._conditions))
             skip = idle if skip is None else b.op("Or", skip, idle)
-        return Own(replace(ctx, t=t, _cache={}, running_next={}), skip, name, step, t, self)
+        return Own(replace(ctx, t=t, _cache={}, running=running, running_next={}), skip, name, step, t, self)
 
     def held_step(self, skip: ir.Value | None, delta: ir.Value, shrink: ir.Value | None):
         return (delta, shrink) if skip is None else loss_scaling.held_step(self.b, skip, delta, shrink)
