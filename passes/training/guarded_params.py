@@ -18,9 +18,13 @@ with ``find_unused_parameters`` gives a param a gradient on every rank when any 
 Liveness runs backward from the loss, through no ``gc.detach`` Identity; a param read by a live
 node of the main graph counts as always read (its update as before). One read through main-graph
 nodes whose outputs only guarded bodies read (a transpose or Cast before the branch) is guarded
-by those bodies, as torch's backward never reaches it either. Inside a body, nested control flow
-counts as run whenever the body runs: only the outermost node's condition gates (torch skips a
-param an inner ``if`` reads on no iteration; graphc steps it with a zero gradient).
+by those bodies, as torch's backward never reaches it either. A Loop or Scan body is walked the
+same way: a param read there only under nested control flow (an If in the body) is touched
+where some iteration ran it, a flag the body outputs per iteration (a scan output, summed after
+the loop). An If's branches count whole (an If inside an If: only the outer condition gates),
+and a control node reached only through guarded bodies gates its reads by those bodies' guards,
+not by its own (over-stepping, never under-stepping: ``h = cond(f1, a, ...)`` read by both
+branches of ``cond(f2, ...)`` is stepped every step, where torch skips ``a`` when ``f1`` is false).
 """
 
 from __future__ import annotations
@@ -51,7 +55,14 @@ def guards(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> dict[str
     ``params`` that the loss reads only inside control flow whose running is not known when the
     graph is built, in ``params``' order (the graphs' ``<param>.step`` inputs follow it); params
     read otherwise are left out."""
-    live: set[ir.Value] = {loss}
+    live, found = _reads(graph, {loss})
+    guarded = {v.name: g for v, g in found.items() if v.name in params and v not in live}
+    return {p: sorted(guarded[p], key=_order) for p in params if p in guarded}
+
+
+def _reads(graph: ir.Graph, live: set[ir.Value]) -> tuple[set[ir.Value], dict[ir.Value, set]]:
+    """(values ``graph``'s nodes computing ``live`` read unguarded, {value: the guards it is read
+    under}), backward through ``graph``."""
     found: dict[ir.Value, set] = {}  # values read only under these guards
     for node in reversed(list(graph)):
         if stops_gradient(node):
@@ -73,13 +84,15 @@ def guards(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> dict[str
                     found.setdefault(v, set()).add(guard)
                 else:  # a body that always runs: read as before
                     live.add(v)
-    guarded = {v.name: g for v, g in found.items() if v.name in params and v not in live}
-    return {p: sorted(guarded[p], key=_order(graph)) for p in params if p in guarded}
+    return live, found
 
 
-def _order(graph: ir.Graph):
-    index = {node: i for i, node in enumerate(graph)}
-    return lambda guard: (index[guard[1]], guard[2] if guard[0] == "if" else 0)
+def _order(guard: Guard) -> tuple:
+    """A guard's place: its node's in its graph, then the branch, then a nested guard's own."""
+    index = list(guard[1].graph).index(guard[1])
+    if guard[0] == "if":
+        return index, guard[2]
+    return (index, *_order(guard[2])) if guard[0] == "nested" else (index,)
 
 
 def _control_reads(node: ir.Node, live: set[ir.Value]) -> Iterable[tuple[Guard, set[ir.Value], set[ir.Value]]]:
@@ -99,11 +112,24 @@ def _control_reads(node: ir.Node, live: set[ir.Value]) -> Iterable[tuple[Guard, 
     else:
         yield ("other", node), {v for v in node.inputs if v is not None} | _outer_reads(body, body.outputs), set()
         return
-    reads = _outer_reads(body, body.outputs, keep_inputs=True)
+    inner_live, inner_found = _reads(body, set(body.outputs))
     through = {node.inputs[skip + k] for k in range(carried) if out_live[k]}  # a carried value's output
     fed = {v: node.inputs[i] for i, v in enumerate(body.inputs) if i >= skip}
-    outer = {fed.get(v, v) for v in reads if v not in body.inputs or v in fed}
-    yield (node.op_type.lower(), node), {v for v in outer if v is not None}, through
+
+    def outer(values) -> set[ir.Value]:
+        """``values`` from outside the body, a body input as the node's input that feeds it."""
+        out = {fed.get(v, v) for v in values if v in fed or (v not in body.inputs and _outside(v, body))}
+        return {v for v in out if v is not None}
+
+    guard = (node.op_type.lower(), node)
+    yield guard, outer(inner_live), through
+    # read in the body only under nested control flow: on the steps where some iteration runs it
+    for inner in sorted(set().union(*inner_found.values()), key=_order):
+        yield ("nested", node, inner), outer(v for v, gs in inner_found.items() if inner in gs and v not in inner_live), set()
+
+
+def _outside(value: ir.Value, body: ir.Graph) -> bool:
+    return value.producer() is None or value.producer().graph is not body
 
 
 def _outer_reads(body: ir.Graph, outputs: Iterable[ir.Value], keep_inputs: bool = False) -> set[ir.Value]:
@@ -117,13 +143,15 @@ def _outer_reads(body: ir.Graph, outputs: Iterable[ir.Value], keep_inputs: bool 
         for inner in subgraphs(node):
             live |= _outer_reads(inner, inner.outputs, keep_inputs=True) - set(inner.inputs)
     own = set(body.inputs) if not keep_inputs else set()
-    return {v for v in live if (v.producer() is None or v.producer().graph is not body) and v not in own}
+    return {v for v in live if _outside(v, body) and v not in own}
 
 
 def _static(guard: Guard) -> bool | None:
     """Whether the guarded body runs, where the graph says it (a constant trip count or scan
     length); None where it depends on the step."""
     kind, node = guard[0], guard[1]
+    if kind == "nested":  # an iteration's own condition
+        return None
     if kind == "loop":
         trips, cond = (const_array(v) for v in node.inputs[:2])
         if (node.inputs[0] is not None and trips is None) or (node.inputs[1] is not None and cond is None):
@@ -192,6 +220,8 @@ def _condition(b: Emitter, guard: Guard) -> ir.Value:
     kind, node = guard[0], guard[1]
     if kind == "fed":  # a graph input
         return node
+    if kind == "nested":
+        return _taken_on_any(b, node, guard[2])
     if kind == "if":
         return node.inputs[0] if guard[2] == 0 else b.op("Not", node.inputs[0])
     if kind == "scan":
@@ -202,6 +232,22 @@ def _condition(b: Emitter, guard: Guard) -> ir.Value:
     parts = ([b.op("Greater", trips, b.const(0, np.int64))] if trips is not None else []) + \
         ([cond] if cond is not None else [])
     return parts[0] if len(parts) == 1 else b.op("And", *parts)
+
+
+def _taken_on_any(b: Emitter, node: ir.Node, inner: Guard) -> ir.Value:
+    """Did any iteration of ``node`` (a Loop or Scan) run the body of ``inner``, a guard in its
+    body? The body outputs ``inner``'s condition each iteration (int64 0/1, a new scan output,
+    empty for no iterations); their sum > 0."""
+    body = subgraphs(node)[0]
+    inside = Emitter(body, b.opset, b.scope, names=b._names)
+    body.outputs.append(inside.op("Cast", _condition(inside, inner), to=ir.DataType.INT64, dtype=ir.DataType.INT64))
+    node.resize_outputs(len(node.outputs) + 1)
+    taken = node.outputs[-1]
+    taken.name, taken.type, taken.shape = b.fresh("taken"), ir.TensorType(ir.DataType.INT64), ir.Shape([None])
+    for key in ("scan_output_axes", "scan_output_directions") if node.op_type == "Scan" else ():
+        if key in node.attributes:
+            node.attributes[key] = ir.AttrInt64s(key, [*node.attributes[key].as_ints(), 0])
+    return b.op("Greater", b.op("ReduceSum", taken, keepdims=0), b.const(0, np.int64))
 
 
 def own_state(gated: Iterable[str], optimizer: dict) -> dict[str, np.ndarray]:
