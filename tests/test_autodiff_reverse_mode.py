@@ -130,6 +130,31 @@ def test_the_forward_runs_once_and_the_backward_scan_recomputes_no_product(kind)
         assert all(out.uses() for out in scan.outputs[states + 1:]), scan.outputs  # after the finals and Y: tapes
 
 
+
+def _unreshaped(value: ir.Value) -> ir.Value:
+    while value.producer() is not None and value.producer().op_type in ("Reshape", "Identity"):
+        value = value.producer().inputs[0]
+    return value
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_the_backward_scan_stacks_only_what_no_stack_holds_and_slices_x_for_nothing(kind):
+    """The recurrence weight's Gemm reads the hidden states off the forward's tape and the gate
+    gradients off x's stacked gradient: the backward body outputs no scanned input back (a
+    re-stacked tape), in the forward direction no value twice (under Reshapes; the reverse
+    direction stacks x's gradient in x's order, the reverse of the tapes'), and scans no input it
+    reads only for its Shape (x's step, for the shape of its gradient: taken once off x outside)."""
+    torch = pytest.importorskip("torch")
+    proto, values, _ = _case(torch, kind, ragged=False)
+    for scan in _backward_scans(_gradients(proto, values).ir.graph):
+        body = scan.attributes["body"].value
+        outputs = [_unreshaped(v) for v in body.outputs]
+        assert not set(outputs) & set(body.inputs), outputs
+        forward = set(scan.attributes["scan_input_directions"].value) == {1}  # read last step first
+        assert len(set(outputs)) == len(outputs) or not forward, outputs
+        for value in body.inputs:
+            assert {use.node.op_type for use in value.uses()} - {"Shape"}, value
+
 def test_a_while_loop_reads_its_products_off_the_tape_and_sums_the_weight_after_it():
     """``gc.while_loop`` for a number of steps fed at run time, ``h <- tanh(h @ w + b)``: the
     gradients of w, b and the initial h are torch.autograd's (float64, 1e-10, numpy and ort-cpu),
