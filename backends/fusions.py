@@ -38,7 +38,9 @@ model that holds its pattern (in any graph or local function), every other model
   ``MatMul(Transpose(a, [1, 0, 2]), d)``. Turning off this rewrite, NchwcTransformer or the fp16-initializer fusion each avoids the
   crash; this rewrite costs a float16 model nothing (it never fuses before the Casts, having no
   float16 FusedMatMul kernel), so it is the one turned off, in a model holding a float16 constant
-  where a MatMul's first input is a float16 Transpose's output (or of a type that cannot be told).
+  where a MatMul's first input is a float16 Transpose's output (or of a type that cannot be told),
+  through Casts too: ``narrow_casts`` computes the float16 MatMul in float32 between explicit Casts, and
+  the crash came back with them.
 
 The checks that need shapes share one shape inference, run only when one of them has a node to look at.
 """
@@ -161,22 +163,25 @@ def _transposed_product_refused(graphs, nodes, producers, types) -> bool:
     """A MatMul whose first input is a Transpose's output (past Identity/Dropout) and whose second
     may be 1-D, or, in a model holding a float16 constant, whose first may be float16."""
     known = {t.name: list(t.dims) for g in graphs for t in g.initializer}
-    products = [n for n in nodes if _ops(n, "MatMul") and _ops(_through_removed(n.input[0], producers), "Transpose")]
+    products = [(n, t) for n in nodes
+                if _ops(n, "MatMul") and _ops(t := _through_removed(n.input[0], producers), "Transpose")]
     half = any(t.data_type == TensorProto.FLOAT16 for t in constant_tensors(graphs).values()) if products else False
-    for node in products:
+    for node, transpose in products:
         name = node.input[1]
         dims = known[name] if name in known else types().get(name, (None, None))[1]
         if dims is None or len(dims) == 1:
             return True
-        if half and types().get(node.input[0], (TensorProto.FLOAT16,))[0] == TensorProto.FLOAT16:
+        if half and types().get(transpose.output[0], (TensorProto.FLOAT16,))[0] == TensorProto.FLOAT16:
             return True
     return False
 
 
 def _through_removed(name: str, producers) -> onnx.NodeProto | None:
-    """The node making ``name``, past the Identity and Dropout nodes onnxruntime removes first
-    (an inference Dropout sits between the LSTM LM's Transpose and its decoder MatMul)."""
+    """The node making ``name``, past the Identity and Dropout nodes onnxruntime removes first (an
+    inference Dropout sits between the LSTM LM's Transpose and its decoder MatMul) and the Casts
+    the rewrite moves (``backends.narrow_casts`` computes a float16 MatMul in float32 between
+    Casts: the float16 Transpose then feeds it through one)."""
     node = producers.get(name)
-    while _ops(node, "Identity", "Dropout"):
+    while _ops(node, "Identity", "Dropout", "Cast"):
         node = producers.get(node.input[0])
     return node
