@@ -391,5 +391,8 @@ def test_health_checks_are_answered_while_a_large_flat_json_request_is_parsed(mo
     else:
         assert reply.status_code == 400 and reply.json()["error"] == outcome(body)[2]
     assert max(parsed, default=0) <= flat_data.CHUNK_BYTES + 1024, parsed
-    assert app.decoding[-1] >= 30, f"the event loop turned {app.decoding[-1]} times while the request decoded"
+    # a bad body is refused before its end: fewer turns (21 seen for the blank element under load 10),
+    # against 3 for the repeated key parsed whole
+    least = 30 if bad is None or bad == "nested" else 10
+    assert app.decoding[-1] >= least, f"the event loop turned {app.decoding[-1]} times while the request decoded"
     assert sum(t < done for t in health) >= 10
