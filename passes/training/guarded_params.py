@@ -21,10 +21,12 @@ nodes whose outputs only guarded bodies read (a transpose or Cast before the bra
 by those bodies, as torch's backward never reaches it either. A Loop or Scan body is walked the
 same way: a param read there only under nested control flow (an If in the body) is touched
 where some iteration ran it, a flag the body outputs per iteration (a scan output, summed after
-the loop). An If's branches count whole (an If inside an If: only the outer condition gates),
-and a control node reached only through guarded bodies gates its reads by those bodies' guards,
-not by its own (over-stepping, never under-stepping: ``h = cond(f1, a, ...)`` read by both
-branches of ``cond(f2, ...)`` is stepped every step, where torch skips ``a`` when ``f1`` is false).
+the loop). A read's condition is the AND of its node's own with the conditions under which that
+node is read (an If inside an If's branch: the inner condition, which the outer If outputs from
+that branch, false from the other; an If whose output both branches of a later If read: its own
+condition), ORed over the paths by which the loss reaches it, an If's two branches merging
+(``c and f or c and not f`` is ``c``, so a constant-trip loop unrolled into a chain of Ifs gates
+a param by the Ifs that read it, not by 2^n paths).
 """
 
 from __future__ import annotations
@@ -47,85 +49,140 @@ __all__ = ["STEP_SUFFIX", "TOUCHED_SUFFIX", "Gates", "expose_touched", "fed_guar
 STEP_SUFFIX = ".step"  # a gated param's own step count, torch's per-param ``state["step"]``
 TOUCHED_SUFFIX = ".touched"  # the gradients graph's bool: did this step read the param
 
-Guard = tuple  # ("if", node, branch 0 then / 1 else), ("loop", node), ("scan", node), ("fed", bool input)
+Guard = tuple  # a condition: ("if", node, branch 0 then / 1 else), ("in", If node, branch, inner), ("loop", node),
+# ("scan", node), ("nested", Loop/Scan node, inner), ("fed", bool input); inner: a Conj of the body's own guards
+Conj = frozenset  # guards that all hold
+Dnf = frozenset  # Conjs one of which holds: read under it; ALWAYS: read every step
+ALWAYS: Dnf = frozenset({frozenset()})
+NEVER: Dnf = frozenset()
 
 
-def guards(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> dict[str, list[Guard]]:
-    """``{param: the control-flow nodes (and If branches) whose bodies read it}`` for each of
-    ``params`` that the loss reads only inside control flow whose running is not known when the
-    graph is built, in ``params``' order (the graphs' ``<param>.step`` inputs follow it); params
-    read otherwise are left out."""
-    live, found = _reads(graph, {loss})
-    guarded = {v.name: g for v, g in found.items() if v.name in params and v not in live}
-    return {p: sorted(guarded[p], key=_order) for p in params if p in guarded}
+def guards(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> dict[str, list[tuple[Guard, ...]]]:
+    """``{param: the ways a step reads it}`` for each of ``params`` that the loss reads only inside
+    control flow whose running is not known when the graph is built, in ``params``' order (the
+    graphs' ``<param>.step`` inputs follow it); each way is the guards that all hold on it, each
+    in its own graph (an If in an If's branch: an ``"in"`` guard of the outer If); params read
+    otherwise are left out."""
+    need = _needs(graph, {loss: ALWAYS})
+    found = {v.name: d for v, d in need.items() if v.name in params and d != ALWAYS}
+    return {p: sorted((_sorted(c) for c in found[p]), key=lambda c: [_order(g) for g in c]) for p in params if p in found}
 
 
-def _reads(graph: ir.Graph, live: set[ir.Value]) -> tuple[set[ir.Value], dict[ir.Value, set]]:
-    """(values ``graph``'s nodes computing ``live`` read unguarded, {value: the guards it is read
-    under}), backward through ``graph``."""
-    found: dict[ir.Value, set] = {}  # values read only under these guards
+def _needs(graph: ir.Graph, need: dict[ir.Value, Dnf]) -> dict[ir.Value, Dnf]:
+    """``need`` ({value: when it is read}) grown backward through ``graph``'s nodes: each value
+    they read with a gradient, from outside ``graph`` too, with when they run; a body's reads
+    under its node's condition ANDed with the node's own need."""
     for node in reversed(list(graph)):
-        if stops_gradient(node):
+        wanted = _any(need.get(o, NEVER) for o in node.outputs)
+        if stops_gradient(node) or not wanted:
             continue
-        if not any(o in live for o in node.outputs):  # read, if at all, under guards: so are its inputs
-            under = set().union(*(found.get(o, ()) for o in node.outputs))
-            reads = {v for v in node.inputs if v is not None}.union(*(_outer_reads(g, g.outputs) for g in subgraphs(node)))
-            for v in reads if under else ():
-                found.setdefault(v, set()).update(under)
-            continue
-        if not subgraphs(node):
-            live.update(v for v in node.inputs if v is not None)
-            continue
-        for guard, reads, passed in _control_reads(node, live):
-            live.update(passed)
-            known = _static(guard)
-            for v in reads:
-                if known is None:
-                    found.setdefault(v, set()).add(guard)
-                else:  # a body that always runs: read as before
-                    live.add(v)
-    return live, found
+        for v, when in _node_reads(node, need, wanted):
+            if v is not None:
+                need[v] = _any((need.get(v, NEVER), when))
+    return need
 
 
-def _order(guard: Guard) -> tuple:
-    """A guard's place: its node's in its graph, then the branch, then a nested guard's own."""
-    index = list(guard[1].graph).index(guard[1])
-    if guard[0] == "if":
-        return index, guard[2]
-    return (index, *_order(guard[2])) if guard[0] == "nested" else (index,)
-
-
-def _control_reads(node: ir.Node, live: set[ir.Value]) -> Iterable[tuple[Guard, set[ir.Value], set[ir.Value]]]:
-    """(guard, outer values its body reads live, values passed through unguarded) for a live If,
-    Loop or Scan of the main graph (any other node with bodies: one guard that never gates)."""
-    out_live = [o in live for o in node.outputs]
+def _node_reads(node: ir.Node, need: dict[ir.Value, Dnf], wanted: Dnf) -> Iterable[tuple[ir.Value, Dnf]]:
+    """(value, when) for the values ``node``, needed when ``wanted``, reads; a body's outer reads
+    under the body's guards (any other node with bodies reads them whole, when wanted)."""
+    bodies = subgraphs(node)
     if node.op_type == "If":
-        for k, name in enumerate(("then_branch", "else_branch")):
-            body = node.attributes[name].as_graph()
-            yield ("if", node, k), _outer_reads(body, [o for o, on in zip(body.outputs, out_live) if on]), set()
-        return
+        yield from _if_reads(node, need)
+    elif node.op_type in ("Loop", "Scan"):
+        yield from _loop_reads(node, need, wanted)
+    else:
+        reads = {v for v in node.inputs if v is not None}.union(*(_outer_reads(g, g.outputs) for g in bodies))
+        yield from ((v, wanted) for v in reads)
+
+
+def _if_reads(node: ir.Node, need: dict[ir.Value, Dnf]) -> Iterable[tuple[ir.Value, Dnf]]:
+    """An If's branches: each output's need marked by a placeholder guard, walked through the
+    branch, then each read's placeholder replaced by that need ANDed with the branch's guard."""
+    marks = {d: ("mark", node, i) for i, d in enumerate(dict.fromkeys(need.get(o, NEVER) for o in node.outputs)) if d}
+    unmark = {m: d for d, m in marks.items()}
+    for k, name in enumerate(("then_branch", "else_branch")):
+        body = node.attributes[name].as_graph()
+        start: dict[ir.Value, Dnf] = {}
+        for inner, outer in zip(body.outputs, node.outputs):
+            if need.get(outer):
+                start[inner] = _any((start.get(inner, NEVER), frozenset({frozenset({marks[need[outer]]})})))
+        for v, when in _needs(body, start).items():
+            if _outside(v, body):
+                yield v, _any(_lift(unmark[m], _within(node, k, c - {m})) for c in when for m in c if m in unmark)
+
+
+def _loop_reads(node: ir.Node, need: dict[ir.Value, Dnf], wanted: Dnf) -> Iterable[tuple[ir.Value, Dnf]]:
+    """A Loop's or Scan's body reads, when ``wanted``, under the node's running (or, under nested
+    control flow, some iteration's), and its carried inputs as its outputs where it runs none."""
     body = subgraphs(node)[0]
     if node.op_type == "Loop":  # inputs M, cond, carried...; body inputs iter, cond, carried...
         carried, skip = len(node.inputs) - 2, 2
-    elif node.op_type == "Scan":  # inputs states..., scans...; body inputs the same
+    else:  # inputs states..., scans...; body inputs the same
         carried, skip = len(node.inputs) - node.attributes["num_scan_inputs"].as_int(), 0
-    else:
-        yield ("other", node), {v for v in node.inputs if v is not None} | _outer_reads(body, body.outputs), set()
-        return
-    inner_live, inner_found = _reads(body, set(body.outputs))
-    through = {node.inputs[skip + k] for k in range(carried) if out_live[k]}  # a carried value's output
     fed = {v: node.inputs[i] for i, v in enumerate(body.inputs) if i >= skip}
+    for v, when in _needs(body, dict.fromkeys(body.outputs, ALWAYS)).items():
+        if v in fed or (v not in body.inputs and _outside(v, body)):
+            yield fed.get(v, v), _any(_lift(wanted, _iterating(node, c)) for c in when)
+    for k in range(carried):  # no iterations: the carried input is the output
+        yield node.inputs[skip + k], need.get(node.outputs[k], NEVER)
 
-    def outer(values) -> set[ir.Value]:
-        """``values`` from outside the body, a body input as the node's input that feeds it."""
-        out = {fed.get(v, v) for v in values if v in fed or (v not in body.inputs and _outside(v, body))}
-        return {v for v in out if v is not None}
 
+def _within(node: ir.Node, branch: int, inner: Conj) -> Guard | None:
+    """The guard of ``node``'s (an If) ``branch`` with ``inner`` (guards of its own) holding too;
+    None for a branch that always runs."""
+    if inner:
+        return ("in", node, branch, inner)
+    return None if _static(("if", node, branch)) is not None else ("if", node, branch)
+
+
+def _iterating(node: ir.Node, inner: Conj) -> Guard | None:
+    """The guard of some iteration of ``node`` (a Loop or Scan) running with ``inner`` (guards
+    of its body) holding; None for a node that runs whenever needed."""
+    if inner:
+        return ("nested", node, inner)
     guard = (node.op_type.lower(), node)
-    yield guard, outer(inner_live), through
-    # read in the body only under nested control flow: on the steps where some iteration runs it
-    for inner in sorted(set().union(*inner_found.values()), key=_order):
-        yield ("nested", node, inner), outer(v for v, gs in inner_found.items() if inner in gs and v not in inner_live), set()
+    return None if _static(guard) is not None else guard
+
+
+def _lift(when: Dnf, guard: Guard | None) -> Dnf:
+    """``when`` ANDed with ``guard`` (None: always holds)."""
+    return when if guard is None else frozenset(c | {guard} for c in when)
+
+
+def _any(whens: Iterable[Dnf]) -> Dnf:
+    """The OR of ``whens``, simplified: ``c and t`` or ``c and not t`` (an If's two branches) is
+    ``c``, and a Conj that holds whenever a smaller one does is dropped."""
+    conjs: set[Conj] = set()
+    for when in whens:
+        if frozenset() in when:
+            return ALWAYS
+        conjs |= when
+    merged = True
+    while merged:
+        merged = False
+        for c in conjs:
+            for g in c:
+                other = (c - {g}) | {("if", g[1], 1 - g[2])} if g[0] == "if" else None
+                if other in conjs:
+                    conjs -= {c, other}
+                    conjs.add(c - {g})
+                    merged = True
+                    break
+            if merged:
+                break
+    return frozenset(c for c in conjs if not any(o < c for o in conjs))
+
+
+def _sorted(conj: Conj) -> tuple[Guard, ...]:
+    return tuple(sorted(conj, key=_order))
+
+
+def _order(guard: Guard) -> tuple:
+    """A guard's place: its node's in its graph, then the branch, then its inner guards'."""
+    index = list(guard[1].graph).index(guard[1])
+    branch = guard[2] if guard[0] in ("if", "in") else -1
+    inner = guard[-1] if guard[0] in ("in", "nested") else ()
+    return index, branch, [_order(g) for g in _sorted(inner)]
 
 
 def _outside(value: ir.Value, body: ir.Graph) -> bool:
@@ -176,15 +233,27 @@ def _scanned(node: ir.Node) -> tuple[ir.Value, int]:
     return x, axis if axis >= 0 or x.shape is None else axis + len(x.shape)
 
 
-def touched(b: Emitter, param_guards: list[Guard], cache: dict) -> ir.Value:
-    """The bool scalar: does this step read a param under ``param_guards`` (``guards``')? Each
-    guard's condition is emitted once per ``cache``."""
-    for g in param_guards:
+def touched(b: Emitter, ways: list[tuple[Guard, ...]], cache: dict) -> ir.Value:
+    """The bool scalar: does this step read a param read in ``ways`` (``guards``')? The OR of
+    each way's guards ANDed; each guard's condition is emitted once per ``cache``."""
+    for way in ways:
+        _conditions(b, way, cache)
+    out = _all(b, ways[0], cache)
+    for way in ways[1:]:
+        out = b.op("Or", out, _all(b, way, cache))
+    return out
+
+
+def _conditions(b: Emitter, way: tuple[Guard, ...], cache: dict) -> None:
+    for g in way:
         if g not in cache:
-            cache[g] = _condition(b, g)
-    out = cache[param_guards[0]]
-    for g in param_guards[1:]:
-        out = b.op("Or", out, cache[g])
+            cache[g] = _condition(b, g, cache)
+
+
+def _all(b: Emitter, way: tuple[Guard, ...], cache: dict) -> ir.Value:
+    out = cache[way[0]]
+    for g in way[1:]:
+        out = b.op("And", out, cache[g])
     return out
 
 
@@ -202,26 +271,28 @@ def expose_touched(graph: ir.Graph, opset: int, loss: ir.Value, params: Collecti
     return names
 
 
-def fed_guards(graph: ir.Graph, gated: Iterable[str], flagged: Collection[str]) -> dict[str, list[Guard]]:
+def fed_guards(graph: ir.Graph, gated: Iterable[str], flagged: Collection[str]) -> dict[str, list[tuple[Guard, ...]]]:
     """``{param: its guards}`` for the workers' update: a ``flagged`` param's the bool input
     ``<param>.touched`` (the workers' ``expose_touched`` flags ORed), any other's none (stepped
     every step, as artifacts whose gradients graph has no flags)."""
-    out: dict[str, list[Guard]] = {}
+    out: dict[str, list[tuple[Guard, ...]]] = {}
     for p in gated:
         out[p] = []
         if p in flagged:
             flag = ir.Value(name=p + TOUCHED_SUFFIX, type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
             graph.inputs.append(flag)
-            out[p].append(("fed", flag))
+            out[p].append((("fed", flag),))
     return out
 
 
-def _condition(b: Emitter, guard: Guard) -> ir.Value:
+def _condition(b: Emitter, guard: Guard, cache: dict) -> ir.Value:
     kind, node = guard[0], guard[1]
     if kind == "fed":  # a graph input
         return node
     if kind == "nested":
-        return _taken_on_any(b, node, guard[2])
+        return _taken_on_any(b, node, guard[2], cache)
+    if kind == "in":
+        return _taken_with(b, node, guard[2], guard[3], cache)
     if kind == "if":
         return node.inputs[0] if guard[2] == 0 else b.op("Not", node.inputs[0])
     if kind == "scan":
@@ -234,16 +305,42 @@ def _condition(b: Emitter, guard: Guard) -> ir.Value:
     return parts[0] if len(parts) == 1 else b.op("And", *parts)
 
 
-def _taken_on_any(b: Emitter, node: ir.Node, inner: Guard) -> ir.Value:
-    """Did any iteration of ``node`` (a Loop or Scan) run the body of ``inner``, a guard in its
-    body? The body outputs ``inner``'s condition each iteration (int64 0/1, a new scan output,
-    empty for no iterations); their sum > 0."""
-    body = subgraphs(node)[0]
-    inside = Emitter(body, b.opset, b.scope, names=b._names)
-    body.outputs.append(inside.op("Cast", _condition(inside, inner), to=ir.DataType.INT64, dtype=ir.DataType.INT64))
+def _inside(b: Emitter, body: ir.Graph, inner: Conj, cache: dict) -> tuple[Emitter, ir.Value]:
+    """``inner``'s guards (of ``body``'s own) ANDed, emitted in ``body``."""
+    way, emitter = _sorted(inner), Emitter(body, b.opset, b.scope, names=b._names)
+    _conditions(emitter, way, cache)
+    return emitter, _all(emitter, way, cache)
+
+
+def _new_output(b: Emitter, node: ir.Node, dtype: ir.DataType, shape: list) -> ir.Value:
     node.resize_outputs(len(node.outputs) + 1)
-    taken = node.outputs[-1]
-    taken.name, taken.type, taken.shape = b.fresh("taken"), ir.TensorType(ir.DataType.INT64), ir.Shape([None])
+    out = node.outputs[-1]
+    out.name, out.type, out.shape = b.fresh("taken"), ir.TensorType(dtype), ir.Shape(shape)
+    return out
+
+
+def _taken_with(b: Emitter, node: ir.Node, branch: int, inner: Conj, cache: dict) -> ir.Value:
+    """Did ``node`` (an If) take ``branch`` with ``inner`` (guards in that branch) holding? That
+    branch outputs their AND, the other false (bool scalars); the If's new output."""
+    for k, name in enumerate(("then_branch", "else_branch")):
+        body = node.attributes[name].as_graph()
+        if k == branch:
+            emitter, flag = _inside(b, body, inner, cache)
+        else:
+            emitter = Emitter(body, b.opset, b.scope, names=b._names)
+            flag = emitter.const(False, np.bool_)
+        body.outputs.append(emitter.op("Reshape", flag, emitter.ints([])))
+    return _new_output(b, node, ir.DataType.BOOL, [])
+
+
+def _taken_on_any(b: Emitter, node: ir.Node, inner: Conj, cache: dict) -> ir.Value:
+    """Did any iteration of ``node`` (a Loop or Scan) run with ``inner`` (guards in its body)
+    holding? The body outputs their AND each iteration (int64 0/1, a new scan output, empty for
+    no iterations); their sum > 0."""
+    body = subgraphs(node)[0]
+    emitter, flag = _inside(b, body, inner, cache)
+    body.outputs.append(emitter.op("Cast", flag, to=ir.DataType.INT64, dtype=ir.DataType.INT64))
+    taken = _new_output(b, node, ir.DataType.INT64, [None])
     for key in ("scan_output_axes", "scan_output_directions") if node.op_type == "Scan" else ():
         if key in node.attributes:
             node.attributes[key] = ir.AttrInt64s(key, [*node.attributes[key].as_ints(), 0])
