@@ -204,11 +204,10 @@ def _outer_reads(body: ir.Graph, outputs: Iterable[ir.Value], keep_inputs: bool 
 
 
 def _static(guard: Guard) -> bool | None:
-    """Whether the guarded body runs, where the graph says it (a constant trip count or scan
-    length); None where it depends on the step."""
+    """Whether the body of ``guard`` (an "if", "loop" or "scan" one) runs, where the graph says it
+    (a constant condition, trip count or scan length); None where it depends on the step. A body
+    whose running is known counts as always read (as before this walk knew of never-run ones)."""
     kind, node = guard[0], guard[1]
-    if kind == "nested":  # an iteration's own condition
-        return None
     if kind == "loop":
         trips, cond = (const_array(v) for v in node.inputs[:2])
         if (node.inputs[0] is not None and trips is None) or (node.inputs[1] is not None and cond is None):
@@ -218,10 +217,8 @@ def _static(guard: Guard) -> bool | None:
         x, axis = _scanned(node)
         dim = x.shape[axis] if x.shape is not None else None
         return dim > 0 if isinstance(dim, int) else None
-    if kind == "if":
-        cond = const_array(node.inputs[0])
-        return None if cond is None else bool(cond) == (guard[2] == 0)
-    return True
+    cond = const_array(node.inputs[0])  # an If's
+    return None if cond is None else bool(cond) == (guard[2] == 0)
 
 
 def _scanned(node: ir.Node) -> tuple[ir.Value, int]:
