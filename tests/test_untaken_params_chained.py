@@ -13,6 +13,8 @@ from test_untaken_params import OPTIMIZERS
 
 torch = pytest.importorskip("torch")
 
+RNG = np.random.default_rng(0)
+
 # every pair of flags, each more than once, the first step skipping the innermost param
 FLAGS = [(False, True), (True, False), (True, True), (False, False), (True, False), (False, True),
          (True, True), (False, False)]
@@ -123,3 +125,20 @@ def test_guards_reached_through_guarded_bodies_as_torch(tmp_path, case, opt, bac
     a_runs, c_runs = RUNS[case](steps)
     assert int(ours["a.weight.step"]) == a_runs
     assert ("c.weight.step" in ours) == (c_runs is not None) and int(ours.get("c.weight.step", -1)) == (c_runs or -1)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("case", ["after", "within"])
+def test_workers_touched_flags_per_path(case, backend):
+    """The gradients graph's ``<param>.touched`` (data-parallel workers OR them): ``a`` read by
+    f1 (after) or f1 and f2 (within), ``c`` by f2 (after) or f1 (within), for all 4 pairs."""
+    model = gc.capture(Net(CASES[case][0]), seed=3, x=gc.spec("float64", (4, 3)),
+                       f1=gc.spec("bool", ()), f2=gc.spec("bool", ()))
+    arts = gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.AdamW(0.01))
+    session = gc.Session(arts.gradients, backend=backend)
+    for f1, f2 in itertools.product((False, True), repeat=2):
+        feeds = {"x": RNG.normal(size=(4, 3)), "y": RNG.normal(size=(4, 2)), "f1": np.array(f1), "f2": np.array(f2),
+                 **{k: v for k, v in arts.state.items() if k in {s.name for s in session.inputs}}}
+        out = session.run(feeds)
+        a_runs, c_runs = RUNS[case]([(f1, f2)])
+        assert (bool(out["a.weight.touched"]), bool(out["c.weight.touched"])) == (bool(a_runs), bool(c_runs)), (f1, f2)
