@@ -298,6 +298,23 @@ def test_a_large_structure_is_refused_with_413_naming_the_limit(monkeypatch):
     assert protocol.decode_request(fits, None).inputs["x"].shape == (4000,)
 
 
+def test_the_structure_limit_counts_the_json_outside_the_data_arrays_to_the_byte():
+    """A structure of exactly 1 MiB beside a large array is taken (the copy the schema validates, with each
+    array cut to its first 5 elements, was counted: 13 bytes over for ``7, 7, 7, 7, 7``); 1 byte more is
+    refused naming its size; a refused element counts in full (it is quoted in one piece)."""
+    data = b",".join([b"7"] * 100_000)
+    template = b'{"inputs":[{"name":"x","shape":[100000],"datatype":"FP32","data":[%s]}],"parameters":{"n":"%s"}}'
+    fill = (1 << 20) - len(template % (b"", b""))
+    assert protocol.decode_request(template % (data, b"a" * fill), None).inputs["x"].shape == (100_000,)
+    with pytest.raises(protocol.ProtocolError, match="holds 1048577 bytes outside") as caught:
+        protocol.decode_request(template % (data, b"a" * (fill + 1)), None)
+    assert caught.value.status == 413
+    refused = data.replace(b"7", b'"%s"' % (b"b" * 100), 1)
+    with pytest.raises(protocol.ProtocolError, match="holds 1048578 bytes outside") as caught:
+        protocol.decode_request(template % (refused, b"a" * (fill - 100)), None)
+    assert caught.value.status == 413
+
+
 def test_a_truncated_body_is_refused_by_the_sliced_parse_as_the_whole_parse_does(monkeypatch):
     """Cut short in the data (after a number, a comma, in a string), in a key or after the data."""
     text = bad_body(3000, b"7", b'"a]b"', 0.5)

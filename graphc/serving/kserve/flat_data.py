@@ -81,7 +81,7 @@ def parse_flat(text: bytes) -> InferRequest | str | None:
     owners = [owner for owner in owners if owner is not None]
     if not arrays:
         return None
-    values, data_at, shorts = [], {}, []
+    values, data_at, shorts, refused = [], {}, [], 0
     for array, owner in zip(arrays, owners):
         scan = _scan(array, _datatype(structure, owner))
         if scan.verdict is not None:  # a JSON error (the first: the arrays before are JSON) or no slicing
@@ -91,8 +91,11 @@ def parse_flat(text: bytes) -> InferRequest | str | None:
         data_at.pop(owner, None)  # the input's last "data" is the one the parser keeps
         if scan.bad is not None:
             data_at[owner] = scan.moved()
+            refused += len(json.dumps(scan.refused()))
     header = _cut(text, arrays, shorts)
-    check_structure(len(header))
+    # the structure (with any data that is not an input's) and the refused elements, quoted in one piece;
+    # not the few normalised numbers at the head of each array
+    check_structure(len(header) - sum(map(len, shorts)) + refused)
     parsed = validate_header(header, data_at)
     if isinstance(parsed, InferRequest):
         if data_at:  # the schema took an element the slice's element type refused: not ours to judge
@@ -245,6 +248,10 @@ class _Scan:
         """The bad element's index in the array cut down to ``short``, and in the whole array."""
         return (min(self.bad[0], HEAD),), (self.bad[0],)
 
+    def refused(self) -> object:
+        """The first element the schema refuses, as JSON parsed it."""
+        return self.bad[1]
+
     def _slice(self, text: bytes, chunk: bytes, at: int, datatype: str | None, count: int, first: bool,
                last: bool, closed: bool) -> np.ndarray | list | None:
         """``chunk`` (at ``at`` in ``text``, after ``count`` elements), which is not plain data of its
@@ -370,6 +377,10 @@ class _NestedScan:
     def moved(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The bad element's path in the lists cut down to ``short``, and in the whole array."""
         return tuple(min(index, HEAD) for index in self.bad), self.bad
+
+    def refused(self) -> object:
+        """The first element the schema refuses, as JSON parsed it."""
+        return self.bad_value
 
 
 def _scan(array: FlatArray | NestedArray, datatype: str | None) -> _Scan | _NestedScan:
