@@ -413,3 +413,75 @@ def test_health_checks_are_answered_while_a_large_flat_json_request_is_parsed(mo
     least = 30 if bad is None or bad == "nested" else 10
     assert app.decoding[-1] >= least, f"the event loop turned {app.decoding[-1]} times while the request decoded"
     assert sum(t < done for t in health) >= 10
+
+
+def large_body(datatype: str = "FP32", data: bytes | None = None, before: bytes = b"", key: bytes = b'"data"',
+               data_first: bool = False, gap: bytes = b"") -> bytes:
+    """One input of 3000 elements (``7`` unless ``data``), its keys in order (or ``data_first``) joined by ``gap``."""
+    data = b",".join([b"7"] * 3000) if data is None else data
+    fields = [b'"name":"x"', b'"shape":[3000]', b'"datatype":"%s"' % datatype.encode(), key + b":[" + data + b"]"]
+    return before + b'{"id":"r","inputs":[{%s}]}' % (b"," + gap).join(fields[::-1] if data_first else fields)
+
+
+def one_element(value: bytes) -> bytes:
+    return b",".join([b"7"] * 1500 + [value] + [b"7"] * 1499)
+
+
+SPACED = [large_body(data=(sep + b"," + sep).join([b"7"] * 3000), gap=sep) for sep in (b"\t", b"\r\n", b" \t\r\n ")]
+ODD = [large_body(data=(bad + b",").join([b"7"] * 3000)) for bad in (b"\x0b", b"\x0c", b"\xc2\xa0", b"\x00")]
+PARITY = [large_body(datatype, one_element(value)) for value in (b"-0", b"1E5", b"1e-400", b"-1e-400", b"4.9e-324",
+                                                                  b"1e99999999999", b"1e2", b"1" + b"0" * 400)
+          for datatype in ("FP16", "BF16", "FP32", "FP64", "INT64", "UINT64")] \
+    + [large_body(before=b"\xef\xbb\xbf"), large_body(key=b'"\\u0064ata"'), large_body(data_first=True),
+       *SPACED, *ODD]
+
+
+@pytest.mark.parametrize("body", PARITY, ids=range(len(PARITY)))
+def test_spellings_keys_and_whitespace_are_taken_or_refused_as_the_whole_parse_does(monkeypatch, body):
+    """-0, exponents, underflow to 0, huge exponents for integer types, a BOM, an escaped key, "data"
+    before the other keys, JSON whitespace and the bytes JSON does not count as whitespace."""
+    whole, sliced = whole_and_sliced(body, monkeypatch, 1 << 12)
+    assert sliced == whole
+
+
+def test_a_binary_body_with_a_large_json_part_is_parsed_as_the_whole_parse_does(monkeypatch):
+    """The JSON part (Inference-Header-Content-Length) parsed a slice at a time, the binary part after it."""
+    raw = np.arange(12, dtype="<f4").tobytes()
+    for data in (b",".join([b"7"] * 100_000), b",".join([b"7"] * 50_000 + [b"NaN"]), b"7,,7"):
+        header = (b'{"inputs":[{"name":"x","shape":[%d],"datatype":"FP32","data":[%s]},{"name":"b","shape":[12],'
+                  b'"datatype":"FP32","parameters":{"binary_data_size":48}}]}' % (data.count(b",") + 1, data))
+        monkeypatch.setattr(flat_data, "INCREMENTAL_BYTES", 1 << 40)
+        whole = protocol_outcome(header + raw, len(header))
+        monkeypatch.setattr(flat_data, "INCREMENTAL_BYTES", 0)
+        assert protocol_outcome(header + raw, len(header)) == whole
+
+
+def protocol_outcome(body: bytes, header_length: int | None):
+    try:
+        request = protocol.decode_request(body, header_length)
+    except protocol.ProtocolError as exc:
+        return exc.status, str(exc)
+    return {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in request.inputs.items()}
+
+
+MUTATIONS = [b"[", b"]", b",", b'"', b"{", b"}", b"\\", b" ", b"\n", b"-", b"e", b".", b"0", b"NaN", b"1e400", b"true",
+             b"null", b'"data":[', b"[[", b"]]", b"\\u0061", b"\xff", b":"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 2), st.sampled_from(MUTATIONS)),
+                      min_size=1, max_size=4),
+       nested=st.booleans(), chunk=st.sampled_from([1, 7, 64, 4096]))
+def test_byte_mutations_of_a_large_body_get_the_whole_parse_s_outcome(monkeypatch, edits, nested, chunk):
+    """Tokens inserted, replaced or the body cut short anywhere: the same arrays or refusal, never another exception."""
+    body = bytearray((nested_bad_body if nested else bad_body)(300, b"", b"", 0))
+    for where, how, token in edits:
+        at = int(where * len(body))
+        if how == 0:
+            body[at:at] = token
+        elif how == 1:
+            body[at:at + 1] = token
+        else:
+            del body[at:]
+    whole, sliced = whole_and_sliced(bytes(body), monkeypatch, chunk)
+    assert sliced == whole
