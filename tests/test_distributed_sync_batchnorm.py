@@ -44,15 +44,22 @@ def _torch_steps(arts, batches):
     for name, layer in _layers(torch.nn, norms, CLASSES, dtype=torch.float64).items():
         net.add_module(name, layer)
     net.load_state_dict({k: torch.tensor(v) for k, v in arts.state.items()}, strict=False)
-    opt, losses = torch.optim.SGD(net.parameters(), lr=0.1), []
+    loss_of = lambda b: torch.nn.functional.cross_entropy(  # noqa: E731
+        _forward(net, torch.tensor(b["x"])), torch.tensor(b["y"]), ignore_index=IGNORED)
+    losses = _torch_losses(torch.optim.SGD(net.parameters(), lr=0.1), batches, loss_of)
+    return losses, {k: v.detach().numpy() for k, v in net.state_dict().items()}
+
+
+def _torch_losses(opt, batches: list, loss_of) -> list[float]:
+    """torch's losses over ``batches``, one ``opt`` step on each (``loss_of(batch)``: the loss tensor)."""
+    losses = []
     for batch in batches:
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(_forward(net, torch.tensor(batch["x"])), torch.tensor(batch["y"]),
-                                                 ignore_index=IGNORED)
+        loss = loss_of(batch)
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return losses, {k: v.detach().numpy() for k, v in net.state_dict().items()}
+    return losses
 
 
 def test_sync_batchnorm_trains_on_two_workers_as_one_process_and_torch(ray_cluster, tmp_path):
@@ -128,17 +135,13 @@ def test_sync_batchnorm_after_an_embeddings_max_norm_trains_on_two_workers_as_to
 
     twin = torch.nn.Module()
     twin.emb = torch.nn.Embedding(ROWS, 3, max_norm=1.0, dtype=torch.float64)
-    twin.bn, twin.fc = torch.nn.BatchNorm1d(3, momentum=0.25, dtype=torch.float64), torch.nn.Linear(3, ROWS, dtype=torch.float64)
+    twin.bn = torch.nn.BatchNorm1d(3, momentum=0.25, dtype=torch.float64)
+    twin.fc = torch.nn.Linear(3, ROWS, dtype=torch.float64)
     twin.fc.weight = twin.emb.weight
     twin.load_state_dict({k: torch.tensor(v) for k, v in arts.state.items()}, strict=False)
-    opt, want = torch.optim.AdamW(twin.parameters(), lr=0.05, weight_decay=0.1), []
-    for b in batches:
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(twin.fc(twin.bn(twin.emb(torch.tensor(b["i"])).mean(1))),
-                                            torch.tensor(b["y"]))
-        loss.backward()
-        opt.step()
-        want.append(loss.item())
+    loss_of = lambda b: torch.nn.functional.mse_loss(  # noqa: E731
+        twin.fc(twin.bn(twin.emb(torch.tensor(b["i"])).mean(1))), torch.tensor(b["y"]))
+    want = _torch_losses(torch.optim.AdamW(twin.parameters(), lr=0.05, weight_decay=0.1), batches, loss_of)
     np.testing.assert_allclose(losses, want, rtol=1e-12)
     got = dp.state_dict()
     for name, value in twin.state_dict().items():
@@ -170,13 +173,9 @@ def test_sync_batchnorm_without_running_statistics_on_two_workers_is_torchs(ray_
     for name, layer in _untracked(torch.nn, torch.nn.BatchNorm2d, torch.nn.BatchNorm1d, dtype=torch.float64).items():
         net.add_module(name, layer)
     net.load_state_dict({k: torch.tensor(v) for k, v in arts.state.items()}, strict=False)
-    opt, want = torch.optim.SGD(net.parameters(), lr=0.1), []
-    for b in batches:
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(_forward(net, torch.tensor(b["x"])), torch.tensor(b["y"]))
-        loss.backward()
-        opt.step()
-        want.append(loss.item())
+    loss_of = lambda b: torch.nn.functional.mse_loss(  # noqa: E731
+        _forward(net, torch.tensor(b["x"])), torch.tensor(b["y"]))
+    want = _torch_losses(torch.optim.SGD(net.parameters(), lr=0.1), batches, loss_of)
     np.testing.assert_allclose(losses, want, rtol=1e-12)
     got = dp.state_dict()
     for name, value in net.state_dict().items():

@@ -82,19 +82,25 @@ def _torch_step(twin, topt, batch, loop):
     topt.step()
 
 
+def _steps_as_torch(trainer, twin, topt, loop: bool, atol: float = 1e-12) -> dict:
+    """Both take a step on each of ``_batches(loop)``, their params compared after each (rtol 1e-12);
+    returns graphc's last state."""
+    for batch in _batches(loop):
+        _torch_step(twin, topt, batch, loop)
+        trainer.step(batch)
+        ours = trainer.state_dict()
+        for name, p in twin.named_parameters():
+            np.testing.assert_allclose(ours[name], p.detach().numpy(), rtol=1e-12, atol=atol, err_msg=name)
+    return ours
+
+
 @pytest.mark.parametrize("opt", list(OPTIMIZERS))
 @pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
 def test_cond_branch_untaken_steps_as_torch(tmp_path, opt, backend, torch_float64):
     """torch's per-param scalar state in float64 (NAdam's ``mu_product`` is 1.3e-10 off in float32);
     a missed skip moves a param by about 1e-3."""
     arts, twin, topt = _setup(tmp_path, opt)
-    trainer = gc.Trainer(arts, backend=backend)
-    for batch in _batches(False):
-        _torch_step(twin, topt, batch, False)
-        trainer.step(batch)
-        ours = trainer.state_dict()
-        for name, p in twin.named_parameters():
-            np.testing.assert_allclose(ours[name], p.detach().numpy(), rtol=1e-12, atol=1e-14, err_msg=name)
+    ours = _steps_as_torch(gc.Trainer(arts, backend=backend), twin, topt, False, atol=1e-14)
     assert int(ours["a.weight.step"]) == sum(FLAGS) and int(ours["step"]) == len(FLAGS)
 
 
@@ -103,13 +109,7 @@ def test_cond_branch_untaken_steps_as_torch(tmp_path, opt, backend, torch_float6
 @pytest.mark.parametrize("fused", [True, False])
 def test_loop_of_zero_trips_steps_as_torch(tmp_path, opt, backend, fused):
     arts, twin, topt = _setup(tmp_path, opt, loop=True, fused=fused)
-    trainer = gc.Trainer(arts, backend=backend)
-    for batch in _batches(True):
-        _torch_step(twin, topt, batch, True)
-        trainer.step(batch)
-        ours = trainer.state_dict()
-        for name, p in twin.named_parameters():
-            np.testing.assert_allclose(ours[name], p.detach().numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+    _steps_as_torch(gc.Trainer(arts, backend=backend), twin, topt, True)
 
 
 def test_resume_mid_run_is_bit_identical(tmp_path):
@@ -169,13 +169,7 @@ def test_param_read_through_a_main_graph_node_only_by_a_branch_steps_as_torch(tm
     assert "a.weight.step" in arts.manifest.state
     twin = Twin({k: v for k, v in arts.state.items() if k.count(".") == 1 and not k.endswith(".step")}, False)
     topt = torch.optim.AdamW(twin.parameters(), **kw)
-    trainer = gc.Trainer(arts, backend=backend)
-    for batch in _batches(False):
-        _torch_step(twin, topt, batch, False)
-        trainer.step(batch)
-        ours = trainer.state_dict()
-        for name, p in twin.named_parameters():
-            np.testing.assert_allclose(ours[name], p.detach().numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+    _steps_as_torch(gc.Trainer(arts, backend=backend), twin, topt, False)
 
 
 class _Branches(gc.nn.Module):
