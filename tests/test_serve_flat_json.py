@@ -485,3 +485,10 @@ def test_byte_mutations_of_a_large_body_get_the_whole_parse_s_outcome(monkeypatc
             del body[at:]
     whole, sliced = whole_and_sliced(bytes(body), monkeypatch, chunk)
     assert sliced == whole
+
+
+def test_a_skeleton_that_pydantic_s_validator_takes_gets_no_message_of_its_own():
+    """_structure_error runs where from_json refused the skeleton; should pydantic's validator take it
+    (the two share one parser: no case is known), the body is parsed whole, not an UnboundLocalError."""
+    body = b'{"inputs": [{"name": "x", "shape": [0], "datatype": "FP32", "data": []}]}'
+    assert flat_data._structure_error(body, [FlatArray(body, body.rindex(b"["))], body) is None

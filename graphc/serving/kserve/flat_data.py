@@ -136,15 +136,18 @@ def check_structure(size: int) -> None:
             "array of numbers or booleans, or as binary data")
 
 
-def _structure_error(text: bytes, arrays: list[FlatArray], skeleton: bytes) -> str | None:
+def _structure_error(text: bytes, arrays: list[FlatArray | NestedArray], skeleton: bytes) -> str | None:
     """The message of the first JSON error of ``text``, whose ``skeleton`` (``arrays`` emptied) is not
-    JSON: one in an array before the skeleton's error, else that error placed in ``text``."""
+    JSON: one in an array before the skeleton's error, else that error placed in ``text``; None: parse
+    it whole."""
     if not set(_opens(arrays)) <= {match.start() for match in TOKEN.finditer(skeleton) if match.group() == b"["}:
         return None  # a '"data": [' in a string was taken for an array
     try:
         _JSON_ANY.validate_json(skeleton)
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
+    else:  # pydantic's validator takes what from_json refused (no case known): its reply is the whole parse's
+        return None
     offset = _offset(error, skeleton)  # in the skeleton, then in the text as each array before it is put back
     if offset is None:
         return None
