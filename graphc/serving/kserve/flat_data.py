@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -202,45 +203,74 @@ def _datatype(structure: object, owner: int) -> str | None:
 
 
 class _Scan:
-    """The flat ``array`` opened at ``start``, parsed a slice at a time. ``array``: its elements as
-    ``datatype`` (None once one is refused); ``bad``: the index and value of the first element the
-    schema refuses for ``datatype``; ``verdict``: the message of its first JSON error, or "" where the
-    slice's values cannot be judged here, else None."""
+    """A ``FlatArray`` parsed a slice at a time. ``array``: its elements as ``datatype`` (None once one
+    is refused, or without a datatype); ``bad``: the index and value of the first element the schema
+    refuses for ``datatype``; ``verdict``: the message of its first JSON error, or "" where the
+    slice's values cannot be judged here, else None; ``head``: its first HEAD elements as JSON parsed
+    them."""
 
     def __init__(self, bounds: FlatArray, datatype: str | None):
         self.array: np.ndarray | None = None
         self.bad: tuple[int, object] | None = None
         self.verdict: str | None = None
-        self.head: list = []  # the first HEAD elements, as JSON parsed them
-        dtype = to_numpy(DATATYPES[datatype]) if datatype is not None else None
-        text, start, end, closed = bounds.text, bounds.start, bounds.stop, bounds.end >= 0
-        if bounds.objects and bounds.strings:
+        self.head: list = []
+        self._bounds, self._datatype = bounds, datatype
+        if bounds.objects and bounds.strings:  # a ',' in an object cannot be told from one between elements
             self.verdict = ""
             return
-        pieces, count, at = [], 0, start + 1
-        while at <= end:
-            cut = end
-            if at + CHUNK_BYTES < end:  # cut after the last whole element (an element longer than a slice: after it)
-                cut = bounds.last_comma(at, at + CHUNK_BYTES)
-                cut = bounds.next_comma(at + CHUNK_BYTES, end) if cut < 0 else cut
-            chunk, first, last = text[at:cut], at == start + 1, cut == end
-            piece = _plain(chunk, dtype if self.bad is None else None, first, last) if closed or not last else None
+        pieces, count = [], 0
+        for at, cut in _slices(bounds):
+            piece = self._piece(at, cut, count)
             if piece is None:
-                piece = self._slice(text, chunk, at, datatype, count, first, last, closed)
-                if piece is None:
-                    return
-            elif len(self.head) < HEAD:
-                self.head += json.loads(b"[%s]" % b",".join(chunk.split(b",", HEAD)[:HEAD]))[:HEAD - len(self.head)]
-            if self.bad is None and dtype is not None:
+                return
+            if self.bad is None and datatype is not None:
                 pieces.append(piece)
             count += len(piece)
-            at = cut + 1
-        if self.bad is None and dtype is not None:
-            self.array = np.empty(count, dtype)
-            done = 0
-            for piece in pieces:  # one copy a slice: concatenating 100 MB at once held the GIL 13 ms
-                self.array[done:done + len(piece)] = piece
-                done += len(piece)
+        if self.bad is None and datatype is not None:
+            self.array = _joined(pieces, to_numpy(DATATYPES[datatype]))
+
+    def _piece(self, at: int, cut: int, count: int) -> np.ndarray | list | None:
+        """The elements of the slice ``text[at:cut]`` (after ``count`` elements): typed where plainly
+        valid, else as ``_parsed_piece`` gives them; None with ``verdict`` set."""
+        chunk, first, last = self._bounds.text[at:cut], at == self._bounds.start + 1, cut == self._bounds.stop
+        dtype = to_numpy(DATATYPES[self._datatype]) if self._datatype is not None and self.bad is None else None
+        # (the last slice of an array the body ends in is parsed by pydantic, for its JSON error)
+        piece = _plain(chunk, dtype, first, last) if self._bounds.end >= 0 or not last else None
+        if piece is None:
+            return self._parsed_piece(chunk, at, count, first, last)
+        if len(self.head) < HEAD:
+            self.head += json.loads(b"[%s]" % b",".join(chunk.split(b",", HEAD)[:HEAD]))[:HEAD - len(self.head)]
+        return piece
+
+    def _parsed_piece(self, chunk: bytes, at: int, count: int, first: bool, last: bool) -> np.ndarray | list | None:
+        """``chunk`` (at ``at`` in the body, after ``count`` elements), which is not plain data of its
+        type, parsed by pydantic's parser in its place in the array (the last slice of one the body ends
+        in with nothing after it): its values (typed, where all are of the datatype), or None with
+        ``verdict`` set."""
+        suffix = b",0]" if not last else b"]" if self._bounds.end >= 0 else b""  # the elements around it
+        prefix = b"[" if first else b"[0,"
+        mini = prefix + chunk + suffix
+        try:
+            values = _JSON_LIST.validate_json(mini)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            offset = _offset(error, mini)
+            self.verdict = "" if offset is None else _json_error(error, self._bounds.text, at - len(prefix) + offset)
+            return None
+        values = values[0 if first else 1:len(values) if last else -1]
+        self.head += values[:HEAD - len(self.head)]
+        if self.bad is not None or self._datatype is None:
+            return values
+        try:
+            ELEMENT_LISTS[self._datatype].validate_json(b"[%s]" % chunk)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            self.bad = (count + error["loc"][0], error["input"])
+            return values
+        typed = _typed(values, to_numpy(DATATYPES[self._datatype]))
+        if typed is None:  # the schema takes what the numpy check refuses: parse it whole
+            self.verdict = ""
+        return typed
 
     def short(self) -> bytes:
         """What of the array a message may quote: its first HEAD elements (an input's repr shows 4, then
@@ -255,36 +285,29 @@ class _Scan:
         """The first element the schema refuses, as JSON parsed it."""
         return self.bad[1]
 
-    def _slice(self, text: bytes, chunk: bytes, at: int, datatype: str | None, count: int, first: bool,
-               last: bool, closed: bool) -> np.ndarray | list | None:
-        """``chunk`` (at ``at`` in ``text``, after ``count`` elements), which is not plain data of its
-        type, parsed by pydantic's parser in its place in the array (the last chunk of one the body ends
-        in, not ``closed``, with nothing after it): its values (typed, where all are of ``datatype``), or
-        None with ``verdict`` set."""
-        suffix = b",0]" if not last else b"]" if closed else b""  # the elements around it
-        prefix = b"[" if first else b"[0,"
-        mini = prefix + chunk + suffix
-        try:
-            values = _JSON_LIST.validate_json(mini)
-        except ValidationError as exc:
-            error = exc.errors(include_url=False)[0]
-            offset = _offset(error, mini)
-            self.verdict = "" if offset is None else _json_error(error, text, at - len(prefix) + offset)
-            return None
-        values = values[0 if first else 1:len(values) if last else -1]
-        self.head += values[:HEAD - len(self.head)]
-        if self.bad is not None or datatype is None:
-            return values
-        try:
-            ELEMENT_LISTS[datatype].validate_json(b"[%s]" % chunk)
-        except ValidationError as exc:
-            error = exc.errors(include_url=False)[0]
-            self.bad = (count + error["loc"][0], error["input"])
-            return values
-        typed = _typed(values, to_numpy(DATATYPES[datatype]))
-        if typed is None:  # the schema takes what the numpy check refuses: parse it whole
-            self.verdict = ""
-        return typed
+
+def _slices(bounds: FlatArray) -> Iterator[tuple[int, int]]:
+    """(start, end) in the body of each slice of a flat array's elements: ``CHUNK_BYTES`` or less, cut
+    at the ',' after its last whole element (an element longer than a slice: at the ',' after it)."""
+    at, end = bounds.start + 1, bounds.stop
+    while at <= end:
+        cut = end
+        if at + CHUNK_BYTES < end:
+            cut = bounds.last_comma(at, at + CHUNK_BYTES)
+            cut = bounds.next_comma(at + CHUNK_BYTES, end) if cut < 0 else cut
+        yield at, cut
+        at = cut + 1
+
+
+def _joined(pieces: list[np.ndarray | list], dtype: np.dtype) -> np.ndarray:
+    """``pieces`` of elements in one array of ``dtype``, copied a piece at a time (concatenating 100 MB
+    at once held the GIL 13 ms)."""
+    array = np.empty(sum(map(len, pieces)), dtype)
+    done = 0
+    for piece in pieces:
+        array[done:done + len(piece)] = piece
+        done += len(piece)
+    return array
 
 
 class _NestedScan:
@@ -316,12 +339,7 @@ class _NestedScan:
             return
         shape = numpy_shape(bounds.tree, self.sizes)
         if isinstance(shape, tuple):
-            flat = np.empty(sum(self.sizes), to_numpy(DATATYPES[datatype]))
-            done = 0
-            for piece in self.pieces:
-                flat[done:done + len(piece)] = piece
-                done += len(piece)
-            shape = flat.reshape(shape)
+            shape = _joined(self.pieces, to_numpy(DATATYPES[datatype])).reshape(shape)
         self.array = shape
 
     def _rows(self, rows: list[int]) -> bool:
