@@ -1,23 +1,19 @@
-"""JSON tensor ``data`` (flat, or nested lists) parsed a slice at a time, so that a large request does not hold the GIL.
+"""Large JSON infer requests parsed with the GIL let go between slices: each input's ``"data"`` array
+(flat, or nested lists of numbers or booleans) ``CHUNK_BYTES`` at a time, the rest by the schema.
 
-pydantic (and ``json.loads``) parse a whole body in one call holding the GIL, so the event loop on
-the other thread, health checks included, waits for all of it: 32 MB of flat one-digit numbers held
-it 0.5 s quiet and 2.2-2.6 s on a loaded machine. Here the large flat ``"data": [...]`` arrays are cut
-out of the body, the rest (the structure: small) is validated by the schema as before, and each array
-is parsed ``CHUNK_BYTES`` at a time (``json.loads`` and numpy), the GIL free between slices.
-
-A bad body is answered from slices too, with the reply the whole-body parse gives: a slice that
-is not plainly valid is parsed by pydantic's own parser (the first JSON error, its line and column
-counted in the whole body), its first element of a wrong type or range found by the schema's element
-type, and the structure is validated with each array cut down to that element. A structure that is
-not JSON has its error placed back in the body (after any in the arrays before it). Arrays are cut
-string-aware (a ']' or ',' in a string is the string's), an element longer than a slice is taken
-whole, and a ``"data"`` array that is not an input's stays in the structure. Nested lists of elements
-are found bracket by bracket (``NestedArray``), their rows parsed as flat slices, and shaped as numpy
-shapes the lists (``nested_shape``: numpy's message for ragged ones). Nested data with a string, an
-object or an element beside a list stays in the structure. Only a body whose inputs' arrays cannot be
-told apart this way (none found, a '"data": [' in a string, an object with keys in one) gets None:
-parse it whole. What is parsed in one call is at most ``MAX_STRUCTURE_BYTES`` (else a 413).
+pydantic and ``json.loads`` parse a body in one call holding the GIL, so the event loop's other
+connections, health checks included, wait for all of it (32 MB of one-digit numbers: 0.57 s on a quiet
+machine, 1.8-2.2 s on a loaded one). ``parse_flat`` finds the arrays (``json_slices.FlatArray``, string
+aware, and ``NestedArray``, bracket by bracket; nested data with a string, an object or an element beside
+a list stays in the structure), cuts them out, matches each to its input (``_input_data_owners``) and
+parses it a slice at a time (``_Scan``; ``_NestedScan`` joins small rows and shapes them as numpy would,
+``nested_shape``). The structure left, each array cut down to its first ``HEAD`` elements and its first
+refused element, is validated by the schema (``request_errors.validate_header``), which words an error
+at its index in the whole array. A JSON error is found by pydantic's parser in its slice (or in the
+structure: ``_structure_error``), its line and column counted in the whole body, so a bad body gets the
+whole parse's reply. What cannot be judged this way (no input's array found, a '"data": [' in a string,
+strings beside objects in one array, an element the schema takes but the numpy check refuses) gets
+None: parse it whole. What is parsed in one call is at most ``MAX_STRUCTURE_BYTES`` (else a 413).
 """
 
 from __future__ import annotations
@@ -42,7 +38,7 @@ from graphc.serving.kserve.schemas import DATATYPES, ELEMENT_LISTS, FLOAT_BOUNDS
 # Bodies this large and up take the fast path: below it the one-call parse holds the loop < 5 ms.
 INCREMENTAL_BYTES = 1 << 18
 # And bodies with this many lists and objects: validating each holds the GIL 3-18 us, so 65,000 rows
-# of ``[7]`` (260 KB) held it 250-290 ms.
+# of ``[7]`` (260 KB) held it 180-250 ms (24-27 ms sliced).
 INCREMENTAL_CONTAINERS = 1 << 10
 # Bytes of an array parsed per slice: about 1 ms of json.loads and numpy, holding the GIL.
 CHUNK_BYTES = 1 << 18
@@ -54,8 +50,8 @@ _BY_DTYPE = {to_numpy(dtype): datatype for datatype, dtype in DATATYPES.items()}
 _JSON_LIST = TypeAdapter(list)  # pydantic's JSON parser, for its verdict and message on a slice
 _JSON_ANY = TypeAdapter(Any)  # and on the structure
 HEAD = 5  # elements of each array kept in the body cut down for the schema
-# Bytes of a large request's JSON parsed in one call (what is left once its inputs' data arrays of
-# numbers are cut out, or a body they cannot be cut from): that call holds the GIL, so every other
+# Bytes of a large request's JSON parsed in one call (what is left once its inputs' data arrays are
+# cut out, with any element refused in them, or a body they cannot be cut from): that call holds the GIL, so every other
 # connection: 4-21 ms at this size (1 MiB of a string, of whitespace, of an array of numbers).
 MAX_STRUCTURE_BYTES = 1 << 20
 _AT = re.compile(r" at line (\d+) column (\d+)$")
@@ -71,7 +67,7 @@ def parse_flat(text: bytes) -> InferRequest | str | None:
     whole-body parse words it), or None: parse it whole. ``StructureTooLarge`` where what is left to
     parse in one piece passes ``MAX_STRUCTURE_BYTES``."""
     arrays = _data_arrays(text)
-    skeleton = _cut(text, arrays)
+    skeleton = _arrays_replaced(text, arrays)
     check_structure(len(skeleton))
     try:
         structure = pydantic_core.from_json(skeleton)
@@ -88,12 +84,12 @@ def parse_flat(text: bytes) -> InferRequest | str | None:
         if scan.verdict is not None:  # a JSON error (the first: the arrays before are JSON) or no slicing
             return scan.verdict or None
         values.append(scan.array)
-        shorts.append(scan.short())
+        shorts.append(scan.kept_elements())
         data_at.pop(owner, None)  # the input's last "data" is the one the parser keeps
         if scan.bad is not None:
-            data_at[owner] = scan.moved()
-            refused += len(json.dumps(scan.refused()))
-    header = _cut(text, arrays, shorts)
+            data_at[owner] = scan.bad_paths()
+            refused += len(json.dumps(scan.refused_element()))
+    header = _arrays_replaced(text, arrays, shorts)
     # the structure (with any data that is not an input's) and the refused elements, quoted in one piece;
     # not the few normalised numbers at the head of each array
     check_structure(len(header) - sum(map(len, shorts)) + refused)
@@ -141,7 +137,7 @@ def _structure_error(text: bytes, arrays: list[FlatArray | NestedArray], skeleto
     """The message of the first JSON error of ``text``, whose ``skeleton`` (``arrays`` emptied) is not
     JSON: one in an array before the skeleton's error, else that error placed in ``text``; None: parse
     it whole."""
-    if not set(_opens(arrays)) <= {match.start() for match in TOKEN.finditer(skeleton) if match.group() == b"["}:
+    if not set(_skeleton_opens(arrays)) <= {match.start() for match in TOKEN.finditer(skeleton) if match.group() == b"["}:
         return None  # a '"data": [' in a string was taken for an array
     try:
         _JSON_ANY.validate_json(skeleton)
@@ -149,7 +145,7 @@ def _structure_error(text: bytes, arrays: list[FlatArray | NestedArray], skeleto
         error = exc.errors(include_url=False)[0]
     else:  # pydantic's validator takes what from_json refused (no case known): its reply is the whole parse's
         return None
-    offset = _offset(error, skeleton)  # in the skeleton, then in the text as each array before it is put back
+    offset = _error_offset(error, skeleton)  # in the skeleton, then in the text as each array before it is put back
     if offset is None:
         return None
     for array in arrays:
@@ -159,10 +155,10 @@ def _structure_error(text: bytes, arrays: list[FlatArray | NestedArray], skeleto
         scan = _scan(array, None)
         if scan.verdict is not None:
             return scan.verdict or None
-    return _json_error(error, text, offset)
+    return _placed_json_error(error, text, offset)
 
 
-def _cut(text: bytes, arrays: list[FlatArray | NestedArray], contents: list[bytes] | None = None) -> bytes:
+def _arrays_replaced(text: bytes, arrays: list[FlatArray | NestedArray], contents: list[bytes] | None = None) -> bytes:
     """``text`` with the elements of each of ``arrays`` replaced by its ``contents`` (none: emptied)."""
     parts, cut = [], 0
     for array, content in zip(arrays, contents or [b""] * len(arrays)):
@@ -172,7 +168,7 @@ def _cut(text: bytes, arrays: list[FlatArray | NestedArray], contents: list[byte
     return b"".join(parts)
 
 
-def _opens(arrays: list[FlatArray]) -> list[int]:
+def _skeleton_opens(arrays: list[FlatArray]) -> list[int]:
     """Where each array's '[' is in the skeleton (``arrays`` emptied)."""
     opens, length = [], 0
     for array in arrays:
@@ -184,7 +180,7 @@ def _opens(arrays: list[FlatArray]) -> list[int]:
 def _input_data_owners(skeleton: bytes, arrays: list[FlatArray]) -> list[int | None]:
     """For each array's '[' (emptied in ``skeleton``), in order, the index of the input whose ``data``
     it opens (``inputs[i].data`` of the top object); None for one that opens anything else or is in a string."""
-    owners = dict.fromkeys(_opens(arrays))
+    owners = dict.fromkeys(_skeleton_opens(arrays))
     for key, offset, stack in walk(skeleton):
         # stack: the top object, "inputs", an input, its "data"
         if key is None and offset in owners and len(stack) == 4 and stack[1][0] == b"inputs" \
@@ -235,7 +231,7 @@ class _Scan:
         chunk, first, last = self._bounds.text[at:cut], at == self._bounds.start + 1, cut == self._bounds.stop
         dtype = to_numpy(DATATYPES[self._datatype]) if self._datatype is not None and self.bad is None else None
         # (the last slice of an array the body ends in is parsed by pydantic, for its JSON error)
-        piece = _plain(chunk, dtype, first, last) if self._bounds.end >= 0 or not last else None
+        piece = _plain_values(chunk, dtype, first, last) if self._bounds.end >= 0 or not last else None
         if piece is None:
             return self._parsed_piece(chunk, at, count, first, last)
         if len(self.head) < HEAD:
@@ -254,8 +250,8 @@ class _Scan:
             values = _JSON_LIST.validate_json(mini)
         except ValidationError as exc:
             error = exc.errors(include_url=False)[0]
-            offset = _offset(error, mini)
-            self.verdict = "" if offset is None else _json_error(error, self._bounds.text, at - len(prefix) + offset)
+            offset = _error_offset(error, mini)
+            self.verdict = "" if offset is None else _placed_json_error(error, self._bounds.text, at - len(prefix) + offset)
             return None
         values = values[0 if first else 1:len(values) if last else -1]
         self.head += values[:HEAD - len(self.head)]
@@ -272,16 +268,16 @@ class _Scan:
             self.verdict = ""
         return typed
 
-    def short(self) -> bytes:
+    def kept_elements(self) -> bytes:
         """What of the array a message may quote: its first HEAD elements (an input's repr shows 4, then
         "..."), and the bad one."""
         return json.dumps(self.head if self.bad is None or self.bad[0] < HEAD else [*self.head, self.bad[1]])[1:-1].encode()
 
-    def moved(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The bad element's index in the array cut down to ``short``, and in the whole array."""
+    def bad_paths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The bad element's index in the array cut down to ``kept_elements``, and in the whole array."""
         return (min(self.bad[0], HEAD),), (self.bad[0],)
 
-    def refused(self) -> object:
+    def refused_element(self) -> object:
         """The first element the schema refuses, as JSON parsed it."""
         return self.bad[1]
 
@@ -325,32 +321,32 @@ class _NestedScan:
         text, group, size = bounds.text, [], 0
         for row, (start, end) in enumerate(bounds.rows):
             if end - start > CHUNK_BYTES:
-                if not self._rows(group) or not self._rows([row]):
+                if not self._parse_rows(group) or not self._parse_rows([row]):
                     return
                 group, size = [], 0
             elif text[start:end].strip(b" \t\n\r"):  # (an empty list adds no elements)
                 group.append(row)
                 size += end - start + 1
                 if size > CHUNK_BYTES:
-                    if not self._rows(group):
+                    if not self._parse_rows(group):
                         return
                     group, size = [], 0
-        if not self._rows(group) or self.bad is not None or datatype is None:
+        if not self._parse_rows(group) or self.bad is not None or datatype is None:
             return
         shape = numpy_shape(bounds.tree, self.sizes)
         if isinstance(shape, tuple):
             shape = _joined(self.pieces, to_numpy(DATATYPES[datatype])).reshape(shape)
         self.array = shape
 
-    def _rows(self, rows: list[int]) -> bool:
+    def _parse_rows(self, rows: list[int]) -> bool:
         """Parse ``rows`` (small ones joined, if plainly valid, else each as a flat array); False once
         ``verdict`` is set."""
         text, spans = self.bounds.text, [self.bounds.rows[row] for row in rows]
         dtype = to_numpy(DATATYPES[self.datatype]) if self.datatype is not None and self.bad is None else None
         if len(rows) > 1 or rows and spans[0][1] - spans[0][0] <= CHUNK_BYTES:
-            piece = _plain(b",".join(text[start:end] for start, end in spans), dtype, True, True)
+            piece = _plain_values(b",".join(text[start:end] for start, end in spans), dtype, True, True)
             if piece is not None:
-                self._take(rows, piece, [text.count(b",", start, end) + 1 for start, end in spans])
+                self._keep(rows, piece, [text.count(b",", start, end) + 1 for start, end in spans])
                 return True
         for row, (start, _) in zip(rows, spans):
             scan = _Scan(FlatArray(text, start - 1), self.datatype if self.bad is None else None)
@@ -358,18 +354,18 @@ class _NestedScan:
                 self.verdict = scan.verdict
                 return False
             if scan.bad is not None and self.bad is None:
-                self.bad, self.bad_head, self.bad_value = (*self._path(row), scan.bad[0]), scan.head, scan.bad[1]
-            self._take([row], scan.array, [len(scan.head) if scan.array is None else len(scan.array)])
+                self.bad, self.bad_head, self.bad_value = (*self._row_path(row), scan.bad[0]), scan.head, scan.bad[1]
+            self._keep([row], scan.array, [len(scan.head) if scan.array is None else len(scan.array)])
         return True
 
-    def _take(self, rows: list[int], piece, sizes: list[int]) -> None:
+    def _keep(self, rows: list[int], piece, sizes: list[int]) -> None:
         """Note ``rows``' ``sizes``; keep ``piece``, their elements, while no element is refused."""
         for row, size in zip(rows, sizes):
             self.sizes[row] = size
         if self.bad is None and self.datatype is not None:
             self.pieces.append(piece)
 
-    def _path(self, row: int) -> tuple[int, ...]:
+    def _row_path(self, row: int) -> tuple[int, ...]:
         """The index in each list of the lists that hold ``row``."""
         def find(node, path):
             if isinstance(node, int):
@@ -381,7 +377,7 @@ class _NestedScan:
             return None
         return find(self.bounds.tree, ())
 
-    def short(self) -> bytes:
+    def kept_elements(self) -> bytes:
         """The lists cut down for the schema: the first HEAD items of the top list, each ``[]`` if empty
         else ``[[]]`` (which the schema takes as it takes the item; a message shows none of an item's
         items), and down the path to the bad element the same, that path's list in place of the rest,
@@ -395,11 +391,11 @@ class _NestedScan:
             return items
         return json.dumps(cut(self.bounds.tree, self.bad or ()))[1:-1].encode()
 
-    def moved(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The bad element's path in the lists cut down to ``short``, and in the whole array."""
+    def bad_paths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The bad element's path in the lists cut down to ``kept_elements``, and in the whole array."""
         return tuple(min(index, HEAD) for index in self.bad), self.bad
 
-    def refused(self) -> object:
+    def refused_element(self) -> object:
         """The first element the schema refuses, as JSON parsed it."""
         return self.bad_value
 
@@ -409,7 +405,7 @@ def _scan(array: FlatArray | NestedArray, datatype: str | None) -> _Scan | _Nest
     return _NestedScan(array, datatype) if isinstance(array, NestedArray) else _Scan(array, datatype)
 
 
-def _plain(chunk: bytes, dtype: np.dtype | None, first: bool, last: bool) -> np.ndarray | list | None:
+def _plain_values(chunk: bytes, dtype: np.dtype | None, first: bool, last: bool) -> np.ndarray | list | None:
     """The elements of ``chunk``, an array's slice, where it is plainly valid: numbers or booleans
     only, no blank element, each of ``dtype``'s JSON type and range (None: any number or boolean)."""
     allowed = _NUMBER_BYTES + _BOOL_BYTES if dtype is None else _BOOL_BYTES if dtype.kind == "b" else _NUMBER_BYTES
@@ -424,7 +420,7 @@ def _plain(chunk: bytes, dtype: np.dtype | None, first: bool, last: bool) -> np.
     return values if dtype is None else _typed(values, dtype)
 
 
-def _offset(error: dict, mini: bytes) -> int | None:
+def _error_offset(error: dict, mini: bytes) -> int | None:
     """Where in ``mini`` the JSON ``error`` pydantic found in it is (its message's line and column),
     or None where it names no place."""
     where = _AT.search(error["msg"])
@@ -434,7 +430,7 @@ def _offset(error: dict, mini: bytes) -> int | None:
     return sum(map(len, lines)) + len(lines) + int(where[2]) - 1
 
 
-def _json_error(error: dict, text: bytes, offset: int) -> str:
+def _placed_json_error(error: dict, text: bytes, offset: int) -> str:
     """The message of the JSON ``error`` with its place, ``offset`` in ``text``, as line and column."""
     where = _AT.search(error["msg"])
     # (an error just past a newline is at that newline: column 0 of the next line)

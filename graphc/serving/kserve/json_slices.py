@@ -56,7 +56,7 @@ class FlatArray:
         at, close = start + 1, text.find(b"]", start + 1)
         limit = len(text) if close < 0 else close
         while (quote := text.find(b'"', at, limit)) >= 0:
-            if not self._plain(at, quote):
+            if not self._opens_no_list(at, quote):
                 return
             after = string_end(text, quote)
             self.strings.append((quote, len(text) if after < 0 else after))
@@ -66,16 +66,16 @@ class FlatArray:
             if at > close >= 0:
                 close = text.find(b"]", at)
                 limit = len(text) if close < 0 else close
-        if self._plain(at, limit):
+        if self._opens_no_list(at, limit):
             self.end = close
 
-    def _plain(self, start: int, end: int) -> bool:
+    def _opens_no_list(self, start: int, end: int) -> bool:
         """Whether ``text[start:end]`` (outside strings) opens no list; if not, ``flat`` is False."""
         self.objects = self.objects or self.text.find(b"{", start, end) >= 0
         self.flat = self.text.find(b"[", start, end) < 0
         return self.flat
 
-    def _in_string(self, at: int) -> tuple[int, int] | None:
+    def _string_around(self, at: int) -> tuple[int, int] | None:
         """The string ``at`` lies in, if any."""
         index = bisect_right(self._starts, at) - 1
         return self.strings[index] if index >= 0 and at < self.strings[index][1] else None
@@ -83,14 +83,14 @@ class FlatArray:
     def last_comma(self, start: int, end: int) -> int:
         """The last ',' between elements in ``text[start:end]``, or -1."""
         comma = self.text.rfind(b",", start, end)
-        while comma >= 0 and (string := self._in_string(comma)) is not None:
+        while comma >= 0 and (string := self._string_around(comma)) is not None:
             comma = self.text.rfind(b",", start, string[0])
         return comma
 
     def next_comma(self, start: int, end: int) -> int:
         """The first ',' between elements in ``text[start:end]``, or ``end``."""
         comma = self.text.find(b",", start, end)
-        while comma >= 0 and (string := self._in_string(comma)) is not None:
+        while comma >= 0 and (string := self._string_around(comma)) is not None:
             comma = self.text.find(b",", string[1], end)
         return end if comma < 0 else comma
 
@@ -113,13 +113,13 @@ class NestedArray:
         for at in _tokens(text, self.start):
             char = text[at:at + 1]
             if char == b"[":
-                if stack and not _gap(text, last_at, at, b"," if last == b"]" else b""):
+                if stack and not _is_gap(text, last_at, at, b"," if last == b"]" else b""):
                     return
                 stack.append([])
                 if len(stack) > MAX_DEPTH:
                     return
             elif char == b"]":
-                if last == b"]" and not _gap(text, last_at, at, b""):
+                if last == b"]" and not _is_gap(text, last_at, at, b""):
                     return
                 children = stack.pop()
                 if last == b"[":  # a list of elements
@@ -144,6 +144,6 @@ def _tokens(text: bytes, start: int):
         at = limit
 
 
-def _gap(text: bytes, after: int, before: int, sep: bytes) -> bool:
+def _is_gap(text: bytes, after: int, before: int, sep: bytes) -> bool:
     """Whether ``text`` between the brackets at ``after`` and ``before`` is ``sep`` in JSON whitespace."""
     return before - after <= SLICE_BYTES and text[after + 1:before].strip(_BLANK) == sep
