@@ -18,7 +18,6 @@ from graphc.nn.loss import NLLLoss
 from graphc.nn.module import Module
 from graphc.nn.rnn import RNNBase
 from graphc.nn.rnn_cells import RNNCellBase
-from graphc.passes.values import SYNC_BATCHNORM_KEY
 
 
 class SyncBatchNorm(BatchNormBase):
@@ -38,13 +37,6 @@ class SyncBatchNorm(BatchNormBase):
                  track_running_stats: bool = True, process_group: Any = None, dtype: Any = "float32", *,
                  bias: bool = True):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype, bias=bias)
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = super().forward(x)
-        node = y.value.producer()
-        if node is not None and node.op_type == "BatchNormalization":  # without running statistics: marked plain ops
-            node.metadata_props[SYNC_BATCHNORM_KEY] = "true"
-        return y
 
     @classmethod
     def convert_sync_batchnorm(cls, module: Module, process_group: Any = None) -> Module:

@@ -20,6 +20,7 @@ from graphc.nn.activation import InPlace
 from graphc.nn.dropout import DropoutLayer
 from graphc.nn.module import Module, Parameter
 from graphc.nn.sparse import padding_row_init
+from graphc.passes.values import SYNC_BATCHNORM_KEY
 
 
 class Linear(Module):
@@ -113,10 +114,13 @@ class _BatchNorm(Module):
         y = ops_nn.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                               training=self.training, momentum=0.0 if self.momentum is None else self.momentum,
                               eps=self.eps)
+        node = y.value.producer()
         if self.momentum is None:
             counter = self._parameters["num_batches_tracked"]  # the Parameter: attribute access gives a Tensor
-            y.value.producer().metadata_props.update(
-                {COUNTER_KEY: counter.qualname, COUNT_KEY: str(int(counter.numpy()))})
+            node.metadata_props.update({COUNTER_KEY: counter.qualname, COUNT_KEY: str(int(counter.numpy()))})
+        # SyncBatchNorm's node (without running statistics: batch_statistics_norm marks plain ops)
+        if self._sync and node is not None and node.op_type == "BatchNormalization":
+            node.metadata_props[SYNC_BATCHNORM_KEY] = "true"
         return y
 
     def extra_repr(self) -> str:
