@@ -18,6 +18,7 @@ from graphc.passes.precision.casts import Casts
 from graphc.passes.precision.slots import (CONTROL_FLOW, DEFAULT_BLOCKED, FLOAT, TARGETS, allows, by_domain, is_float,
                                           schema, standard)
 from graphc.passes.precision.tensors import narrow
+from graphc.passes.values import subgraphs
 
 # Ops whose output dtype is their own choice, not their inputs': kept float32 where only
 # float32 consumers read them (a Cast to float feeding Range keeps integers above 2048 exact).
@@ -92,7 +93,7 @@ class _Rewrite:
                     wanted = self.want(node, False, index)
                     if wanted != new[value]:
                         node.replace_input_with(index, self._cast(value, wanted, node.graph, node))
-        for graph in [self.model.graph, *(g for n in self.nodes for g in _subgraphs(n))]:
+        for graph in [self.model.graph, *(g for n in self.nodes for g in subgraphs(n))]:
             self._fix_outputs(graph, new)
         self._warn_range()
 
@@ -101,7 +102,7 @@ class _Rewrite:
         main = self.model.graph
         io = FLOAT if self.keep_io else self.target
         new: dict[ir.Value, ir.DataType] = {}
-        for graph in [main, *(g for n in self.nodes for g in _subgraphs(n))]:
+        for graph in [main, *(g for n in self.nodes for g in subgraphs(n))]:
             for value in [*graph.inputs, *graph.initializers.values()]:
                 if is_float(value):
                     new[value] = io if graph is main and value in main.inputs else (
@@ -195,16 +196,6 @@ class _Rewrite:
 
 def _floats(node: ir.Node) -> bool:
     return any(is_float(v) for v in (*node.inputs, *node.outputs))
-
-
-def _subgraphs(node: ir.Node) -> list[ir.Graph]:
-    found = []
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            found.append(attr.as_graph())
-        elif attr.type == ir.AttributeType.GRAPHS:
-            found.extend(attr.as_graphs())
-    return found
 
 
 def convert_in_place(model: ir.Model, dtype: str, keep_io_types: bool = False,
