@@ -21,7 +21,7 @@ from graphc.errors import ArtifactsError
 from graphc.passes.emit import Emitter
 from graphc.passes.training import max_norm
 from graphc.passes.training.graph_outputs import by_name, expose
-from graphc.passes.values import onnx_opset
+from graphc.passes.values import ancestors, onnx_opset
 
 __all__ = ["RENORMED", "ShardedRenorm", "sharded"]
 
@@ -121,13 +121,7 @@ def _at_union(graph: ir.Graph, e: Emitter, scatter: ir.Node, name: str) -> None:
 
 def _between(graph: ir.Graph, source: ir.Value, target: ir.Value) -> list[ir.Node]:
     """The nodes on a path from ``source`` to ``target``, in graph order."""
-    before: set[ir.Node] = set()
-    stack = [target.producer()]
-    while stack:
-        node = stack.pop()
-        if node is not None and node not in before:
-            before.add(node)
-            stack.extend(v.producer() for v in node.inputs if v is not None)
+    before = ancestors([target])
     after = {source}
     out = []
     for node in graph:
