@@ -46,6 +46,7 @@ from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, is_float, is_static, static_shape
 from graphc.passes.autodiff.loops import copy_graph, copy_node
 from graphc.passes.evaluate import run_graph
+from graphc.passes.values import subgraphs
 
 __all__ = ["TAPED", "Reverse", "reverse_loop", "reverse_scan"]
 
@@ -196,8 +197,7 @@ def _same_shape_every_step(value: ir.Value, graph: ir.Graph, seen: dict) -> bool
         return True
     if node not in seen:
         seen[node] = False  # a cycle cannot occur; this only stops a revisit
-        if node.op_type in _DATA_SHAPED or any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-                                                for a in node.attributes.values()):
+        if node.op_type in _DATA_SHAPED or subgraphs(node):
             return False
         sizes = node.inputs[1:] if node.op_type in _SHAPE_TAKING else []
         seen[node] = all(v is None or _same_shape_every_step(v, graph, seen) for v in node.inputs) and all(
@@ -249,8 +249,7 @@ def _hoist_invariants(graph: ir.Graph, outer: ir.Graph) -> None:
     to the end of ``outer``: computed once, not every step (the transposed recurrence weight)."""
     for node in list(graph):
         reads = [v for v in node.inputs if v is not None]
-        if node.op_type in _RANDOM or any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-                                          for a in node.attributes.values()) \
+        if node.op_type in _RANDOM or subgraphs(node) \
                 or any(v in graph.inputs or (v.producer() is not None and v.producer().graph is graph) for v in reads):
             continue
         graph.remove(node)
