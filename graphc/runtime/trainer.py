@@ -412,20 +412,25 @@ class Trainer:
         data-parallel Trainer checks its global batch the same way before any worker steps."""
         refuse_empty(feeds, "a train step")
         refuse_one_row(self.manifest, feeds)
-        check_labels(self.manifest, feeds, "a train step", classes=self._measured_classes(feeds))
+        check_labels(self.manifest, feeds, "a train step", classes=self._classes(feeds))
         check_probabilities(self.manifest, feeds, "a train step")
 
-    def _measured_classes(self, feeds: Mapping[str, np.ndarray]) -> Optional[int]:
-        """A cross-entropy's C where neither the graphs nor the batch's shapes tell it (a class dim
-        computed inside the model, ``labels.class_count``): axis 1 of the logits of an
-        inference-mode forward of the batch, run once per batch shapes; else None."""
-        loss = self.manifest.loss
-        if loss.get("kind") != "cross_entropy" or class_count(self.manifest, feeds) is not None:
+    def _classes(self, feeds: Mapping[str, np.ndarray]) -> Optional[int]:
+        """A cross-entropy's C on ``feeds`` as one process sees it (``labels.class_count``, or
+        measured); None for any other loss."""
+        if self.manifest.loss.get("kind") != "cross_entropy":
             return None
+        found = class_count(self.manifest, feeds)
+        return found if found is not None else self._measured_classes(feeds)
+
+    def _measured_classes(self, feeds: Mapping[str, np.ndarray]) -> int:
+        """A cross-entropy's C where neither the graphs nor the batch's shapes tell it (a class dim
+        computed inside the model): axis 1 of the logits of an inference-mode forward of the
+        batch, run once per batch shapes."""
         key = tuple((name, np.shape(a)) for name, a in feeds.items())
         if key not in self._class_counts:
             data = {name: a for name, a in feeds.items() if name not in self._label_names()}
-            self._class_counts[key] = int(np.shape(self._forward(data)[loss["output"]])[1])
+            self._class_counts[key] = int(np.shape(self._forward(data)[self.manifest.loss["output"]])[1])
         return self._class_counts[key]
 
     def _forward(self, data: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -60,7 +60,6 @@ from graphc.errors import ArtifactsError, GraphcError
 from graphc.model.dtypes import to_numpy
 from graphc.passes.training.loss_scaling import state_names
 from graphc.runtime.history import History
-from graphc.runtime.labels import class_count
 from graphc.runtime.session import check_options
 from graphc.runtime.trainer import BATCH_ROLES, TRAINER_OPTIONS, TRAINING_OPTIONS, Trainer, TrainingFailed, role_specs
 
@@ -256,11 +255,6 @@ class DistributedTrainer(Trainer):
                                      f"batch's {bounds[-1][1]} rows but {part} for the {hi - lo} rows of worker "
                                      f"rank {rank}: the class dim follows the rows, so the workers' losses cannot make"
                                      " the whole batch's (a label past a shard's classes counts 0); use workers=1")
-
-    def _classes(self, feeds: Mapping[str, np.ndarray]) -> Optional[int]:
-        """A cross-entropy's C on ``feeds`` as one process sees it (``labels.class_count``, or measured)."""
-        found = class_count(self.manifest, feeds)
-        return found if found is not None else self._measured_classes(feeds)
 
     def _forward(self, data: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Rank 0's forward of ``data`` as a whole, as one process's (``predict`` splits it)."""
