@@ -46,7 +46,6 @@ _DATA = re.compile(rb'"data"[ \t\n\r]*:[ \t\n\r]*\[')
 # What a flat array of numbers or of booleans may hold (JSON whitespace included); a letter of
 # NaN or Infinity is not in either, so non-finite numbers (which the schema refuses) are never taken.
 _NUMBER_BYTES, _BOOL_BYTES = b"-+.0123456789eE, \t\n\r", b"truefals, \t\n\r"
-_BY_DTYPE = {to_numpy(dtype): datatype for datatype, dtype in DATATYPES.items()}
 _JSON_LIST = TypeAdapter(list)  # pydantic's JSON parser, for its verdict and message on a slice
 _JSON_ANY = TypeAdapter(Any)  # and on the structure
 HEAD = 5  # elements of each array kept in the body cut down for the schema
@@ -229,9 +228,9 @@ class _Scan:
         """The elements of the slice ``text[at:cut]`` (after ``count`` elements): typed where plainly
         valid, else as ``_parsed_piece`` gives them; None with ``verdict`` set."""
         chunk, first, last = self._bounds.text[at:cut], at == self._bounds.start + 1, cut == self._bounds.stop
-        dtype = to_numpy(DATATYPES[self._datatype]) if self._datatype is not None and self.bad is None else None
+        datatype = self._datatype if self.bad is None else None
         # (the last slice of an array the body ends in is parsed by pydantic, for its JSON error)
-        piece = _plain_values(chunk, dtype, first, last) if self._bounds.end >= 0 or not last else None
+        piece = _plain_values(chunk, datatype, first, last) if self._bounds.end >= 0 or not last else None
         if piece is None:
             return self._parsed_piece(chunk, at, count, first, last)
         if len(self.head) < HEAD:
@@ -263,7 +262,7 @@ class _Scan:
             error = exc.errors(include_url=False)[0]
             self.bad = (count + error["loc"][0], error["input"])
             return values
-        typed = _typed(values, to_numpy(DATATYPES[self._datatype]))
+        typed = _typed(values, self._datatype)
         if typed is None:  # the schema takes what the numpy check refuses: parse it whole
             self.verdict = ""
         return typed
@@ -342,9 +341,9 @@ class _NestedScan:
         """Parse ``rows`` (small ones joined, if plainly valid, else each as a flat array); False once
         ``verdict`` is set."""
         text, spans = self.bounds.text, [self.bounds.rows[row] for row in rows]
-        dtype = to_numpy(DATATYPES[self.datatype]) if self.datatype is not None and self.bad is None else None
+        datatype = self.datatype if self.bad is None else None
         if len(rows) > 1 or rows and spans[0][1] - spans[0][0] <= CHUNK_BYTES:
-            piece = _plain_values(b",".join(text[start:end] for start, end in spans), dtype, True, True)
+            piece = _plain_values(b",".join(text[start:end] for start, end in spans), datatype, True, True)
             if piece is not None:
                 self._keep(rows, piece, [text.count(b",", start, end) + 1 for start, end in spans])
                 return True
@@ -405,10 +404,10 @@ def _scan(array: FlatArray | NestedArray, datatype: str | None) -> _Scan | _Nest
     return _NestedScan(array, datatype) if isinstance(array, NestedArray) else _Scan(array, datatype)
 
 
-def _plain_values(chunk: bytes, dtype: np.dtype | None, first: bool, last: bool) -> np.ndarray | list | None:
+def _plain_values(chunk: bytes, datatype: str | None, first: bool, last: bool) -> np.ndarray | list | None:
     """The elements of ``chunk``, an array's slice, where it is plainly valid: numbers or booleans
-    only, no blank element, each of ``dtype``'s JSON type and range (None: any number or boolean)."""
-    allowed = _NUMBER_BYTES + _BOOL_BYTES if dtype is None else _BOOL_BYTES if dtype.kind == "b" else _NUMBER_BYTES
+    only, no blank element, each of ``datatype``'s JSON type and range (None: any number or boolean)."""
+    allowed = _NUMBER_BYTES + _BOOL_BYTES if datatype is None else _BOOL_BYTES if datatype == "BOOL" else _NUMBER_BYTES
     if chunk.translate(None, allowed):
         return None
     try:
@@ -417,7 +416,7 @@ def _plain_values(chunk: bytes, dtype: np.dtype | None, first: bool, last: bool)
         return None
     if not values and not (first and last):  # blank between commas
         return None
-    return values if dtype is None else _typed(values, dtype)
+    return values if datatype is None else _typed(values, datatype)
 
 
 def _error_offset(error: dict, mini: bytes) -> int | None:
@@ -438,8 +437,10 @@ def _placed_json_error(error: dict, text: bytes, offset: int) -> str:
     return describe_errors([{**error, "msg": f"{error['msg'][:where.start()]} at line {line} column {column}"}])
 
 
-def _typed(values: list, dtype: np.dtype) -> np.ndarray | None:
-    """``values`` (from ``json.loads``) as ``dtype``, or None where the schema would refuse one."""
+def _typed(values: list, datatype: str) -> np.ndarray | None:
+    """``values`` (from ``json.loads``) as ``datatype``'s numpy dtype, or None where the schema would
+    refuse one."""
+    dtype = to_numpy(DATATYPES[datatype])
     if not values:
         return np.empty(0, dtype)
     try:
@@ -454,6 +455,6 @@ def _typed(values: list, dtype: np.dtype) -> np.ndarray | None:
         array = np.array(values, dtype=np.float64)
     except (OverflowError, ValueError, TypeError):
         return None
-    if not np.all(np.abs(array) < FLOAT_BOUNDS[_BY_DTYPE[dtype]]):  # NaN fails too
+    if not np.all(np.abs(array) < FLOAT_BOUNDS[datatype]):  # NaN fails too
         return None
     return array.astype(dtype)
