@@ -203,6 +203,12 @@ class GradBuilder(Emitter):
             return x
         return self.op("Transpose", x, perm=[int(p) for p in perm])
 
+    def swap_last(self, x: ir.Value, rank: int | None = None) -> ir.Value:
+        """``x`` with its last two axes swapped (``rank``: x's, where its shape is not inferred yet)."""
+        perm = list(range(self.rank(x) if rank is None else rank))
+        perm[-2], perm[-1] = perm[-1], perm[-2]
+        return self.transpose(x, perm)
+
     def sum_values(self, values: Sequence[ir.Value]) -> ir.Value:
         """The sum of ``values``: one variadic ``Sum`` past two (a weight read by every step of an
         unrolled LSTM: one kernel over 32 gradients, not 31 Adds)."""

@@ -36,12 +36,6 @@ def _rounded(g: GradBuilder, x: ir.Value, low: ir.DataType) -> ir.Value:
     return g.op("Cast", g.op("Cast", x, to=int(low)), to=int(FLOAT))
 
 
-def _swap_last(g: GradBuilder, x: ir.Value) -> ir.Value:
-    perm = list(range(g.rank(x)))
-    perm[-2], perm[-1] = perm[-1], perm[-2]
-    return g.transpose(x, perm)
-
-
 @fused_grad_rule("cpu_flash_attention")
 def grad_cpu_flash_attention(g, node, dy):
     unnormalized, v = _made_by(node.inputs[0], "MatMul", node).inputs
@@ -50,7 +44,7 @@ def grad_cpu_flash_attention(g, node, dy):
     s = _made_by(p, "Softmax", node).inputs[0]
     out = _rounded(g, node.outputs[0], low)
     rowsum = g.reduce("ReduceSum", g.mul(dy, out), [-1])
-    ds = _rounded(g, g.mul(p, g.sub(g.op("MatMul", dy, _swap_last(g, v)), rowsum)), low)
-    dv = g.op("MatMul", _swap_last(g, _rounded(g, p, low)), dy)
+    ds = _rounded(g, g.mul(p, g.sub(g.op("MatMul", dy, g.swap_last(v)), rowsum)), low)
+    dv = g.op("MatMul", g.swap_last(_rounded(g, p, low)), dy)
     shape_p, shape_dy = static_shape(p), static_shape(dy)
     return {s: ds, v: g.broadcast_from(dv, (*shape_dy[:-2], shape_p[-1], shape_dy[-1]))}

@@ -12,12 +12,6 @@ from graphc.passes.autodiff.builder import GradBuilder, attr, static_shape
 from graphc.passes.autodiff.registry import grad_rule
 
 
-def _swap_last(g: GradBuilder, x: ir.Value, rank: int) -> ir.Value:
-    perm = list(range(rank))
-    perm[-2], perm[-1] = perm[-1], perm[-2]
-    return g.transpose(x, perm)
-
-
 def _flatten_rows(g: GradBuilder, x: ir.Value, shape, like_last: ir.Value) -> ir.Value:
     """Reshape ``x`` (rank >= 2) to ``[-1, last]``."""
     last = shape[-1]
@@ -49,17 +43,17 @@ def grad_matmul(g, node, dy):
         dy2, sy2 = g.unsqueeze(dy, [len(sy)]), (*sy, 1)
     da = db = None
     if g.wants(a):
-        da = g.broadcast_from(g.op("MatMul", dy2, _swap_last(g, b2, len(sb2))), (*sy2[:-2], sy2[-2], sb2[-2]))
+        da = g.broadcast_from(g.op("MatMul", dy2, g.swap_last(b2, len(sb2))), (*sy2[:-2], sy2[-2], sb2[-2]))
     if g.wants(b):
         if rb == 2 and ra > 2:
             # b is a weight shared over a's batch: one [k, rows] @ [rows, m] product
             db = g.broadcast_from(g.op("Gemm", _flatten_rows(g, a2, sa2, a2), _flatten_rows(g, dy2, sy2, dy2),
                                        transA=1), sb2)
         elif rb == 1:
-            db = g.broadcast_from(g.squeeze(g.op("MatMul", _swap_last(g, a2, len(sa2)), dy2), [len(sy2) - 1]),
+            db = g.broadcast_from(g.squeeze(g.op("MatMul", g.swap_last(a2, len(sa2)), dy2), [len(sy2) - 1]),
                                   (*sy2[:-2], sa2[-1]))
         else:
-            db = g.broadcast_from(g.op("MatMul", _swap_last(g, a2, len(sa2)), dy2), (*sy2[:-2], sa2[-1], sy2[-1]))
+            db = g.broadcast_from(g.op("MatMul", g.swap_last(a2, len(sa2)), dy2), (*sy2[:-2], sa2[-1], sy2[-1]))
     return da, db
 
 
