@@ -19,7 +19,7 @@ from graphc.passes.evaluate import folded_array
 from graphc.passes.values import Dim, StaticShape, const_array, node_attrs, static_shape
 
 __all__ = ["SOURCE_KEY", "FLOAT_TYPES", "GradBuilder", "attr", "const_array", "folded_array", "is_float",
-           "is_static", "node_attrs", "same_dim", "static_shape"]
+           "is_static", "node_attrs", "rows_factors", "same_dim", "static_shape"]
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
@@ -35,14 +35,11 @@ def _lone_expand(value: ir.Value) -> bool:
             and not value.uses() and not value.is_graph_output())
 
 
-def _rows_product(value: ir.Value) -> tuple[ir.Value, ir.Value] | None:
-    """(A, B) when nothing reads ``value`` (a matrix) yet and an ai.onnx ``Gemm(A, B, transA=1)``
-    (no C, alpha 1) or ``MatMul(Transpose(A), B)`` computes it (MatMul's and Gemm's rules for a
-    weight: A [rows, k], B [rows, m]); else None."""
-    node, shape = value.producer(), static_shape(value)
-    if node is None or node.domain not in ("", "ai.onnx") or value.uses() or value.is_graph_output() \
-            or shape is None or len(shape) != 2:
-        return None
+def rows_factors(node: ir.Node) -> tuple[ir.Value, ir.Value] | None:
+    """(A, B) when ``node`` is ``Gemm(A, B, transA=1)`` (no C, no transB, alpha 1) or
+    ``MatMul(Transpose(A, perm=[1, 0]), B)``: ``A^T @ B``, a sum over the rows of A [rows, k] and
+    B [rows, m] (MatMul's and Gemm's rules for a weight); else None. Reads op types and attributes
+    only: callers check the domain, shapes and where the values live."""
     if node.op_type == "Gemm" and len(node.inputs) == 2 and attr(node, "transA", 0) == 1 \
             and not attr(node, "transB", 0) and attr(node, "alpha", 1.0) == 1.0:
         return node.inputs[0], node.inputs[1]
@@ -50,6 +47,16 @@ def _rows_product(value: ir.Value) -> tuple[ir.Value, ir.Value] | None:
     if swapped is not None and swapped.op_type == "Transpose" and list(attr(swapped, "perm", [])) == [1, 0]:
         return swapped.inputs[0], node.inputs[1]
     return None
+
+
+def _rows_product(value: ir.Value) -> tuple[ir.Value, ir.Value] | None:
+    """``rows_factors`` of the ai.onnx node computing ``value`` (a matrix) when nothing reads it yet;
+    else None."""
+    node, shape = value.producer(), static_shape(value)
+    if node is None or node.domain not in ("", "ai.onnx") or value.uses() or value.is_graph_output() \
+            or shape is None or len(shape) != 2:
+        return None
+    return rows_factors(node)
 
 
 def same_dim(a: Dim, b: Dim) -> bool:

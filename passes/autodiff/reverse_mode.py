@@ -43,7 +43,8 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.errors import GraphError
-from graphc.passes.autodiff.builder import GradBuilder, attr, folded_array, is_float, is_static, static_shape
+from graphc.passes.autodiff.builder import (GradBuilder, attr, folded_array, is_float, is_static, rows_factors,
+                                            static_shape)
 from graphc.passes.autodiff.loops import copy_graph, copy_node
 from graphc.passes.evaluate import run_graph
 from graphc.passes.values import subgraphs
@@ -222,13 +223,9 @@ def _summed_over_steps(term: ir.Value, like: ir.Value, graph: ir.Graph):
             [v for v in node.inputs if v is not None and folded_array(v) is None], graph) \
             or not all(_same_shape_every_step(v, graph, {}) for v in node.inputs if v is not None):
         return None
-    if node.op_type == "Gemm" and len(node.inputs) == 2 and len(shape) == 2 and attr(node, "transA", 0) == 1 \
-            and attr(node, "transB", 0) == 0 and attr(node, "alpha", 1.0) == 1.0:
-        return "rows", node.inputs[0], node.inputs[1]
-    swapped = node.inputs[0].producer() if node.op_type == "MatMul" else None
-    if swapped is not None and swapped.op_type == "Transpose" and list(attr(swapped, "perm", [])) == [1, 0] \
-            and len(shape) == 2 and _inside(swapped.inputs, graph):
-        return "rows", swapped.inputs[0], node.inputs[1]
+    rows = rows_factors(node) if len(shape) == 2 else None
+    if rows is not None and (node.op_type == "Gemm" or _inside(rows[:1], graph)):  # MatMul: its Transpose's A too
+        return "rows", *rows
     axes = folded_array(node.inputs[1]) if node.op_type == "ReduceSum" and len(node.inputs) == 2 else None
     if axes is not None and attr(node, "keepdims", 1) == 0 and axes.size and (axes >= 0).all():
         return "axes", node.inputs[0], [int(a) for a in axes.reshape(-1)]
