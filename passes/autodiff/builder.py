@@ -19,7 +19,8 @@ from graphc.passes.evaluate import folded_array
 from graphc.passes.values import Dim, StaticShape, const_array, node_attrs, static_shape
 
 __all__ = ["SOURCE_KEY", "FLOAT_TYPES", "GradBuilder", "attr", "const_array", "folded_array", "is_float",
-           "is_static", "node_attrs", "rows_factors", "same_dim", "static_shape"]
+           "is_static", "node_attrs", "rows_factors", "same_dim", "static_shape",
+           "take_outputs"]
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
@@ -57,6 +58,17 @@ def _rows_product(value: ir.Value) -> tuple[ir.Value, ir.Value] | None:
             or shape is None or len(shape) != 2:
         return None
     return rows_factors(node)
+
+
+def take_outputs(olds: Sequence[ir.Value], news: Sequence[ir.Value]) -> None:
+    """Each of ``news`` takes its ``olds``' place (pairwise, as many as the shorter has): its type,
+    shape, readers, graph-output slots and name. The caller removes the old node (with_outputs
+    inserts the new one after this, so that the graph names only the outputs left unnamed)."""
+    for old, new in zip(olds, news):
+        name, old.name = old.name, None
+        new.type, new.shape = old.type, old.shape
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
+        new.name = name
 
 
 def same_dim(a: Dim, b: Dim) -> bool:
@@ -113,11 +125,7 @@ class GradBuilder(Emitter):
             new = ir.Node(node.domain, node.op_type, list(node.inputs), list(node.attributes.values()),
                           num_outputs=count, name=node.name, version=node.version,
                           metadata_props=dict(node.metadata_props))
-            for old, out in zip(node.outputs, new.outputs):
-                name, old.name = old.name, None
-                out.shape, out.type = old.shape, old.type
-                old.replace_all_uses_with(out, replace_graph_outputs=True)
-                out.name = name
+            take_outputs(node.outputs, new.outputs)
             node.graph.insert_before(node, new)
             node.graph.remove(node, safe=True)
             node = new

@@ -44,7 +44,7 @@ import onnx_ir as ir
 
 from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import (GradBuilder, attr, folded_array, is_float, is_static, rows_factors,
-                                            static_shape)
+                                            static_shape, take_outputs)
 from graphc.passes.autodiff.loops import copy_graph, copy_node
 from graphc.passes.evaluate import run_graph
 from graphc.passes.values import subgraphs
@@ -322,11 +322,7 @@ class Reverse:
             taped = outs[0].producer()
             g.graph.remove(taped)
             g.graph.insert_after(node, taped)
-            for old, new in zip(node.outputs, outs):
-                name, old.name = old.name, None
-                new.type, new.shape = old.type, old.shape
-                old.replace_all_uses_with(new, replace_graph_outputs=True)
-                new.name = name
+            take_outputs(node.outputs, outs)
             g.graph.remove(node, safe=True)
             taped.name = node.name
         return outs
@@ -480,9 +476,5 @@ class Reverse:
         kept = [v for k, v in enumerate(node.outputs) if k not in unread]
         new = ir.node(node.op_type, list(node.inputs), attrs, num_outputs=len(kept), name=node.name)
         graph.insert_after(node, new)
-        for old, out in zip(kept, new.outputs):
-            name, old.name = old.name, None
-            out.type, out.shape = old.type, old.shape
-            old.replace_all_uses_with(out, replace_graph_outputs=True)
-            out.name = name
+        take_outputs(kept, new.outputs)
         graph.remove(node, safe=True)
