@@ -99,7 +99,8 @@ MAX_NORM_KEY = "graphc.max_norm"
 # node metadata of such a lookup whose write-back is not in the graph (its rows' stop-gradient Identity):
 # JSON {"param", "at", and, where capture dropped an unread write-back, the names of the "weight" value
 # and the "indices" it looked up, for the training graphs to write it back; inside a control-flow body
-# that cannot carry a weight from outside it out (``gc.vmap``'s), neither: the training graphs refuse it}
+# that cannot carry a weight from outside it out (an If or Loop in a ``gc.vmap`` body; a vmap body reading a
+# table it closes over besides its lookups), neither: the training graphs refuse it}
 MAX_NORM_ROWS_KEY = "graphc.max_norm_rows"
 # node metadata of such a lookup's Gather of the weight: JSON {"max_norm", "norm_type"}, which the
 # inference and eval graphs compare to drop a control-flow body's carried weight (``max_norm_carries``)

@@ -166,13 +166,16 @@ class Scope:
 
     _serial = itertools.count(1)  # next() is atomic: scopes of captures in two threads get distinct ids
 
-    def __init__(self, eager: bool, carries: list | None = None):
+    def __init__(self, eager: bool, carries: list | None = None, lookups: list | None = None):
         self.nodes: list[ir.Node] = []
         self.eager = eager
         self.id = next(Scope._serial)
         # a body whose node can carry a weight an embedding's max_norm renormalises out of it: the list
         # ``renorm`` records each such outer Tensor in (None: the body cannot, its lookups do not write back)
         self.carries = carries
+        # a ``gc.vmap`` body: the list ``renorm`` records each max_norm lookup of a weight from outside it
+        # in (``renorm.OuterLookup``), which ``vmap_renorm`` makes again after the call on every example's rows
+        self.lookups = lookups
 
 
 class Builder:
@@ -233,10 +236,10 @@ class Builder:
             self.module_path.pop()
 
     @contextlib.contextmanager
-    def subgraph(self, carries: list | None = None):
-        """Record the block's nodes in a new (never eager) scope: a control-flow body (``carries``:
-        ``Scope.carries``)."""
-        scope = Scope(eager=False, carries=carries)
+    def subgraph(self, carries: list | None = None, lookups: list | None = None):
+        """Record the block's nodes in a new (never eager) scope: a control-flow body (``carries``,
+        ``lookups``: ``Scope``'s)."""
+        scope = Scope(eager=False, carries=carries, lookups=lookups)
         self.scopes.append(scope)
         try:
             yield scope

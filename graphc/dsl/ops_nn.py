@@ -315,16 +315,23 @@ def embedding(indices: Tensor, weight: Tensor, padding_idx: int | None = None, m
         raise op_error("Gather", [weight, indices], f"indices must be int64 or int32, got {indices.dtype}",
                        user_source())
     padding_idx = _padding_row(weight, padding_idx)
-    rows = ops.emit("Gather", [weight, indices], {"axis": 0})
-    if max_norm is not None:
-        rows.value.producer().metadata_props[MAX_NORM_LOOKUP_KEY] = json.dumps(
-            {"max_norm": float(max_norm), "norm_type": float(norm_type)})
+    rows = gather_rows(weight, indices, None if max_norm is None else (max_norm, norm_type))
     if padding_idx is not None:
         is_pad = ops.unsqueeze(indices == ops.lift(padding_idx, indices), [-1])
         rows = ops.where(is_pad, ops.detach(rows), rows)
     if scale_grad_by_freq:
         rows = _grad_by_freq(rows, indices, weight.shape[0])
     return rows if max_norm is None else renormed(rows, weight, max_norm, norm_type, indices)
+
+
+def gather_rows(weight: Tensor, indices: Tensor, norms: tuple[float, float] | None) -> Tensor:
+    """The rows of ``weight`` at ``indices`` (a Gather), marked ``MAX_NORM_LOOKUP_KEY`` with ``norms``
+    (``max_norm``, ``norm_type``) for a lookup with max_norm."""
+    rows = ops.emit("Gather", [weight, indices], {"axis": 0})
+    if norms is not None:
+        rows.value.producer().metadata_props[MAX_NORM_LOOKUP_KEY] = json.dumps(
+            {"max_norm": float(norms[0]), "norm_type": float(norms[1])})
+    return rows
 
 
 def _padding_row(weight: Tensor, padding_idx: int | None) -> int | None:
@@ -353,16 +360,17 @@ def _grad_by_freq(rows: Tensor, indices: Tensor, num_rows: Any) -> Tensor:
     return ops.detach(rows) + (rows - ops.detach(rows)) / per_position
 
 
-def renormed(rows: Tensor, weight: Tensor, max_norm: float, norm_type: float, indices: Tensor) -> Tensor:
+def renormed(rows: Tensor, weight: Tensor, max_norm: float, norm_type: float, indices: Tensor,
+             at: str | None = None) -> Tensor:
     """``rows`` of ``weight`` as torch's ``max_norm`` looks them up: each whose ``norm_type``-norm
     exceeds ``max_norm`` scaled by ``max_norm / (norm + 1e-7)``, the scaling not differentiated.
     Torch renormalises those weight rows in place under ``no_grad`` before the lookup, so
-    ``weight`` is rebound too (``renorm_in_place``)."""
+    ``weight`` is rebound too (``renorm_in_place``; ``at``: the lookup's line, default the caller's)."""
     norm = ops_math.norm(ops.detach(rows), norm_type, dim=-1, keepdim=True)
     over = norm > ops.scalar(max_norm, norm)
     scale = ops.where(over, ops.scalar(max_norm, norm) / (norm + ops.scalar(1e-7, norm)), ops.scalar(1.0, norm))
     scaled = ops.detach(rows * scale)
-    renorm_in_place(weight, indices, scaled)
+    renorm_in_place(weight, indices, scaled, (max_norm, norm_type), at)
     return scaled + (rows - ops.detach(rows))  # the value rows * scale, the gradient rows'
 
 

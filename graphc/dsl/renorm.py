@@ -7,7 +7,9 @@ Inside a ``gc.cond``/``gc.fori_loop``/``gc.scan``/``gc.while_loop`` body, a weig
 rebound in the body too and recorded (``Carried``); when the body is traced, ``carry`` makes it a carried
 value of the Loop or Scan (``branch_outputs``: an output of both If branches), so each iteration reads the
 weight the one before left, and ``write_back`` rebinds the weight to the node's output, as torch's Python
-loop leaves it. A body that cannot carry it (``gc.vmap``'s) looks up the renormalised rows only.
+loop leaves it. Inside a ``gc.vmap`` body, a lookup of a weight from outside it is recorded
+(``OuterLookup``) and made again after the call on every example's indices (``vmap_renorm``). A body
+that can do neither (an If or Loop inside a vmap body) looks up the renormalised rows only.
 """
 
 from __future__ import annotations
@@ -50,7 +52,20 @@ class Carried:
     after: ir.Value | None = None
 
 
-def renorm_in_place(weight: Tensor, indices: Tensor, scaled: Tensor) -> None:
+@dataclass(eq=False)
+class OuterLookup:
+    """A max_norm lookup, in a ``gc.vmap`` body, of a weight from outside it: the weight, the indices,
+    the lookup's ``max_norm`` and ``norm_type``, its rows' node and its record (param, line)."""
+
+    weight: Tensor
+    indices: Tensor
+    norms: tuple[float, float]
+    rows: ir.Node
+    record: dict[str, str]
+
+
+def renorm_in_place(weight: Tensor, indices: Tensor, scaled: Tensor, norms: tuple[float, float],
+                    at: str | None = None) -> None:
     """``weight`` rebound, as torch's ``embedding_renorm_`` writes it, to itself with the rows at
     ``indices`` replaced by their ``scaled`` values (a ScatterND; a repeated index writes the same
     row), so that later reads (a tied output layer, another lookup) see them; the gradient still
@@ -58,12 +73,17 @@ def renorm_in_place(weight: Tensor, indices: Tensor, scaled: Tensor) -> None:
     marked ``MAX_NORM_KEY`` with the param it renormalises and the line: the training graphs step
     the param from its last such value (``passes/training/max_norm.py``). A weight from outside the
     control-flow body being traced is rebound in the body and recorded to be carried out of it
-    (``Carried``); where the body cannot carry it, it is not rebound: ``scaled`` is marked
-    ``MAX_NORM_ROWS_KEY`` instead, which the training graphs refuse for a trained param."""
-    param, builder = _renormed_param(weight), current()
-    record = {"param": param, "at": user_source()}
+    (``Carried``); in a ``gc.vmap`` body it is not rebound but recorded (``OuterLookup``); where the body
+    can do neither, ``scaled`` is marked ``MAX_NORM_ROWS_KEY`` instead, which the training graphs refuse
+    for a trained param. ``norms``: the lookup's ``max_norm`` and ``norm_type``; ``at``: its line
+    (default: the caller's)."""
+    param, builder = renormed_param(weight), current()
+    record = {"param": param, "at": at or user_source()}
+    if outside_body(weight) and builder.scope.lookups is not None:
+        builder.scope.lookups.append(OuterLookup(weight, indices, norms, scaled.value.producer(), record))
+        return
     if outside_body(weight) and builder.scope.carries is None:
-        scaled.value.producer().metadata_props[MAX_NORM_ROWS_KEY] = json.dumps(record)
+        refuse(scaled.value.producer(), record)
         return
     start, read = len(builder.scope.nodes), weight.value
     rows = ops.reshape(scaled, [-1, weight.shape[1]])
@@ -142,9 +162,9 @@ def write_back(results: list[Tensor], carries: list[Carried], at: str) -> None:
     body's last value), a write-back marked at ``at``; inside a body that cannot carry it, not rebound:
     the output's node is marked ``MAX_NORM_ROWS_KEY``, which the training graphs refuse."""
     for c, out in zip(carries, results):
-        record = {"param": _renormed_param(c.tensor), "at": at}
+        record = {"param": renormed_param(c.tensor), "at": at}
         if outside_body(c.tensor) and current().scope.carries is None:
-            out.value.producer().metadata_props[MAX_NORM_ROWS_KEY] = json.dumps(record)
+            refuse(out.value.producer(), record)
         else:
             _write(c.tensor, out, record)
 
@@ -164,7 +184,13 @@ def drop_unread(graph: ir.Graph, write_backs: list[WriteBack]) -> None:
             {**wb.record, "weight": wb.weight.name, "indices": wb.indices.name})
 
 
-def _renormed_param(weight: Tensor) -> str:
+def refuse(rows: ir.Node, record: dict[str, str]) -> None:
+    """Mark the lookup's ``rows`` ``MAX_NORM_ROWS_KEY`` with ``record`` and no weight: a write-back the
+    body could not make, which the training graphs refuse for a trained param."""
+    rows.metadata_props[MAX_NORM_ROWS_KEY] = json.dumps(record)
+
+
+def renormed_param(weight: Tensor) -> str:
     """The name of the value ``weight`` held before any ``renorm_in_place`` rebound it: back through
     each ``new + (previous - detach(previous))``."""
     value = weight.value

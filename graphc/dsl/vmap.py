@@ -36,6 +36,7 @@ from graphc.dsl.builder import Scope, current, user_source
 from graphc.dsl.control import run_graph
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.trees import leaves, rebuild
+from graphc.dsl.vmap_renorm import Renormed
 from graphc.dsl.vmap_rules import Batching, NoRule, has_random, hoist, rewrite
 from graphc.errors import CaptureError, PerformanceWarning
 from graphc.model import SOURCE_KEY
@@ -146,10 +147,11 @@ def _call(func: Callable, in_dims: Any, out_dims: Any, randomness: str, fallback
                            f"(at {source})")
     size = _mapped_size(mapped, source)
 
-    with builder.subgraph() as scope:
+    with builder.subgraph(lookups=[]) as scope:
         inputs = [builder.new_value(builder.unique("vmap_in"), x.dtype, [*x.shape[:d], *x.shape[d + 1:]])
                   for _, x, d in mapped]
-        per_example = iter(Tensor(v) for v in inputs)
+        examples = [Tensor(v) for v in inputs]
+        per_example = iter(examples)
         masked = iter(next(per_example) if dim is not None else leaf for (_, dim), leaf in zip(dims, flat))
         try:
             result = func(*rebuild(args, masked), **kwargs)
@@ -164,17 +166,20 @@ def _call(func: Callable, in_dims: Any, out_dims: Any, randomness: str, fallback
                             result, "outputs", source)
 
     nodes = scope.nodes
+    renormed = Renormed.of(nodes, scope.lookups, [(x, t, v, d) for (_, x, d), t, v in zip(mapped, examples, inputs)])
     batched = _batched_nodes(nodes, {id(v) for v in inputs}, randomness, source)
     moved = [ops.transpose(x, [d, *(i for i in range(x.ndim) if i != d)]) if d else x for _, x, d in mapped]
     batching = Batching(builder, size, moved[0], randomness)
+    wanted = [t.value for t in out_leaves] + renormed.values
     try:
-        outs = _staged(builder, lambda: rewrite(batching, nodes, batched, dict(zip(map(id, inputs), moved)),
-                                                [t.value for t in out_leaves]))
+        outs = _staged(builder, lambda: rewrite(batching, nodes, batched, dict(zip(map(id, inputs), moved)), wanted))
     except NoRule as exc:
         _fall_back(builder, fallback, str(exc), _unruled(nodes, {id(v) for v in inputs}), source)
-        outs = _scanned(builder, nodes, batched, inputs, moved, [t.value for t in out_leaves], randomness, source)
+        outs = _scanned(builder, nodes, batched, inputs, moved, wanted, randomness, source)
     placed = [_place(batching, t, is_batched, dim, path, source)
               for (t, is_batched), (path, dim) in zip(outs, out_dim_list)]
+    renormed.write_back(outs[len(out_leaves):], lambda t, is_batched, dim: _place(
+        batching, t, is_batched, dim, "an embedding's max_norm weight", source), source)
     return rebuild(result, iter(placed))
 
 

@@ -6,7 +6,9 @@ Identity marked ``MAX_NORM_KEY``; a write-back nothing in the forward reads it d
 lookup's rows (``MAX_NORM_ROWS_KEY``) the weight and indices it read, and ``renormed`` writes it back
 again here. A lookup inside a control-flow body of a weight from outside it writes back in the body, and
 the body carries the weight out (a Loop's or Scan's carried value, an If's output) to a write-back after
-the node; one whose body could not (``gc.vmap``'s), or whose write-back after the node is gone, is refused.
+the node (``gc.vmap``'s makes it after the call: ``graphc/dsl/vmap_renorm.py``); one whose body could not
+(a ``gc.vmap`` body reading the weight besides such lookups), or whose write-back after the node is gone, is
+refused.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ def renormed(graph: ir.Graph, opset: int, params: Sequence[str]) -> dict[str, st
     for node in ir.traversal.RecursiveGraphIterator(graph):
         param = param_of(node)
         if param in params:
-            if node.graph is not graph and MAX_NORM_KEY not in node.metadata_props:
-                _refuse_in_body(node)
+            if MAX_NORM_KEY not in node.metadata_props and (node.graph is not graph or "weight" not in _where(node)[0]):
+                _refuse_in_body(node)  # a body's lookup, or one it left in the main graph (gc.vmap's rewrite)
             (in_body if node.graph is not graph else last)[param] = node
             if node.graph is graph:
                 in_body.pop(param, None)
@@ -71,10 +73,11 @@ def _where(rows: ir.Node) -> tuple[dict, str]:
 def _refuse_in_body(rows: ir.Node) -> None:
     record, where = _where(rows)
     raise PassError(f"{where} is trained inside a control-flow body that does not carry the weight out (a "
-                    f"gc.vmap body, or a model captured before gc.cond/gc.fori_loop/gc.scan/gc.while_loop carried "
-                    f"it): torch renormalises the rows it looks up in the weight in place and its optimizer steps "
-                    f"the renormalised weight, but this body only renormalises the rows it looks up, the weight "
-                    f"stays as stored; capture the model again, look it up outside such a body, freeze the "
+                    f"gc.vmap body that reads the weight it closes over besides its lookups with one max_norm and "
+                    f"norm_type, or looks it up inside a gc.cond/gc.fori_loop/gc.scan/gc.while_loop body of its "
+                    f"own, or a model captured before such bodies carried it): torch renormalises the rows it "
+                    f"looks up in the weight in place and its optimizer steps the renormalised weight, but this "
+                    f"body only renormalises the rows it looks up, the weight stays as stored; capture the model again, look it up outside such a body, freeze the "
                     f"weight (frozen=[{record['param']!r}]) or train without max_norm")
 
 

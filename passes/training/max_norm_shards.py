@@ -21,7 +21,7 @@ from graphc.errors import ArtifactsError
 from graphc.passes.emit import Emitter
 from graphc.passes.training import max_norm
 from graphc.passes.training.graph_outputs import by_name, expose
-from graphc.passes.values import ancestors, onnx_opset
+from graphc.passes.values import MAX_NORM_KEY, ancestors, onnx_opset
 
 __all__ = ["RENORMED", "ShardedRenorm", "sharded"]
 
@@ -75,6 +75,17 @@ def _refuse_in_body(graph: ir.Graph, params: Sequence[str]) -> None:
                              "gc.scan/gc.while_loop body: the workers make each main-graph write-back at the union of "
                              "their shards' rows, not yet a body's, once per iteration (each would write back only its "
                              "shard's rows, unlike one process); train with one worker")
+    whole = sorted({max_norm.param_of(n) for n in graph if max_norm.param_of(n) in params
+                    and MAX_NORM_KEY in n.metadata_props and not _scatters(n.inputs[0])})
+    if whole:
+        raise ArtifactsError(f"an embedding with max_norm renormalises {whole} inside a gc.vmap body that maps "
+                             "the weight (an ensemble's tables): the workers make a write-back at the union of "
+                             "their shards' rows, not yet each member's; train with one worker")
+
+
+def _scatters(value: ir.Value) -> bool:
+    producer = value.producer()
+    return producer is not None and producer.op_type == "ScatterND"
 
 
 def _written(scatter: ir.Node, params: Sequence[str]) -> bool:
