@@ -230,11 +230,11 @@ class _Scan:
         chunk, first, last = self._bounds.text[at:cut], at == self._bounds.start + 1, cut == self._bounds.stop
         datatype = self._datatype if self.bad is None else None
         # (the last slice of an array the body ends in is parsed by pydantic, for its JSON error)
-        piece = _plain_values(chunk, datatype, first, last) if self._bounds.end >= 0 or not last else None
-        if piece is None:
+        plain = _plain_values(chunk, datatype, first, last) if self._bounds.end >= 0 or not last else None
+        if plain is None:
             return self._parsed_piece(chunk, at, count, first, last)
-        if len(self.head) < HEAD:
-            self.head += json.loads(b"[%s]" % b",".join(chunk.split(b",", HEAD)[:HEAD]))[:HEAD - len(self.head)]
+        values, piece = plain
+        self.head += values[:HEAD - len(self.head)]
         return piece
 
     def _parsed_piece(self, chunk: bytes, at: int, count: int, first: bool, last: bool) -> np.ndarray | list | None:
@@ -343,9 +343,9 @@ class _NestedScan:
         text, spans = self.bounds.text, [self.bounds.rows[row] for row in rows]
         datatype = self.datatype if self.bad is None else None
         if len(rows) > 1 or rows and spans[0][1] - spans[0][0] <= CHUNK_BYTES:
-            piece = _plain_values(b",".join(text[start:end] for start, end in spans), datatype, True, True)
-            if piece is not None:
-                self._keep(rows, piece, [text.count(b",", start, end) + 1 for start, end in spans])
+            plain = _plain_values(b",".join(text[start:end] for start, end in spans), datatype, True, True)
+            if plain is not None:
+                self._keep(rows, plain[1], [text.count(b",", start, end) + 1 for start, end in spans])
                 return True
         for row, (start, _) in zip(rows, spans):
             scan = _Scan(FlatArray(text, start - 1), self.datatype if self.bad is None else None)
@@ -404,9 +404,11 @@ def _scan(array: FlatArray | NestedArray, datatype: str | None) -> _Scan | _Nest
     return _NestedScan(array, datatype) if isinstance(array, NestedArray) else _Scan(array, datatype)
 
 
-def _plain_values(chunk: bytes, datatype: str | None, first: bool, last: bool) -> np.ndarray | list | None:
-    """The elements of ``chunk``, an array's slice, where it is plainly valid: numbers or booleans
-    only, no blank element, each of ``datatype``'s JSON type and range (None: any number or boolean)."""
+def _plain_values(chunk: bytes, datatype: str | None, first: bool, last: bool) -> tuple[list, np.ndarray | list] | None:
+    """The elements of ``chunk``, an array's slice, where it is plainly valid (numbers or booleans
+    only, no blank element, each of ``datatype``'s JSON type and range; None: any number or boolean):
+    as ``json.loads`` parsed them (a scan's head is taken from these: the slice is parsed once) and
+    as ``datatype``'s array (the list where None)."""
     allowed = _NUMBER_BYTES + _BOOL_BYTES if datatype is None else _BOOL_BYTES if datatype == "BOOL" else _NUMBER_BYTES
     if chunk.translate(None, allowed):
         return None
@@ -416,7 +418,8 @@ def _plain_values(chunk: bytes, datatype: str | None, first: bool, last: bool) -
         return None
     if not values and not (first and last):  # blank between commas
         return None
-    return values if datatype is None else _typed(values, datatype)
+    piece = values if datatype is None else _typed(values, datatype)
+    return None if piece is None else (values, piece)
 
 
 def _error_offset(error: dict, mini: bytes) -> int | None:
