@@ -257,6 +257,48 @@ def test_a_bad_body_is_refused_by_the_sliced_parse_as_the_whole_parse_does(monke
         monkeypatch.undo()
 
 
+def wide_nested_body(old: bytes, new: bytes, cut: bool = False) -> bytes:
+    """An FP32 input of 1000 rows of 1000 ``7`` (2 MB: nested data past the 1 MiB that is parsed in one
+    call), its first ``old`` after 90% of it made ``new``; ``cut``: the body ends after ``new``."""
+    data = b",".join([b"[%s]" % b",".join([b"7"] * 1000)] * 1000)
+    text = b'{"id":"r","inputs":[{"name":"x","shape":[1000,1000],"datatype":"FP32","data":[%s]}]}' % data
+    at = text.index(old, len(text) * 9 // 10)
+    return text[:at] + new + (b"" if cut else text[at + len(old):])
+
+
+# Bad nested data past 1 MiB: a string in a row (holding brackets and commas too), a stray, missing or
+# trailing comma between lists, the body ending in a row, a string, after a comma or a '['. Each got a
+# 413 naming the whole body as the structure (the lists stayed in it), not the whole parse's 400.
+WIDE_NESTED_BAD = [(b"7]", b'"x"]'), (b"7,", b'"a]\\"[,",'), (b"],[", b"] ["), (b"],[", b"],,["), (b"]]", b"],]"),
+                   (b"],[", b"] , , ["), (b"7,", b"7", True), (b"7,", b'"a', True), (b"],", b"],", True),
+                   (b"],[", b"],[", True)]
+
+
+@pytest.mark.parametrize("edit", WIDE_NESTED_BAD, ids=range(len(WIDE_NESTED_BAD)))
+def test_large_bad_nested_data_is_refused_from_slices_as_the_whole_parse_refuses_it(monkeypatch, edit):
+    body = wide_nested_body(*edit)
+    whole, sliced = whole_and_sliced(body, monkeypatch)
+    assert whole[:2] == ("error", 400) and sliced == whole, (whole, sliced)
+    parsed = parsed_sizes(monkeypatch)
+    assert isinstance(flat_data.parse_flat(body), str)
+    assert max(parsed, default=0) < 1000, parsed
+
+
+def test_nested_data_breaking_off_where_its_json_is_valid_stays_in_the_structure(monkeypatch):
+    """An element, a string or a deeper list beside a row, an object in one: the schema's to judge (in
+    the structure, a 413 past 1 MiB as before); a gap longer than a slice is not parsed in one piece."""
+    for old, new in ((b"],[", b"],7,["), (b"],[", b'],"x",['), (b"[7,", b"[[7],"), (b"7]", b"{}]"),
+                     (b"],[", b"]," + b" " * 300_000 + b"[")):
+        body = wide_nested_body(old, new)
+        first = body.index(b'"data":[') + 7
+        assert NestedArray(body, first).end < 0 and flat_data._ending(NestedArray(body, first)) is None
+        with pytest.raises(flat_data.StructureTooLarge, match=f"holds {len(body)} bytes"):
+            flat_data.parse_flat(body)
+    small = nested_bad_body(3000, b"],[", b"],7,[", 0.5)
+    whole, sliced = whole_and_sliced(small, monkeypatch)
+    assert sliced == whole and "Input should be a valid array, got 7" in whole[2]
+
+
 def test_nested_data_is_flattened_a_slice_at_a_time_and_shaped_as_numpy_shapes_it(monkeypatch):
     """3000 rows of 4 (and 30 rows of 400 in 2 deeper lists, rows longer than a slice): the arrays the
     whole parse makes, pydantic given only the structure and slices; a ragged list gets numpy's message."""

@@ -4,8 +4,9 @@
 pydantic and ``json.loads`` parse a body in one call holding the GIL, so the event loop's other
 connections, health checks included, wait for all of it (32 MB of one-digit numbers: 0.57 s on a quiet
 machine, 1.8-2.2 s on a loaded one). ``parse_flat`` finds the arrays (``json_slices.FlatArray``, string
-aware, and ``NestedArray``, bracket by bracket; nested data with a string, an object or an element beside
-a list stays in the structure), cuts them out, matches each to its input (``_input_data_owners``) and
+aware, and ``NestedArray``, bracket by bracket, strings in its rows skipped; nested data broken off by a JSON
+error is judged at the break, ``_ending``; with an object or an element beside a list it stays in the
+structure), cuts them out, matches each to its input (``_input_data_owners``) and
 parses it a slice at a time (``_Scan``; ``_NestedScan`` joins small rows and shapes them as numpy would,
 ``nested_shape``). The structure left, each array cut down to its first ``HEAD`` elements and its first
 refused element, is validated by the schema (``request_errors.validate_header``), which words an error
@@ -113,13 +114,36 @@ def _data_arrays(text: bytes) -> list[FlatArray | NestedArray]:
             array = FlatArray(text, match.end() - 1)
             if not array.flat:
                 array = NestedArray(text, match.end() - 1)
-                if array.end < 0:  # not lists of elements alone: it stays in the structure
+                if array.end < 0 and _ending(array) is None:  # not lists of elements alone: it stays in the structure
                     continue
             arrays.append(array)
             if array.end < 0:
                 break
             at = array.end
     return arrays
+
+
+def _ending(bounds: NestedArray) -> str | None:
+    """Set and return ``bounds.ending``: the message of the JSON error at which its lists break off
+    (the body ends in them, a stray or missing comma), placed in the body; None where the JSON there is
+    valid so far (an element beside a list, an object: the schema's to judge, in the structure), or
+    too long to parse in one call."""
+    if bounds.tail is None:  # (nested past MAX_DEPTH)
+        return None
+    (prefix, at, cut), text = bounds.tail, bounds.text
+    if cut == len(text) and prefix.endswith(b"["):  # the body ends in a row: a flat array it ends in
+        bounds.ending = _Scan(FlatArray(text, at - 1), None).verdict or None
+    elif cut - at <= CHUNK_BYTES:
+        mini = prefix + text[at:cut]
+        try:
+            _JSON_ANY.validate_json(mini)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            offset = _error_offset(error, mini)
+            # (the lists' end within the body is the piece's, not an error of the whole parse)
+            if offset is not None and (cut == len(text) or "EOF while parsing" not in error["msg"]):
+                bounds.ending = _placed_json_error(error, text, at - len(prefix) + offset)
+    return bounds.ending
 
 
 def check_structure(size: int) -> None:
@@ -330,7 +354,12 @@ class _NestedScan:
                     if not self._parse_rows(group):
                         return
                     group, size = [], 0
-        if not self._parse_rows(group) or self.bad is not None or datatype is None:
+        if not self._parse_rows(group):
+            return
+        if bounds.end < 0:  # its lists break off at a JSON error, after any of its rows'
+            self.verdict = bounds.ending
+            return
+        if self.bad is not None or datatype is None:
             return
         shape = numpy_shape(bounds.tree, self.sizes)
         if isinstance(shape, tuple):

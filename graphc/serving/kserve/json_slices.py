@@ -1,6 +1,6 @@
 """Byte scans over a large JSON body that never hold the GIL for long: counts a slice at a time,
 the string-aware bounds of a flat array (where it ends, where it may be cut between elements), and
-the lists of a nested array of numbers found bracket by bracket.
+the lists of a nested array of elements found bracket by bracket.
 
 ``bytes.count`` and a regular expression run over a whole 27 MB body in one C call, 6-10 ms each
 holding the GIL (so the event loop); ``bytes.find`` (memchr) takes 0.3 ms for it and needs no slicing.
@@ -97,30 +97,42 @@ class FlatArray:
 
 class NestedArray:
     """The array of lists opened by the '[' at ``start`` of ``text``, when each of its lists holds only
-    lists or only elements (no string, no object; JSON whitespace and commas between the lists) and
-    nests at most ``MAX_DEPTH`` deep: ``end`` its ']' (-1 where it is not such an array or the body
-    ends first), ``rows`` ((start, end) of the elements of each list that holds no list, in order) and
-    ``tree`` (the top list: a list holding lists is the list of them, one holding elements its row's index)."""
+    lists or only elements (numbers, booleans, strings; no object; JSON whitespace and commas between
+    the lists) and nests at most ``MAX_DEPTH`` deep: ``end`` its ']' (-1 where it is not such an array
+    or the body ends first), ``rows`` ((start, end) of the elements of each list that holds no list, in
+    order) and ``tree`` (the top list: a list holding lists is the list of them, one holding elements
+    its row's index). Where the lists break off (the body ends in them, or a token or a gap breaks the
+    pattern), ``tail`` is ``(prefix, at, cut)``: ``text[at:cut]`` (from after the last bracket to the
+    token that broke it, or the body's end) comes after the lists ``prefix`` opens, so that parsing
+    ``prefix + text[at:cut]`` meets a JSON error there where the whole parse does; ``ending``, that
+    error's message, is for ``flat_data`` to set."""
 
     def __init__(self, text: bytes, start: int):
         self.text, self.start, self.end, self.rows, self.tree = text, start, -1, [], None
+        self.tail: tuple[bytes, int, int] | None = None
+        self.ending: str | None = None
         self._bound()
         self.stop = len(text) if self.end < 0 else self.end
 
     def _bound(self) -> None:
         """Walk the brackets from ``start`` until the top list closes (or one breaks the pattern)."""
-        text, stack, last, last_at = self.text, [], b"", self.start
-        for at in _tokens(text, self.start):
+        text, stack, last, last_at, at = self.text, [], b"", self.start, self.start
+        while (at := _next_token(text, at)) >= 0:
             char = text[at:at + 1]
+            if char == b'"' and last == b"[":  # a string among a row's elements
+                at = string_end(text, at)
+                if at < 0:
+                    break
+                continue
             if char == b"[":
                 if stack and not _is_gap(text, last_at, at, b"," if last == b"]" else b""):
-                    return
+                    break
                 stack.append([])
                 if len(stack) > MAX_DEPTH:
                     return
             elif char == b"]":
                 if last == b"]" and not _is_gap(text, last_at, at, b""):
-                    return
+                    break
                 children = stack.pop()
                 if last == b"[":  # a list of elements
                     children = len(self.rows)
@@ -129,19 +141,24 @@ class NestedArray:
                     self.end, self.tree = at, children
                     return
                 stack[-1].append(children)
-            else:  # a string or an object
-                return
-            last, last_at = char, at
+            else:  # a string beside a list, or an object
+                break
+            last, last_at, at = char, at, at + 1
+        # the lists open here, and what follows the last bracket up to the token that broke them
+        prefix = b"[" * len(stack) + (b"[]" if last == b"]" else b"")
+        self.tail = (prefix, last_at + 1, len(text) if at < 0 else at + 1)
 
 
-def _tokens(text: bytes, start: int):
-    """The offsets of each '[', ']', '"' and '{' from ``start``, searched a slice at a time."""
+def _next_token(text: bytes, start: int) -> int:
+    """The offset of the first '[', ']', '"' or '{' from ``start`` (-1: none), searched a slice at a time."""
     at = start
     while at < len(text):
         limit = min(at + SLICE_BYTES, len(text))
-        for match in _TOKENS.finditer(text, at, limit):
-            yield match.start()
+        match = _TOKENS.search(text, at, limit)
+        if match is not None:
+            return match.start()
         at = limit
+    return -1
 
 
 def _is_gap(text: bytes, after: int, before: int, sep: bytes) -> bool:
