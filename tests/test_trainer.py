@@ -206,7 +206,7 @@ def test_bad_training_arguments_are_refused_before_any_step(tmp_path):
     with pytest.raises(ValueError, match="checkpoint_every needs checkpoint"):
         trainer.fit(gc.data.DataLoader(data, 4), 1, checkpoint_every=2, progress=False)
     assert trainer.step_count == 0 and trainer.epoch == 0
-    with pytest.raises(TypeError, match="unknown Trainer option 'thread'; options are: cuda_graph, device_id"):
+    with pytest.raises(TypeError, match="unknown Trainer option 'thread'; options are: cpu_arena, cuda_graph, device_id"):
         gc.Trainer(bn_artifacts(), backend="ort-cpu", thread=2)  # once onnxruntime's prepare() complained
     with pytest.raises(ValueError, match="seed must be a whole number >= 0, got -1"):
         gc.Trainer(bn_artifacts(), backend="numpy", seed=-1)

@@ -24,7 +24,8 @@ from graphc.model.dtypes import TensorSpec
 from graphc.runtime.feeds import optional_inputs, validate_feeds
 
 # Options every backend accepts (a backend ignores those that mean nothing to it).
-SESSION_OPTIONS = frozenset({"threads", "graph_optimization_level", "device_id", "providers_options", "flush_denormals"})
+SESSION_OPTIONS = frozenset({"threads", "graph_optimization_level", "device_id", "providers_options", "flush_denormals",
+                             "cpu_arena"})
 
 ModelLike = Union[Model, str, os.PathLike, bytes, onnx.ModelProto]
 
@@ -44,7 +45,8 @@ class Session:
         backend: ``"numpy"``, ``"ort-cpu"``, ``"ort-cuda"`` or ``"auto"`` (best available).
         **options: ``threads``, ``graph_optimization_level`` (``"disable"``, ``"basic"``,
             ``"extended"``, ``"all"``), ``device_id``, ``providers_options`` (a dict given to
-            the execution provider).
+            the execution provider), ``flush_denormals``, ``cpu_arena`` (onnxruntime's CPU
+            memory arena; ``graphc serve`` turns it off).
 
     Raises:
         BackendUnavailable: the backend cannot run here (the message says why).

@@ -98,7 +98,8 @@ class ServedModel:
         self.config = model_config.to_json(completed)
         self._in_reshapes = _reshapes(name, "input", completed.input)
         self._out_reshapes = _reshapes(name, "output", completed.output)
-        self.session = Session(model, backend=backend, **options)
+        # no CPU arena: it would keep a request's peak (a value-sized tensor) for the server's life
+        self.session = Session(model, backend=backend, **{"cpu_arena": False, **options})
         self.inputs, self.outputs = feedable_inputs(model), model.outputs
         self._dtypes = {spec.name: to_numpy(spec.dtype) for spec in self.inputs}
         # onnxruntime's InferenceSession.run is thread-safe; other backends are serialised.
