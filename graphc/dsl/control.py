@@ -27,12 +27,6 @@ def _flatten(tree: Any) -> tuple[list[Tensor], bool]:
     return [_lift(tree)], False
 
 
-def _emit_list(op: str, inputs: list, attrs: dict, num_outputs: int, **kw) -> list[Tensor]:
-    """``ops.emit`` that returns a list whatever the number of outputs."""
-    outs = ops.emit(op, inputs, attrs, num_outputs, **kw)
-    return outs if num_outputs > 1 else [outs]
-
-
 def _rebuild(items: list[Tensor], is_seq: bool) -> Any:
     return tuple(items) if is_seq else items[0]
 
@@ -114,11 +108,9 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
         graph = then_g if bool(np.asarray(arrays[0]).reshape(-1)[0]) else else_g
         return run_graph(builder, graph, [])
 
-    outs = _emit_list("If", [pred], {"then_branch": then_g, "else_branch": else_g},
-                      len(out_types) + len(carried), out_types=out_types + renorm.types(carried), source=source,
-                      evaluator=evaluate)
-    renorm.write_back(outs[len(out_types):], carried, source)
-    return _rebuild(outs[:len(out_types)], seq)
+    outs = renorm.emit_carrying("If", [pred], {"then_branch": then_g, "else_branch": else_g}, out_types,
+                                len(out_types), carried, source, evaluate)
+    return _rebuild(outs, seq)
 
 
 def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
@@ -149,7 +141,6 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
     graph, outs, _ = trace_subgraph(builder, body, [], in_types, "loop_body", carried)
     _check_carry("Loop", carry, outs[1:], source)
     out_types = [(t.dtype, merge_shape(t.shape, o.shape)) for t, o in zip(carry, outs[1:])]
-    renorm.carry(graph, carried, 2 + len(carry), 1 + len(carry))
 
     def evaluate(arrays: list) -> list:
         state = list(arrays[2:])
@@ -158,11 +149,9 @@ def fori_loop(lower: Any, upper: Any, body_fn: Callable, init: Any) -> Any:
             state = res[1:]
         return state
 
-    results = _emit_list("Loop", [trip, None, *carry, *(c.tensor for c in carried)], {"body": graph},
-                         len(carry) + len(carried), out_types=out_types + renorm.types(carried), source=source,
-                         evaluator=evaluate)
-    renorm.write_back(results[len(carry):], carried, source)
-    return _rebuild(results[:len(carry)], is_seq)
+    results = renorm.emit_carrying("Loop", [trip, None, *carry], {"body": graph}, out_types, len(carry), carried,
+                                   source, evaluate)
+    return _rebuild(results, is_seq)
 
 
 def scan(fn: Callable, init: Any, xs: Any) -> tuple[Any, Any]:
@@ -197,17 +186,12 @@ def scan(fn: Callable, init: Any, xs: Any) -> tuple[Any, Any]:
     carried: list[renorm.Carried] = []
     graph, outs, _ = trace_subgraph(builder, body, [], in_types, "scan_body", carried)
     _check_carry("Scan", carry, outs[:n_carry], source)
-    renorm.carry(graph, carried, n_carry, n_carry)
     out_types = [(t.dtype, merge_shape(t.shape, o.shape)) for t, o in zip(carry, outs[:n_carry])]
-    out_types += renorm.types(carried)
     out_types += [(y.dtype, None if y.shape is None else [length, *y.shape]) for y in outs[n_carry:]]
     attrs = {"body": graph, "num_scan_inputs": len(x_items)}
-    results = _emit_list("Scan", [*carry, *(c.tensor for c in carried), *x_items], attrs, len(out_types),
-                         out_types=out_types, source=source, evaluator=lambda arrays: run_scan(builder, attrs, arrays))
-    n_state = n_carry + len(carried)
-    renorm.write_back(results[n_carry:n_state], carried, source)
-    final = _rebuild(results[:n_carry], carry_seq)
-    return final, _rebuild(results[n_state:], y_seq_box[0])
+    results = renorm.emit_carrying("Scan", [*carry, *x_items], attrs, out_types, n_carry, carried, source,
+                                   lambda arrays: run_scan(builder, attrs, arrays))
+    return _rebuild(results[:n_carry], carry_seq), _rebuild(results[n_carry:], y_seq_box[0])
 
 
 def _no_steps(y: Tensor) -> np.ndarray:

@@ -89,13 +89,8 @@ def while_loop(cond_fn: Callable, body_fn: Callable, carried_inputs: Any) -> Any
     graph, outs, _ = trace_subgraph(builder, body, [], in_types, "while_body", carried)
     out_types = [(t.dtype, merge_shape(t.shape, o.shape))
                  for t, o in zip(init, outs[1:])]
-    renorm.carry(graph, carried, 2 + len(init), 1 + len(init))
-    n_out = len(init) + len(carried)
-    results = ops.emit("Loop", [None, first, *init, *(c.tensor for c in carried)], {"body": graph}, n_out,
-                       out_types=out_types + renorm.types(carried), source=source,
-                       evaluator=lambda arrays: run_loop(builder, graph, arrays))
-    results = results if n_out > 1 else [results]
-    renorm.write_back(results[len(init):], carried, source)
-    final = rebuild(tree, iter(results[:len(init)]))
+    results = renorm.emit_carrying("Loop", [None, first, *init], {"body": graph}, out_types, len(init), carried,
+                                   source, lambda arrays: run_loop(builder, graph, arrays))
+    final = rebuild(tree, iter(results))
     return final if unpack else final[0]
 

@@ -4,17 +4,18 @@ so that a later read sees them; ``drop_unread``, at the end of capture, removes 
 nothing reads (the training graphs write it back again from the lookup's record).
 
 Inside a ``gc.cond``/``gc.fori_loop``/``gc.scan``/``gc.while_loop`` body, a weight from outside it is
-rebound in the body too and recorded (``Carried``); when the body is traced, ``carry`` makes it a carried
-value of the Loop or Scan (``branch_outputs``: an output of both If branches), so each iteration reads the
-weight the one before left, and ``write_back`` rebinds the weight to the node's output, as torch's Python
-loop leaves it. Inside a ``gc.vmap`` body, a lookup of a weight from outside it is recorded
-(``OuterLookup``) and made again after the call on every example's indices (``vmap_renorm``). A body
-that can do neither (an If or Loop inside a vmap body) looks up the renormalised rows only.
+rebound in the body too and recorded (``Carried``); when the body is traced, ``emit_carrying`` makes it a
+carried value of the Loop or Scan (``branch_outputs``: an output of both If branches), so each iteration reads
+the weight the one before left, and rebinds the weight to the node's output, as torch's Python loop leaves it.
+Inside a ``gc.vmap`` body, a lookup of a weight from outside it is recorded (``OuterLookup``) and made again
+after the call on every example's indices (``vmap_renorm``). A body that can do neither (an If or Loop inside
+a vmap body) looks up the renormalised rows only.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,12 +115,32 @@ def restore(carries: list[Carried]) -> None:
         rebind(c.tensor, Tensor(c.before, c.eager), f"{c.tensor.name} was renormalised in a control-flow body")
 
 
-def types(carries: list[Carried]) -> list[tuple[Any, Any]]:
-    """The (dtype, shape) of the outputs that carry ``carries`` out of a control-flow node."""
-    return [(c.tensor.dtype, c.tensor.shape) for c in carries]
+# What comes before a Loop's or Scan's carried values: among its (and its body's) inputs, among its body's outputs
+_BEFORE_STATE = {"Loop": (2, 1), "Scan": (0, 0)}
 
 
-def carry(graph: ir.Graph, carries: list[Carried], at_in: int, at_out: int) -> None:
+def emit_carrying(op: str, inputs: list[Tensor | None], attrs: dict[str, Any], out_types: list[tuple[Any, Any]],
+                  n_state: int, carries: list[Carried], source: str,
+                  evaluator: Callable[[list], list]) -> list[Tensor]:
+    """The If, Loop or Scan ``op`` (``inputs``, ``attrs``, ``out_types``: its own) emitted with ``carries``, recorded
+    while its bodies were traced, carried out of it as outputs after its first ``n_state``: a Loop's or Scan's
+    made carried values of its body (``_carry``) and inputs of the node after its own state, an If's already
+    outputs of both branches (``branch_outputs``). Each of ``carries`` is rebound to its output (``write_back``);
+    returns the node's other outputs."""
+    if op != "If":
+        before_in, before_out = _BEFORE_STATE[op]
+        at = before_in + n_state
+        _carry(attrs["body"], carries, at, before_out + n_state)
+        inputs = [*inputs[:at], *(c.tensor for c in carries), *inputs[at:]]
+    types = out_types[:n_state] + [(c.tensor.dtype, c.tensor.shape) for c in carries] + out_types[n_state:]
+    results = ops.emit(op, inputs, attrs, len(types), out_types=types, source=source, evaluator=evaluator)
+    results = results if len(types) > 1 else [results]
+    end = n_state + len(carries)
+    write_back(results[n_state:end], carries, source)
+    return results[:n_state] + results[end:]
+
+
+def _carry(graph: ir.Graph, carries: list[Carried], at_in: int, at_out: int) -> None:
     """Each of ``carries`` made a carried value of the Loop or Scan body ``graph``: an input from ``at_in``
     on, which the body (its nested bodies too) reads where it read the value before the body, and its
     last value an output from ``at_out`` on."""
