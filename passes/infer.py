@@ -38,7 +38,7 @@ import onnx_ir as ir
 
 from graphc.errors import InferenceError
 from graphc.model.windows import windows
-from graphc.passes.values import Dim, StaticShape, static_shape
+from graphc.passes.values import Dim, StaticShape, attr, static_shape
 
 __all__ = ["InferenceError", "RULES", "ceil_adds_nothing", "correct_onnx_inference", "infer", "known_array",
            "takes_widened"]
@@ -182,8 +182,7 @@ class _Node:
         return [None if v is None else static_shape(v) for v in self.node.inputs]
 
     def attr(self, name: str, default=None):
-        a = self.node.attributes.get(name)
-        return default if a is None else a.value
+        return attr(self.node, name, default)
 
     def const(self, i: int) -> np.ndarray | None:
         inputs = self.node.inputs
@@ -252,12 +251,12 @@ def _cast(n: _Node, dtype):
 
 
 def _constant(n: _Node, dtype):
-    for name, attr in n.node.attributes.items():
+    for name, a in n.node.attributes.items():
         if name == "value":
-            return attr.value.dtype, tuple(attr.value.shape)
+            return a.value.dtype, tuple(a.value.shape)
         if name in _CONSTANT_ATTRS:
             dtype, listed = _CONSTANT_ATTRS[name]
-            return dtype, (len(attr.value),) if listed else ()
+            return dtype, (len(a.value),) if listed else ()
     return None, None
 
 

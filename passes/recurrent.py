@@ -21,7 +21,7 @@ import onnx_ir as ir
 from graphc.passes.emit import Emitter
 from graphc.passes.evaluate import folded_array
 from graphc.passes.recurrent_activations import DEFAULT_ACTIVATIONS, activation_names, activation_params, takes_params
-from graphc.passes.values import static_shape
+from graphc.passes.values import attr, static_shape
 
 __all__ = ["GATES", "Activation", "ActivationWriter", "op_activation", "unknown_activations", "write_out"]
 
@@ -33,25 +33,20 @@ Activation = Callable[[ir.Value], ir.Value]
 ActivationWriter = Callable[[Emitter, str, float, float], Activation]
 
 
-def _attr(node: ir.Node, name: str, default=None):
-    a = node.attributes.get(name)
-    return default if a is None else a.value
-
-
 def unknown_activations(node: ir.Node) -> list[str]:
     """The RNN/GRU/LSTM node's activations ONNX has none of that name of (``write_out`` takes none of them)."""
     return [a for a in _activation_names(node) if takes_params(a) is None]
 
 
 def _activation_names(node: ir.Node) -> list[str]:
-    dirs = 2 if _attr(node, "direction", "forward") == "bidirectional" else 1
-    return activation_names(node.op_type, _attr(node, "activations"), dirs)
+    dirs = 2 if attr(node, "direction", "forward") == "bidirectional" else 1
+    return activation_names(node.op_type, attr(node, "activations"), dirs)
 
 
 def _activations(e: Emitter, node: ir.Node, clip: float | None, activation: ActivationWriter) -> list[list[Activation]]:
     """Per direction, the node's activation functions (f, g[, h]), each emitting ops."""
     names = _activation_names(node)
-    params = activation_params(names, _attr(node, "activation_alpha"), _attr(node, "activation_beta"))
+    params = activation_params(names, attr(node, "activation_alpha"), attr(node, "activation_beta"))
     functions = [activation(e, name.lower(), alpha, beta) for name, (alpha, beta) in zip(names, params)]
     per = len(DEFAULT_ACTIVATIONS[node.op_type])
     if clip is not None:  # bounds the gates' inputs (f, g); LSTM's h acts on the cell state unclipped
@@ -88,9 +83,9 @@ def write_out(e: Emitter, node: ir.Node, max_unrolled: int | None = None,
     init_h = inputs[5]
     init_c = inputs[6] if op == "LSTM" else None
     peep = inputs[7] if op == "LSTM" else None
-    hidden, gates, lbr = _attr(node, "hidden_size"), GATES[op], _attr(node, "linear_before_reset", 0)
-    layout, direction = _attr(node, "layout", 0), _attr(node, "direction", "forward")
-    clip = _attr(node, "clip")
+    hidden, gates, lbr = attr(node, "hidden_size"), GATES[op], attr(node, "linear_before_reset", 0)
+    layout, direction = attr(node, "layout", 0), attr(node, "direction", "forward")
+    clip = attr(node, "clip")
     wanted = [bool(v.name and (v.uses() or v.is_graph_output())) for v in node.outputs] + [False] * 3
     if layout:  # [B, T, I] -> [T, B, I]; states [B, D, H] -> [D, B, H]
         x = e.op("Transpose", x, perm=[1, 0, 2])
@@ -136,7 +131,7 @@ def write_out(e: Emitter, node: ir.Node, max_unrolled: int | None = None,
 
         def cell(em: Emitter, x_t, h, c, t, activations):
             """One step: (output, new h, new c), x_t [1, B, gates*H], t the step's index."""
-            new_h, new_c = _cell(em, op, x_t, h, c, weights, activations, hidden, lbr, _attr(node, "input_forget", 0))
+            new_h, new_c = _cell(em, op, x_t, h, c, weights, activations, hidden, lbr, attr(node, "input_forget", 0))
             if alive_lens is None:
                 return new_h, new_h, new_c if new_c is not None else c
             alive = em.op("Less", t, alive_lens)  # rows whose sequence has ended keep their state, emit zeros
@@ -196,7 +191,7 @@ def _scan_steps(e: Emitter, node: ir.Node, cell, xw: ir.Value, h: ir.Value, c: i
     be.source = e.source
     state_type = h.type or ir.TensorType(xw.dtype)
     # the body's inputs ranked ([1, B, H] states, x_t [B, gates*H]), as gc.vmap's rules need
-    hidden = _attr(node, "hidden_size")
+    hidden = attr(node, "hidden_size")
     batch = next((s[1] for s in (h.shape, c is not None and c.shape) if s), None)
     h_in = ir.Value(name=be.fresh("h"), type=state_type, shape=ir.Shape([1, batch, hidden]))
     states = [h_in]

@@ -13,7 +13,7 @@ import onnx_ir as ir
 
 __all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "EXCHANGE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY",
            "MAX_NORM_KEY", "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY", "PROBABILITIES_KEY", "RANDOM_OPS",
-           "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "ancestors", "const_array", "const_axes", "const_scalar",
+           "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "ancestors", "attr", "const_array", "const_axes", "const_scalar",
            "draws_random", "exchange_kind", "fixed_array", "fresh_name", "node_attrs", "onnx_opset",
            "replace_value", "static_shape", "stops_gradient", "subgraphs"]
 
@@ -166,6 +166,12 @@ def replace_value(old: ir.Value, new: ir.Value) -> None:
     if name is not None:
         old.name = f"{name}/replaced"
         new.name = name
+
+
+def attr(node: ir.Node, name: str, default=None):
+    """The value of ``node``'s attribute ``name``; ``default`` where it has none."""
+    a = node.attributes.get(name)
+    return default if a is None else a.value
 
 
 def node_attrs(node: ir.Node, drop: Sequence[str] = ()) -> dict:

@@ -16,7 +16,7 @@ import onnx_ir as ir
 from graphc.errors import AutodiffError
 from graphc.passes.emit import SOURCE_KEY, Emitter
 from graphc.passes.evaluate import folded_array
-from graphc.passes.values import Dim, StaticShape, const_array, node_attrs, static_shape
+from graphc.passes.values import Dim, StaticShape, attr, const_array, node_attrs, static_shape
 
 __all__ = ["SOURCE_KEY", "FLOAT_TYPES", "GradBuilder", "attr", "const_array", "folded_array", "is_float",
            "is_static", "node_attrs", "rows_factors", "same_dim", "static_shape",
@@ -79,11 +79,6 @@ def same_dim(a: Dim, b: Dim) -> bool:
 def is_float(value: ir.Value) -> bool:
     """Floating-point (or of unknown type, which we treat as differentiable)."""
     return value.dtype is None or value.dtype in FLOAT_TYPES
-
-
-def attr(node: ir.Node, name: str, default=None):
-    a = node.attributes.get(name)
-    return default if a is None else a.value
 
 
 class GradBuilder(Emitter):
