@@ -31,7 +31,8 @@ import onnx
 import onnx_ir as ir
 
 from graphc.dsl.autocast_policy import FP32, LOWER, MIXED
-from graphc.passes.precision.autocast_kernels import ACCUMULATE, EPILOGUE, SCALE, SCORES, fused_roles, scalar
+from graphc.passes.precision.autocast_kernels import (ACCUMULATE, EPILOGUE, SCALE, SCORES, fused_roles, scalar,
+                                                      take_place)
 from graphc.passes.precision.casts import Casts
 from graphc.passes.precision.slots import FLOAT, TARGETS, allows, by_domain, is_float, schema, standard
 from graphc.passes.values import ancestors
@@ -160,7 +161,8 @@ class _Flow:
             if exact:
                 self.exact.add(id(value))
             else:
-                _replace(self.graph, value, self.casts.cast(value, self.target, self.graph, after=node), "unrounded")
+                cast = self.casts.cast(value, self.target, self.graph, after=node)
+                take_place(self.graph, value, cast, "unrounded", readers="graph")
 
     def _retype(self, value: ir.Value) -> None:
         """``value`` made the low dtype; a subgraph reading it reads it cast to float32."""
@@ -174,22 +176,7 @@ class _Flow:
         for value in list(self.graph.outputs):
             if self.low(value):
                 back = self.casts.cast(value, FLOAT, self.graph, after=value.producer())
-                _replace(self.graph, value, back, self.target.name.lower(), outputs_only=True)
-
-
-def _replace(graph: ir.Graph, old: ir.Value, new: ir.Value, suffix: str, outputs_only: bool = False) -> None:
-    """``new`` read instead of ``old`` (by the graph outputs only, or by every reader in ``graph``
-    but ``new``'s Cast; subgraphs keep reading float32) and given ``old``'s name, which passes and graph outputs find it by."""
-    if not outputs_only:
-        for use in list(old.uses()):
-            if use.node is not new.producer() and use.node.graph is graph:
-                use.node.replace_input_with(use.idx, new)
-    for index, output in enumerate(graph.outputs):
-        if output is old:
-            graph.outputs[index] = new
-    name = old.name
-    old.name = f"{name}_{suffix}"
-    new.name = name
+                take_place(self.graph, value, back, self.target.name.lower(), readers="none")
 
 
 def _type_str(params, index: int) -> str | None:

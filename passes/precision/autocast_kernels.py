@@ -139,7 +139,6 @@ def _flash(graph: ir.Graph, opset: int, softmax: ir.Node) -> tuple[dict[ir.Node,
     peak = ir.node("ReduceMax", [p, *extra], {**axes, "keepdims": 1}, name=f"{softmax.name}_max")
     unnormalized = ir.node("Div", [p, peak.outputs[0]], name=f"{softmax.name}_unnormalized")
     out = matmul.outputs[0]
-    uses = list(out.uses())
     scaled = ir.node("Mul", [out, peak.outputs[0]], name=f"{matmul.name}_normalized",
                      metadata_props={FUSED_GRADIENT_KEY: "cpu_flash_attention"})
     for new, stem in ((peak, "max"), (unnormalized, "unnormalized")):
@@ -152,10 +151,22 @@ def _flash(graph: ir.Graph, opset: int, softmax: ir.Node) -> tuple[dict[ir.Node,
     graph.insert_after(matmul, scaled)
     result = scaled.outputs[0]
     result.type, result.shape = out.type, out.shape
-    for use in uses:
-        use.node.replace_input_with(use.idx, result)
-    for index, output in enumerate(graph.outputs):
-        if output is out:
-            graph.outputs[index] = result
-    result.name, out.name = out.name, f"{out.name}_unnormalized"
+    take_place(graph, out, result, "unnormalized", readers="all")
     return {matmul: ACCUMULATE, scaled: EPILOGUE}, peak.outputs[0]
+
+
+def take_place(graph: ir.Graph, old: ir.Value, new: ir.Value, suffix: str, readers: str) -> None:
+    """``new`` read instead of ``old`` by the outputs of ``graph`` and, as ``readers`` says, by every node but
+    ``new``'s own ("all"), by those of ``graph`` but ``new``'s own ("graph": subgraphs keep reading ``old``) or
+    by none ("none"); ``new`` takes ``old``'s name, which passes and graph outputs find it by, and ``old`` is
+    renamed ``<name>_<suffix>``."""
+    if readers != "none":
+        for use in list(old.uses()):
+            if use.node is not new.producer() and (readers == "all" or use.node.graph is graph):
+                use.node.replace_input_with(use.idx, new)
+    for index, output in enumerate(graph.outputs):
+        if output is old:
+            graph.outputs[index] = new
+    name = old.name
+    old.name = f"{name}_{suffix}"
+    new.name = name
