@@ -45,16 +45,17 @@ def autocast_in_place(graph: ir.Graph, opsets: dict[str, int], dtype: str, kinds
     of ``lower`` kind so run. ``loss``: the graph output the nodes after the model compute (the
     loss); those nodes take float32, as torch's loss on ``out.float()``. Values must be typed."""
     opsets = by_domain(opsets)
-    flow = _Flow(graph, opsets, TARGETS[dtype])
+    flow = _Flow(graph, TARGETS[dtype])
     lowered = frozenset(op for op, how in kinds.items() if how == LOWER)
     roles, flow.exact = fused_roles(graph, opsets.get("", 1), lowered)
     model = ancestors([v for v in graph.outputs if v.name != loss])
     done = []
     for node in list(graph):
         how = roles.get(node) or kinds.get(node.op_type)
-        if node not in model or not standard(node) or flow.schema(node) is None:
+        op_schema = schema(node, opsets) if node in model and standard(node) else None
+        if op_schema is None:
             how = FP32
-        if flow.run(node, how):
+        if flow.run(node, op_schema, how):
             done.append(node.name)
     flow.outputs_to_float()
     return done
@@ -62,81 +63,77 @@ def autocast_in_place(graph: ir.Graph, opsets: dict[str, int], dtype: str, kinds
 
 class _Flow:
     """The walk's state: the Casts made and the ids of the float32 values that hold a fused
-    kernel's unrounded result (``exact``: kept float32 by the kernel's next node)."""
+    kernel's unrounded result (``exact``: kept float32 by the kernel's next node). Each method that
+    rewrites a node takes its schema (``op_schema``), looked up once per node by ``autocast_in_place``."""
 
-    def __init__(self, graph: ir.Graph, opsets: dict[str, int], target: ir.DataType):
-        self.graph, self.opsets, self.target = graph, opsets, target
+    def __init__(self, graph: ir.Graph, target: ir.DataType):
+        self.graph, self.target = graph, target
         self.casts = Casts()
         self.exact: set[int] = set()
-
-    def schema(self, node: ir.Node) -> onnx.defs.OpSchema | None:
-        return schema(node, self.opsets)
 
     def low(self, value: ir.Value | None) -> bool:
         return value is not None and isinstance(value.type, ir.TensorType) and value.dtype == self.target
 
-    def run(self, node: ir.Node, how: str | None) -> bool:
+    def run(self, node: ir.Node, op_schema: onnx.defs.OpSchema | None, how: str | None) -> bool:
         """Rewrite ``node`` as ``how`` says (a kind or a fused role); whether it is a lowered op."""
         floats = [i for i, v in enumerate(node.inputs) if is_float(v) or self.low(v)]
         lows = [i for i in floats if self.low(node.inputs[i])]
         if how == LOWER and floats:
-            self._lower(node, floats)
+            self._lower(node, op_schema, floats)
             return True
         if how in (ACCUMULATE, SCORES, EPILOGUE) and floats:
             for i in floats:  # a lowered op's float32 inputs and a bias read rounded, a kernel's own kept
                 if how == ACCUMULATE or not (self.low(node.inputs[i]) or id(node.inputs[i]) in self.exact):
                     self._round_trip(node, i)
             self._up(node, floats)
-            self._outputs(node, floats, exact=how != EPILOGUE)
+            self._outputs(node, op_schema, floats, exact=how != EPILOGUE)
             return how == ACCUMULATE
         if not lows:
             return False
         if how == SCALE:
             self._up(node, lows)
-            self._outputs(node, floats, exact=True)
+            self._outputs(node, op_schema, floats, exact=True)
         elif how == FP32:
             self._up(node, lows)
         elif how == MIXED:
             if 0 in lows:
                 self._up(node, lows)
-                self._outputs(node, [0], exact=False)
+                self._outputs(node, op_schema, [0], exact=False)
         elif any(is_float(node.inputs[i]) and not scalar(node.inputs[i]) for i in floats):
             self._up(node, lows)  # the widest: float32
-        elif self._native(node, floats, lows):
-            for index in self._following(node, lows):
+        elif self._native(node, op_schema, floats, lows):
+            for index in self._following(node, op_schema, lows):
                 self._retype(node.outputs[index])
         else:
             self._up(node, lows)
-            self._outputs(node, lows, exact=False)
+            self._outputs(node, op_schema, lows, exact=False)
         return False
 
-    def _lower(self, node: ir.Node, floats: list[int]) -> None:
+    def _lower(self, node: ir.Node, op_schema: onnx.defs.OpSchema | None, floats: list[int]) -> None:
         for i in floats:
             node.replace_input_with(i, self.casts.cast(node.inputs[i], self.target, self.graph, before=node))
-        if self._takes(node, floats):
-            for index in self._following(node, floats):
+        if self._takes(node, op_schema, floats):
+            for index in self._following(node, op_schema, floats):
                 self._retype(node.outputs[index])
         else:  # computes in float32 on the rounded inputs, its result rounded
             self._up(node, floats)
-            self._outputs(node, floats, exact=False)
+            self._outputs(node, op_schema, floats, exact=False)
 
-    def _native(self, node: ir.Node, floats: list[int], lows: list[int]) -> bool:
+    def _native(self, node: ir.Node, op_schema: onnx.defs.OpSchema | None, floats: list[int],
+                lows: list[int]) -> bool:
         """Whether ``node`` runs as given in the low dtype: the float inputs of its low inputs'
         schema types are all low (no float32 scalar among them) and the schema takes them."""
-        op_schema = self.schema(node)
         types = {_type_str(op_schema.inputs, i) for i in lows}
         same = [i for i in floats if _type_str(op_schema.inputs, i) in types]
-        return all(self.low(node.inputs[i]) for i in same) and self._takes(node, lows)
+        return all(self.low(node.inputs[i]) for i in same) and self._takes(node, op_schema, lows)
 
-    def _takes(self, node: ir.Node, inputs: list[int]) -> bool:
+    def _takes(self, node: ir.Node, op_schema: onnx.defs.OpSchema | None, inputs: list[int]) -> bool:
         """Whether the schema lets these inputs and the outputs that follow them be the low dtype."""
-        op_schema = self.schema(node)
         return op_schema is not None and all(allows(op_schema, False, i, self.target) for i in inputs) and \
-            all(allows(op_schema, True, o, self.target) for o in self._following(node, inputs))
+            all(allows(op_schema, True, o, self.target) for o in self._following(node, op_schema, inputs))
 
-    def _following(self, node: ir.Node, inputs: list[int]) -> list[int]:
+    def _following(self, node: ir.Node, op_schema: onnx.defs.OpSchema | None, inputs: list[int]) -> list[int]:
         """The float outputs whose schema type is one of these inputs' (all float ones if unknown)."""
-        op_schema = self.schema(node)
         floats = [o for o, v in enumerate(node.outputs) if is_float(v) or self.low(v)]
         if op_schema is None:
             return floats
@@ -153,10 +150,10 @@ class _Flow:
             if self.low(node.inputs[i]):
                 node.replace_input_with(i, self.casts.cast(node.inputs[i], FLOAT, self.graph, before=node))
 
-    def _outputs(self, node: ir.Node, inputs: list[int], exact: bool) -> None:
+    def _outputs(self, node: ir.Node, op_schema: onnx.defs.OpSchema | None, inputs: list[int], exact: bool) -> None:
         """The float32 outputs of ``node`` that follow ``inputs``: kept unrounded for a kernel's
         next node (``exact``) or rounded to the low dtype for every reader."""
-        for index in self._following(node, inputs):
+        for index in self._following(node, op_schema, inputs):
             value = node.outputs[index]
             if exact:
                 self.exact.add(id(value))
