@@ -26,7 +26,9 @@ node is read (an If inside an If's branch: the inner condition, which the outer 
 that branch, false from the other; an If whose output both branches of a later If read: its own
 condition), ORed over the paths by which the loss reaches it, an If's two branches merging
 (``c and f or c and not f`` is ``c``, so a constant-trip loop unrolled into a chain of Ifs gates
-a param by the Ifs that read it, not by 2^n paths).
+a param by the Ifs that read it, not by 2^n paths). A body that never runs (an If branch its
+constant condition never takes, a Loop of 0 trips, a Scan of length 0) reads nothing: a param read
+only there is ``never_read``, and training leaves it out (torch's grad is None on every step).
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ from graphc.passes.training.optimizers import StepContext
 from graphc.passes.training.scheduled import running_state
 from graphc.passes.values import const_array, stops_gradient, subgraphs
 
-__all__ = ["STEP_SUFFIX", "TOUCHED_SUFFIX", "Gates", "expose_touched", "fed_guards", "guards", "own_state", "touched"]
+__all__ = ["STEP_SUFFIX", "TOUCHED_SUFFIX", "Gates", "expose_touched", "fed_guards", "guards", "never_read", "own_state",
+           "touched"]
 
 STEP_SUFFIX = ".step"  # a gated param's own step count, torch's per-param ``state["step"]``
 TOUCHED_SUFFIX = ".touched"  # the gradients graph's bool: did this step read the param
@@ -66,6 +69,15 @@ def guards(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> dict[str
     need = _needs(graph, {loss: ALWAYS})
     found = {v.name: d for v, d in need.items() if v.name in params and d != ALWAYS}
     return {p: sorted((_sorted(c) for c in found[p]), key=lambda c: [_order(g) for g in c]) for p in params if p in found}
+
+
+def never_read(graph: ir.Graph, loss: ir.Value, params: Collection[str]) -> list[str]:
+    """Those of ``params`` (initializers of ``graph``) that no step reads with a gradient: read only
+    inside bodies that never run (an If branch its constant condition never takes, a Loop of 0 trips
+    or a constant false condition, a Scan of length 0) or, there, only through ``gc.detach``; torch
+    gives them ``grad = None`` on every step."""
+    need = _needs(graph, {loss: ALWAYS})
+    return [p for p in params if not need.get(graph.initializers[p])]
 
 
 def _needs(graph: ir.Graph, need: dict[ir.Value, Dnf]) -> dict[ir.Value, Dnf]:
@@ -101,6 +113,8 @@ def _if_reads(node: ir.Node, need: dict[ir.Value, Dnf]) -> Iterable[tuple[ir.Val
     marks = {d: ("mark", node, i) for i, d in enumerate(dict.fromkeys(need.get(o, NEVER) for o in node.outputs)) if d}
     unmark = {m: d for d, m in marks.items()}
     for k, name in enumerate(("then_branch", "else_branch")):
+        if _static(("if", node, k)) is False:  # a constant condition never takes it: it reads nothing
+            continue
         body = node.attributes[name].as_graph()
         start: dict[ir.Value, Dnf] = {}
         for inner, outer in zip(body.outputs, node.outputs):
@@ -120,7 +134,8 @@ def _loop_reads(node: ir.Node, need: dict[ir.Value, Dnf], wanted: Dnf) -> Iterab
     else:  # inputs states..., scans...; body inputs the same
         carried, skip = len(node.inputs) - node.attributes["num_scan_inputs"].as_int(), 0
     fed = {v: node.inputs[i] for i, v in enumerate(body.inputs) if i >= skip}
-    for v, when in _needs(body, dict.fromkeys(body.outputs, ALWAYS)).items():
+    never = _static((node.op_type.lower(), node)) is False  # 0 trips or a length-0 scan: the body reads nothing
+    for v, when in ({} if never else _needs(body, dict.fromkeys(body.outputs, ALWAYS))).items():
         if v in fed or (v not in body.inputs and _outside(v, body)):
             yield fed.get(v, v), _any(_lift(wanted, _iterating(node, c)) for c in when)
     for k in range(carried):  # no iterations: the carried input is the output
@@ -132,7 +147,7 @@ def _within(node: ir.Node, branch: int, inner: Conj) -> Guard | None:
     None for a branch that always runs."""
     if inner:
         return ("in", node, branch, inner)
-    return None if _static(("if", node, branch)) is not None else ("if", node, branch)
+    return None if _static(("if", node, branch)) else ("if", node, branch)
 
 
 def _iterating(node: ir.Node, inner: Conj) -> Guard | None:
@@ -141,7 +156,7 @@ def _iterating(node: ir.Node, inner: Conj) -> Guard | None:
     if inner:
         return ("nested", node, inner)
     guard = (node.op_type.lower(), node)
-    return None if _static(guard) is not None else guard
+    return None if _static(guard) else guard
 
 
 def _lift(when: Dnf, guard: Guard | None) -> Dnf:
@@ -206,7 +221,7 @@ def _outer_reads(body: ir.Graph, outputs: Iterable[ir.Value], keep_inputs: bool 
 def _static(guard: Guard) -> bool | None:
     """Whether the body of ``guard`` (an "if", "loop" or "scan" one) runs, where the graph says it
     (a constant condition, trip count or scan length); None where it depends on the step. A body
-    whose running is known counts as always read (as before this walk knew of never-run ones)."""
+    that runs on every step counts as always read; one that never runs reads nothing."""
     kind, node = guard[0], guard[1]
     if kind == "loop":
         trips, cond = (const_array(v) for v in node.inputs[:2])

@@ -1,6 +1,7 @@
 """Which float initializers a training run updates: the trainable, frozen and exporter-constant
 params (names or glob patterns from ``trainable``/``frozen``/``params``, params the loss never reads
-left out, as torch.optim skips a param without a gradient), and which of them get weight decay."""
+left out, as torch.optim skips a param without a gradient, with a warning for one read only in
+control flow that never runs), and which of them get weight decay."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import onnx_ir as ir
 from graphc.errors import PassError
 from graphc.passes.autodiff.core import node_inputs
 from graphc.passes.autodiff.registry import settings_only
-from graphc.passes.training import imports
+from graphc.passes.training import guarded_params, imports
 from graphc.passes.training.graph_outputs import by_name
 from graphc.passes.training.loss_graph import LOSS
 from graphc.passes.values import stops_gradient
@@ -50,6 +51,15 @@ def select(model: ir.Model, bn_stats: Sequence[str], trainable, frozen, params,
                       "manifest.frozen lists them",
                       UserWarning, stacklevel=4)
     trainable = [n for n in trainable if n not in unread]
+    # read only inside control flow no step runs (a constant-false gc.cond branch, a loop of 0 trips): the
+    # same, but a graph that reads a param there was meant to train it, so say so whether named or not
+    idle = guarded_params.never_read(graph, by_name(graph, LOSS), trainable)
+    if idle:
+        warnings.warn(f"params {idle} are read only inside control flow that never runs (an If branch its constant "
+                      "condition never takes, a Loop of 0 trips, a Scan of length 0) or there only through gc.detach: "
+                      "they have no gradient on any step and are not updated, as torch.optim skips a param whose "
+                      "grad is None; manifest.frozen lists them", UserWarning, stacklevel=4)
+    trainable = [n for n in trainable if n not in idle]
     if not trainable:
         raise PassError("no trainable parameters: every float initializer is frozen, an exporter constant or does "
                         "not reach the loss")
