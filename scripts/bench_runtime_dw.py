@@ -51,6 +51,9 @@ CASES = [  # (op, batch, in channels, out channels, side (of x), kernel, attribu
     ("Conv", 8, 64, 64, 256, 3, {"pads": [1, 1, 1, 1]}),
     ("Conv", 32, 64, 64, 256, 3, {"pads": [1, 1, 1, 1]}),
     ("Conv", 16, 8, 8, 512, 3, {"pads": [1, 1, 1, 1]}),
+    # runs of 64 and of 8 channels the same (8 channels or fewer, a stem's 3): no If between them
+    ("Conv", 32, 3, 64, 64, 3, {"pads": [1, 1, 1, 1]}),
+    ("Conv", 16, 8, 16, 32, 3, {"pads": [1, 1, 1, 1]}),
 ]
 
 

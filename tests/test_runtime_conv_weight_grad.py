@@ -224,3 +224,29 @@ def test_columns_past_the_budget_take_runs_of_the_batch(name, monkeypatch, tmp_p
     x = RNG.standard_normal((5, ci, *largest)).astype(np.float32)
     assert _largest_gather(proto, x, tmp_path) <= budget * x.itemsize
     check_grads(proto, {"w": w}, _forward(attrs, kernel), sizes, ci, batch=5)
+
+
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case[5] != (0, 0) and _rows(
+    name, spatial._RUN_COLUMNS) == _rows(name, spatial._BOUNDED_RUN_COLUMNS)])  # gathered, 3 of the 6
+def test_same_runs_either_side_of_the_budget_take_one_if(name, monkeypatch):
+    """Where runs of ``_RUN_COLUMNS`` and of ``_BOUNDED_RUN_COLUMNS`` rows are the same channels
+    (3 of 3x2 taps, 4 of 5, 2 of 2x2x2) dW has one If, the batch runs' (whole batch where it fits),
+    not another above it picking between the same runs; with the budget one image's columns at
+    the largest size (a batch of 3: 3 runs there, fewer at the others), the gradients match
+    torch's on numpy and ort-cpu (before: two Ifs)."""
+    ci, co, kernel, attrs, sizes, _ = CASES[name]
+    counts = sorted(_rows(name, spatial._BOUNDED_RUN_COLUMNS) * _pixels(name, size) for size in sizes)
+    monkeypatch.setattr(spatial, "_COLUMNS_BUDGET", counts[-1])
+    w = RNG.standard_normal([co, ci // attrs.get("group", 1), *kernel]).astype(np.float32)
+    proto = grad_proto("Conv", attrs, ci, len(kernel), {"w": w})
+    assert _count(proto, "If") == 1 and _count(proto, "Loop") == 1
+    check_grads(proto, {"w": w}, _forward(attrs, kernel), sizes, ci, batch=3)
+
+
+def test_an_empty_output_takes_the_whole_batch():
+    """A Conv with no window (2 wide, kernel 3): the batch runs' images an image's output pixels
+    into the budget, those counted 1 for none (a Div by 0 otherwise); dW and dx are zeros on
+    the numpy backend (onnxruntime refuses the forward Conv)."""
+    w = RNG.standard_normal([3, 4, 3]).astype(np.float32)
+    got = NumpyBackend().prepare(grad_proto("Conv", {}, 4, 1, {"w": w})).run({"x": np.ones((2, 4, 2), np.float32)})
+    assert not got["w_grad"].any() and got["w_grad"].shape == w.shape and not got["x_grad"].any()

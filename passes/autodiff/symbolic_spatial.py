@@ -255,9 +255,11 @@ def _batch_chunks(g: GradBuilder, build, image: ir.Value, kernel_of: ir.Value, r
     """``build(sub, image_chunk, kernel_of_chunk)`` summed over runs of images (a Loop adding each
     run's dW [*shape] into zeros), each run as many images as keep ``rows`` rows of columns by
     their output pixels within ``_COLUMNS_BUDGET`` (at least one image): ``kernel_of``'s pixels
-    an image at run time; the last run the rest of the batch. Where the whole batch fits in one
-    run, an If takes ``build`` of the whole batch instead: no copies of the slices, no Loop."""
-    per_image = g.reduce("ReduceProd", spatial_of(g, kernel_of), [0], keepdims=False)
+    an image at run time (1 for an empty output); the last run the rest of the batch. Where the
+    whole batch fits in one run, an If takes ``build`` of the whole batch instead: no copies of
+    the slices, no Loop."""
+    per_image = g.op("Max", g.reduce("ReduceProd", spatial_of(g, kernel_of), [0], keepdims=False),
+                     g.const(np.int64(1)))
     images = g.op("Max", g.op("Div", g.const(np.int64(_COLUMNS_BUDGET // rows)), per_image), g.const(np.int64(1)))
     batch = g.op("Squeeze", g.op("Slice", g.op("Shape", image), g.ints([0]), g.ints([1])), g.ints([0]))
     trips = g.op("Div", g.op("Sub", g.op("Add", batch, images), g.const(np.int64(1))), images)  # ceil
@@ -289,8 +291,9 @@ def _weight_grad(g: GradBuilder, image: ir.Value, kernel_of: ir.Value, kernel: l
     ``kernel_of`` [N, Co, *O]: where ``_gathers``, an If on a run's columns (its rows times
     N * prod(O), read off ``kernel_of``'s Shape): within ``_COLUMNS_BUDGET`` values
     ``_gathered_weight_grad`` in runs of ``_RUN_COLUMNS`` rows, past it in runs of
-    ``_BOUNDED_RUN_COLUMNS`` rows over ``_batch_chunks`` of the batch; elsewhere
-    ``_swapped_conv_weight_grad``."""
+    ``_BOUNDED_RUN_COLUMNS`` rows over ``_batch_chunks`` of the batch, or, where the two runs
+    are of the same channels (8 or fewer of a 3x3 kernel), ``_batch_chunks`` alone: its If takes
+    the whole batch where that fits; elsewhere ``_swapped_conv_weight_grad``."""
     if not _gathers(g, image, kernel, group, per_group):
         return _swapped_conv_weight_grad(g, image, kernel_of, kernel, strides, dilations, begin, end, group,
                                          per_group)
@@ -302,14 +305,20 @@ def _weight_grad(g: GradBuilder, image: ir.Value, kernel_of: ir.Value, kernel: l
     ci, taps = group * per_group, math.prod(kernel)
     run = min(ci, _run_channels(kernel, group, per_group, _RUN_COLUMNS))
     bounded = min(ci, _run_channels(kernel, group, per_group, _BOUNDED_RUN_COLUMNS))
+    shape = [out_channels, per_group, *kernel]
+
+    def chunks(sub: GradBuilder) -> ir.Value:
+        return _batch_chunks(sub, gathered(_BOUNDED_RUN_COLUMNS), image, kernel_of, bounded * taps, shape)
+
+    # the same runs: N * prod(O) within the budget of run * taps rows is the whole batch in one chunk
+    if run == bounded:
+        return chunks(g)
     pixels = g.op("Div", g.reduce("ReduceProd", g.op("Shape", kernel_of), [0], keepdims=False),
                   g.const(np.int64(out_channels)))  # N * prod(O)
     fits = g.op("Less", pixels, g.const(np.int64(_COLUMNS_BUDGET // (run * taps) + 1)))
-    shape = [out_channels, per_group, *kernel]
     return g.op("If", fits, then_branch=_branch(g, lambda sub: gathered(_RUN_COLUMNS)(sub, image, kernel_of), image,
                                                 shape),
-                else_branch=_branch(g, lambda sub: _batch_chunks(sub, gathered(_BOUNDED_RUN_COLUMNS), image, kernel_of,
-                                                                 bounded * taps, shape), image, shape))
+                else_branch=_branch(g, chunks, image, shape))
 
 
 def conv_grads(g: GradBuilder, node: ir.Node, dy: ir.Value, w_shape: list[int], window, dx_too: bool = True):
