@@ -94,12 +94,25 @@ def convolution(input: Any, weight: Any, bias: Any, stride: Sequence[int], paddi
 @autocast_op()
 def conv_tbc(input: Any, weight: Any, bias: Any, pad: int = 0) -> Tensor:
     """``torch.conv_tbc``: a 1-D convolution of time-batch-channel ``input`` ``(T, B, C_in)`` with ``weight``
-    ``(k, C_in, C_out)`` and ``bias`` ``(C_out,)``, ``pad`` zeros each side of time: ``(T', B, C_out)``."""
-    x, w = ops.lift(input), ops.lift(weight)
-    if x.ndim != 3 or w.ndim != 3 or ops.lift(bias).ndim != 1:
-        raise op_error("conv_tbc", [x, w], f"input must be (T, B, C_in), weight (k, C_in, C_out), bias (C_out,); got "
-                       f"{x.type_str()}, {w.type_str()}, {ops.lift(bias).type_str()}", user_source())
-    out = conv1d(permute(x, [1, 2, 0]), permute(w, [2, 1, 0]), bias, 1, pad)
+    ``(k, C_in, C_out)`` and ``bias`` ``(C_out,)``, ``pad`` zeros each side of time: ``(T + 2 pad - k + 1, B,
+    C_out)``."""
+    x, w, b = ops.lift(input), ops.lift(weight), ops.lift(bias)
+
+    def fail(message: str):
+        raise op_error("conv_tbc", [x, w, b], message, user_source())
+
+    for name, t, rank, dims in (("input", x, 3, "(T, B, C_in)"), ("weight", w, 3, "(k, C_in, C_out)"),
+                                ("bias", b, 1, "(C_out,)")):
+        if t.ndim != rank:
+            fail(f"{name} must be {dims}, got {t.type_str()}")
+    if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
+        fail(f"pad must be a non-negative int, got {pad!r}")
+    for what, got, dim in (("input's C_in (dim 2)", x.shape[2], 1), ("bias's size", b.shape[0], 2)):
+        if isinstance(got, int) and isinstance(w.shape[dim], int) and got != w.shape[dim]:
+            fail(f"{what} must equal weight's dim {dim}, {w.shape[dim]}; got {got}")
+    if isinstance(x.shape[0], int) and isinstance(w.shape[0], int) and x.shape[0] + 2 * pad < w.shape[0]:
+        fail(f"the kernel ({w.shape[0]} wide) is longer than input's T = {x.shape[0]} with pad = {pad} each side")
+    out = conv1d(permute(x, [1, 2, 0]), permute(w, [2, 1, 0]), b, 1, pad)
     return permute(out, [2, 0, 1])
 
 

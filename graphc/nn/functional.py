@@ -190,3 +190,6 @@ __all__ += ["grouped_mm"]
 from graphc.dsl.linalg_householder import geqrf, orgqr, ormqr  # noqa: E402
 
 __all__ += ["geqrf", "orgqr", "ormqr"]
+from graphc.dsl.ops_cells import conv_tbc  # noqa: E402
+
+__all__ += ["conv_tbc"]
