@@ -40,7 +40,8 @@ from graphc.nn.loss import (BCELoss, BCEWithLogitsLoss, CosineEmbeddingLoss, Cro
                             HingeEmbeddingLoss, HuberLoss, KLDivLoss, L1Loss, MarginRankingLoss, MSELoss,
                             MultiLabelMarginLoss, MultiLabelSoftMarginLoss, MultiMarginLoss, NLLLoss, PoissonNLLLoss,
                             SmoothL1Loss, SoftMarginLoss, TripletMarginLoss, TripletMarginWithDistanceLoss)
-from graphc.nn.loss import CTCLoss
+from graphc.nn.loss import CTCLoss, LinearCrossEntropyLoss
+from graphc.dsl.losses_linear import LinearCrossEntropyOptions
 from graphc.nn.module import Module, Parameter
 from graphc.nn.norm import GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, RMSNorm
 from graphc.nn.padding import (CircularPad1d, CircularPad2d, CircularPad3d, ConstantPad1d, ConstantPad2d, ConstantPad3d,
@@ -112,4 +113,5 @@ __all__ = [
     # the torch coverage sweep
     "CrossMapLRN2d", "FractionalMaxPool2d", "FractionalMaxPool3d", "NLLLoss2d", "RNNBase", "RNNCellBase",
     "SyncBatchNorm",
+    "LinearCrossEntropyLoss", "LinearCrossEntropyOptions",
 ]

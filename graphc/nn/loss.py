@@ -8,14 +8,17 @@ under torch's keys and never trained (``gc.training.generate`` keeps buffers con
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, Callable
 
-from graphc.dsl import losses, losses_margin
+from graphc.dsl import losses, losses_margin, ops
 from graphc.dsl.ctc import ctc_loss
+from graphc.dsl.losses_linear import check_options, linear_cross_entropy
 from graphc.dsl.losses_margin import margin_power, positive_margin
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
+from graphc.nn.layers import Linear
 from graphc.nn.module import Module, Parameter
 
 
@@ -244,6 +247,42 @@ class CrossEntropyLoss(_ClassLoss):
                                     self.weight)
 
 
+class LinearCrossEntropyLoss(_WeightedLoss):
+    """``torch.nn.LinearCrossEntropyLoss``: a bias-free (or biased) ``Linear`` to ``num_classes *
+    prod(out_features)`` logits, stored flat as torch's (``linear.weight``, ``linear.bias``) and viewed
+    as ``[C, *out_features, in_features]`` in ``forward``, under ``F.linear_cross_entropy``."""
+
+    def __init__(self, in_features: int, num_classes: int, *, out_features: tuple[int, ...] = (), bias: bool = False,
+                 device: Any = None, dtype: Any = None, reduction: str = "mean", weight: Any = None,
+                 ignore_index: int | None = None, label_smoothing: float = 0.0, options: Any = None):
+        super().__init__(weight, reduction=reduction)
+        name = type(self).__name__
+        if self.weight is not None and tuple(self.weight.shape) != (num_classes,):
+            raise CaptureError(f"{name}: expected weight shape to be {(num_classes,)}, got {tuple(self.weight.shape)}")
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise CaptureError(f"{name}: expected label_smoothing to be in range [0, 1], got {label_smoothing}")
+        if ignore_index is not None:
+            losses.check_ignore_index(name, ignore_index)
+        check_options(options)
+        self.num_classes, self.out_features = num_classes, tuple(out_features)
+        self.ignore_index, self.label_smoothing, self.options = ignore_index, label_smoothing, options
+        self.linear = Linear(in_features, math.prod(self.out_features, start=num_classes), bias=bias,
+                             dtype="float32" if dtype is None else dtype)  # ``device``: where the session runs
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        linear = self.linear
+        weight = ops.reshape(linear.weight, [self.num_classes, *self.out_features, linear.in_features])
+        bias = None if linear.bias is None else ops.reshape(linear.bias, [self.num_classes, *self.out_features])
+        return linear_cross_entropy(input, weight, target, linear_bias=bias, weight=self.weight,
+                                    reduction=self.reduction, ignore_index=self.ignore_index,
+                                    label_smoothing=self.label_smoothing, options=self.options)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.linear.in_features}, num_classes={self.num_classes}, "
+                f"out_features={self.out_features}, bias={self.linear.bias is not None}, reduction={self.reduction}, "
+                f"ignore_index={self.ignore_index}, label_smoothing={self.label_smoothing}, options={self.options}")
+
+
 class KLDivLoss(_Loss):
     _reductions = (*losses.REDUCTIONS, "batchmean")
 
@@ -375,5 +414,5 @@ __all__ = [
     "TripletMarginWithDistanceLoss", "cosine_embedding_loss", "gaussian_nll_loss", "hinge_embedding_loss",
     "margin_ranking_loss", "multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
     "poisson_nll_loss", "soft_margin_loss", "triplet_margin_loss", "triplet_margin_with_distance_loss",
-    "CTCLoss",
+    "CTCLoss", "LinearCrossEntropyLoss",
 ]
