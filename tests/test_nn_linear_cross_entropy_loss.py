@@ -126,3 +126,32 @@ def test_linear_cross_entropy_options_refuse_what_torchs_refuse(kwargs):
         torch.nn.LinearCrossEntropyOptions(**theirs)
     with pytest.raises(ValueError, match=f"LinearCrossEntropyOptions: {next(iter(kwargs))} must be"):
         gc.nn.LinearCrossEntropyOptions(**kwargs)
+
+
+def test_linear_cross_entropy_loss_trains_as_torchs():
+    """A model whose output is the module's loss: 3 SGD steps of gc.training on ort-cpu, losses and params as torch's."""
+
+    class Head(gc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.loss = gc.nn.Linear(4, IN), gc.nn.LinearCrossEntropyLoss(IN, C, bias=True, ignore_index=0)
+
+        def forward(self, x, t):
+            return self.loss(gc.tanh(self.body(x)), t)
+
+    net = Head().init_parameters(seed=2)
+    twin = torch.nn.ModuleDict({"body": torch.nn.Linear(4, IN), "loss": torch.nn.LinearCrossEntropyLoss(
+        IN, C, bias=True, ignore_index=0)})
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in net.state_dict().items()})
+    model = gc.capture(net, x=gc.spec("float32", ("N", 4)), t=gc.spec("int64", ("N",)))
+    trainer = gc.Trainer(gc.training.generate(model, "output", gc.optim.SGD(lr=0.5)), backend="ort-cpu")
+    opt = torch.optim.SGD(twin.parameters(), lr=0.5)
+    for _ in range(3):
+        x, t = RNG.standard_normal((6, 4)).astype(np.float32), RNG.integers(0, C, 6)
+        opt.zero_grad()
+        want = twin["loss"](torch.tanh(twin["body"](torch.from_numpy(x))), torch.from_numpy(t))
+        want.backward()
+        opt.step()
+        np.testing.assert_allclose(trainer.step({"x": x, "t": t}), want.item(), rtol=1e-5)
+    for k, v in twin.state_dict().items():
+        np.testing.assert_allclose(trainer.params[k], v.numpy(), rtol=1e-5, atol=1e-6, err_msg=k)
