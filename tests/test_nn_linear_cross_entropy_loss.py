@@ -129,7 +129,8 @@ def test_linear_cross_entropy_options_refuse_what_torchs_refuse(kwargs):
 
 
 def test_linear_cross_entropy_loss_trains_as_torchs():
-    """A model whose output is the module's loss: 3 SGD steps of gc.training on ort-cpu, losses and params as torch's."""
+    """A model whose output is the module's loss: 3 SGD steps of gc.training on ort-cpu, losses and params as
+    torch's."""
 
     class Head(gc.nn.Module):
         def __init__(self):
