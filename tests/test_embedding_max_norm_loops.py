@@ -138,14 +138,3 @@ def test_a_graph_without_the_write_back_after_the_body_is_refused():
                                         r"loops\.py:\d+ renormalises it inside a control-flow body, and the write-back "
                                         r"of the weight the body carries out is no longer in the model"):
         gc.training.generate(model, gc.losses.mse("output", label="y"), gc.optim.SGD(lr=0.1))
-
-
-def test_data_parallel_training_refuses_lookups_inside_a_body():
-    from graphc.errors import ArtifactsError
-
-    net, _ = _nets("fori_loop")
-    arts = gc.training.generate(gc.capture(net, i=gc.spec("int64", (3, 4))), gc.losses.mse("output", label="y"),
-                                gc.optim.SGD(lr=0.1))
-    with pytest.raises(ArtifactsError, match=r"an embedding with max_norm renormalises \['emb.weight'\] inside a "
-                                             r"gc.cond/gc.fori_loop/gc.scan/gc.while_loop body.*train with one worker"):
-        gc.Trainer(arts, workers=2)

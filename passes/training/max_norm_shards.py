@@ -7,21 +7,23 @@ worker runs ``rows`` on its shard (the flat indices each write-back scatters at,
 workers take the union of every shard's (``numpy.unique``), and ``gradients`` renormalises and writes
 back exactly those rows at each write-back: a tied layer, a later lookup and the update then read the
 weight one process holds, bit for bit, and ``<param>.renormed`` gives the value train_step steps from.
+A write-back inside a Loop's or Scan's body is made per iteration at that iteration's union
+(``max_norm_steps``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import onnx_ir as ir
+from graphc.passes.emit import Emitter
+from graphc.passes.training import max_norm, max_norm_steps
+from graphc.passes.training.graph_outputs import by_name, expose
+from graphc.passes.values import MAX_NORM_KEY, ancestors, onnx_opset
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from graphc.errors import ArtifactsError
-from graphc.passes.emit import Emitter
-from graphc.passes.training import max_norm
-from graphc.passes.training.graph_outputs import by_name, expose
-from graphc.passes.values import MAX_NORM_KEY, ancestors, onnx_opset
 
 __all__ = ["RENORMED", "ShardedRenorm", "sharded"]
 
@@ -42,23 +44,29 @@ def sharded(model: ir.Model, params: Sequence[str], data: Sequence[str], renorme
     shards' rows (the module's docstring); ``renormed``: also output each param's last value as
     ``<param>.renormed``. ``data``: the inputs a shard holds; an ArtifactsError for a write-back whose
     indices read anything else (a param: the workers cannot agree on the rows before the forward) or
-    that a control-flow body makes."""
+    that an If branch or a nested body makes."""
     model = model.clone()
     graph, opset = model.graph, onnx_opset(model, 0)
     last = max_norm.renormed(graph, opset, params)  # writes back what capture dropped
-    _refuse_in_body(graph, params)
+    loops = max_norm_steps.in_bodies(graph, lambda n: _written(n, params))
+    _refuse_mapped(graph, params, loops)
     scatters = [n for n in graph if n.op_type == "ScatterND" and _written(n, params)]
     rows = model.clone()
     flat = {n.name: n.inputs[1].name for n in scatters}
     rows.graph.outputs.clear()
     rows.graph.outputs.extend(by_name(rows.graph, name) for name in flat.values())
-    for out in rows.graph.outputs:  # [indices, 1] int64: Reshape gives no shape
-        out.shape = out.shape or ir.Shape([None, 1])
+    rows.graph.outputs.extend(max_norm_steps.rows_outputs(rows.graph, {n.name: [s.name for s in written]
+                                                                       for n, written in loops.items()}))
+    for out in rows.graph.outputs:  # [indices, 1] int64 (a body's: [steps, indices, 1]): Reshape gives no shape
+        out.shape = out.shape or ir.Shape([None, None, 1] if out.name.endswith(max_norm_steps.STEPS) else [None, 1])
     RemoveUnusedNodesPass()(rows)
     _keep_inputs(rows.graph, data)
     e = Emitter(graph, opset, "renorm_union")
     for node in scatters:
         _at_union(graph, e, node, flat[node.name])
+    for node, written in loops.items():
+        for scatter in written:
+            max_norm_steps.at_union(graph, e, node, scatter, _made_at)
     if renormed:
         for param, name in last.items():
             expose(graph, by_name(graph, name), f"{param}{RENORMED}", like=by_name(graph, param))
@@ -67,25 +75,32 @@ def sharded(model: ir.Model, params: Sequence[str], data: Sequence[str], renorme
     return ShardedRenorm(rows, model)
 
 
-def _refuse_in_body(graph: ir.Graph, params: Sequence[str]) -> None:
-    in_body = sorted({max_norm.param_of(n) for n in ir.traversal.RecursiveGraphIterator(graph)
-                      if n.graph is not graph and max_norm.param_of(n) in params})
-    if in_body:
-        raise ArtifactsError(f"an embedding with max_norm renormalises {in_body} inside a gc.cond/gc.fori_loop/"
-                             "gc.scan/gc.while_loop body: the workers make each main-graph write-back at the union of "
-                             "their shards' rows, not yet a body's, once per iteration (each would write back only its "
-                             "shard's rows, unlike one process); train with one worker")
+def _refuse_mapped(graph: ir.Graph, params: Sequence[str], loops: Collection[ir.Node]) -> None:
+    """An ArtifactsError for a main-graph write-back of ``params`` neither a ScatterND's (through Identities)
+    nor the weight a Loop or Scan of ``loops`` carries out: a gc.vmap body's that maps the weight (an ensemble's tables)."""
     whole = sorted({max_norm.param_of(n) for n in graph if max_norm.param_of(n) in params
-                    and MAX_NORM_KEY in n.metadata_props and not _scatters(n.inputs[0])})
+                    and MAX_NORM_KEY in n.metadata_props and _source(n.inputs[0]) not in loops
+                    and _source(n.inputs[0]).op_type != "ScatterND"})
     if whole:
         raise ArtifactsError(f"an embedding with max_norm renormalises {whole} inside a gc.vmap body that maps "
                              "the weight (an ensemble's tables): the workers make a write-back at the union of "
                              "their shards' rows, not yet each member's; train with one worker")
 
 
-def _scatters(value: ir.Value) -> bool:
-    producer = value.producer()
-    return producer is not None and producer.op_type == "ScatterND"
+def _source(value: ir.Value) -> ir.Node | None:
+    """The node that makes the weight ``value``: through plain Identities, and through a straight-through
+    sum ``new + (w - detach(w))`` whose ``new`` scatters rows into a 2-D table (an unrolled loop's last
+    weight is one; a gc.vmap body's stack of tables is 3-D)."""
+    node = value.producer()
+    while node is not None and node.op_type in ("Identity", "Add") and node.inputs[0].producer() is not None:
+        new = node.inputs[0].producer()
+        if node.op_type == "Identity" and MAX_NORM_KEY in node.metadata_props:
+            if not (new.op_type == "ScatterND" and new.outputs[0].shape is not None and len(new.outputs[0].shape) == 2):
+                break
+        elif node.op_type == "Add" and MAX_NORM_KEY not in new.metadata_props:
+            break
+        node = new
+    return node
 
 
 def _written(scatter: ir.Node, params: Sequence[str]) -> bool:
@@ -101,27 +116,34 @@ def _keep_inputs(graph: ir.Graph, data: Sequence[str]) -> None:
     other = [v.name for v in used if v.name not in data]
     if other:
         raise ArtifactsError(f"the rows an embedding with max_norm renormalises depend on {other}, not only on the "
-                             "batch, so the workers cannot agree on them before the forward; train with one worker")
+                             "batch (directly, or through a loop's carried values a body's lookup reads its indices "
+                             "from), so the workers cannot agree on them before the forward; train with one worker")
     graph.inputs.clear()
     graph.inputs.extend(used)
 
 
 def _at_union(graph: ir.Graph, e: Emitter, scatter: ir.Node, name: str) -> None:
-    """``scatter`` (``ScatterND(weight, Reshape(Cast(indices), [-1, 1]), Reshape(scaled, [-1, dim]))``)
-    made at the rows of a new int64 input ``name`` [rows]: ``scaled``'s nodes from ``indices`` cloned
-    to read it, shaped [rows, 1, ...] to the rank of ``indices`` (the same ops, so the same bits on the
-    rows a shard looks up)."""
-    flat, rows = scatter.inputs[1], scatter.inputs[2]
-    indices = flat.producer().inputs[0].producer().inputs[0]
-    scaled = rows.producer().inputs[0]
+    """``scatter`` made at the rows of a new int64 input ``name`` [rows] (``_made_at``)."""
+    flat = scatter.inputs[1]
     flat.name = None  # the name goes to the input
     e.name_value(flat)
     union = ir.Value(name=name, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([f"{name}_rows"]))
     graph.inputs.append(union)
+    _made_at(e, scatter, union)
+
+
+def _made_at(e: Emitter, scatter: ir.Node, union: ir.Value) -> None:
+    """``scatter`` (``ScatterND(weight, Reshape(Cast(indices), [-1, 1]), Reshape(scaled, [-1, dim]))``)
+    made at the rows ``union`` (int64 [rows], read in the graph ``e`` appends to, ``scatter``'s):
+    ``scaled``'s nodes from ``indices`` cloned to read it, shaped [rows, 1, ...] to the rank of ``indices``
+    (the same ops, so the same bits on the rows a shard looks up)."""
+    flat, rows = scatter.inputs[1], scatter.inputs[2]
+    indices = flat.producer().inputs[0].producer().inputs[0]
+    scaled = rows.producer().inputs[0]
     read = e.op("Reshape", union, e.ints([-1] + [1] * (len(indices.shape) - 1)))  # its rank, for the axes
     read = read if indices.dtype == ir.DataType.INT64 else e.op("Cast", read, to=indices.dtype)
     clones = {indices: read}
-    for node in _between(graph, indices, scaled):
+    for node in _between(scatter.graph, indices, scaled):
         outs = e.op(node.op_type, *(clones.get(v, v) for v in node.inputs), num_outputs=len(node.outputs),
                     **{k: a.value for k, a in node.attributes.items()})
         for old, new in zip(node.outputs, outs if len(node.outputs) > 1 else [outs]):

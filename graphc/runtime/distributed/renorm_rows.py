@@ -13,7 +13,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from graphc.errors import ArtifactsError
 from graphc.passes.training.max_norm_shards import RENORMED, sharded
+from graphc.passes.training.max_norm_steps import STEPS
 
 __all__ = ["EVAL_ROWS", "RENORMED", "ROWS", "union", "worker_graphs"]
 
@@ -41,6 +43,25 @@ def worker_graphs(graphs: Mapping, manifest) -> dict:
 
 def union(shards: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Each write-back's rows over every shard that has any (``shards``: the workers' ``renorm_rows``
-    outputs, an empty dict for an empty shard), sorted, each row once: the same on every worker."""
+    outputs, an empty dict for an empty shard), sorted, each row once: the same on every worker. A loop
+    body's (``<flat>.steps``) per iteration (``_steps``)."""
     given = [s for s in shards if s]
-    return {name: np.unique(np.concatenate([s[name].reshape(-1) for s in given])) for name in given[0]}
+    return {name: _steps(name, [s[name] for s in given]) if name.endswith(STEPS)
+            else np.unique(np.concatenate([s[name].reshape(-1) for s in given])) for name in given[0]}
+
+
+def _steps(name: str, parts: Sequence[np.ndarray]) -> np.ndarray:
+    """The rows a loop body's write-back looks up at each iteration over all ``parts`` (each shard's
+    [steps, k, 1]), sorted, each once, padded with -1 to [steps, rows]: an error where the shards' loops
+    ran different numbers of iterations (the workers could not agree on an iteration's rows)."""
+    steps = sorted({len(p) for p in parts})
+    if len(steps) > 1:
+        raise ArtifactsError(f"the loop body's embedding with max_norm ({name!r}) ran {steps} iterations on the "
+                             "workers' shards: the workers renormalise at each iteration the rows the whole batch "
+                             "looks up there, so every shard must run the same iterations (a trip count that follows "
+                             "the shard's rows does not); train with one worker")
+    rows = [np.unique(np.concatenate([p[t].reshape(-1) for p in parts])) for t in range(steps[0])]
+    out = np.full((steps[0], max((len(r) for r in rows), default=0)), -1, np.int64)
+    for t, r in enumerate(rows):
+        out[t, :len(r)] = r
+    return out

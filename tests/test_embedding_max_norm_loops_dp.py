@@ -1,0 +1,117 @@
+"""``gc.nn.Embedding(max_norm=...)`` looked up inside ``gc.fori_loop``, ``gc.scan`` and ``gc.while_loop``
+bodies, trained by data-parallel workers on a real local Ray cluster, against torch's single-process Python
+loop over the whole batch: each iteration renormalises the rows the whole batch looks up there (the union of
+the shards' rows at that iteration), so 2 workers on uneven shards equal one process to 1e-12 in float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc.errors import ArtifactsError
+
+torch = pytest.importorskip("torch")
+
+from ray_util import ray_cluster  # noqa: F401 - the module's fixture
+from test_embedding_max_norm import OPTIMIZERS, ROWS, _Net, _Twin
+
+RNG = np.random.default_rng(0)
+STEPS = 3  # tokens per example: the loop's iterations
+
+
+def _gc_forward(kind: str):
+    """A tied output layer over the sum of the lookups of token k of every example at iteration k."""
+    def forward(net, i):
+        acc = net.emb(i[:, 0]) * 0.0
+        if kind == "fori_loop":
+            acc = gc.fori_loop(0, STEPS, lambda k, a: a + net.emb(i[:, k]), acc)
+        elif kind == "while_loop":
+            acc = gc.while_loop(lambda k, a: k < STEPS, lambda k, a: (k + 1, a + net.emb(i[:, k])),
+                                (gc.tensor(0), acc))[1]
+        else:
+            acc = gc.scan(lambda a, tokens: (a + net.emb(tokens), tokens), acc, i.T)[0]
+        return net.fc(acc)
+
+    return forward
+
+
+def _torch_forward(twin, i):
+    """Torch's loop over the whole batch: iteration k renormalises the rows of every example's token k."""
+    acc = twin.emb(i[:, 0]) * 0.0
+    for k in range(STEPS):
+        acc = acc + twin.emb(i[:, k])
+    return twin.fc(acc)
+
+
+def _batches() -> list[dict]:
+    """5 examples (shards of 3 and 2); at step 1 the shards look up disjoint rows at each iteration, so a
+    worker renormalising only its own rows would leave the other's over max_norm."""
+    out = []
+    for step in range(6):
+        i = RNG.integers(0, ROWS, (5, STEPS))
+        if step == 1:
+            i[:3], i[3:] = RNG.integers(0, 4, (3, STEPS)), RNG.integers(4, ROWS, (2, STEPS))
+        out.append({"i": i, "y": RNG.normal(size=(5, ROWS))})
+    return out
+
+
+def _artifacts(net, opt: str = "adamw"):
+    model = gc.capture(net, i=gc.spec("int64", ("N", STEPS)))
+    return gc.training.generate(model, gc.losses.mse("output", label="y"), OPTIMIZERS[opt][0]())
+
+
+@pytest.mark.xdist_group("ray")
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("kind", ["fori_loop", "while_loop", "scan"])
+def test_workers_train_lookups_inside_a_loop_as_torch_on_the_whole_batch(ray_cluster, kind, backend):
+    """Losses and weights over 6 AdamW steps equal torch's loop on the whole batch to 1e-12
+    (before, gc.Trainer(workers=2) refused a lookup inside a body)."""
+    net = _Net(tied=True)
+    net.forward = _gc_forward(kind).__get__(net)
+    twin = _Twin(net, 2.0, True)
+    arts = _artifacts(net)
+    batches = _batches()
+    torch_opt, want = OPTIMIZERS["adamw"][1](twin.parameters()), []
+    for b in batches:
+        torch_opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(_torch_forward(twin, torch.from_numpy(b["i"])), torch.from_numpy(b["y"]))
+        loss.backward()
+        torch_opt.step()
+        want.append(loss.item())
+    trainer = gc.Trainer(arts, workers=2, num_cpus=0.5, timeout_s=120, backend=backend)
+    try:
+        np.testing.assert_allclose([trainer.step(b) for b in batches], want, rtol=1e-12, atol=1e-15)
+        got = trainer.state_dict()
+        for name in ("emb.weight", "fc.bias"):
+            np.testing.assert_allclose(got[name], twin.state_dict()[name].numpy(), rtol=1e-12, atol=1e-15,
+                                       err_msg=name)
+    finally:
+        trainer.shutdown()
+
+
+def test_indices_the_loop_computes_from_the_weight_are_refused():
+    """Greedy decoding: each iteration looks up the row the previous one's embedding picks, so the rows are
+    known only in the forward, not before it: refused, naming the weight they depend on."""
+    net = _Net(tied=True)
+
+    def forward(i):
+        def step(k, carry):
+            tokens, acc = carry
+            e = net.emb(tokens)
+            return gc.argmax(e, -1) + 4, acc + e
+        return net.fc(gc.fori_loop(0, STEPS, step, (i[:, 0], net.emb(i[:, 0]) * 0.0))[1])
+
+    net.forward = forward
+    with pytest.raises(ArtifactsError, match=r"the rows an embedding with max_norm renormalises depend on "
+                                             r"\['emb.weight'\].*a loop's carried values.*train with one worker"):
+        gc.Trainer(_artifacts(net, "sgd"), workers=2)
+
+
+def test_a_lookup_inside_a_cond_branch_stays_refused():
+    """The branch a shard takes may differ from the whole batch's: refused, naming gc.cond."""
+    net = _Net(tied=True)
+    net.forward = lambda i: net.fc(gc.cond(i.sum() > 3, lambda: net.emb(i[:, 1]), lambda: net.emb(i[:, 0]) * 0.0))
+    with pytest.raises(ArtifactsError, match=r"renormalises rows inside a gc.cond branch .*the branch a shard takes "
+                                             r"may differ from the whole batch's.*train with one worker"):
+        gc.Trainer(_artifacts(net, "sgd"), workers=2)
