@@ -69,6 +69,10 @@ class RunCancelled(GraphcError, RuntimeError):
     """A run stopped because its ``CancelToken`` was cancelled (``graphc.backends.cancel``)."""
 
 
+class TensorTooLarge(GraphcError, ValueError):
+    """A run would make a tensor over its ``max_tensor_bytes``; names the node, the shape and the bytes."""
+
+
 class ServeError(GraphcError, OSError):
     """A server cannot start: its port is in use or its address cannot be bound."""
 

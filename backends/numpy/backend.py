@@ -20,8 +20,11 @@ class NumpyExecutable:
     """A model planned for the numpy kernels. Handles are the arrays themselves.
 
     ``run(feeds, outputs=[...])`` accepts any value name of the graph, intermediates included,
-    and runs only the nodes those values need.
+    and runs only the nodes those values need; ``max_tensor_bytes`` bounds, per run, what a node
+    whose output size its inputs' values choose may allocate (``sizes``).
     """
+
+    checks_tensor_bytes = True  # ``run`` takes ``max_tensor_bytes``
 
     def __init__(self, model: onnx.ModelProto, seed: int = 0):
         opsets = {normalize_domain(o.domain): o.version for o in model.opset_import}
@@ -42,11 +45,11 @@ class NumpyExecutable:
         return {step.label: "numpy:cpu" for step in self.plan.steps}
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None,
-            cancel: CancelToken | None = None) -> dict[str, np.ndarray]:
+            cancel: CancelToken | None = None, max_tensor_bytes: int | None = None) -> dict[str, np.ndarray]:
         self.plan.check_feeds(feeds)
         wanted = self.output_names if outputs is None else list(outputs)
         with np.errstate(all="ignore"):  # inf/NaN results are ONNX semantics (a masked softmax row), not errors
-            result = self.plan.run(feeds, wanted, self.rng, cancel=cancel)
+            result = self.plan.run(feeds, wanted, self.rng, cancel=cancel, max_tensor_bytes=max_tensor_bytes)
         for name, value in result.items():
             # never hand out the plan's own initializers or read-only views (callers may write)
             if isinstance(value, np.ndarray) and (id(value) in self._const_ids or not value.flags.writeable):

@@ -18,6 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from graphc.backends.cancel import CancelToken
+from graphc.backends.numpy import sizes
 from graphc.backends.numpy.kernels import lookup, missing, normalize_domain
 from graphc.errors import BackendError, GraphcError, GraphError, InputError, MissingKernel
 from graphc.model import node_source
@@ -25,16 +26,18 @@ from graphc.model import node_source
 
 class Context:
     """What a context kernel (control flow, random ops) sees: the seeded RNG, the values of
-    the graph that is running (a subgraph reads outer-scope values from ``scope``) and the run's
-    ``CancelToken`` (None: the run cannot be cancelled), which its subgraphs check too."""
+    the graph that is running (a subgraph reads outer-scope values from ``scope``), the run's
+    ``CancelToken`` (None: the run cannot be cancelled) and its ``max_tensor_bytes`` (None: no
+    bound), which its subgraphs apply too."""
 
-    __slots__ = ("rng", "scope", "cancel")
+    __slots__ = ("rng", "scope", "cancel", "max_tensor_bytes")
 
     def __init__(self, rng: np.random.Generator, scope: Mapping[str, np.ndarray] | None = None,
-                 cancel: CancelToken | None = None):
+                 cancel: CancelToken | None = None, max_tensor_bytes: int | None = None):
         self.rng = rng
         self.scope = scope if scope is not None else {}
         self.cancel = cancel
+        self.max_tensor_bytes = max_tensor_bytes
 
 
 def decode_attribute(attr: onnx.AttributeProto, opsets: dict[str, int], functions: dict | None = None):
@@ -91,13 +94,15 @@ def _label(node: onnx.NodeProto, index: int) -> str:
 class Step:
     """One planned node: its kernel, decoded attributes and value names."""
 
-    __slots__ = ("node", "label", "op", "fn", "context", "inputs", "outputs", "attrs", "uses")
+    __slots__ = ("node", "label", "op", "fn", "context", "inputs", "outputs", "attrs", "uses", "size")
 
     def __init__(self, node: onnx.NodeProto, index: int, opsets: dict[str, int], functions: dict):
         self.node = node
         self.label = _label(node, index)
         domain = normalize_domain(node.domain)
         self.op = node.op_type if not domain else f"{domain}::{node.op_type}"
+        # what the node would allocate, where its inputs' values size it (None: their shapes do)
+        self.size = sizes.SIZES.get(node.op_type) if not domain else None
         if domain not in opsets:
             raise GraphError(f"node {self.label!r} ({node.op_type}) uses domain {domain or 'ai.onnx'!r}, "
                              "which the model does not import")
@@ -131,7 +136,8 @@ class Step:
         as a plan of its own (function bodies see no outer scope)."""
         body_opsets = {**opsets, **{normalize_domain(o.domain): o.version for o in function.opset_import}}
         plan = Plan(_function_body(function, self.node), body_opsets, functions=functions)
-        self.fn = lambda ctx, *args: tuple(plan.call(Context(ctx.rng, cancel=ctx.cancel), args))
+        self.fn = lambda ctx, *args: tuple(plan.call(Context(ctx.rng, cancel=ctx.cancel,
+                                                             max_tensor_bytes=ctx.max_tensor_bytes), args))
         self.context, self.attrs = True, {}
         self.inputs, self.outputs = tuple(self.node.input), tuple(self.node.output)
         self.uses = tuple(n for n in self.inputs if n)
@@ -248,9 +254,11 @@ class Plan:
 
     # -- running ------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, np.ndarray], wanted: Sequence[str], rng: np.random.Generator,
-            scope: Mapping[str, np.ndarray] | None = None, cancel: CancelToken | None = None) -> dict[str, np.ndarray]:
+            scope: Mapping[str, np.ndarray] | None = None, cancel: CancelToken | None = None,
+            max_tensor_bytes: int | None = None) -> dict[str, np.ndarray]:
         """The ``wanted`` values; ``cancel`` is checked here and before each node (a cancelled
-        token raises ``RunCancelled``)."""
+        token raises ``RunCancelled``); a node whose inputs' values size its output (``sizes``)
+        that would allocate more than ``max_tensor_bytes`` raises ``TensorTooLarge`` before it runs."""
         wanted = tuple(wanted)
         schedule = self.schedule(wanted)
         if cancel is not None:  # here too: a subgraph of no nodes (a Loop's body) still stops
@@ -266,8 +274,10 @@ class Plan:
                 cancel.check(f"before node {step.label!r} ({step.op})")
             try:
                 args = [env[n] if n else None for n in ins]
+                if max_tensor_bytes is not None and step.size is not None:
+                    sizes.check(step.size, f"node {step.label!r}", step.op, args, attrs, max_tensor_bytes)
                 if context:
-                    res = fn(Context(rng, env, cancel), *args, **attrs)
+                    res = fn(Context(rng, env, cancel, max_tensor_bytes), *args, **attrs)
                 else:
                     res = fn(*args, **attrs)
             except GraphcError:
@@ -286,7 +296,7 @@ class Plan:
     def call(self, ctx: Context, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run as a subgraph: inputs bound by position, outputs returned in order."""
         feeds = {n: a for n, a in zip(self.input_names, args)}
-        out = self.run(feeds, self.output_names, ctx.rng, ctx.scope, ctx.cancel)
+        out = self.run(feeds, self.output_names, ctx.rng, ctx.scope, ctx.cancel, ctx.max_tensor_bytes)
         return [out[n] for n in self.output_names]
 
     def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> None:

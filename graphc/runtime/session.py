@@ -9,6 +9,7 @@ Feeds are checked before the backend runs (``gc.InputError``); an unavailable ba
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
@@ -18,6 +19,7 @@ import onnx
 
 from graphc.backends.cancel import CancelToken
 from graphc.backends.registry import get_backend
+from graphc.backends.value_sized import ShapePrepass
 from graphc.errors import InputError
 from graphc.model import Model, load
 from graphc.model.dtypes import TensorSpec
@@ -93,17 +95,28 @@ class Session:
 
     # -- running ----------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None, *,
-            cancel: CancelToken | None = None) -> dict[str, np.ndarray]:
+            cancel: CancelToken | None = None, max_tensor_bytes: int | None = None) -> dict[str, np.ndarray]:
         """Run the model; returns ``{output name: array}`` for ``outputs`` (default: all).
         ``cancel``: a ``graphc.backends.cancel.CancelToken`` another thread may cancel, which
         stops the run with ``RunCancelled`` (numpy: before the next node; onnxruntime: its
-        ``RunOptions.terminate``)."""
+        ``RunOptions.terminate``). ``max_tensor_bytes``: the most bytes one tensor whose size
+        the feeds' values choose may take (``graphc.backends.value_sized``); past it the run
+        raises ``TensorTooLarge`` before allocating it."""
         values = validate_feeds(self.inputs, feeds, self.optional_inputs)
         arrays = {k: v if isinstance(v, np.ndarray) else self._executable.to_host(v) for k, v in values.items()}
         names = self._check_outputs(outputs)
-        if cancel is None:
-            return self._executable.run(arrays, names)
-        return self._executable.run(arrays, names, cancel=cancel)
+        options: dict[str, Any] = {} if cancel is None else {"cancel": cancel}
+        if max_tensor_bytes is not None:
+            if self._prepass is not None:
+                self._prepass.check(arrays, max_tensor_bytes)
+            if getattr(self._executable, "checks_tensor_bytes", False):
+                options["max_tensor_bytes"] = max_tensor_bytes
+        return self._executable.run(arrays, names, **options)
+
+    @functools.cached_property
+    def _prepass(self) -> ShapePrepass | None:
+        """The shape pre-pass of ``max_tensor_bytes``; None for a model without value-sized ops."""
+        return ShapePrepass.of(self.model.proto)
 
     def _check_outputs(self, outputs: Sequence[str] | None) -> list[str]:
         if outputs is None:
