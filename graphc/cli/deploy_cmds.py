@@ -57,6 +57,7 @@ def serve_cmd(
     max_json_bytes: Optional[int] = typer.Option(None, "--max-json-bytes", help="Largest JSON part of a request (413 above)."),
     max_queue: Optional[int] = typer.Option(None, "--max-queue", help="Most infer requests held at once (503 above; default 128)."),
     max_reply_bytes: Optional[int] = typer.Option(None, "--max-reply-bytes", help="Largest reply body (400 above; default 1 GiB)."),
+    max_tensor_bytes: Optional[int] = typer.Option(None, "--max-tensor-bytes", help="Largest tensor a request's values may size (413 above; default 4 GiB)."),
     read_timeout: Optional[float] = typer.Option(None, "--read-timeout", metavar="SECONDS", help="Seconds a connection has to send a whole request (default 30)."),
     request_timeout: Optional[float] = typer.Option(None, "--request-timeout", metavar="SECONDS", help="Seconds a model has to answer a received request, then 504 (default 120; 0: no limit)."),
 ) -> None:
@@ -69,6 +70,7 @@ def serve_cmd(
     options = {} if threads is None else {"threads": threads}
     limits = {key: value for key, value in (("max_body_bytes", max_body_bytes), ("max_json_bytes", max_json_bytes),
                                             ("max_queue", max_queue), ("max_reply_bytes", max_reply_bytes),
+                                            ("max_tensor_bytes", max_tensor_bytes),
                                             ("read_timeout", read_timeout)) if value is not None}
     for key, value in limits.items():
         if value <= 0:

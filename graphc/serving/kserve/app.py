@@ -20,13 +20,13 @@ from starlette.exceptions import HTTPException
 from graphc.errors import GraphcError
 from graphc.serving.kserve import schemas
 from graphc.serving.kserve.infer import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_QUEUE,
-                                         DEFAULT_MAX_REPLY_BYTES, DEFAULT_REQUEST_TIMEOUT, INFER_PATH, Limits, error_reply, forget, handle_infer,
-                                         send_reply)
+                                         DEFAULT_MAX_REPLY_BYTES, DEFAULT_MAX_TENSOR_BYTES, DEFAULT_REQUEST_TIMEOUT,
+                                         INFER_PATH, Limits, error_reply, forget, handle_infer, send_reply)
 from graphc.serving.kserve.protocol import ProtocolError, brief
 from graphc.serving.kserve.repository import ServedModel
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_QUEUE", "DEFAULT_MAX_REPLY_BYTES",
-           "DEFAULT_REQUEST_TIMEOUT", "KServeApp", "create_app"]
+           "DEFAULT_MAX_TENSOR_BYTES", "DEFAULT_REQUEST_TIMEOUT", "KServeApp", "create_app"]
 
 
 class ModelRegistry:
@@ -135,7 +135,8 @@ def _describe_infer(schema: dict[str, Any]) -> None:
                                               "application/octet-stream": binary}},
                           **{code: {"description": why, **error} for code, why in (
                               ("400", "Malformed request"), ("404", "Unknown model or version"),
-                              ("413", "Body or JSON larger than the server's limit"),
+                              ("413", "Body or JSON larger than the server's limit, or a tensor the request's "
+                                      "values size over --max-tensor-bytes"),
                               ("415", "Unsupported Content-Encoding"), ("500", "Internal error"),
                               ("501", "Unsupported Transfer-Encoding"),
                               ("503", "Backend unavailable, or the server holds --max-queue requests"),
@@ -214,13 +215,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 def create_app(models: dict[str, dict[str, ServedModel]], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                max_json_bytes: int = DEFAULT_MAX_JSON_BYTES, max_queue: int = DEFAULT_MAX_QUEUE,
                max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
-               request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT) -> KServeApp:
+               request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+               max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> KServeApp:
     """The KServe v2 app for already-loaded models, name -> version -> model as
     ``repository.load_models`` returns them (see ``graphc.serving.serve.create_app`` to load)."""
     from graphc import __version__
 
     registry = ModelRegistry(models)
-    app = KServeApp(registry, Limits(max_body_bytes, max_json_bytes, max_queue, max_reply_bytes, request_timeout),
+    app = KServeApp(registry, Limits(max_body_bytes, max_json_bytes, max_queue, max_reply_bytes, request_timeout,
+                                     max_tensor_bytes),
                     title="graphc KServe v2 server", version=__version__, docs_url=None, redoc_url=None)
     _install_error_handlers(app)
 

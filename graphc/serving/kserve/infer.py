@@ -48,6 +48,11 @@ DEFAULT_MAX_QUEUE = 128
 # The largest reply body: an output's size may depend on the data (a Range or Expand of a fed
 # size), so a tiny request could ask for gigabytes; past it the request gets 400, the reply unbuilt.
 DEFAULT_MAX_REPLY_BYTES = 1 << 30
+# The largest tensor a request may make its model allocate where the request's values size it (a
+# ConstantOfShape of a fed shape, a Range to a fed limit: 4 GB from a 60-byte request, and
+# --max-queue of them at once), checked before it is allocated (``graphc.backends.value_sized``);
+# past it the request gets 413. 4 GiB leaves room for large legitimate batches.
+DEFAULT_MAX_TENSOR_BYTES = 4 << 30
 _log = logging.getLogger("graphc.serve")
 
 
@@ -63,14 +68,18 @@ def error_reply(exc: Exception) -> tuple[int, str]:
 
 class Limits:
     """What one request may cost: body bytes (also after decompression), bytes of JSON, bytes of
-    its reply, seconds from its body to its answer (``timeout``, None: no limit), and how many
+    its reply, bytes of one tensor its values size (``tensor``), seconds from its body to its answer (``timeout``, None: no limit), and how many
     requests larger than ``HEAVY_BYTES`` (or compressed) decode and run at once; and how many infer
     requests the server holds at once (``queue``; ``held`` counts them)."""
 
     def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
                  max_queue: int = DEFAULT_MAX_QUEUE, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
-                 request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT):
+                 request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+                 max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES):
         self.body, self.json, self.queue, self.reply = max_body_bytes, max_json_bytes, max_queue, max_reply_bytes
+        if not (isinstance(max_tensor_bytes, int) and max_tensor_bytes > 0):
+            raise ValueError(f"max_tensor_bytes must be a positive number of bytes, got {max_tensor_bytes!r}")
+        self.tensor = max_tensor_bytes
         if request_timeout is not None and not 0 < request_timeout < math.inf:  # NaN too
             raise ValueError(f"request_timeout must be a positive, finite number of seconds or None (no limit), "
                              f"got {request_timeout}")
@@ -183,17 +192,18 @@ def _decompress(body: bytes, encoding: str, limit: int, header_length: int | Non
 
 
 def run_request(model: ServedModel, body: bytes, header_length: int | None, max_reply_bytes: int | None = None,
-                inflate: Callable[[bytes], bytes] | None = None,
-                deadline: Deadline | None = None) -> tuple[bytes, int | None]:
+                inflate: Callable[[bytes], bytes] | None = None, deadline: Deadline | None = None,
+                max_tensor_bytes: int | None = None) -> tuple[bytes, int | None]:
     """Inflate (with ``inflate``, if given), decode, run and encode one request (a reply over
-    ``max_reply_bytes`` is a ``ProtocolError``; a ``deadline`` that passes before the run ends, a 504)."""
+    ``max_reply_bytes`` is a ``ProtocolError``; a ``deadline`` that passes before the run ends, a 504;
+    a tensor over ``max_tensor_bytes``, a 413)."""
     try:
         if deadline is not None:
             deadline.check("while the request waited for a worker thread")
         if inflate is not None:
             body = inflate(body)
         request = decode_request(body, header_length)
-        results = model.infer(request, deadline)
+        results = model.infer(request, deadline, max_tensor_bytes)
     except RunCancelled as exc:
         why = str(exc)
     else:
@@ -244,10 +254,11 @@ async def _answer(lookup: Callable[[str, str | None], ServedModel], limits: Limi
         try:
             if len(body) > HEAVY_BYTES or inflate is not None:  # compressed: any size once inflated
                 payload, json_length = await to_thread.run_sync(run_request, model, body, header_length, limits.reply,
-                                                                inflate, deadline, limiter=limits.heavy)
+                                                                inflate, deadline, limits.tensor,
+                                                                limiter=limits.heavy)
             else:
                 payload, json_length = await loop.run_in_executor(None, run_request, model, body, header_length,
-                                                                  limits.reply, None, deadline)
+                                                                  limits.reply, None, deadline, limits.tensor)
         finally:
             if timer is not None:
                 timer.cancel()
