@@ -142,6 +142,7 @@ CLI_ONLY = {
     ("serve", "read_timeout"): "None: serve's own read_timeout",
     ("serve", "max_queue"): "None: serve's own max_queue",
     ("serve", "max_reply_bytes"): "None: serve's own max_reply_bytes",
+    ("serve", "max_tensor_bytes"): "None: serve's own max_tensor_bytes",
     ("serve", "request_timeout"): "None: serve's own request_timeout (120 s); 0 there is None, no limit",
 }
 
