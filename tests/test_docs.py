@@ -64,6 +64,43 @@ def test_relative_links_resolve_to_files_in_the_repository(page: Path):
         assert path.exists(), f"{page.name}: link {target!r} points to nothing"
 
 
+def heading_anchors(text: str) -> set[str]:
+    """The `#anchor`s GitHub gives a page's headings: lower case, punctuation dropped, spaces as
+    hyphens, a repeated one suffixed `-1`, `-2`, ..."""
+    seen: dict[str, int] = {}
+    anchors = set()
+    for heading in re.findall(r"^#+ (.+)$", FENCE.sub("", text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def broken_anchor_links(page: Path, text: str) -> list[str]:
+    """Links `(#anchor)` and `(page.md#anchor)` whose anchor names no heading of that page."""
+    broken = []
+    for target in LINK.findall(text):
+        path, _, anchor = target.partition("#")
+        if not anchor or re.match(r"[a-z]+:", target):
+            continue
+        other = page if not path else (page.parent / path).resolve()
+        if other.suffix == ".md" and other.exists():
+            anchors = heading_anchors(text if other == page else other.read_text())
+            broken += [] if anchor in anchors else [target]
+    return broken
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_anchor_links_name_a_heading(page: Path):
+    assert broken_anchor_links(page, page.read_text()) == []
+
+
+def test_a_broken_anchor_link_is_found():
+    text = "# A `gc.x` page: one\n## Part\n## Part\n[a](#a-gcx-page-one) [b](#part-1) [c](#part-2) [d](#Part)"
+    assert heading_anchors(text) == {"a-gcx-page-one", "part", "part-1"}
+    assert broken_anchor_links(ROOT / "docs" / "api.md", text) == ["#part-2", "#Part"]
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_file_paths_named_in_code_spans_exist(page: Path):
     for span in _spans(page.read_text()):
