@@ -212,15 +212,16 @@ def _inside(values, graph: ir.Graph) -> bool:
     return all(v in graph.inputs or (v.producer() is not None and v.producer().graph is graph) for v in values)
 
 
-def _summed_over_steps(term: ir.Value, like: ir.Value, graph: ir.Graph):
+def _summed_over_steps(term: ir.Value, like: ir.Value, graph: ir.Graph, bound: frozenset = frozenset()):
     """How the steps' ``term``s (the gradient of ``like``, of static shape) add up without an
     accumulator: ("rows", A, B) for ``Gemm(A, B, transA=1)`` or ``MatMul(Transpose(A), B)`` (A
     [rows, k], B [rows, m]: a sum over rows, which the steps' rows extend), ("axes", v, axes) for
-    ``ReduceSum(v, axes, keepdims=0)`` (the steps an axis more), of values ``graph`` computes;
-    None for any other term."""
+    ``ReduceSum(v, axes, keepdims=0)`` (the steps an axis more), of values ``graph`` computes or
+    reads as a step's slice (``bound``: its scanned inputs, listed as inputs once it is built; an
+    LSTM's [B, H] h read off its tape is a Gemm's operand as it is); None for any other term."""
     node, shape = term.producer(), static_shape(like)
     if node is None or node.graph is not graph or shape is None or not is_static(shape) or not _inside(
-            [v for v in node.inputs if v is not None and folded_array(v) is None], graph) \
+            [v for v in node.inputs if v is not None and folded_array(v) is None and v not in bound], graph) \
             or not all(_same_shape_every_step(v, graph, {}) for v in node.inputs if v is not None):
         return None
     rows = rows_factors(node) if len(shape) == 2 else None
@@ -382,7 +383,7 @@ class Reverse:
         for c in (c for c in self.captured if c in grads):
             others = []
             for term in _terms(grads[c], backward):
-                form = _summed_over_steps(term, c, backward)
+                form = _summed_over_steps(term, c, backward, frozenset(r[0] for r in self.scanned))
                 (after.setdefault(c, []).append(form) if form else others.append(term))
             if others:
                 rest[c] = others[0] if len(others) == 1 else sub.op("Sum", *others)
