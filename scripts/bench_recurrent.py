@@ -43,6 +43,7 @@ import graphc as gc
 FEATURES, HIDDEN, CLASSES, BATCH = 32, 128, 10, 32
 FORMS_BATCH = 16
 # form -> (recurrent.MAX_UNROLLED_STEPS, rules_control.MAX_SCAN_UNROLL) that select it at any length
+# (MAX_UNROLLED_LSTM_STEPS set with the first)
 FORMS = {"unrolled": (1 << 30, 0), "scan, unrolled grad": (0, 1 << 30), "scan, reverse mode": (0, 0)}
 
 
@@ -143,15 +144,16 @@ class _DslClassifier(gc.nn.Module):
 
 def form_steppers(kind: str, hidden: int, length: int, form: str, threads: tuple[int, ...]):
     """(train_step nodes, generate s, {threads: (session build s, stepper)}) of one form."""
-    saved = recurrent.MAX_UNROLLED_STEPS, rules_control.MAX_SCAN_UNROLL
-    recurrent.MAX_UNROLLED_STEPS, rules_control.MAX_SCAN_UNROLL = FORMS[form]
+    saved = recurrent.MAX_UNROLLED_STEPS, recurrent.MAX_UNROLLED_LSTM_STEPS, rules_control.MAX_SCAN_UNROLL
+    (recurrent.MAX_UNROLLED_STEPS, rules_control.MAX_SCAN_UNROLL), recurrent.MAX_UNROLLED_LSTM_STEPS = \
+        FORMS[form], FORMS[form][0]
     try:
         model = gc.capture(_DslClassifier(kind, hidden), seed=0, x=gc.spec("float32", ("N", length, FEATURES)))
         t0 = time.perf_counter()
         arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(LR))
         seconds = time.perf_counter() - t0
     finally:
-        recurrent.MAX_UNROLLED_STEPS, rules_control.MAX_SCAN_UNROLL = saved
+        recurrent.MAX_UNROLLED_STEPS, recurrent.MAX_UNROLLED_LSTM_STEPS, rules_control.MAX_SCAN_UNROLL = saved
     rng = np.random.default_rng(0)
     batches = [{"x": rng.standard_normal((FORMS_BATCH, length, FEATURES)).astype(np.float32),
                 "y": rng.integers(0, CLASSES, FORMS_BATCH).astype(np.int64)} for _ in range(2)]

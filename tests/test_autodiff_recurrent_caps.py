@@ -1,4 +1,5 @@
-"""Long recurrent layers in gradient graphs: past ``MAX_UNROLLED_STEPS`` an RNN/GRU/LSTM without
+"""Long recurrent layers in gradient graphs: past ``MAX_UNROLLED_STEPS`` (an LSTM past
+``MAX_UNROLLED_LSTM_STEPS``) an RNN/GRU/LSTM without
 ``sequence_lens`` becomes a Scan differentiated in reverse mode, so the train step's graph stops
 growing with the sequence length; its gradients still equal torch.autograd's."""
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from graphc.passes.autodiff.recurrent import MAX_UNROLLED_STEPS
+from graphc.passes.autodiff.recurrent import MAX_UNROLLED_LSTM_STEPS, MAX_UNROLLED_STEPS
 from graphc.passes.autodiff.rules_control import MAX_SCAN_UNROLL
 
 try:
@@ -61,6 +62,11 @@ def _train_step(ctor: str, length: int) -> list[str]:
     return [n.op_type for n in _train_graph(ctor, length).node]
 
 
+def _cap(ctor: str) -> int:
+    """The longest sequence of the layer ``ctor`` that autodiff unrolls."""
+    return min(MAX_UNROLLED_STEPS, MAX_UNROLLED_LSTM_STEPS) if ctor.startswith("LSTM") else MAX_UNROLLED_STEPS
+
+
 @pytest.mark.parametrize("ctor", LAYERS[:3])
 def test_an_unrolled_layers_recurrence_weight_gradient_is_one_gemm(ctor):
     """Unrolled, the recurrence weight's gradient (a product per step) is one Gemm of the steps'
@@ -78,9 +84,9 @@ def test_an_unrolled_layers_recurrence_weight_gradient_is_one_gemm(ctor):
 def test_the_train_step_stops_growing_past_the_cap(ctor):
     """At two lengths past the cap the train step has the same nodes (per direction a taped Scan
     forward and a backward Scan); up to the cap the layer is unrolled (no Scan)."""
-    short, long = _train_step(ctor, MAX_UNROLLED_STEPS + 1), _train_step(ctor, 3 * MAX_UNROLLED_STEPS)
+    short, long = _train_step(ctor, _cap(ctor) + 1), _train_step(ctor, 3 * _cap(ctor))
     assert len(short) == len(long) and short.count("Scan") == 4, (len(short), len(long))
-    assert "Scan" not in _train_step(ctor, MAX_UNROLLED_STEPS)
+    assert "Scan" not in _train_step(ctor, _cap(ctor))
 
 
 def test_the_cap_is_read_when_a_graph_is_made(monkeypatch):

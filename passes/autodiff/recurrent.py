@@ -22,7 +22,7 @@ from graphc.passes.emit import Emitter
 from graphc.passes.recurrent import GATES, unknown_activations, write_out
 from graphc.passes.values import onnx_opset, static_shape
 
-__all__ = ["MAX_UNROLLED_STEPS", "UNROLLED", "not_unrolled", "unroll_recurrent"]
+__all__ = ["MAX_UNROLLED_LSTM_STEPS", "MAX_UNROLLED_STEPS", "UNROLLED", "not_unrolled", "unroll_recurrent"]
 
 UNROLLED = frozenset(GATES)
 # The longest unmasked sequence unrolled; a longer one is a Scan whose train_step does not grow
@@ -39,6 +39,15 @@ UNROLLED = frozenset(GATES)
 # unrolled instead (its steps reading xw off one Split) is 1.2-1.5x slower than the unrolled layer
 # at every T, and rules_control.MAX_SCAN_UNROLL keeps a Scan longer than this cap in reverse mode.
 MAX_UNROLLED_STEPS = 64
+# The LSTM's own cap (the lower of the two applies). Its cell steps on [B, H] matrices (one
+# Gemm(h, R, x_t) a step, ``passes/recurrent._lstm_rows``), and its Scan's backward reads h off the
+# tape as a factor of dR's one stacked Gemm: the Scan in reverse mode is then the faster form from
+# T=16 on. ``bench_recurrent.py --model lm`` LSTM 256, AdamW, ort-cpu, 1 thread, CPU ms per step
+# (thread time, interleaved, median; a shared 2-core machine), batch 16: unrolled vs Scan in
+# reverse mode T=16 14.1 / 13.5, T=32 25.5 / 23.7, T=40 27.6 / 25.6, T=48 33.0 / 31.0, T=64 43.1
+# / 40.2 (batch 64: 162 / 151). A Scan of up to ``rules_control.MAX_SCAN_UNROLL`` steps has its
+# gradient unrolled (26.2 at T=32, slower than the unrolled layer), so the LSTM unrolls up to there.
+MAX_UNROLLED_LSTM_STEPS = 32
 
 
 def unroll_recurrent(model: ir.Model) -> int:
@@ -49,7 +58,8 @@ def unroll_recurrent(model: ir.Model) -> int:
     for node in list(graph):
         if node.op_type in GATES and node.domain in ("", "ai.onnx") and not_unrolled(node) is None:
             emit = Emitter(graph, opset, f"{node.name or node.op_type}/unrolled")
-            new_outputs = write_out(emit, node, MAX_UNROLLED_STEPS)
+            cap = min(MAX_UNROLLED_STEPS, MAX_UNROLLED_LSTM_STEPS) if node.op_type == "LSTM" else MAX_UNROLLED_STEPS
+            new_outputs = write_out(emit, node, cap)
             for old, new in zip(node.outputs, new_outputs):
                 if new is not None:
                     name = old.name
