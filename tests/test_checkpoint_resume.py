@@ -9,6 +9,7 @@ import graphc as gc
 from graphc.runtime import checkpoint as ckpt
 from graphc.runtime.checkpoint import CheckpointError
 from graphc.errors import MissingDependency
+from graphc.passes.training.adam_moments import FIRST, MAX_SECOND, SECOND
 from trainer_models import blobs, bn_artifacts, interrupt_at
 
 
@@ -36,22 +37,28 @@ def test_step_level_resume_is_bit_exact(tmp_path, backend):
         assert second.state_dict()[name].tobytes() == value.tobytes(), name
 
 
-def test_a_checkpoint_with_the_first_moment_as_an_average_resumes(tmp_path):
-    """Checkpoints of artifacts before format 4 hold Adam's first moment as PyTorch's
-    ``exp_avg``; the Trainer of today's graphs takes it as its sum, ``exp_avg / (1 - b1)``."""
-    spec = gc.optim.Adam(1e-2, betas=(0.8, 0.99))
+@pytest.mark.parametrize("averaged", [(FIRST, SECOND, MAX_SECOND), (SECOND, MAX_SECOND)], ids=["format 3", "format 5"])
+def test_a_checkpoint_with_the_moments_as_averages_resumes(tmp_path, averaged):
+    """Checkpoints of artifacts before format 6 hold Adam's second moment as PyTorch's
+    ``exp_avg_sq`` (and amsgrad's ``max_exp_avg_sq``), before format 4 the first too
+    (``exp_avg``); the Trainer of today's graphs takes each as its sum, the average over
+    ``1 - beta``."""
+    spec = gc.optim.Adam(1e-2, betas=(0.8, 0.99), amsgrad=True)
     arts, data = bn_artifacts(spec), batches()
     straight = gc.Trainer(arts, backend="ort-cpu")
     expected = [straight.step(b) for b in data]
     first = gc.Trainer(arts, backend="ort-cpu")
     got = [first.step(b) for b in data[:5]]
     tensors, meta = ckpt.load(first.save_checkpoint(tmp_path / "now"))
-    sums = {n: v for n, v in tensors.items() if n.endswith(".exp_sum")}
-    assert sums
-    for name, value in sums.items():  # written as format 3 artifacts' Trainer wrote them
-        tensors[name.replace(".exp_sum", ".exp_avg")] = value * np.float32(1 - spec.betas[0])
+    renames = {f".{total}": (f".{average}", np.float32(1 - spec.betas[beta])) for total, average, beta in averaged}
+    sums = {n: v for n, v in tensors.items() if n.endswith(tuple(renames))}
+    assert len(sums) == 6 * len(averaged)  # 6 params
+    roles = dict(meta.roles)
+    for name, value in sums.items():  # written as an earlier format's Trainer wrote them
+        suffix = next(s for s in renames if name.endswith(s))
+        old = name.removesuffix(suffix) + renames[suffix][0]
+        tensors[old], roles[old] = value * renames[suffix][1], roles.pop(name)
         del tensors[name]
-    roles = {n.replace(".exp_sum", ".exp_avg"): r for n, r in meta.roles.items()}
     ckpt.save(tmp_path / "before", tensors, meta.model_copy(update={"roles": roles}))
     second = gc.Trainer(arts, backend="ort-cpu")
     second.load_checkpoint(tmp_path / "before")

@@ -74,7 +74,7 @@ def test_layout_groups_by_dtype_and_decay():
     # params keep their names (the graphs read them as they are); their state is flat
     assert inputs["fc0.weight"].role == "param" and arts.manifest.feeds["fc0.weight.next"] == "fc0.weight"
     assert inputs["params.float32.exp_sum"].shape == [32] and inputs["params.float64.exp_sum"].dtype == "float64"
-    assert inputs["params.float32.exp_avg_sq"].role == "state" and "fc0.weight.exp_sum" not in inputs
+    assert inputs["params.float32.exp_sum_sq"].role == "state" and "fc0.weight.exp_sum" not in inputs
     assert arts.manifest.feeds["params.float32.exp_sum.next"] == "params.float32.exp_sum"
     assert {e.name for e in arts.manifest.graphs["eval"].inputs} >= {"fc0.weight", "head.bias"}
     packed = arts.manifest.pack(arts.state)
@@ -237,10 +237,10 @@ def test_ort_trainer_allocates_no_new_param_buffers_per_step(backend):
             seen.setdefault(name, set()).add(handle.data_ptr())
             assert handle.device_name().lower() == trainer._train.device, name
     carried = set(trainer.manifest.feeds.values())
-    assert carried == {*trainer.manifest.trainable, "params.float32.exp_sum", "params.float32.exp_avg_sq",
-                       "params.float64.exp_sum", "params.float64.exp_avg_sq", "step"}
+    assert carried == {*trainer.manifest.trainable, "params.float32.exp_sum", "params.float32.exp_sum_sq",
+                       "params.float64.exp_sum", "params.float64.exp_sum_sq", "step"}
     in_place = {trainer.manifest.feeds[out] for out in trainer._in_place}
-    assert {"params.float32.exp_sum", "params.float32.exp_avg_sq"} <= in_place
+    assert {"params.float32.exp_sum", "params.float32.exp_sum_sq"} <= in_place
     for name in carried:
         assert len(seen[name]) == (1 if name in in_place else 2), (name, len(seen[name]))
     assert len(seen["lr"]) == 1

@@ -83,11 +83,13 @@ def _torch_run(spec, twin, batches, scaler_args, dtype):
         scaler.step(opt)
         scaler.update()
         state = {k: v.detach().numpy().copy() for k, v in twin.state_dict().items()}
-        slots = {"exp_avg_sq": "exp_avg_sq", "momentum_buffer": "momentum_buffer"}
+        # torch's slot -> ours, and the factor between: the second moment of these params kept as its sum
+        slots = {"momentum_buffer": ("momentum_buffer", 1.0),
+                 **({"exp_avg_sq": ("exp_sum_sq", 1.0 / (1.0 - spec.betas[1]))} if spec.kind != "sgd" else {})}
         for (name, p) in twin.named_parameters():
-            for slot, ours in slots.items():
+            for slot, (ours, factor) in slots.items():
                 if slot in opt.state.get(p, {}):
-                    state[f"{name}.{ours}"] = opt.state[p][slot].numpy().copy()
+                    state[f"{name}.{ours}"] = opt.state[p][slot].numpy() * factor
         out.append((loss.item(), scaler.get_scale(), state))
     return out
 

@@ -10,7 +10,7 @@ import pytest
 
 import graphc as gc
 from graphc.passes.emit import Emitter
-from graphc.passes.training import optimizers
+from graphc.passes.training import adam_moments, optimizers
 
 SHAPE = (3, 4)
 STEPS = 6
@@ -25,6 +25,10 @@ SPECS = [
     gc.optim.AdamW(0.02, weight_decay=0.1, betas=(0.5, 0.9)),
 ]
 IDS = [f"{s.kind}-{i}" for i, s in enumerate(SPECS)]
+# Adam's moments as the spec's JSON of earlier artifacts asks for them: today's sums (None), the
+# second as PyTorch's average (format 5 and before), both (format 3 and before)
+KEPT = {None: {}, "format 5": {"second_moment": "average"},
+        "format 3": {"first_moment": "average", "second_moment": "average"}}
 
 
 def numpy_step(spec, p, g, state, t):
@@ -51,19 +55,22 @@ def numpy_step(spec, p, g, state, t):
 
 
 def torch_state(spec, state: dict) -> dict:
-    """The graph's optimizer state as torch.optim keys it: Adam's first moment, a sum, times 1 - b1."""
+    """The graph's optimizer state as torch.optim keys it: Adam's moments kept as sums times
+    ``1 - beta`` (``exp_sum`` -> ``exp_avg``, ``exp_sum_sq`` -> ``exp_avg_sq``, ``max_exp_sum_sq`` ->
+    ``max_exp_avg_sq``)."""
     out = dict(state)
-    if "exp_sum" in out:
-        out["exp_avg"] = out.pop("exp_sum") * (1 - spec.betas[0])
+    for total, average, beta in (adam_moments.FIRST, adam_moments.SECOND, adam_moments.MAX_SECOND):
+        if total in out:
+            out[average] = out.pop(total) * (1 - spec.betas[beta])
     return out
 
 
-def update_model(spec, dtype=ir.DataType.FLOAT, averages=False) -> gc.Model:
+def update_model(spec, dtype=ir.DataType.FLOAT, kept=None) -> gc.Model:
     """Inputs p, g, state slots, step (int64), lr (``optimizers.lr_dtype``: float64 for float64
     params, else float32); outputs p.next, <slot>.next, step.next.
-    ``averages``: Adam's first moment as format 3 artifacts keep it (PyTorch's average)."""
-    hyper = {**spec.model_dump(), **({"first_moment": "average"} if averages else {})}
-    slots = optimizers.state_slots(hyper)
+    ``kept``: Adam's moments as earlier artifacts keep them (``KEPT``)."""
+    hyper = {**spec.model_dump(), **KEPT[kept]}
+    slots = optimizers.state_slots(hyper, dtype)
 
     def value(name, dt=dtype, shape=SHAPE):
         return ir.Value(name=name, type=ir.TensorType(dt), shape=ir.Shape(shape))
@@ -85,10 +92,11 @@ def update_model(spec, dtype=ir.DataType.FLOAT, averages=False) -> gc.Model:
     return gc.load(proto)
 
 
-def run_steps(spec, backend, grads, p0, dtype=np.float32, averages=False):
+def run_steps(spec, backend, grads, p0, dtype=np.float32, kept=None):
     """The params after each step and, with them, the state as torch keys it."""
-    session = gc.Session(update_model(spec, ir.DataType.from_numpy(np.dtype(dtype)), averages), backend=backend)
-    slots = optimizers.state_slots({**spec.model_dump(), **({"first_moment": "average"} if averages else {})})
+    ir_dtype = ir.DataType.from_numpy(np.dtype(dtype))
+    session = gc.Session(update_model(spec, ir_dtype, kept), backend=backend)
+    slots = optimizers.state_slots({**spec.model_dump(), **KEPT[kept]}, ir_dtype)
     p, step = p0.astype(dtype), np.array(0, np.int64)
     state = {s: optimizers.initial_state(spec.model_dump(), s, p) for s in slots}  # Adagrad's sum need not be 0
     history = []
@@ -113,11 +121,13 @@ def torch_kwargs(spec) -> dict:
     return {k: v for k, v in spec.model_dump().items() if k not in ("kind", "no_decay")}
 
 
-def torch_steps(torch, spec, p0, grads, dtype, store=None):
-    """torch.optim's param and state after each step (its single-tensor path); ``store`` (a torch
-    dtype): param and state rounded to it after each step (a float32 step of params stored in float16)."""
+def torch_steps(torch, spec, p0, grads, dtype, store=None, fused=False):
+    """torch.optim's param and state after each step (its single-tensor path, or with ``fused`` its
+    fused one); ``store`` (a torch dtype): param and state rounded to it after each step (a float32
+    step of params stored in float16)."""
     param = torch.nn.Parameter(torch.from_numpy(p0.astype(dtype)))
-    opt = getattr(torch.optim, TORCH_OPTIM[spec.kind])([param], foreach=False, **torch_kwargs(spec))
+    path = {"fused": True} if fused else {"foreach": False}
+    opt = getattr(torch.optim, TORCH_OPTIM[spec.kind])([param], **path, **torch_kwargs(spec))
     out = []
     for g in grads:
         param.grad = torch.from_numpy(g.astype(dtype))
@@ -148,16 +158,18 @@ def _data(seed=0):
     return rng.normal(size=SHAPE), [rng.normal(size=SHAPE) for _ in range(STEPS)]
 
 
-# every spec, and the Adam ones again with their first moment as format 3 artifacts keep it
-FORMS = [(spec, False) for spec in SPECS] + [(spec, True) for spec in SPECS if spec.kind != "sgd"]
+# every spec, and the Adam ones again with their moments as earlier artifacts keep them
+FORMS = [(spec, None) for spec in SPECS] + [(spec, kept) for kept in ("format 5", "format 3")
+                                            for spec in SPECS if spec.kind != "sgd"]
 
 
-@pytest.mark.parametrize(("spec", "averages"), FORMS,
-                         ids=IDS + [f"{i}-averages" for i, s in zip(IDS, SPECS) if s.kind != "sgd"])
+@pytest.mark.parametrize(("spec", "kept"), FORMS,
+                         ids=IDS + [f"{i}-{kept}" for kept in ("format 5", "format 3")
+                                    for i, s in zip(IDS, SPECS) if s.kind != "sgd"])
 @pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
-def test_update_matches_torch_formulas(spec, averages, backend):
+def test_update_matches_torch_formulas(spec, kept, backend):
     p0, grads = _data()
-    got = run_steps(spec, backend, grads, p0, averages=averages)
+    got = run_steps(spec, backend, grads, p0, kept=kept)
     p, state = p0, {s: np.zeros(SHAPE) for s in ("momentum_buffer", "exp_avg", "exp_avg_sq")}
     for t, (g, (p_graph, state_graph)) in enumerate(zip(grads, got), start=1):
         p, state = numpy_step(spec, p, g, state, t)

@@ -5,10 +5,13 @@ torch.optim and torch.nn.functional.cross_entropy over 25 steps, on numpy and or
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import onnx_ir as ir
 import pytest
 
 import graphc as gc
-from test_optim import SHAPE, run_steps, step_both, torch_steps
+from graphc.passes.training import artifacts, flat, optimizers
+from test_optim import SHAPE, run_steps, step_both, torch_state, torch_steps
 from trainer_models import straight_and_resumed
 
 STEPS = 25
@@ -50,13 +53,61 @@ def test_update_matches_torch_optim(spec, backend, dtype):
             np.testing.assert_allclose(value, state_torch[slot], rtol=rtol, atol=atol, err_msg=f"step {t} {slot}")
 
 
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.kind != "sgd"], ids=[i for i in IDS if "adam" in i])
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_mixed_dtypes_in_one_update_match_torch(spec, backend):
+    """float16, float32 and float64 params in one fused update (a flat group each): the float16
+    group keeps the second moment as torch's average (``exp_avg_sq``, stepped in float32 as torch's
+    fused Adam), the others as its sum (``exp_sum_sq``, torch's over ``1 - b2``); each param and
+    state matches torch.optim's."""
+    torch = pytest.importorskip("torch")
+    types = {np.float16: ir.DataType.FLOAT16, np.float32: ir.DataType.FLOAT, np.float64: ir.DataType.DOUBLE}
+    params = [ir.Value(name=f"w{i}", type=ir.TensorType(t), shape=ir.Shape(SHAPE))
+              for i, t in enumerate(types.values())]
+    groups = [flat.Group(f"params.{i}", t, [f"w{i}"], [SHAPE], True) for i, t in enumerate(types.values())]
+    proto = ir.to_proto(artifacts.update_graph(21, spec.model_dump(), params, groups))
+    onnx.checker.check_model(proto, full_check=True)
+    session = gc.Session(gc.load(proto), backend=backend)
+    p0, grads = _grads(5)
+    feeds = {name: np.zeros(int(np.prod(SHAPE)), dtype) for i, dtype in enumerate(types)
+             for name in (f"params.{i}.{s}" for s in optimizers.state_slots(spec.model_dump(), types[dtype]))}
+    feeds.update({f"w{i}": p0.astype(dtype) for i, dtype in enumerate(types)}, step=np.array(0, np.int64),
+                 lr=np.array(spec.lr))
+    assert sorted(n.rpartition(".")[2] for n in feeds if n.startswith("params.0.")) == sorted(
+        ["exp_sum", "exp_avg_sq", *(["max_exp_avg_sq"] if spec.amsgrad else [])])
+    want = {dtype: torch_steps(torch, spec, p0, grads, dtype, fused=dtype == np.float16) for dtype in types}
+    for t, g in enumerate(grads):
+        out = session.run({**feeds, **{f"w{i}_grad": g.astype(dtype) for i, dtype in enumerate(types)}})
+        feeds = {name.removesuffix(".next"): value for name, value in out.items()}
+        for i, dtype in enumerate(types):
+            p_torch, state_torch = want[dtype][t]
+            # float16: within 2 ulps, or one of the largest param's (an element passing 0; the first moment's sum
+            # rounds unlike torch's average, as ``test_optim``'s half test finds over fewer steps)
+            rtol, atol = {np.float16: (2.0 ** -9, 2.0 ** -10 * np.abs(p_torch).max()), np.float32: (2e-5, 1e-6),
+                          np.float64: (1e-12, 1e-14)}[dtype]
+            np.testing.assert_allclose(feeds[f"w{i}"].astype(np.float64), p_torch.astype(np.float64), rtol=rtol,
+                                       atol=atol, err_msg=f"{dtype.__name__} step {t + 1}")
+            state = torch_state(spec, {n.rpartition(".")[2]: v.reshape(SHAPE) for n, v in feeds.items()
+                                       if n.startswith(f"params.{i}.")})
+            assert set(state) == set(state_torch)
+            for slot, value in state.items():
+                want_state = state_torch[slot].astype(np.float64)
+                if dtype == np.float16:  # stored in float16, the first moment as its sum (rounded unlike torch's)
+                    rtol, atol = 2.0 ** -9, 2.0 ** -9 * np.abs(want_state).max()
+                np.testing.assert_allclose(value.astype(np.float64), want_state, rtol=rtol, atol=atol,
+                                           err_msg=f"{dtype.__name__} step {t + 1} {slot}")
+
+
 def test_defaults_dump_as_before_and_bad_options_are_named():
     assert gc.optim.SGD(0.1, momentum=0.9).model_dump() == {
         "kind": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0, "no_decay": ()}
     assert set(gc.optim.AdamW(0.1).model_dump()) == {"kind", "lr", "betas", "eps", "weight_decay", "no_decay"}
     for spec in SPECS:
         assert gc.optim.from_dict(spec.model_dump(mode="json")) == spec
-    assert gc.optim.Adam(amsgrad=True).state_slots == ("exp_sum", "exp_avg_sq", "max_exp_avg_sq")
+    assert gc.optim.Adam(amsgrad=True).state_slots == ("exp_sum", "exp_sum_sq", "max_exp_sum_sq")
+    for half in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):  # their second moment stays PyTorch's average
+        assert optimizers.state_slots(gc.optim.AdamW(amsgrad=True).model_dump(), half) == (
+            "exp_sum", "exp_avg_sq", "max_exp_avg_sq")
     assert gc.optim.SGD(0.1, momentum=0.9, dampening=0.5).state_slots == ("momentum_buffer",)
     with pytest.raises(ValueError, match="dampening 0"):
         gc.optim.SGD(0.1, momentum=0.9, nesterov=True, dampening=0.1)
@@ -126,7 +177,7 @@ def test_resume_with_the_new_slots_is_bit_exact(tmp_path, backend, spec):
     straight, resumed = straight_and_resumed(arts, _batches(10), 4, tmp_path / "ck", backend=backend)
     state = straight.state_dict()
     if spec.kind == "adamw":
-        assert {"fc1.weight.max_exp_avg_sq", "fc2.bias.max_exp_avg_sq"} <= set(state)
+        assert {"fc1.weight.max_exp_sum_sq", "fc2.bias.exp_sum_sq"} <= set(state)
     for name, value in state.items():
         assert resumed.state_dict()[name].tobytes() == value.tobytes(), name
 

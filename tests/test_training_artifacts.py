@@ -114,7 +114,7 @@ def test_train_step_interface_and_manifest():
     assert m.trainable == params and m.frozen == []
     step_in = {e.name: e.role for e in m.graphs["train_step"].inputs}
     assert step_in == {"x": "data", "y": "label", **{p: "param" for p in params},
-                       **{f"{p}.{s}": "state" for p in params for s in ("exp_sum", "exp_avg_sq")},
+                       **{f"{p}.{s}": "state" for p in params for s in ("exp_sum", "exp_sum_sq")},
                        "step": "state", "lr": "hyper"}
     step_out = {e.name: e.role for e in m.graphs["train_step"].outputs}
     assert step_out["loss"] == "loss" and step_out["fc1.weight.next"] == "param"
@@ -355,7 +355,7 @@ def test_save_load_round_trip(tmp_path):
     files = sorted(p.name for p in (tmp_path / "arts").iterdir())
     assert files == ["eval.onnx", "gradients.onnx", "inference.onnx", "manifest.json", "state.safetensors",
                      "train_step.onnx"]
-    assert json.loads((tmp_path / "arts" / "manifest.json").read_text())["format"] == "graphc.training/5"
+    assert json.loads((tmp_path / "arts" / "manifest.json").read_text())["format"] == "graphc.training/6"
     loaded = gc.training.load(tmp_path / "arts")
     assert loaded.manifest == arts.manifest
     assert set(loaded.state) == set(arts.state)

@@ -8,6 +8,7 @@ import pytest
 
 import graphc as gc
 from graphc.compile.training import update_model
+from graphc.passes.training import adam_moments
 from trainer_models import BNNet, blobs
 
 OPTIMIZERS = {
@@ -32,7 +33,7 @@ def test_gradients_then_update_is_train_step(opt, fused):
     state = arts.manifest.pack(arts.state)
     state["step"] = np.array(4, np.int64)  # Adam's bias correction depends on it
     for name in list(state):
-        if name.endswith((".exp_sum", ".exp_avg_sq", ".momentum_buffer")):
+        if name.endswith((".exp_sum", ".exp_sum_sq", ".momentum_buffer")):
             state[name] = np.abs(np.random.default_rng(1).standard_normal(state[name].shape)).astype(np.float32)
     want = gc.Session(arts.train_step, backend="numpy").run({**batch, **_inputs(arts, "train_step", state)})
     grads = gc.Session(arts.gradients, backend="numpy").run({**batch, **_inputs(arts, "gradients", state)})
@@ -49,10 +50,14 @@ def test_gradients_then_update_is_train_step(opt, fused):
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "per-param"])
-def test_format_3_artifacts_get_their_first_moment_as_an_average(fused):
-    """Artifacts saved before format 4 hold Adam's first moment as PyTorch's ``exp_avg``: their
-    update (data-parallel training builds it from the manifest) reads and writes that average,
-    and steps as the sums' update does from the same state."""
+@pytest.mark.parametrize(("format", "averaged"), [("graphc.training/3", (adam_moments.FIRST, adam_moments.SECOND)),
+                                                  ("graphc.training/5", (adam_moments.SECOND,))],
+                         ids=["format 3", "format 5"])
+def test_earlier_artifacts_get_their_moments_as_averages(fused, format, averaged):
+    """Artifacts saved before format 6 hold Adam's second moment as PyTorch's ``exp_avg_sq``,
+    before format 4 the first too (``exp_avg``): their update (data-parallel training builds it
+    from the manifest) reads and writes those averages, and steps as the sums' update does from
+    the same state."""
     model = gc.capture(BNNet(), seed=0, x=gc.spec("float32", ("N", 8)))
     spec = OPTIMIZERS["adamw"]
     arts = gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), spec, fused=fused)
@@ -60,23 +65,29 @@ def test_format_3_artifacts_get_their_first_moment_as_an_average(fused):
         {**blobs(24, seed=3), **_inputs(arts, "gradients", arts.manifest.pack(arts.state))})
     rng = np.random.default_rng(1)
     state = {n: rng.standard_normal(v.shape).astype(v.dtype) if n.endswith(".exp_sum") else
-             np.abs(rng.standard_normal(v.shape)).astype(v.dtype) if n.endswith(".exp_avg_sq") else v
+             np.abs(rng.standard_normal(v.shape)).astype(v.dtype) if n.endswith(".exp_sum_sq") else v
              for n, v in arts.manifest.pack(arts.state).items()}
     state["step"] = np.array(4, np.int64)
-    factor = np.float32(1 - spec.betas[0])
-    legacy = {}  # the same state as format 3 held it
+    kept = {f".{total}": (f".{average}", np.float32(1 - spec.betas[beta])) for total, average, beta in averaged}
+
+    def as_kept(name):  # the name that format gives a tensor, and the factor that turns a sum into its average
+        suffix = next((s for s in kept if name.endswith(s)), None)
+        return (name, None) if suffix is None else (name.removesuffix(suffix) + kept[suffix][0], kept[suffix][1])
+
+    legacy = {}  # the same state as that format held it
     for name, value in state.items():
-        stem = name.removesuffix(".exp_sum")
-        legacy[f"{stem}.exp_avg" if stem != name else name] = value * factor if stem != name else value
-    runs, older = [], arts.manifest.model_copy(update={"format": "graphc.training/3"})
+        old, factor = as_kept(name)
+        legacy[old] = value if factor is None else value * factor
+    runs, older = [], arts.manifest.model_copy(update={"format": format})
     for manifest, values in ((arts.manifest, state), (older, legacy)):
         update = update_model(manifest)
         names = {s.name for s in update.inputs}
-        assert any(n.endswith(".exp_avg") for n in names) == (values is legacy)
+        averages = {n for n in names if n.endswith(tuple(a for a, _ in kept.values()))}
+        assert averages == ({n for n in legacy if n not in state} if values is legacy else set()) and len(names) > 9
         feeds = {n: v for n, v in {**values, **grads}.items() if n in names}
         runs.append(gc.Session(update, backend="numpy").run(feeds))
     now, before = runs
     for name, value in now.items():
-        old = name.replace(".exp_sum.", ".exp_avg.")
-        want = value * factor if old != name else value
-        np.testing.assert_allclose(before[old], want, rtol=1e-5, atol=1e-7, err_msg=name)
+        old, factor = as_kept(name.removesuffix(".next"))
+        np.testing.assert_allclose(before[f"{old}.next"], value if factor is None else value * factor,
+                                   rtol=1e-5, atol=1e-7, err_msg=name)

@@ -108,7 +108,7 @@ def grad_cmd(
     dampening: Optional[float] = typer.Option(None, "--dampening", help="SGD's dampening of the momentum, any "
                                               "number, as torch (default: 0)."),
     amsgrad: bool = typer.Option(False, "--amsgrad", help="Adam/AdamW's AMSGrad variant (one more state slot, "
-                                 "max_exp_avg_sq)."),
+                                 "max_exp_sum_sq)."),
     maximize: bool = typer.Option(False, "--maximize", help="Maximize the loss: step along the gradient."),
     betas: Optional[str] = typer.Option(None, "--betas", metavar="B1,B2", help="Adam/AdamW/Adamax/NAdam/RAdam's "
                                         "coefficients of the running averages (default: 0.9,0.999)."),

@@ -93,9 +93,11 @@ class _Spec(BaseModel):
 
     @property
     def state_slots(self) -> tuple[str, ...]:
-        """Per-parameter state names: ``<param>.<slot>`` (named after PyTorch's ``optimizer.state``
-        keys; Adam's first moment is kept as a sum, ``exp_sum``, PyTorch's ``exp_avg`` over
-        ``1 - beta1``), as the update graphs define them."""
+        """Per-parameter state names of float32 and float64 params: ``<param>.<slot>`` (named after
+        PyTorch's ``optimizer.state`` keys; Adam keeps its moments as sums, ``exp_sum`` and
+        ``exp_sum_sq``, PyTorch's ``exp_avg`` over ``1 - beta1`` and ``exp_avg_sq`` over
+        ``1 - beta2``; float16 and bfloat16 params keep ``exp_avg_sq``), as the update graphs
+        define them."""
         from graphc.passes.training.optimizers import state_slots
 
         return state_slots(self.model_dump())
@@ -128,7 +130,8 @@ class SGD(_Spec):
 class Adam(_Spec):
     """``torch.optim.Adam``: L2 weight decay added to the gradient, bias correction from the step
     counter; ``amsgrad`` divides by the root of the running maximum of the second moment (state
-    slot ``max_exp_avg_sq``); ``maximize`` steps along +grad."""
+    slot ``max_exp_sum_sq``, torch's ``max_exp_avg_sq`` over ``1 - beta2``; ``max_exp_avg_sq``
+    for float16 and bfloat16 params); ``maximize`` steps along +grad."""
 
     kind: Literal["adam"] = "adam"
     lr: float = 1e-3

@@ -12,9 +12,10 @@ guess from names):
 
 * ``train_step``: data inputs, the label input, the trainable params (initial values as
   defaults), their optimizer state (``.momentum_buffer`` for SGD with momentum, ``.exp_sum`` and
-  ``.exp_avg_sq`` for Adam/AdamW: the first moment as an exponentially weighted sum, PyTorch's
-  ``exp_avg`` over ``1 - beta1``, which format 3 and before kept; the second as PyTorch keeps
-  it), the step counter ``step`` (int64 scalar), BatchNorm running
+  ``.exp_sum_sq`` for Adam/AdamW: the moments as exponentially weighted sums, PyTorch's
+  ``exp_avg`` over ``1 - beta1`` and ``exp_avg_sq`` over ``1 - beta2``, which format 3 and before
+  kept, and format 5 and before the second; float16 and bfloat16 params keep ``.exp_avg_sq``),
+  the step counter ``step`` (int64 scalar), BatchNorm running
   statistics (role state) and ``lr`` (role hyper, default the spec's lr: a float64 scalar where a
   trainable param is float64, else float32, ``passes/training/optimizers.lr_dtype``). Outputs
   ``loss``, ``X.next`` for every param/state input ``X`` (``manifest.feeds`` maps
@@ -74,13 +75,14 @@ from graphc.fileio import OutsideFolder, confined, fsync_dir, remove_stale_temps
 from graphc.model import Model, value_spec
 from graphc.model.dtypes import TensorSpec, as_dtype, to_numpy, to_onnx
 
-# Every format read, the last one written. /4: no ``orders`` (every param in the model's order);
-# /3: nor Adam's first moment as a sum (PyTorch's average, ``exp_avg``); /2: nor a train_step
-# prediction output; /1: nor metrics, noise_shapes.
+# Every format read, the last one written. /5: Adam's second moment as PyTorch's average
+# (``exp_avg_sq``, not the sum ``exp_sum_sq``); /4: nor ``orders`` (every param in the model's
+# order); /3: nor Adam's first moment as a sum (PyTorch's average, ``exp_avg``); /2: nor a
+# train_step prediction output; /1: nor metrics, noise_shapes.
 FORMATS = ("graphc.training/1", "graphc.training/2", "graphc.training/3", "graphc.training/4",
-           "graphc.training/5")
+           "graphc.training/5", "graphc.training/6")
 FORMAT = FORMATS[-1]
-AVERAGED_FIRST_MOMENT = frozenset(FORMATS[:3])
+AVERAGED_MOMENTS = {"first_moment": frozenset(FORMATS[:3]), "second_moment": frozenset(FORMATS[:5])}
 GRAPH_FILES = {
     "train_step": "train_step.onnx",
     "gradients": "gradients.onnx",
@@ -235,8 +237,17 @@ class Manifest(BaseModel):
         (``orders``): the param and its optimizer state."""
         from graphc.passes.training.optimizers import state_slots
 
-        slots = state_slots(self.optimizer) if self.orders else ()
-        return {name: order for p, order in self.orders.items() for name in (p, *(f"{p}.{s}" for s in slots))}
+        dtypes = {e.name: ir.DataType(to_onnx(e.dtype)) for e in self.graphs["train_step"].inputs
+                  if e.name in self.orders}
+        return {name: order for p, order in self.orders.items()
+                for name in (p, *(f"{p}.{s}" for s in state_slots(self.kept_optimizer(), dtypes[p])))}
+
+    def kept_optimizer(self) -> dict:
+        """``optimizer`` with Adam's moments in the forms this format's graphs keep them: those of
+        format 5 and before keep the second as PyTorch's average, of format 3 and before the first
+        too (``passes/training/adam_moments``)."""
+        return {**self.optimizer, **{moment: "average" for moment, formats in AVERAGED_MOMENTS.items()
+                                     if self.format in formats}}
 
     def in_model_order(self) -> "Manifest":
         """This manifest as if train_step held every param in the model's order (no ``orders``):
@@ -648,7 +659,7 @@ def generate(model: Model, loss: Union[LossSpec, str], optimizer, trainable: Ite
         optimizer=opt_json, loss=loss_json, metrics=_default_metrics(loss_json, graphs["eval"]),
         model_outputs=built.model_outputs, recompute=recompute, device=device,
         layout=[FlatBuffer(name=g.name, dtype=str(as_dtype(int(g.dtype))), params=g.params,
-                           shapes=[list(s) for s in g.shapes], slots=list(built.slots),
+                           shapes=[list(s) for s in g.shapes], slots=list(built.slots[g.name]),
                            weight_decay=g.weight_decay) for g in built.layout],
         orders=built.orders, one_row_batchnorms=built.one_row_batchnorms, loss_scale=scale_json,
         renormed=built.renormed, autocast=low, probabilities=modes.probability_inputs(model.ir.graph))
@@ -670,9 +681,7 @@ def update_model(manifest: Manifest) -> Model:
     groups = [flat.Group(b.name, ir.DataType(to_onnx(b.dtype)), list(b.params), [tuple(s) for s in b.shapes],
                          b.weight_decay)
               for b in manifest.layout]
-    opt = manifest.optimizer
-    if manifest.format in AVERAGED_FIRST_MOMENT:  # Adam's state as those artifacts keep it
-        opt = {**opt, "first_moment": "average"}
+    opt = manifest.kept_optimizer()
     inputs = {e.name for e in manifest.graphs["train_step"].inputs}
     lr = next(e for e in manifest.graphs["train_step"].inputs if e.name == artifacts.LR)
     gated = [p.name for p in params if p.name + STEP_SUFFIX in inputs]  # each with its own step count

@@ -316,11 +316,11 @@ def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
     """``check_writable(path)``, and ``CheckpointError`` when what is there (the checkpoint, or
     the training graphs beside it) belongs to other training graphs than those carrying
     ``expected`` (``Manifest.carried()``), naming the first tensor that differs. A checkpoint
-    that holds Adam's first moment as earlier graphc named it (``sum_name``) fits, as
-    ``Trainer.load_checkpoint`` resumes it; the graphs of format 3 beside one do not: the folder
-    would hold a checkpoint they cannot read."""
+    that holds Adam's moments as earlier graphc named them (``adam_moments.sum_name``) fits, as
+    ``Trainer.load_checkpoint`` resumes it; the graphs of such a format beside one do not: the
+    folder would hold a checkpoint they cannot read."""
     from graphc.compile.training import read_manifest
-    from graphc.passes.training.optimizers import sum_name
+    from graphc.passes.training.adam_moments import sum_name
 
     target = check_writable(path)
     found = []
@@ -336,8 +336,8 @@ def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
     for where, tensors, roles in found:
         problem = mismatch(expected, tensors, roles)
         if problem is not None and any(sum_name(n, expected) != n for n in tensors):
-            raise CheckpointError(f"{path} holds training graphs of format 3 ({where.parent}), which keep Adam's first "
-                                  "moment as an average: refusing to write these graphs' checkpoint beside them; "
+            raise CheckpointError(f"{path} holds training graphs of an earlier format ({where.parent}), which keep "
+                                  "Adam's moments as averages: refusing to write these graphs' checkpoint beside them; "
                                   f"resume with those graphs (artifacts {where.parent}) or choose another checkpoint path")
         if problem is not None:
             raise CheckpointError(f"{path} belongs to other training graphs (another model?): {where} {problem}; "

@@ -60,7 +60,7 @@ import onnx
 
 from graphc.errors import ArtifactsError, GraphcError, InputError
 from graphc.model.dtypes import TensorSpec, to_numpy
-from graphc.passes.training import optimizers
+from graphc.passes.training import adam_moments
 from graphc.passes.training.in_place import in_place_outputs
 from graphc.passes.training.loss_scaling import LOSS_SCALE, SKIPPED
 from graphc.passes.training.scheduled import MOMENTUM, momentum_value
@@ -1060,8 +1060,8 @@ class Trainer:
     def load_checkpoint(self, path: Union[str, os.PathLike]) -> None:
         """Restore what ``save_checkpoint`` wrote; the next steps replay the original run."""
         tensors, meta = ckpt.load(path)
-        tensors = optimizers.first_moments_as_sums(tensors, self.manifest.optimizer, self._expected)
-        roles = {optimizers.sum_name(n, self._expected): r for n, r in meta.roles.items()}
+        tensors = adam_moments.moments_as_sums(tensors, self.manifest.optimizer, self._expected)
+        roles = {adam_moments.sum_name(n, self._expected): r for n, r in meta.roles.items()}
         problem = ckpt.mismatch(self._expected, {n: (dtype_name(a.dtype), list(a.shape)) for n, a in tensors.items()},
                                 roles)
         if problem is not None:

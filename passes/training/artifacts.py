@@ -29,7 +29,7 @@ No DSL here: the caller (``graphc.compile.training``) turns specs into the plain
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -82,7 +82,7 @@ class Built:
     model_outputs: list[str]
     opset: int
     layout: list[flat.Group]  # the flat param buffers (empty: one update per param), params in the model's order
-    slots: tuple[str, ...]  # optimizer state per param or buffer: ``<name>.<slot>``
+    slots: dict[str, tuple[str, ...]]  # each param's and buffer's optimizer state: ``<name>.<slot>`` (``_slots``)
     orders: dict[str, list[int]]  # params train_step holds in another axis order (``taps_params``)
     one_row_batchnorms: dict[str, tuple[str, int]]  # train-mode BatchNorms a 1-row batch makes NaN (``modes``)
     renormed: list[str]  # params an embedding's max_norm renormalises, stepped from that value (``max_norm``)
@@ -142,7 +142,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     held = [replace(g, shapes=[tuple(s[i] for i in orders[p]) if p in orders else s for p, s in zip(g.params, g.shapes)])
             for g in groups]
 
-    slots = optimizers.state_slots(optimizer)
+    slots = _slots(optimizer, {p: gradients.graph.initializers[p].dtype for p in params}, groups)
     param_values = {p: by_name(step.graph, renormed[p]) if p in renormed else step.graph.initializers[p]
                     for p in grads}
     lr_dtype = optimizers.lr_dtype(v.dtype for v in param_values.values())
@@ -159,7 +159,7 @@ def build(model: ir.Model, loss: LossArgs, optimizer: dict,
     updated = [g.name for g in groups] + [p for p in params if p not in grouped]  # what optimizer state is kept for
     role_of_input = {**{n: "data" for n in data}, **({label: "label"} if label else {}),
                      **{n: "param" for n in params},
-                     **{f"{p}.{s}": "state" for p in [*params, *updated] for s in slots},
+                     **{f"{p}.{s}": "state" for p in [*params, *updated] for s in slots[p]},
                      **{n: "state" for n in guarded_params.own_state(gated, optimizer)},
                      STEP: "state", **{n: "state" for n in running_state(optimizer)},
                      **{n: "state" for n in loss_scaling.state_names(loss_scale)},
@@ -392,7 +392,7 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
         grads[p.name] = ir.Value(name=f"{p.name}_grad", type=ir.TensorType(p.dtype), shape=p.shape)
         graph.inputs.extend((values[p.name], grads[p.name]))
     decays = param_selection.decays(list(values), no_decay)
-    slots = optimizers.state_slots(optimizer)
+    slots = _slots(optimizer, {p.name: p.dtype for p in params}, groups)
     outputs = _append_optimizer(graph, opset, optimizer, values, grads, slots, decays, list(groups),
                                 lr_dtype or optimizers.lr_dtype(p.dtype for p in params), loss_scale,
                                 guarded_params.fed_guards(graph, gated, flagged))
@@ -403,10 +403,18 @@ def update_graph(opset: int, optimizer: dict, params: Sequence[ir.Value], groups
     return model
 
 
+def _slots(optimizer: dict, dtypes: Mapping[str, ir.DataType],
+           groups: Sequence[flat.Group]) -> dict[str, tuple[str, ...]]:
+    """Each param's (``dtypes``: name -> dtype) and flat group's ``optimizers.state_slots``."""
+    return {name: optimizers.state_slots(optimizer, dtype)
+            for name, dtype in [*dtypes.items(), *((g.name, g.dtype) for g in groups)]}
+
+
 def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups, lr_dtype,
                       loss_scale: dict | None = None, gated: dict | None = None) -> list[Output]:
     """Optimizer inputs (state, step, lr of ``lr_dtype``) and update nodes for ``params`` (name ->
-    value), per flat buffer of ``groups`` or, with none, per param; returns the ``.next`` outputs.
+    value), per flat buffer of ``groups`` or, with none, per param (``slots``: each one's state
+    slots, ``_slots``); returns the ``.next`` outputs.
     ``loss_scale``: the gradients are the scaled loss's, unscaled here and the step skipped where
     one is not finite (``loss_scaling``; the graph already has the ``loss_scale`` input).
     ``gated``: {param not in ``groups``: its ``guarded_params.guards``}: each counts its own step,
@@ -439,7 +447,7 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
     for name, param, grad, decay in updates:
         like = grad if name in groups_by_name else params[name]  # a flat group's gradient is typed by flat.concat
         state = {}
-        for s in slots:
+        for s in slots[name]:
             state[s] = ir.Value(name=f"{name}.{s}", type=ir.TensorType(like.dtype), shape=like.shape)
             graph.inputs.append(state[s])
         own = gates.own_step(graph, ctx, name, (gated or {}).get(name))
@@ -450,7 +458,7 @@ def _append_optimizer(graph, opset, hyper, params, grads, slots, decays, groups,
         else:
             new_params[name] = optimizers.apply(b, param, delta, shrink)
         state_next += [Output(expose(graph, gates.kept(own.skip, state[s], upd.state[s]), f"{name}.{s}.next", like=like),
-                              "state", f"{name}.{s}") for s in slots]
+                              "state", f"{name}.{s}") for s in slots[name]]
         state_next += [Output(expose(graph, value, f"{n}.next", like=old), "state", n) for n, old, value in own.next()]
     param_next = [Output(expose(graph, new_params[p], f"{p}.next", like=params[p]), "param", p) for p in params]
     return [*param_next, *state_next,
@@ -474,7 +482,7 @@ def _scaler_outputs(graph: ir.Graph, scaler: loss_scaling.Scaler) -> list[Output
 
 def _initial_state(graph, params, bn_stats, slots, hyper, lr_dtype: ir.DataType) -> dict[str, np.ndarray]:
     state = {n: np.array(graph.initializers[n].const_value.numpy()) for n in [*params, *bn_stats]}
-    state.update({f"{p}.{s}": optimizers.initial_state(hyper, s, state[p]) for p in params for s in slots})
+    state.update({f"{p}.{s}": optimizers.initial_state(hyper, s, state[p]) for p in params for s in slots[p]})
     state[STEP] = np.array(0, dtype=np.int64)
     state[LR] = np.array(hyper["lr"], dtype=lr_dtype.numpy())
     state.update(scheduled_inputs(hyper))

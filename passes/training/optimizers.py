@@ -7,13 +7,15 @@ Each function matches ``torch.optim`` (single-tensor, non-capturable path) step 
   m*buf`` if nesterov else ``buf``; ``p = p - lr*g``.
 * Adam: ``g = grad + wd*p``; ``m = m + (1-b1)*(g - m)`` (torch's ``lerp_``);
   ``v = b2*v + (1-b2)*g*g``; ``p = p - lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)`` with
-  ``t`` the step number after this step (``step + 1``). The state holds the first moment as
-  an exponentially weighted sum, ``exp_sum = m / (1-b1) = sum_i b1^(t-i) g_i``:
-  ``exp_sum = b1*exp_sum + g`` takes two full-size passes where PyTorch's average takes three,
-  its factor moving onto the scalar step size (see ``adam``); the second moment is PyTorch's
-  ``exp_avg_sq``. Training artifacts of format 3 and before hold the average, ``exp_avg``; their
-  update is still built (``"first_moment": "average"`` in the spec's JSON).
-  With amsgrad, ``max_exp_avg_sq = max(max_exp_avg_sq, v)`` takes ``v``'s place in the step.
+  ``t`` the step number after this step (``step + 1``). The state holds the moments as
+  exponentially weighted sums, ``exp_sum = m / (1-b1)`` and, but for float16 and bfloat16
+  params, ``exp_sum_sq = v / (1-b2)``: ``exp_sum = b1*exp_sum + g`` takes two full-size passes
+  where PyTorch's average takes three, ``exp_sum_sq = b2*exp_sum_sq + g*g`` three where it takes
+  four, the factors moving onto the step's scalars (see ``adam``; ``adam_moments`` names the
+  slots and says why half params keep the average). Training artifacts of format 3 and before
+  hold both averages, of format 4 and 5 the second; their update is still built.
+  With amsgrad, the running maximum of the second moment (``max_exp_sum_sq``, torch's
+  ``max_exp_avg_sq``) takes its place in the step.
 * AdamW: ``p = p*(1 - lr*wd)`` first (decoupled decay), then the Adam step without ``wd``.
 * RMSprop: ``g = grad + wd*p``; ``square_avg = alpha*square_avg + (1-alpha)*g*g``; centered:
   ``grad_avg = grad_avg + (1-alpha)*(g - grad_avg)``, ``avg = sqrt(square_avg - grad_avg^2) + eps``,
@@ -50,22 +52,22 @@ import numpy as np
 import onnx_ir as ir
 
 from graphc.passes.emit import HALF_DTYPES, Emitter
-from graphc.passes.training import nadam_momentum
+from graphc.passes.training import adam_moments, nadam_momentum
 from graphc.passes.training.scheduled import MU_PRODUCT, buffer_exists, momentum64, momentum_as, momentum_scheduled, \
     unless_zero
 
-STATE_SLOTS = {"sgd": ("momentum_buffer",), "adam": ("exp_sum", "exp_avg_sq"),
-               "adamw": ("exp_sum", "exp_avg_sq"), "rmsprop": ("square_avg",), "adagrad": ("sum",),
+STATE_SLOTS = {"sgd": ("momentum_buffer",), "rmsprop": ("square_avg",), "adagrad": ("sum",),
                "adamax": ("exp_avg", "exp_inf"), "nadam": ("exp_avg", "exp_avg_sq"),
-               "radam": ("exp_avg", "exp_avg_sq")}
-AMSGRAD = "max_exp_avg_sq"  # Adam's and AdamW's third slot with amsgrad, PyTorch's name
-AVERAGE = "exp_avg"  # the first moment as artifacts of format 3 and before hold it: exp_sum * (1 - b1)
+               "radam": ("exp_avg", "exp_avg_sq")}  # Adam's and AdamW's: ``adam_moments.slots``
 
 
-def state_slots(optimizer: dict) -> tuple[str, ...]:
+def state_slots(optimizer: dict, dtype: ir.DataType | None = None) -> tuple[str, ...]:
     """Per-param state slot names (``<param>.<slot>``, named after PyTorch's ``optimizer.state``
-    keys) of an optimizer spec as JSON (``{"kind": "sgd", "momentum": 0.9, ...}``); the one
-    definition (``gc.optim`` specs' ``state_slots`` read it)."""
+    keys) of an optimizer spec as JSON (``{"kind": "sgd", "momentum": 0.9, ...}``) for params of
+    ``dtype`` (None: float32; Adam's second moment is a sum but for float16 and bfloat16 params);
+    the one definition (``gc.optim`` specs' ``state_slots`` read it)."""
+    if optimizer["kind"] in ("adam", "adamw"):
+        return adam_moments.slots(*adam_moments.forms(optimizer, dtype), bool(optimizer.get("amsgrad")))
     with_momentum = bool(optimizer.get("momentum")) or momentum_scheduled(optimizer)
     if optimizer["kind"] == "sgd" and not with_momentum:
         return ()
@@ -73,8 +75,7 @@ def state_slots(optimizer: dict) -> tuple[str, ...]:
     if optimizer["kind"] == "rmsprop":  # torch.optim.RMSprop's keys, in its order
         return (*slots, *(("momentum_buffer",) if with_momentum else ()),
                 *(("grad_avg",) if optimizer.get("centered") else ()))
-    slots = (AVERAGE, *slots[1:]) if _first_as_average(optimizer) else slots
-    return (*slots, AMSGRAD) if optimizer.get("amsgrad") else slots
+    return slots
 
 
 def initial_state(optimizer: dict, slot: str, like: np.ndarray) -> np.ndarray:
@@ -82,34 +83,6 @@ def initial_state(optimizer: dict, slot: str, like: np.ndarray) -> np.ndarray:
     for Adagrad's ``sum``, ``initial_accumulator_value`` (as torch.optim starts them)."""
     fill = optimizer.get("initial_accumulator_value", 0.0) if optimizer["kind"] == "adagrad" else 0.0
     return np.full_like(like, fill)
-
-
-def _first_as_average(optimizer: dict) -> bool:
-    """Does the spec's JSON ask for Adam's first moment as PyTorch's average (format 3 artifacts)?"""
-    return optimizer.get("first_moment") == "average"
-
-
-def sum_name(name: str, wanted) -> str:
-    """The name today's graphs give ``name``, a tensor of a checkpoint that ``wanted`` (names)
-    should fit: ``<p>.exp_sum`` for an Adam first moment ``<p>.exp_avg`` (artifacts of format 3
-    and before) where ``wanted`` has the sum and not the average; else ``name`` itself."""
-    stem = name.removesuffix(f".{AVERAGE}")
-    first = f"{stem}.{STATE_SLOTS['adam'][0]}"
-    return first if stem != name and first in wanted and name not in wanted else name
-
-
-def first_moments_as_sums(tensors: dict[str, np.ndarray], optimizer: dict, wanted) -> dict[str, np.ndarray]:
-    """``tensors`` (a checkpoint's, named per param) with each first moment that ``sum_name``
-    renames turned into its sum, ``exp_avg / (1 - b1)``: checkpoints saved by earlier graphc
-    resume, their first moments rounded once. Other tensors as they are."""
-    if optimizer["kind"] not in ("adam", "adamw") or _first_as_average(optimizer):
-        return tensors
-    factor = 1.0 - optimizer.get("betas", (0.9, 0.999))[0]
-    out = {}
-    for name, array in tensors.items():
-        new = sum_name(name, wanted)
-        out[new] = array if new == name else array / array.dtype.type(factor)
-    return out
 
 
 def lr_dtype(param_dtypes: Iterable[ir.DataType]) -> ir.DataType:
@@ -177,8 +150,9 @@ def step(ctx: StepContext, hyper: dict, grad: ir.Value, state: dict[str, ir.Valu
         return sgd(ctx, param, grad, state,
                    **_only(hyper, "momentum", "nesterov", "weight_decay", "dampening", "maximize"))
     if kind in ("adam", "adamw"):
-        options = _only(hyper, "betas", "eps", "weight_decay", "first_moment", "amsgrad", "maximize")
+        options = _only(hyper, "betas", "eps", "weight_decay", "amsgrad", "maximize")
         dtype = (param if param is not None else grad).dtype
+        options["first_moment"], options["second_moment"] = adam_moments.forms(hyper, dtype)
         if dtype in HALF_DTYPES:
             return _in_float32(ctx, dtype, param, grad, state, decoupled=kind == "adamw", **options)
         return adam(ctx, param, grad, state, decoupled=kind == "adamw", **options)
@@ -260,7 +234,7 @@ def sgd(ctx: StepContext, param, grad, state, momentum=0.0, nesterov=False, weig
 
 
 def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-         decoupled=False, first_moment="sum", amsgrad=False, maximize=False) -> Step:
+         decoupled=False, first_moment="sum", second_moment="sum", amsgrad=False, maximize=False) -> Step:
     # torch's ``p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)`` with the bias correction
     # moved onto scalars: ``(m / (sqrt(v) + eps*sqrt(1-b2^t))) * (lr/(1-b1^t) * sqrt(1-b2^t))``,
     # one full-size pass fewer (the Div by sqrt(1-b2^t)); equal up to float rounding. (The moment
@@ -279,11 +253,13 @@ def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, wei
     # average takes three, its 1 - b1 in the scalar step size): Trainer steps interleaved, batch
     # 32, 64 px, built second / first, ResNet-18 0.991x / 0.991x, ResNet-50 0.999x / 0.992x,
     # ResNet-50's update 49.8 -> 46.9 ms of kernel time (15.6 -> 14.9 % of the step). The second
-    # moment as its sum too, ``b2*exp_sum_sq + g*g``, saved about 0.4 % more (ResNet-18, the
-    # average back: 0.999x / 1.008x); left out: that sum nears g*g / (1 - b2), past float16's
-    # range from |g| = 8 at b2 = 0.999 where the average lasts to 256, and a param whose
-    # exp_sum_sq is inf stops moving without a word. (The first sum's 1 / (1 - b1), 10 at b1 =
-    # 0.9, leaves float16 gradients up to 6,550.) The Sqrt is the chain's dearest pass, about two
+    # moment as its sum too, ``b2*exp_sum_sq + g*g`` (its 1 - b2 and sqrt(1 - b2) in the
+    # scalars), for float32 and float64 params: one Mul fewer per group (ResNet-18's train_step
+    # 1,874 -> 1,858 nodes, EfficientNet-B0's 4,625 -> 4,615), a pass of about 1.4 ms of
+    # ResNet-18's 144 ms step at batch 32; ABBA timings on a 2-core machine at load 6-7 were
+    # noise (update graphs alone, medians 0.96-1.12x, fastest runs 0.77-1.45x). Half params keep
+    # the average (``adam_moments``). (The first sum's 1 / (1 - b1), 10 at b1 = 0.9, leaves
+    # float16 gradients up to 6,550.) The Sqrt is the chain's dearest pass, about two
     # of the others (2**19 floats, 2 threads, warm: Sqrt 71 us, Add 35, Mul 43, Div 46), and no
     # standard op is a cheaper root: Pow(v, 0.5) 785 us (a std::pow per element).
     like = param if param is not None else grad  # typed (a per-param gradient may not be)
@@ -296,18 +272,22 @@ def adam(ctx: StepContext, param, grad, state, betas=(0.9, 0.999), eps=1e-8, wei
         shrink = _shrink(ctx, like, weight_decay)
     elif weight_decay:
         grad = b.op("Add", grad, b.op("Mul", param, c(weight_decay)))
-    first, second = state_slots({"kind": "adam", "first_moment": first_moment})
+    first, second, *most = adam_moments.slots(first_moment, second_moment, amsgrad)
     m, v = state[first], state[second]
-    if first_moment == "average":  # format 3 artifacts' and a scheduled beta1's state: PyTorch's own
+    if first_moment == adam_moments.AVERAGE:  # format 3 artifacts' and a scheduled beta1's state: PyTorch's own
         m = b.op("Add", m, b.op("Mul", b.op("Sub", grad, m), momentum_as(ctx, beta1, like, complement=True)))
     else:  # the sum m / (1-b1)
         m = b.op("Add", b.op("Mul", m, c(beta1)), grad)
-    v = b.op("Add", b.op("Mul", v, c(beta2)), b.op("Mul", b.op("Mul", grad, grad), c(1.0 - beta2)))
+    decayed, squared = b.op("Mul", v, c(beta2)), b.op("Mul", grad, grad)
+    if second_moment == adam_moments.AVERAGE:  # half params', format 5 artifacts' and before: PyTorch's own
+        squared = b.op("Mul", squared, c(1.0 - beta2))
+    v = b.op("Add", decayed, squared)  # else the sum v / (1-b2)
     new_state = {first: m, second: v}
-    if amsgrad:
-        v = new_state[AMSGRAD] = b.op("Max", state[AMSGRAD], v)
-    scale, eps_scaled = ctx.cached(("adam", like.dtype, beta1, beta2, eps, first_moment),
-                                   lambda: _bias_corrections(ctx, like, beta1, beta2, eps, first_moment == "sum"))
+    if amsgrad:  # a max commutes with the sum's positive factor
+        v = new_state[most[0]] = b.op("Max", state[most[0]], v)
+    forms = (first_moment, second_moment)
+    scale, eps_scaled = ctx.cached(("adam", like.dtype, beta1, beta2, eps, forms),
+                                   lambda: _bias_corrections(ctx, like, beta1, beta2, eps, *forms))
     delta = b.op("Mul", b.op("Div", m, b.op("Add", b.op("Sqrt", v), eps_scaled)), scale)
     return Step(delta, shrink, new_state)
 
@@ -320,16 +300,20 @@ def _shrink(ctx: StepContext, like: ir.Value, weight_decay: float) -> ir.Value:
 
 
 def _bias_corrections(ctx: StepContext, like: ir.Value, beta1: float, beta2: float, eps: float,
-                      first_as_sum: bool):
-    """``lr / (1 - b1^t) * sqrt(1 - b2^t)`` (times ``1 - b1`` with ``first_as_sum``, the first
-    moment kept as its sum) and ``eps * sqrt(1 - b2^t)``; computed in float64 then cast to the
-    param's dtype, as PyTorch computes its bias corrections in Python floats."""
+                      first_moment: str, second_moment: str):
+    """``lr / (1 - b1^t) * sqrt(1 - b2^t)`` and ``eps * sqrt(1 - b2^t)``: the step's scalar
+    factor and the denominator's eps, ``m * scale / (sqrt(v) + eps_scaled)``. The first moment as
+    its sum multiplies the scale by ``1 - b1``; the second as its sum, whose root is
+    ``sqrt(v) / sqrt(1 - b2)``, divides both by ``sqrt(1 - b2)``. Computed in float64 then cast to
+    the param's dtype, as PyTorch computes its bias corrections in Python floats."""
     b, t = ctx.b, ctx._cast("t", ctx.t, ir.DataType.DOUBLE)
     one = b.const(1.0, np.float64)
     bc1 = b.op("Sub", one, b.op("Pow", momentum64(ctx, beta1), t))
     bc2_sqrt = b.op("Sqrt", b.op("Sub", one, b.op("Pow", b.const(beta2, np.float64), t)))
+    if second_moment == adam_moments.SUM:
+        bc2_sqrt = b.op("Div", bc2_sqrt, b.const(float(np.sqrt(1.0 - beta2)), np.float64))
     lr64 = ctx._cast("lr", ctx.lr, ir.DataType.DOUBLE)
-    if first_as_sum:
+    if first_moment == adam_moments.SUM:
         lr64 = b.op("Mul", lr64, b.const(1.0 - beta1, np.float64))
     scale = b.op("Mul", b.op("Div", lr64, bc1), bc2_sqrt)
     eps_scaled = b.op("Mul", b.const(eps, np.float64), bc2_sqrt)
