@@ -31,7 +31,7 @@ size it reports:
   onnxruntime profile of the train_step (on the CPU only: on the GPU the profile times kernel
   launches, not kernels), and the train_step's node count; beside it, for scale, PyTorch's own:
   the median ``opt.step()`` time over its median step time; and two floors, the shares the
-  update would have (the step's other kernel time kept) as graphc's 12-node AdamW chain alone,
+  update would have (the step's other kernel time kept) as graphc's 11-node AdamW chain alone,
   over in-cache flat buffers of as many floats as the params and without the step's gathering
   and splitting (fewer elementwise ONNX nodes cannot compute AdamW: ``chain_floor_ms``), and as
   one fused kernel pass, PyTorch's fused AdamW on the same params. Where the chain floor passes
@@ -433,9 +433,9 @@ def chain_floor_ms(arts, directory: Path, runs: int = 7, warmup: int = 2) -> flo
     """Kernel ms per run of graphc's update chain alone over as many float32s as the trainable
     params: flat buffers of ``flat.CHUNK_ELEMENTS`` (in cache), none of the step's gathering of
     gradients, splitting or per-param nodes; an onnxruntime profile, as ``update_share``'s.
-    AdamW in elementwise ONNX ops takes at least these 12 full-size nodes per buffer: a moment
-    is a sum of two tensors with two coefficients (no elementwise op scales both: the first,
-    kept as its sum, 2 nodes; the second 4 with the squared gradient), and ``p*(1-lr*wd) -
+    AdamW in elementwise ONNX ops takes at least these 11 full-size nodes per buffer: a moment
+    is a sum of two tensors with two coefficients (no elementwise op scales both: each kept as
+    its sum, the first 2 nodes, the second 3 with the squared gradient), and ``p*(1-lr*wd) -
     c*m/(sqrt(v)+eps)`` 6 more (a Gemm doing the ``a*x + b*y`` measured no faster:
     ``passes.training.optimizers``)."""
     import onnx_ir as ir
@@ -671,7 +671,7 @@ def print_table(rows: list[dict], image_size: int, device: str, keep_freed: bool
     console.print(f"targets: ratio <= {t['ratio']['cnn']} (CNNs), <= {t['ratio']['transformer']} (transformers); "
                   f"update <= {t['update_pct']:.0f}% of kernel time; mem ratio <= {t['memory_ratio']}")
     if any("update_pct" in r for r in rows):
-        console.print(f"update floors: the update's share of the step were it the 12-node AdamW chain alone, in "
+        console.print(f"update floors: the update's share of the step were it the 11-node AdamW chain alone, in "
                       "cache-sized flat buffers (chain floor: no standard-op update is cheaper), or one fused "
                       f"kernel (PyTorch's fused AdamW); above {t['update_pct']:.0f}%, that kind of update cannot "
                       "meet the target on this machine")
