@@ -136,6 +136,7 @@ class CheckpointMeta(BaseModel):
     artifacts: str = ""               # where the training graphs were loaded from, if anywhere
     interface: str = ""               # digest of the train_step interface the tensors fit
     schedule: str = ""                # the lr scheduler's state as JSON text (Trainer.schedule_state), if one ran
+    optimizer: dict[str, Any] = {}    # the optimizer spec the run trained with (``resume_rules``); {} before it was kept
     digest: str = ""                  # sha256 over the tensor data and the fields above (filled in by save)
     _nulls: bool = PrivateAttr(False)  # read from a header that wrote a non-finite metric sum as null
 
@@ -185,6 +186,8 @@ def _digest(tensors: dict[str, np.ndarray], meta: CheckpointMeta) -> str:
             exclude["seed"] = True
         if not meta.schedule:  # nor one from before lr schedulers, or of a run without one
             exclude["schedule"] = True
+        if not meta.optimizer:  # nor one from before the optimizer spec was kept
+            exclude["optimizer"] = True
         if meta.progress.skipped_steps is None:  # nor one from before loss scaling's count, or of a run without
             exclude["progress"] = {"skipped_steps"}
         if meta.format in _UNWEIGHTED_FORMATS:  # the header as formats 1 and 2 hashed it, without format 3's fields

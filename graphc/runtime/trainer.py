@@ -64,7 +64,7 @@ from graphc.passes.training import adam_moments
 from graphc.passes.training.in_place import in_place_outputs
 from graphc.passes.training.loss_scaling import LOSS_SCALE, SKIPPED
 from graphc.passes.training.scheduled import MOMENTUM, momentum_value
-from graphc.runtime import averaging, checkpoint as ckpt, momentum as momentum_lib
+from graphc.runtime import averaging, checkpoint as ckpt, momentum as momentum_lib, resume_rules
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.data import (DataLoader, check_eval_loader, check_training_loader, check_whole, eval_batches,
                                  first_non_finite)
@@ -898,6 +898,7 @@ class Trainer:
         return f"the checkpoint's run used a loader with {', '.join(diffs)}" if diffs else None
 
     def _use_loader(self, loader) -> None:
+        resume_rules.check_position(self._loader_state, _loader_state(loader), self.epoch, self.batch_in_epoch)
         problem = self.loader_mismatch(loader)
         if problem is not None:
             import warnings
@@ -1054,13 +1055,18 @@ class Trainer:
             loader=self._loader_state, rng=self.rng.bit_generator.state, seed=self._seed,
             graph_rng={key: rng.bit_generator.state for key, rng in self._graph_rngs().items()},
             roles=dict(self._roles), backend=self.backend, artifacts=str(self.artifacts_path or ""),
-            interface=self.manifest.interface(), schedule=self.schedule_state())
+            interface=self.manifest.interface(), schedule=self.schedule_state(), optimizer=self.manifest.optimizer)
         return ckpt.save(target, self.state_dict(), meta)
 
-    def load_checkpoint(self, path: Union[str, os.PathLike]) -> None:
-        """Restore what ``save_checkpoint`` wrote; the next steps replay the original run."""
+    def load_checkpoint(self, path: Union[str, os.PathLike], *, changed_optimizer: bool = False) -> None:
+        """Restore what ``save_checkpoint`` wrote; the next steps replay the original run. A
+        checkpoint trained with another optimizer kind or constants (weight decay, betas, ...) is
+        a ``CheckpointError`` unless ``changed_optimizer`` (``graphc.runtime.resume_rules``)."""
         tensors, meta = ckpt.load(path)
+        resume_rules.check_optimizer(path, meta.optimizer, self.manifest.optimizer, self._entries, changed_optimizer)
         tensors = adam_moments.moments_as_sums(tensors, self.manifest.optimizer, self._expected)
+        if changed_optimizer and meta.optimizer:  # Adam's moment sums to the graphs' betas
+            tensors = adam_moments.moments_rebased(tensors, meta.optimizer, self.manifest.optimizer)
         roles = {adam_moments.sum_name(n, self._expected): r for n, r in meta.roles.items()}
         problem = ckpt.mismatch(self._expected, {n: (dtype_name(a.dtype), list(a.shape)) for n, a in tensors.items()},
                                 roles)

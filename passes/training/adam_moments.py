@@ -70,3 +70,20 @@ def moments_as_sums(tensors: Mapping[str, np.ndarray], optimizer: dict,
         beta = None if new == name else betas[_AS_SUM[name.rpartition(".")[2]][1]]
         out[new] = array if beta is None else array / array.dtype.type(1.0 - beta)
     return out
+
+
+def moments_rebased(tensors: Mapping[str, np.ndarray], was: dict, now: dict) -> dict[str, np.ndarray]:
+    """``tensors`` (a checkpoint's, named per param, its moments already in today's names) of a
+    run with spec ``was`` resumed by graphs of spec ``now``: each moment kept as a sum rescaled
+    from ``was``'s beta to ``now``'s, so it holds the same average (torch's ``exp_avg`` and
+    ``exp_avg_sq``, which changed betas keep). Averages and other tensors as they are."""
+    if any(spec.get("kind") not in ("adam", "adamw") for spec in (was, now)):
+        return dict(tensors)
+    b_was, b_now = (spec.get("betas", (0.9, 0.999)) for spec in (was, now))
+    by_slot = {total: beta for total, _, beta in (FIRST, SECOND, MAX_SECOND)}
+    out = {}
+    for name, array in tensors.items():
+        beta = by_slot.get(name.rpartition(".")[2])
+        same = beta is None or b_was[beta] == b_now[beta]
+        out[name] = array if same else array * array.dtype.type((1.0 - b_was[beta]) / (1.0 - b_now[beta]))
+    return out

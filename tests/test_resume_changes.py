@@ -1,0 +1,145 @@
+"""Resuming with changed settings: torch's behaviour where graphc can give it, else a clear
+refusal before any step (``graphc.runtime.resume_rules``)."""
+
+import numpy as np
+import pytest
+
+import graphc as gc
+from graphc import nn
+from graphc.runtime.checkpoint import CheckpointError
+from trainer_models import blobs, interrupt_at
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return {"logits": self.fc2(gc.relu(self.fc1(x)))}
+
+
+def artifacts(optimizer):
+    model = gc.capture(MLP(), seed=0, x=gc.spec("float32", ("N", 8)))
+    return gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), optimizer)
+
+
+DATA = [blobs(16, seed=i) for i in range(6)]
+
+
+def saved_after(arts, path, steps=3, backend="numpy"):
+    trainer = gc.Trainer(arts, backend=backend)
+    for batch in DATA[:steps]:
+        trainer.step(batch)
+    trainer.save_checkpoint(path)
+    return trainer
+
+
+def torch_resumed(start, make_before, make_after, after_load=lambda opt: None):
+    """torch's run: 3 steps with ``make_before``'s optimizer, its state_dict loaded into
+    ``make_after``'s (then ``after_load``), 3 more steps; the final params."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    with torch.no_grad():
+        for (name, p), key in zip(model.named_parameters(), ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]):
+            p.copy_(torch.from_numpy(start[key]))
+
+    def steps(opt, batches):
+        for b in batches:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(torch.from_numpy(b["x"])), torch.from_numpy(b["y"])).backward()
+            opt.step()
+
+    before = make_before(torch.optim, model.parameters())
+    steps(before, DATA[:3])
+    after = make_after(torch.optim, model.parameters())
+    after.load_state_dict(before.state_dict())
+    after_load(after)
+    steps(after, DATA[3:])
+    return {"fc1.weight": model[0].weight, "fc1.bias": model[0].bias, "fc2.weight": model[2].weight,
+            "fc2.bias": model[2].bias}
+
+
+def assert_params_equal(trainer, want):
+    for name, value in want.items():
+        np.testing.assert_allclose(trainer.params[name], value.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_a_changed_lr_resumes_with_the_checkpoints_as_torch_and_says_so(tmp_path, backend):
+    start = gc.Trainer(artifacts(gc.optim.Adam(1e-2)), backend=backend).params
+    saved_after(artifacts(gc.optim.Adam(1e-2)), tmp_path / "ck", backend=backend)
+    resumed = gc.Trainer(artifacts(gc.optim.Adam(1e-3)), backend=backend)
+    with pytest.warns(UserWarning, match=r"generated with lr 0\.001, the checkpoint's run with 0\.01.*set trainer\.lr"):
+        resumed.load_checkpoint(tmp_path / "ck")
+    for batch in DATA[3:]:
+        resumed.step(batch)
+    assert_params_equal(resumed, torch_resumed(start, lambda o, p: o.Adam(p, 1e-2), lambda o, p: o.Adam(p, 1e-3)))
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(weight_decay=0.1), r"weight_decay 0\.0 \(now 0\.1\)"),
+    (dict(betas=(0.5, 0.9)), r"betas \[0\.9, 0\.999\] \(now \[0\.5, 0\.9\]\)"),
+    (dict(eps=1e-3), r"eps 1e-08 \(now 0\.001\)"),
+])
+def test_changed_optimizer_constants_are_refused_naming_them(tmp_path, change, words):
+    """torch would resume with the checkpoint's (param_groups are restored); the graphs hold
+    theirs, so graphc says so instead of training on them silently (it did before)."""
+    saved_after(artifacts(gc.optim.Adam(1e-2)), tmp_path / "ck")
+    resumed = gc.Trainer(artifacts(gc.optim.Adam(1e-2, **change)), backend="numpy")
+    before = resumed.state_dict()
+    with pytest.raises(CheckpointError, match=words + r".*changed_optimizer=True"):
+        resumed.load_checkpoint(tmp_path / "ck")
+    assert resumed.step_count == 0
+    for name, value in before.items():
+        assert resumed.state_dict()[name].tobytes() == value.tobytes(), name
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_changed_optimizer_true_trains_as_torch_setting_param_groups_after_load(tmp_path, backend):
+    start = gc.Trainer(artifacts(gc.optim.Adam(1e-2)), backend=backend).params
+    saved_after(artifacts(gc.optim.Adam(1e-2)), tmp_path / "ck", backend=backend)
+    resumed = gc.Trainer(artifacts(gc.optim.Adam(1e-2, weight_decay=0.1, betas=(0.8, 0.99))), backend=backend)
+    resumed.load_checkpoint(tmp_path / "ck", changed_optimizer=True)
+    for batch in DATA[3:]:
+        resumed.step(batch)
+
+    def set_groups(opt):
+        opt.param_groups[0].update(weight_decay=0.1, betas=(0.8, 0.99))
+
+    want = torch_resumed(start, lambda o, p: o.Adam(p, 1e-2), lambda o, p: o.Adam(p, 1e-2), set_groups)
+    assert_params_equal(resumed, want)
+
+
+@pytest.mark.parametrize("before,after,words", [
+    (gc.optim.Adam(1e-2), gc.optim.SGD(1e-2, momentum=0.9), "trained with adam, these training graphs train with sgd"),
+    (gc.optim.Adam(1e-2), gc.optim.AdamW(1e-2), "trained with adam, these training graphs train with adamw"),
+    (gc.optim.SGD(1e-2, momentum=0.9), gc.optim.SGD(1e-2), r"momentum 0\.9 \(now 0\.0\)"),
+])
+def test_another_optimizer_is_refused_naming_both(tmp_path, before, after, words):
+    saved_after(artifacts(before), tmp_path / "ck")
+    with pytest.raises(CheckpointError, match=words):
+        gc.Trainer(artifacts(after), backend="numpy").load_checkpoint(tmp_path / "ck")
+
+
+def test_a_batch_size_changed_mid_epoch_is_refused_before_any_step(tmp_path):
+    """Before, 3 of 6 batches of 16 done, a loader of 32 went on at its batch 3 of 3: the
+    epoch's other 48 samples were silently never trained on."""
+    arts, data = artifacts(gc.optim.SGD(0.1, momentum=0.9)), blobs(96)
+    first = gc.Trainer(arts, backend="numpy")
+    interrupt_at(first, 9)  # killed at epoch 2's 4th step
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(gc.data.DataLoader(data, batch_size=16, seed=3), 2, progress=False, quiet=True)
+    first.save_checkpoint(tmp_path / "ck")
+    resumed = gc.Trainer(tmp_path / "ck", backend="numpy")
+    assert (resumed.epoch, resumed.batch_in_epoch) == (1, 3)
+    with pytest.raises(ValueError, match=r"3 of epoch 2's batches of 16 samples \(48 of 96\).*batch_size 16 "
+                                         r"\(now 32\).*fit\(loader, epochs=2\)"):
+        resumed.fit(gc.data.DataLoader(data, batch_size=32, seed=3), 3, progress=False, quiet=True)
+    assert resumed.step_count == 9
+    finished = resumed.fit(gc.data.DataLoader(data, batch_size=16, seed=3), 2, progress=False, quiet=True)
+    assert finished.epochs[0].samples == 96  # the epoch's record covers its batches before the save too
+    with pytest.warns(UserWarning, match="batch_size 16 \\(now 32\\)"):  # at the epoch's end: the user's choice
+        then = resumed.fit(gc.data.DataLoader(data, batch_size=32, seed=3), 3, progress=False, quiet=True)
+    assert then.epochs[0].samples == 96 and then.epochs[0].steps == 3
