@@ -21,6 +21,7 @@ except ImportError:  # tests/ collected as a package
 
 R = np.random.default_rng(21)
 W4 = R.uniform(0.2, 2.0, 4)  # class weights
+W4F = W4.astype(np.float32)  # as torch.from_numpy(W4).float(): a float32 model's weights
 
 
 def _pair(shape=(6, 5)):
@@ -159,7 +160,7 @@ def test_weighted_mean_divides_by_the_picked_weights():
     for fn in (lambda x, y: F.cross_entropy(x, y, W4), lambda x, y: F.nll_loss(F.log_softmax(x, 1), y, W4),
                lambda x, y: nn.CrossEntropyLoss(W4)(x, y)):
         got = gc.Session(gc.capture(fn, x=x, y=y), backend="numpy").run({"x": x, "y": y})["output"]
-        np.testing.assert_allclose(got, want, rtol=1e-6)  # the module's weight is a float32 buffer
+        np.testing.assert_allclose(got, want, rtol=1e-12)  # the module's weight buffer stays float64
 
 
 def test_binary_cross_entropy_clamps_its_logs_as_torch():
@@ -204,15 +205,15 @@ MODULES = [
     (lambda: nn.L1Loss(), "L1Loss()", _pair, []),
     (lambda: nn.SmoothL1Loss(beta=0.5), "SmoothL1Loss(beta=0.5)", _pair, []),
     (lambda: nn.HuberLoss("none", 0.5), "HuberLoss('none', 0.5)", _pair, []),
-    (lambda: nn.BCELoss(W4[:3]), "BCELoss(w(W4[:3]))", lambda: _probs((5, 3)), ["weight"]),
-    (lambda: nn.BCEWithLogitsLoss(W4, pos_weight=W4[::-1].copy()),
+    (lambda: nn.BCELoss(W4F[:3]), "BCELoss(w(W4[:3]))", lambda: _probs((5, 3)), ["weight"]),
+    (lambda: nn.BCEWithLogitsLoss(W4F, pos_weight=W4F[::-1].copy()),
      "BCEWithLogitsLoss(w(W4), pos_weight=w(W4[::-1].copy()))", lambda: _probs((5, 4)), ["weight", "pos_weight"]),
-    (lambda: nn.BCEWithLogitsLoss(pos_weight=W4), "BCEWithLogitsLoss(pos_weight=w(W4))", lambda: _probs((5, 4)),
+    (lambda: nn.BCEWithLogitsLoss(pos_weight=W4F), "BCEWithLogitsLoss(pos_weight=w(W4))", lambda: _probs((5, 4)),
      ["pos_weight"]),
-    (lambda: nn.CrossEntropyLoss(W4, label_smoothing=0.1, ignore_index=0),
+    (lambda: nn.CrossEntropyLoss(W4F, label_smoothing=0.1, ignore_index=0),
      "CrossEntropyLoss(w(W4), label_smoothing=0.1, ignore_index=0)", _labels, ["weight"]),
     (lambda: nn.CrossEntropyLoss(reduction="none"), "CrossEntropyLoss(reduction='none')", _soft, []),
-    (lambda: nn.NLLLoss(W4, reduction="sum"), "NLLLoss(w(W4), reduction='sum')", _labels, ["weight"]),
+    (lambda: nn.NLLLoss(W4F, reduction="sum"), "NLLLoss(w(W4), reduction='sum')", _labels, ["weight"]),
     (lambda: nn.KLDivLoss(reduction="batchmean", log_target=True), "KLDivLoss(reduction='batchmean', log_target=True)",
      lambda: _kl(log_target=True), []),
     (lambda: nn.MSELoss(False), "MSELoss(False)", _pair, []),  # size_average=False: "sum"
@@ -230,6 +231,7 @@ def test_module_matches_torch_with_its_state_dict_keys(factory, ctor, make, keys
                                          "w": lambda a: torch.from_numpy(a.astype(np.float32))})
     assert list(loss.state_dict()) == list(theirs.state_dict()) == keys
     for k, v in theirs.state_dict().items():
+        assert loss.state_dict()[k].dtype == v.numpy().dtype, k
         np.testing.assert_array_equal(loss.state_dict()[k], v.numpy())
     model = gc.capture(loss, input=gc.spec(x.dtype, ("N", *x.shape[1:])),
                        target=gc.spec(y.dtype, ("N", *y.shape[1:])))
@@ -281,7 +283,7 @@ def test_model_with_a_loss_module_trains_like_torch(name, ours, theirs, outputs,
     fc = torch.nn.Linear(5, outputs, dtype=torch.float64)
     fc.load_state_dict({k.removeprefix("fc."): torch.from_numpy(v) for k, v in model.params.items()
                         if k.startswith("fc.")})
-    loss_fn = theirs(torch, torch.from_numpy(W4.astype(np.float32)).double())
+    loss_fn = theirs(torch, torch.from_numpy(W4))  # the float64 weights as given, as ours keeps them
     opt = torch.optim.Adam(fc.parameters(), 0.0625, weight_decay=0.25) if optim == "adam" else \
         torch.optim.SGD(fc.parameters(), 0.25, momentum=0.5)
     for step in range(4):

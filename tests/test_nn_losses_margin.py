@@ -163,6 +163,7 @@ def test_gradients_match_float64_finite_differences(case):
 
 
 W4 = R.uniform(0.2, 2.0, 4)
+W4F = W4.astype(np.float32)  # as torch.from_numpy(W4).float(): a float32 model's weights
 # (module factory, torch.nn constructor, make() -> inputs, torch's state_dict keys)
 MODULES = [
     (lambda: nn.PoissonNLLLoss(full=True, reduction="sum"), "PoissonNLLLoss(full=True, reduction='sum')", _counts, []),
@@ -176,11 +177,11 @@ MODULES = [
     (lambda: nn.HingeEmbeddingLoss(0.5, reduction="sum"), "HingeEmbeddingLoss(0.5, reduction='sum')",
      lambda: [R.standard_normal((5, 3)), _signs((5, 3))], []),
     (lambda: nn.SoftMarginLoss(), "SoftMarginLoss()", lambda: [R.standard_normal((5, 3)), _signs((5, 3))], []),
-    (lambda: nn.MultiLabelSoftMarginLoss(W4), "MultiLabelSoftMarginLoss(w(W4))",
+    (lambda: nn.MultiLabelSoftMarginLoss(W4F), "MultiLabelSoftMarginLoss(w(W4))",
      lambda: [R.standard_normal((5, 4)), R.integers(0, 2, (5, 4)) * 1.0], ["weight"]),
     (lambda: nn.MultiLabelMarginLoss(reduction="none"), "MultiLabelMarginLoss(reduction='none')",
      lambda: [R.standard_normal((4, 5)), _multilabel_targets()], []),
-    (lambda: nn.MultiMarginLoss(2, 0.5, W4), "MultiMarginLoss(2, 0.5, w(W4))",
+    (lambda: nn.MultiMarginLoss(2, 0.5, W4F), "MultiMarginLoss(2, 0.5, w(W4))",
      lambda: [R.standard_normal((6, 4)), R.integers(0, 4, 6)], ["weight"]),
     (lambda: nn.TripletMarginLoss(0.5, 1.5, swap=True), "TripletMarginLoss(0.5, 1.5, swap=True)",
      lambda: _normal((5, 4), (5, 4), (5, 4)), []),
@@ -202,6 +203,7 @@ def test_module_matches_torch_with_its_state_dict_keys(factory, ctor, make, keys
                                          "w": lambda a: torch.from_numpy(a.astype(np.float32))})
     assert list(loss.state_dict()) == list(theirs.state_dict()) == keys
     for k, v in theirs.state_dict().items():
+        assert loss.state_dict()[k].dtype == v.numpy().dtype, k
         np.testing.assert_array_equal(loss.state_dict()[k], v.numpy())
     names = list(loss.forward.__code__.co_varnames[1:1 + len(xs)])
     model = gc.capture(loss, **{n: gc.spec(x.dtype, ("N", *x.shape[1:])) for n, x in zip(names, xs)})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.dsl import ops, ops_array
-from graphc.dsl.autocast import autocast_op
+from graphc.dsl.autocast import autocast_op, widest
 from graphc.dsl.batching import batch_of_one
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.ops_layers import logsigmoid
@@ -46,9 +46,32 @@ def reduce_loss(x: Tensor, reduction: str) -> Tensor:
 
 
 def like_dtype(t, like: Tensor) -> Tensor:
-    """``t`` (an array or a Tensor, such as a loss module's float32 weight buffer) in ``like``'s dtype."""
+    """``t`` (an array or a Tensor, such as a loss module's weight buffer) in ``like``'s dtype."""
     t = ops.lift(t, like)
     return t if t.dtype == like.dtype else ops.cast(t, like.dtype)
+
+
+def _float_mismatch(t, like: Tensor) -> bool:
+    """Whether ``t`` is a float Tensor (a module's weight buffer, a computed value) of a float dtype other
+    than ``like``'s; an array or list is a constant, which takes ``like``'s dtype as any constant does."""
+    return isinstance(t, Tensor) and t.dtype in FLOAT_DTYPES and like.dtype in FLOAT_DTYPES and t.dtype != like.dtype
+
+
+def same_dtype_weight(loss: str, t, like: Tensor) -> Tensor:
+    """``t`` in ``like``'s dtype where torch requires the input's dtype of a class weight
+    (``cross_entropy`` on class labels, ``nll_loss``, ``multi_margin_loss``): a float Tensor of another
+    dtype is refused, as torch raises "expected scalar type Float but found Double"."""
+    if _float_mismatch(t, like):
+        raise CaptureError(f"{loss}: weight is {t.dtype} but the input is {like.dtype}; torch requires the "
+                           f"input's dtype (it raises 'expected scalar type'): give the weight as {like.dtype} "
+                           f"(or the input as {t.dtype}) (at {user_source()})")
+    return like_dtype(t, like)
+
+
+def promoted(x: Tensor, t) -> Tensor:
+    """``x`` in the float dtype torch promotes ``x`` and a float Tensor ``t`` to (a float64 weight on a
+    float32 input: float64), where ``t``'s dtype is not ``x``'s; else ``x``."""
+    return ops.cast(x, widest({x.dtype, t.dtype})) if _float_mismatch(t, x) else x
 
 
 def _weighted(elem: Tensor, weight: Tensor | None) -> Tensor:
@@ -199,7 +222,9 @@ def nll(logp: Tensor, labels: Tensor, reduction: str = "mean", weight: Tensor | 
     of the picked weights of the labels that are not ``ignore_index``."""
     check_reduction("nll", reduction)
     ignore_index = check_ignore_index("nll", ignore_index)
-    return _batched(_nll, ops.lift(logp), ops.lift(labels), reduction, weight, ignore_index)
+    logp = ops.lift(logp)
+    weight = None if weight is None else same_dtype_weight("nll_loss", weight, logp)
+    return _batched(_nll, logp, ops.lift(labels), reduction, weight, ignore_index)
 
 
 def _nll(logp: Tensor, labels: Tensor, reduction: str, weight: Tensor | None, ignore_index: int) -> Tensor:
@@ -233,6 +258,7 @@ def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean", label
             raise CaptureError(f"cross_entropy: ignore_index={ignore_index} is for class labels, not the class "
                                f"probabilities given (at {user_source()})")
         return _batched(_soft_cross_entropy, logits, labels, reduction, label_smoothing, weight)
+    weight = None if weight is None else same_dtype_weight("cross_entropy", weight, logits)
     return _batched(_cross_entropy, logits, labels, reduction, label_smoothing, ignore_index, weight)
 
 
@@ -270,7 +296,8 @@ def _soft_cross_entropy(logits: Tensor, probs: Tensor, reduction: str, eps: floa
     if eps:
         probs = probs * (1.0 - eps) + eps / dim_size(logits, 1)
     terms = ops.log_softmax(logits, axis=1) * probs
-    if weight is not None:
+    if weight is not None:  # a weight of a wider float dtype: the loss in that dtype, as torch promotes
+        terms = promoted(terms, weight)
         terms = terms * _per_class(weight, terms)
     return reduce_loss(-ops.sum(terms, axis=1), reduction)
 

@@ -12,7 +12,7 @@ from typing import Callable
 from graphc.dsl import ops, ops_array
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
-from graphc.dsl.losses import check_reduction, dim_size, like_dtype, reduce_loss
+from graphc.dsl.losses import check_reduction, dim_size, like_dtype, promoted, reduce_loss, same_dtype_weight
 from graphc.dsl.ops_layers import logsigmoid
 from graphc.dsl.ops_distance import pairwise_distance
 from graphc.dsl.tensor import Tensor
@@ -126,8 +126,9 @@ def multilabel_soft_margin(x: Tensor, target: Tensor, weight: Tensor | None = No
     x = ops.lift(x)
     target = ops.lift(target, x)
     elem = -(target * logsigmoid(x) + (1.0 - target) * logsigmoid(-x))
-    if weight is not None:
-        elem = elem * like_dtype(weight, x)
+    if weight is not None:  # a weight of a wider float dtype: the loss in that dtype, as torch promotes
+        elem = promoted(elem, weight)
+        elem = elem * like_dtype(weight, elem)
     return reduce_loss(ops.sum(elem, axis=-1) / dim_size(elem, -1), reduction)
 
 
@@ -174,7 +175,7 @@ def multi_margin(x: Tensor, target: Tensor, p: int = 1, margin: float = 1.0, wei
             ops.same_dim("multi_margin", [x, target], x.shape[0] if x.ndim == 2 else 1, target.shape[0],
                          "input and target batch sizes")
     if weight is not None:
-        weight = like_dtype(weight, x)
+        weight = same_dtype_weight("multi_margin_loss", weight, x)
         if weight.shape is not None and x.shape is not None:
             if weight.ndim != 1:
                 raise op_error("multi_margin", [x, weight], f"weight must be [C], got rank {weight.ndim}",

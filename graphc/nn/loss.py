@@ -3,14 +3,16 @@ and defaults (MSELoss ... TripletMarginWithDistanceLoss); the formulas are ``gra
 and ``graphc/dsl/losses_margin.py``'s.
 
 The deprecated ``size_average`` and ``reduce`` arguments override ``reduction`` as in torch.
-Class weights (``weight``, ``pos_weight``) are buffers, as torch registers them: in ``state_dict()``
-under torch's keys and never trained (``gc.training.generate`` keeps buffers constant)."""
+Class weights (``weight``, ``pos_weight``) are buffers, as torch registers them: in the given array's
+dtype, in ``state_dict()`` under torch's keys and never trained (``gc.training.generate`` keeps buffers constant)."""
 
 from __future__ import annotations
 
 import math
 import warnings
 from typing import Any, Callable
+
+import numpy as np
 
 from graphc.dsl import losses, losses_margin, ops
 from graphc.dsl.ctc import ctc_loss
@@ -169,8 +171,14 @@ class _Loss(Module):
 
 
 def _buffer(value: Any) -> Parameter | None:
-    """A class-weight buffer (float32 from a float64 array, as ``gc.nn.Parameter``); None stays None."""
-    return None if value is None else Parameter(value, buffer=True)
+    """A class-weight buffer in the given array's dtype, as torch keeps a tensor's (a float64 array stays
+    float64); a list or tuple of floats is float32, torch's default dtype; None stays None."""
+    if value is None:
+        return None
+    data = np.asarray(value)
+    if isinstance(value, (list, tuple)) and data.dtype == np.float64:
+        data = data.astype(np.float32)
+    return Parameter(data, dtype=data.dtype, buffer=True)
 
 
 class _WeightedLoss(_Loss):
