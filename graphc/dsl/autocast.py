@@ -26,7 +26,7 @@ from graphc.dsl import autocast_policy as policy
 from graphc.dsl.builder import Builder, current
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import NARROW, narrowed
-from graphc.model.dtypes import as_dtype, to_onnx, torch_dtype_name
+from graphc.model.dtypes import as_dtype, to_onnx
 
 F = TypeVar("F", bound=Callable[..., Any])
 CASTABLE = NARROW | {"float32"}  # float64 is never cast (torch's autocast leaves it alone)
@@ -46,7 +46,6 @@ _CASTS: "weakref.WeakKeyDictionary[Builder, dict]" = weakref.WeakKeyDictionary()
 
 def _dtype_name(dtype: Any) -> str:
     """A dtype given as graphc's, numpy's or torch's (``torch.bfloat16``) as graphc's name."""
-    dtype = torch_dtype_name(dtype)
     try:
         return str(as_dtype(dtype))
     except TypeError as exc:

@@ -66,8 +66,13 @@ bool_ = DType("bool")
 DTypeLike = Union[str, np.dtype, type, int]
 
 
+_ACCEPTED = "a dtype name (float32, float64, int64, ...), a numpy dtype or type, an ONNX element type or a torch dtype"
+
+
 def as_dtype(dtype: DTypeLike) -> DType:
-    """Normalise a dtype name, numpy dtype/type or ONNX elem-type code to a ``DType``."""
+    """Normalise a dtype name, numpy dtype/type, ONNX elem-type code or torch dtype (``torch.float64``,
+    recognised by its type's module: graphc never imports torch) to a ``DType``."""
+    given, dtype = dtype, torch_dtype_name(dtype)
     if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
         if int(dtype) in _BY_ONNX:
             return DType(_BY_ONNX[int(dtype)])
@@ -76,11 +81,11 @@ def as_dtype(dtype: DTypeLike) -> DType:
         name = _ALIASES.get(dtype, dtype)
         if name in _TABLE:
             return DType(name)
-        raise TypeError(f"unknown dtype {dtype!r}; expected one of {sorted(_TABLE)}")
+        raise TypeError(f"unknown dtype {given!r}; expected {_ACCEPTED}: one of {sorted(_TABLE)}")
     try:
         npd = np.dtype(dtype)
     except TypeError as exc:
-        raise TypeError(f"unknown dtype {dtype!r}") from exc
+        raise TypeError(f"unknown dtype {dtype!r} (a {type(dtype).__name__}); expected {_ACCEPTED}") from exc
     for name, (candidate, _) in _TABLE.items():
         if candidate is not None and candidate == npd:
             return DType(name)
@@ -88,8 +93,11 @@ def as_dtype(dtype: DTypeLike) -> DType:
 
 
 def torch_dtype_name(dtype: Any) -> Any:
-    """A torch dtype (``torch.bfloat16``) as its name (``"bfloat16"``); anything else as given."""
-    return str(dtype).removeprefix("torch.") if type(dtype).__module__ == "torch" else dtype
+    """A torch dtype (``torch.bfloat16``, ``torch.double``) as its name (``"bfloat16"``, ``"float64"``; the
+    float8 ones as ONNX spells them, ``float8e4m3fn``); anything else as given."""
+    if type(dtype).__module__ != "torch":
+        return dtype
+    return str(dtype).removeprefix("torch.").replace("float8_", "float8")
 
 
 def to_numpy(dtype: DTypeLike) -> np.dtype:
