@@ -189,7 +189,7 @@ def test_sgd_steps_match_torch():
 def test_module_repr_and_defaults():
     loss = nn.CTCLoss(blank=3, reduction="sum", zero_infinity=True)
     assert (loss.blank, loss.reduction, loss.zero_infinity) == (3, "sum", True)
-    assert repr(loss) == "CTCLoss(reduction='sum')"
+    assert repr(loss) == "CTCLoss()"  # torch's: its losses print no arguments
 
 
 LP = np.zeros((5, 2, 4), np.float32)

@@ -61,7 +61,21 @@ class _ConvNd(Module):
         return self.conv(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
 
     def extra_repr(self) -> str:
-        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        """torch's: the kernel and stride, then what is not the default (padding, dilation, ...)."""
+        nd = self.nd
+
+        def shown(value: Any, name: str) -> Any:
+            return value if isinstance(value, str) else tuple(ints(value, nd, name))
+
+        parts = [f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}",
+                 f"stride={shown(self.stride, 'stride')}"]
+        for name, default in (("padding", 0), ("dilation", 1), ("output_padding", 0)):
+            value = shown(getattr(self, name), name)
+            if value != (default,) * nd:
+                parts.append(f"{name}={value}")
+        parts += [f"groups={self.groups}"] * (self.groups != 1) + ["bias=False"] * (self.bias is None)
+        parts += [f"padding_mode={self.padding_mode}"] * (self.padding_mode != "zeros")
+        return ", ".join(parts)
 
 
 class Conv1d(_ConvNd):

@@ -39,7 +39,7 @@ class Linear(Module):
         return linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 class MaxPool2d(Module):
@@ -124,7 +124,8 @@ class _BatchNorm(Module):
         return y
 
     def extra_repr(self) -> str:
-        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, {affine_repr(self)}, "
+                f"track_running_stats={self.track_running_stats}")
 
 
 class BatchNorm1d(_BatchNorm):
@@ -158,7 +159,7 @@ class LayerNorm(Module):
         return ops_nn.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}"
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_{affine_repr(self)}"
 
 
 class Dropout(DropoutLayer):
@@ -206,6 +207,11 @@ class Embedding(Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+def affine_repr(norm: Module) -> str:
+    """torch's ``affine=..., bias=...`` of a norm layer's ``extra_repr``: whether it has a weight, a bias."""
+    return f"affine={norm.weight is not None}, bias={norm.bias is not None}"
 
 
 def _given_weight(weight: Any, shape: tuple[int, int], dtype: Any) -> Parameter:

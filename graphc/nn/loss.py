@@ -166,9 +166,6 @@ class _Loss(Module):
         self.reduction = _reduction(size_average, reduce, reduction)
         losses.check_reduction(type(self).__name__, self.reduction, self._reductions)
 
-    def extra_repr(self) -> str:
-        return f"reduction={self.reduction!r}"
-
 
 def _buffer(value: Any) -> Parameter | None:
     """A class-weight buffer in the given array's dtype, as torch keeps a tensor's (a float64 array stays

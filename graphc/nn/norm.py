@@ -11,6 +11,7 @@ from graphc.dsl.batching import batch_of_one
 from graphc.errors import CaptureError
 from graphc.model.dtypes import to_numpy
 from graphc.nn import init
+from graphc.nn.layers import affine_repr
 from graphc.nn.module import Module, Parameter
 from graphc.dsl.tensor import Tensor
 
@@ -31,7 +32,7 @@ class GroupNorm(Module):
         return ops_layers.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}"
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, {affine_repr(self)}"
 
 
 class _InstanceNorm(Module):
