@@ -142,8 +142,9 @@ class _RNNBase(Module):
         return out, h_n
 
     def extra_repr(self) -> str:
-        given = {"num_layers": (self.num_layers, 1), "bias": (self.bias, True), "batch_first": (self.batch_first, False),
-                 "dropout": (self.dropout, 0.0), "bidirectional": (self.bidirectional, False)}
+        given = {"num_layers": (self.num_layers, 1), "bias": (self.bias, True),
+                 "batch_first": (self.batch_first, False), "dropout": (self.dropout, 0.0),
+                 "bidirectional": (self.bidirectional, False)}
         return ", ".join([f"{self.input_size}, {self.hidden_size}",
                           *(f"{k}={v}" for k, (v, default) in given.items() if v != default)])
 
