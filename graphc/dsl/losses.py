@@ -57,6 +57,14 @@ def _float_mismatch(t, like: Tensor) -> bool:
     return isinstance(t, Tensor) and t.dtype in FLOAT_DTYPES and like.dtype in FLOAT_DTYPES and t.dtype != like.dtype
 
 
+def in_input_dtype(t, like: Tensor) -> Tensor:
+    """A loss module's weight buffer ``t`` in ``like``'s (the input's) float dtype, as an array given to
+    the functional form takes it: numpy's float64 default on a float32 model is cast, a float64 model's
+    float64 weights stay exact (torch, whose tensors default to float32, refuses a class weight of another
+    dtype instead); not a float pair, as it is."""
+    return like_dtype(t, like) if _float_mismatch(t, like) else t
+
+
 def same_dtype_weight(loss: str, t, like: Tensor) -> Tensor:
     """``t`` in ``like``'s dtype where torch requires the input's dtype of a class weight
     (``cross_entropy`` on class labels, ``nll_loss``, ``multi_margin_loss``): a float Tensor of another

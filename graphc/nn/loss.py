@@ -178,6 +178,11 @@ def _buffer(value: Any) -> Parameter | None:
     return Parameter(data, dtype=data.dtype, buffer=True)
 
 
+def _as_input(weight: Parameter | None, input: Tensor) -> Tensor | None:  # noqa: A002
+    """A weight buffer in the input's float dtype (``losses.in_input_dtype``); None stays None."""
+    return None if weight is None else losses.in_input_dtype(weight, input)
+
+
 class _WeightedLoss(_Loss):
     def __init__(self, weight: Any = None, size_average: bool | None = None, reduce: bool | None = None,
                  reduction: str = "mean"):
@@ -216,7 +221,7 @@ class HuberLoss(_Loss):
 
 class BCELoss(_WeightedLoss):
     def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
-        return losses.bce(input, target, self.reduction, self.weight)
+        return losses.bce(input, target, self.reduction, _as_input(self.weight, input))
 
 
 class BCEWithLogitsLoss(_WeightedLoss):
@@ -226,7 +231,8 @@ class BCEWithLogitsLoss(_WeightedLoss):
         self.pos_weight = _buffer(pos_weight)
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
-        return losses.bce_with_logits(input, target, self.reduction, self.weight, self.pos_weight)
+        return losses.bce_with_logits(input, target, self.reduction, _as_input(self.weight, input),
+                                      _as_input(self.pos_weight, input))
 
 
 class _ClassLoss(_WeightedLoss):
@@ -238,7 +244,7 @@ class _ClassLoss(_WeightedLoss):
 
 class NLLLoss(_ClassLoss):
     def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
-        return losses.nll(input, target, self.reduction, self.weight, self.ignore_index)
+        return losses.nll(input, target, self.reduction, _as_input(self.weight, input), self.ignore_index)
 
 
 class CrossEntropyLoss(_ClassLoss):
@@ -249,7 +255,7 @@ class CrossEntropyLoss(_ClassLoss):
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
         return losses.cross_entropy(input, target, self.reduction, self.label_smoothing, self.ignore_index,
-                                    self.weight)
+                                    _as_input(self.weight, input))
 
 
 class LinearCrossEntropyLoss(_WeightedLoss):
@@ -278,7 +284,7 @@ class LinearCrossEntropyLoss(_WeightedLoss):
         linear = self.linear
         weight = ops.reshape(linear.weight, [self.num_classes, *self.out_features, linear.in_features])
         bias = None if linear.bias is None else ops.reshape(linear.bias, [self.num_classes, *self.out_features])
-        return linear_cross_entropy(input, weight, target, linear_bias=bias, weight=self.weight,
+        return linear_cross_entropy(input, weight, target, linear_bias=bias, weight=_as_input(self.weight, input),
                                     reduction=self.reduction, ignore_index=self.ignore_index,
                                     label_smoothing=self.label_smoothing, options=self.options)
 
@@ -352,7 +358,7 @@ class SoftMarginLoss(_Loss):
 
 class MultiLabelSoftMarginLoss(_WeightedLoss):
     def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
-        return losses_margin.multilabel_soft_margin(input, target, self.weight, self.reduction)
+        return losses_margin.multilabel_soft_margin(input, target, _as_input(self.weight, input), self.reduction)
 
 
 class MultiLabelMarginLoss(_Loss):
@@ -371,7 +377,8 @@ class MultiMarginLoss(_WeightedLoss):
         self.p, self.margin = p, margin
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
-        return losses_margin.multi_margin(input, target, self.p, self.margin, self.weight, self.reduction)
+        return losses_margin.multi_margin(input, target, self.p, self.margin, _as_input(self.weight, input),
+                                          self.reduction)
 
 
 class TripletMarginLoss(_MarginLoss):
