@@ -134,6 +134,19 @@ def for_server(model: Model, opset: int | None = None) -> Model:
     return model if renamed is proto else load(renamed)
 
 
+def for_cpu_instances(model: Model) -> Model:
+    """``model`` with each float16 or bfloat16 node that onnxruntime's CPU provider has no kernel
+    for computed in float32 between Casts in the file itself (``graphc.backends.narrow_casts``), as
+    graphc's ort-cpu sessions run it: Triton's onnxruntime gets the file as it is, and refuses a
+    bfloat16 ``Mul`` ("Could not find an implementation") or computes a run of float16 nodes in
+    float32 (a product that overflows float16 finite). ``model`` itself where no node needs it."""
+    from graphc.backends import narrow_casts
+
+    proto = model.proto
+    lowered = narrow_casts.lower(proto)
+    return model if lowered is proto else load(lowered)
+
+
 def _real_dir(path: Path, root: Path) -> Path:
     """``path``, checked to be a folder (not a symlink) whose real path is itself, inside ``root``."""
     info = os.lstat(path)
@@ -254,6 +267,8 @@ def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[s
     if dtype is not None:
         model = convert_float(model, dtype, keep_io_types=keep_io_types)
     model = for_server(model, opset)
+    if instance == "cpu":
+        model = for_cpu_instances(model)
     config = triton_config(model, name, max_batch_size, instance, dynamic_batching)
     root = Path(repo_dir).resolve()
     model_dir = root / name
