@@ -323,7 +323,7 @@ def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node, device: str)
     # statistics and normalisation with a Relu: [32,64,32,32] 1.37 vs 1.86, but [32,64,16,16]
     # 0.233 vs 0.217 and [32,128,8,8] 0.208 vs 0.117 (in cache, the per-row work loses), and
     # onnxruntime's LayerNormalization takes a row's variance as E[x^2] - E[x]^2: not taken.
-    mean, centred, var, zeros = batch_statistics(b, x, axes)
+    mean, centred, var, zeros = batch_statistics(b, x, axes, device)
     batch_mean, biased_var = b.squeeze(mean, axes), b.squeeze(var, axes)
     y = normalize(b, centred, scale, bias, zeros, biased_var, eps,
                   affine_as_conv(x, (scale, bias), fused=_fused_after(node.outputs[0]), device=device))
