@@ -67,8 +67,8 @@ def channel_reduce(e, op_type: str, x: ir.Value, axes: list[int], device: str) -
     """``op_type`` (ReduceMean or ReduceSum) of ``x`` [N, C, *S] over ``axes``, all but the
     channels, kept; in CPU graphs over S first, then over N (CUDA graphs take such reductions apart
     their own way, ``reductions.split_reductions``). onnxruntime's CPU reduction over (0, 2, 3) at
-    once ran 2.4x slower than the two (1 thread, ms: [32,64,32,32] 0.59 vs 0.24, [32,64,16,16] 0.137
-    vs 0.071, [32,128,8,8] 0.076 vs 0.044). Train steps at 64 px with the forward's mean and
+    once ran up to 2.4x slower than the two (1 thread, ms: [32,64,32,32] 0.59 vs 0.24, [32,64,16,16]
+    0.137 vs 0.071, [32,128,8,8] 0.076 vs 0.044). Train steps at 64 px with the forward's mean and
     variance and the backward's two sums so, CPU time of one thread, Trainers interleaved, median of
     6-8 rounds, at batch 32: RegNetY-400MF 0.980x, EfficientNet-B0 0.984x and 0.975x, ResNet-50
     0.986x, MobileNetV3-small 1.004x, ResNet-18 0.999x (2 threads, spinning off: 1.001x); at batch
