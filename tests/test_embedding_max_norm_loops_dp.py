@@ -5,6 +5,8 @@ the shards' rows at that iteration), so 2 workers on uneven shards equal one pro
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -66,7 +68,7 @@ def _artifacts(net, opt: str = "adamw"):
 @pytest.mark.parametrize("kind", ["fori_loop", "while_loop", "scan"])
 def test_workers_train_lookups_inside_a_loop_as_torch_on_the_whole_batch(ray_cluster, kind, backend):
     """Losses and weights over 6 AdamW steps equal torch's loop on the whole batch to 1e-12
-    (before, gc.Trainer(workers=2) refused a lookup inside a body)."""
+    (before, gc.Trainer(workers=2) refused a lookup inside a body), with no gc.DataParallelWarning."""
     net = _Net(tied=True)
     net.forward = _gc_forward(kind).__get__(net)
     twin = _Twin(net, 2.0, True)
@@ -79,7 +81,9 @@ def test_workers_train_lookups_inside_a_loop_as_torch_on_the_whole_batch(ray_clu
         loss.backward()
         torch_opt.step()
         want.append(loss.item())
-    trainer = gc.Trainer(arts, workers=2, num_cpus=0.5, timeout_s=120, backend=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gc.DataParallelWarning)  # the body keeps rows apart (row_subgraphs)
+        trainer = gc.Trainer(arts, workers=2, num_cpus=0.5, timeout_s=120, backend=backend)
     try:
         np.testing.assert_allclose([trainer.step(b) for b in batches], want, rtol=1e-12, atol=1e-15)
         got = trainer.state_dict()

@@ -3,14 +3,16 @@ compute what one process on the whole batch does not: ``mixing_nodes``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import ChainMap
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import onnx_ir as ir
 
 from graphc.passes.training import row_axes_select  # noqa: F401 - registers its rules in RULES
 from graphc.passes.training.row_axes import RULES, Mixes, Rows
-from graphc.passes.values import SYNC_BATCHNORM_KEY, ancestors, subgraphs
+from graphc.passes.training.row_subgraphs import SUBGRAPH_RULES, Body
+from graphc.passes.values import SYNC_BATCHNORM_KEY, subgraphs
 
 __all__ = ["Mixing", "mixing_nodes"]
 
@@ -32,41 +34,86 @@ def mixing_nodes(graph: ir.Graph, batched: Mapping[str, int], output: str) -> li
     stay whole), indexing beside it, Concat along it of rows, Conv and pools over N keep it;
     a reduction, product, Softmax, CumSum, TopK, normalisation or sort over it, a Slice or Gather
     along it, rows paired with rows (``x @ x.T``, ``x[:, None] - x[None]``) mix. So does what the
-    analysis cannot follow: an op type with no rule, a subgraph (If, Loop, Scan) reading the
-    rows, a computed axis, a reshape of unknown shapes. BatchNormalization is per row here (its
-    batch statistics are per worker, documented, as PyTorch DDP); so are a SyncBatchNorm's
-    statistics without running ones (the nodes marked "mean" and "variance"): the workers' gradients
-    graph takes them over every worker's shard. Each node that makes rows mix is reported once; its
-    outputs, mixed, are not followed further."""
+    analysis cannot follow: an op type with no rule, a computed axis, a reshape of unknown shapes.
+    If, Loop and Scan are followed into their subgraphs with the same rules (``row_subgraphs``);
+    a node inside one that mixes is reported itself, its message saying where it sits; a
+    condition or trip count from the rows, or a Scan along the batch axis, mixes.
+    BatchNormalization is per row here (its batch statistics are per worker, documented, as
+    PyTorch DDP); so are a SyncBatchNorm's statistics without running ones (the nodes marked "mean"
+    and "variance"): the workers' gradients graph takes them over every worker's shard. Each node
+    that makes rows mix is reported once; its outputs, mixed, are not followed further."""
     target = next((v for v in graph.outputs if v.name == output), None)
     if target is None:
         raise ValueError(f"{output!r} is not an output of the graph; outputs: {[v.name for v in graph.outputs]}")
-    needed = ancestors([target])
-    rows: dict[ir.Value, Rows] = {v: Rows(batched[v.name]) for v in graph.inputs if v.name in batched}
-    found: list[Mixing] = []
+    found: dict[ir.Node, Mixing] = {}
+    rows = {v: Rows(batched[v.name]) for v in graph.inputs if v.name in batched}
+    _walk(graph, rows, [target], (), found)
+    return list(found.values())
+
+
+def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Rows], outputs: Sequence[ir.Value], where: tuple[str, ...],
+          found: dict[ir.Node, Mixing]) -> list[Rows | None]:
+    """Follow the rows through the nodes of ``graph`` that compute ``outputs`` (``rows``: the
+    Rows known, outer values' included), recording in ``found`` the nodes that mix; the outputs'
+    Rows. ``where``: the subgraphs ``graph`` sits in, innermost first, for the messages."""
+    needed, subgraph_reads = _needed(graph, outputs)
     for node in graph:
-        if node not in needed:
+        wanted = [v in needed for v in node.outputs]
+        if not any(wanted):
             continue
         ins = [rows.get(v) if v is not None else None for v in node.inputs]
-        reads = _subgraph_reads(node)
+        reads = subgraph_reads.get(node)
         if node.metadata_props.get(SYNC_BATCHNORM_KEY) in SYNCED or (
                 not any(ins) and not any(v in rows for v in reads or ())):
             continue
         try:
-            if reads is not None or node.domain not in ("", "ai.onnx") or node.op_type not in RULES:
-                raise Mixes("graphc cannot follow the rows through it" + (" (a subgraph)" if reads is not None else ""))
-            outs = RULES[node.op_type](node, ins)
+            if node.domain not in ("", "ai.onnx") or node.op_type not in (RULES if reads is None else SUBGRAPH_RULES):
+                raise Mixes("graphc cannot follow the rows through it" + ("" if reads is None else " (a subgraph)"))
+            if reads is not None:
+                outs = SUBGRAPH_RULES[node.op_type](node, ins, wanted, _body(node, rows, where, found))
+            else:
+                outs = RULES[node.op_type](node, ins)
         except Mixes as mixes:
-            found.append(Mixing(node, str(mixes)))
+            inside = f" (inside {', inside '.join(where)})" if where else ""
+            found.setdefault(node, Mixing(node, f"{mixes}{inside}"))
             continue
         rows.update({v: r for v, r in zip(node.outputs, outs) if r is not None})
-    return found
+    return [rows.get(v) for v in outputs]
 
 
-def _subgraph_reads(node: ir.Node) -> list[ir.Value] | None:
-    """The values a node's subgraphs' nodes read (the outer ones they capture among them); None
-    for a node without subgraphs."""
-    subs = subgraphs(node)
-    if not subs:
-        return None
-    return [v for sub in subs for n in ir.traversal.RecursiveGraphIterator(sub) for v in n.inputs if v is not None]
+def _body(node: ir.Node, rows: Mapping[ir.Value, Rows], where: tuple[str, ...], found: dict[ir.Node, Mixing]) -> Body:
+    """One pass of a subgraph of ``node``, its inputs bound, on a layer of its own over ``rows``."""
+    def body(attribute: str, bound: Mapping[ir.Value, Rows | None], outputs: Sequence[ir.Value]) -> list[Rows | None]:
+        inner = ChainMap({v: r for v, r in bound.items() if r is not None}, rows)
+        here = (f"the {attribute} of {node.op_type} {node.name!r}", *where)
+        return _walk(node.attributes[attribute].value, inner, outputs, here, found)
+    return body
+
+
+def _needed(graph: ir.Graph, outputs: Sequence[ir.Value]) -> tuple[set[ir.Value], dict[ir.Node, list[ir.Value]]]:
+    """The values ``graph``'s nodes compute ``outputs`` from, outer values a subgraph captures
+    among them; and the values each of those nodes with subgraphs reads in them."""
+    found: set[ir.Value] = set()
+    reads: dict[ir.Node, list[ir.Value]] = {}
+    expanded: set[ir.Node] = set()
+    todo = list(outputs)
+    while todo:
+        value = todo.pop()
+        if value in found:
+            continue
+        found.add(value)
+        node = value.producer()
+        if node is None or node in expanded or node.graph is not graph:
+            continue
+        expanded.add(node)
+        todo.extend(v for v in node.inputs if v is not None)
+        if subgraphs(node):
+            reads[node] = _subgraph_reads(node)
+            todo.extend(reads[node])
+    return found, reads
+
+
+def _subgraph_reads(node: ir.Node) -> list[ir.Value]:
+    """The values a node's subgraphs' nodes read (the outer ones they capture among them)."""
+    return [v for sub in subgraphs(node) for n in ir.traversal.RecursiveGraphIterator(sub) for v in n.inputs
+            if v is not None]
