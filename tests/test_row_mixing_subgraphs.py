@@ -97,17 +97,25 @@ def test_a_mix_inside_a_body_is_named_with_its_line(kind):
         warn_mixed_rows(arts.eval, arts.manifest, {"x", "tokens", "t"}, 2)
 
 
-def test_a_carried_value_whose_rows_change_axis_is_the_loops_mix():
-    """x [N, N] transposed each iteration: the rows are on axis 0 before it and on axis 1 after."""
+@pytest.mark.parametrize("op", ["Loop", "If"])
+def test_rows_that_change_axis_through_a_body_are_its_mix(op):
+    """x [N, N] transposed by each iteration (the rows on axis 0 before it and on axis 1 after), or by one
+    branch of a cond on a parameter."""
     fc = nn.Linear(4, 3)
-    model = gc.capture(lambda x: {"out": fc(gc.fori_loop(0, 2, lambda i, h: h.T * 2.0, x)[:, :4])}, seed=0,
-                       x=gc.spec("float32", ("N", "N")))
-    found = _found(_mse(model, "out"))
-    assert [f.split()[0] for f in found] == ["Loop"]
-    arts = _mse(model, "out")
-    with pytest.warns(gc.DataParallelWarning, match=r"\(Loop, [^)]+\): its carried value '[^']+' \(before an "
-                                                    r"iteration vs after it\) holds the rows on axis 0 one way and "
-                                                    r"the rows on axis 1 the other"):
+
+    def forward(x):
+        if op == "Loop":
+            h = gc.fori_loop(0, 2, lambda i, h: h.T * 2.0, x)
+        else:
+            h = gc.cond(fc.bias.sum() > 0, lambda: x * 2.0, lambda: x.T)
+        return {"out": fc(h[:, :4])}
+
+    arts = _mse(gc.capture(forward, seed=0, x=gc.spec("float32", ("N", "N"))), "out")
+    assert [f.split()[0] for f in _found(arts)] == [op]
+    what = (r"carried value '[^']+' \(before an iteration vs after it\)" if op == "Loop"
+            else r"output '[^']+' \(then_branch vs else_branch\)")
+    with pytest.warns(gc.DataParallelWarning, match=rf"\({op}, [^)]+\): its {what} holds the rows on axis 0 one "
+                                                    r"way and the rows on axis 1 the other"):
         warn_mixed_rows(arts.eval, arts.manifest, {"x"}, 2)
 
 

@@ -24,9 +24,7 @@ Body = Callable[[str, Mapping[ir.Value, "Rows | None"], Sequence[ir.Value]], lis
 SubgraphRule = Callable[[ir.Node, Ins, Sequence[bool], Body], list["Rows | None"]]
 
 
-def _text(r: Rows | None) -> str:
-    if r is None:
-        return "none of the batch's rows"
+def _text(r: Rows) -> str:
     return f"the rows on axis {r.axis}" + (f" ({r.copies} copies)" if r.copies > 1 else "")
 
 
