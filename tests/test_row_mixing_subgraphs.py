@@ -1,6 +1,7 @@
 """The rows of the batch followed into If, Loop and Scan subgraphs (``passes/training/row_subgraphs.py``):
 recurrent models written with gc.scan / gc.fori_loop / gc.while_loop, gc.cond with a condition not from
-the rows, nested bodies and torch's exported LSTM/GRU give no ``gc.DataParallelWarning``; a mix inside a
+the rows, nested bodies, torch's exported LSTM/GRU and torch.cond / torch's scan exported by the dynamo
+exporter (If, Scan) give no ``gc.DataParallelWarning``; a mix inside a
 body is named (the inner node, its DSL line, the subgraphs it sits in), as are a condition from the batch,
 a Scan along the batch axis and a carried value whose rows change axis."""
 
@@ -202,3 +203,36 @@ def test_a_condition_or_trip_count_from_the_rows_mixes(op):
                                                + ("take another branch" if op == "If" else "run another number of "
                                                   "iterations") + " than the whole batch"]
     assert _mixes(graph, {"x": 0}) == []
+
+
+@pytest.mark.parametrize(("kind", "found"), [("cond", []), ("scan", []), ("scan_mix", ["ReduceMean"])])
+def test_torch_dynamo_exported_cond_and_scan(kind, found, tmp_path):
+    """torch.cond (on an input not by rows) and torch's scan over time, exported by torch.onnx's dynamo
+    exporter as ONNX If and Scan: followed inside; a batch mean in the scan's body is found."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    from torch._higher_order_ops.scan import scan
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
+
+        def step(self, h, xt):
+            h = torch.tanh(self.a(xt) + h)
+            return h, (h - h.mean(0) if kind == "scan_mix" else h.clone())
+
+        def forward(self, x, f):
+            if kind == "cond":
+                return self.b(torch.cond(f.sum() > 0, lambda x: self.a(x[:, 0]), lambda x: x[:, 1] * 2.0, (x,)))
+            return self.b(scan(self.step, torch.zeros_like(x[:, 0]), x.transpose(0, 1))[1].transpose(0, 1))
+
+    path = tmp_path / "m.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Net(), (torch.randn(3, 5, 4), torch.ones(1)), dynamo=True, input_names=["x", "f"],
+                          output_names=["out"], dynamic_shapes={"x": {0: torch.export.Dim("N")}, "f": None},
+                          verbose=False).save(str(path))
+    model = gc.load(path)
+    assert ("If" if kind == "cond" else "Scan") in [n.op_type for n in model.graph]
+    assert [f.split()[0] for f in _found(_mse(model, "out"))] == found
