@@ -293,6 +293,17 @@ def test_help_value_words_by_type_and_explicit_metavars_kept(capsys):
     assert "--max-body-bytes N " in run_cli(capsys, "serve", "--help").out
 
 
+def test_optimize_level_help_fits_a_terminal(capsys, monkeypatch):
+    """``graphc optimize --help`` says what each level adds, a line or two each at 80 columns (it
+    listed every pass: 38 lines); docs/api.md's "Optimization levels" names the passes."""
+    monkeypatch.setenv("COLUMNS", "80")
+    out = run_cli(capsys, "optimize", "--help").out
+    start = out.index("-O, --level N")
+    level = out[start:out.index("  --report", start)].splitlines()
+    assert len(level) <= 15, "\n".join(level)
+    assert all(f"{n}:" in " ".join(level) for n in range(4))
+
+
 WRITERS = ["capture", "optimize", "grad", "run", "export", "demo", "view"]
 
 

@@ -16,7 +16,7 @@ from graphc.errors import PassError
 from graphc.model import load
 from graphc.passes.optimize import LEVELS, OptimizeReport
 
-_LEVEL_HELP = "Optimization level. " + " ".join(f"{k}: {v}." for k, v in LEVELS.items())
+_LEVEL_HELP = "Optimization level, each adding to the one below. " + " ".join(f"{k}: {v}." for k, v in LEVELS.items())
 
 
 def report_table(report: OptimizeReport) -> Table:

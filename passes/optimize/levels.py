@@ -9,28 +9,14 @@ from graphc.passes.optimize.pipeline import Pipeline
 
 __all__ = ["LEVELS", "MAX_LEVEL", "build_pipeline"]
 
-# level -> what it adds to the level below (the report and `graphc optimize --help` show these)
+# level -> what it adds to the level below, as `graphc optimize --help` shows it; docs/api.md's
+# "Optimization levels" names each pass
 LEVELS: dict[int, str] = {
     0: "nothing: the model is copied unchanged",
-    1: "library cleanups: shape inference, constant folding (onnxscript; never a random op or a "
-       "training-mode Dropout, nor a graph input's default, which a caller may feed), identity elimination, "
-       "CSE, dead-node removal, initializer dedup (never parameters below level 3), constants "
-       "lifted to initializers, topological sort (onnx-ir)",
-    2: "algebraic simplification (x*1, x+0, Transpose/Reshape/Cast chains, Expand before a "
-       "broadcasting op, zero Pad, Slice of a Slice, Transpose of size-1 axes as a Reshape, Reshapes "
-       "around elementwise ops), MatMul+Add -> Gemm (a batched MatMul "
-       "by a matrix through Reshapes), "
-       "Transpose into Gemm attributes, shape-subgraph folding (symbolic dims kept), Gelu (opset >= 20) and LayerNormalization (>= 17) "
-       "fusions; safe for training graphs",
-    3: "inference only: gc.detach marks dropped (its Identities removed), Conv/Gemm+BatchNormalization "
-       "folding, inference-mode Dropout removal "
-       "(a training-mode Dropout stays random), a constant per-column "
-       "scale folded into the Gemm/MatMul before it, constant weight "
-       "transposes (and every other constant subgraph, any size, but a DequantizeLinear) pre-applied; equal "
-       "parameters merged; gc.fake_quantize_* lowerings as plain QuantizeLinear + DequantizeLinear pairs "
-       "(constant scale and zero point: onnxruntime's int8 kernels), a Gemm's float bias between "
-       "DequantizeLinears as int32 (QGemm), per-tensor QDQ moved past Flatten/Reshape/Squeeze/Unsqueeze "
-       "(QLinearGlobalAveragePool)",
+    1: "library cleanups: constant folding, CSE, dead-node and duplicate-initializer removal",
+    2: "algebraic simplification and fusions (MatMul+Add -> Gemm, Gelu, LayerNormalization); safe for training graphs",
+    3: "inference only: BatchNormalization and scale folding, Dropout removal, "
+       "int8 QuantizeLinear/DequantizeLinear pairs",
 }
 MAX_LEVEL = max(LEVELS)
 
