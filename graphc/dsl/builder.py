@@ -142,7 +142,9 @@ def no_grad():
 def current() -> "Builder":
     builders = _CURRENT.get()
     if not builders:
-        raise CaptureError(f"graphc ops work only inside gc.capture(...) (called at {user_source()})")
+        raise CaptureError(f"graphc ops work only inside gc.capture(...) (called at {user_source()}); a Parameter "
+                           f"or buffer made in __init__ takes a numpy array (nn.Parameter(np.zeros((1, 16, 32), "
+                           f"np.float32)), register_buffer('mask', np.tril(np.ones((8, 8)))))")
     return builders[-1]
 
 

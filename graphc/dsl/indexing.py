@@ -74,6 +74,7 @@ def getitem(x: Tensor, index: Any) -> Tensor:
             continue
         elif isinstance(item, slice):
             if item != slice(None):
+                _static_bounds(item)
                 step = 1 if item.step is None else int(item.step)
                 if step == 0:
                     raise CaptureError(f"slice step cannot be zero (at {user_source()})")
@@ -103,6 +104,15 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     if y is x:
         y = ops.emit("Identity", [x])
     return y
+
+
+def _static_bounds(item: slice) -> None:
+    """Slice bounds are ints: a dim name (``pos[:, :T]`` with ``T`` from a symbolic shape) is refused, naming it."""
+    for bound in (item.start, item.stop, item.step):
+        if isinstance(bound, str):
+            raise CaptureError(f"slice {item} has the symbolic dim {bound!r} as a bound; slices take ints: capture "
+                               f"that dim with a static size (as models/gpt.py does), or use the *_like "
+                               f"factories to follow the shape (at {user_source()})")
 
 
 def _as_index(item: Any) -> Any:

@@ -45,7 +45,21 @@ def lift(x: Any, like: Tensor | None = None) -> Tensor:
         elif arr.dtype == np.float64:
             arr = arr.astype(np.float32)  # a bare Python float is float32, as in PyTorch
         return constant(arr)
+    if isinstance(x, str):
+        return _dim_size(x, like)
     raise CaptureError(f"cannot use {type(x).__name__} {x!r} as a tensor (at {user_source()})")
+
+
+def _dim_size(name: str, like: Tensor | None) -> Tensor:
+    """A dim name of the captured inputs (``loss / x.shape[0]`` with a symbolic batch) as its size read at
+    run time, where torch has an int: 0-d, ``like``'s dtype (int64 without one)."""
+    sources = current().dim_sources
+    if name not in sources:
+        raise CaptureError(f"cannot use str {name!r} as a tensor: it is not a dim name of the captured inputs "
+                           f"{sorted(sources)} (at {user_source()})")
+    value, axis = sources[name]
+    size = squeeze(emit("Shape", [Tensor(value)], {"start": axis, "end": axis + 1}), [0])
+    return size if like is None or like.dtype == "int64" else cast(size, like.dtype)
 
 
 def _category(dtype: Any) -> int:

@@ -23,11 +23,12 @@ def fan_in_out(shape: Sequence[int]) -> tuple[int, int]:
     return shape[1] * receptive, shape[0] * receptive
 
 
-def uniform(bound: float) -> Init:
-    def draw(rng: np.random.Generator, shape: tuple, dtype: Any) -> np.ndarray:
-        return rng.uniform(-bound, bound, size=shape).astype(dtype)
+def _between(low: float, high: float) -> Init:
+    return lambda rng, shape, dtype: rng.uniform(low, high, size=shape).astype(dtype)
 
-    return draw
+
+def uniform(bound: float) -> Init:
+    return _between(-bound, bound)
 
 
 def kaiming_uniform(a: float = math.sqrt(5)) -> Init:
@@ -72,3 +73,124 @@ ones = constant(1.0)
 def bias_uniform(fan_in: int) -> Init:
     """PyTorch's Linear/Conv bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
     return uniform(1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0)
+
+
+# -- torch.nn.init's in-place forms on a graphc Parameter -----------------------------------------
+# torch fills the tensor now; a graphc Parameter keeps the initialiser and draws it when the module is
+# initialised (``gc.capture``'s seed, ``init_parameters``), so ``module.apply(init_weights)`` ports as is.
+
+_GAINS = {"linear": 1.0, "conv1d": 1.0, "conv2d": 1.0, "conv3d": 1.0, "conv_transpose1d": 1.0,
+          "conv_transpose2d": 1.0, "conv_transpose3d": 1.0, "sigmoid": 1.0, "tanh": 5.0 / 3, "relu": math.sqrt(2.0),
+          "selu": 3.0 / 4}
+
+
+def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
+    """``torch.nn.init.calculate_gain``: the gain recommended for ``nonlinearity``."""
+    if nonlinearity == "leaky_relu":
+        slope = 0.01 if param is None else param
+        if isinstance(slope, bool) or not isinstance(slope, (int, float)):
+            raise ValueError(f"negative_slope {slope!r} is not a valid number")
+        return math.sqrt(2.0 / (1 + slope ** 2))
+    if nonlinearity not in _GAINS:
+        raise ValueError(f"Unsupported nonlinearity {nonlinearity!r}: one of {sorted([*_GAINS, 'leaky_relu'])}")
+    return _GAINS[nonlinearity]
+
+
+def _fill(tensor: Any, init: Init, fn: str, generator: Any = None) -> Any:
+    if not hasattr(tensor, "reinit"):
+        raise TypeError(f"nn.init.{fn} takes a gc.nn.Parameter (a module's weight, read outside a capture), "
+                        f"got {type(tensor).__name__}")
+    if generator is not None:
+        raise ValueError(f"nn.init.{fn}: generator= is not taken; graphc draws from gc.capture's seed "
+                         f"(or init_parameters(seed))")
+    tensor.reinit(init)
+    return tensor
+
+
+def _fan(shape: Sequence[int], mode: str) -> int:
+    if mode not in ("fan_in", "fan_out"):
+        raise ValueError(f"Mode {mode!r} not supported, please use one of fan_in, fan_out")
+    fan_in, fan_out = fan_in_out(shape)
+    return fan_in if mode == "fan_in" else fan_out
+
+
+def uniform_(tensor: Any, a: float = 0.0, b: float = 1.0, generator: Any = None) -> Any:
+    return _fill(tensor, _between(a, b), "uniform_", generator)
+
+
+def normal_(tensor: Any, mean: float = 0.0, std: float = 1.0, generator: Any = None) -> Any:
+    return _fill(tensor, normal(mean, std), "normal_", generator)
+
+
+def trunc_normal_(tensor: Any, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
+                  generator: Any = None) -> Any:
+    """N(mean, std) redrawn where it falls outside [a, b] (torch's bounds are values, not stds)."""
+    def draw(rng: np.random.Generator, shape: tuple, dtype: Any) -> np.ndarray:
+        out = rng.normal(mean, std, size=shape)
+        outside = (out < a) | (out > b)
+        while outside.any():
+            out[outside] = rng.normal(mean, std, size=int(outside.sum()))
+            outside = (out < a) | (out > b)
+        return out.astype(dtype)
+
+    return _fill(tensor, draw, "trunc_normal_", generator)
+
+
+def constant_(tensor: Any, val: float) -> Any:
+    return _fill(tensor, constant(val), "constant_")
+
+
+def zeros_(tensor: Any) -> Any:
+    return _fill(tensor, zeros, "zeros_")
+
+
+def ones_(tensor: Any) -> Any:
+    return _fill(tensor, ones, "ones_")
+
+
+def eye_(tensor: Any) -> Any:
+    if len(tensor.shape) != 2:
+        raise ValueError(f"nn.init.eye_ takes a 2-D tensor, got shape {tensor.shape}")
+    return _fill(tensor, lambda rng, shape, dtype: np.eye(*shape, dtype=dtype), "eye_")
+
+
+def xavier_uniform_(tensor: Any, gain: float = 1.0, generator: Any = None) -> Any:
+    fan_in_out(tensor.shape)  # a rank below 2 fails here, as torch's
+    return _fill(tensor, xavier_uniform(gain), "xavier_uniform_", generator)
+
+
+def xavier_normal_(tensor: Any, gain: float = 1.0, generator: Any = None) -> Any:
+    fan_in, fan_out = fan_in_out(tensor.shape)
+    return _fill(tensor, normal(0.0, gain * math.sqrt(2.0 / (fan_in + fan_out))), "xavier_normal_", generator)
+
+
+def _kaiming_std(tensor: Any, a: float, mode: str, nonlinearity: str) -> float:
+    fan = _fan(tensor.shape, mode)
+    return calculate_gain(nonlinearity, a) / math.sqrt(fan) if fan else 0.0
+
+
+def kaiming_uniform_(tensor: Any, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu",
+                     generator: Any = None) -> Any:
+    bound = math.sqrt(3.0) * _kaiming_std(tensor, a, mode, nonlinearity)
+    return _fill(tensor, uniform(bound), "kaiming_uniform_", generator)
+
+
+def kaiming_normal_(tensor: Any, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu",
+                    generator: Any = None) -> Any:
+    return _fill(tensor, normal(0.0, _kaiming_std(tensor, a, mode, nonlinearity)), "kaiming_normal_", generator)
+
+
+def orthogonal_(tensor: Any, gain: float = 1.0, generator: Any = None) -> Any:
+    """torch's: the Q of a normal matrix's QR ([rows, numel / rows]), its columns' signs by R's diagonal."""
+    if len(tensor.shape) < 2:
+        raise ValueError("Only tensors with 2 or more dimensions are supported")
+
+    def draw(rng: np.random.Generator, shape: tuple, dtype: Any) -> np.ndarray:
+        rows = shape[0]
+        cols = math.prod(shape) // rows if rows else 0
+        flat = rng.normal(size=(rows, cols))
+        q, r = np.linalg.qr(flat.T if rows < cols else flat)
+        q *= np.sign(np.diag(r))
+        return (gain * (q.T if rows < cols else q)).reshape(shape).astype(dtype)
+
+    return _fill(tensor, draw, "orthogonal_", generator)

@@ -19,7 +19,7 @@ from graphc.dsl.builder import Builder, active, user_source
 from graphc.dsl.inplace import write
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
-from graphc.model.dtypes import as_dtype, to_numpy
+from graphc.model.dtypes import FLOAT_DTYPES, as_dtype, to_numpy
 from graphc.nn import init as _init
 
 
@@ -59,6 +59,17 @@ class Parameter:
     def draw(self, rng: np.random.Generator) -> None:
         if not self.user_set:
             self._data = np.asarray(self.init(rng, self.shape, to_numpy(self.dtype)), order="C")
+
+    def reinit(self, init: _init.Init) -> None:
+        """Draw from ``init`` when the module is next initialised (``gc.capture``'s seed), forgetting
+        any value held, as torch's ``nn.init.*_`` overwrite the tensor (``graphc.nn.init``)."""
+        self.init, self._data, self.user_set = init, None, False
+
+    def cast(self, dtype: Any) -> None:
+        """Hold the value (and draw it, if not drawn yet) in ``dtype``."""
+        self.dtype = as_dtype(dtype)
+        if self._data is not None:
+            self._data = self._data.astype(to_numpy(self.dtype))
 
     def numpy(self) -> np.ndarray:
         if self._data is None:
@@ -261,6 +272,46 @@ class Module:
     def eval(self) -> "Module":
         return self.train(False)
 
+    def apply(self, fn: Any) -> "Module":
+        """``fn(module)`` for every sub-module, then this one, as torch's (``self.apply(init_weights)``)."""
+        for mod in self.children():
+            mod.apply(fn)
+        fn(self)
+        return self
+
+    def to(self, *args: Any, dtype: Any = None, device: Any = None, non_blocking: bool = False) -> "Module":
+        """torch's ``to(dtype)`` / ``to(device)`` / ``to(device, dtype)``: float parameters and buffers
+        take ``dtype`` (integer ones, ``num_batches_tracked``, stay). A device (``"cpu"``, ``"cuda:0"``,
+        a ``torch.device``) changes nothing: graphc chooses it per session (``backend="ort-cuda"``)."""
+        for arg in args:
+            if _is_device(arg):
+                continue
+            if dtype is not None:
+                raise TypeError(f"Module.to got two dtypes, {dtype!r} and {arg!r}")
+            dtype = arg
+        if dtype is None:
+            return self
+        dt = as_dtype(dtype)
+        if dt not in FLOAT_DTYPES:
+            raise TypeError(f"Module.to takes a floating point dtype ({', '.join(sorted(FLOAT_DTYPES))}), as "
+                            f"torch's, got {dt}")
+        for _, p in self._named_tensors():
+            if p.dtype in FLOAT_DTYPES:
+                p.cast(dt)
+        return self
+
+    def double(self) -> "Module":
+        return self.to(dtype="float64")
+
+    def float(self) -> "Module":
+        return self.to(dtype="float32")
+
+    def half(self) -> "Module":
+        return self.to(dtype="float16")
+
+    def bfloat16(self) -> "Module":
+        return self.to(dtype="bfloat16")
+
     # -- calling --------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must define forward()")
@@ -284,6 +335,13 @@ class Module:
             sub = repr(mod).replace("\n", "\n  ")
             lines.append(f"  ({name}): {sub}")
         return "\n".join(lines) + (")" if len(lines) == 1 else "\n)")
+
+
+def _is_device(arg: Any) -> bool:
+    """A device as torch's ``Module.to`` takes it: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device``."""
+    if type(arg).__name__ == "device" and type(arg).__module__.split(".")[0] == "torch":
+        return True
+    return isinstance(arg, str) and arg.split(":")[0] in ("cpu", "cuda", "mps", "xpu", "meta")
 
 
 def _refuse_plain_container(owner: Module, name: str, value: Any) -> None:
