@@ -41,11 +41,23 @@ def grad_expand(g, node, dy):
     return dy, None
 
 
+def _dim_once(g, x: ir.Value, axis: int, read: dict):
+    """``g.dim(x, axis)``, the Shape read of a named symbolic dim shared through ``read``."""
+    dim = x.shape[axis] if x.shape is not None else None
+    name = getattr(dim, "value", None)
+    if not isinstance(name, str):
+        return g.dim(x, axis)
+    if name not in read:
+        read[name] = g.dim(x, axis)
+    return read[name]
+
+
 @grad_rule("Concat")
 def grad_concat(g, node, dy):
     rank = g.rank(node.outputs[0])
     axis = attr(node, "axis") % rank
-    sizes = [g.dim(x, axis) for x in node.inputs]
+    read: dict[str, ir.Value] = {}  # a dim named alike is one size: read off Shape once (an unrolled RNN's B)
+    sizes = [_dim_once(g, x, axis, read) for x in node.inputs]
     if not all(isinstance(s, int) for s in sizes):
         sizes = g.op("Concat", *[g.ints([s]) if isinstance(s, int) else s for s in sizes], axis=0)
     parts = g.split(dy, sizes, axis, len(node.inputs))
