@@ -21,7 +21,7 @@ import onnx_ir as ir
 from graphc.passes.emit import Emitter
 from graphc.passes.evaluate import folded_array
 from graphc.passes.recurrent_activations import DEFAULT_ACTIVATIONS, activation_names, activation_params, takes_params
-from graphc.passes.values import attr, static_shape
+from graphc.passes.values import REVERSE_MODE_KEY, attr, static_shape
 
 __all__ = ["GATES", "Activation", "ActivationWriter", "op_activation", "unknown_activations", "write_out"]
 
@@ -75,9 +75,10 @@ def write_out(e: Emitter, node: ir.Node, max_unrolled: int | None = None,
               activation: ActivationWriter = op_activation) -> list[ir.Value | None]:
     """The node's outputs (None where unused) from per-step ops, unrolled where the sequence is
     unmasked and at most ``max_unrolled`` steps long (None: never), else one Scan per direction;
-    ``activation`` writes each activation. Per step and direction: one MatMul of the state with
-    every gate's recurrence weights, the input projection of every step (one MatMul, biases folded
-    in) computed once, states kept [1, B, H] so Y is one Concat. X of unknown rank takes Scans."""
+    ``activation`` writes each activation. Per step and direction: one Gemm of the state with
+    every gate's recurrence weights (a GRU's: z and r, then h), the input projection of every step
+    (one MatMul or Gemm, biases folded in) computed once, states [B, H] (B and I known before run
+    time, else [1, B, H] and MatMuls). X of unknown rank takes Scans."""
     op, inputs = node.op_type, list(node.inputs) + [None] * 8
     x, w, r, b, lens = inputs[:5]
     init_h = inputs[5]
@@ -107,13 +108,12 @@ def write_out(e: Emitter, node: ir.Node, max_unrolled: int | None = None,
     known = folded_array(lens)  # None for a graph input: its default may not be what is fed
     if lens is not None and known is not None and np.all(known == steps):
         lens = None  # every sequence is full: nothing to mask
+    # the cell steps on [B, ...] matrices (``_rows_unrolled``), B and I known before run time (B by a name
+    # at least); unrolled, the input projection is one Gemm of x's [T*B, I] rows
+    rows = batch is not None and x_shape is not None and isinstance(x_shape[2], int)
     alive_lens = None if lens is None else e.op("Reshape", e.op("Cast", lens, to=int(ir.DataType.INT64)),
-                                                e.ints([1, -1, 1]))
+                                                e.ints([-1, 1] if rows else [1, -1, 1]))
     unrolled = max_unrolled is not None and isinstance(steps, int) and steps <= max_unrolled and alive_lens is None
-    # an unmasked LSTM steps on [B, ...] matrices (``_lstm_rows``), B and I known before run time (B by a
-    # name at least); unrolled, its input projection is one Gemm of x's [T*B, I] rows
-    rows = op == "LSTM" and alive_lens is None and batch is not None and x_shape is not None \
-        and isinstance(x_shape[2], int)
     x_rows = e.op("Reshape", x, e.ints([-1, x_shape[2]])) if rows and unrolled else None
     ys, last_h, last_c = [], [], []
     for d, backwards in enumerate(reverse):
@@ -134,7 +134,7 @@ def write_out(e: Emitter, node: ir.Node, max_unrolled: int | None = None,
         h, c = (zero_state if v is None else v if len(reverse) == 1 else e.split(v, [1, 1], axis=0, count=2)[d]
                 for v in (init_h, init_c))  # [1, B, H]
         peeps = e.split(pick(peep), [hidden] * 3, axis=0, count=3) if peep is not None else None
-        r_zr, r_h = e.split(r_t, [2 * hidden, hidden], axis=1, count=2) if op == "GRU" else (None, None)
+        r_zr, r_h = e.split(r_t, [2 * hidden, hidden], axis=0 if rows else 1, count=2) if op == "GRU" else (None, None)
         weights = {"r_t": r_t, "r_zr": r_zr, "r_h": r_h, "r_bias": r_bias, "peeps": peeps, "rows": rows}
 
         def cell(em: Emitter, x_t, h, c, t, activations):
@@ -148,12 +148,14 @@ def write_out(e: Emitter, node: ir.Node, max_unrolled: int | None = None,
                     em.op("Where", alive, new_c, c) if new_c is not None else c)
 
         if rows:
-            h, c = (e.op("Reshape", v, e.ints([-1, hidden])) for v in (h, c))
-            h.shape, c.shape = ir.Shape([batch, hidden]), ir.Shape([batch, hidden])  # B by name: shapes equal
+            h, c = (e.op("Reshape", v, e.ints([-1, hidden])) if v is not None else None
+                    for v in (h, c if op == "LSTM" else None))
+            for v in (h, c) if op == "LSTM" else (h,):  # B by name: shapes equal
+                v.shape = ir.Shape([batch, hidden])
         if x_rows is not None:
             bias = [w_bias] if b is not None else []
-            y_d, h, c = _lstm_rows(e, cell, e.op("Gemm", x_rows, w_d, *bias, transB=1), h, c, steps, hidden,
-                                   batch, backwards, acts[d], wanted[0])
+            y_d, h, c = _rows_unrolled(e, cell, e.op("Gemm", x_rows, w_d, *bias, transB=1), h, c, steps,
+                                       hidden, gates, batch, backwards, acts[d], wanted[0])
             if wanted[0]:
                 ys.append(y_d)
         elif not unrolled:
@@ -187,32 +189,35 @@ def write_out(e: Emitter, node: ir.Node, max_unrolled: int | None = None,
 def _cell(e: Emitter, op: str, x_t, h, c, weights: dict, activations, hidden: int, lbr: int, input_forget: int):
     """One step of an RNN, GRU or LSTM direction: the new (h, c) (c None but for LSTM)."""
     f_act, g_act, h_act = (list(activations) + [None, None])[:3]
-    r_t = weights["r_t"]
+    rows = weights["rows"]
+    axis = 1 if rows else 2
+
+    def affine(a, r, bias):  # a R' + bias: one Gemm on rows (R [n, H], as stored), else MatMul and Add
+        if rows:
+            return e.op("Gemm", a, r, *([bias] if bias is not None else []), transB=1)
+        product = e.op("MatMul", a, r)
+        return product if bias is None else e.op("Add", bias, product)
+
     if op == "RNN":
-        return f_act(e.op("Add", x_t, e.op("MatMul", h, r_t))), None
+        return f_act(affine(h, weights["r_t"], x_t)), None
     if op == "GRU":  # gates z, r, h
-        x_zr, x_h = e.split(x_t, [2 * hidden, hidden], axis=2, count=2)
-        z, reset = e.split(f_act(e.op("Add", x_zr, e.op("MatMul", h, weights["r_zr"]))), [hidden] * 2, axis=2, count=2)
+        x_zr, x_h = e.split(x_t, [2 * hidden, hidden], axis=axis, count=2)
+        z, reset = e.split(f_act(affine(h, weights["r_zr"], x_zr)), [hidden] * 2, axis=axis, count=2)
         if lbr:
-            recur = e.op("MatMul", h, weights["r_h"])
-            recur = e.op("Add", recur, weights["r_bias"]) if weights["r_bias"] is not None else recur
-            cand = g_act(e.op("Add", x_h, e.op("Mul", reset, recur)))
+            cand = g_act(e.op("Add", x_h, e.op("Mul", reset, affine(h, weights["r_h"], weights["r_bias"]))))
         else:
-            cand = g_act(e.op("Add", x_h, e.op("MatMul", e.op("Mul", reset, h), weights["r_h"])))
+            cand = g_act(affine(e.op("Mul", reset, h), weights["r_h"], x_h))
         return e.op("Add", cand, e.op("Mul", z, e.op("Sub", h, cand))), None  # (1 - z) cand + z h
-    if weights["rows"]:  # x_t [B, 4H] added by the Gemm: one node, no Add pass
-        return _lstm_step(e, e.op("Gemm", h, r_t, x_t, transB=1), c, weights["peeps"], f_act, g_act, h_act,
-                          hidden, input_forget, axis=1)
-    return _lstm_step(e, e.op("Add", x_t, e.op("MatMul", h, r_t)), c, weights["peeps"], f_act, g_act, h_act,
-                      hidden, input_forget)
+    return _lstm_step(e, affine(h, weights["r_t"], x_t), c, weights["peeps"], f_act, g_act, h_act, hidden,
+                      input_forget, axis)
 
 
 def _scan_steps(e: Emitter, node: ir.Node, cell, xw: ir.Value, h: ir.Value, c: ir.Value | None, backwards: bool,
                 masked: bool, clip: float | None, direction: int, activation: ActivationWriter, rows: bool = False):
     """One direction as a Scan over xw [T, B, gates*H] (and the step indices, for
-    ``sequence_lens``) whose body is ``cell``: (Y of this direction [T, 1, B, H], last h, last c).
-    ``rows``: the states are [B, H], the body's x_t [B, gates*H] is read as it is (an LSTM's) and Y
-    is [T, B, H]."""
+    ``sequence_lens``) whose body is ``cell``, differentiated in reverse mode at any length
+    (``REVERSE_MODE_KEY``): (Y of this direction [T, 1, B, H], last h, last c).
+    ``rows``: the states are [B, H], the body's x_t [B, gates*H] is read as it is and Y is [T, B, H]."""
     body = ir.Graph([], [], nodes=[], name=e.fresh("cell"))
     be = Emitter(body, e.opset, e.scope, names=e._names)
     be.source = e.source
@@ -243,6 +248,7 @@ def _scan_steps(e: Emitter, node: ir.Node, cell, xw: ir.Value, h: ir.Value, c: i
     outs = e.op("Scan", h, *([c] if c is not None else []), *scanned, num_outputs=len(results), body=body,
                 num_scan_inputs=len(scanned), scan_input_directions=[int(backwards)] * len(scanned),
                 scan_output_directions=[int(backwards)])
+    outs[0].producer().metadata_props[REVERSE_MODE_KEY] = "true"
     for value, like in zip(outs, results):
         value.type = like.type
     return outs[-1], outs[0], outs[1] if c is not None else c
@@ -267,12 +273,13 @@ def _lstm_step(e: Emitter, pre, c, peeps, f_act, g_act, h_act, hidden: int, inpu
     return e.op("Mul", o_g, h_act(new_c)), new_c
 
 
-def _lstm_rows(e: Emitter, cell, xw: ir.Value, h: ir.Value, c: ir.Value, steps: int, hidden: int, batch,
-               backwards: bool, activations, want_y: bool):
-    """One LSTM direction unrolled on matrices: xw [T*B, 4H] (one Gemm, biases in) split by steps,
-    the states h and c [B, H], each step's gates' inputs one ``Gemm(h, R, x_t, transB=1)``. Its
+def _rows_unrolled(e: Emitter, cell, xw: ir.Value, h: ir.Value, c: ir.Value, steps: int, hidden: int, gates: int,
+                   batch, backwards: bool, activations, want_y: bool):
+    """One direction unrolled on matrices: xw [T*B, gates*H] (one Gemm, biases in) split
+    by steps, the states h (and an LSTM's c) [B, H], each step's gates' inputs one
+    ``Gemm(h, R, x_t, transB=1)`` (a GRU's: one for z and r, one for h). Its
     gradient then reads every step's h and dgates as they are (no per-step Reshape into the stacked
-    rows of dR's Gemm) and dR comes out [4H, H] without a Transpose. (Y of this direction
+    rows of dR's Gemm) and dR comes out [gates*H, H] without a Transpose. (Y of this direction
     [T, 1, B, H] or None, last h [B, H], last c [B, H]).
 
     ``bench_recurrent.py --model lm`` (LSTM 256, batch 16, AdamW, ort-cpu; 1-thread CPU ms per step,
@@ -288,7 +295,7 @@ def _lstm_rows(e: Emitter, cell, xw: ir.Value, h: ir.Value, c: ir.Value, steps: 
             e.op("Expand", e.op("Gather", e.op("Shape", h), e.ints([0])), e.ints([steps]))
         x_steps = e.op("Split", xw, sizes, axis=0, num_outputs=steps)
     for x_t in x_steps:  # B by name, so the rules see the steps' operands' shapes equal
-        x_t.shape = ir.Shape([batch, 4 * hidden])
+        x_t.shape = ir.Shape([batch, gates * hidden])
     outs: dict[int, ir.Value] = {}
     for t in (range(steps - 1, -1, -1) if backwards else range(steps)):
         outs[t], h, c = cell(e, x_steps[t], h, c, None, activations)

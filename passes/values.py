@@ -63,6 +63,9 @@ PROBABILITIES_KEY = "graphc.probabilities"
 # autodiff takes the kernel's backward there, the rule of that name in ``FUSED_RULES``, and sends
 # nothing through the kernel's other nodes
 FUSED_GRADIENT_KEY = "graphc.fused_gradient"
+# node metadata of a Scan ("true") whose gradient is taken in reverse mode at any length (``grad_scan``
+# does not unroll it): an RNN/GRU/LSTM written out as a Scan, which is faster so (``autodiff/recurrent``)
+REVERSE_MODE_KEY = "graphc.reverse_mode"
 
 
 def stops_gradient(node: ir.Node) -> bool:

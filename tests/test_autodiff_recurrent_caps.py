@@ -1,5 +1,5 @@
-"""Long recurrent layers in gradient graphs: past ``MAX_UNROLLED_STEPS`` (an LSTM past
-``MAX_UNROLLED_LSTM_STEPS``) an RNN/GRU/LSTM without
+"""Long recurrent layers in gradient graphs: past its cap (``MAX_UNROLLED_RNN_STEPS``, ``_GRU_``,
+``_LSTM_``, and never past ``MAX_UNROLLED_STEPS``) an RNN/GRU/LSTM without
 ``sequence_lens`` becomes a Scan differentiated in reverse mode, so the train step's graph stops
 growing with the sequence length; its gradients still equal torch.autograd's."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import graphc as gc
-from graphc.passes.autodiff.recurrent import MAX_UNROLLED_LSTM_STEPS, MAX_UNROLLED_STEPS
+from graphc.passes.autodiff import recurrent
 from graphc.passes.autodiff.rules_control import MAX_SCAN_UNROLL
 
 try:
@@ -26,7 +26,7 @@ def test_a_layer_longer_than_the_cap_gets_torchs_gradients(ctor):
     """Past the cap (a Scan in reverse mode): the output and the gradients of the input and of
     every parameter equal torch.autograd's, on numpy and onnxruntime."""
     torch = pytest.importorskip("torch")
-    length = MAX_UNROLLED_STEPS + 6
+    length = _cap(ctor) + 6
     shape = (2, length, 3) if "batch_first" in ctor else (length, 2, 3)
     x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
     layer, twin = torch_twin(ctor, seed=4)
@@ -64,7 +64,7 @@ def _train_step(ctor: str, length: int) -> list[str]:
 
 def _cap(ctor: str) -> int:
     """The longest sequence of the layer ``ctor`` that autodiff unrolls."""
-    return min(MAX_UNROLLED_STEPS, MAX_UNROLLED_LSTM_STEPS) if ctor.startswith("LSTM") else MAX_UNROLLED_STEPS
+    return min(recurrent.MAX_UNROLLED_STEPS, getattr(recurrent, f"MAX_UNROLLED_{ctor[:ctor.index('(')]}_STEPS"))
 
 
 @pytest.mark.parametrize("ctor", LAYERS[:3])
@@ -72,12 +72,14 @@ def test_an_unrolled_layers_recurrence_weight_gradient_is_one_gemm(ctor):
     """Unrolled, the recurrence weight's gradient (a product per step) is one Gemm of the steps'
     stacked states and gate gradients (two Concats) per direction and gate group, not a Gemm per
     step summed by a Sum (GRU's recurrence bias, a vector per step, keeps its Sum of GEMVs)."""
-    length = 16
-    graph = _train_graph(ctor, length)
+    graph = _train_graph(ctor, _cap(ctor))
     made_by = {o: n.op_type for n in graph.node for o in n.output}
     stacked = [n for n in graph.node if n.op_type == "Gemm" and [made_by.get(v) for v in n.input] == ["Concat"] * 2]
     assert len(stacked) == (4 if ctor.startswith("GRU") else 2), len(stacked)
-    assert not [n.name for n in graph.node if n.op_type == "Sum" and [made_by.get(v) for v in n.input].count("Gemm") > 1]
+    # a weight's product per step is a Gemm of transposed rows (dh's, Gemm(dgates, R), may be summed)
+    rows_products = {o for n in graph.node for o in n.output
+                     if n.op_type == "Gemm" and any(a.name == "transA" and a.i for a in n.attribute)}
+    assert not [n.name for n in graph.node if n.op_type == "Sum" and len(rows_products & set(n.input)) > 1]
 
 
 @pytest.mark.parametrize("ctor", LAYERS[:3])
@@ -92,11 +94,9 @@ def test_the_train_step_stops_growing_past_the_cap(ctor):
 def test_the_cap_is_read_when_a_graph_is_made(monkeypatch):
     """``MAX_UNROLLED_STEPS`` set lower (as ``scripts/bench_recurrent.py --forms`` sets it) sends a
     shorter layer to a Scan: the cap is read per call, not bound when the module is imported."""
-    from graphc.passes.autodiff import recurrent
-
-    assert "Scan" not in _train_step(LAYERS[2], 8)
-    monkeypatch.setattr(recurrent, "MAX_UNROLLED_STEPS", 4)
-    assert "Scan" in _train_step(LAYERS[2], 8)
+    assert "Scan" not in _train_step(LAYERS[2], 4)
+    monkeypatch.setattr(recurrent, "MAX_UNROLLED_STEPS", 2)
+    assert "Scan" in _train_step(LAYERS[2], 4)
 
 
 def _scan_grads(length: int) -> gc.Model:
@@ -140,3 +140,32 @@ def test_a_scan_longer_than_its_cap_gets_reverse_mode_gradients_that_match_torch
         np.testing.assert_allclose(got["loss"], loss.item() + h.sum().item(), rtol=1e-12, err_msg=backend)
         np.testing.assert_allclose(got["x_grad"], xt.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
         np.testing.assert_allclose(got["w_grad"], wt.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=backend)
+
+
+@pytest.mark.parametrize("ctor", LAYERS[:3])
+def test_a_layer_past_its_cap_is_differentiated_in_reverse_mode_at_any_length(ctor, monkeypatch):
+    """A layer written out as a Scan is marked for reverse mode: at a length under
+    ``MAX_SCAN_UNROLL`` too its train step is a taped Scan and a backward Scan per direction, the
+    same nodes as at three times the length (a plain Scan's gradient that short is unrolled)."""
+    monkeypatch.setattr(recurrent, "MAX_UNROLLED_STEPS", 2)
+    short, long = _train_step(ctor, 4), _train_step(ctor, 12)
+    assert 12 <= MAX_SCAN_UNROLL and short.count("Scan") == 4 and len(short) == len(long), (len(short), len(long))
+
+
+@pytest.mark.parametrize("ctor", LAYERS[:3])
+def test_an_unrolled_layer_reads_its_run_time_batch_once_for_ys_gradient(ctor):
+    """Unrolled with the batch known only at run time, Y's Concat of the steps' [B, H] outputs
+    splits its gradient by one Shape read of B, not one per step: the train step's Shape nodes do
+    not grow with the length."""
+    counts = [_train_step(ctor, length).count("Shape") for length in (2, _cap(ctor))]
+    assert counts[0] == counts[1], counts
+
+
+@pytest.mark.parametrize("ctor", LAYERS[:3])
+def test_an_unrolled_cell_steps_on_matrices_by_gemms(ctor):
+    """Unrolled, each step's recurrence product is one ``Gemm(h, R, x_t, transB=1)`` on [B, H]
+    states (a GRU's two), as are their gradients: no Transpose per step (nor a MatMul, but for the
+    GEMV of GRU's recurrence bias), so their counts in the train step do not grow with the length."""
+    ops = ("Transpose",) if ctor.startswith("GRU") else ("Transpose", "MatMul")
+    short, long = _train_step(ctor, 2), _train_step(ctor, _cap(ctor))
+    assert [short.count(op) for op in ops] == [long.count(op) for op in ops]

@@ -22,7 +22,7 @@ from graphc.passes.emit import Emitter
 from graphc.passes.recurrent import GATES, unknown_activations, write_out
 from graphc.passes.values import onnx_opset, static_shape
 
-__all__ = ["MAX_UNROLLED_LSTM_STEPS", "MAX_UNROLLED_STEPS", "UNROLLED", "not_unrolled", "unroll_recurrent"]
+__all__ = ["MAX_UNROLLED_GRU_STEPS", "MAX_UNROLLED_LSTM_STEPS", "MAX_UNROLLED_RNN_STEPS", "MAX_UNROLLED_STEPS", "UNROLLED", "not_unrolled", "unroll_recurrent"]
 
 UNROLLED = frozenset(GATES)
 # The longest unmasked sequence unrolled; a longer one is a Scan whose train_step does not grow
@@ -38,16 +38,35 @@ UNROLLED = frozenset(GATES)
 # 18.4 (GRU 1.41, 3.0-4.7, 8.4-13.4, 19.5 vs 2.19, 3.8-4.7, 7.8-12.3, 15.3). The Scan's gradient
 # unrolled instead (its steps reading xw off one Split) is 1.2-1.5x slower than the unrolled layer
 # at every T, and rules_control.MAX_SCAN_UNROLL keeps a Scan longer than this cap in reverse mode.
+# Since then every cell steps on [B, H] matrices (``passes/recurrent._rows_unrolled``) and a Scan
+# written out for a layer is differentiated in reverse mode at any length (``REVERSE_MODE_KEY``).
 MAX_UNROLLED_STEPS = 64
-# The LSTM's own cap (the lower of the two applies). Its cell steps on [B, H] matrices (one
-# Gemm(h, R, x_t) a step, ``passes/recurrent._lstm_rows``), and its Scan's backward reads h off the
+# Each kind's own cap (the lower of it and MAX_UNROLLED_STEPS applies; gc.vmap's written-out layers
+# take MAX_UNROLLED_STEPS alone). The RNN's: ``bench_recurrent.py --model lm`` RNN
+# 256, AdamW, ort-cpu, 1 thread, CPU ms per step (thread time, interleaved, median; a shared 2-core
+# machine), batch 16, unrolled vs Scan in reverse mode: T=8 4.47 / 4.74, T=32 10.58 / 10.54,
+# T=64 17.5 / 16.8, T=128 (a Scan either way) 37.3; the [1, B, H] form 4.54, 10.85, -, 38.1
+# (PyTorch 7.19, 19.5, 33.6, 73.6).
+MAX_UNROLLED_RNN_STEPS = 32
+# The GRU's own cap. Same bench, GRU 256, unrolled vs Scan in
+# reverse mode, batch 16: T=8 8.33 / 7.93, T=16 12.47 / 11.47, T=32 18.77 / 17.62 (20.61 / 18.97
+# in another run), T=64 37.2 / 33.0; batch 64: T=4 10.20 / 10.10, T=32 59.5 / 58.7. The [1, B, H]
+# form unrolled, batch 16: T=32 21.4, T=64 38.1, T=128 (Scan) 65.3 vs 63.1 now (PyTorch 34.9,
+# 65.2, 123). Its step on rows as one Gemm(h, R) [B, 3H] (linear_before_reset's Rb its bias, z and
+# r adding x_t after it) instead of two (z and r folding x_t in, h): T=16 13.1 vs 12.5, T=64 38.0
+# vs 38.1, so two.
+MAX_UNROLLED_GRU_STEPS = 4
+# The LSTM's own cap. Its cell steps on [B, H] matrices (one
+# Gemm(h, R, x_t) a step, ``passes/recurrent._rows_unrolled``), and its Scan's backward reads h off the
 # tape as a factor of dR's one stacked Gemm: the Scan in reverse mode is then the faster form from
 # T=16 on. ``bench_recurrent.py --model lm`` LSTM 256, AdamW, ort-cpu, 1 thread, CPU ms per step
 # (thread time, interleaved, median; a shared 2-core machine), batch 16: unrolled vs Scan in
 # reverse mode T=16 14.1 / 13.5, T=32 25.5 / 23.7, T=40 27.6 / 25.6, T=48 33.0 / 31.0, T=64 43.1
-# / 40.2 (batch 64: 162 / 151). A Scan of up to ``rules_control.MAX_SCAN_UNROLL`` steps has its
-# gradient unrolled (26.2 at T=32, slower than the unrolled layer), so the LSTM unrolls up to there.
-MAX_UNROLLED_LSTM_STEPS = 32
+# / 40.2 (batch 64: 162 / 151). A Scan of up to ``rules_control.MAX_SCAN_UNROLL`` steps had its
+# gradient unrolled (26.2 at T=32, slower than the unrolled layer), so the LSTM unrolled up to 32;
+# marked for reverse mode (``REVERSE_MODE_KEY``) it is the faster form from T=8: T=4 6.84 / 6.77,
+# T=8 9.04 / 8.78, T=16 15.3 / 14.8, T=32 24.3 / 22.6 (PyTorch 7.70, 9.62, 17.0, 23.5).
+MAX_UNROLLED_LSTM_STEPS = 4
 
 
 def unroll_recurrent(model: ir.Model) -> int:
@@ -58,7 +77,8 @@ def unroll_recurrent(model: ir.Model) -> int:
     for node in list(graph):
         if node.op_type in GATES and node.domain in ("", "ai.onnx") and not_unrolled(node) is None:
             emit = Emitter(graph, opset, f"{node.name or node.op_type}/unrolled")
-            cap = min(MAX_UNROLLED_STEPS, MAX_UNROLLED_LSTM_STEPS) if node.op_type == "LSTM" else MAX_UNROLLED_STEPS
+            own = {"RNN": MAX_UNROLLED_RNN_STEPS, "GRU": MAX_UNROLLED_GRU_STEPS, "LSTM": MAX_UNROLLED_LSTM_STEPS}
+            cap = min(MAX_UNROLLED_STEPS, own[node.op_type])
             new_outputs = write_out(emit, node, cap)
             for old, new in zip(node.outputs, new_outputs):
                 if new is not None:

@@ -19,6 +19,7 @@ from graphc.passes.autodiff.loops import clone_body
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.autodiff.reverse_mode import reverse_loop, reverse_scan
 from graphc.passes.autodiff.step_slices import StepSlices
+from graphc.passes.values import REVERSE_MODE_KEY
 
 
 def _branch_gradients(g: GradBuilder, branch: ir.Graph, dys, targets: list[ir.Value]) -> ir.Graph:
@@ -177,7 +178,7 @@ def _seeds(sub: GradBuilder, result, dys, n_carry: int, length: int, out_axes, r
 def grad_scan(g, node, dys):
     # Scan with a static sequence length: unrolled like Loop; scanned inputs are read off one
     # Split each (their gradients one Concat) and scan outputs' gradients split per step (axes and directions honoured). A length known
-    # only at run time (or past MAX_SCAN_UNROLL) goes to reverse mode.
+    # only at run time, past MAX_SCAN_UNROLL or marked REVERSE_MODE_KEY goes to reverse mode.
     body = node.attributes["body"].value
     m = attr(node, "num_scan_inputs")
     n_carry = len(node.inputs) - m
@@ -193,7 +194,7 @@ def grad_scan(g, node, dys):
         shape = static_shape(x)
         lengths.add(shape[axis] if isinstance(shape[axis], int) else None)
     length = lengths.pop() if len(lengths) == 1 else None
-    if length is None or length > MAX_SCAN_UNROLL:  # a length known only at run time, or a long one
+    if length is None or length > MAX_SCAN_UNROLL or node.metadata_props.get(REVERSE_MODE_KEY) == "true":
         return reverse_scan(g, node, dys, n_carry, (in_axes, in_dirs, out_axes, out_dirs))
 
     def steps(sub):
