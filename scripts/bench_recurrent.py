@@ -1,4 +1,4 @@
-"""Training an imported LSTM: graphc (the LSTM unrolled in train_step, a Scan past 64 steps) against PyTorch eager.
+"""Training an imported LSTM: graphc (the LSTM unrolled in train_step up to 4 steps, a Scan past that) against PyTorch eager.
 
 A sequence classifier, nn.LSTM(32 -> 128, batch_first) + Linear(128 -> 10) on the last hidden
 state, softmax cross-entropy, plain SGD, batch 32, at several sequence lengths. The same
@@ -8,10 +8,10 @@ interleaved (``bench_train.interleaved_times``); ms per step, median / fastest. 
 
     .venv/bin/python scripts/bench_recurrent.py [--lengths 8 32] [--rounds 10]
 
-``--model lm`` instead trains a language model, Embedding(VOCAB -> H) + ``--kind`` (LSTM or GRU, H -> H)
+``--model lm`` instead trains a language model, Embedding(VOCAB -> H) + ``--kind`` (LSTM, GRU or RNN, H -> H)
 + Linear(H -> VOCAB) on every position's output, cross-entropy on next tokens; ``--hidden``,
-``--batch`` and ``--optim adamw`` (AdamW(1e-3) both sides) set the rest. Past 64 steps graphc's
-train_step differentiates a Scan per direction in reverse mode (``passes/autodiff/reverse_mode.py``).
+``--batch`` and ``--optim adamw`` (AdamW(1e-3) both sides) set the rest. Past each kind's cap (RNN 32,
+GRU and LSTM 4 steps) graphc's train_step differentiates a Scan per direction in reverse mode (``passes/autodiff/reverse_mode.py``).
 
     .venv/bin/python scripts/bench_recurrent.py --model lm --kind GRU --hidden 256 --batch 16 --optim adamw \
         --lengths 64 128 512
@@ -43,8 +43,10 @@ import graphc as gc
 FEATURES, HIDDEN, CLASSES, BATCH = 32, 128, 10, 32
 FORMS_BATCH = 16
 # form -> (recurrent.MAX_UNROLLED_STEPS, rules_control.MAX_SCAN_UNROLL) that select it at any length
-# (MAX_UNROLLED_LSTM_STEPS set with the first)
+# (each kind's own cap, CAPS, set with the first). A Scan written out for a layer is differentiated in
+# reverse mode at any length (``REVERSE_MODE_KEY``): "scan, unrolled grad" applies to ``--kind scan`` only
 FORMS = {"unrolled": (1 << 30, 0), "scan, unrolled grad": (0, 1 << 30), "scan, reverse mode": (0, 0)}
+CAPS = ("MAX_UNROLLED_STEPS", "MAX_UNROLLED_RNN_STEPS", "MAX_UNROLLED_GRU_STEPS", "MAX_UNROLLED_LSTM_STEPS")
 
 
 VOCAB = 1000
@@ -144,16 +146,19 @@ class _DslClassifier(gc.nn.Module):
 
 def form_steppers(kind: str, hidden: int, length: int, form: str, threads: tuple[int, ...]):
     """(train_step nodes, generate s, {threads: (session build s, stepper)}) of one form."""
-    saved = recurrent.MAX_UNROLLED_STEPS, recurrent.MAX_UNROLLED_LSTM_STEPS, rules_control.MAX_SCAN_UNROLL
-    (recurrent.MAX_UNROLLED_STEPS, rules_control.MAX_SCAN_UNROLL), recurrent.MAX_UNROLLED_LSTM_STEPS = \
-        FORMS[form], FORMS[form][0]
+    saved = {name: getattr(recurrent, name) for name in CAPS}, rules_control.MAX_SCAN_UNROLL
+    for name in CAPS:
+        setattr(recurrent, name, FORMS[form][0])
+    rules_control.MAX_SCAN_UNROLL = FORMS[form][1]
     try:
         model = gc.capture(_DslClassifier(kind, hidden), seed=0, x=gc.spec("float32", ("N", length, FEATURES)))
         t0 = time.perf_counter()
         arts = gc.training.generate(model, gc.losses.cross_entropy("output", label="y"), gc.optim.SGD(LR))
         seconds = time.perf_counter() - t0
     finally:
-        recurrent.MAX_UNROLLED_STEPS, recurrent.MAX_UNROLLED_LSTM_STEPS, rules_control.MAX_SCAN_UNROLL = saved
+        for name, cap in saved[0].items():
+            setattr(recurrent, name, cap)
+        rules_control.MAX_SCAN_UNROLL = saved[1]
     rng = np.random.default_rng(0)
     batches = [{"x": rng.standard_normal((FORMS_BATCH, length, FEATURES)).astype(np.float32),
                 "y": rng.integers(0, CLASSES, FORMS_BATCH).astype(np.int64)} for _ in range(2)]
@@ -195,9 +200,9 @@ def main() -> None:
     parser.add_argument("--forms", action="store_true", help="compare the gradient graph's forms (no torch)")
     parser.add_argument("--unrolled-up-to", type=int, default=512)
     parser.add_argument("--hidden", type=int, default=HIDDEN, help="--forms, --model lm: the layer's hidden size")
-    parser.add_argument("--kinds", nargs="+", default=["LSTM", "GRU", "scan"], choices=["LSTM", "GRU", "scan"])
+    parser.add_argument("--kinds", nargs="+", default=["LSTM", "GRU", "scan"], choices=["LSTM", "GRU", "RNN", "scan"])
     parser.add_argument("--model", default="classifier", choices=["classifier", "lm"])
-    parser.add_argument("--kind", default="LSTM", choices=["LSTM", "GRU"], help="--model lm: the layer")
+    parser.add_argument("--kind", default="LSTM", choices=["LSTM", "GRU", "RNN"], help="--model lm: the layer")
     parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--optim", default="sgd", choices=["sgd", "adamw"])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
