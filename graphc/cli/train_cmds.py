@@ -147,6 +147,11 @@ def train_cmd(
                                                    "resumes from the last one)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --checkpoint (an error when "
                                 "there is none; without --resume an existing checkpoint is an error too)."),
+    changed_optimizer: bool = typer.Option(False, "--changed-optimizer", help="With --resume: train on with the "
+                                           "optimizer kind and constants (weight decay, betas, eps, momentum, ...) "
+                                           "ARTIFACT_DIR was generated with where the checkpoint's differ, its state "
+                                           "carried over (Adam <-> AdamW; as setting torch's param_groups after "
+                                           "load_state_dict); without it such a resume is refused."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the shuffling and of Dropout's noise."),
     metrics: list[str] = typer.Option([], "--metric", metavar="NAME",
                                       help="A metric (repeatable), reported for training and evaluation, instead of "
@@ -201,13 +206,16 @@ def train_cmd(
 
     Exits 1 when training fails (e.g. the loss becomes NaN)."""
     import graphc as gc
-    from graphc.runtime.checkpoint import resolve
+    from graphc.runtime.checkpoint import CheckpointError, resolve
+    from graphc.runtime.resume_rules import OptimizerChanged
     from graphc.runtime.history import check_plot, log_format
     from graphc.runtime.progress import plural
     from graphc.runtime.trainer import TrainingFailed, TrainingInterrupted
 
     if resume and checkpoint is None:
         raise ValueError("--resume needs --checkpoint DIR")
+    if changed_optimizer and not resume:
+        raise ValueError("--changed-optimizer applies to a --resume run: give --resume --checkpoint DIR too")
     if quiet and given(ctx, "progress") and progress:
         raise ValueError("--quiet prints no progress bar: give --quiet or --progress, not both")
     if checkpoint_every is not None and checkpoint is None:
@@ -224,7 +232,10 @@ def train_cmd(
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,
                          workers=workers, ray_address=ray_address, **({"cuda_graph": True} if cuda_graph else {}))
     if resume:
-        trainer.load_checkpoint(checkpoint)
+        try:
+            trainer.load_checkpoint(checkpoint, changed_optimizer=changed_optimizer)
+        except OptimizerChanged as exc:  # its advice as this command's flag
+            raise CheckpointError(exc.words("--changed-optimizer")) from None
     resumed = checkpoint if resume else trainer.resumed_from  # ARTIFACTS may be a checkpoint itself
     if resumed is not None:
         console.print(escape(f"resumed from {resumed} {_where(trainer)} (step {trainer.step_count})"),

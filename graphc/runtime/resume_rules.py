@@ -16,16 +16,26 @@ fails naming the change before any step, never trains silently on something else
 from __future__ import annotations
 
 import warnings
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any, Optional
 
 from graphc.passes.training.scheduled import MOMENTUM, momentum_key
 from graphc.runtime.checkpoint import CheckpointError, LoaderState
 
-__all__ = ["check_optimizer", "check_position"]
+__all__ = ["OptimizerChanged", "check_optimizer", "check_position"]
 
 # loader settings whose change mid-epoch changes which samples the rest of the epoch holds
 _POSITION_FIELDS = ("batch_size", "shuffle", "seed", "num_samples")
+
+
+class OptimizerChanged(CheckpointError):
+    """A checkpoint trained with another optimizer kind or constants than the training graphs';
+    ``words(accept)`` is the message naming ``accept`` as the way to train on regardless (Python's
+    ``changed_optimizer=True``, the CLI's ``--changed-optimizer``)."""
+
+    def __init__(self, words: Callable[[str], str]):
+        super().__init__(words("changed_optimizer=True"))
+        self.words = words
 
 
 def _constants(spec: dict[str, Any], carried: Collection[str]) -> dict[str, Any]:
@@ -54,18 +64,17 @@ def check_optimizer(path: Any, saved: dict[str, Any], now: dict[str, Any], carri
         return
     kind, was = now.get("kind"), saved.get("kind")
     if kind != was and not changed_optimizer:
-        raise CheckpointError(f"{path}: the checkpoint was trained with {was}, these training graphs train with "
-                              f"{kind}; resume with artifacts generated with the checkpoint's optimizer "
-                              f"({saved}), or pass changed_optimizer=True where its state fits (torch's "
-                              "load_state_dict into another optimizer)")
+        raise OptimizerChanged(lambda accept: f"{path}: the checkpoint was trained with {was}, these training graphs "
+                               f"train with {kind}; resume with artifacts generated with the checkpoint's optimizer "
+                               f"({saved}), or pass {accept} where its state fits (torch's load_state_dict into "
+                               "another optimizer)")
     changes = _changes(_constants(saved, carried), _constants(now, carried))
     if changes and not changed_optimizer:
-        raise CheckpointError(f"{path}: the checkpoint's {was} ran with other constants than these training "
-                              f"graphs hold: {', '.join(changes)}. torch would resume with the checkpoint's "
-                              "(optimizer.load_state_dict restores param_groups), which the graphs cannot take: "
-                              "generate them with the checkpoint's values to resume exactly, or pass "
-                              "changed_optimizer=True to train on with the graphs' (as setting param_groups "
-                              "after load_state_dict)")
+        raise OptimizerChanged(lambda accept: f"{path}: the checkpoint's {was} ran with other constants than these "
+                               f"training graphs hold: {', '.join(changes)}. torch would resume with the checkpoint's "
+                               "(optimizer.load_state_dict restores param_groups), which the graphs cannot take: "
+                               f"generate them with the checkpoint's values to resume exactly, or pass {accept} to "
+                               "train on with the graphs' (as setting param_groups after load_state_dict)")
     if saved.get("lr") != now.get("lr"):
         warnings.warn(f"{path}: these training graphs were generated with lr {now.get('lr')!r}, the checkpoint's run "
                       f"with {saved.get('lr')!r}: the run resumes with the checkpoint's lr, as torch's "
