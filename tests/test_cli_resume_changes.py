@@ -9,12 +9,12 @@ from cli_util import one_line_error, run_cli, workspace
 from graphc.runtime.checkpoint import resolve
 
 
-def adamw_artifacts(root):
-    """The workspace's model regenerated with AdamW and weight decay 0.1 (its run was Adam's)."""
+def regenerated(root, name, optimizer, frozen=()):
+    """The workspace's model (its run: Adam, nothing frozen) regenerated into ``root/name``."""
     arts = gc.training.generate(gc.load(root / "mlp.onnx"), gc.losses.cross_entropy("logits", label="y"),
-                                gc.optim.AdamW(0.01, weight_decay=0.1))
-    arts.save(root / "adamw")
-    return root / "adamw"
+                                optimizer, frozen=frozen)
+    arts.save(root / name)
+    return root / name
 
 
 def train(capsys, root, arts, epochs, *more):
@@ -26,7 +26,7 @@ def test_a_resume_on_another_optimizers_artifacts_names_the_flag_and_the_flag_re
     root = workspace(tmp_path)
     assert train(capsys, root, root / "arts", 1).code == 0
     saved = resolve(root / "ck").read_bytes()
-    adamw = adamw_artifacts(root)
+    adamw = regenerated(root, "adamw", gc.optim.AdamW(0.01, weight_decay=0.1))
     err = one_line_error(train(capsys, root, adamw, 2, "--resume"))
     assert "trained with adam, these training graphs train with adamw" in err and "--changed-optimizer" in err
     assert "changed_optimizer=True" not in err  # Python's spelling: no use on the command line
@@ -54,3 +54,18 @@ def test_changed_optimizer_without_resume_is_refused(tmp_path, capsys):
     err = one_line_error(train(capsys, root, root / "arts", 1, "--changed-optimizer"))
     assert "--changed-optimizer applies to a --resume run" in err
     assert not resolve(root / "ck").exists()
+
+
+@pytest.mark.parametrize("name,optimizer,frozen,words", [
+    ("sgd", gc.optim.SGD(0.01, momentum=0.9), (), "trained with adam, these training graphs train with sgd; "
+     "resume with artifacts generated with the checkpoint's optimizer"),
+    ("frozen", gc.optim.Adam(0.01), ["enc.bias"], "the trainable/frozen set changed (trained in the checkpoint's "
+     "run, frozen here: enc.bias). torch would go on"),
+])
+def test_a_resume_on_other_state_names_the_change_not_another_model(tmp_path, capsys, name, optimizer, frozen, words):
+    """Their tensors differ, which the checkpoint-path check took for another model's checkpoint
+    ('belongs to other training graphs (another model?)') before the resume rules could name it."""
+    root = workspace(tmp_path)
+    assert train(capsys, root, root / "arts", 1).code == 0
+    err = one_line_error(train(capsys, root, regenerated(root, name, optimizer, frozen), 2, "--resume"))
+    assert words in err and "another model" not in err

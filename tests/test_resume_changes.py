@@ -20,9 +20,9 @@ class MLP(nn.Module):
         return {"logits": self.fc2(gc.relu(self.fc1(x)))}
 
 
-def artifacts(optimizer):
+def artifacts(optimizer, frozen=()):
     model = gc.capture(MLP(), seed=0, x=gc.spec("float32", ("N", 8)))
-    return gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), optimizer)
+    return gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), optimizer, frozen=frozen)
 
 
 DATA = [blobs(16, seed=i) for i in range(6)]
@@ -143,3 +143,41 @@ def test_a_batch_size_changed_mid_epoch_is_refused_before_any_step(tmp_path):
     with pytest.warns(UserWarning, match="batch_size 16 \\(now 32\\)"):  # at the epoch's end: the user's choice
         then = resumed.fit(gc.data.DataLoader(data, batch_size=32, seed=3), 3, progress=False, quiet=True)
     assert then.epochs[0].samples == 96 and then.epochs[0].steps == 3
+
+
+@pytest.mark.parametrize("before,after,words", [
+    ((), ["fc1.bias"], r"trained in the checkpoint's run, frozen here: fc1\.bias\).*frozen=\[\]"),
+    (["fc1.*"], [], r"frozen in the checkpoint's run, trained here: fc1\.bias, fc1\.weight\).*"
+                    r"frozen=\['fc1\.bias', 'fc1\.weight'\]"),
+    (["fc1.bias"], ["fc2.bias"], r"trained in the checkpoint's run, frozen here: fc2\.bias; frozen in the "
+                                 r"checkpoint's run, trained here: fc1\.bias\).*frozen=\['fc1\.bias'\]"),
+])
+def test_a_changed_frozen_set_is_refused_naming_the_moves_and_the_set_to_resume_with(tmp_path, before, after, words):
+    """Before, the first differing tensor was named as if of another model ('has param
+    'fc1.bias', which these training graphs lack'); the set it names resumes."""
+    saved_after(artifacts(gc.optim.Adam(1e-2), frozen=before), tmp_path / "ck")
+    resumed = gc.Trainer(artifacts(gc.optim.Adam(1e-2), frozen=after), backend="numpy")
+    with pytest.raises(CheckpointError, match=r"the trainable/frozen set changed \(" + words + r" \(graphc grad "
+                                              r"--freeze\), to resume"):
+        resumed.load_checkpoint(tmp_path / "ck")
+    assert resumed.step_count == 0
+    again = gc.Trainer(artifacts(gc.optim.Adam(1e-2), frozen=before), backend="numpy")
+    again.load_checkpoint(tmp_path / "ck")
+    assert again.step_count == 3
+
+
+def test_another_models_checkpoint_is_still_named_by_its_first_tensor(tmp_path):
+    """A checkpoint whose params this model does not have is not taken for a frozen-set change."""
+    class Wider(MLP):
+        def __init__(self):
+            super().__init__()
+            self.fc3 = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return {"logits": self.fc3(super().forward(x)["logits"])}
+
+    model = gc.capture(Wider(), seed=0, x=gc.spec("float32", ("N", 8)))
+    saved_after(gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), gc.optim.Adam(1e-2)),
+                tmp_path / "ck")
+    with pytest.raises(CheckpointError, match=r"has param 'fc3\.\w+', which these training graphs lack"):
+        gc.Trainer(artifacts(gc.optim.Adam(1e-2)), backend="numpy").load_checkpoint(tmp_path / "ck")

@@ -97,11 +97,13 @@ def _drops(fixed: Optional[int], arrays: Optional[dict[str, np.ndarray]], what: 
     return True
 
 
-def check_checkpoint(path: Path, resume: bool, artifacts: Path) -> None:
+def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimizer: bool = False) -> None:
     """Before training: a checkpoint of the training graphs in ``artifacts`` can be written at
-    ``path`` (none of another model's is there); with ``resume`` one is there to continue,
+    ``path`` (none of another model's is there); with ``resume`` one is there to continue (of
+    the graphs' optimizer unless ``changed_optimizer``, and trainable set: ``resume_rules``),
     without it none is there to be overwritten by a fresh run."""
-    from graphc.runtime.checkpoint import CheckpointError, check_owner, check_writable, find_artifacts, read_meta, resolve
+    from graphc.runtime.checkpoint import (CheckpointError, check_owner, check_writable, find_artifacts, read_meta,
+                                           read_tensor_table, resolve)
     from graphc.compile.training import MANIFEST_FILE, read_manifest
 
     target = resolve(path)
@@ -115,13 +117,29 @@ def check_checkpoint(path: Path, resume: bool, artifacts: Path) -> None:
     if source is None and resolve(artifacts).is_file():
         source = find_artifacts(artifacts)
     if source is not None:
-        check_owner(path, read_manifest(source).carried())  # another model's checkpoint is named here
+        manifest = read_manifest(source)
+        if resume:  # what differs as a change of settings, before check_owner takes it for another model's
+            _check_resume(path, read_meta(target), read_tensor_table(target), manifest, changed_optimizer)
+        check_owner(path, manifest.carried())  # another model's checkpoint is named here
     else:
         check_writable(path)
     if not resume and target.is_file():
         meta = read_meta(target)
         raise CheckpointError(f"--checkpoint {path} already holds a checkpoint (step {meta.step}, epoch "
                               f"{meta.epoch}); pass --resume to continue it, or choose another path to start afresh")
+
+
+def _check_resume(path: Path, meta, tensors: dict, manifest, changed_optimizer: bool) -> None:
+    """``resume_rules``' refusals of a checkpoint (``meta``, ``tensors``) trained with another
+    optimizer or trainable set than the graphs of ``manifest``, their advice as this command's."""
+    from graphc.runtime import resume_rules
+    from graphc.runtime.checkpoint import CheckpointError
+
+    try:
+        resume_rules.refuse_optimizer(path, meta.optimizer, manifest.optimizer, manifest.carried(), changed_optimizer)
+    except resume_rules.OptimizerChanged as exc:
+        raise CheckpointError(exc.words("--changed-optimizer")) from None
+    resume_rules.check_trainable(path, tensors, meta.roles, manifest.trainable, manifest.frozen)
 
 
 @app.command("train")
@@ -206,8 +224,7 @@ def train_cmd(
 
     Exits 1 when training fails (e.g. the loss becomes NaN)."""
     import graphc as gc
-    from graphc.runtime.checkpoint import CheckpointError, resolve
-    from graphc.runtime.resume_rules import OptimizerChanged
+    from graphc.runtime.checkpoint import resolve
     from graphc.runtime.history import check_plot, log_format
     from graphc.runtime.progress import plural
     from graphc.runtime.trainer import TrainingFailed, TrainingInterrupted
@@ -228,14 +245,11 @@ def train_cmd(
     if log is not None:
         log_format(log)
     if checkpoint is not None:
-        check_checkpoint(checkpoint, resume, artifacts)
+        check_checkpoint(checkpoint, resume, artifacts, changed_optimizer)
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,
                          workers=workers, ray_address=ray_address, **({"cuda_graph": True} if cuda_graph else {}))
     if resume:
-        try:
-            trainer.load_checkpoint(checkpoint, changed_optimizer=changed_optimizer)
-        except OptimizerChanged as exc:  # its advice as this command's flag
-            raise CheckpointError(exc.words("--changed-optimizer")) from None
+        trainer.load_checkpoint(checkpoint, changed_optimizer=changed_optimizer)
     resumed = checkpoint if resume else trainer.resumed_from  # ARTIFACTS may be a checkpoint itself
     if resumed is not None:
         console.print(escape(f"resumed from {resumed} {_where(trainer)} (step {trainer.step_count})"),

@@ -9,6 +9,10 @@ fails naming the change before any step, never trains silently on something else
   graphs hold them, so they cannot take the checkpoint's as torch's param groups would: a
   difference is a ``CheckpointError`` naming each, unless ``changed_optimizer=True`` asks for
   the graphs' values (torch: setting ``param_groups`` after ``load_state_dict``).
+- the trainable set: a param moved between trained and frozen is a ``CheckpointError`` naming
+  each move and the set to generate the graphs with; torch would go on (a newly trained param's
+  state starting fresh, a newly frozen one keeping its trained value), which the graphs cannot:
+  they hold a frozen param's initial value as a constant, and Adam's step count is one for all.
 - the loader mid-epoch: another batch size, seed, shuffle or sample count would cover the rest
   of the epoch with other samples (some twice, some never): refused until the epoch's end.
 """
@@ -22,7 +26,7 @@ from typing import Any, Optional
 from graphc.passes.training.scheduled import MOMENTUM, momentum_key
 from graphc.runtime.checkpoint import CheckpointError, LoaderState
 
-__all__ = ["OptimizerChanged", "check_optimizer", "check_position"]
+__all__ = ["OptimizerChanged", "check_optimizer", "check_position", "check_trainable", "refuse_optimizer"]
 
 # loader settings whose change mid-epoch changes which samples the rest of the epoch holds
 _POSITION_FIELDS = ("batch_size", "shuffle", "seed", "num_samples")
@@ -55,11 +59,11 @@ def _changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
             if saved.get(key) != now.get(key)]
 
 
-def check_optimizer(path: Any, saved: dict[str, Any], now: dict[str, Any], carried: Collection[str],
-                    changed_optimizer: bool = False) -> None:
-    """Refuse a checkpoint trained with optimizer spec ``saved`` for graphs of spec ``now`` whose
-    kind or constants differ (unless ``changed_optimizer``); warn of a changed spec lr. A
-    checkpoint from before the spec was recorded (``saved`` empty) is not checked."""
+def refuse_optimizer(path: Any, saved: dict[str, Any], now: dict[str, Any], carried: Collection[str],
+                     changed_optimizer: bool = False) -> None:
+    """``OptimizerChanged`` for a checkpoint trained with optimizer spec ``saved`` on graphs of
+    spec ``now`` whose kind or constants differ (unless ``changed_optimizer``). A checkpoint from
+    before the spec was recorded (``saved`` empty) is not checked."""
     if not saved:
         return
     kind, was = now.get("kind"), saved.get("kind")
@@ -75,11 +79,40 @@ def check_optimizer(path: Any, saved: dict[str, Any], now: dict[str, Any], carri
                                "(optimizer.load_state_dict restores param_groups), which the graphs cannot take: "
                                f"generate them with the checkpoint's values to resume exactly, or pass {accept} to "
                                "train on with the graphs' (as setting param_groups after load_state_dict)")
-    if saved.get("lr") != now.get("lr"):
+
+
+def check_optimizer(path: Any, saved: dict[str, Any], now: dict[str, Any], carried: Collection[str],
+                    changed_optimizer: bool = False) -> None:
+    """``refuse_optimizer``, and warn of a changed spec lr."""
+    refuse_optimizer(path, saved, now, carried, changed_optimizer)
+    if saved and saved.get("lr") != now.get("lr"):
         warnings.warn(f"{path}: these training graphs were generated with lr {now.get('lr')!r}, the checkpoint's run "
                       f"with {saved.get('lr')!r}: the run resumes with the checkpoint's lr, as torch's "
                       "optimizer.load_state_dict restores it; set trainer.lr after loading to use another",
                       stacklevel=3)
+
+
+def check_trainable(path: Any, saved: Collection[str], roles: dict[str, str], trainable: Collection[str],
+                    frozen: Collection[str]) -> None:
+    """Refuse a checkpoint holding tensors ``saved`` (``roles``: name -> role where recorded) for
+    graphs that train ``trainable`` and freeze ``frozen`` params of the same model, where the two
+    runs trained other sets of them, naming the params that moved each way."""
+    model = set(trainable) | set(frozen)
+    params = {n for n in saved if roles.get(n) == "param"} if roles else set(saved) & model
+    if not params or not params <= model:  # another model's tensors: ``checkpoint.mismatch`` names them
+        return
+    now_frozen, now_trained = sorted(params & set(frozen)), sorted(set(trainable) - params)
+    if not (now_frozen or now_trained):
+        return
+    moves = ([f"trained in the checkpoint's run, frozen here: {', '.join(now_frozen)}"] if now_frozen else []) + (
+        [f"frozen in the checkpoint's run, trained here: {', '.join(now_trained)}"] if now_trained else [])
+    was_frozen = sorted((set(frozen) - set(now_frozen)) | set(now_trained))
+    raise CheckpointError(f"{path}: the trainable/frozen set changed ({'; '.join(moves)}). torch would go on, a "
+                          "newly trained param's optimizer state starting fresh and a newly frozen one keeping its "
+                          "trained value; these graphs cannot: they hold a frozen param's initial value as a "
+                          "constant, and the optimizer's step count is one for every param. Generate the training "
+                          f"graphs with the checkpoint's set, frozen={was_frozen!r} (graphc grad --freeze), to "
+                          "resume")
 
 
 def check_position(then: Optional[LoaderState], now: LoaderState, epoch: int, batch_in_epoch: int) -> None:

@@ -1061,9 +1061,11 @@ class Trainer:
     def load_checkpoint(self, path: Union[str, os.PathLike], *, changed_optimizer: bool = False) -> None:
         """Restore what ``save_checkpoint`` wrote; the next steps replay the original run. A
         checkpoint trained with another optimizer kind or constants (weight decay, betas, ...) is
-        a ``CheckpointError`` unless ``changed_optimizer`` (``graphc.runtime.resume_rules``)."""
+        a ``CheckpointError`` unless ``changed_optimizer``, one of another trainable set always
+        (``graphc.runtime.resume_rules``)."""
         tensors, meta = ckpt.load(path)
         resume_rules.check_optimizer(path, meta.optimizer, self.manifest.optimizer, self._entries, changed_optimizer)
+        resume_rules.check_trainable(path, tensors, meta.roles, self.manifest.trainable, self.manifest.frozen)
         tensors = adam_moments.moments_as_sums(tensors, self.manifest.optimizer, self._expected)
         if changed_optimizer and meta.optimizer:  # Adam's moment sums to the graphs' betas
             tensors = adam_moments.moments_rebased(tensors, meta.optimizer, self.manifest.optimizer)
