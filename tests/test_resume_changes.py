@@ -181,3 +181,43 @@ def test_another_models_checkpoint_is_still_named_by_its_first_tensor(tmp_path):
                 tmp_path / "ck")
     with pytest.raises(CheckpointError, match=r"has param 'fc3\.\w+', which these training graphs lack"):
         gc.Trainer(artifacts(gc.optim.Adam(1e-2)), backend="numpy").load_checkpoint(tmp_path / "ck")
+
+
+def resumed_mid_epoch(path, data, **loader):
+    """A Trainer resumed from a run killed after 3 batches of its first epoch over ``data``
+    (batches of 16, seed 3, ``loader``'s other settings)."""
+    first = gc.Trainer(artifacts(gc.optim.SGD(0.1, momentum=0.9)), backend="numpy")
+    interrupt_at(first, 3)
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(gc.data.DataLoader(data, batch_size=16, seed=3, **loader), 1, progress=False, quiet=True)
+    first.save_checkpoint(path)
+    resumed = gc.Trainer(path, backend="numpy")
+    assert (resumed.epoch, resumed.batch_in_epoch, resumed.step_count) == (0, 3, 3)
+    return resumed
+
+
+def test_drop_last_changed_mid_epoch_is_refused_where_it_changes_the_batches(tmp_path):
+    """100 samples in batches of 16: drop_last=True leaves out the last 4, which the run's
+    loader served as a 7th batch; with 96 the batches are the same and it resumes."""
+    resumed = resumed_mid_epoch(tmp_path / "ck", blobs(100))
+    with pytest.raises(ValueError, match=r"3 of epoch 1's batches of 16 samples \(48 of 100\); a loader with "
+                                         r"drop_last False \(now True\) would serve other batches"):
+        resumed.fit(gc.data.DataLoader(blobs(100), batch_size=16, seed=3, drop_last=True), 1, progress=False, quiet=True)
+    assert resumed.step_count == 3
+    even = resumed_mid_epoch(tmp_path / "even", blobs(96))
+    done = even.fit(gc.data.DataLoader(blobs(96), batch_size=16, seed=3, drop_last=True), 1, progress=False, quiet=True)
+    assert done.epochs[0].samples == 96 and even.step_count == 6
+
+
+def test_other_data_of_the_same_length_mid_epoch_is_refused_by_its_fingerprint(tmp_path):
+    """The rest of the epoch would train on other values (it warned only); the same values in
+    another array object resume."""
+    data = blobs(96)
+    resumed = resumed_mid_epoch(tmp_path / "ck", data)
+    other = {"x": data["x"] + np.float32(1.0), "y": data["y"]}
+    with pytest.raises(ValueError, match=r"a loader with other data \(arrays of the same length whose values "
+                                         r"differ\) would serve other batches.*fit\(loader, epochs=1\)"):
+        resumed.fit(gc.data.DataLoader(other, batch_size=16, seed=3), 1, progress=False, quiet=True)
+    assert resumed.step_count == 3
+    same = {k: v.copy() for k, v in data.items()}
+    assert resumed.fit(gc.data.DataLoader(same, batch_size=16, seed=3), 1, progress=False, quiet=True).epochs

@@ -14,7 +14,9 @@ fails naming the change before any step, never trains silently on something else
   state starting fresh, a newly frozen one keeping its trained value), which the graphs cannot:
   they hold a frozen param's initial value as a constant, and Adam's step count is one for all.
 - the loader mid-epoch: another batch size, seed, shuffle or sample count would cover the rest
-  of the epoch with other samples (some twice, some never): refused until the epoch's end.
+  of the epoch with other samples (some twice, some never), another drop_last with other batches,
+  other data of the same length (the loaders' fingerprints) with other values: refused until the
+  epoch's end.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from typing import Any, Optional
 from graphc.passes.training.scheduled import MOMENTUM, momentum_key
 from graphc.runtime.checkpoint import CheckpointError, LoaderState
 
-__all__ = ["OptimizerChanged", "check_optimizer", "check_position", "check_trainable", "refuse_optimizer"]
+__all__ = ["OptimizerChanged", "check_optimizer", "check_position", "check_trainable", "loader_changes",
+           "refuse_optimizer"]
 
 # loader settings whose change mid-epoch changes which samples the rest of the epoch holds
-_POSITION_FIELDS = ("batch_size", "shuffle", "seed", "num_samples")
+_POSITION_FIELDS = ("seed", "batch_size", "shuffle", "num_samples")
 
 
 class OptimizerChanged(CheckpointError):
@@ -115,16 +118,29 @@ def check_trainable(path: Any, saved: Collection[str], roles: dict[str, str], tr
                           "resume")
 
 
-def check_position(then: Optional[LoaderState], now: LoaderState, epoch: int, batch_in_epoch: int) -> None:
-    """Refuse to continue epoch ``epoch`` mid-way (``batch_in_epoch`` batches of it done with
-    loader settings ``then``) with settings ``now`` that would serve other samples as the rest."""
-    if then is None or not batch_in_epoch or batch_in_epoch >= then.batches():
-        return
+def loader_changes(then: LoaderState, now: LoaderState) -> list[str]:
+    """How loader settings ``now`` differ from the run's ``then``, each as ``field old (now new)``:
+    ``drop_last`` where it changes the epoch's batches (a partial last one), other data of the
+    same length by the loaders' fingerprints (a digest of sampled rows: cheap at any size)."""
     changed = [f"{field} {getattr(then, field)} (now {getattr(now, field)})" for field in _POSITION_FIELDS
                if getattr(then, field) != getattr(now, field)]
+    if then.drop_last != now.drop_last and then.num_samples % then.batch_size:
+        changed.append(f"drop_last {then.drop_last} (now {now.drop_last})")
+    if then.num_samples == now.num_samples and then.data and now.data and then.data != now.data:
+        changed.append("other data (arrays of the same length whose values differ)")
+    return changed
+
+
+def check_position(then: Optional[LoaderState], now: LoaderState, epoch: int, batch_in_epoch: int) -> None:
+    """Refuse to continue epoch ``epoch`` mid-way (``batch_in_epoch`` batches of it done with
+    loader settings ``then``) with settings ``now`` that would serve other batches as the rest."""
+    if then is None or not batch_in_epoch or batch_in_epoch >= then.batches():
+        return
+    changed = loader_changes(then, now)
     if changed:
         raise ValueError(f"resuming mid-epoch: the checkpoint's run used {batch_in_epoch} of epoch {epoch + 1}'s "
                          f"batches of {then.batch_size} samples ({batch_in_epoch * then.batch_size} of "
-                         f"{then.num_samples}); a loader with {', '.join(changed)} would serve other samples as the "
-                         "rest of the epoch (some twice, some never). Finish the epoch with the checkpoint's loader "
-                         f"(fit(loader, epochs={epoch + 1})), then fit with the new one")
+                         f"{then.num_samples}); a loader with {', '.join(changed)} would serve other batches as the "
+                         "rest of the epoch (other samples, some twice, some never, or other values). Finish the "
+                         f"epoch with the checkpoint's loader (fit(loader, epochs={epoch + 1})), then fit with the "
+                         "new one")

@@ -890,11 +890,7 @@ class Trainer:
         resume with it would not replay that run's batches), or None."""
         if self._loader_state is None or not (self.epoch or self.batch_in_epoch):
             return None
-        state, then = _loader_state(loader), self._loader_state
-        diffs = [f"{field} {getattr(then, field)} (now {getattr(state, field)})" for field in type(state).model_fields
-                 if field != "data" and getattr(state, field) != getattr(then, field)]
-        if then.data and state.data and then.data != state.data:
-            diffs.append("other data (arrays of the same length whose values differ)")
+        diffs = resume_rules.loader_changes(self._loader_state, _loader_state(loader))
         return f"the checkpoint's run used a loader with {', '.join(diffs)}" if diffs else None
 
     def _use_loader(self, loader) -> None:
