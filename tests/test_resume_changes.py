@@ -20,16 +20,19 @@ class MLP(nn.Module):
         return {"logits": self.fc2(gc.relu(self.fc1(x)))}
 
 
-def artifacts(optimizer, frozen=()):
+def artifacts(optimizer, frozen=(), scheduled=()):
     model = gc.capture(MLP(), seed=0, x=gc.spec("float32", ("N", 8)))
-    return gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), optimizer, frozen=frozen)
+    return gc.training.generate(model, gc.losses.cross_entropy("logits", label="y"), optimizer, frozen=frozen,
+                                scheduled=scheduled)
 
 
 DATA = [blobs(16, seed=i) for i in range(6)]
 
 
-def saved_after(arts, path, steps=3, backend="numpy"):
+def saved_after(arts, path, steps=3, backend="numpy", momentum=None):
     trainer = gc.Trainer(arts, backend=backend)
+    if momentum is not None:  # as a scheduler sets it (scheduled=("momentum",))
+        trainer.momentum = momentum
     for batch in DATA[:steps]:
         trainer.step(batch)
     trainer.save_checkpoint(path)
@@ -110,6 +113,58 @@ def test_changed_optimizer_true_trains_as_torch_setting_param_groups_after_load(
 
     want = torch_resumed(start, lambda o, p: o.Adam(p, 1e-2), lambda o, p: o.Adam(p, 1e-2), set_groups)
     assert_params_equal(resumed, want)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+def test_changed_optimizer_from_adam_to_adamw_trains_as_torch_adamw_given_adams_state(tmp_path, backend):
+    """torch's AdamW.load_state_dict takes Adam's param_groups too (weight_decay 0, coupled):
+    graphc trains on with the AdamW graphs' constants, as those groups set to AdamW's."""
+    start = gc.Trainer(artifacts(gc.optim.Adam(1e-2)), backend=backend).params
+    saved_after(artifacts(gc.optim.Adam(1e-2)), tmp_path / "ck", backend=backend)
+    resumed = gc.Trainer(artifacts(gc.optim.AdamW(1e-2, weight_decay=0.05)), backend=backend)
+    resumed.load_checkpoint(tmp_path / "ck", changed_optimizer=True)
+    for batch in DATA[3:]:
+        resumed.step(batch)
+
+    def adamw_groups(opt):
+        opt.param_groups[0].update({k: v for k, v in opt.defaults.items() if k != "lr"})
+
+    want = torch_resumed(start, lambda o, p: o.Adam(p, 1e-2), lambda o, p: o.AdamW(p, 1e-2, weight_decay=0.05),
+                         adamw_groups)
+    assert_params_equal(resumed, want)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "ort-cpu"])
+@pytest.mark.parametrize("make,key,change,words", [
+    (lambda **k: gc.optim.Adam(1e-2, **k), "betas", dict(betas=(0.8, 0.99), weight_decay=0.1),
+     r"other constants than these training graphs hold: betas \[0\.999\] \(now \[0\.99\]\), weight_decay "
+     r"0\.0 \(now 0\.1\)\."),
+    (lambda **k: gc.optim.SGD(1e-2, **{"momentum": 0.9, **k}), "momentum", dict(momentum=0.5, weight_decay=0.1),
+     r"other constants than these training graphs hold: weight_decay 0\.0 \(now 0\.1\)\."),
+])
+def test_changed_optimizer_keeps_a_scheduled_momentum_as_the_lr(tmp_path, backend, make, key, change, words):
+    """With scheduled=("momentum",) the checkpoint carries beta1 (SGD's momentum) as it carries
+    the lr: the run's 0.85 goes on, the graphs' other constants (beta2, weight decay) take over;
+    the refusal without changed_optimizer names only those."""
+    start = gc.Trainer(artifacts(make(), scheduled=("momentum",)), backend=backend).params
+    saved_after(artifacts(make(), scheduled=("momentum",)), tmp_path / "ck", backend=backend, momentum=0.85)
+    resumed = gc.Trainer(artifacts(make(**change), scheduled=("momentum",)), backend=backend)
+    with pytest.raises(CheckpointError, match=words):
+        resumed.load_checkpoint(tmp_path / "ck")
+    resumed.load_checkpoint(tmp_path / "ck", changed_optimizer=True)
+    assert resumed.momentum == pytest.approx(0.85)
+    for batch in DATA[3:]:
+        resumed.step(batch)
+
+    def torch_make(o, p):
+        opt = o.Adam(p, 1e-2) if key == "betas" else o.SGD(p, 1e-2, momentum=0.9)
+        opt.param_groups[0][key] = (0.85, 0.999) if key == "betas" else 0.85
+        return opt
+
+    def set_groups(opt):
+        opt.param_groups[0].update(weight_decay=0.1, **({"betas": (0.85, 0.99)} if key == "betas" else {}))
+
+    assert_params_equal(resumed, torch_resumed(start, torch_make, torch_make, set_groups))
 
 
 @pytest.mark.parametrize("before,after,words", [
