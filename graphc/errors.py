@@ -85,3 +85,8 @@ class PerformanceWarning(UserWarning):
 class DataParallelWarning(UserWarning):
     """Data-parallel workers may not compute what one process on the whole batch does, and say why
     (``gc.Trainer(workers=N)`` on a model whose forward mixes the batch's rows)."""
+
+
+class UncalibratedWarning(UserWarning):
+    """A fake quantization will quantize with its initial scale 1.0 and zero point 0: a ``gc.nn.FakeQuantize``
+    captured in eval mode before its observer saw any data, so no graph of the capture ever runs it."""

@@ -205,6 +205,8 @@ class Builder:
         # (``Module.register_computed(..., per_call=True)``: torch's weight_norm/spectral_norm hooks)
         self.called_values: dict[tuple[int, str], Any] = {}
         self.write_backs: list[Any] = []  # an embedding's max_norm write-backs in the main graph (``renorm``)
+        # key -> called with the captured ir.Model once the capture ends (a module's record of what it captured)
+        self.finishers: dict[str, Callable[[ir.Model], None]] = {}
         self._no_grad: dict[int, ir.Value | None] | None = None  # in gc.no_grad: id(value) -> its detached copy
         self.module_path: list[str] = []
         self.rng = np.random.default_rng(seed)

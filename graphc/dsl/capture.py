@@ -128,6 +128,8 @@ def capture(fn_or_module: Any, *, name: str | None = None, opset: int = 21, seed
     model.metadata_props["graphc.training"] = str(bool(training)).lower()
     if builder.buffers:
         model.metadata_props[BUFFERS_KEY] = ",".join(builder.buffers)
+    for finish in builder.finishers.values():
+        finish(model)
     return Model(model)
 
 

@@ -5,18 +5,22 @@ running statistics) and read as stored in eval mode; ``calculate_qparams`` is to
 
 from __future__ import annotations
 
+import json
+import warnings
 from typing import Any
 
 import numpy as np
+import onnx_ir as ir
 
 from graphc.dsl import ops
-from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.builder import Builder, active, op_error, user_source
 from graphc.dsl.ops_fake_quantize import (
     fake_quantize_per_channel_affine,
     fake_quantize_per_tensor_affine,
 )
 from graphc.dsl.tensor import Tensor
-from graphc.errors import CaptureError
+from graphc.errors import CaptureError, UncalibratedWarning
+from graphc.model.quantizers import FAKE_QUANTIZERS_KEY, first_few, never_observed
 from graphc.nn.module import Module, Parameter
 
 # torch's default ranges (quant_min, quant_max), and with reduce_range
@@ -172,6 +176,8 @@ class FakeQuantize(Module):
             self.zero_point.copy_(zp)
         if not self._enabled("fake_quant_enabled"):
             return x
+        builder = active()
+        builder.finishers.setdefault(FAKE_QUANTIZERS_KEY, _Captured()).add(self, builder)
         if not self.is_per_channel:
             return fake_quantize_per_tensor_affine(x, self.scale, self.zero_point, self.quant_min, self.quant_max)
         if not -x.ndim <= self.ch_axis < x.ndim:
@@ -196,3 +202,37 @@ class FakeQuantize(Module):
 
     def extra_repr(self) -> str:
         return f"quant_min={self.quant_min}, quant_max={self.quant_max}, ch_axis={self.ch_axis}"
+
+
+class _Captured:
+    """One capture's fake quantizations, for ``graphc.model.quantizers``' record: written to the model's
+    metadata when the capture ends, with one ``UncalibratedWarning`` naming those captured in eval mode with
+    an enabled observer that never saw data (no graph of the capture runs it: they quantize with scale 1.0)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, dict] = {}
+        self.unseen_in_eval: list[str] = []
+
+    def add(self, fq: FakeQuantize, builder: Builder) -> None:
+        if id(fq) in self.entries:
+            return
+        name = fq.__dict__.get("_path") or type(fq).__name__
+        stats = [fq.activation_post_process._parameters[key] for key in ("min_val", "max_val")]
+        entry = {"module": name, "observed": not never_observed(*(p.numpy() for p in stats))}
+        observing = fq._enabled("observer_enabled")
+        if fq.training and observing and all(id(p) in (builder.rooted or ()) for p in stats):
+            entry["stats"] = [p.qualname for p in stats]  # initializers the training graphs update
+        elif not fq.training and observing and not entry["observed"]:
+            self.unseen_in_eval.append(name)
+        self.entries[id(fq)] = entry
+
+    def __call__(self, model: ir.Model) -> None:
+        model.metadata_props[FAKE_QUANTIZERS_KEY] = json.dumps(list(self.entries.values()))
+        if self.unseen_in_eval:
+            n = len(self.unseen_in_eval)
+            warnings.warn(UncalibratedWarning(
+                f"{n} gc.nn.FakeQuantize module{'s' if n > 1 else ''} ({first_few(self.unseen_in_eval)}) captured "
+                "in eval mode before their observer saw data: no graph of this capture runs the observers, so they "
+                "quantize with scale 1.0 and zero point 0 and an export refuses them (gc.nn modules start in eval "
+                "mode, torch's in training mode); capture with training=True to train and calibrate them, or load "
+                "calibrated state before capturing"), stacklevel=3)
