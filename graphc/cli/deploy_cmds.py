@@ -9,8 +9,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from graphc.cli.app import (app, check_keep_io_types, check_writable_at, console, deploy_app, keep_io_types_option,
-                            naming_opset, one_line_warnings)
+from graphc.cli.app import (ALLOW_UNCALIBRATED, app, check_keep_io_types, check_writable_at, console, deploy_app,
+                            keep_io_types_option, naming_opset, one_line_warnings)
 
 
 @deploy_app.command("triton")
@@ -27,6 +27,7 @@ def triton_cmd(
                                         "(gc.convert_float; default: as it is)."),
     keep_io_types: bool = keep_io_types_option(True, ": TYPE_FP32 in the config, so clients send what the "
                                                "float32 model took (--no-keep-io-types: TYPE_FP16/TYPE_BF16)."),
+    allow_uncalibrated: bool = ALLOW_UNCALIBRATED,
 ) -> None:
     """Write MODEL into a Triton repository: REPO/NAME/config.pbtxt and REPO/NAME/VERSION/model.onnx
     (version 1, or one above the highest already there)."""
@@ -38,7 +39,7 @@ def triton_cmd(
     with one_line_warnings(RangeWarning), naming_opset(opset):
         folder = deploy.triton(model, repo, name, max_batch_size=max_batch_size, instance="gpu" if gpu else "cpu",
                                dynamic_batching=dynamic_batching, opset=opset, dtype=dtype,
-                               keep_io_types=keep_io_types)
+                               keep_io_types=keep_io_types, allow_uncalibrated=allow_uncalibrated)
     versions = deploy.triton_versions(folder)
     kept = f" (versions {', '.join(map(str, versions[:-1]))} kept; Triton serves the highest)" if len(versions) > 1 else ""
     console.print(escape(f"wrote {folder / 'config.pbtxt'} and version {versions[-1]}: "

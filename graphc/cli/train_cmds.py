@@ -13,8 +13,9 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from graphc.cli.app import (OUT_ALIAS, app, check_keep_io_types, check_writable_at, chosen_output, console,
-                            err_console, given, keep_io_types_option, naming_opset, one_line_warnings, output_option)
+from graphc.cli.app import (ALLOW_UNCALIBRATED, OUT_ALIAS, app, check_keep_io_types, check_writable_at, chosen_output,
+                            console, err_console, given, keep_io_types_option, naming_opset, one_line_warnings,
+                            output_option)
 from graphc.cli.arrays import check_dtypes, fit_bfloat16, load_npz, npz_names
 from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_schedule
 from graphc.runtime.labels import class_labels, int64_labels
@@ -342,12 +343,14 @@ def export_cmd(
     dtype: Optional[str] = typer.Option(None, "--dtype", metavar="float16|bfloat16", help="float16 or bfloat16: convert the model "
                                         "(gc.convert_float; default: keep float32)."),
     keep_io_types: bool = keep_io_types_option(False, ", for clients that send float32."),
+    allow_uncalibrated: bool = ALLOW_UNCALIBRATED,
 ) -> None:
     """Write trained params as one optimized inference .onnx.
 
     An artifact directory holds the initial weights: exporting it is refused (exit 2) when a
     checkpoint trained from it lies beside it or in the current directory, and warned about
-    otherwise, unless --allow-untrained."""
+    otherwise, unless --allow-untrained. A fake quantization whose observer never saw data is
+    refused (exit 2) unless --allow-uncalibrated."""
     from graphc.compile.export import UntrainedWeightsWarning, export_inference
     from graphc.passes.precision import RangeWarning
 
@@ -355,7 +358,7 @@ def export_cmd(
     check_keep_io_types(ctx, dtype)
     with one_line_warnings(UntrainedWeightsWarning, RangeWarning), naming_opset(opset):
         path = export_inference(source, output, opset=opset, allow_untrained=allow_untrained, dtype=dtype,
-                                keep_io_types=keep_io_types)
+                                keep_io_types=keep_io_types, allow_uncalibrated=allow_uncalibrated)
     console.print(escape(f"wrote {path}"), highlight=False, soft_wrap=True)
 
 

@@ -20,22 +20,28 @@ import onnx_ir as ir
 
 from graphc.errors import GraphcError
 from graphc.model import Model
+from graphc.model.quantizers import FAKE_QUANTIZERS_KEY, first_few, uncalibrated
 
-__all__ = ["ExportError", "UntrainedWeightsWarning", "export_inference", "inference_model", "load_source"]
+__all__ = ["ExportError", "UncalibratedError", "UntrainedWeightsWarning", "check_calibrated", "export_inference",
+           "inference_model", "load_source"]
 
 EXPORT_LEVEL = 3
 
 
 def inference_model(artifacts, tensors: Mapping[str, np.ndarray], opset: Optional[int] = None,
-                    level: int = EXPORT_LEVEL, dtype: Optional[str] = None, keep_io_types: bool = False) -> Model:
+                    level: int = EXPORT_LEVEL, dtype: Optional[str] = None, keep_io_types: bool = False,
+                    allow_uncalibrated: bool = False) -> Model:
     """``artifacts.inference`` with every initializer named in ``tensors`` replaced by its
     trained value (params and BatchNorm statistics), optimized at ``level``, converted to
     ``opset`` when given and to ``dtype`` ("float16", "bfloat16": ``gc.convert_float``, its
-    float32 inputs and outputs kept float32 with ``keep_io_types``) when given."""
+    float32 inputs and outputs kept float32 with ``keep_io_types``) when given. A fake
+    quantization whose observer never saw data is refused (``check_calibrated``)."""
     from graphc.compile.precision import check_keep_io_types, convert_float
 
     check_keep_io_types(dtype, keep_io_types, default=False)
     model = ir.serde.deserialize_model(artifacts.inference.proto)  # a private copy to edit
+    check_calibrated(model, tensors, allow_uncalibrated)
+    model.metadata_props.pop(FAKE_QUANTIZERS_KEY, None)  # what capture saw, not what the file holds
     for name, value in model.graph.initializers.items():
         if name in tensors:
             array = np.asarray(tensors[name])
@@ -58,6 +64,27 @@ def inference_model(artifacts, tensors: Mapping[str, np.ndarray], opset: Optiona
 class ExportError(GraphcError, ValueError):
     """No inference model can be exported from this source (a plain model; untrained weights
     while a trained checkpoint of them exists)."""
+
+
+class UncalibratedError(ExportError):
+    """A model's fake quantizations were never calibrated: deployed, they would quantize with the scale and
+    zero point they were built with (1.0 and 0) and compute garbage."""
+
+
+def check_calibrated(model: ir.Model, tensors: Optional[Mapping[str, np.ndarray]] = None,
+                     allow_uncalibrated: bool = False) -> None:
+    """Raise ``UncalibratedError`` naming ``model``'s fake quantizations whose observer never saw data (the
+    statistics in ``tensors``, else as captured: ``graphc.model.quantizers``), unless ``allow_uncalibrated``."""
+    names = uncalibrated(model, tensors)
+    if names and not allow_uncalibrated:
+        n = len(names)
+        raise UncalibratedError(
+            f"{n} fake quantization{'s were' if n > 1 else ' was'} never calibrated ({first_few(names)}): the "
+            "observers never saw data (min_val inf, max_val -inf), so the model would quantize with the scale and "
+            "zero point they were built with (1.0 and 0 unless set by hand) and compute garbage; a gc.capture "
+            "without training=True never runs them (gc.nn modules start in eval mode): capture with training=True, "
+            "then train or calibrate (Trainer steps at lr=0 update the observers, not the weights), or, with "
+            "scales set by hand, allow it explicitly (allow_uncalibrated=True; --allow-uncalibrated)")
 
 
 class UntrainedWeightsWarning(UserWarning):
@@ -119,12 +146,13 @@ def _refuse_or_warn(artifacts: Path) -> None:
 
 def export_inference(source: Union[str, os.PathLike], path: Union[str, os.PathLike],
                      opset: Optional[int] = None, allow_untrained: bool = False, dtype: Optional[str] = None,
-                     keep_io_types: bool = False) -> Path:
+                     keep_io_types: bool = False, allow_uncalibrated: bool = False) -> Path:
     """Write the inference model of an artifact directory or checkpoint to ``path``; see
     ``load_source`` for when an artifact directory's initial weights are refused, and
-    ``inference_model`` for ``opset``, ``dtype`` and ``keep_io_types``."""
+    ``inference_model`` for ``opset``, ``dtype``, ``keep_io_types`` and ``allow_uncalibrated``."""
     from graphc.compile.precision import check_keep_io_types
 
     check_keep_io_types(dtype, keep_io_types, default=False)
     artifacts, tensors = load_source(source, allow_untrained=allow_untrained)
-    return inference_model(artifacts, tensors, opset=opset, dtype=dtype, keep_io_types=keep_io_types).save(path)
+    return inference_model(artifacts, tensors, opset=opset, dtype=dtype, keep_io_types=keep_io_types,
+                           allow_uncalibrated=allow_uncalibrated).save(path)

@@ -1105,14 +1105,17 @@ class Trainer:
         return {key: rng for key, rng in found.items() if isinstance(rng, np.random.Generator)}
 
     def export_inference(self, path: Union[str, os.PathLike], opset: Optional[int] = None,
-                         dtype: Optional[str] = None, keep_io_types: bool = False) -> Path:
+                         dtype: Optional[str] = None, keep_io_types: bool = False,
+                         allow_uncalibrated: bool = False) -> Path:
         """Write the inference model with the trained params folded in, optimized (level 3);
         ``dtype`` "float16" or "bfloat16" converts it (``gc.convert_float``; ``keep_io_types``:
-        its float32 inputs and outputs stay float32, for clients that send float32)."""
+        its float32 inputs and outputs stay float32, for clients that send float32). A fake
+        quantization whose observer never saw data raises ``UncalibratedError`` unless
+        ``allow_uncalibrated``."""
         from graphc.compile.export import inference_model
 
         return inference_model(self.artifacts, self.state_dict(), opset=opset, dtype=dtype,
-                               keep_io_types=keep_io_types).save(path)
+                               keep_io_types=keep_io_types, allow_uncalibrated=allow_uncalibrated).save(path)
 
     def __repr__(self) -> str:
         return (f"<gc.Trainer backend={self.backend!r} step={self.step_count} epoch={self.epoch} "

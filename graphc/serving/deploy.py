@@ -227,7 +227,7 @@ def _claim_version(staged: Path, model_dir: Path) -> Path:
 def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[str, os.PathLike], name: str,
            max_batch_size: int = 0, instance: str = "cpu", dynamic_batching: bool = False,
            opset: int | None = None, external_data: bool | None = None, dtype: str | None = None,
-           keep_io_types: bool = True) -> Path:
+           keep_io_types: bool = True, allow_uncalibrated: bool = False) -> Path:
     """Write ``repo_dir/name/config.pbtxt`` and ``repo_dir/name/<version>/model.onnx``; returns the model folder.
 
     The first deploy writes version 1; a redeploy writes a new version above the highest one
@@ -252,18 +252,24 @@ def triton(model_or_path: Union[Model, str, os.PathLike, Any], repo_dir: Union[s
         keep_io_types: with ``dtype``, the float32 inputs and outputs stay float32 (``TYPE_FP32``,
             Casts at the model's edges), so clients keep sending what they sent the float32
             model; False makes them ``TYPE_FP16``/``TYPE_BF16``. Only True without ``dtype``.
+        allow_uncalibrated: deploy a capture whose fake quantizations' observers never saw data
+            (their scales as built, 1.0 unless set by hand); refused by default.
 
     Raises:
         ValueError: a bad name or option.
+        UncalibratedError: ``model_or_path`` is a capture whose fake quantizations were never
+            calibrated (``graphc.compile.export.check_calibrated``), unless ``allow_uncalibrated``.
         GraphError: a dim 0 is fixed while ``max_batch_size > 0``, a dtype Triton lacks, an
             opset conversion that cannot be done, a bad ``dtype`` (or ``keep_io_types=False``
             without one), or a symlink or file where a folder goes.
     """
+    from graphc.compile.export import check_calibrated
     from graphc.compile.precision import check_keep_io_types, convert_float
 
     check_model_name(name)
     check_keep_io_types(dtype, keep_io_types, default=True)
     model = load(model_or_path)
+    check_calibrated(model.ir, allow_uncalibrated=allow_uncalibrated)
     if dtype is not None:
         model = convert_float(model, dtype, keep_io_types=keep_io_types)
     model = for_server(model, opset)
