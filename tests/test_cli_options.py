@@ -71,6 +71,7 @@ API_DEFAULTS = {
     ("train", "checkpoint_every"): (gc.Trainer.fit, "checkpoint_every"),
     ("train", "quiet"): (gc.Trainer.fit, "quiet"),
     ("train", "log"): (gc.Trainer.fit, "log"),
+    ("train", "changed_optimizer"): (gc.Trainer.load_checkpoint, "changed_optimizer"),
     ("export", "opset"): (export_inference, "opset"),
     ("export", "allow_untrained"): (export_inference, "allow_untrained"),
     ("export", "dtype"): (export_inference, "dtype"),
