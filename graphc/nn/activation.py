@@ -84,6 +84,9 @@ class Softplus(Module):
     def forward(self, x: Tensor) -> Tensor:
         return ops_layers.softplus(x, self.beta, self.threshold)
 
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"
+
 
 class PReLU(Module):
     """``weight [num_parameters]`` filled with ``init`` (0.25); one slope, or one per channel."""
@@ -95,6 +98,9 @@ class PReLU(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return ops_layers.prelu(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"
 
 
 
@@ -139,6 +145,9 @@ class GLU(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return ops_layers.glu(x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
 
 
 class LogSigmoid(Module):
@@ -186,26 +195,31 @@ class Threshold(InPlace):
         return ops_layers.threshold(x, self.threshold, self.value, self.inplace)
 
 
-class _AlongDim(Module):
-    """``dim=None`` is the last dim, as ``gc.nn.Softmax`` (torch's deprecated implicit choice is not
-    followed)."""
+class AlongDim(Module):
+    """A layer along ``dim`` (Softmax, Softmin, LogSoftmax): ``dim=None`` is the last dim (torch's
+    deprecated implicit choice is not followed), shown as given, as torch's."""
 
     def __init__(self, dim: int | None = None):
         super().__init__()
-        self.dim = -1 if dim is None else dim
+        self.dim = dim
+
+    @property
+    def axis(self) -> int:
+        """The dim it runs along."""
+        return -1 if self.dim is None else self.dim
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
 
 
-class Softmin(_AlongDim):
+class Softmin(AlongDim):
     def forward(self, x: Tensor) -> Tensor:
-        return ops_layers.softmin(x, self.dim)
+        return ops_layers.softmin(x, self.axis)
 
 
-class LogSoftmax(_AlongDim):
+class LogSoftmax(AlongDim):
     def forward(self, x: Tensor) -> Tensor:
-        return ops.log_softmax(x, self.dim)
+        return ops.log_softmax(x, self.axis)
 
 
 class RReLU(InPlace):

@@ -16,6 +16,7 @@ from graphc.dsl.tensor import Tensor
 from graphc.nn.layers import BatchNormBase
 from graphc.nn.loss import NLLLoss
 from graphc.nn.module import Module
+from graphc.nn.pooling import LocalResponseNorm
 from graphc.nn.rnn import RNNBase
 from graphc.nn.rnn_cells import RNNCellBase
 
@@ -92,8 +93,7 @@ class CrossMapLRN2d(Module):
         scale = ops.scalar(self.k, x) + ops.scalar(self.alpha / self.size, x) * sums
         return x * ops.exp(ops.log(scale) * ops.scalar(-self.beta, x))
 
-    def extra_repr(self) -> str:
-        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+    extra_repr = LocalResponseNorm.extra_repr
 
 
 class NLLLoss2d(NLLLoss):

@@ -34,6 +34,7 @@ class MultiheadAttention(Module):
         self.in_proj_weight = Parameter(shape=(3 * embed_dim, embed_dim), init=init.xavier_uniform(), dtype=dtype)
         self.in_proj_bias = Parameter(shape=(3 * embed_dim,), init=init.zeros, dtype=dtype) if bias else None
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
+        self.out_proj._repr_name = "NonDynamicallyQuantizableLinear"  # torch's class for it; repr shows no arguments
         if bias:  # zeros, as PyTorch's (a new Parameter: inside a capture ``out_proj.bias`` reads as a Tensor)
             self.out_proj.bias = Parameter(shape=(embed_dim,), init=init.zeros, dtype=dtype)
 
@@ -59,6 +60,3 @@ class MultiheadAttention(Module):
         if not need_weights:
             return out, None
         return out, (ops.mean(weights, axis=1) if average_attn_weights else weights)
-
-    def extra_repr(self) -> str:
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"

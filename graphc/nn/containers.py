@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from graphc.errors import CaptureError
-from graphc.nn.module import Module, Parameter
+from graphc.nn.module import Module, Parameter, repr_block
 
 
 def _index(i: int, n: int, kind: str) -> int:
@@ -72,6 +72,17 @@ class ModuleList(_ModuleSequence):
     def __init__(self, modules: Iterable[Module] | None = None):
         super().__init__()
         self.extend(modules or ())
+
+    def __repr__(self) -> str:
+        """torch's: a run of entries that print alike is one line, ``(0-5): 6 x Linear(...)``."""
+        runs: list[list] = []  # [first index, last index, text]
+        for i, text in enumerate(map(repr, self)):
+            if runs and runs[-1][2] == text:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i, text])
+        return repr_block(self._get_name(), [f"({a}): {t}" if a == b else f"({a}-{b}): {b - a + 1} x {t}"
+                                             for a, b, t in runs])
 
 
 class Sequential(_ModuleSequence):
@@ -198,6 +209,9 @@ class ParameterDict(_Dict):
             self[key] = default
         return self[key]
 
+    def extra_repr(self) -> str:
+        return _entries_repr(self._parameters, lambda dtype: f"torch.{_LEGACY_TYPES.get(dtype, dtype)}Tensor")
+
 
 class ParameterList(Module):
     """Parameters registered as ``"0"``, ``"1"``, ...; ``plist[i]`` inside capture is the Tensor."""
@@ -224,6 +238,21 @@ class ParameterList(Module):
         for v in values:
             self.append(v)
         return self
+
+    def extra_repr(self) -> str:
+        return _entries_repr(self._parameters, lambda dtype: f"torch.{dtype}")
+
+
+# torch's legacy tensor type names, which ParameterDict's repr shows (torch.FloatTensor)
+_LEGACY_TYPES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "int64": "Long",
+                 "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool"}
+
+
+def _entries_repr(params: Mapping[str, Parameter], type_name: Any) -> str:
+    """torch's lines for a ParameterList's or ParameterDict's entries: ``  (key): Parameter containing:
+    [torch.float32 of size 2x3]``, the type as ``type_name(dtype)`` gives it."""
+    return "\n".join(f"  ({key}): Parameter containing: [{type_name(p.dtype)} of size {'x'.join(map(str, p.shape))}]"
+                     for key, p in params.items())
 
 
 class Identity(Module):

@@ -16,9 +16,9 @@ from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.model import COUNT_KEY, COUNTER_KEY
 from graphc.nn import init
-from graphc.nn.activation import InPlace
+from graphc.nn.activation import AlongDim, InPlace
 from graphc.nn.dropout import DropoutLayer
-from graphc.nn.module import Module, Parameter
+from graphc.nn.module import Module, Parameter, not_default
 from graphc.nn.sparse import padding_row_init
 from graphc.passes.values import SYNC_BATCHNORM_KEY
 
@@ -56,6 +56,9 @@ class MaxPool2d(Module):
         return ops_nn.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
                                  self.return_indices)
 
+    def extra_repr(self) -> str:
+        return f"{pool_repr(self)}, dilation={self.dilation}, ceil_mode={self.ceil_mode}"
+
 
 class AvgPool2d(Module):
     def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
@@ -68,6 +71,17 @@ class AvgPool2d(Module):
         return ops_nn.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
                                  self.divisor_override)
 
+    def extra_repr(self) -> str:
+        return pool_repr(self)
+
+
+def pool_repr(pool: Module, nd: int = 0) -> str:
+    """torch's ``kernel_size=..., stride=..., padding=...`` of a pool, the stride the kernel's when
+    not given; ``nd``: each as an ``nd``-tuple, as torch keeps ``AvgPool1d``'s and the max-unpools'."""
+    values = {"kernel_size": pool.kernel_size, "stride": pool.kernel_size if pool.stride is None else pool.stride,
+              "padding": pool.padding}
+    return ", ".join(f"{name}={tuple(ops_nn.ints(v, nd, name)) if nd else v}" for name, v in values.items())
+
 
 class AdaptiveAvgPool2d(Module):
     """Output size 1 -> ``GlobalAveragePool``; otherwise an ``AveragePool`` when the input size
@@ -79,6 +93,9 @@ class AdaptiveAvgPool2d(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return adaptive_avg_pool2d(x, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
 
 
 class _BatchNorm(Module):
@@ -206,7 +223,9 @@ class Embedding(Module):
                                 self.scale_grad_by_freq, self.sparse)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}"
+        return ", ".join([f"{self.num_embeddings}, {self.embedding_dim}",
+                          *not_default(self, padding_idx=None, max_norm=None, norm_type=2, scale_grad_by_freq=False,
+                                       sparse=False)])
 
 
 def affine_repr(norm: Module) -> str:
@@ -235,6 +254,9 @@ class GELU(Module):
     def forward(self, x: Tensor) -> Tensor:
         return ops.gelu(x, self.approximate)
 
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
 
 class Sigmoid(Module):
     def forward(self, x: Tensor) -> Tensor:
@@ -246,13 +268,9 @@ class Tanh(Module):
         return ops.tanh(x)
 
 
-class Softmax(Module):
-    def __init__(self, dim: int = -1):
-        super().__init__()
-        self.dim = -1 if dim is None else dim
-
+class Softmax(AlongDim):
     def forward(self, x: Tensor) -> Tensor:
-        return ops.softmax(x, self.dim)
+        return ops.softmax(x, self.axis)
 
 
 class Flatten(Module):
@@ -263,16 +281,22 @@ class Flatten(Module):
     def forward(self, x: Tensor) -> Tensor:
         return ops.flatten(x, self.start_dim, self.end_dim)
 
+    def extra_repr(self) -> str:
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
 
 class Unflatten(Module):
     """``dim`` split into ``unflattened_size`` (one entry may be -1)."""
 
     def __init__(self, dim: int, unflattened_size: Any):
         super().__init__()
-        self.dim, self.unflattened_size = dim, tuple(unflattened_size)
+        self.dim, self.unflattened_size = dim, unflattened_size  # kept as given: a list prints as one, as torch's
 
     def forward(self, x: Tensor) -> Tensor:
-        return unflatten(x, self.dim, self.unflattened_size)
+        return unflatten(x, self.dim, tuple(self.unflattened_size))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
 
 
 BatchNormBase = _BatchNorm  # the base of the BatchNorm layers, for the ones defined elsewhere (SyncBatchNorm)

@@ -68,7 +68,9 @@ class _Lazy(Module):
         del self.__dict__["_lazy_args"]
 
     def extra_repr(self) -> str:
-        return "uninitialized"
+        """torch's: the module it becomes, its input size 0 until the first call."""
+        args, kwargs = self._lazy_args
+        return self.cls_to_become(0, *args, **kwargs).extra_repr()
 
 
 class _LazyFeatures(_Lazy):

@@ -20,6 +20,7 @@ from graphc.dsl.losses_linear import check_options, linear_cross_entropy
 from graphc.dsl.losses_margin import margin_power, positive_margin
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
+from graphc.nn.distance import PairwiseDistance
 from graphc.nn.layers import Linear
 from graphc.nn.module import Module, Parameter
 
@@ -394,11 +395,14 @@ class TripletMarginLoss(_MarginLoss):
 
 
 class TripletMarginWithDistanceLoss(_MarginLoss):
+    """``distance_function`` by default a ``PairwiseDistance()`` sub-module, as torch's (shown in its repr)."""
+
     def __init__(self, *, distance_function: Callable[[Tensor, Tensor], Tensor] | None = None, margin: float = 1.0,
                  swap: bool = False, reduction: str = "mean"):
         super().__init__(margin, reduction=reduction)
         positive_margin(type(self).__name__, margin)
-        self.distance_function, self.swap = distance_function, swap
+        self.distance_function = PairwiseDistance() if distance_function is None else distance_function
+        self.swap = swap
 
     def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
         return losses_margin.triplet_margin_with_distance(anchor, positive, negative, self.distance_function,

@@ -329,12 +329,36 @@ class Module:
     def extra_repr(self) -> str:
         return ""
 
+    def _get_name(self) -> str:
+        """The name ``repr`` shows: the class's unless ``_repr_name`` is set (``MultiheadAttention``'s
+        ``out_proj`` is a ``Linear`` shown by torch's name for it)."""
+        return self.__dict__.get("_repr_name", type(self).__name__)
+
     def __repr__(self) -> str:
-        lines = [f"{type(self).__name__}({self.extra_repr()}"]
-        for name, mod in self._modules.items():
-            sub = repr(mod).replace("\n", "\n  ")
-            lines.append(f"  ({name}): {sub}")
-        return "\n".join(lines) + (")" if len(lines) == 1 else "\n)")
+        """torch's: ``Name(extra)`` on one line, or the extra lines and then each ``(name): child``."""
+        extra = self.extra_repr()
+        lines = extra.split("\n") if extra else []
+        if len(lines) == 1 and not self._modules:
+            return f"{self._get_name()}({lines[0]})"
+        return repr_block(self._get_name(), lines + [f"({name}): {mod!r}" for name, mod in self._modules.items()])
+
+
+def repr_block(name: str, lines: list[str]) -> str:
+    """``name(...)`` holding ``lines`` one per line, or ``name()`` with none, as torch prints."""
+    return f"{name}(\n" + "\n".join(_indented(line) for line in lines) + "\n)" if lines else f"{name}()"
+
+
+def _indented(text: str) -> str:
+    """``text`` two spaces in, each of its lines (blank ones left empty, as torch's ``_addindent``)."""
+    first, *rest = text.split("\n")
+    return "\n".join(["  " + first] + ["  " + line if line.strip() else "" for line in rest])
+
+
+def not_default(module: Module, **defaults: Any) -> list[str]:
+    """``name=value`` for each attribute of ``module`` unlike its default, in the order given: the
+    arguments torch's reprs show only when set."""
+    return [f"{name}={getattr(module, name)!r}" for name, default in defaults.items()
+            if getattr(module, name) != default]
 
 
 def _is_device(arg: Any) -> bool:

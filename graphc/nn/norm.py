@@ -11,7 +11,7 @@ from graphc.dsl.batching import batch_of_one
 from graphc.errors import CaptureError
 from graphc.model.dtypes import to_numpy
 from graphc.nn import init
-from graphc.nn.layers import affine_repr
+from graphc.nn.layers import BatchNormBase, affine_repr
 from graphc.nn.module import Module, Parameter
 from graphc.dsl.tensor import Tensor
 
@@ -83,6 +83,8 @@ class _InstanceNorm(Module):
             y = y * ops.reshape(ops.lift(self.weight, x), per_channel)
         return y if self.bias is None else y + ops.reshape(ops.lift(self.bias, x), per_channel)
 
+    extra_repr = BatchNormBase.extra_repr
+
 
 class InstanceNorm1d(_InstanceNorm):
     layout = "C, L"
@@ -110,3 +112,6 @@ class RMSNorm(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return ops_layers.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"

@@ -8,7 +8,7 @@ from typing import Any
 
 from graphc.dsl import ops_layers, ops_pool
 from graphc.dsl.tensor import Tensor
-from graphc.nn.layers import AvgPool2d, MaxPool2d
+from graphc.nn.layers import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d, pool_repr
 from graphc.nn.module import Module
 
 
@@ -23,6 +23,9 @@ class AvgPool1d(AvgPool2d):
         return ops_layers.avg_pool1d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode,
                                      self.count_include_pad)
 
+    def extra_repr(self) -> str:
+        return pool_repr(self, 1)
+
 
 class AdaptiveAvgPool1d(Module):
     """Output size 1, or a static length the output size divides."""
@@ -33,6 +36,8 @@ class AdaptiveAvgPool1d(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return ops_layers.adaptive_avg_pool1d(x, self.output_size)
+
+    extra_repr = AdaptiveAvgPool2d.extra_repr
 
 
 class MaxPool3d(MaxPool2d):
@@ -64,6 +69,8 @@ class _AdaptiveMaxPoolNd(Module):
     def forward(self, x: Tensor) -> Any:
         return ops_pool.adaptive_max_pool(x, self.output_size, self.nd, self.return_indices)
 
+    extra_repr = AdaptiveAvgPool2d.extra_repr
+
 
 class AdaptiveMaxPool1d(_AdaptiveMaxPoolNd):
     nd = 1
@@ -90,6 +97,9 @@ class _MaxUnpoolNd(Module):
     def forward(self, x: Tensor, indices: Tensor, output_size: Any = None) -> Tensor:
         return ops_pool.max_unpool(x, indices, self.nd, self.kernel_size, self.stride, self.padding, output_size)
 
+    def extra_repr(self) -> str:
+        return pool_repr(self, self.nd)
+
 
 class MaxUnpool1d(_MaxUnpoolNd):
     nd = 1
@@ -115,6 +125,9 @@ class _LPPoolNd(Module):
     def forward(self, x: Tensor) -> Tensor:
         return ops_pool.lp_pool(x, self.norm_type, self.nd, self.kernel_size, self.stride, self.ceil_mode)
 
+    def extra_repr(self) -> str:
+        return f"norm_type={self.norm_type}, kernel_size={self.kernel_size}, stride={self.stride}, ceil_mode={self.ceil_mode}"
+
 
 class LPPool1d(_LPPoolNd):
     nd = 1
@@ -135,3 +148,6 @@ class LocalResponseNorm(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return ops_pool.local_response_norm(x, self.size, self.alpha, self.beta, self.k)
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"

@@ -59,7 +59,9 @@ class _Cell(Module):
         return (self.weight_ih, self.weight_hh, *((self.bias_ih, self.bias_hh) if self.bias else ()))
 
     def extra_repr(self) -> str:
-        return f"{self.input_size}, {self.hidden_size}" + ("" if self.bias else ", bias=False")
+        nonlinearity = getattr(self, "nonlinearity", "tanh")  # RNNCell's, shown unquoted as torch's
+        return (f"{self.input_size}, {self.hidden_size}" + ("" if self.bias else ", bias=False")
+                + ("" if nonlinearity == "tanh" else f", nonlinearity={nonlinearity}"))
 
 
 class RNNCell(_Cell):

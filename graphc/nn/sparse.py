@@ -9,7 +9,7 @@ from graphc.dsl.ops_embedding import MODES, embedding_bag
 from graphc.dsl.tensor import Tensor
 from graphc.errors import CaptureError
 from graphc.nn import init
-from graphc.nn.module import Module, Parameter
+from graphc.nn.module import Module, Parameter, not_default
 
 
 def padding_row_init(layer: str, num_embeddings: int, padding_idx: int | None) -> tuple[int | None, init.Init]:
@@ -45,6 +45,7 @@ class EmbeddingBag(Module):
         padding_idx, draw = padding_row_init("EmbeddingBag", num_embeddings, padding_idx)
         self.num_embeddings, self.embedding_dim, self.mode = num_embeddings, embedding_dim, mode
         self.sparse, self.include_last_offset, self.padding_idx = sparse, include_last_offset, padding_idx
+        self.norm_type = norm_type  # shown, as torch's; without max_norm it has no effect
         self.weight = Parameter(shape=(num_embeddings, embedding_dim), init=draw, dtype=dtype)
 
     def forward(self, input: Tensor, offsets: Any = None, per_sample_weights: Any = None) -> Tensor:  # noqa: A002
@@ -53,4 +54,5 @@ class EmbeddingBag(Module):
                              padding_idx=self.padding_idx)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}"
+        return ", ".join([f"{self.num_embeddings}, {self.embedding_dim}", *not_default(self, norm_type=2),
+                          f"mode={self.mode!r}", *not_default(self, padding_idx=None)])

@@ -50,8 +50,8 @@ def _with_causal(x: Tensor, mask: Tensor | None, is_causal: bool, batch_first: b
 
 class _TransformerLayer(Module):
     """What both layers share, registered in PyTorch's order: ``self_attn``, (``multihead_attn``),
-    ``linear1``, ``dropout``, ``linear2``, ``norm1``..., ``dropout1``...; one norm and one dropout
-    per residual block (two in the encoder, three in the decoder)."""
+    ``linear1``, ``dropout``, ``linear2``, ``norm1``..., ``dropout1``..., then ``activation`` when it is
+    a module; one norm and one dropout per residual block (two in the encoder, three in the decoder)."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float, activation: Any,
                  layer_norm_eps: float, batch_first: bool, norm_first: bool, bias: bool, dtype: Any, blocks: int):
@@ -64,12 +64,12 @@ class _TransformerLayer(Module):
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias, dtype=dtype)
         self.dropout = Dropout(dropout)
         self.linear2 = Linear(dim_feedforward, d_model, bias=bias, dtype=dtype)
-        self.activation = _activation(activation)
         self.norm_first = norm_first
         for i in range(1, blocks + 1):
             setattr(self, f"norm{i}", LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype))
         for i in range(1, blocks + 1):
             setattr(self, f"dropout{i}", Dropout(dropout))
+        self.activation = _activation(activation)
         self.blocks = blocks
 
     def _ff_block(self, x: Tensor) -> Tensor:
@@ -236,6 +236,3 @@ class Transformer(Module):
         unless ``dtype``); ``device`` is accepted for torch's signature (a graph runs where its
         session does)."""
         return np.triu(np.full((sz, sz), -np.inf, dtype=to_numpy(as_dtype(dtype or "float32"))), 1)
-
-    def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, nhead={self.nhead}, batch_first={self.batch_first}"

@@ -21,6 +21,14 @@ class Upsample(Module):
     def forward(self, x: Tensor) -> Tensor:
         return ops_layers.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners)
 
+    def extra_repr(self) -> str:
+        """torch's: the scale factor (as floats, as torch keeps it) or else the size, then the mode."""
+        factor = self.scale_factor
+        if factor is None:
+            return f"size={self.size!r}, mode={self.mode!r}"
+        factor = tuple(map(float, factor)) if isinstance(factor, (tuple, list)) else float(factor)
+        return f"scale_factor={factor!r}, mode={self.mode!r}"
+
 
 class UpsamplingNearest2d(Upsample):
     def __init__(self, size: Any = None, scale_factor: Any = None):
@@ -42,6 +50,9 @@ class PixelShuffle(Module):
     def forward(self, x: Tensor) -> Tensor:
         return ops_layers.pixel_shuffle(x, self.upscale_factor)
 
+    def extra_repr(self) -> str:
+        return f"upscale_factor={self.upscale_factor}"
+
 
 class PixelUnshuffle(Module):
     def __init__(self, downscale_factor: int):
@@ -51,6 +62,9 @@ class PixelUnshuffle(Module):
     def forward(self, x: Tensor) -> Tensor:
         return ops_spatial.pixel_unshuffle(x, self.downscale_factor)
 
+    def extra_repr(self) -> str:
+        return f"downscale_factor={self.downscale_factor}"
+
 
 class ChannelShuffle(Module):
     def __init__(self, groups: int):
@@ -59,3 +73,6 @@ class ChannelShuffle(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return ops_spatial.channel_shuffle(x, self.groups)
+
+    def extra_repr(self) -> str:
+        return f"groups={self.groups}"
