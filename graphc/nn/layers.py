@@ -191,7 +191,7 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
                  max_norm: float | None = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
-                 sparse: bool = False, _weight: Any = None, _freeze: bool = False, dtype: Any = "float32"):
+                 sparse: bool = False, _weight: Any = None, _freeze: bool = False, dtype: Any = None):
         super().__init__()
         padding_idx, draw = padding_row_init("Embedding", num_embeddings, padding_idx)
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
@@ -234,7 +234,8 @@ def affine_repr(norm: Module) -> str:
 
 
 def _given_weight(weight: Any, shape: tuple[int, int], dtype: Any) -> Parameter:
-    """``_weight`` (torch's argument) as the Parameter, refused unless ``[num_embeddings, embedding_dim]``."""
+    """``_weight`` (torch's argument) as the Parameter, refused unless ``[num_embeddings, embedding_dim]``; in
+    its dtype, float64 float32 unless ``dtype`` says (``Parameter``'s rule)."""
     if tuple(np.shape(weight)) != shape:
         raise CaptureError(f"Embedding _weight: expected shape {list(shape)} ([num_embeddings, embedding_dim]), "
                            f"got {list(np.shape(weight))}")

@@ -24,19 +24,24 @@ from graphc.nn import init as _init
 
 
 class Parameter:
-    """A trainable tensor (``buffer=True``: state such as BatchNorm's running mean)."""
+    """A trainable tensor (``buffer=True``: state such as BatchNorm's running mean).
+
+    Its dtype is ``dtype`` when given (``data`` cast to it); else ``data``'s, except that a float64
+    array (numpy's default, which torch's float32 default would not give) is float32, so a float32
+    model is not made float64 by an array; float32 without ``data``."""
 
     def __init__(self, data: Any = None, *, shape: Any = None, init: _init.Init | None = None,
-                 dtype: Any = "float32", buffer: bool = False):
+                 dtype: Any = None, buffer: bool = False):
         if data is not None:
             data = np.asarray(data)
-            dtype = as_dtype(data.dtype) if data.dtype != np.float64 else as_dtype(dtype)
+            if dtype is None:
+                dtype = "float32" if data.dtype == np.float64 else data.dtype
             shape = data.shape
-            data = data.astype(to_numpy(dtype))
+            data = data.astype(to_numpy(as_dtype(dtype)))
         if shape is None:
             raise CaptureError("gc.nn.Parameter needs data or a shape")
         self.shape = tuple(int(d) for d in shape)
-        self.dtype = as_dtype(dtype)
+        self.dtype = as_dtype("float32" if dtype is None else dtype)
         self.init = init or _init.zeros
         self.buffer = buffer
         self._data: np.ndarray | None = data
@@ -142,8 +147,10 @@ class Module:
         else:
             object.__delattr__(self, name)
 
-    def register_buffer(self, name: str, value: Any) -> None:
-        self.__setattr__(name, Parameter(value, buffer=True))
+    def register_buffer(self, name: str, value: Any, *, dtype: Any = None) -> None:
+        """``self.<name>``: state that is not trained, in ``state_dict()``; ``value`` an array in its
+        dtype, but float64 is float32 unless ``dtype="float64"`` (``Parameter``'s rule); None: no buffer."""
+        self.__setattr__(name, None if value is None else Parameter(value, dtype=dtype, buffer=True))
 
     def register_computed(self, name: str, compute: Any, per_call: bool = False) -> None:
         """Make ``self.<name>`` read ``compute(self)`` (``compute=None``: forget it): a weight made
