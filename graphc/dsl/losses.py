@@ -76,10 +76,16 @@ def same_dtype_weight(loss: str, t, like: Tensor) -> Tensor:
     return like_dtype(t, like)
 
 
-def promoted(x: Tensor, t) -> Tensor:
-    """``x`` in the float dtype torch promotes ``x`` and a float Tensor ``t`` to (a float64 weight on a
-    float32 input: float64), where ``t``'s dtype is not ``x``'s; else ``x``."""
-    return ops.cast(x, widest({x.dtype, t.dtype})) if _float_mismatch(t, x) else x
+def promoted(x: Tensor, *others) -> Tensor:
+    """``x`` in the float dtype torch promotes ``x`` and the float Tensors among ``others`` to (a float64
+    weight on a float32 input: float64); arrays and numbers take ``x``'s dtype."""
+    dtype = widest({x.dtype, *(t.dtype for t in others if _float_mismatch(t, x))})
+    return x if dtype == x.dtype else ops.cast(x, dtype)
+
+
+def promoted_pair(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """``a`` and ``b`` in the float dtype torch promotes the two to, the narrower cast (an op's operands)."""
+    return promoted(a, b), promoted(b, a)
 
 
 def _weighted(elem: Tensor, weight: Tensor | None) -> Tensor:
@@ -352,7 +358,7 @@ def _gaussian_var(x: Tensor, var) -> Tensor:
         if var < 0:
             raise CaptureError(f"gaussian_nll: var must be >= 0, got {var} (at {user_source()})")
         return ops.lift(float(var), x)
-    var = like_dtype(var, x)
+    var = var if _float_mismatch(var, x) else like_dtype(var, x)  # a float Tensor keeps its dtype, as torch's
     if x.shape is None or var.shape is None or var.shape == x.shape:
         return var
     if var.shape == x.shape[:-1]:
@@ -367,13 +373,19 @@ def gaussian_nll(x: Tensor, target: Tensor, var, full: bool = False, eps: float 
                  reduction: str = "mean") -> Tensor:
     """``torch.nn.functional.gaussian_nll_loss``: ``(log v + (x - target)^2 / v) / 2`` (plus
     ``log(2 pi) / 2`` with ``full``), ``v`` the variance clamped at ``eps`` as torch does it, with
-    no effect on the gradient (its gradient is the unclamped variance's)."""
+    no effect on the gradient (its gradient is the unclamped variance's). Float Tensors of different
+    dtypes are promoted op by op as torch's (a float64 ``var`` on a float32 input: ``x - target`` in
+    float32, the rest and the loss in float64)."""
     check_reduction("gaussian_nll", reduction)
     x = ops.lift(x)
     target, var = ops.lift(target, x), _gaussian_var(x, var)
     var = ops.detach(ops.maximum(var, eps)) + (var - ops.detach(var))
+    x, target = promoted_pair(x, target)
     diff = x - target
-    elem = (ops.log(var) + diff * diff / var) * 0.5
+    log_var = ops.log(var)
+    square, var = promoted_pair(diff * diff, var)
+    log_var, ratio = promoted_pair(log_var, square / var)
+    elem = (log_var + ratio) * 0.5
     return reduce_loss(elem + 0.5 * float(np.log(2 * np.pi)) if full else elem, reduction)
 
 
