@@ -126,7 +126,8 @@ class _LPPoolNd(Module):
         return ops_pool.lp_pool(x, self.norm_type, self.nd, self.kernel_size, self.stride, self.ceil_mode)
 
     def extra_repr(self) -> str:
-        return f"norm_type={self.norm_type}, kernel_size={self.kernel_size}, stride={self.stride}, ceil_mode={self.ceil_mode}"
+        return (f"norm_type={self.norm_type}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"ceil_mode={self.ceil_mode}")
 
 
 class LPPool1d(_LPPoolNd):
