@@ -18,18 +18,23 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from graphc.errors import TensorTooLarge
+from graphc.errors import RequestTooLarge, TensorTooLarge
 from graphc.model import node_label
 from graphc.model.file import model_graphs
 
 VALUE_SIZED = frozenset({"ConstantOfShape", "Expand", "Tile", "Range", "Pad", "OneHot", "Resize", "Upsample",
-                         "HannWindow", "HammingWindow", "BlackmanWindow", "CenterCropPad", "MaxUnpool"})
+                         "HannWindow", "HammingWindow", "BlackmanWindow", "CenterCropPad", "MaxUnpool", "Col2Im",
+                         "MelWeightMatrix", "STFT"})
+# Inputs of a value-sized op whose shape (and dtype) alone matter to its output's size; its other
+# inputs size it by their values.
+SHAPE_ONLY = {"Expand": (0,), "Tile": (0,), "Pad": (0,), "OneHot": (0, 2), "Resize": (0,), "Upsample": (0,),
+              "CenterCropPad": (0,), "MaxUnpool": (0, 1), "Col2Im": (0,), "STFT": (0, 2)}
 # Feeds and initializers of at most this many elements are constants for data propagation (shapes,
 # scales, pads, limits); larger ones are shapes only, so a model's weights are not copied per run.
 SMALL = 64
@@ -45,16 +50,36 @@ def too_large(who: str, op: str, shape: Sequence[int], dtype: Any, nbytes: int, 
 
 def has_value_sized(model: onnx.ModelProto) -> bool:
     """Whether any graph or local function of ``model`` holds a ``VALUE_SIZED`` op."""
-    return any(node.op_type in VALUE_SIZED and node.domain in ("", "ai.onnx")
-               for graph in model_graphs(model) for node in graph.node)
+    return any(is_value_sized(node) for graph in model_graphs(model) for node in graph.node)
+
+
+def is_value_sized(node: onnx.NodeProto) -> bool:
+    return node.op_type in VALUE_SIZED and node.domain in ("", "ai.onnx")
+
+
+class Found(NamedTuple):
+    """What shape inference finds of a run, for one input signature."""
+    growth: list[tuple]    # (bytes, node, op, shape, dtype) of each tensor larger than all before it
+    peak: tuple            # (bytes, node, op): the most bytes of known tensors live at once, and where
+    misses: list[tuple]    # (node index, {input: shape}): value-sized nodes of outputs not all found
 
 
 class ShapePrepass:
-    """The tensors a run of ``model`` would make, found from its feeds before it runs."""
+    """The tensors a run of ``model`` would make, found from its feeds before it runs.
+
+    ``unchecked`` lists (node, where) for the value-sized nodes no check before a run can reach:
+    in a subgraph or local function (their inputs exist only as the run goes), or in the main
+    graph of sizing inputs the numpy kernels cannot compute (``size_cones``)."""
 
     def __init__(self, model: onnx.ModelProto):
+        from graphc.backends.size_cones import SizeCones  # the numpy kernels come only with a cone
+
         self.skeleton = _skeleton(model)
-        self._growth: dict[tuple, list[tuple]] = {}
+        self.cones = SizeCones(model)
+        self.unchecked = list(dict.fromkeys(self.cones.unchecked + [
+            (node_label(node.name, index), f"graph {graph.name!r}") for graph in model_graphs(model)[1:]
+            for index, node in enumerate(graph.node) if is_value_sized(node)]))
+        self._found: dict[tuple, Found] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -62,25 +87,35 @@ class ShapePrepass:
         """The pre-pass of ``model``; None for a model without value-sized ops (nothing to check)."""
         return cls(model) if has_value_sized(model) else None
 
-    def check(self, feeds: Mapping[str, np.ndarray], limit: int) -> None:
+    def check(self, feeds: Mapping[str, np.ndarray], limit: int, request_limit: int | None = None,
+              cones: bool = True) -> None:
         """``TensorTooLarge`` naming the node, shape and bytes of the first tensor (in the graph's
-        order) over ``limit`` bytes that shape inference finds for ``feeds``."""
+        order) over ``limit`` bytes that shape inference finds for ``feeds``, or that the numpy
+        kernels find for a value-sized node whose output it could not find (``size_cones``; not
+        with ``cones=False``, for a backend that checks such nodes as they run);
+        ``RequestTooLarge`` where the tensors live at once (``Found.peak``) pass ``request_limit``."""
         key = tuple((name, a.shape, a.dtype.str, a.tobytes() if a.size <= SMALL else None)
                     for name, a in sorted(feeds.items()))
-        growth = self._growth.get(key)
-        if growth is None:
-            growth = self._infer(feeds)
+        found = self._found.get(key)
+        if found is None:
+            found = self._infer(feeds)
             with self._lock:
-                if len(self._growth) >= _CACHED:
-                    self._growth.clear()
-                self._growth[key] = growth
-        for nbytes, who, op, shape, dtype in growth:
+                if len(self._found) >= _CACHED:
+                    self._found.clear()
+                self._found[key] = found
+        for nbytes, who, op, shape, dtype in found.growth:
             if nbytes > limit:
                 raise TensorTooLarge(too_large(who, op, shape, dtype, nbytes, limit))
+        if request_limit is not None and found.peak[0] > request_limit:
+            nbytes, who, op = found.peak
+            raise RequestTooLarge(f"the run would hold {nbytes:,} bytes of tensors at once (at {who} ({op})), over "
+                                  f"the limit of {request_limit:,} bytes for a run's live tensors (max_request_bytes)")
+        if cones and found.misses:
+            self.cones.check(found.misses, feeds, limit)
 
-    def _infer(self, feeds: Mapping[str, np.ndarray]) -> list[tuple]:
-        """(bytes, node, op, shape, dtype) of each main-graph tensor of known shape larger than
-        every one before it in the graph's order (the first over any bound is among them)."""
+    def _infer(self, feeds: Mapping[str, np.ndarray]) -> Found:
+        """Shape inference over the main graph, the feeds' shapes given, their small values as
+        constants."""
         model = onnx.ModelProto()
         model.CopyFrom(self.skeleton)
         graph = model.graph
@@ -100,15 +135,60 @@ class ShapePrepass:
         try:
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
         except (onnx.shape_inference.InferenceError, ValueError):  # the run reports what is wrong
-            return []
-        types = {v.name: v.type for v in (*inferred.graph.value_info, *inferred.graph.output)}
+            inferred = model
+        types = {v.name: v.type for v in (*inferred.graph.value_info, *inferred.graph.output, *graph.input)}
+        shapes = {name: found[1:] for name, found in ((n, _bytes(t)) for n, t in types.items()) if found is not None}
+        shapes.update({t.name: (list(t.dims), onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
+                       for t in graph.initializer})
         growth: list[tuple] = []
+        misses: list[tuple] = []
         for index, node in enumerate(graph.node):
             for name in node.output:
                 found = _bytes(types.get(name))
                 if found is not None and (not growth or found[0] > growth[-1][0]):
                     growth.append((found[0], node_label(node.name, index), node.op_type, *found[1:]))
-        return growth
+            if is_value_sized(node) and not all(_bytes(types.get(name)) for name in node.output if name):
+                misses.append((index, {name: shapes[name] for name in node.input if name in shapes}))
+        return Found(growth, _peak(graph, types, feeds), misses)
+
+
+def _peak(graph: onnx.GraphProto, types: Mapping[str, onnx.TypeProto], feeds: Mapping[str, np.ndarray]) -> tuple:
+    """(bytes, node, op) where the tensors of known size live at once add up to the most: the feeds
+    from the start, a node's outputs from it; each until the last node that reads it (a subgraph's
+    reads included), the graph's outputs to the end. Initializers are the model's, not the run's."""
+    last: dict[str, int] = {}
+    for index, node in enumerate(graph.node):
+        for name in reads(node):
+            last[name] = index
+    end = len(graph.node)
+    for value in graph.output:
+        last[value.name] = end
+    freed = [0] * (end + 1)
+    live = 0
+    for name, array in feeds.items():
+        live += array.nbytes
+        freed[last.get(name, 0)] += array.nbytes
+    best = (live, "the feeds", "inputs")
+    for index, node in enumerate(graph.node):
+        for name in node.output:
+            found = _bytes(types.get(name)) if name else None
+            if found is not None:
+                live += found[0]
+                freed[last.get(name, index)] += found[0]
+        if live > best[0]:
+            best = (live, node_label(node.name, index), node.op_type)
+        live -= freed[index]
+    return best
+
+
+def reads(node: onnx.NodeProto) -> set[str]:
+    """The names ``node`` reads: its inputs and those its subgraphs' nodes read (outer scope)."""
+    names = {name for name in node.input if name}
+    for attr in node.attribute:
+        for body in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+            for inner in body.node:
+                names |= reads(inner)
+    return names
 
 
 def _bytes(kind: onnx.TypeProto | None) -> tuple[int, list[int], np.dtype] | None:

@@ -73,6 +73,10 @@ class TensorTooLarge(GraphcError, ValueError):
     """A run would make a tensor over its ``max_tensor_bytes``; names the node, the shape and the bytes."""
 
 
+class RequestTooLarge(TensorTooLarge):
+    """A run would hold more bytes of tensors at once than its ``max_request_bytes``; names where."""
+
+
 class ServeError(GraphcError, OSError):
     """A server cannot start: its port is in use or its address cannot be bound."""
 

@@ -38,9 +38,10 @@ def _tile(x, repeats, **_) -> tuple[Shape, np.dtype]:
     return [d * r for d, r in zip(x.shape, _ints(repeats))], x.dtype
 
 
-def _range(start, limit, delta, **_) -> tuple[Shape, np.dtype]:
+def _range(start, limit, delta, **_) -> tuple[Shape, np.dtype, int]:
     first, last, step = (scalar(v) for v in (start, limit, delta))
-    return [max(math.ceil((last - first) / step), 0)], start.dtype
+    n = max(math.ceil((last - first) / step), 0)
+    return [n], start.dtype, n * 8 * (start.dtype.itemsize < 8)  # np.arange's 64-bit values, then cast
 
 
 def _pad(x, pads=None, constant_value=None, axes=None, **attrs) -> tuple[Shape, np.dtype]:
@@ -80,24 +81,42 @@ def _max_unpool(x, indices, output_shape=None, **_) -> tuple[Shape, np.dtype]:
     return (_ints(output_shape) if output_shape is not None else []), x.dtype
 
 
-SIZES: dict[str, Callable[..., tuple[Shape, np.dtype]]] = {
+def _col2im(x, image_shape, block_shape, *, pads=None, **_) -> tuple[Shape, np.dtype]:
+    image, block = _ints(image_shape), _ints(block_shape)
+    pads = pads or [0] * (2 * len(image))  # the kernel sums into the padded image, then crops it
+    return [x.shape[0], x.shape[1] // math.prod(block),
+            *(n + pads[i] + pads[i + len(image)] for i, n in enumerate(image))], x.dtype
+
+
+def _mel_weight_matrix(num_mel_bins, dft_length, *_, output_datatype=1, **__) -> tuple[Shape, np.dtype, int]:
+    shape = [int(scalar(dft_length)) // 2 + 1, int(scalar(num_mel_bins))]
+    return shape, tensor_dtype_to_np_dtype(output_datatype), math.prod(shape) * 8  # float64 filters, then cast
+
+
+def _stft(signal, frame_step, window=None, frame_length=None, *, onesided=1, **_) -> tuple[Shape, np.dtype, int]:
+    length = int(scalar(frame_length)) if frame_length is not None else window.shape[0]
+    frames = 1 + (signal.shape[1] - length) // int(scalar(frame_step))
+    shape = [signal.shape[0], frames, length // 2 + 1 if onesided else length, 2]
+    return shape, signal.dtype, signal.shape[0] * frames * length * 16  # the complex128 frames numpy cuts first
+
+
+# (shape, dtype[, bytes of scratch the kernel makes besides])
+SIZES: dict[str, Callable[..., tuple]] = {
     "ConstantOfShape": _constant_of_shape, "Expand": _expand, "Tile": _tile, "Range": _range, "Pad": _pad,
     "OneHot": _one_hot, "Resize": _resize, "Upsample": _resize, "HannWindow": _window, "HammingWindow": _window,
-    "BlackmanWindow": _window, "CenterCropPad": _center_crop_pad, "MaxUnpool": _max_unpool,
+    "BlackmanWindow": _window, "CenterCropPad": _center_crop_pad, "MaxUnpool": _max_unpool, "Col2Im": _col2im,
+    "MelWeightMatrix": _mel_weight_matrix, "STFT": _stft,
 }
 
 
-def check(size: Callable[..., tuple[Shape, np.dtype]], label: str, op: str, args: Sequence[Any],
+def check(size: Callable[..., tuple], label: str, op: str, args: Sequence[Any],
           attrs: dict[str, Any], limit: int) -> None:
     """``TensorTooLarge`` if the node would allocate more than ``limit`` bytes. Inputs the sizes
     cannot be read from pass: the kernel then refuses them with its own error."""
     try:
-        shape, dtype = size(*args, **attrs)
-        elements = math.prod(int(d) for d in shape)
+        shape, dtype, *scratch = size(*args, **attrs)
+        nbytes = math.prod(int(d) for d in shape) * dtype.itemsize + sum(scratch)
     except Exception:  # noqa: BLE001 - malformed inputs are the kernel's to report
         return
-    nbytes = elements * dtype.itemsize
-    if op == "Range" and dtype.itemsize < 8:  # np.arange makes 64-bit values, then casts them
-        nbytes += elements * 8
     if nbytes > limit:
         raise TensorTooLarge(too_large(label, op, shape, dtype, nbytes, limit))

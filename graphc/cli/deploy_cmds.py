@@ -59,6 +59,8 @@ def serve_cmd(
     max_queue: Optional[int] = typer.Option(None, "--max-queue", help="Most infer requests held at once (503 above; default 128)."),
     max_reply_bytes: Optional[int] = typer.Option(None, "--max-reply-bytes", help="Largest reply body (400 above; default 1 GiB)."),
     max_tensor_bytes: Optional[int] = typer.Option(None, "--max-tensor-bytes", help="Largest tensor a request's values may size (413 above; default 4 GiB)."),
+    max_request_bytes: Optional[int] = typer.Option(None, "--max-request-bytes", help="Most bytes of tensors such a model may hold at once for a request (413 above; default 8 GiB)."),
+    allow_unchecked: bool = typer.Option(False, "--allow-unchecked", help="Serve models whose value-sized tensors the backend cannot bound before running them (ort: ops in Loop/If/Scan bodies), unbounded."),
     read_timeout: Optional[float] = typer.Option(None, "--read-timeout", metavar="SECONDS", help="Seconds a connection has to send a whole request (default 30)."),
     request_timeout: Optional[float] = typer.Option(None, "--request-timeout", metavar="SECONDS", help="Seconds a model has to answer a received request, then 504 (default 120; 0: no limit)."),
 ) -> None:
@@ -71,7 +73,7 @@ def serve_cmd(
     options = {} if threads is None else {"threads": threads}
     limits = {key: value for key, value in (("max_body_bytes", max_body_bytes), ("max_json_bytes", max_json_bytes),
                                             ("max_queue", max_queue), ("max_reply_bytes", max_reply_bytes),
-                                            ("max_tensor_bytes", max_tensor_bytes),
+                                            ("max_tensor_bytes", max_tensor_bytes), ("max_request_bytes", max_request_bytes),
                                             ("read_timeout", read_timeout)) if value is not None}
     for key, value in limits.items():
         if value <= 0:
@@ -88,5 +90,6 @@ def serve_cmd(
         console.print(escape(f"serving {source} on http://{bound}:{address[1]}/v2 (backend {shown}); Ctrl-C stops"),
                       highlight=False, soft_wrap=True)
 
-    serving.serve(source, host=host, port=port, backend=backend, name=name, on_ready=ready, **limits, **options)
+    serving.serve(source, host=host, port=port, backend=backend, name=name, on_ready=ready,
+                  allow_unchecked=allow_unchecked, **limits, **options)
     console.print(escape(f"stopped serving {source}"), highlight=False, soft_wrap=True)

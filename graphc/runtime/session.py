@@ -95,23 +95,36 @@ class Session:
 
     # -- running ----------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None, *,
-            cancel: CancelToken | None = None, max_tensor_bytes: int | None = None) -> dict[str, np.ndarray]:
+            cancel: CancelToken | None = None, max_tensor_bytes: int | None = None,
+            max_request_bytes: int | None = None) -> dict[str, np.ndarray]:
         """Run the model; returns ``{output name: array}`` for ``outputs`` (default: all).
         ``cancel``: a ``graphc.backends.cancel.CancelToken`` another thread may cancel, which
         stops the run with ``RunCancelled`` (numpy: before the next node; onnxruntime: its
         ``RunOptions.terminate``). ``max_tensor_bytes``: the most bytes one tensor whose size
         the feeds' values choose may take (``graphc.backends.value_sized``); past it the run
-        raises ``TensorTooLarge`` before allocating it."""
+        raises ``TensorTooLarge`` before allocating it. ``max_request_bytes`` (with
+        ``max_tensor_bytes``): the most bytes the main graph's tensors of known shape may hold at
+        once in such a model; past it, ``RequestTooLarge``."""
         values = validate_feeds(self.inputs, feeds, self.optional_inputs)
         arrays = {k: v if isinstance(v, np.ndarray) else self._executable.to_host(v) for k, v in values.items()}
         names = self._check_outputs(outputs)
         options: dict[str, Any] = {} if cancel is None else {"cancel": cancel}
         if max_tensor_bytes is not None:
+            checks = getattr(self._executable, "checks_tensor_bytes", False)
             if self._prepass is not None:
-                self._prepass.check(arrays, max_tensor_bytes)
-            if getattr(self._executable, "checks_tensor_bytes", False):
+                self._prepass.check(arrays, max_tensor_bytes, max_request_bytes, cones=not checks)
+            if checks:
                 options["max_tensor_bytes"] = max_tensor_bytes
         return self._executable.run(arrays, names, **options)
+
+    @property
+    def unbounded_nodes(self) -> list[tuple[str, str]]:
+        """(node, where) of the value-sized nodes ``max_tensor_bytes`` cannot check before this
+        backend runs them (in a Loop/If/Scan body or a local function, on the ort backends; the
+        numpy backend checks each as it runs)."""
+        if self._prepass is None or getattr(self._executable, "checks_tensor_bytes", False):
+            return []
+        return list(self._prepass.unchecked)
 
     @functools.cached_property
     def _prepass(self) -> ShapePrepass | None:

@@ -14,26 +14,30 @@ import threading
 from typing import Any, Callable
 
 from graphc.serving.kserve.app import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_QUEUE,
-                                       DEFAULT_MAX_REPLY_BYTES, DEFAULT_MAX_TENSOR_BYTES, DEFAULT_REQUEST_TIMEOUT)
+                                       DEFAULT_MAX_REPLY_BYTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TENSOR_BYTES,
+                                       DEFAULT_REQUEST_TIMEOUT)
 from graphc.serving.kserve.repository import load_models
 from graphc.serving.kserve.server import DEFAULT_READ_TIMEOUT
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_QUEUE", "DEFAULT_MAX_REPLY_BYTES",
-           "DEFAULT_MAX_TENSOR_BYTES", "DEFAULT_READ_TIMEOUT", "DEFAULT_REQUEST_TIMEOUT", "create_app", "serve"]
+           "DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_TENSOR_BYTES", "DEFAULT_READ_TIMEOUT",
+           "DEFAULT_REQUEST_TIMEOUT", "create_app", "serve"]
 
 
 def create_app(model_or_path_or_repo: Any, backend: str = "auto", name: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
                max_queue: int = DEFAULT_MAX_QUEUE, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
                request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
-               max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES, **session_options: Any):
+               max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+               allow_unchecked: bool = False, **session_options: Any):
     """The FastAPI app serving ``model_or_path_or_repo`` (a ``gc.Model``, an ``.onnx`` file or a
     Triton repository folder); sessions are created here, once, with ``session_options``
     (``gc.Session``'s, e.g. ``threads``). The limits are ``serve``'s."""
     from graphc.serving.kserve.app import create_app as _create
 
     models = load_models(model_or_path_or_repo, name=name, backend=backend, **session_options)
-    return _create(models, max_body_bytes, max_json_bytes, max_queue, max_reply_bytes, request_timeout, max_tensor_bytes)
+    return _create(models, max_body_bytes, max_json_bytes, max_queue, max_reply_bytes, request_timeout,
+                   max_tensor_bytes, max_request_bytes, allow_unchecked)
 
 
 def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000, backend: str = "auto",
@@ -42,7 +46,8 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
           log_level: str = "warning", access_log: bool = False,
           on_ready: Callable[..., None] | None = None, max_queue: int = DEFAULT_MAX_QUEUE,
           max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES, request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
-          max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES, **session_options: Any) -> None:
+          max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+          allow_unchecked: bool = False, **session_options: Any) -> None:
     """Serve until SIGINT or SIGTERM, then finish in-flight requests and return normally (a
     request whose body stops arriving, or a reply its client stops reading, for ``SHUTDOWN_IDLE``
     seconds is dropped).
@@ -73,14 +78,21 @@ def serve(model_or_path_or_repo: Any, host: str = "127.0.0.1", port: int = 8000,
         max_tensor_bytes: the largest tensor a request's values may make a model allocate (a
             ConstantOfShape of a fed shape, a Range to a fed limit, and what shape inference
             finds downstream); larger gets 413 naming the node, the shape and the bytes, before
-            it is allocated (``graphc.backends.value_sized``).
+            it is allocated (``graphc.backends.value_sized``). On the ort backends a model whose
+            value-sized ops are in Loop/If/Scan bodies or local functions cannot be checked before
+            it runs, and is refused at load (``ModelLoadError``) unless ``allow_unchecked``.
+        max_request_bytes: the most bytes such a model's main-graph tensors of known shape may
+            hold at once for a request (a tensor from its producer to its last reader); more gets
+            413 naming the node where they peak.
+        allow_unchecked: serve models ``max_tensor_bytes`` cannot check, unbounded.
         **session_options: given to every ``gc.Session`` (e.g. ``threads=1``).
     """
     from graphc.serving.kserve import server as kserver
 
     app = create_app(model_or_path_or_repo, backend=backend, name=name, max_body_bytes=max_body_bytes,
                      max_json_bytes=max_json_bytes, max_queue=max_queue, max_reply_bytes=max_reply_bytes,
-                     request_timeout=request_timeout, max_tensor_bytes=max_tensor_bytes, **session_options)
+                     request_timeout=request_timeout, max_tensor_bytes=max_tensor_bytes,
+                     max_request_bytes=max_request_bytes, allow_unchecked=allow_unchecked, **session_options)
     # Every held connection is a descriptor: allow as many as the system does.
     kserver.raise_descriptor_limit()
     sock = kserver.listen(host, port)

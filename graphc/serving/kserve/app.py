@@ -17,16 +17,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from graphc.errors import GraphcError
+from graphc.errors import GraphcError, ModelLoadError
 from graphc.serving.kserve import schemas
 from graphc.serving.kserve.infer import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, DEFAULT_MAX_QUEUE,
-                                         DEFAULT_MAX_REPLY_BYTES, DEFAULT_MAX_TENSOR_BYTES, DEFAULT_REQUEST_TIMEOUT,
-                                         INFER_PATH, Limits, error_reply, forget, handle_infer, send_reply)
+                                         DEFAULT_MAX_REPLY_BYTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TENSOR_BYTES,
+                                         DEFAULT_REQUEST_TIMEOUT, INFER_PATH, Limits, error_reply, forget, handle_infer,
+                                         send_reply)
 from graphc.serving.kserve.protocol import ProtocolError, brief
 from graphc.serving.kserve.repository import ServedModel
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_QUEUE", "DEFAULT_MAX_REPLY_BYTES",
-           "DEFAULT_MAX_TENSOR_BYTES", "DEFAULT_REQUEST_TIMEOUT", "KServeApp", "create_app"]
+           "DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_TENSOR_BYTES", "DEFAULT_REQUEST_TIMEOUT", "KServeApp",
+           "create_app"]
 
 
 class ModelRegistry:
@@ -216,14 +218,19 @@ def create_app(models: dict[str, dict[str, ServedModel]], max_body_bytes: int = 
                max_json_bytes: int = DEFAULT_MAX_JSON_BYTES, max_queue: int = DEFAULT_MAX_QUEUE,
                max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
                request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
-               max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> KServeApp:
+               max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, allow_unchecked: bool = False) -> KServeApp:
     """The KServe v2 app for already-loaded models, name -> version -> model as
-    ``repository.load_models`` returns them (see ``graphc.serving.serve.create_app`` to load)."""
+    ``repository.load_models`` returns them (see ``graphc.serving.serve.create_app`` to load).
+    ``ModelLoadError`` for a model whose value-sized tensors its backend cannot bound before it
+    runs them (``gc.Session.unbounded_nodes``), unless ``allow_unchecked``."""
     from graphc import __version__
 
+    if not allow_unchecked:
+        _require_bounded(models)
     registry = ModelRegistry(models)
     app = KServeApp(registry, Limits(max_body_bytes, max_json_bytes, max_queue, max_reply_bytes, request_timeout,
-                                     max_tensor_bytes),
+                                     max_tensor_bytes, max_request_bytes),
                     title="graphc KServe v2 server", version=__version__, docs_url=None, redoc_url=None)
     _install_error_handlers(app)
 
@@ -266,3 +273,18 @@ def create_app(models: dict[str, dict[str, ServedModel]], max_body_bytes: int = 
         return {"name": registry.get(name, version).name, "ready": True}
 
     return app
+
+
+def _require_bounded(models: dict[str, dict[str, ServedModel]]) -> None:
+    """``ModelLoadError`` naming the first model version, and its nodes, that --max-tensor-bytes
+    cannot bound on its backend."""
+    for name, versions in models.items():
+        for version, model in versions.items():
+            nodes = model.session.unbounded_nodes
+            if nodes:
+                where = "; ".join(f"{node} in {place}" for node, place in nodes[:5])
+                raise ModelLoadError(
+                    f"model {name!r} version {version}: --max-tensor-bytes cannot bound what its value-sized nodes "
+                    f"make on {model.session.backend} before they run ({where}{'; ...' if len(nodes) > 5 else ''}); "
+                    "serve it with --backend numpy, which checks each such node as it runs, or with "
+                    "--allow-unchecked to serve it unbounded")

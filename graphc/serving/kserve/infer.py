@@ -53,6 +53,9 @@ DEFAULT_MAX_REPLY_BYTES = 1 << 30
 # --max-queue of them at once), checked before it is allocated (``graphc.backends.value_sized``);
 # past it the request gets 413. 4 GiB leaves room for large legitimate batches.
 DEFAULT_MAX_TENSOR_BYTES = 4 << 30
+# The most bytes such a model's main-graph tensors of known shape may hold at once for a request
+# (each under the bound above, many of them add up), checked from the same shape inference.
+DEFAULT_MAX_REQUEST_BYTES = 8 << 30
 _log = logging.getLogger("graphc.serve")
 
 
@@ -68,18 +71,20 @@ def error_reply(exc: Exception) -> tuple[int, str]:
 
 class Limits:
     """What one request may cost: body bytes (also after decompression), bytes of JSON, bytes of
-    its reply, bytes of one tensor its values size (``tensor``), seconds from its body to its answer (``timeout``, None: no limit), and how many
-    requests larger than ``HEAVY_BYTES`` (or compressed) decode and run at once; and how many infer
-    requests the server holds at once (``queue``; ``held`` counts them)."""
+    its reply, bytes of one tensor its values size (``tensor``) and of those live at once (``live``),
+    seconds from its body to its answer (``timeout``, None: no limit), and how many requests larger
+    than ``HEAVY_BYTES`` (or compressed) decode and run at once; and how many infer requests the
+    server holds at once (``queue``; ``held`` counts them)."""
 
     def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
                  max_queue: int = DEFAULT_MAX_QUEUE, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
                  request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
-                 max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES):
+                 max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
         self.body, self.json, self.queue, self.reply = max_body_bytes, max_json_bytes, max_queue, max_reply_bytes
-        if not (isinstance(max_tensor_bytes, int) and max_tensor_bytes > 0):
-            raise ValueError(f"max_tensor_bytes must be a positive number of bytes, got {max_tensor_bytes!r}")
-        self.tensor = max_tensor_bytes
+        for option, value in (("max_tensor_bytes", max_tensor_bytes), ("max_request_bytes", max_request_bytes)):
+            if not (isinstance(value, int) and value > 0):
+                raise ValueError(f"{option} must be a positive number of bytes, got {value!r}")
+        self.tensor, self.live = max_tensor_bytes, max_request_bytes
         if request_timeout is not None and not 0 < request_timeout < math.inf:  # NaN too
             raise ValueError(f"request_timeout must be a positive, finite number of seconds or None (no limit), "
                              f"got {request_timeout}")
@@ -193,17 +198,17 @@ def _decompress(body: bytes, encoding: str, limit: int, header_length: int | Non
 
 def run_request(model: ServedModel, body: bytes, header_length: int | None, max_reply_bytes: int | None = None,
                 inflate: Callable[[bytes], bytes] | None = None, deadline: Deadline | None = None,
-                max_tensor_bytes: int | None = None) -> tuple[bytes, int | None]:
+                max_tensor_bytes: int | None = None, max_request_bytes: int | None = None) -> tuple[bytes, int | None]:
     """Inflate (with ``inflate``, if given), decode, run and encode one request (a reply over
     ``max_reply_bytes`` is a ``ProtocolError``; a ``deadline`` that passes before the run ends, a 504;
-    a tensor over ``max_tensor_bytes``, a 413)."""
+    a tensor over ``max_tensor_bytes`` or tensors live at once over ``max_request_bytes``, a 413)."""
     try:
         if deadline is not None:
             deadline.check("while the request waited for a worker thread")
         if inflate is not None:
             body = inflate(body)
         request = decode_request(body, header_length)
-        results = model.infer(request, deadline, max_tensor_bytes)
+        results = model.infer(request, deadline, max_tensor_bytes, max_request_bytes)
     except RunCancelled as exc:
         why = str(exc)
     else:
@@ -254,11 +259,12 @@ async def _answer(lookup: Callable[[str, str | None], ServedModel], limits: Limi
         try:
             if len(body) > HEAVY_BYTES or inflate is not None:  # compressed: any size once inflated
                 payload, json_length = await to_thread.run_sync(run_request, model, body, header_length, limits.reply,
-                                                                inflate, deadline, limits.tensor,
+                                                                inflate, deadline, limits.tensor, limits.live,
                                                                 limiter=limits.heavy)
             else:
                 payload, json_length = await loop.run_in_executor(None, run_request, model, body, header_length,
-                                                                  limits.reply, None, deadline, limits.tensor)
+                                                                  limits.reply, None, deadline, limits.tensor,
+                                                                  limits.live)
         finally:
             if timer is not None:
                 timer.cancel()

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from graphc.errors import GraphError, InputError, ModelLoadError, RunCancelled, TensorTooLarge
+from graphc.errors import GraphError, InputError, ModelLoadError, RequestTooLarge, RunCancelled, TensorTooLarge
 from graphc.model import Model, load
 from graphc.model.dtypes import TensorSpec, to_numpy
 from graphc.serving.deploy import check_model_name, feedable_inputs, require_tensor_interface, triton_config, triton_versions
@@ -119,10 +119,10 @@ class ServedModel:
         return [-1] * (self.max_batch_size > 0) + list(reshapes[name][0])
 
     def infer(self, request: DecodedRequest, deadline: Deadline | None = None,
-              max_tensor_bytes: int | None = None) -> dict[str, np.ndarray]:
+              max_tensor_bytes: int | None = None, max_request_bytes: int | None = None) -> dict[str, np.ndarray]:
         """The model's outputs for ``request``; past ``deadline`` (a wait for the model's lock
         included) ``RunCancelled``; a 413 where the request's values would make a tensor over
-        ``max_tensor_bytes`` (``gc.Session.run``'s)."""
+        ``max_tensor_bytes``, or tensors live at once over ``max_request_bytes`` (``gc.Session.run``'s)."""
         for name, array in request.inputs.items():  # in the protocol's terms; the rest is Session's
             want = self._dtypes.get(name)
             if want is not None and array.dtype != want:
@@ -138,15 +138,16 @@ class ServedModel:
         try:
             if self._lock is None:
                 results = self.session.run(request.inputs, outputs=wanted, cancel=deadline,
-                                           max_tensor_bytes=max_tensor_bytes)
+                                           max_tensor_bytes=max_tensor_bytes, max_request_bytes=max_request_bytes)
             else:
                 with self._locked(deadline):
                     results = self.session.run(request.inputs, outputs=wanted, cancel=deadline,
-                                               max_tensor_bytes=max_tensor_bytes)
+                                               max_tensor_bytes=max_tensor_bytes, max_request_bytes=max_request_bytes)
         except InputError as exc:
             raise ProtocolError(f"model {self.name!r}: {exc}") from None
         except TensorTooLarge as exc:
-            raise ProtocolError(f"model {self.name!r}: {exc}; the server's --max-tensor-bytes", 413) from None
+            option = "--max-request-bytes" if isinstance(exc, RequestTooLarge) else "--max-tensor-bytes"
+            raise ProtocolError(f"model {self.name!r}: {exc}; the server's {option}", 413) from None
         for name, array in results.items():
             if name in self._out_reshapes:
                 dims, shape = self._out_reshapes[name]
