@@ -87,6 +87,7 @@ API_DEFAULTS = {
     ("serve", "port"): (gc.serve, "port"),
     ("serve", "backend"): (gc.serve, "backend"),
     ("serve", "name"): (gc.serve, "name"),
+    ("serve", "allow_unchecked"): (gc.serve, "allow_unchecked"),
     ("demo", "backend"): (run_demo, "backend"),
     ("demo", "epochs"): (run_demo, "epochs"),
     ("demo", "progress"): (run_demo, "progress"),
@@ -146,6 +147,7 @@ CLI_ONLY = {
     ("serve", "max_queue"): "None: serve's own max_queue",
     ("serve", "max_reply_bytes"): "None: serve's own max_reply_bytes",
     ("serve", "max_tensor_bytes"): "None: serve's own max_tensor_bytes",
+    ("serve", "max_request_bytes"): "None: serve's own max_request_bytes",
     ("serve", "request_timeout"): "None: serve's own request_timeout (120 s); 0 there is None, no limit",
 }
 
