@@ -17,6 +17,7 @@ from graphc.model.dtypes import finfo
 from graphc.dsl.ops import (cast, clip, concat, const_i64, constant, emit, lift, matmul, mean, minimum, reshape,
                             reshape_like, same_dtype, scalar, sigmoid, softmax, sqrt, transpose, unary, where)
 from graphc.dsl import activations64
+from graphc.dsl.norms64 import rounds_eps, standardized
 from graphc.dsl.inplace import into, writes_input
 from graphc.dsl.ops import nan_if_any, reduction
 from graphc.dsl.ops_array import chunk, ir_tensor, tril
@@ -196,16 +197,15 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
     # NOTE: not ONNX GroupNormalization (opset 21): onnxruntime 1.31's CPU kernel cancels
     # catastrophically when a group's mean is large next to its std (max error vs torch on
     # N(100, 0.1) data 0.24, N(1000, 0.1) NaN; written out here 1e-4 and 1e-3, as numpy).
-    grouped = reshape(x, [x.shape[0], num_groups, -1])
-    centered = grouped - mean(grouped, -1, keepdims=True)
-    normed = centered / sqrt(mean(centered * centered, -1, keepdims=True) + scalar(eps, x))
+    normed = standardized(reshape(x, [x.shape[0], num_groups, -1]), -1, eps)
     normed = reshape_like(normed, x)  # H, W may be symbolic
     return normed * _channel_shape(x, weight) + _channel_shape(x, bias)
 
 
 @in_float32
 def instance_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
-    """Per-sample, per-channel statistics over the spatial dims (no running statistics).
+    """Per-sample, per-channel statistics over the spatial dims (no running statistics); a float64
+    ``x`` with an ``eps`` float32 cannot hold written out (``norms64``).
     Signature: ai.onnx@6::InstanceNormalization"""
     x = lift(x)
     channels = x.shape[1]
@@ -216,12 +216,16 @@ def instance_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None =
         weight = constant(np.ones(channels, x.dtype.numpy))
     if bias is None:
         bias = constant(np.zeros(channels, x.dtype.numpy))
-    return emit("InstanceNormalization", [x, lift(weight, x), lift(bias, x)], {"epsilon": float(eps)})
+    weight, bias = lift(weight, x), lift(bias, x)
+    if rounds_eps(x, eps):
+        return standardized(x, list(range(2, x.ndim)), eps) * _channel_shape(x, weight) + _channel_shape(x, bias)
+    return emit("InstanceNormalization", [x, weight, bias], {"epsilon": float(eps)})
 
 
 def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing ``normalized_shape`` dims; ``eps``
-    None is the dtype's machine epsilon, as PyTorch. ``RMSNormalization`` from opset 23."""
+    None is the dtype's machine epsilon, as PyTorch. ``RMSNormalization`` from opset 23, but for a
+    float64 ``x`` with an ``eps`` float32 cannot hold (``norms64``)."""
     x = lift(x)
     shape = [int(normalized_shape)] if isinstance(normalized_shape, (int, np.integer)) else list(normalized_shape)
     if x.shape is not None and list(x.shape[-len(shape):]) != shape:
@@ -233,7 +237,7 @@ def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, eps
 @in_float32
 def _rms_norm(x: Tensor, shape: list, weight: Tensor | None, eps: float) -> Tensor:
     axes = list(range(-len(shape), 0))
-    if current().opset >= 23:
+    if current().opset >= 23 and not rounds_eps(x, eps):
         scale = constant(np.ones(shape, x.dtype.numpy)) if weight is None else weight
         return emit("RMSNormalization", [x, scale], {"axis": -len(shape), "epsilon": eps})
     y = x / sqrt(mean(x * x, axes, keepdims=True) + scalar(eps, x))

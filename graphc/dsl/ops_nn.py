@@ -12,6 +12,7 @@ from graphc.dsl import ops, ops_math
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import op_error, user_source
 from graphc.dsl.inplace import into, writes_input
+from graphc.dsl.norms64 import rounds_eps, standardized
 from graphc.dsl.renorm import renorm_in_place
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.upcast import in_float32
@@ -275,7 +276,8 @@ def batch_statistics_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None,
 @autocast_op()
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
-    """``torch.nn.functional.layer_norm``. Signature: ai.onnx@17::LayerNormalization"""
+    """``torch.nn.functional.layer_norm``; a float64 ``x`` with an ``eps`` float32 cannot hold written
+    out (``norms64``). Signature: ai.onnx@17::LayerNormalization"""
     x = ops.lift(x)
     weight = None if weight is None else ops.lift(weight, x)
     bias = None if bias is None else ops.lift(bias, x)
@@ -284,6 +286,10 @@ def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, b
         raise op_error("LayerNormalization", [x], f"trailing dims must be {tuple(shape)}", user_source())
     for d, n in zip(x.shape[-len(shape):] if x.shape is not None else (), shape):
         ops.same_dim("LayerNormalization", [x], d, n, f"trailing dims and normalized_shape {tuple(shape)}")
+    if rounds_eps(x, eps):
+        y = standardized(x, list(range(-len(shape), 0)), eps)
+        y = y if weight is None else y * weight
+        return y if bias is None else y + bias
     if weight is None:
         weight = ops.constant(np.ones(shape, dtype=x.dtype.numpy))
     inputs = [x, weight] + ([bias] if bias is not None else [])
