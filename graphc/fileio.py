@@ -134,25 +134,30 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def remove_stale_temps(target: PathLike) -> None:
-    """Delete the temp files and folders of ``target`` left by writers that are gone (their pid
-    is not running); never anything else, never outside ``target``'s folder. Best effort: a
-    read-only folder is left as it is."""
+def stale_temps(target: PathLike) -> list[Path]:
+    """The temp files and folders of ``target`` in its folder whose writers are gone (their pid
+    is not running): what a killed writer left (empty where the folder cannot be read)."""
     target = Path(target)
     prefix = f".{target.name}"
     try:
         entries = list(os.scandir(target.parent))
     except OSError:
-        return
-    for entry in entries:
-        found = _TEMP_SUFFIX.fullmatch(entry.name[len(prefix):]) if entry.name.startswith(prefix) else None
-        if found is None or int(found.group(1)) == os.getpid() or _alive(int(found.group(1))):
-            continue
+        return []
+    found = [(entry, _TEMP_SUFFIX.fullmatch(entry.name[len(prefix):])) for entry in entries
+             if entry.name.startswith(prefix)]
+    return [Path(entry.path) for entry, match in found
+            if match is not None and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1)))]
+
+
+def remove_stale_temps(target: PathLike) -> None:
+    """Delete ``stale_temps(target)``; never anything else, never outside ``target``'s folder.
+    Best effort: a read-only folder is left as it is."""
+    for path in stale_temps(target):
         try:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
             else:
-                os.unlink(entry.path)
+                os.unlink(path)
         except OSError:
             pass
 

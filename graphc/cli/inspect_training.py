@@ -45,7 +45,8 @@ def train_step_file(path: Path, kind: str) -> Path:
     """The train_step graph of training artifacts (``kind`` "artifacts") or of the artifacts a
     checkpoint (``kind`` "checkpoint") belongs to."""
     from graphc.compile.training import read_manifest
-    from graphc.runtime.checkpoint import find_artifacts, read_meta
+    from graphc.runtime.checkpoint import read_meta
+    from graphc.runtime.checkpoint_folder import find_artifacts
 
     artifacts = path if kind == "artifacts" else find_artifacts(path)
     if artifacts is None:
@@ -91,12 +92,8 @@ def describe_artifacts(path: Path, console: Console) -> None:
 def describe_checkpoint(path: Path, console: Console) -> None:
     """Where a checkpoint's run stands (steps, epochs, data, backend, seed), what it holds, and
     the training graphs it belongs to."""
-    from graphc.runtime.checkpoint import (
-        find_artifacts,
-        read_meta,
-        read_tensor_table,
-        resolve,
-    )
+    from graphc.runtime.checkpoint import read_meta, read_tensor_table, resolve
+    from graphc.runtime.checkpoint_folder import find_artifacts
     from graphc.runtime.progress import plural
 
     meta = read_meta(path)

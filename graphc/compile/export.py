@@ -101,7 +101,7 @@ def load_source(source: Union[str, os.PathLike], allow_untrained: bool = False):
     (``UntrainedWeightsWarning``) when none does.
     """
     from graphc.compile import training
-    from graphc.runtime import checkpoint
+    from graphc.runtime import checkpoint, checkpoint_folder
 
     path = Path(source)
     if path.is_dir() and (path / training.MANIFEST_FILE).is_file():
@@ -118,7 +118,7 @@ def load_source(source: Union[str, os.PathLike], allow_untrained: bool = False):
         raise FileNotFoundError(f"{source}: neither an artifact directory (no {training.MANIFEST_FILE}) "
                                 f"nor a checkpoint (no {target.name})")
     tensors, meta = checkpoint.load(target)
-    where = checkpoint.find_artifacts(target)
+    where = checkpoint_folder.find_artifacts(target)
     if where is None:
         raise FileNotFoundError(f"{source}: the checkpoint's training graphs are not beside it nor where it "
                                 f"recorded them ({meta.artifacts or 'nothing recorded'}); save checkpoints "
@@ -128,9 +128,9 @@ def load_source(source: Union[str, os.PathLike], allow_untrained: bool = False):
 
 
 def _refuse_or_warn(artifacts: Path) -> None:
-    from graphc.runtime import checkpoint
+    from graphc.runtime import checkpoint, checkpoint_folder
 
-    found = checkpoint.trained_from(artifacts, near=(artifacts.parent, Path.cwd()))
+    found = checkpoint_folder.trained_from(artifacts, near=(artifacts.parent, Path.cwd()))
     if found:
         newest = found[0].parent if found[0].name == checkpoint.FILE_NAME else found[0]
         others = f" (the newest of {len(found)})" if len(found) > 1 else ""

@@ -287,6 +287,12 @@ class Manifest(BaseModel):
         described = sorted((e.name, e.role, e.dtype, str(e.shape)) for e in self.carried().values())
         return hashlib.sha256(repr(described).encode()).hexdigest()[:16]
 
+    def digest(self) -> str:
+        """A digest of the whole manifest as JSON (optimizer and loss specs, trainable/frozen
+        sets, every graph's inputs and outputs, ...): what tells one set of training graphs from
+        another (a checkpoint folder keeps the graphs of the digest its checkpoint records)."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+
 
 GraphSource = Union[Model, Callable[[], Model]]
 StateSource = Union[Mapping[str, np.ndarray], Callable[[], Mapping[str, np.ndarray]]]

@@ -15,7 +15,7 @@ weight) fail loudly instead of training on garbage. No pickle.
 Writes go to a temporary file in the same folder, are fsync'ed, then ``os.replace``d over the
 previous checkpoint (and the folder fsync'ed): a crash at any moment leaves either the old or
 the new checkpoint, never a torn one (``graphc.fileio``; temps of killed writers are removed by
-the next save or load). ``artifacts/`` is written into a temp folder and renamed into place whole.
+the next save or load). ``artifacts/`` is written and kept by ``checkpoint_folder``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -33,12 +33,12 @@ from pydantic import (BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, P
                       SerializationInfo, ValidationError, field_serializer, field_validator, model_validator)
 
 from graphc.errors import GraphcError
-from graphc.fileio import OutsideFolder, atomic_write, confined, fsync_dir, remove_stale_temps, scratch_dir
+from graphc.fileio import OutsideFolder, atomic_write, confined, remove_stale_temps
 from graphc.tensorfile import DTYPES, read_header, read_tensors
 
-__all__ = ["CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME", "LoaderState", "artifacts_dir",
-           "batch_weighted", "check_owner", "check_writable", "find_artifacts", "hypers_as_declared", "load", "mismatch",
-           "read_meta", "read_tensor_table", "resolve", "save", "save_artifacts_beside", "trained_from"]
+__all__ = ["ARTIFACTS_DIR", "ARTIFACTS_MANIFEST", "CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME",
+           "LoaderState", "batch_weighted", "check_writable", "hypers_as_declared", "load", "mismatch", "own_entry",
+           "read_meta", "read_tensor_table", "resolve", "save"]
 
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
@@ -137,6 +137,7 @@ class CheckpointMeta(BaseModel):
     interface: str = ""               # digest of the train_step interface the tensors fit
     schedule: str = ""                # the lr scheduler's state as JSON text (Trainer.schedule_state), if one ran
     optimizer: dict[str, Any] = {}    # the optimizer spec the run trained with (``resume_rules``); {} before it was kept
+    graphs: str = ""                  # ``Manifest.digest()`` of the graphs the tensors belong to; "" before it was kept
     digest: str = ""                  # sha256 over the tensor data and the fields above (filled in by save)
     _nulls: bool = PrivateAttr(False)  # read from a header that wrote a non-finite metric sum as null
 
@@ -188,6 +189,8 @@ def _digest(tensors: dict[str, np.ndarray], meta: CheckpointMeta) -> str:
             exclude["schedule"] = True
         if not meta.optimizer:  # nor one from before the optimizer spec was kept
             exclude["optimizer"] = True
+        if not meta.graphs:  # nor one from before the graphs' digest was kept
+            exclude["graphs"] = True
         if meta.progress.skipped_steps is None:  # nor one from before loss scaling's count, or of a run without
             exclude["progress"] = {"skipped_steps"}
         if meta.format in _UNWEIGHTED_FORMATS:  # the header as formats 1 and 2 hashed it, without format 3's fields
@@ -315,56 +318,9 @@ def hypers_as_declared(tensors: Mapping[str, np.ndarray], expected: Mapping[str,
             if entry.role == "hyper" and name in tensors and np.asarray(tensors[name]).dtype.name != entry.dtype}
 
 
-def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
-    """``check_writable(path)``, and ``CheckpointError`` when what is there (the checkpoint, or
-    the training graphs beside it) belongs to other training graphs than those carrying
-    ``expected`` (``Manifest.carried()``), naming the first tensor that differs. A checkpoint
-    that holds Adam's moments as earlier graphc named them (``adam_moments.sum_name``) fits, as
-    ``Trainer.load_checkpoint`` resumes it; the graphs of such a format beside one do not: the
-    folder would hold a checkpoint they cannot read."""
-    from graphc.compile.training import read_manifest
-    from graphc.passes.training.adam_moments import sum_name
-
-    target = check_writable(path)
-    found = []
-    if target.is_file():
-        meta, header, _ = _read_header(target)
-        found.append((target, {sum_name(n, expected): v for n, v in _tensor_table(header).items()},
-                      {sum_name(n, expected): r for n, r in meta.roles.items()}))
-    beside = artifacts_dir(target) if target.name == FILE_NAME else None
-    if beside is not None:
-        carried = read_manifest(beside).carried()
-        found.append((beside / ARTIFACTS_MANIFEST, {n: (e.dtype, e.shape or []) for n, e in carried.items()},
-                      {n: e.role for n, e in carried.items()}))
-    for where, tensors, roles in found:
-        problem = mismatch(expected, tensors, roles)
-        if problem is not None and any(sum_name(n, expected) != n for n in tensors):
-            raise CheckpointError(f"{path} holds training graphs of an earlier format ({where.parent}), which keep "
-                                  "Adam's moments as averages: refusing to write these graphs' checkpoint beside them; "
-                                  f"resume with those graphs (artifacts {where.parent}) or choose another checkpoint path")
-        if problem is not None:
-            raise CheckpointError(f"{path} belongs to other training graphs (another model?): {where} {problem}; "
-                                  "refusing to overwrite it, choose another checkpoint path")
-    return target
-
-
-def save_artifacts_beside(target: Path, artifacts: Any) -> Path:
-    """Write ``artifacts`` (training graphs) as ``artifacts/`` beside the checkpoint file
-    ``target``: into a temp folder first, renamed into place whole."""
-    final = target.parent / ARTIFACTS_DIR
-    if final.exists() or final.is_symlink():
-        raise CheckpointError(f"{final} exists and holds no training artifacts (no manifest.json); move it "
-                              "away or choose another checkpoint folder")
-    with scratch_dir(final) as tmp:
-        artifacts.save(tmp)
-        os.rename(tmp, final)
-    fsync_dir(target.parent)
-    return final
-
-
 def _existing_file(target: Path, given: PathLike) -> Path:
     if target.parent == Path(given):  # found by name in the folder given: one of its own files
-        _own(target.parent, target.name)
+        own_entry(target.parent, target.name)
     if target.is_file():
         return target
     if target.exists():
@@ -411,45 +367,9 @@ def _first_error(exc: ValidationError) -> str:
     return text + (f"; {exc.error_count() - 1} more error(s)" if exc.error_count() > 1 else "")
 
 
-def artifacts_dir(path: PathLike) -> Optional[Path]:
-    """The training graphs stored beside a checkpoint, if it is a directory holding them."""
-    folder = resolve(path).parent
-    candidate = _own(folder, ARTIFACTS_DIR)
-    return candidate if (candidate / ARTIFACTS_MANIFEST).is_file() else None
-
-
-def _own(folder: Path, name: str) -> Path:
+def own_entry(folder: Path, name: str) -> Path:
     """``folder / name`` if it lies in ``folder`` (``fileio.confined``), else ``CheckpointError``."""
     try:
         return confined(folder, name, "checkpoint folder")
     except OutsideFolder as exc:
         raise CheckpointError(f"{folder}: {exc}") from None
-
-
-def find_artifacts(path: PathLike) -> Optional[Path]:
-    """Where a checkpoint's training graphs are: beside it, else where its header says."""
-    beside = artifacts_dir(path)
-    if beside is not None:
-        return beside
-    recorded = read_meta(path).artifacts
-    return Path(recorded) if recorded and (Path(recorded) / ARTIFACTS_MANIFEST).is_file() else None
-
-
-def trained_from(artifacts: PathLike, near: Iterable[PathLike]) -> list[Path]:
-    """Checkpoint files in the folders ``near`` and their sub-folders that were trained from the
-    artifact directory ``artifacts`` (their header records it, or they hold it beside them as
-    their ``artifacts/``), newest first. Only headers are read; unreadable files are skipped."""
-    root = Path(artifacts).resolve()
-    folders = dict.fromkeys(Path(f).resolve() for f in near)
-    candidates = dict.fromkeys(c for f in folders for pattern in ("*.safetensors", "*/*.safetensors")
-                               for c in sorted(f.glob(pattern)))
-    found = []
-    for candidate in candidates:
-        try:
-            recorded = read_meta(candidate).artifacts
-        except (CheckpointError, OSError):
-            continue
-        beside = candidate.name == FILE_NAME and (candidate.parent / ARTIFACTS_DIR).resolve() == root
-        if beside or (recorded and Path(recorded).resolve() == root):
-            found.append(candidate)
-    return sorted(found, key=lambda c: c.stat().st_mtime, reverse=True)

@@ -64,7 +64,7 @@ from graphc.passes.training import adam_moments
 from graphc.passes.training.in_place import in_place_outputs
 from graphc.passes.training.loss_scaling import LOSS_SCALE, SKIPPED
 from graphc.passes.training.scheduled import MOMENTUM, momentum_value
-from graphc.runtime import averaging, checkpoint as ckpt, momentum as momentum_lib, resume_rules
+from graphc.runtime import averaging, checkpoint as ckpt, checkpoint_folder, momentum as momentum_lib, resume_rules
 from graphc.runtime import metrics as metrics_lib
 from graphc.runtime.data import (DataLoader, check_eval_loader, check_training_loader, check_whole, eval_batches,
                                  first_non_finite)
@@ -277,7 +277,7 @@ class Trainer:
         if isinstance(artifacts_or_dir, (str, os.PathLike)):
             path = Path(artifacts_or_dir)
             if not (path / training.MANIFEST_FILE).is_file() and ckpt.resolve(path).is_file():
-                resume_from, path = path, ckpt.find_artifacts(path) or path
+                resume_from, path = path, checkpoint_folder.find_artifacts(path) or path
                 if path == resume_from:
                     raise FileNotFoundError(_without_artifacts(path, ckpt.read_meta(path).artifacts))
             if not (path / training.MANIFEST_FILE).is_file():
@@ -672,7 +672,7 @@ class Trainer:
         elif eval_loader is not None:
             check_eval_loader(eval_loader, passes=epochs - self.epoch)
         if checkpoint is not None:
-            ckpt.check_owner(checkpoint, self._expected)
+            checkpoint_folder.check_owner(checkpoint, self._expected)
             self._warn_unsaved_randomness()
         if plot is not None:
             check_plot(plot)
@@ -1037,22 +1037,23 @@ class Trainer:
 
     def save_checkpoint(self, path: Union[str, os.PathLike]) -> Path:
         """Write params, optimizer state, step, loop position, the epoch's running sums and RNG
-        states to ``path`` (a ``.safetensors`` file, or a directory that also gets the training
-        graphs) atomically. A checkpoint of other training graphs there is not overwritten."""
+        states to ``path`` (a ``.safetensors`` file, or a directory that also holds the training
+        graphs, replaced with it where other graphs are there: ``checkpoint_folder``)
+        atomically. A checkpoint of other training graphs there is not overwritten."""
         if self._interrupts.torn:
             raise ckpt.CheckpointError("a second Ctrl-C cut a training step short, so the state is not consistent; "
                                        f"not saving it over {path} (the last checkpoint written there stays)")
-        target = ckpt.check_owner(path, self._expected)
-        if target.name == ckpt.FILE_NAME and ckpt.artifacts_dir(target) is None:
-            ckpt.save_artifacts_beside(target, self.artifacts)
+        target = checkpoint_folder.check_owner(path, self._expected)
         self._tally_skips()
-        meta = ckpt.CheckpointMeta(
-            step=self.step_count, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch, progress=self._progress,
-            loader=self._loader_state, rng=self.rng.bit_generator.state, seed=self._seed,
-            graph_rng={key: rng.bit_generator.state for key, rng in self._graph_rngs().items()},
-            roles=dict(self._roles), backend=self.backend, artifacts=str(self.artifacts_path or ""),
-            interface=self.manifest.interface(), schedule=self.schedule_state(), optimizer=self.manifest.optimizer)
-        return ckpt.save(target, self.state_dict(), meta)
+        with checkpoint_folder.graphs_beside(target, self.artifacts) as graphs:
+            meta = ckpt.CheckpointMeta(
+                step=self.step_count, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch, progress=self._progress,
+                loader=self._loader_state, rng=self.rng.bit_generator.state, seed=self._seed,
+                graph_rng={key: rng.bit_generator.state for key, rng in self._graph_rngs().items()},
+                roles=dict(self._roles), backend=self.backend, artifacts=str(self.artifacts_path or ""),
+                interface=self.manifest.interface(), schedule=self.schedule_state(),
+                optimizer=self.manifest.optimizer, graphs=graphs)
+            return ckpt.save(target, self.state_dict(), meta)
 
     def load_checkpoint(self, path: Union[str, os.PathLike], *, changed_optimizer: bool = False) -> None:
         """Restore what ``save_checkpoint`` wrote; the next steps replay the original run. A

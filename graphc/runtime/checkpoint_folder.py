@@ -1,0 +1,170 @@
+"""A checkpoint folder's training graphs: ``artifacts/`` beside ``checkpoint.safetensors``, always
+the graphs its tensors belong to (the checkpoint records their ``Manifest.digest()``).
+
+A save from graphs other than those there (a ``changed_optimizer`` resume on regenerated
+artifacts) replaces them with the checkpoint as one step: the new graphs are written whole into a
+temp folder beside (``fileio.scratch_dir``), the checkpoint file is then replaced (the commit),
+then the temp folder is renamed to ``artifacts/`` and the old graphs removed. A failure before
+the commit removes the temp folder: the old pair stays. A process killed after it leaves the
+committed graphs in its temp folder, which the next look at the folder (``artifacts_dir``) puts in
+place, as it removes a killed writer's uncommitted ones: never a checkpoint beside other graphs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Optional
+
+from graphc.fileio import fsync_dir, remove_stale_temps, stale_temps, sync_tree, temp_path
+from graphc.runtime.checkpoint import (ARTIFACTS_DIR, ARTIFACTS_MANIFEST, FILE_NAME, CheckpointError, PathLike,
+                                       check_writable, mismatch, own_entry, read_meta, read_tensor_table, resolve)
+
+__all__ = ["artifacts_dir", "check_owner", "find_artifacts", "graphs_beside", "trained_from"]
+
+
+def artifacts_dir(path: PathLike) -> Optional[Path]:
+    """The training graphs stored beside a checkpoint, if it is a directory holding them (a
+    killed save's committed graphs put in place first: ``_settle``)."""
+    folder = resolve(path).parent
+    candidate = own_entry(folder, ARTIFACTS_DIR)
+    _settle(candidate)
+    return candidate if (candidate / ARTIFACTS_MANIFEST).is_file() else None
+
+
+def _settle(final: Path) -> None:
+    """Finish what a killed save left beside ``final`` (a checkpoint folder's ``artifacts/``):
+    graphs in its temp folder that the checkpoint there records go in place, the rest of its
+    temps (uncommitted graphs, the old graphs moved aside) are removed. Best effort: a folder
+    that cannot be written is left as it is."""
+    staged = stale_temps(final)
+    if not staged:
+        return
+    checkpoint = final.parent / FILE_NAME
+    try:
+        recorded = read_meta(checkpoint).graphs if checkpoint.is_file() else ""
+    except CheckpointError:
+        recorded = ""
+    committed = next((s for s in staged if recorded and _digest_of(s) == recorded), None)
+    try:
+        if committed is not None:
+            _put_in_place(committed, final)
+        remove_stale_temps(final)
+        remove_stale_temps(_aside(final))
+    except OSError:
+        pass
+
+
+def _digest_of(folder: Path) -> str:
+    from graphc.compile.training import read_manifest
+
+    try:
+        return read_manifest(folder).digest()
+    except (OSError, ValueError):
+        return ""
+
+
+def _aside(final: Path) -> Path:
+    """The name whose temps hold graphs moved aside from ``final`` while new ones take its place."""
+    return final.with_name(f"{final.name}.old")
+
+
+def _put_in_place(staged: Path, final: Path) -> None:
+    """Rename the graphs in ``staged`` to ``final``, the graphs there moved aside and removed."""
+    old = temp_path(_aside(final))
+    if final.exists() or final.is_symlink():
+        os.rename(final, old)
+    os.rename(staged, final)
+    fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def graphs_beside(target: Path, artifacts: Any) -> Iterator[str]:
+    """Around the write of the checkpoint file ``target`` (the body), make its folder's
+    ``artifacts/`` hold ``artifacts`` (training graphs); yields their ``Manifest.digest()`` for
+    the checkpoint to record. Graphs already there of that digest are kept; others are replaced
+    with the checkpoint as one step (the module's docstring). A file checkpoint (not
+    ``checkpoint.safetensors``) keeps no graphs."""
+    digest = artifacts.manifest.digest()
+    final = own_entry(target.parent, ARTIFACTS_DIR) if target.name == FILE_NAME else None
+    if final is None or (artifacts_dir(target) is not None and _digest_of(final) == digest):
+        yield digest
+        return
+    if (final.exists() or final.is_symlink()) and not (final / ARTIFACTS_MANIFEST).is_file():
+        raise CheckpointError(f"{final} exists and holds no training artifacts (no manifest.json); move it "
+                              "away or choose another checkpoint folder")
+    remove_stale_temps(final)
+    staged = temp_path(final)
+    try:
+        artifacts.save(staged)
+        sync_tree(staged)
+        yield digest
+    except BaseException:  # not committed: the old pair stays
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    _put_in_place(staged, final)  # committed: a failure here leaves them for ``_settle``
+
+
+def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
+    """``check_writable(path)``, and ``CheckpointError`` when what is there (the checkpoint, or
+    the training graphs beside it) belongs to other training graphs than those carrying
+    ``expected`` (``Manifest.carried()``), naming the first tensor that differs. A checkpoint
+    that holds Adam's moments as earlier graphc named them (``adam_moments.sum_name``) fits, as
+    ``Trainer.load_checkpoint`` resumes it; the graphs of such a format beside one do not: the
+    folder would hold a checkpoint they cannot read."""
+    from graphc.compile.training import read_manifest
+    from graphc.passes.training.adam_moments import sum_name
+
+    target = check_writable(path)
+    found = []
+    if target.is_file():
+        found.append((target, {sum_name(n, expected): v for n, v in read_tensor_table(target).items()},
+                      {sum_name(n, expected): r for n, r in read_meta(target).roles.items()}))
+    beside = artifacts_dir(target) if target.name == FILE_NAME else None
+    if beside is not None:
+        carried = read_manifest(beside).carried()
+        found.append((beside / ARTIFACTS_MANIFEST, {n: (e.dtype, e.shape or []) for n, e in carried.items()},
+                      {n: e.role for n, e in carried.items()}))
+    for where, tensors, roles in found:
+        problem = mismatch(expected, tensors, roles)
+        if problem is not None and any(sum_name(n, expected) != n for n in tensors):
+            raise CheckpointError(f"{path} holds training graphs of an earlier format ({where.parent}), which keep "
+                                  "Adam's moments as averages: refusing to write these graphs' checkpoint beside them; "
+                                  f"resume with those graphs (artifacts {where.parent}) or choose another checkpoint path")
+        if problem is not None:
+            raise CheckpointError(f"{path} belongs to other training graphs (another model?): {where} {problem}; "
+                                  "refusing to overwrite it, choose another checkpoint path")
+    return target
+
+
+def find_artifacts(path: PathLike) -> Optional[Path]:
+    """Where a checkpoint's training graphs are: beside it, else where its header says."""
+    beside = artifacts_dir(path)
+    if beside is not None:
+        return beside
+    recorded = read_meta(path).artifacts
+    return Path(recorded) if recorded and (Path(recorded) / ARTIFACTS_MANIFEST).is_file() else None
+
+
+def trained_from(artifacts: PathLike, near: Iterable[PathLike]) -> list[Path]:
+    """Checkpoint files in the folders ``near`` and their sub-folders that were trained from the
+    artifact directory ``artifacts`` (their header records it, or they hold it beside them as
+    their ``artifacts/``), newest first. Only headers are read; unreadable files are skipped."""
+    root = Path(artifacts).resolve()
+    folders = dict.fromkeys(Path(f).resolve() for f in near)
+    candidates = dict.fromkeys(c for f in folders for pattern in ("*.safetensors", "*/*.safetensors")
+                               for c in sorted(f.glob(pattern)))
+    found = []
+    for candidate in candidates:
+        try:
+            recorded = read_meta(candidate).artifacts
+        except (CheckpointError, OSError):
+            continue
+        beside = candidate.name == FILE_NAME and (candidate.parent / ARTIFACTS_DIR).resolve() == root
+        if beside or (recorded and Path(recorded).resolve() == root):
+            found.append(candidate)
+    return sorted(found, key=lambda c: c.stat().st_mtime, reverse=True)
