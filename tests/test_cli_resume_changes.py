@@ -6,6 +6,7 @@ import pytest
 
 import graphc as gc
 from cli_util import one_line_error, run_cli, workspace
+from graphc.compile.training import read_manifest
 from graphc.runtime.checkpoint import resolve
 
 
@@ -48,6 +49,16 @@ def test_a_resume_on_another_optimizers_artifacts_names_the_flag_and_the_flag_re
     for name, value in python.params.items():
         np.testing.assert_array_equal(cli.params[name], value, err_msg=name)
 
+    # the folder now holds the AdamW graphs its state belongs to: it resumes as ARTIFACTS itself
+    assert read_manifest(root / "ck" / "artifacts").optimizer == python.manifest.optimizer
+    more = train(capsys, root, root / "ck", 3, "--resume")
+    assert more.code == 0, more.err
+    python.fit(gc.data.DataLoader(data, batch_size=16, seed=0), 3, progress=False, quiet=True)
+    done = gc.Trainer(root / "ck", backend="numpy")
+    assert done.step_count == python.step_count == 12
+    for name, value in python.state_dict().items():
+        assert done.state_dict()[name].tobytes() == value.tobytes(), name
+
 
 def test_changed_optimizer_without_resume_is_refused(tmp_path, capsys):
     root = workspace(tmp_path)
@@ -69,3 +80,30 @@ def test_a_resume_on_other_state_names_the_change_not_another_model(tmp_path, ca
     assert train(capsys, root, root / "arts", 1).code == 0
     err = one_line_error(train(capsys, root, regenerated(root, name, optimizer, frozen), 2, "--resume"))
     assert words in err and "another model" not in err
+
+
+def test_adam_to_sgd_with_changed_optimizer_says_the_state_does_not_fit(tmp_path, capsys):
+    """It called them another model's ('belongs to other training graphs (another model?)')."""
+    root = workspace(tmp_path)
+    assert train(capsys, root, root / "arts", 1).code == 0
+    saved = resolve(root / "ck").read_bytes()
+    sgd = regenerated(root, "sgd", gc.optim.SGD(0.01, momentum=0.9))
+    err = one_line_error(train(capsys, root, sgd, 2, "--resume", "--changed-optimizer"))
+    assert ("the checkpoint's adam state (exp_sum, exp_sum_sq) does not fit the optimizer state these training "
+            "graphs' sgd keeps (momentum_buffer)") in err, err
+    assert "no way to start from a checkpoint's params with fresh optimizer state" in err and "start a new run" in err
+    assert "another model" not in err
+    assert resolve(root / "ck").read_bytes() == saved
+
+
+def test_a_changed_lr_warning_gives_the_cli_way(tmp_path, capsys):
+    """It said 'set trainer.lr after loading', which a command line cannot."""
+    root = workspace(tmp_path)
+    assert train(capsys, root, root / "arts", 1).code == 0
+    lower = regenerated(root, "lower", gc.optim.Adam(0.001))
+    done = train(capsys, root, lower, 2, "--resume")
+    assert done.code == 0, done.err
+    warning = [line for line in done.err.splitlines() if "generated with lr 0.001" in line]
+    assert len(warning) == 1 and "the run resumes with the checkpoint's lr" in warning[0], done.err
+    assert "graphc train has no lr option" in warning[0] and "trainer.lr = 0.001" in warning[0]
+    assert "set trainer.lr after loading" not in done.err

@@ -178,6 +178,18 @@ def test_another_optimizer_is_refused_naming_both(tmp_path, before, after, words
         gc.Trainer(artifacts(after), backend="numpy").load_checkpoint(tmp_path / "ck")
 
 
+def test_changed_optimizer_to_one_of_other_state_says_it_does_not_fit(tmp_path):
+    """Adam -> SGD: nothing carries over; it was 'has state ..., which these training graphs
+    lack; it was saved from different training graphs', as for another model."""
+    saved_after(artifacts(gc.optim.Adam(1e-2)), tmp_path / "ck")
+    resumed = gc.Trainer(artifacts(gc.optim.SGD(1e-2, momentum=0.9)), backend="numpy")
+    with pytest.raises(CheckpointError, match=r"the checkpoint's adam state \(exp_sum, exp_sum_sq\) does not fit the "
+                       r"optimizer state these training graphs' sgd keeps \(momentum_buffer\).*no way to start from "
+                       r"a checkpoint's params with fresh optimizer state.*start a new run") as refused:
+        resumed.load_checkpoint(tmp_path / "ck", changed_optimizer=True)
+    assert "different training graphs" not in str(refused.value) and resumed.step_count == 0
+
+
 def test_a_batch_size_changed_mid_epoch_is_refused_before_any_step(tmp_path):
     """Before, 3 of 6 batches of 16 done, a loader of 32 went on at its batch 3 of 3: the
     epoch's other 48 samples were silently never trained on."""

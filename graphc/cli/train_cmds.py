@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +16,7 @@ from rich.markup import escape
 
 from graphc.cli.app import (ALLOW_UNCALIBRATED, OUT_ALIAS, app, check_keep_io_types, check_writable_at, chosen_output,
                             console, err_console, given, keep_io_types_option, naming_opset, one_line_warnings,
-                            output_option)
+                            output_option, print_warning)
 from graphc.cli.arrays import check_dtypes, fit_bfloat16, load_npz, npz_names
 from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_schedule
 from graphc.runtime.labels import class_labels, int64_labels
@@ -103,8 +104,8 @@ def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimize
     ``path`` (none of another model's is there); with ``resume`` one is there to continue (of
     the graphs' optimizer unless ``changed_optimizer``, and trainable set: ``resume_rules``),
     without it none is there to be overwritten by a fresh run."""
-    from graphc.runtime.checkpoint import (CheckpointError, check_owner, check_writable, find_artifacts, read_meta,
-                                           read_tensor_table, resolve)
+    from graphc.runtime.checkpoint import CheckpointError, check_writable, read_meta, read_tensor_table, resolve
+    from graphc.runtime.checkpoint_folder import check_owner, find_artifacts
     from graphc.compile.training import MANIFEST_FILE, read_manifest
 
     target = resolve(path)
@@ -133,13 +134,17 @@ def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimize
 def _check_resume(path: Path, meta, tensors: dict, manifest, changed_optimizer: bool) -> None:
     """``resume_rules``' refusals of a checkpoint (``meta``, ``tensors``) trained with another
     optimizer or trainable set than the graphs of ``manifest``, their advice as this command's."""
+    from graphc.passes.training.adam_moments import sum_name
     from graphc.runtime import resume_rules
     from graphc.runtime.checkpoint import CheckpointError
 
+    carried = manifest.carried()
     try:
-        resume_rules.refuse_optimizer(path, meta.optimizer, manifest.optimizer, manifest.carried(), changed_optimizer)
+        resume_rules.refuse_optimizer(path, meta.optimizer, manifest.optimizer, carried, changed_optimizer)
     except resume_rules.OptimizerChanged as exc:
         raise CheckpointError(exc.words("--changed-optimizer")) from None
+    resume_rules.check_state_fits(path, meta.optimizer, manifest.optimizer,
+                                  {sum_name(n, carried): r for n, r in meta.roles.items()}, carried)
     resume_rules.check_trainable(path, tensors, meta.roles, manifest.trainable, manifest.frozen)
 
 
@@ -250,7 +255,8 @@ def train_cmd(
     trainer = gc.Trainer(artifacts, backend=backend, seed=seed, metrics=metrics or None, tensorboard=tensorboard,
                          workers=workers, ray_address=ray_address, **({"cuda_graph": True} if cuda_graph else {}))
     if resume:
-        trainer.load_checkpoint(checkpoint, changed_optimizer=changed_optimizer)
+        with _lr_note(trainer):
+            trainer.load_checkpoint(checkpoint, changed_optimizer=changed_optimizer)
     resumed = checkpoint if resume else trainer.resumed_from  # ARTIFACTS may be a checkpoint itself
     if resumed is not None:
         console.print(escape(f"resumed from {resumed} {_where(trainer)} (step {trainer.step_count})"),
@@ -315,6 +321,23 @@ def train_cmd(
         console.print(escape(f"checkpoint: {checkpoint}"), highlight=False, soft_wrap=True)
     else:
         console.print("no --checkpoint given: the trained params were not saved", highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def _lr_note(trainer) -> Iterator[None]:
+    """``resume_rules.LrChanged`` raised inside, in this command's words: it takes no lr."""
+    from graphc.runtime.resume_rules import LrChanged
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LrChanged)
+        yield
+    for warning in caught:
+        message = warning.message
+        if isinstance(message, LrChanged):
+            message = message.words("graphc train has no lr option: to train at the graphs' lr, resume in Python "
+                                    f"(trainer.load_checkpoint(...); trainer.lr = {trainer.manifest.optimizer.get('lr')!r}; "
+                                    "trainer.fit(...)), or start a new run")
+        print_warning(message)
 
 
 @contextmanager

@@ -4,11 +4,14 @@ with what the resumed run is given, so a changed setting does what torch would d
 fails naming the change before any step, never trains silently on something else.
 
 - lr: the checkpoint's, as torch's ``optimizer.load_state_dict`` restores ``param_groups``; a
-  spec lr that differs from the recorded one is warned about (set ``trainer.lr`` to use it).
+  spec lr that differs from the recorded one is warned about (``LrChanged``: set ``trainer.lr``
+  to use it; ``graphc train`` has no lr option, its words say so).
 - the optimizer's kind and its constants (weight decay, betas, eps, momentum, ...): the training
   graphs hold them, so they cannot take the checkpoint's as torch's param groups would: a
   difference is a ``CheckpointError`` naming each, unless ``changed_optimizer=True`` asks for
   the graphs' values (torch: setting ``param_groups`` after ``load_state_dict``).
+  Where the graphs' optimizer keeps other state than the checkpoint's (Adam -> SGD, SGD's
+  momentum 0 -> 0.9) nothing carries over: a ``CheckpointError`` names both (``check_state_fits``).
 - the trainable set: a param moved between trained and frozen is a ``CheckpointError`` naming
   each move and the set to generate the graphs with; torch would go on (a newly trained param's
   state starting fresh, a newly frozen one keeping its trained value), which the graphs cannot:
@@ -28,8 +31,8 @@ from typing import Any, Optional
 from graphc.passes.training.scheduled import MOMENTUM, momentum_key
 from graphc.runtime.checkpoint import CheckpointError, LoaderState
 
-__all__ = ["OptimizerChanged", "check_optimizer", "check_position", "check_trainable", "loader_changes",
-           "refuse_optimizer"]
+__all__ = ["LrChanged", "OptimizerChanged", "check_optimizer", "check_position", "check_state_fits", "check_trainable",
+           "loader_changes", "refuse_optimizer"]
 
 # loader settings whose change mid-epoch changes which samples the rest of the epoch holds
 _POSITION_FIELDS = ("seed", "batch_size", "shuffle", "num_samples")
@@ -42,6 +45,15 @@ class OptimizerChanged(CheckpointError):
 
     def __init__(self, words: Callable[[str], str]):
         super().__init__(words("changed_optimizer=True"))
+        self.words = words
+
+
+class LrChanged(UserWarning):
+    """A checkpoint whose run's lr differs from the one the training graphs were generated with;
+    ``words(how)`` is the message naming ``how`` to train at the graphs' lr instead."""
+
+    def __init__(self, words: Callable[[str], str]):
+        super().__init__(words("set trainer.lr after loading to use another"))
         self.words = words
 
 
@@ -89,10 +101,34 @@ def check_optimizer(path: Any, saved: dict[str, Any], now: dict[str, Any], carri
     """``refuse_optimizer``, and warn of a changed spec lr."""
     refuse_optimizer(path, saved, now, carried, changed_optimizer)
     if saved and saved.get("lr") != now.get("lr"):
-        warnings.warn(f"{path}: these training graphs were generated with lr {now.get('lr')!r}, the checkpoint's run "
-                      f"with {saved.get('lr')!r}: the run resumes with the checkpoint's lr, as torch's "
-                      "optimizer.load_state_dict restores it; set trainer.lr after loading to use another",
-                      stacklevel=3)
+        warnings.warn(LrChanged(lambda how: f"{path}: these training graphs were generated with lr {now.get('lr')!r}, "
+                                f"the checkpoint's run with {saved.get('lr')!r}: the run resumes with the checkpoint's "
+                                f"lr, as torch's optimizer.load_state_dict restores it; {how}"), stacklevel=3)
+
+
+def _slots(names: Collection[str]) -> str:
+    """The optimizer-state slots (``fc1.weight.exp_avg`` -> ``exp_avg``) of ``names``."""
+    return ", ".join(sorted({name.rsplit(".", 1)[-1] for name in names})) or "none"
+
+
+def check_state_fits(path: Any, saved: dict[str, Any], now: dict[str, Any], roles: dict[str, str],
+                     expected: dict[str, Any]) -> None:
+    """Refuse a checkpoint trained with optimizer spec ``saved`` (its tensors' ``roles``) whose
+    optimizer state is not the state the graphs' optimizer ``now`` keeps (``expected``: their
+    carried entries), as after Adam -> SGD with ``changed_optimizer``: naming both, where the
+    tensors' check would call it another model's."""
+    if not saved or saved == now:
+        return
+    theirs = {name for name, role in roles.items() if role == "state"} - set(expected)
+    ours = {name for name, entry in expected.items() if entry.role == "state"} - set(roles)
+    if not (theirs or ours):
+        return
+    raise CheckpointError(f"{path}: the checkpoint's {saved.get('kind')} state ({_slots(theirs)}) does not fit the "
+                          f"optimizer state these training graphs' {now.get('kind')} keeps ({_slots(ours)}): the "
+                          "optimizer state carries over only to an optimizer that keeps the same (Adam <-> AdamW, "
+                          "other constants). graphc has no way to start from a checkpoint's params with fresh "
+                          "optimizer state: resume with artifacts generated with the checkpoint's optimizer "
+                          f"({saved}), or start a new run")
 
 
 def check_trainable(path: Any, saved: Collection[str], roles: dict[str, str], trainable: Collection[str],

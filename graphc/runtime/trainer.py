@@ -1067,6 +1067,7 @@ class Trainer:
         if changed_optimizer and meta.optimizer:  # Adam's moment sums to the graphs' betas
             tensors = adam_moments.moments_rebased(tensors, meta.optimizer, self.manifest.optimizer)
         roles = {adam_moments.sum_name(n, self._expected): r for n, r in meta.roles.items()}
+        resume_rules.check_state_fits(path, meta.optimizer, self.manifest.optimizer, roles, self._expected)
         problem = ckpt.mismatch(self._expected, {n: (dtype_name(a.dtype), list(a.shape)) for n, a in tensors.items()},
                                 roles)
         if problem is not None:
