@@ -16,6 +16,7 @@ import pytest
 import float64_models
 import graphc as gc
 from graphc.compile.training import update_model
+from graphc.runtime.checkpoint import CheckpointError
 
 FIXTURE = Path(__file__).parent / "data" / "float64_lr32"
 FIXTURE_SPEC = gc.optim.AdamW(0.01, weight_decay=0.1)
@@ -160,7 +161,7 @@ def test_the_update_rebuilt_from_a_float32_lr_manifest_takes_a_float32_lr():
 def test_checkpoints_cross_between_float32_and_float64_lr_graphs(tmp_path):
     """The fixture's checkpoint (lr float32) resumes on today's graphs of the same model (lr
     float64, the checkpoint's value widened), and today's checkpoint, written beside the old
-    graphs in a copy of the fixture, resumes on them (lr narrowed to their float32)."""
+    graphs in a copy of the fixture, is refused (those graphs keep Adam's second moment as an average)."""
     today = gc.training.generate(float64_models.mlp(), gc.losses.mse("out", label="y"), FIXTURE_SPEC)
     assert _lr_dtypes(today) == ("float64", "float64")
     resumed = gc.Trainer(today, backend="numpy")
@@ -170,11 +171,17 @@ def test_checkpoints_cross_between_float32_and_float64_lr_graphs(tmp_path):
     old = gc.Trainer(FIXTURE, backend="numpy")
     data = float64_models.mlp_batches(5)
     np.testing.assert_allclose([resumed.step(b) for b in data[3:]], [old.step(b) for b in data[3:]], rtol=1e-14)
+    # beside the fixture's graphs, which keep Adam's second moment as an average (format 5), today's
+    # checkpoint is refused, the folder left as it was; another folder takes it and resumes
     folder = tmp_path / "run"
     shutil.copytree(FIXTURE, folder)
-    resumed.save_checkpoint(folder)
-    back = gc.Trainer(folder, backend="numpy")
-    assert back.step_count == 5 and back.state_dict()["lr"].dtype == np.float32
+    before = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    with pytest.raises(CheckpointError, match="earlier format"):
+        resumed.save_checkpoint(folder)
+    assert {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    resumed.save_checkpoint(tmp_path / "today")
+    back = gc.Trainer(tmp_path / "today", backend="numpy")
+    assert back.step_count == 5 and back.state_dict()["lr"].dtype == np.float64
     np.testing.assert_array_equal(back.state_dict()["fc1.weight"], resumed.state_dict()["fc1.weight"])
 
 
