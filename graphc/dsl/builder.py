@@ -301,7 +301,7 @@ class Builder:
     # -- values ---------------------------------------------------------------------------------
     def new_value(self, name: str, dtype: str, shape: Sequence | None) -> ir.Value:
         return ir.Value(name=name, type=ir.TensorType(ir.DataType(to_onnx(dtype))),
-                        shape=None if shape is None else ir.Shape(list(shape)))
+                        shape=ir_shape(shape))
 
     def eager_value(self, value: ir.Value) -> np.ndarray | None:
         """``value``'s example value where the current scope is evaluated eagerly, else None."""
@@ -388,7 +388,7 @@ class Builder:
         for value, (dtype, shape) in zip(out_values, types):
             if dtype is not None:
                 value.type = ir.TensorType(dtype)
-            value.shape = None if shape is None else ir.Shape(list(shape))
+            value.shape = ir_shape(shape)
         self.scope.nodes.append(node)
         if self._no_grad is not None:
             self._no_grad.update((id(v), v) for v in out_values)
@@ -429,6 +429,12 @@ class Builder:
         except Exception as exc:
             vals = ", ".join(f"{operand_text(t)}" for t in operands)
             raise CaptureError(f"{node.op_type} failed on example values ({vals}) at {source}: {exc}") from None
+
+
+def ir_shape(shape: Sequence | None) -> ir.Shape | None:
+    """``shape`` (ints, dim names, None) as an ``ir.Shape``, each name a plain ``str`` (never a ``Tensor.shape``
+    ``DimName``, whose arithmetic builds nodes: the passes read these shapes)."""
+    return None if shape is None else ir.Shape([str(d) if isinstance(d, str) else d for d in shape])
 
 
 def _nodes(node_list):

@@ -42,6 +42,7 @@ def getitem(x: Tensor, index: Any) -> Tensor:
 
     starts, ends, axes, steps = [], [], [], []
     squeeze_axes, picks, new_axes = [], [], []
+    named = {}  # axis -> the dim name a slice ``[:T]`` leaves it
     axis = 0   # axis in x
     out_axis = 0  # axis after the ints, slices and Nones
     for item in items:
@@ -73,25 +74,24 @@ def getitem(x: Tensor, index: Any) -> Tensor:
             axis += 1
             continue
         elif isinstance(item, slice):
-            if item != slice(None):
-                _static_bounds(item)
-                step = 1 if item.step is None else int(item.step)
-                if step == 0:
-                    raise CaptureError(f"slice step cannot be zero (at {user_source()})")
-                lo = (0 if step > 0 else -1) if item.start is None else int(item.start)
-                hi = (_INT_MAX if step > 0 else -_INT_MAX) if item.stop is None else int(item.stop)
+            if not (item.start is None and item.stop is None and item.step is None):
+                lo, hi, step = _bounds(item, axis)
                 starts.append(lo)
                 ends.append(hi)
                 axes.append(axis)
                 steps.append(step)
+                if _counts_to_name(item):
+                    named[axis] = str(item.stop)
         else:
             raise CaptureError(f"unsupported index {item!r} of type {type(item).__name__} (at {user_source()})")
         axis += 1
         out_axis += 1
     y = x
     if axes:
-        y = ops.emit("Slice", [y, ops.const_i64(starts), ops.const_i64(ends), ops.const_i64(axes),
-                               ops.const_i64(steps)])
+        bounds = list(zip(axes, starts, ends, steps))
+        y = ops.emit("Slice", [y, _int64s(starts), _int64s(ends), ops.const_i64(axes), _int64s(steps)],
+                     out_types=None if not any(isinstance(v, Tensor) for v in starts + ends + steps) else
+                     [(x.dtype, _run_time_sliced(x.shape, bounds, named))])
     if squeeze_axes:
         y = ops.squeeze(y, squeeze_axes)
     if new_axes:
@@ -106,17 +106,49 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     return y
 
 
-def _static_bounds(item: slice) -> None:
-    """Slice bounds are ints: a dim name (``pos[:, :T]`` with ``T`` from a symbolic shape) is refused, naming it."""
-    for bound in (item.start, item.stop, item.step):
-        if isinstance(bound, str):
-            raise CaptureError(f"slice {item} has the symbolic dim {bound!r} as a bound; slices take ints: capture "
-                               f"that dim with a static size (as models/gpt.py does), or use the *_like "
-                               f"factories to follow the shape (at {user_source()})")
+def _bounds(item: slice, axis: int) -> tuple[Any, Any, Any]:
+    """(start, stop, step) of a slice on ``axis`` for ONNX's Slice: ints, or 0-d int64 Tensors read at run time
+    where a bound is a dim name (``pos[:, :T]``) or a Tensor derived from one (``T - 1``); a missing bound is
+    the end the step walks from or to (by the step's sign, at run time where the step is a Tensor)."""
+    lo, hi, step = (None if b is None else ops.run_time_int(b, f"the slice {part} on axis {axis}", "Slice")
+                    for part, b in (("start", item.start), ("stop", item.stop), ("step", item.step)))
+    step = 1 if step is None else step
+    if isinstance(step, int) and step == 0:
+        raise CaptureError(f"slice step cannot be zero (at {user_source()})")
+    forward = step > 0  # a bool Tensor where the step is one
+    pick = (lambda a, b: a if forward else b) if isinstance(step, int) else (lambda a, b: ops.where(forward, a, b))
+    return pick(0, -1) if lo is None else lo, pick(_INT_MAX, -_INT_MAX) if hi is None else hi, step
+
+
+def _counts_to_name(item: slice) -> bool:
+    """Whether a slice keeps a dim name's count, ``[:T]`` or ``[0:T:1]``: its length is ``T``, if ``T`` is at
+    most the axis' size (else the axis' size; a later op joining it with ``T`` fails at run time, as torch's)."""
+    return isinstance(item.stop, str) and all(b is None or (type(b) is int and b == default)
+                                              for b, default in ((item.start, 0), (item.step, 1)))
+
+
+def _int64s(values: list) -> Tensor:
+    """An int64 ``[len(values)]``: a constant of ints, else the ints and 0-d Tensors concatenated."""
+    if not any(isinstance(v, Tensor) for v in values):
+        return ops.const_i64(values)
+    return ops.concat([ops.reshape(v, [1]) if isinstance(v, Tensor) else ops.const_i64([v]) for v in values])
+
+
+def _run_time_sliced(shape: tuple, bounds: list[tuple], named: dict[int, str]) -> list:
+    """The shape a Slice with run-time bounds leaves: axes not sliced as they were, ``[:T]`` axes ``T``
+    (``named``), axes of static size and bounds their length, the others unknown."""
+    out = list(shape)
+    for axis, lo, hi, step in bounds:
+        static = isinstance(out[axis], int) and not any(isinstance(v, Tensor) for v in (lo, hi, step))
+        out[axis] = named[axis] if axis in named else len(range(out[axis])[lo:hi:step]) if static else None
+    return out
 
 
 def _as_index(item: Any) -> Any:
-    """A list or numpy array of ints or bools as a constant index Tensor; other items as given."""
+    """A list or numpy array of ints or bools as a constant index Tensor, a dim name as its size (a 0-d index);
+    other items as given."""
+    if isinstance(item, str):
+        return ops.run_time_int(item, "an index", "Gather")
     if isinstance(item, (list, np.ndarray)):
         array = np.asarray(item)
         if array.dtype.kind not in "biu":

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl import ops, ops_binary, ops_divide, ops_order
+from graphc.dsl import dim_sizes, ops, ops_binary, ops_divide, ops_order
 from graphc.dsl.autocast import autocast_op
 from graphc.dsl.builder import user_source
 from graphc.dsl.indexing import getitem
-from graphc.dsl.tensor import Tensor
+from graphc.dsl.tensor import DimName, Tensor
 from graphc.errors import CaptureError
 
 
@@ -159,3 +159,5 @@ METHODS = {
 
 for _name, _method in METHODS.items():
     setattr(Tensor, _name, _method)
+for _name, _method in dim_sizes.DIM_NAME_OPERATORS.items():
+    setattr(DimName, _name, _method)

@@ -62,6 +62,29 @@ def _dim_size(name: str, like: Tensor | None) -> Tensor:
     return size if like is None or like.dtype == "int64" else cast(size, like.dtype)
 
 
+def checked_int(value: Any, what: str, op: str, counts: bool = False) -> int | str | Tensor:
+    """``value`` as torch's int argument in a capture: an int (>= 0 where it ``counts``), a dim name of the captured
+    inputs (as given) or a 0-d integer Tensor such as ``B * T`` (as int64); a CaptureError for ``op`` naming
+    ``what`` otherwise."""
+    names = current().dim_sources
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and (value >= 0 or not counts):
+        return int(value)
+    if isinstance(value, str) and value in names:
+        return value
+    if isinstance(value, Tensor) and value.shape == () and value.dtype not in (*FLOAT_DTYPES, "bool"):
+        return value if value.dtype == "int64" else cast(value, "int64")
+    got = value.type_str() if isinstance(value, Tensor) else repr(value)
+    raise op_error(op, [], f"{what}: expected {'ints >= 0' if counts else 'ints'} or dim names of the captured "
+                           f"inputs ({sorted(names)}), got {got}; a size computed from them (B * T) is a 0-d "
+                           f"integer Tensor", user_source())
+
+
+def run_time_int(value: Any, what: str, op: str) -> int | Tensor:
+    """``checked_int``'s value, a dim name as its size read at run time (0-d int64)."""
+    value = checked_int(value, what, op)
+    return lift(value) if isinstance(value, str) else value
+
+
 def _category(dtype: Any) -> int:
     """bool 0 < integer 1 < float 2, torch's promotion categories."""
     return 2 if dtype in FLOAT_DTYPES else 0 if dtype == "bool" else 1
@@ -370,13 +393,12 @@ def transpose(x: Tensor, perm: Sequence[int] | None = None) -> Tensor:
 
 
 def reshape(x: Tensor, shape: Sequence[Any]) -> Tensor:
-    """Reshape; dims are ints, -1, or dim names of ``x`` (kept symbolic)."""
+    """Reshape; dims are ints, -1, dim names (kept symbolic; read from ``x`` where it has them, else as the
+    name's size) or 0-d integer Tensors read at run time (``B * T``)."""
     x = lift(x)
     in_shape = x.shape
-    dims, out_shape, dynamic = [], [], []
+    dims, out_shape, dynamic, sizes = [], [], [], {}
     for i, d in enumerate(shape):
-        if isinstance(d, Tensor):
-            raise CaptureError(f"reshape takes ints and dim names, not a Tensor (at {user_source()})")
         if isinstance(d, (int, np.integer)):
             dims.append(int(d))
             out_shape.append(int(d) if d != -1 else None)
@@ -387,15 +409,17 @@ def reshape(x: Tensor, shape: Sequence[Any]) -> Tensor:
             dynamic.append((i, in_shape.index(d)))
             dims.append(1)
             out_shape.append(d)
-        else:
-            raise op_error("Reshape", [x], f"dim {d!r} is neither an int nor a dim name of the input",
-                           user_source())
+        else:  # read at run time: another input's dim name, B * T
+            sizes[i] = unsqueeze(run_time_int(d, f"reshape's dim {i}", "Reshape"), [0])
+            dims.append(1)
+            out_shape.append(str(d) if isinstance(d, str) else None)
     if dims.count(-1) > 1:
         raise op_error("Reshape", [x], f"shape {tuple(shape)} has more than one -1", user_source())
-    _check_reshape(x, out_shape, shape)
-    if dynamic:
-        parts = [const_i64([d]) for d in dims]
-        shp = emit("Shape", [x])
+    if not sizes:  # a run-time size's count is not known here
+        _check_reshape(x, out_shape, shape)
+    if dynamic or sizes:
+        parts = [sizes.get(i, const_i64([d])) for i, d in enumerate(dims)]
+        shp = emit("Shape", [x]) if dynamic else None
         for i, src in dynamic:
             parts[i] = emit("Slice", [shp, const_i64([src]), const_i64([src + 1])])
         target = emit("Concat", parts, {"axis": 0})

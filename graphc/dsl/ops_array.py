@@ -17,9 +17,10 @@ from graphc.dsl.autocast import autocast_op
 from graphc.model.dtypes import FLOAT_DTYPES, as_dtype
 from graphc.errors import CaptureError
 from graphc.dsl.ops import (binary, cast, clip, concat, const_i64, constant, emit, exp, int64_accumulated, lift, log,
-                            maximum, mean, reduction, reshape, reshape_like, same_dtype, scalar, sqrt, squeeze,
-                            transpose, unary, unsqueeze, where)
+                            maximum, mean, reduction, reshape, reshape_like, run_time_int, same_dtype, scalar, sqrt,
+                            squeeze, transpose, unary, unsqueeze, where)
 from graphc.dsl.ops import sum as reduce_sum
+from graphc.dsl.dim_sizes import dim_length, sized
 from graphc.dsl.dims import dim_index, one_element
 from graphc.dsl.ops_divide import to_float
 from graphc.dsl.tensor import Tensor
@@ -68,29 +69,26 @@ def masked_fill(x: Tensor, mask: Tensor, value: Any) -> Tensor:
 # -- creation ---------------------------------------------------------------------------------
 
 
-def _sizes(size: tuple, fn: str) -> list[int]:
-    if len(size) == 1 and isinstance(size[0], (tuple, list)):
-        size = tuple(size[0])
-    if not all(isinstance(d, (int, np.integer)) for d in size):
-        raise CaptureError(f"{fn} takes int sizes, got {size}; for a shape with symbolic dims use "
-                         f"{fn}_like(tensor) (at {user_source()})")
-    return [int(d) for d in size]
-
-
-def full(size: Sequence[int], fill_value: Any, dtype: Any = None) -> Tensor:
-    """A constant of ``size`` filled with ``fill_value`` (dtype: float32 for floats, int64 for
-    ints, bool for bools, as PyTorch infers it)."""
+def full(size: Sequence[Any], fill_value: Any, dtype: Any = None, *, fn: str = "full") -> Tensor:
+    """``size`` filled with ``fill_value`` (dtype: float32 for floats, int64 for ints, bool for bools, as PyTorch
+    infers it): a constant where the sizes are ints, else a ConstantOfShape of the sizes read at run time (dim
+    names, ``B * T``). Signature: ai.onnx@9::ConstantOfShape"""
     if dtype is None:
         dtype = "bool" if isinstance(fill_value, bool) else "int64" if isinstance(fill_value, int) else "float32"
-    return constant(np.full(_sizes(tuple(size), "full"), fill_value, as_dtype(dtype).numpy))
+    dt = as_dtype(dtype)
+    shape, shape_t = sized(tuple(size), fn)
+    if shape_t is None:
+        return constant(np.full(shape, fill_value, dt.numpy))
+    return emit("ConstantOfShape", [shape_t], {"value": ir_tensor(np.full((1,), fill_value, dt.numpy))},
+                out_types=[(dt, shape)])
 
 
 def zeros(*size: Any, dtype: Any = "float32") -> Tensor:
-    return full(_sizes(size, "zeros"), 0, dtype)
+    return full(size, 0, dtype, fn="zeros")
 
 
 def ones(*size: Any, dtype: Any = "float32") -> Tensor:
-    return full(_sizes(size, "ones"), 1, dtype)
+    return full(size, 1, dtype, fn="ones")
 
 
 def full_like(x: Tensor, fill_value: Any, dtype: Any = None) -> Tensor:
@@ -118,8 +116,9 @@ def ir_tensor(array: np.ndarray):
 
 
 def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None) -> Tensor:
-    """``torch.arange``: int64 for int arguments, else float32. Python numbers give a constant;
-    a Tensor bound gives ``Range``. Signature: ai.onnx@11::Range"""
+    """``torch.arange``: int64 for int arguments (dim names too), else float32. Python numbers give a constant;
+    a Tensor or dim name bound gives ``Range`` (``arange(T)`` of a dim name ``T`` is ``[T]``). Signature:
+    ai.onnx@11::Range"""
     if end is None:
         start, end = 0, start
     args = (start, end, step)
@@ -127,21 +126,17 @@ def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None) -> Ten
         floats = any(isinstance(a, float) or (isinstance(a, Tensor) and a.dtype.startswith("float")) for a in args)
         dtype = "float32" if floats else "int64"
     dt = as_dtype(dtype)
-    if not any(isinstance(a, Tensor) for a in args):
+    if not any(isinstance(a, (Tensor, str)) for a in args):
         return constant(np.arange(start, end, step).astype(dt.numpy))
-    parts = [lift(a).astype(dt) if isinstance(a, Tensor) else constant(np.asarray(a, dt.numpy))
-             for a in args]
-    return emit("Range", [reshape(p, []) if p.ndim else p for p in parts])
+    parts = [run_time_int(a, f"arange's {k}", "Range") if isinstance(a, str) else a
+             for k, a in zip(("start", "end", "step"), args)]
+    parts = [lift(a).astype(dt) if isinstance(a, Tensor) else constant(np.asarray(a, dt.numpy)) for a in parts]
+    counted = isinstance(end, str) and not isinstance(start, (Tensor, str)) and start == 0 and step == 1
+    return emit("Range", [reshape(p, []) if p.ndim else p for p in parts],
+                out_types=[(dt, [str(end)])] if counted else None)
 
 
 # -- shapes -----------------------------------------------------------------------------------
-
-
-def dim_length(x: Tensor, dim: int) -> Tensor:
-    """Dim ``dim`` (non-negative) of ``x`` as an int64 ``[1]``, read at run time when symbolic."""
-    size = x.shape[dim]
-    return const_i64([size]) if isinstance(size, int) else \
-        emit("Slice", [emit("Shape", [x]), const_i64([dim]), const_i64([dim + 1])])
 
 
 def dim_positions(x: Tensor, dim: int) -> Tensor:

@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from graphc.dsl.builder import current, op_error, user_source
+from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.dim_sizes import sized
 from graphc.dsl.inplace import into
-from graphc.dsl.ops import cast, concat, const_i64, constant, detach, emit, lift, log, maximum, minimum, scalar
-from graphc.dsl.ops_array import dim_length, ir_tensor
+from graphc.dsl.ops import cast, const_i64, constant, detach, emit, lift, log, maximum, minimum, scalar
+from graphc.dsl.ops_array import ir_tensor
 from graphc.dsl.ops_math import ceil, floor
 from graphc.dsl.ops_random import node_seed
 from graphc.dsl.ops_reshape import broadcast_tensors, squeeze, unsqueeze
@@ -39,25 +40,6 @@ def _float_dtype(fn: str, dtype: Any) -> Any:
     if dt not in FLOAT_DTYPES:
         raise _fail(fn, [], f"dtype must be a floating point type, got {dt} (torch refuses it too)")
     return dt
-
-
-def _sizes(fn: str, size: tuple) -> tuple[list, Tensor | None]:
-    """torch's ``*size`` (ints, or dim names of the capture's inputs): the output's shape and, where a
-    dim is a name, the shape as an int64 Tensor read at run time (else None)."""
-    if len(size) == 1 and isinstance(size[0], (tuple, list)):
-        size = tuple(size[0])
-    sources = current().dim_sources
-    for d in size:
-        named = isinstance(d, str) and d in sources
-        if not named and not (isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0):
-            raise _fail(fn, [], f"size {tuple(size)}: expected ints >= 0 or dim names of the captured inputs "
-                                f"({sorted(sources)}), got {d!r}")
-    shape = [d if isinstance(d, str) else int(d) for d in size]
-    if all(isinstance(d, int) for d in shape):
-        return shape, None
-    parts = [const_i64([d]) if isinstance(d, int) else dim_length(Tensor(sources[d][0]), sources[d][1])
-             for d in shape]
-    return shape, concat(parts)
 
 
 def _shape_of(x: Tensor) -> tuple[list, Tensor | None]:
@@ -105,12 +87,12 @@ def _integers(fn: str, low: int, high: int, shape: list, shape_t: Tensor | None,
 
 def rand(*size: Any, dtype: Any = None) -> Tensor:
     """Uniform on [0, 1), float32 unless ``dtype``. ``size``: ints or input dim names (``x.shape[0]``)."""
-    return _draw("RandomUniform", *_sizes("rand", size), _float_dtype("rand", dtype or "float32"))
+    return _draw("RandomUniform", *sized(size, "rand"), _float_dtype("rand", dtype or "float32"))
 
 
 def randn(*size: Any, dtype: Any = None) -> Tensor:
     """Standard normal, float32 unless ``dtype``. Signature: ai.onnx@1::RandomNormal"""
-    return _draw("RandomNormal", *_sizes("randn", size), _float_dtype("randn", dtype or "float32"))
+    return _draw("RandomNormal", *sized(size, "randn"), _float_dtype("randn", dtype or "float32"))
 
 
 def _low_high(low: Any, high: Any) -> tuple[int, int]:
@@ -128,7 +110,7 @@ def randint(low: Any = 0, high: Any = None, size: Any = None, *, dtype: Any = No
     dtype = as_dtype(dtype or "int64")
     if dtype == "bool":
         raise _fail("randint", [], "dtype bool is refused, as torch does")
-    return _integers("randint", *_low_high(low, high), *_sizes("randint", (size,)), dtype)
+    return _integers("randint", *_low_high(low, high), *sized((size,), "randint"), dtype)
 
 
 def rand_like(input: Tensor, *, dtype: Any = None) -> Tensor:  # noqa: A002 - torch's name
@@ -152,7 +134,7 @@ def randint_like(input: Tensor, low: Any = 0, high: Any = None, *, dtype: Any = 
 def randperm(n: Any, *, dtype: Any = None) -> Tensor:
     """A random permutation of ``0 .. n-1`` (``n`` an int or an input dim name): the order that sorts
     ``n`` float64 uniforms (TopK). Signature: ai.onnx@11::TopK"""
-    shape, shape_t = _sizes("randperm", (n,))
+    shape, shape_t = sized((n,), "randperm")
     keys = _draw("RandomUniform", shape, shape_t, "float64")
     k = const_i64(shape) if shape_t is None else shape_t
     order = emit("TopK", [keys, k], {"axis": 0}, num_outputs=2)[1]
@@ -167,7 +149,7 @@ def normal(mean: Any = 0.0, std: Any = 1.0, size: Any = None, *, dtype: Any = No
             raise _fail("normal", [], "with a number mean and std needs a size, as torch")
         if not std >= 0:
             raise _fail("normal", [], f"expects std >= 0, got std={std}")
-        return _draw("RandomNormal", *_sizes("normal", (size,)), _float_dtype("normal", dtype or "float32"),
+        return _draw("RandomNormal", *sized((size,), "normal"), _float_dtype("normal", dtype or "float32"),
                      mean=mean, scale=std)
     if size is not None:
         raise _fail("normal", [], "takes no size with a Tensor mean or std (the shape is theirs), as torch")

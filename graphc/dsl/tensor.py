@@ -20,6 +20,17 @@ from graphc.model.dtypes import DType, as_dtype
 from graphc.passes.values import static_shape
 
 
+class DimName(str):
+    """A symbolic dim of ``Tensor.shape``: the name (``"T"``, equal to the str), on which torch code's arithmetic
+    (``T - 1``, ``B * T``, ``T // 2``) is the dim's size read at run time, as torch's SymInt is an int (operators
+    bound by ``graphc.dsl.methods``, from ``graphc.dsl.dim_sizes``). It pickles and copies as the plain str."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple:
+        return str, (str(self),)
+
+
 class Tensor:
     """A value in the graph being captured. Operators record ONNX nodes.
 
@@ -58,7 +69,11 @@ class Tensor:
 
     @property
     def shape(self) -> tuple | None:
-        return static_shape(self.value)
+        """Ints, ``DimName``s (symbolic dims) and None (unknown dims); None where the rank is unknown."""
+        shape = static_shape(self.value)
+        if shape is None or not any(isinstance(d, str) for d in shape):
+            return shape
+        return tuple(DimName(d) if isinstance(d, str) else d for d in shape)
 
     @property
     def ndim(self) -> int:

@@ -1,0 +1,79 @@
+"""Sizes a torch user writes with a symbolic dim, read at run time: ``T = x.shape[1]`` then ``T - 1``,
+``B * T``, ``T // 2`` (``Tensor.shape``'s ``DimName`` operators, each a 0-d int64 Tensor, as torch's SymInt
+is an int), sizes of the factories (``gc.zeros(T, D)``: ``sized``) and ``dim_length``, a dim as an int64 ``[1]``.
+Slice bounds and reshape dims are read by ``ops.run_time_int``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from graphc.dsl.builder import current, user_source
+from graphc.dsl.ops import checked_int, concat, const_i64, emit, lift, reshape
+from graphc.dsl.tensor import DimName, Tensor
+from graphc.errors import CaptureError
+
+__all__ = ["DIM_NAME_OPERATORS", "dim_length", "sized"]
+
+
+def dim_length(x: Tensor, dim: int) -> Tensor:
+    """Dim ``dim`` (non-negative) of ``x`` as an int64 ``[1]``, read at run time when symbolic."""
+    size = x.shape[dim]
+    return const_i64([size]) if isinstance(size, int) else \
+        emit("Slice", [emit("Shape", [x]), const_i64([dim]), const_i64([dim + 1])])
+
+
+def sized(size: Sequence[Any], fn: str) -> tuple[list, Tensor | None]:
+    """torch's ``*size`` (ints >= 0, dim names, 0-d integer Tensors such as ``B * T``): the output's shape
+    (a name kept, a Tensor's dim unknown) and, where a size is not an int, the shape as an int64 Tensor read at
+    run time (else None)."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    sizes = [checked_int(d, f"size {tuple(size)}", fn, counts=True) for d in size]
+    shape = [None if isinstance(d, Tensor) else d for d in sizes]
+    if all(isinstance(d, int) for d in shape):
+        return shape, None
+    sources = current().dim_sources
+    parts = [const_i64([d]) if isinstance(d, int) else dim_length(Tensor(sources[d][0]), sources[d][1])
+             if isinstance(d, str) else reshape(d, [1]) for d in sizes]
+    return shape, concat(parts)
+
+
+def _refused_comparison(symbol: str) -> Callable:
+    """``DimName``'s ``symbol``: str's comparison with a str, a CaptureError with a number (the size is not known
+    at capture)."""
+    def compare(self: DimName, other: Any) -> Any:
+        if isinstance(other, str) or not isinstance(other, (int, float, np.number)):
+            return getattr(str, _COMPARISONS[symbol])(self, other)
+        raise CaptureError(f"{self} {symbol} {other}: the dim {str(self)!r} is symbolic, its size is known only when "
+                           f"the graph runs, so Python cannot compare it at capture; drop the check (an assert on "
+                           f"the length) or give that input a static size (at {user_source()})")
+    return compare
+
+
+_COMPARISONS = {"<": "__lt__", "<=": "__le__", ">": "__gt__", ">=": "__ge__"}
+
+
+def _arithmetic(method: str, concatenates: bool = False) -> Callable:
+    """``DimName``'s ``method``: with an int or another dim name, the Tensor operator on its size read at run
+    time; with a Tensor, that Tensor's reflected operator (which takes the size in its dtype); ``+`` with
+    another str concatenates, as str's."""
+    def apply(self: DimName, other: Any = None) -> Any:
+        if method in ("__neg__", "__pos__"):
+            return getattr(lift(self), method)()
+        if isinstance(other, str) and not isinstance(other, DimName) and concatenates:
+            return str.__add__(*((self, other) if method == "__add__" else (other, self)))
+        if isinstance(other, bool) or not isinstance(other, (int, np.integer, DimName)):
+            return NotImplemented
+        return getattr(lift(self), method)(lift(other) if isinstance(other, str) else other)
+    return apply
+
+
+DIM_NAME_OPERATORS = {
+    **{m: _arithmetic(m, concatenates=m in ("__add__", "__radd__"))
+       for m in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__floordiv__",
+                 "__rfloordiv__", "__truediv__", "__rtruediv__", "__mod__", "__rmod__", "__neg__", "__pos__")},
+    **{name: _refused_comparison(symbol) for symbol, name in _COMPARISONS.items()},
+}
