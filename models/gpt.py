@@ -2,7 +2,7 @@
 self-attention (``scaled_dot_product_attention(is_causal=True)``) and a GELU MLP, a final
 LayerNorm and an LM head tied to the token embedding.
 
-    graphc capture models/gpt.py:GPT --input idx:int64[N,16] -o gpt.onnx
+    graphc capture models/gpt.py:GPT --input idx:int64[N,T] -o gpt.onnx   # T: any length up to block_size
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ class GPT(nn.Module):
                 module.bias.init = nn.init.zeros
 
     def forward(self, idx):
-        t = idx.shape[1]
-        if not isinstance(t, int) or t > self.block_size:
-            raise gc.GraphError(f"GPT needs a static sequence length <= {self.block_size}, got {idx.type_str()}")
+        t = idx.shape[1]  # an int, or a dim name: then positions past block_size fail at run time
+        if isinstance(t, int) and t > self.block_size:
+            raise gc.GraphError(f"GPT's sequence length is at most {self.block_size}, got {idx.type_str()}")
         x = self.drop(self.wte(idx) + self.wpe(gc.arange(t)))
         for block in self.h:
             x = block(x)

@@ -285,3 +285,18 @@ def test_a_zero_run_time_step_fails_at_run_time_naming_the_line():
     for backend in BACKENDS:
         with pytest.raises(gc.BackendError, match=r"Slice.*test_symbolic_sizes.py:\d+.*step"):
             gc.Session(model, backend=backend).run({"x": np.ones(3)})
+
+
+def test_the_gpt_example_takes_a_symbolic_length():
+    """models/gpt.py captured with [N, T] equals its capture at a static 7 at T=7; past block_size a run fails."""
+    from graphc.models import gpt
+
+    net = gpt.GPT()
+    symbolic = gc.capture(net, idx=gc.spec("int64", ("N", "T")), seed=0)
+    static = gc.capture(net, idx=gc.spec("int64", ("N", 7)), seed=0)
+    idx = RNG.integers(0, 100, (2, 7))
+    for backend in BACKENDS:
+        want = gc.Session(static, backend=backend).run({"idx": idx})["output"]
+        np.testing.assert_array_equal(gc.Session(symbolic, backend=backend).run({"idx": idx})["output"], want)
+        with pytest.raises(gc.BackendError, match="gpt.py"):
+            gc.Session(symbolic, backend=backend).run({"idx": np.zeros((1, 33), np.int64)})
