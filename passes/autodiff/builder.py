@@ -60,6 +60,43 @@ def _rows_product(value: ir.Value) -> tuple[ir.Value, ir.Value] | None:
     return rows_factors(node)
 
 
+def _leading_sum_rows(value: ir.Value) -> ir.Value | None:
+    """X when ``value`` is ``sum_leading``'s sum of a matrix X [R, F] over its rows (ones [R] @ X, or
+    ReduceSum over axis 0) and nothing reads it yet; else None."""
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx") or value.uses() or value.is_graph_output():
+        return None
+    rows = node.inputs[-1] if node.op_type == "MatMul" else node.inputs[0] if node.op_type == "ReduceSum" else None
+    shape = static_shape(rows) if rows is not None else None
+    if shape is None or len(shape) != 2 or not isinstance(shape[1], int):
+        return None
+    if node.op_type == "MatMul":
+        ones = node.inputs[0].producer()
+        fill = ones.attributes.get("value") if ones is not None and ones.op_type == "ConstantOfShape" else None
+        return rows if fill is not None and fill.value.numpy().tolist() == [1.0] else None
+    axes = attr(node, "axes") if len(node.inputs) < 2 else const_array(node.inputs[1])
+    return rows if axes is not None and list(np.ravel(axes)) == [0] and attr(node, "keepdims", 1) == 0 else None
+
+
+def _stacked_already(values: Sequence[ir.Value]) -> ir.Value | None:
+    """An ai.onnx ``Concat`` along axis 0 of ``values`` in any order, already in their graph."""
+    for node, _ in values[0].uses() if values else ():
+        if node.op_type == "Concat" and node.domain in ("", "ai.onnx") and attr(node, "axis", 0) == 0 \
+                and node.graph is not None and sorted(map(id, node.inputs)) == sorted(map(id, values)):
+            return node.outputs[0]
+    return None
+
+
+def _remove_dead(node: ir.Node) -> None:
+    """Remove ``node`` and, up its inputs, the nodes (but shared Constants) that only it read."""
+    producers = {v.producer() for v in node.inputs if v is not None}
+    node.graph.remove(node, safe=True)
+    for p in producers:
+        if p is not None and p.op_type != "Constant" and p.graph is not None \
+                and not any(o.uses() or o.is_graph_output() for o in p.outputs):
+            _remove_dead(p)
+
+
 def take_outputs(olds: Sequence[ir.Value], news: Sequence[ir.Value]) -> None:
     """Each of ``news`` takes its ``olds``' place (pairwise, as many as the shorter has): its type,
     shape, readers, graph-output slots and name. The caller removes the old node (with_outputs
@@ -230,6 +267,10 @@ class GradBuilder(Emitter):
         products = [_rows_product(v) for v in values]
         if all(products):
             return self.stacked_product(values, products)
+        rows = [_leading_sum_rows(v) for v in values]
+        stacked = _stacked_already(rows) if all(x is not None for x in rows) else None
+        if stacked is not None:  # stacking them anew, a copy, is slower for large terms
+            return self.stacked_leading_sum(values, stacked, rows)
         return self.add(*values) if len(values) == 2 else self.op("Sum", *values)
 
     def stacked_product(self, values: Sequence[ir.Value], products: list[tuple[ir.Value, ir.Value]]) -> ir.Value:
@@ -240,7 +281,10 @@ class GradBuilder(Emitter):
         lm`` (batch 16, AdamW; 1-thread CPU ms per step, ort-cpu, interleaved; each term [256, 1024]
         from 16 rows): LSTM 256 T=64 per-step Gemms + Sum 45.1, the stacked steps as one batched
         MatMul + ReduceSum 43.7, Concat + Gemm 39.0 (T=16 13.7 / 15.8 / 12.2, T=32 24.1 / 23.8 /
-        20.7); GRU T=64 39.5 / 38.1 / 33.3."""
+        20.7); GRU T=64 39.5 / 38.1 / 33.3. An unrolled RNN's or LSTM's gate gradients, which the
+        input projection's gradient stacks too (in time order, these in reverse), read off that one
+        Concat instead (the terms reordered): LSTM 256 T=4 7.31 vs 7.30 and 7.25 vs 7.31, T=16 13.66
+        vs 13.52 and 14.83 vs 14.80, RNN T=8 4.37 vs 4.41 and 4.88 vs 4.91 ms: even, so two Concats."""
         for v in values:
             node = v.producer()
             swapped = node.inputs[0].producer() if node.op_type == "MatMul" else None
@@ -249,6 +293,21 @@ class GradBuilder(Emitter):
                 swapped.graph.remove(swapped, safe=True)
         a, b = (self.op("Concat", *side, axis=0) for side in zip(*products))
         return self.op("Gemm", a, b, transA=1)
+
+    def stacked_leading_sum(self, values: Sequence[ir.Value], stacked: ir.Value, rows: list[ir.Value]) -> ir.Value:
+        """The sum of ``values``, each ``sum_leading``'s sum of the matrix ``rows[i]``, as one sum of
+        ``stacked``, a Concat of the rows made already; the per-term sums go. The terms are a bias's
+        gradients from each Gemm that adds it, stacked for its weight's gradient (``stacked_product``):
+        a GRU's recurrence bias under ``linear_before_reset``, read by every unrolled step. GRU 256 LM
+        (``bench_recurrent.py --model lm``, batch 16, AdamW, 1-thread CPU ms, interleaved), a GEMV
+        per step and their Sum vs this: T=4 6.21 / 6.10, 6.12 / 6.09 (474 -> 458 train_step nodes),
+        unrolled T=16 10.86 / 10.71, 11.89 / 11.83 (870 -> 794). Stacked anew (no such Concat) it
+        copies the terms: 2 x [4096, 256] 131 vs 262 us, though 64 x [16, 256] 104 vs 85."""
+        for v in values:
+            _remove_dead(v.producer())
+        shapes = [static_shape(x) for x in rows]
+        total = sum(s[0] for s in shapes) if all(isinstance(s[0], int) for s in shapes) else None
+        return self.sum_leading(stacked, [total, shapes[0][1]], 1)
 
     def mul_grad(self, dy: ir.Value, other: ir.Value) -> ir.Value:
         """``dy * other`` for a Mul's one wanted operand: a ``dy`` that a rule broadcast by
