@@ -1,17 +1,18 @@
 """RNN, GRU and LSTM unrolled over their sequence into the ops the ONNX spec defines them with
 (``passes/recurrent.write_out``, every form of the ONNX ops), so autodiff differentiates them with
-the rules those ops have; a sequence whose length is known only at run time, or longer than
-``MAX_UNROLLED_STEPS``, becomes a Scan over the same cell (differentiated in reverse mode).
-Used for the gradient graphs (inference graphs keep the fused ops). A node this cannot take (an
-unknown activation, an input of unknown rank) stays as it is and autodiff names
-``not_unrolled``'s reason.
+the rules those ops have, up to each kind's cap (``MAX_UNROLLED_RNN_STEPS`` 32, ``_GRU_`` 4,
+``_LSTM_`` 4, never past ``MAX_UNROLLED_STEPS``); a longer sequence, one whose length is known only
+at run time, or a masked one becomes a Scan per direction over the same cell, marked for reverse
+mode (``REVERSE_MODE_KEY``) at any length. Used for the gradient graphs (inference graphs keep the
+fused ops). A node this cannot take (an unknown activation, an input of unknown rank) stays as it
+is and autodiff names ``not_unrolled``'s reason.
 
-A masked run (``sequence_lens``) is a Scan even when its length is static: each unrolled masked step
-costs ~210 train_step nodes (the Where masks' gradients), and the Scan is faster too. Measured on
-models/packed_lstm.py (2-layer bidirectional LSTM, hidden 16, batch 16, ort-cpu, 1 thread), train_step
-nodes / session load / step: unrolled T=8 7000 / 2.2 s / 3.2 ms, T=16 14032 / 9.0 s / 9.0 ms, T=32
-28096 / 36.8 s / 21.3 ms; Scan 710 nodes / 0.09 s at every T, 2.8 / 4.8 / 8.8 ms (T=128: 34 ms). Unmasked runs
-stay unrolled up to ``MAX_UNROLLED_STEPS``.
+A masked run (``sequence_lens``) is a Scan even when it is short: each unrolled masked step cost
+~210 train_step nodes (the Where masks' gradients). models/packed_lstm.py (2-layer bidirectional
+LSTM, hidden 16, batch 16, ort-cpu, 1 thread), train_step nodes / session load / ms per step: the
+old unrolled form T=8 7000 / 2.2 s / 3.2, T=16 14032 / 9.0 s / 9.0, T=32 28096 / 36.8 s / 21.3;
+the Scan in reverse mode, remeasured with the cells on [B, H] (CPU time, a shared 2-core machine),
+716 nodes at every T, 3.8 / 5.4 / 7.6 ms (T=128: 28.2; was 2.8 / 4.8 / 8.8 / 34).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from graphc.passes.values import onnx_opset, static_shape
 __all__ = ["MAX_UNROLLED_GRU_STEPS", "MAX_UNROLLED_LSTM_STEPS", "MAX_UNROLLED_RNN_STEPS", "MAX_UNROLLED_STEPS", "UNROLLED", "not_unrolled", "unroll_recurrent"]
 
 UNROLLED = frozenset(GATES)
-# The longest unmasked sequence unrolled; a longer one is a Scan whose train_step does not grow
-# with T. `bench_recurrent.py --forms` (DSL LSTM / GRU 32 -> 128, batch 16, ort-cpu, 1 thread, a
-# shared 2-core machine; train_step nodes, session build s, ms per step median): LSTM unrolled
+# The longest unmasked sequence any kind unrolls (each kind's own cap below is lower) and the cap of
+# gc.vmap's written-out layers; a longer one is a Scan whose train_step does not grow with T.
+# First measured by `bench_recurrent.py --forms` (DSL LSTM / GRU 32 -> 128, batch 16, ort-cpu,
+# 1 thread, a shared 2-core machine; train_step nodes, session build s, ms per step median): LSTM unrolled
 # T=8 483 / 0.10 / 0.80, T=32 1299 / 0.23 / 3.18, T=64 2387 / 1.31 / 14.3, T=128 4563 / 1.07 /
 # 17.6, T=512 17619 / 15.3 / 119; as a Scan in reverse mode 219 / 0.03-0.09 at every T, 1.31 /
 # 4.42 / 14.3 / 17.0 / 123 (T=2048: 403). GRU unrolled 563 / 0.19 / 0.70, 1619 / 0.33 / 3.01,
