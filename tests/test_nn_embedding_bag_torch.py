@@ -107,7 +107,8 @@ def test_refusals_name_the_argument():
         (lambda: F.embedding_bag(BAGS, W, mode="sum", per_sample_weights=PSW1), r"per_sample_weights has shape "
                                                                                r"\[7\]; expected input's \[3, 4\]"),
         (lambda: F.embedding_bag(BAGS, W, padding_idx=10), r"padding_idx 10 is outside \[-10, 10\)"),
-        (lambda: F.embedding_bag(BAGS, W, max_norm=1.0), r"max_norm and scale_grad_by_freq are not supported"),
+        (lambda: F.embedding_bag(BAGS, W, mode="max", scale_grad_by_freq=True), r"mode='max' does not support "
+                                                                                r"scale_grad_by_freq"),
     ]
     for call, message in cases:
         with pytest.raises(gc.GraphError, match=r"embedding_bag.*" + message):

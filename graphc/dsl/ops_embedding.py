@@ -28,11 +28,13 @@ def embedding_bag(input: Tensor, weight: Tensor, offsets: Any = None, max_norm: 
     rows of a 2-D ``input [B, L]``, or the runs of a 1-D ``input`` that ``offsets`` start (with
     ``include_last_offset`` its last entry ends the last bag). Entries equal to ``padding_idx`` are
     left out (and uncounted in a mean); an empty bag gives zeros. ``per_sample_weights`` (``input``'s
-    shape) scale the rows of a ``"sum"``. ``sparse`` is accepted (gradients are dense tensors);
-    ``max_norm`` and ``scale_grad_by_freq`` are refused."""
+    shape) scale the rows of a ``"sum"``. ``sparse`` is accepted (gradients are dense tensors).
+    ``max_norm`` and ``scale_grad_by_freq`` are ``embedding``'s: every row ``input`` names (a padding
+    one too) renormalised in place first, each row's gradient divided by its count in ``input``
+    (refused with ``"max"``, as torch's)."""
     idx, w = lift(input), lift(weight)
-    _check(idx, w, offsets, max_norm, scale_grad_by_freq, mode, per_sample_weights, padding_idx)
-    rows = embedding(idx, w)
+    _check(idx, w, offsets, scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+    rows = embedding(idx, w, max_norm=max_norm, norm_type=norm_type, scale_grad_by_freq=scale_grad_by_freq)
     keep = None if padding_idx is None else idx != lift(padding_idx % w.shape[0], idx)
     if idx.ndim == 2:
         bags, mask = rows, keep  # [B, L, D], [B, L]
@@ -65,7 +67,7 @@ def _members(idx: Tensor, offsets: Tensor, include_last_offset: bool) -> Tensor:
     return (positions >= unsqueeze(starts, [1])) & (positions < unsqueeze(ends, [1]))
 
 
-def _check(idx: Tensor, w: Tensor, offsets: Any, max_norm: Any, scale_grad_by_freq: bool, mode: str,
+def _check(idx: Tensor, w: Tensor, offsets: Any, scale_grad_by_freq: bool, mode: str,
            per_sample_weights: Any, padding_idx: int | None) -> None:
     """torch's refusals, naming the argument."""
     def fail(message: str):
@@ -73,8 +75,8 @@ def _check(idx: Tensor, w: Tensor, offsets: Any, max_norm: Any, scale_grad_by_fr
 
     if mode not in MODES:
         fail(f"mode={mode!r}; expected 'sum', 'mean' or 'max'")
-    if max_norm is not None or scale_grad_by_freq:
-        fail("max_norm and scale_grad_by_freq are not supported")
+    if scale_grad_by_freq and mode == "max":
+        fail("mode='max' does not support scale_grad_by_freq (scaling the gradient by the frequency)")
     if w.shape is None or len(w.shape) != 2 or not isinstance(w.shape[0], int):
         fail("weight has to be [num_embeddings, embedding_dim] with a static num_embeddings")
     rows = w.shape[0]

@@ -32,7 +32,8 @@ def padding_row_init(layer: str, num_embeddings: int, padding_idx: int | None) -
 class EmbeddingBag(Module):
     """``weight [num_embeddings, embedding_dim]`` drawn from N(0, 1) (the ``padding_idx`` row zero);
     ``forward(input, offsets=None, per_sample_weights=None)`` is ``F.embedding_bag`` with the
-    module's ``mode``, ``include_last_offset`` and ``padding_idx``."""
+    module's ``max_norm`` (the rows looked up renormalised in place, as ``Embedding``'s), ``norm_type``,
+    ``scale_grad_by_freq``, ``mode``, ``include_last_offset`` and ``padding_idx``."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, max_norm: float | None = None,
                  norm_type: float = 2.0, scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False,
@@ -40,19 +41,19 @@ class EmbeddingBag(Module):
         super().__init__()
         if mode not in MODES:
             raise CaptureError(f"EmbeddingBag mode={mode!r}; expected 'sum', 'mean' or 'max'")
-        if max_norm is not None or scale_grad_by_freq:
-            raise CaptureError("EmbeddingBag max_norm and scale_grad_by_freq are not supported")
         padding_idx, draw = padding_row_init("EmbeddingBag", num_embeddings, padding_idx)
         self.num_embeddings, self.embedding_dim, self.mode = num_embeddings, embedding_dim, mode
         self.sparse, self.include_last_offset, self.padding_idx = sparse, include_last_offset, padding_idx
-        self.norm_type = norm_type  # shown, as torch's; without max_norm it has no effect
+        self.max_norm, self.norm_type, self.scale_grad_by_freq = max_norm, norm_type, scale_grad_by_freq
         self.weight = Parameter(shape=(num_embeddings, embedding_dim), init=draw, dtype=dtype)
 
     def forward(self, input: Tensor, offsets: Any = None, per_sample_weights: Any = None) -> Tensor:  # noqa: A002
-        return embedding_bag(input, self.weight, offsets, mode=self.mode, sparse=self.sparse,
+        return embedding_bag(input, self.weight, offsets, self.max_norm, self.norm_type, self.scale_grad_by_freq,
+                             mode=self.mode, sparse=self.sparse,
                              per_sample_weights=per_sample_weights, include_last_offset=self.include_last_offset,
                              padding_idx=self.padding_idx)
 
     def extra_repr(self) -> str:
-        return ", ".join([f"{self.num_embeddings}, {self.embedding_dim}", *not_default(self, norm_type=2),
+        return ", ".join([f"{self.num_embeddings}, {self.embedding_dim}",
+                          *not_default(self, max_norm=None, norm_type=2, scale_grad_by_freq=False),
                           f"mode={self.mode!r}", *not_default(self, padding_idx=None)])
