@@ -194,3 +194,42 @@ def orthogonal_(tensor: Any, gain: float = 1.0, generator: Any = None) -> Any:
         return (gain * (q.T if rows < cols else q)).reshape(shape).astype(dtype)
 
     return _fill(tensor, draw, "orthogonal_", generator)
+
+
+def dirac_(tensor: Any, groups: int = 1) -> Any:
+    """torch's: zeros with a 1 at the spatial centre (``size // 2``) of ``[g * out_per_group + d, d]`` for each
+    group ``g`` and ``d < min(out_per_group, in_channels)``, so a convolution with it passes its input through."""
+    shape = tuple(tensor.shape)
+    if len(shape) not in (3, 4, 5):
+        raise ValueError(f"nn.init.dirac_ takes a 3-, 4- or 5-D tensor (a convolution's weight), got shape {shape}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or shape[0] % groups:
+        raise ValueError(f"nn.init.dirac_: dim 0 ({shape[0]}) must be divisible by groups, got groups={groups!r}")
+    per_group = shape[0] // groups
+
+    def draw(rng: np.random.Generator, shape: tuple, dtype: Any) -> np.ndarray:
+        out = np.zeros(shape, dtype=dtype)
+        centre = tuple(s // 2 for s in shape[2:])
+        for g in range(groups):
+            for d in range(min(per_group, shape[1])):
+                out[(g * per_group + d, d, *centre)] = 1
+        return out
+
+    return _fill(tensor, draw, "dirac_")
+
+
+def sparse_(tensor: Any, sparsity: float, std: float = 0.01, generator: Any = None) -> Any:
+    """torch's: N(0, std) with ``ceil(sparsity * rows)`` entries of each column, at random rows, zero."""
+    shape = tuple(tensor.shape)
+    if len(shape) != 2:
+        raise ValueError(f"nn.init.sparse_ takes a 2-D tensor, got shape {shape}")
+    if not 0 <= sparsity <= 1:
+        raise ValueError(f"nn.init.sparse_: sparsity must be in [0, 1], got {sparsity!r}")
+    zeros_per_column = math.ceil(sparsity * shape[0])
+
+    def draw(rng: np.random.Generator, shape: tuple, dtype: Any) -> np.ndarray:
+        out = rng.normal(0.0, std, size=shape)
+        for col in range(shape[1]):
+            out[rng.permutation(shape[0])[:zeros_per_column], col] = 0
+        return out.astype(dtype)
+
+    return _fill(tensor, draw, "sparse_", generator)

@@ -287,12 +287,14 @@ class Module:
         return self
 
     def to(self, *args: Any, dtype: Any = None, device: Any = None, non_blocking: bool = False) -> "Module":
-        """torch's ``to(dtype)`` / ``to(device)`` / ``to(device, dtype)``: float parameters and buffers
-        take ``dtype`` (integer ones, ``num_batches_tracked``, stay). A device (``"cpu"``, ``"cuda:0"``,
-        a ``torch.device``) changes nothing: graphc chooses it per session (``backend="ort-cuda"``)."""
+        """torch's ``to(dtype)`` / ``to(device)`` / ``to(device, dtype)`` / ``to(tensor)`` (the dtype of a
+        gc Tensor, numpy array or torch tensor): float parameters and buffers take ``dtype`` (integer ones,
+        ``num_batches_tracked``, stay). A device (``"cpu"``, ``"cuda:0"``, a ``torch.device``) changes
+        nothing: graphc chooses it per session (``backend="ort-cuda"``)."""
         for arg in args:
             if _is_device(arg):
                 continue
+            arg = arg.dtype if _is_tensor(arg) else arg
             if dtype is not None:
                 raise TypeError(f"Module.to got two dtypes, {dtype!r} and {arg!r}")
             dtype = arg
@@ -305,6 +307,21 @@ class Module:
         for _, p in self._named_tensors():
             if p.dtype in FLOAT_DTYPES:
                 p.cast(dt)
+        return self
+
+    def type(self, dst_type: Any) -> "Module":
+        """torch's ``type(dst_type)``: every parameter and buffer cast to ``dst_type``, integer buffers
+        (``num_batches_tracked``) too; a dtype that is not floating point is refused while the module
+        has parameters (torch's: they need gradients), naming the first."""
+        dt = as_dtype(dst_type)
+        tensors = list(self._named_tensors())
+        if dt not in FLOAT_DTYPES:
+            trained = [name for name, p in tensors if not p.buffer]
+            if trained:
+                raise TypeError(f"Module.type({dt}): parameter {trained[0]!r} must stay floating point (it "
+                                f"is trained); only a module of buffers alone takes {dt}")
+        for _, p in tensors:
+            p.cast(dt)
         return self
 
     def double(self) -> "Module":
@@ -373,6 +390,12 @@ def _is_device(arg: Any) -> bool:
     if type(arg).__name__ == "device" and type(arg).__module__.split(".")[0] == "torch":
         return True
     return isinstance(arg, str) and arg.split(":")[0] in ("cpu", "cuda", "mps", "xpu", "meta")
+
+
+def _is_tensor(arg: Any) -> bool:
+    """A gc Tensor, numpy array or torch tensor: ``Module.to(tensor)`` takes its dtype."""
+    return isinstance(arg, (Tensor, np.ndarray)) or (
+        type(arg).__module__.split(".")[0] == "torch" and hasattr(arg, "dtype") and hasattr(arg, "shape"))
 
 
 def _refuse_plain_container(owner: Module, name: str, value: Any) -> None:
