@@ -1,6 +1,5 @@
 """gc.nn modules print as torch 2.13's (``repr``, ``extra_repr``, the child listing) for the same constructor
-arguments: every gc.nn module with a torch.nn twin, a few argument sets each (unsupported arguments left out:
-``LSTM(proj_size=)``, ``MultiheadAttention(kdim=, vdim=)``, ``EmbeddingBag(max_norm=)``). The text is torch's, not
+arguments: every gc.nn module with a torch.nn twin, a few argument sets each. The text is torch's, not
 always its class: ``MultiheadAttention.out_proj`` is a ``Linear`` printed as torch's
 ``NonDynamicallyQuantizableLinear``; a ``ModuleList`` prints a run of equal entries as ``(0-1): 2 x ...``."""
 
@@ -22,7 +21,8 @@ CTORS = [
     "Linear(3, 4)", "Linear(3, 4, bias=False)", "Bilinear(2, 3, 4)", "Bilinear(2, 3, 4, bias=False)", "Identity()",
     "Embedding(5, 3)",
     "Embedding(5, 3, padding_idx=0, max_norm=1.0, norm_type=3.0, scale_grad_by_freq=True, sparse=True)",
-    "EmbeddingBag(5, 3)", "EmbeddingBag(5, 3, mode='sum', norm_type=3.0, padding_idx=1)", "LazyLinear(4)",
+    "EmbeddingBag(5, 3)", "EmbeddingBag(5, 3, mode='sum', norm_type=3.0, padding_idx=1)",
+    "EmbeddingBag(5, 3, max_norm=1.0, scale_grad_by_freq=True, mode='max')", "LazyLinear(4)",
     "LazyLinear(4, bias=False)",
     # norms
     "BatchNorm1d(3)", "BatchNorm2d(3, affine=False)", "BatchNorm3d(3, track_running_stats=False, momentum=None)",
@@ -46,6 +46,7 @@ CTORS = [
     "RNNCell(3, 4)", "RNNCell(3, 4, nonlinearity='relu', bias=False)", "GRUCell(3, 4)", "LSTMCell(3, 4, bias=False)",
     # attention / transformers
     "MultiheadAttention(4, 2)", "MultiheadAttention(4, 2, dropout=0.1, bias=False, batch_first=True)",
+    "MultiheadAttention(4, 2, 0.0, True, True, True, 3, 5)",
     "TransformerEncoderLayer(4, 2, dim_feedforward=8)",
     "TransformerEncoderLayer(4, 2, 8, dropout=0.0, activation='gelu', batch_first=True, norm_first=True, bias=False)",
     "TransformerDecoderLayer(4, 2, dim_feedforward=8)", "TransformerEncoderLayer(4, 2, 8, activation=nn.GELU())",
