@@ -41,6 +41,10 @@ model that holds its pattern (in any graph or local function), every other model
   where a MatMul's first input is a float16 Transpose's output (or of a type that cannot be told),
   through Casts too: ``narrow_casts`` computes the float16 MatMul in float32 between explicit Casts, and
   the crash came back with them.
+- ``MatMulScaleFusion`` folds a Mul or Div by a one-element constant on a MatMul's input or output
+  into a ``FusedMatMul``'s ``alpha``, a float attribute: a float64 scale float32 cannot hold is
+  rounded (float64 attention's ``q * (1 / sqrt(3))``: 5e-9 off torch, 1e-16 without it); turned off
+  where such a scale meets a MatMul.
 
 The checks that need shapes share one shape inference, run only when one of them has a node to look at.
 """
@@ -82,6 +86,7 @@ def fusion_refused(model: onnx.ModelProto) -> tuple[str, ...]:
         "CommonSubexpressionElimination": lambda: _repeated_unseeded_bernoulli(nodes),
         "ExpandElimination": lambda: _expand_to_empty(nodes, types),
         "MatmulTransposeFusion": lambda: _transposed_product_refused(graphs, nodes, producers, types),
+        "MatMulScaleFusion": lambda: any(_inexact_product_scale(node, consts, producers, readers) for node in nodes),
     }
     return tuple(name for name, holds in checks.items() if holds())
 
@@ -102,6 +107,21 @@ def _inexact_reciprocal(node: onnx.NodeProto, consts, readers) -> bool:
     one = consts.get(node.input[0]) if _ops(node, "Div") else None
     return (one is not None and one.reshape(-1)[0] == 1 and (one.ndim > 0 or not np.issubdtype(one.dtype, np.floating))
             and any(_ops(n, "Mul") for n in readers.get(node.output[0], [])))
+
+
+def _inexact_product_scale(node: onnx.NodeProto, consts, producers, readers) -> bool:
+    """A Mul (either input) or Div (the divisor) by a one-element float64 constant that float32 cannot
+    hold, of a MatMul's output or read by a MatMul."""
+    if not _ops(node, "Mul", "Div") or len(node.input) != 2:
+        return False
+    at = [i for i in ((0, 1) if node.op_type == "Mul" else (1,)) if node.input[i] in consts]
+    if not at:
+        return False
+    scale = consts[node.input[at[0]]]
+    if scale.dtype != np.float64 or np.float64(np.float32(scale.reshape(-1)[0])) == scale.reshape(-1)[0]:
+        return False
+    return _ops(producers.get(node.input[1 - at[0]]), "MatMul") or \
+        any(_ops(n, "MatMul") for n in readers.get(node.output[0], []))
 
 
 def _clip_after_relu_refused(node: onnx.NodeProto, consts, producers) -> bool:

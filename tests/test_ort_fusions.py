@@ -183,6 +183,34 @@ def test_layer_norm_rewrites_are_off_only_for_their_patterns(dtype, exponent, re
     assert fusions.fusion_refused(_central_power_norm(x, exponent, 1e-5, g, g)) == refused
 
 
+def _scaled_product(scale: np.ndarray, x: np.ndarray, w: np.ndarray) -> onnx.ModelProto:
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Mul", ["p", "s"], ["y"])]
+    return _built(nodes, {"x": x, "w": w}, {"s": scale})
+
+
+@pytest.mark.parametrize("scale,refused", [
+    (np.float64(1 / np.sqrt(3)), ("MatMulScaleFusion",)), (np.float64(0.5), ()), (np.float32(1 / np.sqrt(3)), ()),
+])
+def test_a_float64_scale_of_a_product_keeps_its_digits(scale, refused):
+    x, w = R.standard_normal((3, 3)).astype(scale.dtype), R.standard_normal((3, 3)).astype(scale.dtype)
+    proto = _scaled_product(scale, x, w)
+    assert fusions.fusion_refused(proto) == refused
+    tol = 1e-15 if scale.dtype == np.float64 else 1e-6
+    np.testing.assert_allclose(_ort(proto, {"x": x, "w": w}), (x @ w) * scale, rtol=tol, atol=tol)
+
+
+def test_float64_attention_matches_torch_on_ort():
+    """The attention scores' ``q * (1 / sqrt(head_dim))``: a FusedMatMul's float alpha made it 5e-9 off."""
+    torch = pytest.importorskip("torch")
+    m = gc.nn.MultiheadAttention(6, 2, dtype="float64").init_parameters(seed=1)
+    t = torch.nn.MultiheadAttention(6, 2, dtype=torch.float64)
+    t.load_state_dict({k: torch.from_numpy(v) for k, v in m.state_dict().items()})
+    q = R.standard_normal((4, 3, 6))
+    want = t(*(torch.from_numpy(q),) * 3)[0].detach().numpy()
+    got = _ort(gc.capture(lambda q: m(q, q, q)[0], q=q), {"q": q})
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+
+
 def test_a_training_graph_keeps_every_rewrite():
     net = gc.nn.Sequential(gc.nn.Linear(4, 8), gc.nn.ReLU(), gc.nn.Linear(8, 3))
     mlp = gc.capture(net, x=gc.spec("float32", ("N", 4)))
