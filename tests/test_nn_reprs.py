@@ -43,6 +43,7 @@ CTORS = [
     # recurrent
     "RNN(3, 4)", "RNN(3, 4, nonlinearity='relu', num_layers=2)", "GRU(3, 4, 2, batch_first=True)",
     "LSTM(3, 4, 2, bias=False, dropout=0.5, bidirectional=True)", "LSTM(3, 4, batch_first=True, dropout=0.2)",
+    "LSTM(3, 4, 2, proj_size=2, bidirectional=True)",
     "RNNCell(3, 4)", "RNNCell(3, 4, nonlinearity='relu', bias=False)", "GRUCell(3, 4)", "LSTMCell(3, 4, bias=False)",
     # attention / transformers
     "MultiheadAttention(4, 2)", "MultiheadAttention(4, 2, dropout=0.1, bias=False, batch_first=True)",

@@ -20,6 +20,7 @@ from graphc.nn.module import Module, Parameter
 from graphc.dsl.ops_nn import dropout
 from graphc.dsl.tensor import Tensor
 from graphc.dsl.builder import op_error, user_source
+from graphc.nn.rnn_projected import projected_layer
 from graphc.nn.utils.rnn import PackedSequence
 
 # op -> (gates, ONNX gate order as indices into PyTorch's)
@@ -27,16 +28,19 @@ _GATES = {"RNN": (1, [0]), "LSTM": (4, [0, 3, 1, 2]), "GRU": (3, [1, 0, 2])}
 
 
 def add_gate_parameters(module: Module, suffix: str, gates: int, input_size: int, hidden_size: int, bias: bool,
-                        dtype: Any) -> None:
+                        dtype: Any, proj_size: int = 0) -> None:
     """``weight_ih{suffix} [gates*H, input_size]``, ``weight_hh{suffix} [gates*H, H]`` and, with
-    ``bias``, ``bias_ih{suffix}``, ``bias_hh{suffix} [gates*H]``: PyTorch's, each U(+-1/sqrt(H))."""
+    ``bias``, ``bias_ih{suffix}``, ``bias_hh{suffix} [gates*H]``; with ``proj_size`` P, ``weight_hh`` is
+    ``[gates*H, P]`` and ``weight_hr{suffix} [P, H]`` follows: PyTorch's, each U(+-1/sqrt(H))."""
     rows = gates * hidden_size
     draw = init.uniform(1.0 / math.sqrt(hidden_size))
     setattr(module, f"weight_ih{suffix}", Parameter(shape=(rows, input_size), init=draw, dtype=dtype))
-    setattr(module, f"weight_hh{suffix}", Parameter(shape=(rows, hidden_size), init=draw, dtype=dtype))
+    setattr(module, f"weight_hh{suffix}", Parameter(shape=(rows, proj_size or hidden_size), init=draw, dtype=dtype))
     if bias:
         setattr(module, f"bias_ih{suffix}", Parameter(shape=(rows,), init=draw, dtype=dtype))
         setattr(module, f"bias_hh{suffix}", Parameter(shape=(rows,), init=draw, dtype=dtype))
+    if proj_size:
+        setattr(module, f"weight_hr{suffix}", Parameter(shape=(proj_size, hidden_size), init=draw, dtype=dtype))
 
 
 class _RNNBase(Module):
@@ -44,19 +48,22 @@ class _RNNBase(Module):
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-                 nonlinearity: str = "tanh", dtype: Any = "float32"):
+                 nonlinearity: str = "tanh", dtype: Any = "float32", proj_size: int = 0):
         super().__init__()
         if nonlinearity not in ("tanh", "relu"):
             raise CaptureError(f"{self.op} nonlinearity={nonlinearity!r}; expected 'tanh' or 'relu'")
         if not 0.0 <= dropout < 1.0:
             raise CaptureError(f"{self.op} dropout {dropout} must be in [0, 1)")
+        if isinstance(proj_size, bool) or not isinstance(proj_size, int) or not 0 <= proj_size < hidden_size:
+            raise CaptureError(f"{self.op} proj_size={proj_size!r} must be an int in [0, hidden_size={hidden_size})")
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, dropout
-        self.bidirectional, self.nonlinearity = bidirectional, nonlinearity
+        self.bidirectional, self.nonlinearity, self.proj_size = bidirectional, nonlinearity, proj_size
+        out = proj_size or hidden_size
         for layer in range(num_layers):
             for suffix in self._suffixes(layer):
-                inputs = input_size if layer == 0 else hidden_size * self.directions
-                add_gate_parameters(self, suffix, _GATES[self.op][0], inputs, hidden_size, bias, dtype)
+                inputs = input_size if layer == 0 else out * self.directions
+                add_gate_parameters(self, suffix, _GATES[self.op][0], inputs, hidden_size, bias, dtype, proj_size)
 
     @property
     def directions(self) -> int:
@@ -142,7 +149,7 @@ class _RNNBase(Module):
         return out, h_n
 
     def extra_repr(self) -> str:
-        given = {"num_layers": (self.num_layers, 1), "bias": (self.bias, True),
+        given = {"proj_size": (self.proj_size, 0), "num_layers": (self.num_layers, 1), "bias": (self.bias, True),
                  "batch_first": (self.batch_first, False), "dropout": (self.dropout, 0.0),
                  "bidirectional": (self.bidirectional, False)}
         return ", ".join([f"{self.input_size}, {self.hidden_size}",
@@ -166,13 +173,23 @@ class GRU(_RNNBase):
 
 
 class LSTM(_RNNBase):
-    """``out, (h_n, c_n) = lstm(x, (h0, c0)=None)``."""
+    """``out, (h_n, c_n) = lstm(x, (h0, c0)=None)``. With ``proj_size`` P (torch's LSTM with projections:
+    ``h = (o tanh(c)) @ weight_hr.T``, ``out`` and ``h_n`` of width P) each layer is written out step by
+    step (``projected_layer``), which needs a static sequence length; without, one ONNX LSTM node."""
 
     op = "LSTM"
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, dtype: Any = "float32"):
-        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, dtype=dtype)
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 proj_size: int = 0, dtype: Any = "float32"):
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, dtype=dtype,
+                         proj_size=proj_size)
+
+    def _layer(self, layer: int, x: Tensor, h0: Tensor | None, c0: Tensor | None,
+               lengths: Tensor | None) -> list[Tensor]:
+        if not self.proj_size:
+            return super()._layer(layer, x, h0, c0, lengths)
+        return projected_layer(self, layer, x, h0, c0, lengths)
 
     def forward(self, x: Tensor, hx: Any = None):
         out, (h_n, c_n) = self._run(x, hx)

@@ -1,0 +1,65 @@
+"""One layer of torch's LSTM with projections (``proj_size`` P > 0), which ONNX's LSTM op cannot hold:
+written out step by step in the DSL's ops (one MatMul of the whole sequence's inputs, then per step the
+recurrent MatMul, the gates, ``c = f c + i g`` and ``h = (o tanh(c)) @ weight_hr.T``), so autodiff
+differentiates it as any graph. A packed sequence's row past its length keeps its state and emits zeros,
+as torch's packed run (the reverse direction starts at each row's last step)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphc.dsl import ops
+from graphc.dsl.builder import op_error, user_source
+from graphc.dsl.ops_array import chunk
+from graphc.dsl.ops_nn import linear
+from graphc.dsl.tensor import Tensor
+
+
+def projected_layer(lstm: Any, layer: int, x: Tensor, h0: Tensor | None, c0: Tensor | None,
+                    lengths: Tensor | None) -> list[Tensor]:
+    """``[Y (T, N, D*P), h_n (D, N, P), c_n (D, N, H)]`` of ``lstm``'s layer ``layer`` over ``x (T, N, in)``;
+    ``h0 (D, N, P)``, ``c0 (D, N, H)`` (zeros if None); ``lengths`` (int32, ``[N]``) for a packed input."""
+    steps = x.shape[0] if x.shape else None
+    if not isinstance(steps, int):
+        raise op_error("LSTM", [x], f"proj_size={lstm.proj_size} writes each step out and needs a static "
+                       f"sequence length, got {steps!r}", user_source())
+    outs, finals_h, finals_c = [], [], []
+    for d, suffix in enumerate(lstm._suffixes(layer)):
+        w = {n: getattr(lstm, f"{n}{suffix}") for n in ("weight_ih", "weight_hh", "weight_hr")}
+        b = {n: getattr(lstm, f"{n}{suffix}") if lstm.bias else None for n in ("bias_ih", "bias_hh")}
+        h = _state(h0, d, lstm.proj_size, x)
+        c = _state(c0, d, lstm.hidden_size, x)
+        xw = linear(x, w["weight_ih"], b["bias_ih"])  # [T, N, 4H]: every step's input projection at once
+        ys: list[Tensor | None] = [None] * steps
+        for t in (reversed(range(steps)) if d else range(steps)):
+            i, f, g, o = chunk(xw[t] + linear(h, w["weight_hh"], b["bias_hh"]), 4, dim=-1)
+            c_new = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(g)
+            h_new = linear(ops.sigmoid(o) * ops.tanh(c_new), w["weight_hr"])
+            if lengths is None:
+                h, c, ys[t] = h_new, c_new, h_new
+                continue
+            live = ops.unsqueeze(lengths > ops.lift(np.int32(t)), [1])  # [N, 1]: the row's sequence reaches t
+            h, c = ops.where(live, h_new, h), ops.where(live, c_new, c)
+            ys[t] = ops.where(live, h_new, ops.scalar(0.0, h_new))
+        outs.append(ops.concat([ops.unsqueeze(y, [0]) for y in ys], axis=0))
+        finals_h.append(ops.unsqueeze(h, [0]))
+        finals_c.append(ops.unsqueeze(c, [0]))
+    return [_joined(outs, -1), _joined(finals_h, 0), _joined(finals_c, 0)]
+
+
+def _state(given: Tensor | None, d: int, width: int, x: Tensor) -> Tensor:
+    """Direction ``d``'s initial state ``[N, width]``: ``given[d]``, or zeros of ``x``'s batch."""
+    return given[d] if given is not None else _zeros(x, width)
+
+
+def _zeros(x: Tensor, width: int) -> Tensor:
+    """Zeros ``[N, width]`` of ``x``'s dtype, ``N`` being ``x``'s dim 1 at run time."""
+    return ops.emit("Expand", [ops.lift(np.zeros((1, width)), x), ops.concat(
+        [ops.emit("Shape", [x], {"start": 1, "end": 2}), ops.const_i64([width])], 0)],
+        out_types=[(x.dtype, [x.shape[1] if x.shape else None, width])])
+
+
+def _joined(parts: list[Tensor], axis: int) -> Tensor:
+    return parts[0] if len(parts) == 1 else ops.concat(parts, axis=axis)
