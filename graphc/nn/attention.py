@@ -53,12 +53,10 @@ class MultiheadAttention(Module):
 
     def _projections(self) -> tuple[tuple, tuple]:
         """The q, k, v projections' weights and biases (None without ``bias``)."""
-        e, b = self.embed_dim, self.in_proj_bias
-        biases = tuple(None if b is None else b[i * e:(i + 1) * e] for i in range(3))
-        if self._qkv_same_embed_dim:
-            w = self.in_proj_weight
-            return tuple(w[i * e:(i + 1) * e] for i in range(3)), biases
-        return (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight), biases
+        e, w, b = self.embed_dim, self.in_proj_weight, self.in_proj_bias
+        weights = tuple(w[i * e:(i + 1) * e] for i in range(3)) if self._qkv_same_embed_dim else \
+            (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+        return weights, tuple(None if b is None else b[i * e:(i + 1) * e] for i in range(3))
 
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
                 key_padding_mask: Tensor | None = None, need_weights: bool = True,
