@@ -70,7 +70,7 @@ def test_values_and_gradients_match_torch(name, kwargs, given, lengths):
     if lengths is not None:
         out, _ = tr.pad_packed_sequence(out, batch_first=first)
     c, ch, cc = (RNG.standard_normal(tuple(t.shape)) for t in (out, h, cn))
-    ((out * torch.from_numpy(c)).sum() + (h * torch.from_numpy(ch)).sum() + (cn * torch.from_numpy(cc)).sum()).backward()
+    sum((t * torch.from_numpy(w)).sum() for t, w in ((out, c), (h, ch), (cn, cc))).backward()
     grads = gc.grad(gc.capture(_Net(ours, x, states, lengths), c=c, ch=ch, cc=cc), "loss")
     want = {"out": out, "h_n": h, "c_n": cn, "x_grad": tx.grad,
             **({} if ts is None else {"h0_grad": ts[0].grad, "c0_grad": ts[1].grad}),
