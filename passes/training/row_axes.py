@@ -14,7 +14,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx_ir as ir
 
-from graphc.passes.values import const_array, const_axes, static_shape
+from graphc.passes.evaluate import folded_array
+from graphc.passes.training.row_shapes import shape_of
+from graphc.passes.values import const_axes
 
 __all__ = ["BIG", "Mixes", "RULES", "Rows", "constant", "int_attr", "norm_axis", "only_rows", "rank_of", "rule"]
 
@@ -47,12 +49,13 @@ def rule(*op_types: str):
 
 
 def constant(value: ir.Value | None):
-    """A constant (a ``Constant``'s output or an initializer) no feed overrides, else None."""
-    return None if value is None or value.is_graph_input() else const_array(value)
+    """A value known before the model runs (a constant no feed overrides, or a node of such values:
+    an exporter's ``Unsqueeze`` of a ``Constant`` in a Loop body; ``folded_array``), else None."""
+    return folded_array(value)
 
 
 def rank_of(value: ir.Value | None) -> int | None:
-    shape = static_shape(value) if value is not None else None
+    shape = shape_of(value) if value is not None else None
     return None if shape is None else len(shape)
 
 
@@ -278,7 +281,7 @@ def unsqueeze(node: ir.Node, ins: Ins) -> list[Rows | None]:
 
 @rule("Squeeze")
 def squeeze(node: ir.Node, ins: Ins) -> list[Rows | None]:
-    r, axes, shape = only_rows(node, ins, 0), const_axes(node, constant), static_shape(node.inputs[0])
+    r, axes, shape = only_rows(node, ins, 0), const_axes(node, constant), shape_of(node.inputs[0])
     if axes == [] and shape is not None:
         axes = [i for i, d in enumerate(shape) if d == 1]
     if not axes and axes != [] or shape is None and any(a < 0 for a in axes or ()):
@@ -329,15 +332,15 @@ def _regroup(before: Sequence | None, axis: int, after: Sequence | None) -> int 
 @rule("Reshape", "Flatten")
 def reshape(node: ir.Node, ins: Ins) -> list[Rows | None]:
     r = only_rows(node, ins, 0)
-    before = static_shape(node.inputs[0])
+    before = shape_of(node.inputs[0])
     if node.op_type == "Flatten" and before is not None:
         at = norm_axis(int_attr(node, "axis", 1), len(before))
         after: Sequence | None = [_product(before[:at]), _product(before[at:])]
     else:
-        after = static_shape(node.outputs[0])
+        after = shape_of(node.outputs[0])
     j = _regroup(before, r.axis, after)
     if j is None:
-        raise Mixes(f"it reshapes {_shape_text(before)} to {_shape_text(static_shape(node.outputs[0]))}, which "
+        raise Mixes(f"it reshapes {_shape_text(before)} to {_shape_text(shape_of(node.outputs[0]))}, which "
                     "may put rows together")
     return [replace(r, axis=j)]
 

@@ -11,6 +11,7 @@ import onnx_ir as ir
 
 from graphc.passes.training import row_axes_select  # noqa: F401 - registers its rules in RULES
 from graphc.passes.training.row_axes import RULES, Mixes, Rows
+from graphc.passes.training.row_shapes import SHAPES, BodyShapes
 from graphc.passes.training.row_subgraphs import SUBGRAPH_RULES, Body
 from graphc.passes.values import SYNC_BATCHNORM_KEY, subgraphs
 
@@ -37,7 +38,10 @@ def mixing_nodes(graph: ir.Graph, batched: Mapping[str, int], output: str) -> li
     analysis cannot follow: an op type with no rule, a computed axis, a reshape of unknown shapes.
     If, Loop and Scan are followed into their subgraphs with the same rules (``row_subgraphs``);
     a node inside one that mixes is reported itself, its message saying where it sits; a
-    condition or trip count from the rows, or a Scan along the batch axis, mixes.
+    condition or trip count from the rows, or a Scan along the batch axis, mixes. A constant
+    input is read through the nodes that compute it from constants (``folded_array``), and a
+    body's values the model has no shapes for get onnx's inferred ones (``row_shapes``), beside
+    the model: torch.onnx's TorchScript Loops have both. The model is not changed.
     BatchNormalization is per row here (its batch statistics are per worker, documented, as
     PyTorch DDP); so are a SyncBatchNorm's statistics without running ones (the nodes marked "mean"
     and "variance"): the workers' gradients graph takes them over every worker's shard. Each node
@@ -47,7 +51,11 @@ def mixing_nodes(graph: ir.Graph, batched: Mapping[str, int], output: str) -> li
         raise ValueError(f"{output!r} is not an output of the graph; outputs: {[v.name for v in graph.outputs]}")
     found: dict[ir.Node, Mixing] = {}
     rows = {v: Rows(batched[v.name]) for v in graph.inputs if v.name in batched}
-    _walk(graph, rows, [target], (), found)
+    token = SHAPES.set(BodyShapes(graph.opset_imports))
+    try:
+        _walk(graph, rows, [target], (), found)
+    finally:
+        SHAPES.reset(token)
     return list(found.values())
 
 
@@ -86,7 +94,9 @@ def _body(node: ir.Node, rows: Mapping[ir.Value, Rows], where: tuple[str, ...], 
     def body(attribute: str, bound: Mapping[ir.Value, Rows | None], outputs: Sequence[ir.Value]) -> list[Rows | None]:
         inner = ChainMap({v: r for v, r in bound.items() if r is not None}, rows)
         here = (f"the {attribute} of {node.op_type} {node.name!r}", *where)
-        return _walk(node.attributes[attribute].value, inner, outputs, here, found)
+        graph = node.attributes[attribute].value
+        SHAPES.get().add(graph)
+        return _walk(graph, inner, outputs, here, found)
     return body
 
 
