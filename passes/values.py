@@ -11,11 +11,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "EXCHANGE_KEY", "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY",
-           "MAX_NORM_KEY", "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY", "PROBABILITIES_KEY", "RANDOM_OPS",
-           "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY", "ancestors", "attr", "const_array", "const_axes", "const_scalar",
-           "draws_random", "exchange_kind", "fixed_array", "fresh_name", "node_attrs", "onnx_opset",
-           "replace_value", "static_shape", "stops_gradient", "subgraphs"]
+__all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "EPSILON_KEY", "EXACT_KEYS", "EXCHANGE_KEY",
+           "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY", "MAX_NORM_KEY", "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY",
+           "MOMENTUM_KEY", "PROBABILITIES_KEY", "RANDOM_OPS", "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY",
+           "ancestors", "attr", "const_array", "const_axes", "const_scalar", "draws_random", "exact_attribute",
+           "exact_float", "exchange_kind", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "replace_value",
+           "static_shape", "stops_gradient", "subgraphs"]
 
 Dim = int | str | None
 StaticShape = tuple[Dim, ...]
@@ -76,6 +77,29 @@ def stops_gradient(node: ir.Node) -> bool:
 # node metadata of a ``gc.nn.SyncBatchNorm``'s BatchNormalization ("true"): its training graphs
 # normalise by the statistics of every data-parallel worker's shard (``training.sync_batchnorm``)
 SYNC_BATCHNORM_KEY = "graphc.sync_batchnorm"
+
+# BatchNormalization node metadata: ``repr`` of a float64 input's eps and ONNX momentum (torch's
+# 1 - momentum) where its float32 attribute cannot hold them (1e-5 is 9.99999974e-6 there, 0.9 is
+# 0.899999976), which ``exact_attribute`` reads for the attribute
+EPSILON_KEY = "graphc.epsilon"
+MOMENTUM_KEY = "graphc.momentum"
+EXACT_KEYS = {"epsilon": EPSILON_KEY, "momentum": MOMENTUM_KEY}
+
+
+def exact_attribute(name: str, value: float, metadata: Mapping[str, str]) -> float:
+    """A BatchNormalization's float attribute ``name`` (``value``), or the double its node ``metadata``
+    records (``EXACT_KEYS``) where the attribute is that double (rounded to float32 once saved); an
+    inference node with the eps added to its variance input (``epsilon=0``, as ``ops_nn.batch_norm``
+    captures it) keeps 0."""
+    exact = metadata.get(EXACT_KEYS.get(name, ""))
+    return float(exact) if exact is not None and value in (float(exact), float(np.float32(exact))) else value
+
+
+def exact_float(node: ir.Node, name: str, default: float) -> float:
+    """``node``'s float attribute ``name`` (``default`` where it has none) as ``exact_attribute`` reads it."""
+    return exact_attribute(name, node.attributes.get_float(name, default), node.metadata_props)
+
+
 # node metadata of an Identity that marks a data-parallel exchange: "gather", every worker's input
 # ([1, ...]) stacked in rank order; "gather_grad", its adjoint (each worker's share-weighted
 # cotangents summed, over this worker's share, its own row: ``runtime.staged``). In one process

@@ -20,7 +20,7 @@ from graphc.errors import CaptureError
 from graphc.model.dtypes import FLOAT_DTYPES
 from graphc.model.windows import ceil_as_floor_pads
 from graphc.passes.infer import ceil_adds_nothing
-from graphc.passes.values import MAX_NORM_LOOKUP_KEY, SYNC_BATCHNORM_KEY
+from graphc.passes.values import EPSILON_KEY, MAX_NORM_LOOKUP_KEY, MOMENTUM_KEY, SYNC_BATCHNORM_KEY
 
 
 def ints(v: Any, n: int, name: str) -> list[int]:
@@ -212,7 +212,10 @@ def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | Non
 
     With ``training=True`` the node has ``training_mode=1`` and three outputs (Y and the
     updated running mean/var); Y is returned. Without running statistics (both None, training
-    only, as torch) the batch's own normalise ``x``, written out (``batch_statistics_norm``).
+    only, as torch) the batch's own normalise ``x``, written out (``batch_statistics_norm``). A
+    float64 ``x`` with an ``eps`` or ``1 - momentum`` float32 cannot hold: the node's metadata records
+    them (``EPSILON_KEY``, ``MOMENTUM_KEY``), and in inference mode the eps is added to the variance
+    input (``epsilon=0``).
     Signature: ai.onnx@15::BatchNormalization
     """
     x = ops.lift(x)
@@ -238,10 +241,17 @@ def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | Non
         ops.same_dim("BatchNormalization", [x, running_mean], x.shape[1], channels, "input and norm channels")
     attrs = {"epsilon": float(eps), "momentum": float(1.0 - momentum), "training_mode": int(bool(training))}
     inputs = [x, weight, bias, running_mean, running_var]
-    if training:
-        y, _, _ = ops.emit("BatchNormalization", inputs, attrs, 3)
-        return y
-    return ops.emit("BatchNormalization", inputs, attrs)
+    exact = rounds_eps(x, eps) and running_var.dtype == x.dtype
+    if exact and not training:  # the double added to the variance: exact in any runtime
+        inputs[4], attrs["epsilon"] = running_var + ops.scalar(eps, running_var), 0.0
+    y = ops.emit("BatchNormalization", inputs, attrs, 3 if training else 1)
+    y = y[0] if training else y
+    metadata = y.value.producer().metadata_props  # for the training passes and backends (``exact_attribute``)
+    if exact:
+        metadata[EPSILON_KEY] = repr(float(eps))
+    if rounds_eps(x, 1.0 - momentum) and running_mean.dtype == x.dtype:
+        metadata[MOMENTUM_KEY] = repr(float(1.0 - momentum))
+    return y
 
 
 @in_float32

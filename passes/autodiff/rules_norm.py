@@ -11,6 +11,7 @@ from graphc.errors import GraphError
 from graphc.passes.autodiff.builder import GradBuilder, attr, static_shape
 from graphc.passes.autodiff.registry import grad_rule
 from graphc.passes.autodiff.rules_reduce import count_ratio
+from graphc.passes.values import exact_float
 
 
 # -- normalization ----------------------------------------------------------------------------
@@ -39,7 +40,7 @@ def _batch_norm_grads(g, node, dy, x, scale, bias, mean, var):
     if g.opset >= 14 and attr(node, "training_mode", 0):
         return _batch_norm_training_grads(g, node, dy, axes, scale, bias) + (None, None)
     wants_x, wants_scale, wants_bias, wants_mean, wants_var = (g.wants(v) for v in node.inputs[:5])
-    eps = g.scalar(attr(node, "epsilon", 1e-5), dy)
+    eps = g.scalar(exact_float(node, "epsilon", 1e-5), dy)
     scale_c = _per_channel(g, scale, rank)
     xc = g.sub(x, _per_channel(g, mean, rank))
     invstd = g.op("Reciprocal", g.op("Sqrt", g.add(_per_channel(g, var, rank), eps)))
@@ -138,8 +139,11 @@ def normalize(e, centred: ir.Value, scale: ir.Value, shift: ir.Value, zeros: ir.
               eps: float, conv: bool) -> ir.Value:
     """``scale * centred / sqrt(var + eps) + shift`` per channel (``scale``, ``shift``, ``zeros``
     and ``var`` [C]): an inference-mode BatchNormalization, or with ``conv`` (``affine_as_conv``)
-    a 1x1 Conv of one channel a group."""
+    a 1x1 Conv of one channel a group. A float64 ``eps`` the float32 ``epsilon`` attribute cannot
+    hold is added to ``var`` instead (``epsilon=0``)."""
     if not conv:
+        if var.dtype == ir.DataType.DOUBLE and float(np.float32(eps)) != eps:
+            var, eps = e.op("Add", var, e.scalar(eps, var)), 0.0
         return e.op("BatchNormalization", centred, scale, shift, zeros, var, epsilon=eps)
     shape = static_shape(centred)
     weight = e.op("Div", scale, e.op("Sqrt", e.op("Add", var, e.scalar(eps, centred))))
@@ -173,7 +177,7 @@ def _batch_norm_training_grads(g, node, dy, axes, scale, bias):
     variance as GlobalLpPool(p=2), squared, ran 16-25x slower than the Mul and ReduceSum."""
     x = node.inputs[0]
     _, centred, var, zeros = batch_statistics(g, x, axes, g.device)
-    eps = attr(node, "epsilon", 1e-5)
+    eps = exact_float(node, "epsilon", 1e-5)
     invstd = g.op("Reciprocal", g.op("Sqrt", g.add(var, g.scalar(eps, dy))))
     s1 = channel_reduce(g, "ReduceSum", dy, axes, g.device)
     s2 = g.mul(channel_reduce(g, "ReduceSum", g.mul(dy, centred), axes, g.device), invstd)

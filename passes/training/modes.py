@@ -2,7 +2,9 @@
 
 * ``set_inference_mode``: Dropout loses its ``training_mode`` input (ONNX's default is
   inference, the identity); BatchNormalization gets ``training_mode=0`` and one output (it
-  normalises with the running statistics).
+  normalises with the running statistics); a float64 one whose float32 ``epsilon`` rounds the eps
+  its metadata records (``EPSILON_KEY``) gets that double added to its variance input and
+  ``epsilon=0``, as ``ops_nn.batch_norm`` captures it (``own_batchnorm_stats`` undoes this first).
 * ``set_training_mode``: each top-level Dropout is written out in standard ops fed by an explicit
   noise input (``dropout_noise.<k>``: uniform [0, 1) float32 of the Dropout input's shape, drawn
   by the caller each step): ``keep = noise >= ratio``, ``y = x * Cast(keep) * 1/(1-ratio)``,
@@ -36,7 +38,8 @@ from graphc.model import COUNT_KEY, COUNTER_KEY, VMAP_FOLDED_KEY
 from graphc.passes.autodiff.rules_norm import affine_as_conv, batch_statistics, normalize
 from graphc.passes.emit import Emitter
 from graphc.passes.training import imports
-from graphc.passes.values import PROBABILITIES_KEY, replace_value, static_shape
+from graphc.passes.values import (EPSILON_KEY, PROBABILITIES_KEY, exact_float, onnx_opset, replace_value,
+                                  static_shape)
 
 
 def batchnorm_stats(graph: ir.Graph) -> list[str]:
@@ -129,12 +132,14 @@ def own_batchnorm_stats(graph: ir.Graph) -> None:
     (``bn.running_mean``), else the buffer a dynamo export's signature lists for the node's
     module (a fresh BatchNorm's scale and bias merged with a LayerNorm's name the LayerNorm),
     else ``<p>.running_mean``/``<p>.running_var`` for a scale ``<p>.weight`` and bias
-    ``<p>.bias``, else ``<node name>.running_mean``/``...var``."""
+    ``<p>.bias``, else ``<node name>.running_mean``/``...var``. A float64 inference node with its
+    exact eps added to the variance input (``ops_nn.batch_norm``) reads the running variance again."""
     names = {*graph.initializers, *(v.name for v in graph.inputs), *(v.name for n in graph for v in n.outputs)}
     buffers = imports.signature_targets(graph, "BUFFER")
     for node in list(graph):
         if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
             continue
+        _eps_as_attribute(graph, node)
         for index, stat in ((3, "running_mean"), (4, "running_var")):
             value = node.inputs[index] if len(node.inputs) > index else None
             alias = value is not None and value.producer() is not None and value.producer().op_type == "Identity"
@@ -172,8 +177,40 @@ def _stat_name(node: ir.Node, stat: str, taken: set[str], buffers: set[str]) -> 
     return name
 
 
+def _eps_as_attribute(graph: ir.Graph, node: ir.Node) -> None:
+    """``node``'s exact eps (``EPSILON_KEY``) taken off its variance input into its attribute again
+    (rounded; the metadata keeps the double), where ``_eps_in_variance`` added it."""
+    exact, var = node.metadata_props.get(EPSILON_KEY), node.inputs[4]
+    if exact is None or _eps_attribute(node) != 0.0 or var.producer() is None:
+        return
+    add = var.producer()
+    node.replace_input_with(4, add.inputs[0])
+    node.attributes["epsilon"] = ir.AttrFloat32("epsilon", float(exact))
+    for dead in (add, add.inputs[1].producer()):
+        if dead is not None and not any(out.uses() or out.is_graph_output() for out in dead.outputs):
+            graph.remove(dead, safe=True)
+
+
+def _eps_attribute(node: ir.Node) -> float:
+    """A BatchNormalization's ``epsilon`` attribute (ONNX's default 1e-5 where it has none)."""
+    return node.attributes.get_float("epsilon", 1e-5)
+
+
+def _eps_in_variance(graph: ir.Graph, nodes: list[ir.Node]) -> None:
+    """Inference ``nodes`` as ``ops_nn.batch_norm`` captures one whose float32 ``epsilon`` may round its
+    exact eps (``EPSILON_KEY``): the double added to the variance input, ``epsilon=0``; exact in any
+    runtime."""
+    b = Emitter(graph, onnx_opset(graph, 0), "eps")
+    for node in nodes:
+        var = node.inputs[4]
+        node.replace_input_with(4, b.op("Add", var, b.scalar(float(node.metadata_props[EPSILON_KEY]), var)))
+        node.attributes["epsilon"] = ir.AttrFloat32("epsilon", 0.0)
+    graph.sort()
+
+
 def set_inference_mode(graph: ir.Graph, ops: tuple[str, ...] = ("Dropout", "BatchNormalization")) -> None:
     """Inference mode for the nodes of types ``ops`` (see the module docstring)."""
+    rounded: list[ir.Node] = []
     for node in list(graph):
         if node.domain not in ("", "ai.onnx") or node.op_type not in ops:
             continue
@@ -187,6 +224,9 @@ def set_inference_mode(graph: ir.Graph, ops: tuple[str, ...] = ("Dropout", "Batc
                     raise ValueError(f"BatchNormalization {node.name!r}: output {out.name!r} (a "
                                      f"training-mode statistic) is used; cannot switch to inference")
             node.resize_outputs(1)
+            rounded += [node] if EPSILON_KEY in node.metadata_props and _eps_attribute(node) != 0.0 else []
+    if rounded:
+        _eps_in_variance(graph, rounded)
 
 
 NOISE_PREFIX = "dropout_noise."
@@ -302,7 +342,7 @@ def training_axes(node: ir.Node) -> list[int]:
 def _batchnorm_training(b: Emitter, graph: ir.Graph, node: ir.Node, device: str) -> dict[str, ir.Value]:
     x, scale, bias = node.inputs[:3]
     axes = training_axes(node)
-    eps = node.attributes.get_float("epsilon", 1e-5)
+    eps = exact_float(node, "epsilon", 1e-5)
 
     # Decomposed for onnxruntime, whose CPU provider has no training-mode kernel: the batch
     # statistics as the gradient rule writes them (onnxruntime merges the two), then the
@@ -336,7 +376,7 @@ def replace_training_batchnorm(b: Emitter, graph: ir.Graph, node: ir.Node, y: ir
     statistics' updates from the batch's ``batch_mean`` and ``biased_var`` [C] over ``count``
     values per channel ([1], x's dtype), in place; returns {stat name: updated value}."""
     x, mean_in, var_in = node.inputs[0], node.inputs[3], node.inputs[4]
-    momentum = node.attributes.get_float("momentum", 0.9)
+    momentum = exact_float(node, "momentum", 0.9)
     y.dtype, y.shape = x.dtype, ir.Shape(x.shape)  # what the BatchNorms lowered after this one read
 
     # Running statistics (off the loss path, so autodiff never visits them), in their own type

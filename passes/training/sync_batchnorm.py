@@ -34,8 +34,8 @@ from graphc.passes.emit import Emitter
 from graphc.passes.training.modes import replace_training_batchnorm, training_axes, values_per_channel
 from graphc.passes.infer import infer
 from graphc.errors import PassError
-from graphc.passes.values import (EXCHANGE_KEY, STOP_GRADIENT_KEY, SYNC_BATCHNORM_KEY, exchange_kind,
-                                   replace_value)
+from graphc.passes.values import (EXCHANGE_KEY, STOP_GRADIENT_KEY, SYNC_BATCHNORM_KEY, exact_float,
+                                   exchange_kind, replace_value)
 
 LOSS_SEED = "graphc.loss_seed"  # the backward's seed factor of a graph with SyncBatchNorms (module docstring)
 WORKERS = "graphc_workers"  # the leading dim of a gathered value
@@ -106,7 +106,7 @@ def _write_out(b: Emitter, graph: ir.Graph, node: ir.Node) -> dict[str, ir.Value
     per_channel = b.ints([-1] + [1] * (len(axes) - 1))
     shift = b.op("Reshape", shift if shift.dtype == x.dtype else b.op("Cast", shift, to=x.dtype), per_channel)
     centred, var, d, total = _combined(b, graph, x, shift, axes)
-    eps = b.scalar(node.attributes.get_float("epsilon", 1e-5), x)
+    eps = b.scalar(exact_float(node, "epsilon", 1e-5), x)
     y = b.op("Mul", centred, b.op("Reciprocal", b.op("Sqrt", b.op("Add", var, eps))))
     for op, param in (("Mul", scale), ("Add", bias)):
         param = param if param.dtype == x.dtype else b.op("Cast", param, to=x.dtype)
