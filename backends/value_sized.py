@@ -15,10 +15,11 @@ pre-pass is the whole check.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import onnx
@@ -27,6 +28,9 @@ from onnx import numpy_helper
 from graphc.errors import RequestTooLarge, TensorTooLarge
 from graphc.model import node_label
 from graphc.model.file import model_graphs
+
+if TYPE_CHECKING:
+    from graphc.backends.size_cones import SizeCones
 
 VALUE_SIZED = frozenset({"ConstantOfShape", "Expand", "Tile", "Range", "Pad", "OneHot", "Resize", "Upsample",
                          "HannWindow", "HammingWindow", "BlackmanWindow", "CenterCropPad", "MaxUnpool", "Col2Im",
@@ -72,15 +76,24 @@ class ShapePrepass:
     graph of sizing inputs the numpy kernels cannot compute (``size_cones``)."""
 
     def __init__(self, model: onnx.ModelProto):
-        from graphc.backends.size_cones import SizeCones  # the numpy kernels come only with a cone
-
+        self.model = model
         self.skeleton = _skeleton(model)
-        self.cones = SizeCones(model)
-        self.unchecked = list(dict.fromkeys(self.cones.unchecked + [
-            (node_label(node.name, index), f"graph {graph.name!r}") for graph in model_graphs(model)[1:]
-            for index, node in enumerate(graph.node) if is_value_sized(node)]))
         self._found: dict[tuple, Found] = {}
         self._lock = threading.Lock()
+
+    @functools.cached_property
+    def cones(self) -> SizeCones:
+        """The numpy cones of the main graph's value-sized nodes, built on first use (the numpy
+        backend, which checks those nodes as they run, never asks)."""
+        from graphc.backends.size_cones import SizeCones  # the numpy kernels come only with a cone
+
+        return SizeCones(self.model)
+
+    @functools.cached_property
+    def unchecked(self) -> list[tuple[str, str]]:
+        return list(dict.fromkeys(self.cones.unchecked + [
+            (node_label(node.name, index), f"graph {graph.name!r}") for graph in model_graphs(self.model)[1:]
+            for index, node in enumerate(graph.node) if is_value_sized(node)]))
 
     @classmethod
     def of(cls, model: onnx.ModelProto) -> ShapePrepass | None:
