@@ -150,25 +150,27 @@ class ShapePrepass:
         except (onnx.shape_inference.InferenceError, ValueError):  # the run reports what is wrong
             inferred = model
         types = {v.name: v.type for v in (*inferred.graph.value_info, *inferred.graph.output, *graph.input)}
-        shapes = {name: found[1:] for name, found in ((n, _bytes(t)) for n, t in types.items()) if found is not None}
+        known = {name: _bytes(kind) for name, kind in types.items()}
+        shapes = {name: found[1:] for name, found in known.items() if found is not None}
         shapes.update({t.name: (list(t.dims), onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
                        for t in graph.initializer})
         growth: list[tuple] = []
         misses: list[tuple] = []
         for index, node in enumerate(graph.node):
             for name in node.output:
-                found = _bytes(types.get(name))
+                found = known.get(name)
                 if found is not None and (not growth or found[0] > growth[-1][0]):
                     growth.append((found[0], node_label(node.name, index), node.op_type, *found[1:]))
-            if is_value_sized(node) and not all(_bytes(types.get(name)) for name in node.output if name):
+            if is_value_sized(node) and not all(known.get(name) for name in node.output if name):
                 misses.append((index, {name: shapes[name] for name in node.input if name in shapes}))
-        return Found(growth, _peak(graph, types, feeds), misses)
+        return Found(growth, _peak(graph, known, feeds), misses)
 
 
-def _peak(graph: onnx.GraphProto, types: Mapping[str, onnx.TypeProto], feeds: Mapping[str, np.ndarray]) -> tuple:
-    """(bytes, node, op) where the tensors of known size live at once add up to the most: the feeds
-    from the start, a node's outputs from it; each until the last node that reads it (a subgraph's
-    reads included), the graph's outputs to the end. Initializers are the model's, not the run's."""
+def _peak(graph: onnx.GraphProto, known: Mapping[str, tuple | None], feeds: Mapping[str, np.ndarray]) -> tuple:
+    """(bytes, node, op) where the tensors of known size (``known``: ``_bytes`` of each value's
+    type) live at once add up to the most: the feeds from the start, a node's outputs from it; each
+    until the last node that reads it (a subgraph's reads included), the graph's outputs to the
+    end. Initializers are the model's, not the run's."""
     last: dict[str, int] = {}
     for index, node in enumerate(graph.node):
         for name in reads(node):
@@ -184,7 +186,7 @@ def _peak(graph: onnx.GraphProto, types: Mapping[str, onnx.TypeProto], feeds: Ma
     best = (live, "the feeds", "inputs")
     for index, node in enumerate(graph.node):
         for name in node.output:
-            found = _bytes(types.get(name)) if name else None
+            found = known.get(name) if name else None
             if found is not None:
                 live += found[0]
                 freed[last.get(name, index)] += found[0]
