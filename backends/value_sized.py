@@ -223,9 +223,9 @@ def _bytes(kind: onnx.TypeProto | None) -> tuple[int, list[int], np.dtype] | Non
 
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` for shape inference: its nodes and functions, initializers of at most ``SMALL``
-    elements as they are (those that are also inputs as the inputs), larger ones as typed inputs (their shapes matter, not their values), no
-    value_info and outputs typed without shapes (declared symbolic dims cannot clash with the
-    concrete ones a run gives)."""
+    elements as they are (those that are also inputs as the inputs), larger ones as typed inputs
+    (their shapes matter, not their values), no value_info and outputs typed without shapes
+    (declared symbolic dims cannot clash with the concrete ones a run gives)."""
     source = model.graph
     graph = onnx.GraphProto(name=source.name)
     graph.node.extend(source.node)
@@ -236,7 +236,7 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         if math.prod(tensor.dims) <= SMALL:
             graph.initializer.append(tensor)
-        elif tensor.name not in names:
+        else:
             graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
     for sparse in source.sparse_initializer:
         graph.input.append(onnx.helper.make_tensor_value_info(sparse.values.name, sparse.values.data_type,
