@@ -136,13 +136,9 @@ class ServedModel:
                 request.inputs[name] = array if shape is None else array.reshape(shape)
         wanted = None if request.outputs is None else list(request.outputs)
         try:
-            if self._lock is None:
+            with self._locked(deadline) if self._lock is not None else contextlib.nullcontext():
                 results = self.session.run(request.inputs, outputs=wanted, cancel=deadline,
                                            max_tensor_bytes=max_tensor_bytes, max_request_bytes=max_request_bytes)
-            else:
-                with self._locked(deadline):
-                    results = self.session.run(request.inputs, outputs=wanted, cancel=deadline,
-                                               max_tensor_bytes=max_tensor_bytes, max_request_bytes=max_request_bytes)
         except InputError as exc:
             raise ProtocolError(f"model {self.name!r}: {exc}") from None
         except TensorTooLarge as exc:
