@@ -8,8 +8,8 @@ running mean are equal constants (zeros) and the running statistics are not read
 training-mode kernel outside its training builds. The session's copy computes
 the batch statistics in standard ops instead, as the numpy kernel does: ``y = (x - mean) /
 sqrt(var + eps) * scale + bias`` (biased variance; a float64 eps and momentum the float32
-attributes round from the node's metadata, ``exact_attribute``) and, where they are read, the running
-statistics ``m * running + (1 - m) * batch``. Training graphs from ``gc.training.generate`` have
+attributes round from the node's metadata, ``exact_attributes``) and, where they are read, the
+running statistics ``m * running + (1 - m) * batch``. Training graphs from ``gc.training.generate`` have
 no such node (``passes/training/modes.py`` lowers them itself), so this leaves them as they are.
 """
 
@@ -22,7 +22,7 @@ from onnx import helper
 from graphc.backends.written_out import Writer
 from graphc.errors import BackendError
 from graphc.model.file import ai_onnx_opset, tensor_types, with_nodes
-from graphc.passes.values import exact_attribute
+from graphc.passes.values import exact_attributes
 
 __all__ = ["lower_training_mode"]
 
@@ -51,10 +51,9 @@ def _written_out(node: onnx.NodeProto, types: dict, opset: int, backend: str) ->
         raise BackendError(f"{backend} cannot run the training-mode BatchNormalization {node.name!r}: the type of "
                            f"its input {x!r} or of its running mean {mean_in!r} is unknown")
     (elem, dims), stat_elem = types[x], types[mean_in][0]
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    metadata = {e.key: e.value for e in node.metadata_props}
-    eps, m = (exact_attribute(name, attrs.get(name, default), metadata) for name, default in (("epsilon", 1e-5),
-                                                                                                ("momentum", 0.9)))
+    attrs = exact_attributes(node, {"epsilon": 1e-5, "momentum": 0.9,
+                                    **{a.name: helper.get_attribute_value(a) for a in node.attribute}})
+    eps, m = attrs["epsilon"], attrs["momentum"]
     axes = [0, *range(2, len(dims))]
     w = Writer(node, "bn_train", opset)
     op, const = w.op, w.const

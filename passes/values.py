@@ -9,14 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
 __all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "EPSILON_KEY", "EXACT_KEYS", "EXCHANGE_KEY",
            "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY", "MAX_NORM_KEY", "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY",
            "MOMENTUM_KEY", "PROBABILITIES_KEY", "RANDOM_OPS", "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY",
            "ancestors", "attr", "const_array", "const_axes", "const_scalar", "draws_random", "exact_attribute",
-           "exact_float", "exchange_kind", "fixed_array", "fresh_name", "node_attrs", "onnx_opset", "replace_value",
-           "static_shape", "stops_gradient", "subgraphs"]
+           "exact_attributes", "exact_float", "exchange_kind", "fixed_array", "fresh_name", "node_attrs",
+           "onnx_opset", "replace_value", "static_shape", "stops_gradient", "subgraphs"]
 
 Dim = int | str | None
 StaticShape = tuple[Dim, ...]
@@ -98,6 +99,16 @@ def exact_attribute(name: str, value: float, metadata: Mapping[str, str]) -> flo
 def exact_float(node: ir.Node, name: str, default: float) -> float:
     """``node``'s float attribute ``name`` (``default`` where it has none) as ``exact_attribute`` reads it."""
     return exact_attribute(name, node.attributes.get_float(name, default), node.metadata_props)
+
+
+def exact_attributes(node: onnx.NodeProto, attrs: dict) -> dict:
+    """``attrs`` (``node``'s attributes as values) with those named in ``EXACT_KEYS`` as
+    ``exact_attribute`` reads them from ``node``'s metadata; ``attrs`` itself where it has none."""
+    metadata = {e.key: e.value for e in node.metadata_props}
+    if not metadata:
+        return attrs
+    exact = {name: exact_attribute(name, attrs[name], metadata) for name in EXACT_KEYS.keys() & attrs.keys()}
+    return {**attrs, **exact}
 
 
 # node metadata of an Identity that marks a data-parallel exchange: "gather", every worker's input

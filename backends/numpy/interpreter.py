@@ -22,7 +22,7 @@ from graphc.backends.numpy import sizes
 from graphc.backends.numpy.kernels import lookup, missing, normalize_domain
 from graphc.errors import BackendError, GraphcError, GraphError, InputError, MissingKernel
 from graphc.model import node_source
-from graphc.passes.values import EXACT_KEYS, exact_attribute
+from graphc.passes.values import exact_attributes
 
 
 class Context:
@@ -119,10 +119,8 @@ class Step:
             raise MissingKernel(f"the numpy kernel of {node.op_type!r} (node {self.label!r}) does not "
                                 f"support attribute(s) {', '.join(unknown)}" + _where(node))
         self.fn, self.context = found.fn, found.context
-        self.attrs = {a.name: decode_attribute(a, opsets, functions) for a in node.attribute}
-        metadata = {e.key: e.value for e in node.metadata_props}
-        for name in EXACT_KEYS.keys() & self.attrs.keys() if metadata else ():  # doubles float32 attributes round
-            self.attrs[name] = exact_attribute(name, self.attrs[name], metadata)
+        # doubles float32 attributes round, from the node's metadata
+        self.attrs = exact_attributes(node, {a.name: decode_attribute(a, opsets, functions) for a in node.attribute})
         if found.attributes is not None and "_outputs" in found.attributes:
             # outputs asked for: up to the last named one (an empty name skips a position)
             self.attrs["_outputs"] = max((i + 1 for i, o in enumerate(node.output) if o), default=0)
