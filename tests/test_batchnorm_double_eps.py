@@ -15,6 +15,7 @@ import graphc as gc
 from graphc import nn
 from graphc.passes.values import EPSILON_KEY
 from graphc.runtime.staged import StagedRun
+from test_norm_double_eps import _Weighted
 
 RNG = np.random.default_rng(0)
 BACKENDS = ("numpy", "ort-cpu")
@@ -47,16 +48,6 @@ def _pair(name: str, train: bool):
     layer.load_state_dict(state)
     twin.load_state_dict({k: torch.tensor(v) for k, v in state.items()})
     return layer.train(train), twin.train(train), shape
-
-
-class _Weighted(nn.Module):
-    def __init__(self, layer: nn.Module, g: np.ndarray):
-        super().__init__()
-        self.layer, self.g = layer, g
-
-    def forward(self, x):
-        y = self.layer(x)
-        return {"y": y, "loss": (y * gc.tensor(self.g)).sum()}
 
 
 def _error(got: np.ndarray, want: np.ndarray) -> float:
