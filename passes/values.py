@@ -1,7 +1,7 @@
 """Small helpers every pass shares over onnx-ir values and graphs: the ai.onnx opset, a
 value's shape as a tuple, its constant as numpy, a node's constant axes, a value swapped for
 another, a node's attributes as plain values, fresh names, which nodes draw random numbers,
-which nodes stop gradients, which nodes compute some values, a node's subgraphs.
+which nodes stop gradients, which nodes compute some values, a node's subgraphs and what they read.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ __all__ = ["BUFFER_UPDATE_KEY", "BUFFER_WRITE_KEY", "EPSILON_KEY", "EXACT_KEYS",
            "FAKE_QUANTIZE_KEY", "FUSED_GRADIENT_KEY", "MAX_NORM_KEY", "MAX_NORM_LOOKUP_KEY", "MAX_NORM_ROWS_KEY",
            "MOMENTUM_KEY", "PROBABILITIES_KEY", "RANDOM_OPS", "STOP_GRADIENT_KEY", "SYNC_BATCHNORM_KEY",
            "ancestors", "attr", "const_array", "const_axes", "const_scalar", "draws_random", "exact_attribute",
-           "exact_attributes", "exact_float", "exchange_kind", "fixed_array", "fresh_name", "node_attrs",
-           "onnx_opset", "replace_value", "static_shape", "stops_gradient", "subgraphs"]
+           "exact_attributes", "exact_float", "exchange_kind", "fixed_array", "fresh_name", "needed_values",
+           "node_attrs", "onnx_opset", "replace_value", "static_shape", "stops_gradient", "subgraph_reads", "subgraphs"]
 
 Dim = int | str | None
 StaticShape = tuple[Dim, ...]
@@ -248,3 +248,33 @@ def subgraphs(node: ir.Node) -> list[ir.Graph]:
     return [g for a in node.attributes.values()
             for g in ([a.value] if a.type == ir.AttributeType.GRAPH else
                       list(a.value) if a.type == ir.AttributeType.GRAPHS else [])]
+
+
+def needed_values(graph: ir.Graph, outputs: Sequence[ir.Value]) -> tuple[set[ir.Value], dict[ir.Node, list[ir.Value]]]:
+    """The values ``graph``'s nodes compute ``outputs`` from (``outputs``, ``graph``'s inputs and outer
+    values included), a value a subgraph captures expanded as a node input is; and the values each of those
+    nodes with subgraphs reads in them (``subgraph_reads``)."""
+    found: set[ir.Value] = set()
+    reads: dict[ir.Node, list[ir.Value]] = {}
+    expanded: set[ir.Node] = set()
+    todo = list(outputs)
+    while todo:
+        value = todo.pop()
+        if value in found:
+            continue
+        found.add(value)
+        node = value.producer()
+        if node is None or node in expanded or node.graph is not graph:
+            continue
+        expanded.add(node)
+        todo.extend(v for v in node.inputs if v is not None)
+        if subgraphs(node):
+            reads[node] = subgraph_reads(node)
+            todo.extend(reads[node])
+    return found, reads
+
+
+def subgraph_reads(node: ir.Node) -> list[ir.Value]:
+    """The values a node's subgraphs' nodes read (the outer ones they capture among them)."""
+    return [v for sub in subgraphs(node) for n in ir.traversal.RecursiveGraphIterator(sub) for v in n.inputs
+            if v is not None]

@@ -119,3 +119,28 @@ def test_a_lookup_inside_a_cond_branch_stays_refused():
     with pytest.raises(ArtifactsError, match=r"renormalises rows inside a gc.cond branch .*the branch a shard takes "
                                              r"may differ from the whole batch's.*train with one worker"):
         gc.Trainer(_artifacts(net, "sgd"), workers=2)
+
+
+def test_the_rows_graph_keeps_a_carried_value_only_a_nested_cond_reads_through_a_body_value():
+    """The indices are computed inside a gc.cond from a body value (``off * 3``) that only the cond's branches
+    read, itself from a carried value: the rows graph's Loop keeps that carried value (before, it was dropped
+    from the body's inputs, and the rows graph read an undefined value), and stacks each iteration's rows."""
+    from graphc.model import Model
+    from graphc.passes.training.max_norm_shards import sharded
+
+    net = _Net(tied=True)
+
+    def forward(i):
+        def body(k, off, acc):
+            shifted = off * 3
+            return k + 1, off * 2, acc + net.emb(gc.cond(k > 0, lambda: i[:, k] + shifted, lambda: i[:, k] - shifted))
+        return net.fc(gc.while_loop(lambda k, off, a: k < STEPS, lambda k, off, a: body(k, off, a),
+                                    (gc.tensor(0), gc.tensor(0), net.emb(i[:, 0]) * 0.0))[2])
+
+    net.forward = forward
+    rows = sharded(_artifacts(net, "sgd").eval.ir, ["emb.weight"], ["i"], renormed=False).rows
+    i = RNG.integers(0, ROWS, (3, STEPS))
+    got = gc.Session(Model(rows), backend="numpy").run({"i": i})
+    steps = [v for k, v in got.items() if k.endswith(".steps")]
+    assert len(steps) == 1
+    np.testing.assert_array_equal(steps[0], i.T[..., None])

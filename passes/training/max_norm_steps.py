@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
 from graphc.passes.emit import Emitter
-from graphc.passes.values import ancestors, subgraphs
+from graphc.passes.values import needed_values, subgraphs
 
 from graphc.errors import ArtifactsError
 
@@ -59,7 +59,7 @@ def _cut(node: ir.Node, flats: Sequence[ir.Value]) -> list[ir.Value]:
     wanted = [inner.outputs[0]] if loop else []
     keep: set[int] = set()
     while True:  # the carried values read, transitively, by the condition and ``flats``
-        read = _reads(inner, [*wanted, *flats, *(inner.outputs[lead + j] for j in keep)])
+        read = needed_values(inner, [*wanted, *flats, *(inner.outputs[lead + j] for j in keep)])[0]
         more = {j for j in range(states) if inner.inputs[first_in + j] in read} - keep
         if not more:
             break
@@ -96,19 +96,6 @@ def _true(node: ir.Node) -> ir.Value:
 
 def _scanned(node: ir.Node) -> int:
     return node.attributes["num_scan_inputs"].as_int()
-
-
-def _reads(graph: ir.Graph, values: Sequence[ir.Value]) -> set[ir.Value]:
-    """The values of ``graph`` (its inputs included) that ``values`` are computed from, nested bodies'
-    reads of them included."""
-    nodes = [n for n in ancestors(values) if n.graph is graph]
-    read = set(values)
-    for node in nodes:
-        read.update(v for v in node.inputs if v is not None)
-        for sub in subgraphs(node):
-            for inner in ir.traversal.RecursiveGraphIterator(sub):
-                read.update(v for v in inner.inputs if v is not None)
-    return read
 
 
 def at_union(graph: ir.Graph, e: Emitter, node: ir.Node, scatter: ir.Node,

@@ -13,7 +13,7 @@ from graphc.passes.training import row_axes_select  # noqa: F401 - registers its
 from graphc.passes.training.row_axes import RULES, Mixes, Rows
 from graphc.passes.training.row_shapes import SHAPES, BodyShapes
 from graphc.passes.training.row_subgraphs import SUBGRAPH_RULES, Body
-from graphc.passes.values import SYNC_BATCHNORM_KEY, subgraphs
+from graphc.passes.values import SYNC_BATCHNORM_KEY, needed_values
 
 __all__ = ["Mixing", "mixing_nodes"]
 
@@ -64,7 +64,7 @@ def _walk(graph: ir.Graph, rows: MutableMapping[ir.Value, Rows], outputs: Sequen
     """Follow the rows through the nodes of ``graph`` that compute ``outputs`` (``rows``: the
     Rows known, outer values' included), recording in ``found`` the nodes that mix; the outputs'
     Rows. ``where``: the subgraphs ``graph`` sits in, innermost first, for the messages."""
-    needed, subgraph_reads = _needed(graph, outputs)
+    needed, subgraph_reads = needed_values(graph, outputs)
     for node in graph:
         wanted = [v in needed for v in node.outputs]
         if not any(wanted):
@@ -99,31 +99,3 @@ def _body(node: ir.Node, rows: Mapping[ir.Value, Rows], where: tuple[str, ...], 
         return _walk(graph, inner, outputs, here, found)
     return body
 
-
-def _needed(graph: ir.Graph, outputs: Sequence[ir.Value]) -> tuple[set[ir.Value], dict[ir.Node, list[ir.Value]]]:
-    """The values ``graph``'s nodes compute ``outputs`` from, outer values a subgraph captures
-    among them; and the values each of those nodes with subgraphs reads in them."""
-    found: set[ir.Value] = set()
-    reads: dict[ir.Node, list[ir.Value]] = {}
-    expanded: set[ir.Node] = set()
-    todo = list(outputs)
-    while todo:
-        value = todo.pop()
-        if value in found:
-            continue
-        found.add(value)
-        node = value.producer()
-        if node is None or node in expanded or node.graph is not graph:
-            continue
-        expanded.add(node)
-        todo.extend(v for v in node.inputs if v is not None)
-        if subgraphs(node):
-            reads[node] = _subgraph_reads(node)
-            todo.extend(reads[node])
-    return found, reads
-
-
-def _subgraph_reads(node: ir.Node) -> list[ir.Value]:
-    """The values a node's subgraphs' nodes read (the outer ones they capture among them)."""
-    return [v for sub in subgraphs(node) for n in ir.traversal.RecursiveGraphIterator(sub) for v in n.inputs
-            if v is not None]
