@@ -10,14 +10,15 @@ model, which stays as it was. ``shape_of`` reads them through ``SHAPES`` (set fo
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from contextvars import ContextVar
 
 import onnx
 import onnx_ir as ir
 
+from graphc.passes.autodiff.core import captured_values
 from graphc.passes.evaluate import folded_array
-from graphc.passes.values import StaticShape, static_shape, subgraphs
+from graphc.passes.values import StaticShape, static_shape
 
 __all__ = ["SHAPES", "BodyShapes", "shape_of"]
 
@@ -44,7 +45,7 @@ class BodyShapes(dict):
         if not untyped:
             return
         proto = ir.serde.serialize_graph(graph)
-        for value in _outer(graph):
+        for value in (v for v in captured_values(graph) if v.name):  # the named outer values it reads (or outputs)
             shape, dtype = shape_of(value), _dtype_of(value)
             if dtype is None:  # (onnx takes no input of unknown type: its readers stay unknown)
                 continue
@@ -81,17 +82,3 @@ def shape_of(value: ir.Value) -> StaticShape | None:
 def _dtype_of(value: ir.Value) -> ir.DataType | None:
     return _found(value)[0] if value.dtype is None else value.dtype
 
-
-def _outer(graph: ir.Graph) -> Iterator[ir.Value]:
-    """The named values ``graph``'s nodes (its subgraphs' included) read from outside it."""
-    defined = {*graph.inputs, *graph.initializers.values()}
-    for node in ir.traversal.RecursiveGraphIterator(graph):
-        defined.update(node.outputs)
-        for sub in subgraphs(node):
-            defined.update([*sub.inputs, *sub.initializers.values()])
-    seen: set[ir.Value] = set()
-    for node in ir.traversal.RecursiveGraphIterator(graph):
-        for value in node.inputs:
-            if value is not None and value.name and value not in defined and value not in seen:
-                seen.add(value)
-                yield value
