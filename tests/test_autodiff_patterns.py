@@ -378,3 +378,61 @@ def test_a_weight_read_by_several_matmuls_gets_one_gemm_over_the_stacked_rows(ro
     assert len(products) == 1 and not {"Sum", "Add", "Transpose"} & set(gradient_ops), gradient_ops
     made_by = {o: n.op_type for n in proto.graph.node for o in n.output}
     assert [made_by[v] for v in products[0].input] == ["Concat", "Concat"]
+
+
+def block_concat_model(shape: tuple[int, ...], axis: int, blocks: list[tuple], extra_use: bool):
+    """loss = sum(Concat(x[block] for block in blocks, axis) * c) (+ sum(x[blocks[0]]) with ``extra_use``),
+    float64: each block a Slice of x by (starts, ends, axes); (model, x, the exact gradient of x)."""
+    x = RNG.standard_normal(shape)
+    parts = [x[_region(len(shape), *b)] for b in blocks]
+    c = RNG.standard_normal(np.concatenate(parts, axis).shape)
+    want, offset = np.zeros_like(x), 0
+    for b, part in zip(blocks, parts):
+        want[_region(len(shape), *b)] += np.take(c, range(offset, offset + part.shape[axis]), axis)
+        offset += part.shape[axis]
+    inits = [numpy_helper.from_array(x, "x"), numpy_helper.from_array(c, "c")]
+    nodes = []
+    for i, (starts, ends, axes) in enumerate(blocks):
+        inits += [numpy_helper.from_array(np.array(v, np.int64), f"{k}{i}") for k, v in zip("sea", (starts, ends, axes))]
+        nodes.append(helper.make_node("Slice", ["x", f"s{i}", f"e{i}", f"a{i}"], [f"b{i}"]))
+    nodes += [helper.make_node("Concat", [f"b{i}" for i in range(len(blocks))], ["y"], axis=axis, name="reorder"),
+              helper.make_node("Mul", ["y", "c"], ["p"]), helper.make_node("ReduceSum", ["p"], ["l0"], keepdims=0)]
+    if extra_use:
+        want[_region(len(shape), *blocks[0])] += 1
+        nodes += [helper.make_node("ReduceSum", ["b0"], ["l1"], keepdims=0), helper.make_node("Add", ["l0", "l1"], ["loss"])]
+    else:
+        nodes.append(helper.make_node("Identity", ["l0"], ["loss"]))
+    graph = helper.make_graph(nodes, "blocks", [], [helper.make_tensor_value_info("loss", 11, [])], initializer=inits)
+    return ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])), want
+
+
+def _region(rank: int, starts, ends, axes) -> tuple[slice, ...]:
+    region = [slice(None)] * rank
+    for s, e, a in zip(starts, ends, axes):
+        region[a] = slice(s, e)
+    return tuple(region)
+
+
+# (x shape, Concat axis, blocks as Slice (starts, ends, axes), whether they permute x's blocks along the axis)
+BLOCKS = {
+    "gates-rows": ((12, 3), 0, [([4], [8], [0]), ([0], [4], [0]), ([8], [12], [0])], True),
+    "negative-bounds-last-axis": ((2, 7), 1, [([-3], [2 ** 62], [-1]), ([0], [-3], [1])], True),
+    "overlap": ((6, 2), 0, [([0], [4], [0]), ([2], [6], [0])], False),
+    "gap": ((6, 2), 0, [([4], [6], [0]), ([0], [3], [0])], False),
+    "cut-on-another-axis": ((4, 4), 0, [([2, 0], [4, 3], [0, 1]), ([0, 0], [2, 3], [0, 1])], False),
+}
+
+
+@pytest.mark.parametrize("extra_use", [False, True], ids=["blocks-read-once", "first-block-read-twice"])
+@pytest.mark.parametrize("case", list(BLOCKS))
+def test_a_concat_of_permuted_slices_gets_the_inverse_permutation(case, extra_use):
+    """Slices of one x along the Concat's axis that tile it (an RNN's gate reorder) send dy's blocks
+    back in x's order, one Split and Concat, no Pad per Slice nor Sum; overlapping, partial or
+    otherwise cut blocks keep the Pads. Exact on numpy and onnxruntime, a second read included."""
+    shape, axis, blocks, permuted = BLOCKS[case]
+    model, want = block_concat_model(shape, axis, blocks, extra_use)
+    proto = graphc.Model(gradient_model(model, "loss", ["x"])).proto
+    for run in (run_numpy, run_ort):
+        np.testing.assert_allclose(run(proto, {})["x_grad"], want, rtol=1e-12, atol=1e-12, err_msg=run.__name__)
+    pads = sum(n.op_type == "Pad" for n in proto.graph.node)
+    assert pads == (extra_use if permuted else len(blocks)), [n.op_type for n in proto.graph.node]

@@ -354,3 +354,44 @@ def test_exported_torch_recurrent_layer_gradients_match_torch(kind, dynamo, dyna
             for role, value in expected.items():
                 np.testing.assert_allclose(got[f"{wrt[i, role]}_grad"], value, rtol=1e-7, atol=1e-10,
                                            err_msg=f"layer {i} {role}")
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning",
+                            "ignore:Converting a tensor to a Python boolean")
+@pytest.mark.parametrize("dynamic_time", [False, True], ids=["unrolled", "scan"])
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_torch_layout_recurrent_parameters_get_torch_gradients_without_pads(kind, dynamic_time, tmp_path):
+    """Exported without constant folding, a 2-layer bidirectional nn.LSTM/nn.GRU keeps torch's
+    parameters (names and gate layout) and reorders their gate blocks by Slice + Concat before each
+    op. Their float64 gradients equal torch.autograd's as they are, on numpy and onnxruntime, and
+    each reorder's gradient is its inverse permutation (Split + Concat), no Pad per gate block."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = getattr(torch.nn, kind)(I, H, num_layers=2, batch_first=True, bidirectional=True)
+            self.register_buffer("weight", torch.randn(2 * H) if dynamic_time else torch.randn(T, 2 * H))
+
+        def forward(self, x):
+            return (self.layer(x)[0] * self.weight).sum()
+
+    net = Net().double()
+    x = torch.randn(N, T, I, dtype=torch.float64, requires_grad=True)
+    path = tmp_path / "rnn.onnx"
+    torch.onnx.export(net, (x,), str(path), input_names=["x"], output_names=["loss"], dynamo=False, opset_version=17,
+                      dynamic_axes={"x": {0: "N", 1: "T"} if dynamic_time else {0: "N"}}, do_constant_folding=False)
+    params = dict(net.named_parameters())
+    model = gc.load(path)
+    assert set(params) <= {t.name for t in model.proto.graph.initializer}, "torch's parameters, in torch's layout"
+    proto = gc.Model(gradient_model(ir.serde.deserialize_model(model.proto), "loss", ["x", *params])).proto
+    onnx.checker.check_model(proto, full_check=True)
+    ops = [n.op_type for n in proto.graph.node]
+    assert "Pad" not in ops and ("Scan" in ops) == dynamic_time
+    x = torch.randn(5, T + 2 if dynamic_time else T, I, dtype=torch.float64, requires_grad=True)
+    net(x).backward()
+    for got in (run_numpy(proto, {"x": x.detach().numpy()}), _ort(proto, {"x": x.detach().numpy()})):
+        np.testing.assert_allclose(got["x_grad"], x.grad.numpy(), rtol=1e-7, atol=1e-10)
+        for name, p in params.items():
+            np.testing.assert_allclose(got[f"{name}_grad"], p.grad.numpy(), rtol=1e-7, atol=1e-10, err_msg=name)

@@ -54,6 +54,7 @@ Conventions (each written next to its rule too):
 
 from graphc.passes.autodiff import (  # noqa: F401  (importing registers the rules)
     rules_activations,
+    rules_concat,
     rules_control,
     rules_elementwise,
     rules_fused,

@@ -1,5 +1,5 @@
-"""VJP rules of data-movement ops: Reshape-likes, Transpose, Expand, Concat, Split, Slice, TopK, Trilu,
-CumSum, Pad, Tile and Resize (the gathers and scatters are ``rules_indexing``'s)."""
+"""VJP rules of data-movement ops: Reshape-likes, Transpose, Expand, Slice, TopK, Trilu, CumSum, Pad, Tile
+and Resize (Concat and Split are ``rules_concat``'s, the gathers and scatters ``rules_indexing``'s)."""
 
 from __future__ import annotations
 
@@ -41,37 +41,7 @@ def grad_expand(g, node, dy):
     return dy, None
 
 
-def _dim_once(g, x: ir.Value, axis: int, read: dict):
-    """``g.dim(x, axis)``, the Shape read of a named symbolic dim shared through ``read``."""
-    dim = x.shape[axis] if x.shape is not None else None
-    name = getattr(dim, "value", None)
-    if not isinstance(name, str):
-        return g.dim(x, axis)
-    if name not in read:
-        read[name] = g.dim(x, axis)
-    return read[name]
-
-
-@grad_rule("Concat")
-def grad_concat(g, node, dy):
-    rank = g.rank(node.outputs[0])
-    axis = attr(node, "axis") % rank
-    read: dict[str, ir.Value] = {}  # a dim named alike is one size: read off Shape once (an unrolled RNN's B)
-    sizes = [_dim_once(g, x, axis, read) for x in node.inputs]
-    if not all(isinstance(s, int) for s in sizes):
-        sizes = g.op("Concat", *[g.ints([s]) if isinstance(s, int) else s for s in sizes], axis=0)
-    parts = g.split(dy, sizes, axis, len(node.inputs))
-    return tuple(p if g.wants(x) else None for p, x in zip(parts, node.inputs))
-
-
-@grad_rule("Split", multi_output=True)
-def grad_split(g, node, dys):
-    rank = g.rank(node.inputs[0])
-    parts = [d if d is not None else g.zeros_like(y) for d, y in zip(dys, node.outputs)]
-    return (g.op("Concat", *parts, axis=attr(node, "axis", 0) % rank),) + (None,) * (len(node.inputs) - 1)
-
-
-def _static_slice_pads(node: ir.Node) -> list[int] | None:
+def static_slice_pads(node: ir.Node) -> list[int] | None:
     """Pads for Pad(dy) that undo a Slice whose bounds are constants and steps are 1, else None."""
     x = node.inputs[0]
     shape = static_shape(x)
@@ -122,7 +92,7 @@ def grad_slice(g, node, dy):
     # steps, else slice a tensor of flat indices the same way and ScatterElements into it.
     x = node.inputs[0]
     rest = (None,) * (len(node.inputs) - 1)
-    pads = _static_slice_pads(node)
+    pads = static_slice_pads(node)
     if pads is not None:
         return (g.op("Pad", dy, g.ints(pads)),) + rest
     dx = _scattered_back(g, x, dy, lambda positions: g.op("Slice", positions, *node.inputs[1:]), add=False)
