@@ -134,18 +134,13 @@ def check_checkpoint(path: Path, resume: bool, artifacts: Path, changed_optimize
 def _check_resume(path: Path, meta, tensors: dict, manifest, changed_optimizer: bool) -> None:
     """``resume_rules``' refusals of a checkpoint (``meta``, ``tensors``) trained with another
     optimizer or trainable set than the graphs of ``manifest``, their advice as this command's."""
-    from graphc.passes.training.adam_moments import sum_name
     from graphc.runtime import resume_rules
     from graphc.runtime.checkpoint import CheckpointError
 
-    carried = manifest.carried()
-    try:
-        resume_rules.refuse_optimizer(path, meta.optimizer, manifest.optimizer, carried, changed_optimizer)
+    try:  # the lr is warned of by load_checkpoint, later
+        resume_rules.check_resume(path, meta, tensors, manifest, manifest.carried(), changed_optimizer, warn_lr=False)
     except resume_rules.OptimizerChanged as exc:
         raise CheckpointError(exc.words("--changed-optimizer")) from None
-    resume_rules.check_state_fits(path, meta.optimizer, manifest.optimizer,
-                                  {sum_name(n, carried): r for n, r in meta.roles.items()}, carried)
-    resume_rules.check_trainable(path, tensors, meta.roles, manifest.trainable, manifest.frozen)
 
 
 @app.command("train")

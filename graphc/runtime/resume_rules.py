@@ -28,10 +28,11 @@ import warnings
 from collections.abc import Callable, Collection
 from typing import Any, Optional
 
+from graphc.passes.training.adam_moments import sum_name
 from graphc.passes.training.scheduled import MOMENTUM, momentum_key
 from graphc.runtime.checkpoint import CheckpointError, LoaderState
 
-__all__ = ["LrChanged", "OptimizerChanged", "check_optimizer", "check_position", "check_state_fits", "check_trainable",
+__all__ = ["LrChanged", "OptimizerChanged", "check_position", "check_resume", "check_state_fits", "check_trainable",
            "loader_changes", "refuse_optimizer"]
 
 # loader settings whose change mid-epoch changes which samples the rest of the epoch holds
@@ -96,16 +97,6 @@ def refuse_optimizer(path: Any, saved: dict[str, Any], now: dict[str, Any], carr
                                "train on with the graphs' (as setting param_groups after load_state_dict)")
 
 
-def check_optimizer(path: Any, saved: dict[str, Any], now: dict[str, Any], carried: Collection[str],
-                    changed_optimizer: bool = False) -> None:
-    """``refuse_optimizer``, and warn of a changed spec lr."""
-    refuse_optimizer(path, saved, now, carried, changed_optimizer)
-    if saved and saved.get("lr") != now.get("lr"):
-        warnings.warn(LrChanged(lambda how: f"{path}: these training graphs were generated with lr {now.get('lr')!r}, "
-                                f"the checkpoint's run with {saved.get('lr')!r}: the run resumes with the checkpoint's "
-                                f"lr, as torch's optimizer.load_state_dict restores it; {how}"), stacklevel=3)
-
-
 def _slots(names: Collection[str]) -> str:
     """The optimizer-state slots (``fc1.weight.exp_avg`` -> ``exp_avg``) of ``names``."""
     return ", ".join(sorted({name.rsplit(".", 1)[-1] for name in names})) or "none"
@@ -152,6 +143,23 @@ def check_trainable(path: Any, saved: Collection[str], roles: dict[str, str], tr
                           "constant, and the optimizer's step count is one for every param. Generate the training "
                           f"graphs with the checkpoint's set, frozen={was_frozen!r} (graphc grad --freeze), to "
                           "resume")
+
+
+def check_resume(path: Any, meta: Any, tensors: Collection[str], manifest: Any, expected: dict[str, Any],
+                 changed_optimizer: bool = False, warn_lr: bool = True) -> None:
+    """Refuse resuming from a checkpoint (``meta``: its ``CheckpointMeta``, holding ``tensors``)
+    on the training graphs of ``manifest`` (``expected``: their carried entries) trained with
+    another optimizer (``refuse_optimizer``; a changed lr warned of unless not ``warn_lr``),
+    trainable set (``check_trainable``) or optimizer state (``check_state_fits``, the
+    checkpoint's moments by today's names), in that order."""
+    saved, now = meta.optimizer, manifest.optimizer
+    refuse_optimizer(path, saved, now, expected, changed_optimizer)
+    if warn_lr and saved and saved.get("lr") != now.get("lr"):
+        warnings.warn(LrChanged(lambda how: f"{path}: these training graphs were generated with lr {now.get('lr')!r}, "
+                                f"the checkpoint's run with {saved.get('lr')!r}: the run resumes with the checkpoint's "
+                                f"lr, as torch's optimizer.load_state_dict restores it; {how}"), stacklevel=3)
+    check_trainable(path, tensors, meta.roles, manifest.trainable, manifest.frozen)
+    check_state_fits(path, saved, now, {sum_name(n, expected): r for n, r in meta.roles.items()}, expected)
 
 
 def loader_changes(then: LoaderState, now: LoaderState) -> list[str]:

@@ -1061,13 +1061,11 @@ class Trainer:
         a ``CheckpointError`` unless ``changed_optimizer``, one of another trainable set always
         (``graphc.runtime.resume_rules``)."""
         tensors, meta = ckpt.load(path)
-        resume_rules.check_optimizer(path, meta.optimizer, self.manifest.optimizer, self._entries, changed_optimizer)
-        resume_rules.check_trainable(path, tensors, meta.roles, self.manifest.trainable, self.manifest.frozen)
+        resume_rules.check_resume(path, meta, tensors, self.manifest, self._expected, changed_optimizer)
         tensors = adam_moments.moments_as_sums(tensors, self.manifest.optimizer, self._expected)
         if changed_optimizer and meta.optimizer:  # Adam's moment sums to the graphs' betas
             tensors = adam_moments.moments_rebased(tensors, meta.optimizer, self.manifest.optimizer)
         roles = {adam_moments.sum_name(n, self._expected): r for n, r in meta.roles.items()}
-        resume_rules.check_state_fits(path, meta.optimizer, self.manifest.optimizer, roles, self._expected)
         problem = ckpt.mismatch(self._expected, {n: (dtype_name(a.dtype), list(a.shape)) for n, a in tensors.items()},
                                 roles)
         if problem is not None:
