@@ -38,7 +38,7 @@ from graphc.tensorfile import DTYPES, read_header, read_tensors
 
 __all__ = ["ARTIFACTS_DIR", "ARTIFACTS_MANIFEST", "CheckpointError", "CheckpointMeta", "EpochProgress", "FILE_NAME",
            "LoaderState", "batch_weighted", "check_writable", "hypers_as_declared", "load", "mismatch", "own_entry",
-           "read_meta", "read_tensor_table", "resolve", "save"]
+           "read_meta", "read_meta_and_table", "read_tensor_table", "resolve", "save"]
 
 FILE_NAME = "checkpoint.safetensors"
 ARTIFACTS_DIR = "artifacts"
@@ -280,6 +280,12 @@ _DTYPES = {code: np.dtype(dtype).name for code, dtype in DTYPES.items()} | {"BF1
 def read_tensor_table(path: PathLike) -> dict[str, tuple[str, list[int]]]:
     """Name -> (dtype name, shape) of every tensor in the checkpoint at ``path``, from its header."""
     return _tensor_table(_read_header(_existing_file(resolve(path), path))[1])
+
+
+def read_meta_and_table(path: PathLike) -> tuple[CheckpointMeta, dict[str, tuple[str, list[int]]]]:
+    """``read_meta(path)`` and ``read_tensor_table(path)`` from one read of its header."""
+    meta, header, _ = _read_header(_existing_file(resolve(path), path))
+    return meta, _tensor_table(header)
 
 
 def _tensor_table(header: dict) -> dict[str, tuple[str, list[int]]]:

@@ -17,11 +17,14 @@ import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from graphc.fileio import fsync_dir, remove_stale_temps, stale_temps, sync_tree, temp_path
 from graphc.runtime.checkpoint import (ARTIFACTS_DIR, ARTIFACTS_MANIFEST, FILE_NAME, CheckpointError, PathLike,
-                                       check_writable, mismatch, own_entry, read_meta, read_tensor_table, resolve)
+                                       check_writable, mismatch, own_entry, read_meta, read_meta_and_table, resolve)
+
+if TYPE_CHECKING:
+    from graphc.compile.training import Manifest
 
 __all__ = ["artifacts_dir", "check_owner", "find_artifacts", "graphs_beside", "trained_from"]
 
@@ -83,15 +86,16 @@ def _put_in_place(staged: Path, final: Path) -> None:
 
 
 @contextmanager
-def graphs_beside(target: Path, artifacts: Any) -> Iterator[str]:
+def graphs_beside(target: Path, artifacts: Any, beside: Optional[Manifest]) -> Iterator[str]:
     """Around the write of the checkpoint file ``target`` (the body), make its folder's
     ``artifacts/`` hold ``artifacts`` (training graphs); yields their ``Manifest.digest()`` for
-    the checkpoint to record. Graphs already there of that digest are kept; others are replaced
-    with the checkpoint as one step (the module's docstring). A file checkpoint (not
-    ``checkpoint.safetensors``) keeps no graphs."""
+    the checkpoint to record. Graphs already there (``beside``: their manifest, as
+    ``check_owner`` read it) of that digest are kept; others are replaced with the checkpoint as
+    one step (the module's docstring). A file checkpoint (not ``checkpoint.safetensors``) keeps
+    no graphs."""
     digest = artifacts.manifest.digest()
     final = own_entry(target.parent, ARTIFACTS_DIR) if target.name == FILE_NAME else None
-    if final is None or (artifacts_dir(target) is not None and _digest_of(final) == digest):
+    if final is None or (beside is not None and beside.digest() == digest):
         yield digest
         return
     if (final.exists() or final.is_symlink()) and not (final / ARTIFACTS_MANIFEST).is_file():
@@ -109,24 +113,27 @@ def graphs_beside(target: Path, artifacts: Any) -> Iterator[str]:
     _put_in_place(staged, final)  # committed: a failure here leaves them for ``_settle``
 
 
-def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
+def check_owner(path: PathLike, expected: Mapping[str, Any]) -> tuple[Path, Optional[Manifest]]:
     """``check_writable(path)``, and ``CheckpointError`` when what is there (the checkpoint, or
     the training graphs beside it) belongs to other training graphs than those carrying
     ``expected`` (``Manifest.carried()``), naming the first tensor that differs. A checkpoint
     that holds Adam's moments as earlier graphc named them (``adam_moments.sum_name``) fits, as
     ``Trainer.load_checkpoint`` resumes it; the graphs of such a format beside one do not: the
-    folder would hold a checkpoint they cannot read."""
+    folder would hold a checkpoint they cannot read. Returns the checkpoint file's path and the
+    manifest of the graphs beside it (None where there are none: for ``graphs_beside``)."""
     from graphc.compile.training import read_manifest
     from graphc.passes.training.adam_moments import sum_name
 
     target = check_writable(path)
     found = []
     if target.is_file():
-        found.append((target, {sum_name(n, expected): v for n, v in read_tensor_table(target).items()},
-                      {sum_name(n, expected): r for n, r in read_meta(target).roles.items()}))
+        meta, table = read_meta_and_table(target)
+        found.append((target, {sum_name(n, expected): v for n, v in table.items()},
+                      {sum_name(n, expected): r for n, r in meta.roles.items()}))
     beside = artifacts_dir(target) if target.name == FILE_NAME else None
+    manifest = read_manifest(beside) if beside is not None else None
     if beside is not None:
-        carried = read_manifest(beside).carried()
+        carried = manifest.carried()
         found.append((beside / ARTIFACTS_MANIFEST, {n: (e.dtype, e.shape or []) for n, e in carried.items()},
                       {n: e.role for n, e in carried.items()}))
     for where, tensors, roles in found:
@@ -138,7 +145,7 @@ def check_owner(path: PathLike, expected: Mapping[str, Any]) -> Path:
         if problem is not None:
             raise CheckpointError(f"{path} belongs to other training graphs (another model?): {where} {problem}; "
                                   "refusing to overwrite it, choose another checkpoint path")
-    return target
+    return target, manifest
 
 
 def find_artifacts(path: PathLike) -> Optional[Path]:

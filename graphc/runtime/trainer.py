@@ -1043,9 +1043,9 @@ class Trainer:
         if self._interrupts.torn:
             raise ckpt.CheckpointError("a second Ctrl-C cut a training step short, so the state is not consistent; "
                                        f"not saving it over {path} (the last checkpoint written there stays)")
-        target = checkpoint_folder.check_owner(path, self._expected)
+        target, beside = checkpoint_folder.check_owner(path, self._expected)
         self._tally_skips()
-        with checkpoint_folder.graphs_beside(target, self.artifacts) as graphs:
+        with checkpoint_folder.graphs_beside(target, self.artifacts, beside) as graphs:
             meta = ckpt.CheckpointMeta(
                 step=self.step_count, epoch=self.epoch, batch_in_epoch=self.batch_in_epoch, progress=self._progress,
                 loader=self._loader_state, rng=self.rng.bit_generator.state, seed=self._seed,
