@@ -175,12 +175,12 @@ def loader_changes(then: LoaderState, now: LoaderState) -> list[str]:
     return changed
 
 
-def check_position(then: Optional[LoaderState], now: LoaderState, epoch: int, batch_in_epoch: int) -> None:
+def check_position(then: Optional[LoaderState], changed: list[str], epoch: int, batch_in_epoch: int) -> None:
     """Refuse to continue epoch ``epoch`` mid-way (``batch_in_epoch`` batches of it done with
-    loader settings ``then``) with settings ``now`` that would serve other batches as the rest."""
+    loader settings ``then``) with settings that differ as ``changed`` (``loader_changes``: they
+    would serve other batches as the rest)."""
     if then is None or not batch_in_epoch or batch_in_epoch >= then.batches():
         return
-    changed = loader_changes(then, now)
     if changed:
         raise ValueError(f"resuming mid-epoch: the checkpoint's run used {batch_in_epoch} of epoch {epoch + 1}'s "
                          f"batches of {then.batch_size} samples ({batch_in_epoch * then.batch_size} of "

@@ -888,20 +888,25 @@ class Trainer:
     def loader_mismatch(self, loader) -> Optional[str]:
         """How ``loader``'s settings differ from those the restored checkpoint's run used (a
         resume with it would not replay that run's batches), or None."""
+        return _used_other(self._loader_changes(_loader_state(loader)))
+
+    def _loader_changes(self, now: ckpt.LoaderState) -> list[str]:
+        """``resume_rules.loader_changes`` from the restored checkpoint's run's loader settings to
+        ``now`` (none where no run was restored)."""
         if self._loader_state is None or not (self.epoch or self.batch_in_epoch):
-            return None
-        diffs = resume_rules.loader_changes(self._loader_state, _loader_state(loader))
-        return f"the checkpoint's run used a loader with {', '.join(diffs)}" if diffs else None
+            return []
+        return resume_rules.loader_changes(self._loader_state, now)
 
     def _use_loader(self, loader) -> None:
-        resume_rules.check_position(self._loader_state, _loader_state(loader), self.epoch, self.batch_in_epoch)
-        problem = self.loader_mismatch(loader)
-        if problem is not None:
+        now = _loader_state(loader)  # fingerprints the data: once
+        diffs = self._loader_changes(now)
+        resume_rules.check_position(self._loader_state, diffs, self.epoch, self.batch_in_epoch)
+        if diffs:
             import warnings
 
-            warnings.warn(f"resuming with a different data loader: {problem}; the run will not replay exactly",
-                          stacklevel=3)
-        self._loader_state = _loader_state(loader)
+            warnings.warn(f"resuming with a different data loader: {_used_other(diffs)}; the run will not replay "
+                          "exactly", stacklevel=3)
+        self._loader_state = now
 
     # -- state ----------------------------------------------------------------------------------------
     @property
@@ -1138,6 +1143,10 @@ def _loader_state(loader) -> ckpt.LoaderState:
     return ckpt.LoaderState(seed=loader.seed, batch_size=loader.batch_size, shuffle=loader.shuffle,
                             drop_last=loader.drop_last, num_samples=loader.num_samples,
                             data=fingerprint() if callable(fingerprint) else "")
+
+
+def _used_other(diffs: list[str]) -> Optional[str]:
+    return f"the checkpoint's run used a loader with {', '.join(diffs)}" if diffs else None
 
 
 def _signal_hook() -> Optional[tuple[int, int]]:
