@@ -107,3 +107,23 @@ def test_a_changed_lr_warning_gives_the_cli_way(tmp_path, capsys):
     assert len(warning) == 1 and "the run resumes with the checkpoint's lr" in warning[0], done.err
     assert "graphc train has no lr option" in warning[0] and "trainer.lr = 0.001" in warning[0]
     assert "set trainer.lr after loading" not in done.err
+
+
+def test_the_lr_note_prints_a_warning_raised_before_an_error(capsys):
+    """It printed what it caught only when the body returned: a load_checkpoint that warned and
+    then raised lost the warning."""
+    import warnings
+
+    from graphc.cli.train_cmds import _lr_note
+    from graphc.runtime.resume_rules import LrChanged
+
+    class Graphs:
+        class manifest:
+            optimizer = {"lr": 0.001}
+
+    with pytest.raises(RuntimeError, match="after the warning"):
+        with _lr_note(Graphs()):
+            warnings.warn(LrChanged(lambda how: f"lr changed; {how}"))
+            raise RuntimeError("after the warning")
+    err = capsys.readouterr().err
+    assert "lr changed; graphc train has no lr option" in err and "trainer.lr = 0.001" in err, err

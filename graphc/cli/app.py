@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -122,9 +122,11 @@ def naming_opset(opset: Optional[int]) -> Iterator[None]:
 
 
 @contextmanager
-def one_line_warnings(*categories: type[Warning]) -> Iterator[None]:
+def one_line_warnings(*categories: type[Warning],
+                      rewrite: Optional[Callable[[Warning], Warning | str]] = None) -> Iterator[None]:
     """Each warning of ``categories`` raised inside printed to stderr as ``warning: MESSAGE``, one
-    line, every time (not Python's file:line form, shown once per place)."""
+    line, every time (not Python's file:line form, shown once per place); each message passed
+    through ``rewrite`` where given (in a command's words)."""
     with warnings.catch_warnings(record=True) as caught:
         for category in categories:
             warnings.simplefilter("always", category)
@@ -132,7 +134,7 @@ def one_line_warnings(*categories: type[Warning]) -> Iterator[None]:
             yield
         finally:
             for warning in caught:
-                print_warning(warning.message)
+                print_warning(warning.message if rewrite is None else rewrite(warning.message))
 
 
 def print_warning(message: Warning | str, *_) -> None:

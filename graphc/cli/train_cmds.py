@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +15,7 @@ from rich.markup import escape
 
 from graphc.cli.app import (ALLOW_UNCALIBRATED, OUT_ALIAS, app, check_keep_io_types, check_writable_at, chosen_output,
                             console, err_console, given, keep_io_types_option, naming_opset, one_line_warnings,
-                            output_option, print_warning)
+                            output_option)
 from graphc.cli.arrays import check_dtypes, fit_bfloat16, load_npz, npz_names
 from graphc.cli.schedules import SCHEDULE_OPTIONS, momentum_note, recipe, use_schedule
 from graphc.runtime.labels import class_labels, int64_labels
@@ -318,21 +317,18 @@ def train_cmd(
         console.print("no --checkpoint given: the trained params were not saved", highlight=False, soft_wrap=True)
 
 
-@contextmanager
-def _lr_note(trainer) -> Iterator[None]:
-    """``resume_rules.LrChanged`` raised inside, in this command's words: it takes no lr."""
+def _lr_note(trainer):
+    """``one_line_warnings`` with ``resume_rules.LrChanged`` in this command's words: it takes no lr."""
     from graphc.runtime.resume_rules import LrChanged
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", LrChanged)
-        yield
-    for warning in caught:
-        message = warning.message
-        if isinstance(message, LrChanged):
-            message = message.words("graphc train has no lr option: to train at the graphs' lr, resume in Python "
-                                    f"(trainer.load_checkpoint(...); trainer.lr = {trainer.manifest.optimizer.get('lr')!r}; "
-                                    "trainer.fit(...)), or start a new run")
-        print_warning(message)
+    def words(message: Warning) -> Warning | str:
+        if not isinstance(message, LrChanged):
+            return message
+        return message.words("graphc train has no lr option: to train at the graphs' lr, resume in Python "
+                             f"(trainer.load_checkpoint(...); trainer.lr = {trainer.manifest.optimizer.get('lr')!r}; "
+                             "trainer.fit(...)), or start a new run")
+
+    return one_line_warnings(LrChanged, rewrite=words)
 
 
 @contextmanager
