@@ -3,6 +3,7 @@
 as one step, and a failure or a kill at any point leaves a consistent pair
 (``graphc.runtime.checkpoint_folder``)."""
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -133,3 +134,18 @@ def test_a_save_killed_mid_way_leaves_a_consistent_pair(tmp_path, committed):
     assert sorted(p.name for p in ck.iterdir()) == ["artifacts", "checkpoint.safetensors"]
     trainer.step(DATA[4])  # and trains on
     assert np.isfinite(trainer.params["fc1.weight"]).all()
+
+
+def test_old_graphs_a_killed_save_left_aside_are_removed(tmp_path):
+    """A save killed after renaming the new graphs into place, before removing the old ones it
+    had moved aside: the next look at the folder removes them, where they stayed for good (only a
+    killed save's staged graphs made it look for them)."""
+    trainer = gc.Trainer(artifacts(ADAM), backend="numpy")
+    trainer.step(DATA[0])
+    ck = tmp_path / "ck"
+    trainer.save_checkpoint(ck)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    aside = ck / f".artifacts.old.tmp-1-{int(gone.stdout)}"  # the killed writer's pid: not running
+    shutil.copytree(ck / "artifacts", aside)  # the graphs in place, the old ones still aside
+    assert gc.Trainer(ck, backend="numpy").step_count == 1
+    assert sorted(p.name for p in ck.iterdir()) == ["artifacts", "checkpoint.safetensors"]

@@ -41,24 +41,24 @@ def artifacts_dir(path: PathLike) -> Optional[Path]:
 def _settle(final: Path) -> None:
     """Finish what a killed save left beside ``final`` (a checkpoint folder's ``artifacts/``):
     graphs in its temp folder that the checkpoint there records go in place, the rest of its
-    temps (uncommitted graphs, the old graphs moved aside) are removed. Best effort: a folder
-    that cannot be written is left as it is."""
+    temps (uncommitted graphs) are removed, and the old graphs a killed save moved aside (also
+    where it was killed after putting the new ones in place). Best effort: a folder that cannot
+    be written is left as it is."""
     staged = stale_temps(final)
-    if not staged:
-        return
-    checkpoint = final.parent / FILE_NAME
-    try:
-        recorded = read_meta(checkpoint).graphs if checkpoint.is_file() else ""
-    except CheckpointError:
-        recorded = ""
-    committed = next((s for s in staged if recorded and _digest_of(s) == recorded), None)
-    try:
-        if committed is not None:
-            _put_in_place(committed, final)
-        remove_stale_temps(final)
-        remove_stale_temps(_aside(final))
-    except OSError:
-        pass
+    if staged:
+        checkpoint = final.parent / FILE_NAME
+        try:
+            recorded = read_meta(checkpoint).graphs if checkpoint.is_file() else ""
+        except CheckpointError:
+            recorded = ""
+        committed = next((s for s in staged if recorded and _digest_of(s) == recorded), None)
+        try:
+            if committed is not None:
+                _put_in_place(committed, final)
+            remove_stale_temps(final)
+        except OSError:
+            pass
+    remove_stale_temps(_aside(final))
 
 
 def _digest_of(folder: Path) -> str:
